@@ -1,0 +1,53 @@
+"""Define the market-data interface every provider implements and the bundle it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any, Protocol
+
+import pandas as pd
+
+
+@dataclass
+class NewsItem:
+    published: date
+    source: str
+    headline: str
+
+
+@dataclass
+class SocialPost:
+    posted: date
+    author: str
+    text: str
+    likes: int = 0
+
+
+@dataclass
+class MarketBundle:
+    """Everything the four analysts see for one ticker on one as-of date.
+
+    ``prices`` holds daily OHLCV rows up to and including ``as_of`` only (never later:
+    forward prices are for evaluation, read through ``DataProvider.forward_prices``).
+    """
+
+    ticker: str
+    as_of: date
+    prices: pd.DataFrame  # index: date; columns: open, high, low, close, volume
+    indicators: pd.DataFrame  # index: date; technical indicator columns, same dates as prices
+    fundamentals: dict[str, Any]
+    news: list[NewsItem] = field(default_factory=list)
+    social: list[SocialPost] = field(default_factory=list)
+    demo: bool = False  # True when the data came from the seeded demo snapshot
+    source: str = ""  # provider name, shown wherever data is shown
+
+
+class DataProvider(Protocol):
+    """Load one ticker's data for an as-of date; raise app.errors.DataError naming what failed."""
+
+    name: str
+
+    def load(self, ticker: str, as_of: date) -> MarketBundle: ...
+
+    def forward_prices(self, ticker: str, as_of: date, days: int) -> pd.DataFrame: ...

@@ -1,0 +1,46 @@
+"""Define the ``nightdesk`` command line: every command turns nightdesk errors into one line."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from app.cli import batch, bench, data, db, report, server
+from app.errors import NightdeskError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Nightly multi-agent stock analysis on a co-located vLLM server.")
+app.add_typer(db.app, name="db")
+app.add_typer(data.app, name="data")
+app.add_typer(server.app, name="server")
+app.add_typer(bench.app, name="bench")
+app.command("report")(report.report)
+app.command("preflight")(server.preflight)
+batch.register(app)
+
+err = Console(stderr=True)
+
+
+def main() -> None:
+    """Run the CLI; a NightdeskError prints one line and exits with its code."""
+    try:
+        app(standalone_mode=False)
+    except NightdeskError as error:
+        err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    except typer.Abort:
+        sys.exit(1)
+    except typer.Exit as exit_:
+        sys.exit(exit_.exit_code)
+    except Exception as click_error:  # click's usage errors carry their own exit codes
+        import click
+
+        if isinstance(click_error, click.ClickException):
+            click_error.show()
+            sys.exit(click_error.exit_code)
+        raise

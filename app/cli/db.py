@@ -1,0 +1,19 @@
+"""``nightdesk db``: schema management."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from app.cli.common import setup
+from app.db.engine import upgrade as run_upgrade
+
+app = typer.Typer(no_args_is_help=True, help="Database schema.")
+
+
+@app.command()
+def upgrade() -> None:
+    """Upgrade the database schema to the newest migration."""
+    settings = setup()
+    run_upgrade(settings.database_url)
+    Console().print("database schema is current")

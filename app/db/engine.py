@@ -1,0 +1,123 @@
+"""Make the database engine and sessions, and bring the schema up to date with Alembic."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.errors import DatabaseError, SchemaOutdatedError
+
+MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def make_engine(url: str) -> Engine:
+    """Create an engine; a SQLite file gets its folder, WAL and foreign keys."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+            cursor = dbapi_conn.cursor()
+            # WAL lets the report and web page read while the batch writes.
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 5})
+
+
+@lru_cache(maxsize=8)
+def get_engine(url: str) -> Engine:
+    """Return one shared engine per URL."""
+    return make_engine(url)
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(engine: Engine) -> Iterator[Session]:
+    """Yield a session that commits on success and rolls back on error."""
+    with session_factory(engine)() as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def _describe_url(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def check_reachable(engine: Engine) -> None:
+    """Raise DatabaseError in one line when the database cannot be reached."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except OperationalError as error:
+        reason = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
+        raise DatabaseError(
+            f"cannot reach database {_describe_url(str(engine.url))}: {reason}"
+        ) from None
+
+
+def upgrade(url: str) -> None:
+    """Upgrade the schema to the newest migration (idempotent)."""
+    engine = get_engine(url)
+    check_reachable(engine)
+    try:
+        with engine.begin() as conn:
+            cfg = alembic_config(url)
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+    except SQLAlchemyError as error:
+        raise DatabaseError(f"migration failed: {error}") from None
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+
+
+def require_current(url: str) -> Engine:
+    """Return the engine, raising SchemaOutdatedError if migrations are pending."""
+    engine = get_engine(url)
+    check_reachable(engine)
+    if current_revision(engine) != head_revision():
+        raise SchemaOutdatedError("database schema is not current: run `nightdesk db upgrade`")
+    return engine
+
+
+def ready_engine(url: str) -> Engine:
+    """Upgrade the schema if needed and return the engine: what every command calls first."""
+    upgrade(url)
+    return get_engine(url)

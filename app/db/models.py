@@ -1,0 +1,178 @@
+"""Declare the tables: batches, ticker runs, LLM calls, recorded requests, decisions, server samples."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Date,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+# BigInteger keys autoincrement on PostgreSQL; SQLite only autoincrements INTEGER.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Timestamp(TypeDecorator[datetime]):
+    """Store aware datetimes; SQLite drops the zone, so values come back as UTC-aware."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime given to a timezone-aware column")
+        if value is not None and dialect.name == "sqlite":
+            return value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Batch(Base):
+    """One run over a universe: nightly, rerun, replay or bench."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(16))  # nightly | rerun | replay | bench
+    label: Mapped[str | None] = mapped_column(String(200))
+    as_of: Mapped[date] = mapped_column(Date)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    created_at: Mapped[datetime] = mapped_column(Timestamp)
+    started_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    server_facts: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    source_batch_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("batches.id"))
+    tickers_total: Mapped[int] = mapped_column(Integer, default=0)
+    tickers_succeeded: Mapped[int] = mapped_column(Integer, default=0)
+    tickers_failed: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class TickerRun(Base):
+    """One ticker inside one batch; unique per (batch, ticker)."""
+
+    __tablename__ = "ticker_runs"
+    __table_args__ = (UniqueConstraint("batch_id", "ticker", name="uq_ticker_runs_batch_ticker"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
+    ticker: Mapped[str] = mapped_column(String(12))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    samples: Mapped[int] = mapped_column(Integer, default=1)
+    started_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class LLMCall(Base):
+    """One HTTP attempt of one chat completion, with the server's usage and our timings."""
+
+    __tablename__ = "llm_calls"
+    __table_args__ = (
+        UniqueConstraint(
+            "batch_id", "ticker", "node", "sample", "attempt", name="uq_llm_calls_attempt"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
+    ticker: Mapped[str] = mapped_column(String(12))
+    node: Mapped[str] = mapped_column(String(40))
+    sample: Mapped[int] = mapped_column(Integer, default=0)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    model: Mapped[str] = mapped_column(String(200))
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    max_tokens: Mapped[int | None] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))  # ok | error
+    error_class: Mapped[str | None] = mapped_column(String(32))
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(Timestamp)
+    first_token_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    ended_at: Mapped[datetime] = mapped_column(Timestamp)
+    latency_s: Mapped[float] = mapped_column(Float)
+    request_id: Mapped[str | None] = mapped_column(String(200))
+
+
+class LLMRequest(Base):
+    """The exact request body of one (batch, ticker, node, sample), zlib-compressed, for replay."""
+
+    __tablename__ = "llm_requests"
+    __table_args__ = (
+        UniqueConstraint("batch_id", "ticker", "node", "sample", name="uq_llm_requests_call"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
+    ticker: Mapped[str] = mapped_column(String(12))
+    node: Mapped[str] = mapped_column(String(40))
+    sample: Mapped[int] = mapped_column(Integer, default=0)
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Decision(Base):
+    """The portfolio manager's structured decision for one sample of one ticker."""
+
+    __tablename__ = "decisions"
+    __table_args__ = (
+        UniqueConstraint("batch_id", "ticker", "sample", name="uq_decisions_sample"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
+    ticker: Mapped[str] = mapped_column(String(12))
+    sample: Mapped[int] = mapped_column(Integer, default=0)
+    rating: Mapped[str] = mapped_column(String(16))
+    score: Mapped[float] = mapped_column(Float)
+    confidence: Mapped[float] = mapped_column(Float)
+    summary: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(Timestamp)
+
+
+class ServerSample(Base):
+    """One reading of the vLLM server's /metrics during a batch."""
+
+    __tablename__ = "server_samples"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
+    sampled_at: Mapped[datetime] = mapped_column(Timestamp)
+    running: Mapped[float] = mapped_column(Float)
+    waiting: Mapped[float] = mapped_column(Float)
+    kv_cache_usage: Mapped[float] = mapped_column(Float)
+    preemptions_total: Mapped[float] = mapped_column(Float)
+    prompt_tokens_total: Mapped[float] = mapped_column(Float)
+    generation_tokens_total: Mapped[float] = mapped_column(Float)
+    prefix_cache_queries_total: Mapped[float | None] = mapped_column(Float)
+    prefix_cache_hits_total: Mapped[float | None] = mapped_column(Float)
+    spec_drafts_total: Mapped[float | None] = mapped_column(Float)
+    spec_draft_tokens_total: Mapped[float | None] = mapped_column(Float)
+    spec_accepted_tokens_total: Mapped[float | None] = mapped_column(Float)

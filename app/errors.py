@@ -1,0 +1,86 @@
+"""Raise nightdesk's errors from one tree, so callers can catch by meaning.
+
+    NightdeskError                 base; ``exit_code`` is what the CLI exits with
+    ├── ConfigError                a setting is invalid (exit 2)
+    ├── InputError                 bad command-line input: tickers, universe, ids (exit 2)
+    ├── DatabaseError              the database cannot be reached or used (exit 2)
+    │   └── SchemaOutdatedError    the schema is behind the code; run ``nightdesk db upgrade``
+    ├── DataError                  market data for one ticker is missing or malformed
+    ├── LLMError                   one LLM call failed (the row in ``llm_calls`` says how)
+    │   ├── ContextLengthError     prompt (+ max_tokens) exceeds the server's max-model-len
+    │   ├── LLMHTTPError           the server answered with an HTTP error status
+    │   ├── LLMTimeoutError        no complete answer within the per-call timeout
+    │   ├── LLMConnectionError     the server could not be reached
+    │   └── DecisionError          the final decision failed its schema after all retries
+    └── ServerError                the vLLM server failed to start, stop or answer
+"""
+
+from __future__ import annotations
+
+
+class NightdeskError(Exception):
+    """Base of every error nightdesk raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(NightdeskError):
+    exit_code = 2
+
+
+class InputError(NightdeskError):
+    exit_code = 2
+
+
+class DatabaseError(NightdeskError):
+    exit_code = 2
+
+
+class SchemaOutdatedError(DatabaseError):
+    pass
+
+
+class DataError(NightdeskError):
+    pass
+
+
+class LLMError(NightdeskError):
+    """One LLM call failed; ``error_class`` is what ``llm_calls.error_class`` stores."""
+
+    error_class = "error"
+    retryable = False
+
+    def __init__(self, message: str, *, http_status: int | None = None) -> None:
+        super().__init__(message)
+        self.http_status = http_status
+
+
+class ContextLengthError(LLMError):
+    error_class = "context_length"
+
+
+class LLMHTTPError(LLMError):
+    error_class = "http"
+
+    def __init__(self, message: str, *, http_status: int | None = None) -> None:
+        super().__init__(message, http_status=http_status)
+        # 5xx and 429 are the server's trouble and may pass; 4xx is ours and will not.
+        self.retryable = http_status is None or http_status >= 500 or http_status == 429
+
+
+class LLMTimeoutError(LLMError):
+    error_class = "timeout"
+    retryable = True
+
+
+class LLMConnectionError(LLMError):
+    error_class = "connection"
+    retryable = True
+
+
+class DecisionError(LLMError):
+    error_class = "decision_invalid"
+
+
+class ServerError(NightdeskError):
+    pass

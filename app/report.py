@@ -1,0 +1,93 @@
+"""Account for a batch from its own rows: calls, tokens, batch-level throughput, node latencies."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine, func, select
+
+from app.db.models import Batch, LLMCall
+from app.errors import InputError
+
+
+@dataclass
+class NodeLatency:
+    node: str
+    calls: int
+    mean_s: float
+    p50_s: float
+    p99_s: float
+
+
+@dataclass
+class BatchReport:
+    batch_id: int
+    calls: int
+    failed_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    first_call_start: datetime | None
+    last_call_end: datetime | None
+    wall_seconds: float
+    output_tokens_per_s: float
+    nodes: list[NodeLatency] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("first_call_start", "last_call_end"):
+            data[key] = data[key].isoformat() if data[key] else None
+        return data
+
+
+def latest_batch_id(engine: Engine, kinds: tuple[str, ...] | None = None) -> int:
+    """Return the newest batch's id, or raise InputError when there is none."""
+    stmt = select(func.max(Batch.id))
+    if kinds:
+        stmt = stmt.where(Batch.kind.in_(kinds))
+    with engine.connect() as conn:
+        found = conn.execute(stmt).scalar()
+    if found is None:
+        raise InputError("no batches recorded yet: run `nightdesk run` first")
+    return int(found)
+
+
+def batch_report(engine: Engine, batch_id: int) -> BatchReport:
+    """Build the report of one batch from its ``llm_calls`` rows."""
+    with engine.connect() as conn:
+        if conn.execute(select(Batch.id).where(Batch.id == batch_id)).first() is None:
+            raise InputError(f"no batch with id {batch_id}")
+        rows = conn.execute(
+            select(LLMCall.node, LLMCall.status, LLMCall.prompt_tokens,
+                   LLMCall.completion_tokens, LLMCall.started_at, LLMCall.ended_at,
+                   LLMCall.latency_s).where(LLMCall.batch_id == batch_id)
+        ).all()
+    if not rows:
+        return BatchReport(batch_id, 0, 0, 0, 0, None, None, 0.0, 0.0)
+    first = min(r.started_at for r in rows)
+    last = max(r.ended_at for r in rows)
+    wall = (last - first).total_seconds()
+    completion = sum(r.completion_tokens or 0 for r in rows)
+    by_node: dict[str, list[float]] = {}
+    for r in rows:
+        by_node.setdefault(r.node, []).append(r.latency_s)
+    nodes = [
+        NodeLatency(node, len(lat), float(np.mean(lat)), float(np.percentile(lat, 50)),
+                    float(np.percentile(lat, 99)))
+        for node, lat in sorted(by_node.items())
+    ]
+    return BatchReport(
+        batch_id=batch_id,
+        calls=len(rows),
+        failed_calls=sum(1 for r in rows if r.status != "ok"),
+        prompt_tokens=sum(r.prompt_tokens or 0 for r in rows),
+        completion_tokens=completion,
+        first_call_start=first,
+        last_call_end=last,
+        wall_seconds=wall,
+        # Batch-level: all output over the makespan, never an average of per-call speeds.
+        output_tokens_per_s=completion / wall if wall > 0 else 0.0,
+        nodes=nodes,
+    )

@@ -1,0 +1,42 @@
+"""Run Alembic migrations on the connection nightdesk hands over, or on the configured URL."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import engine_from_config, pool
+
+from app.db.models import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def _run(connection) -> None:  # type: ignore[no-untyped-def]
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        # SQLite cannot ALTER most things; batch mode keeps one chain for both backends.
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection)
+        return
+    url = config.get_main_option("sqlalchemy.url")
+    if not url:
+        from app.config import get_settings
+
+        url = get_settings().database_url
+    engine = engine_from_config(
+        {"sqlalchemy.url": url}, prefix="sqlalchemy.", poolclass=pool.NullPool
+    )
+    with engine.connect() as conn:
+        _run(conn)
+
+
+run_migrations_online()

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.config import get_settings, load_settings
+from app.errors import ConfigError
+
+
+def test_defaults_follow_the_qwen_non_thinking_sampling() -> None:
+    s = load_settings()
+    assert s.sampling() == {"temperature": 0.7, "top_p": 0.8, "top_k": 20,
+                            "presence_penalty": 1.5, "enable_thinking": False}
+
+
+def test_env_beats_toml_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cfg = tmp_path / "n.toml"
+    cfg.write_text('llm_model = "from-file"\ntemperature = 0.1\n')
+    monkeypatch.setenv("NIGHTDESK_CONFIG", str(cfg))
+    monkeypatch.setenv("NIGHTDESK_LLM_MODEL", "from-env")
+    s = load_settings()
+    assert s.llm_model == "from-env"
+    assert s.temperature == 0.1
+
+
+def test_settings_are_built_once() -> None:
+    assert get_settings() is get_settings()
+
+
+def test_postgres_url_gets_the_installed_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NIGHTDESK_DATABASE_URL", "postgresql://u@h/db")
+    assert load_settings().database_url == "postgresql+psycopg://u@h/db"
+
+
+@pytest.mark.parametrize(("key", "value", "named"), [
+    ("NIGHTDESK_DATABASE_URL", "mysql://x/y", "NIGHTDESK_DATABASE_URL"),
+    ("NIGHTDESK_CALL_TIMEOUT_S", "-5", "NIGHTDESK_CALL_TIMEOUT_S"),
+    ("NIGHTDESK_MAX_CONCURRENCY", "zero", "NIGHTDESK_MAX_CONCURRENCY"),
+])
+def test_bad_value_is_one_line_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, key: str, value: str, named: str
+) -> None:
+    monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    message = str(info.value)
+    assert named in message and "\n" not in message
+    assert info.value.exit_code == 2
+
+
+def test_secret_is_never_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NIGHTDESK_LLM_API_KEY", "sk-very-secret")
+    monkeypatch.setenv("NIGHTDESK_TOP_P", "7")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "sk-very-secret" not in str(info.value)
+    monkeypatch.delenv("NIGHTDESK_TOP_P")
+    assert "sk-very-secret" not in repr(load_settings())
+    assert "sk-very-secret" not in str(load_settings().snapshot())
+
+
+def test_missing_config_file_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NIGHTDESK_CONFIG", "/nonexistent/n.toml")
+    with pytest.raises(ConfigError, match="NIGHTDESK_CONFIG"):
+        load_settings()
+
+
+def test_unknown_node_group_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="unknown node group"):
+        load_settings(node_max_tokens={"nonsense": 3})

@@ -1,0 +1,68 @@
+"""Pin the exact columns of every table and check the migration chain matches the models."""
+
+from __future__ import annotations
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, inspect
+
+from app.db.models import Base
+
+EXPECTED = {
+    "batches": {
+        "id", "kind", "label", "as_of", "status", "created_at", "started_at", "finished_at",
+        "heartbeat_at", "settings", "server_facts", "source_batch_id", "tickers_total",
+        "tickers_succeeded", "tickers_failed", "error",
+    },
+    "ticker_runs": {
+        "id", "batch_id", "ticker", "status", "attempt", "samples", "started_at",
+        "finished_at", "error",
+    },
+    "llm_calls": {
+        "id", "batch_id", "ticker", "node", "sample", "attempt", "model", "prompt_tokens",
+        "completion_tokens", "cached_tokens", "max_tokens", "finish_reason", "status",
+        "error_class", "http_status", "error", "started_at", "first_token_at", "ended_at",
+        "latency_s", "request_id",
+    },
+    "llm_requests": {"id", "batch_id", "ticker", "node", "sample", "body"},
+    "decisions": {
+        "id", "batch_id", "ticker", "sample", "rating", "score", "confidence", "summary",
+        "created_at",
+    },
+    "server_samples": {
+        "id", "batch_id", "sampled_at", "running", "waiting", "kv_cache_usage",
+        "preemptions_total", "prompt_tokens_total", "generation_tokens_total",
+        "prefix_cache_queries_total", "prefix_cache_hits_total", "spec_drafts_total",
+        "spec_draft_tokens_total", "spec_accepted_tokens_total",
+    },
+}
+
+UNIQUE = {
+    "ticker_runs": ["batch_id", "ticker"],
+    "llm_calls": ["batch_id", "ticker", "node", "sample", "attempt"],
+    "llm_requests": ["batch_id", "ticker", "node", "sample"],
+    "decisions": ["batch_id", "ticker", "sample"],
+}
+
+
+def check_schema(engine: Engine) -> None:
+    """Assert the upgraded database has exactly the expected tables, columns and keys."""
+    inspector = inspect(engine)
+    assert set(inspector.get_table_names()) == set(EXPECTED) | {"alembic_version"}
+    for table, columns in EXPECTED.items():
+        assert {c["name"] for c in inspector.get_columns(table)} == columns, table
+    for table, key in UNIQUE.items():
+        uniques = [u["column_names"] for u in inspector.get_unique_constraints(table)]
+        assert key in uniques, (table, uniques)
+    for table in ("batches", "llm_calls", "decisions"):
+        for col in inspector.get_columns(table):
+            if col["name"].endswith("_at"):
+                # Timezone-aware where the backend can say so (PostgreSQL timestamptz).
+                assert engine.dialect.name == "sqlite" or col["type"].timezone, col
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == [], diff
+
+
+def test_blank_sqlite_upgrades_to_the_models(sqlite_engine: Engine) -> None:
+    check_schema(sqlite_engine)
