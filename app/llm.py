@@ -52,6 +52,18 @@ class ChatResult:
 
 
 @dataclass
+class CallStats:
+    """Running totals for live progress; the database rows remain the record."""
+
+    calls: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_start: datetime | None = None
+    last_end: datetime | None = None
+
+
+@dataclass
 class _Attempt:
     """What one HTTP attempt saw, filled in as the stream arrives."""
 
@@ -99,6 +111,7 @@ class TrackedLLM:
             timeout=settings.call_timeout_s,
             http_client=self._http,
         )
+        self.stats = CallStats()
         self._max_model_len: int | None = None
         self._tokenize_supported = settings.check_context_length
 
@@ -275,6 +288,14 @@ class TrackedLLM:
         elapsed = time.monotonic() - seen.t0
         usage = seen.usage
         details = getattr(usage, "prompt_tokens_details", None)
+        ended_at = seen.started_at + timedelta(seconds=elapsed)
+        stats = self.stats
+        stats.calls += 1
+        stats.failed += error is not None
+        stats.prompt_tokens += getattr(usage, "prompt_tokens", 0) or 0
+        stats.completion_tokens += getattr(usage, "completion_tokens", 0) or 0
+        stats.first_start = min(stats.first_start or seen.started_at, seen.started_at)
+        stats.last_end = max(stats.last_end or ended_at, ended_at)
         self.recorder.record_call({
             "batch_id": tag.batch_id,
             "ticker": tag.ticker,
@@ -294,7 +315,7 @@ class TrackedLLM:
             "started_at": seen.started_at,
             "first_token_at": (None if seen.first_token_s is None
                                else seen.started_at + timedelta(seconds=seen.first_token_s)),
-            "ended_at": seen.started_at + timedelta(seconds=elapsed),
+            "ended_at": ended_at,
             "latency_s": elapsed,
             "request_id": seen.request_id,
         })

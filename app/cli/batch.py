@@ -1,9 +1,137 @@
-"""``nightdesk run / rerun / ranking / replay``: filled by the pipeline and batch issues."""
+"""``nightdesk run / rerun / ranking``: run batches and read their ranking."""
 
 from __future__ import annotations
 
+import asyncio
+import csv
+import json
+import sys
+from datetime import date
+from pathlib import Path
+from typing import Annotated, Literal
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from agents.data.snapshot import latest_as_of
+from agents.tickers import check_symbol, parse_ticker_list, read_universe
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
+from app.cli.common import database, setup
+from app.cli.data import parse_as_of
+from app.config import Settings
+from app.errors import InputError
+from app.ranking import as_dicts, ranking
+from serving.facts import read_server_facts
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+Strategy = Annotated[str, typer.Option("--strategy",
+                                       help="adaptive (default), sequential or fixed-N")]
+Samples = Annotated[int, typer.Option("--samples", min=1, max=32,
+                                      help="independent samples per ticker")]
+AsOf = Annotated[str | None, typer.Option("--as-of",
+                                          help="YYYY-MM-DD (default: newest snapshot)")]
+
+
+def _default_as_of(settings: Settings, text: str | None) -> date:
+    if text is not None or settings.data_provider != "snapshot":
+        return parse_as_of(text, date.today())
+    newest = latest_as_of(settings.data_dir)
+    if newest is None:
+        raise InputError(f"no snapshot under {settings.data_dir}: run `nightdesk data demo` "
+                         "or `nightdesk data freeze` first, or pass --as-of")
+    return newest
+
+
+def _execute(settings: Settings, plan: BatchPlan) -> BatchOutcome:
+    engine = database(settings)
+    runner = BatchEngine(settings, engine, server_facts=read_server_facts(settings.server_profile))
+    outcome = asyncio.run(runner.run(plan))
+    style = "green" if not outcome.failed else "yellow" if outcome.succeeded else "red"
+    err.print(f"[{style}]batch {outcome.batch_id} {outcome.status}:[/] "
+              f"{len(outcome.succeeded)} succeeded, {len(outcome.failed)} failed "
+              f"of {len(plan.tickers)}")
+    for ticker, reason in sorted(outcome.failed.items()):
+        err.print(f"  [red]{ticker}[/]: {reason}")
+    return outcome
+
+
+def run(
+    tickers: Annotated[str | None, typer.Option("--tickers", help="A,B,C")] = None,
+    universe: Annotated[Path | None, typer.Option("--universe",
+                                                  help="file: one ticker per line")] = None,
+    as_of: AsOf = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1,
+                                              help="only the first N tickers")] = None,
+    samples: Samples = 1,
+    strategy: Strategy = "adaptive",
+) -> None:
+    """Run the nightly batch over a universe."""
+    settings = setup()
+    if (tickers is None) == (universe is None):
+        raise InputError("give exactly one of --tickers or --universe")
+    notes: list[str] = []
+    if tickers is not None:
+        symbols, notes = parse_ticker_list(tickers)
+    else:
+        assert universe is not None
+        symbols = read_universe(universe, notes)
+    for note in notes:
+        err.print(f"note: {note}")
+    symbols = symbols[:limit] if limit else symbols
+    plan = BatchPlan("nightly", _default_as_of(settings, as_of), symbols, samples, strategy)
+    outcome = _execute(settings, plan)
+    if outcome.status != "succeeded":
+        raise typer.Exit(1)
+
+
+def rerun(
+    ticker: Annotated[str, typer.Argument(help="ticker symbol")],
+    as_of: AsOf = None,
+    samples: Samples = 1,
+) -> None:
+    """Run one ticker again as its own batch (kind rerun); the ranking applies it."""
+    settings = setup()
+    plan = BatchPlan("rerun", _default_as_of(settings, as_of), [check_symbol(ticker)], samples)
+    outcome = _execute(settings, plan)
+    if outcome.status != "succeeded":
+        raise typer.Exit(1)
+
+
+def show_ranking(
+    batch: Annotated[int | None, typer.Option("--batch", help="batch id (default: newest "
+                                                               "finished nightly)")] = None,
+    fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
+) -> None:
+    """Print the ranking: rank, ticker, rating, score, confidence, summary."""
+    settings = setup()
+    chosen, rows = ranking(database(settings), batch)
+    demo = bool((chosen.settings or {}).get("demo_data"))
+    data = [{**r, "demo": demo} for r in as_dicts(rows)]
+    if fmt == "json":
+        typer.echo(json.dumps(data, indent=2))
+    elif fmt == "csv":
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(data[0]) if data else ["rank"])
+        writer.writeheader()
+        writer.writerows(data)
+    else:
+        title = (f"{'DEMO DATA — ' if demo else ''}ranking of batch {chosen.id} "
+                 f"({chosen.kind}, as of {chosen.as_of})")
+        table = Table(title=title)
+        for col in ("rank", "ticker", "rating", "score", "±", "conf", "summary"):
+            table.add_column(col, overflow="fold")
+        for r in rows:
+            table.add_row(str(r.rank or "—"), r.ticker, r.rating or r.status.upper(),
+                          "" if r.score is None else f"{r.score:+.2f}",
+                          "" if r.spread is None or r.samples < 2 else f"{r.spread:.2f}",
+                          "" if r.confidence is None else f"{r.confidence:.2f}", r.summary)
+        out.print(table)
 
 
 def register(app: typer.Typer) -> None:
     """Add the batch commands to the top-level app."""
+    app.command("run")(run)
+    app.command("rerun")(rerun)
+    app.command("ranking")(show_ranking)

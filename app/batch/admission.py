@@ -1,0 +1,96 @@
+"""Decide how many LLM requests may be outstanding, from the server's own gauges.
+
+The seeds lost half their night to a fixed slot count: 3 left the GPU idle, 14 filled
+the KV cache and queued 5–9 requests that only waited. The server knows which is which,
+so the limit follows what it reports:
+
+- grow while the server has headroom: nothing waiting, KV usage under ``kv_high``, and
+  our outstanding requests actually at the limit (growing a limit we do not use proves
+  nothing). Until the first sign of saturation the limit doubles per reading (a short
+  batch must not spend its first minute creeping up); after it, one request at a time;
+- when requests start to wait (the server's batch is full) or KV usage reaches
+  ``kv_high``, stop growing and settle at what the server is really running, plus a
+  small queue (``queue_allowance``) so a finishing request is replaced at once;
+- a new preemption means the KV cache overflowed: cut the limit by ``backoff``
+  (preempted requests recompute their prefill, so they cost more than they bring);
+- counters that go backwards mean the server restarted: forget the baseline and start
+  over from ``initial``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Gauges(Protocol):
+    """The readings the policy needs (serving.metrics.MetricsSnapshot has them)."""
+
+    running: float
+    waiting: float
+    kv_cache_usage: float
+    preemptions_total: float
+    generation_tokens_total: float
+
+
+@dataclass
+class AdmissionPolicy:
+    """Additive-increase / multiplicative-decrease limit on outstanding requests."""
+
+    initial: int = 4
+    minimum: int = 1
+    maximum: int = 64
+    kv_high: float = 0.90
+    queue_allowance: int = 1
+    backoff: float = 0.7
+    limit: float = field(init=False)
+    reason: str = field(init=False, default="start")
+    _preemptions: float | None = field(init=False, default=None)
+    _generated: float | None = field(init=False, default=None)
+    _saturated_once: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.limit = float(min(max(self.initial, self.minimum), self.maximum))
+
+    @property
+    def allowed(self) -> int:
+        """Return how many requests may be outstanding now."""
+        return int(self.limit)
+
+    def observe(self, gauges: Gauges, outstanding: int) -> int:
+        """Update the limit from one metrics reading; return the new allowed count."""
+        restarted = self._preemptions is not None and (
+            gauges.preemptions_total < self._preemptions
+            or (self._generated is not None and gauges.generation_tokens_total < self._generated)
+        )
+        new_preemptions = (
+            0.0 if self._preemptions is None or restarted
+            else gauges.preemptions_total - self._preemptions
+        )
+        self._preemptions = gauges.preemptions_total
+        self._generated = gauges.generation_tokens_total
+
+        if restarted:
+            self.limit = float(self.initial)
+            self._saturated_once = False
+            self.reason = "server restarted"
+        elif new_preemptions > 0:
+            self._saturated_once = True
+            self.limit = self.limit * self.backoff
+            self.reason = f"{new_preemptions:.0f} preemptions"
+        elif gauges.kv_cache_usage >= self.kv_high:
+            # Full KV: hold at what really runs; anything more would only wait or preempt.
+            self.limit = min(self.limit, gauges.running + self.queue_allowance)
+            self._saturated_once = True
+            self.reason = "kv cache full"
+        elif gauges.waiting > self.queue_allowance:
+            self.limit = min(self.limit, gauges.running + self.queue_allowance)
+            self._saturated_once = True
+            self.reason = "server queue building"
+        elif outstanding >= self.allowed and gauges.waiting == 0:
+            self.limit = self.limit + 1 if self._saturated_once else self.limit * 2
+            self.reason = "headroom"
+        else:
+            self.reason = "steady"
+        self.limit = float(min(max(self.limit, self.minimum), self.maximum))
+        return self.allowed

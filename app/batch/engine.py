@@ -1,0 +1,175 @@
+"""Run a batch: create its rows, run every ticker's graph under the scheduler, account for it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
+
+import httpx
+import structlog
+from sqlalchemy import Engine
+
+from agents.data import DataProvider, get_provider
+from agents.graph import analyze_ticker
+from app.batch import store
+from app.batch.progress import BatchProgress
+from app.batch.scheduler import GaugeSource, Job, Scheduler, Strategy
+from app.config import Settings
+from app.errors import NightdeskError
+from app.llm import TrackedLLM
+from app.usage import UsageRecorder
+from serving.metrics import MetricsSampler
+
+log = structlog.get_logger(__name__)
+
+HEARTBEAT_S = 10.0
+
+
+@dataclass
+class BatchPlan:
+    """What to run: the tickers of one as-of date, how many samples each, under which strategy."""
+
+    kind: str  # nightly | rerun
+    as_of: date
+    tickers: list[str]
+    samples: int = 1
+    strategy: str = "adaptive"
+    label: str | None = None
+
+
+@dataclass
+class BatchOutcome:
+    batch_id: int
+    status: str
+    succeeded: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class BatchEngine:
+    """Own one batch from its first row to its final status."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        *,
+        http_client: httpx.AsyncClient | None = None,
+        provider: DataProvider | None = None,
+        sample_metrics: bool = True,
+        progress_factory: Callable[..., BatchProgress] = BatchProgress,
+        server_facts: dict[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.http_client = http_client
+        self.provider = provider or get_provider(settings)
+        self.sample_metrics = sample_metrics
+        self.progress_factory = progress_factory
+        self.server_facts = server_facts
+
+    async def run(self, plan: BatchPlan) -> BatchOutcome:
+        """Run the plan to the end; one ticker's failure never stops the others."""
+        strategy = Strategy.parse(plan.strategy)
+        batch_id = await asyncio.to_thread(
+            store.create_batch, self.engine, kind=plan.kind, as_of=plan.as_of,
+            tickers=plan.tickers, samples=plan.samples, label=plan.label,
+            settings={**self.settings.snapshot(), "samples": plan.samples,
+                      "strategy": strategy.name},
+            server_facts=self.server_facts,
+        )
+        outcome = BatchOutcome(batch_id, "running")
+        weights = await asyncio.to_thread(store.expected_work, self.engine, plan.tickers)
+        demo_seen: list[bool] = []
+
+        with structlog.contextvars.bound_contextvars(batch_id=batch_id):
+            log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
+                     samples=plan.samples, strategy=strategy.name, as_of=str(plan.as_of))
+            recorder = UsageRecorder(self.engine)
+            llm = TrackedLLM(self.settings, recorder, http_client=self.http_client)
+            sampler = (MetricsSampler.from_settings(self.settings, self.engine, batch_id)
+                       if self.sample_metrics else None)
+            scheduler = Scheduler(llm, strategy, gauges=_gauges(sampler),
+                                  interval_s=min(self.settings.metrics_interval_s, 2.0))
+            progress = self.progress_factory(batch_id, len(plan.tickers), llm, scheduler,
+                                             sampler)
+
+            async def ticker_job(ticker: str, gated: Any) -> list[store.DecisionRow]:
+                await asyncio.to_thread(store.ticker_started, self.engine, batch_id, ticker)
+                bundle = await asyncio.to_thread(self.provider.load, ticker, plan.as_of)
+                demo_seen.append(bundle.demo)
+                results = await asyncio.gather(*(
+                    analyze_ticker(llm=gated, settings=self.settings, batch_id=batch_id,
+                                   bundle=bundle, sample=s, priority=gated.priority)
+                    for s in range(plan.samples)
+                ))
+                return [store.DecisionRow(ticker, r.sample, r.decision.rating, r.decision.score,
+                                          r.decision.confidence, r.decision.summary)
+                        for r in results]
+
+            async def on_done(job: Job, decisions: Any, error: BaseException | None) -> None:
+                message = None if error is None else _one_line(error)
+                await asyncio.to_thread(store.ticker_finished, self.engine, batch_id, job.key,
+                                        decisions or [], message)
+                if message:
+                    outcome.failed[job.key] = message
+                    log.error("ticker failed", ticker=job.key, error=message)
+                else:
+                    outcome.succeeded.append(job.key)
+                    log.info("ticker done", ticker=job.key,
+                             rating=decisions[0].rating if decisions else None)
+                progress.ticker_done(job.key, ok=message is None)
+
+            jobs = [Job(t, (lambda g, t=t: ticker_job(t, g)), weights.get(t, 0.0))
+                    for t in plan.tickers]
+            heart = asyncio.create_task(self._heartbeat(batch_id))
+            status, error_text = "crashed", None
+            try:
+                await recorder.start()
+                if sampler is not None:
+                    await sampler.start()
+                with progress:
+                    await scheduler.run(jobs, on_done)
+                status = "succeeded" if outcome.succeeded or not plan.tickers else "failed"
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                status, error_text = "interrupted", "interrupted by the operator"
+                raise
+            except Exception as exc:
+                error_text = _one_line(exc)
+                raise
+            finally:
+                heart.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await heart
+                if sampler is not None:
+                    await sampler.stop()
+                await recorder.close()
+                await llm.aclose()
+                outcome.status = status
+                await asyncio.to_thread(
+                    store.finish_batch, self.engine, batch_id, status, error_text,
+                    {"demo_data": any(demo_seen)})
+                log.info("batch finished", status=status, succeeded=len(outcome.succeeded),
+                         failed=len(outcome.failed))
+        return outcome
+
+    async def _heartbeat(self, batch_id: int) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await asyncio.to_thread(store.heartbeat, self.engine, batch_id)
+            except Exception as exc:  # a missed heartbeat is not worth failing the batch
+                log.warning("heartbeat not stored", error=_one_line(exc))
+
+
+def _gauges(sampler: MetricsSampler | None) -> GaugeSource | None:
+    return sampler
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    kind = "" if isinstance(error, NightdeskError) else f"{type(error).__name__}: "
+    return (kind + text)[:500] or type(error).__name__

@@ -1,0 +1,105 @@
+"""Hold LLM requests at a limit that can move, serving the most senior waiter first."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from app.llm import CallTag, ChatResult, TrackedLLM
+
+
+class Gate:
+    """Allow at most ``limit`` requests outstanding; waiters are served lowest priority first.
+
+    Priority is the ticker's start order, so a ticker already under way gets the next free
+    place before a newer one: results arrive steadily and a crash leaves few tickers half done.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = max(1, limit)
+        self.outstanding = 0
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        self._changed = asyncio.Event()
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for _, _, f in self._waiters if not f.done())
+
+    def set_limit(self, limit: int) -> None:
+        self._limit = max(1, limit)
+        self._grant()
+
+    def has_room(self) -> bool:
+        """Return True when a new request would be sent at once."""
+        return self.outstanding < self._limit and self.waiting == 0
+
+    async def wait_for_room(self) -> None:
+        while not self.has_room():
+            self._changed.clear()
+            await self._changed.wait()
+
+    @asynccontextmanager
+    async def slot(self, priority: int = 0) -> AsyncIterator[None]:
+        """Hold one place for the duration of the block."""
+        if self.has_room():
+            self.outstanding += 1
+        else:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiters, (priority, next(self._seq), future))
+            try:
+                await future
+            except asyncio.CancelledError:
+                if future.done() and not future.cancelled():
+                    self._release()  # granted just as we were cancelled: give it back
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self.outstanding -= 1
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiters and self.outstanding < self._limit:
+            _, _, future = heapq.heappop(self._waiters)
+            if future.done():
+                continue
+            self.outstanding += 1
+            future.set_result(None)
+        self._changed.set()
+
+
+class GatedLLM:
+    """Give the graph a TrackedLLM whose every request first passes the gate."""
+
+    def __init__(self, llm: TrackedLLM, gate: Gate, priority: int,
+                 on_request: asyncio.Event | None = None) -> None:
+        self.llm = llm
+        self.gate = gate
+        self.priority = priority
+        self.settings = llm.settings
+        self._on_request = on_request
+
+    async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
+        kwargs.pop("priority", None)
+        if self._on_request is not None:
+            self._on_request.set()
+        async with self.gate.slot(self.priority):
+            return await self.llm.chat(tag, messages, priority=self.priority, **kwargs)
+
+    async def send(self, tag: CallTag, body: dict[str, Any]) -> ChatResult:
+        if self._on_request is not None:
+            self._on_request.set()
+        async with self.gate.slot(self.priority):
+            return await self.llm.send(tag, body, priority=self.priority)

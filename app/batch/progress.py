@@ -1,0 +1,97 @@
+"""Show a batch's progress live on a terminal, or as periodic log lines when not a TTY."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+log = structlog.get_logger(__name__)
+
+LOG_EVERY_S = 15.0
+
+
+class BatchProgress:
+    """Summarize tickers, calls, batch output tok/s, the server's gauges and an ETA."""
+
+    def __init__(self, batch_id: int, total: int, llm: Any, scheduler: Any, sampler: Any,
+                 console: Console | None = None) -> None:
+        self.batch_id = batch_id
+        self.total = total
+        self.llm = llm
+        self.scheduler = scheduler
+        self.sampler = sampler
+        self.done = 0
+        self.failed = 0
+        self.t0 = time.monotonic()
+        self.console = console or Console(stderr=True)
+        self._live: Live | None = None
+        self._ticker: asyncio.Task[None] | None = None
+
+    def ticker_done(self, ticker: str, ok: bool) -> None:
+        self.done += 1
+        self.failed += not ok
+
+    def state(self) -> dict[str, Any]:
+        """Return the numbers shown, computed from live counters (never from per-call speeds)."""
+        stats = self.llm.stats
+        tok_s = 0.0
+        if stats.first_start is not None:
+            span = (datetime.now(UTC) - stats.first_start).total_seconds()
+            tok_s = stats.completion_tokens / span if span > 0 else 0.0
+        elapsed = time.monotonic() - self.t0
+        eta = elapsed / self.done * (self.total - self.done) if self.done else None
+        latest = getattr(self.sampler, "latest", None)
+        return {
+            "tickers_done": self.done - self.failed, "tickers_failed": self.failed,
+            "tickers_total": self.total, "calls": stats.calls, "failed_calls": stats.failed,
+            "output_tok_s": round(tok_s, 1),
+            "running": getattr(latest, "running", None),
+            "waiting": getattr(latest, "waiting", None),
+            "kv_usage": getattr(latest, "kv_cache_usage", None),
+            "limit": self.scheduler.gate.limit if self.scheduler.strategy.adaptive else None,
+            "elapsed_s": round(elapsed), "eta_s": None if eta is None else round(eta),
+        }
+
+    def __rich__(self) -> Table:
+        s = self.state()
+        table = Table(title=f"batch {self.batch_id}", show_header=False, expand=False)
+        table.add_row("tickers", f"{s['tickers_done']} done · {s['tickers_failed']} failed · "
+                                 f"{s['tickers_total']} total")
+        table.add_row("calls", f"{s['calls']} ({s['failed_calls']} failed)")
+        table.add_row("batch output", f"{s['output_tok_s']} tok/s")
+        kv = "—" if s["kv_usage"] is None else f"{s['kv_usage']:.0%}"
+        table.add_row("server", f"running {s['running']} · waiting {s['waiting']} · KV {kv}"
+                      + ("" if s["limit"] is None else f" · admitting {s['limit']}"))
+        eta = "—" if s["eta_s"] is None else f"{s['eta_s']} s"
+        table.add_row("time", f"{s['elapsed_s']} s elapsed · ETA {eta}")
+        return table
+
+    def __enter__(self) -> BatchProgress:
+        if self.console.is_terminal:
+            self._live = Live(self, console=self.console, refresh_per_second=2, transient=False)
+            self._live.__enter__()
+        else:
+            self._ticker = asyncio.get_running_loop().create_task(self._log_loop())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+        if self._ticker is not None:
+            self._ticker.cancel()
+        if not self.console.is_terminal:
+            log.info("progress", **self.state())
+
+    async def _log_loop(self) -> None:
+        while True:
+            await asyncio.sleep(LOG_EVERY_S)
+            log.info("progress", **self.state())
+
+

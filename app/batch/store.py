@@ -1,0 +1,104 @@
+"""Write a batch's lifecycle to the database: the batch row, ticker runs and decisions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from typing import Any
+
+from sqlalchemy import Engine, func, select, update
+
+from app.db.models import Batch, Decision, LLMCall, TickerRun
+from app.usage import insert_ignoring_duplicates
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class DecisionRow:
+    ticker: str
+    sample: int
+    rating: str
+    score: float
+    confidence: float
+    summary: str
+
+
+def create_batch(engine: Engine, *, kind: str, as_of: date, tickers: list[str], samples: int,
+                 settings: dict[str, Any], server_facts: dict[str, Any] | None,
+                 label: str | None = None, source_batch_id: int | None = None) -> int:
+    """Insert the batch (status running) and one queued ticker run per ticker; return its id."""
+    with engine.begin() as conn:
+        batch_id = conn.execute(
+            Batch.__table__.insert().values(
+                kind=kind, label=label, as_of=as_of, status="running", created_at=now(),
+                started_at=now(), heartbeat_at=now(), settings=settings,
+                server_facts=server_facts, source_batch_id=source_batch_id,
+                tickers_total=len(tickers), tickers_succeeded=0, tickers_failed=0,
+            ).returning(Batch.id)
+        ).scalar_one()
+        if tickers:
+            conn.execute(TickerRun.__table__.insert(), [
+                {"batch_id": batch_id, "ticker": t, "status": "queued", "attempt": 1,
+                 "samples": samples} for t in tickers
+            ])
+    return int(batch_id)
+
+
+def heartbeat(engine: Engine, batch_id: int) -> None:
+    with engine.begin() as conn:
+        conn.execute(update(Batch).where(Batch.id == batch_id).values(heartbeat_at=now()))
+
+
+def ticker_started(engine: Engine, batch_id: int, ticker: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(update(TickerRun)
+                     .where(TickerRun.batch_id == batch_id, TickerRun.ticker == ticker)
+                     .values(status="running", started_at=now()))
+
+
+def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[DecisionRow],
+                    error: str | None) -> None:
+    """Store the ticker's decisions and its final status in one transaction."""
+    rows = [{"batch_id": batch_id, "created_at": now(), **d.__dict__} for d in decisions]
+    insert_ignoring_duplicates(engine, Decision.__table__, rows)  # type: ignore[arg-type]
+    with engine.begin() as conn:
+        conn.execute(update(TickerRun)
+                     .where(TickerRun.batch_id == batch_id, TickerRun.ticker == ticker)
+                     .values(status="failed" if error else "succeeded", finished_at=now(),
+                             error=error))
+        column = Batch.tickers_failed if error else Batch.tickers_succeeded
+        conn.execute(update(Batch).where(Batch.id == batch_id)
+                     .values({column: column + 1, "heartbeat_at": now()}))
+
+
+def finish_batch(engine: Engine, batch_id: int, status: str, error: str | None = None,
+                 extra_settings: dict[str, Any] | None = None) -> None:
+    with engine.begin() as conn:
+        values: dict[str, Any] = {"status": status, "finished_at": now(), "error": error}
+        if extra_settings:
+            current = conn.execute(select(Batch.settings).where(Batch.id == batch_id)).scalar()
+            values["settings"] = {**(current or {}), **extra_settings}
+        conn.execute(update(Batch).where(Batch.id == batch_id).values(values))
+        # A ticker left queued or running did not finish: say so rather than leave it hanging.
+        conn.execute(update(TickerRun)
+                     .where(TickerRun.batch_id == batch_id,
+                            TickerRun.status.in_(("queued", "running")))
+                     .values(status="interrupted" if status != "succeeded" else "failed",
+                             error=error or "not finished"))
+
+
+def expected_work(engine: Engine, tickers: list[str]) -> dict[str, float]:
+    """Return each ticker's tokens in its newest recorded run (0 when never run)."""
+    newest = (select(LLMCall.ticker, func.max(LLMCall.batch_id).label("batch_id"))
+              .where(LLMCall.ticker.in_(tickers)).group_by(LLMCall.ticker).subquery())
+    stmt = (select(LLMCall.ticker,
+                   func.sum(func.coalesce(LLMCall.prompt_tokens, 0)
+                            + 8 * func.coalesce(LLMCall.completion_tokens, 0)))
+            .join(newest, (newest.c.ticker == LLMCall.ticker)
+                  & (newest.c.batch_id == LLMCall.batch_id))
+            .group_by(LLMCall.ticker))
+    with engine.connect() as conn:
+        return {t: float(w or 0) for t, w in conn.execute(stmt)}

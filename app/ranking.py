@@ -1,0 +1,102 @@
+"""Rank a finished nightly batch's tickers by mean decision score, with newer reruns applied."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from app.db.models import Batch, Decision, TickerRun
+from app.errors import InputError
+
+RATING_ORDER = ("Buy", "Overweight", "Hold", "Underweight", "Sell")
+
+
+@dataclass
+class RankRow:
+    rank: int | None
+    ticker: str
+    rating: str | None
+    score: float | None
+    confidence: float | None
+    summary: str
+    batch_id: int
+    samples: int
+    spread: float | None  # max − min score over samples: how much the samples disagree
+    status: str
+
+
+def _pick_batch(engine: Engine, batch_id: int | None) -> Batch:
+    with Session(engine, expire_on_commit=False) as session:
+        if batch_id is not None:
+            found = session.get(Batch, batch_id)
+            if found is None:
+                raise InputError(f"no batch with id {batch_id}")
+        else:
+            found = session.scalars(
+                select(Batch).where(Batch.kind == "nightly", Batch.status == "succeeded")
+                .order_by(Batch.finished_at.desc(), Batch.id.desc()).limit(1)
+            ).first()
+            if found is None:
+                raise InputError("no finished nightly batch yet: run `nightdesk run` first")
+        session.expunge(found)
+    return found
+
+
+def _aggregate(ticker: str, batch_id: int, decisions: list[Decision], status: str,
+               error: str | None) -> RankRow:
+    if not decisions:
+        return RankRow(None, ticker, None, None, None, error or "no decision", batch_id, 0,
+                       None, status)
+    scores = [d.score for d in decisions]
+    mean = statistics.fmean(scores)
+    counts = Counter(d.rating for d in decisions)
+    top = max(counts.values())
+    # Most frequent rating; a tie goes to the rating of the sample nearest the mean score.
+    nearest = min(decisions, key=lambda d: abs(d.score - mean))
+    rating = nearest.rating if counts[nearest.rating] == top else counts.most_common(1)[0][0]
+    return RankRow(
+        rank=None, ticker=ticker, rating=rating, score=round(mean, 4),
+        confidence=round(statistics.fmean(d.confidence for d in decisions), 4),
+        summary=" ".join(nearest.summary.split())[:160], batch_id=batch_id,
+        samples=len(decisions), spread=round(max(scores) - min(scores), 4), status=status,
+    )
+
+
+def ranking(engine: Engine, batch_id: int | None = None) -> tuple[Batch, list[RankRow]]:
+    """Return the batch ranked by mean score; failed tickers are listed last, never dropped."""
+    batch = _pick_batch(engine, batch_id)
+    with Session(engine) as conn:
+        runs = {r.ticker: r for r in conn.execute(
+            select(TickerRun).where(TickerRun.batch_id == batch.id)).scalars()}
+        decisions: dict[str, list[Decision]] = defaultdict(list)
+        for d in conn.execute(select(Decision).where(Decision.batch_id == batch.id)).scalars():
+            decisions[d.ticker].append(d)
+        rows = {t: _aggregate(t, batch.id, decisions[t], r.status, r.error)
+                for t, r in runs.items()}
+        if batch.kind == "nightly":
+            reruns = conn.execute(
+                select(Batch).where(Batch.kind == "rerun", Batch.status == "succeeded",
+                                    Batch.as_of == batch.as_of, Batch.id > batch.id)
+                .order_by(Batch.id)).scalars().all()
+            for rerun in reruns:
+                for d_ticker in {d.ticker for d in conn.execute(
+                        select(Decision).where(Decision.batch_id == rerun.id)).scalars()}:
+                    if d_ticker in rows:
+                        ds = list(conn.execute(select(Decision).where(
+                            Decision.batch_id == rerun.id, Decision.ticker == d_ticker)).scalars())
+                        rows[d_ticker] = _aggregate(d_ticker, rerun.id, ds, "succeeded", None)
+    ranked = sorted((r for r in rows.values() if r.score is not None),
+                    key=lambda r: (-(r.score or 0.0), r.ticker))
+    for i, row in enumerate(ranked, 1):
+        row.rank = i
+    failed = sorted((r for r in rows.values() if r.score is None), key=lambda r: r.ticker)
+    return batch, ranked + failed
+
+
+def as_dicts(rows: list[RankRow]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in rows]

@@ -1,0 +1,122 @@
+"""Run whole batches on the demo snapshot against the fake server, through the real engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, func, select
+from typer.testing import CliRunner
+
+from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.snapshot import SnapshotProvider
+from agents.graph import node_names
+from app.batch.engine import BatchEngine, BatchPlan
+from app.cli import app as cli
+from app.config import load_settings
+from app.db.models import Batch, Decision, LLMCall, LLMRequest, TickerRun
+from app.ranking import ranking
+from tests.unit.fakeserver import ChatRequest, FakeServer, Reply
+
+
+@pytest.fixture
+def demo_dir(tmp_path: Path) -> Path:
+    write_demo(tmp_path / "data", DEMO_AS_OF, 4)
+    return tmp_path / "data"
+
+
+def make_engine(sqlite_engine: Engine, demo_dir: Path, server: FakeServer, **overrides: object
+                ) -> BatchEngine:
+    settings = load_settings(check_context_length=False, retry_backoff_s=0, **overrides)
+    return BatchEngine(settings, sqlite_engine, http_client=server.client(),
+                       provider=SnapshotProvider(demo_dir), sample_metrics=False)
+
+
+async def test_batch_stores_decisions_calls_and_requests(sqlite_engine: Engine,
+                                                         demo_dir: Path) -> None:
+    tickers = demo_tickers(4)
+    server = FakeServer(nodes=node_names(load_settings()), tickers=tickers, samples=range(2))
+    outcome = await make_engine(sqlite_engine, demo_dir, server).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers, samples=2))
+    assert outcome.status == "succeeded" and sorted(outcome.succeeded) == sorted(tickers)
+    with sqlite_engine.connect() as conn:
+        calls = conn.execute(select(func.count()).select_from(LLMCall)).scalar()
+        bodies = conn.execute(select(func.count()).select_from(LLMRequest)).scalar()
+        decisions = conn.execute(select(func.count()).select_from(Decision)).scalar()
+        statuses = set(conn.execute(select(TickerRun.status)).scalars())
+        batch = conn.execute(select(Batch.status, Batch.tickers_succeeded, Batch.settings)).one()
+    assert calls == bodies == len(server.chats) == 4 * 2 * 17
+    assert decisions == 8
+    assert statuses == {"succeeded"}
+    assert batch.status == "succeeded" and batch.tickers_succeeded == 4
+    assert batch.settings["demo_data"] is True and batch.settings["samples"] == 2
+    _, rows = ranking(sqlite_engine)
+    assert [r.rank for r in rows] == [1, 2, 3, 4]
+    assert all(r.samples == 2 for r in rows)
+
+
+async def test_invalid_decision_fails_its_ticker_loudly_others_finish(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    tickers = demo_tickers(4)
+    bad = tickers[1]
+
+    def script(chat: ChatRequest) -> Reply | None:
+        if chat.structured and chat.ticker == bad:
+            return Reply('{"rating": "Maybe", "score": 3}')  # violates the schema
+        return None
+
+    server = FakeServer(script, nodes=node_names(load_settings()), tickers=tickers)
+    outcome = await make_engine(sqlite_engine, demo_dir, server, decision_attempts=2).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert outcome.status == "succeeded"
+    assert set(outcome.failed) == {bad} and len(outcome.succeeded) == 3
+    assert "decision" in outcome.failed[bad].lower()
+    with sqlite_engine.connect() as conn:
+        run = conn.execute(select(TickerRun.status, TickerRun.error)
+                           .where(TickerRun.ticker == bad)).one()
+        pm_attempts = conn.execute(select(LLMCall.attempt).where(
+            LLMCall.ticker == bad, LLMCall.node == "portfolio_manager")).scalars().all()
+        bad_decisions = conn.execute(select(func.count()).select_from(Decision)
+                                     .where(Decision.ticker == bad)).scalar()
+    assert run.status == "failed" and run.error
+    assert sorted(pm_attempts) == [1, 2]
+    assert bad_decisions == 0  # never a silent Hold
+    _, rows = ranking(sqlite_engine)
+    assert rows[-1].ticker == bad and rows[-1].rank is None and rows[-1].status == "failed"
+
+
+async def test_missing_data_fails_one_ticker_naming_the_file(sqlite_engine: Engine,
+                                                             demo_dir: Path) -> None:
+    tickers = demo_tickers(2)
+    (demo_dir / DEMO_AS_OF.isoformat() / tickers[0] / "prices.csv").unlink()
+    server = FakeServer(nodes=node_names(load_settings()), tickers=tickers)
+    outcome = await make_engine(sqlite_engine, demo_dir, server).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert list(outcome.failed) == [tickers[0]]
+    assert "prices.csv" in outcome.failed[tickers[0]]
+    assert outcome.succeeded == [tickers[1]]
+
+
+def test_cli_run_then_ranking_json(monkeypatch: pytest.MonkeyPatch, demo_dir: Path,
+                                   sqlite_url: str) -> None:
+    tickers = demo_tickers(3)
+    server = FakeServer(nodes=node_names(load_settings()), tickers=tickers)
+    original = BatchEngine.__init__
+
+    def with_fake(self: BatchEngine, *args: object, **kwargs: object) -> None:
+        kwargs.update(http_client=server.client(), sample_metrics=False)
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BatchEngine, "__init__", with_fake)
+    monkeypatch.setenv("NIGHTDESK_CHECK_CONTEXT_LENGTH", "false")
+    runner = CliRunner()
+    result = runner.invoke(cli, ["run", "--tickers", ",".join(tickers)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(cli, ["ranking", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert {r["ticker"] for r in rows} == set(tickers)
+    assert set(rows[0]) >= {"rank", "ticker", "rating", "score", "confidence", "summary",
+                            "batch_id"}
+    assert rows[0]["demo"] is True
