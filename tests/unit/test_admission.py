@@ -1,0 +1,113 @@
+"""Drive the admission policy and gate with scripted gauge sequences."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from app.batch.admission import AdmissionPolicy
+from app.batch.gate import Gate
+
+
+@dataclass
+class G:
+    running: float = 0
+    waiting: float = 0
+    kv_cache_usage: float = 0.0
+    preemptions_total: float = 0
+    generation_tokens_total: float = 0
+
+
+def test_grows_fast_while_the_server_has_headroom_and_the_limit_is_used() -> None:
+    p = AdmissionPolicy(initial=2, maximum=64)
+    limits = [p.observe(G(running=p.allowed, generation_tokens_total=i), p.allowed)
+              for i in range(5)]
+    assert limits == [4, 8, 16, 32, 64]
+
+
+def test_does_not_grow_a_limit_it_does_not_use() -> None:
+    p = AdmissionPolicy(initial=4)
+    assert p.observe(G(running=2), outstanding=2) == 4
+    assert p.reason == "steady"
+
+
+def test_kv_climbing_to_full_settles_at_what_really_runs() -> None:
+    p = AdmissionPolicy(initial=4, kv_high=0.9, maximum=64)
+    seen = []
+    for kv in (0.2, 0.4, 0.6, 0.8, 0.92, 1.0, 1.0):
+        running = min(p.allowed, 6)  # the server fits six sequences
+        seen.append(p.observe(G(running=running, waiting=max(0, p.allowed - 6),
+                                kv_cache_usage=kv), p.allowed))
+    assert seen[-1] == 7 and seen[-2] == 7  # running 6 + one queued to replace a finisher
+    assert p.reason == "kv cache full"
+    # Once saturated, growth is one request per reading, not doubling.
+    assert p.observe(G(running=7, kv_cache_usage=0.5), 7) == 8
+
+
+def test_preemptions_cut_the_limit() -> None:
+    p = AdmissionPolicy(initial=16, backoff=0.5, minimum=2)
+    # The first reading is the baseline: preemptions from before the batch don't count.
+    assert p.observe(G(running=10, preemptions_total=3), 10) == 16
+    assert p.observe(G(running=16, preemptions_total=5), 16) == 8
+    assert p.reason == "2 preemptions"
+    for total in (9, 20, 40, 80):
+        p.observe(G(running=2, preemptions_total=total), 2)
+    assert p.allowed == 2  # never below the minimum
+
+
+def test_server_restart_resets_the_baseline() -> None:
+    p = AdmissionPolicy(initial=4, maximum=64)
+    p.observe(G(running=4, generation_tokens_total=10_000, preemptions_total=7), 4)
+    p.observe(G(running=8, waiting=3, generation_tokens_total=12_000, preemptions_total=7), 8)
+    # Counters back at zero: a restarted server, not 7 negative preemptions.
+    assert p.observe(G(generation_tokens_total=0, preemptions_total=0), 0) == 4
+    assert p.reason == "server restarted"
+    # The new baseline holds: the next reading sees no preemptions.
+    assert p.observe(G(running=4, generation_tokens_total=50), 4) == 8
+
+
+def test_queue_building_caps_the_limit() -> None:
+    p = AdmissionPolicy(initial=32, queue_allowance=1)
+    assert p.observe(G(running=14, waiting=18), 32) == 15
+    assert p.reason == "server queue building"
+
+
+async def test_gate_serves_the_most_senior_waiter_first() -> None:
+    gate = Gate(1)
+    order: list[int] = []
+
+    async def request(priority: int) -> None:
+        async with gate.slot(priority):
+            order.append(priority)
+            await asyncio.sleep(0.01)
+
+    holder = asyncio.create_task(request(-1))
+    await asyncio.sleep(0)
+    waiters = [asyncio.create_task(request(p)) for p in (5, 3, 9, 0)]
+    await asyncio.gather(holder, *waiters)
+    assert order == [-1, 0, 3, 5, 9]
+
+
+async def test_gate_limit_change_releases_waiters() -> None:
+    gate = Gate(1)
+    inside = 0
+    peak = 0
+    release = asyncio.Event()
+
+    async def request() -> None:
+        nonlocal inside, peak
+        async with gate.slot():
+            inside += 1
+            peak = max(peak, inside)
+            await release.wait()
+            inside -= 1
+
+    tasks = [asyncio.create_task(request()) for _ in range(5)]
+    await asyncio.sleep(0.01)
+    assert peak == 1 and gate.waiting == 4
+    gate.set_limit(3)
+    await asyncio.sleep(0.01)
+    assert peak == 3
+    release.set()
+    await asyncio.gather(*tasks)
+    assert gate.outstanding == 0
