@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     llm_model: str = "smollm2-135m"
     llm_api_key: SecretStr = SecretStr("EMPTY")
     data_dir: Path = Path("var/data")
-    data_provider: Literal["snapshot", "yfinance"] = "snapshot"
+    data_provider: Literal["snapshot", "demo", "yfinance"] = "snapshot"
 
     temperature: float = Field(0.7, ge=0.0, le=2.0)
     top_p: float = Field(0.8, gt=0.0, le=1.0)

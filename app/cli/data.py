@@ -1,7 +1,112 @@
-"""``nightdesk data``: filled by its issue."""
+"""``nightdesk data``: write the demo snapshot, freeze any provider's data, show prompt text."""
 
 from __future__ import annotations
 
-import typer
+from datetime import date
+from pathlib import Path
+from typing import Annotated
 
-app = typer.Typer(no_args_is_help=True)
+import typer
+from rich.console import Console
+
+from agents.data import PROVIDERS, get_provider
+from agents.data.demo import DEFAULT_TICKERS, DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.freeze import freeze as freeze_snapshot
+from agents.tickers import check_symbol, parse_ticker_list, read_universe
+from app.cli.common import setup
+from app.errors import DataError, InputError
+
+app = typer.Typer(no_args_is_help=True, help="Market-data snapshots: demo, freeze, show.")
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def parse_as_of(text: str | None, default: date | None = None) -> date:
+    """Parse a YYYY-MM-DD date option; InputError on anything else."""
+    if text is None:
+        if default is None:
+            raise InputError("--as-of is required (YYYY-MM-DD)")
+        return default
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise InputError(f"invalid --as-of {text!r}: expected YYYY-MM-DD") from None
+
+
+@app.command()
+def demo(
+    as_of: Annotated[str | None, typer.Option("--as-of", help="YYYY-MM-DD")] = None,
+    tickers: Annotated[int, typer.Option("--tickers", help="how many demo tickers")] = (
+        DEFAULT_TICKERS),
+    out_dir: Annotated[Path | None, typer.Option("--out", help="default: data_dir")] = None,
+) -> None:
+    """Write the seeded DEMO snapshot (synthetic data; same bytes every time)."""
+    settings = setup()
+    day = parse_as_of(as_of, DEMO_AS_OF)
+    demo_tickers(tickers)  # validate the count before writing anything
+    folder = write_demo(out_dir or settings.data_dir, day, tickers)
+    out.print(f"wrote DEMO snapshot (synthetic data) of {tickers} tickers for {day} to {folder}")
+    out.print(f"universe: {folder / 'universe.txt'}")
+
+
+@app.command()
+def freeze(
+    provider: Annotated[str, typer.Option("--provider", help=" | ".join(PROVIDERS))],
+    as_of: Annotated[str, typer.Option("--as-of", help="YYYY-MM-DD")],
+    tickers: Annotated[str | None, typer.Option("--tickers", help="A,B,C")] = None,
+    universe: Annotated[Path | None, typer.Option("--universe", help="one ticker per line")] = (
+        None),
+    out_dir: Annotated[Path | None, typer.Option("--out", help="default: data_dir")] = None,
+    source_dir: Annotated[Path | None, typer.Option(
+        "--source-dir", help="snapshot provider's directory (default: data_dir)")] = None,
+    forward_days: Annotated[int, typer.Option(
+        "--forward-days", min=0, help="sessions after as-of to keep, for scoring")] = 60,
+) -> None:
+    """Write a snapshot of TICKERS from any provider, so a night's inputs can be replayed."""
+    settings = setup()
+    day = parse_as_of(as_of)
+    if (tickers is None) == (universe is None):
+        raise InputError("give exactly one of --tickers or --universe")
+    notes: list[str] = []
+    if tickers is not None:
+        symbols, notes = parse_ticker_list(tickers)
+    else:
+        assert universe is not None
+        symbols = read_universe(universe, notes)
+    for note in notes:
+        err.print(f"note: {note}")
+    source = get_provider(provider, source_dir or settings.data_dir)
+    target = out_dir or settings.data_dir
+    result = freeze_snapshot(source, symbols, day, target, forward_days=forward_days)
+    for reason in result.failed.values():
+        err.print(f"[red]failed:[/] {reason}")
+    if not result.frozen:
+        raise DataError(f"froze nothing: all {len(symbols)} tickers failed")
+    out.print(f"froze {len(result.frozen)} of {len(symbols)} tickers from {provider} "
+              f"for {day} to {result.directory}")
+
+
+@app.command()
+def show(
+    ticker: Annotated[str, typer.Argument(help="ticker symbol")],
+    as_of: Annotated[str | None, typer.Option("--as-of", help="YYYY-MM-DD")] = None,
+    provider: Annotated[str | None, typer.Option("--provider", help=" | ".join(PROVIDERS))] = (
+        None),
+    rows: Annotated[int, typer.Option("--rows", help="price rows to show")] = 20,
+) -> None:
+    """Print the data sections the analysts would see for TICKER."""
+    from agents.data.render import (
+        render_fundamentals,
+        render_indicators,
+        render_news,
+        render_prices,
+        render_social,
+    )
+
+    settings = setup()
+    day = parse_as_of(as_of, DEMO_AS_OF)
+    source = get_provider(provider or settings, settings.data_dir)
+    bundle = source.load(check_symbol(ticker), day)
+    for section in (render_prices(bundle, max_rows=rows), render_indicators(bundle),
+                    render_fundamentals(bundle), render_news(bundle), render_social(bundle)):
+        out.print(section, markup=False)

@@ -1,0 +1,47 @@
+"""Market data behind one interface: pick a provider by name with ``get_provider``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agents.data.base import DataProvider, MarketBundle, NewsItem, SocialPost
+from app.config import Settings
+from app.errors import ConfigError
+
+PROVIDERS = ("snapshot", "demo", "yfinance")
+
+__all__ = [
+    "PROVIDERS",
+    "DataProvider",
+    "MarketBundle",
+    "NewsItem",
+    "SocialPost",
+    "get_provider",
+]
+
+
+def get_provider(settings_or_name: Settings | str, data_dir: Path | str | None = None,
+                 ) -> DataProvider:
+    """Build the provider named by ``settings.data_provider`` or by a plain name.
+
+    ``data_dir`` (default: ``settings.data_dir``, else var/data) matters only to the
+    snapshot provider. yfinance is imported only when asked for.
+    """
+    if isinstance(settings_or_name, Settings):
+        name: str = settings_or_name.data_provider
+        data_dir = data_dir if data_dir is not None else settings_or_name.data_dir
+    else:
+        name = settings_or_name
+    if name == "snapshot":
+        from agents.data.snapshot import SnapshotProvider
+
+        return SnapshotProvider(Path(data_dir) if data_dir is not None else Path("var/data"))
+    if name == "demo":
+        from agents.data.demo import DemoProvider
+
+        return DemoProvider()
+    if name == "yfinance":
+        from agents.data.yfinance_provider import YFinanceProvider
+
+        return YFinanceProvider()
+    raise ConfigError(f"unknown data provider {name!r} (choose from {', '.join(PROVIDERS)})")

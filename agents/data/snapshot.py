@@ -1,0 +1,260 @@
+"""Read market data from a snapshot directory: the default provider, and what every night replays.
+
+Layout, for one as-of date::
+
+    <data_dir>/<YYYY-MM-DD>/manifest.json      {provider, created_at, demo, tickers}
+    <data_dir>/<YYYY-MM-DD>/universe.txt       optional: one ticker per line
+    <data_dir>/<YYYY-MM-DD>/<TICKER>/prices.csv        date,open,high,low,close,volume
+    <data_dir>/<YYYY-MM-DD>/<TICKER>/fundamentals.json {name: value}
+    <data_dir>/<YYYY-MM-DD>/<TICKER>/news.json         [{published, source, headline}]
+    <data_dir>/<YYYY-MM-DD>/<TICKER>/social.json       [{posted, author, text, likes}]
+
+prices.csv may run past the as-of date: ``load`` returns rows up to and including it,
+``forward_prices`` the rows after it (for scoring ratings against realized returns).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from agents.data.base import MarketBundle, NewsItem, SocialPost
+from agents.data.indicators import compute_indicators
+from app.errors import DataError
+
+PRICE_COLUMNS = ["open", "high", "low", "close", "volume"]
+MANIFEST = "manifest.json"
+UNIVERSE = "universe.txt"
+PRICES = "prices.csv"
+FUNDAMENTALS = "fundamentals.json"
+NEWS = "news.json"
+SOCIAL = "social.json"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a snapshot says about itself."""
+
+    provider: str
+    """Where the data came from: "demo", "yfinance", …; shown as the bundle's source."""
+    created_at: str
+    """ISO timestamp of the write (a demo snapshot uses its as-of date, to stay byte-stable)."""
+    demo: bool
+    """True for synthetic data, which must be labelled DEMO wherever it is shown."""
+    tickers: list[str]
+    """The tickers written, in order."""
+
+
+def day_dir(data_dir: Path, as_of: date) -> Path:
+    """Return the directory holding one as-of date's snapshot."""
+    return Path(data_dir) / as_of.isoformat()
+
+
+def ticker_dir(data_dir: Path, as_of: date, ticker: str) -> Path:
+    """Return the directory holding one ticker's files for one as-of date."""
+    return day_dir(data_dir, as_of) / ticker
+
+
+def latest_as_of(data_dir: Path | str) -> date | None:
+    """Return the newest as-of date with a manifest under ``data_dir``, or None if there is none."""
+    root = Path(data_dir)
+    if not root.is_dir():
+        return None
+    days = []
+    for child in root.iterdir():
+        try:
+            day = date.fromisoformat(child.name)
+        except ValueError:
+            continue  # not a snapshot folder (a universe file, a backup, …)
+        if (child / MANIFEST).is_file():
+            days.append(day)
+    return max(days, default=None)
+
+
+def read_manifest(data_dir: Path, as_of: date) -> Manifest:
+    """Read and check ``<data_dir>/<as_of>/manifest.json``; raise DataError naming the file."""
+    folder = day_dir(data_dir, as_of)
+    if not folder.is_dir():
+        raise DataError(
+            f"no snapshot for {as_of} in {data_dir} (missing {folder}; "
+            "write one with `nightdesk data demo` or `nightdesk data freeze`)"
+        )
+    path = folder / MANIFEST
+    raw = _read_json(path, "snapshot")
+    if not isinstance(raw, dict):
+        raise DataError(f"snapshot: malformed {path}: expected a JSON object")
+    try:
+        tickers = raw["tickers"]
+        if not isinstance(tickers, list) or not all(isinstance(t, str) for t in tickers):
+            raise DataError(f"snapshot: malformed {path}: tickers must be a list of strings")
+        return Manifest(
+            provider=str(raw["provider"]),
+            created_at=str(raw["created_at"]),
+            demo=bool(raw["demo"]),
+            tickers=list(tickers),
+        )
+    except KeyError as missing:
+        raise DataError(f"snapshot: malformed {path}: missing key {missing.args[0]}") from None
+
+
+def read_prices(path: Path, ticker: str) -> pd.DataFrame:
+    """Read a prices.csv into a frame indexed by date (ascending) with the OHLCV columns."""
+    if not path.is_file():
+        raise DataError(f"{ticker}: missing {path}")
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+        raise DataError(f"{ticker}: malformed {path}: {_first_line(error)}") from None
+    frame.columns = [str(c).strip().lower() for c in frame.columns]
+    for column in ["date", *PRICE_COLUMNS]:
+        if column not in frame.columns:
+            raise DataError(f"{ticker}: malformed {path}: missing column {column}")
+    if frame.empty:
+        raise DataError(f"{ticker}: malformed {path}: no rows")
+    dates = pd.to_datetime(frame["date"], format="ISO8601", errors="coerce")
+    if dates.isna().any():
+        row = int(dates.isna().to_numpy().argmax()) + 2  # +1 header, +1 one-based
+        raise DataError(f"{ticker}: malformed {path}: bad date on line {row}")
+    values = frame[PRICE_COLUMNS].apply(pd.to_numeric, errors="coerce")
+    bad = values.isna().any(axis=1)
+    if bad.any():
+        row = int(bad.to_numpy().argmax()) + 2
+        raise DataError(f"{ticker}: malformed {path}: missing or non-numeric value on line {row}")
+    values = values.astype("float64")  # one dtype whatever the provider, so bundles compare
+    values.index = pd.DatetimeIndex(dates.dt.normalize(), name="date")
+    if values.index.has_duplicates:
+        dup = values.index[values.index.duplicated()][0]
+        raise DataError(f"{ticker}: malformed {path}: duplicate date {dup.date()}")
+    return values.sort_index()
+
+
+def read_news(path: Path, ticker: str) -> list[NewsItem]:
+    """Read a news.json list of {published, source, headline}."""
+    return [
+        NewsItem(
+            published=_parse_date(item, "published", path, ticker),
+            source=_text(item, "source", path, ticker),
+            headline=_text(item, "headline", path, ticker),
+        )
+        for item in _read_list(path, ticker)
+    ]
+
+
+def read_social(path: Path, ticker: str) -> list[SocialPost]:
+    """Read a social.json list of {posted, author, text, likes}."""
+    posts = []
+    for item in _read_list(path, ticker):
+        likes = item.get("likes", 0)
+        if not isinstance(likes, int) or isinstance(likes, bool):
+            raise DataError(f"{ticker}: malformed {path}: likes must be an integer")
+        posts.append(
+            SocialPost(
+                posted=_parse_date(item, "posted", path, ticker),
+                author=_text(item, "author", path, ticker),
+                text=_text(item, "text", path, ticker),
+                likes=likes,
+            )
+        )
+    return posts
+
+
+def read_fundamentals(path: Path, ticker: str) -> dict[str, Any]:
+    """Read a fundamentals.json object."""
+    raw = _read_json(path, ticker)
+    if not isinstance(raw, dict):
+        raise DataError(f"{ticker}: malformed {path}: expected a JSON object")
+    return raw
+
+
+class SnapshotProvider:
+    """Serve bundles from ``<data_dir>/<as_of>/<TICKER>/`` files."""
+
+    name = "snapshot"
+
+    def __init__(self, data_dir: Path | str) -> None:
+        self.data_dir = Path(data_dir)
+
+    def manifest(self, as_of: date) -> Manifest:
+        """Return the snapshot's manifest for ``as_of``."""
+        return read_manifest(self.data_dir, as_of)
+
+    def tickers(self, as_of: date) -> list[str]:
+        """Return the tickers the snapshot for ``as_of`` says it holds."""
+        return self.manifest(as_of).tickers
+
+    def load(self, ticker: str, as_of: date) -> MarketBundle:
+        """Return the ticker's data up to and including ``as_of``; DataError names a bad file."""
+        manifest = self.manifest(as_of)
+        folder = self._ticker_dir(ticker, as_of)
+        prices = read_prices(folder / PRICES, ticker)
+        prices = prices[prices.index <= pd.Timestamp(as_of)]
+        if prices.empty:
+            raise DataError(f"{ticker}: {folder / PRICES} has no rows on or before {as_of}")
+        # Items dated after the as-of date would leak the future into the analysis.
+        news = [n for n in read_news(folder / NEWS, ticker) if n.published <= as_of]
+        social = [p for p in read_social(folder / SOCIAL, ticker) if p.posted <= as_of]
+        return MarketBundle(
+            ticker=ticker,
+            as_of=as_of,
+            prices=prices,
+            indicators=compute_indicators(prices),
+            fundamentals=read_fundamentals(folder / FUNDAMENTALS, ticker),
+            news=news,
+            social=social,
+            demo=manifest.demo,
+            source=manifest.provider,
+        )
+
+    def forward_prices(self, ticker: str, as_of: date, days: int) -> pd.DataFrame:
+        """Return up to ``days`` price rows strictly after ``as_of`` (fewer if the file ends)."""
+        prices = read_prices(self._ticker_dir(ticker, as_of) / PRICES, ticker)
+        return prices[prices.index > pd.Timestamp(as_of)].head(days)
+
+    def _ticker_dir(self, ticker: str, as_of: date) -> Path:
+        folder = ticker_dir(self.data_dir, as_of, ticker)
+        if not folder.is_dir():
+            if not day_dir(self.data_dir, as_of).is_dir():
+                read_manifest(self.data_dir, as_of)  # raises the "no snapshot for …" error
+            raise DataError(f"{ticker}: not in snapshot {day_dir(self.data_dir, as_of)} "
+                            f"(missing {folder})")
+        return folder
+
+
+def _read_json(path: Path, ticker: str) -> Any:
+    if not path.is_file():
+        raise DataError(f"{ticker}: missing {path}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DataError(f"{ticker}: malformed {path}: {_first_line(error)}") from None
+
+
+def _read_list(path: Path, ticker: str) -> list[dict[str, Any]]:
+    raw = _read_json(path, ticker)
+    if not isinstance(raw, list) or not all(isinstance(item, dict) for item in raw):
+        raise DataError(f"{ticker}: malformed {path}: expected a JSON list of objects")
+    return raw
+
+
+def _text(item: dict[str, Any], key: str, path: Path, ticker: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise DataError(f"{ticker}: malformed {path}: {key} missing or not a string")
+    return value
+
+
+def _parse_date(item: dict[str, Any], key: str, path: Path, ticker: str) -> date:
+    value = _text(item, key, path, ticker)
+    try:
+        return datetime.fromisoformat(value).date()
+    except ValueError:
+        raise DataError(f"{ticker}: malformed {path}: {key} {value!r} is not an ISO date") from None
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -1,0 +1,159 @@
+"""Test the snapshot provider: the as-of cutoff, forward prices, indicators and file errors."""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from agents.data.demo import write_demo
+from agents.data.snapshot import SnapshotProvider, latest_as_of
+from app.errors import DataError
+
+AS_OF = date(2026, 11, 27)
+TICKER = "ALPH.DEMO"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("snap")
+    write_demo(root, AS_OF, count=2)
+    return root
+
+
+@pytest.fixture
+def copy_dir(tmp_path: Path) -> Path:
+    """A private demo snapshot a test may damage."""
+    write_demo(tmp_path, AS_OF, count=1)
+    return tmp_path
+
+
+def test_load_stops_at_as_of(data_dir: Path) -> None:
+    bundle = SnapshotProvider(data_dir).load(TICKER, AS_OF)
+    full = pd.read_csv(data_dir / AS_OF.isoformat() / TICKER / "prices.csv")
+    assert len(full) == 300
+    assert len(bundle.prices) == 240
+    assert bundle.prices.index.max() == pd.Timestamp(AS_OF)
+    assert list(bundle.prices.columns) == ["open", "high", "low", "close", "volume"]
+    assert bundle.demo is True and bundle.source == "demo"
+    assert all(n.published <= AS_OF for n in bundle.news)
+    assert 5 <= len(bundle.news) <= 10 and 5 <= len(bundle.social) <= 10
+    assert bundle.fundamentals["name"].startswith("DEMO ")
+
+
+def test_load_on_an_earlier_date_cuts_earlier(data_dir: Path) -> None:
+    # The file for 2026-11-27 read as of a week before: rows after that day stay hidden.
+    provider = SnapshotProvider(data_dir)
+    day = date(2026, 11, 20)
+    (data_dir / day.isoformat()).symlink_to(data_dir / AS_OF.isoformat())
+    bundle = provider.load(TICKER, day)
+    assert bundle.prices.index.max() == pd.Timestamp(day)
+    assert all(p.posted <= day for p in bundle.social)
+
+
+def test_forward_prices(data_dir: Path) -> None:
+    provider = SnapshotProvider(data_dir)
+    forward = provider.forward_prices(TICKER, AS_OF, 20)
+    assert len(forward) == 20
+    assert forward.index.min() > pd.Timestamp(AS_OF)
+    assert len(provider.forward_prices(TICKER, AS_OF, 500)) == 60  # the file ends
+
+
+def test_indicators_present_and_aligned(data_dir: Path) -> None:
+    bundle = SnapshotProvider(data_dir).load(TICKER, AS_OF)
+    for name in ("close_10_sma", "close_50_sma", "close_200_sma", "rsi_14", "macd", "macds",
+                 "boll", "boll_ub", "boll_lb", "atr_14", "vwma_20"):
+        assert name in bundle.indicators.columns
+        assert pd.notna(bundle.indicators[name].iloc[-1])
+    assert bundle.indicators.index.equals(bundle.prices.index)
+    assert bundle.indicators["close_10_sma"].iloc[:9].isna().all()  # warm-up rows masked
+    expected = bundle.prices["close"].tail(10).mean()
+    assert bundle.indicators["close_10_sma"].iloc[-1] == pytest.approx(expected)
+
+
+def test_short_history_leaves_out_long_windows(copy_dir: Path) -> None:
+    path = copy_dir / AS_OF.isoformat() / TICKER / "prices.csv"
+    frame = pd.read_csv(path)
+    frame.iloc[-120:].to_csv(path, index=False)  # 60 sessions up to as-of, 60 after
+    bundle = SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+    assert "close_50_sma" in bundle.indicators.columns
+    assert "close_200_sma" not in bundle.indicators.columns
+
+
+def _ticker_file(root: Path, name: str) -> Path:
+    return root / AS_OF.isoformat() / TICKER / name
+
+
+def test_missing_column_names_file(copy_dir: Path) -> None:
+    path = _ticker_file(copy_dir, "prices.csv")
+    pd.read_csv(path).drop(columns=["close"]).to_csv(path, index=False)
+    with pytest.raises(DataError) as info:
+        SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+    assert str(info.value) == f"{TICKER}: malformed {path}: missing column close"
+
+
+def test_bad_number_names_file_and_line(copy_dir: Path) -> None:
+    path = _ticker_file(copy_dir, "prices.csv")
+    lines = path.read_text().splitlines()
+    lines[3] = lines[3].rsplit(",", 1)[0] + ",lots"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=rf"malformed {path}: .*line 4"):
+        SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+
+
+@pytest.mark.parametrize("name", ["prices.csv", "fundamentals.json", "news.json", "social.json"])
+def test_missing_file_named(copy_dir: Path, name: str) -> None:
+    path = _ticker_file(copy_dir, name)
+    path.unlink()
+    with pytest.raises(DataError, match=f"{TICKER}: missing {path}"):
+        SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+
+
+def test_malformed_json_named(copy_dir: Path) -> None:
+    path = _ticker_file(copy_dir, "news.json")
+    path.write_text("[{'published': oops")
+    with pytest.raises(DataError, match=f"{TICKER}: malformed {path}"):
+        SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+
+
+def test_bad_news_date_named(copy_dir: Path) -> None:
+    path = _ticker_file(copy_dir, "news.json")
+    path.write_text(json.dumps([{"published": "yesterday", "source": "x", "headline": "y"}]))
+    with pytest.raises(DataError, match="published 'yesterday' is not an ISO date"):
+        SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+
+
+def test_unknown_ticker_and_missing_day(copy_dir: Path) -> None:
+    provider = SnapshotProvider(copy_dir)
+    with pytest.raises(DataError, match="NOPE: not in snapshot"):
+        provider.load("NOPE", AS_OF)
+    with pytest.raises(DataError, match="no snapshot for 2020-01-02"):
+        provider.load(TICKER, date(2020, 1, 2))
+
+
+def test_missing_manifest_named(copy_dir: Path) -> None:
+    path = copy_dir / AS_OF.isoformat() / "manifest.json"
+    path.unlink()
+    with pytest.raises(DataError, match=f"missing {path}"):
+        SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+
+
+def test_no_rows_before_as_of(copy_dir: Path) -> None:
+    path = _ticker_file(copy_dir, "prices.csv")
+    frame = pd.read_csv(path)
+    frame.iloc[-60:].to_csv(path, index=False)  # only the forward rows remain
+    with pytest.raises(DataError, match="no rows on or before 2026-11-27"):
+        SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+
+
+def test_latest_as_of(tmp_path: Path) -> None:
+    assert latest_as_of(tmp_path / "none") is None
+    assert latest_as_of(tmp_path) is None
+    write_demo(tmp_path, date(2026, 1, 30), count=1)
+    write_demo(tmp_path, AS_OF, count=1)
+    (tmp_path / "2027-01-01").mkdir()  # no manifest: not a snapshot
+    (tmp_path / "notes").mkdir()
+    assert latest_as_of(tmp_path) == AS_OF

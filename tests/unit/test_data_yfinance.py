@@ -1,0 +1,169 @@
+"""Test the yfinance provider against a faked yfinance.Ticker: no network."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+from datetime import date
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from agents.data.freeze import freeze
+from agents.data.snapshot import SnapshotProvider
+from agents.data.yfinance_provider import YFinanceProvider, import_yfinance, is_rate_limit
+from app.errors import ConfigError, DataError
+
+AS_OF = date(2026, 11, 27)
+
+
+class RateLimited(Exception):
+    """Stands in for yfinance.exceptions.YFRateLimitError."""
+
+
+RateLimited.__name__ = "YFRateLimitError"
+
+
+def _history(start: str, end: str) -> pd.DataFrame:
+    days = pd.bdate_range("2025-10-01", "2027-03-01", tz="America/New_York")
+    days = days[(days >= pd.Timestamp(start, tz="America/New_York"))
+                & (days < pd.Timestamp(end, tz="America/New_York"))]
+    close = 100 + np.arange(len(days)) * 0.5
+    return pd.DataFrame({"Open": close - 0.2, "High": close + 1, "Low": close - 1,
+                         "Close": close, "Volume": 1_000_000.0, "Dividends": 0.0,
+                         "Stock Splits": 0.0}, index=pd.DatetimeIndex(days, name="Date"))
+
+
+class FakeTicker:
+    """Answers like yfinance.Ticker; ``failures`` rate-limits the first N history calls."""
+
+    calls: ClassVar[list[str]] = []
+    failures: ClassVar[int] = 0
+
+    def __init__(self, symbol: str) -> None:
+        self.symbol = symbol
+
+    def history(self, **kwargs: Any) -> pd.DataFrame:
+        FakeTicker.calls.append(f"history {kwargs['start']}..{kwargs['end']}")
+        if FakeTicker.failures:
+            FakeTicker.failures -= 1
+            raise RateLimited("Too Many Requests. Rate limited. Try after a while.")
+        if self.symbol == "GONE":
+            return pd.DataFrame()
+        return _history(kwargs["start"], kwargs["end"])
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return {"longName": "Example Inc", "marketCap": 2.5e12, "trailingPE": 30.1,
+                "debtToEquity": 150.0, "sector": "Technology", "ebitda": None}
+
+    @property
+    def news(self) -> list[dict[str, Any]]:
+        return [
+            {"content": {"title": "Example ships a product", "pubDate": "2026-11-26T14:00:00Z",
+                         "provider": {"displayName": "Newswire"}}},
+            {"title": "Old-format headline", "publisher": "Old Wire",
+             "providerPublishTime": 1795000000},  # 2026-11-18
+            {"content": {"title": "From the future", "pubDate": "2026-12-05T10:00:00Z"}},
+        ]
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    FakeTicker.calls = []
+    FakeTicker.failures = 0
+    import yfinance
+
+    monkeypatch.setattr(yfinance, "Ticker", FakeTicker)
+    return []
+
+
+def _provider(sleeps: list[float], **kwargs: Any) -> YFinanceProvider:
+    return YFinanceProvider(sleep=sleeps.append, **kwargs)
+
+
+def test_load_maps_yfinance_shapes(sleeps: list[float]) -> None:
+    bundle = _provider(sleeps).load("EXMP", AS_OF)
+    assert list(bundle.prices.columns) == ["open", "high", "low", "close", "volume"]
+    assert bundle.prices.index.tz is None
+    assert bundle.prices.index.max() == pd.Timestamp(AS_OF)
+    assert "close_200_sma" in bundle.indicators.columns
+    assert bundle.fundamentals["name"] == "Example Inc"
+    assert bundle.fundamentals["pe_ratio"] == 30.1
+    assert bundle.fundamentals["debt_to_equity"] == 1.5  # Yahoo reports percent
+    assert [n.headline for n in bundle.news] == ["Example ships a product", "Old-format headline"]
+    assert bundle.news[1].published == date(2026, 11, 18)
+    assert bundle.source == "yfinance" and not bundle.demo and bundle.social == []
+    assert sleeps == []
+
+
+def test_rate_limit_is_retried_with_backoff(sleeps: list[float]) -> None:
+    FakeTicker.failures = 2
+    bundle = _provider(sleeps, backoff_s=1.5).load("EXMP", AS_OF)
+    assert len(bundle.prices) > 200
+    assert sleeps == [1.5, 3.0]
+    assert len(FakeTicker.calls) == 3
+
+
+def test_rate_limit_gives_up_after_bounded_attempts(sleeps: list[float]) -> None:
+    FakeTicker.failures = 10
+    with pytest.raises(DataError, match="EXMP: yfinance history still rate-limited after 3"):
+        _provider(sleeps, attempts=3, backoff_s=1.0, max_backoff_s=1.5).load("EXMP", AS_OF)
+    assert sleeps == [1.0, 1.5]
+
+
+def test_other_errors_are_not_retried(sleeps: list[float], monkeypatch) -> None:
+    def broken(self: FakeTicker, **kwargs: Any) -> pd.DataFrame:
+        raise KeyError("chart")
+
+    monkeypatch.setattr(FakeTicker, "history", broken)
+    with pytest.raises(DataError, match="EXMP: yfinance history failed: KeyError"):
+        _provider(sleeps).load("EXMP", AS_OF)
+    assert sleeps == []
+
+
+def test_unknown_symbol(sleeps: list[float]) -> None:
+    with pytest.raises(DataError, match="GONE: yfinance returned no prices"):
+        _provider(sleeps).load("GONE", AS_OF)
+
+
+def test_forward_prices(sleeps: list[float]) -> None:
+    forward = _provider(sleeps).forward_prices("EXMP", AS_OF, 10)
+    assert len(forward) == 10 and forward.index.min() > pd.Timestamp(AS_OF)
+
+
+def test_http_429_counts_as_rate_limit() -> None:
+    class Response:
+        status_code = 429
+
+    error = RuntimeError("boom")
+    error.response = Response()  # type: ignore[attr-defined]
+    assert is_rate_limit(error)
+    assert not is_rate_limit(ValueError("bad symbol"))
+
+
+def test_freeze_from_yfinance_round_trips(sleeps: list[float], tmp_path) -> None:
+    provider = _provider(sleeps)
+    result = freeze(provider, ["EXMP", "GONE"], AS_OF, tmp_path, forward_days=5)
+    assert result.frozen == ["EXMP"] and "GONE" in result.failed
+    stored = SnapshotProvider(tmp_path).load("EXMP", AS_OF)
+    live = provider.load("EXMP", AS_OF)
+    pd.testing.assert_frame_equal(stored.prices, live.prices, check_freq=False)
+    assert stored.source == "yfinance" and not stored.demo
+    assert len(SnapshotProvider(tmp_path).forward_prices("EXMP", AS_OF, 60)) == 5
+
+
+def test_missing_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = builtins.__import__
+
+    def no_yfinance(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "yfinance":
+            raise ImportError("No module named 'yfinance'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "yfinance", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_yfinance)
+    with pytest.raises(ConfigError, match=r"nightdesk\[yfinance\]"):
+        import_yfinance()
