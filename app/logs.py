@@ -25,7 +25,8 @@ def configure_logging(fmt: Literal["auto", "console", "json"] = "auto", level: s
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # Look stderr up per logger: tests (and daemons) swap the stream after configuring.
+        logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from sqlalchemy import Engine
 
 from app.config import get_settings
@@ -23,6 +24,7 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[No
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()
+    structlog.reset_defaults()
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
@@ -17,7 +17,8 @@ from agents.data import DataProvider, get_provider
 from agents.graph import analyze_ticker
 from app.batch import store
 from app.batch.progress import BatchProgress
-from app.batch.scheduler import GaugeSource, Job, Scheduler, Strategy
+from app.batch.gate import GatedLLM
+from app.batch.scheduler import Job, Scheduler, Strategy
 from app.config import Settings
 from app.errors import NightdeskError
 from app.llm import TrackedLLM
@@ -27,6 +28,9 @@ from serving.metrics import MetricsSampler
 log = structlog.get_logger(__name__)
 
 HEARTBEAT_S = 10.0
+
+# One ticker's work: (ticker, gated client, batch id) -> the decisions to store.
+TickerWork = Callable[[str, GatedLLM, int], Awaitable[list["store.DecisionRow"]]]
 
 
 @dataclass
@@ -72,18 +76,45 @@ class BatchEngine:
         self.server_facts = server_facts
 
     async def run(self, plan: BatchPlan) -> BatchOutcome:
-        """Run the plan to the end; one ticker's failure never stops the others."""
+        """Run the graph for every ticker of the plan; one ticker's failure never stops others."""
+        demo_seen: list[bool] = []
+
+        async def graph_job(ticker: str, gated: GatedLLM, batch_id: int
+                            ) -> list[store.DecisionRow]:
+            bundle = await asyncio.to_thread(self.provider.load, ticker, plan.as_of)
+            demo_seen.append(bundle.demo)
+            results = await asyncio.gather(*(
+                analyze_ticker(llm=gated, settings=self.settings, batch_id=batch_id,
+                               bundle=bundle, sample=s, priority=gated.priority)
+                for s in range(plan.samples)
+            ))
+            return [store.DecisionRow(ticker, r.sample, r.decision.rating, r.decision.score,
+                                      r.decision.confidence, r.decision.summary)
+                    for r in results]
+
+        weights = await asyncio.to_thread(store.expected_work, self.engine, plan.tickers)
+        return await self.execute(plan, graph_job, weights=weights,
+                                  final_settings=lambda: {"demo_data": any(demo_seen)})
+
+    async def execute(
+        self,
+        plan: BatchPlan,
+        work: TickerWork,
+        *,
+        weights: dict[str, float] | None = None,
+        source_batch_id: int | None = None,
+        final_settings: Callable[[], dict[str, Any]] | None = None,
+    ) -> BatchOutcome:
+        """Own a batch's rows and lifecycle while ``work`` does each ticker's calls."""
         strategy = Strategy.parse(plan.strategy)
         batch_id = await asyncio.to_thread(
             store.create_batch, self.engine, kind=plan.kind, as_of=plan.as_of,
             tickers=plan.tickers, samples=plan.samples, label=plan.label,
             settings={**self.settings.snapshot(), "samples": plan.samples,
                       "strategy": strategy.name},
-            server_facts=self.server_facts,
+            server_facts=self.server_facts, source_batch_id=source_batch_id,
         )
         outcome = BatchOutcome(batch_id, "running")
-        weights = await asyncio.to_thread(store.expected_work, self.engine, plan.tickers)
-        demo_seen: list[bool] = []
 
         with structlog.contextvars.bound_contextvars(batch_id=batch_id):
             log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
@@ -92,23 +123,15 @@ class BatchEngine:
             llm = TrackedLLM(self.settings, recorder, http_client=self.http_client)
             sampler = (MetricsSampler.from_settings(self.settings, self.engine, batch_id)
                        if self.sample_metrics else None)
-            scheduler = Scheduler(llm, strategy, gauges=_gauges(sampler),
+            scheduler = Scheduler(llm, strategy, gauges=sampler,
                                   interval_s=min(self.settings.metrics_interval_s, 2.0))
             progress = self.progress_factory(batch_id, len(plan.tickers), llm, scheduler,
                                              sampler)
 
-            async def ticker_job(ticker: str, gated: Any) -> list[store.DecisionRow]:
+            async def ticker_job(ticker: str, gated: GatedLLM) -> list[store.DecisionRow]:
                 await asyncio.to_thread(store.ticker_started, self.engine, batch_id, ticker)
-                bundle = await asyncio.to_thread(self.provider.load, ticker, plan.as_of)
-                demo_seen.append(bundle.demo)
-                results = await asyncio.gather(*(
-                    analyze_ticker(llm=gated, settings=self.settings, batch_id=batch_id,
-                                   bundle=bundle, sample=s, priority=gated.priority)
-                    for s in range(plan.samples)
-                ))
-                return [store.DecisionRow(ticker, r.sample, r.decision.rating, r.decision.score,
-                                          r.decision.confidence, r.decision.summary)
-                        for r in results]
+                with structlog.contextvars.bound_contextvars(ticker=ticker):
+                    return await work(ticker, gated, batch_id)
 
             async def on_done(job: Job, decisions: Any, error: BaseException | None) -> None:
                 message = None if error is None else _one_line(error)
@@ -123,7 +146,7 @@ class BatchEngine:
                              rating=decisions[0].rating if decisions else None)
                 progress.ticker_done(job.key, ok=message is None)
 
-            jobs = [Job(t, (lambda g, t=t: ticker_job(t, g)), weights.get(t, 0.0))
+            jobs = [Job(t, (lambda g, t=t: ticker_job(t, g)), (weights or {}).get(t, 0.0))
                     for t in plan.tickers]
             heart = asyncio.create_task(self._heartbeat(batch_id))
             status, error_text = "crashed", None
@@ -151,7 +174,7 @@ class BatchEngine:
                 outcome.status = status
                 await asyncio.to_thread(
                     store.finish_batch, self.engine, batch_id, status, error_text,
-                    {"demo_data": any(demo_seen)})
+                    final_settings() if final_settings else None)
                 log.info("batch finished", status=status, succeeded=len(outcome.succeeded),
                          failed=len(outcome.failed))
         return outcome
@@ -163,10 +186,6 @@ class BatchEngine:
                 await asyncio.to_thread(store.heartbeat, self.engine, batch_id)
             except Exception as exc:  # a missed heartbeat is not worth failing the batch
                 log.warning("heartbeat not stored", error=_one_line(exc))
-
-
-def _gauges(sampler: MetricsSampler | None) -> GaugeSource | None:
-    return sampler
 
 
 def _one_line(error: BaseException) -> str:

@@ -130,8 +130,37 @@ def show_ranking(
         out.print(table)
 
 
+def replay(
+    batch: Annotated[int, typer.Option("--batch", help="recorded batch to replay")],
+    base_url: Annotated[str | None, typer.Option(
+        "--base-url", help="server to replay against (default: NIGHTDESK_LLM_BASE_URL)")] = None,
+    label: Annotated[str | None, typer.Option("--label", help="name of this arm")] = None,
+    strategy: Strategy = "adaptive",
+    free_output: Annotated[bool, typer.Option(
+        "--free-output", help="let outputs end where the model stops, instead of matching "
+                              "the recorded output lengths")] = False,
+) -> None:
+    """Replay a batch's recorded requests against a server, as a batch of kind replay."""
+    from app.batch.replay import replay_batch
+
+    settings = setup()
+    if base_url is not None:
+        settings = settings.model_copy(update={"llm_base_url": base_url})
+    engine = database(settings)
+    outcome = asyncio.run(replay_batch(settings, engine, batch, label=label, strategy=strategy,
+                                       match_output=not free_output))
+    err.print(f"replay batch {outcome.batch_id} {outcome.status}: "
+              f"{len(outcome.succeeded)} tickers replayed, {len(outcome.failed)} with errors")
+    for ticker, reason in sorted(outcome.failed.items()):
+        err.print(f"  [red]{ticker}[/]: {reason}")
+    err.print(f"compare: nightdesk report --compare {batch},{outcome.batch_id}")
+    if outcome.status != "succeeded":
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     """Add the batch commands to the top-level app."""
+    app.command("replay")(replay)
     app.command("run")(run)
     app.command("rerun")(rerun)
     app.command("ranking")(show_ranking)

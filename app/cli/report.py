@@ -1,19 +1,29 @@
-"""``nightdesk report``: what a batch did and where its time went."""
+"""``nightdesk report``: what a batch did and where its time went, or arms side by side."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy import Engine, select
 
 from app.cli.common import database, setup
+from app.db.models import Batch
+from app.errors import InputError
 from app.report import BatchReport, batch_report, latest_batch_id
+from app.serverview import ServerView, server_view
 
 
-def render_table(report: BatchReport, console: Console) -> None:
+def _fmt(value: Any, spec: str = ".1f") -> str:
+    if value is None:
+        return "—"
+    return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def render_table(report: BatchReport, view: ServerView, console: Console) -> None:
     summary = Table(title=f"batch {report.batch_id}", show_header=False)
     for key, value in (
         ("calls", report.calls),
@@ -27,6 +37,23 @@ def render_table(report: BatchReport, console: Console) -> None:
     ):
         summary.add_row(key, str(value))
     console.print(summary)
+    server = Table(title=f"the server's view ({view.samples} samples of /metrics)",
+                   show_header=False)
+    for key, value in (
+        ("running: mean / p50 / max", f"{_fmt(view.running_mean)} / {_fmt(view.running_p50)}"
+                                      f" / {_fmt(view.running_max, '.0f')}"),
+        ("waiting: mean / max", f"{_fmt(view.waiting_mean)} / {_fmt(view.waiting_max, '.0f')}"),
+        ("KV cache usage max", _fmt(view.kv_usage_max, ".0%")),
+        ("preemptions", _fmt(view.preemptions, ".0f")),
+        ("prompt / generation tokens (server)",
+         f"{_fmt(view.prompt_tokens, '.0f')} / {_fmt(view.generation_tokens, '.0f')}"),
+        ("prefill tokens computed", _fmt(view.prefill_tokens_computed, ".0f")),
+        ("prefix cache hit rate", _fmt(view.prefix_cache_hit_rate, ".1%")),
+        ("spec-decode acceptance", _fmt(view.spec_acceptance, ".1%")),
+        ("mean time to first token (s)", _fmt(view.mean_ttft_s, ".2f")),
+    ):
+        server.add_row(key, value)
+    console.print(server)
     nodes = Table(title="latency per node (s)")
     for col in ("node", "calls", "mean", "p50", "p99"):
         nodes.add_column(col, justify="left" if col == "node" else "right")
@@ -35,15 +62,85 @@ def render_table(report: BatchReport, console: Console) -> None:
     console.print(nodes)
 
 
+def arm(engine: Engine, batch_id: int) -> dict[str, Any]:
+    """Return one arm of a comparison: throughput split, concurrency, KV, makespan."""
+    calls = batch_report(engine, batch_id)
+    view = server_view(engine, batch_id)
+    with engine.connect() as conn:
+        kind, label = conn.execute(select(Batch.kind, Batch.label)
+                                   .where(Batch.id == batch_id)).one()
+    span = calls.wall_seconds
+    prefill = view.prefill_tokens_computed if view.prefill_tokens_computed is not None \
+        else calls.prompt_tokens
+    return {
+        "batch_id": batch_id, "kind": kind, "label": label, "calls": calls.calls,
+        "failed_calls": calls.failed_calls, "makespan_s": span,
+        "output_tokens_per_s": calls.output_tokens_per_s,
+        "prefill_tokens_per_s": prefill / span if span else 0.0,
+        "decode_tokens_per_s": calls.completion_tokens / span if span else 0.0,
+        "prompt_tokens": calls.prompt_tokens, "completion_tokens": calls.completion_tokens,
+        "prefill_tokens_computed": view.prefill_tokens_computed,
+        "prefix_cache_hit_rate": view.prefix_cache_hit_rate,
+        "running_mean": view.running_mean, "running_max": view.running_max,
+        "waiting_max": view.waiting_max, "kv_usage_max": view.kv_usage_max,
+        "preemptions": view.preemptions, "mean_ttft_s": view.mean_ttft_s,
+    }
+
+
+COMPARE_COLUMNS = (
+    ("batch", "batch_id", "d"), ("label", "label", "s"), ("makespan s", "makespan_s", ".1f"),
+    ("output tok/s", "output_tokens_per_s", ".1f"),
+    ("prefill tok/s", "prefill_tokens_per_s", ".0f"),
+    ("decode tok/s", "decode_tokens_per_s", ".1f"),
+    ("prefix hit", "prefix_cache_hit_rate", ".1%"),
+    ("prefill computed", "prefill_tokens_computed", ".0f"),
+    ("running mean", "running_mean", ".1f"), ("running max", "running_max", ".0f"),
+    ("waiting max", "waiting_max", ".0f"), ("KV max", "kv_usage_max", ".0%"),
+    ("preempt", "preemptions", ".0f"), ("TTFT s", "mean_ttft_s", ".2f"),
+)
+
+
+def compare_table(arms: list[dict[str, Any]], title: str = "arms side by side") -> Table:
+    table = Table(title=title)
+    for header, _, _ in COMPARE_COLUMNS:
+        table.add_column(header, justify="left" if header == "label" else "right")
+    for a in arms:
+        table.add_row(*(_fmt(a[key], spec) if a[key] is not None and spec not in ("s", "d")
+                        else str(a[key] if a[key] is not None else "—")
+                        for _, key, spec in COMPARE_COLUMNS))
+    return table
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"--compare takes batch ids like 3,4 (got {text!r})") from None
+    if len(ids) < 2:
+        raise InputError("--compare needs at least two batch ids")
+    return ids
+
+
 def report(
     batch_id: Annotated[int | None, typer.Argument(help="Batch id (default: the newest).")] = None,
     fmt: Annotated[Literal["table", "json"], typer.Option("--format")] = "table",
+    compare: Annotated[str | None, typer.Option("--compare", help="ID1,ID2,… side by side")] = (
+        None),
 ) -> None:
-    """Print a batch's calls, tokens, batch throughput and per-node latency."""
+    """Print a batch's calls, tokens, batch throughput, the server's view and node latency."""
     settings = setup()
     engine = database(settings)
-    result = batch_report(engine, batch_id if batch_id is not None else latest_batch_id(engine))
+    if compare is not None:
+        arms = [arm(engine, i) for i in _parse_ids(compare)]
+        if fmt == "json":
+            typer.echo(json.dumps(arms, indent=2, default=str))
+        else:
+            Console().print(compare_table(arms))
+        return
+    chosen = batch_id if batch_id is not None else latest_batch_id(engine)
+    result = batch_report(engine, chosen)
+    view = server_view(engine, chosen)
     if fmt == "json":
-        typer.echo(json.dumps(result.to_json(), indent=2))
+        typer.echo(json.dumps({**result.to_json(), "server": view.to_json()}, indent=2))
     else:
-        render_table(result, Console())
+        render_table(result, view, Console())

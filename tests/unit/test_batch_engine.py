@@ -120,3 +120,46 @@ def test_cli_run_then_ranking_json(monkeypatch: pytest.MonkeyPatch, demo_dir: Pa
     assert set(rows[0]) >= {"rank", "ticker", "rating", "score", "confidence", "summary",
                             "batch_id"}
     assert rows[0]["demo"] is True
+
+
+async def test_replay_keeps_calls_prompts_and_order(sqlite_engine: Engine, demo_dir: Path) -> None:
+    from app.batch.replay import replay_batch
+    from app.cli.report import arm
+
+    tickers = demo_tickers(2)
+    settings = load_settings(check_context_length=False, retry_backoff_s=0)
+    server = FakeServer(nodes=node_names(settings), tickers=tickers)
+    source = await make_engine(sqlite_engine, demo_dir, server).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers))
+    original = list(server.chats)
+    replay_server = FakeServer(nodes=node_names(settings), tickers=tickers)
+    outcome = await replay_batch(settings, sqlite_engine, source.batch_id, label="same",
+                                 sample_metrics=False, http_client=replay_server.client())
+    assert outcome.status == "succeeded"
+    replayed = replay_server.chats
+    assert len(replayed) == len(original) == 2 * 17
+    key = lambda c: (c.ticker, c.node)  # noqa: E731
+    assert {key(c): c.messages for c in replayed} == {key(c): c.messages for c in original}
+    with sqlite_engine.connect() as conn:
+        def prompts(batch_id: int) -> dict[tuple[str, str], int]:
+            return {(t, n): p for t, n, p in conn.execute(
+                select(LLMCall.ticker, LLMCall.node, LLMCall.prompt_tokens)
+                .where(LLMCall.batch_id == batch_id))}
+        assert prompts(outcome.batch_id) == prompts(source.batch_id)
+        kind, source_id = conn.execute(select(Batch.kind, Batch.source_batch_id)
+                                       .where(Batch.id == outcome.batch_id)).one()
+    assert (kind, source_id) == ("replay", source.batch_id)
+    # Each ticker's order is the graph's: every request came after the ones it followed.
+    for ticker in tickers:
+        order = [c.node for c in replayed if c.ticker == ticker]
+        assert order[-1] == "portfolio_manager" and set(order[:4]) == {
+            "market", "sentiment", "news", "fundamentals"}
+        assert order.index("bull_r1") < order.index("bear_r1") < order.index("trader")
+    # Free-text requests ask for exactly what they produced the first time.
+    first = {key(c): c for c in original}
+    for c in replayed:
+        if not c.structured:
+            assert c.max_tokens == first[key(c)].served.completion_tokens  # type: ignore[union-attr]
+            assert c.body["ignore_eos"] is True
+    arms = [arm(sqlite_engine, source.batch_id), arm(sqlite_engine, outcome.batch_id)]
+    assert arms[0]["calls"] == arms[1]["calls"] == 34

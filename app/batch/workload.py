@@ -1,0 +1,114 @@
+"""Describe a workload as per-ticker request graphs, from a recorded batch, and play it back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+
+from app.batch.gate import GatedLLM
+from app.db.models import Batch, LLMCall, LLMRequest
+from app.errors import InputError, LLMError
+from app.llm import CallTag
+from app.usage import decompress_body
+
+
+@dataclass
+class WorkItem:
+    """One request of a workload and the requests of its ticker it must wait for."""
+
+    ticker: str
+    sample: int
+    node: str
+    body: dict[str, Any]
+    deps: list[str] = field(default_factory=list)  # nodes of the same ticker and sample
+
+
+Workload = dict[str, list[WorkItem]]  # ticker -> its requests
+
+
+@dataclass
+class _Timing:
+    started: datetime
+    ended: datetime
+    completion_tokens: int | None
+
+
+def recorded_workload(engine: Engine, batch_id: int, *, match_output: bool = True
+                      ) -> tuple[Batch, Workload]:
+    """Rebuild a batch's requests with their order.
+
+    A node depends on every node of its ticker and sample that had ended before it
+    started, which is exactly the order the graph imposed. With ``match_output`` each
+    free-text request asks for the number of tokens it produced then (``ignore_eos``), so
+    two replay arms decode the same amount and differ only by how fast they serve it.
+    """
+    with engine.connect() as conn:
+        batch_row = conn.execute(select(Batch.__table__).where(Batch.id == batch_id)).first()
+        if batch_row is None:
+            raise InputError(f"no batch with id {batch_id}")
+        bodies = conn.execute(select(LLMRequest.ticker, LLMRequest.node, LLMRequest.sample,
+                                     LLMRequest.body).where(LLMRequest.batch_id == batch_id)
+                              ).all()
+        if not bodies:
+            raise InputError(f"batch {batch_id} has no recorded requests "
+                             "(was NIGHTDESK_RECORD_REQUESTS off?)")
+        ok_tokens = func.max(LLMCall.completion_tokens).filter(LLMCall.status == "ok")
+        timings = {
+            (r.ticker, r.node, r.sample): _Timing(r.started, r.ended, r.tokens)
+            for r in conn.execute(
+                select(LLMCall.ticker, LLMCall.node, LLMCall.sample,
+                       func.min(LLMCall.started_at).label("started"),
+                       func.max(LLMCall.ended_at).label("ended"), ok_tokens.label("tokens"))
+                .where(LLMCall.batch_id == batch_id)
+                .group_by(LLMCall.ticker, LLMCall.node, LLMCall.sample))
+        }
+    batch = Batch(**batch_row._mapping)
+    by_chain: dict[tuple[str, int], list[tuple[_Timing, WorkItem]]] = defaultdict(list)
+    for ticker, node, sample, blob in bodies:
+        timing = timings.get((ticker, node, sample))
+        if timing is None:
+            continue  # a body recorded for a call that never started: nothing to replay
+        body = decompress_body(blob)
+        if match_output and timing.completion_tokens and "response_format" not in body:
+            body["max_tokens"] = timing.completion_tokens
+            body["extra_body"] = {**body.get("extra_body", {}), "ignore_eos": True}
+        by_chain[(ticker, sample)].append((timing, WorkItem(ticker, sample, node, body)))
+    workload: Workload = defaultdict(list)
+    for (ticker, _), chain in sorted(by_chain.items()):
+        chain.sort(key=lambda pair: pair[0].started)
+        for timing, item in chain:
+            item.deps = [other.node for t, other in chain if t.ended <= timing.started]
+            workload[ticker].append(item)
+    return batch, dict(workload)
+
+
+async def play(items: list[WorkItem], gated: GatedLLM, batch_id: int, *,
+               ignore_deps: bool = False) -> list[Any]:
+    """Send a ticker's requests, each after its dependencies finished; raise the first failure.
+
+    A failed request still releases its dependants: replayed prompts are frozen, so a
+    later node does not need an earlier node's new answer, only its place in the order.
+    """
+    done = {(i.sample, i.node): asyncio.Event() for i in items}
+    errors: list[LLMError] = []
+
+    async def one(item: WorkItem) -> None:
+        if not ignore_deps:
+            for dep in item.deps:
+                await done[(item.sample, dep)].wait()
+        try:
+            await gated.send(CallTag(batch_id, item.ticker, item.node, item.sample), item.body)
+        except LLMError as error:
+            errors.append(error)
+        finally:
+            done[(item.sample, item.node)].set()
+
+    await asyncio.gather(*(one(i) for i in items))
+    if errors:
+        raise errors[0]
+    return []

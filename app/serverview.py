@@ -1,0 +1,90 @@
+"""Summarize what the server itself reported during a batch, from its ``server_samples``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine, select
+
+from app.db.models import LLMCall, ServerSample
+
+
+def counter_delta(values: Sequence[float | None]) -> float | None:
+    """Return a counter's increase over the readings, surviving a reset to zero.
+
+    A reading below the previous one means the server restarted; what it counted since
+    the restart is its new value.
+    """
+    seen = [v for v in values if v is not None]
+    if len(seen) < 2:
+        return None
+    total = 0.0
+    for before, after in zip(seen, seen[1:], strict=False):
+        total += after - before if after >= before else after
+    return total
+
+
+@dataclass
+class ServerView:
+    samples: int
+    running_mean: float | None
+    running_p50: float | None
+    running_max: float | None
+    waiting_mean: float | None
+    waiting_max: float | None
+    kv_usage_max: float | None
+    preemptions: float | None
+    prompt_tokens: float | None  # the server's own count of prompt tokens over the batch
+    generation_tokens: float | None
+    prefix_cache_hit_rate: float | None
+    prefill_tokens_computed: float | None  # prompt tokens not served from the prefix cache
+    spec_acceptance: float | None  # accepted ÷ drafted speculative tokens, when present
+    mean_ttft_s: float | None  # from our own rows: first token − request start
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def server_view(engine: Engine, batch_id: int) -> ServerView:
+    """Compute realized concurrency, queueing, KV, preemptions and cache figures of a batch."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(ServerSample).where(ServerSample.batch_id == batch_id)
+                            .order_by(ServerSample.sampled_at)).all()
+        ttfts = [
+            (r.first_token_at - r.started_at).total_seconds()
+            for r in conn.execute(select(LLMCall.started_at, LLMCall.first_token_at)
+                                  .where(LLMCall.batch_id == batch_id,
+                                         LLMCall.first_token_at.is_not(None)))
+        ]
+    mean_ttft = float(np.mean(ttfts)) if ttfts else None
+    if not rows:
+        return ServerView(0, *([None] * 12), mean_ttft)  # type: ignore[arg-type]
+    running = np.array([r.running for r in rows])
+    waiting = np.array([r.waiting for r in rows])
+
+    def delta(name: str) -> float | None:
+        return counter_delta([getattr(r, name) for r in rows])
+
+    queries, hits = delta("prefix_cache_queries_total"), delta("prefix_cache_hits_total")
+    prompt = delta("prompt_tokens_total")
+    drafted, accepted = delta("spec_draft_tokens_total"), delta("spec_accepted_tokens_total")
+    return ServerView(
+        samples=len(rows),
+        running_mean=float(running.mean()),
+        running_p50=float(np.percentile(running, 50)),
+        running_max=float(running.max()),
+        waiting_mean=float(waiting.mean()),
+        waiting_max=float(waiting.max()),
+        kv_usage_max=float(max(r.kv_cache_usage for r in rows)),
+        preemptions=delta("preemptions_total"),
+        prompt_tokens=prompt,
+        generation_tokens=delta("generation_tokens_total"),
+        prefix_cache_hit_rate=(hits / queries) if queries and hits is not None else None,
+        prefill_tokens_computed=(prompt - hits) if prompt is not None and hits is not None
+        else None,
+        spec_acceptance=(accepted / drafted) if drafted and accepted is not None else None,
+        mean_ttft_s=mean_ttft,
+    )
