@@ -1,0 +1,126 @@
+"""Build the per-ticker LangGraph pipeline from settings and run it for one ticker and sample."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+from functools import lru_cache
+from itertools import pairwise
+
+import structlog
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+
+from agents import nodes
+from agents.data.base import MarketBundle
+from agents.decision import Decision
+from agents.nodes import ANALYSTS, DEBATERS, RISK_ANALYSTS, round_node
+from agents.state import ChatClient, NodeOutput, RunContext, TickerInput, TickerState
+from app.config import Settings
+
+Graph = CompiledStateGraph[TickerState, RunContext, TickerInput, TickerState]
+
+
+# One plain async function per node kind; rounds reuse the function under another name.
+NODE_KINDS = {
+    "market": nodes.market,
+    "sentiment": nodes.sentiment,
+    "news": nodes.news,
+    "fundamentals": nodes.fundamentals,
+    "bull": nodes.bull,
+    "bear": nodes.bear,
+    "research_manager": nodes.research_manager,
+    "trader": nodes.trader,
+    "aggressive": nodes.aggressive,
+    "conservative": nodes.conservative,
+    "neutral": nodes.neutral,
+    "portfolio_manager": nodes.portfolio_manager,
+}
+
+
+@dataclass(frozen=True)
+class TickerResult:
+    """One ticker's finished run: the validated decision and every node's output."""
+
+    ticker: str
+    as_of: date
+    sample: int
+    decision: Decision
+    outputs: dict[str, NodeOutput]  # keyed by node name, in dependency order
+
+
+def debate_nodes(rounds: int) -> list[str]:
+    """Return bull_r1, bear_r1, bull_r2, ... for the given number of rounds."""
+    return [round_node(kind, r) for r in range(1, rounds + 1) for kind in DEBATERS]
+
+
+def risk_nodes(rounds: int) -> list[str]:
+    """Return aggressive_r1, conservative_r1, neutral_r1, aggressive_r2, ... for ``rounds``."""
+    return [round_node(kind, r) for r in range(1, rounds + 1) for kind in RISK_ANALYSTS]
+
+
+def kind_of(node: str) -> str:
+    """Return a node's kind: ``bull_r2`` -> ``bull``; a node without rounds is its own kind."""
+    base, _, suffix = node.rpartition("_r")
+    return base if base and suffix.isdigit() else node
+
+
+def node_names(settings: Settings) -> list[str]:
+    """Return every LLM-calling node in dependency order: 4 + 2*debate + 2 + 3*risk + 1."""
+    return [*ANALYSTS, *sequential_nodes(settings.debate_rounds, settings.risk_rounds)]
+
+
+def sequential_nodes(debate_rounds: int, risk_rounds: int) -> list[str]:
+    """Return the nodes after the analysts, one after another."""
+    return [*debate_nodes(debate_rounds), "research_manager", "trader",
+            *risk_nodes(risk_rounds), "portfolio_manager"]
+
+
+@lru_cache(maxsize=8)
+def build_graph(debate_rounds: int, risk_rounds: int) -> Graph:
+    """Compile the pipeline for the given rounds (compiled once per shape, then reused)."""
+    graph = StateGraph(TickerState, context_schema=RunContext, input_schema=TickerInput,
+                       output_schema=TickerState)
+
+    # The four analysts fan out from START and run in parallel.
+    for kind in ANALYSTS:
+        graph.add_node(kind, NODE_KINDS[kind])
+        graph.add_edge(START, kind)
+
+    # Everything after them is one sequential chain; a list edge joins the analysts.
+    chain = sequential_nodes(debate_rounds, risk_rounds)
+    for name in chain:
+        graph.add_node(name, NODE_KINDS[kind_of(name)])
+    graph.add_edge(list(ANALYSTS), chain[0])
+    for before, after in pairwise(chain):
+        graph.add_edge(before, after)
+    graph.add_edge(chain[-1], END)
+
+    return graph.compile(name=f"ticker-d{debate_rounds}-r{risk_rounds}")
+
+
+async def analyze_ticker(
+    *,
+    llm: ChatClient,
+    settings: Settings,
+    batch_id: int,
+    bundle: MarketBundle,
+    sample: int = 0,
+    priority: int | None = None,
+) -> TickerResult:
+    """Run the whole pipeline for one ticker and sample; raise on any failed call or decision."""
+    graph = build_graph(settings.debate_rounds, settings.risk_rounds)
+    names = node_names(settings)
+    context = RunContext(llm=llm, settings=settings, batch_id=batch_id, bundle=bundle,
+                         priority=priority)
+    start = TickerInput(ticker=bundle.ticker, as_of=bundle.as_of, sample=sample)
+    # One super-step per sequential node, plus the parallel analysts' step and some slack.
+    config: RunnableConfig = {"recursion_limit": len(names) + 8}
+    with structlog.contextvars.bound_contextvars(ticker=bundle.ticker, sample=sample):
+        final = await graph.ainvoke(start, config, context=context)
+    outputs: dict[str, NodeOutput] = final["outputs"]
+    return TickerResult(
+        ticker=bundle.ticker, as_of=bundle.as_of, sample=sample, decision=final["decision"],
+        outputs={name: outputs[name] for name in names},
+    )

@@ -1,0 +1,213 @@
+"""Define the pipeline's nodes: plain async functions of (state, runtime), one LLM call each.
+
+A node reads its dependencies (client, settings, bundle) from ``runtime.context`` and
+returns a partial state update. Debate and risk nodes work out their round from the
+history already in the state, so one function serves every round.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from langgraph.runtime import Runtime
+
+from agents.data import render
+from agents.decision import RATINGS, decide
+from agents.prompting import build_messages
+from agents.state import NodeOutput, RunContext, TickerState, Turn
+from app.llm import CallTag, ChatResult
+
+# Fixed order: the shared context lists the reports in it, byte-identical in every prompt.
+ANALYSTS: tuple[str, ...] = ("market", "sentiment", "news", "fundamentals")
+DEBATERS: tuple[str, ...] = ("bull", "bear")
+RISK_ANALYSTS: tuple[str, ...] = ("aggressive", "conservative", "neutral")
+
+TITLES: dict[str, str] = {
+    "market": "Market analyst",
+    "sentiment": "Social sentiment analyst",
+    "news": "News analyst",
+    "fundamentals": "Fundamentals analyst",
+    "bull": "Bull researcher",
+    "bear": "Bear researcher",
+    "aggressive": "Aggressive risk analyst",
+    "conservative": "Conservative risk analyst",
+    "neutral": "Neutral risk analyst",
+}
+
+Update = dict[str, Any]
+
+
+def round_node(kind: str, round_: int) -> str:
+    """Name a debating node for one round, e.g. ``bull_r2``; also its ``llm_calls.node``."""
+    return f"{kind}_r{round_}"
+
+
+def shared_context(state: TickerState, runtime: Runtime[RunContext], *,
+                   with_reports: bool) -> dict[str, Any]:
+    """Return the shared context variables; downstream nodes get all four reports, in order."""
+    bundle = runtime.context.bundle
+    reports = []
+    if with_reports:
+        reports = [{"title": TITLES[kind] + " report", "text": state["reports"][kind].strip()}
+                   for kind in ANALYSTS]
+    return {
+        "ticker": state["ticker"],
+        "as_of": state["as_of"].isoformat(),
+        "source": render.source_line(bundle),  # says DEMO for synthetic data
+        "reports": reports,
+    }
+
+
+def _output(node: str, result: ChatResult, attempts: int | None = None) -> NodeOutput:
+    return NodeOutput(
+        node=node, text=result.content, prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens, cached_tokens=result.cached_tokens,
+        finish_reason=result.finish_reason, attempts=attempts or result.attempts,
+    )
+
+
+def _tag(state: TickerState, runtime: Runtime[RunContext], node: str) -> CallTag:
+    return CallTag(batch_id=runtime.context.batch_id, ticker=state["ticker"], node=node,
+                   sample=state["sample"])
+
+
+async def _ask(state: TickerState, runtime: Runtime[RunContext], node: str, group: str,
+               messages: list[dict[str, str]]) -> ChatResult:
+    """Send one node's call with its group's token budget, logging with ticker and node bound."""
+    ctx = runtime.context
+    with structlog.contextvars.bound_contextvars(ticker=state["ticker"], node=node):
+        return await ctx.llm.chat(_tag(state, runtime, node), messages,
+                                  max_tokens=ctx.settings.node_max_tokens[group],
+                                  priority=ctx.priority)
+
+
+def _turns(history: list[Turn]) -> list[dict[str, str]]:
+    return [{"title": f"{TITLES[t.kind]}, round {t.round}", "text": t.text.strip()}
+            for t in history]
+
+
+# --- analysts -----------------------------------------------------------------------------
+
+
+async def _analyst(kind: str, state: TickerState, runtime: Runtime[RunContext],
+                   **data: str) -> Update:
+    sections = {name: text.strip() for name, text in data.items()}
+    messages = build_messages(kind, shared_context(state, runtime, with_reports=False),
+                              **sections)
+    result = await _ask(state, runtime, kind, "analyst", messages)
+    return {"reports": {kind: result.content}, "outputs": {kind: _output(kind, result)}}
+
+
+async def market(state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    """Write the technical report from prices and indicators."""
+    bundle = runtime.context.bundle
+    return await _analyst("market", state, runtime, prices=render.render_prices(bundle),
+                          indicators=render.render_indicators(bundle))
+
+
+async def sentiment(state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    """Write the social-sentiment report from social posts."""
+    return await _analyst("sentiment", state, runtime,
+                          social=render.render_social(runtime.context.bundle))
+
+
+async def news(state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    """Write the news report from headlines."""
+    return await _analyst("news", state, runtime, news=render.render_news(runtime.context.bundle))
+
+
+async def fundamentals(state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    """Write the fundamentals report from the company's figures."""
+    return await _analyst("fundamentals", state, runtime,
+                          fundamentals=render.render_fundamentals(runtime.context.bundle))
+
+
+# --- researchers --------------------------------------------------------------------------
+
+
+async def _debater(kind: str, state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    history = state.get("debate", [])
+    round_ = 1 + sum(1 for t in history if t.kind == kind)
+    node = round_node(kind, round_)
+    messages = build_messages(kind, shared_context(state, runtime, with_reports=True),
+                              history=_turns(history), round=round_,
+                              rounds=runtime.context.settings.debate_rounds)
+    result = await _ask(state, runtime, node, "researcher", messages)
+    turn = Turn(node=node, kind=kind, round=round_, text=result.content)
+    return {"debate": [turn], "outputs": {node: _output(node, result)}}
+
+
+async def bull(state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    """Argue for the stock, answering the bear's last turn."""
+    return await _debater("bull", state, runtime)
+
+
+async def bear(state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    """Argue against the stock, answering the bull's last turn."""
+    return await _debater("bear", state, runtime)
+
+
+async def research_manager(state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    """Judge the debate and write the investment plan."""
+    node = "research_manager"
+    messages = build_messages(node, shared_context(state, runtime, with_reports=True),
+                              history=_turns(state["debate"]))
+    result = await _ask(state, runtime, node, "research_manager", messages)
+    return {"investment_plan": result.content, "outputs": {node: _output(node, result)}}
+
+
+async def trader(state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    """Turn the investment plan into a concrete trading proposal."""
+    node = "trader"
+    messages = build_messages(node, shared_context(state, runtime, with_reports=True),
+                              investment_plan=state["investment_plan"].strip())
+    result = await _ask(state, runtime, node, "trader", messages)
+    return {"trader_plan": result.content, "outputs": {node: _output(node, result)}}
+
+
+# --- risk ---------------------------------------------------------------------------------
+
+
+async def _risk(kind: str, state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    history = state.get("risk_debate", [])
+    round_ = 1 + sum(1 for t in history if t.kind == kind)
+    node = round_node(kind, round_)
+    messages = build_messages(kind, shared_context(state, runtime, with_reports=True),
+                              trader_plan=state["trader_plan"].strip(), history=_turns(history),
+                              round=round_, rounds=runtime.context.settings.risk_rounds)
+    result = await _ask(state, runtime, node, "risk", messages)
+    turn = Turn(node=node, kind=kind, round=round_, text=result.content)
+    return {"risk_debate": [turn], "outputs": {node: _output(node, result)}}
+
+
+async def aggressive(state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    """Argue for bolder positioning on the trader's proposal."""
+    return await _risk("aggressive", state, runtime)
+
+
+async def conservative(state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    """Argue for protecting capital on the trader's proposal."""
+    return await _risk("conservative", state, runtime)
+
+
+async def neutral(state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    """Argue for a balanced position on the trader's proposal."""
+    return await _risk("neutral", state, runtime)
+
+
+async def portfolio_manager(state: TickerState, runtime: Runtime[RunContext]) -> Update:
+    """Make the final call as server-enforced structured output, validated with retries."""
+    node = "portfolio_manager"
+    ctx = runtime.context
+    messages = build_messages(node, shared_context(state, runtime, with_reports=True),
+                              trader_plan=state["trader_plan"].strip(),
+                              history=_turns(state["risk_debate"]),
+                              investment_plan=state["investment_plan"].strip(), ratings=RATINGS)
+    with structlog.contextvars.bound_contextvars(ticker=state["ticker"], node=node):
+        decision, result, attempts = await decide(
+            ctx.llm, _tag(state, runtime, node), messages,
+            max_tokens=ctx.settings.node_max_tokens["portfolio_manager"],
+            attempts=ctx.settings.decision_attempts, priority=ctx.priority,
+        )
+    return {"decision": decision, "outputs": {node: _output(node, result, attempts)}}

@@ -1,0 +1,97 @@
+"""Check the decision schema and the bounded, loud retry around it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from agents.decision import Decision, decide, parse_decision, response_format
+from app.errors import DecisionError, LLMHTTPError
+from app.llm import CallTag, ChatResult
+
+VALID = {"rating": "Buy", "score": 0.7, "confidence": 0.8, "summary": "Strong growth."}
+TAG = CallTag(batch_id=1, ticker="ACME", node="portfolio_manager")
+MESSAGES = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+
+
+class ScriptedLLM:
+    """Answer chat() from a list of contents (or exceptions), recording each call."""
+
+    def __init__(self, replies: list[Any], attempts_per_call: int = 1) -> None:
+        self.replies = list(replies)
+        self.attempts_per_call = attempts_per_call
+        self.calls: list[dict[str, Any]] = []
+
+    async def chat(self, tag: CallTag, messages: list[dict[str, str]], *, max_tokens: int,
+                   response_format: dict[str, Any] | None = None, priority: int | None = None,
+                   first_attempt: int = 1) -> ChatResult:
+        self.calls.append({"messages": messages, "first_attempt": first_attempt,
+                           "response_format": response_format, "priority": priority})
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return ChatResult(content=reply, prompt_tokens=10, completion_tokens=5,
+                          cached_tokens=0, finish_reason="stop", request_id="r",
+                          attempts=self.attempts_per_call)
+
+
+def test_schema_rejects_out_of_range_and_unknown() -> None:
+    assert Decision.model_validate(VALID).rating == "Buy"
+    for bad in ({"rating": "Strong Buy"}, {"score": 1.5}, {"confidence": -0.1},
+                {"summary": ""}, {"extra": 1}):
+        with pytest.raises(ValidationError):
+            Decision.model_validate({**VALID, **bad})
+    with pytest.raises(ValueError, match="rating"):
+        parse_decision(json.dumps({**VALID, "rating": "hold"}))
+    with pytest.raises(ValueError, match="Invalid JSON"):
+        parse_decision("Rating: Hold")
+
+
+def test_response_format_is_strict_json_schema() -> None:
+    fmt = response_format()
+    assert fmt["type"] == "json_schema"
+    spec = fmt["json_schema"]
+    assert spec["name"] == "decision" and spec["strict"] is True
+    schema = spec["schema"]
+    assert set(schema["required"]) == {"rating", "score", "confidence", "summary"}
+    assert schema["additionalProperties"] is False
+    assert schema["properties"]["rating"]["enum"] == [
+        "Buy", "Overweight", "Hold", "Underweight", "Sell"]
+
+
+async def test_valid_first_reply() -> None:
+    llm = ScriptedLLM([json.dumps(VALID)])
+    decision, _, attempts = await decide(llm, TAG, MESSAGES, max_tokens=100, attempts=3,
+                                         priority=4)
+    assert decision == Decision.model_validate(VALID) and attempts == 1
+    assert llm.calls[0]["priority"] == 4
+    assert llm.calls[0]["response_format"] == response_format()
+
+
+async def test_retry_advances_first_attempt_past_http_retries() -> None:
+    llm = ScriptedLLM(["{}", "nope", json.dumps(VALID)], attempts_per_call=2)
+    decision, _, attempts = await decide(llm, TAG, MESSAGES, max_tokens=100, attempts=3)
+    assert decision.rating == "Buy"
+    assert [c["first_attempt"] for c in llm.calls] == [1, 3, 5]
+    assert attempts == 6
+    # The retry keeps the original messages as prefix, shows the bad reply, says what failed.
+    retry = llm.calls[1]["messages"]
+    assert retry[:2] == MESSAGES
+    assert retry[2] == {"role": "assistant", "content": "{}"}
+    assert "not a valid decision" in retry[3]["content"]
+
+
+async def test_never_defaults_to_hold() -> None:
+    llm = ScriptedLLM(["Hold", "Hold", "Hold"])
+    with pytest.raises(DecisionError, match=r"ACME: .*2 call\(s\)"):
+        await decide(llm, TAG, MESSAGES, max_tokens=100, attempts=2)
+    assert len(llm.calls) == 2
+
+
+async def test_call_errors_propagate_unchanged() -> None:
+    llm = ScriptedLLM([LLMHTTPError("HTTP 400", http_status=400)])
+    with pytest.raises(LLMHTTPError):
+        await decide(llm, TAG, MESSAGES, max_tokens=100, attempts=3)
