@@ -11,6 +11,7 @@
     │   ├── LLMHTTPError           the server answered with an HTTP error status
     │   ├── LLMTimeoutError        no complete answer within the per-call timeout
     │   ├── LLMConnectionError     the server could not be reached
+    │   ├── LLMStreamError         the server failed in the middle of a streamed answer
     │   └── DecisionError          the final decision failed its schema after all retries
     └── ServerError                the vLLM server failed to start, stop or answer
 """
@@ -75,6 +76,11 @@ class LLMTimeoutError(LLMError):
 
 class LLMConnectionError(LLMError):
     error_class = "connection"
+    retryable = True
+
+
+class LLMStreamError(LLMError):
+    error_class = "stream"
     retryable = True
 
 

@@ -20,6 +20,7 @@ from app.errors import (
     LLMConnectionError,
     LLMError,
     LLMHTTPError,
+    LLMStreamError,
     LLMTimeoutError,
 )
 from app.usage import UsageRecorder
@@ -143,9 +144,10 @@ class TrackedLLM:
             "temperature": s.temperature,
             "top_p": s.top_p,
             "presence_penalty": s.presence_penalty,
-            "seed": call_seed(tag),
             "extra_body": extra,
         }
+        if s.request_seeds:
+            body["seed"] = call_seed(tag)
         if response_format is not None:
             body["response_format"] = response_format
         return body
@@ -200,7 +202,7 @@ class TrackedLLM:
 
     async def _attempt(self, tag: CallTag, attempt: int, body: dict[str, Any]) -> ChatResult:
         seen = _Attempt(started_at=datetime.now(UTC), t0=time.monotonic())
-        error: LLMError | None = None
+        error: LLMError | None
         try:
             async with asyncio.timeout(self.settings.call_timeout_s):
                 await self._check_context(body)
@@ -215,8 +217,17 @@ class TrackedLLM:
             error = _classify_status(exc)
         except openai.APIConnectionError as exc:
             error = LLMConnectionError(f"cannot reach {self.base_url}: {exc}")
-        finally:
-            self._record(tag, attempt, body, seen, error)
+        except openai.APIError as exc:
+            # An error event inside an open stream (e.g. the engine died mid-generation).
+            error = LLMStreamError(f"server error during the stream: {exc.message}")
+        except BaseException as exc:
+            # Anything else (cancellation included) still leaves its row, then propagates.
+            self._record(tag, attempt, body, seen,
+                         LLMError(f"{type(exc).__name__}: {exc}"[:500] or type(exc).__name__))
+            raise
+        else:
+            error = None
+        self._record(tag, attempt, body, seen, error)
         if error is not None:
             raise error
         usage = seen.usage

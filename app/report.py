@@ -11,6 +11,7 @@ from sqlalchemy import Engine, func, select
 
 from app.db.models import Batch, LLMCall
 from app.errors import InputError
+from app.serverview import server_view
 
 
 @dataclass
@@ -91,3 +92,28 @@ def batch_report(engine: Engine, batch_id: int) -> BatchReport:
         output_tokens_per_s=completion / wall if wall > 0 else 0.0,
         nodes=nodes,
     )
+
+
+def arm(engine: Engine, batch_id: int) -> dict[str, Any]:
+    """Return one arm of a comparison: throughput split, concurrency, KV, makespan."""
+    calls = batch_report(engine, batch_id)
+    view = server_view(engine, batch_id)
+    with engine.connect() as conn:
+        kind, label = conn.execute(select(Batch.kind, Batch.label)
+                                   .where(Batch.id == batch_id)).one()
+    span = calls.wall_seconds
+    prefill = view.prefill_tokens_computed if view.prefill_tokens_computed is not None \
+        else calls.prompt_tokens
+    return {
+        "batch_id": batch_id, "kind": kind, "label": label, "calls": calls.calls,
+        "failed_calls": calls.failed_calls, "makespan_s": span,
+        "output_tokens_per_s": calls.output_tokens_per_s,
+        "prefill_tokens_per_s": prefill / span if span else 0.0,
+        "decode_tokens_per_s": calls.completion_tokens / span if span else 0.0,
+        "prompt_tokens": calls.prompt_tokens, "completion_tokens": calls.completion_tokens,
+        "prefill_tokens_computed": view.prefill_tokens_computed,
+        "prefix_cache_hit_rate": view.prefix_cache_hit_rate,
+        "running_mean": view.running_mean, "running_max": view.running_max,
+        "waiting_max": view.waiting_max, "kv_usage_max": view.kv_usage_max,
+        "preemptions": view.preemptions, "mean_ttft_s": view.mean_ttft_s,
+    }

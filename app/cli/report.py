@@ -8,12 +8,10 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import Engine, select
 
 from app.cli.common import database, setup
-from app.db.models import Batch
 from app.errors import InputError
-from app.report import BatchReport, batch_report, latest_batch_id
+from app.report import BatchReport, arm, batch_report, latest_batch_id
 from app.serverview import ServerView, server_view
 
 
@@ -60,31 +58,6 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
     for n in report.nodes:
         nodes.add_row(n.node, str(n.calls), f"{n.mean_s:.2f}", f"{n.p50_s:.2f}", f"{n.p99_s:.2f}")
     console.print(nodes)
-
-
-def arm(engine: Engine, batch_id: int) -> dict[str, Any]:
-    """Return one arm of a comparison: throughput split, concurrency, KV, makespan."""
-    calls = batch_report(engine, batch_id)
-    view = server_view(engine, batch_id)
-    with engine.connect() as conn:
-        kind, label = conn.execute(select(Batch.kind, Batch.label)
-                                   .where(Batch.id == batch_id)).one()
-    span = calls.wall_seconds
-    prefill = view.prefill_tokens_computed if view.prefill_tokens_computed is not None \
-        else calls.prompt_tokens
-    return {
-        "batch_id": batch_id, "kind": kind, "label": label, "calls": calls.calls,
-        "failed_calls": calls.failed_calls, "makespan_s": span,
-        "output_tokens_per_s": calls.output_tokens_per_s,
-        "prefill_tokens_per_s": prefill / span if span else 0.0,
-        "decode_tokens_per_s": calls.completion_tokens / span if span else 0.0,
-        "prompt_tokens": calls.prompt_tokens, "completion_tokens": calls.completion_tokens,
-        "prefill_tokens_computed": view.prefill_tokens_computed,
-        "prefix_cache_hit_rate": view.prefix_cache_hit_rate,
-        "running_mean": view.running_mean, "running_max": view.running_max,
-        "waiting_max": view.waiting_max, "kv_usage_max": view.kv_usage_max,
-        "preemptions": view.preemptions, "mean_ttft_s": view.mean_ttft_s,
-    }
 
 
 COMPARE_COLUMNS = (

@@ -1,0 +1,151 @@
+"""Drive one workload with several scheduling strategies, one after another, on one server.
+
+Every strategy runs as its own batch (kind ``bench``) through the same engine, gate and
+tracked client as a nightly run, so its figures come from the same rows and the same
+``/metrics`` samples as any report. The ceiling is measured, never assumed: the best
+output tok/s of ``flood`` (every request at once, dependencies ignored) and the fixed-N
+sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import platform
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import structlog
+from sqlalchemy import Engine
+
+from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.gate import GatedLLM
+from app.batch.scheduler import Strategy
+from app.batch.workload import Workload, play
+from app.config import Settings
+from app.report import arm
+from serving.metrics import aread_metrics
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_STRATEGIES = ("sequential", "fixed-3", "fixed-8", "fixed-14", "fixed-32", "adaptive",
+                      "flood")
+
+
+@dataclass
+class BenchResult:
+    workload: str
+    tickers: int
+    requests: int
+    arms: list[dict[str, Any]] = field(default_factory=list)
+    ceiling_tok_s: float = 0.0
+    ceiling_arm: str = ""
+    checks: dict[str, bool] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self.__dict__, default=str))
+
+
+def machine_facts(settings: Settings, server_facts: dict[str, Any] | None) -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+
+    return {"date": datetime.now(UTC).isoformat(timespec="seconds"), "cpu": cpu,
+            "cores": os.cpu_count(), "python": platform.python_version(),
+            "server": settings.llm_base_url, "model": settings.llm_model,
+            "profile": settings.server_profile, "server_facts": server_facts or {}}
+
+
+async def _wait_idle(settings: Settings, timeout_s: float = 120.0) -> None:
+    """Wait until the server runs and queues nothing, so arms do not overlap."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        while asyncio.get_running_loop().time() < deadline:
+            snap = await aread_metrics(settings.llm_base_url, client=client)
+            if snap.running == 0 and snap.waiting == 0:
+                return
+            await asyncio.sleep(0.5)
+
+
+def _salted(workload: Workload, salt: str) -> Workload:
+    """Copy the workload with a per-arm prefix-cache salt: no arm reuses another's cache."""
+    salted = copy.deepcopy(workload)
+    for items in salted.values():
+        for item in items:
+            item.body["extra_body"] = {**item.body.get("extra_body", {}), "cache_salt": salt}
+    return salted
+
+
+async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
+                    name: str, strategies: list[str] = list(DEFAULT_STRATEGIES),
+                    server_facts: dict[str, Any] | None = None,
+                    **engine_kwargs: Any) -> BenchResult:
+    """Run every strategy over the same workload and compare them to the measured ceiling."""
+    for s in strategies:
+        if s != "flood":
+            Strategy.parse(s)  # refuse a typo before the first arm runs for minutes
+    run_id = uuid.uuid4().hex[:8]
+    result = BenchResult(name, len(workload), sum(len(v) for v in workload.values()),
+                         machine=machine_facts(settings, server_facts))
+    runner = BatchEngine(settings, engine, server_facts=server_facts, **engine_kwargs)
+    weights = {t: float(sum(i.body["max_tokens"] for i in items))
+               for t, items in workload.items()}
+    for strategy in strategies:
+        if engine_kwargs.get("sample_metrics", True):
+            await _wait_idle(settings)
+        arm_load = _salted(workload, f"{run_id}-{strategy}")
+        flood = strategy == "flood"
+
+        async def work(ticker: str, gated: GatedLLM, batch_id: int,
+                       arm_load: Workload = arm_load, flood: bool = flood) -> list[Any]:
+            return await play(arm_load[ticker], gated, batch_id, ignore_deps=flood)
+
+        log.info("bench arm", strategy=strategy)
+        plan = BatchPlan("bench", date.today(), sorted(workload), 1,
+                         "fixed-1000000" if flood else strategy, f"bench {run_id} {strategy}")
+        outcome = await runner.execute(plan, work, weights=weights)
+        figures = await asyncio.to_thread(arm, engine, outcome.batch_id)
+        figures["strategy"] = strategy
+        result.arms.append(figures)
+    _judge(result)
+    return result
+
+
+def _judge(result: BenchResult) -> None:
+    by = {a["strategy"]: a for a in result.arms}
+    contenders = [a for a in result.arms
+                  if a["strategy"] == "flood" or a["strategy"].startswith("fixed-")]
+    if contenders:
+        best = max(contenders, key=lambda a: a["output_tokens_per_s"])
+        result.ceiling_tok_s, result.ceiling_arm = best["output_tokens_per_s"], best["strategy"]
+    for a in result.arms:
+        a["ratio_to_ceiling"] = (a["output_tokens_per_s"] / result.ceiling_tok_s
+                                 if result.ceiling_tok_s else None)
+    adaptive, fixed3 = by.get("adaptive"), by.get("fixed-3")
+    if adaptive is None:
+        return
+    fixed = [a for a in result.arms if a["strategy"].startswith("fixed-")]
+    best_fixed = max(fixed, key=lambda a: a["output_tokens_per_s"]) if fixed else None
+    if result.ceiling_tok_s:
+        result.checks["adaptive >= 0.9 x ceiling"] = (
+            adaptive["output_tokens_per_s"] >= 0.9 * result.ceiling_tok_s)
+    if fixed3:
+        result.checks["adaptive >= 1.5 x fixed-3"] = (
+            adaptive["output_tokens_per_s"] >= 1.5 * fixed3["output_tokens_per_s"])
+    result.checks["adaptive: zero preemptions"] = not adaptive["preemptions"]
+    if best_fixed and best_fixed["mean_ttft_s"] is not None and adaptive["mean_ttft_s"] is not None:
+        result.checks[f"adaptive TTFT <= best fixed-N's ({best_fixed['strategy']})"] = (
+            adaptive["mean_ttft_s"] <= best_fixed["mean_ttft_s"])
