@@ -1,0 +1,1 @@
+"""Measure nightdesk's own costs (``nightdesk bench ...``); no timed tests, only reports."""

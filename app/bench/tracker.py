@@ -1,0 +1,341 @@
+"""Measure what usage tracking adds per call, against a fake server that answers instantly.
+
+Two arms run the same N streamed chat completions, ``concurrency`` at a time, through the
+same ``httpx.MockTransport``:
+
+* baseline: the raw ``openai.AsyncOpenAI`` client, nothing recorded;
+* tracked: ``TrackedLLM`` + ``UsageRecorder`` writing ``llm_calls`` and ``llm_requests``
+  to SQLite or PostgreSQL.
+
+Added wall time per call is ``(tracked wall - baseline wall) / N``; the final flush (rows
+still buffered when the last call returns) is timed separately. Arms are interleaved in a
+rotating order over several rounds and the median of the per-round differences is
+reported, because a shared 2-core machine drifts by more than the effect being measured.
+Process CPU time (both threads) is reported beside wall time as a steadier second view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from openai import AsyncOpenAI
+from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy.engine import make_url
+
+from app.config import Settings, load_settings
+from app.db.engine import check_reachable, get_engine, upgrade
+from app.db.models import Batch, LLMCall, LLMRequest
+from app.errors import DatabaseError, InputError
+from app.llm import CallTag, TrackedLLM
+from app.usage import UsageRecorder
+
+FAKE_BASE_URL = "http://bench.invalid/v1"
+DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+TARGET_MS_PER_CALL = 1.0
+
+Database = Literal["sqlite", "postgresql", "both"]
+
+# A node prompt of realistic size (~4 KB), so body encoding and compression cost what they do.
+PROMPT = ("Close 187.2, SMA50 181.4, RSI14 61.3, MACD 1.21 over signal 0.98. " * 60).strip()
+
+
+def _sse_body() -> bytes:
+    """Build one streamed answer: 8 content chunks, a finish chunk, a usage chunk.
+
+    Short on purpose: the OpenAI client's per-chunk parsing is the same in both arms and
+    only adds noise on top of the per-call cost being measured.
+    """
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+        body: dict[str, Any] = {"id": "chatcmpl-bench", "object": "chat.completion.chunk",
+                                "created": 0, "model": "bench", "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+
+    parts = [chunk([{"index": 0, "delta": {"content": f" word{i}"}, "finish_reason": None}])
+             for i in range(8)]
+    parts.append(chunk([{"index": 0, "delta": {}, "finish_reason": "stop"}]))
+    parts.append(chunk([], {"prompt_tokens": 900, "completion_tokens": 8, "total_tokens": 908,
+                            "prompt_tokens_details": {"cached_tokens": 512}}))
+    return ("".join(parts) + "data: [DONE]\n\n").encode()
+
+
+SSE_BODY = _sse_body()
+TOKENIZE_BODY = json.dumps({"count": 900, "max_model_len": 32768, "tokens": []}).encode()
+
+
+def zero_latency_transport() -> httpx.MockTransport:
+    """Answer chat completions and /tokenize at once, from prebuilt bytes."""
+    sse_headers = {"content-type": "text/event-stream"}
+    json_headers = {"content-type": "application/json"}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, headers=json_headers, content=TOKENIZE_BODY)
+        return httpx.Response(200, headers=sse_headers, content=SSE_BODY)
+
+    return httpx.MockTransport(handle)
+
+
+def bench_settings() -> Settings:
+    """Return production defaults pointed at the fake (context precheck and bodies on)."""
+    return load_settings(llm_base_url=FAKE_BASE_URL, retry_backoff_s=0)
+
+
+def messages(i: int) -> list[dict[str, str]]:
+    return [{"role": "system", "content": "You are a market analyst. Be concise."},
+            {"role": "user", "content": f"Ticker #{i}. {PROMPT}"}]
+
+
+async def run_baseline(settings: Settings, calls: int, concurrency: int) -> tuple[float, float]:
+    """Send the calls through the raw OpenAI client; return wall and process CPU seconds."""
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(transport=zero_latency_transport()) as http:
+        client = AsyncOpenAI(base_url=FAKE_BASE_URL, api_key="EMPTY", max_retries=0,
+                             timeout=settings.call_timeout_s, http_client=http)
+
+        async def one(i: int) -> None:
+            # The body TrackedLLM.build_body would send, so both arms encode the same bytes.
+            body: dict[str, Any] = {
+                "model": settings.llm_model, "messages": messages(i), "max_tokens": 256,
+                "temperature": settings.temperature, "top_p": settings.top_p,
+                "presence_penalty": settings.presence_penalty, "seed": i,
+                "extra_body": {"top_k": settings.top_k,
+                               "chat_template_kwargs": {"enable_thinking": False}},
+            }
+            async with gate:
+                stream = await client.chat.completions.create(
+                    **body, stream=True, stream_options={"include_usage": True})
+                content: list[str] = []
+                async for chunk in stream:
+                    for choice in chunk.choices:
+                        if choice.delta and choice.delta.content:
+                            content.append(choice.delta.content)
+
+        started, cpu = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(one(i) for i in range(calls)))
+        return time.perf_counter() - started, time.process_time() - cpu
+
+
+def new_batch(engine: Engine, label: str) -> int:
+    with engine.begin() as conn:
+        result = conn.execute(Batch.__table__.insert().values(  # type: ignore[attr-defined]
+            kind="bench", label=label, as_of=date.today(), status="running",
+            created_at=datetime.now(UTC), settings={}, tickers_total=0,
+            tickers_succeeded=0, tickers_failed=0))
+        key = result.inserted_primary_key
+        assert key is not None
+        return int(key[0])
+
+
+@dataclass
+class TrackedRun:
+    wall_s: float
+    cpu_s: float
+    flush_s: float
+    rows: int
+    bodies: int
+
+
+async def run_tracked(settings: Settings, engine: Engine, calls: int,
+                      concurrency: int) -> TrackedRun:
+    """Send the calls through TrackedLLM + UsageRecorder; time the calls and the final flush."""
+    batch_id = new_batch(engine, "tracker-bench")
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(transport=zero_latency_transport()) as http:
+        recorder = UsageRecorder(engine)
+        await recorder.start()
+        llm = TrackedLLM(settings, recorder, http_client=http)
+        # One untimed call first: a fresh client learns max-model-len from /tokenize, and
+        # until then every concurrent call asks too (64 requests). A batch pays that once;
+        # N short rounds would each pay it, so it is kept out of the per-call figure.
+        await llm.chat(CallTag(batch_id, "WARMUP", "bench"), messages(-1), max_tokens=256)
+
+        async def one(i: int) -> None:
+            async with gate:
+                await llm.chat(CallTag(batch_id, f"T{i % 500}", "bench", sample=i),
+                               messages(i), max_tokens=256)
+
+        started, cpu = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(one(i) for i in range(calls)))
+        # Process CPU counts the writer thread too; it shrugs off load from other processes.
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+        started = time.perf_counter()
+        await recorder.close()
+        flush = time.perf_counter() - started
+    with engine.connect() as conn:
+        rows = conn.execute(select(func.count()).select_from(LLMCall)
+                            .where(LLMCall.batch_id == batch_id)).scalar_one()
+        bodies = conn.execute(select(func.count()).select_from(LLMRequest)
+                              .where(LLMRequest.batch_id == batch_id)).scalar_one()
+    # The warm-up call is the one row beyond N.
+    return TrackedRun(wall, cpu, flush, int(rows) - 1, int(bodies) - 1)
+
+
+@contextlib.contextmanager
+def sqlite_database() -> Iterator[str]:
+    """Yield the URL of a blank, upgraded SQLite file in a temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="nightdesk-bench-") as folder:
+        url = f"sqlite:///{folder}/bench.db"
+        upgrade(url)
+        try:
+            yield url
+        finally:
+            get_engine(url).dispose()
+
+
+@contextlib.contextmanager
+def postgres_schema(url: str) -> Iterator[str]:
+    """Yield a URL whose tables live in a private schema, dropped afterwards."""
+    base = make_url(url)
+    if base.get_backend_name() != "postgresql":
+        raise InputError(f"--pg-url must be a postgresql URL, not {base.drivername}")
+    if base.drivername == "postgresql":
+        base = base.set(drivername="postgresql+psycopg")
+    schema = f"nightdesk_bench_{os.getpid()}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT",
+                          connect_args={"connect_timeout": 5})
+    try:
+        check_reachable(admin)
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+        # search_path puts every table (and alembic_version) in the private schema.
+        private = base.update_query_dict({"options": f"-csearch_path={schema}"})
+        private_url = private.render_as_string(hide_password=False)
+        try:
+            upgrade(private_url)
+            yield private_url
+        finally:
+            get_engine(private_url).dispose()
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+    finally:
+        admin.dispose()
+
+
+@dataclass
+class ArmSummary:
+    """The rounds of one arm and their medians."""
+
+    wall_s: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
+    flush_s: list[float] = field(default_factory=list)
+    rows_ok: bool = True
+    median_wall_s: float = 0.0
+    median_cpu_s: float = 0.0
+    median_flush_s: float = 0.0
+    ms_per_call: float = 0.0
+    added_ms_per_call: float | None = None
+    added_cpu_ms_per_call: float | None = None
+    added_ms_per_call_with_flush: float | None = None
+
+
+@dataclass
+class TrackerBench:
+    calls: int
+    concurrency: int
+    repeats: int
+    machine: dict[str, Any]
+    date: str
+    arms: dict[str, ArmSummary]
+    target_ms_per_call: float = TARGET_MS_PER_CALL
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def meets_target(self) -> bool:
+        return all(a.added_ms_per_call is not None and a.added_ms_per_call < self.target_ms_per_call
+                   and a.rows_ok for name, a in self.arms.items() if name != "baseline")
+
+
+def machine_facts() -> dict[str, Any]:
+    """Describe where the figures came from: CPU model (as lscpu names it), cores, Python."""
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {"cpu_model": model, "cores": os.cpu_count(),
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+async def _bench(calls: int, concurrency: int, repeats: int,
+                 urls: dict[str, str]) -> dict[str, ArmSummary]:
+    settings = bench_settings()
+    engines = {name: get_engine(url) for name, url in urls.items()}
+    arms = ["baseline", *engines]
+    summary = {name: ArmSummary() for name in arms}
+    # One small untimed round pays the lazy imports and first connections.
+    await run_baseline(settings, min(calls, concurrency), concurrency)
+    for engine in engines.values():
+        await run_tracked(settings, engine, min(calls, concurrency), concurrency)
+    for round_ in range(repeats):
+        # Rotate the order, so no arm always runs first (or right after a database write).
+        order = arms[round_ % len(arms):] + arms[:round_ % len(arms)]
+        for name in order:
+            gc.collect()
+            if name == "baseline":
+                wall, cpu = await run_baseline(settings, calls, concurrency)
+                summary[name].wall_s.append(wall)
+                summary[name].cpu_s.append(cpu)
+                continue
+            run = await run_tracked(settings, engines[name], calls, concurrency)
+            summary[name].wall_s.append(run.wall_s)
+            summary[name].cpu_s.append(run.cpu_s)
+            summary[name].flush_s.append(run.flush_s)
+            summary[name].rows_ok &= run.rows == calls and run.bodies == calls
+    base = summary["baseline"]
+    for arm in summary.values():
+        arm.median_wall_s = statistics.median(arm.wall_s)
+        arm.median_cpu_s = statistics.median(arm.cpu_s)
+        arm.ms_per_call = arm.median_wall_s / calls * 1000
+        if arm is base:
+            continue
+        arm.median_flush_s = statistics.median(arm.flush_s)
+
+        # Pair each round with that round's baseline: slow drift on a shared machine cancels.
+        def added(mine: list[float], theirs: list[float]) -> float:
+            diffs = [a - b for a, b in zip(mine, theirs, strict=True)]
+            return statistics.median(diffs) / calls * 1000
+
+        arm.added_ms_per_call = added(arm.wall_s, base.wall_s)
+        arm.added_cpu_ms_per_call = added(arm.cpu_s, base.cpu_s)
+        arm.added_ms_per_call_with_flush = added(
+            [w + f for w, f in zip(arm.wall_s, arm.flush_s, strict=True)], base.wall_s)
+    return summary
+
+
+def run_tracker_bench(calls: int, concurrency: int, database: Database, pg_url: str,
+                      repeats: int) -> TrackerBench:
+    """Run the whole benchmark on the chosen databases; private databases are removed after."""
+    if calls < 1 or concurrency < 1 or repeats < 1:
+        raise InputError("--calls, --concurrency and --repeats must be at least 1")
+    with contextlib.ExitStack() as stack:
+        urls: dict[str, str] = {}
+        if database in ("sqlite", "both"):
+            urls["sqlite"] = stack.enter_context(sqlite_database())
+        if database in ("postgresql", "both"):
+            try:
+                urls["postgresql"] = stack.enter_context(postgres_schema(pg_url))
+            except DatabaseError as error:
+                raise DatabaseError(f"{error} (pass --pg-url or --database sqlite)") from None
+        arms = asyncio.run(_bench(calls, concurrency, repeats, urls))
+    return TrackerBench(calls=calls, concurrency=concurrency, repeats=repeats,
+                        machine=machine_facts(),
+                        date=datetime.now(UTC).isoformat(timespec="seconds"), arms=arms)

@@ -1,0 +1,131 @@
+"""Check the batch report: exact JSON keys, batch-level throughput, the CLI and its errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import Engine
+
+from app.db.models import LLMCall
+from app.errors import InputError
+from app.report import batch_report
+from tests.unit.test_usage import new_batch
+
+T0 = datetime(2025, 3, 4, 22, 0, 0, tzinfo=UTC)
+
+KEYS = {"batch_id", "calls", "failed_calls", "prompt_tokens", "completion_tokens",
+        "first_call_start", "last_call_end", "wall_seconds", "output_tokens_per_s", "nodes"}
+
+
+def add_call(engine: Engine, batch_id: int, node: str, attempt: int, start_s: float,
+             end_s: float, *, prompt: int | None, completion: int | None,
+             status: str = "ok") -> None:
+    """Insert one llm_calls row whose times are offsets from T0."""
+    with engine.begin() as conn:
+        conn.execute(LLMCall.__table__.insert().values(  # type: ignore[attr-defined]
+            batch_id=batch_id, ticker="AAPL", node=node, sample=0, attempt=attempt,
+            model="m", prompt_tokens=prompt, completion_tokens=completion, status=status,
+            error_class=None if status == "ok" else "http",
+            http_status=None if status == "ok" else 500,
+            started_at=T0 + timedelta(seconds=start_s), ended_at=T0 + timedelta(seconds=end_s),
+            latency_s=end_s - start_s))
+
+
+def known_batch(engine: Engine) -> int:
+    """Insert calls spanning 10 s to 50 s after T0 (a 40 s makespan) with 1000 output tokens."""
+    b = new_batch(engine)
+    add_call(engine, b, "analyst", 1, 10.0, 12.0, prompt=100, completion=200)
+    add_call(engine, b, "analyst", 2, 12.0, 16.0, prompt=100, completion=300)
+    add_call(engine, b, "trader", 1, 20.0, 21.0, prompt=50, completion=None, status="error")
+    add_call(engine, b, "trader", 2, 25.0, 50.0, prompt=150, completion=500)
+    return b
+
+
+def test_report_json_has_exactly_the_documented_keys(sqlite_engine: Engine) -> None:
+    data = batch_report(sqlite_engine, known_batch(sqlite_engine)).to_json()
+    assert set(data) == KEYS
+    for node in data["nodes"]:
+        assert {"node", "calls", "mean_s", "p50_s", "p99_s"} <= set(node)
+
+
+def test_throughput_is_completion_tokens_over_the_makespan(sqlite_engine: Engine) -> None:
+    b = known_batch(sqlite_engine)
+    r = batch_report(sqlite_engine, b).to_json()
+    assert r["batch_id"] == b
+    assert (r["calls"], r["failed_calls"]) == (4, 1)
+    assert (r["prompt_tokens"], r["completion_tokens"]) == (400, 1000)
+    assert datetime.fromisoformat(r["first_call_start"]) == T0 + timedelta(seconds=10)
+    assert datetime.fromisoformat(r["last_call_end"]) == T0 + timedelta(seconds=50)
+    assert r["wall_seconds"] == pytest.approx(40.0)
+    # 1000 / 40, not the mean of per-call speeds (which would be far higher).
+    assert r["output_tokens_per_s"] == pytest.approx(25.0)
+    nodes = {n["node"]: n for n in r["nodes"]}
+    assert nodes["analyst"]["calls"] == 2
+    assert nodes["analyst"]["mean_s"] == pytest.approx(3.0)
+    assert nodes["analyst"]["p50_s"] == pytest.approx(3.0)
+    assert nodes["trader"]["p99_s"] == pytest.approx(1 + 0.99 * 24)
+
+
+def test_an_empty_batch_reports_zeros(sqlite_engine: Engine) -> None:
+    r = batch_report(sqlite_engine, new_batch(sqlite_engine)).to_json()
+    assert r["calls"] == 0 and r["output_tokens_per_s"] == 0.0 and r["nodes"] == []
+
+
+def test_an_unknown_batch_is_an_input_error(sqlite_engine: Engine) -> None:
+    with pytest.raises(InputError, match="no batch with id 999"):
+        batch_report(sqlite_engine, 999)
+
+
+def nightdesk(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+              *args: str) -> tuple[int, str, str]:
+    """Run the real CLI entry point in-process; return exit code, stdout and stderr.
+
+    In-process because importing the whole CLI in a child costs seconds per run.
+    """
+    from app.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["nightdesk", *args])
+    capsys.readouterr()
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_report_prints_json(
+    sqlite_engine: Engine, sqlite_url: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The isolated_env fixture points NIGHTDESK_DATABASE_URL at the same file.
+    assert os.environ["NIGHTDESK_DATABASE_URL"] == sqlite_url
+    b = known_batch(sqlite_engine)
+    code, out, err = nightdesk(monkeypatch, capsys, "report", str(b), "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    # The report's own keys exactly; the CLI adds only the server's view beside them.
+    assert set(data) - {"server"} == KEYS
+    assert data["output_tokens_per_s"] == pytest.approx(25.0)
+    # Without an id the newest batch is reported.
+    code, out, _ = nightdesk(monkeypatch, capsys, "report", "--format", "json")
+    assert code == 0 and json.loads(out)["batch_id"] == b
+
+
+def test_cli_report_of_a_missing_batch_is_one_line_and_exit_2(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    known_batch(sqlite_engine)
+    code, out, err = nightdesk(monkeypatch, capsys, "report", "424242", "--format", "json")
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "no batch with id 424242" in lines[0]
+    assert "Traceback" not in err
