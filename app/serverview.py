@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -22,7 +23,7 @@ def counter_delta(values: Sequence[float | None]) -> float | None:
     if len(seen) < 2:
         return None
     total = 0.0
-    for before, after in zip(seen, seen[1:], strict=False):
+    for before, after in itertools.pairwise(seen):
         total += after - before if after >= before else after
     return total
 

@@ -16,8 +16,8 @@ from sqlalchemy import Engine
 from agents.data import DataProvider, get_provider
 from agents.graph import analyze_ticker
 from app.batch import store
-from app.batch.progress import BatchProgress
 from app.batch.gate import GatedLLM
+from app.batch.progress import BatchProgress
 from app.batch.scheduler import Job, Scheduler, Strategy
 from app.config import Settings
 from app.errors import NightdeskError

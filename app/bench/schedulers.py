@@ -90,10 +90,12 @@ def _salted(workload: Workload, salt: str) -> Workload:
 
 
 async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
-                    name: str, strategies: list[str] = list(DEFAULT_STRATEGIES),
+                    name: str, strategies: list[str] | None = None,
                     server_facts: dict[str, Any] | None = None,
                     **engine_kwargs: Any) -> BenchResult:
     """Run every strategy over the same workload and compare them to the measured ceiling."""
+    if strategies is None:
+        strategies = list(DEFAULT_STRATEGIES)
     for s in strategies:
         if s != "flood":
             Strategy.parse(s)  # refuse a typo before the first arm runs for minutes

@@ -22,7 +22,7 @@ DOWNSTREAM_FIRST, DOWNSTREAM_LAST = 6_000, 20_000
 OUTPUT = 1_500
 
 # Common one-token English words, so a prompt of N words is close to N tokens.
-WORDS = (
+WORDS = (  # noqa: SIM905 (a word list reads better as prose)
     "the of and to in is was for on are as with his they at be this from have or by one "
     "had not but what all were when we there can an your which their said if do will each "
     "about how up out them then she many some so these would other into has more her two "

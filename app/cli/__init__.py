@@ -6,6 +6,7 @@ import sys
 
 import typer
 from rich.console import Console
+from typer._click.exceptions import ClickException
 
 from app.cli import batch, bench, data, db, report, server
 from app.errors import NightdeskError
@@ -37,10 +38,6 @@ def main() -> None:
         sys.exit(1)
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
-    except Exception as click_error:  # click's usage errors carry their own exit codes
-        import click
-
-        if isinstance(click_error, click.ClickException):
-            click_error.show()
-            sys.exit(click_error.exit_code)
-        raise
+    except ClickException as usage:  # bad options: click's own one-line message and code
+        usage.show()
+        sys.exit(usage.exit_code)

@@ -59,3 +59,77 @@ def tracker(
         json_out.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     if not all(a.rows_ok for a in result.arms.values()):
         raise typer.Exit(1)
+
+
+@app.command("schedulers")
+def schedulers(
+    tickers: Annotated[int, typer.Option(help="Tickers in the workload.")] = 32,
+    workload: Annotated[str, typer.Option(
+        help="synthetic (the seeds' per-node shape, scaled) or recorded:BATCH_ID")] = "synthetic",
+    scale: Annotated[float | None, typer.Option(
+        help="Synthetic prompt scale (default: the largest that fits max-model-len).")] = None,
+    output_scale: Annotated[float | None, typer.Option(
+        help="Synthetic output scale (default: same as --scale).")] = None,
+    strategies: Annotated[str, typer.Option(help="Comma-separated arms, run in this order.")]
+        = "sequential,fixed-3,fixed-8,fixed-14,fixed-32,adaptive,flood",
+    json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
+) -> None:
+    """Drive one workload with several strategies against the running server; find the ceiling."""
+    import asyncio
+
+    import httpx
+
+    from app.batch.workload import recorded_workload
+    from app.bench.schedulers import run_bench
+    from app.bench.workloads import fit_scale, synthetic_workload
+    from app.cli.common import database
+    from app.cli.report import COMPARE_COLUMNS, _fmt
+    from app.errors import InputError, ServerError
+    from app.llm import server_root
+    from serving.facts import read_server_facts
+
+    settings = setup()
+    engine = database(settings)
+    root = server_root(settings.llm_base_url)
+    try:
+        models = httpx.get(f"{root}/v1/models", timeout=10).json()["data"]
+    except (httpx.HTTPError, KeyError, ValueError) as error:
+        raise ServerError(f"no server answers at {root}: start one first "
+                          f"(nightdesk server start) — {error}") from None
+    max_len = int(models[0].get("max_model_len") or 8192)
+    if workload == "synthetic":
+        chosen = scale if scale is not None else fit_scale(max_len)
+        load = synthetic_workload(settings, tickers, chosen, output_scale)
+        name = f"synthetic x{chosen:g} (out x{output_scale if output_scale else chosen:g})"
+    elif workload.startswith("recorded:") and workload[9:].isdigit():
+        _, load = recorded_workload(engine, int(workload[9:]))
+        load = dict(list(load.items())[:tickers])
+        name = workload
+    else:
+        raise InputError(f"--workload takes synthetic or recorded:BATCH_ID (got {workload!r})")
+    arms = [s.strip() for s in strategies.split(",") if s.strip()]
+    result = asyncio.run(run_bench(settings, engine, load, name=name, strategies=arms,
+                                   server_facts=read_server_facts(settings.server_profile)))
+    table = Table(title=f"scheduler bench: {name}, {result.tickers} tickers, "
+                        f"{result.requests} requests; ceiling {result.ceiling_tok_s:.1f} tok/s "
+                        f"({result.ceiling_arm})")
+    columns = [("strategy", "strategy", "s"), ("makespan s", "makespan_s", ".1f"),
+               ("output tok/s", "output_tokens_per_s", ".1f"),
+               ("÷ ceiling", "ratio_to_ceiling", ".2f")] + [
+        c for c in COMPARE_COLUMNS if c[1] in ("running_mean", "running_max", "waiting_max",
+                                               "kv_usage_max", "preemptions", "mean_ttft_s")]
+    for header, _, _ in columns:
+        table.add_column(header, justify="left" if header == "strategy" else "right")
+    for a in result.arms:
+        table.add_row(*(str(a[key]) if spec == "s" else _fmt(a[key], spec)
+                        for _, key, spec in columns))
+    console = Console(width=150)
+    console.print(table)
+    m = result.machine
+    console.print(f"machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}; server "
+                  f"{m['model']} ({m['profile']}) at {m['server']}; {m['date']}")
+    for check, ok in result.checks.items():
+        console.print(f"  {'met   ' if ok else 'MISSED'}  {check}")
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")

