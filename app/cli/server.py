@@ -1,12 +1,147 @@
-"""``nightdesk server``: filled by its issue."""
+"""``nightdesk server command|start|stop|status|facts`` and ``nightdesk preflight``."""
 
 from __future__ import annotations
 
+import json
+from typing import Annotated
+from urllib.parse import urlsplit
+
 import typer
+from rich.console import Console
 
-app = typer.Typer(no_args_is_help=True)
+from app.cli.common import setup
+from app.config import Settings
+from app.errors import ServerError
+from serving import launcher
+from serving.facts import read_server_facts
+from serving.preflight import query_gpus, run_preflight
+from serving.profiles import Profile, load_profile, render
+
+app = typer.Typer(no_args_is_help=True, help="Run the co-located vLLM server from a profile.")
+out = Console(soft_wrap=True)
+err = Console(stderr=True)
+
+ProfileOpt = Annotated[
+    str | None, typer.Option("--profile", "-p", help="server profile (default: settings)")
+]
+PortOpt = Annotated[
+    int | None, typer.Option("--port", help="port (default: from NIGHTDESK_LLM_BASE_URL)")
+]
 
 
-def preflight() -> None:
-    """Check the machine before a batch (filled by the serving issue)."""
-    raise typer.Exit(0)
+def _profile(settings: Settings, name: str | None) -> Profile:
+    return load_profile(name or settings.server_profile)
+
+
+def _port(settings: Settings, profile: Profile, port: int | None) -> int:
+    """Pick the port: explicit, else the one nightdesk's client will call, else the profile's."""
+    if port is not None:
+        return port
+    url = urlsplit(settings.llm_base_url)
+    if url.hostname in ("127.0.0.1", "localhost") and url.port:
+        return url.port
+    return profile.port
+
+
+@app.command("command")
+def command(
+    profile: ProfileOpt = None,
+    port: PortOpt = None,
+    model: Annotated[str | None, typer.Option(help="checkpoint folder or HF id")] = None,
+) -> None:
+    """Print the shell command that starts the server for a profile."""
+    settings = setup()
+    chosen = _profile(settings, profile)
+    out.print(render(chosen, port=_port(settings, chosen, port), model=model).shell(),
+              highlight=False, soft_wrap=True, markup=False)
+
+
+@app.command("start")
+def start(
+    profile: ProfileOpt = None,
+    port: PortOpt = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] =
+    launcher.DEFAULT_START_TIMEOUT_S,
+) -> None:
+    """Start the server detached, wait until it is healthy and print its startup facts."""
+    settings = setup()
+    chosen = _profile(settings, profile)
+    chosen_port = _port(settings, chosen, port)
+    if chosen.served_model_name != settings.llm_model:
+        err.print(f"[yellow]warning:[/] the server will serve {chosen.served_model_name!r} "
+                  f"but NIGHTDESK_LLM_MODEL is {settings.llm_model!r}")
+    with err.status(f"starting {chosen.name} on port {chosen_port}") as line:
+
+        def progress(elapsed: float, last: str) -> None:
+            line.update(f"starting {chosen.name}: waiting for /health ({elapsed:.0f}s) "
+                        f"[dim]{last[-100:]}[/]")
+
+        facts = launcher.start(
+            chosen, port=chosen_port, timeout_s=timeout, progress=progress,
+            api_key=settings.llm_api_key.get_secret_value(),
+        )
+    files = launcher.ServerFiles.of(chosen.name)
+    if facts.get("already_running"):
+        out.print(f"{chosen.name} already running on port {chosen_port}")
+        return
+    out.print(f"[green]{chosen.name} healthy[/] on {facts['root_url']} after "
+              f"{facts['startup_s']:.0f}s (pid {facts['pid']}, log {files.log})")
+    _print_facts(facts)
+
+
+def _print_facts(facts: dict[str, object]) -> None:
+    shown = ("vllm_version", "weights_gib", "kv_cache_memory_gib", "kv_cache_tokens",
+             "max_concurrency_at_tokens", "max_concurrency", "engine_init_s")
+    for key in shown:
+        if key in facts:
+            out.print(f"  {key}: {facts[key]}", highlight=False)
+
+
+@app.command("stop")
+def stop(
+    profile: ProfileOpt = None,
+    timeout: Annotated[float, typer.Option(help="seconds before SIGKILL")] =
+    launcher.DEFAULT_STOP_TIMEOUT_S,
+) -> None:
+    """Stop the server (SIGTERM, then SIGKILL after the timeout)."""
+    settings = setup()
+    chosen = _profile(settings, profile)
+    with err.status(f"stopping {chosen.name}"):
+        stopped = launcher.stop(chosen, timeout_s=timeout)
+    out.print(f"{chosen.name} stopped" if stopped else f"{chosen.name} was not running")
+
+
+@app.command("status")
+def status(profile: ProfileOpt = None, port: PortOpt = None) -> None:
+    """Say whether the server runs and answers /health (exit 1 when it does not answer)."""
+    settings = setup()
+    chosen = _profile(settings, profile)
+    state = launcher.status(chosen, port=_port(settings, chosen, port))
+    running = f"running (pid {state.pid})" if state.alive else "not running here"
+    out.print(f"{chosen.name}: {running}; log {state.log}")
+    if not state.healthy:
+        raise ServerError(f"{state.root_url}/health does not answer")
+    out.print(f"{state.root_url}/health: [green]healthy[/]")
+
+
+@app.command("facts")
+def facts(profile: ProfileOpt = None) -> None:
+    """Print the startup facts recorded when the server last started here (JSON)."""
+    settings = setup()
+    chosen = _profile(settings, profile)
+    out.print_json(json.dumps(read_server_facts(chosen.name)))
+
+
+def preflight(profile: ProfileOpt = None) -> None:
+    """Check the GPU (or, without one, the CPU profile) before a batch; exit 1 on a failure."""
+    settings = setup()
+    chosen = _profile(settings, profile)
+    root = settings.llm_base_url.rstrip("/").removesuffix("/v1")
+    checks = run_preflight(chosen, root, query_gpus())
+    style = {"ok": "green", "warn": "yellow", "fail": "red"}
+    for check in checks:
+        out.print(f"[{style[check.level]}]{check.level:>4}[/]  {check.name}: {check.detail}",
+                  highlight=False)
+    failed = [check.name for check in checks if check.level == "fail"]
+    if failed:
+        raise ServerError(f"preflight failed: {', '.join(failed)}")

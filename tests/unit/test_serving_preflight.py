@@ -1,0 +1,57 @@
+"""Judge GPUs from nvidia-smi's CSV against a profile; fall back to the CPU profile without one."""
+
+from __future__ import annotations
+
+from serving.preflight import Check, check_gpus, parse_nvidia_smi, run_preflight
+from serving.profiles import load_profile
+
+DENSE = load_profile("qwen-dense-27b")
+# Recorded shape of `nvidia-smi --query-gpu=... --format=csv,noheader,nounits`.
+IDLE_5090 = "NVIDIA GeForce RTX 5090, 12.0, 31842, 32607, P8, 18.52\n"
+BUSY_H200 = "NVIDIA H200, 9.0, 60000, 143771, P0, 412.10\n"
+SMALL = "NVIDIA GeForce RTX 4090, 8.9, 24000, 24564, P8, [N/A]\n"
+
+
+def _levels(checks: list[Check]) -> dict[str, str]:
+    worst: dict[str, str] = {}
+    order = {"ok": 0, "warn": 1, "fail": 2}
+    for check in checks:
+        if order[check.level] >= order[worst.get(check.name, "ok")]:
+            worst[check.name] = check.level
+    return worst
+
+
+def test_parse_nvidia_smi_rows() -> None:
+    gpus = parse_nvidia_smi(IDLE_5090 + SMALL)
+    assert [g.name for g in gpus] == ["NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 4090"]
+    assert gpus[0].compute_cap == 12.0
+    assert gpus[0].memory_total_mib == 32607
+    assert gpus[1].power_draw_w is None
+
+
+def test_idle_5090_passes_the_dense_profile() -> None:
+    assert _levels(check_gpus(parse_nvidia_smi(IDLE_5090), DENSE))["gpu 0"] == "ok"
+
+
+def test_busy_gpu_warns() -> None:
+    checks = check_gpus(parse_nvidia_smi(BUSY_H200), DENSE)
+    assert any(c.level == "warn" and "busy" in c.detail for c in checks)
+    assert any(c.level == "warn" and "compute capability 9.0" in c.detail for c in checks)
+
+
+def test_too_small_gpu_fails() -> None:
+    checks = check_gpus(parse_nvidia_smi(SMALL), DENSE)
+    assert any(c.level == "fail" and "too small" in c.detail for c in checks)
+
+
+def test_without_gpu_says_so_and_checks_the_cpu_profile() -> None:
+    checks = run_preflight(load_profile("cpu-tiny"), "http://127.0.0.1:9", None)
+    names = [c.name for c in checks]
+    assert checks[0].name == "gpu" and "no NVIDIA GPU" in checks[0].detail
+    assert {"vllm env", "model", "server"} <= set(names)
+
+
+def test_gpu_profile_without_gpu_fails_and_checks_cpu_instead() -> None:
+    checks = run_preflight(DENSE, "http://127.0.0.1:9", None)
+    assert checks[0].level == "fail"
+    assert "vllm env" in [c.name for c in checks]

@@ -1,0 +1,93 @@
+"""Render the stored server profiles into command lines."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from app.errors import InputError
+from serving.profiles import ROOT, available, load_profile, render
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_all_three_profiles_are_stored() -> None:
+    assert {"cpu-tiny", "qwen-dense-27b", "qwen-moe-35b-a3b"} <= set(available())
+
+
+def test_dense_profile_renders_the_seeds_setting() -> None:
+    argv = render(load_profile("qwen-dense-27b")).argv
+    assert argv[:2] == ["vllm", "serve"]
+    assert _flag(argv, "--kv-cache-dtype") == "fp8"
+    assert _flag(argv, "--max-model-len") == "34816"
+    assert _flag(argv, "--max-num-seqs") == "8"
+    assert _flag(argv, "--gpu-memory-utilization") == "0.95"
+    assert json.loads(_flag(argv, "--speculative-config")) == {
+        "method": "mtp", "num_speculative_tokens": 2}
+    assert json.loads(_flag(argv, "--default-chat-template-kwargs")) == {
+        "enable_thinking": False}
+    assert "--enable-prefix-caching" in argv
+    assert _flag(argv, "--host") == "127.0.0.1"
+
+
+def test_gpu_profiles_state_the_vllm_they_need() -> None:
+    for name in ("qwen-dense-27b", "qwen-moe-35b-a3b"):
+        profile = load_profile(name)
+        assert profile.vllm_version == ">=0.28"
+        assert "RTX 5090" in profile.requirement_note
+
+
+def test_moe_profile_has_14_slots_and_the_same_kv_and_length() -> None:
+    argv = render(load_profile("qwen-moe-35b-a3b")).argv
+    assert _flag(argv, "--max-num-seqs") == "14"
+    assert _flag(argv, "--kv-cache-dtype") == "fp8"
+    assert _flag(argv, "--max-model-len") == "34816"
+
+
+def test_cpu_profile_uses_the_module_entry_point_and_the_local_model() -> None:
+    command = render(load_profile("cpu-tiny"), port=8123, avx512=False)
+    argv = command.argv
+    assert argv[0] == str(ROOT / ".venv-vllm/bin/python")
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert _flag(argv, "--model") == str(ROOT / "var/models/smollm2-135m")
+    assert _flag(argv, "--served-model-name") == "smollm2-135m"
+    assert _flag(argv, "--port") == "8123"
+    assert _flag(argv, "--dtype") == "float32"
+    assert "VLLM_CPU_KVCACHE_SPACE" in command.env
+
+
+def test_cpu_profile_uses_bfloat16_with_avx512() -> None:
+    argv = render(load_profile("cpu-tiny"), avx512=True).argv
+    assert _flag(argv, "--dtype") == "bfloat16"
+
+
+def test_shell_line_round_trips_through_shlex() -> None:
+    command = render(load_profile("qwen-dense-27b"), model="/models/x y")
+    words = shlex.split(command.shell())
+    assert words == command.argv
+    assert words[2] == "/models/x y"
+
+
+def test_false_flag_renders_as_no_flag(tmp_path: Path) -> None:
+    text = (ROOT / "serving/profiles/cpu-tiny.toml").read_text()
+    (tmp_path / "cpu-tiny.toml").write_text(
+        text.replace("enable-prefix-caching = true", "enable-prefix-caching = false"))
+    argv = render(load_profile("cpu-tiny", tmp_path)).argv
+    assert "--no-enable-prefix-caching" in argv
+
+
+def test_unknown_profile_is_one_line_input_error() -> None:
+    with pytest.raises(InputError, match="unknown server profile 'nope'") as caught:
+        load_profile("nope")
+    assert "\n" not in str(caught.value)
+
+
+def test_malformed_profile_is_input_error(tmp_path: Path) -> None:
+    (tmp_path / "bad.toml").write_text('name = "bad"\ndevice = "tpu"\n')
+    with pytest.raises(InputError, match=r"bad\.toml"):
+        load_profile("bad", tmp_path)
