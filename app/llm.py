@@ -263,7 +263,7 @@ class TrackedLLM:
             return
         budget = body["max_tokens"] if self.settings.context_check_includes_output else 0
         if self._max_model_len is not None:
-            # A token covers at least one byte, so a short prompt cannot overflow: skip the round trip.
+            # A token covers at least one byte: a short prompt cannot overflow, skip the check.
             upper = sum(len(m["content"].encode()) for m in body["messages"])
             upper += TEMPLATE_OVERHEAD_TOKENS * (len(body["messages"]) + 1)
             if upper + budget <= self._max_model_len:
@@ -276,7 +276,8 @@ class TrackedLLM:
                 headers={"Authorization": f"Bearer {self.settings.llm_api_key.get_secret_value()}"},
             )
         except httpx.HTTPError as exc:
-            raise LLMConnectionError(f"cannot reach {self.base_url} to count tokens: {exc}") from None
+            raise LLMConnectionError(
+                f"cannot reach {self.base_url} to count tokens: {exc}") from None
         if response.status_code == 404:
             log.warning("server has no /tokenize; prompt length is not checked before sending")
             self._tokenize_supported = False

@@ -1,4 +1,4 @@
-"""Configure structlog: readable on a terminal, JSON lines otherwise; context rides in contextvars."""
+"""Configure structlog: readable on a terminal, JSON lines otherwise; context in contextvars."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Literal
 import structlog
 
 
-def configure_logging(fmt: Literal["auto", "console", "json"] = "auto", level: str = "INFO") -> None:
+def configure_logging(fmt: Literal["auto", "console", "json"] = "auto",
+                      level: str = "INFO") -> None:
     """Route structlog (and stdlib logging) to stderr in the chosen format."""
     json_lines = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     renderer: structlog.typing.Processor = (

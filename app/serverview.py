@@ -31,19 +31,19 @@ def counter_delta(values: Sequence[float | None]) -> float | None:
 @dataclass
 class ServerView:
     samples: int
-    running_mean: float | None
-    running_p50: float | None
-    running_max: float | None
-    waiting_mean: float | None
-    waiting_max: float | None
-    kv_usage_max: float | None
-    preemptions: float | None
-    prompt_tokens: float | None  # the server's own count of prompt tokens over the batch
-    generation_tokens: float | None
-    prefix_cache_hit_rate: float | None
-    prefill_tokens_computed: float | None  # prompt tokens not served from the prefix cache
-    spec_acceptance: float | None  # accepted ÷ drafted speculative tokens, when present
-    mean_ttft_s: float | None  # from our own rows: first token − request start
+    running_mean: float | None = None
+    running_p50: float | None = None
+    running_max: float | None = None
+    waiting_mean: float | None = None
+    waiting_max: float | None = None
+    kv_usage_max: float | None = None
+    preemptions: float | None = None
+    prompt_tokens: float | None = None  # the server's own count of prompt tokens over the batch
+    generation_tokens: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    prefill_tokens_computed: float | None = None  # prompt tokens not served from the cache
+    spec_acceptance: float | None = None  # accepted ÷ drafted speculative tokens, when present
+    mean_ttft_s: float | None = None  # from our own rows: first token − request start
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,7 +62,7 @@ def server_view(engine: Engine, batch_id: int) -> ServerView:
         ]
     mean_ttft = float(np.mean(ttfts)) if ttfts else None
     if not rows:
-        return ServerView(0, *([None] * 12), mean_ttft)  # type: ignore[arg-type]
+        return ServerView(0, mean_ttft_s=mean_ttft)
     running = np.array([r.running for r in rows])
     waiting = np.array([r.waiting for r in rows])
 

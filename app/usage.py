@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import zlib
 from collections.abc import Mapping
@@ -30,12 +31,13 @@ def decompress_body(blob: bytes) -> dict[str, Any]:
     return data
 
 
-def insert_ignoring_duplicates(engine: Engine, table: Table, rows: list[dict[str, Any]]) -> None:
-    """Insert rows; a row whose unique key is already stored is skipped, so a retry never doubles."""
+def insert_ignoring_duplicates(engine: Engine, table: Table,
+                               rows: list[dict[str, Any]]) -> None:
+    """Insert rows, skipping any whose unique key is stored already: a retry never doubles."""
     if not rows:
         return
     dialect = engine.dialect.name
-    stmt = (postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table))
+    stmt = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
     with engine.begin() as conn:
         conn.execute(stmt.on_conflict_do_nothing(), rows)
 
@@ -91,10 +93,8 @@ class UsageRecorder:
     async def _run(self) -> None:
         backoff = self._interval
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=backoff)
-            except TimeoutError:
-                pass
             self._wake.clear()
             ok = await self._flush()
             if self._closing and ok and not self._has_pending():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import date
@@ -146,7 +147,7 @@ class BatchEngine:
                              rating=decisions[0].rating if decisions else None)
                 progress.ticker_done(job.key, ok=message is None)
 
-            jobs = [Job(t, (lambda g, t=t: ticker_job(t, g)), (weights or {}).get(t, 0.0))
+            jobs = [Job(t, functools.partial(ticker_job, t), (weights or {}).get(t, 0.0))
                     for t in plan.tickers]
             heart = asyncio.create_task(self._heartbeat(batch_id))
             status, error_text = "crashed", None

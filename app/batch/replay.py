@@ -6,6 +6,7 @@ from sqlalchemy import Engine
 
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.gate import GatedLLM
+from app.batch.store import DecisionRow
 from app.batch.workload import play, recorded_workload
 from app.config import Settings
 
@@ -21,7 +22,7 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
         for item in items:
             item.body["model"] = settings.llm_model  # the arm's server may name it otherwise
 
-    async def work(ticker: str, gated: GatedLLM, replay_id: int) -> list:  # type: ignore[type-arg]
+    async def work(ticker: str, gated: GatedLLM, replay_id: int) -> list[DecisionRow]:
         return await play(workload[ticker], gated, replay_id)
 
     weights = {t: float(sum(i.body.get("max_tokens", 0) for i in items))

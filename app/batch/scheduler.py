@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from app.batch.admission import AdmissionPolicy, Gauges
+from app.batch.admission import AdmissionPolicy
 from app.batch.gate import Gate, GatedLLM
 from app.errors import InputError
 from app.llm import TrackedLLM
@@ -131,12 +131,7 @@ class Scheduler:
             if snapshot is not None and snapshot is not seen:
                 seen = snapshot
                 before = self.gate.limit
-                self.gate.set_limit(self.policy.observe(_as_gauges(snapshot),
-                                                        self.gate.outstanding))
+                self.gate.set_limit(self.policy.observe(snapshot, self.gate.outstanding))
                 if self.gate.limit != before:
                     log.debug("admission limit", limit=self.gate.limit, reason=self.policy.reason)
             await asyncio.sleep(self.interval_s / 2)
-
-
-def _as_gauges(snapshot: Any) -> Gauges:
-    return snapshot  # type: ignore[no-any-return]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, func, insert, select, update
 
 from app.db.models import Batch, Decision, LLMCall, TickerRun
 from app.usage import insert_ignoring_duplicates
@@ -32,7 +32,7 @@ def create_batch(engine: Engine, *, kind: str, as_of: date, tickers: list[str], 
     """Insert the batch (status running) and one queued ticker run per ticker; return its id."""
     with engine.begin() as conn:
         batch_id = conn.execute(
-            Batch.__table__.insert().values(
+            insert(Batch).values(
                 kind=kind, label=label, as_of=as_of, status="running", created_at=now(),
                 started_at=now(), heartbeat_at=now(), settings=settings,
                 server_facts=server_facts, source_batch_id=source_batch_id,
@@ -40,7 +40,7 @@ def create_batch(engine: Engine, *, kind: str, as_of: date, tickers: list[str], 
             ).returning(Batch.id)
         ).scalar_one()
         if tickers:
-            conn.execute(TickerRun.__table__.insert(), [
+            conn.execute(insert(TickerRun), [
                 {"batch_id": batch_id, "ticker": t, "status": "queued", "attempt": 1,
                  "samples": samples} for t in tickers
             ])

@@ -27,7 +27,8 @@ err = Console(stderr=True)
 def main() -> None:
     """Run the CLI; a NightdeskError prints one line and exits with its code."""
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns a command's typer.Exit code instead of exiting.
+        code = app(standalone_mode=False)
     except NightdeskError as error:
         err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         sys.exit(error.exit_code)
@@ -41,3 +42,4 @@ def main() -> None:
     except ClickException as usage:  # bad options: click's own one-line message and code
         usage.show()
         sys.exit(usage.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -30,7 +30,7 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        def _pragmas(dbapi_conn, _record):
             cursor = dbapi_conn.cursor()
             # WAL lets the report and web page read while the batch writes.
             cursor.execute("PRAGMA journal_mode=WAL")

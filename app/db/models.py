@@ -1,4 +1,4 @@
-"""Declare the tables: batches, ticker runs, LLM calls, recorded requests, decisions, server samples."""
+"""Declare the tables: batches, ticker runs, LLM calls and bodies, decisions, server samples."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from sqlalchemy import Engine, func, select
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.decision import Decision
+from app.batch import store
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import Settings, load_settings
 from app.db.engine import get_engine, upgrade
@@ -83,6 +84,8 @@ async def test_prompt_over_max_model_len_is_caught_before_sending(
         monkeypatch: pytest.MonkeyPatch, vllm_server: VLLMServer, sqlite_url: str) -> None:
     upgrade(sqlite_url)
     engine = get_engine(sqlite_url)
+    batch_id = store.create_batch(engine, kind="nightly", as_of=DEMO_AS_OF, tickers=["LONG"],
+                                  samples=1, settings={}, server_facts=None)
     long_prompt = "word " * (vllm_server.max_model_len + 500)
     messages = [{"role": "user", "content": long_prompt}]
     settings = cpu_settings(monkeypatch, vllm_server, max_attempts=1)
@@ -90,12 +93,12 @@ async def test_prompt_over_max_model_len_is_caught_before_sending(
     async with UsageRecorder(engine) as recorder:
         llm = TrackedLLM(settings, recorder)
         with pytest.raises(ContextLengthError, match="exceeds max-model-len"):
-            await llm.chat(CallTag(1, "LONG", "market"), messages, max_tokens=8)
+            await llm.chat(CallTag(batch_id, "LONG", "market"), messages, max_tokens=8)
         # The same prompt without the check: the server itself refuses it with a 400.
         unchecked = TrackedLLM(cpu_settings(monkeypatch, vllm_server, max_attempts=1,
                                             check_context_length=False), recorder)
         with pytest.raises(ContextLengthError) as info:
-            await unchecked.chat(CallTag(1, "LONG", "news"), messages, max_tokens=8)
+            await unchecked.chat(CallTag(batch_id, "LONG", "news"), messages, max_tokens=8)
         assert info.value.http_status == 400
         await llm.aclose()
         await unchecked.aclose()
