@@ -11,7 +11,7 @@ from rich.console import Console
 
 from app.cli.common import setup
 from app.config import Settings
-from app.errors import ServerError
+from app.errors import InputError, ServerError
 from serving import launcher
 from serving.facts import read_server_facts
 from serving.preflight import query_gpus, run_preflight
@@ -29,8 +29,28 @@ PortOpt = Annotated[
 ]
 
 
-def _profile(settings: Settings, name: str | None) -> Profile:
-    return load_profile(name or settings.server_profile)
+ArgOpt = Annotated[list[str] | None, typer.Option(
+    "--arg", help="override a profile server argument: FLAG=VALUE (repeatable), "
+                  "e.g. --arg enable-prefix-caching=false")]
+
+
+def _profile(settings: Settings, name: str | None, overrides: list[str] | None = None
+             ) -> Profile:
+    """Load the profile, with ``FLAG=VALUE`` overrides of its server arguments applied."""
+    profile = load_profile(name or settings.server_profile)
+    if not overrides:
+        return profile
+    args = dict(profile.args)
+    for item in overrides:
+        flag, sep, raw = item.partition("=")
+        if not sep or not flag.strip():
+            raise InputError(f"--arg takes FLAG=VALUE, e.g. enable-prefix-caching=false "
+                             f"(got {item!r})")
+        lowered = raw.strip().lower()
+        value: bool | int | str = (True if lowered == "true" else False if lowered == "false"
+                                   else int(raw) if raw.strip().isdigit() else raw)
+        args[flag.strip().lstrip("-")] = value
+    return profile.model_copy(update={"args": args})
 
 
 def _port(settings: Settings, profile: Profile, port: int | None) -> int:
@@ -48,10 +68,11 @@ def command(
     profile: ProfileOpt = None,
     port: PortOpt = None,
     model: Annotated[str | None, typer.Option(help="checkpoint folder or HF id")] = None,
+    arg: ArgOpt = None,
 ) -> None:
     """Print the shell command that starts the server for a profile."""
     settings = setup()
-    chosen = _profile(settings, profile)
+    chosen = _profile(settings, profile, arg)
     out.print(render(chosen, port=_port(settings, chosen, port), model=model).shell(),
               highlight=False, soft_wrap=True, markup=False)
 
@@ -62,10 +83,11 @@ def start(
     port: PortOpt = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] =
     launcher.DEFAULT_START_TIMEOUT_S,
+    arg: ArgOpt = None,
 ) -> None:
     """Start the server detached, wait until it is healthy and print its startup facts."""
     settings = setup()
-    chosen = _profile(settings, profile)
+    chosen = _profile(settings, profile, arg)
     chosen_port = _port(settings, chosen, port)
     if chosen.served_model_name != settings.llm_model:
         err.print(f"[yellow]warning:[/] the server will serve {chosen.served_model_name!r} "
