@@ -100,3 +100,14 @@ def read_server_facts(profile: str, state_dir: Path = STATE_DIR) -> dict[str, An
     except (OSError, ValueError) as error:
         raise ServerError(f"unreadable server facts {path}: {error}") from None
     return data
+
+
+def batch_server_facts(profile: str, base_url: str) -> dict[str, Any]:
+    """Return what a batch records about its server: the start-up facts, else the live ones."""
+    recorded = read_server_facts(profile)
+    if recorded:
+        return recorded
+    try:
+        return {"profile": profile, "source": "live /metrics", **live_facts(base_url)}
+    except ServerError:
+        return {}  # no server answering yet: the batch itself will say so, call by call

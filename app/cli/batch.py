@@ -22,7 +22,7 @@ from app.cli.data import parse_as_of
 from app.config import Settings
 from app.errors import InputError
 from app.ranking import as_dicts, ranking
-from serving.facts import read_server_facts
+from serving.facts import batch_server_facts
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -47,7 +47,8 @@ def _default_as_of(settings: Settings, text: str | None) -> date:
 
 def _execute(settings: Settings, plan: BatchPlan) -> BatchOutcome:
     engine = database(settings)
-    runner = BatchEngine(settings, engine, server_facts=read_server_facts(settings.server_profile))
+    facts = batch_server_facts(settings.server_profile, settings.llm_base_url)
+    runner = BatchEngine(settings, engine, server_facts=facts)
     outcome = asyncio.run(runner.run(plan))
     style = "green" if not outcome.failed else "yellow" if outcome.succeeded else "red"
     err.print(f"[{style}]batch {outcome.batch_id} {outcome.status}:[/] "
@@ -147,8 +148,9 @@ def replay(
     if base_url is not None:
         settings = settings.model_copy(update={"llm_base_url": base_url})
     engine = database(settings)
+    facts = batch_server_facts(settings.server_profile, settings.llm_base_url)
     outcome = asyncio.run(replay_batch(settings, engine, batch, label=label, strategy=strategy,
-                                       match_output=not free_output))
+                                       match_output=not free_output, server_facts=facts))
     err.print(f"replay batch {outcome.batch_id} {outcome.status}: "
               f"{len(outcome.succeeded)} tickers replayed, {len(outcome.failed)} with errors")
     for ticker, reason in sorted(outcome.failed.items()):

@@ -86,7 +86,7 @@ def schedulers(
     from app.cli.report import COMPARE_COLUMNS, _fmt
     from app.errors import InputError, ServerError
     from app.llm import server_root
-    from serving.facts import read_server_facts
+    from serving.facts import batch_server_facts
 
     settings = setup()
     engine = database(settings)
@@ -109,7 +109,8 @@ def schedulers(
         raise InputError(f"--workload takes synthetic or recorded:BATCH_ID (got {workload!r})")
     arms = [s.strip() for s in strategies.split(",") if s.strip()]
     result = asyncio.run(run_bench(settings, engine, load, name=name, strategies=arms,
-                                   server_facts=read_server_facts(settings.server_profile)))
+                                   server_facts=batch_server_facts(settings.server_profile,
+                                                                     settings.llm_base_url)))
     table = Table(title=f"scheduler bench: {name}, {result.tickers} tickers, "
                         f"{result.requests} requests; ceiling {result.ceiling_tok_s:.1f} tok/s "
                         f"({result.ceiling_arm})")
