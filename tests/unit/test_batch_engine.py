@@ -163,3 +163,44 @@ async def test_replay_keeps_calls_prompts_and_order(sqlite_engine: Engine, demo_
             assert c.body["ignore_eos"] is True
     arms = [arm(sqlite_engine, source.batch_id), arm(sqlite_engine, outcome.batch_id)]
     assert arms[0]["calls"] == arms[1]["calls"] == 34
+
+
+async def test_newer_rerun_replaces_its_ticker_in_the_ranking(sqlite_engine: Engine,
+                                                              demo_dir: Path) -> None:
+    tickers = demo_tickers(3)
+    settings = load_settings()
+    night = FakeServer(nodes=node_names(settings), tickers=tickers)
+    nightly = await make_engine(sqlite_engine, demo_dir, night).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers))
+    sell = ('{"rating": "Sell", "score": -0.9, "confidence": 0.8, '
+            '"summary": "Rerun: the trend broke."}')
+    again = FakeServer(lambda c: sell if c.structured else None, nodes=node_names(settings),
+                       tickers=tickers)
+    rerun = await make_engine(sqlite_engine, demo_dir, again).run(
+        BatchPlan("rerun", DEMO_AS_OF, [tickers[0]]))
+    chosen, rows = ranking(sqlite_engine)
+    assert chosen.id == nightly.batch_id  # the ranking is still the nightly batch's
+    last = rows[-1]
+    assert (last.ticker, last.rating, last.score, last.batch_id) == (
+        tickers[0], "Sell", -0.9, rerun.batch_id)
+    assert all(r.batch_id == nightly.batch_id for r in rows[:-1])
+
+
+async def test_heaviest_recorded_ticker_starts_first_with_its_priority(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    tickers = demo_tickers(3)
+    settings = load_settings(priority_scheduling=True)
+    first = FakeServer(nodes=node_names(settings), tickers=tickers)
+    await make_engine(sqlite_engine, demo_dir, first, priority_scheduling=True).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers))
+    # Make the last ticker the heaviest on record: it must start first next night.
+    with sqlite_engine.begin() as conn:
+        conn.execute(LLMCall.__table__.update().where(LLMCall.ticker == tickers[2])
+                     .values(completion_tokens=10_000))
+    second = FakeServer(nodes=node_names(settings), tickers=tickers)
+    await make_engine(sqlite_engine, demo_dir, second, priority_scheduling=True).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert second.chats[0].ticker == tickers[2]
+    priority = {c.ticker: c.body.get("priority") for c in second.chats}
+    assert priority[tickers[2]] == 0  # vLLM serves lower values first: the senior ticker
+    assert sorted(priority.values()) == [0, 1, 2]
