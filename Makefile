@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 MODEL := var/models/smollm2-135m
 CPU_CONFIG := deploy/cpu-tiny.toml
 DEMO_TICKERS ?= 6
-BENCH_TICKERS ?= 24
+BENCH_TICKERS ?= 32
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup vllm-env model test test-unit lint run bench bench-tracker bench-schedulers \
@@ -71,7 +71,8 @@ bench-schedulers: setup vllm-env model
 	@export NIGHTDESK_CONFIG=$(CPU_CONFIG); set -e; mkdir -p var/bench; \
 	$(BIN)/nightdesk server start --profile cpu-tiny; \
 	trap '$(BIN)/nightdesk server stop --profile cpu-tiny' EXIT; \
-	$(BIN)/nightdesk bench schedulers --tickers $(BENCH_TICKERS) --json-out var/bench/schedulers.json
+	$(BIN)/nightdesk bench schedulers --tickers $(BENCH_TICKERS) --scale 0.01 --output-scale 0.005 \
+	    --json-out var/bench/schedulers.json
 
 clean:
 	rm -rf var/bench var/nightdesk.db var/data

@@ -108,7 +108,8 @@ def report(
         if fmt == "json":
             typer.echo(json.dumps(arms, indent=2, default=str))
         else:
-            Console().print(compare_table(arms))
+            # Piped into a log or a doc: do not fold the columns into 80.
+            Console(width=None if Console().is_terminal else 200).print(compare_table(arms))
         return
     chosen = batch_id if batch_id is not None else latest_batch_id(engine)
     result = batch_report(engine, chosen)
