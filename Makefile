@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 MODEL := var/models/smollm2-135m
 CPU_CONFIG := deploy/cpu-tiny.toml
 DEMO_TICKERS ?= 6
-BENCH_TICKERS ?= 32
+BENCH_TICKERS ?= 24
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup vllm-env model test test-unit lint run bench bench-tracker bench-schedulers \
