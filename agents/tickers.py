@@ -71,3 +71,14 @@ def read_universe(path: Path | str, notes: list[str] | None = None) -> list[str]
     if notes is not None:
         notes.extend(dup_notes)
     return tickers
+
+
+def choose_tickers(tickers: str | None, universe: Path | str | None
+                   ) -> tuple[list[str], list[str]]:
+    """Return the tickers of exactly one of ``--tickers A,B`` or ``--universe FILE``, and notes."""
+    if tickers is not None and universe is None:
+        return parse_ticker_list(tickers)
+    if universe is not None and tickers is None:
+        notes: list[str] = []
+        return read_universe(universe, notes), notes
+    raise InputError("give exactly one of --tickers or --universe")

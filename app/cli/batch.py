@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agents.data.snapshot import latest_as_of
-from agents.tickers import check_symbol, parse_ticker_list, read_universe
+from agents.tickers import check_symbol, choose_tickers
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.cli.common import database, setup
 from app.cli.data import parse_as_of
@@ -71,14 +71,7 @@ def run(
 ) -> None:
     """Run the nightly batch over a universe."""
     settings = setup()
-    if (tickers is None) == (universe is None):
-        raise InputError("give exactly one of --tickers or --universe")
-    notes: list[str] = []
-    if tickers is not None:
-        symbols, notes = parse_ticker_list(tickers)
-    else:
-        assert universe is not None
-        symbols = read_universe(universe, notes)
+    symbols, notes = choose_tickers(tickers, universe)
     for note in notes:
         err.print(f"note: {note}")
     symbols = symbols[:limit] if limit else symbols

@@ -12,7 +12,7 @@ from rich.console import Console
 from agents.data import PROVIDERS, get_provider
 from agents.data.demo import DEFAULT_TICKERS, DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.freeze import freeze as freeze_snapshot
-from agents.tickers import check_symbol, parse_ticker_list, read_universe
+from agents.tickers import check_symbol, choose_tickers
 from app.cli.common import setup
 from app.errors import DataError, InputError
 
@@ -65,14 +65,7 @@ def freeze(
     """Write a snapshot of TICKERS from any provider, so a night's inputs can be replayed."""
     settings = setup()
     day = parse_as_of(as_of)
-    if (tickers is None) == (universe is None):
-        raise InputError("give exactly one of --tickers or --universe")
-    notes: list[str] = []
-    if tickers is not None:
-        symbols, notes = parse_ticker_list(tickers)
-    else:
-        assert universe is not None
-        symbols = read_universe(universe, notes)
+    symbols, notes = choose_tickers(tickers, universe)
     for note in notes:
         err.print(f"note: {note}")
     source = get_provider(provider, source_dir or settings.data_dir)
