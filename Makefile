@@ -17,9 +17,9 @@ export PYTHONUNBUFFERED := 1
 setup: $(VENV)/.ready
 
 $(VENV)/.ready: pyproject.toml
-	@echo "setup: building $(VENV) (nightdesk + dev tools)"
+	@echo "setup: building $(VENV) (nightdesk + dev tools + the yfinance extra its tests fake)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,yfinance]'
 	@touch $@
 
 vllm-env: $(VVENV)/.ready
