@@ -16,7 +16,7 @@ export PYTHONUNBUFFERED := 1
 
 setup: $(VENV)/.ready
 
-$(VENV)/.ready: pyproject.toml
+$(VENV)/.ready: pyproject.toml Makefile
 	@echo "setup: building $(VENV) (nightdesk + dev tools + the yfinance extra its tests fake)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,yfinance]'
