@@ -15,7 +15,7 @@ import structlog
 from sqlalchemy import Engine
 
 from agents.data import DataProvider, get_provider
-from agents.graph import analyze_ticker
+from agents.graph import analyze_ticker, node_names
 from app.batch import store
 from app.batch.gate import GatedLLM
 from app.batch.progress import BatchProgress
@@ -94,7 +94,8 @@ class BatchEngine:
                     for r in results]
 
         weights = await asyncio.to_thread(store.expected_work, self.engine, plan.tickers)
-        return await self.execute(plan, graph_job, weights=weights,
+        calls = len(node_names(self.settings)) * plan.samples * len(plan.tickers)
+        return await self.execute(plan, graph_job, weights=weights, expected_calls=calls,
                                   final_settings=lambda: {"demo_data": any(demo_seen)})
 
     async def execute(
@@ -105,6 +106,7 @@ class BatchEngine:
         weights: dict[str, float] | None = None,
         source_batch_id: int | None = None,
         final_settings: Callable[[], dict[str, Any]] | None = None,
+        expected_calls: int | None = None,
     ) -> BatchOutcome:
         """Own a batch's rows and lifecycle while ``work`` does each ticker's calls."""
         strategy = Strategy.parse(plan.strategy)
@@ -127,7 +129,7 @@ class BatchEngine:
             scheduler = Scheduler(llm, strategy, gauges=sampler,
                                   interval_s=min(self.settings.metrics_interval_s, 2.0))
             progress = self.progress_factory(batch_id, len(plan.tickers), llm, scheduler,
-                                             sampler)
+                                             sampler, expected_calls=expected_calls)
 
             async def ticker_job(ticker: str, gated: GatedLLM) -> list[store.DecisionRow]:
                 await asyncio.to_thread(store.ticker_started, self.engine, batch_id, ticker)

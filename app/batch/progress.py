@@ -21,7 +21,7 @@ class BatchProgress:
     """Summarize tickers, calls, batch output tok/s, the server's gauges and an ETA."""
 
     def __init__(self, batch_id: int, total: int, llm: Any, scheduler: Any, sampler: Any,
-                 console: Console | None = None) -> None:
+                 console: Console | None = None, expected_calls: int | None = None) -> None:
         self.batch_id = batch_id
         self.total = total
         self.llm = llm
@@ -29,6 +29,7 @@ class BatchProgress:
         self.sampler = sampler
         self.done = 0
         self.failed = 0
+        self.expected_calls = expected_calls
         self.t0 = time.monotonic()
         self.console = console or Console(stderr=True)
         self._live: Live | None = None
@@ -47,6 +48,11 @@ class BatchProgress:
             tok_s = stats.completion_tokens / span if span > 0 else 0.0
         elapsed = time.monotonic() - self.t0
         eta = elapsed / self.done * (self.total - self.done) if self.done else None
+        if self.expected_calls and stats.calls:
+            # Tickers finish late and together (senior-first keeps many under way), so the
+            # share of calls answered says more about the remaining time than tickers done.
+            left = max(0, self.expected_calls - stats.calls)
+            eta = elapsed / stats.calls * left
         latest = getattr(self.sampler, "latest", None)
         return {
             "tickers_done": self.done - self.failed, "tickers_failed": self.failed,

@@ -32,4 +32,5 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
                      label or f"replay of {batch_id}")
     runner = BatchEngine(settings, engine, sample_metrics=sample_metrics,
                          server_facts=server_facts, **engine_kwargs)  # type: ignore[arg-type]
-    return await runner.execute(plan, work, weights=weights, source_batch_id=batch_id)
+    return await runner.execute(plan, work, weights=weights, source_batch_id=batch_id,
+                                expected_calls=sum(len(items) for items in workload.values()))
