@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import platform
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,6 +25,7 @@ from app.batch.engine import BatchEngine, BatchPlan
 from app.batch.gate import GatedLLM
 from app.batch.scheduler import Strategy
 from app.batch.workload import Workload, play
+from app.bench.tracker import machine_facts as host_facts
 from app.config import Settings
 from app.report import arm
 from serving.metrics import aread_metrics
@@ -53,18 +52,8 @@ class BenchResult:
 
 
 def machine_facts(settings: Settings, server_facts: dict[str, Any] | None) -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
-
-    return {"date": datetime.now(UTC).isoformat(timespec="seconds"), "cpu": cpu,
-            "cores": os.cpu_count(), "python": platform.python_version(),
+    """Describe the client host (as the tracker bench does) and the server the arms ran on."""
+    return {"date": datetime.now(UTC).isoformat(timespec="seconds"), **host_facts(),
             "server": settings.llm_base_url, "model": settings.llm_model,
             "profile": settings.server_profile, "server_facts": server_facts or {}}
 

@@ -127,7 +127,7 @@ def schedulers(
     console = Console(width=150)
     console.print(table)
     m = result.machine
-    console.print(f"machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}; server "
+    console.print(f"machine: {m['cpu_model']}, {m['cores']} cores, Python {m['python']}; server "
                   f"{m['model']} ({m['profile']}) at {m['server']}; {m['date']}")
     for check, ok in result.checks.items():
         console.print(f"  {'met   ' if ok else 'MISSED'}  {check}")
