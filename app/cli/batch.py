@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import json
 import sys
@@ -17,6 +16,7 @@ from rich.table import Table
 from agents.data.snapshot import latest_as_of
 from agents.tickers import check_symbol, choose_tickers
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
+from app.batch.signals import run_batch
 from app.cli.common import database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
@@ -49,7 +49,7 @@ def _execute(settings: Settings, plan: BatchPlan) -> BatchOutcome:
     engine = database(settings)
     facts = batch_server_facts(settings.server_profile, settings.llm_base_url)
     runner = BatchEngine(settings, engine, server_facts=facts)
-    outcome = asyncio.run(runner.run(plan))
+    outcome = run_batch(runner.run(plan))
     style = "green" if not outcome.failed else "yellow" if outcome.succeeded else "red"
     err.print(f"[{style}]batch {outcome.batch_id} {outcome.status}:[/] "
               f"{len(outcome.succeeded)} succeeded, {len(outcome.failed)} failed "
@@ -142,8 +142,8 @@ def replay(
         settings = settings.model_copy(update={"llm_base_url": base_url})
     engine = database(settings)
     facts = batch_server_facts(settings.server_profile, settings.llm_base_url)
-    outcome = asyncio.run(replay_batch(settings, engine, batch, label=label, strategy=strategy,
-                                       match_output=not free_output, server_facts=facts))
+    outcome = run_batch(replay_batch(settings, engine, batch, label=label, strategy=strategy,
+                                     match_output=not free_output, server_facts=facts))
     err.print(f"replay batch {outcome.batch_id} {outcome.status}: "
               f"{len(outcome.succeeded)} tickers replayed, {len(outcome.failed)} with errors")
     for ticker, reason in sorted(outcome.failed.items()):

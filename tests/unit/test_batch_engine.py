@@ -204,3 +204,34 @@ async def test_heaviest_recorded_ticker_starts_first_with_its_priority(
     priority = {c.ticker: c.body.get("priority") for c in second.chats}
     assert priority[tickers[2]] == 0  # vLLM serves lower values first: the senior ticker
     assert sorted(priority.values()) == [0, 1, 2]
+
+
+def test_sigterm_records_the_batch_as_interrupted_and_keeps_what_finished(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    import os
+    import signal
+
+    from app.batch.signals import BatchInterrupted, run_batch
+
+    tickers = demo_tickers(2)
+    settings = load_settings()
+    sent = []
+
+    def script(chat: ChatRequest) -> Reply | None:
+        if len(sent) == 0 and chat.node == "bull_r1":
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)  # what `systemctl stop` sends
+            return Reply("late", delay_s=5)
+        return None
+
+    server = FakeServer(script, nodes=node_names(settings), tickers=tickers)
+    engine = make_engine(sqlite_engine, demo_dir, server)
+    with pytest.raises(BatchInterrupted):
+        run_batch(engine.run(BatchPlan("nightly", DEMO_AS_OF, tickers)))
+    with sqlite_engine.connect() as conn:
+        status, error = conn.execute(select(Batch.status, Batch.error)).one()
+        runs = set(conn.execute(select(TickerRun.status)).scalars())
+        calls = conn.execute(select(func.count()).select_from(LLMCall)).scalar()
+    assert status == "interrupted" and "interrupted" in (error or "")
+    assert "running" not in runs and "queued" not in runs
+    assert calls == len(server.chats)  # every request sent has its row, the cut one included
