@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Runs ON the GPU host, from the repository root, AFTER /root/stage/host-setup.sh has started the
+# vLLM server (127.0.0.1:8000, model gpu-model). Installs nightdesk's missing wheels (.whl) into
+# /tmp/site, then runs the nightdesk CLI with this script's arguments, e.g.
+#   bash .gpurun/bench.sh bench schedulers --tickers 32 --json-out "$OUT/schedulers.json"
+# At the end /tmp/nd.db (the SQLite database of the run) is copied to $OUT when $OUT is set.
+# Wheels are read from ./.whl (carry it), else from $NIGHTDESK_WHL_DIR, else /root/stage/nd-whl.
+set -uo pipefail
+die() { echo "bench.sh: ERROR: $*" >&2; exit 2; }
+
+cd "$(dirname "$0")/.." || die "cannot cd to the repository root"
+[ -f app/cli/__init__.py ] || die "not in nightdesk's repository root ($PWD has no app/cli)"
+[ "$#" -gt 0 ] || die "no CLI arguments given (e.g.: bench schedulers --tickers 32)"
+
+# --- wheels -> /tmp/site ---------------------------------------------------------------------
+whl=""
+for d in "${NIGHTDESK_WHL_DIR:-}" .whl /root/stage/nd-whl; do
+  [ -n "$d" ] && compgen -G "$d/*.whl" >/dev/null && { whl=$d; break; }
+done
+[ -n "$whl" ] || die "no wheels found in .whl/ (name .whl in the run call's carry), \$NIGHTDESK_WHL_DIR or /root/stage/nd-whl"
+echo "bench.sh: installing $(ls "$whl"/*.whl | wc -l) wheels from $whl into /tmp/site"
+if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+       --target /tmp/site "$whl"/*.whl 2>/tmp/nd-pip.err; then
+  grep -vi warning /tmp/nd-pip.err >&2
+  die "pip could not install the wheels from $whl into /tmp/site (see above)"
+fi
+
+# --- environment -------------------------------------------------------------------------------
+[ -d /root/site/vllm ] || die "/root/site has no vllm: run /root/stage/host-setup.sh first (it installs openai, pydantic, pydantic-settings ... there)"
+export PYTHONPATH=/tmp/site:/root/site:$PWD
+export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+export NIGHTDESK_DATABASE_URL=sqlite:////tmp/nd.db
+export NIGHTDESK_LLM_BASE_URL=http://127.0.0.1:8000/v1
+export NIGHTDESK_LLM_MODEL=gpu-model
+export NIGHTDESK_SERVER_PROFILE=gpu-dummy
+export NIGHTDESK_LOG_LEVEL=warning
+export NIGHTDESK_CONTEXT_CHECK_INCLUDES_OUTPUT=true
+export NIGHTDESK_METRICS_INTERVAL_S=1
+[ -f /tmp/nd.db ] && echo "bench.sh: note: /tmp/nd.db already exists (earlier run on this machine); new rows are added to it"
+
+# --- preflight: imports and server ---------------------------------------------------------------
+if ! python3 - <<'PY'
+import importlib, sys
+mods = ["app.cli", "app.bench.schedulers", "app.batch.engine", "agents.graph"]
+try:
+    for m in mods:
+        importlib.import_module(m)
+except ImportError as e:
+    print(f"bench.sh: ERROR: nightdesk does not import on this host: {e!r}\n"
+          f"  missing module {getattr(e, 'name', '?')!r}: add its wheel (cp312, manylinux x86_64) to .whl", file=sys.stderr)
+    sys.exit(1)
+import importlib.metadata as md
+def v(n):
+    try: return md.version(n)
+    except Exception: return "-"
+print("bench.sh: imports ok; python", sys.version.split()[0], "|",
+      ", ".join(f"{n} {v(n)}" for n in ("openai", "pydantic", "pydantic-settings", "httpx", "typer",
+                                        "rich", "sqlalchemy", "langgraph", "numpy", "pandas")))
+PY
+then
+  die "import check failed (see above)"
+fi
+if ! curl -sf --max-time 10 http://127.0.0.1:8000/health >/dev/null; then
+  [ -f /root/vllm.log ] && { echo "--- tail of /root/vllm.log ---" >&2; tail -30 /root/vllm.log >&2; }
+  die "the vLLM server does not answer on http://127.0.0.1:8000/health: run /root/stage/host-setup.sh first, in this same machine's lease"
+fi
+curl -sf --max-time 10 http://127.0.0.1:8000/v1/models | grep -q '"gpu-model"' \
+  || echo "bench.sh: WARNING: /v1/models does not list gpu-model" >&2
+
+# --- the run -------------------------------------------------------------------------------------
+echo "bench.sh: running: nightdesk $*"
+start=$(date +%s)
+python3 -c 'from app.cli import main; main()' "$@"
+rc=$?
+echo "bench.sh: nightdesk exited with status $rc after $(( $(date +%s) - start )) s"
+
+# --- results -------------------------------------------------------------------------------------
+if [ -n "${OUT:-}" ]; then
+  if [ -f /tmp/nd.db ]; then
+    size=$(stat -c %s /tmp/nd.db)
+    if [ "$size" -le $((15 * 1024 * 1024)) ]; then
+      cp /tmp/nd.db "$OUT/nd.db" && echo "bench.sh: copied /tmp/nd.db ($size bytes) to \$OUT/nd.db"
+    else
+      # Files over 16 MiB do not come back from $OUT: compress (zstd from /root/site), split if needed.
+      echo "bench.sh: /tmp/nd.db is $size bytes: writing \$OUT/nd.db.zst (decompress: zstd -d)"
+      if python3 -c '
+import sys, zstandard
+with open("/tmp/nd.db", "rb") as f, open(sys.argv[1], "wb") as o:
+    zstandard.ZstdCompressor(level=10, threads=-1).copy_stream(f, o)' "$OUT/nd.db.zst"; then
+        zsize=$(stat -c %s "$OUT/nd.db.zst")
+        if [ "$zsize" -gt $((15 * 1024 * 1024)) ]; then
+          (cd "$OUT" && split -b 15M -d -a 1 nd.db.zst nd.db.zst.part && rm nd.db.zst)
+          echo "bench.sh: nd.db.zst is $zsize bytes: split into $(ls "$OUT"/nd.db.zst.part* | wc -l) parts (cat nd.db.zst.part* > nd.db.zst)"
+        fi
+      else
+        echo "bench.sh: ERROR: could not compress /tmp/nd.db; it will not come back" >&2
+      fi
+    fi
+  else
+    echo "bench.sh: WARNING: /tmp/nd.db does not exist; nothing to copy" >&2
+  fi
+  [ -f /root/vllm.log ] && tail -c 8M /root/vllm.log > "$OUT/vllm.log"
+fi
+exit $rc
