@@ -2,13 +2,13 @@
 # Runs ON the GPU host, from the repository root, AFTER /root/stage/host-setup.sh has started the
 # vLLM server (127.0.0.1:8000, model gpu-model). Installs nightdesk's missing wheels (.whl) into
 # /tmp/site, then runs the nightdesk CLI with this script's arguments, e.g.
-#   bash .gpurun/bench.sh bench schedulers --tickers 32 --json-out "$OUT/schedulers.json"
+#   bash docs/bench/gpu-host-bench.sh bench schedulers --tickers 32 --json-out "$OUT/schedulers.json"
 # At the end /tmp/nd.db (the SQLite database of the run) is copied to $OUT when $OUT is set.
 # Wheels are read from ./.whl (carry it), else from $NIGHTDESK_WHL_DIR, else /root/stage/nd-whl.
 set -uo pipefail
 die() { echo "bench.sh: ERROR: $*" >&2; exit 2; }
 
-cd "$(dirname "$0")/.." || die "cannot cd to the repository root"
+cd "$(dirname "$0")/../.." || die "cannot cd to the repository root"
 [ -f app/cli/__init__.py ] || die "not in nightdesk's repository root ($PWD has no app/cli)"
 [ "$#" -gt 0 ] || die "no CLI arguments given (e.g.: bench schedulers --tickers 32)"
 
