@@ -114,6 +114,7 @@ class TrackedLLM:
         )
         self.stats = CallStats()
         self._max_model_len: int | None = None
+        self._learning_limit = asyncio.Lock()
         self._tokenize_supported = settings.check_context_length
 
     async def aclose(self) -> None:
@@ -262,12 +263,29 @@ class TrackedLLM:
         if not self._tokenize_supported:
             return
         budget = body["max_tokens"] if self.settings.context_check_includes_output else 0
-        if self._max_model_len is not None:
-            # A token covers at least one byte: a short prompt cannot overflow, skip the check.
-            upper = sum(len(m["content"].encode()) for m in body["messages"])
-            upper += TEMPLATE_OVERHEAD_TOKENS * (len(body["messages"]) + 1)
-            if upper + budget <= self._max_model_len:
+        if self._fits_without_counting(body, budget):
+            return
+        if self._max_model_len is None:
+            # One /tokenize teaches every call waiting here the limit; without the lock a batch
+            # that starts with 64 calls in flight would send 64 of them.
+            async with self._learning_limit:
+                if self._max_model_len is None:
+                    await self._count_tokens(body, budget)
+                    return
+            if not self._tokenize_supported or self._fits_without_counting(body, budget):
                 return
+        await self._count_tokens(body, budget)
+
+    def _fits_without_counting(self, body: dict[str, Any], budget: int) -> bool:
+        """Return True when the prompt's bytes alone prove it fits (a token covers ≥ 1 byte)."""
+        if self._max_model_len is None:
+            return False
+        upper = sum(len(m["content"].encode()) for m in body["messages"])
+        upper += TEMPLATE_OVERHEAD_TOKENS * (len(body["messages"]) + 1)
+        return upper + budget <= self._max_model_len
+
+    async def _count_tokens(self, body: dict[str, Any], budget: int) -> None:
+        """Count the prompt with the server's /tokenize; raise ContextLengthError if too long."""
         try:
             response = await self._http.post(
                 server_root(self.base_url) + "/tokenize",
