@@ -71,6 +71,11 @@ def node_names(settings: Settings) -> list[str]:
     return [*ANALYSTS, *sequential_nodes(settings.debate_rounds, settings.risk_rounds)]
 
 
+def chain_length(settings: Settings) -> int:
+    """Return how many calls of one sample go one after another: the analysts, then the rest."""
+    return 1 + len(sequential_nodes(settings.debate_rounds, settings.risk_rounds))
+
+
 def sequential_nodes(debate_rounds: int, risk_rounds: int) -> list[str]:
     """Return the nodes after the analysts, one after another."""
     return [*debate_nodes(debate_rounds), "research_manager", "trader",

@@ -8,9 +8,14 @@ so the limit follows what it reports:
   our outstanding requests actually at the limit (growing a limit we do not use proves
   nothing). Until the first sign of saturation the limit doubles per reading (a short
   batch must not spend its first minute creeping up); after it, one request at a time;
-- when requests start to wait (the server's batch is full) or KV usage reaches
-  ``kv_high``, stop growing and settle at what the server is really running, plus a
-  small queue (``queue_allowance``) so a finishing request is replaced at once;
+- when requests start to wait (the server's batch is full), stop growing and settle at
+  what the server is really running, plus a small queue (``queue_allowance``) so a
+  finishing request is replaced at once;
+- when KV usage reaches ``kv_high``, stop growing and allow no queue: a queued request
+  would be admitted into the last free blocks, and the running ones then have nothing
+  left to decode into, so the server preempts (measured on an H200: one preemption in a
+  run with a queue of one). At ``kv_full`` shed one request per reading: prompts grow
+  along each ticker's chain, so replacing one for one still creeps towards a full cache;
 - a new preemption means the KV cache overflowed: cut the limit by ``backoff``
   (preempted requests recompute their prefill, so they cost more than they bring);
 - counters that go backwards mean the server restarted: forget the baseline and start
@@ -41,6 +46,7 @@ class AdmissionPolicy:
     minimum: int = 1
     maximum: int = 64
     kv_high: float = 0.90
+    kv_full: float = 0.97
     queue_allowance: int = 1
     backoff: float = 0.7
     limit: float = field(init=False)
@@ -78,11 +84,19 @@ class AdmissionPolicy:
             self._saturated_once = True
             self.limit = self.limit * self.backoff
             self.reason = f"{new_preemptions:.0f} preemptions"
-        elif gauges.kv_cache_usage >= self.kv_high:
-            # Full KV: hold at what really runs; anything more would only wait or preempt.
-            self.limit = min(self.limit, gauges.running + self.queue_allowance)
+        elif gauges.kv_cache_usage >= self.kv_full:
+            self.limit = min(self.limit, gauges.running) - 1
             self._saturated_once = True
             self.reason = "kv cache full"
+        elif gauges.kv_cache_usage >= self.kv_high:
+            # Nearly full KV: no growth, no queue at the server, and no unused headroom
+            # left to hand out later. Not simply ``running`` while nothing waits: running
+            # dips for a moment whenever a finished request's successor is on its way, and
+            # the limit would erode reading by reading.
+            cap = gauges.running if gauges.waiting > 0 else max(gauges.running, outstanding)
+            self.limit = min(self.limit, cap)
+            self._saturated_once = True
+            self.reason = "kv cache high"
         elif gauges.waiting > self.queue_allowance:
             self.limit = min(self.limit, gauges.running + self.queue_allowance)
             self._saturated_once = True

@@ -15,7 +15,7 @@ import structlog
 from sqlalchemy import Engine
 
 from agents.data import DataProvider, get_provider
-from agents.graph import analyze_ticker, node_names
+from agents.graph import analyze_ticker, chain_length, node_names
 from app.batch import store
 from app.batch.gate import GatedLLM
 from app.batch.progress import BatchProgress
@@ -94,8 +94,12 @@ class BatchEngine:
                     for r in results]
 
         weights = await asyncio.to_thread(store.expected_work, self.engine, plan.tickers)
-        calls = len(node_names(self.settings)) * plan.samples * len(plan.tickers)
-        return await self.execute(plan, graph_job, weights=weights, expected_calls=calls,
+        per_ticker = len(node_names(self.settings)) * plan.samples
+        # Samples run side by side, so a ticker's chain is one sample's.
+        shape = (per_ticker, chain_length(self.settings))
+        return await self.execute(plan, graph_job, weights=weights,
+                                  shapes=dict.fromkeys(plan.tickers, shape),
+                                  expected_calls=per_ticker * len(plan.tickers),
                                   final_settings=lambda: {"demo_data": any(demo_seen)})
 
     async def execute(
@@ -104,11 +108,16 @@ class BatchEngine:
         work: TickerWork,
         *,
         weights: dict[str, float] | None = None,
+        shapes: dict[str, tuple[int, int]] | None = None,
         source_batch_id: int | None = None,
         final_settings: Callable[[], dict[str, Any]] | None = None,
         expected_calls: int | None = None,
     ) -> BatchOutcome:
-        """Own a batch's rows and lifecycle while ``work`` does each ticker's calls."""
+        """Own a batch's rows and lifecycle while ``work`` does each ticker's calls.
+
+        ``weights`` order the tickers (heaviest first); ``shapes`` give each ticker's
+        expected (requests, chain length), which lets the scheduler shorten the tail.
+        """
         strategy = Strategy.parse(plan.strategy)
         batch_id = await asyncio.to_thread(
             store.create_batch, self.engine, kind=plan.kind, as_of=plan.as_of,
@@ -149,7 +158,8 @@ class BatchEngine:
                              rating=decisions[0].rating if decisions else None)
                 progress.ticker_done(job.key, ok=message is None)
 
-            jobs = [Job(t, functools.partial(ticker_job, t), (weights or {}).get(t, 0.0))
+            jobs = [Job(t, functools.partial(ticker_job, t), (weights or {}).get(t, 0.0),
+                        *(shapes or {}).get(t, (0, 0)))
                     for t in plan.tickers]
             heart = asyncio.create_task(self._heartbeat(batch_id))
             status, error_text = "crashed", None

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from app.llm import CallTag, ChatResult, TrackedLLM
@@ -42,8 +43,9 @@ class Gate:
         """Return True when a new request would be sent at once."""
         return self.outstanding < self._limit and self.waiting == 0
 
-    async def wait_for_room(self) -> None:
-        while not self.has_room():
+    async def wait_for_room(self, or_else: Callable[[], bool] | None = None) -> None:
+        """Return once a request would be sent at once, or ``or_else()`` holds."""
+        while not (self.has_room() or (or_else is not None and or_else())):
             self._changed.clear()
             await self._changed.wait()
 
@@ -80,26 +82,69 @@ class Gate:
         self._changed.set()
 
 
+@dataclass
+class Ticket:
+    """One ticker's place in line and the work it has left, as the scheduler sees it.
+
+    ``order`` is the ticker's start order (its priority while nothing is urgent);
+    ``requests`` and ``chain`` are its expected requests and the longest run of them that
+    must go one after another (0 when unknown).
+    """
+
+    order: int
+    requests: int = 0
+    chain: int = 0
+    done: int = 0
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.requests - self.done)
+
+    @property
+    def remaining_chain(self) -> int:
+        # The graph fans out first and is one chain after that, so whatever is left is at
+        # most the chain, and never more than the requests left.
+        return min(self.remaining, self.chain)
+
+
 class GatedLLM:
     """Give the graph a TrackedLLM whose every request first passes the gate."""
 
-    def __init__(self, llm: TrackedLLM, gate: Gate, priority: int,
-                 on_request: asyncio.Event | None = None) -> None:
+    def __init__(self, llm: TrackedLLM, gate: Gate, ticket: Ticket | int,
+                 on_request: asyncio.Event | None = None, *,
+                 rank: Callable[[Ticket], int] | None = None,
+                 on_finish: Callable[[Ticket], None] | None = None) -> None:
         self.llm = llm
         self.gate = gate
-        self.priority = priority
+        self.ticket = ticket if isinstance(ticket, Ticket) else Ticket(ticket)
         self.settings = llm.settings
         self._on_request = on_request
+        self._rank = rank
+        self._on_finish = on_finish
+
+    @property
+    def priority(self) -> int:
+        return self.ticket.order
+
+    @asynccontextmanager
+    async def _place(self) -> AsyncIterator[int]:
+        if self._on_request is not None:
+            self._on_request.set()
+        # The priority is decided per request: a ticker can turn urgent on the way.
+        rank = self._rank(self.ticket) if self._rank is not None else self.ticket.order
+        try:
+            async with self.gate.slot(rank):
+                yield rank
+        finally:
+            self.ticket.done += 1
+            if self._on_finish is not None:
+                self._on_finish(self.ticket)
 
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
         kwargs.pop("priority", None)
-        if self._on_request is not None:
-            self._on_request.set()
-        async with self.gate.slot(self.priority):
-            return await self.llm.chat(tag, messages, priority=self.priority, **kwargs)
+        async with self._place() as rank:
+            return await self.llm.chat(tag, messages, priority=rank, **kwargs)
 
     async def send(self, tag: CallTag, body: dict[str, Any]) -> ChatResult:
-        if self._on_request is not None:
-            self._on_request.set()
-        async with self.gate.slot(self.priority):
-            return await self.llm.send(tag, body, priority=self.priority)
+        async with self._place() as rank:
+            return await self.llm.send(tag, body, priority=rank)

@@ -7,7 +7,7 @@ from sqlalchemy import Engine
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.gate import GatedLLM
 from app.batch.store import DecisionRow
-from app.batch.workload import play, recorded_workload
+from app.batch.workload import play, recorded_workload, shape
 from app.config import Settings
 
 
@@ -33,4 +33,5 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
     runner = BatchEngine(settings, engine, sample_metrics=sample_metrics,
                          server_facts=server_facts, **engine_kwargs)  # type: ignore[arg-type]
     return await runner.execute(plan, work, weights=weights, source_batch_id=batch_id,
+                                shapes={t: shape(items) for t, items in workload.items()},
                                 expected_calls=sum(len(items) for items in workload.values()))

@@ -1,8 +1,21 @@
-"""Start tickers' work under a strategy: adaptive (ours), fixed-N tickers in flight, sequential."""
+"""Start tickers' work under a strategy: adaptive (ours), fixed-N tickers in flight, sequential.
+
+Under ``adaptive`` the gate follows the admission policy and serves tickers already under
+way first (their start order is their priority), so results arrive steadily and a crash
+leaves few tickers half done. That preference has a price at the end of a batch: tickers
+started last still have their whole chain of one-after-another calls ahead of them while
+the rest of the batch drains, and the server idles through that tail (on an H200 with 20
+tickers the tail cost more throughput than any admission setting). So a ticker turns
+*urgent* when its remaining chain is at least the batch's remaining work divided by the
+limit, i.e. when it would finish after everything else: urgent tickers start at once and
+go first, longest chain first (the classic critical-path rule for chains). Early in a
+night of ~100 tickers nothing is urgent; only the last stretch is reordered.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -11,7 +24,7 @@ from typing import Any, Protocol
 import structlog
 
 from app.batch.admission import AdmissionPolicy
-from app.batch.gate import Gate, GatedLLM
+from app.batch.gate import Gate, GatedLLM, Ticket
 from app.errors import InputError
 from app.llm import TrackedLLM
 
@@ -27,6 +40,12 @@ class Job:
     key: str
     run: Callable[[GatedLLM], Awaitable[Any]]
     weight: float = 0.0  # expected work; heavier jobs start first so the tail is short
+    requests: int = 0  # expected requests, 0 when unknown
+    chain: int = 0  # the longest run of them that must go one after another
+
+
+POLICY_KNOBS = ("initial", "minimum", "maximum", "kv_high", "kv_full", "queue_allowance",
+                "backoff")
 
 
 @dataclass(frozen=True)
@@ -37,11 +56,31 @@ class Strategy:
     tickers_in_flight: int | None = None  # None: start a ticker whenever the gate has room
     request_limit: int | None = None  # a fixed cap on outstanding requests
     adaptive: bool = False
+    tail: bool = False  # urgent tickers (see the module's doc) start at once and go first
+    policy: tuple[tuple[str, float], ...] = ()  # admission policy settings that differ
 
     @classmethod
     def parse(cls, name: str) -> Strategy:
-        if name == "adaptive":
-            return cls(name, adaptive=True)
+        """Parse ``adaptive[:knob=value,...]``, ``sequential`` or ``fixed-N``.
+
+        Knobs are the admission policy's fields plus ``tail=on|off``, so a bench can put
+        variants side by side: ``adaptive:kv_high=0.95,queue_allowance=0,tail=off``.
+        """
+        base, _, knobs = name.partition(":")
+        if base == "adaptive":
+            tail, policy = True, []
+            for knob in filter(None, knobs.split(",")):
+                key, _, value = knob.partition("=")
+                if key == "tail" and value in ("on", "off"):
+                    tail = value == "on"
+                elif key in POLICY_KNOBS and _is_number(value):
+                    policy.append((key, float(value)))
+                else:
+                    raise InputError(f"bad knob {knob!r} in strategy {name!r} (tail=on|off, "
+                                     f"or a number for {', '.join(POLICY_KNOBS)})")
+            return cls(name, adaptive=True, tail=tail, policy=tuple(policy))
+        if knobs:
+            raise InputError(f"only adaptive takes knobs, not {name!r}")
         if name == "sequential":
             # TradingAgents' way: one ticker, one request at a time.
             return cls(name, tickers_in_flight=1, request_limit=1)
@@ -49,6 +88,21 @@ class Strategy:
         if match and int(match.group(1)) > 0:
             return cls(name, tickers_in_flight=int(match.group(1)))
         raise InputError(f"unknown strategy {name!r} (adaptive, sequential, fixed-N)")
+
+    def admission_policy(self, maximum: int) -> AdmissionPolicy:
+        knobs: dict[str, Any] = {"maximum": maximum}
+        for key, value in self.policy:
+            knobs[key] = int(value) if key in ("initial", "minimum", "maximum",
+                                               "queue_allowance") else value
+        return AdmissionPolicy(**knobs)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 class GaugeSource(Protocol):
@@ -69,28 +123,53 @@ class Scheduler:
         self.llm = llm
         self.strategy = strategy
         self.gauges = gauges
-        self.policy = policy or AdmissionPolicy(maximum=llm.settings.max_concurrency)
+        self.policy = policy or strategy.admission_policy(llm.settings.max_concurrency)
         self.interval_s = interval_s
         limit = strategy.request_limit or (self.policy.allowed if strategy.adaptive else UNBOUNDED)
         self.gate = Gate(limit)
         self.in_flight = 0
         self.started = 0
+        self.left = 0  # requests of the batch not yet finished, as far as they are known
+        self.tickers = 0
+
+    def urgent(self, ticket: Ticket) -> bool:
+        """Return True when the ticker's remaining chain would outlast the rest of the batch."""
+        if not self.strategy.tail or not ticket.chain or not ticket.remaining:
+            return False
+        return ticket.remaining_chain >= self.left / max(1, self.gate.limit)
+
+    def rank(self, ticket: Ticket) -> int:
+        """Return a request's priority, lower first: urgent tickers by longest remaining
+        chain, ties by start order, all before the others, which go by start order.
+
+        One integer, because vLLM's per-request ``priority`` is one.
+        """
+        if not self.urgent(ticket):
+            return ticket.order
+        return ticket.order - (1 + ticket.remaining_chain) * self.tickers
+
+    def _finished_one(self, ticket: Ticket) -> None:
+        if ticket.done <= ticket.requests:
+            self.left -= 1
 
     async def run(self, jobs: list[Job], on_done: OnDone) -> None:
         """Run every job once; a failing job is reported to ``on_done``, never raised."""
         ordered = sorted(jobs, key=lambda j: -j.weight)
+        tickets = [Ticket(i, job.requests, job.chain) for i, job in enumerate(ordered)]
+        self.left = sum(job.requests for job in ordered)
+        self.tickers = len(tickets)
         tasks: list[asyncio.Task[None]] = []
         controller = (asyncio.create_task(self._control(), name="admission")
                       if self.strategy.adaptive and self.gauges is not None else None)
         slots = asyncio.Semaphore(self.strategy.tickers_in_flight or UNBOUNDED)
         try:
-            for priority, job in enumerate(ordered):
+            for ticket, job in zip(tickets, ordered, strict=True):
                 await slots.acquire()
                 if self.strategy.tickers_in_flight is None:
-                    await self.gate.wait_for_room()
+                    await self.gate.wait_for_room(or_else=functools.partial(self.urgent, ticket))
                 first_request = asyncio.Event()
                 task = asyncio.create_task(
-                    self._one(job, priority, first_request, slots, on_done), name=job.key)
+                    self._one(job, ticket, first_request, slots, on_done), name=job.key)
                 tasks.append(task)
                 if self.strategy.tickers_in_flight is None:
                     # A started ticker has not asked for its place yet: wait until it has,
@@ -106,19 +185,23 @@ class Scheduler:
                 controller.cancel()
             await asyncio.gather(*tasks, *(c for c in [controller] if c), return_exceptions=True)
 
-    async def _one(self, job: Job, priority: int, first_request: asyncio.Event,
+    async def _one(self, job: Job, ticket: Ticket, first_request: asyncio.Event,
                    slots: asyncio.Semaphore, on_done: OnDone) -> None:
         self.in_flight += 1
         self.started += 1
         result: Any = None
         error: BaseException | None = None
         try:
-            result = await job.run(GatedLLM(self.llm, self.gate, priority, first_request))
+            result = await job.run(GatedLLM(self.llm, self.gate, ticket, first_request,
+                                            rank=self.rank, on_finish=self._finished_one))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # one ticker's failure never stops the others
             error = exc
         finally:
+            # Requests it did not make (a failure cut it short) are no longer work left.
+            self.left -= ticket.remaining
+            ticket.done = max(ticket.done, ticket.requests)
             self.in_flight -= 1
             slots.release()
             first_request.set()

@@ -87,6 +87,22 @@ def recorded_workload(engine: Engine, batch_id: int, *, match_output: bool = Tru
     return batch, dict(workload)
 
 
+def shape(items: list[WorkItem]) -> tuple[int, int]:
+    """Return a ticker's (requests, longest chain of requests that wait for one another)."""
+    depth: dict[tuple[int, str], int] = {}
+
+    def chain(item: WorkItem) -> int:
+        key = (item.sample, item.node)
+        if key not in depth:
+            depth[key] = 0  # a cycle (never recorded) must not recurse forever
+            depth[key] = 1 + max((chain(by_node[(item.sample, d)]) for d in item.deps
+                                  if (item.sample, d) in by_node), default=0)
+        return depth[key]
+
+    by_node = {(i.sample, i.node): i for i in items}
+    return len(items), max((chain(i) for i in items), default=0)
+
+
 async def play(items: list[WorkItem], gated: GatedLLM, batch_id: int, *,
                ignore_deps: bool = False) -> list[Any]:
     """Send a ticker's requests, each after its dependencies finished; raise the first failure.

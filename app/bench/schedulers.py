@@ -24,7 +24,7 @@ from sqlalchemy import Engine
 from app.batch.engine import BatchEngine, BatchPlan
 from app.batch.gate import GatedLLM
 from app.batch.scheduler import Strategy
-from app.batch.workload import Workload, play
+from app.batch.workload import Workload, play, shape
 from app.bench.tracker import machine_facts as host_facts
 from app.config import Settings
 from app.report import arm
@@ -94,6 +94,7 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
     runner = BatchEngine(settings, engine, server_facts=server_facts, **engine_kwargs)
     weights = {t: float(sum(i.body["max_tokens"] for i in items))
                for t, items in workload.items()}
+    shapes = {t: shape(items) for t, items in workload.items()}
     for strategy in strategies:
         if engine_kwargs.get("sample_metrics", True):
             await _wait_idle(settings)
@@ -107,7 +108,7 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         log.info("bench arm", strategy=strategy)
         plan = BatchPlan("bench", date.today(), sorted(workload), 1,
                          "fixed-1000000" if flood else strategy, f"bench {run_id} {strategy}")
-        outcome = await runner.execute(plan, work, weights=weights)
+        outcome = await runner.execute(plan, work, weights=weights, shapes=shapes)
         figures = await asyncio.to_thread(arm, engine, outcome.batch_id)
         figures["strategy"] = strategy
         result.arms.append(figures)

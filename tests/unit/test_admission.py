@@ -32,16 +32,40 @@ def test_does_not_grow_a_limit_it_does_not_use() -> None:
 
 
 def test_kv_climbing_to_full_settles_at_what_really_runs() -> None:
-    p = AdmissionPolicy(initial=4, kv_high=0.9, maximum=64)
+    # A scripted server whose KV cache holds six sequences: usage climbs with what runs,
+    # the rest waits. The limit must end at what fits, with no queue and no preemption.
+    p = AdmissionPolicy(initial=4, kv_high=0.9, kv_full=0.97, maximum=64)
     seen = []
-    for kv in (0.2, 0.4, 0.6, 0.8, 0.92, 1.0, 1.0):
-        running = min(p.allowed, 6)  # the server fits six sequences
+    for i in range(8):
+        running = min(p.allowed, 6)
         seen.append(p.observe(G(running=running, waiting=max(0, p.allowed - 6),
-                                kv_cache_usage=kv), p.allowed))
-    assert seen[-1] == 7 and seen[-2] == 7  # running 6 + one queued to replace a finisher
-    assert p.reason == "kv cache full"
+                                kv_cache_usage=min(1.0, running / 6 * 0.95),
+                                generation_tokens_total=i), p.allowed))
+    assert seen[0] == 8  # doubled while there was room
+    assert seen[1:] == [6] * 7  # then what runs, nothing queued, and it stays there
+    assert p.reason == "kv cache high"
     # Once saturated, growth is one request per reading, not doubling.
-    assert p.observe(G(running=7, kv_cache_usage=0.5), 7) == 8
+    assert p.observe(G(running=6, kv_cache_usage=0.5, generation_tokens_total=9), 6) == 7
+
+
+def test_high_kv_drops_the_queue_without_eroding_on_a_dip() -> None:
+    p = AdmissionPolicy(initial=12, kv_high=0.9, kv_full=0.97)
+    assert p.observe(G(running=12, waiting=2, kv_cache_usage=0.93), 12) == 12
+    assert p.observe(G(running=10, waiting=2, kv_cache_usage=0.93), 12) == 10
+    # A finished request's successor is on its way: running dips, nothing waits. Hold.
+    assert p.observe(G(running=9, kv_cache_usage=0.93), 10) == 10
+    # Headroom we do not use is not kept for later while the cache is nearly full.
+    assert p.observe(G(running=8, kv_cache_usage=0.93), 8) == 8
+    assert p.reason == "kv cache high"
+
+
+def test_full_kv_sheds_one_request_per_reading_until_it_eases() -> None:
+    p = AdmissionPolicy(initial=12, kv_high=0.9, kv_full=0.97)
+    assert p.observe(G(running=12, kv_cache_usage=0.98), 12) == 11
+    assert p.reason == "kv cache full"
+    assert p.observe(G(running=11, kv_cache_usage=0.99), 11) == 10
+    assert p.observe(G(running=10, kv_cache_usage=0.94), 10) == 10  # high, not full: hold
+    assert p.observe(G(running=10, kv_cache_usage=0.85), 10) == 11  # room again: +1
 
 
 def test_preemptions_cut_the_limit() -> None:

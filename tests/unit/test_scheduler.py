@@ -1,0 +1,116 @@
+"""The scheduler's strategies and its tail rule, with a client that only records and waits."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from app.batch.gate import GatedLLM, Ticket
+from app.batch.scheduler import Job, Scheduler, Strategy
+from app.errors import InputError
+from app.llm import CallTag
+
+
+class RecordingLLM:
+    """Stands in for TrackedLLM: every request takes ``delay_s`` and is logged in order."""
+
+    def __init__(self, delay_s: float = 0.005) -> None:
+        self.settings = SimpleNamespace(max_concurrency=64)
+        self.delay_s = delay_s
+        self.events: list[tuple[str, str, int | None]] = []  # (event, ticker, priority)
+
+    async def send(self, tag: CallTag, body: dict[str, Any], *,
+                   priority: int | None = None) -> None:
+        self.events.append(("start", tag.ticker, priority))
+        await asyncio.sleep(self.delay_s)
+        self.events.append(("end", tag.ticker, priority))
+
+
+def chain_job(key: str, length: int) -> Job:
+    async def run(gated: GatedLLM) -> None:
+        for step in range(length):
+            await gated.send(CallTag(1, key, f"n{step}", 0), {})
+    return Job(key, run, requests=length, chain=length)
+
+
+async def _run(strategy: str, jobs: list[Job]) -> RecordingLLM:
+    llm = RecordingLLM()
+    scheduler = Scheduler(llm, Strategy.parse(strategy))  # type: ignore[arg-type]
+
+    async def on_done(job: Job, result: Any, error: BaseException | None) -> None:
+        assert error is None
+
+    await scheduler.run(jobs, on_done)
+    assert scheduler.left == 0
+    return llm
+
+
+def _first_start(events: list[tuple[str, str, int | None]], ticker: str) -> int:
+    return next(i for i, (e, t, _) in enumerate(events) if e == "start" and t == ticker)
+
+
+def _last_end(events: list[tuple[str, str, int | None]], ticker: str) -> int:
+    return max(i for i, (e, t, _) in enumerate(events) if e == "end" and t == ticker)
+
+
+async def test_without_the_tail_rule_started_tickers_finish_before_new_ones_start() -> None:
+    # Gate limit 4 (the policy's initial), six chains of five: the last two start only when
+    # a place frees, which is after the first tickers are done. That is the long tail.
+    events = (await _run("adaptive:tail=off", [chain_job(f"T{i}", 5) for i in range(6)])).events
+    assert _first_start(events, "T4") > _last_end(events, "T0")
+    assert {p for _, t, p in events if t == "T0"} == {0}  # start order is the priority
+
+
+async def test_tail_rule_starts_tickers_whose_chain_would_outlast_the_batch_early() -> None:
+    events = (await _run("adaptive", [chain_job(f"T{i}", 5) for i in range(6)])).events
+    # 30 requests over 4 places is 7.5 rounds: once what is left over 4 is no more than a
+    # chain of five, T4 and T5 are urgent: they start before any ticker is done, and go
+    # first with a negative priority (the server serves lower values first).
+    finished_first = min(_last_end(events, f"T{i}") for i in range(4))
+    assert _first_start(events, "T4") < finished_first
+    assert _first_start(events, "T5") < finished_first
+    assert min(p for _, t, p in events if t == "T5" and p is not None) < 0
+    # Early on nothing was urgent: the first requests went by start order.
+    assert [p for e, _, p in events[:4]] == [0, 1, 2, 3]
+
+
+def test_rank_puts_urgent_tickers_first_longest_chain_first_then_start_order() -> None:
+    scheduler = Scheduler(RecordingLLM(), Strategy.parse("adaptive"))  # type: ignore[arg-type]
+    scheduler.gate.set_limit(10)
+    scheduler.tickers = 4
+    scheduler.left = 100  # ten rounds left: a chain of ten or more is urgent
+    calm, senior_long, long_, short = (Ticket(0, 17, 5), Ticket(1, 17, 14), Ticket(2, 17, 14),
+                                       Ticket(3, 17, 12))
+    assert not scheduler.urgent(calm) and scheduler.rank(calm) == 0
+    ranks = [scheduler.rank(t) for t in (senior_long, long_, short)]
+    assert ranks == sorted(ranks) and all(r < 0 for r in ranks)
+    # Nothing known of a ticker's work: never urgent.
+    assert not scheduler.urgent(Ticket(5))
+    # Fixed-N arms keep the seeds' behaviour: start order only.
+    fixed = Scheduler(RecordingLLM(), Strategy.parse("fixed-3"))  # type: ignore[arg-type]
+    fixed.left, fixed.tickers = 100, 4
+    assert fixed.rank(senior_long) == 1
+
+
+def test_ticket_remaining_chain_never_exceeds_what_is_left() -> None:
+    ticket = Ticket(0, requests=17, chain=14)
+    assert ticket.remaining_chain == 14
+    ticket.done = 4  # the four analysts: thirteen one after another remain
+    assert ticket.remaining_chain == 13
+    ticket.done = 20  # decision retries went over the estimate
+    assert ticket.remaining == 0 and ticket.remaining_chain == 0
+
+
+def test_strategy_knobs_parse_and_bad_ones_are_refused() -> None:
+    s = Strategy.parse("adaptive:kv_high=0.95,queue_allowance=0,tail=off")
+    assert s.adaptive and not s.tail
+    policy = s.admission_policy(maximum=32)
+    assert (policy.kv_high, policy.queue_allowance, policy.maximum) == (0.95, 0, 32)
+    assert Strategy.parse("adaptive").tail
+    for bad in ("adaptive:kv_high=lots", "adaptive:speed=2", "adaptive:tail=maybe",
+                "fixed-3:tail=on", "fixed-0", "turbo"):
+        with pytest.raises(InputError):
+            Strategy.parse(bad)
