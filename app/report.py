@@ -116,4 +116,5 @@ def arm(engine: Engine, batch_id: int) -> dict[str, Any]:
         "running_mean": view.running_mean, "running_max": view.running_max,
         "waiting_max": view.waiting_max, "kv_usage_max": view.kv_usage_max,
         "preemptions": view.preemptions, "mean_ttft_s": view.mean_ttft_s,
+        "decode_time_share": view.decode_time_share,
     }

@@ -43,6 +43,11 @@ class ServerView:
     prefix_cache_hit_rate: float | None = None
     prefill_tokens_computed: float | None = None  # prompt tokens not served from the cache
     spec_acceptance: float | None = None  # accepted ÷ drafted speculative tokens, when present
+    # Request-seconds, summed over requests that finished in the batch: overlapping requests
+    # add up, so these exceed the wall time; only their ratio is a split of the time.
+    prefill_time_s: float | None = None
+    decode_time_s: float | None = None
+    decode_time_share: float | None = None  # decode ÷ (prefill + decode)
     mean_ttft_s: float | None = None  # from our own rows: first token − request start
 
     def to_json(self) -> dict[str, Any]:
@@ -72,6 +77,8 @@ def server_view(engine: Engine, batch_id: int) -> ServerView:
     queries, hits = delta("prefix_cache_queries_total"), delta("prefix_cache_hits_total")
     prompt = delta("prompt_tokens_total")
     drafted, accepted = delta("spec_draft_tokens_total"), delta("spec_accepted_tokens_total")
+    prefill_s, decode_s = delta("prefill_time_s_total"), delta("decode_time_s_total")
+    request_s = prefill_s + decode_s if prefill_s is not None and decode_s is not None else None
     return ServerView(
         samples=len(rows),
         running_mean=float(running.mean()),
@@ -87,5 +94,9 @@ def server_view(engine: Engine, batch_id: int) -> ServerView:
         prefill_tokens_computed=(prompt - hits) if prompt is not None and hits is not None
         else None,
         spec_acceptance=(accepted / drafted) if drafted and accepted is not None else None,
+        prefill_time_s=prefill_s,
+        decode_time_s=decode_s,
+        decode_time_share=(decode_s / request_s) if request_s and decode_s is not None
+        else None,
         mean_ttft_s=mean_ttft,
     )

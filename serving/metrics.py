@@ -49,6 +49,10 @@ class MetricsSnapshot:
     spec_drafts_total: float | None = None
     spec_draft_tokens_total: float | None = None
     spec_accepted_tokens_total: float | None = None
+    prefill_time_s_total: float | None = None
+    """Seconds requests spent in prefill, summed over finished requests (a histogram's _sum)."""
+    decode_time_s_total: float | None = None
+    """Seconds requests spent in decode, summed over finished requests (a histogram's _sum)."""
     taken_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def row(self, batch_id: int) -> dict[str, Any]:
@@ -125,6 +129,9 @@ def parse_metrics(text: str, *, taken_at: datetime | None = None) -> MetricsSnap
         spec_drafts_total=_sum(values, "vllm:spec_decode_num_drafts_total"),
         spec_draft_tokens_total=_sum(values, "vllm:spec_decode_num_draft_tokens_total"),
         spec_accepted_tokens_total=_sum(values, "vllm:spec_decode_num_accepted_tokens_total"),
+        # Older servers lack these histograms: None, so the report says unknown, not zero.
+        prefill_time_s_total=_sum(values, "vllm:request_prefill_time_seconds_sum"),
+        decode_time_s_total=_sum(values, "vllm:request_decode_time_seconds_sum"),
         taken_at=taken_at or datetime.now(UTC),
     )
 

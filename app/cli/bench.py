@@ -118,7 +118,8 @@ def schedulers(
                ("output tok/s", "output_tokens_per_s", ".1f"),
                ("÷ ceiling", "ratio_to_ceiling", ".2f")] + [
         c for c in COMPARE_COLUMNS if c[1] in ("running_mean", "running_max", "waiting_max",
-                                               "kv_usage_max", "preemptions", "mean_ttft_s")]
+                                               "kv_usage_max", "preemptions", "mean_ttft_s",
+                                               "decode_time_share")]
     for header, _, _ in columns:
         table.add_column(header, justify="left" if header == "strategy" else "right")
     for a in result.arms:

@@ -48,6 +48,9 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
         ("prefill tokens computed", _fmt(view.prefill_tokens_computed, ".0f")),
         ("prefix cache hit rate", _fmt(view.prefix_cache_hit_rate, ".1%")),
         ("spec-decode acceptance", _fmt(view.spec_acceptance, ".1%")),
+        ("request time", f"prefill {_fmt(view.prefill_time_s)} s, decode"
+                         f" {_fmt(view.decode_time_s)} s (decode"
+                         f" {_fmt(view.decode_time_share, '.0%')})"),
         ("mean time to first token (s)", _fmt(view.mean_ttft_s, ".2f")),
     ):
         server.add_row(key, value)
@@ -70,6 +73,7 @@ COMPARE_COLUMNS = (
     ("running mean", "running_mean", ".1f"), ("running max", "running_max", ".0f"),
     ("waiting max", "waiting_max", ".0f"), ("KV max", "kv_usage_max", ".0%"),
     ("preempt", "preemptions", ".0f"), ("TTFT s", "mean_ttft_s", ".2f"),
+    ("decode share", "decode_time_share", ".0%"),
 )
 
 

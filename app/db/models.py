@@ -176,3 +176,5 @@ class ServerSample(Base):
     spec_drafts_total: Mapped[float | None] = mapped_column(Float)
     spec_draft_tokens_total: Mapped[float | None] = mapped_column(Float)
     spec_accepted_tokens_total: Mapped[float | None] = mapped_column(Float)
+    prefill_time_s_total: Mapped[float | None] = mapped_column(Float)
+    decode_time_s_total: Mapped[float | None] = mapped_column(Float)

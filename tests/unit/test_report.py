@@ -8,11 +8,14 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from rich.console import Console
 from sqlalchemy import Engine
 
-from app.db.models import LLMCall
+from app.cli.report import compare_table, render_table
+from app.db.models import LLMCall, ServerSample
 from app.errors import InputError
-from app.report import batch_report
+from app.report import arm, batch_report
+from app.serverview import server_view
 from tests.unit.test_usage import new_batch
 
 T0 = datetime(2025, 3, 4, 22, 0, 0, tzinfo=UTC)
@@ -43,6 +46,52 @@ def known_batch(engine: Engine) -> int:
     add_call(engine, b, "trader", 1, 20.0, 21.0, prompt=50, completion=None, status="error")
     add_call(engine, b, "trader", 2, 25.0, 50.0, prompt=150, completion=500)
     return b
+
+
+def add_sample(engine: Engine, batch_id: int, at_s: float, *, prefill_s: float | None,
+               decode_s: float | None) -> None:
+    """Insert one server_samples row taken ``at_s`` after T0 with the given request times."""
+    with engine.begin() as conn:
+        conn.execute(ServerSample.__table__.insert().values(  # type: ignore[attr-defined]
+            batch_id=batch_id, sampled_at=T0 + timedelta(seconds=at_s), running=1.0,
+            waiting=0.0, kv_cache_usage=0.1, preemptions_total=0.0, prompt_tokens_total=0.0,
+            generation_tokens_total=0.0, prefill_time_s_total=prefill_s,
+            decode_time_s_total=decode_s))
+
+
+def test_server_view_splits_request_time_into_prefill_and_decode(
+        sqlite_engine: Engine) -> None:
+    b = known_batch(sqlite_engine)
+    # The server had run before the batch: only the increase over it counts.
+    add_sample(sqlite_engine, b, 0.0, prefill_s=100.0, decode_s=1000.0)
+    add_sample(sqlite_engine, b, 60.0, prefill_s=138.0, decode_s=1540.0)
+    view = server_view(sqlite_engine, b)
+    assert view.prefill_time_s == pytest.approx(38.0)
+    assert view.decode_time_s == pytest.approx(540.0)
+    assert view.decode_time_share == pytest.approx(540.0 / 578.0)  # the seeds' ~93%
+    assert arm(sqlite_engine, b)["decode_time_share"] == pytest.approx(540.0 / 578.0)
+    console = Console(width=200, record=True)
+    render_table(batch_report(sqlite_engine, b), view, console)
+    assert "prefill 38.0 s, decode 540.0 s (decode 93%)" in console.export_text()
+    console.print(compare_table([arm(sqlite_engine, b)]))
+    assert "decode share" in console.export_text()
+
+
+def test_server_view_request_time_is_unknown_without_the_histograms(
+        sqlite_engine: Engine) -> None:
+    older = known_batch(sqlite_engine)
+    add_sample(sqlite_engine, older, 0.0, prefill_s=None, decode_s=None)
+    add_sample(sqlite_engine, older, 60.0, prefill_s=None, decode_s=None)
+    view = server_view(sqlite_engine, older)
+    assert (view.prefill_time_s, view.decode_time_s, view.decode_time_share) == (
+        None, None, None)
+    # No request finished between the readings: zero seconds each, and no share to give.
+    idle = known_batch(sqlite_engine)
+    add_sample(sqlite_engine, idle, 0.0, prefill_s=5.0, decode_s=9.0)
+    add_sample(sqlite_engine, idle, 60.0, prefill_s=5.0, decode_s=9.0)
+    view = server_view(sqlite_engine, idle)
+    assert (view.prefill_time_s, view.decode_time_s, view.decode_time_share) == (
+        0.0, 0.0, None)
 
 
 def test_report_json_has_exactly_the_documented_keys(sqlite_engine: Engine) -> None:
@@ -112,6 +161,7 @@ def test_cli_report_prints_json(
     # The report's own keys exactly; the CLI adds only the server's view beside them.
     assert set(data) - {"server"} == KEYS
     assert data["output_tokens_per_s"] == pytest.approx(25.0)
+    assert {"prefill_time_s", "decode_time_s", "decode_time_share"} <= set(data["server"])
     # Without an id the newest batch is reported.
     code, out, _ = nightdesk(monkeypatch, capsys, "report", "--format", "json")
     assert code == 0 and json.loads(out)["batch_id"] == b

@@ -33,7 +33,8 @@ EXPECTED = {
         "id", "batch_id", "sampled_at", "running", "waiting", "kv_cache_usage",
         "preemptions_total", "prompt_tokens_total", "generation_tokens_total",
         "prefix_cache_queries_total", "prefix_cache_hits_total", "spec_drafts_total",
-        "spec_draft_tokens_total", "spec_accepted_tokens_total",
+        "spec_draft_tokens_total", "spec_accepted_tokens_total", "prefill_time_s_total",
+        "decode_time_s_total",
     },
 }
 

@@ -63,6 +63,9 @@ def test_recorded_metrics_parse_into_a_snapshot() -> None:
     # No speculative decoding on the CPU server: absent, not zero.
     assert snap.spec_drafts_total is None
     assert snap.spec_accepted_tokens_total is None
+    # The _sum samples of the prefill and decode histograms, not their buckets or _count.
+    assert snap.prefill_time_s_total == pytest.approx(305.6008236860041)
+    assert snap.decode_time_s_total == pytest.approx(1919.825342067996)
 
 
 def test_counters_sum_over_engines_and_kv_takes_the_fullest() -> None:
@@ -74,6 +77,24 @@ def test_counters_sum_over_engines_and_kv_takes_the_fullest() -> None:
     assert snap.prefix_cache_queries_total is None
     assert (snap.spec_drafts_total, snap.spec_draft_tokens_total,
             snap.spec_accepted_tokens_total) == (10.0, 20.0, 14.0)
+    # A server without the request-time histograms: unknown, not zero.
+    assert (snap.prefill_time_s_total, snap.decode_time_s_total) == (None, None)
+
+
+def test_request_times_sum_over_engines() -> None:
+    histograms = """\
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 200.5
+vllm:request_prefill_time_seconds_sum{engine="1",model_name="m"} 40.49
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 9.0
+# TYPE vllm:request_decode_time_seconds histogram
+vllm:request_decode_time_seconds_sum{engine="0",model_name="m"} 1800.0
+vllm:request_decode_time_seconds_sum{engine="1",model_name="m"} 44.96
+vllm:request_decode_time_seconds_count{engine="0",model_name="m"} 9.0
+"""
+    snap = parse_metrics(TWO_ENGINES + histograms)
+    assert snap.prefill_time_s_total == pytest.approx(240.99)
+    assert snap.decode_time_s_total == pytest.approx(1844.96)
 
 
 def test_cache_config_info_labels() -> None:
