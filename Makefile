@@ -9,6 +9,11 @@ MODEL := var/models/smollm2-135m
 CPU_CONFIG := deploy/cpu-tiny.toml
 DEMO_TICKERS ?= 6
 BENCH_TICKERS ?= 24
+# Decode-bound like the seeds' GPU (docs/performance.md), and small enough for ~10 min on 2 cores.
+BENCH_SHAPE ?= --scale 0.005 --output-scale 0.02
+# `sequential` is left out here only for time (one request at a time would take longer than
+# all the other arms together); `nightdesk bench schedulers` runs it by default.
+BENCH_STRATEGIES ?= fixed-3,fixed-8,fixed-32,adaptive,flood
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup vllm-env model test test-unit lint run bench bench-tracker bench-schedulers \
@@ -71,8 +76,8 @@ bench-schedulers: setup vllm-env model
 	@export NIGHTDESK_CONFIG=$(CPU_CONFIG); set -e; mkdir -p var/bench; \
 	$(BIN)/nightdesk server start --profile cpu-tiny; \
 	trap '$(BIN)/nightdesk server stop --profile cpu-tiny' EXIT; \
-	$(BIN)/nightdesk bench schedulers --tickers $(BENCH_TICKERS) --scale 0.01 --output-scale 0.005 \
-	    --json-out var/bench/schedulers.json
+	$(BIN)/nightdesk bench schedulers --tickers $(BENCH_TICKERS) $(BENCH_SHAPE) \
+	    --strategies $(BENCH_STRATEGIES) --json-out var/bench/schedulers.json
 
 clean:
 	rm -rf var/bench var/nightdesk.db var/data

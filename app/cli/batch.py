@@ -28,7 +28,8 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 Strategy = Annotated[str, typer.Option("--strategy",
-                                       help="adaptive (default), sequential or fixed-N")]
+                                       help="adaptive (default; adaptive:tail=off,kv_high=0.95 "
+                                            "sets knobs), sequential or fixed-N")]
 Samples = Annotated[int, typer.Option("--samples", min=1, max=32,
                                       help="independent samples per ticker")]
 AsOf = Annotated[str | None, typer.Option("--as-of",
