@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import Engine, select
 
+from agents.graph import chain_length
+from app.batch.workload import shape
 from app.bench.schedulers import run_bench
 from app.bench.workloads import fit_scale, seed_shape, synthetic_workload
 from app.config import load_settings
@@ -34,6 +36,9 @@ def test_synthetic_workload_fits_the_server_and_shares_a_prefix() -> None:
     prefix = downstream[0].split("\n\nRole")[0]
     assert all(d.startswith(prefix) for d in downstream)
     assert items[-1].deps[-1] == items[-2].node and items[0].deps == []
+    # The scheduler's view of a ticker: 17 requests, the analysts side by side, then 13
+    # one after another: the same chain the pipeline itself has.
+    assert shape(items) == (17, 14) == (17, chain_length(settings))
 
 
 def _max_overlap(engine: Engine, batch_id: int) -> int:
