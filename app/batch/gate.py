@@ -110,13 +110,13 @@ class Ticket:
 class GatedLLM:
     """Give the graph a TrackedLLM whose every request first passes the gate."""
 
-    def __init__(self, llm: TrackedLLM, gate: Gate, ticket: Ticket | int,
+    def __init__(self, llm: TrackedLLM, gate: Gate, ticket: Ticket,
                  on_request: asyncio.Event | None = None, *,
                  rank: Callable[[Ticket], int] | None = None,
                  on_finish: Callable[[Ticket], None] | None = None) -> None:
         self.llm = llm
         self.gate = gate
-        self.ticket = ticket if isinstance(ticket, Ticket) else Ticket(ticket)
+        self.ticket = ticket
         self.settings = llm.settings
         self._on_request = on_request
         self._rank = rank
