@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from importlib.resources import files
 from pathlib import Path
 
 from alembic import command
@@ -17,8 +18,6 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.errors import DatabaseError, SchemaOutdatedError
-
-MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
 
 def make_engine(url: str) -> Engine:
@@ -63,9 +62,19 @@ def session_scope(engine: Engine) -> Iterator[Session]:
             raise
 
 
+def migrations_dir() -> Path:
+    """Return the folder of the installed ``migrations`` package (Alembic's script location).
+
+    Found through the package, not the source tree, so a wheel install has it too; Alembic
+    needs a real folder, which an installed (unzipped) package always is.
+    """
+    return Path(str(files("migrations")))
+
+
 def alembic_config(url: str) -> Config:
+    """Build Alembic's configuration in code: no alembic.ini is needed at run time."""
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("script_location", str(migrations_dir()))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg
 
