@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from app.errors import ConfigError
+from app.home import default_home, default_vllm_venv
 
 CONFIG_ENV = "NIGHTDESK_CONFIG"
 
@@ -37,11 +38,22 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="NIGHTDESK_", extra="ignore")
 
-    database_url: str = "sqlite:///var/nightdesk.db"
+    # Every file nightdesk writes lives under `home` unless its own setting says otherwise;
+    # the empty defaults below are filled from it (see _paths_from_home and app/home.py).
+    home: Path = Field(default_factory=default_home)
+    database_url: str = ""
+    """Default: ``sqlite:///<home>/nightdesk.db``."""
     llm_base_url: str = "http://127.0.0.1:8000/v1"
     llm_model: str = "smollm2-135m"
     llm_api_key: SecretStr = SecretStr("EMPTY")
-    data_dir: Path = Path("var/data")
+    data_dir: Path = Path()
+    """Market-data snapshots. Default: ``<home>/data``."""
+    models_dir: Path = Path()
+    """Where a profile's relative ``model`` folder is looked up. Default: ``<home>/models``."""
+    server_dir: Path = Path()
+    """The server's pid, log and facts files. Default: ``<home>/server``."""
+    vllm_venv: Path = Path()
+    """The CPU server's environment (``{vllm_venv}`` in a profile). Default: see app/home.py."""
     data_provider: Literal["snapshot", "demo", "yfinance"] = "snapshot"
 
     temperature: float = Field(0.7, ge=0.0, le=2.0)
@@ -74,6 +86,28 @@ class Settings(BaseSettings):
     record_requests: bool = True
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: str = "INFO"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _paths_from_home(cls, data: Any) -> Any:
+        """Fill every path left unset (or empty) from ``home``."""
+        if not isinstance(data, dict):
+            return data
+        home = Path(data["home"]).expanduser() if data.get("home") else default_home()
+        derived: dict[str, Any] = {
+            "database_url": f"sqlite:///{home / 'nightdesk.db'}",
+            "data_dir": home / "data",
+            "models_dir": home / "models",
+            "server_dir": home / "server",
+            "vllm_venv": default_vllm_venv(home),
+        }
+        unset = {key: value for key, value in derived.items() if not data.get(key)}
+        return {**data, "home": home, **unset}
+
+    @field_validator("home", "data_dir", "models_dir", "server_dir", "vllm_venv")
+    @classmethod
+    def _expand_user(cls, value: Path) -> Path:
+        return value.expanduser()
 
     @field_validator("database_url")
     @classmethod

@@ -19,8 +19,8 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[No
     for key in list(os.environ):
         if key.startswith("NIGHTDESK_") and not key.startswith("NIGHTDESK_TEST_"):
             monkeypatch.delenv(key)
-    monkeypatch.setenv("NIGHTDESK_DATABASE_URL", f"sqlite:///{tmp_path}/nightdesk.db")
-    monkeypatch.setenv("NIGHTDESK_DATA_DIR", str(tmp_path / "data"))
+    # Every runtime path derives from the home: the database, snapshots, server files.
+    monkeypatch.setenv("NIGHTDESK_HOME", str(tmp_path))
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()

@@ -1,0 +1,85 @@
+"""Where settings put nightdesk's files: the data home and the paths derived from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.config import load_settings
+
+PYPROJECT = '[project]\nname = "{name}"\nversion = "0"\n'
+
+
+@pytest.fixture
+def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run in an empty folder with no NIGHTDESK_HOME and a private HOME/XDG_DATA_HOME."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    monkeypatch.delenv("NIGHTDESK_HOME", raising=False)
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    return folder
+
+
+def test_a_checkout_keeps_everything_under_var(cwd: Path) -> None:
+    (cwd / "pyproject.toml").write_text(PYPROJECT.format(name="nightdesk"))
+    s = load_settings()
+    assert s.home == Path("var")
+    assert s.database_url == "sqlite:///var/nightdesk.db"
+    assert (s.data_dir, s.models_dir, s.server_dir) == (
+        Path("var/data"), Path("var/models"), Path("var/server"))
+    assert s.vllm_venv == Path(".venv-vllm")
+
+
+def test_another_projects_folder_is_not_a_checkout(cwd: Path, tmp_path: Path) -> None:
+    (cwd / "pyproject.toml").write_text(PYPROJECT.format(name="someone-else"))
+    home = tmp_path / "user" / ".local" / "share" / "nightdesk"
+    s = load_settings()
+    assert s.home == home
+    assert s.database_url == f"sqlite:///{tmp_path}/user/.local/share/nightdesk/nightdesk.db"
+    assert s.server_dir == home / "server"
+    assert s.vllm_venv == home / "venv-vllm"
+
+
+def test_installed_home_follows_xdg_data_home(cwd: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    s = load_settings()
+    assert s.home == tmp_path / "xdg" / "nightdesk"
+    assert s.data_dir == tmp_path / "xdg" / "nightdesk" / "data"
+
+
+def test_nightdesk_home_moves_every_path(cwd: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    (cwd / "pyproject.toml").write_text(PYPROJECT.format(name="nightdesk"))
+    monkeypatch.setenv("NIGHTDESK_HOME", str(tmp_path / "nd"))
+    s = load_settings()
+    assert s.database_url == f"sqlite:///{tmp_path}/nd/nightdesk.db"
+    assert s.data_dir == tmp_path / "nd" / "data"
+    assert s.models_dir == tmp_path / "nd" / "models"
+    assert s.server_dir == tmp_path / "nd" / "server"
+    # In a checkout the CPU server's environment is where make builds it, whatever the home.
+    assert s.vllm_venv == Path(".venv-vllm")
+
+
+def test_an_explicit_path_beats_the_home(cwd: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NIGHTDESK_HOME", str(tmp_path / "nd"))
+    monkeypatch.setenv("NIGHTDESK_DATA_DIR", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("NIGHTDESK_DATABASE_URL", "postgresql://u@h/db")
+    s = load_settings()
+    assert s.data_dir == tmp_path / "elsewhere"
+    assert s.database_url == "postgresql+psycopg://u@h/db"
+    assert s.server_dir == tmp_path / "nd" / "server"
+
+
+def test_home_from_the_settings_file_and_a_tilde(cwd: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "n.toml"
+    config.write_text('home = "~/nd"\n')
+    monkeypatch.setenv("NIGHTDESK_CONFIG", str(config))
+    s = load_settings()
+    assert s.home == tmp_path / "user" / "nd"
+    assert s.server_dir == tmp_path / "user" / "nd" / "server"
