@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agents.chat import CallTag, ChatClient, ChatResult
+from agents.errors import DecisionError
 from agents.prompting import render
-from app.errors import DecisionError
-
-if TYPE_CHECKING:
-    from agents.state import ChatClient
-    from app.llm import CallTag, ChatResult
 
 log = structlog.get_logger(__name__)
 

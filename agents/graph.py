@@ -1,4 +1,4 @@
-"""Build the per-ticker LangGraph pipeline from settings and run it for one ticker and sample."""
+"""Build the per-ticker LangGraph pipeline from its config and run it for one ticker and sample."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
 from agents import nodes
+from agents.chat import ChatClient
+from agents.config import PipelineConfig
 from agents.data.base import MarketBundle
 from agents.decision import Decision
 from agents.nodes import ANALYSTS, DEBATERS, RISK_ANALYSTS, round_node
-from agents.state import ChatClient, NodeOutput, RunContext, TickerInput, TickerState
-from app.config import Settings
+from agents.state import NodeOutput, RunContext, TickerInput, TickerState
 
 Graph = CompiledStateGraph[TickerState, RunContext, TickerInput, TickerState]
 
@@ -66,14 +67,14 @@ def kind_of(node: str) -> str:
     return base if base and suffix.isdigit() else node
 
 
-def node_names(settings: Settings) -> list[str]:
+def node_names(config: PipelineConfig) -> list[str]:
     """Return every LLM-calling node in dependency order: 4 + 2*debate + 2 + 3*risk + 1."""
-    return [*ANALYSTS, *sequential_nodes(settings.debate_rounds, settings.risk_rounds)]
+    return [*ANALYSTS, *sequential_nodes(config.debate_rounds, config.risk_rounds)]
 
 
-def chain_length(settings: Settings) -> int:
+def chain_length(config: PipelineConfig) -> int:
     """Return how many calls of one sample go one after another: the analysts, then the rest."""
-    return 1 + len(sequential_nodes(settings.debate_rounds, settings.risk_rounds))
+    return 1 + len(sequential_nodes(config.debate_rounds, config.risk_rounds))
 
 
 def sequential_nodes(debate_rounds: int, risk_rounds: int) -> list[str]:
@@ -108,22 +109,22 @@ def build_graph(debate_rounds: int, risk_rounds: int) -> Graph:
 async def analyze_ticker(
     *,
     llm: ChatClient,
-    settings: Settings,
+    config: PipelineConfig,
     batch_id: int,
     bundle: MarketBundle,
     sample: int = 0,
     priority: int | None = None,
 ) -> TickerResult:
     """Run the whole pipeline for one ticker and sample; raise on any failed call or decision."""
-    graph = build_graph(settings.debate_rounds, settings.risk_rounds)
-    names = node_names(settings)
-    context = RunContext(llm=llm, settings=settings, batch_id=batch_id, bundle=bundle,
+    graph = build_graph(config.debate_rounds, config.risk_rounds)
+    names = node_names(config)
+    context = RunContext(llm=llm, config=config, batch_id=batch_id, bundle=bundle,
                          priority=priority)
     start = TickerInput(ticker=bundle.ticker, as_of=bundle.as_of, sample=sample)
     # One super-step per sequential node, plus the parallel analysts' step and some slack.
-    config: RunnableConfig = {"recursion_limit": len(names) + 8}
+    run_config: RunnableConfig = {"recursion_limit": len(names) + 8}
     with structlog.contextvars.bound_contextvars(ticker=bundle.ticker, sample=sample):
-        final = await graph.ainvoke(start, config, context=context)
+        final = await graph.ainvoke(start, run_config, context=context)
     outputs: dict[str, NodeOutput] = final["outputs"]
     return TickerResult(
         ticker=bundle.ticker, as_of=bundle.as_of, sample=sample, decision=final["decision"],

@@ -1,6 +1,6 @@
 """Define the pipeline's nodes: plain async functions of (state, runtime), one LLM call each.
 
-A node reads its dependencies (client, settings, bundle) from ``runtime.context`` and
+A node reads its dependencies (client, config, bundle) from ``runtime.context`` and
 returns a partial state update. Debate and risk nodes work out their round from the
 history already in the state, so one function serves every round.
 """
@@ -12,11 +12,11 @@ from typing import Any
 import structlog
 from langgraph.runtime import Runtime
 
+from agents.chat import CallTag, ChatResult
 from agents.data import render
 from agents.decision import RATINGS, decide
 from agents.prompting import build_messages
 from agents.state import NodeOutput, RunContext, TickerState, Turn
-from app.llm import CallTag, ChatResult
 
 # Fixed order: the shared context lists the reports in it, byte-identical in every prompt.
 ANALYSTS: tuple[str, ...] = ("market", "sentiment", "news", "fundamentals")
@@ -78,7 +78,7 @@ async def _ask(state: TickerState, runtime: Runtime[RunContext], node: str, grou
     ctx = runtime.context
     with structlog.contextvars.bound_contextvars(ticker=state["ticker"], node=node):
         return await ctx.llm.chat(_tag(state, runtime, node), messages,
-                                  max_tokens=ctx.settings.node_max_tokens[group],
+                                  max_tokens=ctx.config.node_max_tokens[group],
                                   priority=ctx.priority)
 
 
@@ -132,7 +132,7 @@ async def _debater(kind: str, state: TickerState, runtime: Runtime[RunContext]) 
     node = round_node(kind, round_)
     messages = build_messages(kind, shared_context(state, runtime, with_reports=True),
                               history=_turns(history), round=round_,
-                              rounds=runtime.context.settings.debate_rounds)
+                              rounds=runtime.context.config.debate_rounds)
     result = await _ask(state, runtime, node, "researcher", messages)
     turn = Turn(node=node, kind=kind, round=round_, text=result.content)
     return {"debate": [turn], "outputs": {node: _output(node, result)}}
@@ -175,7 +175,7 @@ async def _risk(kind: str, state: TickerState, runtime: Runtime[RunContext]) -> 
     node = round_node(kind, round_)
     messages = build_messages(kind, shared_context(state, runtime, with_reports=True),
                               trader_plan=state["trader_plan"].strip(), history=_turns(history),
-                              round=round_, rounds=runtime.context.settings.risk_rounds)
+                              round=round_, rounds=runtime.context.config.risk_rounds)
     result = await _ask(state, runtime, node, "risk", messages)
     turn = Turn(node=node, kind=kind, round=round_, text=result.content)
     return {"risk_debate": [turn], "outputs": {node: _output(node, result)}}
@@ -207,7 +207,7 @@ async def portfolio_manager(state: TickerState, runtime: Runtime[RunContext]) ->
     with structlog.contextvars.bound_contextvars(ticker=state["ticker"], node=node):
         decision, result, attempts = await decide(
             ctx.llm, _tag(state, runtime, node), messages,
-            max_tokens=ctx.settings.node_max_tokens["portfolio_manager"],
-            attempts=ctx.settings.decision_attempts, priority=ctx.priority,
+            max_tokens=ctx.config.node_max_tokens["portfolio_manager"],
+            attempts=ctx.config.decision_attempts, priority=ctx.priority,
         )
     return {"decision": decision, "outputs": {node: _output(node, result, attempts)}}

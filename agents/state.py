@@ -5,13 +5,13 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 from datetime import date
-from typing import Annotated, Any, Protocol, TypedDict
+from typing import Annotated, Any, TypedDict
 
 # Imported at run time, not under TYPE_CHECKING: LangGraph resolves the state's type hints.
+from agents.chat import ChatClient
+from agents.config import PipelineConfig
 from agents.data.base import MarketBundle
 from agents.decision import Decision
-from app.config import Settings
-from app.llm import CallTag, ChatResult
 
 
 def merge(left: dict[str, Any], right: dict[str, Any]) -> dict[str, Any]:
@@ -72,27 +72,12 @@ class TickerState(TickerInput, total=False):
     """Every node's raw output and usage, keyed by node name."""
 
 
-class ChatClient(Protocol):
-    """Send one tracked chat completion: ``app.llm.TrackedLLM`` or a wrapper around it."""
-
-    async def chat(
-        self,
-        tag: CallTag,
-        messages: list[dict[str, str]],
-        *,
-        max_tokens: int,
-        response_format: dict[str, Any] | None = None,
-        priority: int | None = None,
-        first_attempt: int = 1,
-    ) -> ChatResult: ...
-
-
 @dataclass(frozen=True)
 class RunContext:
     """Carry a run's dependencies to the nodes through LangGraph's runtime context, not a global."""
 
     llm: ChatClient
-    settings: Settings
+    config: PipelineConfig
     batch_id: int
     bundle: MarketBundle
     priority: int | None = None

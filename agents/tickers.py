@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from app.errors import InputError
+from agents.errors import InputError
 
 SYMBOL = re.compile(r"^[A-Z0-9.\-]{1,12}$")
 

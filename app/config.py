@@ -17,20 +17,11 @@ from pydantic_settings import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from agents.config import DEFAULT_NODE_MAX_TOKENS, PipelineConfig
 from app.errors import ConfigError
 from app.home import default_home, default_vllm_venv
 
 CONFIG_ENV = "NIGHTDESK_CONFIG"
-
-# Per-node output budgets; the GPU profiles want the seeds' ~1.5k, the tiny CPU model far less.
-DEFAULT_NODE_MAX_TOKENS: dict[str, int] = {
-    "analyst": 1536,
-    "researcher": 1536,
-    "research_manager": 1536,
-    "trader": 1024,
-    "risk": 1536,
-    "portfolio_manager": 768,
-}
 
 
 class Settings(BaseSettings):
@@ -160,6 +151,17 @@ class Settings(BaseSettings):
             "presence_penalty": self.presence_penalty,
             "enable_thinking": self.enable_thinking,
         }
+
+    def pipeline(self) -> PipelineConfig:
+        """Return what the per-ticker pipeline reads, as its own frozen config."""
+        return PipelineConfig(
+            debate_rounds=self.debate_rounds,
+            risk_rounds=self.risk_rounds,
+            decision_attempts=self.decision_attempts,
+            data_provider=self.data_provider,
+            node_max_tokens=dict(self.node_max_tokens),
+            data_dir=self.data_dir,
+        )
 
     def snapshot(self) -> dict[str, Any]:
         """Return what a batch stores about how it ran (never the API key)."""

@@ -14,6 +14,7 @@ import openai
 import structlog
 from openai import AsyncOpenAI
 
+from agents.chat import CallTag, ChatResult
 from app.config import Settings
 from app.errors import (
     ContextLengthError,
@@ -24,32 +25,12 @@ from app.errors import (
     LLMTimeoutError,
 )
 from app.usage import UsageRecorder
+from serving.urls import server_root
 
 log = structlog.get_logger(__name__)
 
 # Chat-template tokens a message adds beyond its text; generous, it only skips a /tokenize call.
 TEMPLATE_OVERHEAD_TOKENS = 64
-
-
-@dataclass(frozen=True)
-class CallTag:
-    """Who a call is for: the key of its ``llm_calls`` rows (attempt is added per try)."""
-
-    batch_id: int
-    ticker: str
-    node: str
-    sample: int = 0
-
-
-@dataclass
-class ChatResult:
-    content: str
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int | None
-    finish_reason: str | None
-    request_id: str | None
-    attempts: int = 1
 
 
 @dataclass
@@ -75,12 +56,6 @@ class _Attempt:
     usage: Any = None
     finish_reason: str | None = None
     request_id: str | None = None
-
-
-def server_root(base_url: str) -> str:
-    """Return the server's root URL (where /tokenize, /health and /metrics live)."""
-    root = base_url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
 def call_seed(tag: CallTag) -> int:

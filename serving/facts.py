@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from app.errors import ServerError
+from serving.errors import ServerError
 from serving.metrics import fetch_metrics_text, parse_cache_config
 from serving.profiles import ROOT
 

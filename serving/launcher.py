@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from app.errors import ServerError
+from serving.errors import ServerError
 from serving.facts import (
     STATE_DIR,
     live_facts,

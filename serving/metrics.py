@@ -20,8 +20,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.config import Settings
 from app.db.models import ServerSample
-from app.errors import ServerError
-from app.llm import server_root
+from serving.errors import ServerError
+from serving.urls import server_root
 
 log = structlog.get_logger(__name__)
 

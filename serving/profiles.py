@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.errors import InputError
+from serving.errors import ProfileError
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
@@ -73,22 +73,22 @@ def available() -> list[str]:
 
 
 def load_profile(name: str, directory: Path = PROFILE_DIR) -> Profile:
-    """Read one profile; an unknown or malformed one is an InputError of one line."""
+    """Read one profile; an unknown or malformed one is a ProfileError of one line."""
     path = directory / f"{name}.toml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in directory.glob("*.toml")))
-        raise InputError(f"unknown server profile {name!r} (known: {known})")
+        raise ProfileError(f"unknown server profile {name!r} (known: {known})")
     try:
         data = tomllib.loads(path.read_text())
         profile = Profile.model_validate(data)
     except tomllib.TOMLDecodeError as error:
-        raise InputError(f"server profile {path}: {error}") from None
+        raise ProfileError(f"server profile {path}: {error}") from None
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise InputError(f"server profile {path}: {where}: {first['msg']}") from None
+        raise ProfileError(f"server profile {path}: {where}: {first['msg']}") from None
     if profile.name != name:
-        raise InputError(f"server profile {path} names itself {profile.name!r}")
+        raise ProfileError(f"server profile {path} names itself {profile.name!r}")
     return profile
 
 

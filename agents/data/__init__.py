@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agents.config import PipelineConfig
 from agents.data.base import DataProvider, MarketBundle, NewsItem, SocialPost
-from app.config import Settings
-from app.errors import ConfigError
+from agents.errors import ConfigError
 
 PROVIDERS = ("snapshot", "demo", "yfinance")
 
@@ -20,18 +20,18 @@ __all__ = [
 ]
 
 
-def get_provider(settings_or_name: Settings | str, data_dir: Path | str | None = None,
+def get_provider(config_or_name: PipelineConfig | str, data_dir: Path | str | None = None,
                  ) -> DataProvider:
-    """Build the provider named by ``settings.data_provider`` or by a plain name.
+    """Build the provider named by ``config.data_provider`` or by a plain name.
 
-    ``data_dir`` (default: ``settings.data_dir``, else var/data) matters only to the
+    ``data_dir`` (default: ``config.data_dir``, else var/data) matters only to the
     snapshot provider. yfinance is imported only when asked for.
     """
-    if isinstance(settings_or_name, Settings):
-        name: str = settings_or_name.data_provider
-        data_dir = data_dir if data_dir is not None else settings_or_name.data_dir
+    if isinstance(config_or_name, PipelineConfig):
+        name: str = config_or_name.data_provider
+        data_dir = data_dir if data_dir is not None else config_or_name.data_dir
     else:
-        name = settings_or_name
+        name = config_or_name
     if name == "snapshot":
         from agents.data.snapshot import SnapshotProvider
 

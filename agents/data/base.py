@@ -44,7 +44,7 @@ class MarketBundle:
 
 
 class DataProvider(Protocol):
-    """Load one ticker's data for an as-of date; raise app.errors.DataError naming what failed."""
+    """Load one ticker's data for an as-of date; raise DataError naming what failed."""
 
     name: str
 

@@ -21,7 +21,7 @@ from agents.data.base import MarketBundle, NewsItem, SocialPost
 from agents.data.freeze import write_manifest, write_ticker
 from agents.data.indicators import compute_indicators
 from agents.data.snapshot import Manifest, day_dir
-from app.errors import DataError, InputError
+from agents.errors import DataError, InputError
 
 DEMO_SEED = 20261127
 DEMO_AS_OF = date(2026, 11, 27)  # fixed so that `make run` is reproducible

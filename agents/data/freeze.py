@@ -28,7 +28,7 @@ from agents.data.snapshot import (
     day_dir,
     ticker_dir,
 )
-from app.errors import DataError, InputError, NightdeskError
+from agents.errors import DataError, InputError, PipelineError
 
 
 def write_ticker(
@@ -119,7 +119,7 @@ def freeze(
         try:
             bundle = provider.load(ticker, as_of)
             forward = provider.forward_prices(ticker, as_of, forward_days) if forward_days else None
-        except NightdeskError as error:
+        except PipelineError as error:
             result.failed[ticker] = str(error)
             continue
         except Exception as error:  # a provider's library may raise anything; keep going

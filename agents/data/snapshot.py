@@ -25,7 +25,7 @@ import pandas as pd
 
 from agents.data.base import MarketBundle, NewsItem, SocialPost
 from agents.data.indicators import compute_indicators
-from app.errors import DataError
+from agents.errors import DataError
 
 PRICE_COLUMNS = ["open", "high", "low", "close", "volume"]
 MANIFEST = "manifest.json"

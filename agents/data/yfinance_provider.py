@@ -17,7 +17,7 @@ import pandas as pd
 from agents.data.base import MarketBundle, NewsItem
 from agents.data.indicators import compute_indicators
 from agents.data.snapshot import PRICE_COLUMNS
-from app.errors import ConfigError, DataError
+from agents.errors import ConfigError, DataError
 
 T = TypeVar("T")
 

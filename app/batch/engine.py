@@ -21,7 +21,7 @@ from app.batch.gate import GatedLLM
 from app.batch.progress import BatchProgress
 from app.batch.scheduler import Job, Scheduler, Strategy
 from app.config import Settings
-from app.errors import NightdeskError
+from app.errors import ERRORS
 from app.llm import TrackedLLM
 from app.usage import UsageRecorder
 from serving.metrics import MetricsSampler
@@ -69,9 +69,10 @@ class BatchEngine:
         server_facts: dict[str, Any] | None = None,
     ) -> None:
         self.settings = settings
+        self.pipeline = settings.pipeline()
         self.engine = engine
         self.http_client = http_client
-        self.provider = provider or get_provider(settings)
+        self.provider = provider or get_provider(self.pipeline)
         self.sample_metrics = sample_metrics
         self.progress_factory = progress_factory
         self.server_facts = server_facts
@@ -85,7 +86,7 @@ class BatchEngine:
             bundle = await asyncio.to_thread(self.provider.load, ticker, plan.as_of)
             demo_seen.append(bundle.demo)
             results = await asyncio.gather(*(
-                analyze_ticker(llm=gated, settings=self.settings, batch_id=batch_id,
+                analyze_ticker(llm=gated, config=self.pipeline, batch_id=batch_id,
                                bundle=bundle, sample=s, priority=gated.priority)
                 for s in range(plan.samples)
             ))
@@ -94,9 +95,9 @@ class BatchEngine:
                     for r in results]
 
         weights = await asyncio.to_thread(store.expected_work, self.engine, plan.tickers)
-        per_ticker = len(node_names(self.settings)) * plan.samples
+        per_ticker = len(node_names(self.pipeline)) * plan.samples
         # Samples run side by side, so a ticker's chain is one sample's.
-        shape = (per_ticker, chain_length(self.settings))
+        shape = (per_ticker, chain_length(self.pipeline))
         return await self.execute(plan, graph_job, weights=weights,
                                   shapes=dict.fromkeys(plan.tickers, shape),
                                   expected_calls=per_ticker * len(plan.tickers),
@@ -203,5 +204,5 @@ class BatchEngine:
 
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    kind = "" if isinstance(error, NightdeskError) else f"{type(error).__name__}: "
+    kind = "" if isinstance(error, ERRORS) else f"{type(error).__name__}: "
     return (kind + text)[:500] or type(error).__name__

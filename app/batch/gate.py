@@ -10,7 +10,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from app.llm import CallTag, ChatResult, TrackedLLM
+from agents.chat import CallTag, ChatResult
+from app.llm import TrackedLLM
 
 
 class Gate:

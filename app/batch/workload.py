@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 
+from agents.chat import CallTag
 from app.batch.gate import GatedLLM
 from app.db.models import Batch, LLMCall, LLMRequest
 from app.errors import InputError, LLMError
-from app.llm import CallTag
 from app.usage import decompress_body
 
 

@@ -36,11 +36,12 @@ from openai import AsyncOpenAI
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
+from agents.chat import CallTag
 from app.config import Settings, load_settings
 from app.db.engine import check_reachable, get_engine, upgrade
 from app.db.models import Batch, LLMCall, LLMRequest
 from app.errors import DatabaseError, InputError
-from app.llm import CallTag, TrackedLLM
+from app.llm import TrackedLLM
 from app.usage import UsageRecorder
 
 FAKE_BASE_URL = "http://bench.invalid/v1"

@@ -9,7 +9,7 @@ from rich.console import Console
 from typer._click.exceptions import ClickException
 
 from app.cli import batch, bench, data, db, report, server
-from app.errors import NightdeskError
+from app.errors import ERRORS
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Nightly multi-agent stock analysis on a co-located vLLM server.")
@@ -25,11 +25,11 @@ err = Console(stderr=True)
 
 
 def main() -> None:
-    """Run the CLI; a NightdeskError prints one line and exits with its code."""
+    """Run the CLI; any of nightdesk's errors prints one line and exits with its code."""
     try:
         # Without standalone mode click returns a command's typer.Exit code instead of exiting.
         code = app(standalone_mode=False)
-    except NightdeskError as error:
+    except ERRORS as error:
         err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:

@@ -85,8 +85,8 @@ def schedulers(
     from app.cli.common import database
     from app.cli.report import COMPARE_COLUMNS, _fmt
     from app.errors import InputError, ServerError
-    from app.llm import server_root
     from serving.facts import batch_server_facts
+    from serving.urls import server_root
 
     settings = setup()
     engine = database(settings)

@@ -98,7 +98,7 @@ def show(
 
     settings = setup()
     day = parse_as_of(as_of, DEMO_AS_OF)
-    source = get_provider(provider or settings, settings.data_dir)
+    source = get_provider(provider or settings.data_provider, settings.data_dir)
     bundle = source.load(check_symbol(ticker), day)
     for section in (render_prices(bundle, max_rows=rows), render_indicators(bundle),
                     render_fundamentals(bundle), render_news(bundle), render_social(bundle)):

@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 from sqlalchemy import Engine, func, select
 
+from agents.chat import CallTag
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.decision import Decision
@@ -22,7 +23,7 @@ from app.db.engine import get_engine, upgrade
 from app.db.models import Decision as DecisionRow
 from app.db.models import LLMCall
 from app.errors import ContextLengthError
-from app.llm import CallTag, TrackedLLM
+from app.llm import TrackedLLM
 from app.report import arm
 from app.serverview import server_view
 from app.usage import UsageRecorder

@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from app.llm import server_root
 from serving import launcher
 from serving.facts import live_facts
 from serving.profiles import ROOT, load_profile
+from serving.urls import server_root
 
 REUSE_ENV = "NIGHTDESK_TEST_LLM_BASE_URL"
 PROFILE = "cpu-tiny"

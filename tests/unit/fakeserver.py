@@ -2,7 +2,7 @@
 
 Build one, hand its client to the code under test, then inspect what it saw::
 
-    server = FakeServer(script, nodes=node_names(settings), tickers=["AAPL"])
+    server = FakeServer(script, nodes=node_names(settings.pipeline()), tickers=["AAPL"])
     llm = TrackedLLM(settings, recorder, http_client=server.client())
     ...
     assert [r.node for r in server.chats] == [...]
@@ -35,7 +35,8 @@ from typing import Any
 
 import httpx
 
-from app.llm import CallTag, call_seed
+from agents.chat import CallTag
+from app.llm import call_seed
 
 DEFAULT_DECISION = {
     "rating": "Overweight",

@@ -36,7 +36,8 @@ def make_engine(sqlite_engine: Engine, demo_dir: Path, server: FakeServer, **ove
 async def test_batch_stores_decisions_calls_and_requests(sqlite_engine: Engine,
                                                          demo_dir: Path) -> None:
     tickers = demo_tickers(4)
-    server = FakeServer(nodes=node_names(load_settings()), tickers=tickers, samples=range(2))
+    server = FakeServer(nodes=node_names(load_settings().pipeline()), tickers=tickers,
+                        samples=range(2))
     outcome = await make_engine(sqlite_engine, demo_dir, server).run(
         BatchPlan("nightly", DEMO_AS_OF, tickers, samples=2))
     assert outcome.status == "succeeded" and sorted(outcome.succeeded) == sorted(tickers)
@@ -66,7 +67,7 @@ async def test_invalid_decision_fails_its_ticker_loudly_others_finish(
             return Reply('{"rating": "Maybe", "score": 3}')  # violates the schema
         return None
 
-    server = FakeServer(script, nodes=node_names(load_settings()), tickers=tickers)
+    server = FakeServer(script, nodes=node_names(load_settings().pipeline()), tickers=tickers)
     outcome = await make_engine(sqlite_engine, demo_dir, server, decision_attempts=2).run(
         BatchPlan("nightly", DEMO_AS_OF, tickers))
     assert outcome.status == "succeeded"
@@ -90,7 +91,7 @@ async def test_missing_data_fails_one_ticker_naming_the_file(sqlite_engine: Engi
                                                              demo_dir: Path) -> None:
     tickers = demo_tickers(2)
     (demo_dir / DEMO_AS_OF.isoformat() / tickers[0] / "prices.csv").unlink()
-    server = FakeServer(nodes=node_names(load_settings()), tickers=tickers)
+    server = FakeServer(nodes=node_names(load_settings().pipeline()), tickers=tickers)
     outcome = await make_engine(sqlite_engine, demo_dir, server).run(
         BatchPlan("nightly", DEMO_AS_OF, tickers))
     assert list(outcome.failed) == [tickers[0]]
@@ -101,7 +102,7 @@ async def test_missing_data_fails_one_ticker_naming_the_file(sqlite_engine: Engi
 def test_cli_run_then_ranking_json(monkeypatch: pytest.MonkeyPatch, demo_dir: Path,
                                    sqlite_url: str) -> None:
     tickers = demo_tickers(3)
-    server = FakeServer(nodes=node_names(load_settings()), tickers=tickers)
+    server = FakeServer(nodes=node_names(load_settings().pipeline()), tickers=tickers)
     original = BatchEngine.__init__
 
     def with_fake(self: BatchEngine, *args: object, **kwargs: object) -> None:
@@ -128,11 +129,11 @@ async def test_replay_keeps_calls_prompts_and_order(sqlite_engine: Engine, demo_
 
     tickers = demo_tickers(2)
     settings = load_settings(check_context_length=False, retry_backoff_s=0)
-    server = FakeServer(nodes=node_names(settings), tickers=tickers)
+    server = FakeServer(nodes=node_names(settings.pipeline()), tickers=tickers)
     source = await make_engine(sqlite_engine, demo_dir, server).run(
         BatchPlan("nightly", DEMO_AS_OF, tickers))
     original = list(server.chats)
-    replay_server = FakeServer(nodes=node_names(settings), tickers=tickers)
+    replay_server = FakeServer(nodes=node_names(settings.pipeline()), tickers=tickers)
     outcome = await replay_batch(settings, sqlite_engine, source.batch_id, label="same",
                                  sample_metrics=False, http_client=replay_server.client())
     assert outcome.status == "succeeded"
@@ -169,13 +170,13 @@ async def test_newer_rerun_replaces_its_ticker_in_the_ranking(sqlite_engine: Eng
                                                               demo_dir: Path) -> None:
     tickers = demo_tickers(3)
     settings = load_settings()
-    night = FakeServer(nodes=node_names(settings), tickers=tickers)
+    night = FakeServer(nodes=node_names(settings.pipeline()), tickers=tickers)
     nightly = await make_engine(sqlite_engine, demo_dir, night).run(
         BatchPlan("nightly", DEMO_AS_OF, tickers))
     sell = ('{"rating": "Sell", "score": -0.9, "confidence": 0.8, '
             '"summary": "Rerun: the trend broke."}')
-    again = FakeServer(lambda c: sell if c.structured else None, nodes=node_names(settings),
-                       tickers=tickers)
+    again = FakeServer(lambda c: sell if c.structured else None,
+                       nodes=node_names(settings.pipeline()), tickers=tickers)
     rerun = await make_engine(sqlite_engine, demo_dir, again).run(
         BatchPlan("rerun", DEMO_AS_OF, [tickers[0]]))
     chosen, rows = ranking(sqlite_engine)
@@ -190,14 +191,14 @@ async def test_heaviest_recorded_ticker_starts_first_with_its_priority(
         sqlite_engine: Engine, demo_dir: Path) -> None:
     tickers = demo_tickers(3)
     settings = load_settings(priority_scheduling=True)
-    first = FakeServer(nodes=node_names(settings), tickers=tickers)
+    first = FakeServer(nodes=node_names(settings.pipeline()), tickers=tickers)
     await make_engine(sqlite_engine, demo_dir, first, priority_scheduling=True).run(
         BatchPlan("nightly", DEMO_AS_OF, tickers))
     # Make the last ticker the heaviest on record: it must start first next night.
     with sqlite_engine.begin() as conn:
         conn.execute(LLMCall.__table__.update().where(LLMCall.ticker == tickers[2])
                      .values(completion_tokens=10_000))
-    second = FakeServer(nodes=node_names(settings), tickers=tickers)
+    second = FakeServer(nodes=node_names(settings.pipeline()), tickers=tickers)
     await make_engine(sqlite_engine, demo_dir, second, priority_scheduling=True).run(
         BatchPlan("nightly", DEMO_AS_OF, tickers, strategy="adaptive:tail=off"))
     assert second.chats[0].ticker == tickers[2]
@@ -209,7 +210,7 @@ async def test_heaviest_recorded_ticker_starts_first_with_its_priority(
     with sqlite_engine.begin() as conn:
         conn.execute(LLMCall.__table__.update().where(LLMCall.ticker == tickers[2])
                      .values(completion_tokens=10_000))
-    third = FakeServer(nodes=node_names(settings), tickers=tickers)
+    third = FakeServer(nodes=node_names(settings.pipeline()), tickers=tickers)
     await make_engine(sqlite_engine, demo_dir, third, priority_scheduling=True).run(
         BatchPlan("nightly", DEMO_AS_OF, tickers))
     assert third.chats[0].ticker == tickers[2]
@@ -237,7 +238,7 @@ def test_sigterm_records_the_batch_as_interrupted_and_keeps_what_finished(
             return Reply("late", delay_s=5)
         return None
 
-    server = FakeServer(script, nodes=node_names(settings), tickers=tickers)
+    server = FakeServer(script, nodes=node_names(settings.pipeline()), tickers=tickers)
     engine = make_engine(sqlite_engine, demo_dir, server)
     with pytest.raises(BatchInterrupted):
         run_batch(engine.run(BatchPlan("nightly", DEMO_AS_OF, tickers)))

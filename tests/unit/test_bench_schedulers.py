@@ -38,7 +38,7 @@ def test_synthetic_workload_fits_the_server_and_shares_a_prefix() -> None:
     assert items[-1].deps[-1] == items[-2].node and items[0].deps == []
     # The scheduler's view of a ticker: 17 requests, the analysts side by side, then 13
     # one after another: the same chain the pipeline itself has.
-    assert shape(items) == (17, 14) == (17, chain_length(settings))
+    assert shape(items) == (17, 14) == (17, chain_length(settings.pipeline()))
 
 
 def _max_overlap(engine: Engine, batch_id: int) -> int:

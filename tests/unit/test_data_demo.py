@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from agents.data.demo import DEMO_AS_OF, DemoProvider, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
+from agents.errors import DataError, InputError
 from agents.tickers import read_universe
 from app.config import get_settings
-from app.errors import DataError, InputError
 
 
 def _files(root: Path) -> dict[str, bytes]:

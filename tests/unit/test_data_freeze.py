@@ -14,8 +14,8 @@ from agents.data import get_provider
 from agents.data.demo import DEMO_AS_OF, DemoProvider, write_demo
 from agents.data.freeze import freeze
 from agents.data.snapshot import SnapshotProvider
+from agents.errors import ConfigError, InputError
 from app.config import get_settings, load_settings
-from app.errors import ConfigError, InputError
 
 TICKERS = ["ALPH.DEMO", "BRAV.DEMO"]
 
@@ -70,7 +70,7 @@ def test_get_provider_by_name_and_settings(tmp_path: Path) -> None:
     assert get_provider("demo").name == "demo"
     snapshot = get_provider("snapshot", tmp_path)
     assert isinstance(snapshot, SnapshotProvider) and snapshot.data_dir == tmp_path
-    from_settings = get_provider(load_settings(data_dir=tmp_path))
+    from_settings = get_provider(load_settings(data_dir=tmp_path).pipeline())
     assert isinstance(from_settings, SnapshotProvider) and from_settings.data_dir == tmp_path
     with pytest.raises(ConfigError, match="unknown data provider 'bogus'"):
         get_provider("bogus")

@@ -11,7 +11,7 @@ import pytest
 
 from agents.data.demo import write_demo
 from agents.data.snapshot import SnapshotProvider, latest_as_of
-from app.errors import DataError
+from agents.errors import DataError
 
 AS_OF = date(2026, 11, 27)
 TICKER = "ALPH.DEMO"

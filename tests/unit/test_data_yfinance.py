@@ -14,7 +14,7 @@ import pytest
 from agents.data.freeze import freeze
 from agents.data.snapshot import SnapshotProvider
 from agents.data.yfinance_provider import YFinanceProvider, import_yfinance, is_rate_limit
-from app.errors import ConfigError, DataError
+from agents.errors import ConfigError, DataError
 
 AS_OF = date(2026, 11, 27)
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from agents.chat import CallTag, ChatResult
 from agents.decision import Decision, decide, parse_decision, response_format
 from app.errors import DecisionError, LLMHTTPError
-from app.llm import CallTag, ChatResult
 
 VALID = {"rating": "Buy", "score": 0.7, "confidence": 0.8, "summary": "Strong growth."}
 TAG = CallTag(batch_id=1, ticker="ACME", node="portfolio_manager")

@@ -76,7 +76,7 @@ async def run(h: Harness, settings: Settings, server: FakeServer, **kwargs: obje
               ) -> TickerResult:
     async with UsageRecorder(h.engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=server.client())
-        return await analyze_ticker(llm=llm, settings=settings, batch_id=h.batch_id,
+        return await analyze_ticker(llm=llm, config=settings.pipeline(), batch_id=h.batch_id,
                                     bundle=make_bundle(), **kwargs)  # type: ignore[arg-type]
 
 
@@ -94,9 +94,9 @@ def common_prefix(texts: list[str]) -> str:
 
 
 def test_node_names_default_and_counts() -> None:
-    assert node_names(Settings()) == DEFAULT_NODES
+    assert node_names(Settings().pipeline()) == DEFAULT_NODES
     for debate, risk in [(1, 1), (3, 2), (2, 4)]:
-        names = node_names(Settings(debate_rounds=debate, risk_rounds=risk))
+        names = node_names(Settings(debate_rounds=debate, risk_rounds=risk).pipeline())
         assert len(names) == 4 + 2 * debate + 2 + 3 * risk + 1
         assert len(set(names)) == len(names)
     assert kind_of("conservative_r2") == "conservative"
@@ -167,7 +167,7 @@ async def test_debate_history_reaches_the_next_speaker(harness: Harness) -> None
 async def test_rounds_change_the_call_count(harness: Harness, debate: int, risk: int,
                                             calls: int) -> None:
     settings = settings_for(harness, debate_rounds=debate, risk_rounds=risk)
-    names = node_names(settings)
+    names = node_names(settings.pipeline())
     server = FakeServer(nodes=names, tickers=["ACME"])
 
     result = await run(harness, settings, server)
@@ -255,7 +255,7 @@ async def test_one_ticker_failing_leaves_the_others_finishing(harness: Harness) 
     async with UsageRecorder(harness.engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=server.client())
         results = await asyncio.gather(
-            *(analyze_ticker(llm=llm, settings=settings, batch_id=harness.batch_id,
+            *(analyze_ticker(llm=llm, config=settings.pipeline(), batch_id=harness.batch_id,
                              bundle=make_bundle(t)) for t in ("ACME", "BAD")),
             return_exceptions=True)
 

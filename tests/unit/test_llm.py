@@ -7,10 +7,11 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
+from agents.chat import CallTag
 from app.config import load_settings
 from app.db.models import LLMCall
 from app.errors import ContextLengthError, LLMHTTPError
-from app.llm import CallTag, TrackedLLM
+from app.llm import TrackedLLM
 from app.usage import UsageRecorder
 from tests.unit.fake_edge import BASE_URL, FakeEdge, Usage
 from tests.unit.test_usage import new_batch

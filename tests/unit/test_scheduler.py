@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from agents.chat import CallTag
 from app.batch.gate import GatedLLM, Ticket
 from app.batch.scheduler import Job, Scheduler, Strategy
 from app.errors import InputError
-from app.llm import CallTag
 
 
 class RecordingLLM:

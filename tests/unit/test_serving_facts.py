@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import ServerError
+from serving.errors import ServerError
 from serving.facts import parse_startup_log, read_server_facts, write_facts
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import ServerError
 from serving import launcher
+from serving.errors import ServerError
 from serving.facts import read_server_facts
 from serving.profiles import ServerCommand, load_profile
 

@@ -12,7 +12,7 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Base, Batch, ServerSample
-from app.errors import ServerError
+from serving.errors import ServerError
 from serving.metrics import (
     MetricsSampler,
     aread_metrics,

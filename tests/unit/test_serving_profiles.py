@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import InputError
+from serving.errors import ProfileError
 from serving.profiles import ROOT, available, load_profile, render
 
 
@@ -81,13 +81,14 @@ def test_false_flag_renders_as_no_flag(tmp_path: Path) -> None:
     assert "--no-enable-prefix-caching" in argv
 
 
-def test_unknown_profile_is_one_line_input_error() -> None:
-    with pytest.raises(InputError, match="unknown server profile 'nope'") as caught:
+def test_unknown_profile_is_one_line_profile_error() -> None:
+    with pytest.raises(ProfileError, match="unknown server profile 'nope'") as caught:
         load_profile("nope")
     assert "\n" not in str(caught.value)
+    assert caught.value.exit_code == 2  # the user's choice, like bad input
 
 
-def test_malformed_profile_is_input_error(tmp_path: Path) -> None:
+def test_malformed_profile_is_profile_error(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text('name = "bad"\ndevice = "tpu"\n')
-    with pytest.raises(InputError, match=r"bad\.toml"):
+    with pytest.raises(ProfileError, match=r"bad\.toml"):
         load_profile("bad", tmp_path)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from agents.errors import InputError
 from agents.tickers import normalize_tickers, parse_ticker_list, read_universe
-from app.errors import InputError
 
 
 def test_normalize_uppercases_and_keeps_order() -> None:

@@ -14,10 +14,11 @@ from sqlalchemy import Engine, Table, func, select
 from sqlalchemy.exc import OperationalError
 
 import app.usage
+from agents.chat import CallTag
 from app.config import Settings, load_settings
 from app.db.models import Batch, LLMCall, LLMRequest
 from app.errors import ContextLengthError, LLMError, LLMHTTPError
-from app.llm import CallTag, TrackedLLM
+from app.llm import TrackedLLM
 from app.usage import UsageRecorder
 from tests.unit.fake_edge import BASE_URL, FakeEdge, Usage
 

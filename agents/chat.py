@@ -1,0 +1,48 @@
+"""Declare what the pipeline asks of its LLM client: a call tag, a reply and one method.
+
+The service's tracked client (``app.llm.TrackedLLM``) satisfies ``ChatClient``; the pipeline
+never imports it, so it can be reused and tested with any client that has ``chat``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class CallTag:
+    """Who a call is for: the key of its ``llm_calls`` rows (attempt is added per try)."""
+
+    batch_id: int
+    ticker: str
+    node: str
+    sample: int = 0
+
+
+@dataclass
+class ChatResult:
+    """One completed chat call: the reply, the server's usage, and the HTTP attempts it took."""
+
+    content: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None
+    finish_reason: str | None
+    request_id: str | None
+    attempts: int = 1
+
+
+class ChatClient(Protocol):
+    """Send one chat completion; raise ``agents.errors.LLMError`` when it cannot be had."""
+
+    async def chat(
+        self,
+        tag: CallTag,
+        messages: list[dict[str, str]],
+        *,
+        max_tokens: int,
+        response_format: dict[str, Any] | None = None,
+        priority: int | None = None,
+        first_attempt: int = 1,
+    ) -> ChatResult: ...
