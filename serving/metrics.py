@@ -1,29 +1,20 @@
-"""Read the vLLM server's ``/metrics`` into typed snapshots, and sample them during a batch.
+"""Read the vLLM server's ``/metrics`` into typed snapshots.
 
-Parsing goes through prometheus_client's text parser, never regexes.
+Parsing goes through prometheus_client's text parser, never regexes. Storing readings is the
+service's business (app/batch/sampler.py); this module knows vLLM, not the database.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 import httpx
-import structlog
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import Engine, insert
-from sqlalchemy.exc import SQLAlchemyError
 
-from app.config import Settings
-from app.db.models import ServerSample
 from serving.errors import ServerError
 from serving.urls import server_root
-
-log = structlog.get_logger(__name__)
 
 # Older vLLM spelled KV usage and prefix-cache counters with a gpu_ prefix; first found wins.
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -54,11 +45,6 @@ class MetricsSnapshot:
     decode_time_s_total: float | None = None
     """Seconds requests spent in decode, summed over finished requests (a histogram's _sum)."""
     taken_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-
-    def row(self, batch_id: int) -> dict[str, Any]:
-        """Return the ``server_samples`` row for this reading (column names match the model)."""
-        values = asdict(self)
-        return {"batch_id": batch_id, "sampled_at": values.pop("taken_at"), **values}
 
 
 @dataclass(frozen=True)
@@ -187,96 +173,3 @@ async def aread_metrics(base_url: str, *,
                         client: httpx.AsyncClient | None = None) -> MetricsSnapshot:
     """Read and parse /metrics without blocking the event loop."""
     return parse_metrics(await afetch_metrics_text(base_url, client=client))
-
-
-class MetricsSampler:
-    """Read /metrics every ``interval_s`` during a batch: keep the latest, store a row each time.
-
-    The batch engine's admission policy reads ``latest``; ``server_samples`` gets one row per
-    reading for ``batch_id``. A failed read or write is logged and skipped: a lost sample
-    must never fail the batch it describes.
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        engine: Engine | None,
-        batch_id: int | None,
-        *,
-        interval_s: float,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        self.base_url = base_url
-        self.interval_s = interval_s
-        self.latest: MetricsSnapshot | None = None
-        self.samples_taken = 0
-        self.failures = 0
-        self._engine = engine
-        self._batch_id = batch_id
-        # One connection for the whole batch; closed in stop() only when made here.
-        self._client = client or httpx.AsyncClient(timeout=5.0)
-        self._owns_client = client is None
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = asyncio.Event()
-
-    @classmethod
-    def from_settings(cls, settings: Settings, engine: Engine | None,
-                      batch_id: int | None) -> MetricsSampler:
-        """Make a sampler for the configured server and interval."""
-        return cls(settings.llm_base_url, engine, batch_id, interval_s=settings.metrics_interval_s)
-
-    async def sample_once(self) -> MetricsSnapshot | None:
-        """Take one reading and store it; return None when it could not be read."""
-        try:
-            snapshot = await aread_metrics(self.base_url, client=self._client)
-        except ServerError as error:
-            self.failures += 1
-            log.warning("metrics read failed; sample skipped", error=str(error))
-            return None
-        self.latest = snapshot
-        self.samples_taken += 1
-        if self._engine is not None and self._batch_id is not None:
-            try:
-                await asyncio.to_thread(_insert, self._engine, snapshot.row(self._batch_id))
-            except SQLAlchemyError as error:
-                self.failures += 1
-                log.warning("server sample not stored", error=str(error).splitlines()[0])
-        return snapshot
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._stopping.is_set():
-            started = loop.time()
-            await self.sample_once()
-            # Keep the cadence even when a read is slow; wake at once when stopped.
-            pause = max(0.0, self.interval_s - (loop.time() - started))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=pause)
-
-    async def start(self) -> None:
-        """Begin sampling in a background task (a second call does nothing)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="metrics-sampler")
-
-    async def stop(self) -> None:
-        """Stop sampling, then take one last reading so the batch's end is recorded."""
-        if self._task is not None:
-            # Not cancel(): a reading being stored finishes, so no row is lost half-way.
-            self._stopping.set()
-            await self._task
-            self._task = None
-            await self.sample_once()
-        if self._owns_client:
-            await self._client.aclose()
-
-    async def __aenter__(self) -> MetricsSampler:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-
-def _insert(engine: Engine, row: dict[str, Any]) -> None:
-    with engine.begin() as conn:
-        conn.execute(insert(ServerSample), [row])

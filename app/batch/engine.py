@@ -19,12 +19,12 @@ from agents.graph import analyze_ticker, chain_length, node_names
 from app.batch import store
 from app.batch.gate import GatedLLM
 from app.batch.progress import BatchProgress
+from app.batch.sampler import MetricsSampler
 from app.batch.scheduler import Job, Scheduler, Strategy
 from app.config import Settings
 from app.errors import ERRORS
 from app.llm import TrackedLLM
 from app.usage import UsageRecorder
-from serving.metrics import MetricsSampler
 
 log = structlog.get_logger(__name__)
 

@@ -106,7 +106,7 @@ def _is_number(text: str) -> bool:
 
 
 class GaugeSource(Protocol):
-    """Anything holding the newest metrics reading (serving.metrics.MetricsSampler does)."""
+    """Anything holding the newest metrics reading (app.batch.sampler.MetricsSampler does)."""
 
     @property
     def latest(self) -> Any: ...

