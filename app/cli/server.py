@@ -15,7 +15,7 @@ from app.errors import InputError, ServerError
 from serving import launcher
 from serving.facts import read_server_facts
 from serving.preflight import query_gpus, run_preflight
-from serving.profiles import Profile, load_profile, render
+from serving.profiles import HostPaths, Profile, load_profile, render
 
 app = typer.Typer(no_args_is_help=True, help="Run the co-located vLLM server from a profile.")
 out = Console(soft_wrap=True)
@@ -53,6 +53,11 @@ def _profile(settings: Settings, name: str | None, overrides: list[str] | None =
     return profile.model_copy(update={"args": args})
 
 
+def _paths(settings: Settings) -> HostPaths:
+    """Return where this host keeps model folders and the CPU server's venv (settings)."""
+    return HostPaths(models_dir=settings.models_dir, vllm_venv=settings.vllm_venv)
+
+
 def _port(settings: Settings, profile: Profile, port: int | None) -> int:
     """Pick the port: explicit, else the one nightdesk's client will call, else the profile's."""
     if port is not None:
@@ -73,7 +78,8 @@ def command(
     """Print the shell command that starts the server for a profile."""
     settings = setup()
     chosen = _profile(settings, profile, arg)
-    out.print(render(chosen, port=_port(settings, chosen, port), model=model).shell(),
+    line = render(chosen, _paths(settings), port=_port(settings, chosen, port), model=model)
+    out.print(line.shell(),
               highlight=False, soft_wrap=True, markup=False)
 
 
@@ -100,9 +106,10 @@ def start(
 
         facts = launcher.start(
             chosen, port=chosen_port, timeout_s=timeout, progress=progress,
-            api_key=settings.llm_api_key.get_secret_value(),
+            api_key=settings.llm_api_key.get_secret_value(), state_dir=settings.server_dir,
+            command=render(chosen, _paths(settings), port=chosen_port),
         )
-    files = launcher.ServerFiles.of(chosen.name)
+    files = launcher.ServerFiles.of(chosen.name, settings.server_dir)
     if facts.get("already_running"):
         out.print(f"{chosen.name} already running on port {chosen_port}")
         return
@@ -129,7 +136,7 @@ def stop(
     settings = setup()
     chosen = _profile(settings, profile)
     with err.status(f"stopping {chosen.name}"):
-        stopped = launcher.stop(chosen, timeout_s=timeout)
+        stopped = launcher.stop(chosen, timeout_s=timeout, state_dir=settings.server_dir)
     out.print(f"{chosen.name} stopped" if stopped else f"{chosen.name} was not running")
 
 
@@ -138,7 +145,8 @@ def status(profile: ProfileOpt = None, port: PortOpt = None) -> None:
     """Say whether the server runs and answers /health (exit 1 when it does not answer)."""
     settings = setup()
     chosen = _profile(settings, profile)
-    state = launcher.status(chosen, port=_port(settings, chosen, port))
+    state = launcher.status(chosen, port=_port(settings, chosen, port),
+                            state_dir=settings.server_dir)
     running = f"running (pid {state.pid})" if state.alive else "not running here"
     out.print(f"{chosen.name}: {running}; log {state.log}")
     if not state.healthy:
@@ -151,7 +159,7 @@ def facts(profile: ProfileOpt = None) -> None:
     """Print the startup facts recorded when the server last started here (JSON)."""
     settings = setup()
     chosen = _profile(settings, profile)
-    out.print_json(json.dumps(read_server_facts(chosen.name)))
+    out.print_json(json.dumps(read_server_facts(chosen.name, settings.server_dir)))
 
 
 def preflight(profile: ProfileOpt = None) -> None:
@@ -159,7 +167,7 @@ def preflight(profile: ProfileOpt = None) -> None:
     settings = setup()
     chosen = _profile(settings, profile)
     root = settings.llm_base_url.rstrip("/").removesuffix("/v1")
-    checks = run_preflight(chosen, root, query_gpus())
+    checks = run_preflight(chosen, root, query_gpus(), _paths(settings))
     style = {"ok": "green", "warn": "yellow", "fail": "red"}
     for check in checks:
         out.print(f"[{style[check.level]}]{check.level:>4}[/]  {check.name}: {check.detail}",

@@ -20,10 +20,13 @@ import pytest
 
 from serving import launcher
 from serving.facts import live_facts
-from serving.profiles import ROOT, load_profile
+from serving.profiles import HostPaths, load_profile, render
 from serving.urls import server_root
 
 REUSE_ENV = "NIGHTDESK_TEST_LLM_BASE_URL"
+REPO = Path(__file__).resolve().parents[2]
+# Where `make vllm-env model` builds the server in this checkout (the checkout's defaults).
+PATHS = HostPaths(models_dir=REPO / "var" / "models", vllm_venv=REPO / ".venv-vllm")
 PROFILE = "cpu-tiny"
 # Start-up is ~2 minutes on 2 idle cores; a busy test machine needs more.
 START_TIMEOUT_S = float(os.environ.get("NIGHTDESK_TEST_SERVER_TIMEOUT_S", "900"))
@@ -75,15 +78,16 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         yield _reuse(reuse)
         return
     profile = load_profile(PROFILE)
-    missing = [str(path) for path in (ROOT / ".venv-vllm/.ready",
-                                      Path(profile.model_path()) / ".ready")
+    missing = [str(path) for path in (PATHS.vllm_venv / ".ready",
+                                      Path(profile.model_path(PATHS.models_dir)) / ".ready")
                if not path.exists()]
     if missing:
         pytest.fail(f"the CPU server is not set up ({', '.join(missing)} missing): run "
-                    "serving/setup-cpu-env.sh and .venv-vllm/bin/python serving/prepare_model.py")
+                    "`make vllm-env model`")
     state_dir = tmp_path_factory.mktemp("vllm-server")
     port = _free_port()
-    facts = launcher.start(profile, port=port, timeout_s=START_TIMEOUT_S, state_dir=state_dir)
+    facts = launcher.start(profile, port=port, timeout_s=START_TIMEOUT_S, state_dir=state_dir,
+                           command=render(profile, PATHS, port=port))
     root = launcher.root_url(profile.host, port)
     try:
         yield VLLMServer(base_url=f"{root}/v1", root_url=root, model=profile.served_model_name,

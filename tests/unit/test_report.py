@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from datetime import UTC, datetime, timedelta
 
@@ -12,6 +11,7 @@ from rich.console import Console
 from sqlalchemy import Engine
 
 from app.cli.report import compare_table, render_table
+from app.config import load_settings
 from app.db.models import LLMCall, ServerSample
 from app.errors import InputError
 from app.report import arm, batch_report
@@ -152,8 +152,8 @@ def test_cli_report_prints_json(
     sqlite_engine: Engine, sqlite_url: str, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # The isolated_env fixture points NIGHTDESK_DATABASE_URL at the same file.
-    assert os.environ["NIGHTDESK_DATABASE_URL"] == sqlite_url
+    # The isolated_env fixture puts NIGHTDESK_HOME in tmp_path: the database is the same file.
+    assert load_settings().database_url == sqlite_url
     b = known_batch(sqlite_engine)
     code, out, err = nightdesk(monkeypatch, capsys, "report", str(b), "--format", "json")
     assert code == 0, err

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from serving.preflight import Check, check_gpus, parse_nvidia_smi, run_preflight
-from serving.profiles import load_profile
+from pathlib import Path
+
+from serving.preflight import Check, check_cpu_profile, check_gpus, parse_nvidia_smi, run_preflight
+from serving.profiles import HostPaths, load_profile
+
+PATHS = HostPaths(models_dir=Path("/nonexistent/models"), vllm_venv=Path("/nonexistent/venv"))
 
 DENSE = load_profile("qwen-dense-27b")
 # Recorded shape of `nvidia-smi --query-gpu=... --format=csv,noheader,nounits`.
@@ -45,13 +49,27 @@ def test_too_small_gpu_fails() -> None:
 
 
 def test_without_gpu_says_so_and_checks_the_cpu_profile() -> None:
-    checks = run_preflight(load_profile("cpu-tiny"), "http://127.0.0.1:9", None)
+    checks = run_preflight(load_profile("cpu-tiny"), "http://127.0.0.1:9", None,
+                           PATHS)
     names = [c.name for c in checks]
     assert checks[0].name == "gpu" and "no NVIDIA GPU" in checks[0].detail
     assert {"vllm env", "model", "server"} <= set(names)
 
 
+def test_cpu_checks_look_where_the_host_paths_say(tmp_path: Path) -> None:
+    paths = HostPaths(models_dir=tmp_path / "models", vllm_venv=tmp_path / "venv")
+    cpu = load_profile("cpu-tiny")
+    levels = {c.name: c for c in check_cpu_profile(cpu, "http://127.0.0.1:9", paths)}
+    assert levels["vllm env"].level == levels["model"].level == "fail"
+    assert str(tmp_path / "models" / "smollm2-135m") in levels["model"].detail
+    for ready in (tmp_path / "venv" / ".ready", tmp_path / "models" / "smollm2-135m" / ".ready"):
+        ready.parent.mkdir(parents=True)
+        ready.touch()
+    levels = {c.name: c for c in check_cpu_profile(cpu, "http://127.0.0.1:9", paths)}
+    assert levels["vllm env"].level == levels["model"].level == "ok"
+
+
 def test_gpu_profile_without_gpu_fails_and_checks_cpu_instead() -> None:
-    checks = run_preflight(DENSE, "http://127.0.0.1:9", None)
+    checks = run_preflight(DENSE, "http://127.0.0.1:9", None, PATHS)
     assert checks[0].level == "fail"
     assert "vllm env" in [c.name for c in checks]
