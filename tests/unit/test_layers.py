@@ -1,0 +1,73 @@
+"""Check the import contract in pyproject.toml: it holds here and breaks on one wrong import."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("app", "agents", "serving")
+# The console script beside this interpreter: the one `make lint` runs.
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+LAYERS = "app (the service) may import agents and serving; they never import app"
+INDEPENDENCE = "agents (the pipeline) and serving (the vLLM server) do not import each other"
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """Run lint-imports on the packages under ``root``, with ``root``'s pyproject.toml."""
+    # lint-imports puts its working directory first on sys.path, so a scratch copy's packages
+    # shadow the installed (editable) ones; PYTHONPATH says the same for any child import.
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def scratch_copy(tmp_path: Path) -> Path:
+    """Copy the three packages and pyproject.toml (the contract) into a fresh folder."""
+    root = tmp_path / "tree"
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, root / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    return root
+
+
+def test_contract_holds_on_this_tree() -> None:
+    result = lint_imports(REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{LAYERS} KEPT" in result.stdout
+    assert f"{INDEPENDENCE} KEPT" in result.stdout
+
+
+def test_contract_holds_on_an_unchanged_copy(tmp_path: Path) -> None:
+    # The control for the cases below: the copy alone breaks nothing.
+    result = lint_imports(scratch_copy(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "broken", "named"),
+    [
+        ("agents/wrong.py", "from app.config import Settings\n", LAYERS,
+         "agents.wrong -> app.config"),
+        ("serving/wrong.py", "import app.errors\n", LAYERS, "serving.wrong -> app.errors"),
+        ("agents/wrong.py", "from serving.urls import server_root\n", INDEPENDENCE,
+         "agents.wrong -> serving.urls"),
+    ],
+)
+def test_one_wrong_import_breaks_the_contract(tmp_path: Path, module: str, line: str,
+                                               broken: str, named: str) -> None:
+    root = scratch_copy(tmp_path)
+    # A module that exists only in the copy, so a report naming it proves the copy was read.
+    (root / module).write_text(f'"""Import across the layers on purpose."""\n\n{line}')
+
+    result = lint_imports(root)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"{broken} BROKEN" in result.stdout
+    assert named in result.stdout
