@@ -24,8 +24,9 @@ def get_provider(config_or_name: PipelineConfig | str, data_dir: Path | str | No
                  ) -> DataProvider:
     """Build the provider named by ``config.data_provider`` or by a plain name.
 
-    ``data_dir`` (default: ``config.data_dir``, else var/data) matters only to the
-    snapshot provider. yfinance is imported only when asked for.
+    ``data_dir`` (default: ``config.data_dir``) matters only to the snapshot provider, which
+    needs one: the folder is the caller's setting, never a guess. yfinance is imported only
+    when asked for.
     """
     if isinstance(config_or_name, PipelineConfig):
         name: str = config_or_name.data_provider
@@ -35,7 +36,9 @@ def get_provider(config_or_name: PipelineConfig | str, data_dir: Path | str | No
     if name == "snapshot":
         from agents.data.snapshot import SnapshotProvider
 
-        return SnapshotProvider(Path(data_dir) if data_dir is not None else Path("var/data"))
+        if data_dir is None:
+            raise ConfigError("the snapshot provider needs a data folder (setting data_dir)")
+        return SnapshotProvider(Path(data_dir))
     if name == "demo":
         from agents.data.demo import DemoProvider
 

@@ -74,6 +74,8 @@ def test_get_provider_by_name_and_settings(tmp_path: Path) -> None:
     assert isinstance(from_settings, SnapshotProvider) and from_settings.data_dir == tmp_path
     with pytest.raises(ConfigError, match="unknown data provider 'bogus'"):
         get_provider("bogus")
+    with pytest.raises(ConfigError, match="needs a data folder"):
+        get_provider("snapshot")  # no folder guessed relative to wherever this runs
 
 
 @pytest.fixture
