@@ -1,7 +1,8 @@
 """Measure what usage tracking adds per call, against a fake server that answers instantly.
 
-Two arms run the same N streamed chat completions, ``concurrency`` at a time, through the
-same ``httpx.MockTransport``:
+Two arms run the same N streamed chat completions, ``concurrency`` at a time, against the
+same fake (``app.bench.fakeserver``, the one the unit tests use, through its
+``httpx.MockTransport``), so the fake's own cost is the same in both:
 
 * baseline: the raw ``openai.AsyncOpenAI`` client, nothing recorded;
 * tracked: ``TrackedLLM`` + ``UsageRecorder`` writing ``llm_calls`` and ``llm_requests``
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import os
 import platform
 import statistics
@@ -31,12 +31,12 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
 from openai import AsyncOpenAI
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
 from agents.chat import CallTag
+from app.bench.fakeserver import BASE_URL, FakeServer, Reply
 from app.config import Settings, load_settings
 from app.db.engine import check_reachable, get_engine, upgrade
 from app.db.models import Batch, LLMCall, LLMRequest
@@ -44,7 +44,6 @@ from app.errors import DatabaseError, InputError
 from app.llm import TrackedLLM
 from app.usage import UsageRecorder
 
-FAKE_BASE_URL = "http://bench.invalid/v1"
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TARGET_MS_PER_CALL = 1.0
 
@@ -54,47 +53,22 @@ Database = Literal["sqlite", "postgresql", "both"]
 PROMPT = ("Close 187.2, SMA50 181.4, RSI14 61.3, MACD 1.21 over signal 0.98. " * 60).strip()
 
 
-def _sse_body() -> bytes:
-    """Build one streamed answer: 8 content chunks, a finish chunk, a usage chunk.
+def bench_server() -> FakeServer:
+    """Return the project's fake server answering at once with one short stream per call.
 
-    Short on purpose: the OpenAI client's per-chunk parsing is the same in both arms and
-    only adds noise on top of the per-call cost being measured.
+    Short on purpose: 8 content chunks, then the finish and the usage; the OpenAI client's
+    per-chunk parsing is the same in both arms and only adds noise on top of the per-call
+    cost being measured. /tokenize says 900 tokens of 32,768.
     """
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
-        body: dict[str, Any] = {"id": "chatcmpl-bench", "object": "chat.completion.chunk",
-                                "created": 0, "model": "bench", "choices": choices}
-        if usage is not None:
-            body["usage"] = usage
-        return f"data: {json.dumps(body)}\n\n"
-
-    parts = [chunk([{"index": 0, "delta": {"content": f" word{i}"}, "finish_reason": None}])
-             for i in range(8)]
-    parts.append(chunk([{"index": 0, "delta": {}, "finish_reason": "stop"}]))
-    parts.append(chunk([], {"prompt_tokens": 900, "completion_tokens": 8, "total_tokens": 908,
-                            "prompt_tokens_details": {"cached_tokens": 512}}))
-    return ("".join(parts) + "data: [DONE]\n\n").encode()
-
-
-SSE_BODY = _sse_body()
-TOKENIZE_BODY = json.dumps({"count": 900, "max_model_len": 32768, "tokens": []}).encode()
-
-
-def zero_latency_transport() -> httpx.MockTransport:
-    """Answer chat completions and /tokenize at once, from prebuilt bytes."""
-    sse_headers = {"content-type": "text/event-stream"}
-    json_headers = {"content-type": "application/json"}
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/tokenize":
-            return httpx.Response(200, headers=json_headers, content=TOKENIZE_BODY)
-        return httpx.Response(200, headers=sse_headers, content=SSE_BODY)
-
-    return httpx.MockTransport(handle)
+    reply = Reply("".join(f" word{i}" for i in range(8)), chunks=8, prompt_tokens=900,
+                  completion_tokens=8, cached_tokens=512)
+    return FakeServer(lambda chat: reply, tokenize_count=900, max_model_len=32768,
+                      model="bench")
 
 
 def bench_settings() -> Settings:
     """Return production defaults pointed at the fake (context precheck and bodies on)."""
-    return load_settings(llm_base_url=FAKE_BASE_URL, retry_backoff_s=0)
+    return load_settings(llm_base_url=BASE_URL, retry_backoff_s=0)
 
 
 def messages(i: int) -> list[dict[str, str]]:
@@ -105,8 +79,8 @@ def messages(i: int) -> list[dict[str, str]]:
 async def run_baseline(settings: Settings, calls: int, concurrency: int) -> tuple[float, float]:
     """Send the calls through the raw OpenAI client; return wall and process CPU seconds."""
     gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(transport=zero_latency_transport()) as http:
-        client = AsyncOpenAI(base_url=FAKE_BASE_URL, api_key="EMPTY", max_retries=0,
+    async with bench_server().client() as http:
+        client = AsyncOpenAI(base_url=BASE_URL, api_key="EMPTY", max_retries=0,
                              timeout=settings.call_timeout_s, http_client=http)
 
         async def one(i: int) -> None:
@@ -157,7 +131,7 @@ async def run_tracked(settings: Settings, engine: Engine, calls: int,
     """Send the calls through TrackedLLM + UsageRecorder; time the calls and the final flush."""
     batch_id = new_batch(engine, "tracker-bench")
     gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(transport=zero_latency_transport()) as http:
+    async with bench_server().client() as http:
         recorder = UsageRecorder(engine)
         await recorder.start()
         llm = TrackedLLM(settings, recorder, http_client=http)

@@ -13,11 +13,11 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
+from app.bench.fakeserver import ChatRequest, FakeServer, Reply
 from app.cli import app as cli
 from app.config import load_settings
 from app.db.models import Batch, Decision, LLMCall, LLMRequest, TickerRun
 from app.ranking import ranking
-from tests.unit.fakeserver import ChatRequest, FakeServer, Reply
 
 
 @pytest.fixture

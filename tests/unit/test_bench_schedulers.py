@@ -6,11 +6,11 @@ from sqlalchemy import Engine, select
 
 from agents.graph import chain_length
 from app.batch.workload import shape
+from app.bench.fakeserver import FakeServer, Reply
 from app.bench.schedulers import run_bench
 from app.bench.workloads import fit_scale, seed_shape, synthetic_workload
 from app.config import load_settings
 from app.db.models import LLMCall
-from tests.unit.fakeserver import FakeServer, Reply
 
 
 def test_seed_shape_matches_the_seeds_per_call_averages() -> None:

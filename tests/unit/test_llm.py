@@ -8,18 +8,25 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
+from app.bench.fakeserver import BASE_URL, CONTEXT_LENGTH_MESSAGE, FakeServer, Reply
 from app.config import load_settings
 from app.db.models import LLMCall
 from app.errors import ContextLengthError, LLMHTTPError
 from app.llm import TrackedLLM
 from app.usage import UsageRecorder
-from tests.unit.fake_edge import BASE_URL, FakeEdge, Usage
 from tests.unit.test_usage import new_batch
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "AAPL?"}]
+ANSWER = Reply("Hold the line.", chunks=4)
 
 
-async def one_call(engine: Engine, fake: FakeEdge, **overrides: Any) -> tuple[Any, list[Any]]:
+def answering(*replies: Reply) -> FakeServer:
+    """Return a fake whose n-th attempt of a call gets the n-th reply (the last one repeats)."""
+    return FakeServer(lambda chat: replies[min(chat.attempt, len(replies)) - 1])
+
+
+async def one_call(engine: Engine, fake: FakeServer, **overrides: Any
+                   ) -> tuple[Any, list[Any]]:
     """Make one chat call through a fresh tracker; return its result (or error) and rows."""
     batch_id = new_batch(engine)
     settings = load_settings(llm_base_url=BASE_URL, retry_backoff_s=0,
@@ -27,7 +34,6 @@ async def one_call(engine: Engine, fake: FakeEdge, **overrides: Any) -> tuple[An
     result: Any
     async with fake.client() as http, UsageRecorder(engine, flush_interval_s=0.01) as rec:
         llm = TrackedLLM(settings, rec, http_client=http)
-        assert llm._client.max_retries == 0
         try:
             result = await llm.chat(CallTag(batch_id, "AAPL", "analyst"), MESSAGES,
                                     max_tokens=100)
@@ -40,19 +46,23 @@ async def one_call(engine: Engine, fake: FakeEdge, **overrides: Any) -> tuple[An
 
 
 async def test_time_to_first_token_is_recorded(sqlite_engine: Engine) -> None:
-    fake = FakeEdge(first_token_delay_s=0.15, tail_delay_s=0.15)
+    # 0.15 s before decoding, then four one-token pieces 0.05 s apart: the first token
+    # lands after 0.2 s and the last 0.15 s later.
+    fake = answering(Reply("Hold the line.", chunks=4, completion_tokens=4, delay_s=0.15,
+                           token_delay_s=0.05))
     result, rows = await one_call(sqlite_engine, fake)
     assert result.content == "Hold the line."
     (row,) = rows
     assert row.started_at < row.first_token_at < row.ended_at
-    assert row.first_token_at - row.started_at >= timedelta(seconds=0.14)
+    assert row.first_token_at - row.started_at >= timedelta(seconds=0.19)
     assert row.ended_at - row.first_token_at >= timedelta(seconds=0.14)
-    assert row.latency_s >= 0.29
+    assert row.latency_s >= 0.34
     assert row.finish_reason == "stop" and row.request_id.startswith("chatcmpl-")
 
 
 async def test_usage_and_cached_tokens_come_from_the_final_chunk(sqlite_engine: Engine) -> None:
-    fake = FakeEdge(usage_for=lambda key, attempt: Usage(123, 45, 96))
+    fake = answering(Reply("Hold the line.", prompt_tokens=123, completion_tokens=45,
+                           cached_tokens=96))
     result, rows = await one_call(sqlite_engine, fake)
     (row,) = rows
     assert (row.prompt_tokens, row.completion_tokens, row.cached_tokens) == (123, 45, 96)
@@ -63,67 +73,81 @@ async def test_usage_and_cached_tokens_come_from_the_final_chunk(sqlite_engine: 
 async def test_the_openai_client_does_not_retry_on_its_own(sqlite_engine: Engine) -> None:
     # With one attempt allowed, a 500 must reach the server exactly once: were the OpenAI
     # client's default max_retries=2 active, the fake would see three requests.
-    fake = FakeEdge(default="500")
+    fake = answering(Reply(status=500, error="engine crashed"))
     result, rows = await one_call(sqlite_engine, fake, max_attempts=1)
     assert isinstance(result, LLMHTTPError) and result.http_status == 500
-    assert fake.chat_attempts == 1 == len(rows)
+    assert len(fake.chats) == 1 == len(rows)
 
 
 async def test_retries_write_one_row_per_attempt(sqlite_engine: Engine) -> None:
-    fake = FakeEdge(script={"AAPL?": ["500", "500", "ok"]})
+    fake = answering(Reply(status=500), Reply(status=500), ANSWER)
     result, rows = await one_call(sqlite_engine, fake, max_attempts=3)
     assert result.attempts == 3
-    assert fake.chat_attempts == 3 == len(rows)
+    assert len(fake.chats) == 3 == len(rows)
     assert [(r.attempt, r.status, r.http_status) for r in rows] == [
         (1, "error", 500), (2, "error", 500), (3, "ok", None)]
-    assert rows[0].prompt_tokens is None and rows[2].prompt_tokens is not None
+    # Usage only on the answered attempt, and exactly what the fake reported for it.
+    served = fake.chats[2].served
+    assert served is not None
+    assert rows[0].prompt_tokens is None
+    assert (rows[2].prompt_tokens, rows[2].completion_tokens) == (
+        served.prompt_tokens, served.completion_tokens)
+
+
+async def test_a_dropped_connection_is_retried_and_recorded(sqlite_engine: Engine) -> None:
+    fake = answering(Reply(drop=True), ANSWER)
+    result, rows = await one_call(sqlite_engine, fake, max_attempts=3)
+    assert result.content == "Hold the line." and result.attempts == 2
+    assert [(r.attempt, r.status, r.error_class) for r in rows] == [
+        (1, "error", "connection"), (2, "ok", None)]
 
 
 async def test_context_precheck_fails_without_sending_the_chat(sqlite_engine: Engine) -> None:
-    fake = FakeEdge(tokenize_count=2000, max_model_len=2048)
+    fake = FakeServer(tokenize_count=2000, max_model_len=2048)
     result, rows = await one_call(sqlite_engine, fake, check_context_length=True)
     assert isinstance(result, ContextLengthError)
     assert "2000" in str(result) and "2048" in str(result)
     assert fake.tokenize_calls == 1
-    assert fake.chat_attempts == 0
+    assert len(fake.chats) == 0
     (row,) = rows
     assert (row.status, row.error_class, row.http_status) == ("error", "context_length", None)
     assert row.prompt_tokens is None and row.first_token_at is None
 
 
 async def test_context_precheck_lets_a_fitting_prompt_through(sqlite_engine: Engine) -> None:
-    fake = FakeEdge(tokenize_count=100, max_model_len=2048)
+    fake = FakeServer(lambda chat: ANSWER, tokenize_count=100, max_model_len=2048)
     result, rows = await one_call(sqlite_engine, fake, check_context_length=True)
     assert result.content == "Hold the line."
-    assert fake.tokenize_calls == 1 and fake.chat_attempts == 1 == len(rows)
+    assert fake.tokenize_calls == 1 and len(fake.chats) == 1 == len(rows)
 
 
 async def test_a_server_context_length_400_is_a_context_length_error(
     sqlite_engine: Engine,
 ) -> None:
-    fake = FakeEdge(default="400ctx")
+    fake = answering(Reply(status=400, error=CONTEXT_LENGTH_MESSAGE))
     result, rows = await one_call(sqlite_engine, fake, max_attempts=3)
     assert isinstance(result, ContextLengthError)
     assert not result.retryable
-    assert fake.chat_attempts == 1
+    assert len(fake.chats) == 1
     (row,) = rows
     assert (row.error_class, row.http_status) == ("context_length", 400)
     assert "maximum context length" in row.error
 
 
 async def test_a_plain_400_is_an_http_error_and_not_retried(sqlite_engine: Engine) -> None:
-    fake = FakeEdge(default="400")
+    fake = answering(Reply(status=400, error="bad top_k"))
     result, rows = await one_call(sqlite_engine, fake, max_attempts=3)
     assert type(result) is LLMHTTPError
-    assert fake.chat_attempts == 1 == len(rows)
+    assert len(fake.chats) == 1 == len(rows)
     assert (rows[0].error_class, rows[0].http_status) == ("http", 400)
 
 
 async def test_a_hung_call_times_out_and_is_recorded(sqlite_engine: Engine) -> None:
-    fake = FakeEdge(default="hang")
+    fake = answering(Reply(delay_s=60))  # far past the call timeout
     result, rows = await one_call(sqlite_engine, fake, max_attempts=2, call_timeout_s=0.2)
     assert result.error_class == "timeout"
-    assert fake.chat_attempts == 2 == len(rows)
+    assert len(fake.chats) == 2 == len(rows)
     for row in rows:
         assert (row.status, row.error_class, row.http_status) == ("error", "timeout", None)
         assert 0.19 <= row.latency_s < 2
+    assert fake.in_flight == 0  # the abandoned requests left the server

@@ -1,0 +1,318 @@
+"""Fake a vLLM server at the HTTP edge: the one fake for the unit tests and the tracker bench.
+
+It lives in the product, not in ``tests/``, because ``nightdesk bench tracker`` runs against
+it and the service never imports its tests; the unit tests import it from here. Nothing
+else in the service uses it. Hand its client to the code under test, then read what it saw::
+
+    server = FakeServer(script, nodes=node_names(config), tickers=["AAPL"], capacity=4)
+    llm = TrackedLLM(settings, recorder, http_client=server.client())
+    ...
+    assert [c.node for c in server.chats] == [...]
+
+What it answers, through ``httpx.MockTransport``:
+
+- ``POST /v1/chat/completions``: SSE chunks (``stream: true``) ending in a usage chunk
+  (``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``) and
+  ``[DONE]``, or one JSON completion; an error ``Reply`` gives that HTTP status instead.
+- ``POST /tokenize``: ``{count, max_model_len, tokens}`` (404 with ``tokenize=False``).
+- ``GET /health``, ``GET /v1/models``, and ``GET /metrics`` in vLLM's Prometheus text,
+  reflecting the load (``capacity``, ``kv_tokens``: see ``app.bench.fakeload``).
+
+``script`` is called with each chat request (a ``ChatRequest``) and returns a ``Reply``, a
+plain string (the reply text), or None for the default: a valid decision JSON for a
+``response_format`` request, ``max_tokens`` tokens for an ``ignore_eos`` one, else prose.
+It may be sync or async. Faults come from the reply (status, ``drop``, ``cut_after``,
+``delay_s``, ``hold``) or on cue for the next requests of a path (``cue``).
+
+Nodes are recognised from the request's seed (``call_seed`` of ticker, node and sample), so
+prompts need no markers: pass the node names and tickers you expect. The request and reply
+types live in ``app.bench.fakechat``, the load and its ``/metrics`` in ``app.bench.fakeload``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import json
+from collections import Counter, deque
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+
+from agents.chat import CallTag
+from app.bench.fakechat import (
+    CONTEXT_LENGTH_MESSAGE,
+    DEFAULT_DECISION,
+    ChatRequest,
+    Recorded,
+    Reply,
+    Script,
+    count_tokens,
+    default_reply,
+    prompt_token_count,
+    split,
+    spread,
+)
+from app.bench.fakeload import Sequence, ServerLoad
+from app.llm import call_seed
+
+__all__ = ["BASE_URL", "CONTEXT_LENGTH_MESSAGE", "DEFAULT_DECISION", "ChatRequest",
+           "FakeServer", "Recorded", "Reply", "Script", "prompt_token_count"]
+
+BASE_URL = "http://fake.test/v1"
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass
+class FakeServer:
+    """Answer OpenAI-style requests from a script under a modelled load; record everything."""
+
+    script: Script | None = None
+    nodes: Iterable[str] = ()
+    tickers: Iterable[str] = ()
+    samples: Iterable[int] = range(4)
+    max_model_len: int = 34_816
+    tokenize: bool = True
+    tokenize_count: int | None = None  # None: counted from the messages
+    model: str = "fake-model"
+    capacity: int = 1_000_000  # requests served at once; the rest wait
+    kv_tokens: int = 1_000_000_000  # KV cache size; requests wait for room in it too
+    block_size: int = 16
+    requests: list[Recorded] = field(default_factory=list)
+    chats: list[ChatRequest] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._by_seed = {
+            call_seed(CallTag(0, t, n, s)): (t, n, s)
+            for t, n, s in itertools.product(list(self.tickers), list(self.nodes),
+                                             list(self.samples))
+        }
+        self._ids = itertools.count(1)
+        self._attempts: Counter[str] = Counter()
+        self._cues: dict[str, deque[Reply]] = {}
+        self.load = ServerLoad(capacity=self.capacity, kv_tokens=self.kv_tokens,
+                               block_size=self.block_size, model=self.model)
+
+    # --- wiring and cues ---------------------------------------------------------------------
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+    def client(self) -> httpx.AsyncClient:
+        """Return an AsyncClient for ``TrackedLLM``, the metrics sampler or an OpenAI client."""
+        return httpx.AsyncClient(transport=self.transport())
+
+    def cue(self, reply: Reply, times: int = 1, path: str = CHAT_PATH) -> None:
+        """Answer the next ``times`` requests to ``path`` with ``reply``, ahead of the script.
+
+        On other paths than chat only ``status``, ``drop`` and ``delay_s`` apply.
+        """
+        self._cues.setdefault(path, deque()).extend([reply] * times)
+
+    def preempt(self, count: int = 1) -> None:
+        self.load.preempt(count)
+
+    def restart(self) -> None:
+        self.load.restart()
+
+    # --- what tests read ---------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.load.running) + len(self.load.waiting)
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.load.max_in_flight
+
+    @property
+    def tokenize_calls(self) -> int:
+        return sum(1 for r in self.requests if r.path == "/tokenize")
+
+    def served(self) -> list[ChatRequest]:
+        """Return the chat requests answered in full, usage included, in arrival order."""
+        return [c for c in self.chats if c.completed]
+
+    def usage_totals(self) -> dict[str, int]:
+        """Sum the usage reported in complete answers (what ``llm_calls`` should hold)."""
+        totals = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
+        for chat in self.served():
+            assert chat.served is not None
+            totals["prompt_tokens"] += chat.served.prompt_tokens or 0
+            totals["completion_tokens"] += chat.served.completion_tokens or 0
+            totals["cached_tokens"] += chat.served.cached_tokens or 0
+        return totals
+
+    def by_node(self, node: str) -> list[ChatRequest]:
+        return [c for c in self.chats if c.node == node]
+
+    # --- the server --------------------------------------------------------------------------
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        raw = request.content
+        body: Any = json.loads(raw) if raw else None
+        path = request.url.path
+        self.requests.append(Recorded(request.method, path, body, dict(request.headers)))
+        if path.endswith("/chat/completions") and request.method == "POST":
+            return await self._chat(request, body)
+        cued = self._cued(path)
+        if cued is not None:
+            await asyncio.sleep(cued.delay_s)
+            if cued.drop:
+                raise httpx.RemoteProtocolError("Server disconnected without sending a "
+                                                "response.", request=request)
+            if cued.status != 200:
+                return self._error(cued)
+        if path.endswith("/tokenize") and request.method == "POST":
+            if not self.tokenize:
+                return httpx.Response(404, json={"detail": "Not Found"})
+            count = self.tokenize_count
+            if count is None:
+                count = prompt_token_count(body.get("messages", []))
+            return httpx.Response(200, json={"count": count, "max_model_len": self.max_model_len,
+                                             "tokens": list(range(min(count, 16)))})
+        if path.endswith("/health"):
+            return httpx.Response(200)
+        if path.endswith("/models"):
+            return httpx.Response(200, json={"object": "list", "data": [
+                {"id": self.model, "object": "model", "max_model_len": self.max_model_len}]})
+        if path.endswith("/metrics"):
+            return httpx.Response(200, text=self.load.metrics_text(),
+                                  headers={"content-type": "text/plain; version=0.0.4"})
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    def _cued(self, path: str) -> Reply | None:
+        queue = self._cues.get(path)
+        return queue.popleft() if queue else None
+
+    async def _chat(self, request: httpx.Request, body: dict[str, Any]) -> httpx.Response:
+        ticker, node, sample = self._by_seed.get(body.get("seed", -1), (None, None, None))
+        messages = body.get("messages") or [{}]
+        key = str(messages[-1].get("content", ""))
+        self._attempts[key] += 1
+        chat = ChatRequest(len(self.chats), body, ticker, node, sample, key=key,
+                           attempt=self._attempts[key])
+        self.chats.append(chat)
+        reply = await self._reply(chat)
+        chat.served = reply
+        if reply.drop or reply.status != 200:
+            # Refused before any scheduling, as vLLM refuses a bad request.
+            await asyncio.sleep(reply.delay_s)
+            if reply.drop:
+                raise httpx.RemoteProtocolError("Server disconnected without sending a "
+                                                "response.", request=request)
+            return self._error(reply)
+        assert reply.prompt_tokens is not None and reply.completion_tokens is not None
+        seq = Sequence(reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens or 0)
+        await self.load.enter(seq)
+        try:
+            await asyncio.sleep(reply.delay_s)
+            if reply.hold is not None:
+                await reply.hold.wait()
+        except BaseException:
+            self.load.leave(seq, None)
+            raise
+        request_id = f"chatcmpl-fake-{next(self._ids)}"
+        if body.get("stream"):
+            return httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                  stream=_Stream(self._sse(request, chat, seq, reply,
+                                                           request_id)))
+        try:
+            async for _ in self._decode(request, seq, reply):
+                pass
+        finally:
+            self.load.leave(seq, reply.finish_reason)
+        chat.completed = True
+        return httpx.Response(200, json=self._completion(request_id, reply))
+
+    async def _reply(self, chat: ChatRequest) -> Reply:
+        answer: Any = self._cued(CHAT_PATH)
+        if answer is None and self.script is not None:
+            answer = self.script(chat)
+            if inspect.isawaitable(answer):
+                answer = await answer
+        if answer is None:
+            answer = default_reply(chat)
+        reply = Reply(content=answer) if isinstance(answer, str) else replace(answer)
+        # Fill in the usage now, so what was served is what the test compares against.
+        if reply.prompt_tokens is None:
+            reply.prompt_tokens = prompt_token_count(chat.messages)
+        if reply.completion_tokens is None:
+            reply.completion_tokens = count_tokens(reply.content) if reply.content else 0
+        return reply
+
+    def _error(self, reply: Reply) -> httpx.Response:
+        kind = "BadRequestError" if reply.status < 500 else "InternalServerError"
+        return httpx.Response(reply.status, json={"error": {
+            "message": reply.error, "type": kind, "param": None, "code": reply.status}})
+
+    async def _decode(self, request: httpx.Request, seq: Sequence,
+                      reply: Reply) -> AsyncIterator[str]:
+        """Yield the content pieces, each after its tokens' decode time; cut on cue."""
+        pieces = split(reply.content, reply.chunks)
+        tokens = spread(reply.completion_tokens or 0, max(1, len(pieces)))
+        for i, share in enumerate(tokens):
+            if reply.token_delay_s and share:
+                await asyncio.sleep(reply.token_delay_s * share)
+            self.load.generate(seq, share)
+            if reply.cut_after is not None and i >= reply.cut_after:
+                raise httpx.RemoteProtocolError("peer closed connection without sending "
+                                                "complete message body", request=request)
+            if i < len(pieces):
+                yield pieces[i]
+
+    def _usage(self, reply: Reply) -> dict[str, Any]:
+        usage: dict[str, Any] = {
+            "prompt_tokens": reply.prompt_tokens,
+            "completion_tokens": reply.completion_tokens,
+            "total_tokens": (reply.prompt_tokens or 0) + (reply.completion_tokens or 0),
+        }
+        if reply.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
+        return usage
+
+    async def _sse(self, request: httpx.Request, chat: ChatRequest, seq: Sequence, reply: Reply,
+                   request_id: str) -> AsyncGenerator[bytes, None]:
+        def event(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+            chunk = {"id": request_id, "object": "chat.completion.chunk", "created": 0,
+                     "model": self.model, "choices": choices, "usage": usage}
+            return f"data: {json.dumps(chunk)}\n\n".encode()
+
+        try:
+            yield event([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                          "finish_reason": None}])
+            async for piece in self._decode(request, seq, reply):
+                yield event([{"index": 0, "delta": {"content": piece}, "finish_reason": None}])
+            yield event([{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}])
+            # The work is done: leave before the last bytes, which a client may never ask for.
+            chat.completed = True
+            self.load.leave(seq, reply.finish_reason)
+            yield event([], self._usage(reply)) + b"data: [DONE]\n\n"
+        finally:
+            if not chat.completed:
+                self.load.leave(seq, None)
+
+    def _completion(self, request_id: str, reply: Reply) -> dict[str, Any]:
+        return {
+            "id": request_id, "object": "chat.completion", "created": 0, "model": self.model,
+            "choices": [{"index": 0, "finish_reason": reply.finish_reason,
+                         "message": {"role": "assistant", "content": reply.content}}],
+            "usage": self._usage(reply),
+        }
+
+
+class _Stream(httpx.AsyncByteStream):
+    """Carry an answer's bytes; closing it (the client gave up) ends the answer at once."""
+
+    def __init__(self, chunks: AsyncGenerator[bytes, None]) -> None:
+        self._chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._chunks:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()
