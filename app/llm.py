@@ -196,6 +196,12 @@ class TrackedLLM:
         except openai.APIError as exc:
             # An error event inside an open stream (e.g. the engine died mid-generation).
             error = LLMStreamError(f"server error during the stream: {exc.message}")
+        except httpx.TimeoutException:
+            error = LLMTimeoutError("the stream stalled past the read timeout")
+        except httpx.HTTPError as exc:
+            # The connection broke mid-answer: the OpenAI client wraps transport errors only
+            # until the stream opens, so a cut stream arrives here as httpx's own error.
+            error = LLMStreamError(f"connection lost during the stream: {exc}")
         except BaseException as exc:
             # Anything else (cancellation included) still leaves its row, then propagates.
             self._record(tag, attempt, body, seen,

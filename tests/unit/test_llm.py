@@ -102,6 +102,16 @@ async def test_a_dropped_connection_is_retried_and_recorded(sqlite_engine: Engin
         (1, "error", "connection"), (2, "ok", None)]
 
 
+async def test_a_stream_cut_mid_answer_is_retried_and_recorded(sqlite_engine: Engine) -> None:
+    fake = answering(Reply("Hold the line.", chunks=4, cut_after=2), ANSWER)
+    result, rows = await one_call(sqlite_engine, fake, max_attempts=3)
+    # The answer is the retry's alone: nothing of the cut attempt's half answer is kept.
+    assert result.content == "Hold the line." and result.attempts == 2
+    assert [(r.attempt, r.status, r.error_class) for r in rows] == [
+        (1, "error", "stream"), (2, "ok", None)]
+    assert rows[0].first_token_at is not None and rows[0].completion_tokens is None
+
+
 async def test_context_precheck_fails_without_sending_the_chat(sqlite_engine: Engine) -> None:
     fake = FakeServer(tokenize_count=2000, max_model_len=2048)
     result, rows = await one_call(sqlite_engine, fake, check_context_length=True)
