@@ -34,4 +34,4 @@ class PipelineConfig:
     """Output budget per node group (analyst, researcher, research_manager, trader, risk,
     portfolio_manager)."""
     data_dir: Path | None = None
-    """Where the snapshot provider reads; None means var/data."""
+    """Where the snapshot provider reads; it needs one (None is a ConfigError there)."""
