@@ -134,7 +134,9 @@ class BatchEngine:
                      samples=plan.samples, strategy=strategy.name, as_of=str(plan.as_of))
             recorder = UsageRecorder(self.engine)
             llm = TrackedLLM(self.settings, recorder, http_client=self.http_client)
-            sampler = (MetricsSampler.from_settings(self.settings, self.engine, batch_id)
+            # The same client as the calls': /metrics is read from the server they go to.
+            sampler = (MetricsSampler.from_settings(self.settings, self.engine, batch_id,
+                                                    client=self.http_client)
                        if self.sample_metrics else None)
             scheduler = Scheduler(llm, strategy, gauges=sampler,
                                   interval_s=min(self.settings.metrics_interval_s, 2.0))

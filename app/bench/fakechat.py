@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_DECISION = {
@@ -68,6 +69,7 @@ class ChatRequest:
     sample: int | None
     key: str = ""  # the last message's content: what identifies a call across its retries
     attempt: int = 1  # how many chat requests with this key have arrived, this one included
+    at: float = field(default_factory=time.monotonic)  # arrival, on the load's clock
     served: Reply | None = None  # filled once the reply is chosen
     completed: bool = False  # the whole answer, usage included, went out
 

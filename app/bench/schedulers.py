@@ -10,6 +10,7 @@ sweep.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import uuid
@@ -58,10 +59,13 @@ def machine_facts(settings: Settings, server_facts: dict[str, Any] | None) -> di
             "profile": settings.server_profile, "server_facts": server_facts or {}}
 
 
-async def _wait_idle(settings: Settings, timeout_s: float = 120.0) -> None:
+async def _wait_idle(settings: Settings, client: httpx.AsyncClient | None = None,
+                     timeout_s: float = 120.0) -> None:
     """Wait until the server runs and queues nothing, so arms do not overlap."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    async with httpx.AsyncClient(timeout=5.0) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        if client is None:
+            client = await stack.enter_async_context(httpx.AsyncClient(timeout=5.0))
         while asyncio.get_running_loop().time() < deadline:
             snap = await aread_metrics(settings.llm_base_url, client=client)
             if snap.running == 0 and snap.waiting == 0:
@@ -97,7 +101,7 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
     shapes = {t: shape(items) for t, items in workload.items()}
     for strategy in strategies:
         if engine_kwargs.get("sample_metrics", True):
-            await _wait_idle(settings)
+            await _wait_idle(settings, engine_kwargs.get("http_client"))
         arm_load = _salted(workload, f"{run_id}-{strategy}")
         flood = strategy == "flood"
 
