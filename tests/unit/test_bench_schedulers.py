@@ -6,7 +6,7 @@ from sqlalchemy import Engine, select
 
 from agents.graph import chain_length
 from app.batch.workload import shape
-from app.bench.fakeserver import FakeServer, Reply
+from app.bench.fakeserver import BASE_URL, FakeServer, Reply
 from app.bench.schedulers import run_bench
 from app.bench.workloads import fit_scale, seed_shape, synthetic_workload
 from app.config import load_settings
@@ -54,20 +54,37 @@ def _max_overlap(engine: Engine, batch_id: int) -> int:
     return peak
 
 
-async def test_each_strategy_sends_the_same_work_paced_as_named(sqlite_engine: Engine) -> None:
-    settings = load_settings(check_context_length=False, retry_backoff_s=0)
-    load = synthetic_workload(settings, 4, 0.002, output_scale=0.004)
-    server = FakeServer(lambda chat: Reply("tok " * 6, delay_s=0.01, completion_tokens=6))
+async def test_the_bench_orders_arms_as_a_server_of_known_capacity_dictates(
+        sqlite_engine: Engine) -> None:
+    # A fake that serves 2 requests at once, each 20 tokens x 2 ms. In units of one request:
+    # a ticker alone (fixed-1) takes 2 for its four analysts plus 13 for its chain, 30 for
+    # two tickers; both at once (fixed-2) take 4 + 13 = 17, and so does flood (34 requests
+    # over 2 places). So fixed-1 reaches at most 17/30 = 0.57 of the ceiling (less when each
+    # step's own latency adds up along its longer chain of steps), fixed-2 and flood all of
+    # it. Were the server unbounded, flood (every request at once) would beat fixed-2
+    # several times over; were it one place, fixed-1 would be as fast as any arm. Readings
+    # are on, so adaptive runs with the fake's live gauges.
+    settings = load_settings(check_context_length=False, retry_backoff_s=0,
+                             llm_base_url=BASE_URL, metrics_interval_s=0.05)
+    load = synthetic_workload(settings, 2, 0.002, output_scale=0.004)
+    server = FakeServer(lambda chat: Reply(" tok" * 20, completion_tokens=20,
+                                           token_delay_s=0.002, finish_reason="length"),
+                        capacity=2)
     result = await run_bench(settings, sqlite_engine, load, name="synthetic",
-                             strategies=["sequential", "fixed-2", "adaptive", "flood"],
-                             sample_metrics=False, http_client=server.client())
+                             strategies=["fixed-1", "fixed-2", "flood", "adaptive"],
+                             http_client=server.client())
     arms = {a["strategy"]: a for a in result.arms}
-    assert all(a["calls"] == 68 and a["completion_tokens"] == 68 * 6 for a in arms.values())
-    assert _max_overlap(sqlite_engine, arms["sequential"]["batch_id"]) == 1
-    assert _max_overlap(sqlite_engine, arms["fixed-2"]["batch_id"]) <= 2 * 4
-    assert _max_overlap(sqlite_engine, arms["flood"]["batch_id"]) > 17
+    assert all(a["calls"] == 34 and a["completion_tokens"] == 34 * 20 for a in arms.values())
     assert result.ceiling_arm in ("fixed-2", "flood")
-    assert arms[result.ceiling_arm]["ratio_to_ceiling"] == 1.0
+    assert 0.2 <= arms["fixed-1"]["ratio_to_ceiling"] <= 0.7
+    # Flooding past the server's two places buys nothing: the ceiling is the server's.
+    flood_gain = arms["flood"]["output_tokens_per_s"] / arms["fixed-2"]["output_tokens_per_s"]
+    assert 0.8 <= flood_gain <= 1.25
+    # The adaptive arm reads the gauges and keeps the server as full as fixed-2 does.
+    assert arms["adaptive"]["ratio_to_ceiling"] >= 0.8
+    assert server.load.max_in_flight == 34 and server.load.max_waiting == 34 - 2  # flood
+    # Each arm paced as named: one ticker at a time sends at most its four analysts.
+    assert _max_overlap(sqlite_engine, arms["fixed-1"]["batch_id"]) <= 4
     # Per-arm cache salts: no arm can reuse another arm's prefix cache.
     salts = {c.body.get("cache_salt") for c in server.chats}
     assert len(salts) == 4
