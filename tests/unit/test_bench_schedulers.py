@@ -77,9 +77,10 @@ async def test_the_bench_orders_arms_as_a_server_of_known_capacity_dictates(
     assert all(a["calls"] == 34 and a["completion_tokens"] == 34 * 20 for a in arms.values())
     assert result.ceiling_arm in ("fixed-2", "flood")
     assert 0.2 <= arms["fixed-1"]["ratio_to_ceiling"] <= 0.7
-    # Flooding past the server's two places buys nothing: the ceiling is the server's.
+    # Flooding past the server's two places buys nothing (32 requests only wait, and this
+    # process juggles 34 streams): the ceiling is the server's.
     flood_gain = arms["flood"]["output_tokens_per_s"] / arms["fixed-2"]["output_tokens_per_s"]
-    assert 0.8 <= flood_gain <= 1.25
+    assert flood_gain <= 1.25
     # The adaptive arm reads the gauges and keeps the server as full as fixed-2 does.
     assert arms["adaptive"]["ratio_to_ceiling"] >= 0.8
     assert server.load.max_in_flight == 34 and server.load.max_waiting == 34 - 2  # flood
