@@ -18,6 +18,7 @@ from app.cli import app as cli
 from app.config import load_settings
 from app.db.models import Batch, Decision, LLMCall, LLMRequest, TickerRun
 from app.ranking import ranking
+from app.serverview import server_view
 
 
 @pytest.fixture
@@ -29,8 +30,9 @@ def demo_dir(tmp_path: Path) -> Path:
 def make_engine(sqlite_engine: Engine, demo_dir: Path, server: FakeServer, **overrides: object
                 ) -> BatchEngine:
     settings = load_settings(check_context_length=False, retry_backoff_s=0, **overrides)
+    # Sampling on: the engine reads the fake's /metrics through the same client.
     return BatchEngine(settings, sqlite_engine, http_client=server.client(),
-                       provider=SnapshotProvider(demo_dir), sample_metrics=False)
+                       provider=SnapshotProvider(demo_dir))
 
 
 async def test_batch_stores_decisions_calls_and_requests(sqlite_engine: Engine,
@@ -55,6 +57,15 @@ async def test_batch_stores_decisions_calls_and_requests(sqlite_engine: Engine,
     _, rows = ranking(sqlite_engine)
     assert [r.rank for r in rows] == [1, 2, 3, 4]
     assert all(r.samples == 2 for r in rows)
+    # The server's own counters over the batch, from the stored /metrics readings, hold
+    # exactly the tokens of our rows, as the integration test checks on the real server.
+    with sqlite_engine.connect() as conn:
+        prompt, completion = conn.execute(select(func.sum(LLMCall.prompt_tokens),
+                                                 func.sum(LLMCall.completion_tokens))).one()
+    view = server_view(sqlite_engine, outcome.batch_id)
+    assert view.samples >= 2
+    assert (view.prompt_tokens, view.generation_tokens) == (prompt, completion)
+    assert prompt == server.usage_totals()["prompt_tokens"]
 
 
 async def test_invalid_decision_fails_its_ticker_loudly_others_finish(
@@ -106,7 +117,7 @@ def test_cli_run_then_ranking_json(monkeypatch: pytest.MonkeyPatch, demo_dir: Pa
     original = BatchEngine.__init__
 
     def with_fake(self: BatchEngine, *args: object, **kwargs: object) -> None:
-        kwargs.update(http_client=server.client(), sample_metrics=False)
+        kwargs.update(http_client=server.client())
         original(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(BatchEngine, "__init__", with_fake)
@@ -135,7 +146,7 @@ async def test_replay_keeps_calls_prompts_and_order(sqlite_engine: Engine, demo_
     original = list(server.chats)
     replay_server = FakeServer(nodes=node_names(settings.pipeline()), tickers=tickers)
     outcome = await replay_batch(settings, sqlite_engine, source.batch_id, label="same",
-                                 sample_metrics=False, http_client=replay_server.client())
+                                 http_client=replay_server.client())
     assert outcome.status == "succeeded"
     replayed = replay_server.chats
     assert len(replayed) == len(original) == 2 * 17

@@ -118,18 +118,23 @@ def test_row_matches_the_server_samples_columns() -> None:
     assert row["batch_id"] == 7
 
 
-def _transport(status: int = 200, text: str = RECORDED) -> httpx.MockTransport:
+def _transport(status: int = 200, text: str = RECORDED,
+               seen: list[str] | None = None) -> httpx.MockTransport:
     def handle(request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/metrics"
+        if seen is not None:
+            seen.append(str(request.url))
         return httpx.Response(status, text=text)
 
     return httpx.MockTransport(handle)
 
 
 def test_sync_reader_uses_the_server_root() -> None:
-    with httpx.Client(transport=_transport()) as client:
+    seen: list[str] = []
+    with httpx.Client(transport=_transport(seen=seen)) as client:
         snap = read_metrics("http://127.0.0.1:8000/v1", client=client)
-    assert snap.generation_tokens_total > 0
+    assert seen == ["http://127.0.0.1:8000/metrics"]
+    assert snap.generation_tokens_total == 14001.0  # the recorded page's counter
 
 
 async def test_async_reader_turns_http_errors_into_server_errors() -> None:
@@ -146,17 +151,21 @@ async def test_sampler_keeps_latest_and_stores_rows(tmp_path: Path) -> None:
         session.add(batch)
         session.commit()
         batch_id = batch.id
-    async with httpx.AsyncClient(transport=_transport()) as client:
+    reads: list[str] = []
+    async with httpx.AsyncClient(transport=_transport(seen=reads)) as client:
         sampler = MetricsSampler("http://x/v1", engine, batch_id, interval_s=0.01, client=client)
         async with sampler:
-            while sampler.samples_taken < 3:
+            while len(reads) < 3:
                 await asyncio.sleep(0.01)
-        assert sampler.latest is not None
+        assert sampler.latest is not None and sampler.latest.running == 2.0
     with Session(engine) as session:
         rows = session.scalars(select(ServerSample)).all()
-    assert len(rows) == sampler.samples_taken >= 4  # the last one is taken on stop
+    # One row per page the server answered, the last one read on stop.
+    assert len(rows) == len(reads) >= 4
     assert {r.batch_id for r in rows} == {batch_id}
-    assert rows[0].generation_tokens_total == sampler.latest.generation_tokens_total
+    # The recorded page's values, as test_recorded_metrics_parse_into_a_snapshot reads them.
+    assert {(r.running, r.prompt_tokens_total, r.generation_tokens_total) for r in rows} == {
+        (2.0, 65800.0, 14001.0)}
 
 
 async def test_sampler_skips_failed_reads() -> None:
