@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# Runs ON the GPU host, from the repository root, AFTER /root/stage/host-setup.sh has started the
-# vLLM server (127.0.0.1:8000, model gpu-model). Installs nightdesk's missing wheels (.whl) into
-# /tmp/site, then runs the nightdesk CLI with this script's arguments, e.g.
+# Runs ON the GPU host, from the repository root, once a vLLM server answers on
+# http://127.0.0.1:8000 with the model name gpu-model, and vLLM with its dependencies (openai,
+# pydantic, pydantic-settings ...) is installed under /root/site. That is how the H200 runs in
+# docs/performance.md were set up: the host had no package index, so vLLM 0.24.0 and the
+# packages its Python image lacked were installed from copied wheels into /root/site, and the
+# server was started from there with random weights (--load-format dummy) and
+# VLLM_USE_FLASHINFER_SAMPLER=0 (FlashInfer was not installed); its log is /root/vllm.log.
+#
+# This script installs the wheels nightdesk needs beyond those (.whl files) into /tmp/site, then
+# runs the nightdesk CLI from this checkout with the script's arguments, e.g.
 #   bash docs/bench/gpu-host-bench.sh bench schedulers --tickers 32 --json-out "$OUT/schedulers.json"
-# At the end /tmp/nd.db (the SQLite database of the run) is copied to $OUT when $OUT is set.
-# Wheels are read from ./.whl (carry it), else from $NIGHTDESK_WHL_DIR, else /root/stage/nd-whl.
+# When $OUT names a folder (where results are collected), /tmp/nd.db (the SQLite database of the
+# run) and the tail of /root/vllm.log are copied there at the end.
+# Wheels are read from ./.whl, else from $NIGHTDESK_WHL_DIR, else /root/stage/nd-whl.
 set -uo pipefail
 die() { echo "bench.sh: ERROR: $*" >&2; exit 2; }
 
@@ -17,7 +25,7 @@ whl=""
 for d in "${NIGHTDESK_WHL_DIR:-}" .whl /root/stage/nd-whl; do
   [ -n "$d" ] && compgen -G "$d/*.whl" >/dev/null && { whl=$d; break; }
 done
-[ -n "$whl" ] || die "no wheels found in .whl/ (name .whl in the run call's carry), \$NIGHTDESK_WHL_DIR or /root/stage/nd-whl"
+[ -n "$whl" ] || die "no wheels found in .whl/, \$NIGHTDESK_WHL_DIR or /root/stage/nd-whl"
 echo "bench.sh: installing $(ls "$whl"/*.whl | wc -l) wheels from $whl into /tmp/site"
 if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
        --target /tmp/site "$whl"/*.whl 2>/tmp/nd-pip.err; then
@@ -26,7 +34,7 @@ if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir 
 fi
 
 # --- environment -------------------------------------------------------------------------------
-[ -d /root/site/vllm ] || die "/root/site has no vllm: run /root/stage/host-setup.sh first (it installs openai, pydantic, pydantic-settings ... there)"
+[ -d /root/site/vllm ] || die "/root/site has no vllm: install vLLM and its dependencies (openai, pydantic, pydantic-settings ...) there first (see this script's header)"
 export PYTHONPATH=/tmp/site:/root/site:$PWD
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export NIGHTDESK_DATABASE_URL=sqlite:////tmp/nd.db
@@ -62,7 +70,7 @@ then
 fi
 if ! curl -sf --max-time 10 http://127.0.0.1:8000/health >/dev/null; then
   [ -f /root/vllm.log ] && { echo "--- tail of /root/vllm.log ---" >&2; tail -30 /root/vllm.log >&2; }
-  die "the vLLM server does not answer on http://127.0.0.1:8000/health: run /root/stage/host-setup.sh first, in this same machine's lease"
+  die "the vLLM server does not answer on http://127.0.0.1:8000/health: start it first (see this script's header)"
 fi
 curl -sf --max-time 10 http://127.0.0.1:8000/v1/models | grep -q '"gpu-model"' \
   || echo "bench.sh: WARNING: /v1/models does not list gpu-model" >&2
@@ -81,7 +89,8 @@ if [ -n "${OUT:-}" ]; then
     if [ "$size" -le $((15 * 1024 * 1024)) ]; then
       cp /tmp/nd.db "$OUT/nd.db" && echo "bench.sh: copied /tmp/nd.db ($size bytes) to \$OUT/nd.db"
     else
-      # Files over 16 MiB do not come back from $OUT: compress (zstd from /root/site), split if needed.
+      # Keep every file under 16 MiB (the limit on what was collected from $OUT on the H200
+      # machine): compress (zstd from /root/site), split if needed.
       echo "bench.sh: /tmp/nd.db is $size bytes: writing \$OUT/nd.db.zst (decompress: zstd -d)"
       if python3 -c '
 import sys, zstandard
