@@ -12,7 +12,8 @@ MODEL := $(NIGHTDESK_HOME)/models/smollm2-135m
 CPU_CONFIG := deploy/cpu-tiny.toml
 DEMO_TICKERS ?= 6
 BENCH_TICKERS ?= 24
-# Decode-bound like the seeds' GPU (docs/performance.md), and small enough for ~10 min on 2 cores.
+# Decode-bound like the production GPU (docs/performance.md), and small enough for ~10 min on
+# 2 cores.
 BENCH_SHAPE ?= --scale 0.005 --output-scale 0.02
 # `sequential` is left out here only for time (one request at a time would take longer than
 # all the other arms together); `nightdesk bench schedulers` runs it by default.

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-# Per-node output budgets; the GPU profiles want the seeds' ~1.5k, the tiny CPU model far less.
+# Per-node output budgets: ~1.5k tokens, what a real model writes per call; the tiny CPU model
+# gets far less (deploy/cpu-tiny.toml).
 DEFAULT_NODE_MAX_TOKENS: Mapping[str, int] = MappingProxyType({
     "analyst": 1536,
     "researcher": 1536,

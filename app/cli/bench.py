@@ -65,7 +65,7 @@ def tracker(
 def schedulers(
     tickers: Annotated[int, typer.Option(help="Tickers in the workload.")] = 32,
     workload: Annotated[str, typer.Option(
-        help="synthetic (the seeds' per-node shape, scaled) or recorded:BATCH_ID")] = "synthetic",
+        help="synthetic (the nightly per-node shape, scaled) or recorded:BATCH_ID")] = "synthetic",
     scale: Annotated[float | None, typer.Option(
         help="Synthetic prompt scale (default: the largest that fits max-model-len).")] = None,
     output_scale: Annotated[float | None, typer.Option(

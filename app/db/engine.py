@@ -31,7 +31,7 @@ def make_engine(url: str) -> Engine:
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record):
             cursor = dbapi_conn.cursor()
-            # WAL lets the report and web page read while the batch writes.
+            # WAL lets readers (report, ranking) read while the batch writes.
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
