@@ -61,7 +61,7 @@ class Strategy:
 
     @classmethod
     def parse(cls, name: str) -> Strategy:
-        """Parse ``adaptive[:knob=value,...]``, ``sequential`` or ``fixed-N``.
+        """Parse ``adaptive[:knob=value,...]``, ``sequential``, ``fixed-N`` or ``fixed-all``.
 
         Knobs are the admission policy's fields plus ``tail=on|off``, so a bench can put
         variants side by side: ``adaptive:kv_high=0.95,queue_allowance=0,tail=off``.
@@ -84,10 +84,14 @@ class Strategy:
         if name == "sequential":
             # TradingAgents' way: one ticker, one request at a time.
             return cls(name, tickers_in_flight=1, request_limit=1)
+        if name == "fixed-all":
+            # Every ticker's graph in flight at once, dependencies still respected.
+            return cls(name, tickers_in_flight=UNBOUNDED)
         match = re.fullmatch(r"fixed-(\d+)", name)
         if match and int(match.group(1)) > 0:
             return cls(name, tickers_in_flight=int(match.group(1)))
-        raise InputError(f"unknown strategy {name!r} (adaptive, sequential, fixed-N)")
+        raise InputError(f"unknown strategy {name!r} (adaptive, sequential, fixed-N, "
+                         "fixed-all)")
 
     def admission_policy(self, maximum: int) -> AdmissionPolicy:
         knobs: dict[str, Any] = {"maximum": maximum}

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from sqlalchemy import Engine, select
 
 from agents.graph import chain_length
+from app.batch.engine import max_in_flight
+from app.batch.scheduler import Strategy
 from app.batch.workload import shape
 from app.bench.fakeserver import FakeServer, Reply
-from app.bench.schedulers import run_bench
+from app.bench.schedulers import BenchResult, _judge, run_bench
 from app.bench.workloads import fit_scale, seed_shape, synthetic_workload
 from app.config import load_settings
 from app.db.models import LLMCall
@@ -66,8 +71,70 @@ async def test_each_strategy_sends_the_same_work_paced_as_named(sqlite_engine: E
     assert _max_overlap(sqlite_engine, arms["sequential"]["batch_id"]) == 1
     assert _max_overlap(sqlite_engine, arms["fixed-2"]["batch_id"]) <= 2 * 4
     assert _max_overlap(sqlite_engine, arms["flood"]["batch_id"]) > 17
-    assert result.ceiling_arm in ("fixed-2", "flood")
+    # The ceiling is the best arm that respects the graph; flood is reported beside it.
+    fastest_fixed = max(("sequential", "fixed-2"), key=lambda s: arms[s]["output_tokens_per_s"])
+    assert result.ceiling_arm == fastest_fixed
+    assert result.server_bound_arm == "flood"
     assert arms[result.ceiling_arm]["ratio_to_ceiling"] == 1.0
+    assert arms["flood"]["ratio_to_server_bound"] == 1.0
     # Per-arm cache salts: no arm can reuse another arm's prefix cache.
     salts = {c.body.get("cache_salt") for c in server.chats}
     assert len(salts) == 4
+
+
+def _fake_arm(strategy: str, tok_s: float, ttft: float = 1.0, preemptions: int = 0
+              ) -> dict[str, Any]:
+    return {"strategy": strategy, "output_tokens_per_s": tok_s, "mean_ttft_s": ttft,
+            "preemptions": preemptions}
+
+
+def test_the_ceiling_is_the_best_graph_respecting_arm_and_flood_is_the_bound() -> None:
+    result = BenchResult("w", 100, 1700, arms=[
+        _fake_arm("fixed-14", 500.0, ttft=1.0), _fake_arm("fixed-all", 450.0, ttft=20.0),
+        _fake_arm("adaptive", 480.0, ttft=0.9, preemptions=3), _fake_arm("flood", 600.0, 139.0),
+    ])
+    _judge(result)
+    assert (result.ceiling_arm, result.ceiling_tok_s) == ("fixed-14", 500.0)
+    assert (result.server_bound_arm, result.server_bound_tok_s) == ("flood", 600.0)
+    by = {a["strategy"]: a for a in result.arms}
+    assert by["adaptive"]["ratio_to_ceiling"] == pytest.approx(480 / 500)
+    assert by["adaptive"]["ratio_to_server_bound"] == pytest.approx(480 / 600)
+    assert by["flood"]["ratio_to_ceiling"] == pytest.approx(600 / 500)
+    checks = result.checks
+    assert checks["adaptive >= ceiling (best fixed schedule: fixed-14)"] is False
+    assert checks["adaptive >= 0.9 x flood (server bound)"] is False  # 480 < 540
+    assert checks["adaptive: zero preemptions"] is False
+    assert checks["adaptive TTFT <= best fixed-N's (fixed-14)"] is True
+    assert "adaptive >= 1.5 x fixed-3" not in checks
+    # The JSON says which arm set each reference.
+    data = result.to_json()
+    assert data["ceiling_arm"] == "fixed-14" and data["server_bound_arm"] == "flood"
+
+
+def test_fixed_all_keeps_every_ticker_in_flight_and_flood_is_uncapped() -> None:
+    all_in = Strategy.parse("fixed-all")
+    tickers = 120  # more than httpx's default pool of 100 connections
+    shapes = {f"T{i}": (17, 14) for i in range(tickers)}
+    assert all_in.tickers_in_flight is not None and all_in.tickers_in_flight >= tickers
+    # The pool for fixed-all (and flood, which runs as fixed-all) holds every request.
+    assert max_in_flight(all_in, shapes, max_concurrency=64) == 17 * 120
+
+
+async def test_fixed_all_runs_every_ticker_at_once_respecting_dependencies(
+        sqlite_engine: Engine) -> None:
+    settings = load_settings(check_context_length=False, retry_backoff_s=0)
+    load = synthetic_workload(settings, 6, 0.002, output_scale=0.004)
+    server = FakeServer(lambda chat: Reply("tok " * 6, delay_s=0.05, completion_tokens=6))
+    result = await run_bench(settings, sqlite_engine, load, name="synthetic",
+                             strategies=["fixed-all"], sample_metrics=False,
+                             http_client=server.client())
+    batch_id = result.arms[0]["batch_id"]
+    # 6 tickers x 4 analysts start together; the chain after them keeps each ticker at one.
+    assert _max_overlap(sqlite_engine, batch_id) == 6 * 4
+    with sqlite_engine.connect() as conn:
+        rows = conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.started_at,
+                                   LLMCall.ended_at).where(LLMCall.batch_id == batch_id)).all()
+    ends = {(r.ticker, r.node): r.ended_at for r in rows}
+    for r in rows:
+        item = next(i for i in load[r.ticker] if i.node == r.node)
+        assert all(ends[(r.ticker, d)] <= r.started_at for d in item.deps)
