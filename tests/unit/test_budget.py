@@ -1,0 +1,286 @@
+"""The KV token budget: scripted gauges and request sizes, checked against arithmetic done here."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import numpy as np
+
+from agents.chat import CallTag
+from app.batch.budget import TokenBudget
+from app.batch.gate import Gate, GatedLLM, Ticket
+from app.batch.sampler import MetricsSampler
+from app.batch.scheduler import Job, Scheduler, Strategy
+
+FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
+
+
+@dataclass
+class G:
+    kv_cache_usage: float = 0.0
+    preemptions_total: float = 0
+    generation_tokens_total: float = 0
+    running: float = 0
+    waiting: float = 0
+
+
+def body(prompt_bytes: int, max_tokens: int) -> dict[str, Any]:
+    # Two messages: a 2-byte system text and a user text of the rest.
+    return {"messages": [{"role": "system", "content": "hi"},
+                         {"role": "user", "content": "x" * (prompt_bytes - 2)}],
+            "max_tokens": max_tokens}
+
+
+def blocks(tokens: float, size: int = 16) -> int:
+    return math.ceil(tokens / size) * size
+
+
+def test_a_request_reserves_its_prompt_and_its_whole_max_output_in_blocks() -> None:
+    budget = TokenBudget(capacity=10_000, block_size=16, tokens_per_byte=0.5)
+    # 1,000 bytes at 0.5 tokens/byte, 8 template tokens per message + 8 for the reply,
+    # 300 output tokens: 500 + 24 + 300 = 824, rounded up to 52 blocks of 16.
+    assert budget.cost("bull", body(1000, 300)) == 832 == blocks(500 + 24 + 300)
+
+
+def test_long_outputs_cannot_overflow_the_cache_once_admitted() -> None:
+    # A cache of 4,000 tokens; requests of 400 prompt bytes that will each grow to their
+    # max_tokens of 600 after admission. The gate admits only what fits at full length.
+    capacity, fill = 4_000, 0.95
+    budget = TokenBudget(capacity=capacity, fill=fill, block_size=16, tokens_per_byte=0.5)
+    gate = Gate(limit=64, budget=budget)
+    cost = blocks(400 * 0.5 + 24 + 600)  # 832
+    fit = int(capacity * fill) // cost  # 3,800 // 832 = 4
+    admitted: list[int] = []
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def one(i: int) -> None:
+            c = budget.cost("analyst", body(400, 600))
+            async with gate.slot(priority=i, cost=c, ticket=Ticket(i, requests=1)):
+                admitted.append(i)
+                await release.wait()
+
+        tasks = [asyncio.create_task(one(i)) for i in range(8)]
+        await asyncio.sleep(0.01)
+        assert len(admitted) == fit
+        assert gate.waiting == 8 - fit
+        # Every admitted answer grows to its max: the tokens they can reach still fit,
+        # counting each request's true prompt (here 100 tokens for 400 bytes) or the estimate.
+        assert fit * cost <= capacity
+        assert fit * blocks(100 + 24 + 600) <= capacity
+        release.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(scenario())
+    assert sorted(admitted) == list(range(8))
+    assert budget.reserved == 0 and budget.held == 0
+
+
+def test_the_output_reserved_becomes_a_high_quantile_of_what_the_node_produced() -> None:
+    budget = TokenBudget(capacity=100_000, block_size=16, out_quantile=0.95, min_samples=5)
+    outputs = [37 * i % 211 + 50 for i in range(1, 21)]  # twenty lengths, 50..260
+    for n in outputs[:4]:
+        budget.learn("trader", body(400, 1000), prompt_tokens=100, completion_tokens=n)
+    # Four samples are too few: the whole max_tokens is reserved.
+    assert budget.expected_output("trader", 1000) == 1000
+    for n in outputs[4:]:
+        budget.learn("trader", body(400, 1000), prompt_tokens=100, completion_tokens=n)
+    q95 = int(np.percentile(outputs, 95, method="inverted_cdf"))
+    assert budget.expected_output("trader", 1000) == q95
+    assert budget.expected_output("trader", 120) == min(120, q95)  # never above max_tokens
+    assert budget.expected_output("other_node", 700) == 700  # per node kind
+    # Prompts: 100 tokens per 400 bytes seen, plus a 5% margin.
+    assert budget.ratio() == 1.05 * 100 / 400
+    assert budget.cost("trader", body(800, 1000)) == blocks(
+        math.ceil(800 * 1.05 * 100 / 400) + 24 + q95)
+
+
+def test_preemptions_shrink_the_budget_and_a_restart_starts_it_over() -> None:
+    budget = TokenBudget(capacity=49_152, fill=0.95, backoff=0.8)
+    full = 49_152 * 0.95
+    assert budget.observe(G(preemptions_total=3, generation_tokens_total=10)) == int(full)
+    assert budget.observe(G(preemptions_total=5, generation_tokens_total=20)) == int(full * 0.8)
+    assert budget.reason == "2 preemptions"
+    assert budget.observe(G(preemptions_total=5, generation_tokens_total=30)) == int(full * 0.8)
+    assert budget.observe(G(preemptions_total=6, generation_tokens_total=40)) == int(
+        full * 0.8 * 0.8)
+    # Counters reset: the server restarted. The corrections start over...
+    assert budget.observe(G(preemptions_total=0, generation_tokens_total=5)) == int(full)
+    assert budget.reason == "server restarted"
+    # ...and the next preemption counts from the new baseline (1 new, not 1 - 6).
+    assert budget.observe(G(preemptions_total=1, generation_tokens_total=9)) == int(full * 0.8)
+
+
+def test_kv_usage_above_the_estimate_scales_the_budget_down_then_eases_back() -> None:
+    budget = TokenBudget(capacity=10_000, fill=0.9, block_size=16)
+    budget.take(3_000)  # what we think is in the cache
+    # The server says 50% of 10,000 = 5,000 tokens are used: requests are 5/3 as large.
+    assert budget.observe(G(kv_cache_usage=0.5)) == int(10_000 * 0.9 * 3_000 / 5_000)
+    assert budget.reason == "kv usage above the estimate"
+    # Usage back within the estimate: a quarter of the way back per reading.
+    correction = 3_000 / 5_000
+    for _ in range(3):
+        correction += 0.25 * (1 - correction)
+        assert budget.observe(G(kv_cache_usage=0.2)) == int(10_000 * 0.9 * correction)
+
+
+def test_unknown_capacity_budgets_nothing() -> None:
+    budget = TokenBudget(capacity=None)
+    budget.take(10**9)
+    assert budget.limit is None and budget.fits(10**9) and budget.room_for_new()
+    assert budget.observe(G(kv_cache_usage=1.0, preemptions_total=4)) is None
+
+
+def test_a_ticker_between_calls_holds_its_tokens_against_new_tickers_only() -> None:
+    budget = TokenBudget(capacity=1_000, fill=1.0, block_size=16)
+    gate = Gate(limit=64, budget=budget)
+    senior = Ticket(0, requests=3, chain=3)
+
+    async def scenario() -> None:
+        async with gate.slot(0, cost=400, ticket=senior):
+            assert budget.reserved == 400
+        # One call done, two to go: its 400 tokens stay held for the next one.
+        assert (budget.reserved, budget.held, senior.hold) == (0, 400, 400)
+        assert budget.room_for_new()  # a typical request (400) fits beside the hold: 800
+        budget.take(500)  # another ticker's request
+        # A new ticker needs a typical request (450) beside the 500 reserved and 400 held.
+        assert budget.typical_cost == (400 + 500) // 2
+        assert not gate.has_room()
+        # The senior's next call (larger: its prompt grew) takes its hold's place.
+        async with gate.slot(0, cost=480, ticket=senior):
+            assert (budget.reserved, budget.held, senior.hold) == (980, 0, 0)
+        assert budget.held == 480  # one call still to go
+        gate.drop_hold(senior)  # the ticker ended early: nothing held any more
+        assert budget.held == 0 and senior.hold == 0
+
+    asyncio.run(scenario())
+
+
+def test_the_sampler_reads_the_kv_capacity_from_cache_config_info() -> None:
+    text = FIXTURE.read_text()
+    line = next(x for x in text.splitlines() if x.startswith("vllm:cache_config_info"))
+    blocks_label = int(re.search(r'num_gpu_blocks="(\d+)"', line).group(1))  # type: ignore[union-attr]
+    size_label = int(re.search(r'block_size="(\d+)"', line).group(1))  # type: ignore[union-attr]
+
+    async def read() -> MetricsSampler:
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, text=text))
+        async with httpx.AsyncClient(transport=transport) as client:
+            sampler = MetricsSampler("http://x/v1", None, None, interval_s=1, client=client)
+            await sampler.sample_once()
+            return sampler
+
+    sampler = asyncio.run(read())
+    assert sampler.kv_capacity == blocks_label * size_label == 728 * 128
+    assert sampler.block_size == size_label
+
+
+class SimServer:
+    """A KV cache in tokens: answers grow a step at a time after admission; overflow preempts.
+
+    Prompts really hold a quarter token per byte; every answer runs to its max_tokens.
+    """
+
+    def __init__(self, capacity: int, block: int = 16) -> None:
+        self.capacity, self.block = capacity, block
+        self.settings = SimpleNamespace(max_concurrency=64)
+        self.live: dict[int, list[int]] = {}  # id -> [prompt tokens, generated]
+        self.preemptions = 0
+        self.generated = 0
+        self.peak_used = 0
+        self.budget: TokenBudget | None = None
+        self.peak_reserved = 0
+        self._ids = 0
+
+    def used(self) -> int:
+        return sum(math.ceil((p + g) / self.block) * self.block for p, g in self.live.values())
+
+    @property
+    def kv_capacity(self) -> int:
+        return self.capacity
+
+    @property
+    def block_size(self) -> int:
+        return self.block
+
+    @property
+    def latest(self) -> G:
+        return G(kv_cache_usage=min(1.0, self.used() / self.capacity),
+                 preemptions_total=self.preemptions, generation_tokens_total=self.generated,
+                 running=len(self.live))
+
+    async def send(self, tag: CallTag, body: dict[str, Any], *,
+                   priority: int | None = None) -> SimpleNamespace:
+        if self.budget is not None:
+            self.peak_reserved = max(self.peak_reserved, self.budget.reserved)
+        self._ids += 1
+        rid = self._ids
+        size = sum(len(m["content"].encode()) for m in body["messages"])
+        self.live[rid] = [size // 4, 0]
+        steps = 10
+        for _ in range(steps):
+            await asyncio.sleep(0.002)
+            self.live[rid][1] += body["max_tokens"] // steps
+            self.generated += body["max_tokens"] // steps
+            used = self.used()
+            self.peak_used = max(self.peak_used, used)
+            if used > self.capacity:
+                self.preemptions += 1
+        del self.live[rid]
+        return SimpleNamespace(prompt_tokens=size // 4, completion_tokens=body["max_tokens"])
+
+
+def chain_job(key: str, length: int, first_bytes: int, step_bytes: int, out: int) -> Job:
+    async def run(gated: GatedLLM) -> None:
+        for step in range(length):
+            await gated.send(CallTag(1, key, f"n{step}", 0),
+                             body(first_bytes + step * step_bytes, out))
+    return Job(key, run, requests=length, chain=length)
+
+
+def _run_sim(strategy: str, capacity: int) -> tuple[SimServer, Scheduler]:
+    server = SimServer(capacity)
+    scheduler = Scheduler(server, Strategy.parse(strategy),  # type: ignore[arg-type]
+                          gauges=server, interval_s=0.004)
+    server.budget = scheduler.budget
+
+    async def on_done(job: Job, result: Any, error: BaseException | None) -> None:
+        assert error is None
+
+    jobs = [chain_job(f"T{i}", 5, 2_000, 400, 400) for i in range(12)]
+    asyncio.run(scheduler.run(jobs, on_done))
+    return server, scheduler
+
+
+def test_adaptive_fills_the_cache_without_a_preemption_where_a_fixed_setting_overflows() -> None:
+    capacity = 6_400  # room for about six requests at full length (~900-1,300 tokens each)
+    flooded, _ = _run_sim("fixed-all", capacity)
+    assert flooded.preemptions > 0  # the workload does overflow this cache when let loose
+    server, scheduler = _run_sim("adaptive", capacity)
+    assert server.preemptions == 0
+    assert server.peak_used <= capacity
+    budget = scheduler.budget
+    assert budget is not None and budget.capacity == capacity
+    # The budget was used: reservations reached within one (largest) request of the limit.
+    largest = blocks(math.ceil((2_000 + 4 * 400) * 0.5) + 24 + 400)
+    assert server.peak_reserved >= capacity * 0.95 - 2 * largest
+    assert budget.reserved == 0 and budget.held == 0  # everything given back
+
+
+def test_adaptive_without_budget_or_capacity_admits_by_request_count() -> None:
+    assert Strategy.parse("adaptive:budget=off").token_budget() is None
+    knobbed = Strategy.parse("adaptive:fill=0.9,overbook=1.2,budget_backoff=0.5,min_samples=3")
+    budget = knobbed.token_budget()
+    assert budget is not None
+    assert (budget.fill, budget.overbook, budget.backoff, budget.min_samples) == (
+        0.9, 1.2, 0.5, 3)
+    # No gauges at all: no budget (it could never learn the capacity).
+    llm = SimServer(1_000)
+    assert Scheduler(llm, Strategy.parse("adaptive")).budget is None  # type: ignore[arg-type]
