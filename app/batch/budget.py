@@ -164,6 +164,17 @@ class TokenBudget:
         """Release a finished ticker's hold."""
         self.held -= held
 
+    def summary(self) -> dict[str, Any]:
+        """Return what the budget knew and did, for the batch's log and the bench's JSON."""
+        return {
+            "kv_capacity_tokens": self.capacity, "fill": self.fill, "limit_tokens": self.limit,
+            "factor": round(self.factor, 4), "correction": round(self.correction, 4),
+            "tokens_per_byte": round(self.ratio(), 4), "reason": self.reason,
+            "mean_request_tokens": self.typical_cost, "requests": self.requests_admitted,
+            "expected_output": {node: self.expected_output(node, max(seen))
+                                for node, seen in sorted(self._outputs.items())},
+        }
+
     def learn(self, node: str, body: dict[str, Any], prompt_tokens: int,
               completion_tokens: int) -> None:
         """Learn from a finished request what its prompt and output really came to."""

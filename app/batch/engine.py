@@ -52,6 +52,7 @@ class BatchOutcome:
     status: str
     succeeded: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    admission: dict[str, Any] = field(default_factory=dict)  # how the scheduler ended
 
 
 class BatchEngine:
@@ -188,11 +189,12 @@ class BatchEngine:
                 await recorder.close()
                 await llm.aclose()
                 outcome.status = status
+                outcome.admission = scheduler.admission()
                 await asyncio.to_thread(
                     store.finish_batch, self.engine, batch_id, status, error_text,
                     final_settings() if final_settings else None)
                 log.info("batch finished", status=status, succeeded=len(outcome.succeeded),
-                         failed=len(outcome.failed))
+                         failed=len(outcome.failed), admission=outcome.admission)
         return outcome
 
     async def _heartbeat(self, batch_id: int) -> None:

@@ -256,6 +256,15 @@ class Scheduler:
                               held=self.budget.held, reason=self.budget.reason)
             await asyncio.sleep(self.interval_s / 2)
 
+    def admission(self) -> dict[str, Any]:
+        """Return how admission ended: the request limit and, when budgeted, the token budget."""
+        figures: dict[str, Any] = {"strategy": self.strategy.name,
+                                   "request_limit": self.gate.limit}
+        if self.strategy.adaptive:
+            figures["request_limit_reason"] = self.policy.reason
+            figures["token_budget"] = self.budget.summary() if self.budget else None
+        return figures
+
     def _budget_capacity(self) -> None:
         """Give the budget the server's KV capacity; say once how admission works."""
         if self.budget is None:

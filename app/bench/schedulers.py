@@ -116,6 +116,7 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         outcome = await runner.execute(plan, work, weights=weights, shapes=shapes)
         figures = await asyncio.to_thread(arm, engine, outcome.batch_id)
         figures["strategy"] = strategy
+        figures["admission"] = outcome.admission
         result.arms.append(figures)
     _judge(result)
     return result

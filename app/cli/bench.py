@@ -138,6 +138,16 @@ def schedulers(
     m = result.machine
     console.print(f"machine: {m['cpu_model']}, {m['cores']} cores, Python {m['python']}; server "
                   f"{m['model']} ({m['profile']}) at {m['server']}; {m['date']}")
+    for a in result.arms:
+        budget = (a.get("admission") or {}).get("token_budget")
+        if budget:
+            console.print(f"  {a['strategy']}: token budget {budget['limit_tokens']} of "
+                          f"{budget['kv_capacity_tokens']} KV tokens at the end (factor "
+                          f"{budget['factor']}, correction {budget['correction']}, "
+                          f"{budget['tokens_per_byte']} tokens/byte; {budget['reason']})")
+        elif a["strategy"].startswith("adaptive") and a.get("admission"):
+            console.print(f"  {a['strategy']}: no token budget (KV capacity unknown or "
+                          "budget=off): admission by request count")
     for check, ok in result.checks.items():
         console.print(f"  {'met   ' if ok else 'MISSED'}  {check}")
     if json_out is not None:

@@ -272,6 +272,11 @@ def test_adaptive_fills_the_cache_without_a_preemption_where_a_fixed_setting_ove
     largest = blocks(math.ceil((2_000 + 4 * 400) * 0.5) + 24 + 400)
     assert server.peak_reserved >= capacity * 0.95 - 2 * largest
     assert budget.reserved == 0 and budget.held == 0  # everything given back
+    # The batch's admission summary says what the budget learned: every answer was 400.
+    summary = scheduler.admission()["token_budget"]
+    assert summary["kv_capacity_tokens"] == capacity
+    assert summary["expected_output"] == {f"n{i}": 400 for i in range(5)}
+    assert summary["tokens_per_byte"] == round(1.05 * 0.25, 4)
 
 
 def test_adaptive_without_budget_or_capacity_admits_by_request_count() -> None:
