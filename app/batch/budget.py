@@ -70,6 +70,7 @@ class TokenBudget:
     _tokens_seen: int = field(init=False, default=0)
     _preemptions: float | None = field(init=False, default=None)
     _generated: float | None = field(init=False, default=None)
+    _window_peak: int = field(init=False, default=0)  # most reserved since the last reading
     costs_admitted: int = field(init=False, default=0)
     requests_admitted: int = field(init=False, default=0)
 
@@ -146,6 +147,7 @@ class TokenBudget:
         """Reserve ``cost`` for a request, releasing its ticker's hold of ``held``."""
         self.held -= held
         self.reserved += cost
+        self._window_peak = max(self._window_peak, self.reserved)
         self.costs_admitted += cost
         self.requests_admitted += 1
 
@@ -208,13 +210,17 @@ class TokenBudget:
         elif new_preemptions > 0:
             self.factor *= self.backoff
             self.reason = f"{new_preemptions:.0f} preemptions"
+        # The reading was taken a moment ago: requests released since were still in it, so
+        # compare with the most reserved since the previous reading, not with now.
+        reserved = max(self.reserved, self._window_peak)
+        self._window_peak = self.reserved
         if self.capacity and not restarted:
             used = gauges.kv_cache_usage * self.capacity
             # Usage above what we reserved: requests are larger than estimated (or the
             # server has other clients). Scale down so our reservations mean real tokens;
             # never above 1, since reservations exceeding use is the margin for growth.
-            if self.reserved and used > self.reserved + self.block_size:
-                self.correction = min(self.correction, self.reserved / used)
+            if reserved and used > reserved + self.block_size:
+                self.correction = min(self.correction, reserved / used)
                 self.reason = "kv usage above the estimate"
             else:
                 # Estimates learned since (prompt ratio, output quantiles) are better: let

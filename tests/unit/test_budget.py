@@ -132,6 +132,17 @@ def test_kv_usage_above_the_estimate_scales_the_budget_down_then_eases_back() ->
         assert budget.observe(G(kv_cache_usage=0.2)) == int(10_000 * 0.9 * correction)
 
 
+def test_a_reading_taken_before_a_release_does_not_count_as_an_underestimate() -> None:
+    budget = TokenBudget(capacity=10_000, fill=0.9, block_size=16)
+    budget.take(3_000)
+    budget.take(2_000)
+    budget.give_back(2_000, hold=False)  # finished after the server's page was read
+    # 5,000 used is what was reserved when the page was read: no correction.
+    assert budget.observe(G(kv_cache_usage=0.5)) == int(10_000 * 0.9)
+    # The next reading still shows 5,000 for the 3,000 reserved since: that is real.
+    assert budget.observe(G(kv_cache_usage=0.5)) == int(10_000 * 0.9 * 3_000 / 5_000)
+
+
 def test_unknown_capacity_budgets_nothing() -> None:
     budget = TokenBudget(capacity=None)
     budget.take(10**9)
