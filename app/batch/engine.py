@@ -137,7 +137,9 @@ class BatchEngine:
             llm = TrackedLLM(self.settings, recorder, http_client=self.http_client,
                              max_in_flight=max_in_flight(strategy, shapes,
                                                          self.settings.max_concurrency))
-            sampler = (MetricsSampler.from_settings(self.settings, self.engine, batch_id)
+            # The LLM's client (when one is given) also reads /metrics: the same server.
+            sampler = (MetricsSampler.from_settings(self.settings, self.engine, batch_id,
+                                                    client=self.http_client)
                        if self.sample_metrics else None)
             scheduler = Scheduler(llm, strategy, gauges=sampler,
                                   interval_s=min(self.settings.metrics_interval_s, 2.0))

@@ -60,9 +60,11 @@ class MetricsSampler:
 
     @classmethod
     def from_settings(cls, settings: Settings, engine: Engine | None,
-                      batch_id: int | None) -> MetricsSampler:
+                      batch_id: int | None, *,
+                      client: httpx.AsyncClient | None = None) -> MetricsSampler:
         """Make a sampler for the configured server and interval."""
-        return cls(settings.llm_base_url, engine, batch_id, interval_s=settings.metrics_interval_s)
+        return cls(settings.llm_base_url, engine, batch_id, interval_s=settings.metrics_interval_s,
+                   client=client)
 
     async def sample_once(self) -> MetricsSnapshot | None:
         """Take one reading and store it; return None when it could not be read."""

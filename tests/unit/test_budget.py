@@ -6,6 +6,7 @@ import asyncio
 import math
 import re
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,9 +16,15 @@ import numpy as np
 
 from agents.chat import CallTag
 from app.batch.budget import TokenBudget
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.gate import Gate, GatedLLM, Ticket
 from app.batch.sampler import MetricsSampler
 from app.batch.scheduler import Job, Scheduler, Strategy
+from app.batch.workload import play, shape
+from app.bench.fakechat import Reply
+from app.bench.fakeserver import FakeServer
+from app.bench.workloads import synthetic_workload
+from app.config import load_settings
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
 
@@ -300,3 +307,47 @@ def test_adaptive_without_budget_or_capacity_admits_by_request_count() -> None:
     # No gauges at all: no budget (it could never learn the capacity).
     llm = SimServer(1_000)
     assert Scheduler(llm, Strategy.parse("adaptive")).budget is None  # type: ignore[arg-type]
+
+
+async def _engine_run(sqlite_engine: Any, strategy: str, kv_tokens: int
+                      ) -> tuple[FakeServer, BatchOutcome]:
+    settings = load_settings(check_context_length=False, retry_backoff_s=0,
+                             metrics_interval_s=0.02, record_requests=False)
+    load = synthetic_workload(settings, 8, 0.05, output_scale=0.1)  # prompts 200-1000 words
+
+    def answer(chat: Any) -> Reply:
+        # Every answer runs to its max_tokens, as with ignore_eos: it grows after admission.
+        n = chat.body["max_tokens"]
+        return Reply("w " * n, completion_tokens=n, token_delay_s=0.0004, chunks=4)
+
+    server = FakeServer(script=answer, capacity=64, kv_tokens=kv_tokens)
+    runner = BatchEngine(settings, sqlite_engine, http_client=server.client())
+
+    async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[Any]:
+        return await play(load[ticker], gated, batch_id)
+
+    plan = BatchPlan("bench", date(2025, 1, 2), sorted(load), 1, strategy)
+    outcome = await runner.execute(plan, work, shapes={t: shape(i) for t, i in load.items()})
+    return server, outcome
+
+
+async def test_through_the_engine_the_budget_learns_the_fake_servers_cache_and_never_overfills(
+        sqlite_engine: Any) -> None:
+    # The fake admits a request only when its whole answer fits in its KV cache; what does
+    # not fit waits in its queue. 4,096 tokens hold a few of this workload's requests
+    # (~250-1,250 prompt tokens and 150 output each).
+    kv_tokens = 4_096
+    loose, loose_outcome = await _engine_run(sqlite_engine, "fixed-all", kv_tokens)
+    assert loose_outcome.status == "succeeded"
+    assert loose.load.max_waiting > 0  # let loose, the workload outgrows the cache
+    # Counting requests and reacting to KV usage lets requests in that then wait for room.
+    counted, _ = await _engine_run(sqlite_engine, "adaptive:budget=off", kv_tokens)
+    assert counted.load.max_waiting > 0
+    server, outcome = await _engine_run(sqlite_engine, "adaptive", kv_tokens)
+    assert outcome.status == "succeeded" and not outcome.failed
+    budget = outcome.admission["token_budget"]
+    # The capacity came from the fake's vllm:cache_config_info through the batch's sampler.
+    assert budget["kv_capacity_tokens"] == kv_tokens
+    # Our reservations covered every answer at full length: nothing ever waited for room.
+    assert server.load.max_waiting == 0
+    assert server.load.max_in_flight > 1
