@@ -18,6 +18,7 @@ from agents.chat import CallTag
 from app.batch.budget import TokenBudget
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.gate import Gate, GatedLLM, Ticket
+from app.batch.progress import BatchProgress
 from app.batch.sampler import MetricsSampler
 from app.batch.scheduler import Job, Scheduler, Strategy
 from app.batch.workload import play, shape
@@ -25,6 +26,7 @@ from app.bench.fakechat import Reply
 from app.bench.fakeserver import FakeServer
 from app.bench.workloads import synthetic_workload
 from app.config import load_settings
+from app.llm import CallStats
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
 
@@ -351,3 +353,19 @@ async def test_through_the_engine_the_budget_learns_the_fake_servers_cache_and_n
     # Our reservations covered every answer at full length: nothing ever waited for room.
     assert server.load.max_waiting == 0
     assert server.load.max_in_flight > 1
+
+
+def test_progress_shows_the_token_budget_in_use() -> None:
+    server = SimServer(8_000)
+    scheduler = Scheduler(server, Strategy.parse("adaptive"),  # type: ignore[arg-type]
+                          gauges=server)
+    assert scheduler.budget is not None
+    scheduler.budget.set_capacity(8_000, 16)
+    scheduler.budget.take(1_234)
+    llm = SimpleNamespace(stats=CallStats())
+    state = BatchProgress(1, 3, llm, scheduler, server).state()
+    assert (state["budget_tokens"], state["reserved_tokens"]) == (int(8_000 * 0.95), 1_234)
+    # Without a budget (a fixed strategy) the fields say so.
+    fixed = Scheduler(server, Strategy.parse("fixed-3"), gauges=server)  # type: ignore[arg-type]
+    assert fixed.budget is None
+    assert BatchProgress(1, 3, llm, fixed, server).state()["budget_tokens"] is None
