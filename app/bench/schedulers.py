@@ -29,6 +29,7 @@ from app.batch.scheduler import Strategy
 from app.batch.workload import Workload, play, shape
 from app.bench.tracker import machine_facts as host_facts
 from app.config import Settings
+from app.errors import InputError
 from app.report import arm
 from serving.metrics import aread_metrics
 
@@ -118,6 +119,30 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         figures["strategy"] = strategy
         figures["admission"] = outcome.admission
         result.arms.append(figures)
+    _judge(result)
+    return result
+
+
+def combine_results(runs: list[dict[str, Any]]) -> BenchResult:
+    """Merge bench results of one workload run arm by arm (a device call each) and judge them.
+
+    A run that differs in workload, tickers or requests is refused: its arms are not
+    comparable. The machine facts are the first run's.
+    """
+    if not runs:
+        raise InputError("no bench results to combine")
+    first = runs[0]
+    try:
+        result = BenchResult(first["workload"], first["tickers"], first["requests"],
+                             machine=first.get("machine", {}))
+        for run in runs:
+            same = (run["workload"], run["tickers"], run["requests"])
+            if same != (result.workload, result.tickers, result.requests):
+                raise InputError(f"cannot combine a run of {same} with one of "
+                                 f"{(result.workload, result.tickers, result.requests)}")
+            result.arms.extend(run["arms"])
+    except (KeyError, TypeError) as error:
+        raise InputError(f"not a bench schedulers result (missing {error})") from None
     _judge(result)
     return result
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from app.cli.common import setup
+
+if TYPE_CHECKING:
+    from app.bench.schedulers import BenchResult
 
 app = typer.Typer(no_args_is_help=True, help="Measure nightdesk's own overheads.")
 
@@ -87,7 +90,6 @@ def schedulers(
     from app.bench.schedulers import run_bench
     from app.bench.workloads import fit_scale, synthetic_workload
     from app.cli.common import database
-    from app.cli.report import COMPARE_COLUMNS, _fmt
     from app.errors import InputError, ServerError
     from serving.facts import batch_server_facts
     from serving.urls import server_root
@@ -116,7 +118,14 @@ def schedulers(
                                    server_facts=batch_server_facts(
                                        settings.server_profile, settings.llm_base_url,
                                        settings.server_dir)))
-    table = Table(title=f"scheduler bench: {name}, {result.tickers} tickers, "
+    show_schedulers(result, json_out)
+
+
+def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
+    """Print a scheduler bench's table, references and checks; write its JSON when asked."""
+    from app.cli.report import COMPARE_COLUMNS, _fmt
+
+    table = Table(title=f"scheduler bench: {result.workload}, {result.tickers} tickers, "
                         f"{result.requests} requests; ceiling {result.ceiling_tok_s:.1f} tok/s "
                         f"({result.ceiling_arm or '-'}); server bound "
                         f"{result.server_bound_tok_s:.1f} tok/s "
@@ -131,7 +140,7 @@ def schedulers(
     for header, _, _ in columns:
         table.add_column(header, justify="left" if header == "strategy" else "right")
     for a in result.arms:
-        table.add_row(*(str(a[key]) if spec == "s" else _fmt(a[key], spec)
+        table.add_row(*(str(a.get(key)) if spec == "s" else _fmt(a.get(key), spec)
                         for _, key, spec in columns))
     console = Console(width=150)
     console.print(table)
@@ -153,3 +162,25 @@ def schedulers(
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
+
+
+@app.command("combine")
+def combine(
+    files: Annotated[list[Path], typer.Argument(help="JSON files of bench schedulers runs.")],
+    json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
+) -> None:
+    """Put arms run in separate calls (same workload, same server) in one table and judge them.
+
+    The ceiling, the server's bound and the checks are worked out again over all the arms.
+    """
+    from app.bench.schedulers import combine_results
+    from app.errors import InputError
+
+    setup()
+    loaded = []
+    for path in files:
+        try:
+            loaded.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as error:
+            raise InputError(f"cannot read bench JSON {path}: {error}") from None
+    show_schedulers(combine_results(loaded), json_out)

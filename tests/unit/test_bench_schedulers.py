@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, select
+from typer.testing import CliRunner
 
 from agents.graph import chain_length
 from app.batch.engine import max_in_flight
@@ -14,6 +19,7 @@ from app.batch.workload import shape
 from app.bench.fakeserver import FakeServer, Reply
 from app.bench.schedulers import BenchResult, _judge, run_bench
 from app.bench.workloads import fit_scale, seed_shape, synthetic_workload
+from app.cli import app
 from app.config import load_settings
 from app.db.models import LLMCall
 
@@ -139,3 +145,38 @@ async def test_fixed_all_runs_every_ticker_at_once_respecting_dependencies(
     for r in rows:
         item = next(i for i in load[r.ticker] if i.node == r.node)
         assert all(ends[(r.ticker, d)] <= r.started_at for d in item.deps)
+
+
+def test_arms_run_in_separate_calls_are_combined_and_judged_together(tmp_path: Path) -> None:
+    def run(*arms: dict[str, Any], workload: str = "w") -> Path:
+        result = BenchResult(workload, 100, 1700, arms=list(arms),
+                             machine={"cpu_model": "x", "cores": 1, "python": "3", "model": "m",
+                                      "profile": "p", "server": "s", "date": "d"})
+        _judge(result)
+        path = tmp_path / f"{arms[0]['strategy']}-{workload}.json"
+        path.write_text(json.dumps(result.to_json()))
+        return path
+
+    files = [run(_fake_arm("fixed-14", 500.0, ttft=1.0)),
+             run(_fake_arm("fixed-all", 450.0, ttft=20.0)),
+             run(_fake_arm("adaptive", 520.0, ttft=0.9)),
+             run(_fake_arm("flood", 600.0, ttft=139.0))]
+    out = tmp_path / "all.json"
+    cli = CliRunner().invoke(app, ["bench", "combine", *map(str, files), "--json-out", str(out)])
+    assert cli.exit_code == 0, cli.output
+    combined = json.loads(out.read_text())
+    assert [a["strategy"] for a in combined["arms"]] == ["fixed-14", "fixed-all", "adaptive",
+                                                         "flood"]
+    assert (combined["ceiling_arm"], combined["server_bound_arm"]) == ("fixed-14", "flood")
+    by = {a["strategy"]: a for a in combined["arms"]}
+    assert by["adaptive"]["ratio_to_ceiling"] == pytest.approx(520 / 500)
+    assert by["adaptive"]["ratio_to_server_bound"] == pytest.approx(520 / 600)
+    assert combined["checks"]["adaptive >= ceiling (best fixed schedule: fixed-14)"] is True
+    assert combined["checks"]["adaptive >= 0.9 x flood (server bound)"] is False  # 520 < 540
+    # Another workload's arms are not comparable: refused, with one line.
+    other = run(_fake_arm("fixed-3", 100.0), workload="other")
+    refused = subprocess.run(
+        [sys.executable, "-c", "from app.cli import main; main()", "bench", "combine",
+         str(files[0]), str(other)], capture_output=True, text=True)
+    assert refused.returncode != 0
+    assert "cannot combine" in refused.stderr and "Traceback" not in refused.stderr
