@@ -17,7 +17,7 @@ BENCH_TICKERS ?= 24
 BENCH_SHAPE ?= --scale 0.005 --output-scale 0.02
 # `sequential` is left out here only for time (one request at a time would take longer than
 # all the other arms together); `nightdesk bench schedulers` runs it by default.
-BENCH_STRATEGIES ?= fixed-3,fixed-8,fixed-32,adaptive,flood
+BENCH_STRATEGIES ?= fixed-3,fixed-8,fixed-all,adaptive,flood
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup vllm-env model test test-unit lint run bench bench-tracker bench-schedulers \

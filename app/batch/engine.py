@@ -52,6 +52,7 @@ class BatchOutcome:
     status: str
     succeeded: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    admission: dict[str, Any] = field(default_factory=dict)  # how the scheduler ended
 
 
 class BatchEngine:
@@ -133,8 +134,10 @@ class BatchEngine:
             log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                      samples=plan.samples, strategy=strategy.name, as_of=str(plan.as_of))
             recorder = UsageRecorder(self.engine)
-            llm = TrackedLLM(self.settings, recorder, http_client=self.http_client)
-            # The same client as the calls': /metrics is read from the server they go to.
+            llm = TrackedLLM(self.settings, recorder, http_client=self.http_client,
+                             max_in_flight=max_in_flight(strategy, shapes,
+                                                         self.settings.max_concurrency))
+            # The LLM's client (when one is given) also reads /metrics: the same server.
             sampler = (MetricsSampler.from_settings(self.settings, self.engine, batch_id,
                                                     client=self.http_client)
                        if self.sample_metrics else None)
@@ -188,11 +191,12 @@ class BatchEngine:
                 await recorder.close()
                 await llm.aclose()
                 outcome.status = status
+                outcome.admission = scheduler.admission()
                 await asyncio.to_thread(
                     store.finish_batch, self.engine, batch_id, status, error_text,
                     final_settings() if final_settings else None)
                 log.info("batch finished", status=status, succeeded=len(outcome.succeeded),
-                         failed=len(outcome.failed))
+                         failed=len(outcome.failed), admission=outcome.admission)
         return outcome
 
     async def _heartbeat(self, batch_id: int) -> None:
@@ -202,6 +206,24 @@ class BatchEngine:
                 await asyncio.to_thread(store.heartbeat, self.engine, batch_id)
             except Exception as exc:  # a missed heartbeat is not worth failing the batch
                 log.warning("heartbeat not stored", error=_one_line(exc))
+
+
+def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
+                  max_concurrency: int) -> int | None:
+    """Return the most requests the strategy can have at the server at once (None: unknown).
+
+    The LLM client's connection pool is sized from it, so the pool never holds back a
+    request the strategy let out.
+    """
+    if strategy.request_limit is not None:
+        return strategy.request_limit
+    if strategy.adaptive:
+        return strategy.admission_policy(max_concurrency).maximum
+    requests = sorted((r for r, _ in (shapes or {}).values()), reverse=True)
+    if not requests or not all(requests):
+        return None  # some ticker's work is unknown: leave the pool uncapped
+    # fixed-N: at most N tickers at once, each with every request it has.
+    return sum(requests[:strategy.tickers_in_flight or len(requests)])
 
 
 def _one_line(error: BaseException) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.chat import CallTag, ChatResult
+from app.batch.budget import TokenBudget
 from app.llm import TrackedLLM
 
 
@@ -19,12 +20,16 @@ class Gate:
 
     Priority is the ticker's start order, so a ticker already under way gets the next free
     place before a newer one: results arrive steadily and a crash leaves few tickers half done.
+    With a token ``budget`` a request also needs its tokens free; the first in line waits
+    for them and nobody passes it (a chain's growing prompt would otherwise starve behind
+    smaller requests of newer tickers).
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, budget: TokenBudget | None = None) -> None:
         self._limit = max(1, limit)
+        self.budget = budget
         self.outstanding = 0
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[int, int, asyncio.Future[None], int, Ticket | None]] = []
         self._seq = itertools.count()
         self._changed = asyncio.Event()
 
@@ -34,15 +39,17 @@ class Gate:
 
     @property
     def waiting(self) -> int:
-        return sum(1 for _, _, f in self._waiters if not f.done())
+        return sum(1 for w in self._waiters if not w[2].done())
 
     def set_limit(self, limit: int) -> None:
         self._limit = max(1, limit)
         self._grant()
 
     def has_room(self) -> bool:
-        """Return True when a new request would be sent at once."""
-        return self.outstanding < self._limit and self.waiting == 0
+        """Return True when a new request (of a typical size) would be sent at once."""
+        if not (self.outstanding < self._limit and self.waiting == 0):
+            return False
+        return self.budget is None or self.budget.room_for_new()
 
     async def wait_for_room(self, or_else: Callable[[], bool] | None = None) -> None:
         """Return once a request would be sent at once, or ``or_else()`` holds."""
@@ -50,35 +57,74 @@ class Gate:
             self._changed.clear()
             await self._changed.wait()
 
+    def _fits(self, cost: int, ticket: Ticket | None) -> bool:
+        return self.budget is None or self.budget.fits(cost)
+
+    def _take(self, cost: int, ticket: Ticket | None) -> None:
+        self.outstanding += 1
+        if ticket is not None:
+            ticket.outstanding += 1
+        if self.budget is not None:
+            self.budget.take(cost, ticket.hold if ticket else 0)
+            if ticket is not None:
+                ticket.hold = 0
+
     @asynccontextmanager
-    async def slot(self, priority: int = 0) -> AsyncIterator[None]:
-        """Hold one place for the duration of the block."""
-        if self.has_room():
-            self.outstanding += 1
+    async def slot(self, priority: int = 0, cost: int = 0,
+                   ticket: Ticket | None = None) -> AsyncIterator[None]:
+        """Hold one place (and ``cost`` tokens of the budget) for the duration of the block."""
+        if self.outstanding < self._limit and self.waiting == 0 and self._fits(cost, ticket):
+            self._take(cost, ticket)
         else:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._waiters, (priority, next(self._seq), future))
+            heapq.heappush(self._waiters, (priority, next(self._seq), future, cost, ticket))
             try:
                 await future
             except asyncio.CancelledError:
                 if future.done() and not future.cancelled():
-                    self._release()  # granted just as we were cancelled: give it back
+                    self._release(cost, ticket)  # granted just as we were cancelled
                 raise
         try:
             yield
         finally:
-            self._release()
+            self._release(cost, ticket)
 
-    def _release(self) -> None:
+    def _release(self, cost: int, ticket: Ticket | None) -> None:
         self.outstanding -= 1
+        if ticket is not None:
+            ticket.outstanding -= 1
+        if self.budget is not None:
+            # A ticker with calls left keeps its last call's tokens until the next one
+            # comes: its context is in the server's cache, a new ticker must not take it.
+            keep = (ticket is not None and ticket.outstanding == 0
+                    and ticket.remaining > 1 and not ticket.finished)
+            held = self.budget.give_back(cost, hold=keep)
+            if ticket is not None and keep:
+                ticket.hold = held
+        self._grant()
+
+    def drop_hold(self, ticket: Ticket) -> None:
+        """Release a ticker's hold: it has no call left to send."""
+        ticket.finished = True
+        if self.budget is not None and ticket.hold:
+            self.budget.drop_hold(ticket.hold)
+            ticket.hold = 0
+            self._grant()
+
+    def reconsider(self) -> None:
+        """Grant what now fits, after the budget changed."""
         self._grant()
 
     def _grant(self) -> None:
         while self._waiters and self.outstanding < self._limit:
-            _, _, future = heapq.heappop(self._waiters)
+            _, _, future, cost, ticket = self._waiters[0]
             if future.done():
+                heapq.heappop(self._waiters)
                 continue
-            self.outstanding += 1
+            if not self._fits(cost, ticket):
+                break  # the first in line waits for its tokens; nobody passes it
+            heapq.heappop(self._waiters)
+            self._take(cost, ticket)
             future.set_result(None)
         self._changed.set()
 
@@ -96,6 +142,9 @@ class Ticket:
     requests: int = 0
     chain: int = 0
     done: int = 0
+    outstanding: int = 0  # its requests holding a place now
+    hold: int = 0  # budget tokens kept between two of its calls
+    finished: bool = False
 
     @property
     def remaining(self) -> int:
@@ -122,30 +171,42 @@ class GatedLLM:
         self._on_request = on_request
         self._rank = rank
         self._on_finish = on_finish
+        self._budget = gate.budget
 
     @property
     def priority(self) -> int:
         return self.ticket.order
 
     @asynccontextmanager
-    async def _place(self) -> AsyncIterator[int]:
+    async def _place(self, cost: int = 0) -> AsyncIterator[int]:
         if self._on_request is not None:
             self._on_request.set()
         # The priority is decided per request: a ticker can turn urgent on the way.
         rank = self._rank(self.ticket) if self._rank is not None else self.ticket.order
         try:
-            async with self.gate.slot(rank):
+            async with self.gate.slot(rank, cost, self.ticket):
                 yield rank
         finally:
             self.ticket.done += 1
             if self._on_finish is not None:
                 self._on_finish(self.ticket)
 
+    async def _budgeted(self, tag: CallTag, body: dict[str, Any],
+                        call: Callable[[int], Any]) -> ChatResult:
+        budget = self._budget
+        cost = budget.cost(tag.node, body) if budget is not None else 0
+        async with self._place(cost) as rank:
+            result: ChatResult = await call(rank)
+        if budget is not None:
+            budget.learn(tag.node, body, result.prompt_tokens, result.completion_tokens)
+        return result
+
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
         kwargs.pop("priority", None)
-        async with self._place() as rank:
-            return await self.llm.chat(tag, messages, priority=rank, **kwargs)
+        sized = {"messages": messages, "max_tokens": kwargs.get("max_tokens", 0)}
+        return await self._budgeted(tag, sized, lambda rank: self.llm.chat(
+            tag, messages, priority=rank, **kwargs))
 
     async def send(self, tag: CallTag, body: dict[str, Any]) -> ChatResult:
-        async with self._place() as rank:
-            return await self.llm.send(tag, body, priority=rank)
+        return await self._budgeted(tag, body, lambda rank: self.llm.send(
+            tag, body, priority=rank))

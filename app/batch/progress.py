@@ -54,6 +54,7 @@ class BatchProgress:
             left = max(0, self.expected_calls - stats.calls)
             eta = elapsed / stats.calls * left
         latest = getattr(self.sampler, "latest", None)
+        budget = getattr(self.scheduler, "budget", None)
         return {
             "tickers_done": self.done - self.failed, "tickers_failed": self.failed,
             "tickers_total": self.total, "calls": stats.calls, "failed_calls": stats.failed,
@@ -62,6 +63,9 @@ class BatchProgress:
             "waiting": getattr(latest, "waiting", None),
             "kv_usage": getattr(latest, "kv_cache_usage", None),
             "limit": self.scheduler.gate.limit if self.scheduler.strategy.adaptive else None,
+            # The KV token budget (None when the batch has none or the capacity is unknown).
+            "budget_tokens": budget.limit if budget is not None else None,
+            "reserved_tokens": budget.reserved if budget is not None else None,
             "elapsed_s": round(elapsed), "eta_s": None if eta is None else round(eta),
         }
 
@@ -74,7 +78,9 @@ class BatchProgress:
         table.add_row("batch output", f"{s['output_tok_s']} tok/s")
         kv = "—" if s["kv_usage"] is None else f"{s['kv_usage']:.0%}"
         table.add_row("server", f"running {s['running']} · waiting {s['waiting']} · KV {kv}"
-                      + ("" if s["limit"] is None else f" · admitting {s['limit']}"))
+                      + ("" if s["limit"] is None else f" · admitting {s['limit']}")
+                      + ("" if s["budget_tokens"] is None else
+                         f" · KV tokens {s['reserved_tokens']:,}/{s['budget_tokens']:,}"))
         eta = "—" if s["eta_s"] is None else f"{s['eta_s']} s"
         table.add_row("time", f"{s['elapsed_s']} s elapsed · ETA {eta}")
         return table

@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.config import Settings
 from app.db.models import ServerSample
 from app.errors import ServerError
-from serving.metrics import MetricsSnapshot, aread_metrics
+from serving.metrics import MetricsSnapshot, afetch_metrics_text, parse_cache_config, parse_metrics
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +44,10 @@ class MetricsSampler:
         self.base_url = base_url
         self.interval_s = interval_s
         self.latest: MetricsSnapshot | None = None
+        # The KV cache's size from vllm:cache_config_info (None while unknown), re-read with
+        # every sample: a restarted server may have another.
+        self.kv_capacity: int | None = None
+        self.block_size: int | None = None
         self.samples_taken = 0
         self.failures = 0
         self._engine = engine
@@ -64,11 +68,13 @@ class MetricsSampler:
     async def sample_once(self) -> MetricsSnapshot | None:
         """Take one reading and store it; return None when it could not be read."""
         try:
-            snapshot = await aread_metrics(self.base_url, client=self._client)
+            text = await afetch_metrics_text(self.base_url, client=self._client)
+            snapshot = parse_metrics(text)
         except ServerError as error:
             self.failures += 1
             log.warning("metrics read failed; sample skipped", error=str(error))
             return None
+        self._read_capacity(text)
         self.latest = snapshot
         self.samples_taken += 1
         if self._engine is not None and self._batch_id is not None:
@@ -78,6 +84,16 @@ class MetricsSampler:
                 self.failures += 1
                 log.warning("server sample not stored", error=str(error).splitlines()[0])
         return snapshot
+
+    def _read_capacity(self, text: str) -> None:
+        try:
+            config = parse_cache_config(text)
+        except ServerError:
+            return
+        blocks = config.blocks() if config is not None else None
+        size = config.labels.get("block_size", "") if config is not None else ""
+        if blocks is not None and size.isdigit() and int(size) > 0:
+            self.kv_capacity, self.block_size = blocks * int(size), int(size)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import structlog
 
 from app.batch.admission import AdmissionPolicy
+from app.batch.budget import TokenBudget
 from app.batch.gate import Gate, GatedLLM, Ticket
 from app.errors import InputError
 from app.llm import TrackedLLM
@@ -46,6 +47,9 @@ class Job:
 
 POLICY_KNOBS = ("initial", "minimum", "maximum", "kv_high", "kv_full", "queue_allowance",
                 "backoff")
+# The token budget's knobs (app/batch/budget.py), prefixed where a policy knob has the name.
+BUDGET_KNOBS = {"fill": "fill", "overbook": "overbook", "budget_backoff": "backoff",
+                "out_quantile": "out_quantile", "min_samples": "min_samples"}
 
 
 @dataclass(frozen=True)
@@ -58,36 +62,51 @@ class Strategy:
     adaptive: bool = False
     tail: bool = False  # urgent tickers (see the module's doc) start at once and go first
     policy: tuple[tuple[str, float], ...] = ()  # admission policy settings that differ
+    budget: bool = False  # admit by a KV token budget too, when the capacity is known
+    budget_knobs: tuple[tuple[str, float], ...] = ()  # token budget settings that differ
 
     @classmethod
     def parse(cls, name: str) -> Strategy:
-        """Parse ``adaptive[:knob=value,...]``, ``sequential`` or ``fixed-N``.
+        """Parse ``adaptive[:knob=value,...]``, ``sequential``, ``fixed-N`` or ``fixed-all``.
 
-        Knobs are the admission policy's fields plus ``tail=on|off``, so a bench can put
-        variants side by side: ``adaptive:kv_high=0.95,queue_allowance=0,tail=off``.
+        Knobs are the admission policy's fields, the token budget's (``fill``, ``overbook``,
+        ``budget_backoff``, ``out_quantile``, ``min_samples``), ``tail=on|off`` and
+        ``budget=on|off``, so a bench can put variants side by side:
+        ``adaptive:kv_high=0.95,queue_allowance=0,tail=off`` or ``adaptive:budget=off``.
         """
         base, _, knobs = name.partition(":")
         if base == "adaptive":
-            tail, policy = True, []
+            tail, budget, policy, budget_knobs = True, True, [], []
             for knob in filter(None, knobs.split(",")):
                 key, _, value = knob.partition("=")
-                if key == "tail" and value in ("on", "off"):
-                    tail = value == "on"
+                if key in ("tail", "budget") and value in ("on", "off"):
+                    if key == "tail":
+                        tail = value == "on"
+                    else:
+                        budget = value == "on"
                 elif key in POLICY_KNOBS and _is_number(value):
                     policy.append((key, float(value)))
+                elif key in BUDGET_KNOBS and _is_number(value):
+                    budget_knobs.append((BUDGET_KNOBS[key], float(value)))
                 else:
-                    raise InputError(f"bad knob {knob!r} in strategy {name!r} (tail=on|off, "
-                                     f"or a number for {', '.join(POLICY_KNOBS)})")
-            return cls(name, adaptive=True, tail=tail, policy=tuple(policy))
+                    raise InputError(
+                        f"bad knob {knob!r} in strategy {name!r} (tail=on|off, budget=on|off, "
+                        f"or a number for {', '.join((*POLICY_KNOBS, *BUDGET_KNOBS))})")
+            return cls(name, adaptive=True, tail=tail, policy=tuple(policy), budget=budget,
+                       budget_knobs=tuple(budget_knobs))
         if knobs:
             raise InputError(f"only adaptive takes knobs, not {name!r}")
         if name == "sequential":
             # TradingAgents' way: one ticker, one request at a time.
             return cls(name, tickers_in_flight=1, request_limit=1)
+        if name == "fixed-all":
+            # Every ticker's graph in flight at once, dependencies still respected.
+            return cls(name, tickers_in_flight=UNBOUNDED)
         match = re.fullmatch(r"fixed-(\d+)", name)
         if match and int(match.group(1)) > 0:
             return cls(name, tickers_in_flight=int(match.group(1)))
-        raise InputError(f"unknown strategy {name!r} (adaptive, sequential, fixed-N)")
+        raise InputError(f"unknown strategy {name!r} (adaptive, sequential, fixed-N, "
+                         "fixed-all)")
 
     def admission_policy(self, maximum: int) -> AdmissionPolicy:
         knobs: dict[str, Any] = {"maximum": maximum}
@@ -95,6 +114,14 @@ class Strategy:
             knobs[key] = int(value) if key in ("initial", "minimum", "maximum",
                                                "queue_allowance") else value
         return AdmissionPolicy(**knobs)
+
+    def token_budget(self) -> TokenBudget | None:
+        """Return a fresh token budget for this strategy (None when it admits by count only)."""
+        if not self.budget:
+            return None
+        knobs: dict[str, Any] = {key: int(value) if key == "min_samples" else value
+                                 for key, value in self.budget_knobs}
+        return TokenBudget(**knobs)
 
 
 def _is_number(text: str) -> bool:
@@ -126,7 +153,10 @@ class Scheduler:
         self.policy = policy or strategy.admission_policy(llm.settings.max_concurrency)
         self.interval_s = interval_s
         limit = strategy.request_limit or (self.policy.allowed if strategy.adaptive else UNBOUNDED)
-        self.gate = Gate(limit)
+        # The budget needs the gauges: without readings it could never learn the capacity.
+        self.budget = strategy.token_budget() if gauges is not None else None
+        self.gate = Gate(limit, self.budget)
+        self._capacity_said = False
         self.in_flight = 0
         self.started = 0
         self.left = 0  # requests of the batch not yet finished, as far as they are known
@@ -202,6 +232,7 @@ class Scheduler:
             # Requests it did not make (a failure cut it short) are no longer work left.
             self.left -= ticket.remaining
             ticket.done = max(ticket.done, ticket.requests)
+            self.gate.drop_hold(ticket)
             self.in_flight -= 1
             slots.release()
             first_request.set()
@@ -213,8 +244,42 @@ class Scheduler:
             snapshot = self.gauges.latest if self.gauges is not None else None
             if snapshot is not None and snapshot is not seen:
                 seen = snapshot
+                self._budget_capacity()
                 before = self.gate.limit
                 self.gate.set_limit(self.policy.observe(snapshot, self.gate.outstanding))
                 if self.gate.limit != before:
                     log.debug("admission limit", limit=self.gate.limit, reason=self.policy.reason)
+                if self.budget is not None:
+                    tokens = self.budget.observe(snapshot)
+                    self.gate.reconsider()
+                    log.debug("token budget", tokens=tokens, reserved=self.budget.reserved,
+                              held=self.budget.held, reason=self.budget.reason)
             await asyncio.sleep(self.interval_s / 2)
+
+    def admission(self) -> dict[str, Any]:
+        """Return how admission ended: the request limit and, when budgeted, the token budget."""
+        figures: dict[str, Any] = {"strategy": self.strategy.name,
+                                   "request_limit": self.gate.limit}
+        if self.strategy.adaptive:
+            figures["request_limit_reason"] = self.policy.reason
+            figures["token_budget"] = self.budget.summary() if self.budget else None
+        return figures
+
+    def _budget_capacity(self) -> None:
+        """Give the budget the server's KV capacity; say once how admission works."""
+        if self.budget is None:
+            return
+        capacity = getattr(self.gauges, "kv_capacity", None)
+        self.budget.set_capacity(capacity, getattr(self.gauges, "block_size", None))
+        if self._capacity_said:
+            return
+        self._capacity_said = True
+        if self.budget.known:
+            # The budget owns the KV cache now: the count policy's KV rules would stop
+            # growth at a usage the budget has already reserved room for.
+            self.policy.kv_high = self.policy.kv_full = float("inf")
+            log.info("admission by token budget", kv_tokens=self.budget.capacity,
+                     fill=self.budget.fill)
+        else:
+            log.warning("KV capacity unknown (no vllm:cache_config_info): admission by "
+                        "request count only")

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from app.cli.common import setup
+
+if TYPE_CHECKING:
+    from app.bench.schedulers import BenchResult
 
 app = typer.Typer(no_args_is_help=True, help="Measure nightdesk's own overheads.")
 
@@ -71,10 +74,14 @@ def schedulers(
     output_scale: Annotated[float | None, typer.Option(
         help="Synthetic output scale (default: same as --scale).")] = None,
     strategies: Annotated[str, typer.Option(help="Comma-separated arms, run in this order.")]
-        = "sequential,fixed-3,fixed-8,fixed-14,fixed-32,adaptive,flood",
+        = "sequential,fixed-3,fixed-8,fixed-14,fixed-32,fixed-all,adaptive,flood",
     json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
 ) -> None:
-    """Drive one workload with several strategies against the running server; find the ceiling."""
+    """Drive one workload with several strategies against the running server; find the ceiling.
+
+    The ceiling is the best fixed schedule that respects the graph (sequential, fixed-N,
+    fixed-all); flood, which ignores dependencies, is shown beside it as the server's bound.
+    """
     import asyncio
 
     import httpx
@@ -83,7 +90,6 @@ def schedulers(
     from app.bench.schedulers import run_bench
     from app.bench.workloads import fit_scale, synthetic_workload
     from app.cli.common import database
-    from app.cli.report import COMPARE_COLUMNS, _fmt
     from app.errors import InputError, ServerError
     from serving.facts import batch_server_facts
     from serving.urls import server_root
@@ -112,27 +118,69 @@ def schedulers(
                                    server_facts=batch_server_facts(
                                        settings.server_profile, settings.llm_base_url,
                                        settings.server_dir)))
-    table = Table(title=f"scheduler bench: {name}, {result.tickers} tickers, "
+    show_schedulers(result, json_out)
+
+
+def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
+    """Print a scheduler bench's table, references and checks; write its JSON when asked."""
+    from app.cli.report import COMPARE_COLUMNS, _fmt
+
+    table = Table(title=f"scheduler bench: {result.workload}, {result.tickers} tickers, "
                         f"{result.requests} requests; ceiling {result.ceiling_tok_s:.1f} tok/s "
-                        f"({result.ceiling_arm})")
+                        f"({result.ceiling_arm or '-'}); server bound "
+                        f"{result.server_bound_tok_s:.1f} tok/s "
+                        f"({result.server_bound_arm or '-'})")
     columns = [("strategy", "strategy", "s"), ("makespan s", "makespan_s", ".1f"),
                ("output tok/s", "output_tokens_per_s", ".1f"),
-               ("÷ ceiling", "ratio_to_ceiling", ".2f")] + [
+               ("÷ ceiling", "ratio_to_ceiling", ".2f"),
+               ("÷ flood", "ratio_to_server_bound", ".2f")] + [
         c for c in COMPARE_COLUMNS if c[1] in ("running_mean", "running_max", "waiting_max",
                                                "kv_usage_max", "preemptions", "mean_ttft_s",
-                                               "decode_time_share")]
+                                               "prefix_cache_hit_rate", "decode_time_share")]
     for header, _, _ in columns:
         table.add_column(header, justify="left" if header == "strategy" else "right")
     for a in result.arms:
-        table.add_row(*(str(a[key]) if spec == "s" else _fmt(a[key], spec)
+        table.add_row(*(str(a.get(key)) if spec == "s" else _fmt(a.get(key), spec)
                         for _, key, spec in columns))
     console = Console(width=150)
     console.print(table)
     m = result.machine
     console.print(f"machine: {m['cpu_model']}, {m['cores']} cores, Python {m['python']}; server "
                   f"{m['model']} ({m['profile']}) at {m['server']}; {m['date']}")
+    for a in result.arms:
+        budget = (a.get("admission") or {}).get("token_budget")
+        if budget:
+            console.print(f"  {a['strategy']}: token budget {budget['limit_tokens']} of "
+                          f"{budget['kv_capacity_tokens']} KV tokens at the end (factor "
+                          f"{budget['factor']}, correction {budget['correction']}, "
+                          f"{budget['tokens_per_byte']} tokens/byte; {budget['reason']})")
+        elif a["strategy"].startswith("adaptive") and a.get("admission"):
+            console.print(f"  {a['strategy']}: no token budget (KV capacity unknown or "
+                          "budget=off): admission by request count")
     for check, ok in result.checks.items():
         console.print(f"  {'met   ' if ok else 'MISSED'}  {check}")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
+
+
+@app.command("combine")
+def combine(
+    files: Annotated[list[Path], typer.Argument(help="JSON files of bench schedulers runs.")],
+    json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
+) -> None:
+    """Put arms run in separate calls (same workload, same server) in one table and judge them.
+
+    The ceiling, the server's bound and the checks are worked out again over all the arms.
+    """
+    from app.bench.schedulers import combine_results
+    from app.errors import InputError
+
+    setup()
+    loaded = []
+    for path in files:
+        try:
+            loaded.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as error:
+            raise InputError(f"cannot read bench JSON {path}: {error}") from None
+    show_schedulers(combine_results(loaded), json_out)

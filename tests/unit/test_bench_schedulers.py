@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
 from sqlalchemy import Engine, select
+from typer.testing import CliRunner
 
 from agents.graph import chain_length
+from app.batch.engine import max_in_flight
+from app.batch.scheduler import Strategy
 from app.batch.workload import shape
 from app.bench.fakeserver import BASE_URL, FakeServer, Reply
-from app.bench.schedulers import run_bench
+from app.bench.schedulers import BenchResult, _judge, run_bench
 from app.bench.workloads import fit_scale, seed_shape, synthetic_workload
+from app.cli import app
 from app.config import load_settings
 from app.db.models import LLMCall
 
@@ -75,7 +86,9 @@ async def test_the_bench_orders_arms_as_a_server_of_known_capacity_dictates(
                              http_client=server.client())
     arms = {a["strategy"]: a for a in result.arms}
     assert all(a["calls"] == 34 and a["completion_tokens"] == 34 * 20 for a in arms.values())
-    assert result.ceiling_arm in ("fixed-2", "flood")
+    # The ceiling is the best arm that respects the graph; flood is the server's bound.
+    assert result.ceiling_arm == "fixed-2"
+    assert result.server_bound_arm == "flood"
     # The bounds leave room for a shared machine's noise between arms (about a fifth).
     assert 0.2 <= arms["fixed-1"]["ratio_to_ceiling"] <= 0.75
     # Flooding past the server's two places buys nothing (32 requests only wait, and this
@@ -92,3 +105,97 @@ async def test_the_bench_orders_arms_as_a_server_of_known_capacity_dictates(
     # Per-arm cache salts: no arm can reuse another arm's prefix cache.
     salts = {c.body.get("cache_salt") for c in server.chats}
     assert len(salts) == 4
+
+
+def _fake_arm(strategy: str, tok_s: float, ttft: float = 1.0, preemptions: int = 0
+              ) -> dict[str, Any]:
+    return {"strategy": strategy, "output_tokens_per_s": tok_s, "mean_ttft_s": ttft,
+            "preemptions": preemptions}
+
+
+def test_the_ceiling_is_the_best_graph_respecting_arm_and_flood_is_the_bound() -> None:
+    result = BenchResult("w", 100, 1700, arms=[
+        _fake_arm("fixed-14", 500.0, ttft=1.0), _fake_arm("fixed-all", 450.0, ttft=20.0),
+        _fake_arm("adaptive", 480.0, ttft=0.9, preemptions=3), _fake_arm("flood", 600.0, 139.0),
+    ])
+    _judge(result)
+    assert (result.ceiling_arm, result.ceiling_tok_s) == ("fixed-14", 500.0)
+    assert (result.server_bound_arm, result.server_bound_tok_s) == ("flood", 600.0)
+    by = {a["strategy"]: a for a in result.arms}
+    assert by["adaptive"]["ratio_to_ceiling"] == pytest.approx(480 / 500)
+    assert by["adaptive"]["ratio_to_server_bound"] == pytest.approx(480 / 600)
+    assert by["flood"]["ratio_to_ceiling"] == pytest.approx(600 / 500)
+    checks = result.checks
+    assert checks["adaptive >= ceiling (best fixed schedule: fixed-14)"] is False
+    assert checks["adaptive >= 0.9 x flood (server bound)"] is False  # 480 < 540
+    assert checks["adaptive: zero preemptions"] is False
+    assert checks["adaptive TTFT <= best fixed-N's (fixed-14)"] is True
+    assert "adaptive >= 1.5 x fixed-3" not in checks
+    # The JSON says which arm set each reference.
+    data = result.to_json()
+    assert data["ceiling_arm"] == "fixed-14" and data["server_bound_arm"] == "flood"
+
+
+def test_fixed_all_keeps_every_ticker_in_flight_and_flood_is_uncapped() -> None:
+    all_in = Strategy.parse("fixed-all")
+    tickers = 120  # more than httpx's default pool of 100 connections
+    shapes = {f"T{i}": (17, 14) for i in range(tickers)}
+    assert all_in.tickers_in_flight is not None and all_in.tickers_in_flight >= tickers
+    # The pool for fixed-all (and flood, which runs as fixed-all) holds every request.
+    assert max_in_flight(all_in, shapes, max_concurrency=64) == 17 * 120
+
+
+async def test_fixed_all_runs_every_ticker_at_once_respecting_dependencies(
+        sqlite_engine: Engine) -> None:
+    settings = load_settings(check_context_length=False, retry_backoff_s=0)
+    load = synthetic_workload(settings, 6, 0.002, output_scale=0.004)
+    server = FakeServer(lambda chat: Reply("tok " * 6, delay_s=0.05, completion_tokens=6))
+    result = await run_bench(settings, sqlite_engine, load, name="synthetic",
+                             strategies=["fixed-all"], sample_metrics=False,
+                             http_client=server.client())
+    batch_id = result.arms[0]["batch_id"]
+    # Every ticker is in flight (more than one ticker's 4 analysts at once), yet never more
+    # than 6 tickers x 4 analysts: the chain after them keeps each ticker at one request.
+    assert 4 < _max_overlap(sqlite_engine, batch_id) <= 6 * 4
+    with sqlite_engine.connect() as conn:
+        rows = conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.started_at,
+                                   LLMCall.ended_at).where(LLMCall.batch_id == batch_id)).all()
+    ends = {(r.ticker, r.node): r.ended_at for r in rows}
+    for r in rows:
+        item = next(i for i in load[r.ticker] if i.node == r.node)
+        assert all(ends[(r.ticker, d)] <= r.started_at for d in item.deps)
+
+
+def test_arms_run_in_separate_calls_are_combined_and_judged_together(tmp_path: Path) -> None:
+    def run(*arms: dict[str, Any], workload: str = "w") -> Path:
+        result = BenchResult(workload, 100, 1700, arms=list(arms),
+                             machine={"cpu_model": "x", "cores": 1, "python": "3", "model": "m",
+                                      "profile": "p", "server": "s", "date": "d"})
+        _judge(result)
+        path = tmp_path / f"{arms[0]['strategy']}-{workload}.json"
+        path.write_text(json.dumps(result.to_json()))
+        return path
+
+    files = [run(_fake_arm("fixed-14", 500.0, ttft=1.0)),
+             run(_fake_arm("fixed-all", 450.0, ttft=20.0)),
+             run(_fake_arm("adaptive", 520.0, ttft=0.9)),
+             run(_fake_arm("flood", 600.0, ttft=139.0))]
+    out = tmp_path / "all.json"
+    cli = CliRunner().invoke(app, ["bench", "combine", *map(str, files), "--json-out", str(out)])
+    assert cli.exit_code == 0, cli.output
+    combined = json.loads(out.read_text())
+    assert [a["strategy"] for a in combined["arms"]] == ["fixed-14", "fixed-all", "adaptive",
+                                                         "flood"]
+    assert (combined["ceiling_arm"], combined["server_bound_arm"]) == ("fixed-14", "flood")
+    by = {a["strategy"]: a for a in combined["arms"]}
+    assert by["adaptive"]["ratio_to_ceiling"] == pytest.approx(520 / 500)
+    assert by["adaptive"]["ratio_to_server_bound"] == pytest.approx(520 / 600)
+    assert combined["checks"]["adaptive >= ceiling (best fixed schedule: fixed-14)"] is True
+    assert combined["checks"]["adaptive >= 0.9 x flood (server bound)"] is False  # 520 < 540
+    # Another workload's arms are not comparable: refused, with one line.
+    other = run(_fake_arm("fixed-3", 100.0), workload="other")
+    refused = subprocess.run(
+        [sys.executable, "-c", "from app.cli import main; main()", "bench", "combine",
+         str(files[0]), str(other)], capture_output=True, text=True)
+    assert refused.returncode != 0
+    assert "cannot combine" in refused.stderr and "Traceback" not in refused.stderr

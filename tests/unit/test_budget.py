@@ -1,0 +1,371 @@
+"""The KV token budget: scripted gauges and request sizes, checked against arithmetic done here."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import numpy as np
+
+from agents.chat import CallTag
+from app.batch.budget import TokenBudget
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
+from app.batch.gate import Gate, GatedLLM, Ticket
+from app.batch.progress import BatchProgress
+from app.batch.sampler import MetricsSampler
+from app.batch.scheduler import Job, Scheduler, Strategy
+from app.batch.workload import play, shape
+from app.bench.fakechat import Reply
+from app.bench.fakeserver import FakeServer
+from app.bench.workloads import synthetic_workload
+from app.config import load_settings
+from app.llm import CallStats
+
+FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
+
+
+@dataclass
+class G:
+    kv_cache_usage: float = 0.0
+    preemptions_total: float = 0
+    generation_tokens_total: float = 0
+    running: float = 0
+    waiting: float = 0
+
+
+def body(prompt_bytes: int, max_tokens: int) -> dict[str, Any]:
+    # Two messages: a 2-byte system text and a user text of the rest.
+    return {"messages": [{"role": "system", "content": "hi"},
+                         {"role": "user", "content": "x" * (prompt_bytes - 2)}],
+            "max_tokens": max_tokens}
+
+
+def blocks(tokens: float, size: int = 16) -> int:
+    return math.ceil(tokens / size) * size
+
+
+def test_a_request_reserves_its_prompt_and_its_whole_max_output_in_blocks() -> None:
+    budget = TokenBudget(capacity=10_000, block_size=16, tokens_per_byte=0.5)
+    # 1,000 bytes at 0.5 tokens/byte, 8 template tokens per message + 8 for the reply,
+    # 300 output tokens: 500 + 24 + 300 = 824, rounded up to 52 blocks of 16.
+    assert budget.cost("bull", body(1000, 300)) == 832 == blocks(500 + 24 + 300)
+
+
+def test_long_outputs_cannot_overflow_the_cache_once_admitted() -> None:
+    # A cache of 4,000 tokens; requests of 400 prompt bytes that will each grow to their
+    # max_tokens of 600 after admission. The gate admits only what fits at full length.
+    capacity, fill = 4_000, 0.95
+    budget = TokenBudget(capacity=capacity, fill=fill, block_size=16, tokens_per_byte=0.5)
+    gate = Gate(limit=64, budget=budget)
+    cost = blocks(400 * 0.5 + 24 + 600)  # 832
+    fit = int(capacity * fill) // cost  # 3,800 // 832 = 4
+    admitted: list[int] = []
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def one(i: int) -> None:
+            c = budget.cost("analyst", body(400, 600))
+            async with gate.slot(priority=i, cost=c, ticket=Ticket(i, requests=1)):
+                admitted.append(i)
+                await release.wait()
+
+        tasks = [asyncio.create_task(one(i)) for i in range(8)]
+        await asyncio.sleep(0.01)
+        assert len(admitted) == fit
+        assert gate.waiting == 8 - fit
+        # Every admitted answer grows to its max: the tokens they can reach still fit,
+        # counting each request's true prompt (here 100 tokens for 400 bytes) or the estimate.
+        assert fit * cost <= capacity
+        assert fit * blocks(100 + 24 + 600) <= capacity
+        release.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(scenario())
+    assert sorted(admitted) == list(range(8))
+    assert budget.reserved == 0 and budget.held == 0
+
+
+def test_the_output_reserved_becomes_a_high_quantile_of_what_the_node_produced() -> None:
+    budget = TokenBudget(capacity=100_000, block_size=16, out_quantile=0.95, min_samples=5)
+    outputs = [37 * i % 211 + 50 for i in range(1, 21)]  # twenty lengths, 50..260
+    for n in outputs[:4]:
+        budget.learn("trader", body(400, 1000), prompt_tokens=100, completion_tokens=n)
+    # Four samples are too few: the whole max_tokens is reserved.
+    assert budget.expected_output("trader", 1000) == 1000
+    for n in outputs[4:]:
+        budget.learn("trader", body(400, 1000), prompt_tokens=100, completion_tokens=n)
+    q95 = int(np.percentile(outputs, 95, method="inverted_cdf"))
+    assert budget.expected_output("trader", 1000) == q95
+    assert budget.expected_output("trader", 120) == min(120, q95)  # never above max_tokens
+    assert budget.expected_output("other_node", 700) == 700  # per node kind
+    # Prompts: 100 tokens per 400 bytes seen, plus a 5% margin.
+    assert budget.ratio() == 1.05 * 100 / 400
+    assert budget.cost("trader", body(800, 1000)) == blocks(
+        math.ceil(800 * 1.05 * 100 / 400) + 24 + q95)
+
+
+def test_preemptions_shrink_the_budget_and_a_restart_starts_it_over() -> None:
+    budget = TokenBudget(capacity=49_152, fill=0.95, backoff=0.8)
+    full = 49_152 * 0.95
+    assert budget.observe(G(preemptions_total=3, generation_tokens_total=10)) == int(full)
+    assert budget.observe(G(preemptions_total=5, generation_tokens_total=20)) == int(full * 0.8)
+    assert budget.reason == "2 preemptions"
+    assert budget.observe(G(preemptions_total=5, generation_tokens_total=30)) == int(full * 0.8)
+    assert budget.observe(G(preemptions_total=6, generation_tokens_total=40)) == int(
+        full * 0.8 * 0.8)
+    # Counters reset: the server restarted. The corrections start over...
+    assert budget.observe(G(preemptions_total=0, generation_tokens_total=5)) == int(full)
+    assert budget.reason == "server restarted"
+    # ...and the next preemption counts from the new baseline (1 new, not 1 - 6).
+    assert budget.observe(G(preemptions_total=1, generation_tokens_total=9)) == int(full * 0.8)
+
+
+def test_kv_usage_above_the_estimate_scales_the_budget_down_then_eases_back() -> None:
+    budget = TokenBudget(capacity=10_000, fill=0.9, block_size=16)
+    budget.take(3_000)  # what we think is in the cache
+    # The server says 50% of 10,000 = 5,000 tokens are used: requests are 5/3 as large.
+    assert budget.observe(G(kv_cache_usage=0.5)) == int(10_000 * 0.9 * 3_000 / 5_000)
+    assert budget.reason == "kv usage above the estimate"
+    # Usage back within the estimate: a quarter of the way back per reading.
+    correction = 3_000 / 5_000
+    for _ in range(3):
+        correction += 0.25 * (1 - correction)
+        assert budget.observe(G(kv_cache_usage=0.2)) == int(10_000 * 0.9 * correction)
+
+
+def test_a_reading_taken_before_a_release_does_not_count_as_an_underestimate() -> None:
+    budget = TokenBudget(capacity=10_000, fill=0.9, block_size=16)
+    budget.take(3_000)
+    budget.take(2_000)
+    budget.give_back(2_000, hold=False)  # finished after the server's page was read
+    # 5,000 used is what was reserved when the page was read: no correction.
+    assert budget.observe(G(kv_cache_usage=0.5)) == int(10_000 * 0.9)
+    # The next reading still shows 5,000 for the 3,000 reserved since: that is real.
+    assert budget.observe(G(kv_cache_usage=0.5)) == int(10_000 * 0.9 * 3_000 / 5_000)
+
+
+def test_unknown_capacity_budgets_nothing() -> None:
+    budget = TokenBudget(capacity=None)
+    budget.take(10**9)
+    assert budget.limit is None and budget.fits(10**9) and budget.room_for_new()
+    assert budget.observe(G(kv_cache_usage=1.0, preemptions_total=4)) is None
+
+
+def test_a_ticker_between_calls_holds_its_tokens_against_new_tickers_only() -> None:
+    budget = TokenBudget(capacity=1_000, fill=1.0, block_size=16)
+    gate = Gate(limit=64, budget=budget)
+    senior = Ticket(0, requests=3, chain=3)
+
+    async def scenario() -> None:
+        async with gate.slot(0, cost=400, ticket=senior):
+            assert budget.reserved == 400
+        # One call done, two to go: its 400 tokens stay held for the next one.
+        assert (budget.reserved, budget.held, senior.hold) == (0, 400, 400)
+        assert budget.room_for_new()  # a typical request (400) fits beside the hold: 800
+        budget.take(500)  # another ticker's request
+        # A new ticker needs a typical request (450) beside the 500 reserved and 400 held.
+        assert budget.typical_cost == (400 + 500) // 2
+        assert not gate.has_room()
+        # The senior's next call (larger: its prompt grew) takes its hold's place.
+        async with gate.slot(0, cost=480, ticket=senior):
+            assert (budget.reserved, budget.held, senior.hold) == (980, 0, 0)
+        assert budget.held == 480  # one call still to go
+        gate.drop_hold(senior)  # the ticker ended early: nothing held any more
+        assert budget.held == 0 and senior.hold == 0
+
+    asyncio.run(scenario())
+
+
+def test_the_sampler_reads_the_kv_capacity_from_cache_config_info() -> None:
+    text = FIXTURE.read_text()
+    line = next(x for x in text.splitlines() if x.startswith("vllm:cache_config_info"))
+    blocks_label = int(re.search(r'num_gpu_blocks="(\d+)"', line).group(1))  # type: ignore[union-attr]
+    size_label = int(re.search(r'block_size="(\d+)"', line).group(1))  # type: ignore[union-attr]
+
+    async def read() -> MetricsSampler:
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, text=text))
+        async with httpx.AsyncClient(transport=transport) as client:
+            sampler = MetricsSampler("http://x/v1", None, None, interval_s=1, client=client)
+            await sampler.sample_once()
+            return sampler
+
+    sampler = asyncio.run(read())
+    assert sampler.kv_capacity == blocks_label * size_label == 728 * 128
+    assert sampler.block_size == size_label
+
+
+class SimServer:
+    """A KV cache in tokens: answers grow a step at a time after admission; overflow preempts.
+
+    Prompts really hold a quarter token per byte; every answer runs to its max_tokens.
+    """
+
+    def __init__(self, capacity: int, block: int = 16) -> None:
+        self.capacity, self.block = capacity, block
+        self.settings = SimpleNamespace(max_concurrency=64)
+        self.live: dict[int, list[int]] = {}  # id -> [prompt tokens, generated]
+        self.preemptions = 0
+        self.generated = 0
+        self.peak_used = 0
+        self.budget: TokenBudget | None = None
+        self.peak_reserved = 0
+        self._ids = 0
+
+    def used(self) -> int:
+        return sum(math.ceil((p + g) / self.block) * self.block for p, g in self.live.values())
+
+    @property
+    def kv_capacity(self) -> int:
+        return self.capacity
+
+    @property
+    def block_size(self) -> int:
+        return self.block
+
+    @property
+    def latest(self) -> G:
+        return G(kv_cache_usage=min(1.0, self.used() / self.capacity),
+                 preemptions_total=self.preemptions, generation_tokens_total=self.generated,
+                 running=len(self.live))
+
+    async def send(self, tag: CallTag, body: dict[str, Any], *,
+                   priority: int | None = None) -> SimpleNamespace:
+        if self.budget is not None:
+            self.peak_reserved = max(self.peak_reserved, self.budget.reserved)
+        self._ids += 1
+        rid = self._ids
+        size = sum(len(m["content"].encode()) for m in body["messages"])
+        self.live[rid] = [size // 4, 0]
+        steps = 10
+        for _ in range(steps):
+            await asyncio.sleep(0.002)
+            self.live[rid][1] += body["max_tokens"] // steps
+            self.generated += body["max_tokens"] // steps
+            used = self.used()
+            self.peak_used = max(self.peak_used, used)
+            if used > self.capacity:
+                self.preemptions += 1
+        del self.live[rid]
+        return SimpleNamespace(prompt_tokens=size // 4, completion_tokens=body["max_tokens"])
+
+
+def chain_job(key: str, length: int, first_bytes: int, step_bytes: int, out: int) -> Job:
+    async def run(gated: GatedLLM) -> None:
+        for step in range(length):
+            await gated.send(CallTag(1, key, f"n{step}", 0),
+                             body(first_bytes + step * step_bytes, out))
+    return Job(key, run, requests=length, chain=length)
+
+
+def _run_sim(strategy: str, capacity: int) -> tuple[SimServer, Scheduler]:
+    server = SimServer(capacity)
+    scheduler = Scheduler(server, Strategy.parse(strategy),  # type: ignore[arg-type]
+                          gauges=server, interval_s=0.004)
+    server.budget = scheduler.budget
+
+    async def on_done(job: Job, result: Any, error: BaseException | None) -> None:
+        assert error is None
+
+    jobs = [chain_job(f"T{i}", 5, 2_000, 400, 400) for i in range(12)]
+    asyncio.run(scheduler.run(jobs, on_done))
+    return server, scheduler
+
+
+def test_adaptive_fills_the_cache_without_a_preemption_where_a_fixed_setting_overflows() -> None:
+    capacity = 6_400  # room for about six requests at full length (~900-1,300 tokens each)
+    flooded, _ = _run_sim("fixed-all", capacity)
+    assert flooded.preemptions > 0  # the workload does overflow this cache when let loose
+    server, scheduler = _run_sim("adaptive", capacity)
+    assert server.preemptions == 0
+    assert server.peak_used <= capacity
+    budget = scheduler.budget
+    assert budget is not None and budget.capacity == capacity
+    # The budget was used: reservations reached within one (largest) request of the limit.
+    largest = blocks(math.ceil((2_000 + 4 * 400) * 0.5) + 24 + 400)
+    assert server.peak_reserved >= capacity * 0.95 - 2 * largest
+    assert budget.reserved == 0 and budget.held == 0  # everything given back
+    # The batch's admission summary says what the budget learned: every answer was 400.
+    summary = scheduler.admission()["token_budget"]
+    assert summary["kv_capacity_tokens"] == capacity
+    assert summary["expected_output"] == {f"n{i}": 400 for i in range(5)}
+    assert summary["tokens_per_byte"] == round(1.05 * 0.25, 4)
+
+
+def test_adaptive_without_budget_or_capacity_admits_by_request_count() -> None:
+    assert Strategy.parse("adaptive:budget=off").token_budget() is None
+    knobbed = Strategy.parse("adaptive:fill=0.9,overbook=1.2,budget_backoff=0.5,min_samples=3")
+    budget = knobbed.token_budget()
+    assert budget is not None
+    assert (budget.fill, budget.overbook, budget.backoff, budget.min_samples) == (
+        0.9, 1.2, 0.5, 3)
+    # No gauges at all: no budget (it could never learn the capacity).
+    llm = SimServer(1_000)
+    assert Scheduler(llm, Strategy.parse("adaptive")).budget is None  # type: ignore[arg-type]
+
+
+async def _engine_run(sqlite_engine: Any, strategy: str, kv_tokens: int
+                      ) -> tuple[FakeServer, BatchOutcome]:
+    settings = load_settings(check_context_length=False, retry_backoff_s=0,
+                             metrics_interval_s=0.02, record_requests=False)
+    load = synthetic_workload(settings, 8, 0.05, output_scale=0.1)  # prompts 200-1000 words
+
+    def answer(chat: Any) -> Reply:
+        # Every answer runs to its max_tokens, as with ignore_eos: it grows after admission.
+        n = chat.body["max_tokens"]
+        return Reply("w " * n, completion_tokens=n, token_delay_s=0.0004, chunks=4)
+
+    server = FakeServer(script=answer, capacity=64, kv_tokens=kv_tokens)
+    runner = BatchEngine(settings, sqlite_engine, http_client=server.client())
+
+    async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[Any]:
+        return await play(load[ticker], gated, batch_id)
+
+    plan = BatchPlan("bench", date(2025, 1, 2), sorted(load), 1, strategy)
+    outcome = await runner.execute(plan, work, shapes={t: shape(i) for t, i in load.items()})
+    return server, outcome
+
+
+async def test_through_the_engine_the_budget_learns_the_fake_servers_cache_and_never_overfills(
+        sqlite_engine: Any) -> None:
+    # The fake admits a request only when its whole answer fits in its KV cache; what does
+    # not fit waits in its queue. 4,096 tokens hold a few of this workload's requests
+    # (~250-1,250 prompt tokens and 150 output each).
+    kv_tokens = 4_096
+    loose, loose_outcome = await _engine_run(sqlite_engine, "fixed-all", kv_tokens)
+    assert loose_outcome.status == "succeeded"
+    assert loose.load.max_waiting > 0  # let loose, the workload outgrows the cache
+    # Counting requests and reacting to KV usage lets requests in that then wait for room.
+    counted, _ = await _engine_run(sqlite_engine, "adaptive:budget=off", kv_tokens)
+    assert counted.load.max_waiting > 0
+    server, outcome = await _engine_run(sqlite_engine, "adaptive", kv_tokens)
+    assert outcome.status == "succeeded" and not outcome.failed
+    budget = outcome.admission["token_budget"]
+    # The capacity came from the fake's vllm:cache_config_info through the batch's sampler.
+    assert budget["kv_capacity_tokens"] == kv_tokens
+    # Our reservations covered every answer at full length: nothing ever waited for room.
+    assert server.load.max_waiting == 0
+    assert server.load.max_in_flight > 1
+
+
+def test_progress_shows_the_token_budget_in_use() -> None:
+    server = SimServer(8_000)
+    scheduler = Scheduler(server, Strategy.parse("adaptive"),  # type: ignore[arg-type]
+                          gauges=server)
+    assert scheduler.budget is not None
+    scheduler.budget.set_capacity(8_000, 16)
+    scheduler.budget.take(1_234)
+    llm = SimpleNamespace(stats=CallStats())
+    state = BatchProgress(1, 3, llm, scheduler, server).state()
+    assert (state["budget_tokens"], state["reserved_tokens"]) == (int(8_000 * 0.95), 1_234)
+    # Without a budget (a fixed strategy) the fields say so.
+    fixed = Scheduler(server, Strategy.parse("fixed-3"), gauges=server)  # type: ignore[arg-type]
+    assert fixed.budget is None
+    assert BatchProgress(1, 3, llm, fixed, server).state()["budget_tokens"] is None
