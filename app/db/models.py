@@ -1,4 +1,4 @@
-"""Declare the tables: batches, ticker runs, LLM calls and bodies, decisions, node texts, samples."""
+"""Declare the tables: batches, ticker runs, LLM calls, bodies, decisions, node texts, samples."""
 
 from __future__ import annotations
 
