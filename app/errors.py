@@ -2,6 +2,7 @@
 
     NightdeskError                 base; ``exit_code`` is what the CLI exits with
     ├── ConfigError                a setting is invalid (exit 2)
+    ├── AlreadyRunningError        another nightly batch holds the single-instance lock (exit 4)
     ├── InputError                 bad command-line input: tickers, universe, ids (exit 2)
     ├── DatabaseError              the database cannot be reached or used (exit 2)
     │   └── SchemaOutdatedError    the schema is behind the code; run ``nightdesk db upgrade``
@@ -31,6 +32,14 @@ class ConfigError(NightdeskError):
 
 class InputError(NightdeskError):
     exit_code = 2
+
+
+class AlreadyRunningError(NightdeskError):
+    """Another nightly run holds the lock; nothing was started, nothing was written."""
+
+    # Distinct from a failed batch (1) and bad input (2): a timer or daemon can tell
+    # "someone else is on it" from "tonight went wrong".
+    exit_code = 4
 
 
 class DatabaseError(NightdeskError):
