@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     record_requests: bool = True
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: str = "INFO"
+    # `nightdesk web`: HTTP basic auth. Without a password the server refuses to start,
+    # unless told --local-only.
+    web_user: str = "nightdesk"
+    web_password: SecretStr | None = None
 
     # The nightly run: what `nightdesk run` without --tickers/--universe, the scheduler
     # daemon and the systemd timer analyze. Unset: the snapshot's own universe.txt.
