@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from typer._click.exceptions import ClickException
 
-from app.cli import batch, bench, data, db, report, server, web
+from app.cli import batch, bench, data, db, report, scheduler, server, web
 from app.errors import NightdeskError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -20,6 +20,7 @@ app.add_typer(bench.app, name="bench")
 app.command("report")(report.report)
 app.command("preflight")(server.preflight)
 app.command("web")(web.web)
+app.command("scheduler")(scheduler.scheduler)
 batch.register(app)
 
 err = Console(stderr=True)
