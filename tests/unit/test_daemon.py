@@ -266,6 +266,43 @@ def test_a_second_daemon_does_not_double_run(sqlite_engine: Engine, sqlite_url: 
     assert len(server.chats) == 17 * 2  # one batch's calls, none from the second daemon
 
 
+@pytest.mark.parametrize(("done_at", "runs_again"), [
+    # The batch finished, then the process died before the schedule moved on: the next
+    # start finds tonight still due, and tonight's batch finished since it fired.
+    (NIGHT + timedelta(minutes=1), False),
+    # A batch of the same date run by hand before tonight's fire time does not count.
+    (NIGHT - timedelta(minutes=30), True),
+], ids=["done-since-the-fire", "done-before-it"])
+def test_a_night_already_done_is_not_run_again(sqlite_engine: Engine, demo_dir: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               done_at: datetime, runs_again: bool) -> None:
+    from app.batch import store
+    from app.batch.nightly import run_nightly
+
+    server = fake_llm(monkeypatch, None, demo_tickers(2))
+    with running(daemon_for(sqlite_engine, run_nightly, **batch_settings(demo_dir)),
+                 NIGHT - timedelta(hours=1)):
+        pass
+    with time_machine.travel(done_at, tick=False):
+        done = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
+                                  tickers=demo_tickers(2), samples=1, settings={},
+                                  server_facts=None)
+        store.finish_batch(sqlite_engine, done, "succeeded")
+    with structlog.testing.capture_logs() as logs, \
+            running(daemon_for(sqlite_engine, run_nightly, **batch_settings(demo_dir)),
+                    NIGHT + timedelta(hours=2)) as daemon:
+        assert daemon.next_run_time() == NIGHT
+        tick(daemon, NIGHT + timedelta(hours=2))
+        assert daemon.next_run_time() == NIGHT + timedelta(days=1)
+    skipped = [e["batch_id"] for e in logs if e["event"] == "night already done"]
+    with sqlite_engine.connect() as conn:
+        batches = conn.execute(select(Batch.id)).scalars().all()
+    if runs_again:
+        assert skipped == [] and len(batches) == 2 and len(server.chats) == 17 * 2
+    else:
+        assert skipped == [done] and batches == [done] and server.chats == []
+
+
 @pytest.fixture
 def restore_signals() -> Iterator[None]:
     yield
