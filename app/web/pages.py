@@ -65,7 +65,7 @@ def ticker_page(request: Request, state: State, symbol: str,
     view = views.ticker_view(state.engine, ticker)
     if view is None:
         return _page(request, "missing.html",
-                     {"what": f"{ticker} has never been run"}, status=404)
+                     {"what": f"{ticker} has never been run", "status": 404}, status=404)
     history = view["history"]
     plot = charts.history([(date.fromisoformat(p["as_of"]), p["score"], p["rating"])
                            for p in history if p["score"] is not None]) \
@@ -114,7 +114,8 @@ def compare_page(request: Request, state: State,
     try:
         view = views.compare_view(state.engine, chosen)
     except InputError as error:
-        return _page(request, "missing.html", {"what": str(error)}, status=404)
+        return _page(request, "missing.html", {"what": str(error), "status": 404},
+                     status=404)
     # The CLI's columns, less batch and label, which head the table's columns here.
     return _page(request, "compare.html", {"view": view, "plots": compare_plots(view),
                                            "columns": COMPARE_COLUMNS[2:]})
@@ -126,5 +127,6 @@ def batch_page(request: Request, state: State, batch_id: int) -> Response:
     try:
         view = views.batch_view(state.engine, batch_id)
     except InputError as error:
-        return _page(request, "missing.html", {"what": str(error)}, status=404)
+        return _page(request, "missing.html", {"what": str(error), "status": 404},
+                     status=404)
     return _page(request, "batch.html", {"view": view, "plots": batch_plots(view)})

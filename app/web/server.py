@@ -54,7 +54,7 @@ def create_app(engine: Engine, guard: Guard, reruns: RerunQueue) -> FastAPI:
         if request.url.path.startswith("/api/") or error.status_code == 401:
             return JSONResponse({"detail": error.detail}, error.status_code, headers=headers)
         return pages.templates.TemplateResponse(
-            request, "missing.html", {"what": error.detail}, status_code=error.status_code,
-            headers=headers)
+            request, "missing.html", {"what": error.detail, "status": error.status_code},
+            status_code=error.status_code, headers=headers)
 
     return app

@@ -98,12 +98,15 @@ def ranking_view(engine: Engine) -> dict[str, Any]:
     the reruns of that batch's own as-of date), so a night still running never mixes in:
     it only shows as a progress line.
     """
-    running = running_batches(engine)
     try:
         batch, rows = ranking(engine)
     except InputError as error:
+        running = running_batches(engine)
         return {"batch": None, "rows": [], "failed": [], "distribution": {},
                 "reruns_applied": [], "running": running, "empty": str(error)}
+    # Read after the ranking: a night that finishes in between is then at worst shown as
+    # still running beside the night before, never the other way round.
+    running = running_batches(engine)
     ranked = [r for r in rows if r.rank is not None]
     return {
         "batch": batch_json(batch),

@@ -244,7 +244,8 @@ def test_batches_list_and_compare(client: TestClient, ids: Ids) -> None:
 def test_rerun_post_without_a_valid_csrf_token_is_403(client: TestClient, ids: Ids,
                                                       fake: FakeRerun) -> None:
     url = "/ticker/AAA/rerun"
-    assert client.post(url, auth=AUTH, follow_redirects=False).status_code == 403
+    refused = client.post(url, auth=AUTH, follow_redirects=False)
+    assert refused.status_code == 403 and "missing or wrong CSRF token" in refused.text
     token = csrf_from(client.get("/ticker/AAA", auth=AUTH).text)  # sets the cookie
     assert client.post(url, auth=AUTH, data={"csrf_token": "not-it"},
                        follow_redirects=False).status_code == 403
