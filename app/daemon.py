@@ -2,7 +2,10 @@
 
 The schedule lives in the project's database (APScheduler's ``apscheduler_jobs`` table), so a
 host that was off at the scheduled time runs the missed night once when it comes back, within
-the grace time; ``coalesce`` folds several missed nights into that one run. The job runs in
+the grace time; ``coalesce`` folds several missed nights into that one run. The job store
+creates that table itself, and no migration does: its columns are APScheduler's to change
+between releases, it holds nothing but the schedule's state (lost, the daemon only computes
+the next run afresh), and only databases that run the daemon need it. The job runs in
 the scheduler's own (main) thread: a batch then handles SIGTERM exactly as ``nightdesk run``
 does, and two runs in one daemon can never overlap. Across daemons and timers, the nightly
 lock is what keeps a night single.
