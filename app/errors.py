@@ -20,6 +20,7 @@ prints one line and exits with the error's ``exit_code`` (2 for config and input
     ├── ServerError                     the vLLM server failed to start, stop or answer
     └── ProfileError                    a server profile is unknown or malformed (exit 2)
     NightdeskError                      the service's own
+    ├── AlreadyRunningError             another nightly batch holds the lock (exit 4)
     ├── DatabaseError                   the database cannot be reached or used (exit 2)
     │   └── SchemaOutdatedError         the schema is behind the code; run ``nightdesk db upgrade``
     └── BatchInterrupted (app.batch.signals)  a signal stopped the batch (exit 130)
@@ -71,6 +72,14 @@ class NightdeskError(Exception):
 ERRORS: tuple[type[NightdeskError], type[PipelineError], type[ServingError]] = (
     NightdeskError, PipelineError, ServingError)
 """Every error nightdesk raises on purpose: the three roots of the tree above."""
+
+
+class AlreadyRunningError(NightdeskError):
+    """Another nightly run holds the lock; nothing was started, nothing was written."""
+
+    # Distinct from a failed batch (1) and bad input (2): a timer or daemon can tell
+    # "someone else is on it" from "tonight went wrong".
+    exit_code = 4
 
 
 class DatabaseError(NightdeskError):

@@ -11,10 +11,20 @@ config = context.config
 target_metadata = Base.metadata
 
 
+# Tables that live in our database but are not ours to migrate: the scheduler daemon's job
+# store (APScheduler creates and owns it). Autogenerate must not offer to drop them.
+FOREIGN_TABLES = {"apscheduler_jobs"}
+
+
+def _include_object(obj, name, type_, reflected, compare_to) -> bool:  # type: ignore[no-untyped-def]
+    return not (type_ == "table" and name in FOREIGN_TABLES)
+
+
 def _run(connection) -> None:  # type: ignore[no-untyped-def]
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
+        include_object=_include_object,
         # SQLite cannot ALTER most things; batch mode keeps one chain for both backends.
         render_as_batch=connection.dialect.name == "sqlite",
     )

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 
@@ -223,6 +223,33 @@ def start(
         facts.update(live_facts(root))
     write_facts(profile.name, facts, state_dir)
     return facts
+
+
+def exec_foreground(profile: Profile, *, command: ServerCommand,
+                    api_key: str | None = None) -> NoReturn:
+    """Replace this process with the server, for a supervisor (systemd) that watches its pid.
+
+    No pid file, no log file and no wait: the supervisor owns the process and its output,
+    and a health wait is a separate step (``wait_until_healthy``).
+    """
+    try:
+        os.execvpe(command.argv[0], command.argv, _child_env(command, api_key))
+    except OSError as error:
+        raise ServerError(f"cannot run {command.argv[0]}: {error}") from None
+
+
+def wait_until_healthy(root: str, timeout_s: float, poll_s: float = POLL_S) -> float:
+    """Poll ``root``/health until it answers 200; return the seconds waited.
+
+    A server that does not answer within ``timeout_s`` is a ServerError.
+    """
+    t0 = time.monotonic()
+    while not healthy(root):
+        elapsed = time.monotonic() - t0
+        if elapsed > timeout_s:
+            raise ServerError(f"{root}/health did not answer within {timeout_s:.0f}s")
+        time.sleep(poll_s)
+    return time.monotonic() - t0
 
 
 def _wait_healthy(child: subprocess.Popen[bytes], root: str, files: ServerFiles, t0: float,

@@ -18,6 +18,7 @@ from agents.data import DataProvider, get_provider
 from agents.graph import analyze_ticker, chain_length, node_names
 from app.batch import store
 from app.batch.gate import GatedLLM
+from app.batch.outputs import record_outputs
 from app.batch.progress import BatchProgress
 from app.batch.sampler import MetricsSampler
 from app.batch.scheduler import Job, Scheduler, Strategy
@@ -91,6 +92,7 @@ class BatchEngine:
                                bundle=bundle, sample=s, priority=gated.priority)
                 for s in range(plan.samples)
             ))
+            await asyncio.to_thread(record_outputs, self.engine, batch_id, results)
             return [store.DecisionRow(ticker, r.sample, r.decision.rating, r.decision.score,
                                       r.decision.confidence, r.decision.summary)
                     for r in results]

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from typer._click.exceptions import ClickException
 
-from app.cli import batch, bench, data, db, report, server
+from app.cli import batch, bench, data, db, report, scheduler, server, web
 from app.errors import ERRORS
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -19,6 +19,8 @@ app.add_typer(server.app, name="server")
 app.add_typer(bench.app, name="bench")
 app.command("report")(report.report)
 app.command("preflight")(server.preflight)
+app.command("web")(web.web)
+app.command("scheduler")(scheduler.scheduler)
 batch.register(app)
 
 err = Console(stderr=True)

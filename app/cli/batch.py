@@ -13,14 +13,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agents.data.snapshot import latest_as_of
-from agents.tickers import check_symbol, choose_tickers
-from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
+from agents.tickers import check_symbol
+from app.batch.engine import BatchOutcome, BatchPlan
+from app.batch.nightly import NightlyRequest, default_as_of, execute_plan, run_nightly
 from app.batch.signals import run_batch
 from app.cli.common import database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
-from app.errors import InputError
 from app.ranking import as_dicts, ranking
 from serving.facts import batch_server_facts
 
@@ -37,49 +36,48 @@ AsOf = Annotated[str | None, typer.Option("--as-of",
 
 
 def _default_as_of(settings: Settings, text: str | None) -> date:
-    if text is not None or settings.data_provider != "snapshot":
-        return parse_as_of(text, date.today())
-    newest = latest_as_of(settings.data_dir)
-    if newest is None:
-        raise InputError(f"no snapshot under {settings.data_dir}: run `nightdesk data demo` "
-                         "or `nightdesk data freeze` first, or pass --as-of")
-    return newest
+    return parse_as_of(text) if text is not None else default_as_of(settings)
 
 
-def _execute(settings: Settings, plan: BatchPlan) -> BatchOutcome:
-    engine = database(settings)
-    facts = batch_server_facts(settings.server_profile, settings.llm_base_url,
-                               settings.server_dir)
-    runner = BatchEngine(settings, engine, server_facts=facts)
-    outcome = run_batch(runner.run(plan))
+def _print_outcome(outcome: BatchOutcome, planned: int) -> None:
     style = "green" if not outcome.failed else "yellow" if outcome.succeeded else "red"
     err.print(f"[{style}]batch {outcome.batch_id} {outcome.status}:[/] "
               f"{len(outcome.succeeded)} succeeded, {len(outcome.failed)} failed "
-              f"of {len(plan.tickers)}")
+              f"of {planned}")
     for ticker, reason in sorted(outcome.failed.items()):
         err.print(f"  [red]{ticker}[/]: {reason}")
+
+
+def _execute(settings: Settings, plan: BatchPlan) -> BatchOutcome:
+    outcome = execute_plan(settings, database(settings), plan)
+    _print_outcome(outcome, len(plan.tickers))
     return outcome
 
 
 def run(
-    tickers: Annotated[str | None, typer.Option("--tickers", help="A,B,C")] = None,
+    tickers: Annotated[str | None, typer.Option(
+        "--tickers", help="A,B,C (default: NIGHTDESK_UNIVERSE_FILE, else the snapshot's "
+                          "universe.txt)")] = None,
     universe: Annotated[Path | None, typer.Option("--universe",
                                                   help="file: one ticker per line")] = None,
     as_of: AsOf = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1,
                                               help="only the first N tickers")] = None,
-    samples: Samples = 1,
+    samples: Annotated[int | None, typer.Option(
+        "--samples", min=1, max=32,
+        help="independent samples per ticker (default: NIGHTDESK_SAMPLES)")] = None,
     strategy: Strategy = "adaptive",
 ) -> None:
-    """Run the nightly batch over a universe."""
+    """Run the nightly batch over a universe (one at a time: a second start exits 4)."""
     settings = setup()
-    symbols, notes = choose_tickers(tickers, universe)
-    for note in notes:
-        err.print(f"note: {note}")
-    symbols = symbols[:limit] if limit else symbols
-    plan = BatchPlan("nightly", _default_as_of(settings, as_of), symbols, samples, strategy)
-    outcome = _execute(settings, plan)
-    if outcome.status != "succeeded":
+    request = NightlyRequest(as_of=_default_as_of(settings, as_of) if as_of else None,
+                             tickers=tickers, universe=universe, limit=limit, samples=samples,
+                             strategy=strategy)
+    night = run_nightly(settings, request, engine=database(settings))
+    if night.outcome is None:  # only a scheduled run skips a finished night
+        return
+    _print_outcome(night.outcome, night.tickers)
+    if night.outcome.status != "succeeded":
         raise typer.Exit(1)
 
 

@@ -90,6 +90,10 @@ def start(
     timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] =
     launcher.DEFAULT_START_TIMEOUT_S,
     arg: ArgOpt = None,
+    model: Annotated[str | None, typer.Option(help="checkpoint folder or HF id")] = None,
+    foreground: Annotated[bool, typer.Option(
+        "--foreground", help="become the server process (for systemd): no pid file, output "
+                             "to this terminal or the journal, no health wait")] = False,
 ) -> None:
     """Start the server detached, wait until it is healthy and print its startup facts."""
     settings = setup()
@@ -98,6 +102,10 @@ def start(
     if chosen.served_model_name != settings.llm_model:
         err.print(f"[yellow]warning:[/] the server will serve {chosen.served_model_name!r} "
                   f"but NIGHTDESK_LLM_MODEL is {settings.llm_model!r}")
+    rendered = render(chosen, _paths(settings), port=chosen_port, model=model)
+    if foreground:
+        launcher.exec_foreground(chosen, command=rendered,
+                                 api_key=settings.llm_api_key.get_secret_value())
     with err.status(f"starting {chosen.name} on port {chosen_port}") as line:
 
         def progress(elapsed: float, last: str) -> None:
@@ -107,7 +115,7 @@ def start(
         facts = launcher.start(
             chosen, port=chosen_port, timeout_s=timeout, progress=progress,
             api_key=settings.llm_api_key.get_secret_value(), state_dir=settings.server_dir,
-            command=render(chosen, _paths(settings), port=chosen_port),
+            command=rendered,
         )
     files = launcher.ServerFiles.of(chosen.name, settings.server_dir)
     if facts.get("already_running"):
@@ -152,6 +160,21 @@ def status(profile: ProfileOpt = None, port: PortOpt = None) -> None:
     if not state.healthy:
         raise ServerError(f"{state.root_url}/health does not answer")
     out.print(f"{state.root_url}/health: [green]healthy[/]")
+
+
+@app.command("wait")
+def wait(
+    profile: ProfileOpt = None,
+    port: PortOpt = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] =
+    launcher.DEFAULT_START_TIMEOUT_S,
+) -> None:
+    """Wait until the server answers /health (exit 1 after the timeout): a start-up check."""
+    settings = setup()
+    chosen = _profile(settings, profile)
+    root = launcher.root_url(chosen.host, _port(settings, chosen, port))
+    waited = launcher.wait_until_healthy(root, timeout)
+    out.print(f"{root}/health: healthy after {waited:.0f}s")
 
 
 @app.command("facts")

@@ -1,4 +1,4 @@
-"""Declare the tables: batches, ticker runs, LLM calls and bodies, decisions, server samples."""
+"""Declare the tables: batches, ticker runs, LLM calls, bodies, decisions, node texts, samples."""
 
 from __future__ import annotations
 
@@ -178,3 +178,25 @@ class ServerSample(Base):
     spec_accepted_tokens_total: Mapped[float | None] = mapped_column(Float)
     prefill_time_s_total: Mapped[float | None] = mapped_column(Float)
     decode_time_s_total: Mapped[float | None] = mapped_column(Float)
+
+
+class NodeText(Base):
+    """The text one node produced for one sample of one ticker, kept for the ticker page."""
+
+    __tablename__ = "node_outputs"
+    __table_args__ = (
+        UniqueConstraint("batch_id", "ticker", "sample", "node", name="uq_node_outputs_node"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
+    ticker: Mapped[str] = mapped_column(String(12))
+    sample: Mapped[int] = mapped_column(Integer, default=0)
+    node: Mapped[str] = mapped_column(String(40))
+    position: Mapped[int] = mapped_column(Integer)  # place in the graph's dependency order
+    text: Mapped[str] = mapped_column(Text)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(Timestamp)

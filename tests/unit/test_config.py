@@ -37,6 +37,10 @@ def test_postgres_url_gets_the_installed_driver(monkeypatch: pytest.MonkeyPatch)
     ("NIGHTDESK_DATABASE_URL", "mysql://x/y", "NIGHTDESK_DATABASE_URL"),
     ("NIGHTDESK_CALL_TIMEOUT_S", "-5", "NIGHTDESK_CALL_TIMEOUT_S"),
     ("NIGHTDESK_MAX_CONCURRENCY", "zero", "NIGHTDESK_MAX_CONCURRENCY"),
+    ("NIGHTDESK_SCHEDULE_CRON", "10 25 * * *", "NIGHTDESK_SCHEDULE_CRON"),
+    ("NIGHTDESK_SCHEDULE_CRON", "every night", "NIGHTDESK_SCHEDULE_CRON"),
+    ("NIGHTDESK_SCHEDULE_TIMEZONE", "Europe/Atlantis", "NIGHTDESK_SCHEDULE_TIMEZONE"),
+    ("NIGHTDESK_SCHEDULE_MISFIRE_GRACE_S", "0", "NIGHTDESK_SCHEDULE_MISFIRE_GRACE_S"),
 ])
 def test_bad_value_is_one_line_naming_the_setting(
     monkeypatch: pytest.MonkeyPatch, key: str, value: str, named: str

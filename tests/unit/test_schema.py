@@ -36,6 +36,10 @@ EXPECTED = {
         "spec_draft_tokens_total", "spec_accepted_tokens_total", "prefill_time_s_total",
         "decode_time_s_total",
     },
+    "node_outputs": {
+        "id", "batch_id", "ticker", "sample", "node", "position", "text", "prompt_tokens",
+        "completion_tokens", "finish_reason", "attempts", "created_at",
+    },
 }
 
 UNIQUE = {
@@ -43,6 +47,7 @@ UNIQUE = {
     "llm_calls": ["batch_id", "ticker", "node", "sample", "attempt"],
     "llm_requests": ["batch_id", "ticker", "node", "sample"],
     "decisions": ["batch_id", "ticker", "sample"],
+    "node_outputs": ["batch_id", "ticker", "sample", "node"],
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -129,3 +130,67 @@ def test_api_key_rides_in_the_environment_not_argv(monkeypatch: pytest.MonkeyPat
     assert env["VLLM_API_KEY"] == "s3cret"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert "VLLM_API_KEY" not in launcher._child_env(command, "EMPTY")
+
+
+def _health_server(port: int, announce: str = "") -> ServerCommand:
+    return _python(f"""
+        import http.server, os
+        {announce}
+
+        class Health(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200 if self.path == "/health" else 404)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        http.server.HTTPServer(("127.0.0.1", {port}), Health).serve_forever()
+    """)
+
+
+def test_foreground_becomes_the_server_process_for_a_supervisor() -> None:
+    # systemd (Type=exec) watches the pid it started: that pid must be the server itself.
+    port = _free_port()
+    fake = _health_server(port, 'print("key", os.environ.get("VLLM_API_KEY"), flush=True)')
+    code = ("from serving import launcher\n"
+            "from serving.profiles import ServerCommand, load_profile\n"
+            f"launcher.exec_foreground(load_profile('cpu-tiny'), api_key='s3cret',\n"
+            f"    command=ServerCommand(argv={fake.argv!r}, env={{}}))\n")
+    supervised = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                  text=True, cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert supervised.stdout is not None
+        assert supervised.stdout.readline().split() == ["key", "s3cret"]
+        waited = launcher.wait_until_healthy(launcher.root_url("127.0.0.1", port), 30, 0.1)
+        assert waited < 30
+        cmdline = Path(f"/proc/{supervised.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"http.server" in cmdline[2]  # the same pid now runs the server's code
+    finally:
+        supervised.kill()
+        supervised.wait()
+
+
+def test_wait_until_healthy_gives_up_at_its_deadline() -> None:
+    root = launcher.root_url("127.0.0.1", _free_port())  # nothing listens
+    with pytest.raises(ServerError, match="did not answer within 1s"):
+        launcher.wait_until_healthy(root, 1, 0.1)
+
+
+def test_cli_server_wait_exits_once_healthy() -> None:
+    from typer.testing import CliRunner
+
+    from app.cli import app as cli
+
+    port = _free_port()
+    server = subprocess.Popen(_health_server(port).argv)
+    try:
+        result = CliRunner().invoke(cli, ["server", "wait", "--port", str(port),
+                                          "--timeout", "30"])
+        assert result.exit_code == 0, result.output
+        assert f"http://127.0.0.1:{port}/health: healthy" in result.output
+    finally:
+        server.kill()
+        server.wait()
+    result = CliRunner().invoke(cli, ["server", "wait", "--port", str(port), "--timeout", "1"])
+    assert isinstance(result.exception, ServerError)

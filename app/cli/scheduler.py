@@ -1,0 +1,13 @@
+"""``nightdesk scheduler``: the long-running daemon that fires the nightly batch on schedule."""
+
+from __future__ import annotations
+
+from app.cli.common import database, setup
+
+
+def scheduler() -> None:
+    """Run the nightly batch on NIGHTDESK_SCHEDULE_CRON until SIGTERM (the systemd service)."""
+    from app.daemon import NightlyDaemon
+
+    settings = setup()
+    NightlyDaemon(settings, database(settings)).serve()

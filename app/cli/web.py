@@ -1,0 +1,55 @@
+"""``nightdesk web``: serve the ranking, ticker pages and batch reports over HTTP."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated
+
+import typer
+
+from app.cli.common import database, setup
+from app.errors import ConfigError, InputError
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def web(
+    host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8080,
+    local_only: Annotated[bool, typer.Option(
+        "--local-only", help="serve without a password; only on a loopback address")] = False,
+    reruns: Annotated[int, typer.Option(
+        "--reruns", min=1, max=8, help="reruns that may run at once")] = 1,
+) -> None:
+    """Serve the morning ranking, ticker pages (with Rerun) and batch reports."""
+    settings = setup()
+    password = settings.web_password.get_secret_value() if settings.web_password else ""
+    if not password and not local_only:
+        raise ConfigError("NIGHTDESK_WEB_PASSWORD is not set: set it (and NIGHTDESK_WEB_USER, "
+                          "default 'nightdesk'), or pass --local-only to serve without one "
+                          "on 127.0.0.1")
+    if not password and not _loopback(host):
+        raise InputError(f"--local-only serves without a password, so only on a loopback "
+                         f"address, not {host}")
+    # Imported here, not at the top: every other command would pay for FastAPI and matplotlib.
+    import uvicorn
+
+    from app.web.auth import Guard
+    from app.web.reruns import RerunQueue
+    from app.web.server import create_app
+
+    engine = database(settings)
+    # The reruns write where this server reads, whatever else their environment says.
+    queue = RerunQueue(parallel=reruns, env={"NIGHTDESK_DATABASE_URL": settings.database_url})
+    app = create_app(engine, Guard(settings.web_user, password or None), queue)
+    typer.echo(f"nightdesk web on http://{host}:{port}/"
+               + ("" if password else " (no password: --local-only)"), err=True)
+    uvicorn.run(app, host=host, port=port, log_level=settings.log_level.lower(),
+                proxy_headers=False)

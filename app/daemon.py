@@ -1,0 +1,286 @@
+"""Run the nightly batch on a cron schedule: the ``nightdesk scheduler`` daemon (APScheduler 3).
+
+The schedule lives in the project's database (APScheduler's ``apscheduler_jobs`` table), so a
+host that was off at the scheduled time runs the missed night once when it comes back, within
+the grace time; ``coalesce`` folds several missed nights into that one run. The job store
+creates that table itself, and no migration does: its columns are APScheduler's to change
+between releases, it holds nothing but the schedule's state (lost, the daemon only computes
+the next run afresh), and only databases that run the daemon need it. The job runs in
+the scheduler's own (main) thread: a batch then handles SIGTERM exactly as ``nightdesk run``
+does, and two runs in one daemon can never overlap. Across daemons and timers, the nightly
+lock is what keeps a night single.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import signal
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from types import FrameType
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import structlog
+import tzlocal
+from apscheduler.events import (
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+    EVENT_JOB_SUBMITTED,
+    EVENT_SCHEDULER_STARTED,
+    JobEvent,
+    SchedulerEvent,
+)
+from apscheduler.executors.debug import DebugExecutor
+from apscheduler.job import Job
+from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+from apscheduler.schedulers import SchedulerNotRunningError
+from apscheduler.schedulers.blocking import BlockingScheduler
+from apscheduler.triggers.cron import CronTrigger
+from sqlalchemy import Engine
+
+from app.batch.nightly import NightlyResult, run_nightly
+from app.batch.signals import BatchInterrupted
+from app.config import Settings
+from app.errors import AlreadyRunningError, NightdeskError
+
+log = structlog.get_logger(__name__)
+
+JOB_ID = "nightdesk-nightly"
+JOBS_TABLE = "apscheduler_jobs"
+
+NightRunner = Callable[..., NightlyResult]
+"""run_nightly's shape; tests give a recording stand-in."""
+
+# Set by the executor around each run: which daemon runs it, and for which scheduled time.
+_daemon: contextvars.ContextVar[NightlyDaemon] = contextvars.ContextVar("nightdesk_daemon")
+_fire_time: contextvars.ContextVar[datetime] = contextvars.ContextVar("nightdesk_fire_time")
+
+
+def schedule_zone(settings: Settings) -> tuple[ZoneInfo, str]:
+    """Return the schedule's time zone and where it came from ("setting" or "host")."""
+    if settings.schedule_timezone:
+        return ZoneInfo(settings.schedule_timezone), "setting"
+    host = tzlocal.get_localzone()
+    return (host if isinstance(host, ZoneInfo) else ZoneInfo(str(host))), "host"
+
+
+class NightlyTrigger(CronTrigger):
+    """Fire a crontab schedule at most once per wall-clock time.
+
+    APScheduler's CronTrigger follows the wall clock, so when summer time ends a time inside
+    the repeated hour (02:30 in Europe/Berlin) matches twice, an hour apart; it documents
+    this. A night must not run twice: a fire time whose local wall-clock time is not after
+    the previous fire's is passed over.
+    """
+
+    def get_next_fire_time(self, previous_fire_time: datetime | None,
+                           now: datetime) -> datetime | None:
+        following: datetime | None = super().get_next_fire_time(previous_fire_time, now)
+        if previous_fire_time is None:
+            return following
+        last = _wall(previous_fire_time, self.timezone)
+        # Twice is enough: the repeated hour happens once a day at most; the bound only
+        # guards against a trigger that keeps answering the same instant.
+        for _ in range(2):
+            if following is None or _wall(following, self.timezone) > last:
+                return following
+            # Step past it in UTC: wall-clock arithmetic would land back in the first pass.
+            following = super().get_next_fire_time(
+                following, following.astimezone(UTC) + timedelta(seconds=1))
+        return following
+
+
+def _wall(moment: datetime, zone: Any) -> datetime:
+    """Return the naive local wall-clock time of ``moment`` (the fold forgotten)."""
+    return moment.astimezone(zone).replace(tzinfo=None, fold=0)
+
+
+def scheduled_night() -> None:
+    """Run the nightly job for the daemon whose executor called it (APScheduler's entry)."""
+    _daemon.get().run_night(_fire_time.get())
+
+
+class InlineExecutor(DebugExecutor):
+    """Run each job in the thread that processes the schedule, telling it its fire time."""
+
+    def __init__(self, daemon: NightlyDaemon) -> None:
+        super().__init__()
+        self.daemon = daemon
+
+    def _do_submit_job(self, job: Job, run_times: list[datetime]) -> None:
+        contextvars.copy_context().run(self._submit_in, job, run_times)
+
+    def _submit_in(self, job: Job, run_times: list[datetime]) -> None:
+        _daemon.set(self.daemon)
+        _fire_time.set(run_times[-1])
+        super()._do_submit_job(job, run_times)
+
+
+class NightlyDaemon:
+    """Own one APScheduler whose single job runs tonight's batch through ``run_nightly``."""
+
+    def __init__(self, settings: Settings, engine: Engine, *,
+                 runner: NightRunner = run_nightly) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.runner = runner
+        self.zone, self.zone_source = schedule_zone(settings)
+        self.trigger = NightlyTrigger.from_crontab(settings.schedule_cron, timezone=self.zone)
+        self.scheduler = BlockingScheduler(
+            timezone=self.zone,
+            executors={"default": InlineExecutor(self)},
+            job_defaults={"coalesce": True, "max_instances": 1,
+                          "misfire_grace_time": settings.schedule_misfire_grace_s},
+        )
+        self.store = SQLAlchemyJobStore(engine=engine, tablename=JOBS_TABLE)
+        self.scheduler.add_jobstore(self.store)
+        self.scheduler.add_listener(self._started, EVENT_SCHEDULER_STARTED)
+        self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
+        self.scheduler.add_listener(self._after_run, EVENT_JOB_SUBMITTED | EVENT_JOB_MAX_INSTANCES)
+        self.in_run = False
+        self.stopping = False
+        self.handling_signals = False
+        self.interrupted_fire: datetime | None = None
+
+    def schedule(self) -> None:
+        """Put the nightly job in the store under its fixed id, keeping a missed run due.
+
+        ``add_job(replace_existing=True)`` alone would recompute the next run time from
+        now and so drop a night missed while the host was off: when the stored job has the
+        same trigger, its stored next run time is carried over.
+        """
+        kept = self._stored_next_run()
+        self.scheduler.add_job(
+            scheduled_night, self.trigger, id=JOB_ID, name="nightly batch",
+            replace_existing=True, coalesce=True, max_instances=1,
+            misfire_grace_time=self.settings.schedule_misfire_grace_s,
+            **({"next_run_time": kept} if kept is not None else {}))
+
+    def _stored_next_run(self) -> datetime | None:
+        # Starting the store early creates its table if missing; the scheduler's own start
+        # does the same again, harmlessly.
+        self.store.start(self.scheduler, "default")
+        try:
+            stored = self.store.lookup_job(JOB_ID)
+        except Exception as error:  # a job pickled by an incompatible version: start afresh
+            log.warning("stored schedule unreadable; starting afresh", error=str(error))
+            return None
+        if stored is None or stored.next_run_time is None:
+            return None
+        if repr(stored.trigger) != repr(self.trigger):
+            log.info("schedule changed; next run computed afresh",
+                     was=repr(stored.trigger), now=repr(self.trigger))
+            return None
+        return stored.next_run_time
+
+    def serve(self) -> None:
+        """Run until SIGTERM or SIGINT: schedule, log the next run, fire nights as they come."""
+        log.info("scheduler starting", cron=self.settings.schedule_cron,
+                 timezone=str(self.zone), timezone_source=self.zone_source,
+                 misfire_grace_s=self.settings.schedule_misfire_grace_s)
+        self.schedule()
+        self.install_signal_handlers()
+        try:
+            self.scheduler.start()  # returns once shut down
+        except KeyboardInterrupt:  # a stop that unwound the scheduler itself
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self._shutdown()
+        log.info("scheduler stopped", on_request=self.stopping)
+
+    def install_signal_handlers(self) -> None:
+        """Make SIGTERM and SIGINT stop the daemon (and end a running batch as interrupted)."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self.handling_signals = True
+
+    def _on_signal(self, _signum: int, _frame: FrameType | None) -> None:
+        # No logging here: a handler that took a lock the interrupted code holds (the log
+        # stream's) would wait forever.
+        self.stopping = True
+        if self.in_run:
+            # A night being set up or wound down, outside the batch's own handler: the
+            # same path as Ctrl-C under `nightdesk run`; the batch row ends interrupted.
+            raise KeyboardInterrupt
+        # Waiting for the next night: shut down from a thread. It waits for the locks the
+        # main thread may hold this instant; APScheduler would swallow an exception raised
+        # inside one of its listeners.
+        threading.Thread(target=self._shutdown, name="nightdesk-stop", daemon=True).start()
+
+    def _shutdown(self) -> None:
+        with contextlib.suppress(SchedulerNotRunningError):
+            self.scheduler.shutdown(wait=False)
+
+    def run_night(self, fire_time: datetime) -> None:
+        """Run the night scheduled for ``fire_time``; log, never raise, whatever happens."""
+        if self.stopping:  # the stop came as this run was being picked up: leave it due
+            self.interrupted_fire = fire_time
+            return
+        self.in_run = True
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main and self.handling_signals:
+            # Ctrl-C during the batch is the batch's to handle, as under `nightdesk run`.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        log.info("nightly run firing", scheduled_for=fire_time.isoformat())
+        try:
+            night = self.runner(self.settings, engine=self.engine, resume=True,
+                                skip_if_finished_since=fire_time)
+        except AlreadyRunningError as error:
+            log.warning("nightly run skipped", reason=str(error))
+        except (BatchInterrupted, KeyboardInterrupt):
+            self.interrupted_fire = fire_time
+            self.stopping = True
+            log.warning("nightly run interrupted; the night stays due",
+                        scheduled_for=fire_time.isoformat())
+        except NightdeskError as error:
+            log.error("nightly run failed", error=str(error))
+        except Exception as error:  # the daemon outlives one bad night
+            log.exception("nightly run crashed", error=str(error))
+        else:
+            outcome = night.outcome
+            if outcome is None:
+                log.info("nightly run had nothing to do")
+            else:
+                log.info("nightly run finished", batch_id=outcome.batch_id,
+                         status=outcome.status, succeeded=len(outcome.succeeded),
+                         failed=len(outcome.failed))
+        finally:
+            self.in_run = False
+            if in_main and self.handling_signals:
+                # The batch's asyncio handler put the default SIGTERM action back.
+                self.install_signal_handlers()
+
+    def next_run_time(self) -> datetime | None:
+        """Return the stored next run time of the nightly job."""
+        job = self.scheduler.get_job(JOB_ID)
+        return None if job is None else job.next_run_time
+
+    def _started(self, _event: SchedulerEvent) -> None:
+        self._log_next("scheduler started")
+
+    def _missed(self, event: JobEvent) -> None:
+        log.warning("nightly run missed: past the grace time",
+                    scheduled_for=event.scheduled_run_time.isoformat(),
+                    misfire_grace_s=self.settings.schedule_misfire_grace_s)
+
+    def _after_run(self, _event: Any) -> None:
+        if self.interrupted_fire is not None:
+            # The scheduler has just moved the job on to tomorrow: put tonight back, so a
+            # daemon started again within the grace time resumes the night.
+            self.scheduler.modify_job(JOB_ID, next_run_time=self.interrupted_fire)
+            self._log_next("night interrupted; it stays due")
+        else:
+            self._log_next("next nightly run")
+        if self.stopping:
+            # Here, between two wake-ups, the scheduler holds none of its locks.
+            self._shutdown()
+
+    def _log_next(self, message: str) -> None:
+        when = self.next_run_time()
+        log.info(message, next_run=None if when is None else when.isoformat(),
+                 timezone=str(self.zone))

@@ -1,0 +1,132 @@
+"""Render the HTML pages: ranking, ticker (with Rerun), batches, one batch, arms compared."""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from sqlalchemy import Engine
+
+from app.cli.report import COMPARE_COLUMNS
+from app.errors import InputError
+from app.web import charts, views
+from app.web.auth import CSRF_FIELD
+from app.web.plots import batch_plots, compare_plots
+from app.web.reruns import RerunJob
+from app.web.state import State, require_user
+from app.web.symbols import batch_ids, symbol_or_404
+from app.web.templating import make_templates
+
+router = APIRouter(dependencies=[Depends(require_user)], default_response_class=HTMLResponse)
+templates = make_templates()
+
+
+def _page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
+    return templates.TemplateResponse(request, name, context, status_code=status)
+
+
+@router.get("/")
+def ranking_page(request: Request, state: State) -> Response:
+    """Show the latest finished night's ranking, with reruns applied, and any batch running."""
+    view = views.ranking_view(state.engine)
+    chart = charts.rating_bars(view["distribution"]) if view["batch"] else None
+    return _page(request, "ranking.html", {"view": view, "chart": chart})
+
+
+def rerun_target(engine: Engine, ticker: str, view: dict[str, Any]) -> tuple[date, int]:
+    """Return the as-of date and sample count a rerun of ``ticker`` should use.
+
+    The night on the ranking page, when the ticker is in it, so the rerun replaces the
+    ticker there; otherwise the night of the ticker's latest run.
+    """
+    ranked = views.ranking_view(engine)
+    batch = ranked["batch"]
+    tickers = {r["ticker"] for r in ranked["rows"]} | {f["ticker"] for f in ranked["failed"]}
+    if batch is not None and ticker in tickers:
+        return date.fromisoformat(batch["as_of"]), int(batch["samples"] or 1)
+    shown = view["shown"]
+    return date.fromisoformat(shown["as_of"]), int(shown["samples"] or 1)
+
+
+def _rerun_state(job: RerunJob | None, running: dict[str, Any] | None) -> dict[str, Any]:
+    """Merge what this process started with what the database says is running."""
+    active = (job is not None and job.state in ("queued", "running")) or running is not None
+    return {"job": job.to_json() if job else None, "running_batch": running, "active": active}
+
+
+@router.get("/ticker/{symbol}")
+def ticker_page(request: Request, state: State, symbol: str,
+                notice: Annotated[str | None, Query()] = None) -> Response:
+    """Show the latest run's nodes in graph order, the history plot and the Rerun button."""
+    ticker = symbol_or_404(symbol)
+    view = views.ticker_view(state.engine, ticker)
+    if view is None:
+        return _page(request, "missing.html",
+                     {"what": f"{ticker} has never been run", "status": 404}, status=404)
+    history = view["history"]
+    plot = charts.history([(date.fromisoformat(p["as_of"]), p["score"], p["rating"])
+                           for p in history if p["score"] is not None]) \
+        if any(p["score"] is not None for p in history) else None
+    rerun = _rerun_state(state.reruns.job(ticker), view["rerun_running"])
+    token = state.guard.csrf_token(request)
+    response = _page(request, "ticker.html", {
+        "view": view, "history_svg": plot, "rerun": rerun, "notice": notice,
+        "csrf_field": CSRF_FIELD, "csrf_token": token,
+    })
+    state.guard.remember(response, token)
+    return response
+
+
+@router.post("/ticker/{symbol}/rerun")
+async def rerun(request: Request, state: State, symbol: str,
+                token: Annotated[str | None, Form(alias=CSRF_FIELD)] = None) -> Response:
+    """Queue a rerun of one ticker, unless one is queued or running already."""
+    state.guard.check_csrf(request, token)
+    ticker = symbol_or_404(symbol)
+    view = await run_in_threadpool(views.ticker_view, state.engine, ticker)
+    if view is None:
+        raise HTTPException(404, f"{ticker} has never been run")
+    back = f"/ticker/{ticker}"
+    if view["rerun_running"] is not None:
+        return RedirectResponse(f"{back}?notice=already", status_code=303)
+    as_of, samples = await run_in_threadpool(rerun_target, state.engine, ticker, view)
+    # No await between the check above and here would let a second request in: submit
+    # itself refuses a ticker whose rerun is queued or running in this process.
+    _, created = state.reruns.submit(ticker, as_of, samples)
+    return RedirectResponse(f"{back}?notice={'queued' if created else 'already'}",
+                            status_code=303)
+
+
+@router.get("/batches")
+def batches_page(request: Request, state: State) -> Response:
+    """List the batches, newest first, with a form to compare arms."""
+    return _page(request, "batches.html", {"batches": views.batches_view(state.engine)})
+
+
+@router.get("/batches/compare")
+def compare_page(request: Request, state: State,
+                 ids: Annotated[list[str], Query()]) -> Response:
+    """Show arms side by side, as ``nightdesk report --compare`` does, with their plots."""
+    chosen = batch_ids(ids)
+    try:
+        view = views.compare_view(state.engine, chosen)
+    except InputError as error:
+        return _page(request, "missing.html", {"what": str(error), "status": 404},
+                     status=404)
+    # The CLI's columns, less batch and label, which head the table's columns here.
+    return _page(request, "compare.html", {"view": view, "plots": compare_plots(view),
+                                           "columns": COMPARE_COLUMNS[2:]})
+
+
+@router.get("/batches/{batch_id}")
+def batch_page(request: Request, state: State, batch_id: int) -> Response:
+    """Show one batch's report: throughput, the server's gauges over time, latency, failures."""
+    try:
+        view = views.batch_view(state.engine, batch_id)
+    except InputError as error:
+        return _page(request, "missing.html", {"what": str(error), "status": 404},
+                     status=404)
+    return _page(request, "batch.html", {"view": view, "plots": batch_plots(view)})

@@ -1,0 +1,56 @@
+"""Turn a batch's (or several arms') series into the SVG plots its page shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.web import charts
+from app.web.charts import Series
+
+
+def batch_plots(view: dict[str, Any]) -> dict[str, str | None]:
+    """Return the batch page's plots; a plot without data is None (the page says so)."""
+    s = view["series"]
+    nodes = view["report"]["nodes"]
+    mean_tok_s = view["report"]["output_tokens_per_s"]
+    return {
+        "throughput": charts.time_lines(
+            [Series("between readings", [*s["tok_s_t"], s["t"][-1]],
+                    [*s["tok_s"], s["tok_s"][-1]]),
+             Series(f"batch mean {mean_tok_s:.1f}", [s["t"][0], s["t"][-1]],
+                    [mean_tok_s, mean_tok_s])],
+            ylabel="output tokens/s", chart_id="throughput", step=True) if s["tok_s"] else None,
+        "concurrency": charts.time_lines(
+            [Series("running", s["t"], s["running"]), Series("waiting", s["t"], s["waiting"])],
+            ylabel="requests", chart_id="concurrency", step=True) if s["t"] else None,
+        "kv": charts.time_lines([Series("KV cache usage", s["t"], s["kv"])],
+                                ylabel="KV cache used", chart_id="kv", percent=True, step=True)
+        if s["t"] else None,
+        "latency": charts.node_latency([n["node"] for n in nodes], [n["mean_s"] for n in nodes],
+                                       [n["p99_s"] for n in nodes]) if nodes else None,
+    }
+
+
+def compare_plots(view: dict[str, Any]) -> dict[str, str | None]:
+    """Return the arms' gauges over time, one line per arm, on shared axes."""
+    arms = view["arms"]
+    series = view["series"]
+
+    def name(a: dict[str, Any]) -> str:
+        return f"#{a['batch_id']} {a['label'] or a['kind']}"
+
+    has_samples = any(series[a["batch_id"]]["t"] for a in arms)
+    if not has_samples:
+        return {"throughput": None, "concurrency": None, "kv": None}
+    return {
+        "throughput": charts.time_lines(
+            [Series(name(a), series[a["batch_id"]]["tok_s_t"], series[a["batch_id"]]["tok_s"])
+             for a in arms], ylabel="output tokens/s", chart_id="cmp-throughput", step=True),
+        "concurrency": charts.time_lines(
+            [Series(name(a), series[a["batch_id"]]["t"], series[a["batch_id"]]["running"])
+             for a in arms], ylabel="running requests", chart_id="cmp-running", step=True),
+        "kv": charts.time_lines(
+            [Series(name(a), series[a["batch_id"]]["t"], series[a["batch_id"]]["kv"])
+             for a in arms], ylabel="KV cache used", chart_id="cmp-kv", percent=True,
+            step=True),
+    }

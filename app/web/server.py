@@ -1,0 +1,60 @@
+"""Build the web app: pages, JSON API, health check, auth, and the rerun queue it supervises."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy import Engine
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.db.engine import check_reachable
+from app.errors import DatabaseError
+from app.web import api, pages
+from app.web.auth import Guard
+from app.web.reruns import RerunQueue
+from app.web.state import WebState
+
+
+def create_app(engine: Engine, guard: Guard, reruns: RerunQueue) -> FastAPI:
+    """Return the app; the rerun queue runs for as long as the app does (its lifespan)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with reruns:
+            yield
+
+    # No /docs or /redoc: FastAPI's pages load their scripts from a CDN, which an offline
+    # GPU host cannot reach; the JSON API is described in docs/operations.md instead.
+    app = FastAPI(title="nightdesk", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.web = WebState(engine=engine, guard=guard, reruns=reruns)
+    app.mount("/static", StaticFiles(packages=[("app.web", "static")]), name="static")
+    app.include_router(pages.router)
+    app.include_router(api.router)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> JSONResponse:
+        """Answer 200 when the database answers; no credentials, so monitors can ask."""
+        try:
+            await run_in_threadpool(check_reachable, engine)
+        except DatabaseError:
+            return JSONResponse({"status": "error", "database": "unreachable"}, 503)
+        return JSONResponse({"status": "ok", "database": "ok"})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> Any:
+        """Answer API callers in JSON and browsers with a short page (never a traceback)."""
+        headers = getattr(error, "headers", None)
+        if request.url.path.startswith("/api/") or error.status_code == 401:
+            return JSONResponse({"detail": error.detail}, error.status_code, headers=headers)
+        return pages.templates.TemplateResponse(
+            request, "missing.html", {"what": error.detail, "status": error.status_code},
+            status_code=error.status_code, headers=headers)
+
+    return app

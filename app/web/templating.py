@@ -1,0 +1,47 @@
+"""Load the page templates from the installed package and give them a few number formats."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from fastapi.templating import Jinja2Templates
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+from app.ranking import RATING_ORDER
+
+
+def fmt(value: Any, spec: str = ".1f", missing: str = "—") -> str:
+    """Format a number with ``spec``, or show a dash for a missing one."""
+    if value is None:
+        return missing
+    return format(value, spec)
+
+
+def when(value: str | None) -> str:
+    """Show a stored ISO timestamp as ``YYYY-MM-DD HH:MM:SS UTC``."""
+    if not value:
+        return "—"
+    return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float | None) -> str:
+    """Show seconds as ``1 h 02 min``, ``3 min 20 s`` or ``12 s``."""
+    if seconds is None:
+        return "—"
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    if s >= 60:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s} s"
+
+
+def make_templates() -> Jinja2Templates:
+    """Return the templates shipped in ``app/web/templates`` (found through the package)."""
+    env = Environment(loader=PackageLoader("app.web", "templates"),
+                      autoescape=select_autoescape(["html"]), undefined=StrictUndefined,
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(fmt=fmt, when=when, duration=duration)
+    env.globals.update(RATING_ORDER=RATING_ORDER)
+    return Jinja2Templates(env=env)

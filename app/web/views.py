@@ -1,0 +1,285 @@
+"""Gather what each page shows from the database, as plain data the HTML and the JSON API share.
+
+Every number comes from the modules the CLI uses (``app.ranking``, ``app.report``,
+``app.serverview``), so the pages, the API and ``nightdesk ranking``/``report`` agree.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
+
+from agents.graph import sequential_nodes
+from agents.nodes import ANALYSTS
+from app.db.models import Batch, Decision, LLMCall, NodeText, ServerSample, TickerRun
+from app.errors import InputError
+from app.ranking import RATING_ORDER, RankRow, ranking
+from app.report import arm, batch_report
+from app.serverview import counter_delta, server_view
+
+# Batch statuses whose rows are final; `partial` is a finished night with some tickers failed.
+FINISHED = ("succeeded", "partial")
+# A running batch whose heartbeat is older than this has probably died with its process.
+STALE_AFTER_S = 300.0
+HISTORY_NIGHTS = 60
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _batch(engine: Engine, batch_id: int) -> Batch:
+    with Session(engine) as session:
+        found = session.get(Batch, batch_id)
+    if found is None:
+        raise InputError(f"no batch with id {batch_id}")
+    return found
+
+
+def batch_json(batch: Any) -> dict[str, Any]:
+    """Describe a batch row: what it was, how it went, and whether its data was synthetic."""
+    settings = batch.settings or {}
+    end = batch.finished_at or batch.heartbeat_at
+    return {
+        "id": batch.id, "kind": batch.kind, "label": batch.label, "as_of": _iso(batch.as_of),
+        "status": batch.status, "created_at": _iso(batch.created_at),
+        "started_at": _iso(batch.started_at), "finished_at": _iso(batch.finished_at),
+        "heartbeat_at": _iso(batch.heartbeat_at),
+        "duration_s": (end - batch.started_at).total_seconds()
+        if end is not None and batch.started_at is not None else None,
+        "tickers_total": batch.tickers_total, "tickers_succeeded": batch.tickers_succeeded,
+        "tickers_failed": batch.tickers_failed, "error": batch.error,
+        # The same test as `nightdesk ranking`: the engine marks batches run on DEMO data.
+        "demo": bool(settings.get("demo_data")), "samples": settings.get("samples"),
+        "model": settings.get("model"), "server_profile": settings.get("server_profile"),
+        "strategy": settings.get("strategy"), "source_batch_id": batch.source_batch_id,
+    }
+
+
+def running_batches(engine: Engine) -> list[dict[str, Any]]:
+    """Return each batch still marked running, with its progress and a rough ETA."""
+    now = datetime.now(UTC)
+    with engine.connect() as conn:
+        batches = conn.execute(select(Batch).where(Batch.status == "running")
+                               .order_by(Batch.id)).all()
+        calls = dict(conn.execute(
+            select(LLMCall.batch_id, func.count()).where(
+                LLMCall.batch_id.in_([b.id for b in batches])).group_by(LLMCall.batch_id)
+        ).tuples().all())
+    out = []
+    for b in batches:
+        info = batch_json(b)
+        done = b.tickers_succeeded + b.tickers_failed
+        elapsed = (now - b.started_at).total_seconds() if b.started_at else 0.0
+        beat = b.heartbeat_at or b.started_at
+        info.update(
+            tickers_done=done, calls=calls.get(b.id, 0), elapsed_s=round(elapsed),
+            eta_s=round(elapsed / done * (b.tickers_total - done)) if done else None,
+            stale=beat is not None and (now - beat).total_seconds() > STALE_AFTER_S,
+        )
+        out.append(info)
+    return out
+
+
+def _row_json(row: RankRow) -> dict[str, Any]:
+    return asdict(row)
+
+
+def ranking_view(engine: Engine) -> dict[str, Any]:
+    """Return the morning ranking: one finished nightly batch with its reruns, and progress.
+
+    The ranking comes from one call to ``app.ranking.ranking``, which reads one batch (and
+    the reruns of that batch's own as-of date), so a night still running never mixes in:
+    it only shows as a progress line.
+    """
+    try:
+        batch, rows = ranking(engine)
+    except InputError as error:
+        running = running_batches(engine)
+        return {"batch": None, "rows": [], "failed": [], "distribution": {},
+                "reruns_applied": [], "running": running, "empty": str(error)}
+    # Read after the ranking: a night that finishes in between is then at worst shown as
+    # still running beside the night before, never the other way round.
+    running = running_batches(engine)
+    ranked = [r for r in rows if r.rank is not None]
+    return {
+        "batch": batch_json(batch),
+        "rows": [_row_json(r) for r in ranked],
+        "failed": [{"ticker": r.ticker, "status": r.status, "reason": r.summary}
+                   for r in rows if r.rank is None],
+        "distribution": {name: sum(r.rating == name for r in ranked) for name in RATING_ORDER},
+        "reruns_applied": sorted({r.batch_id for r in rows if r.batch_id != batch.id}),
+        "running": running,
+        "empty": None,
+    }
+
+
+def graph_order(settings: dict[str, Any]) -> list[str]:
+    """Return a batch's node names in dependency order, from the rounds it ran with."""
+    return [*ANALYSTS, *sequential_nodes(int(settings.get("debate_rounds", 2)),
+                                         int(settings.get("risk_rounds", 2)))]
+
+
+def _nodes_of_run(engine: Engine, batch: Batch, ticker: str) -> list[dict[str, Any]]:
+    """Return, per sample, every node of the run in graph order with its text and its calls."""
+    with engine.connect() as conn:
+        texts = conn.execute(select(NodeText).where(NodeText.batch_id == batch.id,
+                                                    NodeText.ticker == ticker)).all()
+        calls = conn.execute(select(LLMCall).where(LLMCall.batch_id == batch.id,
+                                                   LLMCall.ticker == ticker)
+                             .order_by(LLMCall.attempt)).all()
+        decisions = {d.sample: d for d in conn.execute(
+            select(Decision).where(Decision.batch_id == batch.id, Decision.ticker == ticker))}
+    by_key = {(t.sample, t.node): t for t in texts}
+    attempts: dict[tuple[int, str], list[Any]] = defaultdict(list)
+    for c in calls:
+        attempts[(c.sample, c.node)].append(c)
+    order = graph_order(batch.settings or {})
+    order += sorted({n for _, n in by_key} - set(order))  # a node this code no longer knows
+    samples = sorted({s for s, _ in by_key} | {s for s, _ in attempts} | set(decisions))
+    out = []
+    for sample in samples:
+        nodes = []
+        for position, node in enumerate(order, 1):
+            text = by_key.get((sample, node))
+            tries = attempts.get((sample, node), [])
+            nodes.append({
+                "position": position, "node": node,
+                "text": text.text if text else None,
+                "prompt_tokens": text.prompt_tokens if text else
+                (tries[-1].prompt_tokens if tries else None),
+                "completion_tokens": text.completion_tokens if text else
+                (tries[-1].completion_tokens if tries else None),
+                "finish_reason": text.finish_reason if text else None,
+                "attempts": len(tries),
+                "latency_s": round(sum(c.latency_s for c in tries), 2) if tries else None,
+                "error": next((c.error for c in reversed(tries) if c.status != "ok"), None)
+                if not text else None,
+            })
+        d = decisions.get(sample)
+        out.append({"sample": sample, "nodes": nodes,
+                    "decision": None if d is None else {
+                        "rating": d.rating, "score": d.score, "confidence": d.confidence,
+                        "summary": d.summary}})
+    return out
+
+
+def history_view(engine: Engine, ticker: str, nights: int = HISTORY_NIGHTS
+                 ) -> list[dict[str, Any]]:
+    """Return the ticker's ranked result on each past night, reruns applied as the ranking does."""
+    with engine.connect() as conn:
+        newest_per_night = (
+            select(func.max(Batch.id)).where(Batch.kind == "nightly", Batch.status.in_(FINISHED))
+            .group_by(Batch.as_of).order_by(func.max(Batch.id).desc()).limit(nights))
+        ids = sorted(conn.execute(newest_per_night).scalars())
+        present = set(conn.execute(select(TickerRun.batch_id).where(
+            TickerRun.ticker == ticker, TickerRun.batch_id.in_(ids))).scalars())
+    points = []
+    for batch_id in ids:
+        if batch_id not in present:
+            continue
+        night, rows = ranking(engine, batch_id)
+        row = next(r for r in rows if r.ticker == ticker)
+        points.append({"as_of": night.as_of.isoformat(), "nightly_batch_id": batch_id,
+                       **_row_json(row)})
+    return points
+
+
+def ticker_view(engine: Engine, ticker: str) -> dict[str, Any] | None:
+    """Return the ticker's latest run, its nodes, history and reruns; None when never run."""
+    with engine.connect() as conn:
+        runs = conn.execute(
+            select(TickerRun.status, TickerRun.error, TickerRun.finished_at,
+                   TickerRun.started_at, Batch.id.label("batch_id"), Batch.kind, Batch.as_of,
+                   Batch.status.label("batch_status"), Batch.heartbeat_at)
+            .join(Batch, Batch.id == TickerRun.batch_id)
+            .where(TickerRun.ticker == ticker, Batch.kind.in_(("nightly", "rerun")))
+            .order_by(Batch.id.desc())).all()
+    if not runs:
+        return None
+    latest = runs[0]
+    # The newest result of a finished batch, as on the ranking page; a newer run (a night
+    # still running, or a failed run) is named on the page, not mixed in.
+    shown = next((r for r in runs if r.status == "succeeded" and r.batch_status in FINISHED),
+                 latest)
+    batch = _batch(engine, shown.batch_id)
+    now = datetime.now(UTC)
+    reruns = [{"batch_id": r.batch_id, "as_of": _iso(r.as_of), "status": r.status,
+               "batch_status": r.batch_status, "error": r.error,
+               "started_at": _iso(r.started_at), "finished_at": _iso(r.finished_at),
+               # A rerun whose process died stays `running`: only a live one blocks another.
+               "live": r.batch_status == "running" and r.heartbeat_at is not None
+               and (now - r.heartbeat_at).total_seconds() <= STALE_AFTER_S}
+              for r in runs if r.kind == "rerun"]
+    return {
+        "ticker": ticker,
+        "latest": {"batch_id": latest.batch_id, "kind": latest.kind, "status": latest.status,
+                   "batch_status": latest.batch_status, "as_of": _iso(latest.as_of),
+                   "error": latest.error},
+        "shown": {**batch_json(batch), "ticker_status": shown.status,
+                  "runs": _nodes_of_run(engine, batch, ticker)},
+        "history": history_view(engine, ticker),
+        "reruns": reruns[:20],
+        "rerun_running": next((r for r in reruns if r["live"]), None),
+    }
+
+
+def batches_view(engine: Engine, limit: int = 200) -> list[dict[str, Any]]:
+    """Return the newest batches, newest first."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(Batch).order_by(Batch.id.desc()).limit(limit)).all()
+    return [batch_json(r) for r in rows]
+
+
+def series_view(engine: Engine, batch_id: int) -> dict[str, list[float]]:
+    """Return the server's gauges over the batch, and its output tok/s between samples."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(ServerSample).where(ServerSample.batch_id == batch_id)
+                            .order_by(ServerSample.sampled_at)).all()
+    if not rows:
+        return {"t": [], "running": [], "waiting": [], "kv": [], "tok_s_t": [], "tok_s": []}
+    t0 = rows[0].sampled_at
+    t = [(r.sampled_at - t0).total_seconds() for r in rows]
+    rates, at = [], []
+    for (ta, a), (tb, b) in itertools.pairwise(zip(t, rows, strict=True)):
+        produced = counter_delta([a.generation_tokens_total, b.generation_tokens_total])
+        if tb > ta and produced is not None:
+            rates.append(produced / (tb - ta))
+            at.append(ta)
+    return {"t": t, "running": [r.running for r in rows], "waiting": [r.waiting for r in rows],
+            "kv": [r.kv_cache_usage for r in rows], "tok_s_t": at, "tok_s": rates}
+
+
+def batch_view(engine: Engine, batch_id: int) -> dict[str, Any]:
+    """Return one batch's report: throughput, the server's view, series, latency, failures."""
+    report = batch_report(engine, batch_id)  # raises InputError for an unknown id
+    batch = _batch(engine, batch_id)
+    with engine.connect() as conn:
+        failed = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error)
+                              .where(TickerRun.batch_id == batch_id,
+                                     TickerRun.status != "succeeded")
+                              .order_by(TickerRun.ticker)).all()
+    order = graph_order(batch.settings or {})
+    rank = {name: i for i, name in enumerate(order)}
+    report.nodes.sort(key=lambda n: (rank.get(n.node, len(order)), n.node))
+    return {
+        "batch": batch_json(batch),
+        "report": report.to_json(),
+        "server": server_view(engine, batch_id).to_json(),
+        "series": series_view(engine, batch_id),
+        "failed_tickers": [{"ticker": f.ticker, "status": f.status, "error": f.error}
+                           for f in failed],
+        "server_facts": batch.server_facts,
+    }
+
+
+def compare_view(engine: Engine, ids: list[int]) -> dict[str, Any]:
+    """Return arms side by side (as ``nightdesk report --compare``) with their gauges over time."""
+    return {"arms": [arm(engine, i) for i in ids],
+            "series": {i: series_view(engine, i) for i in ids}}

@@ -1,0 +1,108 @@
+"""Run the single-instance and scheduler checks against the real PostgreSQL at 127.0.0.1:5432.
+
+Each test gets a database of its own (created here, dropped after): advisory locks and the
+job store's table are per database, and the counts below must see only this test's rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+from collections.abc import Iterator
+from datetime import date, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from sqlalchemy import Engine, func, select
+
+from agents.data.demo import DEMO_AS_OF, write_demo
+from app.batch import store
+from app.batch.lock import nightly_lock
+from app.config import load_settings
+from app.db.engine import get_engine, upgrade
+from app.db.models import Batch, LLMCall
+from tests.integration.conftest import ADMIN_DSN
+from tests.unit.test_daemon import NIGHT, Recorder, daemon_for, local, running, tick
+from tests.unit.test_lock import (
+    NIGHTDESK,
+    check_lock_dies_with_its_holder,
+    check_race,
+    check_second_start_during_a_batch,
+)
+
+pytestmark = pytest.mark.integration
+_numbers = itertools.count()
+
+
+@pytest.fixture
+def pg_engine() -> Iterator[Engine]:
+    name = f"nightdesk_lock_{os.getpid()}_{next(_numbers)}"
+    try:
+        admin = psycopg.connect(ADMIN_DSN, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as error:
+        pytest.fail(f"PostgreSQL at {ADMIN_DSN} is required for integration tests: {error}")
+    with admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                      .format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base = ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    url = f"{base}/{name}"
+    upgrade(url)
+    yield get_engine(url)
+    get_engine(url).dispose()
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                      .format(sql.Identifier(name)))
+
+
+def url_of(engine: Engine) -> str:
+    return engine.url.render_as_string(hide_password=False)
+
+
+def test_three_starts_at_once_one_gets_the_advisory_lock(pg_engine: Engine) -> None:
+    check_race(pg_engine)
+
+
+def test_a_killed_holder_leaves_no_advisory_lock(pg_engine: Engine) -> None:
+    check_lock_dies_with_its_holder(pg_engine)
+
+
+def test_second_start_during_a_batch_is_refused_on_postgres(
+        pg_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
+    settings = load_settings(check_context_length=False, retry_backoff_s=0,
+                             data_dir=tmp_path / "data", database_url=url_of(pg_engine))
+    check_second_start_during_a_batch(monkeypatch, pg_engine, settings)
+
+
+def test_cli_run_exits_4_while_another_process_holds_the_advisory_lock(
+        pg_engine: Engine) -> None:
+    running_id = store.create_batch(pg_engine, kind="nightly", as_of=date(2026, 11, 27),
+                                    tickers=["AAA"], samples=1, settings={},
+                                    server_facts=None)
+    env = {**os.environ, "NIGHTDESK_DATABASE_URL": url_of(pg_engine),
+           "NIGHTDESK_LLM_BASE_URL": "http://127.0.0.1:9/v1", "NIGHTDESK_LOG_FORMAT": "json"}
+    with nightly_lock(pg_engine):  # held on this process's own connection
+        result = subprocess.run([str(NIGHTDESK), "run", "--tickers", "AAA,BBB",
+                                 "--as-of", "2026-11-27"], env=env, capture_output=True,
+                                text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert result.returncode == 4, result.stderr
+    assert result.stderr.strip().splitlines() == [f"error: already running: batch {running_id}"]
+    with pg_engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 1
+        assert conn.execute(select(func.count()).select_from(LLMCall)).scalar() == 0
+
+
+def test_the_schedule_kept_in_postgres_catches_up_once(pg_engine: Engine) -> None:
+    recorder = Recorder()
+    with running(daemon_for(pg_engine, recorder), local(date(2026, 11, 27), 20, 0)):
+        pass  # stored for 00:10 in apscheduler_jobs; then the host is off
+    back = local(date(2026, 11, 28), 2, 30)
+    with running(daemon_for(pg_engine, recorder), back) as daemon:
+        for later in (back, back + timedelta(minutes=1), back + timedelta(hours=2)):
+            tick(daemon, later)
+        assert recorder.fired == [NIGHT]
+        assert daemon.next_run_time() == NIGHT + timedelta(days=1)

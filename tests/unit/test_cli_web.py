@@ -1,0 +1,70 @@
+"""Start ``nightdesk web`` as an operator would: refusals in one line, then a real server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def nightdesk(*args: str, env: dict[str, str] | None = None, **kwargs: object
+              ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, **(env or {})},
+                          **kwargs)  # type: ignore[call-overload]
+
+
+def test_refuses_to_start_without_a_password() -> None:
+    result = nightdesk("web")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "NIGHTDESK_WEB_PASSWORD is not set" in lines[0]
+    assert "--local-only" in lines[0]
+
+
+def test_local_only_refuses_a_public_address() -> None:
+    result = nightdesk("web", "--local-only", "--host", "0.0.0.0")
+    assert result.returncode == 2
+    assert "only on a loopback address" in result.stderr and "Traceback" not in result.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_serves_with_basic_auth_and_stops_cleanly() -> None:
+    port = _free_port()
+    args = [sys.executable, "-m", "app.cli", "web", "--port", str(port)]
+    env = {**os.environ, "NIGHTDESK_WEB_USER": "op", "NIGHTDESK_WEB_PASSWORD": "pw"}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                health = httpx.get(f"{base}/healthz", timeout=2)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                assert time.monotonic() < deadline, "nightdesk web did not come up"
+                time.sleep(0.2)
+        assert health.json() == {"status": "ok", "database": "ok"}
+        assert httpx.get(f"{base}/api/ranking", timeout=10).status_code == 401
+        assert httpx.get(f"{base}/api/ranking", auth=("op", "pw"),
+                         timeout=10).status_code == 200
+        assert httpx.get(f"{base}/static/table.js", timeout=10).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    # uvicorn shuts down cleanly (the lifespan, and so the rerun queue, included), then
+    # re-raises the signal, so the exit status says "ended by SIGTERM" as systemd expects.
+    assert proc.returncode == -signal.SIGTERM
+    assert "Application shutdown complete." in output

@@ -1,0 +1,184 @@
+"""Check the systemd units in deploy/: systemd's own verifier, their wiring, and their commands.
+
+``systemd-analyze verify`` insists that every ExecStart binary exists, and the units name the
+installed path (/opt/nightdesk/venv/bin/nightdesk). So a copy is verified with that path
+pointing at this checkout's real ``nightdesk``; nothing else is changed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import app as cli
+from app.config import Settings, load_settings
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+UNITS = sorted([*DEPLOY.glob("*.service"), *DEPLOY.glob("*.timer")])
+INSTALLED = "/opt/nightdesk/venv/bin/nightdesk"
+NIGHTDESK = Path(sys.executable).with_name("nightdesk")
+ENV_FILE = "/etc/nightdesk/nightdesk.env"
+
+
+def parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
+    """Read a unit file into section -> key -> every value given (keys may repeat)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] | None = None
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        assert not line.endswith("\\"), f"{path.name}: continuation lines are not read here"
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        key, sep, value = line.partition("=")
+        assert sep and current is not None, f"{path.name}: cannot read {raw!r}"
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def words(values: list[str]) -> list[str]:
+    return [word for value in values for word in value.split()]
+
+
+def systemd_analyze() -> str:
+    found = shutil.which("systemd-analyze")
+    if found is None:
+        pytest.fail("systemd-analyze is missing: `make test` installs Debian's systemd package "
+                    "(apt-get install -y systemd)")
+    return found
+
+
+def verify(paths: list[Path], tmp: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``systemd-analyze verify`` on copies of ``paths`` whose nightdesk is this one."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    copies = []
+    for path in paths:
+        copy = tmp / path.name
+        copy.write_text(path.read_text().replace(INSTALLED, str(NIGHTDESK)))
+        copies.append(copy)
+    # The alert template is verified as the instance OnFailure= starts.
+    for copy in list(copies):
+        if copy.name.endswith("@.service"):
+            instance = tmp / copy.name.replace("@.service", "@nightdesk-batch.service.service")
+            instance.symlink_to(copy.name)
+            copies.append(instance)
+    return subprocess.run([systemd_analyze(), "verify", "--man=no", *map(str, copies)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SYSTEMD_UNIT_PATH": f"{tmp}:"})
+
+
+def test_the_expected_units_are_there() -> None:
+    assert {u.name for u in UNITS} == {
+        "nightdesk-vllm.service", "nightdesk-batch.service", "nightdesk-batch.timer",
+        "nightdesk-scheduler.service", "nightdesk-web.service", "nightdesk-alert@.service"}
+
+
+def test_systemd_analyze_verify_passes_on_every_unit(tmp_path: Path) -> None:
+    result = verify(UNITS, tmp_path)
+    # verify exits 0 on a misspelt key or value ("..., ignoring"): any output is a failure.
+    assert result.returncode == 0 and result.stdout + result.stderr == "", result.stderr
+
+
+def test_the_verify_check_catches_a_misspelt_unit(tmp_path: Path) -> None:
+    broken = tmp_path / "src" / "nightdesk-broken.service"
+    broken.parent.mkdir()
+    text = (DEPLOY / "nightdesk-batch.service").read_text()
+    broken.write_text(text.replace("Type=oneshot", "Type=oneshott")
+                      .replace("TimeoutStartSec=", "TimeoutStartSecs="))
+    result = verify([broken], tmp_path / "verify")
+    assert "oneshott" in result.stderr and "TimeoutStartSecs" in result.stderr
+    missing = tmp_path / "src" / "nightdesk-missing.service"
+    missing.write_text(text.replace(INSTALLED, "/opt/nowhere/bin/nightdesk"))
+    assert verify([missing], tmp_path / "verify2").returncode != 0
+
+
+def test_the_batch_unit_wants_vllm_and_never_requires_it() -> None:
+    unit = parse_unit(DEPLOY / "nightdesk-batch.service")
+    vllm = "nightdesk-vllm.service"
+    assert vllm in words(unit["Unit"]["Wants"])
+    assert vllm in words(unit["Unit"]["After"])
+    # A dependency that would stop or refuse the batch when vLLM restarts, in any section.
+    binding = ("Requires", "BindsTo", "Requisite", "PartOf", "Upholds", "StopPropagatedFrom")
+    for section in unit.values():
+        for key in binding:
+            assert vllm not in words(section.get(key, [])), key
+    service = unit["Service"]
+    assert service["Type"] == ["oneshot"]
+    assert service["TimeoutStartSec"] and service["TimeoutStartSec"][0] != "infinity"
+    assert unit["Unit"]["OnFailure"] == ["nightdesk-alert@%n.service"]
+    assert (DEPLOY / "nightdesk-alert@.service").is_file()
+
+
+def test_the_timer_fires_the_batch_at_0010_and_catches_up() -> None:
+    timer = parse_unit(DEPLOY / "nightdesk-batch.timer")["Timer"]
+    assert timer["Persistent"] == ["true"]
+    assert timer["AccuracySec"] == ["1s"]
+    assert timer["Unit"] == ["nightdesk-batch.service"]
+    normalized = subprocess.run([systemd_analyze(), "calendar", timer["OnCalendar"][0]],
+                                capture_output=True, text=True, check=True).stdout
+    assert re.search(r"Normalized form: \*-\*-\* 00:10:00$", normalized, re.MULTILINE)
+
+
+def test_the_vllm_unit_waits_for_health_and_restarts_on_failure() -> None:
+    service = parse_unit(DEPLOY / "nightdesk-vllm.service")["Service"]
+    assert service["Type"] == ["exec"]
+    assert service["Restart"] == ["on-failure"]
+    assert "server start --foreground" in service["ExecStart"][0]
+    assert "server wait" in service["ExecStartPost"][0]
+    timeout = subprocess.run([systemd_analyze(), "timespan", service["TimeoutStartSec"][0]],
+                             capture_output=True, text=True, check=True).stdout
+    micros = int(re.search(r"μs: (\d+)", timeout).group(1))  # type: ignore[union-attr]
+    assert micros >= 20 * 60 * 1_000_000  # model loading takes minutes
+    # The health wait gives up before systemd does, so its own message is what is logged.
+    wait = shlex.split(service["ExecStartPost"][0])
+    assert float(wait[wait.index("--timeout") + 1]) * 1_000_000 < micros
+
+
+def test_every_service_runs_as_nightdesk_with_the_environment_file() -> None:
+    for path in UNITS:
+        if path.suffix != ".service" or path.name.startswith("nightdesk-alert@"):
+            continue
+        service = parse_unit(path)["Service"]
+        assert service["User"] == ["nightdesk"], path.name
+        assert service["EnvironmentFile"] == [ENV_FILE], path.name
+        assert all(cmd.startswith(INSTALLED + " ") for key in ("ExecStart", "ExecStartPost")
+                   for cmd in service.get(key, [])), path.name
+
+
+def test_every_nightdesk_command_in_the_units_exists() -> None:
+    # The units call the CLI: a renamed command or option would only show at 00:10.
+    for path in UNITS:
+        for section in parse_unit(path).values():
+            for key in ("ExecStart", "ExecStartPost"):
+                for command in section.get(key, []):
+                    argv = shlex.split(command.replace("${NIGHTDESK_VLLM_MODEL}", "/m"))
+                    if argv[0] != INSTALLED:
+                        continue
+                    result = CliRunner().invoke(cli, [*argv[1:], "--help"])
+                    assert result.exit_code == 0, (path.name, argv, result.output)
+
+
+def test_the_example_environment_file_holds_real_settings(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = [line for line in (DEPLOY / "nightdesk.env.example").read_text().splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    values = dict(line.split("=", 1) for line in lines)
+    names = {k.removeprefix("NIGHTDESK_").lower() for k in values if k.startswith("NIGHTDESK_")}
+    # NIGHTDESK_VLLM_MODEL is read by the vLLM unit's command line, not by the settings.
+    assert names - {"vllm_model"} <= set(Settings.model_fields), names - set(Settings.model_fields)
+    for key, value in values.items():
+        if key.startswith("NIGHTDESK_"):
+            monkeypatch.setenv(key, value)
+    settings = load_settings()  # read from the environment as the units do; all valid
+    assert settings.schedule_timezone == "Europe/Berlin"
+    assert settings.database_url.startswith("postgresql+psycopg://")
