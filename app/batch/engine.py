@@ -23,6 +23,7 @@ from app.batch.scheduler import Job, Scheduler, Strategy
 from app.config import Settings
 from app.errors import NightdeskError
 from app.llm import TrackedLLM
+from app.quality import monitor
 from app.usage import UsageRecorder
 from serving.metrics import MetricsSampler
 
@@ -190,7 +191,17 @@ class BatchEngine:
                     final_settings() if final_settings else None)
                 log.info("batch finished", status=status, succeeded=len(outcome.succeeded),
                          failed=len(outcome.failed))
+            if plan.kind == "nightly":
+                await asyncio.to_thread(self._watch_ratings, batch_id)
         return outcome
+
+    def _watch_ratings(self, batch_id: int) -> None:
+        """Run the rating-distribution monitor; its failure is logged, never the batch's."""
+        try:
+            for finding in monitor.check_batch(self.engine, batch_id, self.settings):
+                log.warning("rating distribution", warning=finding.message)
+        except Exception as exc:
+            log.warning("rating monitor failed", error=_one_line(exc))
 
     async def _heartbeat(self, batch_id: int) -> None:
         while True:
