@@ -145,6 +145,9 @@ class Settings(BaseSettings):
             "risk_rounds": self.risk_rounds,
             "node_max_tokens": self.node_max_tokens,
             "data_provider": self.data_provider,
+            # Seeds derive from (ticker, node, sample): two batches with them on repeat each
+            # other's random draws, which `quality repro` must say.
+            "request_seeds": self.request_seeds,
         }
 
 

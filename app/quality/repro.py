@@ -86,6 +86,11 @@ def repro(engine: Engine, batch_ids: list[int], *, resamples: int = 1000) -> Rep
     if len({g.as_of for g in loaded}) > 1:
         notes.append("the batches have different as-of dates: differences mix noise with "
                      "changed inputs")
+    if all(g.settings.get("request_seeds") for g in loaded):
+        notes.append("every batch sent per-call seeds, which derive from (ticker, node, "
+                     "sample): the same sample index repeats the same random draws, so these "
+                     "are not independent runs and their agreement may be overstated; measure "
+                     "with NIGHTDESK_REQUEST_SEEDS=false")
     if not common:
         notes.append("no ticker was graded by every batch: nothing to compare")
     pairs = []

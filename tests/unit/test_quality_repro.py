@@ -217,3 +217,14 @@ def test_default_is_the_two_newest_nightly_batches_of_one_as_of(
     assert code == 0, err
     data = json.loads(out)
     assert [p["a"] for p in data["pairs"]] == [a] and [p["b"] for p in data["pairs"]] == [b]
+
+
+def test_batches_with_seeds_are_not_called_independent(sqlite_engine: Engine) -> None:
+    seeded = {"samples": 1, "request_seeds": True}
+    a = add_batch(sqlite_engine, one_each(FIRST), settings=seeded)
+    b = add_batch(sqlite_engine, one_each(SECOND), settings=seeded)
+    c = add_batch(sqlite_engine, one_each(SECOND), settings={"request_seeds": False})
+    assert any("not independent runs" in n for n in repro(sqlite_engine, [a, b],
+                                                          resamples=0).notes)
+    assert not any("not independent" in n for n in repro(sqlite_engine, [a, c],
+                                                         resamples=0).notes)
