@@ -108,11 +108,11 @@ def ic_t_statistic(ic: float | None, n: int) -> float | None:
 
 def spearman_brown(r1: float | None, k: float) -> float | None:
     """Return the reliability of a mean of ``k`` parallel measures whose single one is ``r1``."""
-    if r1 is None:
+    # A reliability is a share of variance: a negative estimate (noise around zero) has no
+    # parallel-measures reading to extrapolate.
+    if r1 is None or r1 < 0:
         return None
-    denominator = 1 + (k - 1) * r1
-    # A single-measure correlation at or below −1/(k−1) has no parallel-measures reading.
-    return None if denominator <= 0 else k * r1 / denominator
+    return k * r1 / (1 + (k - 1) * r1)
 
 
 def samples_for(r1: float, target: float) -> float:

@@ -96,7 +96,8 @@ def test_spearman_brown_and_the_samples_it_calls_for() -> None:
     assert spearman_brown(0.12, 4) == pytest.approx(0.48 / 1.36)
     assert spearman_brown(0.5, 1) == pytest.approx(0.5)
     assert spearman_brown(None, 4) is None
-    assert spearman_brown(-0.5, 3) is None  # no parallel-measures reading
+    assert spearman_brown(-0.2, 2) is None  # a negative reliability has no such reading
+    assert spearman_brown(0.0, 4) == 0.0
     k = samples_for(0.12, 0.7)
     assert k == pytest.approx(0.7 * 0.88 / (0.12 * 0.3))
     assert spearman_brown(0.12, k) == pytest.approx(0.7)
