@@ -16,6 +16,41 @@ log = structlog.get_logger(__name__)
 Rating = Literal["Buy", "Overweight", "Hold", "Underweight", "Sell"]
 RATINGS: tuple[str, ...] = ("Buy", "Overweight", "Hold", "Underweight", "Sell")
 
+# The score range each rating stands for, closed at both ends: a score on a boundary agrees
+# with both neighbours. The prompt states these bands; a decision whose score lies outside its
+# rating's band contradicts itself, is asked again, and is flagged if it still does.
+SCORE_BANDS: dict[str, tuple[float, float]] = {
+    "Buy": (0.5, 1.0),
+    "Overweight": (0.15, 0.5),
+    "Hold": (-0.15, 0.15),
+    "Underweight": (-0.5, -0.15),
+    "Sell": (-1.0, -0.5),
+}
+
+
+def rating_for_score(score: float) -> str:
+    """Return the rating whose band holds ``score``; a boundary goes away from Hold."""
+    if score >= SCORE_BANDS["Buy"][0]:
+        return "Buy"
+    if score >= SCORE_BANDS["Overweight"][0]:
+        return "Overweight"
+    if score > SCORE_BANDS["Underweight"][1]:
+        return "Hold"
+    if score > SCORE_BANDS["Sell"][1]:
+        return "Underweight"
+    return "Sell"
+
+
+def contradicts(rating: str, score: float) -> bool:
+    """Return True when ``score`` lies outside the band of ``rating``."""
+    low, high = SCORE_BANDS[rating]
+    return not low <= score <= high
+
+
+def bands_text() -> str:
+    """Describe the bands in one line, as the prompt and the schema state them."""
+    return "; ".join(f"{r} {lo:+.2f} to {hi:+.2f}" for r, (lo, hi) in SCORE_BANDS.items())
+
 
 class Decision(BaseModel):
     """The portfolio manager's verdict on one ticker."""
@@ -25,7 +60,8 @@ class Decision(BaseModel):
 
     rating: Rating = Field(description="Five-tier rating, from most to least favourable.")
     score: float = Field(ge=-1.0, le=1.0,
-                         description="-1 strongly bearish ... 0 neutral ... +1 strongly bullish.")
+                         description="-1 strongly bearish ... 0 neutral ... +1 strongly bullish; "
+                                     "within the rating's band: " + bands_text() + ".")
     confidence: float = Field(ge=0.0, le=1.0, description="How sure the desk is, 0 to 1.")
     summary: str = Field(min_length=1, description="Two or three sentences explaining the rating.")
 
@@ -60,11 +96,14 @@ async def decide(
     """Ask for the decision up to ``attempts`` times; return it, the last reply and HTTP attempts.
 
     Raise DecisionError when no reply validates: a missing decision fails the ticker,
-    it never becomes a Hold.
+    it never becomes a Hold. A valid decision whose score contradicts its rating is asked
+    again while attempts remain; if no later reply does better it is returned as it is, and
+    the store flags it.
     """
     first_attempt = 1
     conversation = messages
     problem = "no reply"
+    fallback: tuple[Decision, ChatResult] | None = None
     for call in range(1, attempts + 1):
         result = await llm.chat(tag, conversation, max_tokens=max_tokens,
                                 response_format=response_format(), priority=priority,
@@ -72,11 +111,19 @@ async def decide(
         # Rows are unique per attempt number, so the next call numbers after this one's tries.
         first_attempt += result.attempts
         try:
-            return parse_decision(result.content), result, first_attempt - 1
+            decision = parse_decision(result.content)
         except ValueError as error:
             problem = str(error)
             if result.finish_reason == "length":
                 problem += f"; reply cut off at max_tokens={max_tokens}"
+        else:
+            if not contradicts(decision.rating, decision.score):
+                return decision, result, first_attempt - 1
+            fallback = decision, result
+            low, high = SCORE_BANDS[decision.rating]
+            problem = (f"the rating {decision.rating} needs a score from {low:+.2f} to "
+                       f"{high:+.2f}, but the score is {decision.score:+.2f}; make the rating "
+                       f"and the score agree ({bands_text()})")
         log.warning("decision failed validation", call=call, of=attempts, problem=problem)
         # Feeding the bad reply back changes the prompt, so a seeded server does not repeat it;
         # the original messages stay a prefix, so the prefix cache still applies.
@@ -85,6 +132,8 @@ async def decide(
             {"role": "assistant", "content": result.content[:4000]},
             {"role": "user", "content": render("decision_retry.j2", problem=problem)},
         ]
+    if fallback is not None:
+        return fallback[0], fallback[1], first_attempt - 1
     raise DecisionError(
         f"{tag.ticker}: portfolio manager gave no valid decision in {attempts} call(s) "
         f"(sample {tag.sample}); last problem: {problem}"

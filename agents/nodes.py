@@ -14,7 +14,7 @@ from langgraph.runtime import Runtime
 
 from agents.chat import CallTag, ChatResult
 from agents.data import render
-from agents.decision import RATINGS, decide
+from agents.decision import RATINGS, bands_text, decide
 from agents.prompting import build_messages
 from agents.state import NodeOutput, RunContext, TickerState, Turn
 
@@ -203,7 +203,8 @@ async def portfolio_manager(state: TickerState, runtime: Runtime[RunContext]) ->
     messages = build_messages(node, shared_context(state, runtime, with_reports=True),
                               trader_plan=state["trader_plan"].strip(),
                               history=_turns(state["risk_debate"]),
-                              investment_plan=state["investment_plan"].strip(), ratings=RATINGS)
+                              investment_plan=state["investment_plan"].strip(), ratings=RATINGS,
+                              bands=bands_text())
     with structlog.contextvars.bound_contextvars(ticker=state["ticker"], node=node):
         decision, result, attempts = await decide(
             ctx.llm, _tag(state, runtime, node), messages,

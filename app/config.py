@@ -73,6 +73,13 @@ class Settings(BaseSettings):
     node_max_tokens: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_NODE_MAX_TOKENS))
     samples: int = Field(1, ge=1, le=32)
 
+    # Rating-distribution monitor (app/quality/monitor.py) and forward-return scoring.
+    monitor_trailing_batches: int = Field(5, ge=1, le=100)
+    monitor_max_grade_share: float = Field(0.70, gt=0.0, le=1.0)
+    monitor_max_tvd: float = Field(0.30, gt=0.0, le=1.0)
+    monitor_min_tickers: int = Field(5, ge=1)
+    quality_benchmark: str | None = None  # a ticker whose return `quality forward` subtracts
+
     server_profile: str = "cpu-tiny"
     metrics_interval_s: float = Field(2.0, gt=0)
     record_requests: bool = True
@@ -213,6 +220,9 @@ class Settings(BaseSettings):
             "risk_rounds": self.risk_rounds,
             "node_max_tokens": self.node_max_tokens,
             "data_provider": self.data_provider,
+            # Seeds derive from (ticker, node, sample): two batches with them on repeat each
+            # other's random draws, which `quality repro` must say.
+            "request_seeds": self.request_seeds,
         }
 
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from agents.decision import contradicts
 from app.db.models import Batch, Decision, TickerRun
 from app.errors import InputError
+from app.quality.grades import Grade, consensus
 
 RATING_ORDER = ("Buy", "Overweight", "Hold", "Underweight", "Sell")
 
@@ -28,6 +30,7 @@ class RankRow:
     samples: int
     spread: float | None  # max − min score over samples: how much the samples disagree
     status: str
+    contradicting: int = 0  # samples whose own rating contradicts their own score
 
 
 def _pick_batch(engine: Engine, batch_id: int | None) -> Batch:
@@ -53,17 +56,16 @@ def _aggregate(ticker: str, batch_id: int, decisions: list[Decision], status: st
         return RankRow(None, ticker, None, None, None, error or "no decision", batch_id, 0,
                        None, status)
     scores = [d.score for d in decisions]
-    mean = statistics.fmean(scores)
-    counts = Counter(d.rating for d in decisions)
-    top = max(counts.values())
-    # Most frequent rating; a tie goes to the rating of the sample nearest the mean score.
+    # One sample: the model's own rating; several: the band of the mean (app.quality.grades).
+    rating, mean = consensus([Grade(d.sample, d.rating, d.score, False) for d in decisions])
     nearest = min(decisions, key=lambda d: abs(d.score - mean))
-    rating = nearest.rating if counts[nearest.rating] == top else counts.most_common(1)[0][0]
     return RankRow(
         rank=None, ticker=ticker, rating=rating, score=round(mean, 4),
         confidence=round(statistics.fmean(d.confidence for d in decisions), 4),
         summary=" ".join(nearest.summary.split())[:160], batch_id=batch_id,
         samples=len(decisions), spread=round(max(scores) - min(scores), 4), status=status,
+        contradicting=sum(bool(d.contradicts) if d.contradicts is not None
+                          else contradicts(d.rating, d.score) for d in decisions),
     )
 
 

@@ -25,6 +25,7 @@ from app.batch.scheduler import Job, Scheduler, Strategy
 from app.config import Settings
 from app.errors import ERRORS
 from app.llm import TrackedLLM
+from app.quality import monitor
 from app.usage import UsageRecorder
 
 log = structlog.get_logger(__name__)
@@ -199,7 +200,17 @@ class BatchEngine:
                     final_settings() if final_settings else None)
                 log.info("batch finished", status=status, succeeded=len(outcome.succeeded),
                          failed=len(outcome.failed), admission=outcome.admission)
+            if plan.kind == "nightly":
+                await asyncio.to_thread(self._watch_ratings, batch_id)
         return outcome
+
+    def _watch_ratings(self, batch_id: int) -> None:
+        """Run the rating-distribution monitor; its failure is logged, never the batch's."""
+        try:
+            for finding in monitor.check_batch(self.engine, batch_id, self.settings):
+                log.warning("rating distribution", warning=finding.message)
+        except Exception as exc:
+            log.warning("rating monitor failed", error=_one_line(exc))
 
     async def _heartbeat(self, batch_id: int) -> None:
         while True:

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import Engine, func, insert, select, update
 
+from agents.decision import contradicts
 from app.db.models import Batch, Decision, LLMCall, TickerRun
 from app.usage import insert_ignoring_duplicates
 
@@ -62,7 +63,8 @@ def ticker_started(engine: Engine, batch_id: int, ticker: str) -> None:
 def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[DecisionRow],
                     error: str | None) -> None:
     """Store the ticker's decisions and its final status in one transaction."""
-    rows = [{"batch_id": batch_id, "created_at": now(), **d.__dict__} for d in decisions]
+    rows = [{"batch_id": batch_id, "created_at": now(), **d.__dict__,
+             "contradicts": contradicts(d.rating, d.score)} for d in decisions]
     insert_ignoring_duplicates(engine, Decision.__table__, rows)  # type: ignore[arg-type]
     with engine.begin() as conn:
         conn.execute(update(TickerRun)

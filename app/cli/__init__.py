@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from typer._click.exceptions import ClickException
 
-from app.cli import batch, bench, data, db, report, scheduler, server, web
+from app.cli import batch, bench, data, db, quality, report, scheduler, server, web
 from app.errors import ERRORS
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -17,6 +17,7 @@ app.add_typer(db.app, name="db")
 app.add_typer(data.app, name="data")
 app.add_typer(server.app, name="server")
 app.add_typer(bench.app, name="bench")
+app.add_typer(quality.app, name="quality")
 app.command("report")(report.report)
 app.command("preflight")(server.preflight)
 app.command("web")(web.web)

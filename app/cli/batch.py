@@ -20,6 +20,7 @@ from app.batch.signals import run_batch
 from app.cli.common import database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
+from app.quality.monitor import warnings_for
 from app.ranking import as_dicts, ranking
 from serving.facts import batch_server_facts
 
@@ -99,7 +100,7 @@ def show_ranking(
                                                                "finished nightly)")] = None,
     fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
 ) -> None:
-    """Print the ranking: rank, ticker, rating, score, confidence, summary."""
+    """Print the ranking: rank, ticker, rating, mean score, spread, confidence, summary."""
     settings = setup()
     chosen, rows = ranking(database(settings), batch)
     demo = bool((chosen.settings or {}).get("demo_data"))
@@ -117,11 +118,18 @@ def show_ranking(
         for col in ("rank", "ticker", "rating", "score", "±", "conf", "summary"):
             table.add_column(col, overflow="fold")
         for r in rows:
-            table.add_row(str(r.rank or "—"), r.ticker, r.rating or r.status.upper(),
+            # "!": a sample's own rating contradicts its own score (see `nightdesk quality`).
+            flag = " !" if r.contradicting else ""
+            table.add_row(str(r.rank or "—"), r.ticker, (r.rating or r.status.upper()) + flag,
                           "" if r.score is None else f"{r.score:+.2f}",
                           "" if r.spread is None or r.samples < 2 else f"{r.spread:.2f}",
                           "" if r.confidence is None else f"{r.confidence:.2f}", r.summary)
         out.print(table)
+        if any(r.contradicting for r in rows):
+            out.print("! = rating outside its score band in at least one sample")
+    for message in warnings_for(database(settings), chosen.id):
+        # On stderr, so that json and csv output stays machine-readable.
+        err.print(f"[yellow]warning:[/] batch {chosen.id}: {message}")
 
 
 def replay(

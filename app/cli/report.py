@@ -11,6 +11,7 @@ from rich.table import Table
 
 from app.cli.common import database, setup
 from app.errors import InputError
+from app.quality.monitor import warnings_for
 from app.report import BatchReport, arm, batch_report, latest_batch_id
 from app.serverview import ServerView, server_view
 
@@ -118,7 +119,12 @@ def report(
     chosen = batch_id if batch_id is not None else latest_batch_id(engine)
     result = batch_report(engine, chosen)
     view = server_view(engine, chosen)
+    warnings = warnings_for(engine, chosen)
     if fmt == "json":
-        typer.echo(json.dumps({**result.to_json(), "server": view.to_json()}, indent=2))
+        typer.echo(json.dumps({**result.to_json(), "server": view.to_json(),
+                               "warnings": warnings}, indent=2))
     else:
-        render_table(result, view, Console())
+        console = Console()
+        render_table(result, view, console)
+        for message in warnings:
+            console.print(f"[yellow]warning:[/] {message}", highlight=False)

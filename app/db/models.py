@@ -1,4 +1,5 @@
-"""Declare the tables: batches, ticker runs, LLM calls, bodies, decisions, node texts, samples."""
+"""Declare the tables: batches, ticker runs, LLM calls, bodies, decisions, node texts, warnings,
+samples."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Date,
     DateTime,
     Float,
@@ -154,6 +156,22 @@ class Decision(Base):
     score: Mapped[float] = mapped_column(Float)
     confidence: Mapped[float] = mapped_column(Float)
     summary: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(Timestamp)
+    # True when the score lies outside the rating's band (agents.decision.SCORE_BANDS), as
+    # judged when the row was written: the bands the model was shown at the time.
+    contradicts: Mapped[bool | None] = mapped_column(Boolean)
+
+
+class BatchWarning(Base):
+    """One warning the quality monitor wrote about a finished batch."""
+
+    __tablename__ = "batch_warnings"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(40))  # grade_share | distribution_jump
+    message: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(Timestamp)
 
 

@@ -158,8 +158,9 @@ def test_cli_report_prints_json(
     code, out, err = nightdesk(monkeypatch, capsys, "report", str(b), "--format", "json")
     assert code == 0, err
     data = json.loads(out)
-    # The report's own keys exactly; the CLI adds only the server's view beside them.
-    assert set(data) - {"server"} == KEYS
+    # The report's own keys exactly; the CLI adds only the server's view and warnings beside.
+    assert set(data) - {"server", "warnings"} == KEYS
+    assert data["warnings"] == []
     assert data["output_tokens_per_s"] == pytest.approx(25.0)
     assert {"prefill_time_s", "decode_time_s", "decode_time_share"} <= set(data["server"])
     # Without an id the newest batch is reported.

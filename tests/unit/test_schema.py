@@ -27,8 +27,9 @@ EXPECTED = {
     "llm_requests": {"id", "batch_id", "ticker", "node", "sample", "body"},
     "decisions": {
         "id", "batch_id", "ticker", "sample", "rating", "score", "confidence", "summary",
-        "created_at",
+        "created_at", "contradicts",
     },
+    "batch_warnings": {"id", "batch_id", "kind", "message", "details", "created_at"},
     "server_samples": {
         "id", "batch_id", "sampled_at", "running", "waiting", "kv_cache_usage",
         "preemptions_total", "prompt_tokens_total", "generation_tokens_total",

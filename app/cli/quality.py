@@ -1,0 +1,226 @@
+"""``nightdesk quality repro|samples|forward``: how far tonight's ratings can be trusted."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from agents.data import get_provider
+from agents.decision import RATINGS
+from agents.tickers import check_symbol
+from app.cli.common import database, setup
+from app.errors import InputError
+from app.quality.averaging import KRow
+from app.quality.forward import ForwardReport, forward_report, parse_horizon
+from app.quality.grades import load_grades, newest_batch, newest_nightly, parse_batch_ids
+from app.quality.repro import BatchSummary, ReproReport, repro
+from app.quality.samples import SamplesReport, samples_report
+from app.quality.statistics import PairStats
+
+app = typer.Typer(no_args_is_help=True, help="Rating quality: reproducibility, sample "
+                  "stability, forward returns.")
+
+Format = Annotated[Literal["table", "json"], typer.Option("--format")]
+Resamples = Annotated[int, typer.Option("--resamples", min=0, max=100_000,
+                                        help="bootstrap resamples for intervals (0: none)")]
+BatchId = Annotated[str | None, typer.Option("--batch", help="batch id (default: the newest "
+                                                             "finished nightly batch)")]
+UNDEFINED = "undefined"
+
+
+def _batch_id(text: str | None, engine: Any) -> int:
+    if text is None:
+        return newest_batch(engine)
+    if not text.strip().isdigit():
+        raise InputError(f"--batch takes a batch id, a whole number (got {text!r})")
+    return int(text)
+
+
+def _num(value: float | None, spec: str = ".2f") -> str:
+    return UNDEFINED if value is None else format(value, spec)
+
+
+def _ci(interval: Sequence[float] | None) -> str:
+    return "—" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
+
+
+def _print_json(data: dict[str, Any]) -> None:
+    typer.echo(json.dumps(data, indent=2))
+
+
+def _batches_table(batches: list[BatchSummary]) -> Table:
+    demo = "DEMO DATA — " if any(b.demo for b in batches) else ""
+    table = Table(title=f"{demo}batches: each ticker's rating (N > 1: band of the mean score)")
+    for col in ("batch", "as of", "status", "N", "tickers", *RATINGS, "contradicting"):
+        table.add_column(col, justify="left" if col in ("as of", "status") else "right")
+    for b in batches:
+        table.add_row(str(b.batch_id), b.as_of, b.status, str(b.samples), str(b.tickers),
+                      *(str(b.distribution[r]) for r in RATINGS),
+                      f"{b.contradicting} of {b.decisions}")
+    return table
+
+
+def _stats_cells(s: PairStats) -> list[str]:
+    flips = "—" if s.flip_rate is None else f"{s.flip_rate:.0%} of {s.directional}"
+    return [str(s.n), _num(s.agreement, ".0%"), _num(s.qwk), _num(s.spearman), flips]
+
+
+STATS_COLUMNS = ("tickers", "agreement", "QWK", "Spearman", "flips")
+
+
+def _k_table(rows: list[KRow], title: str) -> Table:
+    table = Table(title=title)
+    for col in ("k", "choices", "tickers", "agreement", "QWK", "95% CI", "Spearman", "95% CI",
+                "Spearman–Brown from k=1"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r.k), str(r.choices), str(r.n), _num(r.agreement, ".0%"),
+                      _num(r.qwk), _ci(r.qwk_ci), _num(r.spearman), _ci(r.spearman_ci),
+                      "—" if r.k == 1 else _num(r.spearman_predicted))
+    return table
+
+
+def _render_repro(report: ReproReport, console: Console) -> None:
+    console.print(_batches_table(report.batches))
+    pairs = Table(title=f"agreement between batches over {len(report.common)} common tickers")
+    for col in ("batches", *STATS_COLUMNS):
+        pairs.add_column(col, justify="right")
+    for p in report.pairs:
+        pairs.add_row(f"{p.a} vs {p.b}", *_stats_cells(p.stats))
+    if len(report.pairs) > 1:
+        m = report.mean
+        pairs.add_row("mean of pairs", "", _num(m["agreement"], ".0%"), _num(m["qwk"]),
+                      _num(m["spearman"]), _num(m["flip_rate"], ".0%"))
+    console.print(pairs)
+    if report.by_k:
+        console.print(_k_table(report.by_k, "between batches, each ticker's grade the mean "
+                                            "of k samples"))
+    for batch_id, tickers in report.only_in.items():
+        if tickers:
+            console.print(f"only in batch {batch_id}: {', '.join(tickers)}")
+    for note in report.notes:
+        console.print(f"note: {note}")
+
+
+def _render_samples(report: SamplesReport, console: Console) -> None:
+    console.print(_batches_table([report.batch]))
+    dist = ", ".join(f"{r} {report.sample_distribution[r]}" for r in RATINGS)
+    console.print(f"every sample's own rating: {dist}")
+    pairs = Table(title=f"sample against sample, {report.samples} samples of "
+                        f"{len(report.tickers)} tickers")
+    for col in ("samples", *STATS_COLUMNS):
+        pairs.add_column(col, justify="right")
+    for p in report.pairs:
+        pairs.add_row(f"{p.i} vs {p.j}", *_stats_cells(p.stats))
+    m = report.mean
+    pairs.add_row("mean of pairs", "", _num(m["agreement"], ".0%"), _num(m["qwk"]),
+                  _num(m["spearman"]), _num(m["flip_rate"], ".0%"))
+    console.print(pairs)
+    if report.split_half:
+        console.print(_k_table(report.split_half, "split-half: mean of k samples against the "
+                                                  "mean of k other samples"))
+    if report.incomplete:
+        console.print(f"left out, fewer than {report.samples} samples: "
+                      f"{', '.join(report.incomplete)}")
+
+
+def _render_forward(report: ForwardReport, console: Console) -> None:
+    what = "excess return over " + report.benchmark if report.benchmark else "return"
+    console.print(_batches_table([report.batch]))
+    head = Table(title=f"batch {report.batch.batch_id}: score against the {what} over the "
+                       f"next {report.horizon_days} sessions", show_header=False)
+    for key, value in (
+        ("tickers with a forward return (n)", str(report.n)),
+        ("rank IC (Spearman of score vs return)", _num(report.rank_ic, "+.3f")),
+        ("t-statistic, ic·sqrt((n−2)/(1−ic²))", _num(report.t_stat, "+.2f")),
+        ("p-value (two-sided)", _num(report.p_value, ".3f")),
+        ("hit rate of directional calls", _num(report.hit_rate, ".0%")),
+        *([("benchmark return", _num(report.benchmark_return, "+.2%"))]
+          if report.benchmark else []),
+    ):
+        head.add_row(key, value)
+    console.print(head)
+    buckets = Table(title="by rating")
+    for col in ("rating", "tickers", f"mean {what}", "hit rate"):
+        buckets.add_column(col, justify="left" if col == "rating" else "right")
+    for b in report.buckets:
+        hit = "— (no direction)" if b.rating == "Hold" and b.n else _num(b.hit_rate, ".0%")
+        buckets.add_row(b.rating, str(b.n), "—" if b.mean_return is None
+                        else f"{b.mean_return:+.2%}", hit if b.n else "—")
+    console.print(buckets)
+    rows = Table(title="per ticker")
+    for col in ("ticker", "rating", "score", "from", "to", "return", "excess"):
+        rows.add_column(col, justify="left" if col in ("ticker", "rating") else "right")
+    for t in sorted(report.tickers, key=lambda t: -t.score):
+        rows.add_row(t.ticker, t.rating, f"{t.score:+.2f}", t.start, t.end,
+                     f"{t.forward_return:+.2%}",
+                     "—" if t.excess_return is None else f"{t.excess_return:+.2%}")
+    console.print(rows)
+    for ticker, why in report.missing.items():
+        console.print(f"no forward return for {ticker}: {why}")
+
+
+def _console() -> Console:
+    # Piped into a file or a doc: keep the columns rather than fold them into 80.
+    return Console(width=None if Console().is_terminal else 160, highlight=False)
+
+
+@app.command("repro")
+def repro_command(
+    batches: Annotated[str | None, typer.Option(
+        "--batches", help="A,B[,C…] (default: the two newest nightly batches of one as-of)")
+    ] = None,
+    fmt: Format = "table",
+    resamples: Resamples = 1000,
+) -> None:
+    """Compare batches of the same tickers: agreement, QWK, Spearman, flips, distributions."""
+    settings = setup()
+    engine = database(settings)
+    ids = parse_batch_ids(batches) if batches is not None else newest_nightly(engine, 2)
+    report = repro(engine, ids, resamples=resamples)
+    if fmt == "json":
+        _print_json(report.to_json())
+    else:
+        _render_repro(report, _console())
+
+
+@app.command("samples")
+def samples_command(batch: BatchId = None, fmt: Format = "table",
+                    resamples: Resamples = 1000) -> None:
+    """Compare a batch's samples and the split-half stability of their mean (--samples N)."""
+    settings = setup()
+    engine = database(settings)
+    report = samples_report(engine, _batch_id(batch, engine), resamples=resamples)
+    if fmt == "json":
+        _print_json(report.to_json())
+    else:
+        _render_samples(report, _console())
+
+
+@app.command("forward")
+def forward_command(
+    batch: BatchId = None,
+    horizon: Annotated[str, typer.Option("--horizon", help="trading days: 5d, 20d …")] = "5d",
+    benchmark: Annotated[str | None, typer.Option(
+        "--benchmark", help="ticker to subtract (default: NIGHTDESK_QUALITY_BENCHMARK)")] = None,
+    fmt: Format = "table",
+) -> None:
+    """Score a batch's grades against the returns after its as-of date: rank IC, hit rates."""
+    days = parse_horizon(horizon)
+    settings = setup()
+    engine = database(settings)
+    chosen = _batch_id(batch, engine)
+    bench = benchmark or settings.quality_benchmark
+    bench = check_symbol(bench, "benchmark") if bench else None
+    recorded = load_grades(engine, chosen).settings.get("data_provider")
+    provider = get_provider(str(recorded or settings.data_provider), settings.data_dir)
+    report = forward_report(engine, provider, chosen, days, benchmark=bench)
+    if fmt == "json":
+        _print_json(report.to_json())
+    else:
+        _render_forward(report, _console())

@@ -1,0 +1,1 @@
+"""How far the ratings can be trusted: reproducibility, sample stability, forward returns."""

@@ -1,0 +1,144 @@
+"""Read a batch's decisions as grades, and turn a ticker's samples into one rating and score.
+
+The aggregation rule for several samples: the score is the mean of the samples' scores and
+the rating is the band of that mean (agents.decision.SCORE_BANDS). The ranking orders by the
+mean, so deriving the rating from the same number means the two can never contradict; a
+majority vote over five ordered grades ties often with 2–4 samples and ignores how far
+each sample leaned. One sample keeps the model's own rating (flagged when it contradicts
+its score), since that is what the model said.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from agents.decision import contradicts, rating_for_score
+from app.db.models import Batch, Decision, TickerRun
+from app.errors import InputError
+
+# A batch with some failed tickers still graded the others ("partial" where it exists).
+FINISHED_STATUSES = ("succeeded", "partial")
+
+
+@dataclass(frozen=True)
+class Grade:
+    """One sample's decision, as the quality reports need it."""
+
+    sample: int
+    rating: str
+    score: float
+    contradicts: bool
+
+
+@dataclass
+class BatchGrades:
+    """Every decision of one batch, per ticker in sample order."""
+
+    batch_id: int
+    kind: str
+    as_of: date
+    status: str
+    settings: dict[str, Any]
+    tickers: dict[str, list[Grade]] = field(default_factory=dict)
+    """Tickers with at least one decision, sorted; their grades sorted by sample."""
+    without_decision: list[str] = field(default_factory=list)
+    """Tickers of the batch that produced no decision (failed, interrupted)."""
+
+    @property
+    def samples(self) -> int:
+        """Return the most samples any ticker has (the batch's N)."""
+        return max((len(g) for g in self.tickers.values()), default=0)
+
+    def consensus(self, ticker: str) -> tuple[str, float]:
+        """Return the ticker's rating and score over all its samples."""
+        return consensus(self.tickers[ticker])
+
+    def decisions(self) -> list[Grade]:
+        """Return every sample's grade, ticker by ticker."""
+        return [g for grades in self.tickers.values() for g in grades]
+
+
+def consensus(grades: Sequence[Grade]) -> tuple[str, float]:
+    """Return (rating, score): one sample's own, or the band of the mean score (module notes)."""
+    if not grades:
+        raise ValueError("no grades to aggregate")
+    if len(grades) == 1:
+        return grades[0].rating, grades[0].score
+    mean = statistics.fmean(g.score for g in grades)
+    return rating_for_score(mean), mean
+
+
+def load_grades(engine: Engine, batch_id: int) -> BatchGrades:
+    """Read one batch's decisions; InputError when there is no such batch."""
+    with engine.connect() as conn:
+        batch = conn.execute(select(Batch.id, Batch.kind, Batch.as_of, Batch.status,
+                                    Batch.settings).where(Batch.id == batch_id)).first()
+        if batch is None:
+            raise InputError(f"no batch with id {batch_id}")
+        rows = conn.execute(select(Decision.ticker, Decision.sample, Decision.rating,
+                                   Decision.score, Decision.contradicts)
+                            .where(Decision.batch_id == batch_id)
+                            .order_by(Decision.ticker, Decision.sample)).all()
+        planned = conn.execute(select(TickerRun.ticker)
+                               .where(TickerRun.batch_id == batch_id)).scalars().all()
+    grades = BatchGrades(batch.id, batch.kind, batch.as_of, batch.status, batch.settings or {})
+    for row in rows:
+        # A row written before the bands existed has no stored verdict: judge it now.
+        flag = row.contradicts if row.contradicts is not None else contradicts(row.rating,
+                                                                               row.score)
+        grades.tickers.setdefault(row.ticker, []).append(
+            Grade(row.sample, row.rating, row.score, bool(flag)))
+    grades.without_decision = sorted(set(planned) - set(grades.tickers))
+    return grades
+
+
+def parse_batch_ids(text: str, *, at_least: int = 2) -> list[int]:
+    """Parse ``A,B[,C…]`` into distinct batch ids; InputError for anything else."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise InputError(f"--batches takes batch ids separated by commas, like 3,4 "
+                         f"(got {text!r})")
+    ids = [int(p) for p in parts]
+    if len(set(ids)) != len(ids):
+        raise InputError(f"--batches names a batch twice ({text!r})")
+    if len(ids) < at_least:
+        raise InputError(f"--batches needs at least {at_least} batch ids (got {text!r})")
+    return ids
+
+
+def newest_nightly(engine: Engine, count: int) -> list[int]:
+    """Return the ids of the newest ``count`` finished nightly batches of one as-of date.
+
+    They share the as-of date of the newest one, so they saw the same inputs. InputError
+    when there are fewer.
+    """
+    with engine.connect() as conn:
+        rows = conn.execute(select(Batch.id, Batch.as_of)
+                            .where(Batch.kind == "nightly",
+                                   Batch.status.in_(FINISHED_STATUSES))
+                            .order_by(Batch.id.desc())).all()
+    if not rows:
+        raise InputError("no finished nightly batch yet: run `nightdesk run` first")
+    same = [r.id for r in rows if r.as_of == rows[0].as_of][:count]
+    if len(same) < count:
+        raise InputError(
+            f"needs {count} finished nightly batches of as-of {rows[0].as_of}, found "
+            f"{len(same)}: run the same universe again, or name batches with --batches")
+    return sorted(same)
+
+
+def newest_batch(engine: Engine) -> int:
+    """Return the newest finished nightly batch's id; InputError when there is none."""
+    with engine.connect() as conn:
+        found = conn.execute(select(Batch.id).where(Batch.kind == "nightly",
+                                                    Batch.status.in_(FINISHED_STATUSES))
+                             .order_by(Batch.id.desc()).limit(1)).scalar()
+    if found is None:
+        raise InputError("no finished nightly batch yet: run `nightdesk run` first")
+    return int(found)

@@ -1,0 +1,188 @@
+"""Compute every quality statistic in one place; an undefined statistic is None, never 0 or NaN.
+
+Conventions, so that each report reads the same:
+
+- Ratings are compared on the ordered 5-tier scale (Buy … Sell), coded 0 … 4.
+- Quadratic weighted kappa (scikit-learn) needs at least 2 tickers and is None when it has
+  no chance-expected disagreement to compare with (both runs gave one and the same grade
+  throughout) or when both runs are constant (each gave a single grade): there is then
+  nothing for the grades to agree about beyond what the raw agreement already says.
+- Spearman correlations (scipy) need at least 3 pairs — with two, any ordering is ±1 — and
+  are None when either side is constant.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import sklearn
+from scipy import stats
+from sklearn.metrics import cohen_kappa_score
+
+from agents.decision import RATINGS
+
+MIN_KAPPA_N = 2
+MIN_CORRELATION_N = 3
+MAX_UNDEFINED_SHARE = 0.10  # of bootstrap resamples, before an interval is withheld
+BULLISH = frozenset({"Buy", "Overweight"})
+BEARISH = frozenset({"Underweight", "Sell"})
+_CODES = {rating: i for i, rating in enumerate(RATINGS)}
+
+
+def finite(value: float | None) -> float | None:
+    """Return ``value`` as a float, or None when it is missing, NaN or infinite."""
+    if value is None:
+        return None
+    number = float(value)
+    return number if np.isfinite(number) else None
+
+
+def mean_defined(values: Sequence[float | None]) -> float | None:
+    """Return the mean of the defined values, or None when none is defined."""
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
+
+
+def agreement(a: Sequence[str], b: Sequence[str]) -> float | None:
+    """Return the share of positions where the two rating lists agree exactly."""
+    if not a:
+        return None
+    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def quadratic_kappa(a: Sequence[str], b: Sequence[str]) -> float | None:
+    """Return Cohen's kappa with quadratic weights on the 5-tier scale (see module notes)."""
+    if len(a) < MIN_KAPPA_N or (len(set(a)) == 1 and len(set(b)) == 1):
+        return None
+    codes = list(range(len(RATINGS)))
+    # Inputs are coded here, so scikit-learn's per-call validation is only overhead (the
+    # bootstrap calls this thousands of times).
+    with sklearn.config_context(skip_parameter_validation=True), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        value = cohen_kappa_score([_CODES[r] for r in a], [_CODES[r] for r in b],
+                                  labels=codes, weights="quadratic")
+    return finite(value)
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Return Spearman's rank correlation, or None (fewer than 3 pairs, or a constant side)."""
+    return spearman_test(x, y)[0]
+
+
+def spearman_test(x: Sequence[float], y: Sequence[float]) -> tuple[float | None, float | None]:
+    """Return Spearman's rho and its two-sided p-value (scipy's t-approximation)."""
+    if len(x) < MIN_CORRELATION_N or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None, None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = stats.spearmanr(x, y)
+    return finite(result.statistic), finite(result.pvalue)
+
+
+def direction(rating: str) -> int:
+    """Return +1 for Buy/Overweight, -1 for Underweight/Sell, 0 for Hold."""
+    return 1 if rating in BULLISH else -1 if rating in BEARISH else 0
+
+
+def flip_rate(a: Sequence[str], b: Sequence[str]) -> tuple[float | None, int]:
+    """Return the share of opposite directions among pairs where both grades are non-Hold.
+
+    The second value is that denominator: how many pairs had a direction in both runs.
+    """
+    both = [(direction(x), direction(y)) for x, y in zip(a, b, strict=True)
+            if direction(x) and direction(y)]
+    if not both:
+        return None, 0
+    return sum(x != y for x, y in both) / len(both), len(both)
+
+
+def ic_t_statistic(ic: float | None, n: int) -> float | None:
+    """Return t = ic·sqrt((n−2)/(1−ic²)), the test of a rank IC against zero; None if undefined."""
+    if ic is None or n < MIN_CORRELATION_N or abs(ic) >= 1.0:
+        return None
+    return float(ic * np.sqrt((n - 2) / (1.0 - ic * ic)))
+
+
+def spearman_brown(r1: float | None, k: float) -> float | None:
+    """Return the reliability of a mean of ``k`` parallel measures whose single one is ``r1``."""
+    # A reliability is a share of variance: a negative estimate (noise around zero) has no
+    # parallel-measures reading to extrapolate.
+    if r1 is None or r1 < 0:
+        return None
+    return k * r1 / (1 + (k - 1) * r1)
+
+
+def samples_for(r1: float, target: float) -> float:
+    """Return k with spearman_brown(r1, k) == target: k = target(1−r1) / (r1(1−target))."""
+    if not (0 < r1 < 1 and 0 < target < 1):
+        raise ValueError("reliabilities must lie strictly between 0 and 1")
+    return target * (1 - r1) / (r1 * (1 - target))
+
+
+def distribution(ratings: Sequence[str]) -> dict[str, int]:
+    """Count the ratings, every grade present (zero when unused), in scale order."""
+    return {rating: sum(r == rating for r in ratings) for rating in RATINGS}
+
+
+def total_variation(p: dict[str, int], q: dict[str, int]) -> float | None:
+    """Return ½·Σ|p−q| over the grades' shares: the share of grades that would have to move."""
+    np_, nq = sum(p.values()), sum(q.values())
+    if not np_ or not nq:
+        return None
+    return 0.5 * sum(abs(p.get(r, 0) / np_ - q.get(r, 0) / nq) for r in RATINGS)
+
+
+@dataclass(frozen=True)
+class PairStats:
+    """How two runs' grades of the same tickers agree."""
+
+    n: int
+    agreement: float | None
+    qwk: float | None
+    spearman: float | None
+    flip_rate: float | None
+    directional: int  # pairs where both grades are non-Hold: the flip rate's denominator
+
+
+def compare(a_ratings: Sequence[str], b_ratings: Sequence[str], a_scores: Sequence[float],
+            b_scores: Sequence[float]) -> PairStats:
+    """Return every agreement statistic of two aligned runs (same tickers, same order)."""
+    flips, directional = flip_rate(a_ratings, b_ratings)
+    return PairStats(
+        n=len(a_ratings), agreement=agreement(a_ratings, b_ratings),
+        qwk=quadratic_kappa(a_ratings, b_ratings), spearman=spearman(a_scores, b_scores),
+        flip_rate=flips, directional=directional,
+    )
+
+
+def bootstrap_interval(n: int, statistic: Callable[[np.ndarray], float | None], *,
+                       resamples: int, seed: int = 0, level: float = 0.95,
+                       ) -> tuple[float, float] | None:
+    """Return a percentile bootstrap interval of ``statistic`` over ``n`` resampled items.
+
+    ``statistic`` gets an array of item indices (drawn with replacement by scipy). Resamples
+    where it is undefined (e.g. every drawn ticker graded Hold in both runs) are left out of
+    the percentiles; when more than ``MAX_UNDEFINED_SHARE`` of them are, or with fewer than
+    3 items or no resamples, there is no interval (None): it would describe other data.
+    """
+    if resamples <= 0 or n < MIN_CORRELATION_N:
+        return None
+
+    def wrapped(index: np.ndarray) -> float:
+        value = statistic(index.astype(int))
+        return np.nan if value is None else value
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = stats.bootstrap((np.arange(n),), wrapped, n_resamples=resamples,
+                                 vectorized=False, method="percentile",
+                                 confidence_level=level, rng=np.random.default_rng(seed))
+    values = np.asarray(result.bootstrap_distribution, dtype=float)
+    if np.isnan(values).mean() > MAX_UNDEFINED_SHARE:
+        return None
+    tail = (1 - level) / 2 * 100
+    low, high = np.nanpercentile(values, [tail, 100 - tail])
+    return float(low), float(high)
