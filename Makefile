@@ -11,6 +11,9 @@ NIGHTDESK_HOME ?= var
 MODEL := $(NIGHTDESK_HOME)/models/smollm2-135m
 CPU_CONFIG := deploy/cpu-tiny.toml
 DEMO_TICKERS ?= 6
+# Samples per ticker in `make run`; `make run DEMO_SAMPLES=4` gives `nightdesk quality samples`
+# something to compare (README, docs/quality.md).
+DEMO_SAMPLES ?= 1
 BENCH_TICKERS ?= 24
 # Decode-bound like the production GPU (docs/performance.md), and small enough for ~10 min on
 # 2 cores.
@@ -86,7 +89,12 @@ run: setup vllm-env model
 	$(BIN)/nightdesk data demo --tickers $(DEMO_TICKERS); \
 	$(BIN)/nightdesk server start --profile cpu-tiny; \
 	trap '$(BIN)/nightdesk server stop --profile cpu-tiny' EXIT; \
+<<<<<<< HEAD
 	$(BIN)/nightdesk run --universe $(NIGHTDESK_HOME)/data/2026-11-27/universe.txt --as-of 2026-11-27; \
+=======
+	$(BIN)/nightdesk run --universe var/data/2026-11-27/universe.txt --as-of 2026-11-27 \
+	    --samples $(DEMO_SAMPLES); \
+>>>>>>> quality
 	$(BIN)/nightdesk ranking; \
 	$(BIN)/nightdesk report
 

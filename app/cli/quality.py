@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy import Engine
 
 from agents.data import get_provider
 from agents.decision import RATINGS
@@ -33,7 +34,7 @@ BatchId = Annotated[str | None, typer.Option("--batch", help="batch id (default:
 UNDEFINED = "undefined"
 
 
-def _batch_id(text: str | None, engine: Any) -> int:
+def _batch_id(text: str | None, engine: Engine) -> int:
     if text is None:
         return newest_batch(engine)
     if not text.strip().isdigit():
