@@ -12,11 +12,11 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
+from app.bench.fakeserver import ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.db.models import BatchWarning
 from app.quality import monitor
 from app.quality.monitor import check_batch, findings, warnings_for
-from app.bench.fakeserver import ChatRequest, FakeServer, Reply
 from tests.unit.quality_rows import add_batch, one_each
 from tests.unit.test_report import nightdesk
 
