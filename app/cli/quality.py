@@ -94,9 +94,7 @@ def _render_repro(report: ReproReport, console: Console) -> None:
     for p in report.pairs:
         pairs.add_row(f"{p.a} vs {p.b}", *_stats_cells(p.stats))
     if len(report.pairs) > 1:
-        m = report.mean
-        pairs.add_row("mean of pairs", "", _num(m["agreement"], ".0%"), _num(m["qwk"]),
-                      _num(m["spearman"]), _num(m["flip_rate"], ".0%"))
+        _add_mean_row(pairs, report.mean)
     console.print(pairs)
     if report.by_k:
         console.print(_k_table(report.by_k, "between batches, each ticker's grade the mean "
@@ -106,6 +104,12 @@ def _render_repro(report: ReproReport, console: Console) -> None:
             console.print(f"only in batch {batch_id}: {', '.join(tickers)}")
     for note in report.notes:
         console.print(f"note: {note}")
+
+
+def _add_mean_row(table: Table, mean: dict[str, float | None]) -> None:
+    """Close a table of pairs with the mean of its statistics."""
+    table.add_row("mean of pairs", "", _num(mean["agreement"], ".0%"), _num(mean["qwk"]),
+                  _num(mean["spearman"]), _num(mean["flip_rate"], ".0%"))
 
 
 def _render_samples(report: SamplesReport, console: Console) -> None:
@@ -118,9 +122,7 @@ def _render_samples(report: SamplesReport, console: Console) -> None:
         pairs.add_column(col, justify="right")
     for p in report.pairs:
         pairs.add_row(f"{p.i} vs {p.j}", *_stats_cells(p.stats))
-    m = report.mean
-    pairs.add_row("mean of pairs", "", _num(m["agreement"], ".0%"), _num(m["qwk"]),
-                  _num(m["spearman"]), _num(m["flip_rate"], ".0%"))
+    _add_mean_row(pairs, report.mean)
     console.print(pairs)
     if report.split_half:
         console.print(_k_table(report.split_half, "split-half: mean of k samples against the "

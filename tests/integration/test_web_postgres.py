@@ -5,16 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-import psycopg
 import pytest
 from fastapi.testclient import TestClient
-from psycopg import sql
 
 from app.db.engine import get_engine, upgrade
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
-from tests.integration.conftest import ADMIN_DSN
+from tests.integration.conftest import private_database
 from tests.unit.web_rows import D1, Ids, fill
 
 pytestmark = pytest.mark.integration
@@ -23,17 +21,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def pg_web_url() -> Iterator[str]:
     """A database of its own: the rows here must not meet other tests' batches."""
-    name = f"nightdesk_web_{os.getpid()}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True, connect_timeout=5) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    base = ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    url = f"{base}/{name}"
-    yield url
-    get_engine(url).dispose()
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-                      .format(sql.Identifier(name)))
+    with private_database(f"nightdesk_web_{os.getpid()}") as url:
+        yield url
 
 
 def test_pages_and_api_on_postgres(pg_web_url: str) -> None:
