@@ -218,6 +218,14 @@ class TrackedLLM:
             error = _classify_status(exc)
         except openai.APIConnectionError as exc:
             error = LLMConnectionError(f"cannot reach {self.base_url}: {exc}")
+        except httpx.TimeoutException as exc:
+            # Raised while reading the stream: the OpenAI client only wraps the request itself.
+            error = LLMTimeoutError(f"stream stalled: {type(exc).__name__}: {exc}")
+        except httpx.TransportError as exc:
+            # The connection dropped mid-stream (server killed or restarted): the answer is
+            # cut, and another attempt may well pass.
+            error = LLMConnectionError(
+                f"connection dropped mid-stream: {type(exc).__name__}: {exc}")
         except openai.APIError as exc:
             # An error event inside an open stream (e.g. the engine died mid-generation).
             error = LLMStreamError(f"server error during the stream: {exc.message}")
@@ -257,6 +265,12 @@ class TrackedLLM:
                     seen.content.append(choice.delta.content)
                 if choice.finish_reason:
                     seen.finish_reason = choice.finish_reason
+        if seen.finish_reason is None:
+            # A stream that stops without saying why was cut: its text is a fragment.
+            raise LLMStreamError(
+                "stream ended without a finish reason"
+                + ("" if seen.usage is not None else " or usage")
+                + f": truncated answer of {len(''.join(seen.content))} characters discarded")
 
     async def _check_context(self, body: dict[str, Any]) -> None:
         """Fail a prompt that cannot fit before it reaches the chat endpoint."""

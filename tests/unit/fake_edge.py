@@ -1,9 +1,11 @@
 """Fake an OpenAI-compatible (vLLM-style) server at the HTTP edge, scripted per prompt.
 
 Each chat request is keyed by the content of its last message; the script for that key
-lists what successive attempts get (``ok``, ``500``, ``400``, ``400ctx``, ``hang``), the
-last entry repeating. The fake counts every chat attempt and every usage it reported,
-so a test can compare the database with what really crossed the wire.
+lists what successive attempts get, the last entry repeating: ``ok``, ``500``, ``400``,
+``400ctx``, ``hang``, ``cut`` (the connection drops after two content chunks) or ``short``
+(the stream ends cleanly after two content chunks, with no finish reason and no usage).
+The fake counts every chat attempt and every usage it reported, so a test can compare
+the database with what really crossed the wire.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ class FakeEdge:
             # Longer than any test's call timeout: the client's timeout must cut it.
             await asyncio.sleep(60)
             return httpx.Response(504)
-        assert outcome == "ok", outcome
+        assert outcome in ("ok", "cut", "short"), outcome
         usage = self.usage_for(key, attempt)
         seen.usage = usage
         rid = f"chatcmpl-{len(self.seen)}"
@@ -138,6 +140,10 @@ class FakeEdge:
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         }))
         headers = {"content-type": "text/event-stream"}
+        if outcome in ("cut", "short"):
+            seen.usage = None  # the fake never reported usage for a broken stream
+            return httpx.Response(200, headers=headers,
+                                  content=self._broken(events[:2], drop=outcome == "cut"))
         if not (self.first_token_delay_s or self.tail_delay_s):
             return httpx.Response(200, headers=headers, content=sse(events))
         return httpx.Response(200, headers=headers, content=self._paced(events))
@@ -148,6 +154,15 @@ class FakeEdge:
             yield f"data: {json.dumps(e)}\n\n".encode()
         await asyncio.sleep(self.tail_delay_s)
         yield f"data: {json.dumps(events[-1])}\n\ndata: [DONE]\n\n".encode()
+
+    async def _broken(self, events: list[dict[str, Any]], *, drop: bool) -> AsyncIterator[bytes]:
+        for e in events:
+            yield f"data: {json.dumps(e)}\n\n".encode()
+        if drop:
+            # What httpx raises when the peer closes mid-body (e.g. the server process died).
+            raise httpx.RemoteProtocolError("peer closed connection without sending complete "
+                                            "message body (incomplete chunked read)")
+        yield b"data: [DONE]\n\n"
 
     def _tokenize(self, request: httpx.Request) -> httpx.Response:
         self.tokenize_calls += 1

@@ -9,7 +9,7 @@ from sqlalchemy import Engine, select
 
 from app.config import load_settings
 from app.db.models import LLMCall
-from app.errors import ContextLengthError, LLMHTTPError
+from app.errors import ContextLengthError, LLMHTTPError, LLMStreamError
 from app.llm import CallTag, TrackedLLM
 from app.usage import UsageRecorder
 from tests.unit.fake_edge import BASE_URL, FakeEdge, Usage
@@ -126,3 +126,36 @@ async def test_a_hung_call_times_out_and_is_recorded(sqlite_engine: Engine) -> N
     for row in rows:
         assert (row.status, row.error_class, row.http_status) == ("error", "timeout", None)
         assert 0.19 <= row.latency_s < 2
+
+
+async def test_a_connection_dropped_mid_stream_is_retried_and_its_text_never_used(
+        sqlite_engine: Engine) -> None:
+    fake = FakeEdge(script={"AAPL?": ["cut", "ok"]})
+    result, rows = await one_call(sqlite_engine, fake, max_attempts=3)
+    assert fake.chat_attempts == 2 == len(rows)
+    assert result.content == "".join(fake.pieces)  # the whole second answer, nothing of the cut
+    assert result.attempts == 2
+    first, second = rows
+    assert (first.status, first.error_class) == ("error", "connection")
+    assert "mid-stream" in first.error
+    assert first.completion_tokens is None and first.finish_reason is None
+    assert (second.status, second.finish_reason) == ("ok", "stop")
+
+
+async def test_a_stream_ending_without_finish_or_usage_is_truncated_and_retried(
+        sqlite_engine: Engine) -> None:
+    fake = FakeEdge(script={"AAPL?": ["short", "short", "ok"]})
+    result, rows = await one_call(sqlite_engine, fake, max_attempts=3)
+    assert result.content == "".join(fake.pieces) and result.attempts == 3
+    assert [(r.status, r.error_class) for r in rows] == [
+        ("error", "stream"), ("error", "stream"), ("ok", None)]
+    assert "truncated" in rows[0].error
+
+
+async def test_a_truncated_stream_on_the_last_attempt_fails_the_call(
+        sqlite_engine: Engine) -> None:
+    fake = FakeEdge(default="short")
+    result, rows = await one_call(sqlite_engine, fake, max_attempts=2)
+    # Never a half answer passed on as if it were whole.
+    assert isinstance(result, LLMStreamError)
+    assert [r.status for r in rows] == ["error", "error"]
