@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import time
 import zlib
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,6 +30,11 @@ from app.errors import (
 from app.usage import UsageRecorder
 
 log = structlog.get_logger(__name__)
+
+# Held around each HTTP attempt of a call: an admission slot at the batch's gate.
+Admit = Callable[[], AbstractAsyncContextManager[Any]]
+
+_jitter = random.Random()
 
 # Chat-template tokens a message adds beyond its text; generous, it only skips a /tokenize call.
 TEMPLATE_OVERHEAD_TOKENS = 64
@@ -81,6 +90,15 @@ def server_root(base_url: str) -> str:
     """Return the server's root URL (where /tokenize, /health and /metrics live)."""
     root = base_url.rstrip("/")
     return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def backoff_delay(base_s: float, retry: int, rng: random.Random | None = None) -> float:
+    """Return the wait before retry ``retry`` (0-based): full jitter under ``base * 2**retry``.
+
+    Random over the whole range, so the calls that failed together when a server died do
+    not all come back at the same instant when it returns.
+    """
+    return (rng or _jitter).uniform(0.0, base_s * 2 ** retry)
 
 
 def call_seed(tag: CallTag) -> int:
@@ -162,11 +180,13 @@ class TrackedLLM:
         response_format: dict[str, Any] | None = None,
         priority: int | None = None,
         first_attempt: int = 1,
+        admit: Admit | None = None,
     ) -> ChatResult:
         """Send one chat completion, retrying what may pass; raise LLMError when it cannot.
 
         ``first_attempt`` numbers the rows of a caller-level retry (a decision that failed
-        validation) after the attempts already recorded for the same node.
+        validation) after the attempts already recorded for the same node. ``admit`` is
+        held around each attempt (an admission slot), never around the wait between them.
         """
         body = self.build_body(tag, messages, max_tokens=max_tokens,
                                response_format=response_format)
@@ -176,11 +196,12 @@ class TrackedLLM:
                  "sample": tag.sample},
                 body,
             )
-        return await self.send(tag, body, priority=priority, first_attempt=first_attempt)
+        return await self.send(tag, body, priority=priority, first_attempt=first_attempt,
+                               admit=admit)
 
     async def send(
         self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
-        first_attempt: int = 1,
+        first_attempt: int = 1, admit: Admit | None = None,
     ) -> ChatResult:
         """Send a prepared body (also used by replay), with bounded retries."""
         if priority is not None and self.settings.priority_scheduling:
@@ -189,13 +210,15 @@ class TrackedLLM:
         attempt = first_attempt
         while True:
             try:
-                result = await self._attempt(tag, attempt, body)
+                async with admit() if admit is not None else contextlib.nullcontext():
+                    result = await self._attempt(tag, attempt, body)
                 result.attempts = attempt - first_attempt + 1
                 return result
             except LLMError as error:
                 if not error.retryable or attempt >= last:
                     raise
-                delay = self.settings.retry_backoff_s * 2 ** (attempt - first_attempt)
+                # Out of the admission slot while waiting: another request may use it.
+                delay = backoff_delay(self.settings.retry_backoff_s, attempt - first_attempt)
                 log.warning("llm call failed; retrying", node=tag.node, ticker=tag.ticker,
                             attempt=attempt, error_class=error.error_class, delay_s=delay)
                 await asyncio.sleep(delay)

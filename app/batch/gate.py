@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 from collections.abc import AsyncIterator, Callable
@@ -127,14 +128,14 @@ class GatedLLM:
         return self.ticket.order
 
     @asynccontextmanager
-    async def _place(self) -> AsyncIterator[int]:
+    async def _request(self) -> AsyncIterator[int]:
+        """Count one request of the ticker, from its first attempt to its last."""
         if self._on_request is not None:
             self._on_request.set()
         # The priority is decided per request: a ticker can turn urgent on the way.
         rank = self._rank(self.ticket) if self._rank is not None else self.ticket.order
         try:
-            async with self.gate.slot(rank):
-                yield rank
+            yield rank
         finally:
             self.ticket.done += 1
             if self._on_finish is not None:
@@ -142,9 +143,13 @@ class GatedLLM:
 
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
         kwargs.pop("priority", None)
-        async with self._place() as rank:
-            return await self.llm.chat(tag, messages, priority=rank, **kwargs)
+        async with self._request() as rank:
+            # Each attempt takes a place at the gate; a retry's backoff waits outside it.
+            return await self.llm.chat(tag, messages, priority=rank,
+                                       admit=functools.partial(self.gate.slot, rank), **kwargs)
 
-    async def send(self, tag: CallTag, body: dict[str, Any]) -> ChatResult:
-        async with self._place() as rank:
-            return await self.llm.send(tag, body, priority=rank)
+    async def send(self, tag: CallTag, body: dict[str, Any], *,
+                   first_attempt: int = 1) -> ChatResult:
+        async with self._request() as rank:
+            return await self.llm.send(tag, body, priority=rank, first_attempt=first_attempt,
+                                       admit=functools.partial(self.gate.slot, rank))
