@@ -116,11 +116,17 @@ class TrackedLLM:
         *,
         http_client: httpx.AsyncClient | None = None,
         base_url: str | None = None,
+        max_in_flight: int | None = None,
     ) -> None:
         self.settings = settings
         self.recorder = recorder
         self.base_url = base_url or settings.llm_base_url
-        self._http = http_client or httpx.AsyncClient(timeout=httpx.Timeout(30.0))
+        # httpx's default pool (100 connections) would queue requests the engine admitted,
+        # silently: size it from the most the engine lets out at once (None: no cap).
+        self._http = http_client or httpx.AsyncClient(
+            timeout=httpx.Timeout(30.0),
+            limits=httpx.Limits(max_connections=max_in_flight,
+                                max_keepalive_connections=max_in_flight))
         self._owns_http = http_client is None
         self._client = AsyncOpenAI(
             base_url=self.base_url,

@@ -132,7 +132,9 @@ class BatchEngine:
             log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                      samples=plan.samples, strategy=strategy.name, as_of=str(plan.as_of))
             recorder = UsageRecorder(self.engine)
-            llm = TrackedLLM(self.settings, recorder, http_client=self.http_client)
+            llm = TrackedLLM(self.settings, recorder, http_client=self.http_client,
+                             max_in_flight=max_in_flight(strategy, shapes,
+                                                         self.settings.max_concurrency))
             sampler = (MetricsSampler.from_settings(self.settings, self.engine, batch_id)
                        if self.sample_metrics else None)
             scheduler = Scheduler(llm, strategy, gauges=sampler,
@@ -199,6 +201,24 @@ class BatchEngine:
                 await asyncio.to_thread(store.heartbeat, self.engine, batch_id)
             except Exception as exc:  # a missed heartbeat is not worth failing the batch
                 log.warning("heartbeat not stored", error=_one_line(exc))
+
+
+def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
+                  max_concurrency: int) -> int | None:
+    """Return the most requests the strategy can have at the server at once (None: unknown).
+
+    The LLM client's connection pool is sized from it, so the pool never holds back a
+    request the strategy let out.
+    """
+    if strategy.request_limit is not None:
+        return strategy.request_limit
+    if strategy.adaptive:
+        return strategy.admission_policy(max_concurrency).maximum
+    requests = sorted((r for r, _ in (shapes or {}).values()), reverse=True)
+    if not requests or not all(requests):
+        return None  # some ticker's work is unknown: leave the pool uncapped
+    # fixed-N: at most N tickers at once, each with every request it has.
+    return sum(requests[:strategy.tickers_in_flight or len(requests)])
 
 
 def _one_line(error: BaseException) -> str:
