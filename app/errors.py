@@ -12,6 +12,7 @@
     │   ├── LLMTimeoutError        no complete answer within the per-call timeout
     │   ├── LLMConnectionError     the server could not be reached
     │   ├── LLMStreamError         the server failed in the middle of a streamed answer
+    │   ├── LLMCancelled           the call was cut short by its own side (only recorded)
     │   └── DecisionError          the final decision failed its schema after all retries
     └── ServerError                the vLLM server failed to start, stop or answer
 """
@@ -82,6 +83,12 @@ class LLMConnectionError(LLMError):
 class LLMStreamError(LLMError):
     error_class = "stream"
     retryable = True
+
+
+class LLMCancelled(LLMError):
+    """Describe, for its row, a call cancelled in flight (a sibling sample failed, a stop)."""
+
+    error_class = "cancelled"
 
 
 class DecisionError(LLMError):

@@ -21,6 +21,7 @@ from openai import AsyncOpenAI
 from app.config import Settings
 from app.errors import (
     ContextLengthError,
+    LLMCancelled,
     LLMConnectionError,
     LLMError,
     LLMHTTPError,
@@ -260,8 +261,10 @@ class TrackedLLM:
             error = LLMStreamError(f"server error during the stream: {exc.message}")
         except BaseException as exc:
             # Anything else (cancellation included) still leaves its row, then propagates.
+            why = f"{type(exc).__name__}: {exc}"[:500]
             self._record(tag, attempt, body, seen,
-                         LLMError(f"{type(exc).__name__}: {exc}"[:500] or type(exc).__name__))
+                         LLMCancelled(f"cancelled in flight ({why})")
+                         if isinstance(exc, asyncio.CancelledError) else LLMError(why))
             raise
         else:
             error = None

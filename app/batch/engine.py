@@ -84,11 +84,17 @@ class BatchEngine:
                             ) -> list[store.DecisionRow]:
             bundle = await asyncio.to_thread(self.provider.load, ticker, plan.as_of)
             demo_seen.append(bundle.demo)
-            results = await asyncio.gather(*(
-                analyze_ticker(llm=gated, settings=self.settings, batch_id=batch_id,
-                               bundle=bundle, sample=s, priority=gated.priority)
-                for s in range(plan.samples)
-            ))
+            # A failed sample cancels its siblings (their calls leave "cancelled" rows) and
+            # the ticker returns only when none of its calls is still at the server.
+            try:
+                async with asyncio.TaskGroup() as samples:
+                    runs = [samples.create_task(
+                        analyze_ticker(llm=gated, settings=self.settings, batch_id=batch_id,
+                                       bundle=bundle, sample=s, priority=gated.priority))
+                        for s in range(plan.samples)]
+            except BaseExceptionGroup as group:
+                raise first_error(group) from None
+            results = [run.result() for run in runs]
             return [store.DecisionRow(ticker, r.sample, r.decision.rating, r.decision.score,
                                       r.decision.confidence, r.decision.summary)
                     for r in results]
@@ -219,6 +225,14 @@ def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
         return None  # some ticker's work is unknown: leave the pool uncapped
     # fixed-N: at most N tickers at once, each with every request it has.
     return sum(requests[:strategy.tickers_in_flight or len(requests)])
+
+
+def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
+    """Return the error that ended a task group: the first one raised, not the group."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 def _one_line(error: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from app.cli import app as cli
 from app.config import load_settings
 from app.db.models import Batch, Decision, LLMCall, LLMRequest, TickerRun
 from app.ranking import ranking
-from tests.unit.fakeserver import ChatRequest, FakeServer, Reply
+from tests.unit.fakeserver import ChatRequest, FakeServer, Reply, default_reply
 
 
 @pytest.fixture
@@ -248,3 +249,37 @@ def test_sigterm_records_the_batch_as_interrupted_and_keeps_what_finished(
     assert status == "interrupted" and "interrupted" in (error or "")
     assert "running" not in runs and "queued" not in runs
     assert calls == len(server.chats)  # every request sent has its row, the cut one included
+
+
+async def test_a_failed_sample_cancels_its_siblings_and_keeps_their_rows(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    tickers = demo_tickers(2)
+    doomed = tickers[0]
+
+    def script(chat: ChatRequest) -> Reply | None:
+        if chat.ticker != doomed:
+            return None
+        if chat.sample == 1 and chat.node == "market":
+            return Reply(status=400, error="bad request")  # not retryable: sample 1 fails
+        # Sample 0 is slow: its calls are still at the server when sample 1 fails.
+        return Reply(default_reply(chat), delay_s=30)
+
+    server = FakeServer(script, nodes=node_names(load_settings()), tickers=tickers,
+                        samples=range(2))
+    # fixed-2: no request limit, so both samples' analysts are at the server together.
+    outcome = await make_engine(sqlite_engine, demo_dir, server).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers, samples=2, strategy="fixed-2"))
+    # Nothing the batch started is still running or still at the server.
+    assert server.in_flight == 0
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+    assert list(outcome.failed) == [doomed] and outcome.succeeded == [tickers[1]]
+    assert "400" in outcome.failed[doomed]
+    with sqlite_engine.connect() as conn:
+        rows = conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.sample,
+                                   LLMCall.error_class)).all()
+    # Every request that reached the server has its row, the cancelled ones included.
+    assert len(rows) == len(server.chats)
+    slow = {(c.node, c.sample) for c in server.chats if c.ticker == doomed and c.sample == 0}
+    assert slow  # the sibling sample really had calls out
+    cancelled = {(r.node, r.sample) for r in rows if r.error_class == "cancelled"}
+    assert slow <= cancelled
