@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 
 from agents.data import DataProvider, get_provider
 from agents.graph import analyze_ticker, chain_length, node_names
-from app.batch import store
+from app.batch import cleanup, store
 from app.batch.gate import GatedLLM
 from app.batch.progress import BatchProgress
 from app.batch.scheduler import Job, Scheduler, Strategy
@@ -171,6 +171,7 @@ class BatchEngine:
                     for t in plan.tickers]
             heart = asyncio.create_task(self._heartbeat(batch_id))
             status, error_text = "crashed", None
+            body_ok = False
             try:
                 await recorder.start()
                 if sampler is not None:
@@ -178,6 +179,7 @@ class BatchEngine:
                 with progress:
                     await scheduler.run(jobs, on_done)
                 status = "succeeded" if outcome.succeeded or not plan.tickers else "failed"
+                body_ok = True
             except (asyncio.CancelledError, KeyboardInterrupt):
                 status, error_text = "interrupted", "interrupted by the operator"
                 raise
@@ -185,19 +187,22 @@ class BatchEngine:
                 error_text = _one_line(exc)
                 raise
             finally:
-                heart.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await heart
-                if sampler is not None:
-                    await sampler.stop()
-                await recorder.close()
-                await llm.aclose()
+                # Each step runs whatever the others do, and the status is written after all.
+                failed = await cleanup.run_all([
+                    ("stop the heartbeat", functools.partial(_stop, heart)),
+                    ("stop the metrics sampler", sampler.stop if sampler is not None else None),
+                    ("close the usage recorder", recorder.close),
+                    ("close the LLM client", llm.aclose),
+                ])
+                if failed:
+                    error_text = "; ".join(filter(None, [error_text, cleanup.describe(failed)]))
                 outcome.status = status
                 await asyncio.to_thread(
                     store.finish_batch, self.engine, batch_id, status, error_text,
                     final_settings() if final_settings else None)
                 log.info("batch finished", status=status, succeeded=len(outcome.succeeded),
                          failed=len(outcome.failed))
+                cleanup.reraise(failed, body_ok=body_ok)
         return outcome
 
     async def _heartbeat(self, batch_id: int) -> None:
@@ -225,6 +230,12 @@ def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
         return None  # some ticker's work is unknown: leave the pool uncapped
     # fixed-N: at most N tickers at once, each with every request it has.
     return sum(requests[:strategy.tickers_in_flight or len(requests)])
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def first_error(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -17,6 +17,7 @@ from app.batch.engine import BatchEngine, BatchPlan
 from app.cli import app as cli
 from app.config import load_settings
 from app.db.models import Batch, Decision, LLMCall, LLMRequest, TickerRun
+from app.llm import TrackedLLM
 from app.ranking import ranking
 from tests.unit.fakeserver import ChatRequest, FakeServer, Reply, default_reply
 
@@ -283,3 +284,35 @@ async def test_a_failed_sample_cancels_its_siblings_and_keeps_their_rows(
     assert slow  # the sibling sample really had calls out
     cancelled = {(r.node, r.sample) for r in rows if r.error_class == "cancelled"}
     assert slow <= cancelled
+
+
+async def test_every_cleanup_step_runs_when_closing_the_recorder_fails(
+        sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.usage import UsageRecorder
+
+    original = UsageRecorder.close
+
+    async def failing_close(self: UsageRecorder) -> None:
+        await original(self)
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(UsageRecorder, "close", failing_close)
+    tickers = demo_tickers(2)
+    server = FakeServer(nodes=node_names(load_settings()), tickers=tickers)
+    runner = make_engine(sqlite_engine, demo_dir, server)
+    closed: list[bool] = []
+    original_aclose = TrackedLLM.aclose
+
+    async def aclose(self: TrackedLLM) -> None:
+        closed.append(True)
+        await original_aclose(self)
+
+    monkeypatch.setattr(TrackedLLM, "aclose", aclose)
+    with pytest.raises(RuntimeError, match="disk full"):
+        await runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert closed == [True]  # the step after the failing one still ran
+    with sqlite_engine.connect() as conn:
+        batch = conn.execute(select(Batch.status, Batch.finished_at, Batch.error)).one()
+    # finish_batch ran: the batch is not left "running", and it says what went wrong.
+    assert batch.status == "succeeded" and batch.finished_at is not None
+    assert "disk full" in batch.error and "usage recorder" in batch.error
