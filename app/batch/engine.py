@@ -178,7 +178,9 @@ class BatchEngine:
                     await sampler.start()
                 with progress:
                     await scheduler.run(jobs, on_done)
-                status = "succeeded" if outcome.succeeded or not plan.tickers else "failed"
+                # Honest: "succeeded" only when every ticker did, "partial" when some did.
+                status = ("failed" if plan.tickers and not outcome.succeeded
+                          else "partial" if outcome.failed else "succeeded")
                 body_ok = True
             except (asyncio.CancelledError, KeyboardInterrupt):
                 status, error_text = "interrupted", "interrupted by the operator"

@@ -86,7 +86,8 @@ def finish_batch(engine: Engine, batch_id: int, status: str, error: str | None =
         conn.execute(update(TickerRun)
                      .where(TickerRun.batch_id == batch_id,
                             TickerRun.status.in_(("queued", "running")))
-                     .values(status="interrupted" if status != "succeeded" else "failed",
+                     .values(status="failed" if status in ("succeeded", "partial")
+                             else "interrupted",
                              error=error or "not finished"))
 
 

@@ -60,6 +60,17 @@ def _execute(settings: Settings, plan: BatchPlan) -> BatchOutcome:
     return outcome
 
 
+# What a caller (systemd, cron) can act on: 3 means the night ran but its ranking lacks
+# some tickers; anything else that is not a success is 1.
+EXIT_CODES = {"succeeded": 0, "partial": 3}
+
+
+def _exit(outcome: BatchOutcome) -> None:
+    code = EXIT_CODES.get(outcome.status, 1)
+    if code:
+        raise typer.Exit(code)
+
+
 def run(
     tickers: Annotated[str | None, typer.Option("--tickers", help="A,B,C")] = None,
     universe: Annotated[Path | None, typer.Option("--universe",
@@ -78,8 +89,7 @@ def run(
     symbols = symbols[:limit] if limit else symbols
     plan = BatchPlan("nightly", _default_as_of(settings, as_of), symbols, samples, strategy)
     outcome = _execute(settings, plan)
-    if outcome.status != "succeeded":
-        raise typer.Exit(1)
+    _exit(outcome)
 
 
 def rerun(
@@ -91,8 +101,7 @@ def rerun(
     settings = setup()
     plan = BatchPlan("rerun", _default_as_of(settings, as_of), [check_symbol(ticker)], samples)
     outcome = _execute(settings, plan)
-    if outcome.status != "succeeded":
-        raise typer.Exit(1)
+    _exit(outcome)
 
 
 def show_ranking(
@@ -123,6 +132,12 @@ def show_ranking(
                           "" if r.spread is None or r.samples < 2 else f"{r.spread:.2f}",
                           "" if r.confidence is None else f"{r.confidence:.2f}", r.summary)
         out.print(table)
+    # A ranking without some of the night's tickers says which, and why: never a silent gap.
+    # (On stderr for json/csv, so their output stays machine-readable.)
+    for r in rows:
+        if r.rank is None:
+            (out if fmt == "table" else err).print(f"missing: {r.ticker} ({r.summary})",
+                                                   markup=False)
 
 
 def replay(
@@ -150,8 +165,7 @@ def replay(
     for ticker, reason in sorted(outcome.failed.items()):
         err.print(f"  [red]{ticker}[/]: {reason}")
     err.print(f"compare: nightdesk report --compare {batch},{outcome.batch_id}")
-    if outcome.status != "succeeded":
-        raise typer.Exit(1)
+    _exit(outcome)
 
 
 def register(app: typer.Typer) -> None:

@@ -16,6 +16,7 @@ from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.cli import app as cli
 from app.config import load_settings
+from app.db.engine import get_engine
 from app.db.models import Batch, Decision, LLMCall, LLMRequest, TickerRun
 from app.llm import TrackedLLM
 from app.ranking import ranking
@@ -71,7 +72,7 @@ async def test_invalid_decision_fails_its_ticker_loudly_others_finish(
     server = FakeServer(script, nodes=node_names(load_settings()), tickers=tickers)
     outcome = await make_engine(sqlite_engine, demo_dir, server, decision_attempts=2).run(
         BatchPlan("nightly", DEMO_AS_OF, tickers))
-    assert outcome.status == "succeeded"
+    assert outcome.status == "partial"  # never "succeeded" while a ticker is missing
     assert set(outcome.failed) == {bad} and len(outcome.succeeded) == 3
     assert "decision" in outcome.failed[bad].lower()
     with sqlite_engine.connect() as conn:
@@ -316,3 +317,52 @@ async def test_every_cleanup_step_runs_when_closing_the_recorder_fails(
     # finish_batch ran: the batch is not left "running", and it says what went wrong.
     assert batch.status == "succeeded" and batch.finished_at is not None
     assert "disk full" in batch.error and "usage recorder" in batch.error
+
+
+def _cli_with_fake(monkeypatch: pytest.MonkeyPatch, server: FakeServer) -> CliRunner:
+    original = BatchEngine.__init__
+
+    def with_fake(self: BatchEngine, *args: object, **kwargs: object) -> None:
+        kwargs.update(http_client=server.client(), sample_metrics=False)
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BatchEngine, "__init__", with_fake)
+    monkeypatch.setenv("NIGHTDESK_CHECK_CONTEXT_LENGTH", "false")
+    return CliRunner()
+
+
+def test_a_night_with_a_failed_ticker_is_partial_exits_3_and_the_ranking_says_what_it_lacks(
+        monkeypatch: pytest.MonkeyPatch, demo_dir: Path, sqlite_url: str) -> None:
+    tickers = demo_tickers(3)
+    bad = tickers[1]
+    server = FakeServer(lambda c: Reply("not json") if c.structured and c.ticker == bad
+                        else None, nodes=node_names(load_settings()), tickers=tickers)
+    runner = _cli_with_fake(monkeypatch, server)
+    result = runner.invoke(cli, ["run", "--tickers", ",".join(tickers)])
+    assert result.exit_code == 3, result.output  # partial: neither 0 nor a plain failure
+    engine = get_engine(sqlite_url)
+    with engine.connect() as conn:
+        status = conn.execute(select(Batch.status)).scalar_one()
+        reason = conn.execute(select(TickerRun.error).where(TickerRun.ticker == bad)).scalar_one()
+    assert status == "partial"
+    # The ranking of a partial night is still the night's ranking, and names its gap.
+    table = runner.invoke(cli, ["ranking"])
+    assert table.exit_code == 0, table.output
+    missing = [line for line in table.output.splitlines() if line.startswith("missing:")]
+    assert missing == [f"missing: {bad} ({reason})"]
+    as_json = runner.invoke(cli, ["ranking", "--format", "json"])
+    rows = json.loads(as_json.stdout)  # stdout stays machine-readable
+    assert {r["ticker"] for r in rows if r["rank"] is not None} == set(tickers) - {bad}
+    assert f"missing: {bad}" in as_json.stderr
+
+
+def test_a_night_where_every_ticker_failed_is_failed_and_exits_1(
+        monkeypatch: pytest.MonkeyPatch, demo_dir: Path, sqlite_url: str) -> None:
+    tickers = demo_tickers(2)
+    server = FakeServer(lambda c: Reply("not json") if c.structured else None,
+                        nodes=node_names(load_settings()), tickers=tickers)
+    result = _cli_with_fake(monkeypatch, server).invoke(
+        cli, ["run", "--tickers", ",".join(tickers)])
+    assert result.exit_code == 1, result.output
+    with get_engine(sqlite_url).connect() as conn:
+        assert conn.execute(select(Batch.status)).scalar_one() == "failed"
