@@ -19,6 +19,7 @@ import structlog
 from openai import AsyncOpenAI
 
 from app.config import Settings
+from app.db.text import storable
 from app.errors import (
     ContextLengthError,
     LLMCancelled,
@@ -274,7 +275,8 @@ class TrackedLLM:
         usage = seen.usage
         details = getattr(usage, "prompt_tokens_details", None)
         return ChatResult(
-            content="".join(seen.content),
+            # Cleaned here, once: the text goes on into prompts, checkpoints and rows.
+            content=storable("".join(seen.content)),
             prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else 0,
             cached_tokens=getattr(details, "cached_tokens", None),

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import structlog
-from sqlalchemy import Engine, Table
+from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -31,14 +31,20 @@ def decompress_body(blob: bytes) -> dict[str, Any]:
     return data
 
 
-def insert_ignoring_duplicates(engine: Engine, table: Table,
+def insert_ignoring_duplicates(target: Engine | Connection, table: Table,
                                rows: list[dict[str, Any]]) -> None:
-    """Insert rows, skipping any whose unique key is stored already: a retry never doubles."""
+    """Insert rows, skipping any whose unique key is stored already: a retry never doubles.
+
+    Given a connection, the insert joins its open transaction; given an engine, it is one.
+    """
     if not rows:
         return
-    dialect = engine.dialect.name
+    dialect = target.dialect.name
     stmt = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
-    with engine.begin() as conn:
+    if isinstance(target, Connection):
+        target.execute(stmt.on_conflict_do_nothing(), rows)
+        return
+    with target.begin() as conn:
         conn.execute(stmt.on_conflict_do_nothing(), rows)
 
 

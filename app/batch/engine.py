@@ -155,8 +155,7 @@ class BatchEngine:
 
             async def on_done(job: Job, decisions: Any, error: BaseException | None) -> None:
                 message = None if error is None else _one_line(error)
-                await asyncio.to_thread(store.ticker_finished, self.engine, batch_id, job.key,
-                                        decisions or [], message)
+                message = await self._store_result(batch_id, job.key, decisions or [], message)
                 if message:
                     outcome.failed[job.key] = message
                     log.error("ticker failed", ticker=job.key, error=message)
@@ -206,6 +205,28 @@ class BatchEngine:
                          failed=len(outcome.failed))
                 cleanup.reraise(failed, body_ok=body_ok)
         return outcome
+
+    async def _store_result(self, batch_id: int, ticker: str,
+                            decisions: list[store.DecisionRow], error: str | None) -> str | None:
+        """Store how a ticker ended; return why it failed (None: it succeeded).
+
+        A result the database will not take (the store's retries spent, text it refuses)
+        fails this ticker only, with the reason: the rest of the night goes on.
+        """
+        try:
+            await asyncio.to_thread(store.ticker_finished, self.engine, batch_id, ticker,
+                                    decisions, error)
+            return error
+        except Exception as exc:
+            reason = "; ".join(filter(None, [error, f"result not stored: {_one_line(exc)}"]))
+        log.error("ticker result not stored", ticker=ticker, error=reason)
+        try:
+            await asyncio.to_thread(store.ticker_finished, self.engine, batch_id, ticker, [],
+                                    reason)
+        except Exception as exc:
+            # The database is away for now: finish_batch marks the ticker when it can.
+            log.error("ticker status not stored", ticker=ticker, error=_one_line(exc))
+        return reason
 
     async def _heartbeat(self, batch_id: int) -> None:
         while True:

@@ -63,8 +63,9 @@ def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[
                     error: str | None) -> None:
     """Store the ticker's decisions and its final status in one transaction."""
     rows = [{"batch_id": batch_id, "created_at": now(), **d.__dict__} for d in decisions]
-    insert_ignoring_duplicates(engine, Decision.__table__, rows)  # type: ignore[arg-type]
     with engine.begin() as conn:
+        # In the same transaction as the status: never decisions of a ticker not succeeded.
+        insert_ignoring_duplicates(conn, Decision.__table__, rows)  # type: ignore[arg-type]
         conn.execute(update(TickerRun)
                      .where(TickerRun.batch_id == batch_id, TickerRun.ticker == ticker)
                      .values(status="failed" if error else "succeeded", finished_at=now(),

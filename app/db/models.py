@@ -15,12 +15,13 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
-    Text,
     UniqueConstraint,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
+
+from app.db.text import CleanText
 
 # BigInteger keys autoincrement on PostgreSQL; SQLite only autoincrements INTEGER.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -69,7 +70,7 @@ class Batch(Base):
     tickers_total: Mapped[int] = mapped_column(Integer, default=0)
     tickers_succeeded: Mapped[int] = mapped_column(Integer, default=0)
     tickers_failed: Mapped[int] = mapped_column(Integer, default=0)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(CleanText)
 
 
 class TickerRun(Base):
@@ -86,7 +87,7 @@ class TickerRun(Base):
     samples: Mapped[int] = mapped_column(Integer, default=1)
     started_at: Mapped[datetime | None] = mapped_column(Timestamp)
     finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(CleanText)
 
 
 class LLMCall(Base):
@@ -114,7 +115,7 @@ class LLMCall(Base):
     status: Mapped[str] = mapped_column(String(16))  # ok | error
     error_class: Mapped[str | None] = mapped_column(String(32))
     http_status: Mapped[int | None] = mapped_column(Integer)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(CleanText)
     started_at: Mapped[datetime] = mapped_column(Timestamp)
     first_token_at: Mapped[datetime | None] = mapped_column(Timestamp)
     ended_at: Mapped[datetime] = mapped_column(Timestamp)
@@ -153,7 +154,7 @@ class Decision(Base):
     rating: Mapped[str] = mapped_column(String(16))
     score: Mapped[float] = mapped_column(Float)
     confidence: Mapped[float] = mapped_column(Float)
-    summary: Mapped[str] = mapped_column(Text)
+    summary: Mapped[str] = mapped_column(CleanText)
     created_at: Mapped[datetime] = mapped_column(Timestamp)
 
 
