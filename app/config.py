@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     decision_attempts: int = Field(3, ge=1, le=10)
     node_max_tokens: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_NODE_MAX_TOKENS))
     samples: int = Field(1, ge=1, le=32)
+    # Tickers whose market data loads at once, ahead of admission (a slow provider for one
+    # ticker then stalls only its own start).
+    data_concurrency: int = Field(8, ge=1, le=64)
 
     server_profile: str = "cpu-tiny"
     metrics_interval_s: float = Field(2.0, gt=0)

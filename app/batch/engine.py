@@ -14,7 +14,7 @@ import httpx
 import structlog
 from sqlalchemy import Engine
 
-from agents.data import DataProvider, get_provider
+from agents.data import DataProvider, MarketBundle, get_provider
 from agents.graph import analyze_ticker, chain_length, node_names
 from app.batch import cleanup, store
 from app.batch.gate import GatedLLM
@@ -79,10 +79,18 @@ class BatchEngine:
     async def run(self, plan: BatchPlan) -> BatchOutcome:
         """Run the graph for every ticker of the plan; one ticker's failure never stops others."""
         demo_seen: list[bool] = []
+        bundles: dict[str, MarketBundle] = {}
+        loads = asyncio.Semaphore(self.settings.data_concurrency)
+
+        async def load(ticker: str) -> None:
+            # Before admission, a few tickers at once: see Scheduler.run.
+            async with loads:
+                bundles[ticker] = await asyncio.to_thread(self.provider.load, ticker,
+                                                          plan.as_of)
 
         async def graph_job(ticker: str, gated: GatedLLM, batch_id: int
                             ) -> list[store.DecisionRow]:
-            bundle = await asyncio.to_thread(self.provider.load, ticker, plan.as_of)
+            bundle = bundles.pop(ticker)
             demo_seen.append(bundle.demo)
             # A failed sample cancels its siblings (their calls leave "cancelled" rows) and
             # the ticker returns only when none of its calls is still at the server.
@@ -106,6 +114,7 @@ class BatchEngine:
         return await self.execute(plan, graph_job, weights=weights,
                                   shapes=dict.fromkeys(plan.tickers, shape),
                                   expected_calls=per_ticker * len(plan.tickers),
+                                  prepare=load,
                                   final_settings=lambda: {"demo_data": any(demo_seen)})
 
     async def execute(
@@ -118,11 +127,13 @@ class BatchEngine:
         source_batch_id: int | None = None,
         final_settings: Callable[[], dict[str, Any]] | None = None,
         expected_calls: int | None = None,
+        prepare: Callable[[str], Awaitable[None]] | None = None,
     ) -> BatchOutcome:
         """Own a batch's rows and lifecycle while ``work`` does each ticker's calls.
 
         ``weights`` order the tickers (heaviest first); ``shapes`` give each ticker's
         expected (requests, chain length), which lets the scheduler shorten the tail.
+        ``prepare(ticker)`` loads what a ticker needs before it is admitted.
         """
         strategy = Strategy.parse(plan.strategy)
         batch_id = await asyncio.to_thread(
@@ -166,7 +177,8 @@ class BatchEngine:
                 progress.ticker_done(job.key, ok=message is None)
 
             jobs = [Job(t, functools.partial(ticker_job, t), (weights or {}).get(t, 0.0),
-                        *(shapes or {}).get(t, (0, 0)))
+                        *(shapes or {}).get(t, (0, 0)),
+                        prepare=functools.partial(prepare, t) if prepare else None)
                     for t in plan.tickers]
             heart = asyncio.create_task(self._heartbeat(batch_id))
             status, error_text = "crashed", None

@@ -42,6 +42,8 @@ class Job:
     weight: float = 0.0  # expected work; heavier jobs start first so the tail is short
     requests: int = 0  # expected requests, 0 when unknown
     chain: int = 0  # the longest run of them that must go one after another
+    # What the job needs before it may be admitted (its market data), run ahead of admission.
+    prepare: Callable[[], Awaitable[Any]] | None = None
 
 
 POLICY_KNOBS = ("initial", "minimum", "maximum", "kv_high", "kv_full", "queue_allowance",
@@ -155,16 +157,29 @@ class Scheduler:
     async def run(self, jobs: list[Job], on_done: OnDone) -> None:
         """Run every job once; a failing job is reported to ``on_done``, never raised."""
         ordered = sorted(jobs, key=lambda j: -j.weight)
-        tickets = [Ticket(i, job.requests, job.chain) for i, job in enumerate(ordered)]
         self.left = sum(job.requests for job in ordered)
-        self.tickers = len(tickets)
+        self.tickers = len(ordered)
         tasks: list[asyncio.Task[None]] = []
         controller = (asyncio.create_task(self._control(), name="admission")
                       if self.strategy.adaptive and self.gauges is not None else None)
         slots = asyncio.Semaphore(self.strategy.tickers_in_flight or UNBOUNDED)
+        # Jobs prepare (load their data) ahead of admission, and a ticker is admitted once
+        # it is ready, the heaviest ready one first: one slow load never holds back the
+        # tickers behind it. Start order, not weight order, is then the ticker's priority.
+        ready: asyncio.PriorityQueue[tuple[int, BaseException | None]] = asyncio.PriorityQueue()
+        preparing = [asyncio.create_task(self._prepare(i, job, ready), name=f"prepare {job.key}")
+                     for i, job in enumerate(ordered)]
         try:
-            for ticket, job in zip(tickets, ordered, strict=True):
+            for order in range(len(ordered)):
                 await slots.acquire()
+                index, failure = await ready.get()
+                job = ordered[index]
+                if failure is not None:  # never admitted: it has nothing to work on
+                    slots.release()
+                    self.left -= job.requests
+                    await on_done(job, None, failure)
+                    continue
+                ticket = Ticket(order, job.requests, job.chain)
                 if self.strategy.tickers_in_flight is None:
                     await self.gate.wait_for_room(or_else=functools.partial(self.urgent, ticket))
                 first_request = asyncio.Event()
@@ -179,11 +194,23 @@ class Scheduler:
                     done.cancel()
             await asyncio.gather(*tasks)
         finally:
-            for task in tasks:
+            for task in [*tasks, *preparing]:
                 task.cancel()
             if controller is not None:
                 controller.cancel()
-            await asyncio.gather(*tasks, *(c for c in [controller] if c), return_exceptions=True)
+            await asyncio.gather(*tasks, *preparing, *(c for c in [controller] if c),
+                                 return_exceptions=True)
+
+    @staticmethod
+    async def _prepare(index: int, job: Job,
+                       ready: asyncio.PriorityQueue[tuple[int, BaseException | None]]) -> None:
+        failure: BaseException | None = None
+        if job.prepare is not None:
+            try:
+                await job.prepare()
+            except Exception as exc:  # the job fails alone, reported by run()
+                failure = exc
+        ready.put_nowait((index, failure))
 
     async def _one(self, job: Job, ticket: Ticket, first_request: asyncio.Event,
                    slots: asyncio.Semaphore, on_done: OnDone) -> None:
