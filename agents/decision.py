@@ -11,6 +11,7 @@ from agents.prompting import render
 from app.errors import DecisionError
 
 if TYPE_CHECKING:
+    from agents.fitting import Trim
     from agents.state import ChatClient
     from app.llm import CallTag, ChatResult
 
@@ -59,6 +60,7 @@ async def decide(
     max_tokens: int,
     attempts: int,
     priority: int | None = None,
+    trimmed: Trim | None = None,
 ) -> tuple[Decision, ChatResult, int]:
     """Ask for the decision up to ``attempts`` times; return it, the last reply and HTTP attempts.
 
@@ -71,7 +73,7 @@ async def decide(
     for call in range(1, attempts + 1):
         result = await llm.chat(tag, conversation, max_tokens=max_tokens,
                                 response_format=response_format(), priority=priority,
-                                first_attempt=first_attempt)
+                                first_attempt=first_attempt, trimmed=trimmed)
         # Rows are unique per attempt number, so the next call numbers after this one's tries.
         first_attempt += result.attempts
         try:

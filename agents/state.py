@@ -10,6 +10,7 @@ from typing import Annotated, Any, Protocol, TypedDict
 # Imported at run time, not under TYPE_CHECKING: LangGraph resolves the state's type hints.
 from agents.data.base import MarketBundle
 from agents.decision import Decision
+from agents.fitting import Sizer, Trim
 from app.config import Settings
 from app.llm import CallTag, ChatResult
 
@@ -72,8 +73,12 @@ class TickerState(TickerInput, total=False):
     """Every node's raw output and usage, keyed by node name."""
 
 
-class ChatClient(Protocol):
-    """Send one tracked chat completion: ``app.llm.TrackedLLM`` or a wrapper around it."""
+class ChatClient(Sizer, Protocol):
+    """Send one tracked chat completion: ``app.llm.TrackedLLM`` or a wrapper around it.
+
+    As a ``Sizer`` it also counts a prompt against the server's context, so a node can
+    leave out context before sending (agents.fitting).
+    """
 
     async def chat(
         self,
@@ -84,6 +89,7 @@ class ChatClient(Protocol):
         response_format: dict[str, Any] | None = None,
         priority: int | None = None,
         first_attempt: int = 1,
+        trimmed: Trim | None = None,
     ) -> ChatResult: ...
 
 

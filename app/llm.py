@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import random
 import time
 import zlib
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import openai
 import structlog
 from openai import AsyncOpenAI
 
+from agents.fitting import PromptSize, Trim
 from app.config import Settings
 from app.db.text import storable
 from app.errors import (
@@ -40,6 +45,19 @@ _jitter = random.Random()
 
 # Chat-template tokens a message adds beyond its text; generous, it only skips a /tokenize call.
 TEMPLATE_OVERHEAD_TOKENS = 64
+# Prompts whose /tokenize count is kept (the context guard counts before the call checks).
+COUNT_CACHE = 256
+
+# What the context guard left out of the call being sent (chat() sets it for its attempts).
+_trim: ContextVar[Trim | None] = ContextVar("nightdesk_trim", default=None)
+
+
+class ServerCheck(Protocol):
+    """Tell whether the server answers (app.batch.outage.ServerWatch)."""
+
+    async def confirm(self) -> None:
+        """Return once the server answers; raise ServerOutage past the outage budget."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -119,10 +137,18 @@ class TrackedLLM:
         http_client: httpx.AsyncClient | None = None,
         base_url: str | None = None,
         max_in_flight: int | None = None,
+        watch: ServerCheck | None = None,
+        attempts_before: Mapping[tuple[str, str, int], int] | None = None,
     ) -> None:
         self.settings = settings
         self.recorder = recorder
         self.base_url = base_url or settings.llm_base_url
+        # Between attempts of a call that met a server fault: wait while the server is down.
+        self.watch = watch
+        # Attempts a resumed batch recorded already per (ticker, node, sample): numbering
+        # continues after them, so no new row collides with an old one and is dropped.
+        self.attempts_before = dict(attempts_before or {})
+        self._counted: OrderedDict[str, int] = OrderedDict()
         # httpx's default pool (100 connections) would queue requests the engine admitted,
         # silently: size it from the most the engine lets out at once (None: no cap).
         self._http = http_client or httpx.AsyncClient(
@@ -189,6 +215,7 @@ class TrackedLLM:
         priority: int | None = None,
         first_attempt: int = 1,
         admit: Admit | None = None,
+        trimmed: Trim | None = None,
     ) -> ChatResult:
         """Send one chat completion, retrying what may pass; raise LLMError when it cannot.
 
@@ -204,8 +231,13 @@ class TrackedLLM:
                  "sample": tag.sample},
                 body,
             )
-        return await self.send(tag, body, priority=priority, first_attempt=first_attempt,
-                               admit=admit)
+        # Every attempt's row of this call says what the context guard left out.
+        token = _trim.set(trimmed)
+        try:
+            return await self.send(tag, body, priority=priority, first_attempt=first_attempt,
+                                   admit=admit)
+        finally:
+            _trim.reset(token)
 
     async def send(
         self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
@@ -214,6 +246,7 @@ class TrackedLLM:
         """Send a prepared body (also used by replay), with bounded retries."""
         if priority is not None and self.settings.priority_scheduling:
             body = {**body, "extra_body": {**body.get("extra_body", {}), "priority": priority}}
+        first_attempt += self.attempts_before.get((tag.ticker, tag.node, tag.sample), 0)
         last = first_attempt + self.settings.max_attempts - 1
         attempt = first_attempt
         while True:
@@ -229,6 +262,10 @@ class TrackedLLM:
                 delay = backoff_delay(self.settings.retry_backoff_s, attempt - first_attempt)
                 log.warning("llm call failed; retrying", node=tag.node, ticker=tag.ticker,
                             attempt=attempt, error_class=error.error_class, delay_s=delay)
+                if self.watch is not None:
+                    # A dead server fails every attempt at once: wait for it to answer
+                    # again (or for the outage budget to run out) instead of using them up.
+                    await self.watch.confirm()
                 await asyncio.sleep(delay)
                 attempt += 1
 
@@ -334,11 +371,29 @@ class TrackedLLM:
 
     async def _count_tokens(self, body: dict[str, Any], budget: int) -> None:
         """Count the prompt with the server's /tokenize; raise ContextLengthError if too long."""
+        count = await self._count(body["model"], body["messages"])
+        if count is None or self._max_model_len is None:
+            return
+        limit = self._max_model_len
+        if count + budget > limit:
+            raise ContextLengthError(
+                f"prompt of {count} tokens + max_tokens {budget} exceeds max-model-len {limit}"
+            )
+
+    async def _count(self, model: str, messages: list[dict[str, str]]) -> int | None:
+        """Return the prompt's tokens by the server's /tokenize (None: it has none).
+
+        Counts are kept for the last prompts seen: the context guard counts a prompt before
+        it is sent, and the check before sending must not ask the server twice.
+        """
+        key = hashlib.sha256(json.dumps([model, messages], sort_keys=True).encode()).hexdigest()
+        if key in self._counted:
+            self._counted.move_to_end(key)
+            return self._counted[key]
         try:
             response = await self._http.post(
                 server_root(self.base_url) + "/tokenize",
-                json={"model": body["model"], "messages": body["messages"],
-                      "add_generation_prompt": True},
+                json={"model": model, "messages": messages, "add_generation_prompt": True},
                 headers={"Authorization": f"Bearer {self.settings.llm_api_key.get_secret_value()}"},
             )
         except httpx.HTTPError as exc:
@@ -347,17 +402,46 @@ class TrackedLLM:
         if response.status_code == 404:
             log.warning("server has no /tokenize; prompt length is not checked before sending")
             self._tokenize_supported = False
-            return
+            return None
         if response.status_code != 200:
             raise LLMHTTPError(f"/tokenize answered {response.status_code}",
                                http_status=response.status_code)
         data = response.json()
-        count, limit = int(data["count"]), int(data["max_model_len"])
-        self._max_model_len = limit
-        if count + budget > limit:
-            raise ContextLengthError(
-                f"prompt of {count} tokens + max_tokens {budget} exceeds max-model-len {limit}"
-            )
+        count = int(data["count"])
+        self._max_model_len = int(data["max_model_len"])
+        self._counted[key] = count
+        if len(self._counted) > COUNT_CACHE:
+            self._counted.popitem(last=False)
+        return count
+
+    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
+                      exact: bool = False) -> PromptSize | None:
+        """Return the prompt's size against the server's context (agents.fitting.Sizer).
+
+        None when the server cannot count (no /tokenize, the check turned off, or the server
+        kept failing): the call then goes out as it is and the server has the last word.
+        """
+        budget = max_tokens if self.settings.context_check_includes_output else 0
+        model = self.settings.llm_model
+        for attempt in range(1, self.settings.max_attempts + 1):
+            if not self._tokenize_supported:
+                return None
+            if (not exact and self._max_model_len is not None
+                    and self._fits_without_counting({"messages": messages}, budget)):
+                return PromptSize(None, self._max_model_len - budget)
+            try:
+                count = await self._count(model, messages)
+            except LLMError as error:
+                if not error.retryable or attempt == self.settings.max_attempts:
+                    log.warning("prompt could not be counted", error=str(error))
+                    return None
+                if self.watch is not None:
+                    await self.watch.confirm()
+                continue
+            if count is None or self._max_model_len is None:
+                return None
+            return PromptSize(count, self._max_model_len - budget)
+        return None
 
     def _record(
         self, tag: CallTag, attempt: int, body: dict[str, Any], seen: _Attempt,
@@ -367,6 +451,7 @@ class TrackedLLM:
         usage = seen.usage
         details = getattr(usage, "prompt_tokens_details", None)
         ended_at = seen.started_at + timedelta(seconds=elapsed)
+        trim = _trim.get()
         stats = self.stats
         stats.calls += 1
         stats.failed += error is not None
@@ -396,6 +481,8 @@ class TrackedLLM:
             "ended_at": ended_at,
             "latency_s": elapsed,
             "request_id": seen.request_id,
+            "context_trimmed_tokens": None if trim is None else trim.tokens,
+            "context_trimmed": None if trim is None else trim.describe()[:200],
         })
 
 

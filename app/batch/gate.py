@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from agents.fitting import PromptSize
 from app.llm import CallTag, ChatResult, TrackedLLM
 
 
@@ -27,10 +28,45 @@ class Gate:
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
         self._changed = asyncio.Event()
+        self._holds: set[str] = set()  # why nothing is let through now (server down, stopping)
+        self._closed: BaseException | None = None
 
     @property
     def limit(self) -> int:
         return self._limit
+
+    @property
+    def held(self) -> bool:
+        return bool(self._holds) or self._closed is not None
+
+    def hold(self, why: str) -> None:
+        """Let nothing new through until ``release(why)``; requests at the server go on."""
+        self._holds.add(why)
+        self._changed.set()
+
+    def release(self, why: str) -> None:
+        self._holds.discard(why)
+        self._grant()
+
+    def close(self, error: BaseException) -> None:
+        """Refuse every waiting and later request with ``error``; the batch is stopping."""
+        self._closed = error
+        for _, _, future in self._waiters:
+            if not future.done():
+                future.set_exception(self._refusal())
+        self._waiters.clear()
+        self._changed.set()
+
+    def _refusal(self) -> BaseException:
+        # A fresh exception per waiter: one instance raised in many tasks mixes tracebacks.
+        assert self._closed is not None
+        return type(self._closed)(*self._closed.args)
+
+    async def drained(self) -> None:
+        """Return once no request holds a place (none is at the server)."""
+        while self.outstanding > 0:
+            self._changed.clear()
+            await self._changed.wait()
 
     @property
     def waiting(self) -> int:
@@ -42,7 +78,7 @@ class Gate:
 
     def has_room(self) -> bool:
         """Return True when a new request would be sent at once."""
-        return self.outstanding < self._limit and self.waiting == 0
+        return not self.held and self.outstanding < self._limit and self.waiting == 0
 
     async def wait_for_room(self, or_else: Callable[[], bool] | None = None) -> None:
         """Return once a request would be sent at once, or ``or_else()`` holds."""
@@ -53,6 +89,8 @@ class Gate:
     @asynccontextmanager
     async def slot(self, priority: int = 0) -> AsyncIterator[None]:
         """Hold one place for the duration of the block."""
+        if self._closed is not None:
+            raise self._refusal()
         if self.has_room():
             self.outstanding += 1
         else:
@@ -74,7 +112,7 @@ class Gate:
         self._grant()
 
     def _grant(self) -> None:
-        while self._waiters and self.outstanding < self._limit:
+        while self._waiters and self.outstanding < self._limit and not self.held:
             _, _, future = heapq.heappop(self._waiters)
             if future.done():
                 continue
@@ -153,3 +191,8 @@ class GatedLLM:
         async with self._request() as rank:
             return await self.llm.send(tag, body, priority=rank, first_attempt=first_attempt,
                                        admit=functools.partial(self.gate.slot, rank))
+
+    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
+                      exact: bool = False) -> PromptSize | None:
+        """Count a prompt for the context guard; not a request, so it needs no place."""
+        return await self.llm.measure(messages, max_tokens=max_tokens, exact=exact)

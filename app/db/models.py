@@ -121,6 +121,10 @@ class LLMCall(Base):
     ended_at: Mapped[datetime] = mapped_column(Timestamp)
     latency_s: Mapped[float] = mapped_column(Float)
     request_id: Mapped[str | None] = mapped_column(String(200))
+    # Set when the context guard dropped context to make the prompt fit: the tokens it
+    # removed and what (e.g. "2 debate turns, 3 news items"); NULL when sent whole.
+    context_trimmed_tokens: Mapped[int | None] = mapped_column(Integer)
+    context_trimmed: Mapped[str | None] = mapped_column(String(200))
 
 
 class LLMRequest(Base):

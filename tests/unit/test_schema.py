@@ -22,7 +22,7 @@ EXPECTED = {
         "id", "batch_id", "ticker", "node", "sample", "attempt", "model", "prompt_tokens",
         "completion_tokens", "cached_tokens", "max_tokens", "finish_reason", "status",
         "error_class", "http_status", "error", "started_at", "first_token_at", "ended_at",
-        "latency_s", "request_id",
+        "latency_s", "request_id", "context_trimmed_tokens", "context_trimmed",
     },
     "llm_requests": {"id", "batch_id", "ticker", "node", "sample", "body"},
     "decisions": {
