@@ -7,7 +7,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+import httpx
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -15,7 +16,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from app.errors import ConfigError
 
@@ -74,6 +75,19 @@ class Settings(BaseSettings):
 
     server_profile: str = "cpu-tiny"
     metrics_interval_s: float = Field(2.0, gt=0)
+
+    # Running unattended (docs/reliability.md).
+    heartbeat_interval_s: float = Field(30.0, gt=0)
+    # A running batch whose heartbeat is older than this is taken for dead (marked crashed).
+    heartbeat_stale_s: float = Field(120.0, gt=0)
+    # How long a batch waits for a server that stopped answering before it ends interrupted.
+    outage_budget_s: float = Field(900.0, ge=0)
+    server_probe_interval_s: float = Field(1.0, gt=0)
+    # After SIGTERM/SIGINT: how long calls in flight may take to finish before they are cut.
+    shutdown_grace_s: float = Field(60.0, ge=0)
+    # "sync": a node's checkpoint is stored before the next node starts, so a kill loses at
+    # most the node in flight; "async"/"exit" are LangGraph's cheaper, less durable modes.
+    checkpoint_durability: Literal["sync", "async", "exit"] = "sync"
     record_requests: bool = True
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: str = "INFO"
@@ -91,7 +105,28 @@ class Settings(BaseSettings):
         if backend == "postgresql" and url.drivername == "postgresql":
             # psycopg 3 is what we install; SQLAlchemy's bare default would be psycopg2.
             url = url.set(drivername="postgresql+psycopg")
+        try:
+            url.get_dialect()
+        except NoSuchModuleError:
+            raise ValueError(f"unknown database driver {url.drivername!r}") from None
         return url.render_as_string(hide_password=False)
+
+    @field_validator("llm_base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        try:
+            url = httpx.URL(value)
+        except (httpx.InvalidURL, TypeError):
+            raise ValueError("not a URL") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("must be an http(s) URL with a host, like http://127.0.0.1:8000/v1")
+        return value
+
+    @model_validator(mode="after")
+    def _stale_after_beats(self) -> Settings:
+        if self.heartbeat_stale_s <= self.heartbeat_interval_s:
+            raise ValueError("heartbeat_stale_s must be longer than heartbeat_interval_s")
+        return self
 
     @field_validator("node_max_tokens")
     @classmethod
@@ -146,8 +181,10 @@ class Settings(BaseSettings):
 
 def _describe(error: ValidationError) -> str:
     first = error.errors()[0]
-    name = "NIGHTDESK_" + "_".join(str(p) for p in first["loc"]).upper() if first["loc"] else ""
     # The message, never the input: the input may be a secret.
+    if not first["loc"]:  # a rule across settings (a model validator) names them itself
+        return f"invalid settings: {first['msg']}"
+    name = "NIGHTDESK_" + "_".join(str(p) for p in first["loc"]).upper()
     return f"invalid setting {name}: {first['msg']}"
 
 

@@ -14,7 +14,12 @@
     │   ├── LLMStreamError         the server failed in the middle of a streamed answer
     │   ├── LLMCancelled           the call was cut short by its own side (only recorded)
     │   └── DecisionError          the final decision failed its schema after all retries
-    └── ServerError                the vLLM server failed to start, stop or answer
+    ├── ServerError                the vLLM server failed to start, stop or answer
+    └── BatchStopped               the batch is stopping; this ticker stays resumable
+        └── ServerOutage           the server stayed down past the outage budget (exit 5)
+
+An LLMError with ``stops_batch`` (HTTP 401/403/404: a wrong key, URL or model) stops the
+whole batch instead of failing one ticker after another: every call would meet it.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class LLMError(NightdeskError):
 
     error_class = "error"
     retryable = False
+    stops_batch = False  # every other call would fail the same way: stop, do not go on
 
     def __init__(self, message: str, *, http_status: int | None = None) -> None:
         super().__init__(message)
@@ -68,6 +74,10 @@ class LLMHTTPError(LLMError):
         super().__init__(message, http_status=http_status)
         # 5xx and 429 are the server's trouble and may pass; 4xx is ours and will not.
         self.retryable = http_status is None or http_status >= 500 or http_status == 429
+        # A wrong key (401/403) or a wrong URL or model name (404) is the configuration's.
+        self.stops_batch = http_status in (401, 403, 404)
+        if self.stops_batch:
+            self.exit_code = 2
 
 
 class LLMTimeoutError(LLMError):
@@ -97,3 +107,16 @@ class DecisionError(LLMError):
 
 class ServerError(NightdeskError):
     pass
+
+
+class BatchStopped(NightdeskError):
+    """The batch is stopping (a signal, a server outage, a configuration error).
+
+    Raised inside a ticker's work; the ticker is not failed but left for ``run --resume``.
+    """
+
+
+class ServerOutage(BatchStopped):
+    """The LLM server did not answer for longer than the outage budget."""
+
+    exit_code = 5

@@ -5,30 +5,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
 import httpx
 import structlog
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from sqlalchemy import Engine
 
 from agents.data import DataProvider, MarketBundle, get_provider
-from agents.graph import analyze_ticker, chain_length, node_names
+from agents.graph import analyze_ticker, chain_length, node_names, thread_id
 from app.batch import cleanup, store
+from app.batch import resume as resumption
+from app.batch.checkpoints import open_checkpointer, prune
 from app.batch.gate import GatedLLM
+from app.batch.halt import Halt, HaltReason, drive
+from app.batch.outage import ServerWatch
 from app.batch.progress import BatchProgress
 from app.batch.scheduler import Job, Scheduler, Strategy
 from app.config import Settings
-from app.errors import NightdeskError
+from app.errors import BatchStopped, LLMError, NightdeskError
 from app.llm import TrackedLLM
 from app.usage import UsageRecorder
 from serving.metrics import MetricsSampler
 
 log = structlog.get_logger(__name__)
 
-HEARTBEAT_S = 10.0
+# The settings a resumed batch takes from its first run: the graph's shape must not change.
+SHAPE_SETTINGS = ("debate_rounds", "risk_rounds", "node_max_tokens")
 
 # One ticker's work: (ticker, gated client, batch id) -> the decisions to store.
 TickerWork = Callable[[str, GatedLLM, int], Awaitable[list["store.DecisionRow"]]]
@@ -52,6 +58,7 @@ class BatchOutcome:
     status: str
     succeeded: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    halt: HaltReason | None = None  # why it stopped early, when it did
 
 
 class BatchEngine:
@@ -75,8 +82,21 @@ class BatchEngine:
         self.sample_metrics = sample_metrics
         self.progress_factory = progress_factory
         self.server_facts = server_facts
+        # Signals, the outage watch and fatal errors all stop the batch through this.
+        self.halt = Halt()
+        self._saver: BaseCheckpointSaver[Any] | None = None
 
-    async def run(self, plan: BatchPlan) -> BatchOutcome:
+    async def resume(self, point: resumption.ResumePoint) -> BatchOutcome:
+        """Continue a stopped batch: its unfinished tickers, from their last finished node."""
+        shape = {k: point.settings[k] for k in SHAPE_SETTINGS if k in point.settings}
+        self.settings = self.settings.model_copy(update=shape)
+        plan = BatchPlan(point.kind, point.as_of, point.tickers,
+                         int(point.settings.get("samples", 1)),
+                         str(point.settings.get("strategy", "adaptive")), point.label)
+        return await self.run(plan, resuming=point)
+
+    async def run(self, plan: BatchPlan, resuming: resumption.ResumePoint | None = None
+                  ) -> BatchOutcome:
         """Run the graph for every ticker of the plan; one ticker's failure never stops others."""
         demo_seen: list[bool] = []
         bundles: dict[str, MarketBundle] = {}
@@ -98,7 +118,9 @@ class BatchEngine:
                 async with asyncio.TaskGroup() as samples:
                     runs = [samples.create_task(
                         analyze_ticker(llm=gated, settings=self.settings, batch_id=batch_id,
-                                       bundle=bundle, sample=s, priority=gated.priority))
+                                       bundle=bundle, sample=s, priority=gated.priority,
+                                       checkpointer=self._saver,
+                                       durability=self.settings.checkpoint_durability))
                         for s in range(plan.samples)]
             except BaseExceptionGroup as group:
                 raise first_error(group) from None
@@ -115,7 +137,8 @@ class BatchEngine:
                                   shapes=dict.fromkeys(plan.tickers, shape),
                                   expected_calls=per_ticker * len(plan.tickers),
                                   prepare=load,
-                                  final_settings=lambda: {"demo_data": any(demo_seen)})
+                                  final_settings=lambda: {"demo_data": any(demo_seen)},
+                                  resuming=resuming, checkpointed=True)
 
     async def execute(
         self,
@@ -128,34 +151,54 @@ class BatchEngine:
         final_settings: Callable[[], dict[str, Any]] | None = None,
         expected_calls: int | None = None,
         prepare: Callable[[str], Awaitable[None]] | None = None,
+        resuming: resumption.ResumePoint | None = None,
+        checkpointed: bool = False,
     ) -> BatchOutcome:
         """Own a batch's rows and lifecycle while ``work`` does each ticker's calls.
 
         ``weights`` order the tickers (heaviest first); ``shapes`` give each ticker's
         expected (requests, chain length), which lets the scheduler shorten the tail.
         ``prepare(ticker)`` loads what a ticker needs before it is admitted.
+        ``resuming`` continues that batch instead of creating one; ``checkpointed`` opens
+        the checkpointer the graph's work uses (``self._saver``).
         """
         strategy = Strategy.parse(plan.strategy)
-        batch_id = await asyncio.to_thread(
-            store.create_batch, self.engine, kind=plan.kind, as_of=plan.as_of,
-            tickers=plan.tickers, samples=plan.samples, label=plan.label,
-            settings={**self.settings.snapshot(), "samples": plan.samples,
-                      "strategy": strategy.name},
-            server_facts=self.server_facts, source_batch_id=source_batch_id,
-        )
-        outcome = BatchOutcome(batch_id, "running")
+        attempts: dict[tuple[str, str, int], int] = {}
+        if resuming is None:
+            batch_id = await asyncio.to_thread(
+                store.create_batch, self.engine, kind=plan.kind, as_of=plan.as_of,
+                tickers=plan.tickers, samples=plan.samples, label=plan.label,
+                settings={**self.settings.snapshot(), "samples": plan.samples,
+                          "strategy": strategy.name},
+                server_facts=self.server_facts, source_batch_id=source_batch_id,
+            )
+            outcome = BatchOutcome(batch_id, "running")
+        else:
+            batch_id = resuming.batch_id
+            await asyncio.to_thread(resumption.reopen, self.engine, resuming)
+            # Numbering goes on after what the earlier runs recorded: no row is dropped.
+            attempts = await asyncio.to_thread(resumption.attempts_so_far, self.engine, batch_id)
+            done, failed_before = await asyncio.to_thread(resumption.finished_tickers,
+                                                          self.engine, batch_id)
+            outcome = BatchOutcome(batch_id, "running", done, failed_before)
 
         with structlog.contextvars.bound_contextvars(batch_id=batch_id):
             log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                      samples=plan.samples, strategy=strategy.name, as_of=str(plan.as_of))
             recorder = UsageRecorder(self.engine)
+            hint = f"; resume with `nightdesk run --resume {batch_id}`"
+            watch = ServerWatch(self.settings.llm_base_url, budget_s=self.settings.outage_budget_s,
+                                interval_s=self.settings.server_probe_interval_s,
+                                halt=self.halt, client=self.http_client, resume_hint=hint)
             llm = TrackedLLM(self.settings, recorder, http_client=self.http_client,
                              max_in_flight=max_in_flight(strategy, shapes,
-                                                         self.settings.max_concurrency))
+                                                         self.settings.max_concurrency),
+                             watch=watch, attempts_before=attempts)
             sampler = (MetricsSampler.from_settings(self.settings, self.engine, batch_id)
                        if self.sample_metrics else None)
             scheduler = Scheduler(llm, strategy, gauges=sampler,
                                   interval_s=min(self.settings.metrics_interval_s, 2.0))
+            watch.gate = scheduler.gate
             progress = self.progress_factory(batch_id, len(plan.tickers), llm, scheduler,
                                              sampler, expected_calls=expected_calls)
 
@@ -166,7 +209,17 @@ class BatchEngine:
 
             async def on_done(job: Job, decisions: Any, error: BaseException | None) -> None:
                 message = None if error is None else _one_line(error)
+                if isinstance(error, LLMError) and error.stops_batch:
+                    # Every call would meet it (a wrong key, URL or model): stop the batch
+                    # rather than fail each ticker; this one stays resumable.
+                    self.halt.request(HaltReason("failed", message or "", error.exit_code))
+                    return
+                if isinstance(error, BatchStopped):
+                    return  # stopped, not failed: left for `run --resume`
                 message = await self._store_result(batch_id, job.key, decisions or [], message)
+                if self._saver is not None:
+                    await prune(self._saver, [thread_id(batch_id, job.key, s)
+                                              for s in range(plan.samples)])
                 if message:
                     outcome.failed[job.key] = message
                     log.error("ticker failed", ticker=job.key, error=message)
@@ -187,11 +240,30 @@ class BatchEngine:
                 await recorder.start()
                 if sampler is not None:
                     await sampler.start()
-                with progress:
-                    await scheduler.run(jobs, on_done)
+                async with self._checkpoints(checkpointed, recorder):
+                    watching = asyncio.create_task(watch.run(), name="server-watch")
+                    try:
+                        with progress:
+                            await drive(scheduler, scheduler.run(jobs, on_done), self.halt)
+                    finally:
+                        watching.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await watching
+                    if self._saver is not None and self.halt.reason is None:
+                        # Every ticker finished: no checkpoint of the batch is needed any more
+                        # (one left by a process killed between storing and pruning included).
+                        await prune(self._saver, await asyncio.to_thread(
+                            resumption.threads_of, self.engine, batch_id))
                 # Honest: "succeeded" only when every ticker did, "partial" when some did.
                 status = ("failed" if plan.tickers and not outcome.succeeded
                           else "partial" if outcome.failed else "succeeded")
+                if self.halt.reason is not None:
+                    outcome.halt = self.halt.reason
+                    status, error_text = self.halt.reason.status, self.halt.reason.message
+                if watch.outages:
+                    extra = final_settings
+                    final_settings = lambda: {**(extra() if extra else {}),  # noqa: E731
+                                              "server_outages": watch.outages}
                 body_ok = True
             except (asyncio.CancelledError, KeyboardInterrupt):
                 status, error_text = "interrupted", "interrupted by the operator"
@@ -218,6 +290,20 @@ class BatchEngine:
                 cleanup.reraise(failed, body_ok=body_ok)
         return outcome
 
+    @contextlib.asynccontextmanager
+    async def _checkpoints(self, wanted: bool, recorder: UsageRecorder) -> AsyncIterator[None]:
+        """Open the checkpointer for the graph's work (``self._saver``) when ``wanted``."""
+        if not wanted:
+            yield
+            return
+        async with open_checkpointer(self.settings.database_url,
+                                     before_write=recorder.drain) as saver:
+            self._saver = saver
+            try:
+                yield
+            finally:
+                self._saver = None
+
     async def _store_result(self, batch_id: int, ticker: str,
                             decisions: list[store.DecisionRow], error: str | None) -> str | None:
         """Store how a ticker ended; return why it failed (None: it succeeded).
@@ -242,7 +328,7 @@ class BatchEngine:
 
     async def _heartbeat(self, batch_id: int) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT_S)
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
             try:
                 await asyncio.to_thread(store.heartbeat, self.engine, batch_id)
             except Exception as exc:  # a missed heartbeat is not worth failing the batch

@@ -133,12 +133,21 @@ class Scheduler:
         self.started = 0
         self.left = 0  # requests of the batch not yet finished, as far as they are known
         self.tickers = 0
+        self.stopping = False
+
+    def stop(self) -> None:
+        """Start no more tickers and let no new request through; requests out may finish."""
+        self.stopping = True
+        self.gate.hold("stopping")
 
     def urgent(self, ticket: Ticket) -> bool:
         """Return True when the ticker's remaining chain would outlast the rest of the batch."""
         if not self.strategy.tail or not ticket.chain or not ticket.remaining:
             return False
         return ticket.remaining_chain >= self.left / max(1, self.gate.limit)
+
+    def _may_pass(self, ticket: Ticket) -> bool:
+        return self.stopping or self.urgent(ticket)
 
     def rank(self, ticket: Ticket) -> int:
         """Return a request's priority, lower first: urgent tickers by longest remaining
@@ -181,7 +190,10 @@ class Scheduler:
                     continue
                 ticket = Ticket(order, job.requests, job.chain)
                 if self.strategy.tickers_in_flight is None:
-                    await self.gate.wait_for_room(or_else=functools.partial(self.urgent, ticket))
+                    await self.gate.wait_for_room(or_else=functools.partial(
+                        self._may_pass, ticket))
+                if self.stopping:
+                    break  # the tickers not started stay queued, for a resume
                 first_request = asyncio.Event()
                 task = asyncio.create_task(
                     self._one(job, ticket, first_request, slots, on_done), name=job.key)

@@ -12,17 +12,20 @@ from typing import Annotated, Literal
 import typer
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy import Engine
 
 from agents.data.snapshot import latest_as_of
 from agents.tickers import check_symbol, choose_tickers
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
+from app.batch.resume import ResumePoint, find_resumable, mark_stale_crashed
 from app.batch.signals import run_batch
 from app.cli.common import database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
-from app.errors import InputError
+from app.errors import BatchStopped, ConfigError, InputError
 from app.ranking import as_dicts, ranking
 from serving.facts import batch_server_facts
+from serving.preflight import check_endpoint
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -46,17 +49,53 @@ def _default_as_of(settings: Settings, text: str | None) -> date:
     return newest
 
 
-def _execute(settings: Settings, plan: BatchPlan) -> BatchOutcome:
+NoPreflight = Annotated[bool, typer.Option(
+    "--no-preflight", help="start without checking that the server answers and serves "
+                           "the model")]
+
+
+def _preflight(settings: Settings, skip: bool) -> None:
+    """Stop before anything is written when the server is not there or serves another model."""
+    if skip:
+        return
+    check = check_endpoint(settings.llm_base_url, settings.llm_model,
+                           settings.llm_api_key.get_secret_value())
+    if check.level == "fail":
+        raise ConfigError(f"preflight: {check.detail} (--no-preflight skips this check)")
+
+
+def _ready_database(settings: Settings) -> Engine:
+    """Return the engine, after marking batches whose process died as crashed."""
     engine = database(settings)
+    for batch_id in mark_stale_crashed(engine, settings.heartbeat_stale_s):
+        err.print(f"note: batch {batch_id} was running with no heartbeat for over "
+                  f"{settings.heartbeat_stale_s:.0f} s: marked crashed "
+                  f"(`nightdesk run --resume {batch_id}` continues it)")
+    return engine
+
+
+def _execute(settings: Settings, plan: BatchPlan | None = None,
+             point: ResumePoint | None = None) -> BatchOutcome:
+    engine = _ready_database(settings)
     facts = batch_server_facts(settings.server_profile, settings.llm_base_url)
     runner = BatchEngine(settings, engine, server_facts=facts)
-    outcome = run_batch(runner.run(plan))
+    if point is not None:
+        work, total = runner.resume(point), point.finished + len(point.tickers)
+    else:
+        assert plan is not None, "a new batch needs its plan"
+        work, total = runner.run(plan), len(plan.tickers)
+    outcome = run_batch(work, runner.halt, settings.shutdown_grace_s)
     style = "green" if not outcome.failed else "yellow" if outcome.succeeded else "red"
     err.print(f"[{style}]batch {outcome.batch_id} {outcome.status}:[/] "
               f"{len(outcome.succeeded)} succeeded, {len(outcome.failed)} failed "
-              f"of {len(plan.tickers)}")
+              f"of {total}")
     for ticker, reason in sorted(outcome.failed.items()):
         err.print(f"  [red]{ticker}[/]: {reason}")
+    if outcome.halt is not None:
+        stopped = BatchStopped(f"batch {outcome.batch_id} {outcome.halt.status}: "
+                               f"{outcome.halt.message}")
+        stopped.exit_code = outcome.halt.exit_code
+        raise stopped
     return outcome
 
 
@@ -72,6 +111,9 @@ def _exit(outcome: BatchOutcome) -> None:
 
 
 def run(
+    batch_id: Annotated[int | None, typer.Argument(
+        help="with --resume: the batch to continue (default: the newest with tickers left)",
+        show_default=False)] = None,
     tickers: Annotated[str | None, typer.Option("--tickers", help="A,B,C")] = None,
     universe: Annotated[Path | None, typer.Option("--universe",
                                                   help="file: one ticker per line")] = None,
@@ -80,15 +122,35 @@ def run(
                                               help="only the first N tickers")] = None,
     samples: Samples = 1,
     strategy: Strategy = "adaptive",
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="continue an interrupted or crashed batch where it stopped")] = False,
+    no_preflight: NoPreflight = False,
 ) -> None:
-    """Run the nightly batch over a universe."""
+    """Run the nightly batch over a universe, or continue one with --resume [BATCH_ID]."""
     settings = setup()
-    symbols, notes = choose_tickers(tickers, universe)
-    for note in notes:
-        err.print(f"note: {note}")
-    symbols = symbols[:limit] if limit else symbols
-    plan = BatchPlan("nightly", _default_as_of(settings, as_of), symbols, samples, strategy)
-    outcome = _execute(settings, plan)
+    if resume:
+        given = [name for name, value in (("--tickers", tickers), ("--universe", universe),
+                                          ("--as-of", as_of), ("--limit", limit))
+                 if value is not None]
+        if given:
+            raise InputError(f"--resume continues a recorded batch with its own tickers and "
+                             f"date: drop {', '.join(given)}")
+        _preflight(settings, no_preflight)
+        engine = _ready_database(settings)
+        point = find_resumable(engine, batch_id, settings.heartbeat_stale_s)
+        err.print(f"resuming batch {point.batch_id} ({point.kind}, as of {point.as_of}): "
+                  f"{len(point.tickers)} tickers left, {point.finished} finished")
+        outcome = _execute(settings, point=point)
+    else:
+        if batch_id is not None:
+            raise InputError(f"a batch id ({batch_id}) is only taken with --resume")
+        symbols, notes = choose_tickers(tickers, universe)
+        for note in notes:
+            err.print(f"note: {note}")
+        symbols = symbols[:limit] if limit else symbols
+        plan = BatchPlan("nightly", _default_as_of(settings, as_of), symbols, samples, strategy)
+        _preflight(settings, no_preflight)
+        outcome = _execute(settings, plan)
     _exit(outcome)
 
 
@@ -96,10 +158,12 @@ def rerun(
     ticker: Annotated[str, typer.Argument(help="ticker symbol")],
     as_of: AsOf = None,
     samples: Samples = 1,
+    no_preflight: NoPreflight = False,
 ) -> None:
     """Run one ticker again as its own batch (kind rerun); the ranking applies it."""
     settings = setup()
     plan = BatchPlan("rerun", _default_as_of(settings, as_of), [check_symbol(ticker)], samples)
+    _preflight(settings, no_preflight)
     outcome = _execute(settings, plan)
     _exit(outcome)
 

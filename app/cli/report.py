@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from app.batch.resume import mark_stale_crashed
 from app.cli.common import database, setup
 from app.errors import InputError
 from app.report import BatchReport, arm, batch_report, latest_batch_id
@@ -107,6 +108,12 @@ def report(
     """Print a batch's calls, tokens, batch throughput, the server's view and node latency."""
     settings = setup()
     engine = database(settings)
+    # A batch whose process died is reported as what it is, not as still running.
+    for crashed in mark_stale_crashed(engine, settings.heartbeat_stale_s):
+        Console(stderr=True).print(f"note: batch {crashed} had no heartbeat for over "
+                                   f"{settings.heartbeat_stale_s:.0f} s: marked crashed "
+                                   f"(`nightdesk run --resume {crashed}` continues it)",
+                                   highlight=False, soft_wrap=True)
     if compare is not None:
         arms = [arm(engine, i) for i in _parse_ids(compare)]
         if fmt == "json":

@@ -114,7 +114,7 @@ def test_cli_run_then_ranking_json(monkeypatch: pytest.MonkeyPatch, demo_dir: Pa
     monkeypatch.setattr(BatchEngine, "__init__", with_fake)
     monkeypatch.setenv("NIGHTDESK_CHECK_CONTEXT_LENGTH", "false")
     runner = CliRunner()
-    result = runner.invoke(cli, ["run", "--tickers", ",".join(tickers)])
+    result = runner.invoke(cli, ["run", "--tickers", ",".join(tickers), "--no-preflight"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(cli, ["ranking", "--format", "json"])
     assert result.exit_code == 0, result.output
@@ -338,7 +338,7 @@ def test_a_night_with_a_failed_ticker_is_partial_exits_3_and_the_ranking_says_wh
     server = FakeServer(lambda c: Reply("not json") if c.structured and c.ticker == bad
                         else None, nodes=node_names(load_settings()), tickers=tickers)
     runner = _cli_with_fake(monkeypatch, server)
-    result = runner.invoke(cli, ["run", "--tickers", ",".join(tickers)])
+    result = runner.invoke(cli, ["run", "--tickers", ",".join(tickers), "--no-preflight"])
     assert result.exit_code == 3, result.output  # partial: neither 0 nor a plain failure
     engine = get_engine(sqlite_url)
     with engine.connect() as conn:
@@ -362,7 +362,7 @@ def test_a_night_where_every_ticker_failed_is_failed_and_exits_1(
     server = FakeServer(lambda c: Reply("not json") if c.structured else None,
                         nodes=node_names(load_settings()), tickers=tickers)
     result = _cli_with_fake(monkeypatch, server).invoke(
-        cli, ["run", "--tickers", ",".join(tickers)])
+        cli, ["run", "--tickers", ",".join(tickers), "--no-preflight"])
     assert result.exit_code == 1, result.output
     with get_engine(sqlite_url).connect() as conn:
         assert conn.execute(select(Batch.status)).scalar_one() == "failed"

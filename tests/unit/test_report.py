@@ -179,3 +179,12 @@ def test_cli_report_of_a_missing_batch_is_one_line_and_exit_2(
     assert len(lines) == 1, err
     assert "no batch with id 424242" in lines[0]
     assert "Traceback" not in err
+
+
+def test_server_counters_are_summed_across_a_restart() -> None:
+    from app.serverview import counter_delta
+
+    # 100 -> 160 (+60), restart: the counter starts again at 0 and reads 25 (+25), -> 40 (+15).
+    assert counter_delta([100.0, 160.0, 25.0, 40.0]) == 60 + 25 + 15
+    assert counter_delta([None, 5.0, None, 9.0]) == 4  # unread samples are skipped
+    assert counter_delta([7.0]) is None  # one reading says nothing about an increase
