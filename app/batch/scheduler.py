@@ -15,6 +15,7 @@ night of ~100 tickers nothing is urgent; only the last stretch is reordered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,8 @@ from app.llm import TrackedLLM
 log = structlog.get_logger(__name__)
 
 UNBOUNDED = 1_000_000
+# How long admission waits for the heaviest ticker's data before a lighter one goes first.
+PREPARE_PATIENCE_S = 1.0
 
 
 @dataclass
@@ -132,6 +135,8 @@ class Scheduler:
         self.in_flight = 0
         self.started = 0
         self.left = 0  # requests of the batch not yet finished, as far as they are known
+        self._loaded = asyncio.Event()  # set whenever a job's preparation ends
+        self._waited: set[int] = set()
         self.tickers = 0
         self.stopping = False
 
@@ -173,16 +178,20 @@ class Scheduler:
                       if self.strategy.adaptive and self.gauges is not None else None)
         slots = asyncio.Semaphore(self.strategy.tickers_in_flight or UNBOUNDED)
         # Jobs prepare (load their data) ahead of admission, and a ticker is admitted once
-        # it is ready, the heaviest ready one first: one slow load never holds back the
-        # tickers behind it. Start order, not weight order, is then the ticker's priority.
-        ready: asyncio.PriorityQueue[tuple[int, BaseException | None]] = asyncio.PriorityQueue()
-        preparing = [asyncio.create_task(self._prepare(i, job, ready), name=f"prepare {job.key}")
+        # it is ready: one slow load never holds back the tickers behind it. Start order,
+        # not weight order, is then the ticker's priority.
+        loaded = [asyncio.Event() for _ in ordered]
+        failures: dict[int, BaseException] = {}
+        preparing = [asyncio.create_task(self._prepare(job, loaded[i], failures, i),
+                                         name=f"prepare {job.key}")
                      for i, job in enumerate(ordered)]
+        pending = list(range(len(ordered)))
         try:
             for order in range(len(ordered)):
                 await slots.acquire()
-                index, failure = await ready.get()
+                index = await self._next_ready(pending, loaded)
                 job = ordered[index]
+                failure = failures.get(index)
                 if failure is not None:  # never admitted: it has nothing to work on
                     slots.release()
                     self.left -= job.requests
@@ -213,16 +222,36 @@ class Scheduler:
             await asyncio.gather(*tasks, *preparing, *(c for c in [controller] if c),
                                  return_exceptions=True)
 
-    @staticmethod
-    async def _prepare(index: int, job: Job,
-                       ready: asyncio.PriorityQueue[tuple[int, BaseException | None]]) -> None:
-        failure: BaseException | None = None
-        if job.prepare is not None:
-            try:
+    async def _prepare(self, job: Job, loaded: asyncio.Event,
+                       failures: dict[int, BaseException], index: int) -> None:
+        try:
+            if job.prepare is not None:
                 await job.prepare()
-            except Exception as exc:  # the job fails alone, reported by run()
-                failure = exc
-        ready.put_nowait((index, failure))
+        except Exception as exc:  # the job fails alone, reported by run()
+            failures[index] = exc
+        finally:
+            loaded.set()
+            self._loaded.set()
+
+    async def _next_ready(self, pending: list[int], loaded: list[asyncio.Event]) -> int:
+        """Take the heaviest pending job whose preparation is over, waiting if none is.
+
+        The heaviest of all gets a moment (``PREPARE_PATIENCE_S``, once) before a lighter
+        ready one overtakes it: loads normally take moments, and weight order keeps the
+        batch's tail short; a load slower than that no longer holds anyone back.
+        """
+        first = pending[0]
+        if not loaded[first].is_set() and first not in self._waited:
+            self._waited.add(first)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(loaded[first].wait(), PREPARE_PATIENCE_S)
+        while True:
+            for index in pending:
+                if loaded[index].is_set():
+                    pending.remove(index)
+                    return index
+            self._loaded.clear()
+            await self._loaded.wait()
 
     async def _one(self, job: Job, ticket: Ticket, first_request: asyncio.Event,
                    slots: asyncio.Semaphore, on_done: OnDone) -> None:
