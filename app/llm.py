@@ -225,12 +225,6 @@ class TrackedLLM:
         """
         body = self.build_body(tag, messages, max_tokens=max_tokens,
                                response_format=response_format)
-        if self.settings.record_requests:
-            self.recorder.record_request(
-                {"batch_id": tag.batch_id, "ticker": tag.ticker, "node": tag.node,
-                 "sample": tag.sample},
-                body,
-            )
         # Every attempt's row of this call says what the context guard left out.
         token = _trim.set(trimmed)
         try:
@@ -243,10 +237,20 @@ class TrackedLLM:
         self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
         first_attempt: int = 1, admit: Admit | None = None,
     ) -> ChatResult:
-        """Send a prepared body (also used by replay), with bounded retries."""
+        """Send a prepared body (also used by replay), with bounded retries.
+
+        The body is recorded first, keyed by the request's first attempt: a decision's
+        re-ask and a replay's requests are stored too, so any batch can be replayed.
+        """
+        first_attempt += self.attempts_before.get((tag.ticker, tag.node, tag.sample), 0)
+        if self.settings.record_requests:
+            self.recorder.record_request(
+                {"batch_id": tag.batch_id, "ticker": tag.ticker, "node": tag.node,
+                 "sample": tag.sample, "attempt": first_attempt},
+                body,
+            )
         if priority is not None and self.settings.priority_scheduling:
             body = {**body, "extra_body": {**body.get("extra_body", {}), "priority": priority}}
-        first_attempt += self.attempts_before.get((tag.ticker, tag.node, tag.sample), 0)
         last = first_attempt + self.settings.max_attempts - 1
         attempt = first_attempt
         while True:

@@ -128,11 +128,16 @@ class LLMCall(Base):
 
 
 class LLMRequest(Base):
-    """The exact request body of one (batch, ticker, node, sample), zlib-compressed, for replay."""
+    """The exact body of one request, zlib-compressed, for replay.
+
+    A node makes one request, or more when its decision is asked again: each is keyed by
+    the attempt number of its first HTTP attempt (its first ``llm_calls`` row).
+    """
 
     __tablename__ = "llm_requests"
     __table_args__ = (
-        UniqueConstraint("batch_id", "ticker", "node", "sample", name="uq_llm_requests_call"),
+        UniqueConstraint("batch_id", "ticker", "node", "sample", "attempt",
+                         name="uq_llm_requests_attempt"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -140,6 +145,7 @@ class LLMRequest(Base):
     ticker: Mapped[str] = mapped_column(String(12))
     node: Mapped[str] = mapped_column(String(40))
     sample: Mapped[int] = mapped_column(Integer, default=0)
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     body: Mapped[bytes] = mapped_column(LargeBinary)
 
 
