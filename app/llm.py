@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import random
 import time
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import openai
@@ -34,6 +31,7 @@ from app.errors import (
     LLMStreamError,
     LLMTimeoutError,
 )
+from app.promptsize import PromptCounter, ServerCheck
 from app.usage import UsageRecorder
 
 log = structlog.get_logger(__name__)
@@ -43,21 +41,8 @@ Admit = Callable[[], AbstractAsyncContextManager[Any]]
 
 _jitter = random.Random()
 
-# Chat-template tokens a message adds beyond its text; generous, it only skips a /tokenize call.
-TEMPLATE_OVERHEAD_TOKENS = 64
-# Prompts whose /tokenize count is kept (the context guard counts before the call checks).
-COUNT_CACHE = 256
-
 # What the context guard left out of the call being sent (chat() sets it for its attempts).
 _trim: ContextVar[Trim | None] = ContextVar("nightdesk_trim", default=None)
-
-
-class ServerCheck(Protocol):
-    """Tell whether the server answers (app.batch.outage.ServerWatch)."""
-
-    async def confirm(self) -> None:
-        """Return once the server answers; raise ServerOutage past the outage budget."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -148,7 +133,6 @@ class TrackedLLM:
         # Attempts a resumed batch recorded already per (ticker, node, sample): numbering
         # continues after them, so no new row collides with an old one and is dropped.
         self.attempts_before = dict(attempts_before or {})
-        self._counted: OrderedDict[str, int] = OrderedDict()
         # httpx's default pool (100 connections) would queue requests the engine admitted,
         # silently: size it from the most the engine lets out at once (None: no cap).
         self._http = http_client or httpx.AsyncClient(
@@ -165,9 +149,8 @@ class TrackedLLM:
             http_client=self._http,
         )
         self.stats = CallStats()
-        self._max_model_len: int | None = None
-        self._learning_limit = asyncio.Lock()
-        self._tokenize_supported = settings.check_context_length
+        self.counter = PromptCounter(settings, self._http,
+                                     server_root(self.base_url) + "/tokenize", watch=watch)
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -278,7 +261,7 @@ class TrackedLLM:
         error: LLMError | None
         try:
             async with asyncio.timeout(self.settings.call_timeout_s):
-                await self._check_context(body)
+                await self.counter.check(body)
                 await self._stream(body, seen)
         except LLMError as exc:
             error = exc
@@ -347,105 +330,10 @@ class TrackedLLM:
                 + ("" if seen.usage is not None else " or usage")
                 + f": truncated answer of {len(''.join(seen.content))} characters discarded")
 
-    async def _check_context(self, body: dict[str, Any]) -> None:
-        """Fail a prompt that cannot fit before it reaches the chat endpoint."""
-        if not self._tokenize_supported:
-            return
-        budget = body["max_tokens"] if self.settings.context_check_includes_output else 0
-        if self._fits_without_counting(body, budget):
-            return
-        if self._max_model_len is None:
-            # One /tokenize teaches every call waiting here the limit; without the lock a batch
-            # that starts with 64 calls in flight would send 64 of them.
-            async with self._learning_limit:
-                if self._max_model_len is None:
-                    await self._count_tokens(body, budget)
-                    return
-            if not self._tokenize_supported or self._fits_without_counting(body, budget):
-                return
-        await self._count_tokens(body, budget)
-
-    def _fits_without_counting(self, body: dict[str, Any], budget: int) -> bool:
-        """Return True when the prompt's bytes alone prove it fits (a token covers ≥ 1 byte)."""
-        if self._max_model_len is None:
-            return False
-        upper = sum(len(m["content"].encode()) for m in body["messages"])
-        upper += TEMPLATE_OVERHEAD_TOKENS * (len(body["messages"]) + 1)
-        return upper + budget <= self._max_model_len
-
-    async def _count_tokens(self, body: dict[str, Any], budget: int) -> None:
-        """Count the prompt with the server's /tokenize; raise ContextLengthError if too long."""
-        count = await self._count(body["model"], body["messages"])
-        if count is None or self._max_model_len is None:
-            return
-        limit = self._max_model_len
-        if count + budget > limit:
-            raise ContextLengthError(
-                f"prompt of {count} tokens + max_tokens {budget} exceeds max-model-len {limit}"
-            )
-
-    async def _count(self, model: str, messages: list[dict[str, str]]) -> int | None:
-        """Return the prompt's tokens by the server's /tokenize (None: it has none).
-
-        Counts are kept for the last prompts seen: the context guard counts a prompt before
-        it is sent, and the check before sending must not ask the server twice.
-        """
-        key = hashlib.sha256(json.dumps([model, messages], sort_keys=True).encode()).hexdigest()
-        if key in self._counted:
-            self._counted.move_to_end(key)
-            return self._counted[key]
-        try:
-            response = await self._http.post(
-                server_root(self.base_url) + "/tokenize",
-                json={"model": model, "messages": messages, "add_generation_prompt": True},
-                headers={"Authorization": f"Bearer {self.settings.llm_api_key.get_secret_value()}"},
-            )
-        except httpx.HTTPError as exc:
-            raise LLMConnectionError(
-                f"cannot reach {self.base_url} to count tokens: {exc}") from None
-        if response.status_code == 404:
-            log.warning("server has no /tokenize; prompt length is not checked before sending")
-            self._tokenize_supported = False
-            return None
-        if response.status_code != 200:
-            raise LLMHTTPError(f"/tokenize answered {response.status_code}",
-                               http_status=response.status_code)
-        data = response.json()
-        count = int(data["count"])
-        self._max_model_len = int(data["max_model_len"])
-        self._counted[key] = count
-        if len(self._counted) > COUNT_CACHE:
-            self._counted.popitem(last=False)
-        return count
-
     async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
                       exact: bool = False) -> PromptSize | None:
-        """Return the prompt's size against the server's context (agents.fitting.Sizer).
-
-        None when the server cannot count (no /tokenize, the check turned off, or the server
-        kept failing): the call then goes out as it is and the server has the last word.
-        """
-        budget = max_tokens if self.settings.context_check_includes_output else 0
-        model = self.settings.llm_model
-        for attempt in range(1, self.settings.max_attempts + 1):
-            if not self._tokenize_supported:
-                return None
-            if (not exact and self._max_model_len is not None
-                    and self._fits_without_counting({"messages": messages}, budget)):
-                return PromptSize(None, self._max_model_len - budget)
-            try:
-                count = await self._count(model, messages)
-            except LLMError as error:
-                if not error.retryable or attempt == self.settings.max_attempts:
-                    log.warning("prompt could not be counted", error=str(error))
-                    return None
-                if self.watch is not None:
-                    await self.watch.confirm()
-                continue
-            if count is None or self._max_model_len is None:
-                return None
-            return PromptSize(count, self._max_model_len - budget)
-        return None
+        """Return the prompt's size against the server's context (agents.fitting.Sizer)."""
+        return await self.counter.measure(messages, max_tokens=max_tokens, exact=exact)
 
     def _record(
         self, tag: CallTag, attempt: int, body: dict[str, Any], seen: _Attempt,

@@ -194,10 +194,14 @@ class BatchEngine:
                              max_in_flight=max_in_flight(strategy, shapes,
                                                          self.settings.max_concurrency),
                              watch=watch, attempts_before=attempts)
-            sampler = (MetricsSampler.from_settings(self.settings, self.engine, batch_id)
+            sampler = (MetricsSampler(self.settings.llm_base_url, self.engine, batch_id,
+                                      interval_s=self.settings.metrics_interval_s,
+                                      client=self.http_client)
                        if self.sample_metrics else None)
+            # An unreadable /metrics is a server problem: the watch pauses admission on it.
             scheduler = Scheduler(llm, strategy, gauges=sampler,
-                                  interval_s=min(self.settings.metrics_interval_s, 2.0))
+                                  interval_s=min(self.settings.metrics_interval_s, 2.0),
+                                  on_metrics=watch.note_metrics)
             watch.gate = scheduler.gate
             progress = self.progress_factory(batch_id, len(plan.tickers), llm, scheduler,
                                              sampler, expected_calls=expected_calls)
@@ -264,6 +268,11 @@ class BatchEngine:
                     extra = final_settings
                     final_settings = lambda: {**(extra() if extra else {}),  # noqa: E731
                                               "server_outages": watch.outages}
+                fallback = scheduler.fallback_record()
+                if fallback is not None:  # shown by `nightdesk report`
+                    before = final_settings
+                    final_settings = lambda: {**(before() if before else {}),  # noqa: E731
+                                              "metrics_fallback": fallback}
                 body_ok = True
             except (asyncio.CancelledError, KeyboardInterrupt):
                 status, error_text = "interrupted", "interrupted by the operator"

@@ -62,6 +62,9 @@ class BatchProgress:
             "waiting": getattr(latest, "waiting", None),
             "kv_usage": getattr(latest, "kv_cache_usage", None),
             "limit": self.scheduler.gate.limit if self.scheduler.strategy.adaptive else None,
+            # Adaptive admission without its gauges runs blind on a fallback: say so.
+            "admission": ("fallback: /metrics unreadable"
+                          if getattr(self.scheduler, "metrics_fallback", False) else None),
             "elapsed_s": round(elapsed), "eta_s": None if eta is None else round(eta),
         }
 
@@ -73,8 +76,11 @@ class BatchProgress:
         table.add_row("calls", f"{s['calls']} ({s['failed_calls']} failed)")
         table.add_row("batch output", f"{s['output_tok_s']} tok/s")
         kv = "—" if s["kv_usage"] is None else f"{s['kv_usage']:.0%}"
+        admitting = "" if s["limit"] is None else f" · admitting {s['limit']}"
+        if s["admission"]:
+            admitting += f" ({s['admission']})"
         table.add_row("server", f"running {s['running']} · waiting {s['waiting']} · KV {kv}"
-                      + ("" if s["limit"] is None else f" · admitting {s['limit']}"))
+                      + admitting)
         eta = "—" if s["eta_s"] is None else f"{s['eta_s']} s"
         table.add_row("time", f"{s['elapsed_s']} s elapsed · ETA {eta}")
         return table

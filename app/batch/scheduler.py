@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import functools
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -124,7 +125,8 @@ class Scheduler:
     """Run jobs under one strategy; with ``adaptive`` the gate follows the admission policy."""
 
     def __init__(self, llm: TrackedLLM, strategy: Strategy, *, gauges: GaugeSource | None = None,
-                 policy: AdmissionPolicy | None = None, interval_s: float = 1.0) -> None:
+                 policy: AdmissionPolicy | None = None, interval_s: float = 1.0,
+                 on_metrics: Callable[[bool], None] | None = None) -> None:
         self.llm = llm
         self.strategy = strategy
         self.gauges = gauges
@@ -139,6 +141,12 @@ class Scheduler:
         self._waited: set[int] = set()
         self.tickers = 0
         self.stopping = False
+        # Readings of /metrics that could not be taken, and the fallback they put us in.
+        self.on_metrics = on_metrics  # told of each reading, taken (True) or missed (False)
+        self.metrics_fallback = False
+        self.metrics_missed = 0
+        self._fallback_s = 0.0
+        self._fallback_since = 0.0
 
     def stop(self) -> None:
         """Start no more tickers and let no new request through; requests out may finish."""
@@ -275,10 +283,51 @@ class Scheduler:
             first_request.set()
         await on_done(job, result, error)
 
+    def fallback_record(self) -> dict[str, Any] | None:
+        """Return what the batch stores of its time without /metrics (None: it had none)."""
+        if not self.metrics_missed:
+            return None
+        seconds = self._fallback_s + (time.monotonic() - self._fallback_since
+                                      if self.metrics_fallback else 0.0)
+        return {"readings_missed": self.metrics_missed, "seconds": round(seconds, 1),
+                "limit": self.policy.fallback_limit}
+
+    def _metrics_missed(self, count: int) -> None:
+        self.metrics_missed += count
+        if not self.metrics_fallback:
+            self.metrics_fallback = True
+            self._fallback_since = time.monotonic()
+            # Blind, the limit must not grow: back to where it started, until readings return.
+            self.gate.set_limit(self.policy.fall_back())
+            if self._fallback_s == 0.0:  # once per batch, however often it happens
+                log.warning("cannot read the server's /metrics: adaptive admission falls back "
+                            "to its starting limit and pauses while the server looks down",
+                            limit=self.gate.limit)
+        for _ in range(count):
+            if self.on_metrics is not None:
+                self.on_metrics(False)
+
+    def _metrics_read(self) -> None:
+        if self.metrics_fallback:
+            self.metrics_fallback = False
+            self._fallback_s += time.monotonic() - self._fallback_since
+            log.info("the server's /metrics can be read again: adaptive admission resumes")
+        if self.on_metrics is not None:
+            self.on_metrics(True)
+
     async def _control(self) -> None:
         seen = None
+        failures_seen = 0
         while True:
             snapshot = self.gauges.latest if self.gauges is not None else None
+            # The sampler counts a failed reading without a new snapshot (a reading it could
+            # not store still brings one): one reading at most per tick at this pace.
+            failures = int(getattr(self.gauges, "failures", 0))
+            if snapshot is not None and snapshot is not seen:
+                self._metrics_read()
+            elif failures > failures_seen:
+                self._metrics_missed(failures - failures_seen)
+            failures_seen = failures
             if snapshot is not None and snapshot is not seen:
                 seen = snapshot
                 before = self.gate.limit
