@@ -17,7 +17,8 @@ What it answers:
   (``prompt_tokens``, ``completion_tokens``, ``prompt_tokens_details.cached_tokens``) and
   ``[DONE]``, or one JSON completion; an error ``Reply`` gives that HTTP status instead.
 - ``POST /tokenize``: ``{count, max_model_len, tokens}`` (404 with ``tokenize=False``).
-- ``GET /health``, ``GET /v1/models``, ``GET /metrics`` (``metrics_text``).
+- ``GET /health``, ``GET /v1/models``, ``GET /metrics`` (``metrics_text``; 503 for the
+  first ``metrics_fail_first`` reads).
 
 Nodes are recognised from the request's seed (``app.llm.call_seed`` of ticker, node and
 sample), so prompts need no markers: pass the node names and tickers you expect.
@@ -137,11 +138,15 @@ class FakeServer:
         'vllm:num_requests_waiting{model_name="fake-model"} 0.0\n'
         'vllm:kv_cache_usage_perc{model_name="fake-model"} 0.0\n'
         'vllm:num_preemptions_total{model_name="fake-model"} 0.0\n'
+        'vllm:prompt_tokens_total{model_name="fake-model"} 0.0\n'
+        'vllm:generation_tokens_total{model_name="fake-model"} 0.0\n'
     )
     requests: list[Recorded] = field(default_factory=list)
     chats: list[ChatRequest] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    metrics_fail_first: int = 0  # the first N reads of /metrics answer 503
+    metrics_reads: int = 0
 
     def __post_init__(self) -> None:
         self._by_seed = {
@@ -200,6 +205,9 @@ class FakeServer:
             return httpx.Response(200, json={"object": "list", "data": [
                 {"id": self.model, "object": "model", "max_model_len": self.max_model_len}]})
         if path.endswith("/metrics"):
+            self.metrics_reads += 1
+            if self.metrics_reads <= self.metrics_fail_first:
+                return httpx.Response(503, text="metrics unavailable")
             return httpx.Response(200, text=self.metrics_text)
         return httpx.Response(404, json={"detail": "Not Found"})
 

@@ -21,7 +21,8 @@ from tests.unit.test_usage import new_batch
 T0 = datetime(2025, 3, 4, 22, 0, 0, tzinfo=UTC)
 
 KEYS = {"batch_id", "calls", "failed_calls", "prompt_tokens", "completion_tokens",
-        "first_call_start", "last_call_end", "wall_seconds", "output_tokens_per_s", "nodes"}
+        "first_call_start", "last_call_end", "wall_seconds", "output_tokens_per_s", "nodes",
+        "metrics_fallback"}
 
 
 def add_call(engine: Engine, batch_id: int, node: str, attempt: int, start_s: float,
