@@ -385,4 +385,12 @@ def _classify_status(exc: openai.APIStatusError) -> LLMError:
                           or "maximum model length" in text.lower()):
         return ContextLengthError(f"server rejected the prompt as too long: {text}",
                                   http_status=400)
+    if status in (401, 403, 404):
+        # These stop the batch (every call would meet them): say what to check, in one line.
+        body = exc.body if isinstance(exc.body, dict) else {}
+        said = str(body.get("message") or body.get("detail") or text)[:200]
+        hint = ("check NIGHTDESK_LLM_API_KEY" if status != 404 else
+                "check NIGHTDESK_LLM_BASE_URL and NIGHTDESK_LLM_MODEL")
+        return LLMHTTPError(f"HTTP {status} from the LLM server: {said} ({hint})",
+                            http_status=status)
     return LLMHTTPError(f"HTTP {status}: {text[:300]}", http_status=status)

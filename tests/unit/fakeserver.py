@@ -73,6 +73,10 @@ class Reply:
     delay_s: float = 0.0  # before the first byte (an error waits too)
     chunk_delay_s: float = 0.0  # between content chunks of a stream
     chunks: int = 3  # content split into this many SSE deltas
+    # Break the stream after this many content deltas: "drop" the connection (the server
+    # died), or "end" it cleanly with no finish reason and no usage (a truncated answer).
+    cut_after: int | None = None
+    cut: str = "drop"
 
 
 @dataclass
@@ -266,7 +270,14 @@ class FakeServer:
 
         yield event([{"index": 0, "delta": {"role": "assistant", "content": ""},
                       "finish_reason": None}])
-        for piece in split(reply.content, reply.chunks):
+        for sent, piece in enumerate(split(reply.content, reply.chunks)):
+            if reply.cut_after is not None and sent == reply.cut_after:
+                if reply.cut == "drop":
+                    # What httpx raises when the peer closes in the middle of the body.
+                    raise httpx.RemoteProtocolError("peer closed connection without sending "
+                                                    "complete message body")
+                yield b"data: [DONE]\n\n"
+                return
             if reply.chunk_delay_s:
                 await asyncio.sleep(reply.chunk_delay_s)
             yield event([{"index": 0, "delta": {"content": piece}, "finish_reason": None}])
