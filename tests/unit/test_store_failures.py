@@ -96,6 +96,36 @@ async def test_ticker_finished_is_one_transaction(sqlite_engine: Engine, demo_di
     assert (left, status) == (0, "failed")
 
 
+async def test_a_store_that_fails_for_a_moment_is_retried_and_the_ticker_kept(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    # "database is locked" twice, as SQLite says while another writer holds it: the whole
+    # transaction is tried again and the ticker's result is stored once.
+    tickers = demo_tickers(2)
+    unlucky = tickers[0]
+    failures = {"left": 2}
+
+    @event.listens_for(sqlite_engine, "before_cursor_execute")
+    def locked(conn: Any, cursor: Any, statement: str, params: Any, *args: Any) -> None:
+        if (statement.startswith("UPDATE ticker_runs") and unlucky in str(params)
+                and "succeeded" in str(params) and failures["left"] > 0):
+            failures["left"] -= 1
+            raise OperationalError(statement, params,
+                                   sqlite3.OperationalError("database is locked"))
+
+    try:
+        server = FakeServer(nodes=node_names(load_settings()), tickers=tickers)
+        outcome = await make_engine(sqlite_engine, demo_dir, server).run(
+            BatchPlan("nightly", DEMO_AS_OF, tickers))
+    finally:
+        event.remove(sqlite_engine, "before_cursor_execute", locked)
+    assert failures["left"] == 0  # both failures happened
+    assert outcome.status == "succeeded" and sorted(outcome.succeeded) == sorted(tickers)
+    with sqlite_engine.connect() as conn:
+        stored = conn.execute(select(func.count()).select_from(Decision)
+                              .where(Decision.ticker == unlucky)).scalar_one()
+    assert stored == 1  # once, not once per try
+
+
 def nul_script(chat: ChatRequest) -> Reply | None:
     if chat.structured:
         # A JSON escape that decodes to NUL: PostgreSQL text cannot hold it.
