@@ -1,13 +1,16 @@
-"""Declare what the pipeline asks of its LLM client: a call tag, a reply and one method.
+"""Declare what the pipeline asks of its LLM client: a call tag, a reply and two methods.
 
 The service's tracked client (``app.llm.TrackedLLM``) satisfies ``ChatClient``; the pipeline
-never imports it, so it can be reused and tested with any client that has ``chat``.
+never imports it, so it can be reused and tested with any client that has ``chat`` and
+``measure``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from agents.fitting import Sizer, Trim
 
 
 @dataclass(frozen=True)
@@ -33,8 +36,12 @@ class ChatResult:
     attempts: int = 1
 
 
-class ChatClient(Protocol):
-    """Send one chat completion; raise ``agents.errors.LLMError`` when it cannot be had."""
+class ChatClient(Sizer, Protocol):
+    """Send one chat completion; raise ``agents.errors.LLMError`` when it cannot be had.
+
+    As a ``Sizer`` it also counts a prompt against the server's context, so a node can
+    leave out context before sending (agents.fitting).
+    """
 
     async def chat(
         self,
@@ -45,4 +52,5 @@ class ChatClient(Protocol):
         response_format: dict[str, Any] | None = None,
         priority: int | None = None,
         first_attempt: int = 1,
+        trimmed: Trim | None = None,
     ) -> ChatResult: ...

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.chat import CallTag, ChatClient, ChatResult
 from agents.errors import DecisionError
+from agents.fitting import Trim
 from agents.prompting import render
 
 log = structlog.get_logger(__name__)
@@ -92,6 +93,7 @@ async def decide(
     max_tokens: int,
     attempts: int,
     priority: int | None = None,
+    trimmed: Trim | None = None,
 ) -> tuple[Decision, ChatResult, int]:
     """Ask for the decision up to ``attempts`` times; return it, the last reply and HTTP attempts.
 
@@ -107,7 +109,7 @@ async def decide(
     for call in range(1, attempts + 1):
         result = await llm.chat(tag, conversation, max_tokens=max_tokens,
                                 response_format=response_format(), priority=priority,
-                                first_attempt=first_attempt)
+                                first_attempt=first_attempt, trimmed=trimmed)
         # Rows are unique per attempt number, so the next call numbers after this one's tries.
         first_attempt += result.attempts
         try:

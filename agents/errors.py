@@ -34,6 +34,7 @@ class LLMError(PipelineError):
 
     error_class = "error"
     retryable = False
+    stops_batch = False  # every other call would fail the same way: stop, do not go on
 
     def __init__(self, message: str, *, http_status: int | None = None) -> None:
         super().__init__(message)

@@ -6,11 +6,14 @@ from dataclasses import dataclass
 from datetime import date
 from functools import lru_cache
 from itertools import pairwise
+from typing import Any
 
 import structlog
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
+from langgraph.types import Durability
 
 from agents import nodes
 from agents.chat import ChatClient
@@ -18,9 +21,12 @@ from agents.config import PipelineConfig
 from agents.data.base import MarketBundle
 from agents.decision import Decision
 from agents.nodes import ANALYSTS, DEBATERS, RISK_ANALYSTS, round_node
-from agents.state import NodeOutput, RunContext, TickerInput, TickerState
+from agents.state import NodeOutput, RunContext, TickerInput, TickerState, Turn
 
 Graph = CompiledStateGraph[TickerState, RunContext, TickerInput, TickerState]
+
+# The classes a checkpoint of TickerState holds: what a checkpointer may deserialize.
+STATE_TYPES: tuple[type, ...] = (Turn, NodeOutput, Decision)
 
 
 # One plain async function per node kind; rounds reuse the function under another name.
@@ -106,6 +112,11 @@ def build_graph(debate_rounds: int, risk_rounds: int) -> Graph:
     return graph.compile(name=f"ticker-d{debate_rounds}-r{risk_rounds}")
 
 
+def thread_id(batch_id: int, ticker: str, sample: int) -> str:
+    """Name the checkpoint thread of one (batch, ticker, sample): one graph run, resumable."""
+    return f"nightdesk:{batch_id}:{ticker}:{sample}"
+
+
 async def analyze_ticker(
     *,
     llm: ChatClient,
@@ -114,17 +125,41 @@ async def analyze_ticker(
     bundle: MarketBundle,
     sample: int = 0,
     priority: int | None = None,
+    checkpointer: BaseCheckpointSaver[Any] | None = None,
+    durability: Durability = "sync",
 ) -> TickerResult:
-    """Run the whole pipeline for one ticker and sample; raise on any failed call or decision."""
+    """Run the whole pipeline for one ticker and sample; raise on any failed call or decision.
+
+    With a ``checkpointer`` every finished node is stored under the run's thread
+    (``thread_id``) before the next starts (``durability="sync"``), and a thread stored
+    already continues after its last finished node: nodes that finished are not called again.
+    """
     graph = build_graph(config.debate_rounds, config.risk_rounds)
     names = node_names(config)
     context = RunContext(llm=llm, config=config, batch_id=batch_id, bundle=bundle,
                          priority=priority)
-    start = TickerInput(ticker=bundle.ticker, as_of=bundle.as_of, sample=sample)
+    start: TickerInput | None = TickerInput(ticker=bundle.ticker, as_of=bundle.as_of,
+                                            sample=sample)
     # One super-step per sequential node, plus the parallel analysts' step and some slack.
     run_config: RunnableConfig = {"recursion_limit": len(names) + 8}
     with structlog.contextvars.bound_contextvars(ticker=bundle.ticker, sample=sample):
-        final = await graph.ainvoke(start, run_config, context=context)
+        if checkpointer is None:
+            final = await graph.ainvoke(start, run_config, context=context)
+        else:
+            graph = graph.copy(update={"checkpointer": checkpointer})
+            run_config["configurable"] = {
+                "thread_id": thread_id(batch_id, bundle.ticker, sample)}
+            stored = await graph.aget_state(run_config)
+            if stored.values and not stored.next:
+                final = stored.values  # finished before a crash, not yet stored as a result
+            else:
+                if stored.next:
+                    start = None  # None continues the thread from its last checkpoint
+                    structlog.get_logger(__name__).info(
+                        "resuming ticker", next=list(stored.next),
+                        done=sorted(stored.values.get("outputs", {})))
+                final = await graph.ainvoke(start, run_config, context=context,
+                                            durability=durability)
     outputs: dict[str, NodeOutput] = final["outputs"]
     return TickerResult(
         ticker=bundle.ticker, as_of=bundle.as_of, sample=sample, decision=final["decision"],

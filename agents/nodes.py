@@ -7,6 +7,7 @@ history already in the state, so one function serves every round.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -15,6 +16,7 @@ from langgraph.runtime import Runtime
 from agents.chat import CallTag, ChatResult
 from agents.data import render
 from agents.decision import RATINGS, bands_text, decide
+from agents.fitting import DEBATE_TURN, NEWS_ITEM, SOCIAL_POST, Render, droppable, fit, left_out
 from agents.prompting import build_messages
 from agents.state import NodeOutput, RunContext, TickerState, Turn
 
@@ -36,6 +38,9 @@ TITLES: dict[str, str] = {
 }
 
 Update = dict[str, Any]
+
+# News items and social posts shown to their analyst at most (render's default as well).
+SHOWN_ITEMS = 10
 
 
 def round_node(kind: str, round_: int) -> str:
@@ -73,54 +78,73 @@ def _tag(state: TickerState, runtime: Runtime[RunContext], node: str) -> CallTag
 
 
 async def _ask(state: TickerState, runtime: Runtime[RunContext], node: str, group: str,
-               messages: list[dict[str, str]]) -> ChatResult:
-    """Send one node's call with its group's token budget, logging with ticker and node bound."""
+               render_with: Render, units: list[str]) -> ChatResult:
+    """Fit the prompt (agents.fitting), then send it with its group's token budget."""
     ctx = runtime.context
+    max_tokens = ctx.config.node_max_tokens[group]
     with structlog.contextvars.bound_contextvars(ticker=state["ticker"], node=node):
-        return await ctx.llm.chat(_tag(state, runtime, node), messages,
-                                  max_tokens=ctx.config.node_max_tokens[group],
-                                  priority=ctx.priority)
+        messages, trim = await fit(ctx.llm, render_with, units, max_tokens=max_tokens)
+        return await ctx.llm.chat(_tag(state, runtime, node), messages, max_tokens=max_tokens,
+                                  priority=ctx.priority, trimmed=trim)
 
 
-def _turns(history: list[Turn]) -> list[dict[str, str]]:
-    return [{"title": f"{TITLES[t.kind]}, round {t.round}", "text": t.text.strip()}
-            for t in history]
+def _turns(history: list[Turn], drop: int = 0) -> list[dict[str, str]]:
+    """Return the turns for a template, the oldest ``drop`` left out and said so."""
+    shown = [{"title": f"{TITLES[t.kind]}, round {t.round}", "text": t.text.strip()}
+             for t in history[drop:]]
+    if drop:
+        note = (f"({drop} earlier turn{'s' if drop != 1 else ''} left out to fit the model's "
+                "context.)")
+        shown.insert(0, {"title": "Earlier turns", "text": note})
+    return shown
 
 
 # --- analysts -----------------------------------------------------------------------------
 
 
 async def _analyst(kind: str, state: TickerState, runtime: Runtime[RunContext],
-                   **data: str) -> Update:
-    sections = {name: text.strip() for name, text in data.items()}
-    messages = build_messages(kind, shared_context(state, runtime, with_reports=False),
-                              **sections)
-    result = await _ask(state, runtime, kind, "analyst", messages)
+                   data: Callable[[int], dict[str, str]], units: list[str]) -> Update:
+    """Ask one analyst; ``data(k)`` renders its sections with the first k units left out."""
+    context = shared_context(state, runtime, with_reports=False)
+
+    def messages(k: int) -> list[dict[str, str]]:
+        sections = {name: text.strip() for name, text in data(k).items()}
+        return build_messages(kind, context, **sections)
+
+    result = await _ask(state, runtime, kind, "analyst", messages, units)
     return {"reports": {kind: result.content}, "outputs": {kind: _output(kind, result)}}
 
 
 async def market(state: TickerState, runtime: Runtime[RunContext]) -> Update:
     """Write the technical report from prices and indicators."""
     bundle = runtime.context.bundle
-    return await _analyst("market", state, runtime, prices=render.render_prices(bundle),
-                          indicators=render.render_indicators(bundle))
+    sections = {"prices": render.render_prices(bundle),
+                "indicators": render.render_indicators(bundle)}
+    return await _analyst("market", state, runtime, lambda _: sections, [])
 
 
 async def sentiment(state: TickerState, runtime: Runtime[RunContext]) -> Update:
     """Write the social-sentiment report from social posts."""
-    return await _analyst("sentiment", state, runtime,
-                          social=render.render_social(runtime.context.bundle))
+    bundle = runtime.context.bundle
+    shown = min(SHOWN_ITEMS, len(bundle.social))
+    units = droppable(social=shown)
+    return await _analyst("sentiment", state, runtime, lambda k: {"social": render.render_social(
+        bundle, max_items=shown - left_out(units, k, SOCIAL_POST))}, units)
 
 
 async def news(state: TickerState, runtime: Runtime[RunContext]) -> Update:
     """Write the news report from headlines."""
-    return await _analyst("news", state, runtime, news=render.render_news(runtime.context.bundle))
+    bundle = runtime.context.bundle
+    shown = min(SHOWN_ITEMS, len(bundle.news))
+    units = droppable(news=shown)
+    return await _analyst("news", state, runtime, lambda k: {"news": render.render_news(
+        bundle, max_items=shown - left_out(units, k, NEWS_ITEM))}, units)
 
 
 async def fundamentals(state: TickerState, runtime: Runtime[RunContext]) -> Update:
     """Write the fundamentals report from the company's figures."""
-    return await _analyst("fundamentals", state, runtime,
-                          fundamentals=render.render_fundamentals(runtime.context.bundle))
+    sections = {"fundamentals": render.render_fundamentals(runtime.context.bundle)}
+    return await _analyst("fundamentals", state, runtime, lambda _: sections, [])
 
 
 # --- researchers --------------------------------------------------------------------------
@@ -130,10 +154,11 @@ async def _debater(kind: str, state: TickerState, runtime: Runtime[RunContext]) 
     history = state.get("debate", [])
     round_ = 1 + sum(1 for t in history if t.kind == kind)
     node = round_node(kind, round_)
-    messages = build_messages(kind, shared_context(state, runtime, with_reports=True),
-                              history=_turns(history), round=round_,
-                              rounds=runtime.context.config.debate_rounds)
-    result = await _ask(state, runtime, node, "researcher", messages)
+    context = shared_context(state, runtime, with_reports=True)
+    units = droppable(turns=len(history))
+    result = await _ask(state, runtime, node, "researcher", lambda k: build_messages(
+        kind, context, history=_turns(history, left_out(units, k, DEBATE_TURN)), round=round_,
+        rounds=runtime.context.config.debate_rounds), units)
     turn = Turn(node=node, kind=kind, round=round_, text=result.content)
     return {"debate": [turn], "outputs": {node: _output(node, result)}}
 
@@ -151,9 +176,11 @@ async def bear(state: TickerState, runtime: Runtime[RunContext]) -> Update:
 async def research_manager(state: TickerState, runtime: Runtime[RunContext]) -> Update:
     """Judge the debate and write the investment plan."""
     node = "research_manager"
-    messages = build_messages(node, shared_context(state, runtime, with_reports=True),
-                              history=_turns(state["debate"]))
-    result = await _ask(state, runtime, node, "research_manager", messages)
+    context = shared_context(state, runtime, with_reports=True)
+    history = state["debate"]
+    units = droppable(turns=len(history))
+    result = await _ask(state, runtime, node, "research_manager", lambda k: build_messages(
+        node, context, history=_turns(history, left_out(units, k, DEBATE_TURN))), units)
     return {"investment_plan": result.content, "outputs": {node: _output(node, result)}}
 
 
@@ -162,7 +189,7 @@ async def trader(state: TickerState, runtime: Runtime[RunContext]) -> Update:
     node = "trader"
     messages = build_messages(node, shared_context(state, runtime, with_reports=True),
                               investment_plan=state["investment_plan"].strip())
-    result = await _ask(state, runtime, node, "trader", messages)
+    result = await _ask(state, runtime, node, "trader", lambda _: messages, [])
     return {"trader_plan": result.content, "outputs": {node: _output(node, result)}}
 
 
@@ -173,10 +200,12 @@ async def _risk(kind: str, state: TickerState, runtime: Runtime[RunContext]) -> 
     history = state.get("risk_debate", [])
     round_ = 1 + sum(1 for t in history if t.kind == kind)
     node = round_node(kind, round_)
-    messages = build_messages(kind, shared_context(state, runtime, with_reports=True),
-                              trader_plan=state["trader_plan"].strip(), history=_turns(history),
-                              round=round_, rounds=runtime.context.config.risk_rounds)
-    result = await _ask(state, runtime, node, "risk", messages)
+    context = shared_context(state, runtime, with_reports=True)
+    units = droppable(turns=len(history))
+    result = await _ask(state, runtime, node, "risk", lambda k: build_messages(
+        kind, context, trader_plan=state["trader_plan"].strip(),
+        history=_turns(history, left_out(units, k, DEBATE_TURN)), round=round_,
+        rounds=runtime.context.config.risk_rounds), units)
     turn = Turn(node=node, kind=kind, round=round_, text=result.content)
     return {"risk_debate": [turn], "outputs": {node: _output(node, result)}}
 
@@ -200,15 +229,21 @@ async def portfolio_manager(state: TickerState, runtime: Runtime[RunContext]) ->
     """Make the final call as server-enforced structured output, validated with retries."""
     node = "portfolio_manager"
     ctx = runtime.context
-    messages = build_messages(node, shared_context(state, runtime, with_reports=True),
-                              trader_plan=state["trader_plan"].strip(),
-                              history=_turns(state["risk_debate"]),
+    context = shared_context(state, runtime, with_reports=True)
+    history = state["risk_debate"]
+    units = droppable(turns=len(history))
+    max_tokens = ctx.config.node_max_tokens["portfolio_manager"]
+
+    def render_with(k: int) -> list[dict[str, str]]:
+        return build_messages(node, context, trader_plan=state["trader_plan"].strip(),
+                              history=_turns(history, left_out(units, k, DEBATE_TURN)),
                               investment_plan=state["investment_plan"].strip(), ratings=RATINGS,
                               bands=bands_text())
+
     with structlog.contextvars.bound_contextvars(ticker=state["ticker"], node=node):
+        messages, trim = await fit(ctx.llm, render_with, units, max_tokens=max_tokens)
         decision, result, attempts = await decide(
-            ctx.llm, _tag(state, runtime, node), messages,
-            max_tokens=ctx.config.node_max_tokens["portfolio_manager"],
-            attempts=ctx.config.decision_attempts, priority=ctx.priority,
+            ctx.llm, _tag(state, runtime, node), messages, max_tokens=max_tokens,
+            attempts=ctx.config.decision_attempts, priority=ctx.priority, trimmed=trim,
         )
     return {"decision": decision, "outputs": {node: _output(node, result, attempts)}}

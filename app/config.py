@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import httpx
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
@@ -16,7 +17,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from agents.config import DEFAULT_NODE_MAX_TOKENS, PipelineConfig
 from app.errors import ConfigError
@@ -72,6 +73,9 @@ class Settings(BaseSettings):
     decision_attempts: int = Field(3, ge=1, le=10)
     node_max_tokens: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_NODE_MAX_TOKENS))
     samples: int = Field(1, ge=1, le=32)
+    # Tickers whose market data loads at once, ahead of admission (a slow provider for one
+    # ticker then stalls only its own start).
+    data_concurrency: int = Field(8, ge=1, le=64)
 
     # Rating-distribution monitor (app/quality/monitor.py) and forward-return scoring.
     monitor_trailing_batches: int = Field(5, ge=1, le=100)
@@ -82,6 +86,19 @@ class Settings(BaseSettings):
 
     server_profile: str = "cpu-tiny"
     metrics_interval_s: float = Field(2.0, gt=0)
+
+    # Running unattended (docs/reliability.md).
+    heartbeat_interval_s: float = Field(30.0, gt=0)
+    # A running batch whose heartbeat is older than this is taken for dead (marked crashed).
+    heartbeat_stale_s: float = Field(120.0, gt=0)
+    # How long a batch waits for a server that stopped answering before it ends interrupted.
+    outage_budget_s: float = Field(900.0, ge=0)
+    server_probe_interval_s: float = Field(1.0, gt=0)
+    # After SIGTERM/SIGINT: how long calls in flight may take to finish before they are cut.
+    shutdown_grace_s: float = Field(60.0, ge=0)
+    # "sync": a node's checkpoint is stored before the next node starts, so a kill loses at
+    # most the node in flight; "async"/"exit" are LangGraph's cheaper, less durable modes.
+    checkpoint_durability: Literal["sync", "async", "exit"] = "sync"
     record_requests: bool = True
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: str = "INFO"
@@ -135,6 +152,10 @@ class Settings(BaseSettings):
         if backend == "postgresql" and url.drivername == "postgresql":
             # psycopg 3 is what we install; SQLAlchemy's bare default would be psycopg2.
             url = url.set(drivername="postgresql+psycopg")
+        try:
+            url.get_dialect()
+        except NoSuchModuleError:
+            raise ValueError(f"unknown database driver {url.drivername!r}") from None
         return url.render_as_string(hide_password=False)
 
     @field_validator("schedule_timezone")
@@ -160,6 +181,23 @@ class Settings(BaseSettings):
             raise ValueError(f"not a crontab line (minute hour day month weekday): "
                              f"{error}") from None
         return value.strip()
+
+    @field_validator("llm_base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        try:
+            url = httpx.URL(value)
+        except (httpx.InvalidURL, TypeError):
+            raise ValueError("not a URL") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("must be an http(s) URL with a host, like http://127.0.0.1:8000/v1")
+        return value
+
+    @model_validator(mode="after")
+    def _stale_after_beats(self) -> Settings:
+        if self.heartbeat_stale_s <= self.heartbeat_interval_s:
+            raise ValueError("heartbeat_stale_s must be longer than heartbeat_interval_s")
+        return self
 
     @field_validator("node_max_tokens")
     @classmethod
@@ -228,8 +266,10 @@ class Settings(BaseSettings):
 
 def _describe(error: ValidationError) -> str:
     first = error.errors()[0]
-    name = "NIGHTDESK_" + "_".join(str(p) for p in first["loc"]).upper() if first["loc"] else ""
     # The message, never the input: the input may be a secret.
+    if not first["loc"]:  # a rule across settings (a model validator) names them itself
+        return f"invalid settings: {first['msg']}"
+    name = "NIGHTDESK_" + "_".join(str(p) for p in first["loc"]).upper()
     return f"invalid setting {name}: {first['msg']}"
 
 

@@ -245,6 +245,18 @@ class NightlyDaemon:
             outcome = night.outcome
             if outcome is None:
                 log.info("nightly run had nothing to do")
+            elif outcome.halt is not None and outcome.halt.exit_code == BatchInterrupted.exit_code:
+                # The signal reached the batch's own handler, which stopped it cleanly (its
+                # calls at the server finished, their nodes checkpointed): the daemon was
+                # asked to stop all the same, and the night stays due for its next start.
+                self.interrupted_fire = fire_time
+                self.stopping = True
+                log.warning("nightly run interrupted; the night stays due",
+                            scheduled_for=fire_time.isoformat(), batch_id=outcome.batch_id)
+            elif outcome.halt is not None:
+                # An outage past its budget, a refused key: the batch waits for a resume.
+                log.error("nightly run stopped", batch_id=outcome.batch_id,
+                          status=outcome.status, error=outcome.halt.message)
             else:
                 log.info("nightly run finished", batch_id=outcome.batch_id,
                          status=outcome.status, succeeded=len(outcome.succeeded),

@@ -3,7 +3,7 @@
 Each layer has its own base: agents/ and serving/ must not import app/, so their errors cannot
 derive from a class defined here. Rather than a fourth package holding one shared base, the
 tree has three roots, re-exported here, and ``ERRORS`` names them: the CLI catches ``ERRORS``,
-prints one line and exits with the error's ``exit_code`` (2 for config and input, else 1).
+prints one line and exits with the error's ``exit_code`` (the table in app/cli/batch.py).
 
     PipelineError      (agents.errors)  the pipeline and its market data
     ├── ConfigError                     a setting is invalid (exit 2)
@@ -13,20 +13,26 @@ prints one line and exits with the error's ``exit_code`` (2 for config and input
         ├── ContextLengthError          prompt (+ max_tokens) exceeds the server's max-model-len
         ├── LLMHTTPError                the server answered with an HTTP error status
         ├── LLMTimeoutError             no complete answer within the per-call timeout
-        ├── LLMConnectionError          the server could not be reached
-        ├── LLMStreamError              the server failed in the middle of a streamed answer
+        ├── LLMConnectionError          the server could not be reached, or dropped the stream
+        ├── LLMStreamError              the stream broke off or ended without a finish reason
+        ├── LLMCancelled                the call was cut short by its own side (only recorded)
         └── DecisionError   (agents)    the final decision failed its schema after all retries
     ServingError       (serving.errors) the vLLM server and its profiles
     ├── ServerError                     the vLLM server failed to start, stop or answer
     └── ProfileError                    a server profile is unknown or malformed (exit 2)
     NightdeskError                      the service's own
-    ├── AlreadyRunningError             another nightly batch holds the lock (exit 4)
+    ├── AlreadyRunningError             another nightly run holds the lock, or the batch to
+    │                                   resume is running (exit 4)
     ├── DatabaseError                   the database cannot be reached or used (exit 2)
     │   └── SchemaOutdatedError         the schema is behind the code; run ``nightdesk db upgrade``
+    ├── BatchStopped                    the batch is stopping; this ticker stays resumable
+    │   └── ServerOutage                the server stayed down past the outage budget (exit 5)
     └── BatchInterrupted (app.batch.signals)  a signal stopped the batch (exit 130)
 
 ConfigError and InputError are the pipeline's classes, used by the service too, so one
-``except InputError`` catches a bad ticker and a bad ``--workload`` alike.
+``except InputError`` catches a bad ticker and a bad ``--workload`` alike. An LLMError with
+``stops_batch`` (HTTP 401/403/404: a wrong key, URL or model) stops the whole batch instead of
+failing one ticker after another: every call would meet it (exit 2).
 """
 
 from __future__ import annotations
@@ -43,12 +49,15 @@ from serving.errors import ProfileError, ServerError, ServingError
 
 __all__ = [
     "ERRORS",
+    "AlreadyRunningError",
+    "BatchStopped",
     "ConfigError",
     "ContextLengthError",
     "DataError",
     "DatabaseError",
     "DecisionError",
     "InputError",
+    "LLMCancelled",
     "LLMConnectionError",
     "LLMError",
     "LLMHTTPError",
@@ -59,6 +68,7 @@ __all__ = [
     "ProfileError",
     "SchemaOutdatedError",
     "ServerError",
+    "ServerOutage",
     "ServingError",
 ]
 
@@ -75,7 +85,7 @@ ERRORS: tuple[type[NightdeskError], type[PipelineError], type[ServingError]] = (
 
 
 class AlreadyRunningError(NightdeskError):
-    """Another nightly run holds the lock; nothing was started, nothing was written."""
+    """Another run holds the lock, or owns the batch to resume; nothing was started."""
 
     # Distinct from a failed batch (1) and bad input (2): a timer or daemon can tell
     # "someone else is on it" from "tonight went wrong".
@@ -103,6 +113,10 @@ class LLMHTTPError(LLMError):
         super().__init__(message, http_status=http_status)
         # 5xx and 429 are the server's trouble and may pass; 4xx is ours and will not.
         self.retryable = http_status is None or http_status >= 500 or http_status == 429
+        # A wrong key (401/403) or a wrong URL or model name (404) is the configuration's.
+        self.stops_batch = http_status in (401, 403, 404)
+        if self.stops_batch:
+            self.exit_code = 2
 
 
 class LLMTimeoutError(LLMError):
@@ -118,3 +132,22 @@ class LLMConnectionError(LLMError):
 class LLMStreamError(LLMError):
     error_class = "stream"
     retryable = True
+
+
+class LLMCancelled(LLMError):
+    """Describe, for its row, a call cancelled in flight (a sibling sample failed, a stop)."""
+
+    error_class = "cancelled"
+
+
+class BatchStopped(NightdeskError):
+    """The batch is stopping (a signal, a server outage, a configuration error).
+
+    Raised inside a ticker's work; the ticker is not failed but left for ``run --resume``.
+    """
+
+
+class ServerOutage(BatchStopped):
+    """The LLM server did not answer for longer than the outage budget."""
+
+    exit_code = 5

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import time
 import zlib
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,22 +20,31 @@ import structlog
 from openai import AsyncOpenAI
 
 from agents.chat import CallTag, ChatResult
+from agents.fitting import PromptSize, Trim
 from app.config import Settings
+from app.db.text import storable
 from app.errors import (
     ContextLengthError,
+    LLMCancelled,
     LLMConnectionError,
     LLMError,
     LLMHTTPError,
     LLMStreamError,
     LLMTimeoutError,
 )
+from app.promptsize import PromptCounter, ServerCheck
 from app.usage import UsageRecorder
 from serving.urls import server_root
 
 log = structlog.get_logger(__name__)
 
-# Chat-template tokens a message adds beyond its text; generous, it only skips a /tokenize call.
-TEMPLATE_OVERHEAD_TOKENS = 64
+# Held around each HTTP attempt of a call: an admission slot at the batch's gate.
+Admit = Callable[[], AbstractAsyncContextManager[Any]]
+
+_jitter = random.Random()
+
+# What the context guard left out of the call being sent (chat() sets it for its attempts).
+_trim: ContextVar[Trim | None] = ContextVar("nightdesk_trim", default=None)
 
 
 @dataclass
@@ -58,6 +72,15 @@ class _Attempt:
     request_id: str | None = None
 
 
+def backoff_delay(base_s: float, retry: int, rng: random.Random | None = None) -> float:
+    """Return the wait before retry ``retry`` (0-based): full jitter under ``base * 2**retry``.
+
+    Random over the whole range, so the calls that failed together when a server died do
+    not all come back at the same instant when it returns.
+    """
+    return (rng or _jitter).uniform(0.0, base_s * 2 ** retry)
+
+
 def call_seed(tag: CallTag) -> int:
     """Derive a stable per-call seed, so samples differ from each other and replays repeat."""
     return zlib.crc32(f"{tag.ticker}|{tag.node}|{tag.sample}".encode()) & 0x7FFFFFFF
@@ -74,10 +97,17 @@ class TrackedLLM:
         http_client: httpx.AsyncClient | None = None,
         base_url: str | None = None,
         max_in_flight: int | None = None,
+        watch: ServerCheck | None = None,
+        attempts_before: Mapping[tuple[str, str, int], int] | None = None,
     ) -> None:
         self.settings = settings
         self.recorder = recorder
         self.base_url = base_url or settings.llm_base_url
+        # Between attempts of a call that met a server fault: wait while the server is down.
+        self.watch = watch
+        # Attempts a resumed batch recorded already per (ticker, node, sample): numbering
+        # continues after them, so no new row collides with an old one and is dropped.
+        self.attempts_before = dict(attempts_before or {})
         # httpx's default pool (100 connections) would queue requests the engine admitted,
         # silently: size it from the most the engine lets out at once (None: no cap).
         self._http = http_client or httpx.AsyncClient(
@@ -94,9 +124,8 @@ class TrackedLLM:
             http_client=self._http,
         )
         self.stats = CallStats()
-        self._max_model_len: int | None = None
-        self._learning_limit = asyncio.Lock()
-        self._tokenize_supported = settings.check_context_length
+        self.counter = PromptCounter(settings, self._http,
+                                     server_root(self.base_url) + "/tokenize", watch=watch)
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -143,42 +172,62 @@ class TrackedLLM:
         response_format: dict[str, Any] | None = None,
         priority: int | None = None,
         first_attempt: int = 1,
+        admit: Admit | None = None,
+        trimmed: Trim | None = None,
     ) -> ChatResult:
         """Send one chat completion, retrying what may pass; raise LLMError when it cannot.
 
         ``first_attempt`` numbers the rows of a caller-level retry (a decision that failed
-        validation) after the attempts already recorded for the same node.
+        validation) after the attempts already recorded for the same node. ``admit`` is
+        held around each attempt (an admission slot), never around the wait between them.
         """
         body = self.build_body(tag, messages, max_tokens=max_tokens,
                                response_format=response_format)
-        if self.settings.record_requests:
-            self.recorder.record_request(
-                {"batch_id": tag.batch_id, "ticker": tag.ticker, "node": tag.node,
-                 "sample": tag.sample},
-                body,
-            )
-        return await self.send(tag, body, priority=priority, first_attempt=first_attempt)
+        # Every attempt's row of this call says what the context guard left out.
+        token = _trim.set(trimmed)
+        try:
+            return await self.send(tag, body, priority=priority, first_attempt=first_attempt,
+                                   admit=admit)
+        finally:
+            _trim.reset(token)
 
     async def send(
         self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
-        first_attempt: int = 1,
+        first_attempt: int = 1, admit: Admit | None = None,
     ) -> ChatResult:
-        """Send a prepared body (also used by replay), with bounded retries."""
+        """Send a prepared body (also used by replay), with bounded retries.
+
+        The body is recorded first, keyed by the request's first attempt: a decision's
+        re-ask and a replay's requests are stored too, so any batch can be replayed.
+        """
+        first_attempt += self.attempts_before.get((tag.ticker, tag.node, tag.sample), 0)
+        if self.settings.record_requests:
+            self.recorder.record_request(
+                {"batch_id": tag.batch_id, "ticker": tag.ticker, "node": tag.node,
+                 "sample": tag.sample, "attempt": first_attempt},
+                body,
+            )
         if priority is not None and self.settings.priority_scheduling:
             body = {**body, "extra_body": {**body.get("extra_body", {}), "priority": priority}}
         last = first_attempt + self.settings.max_attempts - 1
         attempt = first_attempt
         while True:
             try:
-                result = await self._attempt(tag, attempt, body)
+                async with admit() if admit is not None else contextlib.nullcontext():
+                    result = await self._attempt(tag, attempt, body)
                 result.attempts = attempt - first_attempt + 1
                 return result
             except LLMError as error:
                 if not error.retryable or attempt >= last:
                     raise
-                delay = self.settings.retry_backoff_s * 2 ** (attempt - first_attempt)
+                # Out of the admission slot while waiting: another request may use it.
+                delay = backoff_delay(self.settings.retry_backoff_s, attempt - first_attempt)
                 log.warning("llm call failed; retrying", node=tag.node, ticker=tag.ticker,
                             attempt=attempt, error_class=error.error_class, delay_s=delay)
+                if self.watch is not None:
+                    # A dead server fails every attempt at once: wait for it to answer
+                    # again (or for the outage budget to run out) instead of using them up.
+                    await self.watch.confirm()
                 await asyncio.sleep(delay)
                 attempt += 1
 
@@ -187,7 +236,7 @@ class TrackedLLM:
         error: LLMError | None
         try:
             async with asyncio.timeout(self.settings.call_timeout_s):
-                await self._check_context(body)
+                await self.counter.check(body)
                 await self._stream(body, seen)
         except LLMError as exc:
             error = exc
@@ -199,19 +248,26 @@ class TrackedLLM:
             error = _classify_status(exc)
         except openai.APIConnectionError as exc:
             error = LLMConnectionError(f"cannot reach {self.base_url}: {exc}")
+        except httpx.TimeoutException as exc:
+            # Raised while reading the stream: the OpenAI client only wraps the request itself.
+            error = LLMTimeoutError(f"stream stalled: {type(exc).__name__}: {exc}")
+        except httpx.TransportError as exc:
+            # The connection dropped mid-stream (server killed or restarted): the answer is
+            # cut, and another attempt may well pass.
+            error = LLMConnectionError(
+                f"connection dropped mid-stream: {type(exc).__name__}: {exc}")
         except openai.APIError as exc:
             # An error event inside an open stream (e.g. the engine died mid-generation).
             error = LLMStreamError(f"server error during the stream: {exc.message}")
-        except httpx.TimeoutException:
-            error = LLMTimeoutError("the stream stalled past the read timeout")
         except httpx.HTTPError as exc:
-            # The connection broke mid-answer: the OpenAI client wraps transport errors only
-            # until the stream opens, so a cut stream arrives here as httpx's own error.
-            error = LLMStreamError(f"connection lost during the stream: {exc}")
+            # Any other failure of the body as it arrived (e.g. an undecodable chunk).
+            error = LLMStreamError(f"the stream broke: {type(exc).__name__}: {exc}")
         except BaseException as exc:
             # Anything else (cancellation included) still leaves its row, then propagates.
+            why = f"{type(exc).__name__}: {exc}"[:500]
             self._record(tag, attempt, body, seen,
-                         LLMError(f"{type(exc).__name__}: {exc}"[:500] or type(exc).__name__))
+                         LLMCancelled(f"cancelled in flight ({why})")
+                         if isinstance(exc, asyncio.CancelledError) else LLMError(why))
             raise
         else:
             error = None
@@ -221,7 +277,8 @@ class TrackedLLM:
         usage = seen.usage
         details = getattr(usage, "prompt_tokens_details", None)
         return ChatResult(
-            content="".join(seen.content),
+            # Cleaned here, once: the text goes on into prompts, checkpoints and rows.
+            content=storable("".join(seen.content)),
             prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else 0,
             cached_tokens=getattr(details, "cached_tokens", None),
@@ -244,59 +301,17 @@ class TrackedLLM:
                     seen.content.append(choice.delta.content)
                 if choice.finish_reason:
                     seen.finish_reason = choice.finish_reason
+        if seen.finish_reason is None:
+            # A stream that stops without saying why was cut: its text is a fragment.
+            raise LLMStreamError(
+                "stream ended without a finish reason"
+                + ("" if seen.usage is not None else " or usage")
+                + f": truncated answer of {len(''.join(seen.content))} characters discarded")
 
-    async def _check_context(self, body: dict[str, Any]) -> None:
-        """Fail a prompt that cannot fit before it reaches the chat endpoint."""
-        if not self._tokenize_supported:
-            return
-        budget = body["max_tokens"] if self.settings.context_check_includes_output else 0
-        if self._fits_without_counting(body, budget):
-            return
-        if self._max_model_len is None:
-            # One /tokenize teaches every call waiting here the limit; without the lock a batch
-            # that starts with 64 calls in flight would send 64 of them.
-            async with self._learning_limit:
-                if self._max_model_len is None:
-                    await self._count_tokens(body, budget)
-                    return
-            if not self._tokenize_supported or self._fits_without_counting(body, budget):
-                return
-        await self._count_tokens(body, budget)
-
-    def _fits_without_counting(self, body: dict[str, Any], budget: int) -> bool:
-        """Return True when the prompt's bytes alone prove it fits (a token covers ≥ 1 byte)."""
-        if self._max_model_len is None:
-            return False
-        upper = sum(len(m["content"].encode()) for m in body["messages"])
-        upper += TEMPLATE_OVERHEAD_TOKENS * (len(body["messages"]) + 1)
-        return upper + budget <= self._max_model_len
-
-    async def _count_tokens(self, body: dict[str, Any], budget: int) -> None:
-        """Count the prompt with the server's /tokenize; raise ContextLengthError if too long."""
-        try:
-            response = await self._http.post(
-                server_root(self.base_url) + "/tokenize",
-                json={"model": body["model"], "messages": body["messages"],
-                      "add_generation_prompt": True},
-                headers={"Authorization": f"Bearer {self.settings.llm_api_key.get_secret_value()}"},
-            )
-        except httpx.HTTPError as exc:
-            raise LLMConnectionError(
-                f"cannot reach {self.base_url} to count tokens: {exc}") from None
-        if response.status_code == 404:
-            log.warning("server has no /tokenize; prompt length is not checked before sending")
-            self._tokenize_supported = False
-            return
-        if response.status_code != 200:
-            raise LLMHTTPError(f"/tokenize answered {response.status_code}",
-                               http_status=response.status_code)
-        data = response.json()
-        count, limit = int(data["count"]), int(data["max_model_len"])
-        self._max_model_len = limit
-        if count + budget > limit:
-            raise ContextLengthError(
-                f"prompt of {count} tokens + max_tokens {budget} exceeds max-model-len {limit}"
-            )
+    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
+                      exact: bool = False) -> PromptSize | None:
+        """Return the prompt's size against the server's context (agents.fitting.Sizer)."""
+        return await self.counter.measure(messages, max_tokens=max_tokens, exact=exact)
 
     def _record(
         self, tag: CallTag, attempt: int, body: dict[str, Any], seen: _Attempt,
@@ -306,6 +321,7 @@ class TrackedLLM:
         usage = seen.usage
         details = getattr(usage, "prompt_tokens_details", None)
         ended_at = seen.started_at + timedelta(seconds=elapsed)
+        trim = _trim.get()
         stats = self.stats
         stats.calls += 1
         stats.failed += error is not None
@@ -335,6 +351,8 @@ class TrackedLLM:
             "ended_at": ended_at,
             "latency_s": elapsed,
             "request_id": seen.request_id,
+            "context_trimmed_tokens": None if trim is None else trim.tokens,
+            "context_trimmed": None if trim is None else trim.describe()[:200],
         })
 
 
@@ -345,4 +363,12 @@ def _classify_status(exc: openai.APIStatusError) -> LLMError:
                           or "maximum model length" in text.lower()):
         return ContextLengthError(f"server rejected the prompt as too long: {text}",
                                   http_status=400)
+    if status in (401, 403, 404):
+        # These stop the batch (every call would meet them): say what to check, in one line.
+        body = exc.body if isinstance(exc.body, dict) else {}
+        said = str(body.get("message") or body.get("detail") or text)[:200]
+        hint = ("check NIGHTDESK_LLM_API_KEY" if status != 404 else
+                "check NIGHTDESK_LLM_BASE_URL and NIGHTDESK_LLM_MODEL")
+        return LLMHTTPError(f"HTTP {status} from the LLM server: {said} ({hint})",
+                            http_status=status)
     return LLMHTTPError(f"HTTP {status}: {text[:300]}", http_status=status)

@@ -41,7 +41,9 @@ def _pick_batch(engine: Engine, batch_id: int | None) -> Batch:
                 raise InputError(f"no batch with id {batch_id}")
         else:
             found = session.scalars(
-                select(Batch).where(Batch.kind == "nightly", Batch.status == "succeeded")
+                # A partial night still ranks what it has (and lists what it lacks).
+                select(Batch).where(Batch.kind == "nightly",
+                                    Batch.status.in_(("succeeded", "partial")))
                 .order_by(Batch.finished_at.desc(), Batch.id.desc()).limit(1)
             ).first()
             if found is None:

@@ -35,6 +35,8 @@ class BatchReport:
     wall_seconds: float
     output_tokens_per_s: float
     nodes: list[NodeLatency] = field(default_factory=list)
+    # Adaptive admission's time without /metrics (readings missed, seconds, fallback limit).
+    metrics_fallback: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -58,15 +60,18 @@ def latest_batch_id(engine: Engine, kinds: tuple[str, ...] | None = None) -> int
 def batch_report(engine: Engine, batch_id: int) -> BatchReport:
     """Build the report of one batch from its ``llm_calls`` rows."""
     with engine.connect() as conn:
-        if conn.execute(select(Batch.id).where(Batch.id == batch_id)).first() is None:
+        found = conn.execute(select(Batch.settings).where(Batch.id == batch_id)).first()
+        if found is None:
             raise InputError(f"no batch with id {batch_id}")
+        fallback = (found.settings or {}).get("metrics_fallback")
         rows = conn.execute(
             select(LLMCall.node, LLMCall.status, LLMCall.prompt_tokens,
                    LLMCall.completion_tokens, LLMCall.started_at, LLMCall.ended_at,
                    LLMCall.latency_s).where(LLMCall.batch_id == batch_id)
         ).all()
     if not rows:
-        return BatchReport(batch_id, 0, 0, 0, 0, None, None, 0.0, 0.0)
+        return BatchReport(batch_id, 0, 0, 0, 0, None, None, 0.0, 0.0,
+                           metrics_fallback=fallback)
     first = min(r.started_at for r in rows)
     last = max(r.ended_at for r in rows)
     wall = (last - first).total_seconds()
@@ -91,6 +96,7 @@ def batch_report(engine: Engine, batch_id: int) -> BatchReport:
         # Batch-level: all output over the makespan, never an average of per-call speeds.
         output_tokens_per_s=completion / wall if wall > 0 else 0.0,
         nodes=nodes,
+        metrics_fallback=fallback,
     )
 
 

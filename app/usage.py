@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import structlog
-from sqlalchemy import Engine, Table
+from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -31,14 +31,20 @@ def decompress_body(blob: bytes) -> dict[str, Any]:
     return data
 
 
-def insert_ignoring_duplicates(engine: Engine, table: Table,
+def insert_ignoring_duplicates(target: Engine | Connection, table: Table,
                                rows: list[dict[str, Any]]) -> None:
-    """Insert rows, skipping any whose unique key is stored already: a retry never doubles."""
+    """Insert rows, skipping any whose unique key is stored already: a retry never doubles.
+
+    Given a connection, the insert joins its open transaction; given an engine, it is one.
+    """
     if not rows:
         return
-    dialect = engine.dialect.name
+    dialect = target.dialect.name
     stmt = postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
-    with engine.begin() as conn:
+    if isinstance(target, Connection):
+        target.execute(stmt.on_conflict_do_nothing(), rows)
+        return
+    with target.begin() as conn:
         conn.execute(stmt.on_conflict_do_nothing(), rows)
 
 
@@ -60,14 +66,42 @@ class UsageRecorder:
         self._closing = False
         self.written = 0
         self.write_failures = 0
+        # Rows handed in and rows stored, per table: each list is written in order, so every
+        # row handed in before a moment is stored once ``stored`` reaches ``recorded`` then.
+        self._recorded = {"calls": 0, "requests": 0}
+        self._stored = {"calls": 0, "requests": 0}
+        self._progress = asyncio.Condition()
 
     def record_call(self, row: dict[str, Any]) -> None:
         self._pending["calls"].append(row)
+        self._recorded["calls"] += 1
         if len(self._pending["calls"]) >= self._max_rows:
             self._wake.set()
 
     def record_request(self, key: Mapping[str, Any], body: Mapping[str, Any]) -> None:
         self._pending["requests"].append({**key, "body": compress_body(body)})
+        self._recorded["requests"] += 1
+
+    async def drain(self) -> None:
+        """Return once every row handed in before this call is stored.
+
+        The checkpointer calls this before storing a node as finished, so a node that a
+        resume will not run again always has its usage rows. While the database is away
+        this waits (the writer keeps retrying): no node is marked done without its rows.
+        """
+        target = dict(self._recorded)
+
+        def stored() -> bool:
+            return all(self._stored[name] >= target[name] for name in target)
+
+        if stored():
+            return
+        if self._task is None:
+            await self._flush()
+            return
+        self._wake.set()
+        async with self._progress:
+            await self._progress.wait_for(stored)
 
     async def start(self) -> None:
         if self._task is None:
@@ -126,4 +160,7 @@ class UsageRecorder:
                             error=str(error).splitlines()[0])
                 return False
             self.written += len(rows) if name == "calls" else 0
+            self._stored[name] += len(rows)
+        async with self._progress:
+            self._progress.notify_all()
         return True

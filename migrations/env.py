@@ -12,8 +12,10 @@ target_metadata = Base.metadata
 
 
 # Tables that live in our database but are not ours to migrate: the scheduler daemon's job
-# store (APScheduler creates and owns it). Autogenerate must not offer to drop them.
-FOREIGN_TABLES = {"apscheduler_jobs"}
+# store (APScheduler creates and owns it) and, on PostgreSQL, the LangGraph checkpoint
+# saver's (app/batch/checkpoints.py). Autogenerate must not offer to drop them.
+FOREIGN_TABLES = {"apscheduler_jobs", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
+                  "checkpoint_migrations"}
 
 
 def _include_object(obj, name, type_, reflected, compare_to) -> bool:  # type: ignore[no-untyped-def]

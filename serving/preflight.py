@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import httpx
+
 from serving.launcher import healthy
 from serving.profiles import HostPaths, Profile, cpu_has_avx512, load_profile
 
@@ -160,3 +162,38 @@ def run_preflight(profile: Profile, root: str, gpus: list[Gpu] | None,
         checks.append(Check("ok", "server", f"{root} answers /health") if healthy(root)
                       else Check("warn", "server", f"{root} is not answering yet"))
     return checks
+
+
+def check_endpoint(base_url: str, model: str, api_key: str = "EMPTY", *,
+                   timeout_s: float = 10.0, client: httpx.Client | None = None) -> Check:
+    """Check that an OpenAI-compatible server answers at ``base_url`` and serves ``model``.
+
+    What a batch checks before it writes anything: a server that is not there, refuses the
+    key, or serves another model would otherwise fail every call of the night.
+    """
+    url = base_url.rstrip("/") + "/models"
+    headers = {"Authorization": f"Bearer {api_key}"}
+    try:
+        if client is not None:
+            response = client.get(url, headers=headers, timeout=timeout_s)
+        else:
+            with httpx.Client(timeout=timeout_s) as own:
+                response = own.get(url, headers=headers)
+    except httpx.HTTPError as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(
+            error).__name__
+        return Check("fail", "server", f"cannot reach {url}: {reason}")
+    if response.status_code in (401, 403):
+        return Check("fail", "server", f"{url} refused the API key (HTTP "
+                     f"{response.status_code}): check NIGHTDESK_LLM_API_KEY")
+    if response.status_code != 200:
+        return Check("fail", "server", f"{url} answered HTTP {response.status_code}: is "
+                     "this an OpenAI-compatible server's /v1 URL?")
+    try:
+        served = [str(m["id"]) for m in response.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        return Check("fail", "server", f"{url} did not answer with a model list")
+    if model not in served:
+        return Check("fail", "model", f"the server at {base_url} does not serve {model!r} "
+                     f"(it serves: {', '.join(served) or 'nothing'}); set NIGHTDESK_LLM_MODEL")
+    return Check("ok", "server", f"{base_url} serves {model}")

@@ -63,6 +63,17 @@ class AdmissionPolicy:
         """Return how many requests may be outstanding now."""
         return int(self.limit)
 
+    def fall_back(self) -> int:
+        """Go back to the starting limit while the gauges cannot be read: blind, never grow."""
+        self.limit = float(min(self.limit, self.fallback_limit))
+        self.reason = "no /metrics"
+        return self.allowed
+
+    @property
+    def fallback_limit(self) -> int:
+        """Return the limit used without gauges: the starting one."""
+        return min(max(self.initial, self.minimum), self.maximum)
+
     def observe(self, gauges: Gauges, outstanding: int) -> int:
         """Update the limit from one metrics reading; return the new allowed count."""
         restarted = self._preemptions is not None and (

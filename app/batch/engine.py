@@ -5,32 +5,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
 import httpx
 import structlog
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from sqlalchemy import Engine
 
-from agents.data import DataProvider, get_provider
-from agents.graph import analyze_ticker, chain_length, node_names
-from app.batch import store
+from agents.data import DataProvider, MarketBundle, get_provider
+from agents.graph import analyze_ticker, chain_length, node_names, thread_id
+from app.batch import cleanup, store
+from app.batch import resume as resumption
+from app.batch.checkpoints import open_checkpointer, prune
 from app.batch.gate import GatedLLM
+from app.batch.halt import Halt, HaltReason, drive
+from app.batch.outage import ServerWatch
 from app.batch.outputs import record_outputs
 from app.batch.progress import BatchProgress
 from app.batch.sampler import MetricsSampler
 from app.batch.scheduler import Job, Scheduler, Strategy
 from app.config import Settings
-from app.errors import ERRORS
+from app.errors import ERRORS, BatchStopped, LLMError
 from app.llm import TrackedLLM
 from app.quality import monitor
 from app.usage import UsageRecorder
 
 log = structlog.get_logger(__name__)
 
-HEARTBEAT_S = 10.0
+# The settings a resumed batch takes from its first run: the graph's shape must not change.
+SHAPE_SETTINGS = ("debate_rounds", "risk_rounds", "node_max_tokens")
 
 # One ticker's work: (ticker, gated client, batch id) -> the decisions to store.
 TickerWork = Callable[[str, GatedLLM, int], Awaitable[list["store.DecisionRow"]]]
@@ -55,6 +61,7 @@ class BatchOutcome:
     succeeded: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     admission: dict[str, Any] = field(default_factory=dict)  # how the scheduler ended
+    halt: HaltReason | None = None  # why it stopped early, when it did
 
 
 class BatchEngine:
@@ -79,20 +86,50 @@ class BatchEngine:
         self.sample_metrics = sample_metrics
         self.progress_factory = progress_factory
         self.server_facts = server_facts
+        # Signals, the outage watch and fatal errors all stop the batch through this.
+        self.halt = Halt()
+        self._saver: BaseCheckpointSaver[Any] | None = None
 
-    async def run(self, plan: BatchPlan) -> BatchOutcome:
+    async def resume(self, point: resumption.ResumePoint) -> BatchOutcome:
+        """Continue a stopped batch: its unfinished tickers, from their last finished node."""
+        shape = {k: point.settings[k] for k in SHAPE_SETTINGS if k in point.settings}
+        self.settings = self.settings.model_copy(update=shape)
+        self.pipeline = self.settings.pipeline()
+        plan = BatchPlan(point.kind, point.as_of, point.tickers,
+                         int(point.settings.get("samples", 1)),
+                         str(point.settings.get("strategy", "adaptive")), point.label)
+        return await self.run(plan, resuming=point)
+
+    async def run(self, plan: BatchPlan, resuming: resumption.ResumePoint | None = None
+                  ) -> BatchOutcome:
         """Run the graph for every ticker of the plan; one ticker's failure never stops others."""
         demo_seen: list[bool] = []
+        bundles: dict[str, MarketBundle] = {}
+        loads = asyncio.Semaphore(self.settings.data_concurrency)
+
+        async def load(ticker: str) -> None:
+            # Before admission, a few tickers at once: see Scheduler.run.
+            async with loads:
+                bundles[ticker] = await asyncio.to_thread(self.provider.load, ticker,
+                                                          plan.as_of)
 
         async def graph_job(ticker: str, gated: GatedLLM, batch_id: int
                             ) -> list[store.DecisionRow]:
-            bundle = await asyncio.to_thread(self.provider.load, ticker, plan.as_of)
+            bundle = bundles.pop(ticker)
             demo_seen.append(bundle.demo)
-            results = await asyncio.gather(*(
-                analyze_ticker(llm=gated, config=self.pipeline, batch_id=batch_id,
-                               bundle=bundle, sample=s, priority=gated.priority)
-                for s in range(plan.samples)
-            ))
+            # A failed sample cancels its siblings (their calls leave "cancelled" rows) and
+            # the ticker returns only when none of its calls is still at the server.
+            try:
+                async with asyncio.TaskGroup() as samples:
+                    runs = [samples.create_task(
+                        analyze_ticker(llm=gated, config=self.pipeline, batch_id=batch_id,
+                                       bundle=bundle, sample=s, priority=gated.priority,
+                                       checkpointer=self._saver,
+                                       durability=self.settings.checkpoint_durability))
+                        for s in range(plan.samples)]
+            except BaseExceptionGroup as group:
+                raise first_error(group) from None
+            results = [run.result() for run in runs]
             await asyncio.to_thread(record_outputs, self.engine, batch_id, results)
             return [store.DecisionRow(ticker, r.sample, r.decision.rating, r.decision.score,
                                       r.decision.confidence, r.decision.summary)
@@ -105,7 +142,9 @@ class BatchEngine:
         return await self.execute(plan, graph_job, weights=weights,
                                   shapes=dict.fromkeys(plan.tickers, shape),
                                   expected_calls=per_ticker * len(plan.tickers),
-                                  final_settings=lambda: {"demo_data": any(demo_seen)})
+                                  prepare=load,
+                                  final_settings=lambda: {"demo_data": any(demo_seen)},
+                                  resuming=resuming, checkpointed=True)
 
     async def execute(
         self,
@@ -117,35 +156,59 @@ class BatchEngine:
         source_batch_id: int | None = None,
         final_settings: Callable[[], dict[str, Any]] | None = None,
         expected_calls: int | None = None,
+        prepare: Callable[[str], Awaitable[None]] | None = None,
+        resuming: resumption.ResumePoint | None = None,
+        checkpointed: bool = False,
     ) -> BatchOutcome:
         """Own a batch's rows and lifecycle while ``work`` does each ticker's calls.
 
         ``weights`` order the tickers (heaviest first); ``shapes`` give each ticker's
         expected (requests, chain length), which lets the scheduler shorten the tail.
+        ``prepare(ticker)`` loads what a ticker needs before it is admitted.
+        ``resuming`` continues that batch instead of creating one; ``checkpointed`` opens
+        the checkpointer the graph's work uses (``self._saver``).
         """
         strategy = Strategy.parse(plan.strategy)
-        batch_id = await asyncio.to_thread(
-            store.create_batch, self.engine, kind=plan.kind, as_of=plan.as_of,
-            tickers=plan.tickers, samples=plan.samples, label=plan.label,
-            settings={**self.settings.snapshot(), "samples": plan.samples,
-                      "strategy": strategy.name},
-            server_facts=self.server_facts, source_batch_id=source_batch_id,
-        )
-        outcome = BatchOutcome(batch_id, "running")
+        attempts: dict[tuple[str, str, int], int] = {}
+        if resuming is None:
+            batch_id = await asyncio.to_thread(
+                store.create_batch, self.engine, kind=plan.kind, as_of=plan.as_of,
+                tickers=plan.tickers, samples=plan.samples, label=plan.label,
+                settings={**self.settings.snapshot(), "samples": plan.samples,
+                          "strategy": strategy.name},
+                server_facts=self.server_facts, source_batch_id=source_batch_id,
+            )
+            outcome = BatchOutcome(batch_id, "running")
+        else:
+            batch_id = resuming.batch_id
+            await asyncio.to_thread(resumption.reopen, self.engine, resuming)
+            # Numbering goes on after what the earlier runs recorded: no row is dropped.
+            attempts = await asyncio.to_thread(resumption.attempts_so_far, self.engine, batch_id)
+            done, failed_before = await asyncio.to_thread(resumption.finished_tickers,
+                                                          self.engine, batch_id)
+            outcome = BatchOutcome(batch_id, "running", done, failed_before)
 
         with structlog.contextvars.bound_contextvars(batch_id=batch_id):
             log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                      samples=plan.samples, strategy=strategy.name, as_of=str(plan.as_of))
             recorder = UsageRecorder(self.engine)
+            hint = f"; resume with `nightdesk run --resume {batch_id}`"
+            watch = ServerWatch(self.settings.llm_base_url, budget_s=self.settings.outage_budget_s,
+                                interval_s=self.settings.server_probe_interval_s,
+                                halt=self.halt, client=self.http_client, resume_hint=hint)
             llm = TrackedLLM(self.settings, recorder, http_client=self.http_client,
                              max_in_flight=max_in_flight(strategy, shapes,
-                                                         self.settings.max_concurrency))
+                                                         self.settings.max_concurrency),
+                             watch=watch, attempts_before=attempts)
             # The LLM's client (when one is given) also reads /metrics: the same server.
             sampler = (MetricsSampler.from_settings(self.settings, self.engine, batch_id,
                                                     client=self.http_client)
                        if self.sample_metrics else None)
+            # An unreadable /metrics is a server problem: the watch pauses admission on it.
             scheduler = Scheduler(llm, strategy, gauges=sampler,
-                                  interval_s=min(self.settings.metrics_interval_s, 2.0))
+                                  interval_s=min(self.settings.metrics_interval_s, 2.0),
+                                  on_metrics=watch.note_metrics)
+            watch.gate = scheduler.gate
             progress = self.progress_factory(batch_id, len(plan.tickers), llm, scheduler,
                                              sampler, expected_calls=expected_calls)
 
@@ -156,8 +219,17 @@ class BatchEngine:
 
             async def on_done(job: Job, decisions: Any, error: BaseException | None) -> None:
                 message = None if error is None else _one_line(error)
-                await asyncio.to_thread(store.ticker_finished, self.engine, batch_id, job.key,
-                                        decisions or [], message)
+                if isinstance(error, LLMError) and error.stops_batch:
+                    # Every call would meet it (a wrong key, URL or model): stop the batch
+                    # rather than fail each ticker; this one stays resumable.
+                    self.halt.request(HaltReason("failed", message or "", error.exit_code))
+                    return
+                if isinstance(error, BatchStopped):
+                    return  # stopped, not failed: left for `run --resume`
+                message = await self._store_result(batch_id, job.key, decisions or [], message)
+                if self._saver is not None:
+                    await prune(self._saver, [thread_id(batch_id, job.key, s)
+                                              for s in range(plan.samples)])
                 if message:
                     outcome.failed[job.key] = message
                     log.error("ticker failed", ticker=job.key, error=message)
@@ -168,17 +240,47 @@ class BatchEngine:
                 progress.ticker_done(job.key, ok=message is None)
 
             jobs = [Job(t, functools.partial(ticker_job, t), (weights or {}).get(t, 0.0),
-                        *(shapes or {}).get(t, (0, 0)))
+                        *(shapes or {}).get(t, (0, 0)),
+                        prepare=functools.partial(prepare, t) if prepare else None)
                     for t in plan.tickers]
             heart = asyncio.create_task(self._heartbeat(batch_id))
             status, error_text = "crashed", None
+            body_ok = False
             try:
                 await recorder.start()
                 if sampler is not None:
                     await sampler.start()
-                with progress:
-                    await scheduler.run(jobs, on_done)
-                status = "succeeded" if outcome.succeeded or not plan.tickers else "failed"
+                async with self._checkpoints(checkpointed, recorder):
+                    watching = asyncio.create_task(watch.run(), name="server-watch")
+                    try:
+                        with progress:
+                            await drive(scheduler, scheduler.run(jobs, on_done), self.halt)
+                    finally:
+                        watching.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await watching
+                    if self._saver is not None and self.halt.reason is None:
+                        # Every ticker finished: no checkpoint of the batch is needed any more
+                        # (one left by a process killed between storing and pruning included).
+                        await prune(self._saver, await asyncio.to_thread(
+                            resumption.threads_of, self.engine, batch_id))
+                # Honest: "succeeded" only when every ticker did, "partial" when some did.
+                # Counted over the whole batch: a resume's earlier tickers included.
+                status = ("succeeded" if not outcome.failed
+                          else "partial" if outcome.succeeded else "failed")
+                if self.halt.reason is not None:
+                    outcome.halt = self.halt.reason
+                    status, error_text = self.halt.reason.status, self.halt.reason.message
+                if watch.outages:
+                    extra = final_settings
+                    final_settings = lambda: {**(extra() if extra else {}),  # noqa: E731
+                                              "server_outages": watch.outages}
+                fallback = scheduler.fallback_record()
+                if fallback is not None:  # shown by `nightdesk report`
+                    before = final_settings
+                    final_settings = lambda: {**(before() if before else {}),  # noqa: E731
+                                              "metrics_fallback": fallback}
+                body_ok = True
             except (asyncio.CancelledError, KeyboardInterrupt):
                 status, error_text = "interrupted", "interrupted by the operator"
                 raise
@@ -186,13 +288,15 @@ class BatchEngine:
                 error_text = _one_line(exc)
                 raise
             finally:
-                heart.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await heart
-                if sampler is not None:
-                    await sampler.stop()
-                await recorder.close()
-                await llm.aclose()
+                # Each step runs whatever the others do, and the status is written after all.
+                failed = await cleanup.run_all([
+                    ("stop the heartbeat", functools.partial(_stop, heart)),
+                    ("stop the metrics sampler", sampler.stop if sampler is not None else None),
+                    ("close the usage recorder", recorder.close),
+                    ("close the LLM client", llm.aclose),
+                ])
+                if failed:
+                    error_text = "; ".join(filter(None, [error_text, cleanup.describe(failed)]))
                 outcome.status = status
                 outcome.admission = scheduler.admission()
                 await asyncio.to_thread(
@@ -200,7 +304,9 @@ class BatchEngine:
                     final_settings() if final_settings else None)
                 log.info("batch finished", status=status, succeeded=len(outcome.succeeded),
                          failed=len(outcome.failed), admission=outcome.admission)
-            if plan.kind == "nightly":
+                cleanup.reraise(failed, body_ok=body_ok)
+            if plan.kind == "nightly" and status in ("succeeded", "partial"):
+                # Judged once the night is whole: an interrupted one when its resume ends.
                 await asyncio.to_thread(self._watch_ratings, batch_id)
         return outcome
 
@@ -212,9 +318,45 @@ class BatchEngine:
         except Exception as exc:
             log.warning("rating monitor failed", error=_one_line(exc))
 
+    @contextlib.asynccontextmanager
+    async def _checkpoints(self, wanted: bool, recorder: UsageRecorder) -> AsyncIterator[None]:
+        """Open the checkpointer for the graph's work (``self._saver``) when ``wanted``."""
+        if not wanted:
+            yield
+            return
+        async with open_checkpointer(self.settings.database_url,
+                                     before_write=recorder.drain) as saver:
+            self._saver = saver
+            try:
+                yield
+            finally:
+                self._saver = None
+
+    async def _store_result(self, batch_id: int, ticker: str,
+                            decisions: list[store.DecisionRow], error: str | None) -> str | None:
+        """Store how a ticker ended; return why it failed (None: it succeeded).
+
+        A result the database will not take (the store's retries spent, text it refuses)
+        fails this ticker only, with the reason: the rest of the night goes on.
+        """
+        try:
+            await asyncio.to_thread(store.ticker_finished, self.engine, batch_id, ticker,
+                                    decisions, error)
+            return error
+        except Exception as exc:
+            reason = "; ".join(filter(None, [error, f"result not stored: {_one_line(exc)}"]))
+        log.error("ticker result not stored", ticker=ticker, error=reason)
+        try:
+            await asyncio.to_thread(store.ticker_finished, self.engine, batch_id, ticker, [],
+                                    reason)
+        except Exception as exc:
+            # The database is away for now: finish_batch marks the ticker when it can.
+            log.error("ticker status not stored", ticker=ticker, error=_one_line(exc))
+        return reason
+
     async def _heartbeat(self, batch_id: int) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT_S)
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
             try:
                 await asyncio.to_thread(store.heartbeat, self.engine, batch_id)
             except Exception as exc:  # a missed heartbeat is not worth failing the batch
@@ -237,6 +379,20 @@ def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
         return None  # some ticker's work is unknown: leave the pool uncapped
     # fixed-N: at most N tickers at once, each with every request it has.
     return sum(requests[:strategy.tickers_in_flight or len(requests)])
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
+    """Return the error that ended a task group: the first one raised, not the group."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 def _one_line(error: BaseException) -> str:

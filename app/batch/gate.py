@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 from collections.abc import AsyncIterator, Callable
@@ -11,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.chat import CallTag, ChatResult
+from agents.fitting import PromptSize
 from app.batch.budget import TokenBudget
-from app.llm import TrackedLLM
+from app.llm import Admit, TrackedLLM
 
 
 class Gate:
@@ -32,10 +34,46 @@ class Gate:
         self._waiters: list[tuple[int, int, asyncio.Future[None], int, Ticket | None]] = []
         self._seq = itertools.count()
         self._changed = asyncio.Event()
+        self._holds: set[str] = set()  # why nothing is let through now (server down, stopping)
+        self._closed: BaseException | None = None
 
     @property
     def limit(self) -> int:
         return self._limit
+
+    @property
+    def held(self) -> bool:
+        return bool(self._holds) or self._closed is not None
+
+    def hold(self, why: str) -> None:
+        """Let nothing new through until ``release(why)``; requests at the server go on."""
+        self._holds.add(why)
+        self._changed.set()
+
+    def release(self, why: str) -> None:
+        self._holds.discard(why)
+        self._grant()
+
+    def close(self, error: BaseException) -> None:
+        """Refuse every waiting and later request with ``error``; the batch is stopping."""
+        self._closed = error
+        for waiter in self._waiters:
+            future = waiter[2]
+            if not future.done():
+                future.set_exception(self._refusal())
+        self._waiters.clear()
+        self._changed.set()
+
+    def _refusal(self) -> BaseException:
+        # A fresh exception per waiter: one instance raised in many tasks mixes tracebacks.
+        assert self._closed is not None
+        return type(self._closed)(*self._closed.args)
+
+    async def drained(self) -> None:
+        """Return once no request holds a place (none is at the server)."""
+        while self.outstanding > 0:
+            self._changed.clear()
+            await self._changed.wait()
 
     @property
     def waiting(self) -> int:
@@ -47,7 +85,7 @@ class Gate:
 
     def has_room(self) -> bool:
         """Return True when a new request (of a typical size) would be sent at once."""
-        if not (self.outstanding < self._limit and self.waiting == 0):
+        if self.held or not (self.outstanding < self._limit and self.waiting == 0):
             return False
         return self.budget is None or self.budget.room_for_new()
 
@@ -73,7 +111,10 @@ class Gate:
     async def slot(self, priority: int = 0, cost: int = 0,
                    ticket: Ticket | None = None) -> AsyncIterator[None]:
         """Hold one place (and ``cost`` tokens of the budget) for the duration of the block."""
-        if self.outstanding < self._limit and self.waiting == 0 and self._fits(cost, ticket):
+        if self._closed is not None:
+            raise self._refusal()
+        if (not self.held and self.outstanding < self._limit and self.waiting == 0
+                and self._fits(cost, ticket)):
             self._take(cost, ticket)
         else:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -116,7 +157,7 @@ class Gate:
         self._grant()
 
     def _grant(self) -> None:
-        while self._waiters and self.outstanding < self._limit:
+        while self._waiters and self.outstanding < self._limit and not self.held:
             _, _, future, cost, ticket = self._waiters[0]
             if future.done():
                 heapq.heappop(self._waiters)
@@ -178,25 +219,28 @@ class GatedLLM:
         return self.ticket.order
 
     @asynccontextmanager
-    async def _place(self, cost: int = 0) -> AsyncIterator[int]:
+    async def _request(self) -> AsyncIterator[int]:
+        """Count one request of the ticker, from its first attempt to its last."""
         if self._on_request is not None:
             self._on_request.set()
         # The priority is decided per request: a ticker can turn urgent on the way.
         rank = self._rank(self.ticket) if self._rank is not None else self.ticket.order
         try:
-            async with self.gate.slot(rank, cost, self.ticket):
-                yield rank
+            yield rank
         finally:
             self.ticket.done += 1
             if self._on_finish is not None:
                 self._on_finish(self.ticket)
 
     async def _budgeted(self, tag: CallTag, body: dict[str, Any],
-                        call: Callable[[int], Any]) -> ChatResult:
+                        call: Callable[[int, Admit], Any]) -> ChatResult:
         budget = self._budget
         cost = budget.cost(tag.node, body) if budget is not None else 0
-        async with self._place(cost) as rank:
-            result: ChatResult = await call(rank)
+        async with self._request() as rank:
+            # Each attempt takes a place (and the request's tokens) at the gate; a retry's
+            # backoff waits outside it, so the place and tokens serve someone else meanwhile.
+            admit = functools.partial(self.gate.slot, rank, cost, self.ticket)
+            result: ChatResult = await call(rank, admit)
         if budget is not None:
             budget.learn(tag.node, body, result.prompt_tokens, result.completion_tokens)
         return result
@@ -204,9 +248,15 @@ class GatedLLM:
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
         kwargs.pop("priority", None)
         sized = {"messages": messages, "max_tokens": kwargs.get("max_tokens", 0)}
-        return await self._budgeted(tag, sized, lambda rank: self.llm.chat(
-            tag, messages, priority=rank, **kwargs))
+        return await self._budgeted(tag, sized, lambda rank, admit: self.llm.chat(
+            tag, messages, priority=rank, admit=admit, **kwargs))
 
-    async def send(self, tag: CallTag, body: dict[str, Any]) -> ChatResult:
-        return await self._budgeted(tag, body, lambda rank: self.llm.send(
-            tag, body, priority=rank))
+    async def send(self, tag: CallTag, body: dict[str, Any], *,
+                   first_attempt: int = 1) -> ChatResult:
+        return await self._budgeted(tag, body, lambda rank, admit: self.llm.send(
+            tag, body, priority=rank, first_attempt=first_attempt, admit=admit))
+
+    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
+                      exact: bool = False) -> PromptSize | None:
+        """Count a prompt for the context guard; not a request, so it needs no place."""
+        return await self.llm.measure(messages, max_tokens=max_tokens, exact=exact)

@@ -119,8 +119,10 @@ def nightly_lock(engine: Engine) -> Iterator[None]:
     with held_lock as held:
         if not held:
             raise _refuse(engine)
-        log.info("nightly lock taken", lock=where)
+        # Debug, not info: a run refused right after (bad input, preflight) must stay one
+        # line on stderr; the batch's own log lines say when a night ran.
+        log.debug("nightly lock taken", lock=where)
         try:
             yield
         finally:
-            log.info("nightly lock released", lock=where)
+            log.debug("nightly lock released", lock=where)

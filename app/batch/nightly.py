@@ -1,11 +1,16 @@
 """Run one night: the entry point that `nightdesk run`, the scheduler daemon and the timer share.
 
 A nightly run takes the single-instance lock before it writes anything, decides its as-of
-date and universe, and runs the batch; the lock is let go when the batch row is final.
+date and universe, and runs the batch; the lock is let go when the batch row is final. A
+night cut short (the process killed, a signal, a server outage) is continued, not run again:
+``run_nightly(resume=True)`` (the daemon) takes up tonight's unfinished batch, and
+``resume_recorded`` (``nightdesk run --resume [ID]``) any recorded one, both through
+``resume_batch`` and under the same lock for a nightly batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
@@ -15,26 +20,31 @@ from sqlalchemy import Engine, select
 
 from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
+from app.batch import resume as resumption
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.lock import nightly_lock
 from app.batch.signals import run_batch
 from app.config import Settings
-from app.db.engine import ready_engine, session_factory
+from app.db.engine import ready_engine
 from app.db.models import Batch
-from app.errors import InputError, NightdeskError
+from app.errors import InputError
 from serving.facts import batch_server_facts
 
 log = structlog.get_logger(__name__)
 
 # A nightly batch in one of these states did not finish: the night is owed a resume.
 # "running" counts too because it is only ever looked at under the lock, where no live
-# run can own it: its process died without a word.
+# run can own it: its process died without a word (mark_orphaned has marked it crashed).
 UNFINISHED = ("crashed", "interrupted", "running")
+# A "failed" night is owed one only when tickers are left: stopped early by a refused key,
+# a wrong URL or model (every ticker failing is a finished night).
+STOPPED = "failed"
 FINISHED = ("succeeded", "partial")
 
-
-class ResumeUnavailableError(NightdeskError):
-    """A cut-short night needs a resume that this build cannot do."""
+# Checks the server before anything is written (the CLI's preflight); None: no check.
+Preflight = Callable[[], None] | None
+# Told which batch is about to be resumed, before it is (the CLI prints it).
+Announce = Callable[[resumption.ResumePoint], None] | None
 
 
 @dataclass
@@ -55,6 +65,7 @@ class NightlyResult:
 
     outcome: BatchOutcome | None
     tickers: int = 0
+    resumed: resumption.ResumePoint | None = None  # set when an earlier batch was continued
 
 
 def default_as_of(settings: Settings) -> date:
@@ -84,13 +95,18 @@ def nightly_tickers(settings: Settings, as_of: date, tickers: str | None = None,
                      "NIGHTDESK_UNIVERSE_FILE")
 
 
-def unfinished_batch(engine: Engine, as_of: date) -> Batch | None:
-    """Return the newest nightly batch of ``as_of`` that did not finish (call under the lock)."""
-    with session_factory(engine)() as session:
-        return session.scalars(select(Batch)
-                               .where(Batch.kind == "nightly", Batch.as_of == as_of,
-                                      Batch.status.in_(UNFINISHED))
-                               .order_by(Batch.id.desc()).limit(1)).first()
+def owed_night(engine: Engine, as_of: date) -> int | None:
+    """Return the newest nightly batch of ``as_of`` that is owed a resume (call under the lock)."""
+    with engine.connect() as conn:
+        candidates = conn.execute(
+            select(Batch.id, Batch.status)
+            .where(Batch.kind == "nightly", Batch.as_of == as_of,
+                   Batch.status.in_((*UNFINISHED, STOPPED)))
+            .order_by(Batch.id.desc())).all()
+    for batch_id, status in candidates:
+        if status in UNFINISHED or resumption.tickers_left(engine, batch_id):
+            return int(batch_id)
+    return None
 
 
 def finished_since(engine: Engine, as_of: date, since: datetime) -> int | None:
@@ -102,52 +118,63 @@ def finished_since(engine: Engine, as_of: date, since: datetime) -> int | None:
                             .order_by(Batch.id.desc()).limit(1)).scalar()
 
 
-def execute_plan(settings: Settings, engine: Engine, plan: BatchPlan) -> BatchOutcome:
-    """Run one batch to its final row; SIGTERM or Ctrl-C end it as interrupted."""
+def _runner(settings: Settings, engine: Engine) -> BatchEngine:
     facts = batch_server_facts(settings.server_profile, settings.llm_base_url,
                                settings.server_dir)
-    return run_batch(BatchEngine(settings, engine, server_facts=facts).run(plan))
+    return BatchEngine(settings, engine, server_facts=facts)
 
 
-def resume_batch(settings: Settings, engine: Engine, batch: Batch) -> BatchOutcome:
-    """Continue a cut-short nightly batch from where it stopped.
+def execute_plan(settings: Settings, engine: Engine, plan: BatchPlan) -> BatchOutcome:
+    """Run one batch to its final row; SIGTERM or Ctrl-C stop it as interrupted (resumable)."""
+    runner = _runner(settings, engine)
+    return run_batch(runner.run(plan), runner.halt, settings.shutdown_grace_s)
 
-    Resuming at node granularity (checkpoints, ``nightdesk run --resume``) belongs to the
-    reliability work; until it is in this build, a cut-short night is reported and left for
-    the operator rather than silently run a second time.
-    """
-    raise ResumeUnavailableError(
-        f"batch {batch.id} (nightly, as of {batch.as_of}) did not finish ({batch.status}) "
-        "and this build cannot resume it: run `nightdesk run` to start the night again")
+
+def resume_batch(settings: Settings, engine: Engine,
+                 point: resumption.ResumePoint) -> BatchOutcome:
+    """Continue a cut-short batch from where it stopped: each unfinished ticker after its last
+    checkpointed node, none of the finished ones again."""
+    runner = _runner(settings, engine)
+    return run_batch(runner.resume(point), runner.halt, settings.shutdown_grace_s)
+
+
+def _orphans(engine: Engine) -> None:
+    for batch_id in resumption.mark_orphaned(engine):
+        log.warning("nightly batch without its process marked crashed", batch_id=batch_id)
 
 
 def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                 engine: Engine | None = None, resume: bool = False,
-                skip_if_finished_since: datetime | None = None) -> NightlyResult:
+                skip_if_finished_since: datetime | None = None,
+                preflight: Preflight = None) -> NightlyResult:
     """Run tonight's batch under the single-instance lock and say what it did.
 
     ``resume``: continue an unfinished nightly batch of the same as-of date instead of
     starting a second one. ``skip_if_finished_since``: run nothing when a nightly batch of
     that date has finished since then (a scheduled run that fired again after its batch was
-    done). Raise AlreadyRunningError when another run holds the lock: then no batch row is
-    written and no LLM call made.
+    done). ``preflight`` runs once the lock is held, before any batch row is written. Raise
+    AlreadyRunningError when another run holds the lock: then no batch row is written and no
+    LLM call made.
     """
     request = request or NightlyRequest()
     engine = engine or ready_engine(settings.database_url)
     with nightly_lock(engine):
+        _orphans(engine)
         as_of = request.as_of or default_as_of(settings)
         if skip_if_finished_since is not None:
             done = finished_since(engine, as_of, skip_if_finished_since)
             if done is not None:
                 log.info("night already done", batch_id=done, as_of=str(as_of))
                 return NightlyResult(None)
-        if resume:
-            unfinished = unfinished_batch(engine, as_of)
-            if unfinished is not None:
-                log.info("resuming the night", batch_id=unfinished.id,
-                         status=unfinished.status, as_of=str(as_of))
-                return NightlyResult(resume_batch(settings, engine, unfinished),
-                                     unfinished.tickers_total)
+        if preflight is not None:
+            preflight()
+        owed = owed_night(engine, as_of) if resume else None
+        if owed is not None:
+            point = resumption.find_resumable(engine, owed, settings.heartbeat_stale_s,
+                                              closing=True)
+            log.info("resuming the night", batch_id=point.batch_id, status=point.status,
+                     as_of=str(as_of), left=len(point.tickers), finished=point.finished)
+            return NightlyResult(resume_batch(settings, engine, point), point.total, point)
         symbols, notes = nightly_tickers(settings, as_of, request.tickers, request.universe)
         for note in notes:
             log.warning("universe note", note=note)
@@ -155,3 +182,30 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
         plan = BatchPlan("nightly", as_of, symbols, request.samples or settings.samples,
                          request.strategy)
         return NightlyResult(execute_plan(settings, engine, plan), len(symbols))
+
+
+def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = None, *,
+                    preflight: Preflight = None, announce: Announce = None) -> NightlyResult:
+    """Continue a recorded batch (``nightdesk run --resume [BATCH_ID]``).
+
+    ``batch_id`` None takes the newest interrupted, crashed or stopped batch with tickers
+    left. A nightly batch is resumed under the nightly lock, as a night is run: while
+    another run holds it, AlreadyRunningError ("already running: batch N", exit 4). A rerun
+    takes no lock; one whose heartbeat is fresh is refused the same way.
+    """
+    target, kind = resumption.pick(engine, batch_id)
+    if kind != "nightly":
+        return _resume(settings, engine, target, preflight, announce)
+    with nightly_lock(engine):
+        _orphans(engine)
+        return _resume(settings, engine, target, preflight, announce)
+
+
+def _resume(settings: Settings, engine: Engine, batch_id: int, preflight: Preflight,
+            announce: Announce) -> NightlyResult:
+    point = resumption.find_resumable(engine, batch_id, settings.heartbeat_stale_s)
+    if preflight is not None:
+        preflight()
+    if announce is not None:
+        announce(point)
+    return NightlyResult(resume_batch(settings, engine, point), point.total, point)

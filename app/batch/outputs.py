@@ -10,14 +10,10 @@ from sqlalchemy import Engine, Table
 
 from agents.graph import TickerResult
 from app.db.models import NodeText
+from app.db.retry import retried
 from app.usage import insert_ignoring_duplicates
 
 TABLE: Table = NodeText.__table__  # type: ignore[assignment]
-
-
-def storable(text: str) -> str:
-    """Drop NUL characters: PostgreSQL refuses them in text columns, and they carry nothing."""
-    return text.replace("\x00", "")
 
 
 def output_rows(batch_id: int, results: Iterable[TickerResult]) -> list[dict[str, Any]]:
@@ -25,7 +21,7 @@ def output_rows(batch_id: int, results: Iterable[TickerResult]) -> list[dict[str
     at = datetime.now(UTC)
     return [
         {"batch_id": batch_id, "ticker": result.ticker, "sample": result.sample, "node": node,
-         "position": position, "text": storable(out.text), "prompt_tokens": out.prompt_tokens,
+         "position": position, "text": out.text, "prompt_tokens": out.prompt_tokens,
          "completion_tokens": out.completion_tokens, "finish_reason": out.finish_reason,
          "attempts": out.attempts, "created_at": at}
         for result in results
@@ -33,6 +29,7 @@ def output_rows(batch_id: int, results: Iterable[TickerResult]) -> list[dict[str
     ]
 
 
-def record_outputs(engine: Engine, batch_id: int, results: Iterable[TickerResult]) -> None:
+@retried
+def record_outputs(engine: Engine, batch_id: int, results: list[TickerResult]) -> None:
     """Store the node texts of a ticker's samples; a repeated store (a resume) adds nothing."""
     insert_ignoring_duplicates(engine, TABLE, output_rows(batch_id, results))

@@ -66,6 +66,9 @@ class BatchProgress:
             # The KV token budget (None when the batch has none or the capacity is unknown).
             "budget_tokens": budget.limit if budget is not None else None,
             "reserved_tokens": budget.reserved if budget is not None else None,
+            # Adaptive admission without its gauges runs blind on a fallback: say so.
+            "admission": ("fallback: /metrics unreadable"
+                          if getattr(self.scheduler, "metrics_fallback", False) else None),
             "elapsed_s": round(elapsed), "eta_s": None if eta is None else round(eta),
         }
 
@@ -77,8 +80,11 @@ class BatchProgress:
         table.add_row("calls", f"{s['calls']} ({s['failed_calls']} failed)")
         table.add_row("batch output", f"{s['output_tok_s']} tok/s")
         kv = "—" if s["kv_usage"] is None else f"{s['kv_usage']:.0%}"
+        admitting = "" if s["limit"] is None else f" · admitting {s['limit']}"
+        if s["admission"]:
+            admitting += f" ({s['admission']})"
         table.add_row("server", f"running {s['running']} · waiting {s['waiting']} · KV {kv}"
-                      + ("" if s["limit"] is None else f" · admitting {s['limit']}")
+                      + admitting
                       + ("" if s["budget_tokens"] is None else
                          f" · KV tokens {s['reserved_tokens']:,}/{s['budget_tokens']:,}"))
         eta = "—" if s["eta_s"] is None else f"{s['eta_s']} s"

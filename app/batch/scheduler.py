@@ -15,8 +15,10 @@ night of ~100 tickers nothing is urgent; only the last stretch is reordered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -32,6 +34,8 @@ from app.llm import TrackedLLM
 log = structlog.get_logger(__name__)
 
 UNBOUNDED = 1_000_000
+# How long admission waits for the heaviest ticker's data before a lighter one goes first.
+PREPARE_PATIENCE_S = 1.0
 
 
 @dataclass
@@ -43,6 +47,8 @@ class Job:
     weight: float = 0.0  # expected work; heavier jobs start first so the tail is short
     requests: int = 0  # expected requests, 0 when unknown
     chain: int = 0  # the longest run of them that must go one after another
+    # What the job needs before it may be admitted (its market data), run ahead of admission.
+    prepare: Callable[[], Awaitable[Any]] | None = None
 
 
 POLICY_KNOBS = ("initial", "minimum", "maximum", "kv_high", "kv_full", "queue_allowance",
@@ -146,7 +152,8 @@ class Scheduler:
     """Run jobs under one strategy; with ``adaptive`` the gate follows the admission policy."""
 
     def __init__(self, llm: TrackedLLM, strategy: Strategy, *, gauges: GaugeSource | None = None,
-                 policy: AdmissionPolicy | None = None, interval_s: float = 1.0) -> None:
+                 policy: AdmissionPolicy | None = None, interval_s: float = 1.0,
+                 on_metrics: Callable[[bool], None] | None = None) -> None:
         self.llm = llm
         self.strategy = strategy
         self.gauges = gauges
@@ -160,13 +167,30 @@ class Scheduler:
         self.in_flight = 0
         self.started = 0
         self.left = 0  # requests of the batch not yet finished, as far as they are known
+        self._loaded = asyncio.Event()  # set whenever a job's preparation ends
+        self._waited: set[int] = set()
         self.tickers = 0
+        self.stopping = False
+        # Readings of /metrics that could not be taken, and the fallback they put us in.
+        self.on_metrics = on_metrics  # told of each reading, taken (True) or missed (False)
+        self.metrics_fallback = False
+        self.metrics_missed = 0
+        self._fallback_s = 0.0
+        self._fallback_since = 0.0
+
+    def stop(self) -> None:
+        """Start no more tickers and let no new request through; requests out may finish."""
+        self.stopping = True
+        self.gate.hold("stopping")
 
     def urgent(self, ticket: Ticket) -> bool:
         """Return True when the ticker's remaining chain would outlast the rest of the batch."""
         if not self.strategy.tail or not ticket.chain or not ticket.remaining:
             return False
         return ticket.remaining_chain >= self.left / max(1, self.gate.limit)
+
+    def _may_pass(self, ticket: Ticket) -> bool:
+        return self.stopping or self.urgent(ticket)
 
     def rank(self, ticket: Ticket) -> int:
         """Return a request's priority, lower first: urgent tickers by longest remaining
@@ -185,18 +209,38 @@ class Scheduler:
     async def run(self, jobs: list[Job], on_done: OnDone) -> None:
         """Run every job once; a failing job is reported to ``on_done``, never raised."""
         ordered = sorted(jobs, key=lambda j: -j.weight)
-        tickets = [Ticket(i, job.requests, job.chain) for i, job in enumerate(ordered)]
         self.left = sum(job.requests for job in ordered)
-        self.tickers = len(tickets)
+        self.tickers = len(ordered)
         tasks: list[asyncio.Task[None]] = []
         controller = (asyncio.create_task(self._control(), name="admission")
                       if self.strategy.adaptive and self.gauges is not None else None)
         slots = asyncio.Semaphore(self.strategy.tickers_in_flight or UNBOUNDED)
+        # Jobs prepare (load their data) ahead of admission, and a ticker is admitted once
+        # it is ready: one slow load never holds back the tickers behind it. Start order,
+        # not weight order, is then the ticker's priority.
+        loaded = [asyncio.Event() for _ in ordered]
+        failures: dict[int, BaseException] = {}
+        preparing = [asyncio.create_task(self._prepare(job, loaded[i], failures, i),
+                                         name=f"prepare {job.key}")
+                     for i, job in enumerate(ordered)]
+        pending = list(range(len(ordered)))
         try:
-            for ticket, job in zip(tickets, ordered, strict=True):
+            for order in range(len(ordered)):
                 await slots.acquire()
+                index = await self._next_ready(pending, loaded)
+                job = ordered[index]
+                failure = failures.get(index)
+                if failure is not None:  # never admitted: it has nothing to work on
+                    slots.release()
+                    self.left -= job.requests
+                    await on_done(job, None, failure)
+                    continue
+                ticket = Ticket(order, job.requests, job.chain)
                 if self.strategy.tickers_in_flight is None:
-                    await self.gate.wait_for_room(or_else=functools.partial(self.urgent, ticket))
+                    await self.gate.wait_for_room(or_else=functools.partial(
+                        self._may_pass, ticket))
+                if self.stopping:
+                    break  # the tickers not started stay queued, for a resume
                 first_request = asyncio.Event()
                 task = asyncio.create_task(
                     self._one(job, ticket, first_request, slots, on_done), name=job.key)
@@ -209,11 +253,43 @@ class Scheduler:
                     done.cancel()
             await asyncio.gather(*tasks)
         finally:
-            for task in tasks:
+            for task in [*tasks, *preparing]:
                 task.cancel()
             if controller is not None:
                 controller.cancel()
-            await asyncio.gather(*tasks, *(c for c in [controller] if c), return_exceptions=True)
+            await asyncio.gather(*tasks, *preparing, *(c for c in [controller] if c),
+                                 return_exceptions=True)
+
+    async def _prepare(self, job: Job, loaded: asyncio.Event,
+                       failures: dict[int, BaseException], index: int) -> None:
+        try:
+            if job.prepare is not None:
+                await job.prepare()
+        except Exception as exc:  # the job fails alone, reported by run()
+            failures[index] = exc
+        finally:
+            loaded.set()
+            self._loaded.set()
+
+    async def _next_ready(self, pending: list[int], loaded: list[asyncio.Event]) -> int:
+        """Take the heaviest pending job whose preparation is over, waiting if none is.
+
+        The heaviest of all gets a moment (``PREPARE_PATIENCE_S``, once) before a lighter
+        ready one overtakes it: loads normally take moments, and weight order keeps the
+        batch's tail short; a load slower than that no longer holds anyone back.
+        """
+        first = pending[0]
+        if not loaded[first].is_set() and first not in self._waited:
+            self._waited.add(first)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(loaded[first].wait(), PREPARE_PATIENCE_S)
+        while True:
+            for index in pending:
+                if loaded[index].is_set():
+                    pending.remove(index)
+                    return index
+            self._loaded.clear()
+            await self._loaded.wait()
 
     async def _one(self, job: Job, ticket: Ticket, first_request: asyncio.Event,
                    slots: asyncio.Semaphore, on_done: OnDone) -> None:
@@ -238,10 +314,51 @@ class Scheduler:
             first_request.set()
         await on_done(job, result, error)
 
+    def fallback_record(self) -> dict[str, Any] | None:
+        """Return what the batch stores of its time without /metrics (None: it had none)."""
+        if not self.metrics_missed:
+            return None
+        seconds = self._fallback_s + (time.monotonic() - self._fallback_since
+                                      if self.metrics_fallback else 0.0)
+        return {"readings_missed": self.metrics_missed, "seconds": round(seconds, 1),
+                "limit": self.policy.fallback_limit}
+
+    def _metrics_missed(self, count: int) -> None:
+        self.metrics_missed += count
+        if not self.metrics_fallback:
+            self.metrics_fallback = True
+            self._fallback_since = time.monotonic()
+            # Blind, the limit must not grow: back to where it started, until readings return.
+            self.gate.set_limit(self.policy.fall_back())
+            if self._fallback_s == 0.0:  # once per batch, however often it happens
+                log.warning("cannot read the server's /metrics: adaptive admission falls back "
+                            "to its starting limit and pauses while the server looks down",
+                            limit=self.gate.limit)
+        for _ in range(count):
+            if self.on_metrics is not None:
+                self.on_metrics(False)
+
+    def _metrics_read(self) -> None:
+        if self.metrics_fallback:
+            self.metrics_fallback = False
+            self._fallback_s += time.monotonic() - self._fallback_since
+            log.info("the server's /metrics can be read again: adaptive admission resumes")
+        if self.on_metrics is not None:
+            self.on_metrics(True)
+
     async def _control(self) -> None:
         seen = None
+        failures_seen = 0
         while True:
             snapshot = self.gauges.latest if self.gauges is not None else None
+            # The sampler counts a failed reading without a new snapshot (a reading it could
+            # not store still brings one): one reading at most per tick at this pace.
+            failures = int(getattr(self.gauges, "failures", 0))
+            if snapshot is not None and snapshot is not seen:
+                self._metrics_read()
+            elif failures > failures_seen:
+                self._metrics_missed(failures - failures_seen)
+            failures_seen = failures
             if snapshot is not None and snapshot is not seen:
                 seen = snapshot
                 self._budget_capacity()

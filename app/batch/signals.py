@@ -1,4 +1,10 @@
-"""Run a batch so that SIGTERM (a systemd stop) ends it like Ctrl-C: recorded as interrupted."""
+"""Run a batch so that SIGTERM (a systemd stop) or Ctrl-C ends it cleanly, as interrupted.
+
+The first signal stops the batch through its Halt: nothing new starts, calls already at the
+server may finish for ``shutdown_grace_s`` (their nodes are checkpointed), then the batch is
+recorded ``interrupted`` and ``nightdesk run --resume`` completes it. A second signal cuts
+the grace short; a third cancels outright.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,12 @@ import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from app.batch.halt import Halt, HaltReason
 from app.errors import NightdeskError
 
 T = TypeVar("T")
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class BatchInterrupted(NightdeskError):
@@ -18,21 +27,38 @@ class BatchInterrupted(NightdeskError):
     exit_code = 130
 
 
-async def _cancel_on_sigterm(work: Coroutine[Any, Any, T]) -> T:
+async def _stop_on_signals(work: Coroutine[Any, Any, T], halt: Halt | None,
+                           grace_s: float) -> T:
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
-    # Without this, SIGTERM kills the process outright and the batch stays "running".
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+
+    def on_signal(name: str) -> None:
+        if halt is None or halt.hurried.is_set():
+            task.cancel()
+            return
+        # Without this, SIGTERM kills the process outright and the batch stays "running".
+        halt.request(HaltReason(
+            "interrupted", f"stopped by {name}: finished tickers are kept; "
+                           "`nightdesk run --resume` completes the batch",
+            BatchInterrupted.exit_code, 0.0 if halt.stopping else grace_s))
+
+    for sig in SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig.name)
     try:
         return await task
     finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+        for sig in SIGNALS:
+            loop.remove_signal_handler(sig)
 
 
-def run_batch(work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work`` to the end; SIGTERM or Ctrl-C cancel it cleanly and raise BatchInterrupted."""
+def run_batch(work: Coroutine[Any, Any, T], halt: Halt | None = None,
+              grace_s: float = 0.0) -> T:
+    """Run ``work`` to the end; SIGTERM/SIGINT stop it through ``halt`` (see the module doc).
+
+    Without a ``halt`` a signal cancels ``work`` at once and BatchInterrupted is raised.
+    """
     try:
-        return asyncio.run(_cancel_on_sigterm(work))
+        return asyncio.run(_stop_on_signals(work, halt, grace_s))
     except (asyncio.CancelledError, KeyboardInterrupt):
         raise BatchInterrupted("interrupted: the batch is recorded as interrupted; "
                                "finished tickers are kept") from None

@@ -10,6 +10,7 @@ from sqlalchemy import Engine, func, insert, select, update
 
 from agents.decision import contradicts
 from app.db.models import Batch, Decision, LLMCall, TickerRun
+from app.db.retry import retried
 from app.usage import insert_ignoring_duplicates
 
 
@@ -27,6 +28,7 @@ class DecisionRow:
     summary: str
 
 
+@retried
 def create_batch(engine: Engine, *, kind: str, as_of: date, tickers: list[str], samples: int,
                  settings: dict[str, Any], server_facts: dict[str, Any] | None,
                  label: str | None = None, source_batch_id: int | None = None) -> int:
@@ -48,11 +50,13 @@ def create_batch(engine: Engine, *, kind: str, as_of: date, tickers: list[str], 
     return int(batch_id)
 
 
+@retried
 def heartbeat(engine: Engine, batch_id: int) -> None:
     with engine.begin() as conn:
         conn.execute(update(Batch).where(Batch.id == batch_id).values(heartbeat_at=now()))
 
 
+@retried
 def ticker_started(engine: Engine, batch_id: int, ticker: str) -> None:
     with engine.begin() as conn:
         conn.execute(update(TickerRun)
@@ -60,22 +64,26 @@ def ticker_started(engine: Engine, batch_id: int, ticker: str) -> None:
                      .values(status="running", started_at=now()))
 
 
+@retried
 def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[DecisionRow],
                     error: str | None) -> None:
     """Store the ticker's decisions and its final status in one transaction."""
     rows = [{"batch_id": batch_id, "created_at": now(), **d.__dict__,
              "contradicts": contradicts(d.rating, d.score)} for d in decisions]
-    insert_ignoring_duplicates(engine, Decision.__table__, rows)  # type: ignore[arg-type]
     with engine.begin() as conn:
+        # In the same transaction as the status: never decisions of a ticker not succeeded.
+        insert_ignoring_duplicates(conn, Decision.__table__, rows)  # type: ignore[arg-type]
         conn.execute(update(TickerRun)
                      .where(TickerRun.batch_id == batch_id, TickerRun.ticker == ticker)
                      .values(status="failed" if error else "succeeded", finished_at=now(),
                              error=error))
-        column = Batch.tickers_failed if error else Batch.tickers_succeeded
+        # Counted from the ticker rows, not incremented: a write retried after a lost
+        # acknowledgement (a database restart) must not count a ticker twice.
         conn.execute(update(Batch).where(Batch.id == batch_id)
-                     .values({column: column + 1, "heartbeat_at": now()}))
+                     .values(heartbeat_at=now(), **_ticker_counts(batch_id)))
 
 
+@retried
 def finish_batch(engine: Engine, batch_id: int, status: str, error: str | None = None,
                  extra_settings: dict[str, Any] | None = None) -> None:
     with engine.begin() as conn:
@@ -88,7 +96,8 @@ def finish_batch(engine: Engine, batch_id: int, status: str, error: str | None =
         conn.execute(update(TickerRun)
                      .where(TickerRun.batch_id == batch_id,
                             TickerRun.status.in_(("queued", "running")))
-                     .values(status="interrupted" if status != "succeeded" else "failed",
+                     .values(status="failed" if status in ("succeeded", "partial")
+                             else "interrupted",
                              error=error or "not finished"))
 
 
@@ -104,3 +113,12 @@ def expected_work(engine: Engine, tickers: list[str]) -> dict[str, float]:
             .group_by(LLMCall.ticker))
     with engine.connect() as conn:
         return {t: float(w or 0) for t, w in conn.execute(stmt)}
+
+
+def _ticker_counts(batch_id: int) -> dict[str, Any]:
+    """Return the batch's ticker counters as subqueries over its ticker rows."""
+    def count(status: str) -> Any:
+        return (select(func.count()).select_from(TickerRun)
+                .where(TickerRun.batch_id == batch_id, TickerRun.status == status)
+                .scalar_subquery())
+    return {"tickers_succeeded": count("succeeded"), "tickers_failed": count("failed")}

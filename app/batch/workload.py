@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
 from app.batch.gate import GatedLLM
@@ -25,7 +25,13 @@ class WorkItem:
     sample: int
     node: str
     body: dict[str, Any]
-    deps: list[str] = field(default_factory=list)  # nodes of the same ticker and sample
+    deps: list[str] = field(default_factory=list)  # names of the same ticker and sample
+    request: int = 1  # 1: the node's request; 2, 3...: its decision asked again
+
+    @property
+    def name(self) -> str:
+        """Name the request within its ticker and sample: ``node``, or ``node#2`` for a re-ask."""
+        return self.node if self.request == 1 else f"{self.node}#{self.request}"
 
 
 Workload = dict[str, list[WorkItem]]  # ticker -> its requests
@@ -42,47 +48,58 @@ def recorded_workload(engine: Engine, batch_id: int, *, match_output: bool = Tru
                       ) -> tuple[Batch, Workload]:
     """Rebuild a batch's requests with their order.
 
-    A node depends on every node of its ticker and sample that had ended before it
-    started, which is exactly the order the graph imposed. With ``match_output`` each
-    free-text request asks for the number of tokens it produced then (``ignore_eos``), so
-    two replay arms decode the same amount and differ only by how fast they serve it.
+    A request depends on every request of its ticker and sample that had ended before it
+    started, which is exactly the order the graph imposed. A node asked again (a decision
+    that failed validation) is one request per recorded body, each with the attempts from
+    its first up to the next one's. With ``match_output`` each free-text request asks for
+    the number of tokens it produced then (``ignore_eos``), so two replay arms decode the
+    same amount and differ only by how fast they serve it.
     """
     with engine.connect() as conn:
         batch_row = conn.execute(select(Batch.__table__).where(Batch.id == batch_id)).first()
         if batch_row is None:
             raise InputError(f"no batch with id {batch_id}")
         bodies = conn.execute(select(LLMRequest.ticker, LLMRequest.node, LLMRequest.sample,
-                                     LLMRequest.body).where(LLMRequest.batch_id == batch_id)
-                              ).all()
+                                     LLMRequest.attempt, LLMRequest.body)
+                              .where(LLMRequest.batch_id == batch_id)
+                              .order_by(LLMRequest.attempt)).all()
         if not bodies:
             raise InputError(f"batch {batch_id} has no recorded requests "
                              "(was NIGHTDESK_RECORD_REQUESTS off?)")
-        ok_tokens = func.max(LLMCall.completion_tokens).filter(LLMCall.status == "ok")
-        timings = {
-            (r.ticker, r.node, r.sample): _Timing(r.started, r.ended, r.tokens)
-            for r in conn.execute(
-                select(LLMCall.ticker, LLMCall.node, LLMCall.sample,
-                       func.min(LLMCall.started_at).label("started"),
-                       func.max(LLMCall.ended_at).label("ended"), ok_tokens.label("tokens"))
-                .where(LLMCall.batch_id == batch_id)
-                .group_by(LLMCall.ticker, LLMCall.node, LLMCall.sample))
-        }
+        calls: dict[tuple[str, str, int], list[Any]] = defaultdict(list)
+        for call in conn.execute(
+                select(LLMCall.ticker, LLMCall.node, LLMCall.sample, LLMCall.attempt,
+                       LLMCall.started_at, LLMCall.ended_at, LLMCall.status,
+                       LLMCall.completion_tokens)
+                .where(LLMCall.batch_id == batch_id).order_by(LLMCall.attempt)):
+            calls[(call.ticker, call.node, call.sample)].append(call)
     batch = Batch(**batch_row._mapping)
+    firsts: dict[tuple[str, str, int], list[int]] = defaultdict(list)
+    for ticker, node, sample, attempt, _ in bodies:
+        firsts[(ticker, node, sample)].append(attempt)
     by_chain: dict[tuple[str, int], list[tuple[_Timing, WorkItem]]] = defaultdict(list)
-    for ticker, node, sample, blob in bodies:
-        timing = timings.get((ticker, node, sample))
-        if timing is None:
+    for ticker, node, sample, attempt, blob in bodies:
+        starts = firsts[(ticker, node, sample)]
+        request = starts.index(attempt) + 1
+        upto = starts[request] if request < len(starts) else None
+        mine = [c for c in calls[(ticker, node, sample)]
+                if c.attempt >= attempt and (upto is None or c.attempt < upto)]
+        if not mine:
             continue  # a body recorded for a call that never started: nothing to replay
+        ok = [c.completion_tokens for c in mine if c.status == "ok" and c.completion_tokens]
+        timing = _Timing(min(c.started_at for c in mine), max(c.ended_at for c in mine),
+                         max(ok, default=None))
         body = decompress_body(blob)
         if match_output and timing.completion_tokens and "response_format" not in body:
             body["max_tokens"] = timing.completion_tokens
             body["extra_body"] = {**body.get("extra_body", {}), "ignore_eos": True}
-        by_chain[(ticker, sample)].append((timing, WorkItem(ticker, sample, node, body)))
+        by_chain[(ticker, sample)].append(
+            (timing, WorkItem(ticker, sample, node, body, request=request)))
     workload: Workload = defaultdict(list)
     for (ticker, _), chain in sorted(by_chain.items()):
         chain.sort(key=lambda pair: pair[0].started)
         for timing, item in chain:
-            item.deps = [other.node for t, other in chain if t.ended <= timing.started]
+            item.deps = [other.name for t, other in chain if t.ended <= timing.started]
             workload[ticker].append(item)
     return batch, dict(workload)
 
@@ -92,14 +109,14 @@ def shape(items: list[WorkItem]) -> tuple[int, int]:
     depth: dict[tuple[int, str], int] = {}
 
     def chain(item: WorkItem) -> int:
-        key = (item.sample, item.node)
+        key = (item.sample, item.name)
         if key not in depth:
             depth[key] = 0  # a cycle (never recorded) must not recurse forever
             depth[key] = 1 + max((chain(by_node[(item.sample, d)]) for d in item.deps
                                   if (item.sample, d) in by_node), default=0)
         return depth[key]
 
-    by_node = {(i.sample, i.node): i for i in items}
+    by_node = {(i.sample, i.name): i for i in items}
     return len(items), max((chain(i) for i in items), default=0)
 
 
@@ -110,19 +127,31 @@ async def play(items: list[WorkItem], gated: GatedLLM, batch_id: int, *,
     A failed request still releases its dependants: replayed prompts are frozen, so a
     later node does not need an earlier node's new answer, only its place in the order.
     """
-    done = {(i.sample, i.node): asyncio.Event() for i in items}
+    done = {(i.sample, i.name): asyncio.Event() for i in items}
     errors: list[LLMError] = []
+    # A node's re-asks number their attempts after the ones its earlier requests used, as
+    # the decision's own retries do: one row per attempt, none dropped as a duplicate.
+    next_attempt: dict[tuple[int, str], int] = defaultdict(lambda: 1)
+    # Without dependencies a node's requests may overlap: each keeps a block of attempts.
+    block = gated.settings.max_attempts
 
     async def one(item: WorkItem) -> None:
         if not ignore_deps:
             for dep in item.deps:
                 await done[(item.sample, dep)].wait()
+        key = (item.sample, item.node)
+        first = (next_attempt[key] if not ignore_deps
+                 else 1 + (item.request - 1) * block)
+        next_attempt[key] = first + block
         try:
-            await gated.send(CallTag(batch_id, item.ticker, item.node, item.sample), item.body)
+            result = await gated.send(CallTag(batch_id, item.ticker, item.node, item.sample),
+                                      item.body, first_attempt=first)
+            if not ignore_deps:
+                next_attempt[key] = first + result.attempts
         except LLMError as error:
             errors.append(error)
         finally:
-            done[(item.sample, item.node)].set()
+            done[(item.sample, item.name)].set()
 
     await asyncio.gather(*(one(i) for i in items))
     if errors:

@@ -55,7 +55,10 @@ class Reply:
     chunks: int = 3  # content split into this many SSE deltas
     hold: asyncio.Event | None = None  # once admitted, wait for this before decoding
     drop: bool = False  # close the connection without an answer
-    cut_after: int | None = None  # end the stream after this many content chunks, unfinished
+    cut_after: int | None = None  # break the stream after this many content chunks, unfinished
+    # How it breaks: "drop" the connection (the server died), or "end" it cleanly with no
+    # finish reason and no usage (a truncated answer that looks whole to a careless client).
+    cut: str = "drop"
 
 
 @dataclass

@@ -21,8 +21,9 @@ What it answers, through ``httpx.MockTransport``:
 ``script`` is called with each chat request (a ``ChatRequest``) and returns a ``Reply``, a
 plain string (the reply text), or None for the default: a valid decision JSON for a
 ``response_format`` request, ``max_tokens`` tokens for an ``ignore_eos`` one, else prose.
-It may be sync or async. Faults come from the reply (status, ``drop``, ``cut_after``,
-``delay_s``, ``hold``) or on cue for the next requests of a path (``cue``).
+It may be sync or async. Faults come from the reply (status, ``drop``, ``cut_after`` with
+``cut`` "drop" or "end", ``delay_s``, ``hold``) or on cue for the next requests of a path
+(``cue``, e.g. ``cue(Reply(status=503), times=6, path="/metrics")``).
 
 Nodes are recognised from the request's seed (``call_seed`` of ticker, node and sample), so
 prompts need no markers: pass the node names and tickers you expect. The request and reply
@@ -220,11 +221,22 @@ class FakeServer:
             return httpx.Response(200, headers={"content-type": "text/event-stream"},
                                   stream=_Stream(self._sse(request, chat, seq, reply,
                                                            request_id)))
+        pieces: list[str] = []
         try:
-            async for _ in self._decode(request, seq, reply):
-                pass
-        finally:
-            self.load.leave(seq, reply.finish_reason)
+            async for piece in self._decode(request, seq, reply):
+                pieces.append(piece)
+        except _EndedEarly:
+            self.load.leave(seq, None)
+            cut = self._completion(request_id, reply)
+            # The text so far, with no finish reason and no usage: not completed.
+            cut["choices"][0].update(finish_reason=None,
+                                     message={"role": "assistant", "content": "".join(pieces)})
+            del cut["usage"]
+            return httpx.Response(200, json=cut)
+        except BaseException:
+            self.load.leave(seq, None)
+            raise
+        self.load.leave(seq, reply.finish_reason)
         chat.completed = True
         return httpx.Response(200, json=self._completion(request_id, reply))
 
@@ -259,6 +271,8 @@ class FakeServer:
                 await asyncio.sleep(reply.token_delay_s * share)
             self.load.generate(seq, share)
             if reply.cut_after is not None and i >= reply.cut_after:
+                if reply.cut == "end":
+                    raise _EndedEarly
                 raise httpx.RemoteProtocolError("peer closed connection without sending "
                                                 "complete message body", request=request)
             if i < len(pieces):
@@ -284,8 +298,13 @@ class FakeServer:
         try:
             yield event([{"index": 0, "delta": {"role": "assistant", "content": ""},
                           "finish_reason": None}])
-            async for piece in self._decode(request, seq, reply):
-                yield event([{"index": 0, "delta": {"content": piece}, "finish_reason": None}])
+            try:
+                async for piece in self._decode(request, seq, reply):
+                    yield event([{"index": 0, "delta": {"content": piece},
+                                  "finish_reason": None}])
+            except _EndedEarly:
+                yield b"data: [DONE]\n\n"  # no finish reason, no usage: not completed
+                return
             yield event([{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}])
             # The work is done: leave before the last bytes, which a client may never ask for.
             chat.completed = True
@@ -302,6 +321,10 @@ class FakeServer:
                          "message": {"role": "assistant", "content": reply.content}}],
             "usage": self._usage(reply),
         }
+
+
+class _EndedEarly(Exception):
+    """A ``cut="end"`` reply stops here: the answer ends cleanly, unfinished."""
 
 
 class _Stream(httpx.AsyncByteStream):

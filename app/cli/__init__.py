@@ -6,6 +6,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer._click.exceptions import ClickException
 
 from app.cli import batch, bench, data, db, quality, report, scheduler, server, web
@@ -33,7 +34,8 @@ def main() -> None:
         # Without standalone mode click returns a command's typer.Exit code instead of exiting.
         code = app(standalone_mode=False)
     except ERRORS as error:
-        err.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+        # Escaped: the message may quote input with [brackets] that rich would eat.
+        err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")
@@ -42,7 +44,11 @@ def main() -> None:
         sys.exit(1)
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
-    except ClickException as usage:  # bad options: click's own one-line message and code
-        usage.show()
+    except ClickException as usage:  # bad options: one line, like every other input error
+        where = getattr(getattr(usage, "ctx", None), "command_path", None)
+        hint = f" (see `{where} --help`)" if where else ""
+        message = " ".join(usage.format_message().split())
+        err.print(f"[bold red]error:[/] {escape(message)}{hint}", highlight=False,
+                  soft_wrap=True)
         sys.exit(usage.exit_code)
     sys.exit(code if isinstance(code, int) else 0)

@@ -1,4 +1,12 @@
-"""``nightdesk run / rerun / ranking``: run batches and read their ranking."""
+"""``nightdesk run / rerun / ranking``: run batches and read their ranking.
+
+Exit codes, one table for every command that runs a batch (docs/reliability.md):
+0 every ticker succeeded, 1 the batch failed (no ticker succeeded, or it stopped on an
+error), 2 bad settings or input (a refused API key, a wrong URL or model included), 3 partial
+(some tickers failed: the ranking names them), 4 already running (another nightly run holds
+the lock, or the batch to resume is running), 5 interrupted by a server outage (resumable),
+130 stopped by SIGTERM/Ctrl-C (resumable).
+"""
 
 from __future__ import annotations
 
@@ -11,18 +19,30 @@ from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from sqlalchemy import Engine
 
-from agents.tickers import check_symbol
+from agents.tickers import check_symbol, choose_tickers
 from app.batch.engine import BatchOutcome, BatchPlan
-from app.batch.nightly import NightlyRequest, default_as_of, execute_plan, run_nightly
+from app.batch.nightly import (
+    NightlyRequest,
+    NightlyResult,
+    default_as_of,
+    execute_plan,
+    resume_recorded,
+    run_nightly,
+)
+from app.batch.resume import ResumePoint, mark_stale_crashed
 from app.batch.signals import run_batch
 from app.cli.common import database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
+from app.errors import ConfigError, InputError
 from app.quality.monitor import warnings_for
 from app.ranking import as_dicts, ranking
 from serving.facts import batch_server_facts
+from serving.preflight import check_endpoint
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -34,28 +54,64 @@ Samples = Annotated[int, typer.Option("--samples", min=1, max=32,
                                       help="independent samples per ticker")]
 AsOf = Annotated[str | None, typer.Option("--as-of",
                                           help="YYYY-MM-DD (default: newest snapshot)")]
+NoPreflight = Annotated[bool, typer.Option(
+    "--no-preflight", help="start without checking that the server answers and serves "
+                           "the model")]
+
+# What a caller (systemd, cron) can act on: 3 means the night ran but its ranking lacks
+# some tickers; anything else that is not a success is 1. A batch stopped early ends with
+# its stop's own code instead (HaltReason.error).
+EXIT_CODES = {"succeeded": 0, "partial": 3}
 
 
 def _default_as_of(settings: Settings, text: str | None) -> date:
     return parse_as_of(text) if text is not None else default_as_of(settings)
 
 
-def _print_outcome(outcome: BatchOutcome, planned: int) -> None:
+def _preflight(settings: Settings, skip: bool) -> None:
+    """Stop before anything is written when the server is not there or serves another model."""
+    if skip:
+        return
+    check = check_endpoint(settings.llm_base_url, settings.llm_model,
+                           settings.llm_api_key.get_secret_value())
+    if check.level == "fail":
+        raise ConfigError(f"preflight: {check.detail} (--no-preflight skips this check)")
+
+
+def _ready_database(settings: Settings) -> Engine:
+    """Return the engine, after marking batches whose process died as crashed."""
+    engine = database(settings)
+    for batch_id in mark_stale_crashed(engine, settings.heartbeat_stale_s):
+        err.print(f"note: batch {batch_id} was running with no heartbeat for over "
+                  f"{settings.heartbeat_stale_s:.0f} s: marked crashed "
+                  f"(`nightdesk run --resume {batch_id}` continues it)")
+    return engine
+
+
+def _announce(point: ResumePoint) -> None:
+    err.print(f"resuming batch {point.batch_id} ({point.kind}, {point.status}, as of "
+              f"{point.as_of}): {len(point.tickers)} tickers left, {point.finished} finished")
+
+
+def _finish(outcome: BatchOutcome, planned: int) -> None:
+    """Print how the batch ended, then exit with its code (see the module's table)."""
     style = "green" if not outcome.failed else "yellow" if outcome.succeeded else "red"
     err.print(f"[{style}]batch {outcome.batch_id} {outcome.status}:[/] "
               f"{len(outcome.succeeded)} succeeded, {len(outcome.failed)} failed "
               f"of {planned}")
     for ticker, reason in sorted(outcome.failed.items()):
-        err.print(f"  [red]{ticker}[/]: {reason}")
-
-
-def _execute(settings: Settings, plan: BatchPlan) -> BatchOutcome:
-    outcome = execute_plan(settings, database(settings), plan)
-    _print_outcome(outcome, len(plan.tickers))
-    return outcome
+        err.print(f"  [red]{ticker}[/]: {escape(reason)}")
+    if outcome.halt is not None:
+        raise outcome.halt.error(outcome.batch_id)
+    code = EXIT_CODES.get(outcome.status, 1)
+    if code:
+        raise typer.Exit(code)
 
 
 def run(
+    batch_id: Annotated[int | None, typer.Argument(
+        help="with --resume: the batch to continue (default: the newest with tickers left)",
+        show_default=False)] = None,
     tickers: Annotated[str | None, typer.Option(
         "--tickers", help="A,B,C (default: NIGHTDESK_UNIVERSE_FILE, else the snapshot's "
                           "universe.txt)")] = None,
@@ -68,31 +124,64 @@ def run(
         "--samples", min=1, max=32,
         help="independent samples per ticker (default: NIGHTDESK_SAMPLES)")] = None,
     strategy: Strategy = "adaptive",
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="continue an interrupted or crashed batch where it stopped")] = False,
+    no_preflight: NoPreflight = False,
 ) -> None:
-    """Run the nightly batch over a universe (one at a time: a second start exits 4)."""
+    """Run the nightly batch over a universe, or continue one with --resume [BATCH_ID].
+
+    One nightly run at a time: a second start exits 4 ("already running: batch N").
+    """
     settings = setup()
-    request = NightlyRequest(as_of=_default_as_of(settings, as_of) if as_of else None,
-                             tickers=tickers, universe=universe, limit=limit, samples=samples,
-                             strategy=strategy)
-    night = run_nightly(settings, request, engine=database(settings))
+
+    def preflight() -> None:
+        _preflight(settings, no_preflight)
+
+    if resume:
+        given = [name for name, value in (("--tickers", tickers), ("--universe", universe),
+                                          ("--as-of", as_of), ("--limit", limit),
+                                          ("--samples", samples))
+                 if value is not None]
+        if given:
+            raise InputError(f"--resume continues a recorded batch with its own tickers, "
+                             f"date and samples: drop {', '.join(given)}")
+        night = resume_recorded(settings, _ready_database(settings), batch_id,
+                                preflight=preflight, announce=_announce)
+    else:
+        if batch_id is not None:
+            raise InputError(f"a batch id ({batch_id}) is only taken with --resume")
+        if tickers is not None or universe is not None:
+            # Checked here, before the lock and the server: bad input is named first.
+            symbols, notes = choose_tickers(tickers, universe)
+            for note in notes:
+                err.print(f"note: {note}")
+            tickers, universe = ",".join(symbols), None
+        request = NightlyRequest(as_of=parse_as_of(as_of) if as_of is not None else None,
+                                 tickers=tickers, universe=universe, limit=limit,
+                                 samples=samples, strategy=strategy)
+        night = run_nightly(settings, request, engine=_ready_database(settings),
+                            preflight=preflight)
+    _finish_night(night)
+
+
+def _finish_night(night: NightlyResult) -> None:
     if night.outcome is None:  # only a scheduled run skips a finished night
         return
-    _print_outcome(night.outcome, night.tickers)
-    if night.outcome.status != "succeeded":
-        raise typer.Exit(1)
+    _finish(night.outcome, night.tickers)
 
 
 def rerun(
     ticker: Annotated[str, typer.Argument(help="ticker symbol")],
     as_of: AsOf = None,
     samples: Samples = 1,
+    no_preflight: NoPreflight = False,
 ) -> None:
     """Run one ticker again as its own batch (kind rerun); the ranking applies it."""
     settings = setup()
     plan = BatchPlan("rerun", _default_as_of(settings, as_of), [check_symbol(ticker)], samples)
-    outcome = _execute(settings, plan)
-    if outcome.status != "succeeded":
-        raise typer.Exit(1)
+    _preflight(settings, no_preflight)
+    outcome = execute_plan(settings, _ready_database(settings), plan)
+    _finish(outcome, len(plan.tickers))
 
 
 def show_ranking(
@@ -127,6 +216,12 @@ def show_ranking(
         out.print(table)
         if any(r.contradicting for r in rows):
             out.print("! = rating outside its score band in at least one sample")
+    # A ranking without some of the night's tickers says which, and why: never a silent gap.
+    # (On stderr for json/csv, so their output stays machine-readable.)
+    for r in rows:
+        if r.rank is None:
+            (out if fmt == "table" else err).print(f"missing: {r.ticker} ({r.summary})",
+                                                   markup=False)
     for message in warnings_for(database(settings), chosen.id):
         # On stderr, so that json and csv output stays machine-readable.
         err.print(f"[yellow]warning:[/] batch {chosen.id}: {message}")
@@ -158,8 +253,9 @@ def replay(
     for ticker, reason in sorted(outcome.failed.items()):
         err.print(f"  [red]{ticker}[/]: {reason}")
     err.print(f"compare: nightdesk report --compare {batch},{outcome.batch_id}")
-    if outcome.status != "succeeded":
-        raise typer.Exit(1)
+    code = EXIT_CODES.get(outcome.status, 1)
+    if code:
+        raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

@@ -184,3 +184,34 @@ def combine(
         except (OSError, ValueError) as error:
             raise InputError(f"cannot read bench JSON {path}: {error}") from None
     show_schedulers(combine_results(loaded), json_out)
+
+
+@app.command("durability")
+def durability(
+    runs: Annotated[int, typer.Option(help="Pipeline runs per mode (interleaved).")] = 20,
+    pg_url: Annotated[str | None, typer.Option(
+        help="Measure on this PostgreSQL database instead of a temporary SQLite file.")] = None,
+    reply_chars: Annotated[int, typer.Option(
+        help="Characters per node's answer (what each checkpoint carries).")] = 4000,
+    json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
+) -> None:
+    """Measure what a checkpointed node costs with durability none, exit, async and sync."""
+    import asyncio
+
+    from app.bench.durability import MODES, run_durability_bench, write_json
+
+    settings = setup()
+    result = asyncio.run(run_durability_bench(settings, pg_url, runs=runs,
+                                              reply_chars=reply_chars))
+    table = Table(title=f"checkpoint durability on {result.database}: median of {runs} runs "
+                        f"of {result.nodes_per_run} nodes, {reply_chars}-character answers")
+    for col in ("mode", "ms/node", "+ms/node vs none"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for mode in MODES:
+        table.add_row(mode, f"{result.ms_per_node[mode]:.2f}", f"{result.added_ms(mode):+.2f}")
+    console = Console(width=120)
+    console.print(table)
+    m = result.machine
+    console.print(f"{m['cpu_model']}, {m['cores']} cores, Python {m['python']}, {result.date}")
+    if json_out is not None:
+        write_json(result, json_out)

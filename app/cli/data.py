@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import date
 from pathlib import Path
 from typing import Annotated
@@ -28,6 +29,9 @@ def parse_as_of(text: str | None, default: date | None = None) -> date:
             raise InputError("--as-of is required (YYYY-MM-DD)")
         return default
     try:
+        # Python also reads 20261127 and 2026-W48-5 as dates; the option promises one form.
+        if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):
+            raise ValueError(text)
         return date.fromisoformat(text)
     except ValueError:
         raise InputError(f"invalid --as-of {text!r}: expected YYYY-MM-DD") from None

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from app.batch.resume import mark_stale_crashed
 from app.cli.common import database, setup
 from app.errors import InputError
 from app.quality.monitor import warnings_for
@@ -35,6 +36,11 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
         ("batch output tok/s", f"{report.output_tokens_per_s:.1f}"),
     ):
         summary.add_row(key, str(value))
+    if report.metrics_fallback:
+        fb = report.metrics_fallback
+        summary.add_row("admission fallback",
+                        f"{fb['readings_missed']} readings of /metrics missed over "
+                        f"{fb['seconds']} s: adaptive held at {fb['limit']} and paused")
     console.print(summary)
     server = Table(title=f"the server's view ({view.samples} samples of /metrics)",
                    show_header=False)
@@ -108,6 +114,12 @@ def report(
     """Print a batch's calls, tokens, batch throughput, the server's view and node latency."""
     settings = setup()
     engine = database(settings)
+    # A batch whose process died is reported as what it is, not as still running.
+    for crashed in mark_stale_crashed(engine, settings.heartbeat_stale_s):
+        Console(stderr=True).print(f"note: batch {crashed} had no heartbeat for over "
+                                   f"{settings.heartbeat_stale_s:.0f} s: marked crashed "
+                                   f"(`nightdesk run --resume {crashed}` continues it)",
+                                   highlight=False, soft_wrap=True)
     if compare is not None:
         arms = [arm(engine, i) for i in _parse_ids(compare)]
         if fmt == "json":

@@ -24,6 +24,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from app.db.text import CleanText
+
 # BigInteger keys autoincrement on PostgreSQL; SQLite only autoincrements INTEGER.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -71,7 +73,7 @@ class Batch(Base):
     tickers_total: Mapped[int] = mapped_column(Integer, default=0)
     tickers_succeeded: Mapped[int] = mapped_column(Integer, default=0)
     tickers_failed: Mapped[int] = mapped_column(Integer, default=0)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(CleanText)
 
 
 class TickerRun(Base):
@@ -88,7 +90,7 @@ class TickerRun(Base):
     samples: Mapped[int] = mapped_column(Integer, default=1)
     started_at: Mapped[datetime | None] = mapped_column(Timestamp)
     finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(CleanText)
 
 
 class LLMCall(Base):
@@ -116,20 +118,29 @@ class LLMCall(Base):
     status: Mapped[str] = mapped_column(String(16))  # ok | error
     error_class: Mapped[str | None] = mapped_column(String(32))
     http_status: Mapped[int | None] = mapped_column(Integer)
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(CleanText)
     started_at: Mapped[datetime] = mapped_column(Timestamp)
     first_token_at: Mapped[datetime | None] = mapped_column(Timestamp)
     ended_at: Mapped[datetime] = mapped_column(Timestamp)
     latency_s: Mapped[float] = mapped_column(Float)
     request_id: Mapped[str | None] = mapped_column(String(200))
+    # Set when the context guard dropped context to make the prompt fit: the tokens it
+    # removed and what (e.g. "2 debate turns, 3 news items"); NULL when sent whole.
+    context_trimmed_tokens: Mapped[int | None] = mapped_column(Integer)
+    context_trimmed: Mapped[str | None] = mapped_column(String(200))
 
 
 class LLMRequest(Base):
-    """The exact request body of one (batch, ticker, node, sample), zlib-compressed, for replay."""
+    """The exact body of one request, zlib-compressed, for replay.
+
+    A node makes one request, or more when its decision is asked again: each is keyed by
+    the attempt number of its first HTTP attempt (its first ``llm_calls`` row).
+    """
 
     __tablename__ = "llm_requests"
     __table_args__ = (
-        UniqueConstraint("batch_id", "ticker", "node", "sample", name="uq_llm_requests_call"),
+        UniqueConstraint("batch_id", "ticker", "node", "sample", "attempt",
+                         name="uq_llm_requests_attempt"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -137,6 +148,7 @@ class LLMRequest(Base):
     ticker: Mapped[str] = mapped_column(String(12))
     node: Mapped[str] = mapped_column(String(40))
     sample: Mapped[int] = mapped_column(Integer, default=0)
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     body: Mapped[bytes] = mapped_column(LargeBinary)
 
 
@@ -155,7 +167,7 @@ class Decision(Base):
     rating: Mapped[str] = mapped_column(String(16))
     score: Mapped[float] = mapped_column(Float)
     confidence: Mapped[float] = mapped_column(Float)
-    summary: Mapped[str] = mapped_column(Text)
+    summary: Mapped[str] = mapped_column(CleanText)
     created_at: Mapped[datetime] = mapped_column(Timestamp)
     # True when the score lies outside the rating's band (agents.decision.SCORE_BANDS), as
     # judged when the row was written: the bands the model was shown at the time.
@@ -212,7 +224,7 @@ class NodeText(Base):
     sample: Mapped[int] = mapped_column(Integer, default=0)
     node: Mapped[str] = mapped_column(String(40))
     position: Mapped[int] = mapped_column(Integer)  # place in the graph's dependency order
-    text: Mapped[str] = mapped_column(Text)
+    text: Mapped[str] = mapped_column(CleanText)  # LLM text: NUL and lone surrogates cleaned
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     finish_reason: Mapped[str | None] = mapped_column(String(32))

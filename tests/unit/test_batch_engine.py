@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -13,10 +14,13 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
+from app.bench.fakechat import default_reply
 from app.bench.fakeserver import ChatRequest, FakeServer, Reply
 from app.cli import app as cli
 from app.config import load_settings
+from app.db.engine import get_engine
 from app.db.models import Batch, Decision, LLMCall, LLMRequest, TickerRun
+from app.llm import TrackedLLM
 from app.ranking import ranking
 from app.serverview import server_view
 
@@ -81,7 +85,7 @@ async def test_invalid_decision_fails_its_ticker_loudly_others_finish(
     server = FakeServer(script, nodes=node_names(load_settings().pipeline()), tickers=tickers)
     outcome = await make_engine(sqlite_engine, demo_dir, server, decision_attempts=2).run(
         BatchPlan("nightly", DEMO_AS_OF, tickers))
-    assert outcome.status == "succeeded"
+    assert outcome.status == "partial"  # never "succeeded" while a ticker is missing
     assert set(outcome.failed) == {bad} and len(outcome.succeeded) == 3
     assert "decision" in outcome.failed[bad].lower()
     with sqlite_engine.connect() as conn:
@@ -123,7 +127,7 @@ def test_cli_run_then_ranking_json(monkeypatch: pytest.MonkeyPatch, demo_dir: Pa
     monkeypatch.setattr(BatchEngine, "__init__", with_fake)
     monkeypatch.setenv("NIGHTDESK_CHECK_CONTEXT_LENGTH", "false")
     runner = CliRunner()
-    result = runner.invoke(cli, ["run", "--tickers", ",".join(tickers)])
+    result = runner.invoke(cli, ["run", "--tickers", ",".join(tickers), "--no-preflight"])
     assert result.exit_code == 0, result.output
     result = runner.invoke(cli, ["ranking", "--format", "json"])
     assert result.exit_code == 0, result.output
@@ -260,3 +264,118 @@ def test_sigterm_records_the_batch_as_interrupted_and_keeps_what_finished(
     assert status == "interrupted" and "interrupted" in (error or "")
     assert "running" not in runs and "queued" not in runs
     assert calls == len(server.chats)  # every request sent has its row, the cut one included
+
+
+async def test_a_failed_sample_cancels_its_siblings_and_keeps_their_rows(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    tickers = demo_tickers(2)
+    doomed = tickers[0]
+
+    def script(chat: ChatRequest) -> Reply | None:
+        if chat.ticker != doomed:
+            return None
+        if chat.sample == 1 and chat.node == "market":
+            return Reply(status=400, error="bad request")  # not retryable: sample 1 fails
+        # Sample 0 is slow: its calls are still at the server when sample 1 fails.
+        return Reply(default_reply(chat), delay_s=30)
+
+    server = FakeServer(script, nodes=node_names(load_settings().pipeline()), tickers=tickers,
+                        samples=range(2))
+    # fixed-2: no request limit, so both samples' analysts are at the server together.
+    outcome = await make_engine(sqlite_engine, demo_dir, server).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers, samples=2, strategy="fixed-2"))
+    # Nothing the batch started is still running or still at the server.
+    assert server.in_flight == 0
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+    assert list(outcome.failed) == [doomed] and outcome.succeeded == [tickers[1]]
+    assert "400" in outcome.failed[doomed]
+    with sqlite_engine.connect() as conn:
+        rows = conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.sample,
+                                   LLMCall.error_class)).all()
+    # Every request that reached the server has its row, the cancelled ones included.
+    assert len(rows) == len(server.chats)
+    slow = {(c.node, c.sample) for c in server.chats if c.ticker == doomed and c.sample == 0}
+    assert slow  # the sibling sample really had calls out
+    cancelled = {(r.node, r.sample) for r in rows if r.error_class == "cancelled"}
+    assert slow <= cancelled
+
+
+async def test_every_cleanup_step_runs_when_closing_the_recorder_fails(
+        sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.usage import UsageRecorder
+
+    original = UsageRecorder.close
+
+    async def failing_close(self: UsageRecorder) -> None:
+        await original(self)
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(UsageRecorder, "close", failing_close)
+    tickers = demo_tickers(2)
+    server = FakeServer(nodes=node_names(load_settings().pipeline()), tickers=tickers)
+    runner = make_engine(sqlite_engine, demo_dir, server)
+    closed: list[bool] = []
+    original_aclose = TrackedLLM.aclose
+
+    async def aclose(self: TrackedLLM) -> None:
+        closed.append(True)
+        await original_aclose(self)
+
+    monkeypatch.setattr(TrackedLLM, "aclose", aclose)
+    with pytest.raises(RuntimeError, match="disk full"):
+        await runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert closed == [True]  # the step after the failing one still ran
+    with sqlite_engine.connect() as conn:
+        batch = conn.execute(select(Batch.status, Batch.finished_at, Batch.error)).one()
+    # finish_batch ran: the batch is not left "running", and it says what went wrong.
+    assert batch.status == "succeeded" and batch.finished_at is not None
+    assert "disk full" in batch.error and "usage recorder" in batch.error
+
+
+def _cli_with_fake(monkeypatch: pytest.MonkeyPatch, server: FakeServer) -> CliRunner:
+    original = BatchEngine.__init__
+
+    def with_fake(self: BatchEngine, *args: object, **kwargs: object) -> None:
+        kwargs.update(http_client=server.client(), sample_metrics=False)
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BatchEngine, "__init__", with_fake)
+    monkeypatch.setenv("NIGHTDESK_CHECK_CONTEXT_LENGTH", "false")
+    return CliRunner()
+
+
+def test_a_night_with_a_failed_ticker_is_partial_exits_3_and_the_ranking_says_what_it_lacks(
+        monkeypatch: pytest.MonkeyPatch, demo_dir: Path, sqlite_url: str) -> None:
+    tickers = demo_tickers(3)
+    bad = tickers[1]
+    server = FakeServer(lambda c: Reply("not json") if c.structured and c.ticker == bad
+                        else None, nodes=node_names(load_settings().pipeline()), tickers=tickers)
+    runner = _cli_with_fake(monkeypatch, server)
+    result = runner.invoke(cli, ["run", "--tickers", ",".join(tickers), "--no-preflight"])
+    assert result.exit_code == 3, result.output  # partial: neither 0 nor a plain failure
+    engine = get_engine(sqlite_url)
+    with engine.connect() as conn:
+        status = conn.execute(select(Batch.status)).scalar_one()
+        reason = conn.execute(select(TickerRun.error).where(TickerRun.ticker == bad)).scalar_one()
+    assert status == "partial"
+    # The ranking of a partial night is still the night's ranking, and names its gap.
+    table = runner.invoke(cli, ["ranking"])
+    assert table.exit_code == 0, table.output
+    missing = [line for line in table.output.splitlines() if line.startswith("missing:")]
+    assert missing == [f"missing: {bad} ({reason})"]
+    as_json = runner.invoke(cli, ["ranking", "--format", "json"])
+    rows = json.loads(as_json.stdout)  # stdout stays machine-readable
+    assert {r["ticker"] for r in rows if r["rank"] is not None} == set(tickers) - {bad}
+    assert f"missing: {bad}" in as_json.stderr
+
+
+def test_a_night_where_every_ticker_failed_is_failed_and_exits_1(
+        monkeypatch: pytest.MonkeyPatch, demo_dir: Path, sqlite_url: str) -> None:
+    tickers = demo_tickers(2)
+    server = FakeServer(lambda c: Reply("not json") if c.structured else None,
+                        nodes=node_names(load_settings().pipeline()), tickers=tickers)
+    result = _cli_with_fake(monkeypatch, server).invoke(
+        cli, ["run", "--tickers", ",".join(tickers), "--no-preflight"])
+    assert result.exit_code == 1, result.output
+    with get_engine(sqlite_url).connect() as conn:
+        assert conn.execute(select(Batch.status)).scalar_one() == "failed"

@@ -236,8 +236,12 @@ class SimServer:
                  preemptions_total=self.preemptions, generation_tokens_total=self.generated,
                  running=len(self.live))
 
-    async def send(self, tag: CallTag, body: dict[str, Any], *,
-                   priority: int | None = None) -> SimpleNamespace:
+    async def send(self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
+                   first_attempt: int = 1, admit: Any = None) -> SimpleNamespace:
+        async with admit():  # the gate's place and tokens, held as TrackedLLM holds them
+            return await self._serve(body)
+
+    async def _serve(self, body: dict[str, Any]) -> SimpleNamespace:
         if self.budget is not None:
             self.peak_reserved = max(self.peak_reserved, self.budget.reserved)
         self._ids += 1

@@ -323,7 +323,7 @@ def test_sigterm_mid_batch_leaves_the_night_due_and_the_next_start_takes_it_up(
         return None
 
     script_sent: list[bool] = []
-    fake_llm(monkeypatch, script, demo_tickers(2))
+    server = fake_llm(monkeypatch, script, demo_tickers(2))
     daemon = daemon_for(sqlite_engine, run_nightly, **batch_settings(demo_dir))
     with running(daemon, NIGHT - timedelta(hours=1)):
         daemon.install_signal_handlers()
@@ -335,18 +335,55 @@ def test_sigterm_mid_batch_leaves_the_night_due_and_the_next_start_takes_it_up(
     assert signal.getsignal(signal.SIGTERM) == daemon._on_signal  # never left at SIG_DFL
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(Batch.status)).scalars().all() == ["interrupted"]
+    answered = {(c.ticker, c.node) for c in server.served()}
+    # The call at the server when the signal came finished within the grace, and was kept.
+    assert any(node == "bull_r1" for _, node in answered)
 
     # Started again ten minutes later: the night is still due, and the interrupted batch is
-    # what it takes up (resumed, not run a second time beside it).
+    # what it takes up (resumed by node, not run a second time beside it).
+    before = len(server.chats)
     restarted = daemon_for(sqlite_engine, run_nightly, **batch_settings(demo_dir))
     with structlog.testing.capture_logs() as logs, \
             running(restarted, NIGHT + timedelta(minutes=10)) as again:
         assert again.next_run_time() == NIGHT
         tick(again, NIGHT + timedelta(minutes=10))
+        assert again.next_run_time() == NIGHT + timedelta(days=1)  # the night is done
     resuming = [e for e in logs if e["event"] == "resuming the night"]
     assert len(resuming) == 1 and resuming[0]["status"] == "interrupted"
     with sqlite_engine.connect() as conn:
-        assert conn.execute(select(Batch.status)).scalars().all() == ["interrupted"]
+        assert conn.execute(select(Batch.status)).scalars().all() == ["succeeded"]
+    # No node answered before the stop was asked again; together, every node once.
+    again_asked = [(c.ticker, c.node) for c in server.chats[before:]]
+    assert not answered & set(again_asked)
+    assert len(answered) + len(again_asked) == 17 * 2
+
+
+def test_the_nightly_job_resumes_tonights_dead_batch_instead_of_starting_another(
+        sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.batch import store
+    from app.batch.nightly import run_nightly
+
+    done, left = demo_tickers(2)
+    # Tonight's batch as its killed process left it: still "running", heartbeat fresh, one
+    # ticker stored, the other not begun. No one holds the nightly lock any more.
+    dead = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
+                              tickers=[done, left], samples=1,
+                              settings={"samples": 1, "strategy": "adaptive"},
+                              server_facts=None)
+    store.ticker_finished(sqlite_engine, dead, done, [store.DecisionRow(
+        done, 0, "Hold", 0.0, 0.5, "stored before the crash")], None)
+    server = fake_llm(monkeypatch, None, [done, left])
+    with structlog.testing.capture_logs() as logs, \
+            running(daemon_for(sqlite_engine, run_nightly, **batch_settings(demo_dir)),
+                    NIGHT - timedelta(minutes=5)) as daemon:
+        tick(daemon, NIGHT)
+    resuming = [e for e in logs if e["event"] == "resuming the night"]
+    assert [(e["batch_id"], e["status"]) for e in resuming] == [(dead, "crashed")]
+    with sqlite_engine.connect() as conn:
+        batches = conn.execute(select(Batch.id, Batch.status)).all()
+    assert [tuple(b) for b in batches] == [(dead, "succeeded")]  # no second batch
+    # Only the ticker left was run; the stored one was not asked again.
+    assert {c.ticker for c in server.chats} == {left} and len(server.chats) == 17
 
 
 def test_the_daemon_process_logs_its_next_run_and_stops_on_sigterm(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ class ScriptedLLM:
 
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], *, max_tokens: int,
                    response_format: dict[str, Any] | None = None, priority: int | None = None,
-                   first_attempt: int = 1) -> ChatResult:
+                   first_attempt: int = 1, trimmed: Any = None) -> ChatResult:
         self.calls.append({"messages": messages, "first_attempt": first_attempt,
                            "response_format": response_format, "priority": priority})
         reply = self.replies.pop(0)

@@ -11,7 +11,7 @@ from agents.chat import CallTag
 from app.bench.fakeserver import BASE_URL, CONTEXT_LENGTH_MESSAGE, FakeServer, Reply
 from app.config import load_settings
 from app.db.models import LLMCall
-from app.errors import ContextLengthError, LLMHTTPError
+from app.errors import ContextLengthError, LLMHTTPError, LLMStreamError
 from app.llm import TrackedLLM
 from app.usage import UsageRecorder
 from tests.unit.test_usage import new_batch
@@ -102,14 +102,19 @@ async def test_a_dropped_connection_is_retried_and_recorded(sqlite_engine: Engin
         (1, "error", "connection"), (2, "ok", None)]
 
 
-async def test_a_stream_cut_mid_answer_is_retried_and_recorded(sqlite_engine: Engine) -> None:
-    fake = answering(Reply("Hold the line.", chunks=4, cut_after=2), ANSWER)
+async def test_a_connection_dropped_mid_stream_is_retried_and_its_text_never_used(
+        sqlite_engine: Engine) -> None:
+    fake = answering(Reply("FRAGMENT never to be used", chunks=4, cut_after=2), ANSWER)
     result, rows = await one_call(sqlite_engine, fake, max_attempts=3)
     # The answer is the retry's alone: nothing of the cut attempt's half answer is kept.
     assert result.content == "Hold the line." and result.attempts == 2
     assert [(r.attempt, r.status, r.error_class) for r in rows] == [
-        (1, "error", "stream"), (2, "ok", None)]
-    assert rows[0].first_token_at is not None and rows[0].completion_tokens is None
+        (1, "error", "connection"), (2, "ok", None)]
+    first, second = rows
+    assert "mid-stream" in first.error
+    assert first.first_token_at is not None
+    assert first.completion_tokens is None and first.finish_reason is None
+    assert second.finish_reason == "stop"
 
 
 async def test_context_precheck_fails_without_sending_the_chat(sqlite_engine: Engine) -> None:
@@ -161,3 +166,24 @@ async def test_a_hung_call_times_out_and_is_recorded(sqlite_engine: Engine) -> N
         assert (row.status, row.error_class, row.http_status) == ("error", "timeout", None)
         assert 0.19 <= row.latency_s < 2
     assert fake.in_flight == 0  # the abandoned requests left the server
+
+
+async def test_a_stream_ending_without_finish_or_usage_is_truncated_and_retried(
+        sqlite_engine: Engine) -> None:
+    short = Reply("Hold the", chunks=4, cut_after=2, cut="end")
+    fake = answering(short, short, ANSWER)
+    result, rows = await one_call(sqlite_engine, fake, max_attempts=3)
+    assert result.content == "Hold the line." and result.attempts == 3
+    assert [(r.status, r.error_class) for r in rows] == [
+        ("error", "stream"), ("error", "stream"), ("ok", None)]
+    assert "truncated" in rows[0].error
+    assert fake.usage_totals()["completion_tokens"] == rows[2].completion_tokens
+
+
+async def test_a_truncated_stream_on_the_last_attempt_fails_the_call(
+        sqlite_engine: Engine) -> None:
+    fake = answering(Reply("Hold the", chunks=4, cut_after=2, cut="end"))
+    result, rows = await one_call(sqlite_engine, fake, max_attempts=2)
+    # Never a half answer passed on as if it were whole.
+    assert isinstance(result, LLMStreamError)
+    assert [r.status for r in rows] == ["error", "error"]

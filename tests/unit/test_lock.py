@@ -207,7 +207,7 @@ def test_rerun_does_not_take_the_nightly_lock(monkeypatch: pytest.MonkeyPatch,
     server = fake_llm(monkeypatch, tickers=[ticker])
     monkeypatch.setenv("NIGHTDESK_CHECK_CONTEXT_LENGTH", "false")
     with nightly_lock(sqlite_engine):
-        result = CliRunner().invoke(cli, ["rerun", ticker])
+        result = CliRunner().invoke(cli, ["rerun", ticker, "--no-preflight"])
     assert result.exit_code == 0, result.output
     with sqlite_engine.connect() as conn:
         kinds = conn.execute(select(Batch.kind, Batch.status)).all()

@@ -21,7 +21,8 @@ from tests.unit.test_usage import new_batch
 T0 = datetime(2025, 3, 4, 22, 0, 0, tzinfo=UTC)
 
 KEYS = {"batch_id", "calls", "failed_calls", "prompt_tokens", "completion_tokens",
-        "first_call_start", "last_call_end", "wall_seconds", "output_tokens_per_s", "nodes"}
+        "first_call_start", "last_call_end", "wall_seconds", "output_tokens_per_s", "nodes",
+        "metrics_fallback"}
 
 
 def add_call(engine: Engine, batch_id: int, node: str, attempt: int, start_s: float,
@@ -180,3 +181,12 @@ def test_cli_report_of_a_missing_batch_is_one_line_and_exit_2(
     assert len(lines) == 1, err
     assert "no batch with id 424242" in lines[0]
     assert "Traceback" not in err
+
+
+def test_server_counters_are_summed_across_a_restart() -> None:
+    from app.serverview import counter_delta
+
+    # 100 -> 160 (+60), restart: the counter starts again at 0 and reads 25 (+25), -> 40 (+15).
+    assert counter_delta([100.0, 160.0, 25.0, 40.0]) == 60 + 25 + 15
+    assert counter_delta([None, 5.0, None, 9.0]) == 4  # unread samples are skipped
+    assert counter_delta([7.0]) is None  # one reading says nothing about an increase

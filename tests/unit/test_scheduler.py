@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine
 
 from agents.chat import CallTag
-from app.batch.gate import GatedLLM, Ticket
+from app.batch.gate import Gate, GatedLLM, Ticket
 from app.batch.scheduler import Job, Scheduler, Strategy
+from app.bench.fakeserver import BASE_URL, FakeServer, Reply
+from app.config import load_settings
 from app.errors import InputError
+from app.llm import TrackedLLM, backoff_delay
+from app.usage import UsageRecorder
+from tests.unit.test_usage import new_batch
 
 
 class RecordingLLM:
@@ -22,11 +29,12 @@ class RecordingLLM:
         self.delay_s = delay_s
         self.events: list[tuple[str, str, int | None]] = []  # (event, ticker, priority)
 
-    async def send(self, tag: CallTag, body: dict[str, Any], *,
-                   priority: int | None = None) -> None:
-        self.events.append(("start", tag.ticker, priority))
-        await asyncio.sleep(self.delay_s)
-        self.events.append(("end", tag.ticker, priority))
+    async def send(self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
+                   first_attempt: int = 1, admit: Any = None) -> None:
+        async with admit():  # the gate's place, held around the attempt as TrackedLLM does
+            self.events.append(("start", tag.ticker, priority))
+            await asyncio.sleep(self.delay_s)
+            self.events.append(("end", tag.ticker, priority))
 
 
 def chain_job(key: str, length: int) -> Job:
@@ -114,3 +122,39 @@ def test_strategy_knobs_parse_and_bad_ones_are_refused() -> None:
                 "fixed-3:tail=on", "fixed-0", "turbo"):
         with pytest.raises(InputError):
             Strategy.parse(bad)
+
+
+async def test_a_retrying_call_frees_its_admission_slot_while_it_backs_off(
+        sqlite_engine: Engine) -> None:
+    # One place at the gate; A's first attempt fails with a 500, B waits for the place.
+    # While A sleeps before its retry the place is B's: the server sees A, B, then A again.
+    fake = FakeServer(lambda chat: Reply(status=500) if (chat.key, chat.attempt) == ("A?", 1)
+                      else None)
+    settings = load_settings(llm_base_url=BASE_URL, retry_backoff_s=0.05,
+                             check_context_length=False)
+    batch_id = new_batch(sqlite_engine)
+    gate = Gate(1)
+    async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
+        llm = TrackedLLM(settings, recorder, http_client=http)
+
+        async def ask(ticker: str, order: int) -> None:
+            gated = GatedLLM(llm, gate, Ticket(order))
+            await gated.chat(CallTag(batch_id, ticker, "market"),
+                             [{"role": "user", "content": f"{ticker}?"}], max_tokens=10)
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(ask("A", 0))
+            tg.create_task(ask("B", 1))
+    assert [(c.key, c.attempt) for c in fake.chats] == [("A?", 1), ("B?", 1), ("A?", 2)]
+    assert gate.outstanding == 0
+
+
+def test_retry_backoff_is_full_jitter_under_an_exponential_cap() -> None:
+    rng = random.Random(7)
+    for retry in range(4):
+        cap = 0.5 * 2 ** retry
+        delays = [backoff_delay(0.5, retry, rng) for _ in range(400)]
+        assert all(0.0 <= d <= cap for d in delays)
+        # Spread over the whole range, not one fixed value: retries of calls that failed
+        # together (a server restart) must not all come back at the same instant.
+        assert min(delays) < 0.1 * cap and max(delays) > 0.9 * cap

@@ -22,9 +22,9 @@ EXPECTED = {
         "id", "batch_id", "ticker", "node", "sample", "attempt", "model", "prompt_tokens",
         "completion_tokens", "cached_tokens", "max_tokens", "finish_reason", "status",
         "error_class", "http_status", "error", "started_at", "first_token_at", "ended_at",
-        "latency_s", "request_id",
+        "latency_s", "request_id", "context_trimmed_tokens", "context_trimmed",
     },
-    "llm_requests": {"id", "batch_id", "ticker", "node", "sample", "body"},
+    "llm_requests": {"id", "batch_id", "ticker", "node", "sample", "attempt", "body"},
     "decisions": {
         "id", "batch_id", "ticker", "sample", "rating", "score", "confidence", "summary",
         "created_at", "contradicts",
@@ -46,7 +46,7 @@ EXPECTED = {
 UNIQUE = {
     "ticker_runs": ["batch_id", "ticker"],
     "llm_calls": ["batch_id", "ticker", "node", "sample", "attempt"],
-    "llm_requests": ["batch_id", "ticker", "node", "sample"],
+    "llm_requests": ["batch_id", "ticker", "node", "sample", "attempt"],
     "decisions": ["batch_id", "ticker", "sample"],
     "node_outputs": ["batch_id", "ticker", "sample", "node"],
 }

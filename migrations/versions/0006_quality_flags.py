@@ -1,14 +1,16 @@
 """quality: decisions flag a rating that contradicts its score; batches get warnings
 
 Revision ID: 0003_quality
-Revises: 0002
+Revises: 0005_request_attempt
 """
 
 import sqlalchemy as sa
 from alembic import op
 
+# Released as "0003_quality" right after 0003; the chain now runs 0003, 0004_context_trim,
+# 0005_request_attempt, this. The id stays, since databases are stamped with it.
 revision = "0003_quality"
-down_revision = "0003"
+down_revision = "0005_request_attempt"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,202 @@
+"""Find batches that died or stopped early, and put one back to work where it left off.
+
+A batch is ``running`` only while its process beats: ``heartbeat_at`` is refreshed every
+``heartbeat_interval_s``. One whose heartbeat is older than ``heartbeat_stale_s`` belongs to a
+process that is gone (killed, out of memory, the host rebooted): the next ``run``, ``rerun``,
+``report`` or ``run --resume`` marks it ``crashed``. A nightly batch is known dead sooner:
+one still ``running`` while its night's single-instance lock is free has lost its process
+(``mark_orphaned``, called under that lock). A crashed or interrupted batch, or one stopped
+by a configuration error, is resumed by ``run --resume`` (and a nightly one by the scheduler
+daemon, app/batch/nightly.py): its finished tickers are left as they are and the others
+continue from their last checkpointed node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, func, select, update
+
+from agents.graph import thread_id
+from app.db.models import Batch, LLMCall, TickerRun
+from app.db.retry import retried
+from app.errors import AlreadyRunningError, InputError
+
+FINISHED_TICKER = ("succeeded", "failed")
+# A batch in one of these states may still have tickers to do.
+RESUMABLE = ("interrupted", "crashed", "failed", "partial")
+KINDS = ("nightly", "rerun")
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """A batch to continue: what it was, and the tickers it has left."""
+
+    batch_id: int
+    kind: str
+    as_of: date
+    label: str | None
+    settings: dict[str, Any]
+    tickers: list[str]  # left to do, in the batch's order
+    finished: int  # tickers already finished (succeeded or failed)
+    status: str  # how it stood before this resume
+
+    @property
+    def total(self) -> int:
+        return self.finished + len(self.tickers)
+
+
+@retried
+def mark_stale_crashed(engine: Engine, stale_s: float) -> list[int]:
+    """Mark ``running`` batches whose heartbeat is older than ``stale_s`` crashed; return ids."""
+    cutoff = datetime.now(UTC) - timedelta(seconds=stale_s)
+    with engine.begin() as conn:
+        stale = list(conn.execute(
+            select(Batch.id).where(Batch.status == "running",
+                                   func.coalesce(Batch.heartbeat_at, Batch.started_at) < cutoff)
+        ).scalars())
+        if stale:
+            conn.execute(update(Batch).where(Batch.id.in_(stale), Batch.status == "running")
+                         .values(status="crashed", finished_at=datetime.now(UTC),
+                                 error=f"no heartbeat for more than {stale_s:.0f} s: the "
+                                       "process died; resume with `nightdesk run --resume`"))
+            conn.execute(update(TickerRun)
+                         .where(TickerRun.batch_id.in_(stale),
+                                TickerRun.status.in_(("queued", "running")))
+                         .values(status="interrupted", error="the batch's process died"))
+    return [int(i) for i in stale]
+
+
+@retried
+def mark_orphaned(engine: Engine) -> list[int]:
+    """Mark ``running`` nightly batches crashed; return their ids. Call under the nightly lock.
+
+    Holding the lock proves that no live nightly run exists: a batch still ``running`` lost
+    its process (killed, the host went down) before its heartbeat could go stale.
+    """
+    with engine.begin() as conn:
+        orphans = list(conn.execute(select(Batch.id).where(Batch.kind == "nightly",
+                                                           Batch.status == "running")).scalars())
+        if orphans:
+            conn.execute(update(Batch).where(Batch.id.in_(orphans), Batch.status == "running")
+                         .values(status="crashed", finished_at=datetime.now(UTC),
+                                 error="its process is gone (the nightly lock was free); "
+                                       "resume with `nightdesk run --resume`"))
+            conn.execute(update(TickerRun)
+                         .where(TickerRun.batch_id.in_(orphans),
+                                TickerRun.status.in_(("queued", "running")))
+                         .values(status="interrupted", error="the batch's process died"))
+    return [int(i) for i in orphans]
+
+
+def pick(engine: Engine, batch_id: int | None) -> tuple[int, str]:
+    """Return the batch ``run --resume`` means, and its kind: ``batch_id``, else the newest
+    interrupted, crashed or stopped batch with tickers left."""
+    with engine.connect() as conn:
+        if batch_id is None:
+            candidates = conn.execute(
+                select(Batch.id, Batch.kind).where(Batch.status.in_(RESUMABLE),
+                                                   Batch.kind.in_(KINDS))
+                .order_by(Batch.id.desc())).all()
+            for candidate, kind in candidates:
+                if _left(conn, candidate):
+                    return int(candidate), str(kind)
+            raise InputError("no batch to resume: every interrupted or crashed batch "
+                             "has finished all its tickers")
+        kind = conn.execute(select(Batch.kind).where(Batch.id == batch_id)).scalar()
+    if kind is None:
+        raise InputError(f"no batch with id {batch_id}")
+    if kind not in KINDS:
+        raise InputError(f"batch {batch_id} is a {kind} batch: only nightly and rerun "
+                         "batches resume")
+    return batch_id, str(kind)
+
+
+def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
+                   closing: bool = False) -> ResumePoint:
+    """Return the batch to resume: ``batch_id``, or the newest one with tickers left.
+
+    A ``running`` batch is refused as already running (its heartbeat is fresh: a stale one
+    was marked crashed, a nightly one without its lock holder by ``mark_orphaned``).
+    ``closing`` also takes a batch with no tickers left: a resume then only writes the end
+    its process died before writing.
+    """
+    batch_id, _ = pick(engine, batch_id)
+    with engine.connect() as conn:
+        batch = conn.execute(select(Batch.__table__).where(Batch.id == batch_id)).one()
+        if batch.status == "running":
+            beat = batch.heartbeat_at or batch.started_at or batch.created_at
+            age = (datetime.now(UTC) - beat).total_seconds()
+            raise AlreadyRunningError(
+                f"already running: batch {batch_id} (heartbeat {age:.0f} s ago; it is taken "
+                f"for dead after {stale_s:.0f} s without one)")
+        left = _left(conn, batch_id)
+        if not left and not closing:
+            raise InputError(f"batch {batch_id} ({batch.status}) has no tickers left to run")
+        finished = conn.execute(
+            select(func.count()).select_from(TickerRun)
+            .where(TickerRun.batch_id == batch_id, TickerRun.status.in_(FINISHED_TICKER))
+        ).scalar_one()
+    return ResumePoint(batch_id, batch.kind, batch.as_of, batch.label, dict(batch.settings or {}),
+                       left, int(finished), batch.status)
+
+
+def tickers_left(engine: Engine, batch_id: int) -> list[str]:
+    """Return the batch's tickers that did not finish, in its order."""
+    with engine.connect() as conn:
+        return _left(conn, batch_id)
+
+
+def _left(conn: Any, batch_id: int) -> list[str]:
+    return list(conn.execute(
+        select(TickerRun.ticker)
+        .where(TickerRun.batch_id == batch_id, TickerRun.status.not_in(FINISHED_TICKER))
+        .order_by(TickerRun.id)).scalars())
+
+
+@retried
+def reopen(engine: Engine, point: ResumePoint) -> None:
+    """Set the batch running again and its unfinished tickers queued for another attempt."""
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        settings = dict(point.settings)
+        settings["resumes"] = [*settings.get("resumes", []), now.isoformat()]
+        conn.execute(update(Batch).where(Batch.id == point.batch_id)
+                     .values(status="running", heartbeat_at=now, finished_at=None, error=None,
+                             settings=settings))
+        conn.execute(update(TickerRun)
+                     .where(TickerRun.batch_id == point.batch_id,
+                            TickerRun.ticker.in_(point.tickers))
+                     .values(status="queued", error=None, finished_at=None,
+                             attempt=TickerRun.attempt + 1))
+
+
+def attempts_so_far(engine: Engine, batch_id: int) -> dict[tuple[str, str, int], int]:
+    """Return the highest attempt recorded per (ticker, node, sample) of a batch."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(LLMCall.ticker, LLMCall.node, LLMCall.sample, func.max(LLMCall.attempt))
+            .where(LLMCall.batch_id == batch_id)
+            .group_by(LLMCall.ticker, LLMCall.node, LLMCall.sample))
+        return {(t, n, int(s)): int(a) for t, n, s, a in rows}
+
+
+def finished_tickers(engine: Engine, batch_id: int) -> tuple[list[str], dict[str, str]]:
+    """Return the batch's tickers that succeeded, and those that failed with their error."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error)
+                            .where(TickerRun.batch_id == batch_id,
+                                   TickerRun.status.in_(FINISHED_TICKER))
+                            .order_by(TickerRun.id)).all()
+    return ([r.ticker for r in rows if r.status == "succeeded"],
+            {r.ticker: r.error or "failed" for r in rows if r.status == "failed"})
+
+
+def threads_of(engine: Engine, batch_id: int) -> list[str]:
+    """Return the checkpoint thread of every (ticker, sample) of a batch."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(TickerRun.ticker, TickerRun.samples)
+                            .where(TickerRun.batch_id == batch_id)).all()
+    return [thread_id(batch_id, ticker, s) for ticker, samples in rows for s in range(samples)]

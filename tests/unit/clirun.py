@@ -1,0 +1,47 @@
+"""Drive ``nightdesk`` in this process the way the console script does: argv in, exit code out.
+
+Unlike typer's CliRunner this goes through ``app.cli.main``, where nightdesk errors become one
+line and an exit code, so a test sees exactly what an operator sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+from dataclasses import dataclass
+from unittest import mock
+
+from app.cli import main
+from app.config import get_settings
+
+
+@dataclass(frozen=True)
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def error_lines(self) -> list[str]:
+        """Return what stderr says besides notes (a removed duplicate ticker, say)."""
+        return [line for line in self.stderr.splitlines()
+                if line.strip() and not line.startswith("note: ")]
+
+
+def run_cli(*argv: str, env: dict[str, str] | None = None) -> CliResult:
+    """Run ``nightdesk ARGV`` with extra environment ``env``; return its code and output."""
+    out, err = io.StringIO(), io.StringIO()
+    get_settings.cache_clear()
+    code: int | str | None = 0
+    with (mock.patch.dict(os.environ, env or {}), mock.patch.object(sys, "argv",
+                                                                    ["nightdesk", *argv]),
+          contextlib.redirect_stdout(out), contextlib.redirect_stderr(err)):
+        try:
+            main()
+        except SystemExit as exit_:
+            code = exit_.code
+        finally:
+            get_settings.cache_clear()
+    return CliResult(code if isinstance(code, int) else 1, out.getvalue(), err.getvalue())

@@ -1,0 +1,164 @@
+"""Shrink prompts that do not fit the server's context; fail only what cannot fit at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import Engine, select
+
+from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.snapshot import SnapshotProvider
+from agents.fitting import (
+    DEBATE_TURN,
+    NEWS_ITEM,
+    SOCIAL_POST,
+    PromptSize,
+    Trim,
+    droppable,
+    fit,
+)
+from agents.graph import node_names
+from app.batch.engine import BatchEngine, BatchPlan
+from app.bench.fakeserver import ChatRequest, FakeServer, Reply, prompt_token_count
+from app.config import load_settings
+from app.db.models import LLMCall, TickerRun
+
+NODES = node_names(load_settings().pipeline())
+BUDGET = 64  # every node's max_tokens in these tests
+# Long, fixed debate turns: each ~1,000 fake tokens, the same in every run.
+LONG = {node: f"{node} argues: " + f"point of {node}. " * 250
+        for node in ("bull_r1", "bear_r1", "bull_r2", "bear_r2")}
+
+
+class CountingSizer:
+    """Count 'tokens' as one per character of every message, against a fixed limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.asked: list[int] = []
+
+    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
+                      exact: bool = False) -> PromptSize | None:
+        tokens = sum(len(m["content"]) for m in messages)
+        self.asked.append(tokens)
+        return PromptSize(tokens, self.limit - max_tokens)
+
+
+def sections(units: list[str]) -> Any:
+    """Render one message from units named by kind; each unit is 10 characters."""
+    def render(k: int) -> list[dict[str, str]]:
+        kept = [f"{u[:9]:<9}|" for u in units[k:]]
+        return [{"role": "user", "content": "BASE" * 5 + "".join(kept)}]  # 20 + 10 per unit
+    return render
+
+
+async def test_fit_leaves_out_turns_then_news_then_posts_and_no_more_than_needed() -> None:
+    units = droppable(turns=3, news=2, social=2)
+    assert units == [DEBATE_TURN] * 3 + [NEWS_ITEM] * 2 + [SOCIAL_POST] * 2
+    # 20 + 70 = 90 characters in full; a limit of 55 less 5 of output leaves 50: 3 units.
+    messages, trim = await fit(CountingSizer(55), sections(units), units, max_tokens=5)
+    assert messages[0]["content"].count("|") == 3
+    assert trim == Trim(((DEBATE_TURN, 3), (NEWS_ITEM, 1)), 40)
+    assert trim.describe() == "3 debate turns, 1 news item"
+
+
+async def test_fit_sends_a_prompt_that_fits_untouched_and_counts_it_once() -> None:
+    sizer = CountingSizer(1000)
+    units = droppable(turns=2)
+    messages, trim = await fit(sizer, sections(units), units, max_tokens=5)
+    assert trim is None and messages == sections(units)(0) and len(sizer.asked) == 1
+
+
+async def test_fit_returns_the_smallest_prompt_when_nothing_is_enough() -> None:
+    units = droppable(news=4)
+    messages, trim = await fit(CountingSizer(10), sections(units), units, max_tokens=5)
+    assert messages == sections(units)(4)  # all left out; still too long for the client
+    assert trim is not None and trim.dropped == ((NEWS_ITEM, 4),) and trim.tokens == 40
+
+
+def debate_script(chat: ChatRequest) -> Reply | str | None:
+    return LONG.get(chat.node or "")
+
+
+def make(db: Engine, data: Path, server: FakeServer, max_model_len: int) -> BatchEngine:
+    server.max_model_len = max_model_len
+    settings = load_settings(retry_backoff_s=0, node_max_tokens={
+        group: BUDGET for group in ("analyst", "researcher", "research_manager", "trader",
+                                    "risk", "portfolio_manager")})
+    return BatchEngine(settings, db, http_client=httpx.AsyncClient(transport=server.transport()),
+                       provider=SnapshotProvider(data), sample_metrics=False)
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
+    return tmp_path / "data"
+
+
+async def test_an_over_long_prompt_is_shrunk_and_its_call_succeeds(
+        sqlite_engine: Engine, data: Path) -> None:
+    ticker = demo_tickers(1)[0]
+    # Run 1, room for everything: each node's full prompt size, by the fake's own count.
+    roomy = FakeServer(debate_script, nodes=NODES, tickers=[ticker])
+    first = await make(sqlite_engine, data, roomy, 100_000).run(
+        BatchPlan("nightly", DEMO_AS_OF, [ticker]))
+    assert first.status == "succeeded"
+    full = {c.node: prompt_token_count(c.messages) for c in roomy.served()}
+    # Run 2: one token short for bull_r2's full prompt plus its output budget.
+    limit = full["bull_r2"] + BUDGET - 1
+    tight = FakeServer(debate_script, nodes=NODES, tickers=[ticker])
+    second = await make(sqlite_engine, data, tight, limit).run(
+        BatchPlan("nightly", DEMO_AS_OF, [ticker]))
+    assert second.status == "succeeded", second.failed
+    sent = {c.node: c for c in tight.served()}
+    assert set(sent) == set(NODES)
+    with sqlite_engine.connect() as conn:
+        rows = {r.node: r for r in conn.execute(
+            select(LLMCall.node, LLMCall.status, LLMCall.context_trimmed_tokens,
+                   LLMCall.context_trimmed).where(LLMCall.batch_id == second.batch_id))}
+    shrunk = []
+    for node in NODES:
+        size = prompt_token_count(sent[node].messages)
+        assert size + BUDGET <= limit, node  # everything sent fits
+        if full[node] + BUDGET > limit:
+            shrunk.append(node)
+            assert rows[node].context_trimmed_tokens == full[node] - size, node
+            assert rows[node].context_trimmed.endswith(("debate turn", "debate turns")), node
+        else:
+            assert rows[node].context_trimmed_tokens is None, node
+            assert sent[node].messages == next(
+                c.messages for c in roomy.served() if c.node == node), node
+    assert "bull_r2" in shrunk and "market" not in shrunk
+    # bull_r2 had two turns; leaving out the oldest (bull_r1's) was enough.
+    assert rows["bull_r2"].context_trimmed == "1 debate turn"
+    assert LONG["bear_r1"].strip() in sent["bull_r2"].user
+    assert LONG["bull_r1"].strip() not in sent["bull_r2"].user
+    assert "1 earlier turn left out to fit the model's context" in sent["bull_r2"].user
+
+
+async def test_a_prompt_that_cannot_fit_fails_only_its_ticker_as_context_length(
+        sqlite_engine: Engine, data: Path) -> None:
+    tickers = demo_tickers(2)
+    heavy = tickers[0]
+    facts_file = data / DEMO_AS_OF.isoformat() / heavy / "fundamentals.json"
+    facts = json.loads(facts_file.read_text())
+    # Figures are never left out: 3,000 extra ones make its fundamentals prompt too long.
+    facts.update({f"segment_{i:04d}_revenue": 1_000_000 + i for i in range(3000)})
+    facts_file.write_text(json.dumps(facts))
+    server = FakeServer(nodes=NODES, tickers=tickers)
+    outcome = await make(sqlite_engine, data, server, 8192).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert outcome.succeeded == [tickers[1]]
+    assert list(outcome.failed) == [heavy] and "max-model-len" in outcome.failed[heavy]
+    with sqlite_engine.connect() as conn:
+        row = conn.execute(select(LLMCall.error_class, LLMCall.http_status)
+                           .where(LLMCall.ticker == heavy, LLMCall.node == "fundamentals")
+                           ).one()
+        status = dict(conn.execute(select(TickerRun.ticker, TickerRun.status)).all())
+    assert tuple(row) == ("context_length", None)  # refused before it was sent
+    assert status == {heavy: "failed", tickers[1]: "succeeded"}
+    assert not [c for c in server.chats if c.ticker == heavy and c.node == "fundamentals"]

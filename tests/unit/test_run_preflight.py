@@ -1,0 +1,75 @@
+"""Refuse a batch whose settings cannot work before anything is written: one line, exit 2."""
+
+from __future__ import annotations
+
+import socket
+
+import httpx
+import pytest
+from sqlalchemy import func, inspect, select
+
+from app.bench.fakeserver import FakeServer
+from app.db.engine import get_engine
+from app.db.models import Batch
+from serving.preflight import check_endpoint
+from tests.unit.clirun import run_cli
+
+REAL_CLIENT = httpx.Client  # kept: one test puts a fake in httpx.Client's place
+
+
+def fake_client(server: FakeServer) -> httpx.Client:
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.headers.get("authorization") == "Bearer wrong":
+            return httpx.Response(401, json={"error": "bad key"})
+        return httpx.Response(200, json={"data": [{"id": server.model}]}) \
+            if request.url.path.endswith("/models") else httpx.Response(404)
+    return REAL_CLIENT(transport=httpx.MockTransport(handle))
+
+
+def test_check_endpoint_names_what_is_wrong() -> None:
+    server = FakeServer(model="qwen-dense-27b")
+    url = "http://gpu.test:8000/v1"
+    ok = check_endpoint(url, "qwen-dense-27b", client=fake_client(server))
+    assert ok.level == "ok"
+    wrong_model = check_endpoint(url, "smollm2-135m", client=fake_client(server))
+    assert wrong_model.level == "fail" and "does not serve 'smollm2-135m'" in wrong_model.detail
+    assert "qwen-dense-27b" in wrong_model.detail
+    bad_key = check_endpoint(url, "qwen-dense-27b", "wrong", client=fake_client(server))
+    assert bad_key.level == "fail" and "HTTP 401" in bad_key.detail
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # closed again when the block ends
+
+
+@pytest.mark.parametrize(("setting", "value", "says"), [
+    ("NIGHTDESK_LLM_BASE_URL", "ftp://127.0.0.1:8000/v1", "NIGHTDESK_LLM_BASE_URL"),
+    ("NIGHTDESK_LLM_BASE_URL", "127.0.0.1:8000", "NIGHTDESK_LLM_BASE_URL"),
+    ("NIGHTDESK_LLM_BASE_URL", "http://127.0.0.1:{port}/v1", "cannot reach"),
+])
+def test_run_refuses_bad_settings_in_one_line_without_a_batch_row(
+        sqlite_url: str, setting: str, value: str, says: str) -> None:
+    result = run_cli("run", "--tickers", "AAPL", "--as-of", "2026-11-27",
+                     env={setting: value.format(port=closed_port())})
+    assert result.code == 2, result.stderr
+    assert len(result.error_lines) == 1 and says in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    engine = get_engine(sqlite_url)
+    if "batches" in inspect(engine).get_table_names():  # settings fail before the database
+        with engine.connect() as conn:
+            assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 0
+
+
+def test_run_refuses_a_model_the_server_does_not_serve(
+        sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = FakeServer(model="qwen-dense-27b")
+    monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: fake_client(server))
+    result = run_cli("run", "--tickers", "AAPL", "--as-of", "2026-11-27")
+    assert result.code == 2 and len(result.error_lines) == 1, result.stderr
+    assert "does not serve 'smollm2-135m'" in result.stderr
+    # Checked under the nightly lock (a second start says "already running" first), so the
+    # schema is there, but no batch row was written.
+    with get_engine(sqlite_url).connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 0
