@@ -12,7 +12,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -95,6 +95,28 @@ def check_reachable(engine: Engine) -> None:
         ) from None
 
 
+# "0003_quality" was once the revision after "0003"; two revisions now come between them.
+REORDERED = "0003_quality"
+SKIPPED = ("0003", "0005_request_attempt")  # (before them, the last of them)
+
+
+def _catch_up_reordered(conn: Connection, cfg: Config) -> None:
+    """Run the revisions a database stamped ``0003_quality`` before the reordering lacks.
+
+    Alembic takes such a database for current, though it has neither ``llm_calls``'
+    context-trim columns nor ``llm_requests.attempt``: without this every usage row would
+    fail to insert. Stamped back to before them, it runs just those, then is stamped again.
+    """
+    if MigrationContext.configure(conn).get_current_revision() != REORDERED:
+        return
+    if "context_trimmed" in {c["name"] for c in inspect(conn).get_columns("llm_calls")}:
+        return
+    before, last = SKIPPED
+    command.stamp(cfg, before, purge=True)
+    command.upgrade(cfg, last)
+    command.stamp(cfg, REORDERED, purge=True)
+
+
 def upgrade(url: str) -> None:
     """Upgrade the schema to the newest migration (idempotent)."""
     engine = get_engine(url)
@@ -103,6 +125,7 @@ def upgrade(url: str) -> None:
         with engine.begin() as conn:
             cfg = alembic_config(url)
             cfg.attributes["connection"] = conn
+            _catch_up_reordered(conn, cfg)
             command.upgrade(cfg, "head")
     except SQLAlchemyError as error:
         raise DatabaseError(f"migration failed: {error}") from None

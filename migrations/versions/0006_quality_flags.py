@@ -8,7 +8,9 @@ import sqlalchemy as sa
 from alembic import op
 
 # Released as "0003_quality" right after 0003; the chain now runs 0003, 0004_context_trim,
-# 0005_request_attempt, this. The id stays, since databases are stamped with it.
+# 0005_request_attempt, this. The id stays, since databases are stamped with it:
+# app/db/engine.py brings one stamped before the reordering through the two revisions
+# it skipped.
 revision = "0003_quality"
 down_revision = "0005_request_attempt"
 branch_labels = None

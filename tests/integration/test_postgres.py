@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from app.db.engine import get_engine, upgrade
-from tests.unit.test_schema import check_schema
+from tests.integration.conftest import private_database
+from tests.unit.test_schema import check_reordered_catch_up, check_schema
 
 pytestmark = pytest.mark.integration
 
@@ -12,3 +15,8 @@ def test_blank_postgres_upgrades_to_the_models(pg_url: str) -> None:
     upgrade(pg_url)
     upgrade(pg_url)  # idempotent: a second upgrade is a no-op
     check_schema(get_engine(pg_url))
+
+
+def test_a_postgres_database_stamped_before_the_reordering_catches_up() -> None:
+    with private_database(f"nightdesk_reorder_{os.getpid()}") as url:
+        check_reordered_catch_up(url)

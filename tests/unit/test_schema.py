@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+
+from alembic import command
 from alembic.autogenerate import compare_metadata
+from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, inspect
 
+from app.db.engine import alembic_config, current_revision, get_engine, head_revision, upgrade
 from app.db.models import Base
 
 EXPECTED = {
@@ -73,3 +78,31 @@ def check_schema(engine: Engine) -> None:
 
 def test_blank_sqlite_upgrades_to_the_models(sqlite_engine: Engine) -> None:
     check_schema(sqlite_engine)
+
+
+def check_reordered_catch_up(url: str) -> None:
+    """Build a database as a build from before the reliability merge left it, then upgrade.
+
+    That build ran 0003 and then the quality revision on top, stamped "0003_quality": the
+    id that is now the head of the longer chain. Upgrading must add what it skipped.
+    """
+    cfg = alembic_config(url)
+    command.upgrade(cfg, "0003")
+    engine = get_engine(url)
+    quality = importlib.import_module("migrations.versions.0006_quality_flags")
+    with engine.begin() as conn, Operations.context(
+            MigrationContext.configure(conn, opts={"render_as_batch": True})):
+        quality.upgrade()
+    command.stamp(cfg, "0003_quality", purge=True)
+    assert "context_trimmed" not in {c["name"] for c in inspect(engine).get_columns("llm_calls")}
+
+    upgrade(url)
+    check_schema(engine)  # context-trim columns and llm_requests.attempt are there now
+    assert current_revision(engine) == head_revision() == "0003_quality"
+    upgrade(url)  # and nothing runs twice
+    check_schema(engine)
+
+
+def test_a_database_stamped_before_the_reordering_gets_the_revisions_it_skipped(
+        sqlite_url: str) -> None:
+    check_reordered_catch_up(sqlite_url)
