@@ -11,6 +11,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from agents.decision import contradicts
+from app.batch.store import FINISHED_STATUSES
 from app.db.models import Batch, Decision, TickerRun
 from app.errors import InputError
 from app.quality.grades import Grade, consensus
@@ -43,7 +44,7 @@ def _pick_batch(engine: Engine, batch_id: int | None) -> Batch:
             found = session.scalars(
                 # A partial night still ranks what it has (and lists what it lacks).
                 select(Batch).where(Batch.kind == "nightly",
-                                    Batch.status.in_(("succeeded", "partial")))
+                                    Batch.status.in_(FINISHED_STATUSES))
                 .order_by(Batch.finished_at.desc(), Batch.id.desc()).limit(1)
             ).first()
             if found is None:

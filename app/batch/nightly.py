@@ -24,6 +24,7 @@ from app.batch import resume as resumption
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.lock import nightly_lock
 from app.batch.signals import run_batch
+from app.batch.store import FINISHED_STATUSES
 from app.config import Settings
 from app.db.engine import ready_engine
 from app.db.models import Batch
@@ -39,7 +40,6 @@ UNFINISHED = ("crashed", "interrupted", "running")
 # A "failed" night is owed one only when tickers are left: stopped early by a refused key,
 # a wrong URL or model (every ticker failing is a finished night).
 STOPPED = "failed"
-FINISHED = ("succeeded", "partial")
 
 # Checks the server before anything is written (the CLI's preflight); None: no check.
 Preflight = Callable[[], None] | None
@@ -114,7 +114,7 @@ def finished_since(engine: Engine, as_of: date, since: datetime) -> int | None:
     with engine.connect() as conn:
         return conn.execute(select(Batch.id)
                             .where(Batch.kind == "nightly", Batch.as_of == as_of,
-                                   Batch.status.in_(FINISHED), Batch.started_at >= since)
+                                   Batch.status.in_(FINISHED_STATUSES), Batch.started_at >= since)
                             .order_by(Batch.id.desc()).limit(1)).scalar()
 
 

@@ -19,11 +19,9 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from agents.decision import contradicts, rating_for_score
+from app.batch.store import FINISHED_STATUSES
 from app.db.models import Batch, Decision, TickerRun
 from app.errors import InputError
-
-# A batch with some failed tickers still graded the others ("partial" where it exists).
-FINISHED_STATUSES = ("succeeded", "partial")
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, insert, select
 
+from app.batch.store import FINISHED_STATUSES
 from app.config import Settings
 from app.db.models import Batch, BatchWarning
-from app.quality.grades import FINISHED_STATUSES, load_grades
+from app.quality.grades import load_grades
 from app.quality.statistics import distribution, total_variation
 
 

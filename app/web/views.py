@@ -17,14 +17,13 @@ from sqlalchemy.orm import Session
 
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
+from app.batch.store import FINISHED_STATUSES
 from app.db.models import Batch, Decision, LLMCall, NodeText, ServerSample, TickerRun
 from app.errors import InputError
 from app.ranking import RATING_ORDER, RankRow, ranking
 from app.report import arm, batch_report
 from app.serverview import counter_delta, server_view
 
-# Batch statuses whose rows are final; `partial` is a finished night with some tickers failed.
-FINISHED = ("succeeded", "partial")
 # A running batch whose heartbeat is older than this has probably died with its process.
 STALE_AFTER_S = 300.0
 HISTORY_NIGHTS = 60
@@ -175,7 +174,8 @@ def history_view(engine: Engine, ticker: str, nights: int = HISTORY_NIGHTS
     """Return the ticker's ranked result on each past night, reruns applied as the ranking does."""
     with engine.connect() as conn:
         newest_per_night = (
-            select(func.max(Batch.id)).where(Batch.kind == "nightly", Batch.status.in_(FINISHED))
+            select(func.max(Batch.id))
+            .where(Batch.kind == "nightly", Batch.status.in_(FINISHED_STATUSES))
             .group_by(Batch.as_of).order_by(func.max(Batch.id).desc()).limit(nights))
         ids = sorted(conn.execute(newest_per_night).scalars())
         present = set(conn.execute(select(TickerRun.batch_id).where(
@@ -206,8 +206,8 @@ def ticker_view(engine: Engine, ticker: str) -> dict[str, Any] | None:
     latest = runs[0]
     # The newest result of a finished batch, as on the ranking page; a newer run (a night
     # still running, or a failed run) is named on the page, not mixed in.
-    shown = next((r for r in runs if r.status == "succeeded" and r.batch_status in FINISHED),
-                 latest)
+    shown = next((r for r in runs
+                  if r.status == "succeeded" and r.batch_status in FINISHED_STATUSES), latest)
     batch = _batch(engine, shown.batch_id)
     now = datetime.now(UTC)
     reruns = [{"batch_id": r.batch_id, "as_of": _iso(r.as_of), "status": r.status,

@@ -154,6 +154,40 @@ def test_ranking_is_the_last_finished_night_with_its_rerun_while_the_next_runs(
     assert '<svg role="img" aria-label="ratings"' in html
 
 
+def finish_night2_partial(engine: Engine, ids: Ids) -> None:
+    """End night 2 as the engine ends a night with a failed ticker: ``partial``."""
+    with Session(engine) as s:
+        night2 = s.get(Batch, ids.night2)
+        assert night2 is not None
+        night2.status, night2.finished_at = "partial", datetime.now(UTC)
+        night2.tickers_failed = 1
+        bbb = s.query(TickerRun).filter_by(batch_id=ids.night2, ticker="BBB").one()
+        bbb.status, bbb.error = "failed", "DecisionError: no valid decision after 3 attempts"
+        s.commit()
+
+
+def test_a_partial_night_is_the_ranking_and_names_the_ticker_it_lacks(
+        client: TestClient, ids: Ids, sqlite_engine: Engine) -> None:
+    finish_night2_partial(sqlite_engine, ids)
+    data = client.get("/api/ranking", auth=AUTH).json()
+    # The newest finished night, though not every ticker succeeded: never an older one.
+    assert (data["batch"]["id"], data["batch"]["status"]) == (ids.night2, "partial")
+    assert [(r["ticker"], r["rating"], r["score"]) for r in data["rows"]] == [
+        ("AAA", "Sell", -0.9)]
+    assert data["failed"] == [{"ticker": "BBB", "status": "failed",
+                               "reason": "DecisionError: no valid decision after 3 attempts"}]
+    assert data["running"] == []
+
+    html = client.get("/", auth=AUTH).text
+    assert "as of 2026-11-27" in html and "1 of 2 tickers succeeded" in html
+    missing = html[html.index("Failed or missing tickers"):]
+    assert "BBB" in missing and "no valid decision after 3 attempts" in missing
+    # The ticker page and its history count the partial night as a finished one.
+    aaa = client.get("/api/tickers/AAA", auth=AUTH).json()
+    assert aaa["shown"]["id"] == ids.night2 and aaa["shown"]["status"] == "partial"
+    assert [p["as_of"] for p in aaa["history"]] == ["2026-11-25", "2026-11-26", "2026-11-27"]
+
+
 def test_ranking_page_before_any_finished_night(sqlite_engine: Engine) -> None:
     app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue())
     with TestClient(app) as c:
