@@ -182,3 +182,19 @@ def test_the_example_environment_file_holds_real_settings(
     settings = load_settings()  # read from the environment as the units do; all valid
     assert settings.schedule_timezone == "Europe/Berlin"
     assert settings.database_url.startswith("postgresql+psycopg://")
+
+
+def test_a_stopped_batch_gets_its_grace_before_systemd_kills_it() -> None:
+    # SIGTERM lets calls at the server finish for NIGHTDESK_SHUTDOWN_GRACE_S, then the batch
+    # writes its status: systemd must not SIGKILL it sooner, or the night ends `running`.
+    grace = Settings.model_fields["shutdown_grace_s"].default
+    example = dict(line.split("=", 1) for line in
+                   (DEPLOY / "nightdesk.env.example").read_text().splitlines()
+                   if line.strip() and not line.lstrip().startswith("#"))
+    grace = max(grace, float(example.get("NIGHTDESK_SHUTDOWN_GRACE_S", grace)))
+    for name in ("nightdesk-batch.service", "nightdesk-scheduler.service"):
+        [stop] = parse_unit(DEPLOY / name)["Service"]["TimeoutStopSec"]
+        match = re.fullmatch(r"(\d+)(min|s)?", stop)
+        assert match, (name, stop)
+        seconds = int(match.group(1)) * (60 if match.group(2) == "min" else 1)
+        assert seconds >= grace + 30, (name, stop, grace)  # room to write the status after
