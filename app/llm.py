@@ -77,7 +77,7 @@ class TrackedLLM:
     ) -> None:
         self.settings = settings
         self.recorder = recorder
-        self.base_url = base_url or settings.llm_base_url
+        self.base_url = base_url or settings.base_url
         # httpx's default pool (100 connections) would queue requests the engine admitted,
         # silently: size it from the most the engine lets out at once (None: no cap).
         self._http = http_client or httpx.AsyncClient(

@@ -104,7 +104,7 @@ def finished_since(engine: Engine, as_of: date, since: datetime) -> int | None:
 
 def execute_plan(settings: Settings, engine: Engine, plan: BatchPlan) -> BatchOutcome:
     """Run one batch to its final row; SIGTERM or Ctrl-C end it as interrupted."""
-    facts = batch_server_facts(settings.server_profile, settings.llm_base_url,
+    facts = batch_server_facts(settings.server_profile, settings.base_url,
                                settings.server_dir)
     return run_batch(BatchEngine(settings, engine, server_facts=facts).run(plan))
 

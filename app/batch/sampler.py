@@ -62,7 +62,7 @@ class MetricsSampler:
     def from_settings(cls, settings: Settings, engine: Engine | None, batch_id: int | None,
                       *, client: httpx.AsyncClient | None = None) -> MetricsSampler:
         """Make a sampler for the configured server and interval (through ``client``, if given)."""
-        return cls(settings.llm_base_url, engine, batch_id, interval_s=settings.metrics_interval_s,
+        return cls(settings.base_url, engine, batch_id, interval_s=settings.metrics_interval_s,
                    client=client)
 
     async def sample_once(self) -> MetricsSnapshot | None:

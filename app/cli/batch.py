@@ -149,7 +149,7 @@ def replay(
     if base_url is not None:
         settings = settings.model_copy(update={"llm_base_url": base_url})
     engine = database(settings)
-    facts = batch_server_facts(settings.server_profile, settings.llm_base_url,
+    facts = batch_server_facts(settings.server_profile, settings.base_url,
                                settings.server_dir)
     outcome = run_batch(replay_batch(settings, engine, batch, label=label, strategy=strategy,
                                      match_output=not free_output, server_facts=facts))

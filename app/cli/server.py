@@ -62,7 +62,7 @@ def _port(settings: Settings, profile: Profile, port: int | None) -> int:
     """Pick the port: explicit, else the one nightdesk's client will call, else the profile's."""
     if port is not None:
         return port
-    url = urlsplit(settings.llm_base_url)
+    url = urlsplit(settings.base_url)
     if url.hostname in ("127.0.0.1", "localhost") and url.port:
         return url.port
     return profile.port
@@ -189,7 +189,7 @@ def preflight(profile: ProfileOpt = None) -> None:
     """Check the GPU (or, without one, the CPU profile) before a batch; exit 1 on a failure."""
     settings = setup()
     chosen = _profile(settings, profile)
-    root = settings.llm_base_url.rstrip("/").removesuffix("/v1")
+    root = settings.base_url.rstrip("/").removesuffix("/v1")
     checks = run_preflight(chosen, root, query_gpus(), _paths(settings))
     style = {"ok": "green", "warn": "yellow", "fail": "red"}
     for check in checks:
