@@ -335,6 +335,7 @@ class TrackedLLM:
             "ended_at": ended_at,
             "latency_s": elapsed,
             "request_id": seen.request_id,
+            "endpoint": self.base_url,
         })
 
 

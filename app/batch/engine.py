@@ -17,14 +17,13 @@ from sqlalchemy import Engine
 from agents.data import DataProvider, get_provider
 from agents.graph import analyze_ticker, chain_length, node_names
 from app.batch import store
+from app.batch.endpoints import EndpointSet
 from app.batch.gate import GatedLLM
 from app.batch.outputs import record_outputs
 from app.batch.progress import BatchProgress
-from app.batch.sampler import MetricsSampler
 from app.batch.scheduler import Job, Scheduler, Strategy
 from app.config import Settings
 from app.errors import ERRORS
-from app.llm import TrackedLLM
 from app.quality import monitor
 from app.usage import UsageRecorder
 
@@ -137,15 +136,16 @@ class BatchEngine:
             log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                      samples=plan.samples, strategy=strategy.name, as_of=str(plan.as_of))
             recorder = UsageRecorder(self.engine)
-            llm = TrackedLLM(self.settings, recorder, http_client=self.http_client,
-                             max_in_flight=max_in_flight(strategy, shapes,
-                                                         self.settings.max_concurrency))
-            # The LLM's client (when one is given) also reads /metrics: the same server.
-            sampler = (MetricsSampler.from_settings(self.settings, self.engine, batch_id,
-                                                    client=self.http_client)
-                       if self.sample_metrics else None)
-            scheduler = Scheduler(llm, strategy, gauges=sampler,
+            # A client and a /metrics sampler per endpoint (one, unless several are set);
+            # the LLM's client (when one is given) also reads /metrics: the same servers.
+            endpoints = EndpointSet.connect(
+                self.settings, strategy, recorder, engine=self.engine, batch_id=batch_id,
+                sample=self.sample_metrics, http_client=self.http_client,
+                max_in_flight=max_in_flight(strategy, shapes, self.settings.max_concurrency))
+            scheduler = Scheduler(None, strategy, endpoints=endpoints,
                                   interval_s=min(self.settings.metrics_interval_s, 2.0))
+            llm, sampler = ((endpoints, endpoints) if endpoints.several
+                            else (endpoints.first.llm, endpoints.first.gauges))
             progress = self.progress_factory(batch_id, len(plan.tickers), llm, scheduler,
                                              sampler, expected_calls=expected_calls)
 
@@ -174,8 +174,7 @@ class BatchEngine:
             status, error_text = "crashed", None
             try:
                 await recorder.start()
-                if sampler is not None:
-                    await sampler.start()
+                await endpoints.start()
                 with progress:
                     await scheduler.run(jobs, on_done)
                 status = "succeeded" if outcome.succeeded or not plan.tickers else "failed"
@@ -189,10 +188,9 @@ class BatchEngine:
                 heart.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await heart
-                if sampler is not None:
-                    await sampler.stop()
+                await endpoints.stop()
                 await recorder.close()
-                await llm.aclose()
+                await endpoints.aclose()
                 outcome.status = status
                 outcome.admission = scheduler.admission()
                 await asyncio.to_thread(

@@ -122,6 +122,8 @@ class LLMCall(Base):
     ended_at: Mapped[datetime] = mapped_column(Timestamp)
     latency_s: Mapped[float] = mapped_column(Float)
     request_id: Mapped[str | None] = mapped_column(String(200))
+    # The OpenAI base URL the attempt went to (None on rows older than several endpoints).
+    endpoint: Mapped[str | None] = mapped_column(String(300))
 
 
 class LLMRequest(Base):
@@ -196,6 +198,8 @@ class ServerSample(Base):
     spec_accepted_tokens_total: Mapped[float | None] = mapped_column(Float)
     prefill_time_s_total: Mapped[float | None] = mapped_column(Float)
     decode_time_s_total: Mapped[float | None] = mapped_column(Float)
+    # The OpenAI base URL whose /metrics this is (None on rows older than several endpoints).
+    endpoint: Mapped[str | None] = mapped_column(String(300))
 
 
 class NodeText(Base):

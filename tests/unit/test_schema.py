@@ -22,7 +22,7 @@ EXPECTED = {
         "id", "batch_id", "ticker", "node", "sample", "attempt", "model", "prompt_tokens",
         "completion_tokens", "cached_tokens", "max_tokens", "finish_reason", "status",
         "error_class", "http_status", "error", "started_at", "first_token_at", "ended_at",
-        "latency_s", "request_id",
+        "latency_s", "request_id", "endpoint",
     },
     "llm_requests": {"id", "batch_id", "ticker", "node", "sample", "body"},
     "decisions": {
@@ -35,7 +35,7 @@ EXPECTED = {
         "preemptions_total", "prompt_tokens_total", "generation_tokens_total",
         "prefix_cache_queries_total", "prefix_cache_hits_total", "spec_drafts_total",
         "spec_draft_tokens_total", "spec_accepted_tokens_total", "prefill_time_s_total",
-        "decode_time_s_total",
+        "decode_time_s_total", "endpoint",
     },
     "node_outputs": {
         "id", "batch_id", "ticker", "sample", "node", "position", "text", "prompt_tokens",
