@@ -119,8 +119,7 @@ class RoutedLLM(GatedLLM):
                 self.ticket.done -= 1
                 if self._on_redo is not None:
                     self._on_redo(self.ticket)
-                if target is not endpoint:
-                    self._move(target)
+                self._move(target)
                 continue
             if attempt != first:
                 # Counted from the caller's first number, so its next call numbers after both.
@@ -136,6 +135,8 @@ class RoutedLLM(GatedLLM):
         return self.endpoint
 
     def _move(self, target: Endpoint) -> None:
+        if target is self.endpoint:
+            return  # already there: another of its calls (samples, analysts) moved it
         log.warning("ticker moved", frm=self.endpoint.url, to=target.url,
                     order=self.ticket.order)
         self.endpoint.tickers -= 1
