@@ -206,12 +206,14 @@ async def test_an_endpoint_that_restarts_loses_no_ticker_and_takes_work_again(
     restarting = fake(kv_tokens=60_000)
     revived_at: list[int] = []
 
+    def back() -> None:
+        restarting.revive()
+        revived_at.append(len(restarting.chats))
+
     def restart(chat: ChatRequest) -> Reply:
         if chat.index == 8:
             restarting.crash()
-            loop = asyncio.get_running_loop()
-            loop.call_later(outage_s, lambda: (restarting.revive(),
-                                               revived_at.append(len(restarting.chats))))
+            asyncio.get_running_loop().call_later(outage_s, back)
         return Reply(f"[{chat.node}] fine.", token_delay_s=0.003) if not chat.structured \
             else Reply('{"rating": "Hold", "score": 0.0, "confidence": 0.5, '
                        '"summary": "Fake decision."}', token_delay_s=0.003)
