@@ -58,7 +58,7 @@ def server_fault(error: LLMError) -> bool:
     return isinstance(error, LLMConnectionError | LLMStreamError | LLMTimeoutError)
 
 
-def _numbered(attempt: int) -> dict[str, int]:
+def _numbered(attempt: int) -> dict[str, Any]:
     """Return the client's ``first_attempt`` argument; 1 is its default, so left out."""
     return {} if attempt == 1 else {"first_attempt": attempt}
 
