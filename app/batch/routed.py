@@ -15,6 +15,7 @@ again (the new endpoint recomputes the prefix it had not cached). That call is:
 A call sent again numbers its attempts after the most the first try could have used
 (``max_attempts``), so the rows of both tries stay apart (they are unique per attempt)
 and ``ChatResult.attempts`` counts both, as the decision node's own retry numbering needs.
+A call is sent at most twice per endpoint; past that its last failure stands.
 """
 
 from __future__ import annotations
@@ -100,14 +101,17 @@ class RoutedLLM(GatedLLM):
                       send: Send) -> ChatResult:
         attempt = first
         loop = asyncio.get_running_loop()
+        # A server that keeps flapping must not keep one call going round for ever.
+        sends_left = 2 * len(self.endpoints)
         while True:
+            sends_left -= 1
             endpoint = self._here()
             started = loop.time()
             try:
                 result = await self._unless_gone(
                     endpoint, self._on(endpoint, tag, sized, send, attempt))
             except LLMError as error:
-                if not server_fault(error):
+                if not server_fault(error) or sends_left == 0:
                     raise
                 target = await self.endpoints.after_failure(endpoint, started)
                 if target is None:

@@ -236,3 +236,33 @@ async def test_an_endpoint_that_restarts_loses_no_ticker_and_takes_work_again(
     assert after
     assert summary[SLOW]["tickers_started"] > 2
     assert any(urls == {SLOW} for urls in chains(calls).values())
+
+
+async def test_a_requests_own_failure_on_a_healthy_endpoint_fails_as_it_always_did(
+        sqlite_engine: Engine) -> None:
+    # One request answers HTTP 500 every time while both servers' /metrics stay fine: the
+    # failure is the request's, so it is not sent elsewhere and its ticker fails.
+    def script(chat: ChatRequest) -> Reply:
+        if chat.messages[-1]["content"].startswith("T3 c2 "):
+            return Reply(status=500, error="bad request body")
+        return Reply(" tok" * 10, completion_tokens=10, token_delay_s=0.0005)
+
+    servers = FakeServers({FAST: FakeServer(script), SLOW: FakeServer(script)})
+    load = chain_workload(6)
+    settings = load_settings(llm_base_url=servers.base_urls, check_context_length=False,
+                             retry_backoff_s=0, metrics_interval_s=0.05,
+                             endpoint_grace_s=GRACE_S, record_requests=False)
+
+    async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[object]:
+        return await play(load[ticker], gated, batch_id)
+
+    outcome = await BatchEngine(settings, sqlite_engine, http_client=servers.client()).execute(
+        BatchPlan("bench", DEMO_AS_OF, sorted(load), 1, "adaptive"), work,
+        shapes={t: shape(items) for t, items in load.items()})
+    assert set(outcome.failed) == {"T03"} and len(outcome.succeeded) == 5
+    failed = [r for r in rows(sqlite_engine, outcome.batch_id) if r.node == "c2"
+              and r.ticker == "T03"]
+    # The client's own retries, all at one endpoint, numbered 1..max_attempts as always.
+    assert sorted(r.attempt for r in failed) == list(range(1, settings.max_attempts + 1))
+    assert len({r.endpoint for r in failed}) == 1
+    assert all(e["tickers_moved_in"] == 0 for e in outcome.admission["endpoints"].values())
