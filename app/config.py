@@ -89,7 +89,8 @@ class Settings(BaseSettings):
     server_profile: str = "cpu-tiny"
     metrics_interval_s: float = Field(2.0, gt=0)
     # How long an endpoint's /metrics may keep failing before its tickers move to the other
-    # endpoints (app/batch/endpoints.py; docs/operations.md says what it was measured from).
+    # endpoints (app/batch/endpoints.py). A saturated CPU server answered every read, the
+    # slowest in 1.3 s (docs/performance.md), so 10 s of failures is a gone server.
     endpoint_grace_s: float = Field(10.0, gt=0)
     record_requests: bool = True
     log_format: Literal["auto", "console", "json"] = "auto"
