@@ -6,6 +6,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import httpx
@@ -37,6 +38,11 @@ class Settings(BaseSettings):
     database_url: str = ""
     """Default: ``sqlite:///<home>/nightdesk.db``."""
     llm_base_url: str = "http://127.0.0.1:8000/v1"
+    """One OpenAI base URL, or several (comma-separated; a TOML array): one vLLM each.
+
+    Stored comma-joined; ``base_urls`` is the list, ``base_url`` the first (for code that
+    talks to one server). app/batch/endpoints.py routes a batch's tickers over the list.
+    """
     llm_model: str = "smollm2-135m"
     llm_api_key: SecretStr = SecretStr("EMPTY")
     data_dir: Path = Path()
@@ -99,6 +105,10 @@ class Settings(BaseSettings):
     # "sync": a node's checkpoint is stored before the next node starts, so a kill loses at
     # most the node in flight; "async"/"exit" are LangGraph's cheaper, less durable modes.
     checkpoint_durability: Literal["sync", "async", "exit"] = "sync"
+    # How long an endpoint's /metrics may keep failing before its tickers move to the other
+    # endpoints (app/batch/endpoints.py). A saturated CPU server answered every read, the
+    # slowest in 1.3 s (docs/performance.md), so 10 s of failures is a gone server.
+    endpoint_grace_s: float = Field(10.0, gt=0)
     record_requests: bool = True
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: str = "INFO"
@@ -133,6 +143,37 @@ class Settings(BaseSettings):
         }
         unset = {key: value for key, value in derived.items() if not data.get(key)}
         return {**data, "home": home, **unset}
+
+    @field_validator("llm_base_url", mode="before")
+    @classmethod
+    def _endpoint_list(cls, value: Any) -> Any:
+        """Accept one URL, a comma-separated list or a TOML array; store them comma-joined."""
+        if isinstance(value, str):
+            value = value.split(",")
+        if not isinstance(value, list | tuple):
+            return value  # pydantic's own type error names the setting
+        urls = [str(item).strip().rstrip("/") for item in value]
+        if not any(urls):
+            raise ValueError("no endpoint given (an http(s) URL, or several separated by commas)")
+        for position, url in enumerate(urls, 1):
+            # Never the URL itself in the message: it may carry a password.
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"endpoint {position} of {len(urls)} is not an http(s) URL "
+                                 "with a host (e.g. http://127.0.0.1:8000/v1)")
+            if url in urls[:position - 1]:
+                raise ValueError(f"endpoint {position} of {len(urls)} is listed twice")
+        return ",".join(urls)
+
+    @property
+    def base_urls(self) -> list[str]:
+        """Return every configured endpoint's OpenAI base URL, in the order given."""
+        return self.llm_base_url.split(",")
+
+    @property
+    def base_url(self) -> str:
+        """Return the first endpoint: for code that talks to one server (replay, preflight)."""
+        return self.base_urls[0]
 
     @field_validator("home", "data_dir", "models_dir", "server_dir", "vllm_venv")
     @classmethod

@@ -102,7 +102,7 @@ class TrackedLLM:
     ) -> None:
         self.settings = settings
         self.recorder = recorder
-        self.base_url = base_url or settings.llm_base_url
+        self.base_url = base_url or settings.base_url
         # Between attempts of a call that met a server fault: wait while the server is down.
         self.watch = watch
         # Attempts a resumed batch recorded already per (ticker, node, sample): numbering
@@ -353,6 +353,7 @@ class TrackedLLM:
             "request_id": seen.request_id,
             "context_trimmed_tokens": None if trim is None else trim.tokens,
             "context_trimmed": None if trim is None else trim.describe()[:200],
+            "endpoint": self.base_url,
         })
 
 

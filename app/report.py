@@ -100,6 +100,51 @@ def batch_report(engine: Engine, batch_id: int) -> BatchReport:
     )
 
 
+@dataclass
+class EndpointShare:
+    """One endpoint's part of a batch: its calls, its output, and what its server reported."""
+
+    endpoint: str | None  # None: rows from before usage rows named their endpoint
+    calls: int
+    failed_calls: int
+    completion_tokens: int
+    # Its output over the batch's makespan, so the endpoints' figures add up to the batch's.
+    output_tokens_per_s: float
+    tickers: int  # tickers with an answered call here (a moved ticker counts at both)
+    kv_usage_max: float | None
+    preemptions: float | None
+    running_mean: float | None
+    samples: int
+
+
+def endpoint_shares(engine: Engine, batch_id: int) -> list[EndpointShare]:
+    """Split a batch by the endpoint each call went to, in the order they first served."""
+    report = batch_report(engine, batch_id)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(LLMCall.endpoint, LLMCall.status, LLMCall.completion_tokens, LLMCall.ticker,
+                   LLMCall.started_at).where(LLMCall.batch_id == batch_id)
+            .order_by(LLMCall.started_at)).all()
+    order: dict[str | None, list[Any]] = {}
+    for r in rows:
+        order.setdefault(r.endpoint, []).append(r)
+    shares = []
+    for endpoint, calls in order.items():
+        view = server_view(engine, batch_id, endpoint) if endpoint is not None else None
+        completion = sum(r.completion_tokens or 0 for r in calls)
+        shares.append(EndpointShare(
+            endpoint=endpoint, calls=len(calls),
+            failed_calls=sum(1 for r in calls if r.status != "ok"),
+            completion_tokens=completion,
+            output_tokens_per_s=completion / report.wall_seconds if report.wall_seconds else 0.0,
+            tickers=len({r.ticker for r in calls if r.status == "ok"}),
+            kv_usage_max=view.kv_usage_max if view else None,
+            preemptions=view.preemptions if view else None,
+            running_mean=view.running_mean if view else None,
+            samples=view.samples if view else 0))
+    return shares
+
+
 def arm(engine: Engine, batch_id: int) -> dict[str, Any]:
     """Return one arm of a comparison: throughput split, concurrency, KV, makespan."""
     calls = batch_report(engine, batch_id)
@@ -123,4 +168,6 @@ def arm(engine: Engine, batch_id: int) -> dict[str, Any]:
         "waiting_max": view.waiting_max, "kv_usage_max": view.kv_usage_max,
         "preemptions": view.preemptions, "mean_ttft_s": view.mean_ttft_s,
         "decode_time_share": view.decode_time_share,
+        # Each endpoint's part, when several served the arm (else its one endpoint is it).
+        "endpoints": [asdict(share) for share in endpoint_shares(engine, batch_id)],
     }

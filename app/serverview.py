@@ -54,25 +54,46 @@ class ServerView:
         return asdict(self)
 
 
-def server_view(engine: Engine, batch_id: int) -> ServerView:
-    """Compute realized concurrency, queueing, KV, preemptions and cache figures of a batch."""
+def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> ServerView:
+    """Compute realized concurrency, queueing, KV, preemptions and cache figures of a batch.
+
+    With ``endpoint``, of that endpoint's samples and calls only. A batch served by several
+    endpoints adds theirs up: counters are each endpoint's increase, summed; running and
+    waiting are the sums of each endpoint's mean and of each one's peak (peaks at different
+    moments, so an upper bound of the joint peak; no joint median); KV is the highest.
+    """
+    samples = select(ServerSample).where(ServerSample.batch_id == batch_id)
+    calls = select(LLMCall.started_at, LLMCall.first_token_at).where(
+        LLMCall.batch_id == batch_id, LLMCall.first_token_at.is_not(None))
+    if endpoint is not None:
+        samples = samples.where(ServerSample.endpoint == endpoint)
+        calls = calls.where(LLMCall.endpoint == endpoint)
     with engine.connect() as conn:
-        rows = conn.execute(select(ServerSample).where(ServerSample.batch_id == batch_id)
-                            .order_by(ServerSample.sampled_at)).all()
-        ttfts = [
-            (r.first_token_at - r.started_at).total_seconds()
-            for r in conn.execute(select(LLMCall.started_at, LLMCall.first_token_at)
-                                  .where(LLMCall.batch_id == batch_id,
-                                         LLMCall.first_token_at.is_not(None)))
-        ]
+        rows = conn.execute(samples.order_by(ServerSample.sampled_at)).all()
+        ttfts = [(r.first_token_at - r.started_at).total_seconds()
+                 for r in conn.execute(calls)]
     mean_ttft = float(np.mean(ttfts)) if ttfts else None
     if not rows:
         return ServerView(0, mean_ttft_s=mean_ttft)
+    # Each endpoint's readings are one series (counters, resets); rows older than the
+    # endpoint column are one series, as they always were.
+    series: dict[str | None, list[Any]] = {}
+    for r in rows:
+        series.setdefault(r.endpoint, []).append(r)
+    several = len(series) > 1
     running = np.array([r.running for r in rows])
     waiting = np.array([r.waiting for r in rows])
 
     def delta(name: str) -> float | None:
-        return counter_delta([getattr(r, name) for r in rows])
+        parts = [counter_delta([getattr(r, name) for r in one]) for one in series.values()]
+        seen = [p for p in parts if p is not None]
+        return sum(seen) if seen else None
+
+    def gauge(name: str, stat: Any) -> float:
+        if several:
+            return float(sum(stat(np.array([getattr(r, name) for r in one]))
+                             for one in series.values()))
+        return float(stat(running if name == "running" else waiting))
 
     queries, hits = delta("prefix_cache_queries_total"), delta("prefix_cache_hits_total")
     prompt = delta("prompt_tokens_total")
@@ -81,11 +102,11 @@ def server_view(engine: Engine, batch_id: int) -> ServerView:
     request_s = prefill_s + decode_s if prefill_s is not None and decode_s is not None else None
     return ServerView(
         samples=len(rows),
-        running_mean=float(running.mean()),
-        running_p50=float(np.percentile(running, 50)),
-        running_max=float(running.max()),
-        waiting_mean=float(waiting.mean()),
-        waiting_max=float(waiting.max()),
+        running_mean=gauge("running", np.mean),
+        running_p50=None if several else float(np.percentile(running, 50)),
+        running_max=gauge("running", np.max),
+        waiting_mean=gauge("waiting", np.mean),
+        waiting_max=gauge("waiting", np.max),
         kv_usage_max=float(max(r.kv_cache_usage for r in rows)),
         preemptions=delta("preemptions_total"),
         prompt_tokens=prompt,

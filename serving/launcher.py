@@ -2,7 +2,8 @@
 
 Each profile has its own files in the state folder the caller names (nightdesk passes the
 setting ``server_dir``): ``<profile>.log`` (the server's output), ``<profile>.pid`` and
-``<profile>.facts.json`` (see serving/facts.py).
+``<profile>.facts.json`` (see serving/facts.py). A server of several on one host (one per
+GPU, serving/replicas.py) passes its own ``key`` instead of the profile's name.
 """
 
 from __future__ import annotations
@@ -139,13 +140,14 @@ def _child_env(command: ServerCommand, api_key: str | None) -> dict[str, str]:
     return env
 
 
-def status(profile: Profile, *, state_dir: Path, port: int | None = None) -> ServerStatus:
-    """Report whether this profile's server runs here and answers /health."""
-    files = ServerFiles.of(profile.name, state_dir)
+def status(profile: Profile, *, state_dir: Path, port: int | None = None,
+           key: str | None = None) -> ServerStatus:
+    """Report whether this profile's server (or its replica ``key``) runs and answers /health."""
+    files = ServerFiles.of(key or profile.name, state_dir)
     pid = _read_pid(files)
     root = root_url(profile.host, port or profile.port)
     return ServerStatus(
-        profile=profile.name,
+        profile=key or profile.name,
         pid=pid,
         alive=pid is not None and _alive(pid),
         healthy=healthy(root),
@@ -163,6 +165,7 @@ def start(
     state_dir: Path,
     command: ServerCommand,
     progress: Progress | None = None,
+    key: str | None = None,
 ) -> dict[str, Any]:
     """Run ``command`` (the rendered profile) detached, wait for /health, return its facts.
 
@@ -174,12 +177,13 @@ def start(
     """
     port = port or profile.port
     root = root_url(profile.host, port)
-    files = ServerFiles.of(profile.name, state_dir)
-    running = status(profile, port=port, state_dir=state_dir)
+    name = key or profile.name
+    files = ServerFiles.of(name, state_dir)
+    running = status(profile, port=port, state_dir=state_dir, key=key)
     if running.alive and running.healthy:
-        return {**read_server_facts(profile.name, state_dir), "already_running": True}
+        return {**read_server_facts(name, state_dir), "already_running": True}
     if running.alive:
-        raise ServerError(f"{profile.name} server (pid {running.pid}) runs but {root}/health "
+        raise ServerError(f"{name} server (pid {running.pid}) runs but {root}/health "
                           f"does not answer (still starting?); see {files.log} or run "
                           "`nightdesk server stop`")
     if running.healthy:
@@ -203,7 +207,7 @@ def start(
         _wait_healthy(child, root, files, t0, timeout_s, progress)
     except BaseException:
         # Covers the deadline and Ctrl-C alike: never leave a half-started server behind.
-        stop(profile, state_dir=state_dir, timeout_s=10.0)
+        stop(profile, state_dir=state_dir, timeout_s=10.0, key=key)
         raise
 
     facts: dict[str, Any] = {
@@ -221,7 +225,7 @@ def start(
     }
     with contextlib.suppress(ServerError):
         facts.update(live_facts(root))
-    write_facts(profile.name, facts, state_dir)
+    write_facts(name, facts, state_dir)
     return facts
 
 
@@ -271,12 +275,13 @@ def _wait_healthy(child: subprocess.Popen[bytes], root: str, files: ServerFiles,
 
 
 def stop(profile: Profile, *, state_dir: Path,
-         timeout_s: float = DEFAULT_STOP_TIMEOUT_S) -> bool:
-    """Stop this profile's server: SIGTERM its process group, SIGKILL after the deadline.
+         timeout_s: float = DEFAULT_STOP_TIMEOUT_S, key: str | None = None) -> bool:
+    """Stop this profile's server (or its replica ``key``): SIGTERM its process group,
+    SIGKILL after the deadline.
 
-    Return False when no server of this profile was running here.
+    Return False when no such server was running here.
     """
-    files = ServerFiles.of(profile.name, state_dir)
+    files = ServerFiles.of(key or profile.name, state_dir)
     pid = _read_pid(files)
     # A leader that died can leave its engine core running in the group: that counts too.
     if pid is None or not (_alive(pid) or _group_alive(pid)):

@@ -20,16 +20,15 @@ from agents.graph import analyze_ticker, chain_length, node_names, thread_id
 from app.batch import cleanup, store
 from app.batch import resume as resumption
 from app.batch.checkpoints import open_checkpointer, prune
+from app.batch.endpoints import EndpointSet
 from app.batch.gate import GatedLLM
 from app.batch.halt import Halt, HaltReason, drive
 from app.batch.outage import ServerWatch
 from app.batch.outputs import record_outputs
 from app.batch.progress import BatchProgress
-from app.batch.sampler import MetricsSampler
 from app.batch.scheduler import Job, Scheduler, Strategy
 from app.config import Settings
 from app.errors import ERRORS, BatchStopped, LLMError
-from app.llm import TrackedLLM
 from app.quality import monitor
 from app.usage import UsageRecorder
 
@@ -193,22 +192,27 @@ class BatchEngine:
                      samples=plan.samples, strategy=strategy.name, as_of=str(plan.as_of))
             recorder = UsageRecorder(self.engine)
             hint = f"; resume with `nightdesk run --resume {batch_id}`"
-            watch = ServerWatch(self.settings.llm_base_url, budget_s=self.settings.outage_budget_s,
+            # The outage watch covers one server. With several endpoints a server that goes
+            # away has its tickers moved to the others instead (app/batch/endpoints.py).
+            watch = ServerWatch(self.settings.base_url, budget_s=self.settings.outage_budget_s,
                                 interval_s=self.settings.server_probe_interval_s,
                                 halt=self.halt, client=self.http_client, resume_hint=hint)
-            llm = TrackedLLM(self.settings, recorder, http_client=self.http_client,
-                             max_in_flight=max_in_flight(strategy, shapes,
-                                                         self.settings.max_concurrency),
-                             watch=watch, attempts_before=attempts)
-            # The LLM's client (when one is given) also reads /metrics: the same server.
-            sampler = (MetricsSampler.from_settings(self.settings, self.engine, batch_id,
-                                                    client=self.http_client)
-                       if self.sample_metrics else None)
+            # A client and a /metrics sampler per endpoint (one, unless several are set);
+            # the LLM's client (when one is given) also reads /metrics: the same servers.
+            endpoints = EndpointSet.connect(
+                self.settings, strategy, recorder, engine=self.engine, batch_id=batch_id,
+                sample=self.sample_metrics, http_client=self.http_client,
+                max_in_flight=max_in_flight(strategy, shapes, self.settings.max_concurrency),
+                watch=watch, attempts_before=attempts)
+            single = not endpoints.several
             # An unreadable /metrics is a server problem: the watch pauses admission on it.
-            scheduler = Scheduler(llm, strategy, gauges=sampler,
+            scheduler = Scheduler(None, strategy, endpoints=endpoints,
                                   interval_s=min(self.settings.metrics_interval_s, 2.0),
-                                  on_metrics=watch.note_metrics)
-            watch.gate = scheduler.gate
+                                  on_metrics=watch.note_metrics if single else None)
+            if single:
+                watch.gate = scheduler.gate
+            llm, sampler = ((endpoints, endpoints) if endpoints.several
+                            else (endpoints.first.llm, endpoints.first.gauges))
             progress = self.progress_factory(batch_id, len(plan.tickers), llm, scheduler,
                                              sampler, expected_calls=expected_calls)
 
@@ -248,17 +252,18 @@ class BatchEngine:
             body_ok = False
             try:
                 await recorder.start()
-                if sampler is not None:
-                    await sampler.start()
+                await endpoints.start()
                 async with self._checkpoints(checkpointed, recorder):
-                    watching = asyncio.create_task(watch.run(), name="server-watch")
+                    watching = (asyncio.create_task(watch.run(), name="server-watch")
+                                if single else None)
                     try:
                         with progress:
                             await drive(scheduler, scheduler.run(jobs, on_done), self.halt)
                     finally:
-                        watching.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await watching
+                        if watching is not None:
+                            watching.cancel()
+                            with contextlib.suppress(asyncio.CancelledError):
+                                await watching
                     if self._saver is not None and self.halt.reason is None:
                         # Every ticker finished: no checkpoint of the batch is needed any more
                         # (one left by a process killed between storing and pruning included).
@@ -291,9 +296,9 @@ class BatchEngine:
                 # Each step runs whatever the others do, and the status is written after all.
                 failed = await cleanup.run_all([
                     ("stop the heartbeat", functools.partial(_stop, heart)),
-                    ("stop the metrics sampler", sampler.stop if sampler is not None else None),
+                    ("stop the metrics samplers", endpoints.stop),
                     ("close the usage recorder", recorder.close),
-                    ("close the LLM client", llm.aclose),
+                    ("close the LLM clients", endpoints.aclose),
                 ])
                 if failed:
                     error_text = "; ".join(filter(None, [error_text, cleanup.describe(failed)]))

@@ -27,13 +27,16 @@ class Gate:
     smaller requests of newer tickers).
     """
 
-    def __init__(self, limit: int, budget: TokenBudget | None = None) -> None:
+    def __init__(self, limit: int, budget: TokenBudget | None = None, *,
+                 changed: asyncio.Event | None = None) -> None:
         self._limit = max(1, limit)
         self.budget = budget
         self.outstanding = 0
         self._waiters: list[tuple[int, int, asyncio.Future[None], int, Ticket | None]] = []
         self._seq = itertools.count()
-        self._changed = asyncio.Event()
+        # Set whenever a place or tokens may have come free. Several endpoints' gates share
+        # one, so a batch can wait for room at any of them (app/batch/endpoints.py).
+        self._changed = changed or asyncio.Event()
         self._holds: set[str] = set()  # why nothing is let through now (server down, stopping)
         self._closed: BaseException | None = None
 
@@ -103,9 +106,12 @@ class Gate:
         if ticket is not None:
             ticket.outstanding += 1
         if self.budget is not None:
-            self.budget.take(cost, ticket.hold if ticket else 0)
-            if ticket is not None:
-                ticket.hold = 0
+            # Only a hold on this gate's budget turns into this request's tokens; one left on
+            # another endpoint's gate (the ticker moved) is released there (endpoints.py).
+            held = ticket.hold if ticket is not None and ticket.held_by in (None, self) else 0
+            self.budget.take(cost, held)
+            if ticket is not None and held:
+                ticket.hold, ticket.held_by = 0, None
 
     @asynccontextmanager
     async def slot(self, priority: int = 0, cost: int = 0,
@@ -139,18 +145,24 @@ class Gate:
             # comes: its context is in the server's cache, a new ticker must not take it.
             keep = (ticket is not None and ticket.outstanding == 0
                     and ticket.remaining > 1 and not ticket.finished)
+            if keep and ticket is not None and ticket.held_by not in (None, self):
+                ticket.held_by.release_hold(ticket)
             held = self.budget.give_back(cost, hold=keep)
             if ticket is not None and keep:
-                ticket.hold = held
+                ticket.hold, ticket.held_by = held, self
         self._grant()
 
-    def drop_hold(self, ticket: Ticket) -> None:
-        """Release a ticker's hold: it has no call left to send."""
-        ticket.finished = True
-        if self.budget is not None and ticket.hold:
+    def release_hold(self, ticket: Ticket) -> None:
+        """Give back a ticker's hold on this gate's budget: its context is not wanted here."""
+        if self.budget is not None and ticket.hold and ticket.held_by in (None, self):
             self.budget.drop_hold(ticket.hold)
-            ticket.hold = 0
+            ticket.hold, ticket.held_by = 0, None
             self._grant()
+
+    def drop_hold(self, ticket: Ticket) -> None:
+        """Release a ticker's hold (wherever it is): it has no call left to send."""
+        ticket.finished = True
+        (ticket.held_by or self).release_hold(ticket)
 
     def reconsider(self) -> None:
         """Grant what now fits, after the budget changed."""
@@ -185,6 +197,7 @@ class Ticket:
     done: int = 0
     outstanding: int = 0  # its requests holding a place now
     hold: int = 0  # budget tokens kept between two of its calls
+    held_by: Gate | None = None  # whose budget the hold is in (a ticker can change endpoint)
     finished: bool = False
 
     @property

@@ -16,7 +16,6 @@ from typing import Protocol
 
 import structlog
 
-from app.batch.gate import Gate
 from app.errors import BatchStopped
 
 log = structlog.get_logger(__name__)
@@ -69,9 +68,11 @@ class Halt:
 class Stoppable(Protocol):
     """What ``drive`` needs of the scheduler (app.batch.scheduler.Scheduler)."""
 
-    gate: Gate
-
     def stop(self) -> None: ...
+
+    async def drained(self) -> None: ...
+
+    def close(self, error: BaseException) -> None: ...
 
 
 async def drive(scheduler: Stoppable, work: Awaitable[None], halt: Halt) -> None:
@@ -95,12 +96,12 @@ async def drive(scheduler: Stoppable, work: Awaitable[None], halt: Halt) -> None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + reason.grace_s
         hurried = asyncio.create_task(halt.hurried.wait())
-        drained = asyncio.create_task(scheduler.gate.drained())
+        drained = asyncio.create_task(scheduler.drained())
         try:
             await asyncio.wait({drained, hurried, running}, timeout=reason.grace_s,
                                return_when=asyncio.FIRST_COMPLETED)
             if not hurried.done():
-                scheduler.gate.close(BatchStopped(reason.message))
+                scheduler.close(BatchStopped(reason.message))
                 await asyncio.wait({running, hurried},
                                    timeout=max(0.0, deadline - loop.time()),
                                    return_when=asyncio.FIRST_COMPLETED)

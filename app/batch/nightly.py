@@ -119,7 +119,7 @@ def finished_since(engine: Engine, as_of: date, since: datetime) -> int | None:
 
 
 def _runner(settings: Settings, engine: Engine) -> BatchEngine:
-    facts = batch_server_facts(settings.server_profile, settings.llm_base_url,
+    facts = batch_server_facts(settings.server_profile, settings.base_url,
                                settings.server_dir)
     return BatchEngine(settings, engine, server_facts=facts)
 

@@ -55,6 +55,11 @@ class BatchProgress:
             eta = elapsed / stats.calls * left
         latest = getattr(self.sampler, "latest", None)
         budget = getattr(self.scheduler, "budget", None)
+        endpoints = getattr(self.scheduler, "endpoints", None)
+        limit = self.scheduler.gate.limit
+        if endpoints is not None and endpoints.several:
+            # Several endpoints: the limit is theirs together; their budgets are in the log.
+            limit, budget = endpoints.request_limit(), None
         return {
             "tickers_done": self.done - self.failed, "tickers_failed": self.failed,
             "tickers_total": self.total, "calls": stats.calls, "failed_calls": stats.failed,
@@ -62,7 +67,7 @@ class BatchProgress:
             "running": getattr(latest, "running", None),
             "waiting": getattr(latest, "waiting", None),
             "kv_usage": getattr(latest, "kv_cache_usage", None),
-            "limit": self.scheduler.gate.limit if self.scheduler.strategy.adaptive else None,
+            "limit": limit if self.scheduler.strategy.adaptive else None,
             # The KV token budget (None when the batch has none or the capacity is unknown).
             "budget_tokens": budget.limit if budget is not None else None,
             "reserved_tokens": budget.reserved if budget is not None else None,

@@ -40,9 +40,12 @@ class MetricsSampler:
         *,
         interval_s: float,
         client: httpx.AsyncClient | None = None,
+        endpoint: str | None = None,
     ) -> None:
         self.base_url = base_url
         self.interval_s = interval_s
+        # Stored with every row, so a batch over several endpoints keeps each one's series.
+        self.endpoint = endpoint
         self.latest: MetricsSnapshot | None = None
         # The KV cache's size from vllm:cache_config_info (None while unknown), re-read with
         # every sample: a restarted server may have another.
@@ -50,6 +53,12 @@ class MetricsSampler:
         self.block_size: int | None = None
         self.samples_taken = 0
         self.failures = 0
+        # The endpoint set (app/batch/endpoints.py) judges an endpoint's health from these:
+        # failed reads in a row, and when (loop time) the last read succeeded or failed.
+        self.failed_in_a_row = 0
+        self.last_ok_at: float | None = None
+        self.last_failed_at: float | None = None
+        self.read = asyncio.Event()  # set after every read, good or failed
         self._engine = engine
         self._batch_id = batch_id
         # One connection for the whole batch; closed in stop() only when made here.
@@ -62,8 +71,8 @@ class MetricsSampler:
     def from_settings(cls, settings: Settings, engine: Engine | None, batch_id: int | None,
                       *, client: httpx.AsyncClient | None = None) -> MetricsSampler:
         """Make a sampler for the configured server and interval (through ``client``, if given)."""
-        return cls(settings.llm_base_url, engine, batch_id, interval_s=settings.metrics_interval_s,
-                   client=client)
+        return cls(settings.base_url, engine, batch_id, interval_s=settings.metrics_interval_s,
+                   client=client, endpoint=settings.base_url)
 
     async def sample_once(self) -> MetricsSnapshot | None:
         """Take one reading and store it; return None when it could not be read."""
@@ -72,14 +81,22 @@ class MetricsSampler:
             snapshot = parse_metrics(text)
         except ServerError as error:
             self.failures += 1
-            log.warning("metrics read failed; sample skipped", error=str(error))
+            self.failed_in_a_row += 1
+            self.last_failed_at = asyncio.get_running_loop().time()
+            self.read.set()
+            log.warning("metrics read failed; sample skipped", error=str(error),
+                        endpoint=self.endpoint)
             return None
+        self.failed_in_a_row = 0
+        self.last_ok_at = asyncio.get_running_loop().time()
+        self.read.set()
         self._read_capacity(text)
         self.latest = snapshot
         self.samples_taken += 1
         if self._engine is not None and self._batch_id is not None:
             try:
-                await asyncio.to_thread(_insert, self._engine, sample_row(snapshot, self._batch_id))
+                await asyncio.to_thread(_insert, self._engine,
+                                        sample_row(snapshot, self._batch_id, self.endpoint))
             except SQLAlchemyError as error:
                 self.failures += 1
                 log.warning("server sample not stored", error=str(error).splitlines()[0])
@@ -129,10 +146,12 @@ class MetricsSampler:
         await self.stop()
 
 
-def sample_row(snapshot: MetricsSnapshot, batch_id: int) -> dict[str, Any]:
+def sample_row(snapshot: MetricsSnapshot, batch_id: int,
+               endpoint: str | None = None) -> dict[str, Any]:
     """Return the ``server_samples`` row for one reading (column names match the model)."""
     values = asdict(snapshot)
-    return {"batch_id": batch_id, "sampled_at": values.pop("taken_at"), **values}
+    return {"batch_id": batch_id, "sampled_at": values.pop("taken_at"), **values,
+            "endpoint": endpoint}
 
 
 def _insert(engine: Engine, row: dict[str, Any]) -> None:

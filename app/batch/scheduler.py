@@ -21,19 +21,22 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
 from app.batch.admission import AdmissionPolicy
 from app.batch.budget import TokenBudget
+from app.batch.endpoints import UNBOUNDED, Endpoint, EndpointSet, GaugeSource
 from app.batch.gate import Gate, GatedLLM, Ticket
+from app.batch.routed import RoutedLLM
 from app.errors import InputError
 from app.llm import TrackedLLM
 
 log = structlog.get_logger(__name__)
 
-UNBOUNDED = 1_000_000
+__all__ = ["UNBOUNDED", "GaugeSource", "Job", "Scheduler", "Strategy"]
+
 # How long admission waits for the heaviest ticker's data before a lighter one goes first.
 PREPARE_PATIENCE_S = 1.0
 
@@ -138,32 +141,28 @@ def _is_number(text: str) -> bool:
     return True
 
 
-class GaugeSource(Protocol):
-    """Anything holding the newest metrics reading (app.batch.sampler.MetricsSampler does)."""
-
-    @property
-    def latest(self) -> Any: ...
-
-
 OnDone = Callable[[Job, Any, BaseException | None], Awaitable[None]]
 
 
 class Scheduler:
-    """Run jobs under one strategy; with ``adaptive`` the gate follows the admission policy."""
+    """Run jobs under one strategy; with ``adaptive`` each gate follows its admission policy.
 
-    def __init__(self, llm: TrackedLLM, strategy: Strategy, *, gauges: GaugeSource | None = None,
-                 policy: AdmissionPolicy | None = None, interval_s: float = 1.0,
+    One server is ``llm`` with its ``gauges``; several come as an ``EndpointSet``
+    (app/batch/endpoints.py), each with its own gate, policy and budget. ``fixed-N`` and
+    ``sequential`` then mean N tickers (and their request cap) per endpoint.
+    """
+
+    def __init__(self, llm: TrackedLLM | None, strategy: Strategy, *,
+                 gauges: GaugeSource | None = None, policy: AdmissionPolicy | None = None,
+                 interval_s: float = 1.0, endpoints: EndpointSet | None = None,
                  on_metrics: Callable[[bool], None] | None = None) -> None:
-        self.llm = llm
         self.strategy = strategy
-        self.gauges = gauges
-        self.policy = policy or strategy.admission_policy(llm.settings.max_concurrency)
         self.interval_s = interval_s
-        limit = strategy.request_limit or (self.policy.allowed if strategy.adaptive else UNBOUNDED)
-        # The budget needs the gauges: without readings it could never learn the capacity.
-        self.budget = strategy.token_budget() if gauges is not None else None
-        self.gate = Gate(limit, self.budget)
-        self._capacity_said = False
+        if endpoints is None:
+            if llm is None:
+                raise ValueError("a scheduler needs a client or endpoints")
+            endpoints = EndpointSet.single(llm, strategy, gauges=gauges, policy=policy)
+        self.endpoints = endpoints
         self.in_flight = 0
         self.started = 0
         self.left = 0  # requests of the batch not yet finished, as far as they are known
@@ -178,19 +177,52 @@ class Scheduler:
         self._fallback_s = 0.0
         self._fallback_since = 0.0
 
+    # The first endpoint's parts: with one server, the server's (live progress reads them).
+    @property
+    def llm(self) -> TrackedLLM:
+        return self.endpoints.first.llm
+
+    @property
+    def gate(self) -> Gate:
+        return self.endpoints.first.gate
+
+    @property
+    def policy(self) -> AdmissionPolicy:
+        return self.endpoints.first.policy
+
+    @property
+    def budget(self) -> TokenBudget | None:
+        return self.endpoints.first.budget
+
+    @property
+    def gauges(self) -> GaugeSource | None:
+        return self.endpoints.first.gauges
+
     def stop(self) -> None:
         """Start no more tickers and let no new request through; requests out may finish."""
         self.stopping = True
-        self.gate.hold("stopping")
+        for endpoint in self.endpoints:
+            endpoint.gate.hold("stopping")
+        self.endpoints.changed.set()
+
+    async def drained(self) -> None:
+        """Return once no endpoint's gate has a request out (after ``stop``)."""
+        for endpoint in self.endpoints:
+            await endpoint.gate.drained()
+
+    def close(self, error: BaseException) -> None:
+        """Refuse every request still waiting at any endpoint's gate with ``error``."""
+        for endpoint in self.endpoints:
+            endpoint.gate.close(error)
 
     def urgent(self, ticket: Ticket) -> bool:
         """Return True when the ticker's remaining chain would outlast the rest of the batch."""
         if not self.strategy.tail or not ticket.chain or not ticket.remaining:
             return False
-        return ticket.remaining_chain >= self.left / max(1, self.gate.limit)
+        return ticket.remaining_chain >= self.left / max(1, self.endpoints.request_limit())
 
-    def _may_pass(self, ticket: Ticket) -> bool:
-        return self.stopping or self.urgent(ticket)
+    def _may_pass(self, ticket: Ticket | None) -> bool:
+        return self.stopping or (ticket is not None and self.urgent(ticket))
 
     def rank(self, ticket: Ticket) -> int:
         """Return a request's priority, lower first: urgent tickers by longest remaining
@@ -206,6 +238,11 @@ class Scheduler:
         if ticket.done <= ticket.requests:
             self.left -= 1
 
+    def _redone_one(self, ticket: Ticket) -> None:
+        """Count a call sent again (its endpoint failed) as work left once more."""
+        if ticket.done < ticket.requests:
+            self.left += 1
+
     async def run(self, jobs: list[Job], on_done: OnDone) -> None:
         """Run every job once; a failing job is reported to ``on_done``, never raised."""
         ordered = sorted(jobs, key=lambda j: -j.weight)
@@ -213,8 +250,8 @@ class Scheduler:
         self.tickers = len(ordered)
         tasks: list[asyncio.Task[None]] = []
         controller = (asyncio.create_task(self._control(), name="admission")
-                      if self.strategy.adaptive and self.gauges is not None else None)
-        slots = asyncio.Semaphore(self.strategy.tickers_in_flight or UNBOUNDED)
+                      if self.endpoints.controlled(self.strategy.adaptive) else None)
+        slots = self.strategy.tickers_in_flight
         # Jobs prepare (load their data) ahead of admission, and a ticker is admitted once
         # it is ready: one slow load never holds back the tickers behind it. Start order,
         # not weight order, is then the ticker's priority.
@@ -224,28 +261,33 @@ class Scheduler:
                                          name=f"prepare {job.key}")
                      for i, job in enumerate(ordered)]
         pending = list(range(len(ordered)))
+        order = 0
         try:
-            for order in range(len(ordered)):
-                await slots.acquire()
+            while pending and not self.stopping:
                 index = await self._next_ready(pending, loaded)
                 job = ordered[index]
                 failure = failures.get(index)
                 if failure is not None:  # never admitted: it has nothing to work on
-                    slots.release()
                     self.left -= job.requests
                     await on_done(job, None, failure)
                     continue
                 ticket = Ticket(order, job.requests, job.chain)
-                if self.strategy.tickers_in_flight is None:
-                    await self.gate.wait_for_room(or_else=functools.partial(
-                        self._may_pass, ticket))
+                # The endpoint with room and the most free budget tokens (routing.py); a
+                # stop ends the wait at once.
+                endpoint = await self.endpoints.wait_for_room(
+                    slots, or_else=functools.partial(
+                        self._may_pass, ticket if slots is None else None))
                 if self.stopping:
                     break  # the tickers not started stay queued, for a resume
+                order += 1
                 first_request = asyncio.Event()
-                task = asyncio.create_task(
-                    self._one(job, ticket, first_request, slots, on_done), name=job.key)
+                gated = RoutedLLM(self.endpoints, endpoint, ticket, first_request,
+                                  rank=self.rank, on_finish=self._finished_one,
+                                  on_redo=self._redone_one)
+                task = asyncio.create_task(self._one(job, gated, first_request, on_done),
+                                           name=job.key)
                 tasks.append(task)
-                if self.strategy.tickers_in_flight is None:
+                if slots is None:
                     # A started ticker has not asked for its place yet: wait until it has,
                     # or the gate would look free and we would start a burst of tickers.
                     done = asyncio.create_task(first_request.wait())
@@ -291,15 +333,15 @@ class Scheduler:
             self._loaded.clear()
             await self._loaded.wait()
 
-    async def _one(self, job: Job, ticket: Ticket, first_request: asyncio.Event,
-                   slots: asyncio.Semaphore, on_done: OnDone) -> None:
+    async def _one(self, job: Job, gated: RoutedLLM, first_request: asyncio.Event,
+                   on_done: OnDone) -> None:
+        ticket = gated.ticket
         self.in_flight += 1
         self.started += 1
         result: Any = None
         error: BaseException | None = None
         try:
-            result = await job.run(GatedLLM(self.llm, self.gate, ticket, first_request,
-                                            rank=self.rank, on_finish=self._finished_one))
+            result = await job.run(gated)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # one ticker's failure never stops the others
@@ -308,9 +350,8 @@ class Scheduler:
             # Requests it did not make (a failure cut it short) are no longer work left.
             self.left -= ticket.remaining
             ticket.done = max(ticket.done, ticket.requests)
-            self.gate.drop_hold(ticket)
+            gated.close()
             self.in_flight -= 1
-            slots.release()
             first_request.set()
         await on_done(job, result, error)
 
@@ -323,17 +364,17 @@ class Scheduler:
         return {"readings_missed": self.metrics_missed, "seconds": round(seconds, 1),
                 "limit": self.policy.fallback_limit}
 
-    def _metrics_missed(self, count: int) -> None:
+    def _metrics_missed(self, count: int, endpoint: Endpoint) -> None:
         self.metrics_missed += count
         if not self.metrics_fallback:
             self.metrics_fallback = True
             self._fallback_since = time.monotonic()
             # Blind, the limit must not grow: back to where it started, until readings return.
-            self.gate.set_limit(self.policy.fall_back())
+            endpoint.gate.set_limit(endpoint.policy.fall_back())
             if self._fallback_s == 0.0:  # once per batch, however often it happens
                 log.warning("cannot read the server's /metrics: adaptive admission falls back "
                             "to its starting limit and pauses while the server looks down",
-                            limit=self.gate.limit)
+                            limit=endpoint.gate.limit, endpoint=endpoint.url)
         for _ in range(count):
             if self.on_metrics is not None:
                 self.on_metrics(False)
@@ -347,56 +388,45 @@ class Scheduler:
             self.on_metrics(True)
 
     async def _control(self) -> None:
-        seen = None
-        failures_seen = 0
+        """Follow every endpoint's gauges: its admission limit and budget, and its health."""
+        adaptive = self.strategy.adaptive
+        seen: dict[int, Any] = {}
+        failures_seen: dict[int, int] = {}
+        loop = asyncio.get_running_loop()
         while True:
-            snapshot = self.gauges.latest if self.gauges is not None else None
-            # The sampler counts a failed reading without a new snapshot (a reading it could
-            # not store still brings one): one reading at most per tick at this pace.
-            failures = int(getattr(self.gauges, "failures", 0))
-            if snapshot is not None and snapshot is not seen:
-                self._metrics_read()
-            elif failures > failures_seen:
-                self._metrics_missed(failures - failures_seen)
-            failures_seen = failures
-            if snapshot is not None and snapshot is not seen:
-                seen = snapshot
-                self._budget_capacity()
-                before = self.gate.limit
-                self.gate.set_limit(self.policy.observe(snapshot, self.gate.outstanding))
-                if self.gate.limit != before:
-                    log.debug("admission limit", limit=self.gate.limit, reason=self.policy.reason)
-                if self.budget is not None:
-                    tokens = self.budget.observe(snapshot)
-                    self.gate.reconsider()
-                    log.debug("token budget", tokens=tokens, reserved=self.budget.reserved,
-                              held=self.budget.held, reason=self.budget.reason)
+            for endpoint in self.endpoints:
+                gauges = endpoint.gauges
+                snapshot = gauges.latest if gauges is not None else None
+                fresh = snapshot is not None and snapshot is not seen.get(endpoint.index)
+                # The sampler counts a failed reading without a new snapshot (a reading it
+                # could not store still brings one): one reading at most per tick at this pace.
+                failures = int(getattr(gauges, "failures", 0))
+                if adaptive:
+                    if fresh:
+                        self._metrics_read()
+                    elif failures > failures_seen.get(endpoint.index, 0):
+                        self._metrics_missed(failures - failures_seen.get(endpoint.index, 0),
+                                             endpoint)
+                failures_seen[endpoint.index] = failures
+                if fresh:
+                    seen[endpoint.index] = snapshot
+                    if adaptive:
+                        endpoint.admit(snapshot)
+            if self.endpoints.several:
+                self.endpoints.judge_all(loop.time())
             await asyncio.sleep(self.interval_s / 2)
 
     def admission(self) -> dict[str, Any]:
-        """Return how admission ended: the request limit and, when budgeted, the token budget."""
+        """Return how admission ended: the request limit and, when budgeted, the token budget.
+
+        With several endpoints the limit is their sum and ``endpoints`` has each one's.
+        """
         figures: dict[str, Any] = {"strategy": self.strategy.name,
                                    "request_limit": self.gate.limit}
         if self.strategy.adaptive:
             figures["request_limit_reason"] = self.policy.reason
             figures["token_budget"] = self.budget.summary() if self.budget else None
+        if self.endpoints.several:
+            figures["request_limit"] = sum(e.gate.limit for e in self.endpoints)
+            figures["endpoints"] = self.endpoints.summary()
         return figures
-
-    def _budget_capacity(self) -> None:
-        """Give the budget the server's KV capacity; say once how admission works."""
-        if self.budget is None:
-            return
-        capacity = getattr(self.gauges, "kv_capacity", None)
-        self.budget.set_capacity(capacity, getattr(self.gauges, "block_size", None))
-        if self._capacity_said:
-            return
-        self._capacity_said = True
-        if self.budget.known:
-            # The budget owns the KV cache now: the count policy's KV rules would stop
-            # growth at a usage the budget has already reserved room for.
-            self.policy.kv_high = self.policy.kv_full = float("inf")
-            log.info("admission by token budget", kv_tokens=self.budget.capacity,
-                     fill=self.budget.fill)
-        else:
-            log.warning("KV capacity unknown (no vllm:cache_config_info): admission by "
-                        "request count only")

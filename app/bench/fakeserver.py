@@ -23,7 +23,12 @@ plain string (the reply text), or None for the default: a valid decision JSON fo
 ``response_format`` request, ``max_tokens`` tokens for an ``ignore_eos`` one, else prose.
 It may be sync or async. Faults come from the reply (status, ``drop``, ``cut_after`` with
 ``cut`` "drop" or "end", ``delay_s``, ``hold``) or on cue for the next requests of a path
-(``cue``, e.g. ``cue(Reply(status=503), times=6, path="/metrics")``).
+(``cue``, e.g. ``cue(Reply(status=503), times=6, path="/metrics")``). ``crash()``
+takes the whole server away (every request refused, answers in progress cut) until
+``revive()``, which brings it back with its counters reset, as a restarted vLLM's are.
+
+Several fakes can stand for several endpoints behind one client: ``FakeServers`` routes
+each request to the fake whose base URL's host and port it names.
 
 Nodes are recognised from the request's seed (``call_seed`` of ticker, node and sample), so
 prompts need no markers: pass the node names and tickers you expect. The request and reply
@@ -61,7 +66,7 @@ from app.bench.fakeload import Sequence, ServerLoad
 from app.llm import call_seed
 
 __all__ = ["BASE_URL", "CONTEXT_LENGTH_MESSAGE", "DEFAULT_DECISION", "ChatRequest",
-           "FakeServer", "Recorded", "Reply", "Script", "prompt_token_count"]
+           "FakeServer", "FakeServers", "Recorded", "Reply", "Script", "prompt_token_count"]
 
 BASE_URL = "http://fake.test/v1"
 CHAT_PATH = "/v1/chat/completions"
@@ -84,6 +89,7 @@ class FakeServer:
     block_size: int = 16
     requests: list[Recorded] = field(default_factory=list)
     chats: list[ChatRequest] = field(default_factory=list)
+    down: bool = False  # crashed: see crash() and revive()
 
     def __post_init__(self) -> None:
         self._by_seed = {
@@ -117,6 +123,18 @@ class FakeServer:
         self.load.preempt(count)
 
     def restart(self) -> None:
+        self.load.restart()
+
+    def crash(self) -> None:
+        """Go away: refuse every request and cut every answer in progress, until revived.
+
+        A request held (``Reply.hold``) stays held: a server that hangs rather than refuses.
+        """
+        self.down = True
+
+    def revive(self) -> None:
+        """Come back as a restarted server: answering again, every counter back at zero."""
+        self.down = False
         self.load.restart()
 
     # --- what tests read ---------------------------------------------------------------------
@@ -157,6 +175,8 @@ class FakeServer:
         body: Any = json.loads(raw) if raw else None
         path = request.url.path
         self.requests.append(Recorded(request.method, path, body, dict(request.headers)))
+        if self.down:
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         if path.endswith("/chat/completions") and request.method == "POST":
             return await self._chat(request, body)
         cued = self._cued(path)
@@ -270,8 +290,8 @@ class FakeServer:
             if reply.token_delay_s and share:
                 await asyncio.sleep(reply.token_delay_s * share)
             self.load.generate(seq, share)
-            if reply.cut_after is not None and i >= reply.cut_after:
-                if reply.cut == "end":
+            if self.down or (reply.cut_after is not None and i >= reply.cut_after):
+                if reply.cut == "end" and not self.down:
                     raise _EndedEarly
                 raise httpx.RemoteProtocolError("peer closed connection without sending "
                                                 "complete message body", request=request)
@@ -325,6 +345,33 @@ class FakeServer:
 
 class _EndedEarly(Exception):
     """A ``cut="end"`` reply stops here: the answer ends cleanly, unfinished."""
+@dataclass
+class FakeServers:
+    """Several fakes behind one client, one per base URL: endpoints of one batch.
+
+    ``base_urls`` is the value for ``NIGHTDESK_LLM_BASE_URL``.
+    """
+
+    servers: dict[str, FakeServer]
+
+    @property
+    def base_urls(self) -> str:
+        return ",".join(self.servers)
+
+    def transport(self) -> httpx.MockTransport:
+        by_host = {httpx.URL(url).netloc: server for url, server in self.servers.items()}
+
+        async def handle(request: httpx.Request) -> httpx.Response:
+            server = by_host.get(request.url.netloc)
+            if server is None:
+                raise httpx.ConnectError(f"no fake at {request.url.netloc.decode()}",
+                                         request=request)
+            return await server.handle(request)
+
+        return httpx.MockTransport(handle)
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=self.transport())
 
 
 class _Stream(httpx.AsyncByteStream):

@@ -1,11 +1,12 @@
-"""Drive one workload with several scheduling strategies, one after another, on one server.
+"""Drive one workload with several scheduling strategies, one after another, on the servers.
 
 Every strategy runs as its own batch (kind ``bench``) through the same engine, gate and
-tracked client as a nightly run, so its figures come from the same rows and the same
-``/metrics`` samples as any report. Two references are measured, never assumed: the
-*ceiling* is the best output tok/s of a fixed schedule that respects the graph
-(``sequential``, the ``fixed-N`` sweep, ``fixed-all``), i.e. what the scheduler must at
-least match; the *server bound* is ``flood`` (every request at once, dependencies
+tracked client as a nightly run, over every configured endpoint as a night would be (an
+arm's figures then include each endpoint's part), so its figures come from the same rows
+and the same ``/metrics`` samples as any report. Two references are measured, never
+assumed: the *ceiling* is the best output tok/s of a fixed schedule that respects the
+graph (``sequential``, the ``fixed-N`` sweep, ``fixed-all``), i.e. what the scheduler must
+at least match; the *server bound* is ``flood`` (every request at once, dependencies
 ignored), what the server can do when the graph does not hold it back.
 """
 
@@ -67,14 +68,14 @@ def machine_facts(settings: Settings, server_facts: dict[str, Any] | None) -> di
 
 async def _wait_idle(settings: Settings, client: httpx.AsyncClient | None = None,
                      timeout_s: float = 120.0) -> None:
-    """Wait until the server runs and queues nothing, so arms do not overlap."""
+    """Wait until every endpoint runs and queues nothing, so arms do not overlap."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     async with contextlib.AsyncExitStack() as stack:
         if client is None:
             client = await stack.enter_async_context(httpx.AsyncClient(timeout=5.0))
         while asyncio.get_running_loop().time() < deadline:
-            snap = await aread_metrics(settings.llm_base_url, client=client)
-            if snap.running == 0 and snap.waiting == 0:
+            snaps = [await aread_metrics(url, client=client) for url in settings.base_urls]
+            if all(snap.running == 0 and snap.waiting == 0 for snap in snaps):
                 return
             await asyncio.sleep(0.5)
 

@@ -72,10 +72,13 @@ def _preflight(settings: Settings, skip: bool) -> None:
     """Stop before anything is written when the server is not there or serves another model."""
     if skip:
         return
-    check = check_endpoint(settings.llm_base_url, settings.llm_model,
-                           settings.llm_api_key.get_secret_value())
-    if check.level == "fail":
-        raise ConfigError(f"preflight: {check.detail} (--no-preflight skips this check)")
+    # Every listed endpoint: one with a wrong model or key would fail each ticker routed to it.
+    for url in settings.base_urls:
+        check = check_endpoint(url, settings.llm_model, settings.llm_api_key.get_secret_value())
+        if check.level == "fail":
+            where = f" ({url})" if len(settings.base_urls) > 1 else ""
+            raise ConfigError(f"preflight{where}: {check.detail} "
+                              "(--no-preflight skips this check)")
 
 
 def _ready_database(settings: Settings) -> Engine:
@@ -244,7 +247,7 @@ def replay(
     if base_url is not None:
         settings = settings.model_copy(update={"llm_base_url": base_url})
     engine = database(settings)
-    facts = batch_server_facts(settings.server_profile, settings.llm_base_url,
+    facts = batch_server_facts(settings.server_profile, settings.base_url,
                                settings.server_dir)
     outcome = run_batch(replay_batch(settings, engine, batch, label=label, strategy=strategy,
                                      match_output=not free_output, server_facts=facts))

@@ -96,13 +96,16 @@ def schedulers(
 
     settings = setup()
     engine = database(settings)
-    root = server_root(settings.llm_base_url)
-    try:
-        models = httpx.get(f"{root}/v1/models", timeout=10).json()["data"]
-    except (httpx.HTTPError, KeyError, ValueError) as error:
-        raise ServerError(f"no server answers at {root}: start one first "
-                          f"(nightdesk server start) — {error}") from None
-    max_len = int(models[0].get("max_model_len") or 8192)
+    lengths = []
+    for url in settings.base_urls:  # every endpoint must answer; the smallest length rules
+        root = server_root(url)
+        try:
+            models = httpx.get(f"{root}/v1/models", timeout=10).json()["data"]
+        except (httpx.HTTPError, KeyError, ValueError) as error:
+            raise ServerError(f"no server answers at {root}: start one first "
+                              f"(nightdesk server start) — {error}") from None
+        lengths.append(int(models[0].get("max_model_len") or 8192))
+    max_len = min(lengths)
     if workload == "synthetic":
         chosen = scale if scale is not None else fit_scale(max_len)
         load = synthetic_workload(settings, tickers, chosen, output_scale)
@@ -116,7 +119,7 @@ def schedulers(
     arms = [s.strip() for s in strategies.split(",") if s.strip()]
     result = asyncio.run(run_bench(settings, engine, load, name=name, strategies=arms,
                                    server_facts=batch_server_facts(
-                                       settings.server_profile, settings.llm_base_url,
+                                       settings.server_profile, settings.base_url,
                                        settings.server_dir)))
     show_schedulers(result, json_out)
 
@@ -157,6 +160,21 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
         elif a["strategy"].startswith("adaptive") and a.get("admission"):
             console.print(f"  {a['strategy']}: no token budget (KV capacity unknown or "
                           "budget=off): admission by request count")
+    for a in result.arms:
+        shares = a.get("endpoints") or []
+        if len(shares) > 1:
+            console.print(f"  {a['strategy']}: " + "; ".join(
+                f"{e['endpoint']} {e['output_tokens_per_s']:.1f} tok/s, {e['tickers']} tickers, "
+                f"KV peak {_fmt(e['kv_usage_max'], '.0%')}, preemptions "
+                f"{_fmt(e['preemptions'], '.0f')}" for e in shares)
+                + f" (total {a['output_tokens_per_s']:.1f} tok/s)")
+        for url, part in ((a.get("admission") or {}).get("endpoints") or {}).items():
+            budget = part.get("token_budget")
+            if budget:
+                console.print(f"    {url}: token budget {budget['limit_tokens']} of "
+                              f"{budget['kv_capacity_tokens']} KV tokens at the end "
+                              f"({budget['reason']}); {part['tickers_started']} tickers "
+                              f"started, {part['tickers_moved_in']} moved in")
     for check, ok in result.checks.items():
         console.print(f"  {'met   ' if ok else 'MISSED'}  {check}")
     if json_out is not None:

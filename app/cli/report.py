@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
 import typer
@@ -13,7 +14,14 @@ from app.batch.resume import mark_stale_crashed
 from app.cli.common import database, setup
 from app.errors import InputError
 from app.quality.monitor import warnings_for
-from app.report import BatchReport, arm, batch_report, latest_batch_id
+from app.report import (
+    BatchReport,
+    EndpointShare,
+    arm,
+    batch_report,
+    endpoint_shares,
+    latest_batch_id,
+)
 from app.serverview import ServerView, server_view
 
 
@@ -68,6 +76,24 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
     for n in report.nodes:
         nodes.add_row(n.node, str(n.calls), f"{n.mean_s:.2f}", f"{n.p50_s:.2f}", f"{n.p99_s:.2f}")
     console.print(nodes)
+
+
+def endpoint_table(shares: list[EndpointShare], report: BatchReport, view: ServerView) -> Table:
+    """Return each endpoint's part of a batch, then the batch's total."""
+    table = Table(title="endpoints (output tok/s over the batch's makespan: they add up)")
+    for header in ("endpoint", "calls", "failed", "tickers", "output tok/s", "running mean",
+                   "KV peak", "preemptions"):
+        table.add_column(header, justify="left" if header == "endpoint" else "right")
+    for share in shares:
+        table.add_row(share.endpoint or "(not recorded)", str(share.calls),
+                      str(share.failed_calls), str(share.tickers),
+                      f"{share.output_tokens_per_s:.1f}", _fmt(share.running_mean),
+                      _fmt(share.kv_usage_max, ".0%"), _fmt(share.preemptions, ".0f"))
+    table.add_row("batch total", str(report.calls), str(report.failed_calls), "",
+                  f"{report.output_tokens_per_s:.1f}", _fmt(view.running_mean),
+                  _fmt(view.kv_usage_max, ".0%"), _fmt(view.preemptions, ".0f"),
+                  style="bold")
+    return table
 
 
 COMPARE_COLUMNS = (
@@ -131,12 +157,16 @@ def report(
     chosen = batch_id if batch_id is not None else latest_batch_id(engine)
     result = batch_report(engine, chosen)
     view = server_view(engine, chosen)
+    shares = endpoint_shares(engine, chosen)
     warnings = warnings_for(engine, chosen)
     if fmt == "json":
         typer.echo(json.dumps({**result.to_json(), "server": view.to_json(),
+                               "endpoints": [asdict(share) for share in shares],
                                "warnings": warnings}, indent=2))
     else:
         console = Console()
         render_table(result, view, console)
+        if len(shares) > 1:
+            console.print(endpoint_table(shares, result, view))
         for message in warnings:
             console.print(f"[yellow]warning:[/] {message}", highlight=False)

@@ -12,7 +12,7 @@ from rich.console import Console
 from app.cli.common import setup
 from app.config import Settings
 from app.errors import InputError, ServerError
-from serving import launcher
+from serving import launcher, replicas
 from serving.facts import read_server_facts
 from serving.preflight import query_gpus, run_preflight
 from serving.profiles import HostPaths, Profile, load_profile, render
@@ -28,6 +28,10 @@ PortOpt = Annotated[
     int | None, typer.Option("--port", help="port (default: from NIGHTDESK_LLM_BASE_URL)")
 ]
 
+
+GpusOpt = Annotated[str | None, typer.Option(
+    "--gpus", help="one server per GPU, e.g. 0,1: each sees only its GPU "
+                   "(CUDA_VISIBLE_DEVICES), on consecutive ports from --port")]
 
 ArgOpt = Annotated[list[str] | None, typer.Option(
     "--arg", help="override a profile server argument: FLAG=VALUE (repeatable), "
@@ -58,11 +62,20 @@ def _paths(settings: Settings) -> HostPaths:
     return HostPaths(models_dir=settings.models_dir, vllm_venv=settings.vllm_venv)
 
 
+def _replicas(profile: Profile, gpus: str, port: int) -> list[replicas.Replica]:
+    """Plan ``--gpus``: one server per GPU from ``port`` up; bad input is one line."""
+    try:
+        chosen = replicas.parse_gpus(gpus)
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    return replicas.plan(profile, chosen, port)
+
+
 def _port(settings: Settings, profile: Profile, port: int | None) -> int:
     """Pick the port: explicit, else the one nightdesk's client will call, else the profile's."""
     if port is not None:
         return port
-    url = urlsplit(settings.llm_base_url)
+    url = urlsplit(settings.base_url)
     if url.hostname in ("127.0.0.1", "localhost") and url.port:
         return url.port
     return profile.port
@@ -74,13 +87,19 @@ def command(
     port: PortOpt = None,
     model: Annotated[str | None, typer.Option(help="checkpoint folder or HF id")] = None,
     arg: ArgOpt = None,
+    gpus: GpusOpt = None,
 ) -> None:
-    """Print the shell command that starts the server for a profile."""
+    """Print the shell command that starts the server for a profile (one line per GPU)."""
     settings = setup()
     chosen = _profile(settings, profile, arg)
-    line = render(chosen, _paths(settings), port=_port(settings, chosen, port), model=model)
-    out.print(line.shell(),
-              highlight=False, soft_wrap=True, markup=False)
+    base = _port(settings, chosen, port)
+    if gpus is None:
+        lines = [render(chosen, _paths(settings), port=base, model=model)]
+    else:
+        lines = [replicas.on_gpu(render(chosen, _paths(settings), port=r.port, model=model), r)
+                 for r in _replicas(chosen, gpus, base)]
+    for line in lines:
+        out.print(line.shell(), highlight=False, soft_wrap=True, markup=False)
 
 
 @app.command("start")
@@ -94,6 +113,7 @@ def start(
     foreground: Annotated[bool, typer.Option(
         "--foreground", help="become the server process (for systemd): no pid file, output "
                              "to this terminal or the journal, no health wait")] = False,
+    gpus: GpusOpt = None,
 ) -> None:
     """Start the server detached, wait until it is healthy and print its startup facts."""
     settings = setup()
@@ -102,6 +122,12 @@ def start(
     if chosen.served_model_name != settings.llm_model:
         err.print(f"[yellow]warning:[/] the server will serve {chosen.served_model_name!r} "
                   f"but NIGHTDESK_LLM_MODEL is {settings.llm_model!r}")
+    if gpus is not None:
+        if foreground:
+            raise InputError("--foreground runs one server; for one per GPU under systemd, "
+                             "give each unit its own CUDA_VISIBLE_DEVICES and --port")
+        _start_replicas(settings, chosen, _replicas(chosen, gpus, chosen_port), timeout, model)
+        return
     rendered = render(chosen, _paths(settings), port=chosen_port, model=model)
     if foreground:
         launcher.exec_foreground(chosen, command=rendered,
@@ -126,6 +152,34 @@ def start(
     _print_facts(facts)
 
 
+def _start_replicas(settings: Settings, profile: Profile, planned: list[replicas.Replica],
+                    timeout: float, model: str | None) -> None:
+    """Start one server per GPU, one after another; on a failure stop those started."""
+    started: list[replicas.Replica] = []
+    try:
+        for replica in planned:
+            command = replicas.on_gpu(render(profile, _paths(settings), port=replica.port,
+                                             model=model), replica)
+            with err.status(f"starting {replica.key} on port {replica.port}"):
+                facts = launcher.start(
+                    profile, port=replica.port, timeout_s=timeout, key=replica.key,
+                    api_key=settings.llm_api_key.get_secret_value(),
+                    state_dir=settings.server_dir, command=command)
+            started.append(replica)
+            files = launcher.ServerFiles.of(replica.key, settings.server_dir)
+            state = "already running" if facts.get("already_running") else "healthy"
+            out.print(f"[green]{replica.key} {state}[/] on {facts.get('root_url', '')} "
+                      f"(GPU {replica.gpu}, pid {facts.get('pid')}, log {files.log})")
+    except BaseException:
+        for replica in started:
+            launcher.stop(profile, state_dir=settings.server_dir, key=replica.key)
+        raise
+    replicas.write_manifest(profile.name, planned, settings.server_dir)
+    out.print("point nightdesk at all of them:", highlight=False)
+    out.print(f"NIGHTDESK_LLM_BASE_URL={replicas.base_urls(profile.host, planned)}",
+              highlight=False, soft_wrap=True, markup=False)
+
+
 def _print_facts(facts: dict[str, object]) -> None:
     shown = ("vllm_version", "weights_gib", "kv_cache_memory_gib", "kv_cache_tokens",
              "max_concurrency_at_tokens", "max_concurrency", "engine_init_s")
@@ -140,26 +194,42 @@ def stop(
     timeout: Annotated[float, typer.Option(help="seconds before SIGKILL")] =
     launcher.DEFAULT_STOP_TIMEOUT_S,
 ) -> None:
-    """Stop the server (SIGTERM, then SIGKILL after the timeout)."""
+    """Stop the server, and every one started per GPU (SIGTERM, then SIGKILL after the timeout)."""
     settings = setup()
     chosen = _profile(settings, profile)
     with err.status(f"stopping {chosen.name}"):
         stopped = launcher.stop(chosen, timeout_s=timeout, state_dir=settings.server_dir)
     out.print(f"{chosen.name} stopped" if stopped else f"{chosen.name} was not running")
+    planned = replicas.read_manifest(chosen.name, settings.server_dir)
+    for replica in planned:
+        with err.status(f"stopping {replica.key}"):
+            stopped = launcher.stop(chosen, timeout_s=timeout, state_dir=settings.server_dir,
+                                    key=replica.key)
+        out.print(f"{replica.key} stopped" if stopped else f"{replica.key} was not running")
+    replicas.manifest_path(chosen.name, settings.server_dir).unlink(missing_ok=True)
 
 
 @app.command("status")
 def status(profile: ProfileOpt = None, port: PortOpt = None) -> None:
-    """Say whether the server runs and answers /health (exit 1 when it does not answer)."""
+    """Say whether the server (or each one per GPU) runs and answers /health.
+
+    Exit 1 when one does not answer.
+    """
     settings = setup()
     chosen = _profile(settings, profile)
-    state = launcher.status(chosen, port=_port(settings, chosen, port),
-                            state_dir=settings.server_dir)
-    running = f"running (pid {state.pid})" if state.alive else "not running here"
-    out.print(f"{chosen.name}: {running}; log {state.log}")
-    if not state.healthy:
-        raise ServerError(f"{state.root_url}/health does not answer")
-    out.print(f"{state.root_url}/health: [green]healthy[/]")
+    planned = replicas.read_manifest(chosen.name, settings.server_dir)
+    states = ([launcher.status(chosen, port=r.port, state_dir=settings.server_dir, key=r.key)
+               for r in planned] if planned else
+              [launcher.status(chosen, port=_port(settings, chosen, port),
+                               state_dir=settings.server_dir)])
+    for state in states:
+        running = f"running (pid {state.pid})" if state.alive else "not running here"
+        out.print(f"{state.profile}: {running}; log {state.log}")
+        health = "[green]healthy[/]" if state.healthy else "[red]not answering[/]"
+        out.print(f"{state.root_url}/health: {health}")
+    silent = [state.root_url for state in states if not state.healthy]
+    if silent:
+        raise ServerError(f"{', '.join(silent)}: /health does not answer")
 
 
 @app.command("wait")
@@ -189,7 +259,7 @@ def preflight(profile: ProfileOpt = None) -> None:
     """Check the GPU (or, without one, the CPU profile) before a batch; exit 1 on a failure."""
     settings = setup()
     chosen = _profile(settings, profile)
-    root = settings.llm_base_url.rstrip("/").removesuffix("/v1")
+    root = settings.base_url.rstrip("/").removesuffix("/v1")
     checks = run_preflight(chosen, root, query_gpus(), _paths(settings))
     style = {"ok": "green", "warn": "yellow", "fail": "red"}
     for check in checks:

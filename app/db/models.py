@@ -128,6 +128,8 @@ class LLMCall(Base):
     # removed and what (e.g. "2 debate turns, 3 news items"); NULL when sent whole.
     context_trimmed_tokens: Mapped[int | None] = mapped_column(Integer)
     context_trimmed: Mapped[str | None] = mapped_column(String(200))
+    # The OpenAI base URL the attempt went to (None on rows older than several endpoints).
+    endpoint: Mapped[str | None] = mapped_column(String(300))
 
 
 class LLMRequest(Base):
@@ -208,6 +210,8 @@ class ServerSample(Base):
     spec_accepted_tokens_total: Mapped[float | None] = mapped_column(Float)
     prefill_time_s_total: Mapped[float | None] = mapped_column(Float)
     decode_time_s_total: Mapped[float | None] = mapped_column(Float)
+    # The OpenAI base URL whose /metrics this is (None on rows older than several endpoints).
+    endpoint: Mapped[str | None] = mapped_column(String(300))
 
 
 class NodeText(Base):

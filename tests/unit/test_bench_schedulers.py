@@ -16,10 +16,11 @@ from agents.graph import chain_length
 from app.batch.engine import max_in_flight
 from app.batch.scheduler import Strategy
 from app.batch.workload import shape
-from app.bench.fakeserver import BASE_URL, FakeServer, Reply
+from app.bench.fakeserver import BASE_URL, FakeServer, FakeServers, Reply
 from app.bench.schedulers import BenchResult, _judge, run_bench
 from app.bench.workloads import fit_scale, seed_shape, synthetic_workload
 from app.cli import app
+from app.cli.bench import show_schedulers
 from app.config import load_settings
 from app.db.models import LLMCall
 
@@ -199,3 +200,32 @@ def test_arms_run_in_separate_calls_are_combined_and_judged_together(tmp_path: P
          str(files[0]), str(other)], capture_output=True, text=True)
     assert refused.returncode != 0
     assert "cannot combine" in refused.stderr and "Traceback" not in refused.stderr
+
+
+async def test_a_bench_over_two_endpoints_reports_each_and_the_total(
+        sqlite_engine: Engine, tmp_path: Path) -> None:
+    urls = ["http://gpu0.test:8000/v1", "http://gpu1.test:8001/v1"]
+    servers = FakeServers({url: FakeServer(lambda chat: Reply(
+        " tok" * 20, completion_tokens=20, token_delay_s=0.002, finish_reason="length"),
+        capacity=2) for url in urls})
+    settings = load_settings(check_context_length=False, retry_backoff_s=0,
+                             llm_base_url=servers.base_urls, metrics_interval_s=0.05)
+    load = synthetic_workload(settings, 4, 0.002, output_scale=0.004)
+    result = await run_bench(settings, sqlite_engine, load, name="synthetic",
+                             strategies=["fixed-1", "adaptive"], http_client=servers.client())
+    for a in result.arms:
+        shares = {e["endpoint"]: e for e in a["endpoints"]}
+        # fixed-1 is one ticker per endpoint at a time: both endpoints serve.
+        assert set(shares) == set(urls), a["strategy"]
+        assert sum(e["calls"] for e in shares.values()) == a["calls"] == 4 * 17
+        assert sum(e["tickers"] for e in shares.values()) == 4
+        assert sum(e["output_tokens_per_s"] for e in shares.values()) == pytest.approx(
+            a["output_tokens_per_s"])
+        assert set(a["admission"]["endpoints"]) == set(urls)
+        for url, server in servers.servers.items():
+            assert shares[url]["calls"] == len([c for c in server.chats
+                                                if c.body.get("cache_salt", "").endswith(
+                                                    a["strategy"])])
+    out = tmp_path / "bench.json"
+    show_schedulers(result, out)
+    assert json.loads(out.read_text())["arms"][0]["endpoints"][0]["endpoint"] in urls

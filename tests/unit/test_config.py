@@ -73,3 +73,48 @@ def test_missing_config_file_is_a_config_error(monkeypatch: pytest.MonkeyPatch) 
 def test_unknown_node_group_is_rejected() -> None:
     with pytest.raises(ConfigError, match="unknown node group"):
         load_settings(node_max_tokens={"nonsense": 3})
+
+
+def test_one_endpoint_is_todays_single_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NIGHTDESK_LLM_BASE_URL", "http://gpu-host:8000/v1")
+    s = load_settings()
+    assert s.llm_base_url == s.base_url == "http://gpu-host:8000/v1"
+    assert s.base_urls == ["http://gpu-host:8000/v1"]
+
+
+def test_endpoints_from_a_comma_list_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NIGHTDESK_LLM_BASE_URL", " http://h:8000/v1/ ,https://h:8001/v1")
+    s = load_settings()
+    assert s.base_urls == ["http://h:8000/v1", "https://h:8001/v1"]
+    assert s.base_url == "http://h:8000/v1"
+    assert s.snapshot()["base_url"] == "http://h:8000/v1,https://h:8001/v1"
+
+
+def test_endpoints_from_a_toml_array(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    cfg = tmp_path / "n.toml"
+    cfg.write_text('llm_base_url = ["http://a:8000/v1", "http://b:8000/v1"]\n')
+    monkeypatch.setenv("NIGHTDESK_CONFIG", str(cfg))
+    assert load_settings().base_urls == ["http://a:8000/v1", "http://b:8000/v1"]
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("http://a:8000/v1,ftp://b/v1", "endpoint 2 of 2 is not an http(s) URL"),
+    ("http://a:8000/v1,,http://b/v1", "endpoint 2 of 3 is not an http(s) URL"),
+    ("127.0.0.1:8000", "endpoint 1 of 1 is not an http(s) URL"),
+    ("http://a:8000/v1,http://a:8000/v1/", "endpoint 2 of 2 is listed twice"),
+    (" , ", "no endpoint given"),
+])
+def test_a_bad_endpoint_is_one_line(monkeypatch: pytest.MonkeyPatch, value: str,
+                                    says: str) -> None:
+    monkeypatch.setenv("NIGHTDESK_LLM_BASE_URL", value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    message = str(info.value)
+    assert "NIGHTDESK_LLM_BASE_URL" in message and says in message and "\n" not in message
+
+
+def test_a_bad_endpoint_never_echoes_its_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NIGHTDESK_LLM_BASE_URL", "http://a/v1,htp://user:hunter2@b/v1")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "hunter2" not in str(info.value)

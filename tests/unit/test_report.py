@@ -10,11 +10,11 @@ import pytest
 from rich.console import Console
 from sqlalchemy import Engine
 
-from app.cli.report import compare_table, render_table
+from app.cli.report import compare_table, endpoint_table, render_table
 from app.config import load_settings
 from app.db.models import LLMCall, ServerSample
 from app.errors import InputError
-from app.report import arm, batch_report
+from app.report import arm, batch_report, endpoint_shares
 from app.serverview import server_view
 from tests.unit.test_usage import new_batch
 
@@ -159,8 +159,10 @@ def test_cli_report_prints_json(
     code, out, err = nightdesk(monkeypatch, capsys, "report", str(b), "--format", "json")
     assert code == 0, err
     data = json.loads(out)
-    # The report's own keys exactly; the CLI adds only the server's view and warnings beside.
-    assert set(data) - {"server", "warnings"} == KEYS
+    # The report's own keys exactly; the CLI adds the server's view, each endpoint's part
+    # (here the one endpoint the rows do not name) and the warnings beside.
+    assert set(data) - {"server", "endpoints", "warnings"} == KEYS
+    assert [e["endpoint"] for e in data["endpoints"]] == [None]
     assert data["warnings"] == []
     assert data["output_tokens_per_s"] == pytest.approx(25.0)
     assert {"prefill_time_s", "decode_time_s", "decode_time_share"} <= set(data["server"])
@@ -190,3 +192,62 @@ def test_server_counters_are_summed_across_a_restart() -> None:
     assert counter_delta([100.0, 160.0, 25.0, 40.0]) == 60 + 25 + 15
     assert counter_delta([None, 5.0, None, 9.0]) == 4  # unread samples are skipped
     assert counter_delta([7.0]) is None  # one reading says nothing about an increase
+GPU0, GPU1 = "http://h:8000/v1", "http://h:8001/v1"
+
+
+def two_endpoint_batch(engine: Engine) -> int:
+    """Insert a batch served by two endpoints, with counters whose increases are known.
+
+    GPU0: 3 calls, 600 output tokens; its counters rise 100 -> 700 generation tokens, KV
+    peaks at 0.4, one preemption. GPU1: 2 calls (one failed), 400 tokens; it restarted
+    mid-batch (its counter falls from 300 to 50), so its increase is 250 + 50 = 300.
+    """
+    b = new_batch(engine)
+    calls = [(GPU0, "a", 0.0, 10.0, 200), (GPU0, "b", 10.0, 20.0, 200),
+             (GPU0, "c", 20.0, 40.0, 200), (GPU1, "a", 0.0, 5.0, None),
+             (GPU1, "b", 5.0, 30.0, 400)]
+    with engine.begin() as conn:
+        for i, (url, node, start, end, completion) in enumerate(calls):
+            conn.execute(LLMCall.__table__.insert().values(  # type: ignore[attr-defined]
+                batch_id=b, ticker="AAPL" if url == GPU0 else "MSFT", node=node, sample=0,
+                attempt=1 + i, model="m", prompt_tokens=10, completion_tokens=completion,
+                status="ok" if completion else "error", endpoint=url,
+                started_at=T0 + timedelta(seconds=start), ended_at=T0 + timedelta(seconds=end),
+                latency_s=end - start))
+        readings = [(GPU0, 0, 2, 0.1, 0, 100), (GPU0, 20, 4, 0.4, 1, 400),
+                    (GPU0, 40, 0, 0.2, 1, 700), (GPU1, 1, 1, 0.3, 0, 50),
+                    (GPU1, 21, 3, 0.6, 0, 300), (GPU1, 41, 1, 0.1, 0, 50)]
+        for url, at, running, kv, preempted, generated in readings:
+            conn.execute(ServerSample.__table__.insert().values(  # type: ignore[attr-defined]
+                batch_id=b, sampled_at=T0 + timedelta(seconds=at), running=running,
+                waiting=0.0, kv_cache_usage=kv, preemptions_total=preempted,
+                prompt_tokens_total=0.0, generation_tokens_total=generated, endpoint=url))
+    return b
+
+
+def test_each_endpoints_share_and_the_batch_total(sqlite_engine: Engine) -> None:
+    b = two_endpoint_batch(sqlite_engine)
+    shares = {s.endpoint: s for s in endpoint_shares(sqlite_engine, b)}
+    assert list(shares) == [GPU0, GPU1]
+    gpu0, gpu1 = shares[GPU0], shares[GPU1]
+    assert (gpu0.calls, gpu0.failed_calls, gpu0.completion_tokens) == (3, 0, 600)
+    assert (gpu1.calls, gpu1.failed_calls, gpu1.completion_tokens) == (2, 1, 400)
+    # Over the batch's 40 s makespan, so the endpoints add up to the batch's 25 tok/s.
+    assert gpu0.output_tokens_per_s == pytest.approx(15.0)
+    assert gpu1.output_tokens_per_s == pytest.approx(10.0)
+    assert (gpu0.kv_usage_max, gpu0.preemptions) == (pytest.approx(0.4), 1.0)
+    assert (gpu1.kv_usage_max, gpu1.preemptions) == (pytest.approx(0.6), 0.0)
+    assert gpu0.running_mean == pytest.approx(2.0) and gpu1.running_mean == pytest.approx(5 / 3)
+    # The total adds each endpoint's own series, never one mixed series: GPU1's restart
+    # counts as a reset of its counter only.
+    view = server_view(sqlite_engine, b)
+    assert view.generation_tokens == pytest.approx(600 + 300)
+    assert view.preemptions == 1.0 and view.kv_usage_max == pytest.approx(0.6)
+    assert view.running_mean == pytest.approx(2.0 + 5 / 3)
+    assert view.running_max == pytest.approx(4 + 3) and view.running_p50 is None
+    assert server_view(sqlite_engine, b, GPU1).generation_tokens == pytest.approx(300)
+    console = Console(width=200, record=True)
+    console.print(endpoint_table(list(shares.values()), batch_report(sqlite_engine, b), view))
+    text = console.export_text()
+    assert GPU0 in text and GPU1 in text and "batch total" in text and "25.0" in text
+    assert [e["endpoint"] for e in arm(sqlite_engine, b)["endpoints"]] == [GPU0, GPU1]

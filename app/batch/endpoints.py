@@ -1,0 +1,365 @@
+"""Serve one batch from several vLLM endpoints: one admission controller, sampler and budget each.
+
+``NIGHTDESK_LLM_BASE_URL`` may list several endpoints (one vLLM per GPU or per host). Each
+gets what one server always had: its own client, ``/metrics`` sampler (its rows name it),
+admission policy, token budget and gate. A ticker's whole chain goes to one endpoint, chosen
+when it starts by the most free budget tokens (app/batch/routing.py), so its prompt prefix
+stays in that replica's cache.
+
+An endpoint whose ``/metrics`` has failed ``MIN_FAILED_READS`` times in a row and for at
+least ``endpoint_grace_s`` (the reads come every ``metrics_interval_s``) is *down*: it gets
+no new tickers, and the tickers on it move to the endpoints that are up (app/batch/routed.py:
+a chain goes on from its next call there; a call in flight is cancelled and sent again).
+A read that succeeds again makes it *up*; a restarted server's reset counters are handled by
+its own admission policy and budget, as with one server.
+
+With one endpoint nothing here changes what a batch does: the set holds that one, and no
+call ever moves. When every endpoint is down, a batch also behaves as with one server that
+is down: tickers still start and their calls fail as they always did
+(``EndpointSet.after_failure`` is where waiting out an outage would go).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+from sqlalchemy import Engine
+
+from app.batch.admission import AdmissionPolicy
+from app.batch.gate import Gate
+from app.batch.routing import Load, choose
+from app.batch.sampler import MetricsSampler
+from app.config import Settings
+from app.llm import CallStats, TrackedLLM
+from app.promptsize import ServerCheck
+from app.usage import UsageRecorder
+
+if TYPE_CHECKING:
+    from app.batch.scheduler import Strategy
+
+log = structlog.get_logger(__name__)
+
+UNBOUNDED = 1_000_000
+# One slow or lost read is not an outage, however short the grace is set.
+MIN_FAILED_READS = 2
+
+
+class GaugeSource(Protocol):
+    """Anything holding the newest metrics reading (app.batch.sampler.MetricsSampler does)."""
+
+    @property
+    def latest(self) -> Any: ...
+
+
+class Endpoint:
+    """One vLLM server of a batch: its client, gauges, admission policy, token budget and gate."""
+
+    def __init__(self, index: int, url: str, llm: TrackedLLM, strategy: Strategy, *,
+                 gauges: GaugeSource | None = None, policy: AdmissionPolicy | None = None,
+                 changed: asyncio.Event | None = None, grace_s: float = 10.0) -> None:
+        self.index = index
+        self.url = url
+        self.llm = llm
+        self.gauges = gauges
+        self.strategy = strategy
+        self.policy = policy or strategy.admission_policy(llm.settings.max_concurrency)
+        limit = strategy.request_limit or (self.policy.allowed if strategy.adaptive else UNBOUNDED)
+        # The budget needs the gauges: without readings it could never learn the capacity.
+        self.budget = strategy.token_budget() if gauges is not None else None
+        self.gate = Gate(limit, self.budget, changed=changed)
+        self.grace_s = grace_s
+        self.up = True
+        self.gone = asyncio.Event()  # set while the endpoint is down
+        self.tickers = 0  # tickers whose calls go here now
+        self.started = 0  # tickers routed here when they started
+        self.moved_in = 0
+        self.moved_out = 0
+        self.outages = 0
+        self.watched_since: float | None = None  # when its reads began (loop time)
+        self._capacity_said = False
+
+    def load(self, ticker_slots: int | None) -> Load:
+        """Return what routing sees of this endpoint now."""
+        room = (self.tickers < ticker_slots if ticker_slots is not None
+                else self.gate.has_room())
+        return Load(self.index, self.up, room,
+                    self.budget.free if self.budget is not None else None,
+                    max(0, self.gate.limit - self.gate.outstanding), self.tickers)
+
+    def judge(self, now: float) -> bool:
+        """Update up/down from the sampler's reads; return True when the state changed."""
+        failed = getattr(self.gauges, "failed_in_a_row", 0)
+        last_ok = getattr(self.gauges, "last_ok_at", None)
+        if self.up:
+            since = last_ok if last_ok is not None else self.watched_since
+            if failed >= MIN_FAILED_READS and since is not None and now - since >= self.grace_s:
+                self.up = False
+                self.outages += 1
+                self.gone.set()
+                log.warning("endpoint down: its tickers move to the others", endpoint=self.url,
+                            failed_reads=failed, silent_s=round(now - since, 1))
+                return True
+        elif failed == 0 and last_ok is not None:
+            self.up = True
+            self.gone.clear()
+            log.info("endpoint back: it takes tickers again", endpoint=self.url)
+            return True
+        return False
+
+    def admit(self, snapshot: Any) -> None:
+        """Move the admission limit and the token budget with one new reading."""
+        self._budget_capacity()
+        before = self.gate.limit
+        self.gate.set_limit(self.policy.observe(snapshot, self.gate.outstanding))
+        if self.gate.limit != before:
+            log.debug("admission limit", limit=self.gate.limit, reason=self.policy.reason,
+                      endpoint=self.url)
+        if self.budget is not None:
+            tokens = self.budget.observe(snapshot)
+            self.gate.reconsider()
+            log.debug("token budget", tokens=tokens, reserved=self.budget.reserved,
+                      held=self.budget.held, reason=self.budget.reason, endpoint=self.url)
+
+    def _budget_capacity(self) -> None:
+        """Give the budget the server's KV capacity; say once how admission works."""
+        if self.budget is None:
+            return
+        capacity = getattr(self.gauges, "kv_capacity", None)
+        self.budget.set_capacity(capacity, getattr(self.gauges, "block_size", None))
+        if self._capacity_said:
+            return
+        self._capacity_said = True
+        if self.budget.known:
+            # The budget owns the KV cache now: the count policy's KV rules would stop
+            # growth at a usage the budget has already reserved room for.
+            self.policy.kv_high = self.policy.kv_full = float("inf")
+            log.info("admission by token budget", kv_tokens=self.budget.capacity,
+                     fill=self.budget.fill, endpoint=self.url)
+        else:
+            log.warning("KV capacity unknown (no vllm:cache_config_info): admission by "
+                        "request count only", endpoint=self.url)
+
+    def summary(self) -> dict[str, Any]:
+        """Return how this endpoint's admission ended and what routing gave it."""
+        figures: dict[str, Any] = {
+            "request_limit": self.gate.limit, "tickers_started": self.started,
+            "tickers_moved_in": self.moved_in, "tickers_moved_out": self.moved_out,
+            "outages": self.outages, "up": self.up}
+        if self.strategy.adaptive:
+            figures["request_limit_reason"] = self.policy.reason
+            figures["token_budget"] = self.budget.summary() if self.budget else None
+        return figures
+
+
+@dataclass
+class _Combined:
+    """Several endpoints' newest gauges as one (for live progress): summed, KV the highest."""
+
+    running: float
+    waiting: float
+    kv_cache_usage: float
+
+
+class EndpointSet:
+    """The endpoints of one batch, in the configured order; routing and failover over them."""
+
+    def __init__(self, endpoints: list[Endpoint], changed: asyncio.Event) -> None:
+        self.endpoints = endpoints
+        # Shared by every gate, and set when a ticker ends or an endpoint changes state:
+        # whoever waits for room anywhere wakes.
+        self.changed = changed
+        self._health = asyncio.Event()
+
+    @classmethod
+    def single(cls, llm: TrackedLLM, strategy: Strategy, *, gauges: GaugeSource | None = None,
+               policy: AdmissionPolicy | None = None) -> EndpointSet:
+        """Wrap one client and its gauges: a batch against one server, as it always was."""
+        changed = asyncio.Event()
+        url = getattr(llm, "base_url", "")
+        return cls([Endpoint(0, url, llm, strategy, gauges=gauges, policy=policy,
+                             changed=changed)], changed)
+
+    @classmethod
+    def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
+                engine: Engine, batch_id: int, sample: bool = True,
+                http_client: Any = None, max_in_flight: int | None = None,
+                watch: ServerCheck | None = None,
+                attempts_before: Mapping[tuple[str, str, int], int] | None = None,
+                ) -> EndpointSet:
+        """Make a client and sampler for every configured endpoint (through ``http_client``).
+
+        ``watch`` (the outage watch of one server) is given to the client only when there is
+        one endpoint; with several, failover takes its place.
+        """
+        changed = asyncio.Event()
+        urls = settings.base_urls
+        endpoints = []
+        for index, url in enumerate(urls):
+            llm = TrackedLLM(settings, recorder, http_client=http_client, base_url=url,
+                             max_in_flight=max_in_flight,
+                             watch=watch if len(urls) == 1 else None,
+                             attempts_before=attempts_before)
+            sampler = None
+            # With several endpoints the reads also say which are up, so they run even when
+            # no rows are to be stored.
+            if sample or len(urls) > 1:
+                sampler = MetricsSampler(url, engine if sample else None, batch_id,
+                                         interval_s=settings.metrics_interval_s,
+                                         client=http_client, endpoint=url)
+            endpoints.append(Endpoint(index, url, llm, strategy, gauges=sampler,
+                                      changed=changed, grace_s=settings.endpoint_grace_s))
+        if len(endpoints) > 1:
+            log.info("endpoints", urls=urls, grace_s=settings.endpoint_grace_s)
+        return cls(endpoints, changed)
+
+    def __iter__(self) -> Iterator[Endpoint]:
+        return iter(self.endpoints)
+
+    def __len__(self) -> int:
+        return len(self.endpoints)
+
+    @property
+    def first(self) -> Endpoint:
+        return self.endpoints[0]
+
+    @property
+    def several(self) -> bool:
+        return len(self.endpoints) > 1
+
+    # --- routing -------------------------------------------------------------------------
+
+    def loads(self, ticker_slots: int | None = None) -> list[Load]:
+        return [endpoint.load(ticker_slots) for endpoint in self.endpoints]
+
+    def request_limit(self) -> int:
+        """Return the requests the endpoints that are up admit together (all, if none is)."""
+        up = [e for e in self.endpoints if e.up] or self.endpoints
+        return sum(e.gate.limit for e in up)
+
+    async def wait_for_room(self, ticker_slots: int | None = None,
+                            or_else: Callable[[], bool] | None = None) -> Endpoint:
+        """Return the endpoint a new ticker starts on, once one has room (or ``or_else()``).
+
+        ``ticker_slots`` is the tickers each endpoint may have in flight (fixed-N); None
+        means room is the gate's (adaptive).
+        """
+        while True:
+            loads = self.loads(ticker_slots)
+            chosen = choose(loads)
+            if chosen is None and or_else is not None and or_else():
+                chosen = choose(loads, need_room=False)
+            if chosen is not None:
+                return self.endpoints[chosen]
+            self.changed.clear()
+            await self.changed.wait()
+
+    def alternative(self, endpoint: Endpoint) -> Endpoint | None:
+        """Return the endpoint that is up to take over ``endpoint``'s tickers (None: none is)."""
+        chosen = choose(self.loads(), need_room=False, exclude=endpoint.index,
+                        down_if_all=False)
+        return None if chosen is None else self.endpoints[chosen]
+
+    async def after_failure(self, endpoint: Endpoint, started_at: float) -> Endpoint | None:
+        """Return where a call that failed at ``endpoint`` goes next; None: it fails, as today.
+
+        Called for failures of the server (connection, stream, timeout, 5xx), once the
+        client's own retries are spent. The endpoint's next reads decide: down (the grace
+        ran out) sends the call to an endpoint that is up; up again after reads failed
+        during the call (a restart) sends it again to the best endpoint, this one included;
+        reads that never failed make it the request's own failure. With one endpoint, and
+        when all are down, the call fails as it always did: the hook for an outage budget.
+        """
+        if not self.several or endpoint.gauges is None:
+            return None
+        sampler = endpoint.gauges
+        loop = asyncio.get_running_loop()
+        failed_at = loop.time()
+        event: asyncio.Event | None = getattr(sampler, "read", None)
+        while True:
+            self.judge_all(loop.time())
+            if not endpoint.up:
+                return self.alternative(endpoint)
+            last_ok = getattr(sampler, "last_ok_at", None)
+            if last_ok is not None and last_ok > failed_at:
+                last_failed = getattr(sampler, "last_failed_at", None)
+                if last_failed is None or last_failed < started_at:
+                    return None
+                chosen = choose(self.loads(), need_room=False, down_if_all=False)
+                return None if chosen is None else self.endpoints[chosen]
+            if event is None:
+                return None
+            event.clear()
+            # Bounded: a read ends within its own timeout, and reads keep coming.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=endpoint.grace_s)
+
+    async def health_changed(self) -> None:
+        """Return at the next time an endpoint goes down or comes back."""
+        await self._health.wait()
+
+    def judge_all(self, now: float) -> None:
+        """Decide every endpoint's health from its reads; wake whoever waits on a change."""
+        if any([endpoint.judge(now) for endpoint in self.endpoints]):
+            self._health.set()
+            self._health = asyncio.Event()
+            self.changed.set()
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every endpoint's sampler; the grace of an endpoint that never answers
+        runs from here."""
+        now = asyncio.get_running_loop().time()
+        for endpoint in self.endpoints:
+            endpoint.watched_since = now
+            if isinstance(endpoint.gauges, MetricsSampler):
+                await endpoint.gauges.start()
+
+    async def stop(self) -> None:
+        """Stop every sampler (each takes its last reading)."""
+        for endpoint in self.endpoints:
+            if isinstance(endpoint.gauges, MetricsSampler):
+                await endpoint.gauges.stop()
+
+    async def aclose(self) -> None:
+        for endpoint in self.endpoints:
+            await endpoint.llm.aclose()
+
+    def controlled(self, adaptive: bool) -> bool:
+        """Tell whether a control loop has work: admission by gauges, or several to watch.
+
+        The loop itself is the scheduler's (``Scheduler._control``): it also tracks /metrics
+        readings that fail, for the outage watch of one server.
+        """
+        return self.several or (adaptive and self.first.gauges is not None)
+
+    # --- what progress and reports read -------------------------------------------------
+
+    @property
+    def stats(self) -> CallStats:
+        """Return every endpoint's call totals added up."""
+        parts = [endpoint.llm.stats for endpoint in self.endpoints]
+        starts = [p.first_start for p in parts if p.first_start is not None]
+        ends = [p.last_end for p in parts if p.last_end is not None]
+        return CallStats(sum(p.calls for p in parts), sum(p.failed for p in parts),
+                         sum(p.prompt_tokens for p in parts),
+                         sum(p.completion_tokens for p in parts),
+                         min(starts) if starts else None, max(ends) if ends else None)
+
+    @property
+    def latest(self) -> _Combined | None:
+        """Return the endpoints' newest gauges combined (None before any reading)."""
+        readings = [getattr(e.gauges, "latest", None) for e in self.endpoints]
+        seen = [r for r in readings if r is not None]
+        if not seen:
+            return None
+        return _Combined(sum(r.running for r in seen), sum(r.waiting for r in seen),
+                         max(r.kv_cache_usage for r in seen))
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        return {endpoint.url: endpoint.summary() for endpoint in self.endpoints}

@@ -1,0 +1,205 @@
+"""Give a ticker a client that sends every call to its endpoint, and moves it when that one goes.
+
+A ticker's calls go to the endpoint it was routed to (app/batch/endpoints.py), through that
+endpoint's gate and token budget. When the endpoint goes down the ticker *continues* on an
+endpoint that is up; its chain is not restarted: the graph's state lives in this process,
+so the nodes already answered stay answered, and only the call that was cut short is sent
+again (the new endpoint recomputes the prefix it had not cached). That call is:
+
+- one waiting for a place, or in flight, when the endpoint is declared down: cancelled and
+  sent to the new endpoint (its row records the cancellation);
+- one that failed at the server (connection, stream, timeout, 5xx) once the client's
+  retries were spent: sent on when the endpoint's reads say it is down or restarted, else
+  failed as it always was (``EndpointSet.after_failure``).
+
+A call sent again numbers its attempts after the most the first try could have used
+(``max_attempts``), so the rows of both tries stay apart (they are unique per attempt)
+and ``ChatResult.attempts`` counts both, as the decision node's own retry numbering needs.
+A call is sent at most twice per endpoint; past that its last failure stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from agents.chat import CallTag, ChatResult
+from app.batch.endpoints import Endpoint, EndpointSet
+from app.batch.gate import GatedLLM, Ticket
+from app.errors import (
+    ContextLengthError,
+    LLMConnectionError,
+    LLMError,
+    LLMHTTPError,
+    LLMStreamError,
+    LLMTimeoutError,
+)
+from app.llm import Admit, TrackedLLM
+
+log = structlog.get_logger(__name__)
+
+Send = Callable[[TrackedLLM, int, int, Admit], Awaitable[ChatResult]]
+"""Send one call with a client: (client, priority rank, first attempt number, the endpoint's
+admission of each attempt) -> result."""
+
+
+class EndpointGone(LLMConnectionError):
+    """The call's endpoint went down while the call waited or ran; it is sent elsewhere."""
+
+
+def server_fault(error: LLMError) -> bool:
+    """Tell whether a failed call says something about its server rather than the request."""
+    if isinstance(error, ContextLengthError):
+        return False
+    if isinstance(error, LLMHTTPError):
+        return error.http_status is None or error.http_status >= 500
+    return isinstance(error, LLMConnectionError | LLMStreamError | LLMTimeoutError)
+
+
+def _numbered(attempt: int) -> dict[str, Any]:
+    """Return the client's ``first_attempt`` argument; 1 is its default, so left out."""
+    return {} if attempt == 1 else {"first_attempt": attempt}
+
+
+class RoutedLLM(GatedLLM):
+    """A ticker's gated client on one endpoint of several; it moves when the endpoint goes."""
+
+    def __init__(self, endpoints: EndpointSet, endpoint: Endpoint, ticket: Ticket,
+                 on_request: asyncio.Event | None = None, *,
+                 rank: Callable[[Ticket], int] | None = None,
+                 on_finish: Callable[[Ticket], None] | None = None,
+                 on_redo: Callable[[Ticket], None] | None = None) -> None:
+        super().__init__(endpoint.llm, endpoint.gate, ticket, on_request, rank=rank,
+                         on_finish=on_finish)
+        self.endpoints = endpoints
+        self.endpoint = endpoint
+        self._on_redo = on_redo
+        endpoint.tickers += 1
+        endpoint.started += 1
+
+    def close(self) -> None:
+        """Release what the ticker still holds: its work is over (call once)."""
+        self.gate.drop_hold(self.ticket)
+        self.endpoint.tickers -= 1
+        self.endpoints.changed.set()
+
+    async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
+        kwargs.pop("priority", None)
+        first = int(kwargs.pop("first_attempt", 1))
+        sized = {"messages": messages, "max_tokens": kwargs.get("max_tokens", 0)}
+        return await self._routed(tag, sized, first, lambda llm, rank, attempt, admit: llm.chat(
+            tag, messages, priority=rank, admit=admit, **_numbered(attempt), **kwargs))
+
+    async def send(self, tag: CallTag, body: dict[str, Any], *,
+                   first_attempt: int = 1) -> ChatResult:
+        return await self._routed(tag, body, first_attempt, lambda llm, rank, attempt, admit:
+                                  llm.send(tag, body, priority=rank, admit=admit,
+                                           **_numbered(attempt)))
+
+    async def _routed(self, tag: CallTag, sized: dict[str, Any], first: int,
+                      send: Send) -> ChatResult:
+        attempt = first
+        loop = asyncio.get_running_loop()
+        # A server that keeps flapping must not keep one call going round for ever.
+        sends_left = 2 * len(self.endpoints)
+        while True:
+            sends_left -= 1
+            endpoint = self._here()
+            started = loop.time()
+            try:
+                result = await self._unless_gone(
+                    endpoint, self._on(endpoint, tag, sized, send, attempt))
+            except LLMError as error:
+                if not server_fault(error) or sends_left == 0:
+                    raise
+                target = await self.endpoints.after_failure(endpoint, started)
+                if target is None:
+                    raise
+                log.warning("call sent again", node=tag.node, ticker=tag.ticker,
+                            failed_at=endpoint.url, to=target.url, error=str(error)[:200])
+                # The first try used at most max_attempts numbers from ``attempt``.
+                attempt += self.settings.max_attempts
+                self.ticket.done -= 1
+                if self._on_redo is not None:
+                    self._on_redo(self.ticket)
+                self._move(target)
+                continue
+            if attempt != first:
+                # Counted from the caller's first number, so its next call numbers after both.
+                result.attempts += attempt - first
+            return result
+
+    def _here(self) -> Endpoint:
+        """Return the ticker's endpoint, moving the ticker first when that one is down."""
+        if not self.endpoint.up:
+            target = self.endpoints.alternative(self.endpoint)
+            if target is not None:
+                self._move(target)
+        return self.endpoint
+
+    def _move(self, target: Endpoint) -> None:
+        if target is self.endpoint:
+            return  # already there: another of its calls (samples, analysts) moved it
+        log.warning("ticker moved", frm=self.endpoint.url, to=target.url,
+                    order=self.ticket.order)
+        self.endpoint.tickers -= 1
+        self.endpoint.moved_out += 1
+        target.tickers += 1
+        target.moved_in += 1
+        self.endpoint = target
+        self.llm, self.gate, self._budget = target.llm, target.gate, target.budget
+        self.endpoints.changed.set()
+
+    async def _on(self, endpoint: Endpoint, tag: CallTag, sized: dict[str, Any], send: Send,
+                  attempt: int) -> ChatResult:
+        """Send one call through ``endpoint``'s gate and budget."""
+        held_by = self.ticket.held_by
+        if held_by is not None and held_by is not endpoint.gate:
+            held_by.release_hold(self.ticket)  # its context is in another replica's cache
+        budget = endpoint.budget
+        cost = budget.cost(tag.node, sized) if budget is not None else 0
+        async with self._request() as rank:
+            # Each attempt takes a place (and the tokens) at this endpoint's gate; a retry's
+            # backoff waits outside it, as on one endpoint (GatedLLM._budgeted).
+            admit = functools.partial(endpoint.gate.slot, rank, cost, self.ticket)
+            result = await send(endpoint.llm, rank, attempt, admit)
+        if budget is not None:
+            budget.learn(tag.node, sized, result.prompt_tokens, result.completion_tokens)
+        return result
+
+    async def _unless_gone(self, endpoint: Endpoint,
+                           call: Awaitable[ChatResult]) -> ChatResult:
+        """Await the call; if its endpoint goes down first and another is up, cancel it."""
+        if not self.endpoints.several:
+            return await call  # one endpoint: nowhere to go, so nothing to watch
+        task = asyncio.ensure_future(call)
+        try:
+            while not task.done():
+                waiting = (endpoint.gone.wait() if endpoint.up
+                           else self.endpoints.health_changed())
+                watch = asyncio.ensure_future(waiting)
+                try:
+                    await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    watch.cancel()
+                if task.done() or endpoint.up or self.endpoints.alternative(endpoint) is None:
+                    continue  # all down: the call goes on where it is, as with one server
+                task.cancel()
+                try:
+                    return await task  # it finished just before the cancel: keep its answer
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
+                    raise EndpointGone(f"{endpoint.url} went down during the call") from None
+            return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
