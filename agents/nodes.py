@@ -14,7 +14,7 @@ from langgraph.runtime import Runtime
 
 from agents.chat import CallTag, ChatResult
 from agents.data import render
-from agents.decision import RATINGS, bands_text, decide
+from agents.decision import RATINGS, SUMMARY_MAX_CHARS, bands_text, decide
 from agents.prompting import build_messages
 from agents.state import NodeOutput, RunContext, TickerState, Turn
 
@@ -204,7 +204,7 @@ async def portfolio_manager(state: TickerState, runtime: Runtime[RunContext]) ->
                               trader_plan=state["trader_plan"].strip(),
                               history=_turns(state["risk_debate"]),
                               investment_plan=state["investment_plan"].strip(), ratings=RATINGS,
-                              bands=bands_text())
+                              bands=bands_text(), summary_max_chars=SUMMARY_MAX_CHARS)
     with structlog.contextvars.bound_contextvars(ticker=state["ticker"], node=node):
         decision, result, attempts = await decide(
             ctx.llm, _tag(state, runtime, node), messages,
