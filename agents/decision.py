@@ -53,6 +53,9 @@ def bands_text() -> str:
     return "; ".join(f"{r} {lo:+.2f} to {hi:+.2f}" for r, (lo, hi) in SCORE_BANDS.items())
 
 
+SUMMARY_MAX_CHARS = 500
+
+
 class Decision(BaseModel):
     """The portfolio manager's verdict on one ticker."""
 
@@ -64,7 +67,11 @@ class Decision(BaseModel):
                          description="-1 strongly bearish ... 0 neutral ... +1 strongly bullish; "
                                      "within the rating's band: " + bands_text() + ".")
     confidence: float = Field(ge=0.0, le=1.0, description="How sure the desk is, 0 to 1.")
-    summary: str = Field(min_length=1, description="Two or three sentences explaining the rating.")
+    # Bounded so the server's guided decoding must close the string: a small model otherwise
+    # writes until max_tokens and the cut-off JSON fails the ticker. 500 characters hold three
+    # sentences; on the tiny CPU model the whole reply then stays under 170 tokens.
+    summary: str = Field(min_length=1, max_length=SUMMARY_MAX_CHARS,
+                         description="Two or three sentences explaining the rating.")
 
 
 def response_format() -> dict[str, Any]:

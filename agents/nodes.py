@@ -15,7 +15,7 @@ from langgraph.runtime import Runtime
 
 from agents.chat import CallTag, ChatResult
 from agents.data import render
-from agents.decision import RATINGS, bands_text, decide
+from agents.decision import RATINGS, SUMMARY_MAX_CHARS, bands_text, decide
 from agents.fitting import DEBATE_TURN, NEWS_ITEM, SOCIAL_POST, Render, droppable, fit, left_out
 from agents.prompting import build_messages
 from agents.state import NodeOutput, RunContext, TickerState, Turn
@@ -238,7 +238,7 @@ async def portfolio_manager(state: TickerState, runtime: Runtime[RunContext]) ->
         return build_messages(node, context, trader_plan=state["trader_plan"].strip(),
                               history=_turns(history, left_out(units, k, DEBATE_TURN)),
                               investment_plan=state["investment_plan"].strip(), ratings=RATINGS,
-                              bands=bands_text())
+                              bands=bands_text(), summary_max_chars=SUMMARY_MAX_CHARS)
 
     with structlog.contextvars.bound_contextvars(ticker=state["ticker"], node=node):
         messages, trim = await fit(ctx.llm, render_with, units, max_tokens=max_tokens)

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from agents.chat import CallTag, ChatResult
-from agents.decision import Decision, decide, parse_decision, response_format
+from agents.decision import SUMMARY_MAX_CHARS, Decision, decide, parse_decision, response_format
 from app.errors import DecisionError, LLMHTTPError
 
 VALID = {"rating": "Buy", "score": 0.7, "confidence": 0.8, "summary": "Strong growth."}
@@ -41,7 +41,7 @@ class ScriptedLLM:
 def test_schema_rejects_out_of_range_and_unknown() -> None:
     assert Decision.model_validate(VALID).rating == "Buy"
     for bad in ({"rating": "Strong Buy"}, {"score": 1.5}, {"confidence": -0.1},
-                {"summary": ""}, {"extra": 1}):
+                {"summary": ""}, {"summary": "x" * (SUMMARY_MAX_CHARS + 1)}, {"extra": 1}):
         with pytest.raises(ValidationError):
             Decision.model_validate({**VALID, **bad})
     with pytest.raises(ValueError, match="rating"):
@@ -60,6 +60,16 @@ def test_response_format_is_strict_json_schema() -> None:
     assert schema["additionalProperties"] is False
     assert schema["properties"]["rating"]["enum"] == [
         "Buy", "Overweight", "Hold", "Underweight", "Sell"]
+
+
+def test_every_free_text_field_is_bounded_for_the_server() -> None:
+    # Guided decoding can only close the JSON in time if every string has a maximum length;
+    # an unbounded summary let the tiny model write until max_tokens and fail the ticker.
+    properties = response_format()["json_schema"]["schema"]["properties"]
+    free_text = [name for name, spec in properties.items()
+                 if spec.get("type") == "string" and "enum" not in spec]
+    assert free_text == ["summary"]
+    assert all(properties[name]["maxLength"] == SUMMARY_MAX_CHARS for name in free_text)
 
 
 async def test_valid_first_reply() -> None:

@@ -27,7 +27,8 @@ VARIABLES: dict[str, dict[str, Any]] = {
     "conservative": {"trader_plan": "PROPOSAL", "history": TURNS, "round": 1, "rounds": 2},
     "neutral": {"trader_plan": "PROPOSAL", "history": TURNS, "round": 2, "rounds": 2},
     "portfolio_manager": {"trader_plan": "PROPOSAL", "history": TURNS,
-                          "investment_plan": "PLAN", "ratings": RATINGS, "bands": "BANDS"},
+                          "investment_plan": "PLAN", "ratings": RATINGS, "bands": "BANDS",
+                          "summary_max_chars": 500},
 }
 
 
