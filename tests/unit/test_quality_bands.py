@@ -12,6 +12,7 @@ from sqlalchemy import Engine, select
 
 from agents.decision import (
     SCORE_BANDS,
+    SUMMARY_MAX_CHARS,
     Decision,
     bands_text,
     contradicts,
@@ -53,7 +54,8 @@ def test_the_prompt_and_the_schema_state_the_bands() -> None:
     assert "Buy +0.50 to +1.00" in text and "Hold -0.15 to +0.15" in text
     context = {"ticker": "ACME", "as_of": "2026-11-27", "source": "S", "reports": []}
     messages = build_messages("portfolio_manager", context, trader_plan="T", history=[],
-                              investment_plan="P", ratings=("Buy", "Hold"), bands=text)
+                              investment_plan="P", ratings=("Buy", "Hold"), bands=text,
+                              summary_max_chars=SUMMARY_MAX_CHARS)
     assert text in messages[-1]["content"]
     description = response_format()["json_schema"]["schema"]["properties"]["score"]
     assert text in description["description"]
