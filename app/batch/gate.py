@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.chat import CallTag, ChatResult
-from app.batch.budget import TokenBudget
+from app.batch.budget import Claim, TokenBudget, as_claim
 from app.llm import TrackedLLM
 
 
@@ -29,7 +29,7 @@ class Gate:
         self._limit = max(1, limit)
         self.budget = budget
         self.outstanding = 0
-        self._waiters: list[tuple[int, int, asyncio.Future[None], int, Ticket | None]] = []
+        self._waiters: list[tuple[int, int, asyncio.Future[None], Claim, Ticket | None]] = []
         self._seq = itertools.count()
         self._changed = asyncio.Event()
 
@@ -57,39 +57,40 @@ class Gate:
             self._changed.clear()
             await self._changed.wait()
 
-    def _fits(self, cost: int, ticket: Ticket | None) -> bool:
-        return self.budget is None or self.budget.fits(cost)
+    def _fits(self, claim: Claim, ticket: Ticket | None) -> bool:
+        return self.budget is None or self.budget.fits(claim.tokens)
 
-    def _take(self, cost: int, ticket: Ticket | None) -> None:
+    def _take(self, claim: Claim, ticket: Ticket | None) -> None:
         self.outstanding += 1
         if ticket is not None:
             ticket.outstanding += 1
         if self.budget is not None:
-            self.budget.take(cost, ticket.hold if ticket else 0)
+            self.budget.take(claim, ticket.hold if ticket else 0)
             if ticket is not None:
                 ticket.hold = 0
 
     @asynccontextmanager
-    async def slot(self, priority: int = 0, cost: int = 0,
+    async def slot(self, priority: int = 0, cost: int | Claim = 0,
                    ticket: Ticket | None = None) -> AsyncIterator[None]:
         """Hold one place (and ``cost`` tokens of the budget) for the duration of the block."""
-        if self.outstanding < self._limit and self.waiting == 0 and self._fits(cost, ticket):
-            self._take(cost, ticket)
+        claim = as_claim(cost)
+        if self.outstanding < self._limit and self.waiting == 0 and self._fits(claim, ticket):
+            self._take(claim, ticket)
         else:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._waiters, (priority, next(self._seq), future, cost, ticket))
+            heapq.heappush(self._waiters, (priority, next(self._seq), future, claim, ticket))
             try:
                 await future
             except asyncio.CancelledError:
                 if future.done() and not future.cancelled():
-                    self._release(cost, ticket)  # granted just as we were cancelled
+                    self._release(claim, ticket)  # granted just as we were cancelled
                 raise
         try:
             yield
         finally:
-            self._release(cost, ticket)
+            self._release(claim, ticket)
 
-    def _release(self, cost: int, ticket: Ticket | None) -> None:
+    def _release(self, claim: Claim, ticket: Ticket | None) -> None:
         self.outstanding -= 1
         if ticket is not None:
             ticket.outstanding -= 1
@@ -98,7 +99,7 @@ class Gate:
             # comes: its context is in the server's cache, a new ticker must not take it.
             keep = (ticket is not None and ticket.outstanding == 0
                     and ticket.remaining > 1 and not ticket.finished)
-            held = self.budget.give_back(cost, hold=keep)
+            held = self.budget.give_back(claim, hold=keep)
             if ticket is not None and keep:
                 ticket.hold = held
         self._grant()
@@ -117,14 +118,14 @@ class Gate:
 
     def _grant(self) -> None:
         while self._waiters and self.outstanding < self._limit:
-            _, _, future, cost, ticket = self._waiters[0]
+            _, _, future, claim, ticket = self._waiters[0]
             if future.done():
                 heapq.heappop(self._waiters)
                 continue
-            if not self._fits(cost, ticket):
+            if not self._fits(claim, ticket):
                 break  # the first in line waits for its tokens; nobody passes it
             heapq.heappop(self._waiters)
-            self._take(cost, ticket)
+            self._take(claim, ticket)
             future.set_result(None)
         self._changed.set()
 
@@ -178,13 +179,13 @@ class GatedLLM:
         return self.ticket.order
 
     @asynccontextmanager
-    async def _place(self, cost: int = 0) -> AsyncIterator[int]:
+    async def _place(self, claim: Claim) -> AsyncIterator[int]:
         if self._on_request is not None:
             self._on_request.set()
         # The priority is decided per request: a ticker can turn urgent on the way.
         rank = self._rank(self.ticket) if self._rank is not None else self.ticket.order
         try:
-            async with self.gate.slot(rank, cost, self.ticket):
+            async with self.gate.slot(rank, claim, self.ticket):
                 yield rank
         finally:
             self.ticket.done += 1
@@ -194,8 +195,8 @@ class GatedLLM:
     async def _budgeted(self, tag: CallTag, body: dict[str, Any],
                         call: Callable[[int], Any]) -> ChatResult:
         budget = self._budget
-        cost = budget.cost(tag.node, body) if budget is not None else 0
-        async with self._place(cost) as rank:
+        claim = budget.claim(tag.node, body) if budget is not None else Claim(0)
+        async with self._place(claim) as rank:
             result: ChatResult = await call(rank)
         if budget is not None:
             budget.learn(tag.node, body, result.prompt_tokens, result.completion_tokens)

@@ -48,8 +48,11 @@ class Job:
 POLICY_KNOBS = ("initial", "minimum", "maximum", "kv_high", "kv_full", "queue_allowance",
                 "backoff")
 # The token budget's knobs (app/batch/budget.py), prefixed where a policy knob has the name.
-BUDGET_KNOBS = {"fill": "fill", "overbook": "overbook", "budget_backoff": "backoff",
+BUDGET_KNOBS = {"fill": "fill", "overbook": "overbook", "overbook_max": "overbook_max",
+                "overbook_step": "overbook_step", "rise_after": "rise_after", "calm": "calm",
+                "high_cut": "high_cut", "budget_backoff": "backoff",
                 "out_quantile": "out_quantile", "min_samples": "min_samples"}
+WHOLE_BUDGET_KNOBS = ("min_samples", "rise_after", "calm")
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class Strategy:
         """Parse ``adaptive[:knob=value,...]``, ``sequential``, ``fixed-N`` or ``fixed-all``.
 
         Knobs are the admission policy's fields, the token budget's (``fill``, ``overbook``,
+        ``overbook_max``, ``overbook_step``, ``rise_after``, ``calm``, ``high_cut``,
         ``budget_backoff``, ``out_quantile``, ``min_samples``), ``tail=on|off`` and
         ``budget=on|off``, so a bench can put variants side by side:
         ``adaptive:kv_high=0.95,queue_allowance=0,tail=off`` or ``adaptive:budget=off``.
@@ -92,8 +96,13 @@ class Strategy:
                     raise InputError(
                         f"bad knob {knob!r} in strategy {name!r} (tail=on|off, budget=on|off, "
                         f"or a number for {', '.join((*POLICY_KNOBS, *BUDGET_KNOBS))})")
-            return cls(name, adaptive=True, tail=tail, policy=tuple(policy), budget=budget,
-                       budget_knobs=tuple(budget_knobs))
+            strategy = cls(name, adaptive=True, tail=tail, policy=tuple(policy), budget=budget,
+                           budget_knobs=tuple(budget_knobs))
+            try:
+                strategy.token_budget()
+            except ValueError as error:
+                raise InputError(f"strategy {name!r}: {error}") from None
+            return strategy
         if knobs:
             raise InputError(f"only adaptive takes knobs, not {name!r}")
         if name == "sequential":
@@ -119,7 +128,7 @@ class Strategy:
         """Return a fresh token budget for this strategy (None when it admits by count only)."""
         if not self.budget:
             return None
-        knobs: dict[str, Any] = {key: int(value) if key == "min_samples" else value
+        knobs: dict[str, Any] = {key: int(value) if key in WHOLE_BUDGET_KNOBS else value
                                  for key, value in self.budget_knobs}
         return TokenBudget(**knobs)
 
@@ -155,6 +164,9 @@ class Scheduler:
         limit = strategy.request_limit or (self.policy.allowed if strategy.adaptive else UNBOUNDED)
         # The budget needs the gauges: without readings it could never learn the capacity.
         self.budget = strategy.token_budget() if gauges is not None else None
+        if self.budget is not None:
+            # One high-water mark: once the budget owns the KV cache it is the budget's.
+            self.budget.kv_high = self.policy.kv_high
         self.gate = Gate(limit, self.budget)
         self._capacity_said = False
         self.in_flight = 0
