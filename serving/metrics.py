@@ -49,17 +49,29 @@ class MetricsSnapshot:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """The labels of ``vllm:cache_config_info``: block size, KV dtype, blocks, prefix caching."""
+    """The labels of ``vllm:cache_config_info``: block size, KV dtype, blocks, prefix caching.
+
+    ``labels`` are the first engine's. A data-parallel server (``--data-parallel-size N``)
+    runs N engines behind one endpoint, each with its own KV pool; ``engine_blocks`` holds
+    each engine's block count, so the endpoint's capacity is their sum.
+    """
 
     labels: dict[str, str]
+    engine_blocks: tuple[int, ...] = ()
 
     def blocks(self) -> int | None:
-        """Return the number of KV blocks (GPU or CPU), when the server says."""
-        for key in ("num_gpu_blocks", "num_cpu_blocks"):
-            value = self.labels.get(key)
-            if value and value.isdigit() and int(value) > 0:
-                return int(value)
-        return None
+        """Return the number of KV blocks (GPU or CPU) of every engine, when the server says."""
+        if self.engine_blocks:
+            return sum(self.engine_blocks)
+        return _blocks(self.labels)
+
+
+def _blocks(labels: dict[str, str]) -> int | None:
+    for key in ("num_gpu_blocks", "num_cpu_blocks"):
+        value = labels.get(key)
+        if value and value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
 
 
 def _samples(text: str) -> tuple[dict[str, list[float]], dict[str, dict[str, str]]]:
@@ -123,10 +135,32 @@ def parse_metrics(text: str, *, taken_at: datetime | None = None) -> MetricsSnap
 
 
 def parse_cache_config(text: str) -> CacheConfig | None:
-    """Return the labels of ``vllm:cache_config_info``, or None when the server has none."""
-    _, infos = _samples(text)
-    labels = infos.get("vllm:cache_config_info")
-    return None if labels is None else CacheConfig(labels=labels)
+    """Return the labels of ``vllm:cache_config_info``, or None when the server has none.
+
+    vLLM labels each engine's series with ``engine``. Where the info has one series per
+    engine, each engine's own block count is used; where it has one series but other gauges
+    name several engines, every engine is taken to have that many blocks (same flags).
+    """
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as error:
+        raise ServerError(f"/metrics is not Prometheus text: {error}") from None
+    configs: dict[str, dict[str, str]] = {}
+    engines: set[str] = set()
+    for family in families:
+        for sample in family.samples:
+            engine = sample.labels.get("engine")
+            if engine is not None:
+                engines.add(engine)
+            if sample.name == "vllm:cache_config_info":
+                configs.setdefault(engine or "", dict(sample.labels))
+    if not configs:
+        return None
+    first = next(iter(configs.values()))
+    per_engine = [_blocks(configs.get(e, first)) for e in sorted(engines or configs)]
+    known = [b for b in per_engine if b is not None]
+    return CacheConfig(labels=first,
+                       engine_blocks=tuple(known) if len(known) == len(per_engine) else ())
 
 
 def metrics_url(base_url: str) -> str:

@@ -8,14 +8,27 @@ batch runs) plus the output it is expected to produce (``max_tokens`` until the 
 shown its real lengths: then a high quantile of them, never more than ``max_tokens``),
 rounded up to whole KV blocks — against the capacity the server reports
 (``num_gpu_blocks × block_size`` of ``vllm:cache_config_info``), of which it fills
-``fill``. The ``/metrics`` gauges correct it as the batch runs:
+``fill × factor × correction``. The ``/metrics`` gauges move the last two as the batch runs:
 
-- a new preemption means the estimate let too much in: the budget shrinks by ``backoff``
-  (and stays shrunk: a preemption recomputes a whole prefill);
+- a new preemption means too much was let in: the factor shrinks by ``backoff``, and does
+  not rise again for ``calm`` readings (a preemption recomputes a whole prefill);
 - KV usage above what the outstanding requests were estimated at means they are larger
-  than estimated (or someone else uses the server): the budget scales down by the ratio;
-- counters going backwards mean the server restarted: the corrections start over (what
-  was learned about prompt and output sizes stays true of the same model).
+  than estimated (or someone else uses the server): the correction scales down by the ratio;
+- the reservations overstate the cache (prompts shared in the prefix cache, the estimate's
+  margins): the factor rises by ``overbook_step`` per reading, after ``rise_after`` such
+  readings in a row, up to ``overbook_max``, but only as far as the *footprint* allows —
+  what the cache holds now plus every outstanding request's whole expected output, i.e.
+  what it would hold if every answer ran to its expected length at once, measured per
+  reserved token and scaled to the raised budget, must stay within ``fill`` of the
+  capacity. Nothing rises while the budget held nothing back (an unused budget proves
+  nothing), while the server's queue grows, or while an outstanding request was costed
+  from the defaults rather than from what the server has shown (those costs are about to
+  shrink, and a factor measured on them would overbook once they do);
+- KV usage at ``kv_high`` cuts an overbooked factor by ``high_cut``, and a footprint that
+  no longer fits (the estimates tightened) pulls it down to what fits, neither below the
+  start (``overbook``): reservations at the start factor already cover every answer's growth;
+- counters going backwards mean the server restarted: factor and correction start over
+  (what was learned about prompt and output sizes stays true of the same model).
 
 A ticker between two calls keeps the tokens of its last call as a *hold* until its next
 call takes their place. Holds are not in the cache (a finished request's blocks are free to
@@ -27,25 +40,51 @@ prefix cache: started chains continue before new ones start.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 # A message's chat-template tokens beyond its text (role markers, separators).
 MESSAGE_OVERHEAD_TOKENS = 8
+# Factor changes the summary keeps from the start of a batch, and as many from its end.
+TRAJECTORY_ENDS = 32
+# Reservation changes remembered between two readings (a guard, never reached in practice).
+HISTORY_MAX = 8192
 
 
 class BudgetGauges(Protocol):
-    """The readings the budget needs (serving.metrics.MetricsSnapshot has them)."""
+    """The readings the budget needs (serving.metrics.MetricsSnapshot has them).
+
+    A reading may also carry ``taken_at`` (a datetime), which the snapshot does: the
+    reservations are then compared as they stood at that moment.
+    """
 
     kv_cache_usage: float
+    waiting: float
     preemptions_total: float
     generation_tokens_total: float
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One request's reservation: its tokens in whole blocks, of which its expected output."""
+
+    tokens: int
+    output: int = 0
+    settled: bool = True  # costed from what the server has shown, not from the defaults
 
 
 def prompt_bytes(body: dict[str, Any]) -> int:
     """Return the UTF-8 size of a chat body's message texts."""
     return sum(len(str(m.get("content", "")).encode()) for m in body.get("messages", []))
+
+
+def as_claim(cost: int | Claim) -> Claim:
+    """Return a claim for a bare token count (its output unknown, counted as settled)."""
+    return cost if isinstance(cost, Claim) else Claim(cost)
 
 
 @dataclass
@@ -56,26 +95,58 @@ class TokenBudget:
     block_size: int = 16
     fill: float = 0.95  # share of the capacity that may be reserved
     overbook: float = 1.0  # start factor: > 1 admits past the capacity (expects slack)
+    overbook_max: float = 1.5  # the most the factor rises to
+    overbook_step: float = 0.02  # added per under-used reading
+    rise_after: int = 3  # under-used readings in a row before the factor rises
+    calm: int = 10  # readings after a preemption without a rise
+    high_cut: float = 0.9  # factor kept when KV usage reaches kv_high (not below the start)
+    kv_high: float = 0.90  # the scheduler sets the admission policy's
     backoff: float = 0.8  # factor kept per new preemption
     out_quantile: float = 0.95
     min_samples: int = 5  # a node's outputs seen before its quantile replaces max_tokens
     tokens_per_byte: float = 0.5  # until the server's own counts are seen: generous
+    clock: Callable[[], float] = time.time  # the clock of the readings' ``taken_at``
     reserved: int = field(init=False, default=0)  # outstanding requests' tokens
     held: int = field(init=False, default=0)  # tickers between calls
     factor: float = field(init=False)
     correction: float = field(init=False, default=1.0)
-    reason: str = field(init=False, default="start")
+    reason: str = field(init=False, default="start")  # of the last change
+    costs_admitted: int = field(init=False, default=0)
+    requests_admitted: int = field(init=False, default=0)
+    readings: int = field(init=False, default=0)
+    peak_factor: float = field(init=False)
+    rises: int = field(init=False, default=0)
+    cuts: int = field(init=False, default=0)
+    footprint_share: float | None = field(init=False, default=None)  # last measured
     _outputs: dict[str, list[int]] = field(init=False, default_factory=lambda: defaultdict(list))
     _bytes_seen: int = field(init=False, default=0)
     _tokens_seen: int = field(init=False, default=0)
     _preemptions: float | None = field(init=False, default=None)
     _generated: float | None = field(init=False, default=None)
+    _waiting: float | None = field(init=False, default=None)
     _window_peak: int = field(init=False, default=0)  # most reserved since the last reading
-    costs_admitted: int = field(init=False, default=0)
-    requests_admitted: int = field(init=False, default=0)
+    _out: int = field(init=False, default=0)  # outstanding requests' expected output
+    _generated_out: float = field(init=False, default=0.0)  # of which generated (estimate)
+    _unsettled: int = field(init=False, default=0)  # outstanding requests costed by default
+    # (time, reserved, output) after each change since the last reading, and before them.
+    _history: deque[tuple[float, int, int]] = field(init=False, default_factory=deque)
+    _base: tuple[int, int] = field(init=False, default=(0, 0))
+    _refused: bool = field(init=False, default=False)  # held a request back since the reading
+    _streak: int = field(init=False, default=0)
+    _calm_left: int = field(init=False, default=0)
+    _head: list[list[Any]] = field(init=False, default_factory=list)
+    _tail: deque[list[Any]] = field(init=False,
+                                    default_factory=lambda: deque(maxlen=TRAJECTORY_ENDS))
 
     def __post_init__(self) -> None:
-        self.factor = self.overbook
+        if not 0 < self.overbook <= self.overbook_max:
+            raise ValueError(f"overbook_max ({self.overbook_max}) must be at least overbook "
+                             f"({self.overbook}), and both above 0")
+        if not (0 < self.backoff < 1 and 0 < self.high_cut <= 1 and self.overbook_step >= 0):
+            raise ValueError("budget_backoff must be in (0, 1), high_cut in (0, 1], "
+                             "overbook_step at least 0")
+        self.factor = self.peak_factor = self.overbook
+        self._head.append([0, round(self.factor, 4), 1.0, "start"])
 
     @property
     def known(self) -> bool:
@@ -116,13 +187,19 @@ class TokenBudget:
         at = min(len(ordered) - 1, math.ceil(self.out_quantile * len(ordered)) - 1)
         return min(max_tokens, ordered[at])
 
-    def cost(self, node: str, body: dict[str, Any]) -> int:
-        """Return the tokens a request can come to in the cache, in whole blocks."""
+    def claim(self, node: str, body: dict[str, Any]) -> Claim:
+        """Return what a request can come to in the cache, in whole blocks, and its output."""
         messages = body.get("messages", [])
         prompt = (math.ceil(prompt_bytes(body) * self.ratio())
                   + MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1))
-        tokens = prompt + self.expected_output(node, int(body.get("max_tokens") or 0))
-        return math.ceil(tokens / self.block_size) * self.block_size
+        output = self.expected_output(node, int(body.get("max_tokens") or 0))
+        tokens = math.ceil((prompt + output) / self.block_size) * self.block_size
+        settled = bool(self._tokens_seen) and len(self._outputs.get(node, [])) >= self.min_samples
+        return Claim(tokens, output, settled)
+
+    def cost(self, node: str, body: dict[str, Any]) -> int:
+        """Return the tokens a request can come to in the cache, in whole blocks."""
+        return self.claim(node, body).tokens
 
     def fits(self, cost: int) -> bool:
         """Return True when a started ticker's request of ``cost`` tokens fits now.
@@ -134,32 +211,46 @@ class TokenBudget:
         limit = self.limit
         if limit is None or self.reserved == 0:
             return True
-        return self.reserved + cost <= limit
+        if self.reserved + cost <= limit:
+            return True
+        self._refused = True
+        return False
 
     def room_for_new(self) -> bool:
         """Return True when a new ticker may start: a typical request fits beside the holds."""
         limit = self.limit
         if limit is None or (self.reserved == 0 and self.held == 0):
             return True
-        return self.reserved + self.held + self.typical_cost <= limit
+        if self.reserved + self.held + self.typical_cost <= limit:
+            return True
+        self._refused = True
+        return False
 
-    def take(self, cost: int, held: int = 0) -> None:
-        """Reserve ``cost`` for a request, releasing its ticker's hold of ``held``."""
+    def take(self, cost: int | Claim, held: int = 0) -> None:
+        """Reserve a request's tokens, releasing its ticker's hold of ``held``."""
+        claim = as_claim(cost)
         self.held -= held
-        self.reserved += cost
+        self.reserved += claim.tokens
+        self._out += claim.output
+        self._unsettled += not claim.settled
         self._window_peak = max(self._window_peak, self.reserved)
-        self.costs_admitted += cost
+        self.costs_admitted += claim.tokens
         self.requests_admitted += 1
+        self._remember()
 
-    def give_back(self, cost: int, hold: bool) -> int:
+    def give_back(self, cost: int | Claim, hold: bool) -> int:
         """Release a finished request; keep its tokens as its ticker's hold when ``hold``.
 
         Returns the tokens now held for the ticker (0 when none).
         """
-        self.reserved -= cost
+        claim = as_claim(cost)
+        self.reserved -= claim.tokens
+        self._out -= claim.output
+        self._unsettled -= not claim.settled
+        self._remember()
         if hold:
-            self.held += cost
-            return cost
+            self.held += claim.tokens
+            return claim.tokens
         return 0
 
     def drop_hold(self, held: int) -> None:
@@ -172,6 +263,13 @@ class TokenBudget:
             "kv_capacity_tokens": self.capacity, "fill": self.fill, "limit_tokens": self.limit,
             "factor": round(self.factor, 4), "correction": round(self.correction, 4),
             "tokens_per_byte": round(self.ratio(), 4), "reason": self.reason,
+            "factor_start": self.overbook, "factor_ceiling": self.overbook_max,
+            "factor_peak": round(self.peak_factor, 4), "rises": self.rises, "cuts": self.cuts,
+            "kv_high": self.kv_high, "readings": self.readings,
+            "footprint_per_reserved_token": (None if self.footprint_share is None
+                                             else round(self.footprint_share, 4)),
+            # [reading, factor, correction, reason] at each change: the first and last ones.
+            "trajectory": [*self._head, *self._tail],
             "mean_request_tokens": self.typical_cost, "requests": self.requests_admitted,
             "expected_output": {node: self.expected_output(node, max(seen))
                                 for node, seen in sorted(self._outputs.items())},
@@ -186,6 +284,8 @@ class TokenBudget:
             self._tokens_seen += prompt_tokens
         if completion_tokens:
             self._outputs[node].append(completion_tokens)
+            # Its tokens were counted into the generated part by the readings' deltas.
+            self._generated_out -= completion_tokens
 
     def set_capacity(self, capacity: int | None, block_size: int | None = None) -> None:
         """Take the server's KV capacity in tokens (and block size) from its cache config."""
@@ -202,14 +302,32 @@ class TokenBudget:
         )
         new_preemptions = (0.0 if self._preemptions is None or restarted
                            else gauges.preemptions_total - self._preemptions)
+        if self._generated is not None and not restarted:
+            # Tokens generated since the last reading, by our outstanding requests as far as
+            # is known; never more than their expected outputs (the server may have other
+            # clients, and a retried attempt's tokens are never learned back).
+            self._generated_out = min(
+                float(self._out),
+                self._generated_out + gauges.generation_tokens_total - self._generated)
+        elif restarted:
+            self._generated_out = 0.0
         self._preemptions = gauges.preemptions_total
         self._generated = gauges.generation_tokens_total
+        waiting_grew = self._waiting is not None and gauges.waiting > self._waiting
+        self._waiting = gauges.waiting
+        refused, self._refused = self._refused, False
+        at_reading = self._at_reading(getattr(gauges, "taken_at", None))
+        self.readings += 1
+        calm, self._calm_left = self._calm_left, max(0, self._calm_left - 1)
         if restarted:
             self.factor, self.correction = self.overbook, 1.0
-            self.reason = "server restarted"
+            self._streak = self._calm_left = 0
+            self._note("server restarted")
         elif new_preemptions > 0:
             self.factor *= self.backoff
-            self.reason = f"{new_preemptions:.0f} preemptions"
+            self._streak, self._calm_left = 0, self.calm
+            self.cuts += 1
+            self._note(f"{new_preemptions:.0f} preemptions")
         # The reading was taken a moment ago: requests released since were still in it, so
         # compare with the most reserved since the previous reading, not with now.
         reserved = max(self.reserved, self._window_peak)
@@ -218,12 +336,96 @@ class TokenBudget:
             used = gauges.kv_cache_usage * self.capacity
             # Usage above what we reserved: requests are larger than estimated (or the
             # server has other clients). Scale down so our reservations mean real tokens;
-            # never above 1, since reservations exceeding use is the margin for growth.
+            # never above 1: the factor, not the correction, is what may overbook.
             if reserved and used > reserved + self.block_size:
-                self.correction = min(self.correction, reserved / used)
-                self.reason = "kv usage above the estimate"
+                if reserved / used < self.correction:
+                    self.correction = reserved / used
+                    self._note("kv usage above the estimate")
             else:
                 # Estimates learned since (prompt ratio, output quantiles) are better: let
                 # the correction ease back, a quarter of the way per reading.
                 self.correction += 0.25 * (1.0 - self.correction)
+            if not new_preemptions:
+                self._steer(gauges, at_reading, refused=refused,
+                            held_back=bool(calm) or waiting_grew)
         return self.limit
+
+    def _steer(self, gauges: BudgetGauges, at_reading: tuple[int, int], *, refused: bool,
+               held_back: bool) -> None:
+        """Raise the factor while the footprint leaves room; cut it near a full cache."""
+        assert self.capacity
+        limit = self.limit or 0
+        reserved, output = at_reading
+        share = None
+        if reserved and reserved >= limit / 2:  # too little reserved says little
+            # What our requests would hold if every answer ran to its expected length at
+            # once: the cache now, their outputs still to come (expected minus generated,
+            # from the server's counter), and a typical request for each one queued.
+            to_come = output - min(max(self._generated_out, 0.0), float(output))
+            footprint = (gauges.kv_cache_usage * self.capacity + to_come
+                         + gauges.waiting * self.typical_cost)
+            share = self.footprint_share = footprint / reserved
+        if gauges.kv_cache_usage >= self.kv_high:
+            self._streak = 0
+            if self.factor > self.overbook:
+                self.factor = max(self.overbook, self.factor * self.high_cut)
+                self.cuts += 1
+                self._note(f"kv usage {gauges.kv_cache_usage:.0%} at kv_high")
+            return
+        # The fullest the footprint may come to is ``fill`` of the capacity, as with exact
+        # estimates at the start factor: share × factor × correction ≤ 1.
+        if share is not None and self.factor > self.overbook and (
+                share * self.factor * self.correction > 1):
+            self.factor = max(self.overbook, 1 / (share * self.correction))
+            self._streak = 0
+            self.cuts += 1
+            self._note(f"footprint {share:.2f} per reserved token: no room to overbook")
+            return
+        rise = min(self.overbook_max, self.factor + self.overbook_step)
+        if (refused and share is not None and not held_back and not self._unsettled
+                and rise > self.factor and share * rise * self.correction <= 1):
+            self._streak += 1
+            if self._streak >= self.rise_after:
+                self.factor = rise
+                self.rises += 1
+                self._note(f"kv under-used: footprint {share:.2f} per reserved token")
+        else:
+            self._streak = 0
+
+    def _remember(self) -> None:
+        if len(self._history) >= HISTORY_MAX:
+            self._history.clear()  # no readings come: the reservations' past is not needed
+            self._base = (self.reserved, self._out)
+        self._history.append((self.clock(), self.reserved, self._out))
+
+    def _at_reading(self, taken_at: datetime | None) -> tuple[int, int]:
+        """Return (reserved, expected output) as they stood when the reading was taken.
+
+        Without the reading's time: the least reserved and the most output since the
+        previous reading, the pair that can only understate the room to overbook.
+        """
+        history, self._history = self._history, deque()
+        states = [self._base, *((r, o) for _, r, o in history)]
+        if taken_at is None:
+            at = (min(r for r, _ in states), max(o for _, o in states))
+            self._base = (self.reserved, self._out)
+            return at
+        moment = taken_at.timestamp()
+        at = self._base
+        for when, reserved, output in history:
+            if when > moment:
+                self._history.append((when, reserved, output))  # for the next reading
+            else:
+                at = (reserved, output)
+        self._base = at
+        return at
+
+    def _note(self, reason: str) -> None:
+        """Record a change of factor or correction: the reason, the peak, the trajectory."""
+        self.reason = reason
+        self.peak_factor = max(self.peak_factor, self.factor)
+        entry = [self.readings, round(self.factor, 4), round(self.correction, 4), reason]
+        if len(self._head) < TRAJECTORY_ENDS:
+            self._head.append(entry)
+        else:
+            self._tail.append(entry)

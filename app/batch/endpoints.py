@@ -71,6 +71,9 @@ class Endpoint:
         limit = strategy.request_limit or (self.policy.allowed if strategy.adaptive else UNBOUNDED)
         # The budget needs the gauges: without readings it could never learn the capacity.
         self.budget = strategy.token_budget() if gauges is not None else None
+        if self.budget is not None:
+            # One high-water mark: once the budget owns the KV cache it is the budget's.
+            self.budget.kv_high = self.policy.kv_high
         self.gate = Gate(limit, self.budget, changed=changed)
         self.grace_s = grace_s
         self.up = True

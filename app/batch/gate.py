@@ -13,7 +13,7 @@ from typing import Any
 
 from agents.chat import CallTag, ChatResult
 from agents.fitting import PromptSize
-from app.batch.budget import TokenBudget
+from app.batch.budget import Claim, TokenBudget, as_claim
 from app.llm import Admit, TrackedLLM
 
 
@@ -32,7 +32,7 @@ class Gate:
         self._limit = max(1, limit)
         self.budget = budget
         self.outstanding = 0
-        self._waiters: list[tuple[int, int, asyncio.Future[None], int, Ticket | None]] = []
+        self._waiters: list[tuple[int, int, asyncio.Future[None], Claim, Ticket | None]] = []
         self._seq = itertools.count()
         # Set whenever a place or tokens may have come free. Several endpoints' gates share
         # one, so a batch can wait for room at any of them (app/batch/endpoints.py).
@@ -98,10 +98,10 @@ class Gate:
             self._changed.clear()
             await self._changed.wait()
 
-    def _fits(self, cost: int, ticket: Ticket | None) -> bool:
-        return self.budget is None or self.budget.fits(cost)
+    def _fits(self, claim: Claim, ticket: Ticket | None) -> bool:
+        return self.budget is None or self.budget.fits(claim.tokens)
 
-    def _take(self, cost: int, ticket: Ticket | None) -> None:
+    def _take(self, claim: Claim, ticket: Ticket | None) -> None:
         self.outstanding += 1
         if ticket is not None:
             ticket.outstanding += 1
@@ -109,34 +109,35 @@ class Gate:
             # Only a hold on this gate's budget turns into this request's tokens; one left on
             # another endpoint's gate (the ticker moved) is released there (endpoints.py).
             held = ticket.hold if ticket is not None and ticket.held_by in (None, self) else 0
-            self.budget.take(cost, held)
+            self.budget.take(claim, held)
             if ticket is not None and held:
                 ticket.hold, ticket.held_by = 0, None
 
     @asynccontextmanager
-    async def slot(self, priority: int = 0, cost: int = 0,
+    async def slot(self, priority: int = 0, cost: int | Claim = 0,
                    ticket: Ticket | None = None) -> AsyncIterator[None]:
         """Hold one place (and ``cost`` tokens of the budget) for the duration of the block."""
         if self._closed is not None:
             raise self._refusal()
+        claim = as_claim(cost)
         if (not self.held and self.outstanding < self._limit and self.waiting == 0
-                and self._fits(cost, ticket)):
-            self._take(cost, ticket)
+                and self._fits(claim, ticket)):
+            self._take(claim, ticket)
         else:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._waiters, (priority, next(self._seq), future, cost, ticket))
+            heapq.heappush(self._waiters, (priority, next(self._seq), future, claim, ticket))
             try:
                 await future
             except asyncio.CancelledError:
                 if future.done() and not future.cancelled():
-                    self._release(cost, ticket)  # granted just as we were cancelled
+                    self._release(claim, ticket)  # granted just as we were cancelled
                 raise
         try:
             yield
         finally:
-            self._release(cost, ticket)
+            self._release(claim, ticket)
 
-    def _release(self, cost: int, ticket: Ticket | None) -> None:
+    def _release(self, claim: Claim, ticket: Ticket | None) -> None:
         self.outstanding -= 1
         if ticket is not None:
             ticket.outstanding -= 1
@@ -147,7 +148,7 @@ class Gate:
                     and ticket.remaining > 1 and not ticket.finished)
             if keep and ticket is not None and ticket.held_by not in (None, self):
                 ticket.held_by.release_hold(ticket)
-            held = self.budget.give_back(cost, hold=keep)
+            held = self.budget.give_back(claim, hold=keep)
             if ticket is not None and keep:
                 ticket.hold, ticket.held_by = held, self
         self._grant()
@@ -170,14 +171,14 @@ class Gate:
 
     def _grant(self) -> None:
         while self._waiters and self.outstanding < self._limit and not self.held:
-            _, _, future, cost, ticket = self._waiters[0]
+            _, _, future, claim, ticket = self._waiters[0]
             if future.done():
                 heapq.heappop(self._waiters)
                 continue
-            if not self._fits(cost, ticket):
+            if not self._fits(claim, ticket):
                 break  # the first in line waits for its tokens; nobody passes it
             heapq.heappop(self._waiters)
-            self._take(cost, ticket)
+            self._take(claim, ticket)
             future.set_result(None)
         self._changed.set()
 
@@ -248,11 +249,11 @@ class GatedLLM:
     async def _budgeted(self, tag: CallTag, body: dict[str, Any],
                         call: Callable[[int, Admit], Any]) -> ChatResult:
         budget = self._budget
-        cost = budget.cost(tag.node, body) if budget is not None else 0
+        claim = budget.claim(tag.node, body) if budget is not None else Claim(0)
         async with self._request() as rank:
             # Each attempt takes a place (and the request's tokens) at the gate; a retry's
             # backoff waits outside it, so the place and tokens serve someone else meanwhile.
-            admit = functools.partial(self.gate.slot, rank, cost, self.ticket)
+            admit = functools.partial(self.gate.slot, rank, claim, self.ticket)
             result: ChatResult = await call(rank, admit)
         if budget is not None:
             budget.learn(tag.node, body, result.prompt_tokens, result.completion_tokens)

@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 
 from agents.chat import CallTag, ChatResult
+from app.batch.budget import Claim
 from app.batch.endpoints import Endpoint, EndpointSet
 from app.batch.gate import GatedLLM, Ticket
 from app.errors import (
@@ -162,11 +163,11 @@ class RoutedLLM(GatedLLM):
         if held_by is not None and held_by is not endpoint.gate:
             held_by.release_hold(self.ticket)  # its context is in another replica's cache
         budget = endpoint.budget
-        cost = budget.cost(tag.node, sized) if budget is not None else 0
+        claim = budget.claim(tag.node, sized) if budget is not None else Claim(0)
         async with self._request() as rank:
             # Each attempt takes a place (and the tokens) at this endpoint's gate; a retry's
             # backoff waits outside it, as on one endpoint (GatedLLM._budgeted).
-            admit = functools.partial(endpoint.gate.slot, rank, cost, self.ticket)
+            admit = functools.partial(endpoint.gate.slot, rank, claim, self.ticket)
             result = await send(endpoint.llm, rank, attempt, admit)
         if budget is not None:
             budget.learn(tag.node, sized, result.prompt_tokens, result.completion_tokens)

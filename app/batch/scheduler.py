@@ -57,8 +57,11 @@ class Job:
 POLICY_KNOBS = ("initial", "minimum", "maximum", "kv_high", "kv_full", "queue_allowance",
                 "backoff")
 # The token budget's knobs (app/batch/budget.py), prefixed where a policy knob has the name.
-BUDGET_KNOBS = {"fill": "fill", "overbook": "overbook", "budget_backoff": "backoff",
+BUDGET_KNOBS = {"fill": "fill", "overbook": "overbook", "overbook_max": "overbook_max",
+                "overbook_step": "overbook_step", "rise_after": "rise_after", "calm": "calm",
+                "high_cut": "high_cut", "budget_backoff": "backoff",
                 "out_quantile": "out_quantile", "min_samples": "min_samples"}
+WHOLE_BUDGET_KNOBS = ("min_samples", "rise_after", "calm")
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,7 @@ class Strategy:
         """Parse ``adaptive[:knob=value,...]``, ``sequential``, ``fixed-N`` or ``fixed-all``.
 
         Knobs are the admission policy's fields, the token budget's (``fill``, ``overbook``,
+        ``overbook_max``, ``overbook_step``, ``rise_after``, ``calm``, ``high_cut``,
         ``budget_backoff``, ``out_quantile``, ``min_samples``), ``tail=on|off`` and
         ``budget=on|off``, so a bench can put variants side by side:
         ``adaptive:kv_high=0.95,queue_allowance=0,tail=off`` or ``adaptive:budget=off``.
@@ -101,8 +105,13 @@ class Strategy:
                     raise InputError(
                         f"bad knob {knob!r} in strategy {name!r} (tail=on|off, budget=on|off, "
                         f"or a number for {', '.join((*POLICY_KNOBS, *BUDGET_KNOBS))})")
-            return cls(name, adaptive=True, tail=tail, policy=tuple(policy), budget=budget,
-                       budget_knobs=tuple(budget_knobs))
+            strategy = cls(name, adaptive=True, tail=tail, policy=tuple(policy), budget=budget,
+                           budget_knobs=tuple(budget_knobs))
+            try:
+                strategy.token_budget()
+            except ValueError as error:
+                raise InputError(f"strategy {name!r}: {error}") from None
+            return strategy
         if knobs:
             raise InputError(f"only adaptive takes knobs, not {name!r}")
         if name == "sequential":
@@ -128,7 +137,7 @@ class Strategy:
         """Return a fresh token budget for this strategy (None when it admits by count only)."""
         if not self.budget:
             return None
-        knobs: dict[str, Any] = {key: int(value) if key == "min_samples" else value
+        knobs: dict[str, Any] = {key: int(value) if key in WHOLE_BUDGET_KNOBS else value
                                  for key, value in self.budget_knobs}
         return TokenBudget(**knobs)
 

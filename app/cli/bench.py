@@ -155,8 +155,10 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
         if budget:
             console.print(f"  {a['strategy']}: token budget {budget['limit_tokens']} of "
                           f"{budget['kv_capacity_tokens']} KV tokens at the end (factor "
-                          f"{budget['factor']}, correction {budget['correction']}, "
-                          f"{budget['tokens_per_byte']} tokens/byte; {budget['reason']})")
+                          f"{budget['factor']}, peak {budget.get('factor_peak', '-')}, "
+                          f"correction {budget['correction']}, "
+                          f"{budget['tokens_per_byte']} tokens/byte; last change: "
+                          f"{budget['reason']})")
         elif a["strategy"].startswith("adaptive") and a.get("admission"):
             console.print(f"  {a['strategy']}: no token budget (KV capacity unknown or "
                           "budget=off): admission by request count")

@@ -1,11 +1,13 @@
-"""The KV token budget: scripted gauges and request sizes, checked against arithmetic done here."""
+"""The KV token budget: scripted gauges and request sizes, checked against arithmetic done here.
+
+How the budget's factor rises and falls is in test_budget_factor.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import math
 import re
-from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,41 +16,21 @@ from typing import Any
 import httpx
 import numpy as np
 
-from agents.chat import CallTag
 from app.batch.budget import TokenBudget
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.gate import Gate, GatedLLM, Ticket
 from app.batch.progress import BatchProgress
 from app.batch.sampler import MetricsSampler
-from app.batch.scheduler import Job, Scheduler, Strategy
+from app.batch.scheduler import Scheduler, Strategy
 from app.batch.workload import play, shape
 from app.bench.fakechat import Reply
 from app.bench.fakeserver import FakeServer
 from app.bench.workloads import synthetic_workload
 from app.config import load_settings
 from app.llm import CallStats
+from tests.unit.budget_sim import G, SimServer, blocks, body, run_sim
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
-
-
-@dataclass
-class G:
-    kv_cache_usage: float = 0.0
-    preemptions_total: float = 0
-    generation_tokens_total: float = 0
-    running: float = 0
-    waiting: float = 0
-
-
-def body(prompt_bytes: int, max_tokens: int) -> dict[str, Any]:
-    # Two messages: a 2-byte system text and a user text of the rest.
-    return {"messages": [{"role": "system", "content": "hi"},
-                         {"role": "user", "content": "x" * (prompt_bytes - 2)}],
-            "max_tokens": max_tokens}
-
-
-def blocks(tokens: float, size: int = 16) -> int:
-    return math.ceil(tokens / size) * size
 
 
 def test_a_request_reserves_its_prompt_and_its_whole_max_output_in_blocks() -> None:
@@ -202,92 +184,11 @@ def test_the_sampler_reads_the_kv_capacity_from_cache_config_info() -> None:
     assert sampler.block_size == size_label
 
 
-class SimServer:
-    """A KV cache in tokens: answers grow a step at a time after admission; overflow preempts.
-
-    Prompts really hold a quarter token per byte; every answer runs to its max_tokens.
-    """
-
-    def __init__(self, capacity: int, block: int = 16) -> None:
-        self.capacity, self.block = capacity, block
-        self.settings = SimpleNamespace(max_concurrency=64)
-        self.live: dict[int, list[int]] = {}  # id -> [prompt tokens, generated]
-        self.preemptions = 0
-        self.generated = 0
-        self.peak_used = 0
-        self.budget: TokenBudget | None = None
-        self.peak_reserved = 0
-        self._ids = 0
-
-    def used(self) -> int:
-        return sum(math.ceil((p + g) / self.block) * self.block for p, g in self.live.values())
-
-    @property
-    def kv_capacity(self) -> int:
-        return self.capacity
-
-    @property
-    def block_size(self) -> int:
-        return self.block
-
-    @property
-    def latest(self) -> G:
-        return G(kv_cache_usage=min(1.0, self.used() / self.capacity),
-                 preemptions_total=self.preemptions, generation_tokens_total=self.generated,
-                 running=len(self.live))
-
-    async def send(self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
-                   first_attempt: int = 1, admit: Any = None) -> SimpleNamespace:
-        async with admit():  # the gate's place and tokens, held as TrackedLLM holds them
-            return await self._serve(body)
-
-    async def _serve(self, body: dict[str, Any]) -> SimpleNamespace:
-        if self.budget is not None:
-            self.peak_reserved = max(self.peak_reserved, self.budget.reserved)
-        self._ids += 1
-        rid = self._ids
-        size = sum(len(m["content"].encode()) for m in body["messages"])
-        self.live[rid] = [size // 4, 0]
-        steps = 10
-        for _ in range(steps):
-            await asyncio.sleep(0.002)
-            self.live[rid][1] += body["max_tokens"] // steps
-            self.generated += body["max_tokens"] // steps
-            used = self.used()
-            self.peak_used = max(self.peak_used, used)
-            if used > self.capacity:
-                self.preemptions += 1
-        del self.live[rid]
-        return SimpleNamespace(prompt_tokens=size // 4, completion_tokens=body["max_tokens"])
-
-
-def chain_job(key: str, length: int, first_bytes: int, step_bytes: int, out: int) -> Job:
-    async def run(gated: GatedLLM) -> None:
-        for step in range(length):
-            await gated.send(CallTag(1, key, f"n{step}", 0),
-                             body(first_bytes + step * step_bytes, out))
-    return Job(key, run, requests=length, chain=length)
-
-
-def _run_sim(strategy: str, capacity: int) -> tuple[SimServer, Scheduler]:
-    server = SimServer(capacity)
-    scheduler = Scheduler(server, Strategy.parse(strategy),  # type: ignore[arg-type]
-                          gauges=server, interval_s=0.004)
-    server.budget = scheduler.budget
-
-    async def on_done(job: Job, result: Any, error: BaseException | None) -> None:
-        assert error is None
-
-    jobs = [chain_job(f"T{i}", 5, 2_000, 400, 400) for i in range(12)]
-    asyncio.run(scheduler.run(jobs, on_done))
-    return server, scheduler
-
-
 def test_adaptive_fills_the_cache_without_a_preemption_where_a_fixed_setting_overflows() -> None:
     capacity = 6_400  # room for about six requests at full length (~900-1,300 tokens each)
-    flooded, _ = _run_sim("fixed-all", capacity)
+    flooded, _ = run_sim("fixed-all", capacity)
     assert flooded.preemptions > 0  # the workload does overflow this cache when let loose
-    server, scheduler = _run_sim("adaptive", capacity)
+    server, scheduler = run_sim("adaptive", capacity)
     assert server.preemptions == 0
     assert server.peak_used <= capacity
     budget = scheduler.budget

@@ -106,6 +106,27 @@ def test_cache_config_info_labels() -> None:
     assert parse_cache_config(TWO_ENGINES) is None
 
 
+def _config_line(engine: str, blocks: int) -> str:
+    line = next(x for x in RECORDED.splitlines() if x.startswith("vllm:cache_config_info{"))
+    return line.replace('engine="0"', f'engine="{engine}"').replace(
+        'num_gpu_blocks="728"', f'num_gpu_blocks="{blocks}"')
+
+
+def test_data_parallel_capacity_is_every_engines_pool() -> None:
+    # --data-parallel-size 2: one endpoint, two engines, each with its own KV blocks.
+    head = "# TYPE vllm:cache_config_info gauge\n"
+    per_engine = head + _config_line("0", 728) + "\n" + _config_line("1", 700) + "\n"
+    config = parse_cache_config(TWO_ENGINES + per_engine)
+    assert config is not None and config.blocks() == 728 + 700
+    assert config.labels["block_size"] == "128"
+    # One info series, but the gauges name two engines: each is taken to have its blocks.
+    config = parse_cache_config(TWO_ENGINES + head + _config_line("0", 728) + "\n")
+    assert config is not None and config.blocks() == 2 * 728
+    # One engine (the recorded single server): its own count, not doubled.
+    single = parse_cache_config(RECORDED)
+    assert single is not None and single.blocks() == 728
+
+
 def test_not_vllm_metrics_is_a_server_error() -> None:
     with pytest.raises(ServerError, match="vllm:num_requests_running"):
         parse_metrics("# TYPE up gauge\nup 1.0\n")
