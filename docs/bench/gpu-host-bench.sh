@@ -10,9 +10,12 @@
 # This script installs the wheels nightdesk needs beyond those (.whl files) into /tmp/site, then
 # runs the nightdesk CLI from this checkout with the script's arguments, e.g.
 #   bash docs/bench/gpu-host-bench.sh bench schedulers --tickers 32 --json-out "$OUT/schedulers.json"
-# When $OUT names a folder (where results are collected), /tmp/nd.db (the SQLite database of the
-# run) and the tail of /root/vllm.log are copied there at the end.
+# When $OUT names a folder (where results are collected), the SQLite database of the run and
+# the tail of /root/vllm.log are copied there at the end.
 # Wheels are read from ./.whl, else from $NIGHTDESK_WHL_DIR, else /root/stage/nd-whl.
+# Optional: NIGHTDESK_LLM_BASE_URL (one URL or several, comma-joined: one per replica, e.g.
+# started by docs/bench/gpu-serve.sh), ND_DB (the SQLite file, default /tmp/nd.db; two runs at
+# once need two), ND_SKIP_INSTALL=1 (the wheels are already in /tmp/site).
 set -uo pipefail
 die() { echo "bench.sh: ERROR: $*" >&2; exit 2; }
 
@@ -25,26 +28,31 @@ whl=""
 for d in "${NIGHTDESK_WHL_DIR:-}" .whl /root/stage/nd-whl; do
   [ -n "$d" ] && compgen -G "$d/*.whl" >/dev/null && { whl=$d; break; }
 done
-[ -n "$whl" ] || die "no wheels found in .whl/, \$NIGHTDESK_WHL_DIR or /root/stage/nd-whl"
+[ -n "${ND_SKIP_INSTALL:-}" ] || [ -n "$whl" ] || die "no wheels found in .whl/, \$NIGHTDESK_WHL_DIR or /root/stage/nd-whl"
+if [ -n "${ND_SKIP_INSTALL:-}" ]; then
+  echo "bench.sh: ND_SKIP_INSTALL set: using the wheels already in /tmp/site"
+else
 echo "bench.sh: installing $(ls "$whl"/*.whl | wc -l) wheels from $whl into /tmp/site"
 if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
        --target /tmp/site "$whl"/*.whl 2>/tmp/nd-pip.err; then
   grep -vi warning /tmp/nd-pip.err >&2
   die "pip could not install the wheels from $whl into /tmp/site (see above)"
 fi
+fi
 
 # --- environment -------------------------------------------------------------------------------
 [ -d /root/site/vllm ] || die "/root/site has no vllm: install vLLM and its dependencies (openai, pydantic, pydantic-settings ...) there first (see this script's header)"
 export PYTHONPATH=/tmp/site:/root/site:$PWD
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-export NIGHTDESK_DATABASE_URL=sqlite:////tmp/nd.db
-export NIGHTDESK_LLM_BASE_URL=http://127.0.0.1:8000/v1
-export NIGHTDESK_LLM_MODEL=gpu-model
-export NIGHTDESK_SERVER_PROFILE=gpu-dummy
+db=${ND_DB:-/tmp/nd.db}
+export NIGHTDESK_DATABASE_URL=sqlite:///$db
+export NIGHTDESK_LLM_BASE_URL=${NIGHTDESK_LLM_BASE_URL:-http://127.0.0.1:8000/v1}
+export NIGHTDESK_LLM_MODEL=${NIGHTDESK_LLM_MODEL:-gpu-model}
+export NIGHTDESK_SERVER_PROFILE=${NIGHTDESK_SERVER_PROFILE:-gpu-dummy}
 export NIGHTDESK_LOG_LEVEL=warning
 export NIGHTDESK_CONTEXT_CHECK_INCLUDES_OUTPUT=true
 export NIGHTDESK_METRICS_INTERVAL_S=1
-[ -f /tmp/nd.db ] && echo "bench.sh: note: /tmp/nd.db already exists (earlier run on this machine); new rows are added to it"
+[ -f "$db" ] && echo "bench.sh: note: $db already exists (earlier run on this machine); new rows are added to it"
 
 # --- preflight: imports and server ---------------------------------------------------------------
 if ! python3 - <<'PY'
@@ -68,12 +76,15 @@ PY
 then
   die "import check failed (see above)"
 fi
-if ! curl -sf --max-time 10 http://127.0.0.1:8000/health >/dev/null; then
-  [ -f /root/vllm.log ] && { echo "--- tail of /root/vllm.log ---" >&2; tail -30 /root/vllm.log >&2; }
-  die "the vLLM server does not answer on http://127.0.0.1:8000/health: start it first (see this script's header)"
-fi
-curl -sf --max-time 10 http://127.0.0.1:8000/v1/models | grep -q '"gpu-model"' \
-  || echo "bench.sh: WARNING: /v1/models does not list gpu-model" >&2
+for url in ${NIGHTDESK_LLM_BASE_URL//,/ }; do
+  root=${url%/v1}
+  if ! curl -sf --max-time 10 "$root/health" >/dev/null; then
+    [ -f /root/vllm.log ] && { echo "--- tail of /root/vllm.log ---" >&2; tail -30 /root/vllm.log >&2; }
+    die "the vLLM server does not answer on $root/health: start it first (see this script's header)"
+  fi
+  curl -sf --max-time 10 "$url/models" | grep -q "\"$NIGHTDESK_LLM_MODEL\"" \
+    || echo "bench.sh: WARNING: $url/models does not list $NIGHTDESK_LLM_MODEL" >&2
+done
 
 # --- the run -------------------------------------------------------------------------------------
 echo "bench.sh: running: nightdesk $*"
@@ -84,30 +95,33 @@ echo "bench.sh: nightdesk exited with status $rc after $(( $(date +%s) - start )
 
 # --- results -------------------------------------------------------------------------------------
 if [ -n "${OUT:-}" ]; then
-  if [ -f /tmp/nd.db ]; then
-    size=$(stat -c %s /tmp/nd.db)
+  name=$(basename "$db")
+  if [ -f "$db" ]; then
+    size=$(stat -c %s "$db")
     if [ "$size" -le $((15 * 1024 * 1024)) ]; then
-      cp /tmp/nd.db "$OUT/nd.db" && echo "bench.sh: copied /tmp/nd.db ($size bytes) to \$OUT/nd.db"
+      cp "$db" "$OUT/$name" && echo "bench.sh: copied $db ($size bytes) to \$OUT/$name"
     else
       # Keep every file under 16 MiB (the limit on what was collected from $OUT on the H200
       # machine): compress (zstd from /root/site), split if needed.
-      echo "bench.sh: /tmp/nd.db is $size bytes: writing \$OUT/nd.db.zst (decompress: zstd -d)"
+      echo "bench.sh: $db is $size bytes: writing \$OUT/$name.zst (decompress: zstd -d)"
       if python3 -c '
 import sys, zstandard
-with open("/tmp/nd.db", "rb") as f, open(sys.argv[1], "wb") as o:
-    zstandard.ZstdCompressor(level=10, threads=-1).copy_stream(f, o)' "$OUT/nd.db.zst"; then
-        zsize=$(stat -c %s "$OUT/nd.db.zst")
+with open(sys.argv[1], "rb") as f, open(sys.argv[2], "wb") as o:
+    zstandard.ZstdCompressor(level=10, threads=-1).copy_stream(f, o)' "$db" "$OUT/$name.zst"; then
+        zsize=$(stat -c %s "$OUT/$name.zst")
         if [ "$zsize" -gt $((15 * 1024 * 1024)) ]; then
-          (cd "$OUT" && split -b 15M -d -a 1 nd.db.zst nd.db.zst.part && rm nd.db.zst)
-          echo "bench.sh: nd.db.zst is $zsize bytes: split into $(ls "$OUT"/nd.db.zst.part* | wc -l) parts (cat nd.db.zst.part* > nd.db.zst)"
+          (cd "$OUT" && split -b 15M -d -a 1 $name.zst $name.zst.part && rm $name.zst)
+          echo "bench.sh: $name.zst is $zsize bytes: split into $(ls "$OUT"/$name.zst.part* | wc -l) parts (cat $name.zst.part* > $name.zst)"
         fi
       else
-        echo "bench.sh: ERROR: could not compress /tmp/nd.db; it will not come back" >&2
+        echo "bench.sh: ERROR: could not compress $db; it will not come back" >&2
       fi
     fi
   else
-    echo "bench.sh: WARNING: /tmp/nd.db does not exist; nothing to copy" >&2
+    echo "bench.sh: WARNING: $db does not exist; nothing to copy" >&2
   fi
-  [ -f /root/vllm.log ] && tail -c 8M /root/vllm.log > "$OUT/vllm.log"
+  # ND_VLLM_LOG: the server log to keep (none: keep none; two runs at once keep one each).
+  log=${ND_VLLM_LOG:-/root/vllm.log}
+  [ "$log" != none ] && [ -f "$log" ] && tail -c 8M "$log" > "$OUT/$(basename "$log")"
 fi
 exit $rc
