@@ -69,6 +69,9 @@ def live_facts(base_url: str) -> dict[str, Any]:
     if blocks is not None and block_size.isdigit():
         facts["kv_cache_blocks"] = blocks
         facts["kv_cache_tokens_from_blocks"] = blocks * int(block_size)
+    tokens = config.tokens()
+    if tokens is not None:
+        facts["kv_cache_tokens"] = tokens
     return facts
 
 

@@ -52,22 +52,43 @@ class CacheConfig:
     """The labels of ``vllm:cache_config_info``: block size, KV dtype, blocks, prefix caching.
 
     ``labels`` are the first engine's. A data-parallel server (``--data-parallel-size N``)
-    runs N engines behind one endpoint, each with its own KV pool; ``engine_blocks`` holds
-    each engine's block count, so the endpoint's capacity is their sum.
+    runs N engines behind one endpoint, each with its own KV pool: ``engines`` holds each
+    engine's labels, and the endpoint's capacity is the sum of theirs.
     """
 
     labels: dict[str, str]
-    engine_blocks: tuple[int, ...] = ()
+    engines: tuple[dict[str, str], ...] = ()
+
+    def _each(self) -> tuple[dict[str, str], ...]:
+        return self.engines or (self.labels,)
 
     def blocks(self) -> int | None:
         """Return the number of KV blocks (GPU or CPU) of every engine, when the server says."""
-        if self.engine_blocks:
-            return sum(self.engine_blocks)
-        return _blocks(self.labels)
+        counts = [_label_int(labels, "num_gpu_blocks", "num_cpu_blocks") for labels in self._each()]
+        return None if None in counts else sum(c for c in counts if c is not None)
+
+    def tokens(self) -> int | None:
+        """Return the KV cache's size in tokens over every engine, when the server says.
+
+        vLLM's own ``kv_cache_size_tokens`` is preferred to blocks x block size: under data
+        parallelism vLLM 0.24 reported ``num_gpu_blocks`` twice an engine's pool (6,144
+        blocks of 16 for a 49,152-token cache, measured on two H200s).
+        """
+        total = 0
+        for labels in self._each():
+            size = _label_int(labels, "kv_cache_size_tokens")
+            if size is None:
+                blocks = _label_int(labels, "num_gpu_blocks", "num_cpu_blocks")
+                block = _label_int(labels, "block_size")
+                if blocks is None or block is None:
+                    return None
+                size = blocks * block
+            total += size
+        return total
 
 
-def _blocks(labels: dict[str, str]) -> int | None:
-    for key in ("num_gpu_blocks", "num_cpu_blocks"):
+def _label_int(labels: dict[str, str], *keys: str) -> int | None:
+    for key in keys:
         value = labels.get(key)
         if value and value.isdigit() and int(value) > 0:
             return int(value)
@@ -110,9 +131,16 @@ def parse_metrics(text: str, *, taken_at: datetime | None = None) -> MetricsSnap
     kv = _first(values, KV_USAGE)
     if kv is None:
         missing.append(KV_USAGE[0])
+    # A data-parallel server publishes an engine's scheduler gauges (running, waiting, KV)
+    # only once that engine has served a request (vLLM 0.24 on two H200s); its token
+    # counters are there from the start. Counters present and gauges absent is an idle
+    # server, not a foreign one.
+    counters = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+    if missing and not any(name in missing for name in counters):
+        missing = []
     if missing:
         raise ServerError(f"/metrics lacks {', '.join(missing)}: is this a vLLM server?")
-    core = {name: sum(values[name]) for name in required}
+    core = {name: sum(values.get(name, [0.0])) for name in required}
     return MetricsSnapshot(
         running=core["vllm:num_requests_running"],
         waiting=core["vllm:num_requests_waiting"],
@@ -138,8 +166,8 @@ def parse_cache_config(text: str) -> CacheConfig | None:
     """Return the labels of ``vllm:cache_config_info``, or None when the server has none.
 
     vLLM labels each engine's series with ``engine``. Where the info has one series per
-    engine, each engine's own block count is used; where it has one series but other gauges
-    name several engines, every engine is taken to have that many blocks (same flags).
+    engine, each engine's own labels are used; where it has one series but other gauges
+    name several engines, every engine is taken to have that pool (same flags).
     """
     try:
         families = list(text_string_to_metric_families(text))
@@ -157,10 +185,8 @@ def parse_cache_config(text: str) -> CacheConfig | None:
     if not configs:
         return None
     first = next(iter(configs.values()))
-    per_engine = [_blocks(configs.get(e, first)) for e in sorted(engines or configs)]
-    known = [b for b in per_engine if b is not None]
-    return CacheConfig(labels=first,
-                       engine_blocks=tuple(known) if len(known) == len(per_engine) else ())
+    each = tuple(configs.get(engine, first) for engine in sorted(engines or configs))
+    return CacheConfig(labels=first, engines=each)
 
 
 def metrics_url(base_url: str) -> str:

@@ -107,10 +107,10 @@ class MetricsSampler:
             config = parse_cache_config(text)
         except ServerError:
             return
-        blocks = config.blocks() if config is not None else None
+        tokens = config.tokens() if config is not None else None
         size = config.labels.get("block_size", "") if config is not None else ""
-        if blocks is not None and size.isdigit() and int(size) > 0:
-            self.kv_capacity, self.block_size = blocks * int(size), int(size)
+        if tokens is not None and size.isdigit() and int(size) > 0:
+            self.kv_capacity, self.block_size = tokens, int(size)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -125,6 +125,30 @@ def test_data_parallel_capacity_is_every_engines_pool() -> None:
     # One engine (the recorded single server): its own count, not doubled.
     single = parse_cache_config(RECORDED)
     assert single is not None and single.blocks() == 728
+    assert single.tokens() == 93184  # its own kv_cache_size_tokens (728 blocks of 128)
+
+
+# Captured from vLLM 0.24.0 with --data-parallel-size 2 on two H200s (6 GB of fp8 KV per
+# engine), just after it turned healthy and before it served a request.
+DP2_IDLE = (Path(__file__).parent / "fixtures" / "vllm_dp2_metrics_idle.txt").read_text()
+
+
+def test_a_fresh_data_parallel_server_reads_as_idle_not_foreign() -> None:
+    # Its scheduler gauges are absent until an engine serves; its counters are there.
+    samples = [line for line in DP2_IDLE.splitlines() if not line.startswith("#")]
+    assert not any(line.startswith("vllm:num_requests_running") for line in samples)
+    snap = parse_metrics(DP2_IDLE)
+    assert (snap.running, snap.waiting, snap.kv_cache_usage) == (0.0, 0.0, 0.0)
+    assert snap.prompt_tokens_total == 0.0
+
+
+def test_data_parallel_capacity_uses_each_engines_own_token_count() -> None:
+    config = parse_cache_config(DP2_IDLE)
+    assert config is not None and len(config.engines) == 2
+    # vLLM said 6,144 blocks of 16 per engine but a 49,152-token cache (its startup log
+    # too): the token count is what the engine allocated.
+    assert config.blocks() == 2 * 6144
+    assert config.tokens() == 2 * 49152
 
 
 def test_not_vllm_metrics_is_a_server_error() -> None:
