@@ -31,7 +31,7 @@ import structlog
 from sqlalchemy import Engine
 
 from app.batch.admission import AdmissionPolicy
-from app.batch.gate import Gate
+from app.batch.gate import Gate, Ticket
 from app.batch.routing import Load, choose
 from app.batch.sampler import MetricsSampler
 from app.config import Settings
@@ -79,6 +79,7 @@ class Endpoint:
         self.up = True
         self.gone = asyncio.Event()  # set while the endpoint is down
         self.tickers = 0  # tickers whose calls go here now
+        self.here: dict[int, Ticket] = {}  # those tickers, by start order: their work left
         self.started = 0  # tickers routed here when they started
         self.moved_in = 0
         self.moved_out = 0
@@ -86,13 +87,29 @@ class Endpoint:
         self.watched_since: float | None = None  # when its reads began (loop time)
         self._capacity_said = False
 
-    def load(self, ticker_slots: int | None) -> Load:
+    def arrive(self, ticket: Ticket) -> None:
+        """Count a ticker whose calls now go here."""
+        self.tickers += 1
+        self.here[ticket.order] = ticket
+
+    def leave(self, ticket: Ticket) -> None:
+        """Stop counting a ticker here: it ended, or moved to another endpoint."""
+        self.tickers -= 1
+        self.here.pop(ticket.order, None)
+
+    @property
+    def work(self) -> int:
+        """Return the requests the tickers here have left."""
+        return sum(ticket.remaining for ticket in self.here.values())
+
+    def load(self, ticker_slots: int | None, weight: float = 1.0) -> Load:
         """Return what routing sees of this endpoint now."""
         room = (self.tickers < ticker_slots if ticker_slots is not None
                 else self.gate.has_room())
         return Load(self.index, self.up, room,
                     self.budget.free if self.budget is not None else None,
-                    max(0, self.gate.limit - self.gate.outstanding), self.tickers)
+                    max(0, self.gate.limit - self.gate.outstanding), self.tickers,
+                    self.work, weight)
 
     def judge(self, now: float) -> bool:
         """Update up/down from the sampler's reads; return True when the state changed."""
@@ -237,7 +254,12 @@ class EndpointSet:
     # --- routing -------------------------------------------------------------------------
 
     def loads(self, ticker_slots: int | None = None) -> list[Load]:
-        return [endpoint.load(ticker_slots) for endpoint in self.endpoints]
+        # Shares of the work follow KV capacity where every endpoint's is known.
+        capacities = [e.budget.capacity if e.budget is not None else None
+                      for e in self.endpoints]
+        known = all(capacity for capacity in capacities)
+        return [endpoint.load(ticker_slots, float(capacity) if known and capacity else 1.0)
+                for endpoint, capacity in zip(self.endpoints, capacities, strict=True)]
 
     def request_limit(self) -> int:
         """Return the requests the endpoints that are up admit together (all, if none is)."""
@@ -245,17 +267,20 @@ class EndpointSet:
         return sum(e.gate.limit for e in up)
 
     async def wait_for_room(self, ticker_slots: int | None = None,
-                            or_else: Callable[[], bool] | None = None) -> Endpoint:
+                            or_else: Callable[[], bool] | None = None,
+                            work_left: Callable[[], int] | None = None) -> Endpoint:
         """Return the endpoint a new ticker starts on, once one has room (or ``or_else()``).
 
         ``ticker_slots`` is the tickers each endpoint may have in flight (fixed-N); None
-        means room is the gate's (adaptive).
+        means room is the gate's (adaptive). ``work_left`` (the batch's requests not yet
+        finished) makes the ticker wait for an endpoint under its share (routing.py).
         """
         while True:
             loads = self.loads(ticker_slots)
-            chosen = choose(loads)
+            total = work_left() if work_left is not None else None
+            chosen = choose(loads, total_work=total)
             if chosen is None and or_else is not None and or_else():
-                chosen = choose(loads, need_room=False)
+                chosen = choose(loads, need_room=False, total_work=total)
             if chosen is not None:
                 return self.endpoints[chosen]
             self.changed.clear()

@@ -80,13 +80,13 @@ class RoutedLLM(GatedLLM):
         self.endpoints = endpoints
         self.endpoint = endpoint
         self._on_redo = on_redo
-        endpoint.tickers += 1
+        endpoint.arrive(ticket)
         endpoint.started += 1
 
     def close(self) -> None:
         """Release what the ticker still holds: its work is over (call once)."""
         self.gate.drop_hold(self.ticket)
-        self.endpoint.tickers -= 1
+        self.endpoint.leave(self.ticket)
         self.endpoints.changed.set()
 
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
@@ -148,9 +148,9 @@ class RoutedLLM(GatedLLM):
             return  # already there: another of its calls (samples, analysts) moved it
         log.warning("ticker moved", frm=self.endpoint.url, to=target.url,
                     order=self.ticket.order)
-        self.endpoint.tickers -= 1
+        self.endpoint.leave(self.ticket)
         self.endpoint.moved_out += 1
-        target.tickers += 1
+        target.arrive(self.ticket)
         target.moved_in += 1
         self.endpoint = target
         self.llm, self.gate, self._budget = target.llm, target.gate, target.budget

@@ -230,6 +230,9 @@ class Scheduler:
             return False
         return ticket.remaining_chain >= self.left / max(1, self.endpoints.request_limit())
 
+    def _work_left(self) -> int:
+        return self.left
+
     def _may_pass(self, ticket: Ticket | None) -> bool:
         return self.stopping or (ticket is not None and self.urgent(ticket))
 
@@ -281,11 +284,14 @@ class Scheduler:
                     await on_done(job, None, failure)
                     continue
                 ticket = Ticket(order, job.requests, job.chain)
-                # The endpoint with room and the most free budget tokens (routing.py); a
-                # stop ends the wait at once.
+                # The endpoint with room, under its share of the work left and with the
+                # most free budget tokens (routing.py); a stop ends the wait at once.
                 endpoint = await self.endpoints.wait_for_room(
                     slots, or_else=functools.partial(
-                        self._may_pass, ticket if slots is None else None))
+                        self._may_pass, ticket if slots is None else None),
+                    # Adaptive spreads the work so the endpoints finish together; fixed-N
+                    # keeps its meaning, N tickers per endpoint.
+                    work_left=self._work_left if slots is None else None)
                 if self.stopping:
                     break  # the tickers not started stay queued, for a resume
                 order += 1

@@ -1,8 +1,17 @@
-"""Choose an endpoint for a ticker: the pure rule, on loads whose answer is known."""
+"""Choose an endpoint for a ticker: the pure rule on loads whose answer is known, and the
+endpoint set that applies it while a ticker waits."""
 
 from __future__ import annotations
 
-from app.batch.routing import Load, choose
+import asyncio
+import contextlib
+from types import SimpleNamespace
+from typing import Any
+
+from app.batch.endpoints import Endpoint, EndpointSet
+from app.batch.gate import Ticket
+from app.batch.routing import Load, choose, under_share
+from app.batch.scheduler import Strategy
 
 
 def load(index: int, *, up: bool = True, room: bool = True, tokens: int | None = 1_000,
@@ -54,3 +63,72 @@ def test_when_all_are_down_they_all_qualify_as_one_down_server_did() -> None:
 def test_a_moved_ticker_goes_to_the_best_other_endpoint_that_is_up() -> None:
     loads = [load(0, tokens=90_000), load(1, tokens=1_000), load(2, up=False, tokens=50_000)]
     assert choose(loads, need_room=False, exclude=0, down_if_all=False) == 1
+
+
+def worked(index: int, work: int, *, room: bool = True, weight: float = 1.0,
+           tokens: int = 1_000) -> Load:
+    return Load(index, True, room, tokens, 4, 0, work, weight)
+
+
+def test_early_in_a_batch_the_fair_share_never_binds() -> None:
+    # 1,000 requests left, most not started: both shares are 500, far above either load.
+    loads = [worked(0, 180, tokens=9_000), worked(1, 20, tokens=1_000)]
+    assert choose(loads, total_work=1_000) == 0  # free tokens decide, as without the rule
+
+
+def test_near_the_end_an_endpoint_over_its_share_gets_no_new_ticker() -> None:
+    # The two H200 run's tail: 257 requests routed to one replica, 49 to the other, 17
+    # not started. Shares are 161.5 each: the emptier replica takes the ticker even with
+    # fewer free tokens, and when it has no room the ticker waits for it.
+    loads = [worked(0, 257, tokens=40_000), worked(1, 49, tokens=5_000)]
+    assert choose(loads, total_work=257 + 49 + 17) == 1
+    full = [worked(0, 257, tokens=40_000), worked(1, 49, room=False)]
+    assert choose(full, total_work=323) is None
+    # A ticker that must start (the tail rule) still goes to the one under its share.
+    assert choose(full, need_room=False, total_work=323) == 1
+
+
+def test_shares_follow_kv_capacity() -> None:
+    # A replica with three times the cache may hold three times the work.
+    big, small = worked(0, 200, weight=3.0), worked(1, 20, weight=1.0)
+    assert under_share([big, small], 300) == [big, small]  # 200 < 225 and 20 < 75
+    assert under_share([big, small], 260) == [small]  # 200 >= 195
+
+
+def test_some_endpoint_is_always_under_its_share() -> None:
+    # Work routed is less than all the work left (the new ticker is in it), so the shares
+    # always leave someone: the batch can wait for room, never for ever.
+    for works in ([0, 0], [10, 0], [50, 49], [300, 1], [7, 7, 7]):
+        loads = [worked(i, w, weight=1.0 + i) for i, w in enumerate(works)]
+        assert under_share(loads, sum(works) + 1)
+
+
+def test_one_endpoint_is_never_held_back_by_its_share() -> None:
+    assert choose([worked(0, 500)], total_work=501) == 0
+
+
+async def test_a_ticker_waits_for_the_endpoint_under_its_share_to_have_room() -> None:
+    changed = asyncio.Event()
+    llm: Any = SimpleNamespace(settings=SimpleNamespace(max_concurrency=2))
+    strategy = Strategy.parse("adaptive")
+    busy, drained = (Endpoint(i, f"http://gpu{i}.test/v1", llm, strategy, changed=changed)
+                     for i in range(2))
+    endpoints = EndpointSet([busy, drained], changed)
+    # Three tickers on one replica with 15 calls left each, one on the other with 2 left.
+    for order in range(3):
+        busy.arrive(Ticket(order, requests=17, chain=13, done=2))
+    last = Ticket(3, requests=17, chain=13, done=15)
+    drained.arrive(last)
+    assert (busy.work, drained.work) == (45, 2)
+    # The drained replica's two request places are taken; the busy one has room.
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(drained.gate.limit):
+            await stack.enter_async_context(drained.gate.slot())
+        assert busy.gate.has_room() and not drained.gate.has_room()
+        waiting = asyncio.ensure_future(endpoints.wait_for_room(work_left=lambda: 47 + 17))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()  # 45 is over the busy replica's share of 64: it waits
+    # The places come free: the ticker goes to the replica that will finish first.
+    assert await asyncio.wait_for(waiting, timeout=1) is drained
+    drained.leave(last)
+    assert (drained.tickers, drained.work) == (0, 0)
