@@ -78,8 +78,7 @@ class Endpoint:
         self.grace_s = grace_s
         self.up = True
         self.gone = asyncio.Event()  # set while the endpoint is down
-        self.tickers = 0  # tickers whose calls go here now
-        self.here: dict[int, Ticket] = {}  # those tickers, by start order: their work left
+        self.here: dict[int, Ticket] = {}  # tickers whose calls go here now, by start order
         self.started = 0  # tickers routed here when they started
         self.moved_in = 0
         self.moved_out = 0
@@ -89,13 +88,16 @@ class Endpoint:
 
     def arrive(self, ticket: Ticket) -> None:
         """Count a ticker whose calls now go here."""
-        self.tickers += 1
         self.here[ticket.order] = ticket
 
     def leave(self, ticket: Ticket) -> None:
         """Stop counting a ticker here: it ended, or moved to another endpoint."""
-        self.tickers -= 1
         self.here.pop(ticket.order, None)
+
+    @property
+    def tickers(self) -> int:
+        """Return how many tickers' calls go here now."""
+        return len(self.here)
 
     @property
     def work(self) -> int:
