@@ -95,19 +95,16 @@ def _label_int(labels: dict[str, str], *keys: str) -> int | None:
     return None
 
 
-def _samples(text: str) -> tuple[dict[str, list[float]], dict[str, dict[str, str]]]:
-    """Group sample values by sample name; keep the labels of ``*_info`` metrics."""
+def _samples(text: str) -> dict[str, list[float]]:
+    """Group sample values by sample name."""
     values: dict[str, list[float]] = defaultdict(list)
-    infos: dict[str, dict[str, str]] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 values[sample.name].append(float(sample.value))
-                if family.type == "info" or sample.name.endswith("_info"):
-                    infos[sample.name] = dict(sample.labels)
     except ValueError as error:
         raise ServerError(f"/metrics is not Prometheus text: {error}") from None
-    return values, infos
+    return values
 
 
 def _first(values: dict[str, list[float]], names: tuple[str, ...]) -> list[float] | None:
@@ -124,7 +121,7 @@ def _sum(values: dict[str, list[float]], *names: str) -> float | None:
 
 def parse_metrics(text: str, *, taken_at: datetime | None = None) -> MetricsSnapshot:
     """Parse Prometheus text from vLLM into a snapshot; a missing core gauge is a ServerError."""
-    values, _ = _samples(text)
+    values = _samples(text)
     required = ("vllm:num_requests_running", "vllm:num_requests_waiting",
                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
     missing = [name for name in required if name not in values]
