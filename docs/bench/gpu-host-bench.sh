@@ -15,7 +15,8 @@
 # Wheels are read from ./.whl, else from $NIGHTDESK_WHL_DIR, else /root/stage/nd-whl.
 # Optional: NIGHTDESK_LLM_BASE_URL (one URL or several, comma-joined: one per replica, e.g.
 # started by docs/bench/gpu-serve.sh), ND_DB (the SQLite file, default /tmp/nd.db; two runs at
-# once need two), ND_SKIP_INSTALL=1 (the wheels are already in /tmp/site).
+# once need two), ND_SKIP_INSTALL=1 (the wheels are already in /tmp/site), NIGHTDESK_LOG_LEVEL
+# (default warning; info shows a batch's progress lines).
 set -uo pipefail
 die() { echo "bench.sh: ERROR: $*" >&2; exit 2; }
 
@@ -49,7 +50,7 @@ export NIGHTDESK_DATABASE_URL=sqlite:///$db
 export NIGHTDESK_LLM_BASE_URL=${NIGHTDESK_LLM_BASE_URL:-http://127.0.0.1:8000/v1}
 export NIGHTDESK_LLM_MODEL=${NIGHTDESK_LLM_MODEL:-gpu-model}
 export NIGHTDESK_SERVER_PROFILE=${NIGHTDESK_SERVER_PROFILE:-gpu-dummy}
-export NIGHTDESK_LOG_LEVEL=warning
+export NIGHTDESK_LOG_LEVEL=${NIGHTDESK_LOG_LEVEL:-warning}
 export NIGHTDESK_CONTEXT_CHECK_INCLUDES_OUTPUT=true
 export NIGHTDESK_METRICS_INTERVAL_S=1
 [ -f "$db" ] && echo "bench.sh: note: $db already exists (earlier run on this machine); new rows are added to it"
