@@ -40,6 +40,15 @@ COMPANIES: list[tuple[str, str]] = [
     ("SUMM.DEMO", "Summit"), ("TIDL.DEMO", "Tidal"), ("UMBR.DEMO", "Umber"),
     ("VERT.DEMO", "Vertex"), ("WILO.DEMO", "Willow"), ("XENO.DEMO", "Xenon"),
 ]
+# A night has ~100 tickers: past the 24 above, two words make a company ("Alpha Bravo",
+# ALBR.DEMO), in a fixed order, so the first 24 (and every snapshot made of them) never change.
+# EMBR.DEMO (Ember Bravo) would be Ember's own symbol, so a pair that repeats one is skipped.
+_FIRST = [word for _, word in COMPANIES]
+COMPANIES += [
+    pair for pair in ((f"{a[:2]}{b[:2]}".upper() + ".DEMO", f"{a} {b}")
+                      for a in _FIRST for b in _FIRST if a != b)
+    if pair[0] not in {symbol for symbol, _ in COMPANIES}
+][:96]
 SECTORS: list[tuple[str, str]] = [
     ("Technology", "Software"), ("Healthcare", "Biotechnology"),
     ("Financials", "Regional Banks"), ("Energy", "Oil & Gas"),
