@@ -302,6 +302,8 @@ class Settings(BaseSettings):
             # Seeds derive from (ticker, node, sample): two batches with them on repeat each
             # other's random draws, which `quality repro` must say.
             "request_seeds": self.request_seeds,
+            # The adaptive limit's ceiling: a report can then tell this cap from the server's.
+            "max_concurrency": self.max_concurrency,
         }
 
 

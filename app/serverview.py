@@ -10,7 +10,17 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine, select
 
-from app.db.models import LLMCall, ServerSample
+from app.db.models import Batch, LLMCall, ServerSample
+
+KV_HIGH = 0.90
+"""KV usage from which a reading counts as cache-bound (the adaptive policy's default kv_high)."""
+BOUND_NAMES = {
+    "kv": "the KV cache",
+    "server": "the server's own slots (requests waited there)",
+    "client": "the client's request cap",
+    "graph": "too few ready calls",
+    "client_or_graph": "the client's cap or too few ready calls (the cap was not recorded)",
+}
 
 
 def counter_delta(values: Sequence[float | None]) -> float | None:
@@ -49,9 +59,78 @@ class ServerView:
     decode_time_s: float | None = None
     decode_time_share: float | None = None  # decode ÷ (prefill + decode)
     mean_ttft_s: float | None = None  # from our own rows: first token − request start
+    # What held the batch back, reading by reading (see ``bounds``); the cap it was held to.
+    bound: str | None = None
+    bound_shares: dict[str, float] | None = None
+    request_cap: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+UNRECORDED = -1
+"""``request_cap`` for a capped client whose cap the batch did not record."""
+
+
+def request_cap(settings: dict[str, Any]) -> int | None:
+    """Return the most requests the batch's client let be in flight per endpoint.
+
+    ``fixed-N`` holds N; ``sequential`` one; ``adaptive`` grows to ``max_concurrency`` at most
+    (recorded with the batch's settings since 2026-12-01; UNRECORDED for older batches).
+    None: no cap (``flood``, ``fixed-all``: every ready call goes at once).
+    """
+    strategy = str(settings.get("strategy") or "")
+    if strategy.startswith("fixed-") and strategy[6:].isdigit():
+        return int(strategy[6:])
+    if strategy == "sequential":
+        return 1
+    if strategy.startswith("adaptive") or not strategy:
+        cap = settings.get("max_concurrency")
+        return cap if isinstance(cap, int) else UNRECORDED
+    return None
+
+
+def near(cap: int) -> int:
+    """Return the running count that counts as "at the cap": within 5% of it, one at least.
+
+    Under a cap a finished call's successor is often still on its way (a reading at 62 or 63
+    under 64 is the cap holding, not the graph); a cap under 4 must be met exactly.
+    """
+    return cap if cap < 4 else cap - max(1, round(0.05 * cap))
+
+
+def bounds(rows: Sequence[Any], cap: int | None) -> dict[str, float]:
+    """Share of the busy readings held by each bound, checked in this order.
+
+    ``kv``: the cache at ``KV_HIGH`` or more, or a preemption since the last reading;
+    ``server``: requests waiting at the server (its ``--max-num-seqs`` or its scheduler);
+    ``client``: running at the client's cap (within 5%, see ``near``) with room left at the
+    server; ``graph``: none of those — fewer calls
+    were ready than the server could have taken (``client_or_graph`` when the cap is
+    UNRECORDED). Readings with nothing running or waiting are left out; an empty dict when
+    no reading was busy.
+    """
+    counts = dict.fromkeys(("kv", "server", "client", "graph")
+                           if cap != UNRECORDED else ("kv", "server", "client_or_graph"), 0)
+    busy = 0
+    previous: float | None = None
+    for r in rows:
+        preempted = previous is not None and r.preemptions_total > previous
+        previous = r.preemptions_total
+        if r.running + r.waiting <= 0:
+            continue
+        busy += 1
+        if r.kv_cache_usage >= KV_HIGH or preempted:
+            counts["kv"] += 1
+        elif r.waiting > 0:
+            counts["server"] += 1
+        elif cap == UNRECORDED:
+            counts["client_or_graph"] += 1
+        elif cap is not None and r.running >= near(cap):
+            counts["client"] += 1
+        else:
+            counts["graph"] += 1
+    return {k: v / busy for k, v in counts.items()} if busy else {}
 
 
 def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> ServerView:
@@ -69,6 +148,7 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
         samples = samples.where(ServerSample.endpoint == endpoint)
         calls = calls.where(LLMCall.endpoint == endpoint)
     with engine.connect() as conn:
+        settings = conn.execute(select(Batch.settings).where(Batch.id == batch_id)).scalar()
         rows = conn.execute(samples.order_by(ServerSample.sampled_at)).all()
         ttfts = [(r.first_token_at - r.started_at).total_seconds()
                  for r in conn.execute(calls)]
@@ -83,6 +163,12 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
     several = len(series) > 1
     running = np.array([r.running for r in rows])
     waiting = np.array([r.waiting for r in rows])
+    cap = request_cap(settings or {})
+    # The cap is per endpoint: judge each endpoint's readings alone, then pool the shares.
+    shares: dict[str, float] = {}
+    for one in series.values():
+        for name, share in bounds(one, cap).items():
+            shares[name] = shares.get(name, 0.0) + share * len(one) / len(rows)
 
     def delta(name: str) -> float | None:
         parts = [counter_delta([getattr(r, name) for r in one]) for one in series.values()]
@@ -120,4 +206,7 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
         decode_time_share=(decode_s / request_s) if request_s and decode_s is not None
         else None,
         mean_ttft_s=mean_ttft,
+        bound=max(shares, key=lambda k: shares[k]) if shares else None,
+        bound_shares=shares or None,
+        request_cap=cap,
     )

@@ -22,13 +22,24 @@ from app.report import (
     endpoint_shares,
     latest_batch_id,
 )
-from app.serverview import ServerView, server_view
+from app.serverview import BOUND_NAMES, ServerView, server_view
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
     if value is None:
         return "—"
     return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def held_back_by(view: ServerView) -> str:
+    """Say which bound held the most busy readings, with every bound's share."""
+    if not view.bound or not view.bound_shares:
+        return "—"
+    name = BOUND_NAMES[view.bound]
+    if view.bound == "client" and view.request_cap:
+        name += f" ({view.request_cap} per endpoint; the server had room)"
+    rest = ", ".join(f"{key} {share:.0%}" for key, share in view.bound_shares.items())
+    return f"{name}: {view.bound_shares[view.bound]:.0%} of busy readings ({rest})"
 
 
 def render_table(report: BatchReport, view: ServerView, console: Console) -> None:
@@ -67,6 +78,7 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
                          f" {_fmt(view.decode_time_s)} s (decode"
                          f" {_fmt(view.decode_time_share, '.0%')})"),
         ("mean time to first token (s)", _fmt(view.mean_ttft_s, ".2f")),
+        ("held back by", held_back_by(view)),
     ):
         server.add_row(key, value)
     console.print(server)
