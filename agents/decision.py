@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Literal
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agents.chat import CallTag, ChatClient, ChatResult
 from agents.errors import DecisionError
@@ -54,6 +56,7 @@ def bands_text() -> str:
 
 
 SUMMARY_MAX_CHARS = 500
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class Decision(BaseModel):
@@ -73,6 +76,13 @@ class Decision(BaseModel):
     summary: str = Field(min_length=1, max_length=SUMMARY_MAX_CHARS,
                          description="Two or three sentences explaining the rating.")
 
+    @field_validator("summary")
+    @classmethod
+    def _printable(cls, summary: str) -> str:
+        # A raw control character that came through the parse (see parse_decision) would
+        # break the ranking's table and the web page; a space says the same.
+        return CONTROL_CHARS.sub(" ", summary)
+
 
 def response_format() -> dict[str, Any]:
     """Return the ``response_format`` that makes the server enforce the Decision schema."""
@@ -85,7 +95,15 @@ def response_format() -> dict[str, Any]:
 def parse_decision(content: str) -> Decision:
     """Validate a structured reply; raise ValueError saying what is wrong with it."""
     try:
-        return Decision.model_validate_json(content)
+        # strict=False lets a raw control character (a newline, a tab) stand inside a string.
+        # vLLM 0.24's guided decoding let a model write them; a strict parser then failed the
+        # whole decision (3 of the 5 failed tickers of the first real night on an H200).
+        data = json.loads(content, strict=False)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"reply: Invalid JSON: {error.msg} at line {error.lineno} column "
+                         f"{error.colno}") from None
+    try:
+        return Decision.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "reply"

@@ -50,6 +50,18 @@ def test_schema_rejects_out_of_range_and_unknown() -> None:
         parse_decision("Rating: Hold")
 
 
+def test_a_raw_control_character_in_a_string_is_still_the_decision() -> None:
+    # Guided decoding on vLLM 0.24 let a model put raw newlines and tabs inside the summary;
+    # the reply means the same, and the stored summary is printable.
+    content = json.dumps(VALID).replace(VALID["summary"], "Strong\nquarter,\tstrong guide.")
+    assert "\n" in content  # a real newline, not an escaped one
+    decision = parse_decision(content)
+    assert (decision.rating, decision.summary) == ("Buy", "Strong quarter, strong guide.")
+    # A reply cut off inside a string is still not one.
+    with pytest.raises(ValueError, match=r"Invalid JSON: Unterminated string .* line 1"):
+        parse_decision(content[:40])
+
+
 def test_response_format_is_strict_json_schema() -> None:
     fmt = response_format()
     assert fmt["type"] == "json_schema"
