@@ -128,10 +128,13 @@ async def test_a_queue_at_the_server_brings_the_limit_to_what_it_runs(
 
 async def test_without_readings_the_same_batch_keeps_its_queue(sqlite_engine: Engine) -> None:
     # The control for the test above: with sampling off the limit stays at 8, so the fake
-    # keeps 8 - 3 waiting until the last request is sent.
+    # keeps up to 8 - 3 waiting until the last request is sent. The mean is 4-5 on an idle
+    # machine and 3.6-3.8 on a loaded one (a finished request's successor arrives later);
+    # the threshold stays clear of the 1.3 at most that the sampled run above may keep.
     server = FakeServer(Size().reply, capacity=3)
     await run_batch(sqlite_engine, server, "adaptive:initial=8,tail=off", sampling=False)
-    assert mean_waiting(window(server, 0.0, 8)) >= 4
+    assert server.load.max_waiting == 8 - 3
+    assert mean_waiting(window(server, 0.0, 8)) >= 2.5
 
 
 async def test_headroom_at_the_server_raises_the_limit(sqlite_engine: Engine) -> None:
