@@ -80,8 +80,9 @@ class Decision(BaseModel):
     @classmethod
     def _printable(cls, summary: str) -> str:
         # A raw control character that came through the parse (see parse_decision) would
-        # break the ranking's table and the web page; a space says the same.
-        return CONTROL_CHARS.sub(" ", summary)
+        # break the ranking's table and the web page: a space says the same. NUL is dropped,
+        # as the store drops it everywhere (app/db/text.py).
+        return CONTROL_CHARS.sub(" ", summary.replace("\x00", ""))
 
 
 def response_format() -> dict[str, Any]:
