@@ -10,10 +10,13 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine, select
 
+from app.batch.admission import AdmissionPolicy
+from app.batch.scheduler import Strategy
 from app.db.models import Batch, LLMCall, ServerSample
+from app.errors import InputError
 
-KV_HIGH = 0.90
-"""KV usage from which a reading counts as cache-bound (the adaptive policy's default kv_high)."""
+KV_HIGH: float = AdmissionPolicy.kv_high
+"""KV usage from which a reading counts as cache-bound: the adaptive policy's default."""
 BOUND_NAMES = {
     "kv": "the KV cache",
     "server": "the server's own slots (requests waited there)",
@@ -75,19 +78,22 @@ UNRECORDED = -1
 def request_cap(settings: dict[str, Any]) -> int | None:
     """Return the most requests the batch's client let be in flight per endpoint.
 
-    ``fixed-N`` holds N; ``sequential`` one; ``adaptive`` grows to ``max_concurrency`` at most
-    (recorded with the batch's settings since 2026-12-01; UNRECORDED for older batches).
-    None: no cap (``flood``, ``fixed-all``: every ready call goes at once).
+    ``adaptive`` grows to its ``maximum`` knob, else ``max_concurrency`` (recorded with the
+    batch's settings since 2026-12-01; UNRECORDED for older batches); ``sequential`` holds
+    one. None: no cap on requests — ``fixed-N`` and ``fixed-all`` cap tickers, not requests,
+    and a bench's ``flood`` sends every call at once.
     """
-    strategy = str(settings.get("strategy") or "")
-    if strategy.startswith("fixed-") and strategy[6:].isdigit():
-        return int(strategy[6:])
-    if strategy == "sequential":
-        return 1
-    if strategy.startswith("adaptive") or not strategy:
-        cap = settings.get("max_concurrency")
-        return cap if isinstance(cap, int) else UNRECORDED
-    return None
+    try:
+        strategy = Strategy.parse(str(settings.get("strategy") or "adaptive"))
+    except InputError:
+        return None  # a bench arm the scheduler does not run (flood)
+    if not strategy.adaptive:
+        return strategy.request_limit
+    knob = dict(strategy.policy).get("maximum")
+    if knob is not None:
+        return int(knob)
+    cap = settings.get("max_concurrency")
+    return cap if isinstance(cap, int) else UNRECORDED
 
 
 def near(cap: int) -> int:
@@ -105,10 +111,9 @@ def bounds(rows: Sequence[Any], cap: int | None) -> dict[str, float]:
     ``kv``: the cache at ``KV_HIGH`` or more, or a preemption since the last reading;
     ``server``: requests waiting at the server (its ``--max-num-seqs`` or its scheduler);
     ``client``: running at the client's cap (within 5%, see ``near``) with room left at the
-    server; ``graph``: none of those — fewer calls
-    were ready than the server could have taken (``client_or_graph`` when the cap is
-    UNRECORDED). Readings with nothing running or waiting are left out; an empty dict when
-    no reading was busy.
+    server; ``graph``: none of those — fewer calls were ready than the server could have
+    taken (``client_or_graph`` when the cap is UNRECORDED). Readings with nothing running
+    or waiting are left out; an empty dict when no reading was busy.
     """
     counts = dict.fromkeys(("kv", "server", "client", "graph")
                            if cap != UNRECORDED else ("kv", "server", "client_or_graph"), 0)

@@ -26,13 +26,15 @@ def reading(running: float, waiting: float = 0.0, kv: float = 0.3,
 
 
 @pytest.mark.parametrize(("settings", "cap"), [
-    ({"strategy": "fixed-14"}, 14),
     ({"strategy": "sequential"}, 1),
     ({"strategy": "adaptive", "max_concurrency": 64}, 64),
     ({"strategy": "adaptive:tail=off", "max_concurrency": 256}, 256),
+    ({"strategy": "adaptive:initial=8,maximum=8", "max_concurrency": 64}, 8),  # the knob wins
     ({"strategy": "adaptive"}, UNRECORDED),  # a batch from before the cap was recorded
-    ({"strategy": "flood"}, None),
+    ({"strategy": "adaptive:maximum=8"}, 8),
+    ({"strategy": "fixed-14"}, None),  # caps tickers, not requests
     ({"strategy": "fixed-all"}, None),
+    ({"strategy": "flood"}, None),
 ])
 def test_the_cap_a_batch_ran_under(settings: dict[str, Any], cap: int | None) -> None:
     assert request_cap(settings) == cap
@@ -102,7 +104,8 @@ def test_the_report_names_the_client_cap_when_the_server_had_room(
 def test_several_endpoints_are_judged_each_against_its_own_cap(sqlite_engine: Engine) -> None:
     b = new_batch(sqlite_engine)
     with sqlite_engine.begin() as conn:
-        conn.execute(update(Batch).where(Batch.id == b).values(settings={"strategy": "fixed-8"}))
+        conn.execute(update(Batch).where(Batch.id == b).values(
+            settings={"strategy": "adaptive", "max_concurrency": 8}))
     # Summed, 8 + 4 running would look over the cap; each endpoint alone: one at it, one not.
     for i in range(3):
         add_reading(sqlite_engine, b, float(i), 8, 0.3, endpoint="http://a/v1")
