@@ -44,10 +44,11 @@ COMPANIES: list[tuple[str, str]] = [
 # ALBR.DEMO), in a fixed order, so the first 24 (and every snapshot made of them) never change.
 # EMBR.DEMO (Ember Bravo) would be Ember's own symbol, so a pair that repeats one is skipped.
 _FIRST = [word for _, word in COMPANIES]
+_TAKEN = {symbol for symbol, _ in COMPANIES}
 COMPANIES += [
     pair for pair in ((f"{a[:2]}{b[:2]}".upper() + ".DEMO", f"{a} {b}")
                       for a in _FIRST for b in _FIRST if a != b)
-    if pair[0] not in {symbol for symbol, _ in COMPANIES}
+    if pair[0] not in _TAKEN
 ][:96]
 SECTORS: list[tuple[str, str]] = [
     ("Technology", "Software"), ("Healthcare", "Biotechnology"),

@@ -60,10 +60,10 @@ case "${1:-}" in
     export ND_SKIP_INSTALL=1
     # At most 8 files come back: the report and ranking, the JSON report, the tail of the run's
     # log, and the database (gpu-host-bench.sh compresses it and splits it into 15 MiB parts).
-    { OUT= nd report; OUT= nd ranking; } > "$OUT/night-report.txt" 2>&1
+    # The first report, with $OUT set, also copies the database there (once).
+    { nd report; OUT= nd ranking; } > "$OUT/night-report.txt" 2>&1
     OUT= nd report --format json 2>&1 | grep -v '^bench.sh:' > "$OUT/night-report.json"
     tail -c 4M "$dir/night.log" > "$OUT/night.log"
-    nd report > /dev/null
     ls -l "$OUT"
     head -80 "$OUT/night-report.txt"
     ;;
