@@ -19,7 +19,12 @@ so the limit follows what it reports:
 - a new preemption means the KV cache overflowed: cut the limit by ``backoff``
   (preempted requests recompute their prefill, so they cost more than they bring);
 - counters that go backwards mean the server restarted: forget the baseline and start
-  over from ``initial``.
+  over from ``initial``;
+- while ``/metrics`` cannot be read, hold at ``initial`` (``fall_back``). A missed reading is
+  caution, not a sign of overload: when readings return from the same server (its counters
+  carry on), the limit held before goes back at once, then the rules above judge it. On an
+  H200 a client busy with 256 streams missed one reading for 45 s; resuming at 4 and growing
+  one request per reading left minute 1 of that night at a quarter of its concurrency.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class AdmissionPolicy:
     _preemptions: float | None = field(init=False, default=None)
     _generated: float | None = field(init=False, default=None)
     _saturated_once: bool = field(init=False, default=False)
+    _held: float | None = field(init=False, default=None)  # the limit a blind spell set aside
 
     def __post_init__(self) -> None:
         self.limit = float(min(max(self.initial, self.minimum), self.maximum))
@@ -65,6 +71,8 @@ class AdmissionPolicy:
 
     def fall_back(self) -> int:
         """Go back to the starting limit while the gauges cannot be read: blind, never grow."""
+        if self._held is None:
+            self._held = self.limit
         self.limit = float(min(self.limit, self.fallback_limit))
         self.reason = "no /metrics"
         return self.allowed
@@ -86,6 +94,9 @@ class AdmissionPolicy:
         )
         self._preemptions = gauges.preemptions_total
         self._generated = gauges.generation_tokens_total
+        held, self._held = self._held, None
+        if held is not None and not restarted:
+            self.limit = max(self.limit, held)
 
         if restarted:
             self.limit = float(self.initial)

@@ -135,3 +135,33 @@ async def test_gate_limit_change_releases_waiters() -> None:
     release.set()
     await asyncio.gather(*tasks)
     assert gate.outstanding == 0
+
+
+def grown_then_settled_at_31() -> AdmissionPolicy:
+    p = AdmissionPolicy(initial=4, maximum=256)
+    for i in range(4):  # 4 -> 8 -> 16 -> 32 -> 64 while every request runs
+        p.observe(G(running=p.allowed, generation_tokens_total=100 * i), p.allowed)
+    # 30 run and 30 wait: a full batch, so the queue rule settles at 30 + 1.
+    p.observe(G(running=30, waiting=30, generation_tokens_total=500), 64)
+    assert (p.allowed, p.reason) == (31, "server queue building")
+    return p
+
+
+def test_a_blind_spell_gives_back_the_limit_it_set_aside() -> None:
+    p = grown_then_settled_at_31()
+    assert p.fall_back() == 4  # blind: back to the start, never grow
+    assert p.reason == "no /metrics"
+    # Readings return from the same server (its counters carried on): 31 at once.
+    assert p.observe(G(running=3, generation_tokens_total=900), 3) == 31
+    # A second spell that ends on a full cache: the held limit is judged by the reading.
+    p.fall_back()
+    assert p.observe(G(running=25, kv_cache_usage=0.98, generation_tokens_total=950), 25) == 24
+
+
+def test_a_blind_spell_that_hid_a_restart_starts_over() -> None:
+    p = grown_then_settled_at_31()
+    p.fall_back()
+    # Counters back near zero: the server that answers is a new one, with a cold cache.
+    assert p.observe(G(running=0, generation_tokens_total=5), 0) == 4
+    assert p.reason == "server restarted"
+

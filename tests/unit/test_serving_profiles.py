@@ -45,6 +45,12 @@ def test_gpu_profiles_state_the_vllm_they_need() -> None:
         assert "RTX 5090" in profile.requirement_note
 
 
+def test_every_profile_streams_tokens_16_at_a_time() -> None:
+    # One client reads every stream of a night; per-token chunks cost it its event loop.
+    for name in ("cpu-tiny", "qwen-dense-27b", "qwen-moe-35b-a3b"):
+        assert _flag(render(load_profile(name), PATHS).argv, "--stream-interval") == "16"
+
+
 def test_moe_profile_has_14_slots_and_the_same_kv_and_length() -> None:
     argv = render(load_profile("qwen-moe-35b-a3b"), PATHS).argv
     assert _flag(argv, "--max-num-seqs") == "14"
