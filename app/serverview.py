@@ -66,6 +66,10 @@ class ServerView:
     bound: str | None = None
     bound_shares: dict[str, float] | None = None
     request_cap: int | None = None
+    # How late the client's own event loop ran between readings (None: not measured): at
+    # worst, and how many readings saw it over a second (their gauges were that stale).
+    client_lag_max_s: float | None = None
+    client_lag_readings_over_1s: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,6 +195,7 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
     drafted, accepted = delta("spec_draft_tokens_total"), delta("spec_accepted_tokens_total")
     prefill_s, decode_s = delta("prefill_time_s_total"), delta("decode_time_s_total")
     request_s = prefill_s + decode_s if prefill_s is not None and decode_s is not None else None
+    lags = [r.client_lag_s for r in rows if r.client_lag_s is not None]
     return ServerView(
         samples=len(rows),
         running_mean=gauge("running", np.mean),
@@ -213,5 +218,7 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
         mean_ttft_s=mean_ttft,
         bound=max(shares, key=lambda k: shares[k]) if shares else None,
         bound_shares=shares or None,
+        client_lag_max_s=max(lags) if lags else None,
+        client_lag_readings_over_1s=sum(lag > 1.0 for lag in lags) if lags else None,
         request_cap=cap,
     )

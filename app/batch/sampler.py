@@ -23,6 +23,9 @@ from serving.metrics import MetricsSnapshot, afetch_metrics_text, parse_cache_co
 
 log = structlog.get_logger(__name__)
 
+READ_TIMEOUT_S = 5.0
+LAG_PROBE_S = 0.25  # how often the client's own loop is checked for running late
+
 
 class MetricsSampler:
     """Read /metrics every ``interval_s`` during a batch: keep the latest, store a row each time.
@@ -62,10 +65,17 @@ class MetricsSampler:
         self._engine = engine
         self._batch_id = batch_id
         # One connection for the whole batch; closed in stop() only when made here.
-        self._client = client or httpx.AsyncClient(timeout=5.0)
+        self._client = client or httpx.AsyncClient(timeout=READ_TIMEOUT_S)
         self._owns_client = client is None
         self._task: asyncio.Task[None] | None = None
+        self._lag_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        # How late our own event loop ran since the last stored reading, and at worst: a
+        # client busy with hundreds of streams fires its timers late, so its gauges are stale
+        # (on an H200, 256 one-token streams made a 5 s read take 45 s). A timer firing late
+        # is the loop's doing alone, whatever the server's speed.
+        self._lag = 0.0
+        self.lag_max = 0.0
 
     @classmethod
     def from_settings(cls, settings: Settings, engine: Engine | None, batch_id: int | None,
@@ -77,7 +87,8 @@ class MetricsSampler:
     async def sample_once(self) -> MetricsSnapshot | None:
         """Take one reading and store it; return None when it could not be read."""
         try:
-            text = await afetch_metrics_text(self.base_url, client=self._client)
+            text = await afetch_metrics_text(self.base_url, client=self._client,
+                                              timeout_s=READ_TIMEOUT_S)
             snapshot = parse_metrics(text)
         except ServerError as error:
             self.failures += 1
@@ -95,8 +106,9 @@ class MetricsSampler:
         self.samples_taken += 1
         if self._engine is not None and self._batch_id is not None:
             try:
-                await asyncio.to_thread(_insert, self._engine,
-                                        sample_row(snapshot, self._batch_id, self.endpoint))
+                row = sample_row(snapshot, self._batch_id, self.endpoint, self._lag)
+                self._lag = 0.0
+                await asyncio.to_thread(_insert, self._engine, row)
             except SQLAlchemyError as error:
                 self.failures += 1
                 log.warning("server sample not stored", error=str(error).splitlines()[0])
@@ -122,10 +134,24 @@ class MetricsSampler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=pause)
 
+    async def _watch_lag(self) -> None:
+        # A timer always pending: however the loop was kept busy (streams, a read, a write),
+        # the timer fires late by as much.
+        loop = asyncio.get_running_loop()
+        while not self._stopping.is_set():
+            due = loop.time() + LAG_PROBE_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), timeout=LAG_PROBE_S)
+            late = loop.time() - due
+            if not self._stopping.is_set() and late > 0:
+                self._lag = max(self._lag, late)
+                self.lag_max = max(self.lag_max, late)
+
     async def start(self) -> None:
         """Begin sampling in a background task (a second call does nothing)."""
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="metrics-sampler")
+            self._lag_task = asyncio.create_task(self._watch_lag(), name="client-lag")
 
     async def stop(self) -> None:
         """Stop sampling, then take one last reading so the batch's end is recorded."""
@@ -133,7 +159,9 @@ class MetricsSampler:
             # Not cancel(): a reading being stored finishes, so no row is lost half-way.
             self._stopping.set()
             await self._task
-            self._task = None
+            if self._lag_task is not None:
+                await self._lag_task
+            self._task = self._lag_task = None
             await self.sample_once()
         if self._owns_client:
             await self._client.aclose()
@@ -146,12 +174,12 @@ class MetricsSampler:
         await self.stop()
 
 
-def sample_row(snapshot: MetricsSnapshot, batch_id: int,
-               endpoint: str | None = None) -> dict[str, Any]:
+def sample_row(snapshot: MetricsSnapshot, batch_id: int, endpoint: str | None = None,
+               client_lag_s: float | None = None) -> dict[str, Any]:
     """Return the ``server_samples`` row for one reading (column names match the model)."""
     values = asdict(snapshot)
     return {"batch_id": batch_id, "sampled_at": values.pop("taken_at"), **values,
-            "endpoint": endpoint}
+            "endpoint": endpoint, "client_lag_s": client_lag_s}
 
 
 def _insert(engine: Engine, row: dict[str, Any]) -> None:

@@ -79,6 +79,7 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
                          f" {_fmt(view.decode_time_share, '.0%')})"),
         ("mean time to first token (s)", _fmt(view.mean_ttft_s, ".2f")),
         ("held back by", held_back_by(view)),
+        ("client loop lag max", client_lag(view)),
     ):
         server.add_row(key, value)
     console.print(server)
@@ -88,6 +89,18 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
     for n in report.nodes:
         nodes.add_row(n.node, str(n.calls), f"{n.mean_s:.2f}", f"{n.p50_s:.2f}", f"{n.p99_s:.2f}")
     console.print(nodes)
+
+
+def client_lag(view: ServerView) -> str:
+    """Say how far behind the client's own event loop fell, and what that means when it did."""
+    if view.client_lag_max_s is None:
+        return "—"
+    text = f"{view.client_lag_max_s:.2f} s"
+    if view.client_lag_readings_over_1s:
+        text += (f" ({view.client_lag_readings_over_1s} readings over 1 s: the client fell "
+                 "behind its streams and admission read stale gauges; start the server with "
+                 "--stream-interval 16)")
+    return text
 
 
 def endpoint_table(shares: list[EndpointShare], report: BatchReport, view: ServerView) -> Table:

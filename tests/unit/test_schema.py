@@ -40,7 +40,7 @@ EXPECTED = {
         "preemptions_total", "prompt_tokens_total", "generation_tokens_total",
         "prefix_cache_queries_total", "prefix_cache_hits_total", "spec_drafts_total",
         "spec_draft_tokens_total", "spec_accepted_tokens_total", "prefill_time_s_total",
-        "decode_time_s_total", "endpoint",
+        "decode_time_s_total", "endpoint", "client_lag_s",
     },
     "node_outputs": {
         "id", "batch_id", "ticker", "sample", "node", "position", "text", "prompt_tokens",
@@ -98,7 +98,7 @@ def check_reordered_catch_up(url: str) -> None:
 
     upgrade(url)
     check_schema(engine)  # context-trim columns and llm_requests.attempt are there now
-    assert current_revision(engine) == head_revision() == "0007_endpoint"
+    assert current_revision(engine) == head_revision() == "0008_client_lag"
     upgrade(url)  # and nothing runs twice
     check_schema(engine)
 
