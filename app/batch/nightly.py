@@ -146,13 +146,14 @@ def _orphans(engine: Engine) -> None:
 def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                 engine: Engine | None = None, resume: bool = False,
                 skip_if_finished_since: datetime | None = None,
-                preflight: Preflight = None) -> NightlyResult:
+                preflight: Preflight = None, announce: Announce = None) -> NightlyResult:
     """Run tonight's batch under the single-instance lock and say what it did.
 
     ``resume``: continue an unfinished nightly batch of the same as-of date instead of
     starting a second one. ``skip_if_finished_since``: run nothing when a nightly batch of
     that date has finished since then (a scheduled run that fired again after its batch was
-    done). ``preflight`` runs once the lock is held, before any batch row is written. Raise
+    done). ``preflight`` runs once the lock is held, before any batch row is written;
+    ``announce`` is told which batch is continued, before it is. Raise
     AlreadyRunningError when another run holds the lock: then no batch row is written and no
     LLM call made.
     """
@@ -174,6 +175,8 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                                               closing=True)
             log.info("resuming the night", batch_id=point.batch_id, status=point.status,
                      as_of=str(as_of), left=len(point.tickers), finished=point.finished)
+            if announce is not None:
+                announce(point)
             return NightlyResult(resume_batch(settings, engine, point), point.total, point)
         symbols, notes = nightly_tickers(settings, as_of, request.tickers, request.universe)
         for note in notes:

@@ -129,6 +129,10 @@ def run(
     strategy: Strategy = "adaptive",
     resume: Annotated[bool, typer.Option(
         "--resume", help="continue an interrupted or crashed batch where it stopped")] = False,
+    continue_night: Annotated[bool, typer.Option(
+        "--continue-night",
+        help="if tonight's nightly batch (same as-of date) was cut short, continue it with "
+             "its own tickers; else start the night (the timer's unit runs this)")] = False,
     no_preflight: NoPreflight = False,
 ) -> None:
     """Run the nightly batch over a universe, or continue one with --resume [BATCH_ID].
@@ -140,6 +144,9 @@ def run(
     def preflight() -> None:
         _preflight(settings, no_preflight)
 
+    if resume and continue_night:
+        raise InputError("--resume and --continue-night exclude each other: --resume [ID] "
+                         "continues a recorded batch, --continue-night tonight's or a new one")
     if resume:
         given = [name for name, value in (("--tickers", tickers), ("--universe", universe),
                                           ("--as-of", as_of), ("--limit", limit),
@@ -163,7 +170,7 @@ def run(
                                  tickers=tickers, universe=universe, limit=limit,
                                  samples=samples, strategy=strategy)
         night = run_nightly(settings, request, engine=_ready_database(settings),
-                            preflight=preflight)
+                            resume=continue_night, preflight=preflight, announce=_announce)
     _finish_night(night)
 
 

@@ -117,6 +117,8 @@ def test_the_batch_unit_wants_vllm_and_never_requires_it() -> None:
     assert service["TimeoutStartSec"] and service["TimeoutStartSec"][0] != "infinity"
     assert unit["Unit"]["OnFailure"] == ["nightdesk-alert@%n.service"]
     assert (DEPLOY / "nightdesk-alert@.service").is_file()
+    # Started again the same night, it continues tonight's batch rather than a second one.
+    assert shlex.split(service["ExecStart"][0])[1:] == ["run", "--continue-night"]
 
 
 def test_the_timer_fires_the_batch_at_0010_and_catches_up() -> None:

@@ -30,6 +30,7 @@ from app.cli import app as cli
 from app.config import load_settings
 from app.db.models import Batch, Decision, LLMCall, TickerRun
 from app.errors import AlreadyRunningError, InputError
+from tests.unit.clirun import run_cli
 
 NODES = node_names(load_settings().pipeline())
 
@@ -142,6 +143,57 @@ def stale_batch(db: Engine, tickers: list[str], age_s: float) -> int:
     return batch_id
 
 
+def serve_cli_from(monkeypatch: pytest.MonkeyPatch, server: FakeServer, demo_dir: Path) -> None:
+    """Make every batch the CLI runs call ``server`` and read the demo snapshot."""
+    original = BatchEngine.__init__
+
+    def with_fake(self: BatchEngine, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(http_client=server.client(), sample_metrics=False,
+                      provider=SnapshotProvider(demo_dir))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchEngine, "__init__", with_fake)
+
+
+def test_run_continue_night_takes_up_tonights_dead_batch_else_starts_the_night(
+        monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
+    done, left = demo_tickers(2)
+    # Tonight's batch as its killed process left it (the timer's unit started again by hand,
+    # or by a reboot's catch-up): still "running", one ticker stored, the other not begun.
+    dead = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
+                              tickers=[done, left], samples=1,
+                              settings={"samples": 1, "strategy": "adaptive"},
+                              server_facts=None)
+    store.ticker_finished(sqlite_engine, dead, done, [store.DecisionRow(
+        done, 0, "Hold", 0.0, 0.5, "stored before the crash")], None)
+    server = FakeServer(nodes=NODES, tickers=[done, left])
+    serve_cli_from(monkeypatch, server, demo_dir)
+    night = ["run", "--continue-night", "--as-of", str(DEMO_AS_OF), "--no-preflight"]
+    result = CliRunner().invoke(cli, [*night, "--tickers", done])
+    assert result.exit_code == 0, result.output
+    assert f"resuming batch {dead} (nightly, crashed" in result.stderr
+    with sqlite_engine.connect() as conn:
+        batches = [tuple(b) for b in conn.execute(select(Batch.id, Batch.status))]
+    assert batches == [(dead, "succeeded")]  # continued with its own tickers, no second batch
+    assert {c.ticker for c in server.chats} == {left} and len(server.chats) == 17
+    # Tonight's batch is finished now: the same command starts a night of its own.
+    result = CliRunner().invoke(cli, [*night, "--tickers", done])
+    assert result.exit_code == 0, result.output
+    assert "resuming" not in result.stderr
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 2
+    assert [c.ticker for c in server.chats[17:]] == [done] * 17
+
+
+def test_run_continue_night_and_resume_exclude_each_other(sqlite_engine: Engine) -> None:
+    result = run_cli("run", "--continue-night", "--resume")
+    assert result.code == 2
+    assert len(result.error_lines) == 1
+    assert "--resume and --continue-night exclude each other" in result.error_lines[0]
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 0
+
+
 def test_stale_running_batch_is_crashed_by_report_and_resumed_by_run(
         monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
     tickers = demo_tickers(2)
@@ -156,14 +208,7 @@ def test_stale_running_batch_is_crashed_by_report_and_resumed_by_run(
     assert status == {batch_id: "crashed", fresh: "running"}  # only the stale one
 
     server = FakeServer(nodes=NODES, tickers=tickers)
-    original = BatchEngine.__init__
-
-    def with_fake(self: BatchEngine, *args: Any, **kwargs: Any) -> None:
-        kwargs.update(http_client=server.client(), sample_metrics=False,
-                      provider=SnapshotProvider(demo_dir))
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(BatchEngine, "__init__", with_fake)
+    serve_cli_from(monkeypatch, server, demo_dir)
     # While another process holds the nightly lock, the fresh batch is its: resuming it is
     # refused as already running (exit 4), nothing written.
     with nightly_lock(sqlite_engine):
