@@ -48,7 +48,8 @@ def web(
     engine = database(settings)
     # The reruns write where this server reads, whatever else their environment says.
     queue = RerunQueue(parallel=reruns, env={"NIGHTDESK_DATABASE_URL": settings.database_url})
-    app = create_app(engine, Guard(settings.web_user, password or None), queue)
+    app = create_app(engine, Guard(settings.web_user, password or None), queue,
+                     stale_after_s=settings.heartbeat_stale_s)
     typer.echo(f"nightdesk web on http://{host}:{port}/"
                + ("" if password else " (no password: --local-only)"), err=True)
     uvicorn.run(app, host=host, port=port, log_level=settings.log_level.lower(),

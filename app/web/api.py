@@ -17,7 +17,7 @@ router = APIRouter(prefix="/api", dependencies=[Depends(require_user)])
 @router.get("/ranking")
 def ranking(state: State) -> dict[str, Any]:
     """Return the morning ranking, its batch, failed tickers, distribution and progress."""
-    return views.ranking_view(state.engine)
+    return views.ranking_view(state.engine, state.stale_after_s)
 
 
 @router.get("/batches")
@@ -44,7 +44,7 @@ def batch(state: State, batch_id: int) -> dict[str, Any]:
 @router.get("/tickers/{symbol}")
 def ticker(state: State, symbol: str) -> dict[str, Any]:
     ticker = symbol_or_404(symbol)
-    found = views.ticker_view(state.engine, ticker)
+    found = views.ticker_view(state.engine, ticker, state.stale_after_s)
     if found is None:
         raise HTTPException(404, f"{ticker} has never been run")
     job = state.reruns.job(ticker)

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from sqlalchemy import Engine
 
 from app.cli.report import COMPARE_COLUMNS
 from app.errors import InputError
@@ -16,7 +15,7 @@ from app.web import charts, views
 from app.web.auth import CSRF_FIELD
 from app.web.plots import batch_plots, compare_plots
 from app.web.reruns import RerunJob
-from app.web.state import State, require_user
+from app.web.state import State, WebState, require_user
 from app.web.symbols import batch_ids, symbol_or_404
 from app.web.templating import make_templates
 
@@ -31,18 +30,18 @@ def _page(request: Request, name: str, context: dict[str, Any], status: int = 20
 @router.get("/")
 def ranking_page(request: Request, state: State) -> Response:
     """Show the latest finished night's ranking, with reruns applied, and any batch running."""
-    view = views.ranking_view(state.engine)
+    view = views.ranking_view(state.engine, state.stale_after_s)
     chart = charts.rating_bars(view["distribution"]) if view["batch"] else None
     return _page(request, "ranking.html", {"view": view, "chart": chart})
 
 
-def rerun_target(engine: Engine, ticker: str, view: dict[str, Any]) -> tuple[date, int]:
+def rerun_target(state: WebState, ticker: str, view: dict[str, Any]) -> tuple[date, int]:
     """Return the as-of date and sample count a rerun of ``ticker`` should use.
 
     The night on the ranking page, when the ticker is in it, so the rerun replaces the
     ticker there; otherwise the night of the ticker's latest run.
     """
-    ranked = views.ranking_view(engine)
+    ranked = views.ranking_view(state.engine, state.stale_after_s)
     batch = ranked["batch"]
     tickers = {r["ticker"] for r in ranked["rows"]} | {f["ticker"] for f in ranked["failed"]}
     if batch is not None and ticker in tickers:
@@ -62,7 +61,7 @@ def ticker_page(request: Request, state: State, symbol: str,
                 notice: Annotated[str | None, Query()] = None) -> Response:
     """Show the latest run's nodes in graph order, the history plot and the Rerun button."""
     ticker = symbol_or_404(symbol)
-    view = views.ticker_view(state.engine, ticker)
+    view = views.ticker_view(state.engine, ticker, state.stale_after_s)
     if view is None:
         return _page(request, "missing.html",
                      {"what": f"{ticker} has never been run", "status": 404}, status=404)
@@ -86,13 +85,14 @@ async def rerun(request: Request, state: State, symbol: str,
     """Queue a rerun of one ticker, unless one is queued or running already."""
     state.guard.check_csrf(request, token)
     ticker = symbol_or_404(symbol)
-    view = await run_in_threadpool(views.ticker_view, state.engine, ticker)
+    view = await run_in_threadpool(views.ticker_view, state.engine, ticker,
+                                   state.stale_after_s)
     if view is None:
         raise HTTPException(404, f"{ticker} has never been run")
     back = f"/ticker/{ticker}"
     if view["rerun_running"] is not None:
         return RedirectResponse(f"{back}?notice=already", status_code=303)
-    as_of, samples = await run_in_threadpool(rerun_target, state.engine, ticker, view)
+    as_of, samples = await run_in_threadpool(rerun_target, state, ticker, view)
     # No await between the check above and here would let a second request in: submit
     # itself refuses a ticker whose rerun is queued or running in this process.
     _, created = state.reruns.submit(ticker, as_of, samples)

@@ -21,7 +21,8 @@ from app.web.reruns import RerunQueue
 from app.web.state import WebState
 
 
-def create_app(engine: Engine, guard: Guard, reruns: RerunQueue) -> FastAPI:
+def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
+               stale_after_s: float) -> FastAPI:
     """Return the app; the rerun queue runs for as long as the app does (its lifespan)."""
 
     @asynccontextmanager
@@ -33,7 +34,8 @@ def create_app(engine: Engine, guard: Guard, reruns: RerunQueue) -> FastAPI:
     # GPU host cannot reach; the JSON API is described in docs/operations.md instead.
     app = FastAPI(title="nightdesk", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.state.web = WebState(engine=engine, guard=guard, reruns=reruns)
+    app.state.web = WebState(engine=engine, guard=guard, reruns=reruns,
+                             stale_after_s=stale_after_s)
     app.mount("/static", StaticFiles(packages=[("app.web", "static")]), name="static")
     app.include_router(pages.router)
     app.include_router(api.router)

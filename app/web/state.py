@@ -20,6 +20,7 @@ class WebState:
     engine: Engine
     guard: Guard
     reruns: RerunQueue
+    stale_after_s: float  # a running batch's heartbeat older than this: probably dead
 
 
 def web_state(request: Request) -> WebState:

@@ -24,8 +24,6 @@ from app.ranking import RATING_ORDER, RankRow, ranking
 from app.report import arm, batch_report
 from app.serverview import counter_delta, server_view
 
-# A running batch whose heartbeat is older than this has probably died with its process.
-STALE_AFTER_S = 300.0
 HISTORY_NIGHTS = 60
 
 
@@ -61,8 +59,12 @@ def batch_json(batch: Any) -> dict[str, Any]:
     }
 
 
-def running_batches(engine: Engine) -> list[dict[str, Any]]:
-    """Return each batch still marked running, with its progress and a rough ETA."""
+def running_batches(engine: Engine, stale_after_s: float) -> list[dict[str, Any]]:
+    """Return each batch still marked running, with its progress and a rough ETA.
+
+    ``stale``: its heartbeat is older than ``stale_after_s`` (``heartbeat_stale_s``, the age
+    at which the CLI marks such a batch crashed), so its process has probably died.
+    """
     now = datetime.now(UTC)
     with engine.connect() as conn:
         batches = conn.execute(select(Batch).where(Batch.status == "running")
@@ -80,7 +82,7 @@ def running_batches(engine: Engine) -> list[dict[str, Any]]:
         info.update(
             tickers_done=done, calls=calls.get(b.id, 0), elapsed_s=round(elapsed),
             eta_s=round(elapsed / done * (b.tickers_total - done)) if done else None,
-            stale=beat is not None and (now - beat).total_seconds() > STALE_AFTER_S,
+            stale=beat is not None and (now - beat).total_seconds() > stale_after_s,
         )
         out.append(info)
     return out
@@ -90,7 +92,7 @@ def _row_json(row: RankRow) -> dict[str, Any]:
     return asdict(row)
 
 
-def ranking_view(engine: Engine) -> dict[str, Any]:
+def ranking_view(engine: Engine, stale_after_s: float) -> dict[str, Any]:
     """Return the morning ranking: one finished nightly batch with its reruns, and progress.
 
     The ranking comes from one call to ``app.ranking.ranking``, which reads one batch (and
@@ -100,12 +102,12 @@ def ranking_view(engine: Engine) -> dict[str, Any]:
     try:
         batch, rows = ranking(engine)
     except InputError as error:
-        running = running_batches(engine)
+        running = running_batches(engine, stale_after_s)
         return {"batch": None, "rows": [], "failed": [], "distribution": {},
                 "reruns_applied": [], "running": running, "empty": str(error)}
     # Read after the ranking: a night that finishes in between is then at worst shown as
     # still running beside the night before, never the other way round.
-    running = running_batches(engine)
+    running = running_batches(engine, stale_after_s)
     ranked = [r for r in rows if r.rank is not None]
     return {
         "batch": batch_json(batch),
@@ -191,8 +193,12 @@ def history_view(engine: Engine, ticker: str, nights: int = HISTORY_NIGHTS
     return points
 
 
-def ticker_view(engine: Engine, ticker: str) -> dict[str, Any] | None:
-    """Return the ticker's latest run, its nodes, history and reruns; None when never run."""
+def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> dict[str, Any] | None:
+    """Return the ticker's latest run, its nodes, history and reruns; None when never run.
+
+    A rerun still marked running is live while its heartbeat is younger than
+    ``stale_after_s`` (``heartbeat_stale_s``).
+    """
     with engine.connect() as conn:
         runs = conn.execute(
             select(TickerRun.status, TickerRun.error, TickerRun.finished_at,
@@ -215,7 +221,7 @@ def ticker_view(engine: Engine, ticker: str) -> dict[str, Any] | None:
                "started_at": _iso(r.started_at), "finished_at": _iso(r.finished_at),
                # A rerun whose process died stays `running`: only a live one blocks another.
                "live": r.batch_status == "running" and r.heartbeat_at is not None
-               and (now - r.heartbeat_at).total_seconds() <= STALE_AFTER_S}
+               and (now - r.heartbeat_at).total_seconds() <= stale_after_s}
               for r in runs if r.kind == "rerun"]
     return {
         "ticker": ticker,

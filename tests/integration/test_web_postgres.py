@@ -29,7 +29,8 @@ def test_pages_and_api_on_postgres(pg_web_url: str) -> None:
     upgrade(pg_web_url)
     engine = get_engine(pg_web_url)
     ids: Ids = fill(engine)
-    with TestClient(create_app(engine, Guard("u", "p"), RerunQueue())) as client:
+    with TestClient(create_app(engine, Guard("u", "p"), RerunQueue(),
+                                       stale_after_s=120.0)) as client:
         ranking = client.get("/api/ranking", auth=("u", "p")).json()
         assert ranking["batch"]["id"] == ids.night1 and ranking["batch"]["as_of"] == str(D1)
         assert [(r["ticker"], r["rating"], r["batch_id"]) for r in ranking["rows"]] == [

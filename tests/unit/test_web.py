@@ -75,7 +75,8 @@ def fake(tmp_path: Path) -> FakeRerun:
 
 @pytest.fixture
 def client(sqlite_engine: Engine, fake: FakeRerun) -> Iterator[TestClient]:
-    app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue(command=fake.command))
+    app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue(command=fake.command),
+                     stale_after_s=120.0)
     with TestClient(app) as c:
         yield c
 
@@ -114,13 +115,25 @@ def test_health_answers_without_credentials(client: TestClient) -> None:
 
 
 def test_without_a_password_everything_is_open(sqlite_engine: Engine, ids: Ids) -> None:
-    app = create_app(sqlite_engine, Guard(USER, None), RerunQueue())
+    app = create_app(sqlite_engine, Guard(USER, None), RerunQueue(), stale_after_s=120.0)
     with TestClient(app) as c:
         assert c.get("/").status_code == 200
         assert c.get("/api/ranking").json()["batch"]["id"] == ids.night1
 
 
 # --- the ranking: one finished night, reruns applied, the running night only as progress -----
+
+@pytest.mark.parametrize(("age_s", "stale"), [(60, False), (200, True)])
+def test_a_running_night_is_stale_past_the_age_the_cli_marks_it_crashed(
+        sqlite_engine: Engine, age_s: float, stale: bool) -> None:
+    # 200 s without a heartbeat: past heartbeat_stale_s (120), where `nightdesk report` or
+    # `run` marks the batch crashed; the page must say so too, not wait for 300 s.
+    ids = fill(sqlite_engine, night2_heartbeat=datetime.now(UTC) - timedelta(seconds=age_s))
+    stale_after = load_settings().heartbeat_stale_s
+    app = create_app(sqlite_engine, Guard(USER, None), RerunQueue(), stale_after_s=stale_after)
+    with TestClient(app) as c:
+        [running] = c.get("/api/ranking").json()["running"]
+    assert (running["id"], running["stale"]) == (ids.night2, stale)
 
 def test_ranking_is_the_last_finished_night_with_its_rerun_while_the_next_runs(
         client: TestClient, ids: Ids) -> None:
@@ -189,7 +202,8 @@ def test_a_partial_night_is_the_ranking_and_names_the_ticker_it_lacks(
 
 
 def test_ranking_page_before_any_finished_night(sqlite_engine: Engine) -> None:
-    app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue())
+    app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue(),
+                     stale_after_s=120.0)
     with TestClient(app) as c:
         page = c.get("/", auth=AUTH)
         data = c.get("/api/ranking", auth=AUTH).json()
