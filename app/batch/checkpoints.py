@@ -89,9 +89,23 @@ class _Guarded:
             raise
 
     async def settle(self) -> None:
-        """Return once no call of the saver runs: what the connection may close after."""
-        while self._calls:
-            await asyncio.wait(set(self._calls))
+        """Return once no call of the saver runs: what the connection may close after.
+
+        Cancelled, it cancels them and still waits for them to end (each within its current
+        statement), then raises: the connection never closes under one.
+        """
+        try:
+            while self._calls:
+                await asyncio.wait(set(self._calls))
+        except asyncio.CancelledError:
+            for task in list(self._calls or ()):
+                task.cancel()
+            while self._calls:
+                try:
+                    await asyncio.wait(set(self._calls))
+                except asyncio.CancelledError:
+                    continue
+            raise
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions

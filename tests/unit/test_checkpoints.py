@@ -6,6 +6,8 @@ import asyncio
 import sqlite3
 import threading
 
+import pytest
+
 from app.batch.checkpoints import checkpoint_path, open_checkpointer
 
 
@@ -53,3 +55,46 @@ async def test_closing_waits_for_a_write_still_running_and_leaves_the_file_unloc
     assert stored == [("task-1", "value")]
     assert write.exception() is None
 
+
+async def test_a_close_cancelled_outright_still_ends_its_writes_before_the_connection(
+        sqlite_url: str) -> None:
+    # A third Ctrl-C cancels the batch while it waits for such a write: the write is
+    # cancelled too, and the connection closes only after it ended (never under it).
+    entered, release = threading.Event(), threading.Event()
+
+    def hold_the_insert(action: int, table: str | None, *_: object) -> int:
+        if action == sqlite3.SQLITE_INSERT and table == "writes":
+            entered.set()
+            release.wait()
+        return sqlite3.SQLITE_OK
+
+    writes: list[asyncio.Task[None]] = []
+    closing_now = asyncio.Event()
+
+    async def batch() -> None:
+        config = {"configurable": {"thread_id": "b1:AAA:0", "checkpoint_ns": "",
+                                   "checkpoint_id": "c1"}}
+        async with open_checkpointer(sqlite_url) as saver:
+            await saver.conn.set_authorizer(hold_the_insert)  # type: ignore[attr-defined]
+            writes.append(asyncio.create_task(
+                saver.aput_writes(config, [("value", 1)], "task-1")))
+            assert await asyncio.to_thread(entered.wait, 60)
+            closing_now.set()  # the body ends here: the checkpointer closes
+
+    closing = asyncio.create_task(batch())
+    await closing_now.wait()
+    closing.cancel()
+    asyncio.get_running_loop().call_soon(release.set)
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    await asyncio.wait(writes)
+    # Cancelled, not cut by a closed connection ("Cannot operate on a closed database").
+    assert writes[0].cancelled()
+    fresh = sqlite3.connect(checkpoint_path(sqlite_url), timeout=0, isolation_level=None)
+    try:
+        fresh.execute("BEGIN IMMEDIATE")
+        fresh.execute("ROLLBACK")
+        # Its INSERT was rolled back with the rest of the unfinished transaction.
+        assert fresh.execute("SELECT COUNT(*) FROM writes").fetchone() == (0,)
+    finally:
+        fresh.close()
