@@ -7,19 +7,28 @@ saver's own tables (``checkpoints``, ``checkpoint_blobs``, ``checkpoint_writes``
 ``checkpoint_migrations``), through a small connection pool that replaces a connection a
 restart killed.
 
-Two guarantees are added around the stock savers:
+Three guarantees are added around the stock savers:
 
 - a checkpoint is stored only after the usage rows of the calls before it
   (``before_write`` flushes the recorder), so a node a resume skips never lacks its rows;
-- a write that meets a database restart is retried as a unit (app.db.retry).
+- a write that meets a database restart is retried as a unit (app.db.retry);
+- the checkpointer closes only once no call it was handed is still running (``settle``).
+  LangGraph does not guarantee that: the write recording a node it cancelled is started
+  from a done-callback once its executor has taken the list of tasks it waits for, so when
+  a halt cancels a batch's tickers such writes outlive the graph run. Closing the SQLite
+  connection under one (its INSERT done, its commit not yet) left the connection open,
+  holding the file's write lock, until the garbage collector freed the write's statement:
+  the batch resumed next in the same process (the daemon does) met "database is locked"
+  on every checkpoint.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 import structlog
@@ -44,38 +53,86 @@ from app.db.retry import aretrying
 log = structlog.get_logger(__name__)
 
 BeforeWrite = Callable[[], Awaitable[None]]
+T = TypeVar("T")
 
 
 class _Guarded:
-    """Mixin for a stock async saver: flush usage rows first, retry through restarts."""
+    """Mixin for a stock async saver: flush usage rows first, retry through restarts, and own
+    every call until it is over."""
 
     before_write: BeforeWrite | None = None
+    _calls: set[asyncio.Task[Any]] | None = None
 
     async def _ready(self) -> None:
         if self.before_write is not None:
             await self.before_write()
 
+    async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        await self._ready()
+        return await aretrying(fn, *args)
+
+    async def _own(self, call: Coroutine[Any, Any, T]) -> T:
+        """Run ``call`` in a task of the saver's own and return its result.
+
+        The caller may be cancelled or left behind; the call is not cut: a statement and its
+        commit stay together, and ``settle`` waits for it before the connection closes.
+        """
+        if self._calls is None:
+            self._calls = set()
+        task = asyncio.create_task(call)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_report_left_behind)
+            raise
+
+    async def settle(self) -> None:
+        """Return once no call of the saver runs: what the connection may close after.
+
+        Cancelled, it cancels them and still waits for them to end (each within its current
+        statement), then raises: the connection never closes under one.
+        """
+        try:
+            while self._calls:
+                await asyncio.wait(set(self._calls))
+        except asyncio.CancelledError:
+            for task in list(self._calls or ()):
+                task.cancel()
+            while self._calls:
+                try:
+                    await asyncio.wait(set(self._calls))
+                except asyncio.CancelledError:
+                    continue
+            raise
+
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions
                    ) -> RunnableConfig:
-        await self._ready()
-        result: RunnableConfig = await aretrying(
-            super().aput, config, checkpoint, metadata, new_versions)  # type: ignore[misc]
+        result: RunnableConfig = await self._own(self._write(
+            super().aput, config, checkpoint, metadata, new_versions))  # type: ignore[misc]
         return result
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
-        await self._ready()
-        await aretrying(super().aput_writes, config, writes, task_id,  # type: ignore[misc]
-                        task_path)
+        await self._own(self._write(super().aput_writes, config, writes,  # type: ignore[misc]
+                                    task_id, task_path))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        result: CheckpointTuple | None = await aretrying(
-            super().aget_tuple, config)  # type: ignore[misc]
+        result: CheckpointTuple | None = await self._own(aretrying(
+            super().aget_tuple, config))  # type: ignore[misc]
         return result
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await aretrying(super().adelete_thread, thread_id)  # type: ignore[misc]
+        await self._own(aretrying(super().adelete_thread, thread_id))  # type: ignore[misc]
+
+
+def _report_left_behind(task: asyncio.Task[Any]) -> None:
+    """Log the failure of a checkpoint call whose caller was cancelled (none else sees it)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("checkpoint write failed after its caller stopped",
+                    error=str(task.exception())[:200])
 
 
 class GuardedSqliteSaver(_Guarded, AsyncSqliteSaver):
@@ -118,7 +175,15 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
             sqlite_saver = GuardedSqliteSaver(conn, serde=serializer())
             sqlite_saver.before_write = before_write
             await sqlite_saver.setup()
-            yield sqlite_saver
+            try:
+                yield sqlite_saver
+            finally:
+                try:
+                    await sqlite_saver.settle()
+                finally:
+                    # A statement cut short (the close cancelled) may have left its
+                    # transaction open; closing with it open would keep the write lock.
+                    await conn.rollback()
         return
     conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
@@ -131,7 +196,10 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
         pg_saver = GuardedPostgresSaver(pool, serde=serializer())
         pg_saver.before_write = before_write
         await aretrying(pg_saver.setup)
-        yield pg_saver
+        try:
+            yield pg_saver
+        finally:
+            await pg_saver.settle()
     finally:
         await pool.close()
 
