@@ -1,0 +1,102 @@
+"""Check the project's rule on concurrency: when a function returns, nothing it started runs.
+
+Each function that waits on several things at once (a halt beside the batch, a server coming
+back or the outage budget running out, a call beside its endpoint going down, a signal beside
+the batch, the progress log beside the batch) is run here to its end normally, by a halt and
+by a cancellation; then ``asyncio.all_tasks()`` must hold no task it made. A task cancelled
+but not awaited is still in that set until it has handled its cancellation, so these fail
+for ``cancel()`` without the wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from app.batch.tasks import cancel_and_wait, wait_first
+
+
+def tasks_now() -> set[asyncio.Task[Any]]:
+    return asyncio.all_tasks()
+
+
+async def left_behind(call: Callable[[], Awaitable[Any]]) -> set[asyncio.Task[Any]]:
+    """Await ``call()`` (whatever it raises) and return the tasks it left running."""
+    before = tasks_now()
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await call()
+    return {t for t in tasks_now() - before if not t.done()}
+
+
+async def cancelled_after(delay_s: float, call: Callable[[], Awaitable[Any]]
+                          ) -> set[asyncio.Task[Any]]:
+    """Run ``call()`` in a task, cancel that task after ``delay_s``; return what it left."""
+    before = tasks_now()
+    runner = asyncio.create_task(call())
+    await asyncio.sleep(delay_s)
+    runner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await runner
+    return {t for t in tasks_now() - before if not t.done()}
+
+
+class SlowToCancel:
+    """A coroutine that needs a moment to end once cancelled, and says when it has."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    async def __call__(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.02)  # cleans up, as a call closing its stream does
+            self.ended = True
+
+
+# --- the helpers -----------------------------------------------------------------------------
+
+
+async def test_wait_first_ends_what_it_started_and_leaves_a_task_passed_in() -> None:
+    theirs = asyncio.create_task(asyncio.sleep(10))
+    slow = SlowToCancel()
+    before = tasks_now()
+    await wait_first(asyncio.sleep(0.01), slow(), theirs)
+    assert slow.ended
+    assert tasks_now() == before  # the caller's task still runs, as it did before
+    assert not theirs.done()
+    await cancel_and_wait(theirs)
+    assert theirs.cancelled()
+
+
+async def test_wait_first_on_its_timeout_and_when_the_caller_is_cancelled() -> None:
+    slow = SlowToCancel()
+    assert not await left_behind(lambda: wait_first(slow(), timeout=0.01))
+    assert slow.ended
+    slow = SlowToCancel()
+    assert not await cancelled_after(0.01, lambda: wait_first(slow()))
+    assert slow.ended  # ended before the cancelled caller did
+
+
+async def test_wait_first_raises_the_error_of_what_it_started() -> None:
+    async def fails() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        await wait_first(fails(), asyncio.sleep(10))
+
+
+async def test_cancel_and_wait_holds_the_callers_cancellation_until_the_task_ends() -> None:
+    slow = SlowToCancel()
+    task = asyncio.create_task(slow())
+    await asyncio.sleep(0)
+
+    async def stop() -> None:
+        await cancel_and_wait(task)
+
+    assert not await cancelled_after(0.005, stop)
+    assert slow.ended and task.cancelled()
