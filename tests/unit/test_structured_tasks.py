@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from app.batch.halt import Halt, HaltReason, drive
 from app.batch.tasks import cancel_and_wait, wait_first
+from app.errors import BatchStopped
 
 
 def tasks_now() -> set[asyncio.Task[Any]]:
@@ -100,3 +102,73 @@ async def test_cancel_and_wait_holds_the_callers_cancellation_until_the_task_end
 
     assert not await cancelled_after(0.005, stop)
     assert slow.ended and task.cancelled()
+
+
+# --- halt.drive ------------------------------------------------------------------------------
+
+
+class FakeScheduler:
+    """What drive needs of the scheduler: work that ends when its requests are refused."""
+
+    def __init__(self, *, drains: bool = True) -> None:
+        self.stopped = False
+        self.closed: BaseException | None = None
+        self.refused = asyncio.Event()
+        self.drains = drains
+        self.work_ended = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    async def drained(self) -> None:
+        if not self.drains:
+            await SlowToCancel()()
+
+    def close(self, error: BaseException) -> None:
+        self.closed = error
+        self.refused.set()
+
+    async def work(self, seconds: float | None = None) -> None:
+        try:
+            if seconds is not None:
+                await asyncio.sleep(seconds)
+                return
+            await self.refused.wait()  # its tickers end unfinished, and the run returns
+        finally:
+            self.work_ended = True
+
+
+async def test_drive_leaves_nothing_when_the_work_finishes() -> None:
+    scheduler, halt = FakeScheduler(), Halt()
+    assert not await left_behind(lambda: drive(scheduler, scheduler.work(0.01), halt))
+    assert scheduler.work_ended and not scheduler.stopped
+
+
+async def test_drive_leaves_nothing_after_a_halt_with_grace() -> None:
+    scheduler, halt = FakeScheduler(), Halt()
+    asyncio.get_running_loop().call_later(0.01, halt.request,
+                                          HaltReason("interrupted", "test", 130, 5.0))
+    before = tasks_now()
+    await drive(scheduler, scheduler.work(), halt)
+    assert tasks_now() == before
+    # Drained at once, so the waiting requests were refused, and that ended the work.
+    assert scheduler.stopped and isinstance(scheduler.closed, BatchStopped)
+    assert scheduler.work_ended
+
+
+async def test_drive_leaves_nothing_after_a_hurried_halt() -> None:
+    scheduler, halt = FakeScheduler(drains=False), Halt()
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.01, halt.request, HaltReason("interrupted", "first", 130, 5.0))
+    loop.call_later(0.02, halt.request, HaltReason("interrupted", "second", 130, 0.0))
+    assert not await left_behind(lambda: drive(scheduler, scheduler.work(10), halt))
+    assert scheduler.closed is None  # hurried: cancelled, not refused
+    assert scheduler.work_ended
+
+
+async def test_drive_leaves_nothing_when_it_is_cancelled_while_draining() -> None:
+    scheduler, halt = FakeScheduler(drains=False), Halt()
+    asyncio.get_running_loop().call_later(0.005, halt.request,
+                                          HaltReason("interrupted", "test", 130, 5.0))
+    assert not await cancelled_after(0.02, lambda: drive(scheduler, scheduler.work(10), halt))
+    assert scheduler.work_ended
