@@ -15,11 +15,13 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from app.batch.halt import Halt, HaltReason, drive
+from app.batch.outage import ServerWatch
 from app.batch.tasks import cancel_and_wait, wait_first
-from app.errors import BatchStopped
+from app.errors import BatchStopped, ServerOutage
 
 
 def tasks_now() -> set[asyncio.Task[Any]]:
@@ -172,3 +174,34 @@ async def test_drive_leaves_nothing_when_it_is_cancelled_while_draining() -> Non
                                           HaltReason("interrupted", "test", 130, 5.0))
     assert not await cancelled_after(0.02, lambda: drive(scheduler, scheduler.work(10), halt))
     assert scheduler.work_ended
+
+
+# --- outage.ServerWatch.confirm --------------------------------------------------------------
+
+
+def down_watch() -> ServerWatch:
+    """A watch whose server does not answer /health, with a budget no test reaches."""
+    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+    return ServerWatch("http://llm.test:8000/v1", budget_s=60, interval_s=0.01, halt=Halt(),
+                       client=client)
+
+
+async def test_confirm_leaves_nothing_when_the_server_comes_back() -> None:
+    watch = down_watch()
+    asyncio.get_running_loop().call_later(0.01, watch._update, True)
+    assert not await left_behind(watch.confirm)
+    assert watch.up.is_set()
+
+
+async def test_confirm_leaves_nothing_when_the_budget_runs_out() -> None:
+    watch = down_watch()
+    asyncio.get_running_loop().call_later(0.01, watch.gave_up.set)
+    before = tasks_now()
+    with pytest.raises(ServerOutage):
+        await watch.confirm()
+    assert tasks_now() == before
+
+
+async def test_confirm_leaves_nothing_when_cancelled() -> None:
+    watch = down_watch()
+    assert not await cancelled_after(0.01, watch.confirm)
