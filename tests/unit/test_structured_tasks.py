@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ import pytest
 
 from app.batch.halt import Halt, HaltReason, drive
 from app.batch.outage import ServerWatch
+from app.batch.routed import EndpointGone, RoutedLLM
 from app.batch.tasks import cancel_and_wait, wait_first
 from app.errors import BatchStopped, ServerOutage
 
@@ -205,3 +207,67 @@ async def test_confirm_leaves_nothing_when_the_budget_runs_out() -> None:
 async def test_confirm_leaves_nothing_when_cancelled() -> None:
     watch = down_watch()
     assert not await cancelled_after(0.01, watch.confirm)
+
+
+# --- routed.RoutedLLM._unless_gone -----------------------------------------------------------
+
+
+class Gone(asyncio.Event):
+    """An endpoint's ``gone`` event, whose waiter needs a moment to end once cancelled."""
+
+    async def wait(self) -> Any:
+        try:
+            return await super().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.02)
+            raise
+
+
+def two_endpoints() -> tuple[Any, Any]:
+    """Return (a ticker's client as _unless_gone sees it, its endpoint): one more is up."""
+    endpoint = SimpleNamespace(url="http://gpu0.test:8000/v1", up=True, gone=Gone())
+    other = SimpleNamespace(url="http://gpu1.test:8000/v1", up=True)
+    health = asyncio.Event()
+
+    async def health_changed() -> None:
+        await health.wait()
+
+    endpoints = SimpleNamespace(several=True, alternative=lambda e: other,
+                                health_changed=health_changed)
+    return SimpleNamespace(endpoints=endpoints), endpoint
+
+
+def go_down(endpoint: Any) -> None:
+    endpoint.up = False
+    endpoint.gone.set()
+
+
+async def test_a_routed_call_leaves_nothing_when_it_answers() -> None:
+    client, endpoint = two_endpoints()
+
+    async def call() -> str:
+        await asyncio.sleep(0.01)
+        return "answer"
+
+    before = tasks_now()
+    assert await RoutedLLM._unless_gone(client, endpoint, call()) == "answer"
+    assert tasks_now() == before
+
+
+async def test_a_routed_call_leaves_nothing_when_its_endpoint_goes() -> None:
+    client, endpoint = two_endpoints()
+    slow = SlowToCancel()
+    asyncio.get_running_loop().call_later(0.01, go_down, endpoint)
+    before = tasks_now()
+    with pytest.raises(EndpointGone):
+        await RoutedLLM._unless_gone(client, endpoint, slow())
+    assert slow.ended  # the cut call ended before the call was sent elsewhere
+    assert tasks_now() == before
+
+
+async def test_a_routed_call_leaves_nothing_when_cancelled() -> None:
+    client, endpoint = two_endpoints()
+    slow = SlowToCancel()
+    assert not await cancelled_after(
+        0.01, lambda: RoutedLLM._unless_gone(client, endpoint, slow()))
+    assert slow.ended
