@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
@@ -22,6 +24,7 @@ import pytest
 from app.batch.halt import Halt, HaltReason, drive
 from app.batch.outage import ServerWatch
 from app.batch.routed import EndpointGone, RoutedLLM
+from app.batch.signals import _stop_on_signals
 from app.batch.tasks import cancel_and_wait, wait_first
 from app.errors import BatchStopped, ServerOutage
 
@@ -271,3 +274,47 @@ async def test_a_routed_call_leaves_nothing_when_cancelled() -> None:
     assert not await cancelled_after(
         0.01, lambda: RoutedLLM._unless_gone(client, endpoint, slow()))
     assert slow.ended
+
+
+# --- signals ---------------------------------------------------------------------------------
+
+
+async def test_the_batch_runs_in_the_signal_handlers_own_task() -> None:
+    tasks: list[asyncio.Task[Any] | None] = []
+
+    async def work() -> str:
+        tasks.append(asyncio.current_task())
+        await asyncio.sleep(0)
+        return "done"
+
+    async def outer() -> str:
+        tasks.append(asyncio.current_task())
+        return await _stop_on_signals(work(), Halt(), 1.0)
+
+    before = tasks_now()
+    assert await asyncio.create_task(outer()) == "done"
+    assert tasks[0] is tasks[1]  # no task of its own, so none to outlive the call
+    assert tasks_now() == before
+
+
+async def test_a_signal_without_a_halt_cancels_the_work_and_leaves_nothing() -> None:
+    slow = SlowToCancel()
+    asyncio.get_running_loop().call_later(0.01, os.kill, os.getpid(), signal.SIGTERM)
+    before = tasks_now()
+    runner = asyncio.create_task(_stop_on_signals(slow(), None, 1.0))
+    with pytest.raises(asyncio.CancelledError):
+        await runner
+    assert slow.ended
+    assert tasks_now() == before
+
+
+async def test_a_signal_with_a_halt_asks_for_a_stop() -> None:
+    halt = Halt()
+    scheduler = FakeScheduler()
+    asyncio.get_running_loop().call_later(0.01, os.kill, os.getpid(), signal.SIGTERM)
+    before = tasks_now()
+    await _stop_on_signals(drive(scheduler, scheduler.work(), halt), halt, 5.0)
+    assert halt.reason is not None and halt.reason.grace_s == 5.0
+    assert "SIGTERM" in halt.reason.message
+    assert scheduler.work_ended
+    assert tasks_now() == before
