@@ -257,7 +257,7 @@ class BatchEngine:
                     watching = (asyncio.create_task(watch.run(), name="server-watch")
                                 if single else None)
                     try:
-                        with progress:
+                        async with progress:
                             await drive(scheduler, scheduler.run(jobs, on_done), self.halt)
                     finally:
                         if watching is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import signal
 from collections.abc import Awaitable, Callable
@@ -20,10 +21,13 @@ from typing import Any
 
 import httpx
 import pytest
+from rich.console import Console
 
 from app.batch.halt import Halt, HaltReason, drive
 from app.batch.outage import ServerWatch
+from app.batch.progress import BatchProgress
 from app.batch.routed import EndpointGone, RoutedLLM
+from app.batch.scheduler import Strategy
 from app.batch.signals import _stop_on_signals
 from app.batch.tasks import cancel_and_wait, wait_first
 from app.errors import BatchStopped, ServerOutage
@@ -318,3 +322,31 @@ async def test_a_signal_with_a_halt_asks_for_a_stop() -> None:
     assert "SIGTERM" in halt.reason.message
     assert scheduler.work_ended
     assert tasks_now() == before
+
+
+# --- progress --------------------------------------------------------------------------------
+
+
+def progress() -> BatchProgress:
+    scheduler = SimpleNamespace(gate=SimpleNamespace(limit=4),
+                                strategy=Strategy.parse("adaptive"))
+    llm = SimpleNamespace(stats=SimpleNamespace(calls=0, failed=0, completion_tokens=0,
+                                                first_start=None))
+    return BatchProgress(1, 2, llm, scheduler, None, console=Console(file=io.StringIO()))
+
+
+async def test_the_progress_log_loop_ends_with_its_context() -> None:
+    before = tasks_now()
+    async with progress() as shown:
+        started = tasks_now() - before
+        assert len(started) == 1  # the log loop, while the batch runs
+        assert shown._ticker in started
+    assert tasks_now() == before
+
+
+async def test_the_progress_log_loop_ends_when_the_batch_is_cancelled() -> None:
+    async def batch() -> None:
+        async with progress():
+            await asyncio.Event().wait()
+
+    assert not await cancelled_after(0.01, batch)
