@@ -4,8 +4,9 @@ Each function that waits on several things at once (a halt beside the batch, a s
 back or the outage budget running out, a call beside its endpoint going down, a signal beside
 the batch, the progress log beside the batch) is run here to its end normally, by a halt and
 by a cancellation; then ``asyncio.all_tasks()`` must hold no task it made. A task cancelled
-but not awaited is still in that set until it has handled its cancellation, so these fail
-for ``cancel()`` without the wait.
+but not awaited is still in that set until it has handled its cancellation, so a bare
+``cancel()`` is caught; the fakes that take a moment to end once cancelled (SlowToCancel)
+catch one whose wait happened to be covered by some later await.
 """
 
 from __future__ import annotations
@@ -16,13 +17,17 @@ import io
 import os
 import signal
 from collections.abc import Awaitable, Callable
+from datetime import date
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 from rich.console import Console
+from sqlalchemy import Engine
 
+from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.gate import GatedLLM
 from app.batch.halt import Halt, HaltReason, drive
 from app.batch.outage import ServerWatch
 from app.batch.progress import BatchProgress
@@ -30,6 +35,9 @@ from app.batch.routed import EndpointGone, RoutedLLM
 from app.batch.scheduler import Strategy
 from app.batch.signals import _stop_on_signals
 from app.batch.tasks import cancel_and_wait, wait_first
+from app.batch.workload import WorkItem, Workload, play
+from app.bench.fakeserver import BASE_URL, ChatRequest, FakeServer, Reply
+from app.config import load_settings
 from app.errors import BatchStopped, ServerOutage
 
 
@@ -350,3 +358,45 @@ async def test_the_progress_log_loop_ends_when_the_batch_is_cancelled() -> None:
             await asyncio.Event().wait()
 
     assert not await cancelled_after(0.01, batch)
+
+
+# --- a whole batch ---------------------------------------------------------------------------
+
+
+async def run_wide_batch(engine: Engine, halt_at: int | None = None) -> str:
+    """Run one ticker of 24 requests through the real engine and fake server; halt (with
+    grace) when the fake receives request ``halt_at``; return the batch's status."""
+    settings = load_settings(llm_base_url=BASE_URL, check_context_length=False,
+                             retry_backoff_s=0, record_requests=False,
+                             metrics_interval_s=0.05, shutdown_grace_s=5.0)
+    load: Workload = {"T0": [WorkItem("T0", 0, f"n{i}", {
+        "model": "fake-model", "max_tokens": 16,
+        "messages": [{"role": "user", "content": f"request {i}"}]}) for i in range(24)]}
+    runner: BatchEngine
+
+    def reply(chat: ChatRequest) -> Reply:
+        if chat.index == halt_at:
+            runner.halt.request(HaltReason("interrupted", "test halt", 130, 5.0))
+        return Reply(" tok" * 4, token_delay_s=0.002)
+
+    server = FakeServer(reply, capacity=4)
+    runner = BatchEngine(settings, engine, http_client=server.client())
+
+    async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[object]:
+        return await play(load[ticker], gated, batch_id)
+
+    outcome = await runner.execute(BatchPlan("bench", date.today(), ["T0"], 1, "adaptive",
+                                             "adaptive"), work)
+    return outcome.status
+
+
+async def test_a_whole_batch_leaves_nothing_running(sqlite_engine: Engine) -> None:
+    before = tasks_now()
+    assert await run_wide_batch(sqlite_engine) == "succeeded"
+    assert tasks_now() == before
+
+
+async def test_a_halted_batch_leaves_nothing_running(sqlite_engine: Engine) -> None:
+    before = tasks_now()
+    assert await run_wide_batch(sqlite_engine, halt_at=6) == "interrupted"
+    assert tasks_now() == before
