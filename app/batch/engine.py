@@ -27,6 +27,7 @@ from app.batch.outage import ServerWatch
 from app.batch.outputs import record_outputs
 from app.batch.progress import BatchProgress
 from app.batch.scheduler import Job, Scheduler, Strategy
+from app.batch.tasks import cancel_and_wait
 from app.config import Settings
 from app.errors import ERRORS, BatchStopped, LLMError
 from app.quality import monitor
@@ -257,13 +258,11 @@ class BatchEngine:
                     watching = (asyncio.create_task(watch.run(), name="server-watch")
                                 if single else None)
                     try:
-                        with progress:
+                        async with progress:
                             await drive(scheduler, scheduler.run(jobs, on_done), self.halt)
                     finally:
                         if watching is not None:
-                            watching.cancel()
-                            with contextlib.suppress(asyncio.CancelledError):
-                                await watching
+                            await cancel_and_wait(watching)
                     if self._saver is not None and self.halt.reason is None:
                         # Every ticker finished: no checkpoint of the batch is needed any more
                         # (one left by a process killed between storing and pruning included).
@@ -387,9 +386,9 @@ def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
 
 
 async def _stop(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    # Not suppress(CancelledError) around the await: that would swallow the batch's own
+    # cancellation when it comes during the wait.
+    await cancel_and_wait(task)
 
 
 def first_error(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -9,13 +9,13 @@ The engine waits on ``requested`` beside the scheduler and does the stopping its
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
+from app.batch.tasks import cancel_and_wait, wait_first
 from app.errors import BatchStopped
 
 log = structlog.get_logger(__name__)
@@ -75,7 +75,7 @@ class Stoppable(Protocol):
     def close(self, error: BaseException) -> None: ...
 
 
-async def drive(scheduler: Stoppable, work: Awaitable[None], halt: Halt) -> None:
+async def drive(scheduler: Stoppable, work: Coroutine[Any, Any, None], halt: Halt) -> None:
     """Await the scheduler's ``work``; when a halt is asked for, stop the batch its way.
 
     Stopping: no ticker starts and no request is let through; requests at the server may
@@ -84,10 +84,9 @@ async def drive(scheduler: Stoppable, work: Awaitable[None], halt: Halt) -> None
     BatchStopped, which ends their tickers unfinished. Past the grace, or when the halt is
     hurried, whatever is still running is cancelled.
     """
-    running = asyncio.ensure_future(work)
-    asked = asyncio.create_task(halt.requested.wait())
+    running = asyncio.create_task(work)
     try:
-        await asyncio.wait({running, asked}, return_when=asyncio.FIRST_COMPLETED)
+        await wait_first(running, halt.requested.wait())
         if running.done() or halt.reason is None:
             await running
             return
@@ -95,27 +94,16 @@ async def drive(scheduler: Stoppable, work: Awaitable[None], halt: Halt) -> None
         scheduler.stop()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + reason.grace_s
-        hurried = asyncio.create_task(halt.hurried.wait())
-        drained = asyncio.create_task(scheduler.drained())
-        try:
-            await asyncio.wait({drained, hurried, running}, timeout=reason.grace_s,
-                               return_when=asyncio.FIRST_COMPLETED)
-            if not hurried.done():
-                scheduler.close(BatchStopped(reason.message))
-                await asyncio.wait({running, hurried},
-                                   timeout=max(0.0, deadline - loop.time()),
-                                   return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            hurried.cancel()
-            drained.cancel()
+        await wait_first(scheduler.drained(), halt.hurried.wait(), running,
+                         timeout=reason.grace_s)
+        if not halt.hurried.is_set():
+            scheduler.close(BatchStopped(reason.message))
+            await wait_first(running, halt.hurried.wait(),
+                             timeout=max(0.0, deadline - loop.time()))
         if not running.done():
             log.warning("cancelling what is still running", why=reason.message)
-            running.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await running
+        await cancel_and_wait(running)
+        if not running.cancelled():
+            running.result()  # its own error, if it ended with one
     finally:
-        asked.cancel()
-        if not running.done():
-            running.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await running
+        await cancel_and_wait(running)

@@ -26,6 +26,7 @@ import structlog
 
 from app.batch.gate import Gate
 from app.batch.halt import Halt, HaltReason
+from app.batch.tasks import wait_first
 from app.errors import ServerOutage
 from serving.urls import server_root
 
@@ -73,13 +74,7 @@ class ServerWatch:
         while not self.up.is_set():
             if self.gave_up.is_set():
                 raise ServerOutage(self._outage_message())
-            up = asyncio.create_task(self.up.wait())
-            gave_up = asyncio.create_task(self.gave_up.wait())
-            try:
-                await asyncio.wait({up, gave_up}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                up.cancel()
-                gave_up.cancel()
+            await wait_first(self.up.wait(), self.gave_up.wait())
         if self.gave_up.is_set():
             raise ServerOutage(self._outage_message())
 

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from app.batch.tasks import cancel_and_wait
+
 log = structlog.get_logger(__name__)
 
 LOG_EVERY_S = 15.0
@@ -96,25 +98,27 @@ class BatchProgress:
         table.add_row("time", f"{s['elapsed_s']} s elapsed · ETA {eta}")
         return table
 
-    def __enter__(self) -> BatchProgress:
+    async def __aenter__(self) -> BatchProgress:
         if self.console.is_terminal:
             self._live = Live(self, console=self.console, refresh_per_second=2, transient=False)
             self._live.__enter__()
         else:
-            self._ticker = asyncio.get_running_loop().create_task(self._log_loop())
+            self._ticker = asyncio.create_task(self._log_loop(), name="progress-log")
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._live is not None:
             self._live.__exit__(None, None, None)
-        if self._ticker is not None:
-            self._ticker.cancel()
-        if not self.console.is_terminal:
-            log.info("progress", **self.state())
+            self._live = None
+        try:
+            if self._ticker is not None:
+                ticker, self._ticker = self._ticker, None
+                await cancel_and_wait(ticker)
+        finally:
+            if not self.console.is_terminal:
+                log.info("progress", **self.state())
 
     async def _log_loop(self) -> None:
         while True:
             await asyncio.sleep(LOG_EVERY_S)
             log.info("progress", **self.state())
-
-

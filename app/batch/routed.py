@@ -21,9 +21,8 @@ A call is sent at most twice per endpoint; past that its last failure stands.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -32,6 +31,7 @@ from agents.chat import CallTag, ChatResult
 from app.batch.budget import Claim
 from app.batch.endpoints import Endpoint, EndpointSet
 from app.batch.gate import GatedLLM, Ticket
+from app.batch.tasks import cancel_and_wait, wait_first
 from app.errors import (
     ContextLengthError,
     LLMConnectionError,
@@ -174,33 +174,21 @@ class RoutedLLM(GatedLLM):
         return result
 
     async def _unless_gone(self, endpoint: Endpoint,
-                           call: Awaitable[ChatResult]) -> ChatResult:
+                           call: Coroutine[Any, Any, ChatResult]) -> ChatResult:
         """Await the call; if its endpoint goes down first and another is up, cancel it."""
         if not self.endpoints.several:
             return await call  # one endpoint: nowhere to go, so nothing to watch
-        task = asyncio.ensure_future(call)
+        task = asyncio.create_task(call)
         try:
             while not task.done():
-                waiting = (endpoint.gone.wait() if endpoint.up
-                           else self.endpoints.health_changed())
-                watch = asyncio.ensure_future(waiting)
-                try:
-                    await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    watch.cancel()
+                await wait_first(task, endpoint.gone.wait() if endpoint.up
+                                 else self.endpoints.health_changed())
                 if task.done() or endpoint.up or self.endpoints.alternative(endpoint) is None:
                     continue  # all down: the call goes on where it is, as with one server
-                task.cancel()
-                try:
-                    return await task  # it finished just before the cancel: keep its answer
-                except asyncio.CancelledError:
-                    current = asyncio.current_task()
-                    if current is not None and current.cancelling():
-                        raise
-                    raise EndpointGone(f"{endpoint.url} went down during the call") from None
+                await cancel_and_wait(task)
+                if task.cancelled():
+                    raise EndpointGone(f"{endpoint.url} went down during the call")
+                break  # it finished just before the cancel: keep its answer
             return task.result()
         finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(task)

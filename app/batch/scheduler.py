@@ -30,6 +30,7 @@ from app.batch.budget import TokenBudget
 from app.batch.endpoints import UNBOUNDED, Endpoint, EndpointSet, GaugeSource
 from app.batch.gate import Gate, GatedLLM, Ticket
 from app.batch.routed import RoutedLLM
+from app.batch.tasks import wait_first
 from app.errors import InputError
 from app.llm import TrackedLLM
 
@@ -305,9 +306,7 @@ class Scheduler:
                 if slots is None:
                     # A started ticker has not asked for its place yet: wait until it has,
                     # or the gate would look free and we would start a burst of tickers.
-                    done = asyncio.create_task(first_request.wait())
-                    await asyncio.wait({done, task}, return_when=asyncio.FIRST_COMPLETED)
-                    done.cancel()
+                    await wait_first(first_request.wait(), task)
             await asyncio.gather(*tasks)
         finally:
             for task in [*tasks, *preparing]:

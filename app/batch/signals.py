@@ -29,12 +29,15 @@ class BatchInterrupted(NightdeskError):
 
 async def _stop_on_signals(work: Coroutine[Any, Any, T], halt: Halt | None,
                            grace_s: float) -> T:
-    task = asyncio.ensure_future(work)
+    # The work runs in this task, not one of its own: cancelling this task cancels it, and
+    # nothing is left running when this returns.
+    main = asyncio.current_task()
+    assert main is not None
     loop = asyncio.get_running_loop()
 
     def on_signal(name: str) -> None:
         if halt is None or halt.hurried.is_set():
-            task.cancel()
+            main.cancel()
             return
         # Without this, SIGTERM kills the process outright and the batch stays "running".
         halt.request(HaltReason(
@@ -45,7 +48,7 @@ async def _stop_on_signals(work: Coroutine[Any, Any, T], halt: Halt | None,
     for sig in SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig.name)
     try:
-        return await task
+        return await work
     finally:
         for sig in SIGNALS:
             loop.remove_signal_handler(sig)

@@ -155,10 +155,17 @@ async def test_a_full_kv_cache_sheds_below_what_fits(sqlite_engine: Engine) -> N
     # Places for 64 but a cache of 256 blocks of 16 tokens: four answers of 1,000 + 10 tokens
     # fit (64 blocks each), the rest wait. Four running read 4 x 63 / 256 = 0.98, past
     # kv_full, so each such reading must take the limit below four; three read 0.74, room
-    # to grow back. kv_high is set out of reach so that only the kv_full rule acts.
+    # to grow back. kv_high is set out of reach so that only the kv_full rule acts, and the
+    # token budget is off: the fake reports its KV capacity, and a budget that knows it
+    # turns the count policy's KV rules off (Endpoint._budget_capacity). With it on, no
+    # kv_full rule ran: the limit was the queue rule's (8 until a reading showed two
+    # waiting, then running + 1, one more after a reading with no queue) beside a budget
+    # that had costed all 96 requests before any answer, and 6 to 8 at the fake after the
+    # window opened failed one run in several.
     size = Size(prompt=1000)
     server = FakeServer(size.reply, capacity=64, kv_tokens=256 * 16)
-    await run_batch(sqlite_engine, server, "adaptive:initial=8,tail=off,kv_high=1.01")
+    await run_batch(sqlite_engine, server,
+                    "adaptive:initial=8,tail=off,kv_high=1.01,budget=off")
     assert server.load.max_waiting >= 4  # the cache, not the places, made them wait
     full = next(s.at for s in server.load.scrapes if s.kv_cache_usage >= KV_FULL)
     settled = window(server, full, 4)

@@ -1,0 +1,402 @@
+"""Check the project's rule on concurrency: when a function returns, nothing it started runs.
+
+Each function that waits on several things at once (a halt beside the batch, a server coming
+back or the outage budget running out, a call beside its endpoint going down, a signal beside
+the batch, the progress log beside the batch) is run here to its end normally, by a halt and
+by a cancellation; then ``asyncio.all_tasks()`` must hold no task it made. A task cancelled
+but not awaited is still in that set until it has handled its cancellation, so a bare
+``cancel()`` is caught; the fakes that take a moment to end once cancelled (SlowToCancel)
+catch one whose wait happened to be covered by some later await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from datetime import date
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+from rich.console import Console
+from sqlalchemy import Engine
+
+from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.gate import GatedLLM
+from app.batch.halt import Halt, HaltReason, drive
+from app.batch.outage import ServerWatch
+from app.batch.progress import BatchProgress
+from app.batch.routed import EndpointGone, RoutedLLM
+from app.batch.scheduler import Strategy
+from app.batch.signals import _stop_on_signals
+from app.batch.tasks import cancel_and_wait, wait_first
+from app.batch.workload import WorkItem, Workload, play
+from app.bench.fakeserver import BASE_URL, ChatRequest, FakeServer, Reply
+from app.config import load_settings
+from app.errors import BatchStopped, ServerOutage
+
+
+def tasks_now() -> set[asyncio.Task[Any]]:
+    return asyncio.all_tasks()
+
+
+async def left_behind(call: Callable[[], Awaitable[Any]]) -> set[asyncio.Task[Any]]:
+    """Await ``call()`` (whatever it raises) and return the tasks it left running."""
+    before = tasks_now()
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await call()
+    return {t for t in tasks_now() - before if not t.done()}
+
+
+async def cancelled_after(delay_s: float, call: Callable[[], Awaitable[Any]]
+                          ) -> set[asyncio.Task[Any]]:
+    """Run ``call()`` in a task, cancel that task after ``delay_s``; return what it left."""
+    before = tasks_now()
+    runner = asyncio.create_task(call())
+    await asyncio.sleep(delay_s)
+    runner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await runner
+    return {t for t in tasks_now() - before if not t.done()}
+
+
+class SlowToCancel:
+    """A coroutine that needs a moment to end once cancelled, and says when it has."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    async def __call__(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.02)  # cleans up, as a call closing its stream does
+            self.ended = True
+
+
+# --- the helpers -----------------------------------------------------------------------------
+
+
+async def test_wait_first_ends_what_it_started_and_leaves_a_task_passed_in() -> None:
+    theirs = asyncio.create_task(asyncio.sleep(10))
+    slow = SlowToCancel()
+    before = tasks_now()
+    await wait_first(asyncio.sleep(0.01), slow(), theirs)
+    assert slow.ended
+    assert tasks_now() == before  # the caller's task still runs, as it did before
+    assert not theirs.done()
+    await cancel_and_wait(theirs)
+    assert theirs.cancelled()
+
+
+async def test_wait_first_on_its_timeout_and_when_the_caller_is_cancelled() -> None:
+    slow = SlowToCancel()
+    assert not await left_behind(lambda: wait_first(slow(), timeout=0.01))
+    assert slow.ended
+    slow = SlowToCancel()
+    assert not await cancelled_after(0.01, lambda: wait_first(slow()))
+    assert slow.ended  # ended before the cancelled caller did
+
+
+async def test_wait_first_raises_the_error_of_what_it_started() -> None:
+    async def fails() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        await wait_first(fails(), asyncio.sleep(10))
+
+
+async def test_cancel_and_wait_holds_the_callers_cancellation_until_the_task_ends() -> None:
+    slow = SlowToCancel()
+    task = asyncio.create_task(slow())
+    await asyncio.sleep(0)
+
+    async def stop() -> None:
+        await cancel_and_wait(task)
+
+    assert not await cancelled_after(0.005, stop)
+    assert slow.ended and task.cancelled()
+
+
+# --- halt.drive ------------------------------------------------------------------------------
+
+
+class FakeScheduler:
+    """What drive needs of the scheduler: work that ends when its requests are refused."""
+
+    def __init__(self, *, drains: bool = True) -> None:
+        self.stopped = False
+        self.closed: BaseException | None = None
+        self.refused = asyncio.Event()
+        self.drains = drains
+        self.work_ended = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    async def drained(self) -> None:
+        if not self.drains:
+            await SlowToCancel()()
+
+    def close(self, error: BaseException) -> None:
+        self.closed = error
+        self.refused.set()
+
+    async def work(self, seconds: float | None = None) -> None:
+        try:
+            if seconds is not None:
+                await asyncio.sleep(seconds)
+                return
+            await self.refused.wait()  # its tickers end unfinished, and the run returns
+        finally:
+            self.work_ended = True
+
+
+async def test_drive_leaves_nothing_when_the_work_finishes() -> None:
+    scheduler, halt = FakeScheduler(), Halt()
+    assert not await left_behind(lambda: drive(scheduler, scheduler.work(0.01), halt))
+    assert scheduler.work_ended and not scheduler.stopped
+
+
+async def test_drive_leaves_nothing_after_a_halt_with_grace() -> None:
+    scheduler, halt = FakeScheduler(), Halt()
+    asyncio.get_running_loop().call_later(0.01, halt.request,
+                                          HaltReason("interrupted", "test", 130, 5.0))
+    before = tasks_now()
+    await drive(scheduler, scheduler.work(), halt)
+    assert tasks_now() == before
+    # Drained at once, so the waiting requests were refused, and that ended the work.
+    assert scheduler.stopped and isinstance(scheduler.closed, BatchStopped)
+    assert scheduler.work_ended
+
+
+async def test_drive_leaves_nothing_after_a_hurried_halt() -> None:
+    scheduler, halt = FakeScheduler(drains=False), Halt()
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.01, halt.request, HaltReason("interrupted", "first", 130, 5.0))
+    loop.call_later(0.02, halt.request, HaltReason("interrupted", "second", 130, 0.0))
+    assert not await left_behind(lambda: drive(scheduler, scheduler.work(10), halt))
+    assert scheduler.closed is None  # hurried: cancelled, not refused
+    assert scheduler.work_ended
+
+
+async def test_drive_leaves_nothing_when_it_is_cancelled_while_draining() -> None:
+    scheduler, halt = FakeScheduler(drains=False), Halt()
+    asyncio.get_running_loop().call_later(0.005, halt.request,
+                                          HaltReason("interrupted", "test", 130, 5.0))
+    assert not await cancelled_after(0.02, lambda: drive(scheduler, scheduler.work(10), halt))
+    assert scheduler.work_ended
+
+
+# --- outage.ServerWatch.confirm --------------------------------------------------------------
+
+
+def down_watch() -> ServerWatch:
+    """A watch whose server does not answer /health, with a budget no test reaches."""
+    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+    return ServerWatch("http://llm.test:8000/v1", budget_s=60, interval_s=0.01, halt=Halt(),
+                       client=client)
+
+
+async def test_confirm_leaves_nothing_when_the_server_comes_back() -> None:
+    watch = down_watch()
+    asyncio.get_running_loop().call_later(0.01, watch._update, True)
+    assert not await left_behind(watch.confirm)
+    assert watch.up.is_set()
+
+
+async def test_confirm_leaves_nothing_when_the_budget_runs_out() -> None:
+    watch = down_watch()
+    asyncio.get_running_loop().call_later(0.01, watch.gave_up.set)
+    before = tasks_now()
+    with pytest.raises(ServerOutage):
+        await watch.confirm()
+    assert tasks_now() == before
+
+
+async def test_confirm_leaves_nothing_when_cancelled() -> None:
+    watch = down_watch()
+    assert not await cancelled_after(0.01, watch.confirm)
+
+
+# --- routed.RoutedLLM._unless_gone -----------------------------------------------------------
+
+
+class Gone(asyncio.Event):
+    """An endpoint's ``gone`` event, whose waiter needs a moment to end once cancelled."""
+
+    async def wait(self) -> Any:
+        try:
+            return await super().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.02)
+            raise
+
+
+def two_endpoints() -> tuple[Any, Any]:
+    """Return (a ticker's client as _unless_gone sees it, its endpoint): one more is up."""
+    endpoint = SimpleNamespace(url="http://gpu0.test:8000/v1", up=True, gone=Gone())
+    other = SimpleNamespace(url="http://gpu1.test:8000/v1", up=True)
+    health = asyncio.Event()
+
+    async def health_changed() -> None:
+        await health.wait()
+
+    endpoints = SimpleNamespace(several=True, alternative=lambda e: other,
+                                health_changed=health_changed)
+    return SimpleNamespace(endpoints=endpoints), endpoint
+
+
+def go_down(endpoint: Any) -> None:
+    endpoint.up = False
+    endpoint.gone.set()
+
+
+async def test_a_routed_call_leaves_nothing_when_it_answers() -> None:
+    client, endpoint = two_endpoints()
+
+    async def call() -> str:
+        await asyncio.sleep(0.01)
+        return "answer"
+
+    before = tasks_now()
+    assert await RoutedLLM._unless_gone(client, endpoint, call()) == "answer"
+    assert tasks_now() == before
+
+
+async def test_a_routed_call_leaves_nothing_when_its_endpoint_goes() -> None:
+    client, endpoint = two_endpoints()
+    slow = SlowToCancel()
+    asyncio.get_running_loop().call_later(0.01, go_down, endpoint)
+    before = tasks_now()
+    with pytest.raises(EndpointGone):
+        await RoutedLLM._unless_gone(client, endpoint, slow())
+    assert slow.ended  # the cut call ended before the call was sent elsewhere
+    assert tasks_now() == before
+
+
+async def test_a_routed_call_leaves_nothing_when_cancelled() -> None:
+    client, endpoint = two_endpoints()
+    slow = SlowToCancel()
+    assert not await cancelled_after(
+        0.01, lambda: RoutedLLM._unless_gone(client, endpoint, slow()))
+    assert slow.ended
+
+
+# --- signals ---------------------------------------------------------------------------------
+
+
+async def test_the_batch_runs_in_the_signal_handlers_own_task() -> None:
+    tasks: list[asyncio.Task[Any] | None] = []
+
+    async def work() -> str:
+        tasks.append(asyncio.current_task())
+        await asyncio.sleep(0)
+        return "done"
+
+    async def outer() -> str:
+        tasks.append(asyncio.current_task())
+        return await _stop_on_signals(work(), Halt(), 1.0)
+
+    before = tasks_now()
+    assert await asyncio.create_task(outer()) == "done"
+    assert tasks[0] is tasks[1]  # no task of its own, so none to outlive the call
+    assert tasks_now() == before
+
+
+async def test_a_signal_without_a_halt_cancels_the_work_and_leaves_nothing() -> None:
+    slow = SlowToCancel()
+    asyncio.get_running_loop().call_later(0.01, os.kill, os.getpid(), signal.SIGTERM)
+    before = tasks_now()
+    runner = asyncio.create_task(_stop_on_signals(slow(), None, 1.0))
+    with pytest.raises(asyncio.CancelledError):
+        await runner
+    assert slow.ended
+    assert tasks_now() == before
+
+
+async def test_a_signal_with_a_halt_asks_for_a_stop() -> None:
+    halt = Halt()
+    scheduler = FakeScheduler()
+    asyncio.get_running_loop().call_later(0.01, os.kill, os.getpid(), signal.SIGTERM)
+    before = tasks_now()
+    await _stop_on_signals(drive(scheduler, scheduler.work(), halt), halt, 5.0)
+    assert halt.reason is not None and halt.reason.grace_s == 5.0
+    assert "SIGTERM" in halt.reason.message
+    assert scheduler.work_ended
+    assert tasks_now() == before
+
+
+# --- progress --------------------------------------------------------------------------------
+
+
+def progress() -> BatchProgress:
+    scheduler = SimpleNamespace(gate=SimpleNamespace(limit=4),
+                                strategy=Strategy.parse("adaptive"))
+    llm = SimpleNamespace(stats=SimpleNamespace(calls=0, failed=0, completion_tokens=0,
+                                                first_start=None))
+    return BatchProgress(1, 2, llm, scheduler, None, console=Console(file=io.StringIO()))
+
+
+async def test_the_progress_log_loop_ends_with_its_context() -> None:
+    before = tasks_now()
+    async with progress() as shown:
+        started = tasks_now() - before
+        assert len(started) == 1  # the log loop, while the batch runs
+        assert shown._ticker in started
+    assert tasks_now() == before
+
+
+async def test_the_progress_log_loop_ends_when_the_batch_is_cancelled() -> None:
+    async def batch() -> None:
+        async with progress():
+            await asyncio.Event().wait()
+
+    assert not await cancelled_after(0.01, batch)
+
+
+# --- a whole batch ---------------------------------------------------------------------------
+
+
+async def run_wide_batch(engine: Engine, halt_at: int | None = None) -> str:
+    """Run one ticker of 24 requests through the real engine and fake server; halt (with
+    grace) when the fake receives request ``halt_at``; return the batch's status."""
+    settings = load_settings(llm_base_url=BASE_URL, check_context_length=False,
+                             retry_backoff_s=0, record_requests=False,
+                             metrics_interval_s=0.05, shutdown_grace_s=5.0)
+    load: Workload = {"T0": [WorkItem("T0", 0, f"n{i}", {
+        "model": "fake-model", "max_tokens": 16,
+        "messages": [{"role": "user", "content": f"request {i}"}]}) for i in range(24)]}
+    runner: BatchEngine
+
+    def reply(chat: ChatRequest) -> Reply:
+        if chat.index == halt_at:
+            runner.halt.request(HaltReason("interrupted", "test halt", 130, 5.0))
+        return Reply(" tok" * 4, token_delay_s=0.002)
+
+    server = FakeServer(reply, capacity=4)
+    runner = BatchEngine(settings, engine, http_client=server.client())
+
+    async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[object]:
+        return await play(load[ticker], gated, batch_id)
+
+    outcome = await runner.execute(BatchPlan("bench", date.today(), ["T0"], 1, "adaptive",
+                                             "adaptive"), work)
+    return outcome.status
+
+
+async def test_a_whole_batch_leaves_nothing_running(sqlite_engine: Engine) -> None:
+    before = tasks_now()
+    assert await run_wide_batch(sqlite_engine) == "succeeded"
+    assert tasks_now() == before
+
+
+async def test_a_halted_batch_leaves_nothing_running(sqlite_engine: Engine) -> None:
+    before = tasks_now()
+    assert await run_wide_batch(sqlite_engine, halt_at=6) == "interrupted"
+    assert tasks_now() == before
