@@ -14,9 +14,11 @@ A read that succeeds again makes it *up*; a restarted server's reset counters ar
 its own admission policy and budget, as with one server.
 
 With one endpoint nothing here changes what a batch does: the set holds that one, and no
-call ever moves. When every endpoint is down, a batch also behaves as with one server that
-is down: tickers still start and their calls fail as they always did
-(``EndpointSet.after_failure`` is where waiting out an outage would go).
+call ever moves (its outage watch, app/batch/outage.py, waits out a server that is down).
+When every endpoint is down, a call that failed waits for one to come back, as with one
+server: for at most the outage budget (``outage_budget_s``) from the moment the last one
+went down; past it the batch is halted as ``interrupted`` (exit 5), its tickers resumable,
+none failed for it.
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ from sqlalchemy import Engine
 
 from app.batch.admission import AdmissionPolicy
 from app.batch.gate import Gate, Ticket
+from app.batch.halt import Halt, HaltReason
 from app.batch.routing import Load, choose
 from app.batch.sampler import MetricsSampler
+from app.batch.tasks import wait_first
 from app.config import Settings
+from app.errors import ServerOutage
 from app.llm import CallStats, TrackedLLM
 from app.promptsize import ServerCheck
 from app.usage import UsageRecorder
@@ -190,12 +195,20 @@ class _Combined:
 class EndpointSet:
     """The endpoints of one batch, in the configured order; routing and failover over them."""
 
-    def __init__(self, endpoints: list[Endpoint], changed: asyncio.Event) -> None:
+    def __init__(self, endpoints: list[Endpoint], changed: asyncio.Event, *,
+                 halt: Halt | None = None, outage_budget_s: float = float("inf"),
+                 resume_hint: str = "") -> None:
         self.endpoints = endpoints
         # Shared by every gate, and set when a ticker ends or an endpoint changes state:
         # whoever waits for room anywhere wakes.
         self.changed = changed
         self._health = asyncio.Event()
+        # Every endpoint down: since when (loop time), and whether the budget ran out.
+        self.halt = halt
+        self.outage_budget_s = outage_budget_s
+        self.resume_hint = resume_hint
+        self.all_down_since: float | None = None
+        self.gave_up = asyncio.Event()
 
     @classmethod
     def single(cls, llm: TrackedLLM, strategy: Strategy, *, gauges: GaugeSource | None = None,
@@ -212,11 +225,13 @@ class EndpointSet:
                 http_client: Any = None, max_in_flight: int | None = None,
                 watch: ServerCheck | None = None,
                 attempts_before: Mapping[tuple[str, str, int], int] | None = None,
+                halt: Halt | None = None, resume_hint: str = "",
                 ) -> EndpointSet:
         """Make a client and sampler for every configured endpoint (through ``http_client``).
 
         ``watch`` (the outage watch of one server) is given to the client only when there is
-        one endpoint; with several, failover takes its place.
+        one endpoint; with several, failover takes its place, and ``halt`` stops the batch
+        when all of them stay down past ``outage_budget_s``.
         """
         changed = asyncio.Event()
         urls = settings.base_urls
@@ -237,7 +252,8 @@ class EndpointSet:
                                       changed=changed, grace_s=settings.endpoint_grace_s))
         if len(endpoints) > 1:
             log.info("endpoints", urls=urls, grace_s=settings.endpoint_grace_s)
-        return cls(endpoints, changed)
+        return cls(endpoints, changed, halt=halt, outage_budget_s=settings.outage_budget_s,
+                   resume_hint=resume_hint)
 
     def __iter__(self) -> Iterator[Endpoint]:
         return iter(self.endpoints)
@@ -313,7 +329,16 @@ class EndpointSet:
         while True:
             self.judge_all(loop.time())
             if not endpoint.up:
-                return self.alternative(endpoint)
+                other = self.alternative(endpoint)
+                if other is not None or self.halt is None:
+                    return other
+                # Every endpoint is down: wait for one to come back, or the budget to end.
+                while self.all_down_since is not None and not self.gave_up.is_set():
+                    changed = self._health  # taken now: a change meanwhile replaces it
+                    await wait_first(changed.wait(), self.gave_up.wait())
+                if self.gave_up.is_set():
+                    raise ServerOutage(self.outage_message())
+                continue
             last_ok = getattr(sampler, "last_ok_at", None)
             if last_ok is not None and last_ok > failed_at:
                 last_failed = getattr(sampler, "last_failed_at", None)
@@ -333,11 +358,39 @@ class EndpointSet:
         await self._health.wait()
 
     def judge_all(self, now: float) -> None:
-        """Decide every endpoint's health from its reads; wake whoever waits on a change."""
-        if any([endpoint.judge(now) for endpoint in self.endpoints]):
+        """Decide every endpoint's health from its reads; wake whoever waits on a change.
+
+        Also keeps the outage budget of a batch whose endpoints are all down.
+        """
+        changed = any([endpoint.judge(now) for endpoint in self.endpoints])
+        if self.several and self.halt is not None:
+            self._judge_all_down(now)
+        if changed:
             self._health.set()
             self._health = asyncio.Event()
             self.changed.set()
+
+    def _judge_all_down(self, now: float) -> None:
+        if any(endpoint.up for endpoint in self.endpoints):
+            if self.all_down_since is not None:
+                log.warning("an endpoint answers again: calls go on",
+                            down_s=round(now - self.all_down_since, 1))
+                self.all_down_since = None
+        elif self.all_down_since is None:
+            self.all_down_since = now
+            log.warning("every endpoint is down: calls wait for one to come back",
+                        budget_s=self.outage_budget_s)
+        elif now - self.all_down_since > self.outage_budget_s and not self.gave_up.is_set():
+            self.gave_up.set()
+            assert self.halt is not None
+            self.halt.request(HaltReason("interrupted", self.outage_message(),
+                                         ServerOutage.exit_code))
+
+    def outage_message(self) -> str:
+        """Say what an outage of every endpoint past the budget did (the batch's one line)."""
+        return (f"none of the {len(self.endpoints)} LLM endpoints answered for "
+                f"{self.outage_budget_s:.0f} s (the outage budget): batch interrupted"
+                f"{self.resume_hint}")
 
     # --- lifecycle -----------------------------------------------------------------------
 

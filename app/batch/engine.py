@@ -204,7 +204,7 @@ class BatchEngine:
                 self.settings, strategy, recorder, engine=self.engine, batch_id=batch_id,
                 sample=self.sample_metrics, http_client=self.http_client,
                 max_in_flight=max_in_flight(strategy, shapes, self.settings.max_concurrency),
-                watch=watch, attempts_before=attempts)
+                watch=watch, attempts_before=attempts, halt=self.halt, resume_hint=hint)
             single = not endpoints.several
             # An unreadable /metrics is a server problem: the watch pauses admission on it.
             scheduler = Scheduler(None, strategy, endpoints=endpoints,

@@ -21,10 +21,11 @@ from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.gate import GatedLLM
+from app.batch.resume import find_resumable
 from app.batch.workload import WorkItem, Workload, play, shape
 from app.bench.fakeserver import ChatRequest, FakeServer, FakeServers, Reply
 from app.config import load_settings
-from app.db.models import Decision, LLMCall, ServerSample
+from app.db.models import Decision, LLMCall, ServerSample, TickerRun
 
 FAST, SLOW = "http://gpu0.test:8000/v1", "http://gpu1.test:8001/v1"
 TICKERS = 10
@@ -54,10 +55,10 @@ def paced(delay_s: float) -> Any:
 
 
 async def run(engine: Engine, demo_dir: Path, servers: FakeServers,
-              strategy: str = "adaptive") -> BatchOutcome:
+              strategy: str = "adaptive", **overrides: Any) -> BatchOutcome:
     settings = load_settings(llm_base_url=servers.base_urls, check_context_length=False,
                              retry_backoff_s=0, metrics_interval_s=0.05,
-                             endpoint_grace_s=GRACE_S)
+                             endpoint_grace_s=GRACE_S, **overrides)
     runner = BatchEngine(settings, engine, http_client=servers.client(),
                          provider=SnapshotProvider(demo_dir))
     return await runner.run(BatchPlan("nightly", DEMO_AS_OF, demo_tickers(TICKERS),
@@ -266,3 +267,62 @@ async def test_a_requests_own_failure_on_a_healthy_endpoint_fails_as_it_always_d
     assert sorted(r.attempt for r in failed) == list(range(1, settings.max_attempts + 1))
     assert len({r.endpoint for r in failed}) == 1
     assert all(e["tickers_moved_in"] == 0 for e in outcome.admission["endpoints"].values())
+
+
+def both_crash_at(servers: dict[str, FakeServer], index: int,
+                  back_after_s: float | None) -> None:
+    """Script every server to answer, until the first's call ``index`` takes all of them
+    down together; back (restarted) ``back_after_s`` later, or never (None)."""
+    first = next(iter(servers.values()))
+
+    def script(chat: ChatRequest) -> Reply | None:
+        if chat.index == index and not first.down:
+            for server in servers.values():
+                server.crash()
+            if back_after_s is not None:
+                loop = asyncio.get_running_loop()
+                for server in servers.values():
+                    loop.call_later(back_after_s, server.revive)
+        return None if chat.structured else Reply(f"[{chat.node}] fine.", token_delay_s=0.002)
+
+    for server in servers.values():
+        server.script = script
+
+
+async def test_every_endpoint_down_for_less_than_the_budget_loses_no_ticker(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    fleet = {FAST: fake(kv_tokens=60_000), SLOW: fake(kv_tokens=60_000)}
+    both_crash_at(fleet, 12, back_after_s=4 * GRACE_S)
+    servers = FakeServers(fleet)
+    outcome = await run(sqlite_engine, demo_dir, servers, outage_budget_s=30.0)
+    assert_every_ticker_once(sqlite_engine, outcome, servers)
+    summary = outcome.admission["endpoints"]
+    assert all(summary[url]["outages"] >= 1 and summary[url]["up"] for url in fleet)
+
+
+async def test_every_endpoint_down_past_the_budget_interrupts_the_batch_for_a_resume(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    fleet = {FAST: fake(kv_tokens=60_000), SLOW: fake(kv_tokens=60_000)}
+    both_crash_at(fleet, 12, back_after_s=None)
+    outcome = await run(sqlite_engine, demo_dir, FakeServers(fleet), outage_budget_s=1.0)
+    assert outcome.status == "interrupted" and not outcome.failed
+    assert outcome.halt is not None and outcome.halt.exit_code == 5
+    assert "none of the 2 LLM endpoints answered for 1 s" in outcome.halt.message
+    with sqlite_engine.connect() as conn:
+        runs = Counter(conn.execute(select(TickerRun.status)
+                                    .where(TickerRun.batch_id == outcome.batch_id)).scalars())
+    assert set(runs) <= {"interrupted", "succeeded"} and runs["interrupted"] > 0
+    # Both back: the resume finishes what the outage stopped, every ticker once.
+    healthy = FakeServers({FAST: fake(paced(0.002), kv_tokens=60_000),
+                           SLOW: fake(paced(0.002), kv_tokens=60_000)})
+    settings = load_settings(llm_base_url=healthy.base_urls, check_context_length=False,
+                             retry_backoff_s=0, metrics_interval_s=0.05,
+                             endpoint_grace_s=GRACE_S)
+    resumed = await BatchEngine(settings, sqlite_engine, http_client=healthy.client(),
+                                provider=SnapshotProvider(demo_dir)).resume(
+        find_resumable(sqlite_engine, outcome.batch_id, stale_s=120))
+    assert resumed.status == "succeeded"
+    with sqlite_engine.connect() as conn:
+        decided = Counter(conn.execute(select(Decision.ticker)
+                                       .where(Decision.batch_id == outcome.batch_id)).scalars())
+    assert decided == dict.fromkeys(demo_tickers(TICKERS), 1)
