@@ -360,18 +360,11 @@ def test_sigterm_mid_batch_leaves_the_night_due_and_the_next_start_takes_it_up(
 
 def test_the_nightly_job_resumes_tonights_dead_batch_instead_of_starting_another(
         sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.batch import store
     from app.batch.nightly import run_nightly
+    from tests.unit.test_resume import dead_night
 
     done, left = demo_tickers(2)
-    # Tonight's batch as its killed process left it: still "running", heartbeat fresh, one
-    # ticker stored, the other not begun. No one holds the nightly lock any more.
-    dead = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
-                              tickers=[done, left], samples=1,
-                              settings={"samples": 1, "strategy": "adaptive"},
-                              server_facts=None)
-    store.ticker_finished(sqlite_engine, dead, done, [store.DecisionRow(
-        done, 0, "Hold", 0.0, 0.5, "stored before the crash")], None)
+    dead = dead_night(sqlite_engine, done, left)
     server = fake_llm(monkeypatch, None, [done, left])
     with structlog.testing.capture_logs() as logs, \
             running(daemon_for(sqlite_engine, run_nightly, **batch_settings(demo_dir)),

@@ -155,17 +155,22 @@ def serve_cli_from(monkeypatch: pytest.MonkeyPatch, server: FakeServer, demo_dir
     monkeypatch.setattr(BatchEngine, "__init__", with_fake)
 
 
+def dead_night(db: Engine, done: str, left: str) -> int:
+    """Write tonight's batch as its killed process left it: still "running", ``done``
+    stored, ``left`` not begun; no one holds the nightly lock. Return its id."""
+    dead = store.create_batch(db, kind="nightly", as_of=DEMO_AS_OF, tickers=[done, left],
+                              samples=1, settings={"samples": 1, "strategy": "adaptive"},
+                              server_facts=None)
+    store.ticker_finished(db, dead, done, [store.DecisionRow(
+        done, 0, "Hold", 0.0, 0.5, "stored before the crash")], None)
+    return dead
+
+
 def test_run_continue_night_takes_up_tonights_dead_batch_else_starts_the_night(
         monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
     done, left = demo_tickers(2)
-    # Tonight's batch as its killed process left it (the timer's unit started again by hand,
-    # or by a reboot's catch-up): still "running", one ticker stored, the other not begun.
-    dead = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
-                              tickers=[done, left], samples=1,
-                              settings={"samples": 1, "strategy": "adaptive"},
-                              server_facts=None)
-    store.ticker_finished(sqlite_engine, dead, done, [store.DecisionRow(
-        done, 0, "Hold", 0.0, 0.5, "stored before the crash")], None)
+    # The timer's unit started again by hand after its process was killed.
+    dead = dead_night(sqlite_engine, done, left)
     server = FakeServer(nodes=NODES, tickers=[done, left])
     serve_cli_from(monkeypatch, server, demo_dir)
     night = ["run", "--continue-night", "--as-of", str(DEMO_AS_OF), "--no-preflight"]
