@@ -353,9 +353,14 @@ class EndpointSet:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout=endpoint.grace_s)
 
-    async def health_changed(self) -> None:
-        """Return at the next time an endpoint goes down or comes back."""
-        await self._health.wait()
+    def health_event(self) -> asyncio.Event:
+        """Return the event set at the next time an endpoint goes down or comes back.
+
+        Taken when called, not when first awaited: a coroutine that read ``_health`` only
+        once it ran would wait on the event that replaced it, missing a change that came
+        between its caller's look at the endpoint and its own start.
+        """
+        return self._health
 
     def judge_all(self, now: float) -> None:
         """Decide every endpoint's health from its reads; wake whoever waits on a change.

@@ -182,7 +182,7 @@ class RoutedLLM(GatedLLM):
         try:
             while not task.done():
                 await wait_first(task, endpoint.gone.wait() if endpoint.up
-                                 else self.endpoints.health_changed())
+                                 else self.endpoints.health_event().wait())
                 if task.done() or endpoint.up or self.endpoints.alternative(endpoint) is None:
                     continue  # all down: the call goes on where it is, as with one server
                 await cancel_and_wait(task)

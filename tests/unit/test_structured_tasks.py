@@ -26,6 +26,7 @@ import pytest
 from rich.console import Console
 from sqlalchemy import Engine
 
+from app.batch.endpoints import EndpointSet
 from app.batch.engine import BatchEngine, BatchPlan
 from app.batch.gate import GatedLLM
 from app.batch.halt import Halt, HaltReason, drive
@@ -243,13 +244,19 @@ def two_endpoints() -> tuple[Any, Any]:
     endpoint = SimpleNamespace(url="http://gpu0.test:8000/v1", up=True, gone=Gone())
     other = SimpleNamespace(url="http://gpu1.test:8000/v1", up=True)
     health = asyncio.Event()
-
-    async def health_changed() -> None:
-        await health.wait()
-
     endpoints = SimpleNamespace(several=True, alternative=lambda e: other,
-                                health_changed=health_changed)
+                                health_event=lambda: health)
     return SimpleNamespace(endpoints=endpoints), endpoint
+
+
+async def test_a_health_change_between_a_look_and_its_wait_is_not_missed() -> None:
+    # _unless_gone looks at its endpoint, then waits for a change; a change that comes before
+    # the wait first runs must still end it, or the call stays on a dead endpoint.
+    flip = SimpleNamespace(judge=lambda now: True)
+    endpoints = EndpointSet([flip, flip], asyncio.Event())
+    waiter = asyncio.create_task(endpoints.health_event().wait())
+    endpoints.judge_all(0.0)  # before ``waiter`` has run at all
+    assert await asyncio.wait_for(waiter, timeout=1.0)
 
 
 def go_down(endpoint: Any) -> None:
