@@ -96,6 +96,30 @@ def test_queue_building_caps_the_limit() -> None:
     assert p.reason == "server queue building"
 
 
+def test_a_queue_within_what_the_server_has_run_is_arrivals_not_a_full_batch() -> None:
+    # Readings from an H200 at 40 tickers: the server ran 32 at once early on; later a
+    # chain's next calls waited a step for their prefill while 4 ran at 28% KV. The old
+    # rule cut the limit to 4 + 1 at each such reading.
+    p = AdmissionPolicy(initial=16, queue_allowance=1)
+    assert p.observe(G(running=32, waiting=0, kv_cache_usage=0.5), 16) == 32
+    assert p.observe(G(running=4, waiting=2, kv_cache_usage=0.28), 20) == 32
+    assert p.reason == "requests arriving"
+    assert p.observe(G(running=12, waiting=5, kv_cache_usage=0.55), 32) == 32
+    # More waiting than it has ever run beside what runs: its batch is full.
+    assert p.observe(G(running=32, waiting=4, kv_cache_usage=0.7), 32) == 32  # 32 + 1 caps
+    assert p.reason == "server queue building"
+    assert p.observe(G(running=20, waiting=30, kv_cache_usage=0.7), 32) == 21
+
+
+def test_a_restart_forgets_what_the_server_ran() -> None:
+    p = AdmissionPolicy(initial=32, queue_allowance=1)
+    p.observe(G(running=32, generation_tokens_total=9_000, preemptions_total=2), 32)
+    p.observe(G(generation_tokens_total=0, preemptions_total=0), 0)  # restarted
+    # A new server that runs 3 and queues 5 is full, whatever the old one ran.
+    p.observe(G(running=3, waiting=0, generation_tokens_total=10), 4)
+    assert p.observe(G(running=3, waiting=5, generation_tokens_total=20), 8) == 4
+
+
 async def test_gate_serves_the_most_senior_waiter_first() -> None:
     gate = Gate(1)
     order: list[int] = []
