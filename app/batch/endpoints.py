@@ -33,6 +33,7 @@ import structlog
 from sqlalchemy import Engine
 
 from app.batch.admission import AdmissionPolicy
+from app.batch.chains import Footprint
 from app.batch.gate import Gate, Ticket
 from app.batch.halt import Halt, HaltReason
 from app.batch.routing import Load, choose
@@ -80,6 +81,7 @@ class Endpoint:
             # One high-water mark: once the budget owns the KV cache it is the budget's.
             self.budget.kv_high = self.policy.kv_high
         self.gate = Gate(limit, self.budget, changed=changed)
+        self.footprint = Footprint()  # tokens per active ticker: how many chains fit
         self.grace_s = grace_s
         self.up = True
         self.gone = asyncio.Event()  # set while the endpoint is down
@@ -109,10 +111,23 @@ class Endpoint:
         """Return the requests the tickers here have left."""
         return sum(ticket.remaining for ticket in self.here.values())
 
+    def chain_slots(self) -> int | None:
+        """Return the tickers whose chains the budget keeps going at once (None: no cap)."""
+        return self.footprint.slots(self.budget.limit) if self.budget is not None else None
+
+    def concurrency(self) -> int:
+        """Return the requests this endpoint runs at once: its limit, or the chains that fit."""
+        slots = self.chain_slots()
+        return self.gate.limit if slots is None else min(self.gate.limit, slots)
+
     def load(self, ticker_slots: int | None, weight: float = 1.0) -> Load:
         """Return what routing sees of this endpoint now."""
-        room = (self.tickers < ticker_slots if ticker_slots is not None
-                else self.gate.has_room())
+        if ticker_slots is not None:
+            room = self.tickers < ticker_slots
+        else:
+            # Adaptive: a request would go at once, and one more chain fits (chains.py).
+            slots = self.chain_slots()
+            room = self.gate.has_room() and (slots is None or self.tickers < slots)
         return Load(self.index, self.up, room,
                     self.budget.free if self.budget is not None else None,
                     max(0, self.gate.limit - self.gate.outstanding), self.tickers,
@@ -148,6 +163,7 @@ class Endpoint:
                       endpoint=self.url)
         if self.budget is not None:
             tokens = self.budget.observe(snapshot)
+            self.footprint.sample(self.gate, self.here.values())
             self.gate.reconsider()
             log.debug("token budget", tokens=tokens, reserved=self.budget.reserved,
                       held=self.budget.held, reason=self.budget.reason, endpoint=self.url)
@@ -180,6 +196,9 @@ class Endpoint:
         if self.strategy.adaptive:
             figures["request_limit_reason"] = self.policy.reason
             figures["token_budget"] = self.budget.summary() if self.budget else None
+            per_ticker = self.footprint.per_ticker
+            figures["chains"] = {"slots": self.chain_slots(), "tokens_per_ticker":
+                                 None if per_ticker is None else round(per_ticker)}
         return figures
 
 
@@ -283,6 +302,12 @@ class EndpointSet:
         """Return the requests the endpoints that are up admit together (all, if none is)."""
         up = [e for e in self.endpoints if e.up] or self.endpoints
         return sum(e.gate.limit for e in up)
+
+    def concurrency(self) -> int:
+        """Return the requests the endpoints that are up run together: each one's limit, or
+        the chains its budget keeps going where fewer (all endpoints, if none is up)."""
+        up = [e for e in self.endpoints if e.up] or self.endpoints
+        return sum(e.concurrency() for e in up)
 
     async def wait_for_room(self, ticker_slots: int | None = None,
                             or_else: Callable[[], bool] | None = None,

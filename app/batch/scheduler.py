@@ -229,7 +229,10 @@ class Scheduler:
         """Return True when the ticker's remaining chain would outlast the rest of the batch."""
         if not self.strategy.tail or not ticket.chain or not ticket.remaining:
             return False
-        return ticket.remaining_chain >= self.left / max(1, self.endpoints.request_limit())
+        # The batch's remaining rounds: its requests left over what runs at once. The count
+        # limit alone overstates that where the budget fits fewer chains, and would make
+        # every ticker not yet started urgent too soon.
+        return ticket.remaining_chain >= self.left / max(1, self.endpoints.concurrency())
 
     def _work_left(self) -> int:
         return self.left
@@ -440,6 +443,7 @@ class Scheduler:
         if self.strategy.adaptive:
             figures["request_limit_reason"] = self.policy.reason
             figures["token_budget"] = self.budget.summary() if self.budget else None
+            figures["chains"] = self.endpoints.first.summary().get("chains")
         if self.endpoints.several:
             figures["request_limit"] = sum(e.gate.limit for e in self.endpoints)
             figures["endpoints"] = self.endpoints.summary()
