@@ -164,6 +164,8 @@ def arm(engine: Engine, batch_id: int) -> dict[str, Any]:
         "prompt_tokens": calls.prompt_tokens, "completion_tokens": calls.completion_tokens,
         "prefill_tokens_computed": view.prefill_tokens_computed,
         "prefix_cache_hit_rate": view.prefix_cache_hit_rate,
+        # Above 1.05 the two figures above are None: the server's lookups repeat (ServerView).
+        "prefix_lookups_per_prompt_token": view.prefix_lookups_per_prompt_token,
         "running_mean": view.running_mean, "running_max": view.running_max,
         "waiting_max": view.waiting_max, "kv_usage_max": view.kv_usage_max,
         "preemptions": view.preemptions, "mean_ttft_s": view.mean_ttft_s,

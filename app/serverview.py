@@ -55,6 +55,10 @@ class ServerView:
     generation_tokens: float | None = None
     prefix_cache_hit_rate: float | None = None
     prefill_tokens_computed: float | None = None  # prompt tokens not served from the cache
+    # The server's prefix-cache lookups per prompt token. vLLM looks a waiting request up
+    # again at every scheduler step while the cache is too full to admit it, so past
+    # LOOKUPS_SLACK the hit counters count repeats: the two figures above are then None.
+    prefix_lookups_per_prompt_token: float | None = None
     spec_acceptance: float | None = None  # accepted ÷ drafted speculative tokens, when present
     # Request-seconds, summed over requests that finished in the batch: overlapping requests
     # add up, so these exceed the wall time; only their ratio is a split of the time.
@@ -74,6 +78,10 @@ class ServerView:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+
+# Lookups a batch may make per prompt token before its hit counters are repeats: a little
+# over one, for prompts the server tokenizes a few tokens longer than it counts them.
+LOOKUPS_SLACK = 1.05
 
 UNRECORDED = -1
 """``request_cap`` for a capped client whose cap the batch did not record."""
@@ -192,6 +200,9 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
 
     queries, hits = delta("prefix_cache_queries_total"), delta("prefix_cache_hits_total")
     prompt = delta("prompt_tokens_total")
+    lookups = queries / prompt if queries is not None and prompt else None
+    if lookups is not None and lookups > LOOKUPS_SLACK:
+        hits = None  # counted again for every step a request waited: not a share of prompts
     drafted, accepted = delta("spec_draft_tokens_total"), delta("spec_accepted_tokens_total")
     prefill_s, decode_s = delta("prefill_time_s_total"), delta("decode_time_s_total")
     request_s = prefill_s + decode_s if prefill_s is not None and decode_s is not None else None
@@ -210,6 +221,7 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
         prefix_cache_hit_rate=(hits / queries) if queries and hits is not None else None,
         prefill_tokens_computed=(prompt - hits) if prompt is not None and hits is not None
         else None,
+        prefix_lookups_per_prompt_token=lookups,
         spec_acceptance=(accepted / drafted) if drafted and accepted is not None else None,
         prefill_time_s=prefill_s,
         decode_time_s=decode_s,

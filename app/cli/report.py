@@ -22,7 +22,7 @@ from app.report import (
     endpoint_shares,
     latest_batch_id,
 )
-from app.serverview import BOUND_NAMES, ServerView, server_view
+from app.serverview import BOUND_NAMES, LOOKUPS_SLACK, ServerView, server_view
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
@@ -72,7 +72,7 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
         ("prompt / generation tokens (server)",
          f"{_fmt(view.prompt_tokens, '.0f')} / {_fmt(view.generation_tokens, '.0f')}"),
         ("prefill tokens computed", _fmt(view.prefill_tokens_computed, ".0f")),
-        ("prefix cache hit rate", _fmt(view.prefix_cache_hit_rate, ".1%")),
+        ("prefix cache hit rate", prefix_hits(view)),
         ("spec-decode acceptance", _fmt(view.spec_acceptance, ".1%")),
         ("request time", f"prefill {_fmt(view.prefill_time_s)} s, decode"
                          f" {_fmt(view.decode_time_s)} s (decode"
@@ -89,6 +89,15 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
     for n in report.nodes:
         nodes.add_row(n.node, str(n.calls), f"{n.mean_s:.2f}", f"{n.p50_s:.2f}", f"{n.p99_s:.2f}")
     console.print(nodes)
+
+
+def prefix_hits(view: ServerView) -> str:
+    """Give the prefix-cache hit rate, or say why the server's counters cannot give it."""
+    lookups = view.prefix_lookups_per_prompt_token
+    if view.prefix_cache_hit_rate is None and lookups is not None and lookups > LOOKUPS_SLACK:
+        return (f"— (the server looked prompts up {lookups:.1f}× per prompt token: requests "
+                "waiting at a full cache are looked up again at every step)")
+    return _fmt(view.prefix_cache_hit_rate, ".1%")
 
 
 def client_lag(view: ServerView) -> str:

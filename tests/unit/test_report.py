@@ -95,6 +95,39 @@ def test_server_view_request_time_is_unknown_without_the_histograms(
         0.0, 0.0, None)
 
 
+def add_prefix_sample(engine: Engine, batch_id: int, at_s: float, prompt: float,
+                      queries: float, hits: float) -> None:
+    with engine.begin() as conn:
+        conn.execute(ServerSample.__table__.insert().values(  # type: ignore[attr-defined]
+            batch_id=batch_id, sampled_at=T0 + timedelta(seconds=at_s), running=14.0,
+            waiting=3.0, kv_cache_usage=1.0, preemptions_total=0.0,
+            prompt_tokens_total=prompt, generation_tokens_total=0.0,
+            prefix_cache_queries_total=queries, prefix_cache_hits_total=hits))
+
+
+def test_prefix_counters_that_count_repeated_lookups_give_no_hit_rate(
+        sqlite_engine: Engine) -> None:
+    # Counters of an H200 arm (fixed-14, 40 tickers) whose requests queued at a full cache:
+    # 6.6 M lookups for 1.5 M prompt tokens, so its 1.0 M "hits" are mostly repeats.
+    crowded = known_batch(sqlite_engine)
+    add_prefix_sample(sqlite_engine, crowded, 0.0, 0.0, 0.0, 0.0)
+    add_prefix_sample(sqlite_engine, crowded, 60.0, 1_503_120.0, 6_642_576.0, 1_016_080.0)
+    view = server_view(sqlite_engine, crowded)
+    assert view.prefix_lookups_per_prompt_token == pytest.approx(4.42, abs=0.01)
+    assert view.prefix_cache_hit_rate is None and view.prefill_tokens_computed is None
+    console = Console(width=250, record=True)
+    render_table(batch_report(sqlite_engine, crowded), view, console)
+    assert "looked prompts up 4.4× per prompt token" in console.export_text()
+    # The adaptive arm of the same run never queued at a full cache: one lookup per token.
+    calm = known_batch(sqlite_engine)
+    add_prefix_sample(sqlite_engine, calm, 0.0, 0.0, 0.0, 0.0)
+    add_prefix_sample(sqlite_engine, calm, 60.0, 1_503_120.0, 1_503_120.0, 329_008.0)
+    view = server_view(sqlite_engine, calm)
+    assert view.prefix_cache_hit_rate == pytest.approx(0.2189, abs=1e-4)
+    assert view.prefill_tokens_computed == 1_503_120.0 - 329_008.0
+    assert arm(sqlite_engine, calm)["prefix_lookups_per_prompt_token"] == 1.0
+
+
 def test_report_json_has_exactly_the_documented_keys(sqlite_engine: Engine) -> None:
     data = batch_report(sqlite_engine, known_batch(sqlite_engine)).to_json()
     assert set(data) == KEYS
