@@ -72,8 +72,8 @@ test-unit: setup systemd-tools
 	$(BIN)/pytest -q tests/unit
 
 lint: setup
-	$(BIN)/ruff check app agents serving tests
-	$(BIN)/mypy app agents serving
+	$(BIN)/ruff check app agents serving tests migrations
+	$(BIN)/mypy app agents serving migrations
 	$(BIN)/lint-imports
 
 server-start: setup vllm-env model

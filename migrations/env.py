@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import engine_from_config, pool
+from sqlalchemy import Connection, engine_from_config, pool
 
 from app.db.models import Base
 
@@ -18,11 +18,12 @@ FOREIGN_TABLES = {"apscheduler_jobs", "checkpoints", "checkpoint_blobs", "checkp
                   "checkpoint_migrations"}
 
 
-def _include_object(obj, name, type_, reflected, compare_to) -> bool:  # type: ignore[no-untyped-def]
+def _include_object(obj: object, name: str | None, type_: str, reflected: bool,
+                    compare_to: object) -> bool:
     return not (type_ == "table" and name in FOREIGN_TABLES)
 
 
-def _run(connection) -> None:  # type: ignore[no-untyped-def]
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
