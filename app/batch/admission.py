@@ -104,9 +104,7 @@ class AdmissionPolicy:
         if held is not None and not restarted:
             self.limit = max(self.limit, held)
 
-        if restarted:
-            self._ran_most = 0.0
-        self._ran_most = max(self._ran_most, gauges.running)
+        self._ran_most = max(0.0 if restarted else self._ran_most, gauges.running)
 
         if restarted:
             self.limit = float(self.initial)

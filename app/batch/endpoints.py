@@ -115,6 +115,12 @@ class Endpoint:
         """Return the tickers whose chains the budget keeps going at once (None: no cap)."""
         return self.footprint.slots(self.budget.limit) if self.budget is not None else None
 
+    def chains_summary(self) -> dict[str, int | None]:
+        """Return the chains the budget was found to fit, and the tokens per active ticker."""
+        per_ticker = self.footprint.per_ticker
+        return {"slots": self.chain_slots(),
+                "tokens_per_ticker": None if per_ticker is None else round(per_ticker)}
+
     def concurrency(self) -> int:
         """Return the requests this endpoint runs at once: its limit, or the chains that fit."""
         slots = self.chain_slots()
@@ -196,9 +202,7 @@ class Endpoint:
         if self.strategy.adaptive:
             figures["request_limit_reason"] = self.policy.reason
             figures["token_budget"] = self.budget.summary() if self.budget else None
-            per_ticker = self.footprint.per_ticker
-            figures["chains"] = {"slots": self.chain_slots(), "tokens_per_ticker":
-                                 None if per_ticker is None else round(per_ticker)}
+            figures["chains"] = self.chains_summary()
         return figures
 
 
@@ -298,16 +302,18 @@ class EndpointSet:
         return [endpoint.load(ticker_slots, float(capacity) if known and capacity else 1.0)
                 for endpoint, capacity in zip(self.endpoints, capacities, strict=True)]
 
+    def _serving(self) -> list[Endpoint]:
+        """Return the endpoints that are up (all of them, if none is)."""
+        return [e for e in self.endpoints if e.up] or self.endpoints
+
     def request_limit(self) -> int:
-        """Return the requests the endpoints that are up admit together (all, if none is)."""
-        up = [e for e in self.endpoints if e.up] or self.endpoints
-        return sum(e.gate.limit for e in up)
+        """Return the requests the endpoints that are up admit together."""
+        return sum(e.gate.limit for e in self._serving())
 
     def concurrency(self) -> int:
         """Return the requests the endpoints that are up run together: each one's limit, or
-        the chains its budget keeps going where fewer (all endpoints, if none is up)."""
-        up = [e for e in self.endpoints if e.up] or self.endpoints
-        return sum(e.concurrency() for e in up)
+        the chains its budget keeps going where fewer."""
+        return sum(e.concurrency() for e in self._serving())
 
     async def wait_for_room(self, ticker_slots: int | None = None,
                             or_else: Callable[[], bool] | None = None,

@@ -443,7 +443,7 @@ class Scheduler:
         if self.strategy.adaptive:
             figures["request_limit_reason"] = self.policy.reason
             figures["token_budget"] = self.budget.summary() if self.budget else None
-            figures["chains"] = self.endpoints.first.summary().get("chains")
+            figures["chains"] = self.endpoints.first.chains_summary()
         if self.endpoints.several:
             figures["request_limit"] = sum(e.gate.limit for e in self.endpoints)
             figures["endpoints"] = self.endpoints.summary()

@@ -10,6 +10,22 @@ import pytest
 
 from app.batch.checkpoints import checkpoint_path, open_checkpointer
 
+CONFIG = {"configurable": {"thread_id": "b1:AAA:0", "checkpoint_ns": "", "checkpoint_id": "c1"}}
+
+
+class HeldInsert:
+    """An SQLite authorizer that holds the connection's worker as it prepares a write's INSERT
+    (the machine's load, made certain), until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, action: int, table: str | None, *_: object) -> int:
+        if action == sqlite3.SQLITE_INSERT and table == "writes":
+            self.entered.set()
+            self.release.wait()
+        return sqlite3.SQLITE_OK
+
 
 async def test_closing_waits_for_a_write_still_running_and_leaves_the_file_unlocked(
         sqlite_url: str) -> None:
@@ -19,24 +35,15 @@ async def test_closing_waits_for_a_write_still_running_and_leaves_the_file_unloc
     # machine the connection's worker thread is behind, and a write's INSERT and the close
     # meet in its queue. Here the worker is held as it prepares the INSERT (the machine's
     # load, made certain) while the checkpointer closes.
-    entered, release = threading.Event(), threading.Event()
-
-    def hold_the_insert(action: int, table: str | None, *_: object) -> int:
-        if action == sqlite3.SQLITE_INSERT and table == "writes":
-            entered.set()
-            release.wait()
-        return sqlite3.SQLITE_OK
-
-    config = {"configurable": {"thread_id": "b1:AAA:0", "checkpoint_ns": "",
-                               "checkpoint_id": "c1"}}
+    held = HeldInsert()
     async with open_checkpointer(sqlite_url) as saver:
-        await saver.conn.set_authorizer(hold_the_insert)  # type: ignore[attr-defined]
+        await saver.conn.set_authorizer(held)  # type: ignore[attr-defined]
         # Nobody awaits this write, as nobody awaits LangGraph's; the test keeps it, as
         # LangGraph's executor keeps its failed tasks (that reference kept the lock).
-        write = asyncio.create_task(saver.aput_writes(config, [("value", 1)], "task-1"))
-        assert await asyncio.to_thread(entered.wait, 60)  # the INSERT is being prepared
+        write = asyncio.create_task(saver.aput_writes(CONFIG, [("value", 1)], "task-1"))
+        assert await asyncio.to_thread(held.entered.wait, 60)  # the INSERT is being prepared
         # The worker goes on once the checkpointer has begun to close.
-        asyncio.get_running_loop().call_soon(release.set)
+        asyncio.get_running_loop().call_soon(held.release.set)
     await asyncio.wait({write})
 
     # Closing left no transaction open: another connection can write at once. (Before,
@@ -60,31 +67,22 @@ async def test_a_close_cancelled_outright_still_ends_its_writes_before_the_conne
         sqlite_url: str) -> None:
     # A third Ctrl-C cancels the batch while it waits for such a write: the write is
     # cancelled too, and the connection closes only after it ended (never under it).
-    entered, release = threading.Event(), threading.Event()
-
-    def hold_the_insert(action: int, table: str | None, *_: object) -> int:
-        if action == sqlite3.SQLITE_INSERT and table == "writes":
-            entered.set()
-            release.wait()
-        return sqlite3.SQLITE_OK
-
+    held = HeldInsert()
     writes: list[asyncio.Task[None]] = []
     closing_now = asyncio.Event()
 
     async def batch() -> None:
-        config = {"configurable": {"thread_id": "b1:AAA:0", "checkpoint_ns": "",
-                                   "checkpoint_id": "c1"}}
         async with open_checkpointer(sqlite_url) as saver:
-            await saver.conn.set_authorizer(hold_the_insert)  # type: ignore[attr-defined]
+            await saver.conn.set_authorizer(held)  # type: ignore[attr-defined]
             writes.append(asyncio.create_task(
-                saver.aput_writes(config, [("value", 1)], "task-1")))
-            assert await asyncio.to_thread(entered.wait, 60)
+                saver.aput_writes(CONFIG, [("value", 1)], "task-1")))
+            assert await asyncio.to_thread(held.entered.wait, 60)
             closing_now.set()  # the body ends here: the checkpointer closes
 
     closing = asyncio.create_task(batch())
     await closing_now.wait()
     closing.cancel()
-    asyncio.get_running_loop().call_soon(release.set)
+    asyncio.get_running_loop().call_soon(held.release.set)
     with pytest.raises(asyncio.CancelledError):
         await closing
     await asyncio.wait(writes)
