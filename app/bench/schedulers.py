@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -31,7 +32,7 @@ from app.batch.scheduler import Strategy
 from app.batch.workload import Workload, play, shape
 from app.bench.tracker import machine_facts as host_facts
 from app.config import Settings
-from app.errors import InputError
+from app.errors import InputError, ServerError
 from app.report import arm
 from serving.metrics import aread_metrics
 
@@ -54,6 +55,7 @@ class BenchResult:
     server_bound_arm: str = ""  # flood: dependencies ignored
     checks: dict[str, bool] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
+    warmup: dict[str, Any] | None = None  # what was sent before the first arm, and its time
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(self.__dict__, default=str))
@@ -80,6 +82,53 @@ async def _wait_idle(settings: Settings, client: httpx.AsyncClient | None = None
             await asyncio.sleep(0.5)
 
 
+# Output tokens per warm-up request: enough for a few decode steps beside the prefills.
+WARMUP_MAX_TOKENS = 16
+
+
+async def _warm_up(settings: Settings, workload: Workload, salt: str, tickers: int,
+                   client: httpx.AsyncClient | None = None) -> dict[str, Any] | None:
+    """Send the first ``tickers`` tickers' requests at once to every endpoint, short answers.
+
+    A server that has just started compiles kernels for the batch shapes it meets first:
+    measured on an H200 (vLLM 0.24, docs/performance.md), the first arm's three requests
+    beside its first one waited 10 s for their first token at 7% KV usage, and no later arm
+    did. Whichever arm ran first paid for it. The warm-up meets those shapes (prefills of
+    several prompts beside a decode) before any arm is timed; it goes to the servers
+    directly, under its own cache salt, so no batch records it and no arm reuses its cache.
+    """
+    items = [item for ticker in sorted(workload)[:tickers] for item in workload[ticker]]
+    if not items:
+        return None
+    headers = {"Authorization": f"Bearer {settings.llm_api_key.get_secret_value()}"}
+    started = time.monotonic()
+    async with contextlib.AsyncExitStack() as stack:
+        if client is None:
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(timeout=settings.call_timeout_s))
+
+        async def one(url: str, body: dict[str, Any]) -> None:
+            sent = {k: v for k, v in body.items() if k != "extra_body"}
+            sent.update(body.get("extra_body", {}), cache_salt=salt, stream=False,
+                        max_tokens=min(WARMUP_MAX_TOKENS, int(body.get("max_tokens") or 1)))
+            try:
+                response = await client.post(f"{url}/chat/completions", json=sent,
+                                             headers=headers)
+            except httpx.HTTPError as error:
+                raise ServerError(f"the bench's warm-up could not reach {url}: {error}") from None
+            if response.status_code != 200:
+                raise ServerError(f"the bench's warm-up request to {url} answered HTTP "
+                                  f"{response.status_code}: {response.text[:200]}")
+
+        async with asyncio.TaskGroup() as group:
+            for url in settings.base_urls:
+                for item in items:
+                    group.create_task(one(url, item.body))
+    return {"tickers": min(tickers, len(workload)), "requests": len(items),
+            "endpoints": len(settings.base_urls), "max_tokens": WARMUP_MAX_TOKENS,
+            "seconds": round(time.monotonic() - started, 2)}
+
+
 def _salted(workload: Workload, salt: str) -> Workload:
     """Copy the workload with a per-arm prefix-cache salt: no arm reuses another's cache."""
     salted = copy.deepcopy(workload)
@@ -91,9 +140,12 @@ def _salted(workload: Workload, salt: str) -> Workload:
 
 async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
                     name: str, strategies: list[str] | None = None,
-                    server_facts: dict[str, Any] | None = None,
+                    server_facts: dict[str, Any] | None = None, warmup_tickers: int = 1,
                     **engine_kwargs: Any) -> BenchResult:
-    """Run every strategy over the same workload and compare them to the measured ceiling."""
+    """Run every strategy over the same workload and compare them to the measured ceiling.
+
+    ``warmup_tickers`` tickers' requests are sent first, untimed (``_warm_up``); 0: none.
+    """
     if strategies is None:
         strategies = list(DEFAULT_STRATEGIES)
     for s in strategies:
@@ -106,6 +158,10 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
     weights = {t: float(sum(i.body["max_tokens"] for i in items))
                for t, items in workload.items()}
     shapes = {t: shape(items) for t, items in workload.items()}
+    if warmup_tickers > 0:
+        result.warmup = await _warm_up(settings, workload, f"{run_id}-warmup", warmup_tickers,
+                                       engine_kwargs.get("http_client"))
+        log.info("bench warm-up", **(result.warmup or {}))
     for strategy in strategies:
         if engine_kwargs.get("sample_metrics", True):
             await _wait_idle(settings, engine_kwargs.get("http_client"))
@@ -123,6 +179,7 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         figures = await asyncio.to_thread(arm, engine, outcome.batch_id)
         figures["strategy"] = strategy
         figures["admission"] = outcome.admission
+        figures["warmup"] = result.warmup  # kept with the arm: combined runs each had one
         result.arms.append(figures)
     _judge(result)
     return result

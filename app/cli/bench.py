@@ -76,6 +76,9 @@ def schedulers(
     strategies: Annotated[str, typer.Option(help="Comma-separated arms, run in this order.")]
         = "sequential,fixed-3,fixed-8,fixed-14,fixed-32,fixed-all,adaptive,flood",
     json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
+    warmup: Annotated[int, typer.Option(
+        min=0, help="Tickers whose requests (short answers) warm the server up first, "
+                    "untimed; 0: none.")] = 1,
 ) -> None:
     """Drive one workload with several strategies against the running server; find the ceiling.
 
@@ -118,7 +121,7 @@ def schedulers(
         raise InputError(f"--workload takes synthetic or recorded:BATCH_ID (got {workload!r})")
     arms = [s.strip() for s in strategies.split(",") if s.strip()]
     result = asyncio.run(run_bench(settings, engine, load, name=name, strategies=arms,
-                                   server_facts=batch_server_facts(
+                                   warmup_tickers=warmup, server_facts=batch_server_facts(
                                        settings.server_profile, settings.base_url,
                                        settings.server_dir)))
     show_schedulers(result, json_out)
@@ -150,6 +153,11 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     m = result.machine
     console.print(f"machine: {m['cpu_model']}, {m['cores']} cores, Python {m['python']}; server "
                   f"{m['model']} ({m['profile']}) at {m['server']}; {m['date']}")
+    if result.warmup:
+        w = result.warmup
+        console.print(f"warm-up before the arms (untimed): {w['requests']} requests of "
+                      f"{w['tickers']} ticker(s) at once per endpoint, {w['max_tokens']} output "
+                      f"tokens each, {w['seconds']:.1f} s")
     for a in result.arms:
         budget = (a.get("admission") or {}).get("token_budget")
         if budget:

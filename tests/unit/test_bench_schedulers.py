@@ -103,9 +103,17 @@ async def test_the_bench_orders_arms_as_a_server_of_known_capacity_dictates(
     assert server.load.max_in_flight == 34 and server.load.max_waiting == 34 - 2  # flood
     # Each arm paced as named: one ticker at a time sends at most its four analysts.
     assert _max_overlap(sqlite_engine, arms["fixed-1"]["batch_id"]) <= 4
-    # Per-arm cache salts: no arm can reuse another arm's prefix cache.
+    # Per-arm cache salts: no arm can reuse another arm's prefix cache (nor the warm-up's).
     salts = {c.body.get("cache_salt") for c in server.chats}
-    assert len(salts) == 4
+    assert len(salts) == 4 + 1
+    # Before the first arm, one ticker's requests warmed the server up (a fresh H200 made
+    # the first arm's early requests wait 10 s): all at once, short answers, own salt,
+    # recorded in no arm's rows (each arm has its 34 calls above).
+    assert result.warmup is not None and result.warmup["requests"] == 17
+    warm = [c for c in server.chats if c.body.get("cache_salt", "").endswith("-warmup")]
+    assert len(warm) == 17 and server.chats[:17] == warm
+    assert all(c.body["max_tokens"] <= 16 and not c.body.get("stream") for c in warm)
+    assert all(a["warmup"] == result.warmup for a in arms.values())
 
 
 def _fake_arm(strategy: str, tok_s: float, ttft: float = 1.0, preemptions: int = 0
