@@ -52,6 +52,10 @@ class PromptCounter:
         self._url = tokenize_url
         self._learning_limit = asyncio.Lock()
         self._counted: OrderedDict[str, int] = OrderedDict()
+        # What /tokenize has counted so far: message bytes and the tokens they came to. The
+        # token budget reads it to cost prompts before any call has finished (budget.py).
+        self.counted_bytes = 0
+        self.counted_tokens = 0
 
     def budget(self, max_tokens: int) -> int:
         """Return the output tokens the server counts against the context with the prompt."""
@@ -120,6 +124,8 @@ class PromptCounter:
         count = int(data["count"])
         self.max_model_len = int(data["max_model_len"])
         self._counted[key] = count
+        self.counted_bytes += sum(len(str(m.get("content", "")).encode()) for m in messages)
+        self.counted_tokens += count
         if len(self._counted) > COUNT_CACHE:
             self._counted.popitem(last=False)
         return count

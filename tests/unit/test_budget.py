@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
+from sqlalchemy import Engine
 
 from app.batch.budget import TokenBudget
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
@@ -274,3 +276,35 @@ def test_progress_shows_the_token_budget_in_use() -> None:
     fixed = Scheduler(server, Strategy.parse("fixed-3"), gauges=server)  # type: ignore[arg-type]
     assert fixed.budget is None
     assert BatchProgress(1, 3, llm, fixed, server).state()["budget_tokens"] is None
+
+
+async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default(
+        sqlite_engine: Engine) -> None:
+    # Before any request has finished the budget knew only its generous default (0.5
+    # tokens per byte); on an H200 the prompts came to 0.226, so the first minute's costs
+    # were 2.3x too high. The context check's /tokenize count (made before the first call
+    # goes out) now sets the ratio until finished requests do.
+    from app.batch.endpoints import Endpoint
+    from app.bench.fakeserver import BASE_URL
+    from app.llm import TrackedLLM
+    from app.usage import UsageRecorder
+
+    fake = FakeServer(tokenize_count=1_000, max_model_len=32_768)
+    settings = load_settings(llm_base_url=BASE_URL, check_context_length=True)
+    prompt = body(4_000, 300)
+    async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
+        llm = TrackedLLM(settings, recorder, http_client=http)
+        endpoint = Endpoint(0, BASE_URL, llm, Strategy.parse("adaptive"),
+                            gauges=SimpleNamespace())
+        budget = endpoint.budget
+        assert budget is not None
+        assert budget.ratio() == budget.tokens_per_byte == 0.5  # nothing counted yet
+        default = budget.cost("market", prompt)
+        await llm.counter.check({"model": settings.llm_model, **prompt})
+        assert fake.tokenize_calls == 1
+        assert budget.ratio() == pytest.approx(1.05 * 1_000 / 4_000)
+        counted = budget.cost("market", prompt)
+        assert counted == blocks(math.ceil(4_000 * 1.05 * 0.25) + 24 + 300) < default
+        # A finished request's own prompt count takes over from /tokenize's.
+        budget.learn("market", prompt, prompt_tokens=800, completion_tokens=300)
+        assert budget.ratio() == pytest.approx(1.05 * 800 / 4_000)
