@@ -31,6 +31,11 @@ TEMPLATE_OVERHEAD_TOKENS = 64
 COUNT_CACHE = 256
 
 
+def message_bytes(messages: list[dict[str, Any]]) -> int:
+    """Return the UTF-8 size of chat messages' texts (what a token count is compared with)."""
+    return sum(len(str(m.get("content", "")).encode()) for m in messages)
+
+
 class ServerCheck(Protocol):
     """Tell whether the server answers (app.batch.outage.ServerWatch)."""
 
@@ -56,6 +61,10 @@ class PromptCounter:
         # token budget reads it to cost prompts before any call has finished (budget.py).
         self.counted_bytes = 0
         self.counted_tokens = 0
+
+    def counts(self) -> tuple[int, int]:
+        """Return the message bytes /tokenize has counted so far and the tokens they came to."""
+        return self.counted_bytes, self.counted_tokens
 
     def budget(self, max_tokens: int) -> int:
         """Return the output tokens the server counts against the context with the prompt."""
@@ -84,7 +93,7 @@ class PromptCounter:
         """Return True when the prompt's bytes alone prove it fits (a token covers ≥ 1 byte)."""
         if self.max_model_len is None:
             return False
-        upper = sum(len(m["content"].encode()) for m in messages)
+        upper = message_bytes(messages)
         upper += TEMPLATE_OVERHEAD_TOKENS * (len(messages) + 1)
         return upper + budget <= self.max_model_len
 
@@ -124,7 +133,7 @@ class PromptCounter:
         count = int(data["count"])
         self.max_model_len = int(data["max_model_len"])
         self._counted[key] = count
-        self.counted_bytes += sum(len(str(m.get("content", "")).encode()) for m in messages)
+        self.counted_bytes += message_bytes(messages)
         self.counted_tokens += count
         if len(self._counted) > COUNT_CACHE:
             self._counted.popitem(last=False)

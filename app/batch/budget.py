@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from app.promptsize import message_bytes
+
 # A message's chat-template tokens beyond its text (role markers, separators).
 MESSAGE_OVERHEAD_TOKENS = 8
 # Factor changes the summary keeps from the start of a batch, and as many from its end.
@@ -79,7 +81,7 @@ class Claim:
 
 def prompt_bytes(body: dict[str, Any]) -> int:
     """Return the UTF-8 size of a chat body's message texts."""
-    return sum(len(str(m.get("content", "")).encode()) for m in body.get("messages", []))
+    return message_bytes(body.get("messages", []))
 
 
 def as_claim(cost: int | Claim) -> Claim:

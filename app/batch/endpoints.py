@@ -82,7 +82,7 @@ class Endpoint:
             self.budget.kv_high = self.policy.kv_high
             counter = getattr(llm, "counter", None)
             if counter is not None:  # the first prompts costed by the server's own count
-                self.budget.counted = lambda: (counter.counted_bytes, counter.counted_tokens)
+                self.budget.counted = counter.counts
         self.gate = Gate(limit, self.budget, changed=changed)
         self.footprint = Footprint()  # tokens per active ticker: how many chains fit
         self.grace_s = grace_s
