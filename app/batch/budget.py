@@ -232,13 +232,17 @@ class TokenBudget:
 
     def room_for_new(self) -> bool:
         """Return True when a new ticker may start: a typical request fits beside the holds."""
-        limit = self.limit
-        if limit is None or (self.reserved == 0 and self.held == 0):
-            return True
-        if self.reserved + self.held + self.typical_cost <= limit:
+        if self.new_fits():
             return True
         self._refused = True
         return False
+
+    def new_fits(self) -> bool:
+        """Return what ``room_for_new`` would, without counting a refusal (for reports)."""
+        limit = self.limit
+        if limit is None or (self.reserved == 0 and self.held == 0):
+            return True
+        return self.reserved + self.held + self.typical_cost <= limit
 
     def take(self, cost: int | Claim, held: int = 0) -> None:
         """Reserve a request's tokens, releasing its ticker's hold of ``held``."""

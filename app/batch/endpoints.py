@@ -36,6 +36,15 @@ from app.batch.admission import AdmissionPolicy
 from app.batch.chains import Footprint
 from app.batch.gate import Gate, Ticket
 from app.batch.halt import Halt, HaltReason
+from app.batch.holdback import (
+    CHAIN_CAP,
+    HELD,
+    QUEUED,
+    REQUEST_LIMIT,
+    ROOM,
+    TOKEN_BUDGET,
+    HoldBack,
+)
 from app.batch.routing import Load, choose
 from app.batch.sampler import MetricsSampler
 from app.batch.tasks import wait_first
@@ -85,6 +94,7 @@ class Endpoint:
                 self.budget.counted = counter.counts
         self.gate = Gate(limit, self.budget, changed=changed)
         self.footprint = Footprint()  # tokens per active ticker: how many chains fit
+        self.holdback = HoldBack()  # what kept new tickers from starting here, per reading
         self.grace_s = grace_s
         self.up = True
         self.gone = asyncio.Event()  # set while the endpoint is down
@@ -141,6 +151,33 @@ class Endpoint:
                     self.budget.free if self.budget is not None else None,
                     max(0, self.gate.limit - self.gate.outstanding), self.tickers,
                     self.work, weight)
+
+    def blocker(self) -> str:
+        """Return the first thing short for a new ticker here, in the order ``load`` checks."""
+        gate = self.gate
+        if gate.held:
+            return HELD
+        if gate.outstanding >= gate.limit:
+            return REQUEST_LIMIT
+        if gate.waiting:
+            return QUEUED  # under the limit, so the first in line waits for budget tokens
+        if self.budget is not None and not self.budget.new_fits():
+            return TOKEN_BUDGET
+        slots = self.chain_slots()
+        if slots is not None and self.tickers >= slots:
+            return CHAIN_CAP
+        return ROOM
+
+    def note_start_wait(self, now: float) -> None:
+        """Record what held a new ticker back at this reading (tickers wait to start)."""
+        budget = self.budget
+        self.holdback.note(now, self.blocker(), {
+            "tickers": self.tickers, "chain_slots": self.chain_slots(),
+            "request_limit": self.gate.limit, "outstanding": self.gate.outstanding,
+            "queued": self.gate.waiting,
+            "budget_limit": budget.limit if budget is not None else None,
+            "reserved": budget.reserved if budget is not None else None,
+            "held": budget.held if budget is not None else None})
 
     def judge(self, now: float) -> bool:
         """Update up/down from the sampler's reads; return True when the state changed."""
@@ -206,6 +243,7 @@ class Endpoint:
             figures["request_limit_reason"] = self.policy.reason
             figures["token_budget"] = self.budget.summary() if self.budget else None
             figures["chains"] = self.chains_summary()
+            figures["new_tickers_held_back"] = self.holdback.summary()
         return figures
 
 

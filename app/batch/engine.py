@@ -61,6 +61,8 @@ class BatchOutcome:
     succeeded: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     admission: dict[str, Any] = field(default_factory=dict)  # how the scheduler ended
+    # What held new tickers back, reading by reading (the bench keeps it; too long to log).
+    holdback: dict[str, Any] = field(default_factory=dict)
     halt: HaltReason | None = None  # why it stopped early, when it did
 
 
@@ -303,6 +305,7 @@ class BatchEngine:
                     error_text = "; ".join(filter(None, [error_text, cleanup.describe(failed)]))
                 outcome.status = status
                 outcome.admission = scheduler.admission()
+                outcome.holdback = scheduler.holdback_timeline()
                 await asyncio.to_thread(
                     store.finish_batch, self.engine, batch_id, status, error_text,
                     final_settings() if final_settings else None)

@@ -29,6 +29,7 @@ from app.batch.admission import AdmissionPolicy
 from app.batch.budget import TokenBudget
 from app.batch.endpoints import UNBOUNDED, Endpoint, EndpointSet, GaugeSource
 from app.batch.gate import Gate, GatedLLM, Ticket
+from app.batch.holdback import COLUMNS
 from app.batch.routed import RoutedLLM
 from app.batch.tasks import wait_first
 from app.errors import InputError
@@ -180,6 +181,7 @@ class Scheduler:
         self._waited: set[int] = set()
         self.tickers = 0
         self.stopping = False
+        self.routing = False  # a ready ticker waits for an endpoint with room to start on
         # Readings of /metrics that could not be taken, and the fallback they put us in.
         self.on_metrics = on_metrics  # told of each reading, taken (True) or missed (False)
         self.metrics_fallback = False
@@ -290,12 +292,16 @@ class Scheduler:
                 ticket = Ticket(order, job.requests, job.chain)
                 # The endpoint with room, under its share of the work left and with the
                 # most free budget tokens (routing.py); a stop ends the wait at once.
-                endpoint = await self.endpoints.wait_for_room(
-                    slots, or_else=functools.partial(
-                        self._may_pass, ticket if slots is None else None),
-                    # Adaptive spreads the work so the endpoints finish together; fixed-N
-                    # keeps its meaning, N tickers per endpoint.
-                    work_left=self._work_left if slots is None else None)
+                self.routing = True
+                try:
+                    endpoint = await self.endpoints.wait_for_room(
+                        slots, or_else=functools.partial(
+                            self._may_pass, ticket if slots is None else None),
+                        # Adaptive spreads the work so the endpoints finish together;
+                        # fixed-N keeps its meaning, N tickers per endpoint.
+                        work_left=self._work_left if slots is None else None)
+                finally:
+                    self.routing = False
                 if self.stopping:
                     break  # the tickers not started stay queued, for a resume
                 order += 1
@@ -429,9 +435,16 @@ class Scheduler:
                     seen[endpoint.index] = snapshot
                     if adaptive:
                         endpoint.admit(snapshot)
+                        if self.routing:
+                            endpoint.note_start_wait(loop.time())
             if self.endpoints.several:
                 self.endpoints.judge_all(loop.time())
             await asyncio.sleep(self.interval_s / 2)
+
+    def holdback_timeline(self) -> dict[str, Any]:
+        """Return each endpoint's rows of what held new tickers back (holdback.COLUMNS)."""
+        return {"columns": list(COLUMNS),
+                "endpoints": {e.url: e.holdback.timeline for e in self.endpoints}}
 
     def admission(self) -> dict[str, Any]:
         """Return how admission ended: the request limit and, when budgeted, the token budget.
@@ -444,6 +457,7 @@ class Scheduler:
             figures["request_limit_reason"] = self.policy.reason
             figures["token_budget"] = self.budget.summary() if self.budget else None
             figures["chains"] = self.endpoints.first.chains_summary()
+            figures["new_tickers_held_back"] = self.endpoints.first.holdback.summary()
         if self.endpoints.several:
             figures["request_limit"] = sum(e.gate.limit for e in self.endpoints)
             figures["endpoints"] = self.endpoints.summary()

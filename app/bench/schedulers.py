@@ -179,6 +179,8 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         figures = await asyncio.to_thread(arm, engine, outcome.batch_id)
         figures["strategy"] = strategy
         figures["admission"] = outcome.admission
+        if strategy != SERVER_BOUND and Strategy.parse(strategy).adaptive:
+            figures["holdback_timeline"] = outcome.holdback
         figures["warmup"] = result.warmup  # kept with the arm: combined runs each had one
         result.arms.append(figures)
     _judge(result)

@@ -170,6 +170,11 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
         elif a["strategy"].startswith("adaptive") and a.get("admission"):
             console.print(f"  {a['strategy']}: no token budget (KV capacity unknown or "
                           "budget=off): admission by request count")
+        held = (a.get("admission") or {}).get("new_tickers_held_back") or {}
+        if held.get("readings"):
+            console.print(f"  {a['strategy']}: while tickers waited to start "
+                          f"({held['readings']} readings), what was short: " + ", ".join(
+                              f"{reason} {share:.0%}" for reason, share in held["share"].items()))
     for a in result.arms:
         shares = a.get("endpoints") or []
         if len(shares) > 1:
