@@ -23,6 +23,7 @@ from app.report import (
     latest_batch_id,
 )
 from app.serverview import BOUND_NAMES, LOOKUPS_SLACK, ServerView, server_view
+from app.timeline import Interval, batch_timeline, timeline_json
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
@@ -112,6 +113,21 @@ def client_lag(view: ServerView) -> str:
     return text
 
 
+def timeline_table(intervals: list[Interval]) -> Table:
+    """Return the batch over time: where its makespan went fast and where slow."""
+    table = Table(title="over time (from the first call; output spread over each call's "
+                        "decode time)")
+    for header in ("interval s", "output tok/s", "tickers in flight", "calls started",
+                   "running mean", "KV max", "preemptions"):
+        table.add_column(header, justify="right")
+    for i in intervals:
+        table.add_row(f"{i.start_s:.0f}–{i.end_s:.0f}", f"{i.output_tokens_per_s:.1f}",
+                      f"{i.tickers_in_flight:.1f}", str(i.calls_started),
+                      _fmt(i.running_mean), _fmt(i.kv_usage_max, ".0%"),
+                      _fmt(i.preemptions, ".0f"))
+    return table
+
+
 def endpoint_table(shares: list[EndpointShare], report: BatchReport, view: ServerView) -> Table:
     """Return each endpoint's part of a batch, then the batch's total."""
     table = Table(title="endpoints (output tok/s over the batch's makespan: they add up)")
@@ -193,14 +209,18 @@ def report(
     view = server_view(engine, chosen)
     shares = endpoint_shares(engine, chosen)
     warnings = warnings_for(engine, chosen)
+    intervals = batch_timeline(engine, chosen)
     if fmt == "json":
         typer.echo(json.dumps({**result.to_json(), "server": view.to_json(),
                                "endpoints": [asdict(share) for share in shares],
+                               "over_time": timeline_json(intervals),
                                "warnings": warnings}, indent=2))
     else:
         console = Console()
         render_table(result, view, console)
         if len(shares) > 1:
             console.print(endpoint_table(shares, result, view))
+        if intervals:
+            console.print(timeline_table(intervals))
         for message in warnings:
             console.print(f"[yellow]warning:[/] {message}", highlight=False)

@@ -194,10 +194,13 @@ def test_cli_report_prints_json(
     data = json.loads(out)
     # The report's own keys exactly; the CLI adds the server's view, each endpoint's part
     # (here the one endpoint the rows do not name) and the warnings beside.
-    assert set(data) - {"server", "endpoints", "warnings"} == KEYS
+    assert set(data) - {"server", "endpoints", "over_time", "warnings"} == KEYS
     assert [e["endpoint"] for e in data["endpoints"]] == [None]
     assert data["warnings"] == []
     assert data["output_tokens_per_s"] == pytest.approx(25.0)
+    # The 40 s makespan in 10 s intervals, oldest first, the last ending at the last answer.
+    assert [(i["start_s"], i["end_s"]) for i in data["over_time"]] == [
+        (0.0, 10.0), (10.0, 20.0), (20.0, 30.0), (30.0, 40.0)]
     assert {"prefill_time_s", "decode_time_s", "decode_time_share"} <= set(data["server"])
     # Without an id the newest batch is reported.
     code, out, _ = nightdesk(monkeypatch, capsys, "report", "--format", "json")
