@@ -23,6 +23,7 @@ from app.errors import InputError
 from app.ranking import RATING_ORDER, RankRow, ranking
 from app.report import arm, batch_report
 from app.serverview import counter_delta, server_view
+from app.timeline import batch_timeline, timeline_json
 
 HISTORY_NIGHTS = 60
 
@@ -279,6 +280,7 @@ def batch_view(engine: Engine, batch_id: int) -> dict[str, Any]:
         "report": report.to_json(),
         "server": server_view(engine, batch_id).to_json(),
         "series": series_view(engine, batch_id),
+        "over_time": timeline_json(batch_timeline(engine, batch_id)),
         "failed_tickers": [{"ticker": f.ticker, "status": f.status, "error": f.error}
                            for f in failed],
         "server_facts": batch.server_facts,

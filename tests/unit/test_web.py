@@ -266,10 +266,18 @@ def test_batch_report_series_come_from_server_samples(client: TestClient, ids: I
     assert data["failed_tickers"] == [{"ticker": "CCC", "status": "failed",
                                        "error": "LLMTimeoutError: no answer within 300 s"}]
     assert [n["node"] for n in data["report"]["nodes"]] == node_names(load_settings())
+    # Call i ran from i s to i + 1.5 s: a 17.5 s makespan in two 10 s intervals.
+    over = data["over_time"]
+    assert [(i["start_s"], i["end_s"]) for i in over] == [(0.0, 10.0), (10.0, 17.5)]
+    assert [i["calls_started"] for i in over] == [10, 7]
+    assert sum(i["output_tokens_per_s"] * (i["end_s"] - i["start_s"]) for i in over) == (
+        pytest.approx(data["report"]["completion_tokens"]))
 
     html = client.get(f"/batches/{ids.night1}", auth=AUTH).text
-    for gid in ("throughput-0", "concurrency-0", "concurrency-1", "kv-0", "latency-market"):
+    for gid in ("throughput-0", "concurrency-0", "concurrency-1", "kv-0", "latency-market",
+                "over-time"):
         assert f'id="{gid}"' in html, gid
+    assert "10–18" in html  # the second interval's row (17.5 s shown whole)
     running_path = re.search(r'<g id="concurrency-0">\s*<path d="([^"]+)"', html)
     assert running_path and running_path.group(1).count("L") >= len(SAMPLES) - 1
 
