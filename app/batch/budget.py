@@ -176,6 +176,13 @@ class TokenBudget:
         """Return the mean reservation of the requests admitted so far (0 before any)."""
         return self.costs_admitted // self.requests_admitted if self.requests_admitted else 0
 
+    def ratio_known(self) -> bool:
+        """Return True once prompts are costed by the server's counts, not the default."""
+        if self._bytes_seen and self._tokens_seen:
+            return True
+        seen_bytes, seen_tokens = self.counted() if self.counted is not None else (0, 0)
+        return bool(seen_bytes and seen_tokens)
+
     def ratio(self) -> float:
         """Return the tokens-per-byte estimate: the server's counts so far, else the default.
 

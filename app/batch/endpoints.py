@@ -49,7 +49,7 @@ from app.batch.routing import Load, choose
 from app.batch.sampler import MetricsSampler
 from app.batch.tasks import wait_first
 from app.config import Settings
-from app.errors import ServerOutage
+from app.errors import LLMError, ServerOutage
 from app.llm import CallStats, TrackedLLM
 from app.promptsize import ServerCheck
 from app.usage import UsageRecorder
@@ -105,6 +105,8 @@ class Endpoint:
         self.outages = 0
         self.watched_since: float | None = None  # when its reads began (loop time)
         self._capacity_said = False
+        self._first_count = asyncio.Lock()
+        self._count_asked = False
 
     def arrive(self, ticket: Ticket) -> None:
         """Count a ticker whose calls now go here."""
@@ -151,6 +153,26 @@ class Endpoint:
                     self.budget.free if self.budget is not None else None,
                     max(0, self.gate.limit - self.gate.outstanding), self.tickers,
                     self.work, weight)
+
+    async def count_first(self, messages: list[dict[str, Any]]) -> None:
+        """Have the server count the first prompt before the budget costs it.
+
+        A request is costed before it passes the gate, and the context check's /tokenize
+        runs after: the batch's first requests were costed at the default 0.5 tokens per
+        byte (0.226 on an H200), and the first readings of the chain cap's mean carried
+        those costs. One count, once per endpoint; the others wait for it (a batch starts
+        with a ticker's four analysts at once). The context check finds it in the
+        counter's cache. A failure here is left to the call itself to meet.
+        """
+        budget, counter = self.budget, getattr(self.llm, "counter", None)
+        if budget is None or counter is None or self._count_asked or budget.ratio_known():
+            return
+        async with self._first_count:
+            if self._count_asked or budget.ratio_known() or not counter.supported:
+                return
+            self._count_asked = True
+            with contextlib.suppress(LLMError):
+                await counter.count(self.llm.settings.llm_model, messages)
 
     def blocker(self) -> str:
         """Return the first thing short for a new ticker here, in the order ``load`` checks."""

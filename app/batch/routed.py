@@ -163,6 +163,8 @@ class RoutedLLM(GatedLLM):
         if held_by is not None and held_by is not endpoint.gate:
             held_by.release_hold(self.ticket)  # its context is in another replica's cache
         budget = endpoint.budget
+        if budget is not None:
+            await endpoint.count_first(sized["messages"])
         claim = budget.claim(tag.node, sized) if budget is not None else Claim(0)
         async with self._request() as rank:
             # Each attempt takes a place (and the tokens) at this endpoint's gate; a retry's

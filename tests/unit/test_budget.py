@@ -278,6 +278,54 @@ def test_progress_shows_the_token_budget_in_use() -> None:
     assert BatchProgress(1, 3, llm, fixed, server).state()["budget_tokens"] is None
 
 
+async def test_the_batchs_first_requests_are_costed_after_one_count(
+        sqlite_engine: Engine) -> None:
+    # A request is costed before it passes the gate; the context check counts it after.
+    # So the batch's first request went out costed at the default 0.5 tokens per byte
+    # (here 2,336 tokens against 1,376 at the count, without the change), and the chain
+    # cap's first readings carried that cost. The endpoint now has the server count the
+    # first prompt before costing it, once; the others wait for it.
+    from agents.chat import CallTag
+    from app.batch.endpoints import EndpointSet
+    from app.batch.routed import RoutedLLM
+    from app.bench.fakeserver import BASE_URL
+    from app.llm import TrackedLLM
+    from app.usage import UsageRecorder
+
+    fake = FakeServer(lambda chat: Reply("ok", completion_tokens=3), tokenize_count=1_000,
+                      max_model_len=32_768)
+    settings = load_settings(llm_base_url=BASE_URL, check_context_length=True)
+    async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
+        llm = TrackedLLM(settings, recorder, http_client=http)
+        endpoints = EndpointSet.single(llm, Strategy.parse("adaptive"),
+                                       gauges=SimpleNamespace())
+        endpoint = endpoints.first
+        budget = endpoint.budget
+        assert budget is not None and not budget.ratio_known()
+        taken: list[int] = []
+        take = budget.take
+        budget.take = lambda cost, held=0: (taken.append(getattr(cost, "tokens", cost)),  # type: ignore[method-assign]
+                                            take(cost, held))[1]
+        routed = RoutedLLM(endpoints, endpoint, Ticket(0, 4, 1))
+        prompts = [{"model": settings.llm_model, **body(4_000, 300)} for _ in range(4)]
+        for i, prompt in enumerate(prompts):
+            prompt["messages"][1]["content"] += str(i)  # four analysts: four prompts
+        batch = new_batch_id(sqlite_engine)
+        await asyncio.gather(*(routed.send(CallTag(batch, "AAA", f"analyst{i}", 0), p)
+                               for i, p in enumerate(prompts)))
+    # One /tokenize for the batch's first prompt (the context check then found it counted,
+    # and the byte bound settles the other three), and all four costed at its ratio.
+    assert fake.tokenize_calls == 1
+    at_count = blocks(math.ceil(4_001 * 1.05 * 1_000 / 4_001) + 24 + 300)
+    assert taken == [at_count] * 4
+    assert at_count < blocks(math.ceil(4_001 * 0.5) + 24 + 300)  # what the default gave
+
+
+def new_batch_id(engine: Engine) -> int:
+    from tests.unit.test_usage import new_batch
+    return new_batch(engine)
+
+
 async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default(
         sqlite_engine: Engine) -> None:
     # Before any request has finished the budget knew only its generous default (0.5
