@@ -190,10 +190,10 @@ class Endpoint:
             return CHAIN_CAP
         return ROOM
 
-    def note_start_wait(self, now: float) -> None:
-        """Record what held a new ticker back at this reading (tickers wait to start)."""
+    def note_start_wait(self, t_s: float) -> None:
+        """Record what held a new ticker back at this reading, ``t_s`` into the batch."""
         budget = self.budget
-        self.holdback.note(now, self.blocker(), {
+        self.holdback.note(t_s, self.blocker(), {
             "tickers": self.tickers, "chain_slots": self.chain_slots(),
             "request_limit": self.gate.limit, "outstanding": self.gate.outstanding,
             "queued": self.gate.waiting,

@@ -37,15 +37,16 @@ class HoldBack:
 
     counts: Counter[str] = field(default_factory=Counter)
     timeline: list[list[Any]] = field(default_factory=list)
-    _t0: float | None = field(default=None, init=False)
 
-    def note(self, now: float, reason: str, row: dict[str, Any]) -> None:
-        """Count one reading's ``reason`` and keep its figures (``row`` by ``COLUMNS``)."""
+    def note(self, t_s: float, reason: str, row: dict[str, Any]) -> None:
+        """Count one reading's ``reason`` and keep its figures (``row`` by ``COLUMNS``).
+
+        ``t_s`` is the reading's time in seconds from the batch's start, so rows line up
+        with the batch's intervals (app/timeline.py).
+        """
         self.counts[reason] += 1
-        if self._t0 is None:
-            self._t0 = now
         if len(self.timeline) < TIMELINE_MAX:
-            row = {**row, "t_s": round(now - self._t0, 2), "blocker": reason}
+            row = {**row, "t_s": round(t_s, 2), "blocker": reason}
             self.timeline.append([row.get(name) for name in COLUMNS])
 
     def summary(self) -> dict[str, Any]:

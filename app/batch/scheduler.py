@@ -182,6 +182,7 @@ class Scheduler:
         self.tickers = 0
         self.stopping = False
         self.routing = False  # a ready ticker waits for an endpoint with room to start on
+        self._began = 0.0  # loop time when run() began: the hold-back rows' zero
         # Readings of /metrics that could not be taken, and the fallback they put us in.
         self.on_metrics = on_metrics  # told of each reading, taken (True) or missed (False)
         self.metrics_fallback = False
@@ -263,6 +264,7 @@ class Scheduler:
 
     async def run(self, jobs: list[Job], on_done: OnDone) -> None:
         """Run every job once; a failing job is reported to ``on_done``, never raised."""
+        self._began = asyncio.get_running_loop().time()
         ordered = sorted(jobs, key=lambda j: -j.weight)
         self.left = sum(job.requests for job in ordered)
         self.tickers = len(ordered)
@@ -436,7 +438,7 @@ class Scheduler:
                     if adaptive:
                         endpoint.admit(snapshot)
                         if self.routing:
-                            endpoint.note_start_wait(loop.time())
+                            endpoint.note_start_wait(loop.time() - self._began)
             if self.endpoints.several:
                 self.endpoints.judge_all(loop.time())
             await asyncio.sleep(self.interval_s / 2)

@@ -88,10 +88,10 @@ async def _one_more(endpoint: Endpoint, ticket: Ticket) -> None:
 
 def test_counts_become_shares_and_rows_follow_the_columns() -> None:
     record = HoldBack()
-    record.note(100.0, CHAIN_CAP, {"tickers": 4, "chain_slots": 4})
-    record.note(101.0, CHAIN_CAP, {"tickers": 4, "chain_slots": 4})
-    record.note(102.5, ROOM, {"tickers": 4, "chain_slots": 5})
-    record.note(103.0, TOKEN_BUDGET, {"tickers": 5, "chain_slots": 5})
+    record.note(0.0, CHAIN_CAP, {"tickers": 4, "chain_slots": 4})
+    record.note(1.0, CHAIN_CAP, {"tickers": 4, "chain_slots": 4})
+    record.note(2.5, ROOM, {"tickers": 4, "chain_slots": 5})
+    record.note(3.0, TOKEN_BUDGET, {"tickers": 5, "chain_slots": 5})
     assert record.summary() == {"readings": 4,
                                 "share": {CHAIN_CAP: 0.5, ROOM: 0.25, TOKEN_BUDGET: 0.25}}
     row = dict(zip(COLUMNS, record.timeline[2], strict=True))
@@ -140,3 +140,6 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
     (timeline,) = rows["endpoints"].values()
     assert len(timeline) == held["readings"]
     assert all(r[COLUMNS.index("tickers")] <= 12 for r in timeline)
+    # Seconds from the batch's start, in order: the rows line up with its intervals.
+    times = [r[COLUMNS.index("t_s")] for r in timeline]
+    assert times == sorted(times) and 0 <= times[0] < times[-1]
