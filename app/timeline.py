@@ -132,7 +132,7 @@ def _readings(samples: Sequence[Any], at: Callable[[datetime], float],
             continue  # the sampler reads before the first call and after the last answer
         i = min(count - 1, int(t // width))
         running[i][r.endpoint].append(r.running)
-        kv[i] = r.kv_cache_usage if kv[i] is None else max(kv[i] or 0.0, r.kv_cache_usage)
+        kv[i] = max(r.kv_cache_usage, kv[i] if kv[i] is not None else 0.0)
         if before is not None:
             grew = r.preemptions_total - before if r.preemptions_total >= before \
                 else r.preemptions_total  # reset: the server restarted and counts from 0

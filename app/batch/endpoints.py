@@ -36,15 +36,7 @@ from app.batch.admission import AdmissionPolicy
 from app.batch.chains import Footprint
 from app.batch.gate import Gate, Ticket
 from app.batch.halt import Halt, HaltReason
-from app.batch.holdback import (
-    CHAIN_CAP,
-    HELD,
-    QUEUED,
-    REQUEST_LIMIT,
-    ROOM,
-    TOKEN_BUDGET,
-    HoldBack,
-)
+from app.batch.holdback import CHAIN_CAP, ROOM, HoldBack
 from app.batch.routing import Load, choose
 from app.batch.sampler import MetricsSampler
 from app.batch.tasks import wait_first
@@ -165,10 +157,11 @@ class Endpoint:
         counter's cache. A failure here is left to the call itself to meet.
         """
         budget, counter = self.budget, getattr(self.llm, "counter", None)
-        if budget is None or counter is None or self._count_asked or budget.ratio_known():
-            return
+        if (budget is None or counter is None or self._count_asked or not counter.supported
+                or budget.ratio_known()):
+            return  # every request comes here: the settled case costs attribute reads
         async with self._first_count:
-            if self._count_asked or budget.ratio_known() or not counter.supported:
+            if self._count_asked or budget.ratio_known():
                 return
             self._count_asked = True
             with contextlib.suppress(LLMError):
@@ -176,15 +169,9 @@ class Endpoint:
 
     def blocker(self) -> str:
         """Return the first thing short for a new ticker here, in the order ``load`` checks."""
-        gate = self.gate
-        if gate.held:
-            return HELD
-        if gate.outstanding >= gate.limit:
-            return REQUEST_LIMIT
-        if gate.waiting:
-            return QUEUED  # under the limit, so the first in line waits for budget tokens
-        if self.budget is not None and not self.budget.new_fits():
-            return TOKEN_BUDGET
+        short = self.gate.short()
+        if short is not None:
+            return short
         slots = self.chain_slots()
         if slots is not None and self.tickers >= slots:
             return CHAIN_CAP

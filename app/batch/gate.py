@@ -14,6 +14,7 @@ from typing import Any
 from agents.chat import CallTag, ChatResult
 from agents.fitting import PromptSize
 from app.batch.budget import Claim, TokenBudget, as_claim
+from app.batch.holdback import HELD, QUEUED, REQUEST_LIMIT, TOKEN_BUDGET
 from app.llm import Admit, TrackedLLM
 
 
@@ -88,9 +89,25 @@ class Gate:
 
     def has_room(self) -> bool:
         """Return True when a new request (of a typical size) would be sent at once."""
-        if self.held or not (self.outstanding < self._limit and self.waiting == 0):
-            return False
-        return self.budget is None or self.budget.room_for_new()
+        return self.short(refusal=True) is None
+
+    def short(self, *, refusal: bool = False) -> str | None:
+        """Return what a new request of a typical size lacks now (None: it would go at once).
+
+        The first of: the gate held, every place taken, a request queued before it (under
+        the limit, so waiting for budget tokens), the budget's room. ``refusal`` counts a
+        budget refusal (which lets the budget's factor rise); a report leaves it uncounted.
+        """
+        if self.held:
+            return HELD
+        if self.outstanding >= self._limit:
+            return REQUEST_LIMIT
+        if self.waiting:
+            return QUEUED
+        if self.budget is not None and not (
+                self.budget.room_for_new() if refusal else self.budget.new_fits()):
+            return TOKEN_BUDGET
+        return None
 
     async def wait_for_room(self, or_else: Callable[[], bool] | None = None) -> None:
         """Return once a request would be sent at once, or ``or_else()`` holds."""

@@ -304,8 +304,12 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
         assert budget is not None and not budget.ratio_known()
         taken: list[int] = []
         take = budget.take
-        budget.take = lambda cost, held=0: (taken.append(getattr(cost, "tokens", cost)),  # type: ignore[method-assign]
-                                            take(cost, held))[1]
+
+        def recording(cost: Any, held: int = 0) -> None:
+            taken.append(getattr(cost, "tokens", cost))
+            take(cost, held)
+
+        budget.take = recording  # type: ignore[method-assign]
         routed = RoutedLLM(endpoints, endpoint, Ticket(0, 4, 1))
         prompts = [{"model": settings.llm_model, **body(4_000, 300)} for _ in range(4)]
         for i, prompt in enumerate(prompts):
