@@ -25,10 +25,34 @@ chains a fixed setting started at once. So when the tokens-per-byte estimate mov
 more than ``RESEED``, the mean starts over; and each mean begins as a plain average of
 its readings (weight 1/n) until that is lighter than ``weight``, so no single early
 reading sets it.
+
+That mean still begins on the analysts: at a batch's start every ticker is in its fan-out,
+four calls side by side (about 4,800 tokens a ticker on the H200 at 40 tickers, against
+2,000-2,500 for a ticker early in its chain), and the cap came down to the chains' size
+one ticker every 2-6 s; the batch's first 30 s ran 15% under a fixed setting's while the
+cache stood 30-50% full. *Prefetching* (``adaptive:prefetch=on``) separates the two. The
+cap counts chains, not tickers: a ticker's first downstream call waits for a chain slot
+(``Endpoint.enter_chain``), and a new ticker may start its analysts while fewer tickers
+are in their fan-out than the free chain slots plus the few a steady batch needs to keep
+its chains fed (``prefetch_depth``). The analysts then fill the room the chains leave (a
+1,000-token analyst call decodes as much as a 3,000-token chain call in a third of the
+cache), and a freed chain slot is taken by a ticker whose analysts are done. Its
+downstream prompts share no prefix with its analysts' prompts, so a wait there costs no
+cached context. The chain footprint is then measured on chains only (each by its own
+reservation and hold); until a reading has seen a chain, the ticker mean above stands in.
+A cohort of chains started together is small at first and grows along the chains, so the
+cap lets more chains in early than can run at once later; the budget's gate then holds
+their later calls (no preemption), and the cap lets no new chain in until they shrink
+back. On a stepped model of the H200's server (tests/unit/stepped_gpu.py) at the 40-ticker
+shape this ran 5% above the ticker cap and 2% above fixed-14; predicting a chain's mean
+size from its steps (tried, not kept) gained 1-2%: the room it kept for the cohort's
+growth was idle while the cohort was small. Off by default until an H200 run measures it
+(the model has no prefix cache, so it cannot weigh the context a waiting chain loses).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -43,35 +67,77 @@ RESEED = 0.10
 
 @dataclass
 class Footprint:
-    """The moving mean of budget tokens one active ticker keeps reserved or held."""
+    """The moving mean of budget tokens one active ticker (or chain) keeps reserved or held.
+
+    With ``chains_only`` (prefetching) only tickers whose chain was let in count, each by
+    its own reservation and hold.
+    """
 
     weight: float = WEIGHT
+    chains_only: bool = False
     per_ticker: float | None = field(init=False, default=None)
     readings: int = field(init=False, default=0)  # in the mean since it (re)started
     _ratio: float | None = field(init=False, default=None)  # the budget's, at its start
+    _tickers: Footprint | None = field(init=False, default=None)  # before two steps are seen
+
+    def __post_init__(self) -> None:
+        if self.chains_only:
+            self._tickers = Footprint(self.weight)
 
     def sample(self, gate: Gate, tickets: Iterable[Ticket]) -> None:
         """Take one reading's tokens per active ticker from ``gate``'s budget."""
         budget = gate.budget
         if budget is None:
             return
+        tickets = list(tickets)
         ratio = budget.ratio()
         if self._ratio is not None and abs(ratio / self._ratio - 1) > RESEED:
             self.per_ticker, self.readings = None, 0  # costed another way: start over
-        active = sum(1 for t in tickets
-                     if t.outstanding > 0 or (t.hold > 0 and t.held_by in (None, gate)))
-        if active == 0:
-            return
+        if self._tickers is not None:
+            self._tickers.sample(gate, tickets)
+
+        def here(t: Ticket) -> bool:
+            return t.outstanding > 0 or (t.hold > 0 and t.held_by in (None, gate))
+
+        if self.chains_only:
+            active = [t for t in tickets if t.chained and here(t)]
+            if not active:
+                return
+            tokens = float(sum(t.reserved + (t.hold if t.held_by in (None, gate) else 0)
+                               for t in active))
+            count = len(active)
+        else:
+            count = sum(1 for t in tickets if here(t))
+            if count == 0:
+                return
+            tokens = budget.reserved + budget.held
         if self.per_ticker is None:
             self._ratio = ratio
-        now = (budget.reserved + budget.held) / active
+        now = tokens / count
         self.readings += 1
         weight = max(self.weight, 1 / self.readings)
         self.per_ticker = now if self.per_ticker is None else (
             self.per_ticker + weight * (now - self.per_ticker))
 
+    def tokens(self) -> float | None:
+        """Return the tokens the cap divides by: per ticker, or per chain when prefetching."""
+        if self._tickers is not None and self.per_ticker is None:
+            return self._tickers.per_ticker  # no chain seen yet: the ticker mean stands in
+        return self.per_ticker
+
     def slots(self, limit_tokens: int | None) -> int | None:
-        """Return the tickers whose chains fit ``limit_tokens`` at once (None: no cap yet)."""
-        if limit_tokens is None or not self.per_ticker:
+        """Return the tickers (chains) that fit ``limit_tokens`` at once (None: no cap yet)."""
+        per = self.tokens()
+        if limit_tokens is None or not per:
             return None
-        return max(1, int(limit_tokens / self.per_ticker))
+        return max(1, int(limit_tokens / per))
+
+
+def prefetch_depth(slots: int, chains: int, chain: int) -> int:
+    """Return how many tickers may be in their fan-out beside ``chains`` of ``slots``.
+
+    The free slots, plus what keeps a full set of chains fed: a ticker spends about one
+    step of its ``chain`` in its fan-out, so ``slots`` chains need about ``slots / (chain
+    - 1)`` tickers coming up behind them.
+    """
+    return max(0, slots - chains) + max(1, math.ceil(slots / max(1, chain - 1)))

@@ -33,7 +33,7 @@ import structlog
 from sqlalchemy import Engine
 
 from app.batch.admission import AdmissionPolicy
-from app.batch.chains import Footprint
+from app.batch.chains import Footprint, prefetch_depth
 from app.batch.gate import Gate, Ticket
 from app.batch.halt import Halt, HaltReason
 from app.batch.holdback import CHAIN_CAP, ROOM, HoldBack
@@ -85,7 +85,8 @@ class Endpoint:
             if counter is not None:  # the first prompts costed by the server's own count
                 self.budget.counted = counter.counts
         self.gate = Gate(limit, self.budget, changed=changed)
-        self.footprint = Footprint()  # tokens per active ticker: how many chains fit
+        # Tokens per active ticker (per chain, prefetching): how many chains fit.
+        self.footprint = Footprint(chains_only=strategy.prefetch)
         self.holdback = HoldBack()  # what kept new tickers from starting here, per reading
         self.grace_s = grace_s
         self.up = True
@@ -122,11 +123,58 @@ class Endpoint:
         """Return the tickers whose chains the budget keeps going at once (None: no cap)."""
         return self.footprint.slots(self.budget.limit) if self.budget is not None else None
 
-    def chains_summary(self) -> dict[str, int | None]:
+    @property
+    def chains(self) -> int:
+        """Return the tickers here whose chain was let in (prefetching) and is not over."""
+        return sum(1 for t in self.here.values() if t.chained and not t.finished)
+
+    @property
+    def fanning(self) -> int:
+        """Return the tickers here in their fan-out or waiting for a chain slot."""
+        return sum(1 for t in self.here.values() if t.fanning)
+
+    def _capped(self, slots: int) -> bool:
+        """Return True when a new ticker may not start here under ``slots`` chains."""
+        if not self.strategy.prefetch:
+            return self.tickers >= slots
+        chain = max((t.chain for t in self.here.values()), default=0)
+        return self.fanning >= prefetch_depth(slots, self.chains, chain)
+
+    async def enter_chain(self, ticket: Ticket, may_pass: Callable[[Ticket], bool] | None
+                          ) -> None:
+        """Wait until a ticker whose fan-out is done may start its chain (prefetching).
+
+        A chain slot is free, or nothing is capped yet, or the ticker is urgent, or the
+        endpoint is down (the call then meets what any call there meets). While it waits
+        it holds no budget tokens: its chain's prompts share no prefix with its analysts'.
+        """
+        if ticket.chained or not ticket.fan_out or ticket.done < ticket.fan_out:
+            return
+        ticket.chained = True
+        waited = False
+        while True:
+            slots = self.chain_slots()
+            if (slots is None or self.chains <= slots or not self.up
+                    or (may_pass is not None and may_pass(ticket))):
+                break
+            if not waited:
+                waited = True
+                if ticket.held_by is not None:
+                    ticket.held_by.release_hold(ticket)
+            ticket.chained = False  # not counted while it waits
+            self.gate.changed.clear()
+            await self.gate.changed.wait()
+            ticket.chained = True
+
+    def chains_summary(self) -> dict[str, Any]:
         """Return the chains the budget was found to fit, and the tokens per active ticker."""
-        per_ticker = self.footprint.per_ticker
-        return {"slots": self.chain_slots(),
-                "tokens_per_ticker": None if per_ticker is None else round(per_ticker)}
+        per_ticker = self.footprint.tokens()
+        summary: dict[str, Any] = {
+            "slots": self.chain_slots(),
+            "tokens_per_ticker": None if per_ticker is None else round(per_ticker)}
+        if self.strategy.prefetch:
+            summary["prefetch"] = True
+        return summary
 
     def concurrency(self) -> int:
         """Return the requests this endpoint runs at once: its limit, or the chains that fit."""
@@ -140,7 +188,7 @@ class Endpoint:
         else:
             # Adaptive: a request would go at once, and one more chain fits (chains.py).
             slots = self.chain_slots()
-            room = self.gate.has_room() and (slots is None or self.tickers < slots)
+            room = self.gate.has_room() and (slots is None or not self._capped(slots))
         return Load(self.index, self.up, room,
                     self.budget.free if self.budget is not None else None,
                     max(0, self.gate.limit - self.gate.outstanding), self.tickers,
@@ -173,7 +221,7 @@ class Endpoint:
         if short is not None:
             return short
         slots = self.chain_slots()
-        if slots is not None and self.tickers >= slots:
+        if slots is not None and self._capped(slots):
             return CHAIN_CAP
         return ROOM
 

@@ -46,6 +46,11 @@ class Gate:
         return self._limit
 
     @property
+    def changed(self) -> asyncio.Event:
+        """Return the event set whenever a place, tokens or a ticker may have come free."""
+        return self._changed
+
+    @property
     def held(self) -> bool:
         return bool(self._holds) or self._closed is not None
 
@@ -122,6 +127,7 @@ class Gate:
         self.outstanding += 1
         if ticket is not None:
             ticket.outstanding += 1
+            ticket.reserved += claim.tokens
         if self.budget is not None:
             # Only a hold on this gate's budget turns into this request's tokens; one left on
             # another endpoint's gate (the ticker moved) is released there (endpoints.py).
@@ -158,6 +164,7 @@ class Gate:
         self.outstanding -= 1
         if ticket is not None:
             ticket.outstanding -= 1
+            ticket.reserved -= claim.tokens
         if self.budget is not None:
             # A ticker with calls left keeps its last call's tokens until the next one
             # comes: its context is in the server's cache, a new ticker must not take it.
@@ -214,13 +221,26 @@ class Ticket:
     chain: int = 0
     done: int = 0
     outstanding: int = 0  # its requests holding a place now
+    reserved: int = 0  # budget tokens of those requests
     hold: int = 0  # budget tokens kept between two of its calls
     held_by: Gate | None = None  # whose budget the hold is in (a ticker can change endpoint)
     finished: bool = False
+    chained: bool = False  # its chain was let in (app/batch/chains.py, prefetching)
 
     @property
     def remaining(self) -> int:
         return max(0, self.requests - self.done)
+
+    @property
+    def fan_out(self) -> int:
+        """Return the requests before its chain (the analysts side by side; 0: no fan-out)."""
+        width = self.requests - self.chain + 1
+        return width if self.chain > 0 and width > 1 else 0
+
+    @property
+    def fanning(self) -> bool:
+        """Return True while its chain has not been let in: in its fan-out, or waiting."""
+        return self.fan_out > 0 and not self.chained and not self.finished
 
     @property
     def remaining_chain(self) -> int:

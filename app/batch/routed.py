@@ -74,12 +74,14 @@ class RoutedLLM(GatedLLM):
                  on_request: asyncio.Event | None = None, *,
                  rank: Callable[[Ticket], int] | None = None,
                  on_finish: Callable[[Ticket], None] | None = None,
-                 on_redo: Callable[[Ticket], None] | None = None) -> None:
+                 on_redo: Callable[[Ticket], None] | None = None,
+                 may_pass: Callable[[Ticket], bool] | None = None) -> None:
         super().__init__(endpoint.llm, endpoint.gate, ticket, on_request, rank=rank,
                          on_finish=on_finish)
         self.endpoints = endpoints
         self.endpoint = endpoint
         self._on_redo = on_redo
+        self._may_pass = may_pass  # an urgent ticker's chain need not wait for a slot
         endpoint.arrive(ticket)
         endpoint.started += 1
 
@@ -111,6 +113,9 @@ class RoutedLLM(GatedLLM):
         while True:
             sends_left -= 1
             endpoint = self._here()
+            if endpoint.strategy.prefetch and not self.ticket.chained:
+                # Outside the call: a wait for a chain slot is not an attempt at the server.
+                await endpoint.enter_chain(self.ticket, self._may_pass)
             started = loop.time()
             try:
                 result = await self._unless_gone(

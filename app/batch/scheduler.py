@@ -78,6 +78,7 @@ class Strategy:
     policy: tuple[tuple[str, float], ...] = ()  # admission policy settings that differ
     budget: bool = False  # admit by a KV token budget too, when the capacity is known
     budget_knobs: tuple[tuple[str, float], ...] = ()  # token budget settings that differ
+    prefetch: bool = False  # analysts ahead of a free chain slot (app/batch/chains.py)
 
     @classmethod
     def parse(cls, name: str) -> Strategy:
@@ -85,20 +86,18 @@ class Strategy:
 
         Knobs are the admission policy's fields, the token budget's (``fill``, ``overbook``,
         ``overbook_max``, ``overbook_step``, ``rise_after``, ``calm``, ``high_cut``,
-        ``budget_backoff``, ``out_quantile``, ``min_samples``), ``tail=on|off`` and
-        ``budget=on|off``, so a bench can put variants side by side:
+        ``budget_backoff``, ``out_quantile``, ``min_samples``), ``tail=on|off``,
+        ``budget=on|off`` and ``prefetch=on|off``, so a bench can put variants side by side:
         ``adaptive:kv_high=0.95,queue_allowance=0,tail=off`` or ``adaptive:budget=off``.
         """
         base, _, knobs = name.partition(":")
         if base == "adaptive":
-            tail, budget, policy, budget_knobs = True, True, [], []
+            switches = {"tail": True, "budget": True, "prefetch": False}
+            policy, budget_knobs = [], []
             for knob in filter(None, knobs.split(",")):
                 key, _, value = knob.partition("=")
-                if key in ("tail", "budget") and value in ("on", "off"):
-                    if key == "tail":
-                        tail = value == "on"
-                    else:
-                        budget = value == "on"
+                if key in switches and value in ("on", "off"):
+                    switches[key] = value == "on"
                 elif key in POLICY_KNOBS and _is_number(value):
                     policy.append((key, float(value)))
                 elif key in BUDGET_KNOBS and _is_number(value):
@@ -106,9 +105,14 @@ class Strategy:
                 else:
                     raise InputError(
                         f"bad knob {knob!r} in strategy {name!r} (tail=on|off, budget=on|off, "
+                        "prefetch=on|off, "
                         f"or a number for {', '.join((*POLICY_KNOBS, *BUDGET_KNOBS))})")
-            strategy = cls(name, adaptive=True, tail=tail, policy=tuple(policy), budget=budget,
-                           budget_knobs=tuple(budget_knobs))
+            if switches["prefetch"] and not switches["budget"]:
+                raise InputError(f"strategy {name!r}: prefetch=on counts chains in budget "
+                                 "tokens, so it needs budget=on")
+            strategy = cls(name, adaptive=True, tail=switches["tail"], policy=tuple(policy),
+                           budget=switches["budget"], budget_knobs=tuple(budget_knobs),
+                           prefetch=switches["prefetch"])
             try:
                 strategy.token_budget()
             except ValueError as error:
@@ -310,7 +314,7 @@ class Scheduler:
                 first_request = asyncio.Event()
                 gated = RoutedLLM(self.endpoints, endpoint, ticket, first_request,
                                   rank=self.rank, on_finish=self._finished_one,
-                                  on_redo=self._redone_one)
+                                  on_redo=self._redone_one, may_pass=self._may_pass)
                 task = asyncio.create_task(self._one(job, gated, first_request, on_done),
                                            name=job.key)
                 tasks.append(task)

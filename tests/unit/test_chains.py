@@ -119,11 +119,14 @@ def wide_then_chain(key: str, started: list[int], live: set[str]) -> Job:
     return Job(key, run, requests=14, chain=11)
 
 
+STRATEGY = "adaptive:tail=off"  # test_prefetch.py runs the same batch with prefetching
+
+
 def run_wide(monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[list[int], SimServer]:
     if monkeypatch is not None:  # the control: the same batch without the cap
         monkeypatch.setattr(Footprint, "slots", lambda self, limit: None)
     server = SimServer(24_000)  # about 8 chains at their mean size
-    scheduler = Scheduler(server, Strategy.parse("adaptive:tail=off"),  # type: ignore[arg-type]
+    scheduler = Scheduler(server, Strategy.parse(STRATEGY),  # type: ignore[arg-type]
                           gauges=server, interval_s=0.004)
     server.budget = scheduler.budget
     started: list[int] = []

@@ -1,0 +1,196 @@
+"""A GPU server modelled step by step, to compare admission policies in seconds, not days.
+
+Not a benchmark (the H200 is, docs/performance.md): a model of what decides the H200's
+numbers at the bench's shapes. Each step every running request decodes one token; at most
+``max_seqs`` run; a waiting request starts when its prompt's blocks fit the KV cache; a
+step whose cache overflows preempts the newest request, which waits to be prefilled again
+(prompt and tokens so far). A step that prefills ``p`` tokens costs ``1 + p / p_equiv``
+steps of time, so recomputed prefill is paid for. It has no prefix cache, so it cannot
+show what a schedule gains by keeping a chain's context cached, nor what too many chains
+waiting at the gate lose by its eviction. Readings come every ``read_every`` steps, as
+a sampler's would. With its defaults it is the H200 run's server (49,152 KV tokens, 32
+sequences), and at the 40-ticker shape it reproduced that run's ramp (tickers in flight
+8/12/14/16 at 10/20/30/45 s against 8/12/14/16) and its ranking of adaptive and fixed-14.
+
+    python -m tests.unit.stepped_gpu --tickers 40 --out 300 fixed-14 adaptive \
+        adaptive:prefetch=on
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+from collections import deque
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+from agents.chat import CallTag
+from app.batch.gate import GatedLLM
+from app.batch.scheduler import Job, Scheduler, Strategy
+from tests.unit.budget_sim import G
+
+ANALYST_PROMPT = 900  # tokens, the bench's shape at scale 0.2 (app/bench/workloads.py)
+CHAIN_FIRST, CHAIN_LAST = 1_300, 4_400
+
+
+@dataclass
+class Request:
+    prompt: int
+    out: int
+    done: asyncio.Future[None]
+    seq: int
+    generated: int = 0
+
+
+class SteppedGPU:
+    """The server: ``send`` as TrackedLLM's, ``latest`` as the sampler's (see the module)."""
+
+    def __init__(self, capacity: int = 49_152, max_seqs: int = 32, block: int = 16,
+                 step_s: float = 0.001, read_every: int = 50, prefill_per_step: int = 8_192,
+                 p_equiv: int = 1_000) -> None:
+        self.capacity, self.max_seqs, self.block = capacity, max_seqs, block
+        self.step_s, self.read_every = step_s, read_every
+        self.prefill_per_step, self.p_equiv = prefill_per_step, p_equiv
+        self.settings = SimpleNamespace(max_concurrency=256)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.preemptions = self.generated = self.steps = self.prefilled = 0
+        self.time = 0.0  # in steps, prefill paid for
+        self.tokens_per_step: list[int] = []
+        self._latest = G()
+        self._seq = 0
+
+    @property
+    def kv_capacity(self) -> int:
+        return self.capacity
+
+    @property
+    def block_size(self) -> int:
+        return self.block
+
+    @property
+    def latest(self) -> G:
+        return self._latest
+
+    def _blocks(self, request: Request) -> int:
+        return math.ceil((request.prompt + request.generated + 1) / self.block)
+
+    def used(self) -> int:
+        return sum(self._blocks(r) for r in self.running) * self.block
+
+    async def send(self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
+                   first_attempt: int = 1, admit: Any = None) -> SimpleNamespace:
+        async with admit():
+            size = sum(len(m["content"].encode()) for m in body["messages"])
+            self._seq += 1
+            request = Request(size // 4, body["max_tokens"],
+                              asyncio.get_running_loop().create_future(), self._seq)
+            self.waiting.append(request)
+            await request.done
+        return SimpleNamespace(prompt_tokens=size // 4, completion_tokens=body["max_tokens"])
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.step()
+            await asyncio.sleep(self.step_s)
+
+    def step(self) -> None:
+        self.steps += 1
+        prefill, room = 0, self.prefill_per_step
+        while self.waiting and len(self.running) < self.max_seqs and room > 0:
+            head = self.waiting[0]
+            if self.used() + self._blocks(head) * self.block > self.capacity:
+                break
+            room -= head.prompt + head.generated
+            prefill += head.prompt + head.generated
+            self.running.append(self.waiting.popleft())
+        for request in self.running:
+            request.generated += 1
+        tokens = len(self.running)
+        while self.used() > self.capacity and self.running:
+            victim = max(self.running, key=lambda r: r.seq)  # the newest, as vLLM's FCFS
+            self.running.remove(victim)
+            self.waiting.appendleft(victim)
+            self.preemptions += 1
+        self.prefilled += prefill
+        self.generated += tokens
+        self.time += 1 + prefill / self.p_equiv
+        self.tokens_per_step.append(tokens)
+        for request in [r for r in self.running if r.generated >= r.out]:
+            self.running.remove(request)
+            request.done.set_result(None)
+        if self.steps % self.read_every == 0:
+            self._latest = G(kv_cache_usage=min(1.0, self.used() / self.capacity),
+                             preemptions_total=self.preemptions,
+                             generation_tokens_total=self.generated,
+                             running=len(self.running), waiting=len(self.waiting),
+                             taken_at=datetime.now(UTC))
+
+
+def _body(tokens: int, out: int) -> dict[str, Any]:
+    return {"messages": [{"role": "system", "content": "hi"},
+                         {"role": "user", "content": "x" * (tokens * 4)}], "max_tokens": out}
+
+
+def ticker(key: str, out: int, spans: dict[str, list[int]], gpu: SteppedGPU) -> Job:
+    """A ticker of the bench's shape: four analysts side by side, then 13 growing calls."""
+    async def run(gated: GatedLLM) -> None:
+        spans[key] = [gpu.steps, -1]
+        await asyncio.gather(*(gated.send(CallTag(1, key, f"analyst{i}", 0),
+                                          _body(ANALYST_PROMPT, out)) for i in range(4)))
+        for step in range(13):
+            prompt = round(CHAIN_FIRST + step * (CHAIN_LAST - CHAIN_FIRST) / 12)
+            await gated.send(CallTag(1, key, f"step{step}", 0), _body(prompt, out))
+        spans[key][1] = gpu.steps
+    return Job(key, run, requests=17, chain=14)
+
+
+def run(strategy: str, tickers: int = 40, out: int = 300, **server: Any) -> dict[str, Any]:
+    """Run one batch under ``strategy``; return its output per step of time and its ramp."""
+    gpu = SteppedGPU(**server)
+    scheduler = Scheduler(gpu, Strategy.parse(strategy),  # type: ignore[arg-type]
+                          gauges=gpu, interval_s=gpu.step_s * gpu.read_every / 2)
+    spans: dict[str, list[int]] = {}
+
+    async def on_done(job: Job, result: object, error: BaseException | None) -> None:
+        if error is not None:
+            raise error
+
+    async def batch() -> None:
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(gpu.serve(stop))
+            try:
+                await scheduler.run([ticker(f"T{i:03d}", out, spans, gpu)
+                                     for i in range(tickers)], on_done)
+            finally:
+                stop.set()
+
+    asyncio.run(batch())
+    second = gpu.read_every  # a reading a second, as the H200 bench's sampler
+
+    def in_flight(at: int) -> int:
+        return sum(1 for a, b in spans.values() if a <= at < (b if b >= 0 else 1 << 60))
+
+    window = 30 * second
+    return {"strategy": strategy, "output_per_step": round(gpu.generated / gpu.time, 2),
+            "preemptions": gpu.preemptions,
+            "in_flight_10_20_30_45": [in_flight(s * second) for s in (10, 20, 30, 45)],
+            "first_30_per_step": round(sum(gpu.tokens_per_step[:window]) / window, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("strategies", nargs="+")
+    parser.add_argument("--tickers", type=int, default=40)
+    parser.add_argument("--out", type=int, default=300, help="output tokens per call")
+    args = parser.parse_args()
+    for strategy in args.strategies:
+        print(run(strategy, args.tickers, args.out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
