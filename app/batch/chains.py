@@ -37,8 +37,9 @@ are in their fan-out than the free chain slots plus the few a steady batch needs
 its chains fed (``prefetch_depth``). The analysts then fill the room the chains leave (a
 1,000-token analyst call decodes as much as a 3,000-token chain call in a third of the
 cache), and a freed chain slot is taken by a ticker whose analysts are done. Its
-downstream prompts share no prefix with its analysts' prompts, so a wait there costs no
-cached context. The chain footprint is then measured on chains only (each by its own
+downstream prompts open with its analysts' reports, not their prompts, so a wait there
+costs no cached context. Tickers without such a fan-out (a chain only, or several samples
+side by side) are chains from their first call and capped as tickers. The chain footprint is then measured on chains only (each by its own
 reservation and hold); until a reading has seen a chain, the ticker mean above stands in.
 A cohort of chains started together is small at first and grows along the chains, so the
 cap lets more chains in early than can run at once later; the budget's gate then holds

@@ -135,8 +135,8 @@ class Endpoint:
 
     def _capped(self, slots: int) -> bool:
         """Return True when a new ticker may not start here under ``slots`` chains."""
-        if not self.strategy.prefetch:
-            return self.tickers >= slots
+        if not (self.strategy.prefetch and any(t.fan_out for t in self.here.values())):
+            return self.tickers >= slots  # no fan-out to run ahead: a ticker is a chain
         chain = max((t.chain for t in self.here.values()), default=0)
         return self.fanning >= prefetch_depth(slots, self.chains, chain)
 
@@ -146,11 +146,17 @@ class Endpoint:
 
         A chain slot is free, or nothing is capped yet, or the ticker is urgent, or the
         endpoint is down (the call then meets what any call there meets). While it waits
-        it holds no budget tokens: its chain's prompts share no prefix with its analysts'.
+        it holds no budget tokens: its chain's prompts open with its analysts' reports, not
+        their prompts, so no cached prefix is lost. A ticker without a fan-out of that
+        shape (a chain only, or samples side by side) is a chain from its first call.
         """
-        if ticket.chained or not ticket.fan_out or ticket.done < ticket.fan_out:
+        if ticket.chained:
             return
+        if ticket.fan_out and ticket.done < ticket.fan_out:
+            return  # a call of its fan-out: what prefetching runs early
         ticket.chained = True
+        if not ticket.fan_out or ticket.outstanding > 0:
+            return
         waited = False
         while True:
             slots = self.chain_slots()

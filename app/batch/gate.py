@@ -233,9 +233,14 @@ class Ticket:
 
     @property
     def fan_out(self) -> int:
-        """Return the requests before its chain (the analysts side by side; 0: no fan-out)."""
+        """Return the requests before its chain (the analysts side by side; 0: no fan-out).
+
+        The shape of one sample: calls side by side, then ``chain - 1`` one after another.
+        A wider "fan-out" than the chain is several samples side by side (``samples`` > 1),
+        whose chains overlap: no fan-out of this shape.
+        """
         width = self.requests - self.chain + 1
-        return width if self.chain > 0 and width > 1 else 0
+        return width if self.chain > 0 and 1 < width <= self.chain else 0
 
     @property
     def fanning(self) -> bool:

@@ -182,3 +182,25 @@ def test_the_stepped_server_preempts_the_newest_and_pays_for_its_prefill_again()
     assert gpu.prefilled > 2 * 40  # the preempted request's prompt and answer, once more
     assert gpu.time == pytest.approx(gpu.steps + gpu.prefilled / 10)
     assert gpu.generated >= 2 * 40
+
+
+def test_a_ticker_without_a_fan_out_is_a_chain_from_its_first_call() -> None:
+    async def scenario() -> None:
+        endpoint = prefetching_endpoint()
+        only_chain = Ticket(0, requests=5, chain=5)
+        samples = Ticket(1, requests=34, chain=14)  # two samples side by side
+        assert (only_chain.fan_out, samples.fan_out) == (0, 0)
+        for ticket in (only_chain, samples):
+            endpoint.arrive(ticket)
+            await asyncio.wait_for(endpoint.enter_chain(ticket, None), 1)
+            assert ticket.chained and not ticket.fanning
+        assert endpoint.chains == 2  # counted by the cap, never waiting for a slot
+        for ticket in (only_chain, samples):
+            ticket.outstanding, ticket.reserved = 1, 4_000
+        endpoint.budget.reserved = 8_000  # type: ignore[union-attr]
+        endpoint.footprint.sample(endpoint.gate, [only_chain, samples])
+        assert endpoint.chain_slots() == 2
+        # Nothing runs ahead, so a new ticker waits as under the ticker cap: 2 of 2 started.
+        assert not endpoint.load(None).room
+        assert endpoint.blocker() == CHAIN_CAP
+    asyncio.run(scenario())
