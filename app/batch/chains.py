@@ -39,8 +39,9 @@ its chains fed (``prefetch_depth``). The analysts then fill the room the chains 
 cache), and a freed chain slot is taken by a ticker whose analysts are done. Its
 downstream prompts open with its analysts' reports, not their prompts, so a wait there
 costs no cached context. Tickers without such a fan-out (a chain only, or several samples
-side by side) are chains from their first call and capped as tickers. The chain footprint is then measured on chains only (each by its own
-reservation and hold); until a reading has seen a chain, the ticker mean above stands in.
+side by side) are chains from their first call and capped as tickers. The chain
+footprint is then measured on chains only (each by its own reservation and hold); until a
+reading has seen a chain, the ticker mean above stands in.
 A cohort of chains started together is small at first and grows along the chains, so the
 cap lets more chains in early than can run at once later; the budget's gate then holds
 their later calls (no preemption), and the cap lets no new chain in until they shrink

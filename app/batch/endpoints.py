@@ -240,7 +240,10 @@ class Endpoint:
             "queued": self.gate.waiting,
             "budget_limit": budget.limit if budget is not None else None,
             "reserved": budget.reserved if budget is not None else None,
-            "held": budget.held if budget is not None else None})
+            "held": budget.held if budget is not None else None,
+            # Prefetching's two counts (None without it): chains let in, tickers fanning out.
+            **({"chains": self.chains, "fanning": self.fanning}
+               if self.strategy.prefetch else {})})
 
     def judge(self, now: float) -> bool:
         """Update up/down from the sampler's reads; return True when the state changed."""

@@ -21,7 +21,7 @@ from typing import Any
 TIMELINE_MAX = 1800
 # The columns of a timeline row, in order.
 COLUMNS = ("t_s", "tickers", "chain_slots", "request_limit", "outstanding", "queued",
-           "budget_limit", "reserved", "held", "blocker")
+           "budget_limit", "reserved", "held", "blocker", "chains", "fanning")
 
 ROOM = "room"  # nothing was short: the next ticker was on its way, or none was ready
 HELD = "gate held"

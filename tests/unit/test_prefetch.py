@@ -15,7 +15,7 @@ from app.batch.budget import Claim, TokenBudget
 from app.batch.chains import Footprint, prefetch_depth
 from app.batch.endpoints import Endpoint
 from app.batch.gate import Gate, Ticket
-from app.batch.holdback import CHAIN_CAP, ROOM
+from app.batch.holdback import CHAIN_CAP, COLUMNS, ROOM
 from app.batch.scheduler import Strategy
 from app.errors import InputError
 from tests.unit.stepped_gpu import SteppedGPU
@@ -204,3 +204,19 @@ def test_a_ticker_without_a_fan_out_is_a_chain_from_its_first_call() -> None:
         assert not endpoint.load(None).room
         assert endpoint.blocker() == CHAIN_CAP
     asyncio.run(scenario())
+
+
+def test_the_hold_back_rows_count_chains_and_fan_outs_when_prefetching() -> None:
+    endpoint = prefetching_endpoint(capacity=20_000)
+    chain = Ticket(0, 17, 14, outstanding=1, reserved=9_500, chained=True)
+    # Two tickers whose analysts are done wait for the second chain slot.
+    ready = [Ticket(i, 17, 14, done=4) for i in (1, 2)]
+    for ticket in (chain, *ready):
+        endpoint.arrive(ticket)
+    endpoint.budget.reserved = 9_500  # type: ignore[union-attr]
+    endpoint.footprint.sample(endpoint.gate, [chain, *ready])
+    endpoint.note_start_wait(1.0)
+    row = dict(zip(COLUMNS, endpoint.holdback.timeline[0], strict=True))
+    assert (row["chains"], row["fanning"], row["chain_slots"]) == (1, 2, 2)
+    # One slot free and one ticker to feed the two: both taken by the two waiting.
+    assert row["blocker"] == CHAIN_CAP
