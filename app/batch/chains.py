@@ -46,10 +46,11 @@ A cohort of chains started together is small at first and grows along the chains
 cap lets more chains in early than can run at once later; the budget's gate then holds
 their later calls (no preemption), and the cap lets no new chain in until they shrink
 back. On a stepped model of the H200's server (tests/unit/stepped_gpu.py) at the 40-ticker
-shape this ran 5% above the ticker cap and 2% above fixed-14; predicting a chain's mean
-size from its steps (tried, not kept) gained 1-2%: the room it kept for the cohort's
-growth was idle while the cohort was small. Off by default until an H200 run measures it
-(the model has no prefix cache, so it cannot weigh the context a waiting chain loses).
+shape this ran 2-5% above the ticker cap and 2-4% above fixed-14 in every variant tried
+(with and without a prefix cache, several prefill and batch costs); predicting a chain's
+mean size from its steps (tried, not kept) gained 1-2%: the room it kept for the cohort's
+growth was idle while the cohort was small. Off by default until an H200 run measures it:
+no variant of the model reproduces all of the H200's ratios at once.
 """
 
 from __future__ import annotations

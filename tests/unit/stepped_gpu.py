@@ -4,13 +4,18 @@ Not a benchmark (the H200 is, docs/performance.md): a model of what decides the 
 numbers at the bench's shapes. Each step every running request decodes one token; at most
 ``max_seqs`` run; a waiting request starts when its prompt's blocks fit the KV cache; a
 step whose cache overflows preempts the newest request, which waits to be prefilled again
-(prompt and tokens so far). A step that prefills ``p`` tokens costs ``1 + p / p_equiv``
-steps of time, so recomputed prefill is paid for. It has no prefix cache, so it cannot
-show what a schedule gains by keeping a chain's context cached, nor what too many chains
-waiting at the gate lose by its eviction. Readings come every ``read_every`` steps, as
-a sampler's would. With its defaults it is the H200 run's server (49,152 KV tokens, 32
-sequences), and at the 40-ticker shape it reproduced that run's ramp (tickers in flight
-8/12/14/16 at 10/20/30/45 s against 8/12/14/16) and its ranking of adaptive and fixed-14.
+(prompt and tokens so far). A step that runs ``r`` requests and prefills ``p`` tokens
+takes ``1 + seq_cost * r + p / p_equiv`` units of time, so a bigger batch decodes each of
+its requests slower and recomputed prefill is paid for. With ``prefix_cache`` a ticker's
+downstream calls share its context (``SHARED`` tokens, as the bench's prompts do): when one
+finishes, the context's blocks stay cached in the free part of the cache, least recently
+used first out when a request needs the room, and a later call of the ticker that finds
+them prefills only the rest; a call that runs beside another of its ticker's shares the
+blocks. Readings come every ``read_every`` steps, as a sampler's would. With its defaults
+it is the H200 run's server (49,152 KV tokens, 32 sequences), and at the 40-ticker shape
+it reproduced that run's ramp (tickers in flight 8/12/14/16 at 10/20/30/45 s against
+8/12/14/16) and its ranking of adaptive and fixed-14. ``flood`` sends every call of every
+ticker at once, as the bench's flood arm does.
 
     python -m tests.unit.stepped_gpu --tickers 40 --out 300 fixed-14 adaptive \
         adaptive:prefetch=on
@@ -21,7 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -43,6 +48,9 @@ class Request:
     done: asyncio.Future[None]
     seq: int
     generated: int = 0
+    ticker: str = ""
+    shared: int = 0  # leading tokens of the ticker's context (0: none)
+    borrowed: int = 0  # of those, tokens another running call of the ticker holds
 
 
 class SteppedGPU:
@@ -50,7 +58,8 @@ class SteppedGPU:
 
     def __init__(self, capacity: int = 49_152, max_seqs: int = 32, block: int = 16,
                  step_s: float = 0.001, read_every: int = 50, prefill_per_step: int = 8_192,
-                 p_equiv: int = 1_000) -> None:
+                 p_equiv: int = 1_000, prefix_cache: bool = False,
+                 seq_cost: float = 0.0) -> None:
         self.capacity, self.max_seqs, self.block = capacity, max_seqs, block
         self.step_s, self.read_every = step_s, read_every
         self.prefill_per_step, self.p_equiv = prefill_per_step, p_equiv
@@ -62,6 +71,10 @@ class SteppedGPU:
         self.tokens_per_step: list[int] = []
         self._latest = G()
         self._seq = 0
+        self.prefix_cache = prefix_cache
+        self.seq_cost = seq_cost  # a step's time grows by this per running request
+        self.cached: OrderedDict[str, int] = OrderedDict()  # ticker -> context tokens, LRU
+        self.hits = self.sent = 0  # prompt tokens found cached, and sent
 
     @property
     def kv_capacity(self) -> int:
@@ -76,18 +89,49 @@ class SteppedGPU:
         return self._latest
 
     def _blocks(self, request: Request) -> int:
-        return math.ceil((request.prompt + request.generated + 1) / self.block)
+        return math.ceil((request.prompt - request.borrowed + request.generated + 1)
+                         / self.block)
 
     def used(self) -> int:
         return sum(self._blocks(r) for r in self.running) * self.block
+
+    def _cached_tokens(self) -> int:
+        return sum(math.ceil(t / self.block) * self.block for t in self.cached.values())
+
+    def _make_room(self, needed: int) -> bool:
+        """Evict cached contexts, oldest first, until ``needed`` more tokens fit."""
+        while self.used() + self._cached_tokens() + needed > self.capacity and self.cached:
+            self.cached.popitem(last=False)
+        return self.used() + needed <= self.capacity
+
+    def _admit(self, request: Request) -> int:
+        """Start ``request``; return the tokens it prefills (its cached context spared)."""
+        request.borrowed, hit = 0, 0
+        if self.prefix_cache and request.shared:
+            if any(r.ticker == request.ticker and r.shared for r in self.running):
+                request.borrowed = hit = request.shared  # in use beside it: shared blocks
+            elif self.cached.pop(request.ticker, None) is not None:
+                hit = request.shared  # cached: its blocks are this request's again
+        self.hits += hit
+        self.running.append(request)
+        return request.prompt - hit + request.generated
+
+    def _finish(self, request: Request) -> None:
+        self.running.remove(request)
+        if self.prefix_cache and request.shared and not request.borrowed:
+            self.cached[request.ticker] = request.shared
+            self.cached.move_to_end(request.ticker)
 
     async def send(self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
                    first_attempt: int = 1, admit: Any = None) -> SimpleNamespace:
         async with admit():
             size = sum(len(m["content"].encode()) for m in body["messages"])
             self._seq += 1
+            self.sent += size // 4
+            ticker, shared = body.get("prefix", ("", 0))
             request = Request(size // 4, body["max_tokens"],
-                              asyncio.get_running_loop().create_future(), self._seq)
+                              asyncio.get_running_loop().create_future(), self._seq,
+                              ticker=ticker, shared=shared)
             self.waiting.append(request)
             await request.done
         return SimpleNamespace(prompt_tokens=size // 4, completion_tokens=body["max_tokens"])
@@ -102,25 +146,27 @@ class SteppedGPU:
         prefill, room = 0, self.prefill_per_step
         while self.waiting and len(self.running) < self.max_seqs and room > 0:
             head = self.waiting[0]
-            if self.used() + self._blocks(head) * self.block > self.capacity:
+            if not self._make_room(self._blocks(head) * self.block):
                 break
-            room -= head.prompt + head.generated
-            prefill += head.prompt + head.generated
-            self.running.append(self.waiting.popleft())
+            work = self._admit(self.waiting.popleft())
+            room -= work
+            prefill += work
         for request in self.running:
             request.generated += 1
         tokens = len(self.running)
+        self._make_room(0)
         while self.used() > self.capacity and self.running:
             victim = max(self.running, key=lambda r: r.seq)  # the newest, as vLLM's FCFS
             self.running.remove(victim)
+            victim.borrowed = 0
             self.waiting.appendleft(victim)
             self.preemptions += 1
         self.prefilled += prefill
         self.generated += tokens
-        self.time += 1 + prefill / self.p_equiv
+        self.time += 1 + self.seq_cost * tokens + prefill / self.p_equiv
         self.tokens_per_step.append(tokens)
         for request in [r for r in self.running if r.generated >= r.out]:
-            self.running.remove(request)
+            self._finish(request)
             request.done.set_result(None)
         if self.steps % self.read_every == 0:
             self._latest = G(kv_cache_usage=min(1.0, self.used() / self.capacity),
@@ -130,20 +176,36 @@ class SteppedGPU:
                              taken_at=datetime.now(UTC))
 
 
-def _body(tokens: int, out: int) -> dict[str, Any]:
-    return {"messages": [{"role": "system", "content": "hi"},
-                         {"role": "user", "content": "x" * (tokens * 4)}], "max_tokens": out}
+SHARED = 1_000  # a ticker's context at the head of each downstream prompt (the bench's)
 
 
-def ticker(key: str, out: int, spans: dict[str, list[int]], gpu: SteppedGPU) -> Job:
+def _body(tokens: int, out: int, prefix: tuple[str, int] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"messages": [{"role": "system", "content": "hi"},
+                                         {"role": "user", "content": "x" * (tokens * 4)}],
+                            "max_tokens": out}
+    if prefix is not None:
+        body["prefix"] = prefix  # read by the model's server only
+    return body
+
+
+def ticker(key: str, out: int, spans: dict[str, list[int]], gpu: SteppedGPU,
+           flood: bool = False) -> Job:
     """A ticker of the bench's shape: four analysts side by side, then 13 growing calls."""
+    def step(n: int) -> dict[str, Any]:
+        return _body(round(CHAIN_FIRST + n * (CHAIN_LAST - CHAIN_FIRST) / 12), out,
+                     (key, SHARED))
+
     async def run(gated: GatedLLM) -> None:
         spans[key] = [gpu.steps, -1]
-        await asyncio.gather(*(gated.send(CallTag(1, key, f"analyst{i}", 0),
-                                          _body(ANALYST_PROMPT, out)) for i in range(4)))
-        for step in range(13):
-            prompt = round(CHAIN_FIRST + step * (CHAIN_LAST - CHAIN_FIRST) / 12)
-            await gated.send(CallTag(1, key, f"step{step}", 0), _body(prompt, out))
+        analysts = [gated.send(CallTag(1, key, f"analyst{i}", 0), _body(ANALYST_PROMPT, out))
+                    for i in range(4)]
+        if flood:  # dependencies ignored
+            await asyncio.gather(*analysts, *(gated.send(CallTag(1, key, f"step{n}", 0),
+                                                         step(n)) for n in range(13)))
+        else:
+            await asyncio.gather(*analysts)
+            for n in range(13):
+                await gated.send(CallTag(1, key, f"step{n}", 0), step(n))
         spans[key][1] = gpu.steps
     return Job(key, run, requests=17, chain=14)
 
@@ -151,7 +213,9 @@ def ticker(key: str, out: int, spans: dict[str, list[int]], gpu: SteppedGPU) -> 
 def run(strategy: str, tickers: int = 40, out: int = 300, **server: Any) -> dict[str, Any]:
     """Run one batch under ``strategy``; return its output per step of time and its ramp."""
     gpu = SteppedGPU(**server)
-    scheduler = Scheduler(gpu, Strategy.parse(strategy),  # type: ignore[arg-type]
+    flood = strategy == "flood"
+    chosen = Strategy.parse("fixed-all" if flood else strategy)
+    scheduler = Scheduler(gpu, chosen,  # type: ignore[arg-type]
                           gauges=gpu, interval_s=gpu.step_s * gpu.read_every / 2)
     spans: dict[str, list[int]] = {}
 
@@ -164,7 +228,7 @@ def run(strategy: str, tickers: int = 40, out: int = 300, **server: Any) -> dict
         async with asyncio.TaskGroup() as group:
             group.create_task(gpu.serve(stop))
             try:
-                await scheduler.run([ticker(f"T{i:03d}", out, spans, gpu)
+                await scheduler.run([ticker(f"T{i:03d}", out, spans, gpu, flood)
                                      for i in range(tickers)], on_done)
             finally:
                 stop.set()
@@ -177,7 +241,7 @@ def run(strategy: str, tickers: int = 40, out: int = 300, **server: Any) -> dict
 
     window = 30 * second
     return {"strategy": strategy, "output_per_step": round(gpu.generated / gpu.time, 2),
-            "preemptions": gpu.preemptions,
+            "preemptions": gpu.preemptions, "prefix_hit": round(gpu.hits / max(1, gpu.sent), 3),
             "in_flight_10_20_30_45": [in_flight(s * second) for s in (10, 20, 30, 45)],
             "first_30_per_step": round(sum(gpu.tokens_per_step[:window]) / window, 1)}
 
@@ -187,9 +251,15 @@ def main() -> None:
     parser.add_argument("strategies", nargs="+")
     parser.add_argument("--tickers", type=int, default=40)
     parser.add_argument("--out", type=int, default=300, help="output tokens per call")
+    parser.add_argument("--p-equiv", type=int, default=1_000,
+                        help="prefill tokens that cost one decode step")
+    parser.add_argument("--prefix-cache", action="store_true")
+    parser.add_argument("--seq-cost", type=float, default=0.0,
+                        help="a step's added time per running request")
     args = parser.parse_args()
     for strategy in args.strategies:
-        print(run(strategy, args.tickers, args.out), flush=True)
+        print(run(strategy, args.tickers, args.out, p_equiv=args.p_equiv,
+                  prefix_cache=args.prefix_cache, seq_cost=args.seq_cost), flush=True)
 
 
 if __name__ == "__main__":

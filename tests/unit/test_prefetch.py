@@ -220,3 +220,33 @@ def test_the_hold_back_rows_count_chains_and_fan_outs_when_prefetching() -> None
     assert (row["chains"], row["fanning"], row["chain_slots"]) == (1, 2, 2)
     # One slot free and one ticker to feed the two: both taken by the two waiting.
     assert row["blocker"] == CHAIN_CAP
+
+
+def test_the_stepped_servers_prefix_cache_keeps_a_context_until_its_room_is_needed() -> None:
+    @contextlib.asynccontextmanager
+    async def admit() -> AsyncIterator[None]:
+        yield
+
+    def call(ticker: str, prompt: int) -> dict[str, object]:
+        return {"messages": [{"role": "user", "content": "x" * (prompt * 4)}],
+                "max_tokens": 4, "prefix": (ticker, 64)}
+
+    async def one(gpu: SteppedGPU, body: dict[str, object]) -> None:
+        task = asyncio.create_task(gpu.send(CallTag(1, "T", "n", 0), body, admit=admit))
+        await asyncio.sleep(0)
+        while not task.done():
+            gpu.step()
+            await asyncio.sleep(0)
+
+    async def scenario(filler: int) -> SteppedGPU:
+        gpu = SteppedGPU(capacity=256, read_every=1, prefix_cache=True)
+        await one(gpu, call("A", 96))  # A's 64-token context now cached
+        if filler:
+            await one(gpu, call("B", filler))  # B needs the room: A's context goes
+        await one(gpu, call("A", 128))
+        return gpu
+
+    kept, evicted = asyncio.run(scenario(0)), asyncio.run(scenario(200))
+    assert kept.hits == 64  # A's second call prefilled only what follows its context
+    assert evicted.hits == 0
+    assert kept.prefilled == 96 + 128 - 64
