@@ -154,23 +154,20 @@ class Endpoint:
             return
         if ticket.fan_out and ticket.done < ticket.fan_out:
             return  # a call of its fan-out: what prefetching runs early
+        if ticket.fan_out and ticket.outstanding == 0:
+            waited = False
+            while True:
+                slots = self.chain_slots()
+                if (slots is None or self.chains < slots or not self.up
+                        or (may_pass is not None and may_pass(ticket))):
+                    break
+                if not waited:
+                    waited = True
+                    if ticket.held_by is not None:
+                        ticket.held_by.release_hold(ticket)
+                self.gate.changed.clear()
+                await self.gate.changed.wait()
         ticket.chained = True
-        if not ticket.fan_out or ticket.outstanding > 0:
-            return
-        waited = False
-        while True:
-            slots = self.chain_slots()
-            if (slots is None or self.chains <= slots or not self.up
-                    or (may_pass is not None and may_pass(ticket))):
-                break
-            if not waited:
-                waited = True
-                if ticket.held_by is not None:
-                    ticket.held_by.release_hold(ticket)
-            ticket.chained = False  # not counted while it waits
-            self.gate.changed.clear()
-            await self.gate.changed.wait()
-            ticket.chained = True
 
     def chains_summary(self) -> dict[str, Any]:
         """Return the chains the budget was found to fit, and the tokens per active ticker."""

@@ -47,7 +47,22 @@ def blocks(tokens: float, size: int = 16) -> int:
     return math.ceil(tokens / size) * size
 
 
-class SimServer:
+class KVGauges:
+    """The KV capacity a server publishes (``vllm:cache_config_info``), as the sampler has it."""
+
+    capacity: int
+    block: int
+
+    @property
+    def kv_capacity(self) -> int:
+        return self.capacity
+
+    @property
+    def block_size(self) -> int:
+        return self.block
+
+
+class SimServer(KVGauges):
     """A KV cache in tokens that answers chat bodies step by step (see the module's doc)."""
 
     def __init__(self, capacity: int, block: int = 16, shared: float = 0.0) -> None:
@@ -63,14 +78,6 @@ class SimServer:
 
     def used(self) -> int:
         return sum(math.ceil((p + g) / self.block) * self.block for p, g in self.live.values())
-
-    @property
-    def kv_capacity(self) -> int:
-        return self.capacity
-
-    @property
-    def block_size(self) -> int:
-        return self.block
 
     @property
     def latest(self) -> G:

@@ -35,7 +35,7 @@ from typing import Any
 from agents.chat import CallTag
 from app.batch.gate import GatedLLM
 from app.batch.scheduler import Job, Scheduler, Strategy
-from tests.unit.budget_sim import G
+from tests.unit.budget_sim import G, KVGauges, body
 
 ANALYST_PROMPT = 900  # tokens, the bench's shape at scale 0.2 (app/bench/workloads.py)
 CHAIN_FIRST, CHAIN_LAST = 1_300, 4_400
@@ -53,7 +53,7 @@ class Request:
     borrowed: int = 0  # of those, tokens another running call of the ticker holds
 
 
-class SteppedGPU:
+class SteppedGPU(KVGauges):
     """The server: ``send`` as TrackedLLM's, ``latest`` as the sampler's (see the module)."""
 
     def __init__(self, capacity: int = 49_152, max_seqs: int = 32, block: int = 16,
@@ -75,14 +75,6 @@ class SteppedGPU:
         self.seq_cost = seq_cost  # a step's time grows by this per running request
         self.cached: OrderedDict[str, int] = OrderedDict()  # ticker -> context tokens, LRU
         self.hits = self.sent = 0  # prompt tokens found cached, and sent
-
-    @property
-    def kv_capacity(self) -> int:
-        return self.capacity
-
-    @property
-    def block_size(self) -> int:
-        return self.block
 
     @property
     def latest(self) -> G:
@@ -180,12 +172,10 @@ SHARED = 1_000  # a ticker's context at the head of each downstream prompt (the 
 
 
 def _body(tokens: int, out: int, prefix: tuple[str, int] | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"messages": [{"role": "system", "content": "hi"},
-                                         {"role": "user", "content": "x" * (tokens * 4)}],
-                            "max_tokens": out}
+    sized = body(tokens * 4 + 2, out)  # the server counts a token per 4 bytes
     if prefix is not None:
-        body["prefix"] = prefix  # read by the model's server only
-    return body
+        sized["prefix"] = prefix  # read by the model's server only
+    return sized
 
 
 def ticker(key: str, out: int, spans: dict[str, list[int]], gpu: SteppedGPU,
