@@ -145,6 +145,21 @@ def test_the_ceiling_is_the_best_graph_respecting_arm_and_flood_is_the_bound() -
     assert data["ceiling_arm"] == "fixed-14" and data["server_bound_arm"] == "flood"
 
 
+def test_every_adaptive_variant_is_judged_under_its_own_name() -> None:
+    result = BenchResult("w", 40, 680, arms=[
+        _fake_arm("adaptive", 777.0, ttft=0.5), _fake_arm("adaptive:prefetch=off", 740.0, 0.3),
+        _fake_arm("fixed-14", 776.0, ttft=1.35, preemptions=15), _fake_arm("flood", 958.0),
+    ])
+    _judge(result)
+    checks = result.checks
+    assert checks["adaptive >= ceiling (best fixed schedule: fixed-14)"] is True
+    assert checks["adaptive:prefetch=off >= ceiling (best fixed schedule: fixed-14)"] is False
+    assert checks["adaptive:prefetch=off TTFT <= best fixed-N's (fixed-14)"] is True
+    assert checks["adaptive:prefetch=off: zero preemptions"] is True
+    # Neither fixed nor flood arms are judged: they are what the variants are judged against.
+    assert not [c for c in checks if c.startswith(("fixed", "flood"))]
+
+
 def test_fixed_all_keeps_every_ticker_in_flight_and_flood_is_uncapped() -> None:
     all_in = Strategy.parse("fixed-all")
     tickers = 120  # more than httpx's default pool of 100 connections
