@@ -28,29 +28,32 @@ reading sets it.
 
 That mean still begins on the analysts: at a batch's start every ticker is in its fan-out,
 four calls side by side (about 4,800 tokens a ticker on the H200 at 40 tickers, against
-2,000-2,500 for a ticker early in its chain), and the cap came down to the chains' size
-one ticker every 2-6 s; the batch's first 30 s ran 15% under a fixed setting's while the
-cache stood 30-50% full. *Prefetching* (``adaptive:prefetch=on``) separates the two. The
-cap counts chains, not tickers: a ticker's first downstream call waits for a chain slot
-(``Endpoint.enter_chain``), and a new ticker may start its analysts while fewer tickers
-are in their fan-out than the free chain slots plus the few a steady batch needs to keep
-its chains fed (``prefetch_depth``). The analysts then fill the room the chains leave (a
-1,000-token analyst call decodes as much as a 3,000-token chain call in a third of the
-cache), and a freed chain slot is taken by a ticker whose analysts are done. Its
-downstream prompts open with its analysts' reports, not their prompts, so a wait there
+2,000-2,500 for a ticker early in its chain), and the cap came down to the chains' size one
+ticker every 2-6 s; the batch's first 30 s ran 15% under a fixed setting's while the cache
+stood 30-50% full. *Prefetching* (the default; ``adaptive:prefetch=off`` turns it off)
+separates the two. The cap counts chains, not tickers: a ticker's first downstream call
+waits for a chain slot (``Endpoint.enter_chain``), and a new ticker may start its analysts
+while fewer tickers are in their fan-out than the free chain slots plus the few a steady
+batch needs to keep its chains fed (``prefetch_depth``). The analysts then fill the room the
+chains leave (a 1,000-token analyst call decodes as much as a 3,000-token chain call in a
+third of the cache), and a freed chain slot is taken by a ticker whose analysts are done.
+Its downstream prompts open with its analysts' reports, not their prompts, so a wait there
 costs no cached context. Tickers without such a fan-out (a chain only, or several samples
-side by side) are chains from their first call and capped as tickers. The chain
-footprint is then measured on chains only (each by its own reservation and hold); until a
-reading has seen a chain, the ticker mean above stands in.
-A cohort of chains started together is small at first and grows along the chains, so the
-cap lets more chains in early than can run at once later; the budget's gate then holds
-their later calls (no preemption), and the cap lets no new chain in until they shrink
-back. On a stepped model of the H200's server (tests/unit/stepped_gpu.py) at the 40-ticker
-shape this ran 2-5% above the ticker cap and 2-4% above fixed-14 in every variant tried
-(with and without a prefix cache, several prefill and batch costs); predicting a chain's
-mean size from its steps (tried, not kept) gained 1-2%: the room it kept for the cohort's
-growth was idle while the cohort was small. Off by default until an H200 run measures it:
-no variant of the model reproduces all of the H200's ratios at once.
+side by side) are chains from their first call and capped as tickers. The chain footprint is
+then measured on chains only (each by its own reservation and hold); until a reading has
+seen a chain, the ticker mean above stands in. A cohort of chains started together is small
+at first and grows along the chains, so the cap lets more chains in early than can run at
+once later; the budget's gate then holds their later calls (no preemption), and the cap lets
+no new chain in until they shrink back. On a stepped model of the H200's server
+(tests/unit/stepped_gpu.py) at the 40-ticker shape this ran 2-5% above the ticker cap and
+2-4% above fixed-14 in every variant tried (with and without a prefix cache, several prefill
+and batch costs); predicting a chain's mean size from its steps (tried, not kept) gained
+1-2%: the room it kept for the cohort's growth was idle while the cohort was small. On the
+H200 at 40 tickers (docs/performance.md, a fourth run) it ran 4.9% above the ticker cap and
+level with fixed-14 (776.9 against 740.3 and 776.1 tok/s), with no preemption, its first 30
+s at 1,301 tok/s against 939; the cohort it let in then grew as above (the cap at 28 chains
+at 6 s, 22 chains in by 32 s, 14 of their calls held at the gate at 90 s), which is where
+the rest of that run went.
 """
 
 from __future__ import annotations

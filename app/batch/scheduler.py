@@ -78,7 +78,8 @@ class Strategy:
     policy: tuple[tuple[str, float], ...] = ()  # admission policy settings that differ
     budget: bool = False  # admit by a KV token budget too, when the capacity is known
     budget_knobs: tuple[tuple[str, float], ...] = ()  # token budget settings that differ
-    prefetch: bool = False  # analysts ahead of a free chain slot (app/batch/chains.py)
+    prefetch: bool = False  # analysts ahead of a free chain slot (app/batch/chains.py);
+    # ``parse`` turns it on for ``adaptive`` with the budget, as the default
 
     @classmethod
     def parse(cls, name: str) -> Strategy:
@@ -92,7 +93,8 @@ class Strategy:
         """
         base, _, knobs = name.partition(":")
         if base == "adaptive":
-            switches = {"tail": True, "budget": True, "prefetch": False}
+            # prefetch: on by default where the budget is (it counts chains in budget tokens)
+            switches: dict[str, bool | None] = {"tail": True, "budget": True, "prefetch": None}
             policy, budget_knobs = [], []
             for knob in filter(None, knobs.split(",")):
                 key, _, value = knob.partition("=")
@@ -110,9 +112,11 @@ class Strategy:
             if switches["prefetch"] and not switches["budget"]:
                 raise InputError(f"strategy {name!r}: prefetch=on counts chains in budget "
                                  "tokens, so it needs budget=on")
-            strategy = cls(name, adaptive=True, tail=switches["tail"], policy=tuple(policy),
-                           budget=switches["budget"], budget_knobs=tuple(budget_knobs),
-                           prefetch=switches["prefetch"])
+            budget = bool(switches["budget"])
+            prefetch = budget if switches["prefetch"] is None else bool(switches["prefetch"])
+            strategy = cls(name, adaptive=True, tail=bool(switches["tail"]),
+                           policy=tuple(policy), budget=budget,
+                           budget_knobs=tuple(budget_knobs), prefetch=prefetch)
             try:
                 strategy.token_budget()
             except ValueError as error:

@@ -234,14 +234,14 @@ def _judge(result: BenchResult) -> None:
                                       if result.server_bound_tok_s else None)
     # Every adaptive variant in the run is judged, each under its own name, so a variant
     # put beside the default (``adaptive:prefetch=off``) is held to the same targets.
-    for arm in result.arms:
-        if arm["strategy"] == "adaptive" or arm["strategy"].startswith("adaptive:"):
-            _judge_adaptive(result, arm, best_fixed, by.get("fixed-3"))
+    for variant in result.arms:
+        if variant["strategy"] == "adaptive" or variant["strategy"].startswith("adaptive:"):
+            _judge_adaptive(result, variant, best_fixed, by.get("fixed-3"))
 
 
-def _judge_adaptive(result: BenchResult, arm: dict[str, Any], best_fixed: dict[str, Any] | None,
-                    fixed3: dict[str, Any] | None) -> None:
-    name, tok_s = arm["strategy"], arm["output_tokens_per_s"]
+def _judge_adaptive(result: BenchResult, variant: dict[str, Any],
+                    best_fixed: dict[str, Any] | None, fixed3: dict[str, Any] | None) -> None:
+    name, tok_s = variant["strategy"], variant["output_tokens_per_s"]
     if best_fixed is not None:
         result.checks[f"{name} >= ceiling (best fixed schedule: {best_fixed['strategy']})"] = (
             tok_s >= result.ceiling_tok_s)
@@ -251,7 +251,8 @@ def _judge_adaptive(result: BenchResult, arm: dict[str, Any], best_fixed: dict[s
     if fixed3:
         result.checks[f"{name} >= 1.5 x fixed-3"] = (
             tok_s >= 1.5 * fixed3["output_tokens_per_s"])
-    result.checks[f"{name}: zero preemptions"] = not arm["preemptions"]
-    if best_fixed and best_fixed["mean_ttft_s"] is not None and arm["mean_ttft_s"] is not None:
+    result.checks[f"{name}: zero preemptions"] = not variant["preemptions"]
+    ttft = variant["mean_ttft_s"]
+    if best_fixed and best_fixed["mean_ttft_s"] is not None and ttft is not None:
         result.checks[f"{name} TTFT <= best fixed-N's ({best_fixed['strategy']})"] = (
-            arm["mean_ttft_s"] <= best_fixed["mean_ttft_s"])
+            ttft <= best_fixed["mean_ttft_s"])

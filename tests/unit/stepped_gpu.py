@@ -18,7 +18,10 @@ it reproduced that run's ramp (tickers in flight 8/12/14/16 at 10/20/30/45 s aga
 ticker at once, as the bench's flood arm does.
 
     python -m tests.unit.stepped_gpu --tickers 40 --out 300 fixed-14 adaptive \
-        adaptive:prefetch=on
+        adaptive:prefetch=off
+
+(``adaptive`` prefetches by default; docs/performance.md's model tables were made before
+that, when ``adaptive`` was today's ``adaptive:prefetch=off``.)
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def test_nothing_is_capped_before_a_reading_has_seen_a_ticker() -> None:
 def test_an_adaptive_endpoint_offers_no_room_past_the_chains_that_fit() -> None:
     llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
     endpoint = Endpoint(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
-                        Strategy.parse("adaptive"), gauges=SimpleNamespace())
+                        Strategy.parse("adaptive:prefetch=off"), gauges=SimpleNamespace())
     assert endpoint.budget is not None
     endpoint.budget.set_capacity(10_000)
     endpoint.gate.set_limit(32)
@@ -119,7 +119,7 @@ def wide_then_chain(key: str, started: list[int], live: set[str]) -> Job:
     return Job(key, run, requests=14, chain=11)
 
 
-STRATEGY = "adaptive:tail=off"  # test_prefetch.py runs the same batch with prefetching
+STRATEGY = "adaptive:tail=off,prefetch=off"  # test_prefetch.py runs it with prefetching
 
 
 def run_wide(monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[list[int], SimServer]:

@@ -24,7 +24,8 @@ from tests.unit.test_chains import run_wide
 
 def test_prefetch_is_an_adaptive_switch_that_needs_the_budget() -> None:
     assert Strategy.parse("adaptive:prefetch=on").prefetch
-    assert not Strategy.parse("adaptive").prefetch  # off until measured on a GPU
+    assert Strategy.parse("adaptive").prefetch  # the default since the H200's 40-ticker run
+    assert not Strategy.parse("adaptive:budget=off").prefetch  # nothing to count chains in
     assert not Strategy.parse("adaptive:prefetch=off").prefetch
     with pytest.raises(InputError, match="needs budget=on"):
         Strategy.parse("adaptive:prefetch=on,budget=off")
