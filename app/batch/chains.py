@@ -102,15 +102,17 @@ class Footprint:
         if self._tickers is not None:
             self._tickers.sample(gate, tickets)
 
+        def hold(t: Ticket) -> int:  # what it holds in this gate's budget between calls
+            return t.hold if t.held_by in (None, gate) else 0
+
         def here(t: Ticket) -> bool:
-            return t.outstanding > 0 or (t.hold > 0 and t.held_by in (None, gate))
+            return t.outstanding > 0 or hold(t) > 0
 
         if self.chains_only:
             active = [t for t in tickets if t.chained and here(t)]
             if not active:
                 return
-            tokens = float(sum(t.reserved + (t.hold if t.held_by in (None, gate) else 0)
-                               for t in active))
+            tokens = float(sum(t.reserved + hold(t) for t in active))
             count = len(active)
         else:
             count = sum(1 for t in tickets if here(t))
