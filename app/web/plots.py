@@ -3,29 +3,48 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from app.web import charts
 from app.web.charts import Series
 
 
+def _short(endpoint: str | None) -> str:
+    """Name an endpoint by its host and port (its /v1 path is the same on every one)."""
+    if endpoint is None:
+        return "server"
+    return urlsplit(endpoint).netloc or endpoint
+
+
 def batch_plots(view: dict[str, Any]) -> dict[str, str | None]:
-    """Return the batch page's plots; a plot without data is None (the page says so)."""
+    """Return the batch page's plots; a plot without data is None (the page says so).
+
+    With several endpoints the batch's lines (summed; KV the fullest endpoint's) come first,
+    then each endpoint's own.
+    """
     s = view["series"]
     nodes = view["report"]["nodes"]
     mean_tok_s = view["report"]["output_tokens_per_s"]
+    each = s["endpoints"] if len(s["endpoints"]) > 1 else []
+    throughput = [Series("between readings" if not each else "all endpoints",
+                         [*s["tok_s_t"], s["t"][-1]], [*s["tok_s"], s["tok_s"][-1]])] + [
+        Series(_short(e["endpoint"]), e["tok_s_t"], e["tok_s"]) for e in each if e["tok_s"]
+    ] if s["tok_s"] else []
+    concurrency = [Series("running", s["t"], s["running"]),
+                   Series("waiting", s["t"], s["waiting"])] + [
+        Series(f"running at {_short(e['endpoint'])}", e["t"], e["running"]) for e in each]
+    kv = [Series("KV cache usage" if not each else "fullest endpoint", s["t"], s["kv"])] + [
+        Series(_short(e["endpoint"]), e["t"], e["kv"]) for e in each]
     return {
         "throughput": charts.time_lines(
-            [Series("between readings", [*s["tok_s_t"], s["t"][-1]],
-                    [*s["tok_s"], s["tok_s"][-1]]),
+            [*throughput[:1],
              Series(f"batch mean {mean_tok_s:.1f}", [s["t"][0], s["t"][-1]],
-                    [mean_tok_s, mean_tok_s])],
+                    [mean_tok_s, mean_tok_s]), *throughput[1:]],
             ylabel="output tokens/s", chart_id="throughput", step=True) if s["tok_s"] else None,
-        "concurrency": charts.time_lines(
-            [Series("running", s["t"], s["running"]), Series("waiting", s["t"], s["waiting"])],
-            ylabel="requests", chart_id="concurrency", step=True) if s["t"] else None,
-        "kv": charts.time_lines([Series("KV cache usage", s["t"], s["kv"])],
-                                ylabel="KV cache used", chart_id="kv", percent=True, step=True)
-        if s["t"] else None,
+        "concurrency": charts.time_lines(concurrency, ylabel="requests",
+                                         chart_id="concurrency", step=True) if s["t"] else None,
+        "kv": charts.time_lines(kv, ylabel="KV cache used", chart_id="kv", percent=True,
+                                step=True) if s["t"] else None,
         "latency": charts.node_latency([n["node"] for n in nodes], [n["mean_s"] for n in nodes],
                                        [n["p99_s"] for n in nodes]) if nodes else None,
     }

@@ -6,7 +6,6 @@ Every number comes from the modules the CLI uses (``app.ranking``, ``app.report`
 
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -18,12 +17,13 @@ from sqlalchemy.orm import Session
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
 from app.batch.store import FINISHED_STATUSES
-from app.db.models import Batch, Decision, LLMCall, NodeText, ServerSample, TickerRun
+from app.db.models import Batch, Decision, LLMCall, NodeText, TickerRun
 from app.errors import InputError
 from app.ranking import RATING_ORDER, RankRow, ranking
 from app.report import arm, batch_report
-from app.serverview import counter_delta, server_view
+from app.serverview import server_view
 from app.timeline import batch_timeline, timeline_json
+from app.web.series import series_view
 
 HISTORY_NIGHTS = 60
 
@@ -242,25 +242,6 @@ def batches_view(engine: Engine, limit: int = 200) -> list[dict[str, Any]]:
     with engine.connect() as conn:
         rows = conn.execute(select(Batch).order_by(Batch.id.desc()).limit(limit)).all()
     return [batch_json(r) for r in rows]
-
-
-def series_view(engine: Engine, batch_id: int) -> dict[str, list[float]]:
-    """Return the server's gauges over the batch, and its output tok/s between samples."""
-    with engine.connect() as conn:
-        rows = conn.execute(select(ServerSample).where(ServerSample.batch_id == batch_id)
-                            .order_by(ServerSample.sampled_at)).all()
-    if not rows:
-        return {"t": [], "running": [], "waiting": [], "kv": [], "tok_s_t": [], "tok_s": []}
-    t0 = rows[0].sampled_at
-    t = [(r.sampled_at - t0).total_seconds() for r in rows]
-    rates, at = [], []
-    for (ta, a), (tb, b) in itertools.pairwise(zip(t, rows, strict=True)):
-        produced = counter_delta([a.generation_tokens_total, b.generation_tokens_total])
-        if tb > ta and produced is not None:
-            rates.append(produced / (tb - ta))
-            at.append(ta)
-    return {"t": t, "running": [r.running for r in rows], "waiting": [r.waiting for r in rows],
-            "kv": [r.kv_cache_usage for r in rows], "tok_s_t": at, "tok_s": rates}
 
 
 def batch_view(engine: Engine, batch_id: int) -> dict[str, Any]:

@@ -23,11 +23,11 @@ from sqlalchemy.orm import Session
 
 from agents.graph import node_names
 from app.config import load_settings
-from app.db.models import Batch, TickerRun
+from app.db.models import Batch, ServerSample, TickerRun
 from app.web.auth import CSRF_COOKIE, Guard
 from app.web.reruns import RerunJob, RerunQueue, cli_command
 from app.web.server import create_app
-from tests.unit.web_rows import D1, SAMPLES, Ids, fill
+from tests.unit.web_rows import D1, SAMPLES, T0, Ids, fill
 
 USER, PASSWORD = "operator", "s3cret-pass"
 AUTH = (USER, PASSWORD)
@@ -280,6 +280,39 @@ def test_batch_report_series_come_from_server_samples(client: TestClient, ids: I
     assert "10–18" in html  # the second interval's row (17.5 s shown whole)
     running_path = re.search(r'<g id="concurrency-0">\s*<path d="([^"]+)"', html)
     assert running_path and running_path.group(1).count("L") >= len(SAMPLES) - 1
+
+
+def test_a_batch_on_two_endpoints_has_each_ones_series_and_their_sum(
+        client: TestClient, ids: Ids, sqlite_engine: Engine) -> None:
+    # Two servers' readings interleave in server_samples; each counter is its own server's,
+    # so one series over both would subtract one server's token count from the other's.
+    a, b = "http://127.0.0.1:8000/v1", "http://127.0.0.1:8001/v1"
+    start = T0 - timedelta(days=1)  # night1's first reading (tests/unit/web_rows.py)
+    with Session(sqlite_engine) as s:
+        s.query(ServerSample).filter_by(batch_id=ids.night1).update({"endpoint": a})
+        for at, running, waiting, kv, gen in [(1, 2, 1, 0.20, 50_000), (3, 5, 0, 0.90, 50_300),
+                                              (5, 1, 0, 0.30, 50_500)]:
+            s.add(ServerSample(batch_id=ids.night1, endpoint=b,
+                               sampled_at=start + timedelta(seconds=at), running=running,
+                               waiting=waiting, kv_cache_usage=kv, preemptions_total=0,
+                               prompt_tokens_total=0, generation_tokens_total=gen))
+        s.commit()
+    series = client.get(f"/api/batches/{ids.night1}", auth=AUTH).json()["series"]
+    own = {e["endpoint"]: e for e in series["endpoints"]}
+    assert list(own) == [a, b]
+    assert own[a]["tok_s"] == pytest.approx([50, 150, 50])  # as when it served alone
+    assert own[b]["tok_s"] == pytest.approx([150, 100]) and own[b]["t"] == [1.0, 3.0, 5.0]
+    # The batch: each endpoint holds its last reading until its next.
+    assert series["t"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert series["running"] == [1, 3, 6, 9, 11, 7, 4]
+    assert series["waiting"] == [0, 1, 2, 1, 3, 3, 0]
+    assert series["kv"] == [0.10, 0.20, 0.35, 0.90, 0.90, 0.80, 0.50]  # the fullest one's
+    assert series["tok_s_t"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert series["tok_s"] == pytest.approx([50, 200, 300, 250, 150, 50])  # 1,000 tokens
+    html = client.get(f"/batches/{ids.night1}", auth=AUTH).text
+    # running and waiting summed, then each endpoint's running; KV: fullest, then each.
+    for gid in ("concurrency-2", "concurrency-3", "kv-2", "throughput-3"):
+        assert f'id="{gid}"' in html, gid
 
 
 def test_batches_list_and_compare(client: TestClient, ids: Ids) -> None:

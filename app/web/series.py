@@ -1,0 +1,86 @@
+"""A batch's server gauges over time, as the batch page plots them: per endpoint and summed.
+
+Each endpoint's ``/metrics`` readings are a series of their own: its counters are its own,
+so output tokens/s comes from the difference of two readings *of the same endpoint*. A batch
+served by several endpoints (``NIGHTDESK_LLM_BASE_URL`` with a list) has their readings
+interleaved in ``server_samples``; taken as one series they would subtract one server's
+counter from another's. The batch's lines are built from the endpoints' own: running and
+waiting requests and output tokens/s summed, KV usage the fullest endpoint's, each endpoint
+holding its last reading until its next (as the plots draw a gauge). Rows older than the
+endpoint column form one series, as they always did.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from app.db.models import ServerSample
+from app.serverview import counter_delta
+
+KEYS = ("t", "running", "waiting", "kv", "tok_s_t", "tok_s")
+
+
+def _one(rows: Sequence[Any], t0: Any) -> dict[str, list[float]]:
+    """Return one endpoint's gauges, seconds from ``t0``, and its tok/s between readings."""
+    t = [(r.sampled_at - t0).total_seconds() for r in rows]
+    rates, at = [], []
+    for (ta, a), (tb, b) in itertools.pairwise(zip(t, rows, strict=True)):
+        produced = counter_delta([a.generation_tokens_total, b.generation_tokens_total])
+        if tb > ta and produced is not None:
+            rates.append(produced / (tb - ta))
+            at.append(ta)
+    return {"t": t, "running": [r.running for r in rows], "waiting": [r.waiting for r in rows],
+            "kv": [r.kv_cache_usage for r in rows], "tok_s_t": at, "tok_s": rates}
+
+
+def _held(t: list[float], values: list[float], at: float) -> float | None:
+    """Return the last of ``values`` read at or before ``at`` (None before the first)."""
+    i = bisect.bisect_right(t, at) - 1
+    return values[i] if i >= 0 else None
+
+
+def _total(parts: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Sum the endpoints' gauges on the union of their reading times (KV: the fullest)."""
+    grid = sorted({x for p in parts for x in p["t"]})
+    running, waiting, kv = [], [], []
+    for at in grid:
+        held = [(_held(p["t"], p["running"], at), _held(p["t"], p["waiting"], at),
+                 _held(p["t"], p["kv"], at)) for p in parts]
+        seen = [h for h in held if h[0] is not None]
+        running.append(sum(h[0] or 0.0 for h in seen))
+        waiting.append(sum(h[1] or 0.0 for h in seen))
+        kv.append(max(h[2] or 0.0 for h in seen))
+    # A rate holds from its first reading to the next reading of its endpoint; after an
+    # endpoint's last reading it adds nothing.
+    spans = [(a, p["t"][bisect.bisect_right(p["t"], a)], rate)
+             for p in parts for a, rate in zip(p["tok_s_t"], p["tok_s"], strict=True)]
+    edges = sorted({x for a, b, _ in spans for x in (a, b)})
+    tok_s_t = edges[:-1]
+    tok_s = [sum(r for a, b, r in spans if a <= at < b) for at in tok_s_t]
+    return {"t": grid, "running": running, "waiting": waiting, "kv": kv,
+            "tok_s_t": tok_s_t, "tok_s": tok_s}
+
+
+def series_view(engine: Engine, batch_id: int) -> dict[str, Any]:
+    """Return the batch's gauges over time (summed over endpoints) and each endpoint's.
+
+    The top-level keys are the batch's lines; ``endpoints`` lists each endpoint's own, in the
+    order they first reported (one entry when one endpoint served the batch).
+    """
+    with engine.connect() as conn:
+        rows = conn.execute(select(ServerSample).where(ServerSample.batch_id == batch_id)
+                            .order_by(ServerSample.sampled_at, ServerSample.id)).all()
+    if not rows:
+        return {**{k: [] for k in KEYS}, "endpoints": []}
+    t0 = rows[0].sampled_at
+    by_endpoint: dict[str | None, list[Any]] = {}
+    for r in rows:
+        by_endpoint.setdefault(r.endpoint, []).append(r)
+    parts = {e: _one(rs, t0) for e, rs in by_endpoint.items()}
+    total = next(iter(parts.values())) if len(parts) == 1 else _total(list(parts.values()))
+    return {**total, "endpoints": [{"endpoint": e, **p} for e, p in parts.items()]}
