@@ -28,8 +28,9 @@ def batch_plots(view: dict[str, Any]) -> dict[str, str | None]:
     each = s["endpoints"] if len(s["endpoints"]) > 1 else []
     throughput = [Series("between readings" if not each else "all endpoints",
                          [*s["tok_s_t"], s["t"][-1]], [*s["tok_s"], s["tok_s"][-1]])] + [
-        Series(_short(e["endpoint"]), e["tok_s_t"], e["tok_s"]) for e in each if e["tok_s"]
-    ] if s["tok_s"] else []
+        # Each rate holds until its endpoint's next reading: draw the last one to its end.
+        Series(_short(e["endpoint"]), [*e["tok_s_t"], e["t"][-1]], [*e["tok_s"], e["tok_s"][-1]])
+        for e in each if e["tok_s"]] if s["tok_s"] else []
     concurrency = [Series("running", s["t"], s["running"]),
                    Series("waiting", s["t"], s["waiting"])] + [
         Series(f"running at {_short(e['endpoint'])}", e["t"], e["running"]) for e in each]
