@@ -131,7 +131,7 @@ def time_lines(series: Sequence[Series], *, ylabel: str, chart_id: str,
         else:
             ax.set_ylim(bottom=0)
         if len(series) > 1:
-            ax.legend(loc="upper right", frameon=False)
+            ax.legend(loc="best", frameon=False)  # where it hides the fewest points
         return _svg(fig, chart_id)
 
 
