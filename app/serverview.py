@@ -150,6 +150,18 @@ def bounds(rows: Sequence[Any], cap: int | None) -> dict[str, float]:
     return {k: v / busy for k, v in counts.items()} if busy else {}
 
 
+def per_endpoint(rows: Sequence[Any]) -> dict[str | None, list[Any]]:
+    """Split ``server_samples`` rows into each endpoint's series, in the order they came.
+
+    Each endpoint's readings are one series (its own counters and resets); rows older than
+    the endpoint column are one series (key None), as they always were.
+    """
+    series: dict[str | None, list[Any]] = {}
+    for r in rows:
+        series.setdefault(r.endpoint, []).append(r)
+    return series
+
+
 def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> ServerView:
     """Compute realized concurrency, queueing, KV, preemptions and cache figures of a batch.
 
@@ -172,11 +184,7 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
     mean_ttft = float(np.mean(ttfts)) if ttfts else None
     if not rows:
         return ServerView(0, mean_ttft_s=mean_ttft)
-    # Each endpoint's readings are one series (counters, resets); rows older than the
-    # endpoint column are one series, as they always were.
-    series: dict[str | None, list[Any]] = {}
-    for r in rows:
-        series.setdefault(r.endpoint, []).append(r)
+    series = per_endpoint(rows)
     several = len(series) > 1
     running = np.array([r.running for r in rows])
     waiting = np.array([r.waiting for r in rows])

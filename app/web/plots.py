@@ -16,6 +16,11 @@ def _short(endpoint: str | None) -> str:
     return urlsplit(endpoint).netloc or endpoint
 
 
+def _rates(label: str, s: dict[str, Any]) -> Series:
+    """Return a series' tok/s between readings, the last rate held to its last reading."""
+    return Series(label, [*s["tok_s_t"], s["t"][-1]], [*s["tok_s"], s["tok_s"][-1]])
+
+
 def batch_plots(view: dict[str, Any]) -> dict[str, str | None]:
     """Return the batch page's plots; a plot without data is None (the page says so).
 
@@ -26,22 +31,18 @@ def batch_plots(view: dict[str, Any]) -> dict[str, str | None]:
     nodes = view["report"]["nodes"]
     mean_tok_s = view["report"]["output_tokens_per_s"]
     each = s["endpoints"] if len(s["endpoints"]) > 1 else []
-    throughput = [Series("between readings" if not each else "all endpoints",
-                         [*s["tok_s_t"], s["t"][-1]], [*s["tok_s"], s["tok_s"][-1]])] + [
-        # Each rate holds until its endpoint's next reading: draw the last one to its end.
-        Series(_short(e["endpoint"]), [*e["tok_s_t"], e["t"][-1]], [*e["tok_s"], e["tok_s"][-1]])
-        for e in each if e["tok_s"]] if s["tok_s"] else []
+    throughput = [
+        _rates("between readings" if not each else "all endpoints", s),
+        Series(f"batch mean {mean_tok_s:.1f}", [s["t"][0], s["t"][-1]], [mean_tok_s, mean_tok_s]),
+        *(_rates(_short(e["endpoint"]), e) for e in each if e["tok_s"])] if s["tok_s"] else []
     concurrency = [Series("running", s["t"], s["running"]),
                    Series("waiting", s["t"], s["waiting"])] + [
         Series(f"running at {_short(e['endpoint'])}", e["t"], e["running"]) for e in each]
     kv = [Series("KV cache usage" if not each else "fullest endpoint", s["t"], s["kv"])] + [
         Series(_short(e["endpoint"]), e["t"], e["kv"]) for e in each]
     return {
-        "throughput": charts.time_lines(
-            [*throughput[:1],
-             Series(f"batch mean {mean_tok_s:.1f}", [s["t"][0], s["t"][-1]],
-                    [mean_tok_s, mean_tok_s]), *throughput[1:]],
-            ylabel="output tokens/s", chart_id="throughput", step=True) if s["tok_s"] else None,
+        "throughput": charts.time_lines(throughput, ylabel="output tokens/s",
+                                        chart_id="throughput", step=True) if throughput else None,
         "concurrency": charts.time_lines(concurrency, ylabel="requests",
                                          chart_id="concurrency", step=True) if s["t"] else None,
         "kv": charts.time_lines(kv, ylabel="KV cache used", chart_id="kv", percent=True,

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from app.db.models import ServerSample
-from app.serverview import counter_delta
+from app.serverview import counter_delta, per_endpoint
 
 KEYS = ("t", "running", "waiting", "kv", "tok_s_t", "tok_s")
 
@@ -38,10 +38,9 @@ def _one(rows: Sequence[Any], t0: Any) -> dict[str, list[float]]:
             "kv": [r.kv_cache_usage for r in rows], "tok_s_t": at, "tok_s": rates}
 
 
-def _held(t: list[float], values: list[float], at: float) -> float | None:
-    """Return the last of ``values`` read at or before ``at`` (None before the first)."""
-    i = bisect.bisect_right(t, at) - 1
-    return values[i] if i >= 0 else None
+def _last(t: list[float], at: float) -> int:
+    """Return the index of the last reading at or before ``at`` (-1 before the first)."""
+    return bisect.bisect_right(t, at) - 1
 
 
 def _total(parts: list[dict[str, list[float]]]) -> dict[str, list[float]]:
@@ -49,19 +48,24 @@ def _total(parts: list[dict[str, list[float]]]) -> dict[str, list[float]]:
     grid = sorted({x for p in parts for x in p["t"]})
     running, waiting, kv = [], [], []
     for at in grid:
-        held = [(_held(p["t"], p["running"], at), _held(p["t"], p["waiting"], at),
-                 _held(p["t"], p["kv"], at)) for p in parts]
-        seen = [h for h in held if h[0] is not None]
-        running.append(sum(h[0] or 0.0 for h in seen))
-        waiting.append(sum(h[1] or 0.0 for h in seen))
-        kv.append(max(h[2] or 0.0 for h in seen))
-    # A rate holds from its first reading to the next reading of its endpoint; after an
-    # endpoint's last reading it adds nothing.
-    spans = [(a, p["t"][bisect.bisect_right(p["t"], a)], rate)
-             for p in parts for a, rate in zip(p["tok_s_t"], p["tok_s"], strict=True)]
-    edges = sorted({x for a, b, _ in spans for x in (a, b)})
+        held = [(p, i) for p in parts if (i := _last(p["t"], at)) >= 0]
+        running.append(sum(p["running"][i] for p, i in held))
+        waiting.append(sum(p["waiting"][i] for p, i in held))
+        kv.append(max(p["kv"][i] for p, i in held))
+    # A rate holds from its reading to its endpoint's next one; after an endpoint's last
+    # reading it adds nothing.
+    ends = [[p["t"][_last(p["t"], a) + 1] for a in p["tok_s_t"]] for p in parts]
+    edges = sorted({x for p, end in zip(parts, ends, strict=True)
+                    for x in (*p["tok_s_t"], *end)})
     tok_s_t = edges[:-1]
-    tok_s = [sum(r for a, b, r in spans if a <= at < b) for at in tok_s_t]
+    tok_s = []
+    for at in tok_s_t:
+        rate = 0.0
+        for p, end in zip(parts, ends, strict=True):
+            i = _last(p["tok_s_t"], at)
+            if i >= 0 and at < end[i]:
+                rate += p["tok_s"][i]
+        tok_s.append(rate)
     return {"t": grid, "running": running, "waiting": waiting, "kv": kv,
             "tok_s_t": tok_s_t, "tok_s": tok_s}
 
@@ -78,9 +82,6 @@ def series_view(engine: Engine, batch_id: int) -> dict[str, Any]:
     if not rows:
         return {**{k: [] for k in KEYS}, "endpoints": []}
     t0 = rows[0].sampled_at
-    by_endpoint: dict[str | None, list[Any]] = {}
-    for r in rows:
-        by_endpoint.setdefault(r.endpoint, []).append(r)
-    parts = {e: _one(rs, t0) for e, rs in by_endpoint.items()}
+    parts = {e: _one(rs, t0) for e, rs in per_endpoint(rows).items()}
     total = next(iter(parts.values())) if len(parts) == 1 else _total(list(parts.values()))
     return {**total, "endpoints": [{"endpoint": e, **p} for e, p in parts.items()]}
