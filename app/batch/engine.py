@@ -23,6 +23,7 @@ from app.batch.checkpoints import open_checkpointer, prune
 from app.batch.endpoints import EndpointSet
 from app.batch.gate import GatedLLM
 from app.batch.halt import Halt, HaltReason, drive
+from app.batch.lock import LockHold, Runner
 from app.batch.outage import ServerWatch
 from app.batch.outputs import record_outputs
 from app.batch.progress import BatchProgress
@@ -79,6 +80,7 @@ class BatchEngine:
         sample_metrics: bool = True,
         progress_factory: Callable[..., BatchProgress] = BatchProgress,
         server_facts: dict[str, Any] | None = None,
+        lock: LockHold | None = None,
     ) -> None:
         self.settings = settings
         self.pipeline = settings.pipeline()
@@ -90,6 +92,9 @@ class BatchEngine:
         self.server_facts = server_facts
         # Signals, the outage watch and fatal errors all stop the batch through this.
         self.halt = Halt()
+        # The nightly lock a nightly run holds: each heartbeat proves it (app/batch/lock.py).
+        self.lock = lock
+        self.lock_lost = False
         self._saver: BaseCheckpointSaver[Any] | None = None
 
     async def resume(self, point: resumption.ResumePoint) -> BatchOutcome:
@@ -177,7 +182,7 @@ class BatchEngine:
                 store.create_batch, self.engine, kind=plan.kind, as_of=plan.as_of,
                 tickers=plan.tickers, samples=plan.samples, label=plan.label,
                 settings={**self.settings.snapshot(), "samples": plan.samples,
-                          "strategy": strategy.name},
+                          "strategy": strategy.name, "runner": Runner.current().record()},
                 server_facts=self.server_facts, source_batch_id=source_batch_id,
             )
             outcome = BatchOutcome(batch_id, "running")
@@ -306,9 +311,10 @@ class BatchEngine:
                 outcome.status = status
                 outcome.admission = scheduler.admission()
                 outcome.holdback = scheduler.holdback_timeline()
-                await asyncio.to_thread(
-                    store.finish_batch, self.engine, batch_id, status, error_text,
-                    final_settings() if final_settings else None)
+                if await self._may_write_end(batch_id):
+                    await asyncio.to_thread(
+                        store.finish_batch, self.engine, batch_id, status, error_text,
+                        final_settings() if final_settings else None)
                 log.info("batch finished", status=status, succeeded=len(outcome.succeeded),
                          failed=len(outcome.failed), admission=outcome.admission)
                 cleanup.reraise(failed, body_ok=body_ok)
@@ -362,12 +368,37 @@ class BatchEngine:
         return reason
 
     async def _heartbeat(self, batch_id: int) -> None:
+        interval, stale = self.settings.heartbeat_interval_s, self.settings.heartbeat_stale_s
+        # Past this without proving the nightly lock the run stops: a later start takes a
+        # batch whose heartbeat is ``stale`` old for dead, and must not find it still calling.
+        give_up = max(stale - 2 * interval, stale / 2)
         while True:
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            await asyncio.sleep(interval)
             try:
-                await asyncio.to_thread(store.heartbeat, self.engine, batch_id)
+                if self.lock is None:
+                    await asyncio.to_thread(store.heartbeat, self.engine, batch_id)
+                elif await asyncio.to_thread(self.lock.beat, batch_id):
+                    continue
             except Exception as exc:  # a missed heartbeat is not worth failing the batch
                 log.warning("heartbeat not stored", error=_one_line(exc))
+            if self.lock is not None and self.lock.unproven_s > give_up:
+                self.lock_lost = True
+                self.halt.request(HaltReason(
+                    "interrupted", f"the nightly lock could not be proven held for "
+                    f"{self.lock.unproven_s:.0f} s (the database restarted or another run "
+                    "took it): stopped so that no call is made twice", 4))
+                return
+
+    async def _may_write_end(self, batch_id: int) -> bool:
+        """Return whether this run may write the batch's end: not once its lock is lost."""
+        if not self.lock_lost or self.lock is None:
+            return True
+        with contextlib.suppress(Exception):
+            if await asyncio.to_thread(self.lock.beat, batch_id):
+                return True
+        # Another run may own the batch now; the next start marks it crashed if none does.
+        log.error("batch end not written: the nightly lock is lost", batch_id=batch_id)
+        return False
 
 
 def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,

@@ -1,9 +1,16 @@
 """Hold the single-instance lock of the nightly batch: one nightly run per database at a time.
 
 PostgreSQL: a session-level advisory lock (``pg_try_advisory_lock``) on a connection of its
-own, kept open for the whole run. SQLite: an exclusive ``flock`` on a file beside the
-database file. Either way the operating system or the server lets go when the holder dies,
-so a crashed run never leaves a stale lock behind. Reruns do not take this lock.
+own. SQLite: an exclusive ``flock`` on a file beside the database file. Either way the
+operating system or the server lets go when the holder dies, so a crashed run never leaves a
+stale lock behind. Reruns do not take this lock.
+
+A PostgreSQL restart (or an administrator ending the lock's backend) also lets go, while the
+run lives on. So the holder proves its lock at every heartbeat: the beat is written on the
+lock's own connection, and when that connection is gone the lock is taken again on a new one.
+A run that cannot prove its lock for longer than another start would wait before taking its
+batch for dead stops itself (``LockHold.unproven_s``). A start that finds a nightly batch
+``running`` while the lock is free asks ``holder_gone`` before taking it for dead.
 """
 
 from __future__ import annotations
@@ -12,13 +19,17 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import socket
 import tempfile
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import structlog
-from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy import Engine, create_engine, select, text, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.pool import NullPool
 
@@ -41,6 +52,69 @@ def lock_file_path(database_url: str) -> Path:
     return Path(database).with_name(Path(database).name + ".nightly.lock")
 
 
+@dataclass(frozen=True)
+class Runner:
+    """The process that runs a batch, as its batch row records it (``settings["runner"]``)."""
+
+    host: str
+    pid: int
+    started: int | None  # the process's start time in clock ticks since boot (Linux)
+
+    @classmethod
+    def current(cls) -> Runner:
+        return cls(socket.gethostname(), os.getpid(), _process_start(os.getpid()))
+
+    @classmethod
+    def of(cls, settings: dict[str, Any] | None) -> Runner | None:
+        raw = (settings or {}).get("runner")
+        if not isinstance(raw, dict):
+            return None
+        try:
+            return cls(str(raw["host"]), int(raw["pid"]), raw.get("started"))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def record(self) -> dict[str, Any]:
+        return {"host": self.host, "pid": self.pid, "started": self.started}
+
+    def alive(self) -> bool | None:
+        """Return whether this process still runs; None when it is on another host."""
+        if self.host != socket.gethostname():
+            return None
+        if self.pid == os.getpid():
+            return True
+        stat = _stat(self.pid)
+        if stat is None:
+            if Path("/proc/self/stat").exists():
+                return False  # /proc is there and the pid is not: gone
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+            return True
+        state, started = stat
+        # A zombie is dead; another start time is another process that reuses the pid.
+        return state != "Z" and (self.started is None or started == self.started)
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """Return (state, start time in ticks) of a process from /proc, None when it has none."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    fields = raw[raw.rfind(")") + 2:].split()
+    return fields[0], int(fields[19])
+
+
+def _process_start(pid: int) -> int | None:
+    stat = _stat(pid)
+    return None if stat is None else stat[1]
+
+
 def running_nightly(engine: Engine) -> int | None:
     """Return the id of the newest nightly batch recorded as running, if any."""
     with engine.connect() as conn:
@@ -58,15 +132,144 @@ def _refuse(engine: Engine) -> AlreadyRunningError:
     return AlreadyRunningError(f"already running: batch {batch_id}")
 
 
+def holder_gone(engine: Engine, batch: Any, stale_s: float) -> str | None:
+    """Return why a ``running`` nightly batch has lost its process (None: it may be alive).
+
+    Call with the nightly lock held. ``batch`` is its row (settings, heartbeat_at). A runner
+    on this host is looked up by its pid. Elsewhere, on SQLite the free lock proves it; on
+    PostgreSQL only when the batch beat since the server last started (a restart lets go of
+    every lock, also a live run's, which takes it again at its next beat): otherwise its
+    heartbeat must be older than ``stale_s``.
+    """
+    runner = Runner.of(batch.settings)
+    alive = None if runner is None else runner.alive()
+    if alive is not None:
+        return None if alive else f"its process {runner.pid} is gone"  # type: ignore[union-attr]
+    if engine.dialect.name != "postgresql":
+        return "the nightly lock was free"
+    with engine.connect() as conn:
+        up_since = conn.execute(text("SELECT pg_postmaster_start_time()")).scalar_one()
+    beat = batch.heartbeat_at or batch.started_at
+    if beat is not None and beat.tzinfo is None:
+        beat = beat.replace(tzinfo=UTC)
+    if beat is not None and beat > up_since:
+        return "the nightly lock was free"
+    age = None if beat is None else (datetime.now(UTC) - beat).total_seconds()
+    if age is None or age > stale_s:
+        return f"no heartbeat for more than {stale_s:.0f} s"
+    return None
+
+
+class LockHold:
+    """The held nightly lock; ``beat`` proves it and stores the batch's heartbeat."""
+
+    def __init__(self) -> None:
+        self.proven_at = time.monotonic()
+
+    @property
+    def unproven_s(self) -> float:
+        """Return the seconds since the lock was last proven held."""
+        return time.monotonic() - self.proven_at
+
+    def beat(self, batch_id: int) -> bool:
+        """Store the batch's heartbeat if the lock is (again) held; return whether it is."""
+        if self._beat(batch_id):
+            self.proven_at = time.monotonic()
+            return True
+        return False
+
+    def _beat(self, batch_id: int) -> bool:
+        raise NotImplementedError
+
+
+class _FileHold(LockHold):
+    """A flock: held for as long as this process has the file open, so always proven."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__()
+        self._engine = engine
+
+    @property
+    def unproven_s(self) -> float:
+        return 0.0
+
+    def _beat(self, batch_id: int) -> bool:
+        with self._engine.begin() as conn:
+            conn.execute(update(Batch).where(Batch.id == batch_id)
+                         .values(heartbeat_at=datetime.now(UTC)))
+        return True
+
+
+class _AdvisoryHold(LockHold):
+    """An advisory lock on a connection of its own, taken again when that connection dies."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        # Its own engine and connection: a pooled one could be handed to other work, or
+        # recycled, and a session-level lock goes wherever its connection goes.
+        self._engine = create_engine(url, poolclass=NullPool,
+                                     connect_args={"connect_timeout": 5})
+        self._conn: Connection | None = None
+
+    def take(self) -> bool:
+        """Take the lock on a new connection; False when another session holds it."""
+        conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            held = bool(conn.execute(text("SELECT pg_try_advisory_lock(:key)"),
+                                     {"key": ADVISORY_KEY}).scalar())
+        except Exception:
+            conn.close()
+            raise
+        if not held:
+            conn.close()
+            return False
+        self._conn = conn
+        return True
+
+    def _beat(self, batch_id: int) -> bool:
+        if self._conn is not None:
+            try:
+                # On the lock's own connection: a beat that is stored proves the lock.
+                self._conn.execute(update(Batch).where(Batch.id == batch_id)
+                                   .values(heartbeat_at=datetime.now(UTC)))
+                return True
+            except Exception as error:
+                log.warning("nightly lock's connection lost", error=str(error).splitlines()[0])
+                self._drop()
+        try:
+            if not self.take():
+                log.error("nightly lock held by another run", batch_id=batch_id)
+                return False
+        except Exception as error:
+            log.warning("nightly lock not taken again yet", error=str(error).splitlines()[0])
+            return False
+        log.warning("nightly lock taken again", batch_id=batch_id)
+        return self._beat(batch_id)
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+    def release(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):  # a dropped connection has let go already
+                self._conn.execute(text("SELECT pg_advisory_unlock(:key)"),
+                                   {"key": ADVISORY_KEY})
+        self._drop()
+        self._engine.dispose()
+
+
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[bool]:
+def _file_lock(path: Path, engine: Engine) -> Iterator[LockHold | None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle: IO[str] = path.open("a+")
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            yield False
+            yield None
             return
         # Who holds it, for an operator reading the file; the lock itself is the flock.
         handle.seek(0)
@@ -74,7 +277,7 @@ def _file_lock(path: Path) -> Iterator[bool]:
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         try:
-            yield True
+            yield _FileHold(engine)
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
     finally:
@@ -82,47 +285,38 @@ def _file_lock(path: Path) -> Iterator[bool]:
 
 
 @contextlib.contextmanager
-def _advisory_lock(url: str) -> Iterator[bool]:
-    # Its own engine and connection: a pooled one could be handed to other work, or
-    # recycled, and a session-level lock goes wherever its connection goes.
-    lock_engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
+def _advisory_lock(url: str) -> Iterator[LockHold | None]:
+    hold = _AdvisoryHold(url)
     try:
-        conn: Connection = lock_engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        held = hold.take()
     except Exception as error:
-        lock_engine.dispose()
+        hold.release()
         raise DatabaseError(f"cannot take the nightly lock: {error}".splitlines()[0]) from None
     try:
-        held = bool(conn.execute(text("SELECT pg_try_advisory_lock(:key)"),
-                                 {"key": ADVISORY_KEY}).scalar())
-        try:
-            yield held
-        finally:
-            if held:
-                with contextlib.suppress(Exception):  # a dropped connection has let go already
-                    conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": ADVISORY_KEY})
+        yield hold if held else None
     finally:
-        conn.close()
-        lock_engine.dispose()
+        hold.release()
 
 
 @contextlib.contextmanager
-def nightly_lock(engine: Engine) -> Iterator[None]:
+def nightly_lock(engine: Engine) -> Iterator[LockHold]:
     """Hold the nightly lock for the block; raise AlreadyRunningError when another run has it."""
     url = engine.url.render_as_string(hide_password=False)
+    held_lock: contextlib.AbstractContextManager[LockHold | None]
     if engine.dialect.name == "postgresql":
         held_lock = _advisory_lock(url)
         where = f"advisory lock {ADVISORY_KEY}"
     else:
         path = lock_file_path(url)
-        held_lock = _file_lock(path)
+        held_lock = _file_lock(path, engine)
         where = str(path)
-    with held_lock as held:
-        if not held:
+    with held_lock as hold:
+        if hold is None:
             raise _refuse(engine)
         # Debug, not info: a run refused right after (bad input, preflight) must stay one
         # line on stderr; the batch's own log lines say when a night ran.
         log.debug("nightly lock taken", lock=where)
         try:
-            yield
+            yield hold
         finally:
             log.debug("nightly lock released", lock=where)

@@ -22,7 +22,7 @@ from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
 from app.batch import resume as resumption
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
-from app.batch.lock import nightly_lock
+from app.batch.lock import LockHold, nightly_lock
 from app.batch.signals import run_batch
 from app.batch.store import FINISHED_STATUSES
 from app.config import Settings
@@ -118,28 +118,32 @@ def finished_since(engine: Engine, as_of: date, since: datetime) -> int | None:
                             .order_by(Batch.id.desc()).limit(1)).scalar()
 
 
-def _runner(settings: Settings, engine: Engine) -> BatchEngine:
+def _runner(settings: Settings, engine: Engine, lock: LockHold | None) -> BatchEngine:
     facts = batch_server_facts(settings.server_profile, settings.base_url,
                                settings.server_dir)
-    return BatchEngine(settings, engine, server_facts=facts)
+    return BatchEngine(settings, engine, server_facts=facts, lock=lock)
 
 
-def execute_plan(settings: Settings, engine: Engine, plan: BatchPlan) -> BatchOutcome:
-    """Run one batch to its final row; SIGTERM or Ctrl-C stop it as interrupted (resumable)."""
-    runner = _runner(settings, engine)
+def execute_plan(settings: Settings, engine: Engine, plan: BatchPlan,
+                 lock: LockHold | None = None) -> BatchOutcome:
+    """Run one batch to its final row; SIGTERM or Ctrl-C stop it as interrupted (resumable).
+
+    ``lock``: the nightly lock a nightly batch runs under; its heartbeats prove it.
+    """
+    runner = _runner(settings, engine, lock)
     return run_batch(runner.run(plan), runner.halt, settings.shutdown_grace_s)
 
 
-def resume_batch(settings: Settings, engine: Engine,
-                 point: resumption.ResumePoint) -> BatchOutcome:
+def resume_batch(settings: Settings, engine: Engine, point: resumption.ResumePoint,
+                 lock: LockHold | None = None) -> BatchOutcome:
     """Continue a cut-short batch from where it stopped: each unfinished ticker after its last
     checkpointed node, none of the finished ones again."""
-    runner = _runner(settings, engine)
+    runner = _runner(settings, engine, lock)
     return run_batch(runner.resume(point), runner.halt, settings.shutdown_grace_s)
 
 
-def _orphans(engine: Engine) -> None:
-    for batch_id in resumption.mark_orphaned(engine):
+def _orphans(settings: Settings, engine: Engine) -> None:
+    for batch_id in resumption.mark_orphaned(engine, settings.heartbeat_stale_s):
         log.warning("nightly batch without its process marked crashed", batch_id=batch_id)
 
 
@@ -159,8 +163,8 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
     """
     request = request or NightlyRequest()
     engine = engine or ready_engine(settings.database_url)
-    with nightly_lock(engine):
-        _orphans(engine)
+    with nightly_lock(engine) as lock:
+        _orphans(settings, engine)
         as_of = request.as_of or default_as_of(settings)
         if skip_if_finished_since is not None:
             done = finished_since(engine, as_of, skip_if_finished_since)
@@ -177,14 +181,15 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                      as_of=str(as_of), left=len(point.tickers), finished=point.finished)
             if announce is not None:
                 announce(point)
-            return NightlyResult(resume_batch(settings, engine, point), point.total, point)
+            return NightlyResult(resume_batch(settings, engine, point, lock), point.total,
+                                 point)
         symbols, notes = nightly_tickers(settings, as_of, request.tickers, request.universe)
         for note in notes:
             log.warning("universe note", note=note)
         symbols = symbols[:request.limit] if request.limit else symbols
         plan = BatchPlan("nightly", as_of, symbols, request.samples or settings.samples,
                          request.strategy)
-        return NightlyResult(execute_plan(settings, engine, plan), len(symbols))
+        return NightlyResult(execute_plan(settings, engine, plan, lock), len(symbols))
 
 
 def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = None, *,
@@ -192,23 +197,27 @@ def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = N
     """Continue a recorded batch (``nightdesk run --resume [BATCH_ID]``).
 
     ``batch_id`` None takes the newest interrupted, crashed or stopped batch with tickers
-    left. A nightly batch is resumed under the nightly lock, as a night is run: while
-    another run holds it, AlreadyRunningError ("already running: batch N", exit 4). A rerun
-    takes no lock; one whose heartbeat is fresh is refused the same way.
+    left, chosen under the nightly lock once batches that lost their process are marked
+    crashed: a night killed a moment ago is the newest, whatever its heartbeat says. While
+    another run holds the lock, AlreadyRunningError ("already running: batch N", exit 4).
+    A nightly batch is resumed under that lock, as a night is run; a rerun takes no lock,
+    and one whose heartbeat is fresh is refused the same way.
     """
-    target, kind = resumption.pick(engine, batch_id)
-    if kind != "nightly":
-        return _resume(settings, engine, target, preflight, announce)
-    with nightly_lock(engine):
-        _orphans(engine)
-        return _resume(settings, engine, target, preflight, announce)
+    if batch_id is not None and resumption.pick(engine, batch_id)[1] != "nightly":
+        return _resume(settings, engine, batch_id, preflight, announce, None)
+    with nightly_lock(engine) as lock:
+        _orphans(settings, engine)
+        target, kind = resumption.pick(engine, batch_id)
+        if kind == "nightly":
+            return _resume(settings, engine, target, preflight, announce, lock)
+    return _resume(settings, engine, target, preflight, announce, None)
 
 
 def _resume(settings: Settings, engine: Engine, batch_id: int, preflight: Preflight,
-            announce: Announce) -> NightlyResult:
+            announce: Announce, lock: LockHold | None) -> NightlyResult:
     point = resumption.find_resumable(engine, batch_id, settings.heartbeat_stale_s)
     if preflight is not None:
         preflight()
     if announce is not None:
         announce(point)
-    return NightlyResult(resume_batch(settings, engine, point), point.total, point)
+    return NightlyResult(resume_batch(settings, engine, point, lock), point.total, point)

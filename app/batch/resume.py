@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select, update
 
 from agents.graph import thread_id
+from app.batch.lock import Runner, holder_gone
 from app.db.models import Batch, LLMCall, TickerRun
 from app.db.retry import retried
 from app.errors import AlreadyRunningError, InputError
@@ -70,25 +71,36 @@ def mark_stale_crashed(engine: Engine, stale_s: float) -> list[int]:
 
 
 @retried
-def mark_orphaned(engine: Engine) -> list[int]:
-    """Mark ``running`` nightly batches crashed; return their ids. Call under the nightly lock.
+def mark_orphaned(engine: Engine, stale_s: float) -> list[int]:
+    """Mark ``running`` nightly batches whose process is gone crashed; return their ids.
 
-    Holding the lock proves that no live nightly run exists: a batch still ``running`` lost
-    its process (killed, the host went down) before its heartbeat could go stale.
+    Call under the nightly lock: a batch still ``running`` while it is free lost its process
+    (killed, the host went down), unless the lock was let go by a database restart while the
+    run lives on (``app.batch.lock.holder_gone``): such a batch is refused as already running.
     """
-    with engine.begin() as conn:
-        orphans = list(conn.execute(select(Batch.id).where(Batch.kind == "nightly",
-                                                           Batch.status == "running")).scalars())
-        if orphans:
-            conn.execute(update(Batch).where(Batch.id.in_(orphans), Batch.status == "running")
-                         .values(status="crashed", finished_at=datetime.now(UTC),
-                                 error="its process is gone (the nightly lock was free); "
-                                       "resume with `nightdesk run --resume`"))
+    with engine.connect() as conn:
+        running = conn.execute(select(Batch.__table__).where(Batch.kind == "nightly",
+                                                             Batch.status == "running")).all()
+    orphans: dict[int, str] = {}
+    for batch in running:
+        why = holder_gone(engine, batch, stale_s)
+        if why is None:
+            raise AlreadyRunningError(
+                f"already running: batch {batch.id} (the nightly lock was free, but its run "
+                "may be alive and taking it again after a database restart)")
+        orphans[int(batch.id)] = why
+    if orphans:
+        with engine.begin() as conn:
+            for batch_id, why in orphans.items():
+                conn.execute(update(Batch).where(Batch.id == batch_id,
+                                                 Batch.status == "running")
+                             .values(status="crashed", finished_at=datetime.now(UTC),
+                                     error=f"{why}; resume with `nightdesk run --resume`"))
             conn.execute(update(TickerRun)
-                         .where(TickerRun.batch_id.in_(orphans),
+                         .where(TickerRun.batch_id.in_(list(orphans)),
                                 TickerRun.status.in_(("queued", "running")))
                          .values(status="interrupted", error="the batch's process died"))
-    return [int(i) for i in orphans]
+    return list(orphans)
 
 
 def pick(engine: Engine, batch_id: int | None) -> tuple[int, str]:
@@ -163,6 +175,7 @@ def reopen(engine: Engine, point: ResumePoint) -> None:
     with engine.begin() as conn:
         settings = dict(point.settings)
         settings["resumes"] = [*settings.get("resumes", []), now.isoformat()]
+        settings["runner"] = Runner.current().record()
         conn.execute(update(Batch).where(Batch.id == point.batch_id)
                      .values(status="running", heartbeat_at=now, finished_at=None, error=None,
                              settings=settings))
