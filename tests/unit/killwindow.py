@@ -181,6 +181,7 @@ class Resumed:
     ok_rows: Counter[Key]
     tickers: dict[str, str]  # ticker -> status
     status: str
+    prompts_after: list[str]  # the node prompts the resume sent
 
     @property
     def sent_again(self) -> set[Key]:
@@ -231,7 +232,8 @@ def kill_then_resume(db_url: str, engine: Engine, data: Path, folder: Path, tick
             select(TickerRun.ticker, TickerRun.status).where(TickerRun.batch_id == batch_id))}
     sent_after = Counter((str(c.ticker), str(c.node), int(c.sample or 0))
                          for c in server.served())
-    return Resumed(sent_before, sent_after, ok_rows, runs, result.outcome.status)
+    return Resumed(sent_before, sent_after, ok_rows, runs, result.outcome.status,
+                   [c.user for c in server.served()])
 
 
 def check_resumed(resumed: Resumed, tickers: list[str], kill: str) -> None:
@@ -246,6 +248,13 @@ def check_resumed(resumed: Resumed, tickers: list[str], kill: str) -> None:
     assert set(resumed.ok_rows) == every  # every node has its row
     # Between them the two runs sent every node; the resume sent only what was not stored.
     assert set(resumed.sent_before) | set(resumed.sent_after) == every
+    # The stored writes were applied once: no debate turn shows twice in a later prompt.
+    from agents.nodes import TITLES
+
+    for prompt in resumed.prompts_after:
+        for title in TITLES.values():
+            for round_ in (1, 2):
+                assert prompt.count(f"### {title}, round {round_}\n") <= 1, (title, round_)
     cut = (tickers[-1], node, 0)
     if where == "checkpoint":
         # The node's writes were stored: nothing is sent again, every call has one ok row.
