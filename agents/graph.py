@@ -133,7 +133,9 @@ async def analyze_ticker(
 
     With a ``checkpointer`` every finished node is stored under the run's thread
     (``thread_id``) before the next starts (``durability="sync"``), and a thread stored
-    already continues after its last finished node: nodes that finished are not called again.
+    already continues after its last finished node: a node whose writes were stored is not
+    called again, also when its step's checkpoint was not stored yet. A stored thread that
+    cannot be continued raises CheckpointError.
     """
     graph = build_graph(config.debate_rounds, config.risk_rounds)
     names = node_names(config)
