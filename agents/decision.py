@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import structlog
@@ -11,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agents.chat import CallTag, ChatClient, ChatResult
 from agents.errors import DecisionError
-from agents.fitting import Trim
+from agents.fitting import REJECTED_REPLY, Messages, Render, fit
 from agents.prompting import render
 
 log = structlog.get_logger(__name__)
@@ -114,28 +115,32 @@ def parse_decision(content: str) -> Decision:
 async def decide(
     llm: ChatClient,
     tag: CallTag,
-    messages: list[dict[str, str]],
+    prompt: Render,
+    units: Sequence[str],
     *,
     max_tokens: int,
     attempts: int,
     priority: int | None = None,
-    trimmed: Trim | None = None,
 ) -> tuple[Decision, ChatResult, int]:
     """Ask for the decision up to ``attempts`` times; return it, the last reply and HTTP attempts.
 
-    Raise DecisionError when no reply validates: a missing decision fails the ticker,
-    it never becomes a Hold. A valid decision whose score contradicts its rating is asked
-    again while attempts remain; if no later reply does better it is returned as it is, and
-    the store flags it.
+    ``prompt`` and ``units`` are the node's prompt and its droppable parts (agents.fitting):
+    every call, the first and each re-ask (the prompt, the rejected reply, a correction), is
+    fitted into the server's context by ``fit`` before it is sent. Raise DecisionError when
+    no reply validates: a missing decision fails the ticker, it never becomes a Hold. A valid
+    decision whose score contradicts its rating is asked again while attempts remain; if no
+    later reply does better it is returned as it is, and the store flags it.
     """
     first_attempt = 1
-    conversation = messages
+    asked = prompt
+    ask_units: Sequence[str] = units
     problem = "no reply"
     fallback: tuple[Decision, ChatResult] | None = None
     for call in range(1, attempts + 1):
-        result = await llm.chat(tag, conversation, max_tokens=max_tokens,
+        messages, trim = await fit(llm, asked, ask_units, max_tokens=max_tokens)
+        result = await llm.chat(tag, messages, max_tokens=max_tokens,
                                 response_format=response_format(), priority=priority,
-                                first_attempt=first_attempt, trimmed=trimmed)
+                                first_attempt=first_attempt, trimmed=trim)
         # Rows are unique per attempt number, so the next call numbers after this one's tries.
         first_attempt += result.attempts
         try:
@@ -154,15 +159,27 @@ async def decide(
                        f"and the score agree ({bands_text()})")
         log.warning("decision failed validation", call=call, of=attempts, problem=problem)
         # Feeding the bad reply back changes the prompt, so a seeded server does not repeat it;
-        # the original messages stay a prefix, so the prefix cache still applies.
-        conversation = [
-            *messages,
-            {"role": "assistant", "content": result.content[:4000]},
-            {"role": "user", "content": render("decision_retry.j2", problem=problem)},
-        ]
+        # while the re-ask needs no more left out, the prompt stays a prefix for the cache.
+        asked = reask(prompt, len(units), result.content[:4000], problem)
+        ask_units = [*units, REJECTED_REPLY]
     if fallback is not None:
         return fallback[0], fallback[1], first_attempt - 1
     raise DecisionError(
         f"{tag.ticker}: portfolio manager gave no valid decision in {attempts} call(s) "
         f"(sample {tag.sample}); last problem: {problem}"
     )
+
+
+def reask(prompt: Render, droppable: int, reply: str, problem: str) -> Render:
+    """Render a re-ask: the prompt, the rejected reply and the correction, to fit as one.
+
+    Its droppable units are the prompt's, then the rejected reply: left out only when the
+    prompt without any of its own still does not fit (the correction says what was wrong).
+    """
+    correction = {"role": "user", "content": render("decision_retry.j2", problem=problem)}
+
+    def messages(k: int) -> Messages:
+        shown = [] if k > droppable else [{"role": "assistant", "content": reply}]
+        return [*prompt(min(k, droppable)), *shown, correction]
+
+    return messages

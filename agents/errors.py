@@ -45,3 +45,7 @@ class DecisionError(LLMError):
     """The final decision failed its schema after all retries; the ticker fails, never Holds."""
 
     error_class = "decision_invalid"
+
+
+class CheckpointError(PipelineError):
+    """A ticker's stored run (its checkpoint thread) cannot be continued; the ticker fails."""

@@ -5,7 +5,11 @@ Rather than fail the ticker, a node leaves out context in this order until the p
 
 1. debate turns, oldest first (the investment debate's or the risk discussion's);
 2. news items, oldest first;
-3. social posts, oldest first.
+3. social posts, oldest first;
+4. in a decision's re-ask, the rejected reply (the correction that follows it stays).
+
+Every call goes through ``fit``, a re-ask too: the rejected reply and the correction it
+appends to a prompt already fitted to the limit would otherwise overflow it.
 
 The analyst reports, prices, indicators, fundamentals and the node's own instructions are
 never left out: a prompt that does not fit without its droppable parts goes out as small
@@ -24,7 +28,8 @@ from typing import Protocol
 DEBATE_TURN = "debate turn"
 NEWS_ITEM = "news item"
 SOCIAL_POST = "social post"
-DROP_ORDER: tuple[str, ...] = (DEBATE_TURN, NEWS_ITEM, SOCIAL_POST)
+REJECTED_REPLY = "rejected reply"
+DROP_ORDER: tuple[str, ...] = (DEBATE_TURN, NEWS_ITEM, SOCIAL_POST, REJECTED_REPLY)
 
 Messages = list[dict[str, str]]
 # Render the node's messages with the first ``k`` droppable units (in drop order) left out.

@@ -20,6 +20,7 @@ from agents.chat import ChatClient
 from agents.config import PipelineConfig
 from agents.data.base import MarketBundle
 from agents.decision import Decision
+from agents.errors import CheckpointError
 from agents.nodes import ANALYSTS, DEBATERS, RISK_ANALYSTS, round_node
 from agents.state import NodeOutput, RunContext, TickerInput, TickerState, Turn
 
@@ -132,7 +133,9 @@ async def analyze_ticker(
 
     With a ``checkpointer`` every finished node is stored under the run's thread
     (``thread_id``) before the next starts (``durability="sync"``), and a thread stored
-    already continues after its last finished node: nodes that finished are not called again.
+    already continues after its last finished node: a node whose writes were stored is not
+    called again, also when its step's checkpoint was not stored yet. A stored thread that
+    cannot be continued raises CheckpointError.
     """
     graph = build_graph(config.debate_rounds, config.risk_rounds)
     names = node_names(config)
@@ -150,18 +153,37 @@ async def analyze_ticker(
             run_config["configurable"] = {
                 "thread_id": thread_id(batch_id, bundle.ticker, sample)}
             stored = await graph.aget_state(run_config)
-            if stored.values and not stored.next:
+            if stored.values and not stored.tasks:
                 final = stored.values  # finished before a crash, not yet stored as a result
             else:
-                if stored.next:
-                    start = None  # None continues the thread from its last checkpoint
+                if stored.tasks:
+                    # A thread stored already: continue it. ``next`` leaves out the tasks
+                    # whose writes were stored before their step's checkpoint was (a kill in
+                    # between); None applies those writes without running their nodes again
+                    # and runs the rest.
+                    start = None
                     structlog.get_logger(__name__).info(
                         "resuming ticker", next=list(stored.next),
                         done=sorted(stored.values.get("outputs", {})))
                 final = await graph.ainvoke(start, run_config, context=context,
                                             durability=durability)
-    outputs: dict[str, NodeOutput] = final["outputs"]
-    return TickerResult(
-        ticker=bundle.ticker, as_of=bundle.as_of, sample=sample, decision=final["decision"],
-        outputs={name: outputs[name] for name in names},
-    )
+    return finished(final, names, bundle.ticker, bundle.as_of, sample)
+
+
+def finished(final: dict[str, Any], names: list[str], ticker: str, as_of: date,
+             sample: int) -> TickerResult:
+    """Return the result of a run that ended; raise CheckpointError when it lacks a part.
+
+    A graph run that ends has every node's output and the decision; one that does not came
+    from a stored thread that cannot be continued, and is said so rather than a KeyError.
+    """
+    outputs: dict[str, NodeOutput] = final.get("outputs", {})
+    missing = [name for name in names if name not in outputs]
+    decision = final.get("decision")
+    if missing or not isinstance(decision, Decision):
+        lacks = ", ".join([*missing, *([] if isinstance(decision, Decision) else ["decision"])])
+        raise CheckpointError(
+            f"{ticker}: the stored run of sample {sample} ended without {lacks}; it cannot be "
+            f"continued: `nightdesk rerun {ticker}` runs the ticker afresh")
+    return TickerResult(ticker=ticker, as_of=as_of, sample=sample,
+                        decision=decision, outputs={name: outputs[name] for name in names})

@@ -241,9 +241,9 @@ async def portfolio_manager(state: TickerState, runtime: Runtime[RunContext]) ->
                               bands=bands_text(), summary_max_chars=SUMMARY_MAX_CHARS)
 
     with structlog.contextvars.bound_contextvars(ticker=state["ticker"], node=node):
-        messages, trim = await fit(ctx.llm, render_with, units, max_tokens=max_tokens)
+        # decide fits every call it makes, a re-ask as well as the first (agents.fitting).
         decision, result, attempts = await decide(
-            ctx.llm, _tag(state, runtime, node), messages, max_tokens=max_tokens,
-            attempts=ctx.config.decision_attempts, priority=ctx.priority, trimmed=trim,
+            ctx.llm, _tag(state, runtime, node), render_with, units, max_tokens=max_tokens,
+            attempts=ctx.config.decision_attempts, priority=ctx.priority,
         )
     return {"decision": decision, "outputs": {node: _output(node, result, attempts)}}

@@ -9,6 +9,7 @@ prints one line and exits with the error's ``exit_code`` (the table in app/cli/b
     ├── ConfigError                     a setting is invalid (exit 2)
     ├── InputError                      bad command-line input: tickers, universe, ids (exit 2)
     ├── DataError                       market data for one ticker is missing or malformed
+    ├── CheckpointError                 a ticker's stored run cannot be continued
     └── LLMError                        one LLM call failed (the row in ``llm_calls`` says how)
         ├── ContextLengthError          prompt (+ max_tokens) exceeds the server's max-model-len
         ├── LLMHTTPError                the server answered with an HTTP error status
@@ -38,6 +39,7 @@ failing one ticker after another: every call would meet it (exit 2).
 from __future__ import annotations
 
 from agents.errors import (
+    CheckpointError,
     ConfigError,
     DataError,
     DecisionError,
@@ -51,6 +53,7 @@ __all__ = [
     "ERRORS",
     "AlreadyRunningError",
     "BatchStopped",
+    "CheckpointError",
     "ConfigError",
     "ContextLengthError",
     "DataError",

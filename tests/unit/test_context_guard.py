@@ -12,9 +12,11 @@ from sqlalchemy import Engine, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
+from agents.decision import reask
 from agents.fitting import (
     DEBATE_TURN,
     NEWS_ITEM,
+    REJECTED_REPLY,
     SOCIAL_POST,
     PromptSize,
     Trim,
@@ -23,7 +25,13 @@ from agents.fitting import (
 )
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
-from app.bench.fakeserver import ChatRequest, FakeServer, Reply, prompt_token_count
+from app.bench.fakeserver import (
+    CONTEXT_LENGTH_MESSAGE,
+    ChatRequest,
+    FakeServer,
+    Reply,
+    prompt_token_count,
+)
 from app.config import load_settings
 from app.db.models import LLMCall, TickerRun
 
@@ -162,3 +170,93 @@ async def test_a_prompt_that_cannot_fit_fails_only_its_ticker_as_context_length(
     assert tuple(row) == ("context_length", None)  # refused before it was sent
     assert status == {heavy: "failed", tickers[1]: "succeeded"}
     assert not [c for c in server.chats if c.ticker == heavy and c.node == "fundamentals"]
+
+
+# Risk turns as long as the debate's: the portfolio manager's prompt holds six of them.
+RISK_LONG = {node: f"{node} warns: " + f"risk of {node}. " * 250
+             for node in ("aggressive_r1", "conservative_r1", "neutral_r1", "aggressive_r2",
+                          "conservative_r2", "neutral_r2")}
+REJECTED = "Rating: Buy, I think."  # not JSON: the decision is asked again
+
+
+def vllm_024(server: FakeServer, rejected: list[ChatRequest]) -> Any:
+    """Script a server that refuses prompt + max_tokens over max-model-len with HTTP 400, as
+    vLLM 0.24 does, and whose portfolio manager answers the first time with no decision."""
+
+    def script(chat: ChatRequest) -> Reply | str | None:
+        if prompt_token_count(chat.messages) + (chat.max_tokens or 0) > server.max_model_len:
+            return Reply(status=400, error=CONTEXT_LENGTH_MESSAGE)
+        if chat.node == "portfolio_manager" and not rejected:
+            rejected.append(chat)
+            return REJECTED
+        return LONG.get(chat.node or "") or RISK_LONG.get(chat.node or "")
+
+    return script
+
+
+async def test_a_reask_on_a_prompt_trimmed_to_the_limit_is_trimmed_again_and_succeeds(
+        sqlite_engine: Engine, data: Path) -> None:
+    ticker = demo_tickers(1)[0]
+
+    async def night(max_model_len: int) -> tuple[FakeServer, Any, list[ChatRequest]]:
+        rejected: list[ChatRequest] = []
+        server = FakeServer(nodes=NODES, tickers=[ticker])
+        server.script = vllm_024(server, rejected)
+        outcome = await make(sqlite_engine, data, server, max_model_len).run(
+            BatchPlan("nightly", DEMO_AS_OF, [ticker]))
+        return server, outcome, rejected
+
+    # Room for everything, then one token short of the manager's whole first prompt: the
+    # guard leaves out its oldest turn, and that prompt's size is what the limit is set to.
+    _, roomy, rejected = await night(100_000)
+    assert roomy.status == "succeeded"
+    whole = prompt_token_count(rejected[0].messages)
+    _, short, rejected = await night(whole + BUDGET - 1)
+    assert short.status == "succeeded"
+    fitted = prompt_token_count(rejected[0].messages)
+    assert fitted < whole
+
+    # The limit now is exactly the fitted first prompt plus its output budget: the rejected
+    # reply and the correction appended to it cannot fit unless the re-ask is fitted too.
+    limit = fitted + BUDGET
+    server, outcome, rejected = await night(limit)
+    assert outcome.status == "succeeded", outcome.failed
+    asks = [c for c in server.chats if c.node == "portfolio_manager"]
+    assert len(asks) == 2 and asks[0] is rejected[0]
+    assert prompt_token_count(asks[0].messages) + BUDGET == limit  # trimmed to the limit
+    reask = asks[1]
+    assert [m["role"] for m in reask.messages[-2:]] == ["assistant", "user"]
+    assert reask.messages[-2]["content"] == REJECTED
+    assert "not a valid decision" in reask.messages[-1]["content"]
+    # Nothing the server was sent overflowed its context, and it refused nothing.
+    assert all(prompt_token_count(c.messages) + BUDGET <= limit for c in server.chats)
+    assert all(c.served is not None and c.served.status == 200 for c in server.chats)
+    with sqlite_engine.connect() as conn:
+        rows = conn.execute(
+            select(LLMCall.attempt, LLMCall.status, LLMCall.context_trimmed,
+                   LLMCall.context_trimmed_tokens)
+            .where(LLMCall.batch_id == outcome.batch_id, LLMCall.node == "portfolio_manager")
+            .order_by(LLMCall.attempt)).all()
+    assert [(r.attempt, r.status) for r in rows] == [(1, "ok"), (2, "ok")]
+    assert rows[0].context_trimmed == "1 debate turn"
+    # The re-ask left out more than the first call did, and its row says so.
+    assert rows[1].context_trimmed == "2 debate turns"
+    assert rows[1].context_trimmed_tokens > 0
+
+
+async def test_a_reask_leaves_out_its_rejected_reply_only_after_every_other_unit() -> None:
+    units = droppable(turns=2)
+    asked = reask(sections(units), len(units), "R" * 30, "the score is out of range")
+    correction = asked(0)[-1]
+    assert correction["role"] == "user" and "the score is out of range" in correction["content"]
+    base = 20 + len(correction["content"])  # the prompt with nothing droppable, + correction
+    # Room for the reply but no turn: both turns go, the reply stays.
+    messages, trim = await fit(CountingSizer(base + 30 + 5), asked, [*units, REJECTED_REPLY],
+                               max_tokens=5)
+    assert trim is not None and trim.dropped == ((DEBATE_TURN, 2),)
+    assert messages[-2] == {"role": "assistant", "content": "R" * 30}
+    # No room for it either: the reply goes too, the correction never does.
+    messages, trim = await fit(CountingSizer(base + 5), asked, [*units, REJECTED_REPLY],
+                               max_tokens=5)
+    assert trim is not None and trim.describe() == "2 debate turns, 1 rejected reply"
+    assert [m["role"] for m in messages] == ["user", "user"] and messages[-1] == correction

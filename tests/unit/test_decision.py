@@ -17,6 +17,11 @@ TAG = CallTag(batch_id=1, ticker="ACME", node="portfolio_manager")
 MESSAGES = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
 
 
+def prompt(_left_out: int) -> list[dict[str, str]]:
+    """Render the node's prompt: MESSAGES, with nothing to leave out."""
+    return MESSAGES
+
+
 class ScriptedLLM:
     """Answer chat() from a list of contents (or exceptions), recording each call."""
 
@@ -36,6 +41,10 @@ class ScriptedLLM:
         return ChatResult(content=reply, prompt_tokens=10, completion_tokens=5,
                           cached_tokens=0, finish_reason="stop", request_id="r",
                           attempts=self.attempts_per_call)
+
+    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
+                      exact: bool = False) -> None:
+        return None  # cannot count: every prompt goes out as it is
 
 
 def test_schema_rejects_out_of_range_and_unknown() -> None:
@@ -86,7 +95,7 @@ def test_every_free_text_field_is_bounded_for_the_server() -> None:
 
 async def test_valid_first_reply() -> None:
     llm = ScriptedLLM([json.dumps(VALID)])
-    decision, _, attempts = await decide(llm, TAG, MESSAGES, max_tokens=100, attempts=3,
+    decision, _, attempts = await decide(llm, TAG, prompt, [], max_tokens=100, attempts=3,
                                          priority=4)
     assert decision == Decision.model_validate(VALID) and attempts == 1
     assert llm.calls[0]["priority"] == 4
@@ -95,7 +104,7 @@ async def test_valid_first_reply() -> None:
 
 async def test_retry_advances_first_attempt_past_http_retries() -> None:
     llm = ScriptedLLM(["{}", "nope", json.dumps(VALID)], attempts_per_call=2)
-    decision, _, attempts = await decide(llm, TAG, MESSAGES, max_tokens=100, attempts=3)
+    decision, _, attempts = await decide(llm, TAG, prompt, [], max_tokens=100, attempts=3)
     assert decision.rating == "Buy"
     assert [c["first_attempt"] for c in llm.calls] == [1, 3, 5]
     assert attempts == 6
@@ -109,11 +118,11 @@ async def test_retry_advances_first_attempt_past_http_retries() -> None:
 async def test_never_defaults_to_hold() -> None:
     llm = ScriptedLLM(["Hold", "Hold", "Hold"])
     with pytest.raises(DecisionError, match=r"ACME: .*2 call\(s\)"):
-        await decide(llm, TAG, MESSAGES, max_tokens=100, attempts=2)
+        await decide(llm, TAG, prompt, [], max_tokens=100, attempts=2)
     assert len(llm.calls) == 2
 
 
 async def test_call_errors_propagate_unchanged() -> None:
     llm = ScriptedLLM([LLMHTTPError("HTTP 400", http_status=400)])
     with pytest.raises(LLMHTTPError):
-        await decide(llm, TAG, MESSAGES, max_tokens=100, attempts=3)
+        await decide(llm, TAG, prompt, [], max_tokens=100, attempts=3)

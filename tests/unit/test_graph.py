@@ -12,12 +12,12 @@ import pytest
 from sqlalchemy import Engine, select
 
 from agents.data.base import MarketBundle, NewsItem, SocialPost
-from agents.graph import TickerResult, analyze_ticker, kind_of, node_names
+from agents.graph import TickerResult, analyze_ticker, finished, kind_of, node_names
 from app.bench.fakeserver import DEFAULT_DECISION, ChatRequest, FakeServer, Reply
 from app.config import Settings
 from app.db.engine import session_scope
 from app.db.models import Batch, LLMCall
-from app.errors import DecisionError, LLMHTTPError
+from app.errors import CheckpointError, DecisionError, LLMHTTPError
 from app.llm import TrackedLLM
 from app.usage import UsageRecorder
 
@@ -265,3 +265,15 @@ async def test_one_ticker_failing_leaves_the_others_finishing(harness: Harness) 
     assert "score" in str(failed)
     assert len([c for c in server.chats if c.ticker == "ACME"]) == 17
     assert len([c for c in server.chats if c.ticker == "BAD"]) == 16 + 2
+
+
+def test_a_stored_run_that_ended_without_its_decision_says_so_instead_of_a_key_error() -> None:
+    # A thread with no task left but no decision cannot be continued: one line that says
+    # what it lacks and what to do, never KeyError('decision').
+    names = node_names(Settings().pipeline())
+    outputs = {name: "stored" for name in names if name != "portfolio_manager"}
+    with pytest.raises(CheckpointError) as raised:
+        finished({"outputs": outputs}, names, "ACME", date(2026, 11, 27), 1)
+    assert str(raised.value) == (
+        "ACME: the stored run of sample 1 ended without portfolio_manager, decision; it "
+        "cannot be continued: `nightdesk rerun ACME` runs the ticker afresh")

@@ -25,7 +25,7 @@ from app.db.engine import alembic_config, get_engine, upgrade
 from app.db.models import Decision as DecisionRow
 from app.ranking import ranking
 from tests.unit.quality_rows import add_batch, band_by_hand, one_each
-from tests.unit.test_decision import MESSAGES, TAG, ScriptedLLM
+from tests.unit.test_decision import TAG, ScriptedLLM, prompt
 from tests.unit.test_report import nightdesk
 
 
@@ -63,7 +63,7 @@ def test_the_prompt_and_the_schema_state_the_bands() -> None:
 
 async def test_a_contradicting_decision_is_asked_again() -> None:
     llm = ScriptedLLM([reply("Sell", 0.97), reply("Buy", 0.8)])
-    decision, _, attempts = await decide(llm, TAG, MESSAGES, max_tokens=100, attempts=3)
+    decision, _, attempts = await decide(llm, TAG, prompt, [], max_tokens=100, attempts=3)
     assert decision == Decision(rating="Buy", score=0.8, confidence=0.5, summary="S.")
     assert attempts == 2 and len(llm.calls) == 2
     asked = llm.calls[1]["messages"][-1]["content"]
@@ -72,11 +72,11 @@ async def test_a_contradicting_decision_is_asked_again() -> None:
 
 async def test_still_contradicting_after_every_attempt_is_kept_for_the_flag() -> None:
     llm = ScriptedLLM([reply("Sell", 0.97), "not json", reply("Buy", -0.2)])
-    decision, _, attempts = await decide(llm, TAG, MESSAGES, max_tokens=100, attempts=3)
+    decision, _, attempts = await decide(llm, TAG, prompt, [], max_tokens=100, attempts=3)
     # The last valid reply, contradicting or not, is the decision; the store flags it.
     assert (decision.rating, decision.score) == ("Buy", -0.2) and attempts == 3
     llm = ScriptedLLM([reply("Sell", 0.97), "not json"])
-    decision, _, _ = await decide(llm, TAG, MESSAGES, max_tokens=100, attempts=2)
+    decision, _, _ = await decide(llm, TAG, prompt, [], max_tokens=100, attempts=2)
     assert (decision.rating, decision.score) == ("Sell", 0.97)
 
 
