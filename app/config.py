@@ -23,6 +23,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from agents.config import DEFAULT_NODE_MAX_TOKENS, PipelineConfig
 from app.errors import ConfigError
 from app.home import default_home, default_vllm_venv
+from serving.urls import redact
 
 CONFIG_ENV = "NIGHTDESK_CONFIG"
 
@@ -292,7 +293,7 @@ class Settings(BaseSettings):
         """Return what a batch stores about how it ran (never the API key)."""
         return {
             "model": self.llm_model,
-            "base_url": self.llm_base_url,
+            "base_url": redact(self.llm_base_url),
             "server_profile": self.server_profile,
             "sampling": self.sampling(),
             "debate_rounds": self.debate_rounds,

@@ -43,6 +43,7 @@ from app.quality.monitor import warnings_for
 from app.ranking import as_dicts, ranking
 from serving.facts import batch_server_facts
 from serving.preflight import check_endpoint
+from serving.urls import redact
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -76,7 +77,7 @@ def _preflight(settings: Settings, skip: bool) -> None:
     for url in settings.base_urls:
         check = check_endpoint(url, settings.llm_model, settings.llm_api_key.get_secret_value())
         if check.level == "fail":
-            where = f" ({url})" if len(settings.base_urls) > 1 else ""
+            where = f" ({redact(url)})" if len(settings.base_urls) > 1 else ""
             raise ConfigError(f"preflight{where}: {check.detail} "
                               "(--no-preflight skips this check)")
 
