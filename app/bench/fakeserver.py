@@ -22,8 +22,9 @@ What it answers, through ``httpx.MockTransport``:
 plain string (the reply text), or None for the default: a valid decision JSON for a
 ``response_format`` request, ``max_tokens`` tokens for an ``ignore_eos`` one, else prose.
 It may be sync or async. Faults come from the reply (status, ``drop``, ``cut_after`` with
-``cut`` "drop", "end", "garbage" or "misshapen", ``delay_s``, ``hold``) or on cue for the next requests of a path
-(``cue``, e.g. ``cue(Reply(status=503), times=6, path="/metrics")``). ``crash()``
+``cut`` "drop", "end", "garbage" or "misshapen", ``delay_s``, ``hold``) or on cue for the
+next requests of a path (``cue``, e.g. ``cue(Reply(status=503), times=6,
+path="/metrics")``). ``crash()``
 takes the whole server away (every request refused, answers in progress cut) until
 ``revive()``, which brings it back with its counters reset, as a restarted vLLM's are.
 

@@ -35,7 +35,7 @@ from app.batch.nightly import (
 )
 from app.batch.resume import ResumePoint, mark_stale_crashed
 from app.batch.signals import run_batch
-from app.cli.common import database, setup
+from app.cli.common import batch_database, database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
 from app.errors import ConfigError, InputError
@@ -84,7 +84,7 @@ def _preflight(settings: Settings, skip: bool) -> None:
 
 def _ready_database(settings: Settings) -> Engine:
     """Return the engine, after marking batches whose process died as crashed."""
-    engine = database(settings)
+    engine = batch_database(settings)
     for batch_id in mark_stale_crashed(engine, settings.heartbeat_stale_s):
         err.print(f"note: batch {batch_id} was running with no heartbeat for over "
                   f"{settings.heartbeat_stale_s:.0f} s: marked crashed "
@@ -254,7 +254,7 @@ def replay(
     settings = setup()
     if base_url is not None:
         settings = settings.model_copy(update={"llm_base_url": base_url})
-    engine = database(settings)
+    engine = batch_database(settings)
     facts = batch_server_facts(settings.server_profile, settings.base_url,
                                settings.server_dir)
     outcome = run_batch(replay_batch(settings, engine, batch, label=label, strategy=strategy,
