@@ -29,6 +29,7 @@ from app.db.engine import get_engine
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
+from serving.urls import redact
 from tests.unit.clirun import CliResult, run_cli
 
 CANARY = "Cnry-9f3e1c-pw"
@@ -184,3 +185,17 @@ def test_a_password_in_the_base_urls_appears_nowhere(monkeypatch: pytest.MonkeyP
         monkeypatch, tmp_path, f"sqlite:///{db_file}",
         lambda: sqlite_cells(str(db_file)) + sqlite_cells(
             checkpoint_path(f"sqlite:///{db_file}")), names)
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("http://nd:pw@h:8000/v1", "http://nd:***@h:8000/v1"),
+    ("http://nd:pw@a/v1,https://nd:pw2@b/v1", "http://nd:***@a/v1,https://nd:***@b/v1"),
+    ("postgresql+psycopg://u:p%40ss@db:5432/n", "postgresql+psycopg://u:***@db:5432/n"),
+    ("cannot reach http://u:p@ss@h/v1: refused", "cannot reach http://u:***@h/v1: refused"),
+    ('{"base_url": "http://u:pw@h/v1"}', '{"base_url": "http://u:***@h/v1"}'),
+    ("URL('http://:tok@h/v1')", "URL('http://:***@h/v1')"),
+    ("http://user@h/v1 and http://h/v1", "http://user@h/v1 and http://h/v1"),
+    ("ratio a:b@c, no URL", "ratio a:b@c, no URL"),
+])
+def test_redact_masks_the_password_of_every_url_and_nothing_else(text: str, shown: str) -> None:
+    assert redact(text) == shown
