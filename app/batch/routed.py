@@ -37,6 +37,7 @@ from app.errors import (
     LLMConnectionError,
     LLMError,
     LLMHTTPError,
+    LLMMalformedError,
     LLMStreamError,
     LLMTimeoutError,
 )
@@ -59,7 +60,8 @@ def server_fault(error: LLMError) -> bool:
         return False
     if isinstance(error, LLMHTTPError):
         return error.http_status is None or error.http_status >= 500
-    return isinstance(error, LLMConnectionError | LLMStreamError | LLMTimeoutError)
+    return isinstance(error, LLMConnectionError | LLMStreamError | LLMTimeoutError
+                      | LLMMalformedError)
 
 
 def _numbered(attempt: int) -> dict[str, Any]:
