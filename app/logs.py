@@ -29,7 +29,12 @@ def _scrubbed(value: Any) -> Any:
 
 def redact_event(_logger: Any, _method: str,
                  event: MutableMapping[str, Any]) -> dict[str, Any]:
-    """structlog processor: no password of a URL in any value of the event."""
+    """structlog processor: no password of a URL in any value of the event.
+
+    A traceback (``log.exception``) is formatted here, into ``exception``, so that it is
+    redacted too: an exception's message may quote a URL.
+    """
+    event = structlog.processors.format_exc_info(_logger, _method, event)
     return {redact(key): _scrubbed(value) for key, value in event.items()}
 
 
