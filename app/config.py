@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +17,7 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 from sqlalchemy.engine import make_url
@@ -23,6 +26,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from agents.config import DEFAULT_NODE_MAX_TOKENS, PipelineConfig
 from app.errors import ConfigError
 from app.home import default_home, default_vllm_venv
+from serving.urls import redact
 
 CONFIG_ENV = "NIGHTDESK_CONFIG"
 
@@ -30,7 +34,11 @@ CONFIG_ENV = "NIGHTDESK_CONFIG"
 class Settings(BaseSettings):
     """Every knob nightdesk reads; env (``NIGHTDESK_*``) beats the TOML file beats defaults."""
 
-    model_config = SettingsConfigDict(env_prefix="NIGHTDESK_", extra="ignore")
+    # No JSON decoding by the environment source: it fails without naming the variable.
+    # Structured values (node_max_tokens) are parsed by their own validators instead.
+    # Durations and rates are finite: "1e999" or "nan" would pass every bound check.
+    model_config = SettingsConfigDict(env_prefix="NIGHTDESK_", extra="ignore",
+                                      enable_decoding=False, allow_inf_nan=False)
 
     # Every file nightdesk writes lives under `home` unless its own setting says otherwise;
     # the empty defaults below are filled from it (see _paths_from_home and app/home.py).
@@ -111,7 +119,7 @@ class Settings(BaseSettings):
     endpoint_grace_s: float = Field(10.0, gt=0)
     record_requests: bool = True
     log_format: Literal["auto", "console", "json"] = "auto"
-    log_level: str = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     # `nightdesk web`: HTTP basic auth. Without a password the server refuses to start,
     # unless told --local-only.
     web_user: str = "nightdesk"
@@ -194,9 +202,16 @@ class Settings(BaseSettings):
             # psycopg 3 is what we install; SQLAlchemy's bare default would be psycopg2.
             url = url.set(drivername="postgresql+psycopg")
         try:
-            url.get_dialect()
+            dialect = url.get_dialect()
         except NoSuchModuleError:
             raise ValueError(f"unknown database driver {url.drivername!r}") from None
+        try:
+            # The dialect's own reading of the URL: SQLite refuses a host or a password.
+            dialect().create_connect_args(url)
+        except ArgumentError:
+            raise ValueError(f"not a valid {backend} URL (e.g. " + (
+                "sqlite:////absolute/path/nightdesk.db" if backend == "sqlite" else
+                "postgresql://user:password@host:5432/nightdesk") + ")") from None
         return url.render_as_string(hide_password=False)
 
     @field_validator("schedule_timezone")
@@ -239,6 +254,23 @@ class Settings(BaseSettings):
         if self.heartbeat_stale_s <= self.heartbeat_interval_s:
             raise ValueError("heartbeat_stale_s must be longer than heartbeat_interval_s")
         return self
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_name(cls, value: Any) -> Any:
+        """Accept a level name in any case (``debug``, ``Warning``)."""
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("node_max_tokens", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        """Parse the environment's JSON text; a TOML table arrives parsed already."""
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except ValueError as error:
+            raise ValueError(f"not JSON ({error}); e.g. '{{\"analyst\": 1024}}'") from None
 
     @field_validator("node_max_tokens")
     @classmethod
@@ -292,7 +324,7 @@ class Settings(BaseSettings):
         """Return what a batch stores about how it ran (never the API key)."""
         return {
             "model": self.llm_model,
-            "base_url": self.llm_base_url,
+            "base_url": redact(self.llm_base_url),
             "server_profile": self.server_profile,
             "sampling": self.sampling(),
             "debate_rounds": self.debate_rounds,
@@ -312,12 +344,20 @@ def _describe(error: ValidationError) -> str:
     # The message, never the input: the input may be a secret.
     if not first["loc"]:  # a rule across settings (a model validator) names them itself
         return f"invalid settings: {first['msg']}"
-    name = "NIGHTDESK_" + "_".join(str(p) for p in first["loc"]).upper()
-    return f"invalid setting {name}: {first['msg']}"
+    field, *inside = (str(part) for part in first["loc"])
+    # The variable's name, and where inside its value (a key of a table) the fault lies.
+    where = f" (at {'.'.join(inside)})" if inside else ""
+    return f"invalid setting NIGHTDESK_{field.upper()}{where}: {first['msg']}"
+
+
+_SOURCE_FIELD = re.compile(r'field "(\w+)"')
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Build a fresh Settings, turning validation failures into one-line ConfigErrors."""
+    """Build a fresh Settings, turning every failure into a one-line ConfigError.
+
+    The line names the setting (its environment variable) or the settings file at fault.
+    """
     path = os.environ.get(CONFIG_ENV)
     if path and not Path(path).is_file():
         raise ConfigError(f"invalid setting {CONFIG_ENV}: no such file {path}")
@@ -325,6 +365,12 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**overrides)
     except ValidationError as error:
         raise ConfigError(_describe(error)) from None
+    except SettingsError as error:  # a source could not read one value
+        found = _SOURCE_FIELD.search(str(error))
+        name = f"NIGHTDESK_{found.group(1).upper()}" if found else "settings"
+        cause = error.__cause__ or error
+        raise ConfigError(f"invalid setting {name}: cannot be read "
+                          f"({type(cause).__name__}: {cause})") from None
     except (OSError, ValueError) as error:  # an unreadable or malformed TOML file
         raise ConfigError(f"invalid settings file {path}: {error}") from None
 

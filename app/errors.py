@@ -16,6 +16,7 @@ prints one line and exits with the error's ``exit_code`` (the table in app/cli/b
         ├── LLMTimeoutError             no complete answer within the per-call timeout
         ├── LLMConnectionError          the server could not be reached, or dropped the stream
         ├── LLMStreamError              the stream broke off or ended without a finish reason
+        ├── LLMMalformedError           a stream chunk was not JSON, or not shaped like a chunk
         ├── LLMCancelled                the call was cut short by its own side (only recorded)
         └── DecisionError   (agents)    the final decision failed its schema after all retries
     ServingError       (serving.errors) the vLLM server and its profiles
@@ -64,6 +65,7 @@ __all__ = [
     "LLMConnectionError",
     "LLMError",
     "LLMHTTPError",
+    "LLMMalformedError",
     "LLMStreamError",
     "LLMTimeoutError",
     "NightdeskError",
@@ -134,6 +136,13 @@ class LLMConnectionError(LLMError):
 
 class LLMStreamError(LLMError):
     error_class = "stream"
+    retryable = True
+
+
+class LLMMalformedError(LLMError):
+    """The server sent a stream chunk nobody can read: its fault, retried like a cut stream."""
+
+    error_class = "malformed"
     retryable = True
 
 

@@ -29,12 +29,13 @@ from app.errors import (
     LLMConnectionError,
     LLMError,
     LLMHTTPError,
+    LLMMalformedError,
     LLMStreamError,
     LLMTimeoutError,
 )
 from app.promptsize import PromptCounter, ServerCheck
 from app.usage import UsageRecorder
-from serving.urls import server_root
+from serving.urls import redact, server_root
 
 log = structlog.get_logger(__name__)
 
@@ -103,6 +104,8 @@ class TrackedLLM:
         self.settings = settings
         self.recorder = recorder
         self.base_url = base_url or settings.base_url
+        # How this endpoint is named wherever it is shown or stored: never with its password.
+        self.endpoint = redact(self.base_url)
         # Between attempts of a call that met a server fault: wait while the server is down.
         self.watch = watch
         # Attempts a resumed batch recorded already per (ticker, node, sample): numbering
@@ -247,24 +250,24 @@ class TrackedLLM:
         except openai.APIStatusError as exc:
             error = _classify_status(exc)
         except openai.APIConnectionError as exc:
-            error = LLMConnectionError(f"cannot reach {self.base_url}: {exc}")
+            error = LLMConnectionError(redact(f"cannot reach {self.base_url}: {exc}"))
         except httpx.TimeoutException as exc:
             # Raised while reading the stream: the OpenAI client only wraps the request itself.
-            error = LLMTimeoutError(f"stream stalled: {type(exc).__name__}: {exc}")
+            error = LLMTimeoutError(redact(f"stream stalled: {type(exc).__name__}: {exc}"))
         except httpx.TransportError as exc:
             # The connection dropped mid-stream (server killed or restarted): the answer is
             # cut, and another attempt may well pass.
             error = LLMConnectionError(
-                f"connection dropped mid-stream: {type(exc).__name__}: {exc}")
+                redact(f"connection dropped mid-stream: {type(exc).__name__}: {exc}"))
         except openai.APIError as exc:
             # An error event inside an open stream (e.g. the engine died mid-generation).
-            error = LLMStreamError(f"server error during the stream: {exc.message}")
+            error = LLMStreamError(redact(f"server error during the stream: {exc.message}"))
         except httpx.HTTPError as exc:
             # Any other failure of the body as it arrived (e.g. an undecodable chunk).
-            error = LLMStreamError(f"the stream broke: {type(exc).__name__}: {exc}")
+            error = LLMStreamError(redact(f"the stream broke: {type(exc).__name__}: {exc}"))
         except BaseException as exc:
             # Anything else (cancellation included) still leaves its row, then propagates.
-            why = f"{type(exc).__name__}: {exc}"[:500]
+            why = redact(f"{type(exc).__name__}: {exc}")[:500]
             self._record(tag, attempt, body, seen,
                          LLMCancelled(f"cancelled in flight ({why})")
                          if isinstance(exc, asyncio.CancelledError) else LLMError(why))
@@ -290,17 +293,14 @@ class TrackedLLM:
         stream = await self._client.chat.completions.create(
             **body, stream=True, stream_options={"include_usage": True}
         )
-        async for chunk in stream:
-            seen.request_id = seen.request_id or chunk.id
-            if chunk.usage is not None:
-                seen.usage = chunk.usage
-            for choice in chunk.choices:
-                if choice.delta and choice.delta.content:
-                    if seen.first_token_s is None:
-                        seen.first_token_s = time.monotonic() - seen.t0
-                    seen.content.append(choice.delta.content)
-                if choice.finish_reason:
-                    seen.finish_reason = choice.finish_reason
+        try:
+            async for chunk in stream:
+                _take(chunk, seen)
+        except (ValueError, TypeError, AttributeError) as exc:
+            # A data line that is not JSON (the client's json.loads), or JSON not shaped like
+            # a chunk: the server's fault, and a new attempt may well be whole.
+            raise LLMMalformedError(redact(f"malformed stream chunk from the server: "
+                                           f"{type(exc).__name__}: {exc}")[:300]) from None
         if seen.finish_reason is None:
             # A stream that stops without saying why was cut: its text is a fragment.
             raise LLMStreamError(
@@ -353,13 +353,28 @@ class TrackedLLM:
             "request_id": seen.request_id,
             "context_trimmed_tokens": None if trim is None else trim.tokens,
             "context_trimmed": None if trim is None else trim.describe()[:200],
-            "endpoint": self.base_url,
+            "endpoint": self.endpoint,
         })
+
+
+def _take(chunk: Any, seen: _Attempt) -> None:
+    """Add one stream chunk to what the attempt has seen."""
+    seen.request_id = seen.request_id or chunk.id
+    if chunk.usage is not None:
+        seen.usage = chunk.usage
+    for choice in chunk.choices:
+        if choice.delta and choice.delta.content:
+            if seen.first_token_s is None:
+                seen.first_token_s = time.monotonic() - seen.t0
+            seen.content.append(choice.delta.content)
+        if choice.finish_reason:
+            seen.finish_reason = choice.finish_reason
 
 
 def _classify_status(exc: openai.APIStatusError) -> LLMError:
     status = exc.status_code
-    text = str(exc.message)
+    # A proxy's error page may quote the request URL, password and all.
+    text = redact(str(exc.message))
     if status == 400 and ("context length" in text.lower() or "max_model_len" in text.lower()
                           or "maximum model length" in text.lower()):
         return ContextLengthError(f"server rejected the prompt as too long: {text}",
@@ -367,7 +382,7 @@ def _classify_status(exc: openai.APIStatusError) -> LLMError:
     if status in (401, 403, 404):
         # These stop the batch (every call would meet them): say what to check, in one line.
         body = exc.body if isinstance(exc.body, dict) else {}
-        said = str(body.get("message") or body.get("detail") or text)[:200]
+        said = redact(str(body.get("message") or body.get("detail") or text))[:200]
         hint = ("check NIGHTDESK_LLM_API_KEY" if status != 404 else
                 "check NIGHTDESK_LLM_BASE_URL and NIGHTDESK_LLM_MODEL")
         return LLMHTTPError(f"HTTP {status} from the LLM server: {said} ({hint})",

@@ -1,17 +1,60 @@
-"""Configure structlog: readable on a terminal, JSON lines otherwise; context in contextvars."""
+"""Configure structlog: readable on a terminal, JSON lines otherwise; context in contextvars.
+
+Every line, structlog's and the standard library's, passes through ``serving.urls.redact``:
+no URL's password reaches a log, whichever value or message quoted it.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal
+from collections.abc import MutableMapping
+from typing import Any, Literal
 
 import structlog
+
+from serving.urls import redact
+
+
+def _scrubbed(value: Any) -> Any:
+    """Return ``value`` with every string in it (keys too) redacted."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {_scrubbed(key): _scrubbed(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_scrubbed(item) for item in value)
+    return value
+
+
+def redact_event(_logger: Any, _method: str,
+                 event: MutableMapping[str, Any]) -> dict[str, Any]:
+    """structlog processor: no password of a URL in any value of the event.
+
+    A traceback (``log.exception``) is formatted here, into ``exception``, so that it is
+    redacted too: an exception's message may quote a URL.
+    """
+    event = structlog.processors.format_exc_info(_logger, _method, event)
+    return {redact(key): _scrubbed(value) for key, value in event.items()}
+
+
+class _RedactFilter(logging.Filter):
+    """Redact a standard-library record's message (httpx, uvicorn and alembic log there)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        safe = redact(message)
+        if safe != message:
+            record.msg, record.args = safe, None
+        return True
 
 
 def configure_logging(fmt: Literal["auto", "console", "json"] = "auto",
                       level: str = "INFO") -> None:
-    """Route structlog (and stdlib logging) to stderr in the chosen format."""
+    """Route structlog (and stdlib logging) to stderr in the chosen format.
+
+    ``level`` is a name Settings has checked (DEBUG, INFO, WARNING, ERROR, CRITICAL).
+    """
     json_lines = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json_lines
@@ -23,6 +66,7 @@ def configure_logging(fmt: Literal["auto", "console", "json"] = "auto",
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            redact_event,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
@@ -31,3 +75,6 @@ def configure_logging(fmt: Literal["auto", "console", "json"] = "auto",
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _RedactFilter) for f in handler.filters):
+            handler.addFilter(_RedactFilter())

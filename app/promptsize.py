@@ -21,7 +21,14 @@ import structlog
 
 from agents.fitting import PromptSize
 from app.config import Settings
-from app.errors import ContextLengthError, LLMConnectionError, LLMError, LLMHTTPError
+from app.errors import (
+    ContextLengthError,
+    LLMConnectionError,
+    LLMError,
+    LLMHTTPError,
+    LLMMalformedError,
+)
+from serving.urls import redact
 
 log = structlog.get_logger(__name__)
 
@@ -121,7 +128,8 @@ class PromptCounter:
                 headers={"Authorization": f"Bearer {self.settings.llm_api_key.get_secret_value()}"},
             )
         except httpx.HTTPError as exc:
-            raise LLMConnectionError(f"cannot reach {self._url} to count tokens: {exc}") from None
+            raise LLMConnectionError(
+                redact(f"cannot reach {self._url} to count tokens: {exc}")) from None
         if response.status_code == 404:
             log.warning("server has no /tokenize; prompt length is not checked before sending")
             self.supported = False
@@ -129,9 +137,13 @@ class PromptCounter:
         if response.status_code != 200:
             raise LLMHTTPError(f"/tokenize answered {response.status_code}",
                                http_status=response.status_code)
-        data = response.json()
-        count = int(data["count"])
-        self.max_model_len = int(data["max_model_len"])
+        try:
+            data = response.json()
+            count = int(data["count"])
+            self.max_model_len = int(data["max_model_len"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise LLMMalformedError(f"/tokenize answered no token count: "
+                                    f"{type(exc).__name__}: {exc}"[:300]) from None
         self._counted[key] = count
         self.counted_bytes += message_bytes(messages)
         self.counted_tokens += count

@@ -14,7 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.errors import ServerError
-from serving.urls import server_root
+from serving.urls import redact, server_root
 
 # Older vLLM spelled KV usage and prefix-cache counters with a gpu_ prefix; first found wins.
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -193,7 +193,7 @@ def metrics_url(base_url: str) -> str:
 
 def _check(response: httpx.Response) -> str:
     if response.status_code != 200:
-        raise ServerError(f"{response.request.url} answered HTTP {response.status_code}")
+        raise ServerError(redact(f"{response.request.url} answered HTTP {response.status_code}"))
     return response.text
 
 
@@ -206,7 +206,7 @@ def fetch_metrics_text(base_url: str, *, client: httpx.Client | None = None,
         with httpx.Client(timeout=timeout_s) as own:
             return _check(own.get(metrics_url(base_url)))
     except httpx.HTTPError as error:
-        raise ServerError(f"cannot read {metrics_url(base_url)}: {error}") from None
+        raise ServerError(redact(f"cannot read {metrics_url(base_url)}: {error}")) from None
 
 
 async def afetch_metrics_text(base_url: str, *, client: httpx.AsyncClient | None = None,
@@ -218,7 +218,7 @@ async def afetch_metrics_text(base_url: str, *, client: httpx.AsyncClient | None
         async with httpx.AsyncClient(timeout=timeout_s) as own:
             return _check(await own.get(metrics_url(base_url)))
     except httpx.HTTPError as error:
-        raise ServerError(f"cannot read {metrics_url(base_url)}: {error}") from None
+        raise ServerError(redact(f"cannot read {metrics_url(base_url)}: {error}")) from None
 
 
 def read_metrics(base_url: str, *, client: httpx.Client | None = None) -> MetricsSnapshot:

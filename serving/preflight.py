@@ -13,6 +13,7 @@ import httpx
 
 from serving.launcher import healthy
 from serving.profiles import HostPaths, Profile, cpu_has_avx512, load_profile
+from serving.urls import redact
 
 NVIDIA_SMI_QUERY = "name,compute_cap,memory.free,memory.total,pstate,power.draw"
 # Memory another process holds before we start; above this the GPU counts as busy.
@@ -28,6 +29,10 @@ class Check:
     level: Level
     name: str
     detail: str
+
+    def __post_init__(self) -> None:
+        # Details quote the server's URLs (and httpx errors quote them again): never a password.
+        object.__setattr__(self, "detail", redact(self.detail))
 
 
 @dataclass(frozen=True)

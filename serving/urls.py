@@ -1,6 +1,29 @@
-"""Derive a vLLM server's URLs from the OpenAI base URL that clients are configured with."""
+"""Derive a vLLM server's URLs from its OpenAI base URL, and make any URL safe to show.
+
+``redact`` is the one way a URL's password is kept out of what nightdesk prints, logs,
+stores and serves: base URLs, ``/metrics`` URLs, database URLs, and error text that quotes
+one (httpx and the OpenAI client put the request URL in their messages).
+"""
 
 from __future__ import annotations
+
+import re
+
+# scheme://user:password@ — the password runs to the last "@" of its URL (an unencoded "@"
+# in a password is taken by some parsers), a URL ending at whitespace, a comma (lists of
+# endpoints), a quote or an angle bracket (URLs quoted in reprs, JSON and HTML).
+_USERINFO = re.compile(
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@,'\"<>]*):(?P<password>[^\s,'\"<>]*)@")
+MASK = "***"
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with the password of every URL in it replaced by ``***``.
+
+    Works on one URL, a comma-separated list of them, or any message quoting URLs; a URL
+    without a password, and all other text, is returned as it was.
+    """
+    return _USERINFO.sub(lambda m: f"{m['head']}:{MASK}@", text)
 
 
 def server_root(base_url: str) -> str:

@@ -25,6 +25,8 @@ Three guarantees are added around the stock savers:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -48,7 +50,9 @@ from psycopg_pool import AsyncConnectionPool
 from sqlalchemy.engine import make_url
 
 from agents.graph import STATE_TYPES
+from app.db.engine import reason
 from app.db.retry import aretrying
+from app.errors import DatabaseError
 
 log = structlog.get_logger(__name__)
 
@@ -150,6 +154,24 @@ def checkpoint_path(database_url: str) -> str:
         return database
     path = Path(database)
     return str(path.with_name(f"{path.stem}.checkpoints{path.suffix or '.db'}"))
+
+
+def check_checkpoints(database_url: str) -> None:
+    """Raise DatabaseError in one line when a SQLite checkpoint file cannot be used.
+
+    Checked before a batch writes anything: a checkpoint file that is not a database, or
+    cannot be opened, would otherwise stop the batch after its row exists. (On PostgreSQL
+    the checkpoints live in the database that was checked already.)
+    """
+    path = checkpoint_path(database_url)
+    if make_url(database_url).get_backend_name() != "sqlite" or path == ":memory:":
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("PRAGMA schema_version").fetchone()  # reads the file's header
+    except (sqlite3.Error, OSError) as error:
+        raise DatabaseError(f"cannot open the checkpoint file {path}: {reason(error)}") from None
 
 
 def serializer() -> JsonPlusSerializer:

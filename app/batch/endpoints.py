@@ -45,6 +45,7 @@ from app.errors import LLMError, ServerOutage
 from app.llm import CallStats, TrackedLLM
 from app.promptsize import ServerCheck
 from app.usage import UsageRecorder
+from serving.urls import redact
 
 if TYPE_CHECKING:
     from app.batch.scheduler import Strategy
@@ -71,6 +72,8 @@ class Endpoint:
                  changed: asyncio.Event | None = None, grace_s: float = 10.0) -> None:
         self.index = index
         self.url = url
+        # What logs, summaries and messages call it: the URL without its password.
+        self.name = redact(url)
         self.llm = llm
         self.gauges = gauges
         self.strategy = strategy
@@ -252,13 +255,13 @@ class Endpoint:
                 self.up = False
                 self.outages += 1
                 self.gone.set()
-                log.warning("endpoint down: its tickers move to the others", endpoint=self.url,
+                log.warning("endpoint down: its tickers move to the others", endpoint=self.name,
                             failed_reads=failed, silent_s=round(now - since, 1))
                 return True
         elif failed == 0 and last_ok is not None:
             self.up = True
             self.gone.clear()
-            log.info("endpoint back: it takes tickers again", endpoint=self.url)
+            log.info("endpoint back: it takes tickers again", endpoint=self.name)
             return True
         return False
 
@@ -269,13 +272,13 @@ class Endpoint:
         self.gate.set_limit(self.policy.observe(snapshot, self.gate.outstanding))
         if self.gate.limit != before:
             log.debug("admission limit", limit=self.gate.limit, reason=self.policy.reason,
-                      endpoint=self.url)
+                      endpoint=self.name)
         if self.budget is not None:
             tokens = self.budget.observe(snapshot)
             self.footprint.sample(self.gate, self.here.values())
             self.gate.reconsider()
             log.debug("token budget", tokens=tokens, reserved=self.budget.reserved,
-                      held=self.budget.held, reason=self.budget.reason, endpoint=self.url)
+                      held=self.budget.held, reason=self.budget.reason, endpoint=self.name)
 
     def _budget_capacity(self) -> None:
         """Give the budget the server's KV capacity; say once how admission works."""
@@ -291,10 +294,10 @@ class Endpoint:
             # growth at a usage the budget has already reserved room for.
             self.policy.kv_high = self.policy.kv_full = float("inf")
             log.info("admission by token budget", kv_tokens=self.budget.capacity,
-                     fill=self.budget.fill, endpoint=self.url)
+                     fill=self.budget.fill, endpoint=self.name)
         else:
             log.warning("KV capacity unknown (no vllm:cache_config_info): admission by "
-                        "request count only", endpoint=self.url)
+                        "request count only", endpoint=self.name)
 
     def summary(self) -> dict[str, Any]:
         """Return how this endpoint's admission ended and what routing gave it."""
@@ -378,7 +381,8 @@ class EndpointSet:
             endpoints.append(Endpoint(index, url, llm, strategy, gauges=sampler,
                                       changed=changed, grace_s=settings.endpoint_grace_s))
         if len(endpoints) > 1:
-            log.info("endpoints", urls=urls, grace_s=settings.endpoint_grace_s)
+            log.info("endpoints", urls=[e.name for e in endpoints],
+                     grace_s=settings.endpoint_grace_s)
         return cls(endpoints, changed, halt=halt, outage_budget_s=settings.outage_budget_s,
                    resume_hint=resume_hint)
 
@@ -585,4 +589,4 @@ class EndpointSet:
                          max(r.kv_cache_usage for r in seen))
 
     def summary(self) -> dict[str, dict[str, Any]]:
-        return {endpoint.url: endpoint.summary() for endpoint in self.endpoints}
+        return {endpoint.name: endpoint.summary() for endpoint in self.endpoints}

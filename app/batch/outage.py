@@ -28,7 +28,7 @@ from app.batch.gate import Gate
 from app.batch.halt import Halt, HaltReason
 from app.batch.tasks import wait_first
 from app.errors import ServerOutage
-from serving.urls import server_root
+from serving.urls import redact, server_root
 
 log = structlog.get_logger(__name__)
 
@@ -148,5 +148,5 @@ class ServerWatch:
                                          ServerOutage.exit_code))
 
     def _outage_message(self) -> str:
-        return (f"the LLM server at {self.root} did not answer for {self.budget_s:.0f} s "
+        return (f"the LLM server at {redact(self.root)} did not answer for {self.budget_s:.0f} s "
                 f"(the outage budget): batch interrupted{self.resume_hint}")

@@ -37,6 +37,7 @@ from app.errors import (
     LLMConnectionError,
     LLMError,
     LLMHTTPError,
+    LLMMalformedError,
     LLMStreamError,
     LLMTimeoutError,
 )
@@ -59,7 +60,8 @@ def server_fault(error: LLMError) -> bool:
         return False
     if isinstance(error, LLMHTTPError):
         return error.http_status is None or error.http_status >= 500
-    return isinstance(error, LLMConnectionError | LLMStreamError | LLMTimeoutError)
+    return isinstance(error, LLMConnectionError | LLMStreamError | LLMTimeoutError
+                      | LLMMalformedError)
 
 
 def _numbered(attempt: int) -> dict[str, Any]:
@@ -127,7 +129,7 @@ class RoutedLLM(GatedLLM):
                 if target is None:
                     raise
                 log.warning("call sent again", node=tag.node, ticker=tag.ticker,
-                            failed_at=endpoint.url, to=target.url, error=str(error)[:200])
+                            failed_at=endpoint.name, to=target.name, error=str(error)[:200])
                 # The first try used at most max_attempts numbers from ``attempt``.
                 attempt += self.settings.max_attempts
                 self.ticket.done -= 1
@@ -151,7 +153,7 @@ class RoutedLLM(GatedLLM):
     def _move(self, target: Endpoint) -> None:
         if target is self.endpoint:
             return  # already there: another of its calls (samples, analysts) moved it
-        log.warning("ticker moved", frm=self.endpoint.url, to=target.url,
+        log.warning("ticker moved", frm=self.endpoint.name, to=target.name,
                     order=self.ticket.order)
         self.endpoint.leave(self.ticket)
         self.endpoint.moved_out += 1
@@ -194,7 +196,7 @@ class RoutedLLM(GatedLLM):
                     continue  # all down: the call goes on where it is, as with one server
                 await cancel_and_wait(task)
                 if task.cancelled():
-                    raise EndpointGone(f"{endpoint.url} went down during the call")
+                    raise EndpointGone(f"{endpoint.name} went down during the call")
                 break  # it finished just before the cancel: keep its answer
             return task.result()
         finally:

@@ -20,6 +20,7 @@ from app.config import Settings
 from app.db.models import ServerSample
 from app.errors import ServerError
 from serving.metrics import MetricsSnapshot, afetch_metrics_text, parse_cache_config, parse_metrics
+from serving.urls import redact
 
 log = structlog.get_logger(__name__)
 
@@ -48,7 +49,7 @@ class MetricsSampler:
         self.base_url = base_url
         self.interval_s = interval_s
         # Stored with every row, so a batch over several endpoints keeps each one's series.
-        self.endpoint = endpoint
+        self.endpoint = None if endpoint is None else redact(endpoint)
         self.latest: MetricsSnapshot | None = None
         # The KV cache's size from vllm:cache_config_info (None while unknown), re-read with
         # every sample: a restarted server may have another.

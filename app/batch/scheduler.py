@@ -407,7 +407,7 @@ class Scheduler:
             if self._fallback_s == 0.0:  # once per batch, however often it happens
                 log.warning("cannot read the server's /metrics: adaptive admission falls back "
                             "to its starting limit and pauses while the server looks down",
-                            limit=endpoint.gate.limit, endpoint=endpoint.url)
+                            limit=endpoint.gate.limit, endpoint=endpoint.name)
         for _ in range(count):
             if self.on_metrics is not None:
                 self.on_metrics(False)
@@ -454,7 +454,7 @@ class Scheduler:
     def holdback_timeline(self) -> dict[str, Any]:
         """Return each endpoint's rows of what held new tickers back (holdback.COLUMNS)."""
         return {"columns": list(COLUMNS),
-                "endpoints": {e.url: e.holdback.timeline for e in self.endpoints}}
+                "endpoints": {e.name: e.holdback.timeline for e in self.endpoints}}
 
     def admission(self) -> dict[str, Any]:
         """Return how admission ended: the request limit and, when budgeted, the token budget.

@@ -56,8 +56,10 @@ class Reply:
     hold: asyncio.Event | None = None  # once admitted, wait for this before decoding
     drop: bool = False  # close the connection without an answer
     cut_after: int | None = None  # break the stream after this many content chunks, unfinished
-    # How it breaks: "drop" the connection (the server died), or "end" it cleanly with no
-    # finish reason and no usage (a truncated answer that looks whole to a careless client).
+    # How it breaks: "drop" the connection (the server died), "end" it cleanly with no
+    # finish reason and no usage (a truncated answer that looks whole to a careless client),
+    # or send one malformed chunk and stop: "garbage" (a data line that is not JSON) or
+    # "misshapen" (JSON that is not a chunk).
     cut: str = "drop"
 
 

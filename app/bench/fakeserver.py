@@ -22,8 +22,9 @@ What it answers, through ``httpx.MockTransport``:
 plain string (the reply text), or None for the default: a valid decision JSON for a
 ``response_format`` request, ``max_tokens`` tokens for an ``ignore_eos`` one, else prose.
 It may be sync or async. Faults come from the reply (status, ``drop``, ``cut_after`` with
-``cut`` "drop" or "end", ``delay_s``, ``hold``) or on cue for the next requests of a path
-(``cue``, e.g. ``cue(Reply(status=503), times=6, path="/metrics")``). ``crash()``
+``cut`` "drop", "end", "garbage" or "misshapen", ``delay_s``, ``hold``) or on cue for the
+next requests of a path (``cue``, e.g. ``cue(Reply(status=503), times=6,
+path="/metrics")``). ``crash()``
 takes the whole server away (every request refused, answers in progress cut) until
 ``revive()``, which brings it back with its counters reset, as a restarted vLLM's are.
 
@@ -70,6 +71,10 @@ __all__ = ["BASE_URL", "CONTEXT_LENGTH_MESSAGE", "DEFAULT_DECISION", "ChatReques
 
 BASE_URL = "http://fake.test/v1"
 CHAT_PATH = "/v1/chat/completions"
+# The one chunk a ``Reply(cut=...)`` sends before the stream stops (see fakechat.Reply).
+MALFORMED = {"garbage": b'data: {"id": "chatcmpl-cut", "choices": [{"delta": {"cont\n\n',
+             "misshapen": b'data: {"id": "chatcmpl-odd", "object": "chat.completion.chunk", '
+                          b'"created": 0, "model": "m", "choices": 7}\n\n'}
 
 
 @dataclass
@@ -291,7 +296,7 @@ class FakeServer:
                 await asyncio.sleep(reply.token_delay_s * share)
             self.load.generate(seq, share)
             if self.down or (reply.cut_after is not None and i >= reply.cut_after):
-                if reply.cut == "end" and not self.down:
+                if reply.cut != "drop" and not self.down:
                     raise _EndedEarly
                 raise httpx.RemoteProtocolError("peer closed connection without sending "
                                                 "complete message body", request=request)
@@ -323,6 +328,7 @@ class FakeServer:
                     yield event([{"index": 0, "delta": {"content": piece},
                                   "finish_reason": None}])
             except _EndedEarly:
+                yield MALFORMED.get(reply.cut, b"")
                 yield b"data: [DONE]\n\n"  # no finish reason, no usage: not completed
                 return
             yield event([{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}])
@@ -344,7 +350,8 @@ class FakeServer:
 
 
 class _EndedEarly(Exception):
-    """A ``cut="end"`` reply stops here: the answer ends cleanly, unfinished."""
+    """A ``cut`` other than "drop" stops here: the answer ends, unfinished (after its
+    malformed chunk, if it has one)."""
 @dataclass
 class FakeServers:
     """Several fakes behind one client, one per base URL: endpoints of one batch.

@@ -35,6 +35,7 @@ from app.config import Settings
 from app.errors import InputError, ServerError
 from app.report import arm
 from serving.metrics import aread_metrics
+from serving.urls import redact
 
 log = structlog.get_logger(__name__)
 
@@ -115,10 +116,11 @@ async def _warm_up(settings: Settings, workload: Workload, salt: str, tickers: i
                 response = await client.post(f"{url}/chat/completions", json=sent,
                                              headers=headers)
             except httpx.HTTPError as error:
-                raise ServerError(f"the bench's warm-up could not reach {url}: {error}") from None
+                raise ServerError(redact(f"the bench's warm-up could not reach {url}: "
+                                         f"{error}")) from None
             if response.status_code != 200:
-                raise ServerError(f"the bench's warm-up request to {url} answered HTTP "
-                                  f"{response.status_code}: {response.text[:200]}")
+                raise ServerError(redact(f"the bench's warm-up request to {url} answered "
+                                         f"HTTP {response.status_code}: {response.text[:200]}"))
 
         async with asyncio.TaskGroup() as group:
             for url in settings.base_urls:

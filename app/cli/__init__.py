@@ -11,6 +11,7 @@ from typer._click.exceptions import ClickException
 
 from app.cli import batch, bench, data, db, quality, report, scheduler, server, web
 from app.errors import ERRORS
+from serving.urls import redact
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Nightly multi-agent stock analysis on a co-located vLLM server.")
@@ -34,8 +35,10 @@ def main() -> None:
         # Without standalone mode click returns a command's typer.Exit code instead of exiting.
         code = app(standalone_mode=False)
     except ERRORS as error:
-        # Escaped: the message may quote input with [brackets] that rich would eat.
-        err.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+        # Escaped: the message may quote input with [brackets] that rich would eat; redacted:
+        # it may quote a URL, password and all.
+        err.print(f"[bold red]error:[/] {escape(redact(str(error)))}", highlight=False,
+                  soft_wrap=True)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")
@@ -47,7 +50,7 @@ def main() -> None:
     except ClickException as usage:  # bad options: one line, like every other input error
         where = getattr(getattr(usage, "ctx", None), "command_path", None)
         hint = f" (see `{where} --help`)" if where else ""
-        message = " ".join(usage.format_message().split())
+        message = redact(" ".join(usage.format_message().split()))
         err.print(f"[bold red]error:[/] {escape(message)}{hint}", highlight=False,
                   soft_wrap=True)
         sys.exit(usage.exit_code)

@@ -35,7 +35,7 @@ from app.batch.nightly import (
 )
 from app.batch.resume import ResumePoint, mark_stale_crashed
 from app.batch.signals import run_batch
-from app.cli.common import database, setup
+from app.cli.common import batch_database, database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
 from app.errors import ConfigError, InputError
@@ -43,6 +43,7 @@ from app.quality.monitor import warnings_for
 from app.ranking import as_dicts, ranking
 from serving.facts import batch_server_facts
 from serving.preflight import check_endpoint
+from serving.urls import redact
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -76,14 +77,14 @@ def _preflight(settings: Settings, skip: bool) -> None:
     for url in settings.base_urls:
         check = check_endpoint(url, settings.llm_model, settings.llm_api_key.get_secret_value())
         if check.level == "fail":
-            where = f" ({url})" if len(settings.base_urls) > 1 else ""
+            where = f" ({redact(url)})" if len(settings.base_urls) > 1 else ""
             raise ConfigError(f"preflight{where}: {check.detail} "
                               "(--no-preflight skips this check)")
 
 
 def _ready_database(settings: Settings) -> Engine:
     """Return the engine, after marking batches whose process died as crashed."""
-    engine = database(settings)
+    engine = batch_database(settings)
     for batch_id in mark_stale_crashed(engine, settings.heartbeat_stale_s):
         err.print(f"note: batch {batch_id} was running with no heartbeat for over "
                   f"{settings.heartbeat_stale_s:.0f} s: marked crashed "
@@ -253,7 +254,7 @@ def replay(
     settings = setup()
     if base_url is not None:
         settings = settings.model_copy(update={"llm_base_url": base_url})
-    engine = database(settings)
+    engine = batch_database(settings)
     facts = batch_server_facts(settings.server_profile, settings.base_url,
                                settings.server_dir)
     outcome = run_batch(replay_batch(settings, engine, batch, label=label, strategy=strategy,

@@ -95,7 +95,7 @@ def schedulers(
     from app.cli.common import database
     from app.errors import InputError, ServerError
     from serving.facts import batch_server_facts
-    from serving.urls import server_root
+    from serving.urls import redact, server_root
 
     settings = setup()
     engine = database(settings)
@@ -105,8 +105,8 @@ def schedulers(
         try:
             models = httpx.get(f"{root}/v1/models", timeout=10).json()["data"]
         except (httpx.HTTPError, KeyError, ValueError) as error:
-            raise ServerError(f"no server answers at {root}: start one first "
-                              f"(nightdesk server start) — {error}") from None
+            raise ServerError(redact(f"no server answers at {root}: start one first "
+                                     f"(nightdesk server start) — {error}")) from None
         lengths.append(int(models[0].get("max_model_len") or 8192))
     max_len = min(lengths)
     if workload == "synthetic":

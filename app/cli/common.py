@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
+from app.batch.checkpoints import check_checkpoints
 from app.config import Settings, get_settings
 from app.db.engine import ready_engine
 from app.logs import configure_logging
@@ -19,3 +20,10 @@ def setup(json_logs: bool = False) -> Settings:
 def database(settings: Settings) -> Engine:
     """Return an engine whose schema is current (migrations run first)."""
     return ready_engine(settings.database_url)
+
+
+def batch_database(settings: Settings) -> Engine:
+    """Return the engine for a command that runs batches: its checkpoint store opens too."""
+    engine = database(settings)
+    check_checkpoints(settings.database_url)
+    return engine

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.cli.common import database, setup
+from app.cli.common import batch_database, setup
 
 
 def scheduler() -> None:
@@ -10,4 +10,4 @@ def scheduler() -> None:
     from app.daemon import NightlyDaemon
 
     settings = setup()
-    NightlyDaemon(settings, database(settings)).serve()
+    NightlyDaemon(settings, batch_database(settings)).serve()

@@ -14,18 +14,37 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.errors import DatabaseError, SchemaOutdatedError
+from serving.urls import redact
+
+
+def reason(error: BaseException) -> str:
+    """Return what went wrong, in one line and without a URL's password.
+
+    SQLAlchemy's own text spans lines (the statement, a link); the driver's first line says it.
+    """
+    cause = getattr(error, "orig", None) or error
+    lines = str(cause).strip().splitlines()
+    return redact(lines[0] if lines else type(cause).__name__)
 
 
 def make_engine(url: str) -> Engine:
-    """Create an engine; a SQLite file gets its folder, WAL and foreign keys."""
+    """Create an engine; a SQLite file gets its folder, WAL and foreign keys.
+
+    A folder that cannot be made is a DatabaseError naming the database (one line).
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            folder = Path(parsed.database).parent
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise DatabaseError(f"cannot open database {redact(url)}: cannot make its "
+                                    f"folder {folder}: {error.strerror or error}") from None
         engine = create_engine(url, connect_args={"timeout": 30})
 
         @event.listens_for(engine, "connect")
@@ -79,20 +98,18 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def _describe_url(url: str) -> str:
-    return make_url(url).render_as_string(hide_password=True)
-
-
 def check_reachable(engine: Engine) -> None:
-    """Raise DatabaseError in one line when the database cannot be reached."""
+    """Raise DatabaseError in one line when the database cannot be opened and read.
+
+    Whatever the driver says: a host that does not answer, a refused login, a file that
+    cannot be opened or is not a database at all.
+    """
     try:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
-    except OperationalError as error:
-        reason = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
-        raise DatabaseError(
-            f"cannot reach database {_describe_url(str(engine.url))}: {reason}"
-        ) from None
+    except (DBAPIError, OSError) as error:
+        where = redact(engine.url.render_as_string(hide_password=False))
+        raise DatabaseError(f"cannot reach database {where}: {reason(error)}") from None
 
 
 # "0003_quality" was once the revision after "0003"; two revisions now come between them.
@@ -128,7 +145,7 @@ def upgrade(url: str) -> None:
             _catch_up_reordered(conn, cfg)
             command.upgrade(cfg, "head")
     except SQLAlchemyError as error:
-        raise DatabaseError(f"migration failed: {error}") from None
+        raise DatabaseError(f"migration failed: {reason(error)}") from None
 
 
 def current_revision(engine: Engine) -> str | None:

@@ -1,4 +1,5 @@
-"""Keep text storable in PostgreSQL: no NUL characters, no lone UTF-16 surrogates."""
+"""Keep text storable in PostgreSQL (no NUL characters, no lone UTF-16 surrogates) and safe
+to show (no URL's password)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import re
 from sqlalchemy import Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
+
+from serving.urls import redact
 
 # A model's reply can carry either: a JSON "\u0000" or "\ud800" escape in the stream decodes
 # to one. PostgreSQL text (and jsonb) rejects NUL; a lone surrogate cannot even be encoded
@@ -22,10 +25,11 @@ def storable(text: str) -> str:
 
 
 class CleanText(TypeDecorator[str]):
-    """Store text through ``storable``, whatever wrote it (LLM replies, error messages)."""
+    """Store text through ``storable`` and ``redact``, whatever wrote it (LLM replies, error
+    messages: an error may quote the URL it failed on)."""
 
     impl = Text
     cache_ok = True
 
     def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
-        return None if value is None else storable(value)
+        return None if value is None else redact(storable(value))

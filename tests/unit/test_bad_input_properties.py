@@ -169,7 +169,11 @@ SETTINGS = {
     "NIGHTDESK_NODE_MAX_TOKENS": st.one_of(plain, st.sampled_from(
         ['{"analyst": 0}', '{"nobody": 5}', '{"trader": 64}', "[1, 2]", "{"])),
     "NIGHTDESK_DATABASE_URL": st.sampled_from(
-        ["mysql://x/y", "", "not a url", "postgres:/", "sqlite+nonsense://"]),
+        ["mysql://x/y", "", "not a url", "postgres:/", "sqlite+nonsense://",
+         "sqlite:////proc/nope/x.db", "sqlite://user:pw@//tmp/x.db", "sqlite://host/x.db",
+         "sqlite:////sys/nightdesk.db"]),
+    "NIGHTDESK_LOG_LEVEL": st.one_of(plain, st.sampled_from(["debug", "WARNING", "Info"])),
+    "NIGHTDESK_METRICS_INTERVAL_S": st.one_of(st.floats().map(str), plain),
 }
 
 
@@ -190,6 +194,8 @@ def test_settings_are_built_or_refused_in_one_line(env: dict[str, str]) -> None:
         assert built.llm_base_url.split("://")[0] in ("http", "https")
         assert built.heartbeat_stale_s > built.heartbeat_interval_s
         assert all(v >= 1 for v in built.node_max_tokens.values())
+        assert built.log_level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+        assert 0 < built.metrics_interval_s < float("inf")
     finally:
         for key, value in keep.items():
             if value is None:

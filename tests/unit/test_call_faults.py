@@ -122,3 +122,32 @@ async def test_a_cut_stream_is_retried_and_its_fragment_never_used(
                             .where(LLMCall.node == "trader").order_by(LLMCall.attempt)).all()
     assert [tuple(r) for r in rows] == [(1, "error", "connection"), (2, "error", "stream"),
                                         (3, "ok", None)]
+
+
+async def test_a_malformed_chunk_is_retried_and_one_that_stays_fails_its_ticker_in_one_line(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    tickers = demo_tickers(3)
+    once, always = tickers[0], tickers[1]
+    seen: Counter[str] = Counter()
+
+    def script(chat: ChatRequest) -> Reply | None:
+        if chat.node == "trader" and chat.ticker in (once, always):
+            seen[chat.ticker] += 1
+            if chat.ticker == always or seen[chat.ticker] == 1:
+                return Reply("HALF A PLAN " * 3, cut_after=1, cut="garbage")
+        return None
+
+    server = FakeServer(script, nodes=node_names(load_settings().pipeline()), tickers=tickers)
+    outcome = await make_engine(sqlite_engine, demo_dir, server).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert sorted(outcome.succeeded) == sorted([once, tickers[2]])
+    assert list(outcome.failed) == [always]
+    assert [(a, s) for a, s, _ in attempts_of(sqlite_engine, once, "trader")] == [
+        (1, "error"), (2, "ok")]
+    with sqlite_engine.connect() as conn:
+        classes = set(conn.execute(select(LLMCall.error_class)
+                                   .where(LLMCall.status == "error")).scalars())
+        error = conn.execute(select(TickerRun.error).where(TickerRun.ticker == always)).scalar()
+    assert classes == {"malformed"}
+    assert error is not None and "\n" not in error and "malformed stream chunk" in error
+    assert "Traceback" not in error and "JSONDecodeError" in error

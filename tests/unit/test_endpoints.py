@@ -22,10 +22,18 @@ from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.gate import GatedLLM
 from app.batch.resume import find_resumable
+from app.batch.routed import server_fault
 from app.batch.workload import WorkItem, Workload, play, shape
 from app.bench.fakeserver import ChatRequest, FakeServer, FakeServers, Reply
 from app.config import load_settings
 from app.db.models import Decision, LLMCall, ServerSample, TickerRun
+from app.errors import (
+    ContextLengthError,
+    LLMError,
+    LLMHTTPError,
+    LLMMalformedError,
+    LLMStreamError,
+)
 
 FAST, SLOW = "http://gpu0.test:8000/v1", "http://gpu1.test:8001/v1"
 TICKERS = 10
@@ -326,3 +334,17 @@ async def test_every_endpoint_down_past_the_budget_interrupts_the_batch_for_a_re
         decided = Counter(conn.execute(select(Decision.ticker)
                                        .where(Decision.batch_id == outcome.batch_id)).scalars())
     assert decided == dict.fromkeys(demo_tickers(TICKERS), 1)
+
+
+@pytest.mark.parametrize(("error", "the_servers"), [
+    (LLMMalformedError("malformed stream chunk from the server"), True),
+    (LLMStreamError("stream ended without a finish reason"), True),
+    (LLMHTTPError("HTTP 503", http_status=503), True),
+    (LLMHTTPError("HTTP 400", http_status=400), False),
+    (ContextLengthError("too long", http_status=400), False),
+])
+def test_a_malformed_answer_says_something_about_its_server(error: LLMError,
+                                                            the_servers: bool) -> None:
+    # What may move a call to another endpoint when its own goes away: a server's faults,
+    # a malformed stream among them; never the request's own.
+    assert server_fault(error) is the_servers

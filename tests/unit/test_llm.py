@@ -5,13 +5,15 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import httpx
+import pytest
 from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
 from app.bench.fakeserver import BASE_URL, CONTEXT_LENGTH_MESSAGE, FakeServer, Reply
 from app.config import load_settings
 from app.db.models import LLMCall
-from app.errors import ContextLengthError, LLMHTTPError, LLMStreamError
+from app.errors import ContextLengthError, LLMHTTPError, LLMMalformedError, LLMStreamError
 from app.llm import TrackedLLM
 from app.usage import UsageRecorder
 from tests.unit.test_usage import new_batch
@@ -187,3 +189,41 @@ async def test_a_truncated_stream_on_the_last_attempt_fails_the_call(
     # Never a half answer passed on as if it were whole.
     assert isinstance(result, LLMStreamError)
     assert [r.status for r in rows] == ["error", "error"]
+
+
+@pytest.mark.parametrize("cut", ["garbage", "misshapen"])
+async def test_a_malformed_chunk_is_a_server_fault_retried_and_its_text_never_used(
+        sqlite_engine: Engine, cut: str) -> None:
+    broken = Reply("FRAGMENT never to be used", chunks=4, cut_after=2, cut=cut)
+    fake = answering(broken, ANSWER)
+    result, rows = await one_call(sqlite_engine, fake, max_attempts=3)
+    assert result.content == "Hold the line." and result.attempts == 2
+    assert [(r.attempt, r.status, r.error_class) for r in rows] == [
+        (1, "error", "malformed"), (2, "ok", None)]
+    assert "malformed stream chunk" in rows[0].error
+
+
+async def test_malformed_chunks_on_every_attempt_fail_the_call_in_one_line(
+        sqlite_engine: Engine) -> None:
+    fake = answering(Reply("Hold the", chunks=4, cut_after=1, cut="garbage"))
+    result, rows = await one_call(sqlite_engine, fake, max_attempts=2)
+    assert isinstance(result, LLMMalformedError) and result.retryable
+    assert "\n" not in str(result) and str(result).startswith("malformed stream chunk")
+    assert [(r.status, r.error_class) for r in rows] == [("error", "malformed")] * 2
+
+
+async def test_a_tokenize_answer_without_a_count_is_a_malformed_answer(
+        sqlite_engine: Engine) -> None:
+    fake = FakeServer(lambda chat: ANSWER)
+    original = fake.handle
+
+    async def no_count(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/tokenize":  # answered, but not with a count
+            return httpx.Response(200, text="<html>proxy page</html>")
+        return await original(request)
+
+    fake.handle = no_count  # type: ignore[method-assign]
+    result, rows = await one_call(sqlite_engine, fake, check_context_length=True,
+                                  max_attempts=2)
+    assert isinstance(result, LLMMalformedError), result
+    assert [(r.status, r.error_class) for r in rows] == [("error", "malformed")] * 2

@@ -241,8 +241,10 @@ class Gone(asyncio.Event):
 
 def two_endpoints() -> tuple[Any, Any]:
     """Return (a ticker's client as _unless_gone sees it, its endpoint): one more is up."""
-    endpoint = SimpleNamespace(url="http://gpu0.test:8000/v1", up=True, gone=Gone())
-    other = SimpleNamespace(url="http://gpu1.test:8000/v1", up=True)
+    endpoint = SimpleNamespace(url="http://gpu0.test:8000/v1", name="http://gpu0.test:8000/v1",
+                               up=True, gone=Gone())
+    other = SimpleNamespace(url="http://gpu1.test:8000/v1", name="http://gpu1.test:8000/v1",
+                            up=True)
     health = asyncio.Event()
     endpoints = SimpleNamespace(several=True, alternative=lambda e: other,
                                 health_event=lambda: health)

@@ -1,0 +1,227 @@
+"""A password in any URL nightdesk is given appears nowhere it prints, logs, stores or serves.
+
+One canary password sits in both endpoints of ``NIGHTDESK_LLM_BASE_URL`` (and, on
+PostgreSQL, in the database URL: tests/integration/test_url_secrets_postgres.py). A night
+runs through the CLI against the fake server with JSON logs, meets refused connections and
+an outage past its budget, is resumed, and is then read back every way there is: the
+report (table and JSON), the ranking, every web page and API. The canary is searched in all
+of it, and in every column of every table.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import pytest
+import structlog
+from fastapi.testclient import TestClient
+from sqlalchemy import MetaData
+
+from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.graph import node_names
+from app.batch.checkpoints import checkpoint_path
+from app.batch.engine import BatchEngine
+from app.bench.fakeserver import ChatRequest, FakeServer, FakeServers, Reply
+from app.config import load_settings
+from app.db.engine import get_engine
+from app.logs import configure_logging
+from app.web.auth import Guard
+from app.web.reruns import RerunQueue
+from app.web.server import create_app
+from serving.urls import redact
+from tests.unit.clirun import CliResult, run_cli
+
+CANARY = "Cnry-9f3e1c-pw"
+NODES = node_names(load_settings().pipeline())
+
+Cells = list[tuple[str, str, object]]  # (table, column, value)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def sqlite_cells(path: str) -> Cells:
+    """Return every cell of every table of a SQLite file, read with sqlite3 itself."""
+    cells: Cells = []
+    with sqlite3.connect(path) as conn:
+        tables = [row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            cursor = conn.execute(f'SELECT * FROM "{table}"')
+            columns = [d[0] for d in cursor.description]
+            cells += [(table, column, value) for row in cursor
+                      for column, value in zip(columns, row, strict=True)]
+    return cells
+
+
+def database_cells(url: str) -> Cells:
+    """Return every cell of every table the database at ``url`` holds (any backend)."""
+    engine = get_engine(url)
+    meta = MetaData()
+    meta.reflect(engine)
+    cells: Cells = []
+    with engine.connect() as conn:
+        for table in meta.sorted_tables:
+            for row in conn.execute(table.select()):
+                cells += [(table.name, column, value)
+                          for column, value in row._mapping.items()]
+    return cells
+
+
+def holds_canary(value: object) -> bool:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return CANARY.encode() in bytes(value)
+    return CANARY in str(value)
+
+
+def run_night_with_a_canary(monkeypatch: pytest.MonkeyPatch, home: Path, database_url: str,
+                            cells: Callable[[], Cells], names: tuple[str, ...] = ("a", "b"),
+                            ) -> None:
+    """Run, fail, resume and read back a night whose URLs carry CANARY; find it nowhere.
+
+    ``names`` name the endpoints (``fake-a.test``...): one goes the single-server way (the
+    outage watch), several the failover way.
+    """
+    tickers = demo_tickers(3)
+    write_demo(home / "data", DEMO_AS_OF, 3)
+    urls = [f"http://nd:{CANARY}@fake-{name}.test/v1" for name in names]
+    servers: dict[str, FakeServer] = {}
+    chats = 0
+
+    def script(chat: ChatRequest) -> Reply | None:
+        nonlocal chats
+        chats += 1
+        if chats == 10:
+            # Both servers go away: refused calls, failed probes, an outage past its budget.
+            for server in servers.values():
+                server.crash()
+        return None
+
+    servers.update({url: FakeServer(script, nodes=NODES, tickers=tickers) for url in urls})
+    fakes = FakeServers(servers)
+    original = BatchEngine.__init__
+
+    def with_fake(self: BatchEngine, *args: object, **kwargs: object) -> None:
+        kwargs.update(http_client=fakes.client())
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BatchEngine, "__init__", with_fake)
+    env = {"NIGHTDESK_LLM_BASE_URL": ",".join(urls), "NIGHTDESK_DATABASE_URL": database_url,
+           "NIGHTDESK_LOG_FORMAT": "json", "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false",
+           "NIGHTDESK_RETRY_BACKOFF_S": "0.01", "NIGHTDESK_OUTAGE_BUDGET_S": "0.5",
+           "NIGHTDESK_SERVER_PROBE_INTERVAL_S": "0.05", "NIGHTDESK_METRICS_INTERVAL_S": "0.1",
+           "NIGHTDESK_ENDPOINT_GRACE_S": "0.3"}
+    said: list[tuple[str, CliResult]] = []
+
+    def cli(*argv: str, **extra: str) -> CliResult:
+        result = run_cli(*argv, env={**env, **extra})
+        said.append((" ".join(argv), result))
+        assert "Traceback" not in result.stderr, result.stderr
+        return result
+
+    night = cli("run", "--tickers", ",".join(tickers), "--no-preflight")
+    assert night.code == 5, night.stderr  # the outage outlasted its budget
+    for server in servers.values():
+        server.revive()
+    resumed = cli("run", "--resume", "--no-preflight")
+    assert resumed.code == 0, resumed.stderr
+    # The preflight of a run, and `nightdesk preflight`, against a server that is not there.
+    dead = f"http://nd:{CANARY}@127.0.0.1:{closed_port()}/v1"
+    refused = cli("run", "--tickers", tickers[0], NIGHTDESK_LLM_BASE_URL=dead)
+    assert refused.code == 2 and "cannot reach http://nd:***@127.0.0.1" in refused.stderr
+    cli("preflight", NIGHTDESK_LLM_BASE_URL=dead)
+    # A database that cannot be reached is named in its one line, without its password.
+    unreachable = cli("report", NIGHTDESK_DATABASE_URL=f"postgresql://nd:{CANARY}@127.0.0.1:"
+                                                     f"{closed_port()}/nightdesk")
+    assert unreachable.code == 2 and "cannot reach database" in unreachable.stderr
+    cli("report")
+    report = cli("report", "--format", "json")
+    assert report.code == 0 and "http://nd:***@fake-a.test/v1" in report.stdout, report.stdout
+    cli("ranking", "--format", "json")
+    for command, result in said:
+        assert not holds_canary(result.stdout), f"`{command}` printed it:\n{result.stdout}"
+        assert not holds_canary(result.stderr), f"`{command}` said it:\n{result.stderr}"
+    # The URLs were there to leak: the night's lines name the endpoints, masked.
+    assert f"nd:***@fake-{names[-1]}.test" in night.stderr
+
+    stored = cells()
+    leaked = sorted({(table, column) for table, column, value in stored if holds_canary(value)})
+    assert not leaked, f"stored in {leaked}"
+    # The calls' rows, the sampler's and the batch's settings name the endpoints, masked.
+    named = {(table, column) for table, column, value in stored
+             if "nd:***@fake-a.test" in str(value)}
+    # With several endpoints the calls sent after the crash are refused ("cannot reach
+    # URL"); with one, the outage watch holds them back and only cut streams are recorded.
+    expected = {("llm_calls", "endpoint"), ("server_samples", "endpoint"), ("batches", "settings")}
+    if len(names) > 1:
+        expected.add(("llm_calls", "error"))
+    assert expected <= named, named
+
+    engine = get_engine(database_url)
+    app = create_app(engine, Guard("u", "p"), RerunQueue(command=lambda job: ["true"]),
+                     stale_after_s=120.0)
+    with TestClient(app) as client:
+        batches = client.get("/api/batches", auth=("u", "p")).json()
+        ids = [str(b["id"]) for b in batches]
+        assert ids  # the night is listed
+        for path in ["/", "/batches", "/api/batches", "/api/ranking", f"/ticker/{tickers[0]}",
+                     f"/api/tickers/{tickers[0]}",
+                     *(f"/batches/{i}" for i in ids), *(f"/api/batches/{i}" for i in ids)]:
+            page = client.get(path, auth=("u", "p"))
+            assert page.status_code == 200, path
+            assert not holds_canary(page.text), path
+
+
+@pytest.mark.parametrize("names", [("a",), ("a", "b")], ids=["one-endpoint", "two-endpoints"])
+def test_a_password_in_the_base_urls_appears_nowhere(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path,
+                                                     names: tuple[str, ...]) -> None:
+    db_file = tmp_path / "nightdesk.db"
+    run_night_with_a_canary(
+        monkeypatch, tmp_path, f"sqlite:///{db_file}",
+        lambda: sqlite_cells(str(db_file)) + sqlite_cells(
+            checkpoint_path(f"sqlite:///{db_file}")), names)
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("http://nd:pw@h:8000/v1", "http://nd:***@h:8000/v1"),
+    ("http://nd:pw@a/v1,https://nd:pw2@b/v1", "http://nd:***@a/v1,https://nd:***@b/v1"),
+    ("postgresql+psycopg://u:p%40ss@db:5432/n", "postgresql+psycopg://u:***@db:5432/n"),
+    ("cannot reach http://u:p@ss@h/v1: refused", "cannot reach http://u:***@h/v1: refused"),
+    ('{"base_url": "http://u:pw@h/v1"}', '{"base_url": "http://u:***@h/v1"}'),
+    ("URL('http://:tok@h/v1')", "URL('http://:***@h/v1')"),
+    ("http://user@h/v1 and http://h/v1", "http://user@h/v1 and http://h/v1"),
+    ("ratio a:b@c, no URL", "ratio a:b@c, no URL"),
+])
+def test_redact_masks_the_password_of_every_url_and_nothing_else(text: str, shown: str) -> None:
+    assert redact(text) == shown
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_no_log_line_shows_a_password_not_even_a_traceback(
+        fmt: Literal["json", "console"], capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    configure_logging(fmt, "INFO")
+    log = structlog.get_logger("canary")
+    url = f"http://nd:{CANARY}@gpu.test/v1"
+    try:
+        raise RuntimeError(f"cannot reach {url}")
+    except RuntimeError as error:
+        log.exception("nightly run crashed", error=str(error), endpoints={url: [url]})
+    err = capsys.readouterr().err
+    assert "nightly run crashed" in err
+    assert "RuntimeError: cannot reach http://nd:***@gpu.test/v1" in err  # the traceback
+    assert CANARY not in err
+    # The standard library's records (httpx, uvicorn, alembic) go through the same filter;
+    # under pytest its capture handler stands where the stderr handler would be.
+    logging.getLogger("httpx").warning("HTTP Request: POST %s/chat/completions", url)
+    assert "HTTP Request: POST http://nd:***@gpu.test/v1" in caplog.text
+    assert CANARY not in caplog.text
