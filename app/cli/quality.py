@@ -14,11 +14,11 @@ from sqlalchemy import Engine
 from agents.data import get_provider
 from agents.decision import RATINGS
 from agents.tickers import check_symbol
+from app.batchids import parse_batch_id, parse_batch_ids
 from app.cli.common import database, setup
-from app.errors import InputError
 from app.quality.averaging import KRow
 from app.quality.forward import ForwardReport, forward_report, parse_horizon
-from app.quality.grades import load_grades, newest_batch, newest_nightly, parse_batch_ids
+from app.quality.grades import load_grades, newest_batch, newest_nightly
 from app.quality.repro import BatchSummary, ReproReport, repro
 from app.quality.samples import SamplesReport, samples_report
 from app.quality.statistics import PairStats
@@ -35,11 +35,7 @@ UNDEFINED = "undefined"
 
 
 def _batch_id(text: str | None, engine: Engine) -> int:
-    if text is None:
-        return newest_batch(engine)
-    if not text.strip().isdigit():
-        raise InputError(f"--batch takes a batch id, a whole number (got {text!r})")
-    return int(text)
+    return newest_batch(engine) if text is None else parse_batch_id(text)
 
 
 def _num(value: float | None, spec: str = ".2f") -> str:
@@ -138,7 +134,7 @@ def _render_forward(report: ForwardReport, console: Console) -> None:
     head = Table(title=f"batch {report.batch.batch_id}: score against the {what} over the "
                        f"next {report.horizon_days} sessions", show_header=False)
     for key, value in (
-        ("tickers with a forward return (n)", str(report.n)),
+        ("tickers with a defined forward return (n)", str(report.n)),
         ("rank IC (Spearman of score vs return)", _num(report.rank_ic, "+.3f")),
         ("t-statistic, ic·sqrt((n−2)/(1−ic²))", _num(report.t_stat, "+.2f")),
         ("p-value (two-sided)", _num(report.p_value, ".3f")),
@@ -161,8 +157,8 @@ def _render_forward(report: ForwardReport, console: Console) -> None:
         rows.add_column(col, justify="left" if col in ("ticker", "rating") else "right")
     for t in sorted(report.tickers, key=lambda t: -t.score):
         rows.add_row(t.ticker, t.rating, f"{t.score:+.2f}", t.start, t.end,
-                     f"{t.forward_return:+.2%}",
-                     "—" if t.excess_return is None else f"{t.excess_return:+.2%}")
+                     _num(t.forward_return, "+.2%"),
+                     _num(t.excess_return, "+.2%") if report.benchmark else "—")
     console.print(rows)
     for ticker, why in report.missing.items():
         console.print(f"no forward return for {ticker}: {why}")

@@ -96,20 +96,6 @@ def load_grades(engine: Engine, batch_id: int) -> BatchGrades:
     return grades
 
 
-def parse_batch_ids(text: str, *, at_least: int = 2) -> list[int]:
-    """Parse ``A,B[,C…]`` into distinct batch ids; InputError for anything else."""
-    parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() for p in parts):
-        raise InputError(f"--batches takes batch ids separated by commas, like 3,4 "
-                         f"(got {text!r})")
-    ids = [int(p) for p in parts]
-    if len(set(ids)) != len(ids):
-        raise InputError(f"--batches names a batch twice ({text!r})")
-    if len(ids) < at_least:
-        raise InputError(f"--batches needs at least {at_least} batch ids (got {text!r})")
-    return ids
-
-
 def newest_nightly(engine: Engine, count: int) -> list[int]:
     """Return the ids of the newest ``count`` finished nightly batches of one as-of date.
 

@@ -69,17 +69,11 @@ def quadratic_kappa(a: Sequence[str], b: Sequence[str]) -> float | None:
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Return Spearman's rank correlation, or None (fewer than 3 pairs, or a constant side)."""
-    return spearman_test(x, y)[0]
-
-
-def spearman_test(x: Sequence[float], y: Sequence[float]) -> tuple[float | None, float | None]:
-    """Return Spearman's rho and its two-sided p-value (scipy's t-approximation)."""
     if len(x) < MIN_CORRELATION_N or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return None, None
+        return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = stats.spearmanr(x, y)
-    return finite(result.statistic), finite(result.pvalue)
+        return finite(stats.spearmanr(x, y).statistic)
 
 
 def direction(rating: str) -> int:
@@ -99,11 +93,17 @@ def flip_rate(a: Sequence[str], b: Sequence[str]) -> tuple[float | None, int]:
     return sum(x != y for x, y in both) / len(both), len(both)
 
 
-def ic_t_statistic(ic: float | None, n: int) -> float | None:
-    """Return t = ic·sqrt((n−2)/(1−ic²)), the test of a rank IC against zero; None if undefined."""
+def ic_test(ic: float | None, n: int) -> tuple[float | None, float | None]:
+    """Return (t, two-sided p) of a rank IC over ``n`` tickers against zero.
+
+    t = ic·sqrt((n−2)/(1−ic²)) on n−2 degrees of freedom, and p from that same t, so the two
+    are defined together: at |ic| = 1 (t infinite, where the t-approximation says nothing
+    about a few tickers) or below 3 tickers both are None.
+    """
     if ic is None or n < MIN_CORRELATION_N or abs(ic) >= 1.0:
-        return None
-    return float(ic * np.sqrt((n - 2) / (1.0 - ic * ic)))
+        return None, None
+    t = float(ic * np.sqrt((n - 2) / (1.0 - ic * ic)))
+    return t, float(2 * stats.t.sf(abs(t), n - 2))
 
 
 def spearman_brown(r1: float | None, k: float) -> float | None:
