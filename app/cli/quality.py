@@ -72,11 +72,13 @@ STATS_COLUMNS = ("tickers", "agreement", "QWK", "Spearman", "flips")
 
 def _k_table(rows: list[KRow], title: str) -> Table:
     table = Table(title=title)
-    for col in ("k", "choices", "tickers", "agreement", "QWK", "95% CI", "Spearman", "95% CI",
-                "Spearman–Brown from k=1"):
+    for col in ("k", "choices", "s.e. over choices", "tickers", "agreement", "QWK", "95% CI",
+                "Spearman", "95% CI", "Spearman–Brown from k=1"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r.k), str(r.choices), str(r.n), _num(r.agreement, ".0%"),
+        table.add_row(str(r.k), f"{r.choices} ({'all' if r.exhaustive else 'drawn'})",
+                      "0 (exact)" if r.exhaustive else _num(r.choice_error, ".3f"),
+                      str(r.n), _num(r.agreement, ".0%"),
                       _num(r.qwk), _ci(r.qwk_ci), _num(r.spearman), _ci(r.spearman_ci),
                       "—" if r.k == 1 else _num(r.spearman_predicted))
     return table

@@ -72,6 +72,18 @@ def consensus(grades: Sequence[Grade]) -> tuple[str, float]:
     return rating_for_score(mean), mean
 
 
+def mean_grade(grades: Sequence[Grade]) -> tuple[str, float]:
+    """Return (band of the mean score, mean score), whatever the number of samples.
+
+    The averaging curve's one rule for every k: unlike ``consensus``, a single sample is
+    graded by the band of its score too, so k = 1 and k = 2 differ only by the averaging.
+    """
+    if not grades:
+        raise ValueError("no grades to aggregate")
+    mean = statistics.fmean(g.score for g in grades)
+    return rating_for_score(mean), mean
+
+
 def load_grades(engine: Engine, batch_id: int) -> BatchGrades:
     """Read one batch's decisions; InputError when there is no such batch."""
     with engine.connect() as conn:
