@@ -106,6 +106,40 @@ def ic_test(ic: float | None, n: int) -> tuple[float | None, float | None]:
     return t, float(2 * stats.t.sf(abs(t), n - 2))
 
 
+def newey_west_error(values: Sequence[float], lag: int) -> float | None:
+    """Return the standard error of a series' mean, serial correlation up to ``lag`` allowed.
+
+    Newey–West with Bartlett weights: S = T/(T−1)·[γ₀ + 2·Σ_{l=1..lag} (1 − l/(lag+1))·γ_l],
+    γ_l = (1/T)·Σ_t e_t·e_{t−l} with e the deviations from the mean, and the error is
+    sqrt(S/T). The factor T/(T−1) makes lag 0 the ordinary sd/√T. None when T < 2 or
+    lag ≥ T, and when the series does not vary (S = 0).
+    """
+    x = np.asarray(values, dtype=float)
+    count = len(x)
+    if count < 2 or not 0 <= lag < count:
+        return None
+    e = x - x.mean()
+    gamma = [float(e[j:] @ e[:count - j]) / count for j in range(lag + 1)]
+    long_run = gamma[0] + 2 * sum((1 - j / (lag + 1)) * gamma[j] for j in range(1, lag + 1))
+    long_run *= count / (count - 1)
+    if long_run <= 1e-15 * max(1.0, float(np.mean(x * x))):
+        return None
+    return float(np.sqrt(long_run / count))
+
+
+def newey_west_t(values: Sequence[float], lag: int) -> tuple[float | None, float | None]:
+    """Return (t, two-sided p) of a series' mean against zero: mean ÷ newey_west_error.
+
+    On T−1 degrees of freedom; at lag 0 the ordinary one-sample t-test. None, None when the
+    error is undefined (a series that does not vary has an infinite t).
+    """
+    error = newey_west_error(values, lag)
+    if error is None:
+        return None, None
+    t = float(np.mean(values) / error)
+    return t, float(2 * stats.t.sf(abs(t), len(values) - 1))
+
+
 def spearman_brown(r1: float | None, k: float) -> float | None:
     """Return the reliability of a mean of ``k`` parallel measures whose single one is ``r1``."""
     # A reliability is a share of variance: a negative estimate (noise around zero) has no
