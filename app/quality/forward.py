@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import Any
@@ -161,11 +162,17 @@ def _hit(rating: str, value: float) -> bool:
     return value > 0 if rating in BULLISH else value < 0
 
 
-def hit_rate(ratings: list[str], target: list[float]) -> float | None:
-    """Return the share of directional calls (non-Hold) whose return had their sign."""
+def directional_hits(ratings: Sequence[str], target: Sequence[float]) -> tuple[int, int]:
+    """Return (hits, calls): the non-Hold ratings, and those whose return had their sign."""
     called = [_hit(r, x) for r, x in zip(ratings, target, strict=True)
               if r in BULLISH | BEARISH]
-    return sum(called) / len(called) if called else None
+    return sum(called), len(called)
+
+
+def hit_rate(ratings: Sequence[str], target: Sequence[float]) -> float | None:
+    """Return the share of directional calls (non-Hold) whose return had their sign."""
+    hits, calls = directional_hits(ratings, target)
+    return hits / calls if calls else None
 
 
 def bucket(rating: str, ratings: list[str], target: list[float]) -> Bucket:

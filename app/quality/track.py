@@ -35,12 +35,17 @@ from app.batch.store import FINISHED_STATUSES
 from app.config import Settings
 from app.db.models import Batch
 from app.errors import DataError, InputError
-from app.quality.forward import forward_return, parse_horizon, scored, ticker_returns
+from app.quality.forward import (
+    directional_hits,
+    forward_return,
+    parse_horizon,
+    scored,
+    ticker_returns,
+)
 from app.quality.grades import BatchGrades, load_grades
 from app.quality.statistics import (
     BEARISH,
     BULLISH,
-    direction,
     mean_defined,
     newey_west_error,
     newey_west_t,
@@ -135,11 +140,9 @@ def night_ic(night: NightReturns) -> NightIC:
     bulls = [x for r, x in zip(night.ratings, night.returns, strict=True) if r in BULLISH]
     bears = [x for r, x in zip(night.ratings, night.returns, strict=True) if r in BEARISH]
     spread = float(np.mean(bulls) - np.mean(bears)) if bulls and bears else None
-    calls = [(direction(r), x) for r, x in zip(night.ratings, night.returns, strict=True)
-             if direction(r)]
+    hits, calls = directional_hits(night.ratings, night.returns)
     return NightIC(night.batch_id, night.as_of, len(night.scores),
-                   spearman(night.scores, night.returns), spread, len(calls),
-                   sum((d > 0 and x > 0) or (d < 0 and x < 0) for d, x in calls))
+                   spearman(night.scores, night.returns), spread, calls, hits)
 
 
 def horizon_record(nights: Sequence[NightReturns], days: int,
