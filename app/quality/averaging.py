@@ -8,7 +8,8 @@ averaged. With N samples there are many ways to choose the k; each figure is the
 the choices. When there are at most ``ALL_CHOICES`` of them every one is used and the mean is
 exact; otherwise choices are drawn at random (fixed seed, so a report repeats) in rounds of
 ``DRAW_ROUND`` until the standard error of each figure's mean over the draws is below
-``TARGET_ERROR``, and that error is reported with the row.
+``TARGET_ERROR``, and that error is reported with the row. When that takes as many draws as
+there are choices, every choice is used instead.
 """
 
 from __future__ import annotations
@@ -128,13 +129,16 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
                          if len(left[t]) >= space.left_samples
                          and len(right[t]) >= space.right_samples)
         align = partial(_aligned, left, right, tickers)
-        if space.count <= ALL_CHOICES:
+        exhaustive = space.count <= ALL_CHOICES
+        if not exhaustive:
+            chosen, sides, values, error = _drawn(space, align, random.Random(f"{seed}:{k}"))
+            # As many draws as there are choices: every choice gives the exact mean instead.
+            exhaustive = len(chosen) >= space.count
+        if exhaustive:
             chosen = space.every()
             sides = [align(s, u) for s, u in chosen]
             values = [_figures(side) for side in sides]
-            error: float | None = 0.0
-        else:
-            chosen, sides, values, error = _drawn(space, align, random.Random(f"{seed}:{k}"))
+            error = 0.0
         means = {name: mean_defined([v[name] for v in values]) for name in _FIGURES}
         shown = sides if len(sides) <= INTERVAL_CHOICES else [
             sides[i] for i in sorted(random.Random(seed).sample(range(len(sides)),
@@ -143,7 +147,7 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
         scores_of = partial(_mean_over, shown, scores=True)
         base = rows[0] if rows else None
         rows.append(KRow(
-            k=k, choices=len(chosen), exhaustive=space.count <= ALL_CHOICES,
+            k=k, choices=len(chosen), exhaustive=exhaustive,
             choice_error=error, n=len(tickers), agreement=means["agreement"],
             qwk=means["qwk"],
             qwk_ci=bootstrap_interval(len(tickers), partial(grades_of, quadratic_kappa),
@@ -160,12 +164,15 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
 def _drawn(space: Choices, align: Callable[[tuple[int, ...], tuple[int, ...]], _Sides],
            rng: random.Random,
            ) -> tuple[list[Choice], list[_Sides], list[dict[str, float | None]], float | None]:
-    """Draw choices until every figure's standard error is below TARGET_ERROR."""
+    """Draw choices until every figure's standard error is below TARGET_ERROR.
+
+    Stops too at ``MAX_DRAWS``, or once there are as many draws as choices.
+    """
     chosen: list[Choice] = []
     sides: list[_Sides] = []
     values: list[dict[str, float | None]] = []
     error: float | None = None
-    while len(chosen) < MAX_DRAWS:
+    while len(chosen) < min(MAX_DRAWS, space.count):
         for _ in range(DRAW_ROUND):
             choice = space.draw(rng)
             chosen.append(choice)

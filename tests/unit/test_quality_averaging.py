@@ -66,8 +66,7 @@ def split_means(grades: dict[str, list[tuple[str, float]]], left: tuple[int, ...
             [sum(grades[t][i][1] for i in right) / len(right) for t in names])
 
 
-def test_split_half_uses_every_choice_when_few_else_draws_to_a_small_error(
-        sqlite_engine: Engine) -> None:
+def test_split_half_uses_every_choice_when_few(sqlite_engine: Engine) -> None:
     grades = noisy_samples(8, 12, seed=3)
     batch = add_batch(sqlite_engine, grades)
     rows = {r.k: r for r in samples_report(sqlite_engine, batch, resamples=0).split_half}
@@ -77,17 +76,31 @@ def test_split_half_uses_every_choice_when_few_else_draws_to_a_small_error(
     assert {k: len(v) for k, v in splits.items()} == {1: 28, 2: 210, 4: 35}
     for k, every in splits.items():
         rhos = [spearman_by_hand(*split_means(grades, s, t)) for s, t in every]
-        exact = sum(rhos) / len(rhos)
         row = rows[k]
-        if len(every) <= ALL_CHOICES:  # k = 1 and 4: every split, an exact mean
-            assert row.exhaustive and row.choices == len(every) and row.choice_error == 0.0
-            assert row.spearman == pytest.approx(exact)
-        else:  # k = 2: 210 splits, drawn until the error is below 0.01
-            assert not row.exhaustive
+        if len(every) <= ALL_CHOICES:
+            assert row.exhaustive
+        if row.exhaustive:  # every split: an exact mean
+            assert row.choices == len(every) and row.choice_error == 0.0
+            assert row.spearman == pytest.approx(sum(rhos) / len(rhos))
+        else:
             assert row.choice_error is not None and row.choice_error < TARGET_ERROR
-            assert abs(row.spearman - exact) <= 4 * row.choice_error, (row.spearman, exact)
-    again = samples_report(sqlite_engine, batch, resamples=0).split_half
-    assert [r.spearman for r in again] == [r.spearman for r in rows.values()]  # seeded
+            assert abs(row.spearman - sum(rhos) / len(rhos)) <= 4 * row.choice_error
+
+
+def test_many_choices_are_drawn_until_the_error_is_below_001(sqlite_engine: Engine) -> None:
+    first, second = noisy_samples(8, 12, seed=8), noisy_samples(8, 12, seed=9)
+    a, b = add_batch(sqlite_engine, first), add_batch(sqlite_engine, second)
+    k2 = repro(sqlite_engine, [a, b], resamples=0).by_k[1]
+    choices = list(itertools.product(itertools.combinations(range(8), 2), repeat=2))
+    assert len(choices) == 784 > ALL_CHOICES
+    rhos = [spearman_by_hand(split_means(first, s, s)[0], split_means(second, u, u)[0])
+            for s, u in choices]
+    exact = sum(rhos) / len(rhos)
+    assert not k2.exhaustive and k2.choices < 784  # drawn: fewer than every choice
+    assert k2.choice_error is not None and k2.choice_error < TARGET_ERROR
+    assert k2.spearman is not None and abs(k2.spearman - exact) <= 4 * k2.choice_error
+    again = repro(sqlite_engine, [a, b], resamples=0).by_k[1]
+    assert (again.spearman, again.choices) == (k2.spearman, k2.choices)  # seeded
 
 
 def test_between_batches_every_choice_of_k_on_each_side(sqlite_engine: Engine) -> None:
