@@ -208,9 +208,10 @@ def verdict(judged: int, needed: int, mean_ic: float | None, t_stat: float | Non
                 if mean_ic is not None else "no IC defined")
     if p_value >= SIGNIFICANCE:
         return f"no evidence the ratings predict returns (p {p_value:.2f})"
+    shown = "p < 0.0001" if p_value < 1e-4 else f"p {p_value:.4f}"
     if t_stat > 0:
-        return f"the ratings predicted returns: mean IC above 0 (p {p_value:.4f})"
-    return f"the ratings predicted returns backwards: mean IC below 0 (p {p_value:.4f})"
+        return f"the ratings predicted returns: mean IC above 0 ({shown})"
+    return f"the ratings predicted returns backwards: mean IC below 0 ({shown})"
 
 
 def _rating_return(rating: str, nights: Sequence[NightReturns]) -> RatingReturn:
