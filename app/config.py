@@ -94,7 +94,8 @@ class Settings(BaseSettings):
     # Rating-distribution monitor (app/quality/monitor.py) and forward-return scoring.
     monitor_trailing_batches: int = Field(5, ge=1, le=100)
     monitor_max_grade_share: float = Field(0.70, gt=0.0, le=1.0)
-    monitor_max_tvd: float = Field(0.30, gt=0.0, le=1.0)
+    # The jump test's false-alarm rate per unchanged night, at any universe size.
+    monitor_false_alarm_rate: float = Field(0.01, gt=0.0, lt=0.5)
     monitor_min_tickers: int = Field(5, ge=1)
     quality_benchmark: str | None = None  # a ticker whose return `quality forward` subtracts
 

@@ -35,6 +35,7 @@ from app.batch.nightly import (
 )
 from app.batch.resume import ResumePoint, mark_stale_crashed
 from app.batch.signals import run_batch
+from app.batchids import parse_batch_id
 from app.cli.common import batch_database, database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
@@ -115,7 +116,7 @@ def _finish(outcome: BatchOutcome, planned: int) -> None:
 def run(
     batch_id: Annotated[int | None, typer.Argument(
         help="with --resume: the batch to continue (default: the newest with tickers left)",
-        show_default=False)] = None,
+        show_default=False, parser=parse_batch_id)] = None,
     tickers: Annotated[str | None, typer.Option(
         "--tickers", help="A,B,C (default: NIGHTDESK_UNIVERSE_FILE, else the snapshot's "
                           "universe.txt)")] = None,
@@ -197,7 +198,8 @@ def rerun(
 
 def show_ranking(
     batch: Annotated[int | None, typer.Option("--batch", help="batch id (default: newest "
-                                                               "finished nightly)")] = None,
+                                                               "finished nightly)",
+                                              parser=parse_batch_id)] = None,
     fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
 ) -> None:
     """Print the ranking: rank, ticker, rating, mean score, spread, confidence, summary."""
@@ -239,7 +241,8 @@ def show_ranking(
 
 
 def replay(
-    batch: Annotated[int, typer.Option("--batch", help="recorded batch to replay")],
+    batch: Annotated[int, typer.Option("--batch", help="recorded batch to replay",
+                                       parser=parse_batch_id)],
     base_url: Annotated[str | None, typer.Option(
         "--base-url", help="server to replay against (default: NIGHTDESK_LLM_BASE_URL)")] = None,
     label: Annotated[str | None, typer.Option("--label", help="name of this arm")] = None,

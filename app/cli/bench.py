@@ -90,6 +90,7 @@ def schedulers(
     import httpx
 
     from app.batch.workload import recorded_workload
+    from app.batchids import parse_batch_id
     from app.bench.schedulers import run_bench
     from app.bench.workloads import fit_scale, synthetic_workload
     from app.cli.common import database
@@ -113,8 +114,9 @@ def schedulers(
         chosen = scale if scale is not None else fit_scale(max_len)
         load = synthetic_workload(settings, tickers, chosen, output_scale)
         name = f"synthetic x{chosen:g} (out x{output_scale if output_scale else chosen:g})"
-    elif workload.startswith("recorded:") and workload[9:].isdigit():
-        _, load = recorded_workload(engine, int(workload[9:]))
+    elif workload.startswith("recorded:"):
+        recorded = parse_batch_id(workload[9:], what="--workload recorded:BATCH_ID")
+        _, load = recorded_workload(engine, recorded)
         load = dict(list(load.items())[:tickers])
         name = workload
     else:

@@ -1,4 +1,4 @@
-"""``nightdesk quality repro|samples|forward``: how far tonight's ratings can be trusted."""
+"""``nightdesk quality repro|samples|forward|track``: how far the ratings can be trusted."""
 
 from __future__ import annotations
 
@@ -11,20 +11,29 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import Engine
 
-from agents.data import get_provider
 from agents.decision import RATINGS
 from agents.tickers import check_symbol
+from app.batchids import parse_batch_id, parse_batch_ids
 from app.cli.common import database, setup
+from app.cli.data import parse_as_of
 from app.errors import InputError
 from app.quality.averaging import KRow
 from app.quality.forward import ForwardReport, forward_report, parse_horizon
-from app.quality.grades import load_grades, newest_batch, newest_nightly, parse_batch_ids
+from app.quality.grades import load_grades, newest_batch, newest_nightly
 from app.quality.repro import BatchSummary, ReproReport, repro
 from app.quality.samples import SamplesReport, samples_report
 from app.quality.statistics import PairStats
+from app.quality.track import (
+    HorizonRecord,
+    TrackReport,
+    parse_horizons,
+    providers,
+    track_nights,
+    track_report,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Rating quality: reproducibility, sample "
-                  "stability, forward returns.")
+                  "stability, forward returns, the track record over nights.")
 
 Format = Annotated[Literal["table", "json"], typer.Option("--format")]
 Resamples = Annotated[int, typer.Option("--resamples", min=0, max=100_000,
@@ -35,11 +44,7 @@ UNDEFINED = "undefined"
 
 
 def _batch_id(text: str | None, engine: Engine) -> int:
-    if text is None:
-        return newest_batch(engine)
-    if not text.strip().isdigit():
-        raise InputError(f"--batch takes a batch id, a whole number (got {text!r})")
-    return int(text)
+    return newest_batch(engine) if text is None else parse_batch_id(text)
 
 
 def _num(value: float | None, spec: str = ".2f") -> str:
@@ -76,11 +81,13 @@ STATS_COLUMNS = ("tickers", "agreement", "QWK", "Spearman", "flips")
 
 def _k_table(rows: list[KRow], title: str) -> Table:
     table = Table(title=title)
-    for col in ("k", "choices", "tickers", "agreement", "QWK", "95% CI", "Spearman", "95% CI",
-                "Spearman–Brown from k=1"):
+    for col in ("k", "choices", "s.e. over choices", "tickers", "agreement", "QWK", "95% CI",
+                "Spearman", "95% CI", "Spearman–Brown from k=1"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r.k), str(r.choices), str(r.n), _num(r.agreement, ".0%"),
+        table.add_row(str(r.k), f"{r.choices} ({'all' if r.exhaustive else 'drawn'})",
+                      "0 (exact)" if r.exhaustive else _num(r.choice_error, ".3f"),
+                      str(r.n), _num(r.agreement, ".0%"),
                       _num(r.qwk), _ci(r.qwk_ci), _num(r.spearman), _ci(r.spearman_ci),
                       "—" if r.k == 1 else _num(r.spearman_predicted))
     return table
@@ -138,7 +145,7 @@ def _render_forward(report: ForwardReport, console: Console) -> None:
     head = Table(title=f"batch {report.batch.batch_id}: score against the {what} over the "
                        f"next {report.horizon_days} sessions", show_header=False)
     for key, value in (
-        ("tickers with a forward return (n)", str(report.n)),
+        ("tickers with a defined forward return (n)", str(report.n)),
         ("rank IC (Spearman of score vs return)", _num(report.rank_ic, "+.3f")),
         ("t-statistic, ic·sqrt((n−2)/(1−ic²))", _num(report.t_stat, "+.2f")),
         ("p-value (two-sided)", _num(report.p_value, ".3f")),
@@ -161,8 +168,8 @@ def _render_forward(report: ForwardReport, console: Console) -> None:
         rows.add_column(col, justify="left" if col in ("ticker", "rating") else "right")
     for t in sorted(report.tickers, key=lambda t: -t.score):
         rows.add_row(t.ticker, t.rating, f"{t.score:+.2f}", t.start, t.end,
-                     f"{t.forward_return:+.2%}",
-                     "—" if t.excess_return is None else f"{t.excess_return:+.2%}")
+                     _num(t.forward_return, "+.2%"),
+                     _num(t.excess_return, "+.2%") if report.benchmark else "—")
     console.print(rows)
     for ticker, why in report.missing.items():
         console.print(f"no forward return for {ticker}: {why}")
@@ -220,10 +227,94 @@ def forward_command(
     chosen = _batch_id(batch, engine)
     bench = benchmark or settings.quality_benchmark
     bench = check_symbol(bench, "benchmark") if bench else None
-    recorded = load_grades(engine, chosen).settings.get("data_provider")
-    provider = get_provider(str(recorded or settings.data_provider), settings.data_dir)
+    provider = providers(settings)(load_grades(engine, chosen))
     report = forward_report(engine, provider, chosen, days, benchmark=bench)
     if fmt == "json":
         _print_json(report.to_json())
     else:
         _render_forward(report, _console())
+
+
+def _render_track(report: TrackReport, console: Console) -> None:
+    what = "excess return over " + report.benchmark if report.benchmark else "return"
+    console.print(f"track record: {report.nights} nights, as of {report.first} to "
+                  f"{report.last}; rank IC of score against the {what}")
+    summary = Table(title="per horizon (t: Newey–West, lag h−1 nights)")
+    for col in ("horizon", "nights", "mean IC", "sd", "t", "p", "IC > 0", "hit rate",
+                "long − short", "its t", "decay", "verdict"):
+        summary.add_column(col, justify="left" if col == "verdict" else "right")
+    for h in report.horizons:
+        summary.add_row(f"{h.horizon_days}d", f"{h.judged} (min {h.min_nights})",
+                        _num(h.mean_ic, "+.3f"), _num(h.sd_ic, ".3f"), _num(h.t_stat, "+.2f"),
+                        _num(h.p_value, ".3f"), _num(h.positive_share, ".0%"),
+                        _num(h.hit_rate, ".0%"), _num(h.long_short, "+.2%"),
+                        _num(h.long_short_t, "+.2f"), _num(h.decay, ".2f"), h.verdict)
+    console.print(summary)
+    console.print(_by_rating_table(report.horizons, what))
+    console.print(_nights_table(report.horizons))
+    for h in report.horizons:
+        for as_of, why in h.pending.items():
+            console.print(f"no {h.horizon_days}d returns for the night of {as_of}: {why}")
+
+
+def _by_rating_table(horizons: list[HorizonRecord], what: str) -> Table:
+    table = Table(title=f"mean {what} by rating (each night's mean, averaged over nights)")
+    table.add_column("rating")
+    for h in horizons:
+        table.add_column(f"{h.horizon_days}d", justify="right")
+    for i, rating in enumerate(RATINGS):
+        table.add_row(rating, *(
+            "—" if h.by_rating[i].mean_return is None
+            else f"{h.by_rating[i].mean_return:+.2%} ({h.by_rating[i].nights})"
+            for h in horizons))
+    return table
+
+
+def _nights_table(horizons: list[HorizonRecord]) -> Table:
+    table = Table(title="rank IC per night")
+    table.add_column("as of")
+    table.add_column("batch", justify="right")
+    for h in horizons:
+        table.add_column(f"IC {h.horizon_days}d", justify="right")
+    rows: dict[str, dict[int, str]] = {}
+    ids: dict[str, int] = {}
+    for h in horizons:
+        for n in h.nights:
+            ids[n.as_of] = n.batch_id
+            rows.setdefault(n.as_of, {})[h.horizon_days] = f"{_num(n.ic, '+.3f')} (n {n.n})"
+    for as_of in sorted(rows):
+        table.add_row(as_of, str(ids[as_of]), *(rows[as_of].get(h.horizon_days, "pending")
+                                                for h in horizons))
+    return table
+
+
+@app.command("track")
+def track_command(
+    nights: Annotated[int | None, typer.Option(
+        "--nights", min=1, help="the last N nights (default: every night)")] = None,
+    since: Annotated[str | None, typer.Option(
+        "--since", help="nights with an as-of date on or after YYYY-MM-DD")] = None,
+    horizon: Annotated[str, typer.Option(
+        "--horizon", help="trading days, comma-separated: 5d,20d")] = "5d,20d",
+    benchmark: Annotated[str | None, typer.Option(
+        "--benchmark", help="ticker to subtract (default: NIGHTDESK_QUALITY_BENCHMARK)")] = None,
+    fmt: Format = "table",
+) -> None:
+    """Judge the ratings over many nights: rank IC per night, its mean and t, hit rate, decay."""
+    if nights is not None and since is not None:
+        raise InputError("--nights and --since choose the nights two ways: give one")
+    days = parse_horizons(horizon)
+    try:
+        start = parse_as_of(since) if since is not None else None
+    except InputError:
+        raise InputError(f"--since takes a date YYYY-MM-DD (got {since!r})") from None
+    settings = setup()
+    engine = database(settings)
+    bench = benchmark or settings.quality_benchmark
+    bench = check_symbol(bench, "benchmark") if bench else None
+    ids = track_nights(engine, nights=nights, since=start)
+    report = track_report(engine, ids, days, providers(settings), benchmark=bench)
+    if fmt == "json":
+        _print_json(report.to_json())
+    else:
+        _render_track(report, _console())

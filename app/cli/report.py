@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from app.batch.resume import mark_stale_crashed
+from app.batchids import parse_batch_id, parse_batch_ids
 from app.cli.common import database, setup
-from app.errors import InputError
 from app.quality.monitor import warnings_for
 from app.report import (
     BatchReport,
@@ -171,18 +171,9 @@ def compare_table(arms: list[dict[str, Any]], title: str = "arms side by side") 
     return table
 
 
-def _parse_ids(text: str) -> list[int]:
-    try:
-        ids = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise InputError(f"--compare takes batch ids like 3,4 (got {text!r})") from None
-    if len(ids) < 2:
-        raise InputError("--compare needs at least two batch ids")
-    return ids
-
-
 def report(
-    batch_id: Annotated[int | None, typer.Argument(help="Batch id (default: the newest).")] = None,
+    batch_id: Annotated[int | None, typer.Argument(help="Batch id (default: the newest).",
+                                                  parser=parse_batch_id)] = None,
     fmt: Annotated[Literal["table", "json"], typer.Option("--format")] = "table",
     compare: Annotated[str | None, typer.Option("--compare", help="ID1,ID2,… side by side")] = (
         None),
@@ -197,7 +188,7 @@ def report(
                                    f"(`nightdesk run --resume {crashed}` continues it)",
                                    highlight=False, soft_wrap=True)
     if compare is not None:
-        arms = [arm(engine, i) for i in _parse_ids(compare)]
+        arms = [arm(engine, i) for i in parse_batch_ids(compare, what="--compare")]
         if fmt == "json":
             typer.echo(json.dumps(arms, indent=2, default=str))
         else:

@@ -1,16 +1,21 @@
 """Measure how agreement grows when each side averages k samples per ticker.
 
 Two sides are compared ticker by ticker: two batches (reproducibility) or two disjoint halves
-of one batch's samples (split-half stability). A side's grade for a ticker is the consensus of
-k of its samples (app.quality.grades.consensus: one sample's own rating, or the band of the
-mean score). With N samples there are many ways to choose the k; every statistic is the mean
-over up to ``MAX_CHOICES`` of them (chosen with a fixed seed, so a report repeats), which
-spends the samples a batch has instead of looking at one arbitrary choice.
+of one batch's samples (split-half stability). At every k, including k = 1, a side's grade
+for a ticker is the band of the mean score of its k samples (app.quality.grades.mean_grade):
+one rule for the whole curve, so a row differs from the next only by how many samples were
+averaged. With N samples there are many ways to choose the k; each figure is the mean over
+the choices. When there are at most ``ALL_CHOICES`` of them every one is used and the mean is
+exact; otherwise choices are drawn at random (fixed seed, so a report repeats) in rounds of
+``DRAW_ROUND`` until the standard error of each figure's mean over the draws is below
+``TARGET_ERROR``, and that error is reported with the row. When that takes as many draws as
+there are choices, every choice is used instead.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +23,7 @@ from functools import partial
 
 import numpy as np
 
-from app.quality.grades import Grade, consensus
+from app.quality.grades import Grade, mean_grade
 from app.quality.statistics import (
     agreement,
     bootstrap_interval,
@@ -28,8 +33,23 @@ from app.quality.statistics import (
     spearman_brown,
 )
 
-MAX_CHOICES = 6
+ALL_CHOICES = 100  # up to this many choices of the k samples, every one is used
+DRAW_ROUND = 50  # random choices added at a time beyond that
+TARGET_ERROR = 0.01  # the standard error each figure's mean over the draws is brought below
+MAX_DRAWS = 20_000  # a bound: a figure in [−1, 1] has sd ≤ 1, so its error is then ≤ 0.007
+INTERVAL_CHOICES = 6  # choices each bootstrap resample averages over (intervals cost more)
 Choice = tuple[tuple[int, ...], tuple[int, ...]]  # sample positions of the left and right side
+
+
+@dataclass(frozen=True)
+class Choices:
+    """Every way to pick the k samples of each side: how many, all of them, or one at random."""
+
+    count: int
+    left_samples: int  # samples a ticker needs on the left side to be compared
+    right_samples: int
+    every: Callable[[], list[Choice]]
+    draw: Callable[[random.Random], Choice]
 
 
 def k_values(samples: int, *, split: bool) -> list[int]:
@@ -42,25 +62,34 @@ def k_values(samples: int, *, split: bool) -> list[int]:
     return values
 
 
-def _capped(choices: list[Choice], seed: int) -> list[Choice]:
-    if len(choices) <= MAX_CHOICES:
-        return choices
-    return sorted(random.Random(seed).sample(choices, MAX_CHOICES))
+def between(n_left: int, n_right: int, k: int) -> Choices:
+    """Return the choices of k samples on each of two batches (any k of N on either side)."""
+
+    def every() -> list[Choice]:
+        return list(itertools.product(itertools.combinations(range(n_left), k),
+                                      itertools.combinations(range(n_right), k)))
+
+    def draw(rng: random.Random) -> Choice:
+        return (tuple(sorted(rng.sample(range(n_left), k))),
+                tuple(sorted(rng.sample(range(n_right), k))))
+
+    return Choices(math.comb(n_left, k) * math.comb(n_right, k), n_left, n_right, every, draw)
 
 
-def between(n_left: int, n_right: int, k: int, seed: int = 0) -> list[Choice]:
-    """Return choices of k samples on each of two batches (any k of N on either side)."""
-    left = list(itertools.combinations(range(n_left), k))
-    right = list(itertools.combinations(range(n_right), k))
-    return _capped(list(itertools.product(left, right)), seed)
+def split_halves(n: int, k: int) -> Choices:
+    """Return the unordered pairs of disjoint k-sample subsets of one batch's N samples."""
 
+    def every() -> list[Choice]:
+        return [(s, t) for s in itertools.combinations(range(n), k)
+                for t in itertools.combinations(range(n), k)
+                if s < t and not set(s) & set(t)]
 
-def split_halves(n: int, k: int, seed: int = 0) -> list[Choice]:
-    """Return unordered pairs of disjoint k-sample subsets of one batch's N samples."""
-    choices = [(s, t) for s in itertools.combinations(range(n), k)
-               for t in itertools.combinations(range(n), k)
-               if s < t and not set(s) & set(t)]
-    return _capped(choices, seed)
+    def draw(rng: random.Random) -> Choice:
+        picked = rng.sample(range(n), 2 * k)
+        s, t = tuple(sorted(picked[:k])), tuple(sorted(picked[k:]))
+        return (s, t) if s < t else (t, s)
+
+    return Choices(math.comb(n, k) * math.comb(n - k, k) // 2, n, n, every, draw)
 
 
 @dataclass(frozen=True)
@@ -69,6 +98,8 @@ class KRow:
 
     k: int
     choices: int  # how many choices of k samples the figures are the mean over
+    exhaustive: bool  # every choice was used: the means are exact, not estimates
+    choice_error: float | None  # the largest figure's standard error over the draws (0: exact)
     n: int  # tickers compared
     agreement: float | None
     qwk: float | None
@@ -79,31 +110,49 @@ class KRow:
     qwk_predicted: float | None  # the same formula applied to the k = 1 row's QWK
 
 
+_Sides = tuple[list[str], list[str], list[float], list[float]]
+_FIGURES = ("agreement", "qwk", "spearman")
+
+
 def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
-                   choices_for: Callable[[int], list[Choice]], ks: Sequence[int], *,
+                   choices_for: Callable[[int], Choices], ks: Sequence[int], *,
                    resamples: int, seed: int = 0) -> list[KRow]:
     """Return one KRow per k over the tickers both sides graded with enough samples.
 
-    Intervals are 95% percentile bootstraps over tickers (resampled with replacement).
+    Intervals are 95% percentile bootstraps over tickers (resampled with replacement) of the
+    mean over ``INTERVAL_CHOICES`` of the choices.
     """
     rows: list[KRow] = []
     for k in ks:
-        choices = choices_for(k)
+        space = choices_for(k)
         tickers = sorted(t for t in set(left) & set(right)
-                         if all(max(s, default=-1) < len(left[t]) and
-                                max(u, default=-1) < len(right[t]) for s, u in choices))
-        sides = [_aligned(left, right, tickers, s, u) for s, u in choices]
-        grades_of = partial(_mean_over, sides, scores=False)
-        scores_of = partial(_mean_over, sides, scores=True)
-        everyone = np.arange(len(tickers))
+                         if len(left[t]) >= space.left_samples
+                         and len(right[t]) >= space.right_samples)
+        align = partial(_aligned, left, right, tickers)
+        exhaustive = space.count <= ALL_CHOICES
+        if not exhaustive:
+            chosen, sides, values, error = _drawn(space, align, random.Random(f"{seed}:{k}"))
+            # As many draws as there are choices: every choice gives the exact mean instead.
+            exhaustive = len(chosen) >= space.count
+        if exhaustive:
+            chosen = space.every()
+            sides = [align(s, u) for s, u in chosen]
+            values = [_figures(side) for side in sides]
+            error = 0.0
+        means = {name: mean_defined([v[name] for v in values]) for name in _FIGURES}
+        shown = sides if len(sides) <= INTERVAL_CHOICES else [
+            sides[i] for i in sorted(random.Random(seed).sample(range(len(sides)),
+                                                                INTERVAL_CHOICES))]
+        grades_of = partial(_mean_over, shown, scores=False)
+        scores_of = partial(_mean_over, shown, scores=True)
         base = rows[0] if rows else None
         rows.append(KRow(
-            k=k, choices=len(choices), n=len(tickers),
-            agreement=grades_of(agreement, everyone),
-            qwk=grades_of(quadratic_kappa, everyone),
+            k=k, choices=len(chosen), exhaustive=exhaustive,
+            choice_error=error, n=len(tickers), agreement=means["agreement"],
+            qwk=means["qwk"],
             qwk_ci=bootstrap_interval(len(tickers), partial(grades_of, quadratic_kappa),
                                       resamples=resamples, seed=seed),
-            spearman=scores_of(spearman, everyone),
+            spearman=means["spearman"],
             spearman_ci=bootstrap_interval(len(tickers), partial(scores_of, spearman),
                                            resamples=resamples, seed=seed),
             spearman_predicted=spearman_brown(base.spearman, k) if base else None,
@@ -112,7 +161,43 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
     return rows
 
 
-_Sides = tuple[list[str], list[str], list[float], list[float]]
+def _drawn(space: Choices, align: Callable[[tuple[int, ...], tuple[int, ...]], _Sides],
+           rng: random.Random,
+           ) -> tuple[list[Choice], list[_Sides], list[dict[str, float | None]], float | None]:
+    """Draw choices until every figure's standard error is below TARGET_ERROR.
+
+    Stops too at ``MAX_DRAWS``, or once there are as many draws as choices.
+    """
+    chosen: list[Choice] = []
+    sides: list[_Sides] = []
+    values: list[dict[str, float | None]] = []
+    error: float | None = None
+    while len(chosen) < min(MAX_DRAWS, space.count):
+        for _ in range(DRAW_ROUND):
+            choice = space.draw(rng)
+            chosen.append(choice)
+            sides.append(align(*choice))
+            values.append(_figures(sides[-1]))
+        error = _largest_error(values)
+        if error is not None and error < TARGET_ERROR:
+            break
+    return chosen, sides, values, error
+
+
+def _largest_error(values: list[dict[str, float | None]]) -> float | None:
+    """Return the largest standard error of a figure's mean over the draws (defined ones)."""
+    errors = []
+    for name in _FIGURES:
+        defined = [x for x in (v[name] for v in values) if x is not None]
+        if len(defined) >= 2:
+            errors.append(float(np.std(defined, ddof=1) / math.sqrt(len(defined))))
+    return max(errors) if errors else None
+
+
+def _figures(side: _Sides) -> dict[str, float | None]:
+    a_r, b_r, a_s, b_s = side
+    return {"agreement": agreement(a_r, b_r), "qwk": quadratic_kappa(a_r, b_r),
+            "spearman": spearman(a_s, b_s)}
 
 
 def _mean_over(sides: list[_Sides], stat: Callable[..., float | None], index: np.ndarray, *,
@@ -129,6 +214,6 @@ def _mean_over(sides: list[_Sides], stat: Callable[..., float | None], index: np
 
 def _aligned(left: dict[str, list[Grade]], right: dict[str, list[Grade]], tickers: list[str],
              s: tuple[int, ...], u: tuple[int, ...]) -> _Sides:
-    a = [consensus([left[t][i] for i in s]) for t in tickers]
-    b = [consensus([right[t][i] for i in u]) for t in tickers]
+    a = [mean_grade([left[t][i] for i in s]) for t in tickers]
+    b = [mean_grade([right[t][i] for i in u]) for t in tickers]
     return [r for r, _ in a], [r for r, _ in b], [x for _, x in a], [x for _, x in b]

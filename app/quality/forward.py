@@ -8,7 +8,9 @@ benchmark ticker, every figure uses the excess return (ticker − benchmark over
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import date
 from typing import Any
@@ -19,9 +21,9 @@ from sqlalchemy import Engine
 from agents.data import DataProvider
 from agents.decision import RATINGS
 from app.errors import DataError, InputError
-from app.quality.grades import load_grades
+from app.quality.grades import BatchGrades, load_grades
 from app.quality.repro import BatchSummary, summarize
-from app.quality.statistics import BEARISH, BULLISH, ic_t_statistic, spearman_test
+from app.quality.statistics import BEARISH, BULLISH, finite, ic_test, spearman
 
 HORIZON = re.compile(r"^([1-9][0-9]{0,2})d$")
 
@@ -43,8 +45,8 @@ class TickerReturn:
     score: float
     start: str  # the last session on or before the as-of date
     end: str  # the h-th session after it
-    forward_return: float
-    excess_return: float | None  # over the benchmark, when one is set
+    forward_return: float | None  # None: undefined (the start close is not a positive price)
+    excess_return: float | None  # over the benchmark, when one is set and the return defined
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class ForwardReport:
     horizon_days: int
     benchmark: str | None
     benchmark_return: float | None
-    n: int
+    n: int  # tickers with a defined forward return: the ones every figure is over
     rank_ic: float | None
     t_stat: float | None
     p_value: float | None
@@ -79,30 +81,39 @@ class ForwardReport:
 
 
 def forward_return(provider: DataProvider, ticker: str, as_of: date, days: int,
-                   ) -> tuple[str, str, float]:
+                   ) -> tuple[str, str, float | None]:
     """Return (start date, end date, return) over ``days`` sessions after ``as_of``.
 
-    DataError saying how many sessions there are when the prices stop too early.
+    The return is None (undefined) when the start close is not a positive finite price — a
+    zero close would make it infinite — or the end close is not finite. DataError saying how
+    many sessions there are when the prices stop too early.
     """
     past = provider.load(ticker, as_of).prices
     ahead = provider.forward_prices(ticker, as_of, days)
     if len(ahead) < days:
         raise DataError(f"only {len(ahead)} of {days} sessions after {as_of}")
     start, end = past.index[-1], ahead.index[days - 1]
-    value = float(ahead["close"].iloc[days - 1] / past["close"].iloc[-1] - 1.0)
-    return start.date().isoformat(), end.date().isoformat(), value
+    first, last = float(past["close"].iloc[-1]), float(ahead["close"].iloc[days - 1])
+    value = last / first - 1.0 if first > 0 and math.isfinite(first) else None
+    return start.date().isoformat(), end.date().isoformat(), finite(value)
 
 
-def forward_report(engine: Engine, provider: DataProvider, batch_id: int, days: int, *,
-                   benchmark: str | None = None) -> ForwardReport:
-    """Score one batch's consensus grades against the next ``days`` sessions' returns."""
-    grades = load_grades(engine, batch_id)
-    bench_return = None
-    if benchmark:
-        try:
-            bench_return = forward_return(provider, benchmark, grades.as_of, days)[2]
-        except DataError as error:
-            raise DataError(f"benchmark {benchmark}: {error}") from None
+def benchmark_return(provider: DataProvider, benchmark: str, as_of: date, days: int) -> float:
+    """Return the benchmark's return over the horizon; InputError (exit 2) naming it once."""
+    try:
+        start, _, value = forward_return(provider, benchmark, as_of, days)
+    except DataError as error:
+        raise InputError(f"benchmark {benchmark}: "
+                         f"{str(error).removeprefix(f'{benchmark}: ')}") from None
+    if value is None:
+        raise InputError(f"benchmark {benchmark}: return undefined (close on {start} is not a "
+                         "positive price)")
+    return value
+
+
+def ticker_returns(provider: DataProvider, grades: BatchGrades, days: int,
+                   bench_return: float | None) -> tuple[list[TickerReturn], dict[str, str]]:
+    """Return each graded ticker's forward return, and why the others have none."""
     rows: list[TickerReturn] = []
     missing = {t: "no decision in this batch" for t in grades.without_decision}
     for ticker in grades.tickers:
@@ -112,18 +123,38 @@ def forward_report(engine: Engine, provider: DataProvider, batch_id: int, days: 
         except DataError as error:
             missing[ticker] = str(error).removeprefix(f"{ticker}: ")
             continue
-        excess = None if bench_return is None else value - bench_return
+        excess = None if bench_return is None or value is None else value - bench_return
         rows.append(TickerReturn(ticker, rating, score, start, end, value, excess))
-    target = [r.forward_return if r.excess_return is None else r.excess_return for r in rows]
-    ic, p_value = spearman_test([r.score for r in rows], target)
-    called = [(r.rating, x) for r, x in zip(rows, target, strict=True)
-              if r.rating in BULLISH | BEARISH]
+    return rows, dict(sorted(missing.items()))
+
+
+def scored(rows: list[TickerReturn]) -> tuple[list[TickerReturn], list[float]]:
+    """Return the rows whose return is defined and the return each is judged by."""
+    kept, target = [], []
+    for r in rows:
+        value = r.forward_return if r.excess_return is None else r.excess_return
+        if value is not None:
+            kept.append(r)
+            target.append(value)
+    return kept, target
+
+
+def forward_report(engine: Engine, provider: DataProvider, batch_id: int, days: int, *,
+                   benchmark: str | None = None) -> ForwardReport:
+    """Score one batch's consensus grades against the next ``days`` sessions' returns."""
+    grades = load_grades(engine, batch_id)
+    bench_return = (benchmark_return(provider, benchmark, grades.as_of, days)
+                    if benchmark else None)
+    rows, missing = ticker_returns(provider, grades, days, bench_return)
+    kept, target = scored(rows)
+    ic = spearman([r.score for r in kept], target)
+    t_stat, p_value = ic_test(ic, len(kept))
     return ForwardReport(
         batch=summarize(grades), horizon_days=days, benchmark=benchmark,
-        benchmark_return=bench_return, n=len(rows), rank_ic=ic,
-        t_stat=ic_t_statistic(ic, len(rows)), p_value=p_value,
-        hit_rate=_hits(called), buckets=[_bucket(rating, rows, target) for rating in RATINGS],
-        tickers=rows, missing=dict(sorted(missing.items())),
+        benchmark_return=bench_return, n=len(kept), rank_ic=ic, t_stat=t_stat,
+        p_value=p_value, hit_rate=hit_rate([r.rating for r in kept], target),
+        buckets=[bucket(rating, [r.rating for r in kept], target) for rating in RATINGS],
+        tickers=rows, missing=missing,
     )
 
 
@@ -131,13 +162,23 @@ def _hit(rating: str, value: float) -> bool:
     return value > 0 if rating in BULLISH else value < 0
 
 
-def _hits(called: list[tuple[str, float]]) -> float | None:
-    return sum(_hit(r, x) for r, x in called) / len(called) if called else None
+def directional_hits(ratings: Sequence[str], target: Sequence[float]) -> tuple[int, int]:
+    """Return (hits, calls): the non-Hold ratings, and those whose return had their sign."""
+    called = [_hit(r, x) for r, x in zip(ratings, target, strict=True)
+              if r in BULLISH | BEARISH]
+    return sum(called), len(called)
 
 
-def _bucket(rating: str, rows: list[TickerReturn], target: list[float]) -> Bucket:
-    values = [x for r, x in zip(rows, target, strict=True) if r.rating == rating]
+def hit_rate(ratings: Sequence[str], target: Sequence[float]) -> float | None:
+    """Return the share of directional calls (non-Hold) whose return had their sign."""
+    hits, calls = directional_hits(ratings, target)
+    return hits / calls if calls else None
+
+
+def bucket(rating: str, ratings: list[str], target: list[float]) -> Bucket:
+    """Return one rating's tickers: how many, their mean return, their hit rate."""
+    values = [x for r, x in zip(ratings, target, strict=True) if r == rating]
     if not values:
         return Bucket(rating, 0, None, None)
-    hit = None if rating == "Hold" else _hits([(rating, x) for x in values])
+    hit = None if rating == "Hold" else hit_rate([rating] * len(values), values)
     return Bucket(rating, len(values), float(np.mean(values)), hit)

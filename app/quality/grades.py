@@ -72,6 +72,18 @@ def consensus(grades: Sequence[Grade]) -> tuple[str, float]:
     return rating_for_score(mean), mean
 
 
+def mean_grade(grades: Sequence[Grade]) -> tuple[str, float]:
+    """Return (band of the mean score, mean score), whatever the number of samples.
+
+    The averaging curve's one rule for every k: unlike ``consensus``, a single sample is
+    graded by the band of its score too, so k = 1 and k = 2 differ only by the averaging.
+    """
+    if not grades:
+        raise ValueError("no grades to aggregate")
+    mean = statistics.fmean(g.score for g in grades)
+    return rating_for_score(mean), mean
+
+
 def load_grades(engine: Engine, batch_id: int) -> BatchGrades:
     """Read one batch's decisions; InputError when there is no such batch."""
     with engine.connect() as conn:
@@ -94,20 +106,6 @@ def load_grades(engine: Engine, batch_id: int) -> BatchGrades:
             Grade(row.sample, row.rating, row.score, bool(flag)))
     grades.without_decision = sorted(set(planned) - set(grades.tickers))
     return grades
-
-
-def parse_batch_ids(text: str, *, at_least: int = 2) -> list[int]:
-    """Parse ``A,B[,C…]`` into distinct batch ids; InputError for anything else."""
-    parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() for p in parts):
-        raise InputError(f"--batches takes batch ids separated by commas, like 3,4 "
-                         f"(got {text!r})")
-    ids = [int(p) for p in parts]
-    if len(set(ids)) != len(ids):
-        raise InputError(f"--batches names a batch twice ({text!r})")
-    if len(ids) < at_least:
-        raise InputError(f"--batches needs at least {at_least} batch ids (got {text!r})")
-    return ids
 
 
 def newest_nightly(engine: Engine, count: int) -> list[int]:

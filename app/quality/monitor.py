@@ -4,13 +4,20 @@ Two checks, after every nightly batch that graded at least ``monitor_min_tickers
 
 - **grade share**: any one grade above ``monitor_max_grade_share`` of the batch's tickers
   (default 70%: the old system's Hold took 66–80%, which says the model hedges);
-- **jump**: the total-variation distance between this batch's distribution and the pooled
-  distribution of the trailing ``monitor_trailing_batches`` nightly batches above
-  ``monitor_max_tvd``. TVD = ½·Σ|p−q| is the share of grades that would have to change
-  to turn one distribution into the other. It is used rather than a chi-square test
-  because a night has tens of tickers, so expected counts per grade are often below the
-  five a chi-square approximation needs, and a p-value would depend on the universe size
-  while TVD reads the same at 6 or 100 tickers.
+- **jump**: a test of "tonight's grades come from the same distribution as the trailing
+  nights'" whose false-alarm rate is ``monitor_false_alarm_rate`` at every universe size. A
+  fixed limit on a distance cannot do that: the distance two draws of one distribution show
+  by chance shrinks with the number of tickers, so one limit cries wolf at 6 tickers and
+  sleeps at 100. The test conditions on the grades' combined counts (tonight's plus the
+  reference's): under the null every split of those grades into tonight's n and the
+  reference's is equally likely, so tonight's counts follow a multivariate hypergeometric
+  law whatever n is. Its p-value is the Monte Carlo share of ``JUMP_DRAWS`` such splits whose
+  Pearson chi-square statistic is at least the observed one, counted as (1 + hits) / (1 +
+  draws), which keeps the level at or below the rate for any number of draws (R's
+  ``chisq.test(simulate.p.value=TRUE)``). The reference pools the trailing
+  ``monitor_trailing_batches`` nightly batches that were not themselves flagged as a jump,
+  so one odd night does not make the next normal one look odd. The total-variation distance
+  (the share of grades that would have to change) is reported as the size of the move.
 """
 
 from __future__ import annotations
@@ -19,13 +26,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 from sqlalchemy import Engine, delete, insert, select
 
+from agents.decision import RATINGS
 from app.batch.store import FINISHED_STATUSES
 from app.config import Settings
 from app.db.models import Batch, BatchWarning
 from app.quality.grades import load_grades
 from app.quality.statistics import distribution, total_variation
+
+JUMP_DRAWS = 2000  # Monte Carlo splits per test: the p-value's resolution is 1/2001
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,34 @@ def batch_distribution(engine: Engine, batch_id: int) -> dict[str, int]:
     """Return the batch's consensus ratings per grade."""
     grades = load_grades(engine, batch_id)
     return distribution([grades.consensus(t)[0] for t in grades.tickers])
+
+
+def chi_square(night: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Return Pearson's chi-square of homogeneity for 2×K tables (rows along the last axis)."""
+    night, reference = np.asarray(night, dtype=float), np.asarray(reference, dtype=float)
+    total = night + reference
+    n, m = night.sum(axis=-1, keepdims=True), reference.sum(axis=-1, keepdims=True)
+    expect_n, expect_m = total * n / (n + m), total * m / (n + m)
+    used = total > 0  # a grade neither side gave adds nothing
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cells = np.where(used, (night - expect_n) ** 2 / expect_n
+                         + (reference - expect_m) ** 2 / expect_m, 0.0)
+    return np.asarray(cells.sum(axis=-1))
+
+
+def jump_p_value(current: dict[str, int], reference: dict[str, int], *,
+                 draws: int = JUMP_DRAWS, seed: int = 0) -> float:
+    """Return the p-value of "same distribution" for two count tables (module notes)."""
+    night = np.array([current.get(r, 0) for r in RATINGS])
+    pooled = np.array([reference.get(r, 0) for r in RATINGS])
+    observed = float(chi_square(night, pooled))
+    splits = np.random.default_rng(seed).multivariate_hypergeometric(
+        night + pooled, int(night.sum()), size=draws)
+    simulated = chi_square(splits, night + pooled - splits)
+    # A tie counts as at least as extreme: the statistic is discrete, and dropping ties
+    # would make the test reject more often than its rate.
+    hits = int(np.sum(simulated >= observed - 1e-9 * max(1.0, observed)))
+    return (1 + hits) / (1 + draws)
 
 
 def findings(current: dict[str, int], trailing: list[dict[str, int]],
@@ -61,14 +100,43 @@ def findings(current: dict[str, int], trailing: list[dict[str, int]],
                  "limit": settings.monitor_max_grade_share}))
     pooled = {r: sum(d.get(r, 0) for d in trailing) for r in current}
     tvd = total_variation(current, pooled)
-    if tvd is not None and tvd > settings.monitor_max_tvd:
+    if tvd is None:
+        return found
+    rate = settings.monitor_false_alarm_rate
+    p_value = jump_p_value(current, pooled)
+    if p_value <= rate:
         found.append(Finding(
             "distribution_jump",
             f"rating distribution moved by TVD {tvd:.2f} from the trailing {len(trailing)} "
-            f"nightly batch(es) (limit {settings.monitor_max_tvd:.2f})",
-            {"tvd": tvd, "limit": settings.monitor_max_tvd, "current": current,
+            f"nightly batch(es): p {p_value:.4f}, at most {rate:.2%} of unchanged nights "
+            "are flagged",
+            {"tvd": tvd, "p_value": p_value, "false_alarm_rate": rate, "current": current,
              "trailing": pooled, "trailing_batches": len(trailing)}))
     return found
+
+
+def reference_batches(engine: Engine, batch_id: int, settings: Settings) -> list[int]:
+    """Return the trailing nightly batches the jump test pools, newest first.
+
+    The ``monitor_trailing_batches`` newest finished nightly batches before ``batch_id``
+    that graded a ticker and were not flagged as a jump themselves.
+    """
+    with engine.connect() as conn:
+        earlier = conn.execute(
+            select(Batch.id).where(Batch.kind == "nightly", Batch.id < batch_id,
+                                   Batch.status.in_(FINISHED_STATUSES))
+            .order_by(Batch.id.desc())).scalars().all()
+        flagged = set(conn.execute(
+            select(BatchWarning.batch_id).where(BatchWarning.kind == "distribution_jump",
+                                                BatchWarning.batch_id < batch_id)
+        ).scalars())
+    chosen: list[int] = []
+    for candidate in earlier:
+        if len(chosen) == settings.monitor_trailing_batches:
+            break
+        if candidate not in flagged and any(batch_distribution(engine, candidate).values()):
+            chosen.append(candidate)
+    return chosen
 
 
 def check_batch(engine: Engine, batch_id: int, settings: Settings) -> list[Finding]:
@@ -76,13 +144,8 @@ def check_batch(engine: Engine, batch_id: int, settings: Settings) -> list[Findi
 
     Idempotent: the batch's earlier warnings are replaced, so it can be run again.
     """
-    with engine.connect() as conn:
-        earlier = conn.execute(
-            select(Batch.id).where(Batch.kind == "nightly", Batch.id < batch_id,
-                                   Batch.status.in_(FINISHED_STATUSES))
-            .order_by(Batch.id.desc()).limit(settings.monitor_trailing_batches)
-        ).scalars().all()
-    trailing = [d for d in (batch_distribution(engine, i) for i in earlier) if sum(d.values())]
+    trailing = [batch_distribution(engine, i)
+                for i in reference_batches(engine, batch_id, settings)]
     found = findings(batch_distribution(engine, batch_id), trailing, settings)
     now = datetime.now(UTC)
     with engine.begin() as conn:

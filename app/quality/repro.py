@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any
@@ -129,8 +130,14 @@ def _by_k(loaded: list[BatchGrades], samples: int, resamples: int) -> list[KRow]
         first = same_k[0]
         qwk = mean_defined([r.qwk for r in same_k])
         rho = mean_defined([r.spearman for r in same_k])
+        errors = [r.choice_error for r in same_k]
         rows.append(KRow(
-            k=first.k, choices=sum(r.choices for r in same_k), n=min(r.n for r in same_k),
+            k=first.k, choices=sum(r.choices for r in same_k),
+            exhaustive=all(r.exhaustive for r in same_k),
+            # The mean of independent estimates: its error is the root sum of squares / pairs.
+            choice_error=None if None in errors else
+            math.sqrt(sum(e * e for e in errors if e is not None)) / len(errors),
+            n=min(r.n for r in same_k),
             agreement=mean_defined([r.agreement for r in same_k]), qwk=qwk, qwk_ci=None,
             spearman=rho, spearman_ci=None,
             spearman_predicted=spearman_brown(rows[0].spearman, first.k) if rows else None,

@@ -69,17 +69,11 @@ def quadratic_kappa(a: Sequence[str], b: Sequence[str]) -> float | None:
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Return Spearman's rank correlation, or None (fewer than 3 pairs, or a constant side)."""
-    return spearman_test(x, y)[0]
-
-
-def spearman_test(x: Sequence[float], y: Sequence[float]) -> tuple[float | None, float | None]:
-    """Return Spearman's rho and its two-sided p-value (scipy's t-approximation)."""
     if len(x) < MIN_CORRELATION_N or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return None, None
+        return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = stats.spearmanr(x, y)
-    return finite(result.statistic), finite(result.pvalue)
+        return finite(stats.spearmanr(x, y).statistic)
 
 
 def direction(rating: str) -> int:
@@ -99,11 +93,51 @@ def flip_rate(a: Sequence[str], b: Sequence[str]) -> tuple[float | None, int]:
     return sum(x != y for x, y in both) / len(both), len(both)
 
 
-def ic_t_statistic(ic: float | None, n: int) -> float | None:
-    """Return t = ic·sqrt((n−2)/(1−ic²)), the test of a rank IC against zero; None if undefined."""
+def ic_test(ic: float | None, n: int) -> tuple[float | None, float | None]:
+    """Return (t, two-sided p) of a rank IC over ``n`` tickers against zero.
+
+    t = ic·sqrt((n−2)/(1−ic²)) on n−2 degrees of freedom, and p from that same t, so the two
+    are defined together: at |ic| = 1 (t infinite, where the t-approximation says nothing
+    about a few tickers) or below 3 tickers both are None.
+    """
     if ic is None or n < MIN_CORRELATION_N or abs(ic) >= 1.0:
+        return None, None
+    t = float(ic * np.sqrt((n - 2) / (1.0 - ic * ic)))
+    return t, float(2 * stats.t.sf(abs(t), n - 2))
+
+
+def newey_west_error(values: Sequence[float], lag: int) -> float | None:
+    """Return the standard error of a series' mean, serial correlation up to ``lag`` allowed.
+
+    Newey–West with Bartlett weights: S = T/(T−1)·[γ₀ + 2·Σ_{l=1..lag} (1 − l/(lag+1))·γ_l],
+    γ_l = (1/T)·Σ_t e_t·e_{t−l} with e the deviations from the mean, and the error is
+    sqrt(S/T). The factor T/(T−1) makes lag 0 the ordinary sd/√T. None when T < 2 or
+    lag ≥ T, and when the series does not vary (S = 0).
+    """
+    x = np.asarray(values, dtype=float)
+    count = len(x)
+    if count < 2 or not 0 <= lag < count:
         return None
-    return float(ic * np.sqrt((n - 2) / (1.0 - ic * ic)))
+    e = x - x.mean()
+    gamma = [float(e[j:] @ e[:count - j]) / count for j in range(lag + 1)]
+    long_run = gamma[0] + 2 * sum((1 - j / (lag + 1)) * gamma[j] for j in range(1, lag + 1))
+    long_run *= count / (count - 1)
+    if long_run <= 1e-15 * max(1.0, float(np.mean(x * x))):
+        return None
+    return float(np.sqrt(long_run / count))
+
+
+def newey_west_t(values: Sequence[float], lag: int) -> tuple[float | None, float | None]:
+    """Return (t, two-sided p) of a series' mean against zero: mean ÷ newey_west_error.
+
+    On T−1 degrees of freedom; at lag 0 the ordinary one-sample t-test. None, None when the
+    error is undefined (a series that does not vary has an infinite t).
+    """
+    error = newey_west_error(values, lag)
+    if error is None:
+        return None, None
+    t = float(np.mean(values) / error)
+    return t, float(2 * stats.t.sf(abs(t), len(values) - 1))
 
 
 def spearman_brown(r1: float | None, k: float) -> float | None:

@@ -108,6 +108,36 @@ def history(points: Sequence[tuple[date, float, str]], chart_id: str = "history"
         return _svg(fig, chart_id)
 
 
+def ic_track(days: Sequence[date], ics: Sequence[float], means: Sequence[float],
+             lows: Sequence[float | None], highs: Sequence[float | None], *,
+             chart_id: str) -> str:
+    """Draw each night's rank IC as a dot and the running mean IC with its band."""
+    with matplotlib.rc_context(STYLE):
+        fig = _figure(6.4, 2.5)
+        ax = fig.add_subplot()
+        x = date2num(list(days))
+        dots = ax.scatter(x, ics, s=10, color="#9a9a9a", label="IC of the night", zorder=2)
+        dots.set_gid(f"{chart_id}-nights")
+        band = [(d, lo, hi) for d, lo, hi in zip(x, lows, highs, strict=True)
+                if lo is not None and hi is not None]
+        if band:
+            fill = ax.fill_between([b[0] for b in band], [b[1] for b in band],
+                                   [b[2] for b in band], color="#0969da", alpha=0.18,
+                                   linewidth=0, label="95% band of the mean")
+            fill.set_gid(f"{chart_id}-band")
+        (line,) = ax.plot(x, means, color="#0969da", linewidth=1.5, label="running mean IC",
+                          zorder=3)
+        line.set_gid(f"{chart_id}-mean")
+        ax.axhline(0, color="#57606a", linewidth=0.8)
+        ax.set_ylabel("rank IC")
+        ax.xaxis_date()
+        locator = AutoDateLocator(maxticks=8)
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+        ax.legend(loc="best", frameon=False)
+        return _svg(fig, chart_id)
+
+
 def time_lines(series: Sequence[Series], *, ylabel: str, chart_id: str,
                xlabel: str = "seconds since the batch started", percent: bool = False,
                step: bool = False) -> str:

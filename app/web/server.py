@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.db.engine import check_reachable
 from app.errors import DatabaseError
-from app.web import api, pages
+from app.web import api, pages, track
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.state import WebState
@@ -38,6 +38,7 @@ def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
                              stale_after_s=stale_after_s)
     app.mount("/static", StaticFiles(packages=[("app.web", "static")]), name="static")
     app.include_router(pages.router)
+    app.include_router(track.router)
     app.include_router(api.router)
 
     @app.get("/healthz", include_in_schema=False)

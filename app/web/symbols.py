@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import HTTPException
 
 from agents.tickers import check_symbol
+from app.batchids import parse_batch_ids
 from app.errors import InputError
 
 
@@ -19,9 +20,6 @@ def symbol_or_404(text: str) -> str:
 def batch_ids(values: list[str]) -> list[int]:
     """Read ``ids=1,2`` or ``ids=1&ids=2`` into at least two batch ids, or answer 400."""
     try:
-        ids = [int(part) for value in values for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise HTTPException(400, "ids are batch numbers, e.g. ids=3,4") from None
-    if len(ids) < 2:
-        raise HTTPException(400, "compare needs at least two batch ids")
-    return ids
+        return parse_batch_ids(",".join(values), what="ids")
+    except InputError as error:
+        raise HTTPException(400, str(error)) from None

@@ -10,9 +10,9 @@
 # Its own database and snapshot live under $OUT, so `quality repro` without --batches finds
 # exactly these two batches. Seeds are off: with them, both batches would repeat each other's
 # random draws (they derive from ticker, node and sample) and agree for that reason alone.
-# The portfolio manager gets PM_TOKENS (deploy/cpu-tiny.toml: 200): the tiny model's summary
-# often runs past 200 tokens, the JSON is cut off, and one sample without a decision fails its
-# whole ticker, which with four samples a ticker cost 3 of 8 tickers in a trial run.
+# The portfolio manager gets PM_TOKENS (deploy/cpu-tiny.toml: 200): a summary that runs past
+# its budget cuts the JSON off, and one sample without a decision fails its whole ticker, so
+# with four samples a ticker the room matters more than with one.
 set -euo pipefail
 TICKERS=${TICKERS:-8}
 SAMPLES=${SAMPLES:-4}

@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 
 from agents.data.freeze import write_manifest, write_ticker
 from agents.data.snapshot import Manifest, SnapshotProvider
-from app.errors import DataError, InputError
+from app.errors import InputError
 from app.quality.forward import forward_report, parse_horizon
 from tests.unit.quality_rows import AS_OF, add_batch, spearman_by_hand
 from tests.unit.test_report import nightdesk
@@ -102,7 +102,7 @@ def test_excess_over_a_benchmark(sqlite_engine: Engine, snapshot: Path) -> None:
     # Against +1%: Overweight −3% still wrong, Underweight +2% still wrong.
     assert report.hit_rate == pytest.approx(0.5)
     assert {b.rating: b.mean_return for b in report.buckets}["Hold"] == pytest.approx(0.0)
-    with pytest.raises(DataError, match="benchmark SHORT: only 3 of 5"):
+    with pytest.raises(InputError, match="benchmark SHORT: only 3 of 5"):
         forward_report(sqlite_engine, SnapshotProvider(snapshot), batch, 5, benchmark="SHORT")
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scipy.stats import chi2_contingency, multivariate_hypergeom
 from sqlalchemy import Engine, func, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
@@ -16,8 +20,15 @@ from app.bench.fakeserver import ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.db.models import BatchWarning
 from app.quality import monitor
-from app.quality.monitor import check_batch, findings, warnings_for
-from tests.unit.quality_rows import add_batch, one_each
+from app.quality.monitor import (
+    JUMP_DRAWS,
+    check_batch,
+    findings,
+    jump_p_value,
+    reference_batches,
+    warnings_for,
+)
+from tests.unit.quality_rows import SCALE, add_batch, one_each
 from tests.unit.test_report import nightdesk
 
 SIX = ["AAA", "BBB", "CCC", "DDD", "EEE", "FFF"]
@@ -40,40 +51,94 @@ def test_grade_share_above_the_limit() -> None:
     assert [f.details["rating"] for f in findings(dist(Buy=4, Sell=2), [], strict)] == ["Buy"]
 
 
-def test_jump_is_the_total_variation_from_the_pooled_trailing_batches() -> None:
-    settings = load_settings()
-    now = dist(Buy=3, Overweight=2, Hold=1)
-    trailing = [dist(Hold=4, Sell=2), dist(Hold=3, Overweight=2, Sell=1)]
-    # pooled: Overweight 2, Hold 7, Sell 3 of 12; now: Buy 3, Overweight 2, Hold 1 of 6.
-    tvd = 0.5 * (abs(3 / 6 - 0) + abs(2 / 6 - 2 / 12) + abs(1 / 6 - 7 / 12) + abs(0 - 3 / 12))
+def exact_p_value(current: dict[str, int], reference: dict[str, int]) -> float:
+    """The jump test's p-value by enumerating every split (scipy's pmf and chi-square)."""
+    night = [current[r] for r in SCALE]
+    pooled = [reference[r] for r in SCALE]
+    total = [a + b for a, b in zip(night, pooled, strict=True)]
+    used = [i for i, t in enumerate(total) if t]
+
+    def statistic(row: list[int]) -> float:
+        table = np.array([[row[i] for i in used], [total[i] - row[i] for i in used]])
+        return float(chi2_contingency(table, correction=False).statistic)
+
+    observed, n, p = statistic(night), sum(night), 0.0
+    for row in itertools.product(*(range(t + 1) for t in total)):
+        if sum(row) == n and statistic(list(row)) >= observed - 1e-9:
+            p += multivariate_hypergeom.pmf(list(row), m=total, n=n)
+    return min(p, 1.0)  # the pmf's rounding can sum past 1
+
+
+@pytest.mark.parametrize(("current", "reference"), [
+    (dist(Buy=3, Overweight=2, Hold=1), dist(Overweight=2, Hold=7, Sell=3)),
+    (dist(Hold=4, Buy=1, Sell=1), dist(Hold=8, Buy=2, Sell=2)),  # the same shares
+    (dist(Buy=6), dist(Hold=9, Buy=3)),
+])
+def test_jump_p_value_matches_the_exact_test(current: dict[str, int],
+                                             reference: dict[str, int]) -> None:
+    exact = exact_p_value(current, reference)
+    estimate = jump_p_value(current, reference)
+    # Monte Carlo over JUMP_DRAWS splits: within four of its standard errors (and the +1).
+    error = math.sqrt(exact * (1 - exact) / JUMP_DRAWS) + 1 / JUMP_DRAWS
+    assert abs(estimate - exact) <= 4 * error, (estimate, exact)
+
+
+def test_jump_flags_at_the_false_alarm_rate_and_reports_the_tvd() -> None:
+    settings = load_settings(monitor_max_grade_share=1.0)
+    now = dist(Buy=15, Overweight=3, Hold=2)
+    trailing = [dist(Hold=14, Overweight=3, Sell=3), dist(Hold=12, Overweight=4, Buy=4)]
+    pooled = dist(Buy=4, Overweight=7, Hold=26, Sell=3)
     (found,) = findings(now, trailing, settings)
     assert found.kind == "distribution_jump"
-    assert found.details["tvd"] == pytest.approx(tvd)
-    assert found.details["trailing"] == dist(Overweight=2, Hold=7, Sell=3)
+    assert found.details["trailing"] == pooled
+    shares = 0.5 * sum(abs(now[r] / 20 - pooled[r] / 40) for r in SCALE)
+    assert found.details["tvd"] == pytest.approx(shares)
+    assert found.details["p_value"] == jump_p_value(now, pooled) <= 0.01
     assert findings(now, [now, now], settings) == []  # no movement
     assert findings(now, [], settings) == []  # nothing to compare with yet
-    assert findings(now, trailing, load_settings(monitor_max_tvd=0.9)) == []
+    # The same move on 6 tickers is within chance of 12 reference grades: no warning.
+    assert findings(dist(Buy=3, Overweight=2, Hold=1),
+                    [dist(Hold=4, Overweight=1, Buy=1)] * 2, settings) == []
 
 
 def test_check_batch_pools_only_the_trailing_nightly_batches(sqlite_engine: Engine) -> None:
     settings = load_settings(monitor_trailing_batches=2)
     add_batch(sqlite_engine, one_each(dict.fromkeys(SIX, "Sell")))  # too old to count
-    add_batch(sqlite_engine, one_each(dict.fromkeys(SIX, "Hold")))
-    add_batch(sqlite_engine, one_each(dict(zip(SIX, ["Hold"] * 3 + ["Buy"] * 3, strict=True))))
+    hold = add_batch(sqlite_engine, one_each(dict.fromkeys(SIX, "Hold")))
+    mixed = add_batch(sqlite_engine, one_each(dict(zip(SIX, ["Hold"] * 3 + ["Buy"] * 3,
+                                                       strict=True))))
     add_batch(sqlite_engine, one_each(dict.fromkeys(SIX, "Buy")), kind="rerun")  # not nightly
     add_batch(sqlite_engine, one_each(dict.fromkeys(SIX, "Sell")), status="failed")
-    current = add_batch(sqlite_engine, one_each(dict(zip(SIX, ["Buy"] * 4 + ["Overweight"] * 2,
-                                                          strict=True))))
+    current = add_batch(sqlite_engine, one_each(dict.fromkeys(SIX, "Buy")))
+    assert reference_batches(sqlite_engine, current, settings) == [mixed, hold]
     found = check_batch(sqlite_engine, current, settings)
     jump = next(f for f in found if f.kind == "distribution_jump")
     assert jump.details["trailing"] == dist(Hold=9, Buy=3)
-    # shares now (4/6 Buy, 2/6 Overweight) vs (3/12 Buy, 9/12 Hold):
-    assert jump.details["tvd"] == pytest.approx(0.5 * (abs(4 / 6 - 3 / 12) + 2 / 6 + 9 / 12))
+    assert jump.details["p_value"] == pytest.approx(exact_p_value(dist(Buy=6),
+                                                                  dist(Hold=9, Buy=3)), abs=0.01)
     assert warnings_for(sqlite_engine, current) == [f.message for f in found]
     check_batch(sqlite_engine, current, settings)  # again: replaced, not doubled
     with sqlite_engine.connect() as conn:
         stored = conn.execute(select(func.count()).select_from(BatchWarning)).scalar()
     assert stored == len(found)
+
+
+TWENTY = [f"T{i:02d}" for i in range(20)]
+NORMAL = ["Buy"] * 3 + ["Overweight"] * 4 + ["Hold"] * 8 + ["Underweight"] * 3 + ["Sell"] * 2
+
+
+def test_a_flagged_night_is_not_the_next_nights_reference(sqlite_engine: Engine) -> None:
+    settings = load_settings(monitor_max_grade_share=1.0)
+    normal = [add_batch(sqlite_engine, one_each(dict(zip(TWENTY, NORMAL, strict=True))))
+              for _ in range(3)]
+    odd = add_batch(sqlite_engine, one_each(dict.fromkeys(TWENTY, "Buy")))
+    (jump,) = check_batch(sqlite_engine, odd, settings)
+    assert jump.kind == "distribution_jump"
+    after = add_batch(sqlite_engine, one_each(dict(zip(TWENTY, NORMAL, strict=True))))
+    # The all-Buy night is left out: the normal night is compared with the normal ones.
+    assert reference_batches(sqlite_engine, after, settings) == normal[::-1]
+    assert check_batch(sqlite_engine, after, settings) == []
+    assert warnings_for(sqlite_engine, after) == []
 
 
 def all_hold(chat: ChatRequest) -> Reply | None:

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy.stats import spearmanr as student_spearman
 from scipy.stats import t as student_t
 
 from app.quality.statistics import (
@@ -13,12 +14,11 @@ from app.quality.statistics import (
     bootstrap_interval,
     compare,
     flip_rate,
-    ic_t_statistic,
+    ic_test,
     quadratic_kappa,
     samples_for,
     spearman,
     spearman_brown,
-    spearman_test,
     total_variation,
 )
 from tests.unit.quality_rows import kappa_by_hand, spearman_by_hand
@@ -81,14 +81,16 @@ def test_compare_collects_the_same_numbers() -> None:
 def test_ic_t_statistic_and_p_value() -> None:
     scores = [0.9, 0.5, 0.1, -0.2, -0.6, 0.3]
     returns = [0.04, 0.01, 0.02, -0.03, -0.01, -0.02]
-    ic, p = spearman_test(scores, returns)
+    ic = spearman(scores, returns)
     by_hand = spearman_by_hand(scores, returns)
     assert ic == pytest.approx(by_hand)
     t = by_hand * math.sqrt((6 - 2) / (1 - by_hand**2))
-    assert ic_t_statistic(ic, 6) == pytest.approx(t)
+    t_stat, p = ic_test(ic, 6)
+    assert t_stat == pytest.approx(t)
     assert p == pytest.approx(2 * student_t.sf(abs(t), 4))
-    assert ic_t_statistic(1.0, 6) is None and ic_t_statistic(0.5, 2) is None
-    assert ic_t_statistic(None, 10) is None
+    assert p == pytest.approx(student_spearman(scores, returns).pvalue)  # scipy's own
+    assert ic_test(1.0, 6) == (None, None) and ic_test(0.5, 2) == (None, None)
+    assert ic_test(None, 10) == (None, None)
 
 
 def test_spearman_brown_and_the_samples_it_calls_for() -> None:

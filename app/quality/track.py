@@ -1,0 +1,309 @@
+"""Judge the ratings over many nights: per-night rank IC at each horizon, and what it adds up to.
+
+One night says little (its IC over tens of tickers is mostly noise); the track record asks
+whether the nightly ICs average above zero. Per horizon h (trading days):
+
+- each night's rank IC (Spearman of score against the forward or excess return, as
+  ``quality forward`` computes it), the mean over nights and its t-statistic. Nights are one
+  session apart while an h-session return spans h sessions, so consecutive nights' returns
+  overlap and their ICs are correlated: the t uses a Newey–West variance with Bartlett
+  weights and lag h − 1 nights (app.quality.statistics.newey_west_t), which at h = 1 is the
+  plain mean ÷ (sd/√nights);
+- the share of nights with a positive IC, and the hit rate of every directional call pooled;
+- the long–short spread: each night's mean return of Buy/Overweight minus that of
+  Underweight/Sell, averaged over nights, with the same t; and each rating's mean return;
+- a verdict, withheld ("too few nights to judge") below ``min_nights(h)`` nights.
+
+A night is the newest finished nightly batch of an as-of date. A night whose returns are not
+there yet (too few sessions after it) is pending at that horizon and listed, never counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import date
+from typing import Any
+
+import numpy as np
+from scipy import stats
+from sqlalchemy import Engine, func, select
+
+from agents.data import DataProvider, get_provider
+from agents.decision import RATINGS
+from app.batch.store import FINISHED_STATUSES
+from app.config import Settings
+from app.db.models import Batch
+from app.errors import DataError, InputError
+from app.quality.forward import (
+    directional_hits,
+    forward_return,
+    parse_horizon,
+    scored,
+    ticker_returns,
+)
+from app.quality.grades import BatchGrades, load_grades
+from app.quality.statistics import (
+    BEARISH,
+    BULLISH,
+    mean_defined,
+    newey_west_error,
+    newey_west_t,
+    spearman,
+)
+
+MIN_NIGHTS = 20  # fewer nights with an IC than this (or 3 per session of horizon): no verdict
+SIGNIFICANCE = 0.05
+
+
+def min_nights(days: int) -> int:
+    """Return the nights a horizon needs before a verdict: 20, and 3 per session of it.
+
+    The Newey–West variance estimates h − 1 autocovariances; with few nights per lag it is
+    itself too noisy for its t to mean much.
+    """
+    return max(MIN_NIGHTS, 3 * days)
+
+
+@dataclass(frozen=True)
+class NightReturns:
+    """One night's graded tickers that have a defined return at one horizon."""
+
+    batch_id: int
+    as_of: str
+    ratings: list[str]
+    scores: list[float]
+    returns: list[float]  # forward or excess, as judged
+
+
+@dataclass(frozen=True)
+class NightIC:
+    """One night at one horizon: its tickers, IC, long–short spread and directional calls."""
+
+    batch_id: int
+    as_of: str
+    n: int
+    ic: float | None
+    long_short: float | None  # mean return of Buy/Overweight − that of Underweight/Sell
+    calls: int  # directional (non-Hold) ratings
+    hits: int  # of those, the ones whose return had their sign
+
+
+@dataclass(frozen=True)
+class RatingReturn:
+    """One rating's mean return over the nights that gave it (each night's mean, averaged)."""
+
+    rating: str
+    nights: int
+    mean_return: float | None
+
+
+@dataclass
+class HorizonRecord:
+    """The track record at one horizon."""
+
+    horizon_days: int
+    lag: int  # Newey–West lag, in nights: h − 1
+    min_nights: int
+    judged: int  # nights with a defined IC
+    mean_ic: float | None
+    sd_ic: float | None
+    t_stat: float | None
+    p_value: float | None
+    positive_share: float | None  # of judged nights, those with IC > 0
+    hit_rate: float | None  # directional calls pooled over nights
+    long_short: float | None
+    long_short_t: float | None
+    by_rating: list[RatingReturn]
+    decay: float | None  # mean IC ÷ the shortest horizon's mean IC
+    verdict: str
+    nights: list[NightIC]
+    pending: dict[str, str] = field(default_factory=dict)  # as-of -> why no returns yet
+
+
+@dataclass
+class TrackReport:
+    """Every horizon's track record over the same nights."""
+
+    nights: int
+    first: str | None
+    last: str | None
+    benchmark: str | None
+    horizons: list[HorizonRecord]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def night_ic(night: NightReturns) -> NightIC:
+    """Return one night's IC, long–short spread and directional hits."""
+    bulls = [x for r, x in zip(night.ratings, night.returns, strict=True) if r in BULLISH]
+    bears = [x for r, x in zip(night.ratings, night.returns, strict=True) if r in BEARISH]
+    spread = float(np.mean(bulls) - np.mean(bears)) if bulls and bears else None
+    hits, calls = directional_hits(night.ratings, night.returns)
+    return NightIC(night.batch_id, night.as_of, len(night.scores),
+                   spearman(night.scores, night.returns), spread, calls, hits)
+
+
+def horizon_record(nights: Sequence[NightReturns], days: int,
+                   pending: dict[str, str] | None = None) -> HorizonRecord:
+    """Return the track record of ``nights`` (in as-of order) at a horizon of ``days``."""
+    per_night = [night_ic(n) for n in nights]
+    ics = [n.ic for n in per_night if n.ic is not None]
+    lag = days - 1  # one night per session: a night's return overlaps the next h − 1 nights'
+    t_stat, p_value = newey_west_t(ics, lag) if ics else (None, None)
+    spreads = [n.long_short for n in per_night if n.long_short is not None]
+    calls = sum(n.calls for n in per_night)
+    needed = min_nights(days)
+    mean_ic = mean_defined(ics)
+    return HorizonRecord(
+        horizon_days=days, lag=lag, min_nights=needed, judged=len(ics), mean_ic=mean_ic,
+        sd_ic=float(np.std(ics, ddof=1)) if len(ics) > 1 else None,
+        t_stat=t_stat, p_value=p_value,
+        positive_share=sum(ic > 0 for ic in ics) / len(ics) if ics else None,
+        hit_rate=sum(n.hits for n in per_night) / calls if calls else None,
+        long_short=mean_defined(spreads),
+        long_short_t=newey_west_t(spreads, lag)[0] if spreads else None,
+        by_rating=[_rating_return(rating, nights) for rating in RATINGS],
+        decay=None, verdict=verdict(len(ics), needed, mean_ic, t_stat, p_value),
+        nights=per_night, pending=dict(pending or {}),
+    )
+
+
+@dataclass(frozen=True)
+class RunningMean:
+    """The mean IC over the nights up to one night, with its 95% band."""
+
+    as_of: str
+    ic: float
+    mean: float
+    low: float | None  # mean ∓ t(0.975, nights − 1) × its Newey–West error; None below 2
+    high: float | None
+
+
+def running_mean(record: HorizonRecord, level: float = 0.95) -> list[RunningMean]:
+    """Return, night by night, the mean IC so far and its band (the web page's plot)."""
+    points, ics = [], []
+    for night in record.nights:
+        if night.ic is None:
+            continue
+        ics.append(night.ic)
+        mean = float(np.mean(ics))
+        error = newey_west_error(ics, min(record.lag, len(ics) - 1))
+        half = (None if error is None
+                else float(stats.t.ppf(0.5 + level / 2, len(ics) - 1)) * error)
+        points.append(RunningMean(night.as_of, night.ic, mean,
+                                  None if half is None else mean - half,
+                                  None if half is None else mean + half))
+    return points
+
+
+def verdict(judged: int, needed: int, mean_ic: float | None, t_stat: float | None,
+            p_value: float | None) -> str:
+    """Say in words what the nights show (module notes)."""
+    if judged < needed:
+        return f"too few nights to judge: {judged} of the {needed} needed"
+    if t_stat is None or p_value is None:
+        return (f"every night the same IC ({mean_ic:+.2f}): no spread to test"
+                if mean_ic is not None else "no IC defined")
+    if p_value >= SIGNIFICANCE:
+        return f"no evidence the ratings predict returns (p {p_value:.2f})"
+    shown = "p < 0.0001" if p_value < 1e-4 else f"p {p_value:.4f}"
+    if t_stat > 0:
+        return f"the ratings predicted returns: mean IC above 0 ({shown})"
+    return f"the ratings predicted returns backwards: mean IC below 0 ({shown})"
+
+
+def _rating_return(rating: str, nights: Sequence[NightReturns]) -> RatingReturn:
+    means = [float(np.mean([x for r, x in zip(n.ratings, n.returns, strict=True)
+                            if r == rating]))
+             for n in nights if rating in n.ratings]
+    return RatingReturn(rating, len(means), mean_defined(means))
+
+
+def parse_horizons(text: str) -> list[int]:
+    """Return the distinct horizons of ``5d,20d``, shortest first; InputError otherwise."""
+    days = [parse_horizon(part) for part in text.split(",") if part.strip()]
+    if not days:
+        raise InputError(f"--horizon takes trading days like 5d,20d (got {text!r})")
+    return sorted(set(days))
+
+
+def providers(settings: Settings) -> Callable[[BatchGrades], DataProvider]:
+    """Return each batch's data provider: the one it recorded, else the setting's (cached)."""
+    built: dict[str, DataProvider] = {}
+
+    def provider_for(grades: BatchGrades) -> DataProvider:
+        name = str(grades.settings.get("data_provider") or settings.data_provider)
+        if name not in built:
+            built[name] = get_provider(name, settings.data_dir)
+        return built[name]
+
+    return provider_for
+
+
+def track_nights(engine: Engine, *, nights: int | None = None,
+                 since: date | None = None) -> list[int]:
+    """Return the nights' batch ids in as-of order: the newest finished nightly of each date.
+
+    ``since`` keeps the as-of dates on or after it; ``nights`` the last that many.
+    InputError when there is none.
+    """
+    stmt = (select(func.max(Batch.id)).where(Batch.kind == "nightly",
+                                             Batch.status.in_(FINISHED_STATUSES))
+            .group_by(Batch.as_of).order_by(Batch.as_of))
+    if since is not None:
+        stmt = stmt.having(Batch.as_of >= since)
+    with engine.connect() as conn:
+        ids = [int(i) for i in conn.execute(stmt).scalars()]
+    if nights is not None:
+        ids = ids[-nights:]
+    if not ids:
+        where = f" since {since}" if since else ""
+        raise InputError(f"no finished nightly batch{where}: run `nightdesk run` first")
+    return ids
+
+
+def track_report(engine: Engine, batch_ids: Sequence[int], horizons: Sequence[int],
+                 provider_for: Callable[[BatchGrades], DataProvider], *,
+                 benchmark: str | None = None) -> TrackReport:
+    """Return the track record of the given nights at each horizon (shortest first)."""
+    loaded = [load_grades(engine, i) for i in batch_ids]
+    records = []
+    for days in sorted(set(horizons)):
+        usable, pending = [], {}
+        for grades in loaded:
+            night, why = _night_returns(grades, provider_for(grades), days, benchmark)
+            if night is None:
+                pending[grades.as_of.isoformat()] = why
+            else:
+                usable.append(night)
+        records.append(horizon_record(usable, days, pending))
+    base = records[0].mean_ic if records else None
+    for record in records:
+        if base and record.mean_ic is not None:
+            record.decay = record.mean_ic / base
+    return TrackReport(nights=len(loaded),
+                       first=loaded[0].as_of.isoformat() if loaded else None,
+                       last=loaded[-1].as_of.isoformat() if loaded else None,
+                       benchmark=benchmark, horizons=records)
+
+
+def _night_returns(grades: BatchGrades, provider: DataProvider, days: int,
+                   benchmark: str | None) -> tuple[NightReturns | None, str]:
+    """Return the night's tickers with a defined return, or None and why there are none."""
+    bench = None
+    if benchmark:
+        try:
+            bench = forward_return(provider, benchmark, grades.as_of, days)[2]
+        except DataError as error:
+            return None, f"benchmark {benchmark}: {str(error).removeprefix(benchmark + ': ')}"
+        if bench is None:
+            return None, f"benchmark {benchmark}: return undefined"
+    rows, missing = ticker_returns(provider, grades, days, bench)
+    kept, target = scored(rows)
+    if not kept:
+        reasons = sorted(set(missing.values())) or ["no ticker with a defined return"]
+        return None, "; ".join(reasons[:2])
+    return NightReturns(grades.batch_id, grades.as_of.isoformat(), [r.rating for r in kept],
+                        [r.score for r in kept], target), ""

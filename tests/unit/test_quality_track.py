@@ -1,0 +1,289 @@
+"""Check `quality track` on constructed nights with a known answer, against an outside computation.
+
+The outside computation: scipy.stats.spearmanr per night, and the Newey–West variance written
+as its double sum over every pair of nights with Bartlett weights (a matrix), not the
+autocovariance loop app/quality/statistics.py uses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from datetime import date, timedelta
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from fastapi.testclient import TestClient
+from scipy import stats
+from sqlalchemy import Engine
+
+from agents.data.freeze import write_manifest, write_ticker
+from agents.data.snapshot import Manifest
+from app.quality.statistics import newey_west_t
+from app.quality.track import NightReturns, horizon_record, min_nights, running_mean
+from app.web.auth import Guard
+from app.web.reruns import RerunQueue
+from app.web.server import create_app
+from tests.unit.quality_rows import add_batch, band_by_hand, spearman_by_hand
+from tests.unit.test_report import nightdesk
+
+
+def newey_west_by_matrix(values: list[float], lag: int) -> tuple[float, float]:
+    """t and p of the mean from S = T/(T−1) · eᵀWe / T, W_ij = max(0, 1 − |i−j|/(lag+1))."""
+    x = np.array(values)
+    count = len(x)
+    e = x - x.mean()
+    distance = np.abs(np.subtract.outer(np.arange(count), np.arange(count)))
+    weights = np.clip(1 - distance / (lag + 1), 0, None)
+    long_run = float(e @ weights @ e) / count * count / (count - 1)
+    t = float(x.mean() / math.sqrt(long_run / count))
+    return t, float(2 * stats.t.sf(abs(t), count - 1))
+
+
+def make_nights(scores: np.ndarray, returns: np.ndarray) -> list[NightReturns]:
+    start = date(2025, 1, 1)
+    return [NightReturns(i, (start + timedelta(days=i)).isoformat(),
+                         [band_by_hand(float(s)) for s in night_scores],
+                         [float(s) for s in night_scores], [float(r) for r in night_returns])
+            for i, (night_scores, night_returns) in enumerate(zip(scores, returns,
+                                                                  strict=True))]
+
+
+def scores_for(rng: np.random.Generator, nights: int, tickers: int) -> np.ndarray:
+    return np.clip(rng.normal(0, 0.45, size=(nights, tickers)), -1, 1)
+
+
+def test_perfect_ratings() -> None:
+    scores = scores_for(np.random.default_rng(1), 30, 12)
+    record = horizon_record(make_nights(scores, 0.08 * scores + 0.001 * scores**3), 1)
+    assert record.judged == 30 and record.mean_ic == pytest.approx(1.0)
+    assert record.t_stat is None and record.p_value is None  # no spread: t is infinite
+    assert record.hit_rate == 1.0 and record.positive_share == 1.0
+    assert record.long_short is not None and record.long_short > 0
+    assert "every night the same IC (+1.00)" in record.verdict
+
+
+def test_reversed_ratings() -> None:
+    scores = scores_for(np.random.default_rng(2), 30, 12)
+    record = horizon_record(make_nights(scores, -0.05 * scores), 1)
+    assert record.mean_ic == pytest.approx(-1.0) and record.positive_share == 0.0
+    assert record.hit_rate == 0.0
+    assert record.long_short is not None and record.long_short < 0
+    by_rating = {b.rating: b.mean_return for b in record.by_rating}
+    assert by_rating["Buy"] < 0 < by_rating["Sell"]  # type: ignore[operator]
+
+
+def check_against_outside(record_nights: list[NightReturns], days: int) -> tuple[float, float]:
+    """Compare the record with scipy and the matrix Newey–West; return its mean IC and t."""
+    record = horizon_record(record_nights, days)
+    outside = [float(stats.spearmanr(n.scores, n.returns).statistic) for n in record_nights]
+    assert [n.ic for n in record.nights] == pytest.approx(outside, abs=1e-12)
+    assert record.mean_ic == pytest.approx(float(np.mean(outside)), abs=1e-12)
+    t, p = newey_west_by_matrix(outside, days - 1)
+    assert record.t_stat == pytest.approx(t, rel=1e-9)
+    assert record.p_value == pytest.approx(p, rel=1e-9, abs=1e-15)
+    calls = [(r, x) for n in record_nights for r, x in zip(n.ratings, n.returns, strict=True)
+             if r != "Hold"]
+    hits = sum((r in ("Buy", "Overweight")) == (x > 0) for r, x in calls if x != 0)
+    assert record.hit_rate == pytest.approx(hits / len(calls))
+    assert record.mean_ic is not None and record.t_stat is not None
+    return record.mean_ic, record.t_stat
+
+
+def test_random_ratings_show_no_skill() -> None:
+    rng = np.random.default_rng(3)
+    scores = scores_for(rng, 250, 30)
+    nights = make_nights(scores, rng.normal(0, 0.02, size=(250, 30)))
+    mean_ic, t = check_against_outside(nights, 1)
+    assert abs(t) < 3 and abs(mean_ic) < 0.03
+    record = horizon_record(nights, 1)
+    assert record.p_value is not None and record.p_value > 0.05
+    assert record.verdict.startswith("no evidence the ratings predict returns")
+
+
+def test_a_weak_true_signal_of_ic_005_over_250_nights() -> None:
+    rng = np.random.default_rng(4)
+    # Normal scores and returns with correlation rho have Spearman (6/π)·asin(rho/2): 0.05.
+    rho = 2 * math.sin(0.05 * math.pi / 6)
+    latent = rng.normal(size=(250, 100))
+    returns = rho * latent + math.sqrt(1 - rho * rho) * rng.normal(size=(250, 100))
+    nights = make_nights(np.tanh(latent / 2), 0.02 * returns)  # tanh keeps the order
+    mean_ic, t = check_against_outside(nights, 1)
+    # One night's IC over 100 tickers has sd ≈ 1/√99: the mean over 250 is ±0.0064.
+    assert abs(mean_ic - 0.05) < 3 / math.sqrt(99 * 250)
+    assert t > 3
+    assert "the ratings predicted returns: mean IC above 0" in horizon_record(nights, 1).verdict
+
+
+def test_overlapping_horizons_get_the_newey_west_t() -> None:
+    # Each night's 5-session return shares 4 sessions with the next night's, and a ticker's
+    # score persists from night to night (as a model's view does): neighbouring nights' ICs
+    # are then correlated, and the plain t, which assumes they are not, overstates.
+    rng = np.random.default_rng(5)
+    nights_n, tickers, horizon = 150, 40, 5
+    scores = np.empty((nights_n + horizon, tickers))
+    scores[0] = rng.normal(size=tickers)
+    for i in range(1, len(scores)):
+        scores[i] = 0.9 * scores[i - 1] + math.sqrt(1 - 0.81) * rng.normal(size=tickers)
+    daily = 0.05 * np.roll(scores, 1, axis=0) + rng.normal(size=scores.shape)
+    forward = np.array([daily[i + 1:i + 1 + horizon].sum(axis=0) for i in range(nights_n)])
+    nights = make_nights(np.tanh(scores[:nights_n] / 2), 0.01 * forward)
+    _, t = check_against_outside(nights, horizon)
+    ics = [n.ic for n in horizon_record(nights, horizon).nights]
+    plain = float(np.mean(ics) / (np.std(ics, ddof=1) / math.sqrt(len(ics))))  # type: ignore[arg-type]
+    assert newey_west_t(ics, 0)[0] == pytest.approx(plain)  # type: ignore[arg-type]
+    assert abs(t) < 0.8 * abs(plain)
+
+
+def test_too_few_nights_to_judge() -> None:
+    scores = scores_for(np.random.default_rng(6), 19, 12)
+    record = horizon_record(make_nights(scores, 0.05 * scores), 1)
+    assert min_nights(1) == 20 and min_nights(20) == 60
+    assert record.verdict == "too few nights to judge: 19 of the 20 needed"
+    assert record.mean_ic == pytest.approx(1.0)  # the figures are still shown
+
+
+def test_running_mean_and_its_band() -> None:
+    rng = np.random.default_rng(7)
+    scores = scores_for(rng, 40, 20)
+    nights = make_nights(scores, 0.02 * scores + rng.normal(0, 0.02, size=scores.shape))
+    record = horizon_record(nights, 3)
+    points = running_mean(record)
+    ics = [n.ic for n in record.nights]
+    assert [p.ic for p in points] == ics
+    for i, point in enumerate(points, start=1):
+        assert point.mean == pytest.approx(float(np.mean(ics[:i])))  # type: ignore[arg-type]
+    last = points[-1]
+    t, _ = newey_west_by_matrix(ics, 2)  # type: ignore[arg-type]
+    half = stats.t.ppf(0.975, 39) * last.mean / t
+    assert last.low == pytest.approx(last.mean - half) and last.high == pytest.approx(
+        last.mean + half)
+    assert points[0].low is None  # one night has no band
+
+
+# --- through the database and the command line ---------------------------------------
+
+FIRST_NIGHT = date(2026, 11, 23)  # a Monday: nights on five consecutive sessions
+
+
+def write_night(data: Path, as_of: date, closes: dict[str, tuple[float, list[float]]]) -> None:
+    for ticker, (close, ahead) in closes.items():
+        history = pd.bdate_range(end=as_of, periods=5)
+        future = pd.bdate_range(start=as_of + timedelta(days=1), periods=len(ahead))
+        values = [close] * len(history) + ahead
+        index = pd.DatetimeIndex(list(history.append(future)), name="date")
+        frame = pd.DataFrame({c: values for c in ("open", "high", "low", "close")} |
+                             {"volume": [1.0] * len(values)}, index=index)
+        write_ticker(data, as_of, ticker, frame, {}, [], [])
+    write_manifest(data, as_of, Manifest("test", "x", False, list(closes)))
+
+
+NIGHT_SCORES = [
+    {"AAA": 0.8, "BBB": 0.3, "CCC": 0.0, "DDD": -0.4, "EEE": -0.9},
+    {"AAA": -0.2, "BBB": 0.6, "CCC": 0.1, "DDD": 0.4, "EEE": -0.6},
+    {"AAA": 0.1, "BBB": -0.7, "CCC": 0.9, "DDD": 0.2, "EEE": -0.3},
+]
+# Closes one and two sessions after each night (the close on the night is 100).
+NIGHT_AHEAD = [
+    {"AAA": [104, 107], "BBB": [101, 99], "CCC": [100.5, 103], "DDD": [97, 98], "EEE": [95, 96]},
+    {"AAA": [99, 97], "BBB": [103, 101], "CCC": [98, 100], "DDD": [102, 104], "EEE": [101, 95]},
+    # The last night has one session of prices after it: pending at 2 sessions.
+    {"AAA": [102], "BBB": [96], "CCC": [99], "DDD": [101], "EEE": [100]},
+]
+
+
+@pytest.fixture
+def three_nights(sqlite_engine: Engine, tmp_path: Path) -> list[int]:
+    ids = []
+    for i, (scores, ahead) in enumerate(zip(NIGHT_SCORES, NIGHT_AHEAD, strict=True)):
+        as_of = FIRST_NIGHT + timedelta(days=i)
+        write_night(tmp_path / "data", as_of,
+                    {t: (100.0, [float(x) for x in ahead[t]]) for t in scores})
+        if i == 1:  # an older batch of the same night: the newest one is the night
+            add_batch(sqlite_engine, {t: [("Hold", 0.0)] for t in scores}, as_of=as_of,
+                      settings={"samples": 1, "data_provider": "snapshot"})
+        ids.append(add_batch(sqlite_engine, {t: [(band_by_hand(s), s)] for t, s in
+                                             scores.items()}, as_of=as_of,
+                             settings={"samples": 1, "data_provider": "snapshot"}))
+    return ids
+
+
+def test_cli_track_json_by_hand(three_nights: list[int], monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d,2d",
+                               "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["nights"] == 3 and data["first"] == "2026-11-23"
+    one, two = data["horizons"]
+    assert [n["batch_id"] for n in one["nights"]] == three_nights
+    for horizon, record in ((0, one), (1, two)):
+        expected = []
+        for scores, ahead in zip(NIGHT_SCORES, NIGHT_AHEAD, strict=True):
+            if len(ahead["AAA"]) <= horizon:
+                continue
+            tickers = sorted(scores)
+            expected.append(spearman_by_hand([scores[t] for t in tickers],
+                                             [ahead[t][horizon] / 100 - 1 for t in tickers]))
+        assert [n["ic"] for n in record["nights"]] == pytest.approx(expected)
+        assert record["mean_ic"] == pytest.approx(sum(expected) / len(expected))
+        assert record["verdict"].startswith("too few nights to judge")
+    assert list(two["pending"]) == ["2026-11-25"]
+    assert "only 1 of 2 sessions" in two["pending"]["2026-11-25"]
+    assert two["decay"] == pytest.approx(two["mean_ic"] / one["mean_ic"])
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--nights", "1",
+                               "--horizon", "1d", "--format", "json")
+    assert [n["batch_id"] for n in json.loads(out)["horizons"][0]["nights"]] == three_nights[2:]
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--since", "2026-11-24",
+                               "--horizon", "1d", "--format", "json")
+    assert json.loads(out)["nights"] == 2
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d,2d")
+    assert code == 0, err
+    assert "too few nights to judge" in out and "rank IC per night" in out
+    assert "no 2d returns for the night of 2026-11-25" in " ".join(out.split())
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--nights", "2", "--since", "2026-11-01"], "give one"),
+    (["--since", "24/11/2026"], "--since takes a date"),
+    (["--horizon", "5d,x"], "--horizon takes trading days"),
+    (["--horizon", ","], "--horizon takes trading days"),
+    (["--nights", "0"], "--nights"),
+    (["--since", "2030-01-01"], "no finished nightly batch since 2030-01-01"),
+])
+def test_cli_track_bad_input_is_one_line_exit_2(
+        three_nights: list[int], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", *args)
+    assert code == 2 and out == "", err
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+@pytest.fixture
+def web(sqlite_engine: Engine) -> Iterator[TestClient]:
+    app = create_app(sqlite_engine, Guard("operator", "pw"), RerunQueue(), stale_after_s=120.0)
+    with TestClient(app) as client:
+        yield client
+
+
+def test_the_track_record_page(three_nights: list[int], web: TestClient) -> None:
+    page = web.get("/track?horizon=1d,2d", auth=("operator", "pw"))
+    assert page.status_code == 200
+    html = page.text
+    assert "<h1>Track record</h1>" in html and 'href="/track"' in html
+    for days in ("1d", "2d"):
+        assert f'aria-label="track-{days}"' in html  # the plot, drawn as inline SVG
+        assert f'id="track-{days}-mean"' in html and f'id="track-{days}-nights"' in html
+    assert "too few nights to judge: 3 of the 20 needed" in html
+    assert "2026-11-25 (only 1 of 2 sessions" in html
+    assert web.get("/track?horizon=5x", auth=("operator", "pw")).status_code == 400
+    assert web.get("/track", auth=("operator", "wrong")).status_code == 401
+
+
+def test_the_track_record_page_before_any_night(sqlite_engine: Engine,
+                                                web: TestClient) -> None:
+    page = web.get("/track", auth=("operator", "pw"))
+    assert page.status_code == 200 and "No finished nightly batch yet" in page.text
