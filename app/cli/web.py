@@ -49,7 +49,7 @@ def web(
     # The reruns write where this server reads, whatever else their environment says.
     queue = RerunQueue(parallel=reruns, env={"NIGHTDESK_DATABASE_URL": settings.database_url})
     app = create_app(engine, Guard(settings.web_user, password or None), queue,
-                     stale_after_s=settings.heartbeat_stale_s)
+                     stale_after_s=settings.heartbeat_stale_s, settings=settings)
     typer.echo(f"nightdesk web on http://{host}:{port}/"
                + ("" if password else " (no password: --local-only)"), err=True)
     uvicorn.run(app, host=host, port=port, log_level=settings.log_level.lower(),

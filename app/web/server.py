@@ -13,6 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.config import Settings, get_settings
 from app.db.engine import check_reachable
 from app.errors import DatabaseError
 from app.web import api, pages
@@ -22,8 +23,11 @@ from app.web.state import WebState
 
 
 def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
-               stale_after_s: float) -> FastAPI:
-    """Return the app; the rerun queue runs for as long as the app does (its lifespan)."""
+               stale_after_s: float, settings: Settings | None = None) -> FastAPI:
+    """Return the app; the rerun queue runs for as long as the app does (its lifespan).
+
+    ``settings`` (default: ``get_settings()``) give the schedule the night's status reads.
+    """
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -35,7 +39,8 @@ def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
     app = FastAPI(title="nightdesk", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.web = WebState(engine=engine, guard=guard, reruns=reruns,
-                             stale_after_s=stale_after_s)
+                             stale_after_s=stale_after_s,
+                             settings=settings or get_settings())
     app.mount("/static", StaticFiles(packages=[("app.web", "static")]), name="static")
     app.include_router(pages.router)
     app.include_router(api.router)
