@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 import signal
 import socket
@@ -50,6 +51,8 @@ from app.schedule import NightlyTrigger, schedule_zone
 log = structlog.get_logger(__name__)
 
 JOB_ID = "nightdesk-nightly"
+# The level a finished night is logged at; any other outcome is an error.
+NIGHT_LEVELS = {"succeeded": logging.INFO, "partial": logging.WARNING}
 JOBS_TABLE = "apscheduler_jobs"
 
 NightRunner = Callable[..., NightlyResult]
@@ -274,9 +277,11 @@ class NightlyDaemon:
                 log.error("nightly run stopped", batch_id=outcome.batch_id,
                           status=outcome.status, error=outcome.halt.message)
             else:
-                log.info("nightly run finished", batch_id=outcome.batch_id,
-                         status=outcome.status, succeeded=len(outcome.succeeded),
-                         failed=len(outcome.failed))
+                # Loud as the timer's path: there a partial night exits 3 and a failed one 1,
+                # and either starts the unit's OnFailure= alert.
+                log.log(NIGHT_LEVELS.get(outcome.status, logging.ERROR), "nightly run finished",
+                        batch_id=outcome.batch_id, status=outcome.status,
+                        succeeded=len(outcome.succeeded), failed=len(outcome.failed))
         finally:
             self.in_run = False
             if in_main and self.handling_signals:

@@ -28,6 +28,7 @@ from app.batch.store import FINISHED_STATUSES
 from app.config import Settings
 from app.db.engine import ready_engine
 from app.db.models import Batch
+from app.digest import send_digest
 from app.errors import InputError
 from serving.facts import batch_server_facts
 
@@ -127,7 +128,9 @@ def _runner(settings: Settings, engine: Engine) -> BatchEngine:
 def execute_plan(settings: Settings, engine: Engine, plan: BatchPlan) -> BatchOutcome:
     """Run one batch to its final row; SIGTERM or Ctrl-C stop it as interrupted (resumable)."""
     runner = _runner(settings, engine)
-    return run_batch(runner.run(plan), runner.halt, settings.shutdown_grace_s)
+    outcome = run_batch(runner.run(plan), runner.halt, settings.shutdown_grace_s)
+    send_digest(settings, engine, outcome)
+    return outcome
 
 
 def resume_batch(settings: Settings, engine: Engine,
@@ -135,7 +138,9 @@ def resume_batch(settings: Settings, engine: Engine,
     """Continue a cut-short batch from where it stopped: each unfinished ticker after its last
     checkpointed node, none of the finished ones again."""
     runner = _runner(settings, engine)
-    return run_batch(runner.resume(point), runner.halt, settings.shutdown_grace_s)
+    outcome = run_batch(runner.resume(point), runner.halt, settings.shutdown_grace_s)
+    send_digest(settings, engine, outcome)
+    return outcome
 
 
 def _orphans(engine: Engine) -> None:

@@ -121,6 +121,14 @@ def test_the_batch_unit_wants_vllm_and_never_requires_it() -> None:
     assert shlex.split(service["ExecStart"][0])[1:] == ["run", "--continue-night"]
 
 
+@pytest.mark.parametrize("name", ["nightdesk-batch.service", "nightdesk-scheduler.service"])
+def test_both_ways_of_firing_the_night_start_the_alert_when_they_fail(name: str) -> None:
+    # The timer's batch unit fails on a partial or failed night; the daemon's unit when it
+    # cannot keep running. Either way the alert unit is started, as its instance verified.
+    unit = parse_unit(DEPLOY / name)
+    assert unit["Unit"]["OnFailure"] == ["nightdesk-alert@%n.service"]
+
+
 def test_the_timer_fires_the_batch_at_0010_and_catches_up() -> None:
     timer = parse_unit(DEPLOY / "nightdesk-batch.timer")["Timer"]
     assert timer["Persistent"] == ["true"]
