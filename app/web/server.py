@@ -6,20 +6,22 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.config import Settings, get_settings
 from app.db.engine import check_reachable
 from app.errors import DatabaseError
+from app.metrics import night_registry
 from app.web import api, pages
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
-from app.web.state import WebState
+from app.web.state import WebState, require_user
 
 
 def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
@@ -53,6 +55,13 @@ def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
         except DatabaseError:
             return JSONResponse({"status": "error", "database": "unreachable"}, 503)
         return JSONResponse({"status": "ok", "database": "ok"})
+
+    registry = night_registry(engine, app.state.web.settings)
+
+    @app.get("/metrics", include_in_schema=False, dependencies=[Depends(require_user)])
+    def metrics() -> Response:
+        """Answer Prometheus text read from the database (app/metrics.py), behind the auth."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> Any:
