@@ -202,9 +202,13 @@ def test_a_stopped_batch_gets_its_grace_before_systemd_kills_it() -> None:
                    (DEPLOY / "nightdesk.env.example").read_text().splitlines()
                    if line.strip() and not line.lstrip().startswith("#"))
     grace = max(grace, float(example.get("NIGHTDESK_SHUTDOWN_GRACE_S", grace)))
+    # Then the interrupted night's digest goes out, within its own limit.
+    notify = Settings.model_fields["notify_timeout_s"].default
+    notify = max(notify, float(example.get("NIGHTDESK_NOTIFY_TIMEOUT_S", notify)))
     for name in ("nightdesk-batch.service", "nightdesk-scheduler.service"):
         [stop] = parse_unit(DEPLOY / name)["Service"]["TimeoutStopSec"]
         match = re.fullmatch(r"(\d+)(min|s)?", stop)
         assert match, (name, stop)
         seconds = int(match.group(1)) * (60 if match.group(2) == "min" else 1)
-        assert seconds >= grace + 30, (name, stop, grace)  # room to write the status after
+        # Room to write the status, then send the digest.
+        assert seconds >= grace + notify + 30, (name, stop, grace, notify)
