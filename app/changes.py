@@ -193,13 +193,22 @@ def compare_nights(engine: Engine, batch_id: int | None = None,
         if batch_id is None:
             raise InputError("no finished nightly batch yet: run `nightdesk run` first")
     batch, rows = ranking(engine, batch_id)
+    chosen = against_id is not None
     if against_id is None:
         against_id = previous_night(engine, batch.id)
     if against_id is None:
         return NightChanges(batch.id, batch.as_of, None, None,
                             [_unpaired(r) for r in rows])
     against, against_rows = ranking(engine, against_id)
-    _check_comparable(batch, rows, against, against_rows)
+    try:
+        _check_comparable(batch, rows, against, against_rows)
+    except InputError:
+        if chosen:
+            raise
+        # The night before ran another universe (DEMO beside real data, a new universe
+        # file): there is nothing to compare, which is no error of the caller's.
+        return NightChanges(batch.id, batch.as_of, None, None,
+                            [_unpaired(r) for r in rows])
     before = {r.ticker: r for r in against_rows}
     now = {r.ticker: r for r in rows}
     tickers = [_pair(engine, now.get(t), before.get(t), t, against.as_of, batch.as_of)
@@ -209,7 +218,8 @@ def compare_nights(engine: Engine, batch_id: int | None = None,
 
 def _unpaired(row: RankRow) -> TickerChange:
     return TickerChange(row.ticker, row.rank, row.rating, row.score, row.status,
-                        row.contradicting, None, None, None, None, None, "no earlier night")
+                        row.contradicting, None, None, None, None, None,
+                        "no earlier night of this universe")
 
 
 def _pair(engine: Engine, now: RankRow | None, before: RankRow | None, ticker: str,

@@ -100,6 +100,7 @@ class Heartbeat:
         self.host = socket.gethostname()[:255]
         self.started_at = datetime.now(UTC)
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="nightdesk-heartbeat",
                                         daemon=True)
 
@@ -118,14 +119,18 @@ class Heartbeat:
             if changed.rowcount == 0:
                 conn.execute(insert(SchedulerBeat).values(host=self.host, **values))
 
+    def nudge(self) -> None:
+        """Beat now rather than at the next interval (the next run time has changed)."""
+        self._wake.set()
+
     def _loop(self) -> None:
-        while True:
+        while not self._stop.is_set():
             try:
                 self.beat()
             except Exception as error:  # a missed beat is not worth stopping the daemon
                 log.warning("scheduler heartbeat not stored", error=str(error))
-            if self._stop.wait(self.interval_s):
-                return
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -133,6 +138,7 @@ class Heartbeat:
 
     def __exit__(self, *_exc: object) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join()
 
 
@@ -157,6 +163,8 @@ class NightlyDaemon:
         self.scheduler.add_listener(self._started, EVENT_SCHEDULER_STARTED)
         self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
         self.scheduler.add_listener(self._after_run, EVENT_JOB_SUBMITTED | EVENT_JOB_MAX_INSTANCES)
+        self.heartbeat = Heartbeat(engine, settings.heartbeat_interval_s, self.next_run_time,
+                                   f"{settings.schedule_cron} ({self.zone})")
         self.in_run = False
         self.stopping = False
         self.handling_signals = False
@@ -201,8 +209,7 @@ class NightlyDaemon:
         self.schedule()
         self.install_signal_handlers()
         try:
-            with Heartbeat(self.engine, self.settings.heartbeat_interval_s, self.next_run_time,
-                           f"{self.settings.schedule_cron} ({self.zone})"):
+            with self.heartbeat:
                 self.scheduler.start()  # returns once shut down
         except KeyboardInterrupt:  # a stop that unwound the scheduler itself
             pass
@@ -314,6 +321,7 @@ class NightlyDaemon:
             self._shutdown()
 
     def _log_next(self, message: str) -> None:
+        self.heartbeat.nudge()  # the stored heartbeat carries the new next run
         when = self.next_run_time()
         log.info(message, next_run=None if when is None else when.isoformat(),
                  timezone=str(self.zone))

@@ -309,7 +309,7 @@ def show_changes(
         return
     if found.against_id is None:
         out.print(f"batch {found.batch_id} (as of {found.as_of}): no earlier finished night "
-                  "to compare with")
+                  "of the same universe to compare with")
         return
     table = Table(title=f"changes: batch {found.batch_id} (as of {found.as_of}) against "
                         f"batch {found.against_id} (as of {found.against_as_of})")

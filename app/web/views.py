@@ -216,26 +216,26 @@ def history_view(engine: Engine, ticker: str, nights: int = HISTORY_NIGHTS
     return points
 
 
-def _tonight(latest: Any, last_good: dict[str, Any] | None) -> dict[str, Any]:
-    """Return what the ticker page headlines: its newest run's state, rated or not.
+def _tonight(runs: list[Any], last_good: dict[str, Any] | None,
+             newest_night: int | None) -> dict[str, Any]:
+    """Return what the ticker page headlines: the ticker's newest night, rated or not.
 
-    ``rated``: the newest run succeeded in a finished batch and the ranking shows it (the
-    last good rating is that run's); otherwise the run's state and reason, and the page
-    shows the last good rating below it, dated.
+    ``rated``: the ranking of that night has a rating for the ticker (its own, or a rerun's
+    applied), which is then ``last_good``; otherwise the run's state and reason, and the
+    page shows the last good rating below it, dated. ``tonight``: that night is the newest
+    nightly batch of all (else the ticker was not in it). Without a nightly run, the newest
+    rerun stands in.
     """
-    shown_by_ranking = (last_good is not None
-                        and last_good["as_of"] == _iso(latest.as_of)
-                        and latest.batch_id in (last_good["batch_id"],
-                                                last_good["nightly_batch_id"]))
-    rated = (latest.status == "succeeded" and latest.batch_status in FINISHED_STATUSES
-             and shown_by_ranking)
-    if latest.batch_status == "running":
-        state = "running" if latest.status in ("running", "queued") else latest.status
+    run = next((r for r in runs if r.kind == "nightly"), runs[0])
+    rated = last_good is not None and last_good["nightly_batch_id"] == run.batch_id
+    if run.batch_status == "running":
+        state = "running" if run.status in ("running", "queued") else run.status
     else:
-        state = latest.status if latest.status != "queued" else latest.batch_status
+        state = run.status if run.status != "queued" else run.batch_status
     return {"rated": rated, "state": "rated" if rated else state,
-            "batch_id": latest.batch_id, "kind": latest.kind, "as_of": _iso(latest.as_of),
-            "batch_status": latest.batch_status, "error": latest.error}
+            "tonight": run.kind == "nightly" and run.batch_id == newest_night,
+            "batch_id": run.batch_id, "kind": run.kind, "as_of": _iso(run.as_of),
+            "batch_status": run.batch_status, "error": run.error}
 
 
 def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> dict[str, Any] | None:
@@ -270,12 +270,15 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> dict[str, 
               for r in runs if r.kind == "rerun"]
     history = history_view(engine, ticker)
     last_good = next((p for p in reversed(history) if p["score"] is not None), None)
+    with engine.connect() as conn:
+        newest_night = conn.execute(select(func.max(Batch.id))
+                                    .where(Batch.kind == "nightly")).scalar()
     return {
         "ticker": ticker,
         "latest": {"batch_id": latest.batch_id, "kind": latest.kind, "status": latest.status,
                    "batch_status": latest.batch_status, "as_of": _iso(latest.as_of),
                    "error": latest.error},
-        "tonight": _tonight(latest, last_good),
+        "tonight": _tonight(list(runs), last_good, newest_night),
         "last_good": last_good,
         "shown": {**batch_json(batch), "ticker_status": shown.status,
                   "runs": _nodes_of_run(engine, batch, ticker)},

@@ -147,3 +147,17 @@ def test_against_a_batch_of_another_universe_is_refused(sqlite_engine: Engine) -
         result = run_cli("changes", "--batch", str(second), "--against", str(against))
         assert result.code == 2 and len(result.error_lines) == 1, result.stderr
         assert words in result.stderr
+
+
+def test_the_default_night_before_of_another_universe_is_no_error(sqlite_engine: Engine) -> None:
+    # The night before ran on market data, tonight on DEMO data: nothing to compare, but the
+    # ranking and the changes still answer (only an explicit --against is refused).
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Hold", 0.0)},
+              settings={**SETTINGS, "demo_data": False})
+    add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {"AAA": Rated("Buy", 0.6)})
+    found = compare_nights(sqlite_engine)
+    assert found.against_id is None and found.changes == []
+    assert run_cli("ranking").code == 0
+    result = run_cli("changes")
+    assert result.code == 0 and "no earlier finished night of the same universe" in \
+        result.stdout

@@ -212,3 +212,32 @@ def test_the_ticker_page_headlines_the_ranking_s_rating(sqlite_engine: Engine,
     assert row[2:4] == ["Sell", "-0.59"]
     headline = text(page(client, "/ticker/AAA").find(id="tonight"))
     assert headline.startswith("Sell score -0.59 mean of 2 samples")
+
+
+def test_the_ticker_headline_follows_the_ranking_through_reruns(sqlite_engine: Engine,
+                                                                client: TestClient) -> None:
+    add_night(sqlite_engine, D1, DUE1, GOOD)
+    add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(error="LLMTimeoutError"),
+                                        "BBB": Rated("Hold", 0.05)})
+    # AAA's rerun of that night succeeded: the ranking applies it, and so does the headline.
+    rerun = add_night(sqlite_engine, D2, DUE2 + timedelta(hours=6),
+                      {"AAA": Rated("Overweight", 0.4)}, kind="rerun")
+    aaa = page(client, "/ticker/AAA")
+    assert aaa.find(id="tonight")["data-state"] == "rated"  # type: ignore[index]
+    assert text(aaa.find(id="tonight")).startswith("Overweight score +0.40")
+    assert "a rerun" in text(aaa.find(id="tonight")) and f"#{rerun}" in \
+        text(aaa.find(id="tonight"))
+    # BBB's rerun failed: the ranking keeps the night's Hold, and so does the headline.
+    add_night(sqlite_engine, D2, DUE2 + timedelta(hours=7), {"BBB": Rated(error="boom")},
+              kind="rerun")
+    bbb = page(client, "/ticker/BBB")
+    assert text(bbb.find(id="tonight")).startswith("Hold score +0.05")
+
+
+def test_a_ticker_not_in_the_latest_night_says_its_latest_night(sqlite_engine: Engine,
+                                                                client: TestClient) -> None:
+    first = add_night(sqlite_engine, D1, DUE1, {"AAA": Rated(error="DataError: no prices"),
+                                                "BBB": Rated("Hold", 0.0)})
+    add_night(sqlite_engine, D2, DUE2, {"BBB": Rated("Hold", 0.0)})
+    headline = text(page(client, "/ticker/AAA").find(id="tonight"))
+    assert headline.startswith(f"Its latest night: failed in nightly batch #{first}")
