@@ -286,3 +286,23 @@ def test_notify_test_without_destinations_is_an_input_error() -> None:
     assert result.code == 2
     [line] = result.error_lines
     assert line.startswith("error: NIGHTDESK_NOTIFY is not set")
+
+
+def test_destinations_from_a_toml_array(monkeypatch: pytest.MonkeyPatch,
+                                        tmp_path: Path) -> None:
+    config = tmp_path / "nightdesk.toml"
+    config.write_text('notify = ["json://127.0.0.1:9000/a", "ntfy://nightdesk"]\n')
+    monkeypatch.setenv("NIGHTDESK_CONFIG", str(config))
+    assert split_destinations(load_settings().notify) == ["json://127.0.0.1:9000/a",
+                                                          "ntfy://nightdesk"]
+    config.write_text('notify = ["json://127.0.0.1:9000/a", "jsn://x"]\n')
+    result = run_cli("notify", "test")
+    assert result.code == 2 and "destination 2 of 2" in result.error_lines[0]
+
+
+@pytest.mark.parametrize("value", ["desk.example.org", "ftp://desk.example.org", "https://"])
+def test_a_web_base_url_that_is_no_http_url_is_one_line(value: str) -> None:
+    result = run_cli("notify", "test", env={"NIGHTDESK_WEB_BASE_URL": value})
+    assert result.code == 2
+    [line] = result.error_lines
+    assert line.startswith("error: invalid setting NIGHTDESK_WEB_BASE_URL: ")
