@@ -208,6 +208,41 @@ def test_a_continued_night_sends_the_digest_of_the_whole_night(
     assert f"nightly batch #{dead}" in post["title"] and "SUCCEEDED, 2/2" in post["title"]
 
 
+def test_a_night_stopped_by_sigterm_sends_an_interrupted_digest(
+        monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
+    import os
+    import signal
+
+    from app.bench.fakechat import default_reply
+
+    tickers = demo_tickers(2)
+    sent: list[bool] = []
+
+    def script(chat: ChatRequest) -> Reply | None:
+        if not sent and chat.node == "bull_r1":
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)  # what `systemctl stop` sends
+            return Reply(default_reply(chat), delay_s=0.3)
+        return None
+
+    fake_llm(monkeypatch, script, tickers)
+    with webhook() as hook:
+        result = run_cli("run", "--tickers", ",".join(tickers), "--as-of", str(DEMO_AS_OF),
+                         "--no-preflight",
+                         env={"NIGHTDESK_NOTIFY": hook.url(), "NIGHTDESK_SHUTDOWN_GRACE_S": "10",
+                              "NIGHTDESK_DATA_DIR": str(demo_dir),
+                              "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    assert result.code == 130, result.stderr
+    with sqlite_engine.connect() as conn:
+        night = conn.execute(select(Batch.id, Batch.status)).one()
+    assert night.status == "interrupted"
+    [post] = hook.posts
+    assert f"nightly batch #{night.id} (as of {DEMO_AS_OF}) INTERRUPTED" in post["title"]
+    assert post["type"] == "failure"
+    assert f"Continue it: nightdesk run --resume {night.id}" in post["message"]
+    assert "stopped by SIGTERM" in post["message"]
+
+
 @pytest.mark.parametrize(("failing", "status", "level"), [
     (0, "succeeded", "info"), (1, "partial", "warning"), (2, "failed", "error")])
 def test_the_daemon_logs_a_night_as_loud_as_the_timer_and_sends_its_digest(
