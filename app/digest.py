@@ -100,14 +100,8 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
         rerun_lines, rows_of_rerun = _rerun_lines(engine, batch, night_id)
         lines.extend(rerun_lines)
     ranked_id = night_id if night_id is not None else batch.id
-    _, rows = ranking(engine, ranked_id)
-    rated = [r for r in rows if r.rank is not None]
-    if rated:
-        of = "" if ranked_id == batch.id else f" (the ranking of batch #{ranked_id})"
-        lines.append(f"Top {min(TOP, len(rated))}{of}: " + "; ".join(map(_row, rated[:TOP])))
-        if len(rated) > TOP:
-            lines.append(f"Bottom {min(TOP, len(rated) - TOP)}: "
-                         + "; ".join(map(_row, rated[max(TOP, len(rated) - TOP):])))
+    lines.extend(_ends(engine, ranked_id,
+                       "" if ranked_id == batch.id else f" (the ranking of batch #{ranked_id})"))
     lines.extend(_change_lines(engine, ranked_id, ended or batch.kind == "rerun"))
     failures = failed_tickers(engine, batch.id)
     if failures:
@@ -121,6 +115,19 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
     lines.append(f"Page: {page} (this batch: {base}/batches/{batch.id})")
     return Digest(batch.id, Message(title, "\n".join(lines),
                                     LEVELS.get(batch.status, "failure")))
+
+
+def _ends(engine: Engine, batch_id: int, of: str) -> list[str]:
+    """Return the top five and the bottom five of a batch's ranking (none twice)."""
+    _, rows = ranking(engine, batch_id)
+    rated = [r for r in rows if r.rank is not None]
+    if not rated:
+        return []
+    lines = [f"Top {min(TOP, len(rated))}{of}: " + "; ".join(map(_row, rated[:TOP]))]
+    if len(rated) > TOP:
+        lines.append(f"Bottom {min(TOP, len(rated) - TOP)}: "
+                     + "; ".join(map(_row, rated[max(TOP, len(rated) - TOP):])))
+    return lines
 
 
 def _rerun_lines(engine: Engine, rerun: BatchSummary, night_id: int | None

@@ -341,3 +341,21 @@ def test_a_web_base_url_that_is_no_http_url_is_one_line(value: str) -> None:
     assert result.code == 2
     [line] = result.error_lines
     assert line.startswith("error: invalid setting NIGHTDESK_WEB_BASE_URL: ")
+
+
+@pytest.mark.parametrize(("rated", "top", "bottom"), [
+    (3, "Top 3: 1. T00", None), (7, "Top 5: 1. T00", "Bottom 2: 6. T05"),
+    (12, "Top 5: 1. T00", "Bottom 5: 8. T07")])
+def test_the_two_ends_never_name_a_ticker_twice(sqlite_engine: Engine, rated: int, top: str,
+                                                bottom: str | None) -> None:
+    night = add_night(sqlite_engine, D1, at(D2, 0, 10),
+                      {f"T{i:02d}": Rated("Hold", round(0.1 - 0.01 * i, 2))
+                       for i in range(rated)})
+    lines = build_digest(sqlite_engine, load_settings(), night).message.body.splitlines()
+    [top_line] = [line for line in lines if line.startswith("Top ")]
+    bottoms = [line for line in lines if line.startswith("Bottom ")]
+    assert top_line.startswith(top)
+    assert bottoms == [] if bottom is None else bottoms[0].startswith(bottom)
+    named = [part.split(". ")[1].split()[0] for line in [top_line, *bottoms]
+             for part in line.split(": ", 1)[1].split("; ")]
+    assert len(named) == len(set(named)) == min(rated, 10)
