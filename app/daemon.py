@@ -8,7 +8,8 @@ between releases, it holds nothing but the schedule's state (lost, the daemon on
 the next run afresh), and only databases that run the daemon need it. The job runs in
 the scheduler's own (main) thread: a batch then handles SIGTERM exactly as ``nightdesk run``
 does, and two runs in one daemon can never overlap. Across daemons and timers, the nightly
-lock is what keeps a night single.
+lock is what keeps a night single. While it serves, a thread of its own writes the daemon's
+heartbeat (``scheduler_heartbeats``), which the morning's status reads (app/night.py).
 """
 
 from __future__ import annotations

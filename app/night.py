@@ -154,7 +154,7 @@ def describe(night: NightBatch, prog: Progress | None = None) -> str:
     """Return one line naming a nightly batch and its outcome."""
     head = f"nightly batch #{night.id} (as of {night.as_of}) {night.status}"
     if night.status == "running" and prog is not None:
-        eta = "" if prog.eta_s is None else f", about {_span(prog.eta_s)} left"
+        eta = "" if prog.eta_s is None else f", about {span(prog.eta_s)} left"
         return (f"{head}: {prog.tickers_done} of {prog.tickers_total} tickers done "
                 f"({prog.tickers_running} running, {prog.tickers_failed} failed), "
                 f"{prog.calls} calls{eta}")
@@ -166,9 +166,16 @@ def describe(night: NightBatch, prog: Progress | None = None) -> str:
             f"succeeded)")
 
 
-def _span(seconds: float) -> str:
-    minutes = round(seconds / 60)
-    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+def span(seconds: float | None) -> str:
+    """Show seconds as ``1 h 02 min``, ``3 min 20 s`` or ``12 s`` (the pages' format too)."""
+    if seconds is None:
+        return "—"
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    if s >= 60:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s} s"
 
 
 def latest_beat(engine: Engine, stale_s: float, now: datetime) -> SchedulerHeartbeat | None:

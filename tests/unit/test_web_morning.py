@@ -241,3 +241,33 @@ def test_a_ticker_not_in_the_latest_night_says_its_latest_night(sqlite_engine: E
     add_night(sqlite_engine, D2, DUE2, {"BBB": Rated("Hold", 0.0)})
     headline = text(page(client, "/ticker/AAA").find(id="tonight"))
     assert headline.startswith(f"Its latest night: failed in nightly batch #{first}")
+
+
+def test_a_first_night_that_failed_is_named_with_nothing_to_rank(sqlite_engine: Engine,
+                                                                 client: TestClient) -> None:
+    only = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(error="boom")}, status="failed",
+                     error="every ticker failed")
+    soup = page(client, "/")
+    assert f"batch #{only} (as of {D2}), failed: every ticker failed; no finished night to " \
+        "rank" in text(soup.find(id="banner"))
+    assert soup.find(id="night")["data-status"] == "failed"  # type: ignore[index]
+    with time_machine.travel(MORNING, tick=False):
+        api = client.get("/api/ranking", auth=AUTH).json()
+    assert api["night"]["status"] == "failed" and api["night"]["fresh"] is False
+    assert api["night"]["latest"]["id"] == only
+
+
+def test_the_running_night_s_eta_reads_the_same_on_both_faces(sqlite_engine: Engine,
+                                                              client: TestClient) -> None:
+    # 34 of 68 calls in 30 min 10 s: 30 min 10 s left, written alike by the page and the CLI.
+    now = DUE2 + timedelta(minutes=30, seconds=10)
+    add_night(sqlite_engine, D1, DUE1, GOOD)
+    add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.7), "BBB": Rated(status="running"),
+                                        "CCC": Rated(status="queued"),
+                                        "DDD": Rated(status="queued")},
+              status="running", heartbeat=now - timedelta(seconds=5), calls=34)
+    progress = text(page(client, "/", now).select_one(".progress .eta"))
+    with time_machine.travel(now, tick=False):
+        cli = run_cli("ranking", env=UTC_ENV)
+    assert progress == "about 30 min 10 s left"
+    assert "about 30 min 10 s left" in cli.stderr.splitlines()[1]
