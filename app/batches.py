@@ -120,17 +120,3 @@ def failed_tickers(engine: Engine, batch_id: int) -> list[FailedTicker]:
                                    TickerRun.status.not_in(NOT_FAILED))
                             .order_by(TickerRun.ticker)).all()
     return [FailedTicker(r.ticker, r.status, r.error) for r in rows]
-
-
-def duration_text(seconds: float | None) -> str:
-    """Say a duration the way an operator reads it: 2h 05m, 3m 12s, 41s."""
-    if seconds is None:
-        return "—"
-    whole = round(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"

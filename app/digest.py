@@ -19,11 +19,12 @@ from sqlalchemy import Engine, select
 
 from app.batch.engine import BatchOutcome
 from app.batch.store import FINISHED_STATUSES
-from app.batches import BatchSummary, batch_summary, duration_text, failed_tickers
+from app.batches import BatchSummary, batch_summary, failed_tickers
 from app.changes import TickerChange, compare_nights
 from app.config import Settings
 from app.db.models import Batch
 from app.errors import InputError
+from app.night import span
 from app.notify import Level, Message, send
 from app.ranking import RankRow, ranking
 from app.report import throughput
@@ -90,9 +91,9 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
     lines = [f"Status: {batch.status}: {batch.tickers_succeeded} of {batch.tickers_total} "
              f"tickers succeeded, {batch.tickers_failed} failed"
              + (f" — {batch.error}" if batch.error else ""),
-             f"Duration: {duration_text(batch.duration_s)}; output "
+             f"Duration: {span(batch.duration_s)}; output "
              f"{rate.output_tokens_per_s:.1f} tok/s ({rate.completion_tokens} tokens over "
-             f"{duration_text(rate.wall_seconds)} of calls)"]
+             f"{span(rate.wall_seconds)} of calls)"]
     if batch.status in ("interrupted", "crashed", "failed") and batch.kind == "nightly":
         lines.append(f"Continue it: nightdesk run --resume {batch.id}")
     rows_of_rerun: list[str] = []

@@ -19,12 +19,12 @@ from app.batches import (
     BatchSummary,
     FailedTicker,
     batch_summary,
-    duration_text,
     failed_tickers,
     list_batches,
 )
 from app.cli.common import database, setup
 from app.errors import InputError
+from app.night import span
 from app.quality.monitor import warnings_for
 from app.report import (
     BatchReport,
@@ -64,7 +64,7 @@ def render_head(batch: BatchSummary, failed: list[FailedTicker], console: Consol
     demo = "[bold red]DEMO DATA[/] " if batch.demo else ""
     console.print(f"{demo}batch {batch.id} ({batch.kind}, as of {batch.as_of}): "
                   f"[{style}]{batch.status}[/] — {batch.tickers} tickers succeeded, "
-                  f"{batch.tickers_failed} failed; duration {duration_text(batch.duration_s)}")
+                  f"{batch.tickers_failed} failed; duration {span(batch.duration_s)}")
     if batch.error:
         console.print(f"  error: {escape(batch.error)}")
     if failed:
@@ -291,7 +291,7 @@ def batches(
         table.add_row(str(row.id), row.kind,
                       f"[{STATUS_STYLES.get(row.status, 'red')}]{row.status}[/]",
                       str(row.as_of), row.tickers, str(row.tickers_failed),
-                      duration_text(row.duration_s),
+                      span(row.duration_s),
                       row.started_at.strftime("%Y-%m-%d %H:%M") if row.started_at else "—",
                       escape(row.label or ""))
     # Piped into a log or a file: do not fold the columns into 80.

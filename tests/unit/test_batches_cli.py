@@ -74,7 +74,7 @@ def test_batches_as_csv_and_table(sqlite_engine: Engine) -> None:
         "partial", "2/3", "5400.0", "")
     table = run_cli("batches").stdout
     line = next(line for line in table.splitlines() if f" {ids['night2']} " in line)
-    for cell in ("nightly", "partial", str(D2), "2/3", "1h 30m"):
+    for cell in ("nightly", "partial", str(D2), "2/3", "1 h 30 min"):
         assert cell in line, (cell, line)
 
 
@@ -102,7 +102,7 @@ def test_report_heads_with_status_as_of_duration_and_the_failed_tickers(
     assert result.code == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == (f"DEMO DATA batch {ids['night2']} (nightly, as of {D2}): partial — "
-                        "2/3 tickers succeeded, 1 failed; duration 1h 30m")
+                        "2/3 tickers succeeded, 1 failed; duration 1 h 30 min")
     assert lines[1:3] == ["failed tickers (1):", "  CCC (failed): LLMTimeoutError: no answer"]
     data = json.loads(run_cli("report", str(ids["night2"]), "--format", "json").stdout)
     assert data["batch"]["status"] == "partial" and data["batch"]["as_of"] == str(D2)

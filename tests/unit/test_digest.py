@@ -56,7 +56,7 @@ def test_the_digest_says_status_tickers_ends_changes_failures_time_rate_and_link
                      "11/12 tickers")
     lines = body.splitlines()
     assert lines[0] == "Status: partial: 11 of 12 tickers succeeded, 1 failed"
-    assert lines[1] == "Duration: 40m 00s; output 5.0 tok/s (50 tokens over 10s of calls)"
+    assert lines[1] == "Duration: 40 min 00 s; output 5.0 tok/s (50 tokens over 10 s of calls)"
     # Ranked by score: T06 .95, T00 .90, T01 .75, T02 .60, T04 .30, T05 .20, T03 .05, …
     top = next(line for line in lines if line.startswith("Top 5"))
     assert top == ("Top 5: 1. T06 Buy +0.95; 2. T00 Buy +0.90; 3. T01 Buy +0.75; "
