@@ -125,6 +125,15 @@ class Settings(BaseSettings):
     # unless told --local-only.
     web_user: str = "nightdesk"
     web_password: SecretStr | None = None
+    # The pages' address as operators open it (a tunnel's, a proxy's): the digest links there.
+    web_base_url: str = "http://127.0.0.1:8080"
+
+    # Where the morning digest and `nightdesk notify test` go (app/notify.py): Apprise URLs,
+    # comma-separated (a TOML array too); empty sends nothing.
+    notify: str = ""
+    # How long all destinations together may take to answer, so a dead one cannot hold up
+    # the end of a night.
+    notify_timeout_s: float = Field(30.0, gt=0)
 
     # The nightly run: what `nightdesk run` without --tickers/--universe, the scheduler
     # daemon and the systemd timer analyze. Unset: the snapshot's own universe.txt.
@@ -135,6 +144,9 @@ class Settings(BaseSettings):
     schedule_timezone: str | None = None
     # How late a missed night may still start (host off at 00:10): hours, not seconds.
     schedule_misfire_grace_s: int = Field(6 * 3600, ge=1)
+    # How long after its due time a night may take to create its batch before the morning's
+    # status calls the night "stale" (app/night.py); the timer path reads the same cron.
+    schedule_start_grace_s: float = Field(900.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -173,6 +185,29 @@ class Settings(BaseSettings):
             if url in urls[:position - 1]:
                 raise ValueError(f"endpoint {position} of {len(urls)} is listed twice")
         return ",".join(urls)
+
+    @field_validator("notify", mode="before")
+    @classmethod
+    def _apprise_urls(cls, value: Any) -> Any:
+        """Accept a comma-separated string or a TOML array; every URL must load in Apprise."""
+        from app.notify import check_destinations, split_destinations
+
+        if isinstance(value, list | tuple):
+            value = ",".join(str(item) for item in value)
+        if not isinstance(value, str):
+            return value  # pydantic's own type error names the setting
+        urls = split_destinations(value)
+        if urls:
+            check_destinations(urls)
+        return ",".join(urls)
+
+    @field_validator("web_base_url")
+    @classmethod
+    def _web_url(cls, value: str) -> str:
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL with a host, like https://nightdesk.example.org")
+        return value.strip().rstrip("/")
 
     @property
     def base_urls(self) -> list[str]:

@@ -8,23 +8,25 @@ between releases, it holds nothing but the schedule's state (lost, the daemon on
 the next run afresh), and only databases that run the daemon need it. The job runs in
 the scheduler's own (main) thread: a batch then handles SIGTERM exactly as ``nightdesk run``
 does, and two runs in one daemon can never overlap. Across daemons and timers, the nightly
-lock is what keeps a night single.
+lock is what keeps a night single. While it serves, a thread of its own writes the daemon's
+heartbeat (``scheduler_heartbeats``), which the morning's status reads (app/night.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
+import os
 import signal
+import socket
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import structlog
-import tzlocal
 from apscheduler.events import (
     EVENT_JOB_MAX_INSTANCES,
     EVENT_JOB_MISSED,
@@ -38,17 +40,20 @@ from apscheduler.job import Job
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers import SchedulerNotRunningError
 from apscheduler.schedulers.blocking import BlockingScheduler
-from apscheduler.triggers.cron import CronTrigger
-from sqlalchemy import Engine
+from sqlalchemy import Engine, insert, update
 
 from app.batch.nightly import NightlyResult, run_nightly
 from app.batch.signals import BatchInterrupted
 from app.config import Settings
+from app.db.models import SchedulerBeat
 from app.errors import AlreadyRunningError, NightdeskError
+from app.schedule import NightlyTrigger, schedule_zone
 
 log = structlog.get_logger(__name__)
 
 JOB_ID = "nightdesk-nightly"
+# The level a finished night is logged at; any other outcome is an error.
+NIGHT_LEVELS = {"succeeded": logging.INFO, "partial": logging.WARNING}
 JOBS_TABLE = "apscheduler_jobs"
 
 NightRunner = Callable[..., NightlyResult]
@@ -57,45 +62,6 @@ NightRunner = Callable[..., NightlyResult]
 # Set by the executor around each run: which daemon runs it, and for which scheduled time.
 _daemon: contextvars.ContextVar[NightlyDaemon] = contextvars.ContextVar("nightdesk_daemon")
 _fire_time: contextvars.ContextVar[datetime] = contextvars.ContextVar("nightdesk_fire_time")
-
-
-def schedule_zone(settings: Settings) -> tuple[ZoneInfo, str]:
-    """Return the schedule's time zone and where it came from ("setting" or "host")."""
-    if settings.schedule_timezone:
-        return ZoneInfo(settings.schedule_timezone), "setting"
-    host = tzlocal.get_localzone()
-    return (host if isinstance(host, ZoneInfo) else ZoneInfo(str(host))), "host"
-
-
-class NightlyTrigger(CronTrigger):
-    """Fire a crontab schedule at most once per wall-clock time.
-
-    APScheduler's CronTrigger follows the wall clock, so when summer time ends a time inside
-    the repeated hour (02:30 in Europe/Berlin) matches twice, an hour apart; it documents
-    this. A night must not run twice: a fire time whose local wall-clock time is not after
-    the previous fire's is passed over.
-    """
-
-    def get_next_fire_time(self, previous_fire_time: datetime | None,
-                           now: datetime) -> datetime | None:
-        following: datetime | None = super().get_next_fire_time(previous_fire_time, now)
-        if previous_fire_time is None:
-            return following
-        last = _wall(previous_fire_time, self.timezone)
-        # Twice is enough: the repeated hour happens once a day at most; the bound only
-        # guards against a trigger that keeps answering the same instant.
-        for _ in range(2):
-            if following is None or _wall(following, self.timezone) > last:
-                return following
-            # Step past it in UTC: wall-clock arithmetic would land back in the first pass.
-            following = super().get_next_fire_time(
-                following, following.astimezone(UTC) + timedelta(seconds=1))
-        return following
-
-
-def _wall(moment: datetime, zone: Any) -> datetime:
-    """Return the naive local wall-clock time of ``moment`` (the fold forgotten)."""
-    return moment.astimezone(zone).replace(tzinfo=None, fold=0)
 
 
 def scheduled_night() -> None:
@@ -119,6 +85,64 @@ class InlineExecutor(DebugExecutor):
         super()._do_submit_job(job, run_times)
 
 
+class Heartbeat:
+    """Write the daemon's ``scheduler_heartbeats`` row every ``interval_s`` while open.
+
+    A thread of its own beats while a night runs in the scheduler's thread, so the morning
+    page can tell a live daemon from a dead one. Closing stops the thread and waits for it.
+    """
+
+    def __init__(self, engine: Engine, interval_s: float,
+                 next_run: Callable[[], datetime | None], schedule: str) -> None:
+        self.engine = engine
+        self.interval_s = interval_s
+        self.next_run = next_run
+        self.schedule = schedule
+        self.host = socket.gethostname()[:255]
+        self.started_at = datetime.now(UTC)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="nightdesk-heartbeat",
+                                        daemon=True)
+
+    def beat(self) -> None:
+        """Store one heartbeat: this host's row, created or updated."""
+        try:
+            next_run = self.next_run()
+        except Exception:  # the scheduler shutting down under us: no next run to tell
+            next_run = None
+        values = {"pid": os.getpid(), "started_at": self.started_at,
+                  "beat_at": datetime.now(UTC), "next_run_at": next_run,
+                  "schedule": self.schedule[:200]}
+        with self.engine.begin() as conn:
+            changed = conn.execute(update(SchedulerBeat)
+                                   .where(SchedulerBeat.host == self.host).values(values))
+            if changed.rowcount == 0:
+                conn.execute(insert(SchedulerBeat).values(host=self.host, **values))
+
+    def nudge(self) -> None:
+        """Beat now rather than at the next interval (the next run time has changed)."""
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.beat()
+            except Exception as error:  # a missed beat is not worth stopping the daemon
+                log.warning("scheduler heartbeat not stored", error=str(error))
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+
+
 class NightlyDaemon:
     """Own one APScheduler whose single job runs tonight's batch through ``run_nightly``."""
 
@@ -140,6 +164,8 @@ class NightlyDaemon:
         self.scheduler.add_listener(self._started, EVENT_SCHEDULER_STARTED)
         self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
         self.scheduler.add_listener(self._after_run, EVENT_JOB_SUBMITTED | EVENT_JOB_MAX_INSTANCES)
+        self.heartbeat = Heartbeat(engine, settings.heartbeat_interval_s, self.next_run_time,
+                                   f"{settings.schedule_cron} ({self.zone})")
         self.in_run = False
         self.stopping = False
         self.handling_signals = False
@@ -184,7 +210,8 @@ class NightlyDaemon:
         self.schedule()
         self.install_signal_handlers()
         try:
-            self.scheduler.start()  # returns once shut down
+            with self.heartbeat:
+                self.scheduler.start()  # returns once shut down
         except KeyboardInterrupt:  # a stop that unwound the scheduler itself
             pass
         finally:
@@ -258,9 +285,11 @@ class NightlyDaemon:
                 log.error("nightly run stopped", batch_id=outcome.batch_id,
                           status=outcome.status, error=outcome.halt.message)
             else:
-                log.info("nightly run finished", batch_id=outcome.batch_id,
-                         status=outcome.status, succeeded=len(outcome.succeeded),
-                         failed=len(outcome.failed))
+                # Loud as the timer's path: there a partial night exits 3 and a failed one 1,
+                # and either starts the unit's OnFailure= alert.
+                log.log(NIGHT_LEVELS.get(outcome.status, logging.ERROR), "nightly run finished",
+                        batch_id=outcome.batch_id, status=outcome.status,
+                        succeeded=len(outcome.succeeded), failed=len(outcome.failed))
         finally:
             self.in_run = False
             if in_main and self.handling_signals:
@@ -293,6 +322,7 @@ class NightlyDaemon:
             self._shutdown()
 
     def _log_next(self, message: str) -> None:
+        self.heartbeat.nudge()  # the stored heartbeat carries the new next run
         when = self.next_run_time()
         log.info(message, next_run=None if when is None else when.isoformat(),
                  timezone=str(self.zone))

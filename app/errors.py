@@ -27,6 +27,7 @@ prints one line and exits with the error's ``exit_code`` (the table in app/cli/b
     │                                   resume is running (exit 4)
     ├── DatabaseError                   the database cannot be reached or used (exit 2)
     │   └── SchemaOutdatedError         the schema is behind the code; run ``nightdesk db upgrade``
+    ├── NotifyError                     a destination of NIGHTDESK_NOTIFY did not take a message
     ├── BatchStopped                    the batch is stopping; this ticker stays resumable
     │   └── ServerOutage                the server stayed down past the outage budget (exit 5)
     └── BatchInterrupted (app.batch.signals)  a signal stopped the batch (exit 130)
@@ -69,6 +70,7 @@ __all__ = [
     "LLMStreamError",
     "LLMTimeoutError",
     "NightdeskError",
+    "NotifyError",
     "PipelineError",
     "ProfileError",
     "SchemaOutdatedError",
@@ -95,6 +97,11 @@ class AlreadyRunningError(NightdeskError):
     # Distinct from a failed batch (1) and bad input (2): a timer or daemon can tell
     # "someone else is on it" from "tonight went wrong".
     exit_code = 4
+
+
+class NotifyError(NightdeskError):
+    """A destination did not take a message (only `notify test` says so by its exit code:
+    the digest of a night logs it and the night goes on)."""
 
 
 class DatabaseError(NightdeskError):

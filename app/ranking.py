@@ -34,6 +34,16 @@ class RankRow:
     contradicting: int = 0  # samples whose own rating contradicts their own score
 
 
+def _newest_finished(session: Session, before: Batch | None = None) -> Batch | None:
+    """Return the newest finished nightly batch (of an as-of date before ``before``'s)."""
+    query = select(Batch).where(Batch.kind == "nightly", Batch.status.in_(FINISHED_STATUSES))
+    if before is not None:
+        query = query.where(Batch.as_of < before.as_of)
+    # A partial night still ranks what it has (and lists what it lacks).
+    return session.scalars(query.order_by(Batch.finished_at.desc(), Batch.id.desc())
+                           .limit(1)).first()
+
+
 def _pick_batch(engine: Engine, batch_id: int | None) -> Batch:
     with Session(engine, expire_on_commit=False) as session:
         if batch_id is not None:
@@ -41,16 +51,28 @@ def _pick_batch(engine: Engine, batch_id: int | None) -> Batch:
             if found is None:
                 raise InputError(f"no batch with id {batch_id}")
         else:
-            found = session.scalars(
-                # A partial night still ranks what it has (and lists what it lacks).
-                select(Batch).where(Batch.kind == "nightly",
-                                    Batch.status.in_(FINISHED_STATUSES))
-                .order_by(Batch.finished_at.desc(), Batch.id.desc()).limit(1)
-            ).first()
+            found = _newest_finished(session)
             if found is None:
                 raise InputError("no finished nightly batch yet: run `nightdesk run` first")
         session.expunge(found)
     return found
+
+
+def ranked_night(engine: Engine) -> int | None:
+    """Return the id of the batch the ranking shows by default (None: no finished night)."""
+    with Session(engine) as session:
+        found = _newest_finished(session)
+        return None if found is None else found.id
+
+
+def previous_night(engine: Engine, batch_id: int) -> int | None:
+    """Return the newest finished nightly batch of an as-of date before ``batch_id``'s."""
+    with Session(engine) as session:
+        current = session.get(Batch, batch_id)
+        if current is None:
+            raise InputError(f"no batch with id {batch_id}")
+        found = _newest_finished(session, current)
+        return None if found is None else found.id
 
 
 def _aggregate(ticker: str, batch_id: int, decisions: list[Decision], status: str,

@@ -45,6 +45,33 @@ class BatchReport:
         return data
 
 
+@dataclass(frozen=True)
+class Throughput:
+    """A batch's output over its makespan: first call start to last call end."""
+
+    completion_tokens: int
+    wall_seconds: float
+    output_tokens_per_s: float
+
+
+def per_second(completion_tokens: int, wall_seconds: float) -> float:
+    """Batch-level: all output over the makespan, never an average of per-call speeds."""
+    return completion_tokens / wall_seconds if wall_seconds > 0 else 0.0
+
+
+def throughput(engine: Engine, batch_id: int) -> Throughput:
+    """Return the batch's output tok/s as ``batch_report`` does, in one aggregate query."""
+    with engine.connect() as conn:
+        row = conn.execute(select(func.coalesce(func.sum(LLMCall.completion_tokens), 0),
+                                  func.min(LLMCall.started_at), func.max(LLMCall.ended_at))
+                           .where(LLMCall.batch_id == batch_id)).one()
+    completion, first, last = int(row[0]), row[1], row[2]
+    if first is None or last is None:
+        return Throughput(0, 0.0, 0.0)
+    wall = (last - first).total_seconds()
+    return Throughput(completion, wall, per_second(completion, wall))
+
+
 def latest_batch_id(engine: Engine, kinds: tuple[str, ...] | None = None) -> int:
     """Return the newest batch's id, or raise InputError when there is none."""
     stmt = select(func.max(Batch.id))
@@ -93,8 +120,7 @@ def batch_report(engine: Engine, batch_id: int) -> BatchReport:
         first_call_start=first,
         last_call_end=last,
         wall_seconds=wall,
-        # Batch-level: all output over the makespan, never an average of per-call speeds.
-        output_tokens_per_s=completion / wall if wall > 0 else 0.0,
+        output_tokens_per_s=per_second(completion, wall),
         nodes=nodes,
         metrics_fallback=fallback,
     )

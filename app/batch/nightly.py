@@ -28,6 +28,7 @@ from app.batch.store import FINISHED_STATUSES
 from app.config import Settings
 from app.db.engine import ready_engine
 from app.db.models import Batch
+from app.digest import send_digest
 from app.errors import InputError
 from serving.facts import batch_server_facts
 
@@ -131,7 +132,9 @@ def execute_plan(settings: Settings, engine: Engine, plan: BatchPlan,
     ``lock``: the nightly lock a nightly batch runs under; its heartbeats prove it.
     """
     runner = _runner(settings, engine, lock)
-    return run_batch(runner.run(plan), runner.halt, settings.shutdown_grace_s)
+    outcome = run_batch(runner.run(plan), runner.halt, settings.shutdown_grace_s)
+    send_digest(settings, engine, outcome)
+    return outcome
 
 
 def resume_batch(settings: Settings, engine: Engine, point: resumption.ResumePoint,
@@ -139,7 +142,9 @@ def resume_batch(settings: Settings, engine: Engine, point: resumption.ResumePoi
     """Continue a cut-short batch from where it stopped: each unfinished ticker after its last
     checkpointed node, none of the finished ones again."""
     runner = _runner(settings, engine, lock)
-    return run_batch(runner.resume(point), runner.halt, settings.shutdown_grace_s)
+    outcome = run_batch(runner.resume(point), runner.halt, settings.shutdown_grace_s)
+    send_digest(settings, engine, outcome)
+    return outcome
 
 
 def _orphans(settings: Settings, engine: Engine) -> None:

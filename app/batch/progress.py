@@ -19,6 +19,20 @@ log = structlog.get_logger(__name__)
 LOG_EVERY_S = 15.0
 
 
+def eta_s(elapsed_s: float, tickers_done: int, tickers_total: int, calls: int,
+          expected_calls: int | None) -> float | None:
+    """Return the seconds a batch has left: by calls when their total is known, else tickers.
+
+    Tickers finish late and together (senior-first keeps many under way), so the share of
+    calls answered says more about the remaining time than tickers done. None: no basis yet.
+    """
+    if expected_calls and calls:
+        return elapsed_s / calls * max(0, expected_calls - calls)
+    if tickers_done:
+        return elapsed_s / tickers_done * max(0, tickers_total - tickers_done)
+    return None
+
+
 class BatchProgress:
     """Summarize tickers, calls, batch output tok/s, the server's gauges and an ETA."""
 
@@ -49,12 +63,7 @@ class BatchProgress:
             span = (datetime.now(UTC) - stats.first_start).total_seconds()
             tok_s = stats.completion_tokens / span if span > 0 else 0.0
         elapsed = time.monotonic() - self.t0
-        eta = elapsed / self.done * (self.total - self.done) if self.done else None
-        if self.expected_calls and stats.calls:
-            # Tickers finish late and together (senior-first keeps many under way), so the
-            # share of calls answered says more about the remaining time than tickers done.
-            left = max(0, self.expected_calls - stats.calls)
-            eta = elapsed / stats.calls * left
+        eta = eta_s(elapsed, self.done, self.total, stats.calls, self.expected_calls)
         latest = getattr(self.sampler, "latest", None)
         budget = getattr(self.scheduler, "budget", None)
         endpoints = getattr(self.scheduler, "endpoints", None)

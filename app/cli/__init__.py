@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer._click.exceptions import ClickException
 
-from app.cli import batch, bench, data, db, quality, report, scheduler, server, web
+from app.cli import batch, bench, data, db, notify, quality, report, scheduler, server, web
 from app.errors import ERRORS
 from serving.urls import redact
 
@@ -20,7 +20,9 @@ app.add_typer(data.app, name="data")
 app.add_typer(server.app, name="server")
 app.add_typer(bench.app, name="bench")
 app.add_typer(quality.app, name="quality")
+app.add_typer(notify.app, name="notify")
 app.command("report")(report.report)
+app.command("batches")(report.batches)
 app.command("preflight")(server.preflight)
 app.command("web")(web.web)
 app.command("scheduler")(scheduler.scheduler)

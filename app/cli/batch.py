@@ -1,11 +1,12 @@
-"""``nightdesk run / rerun / ranking``: run batches and read their ranking.
+"""``nightdesk run / rerun / ranking / changes``: run batches, read their ranking and changes.
 
 Exit codes, one table for every command that runs a batch (docs/reliability.md):
 0 every ticker succeeded, 1 the batch failed (no ticker succeeded, or it stopped on an
 error), 2 bad settings or input (a refused API key, a wrong URL or model included), 3 partial
 (some tickers failed: the ranking names them), 4 already running (another nightly run holds
 the lock, or the batch to resume is running), 5 interrupted by a server outage (resumable),
-130 stopped by SIGTERM/Ctrl-C (resumable).
+130 stopped by SIGTERM/Ctrl-C (resumable). ``ranking --require-fresh`` exits 6 when the
+ranking is older than the latest night.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import csv
 import json
 import sys
+from collections import Counter
 from datetime import date
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -36,12 +38,14 @@ from app.batch.nightly import (
 from app.batch.resume import ResumePoint, mark_stale_crashed
 from app.batch.signals import run_batch
 from app.batchids import parse_batch_id
+from app.changes import TickerChange, compare_nights
 from app.cli.common import batch_database, database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
 from app.errors import ConfigError, InputError
+from app.night import STALE_EXIT, night_status
 from app.quality.monitor import warnings_for
-from app.ranking import as_dicts, ranking
+from app.ranking import RankRow, as_dicts, ranking
 from serving.facts import batch_server_facts
 from serving.preflight import check_endpoint
 from serving.urls import redact
@@ -201,12 +205,30 @@ def show_ranking(
                                                                "finished nightly)",
                                               parser=parse_batch_id)] = None,
     fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
+    require_fresh: Annotated[bool, typer.Option(
+        "--require-fresh", help=f"exit {STALE_EXIT} when the ranking is older than the latest "
+                                "night (failed, running, interrupted, or none since the "
+                                "schedule's due time)")] = False,
 ) -> None:
-    """Print the ranking: rank, ticker, rating, mean score, spread, confidence, summary."""
+    """Print the ranking: rank, ticker, rating, mean score, spread, confidence, summary, and
+    each ticker's previous night and change; stderr names the latest night first."""
     settings = setup()
-    chosen, rows = ranking(database(settings), batch)
+    engine = database(settings)
+    try:
+        chosen, rows = ranking(engine, batch)
+    except InputError as error:
+        if batch is not None:
+            raise
+        night = night_status(engine, settings, None)
+        raise InputError(f"{error}; {night.reason}") from None
+    night = night_status(engine, settings, chosen.id)
+    # First on stderr: a ranking older than the latest night says so, and why.
+    if not night.fresh:
+        err.print(f"[bold yellow]not the latest night:[/] {escape(night.reason or '')}")
+    err.print(f"night: {escape(night.headline)}")
+    changes = compare_nights(engine, chosen.id).by_ticker()
     demo = bool((chosen.settings or {}).get("demo_data"))
-    data = [{**r, "demo": demo} for r in as_dicts(rows)]
+    data = [{**r, "demo": demo, **_was(changes.get(r["ticker"]))} for r in as_dicts(rows)]
     if fmt == "json":
         typer.echo(json.dumps(data, indent=2))
     elif fmt == "csv":
@@ -217,15 +239,16 @@ def show_ranking(
         title = (f"{'DEMO DATA — ' if demo else ''}ranking of batch {chosen.id} "
                  f"({chosen.kind}, as of {chosen.as_of})")
         table = Table(title=title)
-        for col in ("rank", "ticker", "rating", "score", "±", "conf", "summary"):
+        for col in ("rank", "ticker", "rating", "score", "±", "conf", "was", "change",
+                    "summary"):
             table.add_column(col, overflow="fold")
         for r in rows:
-            # "!": a sample's own rating contradicts its own score (see `nightdesk quality`).
-            flag = " !" if r.contradicting else ""
-            table.add_row(str(r.rank or "—"), r.ticker, (r.rating or r.status.upper()) + flag,
+            was = _was(changes.get(r.ticker))
+            table.add_row(str(r.rank or "—"), r.ticker, rating_text(r),
                           "" if r.score is None else f"{r.score:+.2f}",
                           "" if r.spread is None or r.samples < 2 else f"{r.spread:.2f}",
-                          "" if r.confidence is None else f"{r.confidence:.2f}", r.summary)
+                          "" if r.confidence is None else f"{r.confidence:.2f}",
+                          was_text(was), was["change"] or "", r.summary)
         out.print(table)
         if any(r.contradicting for r in rows):
             out.print("! = rating outside its score band in at least one sample")
@@ -235,9 +258,81 @@ def show_ranking(
         if r.rank is None:
             (out if fmt == "table" else err).print(f"missing: {r.ticker} ({r.summary})",
                                                    markup=False)
-    for message in warnings_for(database(settings), chosen.id):
+    for message in warnings_for(engine, chosen.id):
         # On stderr, so that json and csv output stays machine-readable.
         err.print(f"[yellow]warning:[/] batch {chosen.id}: {message}")
+    if require_fresh and not night.fresh:
+        raise typer.Exit(STALE_EXIT)
+
+
+def rating_text(row: RankRow) -> str:
+    """Return the rating as the CLI prints it: "!" when a sample contradicts its score."""
+    # "!": a sample's own rating contradicts its own score (see `nightdesk quality`).
+    return (row.rating or row.status.upper()) + (" !" if row.contradicting else "")
+
+
+def _was(change: TickerChange | None) -> dict[str, Any]:
+    """Return a ticker's previous night as ranking columns (empty without one)."""
+    if change is None:
+        return {"previous_rank": None, "previous_rating": None, "previous_score": None,
+                "change": None}
+    return {"previous_rank": change.previous_rank, "previous_rating": change.previous_rating,
+            "previous_score": change.previous_score, "change": change.change}
+
+
+def was_text(was: dict[str, Any]) -> str:
+    if was["previous_rating"] is None:
+        return "—"
+    return (f"{was['previous_rating']} {was['previous_score']:+.2f} "
+            f"#{was['previous_rank']}")
+
+
+def show_changes(
+    batch: Annotated[int | None, typer.Option("--batch", help="the night (default: the one "
+                                                               "the ranking shows)")] = None,
+    against: Annotated[int | None, typer.Option(
+        "--against", help="the night to compare with (default: the newest finished nightly "
+                          "batch of an earlier as-of date)")] = None,
+    fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
+) -> None:
+    """List every rating change since the night before, largest score move first, with the
+    nodes whose views moved most."""
+    settings = setup()
+    found = compare_nights(database(settings), batch, against)
+    if fmt == "json":
+        typer.echo(json.dumps(found.to_json(), indent=2))
+        return
+    columns = ("ticker", "change", "previous_rating", "previous_score", "previous_rank",
+               "rating", "score", "rank", "score_move", "why")
+    rows = [{c: getattr(t, c) for c in columns} for t in found.changes]
+    if fmt == "csv":
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(columns))
+        writer.writeheader()
+        writer.writerows(rows)
+        return
+    if found.against_id is None:
+        out.print(f"batch {found.batch_id} (as of {found.as_of}): no earlier finished night "
+                  "of the same universe to compare with")
+        return
+    table = Table(title=f"changes: batch {found.batch_id} (as of {found.as_of}) against "
+                        f"batch {found.against_id} (as of {found.against_as_of})")
+    for col in ("ticker", "change", "was", "now", "move", "why"):
+        table.add_column(col, overflow="fold")
+    for t in found.changes:
+        table.add_row(t.ticker, t.change or "",
+                      _rated_text(t.previous_rating, t.previous_score, t.previous_rank),
+                      _rated_text(t.rating, t.score, t.rank),
+                      "" if t.score_move is None else f"{t.score_move:+.2f}", t.why)
+    out.print(table)
+    counts = Counter(t.change for t in found.tickers)
+    out.print(", ".join(f"{counts[k]} {k}" for k in ("upgrade", "downgrade", "new", "dropped",
+                                                      "same")))
+
+
+def _rated_text(rating: str | None, score: float | None, rank: int | None) -> str:
+    if rating is None or score is None:
+        return "—"
+    return f"{rating} {score:+.2f}" + (f" #{rank}" if rank is not None else "")
 
 
 def replay(
@@ -278,3 +373,4 @@ def register(app: typer.Typer) -> None:
     app.command("run")(run)
     app.command("rerun")(rerun)
     app.command("ranking")(show_ranking)
+    app.command("changes")(show_changes)

@@ -1,18 +1,31 @@
-"""``nightdesk report``: what a batch did and where its time went, or arms side by side."""
+"""``nightdesk report``: what a batch did and where its time went, or arms side by side;
+``nightdesk batches``: the batches, newest first."""
 
 from __future__ import annotations
 
+import csv
 import json
+import sys
 from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from app.batch.resume import mark_stale_crashed
+from app.batches import (
+    BatchSummary,
+    FailedTicker,
+    batch_summary,
+    failed_tickers,
+    list_batches,
+)
 from app.batchids import parse_batch_id, parse_batch_ids
 from app.cli.common import database, setup
+from app.errors import InputError
+from app.night import span
 from app.quality.monitor import warnings_for
 from app.report import (
     BatchReport,
@@ -41,6 +54,25 @@ def held_back_by(view: ServerView) -> str:
         name += f" ({view.request_cap} per endpoint; the server had room)"
     rest = ", ".join(f"{key} {share:.0%}" for key, share in view.bound_shares.items())
     return f"{name}: {view.bound_shares[view.bound]:.0%} of busy readings ({rest})"
+
+
+STATUS_STYLES = {"succeeded": "green", "partial": "yellow", "running": "blue"}
+
+
+def render_head(batch: BatchSummary, failed: list[FailedTicker], console: Console) -> None:
+    """Print what the batch was and how it ended, then every ticker that failed and why."""
+    style = STATUS_STYLES.get(batch.status, "red")
+    demo = "[bold red]DEMO DATA[/] " if batch.demo else ""
+    console.print(f"{demo}batch {batch.id} ({batch.kind}, as of {batch.as_of}): "
+                  f"[{style}]{batch.status}[/] — {batch.tickers} tickers succeeded, "
+                  f"{batch.tickers_failed} failed; duration {span(batch.duration_s)}")
+    if batch.error:
+        console.print(f"  error: {escape(batch.error)}")
+    if failed:
+        console.print(f"failed tickers ({len(failed)}):")
+        for ticker in failed:
+            console.print(f"  [red]{ticker.ticker}[/] ({ticker.status}): "
+                          f"{escape(ticker.error or 'no error recorded')}")
 
 
 def render_table(report: BatchReport, view: ServerView, console: Console) -> None:
@@ -196,18 +228,23 @@ def report(
             Console(width=None if Console().is_terminal else 200).print(compare_table(arms))
         return
     chosen = batch_id if batch_id is not None else latest_batch_id(engine)
+    head = batch_summary(engine, chosen)  # InputError (exit 2) for an unknown id
+    failed = failed_tickers(engine, chosen)
     result = batch_report(engine, chosen)
     view = server_view(engine, chosen)
     shares = endpoint_shares(engine, chosen)
     warnings = warnings_for(engine, chosen)
     intervals = batch_timeline(engine, chosen)
     if fmt == "json":
-        typer.echo(json.dumps({**result.to_json(), "server": view.to_json(),
+        typer.echo(json.dumps({"batch": head.to_json(),
+                               "failed_tickers": [asdict(f) for f in failed],
+                               **result.to_json(), "server": view.to_json(),
                                "endpoints": [asdict(share) for share in shares],
                                "over_time": timeline_json(intervals),
                                "warnings": warnings}, indent=2))
     else:
-        console = Console()
+        console = Console(highlight=False, soft_wrap=True)
+        render_head(head, failed, console)
         render_table(result, view, console)
         if len(shares) > 1:
             console.print(endpoint_table(shares, result, view))
@@ -215,3 +252,42 @@ def report(
             console.print(timeline_table(intervals))
         for message in warnings:
             console.print(f"[yellow]warning:[/] {message}", highlight=False)
+
+
+BATCH_COLUMNS = ("id", "kind", "status", "as_of", "tickers", "failed", "duration", "started",
+                 "label")
+
+
+def batches(
+    limit: Annotated[int, typer.Option("--limit", min=1, help="the newest N batches")] = 20,
+    kind: Annotated[Literal["nightly", "rerun"] | None, typer.Option(
+        "--kind", help="only nightly batches or only reruns")] = None,
+    fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
+) -> None:
+    """List batches, newest first: status, as-of, tickers succeeded/planned, duration."""
+    settings = setup()
+    engine = database(settings)
+    rows = list_batches(engine, limit, kind)
+    if fmt == "json":
+        typer.echo(json.dumps([row.to_json() for row in rows], indent=2))
+        return
+    if fmt == "csv":
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(BatchSummary.csv_fields()))
+        writer.writeheader()
+        writer.writerows(row.to_csv() for row in rows)
+        return
+    table = Table(title="batches" + (f" ({kind})" if kind else ""))
+    for column in BATCH_COLUMNS:
+        table.add_column(column, justify="right" if column in ("id", "failed") else "left")
+    for row in rows:
+        table.add_row(str(row.id), row.kind,
+                      f"[{STATUS_STYLES.get(row.status, 'red')}]{row.status}[/]",
+                      str(row.as_of), row.tickers, str(row.tickers_failed),
+                      span(row.duration_s),
+                      row.started_at.strftime("%Y-%m-%d %H:%M") if row.started_at else "—",
+                      escape(row.label or ""))
+    # Piped into a log or a file: do not fold the columns into 80.
+    Console(highlight=False, width=None if Console().is_terminal else 200).print(table)
+    if not rows:
+        Console(stderr=True).print("no batches recorded yet" + (f" of kind {kind}" if kind
+                                                                else ""))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
+from sqlalchemy import Engine
 
 from app.cli.common import database, setup
+from app.config import Settings
 from app.errors import ConfigError, InputError
 
 
@@ -27,6 +31,10 @@ def web(
         "--local-only", help="serve without a password; only on a loopback address")] = False,
     reruns: Annotated[int, typer.Option(
         "--reruns", min=1, max=8, help="reruns that may run at once")] = 1,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", min=1, max=65535,
+        help="also serve /metrics without auth on 127.0.0.1:PORT (for a local Prometheus)")
+    ] = None,
 ) -> None:
     """Serve the morning ranking, ticker pages (with Rerun) and batch reports."""
     settings = setup()
@@ -38,6 +46,8 @@ def web(
     if not password and not _loopback(host):
         raise InputError(f"--local-only serves without a password, so only on a loopback "
                          f"address, not {host}")
+    if metrics_port == port:
+        raise InputError(f"--metrics-port {metrics_port} is the pages' own --port: give another")
     # Imported here, not at the top: every other command would pay for FastAPI and matplotlib.
     import uvicorn
 
@@ -49,8 +59,37 @@ def web(
     # The reruns write where this server reads, whatever else their environment says.
     queue = RerunQueue(parallel=reruns, env={"NIGHTDESK_DATABASE_URL": settings.database_url})
     app = create_app(engine, Guard(settings.web_user, password or None), queue,
-                     stale_after_s=settings.heartbeat_stale_s)
-    typer.echo(f"nightdesk web on http://{host}:{port}/"
-               + ("" if password else " (no password: --local-only)"), err=True)
-    uvicorn.run(app, host=host, port=port, log_level=settings.log_level.lower(),
-                proxy_headers=False)
+                     stale_after_s=settings.heartbeat_stale_s, settings=settings)
+    with open_metrics_port(metrics_port, engine, settings):
+        typer.echo(f"nightdesk web on http://{host}:{port}/"
+                   + ("" if password else " (no password: --local-only)"), err=True)
+        uvicorn.run(app, host=host, port=port, log_level=settings.log_level.lower(),
+                    proxy_headers=False)
+
+
+@contextlib.contextmanager
+def open_metrics_port(port: int | None, engine: Engine, settings: Settings) -> Iterator[None]:
+    """Serve /metrics without auth on 127.0.0.1:``port`` while open (None: not at all).
+
+    Loopback only: a Prometheus on the same host scrapes it, nothing else can reach it.
+    """
+    if port is None:
+        yield
+        return
+    from prometheus_client import start_http_server
+
+    from app.metrics import night_registry
+
+    try:
+        server, thread = start_http_server(port, addr="127.0.0.1",
+                                           registry=night_registry(engine, settings))
+    except OSError as error:
+        raise InputError(f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} "
+                         f"({error.strerror or error})") from None
+    typer.echo(f"metrics on http://127.0.0.1:{port}/metrics (no auth, loopback only)", err=True)
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -237,3 +237,17 @@ class NodeText(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(32))
     attempts: Mapped[int] = mapped_column(Integer, default=1)
     created_at: Mapped[datetime] = mapped_column(Timestamp)
+
+
+class SchedulerBeat(Base):
+    """The ``nightdesk scheduler`` daemon's latest sign of life: one row per host."""
+
+    __tablename__ = "scheduler_heartbeats"
+
+    host: Mapped[str] = mapped_column(String(255), primary_key=True)
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(Timestamp)
+    beat_at: Mapped[datetime] = mapped_column(Timestamp)
+    # The daemon's own next run: a night missed and still due shows here before the cron's.
+    next_run_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    schedule: Mapped[str] = mapped_column(String(200))  # crontab line and zone

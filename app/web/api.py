@@ -17,7 +17,7 @@ router = APIRouter(prefix="/api", dependencies=[Depends(require_user)])
 @router.get("/ranking")
 def ranking(state: State) -> dict[str, Any]:
     """Return the morning ranking, its batch, failed tickers, distribution and progress."""
-    return views.ranking_view(state.engine, state.stale_after_s)
+    return views.ranking_view(state.engine, state.settings)
 
 
 @router.get("/batches")

@@ -30,7 +30,7 @@ def _page(request: Request, name: str, context: dict[str, Any], status: int = 20
 @router.get("/")
 def ranking_page(request: Request, state: State) -> Response:
     """Show the latest finished night's ranking, with reruns applied, and any batch running."""
-    view = views.ranking_view(state.engine, state.stale_after_s)
+    view = views.ranking_view(state.engine, state.settings)
     chart = charts.rating_bars(view["distribution"]) if view["batch"] else None
     return _page(request, "ranking.html", {"view": view, "chart": chart})
 
@@ -41,7 +41,7 @@ def rerun_target(state: WebState, ticker: str, view: dict[str, Any]) -> tuple[da
     The night on the ranking page, when the ticker is in it, so the rerun replaces the
     ticker there; otherwise the night of the ticker's latest run.
     """
-    ranked = views.ranking_view(state.engine, state.stale_after_s)
+    ranked = views.ranking_view(state.engine, state.settings)
     batch = ranked["batch"]
     tickers = {r["ticker"] for r in ranked["rows"]} | {f["ticker"] for f in ranked["failed"]}
     if batch is not None and ticker in tickers:

@@ -6,24 +6,30 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.config import Settings, get_settings
 from app.db.engine import check_reachable
 from app.errors import DatabaseError
+from app.metrics import night_registry
 from app.web import api, pages, track
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
-from app.web.state import WebState
+from app.web.state import WebState, require_user
 
 
 def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
-               stale_after_s: float) -> FastAPI:
-    """Return the app; the rerun queue runs for as long as the app does (its lifespan)."""
+               stale_after_s: float, settings: Settings | None = None) -> FastAPI:
+    """Return the app; the rerun queue runs for as long as the app does (its lifespan).
+
+    ``settings`` (default: ``get_settings()``) give the schedule the night's status reads.
+    """
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -35,7 +41,8 @@ def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
     app = FastAPI(title="nightdesk", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.web = WebState(engine=engine, guard=guard, reruns=reruns,
-                             stale_after_s=stale_after_s)
+                             stale_after_s=stale_after_s,
+                             settings=settings or get_settings())
     app.mount("/static", StaticFiles(packages=[("app.web", "static")]), name="static")
     app.include_router(pages.router)
     app.include_router(track.router)
@@ -49,6 +56,13 @@ def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
         except DatabaseError:
             return JSONResponse({"status": "error", "database": "unreachable"}, 503)
         return JSONResponse({"status": "ok", "database": "ok"})
+
+    registry = night_registry(engine, app.state.web.settings)
+
+    @app.get("/metrics", include_in_schema=False, dependencies=[Depends(require_user)])
+    def metrics() -> Response:
+        """Answer Prometheus text read from the database (app/metrics.py), behind the auth."""
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> Any:

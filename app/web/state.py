@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPBasicCredentials
 from sqlalchemy import Engine
 
+from app.config import Settings
 from app.web.auth import Guard, basic
 from app.web.reruns import RerunQueue
 
@@ -21,6 +22,7 @@ class WebState:
     guard: Guard
     reruns: RerunQueue
     stale_after_s: float  # a running batch's heartbeat older than this: probably dead
+    settings: Settings  # the schedule and heartbeat ages the night's status reads
 
 
 def web_state(request: Request) -> WebState:

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
+from app.night import span as duration
 from app.ranking import RATING_ORDER
 
 
@@ -25,16 +26,6 @@ def when(value: str | None) -> str:
     return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def duration(seconds: float | None) -> str:
-    """Show seconds as ``1 h 02 min``, ``3 min 20 s`` or ``12 s``."""
-    if seconds is None:
-        return "—"
-    s = round(seconds)
-    if s >= 3600:
-        return f"{s // 3600} h {s % 3600 // 60:02d} min"
-    if s >= 60:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s} s"
 
 
 def make_templates() -> Jinja2Templates:

@@ -16,9 +16,13 @@ from sqlalchemy.orm import Session
 
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
+from app import night
 from app.batch.store import FINISHED_STATUSES
+from app.changes import TickerChange, compare_nights
+from app.config import Settings
 from app.db.models import Batch, Decision, LLMCall, NodeText, TickerRun
 from app.errors import InputError
+from app.quality.monitor import warnings_for
 from app.ranking import RATING_ORDER, RankRow, ranking
 from app.report import arm, batch_report
 from app.serverview import server_view
@@ -26,6 +30,7 @@ from app.timeline import batch_timeline, timeline_json
 from app.web.series import series_view
 
 HISTORY_NIGHTS = 60
+IN_FLIGHT = ("running", "queued")  # a ticker's statuses while its batch runs
 
 
 def _iso(value: Any) -> str | None:
@@ -61,7 +66,7 @@ def batch_json(batch: Any) -> dict[str, Any]:
 
 
 def running_batches(engine: Engine, stale_after_s: float) -> list[dict[str, Any]]:
-    """Return each batch still marked running, with its progress and a rough ETA.
+    """Return each batch still marked running, with its progress and the ETA by calls.
 
     ``stale``: its heartbeat is older than ``stale_after_s`` (``heartbeat_stale_s``, the age
     at which the CLI marks such a batch crashed), so its process has probably died.
@@ -70,19 +75,15 @@ def running_batches(engine: Engine, stale_after_s: float) -> list[dict[str, Any]
     with engine.connect() as conn:
         batches = conn.execute(select(Batch).where(Batch.status == "running")
                                .order_by(Batch.id)).all()
-        calls = dict(conn.execute(
-            select(LLMCall.batch_id, func.count()).where(
-                LLMCall.batch_id.in_([b.id for b in batches])).group_by(LLMCall.batch_id)
-        ).tuples().all())
     out = []
     for b in batches:
         info = batch_json(b)
-        done = b.tickers_succeeded + b.tickers_failed
-        elapsed = (now - b.started_at).total_seconds() if b.started_at else 0.0
+        prog = night.progress(engine, b.id, now)  # the same numbers as `nightdesk ranking`
         beat = b.heartbeat_at or b.started_at
         info.update(
-            tickers_done=done, calls=calls.get(b.id, 0), elapsed_s=round(elapsed),
-            eta_s=round(elapsed / done * (b.tickers_total - done)) if done else None,
+            tickers_done=prog.tickers_done, tickers_running=prog.tickers_running,
+            calls=prog.calls, expected_calls=prog.expected_calls, elapsed_s=prog.elapsed_s,
+            eta_s=prog.eta_s,
             stale=beat is not None and (now - beat).total_seconds() > stale_after_s,
         )
         out.append(info)
@@ -93,32 +94,53 @@ def _row_json(row: RankRow) -> dict[str, Any]:
     return asdict(row)
 
 
-def ranking_view(engine: Engine, stale_after_s: float) -> dict[str, Any]:
-    """Return the morning ranking: one finished nightly batch with its reruns, and progress.
+def _change_json(change: TickerChange | None) -> dict[str, Any]:
+    if change is None:
+        return {"previous_rank": None, "previous_rating": None, "previous_score": None,
+                "change": None, "score_move": None}
+    return {"previous_rank": change.previous_rank, "previous_rating": change.previous_rating,
+            "previous_score": change.previous_score, "change": change.change,
+            "score_move": change.score_move}
+
+
+def ranking_view(engine: Engine, settings: Settings) -> dict[str, Any]:
+    """Return the morning ranking: one finished nightly batch with its reruns, the latest
+    night's status, each ticker's change since the night before, and progress.
 
     The ranking comes from one call to ``app.ranking.ranking``, which reads one batch (and
     the reruns of that batch's own as-of date), so a night still running never mixes in:
-    it only shows as a progress line.
+    it shows as the night's status and a progress line. The status and the changes come from
+    ``app.night`` and ``app.changes``, as ``nightdesk ranking`` and ``nightdesk changes``.
     """
+    stale_after_s = settings.heartbeat_stale_s
     try:
         batch, rows = ranking(engine)
     except InputError as error:
         running = running_batches(engine, stale_after_s)
+        status = night.night_status(engine, settings, None)
         return {"batch": None, "rows": [], "failed": [], "distribution": {},
-                "reruns_applied": [], "running": running, "empty": str(error)}
+                "reruns_applied": [], "running": running, "empty": str(error),
+                "night": status.to_json(), "changes": None, "warnings": []}
     # Read after the ranking: a night that finishes in between is then at worst shown as
     # still running beside the night before, never the other way round.
     running = running_batches(engine, stale_after_s)
+    status = night.night_status(engine, settings, batch.id)
+    compared = compare_nights(engine, batch.id)
+    by_ticker = compared.by_ticker()
     ranked = [r for r in rows if r.rank is not None]
     return {
         "batch": batch_json(batch),
-        "rows": [_row_json(r) for r in ranked],
+        "rows": [{**_row_json(r), **_change_json(by_ticker.get(r.ticker))} for r in ranked],
         "failed": [{"ticker": r.ticker, "status": r.status, "reason": r.summary}
                    for r in rows if r.rank is None],
         "distribution": {name: sum(r.rating == name for r in ranked) for name in RATING_ORDER},
         "reruns_applied": sorted({r.batch_id for r in rows if r.batch_id != batch.id}),
         "running": running,
         "empty": None,
+        "night": status.to_json(),
+        "changes": compared.to_json(),
+        # The rating-distribution warnings `nightdesk ranking` prints.
+        "warnings": warnings_for(engine, batch.id),
     }
 
 
@@ -187,11 +209,33 @@ def history_view(engine: Engine, ticker: str, nights: int = HISTORY_NIGHTS
     for batch_id in ids:
         if batch_id not in present:
             continue
-        night, rows = ranking(engine, batch_id)
+        nightly, rows = ranking(engine, batch_id)
         row = next(r for r in rows if r.ticker == ticker)
-        points.append({"as_of": night.as_of.isoformat(), "nightly_batch_id": batch_id,
+        points.append({"as_of": nightly.as_of.isoformat(), "nightly_batch_id": batch_id,
                        **_row_json(row)})
     return points
+
+
+def _tonight(runs: list[Any], last_good: dict[str, Any] | None,
+             newest_night: int | None) -> dict[str, Any]:
+    """Return what the ticker page headlines: the ticker's newest night, rated or not.
+
+    ``rated``: the ranking of that night has a rating for the ticker (its own, or a rerun's
+    applied), which is then ``last_good``; otherwise the run's state and reason, and the
+    page shows the last good rating below it, dated. ``tonight``: that night is the newest
+    nightly batch of all (else the ticker was not in it). Without a nightly run, the newest
+    rerun stands in.
+    """
+    run = next((r for r in runs if r.kind == "nightly"), runs[0])
+    rated = last_good is not None and last_good["nightly_batch_id"] == run.batch_id
+    if run.batch_status == "running":
+        state = "running" if run.status in ("running", "queued") else run.status
+    else:
+        state = run.status if run.status != "queued" else run.batch_status
+    return {"rated": rated, "state": "rated" if rated else state,
+            "tonight": run.kind == "nightly" and run.batch_id == newest_night,
+            "batch_id": run.batch_id, "kind": run.kind, "as_of": _iso(run.as_of),
+            "batch_status": run.batch_status, "error": run.error}
 
 
 def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> dict[str, Any] | None:
@@ -224,14 +268,21 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> dict[str, 
                "live": r.batch_status == "running" and r.heartbeat_at is not None
                and (now - r.heartbeat_at).total_seconds() <= stale_after_s}
               for r in runs if r.kind == "rerun"]
+    history = history_view(engine, ticker)
+    last_good = next((p for p in reversed(history) if p["score"] is not None), None)
+    with engine.connect() as conn:
+        newest_night = conn.execute(select(func.max(Batch.id))
+                                    .where(Batch.kind == "nightly")).scalar()
     return {
         "ticker": ticker,
         "latest": {"batch_id": latest.batch_id, "kind": latest.kind, "status": latest.status,
                    "batch_status": latest.batch_status, "as_of": _iso(latest.as_of),
                    "error": latest.error},
+        "tonight": _tonight(list(runs), last_good, newest_night),
+        "last_good": last_good,
         "shown": {**batch_json(batch), "ticker_status": shown.status,
                   "runs": _nodes_of_run(engine, batch, ticker)},
-        "history": history_view(engine, ticker),
+        "history": history,
         "reruns": reruns[:20],
         "rerun_running": next((r for r in reruns if r["live"]), None),
     }
@@ -249,10 +300,16 @@ def batch_view(engine: Engine, batch_id: int) -> dict[str, Any]:
     report = batch_report(engine, batch_id)  # raises InputError for an unknown id
     batch = _batch(engine, batch_id)
     with engine.connect() as conn:
-        failed = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error)
-                              .where(TickerRun.batch_id == batch_id,
-                                     TickerRun.status != "succeeded")
-                              .order_by(TickerRun.ticker)).all()
+        unfinished = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error,
+                                         TickerRun.started_at)
+                                  .where(TickerRun.batch_id == batch_id,
+                                         TickerRun.status != "succeeded")
+                                  .order_by(TickerRun.ticker)).all()
+    # While the batch runs, its running and queued tickers are under way, not failures. Once
+    # it is over (a crash leaves them marked running), every ticker not succeeded failed.
+    live = batch.status == "running"
+    failed = [t for t in unfinished if not (live and t.status in IN_FLIGHT)]
+    in_flight = [t for t in unfinished if live and t.status in IN_FLIGHT]
     order = graph_order(batch.settings or {})
     rank = {name: i for i, name in enumerate(order)}
     report.nodes.sort(key=lambda n: (rank.get(n.node, len(order)), n.node))
@@ -264,6 +321,12 @@ def batch_view(engine: Engine, batch_id: int) -> dict[str, Any]:
         "over_time": timeline_json(batch_timeline(engine, batch_id)),
         "failed_tickers": [{"ticker": f.ticker, "status": f.status, "error": f.error}
                            for f in failed],
+        "running_tickers": [{"ticker": t.ticker, "status": t.status,
+                             "started_at": _iso(t.started_at)}
+                            for t in sorted(in_flight,
+                                            key=lambda t: (t.status != "running", t.ticker))],
+        "progress": (asdict(night.progress(engine, batch_id))
+                     if batch.status == "running" else None),
         "server_facts": batch.server_facts,
     }
 

@@ -37,7 +37,7 @@ from app.bench.fakeserver import ChatRequest, Reply
 from app.config import load_settings
 from app.daemon import JOB_ID, JOBS_TABLE, NightlyDaemon, NightlyTrigger
 from app.db.engine import alembic_config, make_engine
-from app.db.models import Batch
+from app.db.models import Batch, SchedulerBeat
 from tests.unit.test_lock import fake_llm
 
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -379,6 +379,11 @@ def test_the_nightly_job_resumes_tonights_dead_batch_instead_of_starting_another
     assert {c.ticker for c in server.chats} == {left} and len(server.chats) == 17
 
 
+def _heartbeat(engine: Engine) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(select(SchedulerBeat)).first()
+
+
 def test_the_daemon_process_logs_its_next_run_and_stops_on_sigterm(tmp_path: Path) -> None:
     zone = ZoneInfo("Asia/Tokyo")  # no DST: the next 00:10 is plain arithmetic
     env = {**os.environ, "NIGHTDESK_DATABASE_URL": f"sqlite:///{tmp_path}/nd.db",
@@ -399,6 +404,13 @@ def test_the_daemon_process_logs_its_next_run_and_stops_on_sigterm(tmp_path: Pat
         starting = next(e for e in events if e["event"] == "scheduler starting")
         assert (starting["timezone"], starting["timezone_source"]) == ("Asia/Tokyo", "setting")
         assert datetime.fromisoformat(events[-1]["next_run"]) == expected
+        # Its heartbeat is in the database, with the same next run, for the morning page.
+        engine = make_engine(f"sqlite:///{tmp_path}/nd.db")
+        deadline = time.monotonic() + 20
+        while (beat := _heartbeat(engine)) is None:
+            assert time.monotonic() < deadline, "no heartbeat row"
+            time.sleep(0.1)
+        assert beat.pid == daemon.pid and beat.next_run_at == expected
         # At once, while it may still be writing that line: the stop must not be lost.
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=20) == 0

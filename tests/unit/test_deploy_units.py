@@ -121,6 +121,14 @@ def test_the_batch_unit_wants_vllm_and_never_requires_it() -> None:
     assert shlex.split(service["ExecStart"][0])[1:] == ["run", "--continue-night"]
 
 
+@pytest.mark.parametrize("name", ["nightdesk-batch.service", "nightdesk-scheduler.service"])
+def test_both_ways_of_firing_the_night_start_the_alert_when_they_fail(name: str) -> None:
+    # The timer's batch unit fails on a partial or failed night; the daemon's unit when it
+    # cannot keep running. Either way the alert unit is started, as its instance verified.
+    unit = parse_unit(DEPLOY / name)
+    assert unit["Unit"]["OnFailure"] == ["nightdesk-alert@%n.service"]
+
+
 def test_the_timer_fires_the_batch_at_0010_and_catches_up() -> None:
     timer = parse_unit(DEPLOY / "nightdesk-batch.timer")["Timer"]
     assert timer["Persistent"] == ["true"]
@@ -194,9 +202,13 @@ def test_a_stopped_batch_gets_its_grace_before_systemd_kills_it() -> None:
                    (DEPLOY / "nightdesk.env.example").read_text().splitlines()
                    if line.strip() and not line.lstrip().startswith("#"))
     grace = max(grace, float(example.get("NIGHTDESK_SHUTDOWN_GRACE_S", grace)))
+    # Then the interrupted night's digest goes out, within its own limit.
+    notify = Settings.model_fields["notify_timeout_s"].default
+    notify = max(notify, float(example.get("NIGHTDESK_NOTIFY_TIMEOUT_S", notify)))
     for name in ("nightdesk-batch.service", "nightdesk-scheduler.service"):
         [stop] = parse_unit(DEPLOY / name)["Service"]["TimeoutStopSec"]
         match = re.fullmatch(r"(\d+)(min|s)?", stop)
         assert match, (name, stop)
         seconds = int(match.group(1)) * (60 if match.group(2) == "min" else 1)
-        assert seconds >= grace + 30, (name, stop, grace)  # room to write the status after
+        # Room to write the status, then send the digest.
+        assert seconds >= grace + notify + 30, (name, stop, grace, notify)

@@ -46,6 +46,7 @@ EXPECTED = {
         "id", "batch_id", "ticker", "sample", "node", "position", "text", "prompt_tokens",
         "completion_tokens", "finish_reason", "attempts", "created_at",
     },
+    "scheduler_heartbeats": {"host", "pid", "started_at", "beat_at", "next_run_at", "schedule"},
 }
 
 UNIQUE = {
@@ -98,7 +99,7 @@ def check_reordered_catch_up(url: str) -> None:
 
     upgrade(url)
     check_schema(engine)  # context-trim columns and llm_requests.attempt are there now
-    assert current_revision(engine) == head_revision() == "0008_client_lag"
+    assert current_revision(engine) == head_revision() == "0009_scheduler_heartbeats"
     upgrade(url)  # and nothing runs twice
     check_schema(engine)
 

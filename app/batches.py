@@ -1,0 +1,122 @@
+"""What a batch was and how it went, from its rows: status, as-of, tickers n/m, duration,
+and the tickers that did not succeed with their errors.
+
+One summary for ``nightdesk batches``, the head of ``nightdesk report``, the morning digest
+and the metrics, so they all say the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any
+
+from sqlalchemy import Engine, select
+
+from app.db.models import Batch, TickerRun
+from app.errors import InputError
+
+# Ticker states that are no failure: done, or not reached yet by a batch still running.
+NOT_FAILED = ("succeeded", "queued", "running")
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    """One batch as the operator reads it. ``duration_s``: start to finish, or to the last
+    heartbeat while it runs (None before it started)."""
+
+    id: int
+    kind: str
+    label: str | None
+    status: str
+    as_of: date
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_s: float | None
+    tickers_total: int
+    tickers_succeeded: int
+    tickers_failed: int
+    error: str | None
+    demo: bool
+
+    @property
+    def tickers(self) -> str:
+        """Return "n/m": tickers succeeded of tickers planned."""
+        return f"{self.tickers_succeeded}/{self.tickers_total}"
+
+    @staticmethod
+    def csv_fields() -> tuple[str, ...]:
+        return ("id", "kind", "label", "status", "as_of", "started_at", "finished_at",
+                "duration_s", "tickers", "tickers_total", "tickers_succeeded",
+                "tickers_failed", "error", "demo")
+
+    def to_csv(self) -> dict[str, Any]:
+        """Return one CSV row: the JSON fields, None as an empty cell."""
+        data = self.to_json()
+        return {key: "" if data[key] is None else data[key] for key in self.csv_fields()}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "label": self.label, "status": self.status,
+                "as_of": self.as_of.isoformat(),
+                "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
+                "duration_s": self.duration_s, "tickers": self.tickers,
+                "tickers_total": self.tickers_total,
+                "tickers_succeeded": self.tickers_succeeded,
+                "tickers_failed": self.tickers_failed, "error": self.error, "demo": self.demo}
+
+
+@dataclass(frozen=True)
+class FailedTicker:
+    ticker: str
+    status: str  # failed | interrupted
+    error: str | None
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def summarize(batch: Any) -> BatchSummary:
+    """Return the summary of a ``batches`` row (an ORM object or a selected row)."""
+    end = batch.finished_at or batch.heartbeat_at
+    duration = ((end - batch.started_at).total_seconds()
+                if end is not None and batch.started_at is not None else None)
+    return BatchSummary(
+        id=batch.id, kind=batch.kind, label=batch.label, status=batch.status,
+        as_of=batch.as_of, started_at=batch.started_at, finished_at=batch.finished_at,
+        duration_s=duration, tickers_total=batch.tickers_total or 0,
+        tickers_succeeded=batch.tickers_succeeded or 0,
+        tickers_failed=batch.tickers_failed or 0, error=batch.error,
+        demo=bool((batch.settings or {}).get("demo_data")))
+
+
+def batch_summary(engine: Engine, batch_id: int) -> BatchSummary:
+    """Return one batch's summary; InputError when there is no such batch."""
+    with engine.connect() as conn:
+        row = conn.execute(select(Batch).where(Batch.id == batch_id)).first()
+    if row is None:
+        raise InputError(f"no batch with id {batch_id}")
+    return summarize(row)
+
+
+def list_batches(engine: Engine, limit: int = 20, kind: str | None = None
+                 ) -> list[BatchSummary]:
+    """Return the newest ``limit`` batches (of ``kind`` when given), newest first."""
+    stmt = select(Batch).order_by(Batch.id.desc()).limit(limit)
+    if kind is not None:
+        stmt = stmt.where(Batch.kind == kind)
+    with engine.connect() as conn:
+        return [summarize(row) for row in conn.execute(stmt)]
+
+
+def failed_tickers(engine: Engine, batch_id: int) -> list[FailedTicker]:
+    """Return the batch's tickers that ended without a result, with the error recorded.
+
+    Tickers still queued or running in a batch that runs are not failures and are left out.
+    """
+    with engine.connect() as conn:
+        rows = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error)
+                            .where(TickerRun.batch_id == batch_id,
+                                   TickerRun.status.not_in(NOT_FAILED))
+                            .order_by(TickerRun.ticker)).all()
+    return [FailedTicker(r.ticker, r.status, r.error) for r in rows]

@@ -1,0 +1,127 @@
+"""The night's state as Prometheus metrics, read from what is stored at each scrape.
+
+A custom collector (prometheus_client's ``Collector``): nothing is counted while a night runs,
+so scraping can never slow the night; each scrape reads the latest night's status
+(``app.night``, the same the ranking page names), its ticker counts, duration and
+batch-level output tok/s (``app.report.throughput``), and the scheduler daemon's heartbeat.
+
+    nightdesk_night_last_success_timestamp_seconds   end of the newest succeeded night (0: none)
+    nightdesk_night_last_status{status=…}            1 for the latest night's status, else 0
+    nightdesk_night_tickers{status=…}                succeeded / failed / missing, latest night
+    nightdesk_night_duration_seconds                 its start to end (to its heartbeat running)
+    nightdesk_night_output_tokens_per_second         its output over its calls' makespan
+    nightdesk_night_ranking_fresh                    1 when the ranking shows the latest night
+    nightdesk_night_next_due_timestamp_seconds       when the schedule fires next
+    nightdesk_scheduler_heartbeat_timestamp_seconds  the daemon's last beat (absent: no daemon)
+    nightdesk_metrics_database_up                    0 when the database could not be read
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, func, select
+
+from app.config import Settings
+from app.db.models import Batch
+from app.night import STATUSES, NightStatus, night_status
+from app.ranking import ranked_night
+from app.report import throughput
+
+log = structlog.get_logger(__name__)
+
+PREFIX = "nightdesk"
+
+
+def _seconds(moment: datetime | None) -> float | None:
+    return None if moment is None else moment.timestamp()
+
+
+def _gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily | None:
+    return None if value is None else GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+class NightCollector(Collector):
+    """Yield the night's metrics from the database at every scrape."""
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self.engine = engine
+        self.settings = settings
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            families = self._families()
+        except Exception as error:  # a scrape answers; the gauge below says what went wrong
+            log.error("metrics not read", error=f"{type(error).__name__}: {error}")
+            families = []
+        up = GaugeMetricFamily(f"{PREFIX}_metrics_database_up",
+                               "1 when this scrape could read the database", value=int(
+                                   bool(families)))
+        return [*families, up]
+
+    def _families(self) -> list[Metric]:
+        status = night_status(self.engine, self.settings, ranked_night(self.engine))
+        with self.engine.connect() as conn:
+            last_success = conn.execute(select(func.max(Batch.finished_at))
+                                        .where(Batch.kind == "nightly",
+                                               Batch.status == "succeeded")).scalar()
+        families: list[GaugeMetricFamily | None] = [
+            _gauge("night_last_success_timestamp_seconds",
+                   "Unix time the newest nightly batch that succeeded finished (0: none yet)",
+                   _seconds(last_success) or 0.0),
+            self._status(status),
+            self._tickers(status),
+            _gauge("night_ranking_fresh",
+                   "1 when the ranking shows the latest night, 0 when it is older",
+                   float(status.fresh)),
+            _gauge("night_next_due_timestamp_seconds",
+                   "Unix time the schedule fires the next night", _seconds(status.next_due_at)),
+            _gauge("scheduler_heartbeat_timestamp_seconds",
+                   "Unix time of the scheduler daemon's newest heartbeat",
+                   _seconds(status.scheduler.beat_at) if status.scheduler else None),
+        ]
+        if status.latest is not None:
+            families.append(_gauge("night_duration_seconds",
+                                   "The latest night's start to end (to its last heartbeat "
+                                   "while it runs)", status.latest.duration_s))
+            families.append(_gauge("night_output_tokens_per_second",
+                                   "The latest night's output tokens over its calls' makespan",
+                                   throughput(self.engine, status.latest.id)
+                                   .output_tokens_per_s))
+        return [family for family in families if family is not None]
+
+    @staticmethod
+    def _status(status: NightStatus) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(f"{PREFIX}_night_last_status",
+                                   "1 for the latest night's status (stale: none came when "
+                                   "due), 0 for the others", labels=["status"])
+        for name in STATUSES:
+            family.add_metric([name], float(name == status.status))
+        return family
+
+    @staticmethod
+    def _tickers(status: NightStatus) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(f"{PREFIX}_night_tickers",
+                                   "The latest nightly batch's tickers by outcome; missing: "
+                                   "neither succeeded nor failed (not reached, interrupted)",
+                                   labels=["status"])
+        night = status.latest
+        succeeded = night.tickers_succeeded if night else 0
+        failed = night.tickers_failed if night else 0
+        missing = night.tickers_total - succeeded - failed if night else 0
+        for name, value in (("succeeded", succeeded), ("failed", failed),
+                            ("missing", missing)):
+            family.add_metric([name], float(value))
+        return family
+
+
+def night_registry(engine: Engine, settings: Settings) -> CollectorRegistry:
+    """Return a registry holding only the night's collector (no process metrics)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NightCollector(engine, settings))
+    return registry

@@ -1,0 +1,276 @@
+"""The latest night's status, for the ranking page, ``nightdesk ranking`` and the digest.
+
+One reading of what is stored (batch rows, ticker runs, call counts, the scheduler daemon's
+heartbeat row) and of the schedule: the newest nightly batch whatever its outcome, or
+``stale`` when the schedule's last due time passed (plus ``schedule_start_grace_s``) with no
+nightly batch created since; whether the ranking shown is that night's, and if not why;
+a running night's progress and ETA (by calls, as the live progress computes it); when the
+next night is due; and whether the daemon's heartbeat is current. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+
+from agents.graph import sequential_nodes
+from agents.nodes import ANALYSTS
+from app.batch.progress import eta_s
+from app.config import Settings
+from app.db.models import Batch, LLMCall, SchedulerBeat, TickerRun
+from app.schedule import due_times, nightly_trigger
+
+# Statuses the morning can name; "stale": the schedule's due time passed without a batch.
+STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale")
+# Exit code of `nightdesk ranking --require-fresh` when the ranking is older than the night.
+STALE_EXIT = 6
+
+
+@dataclass(frozen=True)
+class NightBatch:
+    """One nightly batch as the morning names it."""
+
+    id: int
+    as_of: date
+    status: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    tickers_total: int
+    tickers_succeeded: int
+    tickers_failed: int
+    error: str | None
+
+    @property
+    def duration_s(self) -> float | None:
+        """Return start to finish (or to the last heartbeat while it runs)."""
+        end = self.finished_at or self.heartbeat_at
+        if end is None or self.started_at is None:
+            return None
+        return (end - self.started_at).total_seconds()
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A running batch's progress: tickers, calls, and the time left."""
+
+    tickers_done: int  # succeeded or failed
+    tickers_failed: int
+    tickers_running: int
+    tickers_total: int
+    calls: int
+    expected_calls: int | None
+    elapsed_s: float
+    eta_s: float | None
+
+
+@dataclass(frozen=True)
+class SchedulerHeartbeat:
+    """The newest heartbeat of a ``nightdesk scheduler`` daemon."""
+
+    host: str
+    pid: int
+    beat_at: datetime
+    next_run_at: datetime | None
+    schedule: str
+    current: bool  # younger than heartbeat_stale_s
+
+
+@dataclass(frozen=True)
+class NightStatus:
+    """The latest night, and whether the ranking shown is that night's."""
+
+    status: str  # one of STATUSES
+    headline: str  # one line naming the latest night and how it went
+    latest: NightBatch | None  # the newest nightly batch, whatever its outcome
+    progress: Progress | None  # while the latest night runs
+    ranked: NightBatch | None  # the night the ranking shows
+    fresh: bool  # the ranking shows the latest night, and no due night is missing
+    reason: str | None  # when not fresh: why the ranking is older than the latest night
+    due_at: datetime | None  # the schedule's last due time
+    next_due_at: datetime | None
+    schedule: str
+    scheduler: SchedulerHeartbeat | None  # None: no daemon has ever beaten (timer path)
+    checked_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the status as JSON-ready data (times in ISO 8601)."""
+        return _jsonable(asdict(self))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, date):  # datetimes too
+        return value.isoformat()
+    return value
+
+
+def _night(row: Batch) -> NightBatch:
+    return NightBatch(row.id, row.as_of, row.status, row.created_at, row.started_at,
+                      row.finished_at, row.heartbeat_at, row.tickers_total,
+                      row.tickers_succeeded, row.tickers_failed, row.error)
+
+
+def _when(moment: datetime | None) -> str:
+    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def expected_calls(settings: dict[str, Any], tickers: int) -> int | None:
+    """Return a batch's calls without retries, from the rounds and samples it ran with."""
+    samples = settings.get("samples")
+    if not samples:
+        return None
+    nodes = len(ANALYSTS) + len(sequential_nodes(int(settings.get("debate_rounds", 2)),
+                                                 int(settings.get("risk_rounds", 2))))
+    return nodes * int(samples) * tickers
+
+
+def progress(engine: Engine, batch_id: int, now: datetime | None = None) -> Progress:
+    """Return a batch's progress from its rows; the ETA as ``BatchProgress`` computes it."""
+    now = now or datetime.now(UTC)
+    with engine.connect() as conn:
+        batch = conn.execute(select(Batch).where(Batch.id == batch_id)).one()
+        calls = conn.execute(select(func.count()).select_from(LLMCall)
+                             .where(LLMCall.batch_id == batch_id)).scalar_one()
+        running = conn.execute(select(func.count()).select_from(TickerRun)
+                               .where(TickerRun.batch_id == batch_id,
+                                      TickerRun.status == "running")).scalar_one()
+    done = batch.tickers_succeeded + batch.tickers_failed
+    elapsed = (now - batch.started_at).total_seconds() if batch.started_at else 0.0
+    expected = expected_calls(batch.settings or {}, batch.tickers_total)
+    eta = eta_s(elapsed, done, batch.tickers_total, calls, expected)
+    return Progress(done, batch.tickers_failed, running, batch.tickers_total, calls, expected,
+                    round(elapsed), None if eta is None else round(eta))
+
+
+def describe(night: NightBatch, prog: Progress | None = None) -> str:
+    """Return one line naming a nightly batch and its outcome."""
+    head = f"nightly batch #{night.id} (as of {night.as_of}) {night.status}"
+    if night.status == "running" and prog is not None:
+        eta = "" if prog.eta_s is None else f", about {span(prog.eta_s)} left"
+        return (f"{head}: {prog.tickers_done} of {prog.tickers_total} tickers done "
+                f"({prog.tickers_running} running, {prog.tickers_failed} failed), "
+                f"{prog.calls} calls{eta}")
+    if night.status in ("succeeded", "partial"):
+        return (f"{head}: {night.tickers_succeeded} of {night.tickers_total} tickers, "
+                f"finished {_when(night.finished_at)}")
+    why = f": {night.error}" if night.error else ""
+    return (f"{head}{why} ({night.tickers_succeeded} of {night.tickers_total} tickers "
+            f"succeeded)")
+
+
+def span(seconds: float | None) -> str:
+    """Show seconds as ``1 h 02 min``, ``3 min 20 s`` or ``12 s`` (the pages' format too)."""
+    if seconds is None:
+        return "—"
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    if s >= 60:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s} s"
+
+
+def latest_beat(engine: Engine, stale_s: float, now: datetime) -> SchedulerHeartbeat | None:
+    """Return the newest scheduler daemon heartbeat, and whether it is current."""
+    with engine.connect() as conn:
+        row = conn.execute(select(SchedulerBeat).order_by(SchedulerBeat.beat_at.desc())
+                           .limit(1)).first()
+    if row is None:
+        return None
+    return SchedulerHeartbeat(row.host, row.pid, row.beat_at, row.next_run_at, row.schedule,
+                              (now - row.beat_at).total_seconds() <= stale_s)
+
+
+def _latest(engine: Engine) -> Batch | None:
+    with engine.connect() as conn:
+        return conn.execute(select(Batch).where(Batch.kind == "nightly")
+                            .order_by(Batch.id.desc()).limit(1)).first()  # type: ignore[return-value]
+
+
+def _batch(engine: Engine, batch_id: int) -> Batch | None:
+    with engine.connect() as conn:
+        return conn.execute(select(Batch).where(Batch.id == batch_id)).first()  # type: ignore[return-value]
+
+
+def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
+                 now: datetime | None = None) -> NightStatus:
+    """Return the latest night's status against the ranking of batch ``ranked_id``.
+
+    ``ranked_id`` is the batch the ranking shows (None: there is no ranking). A batch still
+    marked running whose heartbeat is older than ``heartbeat_stale_s`` is named ``crashed``,
+    as the CLI would mark it.
+    """
+    now = now or datetime.now(UTC)
+    due_at, next_due_at = due_times(nightly_trigger(settings), now)
+    row = _latest(engine)
+    latest = None if row is None else _night(row)
+    ranked_row = None if ranked_id is None else _batch(engine, ranked_id)
+    ranked = None if ranked_row is None else _night(ranked_row)
+    prog: Progress | None = None
+    status = "stale"
+    if latest is not None:
+        status = latest.status if latest.status in STATUSES else "running"
+        if status == "running":
+            beat = latest.heartbeat_at or latest.started_at
+            if beat is not None and (now - beat).total_seconds() > settings.heartbeat_stale_s:
+                status = "crashed"
+                latest = _replace_error(latest, f"no heartbeat since {_when(beat)}: its "
+                                                "process has died")
+            else:
+                prog = progress(engine, latest.id, now)
+    missed = (due_at is not None
+              and now >= due_at + timedelta(seconds=settings.schedule_start_grace_s)
+              and (latest is None or latest.created_at < due_at) and status != "running")
+    if missed or latest is None:
+        status = "stale"
+    schedule = f"{settings.schedule_cron} ({nightly_trigger(settings).timezone})"
+    if status == "stale":
+        since = f"since the night due {_when(due_at)}" if due_at else "yet"
+        headline = f"no nightly batch {since}"
+        if latest is not None:
+            headline += f"; the latest is {describe(latest)}"
+    else:
+        assert latest is not None
+        headline = describe(latest, prog)
+    fresh = ranked is not None and latest is not None and ranked.id == latest.id \
+        and status != "stale"
+    reason = None if fresh else _reason(status, latest, ranked, prog, due_at)
+    return NightStatus(status, headline, latest, prog, ranked, fresh, reason, due_at,
+                       next_due_at, schedule,
+                       latest_beat(engine, settings.heartbeat_stale_s, now), now)
+
+
+def _replace_error(night: NightBatch, error: str) -> NightBatch:
+    return NightBatch(**{**asdict(night), "status": "crashed", "error": error})
+
+
+def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,
+            prog: Progress | None, due_at: datetime | None) -> str:
+    """Say in one line why the ranking shown is not the latest night's."""
+    if status == "stale":
+        shown = ("" if ranked is None
+                 else f"; this ranking is of {ranked.as_of} (batch #{ranked.id})")
+        return (f"stale: no nightly batch since the night due {_when(due_at)}{shown}"
+                if due_at else f"stale: no nightly batch yet{shown}")
+    assert latest is not None
+    shown = ("no finished night to rank" if ranked is None
+             else f"this ranking is of {ranked.as_of} (batch #{ranked.id})")
+    what = {"running": "is still running", "failed": "failed",
+            "interrupted": "was interrupted", "crashed": "crashed"}.get(status, status)
+    detail = ""
+    if status == "running" and prog is not None:
+        detail = f" ({prog.tickers_done} of {prog.tickers_total} tickers done)"
+    elif latest.error:
+        detail = f": {latest.error}"
+    hint = (f"; `nightdesk run --resume {latest.id}` continues it"
+            if status in ("interrupted", "crashed") else "")
+    return (f"the latest night, batch #{latest.id} (as of {latest.as_of}), {what}{detail}"
+            f"{hint}; {shown}")

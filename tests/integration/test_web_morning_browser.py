@@ -1,0 +1,243 @@
+"""Read the morning in headless Chromium as an operator does, after good, bad and missing nights.
+
+Each test writes its nights into a SQLite file (``tests.unit.night_rows``: batch rows,
+ticker runs, decisions, node texts, as a batch leaves them), serves it with a real
+``nightdesk web`` process and reads the pages in Debian's chromium through Playwright:
+the banner after a failed and after a missed night, the change column and the Changes
+section across two nights, a running batch's page reloading itself as the night goes on,
+and a ticker's page after its night failed. The schedule is set two hours before now, so
+"tonight" is whatever the clock says. Screenshots go to ``NIGHTDESK_TEST_SCREENSHOTS``
+(the README's are made so), else to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+from sqlalchemy import update
+
+from app.db.engine import get_engine, upgrade
+from app.db.models import Batch, TickerRun
+from tests.unit.night_rows import Rated, add_night, table
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+USER, PASSWORD = "operator", "browser-test-password"
+NOW = datetime.now(UTC).replace(second=0, microsecond=0)
+DUE = NOW - timedelta(hours=2)  # tonight's due time: the schedule fired two hours ago
+YESTERDAY = DUE - timedelta(days=1)
+D1, D2 = YESTERDAY.date() - timedelta(days=1), DUE.date() - timedelta(days=1)
+CRON = f"{DUE.minute} {DUE.hour} * * *"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def served(home: Path) -> Iterator[str]:
+    """Serve ``home``'s database with a real ``nightdesk web``; yield its base URL."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("NIGHTDESK_") or k.startswith("NIGHTDESK_TEST_")}
+    env.update(NIGHTDESK_HOME=str(home), NIGHTDESK_DATABASE_URL=f"sqlite:///{home}/nd.db",
+               NIGHTDESK_SCHEDULE_CRON=CRON, NIGHTDESK_SCHEDULE_TIMEZONE="UTC",
+               NIGHTDESK_WEB_USER=USER, NIGHTDESK_WEB_PASSWORD=PASSWORD,
+               NIGHTDESK_LOG_FORMAT="json", PYTHONPATH=str(ROOT))
+    port = _free_port()
+    log = (home / "web.log").open("w")
+    web = subprocess.Popen([sys.executable, "-m", "app.cli", "web", "--port", str(port)],
+                           env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                httpx.get(f"{base}/healthz", timeout=2).raise_for_status()
+                break
+            except httpx.HTTPError:
+                assert web.poll() is None, (home / "web.log").read_text()
+                assert time.monotonic() < deadline, "nightdesk web did not come up"
+                time.sleep(0.3)
+        yield base
+    finally:
+        web.send_signal(signal.SIGTERM)
+        web.wait(timeout=60)
+        log.close()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    upgrade(f"sqlite:///{tmp_path}/nd.db")
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
+    with sync_playwright() as p:
+        # --no-sandbox: the tests run as root (CI does), where Chromium's sandbox refuses.
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("NIGHTDESK_TEST_SCREENSHOTS", tmp_path / "shots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _page(browser: Browser) -> Page:
+    context = browser.new_context(http_credentials={"username": USER, "password": PASSWORD},
+                                  viewport={"width": 1280, "height": 900})
+    return context.new_page()
+
+
+def _engine(home: Path):  # type: ignore[no-untyped-def]
+    return get_engine(f"sqlite:///{home}/nd.db")
+
+
+GOOD = {"AAA": Rated("Buy", 0.8, texts={"news": table(guidance="bullish", demand="bullish")}),
+        "BBB": Rated("Hold", 0.05), "CCC": Rated("Overweight", 0.3),
+        "DDD": Rated("Sell", -0.7, texts={"market": table(trend="bearish", volume="neutral"),
+                                          "trader": "PROPOSAL: SELL"})}
+
+
+def test_the_banner_after_a_failed_night(home: Path, browser: Browser, shots: Path) -> None:
+    engine = _engine(home)
+    first = add_night(engine, D1, YESTERDAY, GOOD)
+    second = add_night(engine, D2, DUE, {t: Rated(error="LLMHTTPError: 404 model not served")
+                                         for t in GOOD},
+                       status="failed", error="the server does not serve the model")
+    with served(home) as base:
+        page = _page(browser)
+        page.goto(base + "/")
+        banner = page.locator("#banner")
+        assert banner.is_visible()
+        assert f"batch #{second} (as of {D2}), failed: the server does not serve the model" \
+            in banner.inner_text()
+        assert f"this ranking is of {D1} (batch #{first})" in banner.inner_text()
+        assert page.locator("#night .status").first.inner_text() == "failed"
+        # The older ranking is still there, under the banner.
+        assert page.locator("#ranking tbody tr").count() == len(GOOD)
+        page.screenshot(path=shots / "morning-failed-night.png", full_page=True)
+        page.context.close()
+
+
+def test_the_banner_after_a_missed_night(home: Path, browser: Browser, shots: Path) -> None:
+    engine = _engine(home)
+    first = add_night(engine, D1, YESTERDAY, GOOD)
+    with served(home) as base:
+        page = _page(browser)
+        page.goto(base + "/")
+        text = page.locator("#banner").inner_text()
+        assert "stale: no nightly batch since the night due " \
+               f"{DUE.strftime('%Y-%m-%d %H:%M')} UTC" in text
+        assert f"batch #{first}" in text
+        assert page.locator("#night").get_attribute("data-status") == "stale"
+        assert (DUE + timedelta(days=1)).strftime("%Y-%m-%d %H:%M") in \
+            page.locator("#schedule").inner_text()
+        page.screenshot(path=shots / "morning-missed-night.png", full_page=True)
+        page.context.close()
+
+
+def test_the_change_column_and_the_changes_section(home: Path, browser: Browser,
+                                                   shots: Path) -> None:
+    engine = _engine(home)
+    add_night(engine, D1, YESTERDAY, {
+        "AAA": Rated("Hold", 0.0, texts={"news": table(guidance="bearish", demand="neutral")}),
+        "BBB": Rated("Buy", 0.7, texts={"trader": "PROPOSAL: BUY"}),
+        "CCC": Rated("Overweight", 0.25), "EEE": Rated("Sell", -0.6)})
+    add_night(engine, D2, DUE, {**GOOD, "BBB": Rated("Sell", -0.75, texts={
+        "trader": "PROPOSAL: SELL"}), "EEE": Rated(error="DataError: no prices for EEE")})
+    with served(home) as base:
+        page = _page(browser)
+        page.goto(base + "/")
+        assert page.locator("#banner").count() == 0  # tonight's partial night is the latest
+        row = page.locator("#ranking tr[data-ticker='AAA'] td")
+        assert row.nth(6).inner_text().split() == ["Hold", "+0.00", "#3"]
+        assert row.nth(7).inner_text() == "▲ upgrade"
+        assert page.locator("#ranking tr[data-ticker='DDD'] td").nth(7).inner_text() == "new"
+        changes = page.locator("#changes tbody tr")
+        assert changes.evaluate_all("rows => rows.map(r => r.dataset.ticker)") == \
+            ["BBB", "AAA", "DDD", "EEE"]
+        bbb = page.locator("#changes tr[data-ticker='BBB'] td")
+        assert bbb.nth(4).inner_text() == "-1.45"
+        assert bbb.nth(5).inner_text() == "moved most: trader bullish→bearish (-2.00)"
+        assert "news" in page.locator("#changes tr[data-ticker='AAA'] td").nth(5).inner_text()
+        page.locator("#changes-heading").scroll_into_view_if_needed()
+        page.screenshot(path=shots / "morning-changes.png", full_page=True)
+        page.context.close()
+
+
+def test_a_running_batch_page_refreshes_itself(home: Path, browser: Browser,
+                                               shots: Path) -> None:
+    engine = _engine(home)
+    add_night(engine, D1, YESTERDAY, GOOD)
+    running = add_night(engine, D2, DUE, {"AAA": Rated("Buy", 0.7),
+                                          "BBB": Rated(status="running"),
+                                          "CCC": Rated(status="queued"),
+                                          "DDD": Rated(error="DataError: no prices")},
+                        status="running", heartbeat=datetime.now(UTC), calls=20)
+    with served(home) as base:
+        page = _page(browser)
+        page.goto(f"{base}/batches/{running}")
+        assert page.locator("#running tbody tr td:first-child").all_inner_texts() == \
+            ["BBB", "CCC"]
+        assert page.locator("#failed tbody tr td:first-child").all_inner_texts() == ["DDD"]
+        assert "2 of 4 tickers done" in page.locator("#progress").inner_text()
+        page.screenshot(path=shots / "batch-running.png", full_page=True)
+        # The night goes on: BBB finishes. The page shows it without anyone reloading it.
+        with engine.begin() as conn:
+            conn.execute(update(TickerRun).where(TickerRun.batch_id == running,
+                                                 TickerRun.ticker == "BBB")
+                         .values(status="succeeded"))
+            conn.execute(update(Batch).where(Batch.id == running)
+                         .values(tickers_succeeded=2, heartbeat_at=datetime.now(UTC)))
+        with page.expect_navigation(timeout=60_000):
+            pass  # the page's own reload (every 30 s while the batch runs)
+        assert "3 of 4 tickers done" in page.locator("#progress").inner_text()
+        assert page.locator("#running tbody tr td:first-child").all_inner_texts() == ["CCC"]
+        # The ranking page reloads too, and names the running night.
+        page.goto(base + "/")
+        assert page.locator("meta[http-equiv=refresh]").count() == 1
+        assert page.locator("#night").get_attribute("data-status") == "running"
+        page.context.close()
+
+
+def test_the_ticker_page_after_a_failed_night(home: Path, browser: Browser,
+                                              shots: Path) -> None:
+    engine = _engine(home)
+    first = add_night(engine, D1, YESTERDAY, GOOD)
+    second = add_night(engine, D2, DUE, {**GOOD, "AAA": Rated(
+        error="LLMTimeoutError: no answer within 600 s")})
+    with served(home) as base:
+        page = _page(browser)
+        page.goto(base + "/ticker/AAA")
+        tonight = page.locator("#tonight")
+        assert tonight.get_attribute("data-state") == "failed"
+        assert " ".join(tonight.inner_text().split()) == (
+            f"Tonight: failed in nightly batch #{second} (as of {D2}, batch partial): "
+            "LLMTimeoutError: no answer within 600 s")
+        assert " ".join(page.locator("#last-good").inner_text().split()) == (
+            f"Last good rating: Buy score +0.80, rank 1, as of {D1} (batch #{first}).")
+        page.screenshot(path=shots / "ticker-failed-night.png", full_page=True)
+        page.context.close()

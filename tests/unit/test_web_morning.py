@@ -1,0 +1,273 @@
+"""The morning pages over built nights: the night's status, the changes, one truth with the CLI.
+
+Nights come from ``night_rows``; the clock is frozen; the schedule is 00:10 UTC. Expected
+values are written out from the rows each test adds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import date, datetime, timedelta
+
+import pytest
+import time_machine
+from bs4 import BeautifulSoup
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from app.config import load_settings
+from app.db.models import BatchWarning, Decision, SchedulerBeat
+from app.web.auth import Guard
+from app.web.reruns import RerunQueue
+from app.web.server import create_app
+from tests.unit.clirun import run_cli
+from tests.unit.night_rows import Rated, add_night, at, table
+
+USER, PASSWORD = "operator", "s3cret-pass"
+AUTH = (USER, PASSWORD)
+D1, D2 = date(2026, 11, 26), date(2026, 11, 27)
+DUE1, DUE2 = at(date(2026, 11, 27), 0, 10), at(date(2026, 11, 28), 0, 10)
+MORNING = DUE2 + timedelta(hours=8)
+UTC_ENV = {"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC", "COLUMNS": "250"}
+GOOD = {"AAA": Rated("Buy", 0.8), "BBB": Rated("Hold", 0.0)}
+
+
+@pytest.fixture
+def client(sqlite_engine: Engine) -> Iterator[TestClient]:
+    app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue(), stale_after_s=120.0,
+                     settings=load_settings(schedule_timezone="UTC"))
+    with TestClient(app) as c:
+        yield c
+
+
+def page(client: TestClient, path: str, now: datetime = MORNING) -> BeautifulSoup:
+    with time_machine.travel(now, tick=False):
+        response = client.get(path, auth=AUTH)
+    assert response.status_code == 200, response.text
+    return BeautifulSoup(response.text, "html.parser")
+
+
+def text(node: object) -> str:
+    assert node is not None
+    return " ".join(node.get_text().split())  # type: ignore[attr-defined]
+
+
+def test_a_failed_night_puts_a_banner_over_the_older_ranking(sqlite_engine: Engine,
+                                                              client: TestClient) -> None:
+    first = add_night(sqlite_engine, D1, DUE1, GOOD)
+    second = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(error="boom")},
+                       status="failed", error="every ticker failed")
+    soup = page(client, "/")
+    banner = text(soup.find(id="banner"))
+    assert banner.startswith("Not the latest night.")
+    assert f"batch #{second} (as of {D2}), failed: every ticker failed" in banner
+    assert f"this ranking is of {D1} (batch #{first})" in banner
+    night = soup.find(id="night")
+    assert night is not None and night["data-status"] == "failed"
+    assert "Next night due 2026-11-29 00:10:00 UTC" in text(soup.find(id="schedule"))
+    assert text(soup.find(id="daemon")) == "no heartbeat recorded"
+
+
+def test_a_missed_night_is_named_stale(sqlite_engine: Engine, client: TestClient) -> None:
+    add_night(sqlite_engine, D1, DUE1, GOOD)
+    soup = page(client, "/")
+    assert "stale: no nightly batch since the night due 2026-11-28 00:10 UTC" in \
+        text(soup.find(id="banner"))
+    assert soup.find(id="night")["data-status"] == "stale"  # type: ignore[index]
+    # The same morning an hour after the due time of the first night: fresh, no banner.
+    assert page(client, "/", DUE1 + timedelta(hours=1)).find(id="banner") is None
+
+
+def test_the_daemon_heartbeat_shows_current_or_stale(sqlite_engine: Engine,
+                                                     client: TestClient) -> None:
+    add_night(sqlite_engine, D2, DUE2, GOOD)
+    with Session(sqlite_engine) as s:
+        s.add(SchedulerBeat(host="gpu-host", pid=42, started_at=DUE1, beat_at=MORNING,
+                            next_run_at=DUE2 + timedelta(days=1), schedule="10 0 * * * (UTC)"))
+        s.commit()
+    assert text(page(client, "/", MORNING + timedelta(seconds=30)).find(id="daemon")) == \
+        "heartbeat current"
+    assert text(page(client, "/", MORNING + timedelta(minutes=5)).find(id="daemon")) == \
+        "heartbeat stale"
+
+
+def test_change_column_and_changes_section(sqlite_engine: Engine, client: TestClient) -> None:
+    add_night(sqlite_engine, D1, DUE1, {
+        "AAA": Rated("Hold", 0.0, texts={"news": table(a="bearish", b="bearish")}),
+        "BBB": Rated("Buy", 0.7), "EEE": Rated("Sell", -0.7)})
+    add_night(sqlite_engine, D2, DUE2, {
+        "AAA": Rated("Buy", 0.6, texts={"news": table(a="bullish", b="bullish")}),
+        "BBB": Rated("Sell", -0.8), "DDD": Rated("Hold", 0.1),
+        "EEE": Rated(error="DataError: no prices")})
+    soup = page(client, "/")
+    rows = {tr["data-ticker"]: [text(td) for td in tr.find_all("td")]
+            for tr in soup.select("#ranking tbody tr")}
+    # columns: # ticker rating score spread conf was change summary
+    assert rows["AAA"][6] == "Hold +0.00 #2" and rows["AAA"][7] == "▲ upgrade"
+    assert rows["BBB"][6] == "Buy +0.70 #1" and rows["BBB"][7] == "▼ downgrade"
+    assert rows["DDD"][6] == "—" and rows["DDD"][7] == "new"
+    changes = [[text(td) for td in tr.find_all("td")] for tr in soup.select("#changes tbody tr")]
+    assert [c[0] for c in changes] == ["BBB", "AAA", "DDD", "EEE"]
+    assert changes[0][4] == "-1.50" and changes[1][4] == "+0.60"
+    assert changes[1][5] == "moved most: news bearish→bullish (+2.00)"
+    assert changes[3][1] == "dropped" and "DataError: no prices" in changes[3][5]
+    assert f"Changes since {D1}" in text(soup.find(id="changes-heading"))
+
+
+def test_flags_and_warnings_as_the_cli_prints_them(sqlite_engine: Engine,
+                                                   client: TestClient) -> None:
+    # Underweight at +0.30 contradicts its own score (Underweight is −0.50 to −0.15).
+    batch = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Underweight", 0.3),
+                                                "BBB": Rated("Hold", 0.0)})
+    with Session(sqlite_engine) as s:
+        s.add(BatchWarning(batch_id=batch, kind="grade_share", message="Hold is 80% of 10",
+                           created_at=MORNING))
+        s.commit()
+    soup = page(client, "/")
+    flagged = {tr["data-ticker"]: tr.select_one(".flag") is not None
+               for tr in soup.select("#ranking tbody tr")}
+    assert flagged == {"AAA": True, "BBB": False}
+    assert [text(w) for w in soup.select(".warning")] == ["Warning: Hold is 80% of 10"]
+    with time_machine.travel(MORNING, tick=False):
+        cli = run_cli("ranking", env=UTC_ENV)
+    assert re.search(r"AAA\s+│\s+Underweight !", cli.stdout)
+    assert f"warning: batch {batch}: Hold is 80% of 10" in cli.stderr
+
+
+def test_the_page_and_the_cli_give_the_same_eta(sqlite_engine: Engine,
+                                                client: TestClient) -> None:
+    add_night(sqlite_engine, D1, DUE1, GOOD)
+    now = DUE2 + timedelta(minutes=20)
+    running = add_night(sqlite_engine, D2, DUE2,
+                        {"AAA": Rated("Buy", 0.7), "BBB": Rated(status="running"),
+                         "CCC": Rated(status="queued"), "DDD": Rated(status="queued")},
+                        status="running", heartbeat=now - timedelta(seconds=5), calls=17)
+    soup = page(client, "/", now)
+    assert soup.find("meta", attrs={"http-equiv": "refresh"}) is not None
+    # 17 calls of 68 in 20 min: 60 min left, by calls (by tickers it would be 60 min too,
+    # so the batch page below checks the calls figure as well).
+    progress = text(soup.select_one(f".progress[data-batch='{running}']"))
+    assert "17 of about 68 calls" in progress and "about 1 h 00 min left" in progress
+    with time_machine.travel(now, tick=False):
+        cli = run_cli("ranking", env=UTC_ENV)
+    assert "about 1 h 00 min left" in cli.stderr.splitlines()[1]
+
+
+def test_a_running_batch_page_lists_running_tickers_apart_and_refreshes(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    now = DUE2 + timedelta(minutes=30)
+    running = add_night(sqlite_engine, D2, DUE2,
+                        {"AAA": Rated("Buy", 0.7), "BBB": Rated(status="running"),
+                         "CCC": Rated(status="queued"), "EEE": Rated(error="DataError: x")},
+                        status="running", heartbeat=now - timedelta(seconds=5), calls=34)
+    soup = page(client, f"/batches/{running}", now)
+    assert soup.find("meta", attrs={"http-equiv": "refresh"}) is not None
+    running_rows = [[text(td) for td in tr.find_all("td")][:2]
+                    for tr in soup.select("#running tbody tr")]
+    assert running_rows == [["BBB", "running"], ["CCC", "queued"]]
+    failed_rows = [text(tr.find("td")) for tr in soup.select("#failed tbody tr")]
+    assert failed_rows == ["EEE"]
+    # 34 of 68 calls in 30 min: 30 min left.
+    assert "about 30 min 00 s left" in text(soup.find(id="progress"))
+    # Once it is over, nothing reloads.
+    done = add_night(sqlite_engine, D1, DUE1, GOOD)
+    assert page(client, f"/batches/{done}", now).find("meta",
+                                                      attrs={"http-equiv": "refresh"}) is None
+
+
+def test_the_ticker_page_after_a_failed_night(sqlite_engine: Engine,
+                                              client: TestClient) -> None:
+    first = add_night(sqlite_engine, D1, DUE1, GOOD)
+    second = add_night(sqlite_engine, D2, DUE2,
+                       {"AAA": Rated(error="LLMTimeoutError: no answer within 300 s"),
+                        "BBB": Rated("Hold", 0.05)})
+    soup = page(client, "/ticker/AAA")
+    tonight = soup.find(id="tonight")
+    assert tonight is not None and tonight["data-state"] == "failed"
+    assert text(tonight) == (f"Tonight: failed in nightly batch #{second} (as of {D2}, batch "
+                             "partial): LLMTimeoutError: no answer within 300 s")
+    assert text(soup.find(id="last-good")) == \
+        f"Last good rating: Buy score +0.80, rank 1, as of {D1} (batch #{first})."
+    # BBB succeeded tonight: its headline is tonight's rating, no "last good" line.
+    bbb = page(client, "/ticker/BBB")
+    assert bbb.find(id="tonight")["data-state"] == "rated"  # type: ignore[index]
+    assert text(bbb.find(id="tonight")).startswith("Hold score +0.05")
+    assert bbb.find(id="last-good") is None
+
+
+def test_the_ticker_page_headlines_the_ranking_s_rating(sqlite_engine: Engine,
+                                                        client: TestClient) -> None:
+    # Two samples, Underweight −0.48 and Sell −0.70: the ranking's rating is the band of the
+    # mean −0.59, Sell; the ticker page must headline the same, not a sample's Underweight.
+    batch = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Underweight", -0.48)},
+                      settings={"samples": 2, "demo_data": True})
+    with Session(sqlite_engine) as s:
+        s.add(Decision(batch_id=batch, ticker="AAA", sample=1, rating="Sell", score=-0.70,
+                       confidence=0.5, summary="AAA sell", created_at=DUE2))
+        s.commit()
+    ranking = page(client, "/")
+    row = [text(td) for td in ranking.select("#ranking tbody tr")[0].find_all("td")]
+    assert row[2:4] == ["Sell", "-0.59"]
+    headline = text(page(client, "/ticker/AAA").find(id="tonight"))
+    assert headline.startswith("Sell score -0.59 mean of 2 samples")
+
+
+def test_the_ticker_headline_follows_the_ranking_through_reruns(sqlite_engine: Engine,
+                                                                client: TestClient) -> None:
+    add_night(sqlite_engine, D1, DUE1, GOOD)
+    add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(error="LLMTimeoutError"),
+                                        "BBB": Rated("Hold", 0.05)})
+    # AAA's rerun of that night succeeded: the ranking applies it, and so does the headline.
+    rerun = add_night(sqlite_engine, D2, DUE2 + timedelta(hours=6),
+                      {"AAA": Rated("Overweight", 0.4)}, kind="rerun")
+    aaa = page(client, "/ticker/AAA")
+    assert aaa.find(id="tonight")["data-state"] == "rated"  # type: ignore[index]
+    assert text(aaa.find(id="tonight")).startswith("Overweight score +0.40")
+    assert "a rerun" in text(aaa.find(id="tonight")) and f"#{rerun}" in \
+        text(aaa.find(id="tonight"))
+    # BBB's rerun failed: the ranking keeps the night's Hold, and so does the headline.
+    add_night(sqlite_engine, D2, DUE2 + timedelta(hours=7), {"BBB": Rated(error="boom")},
+              kind="rerun")
+    bbb = page(client, "/ticker/BBB")
+    assert text(bbb.find(id="tonight")).startswith("Hold score +0.05")
+
+
+def test_a_ticker_not_in_the_latest_night_says_its_latest_night(sqlite_engine: Engine,
+                                                                client: TestClient) -> None:
+    first = add_night(sqlite_engine, D1, DUE1, {"AAA": Rated(error="DataError: no prices"),
+                                                "BBB": Rated("Hold", 0.0)})
+    add_night(sqlite_engine, D2, DUE2, {"BBB": Rated("Hold", 0.0)})
+    headline = text(page(client, "/ticker/AAA").find(id="tonight"))
+    assert headline.startswith(f"Its latest night: failed in nightly batch #{first}")
+
+
+def test_a_first_night_that_failed_is_named_with_nothing_to_rank(sqlite_engine: Engine,
+                                                                 client: TestClient) -> None:
+    only = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(error="boom")}, status="failed",
+                     error="every ticker failed")
+    soup = page(client, "/")
+    assert f"batch #{only} (as of {D2}), failed: every ticker failed; no finished night to " \
+        "rank" in text(soup.find(id="banner"))
+    assert soup.find(id="night")["data-status"] == "failed"  # type: ignore[index]
+    with time_machine.travel(MORNING, tick=False):
+        api = client.get("/api/ranking", auth=AUTH).json()
+    assert api["night"]["status"] == "failed" and api["night"]["fresh"] is False
+    assert api["night"]["latest"]["id"] == only
+
+
+def test_the_running_night_s_eta_reads_the_same_on_both_faces(sqlite_engine: Engine,
+                                                              client: TestClient) -> None:
+    # 34 of 68 calls in 30 min 10 s: 30 min 10 s left, written alike by the page and the CLI.
+    now = DUE2 + timedelta(minutes=30, seconds=10)
+    add_night(sqlite_engine, D1, DUE1, GOOD)
+    add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.7), "BBB": Rated(status="running"),
+                                        "CCC": Rated(status="queued"),
+                                        "DDD": Rated(status="queued")},
+              status="running", heartbeat=now - timedelta(seconds=5), calls=34)
+    progress = text(page(client, "/", now).select_one(".progress .eta"))
+    with time_machine.travel(now, tick=False):
+        cli = run_cli("ranking", env=UTC_ENV)
+    assert progress == "about 30 min 10 s left"
+    assert "about 30 min 10 s left" in cli.stderr.splitlines()[1]
