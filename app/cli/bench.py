@@ -73,23 +73,30 @@ def schedulers(
         help="Synthetic prompt scale (default: the largest that fits max-model-len).")] = None,
     output_scale: Annotated[float | None, typer.Option(
         help="Synthetic output scale (default: same as --scale).")] = None,
-    strategies: Annotated[str, typer.Option(help="Comma-separated arms, run in this order.")]
-        = "sequential,fixed-3,fixed-8,fixed-14,fixed-32,fixed-all,adaptive,flood",
+    strategies: Annotated[str, typer.Option(
+        help="Comma-separated arms, run in this order; 'sweep' is the fixed-N sweep chosen "
+             "from the server's KV cache and the workload; each adaptive arm is followed by "
+             "its twin with tail=off.")] = "fixed-3,sweep,fixed-all,adaptive",
     json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
     warmup: Annotated[int, typer.Option(
         min=0, help="Tickers whose requests (short answers) warm the server up first, "
                     "untimed; 0: none.")] = 1,
+    plan: Annotated[bool, typer.Option(
+        "--plan", help="Print the arms (the sweep worked out) and stop, running none.")]
+        = False,
 ) -> None:
     """Drive one workload with several strategies against the running server; find the ceiling.
 
     The ceiling is the best fixed schedule that respects the graph (sequential, fixed-N,
-    fixed-all); flood, which ignores dependencies, is shown beside it as the server's bound.
+    fixed-all); the graph bound is what any such schedule could get from this server,
+    modelled from the run's readings (flood, which ignores dependencies, is no target).
     """
     import asyncio
 
     import httpx
 
     from app.batch.workload import recorded_workload
+    from app.bench.arms import plan_arms
     from app.bench.schedulers import run_bench
     from app.bench.workloads import fit_scale, synthetic_workload
     from app.cli.common import database
@@ -119,11 +126,20 @@ def schedulers(
         name = workload
     else:
         raise InputError(f"--workload takes synthetic or recorded:BATCH_ID (got {workload!r})")
-    arms = [s.strip() for s in strategies.split(",") if s.strip()]
+    facts = batch_server_facts(settings.server_profile, settings.base_url, settings.server_dir)
+    arms, sweep = plan_arms(strategies, load, facts.get("kv_cache_tokens"),
+                            facts.get("max_num_seqs"), len(settings.base_urls))
+    if sweep is not None:
+        typer.echo(f"sweep: fixed-{', fixed-'.join(map(str, sweep.sizes))} around n* = "
+                   f"{sweep.n_star} ({sweep.kv_tokens or 'unknown'} KV tokens, max_num_seqs "
+                   f"{sweep.max_num_seqs or 'unknown'}, {sweep.chain_request_tokens:.0f} tokens "
+                   f"per chain request, {sweep.endpoints} endpoint(s))")
+    typer.echo("arms: " + " ".join(arms))
+    if plan:
+        return
     result = asyncio.run(run_bench(settings, engine, load, name=name, strategies=arms,
-                                   warmup_tickers=warmup, server_facts=batch_server_facts(
-                                       settings.server_profile, settings.base_url,
-                                       settings.server_dir)))
+                                   warmup_tickers=warmup, server_facts=facts,
+                                   sweep=sweep.to_json() if sweep else None))
     show_schedulers(result, json_out)
 
 
@@ -131,28 +147,47 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     """Print a scheduler bench's table, references and checks; write its JSON when asked."""
     from app.cli.report import COMPARE_COLUMNS, _fmt
 
+    bound = f"{result.bound_tok_s:.1f} tok/s" if result.bound_tok_s else "-"
     table = Table(title=f"scheduler bench: {result.workload}, {result.tickers} tickers, "
                         f"{result.requests} requests; ceiling {result.ceiling_tok_s:.1f} tok/s "
-                        f"({result.ceiling_arm or '-'}); server bound "
-                        f"{result.server_bound_tok_s:.1f} tok/s "
-                        f"({result.server_bound_arm or '-'})")
+                        f"({result.ceiling_arm or '-'}); graph bound {bound}")
     columns = [("strategy", "strategy", "s"), ("makespan s", "makespan_s", ".1f"),
                ("output tok/s", "output_tokens_per_s", ".1f"),
+               ("ok tok/s", "succeeded_output_tokens_per_s", ".1f"),
                ("÷ ceiling", "ratio_to_ceiling", ".2f"),
-               ("÷ flood", "ratio_to_server_bound", ".2f")] + [
+               ("÷ bound", "ratio_to_bound", ".2f")] + [
         c for c in COMPARE_COLUMNS if c[1] in ("running_mean", "running_max", "waiting_max",
                                                "kv_usage_max", "preemptions", "mean_ttft_s",
-                                               "prefix_cache_hit_rate", "decode_time_share")]
+                                               "ttft_ready_mean_s", "prefix_cache_hit_rate",
+                                               "decode_time_share")]
+    if result.server_bound_tok_s:
+        columns.insert(6, ("÷ flood", "ratio_to_server_bound", ".2f"))
     for header, _, _ in columns:
         table.add_column(header, justify="left" if header == "strategy" else "right")
     for a in result.arms:
         table.add_row(*(str(a.get(key)) if spec == "s" else _fmt(a.get(key), spec)
                         for _, key, spec in columns))
-    console = Console(width=150)
+    console = Console(width=190)
     console.print(table)
     m = result.machine
-    console.print(f"machine: {m['cpu_model']}, {m['cores']} cores, Python {m['python']}; server "
+    console.print(f"machine: {m['cpu_model']}, {m['cores']} cores, Python {m['python']}, host "
+                  f"{m.get('host', '-')}, code {m.get('commit', '-')}; server "
                   f"{m['model']} ({m['profile']}) at {m['server']}; {m['date']}")
+    if result.mixed:
+        console.print("[bold red]mixed runs[/] (--allow-mixed): " + "; ".join(
+            f"{what}: {len(values)} values" for what, values in result.mixed.items()))
+    if result.bound:
+        b, step = result.bound, result.bound["step"]
+        console.print(
+            f"graph bound {result.bound_tok_s:.1f} tok/s, set by {b['binding']}: "
+            f"{b['graph']['output_tokens']} output tokens in {b['steps']:.0f} server steps at "
+            f"least (KV {b['kv_tokens']} tokens, max_num_seqs {b['max_num_seqs']} from "
+            f"{b['max_num_seqs_from']}, {b['endpoints']} endpoint(s)), each step "
+            f"{step['a'] * 1000:.2f} ms + {step['b'] * 1000:.3f} ms per running request "
+            f"(fitted to {step['levels']} levels of the run's readings)")
+    if result.sweep:
+        console.print(f"fixed-N sweep: {result.sweep['sizes']} around n* = "
+                      f"{result.sweep['n_star']} ({result.sweep['rule']})")
     if result.warmup:
         w = result.warmup
         console.print(f"warm-up before the arms (untimed): {w['requests']} requests of "
@@ -201,10 +236,14 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
 def combine(
     files: Annotated[list[Path], typer.Argument(help="JSON files of bench schedulers runs.")],
     json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
+    allow_mixed: Annotated[bool, typer.Option(
+        "--allow-mixed", help="Combine runs whose code commit, host or server flags differ "
+                              "(the result then says what differed).")] = False,
 ) -> None:
     """Put arms run in separate calls (same workload, same server) in one table and judge them.
 
-    The ceiling, the server's bound and the checks are worked out again over all the arms.
+    The ceiling, the graph bound and the checks are worked out again over all the arms.
+    Runs of another code commit, host or server flags are refused unless --allow-mixed.
     """
     from app.bench.schedulers import combine_results
     from app.errors import InputError
@@ -216,7 +255,7 @@ def combine(
             loaded.append(json.loads(path.read_text()))
         except (OSError, ValueError) as error:
             raise InputError(f"cannot read bench JSON {path}: {error}") from None
-    show_schedulers(combine_results(loaded), json_out)
+    show_schedulers(combine_results(loaded, allow_mixed=allow_mixed), json_out)
 
 
 @app.command("durability")
