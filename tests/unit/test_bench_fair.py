@@ -195,7 +195,7 @@ async def test_ttft_from_readiness_counts_the_wait_at_our_own_gate(
     assert waits[-1] >= 3 * 0.05 * 0.9  # the fourth analyst waited for three before it
     seq, all_in = arms["sequential"], arms["fixed-all"]
     assert seq["ttft_ready_mean_s"] - seq["mean_ttft_s"] >= 0.9 * (0 + 1 + 2 + 3) * 0.05 / 17
-    assert all_in["ttft_ready_mean_s"] - all_in["mean_ttft_s"] < 0.02
+    assert all_in["ttft_ready_mean_s"] - all_in["mean_ttft_s"] < 0.05  # no gate to wait at
     assert seq["ttft_ready_p90_s"] >= seq["ttft_ready_mean_s"]
 
 
