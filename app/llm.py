@@ -66,6 +66,7 @@ class _Attempt:
 
     started_at: datetime
     t0: float
+    ready_at: datetime | None = None  # when the graph issued the call (before any gate)
     first_token_s: float | None = None
     content: list[str] = field(default_factory=list)
     usage: Any = None
@@ -177,12 +178,14 @@ class TrackedLLM:
         first_attempt: int = 1,
         admit: Admit | None = None,
         trimmed: Trim | None = None,
+        ready_at: datetime | None = None,
     ) -> ChatResult:
         """Send one chat completion, retrying what may pass; raise LLMError when it cannot.
 
         ``first_attempt`` numbers the rows of a caller-level retry (a decision that failed
         validation) after the attempts already recorded for the same node. ``admit`` is
         held around each attempt (an admission slot), never around the wait between them.
+        ``ready_at`` is when the graph issued the call (default: now), kept on every row.
         """
         body = self.build_body(tag, messages, max_tokens=max_tokens,
                                response_format=response_format)
@@ -190,19 +193,20 @@ class TrackedLLM:
         token = _trim.set(trimmed)
         try:
             return await self.send(tag, body, priority=priority, first_attempt=first_attempt,
-                                   admit=admit)
+                                   admit=admit, ready_at=ready_at)
         finally:
             _trim.reset(token)
 
     async def send(
         self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
-        first_attempt: int = 1, admit: Admit | None = None,
+        first_attempt: int = 1, admit: Admit | None = None, ready_at: datetime | None = None,
     ) -> ChatResult:
         """Send a prepared body (also used by replay), with bounded retries.
 
         The body is recorded first, keyed by the request's first attempt: a decision's
         re-ask and a replay's requests are stored too, so any batch can be replayed.
         """
+        ready_at = ready_at or datetime.now(UTC)
         first_attempt += self.attempts_before.get((tag.ticker, tag.node, tag.sample), 0)
         if self.settings.record_requests:
             self.recorder.record_request(
@@ -217,7 +221,7 @@ class TrackedLLM:
         while True:
             try:
                 async with admit() if admit is not None else contextlib.nullcontext():
-                    result = await self._attempt(tag, attempt, body)
+                    result = await self._attempt(tag, attempt, body, ready_at)
                 result.attempts = attempt - first_attempt + 1
                 return result
             except LLMError as error:
@@ -234,8 +238,9 @@ class TrackedLLM:
                 await asyncio.sleep(delay)
                 attempt += 1
 
-    async def _attempt(self, tag: CallTag, attempt: int, body: dict[str, Any]) -> ChatResult:
-        seen = _Attempt(started_at=datetime.now(UTC), t0=time.monotonic())
+    async def _attempt(self, tag: CallTag, attempt: int, body: dict[str, Any],
+                       ready_at: datetime | None = None) -> ChatResult:
+        seen = _Attempt(started_at=datetime.now(UTC), t0=time.monotonic(), ready_at=ready_at)
         error: LLMError | None
         try:
             async with asyncio.timeout(self.settings.call_timeout_s):
@@ -349,6 +354,7 @@ class TrackedLLM:
             "first_token_at": (None if seen.first_token_s is None
                                else seen.started_at + timedelta(seconds=seen.first_token_s)),
             "ended_at": ended_at,
+            "ready_at": seen.ready_at,
             "latency_s": elapsed,
             "request_id": seen.request_id,
             "context_trimmed_tokens": None if trim is None else trim.tokens,

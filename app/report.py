@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine, func, select
 
-from app.db.models import Batch, LLMCall
+from app.db.models import Batch, LLMCall, TickerRun
 from app.errors import InputError
 from app.serverview import server_view
 
@@ -35,6 +35,10 @@ class BatchReport:
     wall_seconds: float
     output_tokens_per_s: float
     nodes: list[NodeLatency] = field(default_factory=list)
+    # Output of the tickers that succeeded, over the same makespan: what the night delivered
+    # (the figure above also counts the tokens of tickers that failed in the end).
+    succeeded_completion_tokens: int = 0
+    succeeded_output_tokens_per_s: float = 0.0
     # Adaptive admission's time without /metrics (readings missed, seconds, fallback limit).
     metrics_fallback: dict[str, Any] | None = None
 
@@ -92,10 +96,12 @@ def batch_report(engine: Engine, batch_id: int) -> BatchReport:
             raise InputError(f"no batch with id {batch_id}")
         fallback = (found.settings or {}).get("metrics_fallback")
         rows = conn.execute(
-            select(LLMCall.node, LLMCall.status, LLMCall.prompt_tokens,
+            select(LLMCall.node, LLMCall.ticker, LLMCall.status, LLMCall.prompt_tokens,
                    LLMCall.completion_tokens, LLMCall.started_at, LLMCall.ended_at,
                    LLMCall.latency_s).where(LLMCall.batch_id == batch_id)
         ).all()
+        succeeded = set(conn.execute(select(TickerRun.ticker).where(
+            TickerRun.batch_id == batch_id, TickerRun.status == "succeeded")).scalars())
     if not rows:
         return BatchReport(batch_id, 0, 0, 0, 0, None, None, 0.0, 0.0,
                            metrics_fallback=fallback)
@@ -103,6 +109,7 @@ def batch_report(engine: Engine, batch_id: int) -> BatchReport:
     last = max(r.ended_at for r in rows)
     wall = (last - first).total_seconds()
     completion = sum(r.completion_tokens or 0 for r in rows)
+    delivered = sum(r.completion_tokens or 0 for r in rows if r.ticker in succeeded)
     by_node: dict[str, list[float]] = {}
     for r in rows:
         by_node.setdefault(r.node, []).append(r.latency_s)
@@ -123,6 +130,8 @@ def batch_report(engine: Engine, batch_id: int) -> BatchReport:
         output_tokens_per_s=per_second(completion, wall),
         nodes=nodes,
         metrics_fallback=fallback,
+        succeeded_completion_tokens=delivered,
+        succeeded_output_tokens_per_s=delivered / wall if wall > 0 else 0.0,
     )
 
 
@@ -185,6 +194,7 @@ def arm(engine: Engine, batch_id: int) -> dict[str, Any]:
         "batch_id": batch_id, "kind": kind, "label": label, "calls": calls.calls,
         "failed_calls": calls.failed_calls, "makespan_s": span,
         "output_tokens_per_s": calls.output_tokens_per_s,
+        "succeeded_output_tokens_per_s": calls.succeeded_output_tokens_per_s,
         "prefill_tokens_per_s": prefill / span if span else 0.0,
         "decode_tokens_per_s": calls.completion_tokens / span if span else 0.0,
         "prompt_tokens": calls.prompt_tokens, "completion_tokens": calls.completion_tokens,
@@ -195,6 +205,7 @@ def arm(engine: Engine, batch_id: int) -> dict[str, Any]:
         "running_mean": view.running_mean, "running_max": view.running_max,
         "waiting_max": view.waiting_max, "kv_usage_max": view.kv_usage_max,
         "preemptions": view.preemptions, "mean_ttft_s": view.mean_ttft_s,
+        "ttft_ready_mean_s": view.ttft_ready_mean_s, "ttft_ready_p90_s": view.ttft_ready_p90_s,
         "decode_time_share": view.decode_time_share,
         # Each endpoint's part, when several served the arm (else its one endpoint is it).
         "endpoints": [asdict(share) for share in endpoint_shares(engine, batch_id)],

@@ -65,7 +65,11 @@ class ServerView:
     prefill_time_s: float | None = None
     decode_time_s: float | None = None
     decode_time_share: float | None = None  # decode ÷ (prefill + decode)
-    mean_ttft_s: float | None = None  # from our own rows: first token − request start
+    mean_ttft_s: float | None = None  # from our own rows: first token − request sent
+    # First token − the moment the graph issued the call (answered calls only): waits at
+    # our own gate count as the server's queue does, so strategies compare fairly.
+    ttft_ready_mean_s: float | None = None
+    ttft_ready_p90_s: float | None = None
     # What held the batch back, reading by reading (see ``bounds``); the cap it was held to.
     bound: str | None = None
     bound_shares: dict[str, float] | None = None
@@ -171,7 +175,8 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
     moments, so an upper bound of the joint peak; no joint median); KV is the highest.
     """
     samples = select(ServerSample).where(ServerSample.batch_id == batch_id)
-    calls = select(LLMCall.started_at, LLMCall.first_token_at).where(
+    calls = select(LLMCall.started_at, LLMCall.first_token_at, LLMCall.ready_at,
+                   LLMCall.status).where(
         LLMCall.batch_id == batch_id, LLMCall.first_token_at.is_not(None))
     if endpoint is not None:
         samples = samples.where(ServerSample.endpoint == endpoint)
@@ -179,11 +184,16 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
     with engine.connect() as conn:
         settings = conn.execute(select(Batch.settings).where(Batch.id == batch_id)).scalar()
         rows = conn.execute(samples.order_by(ServerSample.sampled_at)).all()
-        ttfts = [(r.first_token_at - r.started_at).total_seconds()
-                 for r in conn.execute(calls)]
+        timed = conn.execute(calls).all()
+    ttfts = [(r.first_token_at - r.started_at).total_seconds() for r in timed]
     mean_ttft = float(np.mean(ttfts)) if ttfts else None
+    from_ready = [(r.first_token_at - r.ready_at).total_seconds() for r in timed
+                  if r.ready_at is not None and r.status == "ok"]
+    ready_mean = float(np.mean(from_ready)) if from_ready else None
+    ready_p90 = float(np.percentile(from_ready, 90)) if from_ready else None
     if not rows:
-        return ServerView(0, mean_ttft_s=mean_ttft)
+        return ServerView(0, mean_ttft_s=mean_ttft, ttft_ready_mean_s=ready_mean,
+                          ttft_ready_p90_s=ready_p90)
     series = per_endpoint(rows)
     several = len(series) > 1
     running = np.array([r.running for r in rows])
@@ -236,6 +246,8 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
         decode_time_share=(decode_s / request_s) if request_s and decode_s is not None
         else None,
         mean_ttft_s=mean_ttft,
+        ttft_ready_mean_s=ready_mean,
+        ttft_ready_p90_s=ready_p90,
         bound=max(shares, key=lambda k: shares[k]) if shares else None,
         bound_shares=shares or None,
         client_lag_max_s=max(lags) if lags else None,

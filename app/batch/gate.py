@@ -9,6 +9,7 @@ import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from agents.chat import CallTag, ChatResult
@@ -304,13 +305,15 @@ class GatedLLM:
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
         kwargs.pop("priority", None)
         sized = {"messages": messages, "max_tokens": kwargs.get("max_tokens", 0)}
+        ready = datetime.now(UTC)  # issued by the graph: a wait from here on is the gate's
         return await self._budgeted(tag, sized, lambda rank, admit: self.llm.chat(
-            tag, messages, priority=rank, admit=admit, **kwargs))
+            tag, messages, priority=rank, admit=admit, ready_at=ready, **kwargs))
 
     async def send(self, tag: CallTag, body: dict[str, Any], *,
                    first_attempt: int = 1) -> ChatResult:
+        ready = datetime.now(UTC)
         return await self._budgeted(tag, body, lambda rank, admit: self.llm.send(
-            tag, body, priority=rank, first_attempt=first_attempt, admit=admit))
+            tag, body, priority=rank, first_attempt=first_attempt, admit=admit, ready_at=ready))
 
     async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
                       exact: bool = False) -> PromptSize | None:

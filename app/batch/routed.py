@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -97,14 +98,17 @@ class RoutedLLM(GatedLLM):
         kwargs.pop("priority", None)
         first = int(kwargs.pop("first_attempt", 1))
         sized = {"messages": messages, "max_tokens": kwargs.get("max_tokens", 0)}
+        ready = datetime.now(UTC)  # issued by the graph: a wait from here on is ours
         return await self._routed(tag, sized, first, lambda llm, rank, attempt, admit: llm.chat(
-            tag, messages, priority=rank, admit=admit, **_numbered(attempt), **kwargs))
+            tag, messages, priority=rank, admit=admit, ready_at=ready, **_numbered(attempt),
+            **kwargs))
 
     async def send(self, tag: CallTag, body: dict[str, Any], *,
                    first_attempt: int = 1) -> ChatResult:
+        ready = datetime.now(UTC)
         return await self._routed(tag, body, first_attempt, lambda llm, rank, attempt, admit:
                                   llm.send(tag, body, priority=rank, admit=admit,
-                                           **_numbered(attempt)))
+                                           ready_at=ready, **_numbered(attempt)))
 
     async def _routed(self, tag: CallTag, sized: dict[str, Any], first: int,
                       send: Send) -> ChatResult:

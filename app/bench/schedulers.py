@@ -3,11 +3,13 @@
 Every strategy runs as its own batch (kind ``bench``) through the same engine, gate and
 tracked client as a nightly run, over every configured endpoint as a night would be (an
 arm's figures then include each endpoint's part), so its figures come from the same rows
-and the same ``/metrics`` samples as any report. Two references are measured, never
-assumed: the *ceiling* is the best output tok/s of a fixed schedule that respects the
-graph (``sequential``, the ``fixed-N`` sweep, ``fixed-all``), i.e. what the scheduler must
-at least match; the *server bound* is ``flood`` (every request at once, dependencies
-ignored), what the server can do when the graph does not hold it back.
+and the same ``/metrics`` samples as any report. Two references: the *ceiling* is the
+best output tok/s of a fixed schedule that respects the graph (``sequential``, the
+``fixed-N`` sweep, ``fixed-all``), measured, what the scheduler must at least match; the
+*graph bound* (app/bench/bound.py) is what any schedule that respects the graph could get
+from this server, modelled from the run's own readings. ``flood`` (every request at once,
+dependencies ignored) may run beside them: it shares a ticker's context between its calls
+in the cache, which no schedule that respects the graph may, so it is no target.
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ from app.batch.engine import BatchEngine, BatchPlan
 from app.batch.gate import GatedLLM
 from app.batch.scheduler import Strategy
 from app.batch.workload import Workload, play, shape
+from app.bench.arms import DEFAULT_ARMS, FLOOD, plan_arms
+from app.bench.bound import (
+    GraphFacts,
+    arm_graph_facts,
+    decode_levels,
+    fit_step,
+    graph_bound,
+    pool,
+)
 from app.bench.tracker import machine_facts as host_facts
 from app.config import Settings
 from app.errors import InputError, ServerError
@@ -39,9 +50,10 @@ from serving.urls import redact
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_STRATEGIES = ("sequential", "fixed-3", "fixed-8", "fixed-14", "fixed-32", "fixed-all",
-                      "adaptive", "flood")
-SERVER_BOUND = "flood"
+SERVER_BOUND = FLOOD
+BOUND_TARGET = 0.9  # the share of the graph bound an adaptive arm is held to
+# What must be the same in every file ``combine_results`` puts in one table.
+SAME_RUN = (("code commit", "commit"), ("host", "host"), ("server flags", "server_flags"))
 
 
 @dataclass
@@ -57,16 +69,34 @@ class BenchResult:
     checks: dict[str, bool] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
     warmup: dict[str, Any] | None = None  # what was sent before the first arm, and its time
+    bound_tok_s: float | None = None  # the graph bound (app/bench/bound.py)
+    bound: dict[str, Any] | None = None  # its terms, step cost and graph facts
+    sweep: dict[str, Any] | None = None  # the fixed-N sweep's sizes and rule (app/bench/arms.py)
+    mixed: dict[str, list[Any]] | None = None  # combined with --allow-mixed: what differed
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(self.__dict__, default=str))
 
 
 def machine_facts(settings: Settings, server_facts: dict[str, Any] | None) -> dict[str, Any]:
-    """Describe the client host (as the tracker bench does) and the server the arms ran on."""
+    """Describe the client host and code (as the tracker bench does) and the server."""
+    facts = server_facts or {}
     return {"date": datetime.now(UTC).isoformat(timespec="seconds"), **host_facts(),
             "server": settings.llm_base_url, "model": settings.llm_model,
-            "profile": settings.server_profile, "server_facts": server_facts or {}}
+            "profile": settings.server_profile, "server_facts": facts,
+            "server_flags": server_flags(facts)}
+
+
+def server_flags(facts: dict[str, Any]) -> dict[str, Any]:
+    """Return what is known of how the server was started: its command line (when nightdesk's
+    launcher started it), vLLM's version and its cache configuration (from /metrics)."""
+    config = facts.get("cache_config") or {}
+    flags = {"command": facts.get("command"), "vllm_version": facts.get("vllm_version"),
+             "max_num_seqs": facts.get("max_num_seqs"),
+             "max_model_len": facts.get("max_model_len"),
+             "cache_config": {k: v for k, v in sorted(config.items()) if not k.startswith("_")}
+             or None}
+    return {k: v for k, v in flags.items() if v is not None}
 
 
 async def _wait_idle(settings: Settings, client: httpx.AsyncClient | None = None,
@@ -143,19 +173,25 @@ def _salted(workload: Workload, salt: str) -> Workload:
 async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
                     name: str, strategies: list[str] | None = None,
                     server_facts: dict[str, Any] | None = None, warmup_tickers: int = 1,
+                    sweep: dict[str, Any] | None = None,
                     **engine_kwargs: Any) -> BenchResult:
     """Run every strategy over the same workload and compare them to the measured ceiling.
 
     ``warmup_tickers`` tickers' requests are sent first, untimed (``_warm_up``); 0: none.
+    ``sweep`` (app/bench/arms.py) is recorded with the result when the arms came from one;
+    without ``strategies`` the arms are ``DEFAULT_ARMS``, planned for this server.
     """
     if strategies is None:
-        strategies = list(DEFAULT_STRATEGIES)
+        facts = server_facts or {}
+        strategies, chosen = plan_arms(DEFAULT_ARMS, workload, facts.get("kv_cache_tokens"),
+                                       facts.get("max_num_seqs"), len(settings.base_urls))
+        sweep = chosen.to_json() if chosen else None
     for s in strategies:
         if s != SERVER_BOUND:
             Strategy.parse(s)  # refuse a typo before the first arm runs for minutes
     run_id = uuid.uuid4().hex[:8]
     result = BenchResult(name, len(workload), sum(len(v) for v in workload.values()),
-                         machine=machine_facts(settings, server_facts))
+                         machine=machine_facts(settings, server_facts), sweep=sweep)
     runner = BatchEngine(settings, engine, server_facts=server_facts, **engine_kwargs)
     weights = {t: float(sum(i.body["max_tokens"] for i in items))
                for t, items in workload.items()}
@@ -184,33 +220,58 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         if strategy != SERVER_BOUND and Strategy.parse(strategy).adaptive:
             figures["holdback_timeline"] = outcome.holdback
         figures["warmup"] = result.warmup  # kept with the arm: combined runs each had one
+        # What the graph bound is computed from, kept per arm so combined runs can pool it.
+        figures["graph"] = (await asyncio.to_thread(
+            arm_graph_facts, engine, outcome.batch_id, workload)).to_json()
+        figures["decode_levels"] = await asyncio.to_thread(decode_levels, engine,
+                                                           outcome.batch_id)
         result.arms.append(figures)
     _judge(result)
     return result
 
 
-def combine_results(runs: list[dict[str, Any]]) -> BenchResult:
+def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False) -> BenchResult:
     """Merge bench results of one workload run arm by arm (a device call each) and judge them.
 
     A run that differs in workload, tickers or requests is refused: its arms are not
-    comparable. The machine facts are the first run's.
+    comparable. So is one whose code commit, host or server flags differ from the first's,
+    unless ``allow_mixed`` (the result's ``mixed`` then says what differed). The machine
+    facts are the first run's.
     """
     if not runs:
         raise InputError("no bench results to combine")
     first = runs[0]
     try:
         result = BenchResult(first["workload"], first["tickers"], first["requests"],
-                             machine=first.get("machine", {}))
+                             machine=first.get("machine", {}), sweep=first.get("sweep"))
+        mixed: dict[str, list[Any]] = {}
         for run in runs:
             same = (run["workload"], run["tickers"], run["requests"])
             if same != (result.workload, result.tickers, result.requests):
                 raise InputError(f"cannot combine a run of {same} with one of "
                                  f"{(result.workload, result.tickers, result.requests)}")
+            for what, key in SAME_RUN:
+                mine, theirs = run.get("machine", {}).get(key), result.machine.get(key)
+                if mine != theirs:
+                    if not allow_mixed:
+                        raise InputError(
+                            f"cannot combine runs whose {what} differ ({_short(theirs)} and "
+                            f"{_short(mine)}): their arms are not comparable; --allow-mixed "
+                            "combines them anyway")
+                    mixed.setdefault(what, [theirs])
+                    if mine not in mixed[what]:
+                        mixed[what].append(mine)
             result.arms.extend(run["arms"])
-    except (KeyError, TypeError) as error:
+        result.mixed = mixed or None
+    except (KeyError, TypeError, AttributeError) as error:
         raise InputError(f"not a bench schedulers result (missing {error})") from None
     _judge(result)
     return result
+
+
+def _short(value: Any) -> str:
+    text = "none recorded" if value is None else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def respects_graph(strategy: str) -> bool:
@@ -218,7 +279,30 @@ def respects_graph(strategy: str) -> bool:
     return strategy == "sequential" or strategy.startswith("fixed-")
 
 
+def _graph_bound(result: BenchResult) -> None:
+    """Work out the graph bound from the arms' graph facts and pooled readings."""
+    graphs = [a["graph"] for a in result.arms if a.get("graph")]
+    step = fit_step(pool([a["decode_levels"] for a in result.arms if a.get("decode_levels")]))
+    facts = result.machine.get("server_facts") or {}
+    kv = facts.get("kv_cache_tokens")
+    # The server's --max-num-seqs when its launcher recorded it, else the most it ran.
+    seqs = facts.get("max_num_seqs") or max(
+        (a.get("running_max") or 0 for a in result.arms), default=0)
+    endpoints = len([u for u in str(result.machine.get("server", "")).split(",") if u]) or 1
+    if not graphs or step is None or not kv or not seqs:
+        result.bound, result.bound_tok_s = None, None
+        return
+    bound = graph_bound(GraphFacts(**graphs[0]), int(kv), int(seqs), step, endpoints)
+    if bound is None:
+        result.bound, result.bound_tok_s = None, None
+        return
+    result.bound = {**bound.to_json(), "max_num_seqs_from": (
+        "server facts" if facts.get("max_num_seqs") else "the most requests any arm ran")}
+    result.bound_tok_s = bound.tok_s
+
+
 def _judge(result: BenchResult) -> None:
+    _graph_bound(result)
     by = {a["strategy"]: a for a in result.arms}
     fixed = [a for a in result.arms if respects_graph(a["strategy"])]
     best_fixed = max(fixed, key=lambda a: a["output_tokens_per_s"]) if fixed else None
@@ -234,6 +318,7 @@ def _judge(result: BenchResult) -> None:
         a["ratio_to_ceiling"] = tok_s / result.ceiling_tok_s if result.ceiling_tok_s else None
         a["ratio_to_server_bound"] = (tok_s / result.server_bound_tok_s
                                       if result.server_bound_tok_s else None)
+        a["ratio_to_bound"] = tok_s / result.bound_tok_s if result.bound_tok_s else None
     # Every adaptive variant in the run is judged, each under its own name, so a variant
     # put beside the default (``adaptive:prefetch=off``) is held to the same targets.
     for variant in result.arms:
@@ -247,14 +332,20 @@ def _judge_adaptive(result: BenchResult, variant: dict[str, Any],
     if best_fixed is not None:
         result.checks[f"{name} >= ceiling (best fixed schedule: {best_fixed['strategy']})"] = (
             tok_s >= result.ceiling_tok_s)
-    if result.server_bound_tok_s:
-        result.checks[f"{name} >= 0.9 x flood (server bound)"] = (
-            tok_s >= 0.9 * result.server_bound_tok_s)
+    if result.bound_tok_s:
+        result.checks[f"{name} >= {BOUND_TARGET} x graph bound"] = (
+            tok_s >= BOUND_TARGET * result.bound_tok_s)
     if fixed3:
         result.checks[f"{name} >= 1.5 x fixed-3"] = (
             tok_s >= 1.5 * fixed3["output_tokens_per_s"])
     result.checks[f"{name}: zero preemptions"] = not variant["preemptions"]
-    ttft = variant["mean_ttft_s"]
-    if best_fixed and best_fixed["mean_ttft_s"] is not None and ttft is not None:
-        result.checks[f"{name} TTFT <= best fixed-N's ({best_fixed['strategy']})"] = (
-            ttft <= best_fixed["mean_ttft_s"])
+    # Time to first token from the graph's issue where both arms have it: a wait at our own
+    # gate counts as a wait in the server's queue does. Older files: from sending.
+    key = ("ttft_ready_mean_s" if variant.get("ttft_ready_mean_s") is not None
+           and best_fixed is not None and best_fixed.get("ttft_ready_mean_s") is not None
+           else "mean_ttft_s")
+    ttft = variant.get(key)
+    if best_fixed and best_fixed.get(key) is not None and ttft is not None:
+        since = "from ready" if key == "ttft_ready_mean_s" else "from sending"
+        result.checks[f"{name} TTFT {since} <= best fixed-N's ({best_fixed['strategy']})"] = (
+            ttft <= best_fixed[key])

@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib.metadata
 import os
 import platform
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -247,7 +249,27 @@ def machine_facts() -> dict[str, Any]:
                 model = line.split(":", 1)[1].strip()
                 break
     return {"cpu_model": model, "cores": os.cpu_count(),
-            "python": platform.python_version(), "platform": platform.platform()}
+            "python": platform.python_version(), "platform": platform.platform(),
+            "host": platform.node(), "commit": code_version()}
+
+
+def code_version() -> str:
+    """Return the code's commit (``+dirty`` when tracked files differ from it) in a checkout,
+    else the installed package's version."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / ".git").exists():
+        try:
+            def git(*args: str) -> str:
+                return subprocess.run(["git", "-C", str(root), *args], capture_output=True,
+                                      text=True, timeout=10, check=True).stdout.strip()
+            dirty = git("status", "--porcelain", "--untracked-files=no")
+            return git("rev-parse", "HEAD") + ("+dirty" if dirty else "")
+        except (OSError, subprocess.SubprocessError):
+            pass  # no git here: the package's version says what it can
+    try:
+        return f"nightdesk {importlib.metadata.version('nightdesk')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 async def _bench(calls: int, concurrency: int, repeats: int,

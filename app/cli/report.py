@@ -86,6 +86,7 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
         ("last call end", report.last_call_end),
         ("wall seconds", f"{report.wall_seconds:.1f}"),
         ("batch output tok/s", f"{report.output_tokens_per_s:.1f}"),
+        ("  of tickers that succeeded", f"{report.succeeded_output_tokens_per_s:.1f}"),
     ):
         summary.add_row(key, str(value))
     if report.metrics_fallback:
@@ -110,7 +111,9 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
         ("request time", f"prefill {_fmt(view.prefill_time_s)} s, decode"
                          f" {_fmt(view.decode_time_s)} s (decode"
                          f" {_fmt(view.decode_time_share, '.0%')})"),
-        ("mean time to first token (s)", _fmt(view.mean_ttft_s, ".2f")),
+        ("time to first token from sending: mean (s)", _fmt(view.mean_ttft_s, ".2f")),
+        ("  from the graph's issue: mean / p90 (s)",
+         f"{_fmt(view.ttft_ready_mean_s, '.2f')} / {_fmt(view.ttft_ready_p90_s, '.2f')}"),
         ("held back by", held_back_by(view)),
         ("client loop lag max", client_lag(view)),
     ):
@@ -179,15 +182,20 @@ def endpoint_table(shares: list[EndpointShare], report: BatchReport, view: Serve
 
 
 COMPARE_COLUMNS = (
-    ("batch", "batch_id", "d"), ("label", "label", "s"), ("makespan s", "makespan_s", ".1f"),
+    ("batch", "batch_id", "d"), ("label", "label", "s"), ("span s", "makespan_s", ".1f"),
     ("output tok/s", "output_tokens_per_s", ".1f"),
+    # Output of the tickers that succeeded (the figure before counts failed tickers' too).
+    ("ok tok/s", "succeeded_output_tokens_per_s", ".1f"),
     ("prefill tok/s", "prefill_tokens_per_s", ".0f"),
     ("decode tok/s", "decode_tokens_per_s", ".1f"),
     ("prefix hit", "prefix_cache_hit_rate", ".1%"),
-    ("prefill computed", "prefill_tokens_computed", ".0f"),
-    ("running mean", "running_mean", ".1f"), ("running max", "running_max", ".0f"),
-    ("waiting max", "waiting_max", ".0f"), ("KV max", "kv_usage_max", ".0%"),
+    ("prefill done", "prefill_tokens_computed", ".0f"),
+    ("run mean", "running_mean", ".1f"), ("run max", "running_max", ".0f"),
+    ("wait max", "waiting_max", ".0f"), ("KV max", "kv_usage_max", ".0%"),
+    # Time to first token from sending (the server's queue and prefill), and from the
+    # graph's issue of the call (our own gate's wait too): only the second is fair.
     ("preempt", "preemptions", ".0f"), ("TTFT s", "mean_ttft_s", ".2f"),
+    ("TTFT rdy s", "ttft_ready_mean_s", ".2f"),
     ("decode share", "decode_time_share", ".0%"),
 )
 

@@ -122,6 +122,9 @@ class LLMCall(Base):
     started_at: Mapped[datetime] = mapped_column(Timestamp)
     first_token_at: Mapped[datetime | None] = mapped_column(Timestamp)
     ended_at: Mapped[datetime] = mapped_column(Timestamp)
+    # When the graph issued the call, before the client's gate held it (every attempt of
+    # the call carries its first issue): time to first token is fair from here.
+    ready_at: Mapped[datetime | None] = mapped_column(Timestamp)
     latency_s: Mapped[float] = mapped_column(Float)
     request_id: Mapped[str | None] = mapped_column(String(200))
     # Set when the context guard dropped context to make the prompt fit: the tokens it

@@ -116,17 +116,27 @@ async def test_the_bench_orders_arms_as_a_server_of_known_capacity_dictates(
     assert all(a["warmup"] == result.warmup for a in arms.values())
 
 
-def _fake_arm(strategy: str, tok_s: float, ttft: float = 1.0, preemptions: int = 0
-              ) -> dict[str, Any]:
+# Every arm ran the same 60,000 output tokens; one reading level: 20,000 tokens made in
+# 40 s at 20 running, so a step takes 40 / (20,000 / 20) = 0.04 s. With 32 sequences the
+# fewest steps are 60,000 / 32 = 1,875 (the KV term gives 6e7 / 49,152 = 1,221, the chain
+# 1,000): 75 s at least, a graph bound of 800 tok/s.
+GRAPH = {"output_tokens": 60_000, "kv_token_steps": 6.0e7, "critical_path_tokens": 1_000,
+         "calls": 1_700}
+SERVER = {"kv_cache_tokens": 49_152, "max_num_seqs": 32}
+
+
+def _fake_arm(strategy: str, tok_s: float, ttft: float = 1.0, preemptions: int = 0,
+              ready: float | None = None) -> dict[str, Any]:
     return {"strategy": strategy, "output_tokens_per_s": tok_s, "mean_ttft_s": ttft,
-            "preemptions": preemptions}
+            "ttft_ready_mean_s": ready, "preemptions": preemptions, "graph": GRAPH,
+            "decode_levels": {"20": [20_000.0, 40.0]}}
 
 
-def test_the_ceiling_is_the_best_graph_respecting_arm_and_flood_is_the_bound() -> None:
+def test_the_ceiling_is_the_best_graph_respecting_arm_and_the_graph_bound_the_target() -> None:
     result = BenchResult("w", 100, 1700, arms=[
         _fake_arm("fixed-14", 500.0, ttft=1.0), _fake_arm("fixed-all", 450.0, ttft=20.0),
         _fake_arm("adaptive", 480.0, ttft=0.9, preemptions=3), _fake_arm("flood", 600.0, 139.0),
-    ])
+    ], machine={"server_facts": SERVER, "server": "http://x/v1"})
     _judge(result)
     assert (result.ceiling_arm, result.ceiling_tok_s) == ("fixed-14", 500.0)
     assert (result.server_bound_arm, result.server_bound_tok_s) == ("flood", 600.0)
@@ -136,9 +146,15 @@ def test_the_ceiling_is_the_best_graph_respecting_arm_and_flood_is_the_bound() -
     assert by["flood"]["ratio_to_ceiling"] == pytest.approx(600 / 500)
     checks = result.checks
     assert checks["adaptive >= ceiling (best fixed schedule: fixed-14)"] is False
-    assert checks["adaptive >= 0.9 x flood (server bound)"] is False  # 480 < 540
+    # The target is the graph bound (800 tok/s, see GRAPH), no longer flood's 600.
+    assert result.bound_tok_s == pytest.approx(800.0)
+    assert result.bound is not None and result.bound["binding"] == "max_num_seqs"
+    assert by["adaptive"]["ratio_to_bound"] == pytest.approx(480 / 800)
+    assert checks["adaptive >= 0.9 x graph bound"] is False  # 480 < 720
+    assert not [c for c in checks if "flood" in c]
     assert checks["adaptive: zero preemptions"] is False
-    assert checks["adaptive TTFT <= best fixed-N's (fixed-14)"] is True
+    # Older arms have no time to first token from readiness: compared from sending.
+    assert checks["adaptive TTFT from sending <= best fixed-N's (fixed-14)"] is True
     assert "adaptive >= 1.5 x fixed-3" not in checks
     # The JSON says which arm set each reference.
     data = result.to_json()
@@ -146,15 +162,20 @@ def test_the_ceiling_is_the_best_graph_respecting_arm_and_flood_is_the_bound() -
 
 
 def test_every_adaptive_variant_is_judged_under_its_own_name() -> None:
+    # Time to first token from readiness: adaptive's waits at its own gate count. From
+    # sending, both variants look faster than fixed-14; from readiness, only one is.
     result = BenchResult("w", 40, 680, arms=[
-        _fake_arm("adaptive", 777.0, ttft=0.5), _fake_arm("adaptive:prefetch=off", 740.0, 0.3),
-        _fake_arm("fixed-14", 776.0, ttft=1.35, preemptions=15), _fake_arm("flood", 958.0),
+        _fake_arm("adaptive", 777.0, ttft=0.5, ready=1.2),
+        _fake_arm("adaptive:prefetch=off", 740.0, 0.3, ready=2.0),
+        _fake_arm("fixed-14", 776.0, ttft=1.35, preemptions=15, ready=1.4),
+        _fake_arm("flood", 958.0),
     ])
     _judge(result)
     checks = result.checks
     assert checks["adaptive >= ceiling (best fixed schedule: fixed-14)"] is True
     assert checks["adaptive:prefetch=off >= ceiling (best fixed schedule: fixed-14)"] is False
-    assert checks["adaptive:prefetch=off TTFT <= best fixed-N's (fixed-14)"] is True
+    assert checks["adaptive TTFT from ready <= best fixed-N's (fixed-14)"] is True
+    assert checks["adaptive:prefetch=off TTFT from ready <= best fixed-N's (fixed-14)"] is False
     assert checks["adaptive:prefetch=off: zero preemptions"] is True
     # Neither fixed nor flood arms are judged: they are what the variants are judged against.
     assert not [c for c in checks if c.startswith(("fixed", "flood"))]
@@ -194,7 +215,8 @@ def test_arms_run_in_separate_calls_are_combined_and_judged_together(tmp_path: P
     def run(*arms: dict[str, Any], workload: str = "w") -> Path:
         result = BenchResult(workload, 100, 1700, arms=list(arms),
                              machine={"cpu_model": "x", "cores": 1, "python": "3", "model": "m",
-                                      "profile": "p", "server": "s", "date": "d"})
+                                      "profile": "p", "server": "s", "date": "d",
+                                      "server_facts": SERVER})
         _judge(result)
         path = tmp_path / f"{arms[0]['strategy']}-{workload}.json"
         path.write_text(json.dumps(result.to_json()))
@@ -215,7 +237,9 @@ def test_arms_run_in_separate_calls_are_combined_and_judged_together(tmp_path: P
     assert by["adaptive"]["ratio_to_ceiling"] == pytest.approx(520 / 500)
     assert by["adaptive"]["ratio_to_server_bound"] == pytest.approx(520 / 600)
     assert combined["checks"]["adaptive >= ceiling (best fixed schedule: fixed-14)"] is True
-    assert combined["checks"]["adaptive >= 0.9 x flood (server bound)"] is False  # 520 < 540
+    # The graph bound is worked out again from every file's readings: 800 tok/s (GRAPH).
+    assert combined["bound_tok_s"] == pytest.approx(800.0)
+    assert combined["checks"]["adaptive >= 0.9 x graph bound"] is False  # 520 < 720
     # Another workload's arms are not comparable: refused, with one line.
     other = run(_fake_arm("fixed-3", 100.0), workload="other")
     refused = subprocess.run(

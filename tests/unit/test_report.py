@@ -22,7 +22,7 @@ T0 = datetime(2025, 3, 4, 22, 0, 0, tzinfo=UTC)
 
 KEYS = {"batch_id", "calls", "failed_calls", "prompt_tokens", "completion_tokens",
         "first_call_start", "last_call_end", "wall_seconds", "output_tokens_per_s", "nodes",
-        "metrics_fallback"}
+        "metrics_fallback", "succeeded_completion_tokens", "succeeded_output_tokens_per_s"}
 
 
 def add_call(engine: Engine, batch_id: int, node: str, attempt: int, start_s: float,

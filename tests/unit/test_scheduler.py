@@ -30,7 +30,8 @@ class RecordingLLM:
         self.events: list[tuple[str, str, int | None]] = []  # (event, ticker, priority)
 
     async def send(self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
-                   first_attempt: int = 1, admit: Any = None) -> None:
+                   first_attempt: int = 1, admit: Any = None,
+                   ready_at: Any = None) -> None:
         async with admit():  # the gate's place, held around the attempt as TrackedLLM does
             self.events.append(("start", tag.ticker, priority))
             await asyncio.sleep(self.delay_s)

@@ -27,7 +27,8 @@ EXPECTED = {
         "id", "batch_id", "ticker", "node", "sample", "attempt", "model", "prompt_tokens",
         "completion_tokens", "cached_tokens", "max_tokens", "finish_reason", "status",
         "error_class", "http_status", "error", "started_at", "first_token_at", "ended_at",
-        "latency_s", "request_id", "context_trimmed_tokens", "context_trimmed", "endpoint",
+        "ready_at", "latency_s", "request_id", "context_trimmed_tokens", "context_trimmed",
+        "endpoint",
     },
     "llm_requests": {"id", "batch_id", "ticker", "node", "sample", "attempt", "body"},
     "decisions": {
@@ -99,7 +100,7 @@ def check_reordered_catch_up(url: str) -> None:
 
     upgrade(url)
     check_schema(engine)  # context-trim columns and llm_requests.attempt are there now
-    assert current_revision(engine) == head_revision() == "0009_scheduler_heartbeats"
+    assert current_revision(engine) == head_revision() == "0010_ready_at"
     upgrade(url)  # and nothing runs twice
     check_schema(engine)
 

@@ -1,0 +1,176 @@
+"""The most output tok/s a schedule that respects the graph could get from the server.
+
+A model, from the run's own readings. Each step of the server decodes one token of every
+running request and takes ``a + b × running`` seconds (fitted to the run's ``/metrics``
+readings, prefill interleaved as it was). A request of ``p`` prompt tokens that decodes
+``o`` holds ``p + g`` KV tokens at its ``g``-th step, so the workload needs ``Σ (p·o +
+o²/2)`` KV-token-steps; a graph-respecting schedule cannot share them, since no two calls
+of one chain run at once (flood can: that is how it beats this bound). No schedule can then
+finish in fewer steps than the largest of (output ÷ max_num_seqs), (KV-token-steps ÷ KV
+capacity) and the graph's critical path (a ticker's longest chain of output tokens), per
+endpoint; its time is at least ``a × steps + b × output ÷ endpoints``. The bound is the
+output over that time. Prefill's own work is in the fitted step time, not added on top,
+and preemption's recomputation is not counted: the bound is optimistic on both.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine, select
+
+from app.batch.workload import Workload
+from app.db.models import LLMCall, ServerSample
+
+# Levels: running requests (rounded) -> [generated tokens, seconds] over reading intervals.
+Levels = dict[int, list[float]]
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """What the workload asks of the server, from the answered calls of one arm."""
+
+    output_tokens: int
+    kv_token_steps: float  # Σ (p·o + o²/2) over the calls
+    critical_path_tokens: int  # the longest chain of output tokens of one ticker and sample
+    calls: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds per server step at ``running`` requests: ``a + b × running``."""
+
+    a: float
+    b: float
+    levels: int = 0  # running levels the fit saw
+
+    def at(self, running: float) -> float:
+        return self.a + self.b * running
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The graph-respecting bound and which of its terms set it."""
+
+    tok_s: float
+    seconds: float
+    steps: float
+    binding: str  # max_num_seqs | kv_cache | critical_path
+    kv_tokens: int
+    max_num_seqs: int
+    endpoints: int
+    step: StepCost
+    graph: GraphFacts
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "step": asdict(self.step), "graph": self.graph.to_json()}
+
+
+def graph_facts(calls: list[tuple[str, int, str, int, int]], workload: Workload) -> GraphFacts:
+    """Sum the workload's demand from answered calls ``(ticker, sample, node, prompt, output)``.
+
+    The critical path follows the workload's dependencies, weighted by each call's output.
+    """
+    done: dict[tuple[str, int, str], tuple[int, int]] = {}
+    for ticker, sample, node, prompt, output in calls:
+        p, o = done.get((ticker, sample, node), (0, 0))
+        done[(ticker, sample, node)] = (max(p, prompt), o + output)
+    longest = 0
+    for ticker, items in workload.items():
+        ends: dict[tuple[int, str], int] = {}
+        for item in items:  # a workload lists a ticker's requests in an order deps allow
+            before = max((ends.get((item.sample, d), 0) for d in item.deps), default=0)
+            ends[(item.sample, item.name)] = before + done.get(
+                (ticker, item.sample, item.node), (0, 0))[1]
+        longest = max(longest, *ends.values(), 0)
+    return GraphFacts(
+        output_tokens=sum(o for _, o in done.values()),
+        kv_token_steps=float(sum(p * o + o * o / 2 for p, o in done.values())),
+        critical_path_tokens=longest, calls=len(done))
+
+
+def arm_graph_facts(engine: Engine, batch_id: int, workload: Workload) -> GraphFacts:
+    """Return the graph facts of one arm's answered calls."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(LLMCall.ticker, LLMCall.sample, LLMCall.node,
+                                   LLMCall.prompt_tokens, LLMCall.completion_tokens)
+                            .where(LLMCall.batch_id == batch_id, LLMCall.status == "ok")).all()
+    return graph_facts([(r.ticker, r.sample, r.node, r.prompt_tokens or 0,
+                         r.completion_tokens or 0) for r in rows], workload)
+
+
+def decode_levels(engine: Engine, batch_id: int) -> Levels:
+    """Return the batch's reading intervals by running requests: tokens made and seconds."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(ServerSample.endpoint, ServerSample.sampled_at,
+                                   ServerSample.running, ServerSample.generation_tokens_total)
+                            .where(ServerSample.batch_id == batch_id)
+                            .order_by(ServerSample.sampled_at)).all()
+    series: dict[str | None, list[Any]] = defaultdict(list)
+    for r in rows:
+        series[r.endpoint].append(r)
+    levels: Levels = {}
+    for one in series.values():
+        for before, after in itertools.pairwise(one):
+            tokens = after.generation_tokens_total - before.generation_tokens_total
+            seconds = (after.sampled_at - before.sampled_at).total_seconds()
+            running = round((before.running + after.running) / 2)
+            if tokens > 0 and seconds > 0 and running >= 1:  # a restart or an idle interval
+                level = levels.setdefault(running, [0.0, 0.0])
+                level[0] += tokens
+                level[1] += seconds
+    return levels
+
+
+def pool(parts: list[Levels]) -> Levels:
+    """Add several arms' levels up (JSON keys come back as strings)."""
+    pooled: Levels = {}
+    for part in parts:
+        for running, (tokens, seconds) in part.items():
+            level = pooled.setdefault(int(running), [0.0, 0.0])
+            level[0] += tokens
+            level[1] += seconds
+    return pooled
+
+
+def fit_step(levels: Levels) -> StepCost | None:
+    """Fit ``seconds per token = a ÷ running + b`` to the levels, weighted by tokens.
+
+    A step of ``r`` requests makes ``r`` tokens in ``a + b·r`` seconds. With one level only,
+    or a fit that comes out negative, the growth with ``running`` is left out (``b = 0``).
+    """
+    usable = [(r, t, s) for r, (t, s) in levels.items() if t > 0 and s > 0]
+    if not usable:
+        return None
+    x = np.array([1.0 / r for r, _, _ in usable])
+    y = np.array([s / t for _, t, s in usable])
+    w = np.array([t for _, t, _ in usable])
+    if len(usable) >= 2:
+        b, a = np.polyfit(x, y, 1, w=np.sqrt(w))[::-1]  # y = a·x + b
+        if a > 0 and b >= 0:
+            return StepCost(float(a), float(b), len(usable))
+    # One level, or a fit with a negative term: seconds per step at the mean level only.
+    steps = sum(t / r for r, t, _ in usable)
+    return StepCost(sum(s for _, _, s in usable) / steps, 0.0, len(usable))
+
+
+def graph_bound(graph: GraphFacts, kv_tokens: int, max_num_seqs: int, step: StepCost,
+                endpoints: int = 1) -> Bound | None:
+    """Return the bound (the module's model); None when the workload made no output."""
+    if graph.output_tokens <= 0 or kv_tokens <= 0 or max_num_seqs <= 0 or endpoints <= 0:
+        return None
+    terms = {"max_num_seqs": graph.output_tokens / (max_num_seqs * endpoints),
+             "kv_cache": graph.kv_token_steps / (kv_tokens * endpoints),
+             "critical_path": float(graph.critical_path_tokens)}
+    binding = max(terms, key=lambda k: terms[k])
+    steps = terms[binding]
+    seconds = step.a * steps + step.b * graph.output_tokens / endpoints
+    return Bound(graph.output_tokens / seconds if seconds > 0 else 0.0, seconds, steps,
+                 binding, kv_tokens, max_num_seqs, endpoints, step, graph)

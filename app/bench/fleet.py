@@ -1,0 +1,319 @@
+"""A night past one GPU, simulated: several stepped vLLM servers on 127.0.0.1, one client.
+
+Each endpoint is a model of a vLLM server, served over HTTP by uvicorn: its queue, KV cache
+and ``/metrics`` are the fake server's (app/bench/fakeload.py: a request starts when its
+whole answer fits the cache, so it never preempts), and it decodes in steps. A step gives
+every running request one token and takes ``(a + b × running) ÷ speedup`` seconds; tokens
+go out 16 to a chunk (vLLM's ``--stream-interval 16``, the GPU profiles'). The defaults are
+the H200 of the 100-ticker MoE night (docs/performance.md): 1,488,240 KV tokens, 256
+sequences, and a step of 20 ms + 0.2 ms per running request (2,222 tok/s at the 79.5
+requests that night kept running; measured 2,264). Prompts may be sent shorter than they are
+counted (``prompt_weight``): the cache and the step see production's prompts, the client
+sends a fraction of their bytes.
+
+The client is one ``nightdesk bench schedulers`` arm (the same engine, gate, routing and
+usage rows as a night) over every endpoint, with a monitor of its own event loop beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import resource
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from app.batch.budget import prompt_bytes
+from app.bench.fakeload import Sequence, ServerLoad
+
+MODEL = "fleet-model"
+MAX_CATCH_UP = 64  # steps one late wake-up may run at once
+MAX_MODEL_LEN = 65_536
+
+
+@dataclass(frozen=True)
+class GPUModel:
+    """One endpoint's capacity and speed (the module's defaults: the H200 MoE night's)."""
+
+    kv_tokens: int = 1_488_240
+    max_num_seqs: int = 256
+    step_a_s: float = 0.020
+    step_b_s: float = 0.0002
+    speedup: float = 1.0  # time compression: every step this many times shorter
+    stream_interval: int = 16
+    prompt_weight: float = 1.0  # counted prompt tokens per token of text sent
+
+    def step_s(self, running: int) -> float:
+        return (self.step_a_s + self.step_b_s * running) / self.speedup
+
+
+@dataclass(eq=False)
+class _Stream:
+    seq: Sequence
+    ready: asyncio.Queue[int] = field(default_factory=asyncio.Queue)  # tokens to send
+
+
+class SteppedEndpoint:
+    """A vLLM server modelled step by step (see the module); ``app`` is its ASGI app."""
+
+    def __init__(self, gpu: GPUModel) -> None:
+        self.gpu = gpu
+        self.load = ServerLoad(capacity=gpu.max_num_seqs, kv_tokens=gpu.kv_tokens,
+                               model=MODEL)
+        self.streams: dict[int, _Stream] = {}
+        self.busy = asyncio.Event()
+        self._ids = itertools.count(1)
+        self.app = Starlette(routes=[
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/models", self.models), Route("/tokenize", self.tokenize,
+                                                    methods=["POST"]),
+            Route("/health", self.health), Route("/metrics", self.metrics)])
+
+    def _prompt_tokens(self, body: dict[str, Any]) -> int:
+        return max(1, math.ceil(prompt_bytes(body) / 4 * self.gpu.prompt_weight))
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": MODEL, "object": "model", "max_model_len": MAX_MODEL_LEN}]})
+
+    async def tokenize(self, request: Request) -> Response:
+        count = self._prompt_tokens(await request.json())
+        return JSONResponse({"count": count, "max_model_len": MAX_MODEL_LEN, "tokens": []})
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def metrics(self, request: Request) -> Response:
+        return PlainTextResponse(self.load.metrics_text())
+
+    async def chat(self, request: Request) -> Response:
+        body = await request.json()
+        seq = Sequence(self._prompt_tokens(body), int(body.get("max_tokens") or 1))
+        stream = _Stream(seq)
+        await self.load.enter(seq)
+        key = id(seq)
+        self.streams[key] = stream
+        self.busy.set()
+        rid = f"chatcmpl-fleet-{next(self._ids)}"
+        return StreamingResponse(self._sse(key, stream, rid), media_type="text/event-stream")
+
+    async def _sse(self, key: int, stream: _Stream, rid: str) -> AsyncIterator[bytes]:
+        seq = stream.seq
+
+        def event(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+            return (b"data: " + json.dumps({"id": rid, "object": "chat.completion.chunk",
+                                            "created": 0, "model": MODEL, "choices": choices,
+                                            "usage": usage}).encode() + b"\n\n")
+
+        try:
+            sent = 0
+            while sent < seq.completion_tokens:
+                tokens = await stream.ready.get()
+                sent += tokens
+                yield event([{"index": 0, "delta": {"content": " tok" * tokens},
+                              "finish_reason": None}])
+            yield event([{"index": 0, "delta": {}, "finish_reason": "length"}],
+                        {"prompt_tokens": seq.prompt_tokens,
+                         "completion_tokens": seq.completion_tokens,
+                         "total_tokens": seq.prompt_tokens + seq.completion_tokens})
+            yield b"data: [DONE]\n\n"
+        finally:
+            self.streams.pop(key, None)
+            self.load.leave(seq, "length" if seq.generated >= seq.completion_tokens else None)
+
+    async def serve_steps(self) -> None:
+        """Decode: one token per running request per step, sent every ``stream_interval``.
+
+        Steps keep to the model's clock, not to wake-ups: a wake-up that comes late (a busy
+        host) runs every step that fell due meanwhile, so the endpoint's speed is the
+        model's whatever the host's timer latency.
+        """
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while True:
+            if not self.streams:
+                self.busy.clear()
+                await self.busy.wait()
+                due = loop.time()
+            due += self.gpu.step_s(len(self.load.running))
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            steps = 1
+            while loop.time() >= due + self.gpu.step_s(len(self.load.running)) \
+                    and steps < MAX_CATCH_UP:
+                due += self.gpu.step_s(len(self.load.running))
+                steps += 1
+            self._step(steps)
+
+    def _step(self, steps: int) -> None:
+        """Give every running request up to ``steps`` tokens; wake its stream per chunk."""
+        interval = self.gpu.stream_interval
+        for stream in list(self.streams.values()):
+            seq = stream.seq
+            if seq.generated >= seq.completion_tokens:
+                continue
+            before = seq.generated
+            self.load.generate(seq, min(steps, seq.completion_tokens - before))
+            after = seq.generated
+            # Chunks of ``interval`` tokens as the count crosses each multiple; the rest
+            # goes with the last token.
+            for _ in range((before // interval + 1) * interval, after + 1, interval):
+                stream.ready.put_nowait(interval)
+            if after == seq.completion_tokens and after % interval:
+                stream.ready.put_nowait(after % interval)
+
+
+async def serve_fleet(gpu: GPUModel, ports: list[int], ready: asyncio.Event | None = None
+                      ) -> None:
+    """Serve one stepped endpoint per port on 127.0.0.1 until cancelled."""
+    endpoints = [SteppedEndpoint(gpu) for _ in ports]
+    servers = [uvicorn.Server(uvicorn.Config(e.app, host="127.0.0.1", port=port,
+                                             log_level="warning", lifespan="off",
+                                             access_log=False))
+               for e, port in zip(endpoints, ports, strict=True)]
+    async with asyncio.TaskGroup() as group:
+        for endpoint, server in zip(endpoints, servers, strict=True):
+            group.create_task(endpoint.serve_steps())
+            group.create_task(server.serve())
+        while not all(s.started for s in servers):
+            await asyncio.sleep(0.05)
+        if ready is not None:
+            ready.set()
+
+
+@dataclass
+class LoopLag:
+    """How late the client's event loop ran: a tick every ``every_s``, its delay recorded."""
+
+    every_s: float = 0.02
+    lags: list[float] = field(default_factory=list)
+
+    async def watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.every_s
+            await asyncio.sleep(self.every_s)
+            self.lags.append(max(0.0, loop.time() - due))
+
+    def summary(self) -> dict[str, float | None]:
+        if not self.lags:
+            return {"max_s": None, "p99_s": None, "ticks": 0}
+        lags = np.array(self.lags)
+        return {"max_s": float(lags.max()), "p99_s": float(np.percentile(lags, 99)),
+                "p50_s": float(np.percentile(lags, 50)), "ticks": float(len(lags))}
+
+
+@dataclass
+class ProcessUse:
+    """This process's CPU seconds and peak memory over a span (resource.getrusage)."""
+
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    max_rss_mib: float = 0.0
+
+    @contextlib.contextmanager
+    def measure(self) -> Any:
+        wall, before = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF)
+        try:
+            yield self
+        finally:
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            self.wall_s = time.monotonic() - wall
+            self.cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            self.max_rss_mib = after.ru_maxrss / 1024
+
+    def to_json(self) -> dict[str, float]:
+        return {**asdict(self), "cpu_share_of_one_core": self.cpu_s / self.wall_s
+                if self.wall_s else 0.0}
+
+
+@dataclass
+class FleetResult:
+    """What one simulated night measured: the client's costs and the fleet's use."""
+
+    tickers: int
+    endpoints: int
+    gpu: dict[str, Any]
+    workload: str
+    arm: dict[str, Any]
+    loop_lag: dict[str, float | None]
+    process: dict[str, float]
+    rows_per_s: float
+    capacity: dict[str, Any]
+    machine: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self), default=str))
+
+
+async def drive(settings: Any, engine: Any, workload: Any, gpu: GPUModel, *, strategy: str,
+                name: str) -> tuple[dict[str, Any], LoopLag, ProcessUse]:
+    """Run one bench arm over the fleet with the loop monitor beside it."""
+    from app.bench.schedulers import run_bench
+
+    lag, use = LoopLag(), ProcessUse()
+    facts = {"kv_cache_tokens": gpu.kv_tokens, "max_num_seqs": gpu.max_num_seqs,
+             "fleet_model": asdict(gpu)}
+    async with asyncio.TaskGroup() as group:
+        watcher = group.create_task(lag.watch())
+        try:
+            with use.measure():
+                result = await run_bench(settings, engine, workload, name=name,
+                                         strategies=[strategy], warmup_tickers=0,
+                                         server_facts=facts)
+        finally:
+            watcher.cancel()
+    return result.to_json(), lag, use
+
+
+def capacity(arm: dict[str, Any], gpu: GPUModel, endpoints: int) -> dict[str, Any]:
+    """Set the arm's makespan against the fleet's modelled capacity and its graph bound."""
+    from app.bench.bound import GraphFacts, StepCost, graph_bound
+
+    graph = GraphFacts(**arm["graph"])
+    step = StepCost(gpu.step_a_s / gpu.speedup, gpu.step_b_s / gpu.speedup)
+    mean_hold = graph.kv_token_steps / graph.output_tokens if graph.output_tokens else 0.0
+    seqs = min(gpu.max_num_seqs, int(gpu.kv_tokens // mean_hold)) if mean_hold else 0
+    summed = endpoints * seqs / step.at(seqs) if seqs else 0.0
+    bound = graph_bound(graph, gpu.kv_tokens, gpu.max_num_seqs, step, endpoints)
+    makespan = arm["makespan_s"]
+    return {
+        "summed_capacity_tok_s": summed,
+        "sequences_per_endpoint_at_full_cache": seqs,
+        "graph_bound_tok_s": bound.tok_s if bound else None,
+        "graph_bound_s": bound.seconds if bound else None,
+        "graph_bound_binding": bound.binding if bound else None,
+        "output_tok_s": arm["output_tokens_per_s"],
+        "share_of_summed_capacity": arm["output_tokens_per_s"] / summed if summed else None,
+        "share_of_graph_bound": (bound.seconds / makespan) if bound and makespan else None,
+    }
+
+
+def main() -> None:
+    """Serve the fleet (``python -m app.bench.fleet --ports 18100,18101 ...``)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Serve stepped vLLM endpoints on 127.0.0.1.")
+    parser.add_argument("--ports", required=True)
+    for name, default in asdict(GPUModel()).items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    args = vars(parser.parse_args())
+    ports = [int(p) for p in args.pop("ports").split(",")]
+    gpu = GPUModel(**args)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve_fleet(gpu, ports))
+
+
+if __name__ == "__main__":
+    main()
