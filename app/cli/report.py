@@ -24,7 +24,6 @@ from app.batches import (
 )
 from app.batchids import parse_batch_id, parse_batch_ids
 from app.cli.common import database, setup
-from app.errors import InputError
 from app.night import span
 from app.quality.monitor import warnings_for
 from app.report import (
