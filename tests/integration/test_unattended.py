@@ -32,6 +32,7 @@ from tests.integration.unattended import (
     FaultServer,
     batch_env,
     fault_server,
+    run_args,
     run_nightdesk,
     start_batch,
     wait_for,
@@ -46,11 +47,6 @@ TICKERS = 4
 def night(tmp_path: Path) -> Path:
     write_demo(tmp_path / "data", DEMO_AS_OF, TICKERS)
     return tmp_path
-
-
-def run_args(folder: Path) -> list[str]:
-    universe = folder / "data" / DEMO_AS_OF.isoformat() / "universe.txt"
-    return ["run", "--universe", str(universe), "--as-of", DEMO_AS_OF.isoformat()]
 
 
 def quiet_with_requests_held(server: FaultServer) -> None:

@@ -23,6 +23,8 @@ from typing import Any
 
 import httpx
 
+from agents.data.demo import DEMO_AS_OF
+
 ROOT = Path(__file__).resolve().parents[2]
 FAULT_SERVER = Path(__file__).with_name("faultserver.py")
 NIGHTDESK = [sys.executable, "-c", "from app.cli import main; main()"]
@@ -134,6 +136,12 @@ def batch_env(folder: Path, server: FaultServer, database_url: str | None = None
     })
     env.update({f"NIGHTDESK_{k.upper()}": str(v) for k, v in settings.items()})
     return env
+
+
+def run_args(folder: Path) -> list[str]:
+    """Return ``run`` over the demo universe written under ``folder/data``."""
+    universe = folder / "data" / DEMO_AS_OF.isoformat() / "universe.txt"
+    return ["run", "--universe", str(universe), "--as-of", DEMO_AS_OF.isoformat()]
 
 
 def start_batch(folder: Path, env: dict[str, str], *args: str,
