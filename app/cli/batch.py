@@ -6,7 +6,8 @@ error), 2 bad settings or input (a refused API key, a wrong URL or model include
 (some tickers failed: the ranking names them), 4 already running (another nightly run holds
 the lock, or the batch to resume is running), 5 interrupted by a server outage (resumable),
 130 stopped by SIGTERM/Ctrl-C (resumable). ``ranking --require-fresh`` exits 6 when the
-ranking is older than the latest night.
+ranking is not the latest night's, also when no night ever finished (without the flag that
+is exit 2: nothing to rank).
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ from app.batch.nightly import (
 )
 from app.batch.resume import ResumePoint, mark_stale_crashed
 from app.batch.signals import run_batch
+from app.batches import BatchSummary, summarize
 from app.batchids import parse_batch_id
 from app.changes import TickerChange, compare_nights
 from app.cli.common import batch_database, database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
 from app.errors import ConfigError, InputError
-from app.night import STALE_EXIT, night_status
+from app.night import STALE_EXIT, NightStatus, night_status
 from app.quality.monitor import warnings_for
 from app.ranking import RankRow, as_dicts, ranking
 from serving.facts import batch_server_facts
@@ -206,9 +208,10 @@ def show_ranking(
                                               parser=parse_batch_id)] = None,
     fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
     require_fresh: Annotated[bool, typer.Option(
-        "--require-fresh", help=f"exit {STALE_EXIT} when the ranking is older than the latest "
-                                "night (failed, running, interrupted, or none since the "
-                                "schedule's due time)")] = False,
+        "--require-fresh", help=f"exit {STALE_EXIT} when the ranking is not the latest "
+                                "night's (it failed, runs, was interrupted or crashed, none "
+                                "came since the schedule's due time, or no night ever "
+                                "finished)")] = False,
 ) -> None:
     """Print the ranking: rank, ticker, rating, mean score, spread, confidence, summary, and
     each ticker's previous night and change; stderr names the latest night first."""
@@ -218,19 +221,23 @@ def show_ranking(
         chosen, rows = ranking(engine, batch)
     except InputError as error:
         if batch is not None:
-            raise
+            raise  # an unknown --batch is bad input (exit 2), fresh or not
         night = night_status(engine, settings, None)
-        raise InputError(f"{error}; {night.reason}") from None
+        if not require_fresh:
+            raise InputError(f"{error}; {night.reason}") from None
+        # No finished night at all: for a script that asks for a fresh ranking this is
+        # "not fresh" (exit 6), the same as a failed or missed night, not bad input.
+        _night_lines(night)
+        if fmt == "json":
+            typer.echo(json.dumps(ranking_json(night, None, []), indent=2))
+        raise typer.Exit(STALE_EXIT) from None
     night = night_status(engine, settings, chosen.id)
-    # First on stderr: a ranking older than the latest night says so, and why.
-    if not night.fresh:
-        err.print(f"[bold yellow]not the latest night:[/] {escape(night.reason or '')}")
-    err.print(f"night: {escape(night.headline)}")
+    _night_lines(night)
     changes = compare_nights(engine, chosen.id).by_ticker()
     demo = bool((chosen.settings or {}).get("demo_data"))
     data = [{**r, "demo": demo, **_was(changes.get(r["ticker"]))} for r in as_dicts(rows)]
     if fmt == "json":
-        typer.echo(json.dumps(data, indent=2))
+        typer.echo(json.dumps(ranking_json(night, summarize(chosen), data), indent=2))
     elif fmt == "csv":
         writer = csv.DictWriter(sys.stdout, fieldnames=list(data[0]) if data else ["rank"])
         writer.writeheader()
@@ -263,6 +270,23 @@ def show_ranking(
         err.print(f"[yellow]warning:[/] batch {chosen.id}: {message}")
     if require_fresh and not night.fresh:
         raise typer.Exit(STALE_EXIT)
+
+
+def _night_lines(night: NightStatus) -> None:
+    """Print the night's status on stderr, first of all: a ranking older than the latest
+    night says so, and why."""
+    if not night.fresh:
+        err.print(f"[bold yellow]not the latest night:[/] {escape(night.reason or '')}")
+    err.print(f"night: {escape(night.headline)}")
+
+
+def ranking_json(night: NightStatus, batch: BatchSummary | None,
+                 rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return ``ranking --format json``: the latest night's status (the payload
+    ``/api/ranking`` carries as ``night``), the batch ranked (None: no finished night) and
+    its rows, failed tickers last with rank null."""
+    return {"night": night.to_json(), "batch": None if batch is None else batch.to_json(),
+            "rows": rows}
 
 
 def rating_text(row: RankRow) -> str:
