@@ -313,10 +313,12 @@ def was_text(was: dict[str, Any]) -> str:
 
 def show_changes(
     batch: Annotated[int | None, typer.Option("--batch", help="the night (default: the one "
-                                                               "the ranking shows)")] = None,
+                                                               "the ranking shows)",
+                                              parser=parse_batch_id)] = None,
     against: Annotated[int | None, typer.Option(
         "--against", help="the night to compare with (default: the newest finished nightly "
-                          "batch of an earlier as-of date)")] = None,
+                          "batch of an earlier as-of date)",
+        parser=lambda text: parse_batch_id(text, what="--against"))] = None,
     fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
 ) -> None:
     """List every rating change since the night before, largest score move first, with the
