@@ -40,14 +40,14 @@ from app.batch.resume import ResumePoint, mark_stale_crashed
 from app.batch.signals import run_batch
 from app.batches import BatchSummary, summarize
 from app.batchids import parse_batch_id
-from app.changes import TickerChange, compare_nights
+from app.changes import compare_nights, ranked_row_json
 from app.cli.common import batch_database, database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
 from app.errors import ConfigError, InputError
 from app.night import STALE_EXIT, NightStatus, night_status
 from app.quality.monitor import warnings_for
-from app.ranking import RankRow, as_dicts, ranking
+from app.ranking import RankRow, ranking
 from serving.facts import batch_server_facts
 from serving.preflight import check_endpoint
 from serving.urls import redact
@@ -235,13 +235,15 @@ def show_ranking(
     _night_lines(night)
     changes = compare_nights(engine, chosen.id).by_ticker()
     demo = bool((chosen.settings or {}).get("demo_data"))
-    data = [{**r, "demo": demo, **_was(changes.get(r["ticker"]))} for r in as_dicts(rows)]
+    data = [ranked_row_json(r, changes.get(r.ticker)) for r in rows]
     if fmt == "json":
         typer.echo(json.dumps(ranking_json(night, summarize(chosen), data), indent=2))
     elif fmt == "csv":
-        writer = csv.DictWriter(sys.stdout, fieldnames=list(data[0]) if data else ["rank"])
+        # Flat: each row carries the batch's DEMO mark, which JSON gives once under "batch".
+        flat = [{**r, "demo": demo} for r in data]
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(flat[0]) if flat else ["rank"])
         writer.writeheader()
-        writer.writerows(data)
+        writer.writerows(flat)
     else:
         title = (f"{'DEMO DATA — ' if demo else ''}ranking of batch {chosen.id} "
                  f"({chosen.kind}, as of {chosen.as_of})")
@@ -249,8 +251,7 @@ def show_ranking(
         for col in ("rank", "ticker", "rating", "score", "±", "conf", "was", "change",
                     "summary"):
             table.add_column(col, overflow="fold")
-        for r in rows:
-            was = _was(changes.get(r.ticker))
+        for r, was in zip(rows, data, strict=True):
             table.add_row(str(r.rank or "—"), r.ticker, rating_text(r),
                           "" if r.score is None else f"{r.score:+.2f}",
                           "" if r.spread is None or r.samples < 2 else f"{r.spread:.2f}",
@@ -293,15 +294,6 @@ def rating_text(row: RankRow) -> str:
     """Return the rating as the CLI prints it: "!" when a sample contradicts its score."""
     # "!": a sample's own rating contradicts its own score (see `nightdesk quality`).
     return (row.rating or row.status.upper()) + (" !" if row.contradicting else "")
-
-
-def _was(change: TickerChange | None) -> dict[str, Any]:
-    """Return a ticker's previous night as ranking columns (empty without one)."""
-    if change is None:
-        return {"previous_rank": None, "previous_rating": None, "previous_score": None,
-                "change": None}
-    return {"previous_rank": change.previous_rank, "previous_rating": change.previous_rating,
-            "previous_score": change.previous_score, "change": change.change}
 
 
 def was_text(was: dict[str, Any]) -> str:

@@ -19,7 +19,7 @@ from agents.nodes import ANALYSTS
 from app import night
 from app.batch.store import FINISHED_STATUSES
 from app.batches import summarize
-from app.changes import TickerChange, compare_nights
+from app.changes import compare_nights, ranked_row_json
 from app.config import Settings
 from app.db.models import Batch, Decision, LLMCall, NodeText, TickerRun
 from app.errors import InputError
@@ -80,15 +80,6 @@ def _row_json(row: RankRow) -> dict[str, Any]:
     return asdict(row)
 
 
-def _change_json(change: TickerChange | None) -> dict[str, Any]:
-    if change is None:
-        return {"previous_rank": None, "previous_rating": None, "previous_score": None,
-                "change": None, "score_move": None}
-    return {"previous_rank": change.previous_rank, "previous_rating": change.previous_rating,
-            "previous_score": change.previous_score, "change": change.change,
-            "score_move": change.score_move}
-
-
 def ranking_view(engine: Engine, settings: Settings) -> dict[str, Any]:
     """Return the morning ranking: one finished nightly batch with its reruns, the latest
     night's status, each ticker's change since the night before, and progress.
@@ -116,7 +107,7 @@ def ranking_view(engine: Engine, settings: Settings) -> dict[str, Any]:
     ranked = [r for r in rows if r.rank is not None]
     return {
         "batch": batch_json(batch),
-        "rows": [{**_row_json(r), **_change_json(by_ticker.get(r.ticker))} for r in ranked],
+        "rows": [ranked_row_json(r, by_ticker.get(r.ticker)) for r in ranked],
         "failed": [{"ticker": r.ticker, "status": r.status, "reason": r.summary}
                    for r in rows if r.rank is None],
         "distribution": {name: sum(r.rating == name for r in ranked) for name in RATING_ORDER},

@@ -131,11 +131,12 @@ def test_cli_run_then_ranking_json(monkeypatch: pytest.MonkeyPatch, demo_dir: Pa
     assert result.exit_code == 0, result.output
     result = runner.invoke(cli, ["ranking", "--format", "json"])
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)["rows"]
+    data = json.loads(result.stdout)
+    rows = data["rows"]
     assert {r["ticker"] for r in rows} == set(tickers)
     assert set(rows[0]) >= {"rank", "ticker", "rating", "score", "confidence", "summary",
                             "batch_id"}
-    assert rows[0]["demo"] is True
+    assert data["batch"]["demo"] is True
 
 
 async def test_replay_keeps_calls_prompts_and_order(sqlite_engine: Engine, demo_dir: Path) -> None:
