@@ -18,6 +18,7 @@ from sqlalchemy import Engine, func, select
 
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
+from app import batches
 from app.batch.progress import eta_s
 from app.config import Settings
 from app.db.models import Batch, LLMCall, SchedulerBeat, TickerRun
@@ -47,11 +48,8 @@ class NightBatch:
 
     @property
     def duration_s(self) -> float | None:
-        """Return start to finish (or to the last heartbeat while it runs)."""
-        end = self.finished_at or self.heartbeat_at
-        if end is None or self.started_at is None:
-            return None
-        return (end - self.started_at).total_seconds()
+        """Return the batch's duration as ``app.batches.duration_s`` defines it."""
+        return batches.duration_s(self.started_at, self.finished_at, self.heartbeat_at)
 
 
 @dataclass(frozen=True)
