@@ -81,7 +81,7 @@ lint: setup systemd-tools
 	$(BIN)/ruff check app agents serving tests migrations
 	$(BIN)/mypy app agents serving migrations
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -p no:cacheprovider tests/lint
+	$(BIN)/pytest -q tests/lint
 
 server-start: setup vllm-env model
 	NIGHTDESK_CONFIG=$(CPU_CONFIG) $(BIN)/nightdesk server start --profile cpu-tiny
