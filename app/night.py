@@ -19,7 +19,6 @@ from sqlalchemy import Engine, func, select
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
 from app import batches
-from app.batch.progress import eta_s
 from app.config import Settings
 from app.db.models import Batch, LLMCall, SchedulerBeat, TickerRun
 from app.schedule import due_times, nightly_trigger
@@ -28,6 +27,20 @@ from app.schedule import due_times, nightly_trigger
 STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale")
 # Exit code of `nightdesk ranking --require-fresh` when the ranking is older than the night.
 STALE_EXIT = 6
+
+
+def eta_s(elapsed_s: float, tickers_done: int, tickers_total: int, calls: int,
+          expected_calls: int | None) -> float | None:
+    """Return the seconds a batch has left: by calls when their total is known, else tickers.
+
+    Tickers finish late and together (senior-first keeps many under way), so the share of
+    calls answered says more about the remaining time than tickers done. None: no basis yet.
+    """
+    if expected_calls and calls:
+        return elapsed_s / calls * max(0, expected_calls - calls)
+    if tickers_done:
+        return elapsed_s / tickers_done * max(0, tickers_total - tickers_done)
+    return None
 
 
 @dataclass(frozen=True)

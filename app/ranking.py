@@ -10,8 +10,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from agents.decision import contradicts
-from app.batch.store import FINISHED_STATUSES
-from app.db.models import Batch, Decision, TickerRun
+from app.db.models import FINISHED_STATUSES, Batch, Decision, TickerRun
 from app.errors import InputError
 from app.quality.grades import Grade, consensus
 

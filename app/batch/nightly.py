@@ -24,10 +24,9 @@ from app.batch import resume as resumption
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.lock import LockHold, nightly_lock
 from app.batch.signals import run_batch
-from app.batch.store import FINISHED_STATUSES
 from app.config import Settings
 from app.db.engine import ready_engine
-from app.db.models import Batch
+from app.db.models import FINISHED_STATUSES, Batch
 from app.digest import send_digest
 from app.errors import InputError
 from serving.facts import batch_server_facts

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from app.cli.report import COMPARE_COLUMNS
 from app.errors import InputError
+from app.report import COMPARE_COLUMNS
 from app.web import charts, views
 from app.web.auth import CSRF_FIELD
 from app.web.plots import batch_plots, compare_plots

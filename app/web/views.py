@@ -17,11 +17,10 @@ from sqlalchemy.orm import Session
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
 from app import night
-from app.batch.store import FINISHED_STATUSES
 from app.batches import summarize
 from app.changes import compare_nights, ranked_row_json
 from app.config import Settings
-from app.db.models import Batch, Decision, LLMCall, NodeText, TickerRun
+from app.db.models import FINISHED_STATUSES, Batch, Decision, LLMCall, NodeText, TickerRun
 from app.errors import InputError
 from app.quality.monitor import warnings_for
 from app.ranking import RATING_ORDER, RankRow, ranking

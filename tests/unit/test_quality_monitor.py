@@ -165,6 +165,7 @@ async def run_batch(engine: Engine, demo_dir: Path, kind: str = "nightly") -> in
     return outcome.batch_id
 
 
+@pytest.mark.slow
 async def test_a_nightly_batch_is_checked_when_it_finishes(
         sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

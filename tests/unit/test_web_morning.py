@@ -215,6 +215,7 @@ def test_the_ticker_page_headlines_the_ranking_s_rating(sqlite_engine: Engine,
     assert headline.startswith("Sell score -0.59 mean of 2 samples")
 
 
+@pytest.mark.slow
 def test_the_ticker_headline_follows_the_ranking_through_reruns(sqlite_engine: Engine,
                                                                 client: TestClient) -> None:
     add_night(sqlite_engine, D1, DUE1, GOOD)
