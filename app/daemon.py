@@ -49,7 +49,7 @@ from app.batch.nightly import NightlyResult, run_nightly
 from app.batch.signals import BatchInterrupted
 from app.config import Settings
 from app.db.models import SchedulerBeat
-from app.errors import AlreadyRunningError, NightdeskError
+from app.errors import ERRORS, AlreadyRunningError
 from app.schedule import NightlyTrigger, schedule_zone
 
 log = structlog.get_logger(__name__)
@@ -294,7 +294,7 @@ class NightlyDaemon:
             self.stopping = True
             log.warning("nightly run interrupted; the night stays due",
                         scheduled_for=fire_time.isoformat())
-        except NightdeskError as error:
+        except ERRORS as error:  # a preflight refusal among them: bad input, no room
             log.error("nightly run failed", error=str(error))
         except Exception as error:  # the daemon outlives one bad night
             log.exception("nightly run crashed", error=str(error))
