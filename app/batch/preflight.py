@@ -45,7 +45,11 @@ def check_start(settings: Settings, engine: Engine, as_of: date, tickers: list[s
     """Raise InputError or ConfigError (one line) when the batch could not run; else return.
 
     ``settings`` are the batch's own (a resumed batch's shape: app.batch.engine.shaped).
+    No tickers (a resume that only writes the end its process died before writing): nothing
+    to check.
     """
+    if not tickers:
+        return
     missing = provider_missing(settings, as_of, tickers)
     if missing:
         shown = ", ".join(missing[:NAMED]) + (f" and {len(missing) - NAMED} more"
