@@ -43,6 +43,11 @@ SHAPE_SETTINGS = ("debate_rounds", "risk_rounds", "node_max_tokens")
 TickerWork = Callable[[str, GatedLLM, int], Awaitable[list["store.DecisionRow"]]]
 
 
+def shaped(settings: Settings, recorded: dict[str, Any]) -> Settings:
+    """Return ``settings`` with a recorded batch's pipeline shape (rounds, output budgets)."""
+    return settings.model_copy(update={k: recorded[k] for k in SHAPE_SETTINGS if k in recorded})
+
+
 @dataclass
 class BatchPlan:
     """What to run: the tickers of one as-of date, how many samples each, under which strategy."""
@@ -99,8 +104,7 @@ class BatchEngine:
 
     async def resume(self, point: resumption.ResumePoint) -> BatchOutcome:
         """Continue a stopped batch: its unfinished tickers, from their last finished node."""
-        shape = {k: point.settings[k] for k in SHAPE_SETTINGS if k in point.settings}
-        self.settings = self.settings.model_copy(update=shape)
+        self.settings = shaped(self.settings, point.settings)
         self.pipeline = self.settings.pipeline()
         plan = BatchPlan(point.kind, point.as_of, point.tickers,
                          int(point.settings.get("samples", 1)),

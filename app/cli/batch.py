@@ -36,6 +36,7 @@ from app.batch.nightly import (
     resume_recorded,
     run_nightly,
 )
+from app.batch.preflight import ServerCheck
 from app.batch.resume import ResumePoint, mark_stale_crashed
 from app.batch.signals import run_batch
 from app.batches import BatchSummary, summarize
@@ -44,13 +45,11 @@ from app.changes import compare_nights, ranked_row_json
 from app.cli.common import batch_database, database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
-from app.errors import ConfigError, InputError
+from app.errors import InputError
 from app.night import STALE_EXIT, NightStatus, night_status
 from app.quality.monitor import warnings_for
 from app.ranking import RankRow, ranking
 from serving.facts import batch_server_facts
-from serving.preflight import check_endpoint
-from serving.urls import redact
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -63,8 +62,9 @@ Samples = Annotated[int, typer.Option("--samples", min=1, max=32,
 AsOf = Annotated[str | None, typer.Option("--as-of",
                                           help="YYYY-MM-DD (default: newest snapshot)")]
 NoPreflight = Annotated[bool, typer.Option(
-    "--no-preflight", help="start without checking that the server answers and serves "
-                           "the model")]
+    "--no-preflight", help="start without asking the server whether it answers, serves the "
+                           "model and has the context for the night's prompts (the tickers "
+                           "and the snapshot are still checked)")]
 
 # What a caller (systemd, cron) can act on: 3 means the night ran but its ranking lacks
 # some tickers; anything else that is not a success is 1. A batch stopped early ends with
@@ -76,17 +76,9 @@ def _default_as_of(settings: Settings, text: str | None) -> date:
     return parse_as_of(text) if text is not None else default_as_of(settings)
 
 
-def _preflight(settings: Settings, skip: bool) -> None:
-    """Stop before anything is written when the server is not there or serves another model."""
-    if skip:
-        return
-    # Every listed endpoint: one with a wrong model or key would fail each ticker routed to it.
-    for url in settings.base_urls:
-        check = check_endpoint(url, settings.llm_model, settings.llm_api_key.get_secret_value())
-        if check.level == "fail":
-            where = f" ({redact(url)})" if len(settings.base_urls) > 1 else ""
-            raise ConfigError(f"preflight{where}: {check.detail} "
-                              "(--no-preflight skips this check)")
+def _server_check(no_preflight: bool) -> ServerCheck:
+    """Return how far a start from the command line asks the server (app/batch/preflight.py)."""
+    return "skip" if no_preflight else "require"
 
 
 def _ready_database(settings: Settings) -> Engine:
@@ -148,10 +140,7 @@ def run(
     One nightly run at a time: a second start exits 4 ("already running: batch N").
     """
     settings = setup()
-
-    def preflight() -> None:
-        _preflight(settings, no_preflight)
-
+    server = _server_check(no_preflight)
     if resume and continue_night:
         raise InputError("--resume and --continue-night exclude each other: --resume [ID] "
                          "continues a recorded batch, --continue-night tonight's or a new one")
@@ -164,7 +153,7 @@ def run(
             raise InputError(f"--resume continues a recorded batch with its own tickers, "
                              f"date and samples: drop {', '.join(given)}")
         night = resume_recorded(settings, _ready_database(settings), batch_id,
-                                preflight=preflight, announce=_announce)
+                                server=server, announce=_announce)
     else:
         if batch_id is not None:
             raise InputError(f"a batch id ({batch_id}) is only taken with --resume")
@@ -178,7 +167,7 @@ def run(
                                  tickers=tickers, universe=universe, limit=limit,
                                  samples=samples, strategy=strategy)
         night = run_nightly(settings, request, engine=_ready_database(settings),
-                            resume=continue_night, preflight=preflight, announce=_announce)
+                            resume=continue_night, server=server, announce=_announce)
     _finish_night(night)
 
 
@@ -197,8 +186,8 @@ def rerun(
     """Run one ticker again as its own batch (kind rerun); the ranking applies it."""
     settings = setup()
     plan = BatchPlan("rerun", _default_as_of(settings, as_of), [check_symbol(ticker)], samples)
-    _preflight(settings, no_preflight)
-    outcome = execute_plan(settings, _ready_database(settings), plan)
+    outcome = execute_plan(settings, _ready_database(settings), plan,
+                           server=_server_check(no_preflight))
     _finish(outcome, len(plan.tickers))
 
 

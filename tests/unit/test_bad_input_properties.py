@@ -117,8 +117,8 @@ def test_run_with_any_tickers_and_date_fails_in_one_line_naming_the_cause(
         assert "ticker" in result.stderr
     elif not date_ok:
         assert "--as-of" in result.stderr
-    else:  # the input passed: the run got as far as the server check
-        assert "preflight" in result.stderr and result.code == 2
+    else:  # the input passed: the preflight refuses a date this home has no snapshot of
+        assert "no snapshot for" in result.stderr and result.code == 2
 
 
 @pytest.mark.slow
