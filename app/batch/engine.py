@@ -20,18 +20,19 @@ from agents.graph import analyze_ticker, chain_length, node_names, thread_id
 from app.batch import cleanup, store
 from app.batch import resume as resumption
 from app.batch.checkpoints import open_checkpointer, prune
-from app.batch.endpoints import EndpointSet
-from app.batch.gate import GatedLLM
-from app.batch.halt import Halt, HaltReason, drive
 from app.batch.lock import LockHold, Runner
-from app.batch.outage import ServerWatch
 from app.batch.outputs import record_outputs
 from app.batch.progress import BatchProgress
-from app.batch.scheduler import Job, Scheduler, Strategy
-from app.batch.tasks import cancel_and_wait
 from app.config import Settings
 from app.errors import ERRORS, BatchStopped, LLMError
 from app.quality import monitor
+from app.traffic.gate import GatedLLM
+from app.traffic.halt import Halt, HaltReason, drive
+from app.traffic.outage import ServerWatch
+from app.traffic.scheduler import Job, Scheduler
+from app.traffic.server import EndpointSet
+from app.traffic.strategy import Strategy
+from app.traffic.tasks import cancel_and_wait
 from app.usage import UsageRecorder
 
 log = structlog.get_logger(__name__)
@@ -201,7 +202,7 @@ class BatchEngine:
             recorder = UsageRecorder(self.engine)
             hint = f"; resume with `nightdesk run --resume {batch_id}`"
             # The outage watch covers one server. With several endpoints a server that goes
-            # away has its tickers moved to the others instead (app/batch/endpoints.py).
+            # away has its tickers moved to the others instead (app/traffic/server.py).
             watch = ServerWatch(self.settings.base_url, budget_s=self.settings.outage_budget_s,
                                 interval_s=self.settings.server_probe_interval_s,
                                 halt=self.halt, client=self.http_client, resume_hint=hint)

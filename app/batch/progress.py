@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from app.batch.tasks import cancel_and_wait
+from app.traffic.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from sqlalchemy import Engine
 
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
-from app.batch.gate import GatedLLM
 from app.batch.store import DecisionRow
 from app.batch.workload import play, recorded_workload, shape
 from app.config import Settings
+from app.traffic.gate import GatedLLM
 
 
 async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,

@@ -11,9 +11,9 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
-from app.batch.gate import GatedLLM
 from app.db.models import Batch, LLMCall, LLMRequest
 from app.errors import InputError, LLMError
+from app.traffic.gate import GatedLLM
 from app.usage import decompress_body
 
 

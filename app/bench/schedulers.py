@@ -29,8 +29,6 @@ import structlog
 from sqlalchemy import Engine
 
 from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.gate import GatedLLM
-from app.batch.scheduler import Strategy
 from app.batch.workload import Workload, play, shape
 from app.bench.arms import DEFAULT_ARMS, FLOOD, plan_arms
 from app.bench.bound import (
@@ -45,6 +43,8 @@ from app.bench.tracker import machine_facts as host_facts
 from app.config import Settings
 from app.errors import InputError, ServerError
 from app.report import arm
+from app.traffic.gate import GatedLLM
+from app.traffic.strategy import Strategy
 from serving.metrics import aread_metrics
 from serving.urls import redact
 

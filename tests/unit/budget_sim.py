@@ -18,9 +18,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from agents.chat import CallTag
-from app.batch.budget import TokenBudget
-from app.batch.gate import GatedLLM
-from app.batch.scheduler import Job, Scheduler, Strategy
+from app.traffic.budget import TokenBudget
+from app.traffic.gate import GatedLLM
+from app.traffic.scheduler import Job, Scheduler
+from app.traffic.strategy import Strategy
 
 
 @dataclass

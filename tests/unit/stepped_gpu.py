@@ -36,8 +36,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from agents.chat import CallTag
-from app.batch.gate import GatedLLM
-from app.batch.scheduler import Job, Scheduler, Strategy
+from app.traffic.gate import GatedLLM
+from app.traffic.scheduler import Job, Scheduler
+from app.traffic.strategy import Strategy
 from tests.unit.budget_sim import G, KVGauges, body
 
 ANALYST_PROMPT = 900  # tokens, the bench's shape at scale 0.2 (app/bench/workloads.py)

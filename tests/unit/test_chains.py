@@ -1,4 +1,4 @@
-"""Tickers in flight, capped by the chains the token budget keeps going (app/batch/chains.py)."""
+"""Tickers in flight, capped by the chains the token budget keeps going (app/traffic/chains.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from types import SimpleNamespace
 import pytest
 
 from agents.chat import CallTag
-from app.batch.budget import TokenBudget
-from app.batch.chains import Footprint
-from app.batch.endpoints import Endpoint
-from app.batch.gate import Gate, GatedLLM, Ticket
-from app.batch.scheduler import Job, Scheduler, Strategy
+from app.traffic.budget import TokenBudget
+from app.traffic.chains import Footprint
+from app.traffic.gate import Gate, GatedLLM
+from app.traffic.scheduler import Job, Scheduler
+from app.traffic.server import Endpoint
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 from tests.unit.budget_sim import SimServer, body
 
 

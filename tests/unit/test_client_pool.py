@@ -19,10 +19,10 @@ from sqlalchemy import Engine
 
 from agents.data.snapshot import SnapshotProvider
 from app.batch.engine import BatchEngine, BatchPlan, max_in_flight
-from app.batch.gate import GatedLLM
-from app.batch.scheduler import Strategy
 from app.config import load_settings
 from app.llm import CallTag
+from app.traffic.gate import GatedLLM
+from app.traffic.strategy import Strategy
 
 ANSWER = "".join(
     f"data: {json.dumps(c)}\n\n" for c in (

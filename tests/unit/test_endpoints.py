@@ -20,9 +20,7 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
-from app.batch.gate import GatedLLM
 from app.batch.resume import find_resumable
-from app.batch.routed import server_fault
 from app.batch.workload import WorkItem, Workload, play, shape
 from app.bench.fakeserver import ChatRequest, FakeServer, FakeServers, Reply
 from app.config import load_settings
@@ -34,6 +32,8 @@ from app.errors import (
     LLMMalformedError,
     LLMStreamError,
 )
+from app.traffic.client import server_fault
+from app.traffic.gate import GatedLLM
 
 FAST, SLOW = "http://gpu0.test:8000/v1", "http://gpu1.test:8001/v1"
 TICKERS = 10

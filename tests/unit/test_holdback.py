@@ -1,4 +1,4 @@
-"""What kept new tickers from starting, reading by reading (app/batch/holdback.py)."""
+"""What kept new tickers from starting, reading by reading (app/traffic/holdback.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import asyncio
 from types import SimpleNamespace
 
 from agents.chat import CallTag
-from app.batch.endpoints import Endpoint
-from app.batch.gate import GatedLLM, Ticket
-from app.batch.holdback import (
+from app.traffic.gate import GatedLLM
+from app.traffic.holdback import (
     CHAIN_CAP,
     COLUMNS,
     HELD,
@@ -19,7 +18,10 @@ from app.batch.holdback import (
     TOKEN_BUDGET,
     HoldBack,
 )
-from app.batch.scheduler import Job, Scheduler, Strategy
+from app.traffic.scheduler import Job, Scheduler
+from app.traffic.server import Endpoint
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 from tests.unit.budget_sim import SimServer, body
 
 

@@ -17,12 +17,12 @@ from datetime import date
 from sqlalchemy import Engine, select
 
 from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.gate import GatedLLM
 from app.batch.workload import WorkItem, Workload, play
 from app.bench.fakeload import Moment, Scrape
 from app.bench.fakeserver import BASE_URL, ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.db.models import ServerSample
+from app.traffic.gate import GatedLLM
 
 INTERVAL_S = 0.05
 KV_FULL = 0.97  # the admission policy's default

@@ -11,13 +11,14 @@ from types import SimpleNamespace
 import pytest
 
 from agents.chat import CallTag
-from app.batch.budget import Claim, TokenBudget
-from app.batch.chains import Footprint, prefetch_depth
-from app.batch.endpoints import Endpoint
-from app.batch.gate import Gate, Ticket
-from app.batch.holdback import CHAIN_CAP, COLUMNS, ROOM
-from app.batch.scheduler import Strategy
 from app.errors import InputError
+from app.traffic.budget import Claim, TokenBudget
+from app.traffic.chains import Footprint, prefetch_depth
+from app.traffic.gate import Gate
+from app.traffic.holdback import CHAIN_CAP, COLUMNS, ROOM
+from app.traffic.server import Endpoint
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 from tests.unit.stepped_gpu import SteppedGPU
 from tests.unit.test_chains import run_wide
 

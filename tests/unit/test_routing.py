@@ -8,10 +8,10 @@ import contextlib
 from types import SimpleNamespace
 from typing import Any
 
-from app.batch.endpoints import Endpoint, EndpointSet
-from app.batch.gate import Ticket
-from app.batch.routing import Load, choose, under_share
-from app.batch.scheduler import Strategy
+from app.traffic.routing import Load, choose, under_share
+from app.traffic.server import Endpoint, EndpointSet
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 
 
 def load(index: int, *, up: bool = True, room: bool = True, tokens: int | None = 1_000,

@@ -11,12 +11,14 @@ import pytest
 from sqlalchemy import Engine
 
 from agents.chat import CallTag
-from app.batch.gate import Gate, GatedLLM, Ticket
-from app.batch.scheduler import Job, Scheduler, Strategy
 from app.bench.fakeserver import BASE_URL, FakeServer, Reply
 from app.config import load_settings
 from app.errors import InputError
 from app.llm import TrackedLLM, backoff_delay
+from app.traffic.gate import Gate, GatedLLM
+from app.traffic.scheduler import Job, Scheduler
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from tests.unit.test_usage import new_batch
 

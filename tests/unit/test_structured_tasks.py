@@ -26,20 +26,20 @@ import pytest
 from rich.console import Console
 from sqlalchemy import Engine
 
-from app.batch.endpoints import EndpointSet
 from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.gate import GatedLLM
-from app.batch.halt import Halt, HaltReason, drive
-from app.batch.outage import ServerWatch
 from app.batch.progress import BatchProgress
-from app.batch.routed import EndpointGone, RoutedLLM
-from app.batch.scheduler import Strategy
 from app.batch.signals import _stop_on_signals
-from app.batch.tasks import cancel_and_wait, wait_first
 from app.batch.workload import WorkItem, Workload, play
 from app.bench.fakeserver import BASE_URL, ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.errors import BatchStopped, ServerOutage
+from app.traffic.client import EndpointGone, RoutedLLM
+from app.traffic.gate import GatedLLM
+from app.traffic.halt import Halt, HaltReason, drive
+from app.traffic.outage import ServerWatch
+from app.traffic.server import EndpointSet
+from app.traffic.strategy import Strategy
+from app.traffic.tasks import cancel_and_wait, wait_first
 
 
 def tasks_now() -> set[asyncio.Task[Any]]:

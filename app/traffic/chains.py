@@ -62,7 +62,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from app.batch.gate import Gate, Ticket
+from app.traffic.gate import Gate
+from app.traffic.ticket import Ticket
 
 # Weight of a new reading in the mean: about 20 readings' memory (40 s at the default 2 s),
 # long enough to smooth an analyst burst, short enough to follow prompts as chains grow.

@@ -8,15 +8,15 @@ import heapq
 import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from agents.chat import CallTag, ChatResult
 from agents.fitting import PromptSize
-from app.batch.budget import Claim, TokenBudget, as_claim
-from app.batch.holdback import HELD, QUEUED, REQUEST_LIMIT, TOKEN_BUDGET
 from app.llm import Admit, TrackedLLM
+from app.traffic.budget import Claim, TokenBudget, as_claim
+from app.traffic.holdback import HELD, QUEUED, REQUEST_LIMIT, TOKEN_BUDGET
+from app.traffic.ticket import Ticket
 
 
 class Gate:
@@ -37,7 +37,7 @@ class Gate:
         self._waiters: list[tuple[int, int, asyncio.Future[None], Claim, Ticket | None]] = []
         self._seq = itertools.count()
         # Set whenever a place or tokens may have come free. Several endpoints' gates share
-        # one, so a batch can wait for room at any of them (app/batch/endpoints.py).
+        # one, so a batch can wait for room at any of them (app/traffic/server.py).
         self._changed = changed or asyncio.Event()
         self._holds: set[str] = set()  # why nothing is let through now (server down, stopping)
         self._closed: BaseException | None = None
@@ -206,53 +206,6 @@ class Gate:
             self._take(claim, ticket)
             future.set_result(None)
         self._changed.set()
-
-
-@dataclass
-class Ticket:
-    """One ticker's place in line and the work it has left, as the scheduler sees it.
-
-    ``order`` is the ticker's start order (its priority while nothing is urgent);
-    ``requests`` and ``chain`` are its expected requests and the longest run of them that
-    must go one after another (0 when unknown).
-    """
-
-    order: int
-    requests: int = 0
-    chain: int = 0
-    done: int = 0
-    outstanding: int = 0  # its requests holding a place now
-    reserved: int = 0  # budget tokens of those requests
-    hold: int = 0  # budget tokens kept between two of its calls
-    held_by: Gate | None = None  # whose budget the hold is in (a ticker can change endpoint)
-    finished: bool = False
-    chained: bool = False  # its chain was let in (app/batch/chains.py, prefetching)
-
-    @property
-    def remaining(self) -> int:
-        return max(0, self.requests - self.done)
-
-    @property
-    def fan_out(self) -> int:
-        """Return the requests before its chain (the analysts side by side; 0: no fan-out).
-
-        The shape of one sample: calls side by side, then ``chain - 1`` one after another.
-        A wider "fan-out" than the chain is several samples side by side (``samples`` > 1),
-        whose chains overlap: no fan-out of this shape.
-        """
-        width = self.requests - self.chain + 1
-        return width if self.chain > 0 and 1 < width <= self.chain else 0
-
-    @property
-    def fanning(self) -> bool:
-        """Return True while its chain has not been let in: in its fan-out, or waiting."""
-        return self.fan_out > 0 and not self.chained and not self.finished
-
-    @property
-    def remaining_chain(self) -> int:
-        # The graph fans out first and is one chain after that, so whatever is left is at
-        # most the chain, and never more than the requests left.
-        return min(self.remaining, self.chain)
 
 
 class GatedLLM:

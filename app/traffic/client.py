@@ -1,6 +1,6 @@
 """Give a ticker a client that sends every call to its endpoint, and moves it when that one goes.
 
-A ticker's calls go to the endpoint it was routed to (app/batch/endpoints.py), through that
+A ticker's calls go to the endpoint it was routed to (app/traffic/server.py), through that
 endpoint's gate and token budget. When the endpoint goes down the ticker *continues* on an
 endpoint that is up; its chain is not restarted: the graph's state lives in this process,
 so the nodes already answered stay answered, and only the call that was cut short is sent
@@ -29,10 +29,6 @@ from typing import Any
 import structlog
 
 from agents.chat import CallTag, ChatResult
-from app.batch.budget import Claim
-from app.batch.endpoints import Endpoint, EndpointSet
-from app.batch.gate import GatedLLM, Ticket
-from app.batch.tasks import cancel_and_wait, wait_first
 from app.errors import (
     ContextLengthError,
     LLMConnectionError,
@@ -43,6 +39,11 @@ from app.errors import (
     LLMTimeoutError,
 )
 from app.llm import Admit, TrackedLLM
+from app.traffic.budget import Claim
+from app.traffic.gate import GatedLLM
+from app.traffic.server import Endpoint, EndpointSet
+from app.traffic.tasks import cancel_and_wait, wait_first
+from app.traffic.ticket import Ticket
 
 log = structlog.get_logger(__name__)
 

@@ -57,7 +57,7 @@ class MetricsSampler:
         self.block_size: int | None = None
         self.samples_taken = 0
         self.failures = 0
-        # The endpoint set (app/batch/endpoints.py) judges an endpoint's health from these:
+        # The endpoint set (app/traffic/server.py) judges an endpoint's health from these:
         # failed reads in a row, and when (loop time) the last read succeeded or failed.
         self.failed_in_a_row = 0
         self.last_ok_at: float | None = None

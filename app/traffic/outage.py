@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 import structlog
 
-from app.batch.gate import Gate
-from app.batch.halt import Halt, HaltReason
-from app.batch.tasks import wait_first
 from app.errors import ServerOutage
+from app.traffic.gate import Gate
+from app.traffic.halt import Halt, HaltReason
+from app.traffic.tasks import wait_first
 from serving.urls import redact, server_root
 
 log = structlog.get_logger(__name__)

@@ -3,18 +3,18 @@
 ``NIGHTDESK_LLM_BASE_URL`` may list several endpoints (one vLLM per GPU or per host). Each
 gets what one server always had: its own client, ``/metrics`` sampler (its rows name it),
 admission policy, token budget and gate. A ticker's whole chain goes to one endpoint, chosen
-when it starts by the most free budget tokens (app/batch/routing.py), so its prompt prefix
+when it starts by the most free budget tokens (app/traffic/routing.py), so its prompt prefix
 stays in that replica's cache.
 
 An endpoint whose ``/metrics`` has failed ``MIN_FAILED_READS`` times in a row and for at
 least ``endpoint_grace_s`` (the reads come every ``metrics_interval_s``) is *down*: it gets
-no new tickers, and the tickers on it move to the endpoints that are up (app/batch/routed.py:
+no new tickers, and the tickers on it move to the endpoints that are up (app/traffic/client.py:
 a chain goes on from its next call there; a call in flight is cancelled and sent again).
 A read that succeeds again makes it *up*; a restarted server's reset counters are handled by
 its own admission policy and budget, as with one server.
 
 With one endpoint nothing here changes what a batch does: the set holds that one, and no
-call ever moves (its outage watch, app/batch/outage.py, waits out a server that is down).
+call ever moves (its outage watch, app/traffic/outage.py, waits out a server that is down).
 When every endpoint is down, a call that failed waits for one to come back, as with one
 server: for at most the outage budget (``outage_budget_s``) from the moment the last one
 went down; past it the batch is halted as ``interrupted`` (exit 5), its tickers resumable,
@@ -27,38 +27,36 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import structlog
 from sqlalchemy import Engine
 
-from app.batch.admission import AdmissionPolicy
-from app.batch.chains import Footprint, prefetch_depth
-from app.batch.gate import Gate, Ticket
-from app.batch.halt import Halt, HaltReason
-from app.batch.holdback import CHAIN_CAP, ROOM, HoldBack
-from app.batch.routing import Load, choose
-from app.batch.sampler import MetricsSampler
-from app.batch.tasks import wait_first
 from app.config import Settings
 from app.errors import LLMError, ServerOutage
 from app.llm import CallStats, TrackedLLM
 from app.promptsize import ServerCheck
+from app.traffic.admission import AdmissionPolicy
+from app.traffic.chains import Footprint, prefetch_depth
+from app.traffic.gate import Gate
+from app.traffic.halt import Halt, HaltReason
+from app.traffic.holdback import CHAIN_CAP, ROOM, HoldBack
+from app.traffic.routing import Load, choose
+from app.traffic.sampler import MetricsSampler
+from app.traffic.strategy import UNBOUNDED, Strategy
+from app.traffic.tasks import wait_first
+from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from serving.urls import redact
 
-if TYPE_CHECKING:
-    from app.batch.scheduler import Strategy
-
 log = structlog.get_logger(__name__)
 
-UNBOUNDED = 1_000_000
 # One slow or lost read is not an outage, however short the grace is set.
 MIN_FAILED_READS = 2
 
 
 class GaugeSource(Protocol):
-    """Anything holding the newest metrics reading (app.batch.sampler.MetricsSampler does)."""
+    """Anything holding the newest metrics reading (app.traffic.sampler.MetricsSampler does)."""
 
     @property
     def latest(self) -> Any: ...
