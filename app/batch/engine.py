@@ -26,11 +26,11 @@ from app.batch.progress import BatchProgress
 from app.config import Settings
 from app.errors import ERRORS, BatchStopped, LLMError
 from app.quality import monitor
-from app.traffic.gate import GatedLLM
+from app.traffic.client import TickerClient
 from app.traffic.halt import Halt, HaltReason, drive
 from app.traffic.outage import ServerWatch
 from app.traffic.scheduler import Job, Scheduler
-from app.traffic.server import EndpointSet
+from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import cancel_and_wait
 from app.usage import UsageRecorder
@@ -41,7 +41,7 @@ log = structlog.get_logger(__name__)
 SHAPE_SETTINGS = ("debate_rounds", "risk_rounds", "node_max_tokens")
 
 # One ticker's work: (ticker, gated client, batch id) -> the decisions to store.
-TickerWork = Callable[[str, GatedLLM, int], Awaitable[list["store.DecisionRow"]]]
+TickerWork = Callable[[str, TickerClient, int], Awaitable[list["store.DecisionRow"]]]
 
 
 @dataclass
@@ -121,7 +121,7 @@ class BatchEngine:
                 bundles[ticker] = await asyncio.to_thread(self.provider.load, ticker,
                                                           plan.as_of)
 
-        async def graph_job(ticker: str, gated: GatedLLM, batch_id: int
+        async def graph_job(ticker: str, gated: TickerClient, batch_id: int
                             ) -> list[store.DecisionRow]:
             bundle = bundles.pop(ticker)
             demo_seen.append(bundle.demo)
@@ -208,7 +208,7 @@ class BatchEngine:
                                 halt=self.halt, client=self.http_client, resume_hint=hint)
             # A client and a /metrics sampler per endpoint (one, unless several are set);
             # the LLM's client (when one is given) also reads /metrics: the same servers.
-            endpoints = EndpointSet.connect(
+            endpoints = ServerSet.connect(
                 self.settings, strategy, recorder, engine=self.engine, batch_id=batch_id,
                 sample=self.sample_metrics, http_client=self.http_client,
                 max_in_flight=max_in_flight(strategy, shapes, self.settings.max_concurrency),
@@ -225,7 +225,7 @@ class BatchEngine:
             progress = self.progress_factory(batch_id, len(plan.tickers), llm, scheduler,
                                              sampler, expected_calls=expected_calls)
 
-            async def ticker_job(ticker: str, gated: GatedLLM) -> list[store.DecisionRow]:
+            async def ticker_job(ticker: str, gated: TickerClient) -> list[store.DecisionRow]:
                 await asyncio.to_thread(store.ticker_started, self.engine, batch_id, ticker)
                 with structlog.contextvars.bound_contextvars(ticker=ticker):
                     return await work(ticker, gated, batch_id)

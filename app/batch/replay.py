@@ -8,7 +8,7 @@ from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.store import DecisionRow
 from app.batch.workload import play, recorded_workload, shape
 from app.config import Settings
-from app.traffic.gate import GatedLLM
+from app.traffic.client import TickerClient
 
 
 async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
@@ -22,7 +22,7 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
         for item in items:
             item.body["model"] = settings.llm_model  # the arm's server may name it otherwise
 
-    async def work(ticker: str, gated: GatedLLM, replay_id: int) -> list[DecisionRow]:
+    async def work(ticker: str, gated: TickerClient, replay_id: int) -> list[DecisionRow]:
         return await play(workload[ticker], gated, replay_id)
 
     weights = {t: float(sum(i.body.get("max_tokens", 0) for i in items))

@@ -43,7 +43,7 @@ from app.bench.tracker import machine_facts as host_facts
 from app.config import Settings
 from app.errors import InputError, ServerError
 from app.report import arm
-from app.traffic.gate import GatedLLM
+from app.traffic.client import TickerClient
 from app.traffic.strategy import Strategy
 from serving.metrics import aread_metrics
 from serving.urls import redact
@@ -206,7 +206,7 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         arm_load = _salted(workload, f"{run_id}-{strategy}")
         flood = strategy == SERVER_BOUND
 
-        async def work(ticker: str, gated: GatedLLM, batch_id: int,
+        async def work(ticker: str, gated: TickerClient, batch_id: int,
                        arm_load: Workload = arm_load, flood: bool = flood) -> list[Any]:
             return await play(arm_load[ticker], gated, batch_id, ignore_deps=flood)
 

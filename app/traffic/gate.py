@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import heapq
 import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
-from typing import Any
 
-from agents.chat import CallTag, ChatResult
-from agents.fitting import PromptSize
-from app.llm import Admit, TrackedLLM
 from app.traffic.budget import Claim, TokenBudget, as_claim
 from app.traffic.holdback import HELD, QUEUED, REQUEST_LIMIT, TOKEN_BUDGET
 from app.traffic.ticket import Ticket
@@ -206,69 +200,3 @@ class Gate:
             self._take(claim, ticket)
             future.set_result(None)
         self._changed.set()
-
-
-class GatedLLM:
-    """Give the graph a TrackedLLM whose every request first passes the gate."""
-
-    def __init__(self, llm: TrackedLLM, gate: Gate, ticket: Ticket,
-                 on_request: asyncio.Event | None = None, *,
-                 rank: Callable[[Ticket], int] | None = None,
-                 on_finish: Callable[[Ticket], None] | None = None) -> None:
-        self.llm = llm
-        self.gate = gate
-        self.ticket = ticket
-        self.settings = llm.settings
-        self._on_request = on_request
-        self._rank = rank
-        self._on_finish = on_finish
-        self._budget = gate.budget
-
-    @property
-    def priority(self) -> int:
-        return self.ticket.order
-
-    @asynccontextmanager
-    async def _request(self) -> AsyncIterator[int]:
-        """Count one request of the ticker, from its first attempt to its last."""
-        if self._on_request is not None:
-            self._on_request.set()
-        # The priority is decided per request: a ticker can turn urgent on the way.
-        rank = self._rank(self.ticket) if self._rank is not None else self.ticket.order
-        try:
-            yield rank
-        finally:
-            self.ticket.done += 1
-            if self._on_finish is not None:
-                self._on_finish(self.ticket)
-
-    async def _budgeted(self, tag: CallTag, body: dict[str, Any],
-                        call: Callable[[int, Admit], Any]) -> ChatResult:
-        budget = self._budget
-        claim = budget.claim(tag.node, body) if budget is not None else Claim(0)
-        async with self._request() as rank:
-            # Each attempt takes a place (and the request's tokens) at the gate; a retry's
-            # backoff waits outside it, so the place and tokens serve someone else meanwhile.
-            admit = functools.partial(self.gate.slot, rank, claim, self.ticket)
-            result: ChatResult = await call(rank, admit)
-        if budget is not None:
-            budget.learn(tag.node, body, result.prompt_tokens, result.completion_tokens)
-        return result
-
-    async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
-        kwargs.pop("priority", None)
-        sized = {"messages": messages, "max_tokens": kwargs.get("max_tokens", 0)}
-        ready = datetime.now(UTC)  # issued by the graph: a wait from here on is the gate's
-        return await self._budgeted(tag, sized, lambda rank, admit: self.llm.chat(
-            tag, messages, priority=rank, admit=admit, ready_at=ready, **kwargs))
-
-    async def send(self, tag: CallTag, body: dict[str, Any], *,
-                   first_attempt: int = 1) -> ChatResult:
-        ready = datetime.now(UTC)
-        return await self._budgeted(tag, body, lambda rank, admit: self.llm.send(
-            tag, body, priority=rank, first_attempt=first_attempt, admit=admit, ready_at=ready))
-
-    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
-                      exact: bool = False) -> PromptSize | None:
-        """Count a prompt for the context guard; not a request, so it needs no place."""
-        return await self.llm.measure(messages, max_tokens=max_tokens, exact=exact)

@@ -27,10 +27,10 @@ import structlog
 from app.llm import TrackedLLM
 from app.traffic.admission import AdmissionPolicy
 from app.traffic.budget import TokenBudget
-from app.traffic.client import RoutedLLM
-from app.traffic.gate import Gate, GatedLLM
+from app.traffic.client import TickerClient
+from app.traffic.gate import Gate
 from app.traffic.holdback import COLUMNS
-from app.traffic.server import Endpoint, EndpointSet, GaugeSource
+from app.traffic.server import GaugeSource, Server, ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import wait_first
 from app.traffic.ticket import Ticket
@@ -46,7 +46,7 @@ class Job:
     """One ticker's work: ``run`` gets a gated client and does every call of the ticker."""
 
     key: str
-    run: Callable[[GatedLLM], Awaitable[Any]]
+    run: Callable[[TickerClient], Awaitable[Any]]
     weight: float = 0.0  # expected work; heavier jobs start first so the tail is short
     requests: int = 0  # expected requests, 0 when unknown
     chain: int = 0  # the longest run of them that must go one after another
@@ -60,21 +60,21 @@ OnDone = Callable[[Job, Any, BaseException | None], Awaitable[None]]
 class Scheduler:
     """Run jobs under one strategy; with ``adaptive`` each gate follows its admission policy.
 
-    One server is ``llm`` with its ``gauges``; several come as an ``EndpointSet``
+    One server is ``llm`` with its ``gauges``; several come as an ``ServerSet``
     (app/traffic/server.py), each with its own gate, policy and budget. ``fixed-N`` and
     ``sequential`` then mean N tickers (and their request cap) per endpoint.
     """
 
     def __init__(self, llm: TrackedLLM | None, strategy: Strategy, *,
                  gauges: GaugeSource | None = None, policy: AdmissionPolicy | None = None,
-                 interval_s: float = 1.0, endpoints: EndpointSet | None = None,
+                 interval_s: float = 1.0, endpoints: ServerSet | None = None,
                  on_metrics: Callable[[bool], None] | None = None) -> None:
         self.strategy = strategy
         self.interval_s = interval_s
         if endpoints is None:
             if llm is None:
                 raise ValueError("a scheduler needs a client or endpoints")
-            endpoints = EndpointSet.single(llm, strategy, gauges=gauges, policy=policy)
+            endpoints = ServerSet.single(llm, strategy, gauges=gauges, policy=policy)
         self.endpoints = endpoints
         self.in_flight = 0
         self.started = 0
@@ -210,7 +210,7 @@ class Scheduler:
                     break  # the tickers not started stay queued, for a resume
                 order += 1
                 first_request = asyncio.Event()
-                gated = RoutedLLM(self.endpoints, endpoint, ticket, first_request,
+                gated = TickerClient(self.endpoints, endpoint, ticket, first_request,
                                   rank=self.rank, on_finish=self._finished_one,
                                   on_redo=self._redone_one, may_pass=self._may_pass)
                 task = asyncio.create_task(self._one(job, gated, first_request, on_done),
@@ -260,7 +260,7 @@ class Scheduler:
             self._loaded.clear()
             await self._loaded.wait()
 
-    async def _one(self, job: Job, gated: RoutedLLM, first_request: asyncio.Event,
+    async def _one(self, job: Job, gated: TickerClient, first_request: asyncio.Event,
                    on_done: OnDone) -> None:
         ticket = gated.ticket
         self.in_flight += 1
@@ -291,7 +291,7 @@ class Scheduler:
         return {"readings_missed": self.metrics_missed, "seconds": round(seconds, 1),
                 "limit": self.policy.fallback_limit}
 
-    def _metrics_missed(self, count: int, endpoint: Endpoint) -> None:
+    def _metrics_missed(self, count: int, endpoint: Server) -> None:
         self.metrics_missed += count
         if not self.metrics_fallback:
             self.metrics_fallback = True

@@ -62,7 +62,7 @@ class GaugeSource(Protocol):
     def latest(self) -> Any: ...
 
 
-class Endpoint:
+class Server:
     """One vLLM server of a batch: its client, gauges, admission policy, token budget and gate."""
 
     def __init__(self, index: int, url: str, llm: TrackedLLM, strategy: Strategy, *,
@@ -320,10 +320,10 @@ class _Combined:
     kv_cache_usage: float
 
 
-class EndpointSet:
+class ServerSet:
     """The endpoints of one batch, in the configured order; routing and failover over them."""
 
-    def __init__(self, endpoints: list[Endpoint], changed: asyncio.Event, *,
+    def __init__(self, endpoints: list[Server], changed: asyncio.Event, *,
                  halt: Halt | None = None, outage_budget_s: float = float("inf"),
                  resume_hint: str = "") -> None:
         self.endpoints = endpoints
@@ -340,11 +340,11 @@ class EndpointSet:
 
     @classmethod
     def single(cls, llm: TrackedLLM, strategy: Strategy, *, gauges: GaugeSource | None = None,
-               policy: AdmissionPolicy | None = None) -> EndpointSet:
+               policy: AdmissionPolicy | None = None) -> ServerSet:
         """Wrap one client and its gauges: a batch against one server, as it always was."""
         changed = asyncio.Event()
         url = getattr(llm, "base_url", "")
-        return cls([Endpoint(0, url, llm, strategy, gauges=gauges, policy=policy,
+        return cls([Server(0, url, llm, strategy, gauges=gauges, policy=policy,
                              changed=changed)], changed)
 
     @classmethod
@@ -354,7 +354,7 @@ class EndpointSet:
                 watch: ServerCheck | None = None,
                 attempts_before: Mapping[tuple[str, str, int], int] | None = None,
                 halt: Halt | None = None, resume_hint: str = "",
-                ) -> EndpointSet:
+                ) -> ServerSet:
         """Make a client and sampler for every configured endpoint (through ``http_client``).
 
         ``watch`` (the outage watch of one server) is given to the client only when there is
@@ -376,7 +376,7 @@ class EndpointSet:
                 sampler = MetricsSampler(url, engine if sample else None, batch_id,
                                          interval_s=settings.metrics_interval_s,
                                          client=http_client, endpoint=url)
-            endpoints.append(Endpoint(index, url, llm, strategy, gauges=sampler,
+            endpoints.append(Server(index, url, llm, strategy, gauges=sampler,
                                       changed=changed, grace_s=settings.endpoint_grace_s))
         if len(endpoints) > 1:
             log.info("endpoints", urls=[e.name for e in endpoints],
@@ -384,14 +384,14 @@ class EndpointSet:
         return cls(endpoints, changed, halt=halt, outage_budget_s=settings.outage_budget_s,
                    resume_hint=resume_hint)
 
-    def __iter__(self) -> Iterator[Endpoint]:
+    def __iter__(self) -> Iterator[Server]:
         return iter(self.endpoints)
 
     def __len__(self) -> int:
         return len(self.endpoints)
 
     @property
-    def first(self) -> Endpoint:
+    def first(self) -> Server:
         return self.endpoints[0]
 
     @property
@@ -408,7 +408,7 @@ class EndpointSet:
         return [endpoint.load(ticker_slots, float(capacity) if known and capacity else 1.0)
                 for endpoint, capacity in zip(self.endpoints, capacities, strict=True)]
 
-    def _serving(self) -> list[Endpoint]:
+    def _serving(self) -> list[Server]:
         """Return the endpoints that are up (all of them, if none is)."""
         return [e for e in self.endpoints if e.up] or self.endpoints
 
@@ -423,7 +423,7 @@ class EndpointSet:
 
     async def wait_for_room(self, ticker_slots: int | None = None,
                             or_else: Callable[[], bool] | None = None,
-                            work_left: Callable[[], int] | None = None) -> Endpoint:
+                            work_left: Callable[[], int] | None = None) -> Server:
         """Return the endpoint a new ticker starts on, once one has room (or ``or_else()``).
 
         ``ticker_slots`` is the tickers each endpoint may have in flight (fixed-N); None
@@ -441,13 +441,13 @@ class EndpointSet:
             self.changed.clear()
             await self.changed.wait()
 
-    def alternative(self, endpoint: Endpoint) -> Endpoint | None:
+    def alternative(self, endpoint: Server) -> Server | None:
         """Return the endpoint that is up to take over ``endpoint``'s tickers (None: none is)."""
         chosen = choose(self.loads(), need_room=False, exclude=endpoint.index,
                         down_if_all=False)
         return None if chosen is None else self.endpoints[chosen]
 
-    async def after_failure(self, endpoint: Endpoint, started_at: float) -> Endpoint | None:
+    async def after_failure(self, endpoint: Server, started_at: float) -> Server | None:
         """Return where a call that failed at ``endpoint`` goes next; None: it fails, as today.
 
         Called for failures of the server (connection, stream, timeout, 5xx), once the

@@ -27,7 +27,8 @@ from app.bench.workloads import synthetic_workload
 from app.config import load_settings
 from app.llm import CallStats
 from app.traffic.budget import TokenBudget
-from app.traffic.gate import Gate, GatedLLM
+from app.traffic.client import TickerClient
+from app.traffic.gate import Gate
 from app.traffic.sampler import MetricsSampler
 from app.traffic.scheduler import Scheduler
 from app.traffic.strategy import Strategy
@@ -234,7 +235,7 @@ async def _engine_run(sqlite_engine: Any, strategy: str, kv_tokens: int
     server = FakeServer(script=answer, capacity=64, kv_tokens=kv_tokens)
     runner = BatchEngine(settings, sqlite_engine, http_client=server.client())
 
-    async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[Any]:
+    async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[Any]:
         return await play(load[ticker], gated, batch_id)
 
     plan = BatchPlan("bench", date(2025, 1, 2), sorted(load), 1, strategy)
@@ -290,8 +291,8 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
     from agents.chat import CallTag
     from app.bench.fakeserver import BASE_URL
     from app.llm import TrackedLLM
-    from app.traffic.client import RoutedLLM
-    from app.traffic.server import EndpointSet
+    from app.traffic.client import TickerClient
+    from app.traffic.server import ServerSet
     from app.usage import UsageRecorder
 
     fake = FakeServer(lambda chat: Reply("ok", completion_tokens=3), tokenize_count=1_000,
@@ -299,7 +300,7 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
     settings = load_settings(llm_base_url=BASE_URL, check_context_length=True)
     async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=http)
-        endpoints = EndpointSet.single(llm, Strategy.parse("adaptive"),
+        endpoints = ServerSet.single(llm, Strategy.parse("adaptive"),
                                        gauges=SimpleNamespace())
         endpoint = endpoints.first
         budget = endpoint.budget
@@ -312,7 +313,7 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
             take(cost, held)
 
         budget.take = recording  # type: ignore[method-assign]
-        routed = RoutedLLM(endpoints, endpoint, Ticket(0, 4, 1))
+        routed = TickerClient(endpoints, endpoint, Ticket(0, 4, 1))
         prompts = [{"model": settings.llm_model, **body(4_000, 300)} for _ in range(4)]
         for i, prompt in enumerate(prompts):
             prompt["messages"][1]["content"] += str(i)  # four analysts: four prompts
@@ -340,7 +341,7 @@ async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default
     # goes out) now sets the ratio until finished requests do.
     from app.bench.fakeserver import BASE_URL
     from app.llm import TrackedLLM
-    from app.traffic.server import Endpoint
+    from app.traffic.server import Server
     from app.usage import UsageRecorder
 
     fake = FakeServer(tokenize_count=1_000, max_model_len=32_768)
@@ -348,7 +349,7 @@ async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default
     prompt = body(4_000, 300)
     async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=http)
-        endpoint = Endpoint(0, BASE_URL, llm, Strategy.parse("adaptive"),
+        endpoint = Server(0, BASE_URL, llm, Strategy.parse("adaptive"),
                             gauges=SimpleNamespace())
         budget = endpoint.budget
         assert budget is not None

@@ -10,9 +10,10 @@ import pytest
 from agents.chat import CallTag
 from app.traffic.budget import TokenBudget
 from app.traffic.chains import Footprint
-from app.traffic.gate import Gate, GatedLLM
+from app.traffic.client import TickerClient
+from app.traffic.gate import Gate
 from app.traffic.scheduler import Job, Scheduler
-from app.traffic.server import Endpoint
+from app.traffic.server import Server
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from tests.unit.budget_sim import SimServer, body
@@ -86,7 +87,7 @@ def test_nothing_is_capped_before_a_reading_has_seen_a_ticker() -> None:
 
 def test_an_adaptive_endpoint_offers_no_room_past_the_chains_that_fit() -> None:
     llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
-    endpoint = Endpoint(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
+    endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive:prefetch=off"), gauges=SimpleNamespace())
     assert endpoint.budget is not None
     endpoint.budget.set_capacity(10_000)
@@ -107,7 +108,7 @@ def test_an_adaptive_endpoint_offers_no_room_past_the_chains_that_fit() -> None:
 
 def wide_then_chain(key: str, started: list[int], live: set[str]) -> Job:
     """A ticker shaped like the pipeline's: four small calls at once, then a growing chain."""
-    async def run(gated: GatedLLM) -> None:
+    async def run(gated: TickerClient) -> None:
         live.add(key)
         started.append(len(live))
         try:

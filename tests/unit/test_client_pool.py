@@ -21,7 +21,7 @@ from agents.data.snapshot import SnapshotProvider
 from app.batch.engine import BatchEngine, BatchPlan, max_in_flight
 from app.config import load_settings
 from app.llm import CallTag
-from app.traffic.gate import GatedLLM
+from app.traffic.client import TickerClient
 from app.traffic.strategy import Strategy
 
 ANSWER = "".join(
@@ -93,7 +93,7 @@ async def test_the_flood_arm_gets_more_than_a_hundred_requests_in_flight(
         body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                 "max_tokens": 4}
 
-        async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[Any]:
+        async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[Any]:
             await asyncio.gather(*(gated.send(CallTag(batch_id, ticker, f"n{i}"), body)
                                    for i in range(n)))
             return []

@@ -32,8 +32,7 @@ from app.errors import (
     LLMMalformedError,
     LLMStreamError,
 )
-from app.traffic.client import server_fault
-from app.traffic.gate import GatedLLM
+from app.traffic.client import TickerClient, server_fault
 
 FAST, SLOW = "http://gpu0.test:8000/v1", "http://gpu1.test:8001/v1"
 TICKERS = 10
@@ -144,7 +143,7 @@ async def test_the_slower_endpoint_gets_fewer_tickers_and_each_chain_stays_on_on
                              retry_backoff_s=0, metrics_interval_s=0.05,
                              endpoint_grace_s=GRACE_S, record_requests=False)
 
-    async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[object]:
+    async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[object]:
         return await play(load[ticker], gated, batch_id)
 
     runner = BatchEngine(settings, sqlite_engine, http_client=servers.client())
@@ -262,7 +261,7 @@ async def test_a_requests_own_failure_on_a_healthy_endpoint_fails_as_it_always_d
                              retry_backoff_s=0, metrics_interval_s=0.05,
                              endpoint_grace_s=GRACE_S, record_requests=False)
 
-    async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[object]:
+    async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[object]:
         return await play(load[ticker], gated, batch_id)
 
     outcome = await BatchEngine(settings, sqlite_engine, http_client=servers.client()).execute(

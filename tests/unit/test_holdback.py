@@ -6,7 +6,7 @@ import asyncio
 from types import SimpleNamespace
 
 from agents.chat import CallTag
-from app.traffic.gate import GatedLLM
+from app.traffic.client import TickerClient
 from app.traffic.holdback import (
     CHAIN_CAP,
     COLUMNS,
@@ -19,15 +19,15 @@ from app.traffic.holdback import (
     HoldBack,
 )
 from app.traffic.scheduler import Job, Scheduler
-from app.traffic.server import Endpoint
+from app.traffic.server import Server
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from tests.unit.budget_sim import SimServer, body
 
 
-def adaptive_endpoint() -> Endpoint:
+def adaptive_endpoint() -> Server:
     llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
-    endpoint = Endpoint(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
+    endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive"), gauges=SimpleNamespace())
     assert endpoint.budget is not None
     endpoint.budget.set_capacity(10_000)  # 9,500 tokens may be reserved
@@ -83,7 +83,7 @@ def test_a_started_chain_queued_for_tokens_is_named_before_the_budget() -> None:
     assert asyncio.run(scenario()) == QUEUED
 
 
-async def _one_more(endpoint: Endpoint, ticket: Ticket) -> None:
+async def _one_more(endpoint: Server, ticket: Ticket) -> None:
     async with endpoint.gate.slot(0, 3_000, ticket):
         pass
 
@@ -120,7 +120,7 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
     server.budget = scheduler.budget
 
     def chain(key: str) -> Job:
-        async def run(gated: GatedLLM) -> None:
+        async def run(gated: TickerClient) -> None:
             for step in range(5):
                 await gated.send(CallTag(1, key, f"n{step}", 0), body(8_000 + step * 1_600, 400))
         return Job(key, run, requests=5, chain=5)

@@ -16,7 +16,7 @@ from app.traffic.budget import Claim, TokenBudget
 from app.traffic.chains import Footprint, prefetch_depth
 from app.traffic.gate import Gate
 from app.traffic.holdback import CHAIN_CAP, COLUMNS, ROOM
-from app.traffic.server import Endpoint
+from app.traffic.server import Server
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from tests.unit.stepped_gpu import SteppedGPU
@@ -86,9 +86,9 @@ def test_the_fan_out_depth_is_the_free_slots_and_what_feeds_a_full_set() -> None
     assert prefetch_depth(3, 0, 0) == 3 + 3  # shape unknown: a chain of one step
 
 
-def prefetching_endpoint(capacity: int = 10_000) -> Endpoint:
+def prefetching_endpoint(capacity: int = 10_000) -> Server:
     llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
-    endpoint = Endpoint(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
+    endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive:prefetch=on"), gauges=SimpleNamespace())
     assert endpoint.budget is not None
     endpoint.budget.set_capacity(capacity)
