@@ -17,8 +17,8 @@ from sqlalchemy import Engine
 
 from agents.data import DataProvider, MarketBundle, get_provider
 from agents.graph import analyze_ticker, chain_length, node_names, thread_id
-from app.batch import cleanup, store
 from app.batch import resume as resumption
+from app.batch import store
 from app.batch.checkpoints import open_checkpointer, prune
 from app.batch.lock import LockHold, Runner
 from app.batch.outputs import record_outputs
@@ -28,7 +28,6 @@ from app.errors import ERRORS, BatchStopped, LLMError
 from app.quality import monitor
 from app.traffic.client import TickerClient
 from app.traffic.halt import Halt, HaltReason, drive
-from app.traffic.outage import ServerWatch
 from app.traffic.scheduler import Job, Scheduler
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
@@ -40,8 +39,27 @@ log = structlog.get_logger(__name__)
 # The settings a resumed batch takes from its first run: the graph's shape must not change.
 SHAPE_SETTINGS = ("debate_rounds", "risk_rounds", "node_max_tokens")
 
-# One ticker's work: (ticker, gated client, batch id) -> the decisions to store.
-TickerWork = Callable[[str, TickerClient, int], Awaitable[list["store.DecisionRow"]]]
+# One ticker's work: (ticker, its client, batch id) -> the decisions to store.
+TickerJob = Callable[[str, TickerClient, int], Awaitable[list["store.DecisionRow"]]]
+
+
+@dataclass
+class TickerWork:
+    """What a batch does for each ticker, and what is known of the tickers beforehand.
+
+    ``weights`` order the tickers (heaviest first); ``shapes`` give each ticker's expected
+    (requests, chain length), which lets the scheduler shorten the tail. ``prepare(ticker)``
+    loads what a ticker needs before it is admitted; ``checkpointed`` opens the checkpointer
+    the graph's work uses (``BatchEngine._saver``).
+    """
+
+    job: TickerJob
+    weights: dict[str, float] | None = None
+    shapes: dict[str, tuple[int, int]] | None = None
+    expected_calls: int | None = None
+    prepare: Callable[[str], Awaitable[None]] | None = None
+    final_settings: Callable[[], dict[str, Any]] | None = None
+    checkpointed: bool = False
 
 
 @dataclass
@@ -54,6 +72,7 @@ class BatchPlan:
     samples: int = 1
     strategy: str = "adaptive"
     label: str | None = None
+    source_batch_id: int | None = None  # the batch a replay or bench run was made from
 
 
 @dataclass
@@ -98,19 +117,31 @@ class BatchEngine:
         self.lock_lost = False
         self._saver: BaseCheckpointSaver[Any] | None = None
 
-    async def resume(self, point: resumption.ResumePoint) -> BatchOutcome:
-        """Continue a stopped batch: its unfinished tickers, from their last finished node."""
-        shape = {k: point.settings[k] for k in SHAPE_SETTINGS if k in point.settings}
-        self.settings = self.settings.model_copy(update=shape)
-        self.pipeline = self.settings.pipeline()
-        plan = BatchPlan(point.kind, point.as_of, point.tickers,
-                         int(point.settings.get("samples", 1)),
-                         str(point.settings.get("strategy", "adaptive")), point.label)
-        return await self.run(plan, resuming=point)
+    async def run(self, start: BatchPlan | resumption.ResumePoint,
+                  work: TickerWork | None = None) -> BatchOutcome:
+        """Run a batch, the one way every command does: a plan starts one, a resume point
+        continues a stopped one (its unfinished tickers, from their last finished node).
 
-    async def run(self, plan: BatchPlan, resuming: resumption.ResumePoint | None = None
-                  ) -> BatchOutcome:
-        """Run the graph for every ticker of the plan; one ticker's failure never stops others."""
+        ``work`` is what each ticker does: its graph unless given (a replay, a bench). One
+        ticker's failure never stops the others.
+        """
+        resuming = None
+        if isinstance(start, resumption.ResumePoint):
+            resuming = start
+            shape = {k: start.settings[k] for k in SHAPE_SETTINGS if k in start.settings}
+            self.settings = self.settings.model_copy(update=shape)
+            self.pipeline = self.settings.pipeline()
+            plan = BatchPlan(start.kind, start.as_of, start.tickers,
+                             int(start.settings.get("samples", 1)),
+                             str(start.settings.get("strategy", "adaptive")), start.label)
+        else:
+            plan = start
+        if work is None:
+            work = await self._graph_work(plan)
+        return await self._execute(plan, work, resuming)
+
+    async def _graph_work(self, plan: BatchPlan) -> TickerWork:
+        """Return the graph's work for every ticker of the plan: data loaded, checkpointed."""
         demo_seen: list[bool] = []
         bundles: dict[str, MarketBundle] = {}
         loads = asyncio.Semaphore(self.settings.data_concurrency)
@@ -147,35 +178,15 @@ class BatchEngine:
         per_ticker = len(node_names(self.pipeline)) * plan.samples
         # Samples run side by side, so a ticker's chain is one sample's.
         shape = (per_ticker, chain_length(self.pipeline))
-        return await self.execute(plan, graph_job, weights=weights,
-                                  shapes=dict.fromkeys(plan.tickers, shape),
-                                  expected_calls=per_ticker * len(plan.tickers),
-                                  prepare=load,
-                                  final_settings=lambda: {"demo_data": any(demo_seen)},
-                                  resuming=resuming, checkpointed=True)
+        return TickerWork(graph_job, weights=weights, shapes=dict.fromkeys(plan.tickers, shape),
+                          expected_calls=per_ticker * len(plan.tickers), prepare=load,
+                          final_settings=lambda: {"demo_data": any(demo_seen)},
+                          checkpointed=True)
 
-    async def execute(
-        self,
-        plan: BatchPlan,
-        work: TickerWork,
-        *,
-        weights: dict[str, float] | None = None,
-        shapes: dict[str, tuple[int, int]] | None = None,
-        source_batch_id: int | None = None,
-        final_settings: Callable[[], dict[str, Any]] | None = None,
-        expected_calls: int | None = None,
-        prepare: Callable[[str], Awaitable[None]] | None = None,
-        resuming: resumption.ResumePoint | None = None,
-        checkpointed: bool = False,
-    ) -> BatchOutcome:
-        """Own a batch's rows and lifecycle while ``work`` does each ticker's calls.
-
-        ``weights`` order the tickers (heaviest first); ``shapes`` give each ticker's
-        expected (requests, chain length), which lets the scheduler shorten the tail.
-        ``prepare(ticker)`` loads what a ticker needs before it is admitted.
-        ``resuming`` continues that batch instead of creating one; ``checkpointed`` opens
-        the checkpointer the graph's work uses (``self._saver``).
-        """
+    async def _execute(self, plan: BatchPlan, work: TickerWork,
+                       resuming: resumption.ResumePoint | None) -> BatchOutcome:
+        """Own a batch's rows and lifecycle while ``work`` does each ticker's calls."""
+        shapes, prepare, final_settings = work.shapes, work.prepare, work.final_settings
         strategy = Strategy.parse(plan.strategy)
         attempts: dict[tuple[str, str, int], int] = {}
         if resuming is None:
@@ -184,7 +195,7 @@ class BatchEngine:
                 tickers=plan.tickers, samples=plan.samples, label=plan.label,
                 settings={**self.settings.snapshot(), "samples": plan.samples,
                           "strategy": strategy.name, "runner": Runner.current().record()},
-                server_facts=self.server_facts, source_batch_id=source_batch_id,
+                server_facts=self.server_facts, source_batch_id=plan.source_batch_id,
             )
             outcome = BatchOutcome(batch_id, "running")
         else:
@@ -201,34 +212,23 @@ class BatchEngine:
                      samples=plan.samples, strategy=strategy.name, as_of=str(plan.as_of))
             recorder = UsageRecorder(self.engine)
             hint = f"; resume with `nightdesk run --resume {batch_id}`"
-            # The outage watch covers one server. With several endpoints a server that goes
-            # away has its tickers moved to the others instead (app/traffic/server.py).
-            watch = ServerWatch(self.settings.base_url, budget_s=self.settings.outage_budget_s,
-                                interval_s=self.settings.server_probe_interval_s,
-                                halt=self.halt, client=self.http_client, resume_hint=hint)
-            # A client and a /metrics sampler per endpoint (one, unless several are set);
-            # the LLM's client (when one is given) also reads /metrics: the same servers.
+            # A client and a /metrics sampler per server (one, unless several are set), and
+            # what stands in for a server that does not answer (app/traffic/server.py); the
+            # LLM's client (when one is given) also reads /metrics: the same servers.
             endpoints = ServerSet.connect(
                 self.settings, strategy, recorder, engine=self.engine, batch_id=batch_id,
                 sample=self.sample_metrics, http_client=self.http_client,
                 max_in_flight=max_in_flight(strategy, shapes, self.settings.max_concurrency),
-                watch=watch, attempts_before=attempts, halt=self.halt, resume_hint=hint)
-            single = not endpoints.several
-            # An unreadable /metrics is a server problem: the watch pauses admission on it.
+                attempts_before=attempts, halt=self.halt, resume_hint=hint)
             scheduler = Scheduler(None, strategy, endpoints=endpoints,
-                                  interval_s=min(self.settings.metrics_interval_s, 2.0),
-                                  on_metrics=watch.note_metrics if single else None)
-            if single:
-                watch.gate = scheduler.gate
-            llm, sampler = ((endpoints, endpoints) if endpoints.several
-                            else (endpoints.first.llm, endpoints.first.gauges))
-            progress = self.progress_factory(batch_id, len(plan.tickers), llm, scheduler,
-                                             sampler, expected_calls=expected_calls)
+                                  interval_s=min(self.settings.metrics_interval_s, 2.0))
+            progress = self.progress_factory(batch_id, len(plan.tickers), endpoints, scheduler,
+                                             endpoints, expected_calls=work.expected_calls)
 
             async def ticker_job(ticker: str, gated: TickerClient) -> list[store.DecisionRow]:
                 await asyncio.to_thread(store.ticker_started, self.engine, batch_id, ticker)
                 with structlog.contextvars.bound_contextvars(ticker=ticker):
-                    return await work(ticker, gated, batch_id)
+                    return await work.job(ticker, gated, batch_id)
 
             async def on_done(job: Job, decisions: Any, error: BaseException | None) -> None:
                 message = None if error is None else _one_line(error)
@@ -252,30 +252,37 @@ class BatchEngine:
                              rating=decisions[0].rating if decisions else None)
                 progress.ticker_done(job.key, ok=message is None)
 
-            jobs = [Job(t, functools.partial(ticker_job, t), (weights or {}).get(t, 0.0),
+            jobs = [Job(t, functools.partial(ticker_job, t), (work.weights or {}).get(t, 0.0),
                         *(shapes or {}).get(t, (0, 0)),
                         prepare=functools.partial(prepare, t) if prepare else None)
                     for t in plan.tickers]
-            heart = asyncio.create_task(self._heartbeat(batch_id))
             status, error_text = "crashed", None
             body_ok = False
+            closed: list[tuple[str, BaseException]] = []  # closing steps that failed
             try:
-                await recorder.start()
-                await endpoints.start()
-                async with self._checkpoints(checkpointed, recorder):
-                    watching = (asyncio.create_task(watch.run(), name="server-watch")
-                                if single else None)
-                    try:
+                async with contextlib.AsyncExitStack() as closing:
+                    # Closed last to first, each whatever the others did (``_closing``); the
+                    # batch's status is written once all of them have run.
+                    closing.push_async_callback(_closing, closed, "close the LLM clients",
+                                                endpoints.aclose)
+                    closing.push_async_callback(_closing, closed, "close the usage recorder",
+                                                recorder.close)
+                    closing.push_async_callback(_closing, closed, "stop the metrics samplers",
+                                                endpoints.stop)
+                    heart = asyncio.create_task(self._heartbeat(batch_id))
+                    closing.push_async_callback(_closing, closed, "stop the heartbeat",
+                                                functools.partial(cancel_and_wait, heart))
+                    await recorder.start()
+                    await endpoints.start()
+                    async with self._checkpoints(work.checkpointed, recorder):
                         async with progress:
                             await drive(scheduler, scheduler.run(jobs, on_done), self.halt)
-                    finally:
-                        if watching is not None:
-                            await cancel_and_wait(watching)
-                    if self._saver is not None and self.halt.reason is None:
-                        # Every ticker finished: no checkpoint of the batch is needed any more
-                        # (one left by a process killed between storing and pruning included).
-                        await prune(self._saver, await asyncio.to_thread(
-                            resumption.threads_of, self.engine, batch_id))
+                        if self._saver is not None and self.halt.reason is None:
+                            # Every ticker finished: no checkpoint of the batch is needed any
+                            # more (one left by a process killed between storing and pruning
+                            # included).
+                            await prune(self._saver, await asyncio.to_thread(
+                                resumption.threads_of, self.engine, batch_id))
                 # Honest: "succeeded" only when every ticker did, "partial" when some did.
                 # Counted over the whole batch: a resume's earlier tickers included.
                 status = ("succeeded" if not outcome.failed
@@ -283,10 +290,10 @@ class BatchEngine:
                 if self.halt.reason is not None:
                     outcome.halt = self.halt.reason
                     status, error_text = self.halt.reason.status, self.halt.reason.message
-                if watch.outages:
+                if endpoints.outages:
                     extra = final_settings
                     final_settings = lambda: {**(extra() if extra else {}),  # noqa: E731
-                                              "server_outages": watch.outages}
+                                              "server_outages": endpoints.outages}
                 fallback = scheduler.fallback_record()
                 if fallback is not None:  # shown by `nightdesk report`
                     before = final_settings
@@ -300,15 +307,8 @@ class BatchEngine:
                 error_text = _one_line(exc)
                 raise
             finally:
-                # Each step runs whatever the others do, and the status is written after all.
-                failed = await cleanup.run_all([
-                    ("stop the heartbeat", functools.partial(_stop, heart)),
-                    ("stop the metrics samplers", endpoints.stop),
-                    ("close the usage recorder", recorder.close),
-                    ("close the LLM clients", endpoints.aclose),
-                ])
-                if failed:
-                    error_text = "; ".join(filter(None, [error_text, cleanup.describe(failed)]))
+                if closed:
+                    error_text = "; ".join(filter(None, [error_text, _describe(closed)]))
                 outcome.status = status
                 outcome.admission = scheduler.admission()
                 outcome.holdback = scheduler.holdback_timeline()
@@ -318,7 +318,7 @@ class BatchEngine:
                         final_settings() if final_settings else None)
                 log.info("batch finished", status=status, succeeded=len(outcome.succeeded),
                          failed=len(outcome.failed), admission=outcome.admission)
-                cleanup.reraise(failed, body_ok=body_ok)
+                _reraise(closed, body_ok=body_ok)
             if plan.kind == "nightly" and status in ("succeeded", "partial"):
                 # Judged once the night is whole: an interrupted one when its resume ends.
                 await asyncio.to_thread(self._watch_ratings, batch_id)
@@ -420,10 +420,34 @@ def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
     return sum(requests[:strategy.tickers_in_flight or len(requests)])
 
 
-async def _stop(task: asyncio.Task[None]) -> None:
-    # Not suppress(CancelledError) around the await: that would swallow the batch's own
-    # cancellation when it comes during the wait.
-    await cancel_and_wait(task)
+async def _closing(failed: list[tuple[str, BaseException]], name: str,
+                   close: Callable[[], Awaitable[object]]) -> None:
+    """Run one closing step of a batch; keep what it raised in ``failed`` instead of raising.
+
+    A batch's end is a chain of closings before its status is written: one that raises
+    must not keep the others, or the status, from happening. Even a cancellation is held
+    until every step has run (``_reraise``).
+    """
+    try:
+        await close()
+    except BaseException as error:  # reported by the caller, never lost
+        log.error("cleanup step failed", step=name, error=f"{type(error).__name__}: {error}")
+        failed.append((name, error))
+
+
+def _describe(failed: list[tuple[str, BaseException]]) -> str:
+    """Return one line naming each failed closing step and its error."""
+    return "; ".join(f"cleanup: {name}: {type(error).__name__}: {error}"
+                     for name, error in failed)[:500]
+
+
+def _reraise(failed: list[tuple[str, BaseException]], *, body_ok: bool) -> None:
+    """Raise what closing met: a cancellation always; an error when nothing else is raised."""
+    for _, error in failed:
+        if not isinstance(error, Exception):
+            raise error
+    if failed and body_ok:
+        raise failed[0][1]
 
 
 def first_error(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -142,7 +142,7 @@ def resume_batch(settings: Settings, engine: Engine, point: resumption.ResumePoi
     """Continue a cut-short batch from where it stopped: each unfinished ticker after its last
     checkpointed node, none of the finished ones again."""
     runner = _runner(settings, engine, lock)
-    outcome = run_batch(runner.resume(point), runner.halt, settings.shutdown_grace_s)
+    outcome = run_batch(runner.run(point), runner.halt, settings.shutdown_grace_s)
     send_digest(settings, engine, outcome)
     return outcome
 

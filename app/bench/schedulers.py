@@ -28,7 +28,7 @@ import httpx
 import structlog
 from sqlalchemy import Engine
 
-from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.engine import BatchEngine, BatchPlan, TickerWork
 from app.batch.workload import Workload, play, shape
 from app.bench.arms import DEFAULT_ARMS, FLOOD, plan_arms
 from app.bench.bound import (
@@ -213,7 +213,7 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         log.info("bench arm", strategy=strategy)
         plan = BatchPlan("bench", date.today(), sorted(workload), 1,
                          "fixed-all" if flood else strategy, f"bench {run_id} {strategy}")
-        outcome = await runner.execute(plan, work, weights=weights, shapes=shapes)
+        outcome = await runner.run(plan, TickerWork(work, weights=weights, shapes=shapes))
         figures = await asyncio.to_thread(arm, engine, outcome.batch_id)
         figures["strategy"] = strategy
         figures["admission"] = outcome.admission

@@ -3,8 +3,8 @@
 Layered bottom-up; a module imports only those listed before it (no cycles; the
 ``traffic`` contract in pyproject.toml holds it there), and nothing of ``app.batch``:
 
-- ``tasks``, ``halt``, ``ticket``: waiting without stray tasks; the one stop request; a
-  ticker's place in line;
+- ``tasks``, ``clock``, ``halt``, ``ticket``: waiting without stray tasks; the clock health
+  is judged by; the one stop request; a ticker's place in line;
 - ``admission``, ``budget``, ``chains``, ``holdback``, ``routing``, ``sampler``: the server's
   limits (request count, KV token budget, chain footprint) and the ``/metrics`` reader;
 - ``strategy``: what a strategy name means;

@@ -67,8 +67,7 @@ class Scheduler:
 
     def __init__(self, llm: TrackedLLM | None, strategy: Strategy, *,
                  gauges: GaugeSource | None = None, policy: AdmissionPolicy | None = None,
-                 interval_s: float = 1.0, endpoints: ServerSet | None = None,
-                 on_metrics: Callable[[bool], None] | None = None) -> None:
+                 interval_s: float = 1.0, endpoints: ServerSet | None = None) -> None:
         self.strategy = strategy
         self.interval_s = interval_s
         if endpoints is None:
@@ -86,7 +85,6 @@ class Scheduler:
         self.routing = False  # a ready ticker waits for an endpoint with room to start on
         self._began = 0.0  # loop time when run() began: the hold-back rows' zero
         # Readings of /metrics that could not be taken, and the fallback they put us in.
-        self.on_metrics = on_metrics  # told of each reading, taken (True) or missed (False)
         self.metrics_fallback = False
         self.metrics_missed = 0
         self._fallback_s = 0.0
@@ -303,16 +301,14 @@ class Scheduler:
                             "to its starting limit and pauses while the server looks down",
                             limit=endpoint.gate.limit, endpoint=endpoint.name)
         for _ in range(count):
-            if self.on_metrics is not None:
-                self.on_metrics(False)
+            self.endpoints.note_metrics(False)
 
     def _metrics_read(self) -> None:
         if self.metrics_fallback:
             self.metrics_fallback = False
             self._fallback_s += time.monotonic() - self._fallback_since
             log.info("the server's /metrics can be read again: adaptive admission resumes")
-        if self.on_metrics is not None:
-            self.on_metrics(True)
+        self.endpoints.note_metrics(True)
 
     async def _control(self) -> None:
         """Follow every endpoint's gauges: its admission limit and budget, and its health."""
@@ -342,7 +338,7 @@ class Scheduler:
                         if self.routing:
                             endpoint.note_start_wait(loop.time() - self._began)
             if self.endpoints.several:
-                self.endpoints.judge_all(loop.time())
+                self.endpoints.judge_all(self.endpoints.clock())
             await asyncio.sleep(self.interval_s / 2)
 
     def holdback_timeline(self) -> dict[str, Any]:

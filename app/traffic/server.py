@@ -35,16 +35,17 @@ from sqlalchemy import Engine
 from app.config import Settings
 from app.errors import LLMError, ServerOutage
 from app.llm import CallStats, TrackedLLM
-from app.promptsize import ServerCheck
 from app.traffic.admission import AdmissionPolicy
 from app.traffic.chains import Footprint, prefetch_depth
+from app.traffic.clock import Clock, loop_clock
 from app.traffic.gate import Gate
 from app.traffic.halt import Halt, HaltReason
 from app.traffic.holdback import CHAIN_CAP, ROOM, HoldBack
+from app.traffic.outage import ServerWatch
 from app.traffic.routing import Load, choose
 from app.traffic.sampler import MetricsSampler
 from app.traffic.strategy import UNBOUNDED, Strategy
-from app.traffic.tasks import wait_first
+from app.traffic.tasks import cancel_and_wait, wait_first
 from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from serving.urls import redact
@@ -325,8 +326,15 @@ class ServerSet:
 
     def __init__(self, endpoints: list[Server], changed: asyncio.Event, *,
                  halt: Halt | None = None, outage_budget_s: float = float("inf"),
-                 resume_hint: str = "") -> None:
+                 resume_hint: str = "", watch: ServerWatch | None = None,
+                 clock: Clock = loop_clock) -> None:
         self.endpoints = endpoints
+        # What health is judged by: grace periods and the outage budget run on it.
+        self.clock = clock
+        # One server's outage watch (app/traffic/outage.py): it holds that server's gate
+        # while the server does not answer. Several servers fail over instead (below).
+        self.watch = watch
+        self._watching: asyncio.Task[None] | None = None
         # Shared by every gate, and set when a ticker ends or an endpoint changes state:
         # whoever waits for room anywhere wakes.
         self.changed = changed
@@ -351,23 +359,27 @@ class ServerSet:
     def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
                 engine: Engine, batch_id: int, sample: bool = True,
                 http_client: Any = None, max_in_flight: int | None = None,
-                watch: ServerCheck | None = None,
                 attempts_before: Mapping[tuple[str, str, int], int] | None = None,
-                halt: Halt | None = None, resume_hint: str = "",
+                halt: Halt, resume_hint: str = "", clock: Clock = loop_clock,
                 ) -> ServerSet:
         """Make a client and sampler for every configured endpoint (through ``http_client``).
 
-        ``watch`` (the outage watch of one server) is given to the client only when there is
-        one endpoint; with several, failover takes its place, and ``halt`` stops the batch
-        when all of them stay down past ``outage_budget_s``.
+        One endpoint gets an outage watch, which its client consults after a server fault;
+        with several, failover takes its place. Either way ``halt`` stops the batch when
+        no server answers for ``outage_budget_s``.
         """
         changed = asyncio.Event()
         urls = settings.base_urls
+        watch = None
+        if len(urls) == 1:
+            watch = ServerWatch(urls[0], budget_s=settings.outage_budget_s,
+                                interval_s=settings.server_probe_interval_s, halt=halt,
+                                client=http_client, resume_hint=resume_hint, clock=clock)
         endpoints = []
         for index, url in enumerate(urls):
             llm = TrackedLLM(settings, recorder, http_client=http_client, base_url=url,
                              max_in_flight=max_in_flight,
-                             watch=watch if len(urls) == 1 else None,
+                             watch=watch,
                              attempts_before=attempts_before)
             sampler = None
             # With several endpoints the reads also say which are up, so they run even when
@@ -375,14 +387,16 @@ class ServerSet:
             if sample or len(urls) > 1:
                 sampler = MetricsSampler(url, engine if sample else None, batch_id,
                                          interval_s=settings.metrics_interval_s,
-                                         client=http_client, endpoint=url)
+                                         client=http_client, endpoint=url, clock=clock)
             endpoints.append(Server(index, url, llm, strategy, gauges=sampler,
                                       changed=changed, grace_s=settings.endpoint_grace_s))
         if len(endpoints) > 1:
             log.info("endpoints", urls=[e.name for e in endpoints],
                      grace_s=settings.endpoint_grace_s)
+        if watch is not None:
+            watch.gate = endpoints[0].gate
         return cls(endpoints, changed, halt=halt, outage_budget_s=settings.outage_budget_s,
-                   resume_hint=resume_hint)
+                   resume_hint=resume_hint, watch=watch, clock=clock)
 
     def __iter__(self) -> Iterator[Server]:
         return iter(self.endpoints)
@@ -460,11 +474,10 @@ class ServerSet:
         if not self.several or endpoint.gauges is None:
             return None
         sampler = endpoint.gauges
-        loop = asyncio.get_running_loop()
-        failed_at = loop.time()
+        failed_at = self.clock()
         event: asyncio.Event | None = getattr(sampler, "read", None)
         while True:
-            self.judge_all(loop.time())
+            self.judge_all(self.clock())
             if not endpoint.up:
                 other = self.alternative(endpoint)
                 if other is not None or self.halt is None:
@@ -537,16 +550,21 @@ class ServerSet:
     # --- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start every endpoint's sampler; the grace of an endpoint that never answers
-        runs from here."""
-        now = asyncio.get_running_loop().time()
+        """Start every endpoint's sampler, and the outage watch of one server; the grace of
+        an endpoint that never answers runs from here."""
+        now = self.clock()
         for endpoint in self.endpoints:
             endpoint.watched_since = now
             if isinstance(endpoint.gauges, MetricsSampler):
                 await endpoint.gauges.start()
+        if self.watch is not None and self._watching is None:
+            self._watching = asyncio.create_task(self.watch.run(), name="server-watch")
 
     async def stop(self) -> None:
-        """Stop every sampler (each takes its last reading)."""
+        """Stop the outage watch, then every sampler (each takes its last reading)."""
+        if self._watching is not None:
+            await cancel_and_wait(self._watching)
+            self._watching = None
         for endpoint in self.endpoints:
             if isinstance(endpoint.gauges, MetricsSampler):
                 await endpoint.gauges.stop()
@@ -554,6 +572,16 @@ class ServerSet:
     async def aclose(self) -> None:
         for endpoint in self.endpoints:
             await endpoint.llm.aclose()
+
+    def note_metrics(self, ok: bool) -> None:
+        """Tell the outage watch of one server whether a /metrics reading was taken."""
+        if self.watch is not None:
+            self.watch.note_metrics(ok)
+
+    @property
+    def outages(self) -> list[dict[str, Any]]:
+        """Return the outages the watch of one server saw (start, seconds), for the batch."""
+        return self.watch.outages if self.watch is not None else []
 
     def controlled(self, adaptive: bool) -> bool:
         """Tell whether a control loop has work: admission by gauges, or several to watch.

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from sqlalchemy import Engine
 
-from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
 from app.batch.progress import BatchProgress
 from app.batch.workload import play, shape
 from app.bench.fakechat import Reply
@@ -239,7 +239,8 @@ async def _engine_run(sqlite_engine: Any, strategy: str, kv_tokens: int
         return await play(load[ticker], gated, batch_id)
 
     plan = BatchPlan("bench", date(2025, 1, 2), sorted(load), 1, strategy)
-    outcome = await runner.execute(plan, work, shapes={t: shape(i) for t, i in load.items()})
+    outcome = await runner.run(plan, TickerWork(work, shapes={t: shape(i)
+                                                              for t, i in load.items()}))
     return server, outcome
 
 

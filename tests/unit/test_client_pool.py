@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import Engine
 
 from agents.data.snapshot import SnapshotProvider
-from app.batch.engine import BatchEngine, BatchPlan, max_in_flight
+from app.batch.engine import BatchEngine, BatchPlan, TickerWork, max_in_flight
 from app.config import load_settings
 from app.llm import CallTag
 from app.traffic.client import TickerClient
@@ -101,9 +101,9 @@ async def test_the_flood_arm_gets_more_than_a_hundred_requests_in_flight(
         runner = BatchEngine(settings, sqlite_engine, provider=SnapshotProvider(tmp_path),
                              sample_metrics=False)
         # The bench's flood arm: every request of the workload at once.
-        outcome = await runner.execute(BatchPlan("bench", date(2025, 1, 2), ["AAA"], 1,
-                                                 "fixed-1000000"),
-                                       work, shapes={"AAA": (n, 1)})
+        outcome = await runner.run(BatchPlan("bench", date(2025, 1, 2), ["AAA"], 1,
+                                             "fixed-1000000"),
+                                   TickerWork(work, shapes={"AAA": (n, 1)}))
     assert outcome.status == "succeeded", outcome.failed
     assert holding.answered == n
     assert holding.max_open == n

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, select
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
-from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
 from app.batch.resume import find_resumable
 from app.batch.workload import WorkItem, Workload, play, shape
 from app.bench.fakeserver import ChatRequest, FakeServer, FakeServers, Reply
@@ -147,9 +147,9 @@ async def test_the_slower_endpoint_gets_fewer_tickers_and_each_chain_stays_on_on
         return await play(load[ticker], gated, batch_id)
 
     runner = BatchEngine(settings, sqlite_engine, http_client=servers.client())
-    outcome = await runner.execute(
-        BatchPlan("bench", DEMO_AS_OF, sorted(load), 1, "adaptive"), work,
-        shapes={t: shape(items) for t, items in load.items()})
+    outcome = await runner.run(
+        BatchPlan("bench", DEMO_AS_OF, sorted(load), 1, "adaptive"),
+        TickerWork(work, shapes={t: shape(items) for t, items in load.items()}))
     assert outcome.status == "succeeded" and sorted(outcome.succeeded) == sorted(load)
     calls = rows(sqlite_engine, outcome.batch_id)
     assert Counter((r.ticker, r.node) for r in calls if r.status == "ok") == {
@@ -264,9 +264,9 @@ async def test_a_requests_own_failure_on_a_healthy_endpoint_fails_as_it_always_d
     async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[object]:
         return await play(load[ticker], gated, batch_id)
 
-    outcome = await BatchEngine(settings, sqlite_engine, http_client=servers.client()).execute(
-        BatchPlan("bench", DEMO_AS_OF, sorted(load), 1, "adaptive"), work,
-        shapes={t: shape(items) for t, items in load.items()})
+    outcome = await BatchEngine(settings, sqlite_engine, http_client=servers.client()).run(
+        BatchPlan("bench", DEMO_AS_OF, sorted(load), 1, "adaptive"),
+        TickerWork(work, shapes={t: shape(items) for t, items in load.items()}))
     assert set(outcome.failed) == {"T03"} and len(outcome.succeeded) == 5
     failed = [r for r in rows(sqlite_engine, outcome.batch_id) if r.node == "c2"
               and r.ticker == "T03"]
@@ -326,7 +326,7 @@ async def test_every_endpoint_down_past_the_budget_interrupts_the_batch_for_a_re
                              retry_backoff_s=0, metrics_interval_s=0.05,
                              endpoint_grace_s=GRACE_S)
     resumed = await BatchEngine(settings, sqlite_engine, http_client=healthy.client(),
-                                provider=SnapshotProvider(demo_dir)).resume(
+                                provider=SnapshotProvider(demo_dir)).run(
         find_resumable(sqlite_engine, outcome.batch_id, stale_s=120))
     assert resumed.status == "succeeded"
     with sqlite_engine.connect() as conn:

@@ -16,7 +16,7 @@ from datetime import date
 
 from sqlalchemy import Engine, select
 
-from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.engine import BatchEngine, BatchPlan, TickerWork
 from app.batch.workload import WorkItem, Workload, play
 from app.bench.fakeload import Moment, Scrape
 from app.bench.fakeserver import BASE_URL, ChatRequest, FakeServer, Reply
@@ -62,8 +62,8 @@ async def run_batch(engine: Engine, server: FakeServer, strategy: str, tickers: 
         return await play(load[ticker], gated, batch_id)
 
     runner = BatchEngine(settings, engine, http_client=server.client(), sample_metrics=sampling)
-    outcome = await runner.execute(BatchPlan("bench", date.today(), sorted(load), 1, strategy,
-                                             strategy), work)
+    outcome = await runner.run(BatchPlan("bench", date.today(), sorted(load), 1, strategy,
+                                         strategy), TickerWork(work))
     assert outcome.status == "succeeded" and not outcome.failed
     assert len(server.served()) == tickers * requests
     return outcome.batch_id

@@ -26,7 +26,7 @@ import pytest
 from rich.console import Console
 from sqlalchemy import Engine
 
-from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.engine import BatchEngine, BatchPlan, TickerWork
 from app.batch.progress import BatchProgress
 from app.batch.signals import _stop_on_signals
 from app.batch.workload import WorkItem, Workload, play
@@ -224,7 +224,7 @@ async def test_confirm_leaves_nothing_when_cancelled() -> None:
     assert not await cancelled_after(0.01, watch.confirm)
 
 
-# --- routed.TickerClient._unless_gone -----------------------------------------------------------
+# --- client.TickerClient._unless_gone --------------------------------------------------------
 
 
 class Gone(asyncio.Event):
@@ -247,7 +247,7 @@ def two_endpoints() -> tuple[Any, Any]:
     health = asyncio.Event()
     endpoints = SimpleNamespace(several=True, alternative=lambda e: other,
                                 health_event=lambda: health)
-    return SimpleNamespace(endpoints=endpoints), endpoint
+    return SimpleNamespace(servers=endpoints), endpoint
 
 
 async def test_a_health_change_between_a_look_and_its_wait_is_not_missed() -> None:
@@ -393,8 +393,8 @@ async def run_wide_batch(engine: Engine, halt_at: int | None = None) -> str:
     async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[object]:
         return await play(load[ticker], gated, batch_id)
 
-    outcome = await runner.execute(BatchPlan("bench", date.today(), ["T0"], 1, "adaptive",
-                                             "adaptive"), work)
+    outcome = await runner.run(BatchPlan("bench", date.today(), ["T0"], 1, "adaptive",
+                                         "adaptive"), TickerWork(work))
     return outcome.status
 
 
