@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from app.errors import InputError
 from app.traffic.admission import AdmissionPolicy
@@ -21,6 +23,37 @@ BUDGET_KNOBS = {"fill": "fill", "overbook": "overbook", "overbook_max": "overboo
                 "high_cut": "high_cut", "budget_backoff": "backoff",
                 "out_quantile": "out_quantile", "min_samples": "min_samples"}
 WHOLE_BUDGET_KNOBS = ("min_samples", "rise_after", "calm")
+
+OnOff = Literal["on", "off"]
+
+
+class Knobs(BaseModel):
+    """What ``adaptive:knob=value,...`` may set; a knob left out keeps its default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tail: OnOff = "on"
+    budget: OnOff = "on"
+    prefetch: OnOff | None = None  # None: on where the budget is (it counts chains in its tokens)
+    # The admission policy's (app/traffic/admission.py).
+    initial: float | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    kv_high: float | None = None
+    kv_full: float | None = None
+    queue_allowance: float | None = None
+    backoff: float | None = None
+    # The token budget's; ``budget_backoff`` is its ``backoff``.
+    fill: float | None = None
+    overbook: float | None = None
+    overbook_max: float | None = None
+    overbook_step: float | None = None
+    rise_after: float | None = None
+    calm: float | None = None
+    high_cut: float | None = None
+    budget_backoff: float | None = None
+    out_quantile: float | None = None
+    min_samples: float | None = None
 
 
 @dataclass(frozen=True)
@@ -50,28 +83,27 @@ class Strategy:
         """
         base, _, knobs = name.partition(":")
         if base == "adaptive":
-            # prefetch: on by default where the budget is (it counts chains in budget tokens)
-            switches: dict[str, bool | None] = {"tail": True, "budget": True, "prefetch": None}
-            policy, budget_knobs = [], []
-            for knob in filter(None, knobs.split(",")):
-                key, _, value = knob.partition("=")
-                if key in switches and value in ("on", "off"):
-                    switches[key] = value == "on"
-                elif key in POLICY_KNOBS and _is_number(value):
-                    policy.append((key, float(value)))
-                elif key in BUDGET_KNOBS and _is_number(value):
-                    budget_knobs.append((BUDGET_KNOBS[key], float(value)))
-                else:
-                    raise InputError(
-                        f"bad knob {knob!r} in strategy {name!r} (tail=on|off, budget=on|off, "
-                        "prefetch=on|off, "
-                        f"or a number for {', '.join((*POLICY_KNOBS, *BUDGET_KNOBS))})")
-            if switches["prefetch"] and not switches["budget"]:
+            written = {knob.partition("=")[0]: knob for knob in filter(None, knobs.split(","))}
+            given = {key: knob.partition("=")[2] for key, knob in written.items()}
+            try:
+                chosen = Knobs.model_validate(given)
+            except ValidationError as error:
+                loc = error.errors()[0]["loc"]
+                key = str(loc[0]) if loc else ""
+                raise InputError(
+                    f"bad knob {written.get(key, key)!r} in strategy {name!r} "
+                    "(tail=on|off, budget=on|off, prefetch=on|off, "
+                    f"or a number for {', '.join((*POLICY_KNOBS, *BUDGET_KNOBS))})") from None
+            if chosen.prefetch == "on" and chosen.budget == "off":
                 raise InputError(f"strategy {name!r}: prefetch=on counts chains in budget "
                                  "tokens, so it needs budget=on")
-            budget = bool(switches["budget"])
-            prefetch = budget if switches["prefetch"] is None else bool(switches["prefetch"])
-            strategy = cls(name, adaptive=True, tail=bool(switches["tail"]),
+            budget = chosen.budget == "on"
+            prefetch = budget if chosen.prefetch is None else chosen.prefetch == "on"
+            values = chosen.model_dump(exclude_none=True)
+            policy = [(key, float(values[key])) for key in POLICY_KNOBS if key in values]
+            budget_knobs = [(BUDGET_KNOBS[key], float(values[key])) for key in BUDGET_KNOBS
+                            if key in values]
+            strategy = cls(name, adaptive=True, tail=chosen.tail == "on",
                            policy=tuple(policy), budget=budget,
                            budget_knobs=tuple(budget_knobs), prefetch=prefetch)
             try:
@@ -107,11 +139,3 @@ class Strategy:
         knobs: dict[str, Any] = {key: int(value) if key in WHOLE_BUDGET_KNOBS else value
                                  for key, value in self.budget_knobs}
         return TokenBudget(**knobs)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
