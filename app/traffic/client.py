@@ -1,4 +1,4 @@
-"""Give a ticker a client that sends every call to its endpoint, and moves it when that one goes.
+"""The one client a ticker's graph calls through: its server's gate and budget on every call.
 
 A ticker's calls go to the endpoint it was routed to (app/traffic/server.py), through that
 endpoint's gate and token budget. When the endpoint goes down the ticker *continues* on an

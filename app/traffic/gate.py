@@ -125,7 +125,7 @@ class Gate:
             ticket.reserved += claim.tokens
         if self.budget is not None:
             # Only a hold on this gate's budget turns into this request's tokens; one left on
-            # another endpoint's gate (the ticker moved) is released there (endpoints.py).
+            # another endpoint's gate (the ticker moved) is released there (server.py).
             held = ticket.hold if ticket is not None and ticket.held_by in (None, self) else 0
             self.budget.take(claim, held)
             if ticket is not None and held:

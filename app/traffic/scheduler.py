@@ -43,7 +43,7 @@ PREPARE_PATIENCE_S = 1.0
 
 @dataclass
 class Job:
-    """One ticker's work: ``run`` gets a gated client and does every call of the ticker."""
+    """One ticker's work: ``run`` gets the ticker's TickerClient and makes every call with it."""
 
     key: str
     run: Callable[[TickerClient], Awaitable[Any]]

@@ -1,8 +1,8 @@
-"""Serve one batch from several vLLM endpoints: one admission controller, sampler and budget each.
+"""A batch's servers: a ``Server`` per vLLM endpoint, also when there is one, and the ``ServerSet``.
 
-``NIGHTDESK_LLM_BASE_URL`` may list several endpoints (one vLLM per GPU or per host). Each
-gets what one server always had: its own client, ``/metrics`` sampler (its rows name it),
-admission policy, token budget and gate. A ticker's whole chain goes to one endpoint, chosen
+Each server has its own client, ``/metrics`` sampler (its rows name it), admission policy,
+token budget and gate. ``NIGHTDESK_LLM_BASE_URL`` may list several endpoints (one vLLM per
+GPU or per host). A ticker's whole chain goes to one endpoint, chosen
 when it starts by the most free budget tokens (app/traffic/routing.py), so its prompt prefix
 stays in that replica's cache.
 
@@ -13,8 +13,8 @@ a chain goes on from its next call there; a call in flight is cancelled and sent
 A read that succeeds again makes it *up*; a restarted server's reset counters are handled by
 its own admission policy and budget, as with one server.
 
-With one endpoint nothing here changes what a batch does: the set holds that one, and no
-call ever moves (its outage watch, app/traffic/outage.py, waits out a server that is down).
+With one endpoint no call ever moves: the set runs that server's outage watch
+(app/traffic/outage.py), which holds its gate and waits out a server that is down.
 When every endpoint is down, a call that failed waits for one to come back, as with one
 server: for at most the outage budget (``outage_budget_s``) from the moment the last one
 went down; past it the batch is halted as ``interrupted`` (exit 5), its tickers resumable,
