@@ -5,10 +5,11 @@ Layered bottom-up; a module imports only those listed before it (no cycles; the
 
 - ``tasks``, ``clock``, ``halt``, ``ticket``: waiting without stray tasks; the clock health
   is judged by; the one stop request; a ticker's place in line;
-- ``admission``, ``budget``, ``chains``, ``holdback``, ``routing``, ``sampler``: the server's
-  limits (request count, KV token budget, chain footprint) and the ``/metrics`` reader;
+- ``admission``, ``budget``, ``holdback``, ``routing``, ``sampler``: the request count
+  and KV token budget rules, what held tickers back, routing, and the ``/metrics`` reader;
 - ``strategy``: what a strategy name means;
 - ``gate``: requests held at the limits; ``chains``: the chain footprint measured there;
+- ``limits``: request count, KV token budget and chain footprint as one object;
 - ``outage``, ``server``: one server's health and limits; the set of servers of a batch;
 - ``client``: the one client a ticker's graph calls through;
 - ``scheduler``: which ticker starts when.

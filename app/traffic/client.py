@@ -206,7 +206,7 @@ class TickerClient:
         held_by = self.ticket.held_by
         if held_by is not None and held_by is not endpoint.gate:
             held_by.release_hold(self.ticket)  # its context is in another replica's cache
-        budget = endpoint.budget
+        budget = endpoint.limits.budget
         if budget is not None:
             await endpoint.count_first(sized["messages"])
         claim = budget.claim(tag.node, sized) if budget is not None else Claim(0)

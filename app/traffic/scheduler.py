@@ -101,11 +101,11 @@ class Scheduler:
 
     @property
     def policy(self) -> AdmissionPolicy:
-        return self.endpoints.first.policy
+        return self.endpoints.first.limits.policy
 
     @property
     def budget(self) -> TokenBudget | None:
-        return self.endpoints.first.budget
+        return self.endpoints.first.limits.budget
 
     @property
     def gauges(self) -> GaugeSource | None:
@@ -295,7 +295,7 @@ class Scheduler:
             self.metrics_fallback = True
             self._fallback_since = time.monotonic()
             # Blind, the limit must not grow: back to where it started, until readings return.
-            endpoint.gate.set_limit(endpoint.policy.fall_back())
+            endpoint.gate.set_limit(endpoint.limits.policy.fall_back())
             if self._fallback_s == 0.0:  # once per batch, however often it happens
                 log.warning("cannot read the server's /metrics: adaptive admission falls back "
                             "to its starting limit and pauses while the server looks down",
@@ -354,9 +354,7 @@ class Scheduler:
         figures: dict[str, Any] = {"strategy": self.strategy.name,
                                    "request_limit": self.gate.limit}
         if self.strategy.adaptive:
-            figures["request_limit_reason"] = self.policy.reason
-            figures["token_budget"] = self.budget.summary() if self.budget else None
-            figures["chains"] = self.endpoints.first.chains_summary()
+            figures.update(self.endpoints.first.limits.summary())
             figures["new_tickers_held_back"] = self.endpoints.first.holdback.summary()
         if self.endpoints.several:
             figures["request_limit"] = sum(e.gate.limit for e in self.endpoints)

@@ -36,15 +36,16 @@ from app.config import Settings
 from app.errors import LLMError, ServerOutage
 from app.llm import CallStats, TrackedLLM
 from app.traffic.admission import AdmissionPolicy
-from app.traffic.chains import Footprint, prefetch_depth
+from app.traffic.chains import prefetch_depth
 from app.traffic.clock import Clock, loop_clock
 from app.traffic.gate import Gate
 from app.traffic.halt import Halt, HaltReason
 from app.traffic.holdback import CHAIN_CAP, ROOM, HoldBack
+from app.traffic.limits import Limits
 from app.traffic.outage import ServerWatch
 from app.traffic.routing import Load, choose
 from app.traffic.sampler import MetricsSampler
-from app.traffic.strategy import UNBOUNDED, Strategy
+from app.traffic.strategy import Strategy
 from app.traffic.tasks import cancel_and_wait, wait_first
 from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
@@ -76,19 +77,11 @@ class Server:
         self.llm = llm
         self.gauges = gauges
         self.strategy = strategy
-        self.policy = policy or strategy.admission_policy(llm.settings.max_concurrency)
-        limit = strategy.request_limit or (self.policy.allowed if strategy.adaptive else UNBOUNDED)
-        # The budget needs the gauges: without readings it could never learn the capacity.
-        self.budget = strategy.token_budget() if gauges is not None else None
-        if self.budget is not None:
-            # One high-water mark: once the budget owns the KV cache it is the budget's.
-            self.budget.kv_high = self.policy.kv_high
-            counter = getattr(llm, "counter", None)
-            if counter is not None:  # the first prompts costed by the server's own count
-                self.budget.counted = counter.counts
-        self.gate = Gate(limit, self.budget, changed=changed)
-        # Tokens per active ticker (per chain, prefetching): how many chains fit.
-        self.footprint = Footprint(chains_only=strategy.prefetch)
+        counter = getattr(llm, "counter", None)
+        self.limits = Limits(strategy, llm.settings.max_concurrency, gauged=gauges is not None,
+                             policy=policy, counted=counter.counts if counter else None,
+                             name=self.name)
+        self.gate = Gate(self.limits.first_request_limit, self.limits.budget, changed=changed)
         self.holdback = HoldBack()  # what kept new tickers from starting here, per reading
         self.grace_s = grace_s
         self.up = True
@@ -99,7 +92,6 @@ class Server:
         self.moved_out = 0
         self.outages = 0
         self.watched_since: float | None = None  # when its reads began (loop time)
-        self._capacity_said = False
         self._first_count = asyncio.Lock()
         self._count_asked = False
 
@@ -123,7 +115,7 @@ class Server:
 
     def chain_slots(self) -> int | None:
         """Return the tickers whose chains the budget keeps going at once (None: no cap)."""
-        return self.footprint.slots(self.budget.limit) if self.budget is not None else None
+        return self.limits.chain_slots()
 
     @property
     def chains(self) -> int:
@@ -171,20 +163,9 @@ class Server:
                 await self.gate.changed.wait()
         ticket.chained = True
 
-    def chains_summary(self) -> dict[str, Any]:
-        """Return the chains the budget was found to fit, and the tokens per active ticker."""
-        per_ticker = self.footprint.tokens()
-        summary: dict[str, Any] = {
-            "slots": self.chain_slots(),
-            "tokens_per_ticker": None if per_ticker is None else round(per_ticker)}
-        if self.strategy.prefetch:
-            summary["prefetch"] = True
-        return summary
-
     def concurrency(self) -> int:
         """Return the requests this endpoint runs at once: its limit, or the chains that fit."""
-        slots = self.chain_slots()
-        return self.gate.limit if slots is None else min(self.gate.limit, slots)
+        return self.limits.concurrency(self.gate.limit)
 
     def load(self, ticker_slots: int | None, weight: float = 1.0) -> Load:
         """Return what routing sees of this endpoint now."""
@@ -195,7 +176,7 @@ class Server:
             slots = self.chain_slots()
             room = self.gate.has_room() and (slots is None or not self._capped(slots))
         return Load(self.index, self.up, room,
-                    self.budget.free if self.budget is not None else None,
+                    budget.free if (budget := self.limits.budget) is not None else None,
                     max(0, self.gate.limit - self.gate.outstanding), self.tickers,
                     self.work, weight)
 
@@ -209,7 +190,7 @@ class Server:
         with a ticker's four analysts at once). The context check finds it in the
         counter's cache. A failure here is left to the call itself to meet.
         """
-        budget, counter = self.budget, getattr(self.llm, "counter", None)
+        budget, counter = self.limits.budget, getattr(self.llm, "counter", None)
         if (budget is None or counter is None or self._count_asked or not counter.supported
                 or budget.ratio_known()):
             return  # every request comes here: the settled case costs attribute reads
@@ -232,7 +213,7 @@ class Server:
 
     def note_start_wait(self, t_s: float) -> None:
         """Record what held a new ticker back at this reading, ``t_s`` into the batch."""
-        budget = self.budget
+        budget = self.limits.budget
         self.holdback.note(t_s, self.blocker(), {
             "tickers": self.tickers, "chain_slots": self.chain_slots(),
             "request_limit": self.gate.limit, "outstanding": self.gate.outstanding,
@@ -265,38 +246,10 @@ class Server:
         return False
 
     def admit(self, snapshot: Any) -> None:
-        """Move the admission limit and the token budget with one new reading."""
-        self._budget_capacity()
-        before = self.gate.limit
-        self.gate.set_limit(self.policy.observe(snapshot, self.gate.outstanding))
-        if self.gate.limit != before:
-            log.debug("admission limit", limit=self.gate.limit, reason=self.policy.reason,
-                      endpoint=self.name)
-        if self.budget is not None:
-            tokens = self.budget.observe(snapshot)
-            self.footprint.sample(self.gate, self.here.values())
-            self.gate.reconsider()
-            log.debug("token budget", tokens=tokens, reserved=self.budget.reserved,
-                      held=self.budget.held, reason=self.budget.reason, endpoint=self.name)
-
-    def _budget_capacity(self) -> None:
-        """Give the budget the server's KV capacity; say once how admission works."""
-        if self.budget is None:
-            return
-        capacity = getattr(self.gauges, "kv_capacity", None)
-        self.budget.set_capacity(capacity, getattr(self.gauges, "block_size", None))
-        if self._capacity_said:
-            return
-        self._capacity_said = True
-        if self.budget.known:
-            # The budget owns the KV cache now: the count policy's KV rules would stop
-            # growth at a usage the budget has already reserved room for.
-            self.policy.kv_high = self.policy.kv_full = float("inf")
-            log.info("admission by token budget", kv_tokens=self.budget.capacity,
-                     fill=self.budget.fill, endpoint=self.name)
-        else:
-            log.warning("KV capacity unknown (no vllm:cache_config_info): admission by "
-                        "request count only", endpoint=self.name)
+        """Move the limits with one new reading (the sampler's KV capacity with it)."""
+        self.limits.observe(snapshot, self.gate, self.here.values(),
+                            getattr(self.gauges, "kv_capacity", None),
+                            getattr(self.gauges, "block_size", None))
 
     def summary(self) -> dict[str, Any]:
         """Return how this endpoint's admission ended and what routing gave it."""
@@ -305,9 +258,7 @@ class Server:
             "tickers_moved_in": self.moved_in, "tickers_moved_out": self.moved_out,
             "outages": self.outages, "up": self.up}
         if self.strategy.adaptive:
-            figures["request_limit_reason"] = self.policy.reason
-            figures["token_budget"] = self.budget.summary() if self.budget else None
-            figures["chains"] = self.chains_summary()
+            figures.update(self.limits.summary())
             figures["new_tickers_held_back"] = self.holdback.summary()
         return figures
 
@@ -416,7 +367,7 @@ class ServerSet:
 
     def loads(self, ticker_slots: int | None = None) -> list[Load]:
         # Shares of the work follow KV capacity where every endpoint's is known.
-        capacities = [e.budget.capacity if e.budget is not None else None
+        capacities = [e.limits.budget.capacity if e.limits.budget is not None else None
                       for e in self.endpoints]
         known = all(capacity for capacity in capacities)
         return [endpoint.load(ticker_slots, float(capacity) if known and capacity else 1.0)

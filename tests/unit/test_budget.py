@@ -304,7 +304,7 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
         endpoints = ServerSet.single(llm, Strategy.parse("adaptive"),
                                        gauges=SimpleNamespace())
         endpoint = endpoints.first
-        budget = endpoint.budget
+        budget = endpoint.limits.budget
         assert budget is not None and not budget.ratio_known()
         taken: list[int] = []
         take = budget.take
@@ -352,7 +352,7 @@ async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default
         llm = TrackedLLM(settings, recorder, http_client=http)
         endpoint = Server(0, BASE_URL, llm, Strategy.parse("adaptive"),
                             gauges=SimpleNamespace())
-        budget = endpoint.budget
+        budget = endpoint.limits.budget
         assert budget is not None
         assert budget.ratio() == budget.tokens_per_byte == 0.5  # nothing counted yet
         default = budget.cost("market", prompt)

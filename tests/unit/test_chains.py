@@ -89,15 +89,15 @@ def test_an_adaptive_endpoint_offers_no_room_past_the_chains_that_fit() -> None:
     llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive:prefetch=off"), gauges=SimpleNamespace())
-    assert endpoint.budget is not None
-    endpoint.budget.set_capacity(10_000)
+    assert endpoint.limits.budget is not None
+    endpoint.limits.budget.set_capacity(10_000)
     endpoint.gate.set_limit(32)
     tickets = [Ticket(i) for i in range(4)]
     for ticket in tickets:
         ticket.outstanding = 1
         endpoint.arrive(ticket)
-    endpoint.budget.reserved = 8_000  # 2,000 a chain: 4 of 4.75 fit
-    endpoint.footprint.sample(endpoint.gate, tickets)
+    endpoint.limits.budget.reserved = 8_000  # 2,000 a chain: 4 of 4.75 fit
+    endpoint.limits.footprint.sample(endpoint.gate, tickets)
     assert endpoint.chain_slots() == 4
     assert not endpoint.load(None).room  # the gate has room; one more chain would not fit
     assert endpoint.concurrency() == 4  # what the tail rule counts as running at once

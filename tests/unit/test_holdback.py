@@ -29,15 +29,15 @@ def adaptive_endpoint() -> Server:
     llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive"), gauges=SimpleNamespace())
-    assert endpoint.budget is not None
-    endpoint.budget.set_capacity(10_000)  # 9,500 tokens may be reserved
+    assert endpoint.limits.budget is not None
+    endpoint.limits.budget.set_capacity(10_000)  # 9,500 tokens may be reserved
     endpoint.gate.set_limit(8)
     return endpoint
 
 
 def test_the_blocker_is_the_first_thing_short_in_the_order_room_is_judged() -> None:
     endpoint = adaptive_endpoint()
-    budget = endpoint.budget
+    budget = endpoint.limits.budget
     assert budget is not None
     assert endpoint.blocker() == ROOM  # nothing out, nothing measured: a ticker may start
 
@@ -54,7 +54,8 @@ def test_the_blocker_is_the_first_thing_short_in_the_order_room_is_judged() -> N
     assert budget._refused == refused_before  # a report, not a refusal the factor learns from
 
     budget.give_back(3_000, hold=False)  # 6,000 out: a 3,000 request fits again...
-    endpoint.footprint.sample(endpoint.gate, tickets)  # ...but 3 chains of 2,000 use the slots
+    # ...but 3 chains of 2,000 use the slots
+    endpoint.limits.footprint.sample(endpoint.gate, tickets)
     assert endpoint.chain_slots() == 4
     endpoint.arrive(Ticket(3))
     assert endpoint.blocker() == CHAIN_CAP
@@ -67,7 +68,7 @@ def test_the_blocker_is_the_first_thing_short_in_the_order_room_is_judged() -> N
 
 def test_a_started_chain_queued_for_tokens_is_named_before_the_budget() -> None:
     endpoint = adaptive_endpoint()
-    budget = endpoint.budget
+    budget = endpoint.limits.budget
     assert budget is not None
     ticket = Ticket(0)
     endpoint.arrive(ticket)

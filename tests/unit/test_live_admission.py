@@ -157,7 +157,7 @@ async def test_a_full_kv_cache_sheds_below_what_fits(sqlite_engine: Engine) -> N
     # kv_full, so each such reading must take the limit below four; three read 0.74, room
     # to grow back. kv_high is set out of reach so that only the kv_full rule acts, and the
     # token budget is off: the fake reports its KV capacity, and a budget that knows it
-    # turns the count policy's KV rules off (Server._budget_capacity). With it on, no
+    # turns the count policy's KV rules off (Limits._budget_capacity). With it on, no
     # kv_full rule ran: the limit was the queue rule's (8 until a reading showed two
     # waiting, then running + 1, one more after a reading with no queue) beside a budget
     # that had costed all 96 requests before any answer, and 6 to 8 at the fake after the
