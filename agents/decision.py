@@ -98,8 +98,8 @@ def parse_decision(content: str) -> Decision:
     """Validate a structured reply; raise ValueError saying what is wrong with it."""
     try:
         # strict=False lets a raw control character (a newline, a tab) stand inside a string.
-        # vLLM 0.24's guided decoding let a model write them; a strict parser then failed the
-        # whole decision (3 of the 5 failed tickers of the first real night on an H200).
+        # vLLM 0.24's guided decoding lets a model write them, and a strict parser would fail
+        # the whole decision over one.
         data = json.loads(content, strict=False)
     except json.JSONDecodeError as error:
         raise ValueError(f"reply: Invalid JSON: {error.msg} at line {error.lineno} column "

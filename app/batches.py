@@ -20,24 +20,42 @@ from app.errors import InputError
 NOT_FAILED = ("succeeded", "queued", "running")
 
 
+def duration_s(started_at: datetime | None, finished_at: datetime | None,
+               heartbeat_at: datetime | None) -> float | None:
+    """Return a batch's duration: start to finish, or to the last heartbeat while it runs;
+    None before it started. The one definition every page, command and digest shows."""
+    end = finished_at or heartbeat_at
+    if end is None or started_at is None:
+        return None
+    return (end - started_at).total_seconds()
+
+
 @dataclass(frozen=True)
 class BatchSummary:
-    """One batch as the operator reads it. ``duration_s``: start to finish, or to the last
-    heartbeat while it runs (None before it started)."""
+    """One batch as the operator reads it: ``nightdesk batches``, the head of ``report``,
+    every page's and ``/api/…``'s batch, the digest and the metrics (one serializer,
+    ``to_json``). ``duration_s``: see ``duration_s()``."""
 
     id: int
     kind: str
     label: str | None
     status: str
     as_of: date
+    created_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
+    heartbeat_at: datetime | None
     duration_s: float | None
     tickers_total: int
     tickers_succeeded: int
     tickers_failed: int
     error: str | None
-    demo: bool
+    demo: bool  # the engine marks batches run on DEMO data
+    samples: int | None
+    model: str | None
+    server_profile: str | None
+    strategy: str | None
+    source_batch_id: int | None  # a replay's recorded batch
 
     @property
     def tickers(self) -> str:
@@ -46,9 +64,7 @@ class BatchSummary:
 
     @staticmethod
     def csv_fields() -> tuple[str, ...]:
-        return ("id", "kind", "label", "status", "as_of", "started_at", "finished_at",
-                "duration_s", "tickers", "tickers_total", "tickers_succeeded",
-                "tickers_failed", "error", "demo")
+        return JSON_FIELDS
 
     def to_csv(self) -> dict[str, Any]:
         """Return one CSV row: the JSON fields, None as an empty cell."""
@@ -56,13 +72,23 @@ class BatchSummary:
         return {key: "" if data[key] is None else data[key] for key in self.csv_fields()}
 
     def to_json(self) -> dict[str, Any]:
+        """Return the batch as JSON-ready data (dates and times in ISO 8601)."""
         return {"id": self.id, "kind": self.kind, "label": self.label, "status": self.status,
-                "as_of": self.as_of.isoformat(),
+                "as_of": self.as_of.isoformat(), "created_at": _iso(self.created_at),
                 "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
-                "duration_s": self.duration_s, "tickers": self.tickers,
-                "tickers_total": self.tickers_total,
+                "heartbeat_at": _iso(self.heartbeat_at), "duration_s": self.duration_s,
+                "tickers": self.tickers, "tickers_total": self.tickers_total,
                 "tickers_succeeded": self.tickers_succeeded,
-                "tickers_failed": self.tickers_failed, "error": self.error, "demo": self.demo}
+                "tickers_failed": self.tickers_failed, "error": self.error, "demo": self.demo,
+                "samples": self.samples, "model": self.model,
+                "server_profile": self.server_profile, "strategy": self.strategy,
+                "source_batch_id": self.source_batch_id}
+
+
+JSON_FIELDS = ("id", "kind", "label", "status", "as_of", "created_at", "started_at",
+               "finished_at", "heartbeat_at", "duration_s", "tickers", "tickers_total",
+               "tickers_succeeded", "tickers_failed", "error", "demo", "samples", "model",
+               "server_profile", "strategy", "source_batch_id")
 
 
 @dataclass(frozen=True)
@@ -78,16 +104,18 @@ def _iso(value: datetime | None) -> str | None:
 
 def summarize(batch: Any) -> BatchSummary:
     """Return the summary of a ``batches`` row (an ORM object or a selected row)."""
-    end = batch.finished_at or batch.heartbeat_at
-    duration = ((end - batch.started_at).total_seconds()
-                if end is not None and batch.started_at is not None else None)
+    settings = batch.settings or {}
     return BatchSummary(
         id=batch.id, kind=batch.kind, label=batch.label, status=batch.status,
-        as_of=batch.as_of, started_at=batch.started_at, finished_at=batch.finished_at,
-        duration_s=duration, tickers_total=batch.tickers_total or 0,
+        as_of=batch.as_of, created_at=batch.created_at, started_at=batch.started_at,
+        finished_at=batch.finished_at, heartbeat_at=batch.heartbeat_at,
+        duration_s=duration_s(batch.started_at, batch.finished_at, batch.heartbeat_at),
+        tickers_total=batch.tickers_total or 0,
         tickers_succeeded=batch.tickers_succeeded or 0,
         tickers_failed=batch.tickers_failed or 0, error=batch.error,
-        demo=bool((batch.settings or {}).get("demo_data")))
+        demo=bool(settings.get("demo_data")), samples=settings.get("samples"),
+        model=settings.get("model"), server_profile=settings.get("server_profile"),
+        strategy=settings.get("strategy"), source_batch_id=batch.source_batch_id)
 
 
 def batch_summary(engine: Engine, batch_id: int) -> BatchSummary:

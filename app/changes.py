@@ -104,6 +104,18 @@ class NightChanges:
                 "changes": [row(t) for t in self.changes]}
 
 
+def ranked_row_json(row: RankRow, change: TickerChange | None) -> dict[str, Any]:
+    """Return one ranking row beside its previous night: the keys of ``/api/ranking``'s and
+    ``nightdesk ranking --format json``'s rows (empty previous columns without a night
+    before)."""
+    return {**asdict(row),
+            "previous_rank": None if change is None else change.previous_rank,
+            "previous_rating": None if change is None else change.previous_rating,
+            "previous_score": None if change is None else change.previous_score,
+            "change": None if change is None else change.change,
+            "score_move": None if change is None else change.score_move}
+
+
 def stance(text: str) -> float | None:
     """Return the text's balance of stance words, −1 … +1; None when it has none."""
     words = [w.lower() for w in _WORD.findall(text)]

@@ -8,8 +8,10 @@ between releases, it holds nothing but the schedule's state (lost, the daemon on
 the next run afresh), and only databases that run the daemon need it. The job runs in
 the scheduler's own (main) thread: a batch then handles SIGTERM exactly as ``nightdesk run``
 does, and two runs in one daemon can never overlap. Across daemons and timers, the nightly
-lock is what keeps a night single. While it serves, a thread of its own writes the daemon's
-heartbeat (``scheduler_heartbeats``), which the morning's status reads (app/night.py).
+lock is what keeps a night single; a second daemon on the same database is refused at its
+start (exit 4) by the scheduler lock the first holds for its life (app/batch/lock.py). While it
+serves, a thread of its own writes the daemon's heartbeat (``scheduler_heartbeats``), which
+the morning's status reads (app/night.py), and proves that lock at each beat.
 """
 
 from __future__ import annotations
@@ -42,11 +44,12 @@ from apscheduler.schedulers import SchedulerNotRunningError
 from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy import Engine, insert, update
 
+from app.batch.lock import LockHold, scheduler_lock
 from app.batch.nightly import NightlyResult, run_nightly
 from app.batch.signals import BatchInterrupted
 from app.config import Settings
 from app.db.models import SchedulerBeat
-from app.errors import AlreadyRunningError, NightdeskError
+from app.errors import ERRORS, AlreadyRunningError
 from app.schedule import NightlyTrigger, schedule_zone
 
 log = structlog.get_logger(__name__)
@@ -89,11 +92,15 @@ class Heartbeat:
     """Write the daemon's ``scheduler_heartbeats`` row every ``interval_s`` while open.
 
     A thread of its own beats while a night runs in the scheduler's thread, so the morning
-    page can tell a live daemon from a dead one. Closing stops the thread and waits for it.
+    page can tell a live daemon from a dead one. Each beat also proves the daemon's lock
+    (``hold``, set while it serves); ``on_lost`` is called once another daemon has taken it.
+    Closing stops the thread and waits for it.
     """
 
     def __init__(self, engine: Engine, interval_s: float,
                  next_run: Callable[[], datetime | None], schedule: str) -> None:
+        self.hold: LockHold | None = None
+        self.on_lost: Callable[[], None] = lambda: None
         self.engine = engine
         self.interval_s = interval_s
         self.next_run = next_run
@@ -126,6 +133,13 @@ class Heartbeat:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            try:
+                if self.hold is not None and not self.hold.keep():
+                    log.warning("scheduler lock not proven (database away?)")
+            except AlreadyRunningError:
+                log.error("scheduler lock taken by another daemon; stopping")
+                self.on_lost()
+                return
             try:
                 self.beat()
             except Exception as error:  # a missed beat is not worth stopping the daemon
@@ -203,7 +217,17 @@ class NightlyDaemon:
         return stored.next_run_time
 
     def serve(self) -> None:
-        """Run until SIGTERM or SIGINT: schedule, log the next run, fire nights as they come."""
+        """Run until SIGTERM or SIGINT: schedule, log the next run, fire nights as they come.
+
+        Holds the scheduler lock throughout: AlreadyRunningError (exit 4) at once when another
+        daemon serves this database.
+        """
+        with scheduler_lock(self.engine) as hold:  # a second daemon stops here, exit 4
+            self.heartbeat.hold = hold
+            self.heartbeat.on_lost = self._lost_lock
+            self._serve()
+
+    def _serve(self) -> None:
         log.info("scheduler starting", cron=self.settings.schedule_cron,
                  timezone=str(self.zone), timezone_source=self.zone_source,
                  misfire_grace_s=self.settings.schedule_misfire_grace_s)
@@ -239,6 +263,12 @@ class NightlyDaemon:
         # inside one of its listeners.
         threading.Thread(target=self._shutdown, name="nightdesk-stop", daemon=True).start()
 
+    def _lost_lock(self) -> None:
+        # From the heartbeat's thread: the same path as a stop asked while waiting.
+        self.stopping = True
+        if not self.in_run:
+            self._shutdown()
+
     def _shutdown(self) -> None:
         with contextlib.suppress(SchedulerNotRunningError):
             self.scheduler.shutdown(wait=False)
@@ -264,7 +294,7 @@ class NightlyDaemon:
             self.stopping = True
             log.warning("nightly run interrupted; the night stays due",
                         scheduled_for=fire_time.isoformat())
-        except NightdeskError as error:
+        except ERRORS as error:  # a preflight refusal among them: bad input, no room
             log.error("nightly run failed", error=str(error))
         except Exception as error:  # the daemon outlives one bad night
             log.exception("nightly run crashed", error=str(error))

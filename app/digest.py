@@ -13,16 +13,15 @@ Nothing here can fail the batch: any error is logged and the night goes on.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 from sqlalchemy import Engine, select
 
-from app.batch.engine import BatchOutcome
-from app.batch.store import FINISHED_STATUSES
 from app.batches import BatchSummary, batch_summary, failed_tickers
 from app.changes import TickerChange, compare_nights
 from app.config import Settings
-from app.db.models import Batch
+from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import InputError
 from app.night import span
 from app.notify import Level, Message, send
@@ -33,6 +32,13 @@ log = structlog.get_logger(__name__)
 
 KINDS = ("nightly", "rerun")
 TOP = 5  # tickers named at each end of the ranking
+
+
+class Ended(Protocol):
+    """A batch that has just ended (``app.batch.engine.BatchOutcome`` is one)."""
+
+    @property
+    def batch_id(self) -> int: ...
 LISTED = 10  # changes and failures named before "… and N more"
 ERROR_CHARS = 200  # of each failure's error
 LEVELS: dict[str, Level] = {"succeeded": "success", "partial": "warning"}
@@ -160,7 +166,7 @@ def _change_lines(engine: Engine, batch_id: int, whole: bool) -> list[str]:
                    f"nightdesk changes --batch {batch_id}")]
 
 
-def send_digest(settings: Settings, engine: Engine, outcome: BatchOutcome) -> None:
+def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
     """Send the digest of a batch that has just ended to ``NIGHTDESK_NOTIFY``; never raise.
 
     A batch that is neither nightly nor a rerun, or no destination set, sends nothing.
@@ -177,6 +183,6 @@ def send_digest(settings: Settings, engine: Engine, outcome: BatchOutcome) -> No
         log.error("digest not built", batch_id=outcome.batch_id,
                   error=f"{type(error).__name__}: {error}")
         return
-    delivery = send(settings, digest.message)
+    delivery = send(settings.notify, digest.message, settings.notify_timeout_s)
     log.info("digest sent", batch_id=outcome.batch_id, delivered=delivery.sent,
              destinations=delivery.total)

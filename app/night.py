@@ -18,7 +18,7 @@ from sqlalchemy import Engine, func, select
 
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
-from app.batch.progress import eta_s
+from app import batches
 from app.config import Settings
 from app.db.models import Batch, LLMCall, SchedulerBeat, TickerRun
 from app.schedule import due_times, nightly_trigger
@@ -27,6 +27,20 @@ from app.schedule import due_times, nightly_trigger
 STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale")
 # Exit code of `nightdesk ranking --require-fresh` when the ranking is older than the night.
 STALE_EXIT = 6
+
+
+def eta_s(elapsed_s: float, tickers_done: int, tickers_total: int, calls: int,
+          expected_calls: int | None) -> float | None:
+    """Return the seconds a batch has left: by calls when their total is known, else tickers.
+
+    Tickers finish late and together (senior-first keeps many under way), so the share of
+    calls answered says more about the remaining time than tickers done. None: no basis yet.
+    """
+    if expected_calls and calls:
+        return elapsed_s / calls * max(0, expected_calls - calls)
+    if tickers_done:
+        return elapsed_s / tickers_done * max(0, tickers_total - tickers_done)
+    return None
 
 
 @dataclass(frozen=True)
@@ -47,11 +61,8 @@ class NightBatch:
 
     @property
     def duration_s(self) -> float | None:
-        """Return start to finish (or to the last heartbeat while it runs)."""
-        end = self.finished_at or self.heartbeat_at
-        if end is None or self.started_at is None:
-            return None
-        return (end - self.started_at).total_seconds()
+        """Return the batch's duration as ``app.batches.duration_s`` defines it."""
+        return batches.duration_s(self.started_at, self.finished_at, self.heartbeat_at)
 
 
 @dataclass(frozen=True)

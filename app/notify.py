@@ -20,8 +20,6 @@ import structlog
 if TYPE_CHECKING:
     from apprise import NotifyResult
 
-    from app.config import Settings
-
 log = structlog.get_logger(__name__)
 
 # Apprise's own levels: they pick the colour or icon a destination shows.
@@ -105,13 +103,13 @@ def check_destinations(urls: list[str]) -> None:
                              "needs is missing or malformed")
 
 
-def send(settings: Settings, message: Message) -> Delivery:
-    """Send ``message`` to every destination of ``settings.notify``; log, never raise.
+def send(destinations: str, message: Message, timeout_s: float) -> Delivery:
+    """Send ``message`` to every destination of ``destinations`` (the setting ``notify``).
 
-    Every destination is tried within ``notify_timeout_s`` in all; one that refuses, fails or
-    times out is logged at error level with Apprise's reason.
+    Never raises. Every destination is tried within ``timeout_s`` in all; one that refuses,
+    fails or times out is logged at error level with Apprise's reason.
     """
-    urls = split_destinations(settings.notify)
+    urls = split_destinations(destinations)
     delivery = Delivery()
     if not urls:
         return delivery
@@ -125,7 +123,7 @@ def send(settings: Settings, message: Message) -> Delivery:
             result = sender.notify(message.body, title=message.title,
                                    notify_type=apprise.NotifyType(message.level),
                                    body_format=apprise.NotifyFormat.TEXT,
-                                   timeout=settings.notify_timeout_s,
+                                   timeout=timeout_s,
                                    log_level=logging.WARNING)
         with result:
             for service in result:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from agents.decision import contradicts
-from app.batch.store import FINISHED_STATUSES
-from app.db.models import Batch, Decision, TickerRun
+from app.db.models import FINISHED_STATUSES, Batch, Decision, TickerRun
 from app.errors import InputError
 from app.quality.grades import Grade, consensus
 
@@ -124,6 +122,3 @@ def ranking(engine: Engine, batch_id: int | None = None) -> tuple[Batch, list[Ra
     failed = sorted((r for r in rows.values() if r.score is None), key=lambda r: r.ticker)
     return batch, ranked + failed
 
-
-def as_dicts(rows: list[RankRow]) -> list[dict[str, Any]]:
-    return [asdict(r) for r in rows]

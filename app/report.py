@@ -180,6 +180,27 @@ def endpoint_shares(engine: Engine, batch_id: int) -> list[EndpointShare]:
     return shares
 
 
+# The columns of arms side by side (`nightdesk report --compare`, the bench, the compare page):
+# (header, key of ``arm``, format spec; "s" and "d" print as they are).
+COMPARE_COLUMNS = (
+    ("batch", "batch_id", "d"), ("label", "label", "s"), ("span s", "makespan_s", ".1f"),
+    ("output tok/s", "output_tokens_per_s", ".1f"),
+    # Output of the tickers that succeeded (the figure before counts failed tickers' too).
+    ("ok tok/s", "succeeded_output_tokens_per_s", ".1f"),
+    ("prefill tok/s", "prefill_tokens_per_s", ".0f"),
+    ("decode tok/s", "decode_tokens_per_s", ".1f"),
+    ("prefix hit", "prefix_cache_hit_rate", ".1%"),
+    ("prefill done", "prefill_tokens_computed", ".0f"),
+    ("run mean", "running_mean", ".1f"), ("run max", "running_max", ".0f"),
+    ("wait max", "waiting_max", ".0f"), ("KV max", "kv_usage_max", ".0%"),
+    # Time to first token from sending (the server's queue and prefill), and from the
+    # graph's issue of the call (our own gate's wait too): only the second is fair.
+    ("preempt", "preemptions", ".0f"), ("TTFT s", "mean_ttft_s", ".2f"),
+    ("TTFT rdy s", "ttft_ready_mean_s", ".2f"),
+    ("decode share", "decode_time_share", ".0%"),
+)
+
+
 def arm(engine: Engine, batch_id: int) -> dict[str, Any]:
     """Return one arm of a comparison: throughput split, concurrency, KV, makespan."""
     calls = batch_report(engine, batch_id)

@@ -1,10 +1,7 @@
 """Split a batch's makespan into intervals: output, tickers in flight and server load over time.
 
-A batch's totals say how fast it was, not when it was slow. On an H200 at 40 tickers
-(docs/performance.md) adaptive ran 4.5% under a fixed setting over the whole batch, and
-the whole gap sat in its first 30 s (962 against 1,130 output tok/s) and in the tail those
-left, with the same rate from 30 s to 240 s; it took ad hoc queries to see. The intervals
-come from the batch's own rows, first call to last answer:
+A batch's totals say how fast it was; the intervals say when it was slow (a ramp, a tail).
+They come from the batch's own rows, first call to last answer:
 
 - output tok/s: each answered call's tokens spread evenly over its decode time (first token
   to end; start to end when no first token was recorded), summed per interval;

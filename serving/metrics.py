@@ -71,8 +71,8 @@ class CacheConfig:
         """Return the KV cache's size in tokens over every engine, when the server says.
 
         vLLM's own ``kv_cache_size_tokens`` is preferred to blocks x block size: under data
-        parallelism vLLM 0.24 reported ``num_gpu_blocks`` twice an engine's pool (6,144
-        blocks of 16 for a 49,152-token cache, measured on two H200s).
+        parallelism vLLM 0.24 reports ``num_gpu_blocks`` at twice an engine's pool (6,144
+        blocks of 16 for a 49,152-token cache).
         """
         total = 0
         for labels in self._each():
@@ -148,7 +148,7 @@ def parse_metrics(text: str, *, taken_at: datetime | None = None) -> MetricsSnap
     if kv is None:
         missing.append(KV_USAGE[0])
     # A data-parallel server publishes an engine's scheduler gauges (running, waiting, KV)
-    # only once that engine has served a request (vLLM 0.24 on two H200s); its token
+    # only once that engine has served a request (vLLM 0.24); its token
     # counters are there from the start. Counters present and gauges absent is an idle
     # server, not a foreign one.
     counters = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")

@@ -165,6 +165,10 @@ class DemoProvider:
             source="demo",
         )
 
+    def missing(self, tickers: list[str], as_of: date) -> list[str]:
+        """Return no ticker: the demo market makes up any symbol."""
+        return []
+
     def forward_prices(self, ticker: str, as_of: date, days: int) -> pd.DataFrame:
         """Return ``days`` synthetic trading days after ``as_of``."""
         prices = demo_company(ticker, as_of, max(days, FORWARD_DAYS)).prices

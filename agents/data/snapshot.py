@@ -187,6 +187,11 @@ class SnapshotProvider:
         """Return the tickers the snapshot for ``as_of`` says it holds."""
         return self.manifest(as_of).tickers
 
+    def missing(self, tickers: list[str], as_of: date) -> list[str]:
+        """Return the tickers without a folder in the snapshot; DataError when there is none."""
+        self.manifest(as_of)
+        return [t for t in tickers if not ticker_dir(self.data_dir, as_of, t).is_dir()]
+
     def load(self, ticker: str, as_of: date) -> MarketBundle:
         """Return the ticker's data up to and including ``as_of``; DataError names a bad file."""
         manifest = self.manifest(as_of)

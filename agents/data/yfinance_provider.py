@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -22,6 +23,10 @@ from agents.errors import ConfigError, DataError
 T = TypeVar("T")
 
 HISTORY_CALENDAR_DAYS = 400  # ~275 sessions: enough for a 200-session average
+# A batch's preflight asks for a fortnight of prices per ticker (any market is open in it),
+# a few tickers at once.
+PROBE_CALENDAR_DAYS = 14
+PROBE_CONCURRENCY = 8
 # yfinance `info` key -> nightdesk fundamentals key (the demo uses the same names).
 INFO_KEYS: dict[str, str] = {
     "longName": "name",
@@ -110,6 +115,24 @@ class YFinanceProvider:
             demo=False,
             source="yfinance",
         )
+
+    def missing(self, tickers: list[str], as_of: date) -> list[str]:
+        """Return the tickers Yahoo has no prices for in the fortnight up to ``as_of``.
+
+        A fetch that fails (Yahoo unreachable, still rate-limited) proves nothing: that
+        ticker is not counted missing, and its own load tells at night.
+        """
+        def absent(ticker: str) -> bool:
+            try:
+                return self._history(self._ticker(ticker), ticker,
+                                     as_of - timedelta(days=PROBE_CALENDAR_DAYS),
+                                     as_of + timedelta(days=1)).empty
+            except DataError:
+                return False
+
+        with ThreadPoolExecutor(max_workers=PROBE_CONCURRENCY) as pool:
+            return [t for t, gone in zip(tickers, pool.map(absent, tickers), strict=True)
+                    if gone]
 
     def forward_prices(self, ticker: str, as_of: date, days: int) -> pd.DataFrame:
         """Fetch up to ``days`` sessions after ``as_of`` (fewer when they have not happened)."""

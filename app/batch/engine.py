@@ -62,6 +62,11 @@ class TickerWork:
     checkpointed: bool = False
 
 
+def shaped(settings: Settings, recorded: dict[str, Any]) -> Settings:
+    """Return ``settings`` with a recorded batch's pipeline shape (rounds, output budgets)."""
+    return settings.model_copy(update={k: recorded[k] for k in SHAPE_SETTINGS if k in recorded})
+
+
 @dataclass
 class BatchPlan:
     """What to run: the tickers of one as-of date, how many samples each, under which strategy."""
@@ -128,8 +133,7 @@ class BatchEngine:
         resuming = None
         if isinstance(start, resumption.ResumePoint):
             resuming = start
-            shape = {k: start.settings[k] for k in SHAPE_SETTINGS if k in start.settings}
-            self.settings = self.settings.model_copy(update=shape)
+            self.settings = shaped(self.settings, start.settings)
             self.pipeline = self.settings.pipeline()
             plan = BatchPlan(start.kind, start.as_of, start.tickers,
                              int(start.settings.get("samples", 1)),

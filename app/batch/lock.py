@@ -1,4 +1,4 @@
-"""Hold the single-instance lock of the nightly batch: one nightly run per database at a time.
+"""Hold the single-instance locks: one nightly run, and one scheduler daemon, per database.
 
 PostgreSQL: a session-level advisory lock (``pg_try_advisory_lock``) on a connection of its
 own. SQLite: an exclusive ``flock`` on a file beside the database file. Either way the
@@ -11,6 +11,10 @@ lock's own connection, and when that connection is gone the lock is taken again 
 A run that cannot prove its lock for longer than another start would wait before taking its
 batch for dead stops itself (``LockHold.unproven_s``). A start that finds a nightly batch
 ``running`` while the lock is free asks ``holder_gone`` before taking it for dead.
+
+The scheduler daemon holds a lock of its own (``scheduler_lock``, another advisory key or
+file) for its whole life, so a second ``nightdesk scheduler`` on the same database is refused
+at its start (exit 4), not only when a night fires; it proves it at every daemon heartbeat.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from sqlalchemy import Engine, create_engine, select, text, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.pool import NullPool
 
-from app.db.models import Batch
+from app.db.models import Batch, SchedulerBeat
 from app.errors import AlreadyRunningError, DatabaseError
 
 log = structlog.get_logger(__name__)
@@ -41,15 +45,17 @@ log = structlog.get_logger(__name__)
 # One fixed 64-bit key; advisory locks are per database, so test databases never collide.
 ADVISORY_KEY = int.from_bytes(hashlib.sha256(b"nightdesk nightly batch").digest()[:8], "big",
                               signed=True)
+SCHEDULER_KEY = int.from_bytes(hashlib.sha256(b"nightdesk scheduler daemon").digest()[:8],
+                               "big", signed=True)
 
 
-def lock_file_path(database_url: str) -> Path:
-    """Return the lock file of a SQLite database: ``<database>.nightly.lock`` beside it."""
+def lock_file_path(database_url: str, what: str = "nightly") -> Path:
+    """Return a lock file of a SQLite database: ``<database>.<what>.lock`` beside it."""
     database = make_url(database_url).database
     if not database or database == ":memory:":
         # A memory database lives in one process; a per-process file is still one lock.
-        return Path(tempfile.gettempdir()) / f"nightdesk-memory-{os.getpid()}.nightly.lock"
-    return Path(database).with_name(Path(database).name + ".nightly.lock")
+        return Path(tempfile.gettempdir()) / f"nightdesk-memory-{os.getpid()}.{what}.lock"
+    return Path(database).with_name(Path(database).name + f".{what}.lock")
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,13 @@ class LockHold:
     def _beat(self, batch_id: int) -> bool:
         raise NotImplementedError
 
+    def keep(self) -> bool:
+        """Prove the lock still held, taking it again if it was let go; False: not proven now.
+
+        Raise AlreadyRunningError when another process took it meanwhile.
+        """
+        return True
+
 
 class _FileHold(LockHold):
     """A flock: held for as long as this process has the file open, so always proven."""
@@ -203,8 +216,9 @@ class _FileHold(LockHold):
 class _AdvisoryHold(LockHold):
     """An advisory lock on a connection of its own, taken again when that connection dies."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, key: int = ADVISORY_KEY) -> None:
         super().__init__()
+        self._key = key
         # Its own engine and connection: a pooled one could be handed to other work, or
         # recycled, and a session-level lock goes wherever its connection goes.
         self._engine = create_engine(url, poolclass=NullPool,
@@ -216,7 +230,7 @@ class _AdvisoryHold(LockHold):
         conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
             held = bool(conn.execute(text("SELECT pg_try_advisory_lock(:key)"),
-                                     {"key": ADVISORY_KEY}).scalar())
+                                     {"key": self._key}).scalar())
         except Exception:
             conn.close()
             raise
@@ -246,6 +260,24 @@ class _AdvisoryHold(LockHold):
         log.warning("nightly lock taken again", batch_id=batch_id)
         return self._beat(batch_id)
 
+    def keep(self) -> bool:
+        if self._conn is not None:
+            try:
+                self._conn.execute(text("SELECT 1"))  # the session, and so its lock, lives
+                return True
+            except Exception as error:
+                log.warning("lock's connection lost", error=str(error).splitlines()[0])
+                self._drop()
+        try:
+            taken = self.take()
+        except Exception as error:
+            log.warning("lock not taken again yet", error=str(error).splitlines()[0])
+            return False
+        if not taken:
+            raise AlreadyRunningError("the lock was taken by another process meanwhile")
+        log.warning("lock taken again")
+        return True
+
     def _drop(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(Exception):
@@ -256,7 +288,7 @@ class _AdvisoryHold(LockHold):
         if self._conn is not None:
             with contextlib.suppress(Exception):  # a dropped connection has let go already
                 self._conn.execute(text("SELECT pg_advisory_unlock(:key)"),
-                                   {"key": ADVISORY_KEY})
+                                   {"key": self._key})
         self._drop()
         self._engine.dispose()
 
@@ -285,13 +317,14 @@ def _file_lock(path: Path, engine: Engine) -> Iterator[LockHold | None]:
 
 
 @contextlib.contextmanager
-def _advisory_lock(url: str) -> Iterator[LockHold | None]:
-    hold = _AdvisoryHold(url)
+def _advisory_lock(url: str, key: int = ADVISORY_KEY,
+                   what: str = "nightly") -> Iterator[LockHold | None]:
+    hold = _AdvisoryHold(url, key)
     try:
         held = hold.take()
     except Exception as error:
         hold.release()
-        raise DatabaseError(f"cannot take the nightly lock: {error}".splitlines()[0]) from None
+        raise DatabaseError(f"cannot take the {what} lock: {error}".splitlines()[0]) from None
     try:
         yield hold if held else None
     finally:
@@ -320,3 +353,31 @@ def nightly_lock(engine: Engine) -> Iterator[LockHold]:
             yield hold
         finally:
             log.debug("nightly lock released", lock=where)
+
+
+@contextlib.contextmanager
+def scheduler_lock(engine: Engine) -> Iterator[LockHold]:
+    """Hold the scheduler daemon's lock for the block (its life); AlreadyRunningError (exit 4)
+    when another daemon serves the same database."""
+    url = engine.url.render_as_string(hide_password=False)
+    held_lock: contextlib.AbstractContextManager[LockHold | None]
+    if engine.dialect.name == "postgresql":
+        held_lock = _advisory_lock(url, SCHEDULER_KEY, "scheduler")
+    else:
+        held_lock = _file_lock(lock_file_path(url, "scheduler"), engine)
+    with held_lock as hold:
+        if hold is None:
+            raise AlreadyRunningError("already running: another `nightdesk scheduler` serves "
+                                      f"this database{_scheduler_holder(engine)}")
+        yield hold
+
+
+def _scheduler_holder(engine: Engine) -> str:
+    """Return which daemon beat last, as the refusal names it (empty when none is known)."""
+    try:
+        with engine.connect() as conn:
+            beat = conn.execute(select(SchedulerBeat.host, SchedulerBeat.pid)
+                                .order_by(SchedulerBeat.beat_at.desc()).limit(1)).first()
+    except Exception:  # the schema not there yet: the lock alone says enough
+        return ""
+    return "" if beat is None else f" (pid {beat.pid} on {beat.host})"

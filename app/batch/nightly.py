@@ -21,13 +21,13 @@ from sqlalchemy import Engine, select
 from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
 from app.batch import resume as resumption
-from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, shaped
 from app.batch.lock import LockHold, nightly_lock
+from app.batch.preflight import ServerCheck, check_start, provider_missing
 from app.batch.signals import run_batch
-from app.batch.store import FINISHED_STATUSES
 from app.config import Settings
 from app.db.engine import ready_engine
-from app.db.models import Batch
+from app.db.models import FINISHED_STATUSES, Batch
 from app.digest import send_digest
 from app.errors import InputError
 from serving.facts import batch_server_facts
@@ -42,8 +42,6 @@ UNFINISHED = ("crashed", "interrupted", "running")
 # a wrong URL or model (every ticker failing is a finished night).
 STOPPED = "failed"
 
-# Checks the server before anything is written (the CLI's preflight); None: no check.
-Preflight = Callable[[], None] | None
 # Told which batch is about to be resumed, before it is (the CLI prints it).
 Announce = Callable[[resumption.ResumePoint], None] | None
 
@@ -89,6 +87,9 @@ def nightly_tickers(settings: Settings, as_of: date, tickers: str | None = None,
     notes: list[str] = []
     if settings.universe_file is not None:
         return read_universe(settings.universe_file, notes), notes
+    if settings.data_provider == "snapshot":
+        # A date without a snapshot is said so, rather than "no universe".
+        provider_missing(settings, as_of, [])
     snapshot_universe = day_dir(settings.data_dir, as_of) / UNIVERSE
     if settings.data_provider == "snapshot" and snapshot_universe.is_file():
         return read_universe(snapshot_universe, notes), notes
@@ -126,11 +127,14 @@ def _runner(settings: Settings, engine: Engine, lock: LockHold | None) -> BatchE
 
 
 def execute_plan(settings: Settings, engine: Engine, plan: BatchPlan,
-                 lock: LockHold | None = None) -> BatchOutcome:
+                 lock: LockHold | None = None, *, server: ServerCheck) -> BatchOutcome:
     """Run one batch to its final row; SIGTERM or Ctrl-C stop it as interrupted (resumable).
 
-    ``lock``: the nightly lock a nightly batch runs under; its heartbeats prove it.
+    First the preflight (app/batch/preflight.py, ``server`` says how far it asks the
+    server): a batch it refuses raises before any row is written. ``lock``: the nightly lock
+    a nightly batch runs under; its heartbeats prove it.
     """
+    check_start(settings, engine, plan.as_of, plan.tickers, server=server)
     runner = _runner(settings, engine, lock)
     outcome = run_batch(runner.run(plan), runner.halt, settings.shutdown_grace_s)
     send_digest(settings, engine, outcome)
@@ -138,9 +142,18 @@ def execute_plan(settings: Settings, engine: Engine, plan: BatchPlan,
 
 
 def resume_batch(settings: Settings, engine: Engine, point: resumption.ResumePoint,
-                 lock: LockHold | None = None) -> BatchOutcome:
+                 lock: LockHold | None = None, *, server: ServerCheck,
+                 announce: Announce = None) -> BatchOutcome:
     """Continue a cut-short batch from where it stopped: each unfinished ticker after its last
-    checkpointed node, none of the finished ones again."""
+    checkpointed node, none of the finished ones again.
+
+    First the preflight of its tickers, in its own shape (as ``execute_plan``); then
+    ``announce`` is told which batch is continued.
+    """
+    check_start(shaped(settings, point.settings), engine, point.as_of, point.tickers,
+                server=server)
+    if announce is not None:
+        announce(point)
     runner = _runner(settings, engine, lock)
     outcome = run_batch(runner.run(point), runner.halt, settings.shutdown_grace_s)
     send_digest(settings, engine, outcome)
@@ -155,14 +168,15 @@ def _orphans(settings: Settings, engine: Engine) -> None:
 def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                 engine: Engine | None = None, resume: bool = False,
                 skip_if_finished_since: datetime | None = None,
-                preflight: Preflight = None, announce: Announce = None) -> NightlyResult:
+                server: ServerCheck = "if_up", announce: Announce = None) -> NightlyResult:
     """Run tonight's batch under the single-instance lock and say what it did.
 
     ``resume``: continue an unfinished nightly batch of the same as-of date instead of
     starting a second one. ``skip_if_finished_since``: run nothing when a nightly batch of
     that date has finished since then (a scheduled run that fired again after its batch was
-    done). ``preflight`` runs once the lock is held, before any batch row is written;
-    ``announce`` is told which batch is continued, before it is. Raise
+    done). The preflight (app/batch/preflight.py; ``server`` says how far it asks the
+    server) runs once the lock is held, before any batch row is written; ``announce`` is
+    told which batch is continued, before it is. Raise
     AlreadyRunningError when another run holds the lock: then no batch row is written and no
     LLM call made.
     """
@@ -176,29 +190,32 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
             if done is not None:
                 log.info("night already done", batch_id=done, as_of=str(as_of))
                 return NightlyResult(None)
-        if preflight is not None:
-            preflight()
         owed = owed_night(engine, as_of) if resume else None
         if owed is not None:
             point = resumption.find_resumable(engine, owed, settings.heartbeat_stale_s,
                                               closing=True)
-            log.info("resuming the night", batch_id=point.batch_id, status=point.status,
-                     as_of=str(as_of), left=len(point.tickers), finished=point.finished)
-            if announce is not None:
-                announce(point)
-            return NightlyResult(resume_batch(settings, engine, point, lock), point.total,
-                                 point)
+
+            def tell(point: resumption.ResumePoint) -> None:
+                log.info("resuming the night", batch_id=point.batch_id, status=point.status,
+                         as_of=str(as_of), left=len(point.tickers), finished=point.finished)
+                if announce is not None:
+                    announce(point)
+
+            return NightlyResult(resume_batch(settings, engine, point, lock, server=server,
+                                              announce=tell), point.total, point)
         symbols, notes = nightly_tickers(settings, as_of, request.tickers, request.universe)
         for note in notes:
             log.warning("universe note", note=note)
         symbols = symbols[:request.limit] if request.limit else symbols
         plan = BatchPlan("nightly", as_of, symbols, request.samples or settings.samples,
                          request.strategy)
-        return NightlyResult(execute_plan(settings, engine, plan, lock), len(symbols))
+        return NightlyResult(execute_plan(settings, engine, plan, lock, server=server),
+                             len(symbols))
 
 
 def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = None, *,
-                    preflight: Preflight = None, announce: Announce = None) -> NightlyResult:
+                    server: ServerCheck = "if_up", announce: Announce = None
+                    ) -> NightlyResult:
     """Continue a recorded batch (``nightdesk run --resume [BATCH_ID]``).
 
     ``batch_id`` None takes the newest interrupted, crashed or stopped batch with tickers
@@ -209,20 +226,17 @@ def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = N
     and one whose heartbeat is fresh is refused the same way.
     """
     if batch_id is not None and resumption.pick(engine, batch_id)[1] != "nightly":
-        return _resume(settings, engine, batch_id, preflight, announce, None)
+        return _resume(settings, engine, batch_id, server, announce, None)
     with nightly_lock(engine) as lock:
         _orphans(settings, engine)
         target, kind = resumption.pick(engine, batch_id)
         if kind == "nightly":
-            return _resume(settings, engine, target, preflight, announce, lock)
-    return _resume(settings, engine, target, preflight, announce, None)
+            return _resume(settings, engine, target, server, announce, lock)
+    return _resume(settings, engine, target, server, announce, None)
 
 
-def _resume(settings: Settings, engine: Engine, batch_id: int, preflight: Preflight,
+def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerCheck,
             announce: Announce, lock: LockHold | None) -> NightlyResult:
     point = resumption.find_resumable(engine, batch_id, settings.heartbeat_stale_s)
-    if preflight is not None:
-        preflight()
-    if announce is not None:
-        announce(point)
-    return NightlyResult(resume_batch(settings, engine, point, lock), point.total, point)
+    return NightlyResult(resume_batch(settings, engine, point, lock, server=server,
+                                      announce=announce), point.total, point)

@@ -12,25 +12,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from app.night import eta_s
 from app.traffic.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
 LOG_EVERY_S = 15.0
-
-
-def eta_s(elapsed_s: float, tickers_done: int, tickers_total: int, calls: int,
-          expected_calls: int | None) -> float | None:
-    """Return the seconds a batch has left: by calls when their total is known, else tickers.
-
-    Tickers finish late and together (senior-first keeps many under way), so the share of
-    calls answered says more about the remaining time than tickers done. None: no basis yet.
-    """
-    if expected_calls and calls:
-        return elapsed_s / calls * max(0, expected_calls - calls)
-    if tickers_done:
-        return elapsed_s / tickers_done * max(0, tickers_total - tickers_done)
-    return None
 
 
 class BatchProgress:

@@ -13,10 +13,6 @@ from app.db.models import Batch, Decision, LLMCall, TickerRun
 from app.db.retry import retried
 from app.usage import insert_ignoring_duplicates
 
-# A batch in one of these states is a finished night whose rows are final: ``partial`` when
-# some tickers failed (the ranking shows it and names what it lacks).
-FINISHED_STATUSES = ("succeeded", "partial")
-
 
 def now() -> datetime:
     return datetime.now(UTC)

@@ -4,10 +4,9 @@ The sweep's rule: in its chain a ticker has one request at the server, of about 
 chain request's prompt plus its output, so the server's KV cache holds ``n_kv = KV tokens ÷
 that`` tickers' requests at once, and it runs at most ``max_num_seqs`` of them. The best
 fixed-N is expected near ``n* = min(tickers, endpoints × min(max_num_seqs, n_kv))``
-(on the H200: n* 16 at 40 tickers against a measured best of 14, 20 at the 32-ticker shape
-against a measured best of 20); the sweep runs ``n* × ½, ⅔, 1, 3/2, 2`` (rounded, below
-the ticker count, which is ``fixed-all``, always run), and halves below its smallest until
-there are four.
+(docs/lab/scheduler-bench-method.md checks it against the H200 runs); the sweep runs
+``n* × ½, ⅔, 1, 3/2, 2`` (rounded, below the ticker count, which is ``fixed-all``, always
+run), and halves below its smallest until there are four.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ SWEEP = "sweep"  # in a list of arms: the fixed-N sweep
 DEFAULT_ARMS = f"fixed-3,{SWEEP},fixed-all,adaptive"
 FACTORS = (1 / 2, 2 / 3, 1.0, 3 / 2, 2.0)
 MIN_POINTS = 4
-# About four bytes a token in English text (0.226 tokens a byte measured on the H200 for the
-# bench's words): the rule needs a size, not an exact count.
+# About four bytes a token in English text: the rule needs a size, not an exact count.
 TOKENS_PER_BYTE = 0.25
 FLOOD = "flood"
 RULE = ("n* = min(tickers, endpoints x min(max_num_seqs, KV tokens / mean chain request "

@@ -121,12 +121,11 @@ async def _warm_up(settings: Settings, workload: Workload, salt: str, tickers: i
                    client: httpx.AsyncClient | None = None) -> dict[str, Any] | None:
     """Send the first ``tickers`` tickers' requests at once to every endpoint, short answers.
 
-    A server that has just started compiles kernels for the batch shapes it meets first:
-    measured on an H200 (vLLM 0.24, docs/performance.md), the first arm's three requests
-    beside its first one waited 10 s for their first token at 7% KV usage, and no later arm
-    did. Whichever arm ran first paid for it. The warm-up meets those shapes (prefills of
-    several prompts beside a decode) before any arm is timed; it goes to the servers
-    directly, under its own cache salt, so no batch records it and no arm reuses its cache.
+    A server that has just started compiles kernels for the batch shapes it meets first, so
+    without this whichever arm ran first would pay for it (seconds to a first token on a
+    GPU). The warm-up meets those shapes (prefills of several prompts beside a decode)
+    before any arm is timed; it goes to the servers directly, under its own cache salt, so
+    no batch records it and no arm reuses its cache.
     """
     items = [item for ticker in sorted(workload)[:tickers] for item in workload[ticker]]
     if not items:

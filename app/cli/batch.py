@@ -6,7 +6,8 @@ error), 2 bad settings or input (a refused API key, a wrong URL or model include
 (some tickers failed: the ranking names them), 4 already running (another nightly run holds
 the lock, or the batch to resume is running), 5 interrupted by a server outage (resumable),
 130 stopped by SIGTERM/Ctrl-C (resumable). ``ranking --require-fresh`` exits 6 when the
-ranking is older than the latest night.
+ranking is not the latest night's, also when no night ever finished (without the flag that
+is exit 2: nothing to rank).
 """
 
 from __future__ import annotations
@@ -35,20 +36,20 @@ from app.batch.nightly import (
     resume_recorded,
     run_nightly,
 )
+from app.batch.preflight import ServerCheck
 from app.batch.resume import ResumePoint, mark_stale_crashed
 from app.batch.signals import run_batch
+from app.batches import BatchSummary, summarize
 from app.batchids import parse_batch_id
-from app.changes import TickerChange, compare_nights
+from app.changes import compare_nights, ranked_row_json
 from app.cli.common import batch_database, database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
-from app.errors import ConfigError, InputError
-from app.night import STALE_EXIT, night_status
+from app.errors import InputError
+from app.night import STALE_EXIT, NightStatus, night_status
 from app.quality.monitor import warnings_for
-from app.ranking import RankRow, as_dicts, ranking
+from app.ranking import RankRow, ranking
 from serving.facts import batch_server_facts
-from serving.preflight import check_endpoint
-from serving.urls import redact
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -61,8 +62,9 @@ Samples = Annotated[int, typer.Option("--samples", min=1, max=32,
 AsOf = Annotated[str | None, typer.Option("--as-of",
                                           help="YYYY-MM-DD (default: newest snapshot)")]
 NoPreflight = Annotated[bool, typer.Option(
-    "--no-preflight", help="start without checking that the server answers and serves "
-                           "the model")]
+    "--no-preflight", help="start without asking the server whether it answers, serves the "
+                           "model and has the context for the night's prompts (the tickers "
+                           "and the snapshot are still checked)")]
 
 # What a caller (systemd, cron) can act on: 3 means the night ran but its ranking lacks
 # some tickers; anything else that is not a success is 1. A batch stopped early ends with
@@ -74,17 +76,9 @@ def _default_as_of(settings: Settings, text: str | None) -> date:
     return parse_as_of(text) if text is not None else default_as_of(settings)
 
 
-def _preflight(settings: Settings, skip: bool) -> None:
-    """Stop before anything is written when the server is not there or serves another model."""
-    if skip:
-        return
-    # Every listed endpoint: one with a wrong model or key would fail each ticker routed to it.
-    for url in settings.base_urls:
-        check = check_endpoint(url, settings.llm_model, settings.llm_api_key.get_secret_value())
-        if check.level == "fail":
-            where = f" ({redact(url)})" if len(settings.base_urls) > 1 else ""
-            raise ConfigError(f"preflight{where}: {check.detail} "
-                              "(--no-preflight skips this check)")
+def _server_check(no_preflight: bool) -> ServerCheck:
+    """Return how far a start from the command line asks the server (app/batch/preflight.py)."""
+    return "skip" if no_preflight else "require"
 
 
 def _ready_database(settings: Settings) -> Engine:
@@ -146,10 +140,7 @@ def run(
     One nightly run at a time: a second start exits 4 ("already running: batch N").
     """
     settings = setup()
-
-    def preflight() -> None:
-        _preflight(settings, no_preflight)
-
+    server = _server_check(no_preflight)
     if resume and continue_night:
         raise InputError("--resume and --continue-night exclude each other: --resume [ID] "
                          "continues a recorded batch, --continue-night tonight's or a new one")
@@ -162,7 +153,7 @@ def run(
             raise InputError(f"--resume continues a recorded batch with its own tickers, "
                              f"date and samples: drop {', '.join(given)}")
         night = resume_recorded(settings, _ready_database(settings), batch_id,
-                                preflight=preflight, announce=_announce)
+                                server=server, announce=_announce)
     else:
         if batch_id is not None:
             raise InputError(f"a batch id ({batch_id}) is only taken with --resume")
@@ -176,7 +167,7 @@ def run(
                                  tickers=tickers, universe=universe, limit=limit,
                                  samples=samples, strategy=strategy)
         night = run_nightly(settings, request, engine=_ready_database(settings),
-                            resume=continue_night, preflight=preflight, announce=_announce)
+                            resume=continue_night, server=server, announce=_announce)
     _finish_night(night)
 
 
@@ -195,8 +186,8 @@ def rerun(
     """Run one ticker again as its own batch (kind rerun); the ranking applies it."""
     settings = setup()
     plan = BatchPlan("rerun", _default_as_of(settings, as_of), [check_symbol(ticker)], samples)
-    _preflight(settings, no_preflight)
-    outcome = execute_plan(settings, _ready_database(settings), plan)
+    outcome = execute_plan(settings, _ready_database(settings), plan,
+                           server=_server_check(no_preflight))
     _finish(outcome, len(plan.tickers))
 
 
@@ -206,9 +197,10 @@ def show_ranking(
                                               parser=parse_batch_id)] = None,
     fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
     require_fresh: Annotated[bool, typer.Option(
-        "--require-fresh", help=f"exit {STALE_EXIT} when the ranking is older than the latest "
-                                "night (failed, running, interrupted, or none since the "
-                                "schedule's due time)")] = False,
+        "--require-fresh", help=f"exit {STALE_EXIT} when the ranking is not the latest "
+                                "night's (it failed, runs, was interrupted or crashed, none "
+                                "came since the schedule's due time, or no night ever "
+                                "finished)")] = False,
 ) -> None:
     """Print the ranking: rank, ticker, rating, mean score, spread, confidence, summary, and
     each ticker's previous night and change; stderr names the latest night first."""
@@ -218,23 +210,29 @@ def show_ranking(
         chosen, rows = ranking(engine, batch)
     except InputError as error:
         if batch is not None:
-            raise
+            raise  # an unknown --batch is bad input (exit 2), fresh or not
         night = night_status(engine, settings, None)
-        raise InputError(f"{error}; {night.reason}") from None
+        if not require_fresh:
+            raise InputError(f"{error}; {night.reason}") from None
+        # No finished night at all: for a script that asks for a fresh ranking this is
+        # "not fresh" (exit 6), the same as a failed or missed night, not bad input.
+        _night_lines(night)
+        if fmt == "json":
+            typer.echo(json.dumps(ranking_json(night, None, []), indent=2))
+        raise typer.Exit(STALE_EXIT) from None
     night = night_status(engine, settings, chosen.id)
-    # First on stderr: a ranking older than the latest night says so, and why.
-    if not night.fresh:
-        err.print(f"[bold yellow]not the latest night:[/] {escape(night.reason or '')}")
-    err.print(f"night: {escape(night.headline)}")
+    _night_lines(night)
     changes = compare_nights(engine, chosen.id).by_ticker()
     demo = bool((chosen.settings or {}).get("demo_data"))
-    data = [{**r, "demo": demo, **_was(changes.get(r["ticker"]))} for r in as_dicts(rows)]
+    data = [ranked_row_json(r, changes.get(r.ticker)) for r in rows]
     if fmt == "json":
-        typer.echo(json.dumps(data, indent=2))
+        typer.echo(json.dumps(ranking_json(night, summarize(chosen), data), indent=2))
     elif fmt == "csv":
-        writer = csv.DictWriter(sys.stdout, fieldnames=list(data[0]) if data else ["rank"])
+        # Flat: each row carries the batch's DEMO mark, which JSON gives once under "batch".
+        flat = [{**r, "demo": demo} for r in data]
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(flat[0]) if flat else ["rank"])
         writer.writeheader()
-        writer.writerows(data)
+        writer.writerows(flat)
     else:
         title = (f"{'DEMO DATA — ' if demo else ''}ranking of batch {chosen.id} "
                  f"({chosen.kind}, as of {chosen.as_of})")
@@ -242,8 +240,7 @@ def show_ranking(
         for col in ("rank", "ticker", "rating", "score", "±", "conf", "was", "change",
                     "summary"):
             table.add_column(col, overflow="fold")
-        for r in rows:
-            was = _was(changes.get(r.ticker))
+        for r, was in zip(rows, data, strict=True):
             table.add_row(str(r.rank or "—"), r.ticker, rating_text(r),
                           "" if r.score is None else f"{r.score:+.2f}",
                           "" if r.spread is None or r.samples < 2 else f"{r.spread:.2f}",
@@ -265,19 +262,27 @@ def show_ranking(
         raise typer.Exit(STALE_EXIT)
 
 
+def _night_lines(night: NightStatus) -> None:
+    """Print the night's status on stderr, first of all: a ranking older than the latest
+    night says so, and why."""
+    if not night.fresh:
+        err.print(f"[bold yellow]not the latest night:[/] {escape(night.reason or '')}")
+    err.print(f"night: {escape(night.headline)}")
+
+
+def ranking_json(night: NightStatus, batch: BatchSummary | None,
+                 rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return ``ranking --format json``: the latest night's status (the payload
+    ``/api/ranking`` carries as ``night``), the batch ranked (None: no finished night) and
+    its rows, failed tickers last with rank null."""
+    return {"night": night.to_json(), "batch": None if batch is None else batch.to_json(),
+            "rows": rows}
+
+
 def rating_text(row: RankRow) -> str:
     """Return the rating as the CLI prints it: "!" when a sample contradicts its score."""
     # "!": a sample's own rating contradicts its own score (see `nightdesk quality`).
     return (row.rating or row.status.upper()) + (" !" if row.contradicting else "")
-
-
-def _was(change: TickerChange | None) -> dict[str, Any]:
-    """Return a ticker's previous night as ranking columns (empty without one)."""
-    if change is None:
-        return {"previous_rank": None, "previous_rating": None, "previous_score": None,
-                "change": None}
-    return {"previous_rank": change.previous_rank, "previous_rating": change.previous_rating,
-            "previous_score": change.previous_score, "change": change.change}
 
 
 def was_text(was: dict[str, Any]) -> str:
@@ -289,10 +294,12 @@ def was_text(was: dict[str, Any]) -> str:
 
 def show_changes(
     batch: Annotated[int | None, typer.Option("--batch", help="the night (default: the one "
-                                                               "the ranking shows)")] = None,
+                                                               "the ranking shows)",
+                                              parser=parse_batch_id)] = None,
     against: Annotated[int | None, typer.Option(
         "--against", help="the night to compare with (default: the newest finished nightly "
-                          "batch of an earlier as-of date)")] = None,
+                          "batch of an earlier as-of date)",
+        parser=lambda text: parse_batch_id(text, what="--against"))] = None,
     fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
 ) -> None:
     """List every rating change since the night before, largest score move first, with the

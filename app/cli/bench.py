@@ -147,7 +147,8 @@ def schedulers(
 
 def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     """Print a scheduler bench's table, references and checks; write its JSON when asked."""
-    from app.cli.report import COMPARE_COLUMNS, _fmt
+    from app.cli.report import _fmt
+    from app.report import COMPARE_COLUMNS
 
     bound = f"{result.bound_tok_s:.1f} tok/s" if result.bound_tok_s else "-"
     table = Table(title=f"scheduler bench: {result.workload}, {result.tickers} tickers, "

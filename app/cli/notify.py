@@ -24,10 +24,11 @@ def test() -> None:
     if not urls:
         raise ConfigError("NIGHTDESK_NOTIFY is not set: give one or more Apprise URLs, "
                           "comma-separated (e.g. json://127.0.0.1:9000/hook)")
-    delivery = send(settings, Message(
+    delivery = send(settings.notify, Message(
         "nightdesk: test message",
         f"A test from `nightdesk notify test` on {socket.gethostname()}: the morning digest "
-        f"goes here after every nightly batch and rerun. Pages: {settings.web_base_url}/"))
+        f"goes here after every nightly batch and rerun. Pages: {settings.web_base_url}/"),
+        settings.notify_timeout_s)
     for destination, reason in delivery.failed.items():
         err.print(f"  not delivered: {escape(destination)}: {escape(reason)}")
     if delivery.failed:

@@ -27,6 +27,7 @@ from app.cli.common import database, setup
 from app.night import span
 from app.quality.monitor import warnings_for
 from app.report import (
+    COMPARE_COLUMNS,
     BatchReport,
     EndpointShare,
     arm,
@@ -178,25 +179,6 @@ def endpoint_table(shares: list[EndpointShare], report: BatchReport, view: Serve
                   _fmt(view.kv_usage_max, ".0%"), _fmt(view.preemptions, ".0f"),
                   style="bold")
     return table
-
-
-COMPARE_COLUMNS = (
-    ("batch", "batch_id", "d"), ("label", "label", "s"), ("span s", "makespan_s", ".1f"),
-    ("output tok/s", "output_tokens_per_s", ".1f"),
-    # Output of the tickers that succeeded (the figure before counts failed tickers' too).
-    ("ok tok/s", "succeeded_output_tokens_per_s", ".1f"),
-    ("prefill tok/s", "prefill_tokens_per_s", ".0f"),
-    ("decode tok/s", "decode_tokens_per_s", ".1f"),
-    ("prefix hit", "prefix_cache_hit_rate", ".1%"),
-    ("prefill done", "prefill_tokens_computed", ".0f"),
-    ("run mean", "running_mean", ".1f"), ("run max", "running_max", ".0f"),
-    ("wait max", "waiting_max", ".0f"), ("KV max", "kv_usage_max", ".0%"),
-    # Time to first token from sending (the server's queue and prefill), and from the
-    # graph's issue of the call (our own gate's wait too): only the second is fair.
-    ("preempt", "preemptions", ".0f"), ("TTFT s", "mean_ttft_s", ".2f"),
-    ("TTFT rdy s", "ttft_ready_mean_s", ".2f"),
-    ("decode share", "decode_time_share", ".0%"),
-)
 
 
 def compare_table(arms: list[dict[str, Any]], title: str = "arms side by side") -> Table:

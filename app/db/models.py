@@ -53,6 +53,11 @@ class Base(DeclarativeBase):
     pass
 
 
+# A batch in one of these states is a finished night whose rows are final: ``partial`` when
+# some tickers failed (the ranking shows it and names what it lacks).
+FINISHED_STATUSES = ("succeeded", "partial")
+
+
 class Batch(Base):
     """One run over a universe: nightly, rerun, replay or bench."""
 

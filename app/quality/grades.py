@@ -19,8 +19,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from agents.decision import contradicts, rating_for_score
-from app.batch.store import FINISHED_STATUSES
-from app.db.models import Batch, Decision, TickerRun
+from app.db.models import FINISHED_STATUSES, Batch, Decision, TickerRun
 from app.errors import InputError
 
 

@@ -30,9 +30,8 @@ import numpy as np
 from sqlalchemy import Engine, delete, insert, select
 
 from agents.decision import RATINGS
-from app.batch.store import FINISHED_STATUSES
 from app.config import Settings
-from app.db.models import Batch, BatchWarning
+from app.db.models import FINISHED_STATUSES, Batch, BatchWarning
 from app.quality.grades import load_grades
 from app.quality.statistics import distribution, total_variation
 

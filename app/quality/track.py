@@ -31,9 +31,8 @@ from sqlalchemy import Engine, func, select
 
 from agents.data import DataProvider, get_provider
 from agents.decision import RATINGS
-from app.batch.store import FINISHED_STATUSES
 from app.config import Settings
-from app.db.models import Batch
+from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import DataError, InputError
 from app.quality.forward import (
     directional_hits,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from app.errors import InputError
 from app.web import views
 from app.web.state import State, require_user
-from app.web.symbols import batch_ids, symbol_or_404
+from app.web.symbols import batch_id_or_404, batch_ids, symbol_or_404
 
 router = APIRouter(prefix="/api", dependencies=[Depends(require_user)])
 
@@ -34,9 +34,9 @@ def compare(state: State, ids: Annotated[list[str], Query()]) -> dict[str, Any]:
 
 
 @router.get("/batches/{batch_id}")
-def batch(state: State, batch_id: int) -> dict[str, Any]:
+def batch(state: State, batch_id: str) -> dict[str, Any]:
     try:
-        return views.batch_view(state.engine, batch_id)
+        return views.batch_view(state.engine, batch_id_or_404(batch_id))
     except InputError as error:
         raise HTTPException(404, str(error)) from None
 

@@ -9,14 +9,14 @@ from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from app.cli.report import COMPARE_COLUMNS
 from app.errors import InputError
+from app.report import COMPARE_COLUMNS
 from app.web import charts, views
 from app.web.auth import CSRF_FIELD
 from app.web.plots import batch_plots, compare_plots
 from app.web.reruns import RerunJob
 from app.web.state import State, WebState, require_user
-from app.web.symbols import batch_ids, symbol_or_404
+from app.web.symbols import batch_id_or_404, batch_ids, symbol_or_404
 from app.web.templating import make_templates
 
 router = APIRouter(dependencies=[Depends(require_user)], default_response_class=HTMLResponse)
@@ -122,10 +122,10 @@ def compare_page(request: Request, state: State,
 
 
 @router.get("/batches/{batch_id}")
-def batch_page(request: Request, state: State, batch_id: int) -> Response:
+def batch_page(request: Request, state: State, batch_id: str) -> Response:
     """Show one batch's report: throughput, the server's gauges over time, latency, failures."""
     try:
-        view = views.batch_view(state.engine, batch_id)
+        view = views.batch_view(state.engine, batch_id_or_404(batch_id))
     except InputError as error:
         return _page(request, "missing.html", {"what": str(error), "status": 404},
                      status=404)

@@ -1,11 +1,11 @@
-"""Read the identifiers a URL carries: ticker symbols and lists of batch ids."""
+"""Read the identifiers a URL carries: ticker symbols, batch ids and lists of them."""
 
 from __future__ import annotations
 
 from fastapi import HTTPException
 
 from agents.tickers import check_symbol
-from app.batchids import parse_batch_ids
+from app.batchids import parse_batch_id, parse_batch_ids
 from app.errors import InputError
 
 
@@ -23,3 +23,12 @@ def batch_ids(values: list[str]) -> list[int]:
         return parse_batch_ids(",".join(values), what="ids")
     except InputError as error:
         raise HTTPException(400, str(error)) from None
+
+
+def batch_id_or_404(text: str) -> int:
+    """Return the batch id a path names, through the one parser (``app.batchids``); answer
+    404 for text that can name no batch (not ASCII digits, or beyond a 64-bit key)."""
+    try:
+        return parse_batch_id(text, what="the batch in the path")
+    except InputError as error:
+        raise HTTPException(404, str(error)) from None

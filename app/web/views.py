@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
 from app import night
-from app.batch.store import FINISHED_STATUSES
-from app.changes import TickerChange, compare_nights
+from app.batches import summarize
+from app.changes import compare_nights, ranked_row_json
 from app.config import Settings
-from app.db.models import Batch, Decision, LLMCall, NodeText, TickerRun
+from app.db.models import FINISHED_STATUSES, Batch, Decision, LLMCall, NodeText, TickerRun
 from app.errors import InputError
 from app.quality.monitor import warnings_for
 from app.ranking import RATING_ORDER, RankRow, ranking
@@ -46,23 +46,8 @@ def _batch(engine: Engine, batch_id: int) -> Batch:
 
 
 def batch_json(batch: Any) -> dict[str, Any]:
-    """Describe a batch row: what it was, how it went, and whether its data was synthetic."""
-    settings = batch.settings or {}
-    end = batch.finished_at or batch.heartbeat_at
-    return {
-        "id": batch.id, "kind": batch.kind, "label": batch.label, "as_of": _iso(batch.as_of),
-        "status": batch.status, "created_at": _iso(batch.created_at),
-        "started_at": _iso(batch.started_at), "finished_at": _iso(batch.finished_at),
-        "heartbeat_at": _iso(batch.heartbeat_at),
-        "duration_s": (end - batch.started_at).total_seconds()
-        if end is not None and batch.started_at is not None else None,
-        "tickers_total": batch.tickers_total, "tickers_succeeded": batch.tickers_succeeded,
-        "tickers_failed": batch.tickers_failed, "error": batch.error,
-        # The same test as `nightdesk ranking`: the engine marks batches run on DEMO data.
-        "demo": bool(settings.get("demo_data")), "samples": settings.get("samples"),
-        "model": settings.get("model"), "server_profile": settings.get("server_profile"),
-        "strategy": settings.get("strategy"), "source_batch_id": batch.source_batch_id,
-    }
+    """Describe a batch row as ``nightdesk batches --format json`` does (one serializer)."""
+    return summarize(batch).to_json()
 
 
 def running_batches(engine: Engine, stale_after_s: float) -> list[dict[str, Any]]:
@@ -94,15 +79,6 @@ def _row_json(row: RankRow) -> dict[str, Any]:
     return asdict(row)
 
 
-def _change_json(change: TickerChange | None) -> dict[str, Any]:
-    if change is None:
-        return {"previous_rank": None, "previous_rating": None, "previous_score": None,
-                "change": None, "score_move": None}
-    return {"previous_rank": change.previous_rank, "previous_rating": change.previous_rating,
-            "previous_score": change.previous_score, "change": change.change,
-            "score_move": change.score_move}
-
-
 def ranking_view(engine: Engine, settings: Settings) -> dict[str, Any]:
     """Return the morning ranking: one finished nightly batch with its reruns, the latest
     night's status, each ticker's change since the night before, and progress.
@@ -130,7 +106,7 @@ def ranking_view(engine: Engine, settings: Settings) -> dict[str, Any]:
     ranked = [r for r in rows if r.rank is not None]
     return {
         "batch": batch_json(batch),
-        "rows": [{**_row_json(r), **_change_json(by_ticker.get(r.ticker))} for r in ranked],
+        "rows": [ranked_row_json(r, by_ticker.get(r.ticker)) for r in ranked],
         "failed": [{"ticker": r.ticker, "status": r.status, "reason": r.summary}
                    for r in rows if r.rank is None],
         "distribution": {name: sum(r.rating == name for r in ranked) for name in RATING_ORDER},

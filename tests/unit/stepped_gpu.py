@@ -20,8 +20,9 @@ ticker at once, as the bench's flood arm does.
     python -m tests.unit.stepped_gpu --tickers 40 --out 300 fixed-14 adaptive \
         adaptive:prefetch=off
 
-(``adaptive`` prefetches by default; docs/performance.md's model tables were made before
-that, when ``adaptive`` was today's ``adaptive:prefetch=off``.)
+(``adaptive`` prefetches by default; the model tables of
+docs/lab/2026-12-01-prefetching-stepped-model.md were made before that, when ``adaptive``
+was today's ``adaptive:prefetch=off``.)
 """
 
 from __future__ import annotations

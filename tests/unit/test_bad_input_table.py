@@ -111,6 +111,7 @@ def test_a_bad_setting_or_database_exits_2_with_one_line(
 IN_A_PROCESS = [CASES[0], CASES[3], CASES[10], CASES[12]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("setting", "value", "command", "says"), IN_A_PROCESS,
                          ids=[f"{c[0]}-{c[2].split()[0]}" for c in IN_A_PROCESS])
 def test_the_nightdesk_process_exits_2_with_one_line(

@@ -131,11 +131,12 @@ def test_cli_run_then_ranking_json(monkeypatch: pytest.MonkeyPatch, demo_dir: Pa
     assert result.exit_code == 0, result.output
     result = runner.invoke(cli, ["ranking", "--format", "json"])
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
+    data = json.loads(result.stdout)
+    rows = data["rows"]
     assert {r["ticker"] for r in rows} == set(tickers)
     assert set(rows[0]) >= {"rank", "ticker", "rating", "score", "confidence", "summary",
                             "batch_id"}
-    assert rows[0]["demo"] is True
+    assert data["batch"]["demo"] is True
 
 
 async def test_replay_keeps_calls_prompts_and_order(sqlite_engine: Engine, demo_dir: Path) -> None:
@@ -364,7 +365,7 @@ def test_a_night_with_a_failed_ticker_is_partial_exits_3_and_the_ranking_says_wh
     missing = [line for line in table.output.splitlines() if line.startswith("missing:")]
     assert missing == [f"missing: {bad} ({reason})"]
     as_json = runner.invoke(cli, ["ranking", "--format", "json"])
-    rows = json.loads(as_json.stdout)  # stdout stays machine-readable
+    rows = json.loads(as_json.stdout)["rows"]  # stdout stays machine-readable
     assert {r["ticker"] for r in rows if r["rank"] is not None} == set(tickers) - {bad}
     assert f"missing: {bad}" in as_json.stderr
 

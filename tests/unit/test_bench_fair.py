@@ -149,6 +149,7 @@ def _stepped_workload(tickers: int, out: int) -> tuple[Workload, list[tuple[Any,
     return load, calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("capacity", "seqs"), [(49_152, 32), (200_000, 12)])
 def test_no_graph_respecting_schedule_beats_the_bound_on_the_stepped_gpu(
         capacity: int, seqs: int) -> None:
@@ -250,6 +251,7 @@ def test_combine_refuses_runs_of_another_commit_host_or_server(differs: dict[str
     assert combine_results(runs[:2]).mixed is None  # the same commit, host and server
 
 
+@pytest.mark.slow
 def test_bench_combine_says_in_one_line_why_it_refused(tmp_path: Path) -> None:
     files = []
     for name, run in (("a", _run("fixed-8")), ("b", _run("adaptive", commit="def"))):

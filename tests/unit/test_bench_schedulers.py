@@ -66,6 +66,7 @@ def _max_overlap(engine: Engine, batch_id: int) -> int:
     return peak
 
 
+@pytest.mark.slow
 async def test_the_bench_orders_arms_as_a_server_of_known_capacity_dictates(
         sqlite_engine: Engine) -> None:
     # A fake that serves 2 requests at once, each 20 tokens x 2 ms. In units of one request:
@@ -211,6 +212,7 @@ async def test_fixed_all_runs_every_ticker_at_once_respecting_dependencies(
         assert all(ends[(r.ticker, d)] <= r.started_at for d in item.deps)
 
 
+@pytest.mark.slow
 def test_arms_run_in_separate_calls_are_combined_and_judged_together(tmp_path: Path) -> None:
     def run(*arms: dict[str, Any], workload: str = "w") -> Path:
         result = BenchResult(workload, 100, 1700, arms=list(arms),
@@ -249,6 +251,7 @@ def test_arms_run_in_separate_calls_are_combined_and_judged_together(tmp_path: P
     assert "cannot combine" in refused.stderr and "Traceback" not in refused.stderr
 
 
+@pytest.mark.slow
 async def test_a_bench_over_two_endpoints_reports_each_and_the_total(
         sqlite_engine: Engine, tmp_path: Path) -> None:
     urls = ["http://gpu0.test:8000/v1", "http://gpu1.test:8001/v1"]

@@ -244,6 +244,7 @@ async def _engine_run(sqlite_engine: Any, strategy: str, kv_tokens: int
     return server, outcome
 
 
+@pytest.mark.slow
 async def test_through_the_engine_the_budget_learns_the_fake_servers_cache_and_never_overfills(
         sqlite_engine: Any) -> None:
     # The fake admits a request only when its whole answer fits in its KV cache; what does

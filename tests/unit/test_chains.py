@@ -144,6 +144,7 @@ def run_wide(monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[list[int], 
     return started, server
 
 
+@pytest.mark.slow
 def test_tickers_in_flight_follow_the_chains_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     capped, server = run_wide()
     assert server.preemptions == 0

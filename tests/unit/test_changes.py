@@ -118,7 +118,8 @@ def test_cli_changes_in_each_format(sqlite_engine: Engine) -> None:
 
 def test_ranking_carries_the_previous_night_and_the_marker(sqlite_engine: Engine) -> None:
     two_nights(sqlite_engine)
-    rows = {r["ticker"]: r for r in json.loads(run_cli("ranking", "--format", "json").stdout)}
+    ranked = json.loads(run_cli("ranking", "--format", "json").stdout)
+    rows = {r["ticker"]: r for r in ranked["rows"]}
     assert (rows["AAA"]["previous_rating"], rows["AAA"]["previous_rank"],
             rows["AAA"]["change"]) == ("Hold", 3, "upgrade")
     assert rows["DDD"]["change"] == "new" and rows["DDD"]["previous_rating"] is None

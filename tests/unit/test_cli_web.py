@@ -10,6 +10,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 
 def nightdesk(*args: str, env: dict[str, str] | None = None, **kwargs: object
@@ -19,6 +20,7 @@ def nightdesk(*args: str, env: dict[str, str] | None = None, **kwargs: object
                           **kwargs)  # type: ignore[call-overload]
 
 
+@pytest.mark.slow
 def test_refuses_to_start_without_a_password() -> None:
     result = nightdesk("web")
     assert result.returncode == 2
@@ -27,6 +29,7 @@ def test_refuses_to_start_without_a_password() -> None:
     assert "--local-only" in lines[0]
 
 
+@pytest.mark.slow
 def test_local_only_refuses_a_public_address() -> None:
     result = nightdesk("web", "--local-only", "--host", "0.0.0.0")
     assert result.returncode == 2
@@ -39,6 +42,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_serves_with_basic_auth_and_stops_cleanly() -> None:
     port = _free_port()
     args = [sys.executable, "-m", "app.cli", "web", "--port", str(port)]

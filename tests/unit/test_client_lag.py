@@ -8,6 +8,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import httpx
+import pytest
 from rich.console import Console
 from sqlalchemy import Engine, create_engine, select
 from sqlalchemy.orm import Session
@@ -42,6 +43,7 @@ async def _sample(sampler: MetricsSampler, reads: list[str], until: int,
             await asyncio.sleep(0.01)
 
 
+@pytest.mark.slow
 async def test_a_blocked_loop_shows_as_lag_on_the_next_reading(tmp_path: Path) -> None:
     engine = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
     batch_id = _batch(engine)

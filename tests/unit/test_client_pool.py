@@ -84,6 +84,7 @@ async def holding() -> AsyncIterator[HoldingServer]:
     yield HoldingServer(expect=130)
 
 
+@pytest.mark.slow
 async def test_the_flood_arm_gets_more_than_a_hundred_requests_in_flight(
         sqlite_engine: Engine, tmp_path: Path, holding: HoldingServer) -> None:
     n = holding.expect  # over httpx's default pool of 100 connections

@@ -174,6 +174,7 @@ def test_a_changed_schedule_is_taken_as_new(sqlite_engine: Engine) -> None:
         assert len(daemon.scheduler.get_jobs()) == 1 and daemon.scheduler.get_job(JOB_ID)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("zone", "cron", "first_night"), [
     ("Europe/Berlin", "30 2 * * *", date(2026, 10, 24)),    # 02:30 comes twice on 10-25
     ("Europe/Berlin", "30 2 * * *", date(2026, 3, 28)),     # 02:30 does not exist on 03-29
@@ -310,6 +311,7 @@ def restore_signals() -> Iterator[None]:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.mark.slow
 def test_sigterm_mid_batch_leaves_the_night_due_and_the_next_start_takes_it_up(
         sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch,
         restore_signals: None) -> None:
@@ -384,6 +386,7 @@ def _heartbeat(engine: Engine) -> Any:
         return conn.execute(select(SchedulerBeat)).first()
 
 
+@pytest.mark.slow
 def test_the_daemon_process_logs_its_next_run_and_stops_on_sigterm(tmp_path: Path) -> None:
     zone = ZoneInfo("Asia/Tokyo")  # no DST: the next 00:10 is plain arithmetic
     env = {**os.environ, "NIGHTDESK_DATABASE_URL": f"sqlite:///{tmp_path}/nd.db",

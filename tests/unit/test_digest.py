@@ -126,7 +126,8 @@ def test_send_reaches_every_destination_and_names_the_dead_one() -> None:
     dead = f"json://127.0.0.1:{closed_port()}/gone"
     with webhook() as one, webhook() as two, structlog.testing.capture_logs() as logs:
         settings = load_settings(notify=f"{one.url('a')},{dead},{two.url('b')}")
-        delivery = send(settings, Message("title", "body", "warning"))
+        delivery = send(settings.notify, Message("title", "body", "warning"),
+                        settings.notify_timeout_s)
     assert (delivery.sent, delivery.total) == (2, 3)
     assert [p["title"] for p in one.posts + two.posts] == ["title", "title"]
     assert one.posts[0]["type"] == "warning" and one.posts[0]["message"] == "body"

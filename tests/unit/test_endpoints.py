@@ -132,6 +132,7 @@ def tokens_at(delay_s: float) -> Any:
     return lambda chat: Reply(" tok" * 10, completion_tokens=10, token_delay_s=delay_s)
 
 
+@pytest.mark.slow
 async def test_the_slower_endpoint_gets_fewer_tickers_and_each_chain_stays_on_one(
         sqlite_engine: Engine) -> None:
     # KV room for a few tickers each: tickers wait for free budget tokens, and the fast
@@ -170,6 +171,7 @@ async def test_the_slower_endpoint_gets_fewer_tickers_and_each_chain_stays_on_on
     assert sampled == {FAST, SLOW}
 
 
+@pytest.mark.slow
 async def test_an_endpoint_that_goes_away_hands_its_tickers_to_the_other(
         sqlite_engine: Engine, demo_dir: Path) -> None:
     never = asyncio.Event()  # a request the dying server holds: it hangs, never refuses
@@ -205,6 +207,7 @@ async def test_an_endpoint_that_goes_away_hands_its_tickers_to_the_other(
         assert again[0].endpoint == FAST and again[0].attempt > settings.max_attempts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("outage_s", "outages"), [
     (3 * GRACE_S, 1),  # longer than the grace: its tickers move, then it takes new ones
     (GRACE_S / 2, 0),  # shorter: nothing moves; the calls it cut are sent again
@@ -296,6 +299,7 @@ def both_crash_at(servers: dict[str, FakeServer], index: int,
         server.script = script
 
 
+@pytest.mark.slow
 async def test_every_endpoint_down_for_less_than_the_budget_loses_no_ticker(
         sqlite_engine: Engine, demo_dir: Path) -> None:
     fleet = {FAST: fake(kv_tokens=60_000), SLOW: fake(kv_tokens=60_000)}
@@ -307,6 +311,7 @@ async def test_every_endpoint_down_for_less_than_the_budget_loses_no_ticker(
     assert all(summary[url]["outages"] >= 1 and summary[url]["up"] for url in fleet)
 
 
+@pytest.mark.slow
 async def test_every_endpoint_down_past_the_budget_interrupts_the_batch_for_a_resume(
         sqlite_engine: Engine, demo_dir: Path) -> None:
     fleet = {FAST: fake(kv_tokens=60_000), SLOW: fake(kv_tokens=60_000)}

@@ -182,6 +182,7 @@ def test_second_start_during_a_batch_is_refused(monkeypatch: pytest.MonkeyPatch,
     check_second_start_during_a_batch(monkeypatch, sqlite_engine, settings)
 
 
+@pytest.mark.slow
 def test_cli_run_exits_4_with_one_line_while_another_process_holds_the_lock(
         sqlite_engine: Engine, sqlite_url: str, tmp_path: Path) -> None:
     running = store.create_batch(sqlite_engine, kind="nightly", as_of=date(2026, 11, 27),

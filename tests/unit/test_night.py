@@ -165,7 +165,11 @@ def test_ranking_after_a_failed_night_says_so_first_and_require_fresh_exits_6(
     assert lines[1].startswith(f"night: nightly batch #{second} (as of {D2}) failed")
     assert strict.code == STALE_EXIT
     assert strict.stderr.splitlines()[0].startswith("not the latest night:")
-    assert [r["ticker"] for r in json.loads(strict.stdout)] == ["AAA", "BBB"]
+    data = json.loads(strict.stdout)
+    assert [r["ticker"] for r in data["rows"]] == ["AAA", "BBB"]
+    assert data["batch"]["id"] == first
+    assert (data["night"]["status"], data["night"]["fresh"]) == ("failed", False)
+    assert data["night"]["latest"]["id"] == second
 
 
 def test_ranking_after_a_missed_night_says_stale(sqlite_engine: Engine) -> None:
@@ -193,3 +197,30 @@ def test_ranking_with_no_finished_night_names_the_failed_one(sqlite_engine: Engi
     assert result.code == 2
     assert len(result.error_lines) == 1
     assert f"batch #{only}" in result.stderr and "failed" in result.stderr
+
+
+@pytest.mark.parametrize("nights", ["none at all", "only a failed one"])
+def test_require_fresh_with_no_finished_night_exits_6(sqlite_engine: Engine,
+                                                      nights: str) -> None:
+    # No ranking to show is "not fresh" for a script (6), not bad input (2).
+    if nights == "only a failed one":
+        add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(error="boom")}, status="failed",
+                  error="every ticker failed")
+    with time_machine.travel(DUE2 + timedelta(hours=8), tick=False):
+        table = run_cli("ranking", "--require-fresh", env=UTC_ENV)
+        as_json = run_cli("ranking", "--require-fresh", "--format", "json", env=UTC_ENV)
+    assert table.code == STALE_EXIT and as_json.code == STALE_EXIT, table.stderr
+    assert table.stdout == "" and "Traceback" not in table.stderr
+    assert table.stderr.splitlines()[0].startswith("not the latest night: ")
+    assert ("no finished night to rank" if nights == "only a failed one"
+            else "stale: no nightly batch since") in table.stderr.splitlines()[0]
+    data = json.loads(as_json.stdout)
+    assert data["batch"] is None and data["rows"] == []
+    assert data["night"]["fresh"] is False
+    assert data["night"]["status"] == ("failed" if nights == "only a failed one" else "stale")
+
+
+def test_require_fresh_with_an_unknown_batch_is_bad_input(sqlite_engine: Engine) -> None:
+    add_night(sqlite_engine, D1, DUE1, GOOD)
+    result = run_cli("ranking", "--batch", "999", "--require-fresh", env=UTC_ENV)
+    assert result.code == 2 and result.error_lines == ["error: no batch with id 999"]

@@ -87,6 +87,7 @@ def test_split_half_uses_every_choice_when_few(sqlite_engine: Engine) -> None:
             assert abs(row.spearman - sum(rhos) / len(rhos)) <= 4 * row.choice_error
 
 
+@pytest.mark.slow
 def test_many_choices_are_drawn_until_the_error_is_below_001(sqlite_engine: Engine) -> None:
     first, second = noisy_samples(8, 12, seed=8), noisy_samples(8, 12, seed=9)
     a, b = add_batch(sqlite_engine, first), add_batch(sqlite_engine, second)

@@ -165,6 +165,7 @@ async def run_batch(engine: Engine, demo_dir: Path, kind: str = "nightly") -> in
     return outcome.batch_id
 
 
+@pytest.mark.slow
 async def test_a_nightly_batch_is_checked_when_it_finishes(
         sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -179,7 +180,7 @@ async def test_a_nightly_batch_is_checked_when_it_finishes(
     assert json.loads(out)["warnings"] == ["Hold is 100% of 6 graded tickers (limit 70%)"]
     code, out, err = nightdesk(monkeypatch, capsys, "ranking", "--batch", str(batch),
                                "--format", "json")
-    assert code == 0 and len(json.loads(out)) == 6  # stdout stays JSON
+    assert code == 0 and len(json.loads(out)["rows"]) == 6  # stdout stays JSON
     assert f"batch {batch}: Hold is 100%" in " ".join(err.split())
 
 

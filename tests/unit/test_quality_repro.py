@@ -181,6 +181,7 @@ def test_by_k_one_sample_is_the_mean_over_sample_pairs(sqlite_engine: Engine) ->
     assert k1.spearman == pytest.approx(sum(rhos) / 4)
 
 
+@pytest.mark.slow
 def test_by_k_intervals_are_given_ordered_and_bounded(sqlite_engine: Engine) -> None:
     a, b = add_batch(sqlite_engine, SAMPLES_A), add_batch(sqlite_engine, SAMPLES_B)
     rows = repro(sqlite_engine, [a, b], resamples=100).by_k

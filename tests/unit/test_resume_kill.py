@@ -22,6 +22,7 @@ KILLS = ["checkpoint:market", "checkpoint:bull_r1", "checkpoint:trader",
          "record:bear_r2"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill", KILLS)
 def test_a_kill_in_the_checkpoint_write_window_resumes_every_ticker(
         kill: str, sqlite_url: str, sqlite_engine: Engine, tmp_path: Path,

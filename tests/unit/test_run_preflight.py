@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import httpx
 import pytest
 from sqlalchemy import func, inspect, select
 
+from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.bench.fakeserver import FakeServer
 from app.db.engine import get_engine
 from app.db.models import Batch
@@ -38,6 +40,13 @@ def test_check_endpoint_names_what_is_wrong() -> None:
     assert bad_key.level == "fail" and "HTTP 401" in bad_key.detail
 
 
+@pytest.fixture
+def night(tmp_path: Path) -> list[str]:
+    """Return ``run`` of one ticker of a snapshot in place (the home's data folder)."""
+    write_demo(tmp_path / "data", DEMO_AS_OF, 1)
+    return ["run", "--tickers", demo_tickers(1)[0], "--as-of", str(DEMO_AS_OF)]
+
+
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -50,9 +59,8 @@ def closed_port() -> int:
     ("NIGHTDESK_LLM_BASE_URL", "http://127.0.0.1:{port}/v1", "cannot reach"),
 ])
 def test_run_refuses_bad_settings_in_one_line_without_a_batch_row(
-        sqlite_url: str, setting: str, value: str, says: str) -> None:
-    result = run_cli("run", "--tickers", "AAPL", "--as-of", "2026-11-27",
-                     env={setting: value.format(port=closed_port())})
+        sqlite_url: str, night: list[str], setting: str, value: str, says: str) -> None:
+    result = run_cli(*night, env={setting: value.format(port=closed_port())})
     assert result.code == 2, result.stderr
     assert len(result.error_lines) == 1 and says in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
@@ -63,10 +71,10 @@ def test_run_refuses_bad_settings_in_one_line_without_a_batch_row(
 
 
 def test_run_refuses_a_model_the_server_does_not_serve(
-        sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        sqlite_url: str, night: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     server = FakeServer(model="qwen-dense-27b")
     monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: fake_client(server))
-    result = run_cli("run", "--tickers", "AAPL", "--as-of", "2026-11-27")
+    result = run_cli(*night)
     assert result.code == 2 and len(result.error_lines) == 1, result.stderr
     assert "does not serve 'smollm2-135m'" in result.stderr
     # Checked under the nightly lock (a second start says "already running" first), so the

@@ -11,7 +11,7 @@ from serving.facts import parse_startup_log, read_server_facts, write_facts
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-# The GPU spellings of the same facts (vLLM 0.24 on the H200 of ARCHITECTURE.md §8).
+# The GPU spellings of the same facts (vLLM 0.24 on the H200 of docs/performance.md, "On one H200").
 GPU_LOG = """\
 (APIServer pid=1) INFO 05-01 10:00:00 [api_server.py:1] vLLM API server version 0.24.0
 (EngineCore_DP0 pid=2) INFO 05-01 10:00:40 [gpu_model_runner.py:2] Model loading took 32.1 GiB memory and 21.4 seconds

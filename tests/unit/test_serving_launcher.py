@@ -47,6 +47,7 @@ def test_server_that_dies_during_startup_raises_with_its_last_log_lines(tmp_path
     assert not (tmp_path / "cpu-tiny.pid").exists()
 
 
+@pytest.mark.slow
 def test_server_that_never_gets_healthy_is_stopped_at_the_deadline(tmp_path: Path) -> None:
     fake = _python("""
         import time

@@ -80,6 +80,7 @@ def _two_free_ports() -> int:
     raise RuntimeError("no two consecutive free ports")
 
 
+@pytest.mark.slow
 def test_cli_start_status_stop_handle_every_replica(monkeypatch: pytest.MonkeyPatch,
                                                     tmp_path: Path) -> None:
     # The real CLI with a stand-in for vLLM: a health server on the port it was given,

@@ -180,6 +180,7 @@ def run_night_with_a_canary(monkeypatch: pytest.MonkeyPatch, home: Path, databas
             assert not holds_canary(page.text), path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("names", [("a",), ("a", "b")], ids=["one-endpoint", "two-endpoints"])
 def test_a_password_in_the_base_urls_appears_nowhere(monkeypatch: pytest.MonkeyPatch,
                                                      tmp_path: Path,

@@ -283,6 +283,7 @@ async def test_the_tracker_bench_records_every_call_the_fake_answered(
     assert len(rows) == 21 and set(rows) == {(900, 8, 512)}  # what the fake reported
 
 
+@pytest.mark.slow
 def test_the_tracker_bench_reports_the_median_added_time_per_call() -> None:
     # A smoke run of `nightdesk bench tracker` on SQLite: figures are not judged (not a timed
     # test); the added time must be the arithmetic the docstring states, redone here.

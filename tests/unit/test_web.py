@@ -459,6 +459,7 @@ async def finished(job: RerunJob, timeout: float) -> None:
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow
 async def test_the_real_rerun_command_fails_in_one_line_for_an_unknown_ticker(
         sqlite_url: str) -> None:
     # The exact command the web server runs, against this test's (empty) database.

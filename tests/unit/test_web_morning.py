@@ -6,6 +6,7 @@ values are written out from the rows each test adds.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from datetime import date, datetime, timedelta
@@ -214,6 +215,7 @@ def test_the_ticker_page_headlines_the_ranking_s_rating(sqlite_engine: Engine,
     assert headline.startswith("Sell score -0.59 mean of 2 samples")
 
 
+@pytest.mark.slow
 def test_the_ticker_headline_follows_the_ranking_through_reruns(sqlite_engine: Engine,
                                                                 client: TestClient) -> None:
     add_night(sqlite_engine, D1, DUE1, GOOD)
@@ -271,3 +273,46 @@ def test_the_running_night_s_eta_reads_the_same_on_both_faces(sqlite_engine: Eng
         cli = run_cli("ranking", env=UTC_ENV)
     assert progress == "about 30 min 10 s left"
     assert "about 30 min 10 s left" in cli.stderr.splitlines()[1]
+
+
+def test_the_cli_s_json_ranking_carries_the_api_s_night_status(sqlite_engine: Engine,
+                                                               client: TestClient) -> None:
+    first = add_night(sqlite_engine, D1, DUE1, GOOD)
+    add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(error="boom")}, status="failed",
+              error="every ticker failed")
+    with time_machine.travel(MORNING, tick=False):
+        api = client.get("/api/ranking", auth=AUTH).json()
+        cli = json.loads(run_cli("ranking", "--format", "json", env=UTC_ENV).stdout)
+    assert cli["night"] == api["night"]  # one payload, every field (checked_at included)
+    assert cli["night"]["status"] == "failed" and cli["night"]["ranked"]["id"] == first
+    assert cli["batch"] == api["batch"]
+    # The rows too: the page's ranked rows are the CLI's, the unranked follow in the CLI's.
+    assert cli["rows"][:len(api["rows"])] == api["rows"]
+    assert [r["ticker"] for r in cli["rows"]] == ["AAA", "BBB"]
+
+
+def test_batches_read_the_same_on_the_api_and_the_cli(sqlite_engine: Engine,
+                                                      client: TestClient) -> None:
+    add_night(sqlite_engine, D1, DUE1, GOOD, minutes=40)
+    add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.7), "BBB": Rated(status="running")},
+              status="running", heartbeat=DUE2 + timedelta(minutes=25))
+    with time_machine.travel(DUE2 + timedelta(minutes=26), tick=False):
+        api = client.get("/api/batches", auth=AUTH).json()
+        cli = json.loads(run_cli("batches", "--format", "json").stdout)
+    assert api == cli  # same keys, same values, newest first
+    assert [b["duration_s"] for b in cli] == [25 * 60.0, 40 * 60.0]
+    assert cli[0]["tickers"] == "1/2" and cli[0]["status"] == "running"
+
+
+def test_the_page_s_changes_are_nightdesk_changes(sqlite_engine: Engine,
+                                                  client: TestClient) -> None:
+    add_night(sqlite_engine, D1, DUE1, {"AAA": Rated("Hold", 0.0), "BBB": Rated("Buy", 0.7)})
+    add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.6), "BBB": Rated("Sell", -0.8),
+                                        "DDD": Rated("Hold", 0.1)})
+    with time_machine.travel(MORNING, tick=False):
+        api = client.get("/api/ranking", auth=AUTH).json()
+        cli = json.loads(run_cli("changes", "--format", "json", env=UTC_ENV).stdout)
+    assert api["changes"] == cli
+    assert [c["ticker"] for c in cli["changes"]] == ["BBB", "AAA", "DDD"]
+    shown = {r["ticker"]: (r["change"], r["previous_rating"]) for r in api["rows"]}
+    assert shown == {"AAA": ("upgrade", "Hold"), "BBB": ("downgrade", "Buy"), "DDD": ("new", None)}

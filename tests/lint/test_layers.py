@@ -1,4 +1,4 @@
-"""Check the import contract in pyproject.toml: it holds here and breaks on one wrong import."""
+"""Check the import contracts in pyproject.toml: they hold here and break on one wrong import."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ PACKAGES = ("app", "agents", "serving")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 LAYERS = "app (the service) may import agents and serving; they never import app"
 INDEPENDENCE = "agents (the pipeline) and serving (the vLLM server) do not import each other"
+APP_LAYERS = "app's modules import downwards only"
+APP_ACYCLIC = "app's modules import each other in no circle"
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
@@ -42,6 +44,8 @@ def test_contract_holds_on_this_tree() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{LAYERS} KEPT" in result.stdout
     assert f"{INDEPENDENCE} KEPT" in result.stdout
+    assert f"{APP_LAYERS} KEPT" in result.stdout
+    assert f"{APP_ACYCLIC} KEPT" in result.stdout
 
 
 def test_contract_holds_on_an_unchanged_copy(tmp_path: Path) -> None:
@@ -58,6 +62,10 @@ def test_contract_holds_on_an_unchanged_copy(tmp_path: Path) -> None:
         ("serving/wrong.py", "import app.errors\n", LAYERS, "serving.wrong -> app.errors"),
         ("agents/wrong.py", "from serving.urls import server_root\n", INDEPENDENCE,
          "agents.wrong -> serving.urls"),
+        # Inside app/: a low layer reaching up, and a module no layer names.
+        ("app/db/wrong.py", "from app.batch.store import now\n", APP_LAYERS,
+         "app.db.wrong -> app.batch.store"),
+        ("app/wrong.py", "import app.errors\n", APP_LAYERS, "app.wrong"),
     ],
 )
 def test_one_wrong_import_breaks_the_contract(tmp_path: Path, module: str, line: str,
@@ -71,3 +79,17 @@ def test_one_wrong_import_breaks_the_contract(tmp_path: Path, module: str, line:
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"{broken} BROKEN" in result.stdout
     assert named in result.stdout
+
+
+def test_a_circle_inside_one_package_breaks_the_acyclic_contract(tmp_path: Path) -> None:
+    # Two modules of one layer (app.web) importing each other: only the circle rule sees it.
+    root = scratch_copy(tmp_path)
+    for name, other in (("wrong_a", "wrong_b"), ("wrong_b", "wrong_a")):
+        (root / f"app/web/{name}.py").write_text(f'"""Half."""\n\nimport app.web.{other}\n')
+
+    result = lint_imports(root)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"{APP_ACYCLIC} BROKEN" in result.stdout
+    assert f"{APP_LAYERS} KEPT" in result.stdout
+    assert "wrong_a" in result.stdout and "wrong_b" in result.stdout
