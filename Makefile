@@ -20,7 +20,7 @@ BENCH_TICKERS ?= 24
 BENCH_SHAPE ?= --scale 0.005 --output-scale 0.02
 # `sequential` is left out here only for time (one request at a time would take longer than
 # all the other arms together); `nightdesk bench schedulers` runs it by default.
-# adaptive:prefetch=off: the default's one switch (app/batch/chains.py) off, side by side.
+# adaptive:prefetch=off: the default's one switch (app/traffic/chains.py) off, side by side.
 BENCH_STRATEGIES ?= fixed-3,fixed-8,fixed-all,adaptive,flood
 export PYTHONUNBUFFERED := 1
 

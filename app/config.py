@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     """One OpenAI base URL, or several (comma-separated; a TOML array): one vLLM each.
 
     Stored comma-joined; ``base_urls`` is the list, ``base_url`` the first (for code that
-    talks to one server). app/batch/endpoints.py routes a batch's tickers over the list.
+    talks to one server). app/traffic/server.py routes a batch's tickers over the list.
     """
     llm_model: str = "smollm2-135m"
     llm_api_key: SecretStr = SecretStr("EMPTY")
@@ -115,7 +115,7 @@ class Settings(BaseSettings):
     # most the node in flight; "async"/"exit" are LangGraph's cheaper, less durable modes.
     checkpoint_durability: Literal["sync", "async", "exit"] = "sync"
     # How long an endpoint's /metrics may keep failing before its tickers move to the other
-    # endpoints (app/batch/endpoints.py). A saturated CPU server answered every read, the
+    # endpoints (app/traffic/server.py). A saturated CPU server answered every read, the
     # slowest in 1.3 s (docs/performance.md), so 10 s of failures is a gone server.
     endpoint_grace_s: float = Field(10.0, gt=0)
     record_requests: bool = True

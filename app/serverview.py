@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine, select
 
-from app.batch.admission import AdmissionPolicy
-from app.batch.scheduler import Strategy
 from app.db.models import Batch, LLMCall, ServerSample
 from app.errors import InputError
+from app.traffic.admission import AdmissionPolicy
+from app.traffic.strategy import Strategy
 
 KV_HIGH: float = AdmissionPolicy.kv_high
 """KV usage from which a reading counts as cache-bound: the adaptive policy's default."""

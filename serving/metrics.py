@@ -1,7 +1,7 @@
 """Read the vLLM server's ``/metrics`` into typed snapshots.
 
 Parsing goes through prometheus_client's text parser, never regexes. Storing readings is the
-service's business (app/batch/sampler.py); this module knows vLLM, not the database.
+service's business (app/traffic/sampler.py); this module knows vLLM, not the database.
 """
 
 from __future__ import annotations

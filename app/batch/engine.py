@@ -17,21 +17,21 @@ from sqlalchemy import Engine
 
 from agents.data import DataProvider, MarketBundle, get_provider
 from agents.graph import analyze_ticker, chain_length, node_names, thread_id
-from app.batch import cleanup, store
 from app.batch import resume as resumption
+from app.batch import store
 from app.batch.checkpoints import open_checkpointer, prune
-from app.batch.endpoints import EndpointSet
-from app.batch.gate import GatedLLM
-from app.batch.halt import Halt, HaltReason, drive
 from app.batch.lock import LockHold, Runner
-from app.batch.outage import ServerWatch
 from app.batch.outputs import record_outputs
 from app.batch.progress import BatchProgress
-from app.batch.scheduler import Job, Scheduler, Strategy
-from app.batch.tasks import cancel_and_wait
 from app.config import Settings
 from app.errors import ERRORS, BatchStopped, LLMError
 from app.quality import monitor
+from app.traffic.client import TickerClient
+from app.traffic.halt import Halt, HaltReason, drive
+from app.traffic.scheduler import Job, Scheduler
+from app.traffic.server import ServerSet
+from app.traffic.strategy import Strategy
+from app.traffic.tasks import cancel_and_wait
 from app.usage import UsageRecorder
 
 log = structlog.get_logger(__name__)
@@ -39,8 +39,27 @@ log = structlog.get_logger(__name__)
 # The settings a resumed batch takes from its first run: the graph's shape must not change.
 SHAPE_SETTINGS = ("debate_rounds", "risk_rounds", "node_max_tokens")
 
-# One ticker's work: (ticker, gated client, batch id) -> the decisions to store.
-TickerWork = Callable[[str, GatedLLM, int], Awaitable[list["store.DecisionRow"]]]
+# One ticker's work: (ticker, its client, batch id) -> the decisions to store.
+TickerJob = Callable[[str, TickerClient, int], Awaitable[list["store.DecisionRow"]]]
+
+
+@dataclass
+class TickerWork:
+    """What a batch does for each ticker, and what is known of the tickers beforehand.
+
+    ``weights`` order the tickers (heaviest first); ``shapes`` give each ticker's expected
+    (requests, chain length), which lets the scheduler shorten the tail. ``prepare(ticker)``
+    loads what a ticker needs before it is admitted; ``checkpointed`` opens the checkpointer
+    the graph's work uses (``BatchEngine._saver``).
+    """
+
+    job: TickerJob
+    weights: dict[str, float] | None = None
+    shapes: dict[str, tuple[int, int]] | None = None
+    expected_calls: int | None = None
+    prepare: Callable[[str], Awaitable[None]] | None = None
+    final_settings: Callable[[], dict[str, Any]] | None = None
+    checkpointed: bool = False
 
 
 def shaped(settings: Settings, recorded: dict[str, Any]) -> Settings:
@@ -58,6 +77,7 @@ class BatchPlan:
     samples: int = 1
     strategy: str = "adaptive"
     label: str | None = None
+    source_batch_id: int | None = None  # the batch a replay or bench run was made from
 
 
 @dataclass
@@ -73,7 +93,7 @@ class BatchOutcome:
 
 
 class BatchEngine:
-    """Own one batch from its first row to its final status."""
+    """Run batches with one configuration (settings, database, data, servers): see ``run``."""
 
     def __init__(
         self,
@@ -99,21 +119,33 @@ class BatchEngine:
         self.halt = Halt()
         # The nightly lock a nightly run holds: each heartbeat proves it (app/batch/lock.py).
         self.lock = lock
-        self.lock_lost = False
+        # The checkpointer the graph's work uses, while a checkpointed batch runs.
         self._saver: BaseCheckpointSaver[Any] | None = None
 
-    async def resume(self, point: resumption.ResumePoint) -> BatchOutcome:
-        """Continue a stopped batch: its unfinished tickers, from their last finished node."""
-        self.settings = shaped(self.settings, point.settings)
-        self.pipeline = self.settings.pipeline()
-        plan = BatchPlan(point.kind, point.as_of, point.tickers,
-                         int(point.settings.get("samples", 1)),
-                         str(point.settings.get("strategy", "adaptive")), point.label)
-        return await self.run(plan, resuming=point)
+    async def run(self, start: BatchPlan | resumption.ResumePoint,
+                  work: TickerWork | None = None) -> BatchOutcome:
+        """Run a batch, the one way every command does: a plan starts one, a resume point
+        continues a stopped one (its unfinished tickers, from their last finished node).
 
-    async def run(self, plan: BatchPlan, resuming: resumption.ResumePoint | None = None
-                  ) -> BatchOutcome:
-        """Run the graph for every ticker of the plan; one ticker's failure never stops others."""
+        ``work`` is what each ticker does: its graph unless given (a replay, a bench). One
+        ticker's failure never stops the others.
+        """
+        resuming = None
+        if isinstance(start, resumption.ResumePoint):
+            resuming = start
+            self.settings = shaped(self.settings, start.settings)
+            self.pipeline = self.settings.pipeline()
+            plan = BatchPlan(start.kind, start.as_of, start.tickers,
+                             int(start.settings.get("samples", 1)),
+                             str(start.settings.get("strategy", "adaptive")), start.label)
+        else:
+            plan = start
+        if work is None:
+            work = await self._graph_work(plan)
+        return await self._execute(plan, work, resuming)
+
+    async def _graph_work(self, plan: BatchPlan) -> TickerWork:
+        """Return the graph's work for every ticker of the plan: data loaded, checkpointed."""
         demo_seen: list[bool] = []
         bundles: dict[str, MarketBundle] = {}
         loads = asyncio.Semaphore(self.settings.data_concurrency)
@@ -124,7 +156,7 @@ class BatchEngine:
                 bundles[ticker] = await asyncio.to_thread(self.provider.load, ticker,
                                                           plan.as_of)
 
-        async def graph_job(ticker: str, gated: GatedLLM, batch_id: int
+        async def graph_job(ticker: str, gated: TickerClient, batch_id: int
                             ) -> list[store.DecisionRow]:
             bundle = bundles.pop(ticker)
             demo_seen.append(bundle.demo)
@@ -150,182 +182,20 @@ class BatchEngine:
         per_ticker = len(node_names(self.pipeline)) * plan.samples
         # Samples run side by side, so a ticker's chain is one sample's.
         shape = (per_ticker, chain_length(self.pipeline))
-        return await self.execute(plan, graph_job, weights=weights,
-                                  shapes=dict.fromkeys(plan.tickers, shape),
-                                  expected_calls=per_ticker * len(plan.tickers),
-                                  prepare=load,
-                                  final_settings=lambda: {"demo_data": any(demo_seen)},
-                                  resuming=resuming, checkpointed=True)
+        return TickerWork(graph_job, weights=weights, shapes=dict.fromkeys(plan.tickers, shape),
+                          expected_calls=per_ticker * len(plan.tickers), prepare=load,
+                          final_settings=lambda: {"demo_data": any(demo_seen)},
+                          checkpointed=True)
 
-    async def execute(
-        self,
-        plan: BatchPlan,
-        work: TickerWork,
-        *,
-        weights: dict[str, float] | None = None,
-        shapes: dict[str, tuple[int, int]] | None = None,
-        source_batch_id: int | None = None,
-        final_settings: Callable[[], dict[str, Any]] | None = None,
-        expected_calls: int | None = None,
-        prepare: Callable[[str], Awaitable[None]] | None = None,
-        resuming: resumption.ResumePoint | None = None,
-        checkpointed: bool = False,
-    ) -> BatchOutcome:
-        """Own a batch's rows and lifecycle while ``work`` does each ticker's calls.
-
-        ``weights`` order the tickers (heaviest first); ``shapes`` give each ticker's
-        expected (requests, chain length), which lets the scheduler shorten the tail.
-        ``prepare(ticker)`` loads what a ticker needs before it is admitted.
-        ``resuming`` continues that batch instead of creating one; ``checkpointed`` opens
-        the checkpointer the graph's work uses (``self._saver``).
-        """
-        strategy = Strategy.parse(plan.strategy)
-        attempts: dict[tuple[str, str, int], int] = {}
-        if resuming is None:
-            batch_id = await asyncio.to_thread(
-                store.create_batch, self.engine, kind=plan.kind, as_of=plan.as_of,
-                tickers=plan.tickers, samples=plan.samples, label=plan.label,
-                settings={**self.settings.snapshot(), "samples": plan.samples,
-                          "strategy": strategy.name, "runner": Runner.current().record()},
-                server_facts=self.server_facts, source_batch_id=source_batch_id,
-            )
-            outcome = BatchOutcome(batch_id, "running")
-        else:
-            batch_id = resuming.batch_id
-            await asyncio.to_thread(resumption.reopen, self.engine, resuming)
-            # Numbering goes on after what the earlier runs recorded: no row is dropped.
-            attempts = await asyncio.to_thread(resumption.attempts_so_far, self.engine, batch_id)
-            done, failed_before = await asyncio.to_thread(resumption.finished_tickers,
-                                                          self.engine, batch_id)
-            outcome = BatchOutcome(batch_id, "running", done, failed_before)
-
-        with structlog.contextvars.bound_contextvars(batch_id=batch_id):
-            log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
-                     samples=plan.samples, strategy=strategy.name, as_of=str(plan.as_of))
-            recorder = UsageRecorder(self.engine)
-            hint = f"; resume with `nightdesk run --resume {batch_id}`"
-            # The outage watch covers one server. With several endpoints a server that goes
-            # away has its tickers moved to the others instead (app/batch/endpoints.py).
-            watch = ServerWatch(self.settings.base_url, budget_s=self.settings.outage_budget_s,
-                                interval_s=self.settings.server_probe_interval_s,
-                                halt=self.halt, client=self.http_client, resume_hint=hint)
-            # A client and a /metrics sampler per endpoint (one, unless several are set);
-            # the LLM's client (when one is given) also reads /metrics: the same servers.
-            endpoints = EndpointSet.connect(
-                self.settings, strategy, recorder, engine=self.engine, batch_id=batch_id,
-                sample=self.sample_metrics, http_client=self.http_client,
-                max_in_flight=max_in_flight(strategy, shapes, self.settings.max_concurrency),
-                watch=watch, attempts_before=attempts, halt=self.halt, resume_hint=hint)
-            single = not endpoints.several
-            # An unreadable /metrics is a server problem: the watch pauses admission on it.
-            scheduler = Scheduler(None, strategy, endpoints=endpoints,
-                                  interval_s=min(self.settings.metrics_interval_s, 2.0),
-                                  on_metrics=watch.note_metrics if single else None)
-            if single:
-                watch.gate = scheduler.gate
-            llm, sampler = ((endpoints, endpoints) if endpoints.several
-                            else (endpoints.first.llm, endpoints.first.gauges))
-            progress = self.progress_factory(batch_id, len(plan.tickers), llm, scheduler,
-                                             sampler, expected_calls=expected_calls)
-
-            async def ticker_job(ticker: str, gated: GatedLLM) -> list[store.DecisionRow]:
-                await asyncio.to_thread(store.ticker_started, self.engine, batch_id, ticker)
-                with structlog.contextvars.bound_contextvars(ticker=ticker):
-                    return await work(ticker, gated, batch_id)
-
-            async def on_done(job: Job, decisions: Any, error: BaseException | None) -> None:
-                message = None if error is None else _one_line(error)
-                if isinstance(error, LLMError) and error.stops_batch:
-                    # Every call would meet it (a wrong key, URL or model): stop the batch
-                    # rather than fail each ticker; this one stays resumable.
-                    self.halt.request(HaltReason("failed", message or "", error.exit_code))
-                    return
-                if isinstance(error, BatchStopped):
-                    return  # stopped, not failed: left for `run --resume`
-                message = await self._store_result(batch_id, job.key, decisions or [], message)
-                if self._saver is not None:
-                    await prune(self._saver, [thread_id(batch_id, job.key, s)
-                                              for s in range(plan.samples)])
-                if message:
-                    outcome.failed[job.key] = message
-                    log.error("ticker failed", ticker=job.key, error=message)
-                else:
-                    outcome.succeeded.append(job.key)
-                    log.info("ticker done", ticker=job.key,
-                             rating=decisions[0].rating if decisions else None)
-                progress.ticker_done(job.key, ok=message is None)
-
-            jobs = [Job(t, functools.partial(ticker_job, t), (weights or {}).get(t, 0.0),
-                        *(shapes or {}).get(t, (0, 0)),
-                        prepare=functools.partial(prepare, t) if prepare else None)
-                    for t in plan.tickers]
-            heart = asyncio.create_task(self._heartbeat(batch_id))
-            status, error_text = "crashed", None
-            body_ok = False
-            try:
-                await recorder.start()
-                await endpoints.start()
-                async with self._checkpoints(checkpointed, recorder):
-                    watching = (asyncio.create_task(watch.run(), name="server-watch")
-                                if single else None)
-                    try:
-                        async with progress:
-                            await drive(scheduler, scheduler.run(jobs, on_done), self.halt)
-                    finally:
-                        if watching is not None:
-                            await cancel_and_wait(watching)
-                    if self._saver is not None and self.halt.reason is None:
-                        # Every ticker finished: no checkpoint of the batch is needed any more
-                        # (one left by a process killed between storing and pruning included).
-                        await prune(self._saver, await asyncio.to_thread(
-                            resumption.threads_of, self.engine, batch_id))
-                # Honest: "succeeded" only when every ticker did, "partial" when some did.
-                # Counted over the whole batch: a resume's earlier tickers included.
-                status = ("succeeded" if not outcome.failed
-                          else "partial" if outcome.succeeded else "failed")
-                if self.halt.reason is not None:
-                    outcome.halt = self.halt.reason
-                    status, error_text = self.halt.reason.status, self.halt.reason.message
-                if watch.outages:
-                    extra = final_settings
-                    final_settings = lambda: {**(extra() if extra else {}),  # noqa: E731
-                                              "server_outages": watch.outages}
-                fallback = scheduler.fallback_record()
-                if fallback is not None:  # shown by `nightdesk report`
-                    before = final_settings
-                    final_settings = lambda: {**(before() if before else {}),  # noqa: E731
-                                              "metrics_fallback": fallback}
-                body_ok = True
-            except (asyncio.CancelledError, KeyboardInterrupt):
-                status, error_text = "interrupted", "interrupted by the operator"
-                raise
-            except Exception as exc:
-                error_text = _one_line(exc)
-                raise
-            finally:
-                # Each step runs whatever the others do, and the status is written after all.
-                failed = await cleanup.run_all([
-                    ("stop the heartbeat", functools.partial(_stop, heart)),
-                    ("stop the metrics samplers", endpoints.stop),
-                    ("close the usage recorder", recorder.close),
-                    ("close the LLM clients", endpoints.aclose),
-                ])
-                if failed:
-                    error_text = "; ".join(filter(None, [error_text, cleanup.describe(failed)]))
-                outcome.status = status
-                outcome.admission = scheduler.admission()
-                outcome.holdback = scheduler.holdback_timeline()
-                if await self._may_write_end(batch_id):
-                    await asyncio.to_thread(
-                        store.finish_batch, self.engine, batch_id, status, error_text,
-                        final_settings() if final_settings else None)
-                log.info("batch finished", status=status, succeeded=len(outcome.succeeded),
-                         failed=len(outcome.failed), admission=outcome.admission)
-                cleanup.reraise(failed, body_ok=body_ok)
-            if plan.kind == "nightly" and status in ("succeeded", "partial"):
-                # Judged once the night is whole: an interrupted one when its resume ends.
-                await asyncio.to_thread(self._watch_ratings, batch_id)
-        return outcome
+    async def _execute(self, plan: BatchPlan, work: TickerWork,
+                       resuming: resumption.ResumePoint | None) -> BatchOutcome:
+        """Run one batch through its lifecycle (BatchRun), then judge a whole night."""
+        async with BatchRun(self, plan, work, resuming) as run:
+            await run.drive()
+        if plan.kind == "nightly" and run.status in ("succeeded", "partial"):
+            # Judged once the night is whole: an interrupted one when its resume ends.
+            await asyncio.to_thread(self._watch_ratings, run.batch_id)
+        return run.outcome
 
     def _watch_ratings(self, batch_id: int) -> None:
         """Run the rating-distribution monitor; its failure is logged, never the batch's."""
@@ -335,73 +205,249 @@ class BatchEngine:
         except Exception as exc:
             log.warning("rating monitor failed", error=_one_line(exc))
 
+
+class BatchRun:
+    """One batch from its first row to its final status, as an async context.
+
+    Entering creates the batch's rows (or reopens a stopped batch's) and starts what it
+    runs on: usage recorder, servers, heartbeat, each pushed on an AsyncExitStack.
+    ``drive`` runs every ticker under the scheduler. Leaving closes them last to first,
+    each whatever the others did (a failed step is recorded, never skips the rest), and
+    then writes the batch's status and its one-line reason.
+    """
+
+    def __init__(self, owner: BatchEngine, plan: BatchPlan, work: TickerWork,
+                 resuming: resumption.ResumePoint | None = None) -> None:
+        self.owner = owner
+        self.plan = plan
+        self.work = work
+        self.resuming = resuming
+        self.strategy = Strategy.parse(plan.strategy)
+        self.status = "crashed"  # until the run says otherwise
+        self.error_text: str | None = None
+        self.body_ok = False
+        self.lock_lost = False
+        self.final_settings = work.final_settings
+        self._stack = contextlib.AsyncExitStack()
+        self._closed: list[tuple[str, BaseException]] = []  # closing steps that failed
+        self._context = contextlib.ExitStack()
+
+    async def __aenter__(self) -> BatchRun:
+        owner, plan, settings = self.owner, self.plan, self.owner.settings
+        attempts: dict[tuple[str, str, int], int] = {}
+        if self.resuming is None:
+            self.batch_id = await asyncio.to_thread(
+                store.create_batch, owner.engine, kind=plan.kind, as_of=plan.as_of,
+                tickers=plan.tickers, samples=plan.samples, label=plan.label,
+                settings={**settings.snapshot(), "samples": plan.samples,
+                          "strategy": self.strategy.name, "runner": Runner.current().record()},
+                server_facts=owner.server_facts, source_batch_id=plan.source_batch_id,
+            )
+            self.outcome = BatchOutcome(self.batch_id, "running")
+        else:
+            self.batch_id = self.resuming.batch_id
+            await asyncio.to_thread(resumption.reopen, owner.engine, self.resuming)
+            # Numbering goes on after what the earlier runs recorded: no row is dropped.
+            attempts = await asyncio.to_thread(resumption.attempts_so_far, owner.engine,
+                                               self.batch_id)
+            done, failed_before = await asyncio.to_thread(resumption.finished_tickers,
+                                                          owner.engine, self.batch_id)
+            self.outcome = BatchOutcome(self.batch_id, "running", done, failed_before)
+        self._context.enter_context(
+            structlog.contextvars.bound_contextvars(batch_id=self.batch_id))
+        log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
+                 samples=plan.samples, strategy=self.strategy.name, as_of=str(plan.as_of))
+        self.recorder = UsageRecorder(owner.engine)
+        hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
+        # A client and a /metrics sampler per server (one, unless several are set), and
+        # what stands in for a server that does not answer (app/traffic/server.py); the
+        # LLM's client (when one is given) also reads /metrics: the same servers.
+        self.servers = ServerSet.connect(
+            settings, self.strategy, self.recorder, engine=owner.engine,
+            batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
+            max_in_flight=max_in_flight(self.strategy, self.work.shapes,
+                                        settings.max_concurrency),
+            attempts_before=attempts, halt=owner.halt, resume_hint=hint)
+        self.scheduler = Scheduler(None, self.strategy, endpoints=self.servers,
+                                   interval_s=min(settings.metrics_interval_s, 2.0))
+        self.progress = owner.progress_factory(self.batch_id, len(plan.tickers), self.servers,
+                                               self.scheduler, self.servers,
+                                               expected_calls=self.work.expected_calls)
+        closing = self._stack
+        try:
+            # Closed last to first: the heartbeat, the samplers, the recorder, the clients.
+            for name, close in (("close the LLM clients", self.servers.aclose),
+                                ("close the usage recorder", self.recorder.close),
+                                ("stop the metrics samplers", self.servers.stop)):
+                closing.push_async_callback(_closing, self._closed, name, close)
+            heart = asyncio.create_task(self._heartbeat())
+            closing.push_async_callback(_closing, self._closed, "stop the heartbeat",
+                                        functools.partial(cancel_and_wait, heart))
+            await self.recorder.start()
+            await self.servers.start()
+        except BaseException as error:
+            await self.__aexit__(type(error), error, error.__traceback__)
+            raise
+        return self
+
+    async def drive(self) -> None:
+        """Run every ticker of the plan; a halt (signal, outage, refused key) stops them."""
+        owner, plan, work, outcome = self.owner, self.plan, self.work, self.outcome
+
+        async def ticker_job(ticker: str, gated: TickerClient) -> list[store.DecisionRow]:
+            await asyncio.to_thread(store.ticker_started, owner.engine, self.batch_id, ticker)
+            with structlog.contextvars.bound_contextvars(ticker=ticker):
+                return await work.job(ticker, gated, self.batch_id)
+
+        async def on_done(job: Job, decisions: Any, error: BaseException | None) -> None:
+            message = None if error is None else _one_line(error)
+            if isinstance(error, LLMError) and error.stops_batch:
+                # Every call would meet it (a wrong key, URL or model): stop the batch
+                # rather than fail each ticker; this one stays resumable.
+                owner.halt.request(HaltReason("failed", message or "", error.exit_code))
+                return
+            if isinstance(error, BatchStopped):
+                return  # stopped, not failed: left for `run --resume`
+            message = await self._store_result(job.key, decisions or [], message)
+            if owner._saver is not None:
+                await prune(owner._saver, [thread_id(self.batch_id, job.key, s)
+                                           for s in range(plan.samples)])
+            if message:
+                outcome.failed[job.key] = message
+                log.error("ticker failed", ticker=job.key, error=message)
+            else:
+                outcome.succeeded.append(job.key)
+                log.info("ticker done", ticker=job.key,
+                         rating=decisions[0].rating if decisions else None)
+            self.progress.ticker_done(job.key, ok=message is None)
+
+        prepare = work.prepare
+        jobs = [Job(t, functools.partial(ticker_job, t), (work.weights or {}).get(t, 0.0),
+                    *(work.shapes or {}).get(t, (0, 0)),
+                    prepare=functools.partial(prepare, t) if prepare else None)
+                for t in plan.tickers]
+        async with self._checkpoints():
+            async with self.progress:
+                await drive(self.scheduler, self.scheduler.run(jobs, on_done), owner.halt)
+            if owner._saver is not None and owner.halt.reason is None:
+                # Every ticker finished: no checkpoint of the batch is needed any more
+                # (one left by a process killed between storing and pruning included).
+                await prune(owner._saver, await asyncio.to_thread(
+                    resumption.threads_of, owner.engine, self.batch_id))
+        # Honest: "succeeded" only when every ticker did, "partial" when some did.
+        # Counted over the whole batch: a resume's earlier tickers included.
+        self.status = ("succeeded" if not outcome.failed
+                       else "partial" if outcome.succeeded else "failed")
+        if owner.halt.reason is not None:
+            outcome.halt = owner.halt.reason
+            self.status, self.error_text = owner.halt.reason.status, owner.halt.reason.message
+        extra: dict[str, Any] = {}
+        if self.servers.outages:
+            extra["server_outages"] = self.servers.outages
+        fallback = self.scheduler.fallback_record()
+        if fallback is not None:  # shown by `nightdesk report`
+            extra["metrics_fallback"] = fallback
+        if extra:
+            before = self.final_settings
+            self.final_settings = lambda: {**(before() if before else {}), **extra}
+        self.body_ok = True
+
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
+                        tb: Any) -> None:
+        if exc is not None and not self.body_ok:
+            if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+                self.status, self.error_text = "interrupted", "interrupted by the operator"
+            elif isinstance(exc, Exception):
+                self.error_text = _one_line(exc)
+        try:
+            await self._stack.aclose()
+            if self._closed:
+                self.error_text = "; ".join(filter(None, [self.error_text,
+                                                          _describe(self._closed)]))
+            outcome = self.outcome
+            outcome.status = self.status
+            outcome.admission = self.scheduler.admission()
+            outcome.holdback = self.scheduler.holdback_timeline()
+            if await self._may_write_end():
+                await asyncio.to_thread(
+                    store.finish_batch, self.owner.engine, self.batch_id, self.status,
+                    self.error_text, self.final_settings() if self.final_settings else None)
+            log.info("batch finished", status=self.status, succeeded=len(outcome.succeeded),
+                     failed=len(outcome.failed), admission=outcome.admission)
+            _reraise(self._closed, body_ok=self.body_ok and exc is None)
+        finally:
+            self._context.close()
+
     @contextlib.asynccontextmanager
-    async def _checkpoints(self, wanted: bool, recorder: UsageRecorder) -> AsyncIterator[None]:
-        """Open the checkpointer for the graph's work (``self._saver``) when ``wanted``."""
-        if not wanted:
+    async def _checkpoints(self) -> AsyncIterator[None]:
+        """Open the checkpointer for the graph's work (``owner._saver``) when it wants one."""
+        if not self.work.checkpointed:
             yield
             return
-        async with open_checkpointer(self.settings.database_url,
-                                     before_write=recorder.drain) as saver:
-            self._saver = saver
+        async with open_checkpointer(self.owner.settings.database_url,
+                                     before_write=self.recorder.drain) as saver:
+            self.owner._saver = saver
             try:
                 yield
             finally:
-                self._saver = None
+                self.owner._saver = None
 
-    async def _store_result(self, batch_id: int, ticker: str,
-                            decisions: list[store.DecisionRow], error: str | None) -> str | None:
+    async def _store_result(self, ticker: str, decisions: list[store.DecisionRow],
+                            error: str | None) -> str | None:
         """Store how a ticker ended; return why it failed (None: it succeeded).
 
         A result the database will not take (the store's retries spent, text it refuses)
         fails this ticker only, with the reason: the rest of the night goes on.
         """
+        engine = self.owner.engine
         try:
-            await asyncio.to_thread(store.ticker_finished, self.engine, batch_id, ticker,
+            await asyncio.to_thread(store.ticker_finished, engine, self.batch_id, ticker,
                                     decisions, error)
             return error
         except Exception as exc:
             reason = "; ".join(filter(None, [error, f"result not stored: {_one_line(exc)}"]))
         log.error("ticker result not stored", ticker=ticker, error=reason)
         try:
-            await asyncio.to_thread(store.ticker_finished, self.engine, batch_id, ticker, [],
+            await asyncio.to_thread(store.ticker_finished, engine, self.batch_id, ticker, [],
                                     reason)
         except Exception as exc:
             # The database is away for now: finish_batch marks the ticker when it can.
             log.error("ticker status not stored", ticker=ticker, error=_one_line(exc))
         return reason
 
-    async def _heartbeat(self, batch_id: int) -> None:
-        interval, stale = self.settings.heartbeat_interval_s, self.settings.heartbeat_stale_s
+    async def _heartbeat(self) -> None:
+        settings, lock = self.owner.settings, self.owner.lock
+        interval, stale = settings.heartbeat_interval_s, settings.heartbeat_stale_s
         # Past this without proving the nightly lock the run stops: a later start takes a
         # batch whose heartbeat is ``stale`` old for dead, and must not find it still calling.
         give_up = max(stale - 2 * interval, stale / 2)
         while True:
             await asyncio.sleep(interval)
             try:
-                if self.lock is None:
-                    await asyncio.to_thread(store.heartbeat, self.engine, batch_id)
-                elif await asyncio.to_thread(self.lock.beat, batch_id):
+                if lock is None:
+                    await asyncio.to_thread(store.heartbeat, self.owner.engine, self.batch_id)
+                elif await asyncio.to_thread(lock.beat, self.batch_id):
                     continue
             except Exception as exc:  # a missed heartbeat is not worth failing the batch
                 log.warning("heartbeat not stored", error=_one_line(exc))
-            if self.lock is not None and self.lock.unproven_s > give_up:
+            if lock is not None and lock.unproven_s > give_up:
                 self.lock_lost = True
-                self.halt.request(HaltReason(
+                self.owner.halt.request(HaltReason(
                     "interrupted", f"the nightly lock could not be proven held for "
-                    f"{self.lock.unproven_s:.0f} s (the database restarted or another run "
+                    f"{lock.unproven_s:.0f} s (the database restarted or another run "
                     "took it): stopped so that no call is made twice", 4))
                 return
 
-    async def _may_write_end(self, batch_id: int) -> bool:
+    async def _may_write_end(self) -> bool:
         """Return whether this run may write the batch's end: not once its lock is lost."""
-        if not self.lock_lost or self.lock is None:
+        lock = self.owner.lock
+        if not self.lock_lost or lock is None:
             return True
         with contextlib.suppress(Exception):
-            if await asyncio.to_thread(self.lock.beat, batch_id):
+            if await asyncio.to_thread(lock.beat, self.batch_id):
                 return True
         # Another run may own the batch now; the next start marks it crashed if none does.
-        log.error("batch end not written: the nightly lock is lost", batch_id=batch_id)
+        log.error("batch end not written: the nightly lock is lost", batch_id=self.batch_id)
         return False
 
 
@@ -423,10 +469,34 @@ def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
     return sum(requests[:strategy.tickers_in_flight or len(requests)])
 
 
-async def _stop(task: asyncio.Task[None]) -> None:
-    # Not suppress(CancelledError) around the await: that would swallow the batch's own
-    # cancellation when it comes during the wait.
-    await cancel_and_wait(task)
+async def _closing(failed: list[tuple[str, BaseException]], name: str,
+                   close: Callable[[], Awaitable[object]]) -> None:
+    """Run one closing step of a batch; keep what it raised in ``failed`` instead of raising.
+
+    A batch's end is a chain of closings before its status is written: one that raises
+    must not keep the others, or the status, from happening. Even a cancellation is held
+    until every step has run (``_reraise``).
+    """
+    try:
+        await close()
+    except BaseException as error:  # reported by the caller, never lost
+        log.error("cleanup step failed", step=name, error=f"{type(error).__name__}: {error}")
+        failed.append((name, error))
+
+
+def _describe(failed: list[tuple[str, BaseException]]) -> str:
+    """Return one line naming each failed closing step and its error."""
+    return "; ".join(f"cleanup: {name}: {type(error).__name__}: {error}"
+                     for name, error in failed)[:500]
+
+
+def _reraise(failed: list[tuple[str, BaseException]], *, body_ok: bool) -> None:
+    """Raise what closing met: a cancellation always; an error when nothing else is raised."""
+    for _, error in failed:
+        if not isinstance(error, Exception):
+            raise error
+    if failed and body_ok:
+        raise failed[0][1]
 
 
 def first_error(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -155,7 +155,7 @@ def resume_batch(settings: Settings, engine: Engine, point: resumption.ResumePoi
     if announce is not None:
         announce(point)
     runner = _runner(settings, engine, lock)
-    outcome = run_batch(runner.resume(point), runner.halt, settings.shutdown_grace_s)
+    outcome = run_batch(runner.run(point), runner.halt, settings.shutdown_grace_s)
     send_digest(settings, engine, outcome)
     return outcome
 

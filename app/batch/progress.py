@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from app.batch.tasks import cancel_and_wait
 from app.night import eta_s
+from app.traffic.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 

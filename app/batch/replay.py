@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
-from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
-from app.batch.gate import GatedLLM
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
 from app.batch.store import DecisionRow
 from app.batch.workload import play, recorded_workload, shape
 from app.config import Settings
+from app.traffic.client import TickerClient
 
 
 async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
@@ -22,16 +22,16 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
         for item in items:
             item.body["model"] = settings.llm_model  # the arm's server may name it otherwise
 
-    async def work(ticker: str, gated: GatedLLM, replay_id: int) -> list[DecisionRow]:
+    async def work(ticker: str, gated: TickerClient, replay_id: int) -> list[DecisionRow]:
         return await play(workload[ticker], gated, replay_id)
 
     weights = {t: float(sum(i.body.get("max_tokens", 0) for i in items))
                for t, items in workload.items()}
     samples = int((source.settings or {}).get("samples", 1))
     plan = BatchPlan("replay", source.as_of, sorted(workload), samples, strategy,
-                     label or f"replay of {batch_id}")
+                     label or f"replay of {batch_id}", source_batch_id=batch_id)
     runner = BatchEngine(settings, engine, sample_metrics=sample_metrics,
                          server_facts=server_facts, **engine_kwargs)  # type: ignore[arg-type]
-    return await runner.execute(plan, work, weights=weights, source_batch_id=batch_id,
-                                shapes={t: shape(items) for t, items in workload.items()},
-                                expected_calls=sum(len(items) for items in workload.values()))
+    return await runner.run(plan, TickerWork(
+        work, weights=weights, shapes={t: shape(items) for t, items in workload.items()},
+        expected_calls=sum(len(items) for items in workload.values())))

@@ -13,8 +13,8 @@ import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from app.batch.halt import Halt, HaltReason
 from app.errors import NightdeskError
+from app.traffic.halt import Halt, HaltReason
 
 T = TypeVar("T")
 

@@ -11,9 +11,9 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
-from app.batch.gate import GatedLLM
 from app.db.models import Batch, LLMCall, LLMRequest
 from app.errors import InputError, LLMError
+from app.traffic.client import TickerClient
 from app.usage import decompress_body
 
 
@@ -120,7 +120,7 @@ def shape(items: list[WorkItem]) -> tuple[int, int]:
     return len(items), max((chain(i) for i in items), default=0)
 
 
-async def play(items: list[WorkItem], gated: GatedLLM, batch_id: int, *,
+async def play(items: list[WorkItem], gated: TickerClient, batch_id: int, *,
                ignore_deps: bool = False) -> list[Any]:
     """Send a ticker's requests, each after its dependencies finished; raise the first failure.
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from app.batch.budget import prompt_bytes
-from app.batch.scheduler import Strategy
 from app.batch.workload import Workload
 from app.errors import InputError
+from app.traffic.budget import prompt_bytes
+from app.traffic.strategy import Strategy
 
 SWEEP = "sweep"  # in a list of arms: the fixed-N sweep
 DEFAULT_ARMS = f"fixed-3,{SWEEP},fixed-all,adaptive"

@@ -35,8 +35,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from app.batch.budget import prompt_bytes
 from app.bench.fakeload import Sequence, ServerLoad
+from app.traffic.budget import prompt_bytes
 
 MODEL = "fleet-model"
 MAX_CATCH_UP = 64  # steps one late wake-up may run at once

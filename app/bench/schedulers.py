@@ -28,9 +28,7 @@ import httpx
 import structlog
 from sqlalchemy import Engine
 
-from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.gate import GatedLLM
-from app.batch.scheduler import Strategy
+from app.batch.engine import BatchEngine, BatchPlan, TickerWork
 from app.batch.workload import Workload, play, shape
 from app.bench.arms import DEFAULT_ARMS, FLOOD, plan_arms
 from app.bench.bound import (
@@ -45,6 +43,8 @@ from app.bench.tracker import machine_facts as host_facts
 from app.config import Settings
 from app.errors import InputError, ServerError
 from app.report import arm
+from app.traffic.client import TickerClient
+from app.traffic.strategy import Strategy
 from serving.metrics import aread_metrics
 from serving.urls import redact
 
@@ -205,14 +205,14 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         arm_load = _salted(workload, f"{run_id}-{strategy}")
         flood = strategy == SERVER_BOUND
 
-        async def work(ticker: str, gated: GatedLLM, batch_id: int,
+        async def work(ticker: str, gated: TickerClient, batch_id: int,
                        arm_load: Workload = arm_load, flood: bool = flood) -> list[Any]:
             return await play(arm_load[ticker], gated, batch_id, ignore_deps=flood)
 
         log.info("bench arm", strategy=strategy)
         plan = BatchPlan("bench", date.today(), sorted(workload), 1,
                          "fixed-all" if flood else strategy, f"bench {run_id} {strategy}")
-        outcome = await runner.execute(plan, work, weights=weights, shapes=shapes)
+        outcome = await runner.run(plan, TickerWork(work, weights=weights, shapes=shapes))
         figures = await asyncio.to_thread(arm, engine, outcome.batch_id)
         figures["strategy"] = strategy
         figures["admission"] = outcome.admission

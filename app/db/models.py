@@ -220,7 +220,7 @@ class ServerSample(Base):
     decode_time_s_total: Mapped[float | None] = mapped_column(Float)
     # The OpenAI base URL whose /metrics this is (None on rows older than several endpoints).
     endpoint: Mapped[str | None] = mapped_column(String(300))
-    # The most our own event loop ran late since the reading before (app/batch/sampler.py):
+    # The most our own event loop ran late since the reading before (app/traffic/sampler.py):
     # a client too busy reading its streams has stale gauges (None on older rows).
     client_lag_s: Mapped[float | None] = mapped_column(Float)
 

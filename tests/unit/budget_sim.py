@@ -18,9 +18,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from agents.chat import CallTag
-from app.batch.budget import TokenBudget
-from app.batch.gate import GatedLLM
-from app.batch.scheduler import Job, Scheduler, Strategy
+from app.traffic.budget import TokenBudget
+from app.traffic.client import TickerClient
+from app.traffic.scheduler import Job, Scheduler
+from app.traffic.strategy import Strategy
 
 
 @dataclass
@@ -113,7 +114,7 @@ class SimServer(KVGauges):
 
 def chain_job(key: str, length: int, first_bytes: int, step_bytes: int, out: int) -> Job:
     """Return a ticker of ``length`` calls one after another, each prompt longer than the last."""
-    async def run(gated: GatedLLM) -> None:
+    async def run(gated: TickerClient) -> None:
         for step in range(length):
             await gated.send(CallTag(1, key, f"n{step}", 0),
                              body(first_bytes + step * step_bytes, out))

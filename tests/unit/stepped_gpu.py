@@ -37,8 +37,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from agents.chat import CallTag
-from app.batch.gate import GatedLLM
-from app.batch.scheduler import Job, Scheduler, Strategy
+from app.traffic.client import TickerClient
+from app.traffic.scheduler import Job, Scheduler
+from app.traffic.strategy import Strategy
 from tests.unit.budget_sim import G, KVGauges, body
 
 ANALYST_PROMPT = 900  # tokens, the bench's shape at scale 0.2 (app/bench/workloads.py)
@@ -190,7 +191,7 @@ def ticker(key: str, out: int, spans: dict[str, list[int]], gpu: SteppedGPU,
         return _body(round(CHAIN_FIRST + n * (CHAIN_LAST - CHAIN_FIRST) / 12), out,
                      (key, SHARED))
 
-    async def run(gated: GatedLLM) -> None:
+    async def run(gated: TickerClient) -> None:
         spans[key] = [gpu.steps, -1]
         analysts = [gated.send(CallTag(1, key, f"analyst{i}", 0), _body(ANALYST_PROMPT, out))
                     for i in range(4)]

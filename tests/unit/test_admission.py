@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from app.batch.admission import AdmissionPolicy
-from app.batch.gate import Gate
+from app.traffic.admission import AdmissionPolicy
+from app.traffic.gate import Gate
 
 
 @dataclass

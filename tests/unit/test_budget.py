@@ -18,18 +18,21 @@ import numpy as np
 import pytest
 from sqlalchemy import Engine
 
-from app.batch.budget import TokenBudget
-from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
-from app.batch.gate import Gate, GatedLLM, Ticket
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
 from app.batch.progress import BatchProgress
-from app.batch.sampler import MetricsSampler
-from app.batch.scheduler import Scheduler, Strategy
 from app.batch.workload import play, shape
 from app.bench.fakechat import Reply
 from app.bench.fakeserver import FakeServer
 from app.bench.workloads import synthetic_workload
 from app.config import load_settings
 from app.llm import CallStats
+from app.traffic.budget import TokenBudget
+from app.traffic.client import TickerClient
+from app.traffic.gate import Gate
+from app.traffic.sampler import MetricsSampler
+from app.traffic.scheduler import Scheduler
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 from tests.unit.budget_sim import G, SimServer, blocks, body, run_sim
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
@@ -232,11 +235,12 @@ async def _engine_run(sqlite_engine: Any, strategy: str, kv_tokens: int
     server = FakeServer(script=answer, capacity=64, kv_tokens=kv_tokens)
     runner = BatchEngine(settings, sqlite_engine, http_client=server.client())
 
-    async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[Any]:
+    async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[Any]:
         return await play(load[ticker], gated, batch_id)
 
     plan = BatchPlan("bench", date(2025, 1, 2), sorted(load), 1, strategy)
-    outcome = await runner.execute(plan, work, shapes={t: shape(i) for t, i in load.items()})
+    outcome = await runner.run(plan, TickerWork(work, shapes={t: shape(i)
+                                                              for t, i in load.items()}))
     return server, outcome
 
 
@@ -287,10 +291,10 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
     # cap's first readings carried that cost. The endpoint now has the server count the
     # first prompt before costing it, once; the others wait for it.
     from agents.chat import CallTag
-    from app.batch.endpoints import EndpointSet
-    from app.batch.routed import RoutedLLM
     from app.bench.fakeserver import BASE_URL
     from app.llm import TrackedLLM
+    from app.traffic.client import TickerClient
+    from app.traffic.server import ServerSet
     from app.usage import UsageRecorder
 
     fake = FakeServer(lambda chat: Reply("ok", completion_tokens=3), tokenize_count=1_000,
@@ -298,10 +302,10 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
     settings = load_settings(llm_base_url=BASE_URL, check_context_length=True)
     async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=http)
-        endpoints = EndpointSet.single(llm, Strategy.parse("adaptive"),
+        endpoints = ServerSet.single(llm, Strategy.parse("adaptive"),
                                        gauges=SimpleNamespace())
         endpoint = endpoints.first
-        budget = endpoint.budget
+        budget = endpoint.limits.budget
         assert budget is not None and not budget.ratio_known()
         taken: list[int] = []
         take = budget.take
@@ -311,7 +315,7 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
             take(cost, held)
 
         budget.take = recording  # type: ignore[method-assign]
-        routed = RoutedLLM(endpoints, endpoint, Ticket(0, 4, 1))
+        routed = TickerClient(endpoints, endpoint, Ticket(0, 4, 1))
         prompts = [{"model": settings.llm_model, **body(4_000, 300)} for _ in range(4)]
         for i, prompt in enumerate(prompts):
             prompt["messages"][1]["content"] += str(i)  # four analysts: four prompts
@@ -337,9 +341,9 @@ async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default
     # tokens per byte); on an H200 the prompts came to 0.226, so the first minute's costs
     # were 2.3x too high. The context check's /tokenize count (made before the first call
     # goes out) now sets the ratio until finished requests do.
-    from app.batch.endpoints import Endpoint
     from app.bench.fakeserver import BASE_URL
     from app.llm import TrackedLLM
+    from app.traffic.server import Server
     from app.usage import UsageRecorder
 
     fake = FakeServer(tokenize_count=1_000, max_model_len=32_768)
@@ -347,9 +351,9 @@ async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default
     prompt = body(4_000, 300)
     async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=http)
-        endpoint = Endpoint(0, BASE_URL, llm, Strategy.parse("adaptive"),
+        endpoint = Server(0, BASE_URL, llm, Strategy.parse("adaptive"),
                             gauges=SimpleNamespace())
-        budget = endpoint.budget
+        budget = endpoint.limits.budget
         assert budget is not None
         assert budget.ratio() == budget.tokens_per_byte == 0.5  # nothing counted yet
         default = budget.cost("market", prompt)

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from app.batch.budget import Claim, TokenBudget
-from app.batch.scheduler import Scheduler, Strategy
 from app.errors import InputError
+from app.traffic.budget import Claim, TokenBudget
+from app.traffic.scheduler import Scheduler
+from app.traffic.strategy import Strategy
 from tests.unit.budget_sim import G, SimServer, run_sim
 
 AT = datetime.fromtimestamp(1_000, UTC)

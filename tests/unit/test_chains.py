@@ -1,4 +1,4 @@
-"""Tickers in flight, capped by the chains the token budget keeps going (app/batch/chains.py)."""
+"""Tickers in flight, capped by the chains the token budget keeps going (app/traffic/chains.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ from types import SimpleNamespace
 import pytest
 
 from agents.chat import CallTag
-from app.batch.budget import TokenBudget
-from app.batch.chains import Footprint
-from app.batch.endpoints import Endpoint
-from app.batch.gate import Gate, GatedLLM, Ticket
-from app.batch.scheduler import Job, Scheduler, Strategy
+from app.traffic.budget import TokenBudget
+from app.traffic.chains import Footprint
+from app.traffic.client import TickerClient
+from app.traffic.gate import Gate
+from app.traffic.scheduler import Job, Scheduler
+from app.traffic.server import Server
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 from tests.unit.budget_sim import SimServer, body
 
 
@@ -84,17 +87,17 @@ def test_nothing_is_capped_before_a_reading_has_seen_a_ticker() -> None:
 
 def test_an_adaptive_endpoint_offers_no_room_past_the_chains_that_fit() -> None:
     llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
-    endpoint = Endpoint(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
+    endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive:prefetch=off"), gauges=SimpleNamespace())
-    assert endpoint.budget is not None
-    endpoint.budget.set_capacity(10_000)
+    assert endpoint.limits.budget is not None
+    endpoint.limits.budget.set_capacity(10_000)
     endpoint.gate.set_limit(32)
     tickets = [Ticket(i) for i in range(4)]
     for ticket in tickets:
         ticket.outstanding = 1
         endpoint.arrive(ticket)
-    endpoint.budget.reserved = 8_000  # 2,000 a chain: 4 of 4.75 fit
-    endpoint.footprint.sample(endpoint.gate, tickets)
+    endpoint.limits.budget.reserved = 8_000  # 2,000 a chain: 4 of 4.75 fit
+    endpoint.limits.footprint.sample(endpoint.gate, tickets)
     assert endpoint.chain_slots() == 4
     assert not endpoint.load(None).room  # the gate has room; one more chain would not fit
     assert endpoint.concurrency() == 4  # what the tail rule counts as running at once
@@ -105,7 +108,7 @@ def test_an_adaptive_endpoint_offers_no_room_past_the_chains_that_fit() -> None:
 
 def wide_then_chain(key: str, started: list[int], live: set[str]) -> Job:
     """A ticker shaped like the pipeline's: four small calls at once, then a growing chain."""
-    async def run(gated: GatedLLM) -> None:
+    async def run(gated: TickerClient) -> None:
         live.add(key)
         started.append(len(live))
         try:

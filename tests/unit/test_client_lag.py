@@ -13,11 +13,11 @@ from rich.console import Console
 from sqlalchemy import Engine, create_engine, select
 from sqlalchemy.orm import Session
 
-from app.batch.sampler import LAG_PROBE_S, MetricsSampler
 from app.cli.report import render_table
 from app.db.models import Base, Batch, ServerSample
 from app.report import batch_report
 from app.serverview import server_view
+from app.traffic.sampler import LAG_PROBE_S, MetricsSampler
 from tests.unit.test_report import T0, known_batch
 from tests.unit.test_serving_metrics import _transport
 

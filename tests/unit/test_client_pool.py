@@ -18,11 +18,11 @@ import pytest
 from sqlalchemy import Engine
 
 from agents.data.snapshot import SnapshotProvider
-from app.batch.engine import BatchEngine, BatchPlan, max_in_flight
-from app.batch.gate import GatedLLM
-from app.batch.scheduler import Strategy
+from app.batch.engine import BatchEngine, BatchPlan, TickerWork, max_in_flight
 from app.config import load_settings
 from app.llm import CallTag
+from app.traffic.client import TickerClient
+from app.traffic.strategy import Strategy
 
 ANSWER = "".join(
     f"data: {json.dumps(c)}\n\n" for c in (
@@ -94,7 +94,7 @@ async def test_the_flood_arm_gets_more_than_a_hundred_requests_in_flight(
         body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                 "max_tokens": 4}
 
-        async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[Any]:
+        async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[Any]:
             await asyncio.gather(*(gated.send(CallTag(batch_id, ticker, f"n{i}"), body)
                                    for i in range(n)))
             return []
@@ -102,9 +102,9 @@ async def test_the_flood_arm_gets_more_than_a_hundred_requests_in_flight(
         runner = BatchEngine(settings, sqlite_engine, provider=SnapshotProvider(tmp_path),
                              sample_metrics=False)
         # The bench's flood arm: every request of the workload at once.
-        outcome = await runner.execute(BatchPlan("bench", date(2025, 1, 2), ["AAA"], 1,
-                                                 "fixed-1000000"),
-                                       work, shapes={"AAA": (n, 1)})
+        outcome = await runner.run(BatchPlan("bench", date(2025, 1, 2), ["AAA"], 1,
+                                             "fixed-1000000"),
+                                   TickerWork(work, shapes={"AAA": (n, 1)}))
     assert outcome.status == "succeeded", outcome.failed
     assert holding.answered == n
     assert holding.max_open == n

@@ -19,10 +19,8 @@ from sqlalchemy import Engine, select
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
-from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
-from app.batch.gate import GatedLLM
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
 from app.batch.resume import find_resumable
-from app.batch.routed import server_fault
 from app.batch.workload import WorkItem, Workload, play, shape
 from app.bench.fakeserver import ChatRequest, FakeServer, FakeServers, Reply
 from app.config import load_settings
@@ -34,6 +32,7 @@ from app.errors import (
     LLMMalformedError,
     LLMStreamError,
 )
+from app.traffic.client import TickerClient, server_fault
 
 FAST, SLOW = "http://gpu0.test:8000/v1", "http://gpu1.test:8001/v1"
 TICKERS = 10
@@ -145,13 +144,13 @@ async def test_the_slower_endpoint_gets_fewer_tickers_and_each_chain_stays_on_on
                              retry_backoff_s=0, metrics_interval_s=0.05,
                              endpoint_grace_s=GRACE_S, record_requests=False)
 
-    async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[object]:
+    async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[object]:
         return await play(load[ticker], gated, batch_id)
 
     runner = BatchEngine(settings, sqlite_engine, http_client=servers.client())
-    outcome = await runner.execute(
-        BatchPlan("bench", DEMO_AS_OF, sorted(load), 1, "adaptive"), work,
-        shapes={t: shape(items) for t, items in load.items()})
+    outcome = await runner.run(
+        BatchPlan("bench", DEMO_AS_OF, sorted(load), 1, "adaptive"),
+        TickerWork(work, shapes={t: shape(items) for t, items in load.items()}))
     assert outcome.status == "succeeded" and sorted(outcome.succeeded) == sorted(load)
     calls = rows(sqlite_engine, outcome.batch_id)
     assert Counter((r.ticker, r.node) for r in calls if r.status == "ok") == {
@@ -265,12 +264,12 @@ async def test_a_requests_own_failure_on_a_healthy_endpoint_fails_as_it_always_d
                              retry_backoff_s=0, metrics_interval_s=0.05,
                              endpoint_grace_s=GRACE_S, record_requests=False)
 
-    async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[object]:
+    async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[object]:
         return await play(load[ticker], gated, batch_id)
 
-    outcome = await BatchEngine(settings, sqlite_engine, http_client=servers.client()).execute(
-        BatchPlan("bench", DEMO_AS_OF, sorted(load), 1, "adaptive"), work,
-        shapes={t: shape(items) for t, items in load.items()})
+    outcome = await BatchEngine(settings, sqlite_engine, http_client=servers.client()).run(
+        BatchPlan("bench", DEMO_AS_OF, sorted(load), 1, "adaptive"),
+        TickerWork(work, shapes={t: shape(items) for t, items in load.items()}))
     assert set(outcome.failed) == {"T03"} and len(outcome.succeeded) == 5
     failed = [r for r in rows(sqlite_engine, outcome.batch_id) if r.node == "c2"
               and r.ticker == "T03"]
@@ -332,7 +331,7 @@ async def test_every_endpoint_down_past_the_budget_interrupts_the_batch_for_a_re
                              retry_backoff_s=0, metrics_interval_s=0.05,
                              endpoint_grace_s=GRACE_S)
     resumed = await BatchEngine(settings, sqlite_engine, http_client=healthy.client(),
-                                provider=SnapshotProvider(demo_dir)).resume(
+                                provider=SnapshotProvider(demo_dir)).run(
         find_resumable(sqlite_engine, outcome.batch_id, stale_s=120))
     assert resumed.status == "succeeded"
     with sqlite_engine.connect() as conn:

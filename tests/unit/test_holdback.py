@@ -1,4 +1,4 @@
-"""What kept new tickers from starting, reading by reading (app/batch/holdback.py)."""
+"""What kept new tickers from starting, reading by reading (app/traffic/holdback.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import asyncio
 from types import SimpleNamespace
 
 from agents.chat import CallTag
-from app.batch.endpoints import Endpoint
-from app.batch.gate import GatedLLM, Ticket
-from app.batch.holdback import (
+from app.traffic.client import TickerClient
+from app.traffic.holdback import (
     CHAIN_CAP,
     COLUMNS,
     HELD,
@@ -19,23 +18,26 @@ from app.batch.holdback import (
     TOKEN_BUDGET,
     HoldBack,
 )
-from app.batch.scheduler import Job, Scheduler, Strategy
+from app.traffic.scheduler import Job, Scheduler
+from app.traffic.server import Server
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 from tests.unit.budget_sim import SimServer, body
 
 
-def adaptive_endpoint() -> Endpoint:
+def adaptive_endpoint() -> Server:
     llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
-    endpoint = Endpoint(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
+    endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive"), gauges=SimpleNamespace())
-    assert endpoint.budget is not None
-    endpoint.budget.set_capacity(10_000)  # 9,500 tokens may be reserved
+    assert endpoint.limits.budget is not None
+    endpoint.limits.budget.set_capacity(10_000)  # 9,500 tokens may be reserved
     endpoint.gate.set_limit(8)
     return endpoint
 
 
 def test_the_blocker_is_the_first_thing_short_in_the_order_room_is_judged() -> None:
     endpoint = adaptive_endpoint()
-    budget = endpoint.budget
+    budget = endpoint.limits.budget
     assert budget is not None
     assert endpoint.blocker() == ROOM  # nothing out, nothing measured: a ticker may start
 
@@ -52,7 +54,8 @@ def test_the_blocker_is_the_first_thing_short_in_the_order_room_is_judged() -> N
     assert budget._refused == refused_before  # a report, not a refusal the factor learns from
 
     budget.give_back(3_000, hold=False)  # 6,000 out: a 3,000 request fits again...
-    endpoint.footprint.sample(endpoint.gate, tickets)  # ...but 3 chains of 2,000 use the slots
+    # ...but 3 chains of 2,000 use the slots
+    endpoint.limits.footprint.sample(endpoint.gate, tickets)
     assert endpoint.chain_slots() == 4
     endpoint.arrive(Ticket(3))
     assert endpoint.blocker() == CHAIN_CAP
@@ -65,7 +68,7 @@ def test_the_blocker_is_the_first_thing_short_in_the_order_room_is_judged() -> N
 
 def test_a_started_chain_queued_for_tokens_is_named_before_the_budget() -> None:
     endpoint = adaptive_endpoint()
-    budget = endpoint.budget
+    budget = endpoint.limits.budget
     assert budget is not None
     ticket = Ticket(0)
     endpoint.arrive(ticket)
@@ -81,7 +84,7 @@ def test_a_started_chain_queued_for_tokens_is_named_before_the_budget() -> None:
     assert asyncio.run(scenario()) == QUEUED
 
 
-async def _one_more(endpoint: Endpoint, ticket: Ticket) -> None:
+async def _one_more(endpoint: Server, ticket: Ticket) -> None:
     async with endpoint.gate.slot(0, 3_000, ticket):
         pass
 
@@ -118,7 +121,7 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
     server.budget = scheduler.budget
 
     def chain(key: str) -> Job:
-        async def run(gated: GatedLLM) -> None:
+        async def run(gated: TickerClient) -> None:
             for step in range(5):
                 await gated.send(CallTag(1, key, f"n{step}", 0), body(8_000 + step * 1_600, 400))
         return Job(key, run, requests=5, chain=5)

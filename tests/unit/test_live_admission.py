@@ -16,13 +16,13 @@ from datetime import date
 
 from sqlalchemy import Engine, select
 
-from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.gate import GatedLLM
+from app.batch.engine import BatchEngine, BatchPlan, TickerWork
 from app.batch.workload import WorkItem, Workload, play
 from app.bench.fakeload import Moment, Scrape
 from app.bench.fakeserver import BASE_URL, ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.db.models import ServerSample
+from app.traffic.client import TickerClient
 
 INTERVAL_S = 0.05
 KV_FULL = 0.97  # the admission policy's default
@@ -58,12 +58,12 @@ async def run_batch(engine: Engine, server: FakeServer, strategy: str, tickers: 
                              metrics_interval_s=INTERVAL_S)
     load = wide(tickers, requests)
 
-    async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[object]:
+    async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[object]:
         return await play(load[ticker], gated, batch_id)
 
     runner = BatchEngine(settings, engine, http_client=server.client(), sample_metrics=sampling)
-    outcome = await runner.execute(BatchPlan("bench", date.today(), sorted(load), 1, strategy,
-                                             strategy), work)
+    outcome = await runner.run(BatchPlan("bench", date.today(), sorted(load), 1, strategy,
+                                         strategy), TickerWork(work))
     assert outcome.status == "succeeded" and not outcome.failed
     assert len(server.served()) == tickers * requests
     return outcome.batch_id
@@ -157,7 +157,7 @@ async def test_a_full_kv_cache_sheds_below_what_fits(sqlite_engine: Engine) -> N
     # kv_full, so each such reading must take the limit below four; three read 0.74, room
     # to grow back. kv_high is set out of reach so that only the kv_full rule acts, and the
     # token budget is off: the fake reports its KV capacity, and a budget that knows it
-    # turns the count policy's KV rules off (Endpoint._budget_capacity). With it on, no
+    # turns the count policy's KV rules off (Limits._budget_capacity). With it on, no
     # kv_full rule ran: the limit was the queue rule's (8 until a reading showed two
     # waiting, then running + 1, one more after a reading with no queue) beside a budget
     # that had costed all 96 requests before any answer, and 6 to 8 at the fake after the

@@ -11,13 +11,14 @@ from types import SimpleNamespace
 import pytest
 
 from agents.chat import CallTag
-from app.batch.budget import Claim, TokenBudget
-from app.batch.chains import Footprint, prefetch_depth
-from app.batch.endpoints import Endpoint
-from app.batch.gate import Gate, Ticket
-from app.batch.holdback import CHAIN_CAP, COLUMNS, ROOM
-from app.batch.scheduler import Strategy
 from app.errors import InputError
+from app.traffic.budget import Claim, TokenBudget
+from app.traffic.chains import Footprint, prefetch_depth
+from app.traffic.gate import Gate
+from app.traffic.holdback import CHAIN_CAP, COLUMNS, ROOM
+from app.traffic.server import Server
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 from tests.unit.stepped_gpu import SteppedGPU
 from tests.unit.test_chains import run_wide
 
@@ -85,12 +86,12 @@ def test_the_fan_out_depth_is_the_free_slots_and_what_feeds_a_full_set() -> None
     assert prefetch_depth(3, 0, 0) == 3 + 3  # shape unknown: a chain of one step
 
 
-def prefetching_endpoint(capacity: int = 10_000) -> Endpoint:
+def prefetching_endpoint(capacity: int = 10_000) -> Server:
     llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
-    endpoint = Endpoint(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
+    endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive:prefetch=on"), gauges=SimpleNamespace())
-    assert endpoint.budget is not None
-    endpoint.budget.set_capacity(capacity)
+    assert endpoint.limits.budget is not None
+    endpoint.limits.budget.set_capacity(capacity)
     endpoint.gate.set_limit(32)
     return endpoint
 
@@ -100,8 +101,8 @@ def test_a_new_ticker_starts_while_few_are_in_their_fan_out() -> None:
     chains = [Ticket(i, 17, 14, outstanding=1, reserved=2_000, chained=True) for i in range(4)]
     for ticket in chains:
         endpoint.arrive(ticket)
-    endpoint.budget.reserved = 8_000  # type: ignore[union-attr]
-    endpoint.footprint.sample(endpoint.gate, chains)
+    endpoint.limits.budget.reserved = 8_000  # type: ignore[union-attr]
+    endpoint.limits.footprint.sample(endpoint.gate, chains)
     assert endpoint.chain_slots() == 4  # 9,500 // 2,000
     assert endpoint.chains == 4
     # Every chain slot taken, yet one ticker may run its analysts to take the next free one.
@@ -119,12 +120,12 @@ def test_a_new_ticker_starts_while_few_are_in_their_fan_out() -> None:
 def test_a_ticker_waits_for_a_chain_slot_and_holds_nothing_while_it_waits() -> None:
     async def scenario() -> None:
         endpoint = prefetching_endpoint()
-        budget = endpoint.budget
+        budget = endpoint.limits.budget
         assert budget is not None
         first = Ticket(0, 17, 14, outstanding=1, reserved=8_000, chained=True)
         endpoint.arrive(first)
         budget.reserved = 8_000
-        endpoint.footprint.sample(endpoint.gate, [first])
+        endpoint.limits.footprint.sample(endpoint.gate, [first])
         assert endpoint.chain_slots() == 1
         # The second ticker's analysts are done; its last one left a hold of 1,200 tokens.
         second = Ticket(1, 17, 14, done=4, hold=1_200, held_by=endpoint.gate)
@@ -198,8 +199,8 @@ def test_a_ticker_without_a_fan_out_is_a_chain_from_its_first_call() -> None:
         assert endpoint.chains == 2  # counted by the cap, never waiting for a slot
         for ticket in (only_chain, samples):
             ticket.outstanding, ticket.reserved = 1, 4_000
-        endpoint.budget.reserved = 8_000  # type: ignore[union-attr]
-        endpoint.footprint.sample(endpoint.gate, [only_chain, samples])
+        endpoint.limits.budget.reserved = 8_000  # type: ignore[union-attr]
+        endpoint.limits.footprint.sample(endpoint.gate, [only_chain, samples])
         assert endpoint.chain_slots() == 2
         # Nothing runs ahead, so a new ticker waits as under the ticker cap: 2 of 2 started.
         assert not endpoint.load(None).room
@@ -214,8 +215,8 @@ def test_the_hold_back_rows_count_chains_and_fan_outs_when_prefetching() -> None
     ready = [Ticket(i, 17, 14, done=4) for i in (1, 2)]
     for ticket in (chain, *ready):
         endpoint.arrive(ticket)
-    endpoint.budget.reserved = 9_500  # type: ignore[union-attr]
-    endpoint.footprint.sample(endpoint.gate, [chain, *ready])
+    endpoint.limits.budget.reserved = 9_500  # type: ignore[union-attr]
+    endpoint.limits.footprint.sample(endpoint.gate, [chain, *ready])
     endpoint.note_start_wait(1.0)
     row = dict(zip(COLUMNS, endpoint.holdback.timeline[0], strict=True))
     assert (row["chains"], row["fanning"], row["chain_slots"]) == (1, 2, 2)

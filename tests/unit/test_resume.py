@@ -20,7 +20,6 @@ from agents.graph import node_names
 from app.batch import store
 from app.batch.checkpoints import checkpoint_path
 from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.halt import HaltReason
 from app.batch.lock import nightly_lock
 from app.batch.nightly import resume_recorded
 from app.batch.resume import find_resumable, mark_stale_crashed
@@ -30,6 +29,7 @@ from app.cli import app as cli
 from app.config import load_settings
 from app.db.models import Batch, Decision, LLMCall, TickerRun
 from app.errors import AlreadyRunningError, InputError
+from app.traffic.halt import HaltReason
 from tests.unit.clirun import run_cli
 
 NODES = node_names(load_settings().pipeline())
@@ -86,7 +86,7 @@ async def test_a_halted_batch_resumes_from_its_last_finished_nodes(
     assert point.batch_id == outcome.batch_id
     server2 = FakeServer(nodes=NODES, tickers=tickers)
     second = engine_for(sqlite_engine, demo_dir, server2)
-    resumed = await second.resume(point)
+    resumed = await second.run(point)
     assert resumed.status == "succeeded" and sorted(resumed.succeeded) == sorted(tickers)
     done_second = ok_nodes(server2)
     # No finished node was called again, and together the two runs did every node once.
@@ -122,7 +122,7 @@ async def test_attempt_numbers_continue_across_a_resume(sqlite_engine: Engine,
     outcome = await first.run(BatchPlan("nightly", DEMO_AS_OF, [ticker]))
     assert outcome.status == "interrupted"
     server2 = FakeServer(nodes=NODES, tickers=[ticker])
-    resumed = await engine_for(sqlite_engine, demo_dir, server2).resume(
+    resumed = await engine_for(sqlite_engine, demo_dir, server2).run(
         find_resumable(sqlite_engine, outcome.batch_id, stale_s=120))
     assert resumed.status == "succeeded"
     assert server2.chats[0].node == "trader"  # picks up at the cut node
@@ -326,7 +326,7 @@ async def test_an_outage_past_its_budget_interrupts_the_batch_for_a_resume(
         runs = set(conn.execute(select(TickerRun.status)).scalars())
     assert runs == {"interrupted"}  # none failed: all of them resume
     server2 = FakeServer(nodes=NODES, tickers=tickers)
-    resumed = await engine_for(sqlite_engine, demo_dir, server2).resume(
+    resumed = await engine_for(sqlite_engine, demo_dir, server2).run(
         find_resumable(sqlite_engine, None, stale_s=120))
     assert resumed.status == "succeeded"
     assert not set(ok_nodes(server)) & set(ok_nodes(server2))
@@ -365,7 +365,7 @@ def test_sigterm_lets_the_call_in_flight_finish_then_stops_as_interrupted(
     assert ("bull_r1", "ok") in [tuple(r) for r in rows]
     assert runs <= {"interrupted", "succeeded"} and "interrupted" in runs
     server2 = FakeServer(nodes=NODES, tickers=tickers)
-    resumed = asyncio.run(engine_for(sqlite_engine, demo_dir, server2).resume(
+    resumed = asyncio.run(engine_for(sqlite_engine, demo_dir, server2).run(
         find_resumable(sqlite_engine, None, stale_s=120)))
     assert resumed.status == "succeeded"
     assert not set(ok_nodes(server)) & set(ok_nodes(server2))

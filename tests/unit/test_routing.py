@@ -8,10 +8,10 @@ import contextlib
 from types import SimpleNamespace
 from typing import Any
 
-from app.batch.endpoints import Endpoint, EndpointSet
-from app.batch.gate import Ticket
-from app.batch.routing import Load, choose, under_share
-from app.batch.scheduler import Strategy
+from app.traffic.routing import Load, choose, under_share
+from app.traffic.server import Server, ServerSet
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 
 
 def load(index: int, *, up: bool = True, room: bool = True, tokens: int | None = 1_000,
@@ -30,7 +30,7 @@ def test_a_larger_replica_with_more_free_tokens_wins_over_fewer_tickers() -> Non
 
 
 def test_without_every_budget_known_free_request_places_decide() -> None:
-    # Endpoint 0 reports no KV capacity: tokens cannot be compared, request places can.
+    # Server 0 reports no KV capacity: tokens cannot be compared, request places can.
     assert choose([load(0, tokens=None, requests=9), load(1, tokens=50_000, requests=2)]) == 0
 
 
@@ -111,9 +111,9 @@ async def test_a_ticker_waits_for_the_endpoint_under_its_share_to_have_room() ->
     changed = asyncio.Event()
     llm: Any = SimpleNamespace(settings=SimpleNamespace(max_concurrency=2))
     strategy = Strategy.parse("adaptive")
-    busy, drained = (Endpoint(i, f"http://gpu{i}.test/v1", llm, strategy, changed=changed)
+    busy, drained = (Server(i, f"http://gpu{i}.test/v1", llm, strategy, changed=changed)
                      for i in range(2))
-    endpoints = EndpointSet([busy, drained], changed)
+    endpoints = ServerSet([busy, drained], changed)
     # Three tickers on one replica with 15 calls left each, one on the other with 2 left.
     for order in range(3):
         busy.arrive(Ticket(order, requests=17, chain=13, done=2))

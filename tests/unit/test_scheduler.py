@@ -11,12 +11,15 @@ import pytest
 from sqlalchemy import Engine
 
 from agents.chat import CallTag
-from app.batch.gate import Gate, GatedLLM, Ticket
-from app.batch.scheduler import Job, Scheduler, Strategy
 from app.bench.fakeserver import BASE_URL, FakeServer, Reply
 from app.config import load_settings
 from app.errors import InputError
 from app.llm import TrackedLLM, backoff_delay
+from app.traffic.client import TickerClient
+from app.traffic.scheduler import Job, Scheduler
+from app.traffic.server import ServerSet
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from tests.unit.test_usage import new_batch
 
@@ -39,7 +42,7 @@ class RecordingLLM:
 
 
 def chain_job(key: str, length: int) -> Job:
-    async def run(gated: GatedLLM) -> None:
+    async def run(gated: TickerClient) -> None:
         for step in range(length):
             await gated.send(CallTag(1, key, f"n{step}", 0), {})
     return Job(key, run, requests=length, chain=length)
@@ -134,12 +137,14 @@ async def test_a_retrying_call_frees_its_admission_slot_while_it_backs_off(
     settings = load_settings(llm_base_url=BASE_URL, retry_backoff_s=0.05,
                              check_context_length=False)
     batch_id = new_batch(sqlite_engine)
-    gate = Gate(1)
     async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=http)
+        # sequential: one request at a time, the gate's limit 1
+        servers = ServerSet.single(llm, Strategy.parse("sequential"))
+        gate = servers.first.gate
 
         async def ask(ticker: str, order: int) -> None:
-            gated = GatedLLM(llm, gate, Ticket(order))
+            gated = TickerClient(servers, servers.first, Ticket(order))
             await gated.chat(CallTag(batch_id, ticker, "market"),
                              [{"role": "user", "content": f"{ticker}?"}], max_tokens=10)
 

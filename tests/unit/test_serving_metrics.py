@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from app.batch.sampler import MetricsSampler, sample_row
 from app.db.models import Base, Batch, ServerSample
+from app.traffic.sampler import MetricsSampler, sample_row
 from serving.errors import ServerError
 from serving.metrics import (
     aread_metrics,

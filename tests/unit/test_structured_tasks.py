@@ -26,20 +26,19 @@ import pytest
 from rich.console import Console
 from sqlalchemy import Engine
 
-from app.batch.endpoints import EndpointSet
-from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.gate import GatedLLM
-from app.batch.halt import Halt, HaltReason, drive
-from app.batch.outage import ServerWatch
+from app.batch.engine import BatchEngine, BatchPlan, TickerWork
 from app.batch.progress import BatchProgress
-from app.batch.routed import EndpointGone, RoutedLLM
-from app.batch.scheduler import Strategy
 from app.batch.signals import _stop_on_signals
-from app.batch.tasks import cancel_and_wait, wait_first
 from app.batch.workload import WorkItem, Workload, play
 from app.bench.fakeserver import BASE_URL, ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.errors import BatchStopped, ServerOutage
+from app.traffic.client import EndpointGone, TickerClient
+from app.traffic.halt import Halt, HaltReason, drive
+from app.traffic.outage import ServerWatch
+from app.traffic.server import ServerSet
+from app.traffic.strategy import Strategy
+from app.traffic.tasks import cancel_and_wait, wait_first
 
 
 def tasks_now() -> set[asyncio.Task[Any]]:
@@ -225,7 +224,7 @@ async def test_confirm_leaves_nothing_when_cancelled() -> None:
     assert not await cancelled_after(0.01, watch.confirm)
 
 
-# --- routed.RoutedLLM._unless_gone -----------------------------------------------------------
+# --- client.TickerClient._unless_gone --------------------------------------------------------
 
 
 class Gone(asyncio.Event):
@@ -248,14 +247,14 @@ def two_endpoints() -> tuple[Any, Any]:
     health = asyncio.Event()
     endpoints = SimpleNamespace(several=True, alternative=lambda e: other,
                                 health_event=lambda: health)
-    return SimpleNamespace(endpoints=endpoints), endpoint
+    return SimpleNamespace(servers=endpoints), endpoint
 
 
 async def test_a_health_change_between_a_look_and_its_wait_is_not_missed() -> None:
     # _unless_gone looks at its endpoint, then waits for a change; a change that comes before
     # the wait first runs must still end it, or the call stays on a dead endpoint.
     flip = SimpleNamespace(judge=lambda now: True)
-    endpoints = EndpointSet([flip, flip], asyncio.Event())
+    endpoints = ServerSet([flip, flip], asyncio.Event())
     waiter = asyncio.create_task(endpoints.health_event().wait())
     endpoints.judge_all(0.0)  # before ``waiter`` has run at all
     assert await asyncio.wait_for(waiter, timeout=1.0)
@@ -274,7 +273,7 @@ async def test_a_routed_call_leaves_nothing_when_it_answers() -> None:
         return "answer"
 
     before = tasks_now()
-    assert await RoutedLLM._unless_gone(client, endpoint, call()) == "answer"
+    assert await TickerClient._unless_gone(client, endpoint, call()) == "answer"
     assert tasks_now() == before
 
 
@@ -284,7 +283,7 @@ async def test_a_routed_call_leaves_nothing_when_its_endpoint_goes() -> None:
     asyncio.get_running_loop().call_later(0.01, go_down, endpoint)
     before = tasks_now()
     with pytest.raises(EndpointGone):
-        await RoutedLLM._unless_gone(client, endpoint, slow())
+        await TickerClient._unless_gone(client, endpoint, slow())
     assert slow.ended  # the cut call ended before the call was sent elsewhere
     assert tasks_now() == before
 
@@ -293,7 +292,7 @@ async def test_a_routed_call_leaves_nothing_when_cancelled() -> None:
     client, endpoint = two_endpoints()
     slow = SlowToCancel()
     assert not await cancelled_after(
-        0.01, lambda: RoutedLLM._unless_gone(client, endpoint, slow()))
+        0.01, lambda: TickerClient._unless_gone(client, endpoint, slow()))
     assert slow.ended
 
 
@@ -391,11 +390,11 @@ async def run_wide_batch(engine: Engine, halt_at: int | None = None) -> str:
     server = FakeServer(reply, capacity=4)
     runner = BatchEngine(settings, engine, http_client=server.client())
 
-    async def work(ticker: str, gated: GatedLLM, batch_id: int) -> list[object]:
+    async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[object]:
         return await play(load[ticker], gated, batch_id)
 
-    outcome = await runner.execute(BatchPlan("bench", date.today(), ["T0"], 1, "adaptive",
-                                             "adaptive"), work)
+    outcome = await runner.run(BatchPlan("bench", date.today(), ["T0"], 1, "adaptive",
+                                         "adaptive"), TickerWork(work))
     return outcome.status
 
 

@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import structlog
 
-from app.batch.gate import Gate
-from app.batch.halt import Halt, HaltReason
-from app.batch.tasks import wait_first
 from app.errors import ServerOutage
+from app.traffic.clock import Clock, loop_clock
+from app.traffic.gate import Gate
+from app.traffic.halt import Halt, HaltReason
+from app.traffic.tasks import wait_first
 from serving.urls import redact, server_root
 
 log = structlog.get_logger(__name__)
@@ -42,13 +42,14 @@ class ServerWatch:
 
     def __init__(self, base_url: str, *, budget_s: float, interval_s: float, halt: Halt,
                  gate: Gate | None = None, client: httpx.AsyncClient | None = None,
-                 resume_hint: str = "") -> None:
+                 resume_hint: str = "", clock: Clock = loop_clock) -> None:
         self.root = server_root(base_url)
         self.budget_s = budget_s
         self.interval_s = interval_s
         self.halt = halt
         self.gate = gate
         self.resume_hint = resume_hint
+        self.clock = clock  # what the outage budget and its records are measured on
         # A probe that hangs says as much as one refused: give up on it within seconds.
         self._client = client or httpx.AsyncClient(timeout=httpx.Timeout(5.0))
         self._owns_client = client is None
@@ -107,11 +108,11 @@ class ServerWatch:
 
     async def _probe_fresh(self) -> None:
         """Probe unless a probe started after this call asked (callers at once share one)."""
-        asked = time.monotonic()
+        asked = self.clock()
         async with self._probe_lock:
             if self._last_probe_started >= asked:
                 return
-            self._last_probe_started = time.monotonic()
+            self._last_probe_started = self.clock()
             ok = await self._answers() and self._metrics_failures < METRICS_FAILURES_DOWN
             self._update(ok)
 
@@ -123,7 +124,7 @@ class ServerWatch:
         return response.status_code == 200
 
     def _update(self, ok: bool) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if ok and self.down_since is not None:
             seconds = now - self.down_since
             self.outages[-1]["seconds"] = round(seconds, 1)

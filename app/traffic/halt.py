@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 import structlog
 
-from app.batch.tasks import cancel_and_wait, wait_first
 from app.errors import BatchStopped
+from app.traffic.tasks import cancel_and_wait, wait_first
 
 log = structlog.get_logger(__name__)
 
@@ -66,7 +66,7 @@ class Halt:
 
 
 class Stoppable(Protocol):
-    """What ``drive`` needs of the scheduler (app.batch.scheduler.Scheduler)."""
+    """What ``drive`` needs of the scheduler (app.traffic.scheduler.Scheduler)."""
 
     def stop(self) -> None: ...
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,19 +24,18 @@ from typing import Any
 
 import structlog
 
-from app.batch.admission import AdmissionPolicy
-from app.batch.budget import TokenBudget
-from app.batch.endpoints import UNBOUNDED, Endpoint, EndpointSet, GaugeSource
-from app.batch.gate import Gate, GatedLLM, Ticket
-from app.batch.holdback import COLUMNS
-from app.batch.routed import RoutedLLM
-from app.batch.tasks import wait_first
-from app.errors import InputError
 from app.llm import TrackedLLM
+from app.traffic.admission import AdmissionPolicy
+from app.traffic.budget import TokenBudget
+from app.traffic.client import TickerClient
+from app.traffic.gate import Gate
+from app.traffic.holdback import COLUMNS
+from app.traffic.server import GaugeSource, Server, ServerSet
+from app.traffic.strategy import Strategy
+from app.traffic.tasks import wait_first
+from app.traffic.ticket import Ticket
 
 log = structlog.get_logger(__name__)
-
-__all__ = ["UNBOUNDED", "GaugeSource", "Job", "Scheduler", "Strategy"]
 
 # How long admission waits for the heaviest ticker's data before a lighter one goes first.
 PREPARE_PATIENCE_S = 1.0
@@ -45,119 +43,15 @@ PREPARE_PATIENCE_S = 1.0
 
 @dataclass
 class Job:
-    """One ticker's work: ``run`` gets a gated client and does every call of the ticker."""
+    """One ticker's work: ``run`` gets the ticker's TickerClient and makes every call with it."""
 
     key: str
-    run: Callable[[GatedLLM], Awaitable[Any]]
+    run: Callable[[TickerClient], Awaitable[Any]]
     weight: float = 0.0  # expected work; heavier jobs start first so the tail is short
     requests: int = 0  # expected requests, 0 when unknown
     chain: int = 0  # the longest run of them that must go one after another
     # What the job needs before it may be admitted (its market data), run ahead of admission.
     prepare: Callable[[], Awaitable[Any]] | None = None
-
-
-POLICY_KNOBS = ("initial", "minimum", "maximum", "kv_high", "kv_full", "queue_allowance",
-                "backoff")
-# The token budget's knobs (app/batch/budget.py), prefixed where a policy knob has the name.
-BUDGET_KNOBS = {"fill": "fill", "overbook": "overbook", "overbook_max": "overbook_max",
-                "overbook_step": "overbook_step", "rise_after": "rise_after", "calm": "calm",
-                "high_cut": "high_cut", "budget_backoff": "backoff",
-                "out_quantile": "out_quantile", "min_samples": "min_samples"}
-WHOLE_BUDGET_KNOBS = ("min_samples", "rise_after", "calm")
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """How much work is in flight: by the server's gauges, or by a fixed count of tickers."""
-
-    name: str
-    tickers_in_flight: int | None = None  # None: start a ticker whenever the gate has room
-    request_limit: int | None = None  # a fixed cap on outstanding requests
-    adaptive: bool = False
-    tail: bool = False  # urgent tickers (see the module's doc) start at once and go first
-    policy: tuple[tuple[str, float], ...] = ()  # admission policy settings that differ
-    budget: bool = False  # admit by a KV token budget too, when the capacity is known
-    budget_knobs: tuple[tuple[str, float], ...] = ()  # token budget settings that differ
-    prefetch: bool = False  # analysts ahead of a free chain slot (app/batch/chains.py);
-    # ``parse`` turns it on for ``adaptive`` with the budget, as the default
-
-    @classmethod
-    def parse(cls, name: str) -> Strategy:
-        """Parse ``adaptive[:knob=value,...]``, ``sequential``, ``fixed-N`` or ``fixed-all``.
-
-        Knobs are the admission policy's fields, the token budget's (``fill``, ``overbook``,
-        ``overbook_max``, ``overbook_step``, ``rise_after``, ``calm``, ``high_cut``,
-        ``budget_backoff``, ``out_quantile``, ``min_samples``), ``tail=on|off``,
-        ``budget=on|off`` and ``prefetch=on|off``, so a bench can put variants side by side:
-        ``adaptive:kv_high=0.95,queue_allowance=0,tail=off`` or ``adaptive:budget=off``.
-        """
-        base, _, knobs = name.partition(":")
-        if base == "adaptive":
-            # prefetch: on by default where the budget is (it counts chains in budget tokens)
-            switches: dict[str, bool | None] = {"tail": True, "budget": True, "prefetch": None}
-            policy, budget_knobs = [], []
-            for knob in filter(None, knobs.split(",")):
-                key, _, value = knob.partition("=")
-                if key in switches and value in ("on", "off"):
-                    switches[key] = value == "on"
-                elif key in POLICY_KNOBS and _is_number(value):
-                    policy.append((key, float(value)))
-                elif key in BUDGET_KNOBS and _is_number(value):
-                    budget_knobs.append((BUDGET_KNOBS[key], float(value)))
-                else:
-                    raise InputError(
-                        f"bad knob {knob!r} in strategy {name!r} (tail=on|off, budget=on|off, "
-                        "prefetch=on|off, "
-                        f"or a number for {', '.join((*POLICY_KNOBS, *BUDGET_KNOBS))})")
-            if switches["prefetch"] and not switches["budget"]:
-                raise InputError(f"strategy {name!r}: prefetch=on counts chains in budget "
-                                 "tokens, so it needs budget=on")
-            budget = bool(switches["budget"])
-            prefetch = budget if switches["prefetch"] is None else bool(switches["prefetch"])
-            strategy = cls(name, adaptive=True, tail=bool(switches["tail"]),
-                           policy=tuple(policy), budget=budget,
-                           budget_knobs=tuple(budget_knobs), prefetch=prefetch)
-            try:
-                strategy.token_budget()
-            except ValueError as error:
-                raise InputError(f"strategy {name!r}: {error}") from None
-            return strategy
-        if knobs:
-            raise InputError(f"only adaptive takes knobs, not {name!r}")
-        if name == "sequential":
-            # TradingAgents' way: one ticker, one request at a time.
-            return cls(name, tickers_in_flight=1, request_limit=1)
-        if name == "fixed-all":
-            # Every ticker's graph in flight at once, dependencies still respected.
-            return cls(name, tickers_in_flight=UNBOUNDED)
-        match = re.fullmatch(r"fixed-(\d+)", name)
-        if match and int(match.group(1)) > 0:
-            return cls(name, tickers_in_flight=int(match.group(1)))
-        raise InputError(f"unknown strategy {name!r} (adaptive, sequential, fixed-N, "
-                         "fixed-all)")
-
-    def admission_policy(self, maximum: int) -> AdmissionPolicy:
-        knobs: dict[str, Any] = {"maximum": maximum}
-        for key, value in self.policy:
-            knobs[key] = int(value) if key in ("initial", "minimum", "maximum",
-                                               "queue_allowance") else value
-        return AdmissionPolicy(**knobs)
-
-    def token_budget(self) -> TokenBudget | None:
-        """Return a fresh token budget for this strategy (None when it admits by count only)."""
-        if not self.budget:
-            return None
-        knobs: dict[str, Any] = {key: int(value) if key in WHOLE_BUDGET_KNOBS else value
-                                 for key, value in self.budget_knobs}
-        return TokenBudget(**knobs)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 OnDone = Callable[[Job, Any, BaseException | None], Awaitable[None]]
@@ -166,21 +60,20 @@ OnDone = Callable[[Job, Any, BaseException | None], Awaitable[None]]
 class Scheduler:
     """Run jobs under one strategy; with ``adaptive`` each gate follows its admission policy.
 
-    One server is ``llm`` with its ``gauges``; several come as an ``EndpointSet``
-    (app/batch/endpoints.py), each with its own gate, policy and budget. ``fixed-N`` and
+    One server is ``llm`` with its ``gauges``; several come as an ``ServerSet``
+    (app/traffic/server.py), each with its own gate, policy and budget. ``fixed-N`` and
     ``sequential`` then mean N tickers (and their request cap) per endpoint.
     """
 
     def __init__(self, llm: TrackedLLM | None, strategy: Strategy, *,
                  gauges: GaugeSource | None = None, policy: AdmissionPolicy | None = None,
-                 interval_s: float = 1.0, endpoints: EndpointSet | None = None,
-                 on_metrics: Callable[[bool], None] | None = None) -> None:
+                 interval_s: float = 1.0, endpoints: ServerSet | None = None) -> None:
         self.strategy = strategy
         self.interval_s = interval_s
         if endpoints is None:
             if llm is None:
                 raise ValueError("a scheduler needs a client or endpoints")
-            endpoints = EndpointSet.single(llm, strategy, gauges=gauges, policy=policy)
+            endpoints = ServerSet.single(llm, strategy, gauges=gauges, policy=policy)
         self.endpoints = endpoints
         self.in_flight = 0
         self.started = 0
@@ -192,7 +85,6 @@ class Scheduler:
         self.routing = False  # a ready ticker waits for an endpoint with room to start on
         self._began = 0.0  # loop time when run() began: the hold-back rows' zero
         # Readings of /metrics that could not be taken, and the fallback they put us in.
-        self.on_metrics = on_metrics  # told of each reading, taken (True) or missed (False)
         self.metrics_fallback = False
         self.metrics_missed = 0
         self._fallback_s = 0.0
@@ -209,11 +101,11 @@ class Scheduler:
 
     @property
     def policy(self) -> AdmissionPolicy:
-        return self.endpoints.first.policy
+        return self.endpoints.first.limits.policy
 
     @property
     def budget(self) -> TokenBudget | None:
-        return self.endpoints.first.budget
+        return self.endpoints.first.limits.budget
 
     @property
     def gauges(self) -> GaugeSource | None:
@@ -316,7 +208,7 @@ class Scheduler:
                     break  # the tickers not started stay queued, for a resume
                 order += 1
                 first_request = asyncio.Event()
-                gated = RoutedLLM(self.endpoints, endpoint, ticket, first_request,
+                gated = TickerClient(self.endpoints, endpoint, ticket, first_request,
                                   rank=self.rank, on_finish=self._finished_one,
                                   on_redo=self._redone_one, may_pass=self._may_pass)
                 task = asyncio.create_task(self._one(job, gated, first_request, on_done),
@@ -366,7 +258,7 @@ class Scheduler:
             self._loaded.clear()
             await self._loaded.wait()
 
-    async def _one(self, job: Job, gated: RoutedLLM, first_request: asyncio.Event,
+    async def _one(self, job: Job, gated: TickerClient, first_request: asyncio.Event,
                    on_done: OnDone) -> None:
         ticket = gated.ticket
         self.in_flight += 1
@@ -397,28 +289,26 @@ class Scheduler:
         return {"readings_missed": self.metrics_missed, "seconds": round(seconds, 1),
                 "limit": self.policy.fallback_limit}
 
-    def _metrics_missed(self, count: int, endpoint: Endpoint) -> None:
+    def _metrics_missed(self, count: int, endpoint: Server) -> None:
         self.metrics_missed += count
         if not self.metrics_fallback:
             self.metrics_fallback = True
             self._fallback_since = time.monotonic()
             # Blind, the limit must not grow: back to where it started, until readings return.
-            endpoint.gate.set_limit(endpoint.policy.fall_back())
+            endpoint.gate.set_limit(endpoint.limits.policy.fall_back())
             if self._fallback_s == 0.0:  # once per batch, however often it happens
                 log.warning("cannot read the server's /metrics: adaptive admission falls back "
                             "to its starting limit and pauses while the server looks down",
                             limit=endpoint.gate.limit, endpoint=endpoint.name)
         for _ in range(count):
-            if self.on_metrics is not None:
-                self.on_metrics(False)
+            self.endpoints.note_metrics(False)
 
     def _metrics_read(self) -> None:
         if self.metrics_fallback:
             self.metrics_fallback = False
             self._fallback_s += time.monotonic() - self._fallback_since
             log.info("the server's /metrics can be read again: adaptive admission resumes")
-        if self.on_metrics is not None:
-            self.on_metrics(True)
+        self.endpoints.note_metrics(True)
 
     async def _control(self) -> None:
         """Follow every endpoint's gauges: its admission limit and budget, and its health."""
@@ -448,7 +338,7 @@ class Scheduler:
                         if self.routing:
                             endpoint.note_start_wait(loop.time() - self._began)
             if self.endpoints.several:
-                self.endpoints.judge_all(loop.time())
+                self.endpoints.judge_all(self.endpoints.clock())
             await asyncio.sleep(self.interval_s / 2)
 
     def holdback_timeline(self) -> dict[str, Any]:
@@ -464,9 +354,7 @@ class Scheduler:
         figures: dict[str, Any] = {"strategy": self.strategy.name,
                                    "request_limit": self.gate.limit}
         if self.strategy.adaptive:
-            figures["request_limit_reason"] = self.policy.reason
-            figures["token_budget"] = self.budget.summary() if self.budget else None
-            figures["chains"] = self.endpoints.first.chains_summary()
+            figures.update(self.endpoints.first.limits.summary())
             figures["new_tickers_held_back"] = self.endpoints.first.holdback.summary()
         if self.endpoints.several:
             figures["request_limit"] = sum(e.gate.limit for e in self.endpoints)

@@ -1,6 +1,6 @@
-"""Give a ticker a client that sends every call to its endpoint, and moves it when that one goes.
+"""The one client a ticker's graph calls through: its server's gate and budget on every call.
 
-A ticker's calls go to the endpoint it was routed to (app/batch/endpoints.py), through that
+A ticker's calls go to the endpoint it was routed to (app/traffic/server.py), through that
 endpoint's gate and token budget. When the endpoint goes down the ticker *continues* on an
 endpoint that is up; its chain is not restarted: the graph's state lives in this process,
 so the nodes already answered stay answered, and only the call that was cut short is sent
@@ -10,7 +10,7 @@ again (the new endpoint recomputes the prefix it had not cached). That call is:
   sent to the new endpoint (its row records the cancellation);
 - one that failed at the server (connection, stream, timeout, 5xx) once the client's
   retries were spent: sent on when the endpoint's reads say it is down or restarted, else
-  failed as it always was (``EndpointSet.after_failure``).
+  failed as it always was (``ServerSet.after_failure``).
 
 A call sent again numbers its attempts after the most the first try could have used
 (``max_attempts``), so the rows of both tries stay apart (they are unique per attempt)
@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
 from agents.chat import CallTag, ChatResult
-from app.batch.budget import Claim
-from app.batch.endpoints import Endpoint, EndpointSet
-from app.batch.gate import GatedLLM, Ticket
-from app.batch.tasks import cancel_and_wait, wait_first
+from agents.fitting import PromptSize
 from app.errors import (
     ContextLengthError,
     LLMConnectionError,
@@ -43,6 +41,10 @@ from app.errors import (
     LLMTimeoutError,
 )
 from app.llm import Admit, TrackedLLM
+from app.traffic.budget import Claim
+from app.traffic.server import Server, ServerSet
+from app.traffic.tasks import cancel_and_wait, wait_first
+from app.traffic.ticket import Ticket
 
 log = structlog.get_logger(__name__)
 
@@ -70,29 +72,61 @@ def _numbered(attempt: int) -> dict[str, Any]:
     return {} if attempt == 1 else {"first_attempt": attempt}
 
 
-class RoutedLLM(GatedLLM):
-    """A ticker's gated client on one endpoint of several; it moves when the endpoint goes."""
+class TickerClient:
+    """The one client a ticker's graph calls through: its server's gate and budget on each call.
 
-    def __init__(self, endpoints: EndpointSet, endpoint: Endpoint, ticket: Ticket,
+    A call passes the ticker's server (a chain slot when prefetching, the budget's claim, a
+    place at the gate per attempt) and is sent by that server's TrackedLLM. When the server
+    goes down the ticker moves to one that is up (the module's doc). ``rank`` gives each
+    request's priority (the scheduler's tail rule; start order without it).
+    """
+
+    def __init__(self, servers: ServerSet, server: Server, ticket: Ticket,
                  on_request: asyncio.Event | None = None, *,
                  rank: Callable[[Ticket], int] | None = None,
                  on_finish: Callable[[Ticket], None] | None = None,
                  on_redo: Callable[[Ticket], None] | None = None,
                  may_pass: Callable[[Ticket], bool] | None = None) -> None:
-        super().__init__(endpoint.llm, endpoint.gate, ticket, on_request, rank=rank,
-                         on_finish=on_finish)
-        self.endpoints = endpoints
-        self.endpoint = endpoint
+        self.servers = servers
+        self.server = server
+        self.ticket = ticket
+        self.settings = server.llm.settings
+        self._on_request = on_request
+        self._rank = rank
+        self._on_finish = on_finish
         self._on_redo = on_redo
         self._may_pass = may_pass  # an urgent ticker's chain need not wait for a slot
-        endpoint.arrive(ticket)
-        endpoint.started += 1
+        server.arrive(ticket)
+        server.started += 1
+
+    @property
+    def priority(self) -> int:
+        return self.ticket.order
+
+    @asynccontextmanager
+    async def _request(self) -> AsyncIterator[int]:
+        """Count one request of the ticker, from its first attempt to its last."""
+        if self._on_request is not None:
+            self._on_request.set()
+        # The priority is decided per request: a ticker can turn urgent on the way.
+        rank = self._rank(self.ticket) if self._rank is not None else self.ticket.order
+        try:
+            yield rank
+        finally:
+            self.ticket.done += 1
+            if self._on_finish is not None:
+                self._on_finish(self.ticket)
+
+    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
+                      exact: bool = False) -> PromptSize | None:
+        """Count a prompt for the context guard; not a request, so it needs no place."""
+        return await self.server.llm.measure(messages, max_tokens=max_tokens, exact=exact)
 
     def close(self) -> None:
         """Release what the ticker still holds: its work is over (call once)."""
-        self.gate.drop_hold(self.ticket)
-        self.endpoint.leave(self.ticket)
-        self.endpoints.changed.set()
+        self.server.gate.drop_hold(self.ticket)
+        self.server.leave(self.ticket)
+        self.servers.changed.set()
 
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
         kwargs.pop("priority", None)
@@ -115,7 +149,7 @@ class RoutedLLM(GatedLLM):
         attempt = first
         loop = asyncio.get_running_loop()
         # A server that keeps flapping must not keep one call going round for ever.
-        sends_left = 2 * len(self.endpoints)
+        sends_left = 2 * len(self.servers)
         while True:
             sends_left -= 1
             endpoint = self._here()
@@ -129,7 +163,7 @@ class RoutedLLM(GatedLLM):
             except LLMError as error:
                 if not server_fault(error) or sends_left == 0:
                     raise
-                target = await self.endpoints.after_failure(endpoint, started)
+                target = await self.servers.after_failure(endpoint, started)
                 if target is None:
                     raise
                 log.warning("call sent again", node=tag.node, ticker=tag.ticker,
@@ -146,57 +180,56 @@ class RoutedLLM(GatedLLM):
                 result.attempts += attempt - first
             return result
 
-    def _here(self) -> Endpoint:
+    def _here(self) -> Server:
         """Return the ticker's endpoint, moving the ticker first when that one is down."""
-        if not self.endpoint.up:
-            target = self.endpoints.alternative(self.endpoint)
+        if not self.server.up:
+            target = self.servers.alternative(self.server)
             if target is not None:
                 self._move(target)
-        return self.endpoint
+        return self.server
 
-    def _move(self, target: Endpoint) -> None:
-        if target is self.endpoint:
+    def _move(self, target: Server) -> None:
+        if target is self.server:
             return  # already there: another of its calls (samples, analysts) moved it
-        log.warning("ticker moved", frm=self.endpoint.name, to=target.name,
+        log.warning("ticker moved", frm=self.server.name, to=target.name,
                     order=self.ticket.order)
-        self.endpoint.leave(self.ticket)
-        self.endpoint.moved_out += 1
+        self.server.leave(self.ticket)
+        self.server.moved_out += 1
         target.arrive(self.ticket)
         target.moved_in += 1
-        self.endpoint = target
-        self.llm, self.gate, self._budget = target.llm, target.gate, target.budget
-        self.endpoints.changed.set()
+        self.server = target
+        self.servers.changed.set()
 
-    async def _on(self, endpoint: Endpoint, tag: CallTag, sized: dict[str, Any], send: Send,
+    async def _on(self, endpoint: Server, tag: CallTag, sized: dict[str, Any], send: Send,
                   attempt: int) -> ChatResult:
         """Send one call through ``endpoint``'s gate and budget."""
         held_by = self.ticket.held_by
         if held_by is not None and held_by is not endpoint.gate:
             held_by.release_hold(self.ticket)  # its context is in another replica's cache
-        budget = endpoint.budget
+        budget = endpoint.limits.budget
         if budget is not None:
             await endpoint.count_first(sized["messages"])
         claim = budget.claim(tag.node, sized) if budget is not None else Claim(0)
         async with self._request() as rank:
             # Each attempt takes a place (and the tokens) at this endpoint's gate; a retry's
-            # backoff waits outside it, as on one endpoint (GatedLLM._budgeted).
+            # backoff waits outside it, as on one endpoint .
             admit = functools.partial(endpoint.gate.slot, rank, claim, self.ticket)
             result = await send(endpoint.llm, rank, attempt, admit)
         if budget is not None:
             budget.learn(tag.node, sized, result.prompt_tokens, result.completion_tokens)
         return result
 
-    async def _unless_gone(self, endpoint: Endpoint,
+    async def _unless_gone(self, endpoint: Server,
                            call: Coroutine[Any, Any, ChatResult]) -> ChatResult:
         """Await the call; if its endpoint goes down first and another is up, cancel it."""
-        if not self.endpoints.several:
+        if not self.servers.several:
             return await call  # one endpoint: nowhere to go, so nothing to watch
         task = asyncio.create_task(call)
         try:
             while not task.done():
                 await wait_first(task, endpoint.gone.wait() if endpoint.up
-                                 else self.endpoints.health_event().wait())
-                if task.done() or endpoint.up or self.endpoints.alternative(endpoint) is None:
+                                 else self.servers.health_event().wait())
+                if task.done() or endpoint.up or self.servers.alternative(endpoint) is None:
                     continue  # all down: the call goes on where it is, as with one server
                 await cancel_and_wait(task)
                 if task.cancelled():

@@ -2,7 +2,7 @@
 
 An adaptive batch starts a ticker when an endpoint has room for it: a request place under
 the admission limit, no call of a started ticker queued at the gate, budget tokens for a
-typical request beside the holds, and a free chain slot (app/batch/chains.py). Which of
+typical request beside the holds, and a free chain slot (app/traffic/chains.py). Which of
 these is short decides how fast a batch fills the server. On an H200 at 40 tickers the
 batch's first 30 s ran 15% under a fixed setting's, and the cause had to be pieced
 together from timestamps: every ticker started 0.07 s after a /metrics reading, the

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import heapq
 import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
 
-from agents.chat import CallTag, ChatResult
-from agents.fitting import PromptSize
-from app.batch.budget import Claim, TokenBudget, as_claim
-from app.batch.holdback import HELD, QUEUED, REQUEST_LIMIT, TOKEN_BUDGET
-from app.llm import Admit, TrackedLLM
+from app.traffic.budget import Claim, TokenBudget, as_claim
+from app.traffic.holdback import HELD, QUEUED, REQUEST_LIMIT, TOKEN_BUDGET
+from app.traffic.ticket import Ticket
 
 
 class Gate:
@@ -37,7 +31,7 @@ class Gate:
         self._waiters: list[tuple[int, int, asyncio.Future[None], Claim, Ticket | None]] = []
         self._seq = itertools.count()
         # Set whenever a place or tokens may have come free. Several endpoints' gates share
-        # one, so a batch can wait for room at any of them (app/batch/endpoints.py).
+        # one, so a batch can wait for room at any of them (app/traffic/server.py).
         self._changed = changed or asyncio.Event()
         self._holds: set[str] = set()  # why nothing is let through now (server down, stopping)
         self._closed: BaseException | None = None
@@ -131,7 +125,7 @@ class Gate:
             ticket.reserved += claim.tokens
         if self.budget is not None:
             # Only a hold on this gate's budget turns into this request's tokens; one left on
-            # another endpoint's gate (the ticker moved) is released there (endpoints.py).
+            # another endpoint's gate (the ticker moved) is released there (server.py).
             held = ticket.hold if ticket is not None and ticket.held_by in (None, self) else 0
             self.budget.take(claim, held)
             if ticket is not None and held:
@@ -206,116 +200,3 @@ class Gate:
             self._take(claim, ticket)
             future.set_result(None)
         self._changed.set()
-
-
-@dataclass
-class Ticket:
-    """One ticker's place in line and the work it has left, as the scheduler sees it.
-
-    ``order`` is the ticker's start order (its priority while nothing is urgent);
-    ``requests`` and ``chain`` are its expected requests and the longest run of them that
-    must go one after another (0 when unknown).
-    """
-
-    order: int
-    requests: int = 0
-    chain: int = 0
-    done: int = 0
-    outstanding: int = 0  # its requests holding a place now
-    reserved: int = 0  # budget tokens of those requests
-    hold: int = 0  # budget tokens kept between two of its calls
-    held_by: Gate | None = None  # whose budget the hold is in (a ticker can change endpoint)
-    finished: bool = False
-    chained: bool = False  # its chain was let in (app/batch/chains.py, prefetching)
-
-    @property
-    def remaining(self) -> int:
-        return max(0, self.requests - self.done)
-
-    @property
-    def fan_out(self) -> int:
-        """Return the requests before its chain (the analysts side by side; 0: no fan-out).
-
-        The shape of one sample: calls side by side, then ``chain - 1`` one after another.
-        A wider "fan-out" than the chain is several samples side by side (``samples`` > 1),
-        whose chains overlap: no fan-out of this shape.
-        """
-        width = self.requests - self.chain + 1
-        return width if self.chain > 0 and 1 < width <= self.chain else 0
-
-    @property
-    def fanning(self) -> bool:
-        """Return True while its chain has not been let in: in its fan-out, or waiting."""
-        return self.fan_out > 0 and not self.chained and not self.finished
-
-    @property
-    def remaining_chain(self) -> int:
-        # The graph fans out first and is one chain after that, so whatever is left is at
-        # most the chain, and never more than the requests left.
-        return min(self.remaining, self.chain)
-
-
-class GatedLLM:
-    """Give the graph a TrackedLLM whose every request first passes the gate."""
-
-    def __init__(self, llm: TrackedLLM, gate: Gate, ticket: Ticket,
-                 on_request: asyncio.Event | None = None, *,
-                 rank: Callable[[Ticket], int] | None = None,
-                 on_finish: Callable[[Ticket], None] | None = None) -> None:
-        self.llm = llm
-        self.gate = gate
-        self.ticket = ticket
-        self.settings = llm.settings
-        self._on_request = on_request
-        self._rank = rank
-        self._on_finish = on_finish
-        self._budget = gate.budget
-
-    @property
-    def priority(self) -> int:
-        return self.ticket.order
-
-    @asynccontextmanager
-    async def _request(self) -> AsyncIterator[int]:
-        """Count one request of the ticker, from its first attempt to its last."""
-        if self._on_request is not None:
-            self._on_request.set()
-        # The priority is decided per request: a ticker can turn urgent on the way.
-        rank = self._rank(self.ticket) if self._rank is not None else self.ticket.order
-        try:
-            yield rank
-        finally:
-            self.ticket.done += 1
-            if self._on_finish is not None:
-                self._on_finish(self.ticket)
-
-    async def _budgeted(self, tag: CallTag, body: dict[str, Any],
-                        call: Callable[[int, Admit], Any]) -> ChatResult:
-        budget = self._budget
-        claim = budget.claim(tag.node, body) if budget is not None else Claim(0)
-        async with self._request() as rank:
-            # Each attempt takes a place (and the request's tokens) at the gate; a retry's
-            # backoff waits outside it, so the place and tokens serve someone else meanwhile.
-            admit = functools.partial(self.gate.slot, rank, claim, self.ticket)
-            result: ChatResult = await call(rank, admit)
-        if budget is not None:
-            budget.learn(tag.node, body, result.prompt_tokens, result.completion_tokens)
-        return result
-
-    async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
-        kwargs.pop("priority", None)
-        sized = {"messages": messages, "max_tokens": kwargs.get("max_tokens", 0)}
-        ready = datetime.now(UTC)  # issued by the graph: a wait from here on is the gate's
-        return await self._budgeted(tag, sized, lambda rank, admit: self.llm.chat(
-            tag, messages, priority=rank, admit=admit, ready_at=ready, **kwargs))
-
-    async def send(self, tag: CallTag, body: dict[str, Any], *,
-                   first_attempt: int = 1) -> ChatResult:
-        ready = datetime.now(UTC)
-        return await self._budgeted(tag, body, lambda rank, admit: self.llm.send(
-            tag, body, priority=rank, first_attempt=first_attempt, admit=admit, ready_at=ready))
-
-    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
-                      exact: bool = False) -> PromptSize | None:
-        """Count a prompt for the context guard; not a request, so it needs no place."""
-        return await self.llm.measure(messages, max_tokens=max_tokens, exact=exact)

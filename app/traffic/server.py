@@ -1,20 +1,20 @@
-"""Serve one batch from several vLLM endpoints: one admission controller, sampler and budget each.
+"""A batch's servers: a ``Server`` per vLLM endpoint, also when there is one, and the ``ServerSet``.
 
-``NIGHTDESK_LLM_BASE_URL`` may list several endpoints (one vLLM per GPU or per host). Each
-gets what one server always had: its own client, ``/metrics`` sampler (its rows name it),
-admission policy, token budget and gate. A ticker's whole chain goes to one endpoint, chosen
-when it starts by the most free budget tokens (app/batch/routing.py), so its prompt prefix
+Each server has its own client, ``/metrics`` sampler (its rows name it), admission policy,
+token budget and gate. ``NIGHTDESK_LLM_BASE_URL`` may list several endpoints (one vLLM per
+GPU or per host). A ticker's whole chain goes to one endpoint, chosen
+when it starts by the most free budget tokens (app/traffic/routing.py), so its prompt prefix
 stays in that replica's cache.
 
 An endpoint whose ``/metrics`` has failed ``MIN_FAILED_READS`` times in a row and for at
 least ``endpoint_grace_s`` (the reads come every ``metrics_interval_s``) is *down*: it gets
-no new tickers, and the tickers on it move to the endpoints that are up (app/batch/routed.py:
+no new tickers, and the tickers on it move to the endpoints that are up (app/traffic/client.py:
 a chain goes on from its next call there; a call in flight is cancelled and sent again).
 A read that succeeds again makes it *up*; a restarted server's reset counters are handled by
 its own admission policy and budget, as with one server.
 
-With one endpoint nothing here changes what a batch does: the set holds that one, and no
-call ever moves (its outage watch, app/batch/outage.py, waits out a server that is down).
+With one endpoint no call ever moves: the set runs that server's outage watch
+(app/traffic/outage.py), which holds its gate and waits out a server that is down.
 When every endpoint is down, a call that failed waits for one to come back, as with one
 server: for at most the outage budget (``outage_budget_s``) from the moment the last one
 went down; past it the batch is halted as ``interrupted`` (exit 5), its tickers resumable,
@@ -27,44 +27,44 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import structlog
 from sqlalchemy import Engine
 
-from app.batch.admission import AdmissionPolicy
-from app.batch.chains import Footprint, prefetch_depth
-from app.batch.gate import Gate, Ticket
-from app.batch.halt import Halt, HaltReason
-from app.batch.holdback import CHAIN_CAP, ROOM, HoldBack
-from app.batch.routing import Load, choose
-from app.batch.sampler import MetricsSampler
-from app.batch.tasks import wait_first
 from app.config import Settings
 from app.errors import LLMError, ServerOutage
 from app.llm import CallStats, TrackedLLM
-from app.promptsize import ServerCheck
+from app.traffic.admission import AdmissionPolicy
+from app.traffic.chains import prefetch_depth
+from app.traffic.clock import Clock, loop_clock
+from app.traffic.gate import Gate
+from app.traffic.halt import Halt, HaltReason
+from app.traffic.holdback import CHAIN_CAP, ROOM, HoldBack
+from app.traffic.limits import Limits
+from app.traffic.outage import ServerWatch
+from app.traffic.routing import Load, choose
+from app.traffic.sampler import MetricsSampler
+from app.traffic.strategy import Strategy
+from app.traffic.tasks import cancel_and_wait, wait_first
+from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from serving.urls import redact
 
-if TYPE_CHECKING:
-    from app.batch.scheduler import Strategy
-
 log = structlog.get_logger(__name__)
 
-UNBOUNDED = 1_000_000
 # One slow or lost read is not an outage, however short the grace is set.
 MIN_FAILED_READS = 2
 
 
 class GaugeSource(Protocol):
-    """Anything holding the newest metrics reading (app.batch.sampler.MetricsSampler does)."""
+    """Anything holding the newest metrics reading (app.traffic.sampler.MetricsSampler does)."""
 
     @property
     def latest(self) -> Any: ...
 
 
-class Endpoint:
+class Server:
     """One vLLM server of a batch: its client, gauges, admission policy, token budget and gate."""
 
     def __init__(self, index: int, url: str, llm: TrackedLLM, strategy: Strategy, *,
@@ -77,19 +77,11 @@ class Endpoint:
         self.llm = llm
         self.gauges = gauges
         self.strategy = strategy
-        self.policy = policy or strategy.admission_policy(llm.settings.max_concurrency)
-        limit = strategy.request_limit or (self.policy.allowed if strategy.adaptive else UNBOUNDED)
-        # The budget needs the gauges: without readings it could never learn the capacity.
-        self.budget = strategy.token_budget() if gauges is not None else None
-        if self.budget is not None:
-            # One high-water mark: once the budget owns the KV cache it is the budget's.
-            self.budget.kv_high = self.policy.kv_high
-            counter = getattr(llm, "counter", None)
-            if counter is not None:  # the first prompts costed by the server's own count
-                self.budget.counted = counter.counts
-        self.gate = Gate(limit, self.budget, changed=changed)
-        # Tokens per active ticker (per chain, prefetching): how many chains fit.
-        self.footprint = Footprint(chains_only=strategy.prefetch)
+        counter = getattr(llm, "counter", None)
+        self.limits = Limits(strategy, llm.settings.max_concurrency, gauged=gauges is not None,
+                             policy=policy, counted=counter.counts if counter else None,
+                             name=self.name)
+        self.gate = Gate(self.limits.first_request_limit, self.limits.budget, changed=changed)
         self.holdback = HoldBack()  # what kept new tickers from starting here, per reading
         self.grace_s = grace_s
         self.up = True
@@ -100,7 +92,6 @@ class Endpoint:
         self.moved_out = 0
         self.outages = 0
         self.watched_since: float | None = None  # when its reads began (loop time)
-        self._capacity_said = False
         self._first_count = asyncio.Lock()
         self._count_asked = False
 
@@ -124,7 +115,7 @@ class Endpoint:
 
     def chain_slots(self) -> int | None:
         """Return the tickers whose chains the budget keeps going at once (None: no cap)."""
-        return self.footprint.slots(self.budget.limit) if self.budget is not None else None
+        return self.limits.chain_slots()
 
     @property
     def chains(self) -> int:
@@ -172,20 +163,9 @@ class Endpoint:
                 await self.gate.changed.wait()
         ticket.chained = True
 
-    def chains_summary(self) -> dict[str, Any]:
-        """Return the chains the budget was found to fit, and the tokens per active ticker."""
-        per_ticker = self.footprint.tokens()
-        summary: dict[str, Any] = {
-            "slots": self.chain_slots(),
-            "tokens_per_ticker": None if per_ticker is None else round(per_ticker)}
-        if self.strategy.prefetch:
-            summary["prefetch"] = True
-        return summary
-
     def concurrency(self) -> int:
         """Return the requests this endpoint runs at once: its limit, or the chains that fit."""
-        slots = self.chain_slots()
-        return self.gate.limit if slots is None else min(self.gate.limit, slots)
+        return self.limits.concurrency(self.gate.limit)
 
     def load(self, ticker_slots: int | None, weight: float = 1.0) -> Load:
         """Return what routing sees of this endpoint now."""
@@ -196,7 +176,7 @@ class Endpoint:
             slots = self.chain_slots()
             room = self.gate.has_room() and (slots is None or not self._capped(slots))
         return Load(self.index, self.up, room,
-                    self.budget.free if self.budget is not None else None,
+                    budget.free if (budget := self.limits.budget) is not None else None,
                     max(0, self.gate.limit - self.gate.outstanding), self.tickers,
                     self.work, weight)
 
@@ -210,7 +190,7 @@ class Endpoint:
         with a ticker's four analysts at once). The context check finds it in the
         counter's cache. A failure here is left to the call itself to meet.
         """
-        budget, counter = self.budget, getattr(self.llm, "counter", None)
+        budget, counter = self.limits.budget, getattr(self.llm, "counter", None)
         if (budget is None or counter is None or self._count_asked or not counter.supported
                 or budget.ratio_known()):
             return  # every request comes here: the settled case costs attribute reads
@@ -233,7 +213,7 @@ class Endpoint:
 
     def note_start_wait(self, t_s: float) -> None:
         """Record what held a new ticker back at this reading, ``t_s`` into the batch."""
-        budget = self.budget
+        budget = self.limits.budget
         self.holdback.note(t_s, self.blocker(), {
             "tickers": self.tickers, "chain_slots": self.chain_slots(),
             "request_limit": self.gate.limit, "outstanding": self.gate.outstanding,
@@ -266,38 +246,10 @@ class Endpoint:
         return False
 
     def admit(self, snapshot: Any) -> None:
-        """Move the admission limit and the token budget with one new reading."""
-        self._budget_capacity()
-        before = self.gate.limit
-        self.gate.set_limit(self.policy.observe(snapshot, self.gate.outstanding))
-        if self.gate.limit != before:
-            log.debug("admission limit", limit=self.gate.limit, reason=self.policy.reason,
-                      endpoint=self.name)
-        if self.budget is not None:
-            tokens = self.budget.observe(snapshot)
-            self.footprint.sample(self.gate, self.here.values())
-            self.gate.reconsider()
-            log.debug("token budget", tokens=tokens, reserved=self.budget.reserved,
-                      held=self.budget.held, reason=self.budget.reason, endpoint=self.name)
-
-    def _budget_capacity(self) -> None:
-        """Give the budget the server's KV capacity; say once how admission works."""
-        if self.budget is None:
-            return
-        capacity = getattr(self.gauges, "kv_capacity", None)
-        self.budget.set_capacity(capacity, getattr(self.gauges, "block_size", None))
-        if self._capacity_said:
-            return
-        self._capacity_said = True
-        if self.budget.known:
-            # The budget owns the KV cache now: the count policy's KV rules would stop
-            # growth at a usage the budget has already reserved room for.
-            self.policy.kv_high = self.policy.kv_full = float("inf")
-            log.info("admission by token budget", kv_tokens=self.budget.capacity,
-                     fill=self.budget.fill, endpoint=self.name)
-        else:
-            log.warning("KV capacity unknown (no vllm:cache_config_info): admission by "
-                        "request count only", endpoint=self.name)
+        """Move the limits with one new reading (the sampler's KV capacity with it)."""
+        self.limits.observe(snapshot, self.gate, self.here.values(),
+                            getattr(self.gauges, "kv_capacity", None),
+                            getattr(self.gauges, "block_size", None))
 
     def summary(self) -> dict[str, Any]:
         """Return how this endpoint's admission ended and what routing gave it."""
@@ -306,9 +258,7 @@ class Endpoint:
             "tickers_moved_in": self.moved_in, "tickers_moved_out": self.moved_out,
             "outages": self.outages, "up": self.up}
         if self.strategy.adaptive:
-            figures["request_limit_reason"] = self.policy.reason
-            figures["token_budget"] = self.budget.summary() if self.budget else None
-            figures["chains"] = self.chains_summary()
+            figures.update(self.limits.summary())
             figures["new_tickers_held_back"] = self.holdback.summary()
         return figures
 
@@ -322,13 +272,20 @@ class _Combined:
     kv_cache_usage: float
 
 
-class EndpointSet:
+class ServerSet:
     """The endpoints of one batch, in the configured order; routing and failover over them."""
 
-    def __init__(self, endpoints: list[Endpoint], changed: asyncio.Event, *,
+    def __init__(self, endpoints: list[Server], changed: asyncio.Event, *,
                  halt: Halt | None = None, outage_budget_s: float = float("inf"),
-                 resume_hint: str = "") -> None:
+                 resume_hint: str = "", watch: ServerWatch | None = None,
+                 clock: Clock = loop_clock) -> None:
         self.endpoints = endpoints
+        # What health is judged by: grace periods and the outage budget run on it.
+        self.clock = clock
+        # One server's outage watch (app/traffic/outage.py): it holds that server's gate
+        # while the server does not answer. Several servers fail over instead (below).
+        self.watch = watch
+        self._watching: asyncio.Task[None] | None = None
         # Shared by every gate, and set when a ticker ends or an endpoint changes state:
         # whoever waits for room anywhere wakes.
         self.changed = changed
@@ -342,34 +299,38 @@ class EndpointSet:
 
     @classmethod
     def single(cls, llm: TrackedLLM, strategy: Strategy, *, gauges: GaugeSource | None = None,
-               policy: AdmissionPolicy | None = None) -> EndpointSet:
+               policy: AdmissionPolicy | None = None) -> ServerSet:
         """Wrap one client and its gauges: a batch against one server, as it always was."""
         changed = asyncio.Event()
         url = getattr(llm, "base_url", "")
-        return cls([Endpoint(0, url, llm, strategy, gauges=gauges, policy=policy,
+        return cls([Server(0, url, llm, strategy, gauges=gauges, policy=policy,
                              changed=changed)], changed)
 
     @classmethod
     def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
                 engine: Engine, batch_id: int, sample: bool = True,
                 http_client: Any = None, max_in_flight: int | None = None,
-                watch: ServerCheck | None = None,
                 attempts_before: Mapping[tuple[str, str, int], int] | None = None,
-                halt: Halt | None = None, resume_hint: str = "",
-                ) -> EndpointSet:
+                halt: Halt, resume_hint: str = "", clock: Clock = loop_clock,
+                ) -> ServerSet:
         """Make a client and sampler for every configured endpoint (through ``http_client``).
 
-        ``watch`` (the outage watch of one server) is given to the client only when there is
-        one endpoint; with several, failover takes its place, and ``halt`` stops the batch
-        when all of them stay down past ``outage_budget_s``.
+        One endpoint gets an outage watch, which its client consults after a server fault;
+        with several, failover takes its place. Either way ``halt`` stops the batch when
+        no server answers for ``outage_budget_s``.
         """
         changed = asyncio.Event()
         urls = settings.base_urls
+        watch = None
+        if len(urls) == 1:
+            watch = ServerWatch(urls[0], budget_s=settings.outage_budget_s,
+                                interval_s=settings.server_probe_interval_s, halt=halt,
+                                client=http_client, resume_hint=resume_hint, clock=clock)
         endpoints = []
         for index, url in enumerate(urls):
             llm = TrackedLLM(settings, recorder, http_client=http_client, base_url=url,
                              max_in_flight=max_in_flight,
-                             watch=watch if len(urls) == 1 else None,
+                             watch=watch,
                              attempts_before=attempts_before)
             sampler = None
             # With several endpoints the reads also say which are up, so they run even when
@@ -377,23 +338,25 @@ class EndpointSet:
             if sample or len(urls) > 1:
                 sampler = MetricsSampler(url, engine if sample else None, batch_id,
                                          interval_s=settings.metrics_interval_s,
-                                         client=http_client, endpoint=url)
-            endpoints.append(Endpoint(index, url, llm, strategy, gauges=sampler,
+                                         client=http_client, endpoint=url, clock=clock)
+            endpoints.append(Server(index, url, llm, strategy, gauges=sampler,
                                       changed=changed, grace_s=settings.endpoint_grace_s))
         if len(endpoints) > 1:
             log.info("endpoints", urls=[e.name for e in endpoints],
                      grace_s=settings.endpoint_grace_s)
+        if watch is not None:
+            watch.gate = endpoints[0].gate
         return cls(endpoints, changed, halt=halt, outage_budget_s=settings.outage_budget_s,
-                   resume_hint=resume_hint)
+                   resume_hint=resume_hint, watch=watch, clock=clock)
 
-    def __iter__(self) -> Iterator[Endpoint]:
+    def __iter__(self) -> Iterator[Server]:
         return iter(self.endpoints)
 
     def __len__(self) -> int:
         return len(self.endpoints)
 
     @property
-    def first(self) -> Endpoint:
+    def first(self) -> Server:
         return self.endpoints[0]
 
     @property
@@ -404,13 +367,13 @@ class EndpointSet:
 
     def loads(self, ticker_slots: int | None = None) -> list[Load]:
         # Shares of the work follow KV capacity where every endpoint's is known.
-        capacities = [e.budget.capacity if e.budget is not None else None
+        capacities = [e.limits.budget.capacity if e.limits.budget is not None else None
                       for e in self.endpoints]
         known = all(capacity for capacity in capacities)
         return [endpoint.load(ticker_slots, float(capacity) if known and capacity else 1.0)
                 for endpoint, capacity in zip(self.endpoints, capacities, strict=True)]
 
-    def _serving(self) -> list[Endpoint]:
+    def _serving(self) -> list[Server]:
         """Return the endpoints that are up (all of them, if none is)."""
         return [e for e in self.endpoints if e.up] or self.endpoints
 
@@ -425,7 +388,7 @@ class EndpointSet:
 
     async def wait_for_room(self, ticker_slots: int | None = None,
                             or_else: Callable[[], bool] | None = None,
-                            work_left: Callable[[], int] | None = None) -> Endpoint:
+                            work_left: Callable[[], int] | None = None) -> Server:
         """Return the endpoint a new ticker starts on, once one has room (or ``or_else()``).
 
         ``ticker_slots`` is the tickers each endpoint may have in flight (fixed-N); None
@@ -443,13 +406,13 @@ class EndpointSet:
             self.changed.clear()
             await self.changed.wait()
 
-    def alternative(self, endpoint: Endpoint) -> Endpoint | None:
+    def alternative(self, endpoint: Server) -> Server | None:
         """Return the endpoint that is up to take over ``endpoint``'s tickers (None: none is)."""
         chosen = choose(self.loads(), need_room=False, exclude=endpoint.index,
                         down_if_all=False)
         return None if chosen is None else self.endpoints[chosen]
 
-    async def after_failure(self, endpoint: Endpoint, started_at: float) -> Endpoint | None:
+    async def after_failure(self, endpoint: Server, started_at: float) -> Server | None:
         """Return where a call that failed at ``endpoint`` goes next; None: it fails, as today.
 
         Called for failures of the server (connection, stream, timeout, 5xx), once the
@@ -462,11 +425,10 @@ class EndpointSet:
         if not self.several or endpoint.gauges is None:
             return None
         sampler = endpoint.gauges
-        loop = asyncio.get_running_loop()
-        failed_at = loop.time()
+        failed_at = self.clock()
         event: asyncio.Event | None = getattr(sampler, "read", None)
         while True:
-            self.judge_all(loop.time())
+            self.judge_all(self.clock())
             if not endpoint.up:
                 other = self.alternative(endpoint)
                 if other is not None or self.halt is None:
@@ -539,16 +501,21 @@ class EndpointSet:
     # --- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start every endpoint's sampler; the grace of an endpoint that never answers
-        runs from here."""
-        now = asyncio.get_running_loop().time()
+        """Start every endpoint's sampler, and the outage watch of one server; the grace of
+        an endpoint that never answers runs from here."""
+        now = self.clock()
         for endpoint in self.endpoints:
             endpoint.watched_since = now
             if isinstance(endpoint.gauges, MetricsSampler):
                 await endpoint.gauges.start()
+        if self.watch is not None and self._watching is None:
+            self._watching = asyncio.create_task(self.watch.run(), name="server-watch")
 
     async def stop(self) -> None:
-        """Stop every sampler (each takes its last reading)."""
+        """Stop the outage watch, then every sampler (each takes its last reading)."""
+        if self._watching is not None:
+            await cancel_and_wait(self._watching)
+            self._watching = None
         for endpoint in self.endpoints:
             if isinstance(endpoint.gauges, MetricsSampler):
                 await endpoint.gauges.stop()
@@ -556,6 +523,16 @@ class EndpointSet:
     async def aclose(self) -> None:
         for endpoint in self.endpoints:
             await endpoint.llm.aclose()
+
+    def note_metrics(self, ok: bool) -> None:
+        """Tell the outage watch of one server whether a /metrics reading was taken."""
+        if self.watch is not None:
+            self.watch.note_metrics(ok)
+
+    @property
+    def outages(self) -> list[dict[str, Any]]:
+        """Return the outages the watch of one server saw (start, seconds), for the batch."""
+        return self.watch.outages if self.watch is not None else []
 
     def controlled(self, adaptive: bool) -> bool:
         """Tell whether a control loop has work: admission by gauges, or several to watch.

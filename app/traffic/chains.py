@@ -32,7 +32,7 @@ four calls side by side (about 4,800 tokens a ticker on the H200 at 40 tickers, 
 ticker every 2-6 s; the batch's first 30 s ran 15% under a fixed setting's while the cache
 stood 30-50% full. *Prefetching* (the default; ``adaptive:prefetch=off`` turns it off)
 separates the two. The cap counts chains, not tickers: a ticker's first downstream call
-waits for a chain slot (``Endpoint.enter_chain``), and a new ticker may start its analysts
+waits for a chain slot (``Server.enter_chain``), and a new ticker may start its analysts
 while fewer tickers are in their fan-out than the free chain slots plus the few a steady
 batch needs to keep its chains fed (``prefetch_depth``). The analysts then fill the room the
 chains leave (a 1,000-token analyst call decodes as much as a 3,000-token chain call in a
@@ -62,7 +62,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from app.batch.gate import Gate, Ticket
+from app.traffic.gate import Gate
+from app.traffic.ticket import Ticket
 
 # Weight of a new reading in the mean: about 20 readings' memory (40 s at the default 2 s),
 # long enough to smooth an analyst burst, short enough to follow prompts as chains grow.

@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.config import Settings
 from app.db.models import ServerSample
 from app.errors import ServerError
+from app.traffic.clock import Clock, loop_clock
 from serving.metrics import MetricsSnapshot, afetch_metrics_text, parse_cache_config, parse_metrics
 from serving.urls import redact
 
@@ -45,6 +46,7 @@ class MetricsSampler:
         interval_s: float,
         client: httpx.AsyncClient | None = None,
         endpoint: str | None = None,
+        clock: Clock = loop_clock,
     ) -> None:
         self.base_url = base_url
         self.interval_s = interval_s
@@ -57,12 +59,13 @@ class MetricsSampler:
         self.block_size: int | None = None
         self.samples_taken = 0
         self.failures = 0
-        # The endpoint set (app/batch/endpoints.py) judges an endpoint's health from these:
+        # The endpoint set (app/traffic/server.py) judges an endpoint's health from these:
         # failed reads in a row, and when (loop time) the last read succeeded or failed.
         self.failed_in_a_row = 0
         self.last_ok_at: float | None = None
         self.last_failed_at: float | None = None
         self.read = asyncio.Event()  # set after every read, good or failed
+        self.clock = clock  # what last_ok_at and last_failed_at are stamped with
         self._engine = engine
         self._batch_id = batch_id
         # One connection for the whole batch; closed in stop() only when made here.
@@ -94,13 +97,13 @@ class MetricsSampler:
         except ServerError as error:
             self.failures += 1
             self.failed_in_a_row += 1
-            self.last_failed_at = asyncio.get_running_loop().time()
+            self.last_failed_at = self.clock()
             self.read.set()
             log.warning("metrics read failed; sample skipped", error=str(error),
                         endpoint=self.endpoint)
             return None
         self.failed_in_a_row = 0
-        self.last_ok_at = asyncio.get_running_loop().time()
+        self.last_ok_at = self.clock()
         self.read.set()
         self._read_capacity(text)
         self.latest = snapshot

@@ -3,7 +3,7 @@
 A ticker's whole chain goes to one endpoint, so its shared prompt prefix stays in that
 replica's prefix cache. The choice is made when the ticker starts (and again only when its
 endpoint goes away): among the endpoints that are up and have room for a new ticker, the
-one with the most free KV tokens in its token budget (app/batch/budget.py). Free tokens
+one with the most free KV tokens in its token budget (app/traffic/budget.py). Free tokens
 measure what an endpoint can still take: a slower replica holds its reservations longer,
 so it has fewer free and is offered fewer tickers; a larger one has more. Where some
 endpoint's budget is unknown (no KV capacity reported, or a strategy without a budget),

@@ -1,0 +1,109 @@
+"""One server's limits, moved together by each /metrics reading.
+
+How many requests may be outstanding (the admission policy, app/traffic/admission.py), how
+many KV tokens they may reserve (the token budget, app/traffic/budget.py), and how many
+tickers' chains those tokens keep going (the footprint, app/traffic/chains.py). Once the
+server's KV capacity is known the budget owns the KV cache: the policy's own KV rules stand
+down, so the cache is guarded in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import structlog
+
+from app.traffic.admission import AdmissionPolicy
+from app.traffic.chains import Footprint
+from app.traffic.gate import Gate
+from app.traffic.strategy import UNBOUNDED, Strategy
+from app.traffic.ticket import Ticket
+
+log = structlog.get_logger(__name__)
+
+
+class Limits:
+    """A server's request limit, KV token budget and chain footprint, under one strategy."""
+
+    def __init__(self, strategy: Strategy, maximum: int, *, gauged: bool,
+                 policy: AdmissionPolicy | None = None,
+                 counted: Callable[[], tuple[int, int]] | None = None, name: str = "") -> None:
+        self.strategy = strategy
+        self.name = name  # the server's, for the log
+        self.policy = policy or strategy.admission_policy(maximum)
+        # The budget needs the gauges: without readings it could never learn the capacity.
+        self.budget = strategy.token_budget() if gauged else None
+        if self.budget is not None:
+            # One high-water mark: once the budget owns the KV cache it is the budget's.
+            self.budget.kv_high = self.policy.kv_high
+            if counted is not None:  # the first prompts costed by the server's own count
+                self.budget.counted = counted
+        # Tokens per active ticker (per chain, prefetching): how many chains fit.
+        self.footprint = Footprint(chains_only=strategy.prefetch)
+        self._capacity_said = False
+
+    @property
+    def first_request_limit(self) -> int:
+        """Return the request limit a batch starts with: fixed, the policy's, or none."""
+        return self.strategy.request_limit or (
+            self.policy.allowed if self.strategy.adaptive else UNBOUNDED)
+
+    def chain_slots(self) -> int | None:
+        """Return the tickers whose chains the budget keeps going at once (None: no cap)."""
+        return self.footprint.slots(self.budget.limit) if self.budget is not None else None
+
+    def concurrency(self, request_limit: int) -> int:
+        """Return the requests run at once: the request limit, or the chains that fit."""
+        slots = self.chain_slots()
+        return request_limit if slots is None else min(request_limit, slots)
+
+    def observe(self, snapshot: Any, gate: Gate, tickets: Iterable[Ticket],
+                capacity: int | None, block_size: int | None) -> None:
+        """Move the request limit and the token budget with one new reading."""
+        self._budget_capacity(capacity, block_size)
+        before = gate.limit
+        gate.set_limit(self.policy.observe(snapshot, gate.outstanding))
+        if gate.limit != before:
+            log.debug("admission limit", limit=gate.limit, reason=self.policy.reason,
+                      endpoint=self.name)
+        if self.budget is not None:
+            tokens = self.budget.observe(snapshot)
+            self.footprint.sample(gate, tickets)
+            gate.reconsider()
+            log.debug("token budget", tokens=tokens, reserved=self.budget.reserved,
+                      held=self.budget.held, reason=self.budget.reason, endpoint=self.name)
+
+    def _budget_capacity(self, capacity: int | None, block_size: int | None) -> None:
+        """Give the budget the server's KV capacity; say once how admission works."""
+        if self.budget is None:
+            return
+        self.budget.set_capacity(capacity, block_size)
+        if self._capacity_said:
+            return
+        self._capacity_said = True
+        if self.budget.known:
+            # The budget owns the KV cache now: the count policy's KV rules would stop
+            # growth at a usage the budget has already reserved room for.
+            self.policy.kv_high = self.policy.kv_full = float("inf")
+            log.info("admission by token budget", kv_tokens=self.budget.capacity,
+                     fill=self.budget.fill, endpoint=self.name)
+        else:
+            log.warning("KV capacity unknown (no vllm:cache_config_info): admission by "
+                        "request count only", endpoint=self.name)
+
+    def chains_summary(self) -> dict[str, Any]:
+        """Return the chains the budget was found to fit, and the tokens per active ticker."""
+        per_ticker = self.footprint.tokens()
+        summary: dict[str, Any] = {
+            "slots": self.chain_slots(),
+            "tokens_per_ticker": None if per_ticker is None else round(per_ticker)}
+        if self.strategy.prefetch:
+            summary["prefetch"] = True
+        return summary
+
+    def summary(self) -> dict[str, Any]:
+        """Return how the limits ended: the request limit's reason, the budget, the chains."""
+        return {"request_limit_reason": self.policy.reason,
+                "token_budget": self.budget.summary() if self.budget else None,
+                "chains": self.chains_summary()}

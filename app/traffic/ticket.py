@@ -1,0 +1,59 @@
+"""A ticker's place in line and the work it has left: what every layer of traffic reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Holder(Protocol):
+    """Whatever keeps a ticker's budget tokens between two of its calls (a Gate)."""
+
+    def release_hold(self, ticket: Ticket) -> None: ...
+
+
+@dataclass
+class Ticket:
+    """One ticker's place in line and the work it has left, as the scheduler sees it.
+
+    ``order`` is the ticker's start order (its priority while nothing is urgent);
+    ``requests`` and ``chain`` are its expected requests and the longest run of them that
+    must go one after another (0 when unknown).
+    """
+
+    order: int
+    requests: int = 0
+    chain: int = 0
+    done: int = 0
+    outstanding: int = 0  # its requests holding a place now
+    reserved: int = 0  # budget tokens of those requests
+    hold: int = 0  # budget tokens kept between two of its calls
+    held_by: Holder | None = None  # whose budget the hold is in (a ticker can change endpoint)
+    finished: bool = False
+    chained: bool = False  # its chain was let in (app/traffic/chains.py, prefetching)
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.requests - self.done)
+
+    @property
+    def fan_out(self) -> int:
+        """Return the requests before its chain (the analysts side by side; 0: no fan-out).
+
+        The shape of one sample: calls side by side, then ``chain - 1`` one after another.
+        A wider "fan-out" than the chain is several samples side by side (``samples`` > 1),
+        whose chains overlap: no fan-out of this shape.
+        """
+        width = self.requests - self.chain + 1
+        return width if self.chain > 0 and 1 < width <= self.chain else 0
+
+    @property
+    def fanning(self) -> bool:
+        """Return True while its chain has not been let in: in its fan-out, or waiting."""
+        return self.fan_out > 0 and not self.chained and not self.finished
+
+    @property
+    def remaining_chain(self) -> int:
+        # The graph fans out first and is one chain after that, so whatever is left is at
+        # most the chain, and never more than the requests left.
+        return min(self.remaining, self.chain)
