@@ -163,7 +163,8 @@ class TickerClient:
             except LLMError as error:
                 if not server_fault(error) or sends_left == 0:
                     raise
-                target = await self.servers.after_failure(endpoint, started)
+                target = await self.servers.after_failure(
+                    endpoint, started, reached=not isinstance(error, LLMConnectionError))
                 if target is None:
                     raise
                 log.warning("call sent again", node=tag.node, ticker=tag.ticker,

@@ -412,15 +412,18 @@ class ServerSet:
                         down_if_all=False)
         return None if chosen is None else self.endpoints[chosen]
 
-    async def after_failure(self, endpoint: Server, started_at: float) -> Server | None:
+    async def after_failure(self, endpoint: Server, started_at: float, *,
+                            reached: bool = True) -> Server | None:
         """Return where a call that failed at ``endpoint`` goes next; None: it fails, as today.
 
         Called for failures of the server (connection, stream, timeout, 5xx), once the
         client's own retries are spent. The endpoint's next reads decide: down (the grace
         ran out) sends the call to an endpoint that is up; up again after reads failed
         during the call (a restart) sends it again to the best endpoint, this one included;
-        reads that never failed make it the request's own failure. With one endpoint, and
-        when all are down, the call fails as it always did: the hook for an outage budget.
+        reads that never failed make it the request's own failure — unless the call never
+        ``reached`` the server (refused connections say the server was away, whatever a
+        lagging reader saw), which is sent again like a restart. With one endpoint the call
+        fails: its outage is the client's own watch's to wait out.
         """
         if not self.several or endpoint.gauges is None:
             return None
@@ -443,7 +446,7 @@ class ServerSet:
             last_ok = getattr(sampler, "last_ok_at", None)
             if last_ok is not None and last_ok > failed_at:
                 last_failed = getattr(sampler, "last_failed_at", None)
-                if last_failed is None or last_failed < started_at:
+                if reached and (last_failed is None or last_failed < started_at):
                     return None
                 chosen = choose(self.loads(), need_room=False, down_if_all=False)
                 return None if chosen is None else self.endpoints[chosen]

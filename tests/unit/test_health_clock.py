@@ -156,3 +156,29 @@ async def test_one_server_that_does_not_answer_holds_its_gate_then_halts_past_th
         with pytest.raises(ServerOutage):
             await watch.confirm()  # a call that failed now ends: the batch stops
     assert gate.held  # nothing new went to the server meanwhile
+
+
+async def test_a_refused_connection_is_sent_again_though_the_reads_never_saw_the_server_away(
+) -> None:
+    # A loaded client's reader can miss a short restart: every read before and after the call
+    # succeeded. A call that reached the server and failed is its own failure; one that could
+    # not connect says the server was away, so it goes out again rather than failing its ticker.
+    clock = Clock()
+    servers, reads, _ = fleet(clock)
+    for r in reads:
+        r.read = asyncio.Event()  # type: ignore[attr-defined]  # the sampler's "a read ended"
+
+    async def judged(reached: bool) -> object:
+        started = clock()
+        verdict = asyncio.create_task(
+            servers.after_failure(servers.endpoints[0], started, reached=reached))
+        await asyncio.sleep(0)  # it waits for the endpoint's next read
+        clock.now += 0.5
+        for r in reads:
+            r.ok()  # read after the failure: up, and no read failed at all
+            r.read.set()  # type: ignore[attr-defined]
+        return await verdict
+
+    again = await judged(reached=False)
+    assert isinstance(again, Server) and again.up
+    assert await judged(reached=True) is None
