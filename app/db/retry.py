@@ -6,21 +6,19 @@ pre-ping replaces it on the following checkout. SQLite answers "database is lock
 another writer holds it past the busy timeout. Both pass; a write that fails for them is
 tried again from the start, so a transaction either happened once or not at all. A
 constraint violation or a bad statement is never retried: it would fail the same way.
+The policy is tenacity's; any error that ends it is raised as it came.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import random
 import sqlite3
-import time
 from collections.abc import Awaitable, Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import psycopg
 import psycopg_pool
 import structlog
+import tenacity
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 log = structlog.get_logger(__name__)
@@ -57,53 +55,44 @@ def transient(error: BaseException) -> bool:
     return False
 
 
+def _log_retry(state: tenacity.RetryCallState) -> None:
+    """Log one line per failed try that will be tried again."""
+    error = state.outcome.exception() if state.outcome else None
+    text = str(getattr(error, "orig", None) or error).strip()
+    log.warning("database write failed; retrying", write=getattr(state.fn, "__name__", "?"),
+                tries=state.attempt_number,
+                error=text.splitlines()[0][:200] if text else type(error).__name__)
+
+
+# The delay before try n+1 is uniform(d/2, d), d = FIRST_DELAY_S doubling per try up to
+# MAX_DELAY_S: half of it fixed, half jittered, so writers that failed together do not all
+# come back together. No try starts past the budget; the last error is raised unchanged.
+_HALF_FIRST, _HALF_MAX = FIRST_DELAY_S / 2, MAX_DELAY_S / 2
+POLICY: dict[str, Any] = {
+    "retry": tenacity.retry_if_exception(transient),
+    "wait": (tenacity.wait_exponential(multiplier=_HALF_FIRST, max=_HALF_MAX)
+             + tenacity.wait_random_exponential(multiplier=_HALF_FIRST, max=_HALF_MAX)),
+    "stop": tenacity.stop_before_delay(RETRY_BUDGET_S),
+    "before_sleep": _log_retry,
+    "reraise": True,
+}
+
+
 def retrying(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Call ``fn`` (which opens and commits its own transaction) until it passes.
 
     Transient errors are retried with jittered exponential backoff for up to
     ``RETRY_BUDGET_S``; any other error, or the last transient one, is raised.
     """
-    deadline = time.monotonic() + RETRY_BUDGET_S
-    delay = FIRST_DELAY_S
-    tries = 0
-    while True:
-        tries += 1
-        try:
-            return fn(*args, **kwargs)
-        except DBAPIError as error:
-            if not transient(error) or time.monotonic() + delay > deadline:
-                raise
-            log.warning("database write failed; retrying", write=fn.__name__, tries=tries,
-                        error=str(error.orig or error).strip().splitlines()[0][:200])
-            # Full jitter: writers that failed together do not all come back together.
-            time.sleep(random.uniform(delay / 2, delay))
-            delay = min(delay * 2, MAX_DELAY_S)
+    return tenacity.Retrying(**POLICY)(fn, *args, **kwargs)
 
 
 async def aretrying(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
     """Await ``fn`` until it passes, retrying transient errors as ``retrying`` does."""
-    deadline = time.monotonic() + RETRY_BUDGET_S
-    delay = FIRST_DELAY_S
-    tries = 0
-    while True:
-        tries += 1
-        try:
-            return await fn(*args, **kwargs)
-        except Exception as error:
-            if not transient(error) or time.monotonic() + delay > deadline:
-                raise
-            log.warning("database write failed; retrying", write=getattr(fn, "__name__", "?"),
-                        tries=tries, error=str(error).strip().splitlines()[0][:200]
-                        if str(error).strip() else type(error).__name__)
-            await asyncio.sleep(random.uniform(delay / 2, delay))
-            delay = min(delay * 2, MAX_DELAY_S)
+    result: T = await tenacity.AsyncRetrying(**POLICY)(fn, *args, **kwargs)
+    return result
 
 
 def retried(fn: Callable[P, T]) -> Callable[P, T]:
     """Decorate a function that runs one write transaction so that it runs via ``retrying``."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        return retrying(fn, *args, **kwargs)
-
-    return wrapper
+    return tenacity.retry(**POLICY)(fn)

@@ -1,0 +1,232 @@
+"""Check the two tenacity retry policies: database writes and the /tokenize count.
+
+A database write (app/db/retry.py) is tried again on transient errors only, with delays
+that double from 0.2 s to 5 s, half of each jittered, within a two-minute budget; each
+retry logs one warning and the last error comes out unchanged. The budget test runs on a
+fake clock put into tenacity's own ``time``. A prompt's count (app/promptsize.py) is
+tried ``max_attempts`` times on what may pass, waits for the server between tries, and
+gives None when it cannot count.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+import tenacity
+import tenacity.nap
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from agents.fitting import PromptSize
+from app.config import load_settings
+from app.db.retry import (
+    FIRST_DELAY_S,
+    MAX_DELAY_S,
+    RETRY_BUDGET_S,
+    aretrying,
+    retried,
+    retrying,
+)
+from app.errors import LLMConnectionError, ServerOutage
+from app.promptsize import PromptCounter
+
+MESSAGES = [{"role": "user", "content": "AAPL? " * 40}]
+
+
+def locked() -> OperationalError:
+    return OperationalError("UPDATE t", {}, sqlite3.OperationalError("database is locked"))
+
+
+def warnings(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == "database write failed; retrying"]
+
+
+class FakeClock:
+    """A monotonic clock that moves only when tenacity sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        # A guard, not an expectation: a clock that did not move would loop for ever.
+        assert len(self.sleeps) < 500, "the fake clock is not the one tenacity reads"
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    namespace = SimpleNamespace(monotonic=fake.monotonic, sleep=fake.sleep)
+    monkeypatch.setattr(tenacity, "time", namespace)
+    monkeypatch.setattr(tenacity.nap, "time", namespace)
+    return fake
+
+
+def test_a_write_failing_for_good_gives_up_within_the_budget_with_its_last_error(
+        clock: FakeClock) -> None:
+    raised: list[OperationalError] = []
+
+    def write() -> None:
+        raised.append(locked())
+        raise raised[-1]
+
+    with structlog.testing.capture_logs() as logs, pytest.raises(OperationalError) as caught:
+        retrying(write)
+    assert caught.value is raised[-1]  # the error itself, not a wrapper
+    start = 1000.0
+    # Within the budget, and not given up early: no further delay would have fitted.
+    assert RETRY_BUDGET_S - MAX_DELAY_S <= clock.now - start <= RETRY_BUDGET_S
+    assert len(clock.sleeps) == len(raised) - 1
+    for n, slept in enumerate(clock.sleeps):
+        delay = min(FIRST_DELAY_S * 2 ** n, MAX_DELAY_S)
+        assert delay / 2 <= slept <= delay, (n, slept)
+    # Jittered: writers that failed together do not all come back together.
+    assert len({round(s, 6) for s in clock.sleeps}) > len(clock.sleeps) // 2
+    lines = warnings(logs)
+    assert [e["tries"] for e in lines] == list(range(1, len(raised)))
+    assert {e["write"] for e in lines} == {"write"}
+    assert {e["error"] for e in lines} == {"database is locked"}
+    assert all(e["log_level"] == "warning" for e in lines)
+
+
+def test_a_write_that_cannot_pass_is_not_tried_again(clock: FakeClock) -> None:
+    tries = []
+
+    @retried
+    def insert() -> None:
+        tries.append(1)
+        raise IntegrityError("INSERT INTO t", {}, sqlite3.IntegrityError("UNIQUE failed"))
+
+    no_table = OperationalError("SELECT", {}, sqlite3.OperationalError("no such table: t"))
+
+    def select() -> None:
+        tries.append(1)
+        raise no_table
+
+    with structlog.testing.capture_logs() as logs:
+        with pytest.raises(IntegrityError):
+            insert()
+        with pytest.raises(OperationalError) as caught:
+            retrying(select)
+    assert caught.value is no_table
+    assert len(tries) == 2 and clock.sleeps == [] and warnings(logs) == []
+
+
+def test_a_decorated_write_passes_once_the_database_is_back(clock: FakeClock) -> None:
+    failures = [locked(), locked()]
+
+    @retried
+    def store(value: int) -> int:
+        if failures:
+            raise failures.pop(0)
+        return value * 2
+
+    with structlog.testing.capture_logs() as logs:
+        assert store(21) == 42
+    assert store.__name__ == "store"
+    assert [(e["write"], e["tries"]) for e in warnings(logs)] == [("store", 1), ("store", 2)]
+    assert len(clock.sleeps) == 2
+
+
+async def test_an_awaited_write_is_retried_on_transient_errors_only() -> None:
+    failures = [locked()]
+
+    async def checkpoint(value: str) -> str:
+        if failures:
+            raise failures.pop(0)
+        return value
+
+    with structlog.testing.capture_logs() as logs:
+        assert await aretrying(checkpoint, "saved") == "saved"  # one real wait: ≤ 0.2 s
+    assert [(e["write"], e["tries"]) for e in warnings(logs)] == [("checkpoint", 1)]
+
+    calls = []
+
+    async def bad() -> None:
+        calls.append(1)
+        raise ValueError("not a database error")
+
+    with pytest.raises(ValueError, match="not a database error"):
+        await aretrying(bad)
+    assert calls == [1]
+
+
+class Watch:
+    """Stand in for the outage watch: count confirms, or say the server stays away."""
+
+    def __init__(self, outage: bool = False) -> None:
+        self.confirms = 0
+        self.outage = outage
+
+    async def confirm(self) -> None:
+        self.confirms += 1
+        if self.outage:
+            raise ServerOutage("server away past the budget")
+
+
+def tokenize(answers: list[int]) -> tuple[httpx.AsyncClient, list[int]]:
+    """Return a client whose /tokenize answers the statuses given, then 200s; and its log."""
+    seen: list[int] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        status = answers[len(seen)] if len(seen) < len(answers) else 200
+        seen.append(status)
+        if status == 200:
+            return httpx.Response(200, json={"count": 70, "max_model_len": 100})
+        return httpx.Response(status, text="busy")
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handle)), seen
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected", "tries"),
+    [
+        ([503, 503], PromptSize(70, 100 - 10), 3),  # passes on the last of three tries
+        ([503, 503, 503], None, 3),  # fails every try: not counted
+        ([400], None, 1),  # ours, it would fail again: not tried again
+    ],
+)
+async def test_a_prompt_count_is_tried_again_while_the_server_may_pass(
+        answers: list[int], expected: PromptSize | None, tries: int) -> None:
+    settings = load_settings(max_attempts=3, context_check_includes_output=True)
+    http, seen = tokenize(answers)
+    watch = Watch()
+    async with http:
+        counter = PromptCounter(settings, http, "http://server/tokenize", watch=watch)
+        with structlog.testing.capture_logs() as logs:
+            size = await counter.measure(MESSAGES, max_tokens=10, exact=True)
+    assert size == expected
+    assert len(seen) == tries
+    assert watch.confirms == tries - 1  # the server confirmed between tries
+    gave_up = [e for e in logs if e["event"] == "prompt could not be counted"]
+    assert len(gave_up) == (expected is None)
+
+
+async def test_a_server_that_stays_away_between_counts_stops_the_count() -> None:
+    http, seen = tokenize([503])
+    async with http:
+        counter = PromptCounter(load_settings(max_attempts=3), http, "http://server/tokenize",
+                                watch=Watch(outage=True))
+        with pytest.raises(ServerOutage):
+            await counter.measure(MESSAGES, max_tokens=10, exact=True)
+    assert seen == [503]
+
+
+async def test_a_server_never_reached_is_not_counted() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as http:
+        counter = PromptCounter(load_settings(max_attempts=2), http, "http://server/tokenize")
+        with pytest.raises(LLMConnectionError):
+            await counter.count("m", MESSAGES)  # one try: count() itself does not retry
+        assert await counter.measure(MESSAGES, max_tokens=10, exact=True) is None
