@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import httpx
 import structlog
+import tenacity
 
 from agents.fitting import PromptSize
 from app.config import Settings
@@ -159,23 +160,35 @@ class PromptCounter:
         kept failing): the call then goes out as it is and the server has the last word.
         """
         budget = self.budget(max_tokens)
-        model = self.settings.llm_model
-        for attempt in range(1, self.settings.max_attempts + 1):
-            if not self.supported:
-                return None
-            if (not exact and self.max_model_len is not None
-                    and self.fits_without_counting(messages, budget)):
-                return PromptSize(None, self.max_model_len - budget)
-            try:
-                count = await self.count(model, messages)
-            except LLMError as error:
-                if not error.retryable or attempt == self.settings.max_attempts:
-                    log.warning("prompt could not be counted", error=str(error))
-                    return None
-                if self.watch is not None:
-                    await self.watch.confirm()
-                continue
-            if count is None or self.max_model_len is None:
-                return None
-            return PromptSize(count, self.max_model_len - budget)
-        return None
+        try:
+            return await tenacity.AsyncRetrying(
+                retry=tenacity.retry_if_exception(
+                    lambda error: isinstance(error, LLMError) and error.retryable),
+                stop=tenacity.stop_after_attempt(self.settings.max_attempts),
+                # No wait of its own: a server fault waits for the server (the outage watch).
+                before_sleep=self._wait_for_server,
+                reraise=True,
+            )(self._measure_once, messages, budget, exact)
+        except LLMError as error:
+            log.warning("prompt could not be counted", error=str(error))
+            return None
+
+    async def _measure_once(self, messages: list[dict[str, str]], budget: int,
+                            exact: bool) -> PromptSize | None:
+        """Size the prompt once; raise what /tokenize raised (``measure`` retries it)."""
+        # Looked at on every try: a try in between may have taught the limit or found no
+        # /tokenize at all.
+        if not self.supported:
+            return None
+        if (not exact and self.max_model_len is not None
+                and self.fits_without_counting(messages, budget)):
+            return PromptSize(None, self.max_model_len - budget)
+        count = await self.count(self.settings.llm_model, messages)
+        if count is None or self.max_model_len is None:
+            return None
+        return PromptSize(count, self.max_model_len - budget)
+
+    async def _wait_for_server(self, state: tenacity.RetryCallState) -> None:
+        """Between tries: return once the server answers (ServerOutage past its budget)."""
+        if self.watch is not None:
+            await self.watch.confirm()
