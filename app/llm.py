@@ -45,6 +45,8 @@ Admit = Callable[[], AbstractAsyncContextManager[Any]]
 
 _jitter = random.Random()
 
+KEEPALIVE_S = 2.0  # under the server's keep-alive (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE=5 s)
+
 # What the context guard left out of the call being sent (chat() sets it for its attempts).
 _trim: ContextVar[Trim | None] = ContextVar("nightdesk_trim", default=None)
 
@@ -114,11 +116,14 @@ class TrackedLLM:
         # continues after them, so no new row collides with an old one and is dropped.
         self.attempts_before = dict(attempts_before or {})
         # httpx's default pool (100 connections) would queue requests the engine admitted,
-        # silently: size it from the most the engine lets out at once (None: no cap).
+        # silently: size it from the most the engine lets out at once (None: no cap). Idle
+        # connections are dropped before the server's keep-alive ends them, so no
+        # request is sent on a connection the server is closing.
         self._http = http_client or httpx.AsyncClient(
             timeout=httpx.Timeout(30.0),
             limits=httpx.Limits(max_connections=max_in_flight,
-                                max_keepalive_connections=max_in_flight))
+                                max_keepalive_connections=max_in_flight,
+                                keepalive_expiry=KEEPALIVE_S))
         self._owns_http = http_client is None
         self._client = AsyncOpenAI(
             base_url=self.base_url,
