@@ -45,8 +45,6 @@ Admit = Callable[[], AbstractAsyncContextManager[Any]]
 
 _jitter = random.Random()
 
-KEEPALIVE_S = 2.0  # under the server's keep-alive (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE=5 s)
-
 # What the context guard left out of the call being sent (chat() sets it for its attempts).
 _trim: ContextVar[Trim | None] = ContextVar("nightdesk_trim", default=None)
 
@@ -116,14 +114,11 @@ class TrackedLLM:
         # continues after them, so no new row collides with an old one and is dropped.
         self.attempts_before = dict(attempts_before or {})
         # httpx's default pool (100 connections) would queue requests the engine admitted,
-        # silently: size it from the most the engine lets out at once (None: no cap). Idle
-        # connections are dropped before the server's keep-alive ends them, so no
-        # request is sent on a connection the server is closing.
+        # silently: size it from the most the engine lets out at once (None: no cap).
         self._http = http_client or httpx.AsyncClient(
             timeout=httpx.Timeout(30.0),
             limits=httpx.Limits(max_connections=max_in_flight,
-                                max_keepalive_connections=max_in_flight,
-                                keepalive_expiry=KEEPALIVE_S))
+                                max_keepalive_connections=max_in_flight))
         self._owns_http = http_client is None
         self._client = AsyncOpenAI(
             base_url=self.base_url,
@@ -305,14 +300,13 @@ class TrackedLLM:
         async with self._client.chat.completions.with_streaming_response.create(
             **body, stream=True, stream_options={"include_usage": True}
         ) as response:
-            done = False
             try:
                 async for sse in SSEDecoder().aiter_bytes(response.iter_bytes()):
-                    # Read on past [DONE] to the body's end, so the connection goes back to
-                    # the pool instead of being closed half-read.
-                    done = done or sse.data.startswith("[DONE]")
-                    if not done:
-                        _take(sse.json(), seen)
+                    # Stop at [DONE]: the connection then closes rather than going back to
+                    # the pool, where a late reader would race the server's keep-alive.
+                    if sse.data.startswith("[DONE]"):
+                        break
+                    _take(sse.json(), seen)
             except (ValueError, TypeError, AttributeError, KeyError) as exc:
                 # A data line that is not JSON, or JSON not shaped like a chunk: the
                 # server's fault, and a new attempt may well be whole.
