@@ -18,6 +18,7 @@ import httpx
 import openai
 import structlog
 from openai import AsyncOpenAI
+from openai._streaming import SSEDecoder
 
 from agents.chat import CallTag, ChatResult
 from agents.fitting import PromptSize, Trim
@@ -69,7 +70,7 @@ class _Attempt:
     ready_at: datetime | None = None  # when the graph issued the call (before any gate)
     first_token_s: float | None = None
     content: list[str] = field(default_factory=list)
-    usage: Any = None
+    usage: dict[str, Any] | None = None  # the final chunk's ``usage``, as sent
     finish_reason: str | None = None
     request_id: str | None = None
 
@@ -265,7 +266,7 @@ class TrackedLLM:
             error = LLMConnectionError(
                 redact(f"connection dropped mid-stream: {type(exc).__name__}: {exc}"))
         except openai.APIError as exc:
-            # An error event inside an open stream (e.g. the engine died mid-generation).
+            # Any other failure the SDK reports (an error event in the stream is _take's).
             error = LLMStreamError(redact(f"server error during the stream: {exc.message}"))
         except httpx.HTTPError as exc:
             # Any other failure of the body as it arrived (e.g. an undecodable chunk).
@@ -282,30 +283,35 @@ class TrackedLLM:
         self._record(tag, attempt, body, seen, error)
         if error is not None:
             raise error
-        usage = seen.usage
-        details = getattr(usage, "prompt_tokens_details", None)
+        usage = seen.usage or {}
         return ChatResult(
             # Cleaned here, once: the text goes on into prompts, checkpoints and rows.
             content=storable("".join(seen.content)),
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
-            cached_tokens=getattr(details, "cached_tokens", None),
+            prompt_tokens=usage.get("prompt_tokens") or 0,
+            completion_tokens=usage.get("completion_tokens") or 0,
+            cached_tokens=_cached(usage),
             finish_reason=seen.finish_reason,
             request_id=seen.request_id,
         )
 
     async def _stream(self, body: dict[str, Any], seen: _Attempt) -> None:
-        stream = await self._client.chat.completions.create(
+        # The raw body through the SDK's own SSE decoder, each event's JSON taken as a dict:
+        # the SDK's typed object per chunk cost the client most of its CPU at fleet scale.
+        async with self._client.chat.completions.with_streaming_response.create(
             **body, stream=True, stream_options={"include_usage": True}
-        )
-        try:
-            async for chunk in stream:
-                _take(chunk, seen)
-        except (ValueError, TypeError, AttributeError) as exc:
-            # A data line that is not JSON (the client's json.loads), or JSON not shaped like
-            # a chunk: the server's fault, and a new attempt may well be whole.
-            raise LLMMalformedError(redact(f"malformed stream chunk from the server: "
-                                           f"{type(exc).__name__}: {exc}")[:300]) from None
+        ) as response:
+            try:
+                async for sse in SSEDecoder().aiter_bytes(response.iter_bytes()):
+                    # Stop at [DONE]: the connection then closes rather than going back to
+                    # the pool, where a late reader would race the server's keep-alive.
+                    if sse.data.startswith("[DONE]"):
+                        break
+                    _take(sse.json(), seen)
+            except (ValueError, TypeError, AttributeError, KeyError) as exc:
+                # A data line that is not JSON, or JSON not shaped like a chunk: the
+                # server's fault, and a new attempt may well be whole.
+                raise LLMMalformedError(redact(f"malformed stream chunk from the server: "
+                                               f"{type(exc).__name__}: {exc}")[:300]) from None
         if seen.finish_reason is None:
             # A stream that stops without saying why was cut: its text is a fragment.
             raise LLMStreamError(
@@ -323,15 +329,14 @@ class TrackedLLM:
         error: LLMError | None,
     ) -> None:
         elapsed = time.monotonic() - seen.t0
-        usage = seen.usage
-        details = getattr(usage, "prompt_tokens_details", None)
+        usage = seen.usage or {}
         ended_at = seen.started_at + timedelta(seconds=elapsed)
         trim = _trim.get()
         stats = self.stats
         stats.calls += 1
         stats.failed += error is not None
-        stats.prompt_tokens += getattr(usage, "prompt_tokens", 0) or 0
-        stats.completion_tokens += getattr(usage, "completion_tokens", 0) or 0
+        stats.prompt_tokens += usage.get("prompt_tokens") or 0
+        stats.completion_tokens += usage.get("completion_tokens") or 0
         stats.first_start = min(stats.first_start or seen.started_at, seen.started_at)
         stats.last_end = max(stats.last_end or ended_at, ended_at)
         self.recorder.record_call({
@@ -341,9 +346,9 @@ class TrackedLLM:
             "sample": tag.sample,
             "attempt": attempt,
             "model": body["model"],
-            "prompt_tokens": getattr(usage, "prompt_tokens", None),
-            "completion_tokens": getattr(usage, "completion_tokens", None),
-            "cached_tokens": getattr(details, "cached_tokens", None),
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"),
+            "cached_tokens": _cached(usage),
             "max_tokens": body["max_tokens"],
             "finish_reason": seen.finish_reason,
             "status": "ok" if error is None else "error",
@@ -363,18 +368,31 @@ class TrackedLLM:
         })
 
 
-def _take(chunk: Any, seen: _Attempt) -> None:
-    """Add one stream chunk to what the attempt has seen."""
-    seen.request_id = seen.request_id or chunk.id
-    if chunk.usage is not None:
-        seen.usage = chunk.usage
-    for choice in chunk.choices:
-        if choice.delta and choice.delta.content:
+def _take(chunk: dict[str, Any], seen: _Attempt) -> None:
+    """Add one stream chunk (its JSON, as a dict) to what the attempt has seen."""
+    error = chunk.get("error")
+    if error:
+        # An error event inside an open stream (e.g. the engine died mid-generation).
+        said = error.get("message") if isinstance(error, dict) else None
+        raise LLMStreamError(redact(f"server error during the stream: "
+                                    f"{said or 'An error occurred during streaming'}"))
+    seen.request_id = seen.request_id or chunk.get("id")
+    if chunk.get("usage") is not None:
+        seen.usage = chunk["usage"]
+    for choice in chunk["choices"]:
+        content = (choice.get("delta") or {}).get("content")
+        if content:
             if seen.first_token_s is None:
                 seen.first_token_s = time.monotonic() - seen.t0
-            seen.content.append(choice.delta.content)
-        if choice.finish_reason:
-            seen.finish_reason = choice.finish_reason
+            seen.content.append(content)
+        if choice.get("finish_reason"):
+            seen.finish_reason = choice["finish_reason"]
+
+
+def _cached(usage: dict[str, Any]) -> int | None:
+    """Return the prompt tokens the server took from its prefix cache, if it said."""
+    details = usage.get("prompt_tokens_details")
+    return details.get("cached_tokens") if isinstance(details, dict) else None
 
 
 def _classify_status(exc: openai.APIStatusError) -> LLMError:

@@ -270,6 +270,8 @@ def fleet(
     scale: Annotated[float, typer.Option(help="Prompt text sent, x the production shape.")]
         = 0.2,
     output_scale: Annotated[float, typer.Option(help="Outputs, x the production shape.")] = 1.0,
+    stream_interval: Annotated[int, typer.Option(
+        min=1, help="Tokens per stream chunk (vLLM's --stream-interval).")] = 16,
     strategy: Annotated[str, typer.Option(help="The arm the client runs.")] = "adaptive",
     database: Annotated[Literal["sqlite", "postgresql"],
                         typer.Option(help="Where the usage rows go.")] = "postgresql",
@@ -304,11 +306,13 @@ def fleet(
     from app.errors import ServerError
 
     setup()
-    gpu = replace(GPUModel(), speedup=speedup, prompt_weight=1.0 / scale)
+    gpu = replace(GPUModel(), speedup=speedup, prompt_weight=1.0 / scale,
+                  stream_interval=stream_interval)
     ports = [port + i for i in range(endpoints)]
     urls = [f"http://127.0.0.1:{p}/v1" for p in ports]
     command = [sys.executable, "-m", "app.bench.fleet", "--ports", ",".join(map(str, ports)),
-               "--speedup", str(gpu.speedup), "--prompt-weight", str(gpu.prompt_weight)]
+               "--speedup", str(gpu.speedup), "--prompt-weight", str(gpu.prompt_weight),
+               "--stream-interval", str(gpu.stream_interval)]
     with contextlib.ExitStack() as stack:
         servers = subprocess.Popen(command, stdin=subprocess.DEVNULL)
 

@@ -227,3 +227,36 @@ async def test_a_tokenize_answer_without_a_count_is_a_malformed_answer(
                                   max_attempts=2)
     assert isinstance(result, LLMMalformedError), result
     assert [(r.status, r.error_class) for r in rows] == [("error", "malformed")] * 2
+
+
+def streaming(*bodies: bytes) -> FakeServer:
+    """Return a fake whose n-th chat attempt streams the n-th raw SSE body (then ANSWER)."""
+    fake = FakeServer(lambda chat: ANSWER)
+    original, sent = fake.handle, iter(bodies)
+
+    async def raw(request: httpx.Request) -> httpx.Response:
+        body = next(sent, None) if request.url.path.endswith("/chat/completions") else None
+        if body is None:
+            return await original(request)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    fake.handle = raw  # type: ignore[method-assign]
+    return fake
+
+
+async def test_an_error_event_inside_the_stream_is_a_stream_fault_retried(
+        sqlite_engine: Engine) -> None:
+    died = (b'data: {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"content": "Hal"}}]}'
+            b'\n\ndata: {"error": {"message": "engine died", "code": 500}}\n\n')
+    result, rows = await one_call(sqlite_engine, streaming(died), max_attempts=2)
+    assert result.content == "Hold the line." and result.attempts == 2
+    assert [(r.attempt, r.status, r.error_class) for r in rows] == [
+        (1, "error", "stream"), (2, "ok", None)]
+    assert rows[0].error == "server error during the stream: engine died"
+
+
+async def test_a_chunk_without_choices_is_malformed(sqlite_engine: Engine) -> None:
+    odd = b'data: {"id": "chatcmpl-1", "object": "chat.completion.chunk"}\n\n'
+    result, rows = await one_call(sqlite_engine, streaming(odd, odd), max_attempts=2)
+    assert isinstance(result, LLMMalformedError), result
+    assert [(r.status, r.error_class) for r in rows] == [("error", "malformed")] * 2
