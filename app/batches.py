@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, PlainSerializer
 from sqlalchemy import Engine, select
 
 from app.db.models import Batch, TickerRun
@@ -30,22 +31,37 @@ def duration_s(started_at: datetime | None, finished_at: datetime | None,
     return (end - started_at).total_seconds()
 
 
-@dataclass(frozen=True)
-class BatchSummary:
+def _iso(value: date) -> str:
+    return value.isoformat()
+
+
+IsoDate = Annotated[date, PlainSerializer(_iso, return_type=str, when_used="json")]
+"""A date, or a time of day with its offset, serialized by ``isoformat()`` in JSON.
+
+Pydantic's own format writes UTC as ``Z``; every payload of nightdesk has always written
+``+00:00``, so the models of its JSON use this type for their dates and times."""
+IsoDatetime = Annotated[datetime, PlainSerializer(_iso, return_type=str, when_used="json")]
+
+
+class BatchSummary(BaseModel):
     """One batch as the operator reads it: ``nightdesk batches``, the head of ``report``,
-    every page's and ``/api/…``'s batch, the digest and the metrics (one serializer,
-    ``to_json``). ``duration_s``: see ``duration_s()``."""
+    every page's and ``/api/…``'s batch, the digest and the metrics (one serializer: the
+    model's JSON, its fields in this order). ``duration_s``: see ``duration_s()``;
+    ``tickers``: "n/m", tickers succeeded of tickers planned."""
+
+    model_config = ConfigDict(frozen=True)
 
     id: int
     kind: str
     label: str | None
     status: str
-    as_of: date
-    created_at: datetime | None
-    started_at: datetime | None
-    finished_at: datetime | None
-    heartbeat_at: datetime | None
+    as_of: IsoDate
+    created_at: IsoDatetime | None
+    started_at: IsoDatetime | None
+    finished_at: IsoDatetime | None
+    heartbeat_at: IsoDatetime | None
     duration_s: float | None
+    tickers: str
     tickers_total: int
     tickers_succeeded: int
     tickers_failed: int
@@ -57,38 +73,14 @@ class BatchSummary:
     strategy: str | None
     source_batch_id: int | None  # a replay's recorded batch
 
-    @property
-    def tickers(self) -> str:
-        """Return "n/m": tickers succeeded of tickers planned."""
-        return f"{self.tickers_succeeded}/{self.tickers_total}"
-
-    @staticmethod
-    def csv_fields() -> tuple[str, ...]:
-        return JSON_FIELDS
+    @classmethod
+    def csv_fields(cls) -> tuple[str, ...]:
+        return tuple(cls.model_fields)
 
     def to_csv(self) -> dict[str, Any]:
         """Return one CSV row: the JSON fields, None as an empty cell."""
-        data = self.to_json()
-        return {key: "" if data[key] is None else data[key] for key in self.csv_fields()}
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the batch as JSON-ready data (dates and times in ISO 8601)."""
-        return {"id": self.id, "kind": self.kind, "label": self.label, "status": self.status,
-                "as_of": self.as_of.isoformat(), "created_at": _iso(self.created_at),
-                "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
-                "heartbeat_at": _iso(self.heartbeat_at), "duration_s": self.duration_s,
-                "tickers": self.tickers, "tickers_total": self.tickers_total,
-                "tickers_succeeded": self.tickers_succeeded,
-                "tickers_failed": self.tickers_failed, "error": self.error, "demo": self.demo,
-                "samples": self.samples, "model": self.model,
-                "server_profile": self.server_profile, "strategy": self.strategy,
-                "source_batch_id": self.source_batch_id}
-
-
-JSON_FIELDS = ("id", "kind", "label", "status", "as_of", "created_at", "started_at",
-               "finished_at", "heartbeat_at", "duration_s", "tickers", "tickers_total",
-               "tickers_succeeded", "tickers_failed", "error", "demo", "samples", "model",
-               "server_profile", "strategy", "source_batch_id")
+        data = self.model_dump(mode="json")
+        return {key: "" if value is None else value for key, value in data.items()}
 
 
 @dataclass(frozen=True)
@@ -96,10 +88,6 @@ class FailedTicker:
     ticker: str
     status: str  # failed | interrupted
     error: str | None
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
 
 
 def summarize(batch: Any) -> BatchSummary:
@@ -110,6 +98,7 @@ def summarize(batch: Any) -> BatchSummary:
         as_of=batch.as_of, created_at=batch.created_at, started_at=batch.started_at,
         finished_at=batch.finished_at, heartbeat_at=batch.heartbeat_at,
         duration_s=duration_s(batch.started_at, batch.finished_at, batch.heartbeat_at),
+        tickers=f"{batch.tickers_succeeded or 0}/{batch.tickers_total or 0}",
         tickers_total=batch.tickers_total or 0,
         tickers_succeeded=batch.tickers_succeeded or 0,
         tickers_failed=batch.tickers_failed or 0, error=batch.error,

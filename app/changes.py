@@ -17,12 +17,15 @@ from __future__ import annotations
 import re
 import statistics
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from datetime import date
 from typing import Any
 
+from pydantic import BaseModel, computed_field, field_serializer
+from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, select
 
+from app.batches import IsoDate
 from app.db.models import NodeText
 from app.errors import InputError
 from app.ranking import RATING_ORDER, RankRow, previous_night, ranked_night, ranking
@@ -43,9 +46,14 @@ class NodeMove:
     before: float
     after: float
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def shift(self) -> float:
         return self.after - self.before
+
+    @field_serializer("shift", when_used="json")
+    def _shift_json(self, shift: float) -> float:
+        return round(shift, 3)
 
 
 @dataclass(frozen=True)
@@ -76,11 +84,12 @@ class NightChanges:
     """Every ticker of two nights, compared; ``changes`` is the Changes section."""
 
     batch_id: int
-    as_of: date
+    as_of: IsoDate
     against_id: int | None  # None: no earlier finished night to compare with
-    against_as_of: date | None
+    against_as_of: IsoDate | None
     tickers: list[TickerChange]  # in tonight's ranking order, then the unranked
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def changes(self) -> list[TickerChange]:
         """Return every rating change, largest score move first (new and dropped last)."""
@@ -91,29 +100,39 @@ class NightChanges:
     def by_ticker(self) -> dict[str, TickerChange]:
         return {t.ticker: t for t in self.tickers}
 
-    def to_json(self) -> dict[str, Any]:
-        """Return the comparison as JSON-ready data: every ticker, and the changes."""
-        def row(t: TickerChange) -> dict[str, Any]:
-            return {**asdict(t), "moved": [{**asdict(m), "shift": round(m.shift, 3)}
-                                           for m in t.moved]}
-        return {"batch_id": self.batch_id, "as_of": self.as_of.isoformat(),
-                "against_id": self.against_id,
-                "against_as_of": None if self.against_as_of is None
-                else self.against_as_of.isoformat(),
-                "tickers": [row(t) for t in self.tickers],
-                "changes": [row(t) for t in self.changes]}
+
+class RankedRow(BaseModel):
+    """One ranking row beside its previous night: the rows of ``/api/ranking`` and of
+    ``nightdesk ranking --format json`` (the previous columns None without a night before).
+    The first fields are ``app.ranking.RankRow``'s, in its order."""
+
+    rank: int | None
+    ticker: str
+    rating: str | None
+    score: float | None
+    confidence: float | None
+    summary: str
+    batch_id: int
+    samples: int
+    spread: float | None
+    status: str
+    contradicting: int
+    previous_rank: int | None
+    previous_rating: str | None
+    previous_score: float | None
+    change: str | None
+    score_move: float | None
 
 
-def ranked_row_json(row: RankRow, change: TickerChange | None) -> dict[str, Any]:
-    """Return one ranking row beside its previous night: the keys of ``/api/ranking``'s and
-    ``nightdesk ranking --format json``'s rows (empty previous columns without a night
-    before)."""
-    return {**asdict(row),
-            "previous_rank": None if change is None else change.previous_rank,
-            "previous_rating": None if change is None else change.previous_rating,
-            "previous_score": None if change is None else change.previous_score,
-            "change": None if change is None else change.change,
-            "score_move": None if change is None else change.score_move}
+def ranked_row(row: RankRow, change: TickerChange | None) -> RankedRow:
+    """Return one ranking row beside its previous night (see ``RankedRow``)."""
+    return RankedRow(
+        **asdict(row),
+        previous_rank=None if change is None else change.previous_rank,
+        previous_rating=None if change is None else change.previous_rating,
+        previous_score=None if change is None else change.previous_score,
+        change=None if change is None else change.change,
+        score_move=None if change is None else change.score_move)
 
 
 def stance(text: str) -> float | None:

@@ -10,15 +10,17 @@ next night is due; and whether the daemon's heartbeat is current. Nothing here w
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from datetime import UTC, date, datetime, timedelta
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
 from app import batches
+from app.batches import IsoDate, IsoDatetime
 from app.config import Settings
 from app.db.models import Batch, LLMCall, SchedulerBeat, TickerRun
 from app.schedule import due_times, nightly_trigger
@@ -48,12 +50,12 @@ class NightBatch:
     """One nightly batch as the morning names it."""
 
     id: int
-    as_of: date
+    as_of: IsoDate
     status: str
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    heartbeat_at: datetime | None
+    created_at: IsoDatetime
+    started_at: IsoDatetime | None
+    finished_at: IsoDatetime | None
+    heartbeat_at: IsoDatetime | None
     tickers_total: int
     tickers_succeeded: int
     tickers_failed: int
@@ -75,8 +77,8 @@ class Progress:
     tickers_total: int
     calls: int
     expected_calls: int | None
-    elapsed_s: float
-    eta_s: float | None
+    elapsed_s: int  # whole seconds
+    eta_s: int | None
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,8 @@ class SchedulerHeartbeat:
 
     host: str
     pid: int
-    beat_at: datetime
-    next_run_at: datetime | None
+    beat_at: IsoDatetime
+    next_run_at: IsoDatetime | None
     schedule: str
     current: bool  # younger than heartbeat_stale_s
 
@@ -102,25 +104,11 @@ class NightStatus:
     ranked: NightBatch | None  # the night the ranking shows
     fresh: bool  # the ranking shows the latest night, and no due night is missing
     reason: str | None  # when not fresh: why the ranking is older than the latest night
-    due_at: datetime | None  # the schedule's last due time
-    next_due_at: datetime | None
+    due_at: IsoDatetime | None  # the schedule's last due time
+    next_due_at: IsoDatetime | None
     schedule: str
     scheduler: SchedulerHeartbeat | None  # None: no daemon has ever beaten (timer path)
-    checked_at: datetime
-
-    def to_json(self) -> dict[str, Any]:
-        """Return the status as JSON-ready data (times in ISO 8601)."""
-        return _jsonable(asdict(self))
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, date):  # datetimes too
-        return value.isoformat()
-    return value
+    checked_at: IsoDatetime
 
 
 def _night(row: Batch) -> NightBatch:

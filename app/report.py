@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from dataclasses import field
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
+from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 
+from app.batches import IsoDatetime
 from app.db.models import Batch, LLMCall, TickerRun
 from app.errors import InputError
 from app.serverview import server_view
@@ -30,8 +32,8 @@ class BatchReport:
     failed_calls: int
     prompt_tokens: int
     completion_tokens: int
-    first_call_start: datetime | None
-    last_call_end: datetime | None
+    first_call_start: IsoDatetime | None
+    last_call_end: IsoDatetime | None
     wall_seconds: float
     output_tokens_per_s: float
     nodes: list[NodeLatency] = field(default_factory=list)
@@ -40,13 +42,8 @@ class BatchReport:
     succeeded_completion_tokens: int = 0
     succeeded_output_tokens_per_s: float = 0.0
     # Adaptive admission's time without /metrics (readings missed, seconds, fallback limit).
+    # An open mapping: the scheduler's record, as stored with the batch's settings.
     metrics_fallback: dict[str, Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        for key in ("first_call_start", "last_call_end"):
-            data[key] = data[key].isoformat() if data[key] else None
-        return data
 
 
 @dataclass(frozen=True)
@@ -201,7 +198,45 @@ COMPARE_COLUMNS = (
 )
 
 
+class Arm(BaseModel):
+    """One arm of a comparison (``nightdesk report --compare``, ``/api/batches/compare``)."""
+
+    batch_id: int
+    kind: str
+    label: str | None
+    calls: int
+    failed_calls: int
+    makespan_s: float
+    output_tokens_per_s: float
+    succeeded_output_tokens_per_s: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    prompt_tokens: int
+    completion_tokens: int
+    prefill_tokens_computed: float | None
+    prefix_cache_hit_rate: float | None
+    # Above 1.05 the two figures above are None: the server's lookups repeat (ServerView).
+    prefix_lookups_per_prompt_token: float | None
+    running_mean: float | None
+    running_max: float | None
+    waiting_max: float | None
+    kv_usage_max: float | None
+    preemptions: float | None
+    mean_ttft_s: float | None
+    ttft_ready_mean_s: float | None
+    ttft_ready_p90_s: float | None
+    decode_time_share: float | None
+    # Each endpoint's part, when several served the arm (else its one endpoint is it).
+    endpoints: list[EndpointShare]
+
+
 def arm(engine: Engine, batch_id: int) -> dict[str, Any]:
+    """Return ``compare_arm`` as a plain mapping, the record ``app.bench.schedulers`` adds
+    its own keys to (warm-up, graph facts); the comparison itself uses ``compare_arm``."""
+    return compare_arm(engine, batch_id).model_dump()
+
+
+def compare_arm(engine: Engine, batch_id: int) -> Arm:
     """Return one arm of a comparison: throughput split, concurrency, KV, makespan."""
     calls = batch_report(engine, batch_id)
     view = server_view(engine, batch_id)
@@ -211,23 +246,21 @@ def arm(engine: Engine, batch_id: int) -> dict[str, Any]:
     span = calls.wall_seconds
     prefill = view.prefill_tokens_computed if view.prefill_tokens_computed is not None \
         else calls.prompt_tokens
-    return {
-        "batch_id": batch_id, "kind": kind, "label": label, "calls": calls.calls,
-        "failed_calls": calls.failed_calls, "makespan_s": span,
-        "output_tokens_per_s": calls.output_tokens_per_s,
-        "succeeded_output_tokens_per_s": calls.succeeded_output_tokens_per_s,
-        "prefill_tokens_per_s": prefill / span if span else 0.0,
-        "decode_tokens_per_s": calls.completion_tokens / span if span else 0.0,
-        "prompt_tokens": calls.prompt_tokens, "completion_tokens": calls.completion_tokens,
-        "prefill_tokens_computed": view.prefill_tokens_computed,
-        "prefix_cache_hit_rate": view.prefix_cache_hit_rate,
-        # Above 1.05 the two figures above are None: the server's lookups repeat (ServerView).
-        "prefix_lookups_per_prompt_token": view.prefix_lookups_per_prompt_token,
-        "running_mean": view.running_mean, "running_max": view.running_max,
-        "waiting_max": view.waiting_max, "kv_usage_max": view.kv_usage_max,
-        "preemptions": view.preemptions, "mean_ttft_s": view.mean_ttft_s,
-        "ttft_ready_mean_s": view.ttft_ready_mean_s, "ttft_ready_p90_s": view.ttft_ready_p90_s,
-        "decode_time_share": view.decode_time_share,
-        # Each endpoint's part, when several served the arm (else its one endpoint is it).
-        "endpoints": [asdict(share) for share in endpoint_shares(engine, batch_id)],
-    }
+    return Arm(
+        batch_id=batch_id, kind=kind, label=label, calls=calls.calls,
+        failed_calls=calls.failed_calls, makespan_s=span,
+        output_tokens_per_s=calls.output_tokens_per_s,
+        succeeded_output_tokens_per_s=calls.succeeded_output_tokens_per_s,
+        prefill_tokens_per_s=prefill / span if span else 0.0,
+        decode_tokens_per_s=calls.completion_tokens / span if span else 0.0,
+        prompt_tokens=calls.prompt_tokens, completion_tokens=calls.completion_tokens,
+        prefill_tokens_computed=view.prefill_tokens_computed,
+        prefix_cache_hit_rate=view.prefix_cache_hit_rate,
+        prefix_lookups_per_prompt_token=view.prefix_lookups_per_prompt_token,
+        running_mean=view.running_mean, running_max=view.running_max,
+        waiting_max=view.waiting_max, kv_usage_max=view.kv_usage_max,
+        preemptions=view.preemptions, mean_ttft_s=view.mean_ttft_s,
+        ttft_ready_mean_s=view.ttft_ready_mean_s, ttft_ready_p90_s=view.ttft_ready_p90_s,
+        decode_time_share=view.decode_time_share,
+        endpoints=endpoint_shares(engine, batch_id),
+    )

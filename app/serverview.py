@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, select
 
 from app.db.models import Batch, LLMCall, ServerSample
@@ -78,9 +78,6 @@ class ServerView:
     # worst, and how many readings saw it over a second (their gauges were that stale).
     client_lag_max_s: float | None = None
     client_lag_readings_over_1s: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # Lookups a batch may make per prompt token before its hit counters are repeats: a little

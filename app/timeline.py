@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, select
 
 from app.db.models import LLMCall, ServerSample
@@ -138,8 +138,3 @@ def _readings(samples: Sequence[Any], at: Callable[[datetime], float],
             preempted[i] = 0.0
     return [(sum(sum(v) / len(v) for v in running[i].values()) if running[i] else None,
              kv[i], preempted[i]) for i in range(count)]
-
-
-def timeline_json(intervals: list[Interval]) -> list[dict[str, Any]]:
-    """Return the intervals as plain dicts (``nightdesk report --format json``)."""
-    return [asdict(i) for i in intervals]

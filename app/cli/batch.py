@@ -18,9 +18,11 @@ import sys
 from collections import Counter
 from datetime import date
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import typer
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -41,7 +43,7 @@ from app.batch.resume import ResumePoint, mark_stale_crashed
 from app.batch.signals import run_batch
 from app.batches import BatchSummary, summarize
 from app.batchids import parse_batch_id
-from app.changes import compare_nights, ranked_row_json
+from app.changes import RankedRow, compare_nights, ranked_row
 from app.cli.common import batch_database, database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
@@ -218,18 +220,20 @@ def show_ranking(
         # "not fresh" (exit 6), the same as a failed or missed night, not bad input.
         _night_lines(night)
         if fmt == "json":
-            typer.echo(json.dumps(ranking_json(night, None, []), indent=2))
+            typer.echo(json.dumps(RankingJSON(night=night, batch=None, rows=[])
+                                  .model_dump(mode="json"), indent=2))
         raise typer.Exit(STALE_EXIT) from None
     night = night_status(engine, settings, chosen.id)
     _night_lines(night)
     changes = compare_nights(engine, chosen.id).by_ticker()
     demo = bool((chosen.settings or {}).get("demo_data"))
-    data = [ranked_row_json(r, changes.get(r.ticker)) for r in rows]
+    data = [ranked_row(r, changes.get(r.ticker)) for r in rows]
     if fmt == "json":
-        typer.echo(json.dumps(ranking_json(night, summarize(chosen), data), indent=2))
+        typer.echo(json.dumps(RankingJSON(night=night, batch=summarize(chosen), rows=data)
+                              .model_dump(mode="json"), indent=2))
     elif fmt == "csv":
         # Flat: each row carries the batch's DEMO mark, which JSON gives once under "batch".
-        flat = [{**r, "demo": demo} for r in data]
+        flat = [{**r.model_dump(mode="json"), "demo": demo} for r in data]
         writer = csv.DictWriter(sys.stdout, fieldnames=list(flat[0]) if flat else ["rank"])
         writer.writeheader()
         writer.writerows(flat)
@@ -245,7 +249,7 @@ def show_ranking(
                           "" if r.score is None else f"{r.score:+.2f}",
                           "" if r.spread is None or r.samples < 2 else f"{r.spread:.2f}",
                           "" if r.confidence is None else f"{r.confidence:.2f}",
-                          was_text(was), was["change"] or "", r.summary)
+                          was_text(was), was.change or "", r.summary)
         out.print(table)
         if any(r.contradicting for r in rows):
             out.print("! = rating outside its score band in at least one sample")
@@ -270,13 +274,15 @@ def _night_lines(night: NightStatus) -> None:
     err.print(f"night: {escape(night.headline)}")
 
 
-def ranking_json(night: NightStatus, batch: BatchSummary | None,
-                 rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Return ``ranking --format json``: the latest night's status (the payload
-    ``/api/ranking`` carries as ``night``), the batch ranked (None: no finished night) and
-    its rows, failed tickers last with rank null."""
-    return {"night": night.to_json(), "batch": None if batch is None else batch.to_json(),
-            "rows": rows}
+class RankingJSON(BaseModel):
+    """``ranking --format json``: the latest night's status (the payload ``/api/ranking``
+    carries as ``night``), the batch ranked (None: no finished night) and its rows, failed
+    tickers last with rank null."""
+
+    night: NightStatus
+    batch: BatchSummary | None
+    rows: list[RankedRow]
+
 
 
 def rating_text(row: RankRow) -> str:
@@ -285,11 +291,10 @@ def rating_text(row: RankRow) -> str:
     return (row.rating or row.status.upper()) + (" !" if row.contradicting else "")
 
 
-def was_text(was: dict[str, Any]) -> str:
-    if was["previous_rating"] is None:
+def was_text(was: RankedRow) -> str:
+    if was.previous_rating is None:
         return "—"
-    return (f"{was['previous_rating']} {was['previous_score']:+.2f} "
-            f"#{was['previous_rank']}")
+    return f"{was.previous_rating} {was.previous_score:+.2f} #{was.previous_rank}"
 
 
 def show_changes(
@@ -307,7 +312,7 @@ def show_changes(
     settings = setup()
     found = compare_nights(database(settings), batch, against)
     if fmt == "json":
-        typer.echo(json.dumps(found.to_json(), indent=2))
+        typer.echo(json.dumps(to_jsonable_python(found), indent=2))
         return
     columns = ("ticker", "change", "previous_rating", "previous_score", "previous_rank",
                "rating", "score", "rank", "score_move", "why")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
 import typer
+from pydantic_core import to_jsonable_python
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -28,15 +28,16 @@ from app.night import span
 from app.quality.monitor import warnings_for
 from app.report import (
     COMPARE_COLUMNS,
+    Arm,
     BatchReport,
     EndpointShare,
-    arm,
     batch_report,
+    compare_arm,
     endpoint_shares,
     latest_batch_id,
 )
 from app.serverview import BOUND_NAMES, LOOKUPS_SLACK, ServerView, server_view
-from app.timeline import Interval, batch_timeline, timeline_json
+from app.timeline import Interval, batch_timeline
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:
@@ -181,14 +182,15 @@ def endpoint_table(shares: list[EndpointShare], report: BatchReport, view: Serve
     return table
 
 
-def compare_table(arms: list[dict[str, Any]], title: str = "arms side by side") -> Table:
+def compare_table(arms: list[Arm], title: str = "arms side by side") -> Table:
     table = Table(title=title)
     for header, _, _ in COMPARE_COLUMNS:
         table.add_column(header, justify="left" if header == "label" else "right")
     for a in arms:
-        table.add_row(*(_fmt(a[key], spec) if a[key] is not None and spec not in ("s", "d")
-                        else str(a[key] if a[key] is not None else "—")
-                        for _, key, spec in COMPARE_COLUMNS))
+        row = [getattr(a, key) for _, key, _ in COMPARE_COLUMNS]
+        table.add_row(*(_fmt(value, spec) if value is not None and spec not in ("s", "d")
+                        else str(value if value is not None else "—")
+                        for value, (_, _, spec) in zip(row, COMPARE_COLUMNS, strict=True)))
     return table
 
 
@@ -209,9 +211,9 @@ def report(
                                    f"(`nightdesk run --resume {crashed}` continues it)",
                                    highlight=False, soft_wrap=True)
     if compare is not None:
-        arms = [arm(engine, i) for i in parse_batch_ids(compare, what="--compare")]
+        arms = [compare_arm(engine, i) for i in parse_batch_ids(compare, what="--compare")]
         if fmt == "json":
-            typer.echo(json.dumps(arms, indent=2, default=str))
+            typer.echo(json.dumps(to_jsonable_python(arms), indent=2))
         else:
             # Piped into a log or a doc: do not fold the columns into 80.
             Console(width=None if Console().is_terminal else 200).print(compare_table(arms))
@@ -225,12 +227,11 @@ def report(
     warnings = warnings_for(engine, chosen)
     intervals = batch_timeline(engine, chosen)
     if fmt == "json":
-        typer.echo(json.dumps({"batch": head.to_json(),
-                               "failed_tickers": [asdict(f) for f in failed],
-                               **result.to_json(), "server": view.to_json(),
-                               "endpoints": [asdict(share) for share in shares],
-                               "over_time": timeline_json(intervals),
-                               "warnings": warnings}, indent=2))
+        # The batch report's own fields flattened between the batch and the server's view.
+        typer.echo(json.dumps(to_jsonable_python(
+            {"batch": head, "failed_tickers": failed, **to_jsonable_python(result),
+             "server": view, "endpoints": shares, "over_time": intervals,
+             "warnings": warnings}), indent=2))
     else:
         console = Console(highlight=False, soft_wrap=True)
         render_head(head, failed, console)
@@ -258,7 +259,7 @@ def batches(
     engine = database(settings)
     rows = list_batches(engine, limit, kind)
     if fmt == "json":
-        typer.echo(json.dumps([row.to_json() for row in rows], indent=2))
+        typer.echo(json.dumps(to_jsonable_python(rows), indent=2))
         return
     if fmt == "csv":
         writer = csv.DictWriter(sys.stdout, fieldnames=list(BatchSummary.csv_fields()))

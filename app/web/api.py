@@ -1,32 +1,43 @@
-"""Serve the pages' data as JSON: ``/api/ranking``, ``/api/batches[/{id}]``, ``/api/tickers/…``."""
+"""Serve the pages' data as JSON: ``/api/ranking``, ``/api/batches[/{id}]``, ``/api/tickers/…``.
+
+Each route's payload is a model of ``app.web.views``; FastAPI writes it as its JSON.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
+from app.batches import BatchSummary
 from app.errors import InputError
 from app.web import views
+from app.web.reruns import RerunJob
 from app.web.state import State, require_user
 from app.web.symbols import batch_id_or_404, batch_ids, symbol_or_404
 
 router = APIRouter(prefix="/api", dependencies=[Depends(require_user)])
 
 
+class TickerPayload(views.TickerView):
+    """``/api/tickers/{symbol}``: the ticker page's data and this process's rerun of it."""
+
+    rerun_job: RerunJob | None
+
+
 @router.get("/ranking")
-def ranking(state: State) -> dict[str, Any]:
+def ranking(state: State) -> views.RankingView:
     """Return the morning ranking, its batch, failed tickers, distribution and progress."""
     return views.ranking_view(state.engine, state.settings)
 
 
 @router.get("/batches")
-def batches(state: State) -> list[dict[str, Any]]:
+def batches(state: State) -> list[BatchSummary]:
     return views.batches_view(state.engine)
 
 
 @router.get("/batches/compare")
-def compare(state: State, ids: Annotated[list[str], Query()]) -> dict[str, Any]:
+def compare(state: State, ids: Annotated[list[str], Query()]) -> views.CompareView:
     try:
         return views.compare_view(state.engine, batch_ids(ids))
     except InputError as error:
@@ -34,7 +45,7 @@ def compare(state: State, ids: Annotated[list[str], Query()]) -> dict[str, Any]:
 
 
 @router.get("/batches/{batch_id}")
-def batch(state: State, batch_id: str) -> dict[str, Any]:
+def batch(state: State, batch_id: str) -> views.BatchView:
     try:
         return views.batch_view(state.engine, batch_id_or_404(batch_id))
     except InputError as error:
@@ -42,10 +53,9 @@ def batch(state: State, batch_id: str) -> dict[str, Any]:
 
 
 @router.get("/tickers/{symbol}")
-def ticker(state: State, symbol: str) -> dict[str, Any]:
+def ticker(state: State, symbol: str) -> TickerPayload:
     ticker = symbol_or_404(symbol)
     found = views.ticker_view(state.engine, ticker, state.stale_after_s)
     if found is None:
         raise HTTPException(404, f"{ticker} has never been run")
-    job = state.reruns.job(ticker)
-    return {**found, "rerun_job": job.to_json() if job else None}
+    return TickerPayload(**dict(found), rerun_job=state.reruns.job(ticker))

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import BaseModel
 
 from app.errors import InputError
 from app.report import COMPARE_COLUMNS
@@ -23,37 +24,49 @@ router = APIRouter(dependencies=[Depends(require_user)], default_response_class=
 templates = make_templates()
 
 
+class RerunState(BaseModel):
+    """The ticker page's Rerun box: this process's job and the rerun the database says runs."""
+
+    job: RerunJob | None
+    running_batch: views.RerunRow | None
+    active: bool
+
+
 def _page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
-    return templates.TemplateResponse(request, name, context, status_code=status)
+    """Render a template; a model in the context is given to it as its JSON, so a page shows
+    what ``/api/…`` serves (dates and times as ISO 8601 text)."""
+    plain = {key: value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+             for key, value in context.items()}
+    return templates.TemplateResponse(request, name, plain, status_code=status)
 
 
 @router.get("/")
 def ranking_page(request: Request, state: State) -> Response:
     """Show the latest finished night's ranking, with reruns applied, and any batch running."""
     view = views.ranking_view(state.engine, state.settings)
-    chart = charts.rating_bars(view["distribution"]) if view["batch"] else None
+    chart = charts.rating_bars(view.distribution) if view.batch else None
     return _page(request, "ranking.html", {"view": view, "chart": chart})
 
 
-def rerun_target(state: WebState, ticker: str, view: dict[str, Any]) -> tuple[date, int]:
+def rerun_target(state: WebState, ticker: str, view: views.TickerView) -> tuple[date, int]:
     """Return the as-of date and sample count a rerun of ``ticker`` should use.
 
     The night on the ranking page, when the ticker is in it, so the rerun replaces the
     ticker there; otherwise the night of the ticker's latest run.
     """
     ranked = views.ranking_view(state.engine, state.settings)
-    batch = ranked["batch"]
-    tickers = {r["ticker"] for r in ranked["rows"]} | {f["ticker"] for f in ranked["failed"]}
+    batch = ranked.batch
+    tickers = {r.ticker for r in ranked.rows} | {f.ticker for f in ranked.failed}
     if batch is not None and ticker in tickers:
-        return date.fromisoformat(batch["as_of"]), int(batch["samples"] or 1)
-    shown = view["shown"]
-    return date.fromisoformat(shown["as_of"]), int(shown["samples"] or 1)
+        return batch.as_of, int(batch.samples or 1)
+    shown = view.shown
+    return shown.as_of, int(shown.samples or 1)
 
 
-def _rerun_state(job: RerunJob | None, running: dict[str, Any] | None) -> dict[str, Any]:
+def _rerun_state(job: RerunJob | None, running: views.RerunRow | None) -> RerunState:
     """Merge what this process started with what the database says is running."""
     active = (job is not None and job.state in ("queued", "running")) or running is not None
-    return {"job": job.to_json() if job else None, "running_batch": running, "active": active}
+    return RerunState(job=job, running_batch=running, active=active)
 
 
 @router.get("/ticker/{symbol}")
@@ -65,11 +78,11 @@ def ticker_page(request: Request, state: State, symbol: str,
     if view is None:
         return _page(request, "missing.html",
                      {"what": f"{ticker} has never been run", "status": 404}, status=404)
-    history = view["history"]
-    plot = charts.history([(date.fromisoformat(p["as_of"]), p["score"], p["rating"])
-                           for p in history if p["score"] is not None]) \
-        if any(p["score"] is not None for p in history) else None
-    rerun = _rerun_state(state.reruns.job(ticker), view["rerun_running"])
+    history = view.history
+    plot = charts.history([(p.as_of, p.score, p.rating or "")
+                           for p in history if p.score is not None]) \
+        if any(p.score is not None for p in history) else None
+    rerun = _rerun_state(state.reruns.job(ticker), view.rerun_running)
     token = state.guard.csrf_token(request)
     response = _page(request, "ticker.html", {
         "view": view, "history_svg": plot, "rerun": rerun, "notice": notice,
@@ -90,7 +103,7 @@ async def rerun(request: Request, state: State, symbol: str,
     if view is None:
         raise HTTPException(404, f"{ticker} has never been run")
     back = f"/ticker/{ticker}"
-    if view["rerun_running"] is not None:
+    if view.rerun_running is not None:
         return RedirectResponse(f"{back}?notice=already", status_code=303)
     as_of, samples = await run_in_threadpool(rerun_target, state, ticker, view)
     # No await between the check above and here would let a second request in: submit
@@ -103,7 +116,8 @@ async def rerun(request: Request, state: State, symbol: str,
 @router.get("/batches")
 def batches_page(request: Request, state: State) -> Response:
     """List the batches, newest first, with a form to compare arms."""
-    return _page(request, "batches.html", {"batches": views.batches_view(state.engine)})
+    return _page(request, "batches.html", {"batches": [
+        b.model_dump(mode="json") for b in views.batches_view(state.engine)]})
 
 
 @router.get("/batches/compare")

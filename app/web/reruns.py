@@ -18,11 +18,15 @@ import signal
 import sys
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import UTC, date, datetime
 from typing import Any
 
 import structlog
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from app.batches import IsoDate, IsoDatetime
 
 log = structlog.get_logger(__name__)
 
@@ -32,27 +36,19 @@ STOP_GRACE_S = 30.0
 
 @dataclass
 class RerunJob:
-    """One requested rerun of one ticker, as this web process knows it."""
+    """One requested rerun of one ticker, as this web process knows it; its JSON (in
+    ``/api/tickers/…`` and the ticker page) leaves out the output's ``tail``."""
 
     ticker: str
-    as_of: date
+    as_of: IsoDate
     samples: int
     state: str = "queued"  # queued | running | succeeded | failed | cancelled
-    queued_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+    queued_at: IsoDatetime = field(default_factory=lambda: datetime.now(UTC))
+    started_at: IsoDatetime | None = None
+    finished_at: IsoDatetime | None = None
     exit_code: int | None = None
     message: str | None = None  # the process's last line of output when it failed
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ticker": self.ticker, "as_of": self.as_of.isoformat(), "samples": self.samples,
-            "state": self.state, "queued_at": self.queued_at.isoformat(),
-            "started_at": self.started_at.isoformat() if self.started_at else None,
-            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
-            "exit_code": self.exit_code, "message": self.message,
-        }
+    tail: deque[str] = Field(default_factory=lambda: deque(maxlen=40), exclude=True)
 
 
 def cli_command(job: RerunJob) -> list[str]:

@@ -17,15 +17,47 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import Engine, select
 
 from app.db.models import ServerSample
 from app.serverview import counter_delta, per_endpoint
 
-KEYS = ("t", "running", "waiting", "kv", "tok_s_t", "tok_s")
+
+class Gauges(BaseModel):
+    """Gauges over time, seconds from the batch's first reading: running and waiting
+    requests and KV usage at each reading ``t``; output tokens/s ``tok_s`` from each time
+    in ``tok_s_t`` to the endpoint's next reading."""
+
+    t: list[float] = []
+    running: list[float] = []
+    waiting: list[float] = []
+    kv: list[float] = []
+    tok_s_t: list[float] = []
+    tok_s: list[float] = []
 
 
-def _one(rows: Sequence[Any], t0: Any) -> dict[str, list[float]]:
+class EndpointGauges(BaseModel):
+    """One endpoint's own gauges (``Gauges``), after its URL (None: rows from before the
+    endpoint column)."""
+
+    endpoint: str | None
+    t: list[float]
+    running: list[float]
+    waiting: list[float]
+    kv: list[float]
+    tok_s_t: list[float]
+    tok_s: list[float]
+
+
+class SeriesView(Gauges):
+    """The batch's gauges (summed over endpoints; KV the fullest) and each endpoint's, in
+    the order they first reported (one entry when one endpoint served the batch)."""
+
+    endpoints: list[EndpointGauges] = []
+
+
+def _one(rows: Sequence[Any], t0: Any) -> Gauges:
     """Return one endpoint's gauges, seconds from ``t0``, and its tok/s between readings."""
     t = [(r.sampled_at - t0).total_seconds() for r in rows]
     rates, at = [], []
@@ -34,8 +66,8 @@ def _one(rows: Sequence[Any], t0: Any) -> dict[str, list[float]]:
         if tb > ta and produced is not None:
             rates.append(produced / (tb - ta))
             at.append(ta)
-    return {"t": t, "running": [r.running for r in rows], "waiting": [r.waiting for r in rows],
-            "kv": [r.kv_cache_usage for r in rows], "tok_s_t": at, "tok_s": rates}
+    return Gauges(t=t, running=[r.running for r in rows], waiting=[r.waiting for r in rows],
+                  kv=[r.kv_cache_usage for r in rows], tok_s_t=at, tok_s=rates)
 
 
 def _last(t: list[float], at: float) -> int:
@@ -43,45 +75,42 @@ def _last(t: list[float], at: float) -> int:
     return bisect.bisect_right(t, at) - 1
 
 
-def _total(parts: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+def _total(parts: list[Gauges]) -> Gauges:
     """Sum the endpoints' gauges on the union of their reading times (KV: the fullest)."""
-    grid = sorted({x for p in parts for x in p["t"]})
+    grid = sorted({x for p in parts for x in p.t})
     running, waiting, kv = [], [], []
     for at in grid:
-        held = [(p, i) for p in parts if (i := _last(p["t"], at)) >= 0]
-        running.append(sum(p["running"][i] for p, i in held))
-        waiting.append(sum(p["waiting"][i] for p, i in held))
-        kv.append(max(p["kv"][i] for p, i in held))
+        held = [(p, i) for p in parts if (i := _last(p.t, at)) >= 0]
+        running.append(sum(p.running[i] for p, i in held))
+        waiting.append(sum(p.waiting[i] for p, i in held))
+        kv.append(max(p.kv[i] for p, i in held))
     # A rate holds from its reading to its endpoint's next one; after an endpoint's last
     # reading it adds nothing.
-    ends = [[p["t"][_last(p["t"], a) + 1] for a in p["tok_s_t"]] for p in parts]
+    ends = [[p.t[_last(p.t, a) + 1] for a in p.tok_s_t] for p in parts]
     edges = sorted({x for p, end in zip(parts, ends, strict=True)
-                    for x in (*p["tok_s_t"], *end)})
+                    for x in (*p.tok_s_t, *end)})
     tok_s_t = edges[:-1]
     tok_s = []
     for at in tok_s_t:
         rate = 0.0
         for p, end in zip(parts, ends, strict=True):
-            i = _last(p["tok_s_t"], at)
+            i = _last(p.tok_s_t, at)
             if i >= 0 and at < end[i]:
-                rate += p["tok_s"][i]
+                rate += p.tok_s[i]
         tok_s.append(rate)
-    return {"t": grid, "running": running, "waiting": waiting, "kv": kv,
-            "tok_s_t": tok_s_t, "tok_s": tok_s}
+    return Gauges(t=grid, running=running, waiting=waiting, kv=kv, tok_s_t=tok_s_t,
+                  tok_s=tok_s)
 
 
-def series_view(engine: Engine, batch_id: int) -> dict[str, Any]:
-    """Return the batch's gauges over time (summed over endpoints) and each endpoint's.
-
-    The top-level keys are the batch's lines; ``endpoints`` lists each endpoint's own, in the
-    order they first reported (one entry when one endpoint served the batch).
-    """
+def series_view(engine: Engine, batch_id: int) -> SeriesView:
+    """Return the batch's gauges over time (summed over endpoints) and each endpoint's."""
     with engine.connect() as conn:
         rows = conn.execute(select(ServerSample).where(ServerSample.batch_id == batch_id)
                             .order_by(ServerSample.sampled_at, ServerSample.id)).all()
     if not rows:
-        return {**{k: [] for k in KEYS}, "endpoints": []}
+        return SeriesView()
     t0 = rows[0].sampled_at
     parts = {e: _one(rs, t0) for e, rs in per_endpoint(rows).items()}
     total = next(iter(parts.values())) if len(parts) == 1 else _total(list(parts.values()))
-    return {**total, "endpoints": [{"endpoint": e, **p} for e, p in parts.items()]}
+    return SeriesView(**dict(total), endpoints=[EndpointGauges(endpoint=e, **dict(p))
+                                                 for e, p in parts.items()])

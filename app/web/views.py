@@ -11,30 +11,28 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
 from app import night
-from app.batches import summarize
-from app.changes import compare_nights, ranked_row_json
+from app.batches import BatchSummary, FailedTicker, IsoDate, IsoDatetime, summarize
+from app.changes import NightChanges, RankedRow, compare_nights, ranked_row
 from app.config import Settings
 from app.db.models import FINISHED_STATUSES, Batch, Decision, LLMCall, NodeText, TickerRun
 from app.errors import InputError
+from app.night import NightStatus, Progress
 from app.quality.monitor import warnings_for
-from app.ranking import RATING_ORDER, RankRow, ranking
-from app.report import arm, batch_report
-from app.serverview import server_view
-from app.timeline import batch_timeline, timeline_json
-from app.web.series import series_view
+from app.ranking import RATING_ORDER, ranking
+from app.report import Arm, BatchReport, batch_report, compare_arm
+from app.serverview import ServerView, server_view
+from app.timeline import Interval, batch_timeline
+from app.web.series import SeriesView, series_view
 
 HISTORY_NIGHTS = 60
 IN_FLIGHT = ("running", "queued")  # a ticker's statuses while its batch runs
-
-
-def _iso(value: Any) -> str | None:
-    return value.isoformat() if value is not None else None
 
 
 def _batch(engine: Engine, batch_id: int) -> Batch:
@@ -45,12 +43,174 @@ def _batch(engine: Engine, batch_id: int) -> Batch:
     return found
 
 
-def batch_json(batch: Any) -> dict[str, Any]:
-    """Describe a batch row as ``nightdesk batches --format json`` does (one serializer)."""
-    return summarize(batch).to_json()
+class RunningBatch(BatchSummary):
+    """A batch still marked running, with its progress and the ETA by calls."""
+
+    tickers_done: int
+    tickers_running: int
+    calls: int
+    expected_calls: int | None
+    elapsed_s: int  # whole seconds, as ``app.night.Progress``
+    eta_s: int | None
+    stale: bool
 
 
-def running_batches(engine: Engine, stale_after_s: float) -> list[dict[str, Any]]:
+class FailedRow(BaseModel):
+    """A ticker of the ranked night without a rank, and why."""
+
+    ticker: str
+    status: str
+    reason: str
+
+
+class RankingView(BaseModel):
+    """The morning ranking (``/`` and ``/api/ranking``); ``empty`` says why there is none."""
+
+    batch: BatchSummary | None
+    rows: list[RankedRow]
+    failed: list[FailedRow]
+    distribution: dict[str, int]
+    reruns_applied: list[int]
+    running: list[RunningBatch]
+    empty: str | None
+    night: NightStatus
+    changes: NightChanges | None
+    # The rating-distribution warnings `nightdesk ranking` prints.
+    warnings: list[str]
+
+
+class NodeRun(BaseModel):
+    """One node of one sample of a ticker's run: its text, tokens and calls."""
+
+    position: int
+    node: str
+    text: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    finish_reason: str | None
+    attempts: int
+    latency_s: float | None
+    error: str | None  # the last failed call's, for a node without text
+
+
+class SampleDecision(BaseModel):
+    rating: str
+    score: float
+    confidence: float
+    summary: str
+
+
+class RunSample(BaseModel):
+    """One sample of a ticker's run: every node in graph order, and its decision."""
+
+    sample: int
+    nodes: list[NodeRun]
+    decision: SampleDecision | None
+
+
+class HistoryPoint(BaseModel):
+    """The ticker's ranking row on one past night (the fields after the first two are
+    ``app.ranking.RankRow``'s, in its order)."""
+
+    as_of: IsoDate
+    nightly_batch_id: int
+    rank: int | None
+    ticker: str
+    rating: str | None
+    score: float | None
+    confidence: float | None
+    summary: str
+    batch_id: int
+    samples: int
+    spread: float | None
+    status: str
+    contradicting: int
+
+
+class Tonight(BaseModel):
+    """What the ticker page headlines (see ``_tonight``)."""
+
+    rated: bool
+    state: str
+    tonight: bool
+    batch_id: int
+    kind: str
+    as_of: IsoDate | None
+    batch_status: str
+    error: str | None
+
+
+class LatestRun(BaseModel):
+    batch_id: int
+    kind: str
+    status: str
+    batch_status: str
+    as_of: IsoDate | None
+    error: str | None
+
+
+class ShownBatch(BatchSummary):
+    """The batch whose nodes the ticker page shows, with the ticker's runs in it."""
+
+    ticker_status: str
+    runs: list[RunSample]
+
+
+class RerunRow(BaseModel):
+    """One rerun of the ticker. ``live``: running with a current heartbeat."""
+
+    batch_id: int
+    as_of: IsoDate | None
+    status: str
+    batch_status: str
+    error: str | None
+    started_at: IsoDatetime | None
+    finished_at: IsoDatetime | None
+    live: bool
+
+
+class TickerView(BaseModel):
+    """The ticker page's data: its latest run, the batch shown, history and reruns."""
+
+    ticker: str
+    latest: LatestRun
+    tonight: Tonight
+    last_good: HistoryPoint | None
+    shown: ShownBatch
+    history: list[HistoryPoint]
+    reruns: list[RerunRow]
+    rerun_running: RerunRow | None
+
+
+class RunningTicker(BaseModel):
+    ticker: str
+    status: str
+    started_at: IsoDatetime | None
+
+
+class BatchView(BaseModel):
+    """One batch's page (``/batches/{id}``): ``nightdesk report``'s figures and more."""
+
+    batch: BatchSummary
+    report: BatchReport
+    server: ServerView
+    series: SeriesView
+    over_time: list[Interval]
+    failed_tickers: list[FailedTicker]
+    running_tickers: list[RunningTicker]
+    progress: Progress | None  # while the batch runs
+    # An open mapping: what the server reported about itself, as stored with the batch.
+    server_facts: dict[str, Any] | None
+
+
+class CompareView(BaseModel):
+    """Arms side by side, and each one's gauges over time (by batch id)."""
+
+    arms: list[Arm]
+    series: dict[int, SeriesView]
+
+
+def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
     """Return each batch still marked running, with its progress and the ETA by calls.
 
     ``stale``: its heartbeat is older than ``stale_after_s`` (``heartbeat_stale_s``, the age
@@ -62,24 +222,19 @@ def running_batches(engine: Engine, stale_after_s: float) -> list[dict[str, Any]
                                .order_by(Batch.id)).all()
     out = []
     for b in batches:
-        info = batch_json(b)
         prog = night.progress(engine, b.id, now)  # the same numbers as `nightdesk ranking`
         beat = b.heartbeat_at or b.started_at
-        info.update(
+        out.append(RunningBatch(
+            **dict(summarize(b)),
             tickers_done=prog.tickers_done, tickers_running=prog.tickers_running,
             calls=prog.calls, expected_calls=prog.expected_calls, elapsed_s=prog.elapsed_s,
             eta_s=prog.eta_s,
             stale=beat is not None and (now - beat).total_seconds() > stale_after_s,
-        )
-        out.append(info)
+        ))
     return out
 
 
-def _row_json(row: RankRow) -> dict[str, Any]:
-    return asdict(row)
-
-
-def ranking_view(engine: Engine, settings: Settings) -> dict[str, Any]:
+def ranking_view(engine: Engine, settings: Settings) -> RankingView:
     """Return the morning ranking: one finished nightly batch with its reruns, the latest
     night's status, each ticker's change since the night before, and progress.
 
@@ -94,9 +249,9 @@ def ranking_view(engine: Engine, settings: Settings) -> dict[str, Any]:
     except InputError as error:
         running = running_batches(engine, stale_after_s)
         status = night.night_status(engine, settings, None)
-        return {"batch": None, "rows": [], "failed": [], "distribution": {},
-                "reruns_applied": [], "running": running, "empty": str(error),
-                "night": status.to_json(), "changes": None, "warnings": []}
+        return RankingView(batch=None, rows=[], failed=[], distribution={},
+                           reruns_applied=[], running=running, empty=str(error),
+                           night=status, changes=None, warnings=[])
     # Read after the ranking: a night that finishes in between is then at worst shown as
     # still running beside the night before, never the other way round.
     running = running_batches(engine, stale_after_s)
@@ -104,20 +259,19 @@ def ranking_view(engine: Engine, settings: Settings) -> dict[str, Any]:
     compared = compare_nights(engine, batch.id)
     by_ticker = compared.by_ticker()
     ranked = [r for r in rows if r.rank is not None]
-    return {
-        "batch": batch_json(batch),
-        "rows": [ranked_row_json(r, by_ticker.get(r.ticker)) for r in ranked],
-        "failed": [{"ticker": r.ticker, "status": r.status, "reason": r.summary}
-                   for r in rows if r.rank is None],
-        "distribution": {name: sum(r.rating == name for r in ranked) for name in RATING_ORDER},
-        "reruns_applied": sorted({r.batch_id for r in rows if r.batch_id != batch.id}),
-        "running": running,
-        "empty": None,
-        "night": status.to_json(),
-        "changes": compared.to_json(),
-        # The rating-distribution warnings `nightdesk ranking` prints.
-        "warnings": warnings_for(engine, batch.id),
-    }
+    return RankingView(
+        batch=summarize(batch),
+        rows=[ranked_row(r, by_ticker.get(r.ticker)) for r in ranked],
+        failed=[FailedRow(ticker=r.ticker, status=r.status, reason=r.summary)
+                for r in rows if r.rank is None],
+        distribution={name: sum(r.rating == name for r in ranked) for name in RATING_ORDER},
+        reruns_applied=sorted({r.batch_id for r in rows if r.batch_id != batch.id}),
+        running=running,
+        empty=None,
+        night=status,
+        changes=compared,
+        warnings=warnings_for(engine, batch.id),
+    )
 
 
 def graph_order(settings: dict[str, Any]) -> list[str]:
@@ -126,7 +280,7 @@ def graph_order(settings: dict[str, Any]) -> list[str]:
                                          int(settings.get("risk_rounds", 2)))]
 
 
-def _nodes_of_run(engine: Engine, batch: Batch, ticker: str) -> list[dict[str, Any]]:
+def _nodes_of_run(engine: Engine, batch: Batch, ticker: str) -> list[RunSample]:
     """Return, per sample, every node of the run in graph order with its text and its calls."""
     with engine.connect() as conn:
         texts = conn.execute(select(NodeText).where(NodeText.batch_id == batch.id,
@@ -149,29 +303,29 @@ def _nodes_of_run(engine: Engine, batch: Batch, ticker: str) -> list[dict[str, A
         for position, node in enumerate(order, 1):
             text = by_key.get((sample, node))
             tries = attempts.get((sample, node), [])
-            nodes.append({
-                "position": position, "node": node,
-                "text": text.text if text else None,
-                "prompt_tokens": text.prompt_tokens if text else
+            nodes.append(NodeRun(
+                position=position, node=node,
+                text=text.text if text else None,
+                prompt_tokens=text.prompt_tokens if text else
                 (tries[-1].prompt_tokens if tries else None),
-                "completion_tokens": text.completion_tokens if text else
+                completion_tokens=text.completion_tokens if text else
                 (tries[-1].completion_tokens if tries else None),
-                "finish_reason": text.finish_reason if text else None,
-                "attempts": len(tries),
-                "latency_s": round(sum(c.latency_s for c in tries), 2) if tries else None,
-                "error": next((c.error for c in reversed(tries) if c.status != "ok"), None)
+                finish_reason=text.finish_reason if text else None,
+                attempts=len(tries),
+                latency_s=round(sum(c.latency_s for c in tries), 2) if tries else None,
+                error=next((c.error for c in reversed(tries) if c.status != "ok"), None)
                 if not text else None,
-            })
+            ))
         d = decisions.get(sample)
-        out.append({"sample": sample, "nodes": nodes,
-                    "decision": None if d is None else {
-                        "rating": d.rating, "score": d.score, "confidence": d.confidence,
-                        "summary": d.summary}})
+        out.append(RunSample(sample=sample, nodes=nodes,
+                             decision=None if d is None else SampleDecision(
+                                 rating=d.rating, score=d.score, confidence=d.confidence,
+                                 summary=d.summary)))
     return out
 
 
 def history_view(engine: Engine, ticker: str, nights: int = HISTORY_NIGHTS
-                 ) -> list[dict[str, Any]]:
+                 ) -> list[HistoryPoint]:
     """Return the ticker's ranked result on each past night, reruns applied as the ranking does."""
     with engine.connect() as conn:
         newest_per_night = (
@@ -187,13 +341,13 @@ def history_view(engine: Engine, ticker: str, nights: int = HISTORY_NIGHTS
             continue
         nightly, rows = ranking(engine, batch_id)
         row = next(r for r in rows if r.ticker == ticker)
-        points.append({"as_of": nightly.as_of.isoformat(), "nightly_batch_id": batch_id,
-                       **_row_json(row)})
+        points.append(HistoryPoint(as_of=nightly.as_of, nightly_batch_id=batch_id,
+                                   **asdict(row)))
     return points
 
 
-def _tonight(runs: list[Any], last_good: dict[str, Any] | None,
-             newest_night: int | None) -> dict[str, Any]:
+def _tonight(runs: list[Any], last_good: HistoryPoint | None,
+             newest_night: int | None) -> Tonight:
     """Return what the ticker page headlines: the ticker's newest night, rated or not.
 
     ``rated``: the ranking of that night has a rating for the ticker (its own, or a rerun's
@@ -203,18 +357,18 @@ def _tonight(runs: list[Any], last_good: dict[str, Any] | None,
     rerun stands in.
     """
     run = next((r for r in runs if r.kind == "nightly"), runs[0])
-    rated = last_good is not None and last_good["nightly_batch_id"] == run.batch_id
+    rated = last_good is not None and last_good.nightly_batch_id == run.batch_id
     if run.batch_status == "running":
         state = "running" if run.status in ("running", "queued") else run.status
     else:
         state = run.status if run.status != "queued" else run.batch_status
-    return {"rated": rated, "state": "rated" if rated else state,
-            "tonight": run.kind == "nightly" and run.batch_id == newest_night,
-            "batch_id": run.batch_id, "kind": run.kind, "as_of": _iso(run.as_of),
-            "batch_status": run.batch_status, "error": run.error}
+    return Tonight(rated=rated, state="rated" if rated else state,
+                   tonight=run.kind == "nightly" and run.batch_id == newest_night,
+                   batch_id=run.batch_id, kind=run.kind, as_of=run.as_of,
+                   batch_status=run.batch_status, error=run.error)
 
 
-def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> dict[str, Any] | None:
+def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView | None:
     """Return the ticker's latest run, its nodes, history and reruns; None when never run.
 
     A rerun still marked running is live while its heartbeat is younger than
@@ -237,41 +391,42 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> dict[str, 
                   if r.status == "succeeded" and r.batch_status in FINISHED_STATUSES), latest)
     batch = _batch(engine, shown.batch_id)
     now = datetime.now(UTC)
-    reruns = [{"batch_id": r.batch_id, "as_of": _iso(r.as_of), "status": r.status,
-               "batch_status": r.batch_status, "error": r.error,
-               "started_at": _iso(r.started_at), "finished_at": _iso(r.finished_at),
-               # A rerun whose process died stays `running`: only a live one blocks another.
-               "live": r.batch_status == "running" and r.heartbeat_at is not None
-               and (now - r.heartbeat_at).total_seconds() <= stale_after_s}
+    reruns = [RerunRow(batch_id=r.batch_id, as_of=r.as_of, status=r.status,
+                       batch_status=r.batch_status, error=r.error,
+                       started_at=r.started_at, finished_at=r.finished_at,
+                       # A rerun whose process died stays `running`: only a live one
+                       # blocks another.
+                       live=r.batch_status == "running" and r.heartbeat_at is not None
+                       and (now - r.heartbeat_at).total_seconds() <= stale_after_s)
               for r in runs if r.kind == "rerun"]
     history = history_view(engine, ticker)
-    last_good = next((p for p in reversed(history) if p["score"] is not None), None)
+    last_good = next((p for p in reversed(history) if p.score is not None), None)
     with engine.connect() as conn:
         newest_night = conn.execute(select(func.max(Batch.id))
                                     .where(Batch.kind == "nightly")).scalar()
-    return {
-        "ticker": ticker,
-        "latest": {"batch_id": latest.batch_id, "kind": latest.kind, "status": latest.status,
-                   "batch_status": latest.batch_status, "as_of": _iso(latest.as_of),
-                   "error": latest.error},
-        "tonight": _tonight(list(runs), last_good, newest_night),
-        "last_good": last_good,
-        "shown": {**batch_json(batch), "ticker_status": shown.status,
-                  "runs": _nodes_of_run(engine, batch, ticker)},
-        "history": history,
-        "reruns": reruns[:20],
-        "rerun_running": next((r for r in reruns if r["live"]), None),
-    }
+    return TickerView(
+        ticker=ticker,
+        latest=LatestRun(batch_id=latest.batch_id, kind=latest.kind, status=latest.status,
+                         batch_status=latest.batch_status, as_of=latest.as_of,
+                         error=latest.error),
+        tonight=_tonight(list(runs), last_good, newest_night),
+        last_good=last_good,
+        shown=ShownBatch(**dict(summarize(batch)), ticker_status=shown.status,
+                         runs=_nodes_of_run(engine, batch, ticker)),
+        history=history,
+        reruns=reruns[:20],
+        rerun_running=next((r for r in reruns if r.live), None),
+    )
 
 
-def batches_view(engine: Engine, limit: int = 200) -> list[dict[str, Any]]:
+def batches_view(engine: Engine, limit: int = 200) -> list[BatchSummary]:
     """Return the newest batches, newest first."""
     with engine.connect() as conn:
         rows = conn.execute(select(Batch).order_by(Batch.id.desc()).limit(limit)).all()
-    return [batch_json(r) for r in rows]
+    return [summarize(r) for r in rows]
 
 
-def batch_view(engine: Engine, batch_id: int) -> dict[str, Any]:
+def batch_view(engine: Engine, batch_id: int) -> BatchView:
     """Return one batch's report: throughput, the server's view, series, latency, failures."""
     report = batch_report(engine, batch_id)  # raises InputError for an unknown id
     batch = _batch(engine, batch_id)
@@ -289,25 +444,23 @@ def batch_view(engine: Engine, batch_id: int) -> dict[str, Any]:
     order = graph_order(batch.settings or {})
     rank = {name: i for i, name in enumerate(order)}
     report.nodes.sort(key=lambda n: (rank.get(n.node, len(order)), n.node))
-    return {
-        "batch": batch_json(batch),
-        "report": report.to_json(),
-        "server": server_view(engine, batch_id).to_json(),
-        "series": series_view(engine, batch_id),
-        "over_time": timeline_json(batch_timeline(engine, batch_id)),
-        "failed_tickers": [{"ticker": f.ticker, "status": f.status, "error": f.error}
-                           for f in failed],
-        "running_tickers": [{"ticker": t.ticker, "status": t.status,
-                             "started_at": _iso(t.started_at)}
-                            for t in sorted(in_flight,
-                                            key=lambda t: (t.status != "running", t.ticker))],
-        "progress": (asdict(night.progress(engine, batch_id))
-                     if batch.status == "running" else None),
-        "server_facts": batch.server_facts,
-    }
+    return BatchView(
+        batch=summarize(batch),
+        report=report,
+        server=server_view(engine, batch_id),
+        series=series_view(engine, batch_id),
+        over_time=batch_timeline(engine, batch_id),
+        failed_tickers=[FailedTicker(f.ticker, f.status, f.error) for f in failed],
+        running_tickers=[RunningTicker(ticker=t.ticker, status=t.status,
+                                       started_at=t.started_at)
+                         for t in sorted(in_flight,
+                                         key=lambda t: (t.status != "running", t.ticker))],
+        progress=night.progress(engine, batch_id) if batch.status == "running" else None,
+        server_facts=batch.server_facts,
+    )
 
 
-def compare_view(engine: Engine, ids: list[int]) -> dict[str, Any]:
+def compare_view(engine: Engine, ids: list[int]) -> CompareView:
     """Return arms side by side (as ``nightdesk report --compare``) with their gauges over time."""
-    return {"arms": [arm(engine, i) for i in ids],
-            "series": {i: series_view(engine, i) for i in ids}}
+    return CompareView(arms=[compare_arm(engine, i) for i in ids],
+                       series={i: series_view(engine, i) for i in ids})

@@ -24,7 +24,7 @@ from app.db.models import Decision as DecisionRow
 from app.db.models import LLMCall
 from app.errors import ContextLengthError
 from app.llm import TrackedLLM
-from app.report import arm
+from app.report import compare_arm
 from app.serverview import server_view
 from app.usage import UsageRecorder
 from serving.metrics import MetricsSnapshot, read_metrics
@@ -102,11 +102,11 @@ def test_one_ticker_through_17_nodes_matches_the_servers_counters(
                 per_call.setdefault(b, {}).setdefault(node, tokens)
     assert len(per_call[replay.batch_id]) == 17
     assert per_call[replay.batch_id] == per_call[outcome.batch_id]
-    arms = [arm(sqlite_engine, b) for b in (outcome.batch_id, replay.batch_id)]
+    arms = [compare_arm(sqlite_engine, b) for b in (outcome.batch_id, replay.batch_id)]
     console = Console(width=200, record=True)
     console.print(compare_table(arms))
     text = console.export_text()
-    assert "same server" in text and all(a["calls"] == 17 for a in arms)
+    assert "same server" in text and all(a.calls == 17 for a in arms)
 
 
 async def test_prompt_over_max_model_len_is_caught_before_sending(

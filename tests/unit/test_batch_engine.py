@@ -141,7 +141,7 @@ def test_cli_run_then_ranking_json(monkeypatch: pytest.MonkeyPatch, demo_dir: Pa
 
 async def test_replay_keeps_calls_prompts_and_order(sqlite_engine: Engine, demo_dir: Path) -> None:
     from app.batch.replay import replay_batch
-    from app.cli.report import arm
+    from app.report import compare_arm
 
     tickers = demo_tickers(2)
     settings = load_settings(check_context_length=False, retry_backoff_s=0)
@@ -178,8 +178,9 @@ async def test_replay_keeps_calls_prompts_and_order(sqlite_engine: Engine, demo_
         if not c.structured:
             assert c.max_tokens == first[key(c)].served.completion_tokens  # type: ignore[union-attr]
             assert c.body["ignore_eos"] is True
-    arms = [arm(sqlite_engine, source.batch_id), arm(sqlite_engine, outcome.batch_id)]
-    assert arms[0]["calls"] == arms[1]["calls"] == 34
+    arms = [compare_arm(sqlite_engine, source.batch_id),
+            compare_arm(sqlite_engine, outcome.batch_id)]
+    assert arms[0].calls == arms[1].calls == 34
 
 
 async def test_newer_rerun_replaces_its_ticker_in_the_ranking(sqlite_engine: Engine,

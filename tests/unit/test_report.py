@@ -7,6 +7,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from pydantic_core import to_jsonable_python
 from rich.console import Console
 from sqlalchemy import Engine
 
@@ -14,7 +15,7 @@ from app.cli.report import compare_table, endpoint_table, render_table
 from app.config import load_settings
 from app.db.models import LLMCall, ServerSample
 from app.errors import InputError
-from app.report import arm, batch_report, endpoint_shares
+from app.report import batch_report, compare_arm, endpoint_shares
 from app.serverview import server_view
 from tests.unit.test_usage import new_batch
 
@@ -70,11 +71,11 @@ def test_server_view_splits_request_time_into_prefill_and_decode(
     assert view.prefill_time_s == pytest.approx(38.0)
     assert view.decode_time_s == pytest.approx(540.0)
     assert view.decode_time_share == pytest.approx(540.0 / 578.0)  # the seeds' ~93%
-    assert arm(sqlite_engine, b)["decode_time_share"] == pytest.approx(540.0 / 578.0)
+    assert compare_arm(sqlite_engine, b).decode_time_share == pytest.approx(540.0 / 578.0)
     console = Console(width=200, record=True)
     render_table(batch_report(sqlite_engine, b), view, console)
     assert "prefill 38.0 s, decode 540.0 s (decode 93%)" in console.export_text()
-    console.print(compare_table([arm(sqlite_engine, b)]))
+    console.print(compare_table([compare_arm(sqlite_engine, b)]))
     assert "decode share" in console.export_text()
 
 
@@ -125,11 +126,11 @@ def test_prefix_counters_that_count_repeated_lookups_give_no_hit_rate(
     view = server_view(sqlite_engine, calm)
     assert view.prefix_cache_hit_rate == pytest.approx(0.2189, abs=1e-4)
     assert view.prefill_tokens_computed == 1_503_120.0 - 329_008.0
-    assert arm(sqlite_engine, calm)["prefix_lookups_per_prompt_token"] == 1.0
+    assert compare_arm(sqlite_engine, calm).prefix_lookups_per_prompt_token == 1.0
 
 
 def test_report_json_has_exactly_the_documented_keys(sqlite_engine: Engine) -> None:
-    data = batch_report(sqlite_engine, known_batch(sqlite_engine)).to_json()
+    data = to_jsonable_python(batch_report(sqlite_engine, known_batch(sqlite_engine)))
     assert set(data) == KEYS
     for node in data["nodes"]:
         assert {"node", "calls", "mean_s", "p50_s", "p99_s"} <= set(node)
@@ -137,7 +138,7 @@ def test_report_json_has_exactly_the_documented_keys(sqlite_engine: Engine) -> N
 
 def test_throughput_is_completion_tokens_over_the_makespan(sqlite_engine: Engine) -> None:
     b = known_batch(sqlite_engine)
-    r = batch_report(sqlite_engine, b).to_json()
+    r = to_jsonable_python(batch_report(sqlite_engine, b))
     assert r["batch_id"] == b
     assert (r["calls"], r["failed_calls"]) == (4, 1)
     assert (r["prompt_tokens"], r["completion_tokens"]) == (400, 1000)
@@ -154,7 +155,7 @@ def test_throughput_is_completion_tokens_over_the_makespan(sqlite_engine: Engine
 
 
 def test_an_empty_batch_reports_zeros(sqlite_engine: Engine) -> None:
-    r = batch_report(sqlite_engine, new_batch(sqlite_engine)).to_json()
+    r = to_jsonable_python(batch_report(sqlite_engine, new_batch(sqlite_engine)))
     assert r["calls"] == 0 and r["output_tokens_per_s"] == 0.0 and r["nodes"] == []
 
 
@@ -288,4 +289,4 @@ def test_each_endpoints_share_and_the_batch_total(sqlite_engine: Engine) -> None
     console.print(endpoint_table(list(shares.values()), batch_report(sqlite_engine, b), view))
     text = console.export_text()
     assert GPU0 in text and GPU1 in text and "batch total" in text and "25.0" in text
-    assert [e["endpoint"] for e in arm(sqlite_engine, b)["endpoints"]] == [GPU0, GPU1]
+    assert [e.endpoint for e in compare_arm(sqlite_engine, b).endpoints] == [GPU0, GPU1]
