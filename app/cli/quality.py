@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import typer
+from pydantic_core import to_jsonable_python
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import Engine
@@ -55,8 +56,9 @@ def _ci(interval: Sequence[float] | None) -> str:
     return "—" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
 
 
-def _print_json(data: dict[str, Any]) -> None:
-    typer.echo(json.dumps(data, indent=2))
+def _print_json(report: object) -> None:
+    """Print a report as its JSON (the report's fields, in their order)."""
+    typer.echo(json.dumps(to_jsonable_python(report), indent=2))
 
 
 def _batches_table(batches: list[BatchSummary]) -> Table:
@@ -194,7 +196,7 @@ def repro_command(
     ids = parse_batch_ids(batches) if batches is not None else newest_nightly(engine, 2)
     report = repro(engine, ids, resamples=resamples)
     if fmt == "json":
-        _print_json(report.to_json())
+        _print_json(report)
     else:
         _render_repro(report, _console())
 
@@ -207,7 +209,7 @@ def samples_command(batch: BatchId = None, fmt: Format = "table",
     engine = database(settings)
     report = samples_report(engine, _batch_id(batch, engine), resamples=resamples)
     if fmt == "json":
-        _print_json(report.to_json())
+        _print_json(report)
     else:
         _render_samples(report, _console())
 
@@ -230,7 +232,7 @@ def forward_command(
     provider = providers(settings)(load_grades(engine, chosen))
     report = forward_report(engine, provider, chosen, days, benchmark=bench)
     if fmt == "json":
-        _print_json(report.to_json())
+        _print_json(report)
     else:
         _render_forward(report, _console())
 
@@ -315,6 +317,6 @@ def track_command(
     ids = track_nights(engine, nights=nights, since=start)
     report = track_report(engine, ids, days, providers(settings), benchmark=bench)
     if fmt == "json":
-        _print_json(report.to_json())
+        _print_json(report)
     else:
         _render_track(report, _console())

@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
 
 import numpy as np
+import pydantic
 from sqlalchemy import Engine
 
 from agents.data import DataProvider
@@ -59,7 +59,7 @@ class Bucket:
     hit_rate: float | None  # None for Hold (no direction) and for an empty bucket
 
 
-@dataclass
+@pydantic.dataclasses.dataclass
 class ForwardReport:
     """Forward returns of one batch's grades at one horizon."""
 
@@ -75,9 +75,6 @@ class ForwardReport:
     buckets: list[Bucket]
     tickers: list[TickerReturn]
     missing: dict[str, str] = field(default_factory=dict)  # ticker -> why it has no return
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def forward_return(provider: DataProvider, ticker: str, as_of: date, days: int,

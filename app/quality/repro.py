@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import pydantic
+from pydantic import SerializerFunctionWrapHandler, model_serializer
 from sqlalchemy import Engine
 
 from app.quality.averaging import KRow, agreement_by_k, between, k_values
@@ -51,7 +53,7 @@ def summarize(grades: BatchGrades) -> BatchSummary:
     )
 
 
-@dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True)
 class PairRow:
     """Two batches compared on their common tickers, each ticker's grade over all samples."""
 
@@ -59,10 +61,18 @@ class PairRow:
     b: int
     stats: PairStats
 
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Write the pair's statistics beside its ``a`` and ``b``, not nested."""
+        data = handler(self)
+        stats = data.pop("stats")
+        return {**data, **stats}
 
-@dataclass
+
+@pydantic.dataclasses.dataclass
 class ReproReport:
-    """Agreement between batches, pair by pair, their mean, and (with samples) by k."""
+    """Agreement between batches, pair by pair, their mean, and (with samples) by k; its
+    JSON is ``nightdesk quality repro --format json``."""
 
     batches: list[BatchSummary]
     common: list[str]
@@ -71,12 +81,6 @@ class ReproReport:
     mean: dict[str, float | None]
     by_k: list[KRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["pairs"] = [{"a": p.a, "b": p.b, **asdict(p.stats)} for p in self.pairs]
-        data["only_in"] = {str(k): v for k, v in self.only_in.items()}
-        return data
 
 
 def repro(engine: Engine, batch_ids: list[int], *, resamples: int = 1000) -> ReproReport:

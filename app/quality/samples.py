@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, field
+from dataclasses import field
 from functools import partial
 from typing import Any
 
+from pydantic import SerializerFunctionWrapHandler, model_serializer
+from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine
 
 from app.errors import InputError
@@ -24,10 +26,18 @@ class SamplePair:
     j: int
     stats: PairStats
 
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Write the pair's statistics beside its ``i`` and ``j``, not nested."""
+        data = handler(self)
+        stats = data.pop("stats")
+        return {**data, **stats}
+
 
 @dataclass
 class SamplesReport:
-    """Agreement among one batch's samples and the split-half stability of their mean."""
+    """Agreement among one batch's samples and the split-half stability of their mean; its
+    JSON is ``nightdesk quality samples --format json``."""
 
     batch: BatchSummary
     samples: int
@@ -37,11 +47,6 @@ class SamplesReport:
     pairs: list[SamplePair]
     mean: dict[str, float | None]
     split_half: list[KRow] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["pairs"] = [{"i": p.i, "j": p.j, **asdict(p.stats)} for p in self.pairs]
-        return data
 
 
 def samples_report(engine: Engine, batch_id: int, *, resamples: int = 1000) -> SamplesReport:

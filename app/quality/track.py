@@ -21,11 +21,11 @@ there yet (too few sessions after it) is pending at that horizon and listed, nev
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
 
 import numpy as np
+import pydantic
 from scipy import stats
 from sqlalchemy import Engine, func, select
 
@@ -120,7 +120,7 @@ class HorizonRecord:
     pending: dict[str, str] = field(default_factory=dict)  # as-of -> why no returns yet
 
 
-@dataclass
+@pydantic.dataclasses.dataclass
 class TrackReport:
     """Every horizon's track record over the same nights."""
 
@@ -129,9 +129,6 @@ class TrackReport:
     last: str | None
     benchmark: str | None
     horizons: list[HorizonRecord]
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def night_ic(night: NightReturns) -> NightIC:
