@@ -8,7 +8,7 @@ history already in the state, so one function serves every round.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import structlog
 from langgraph.runtime import Runtime
@@ -48,20 +48,30 @@ def round_node(kind: str, round_: int) -> str:
     return f"{kind}_r{round_}"
 
 
+class Report(TypedDict):
+    title: str
+    text: str
+
+
+class SharedContext(TypedDict):
+    """The variables of the shared context template (``_context.j2``)."""
+
+    ticker: str
+    as_of: str  # ISO date
+    source: str  # names DEMO data
+    reports: list[Report]  # the four analysts' reports, in order; empty for the analysts
+
+
 def shared_context(state: TickerState, runtime: Runtime[RunContext], *,
-                   with_reports: bool) -> dict[str, Any]:
+                   with_reports: bool) -> SharedContext:
     """Return the shared context variables; downstream nodes get all four reports, in order."""
     bundle = runtime.context.bundle
-    reports = []
+    reports: list[Report] = []
     if with_reports:
-        reports = [{"title": TITLES[kind] + " report", "text": state["reports"][kind].strip()}
+        reports = [Report(title=TITLES[kind] + " report", text=state["reports"][kind].strip())
                    for kind in ANALYSTS]
-    return {
-        "ticker": state["ticker"],
-        "as_of": state["as_of"].isoformat(),
-        "source": render.source_line(bundle),  # says DEMO for synthetic data
-        "reports": reports,
-    }
+    return SharedContext(ticker=state["ticker"], as_of=state["as_of"].isoformat(),
+                         source=render.source_line(bundle), reports=reports)
 
 
 def _output(node: str, result: ChatResult, attempts: int | None = None) -> NodeOutput:

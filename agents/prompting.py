@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,8 @@ def system_message() -> str:
     return render(SYSTEM_TEMPLATE)
 
 
-def build_messages(kind: str, context: dict[str, Any], **variables: Any) -> list[dict[str, str]]:
+def build_messages(kind: str, context: Mapping[str, Any], **variables: Any
+                   ) -> list[dict[str, str]]:
     """Return [system, user] for a node kind: shared context first, then the node's own part.
 
     ``context`` feeds the shared context template and is also visible to the node's template;

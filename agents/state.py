@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 from datetime import date
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, TypedDict, TypeVar
 
 # Imported at run time, not under TYPE_CHECKING: LangGraph resolves the state's type hints.
 from agents.chat import ChatClient
@@ -13,8 +13,10 @@ from agents.config import PipelineConfig
 from agents.data.base import MarketBundle
 from agents.decision import Decision
 
+V = TypeVar("V")
 
-def merge(left: dict[str, Any], right: dict[str, Any]) -> dict[str, Any]:
+
+def merge(left: dict[str, V], right: dict[str, V]) -> dict[str, V]:
     """Merge two partial maps; the four analysts write to the same keys in one step."""
     return {**left, **right}
 

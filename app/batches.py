@@ -77,7 +77,7 @@ class BatchSummary(BaseModel):
     def csv_fields(cls) -> tuple[str, ...]:
         return tuple(cls.model_fields)
 
-    def to_csv(self) -> dict[str, Any]:
+    def to_csv(self) -> dict[str, str | int | float | bool]:
         """Return one CSV row: the JSON fields, None as an empty cell."""
         data = self.model_dump(mode="json")
         return {key: "" if value is None else value for key, value in data.items()}

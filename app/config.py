@@ -7,7 +7,7 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -29,6 +29,32 @@ from app.home import default_home, default_vllm_venv
 from serving.urls import redact
 
 CONFIG_ENV = "NIGHTDESK_CONFIG"
+
+
+class Sampling(TypedDict):
+    """The sampling parameters a batch ran with, as stored in its settings (JSON)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    presence_penalty: float
+    enable_thinking: bool
+
+
+class SettingsSnapshot(TypedDict):
+    """What a batch stores about how it ran (``batches.settings``, JSON); the engine adds
+    its own keys (samples, strategy, runner) beside these."""
+
+    model: str
+    base_url: str
+    server_profile: str
+    sampling: Sampling
+    debate_rounds: int
+    risk_rounds: int
+    node_max_tokens: dict[str, int]
+    data_provider: str
+    request_seeds: bool
+    max_concurrency: int
 
 
 class Settings(BaseSettings):
@@ -335,7 +361,7 @@ class Settings(BaseSettings):
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(path)))
         return tuple(sources)
 
-    def sampling(self) -> dict[str, Any]:
+    def sampling(self) -> Sampling:
         """Return the sampling parameters as stored in a batch's settings snapshot."""
         return {
             "temperature": self.temperature,
@@ -356,7 +382,7 @@ class Settings(BaseSettings):
             data_dir=self.data_dir,
         )
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> SettingsSnapshot:
         """Return what a batch stores about how it ran (never the API key)."""
         return {
             "model": self.llm_model,

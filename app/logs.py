@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import MutableMapping
 from typing import Any, Literal
 
 import structlog
+from structlog.typing import EventDict
 
 from serving.urls import redact
 
@@ -27,8 +27,7 @@ def _scrubbed(value: Any) -> Any:
     return value
 
 
-def redact_event(_logger: Any, _method: str,
-                 event: MutableMapping[str, Any]) -> dict[str, Any]:
+def redact_event(_logger: Any, _method: str, event: EventDict) -> EventDict:
     """structlog processor: no password of a URL in any value of the event.
 
     A traceback (``log.exception``) is formatted here, into ``exception``, so that it is

@@ -46,9 +46,10 @@ def _number(text: str) -> int | float:
     return int(value) if "." not in text else value
 
 
-def parse_startup_log(text: str) -> dict[str, Any]:
-    """Return the facts found in a startup log; of repeated lines, the last one wins."""
-    facts: dict[str, Any] = {}
+def parse_startup_log(text: str) -> dict[str, str | int | float]:
+    """Return the facts found in a startup log (the version as text, the rest numbers); of
+    repeated lines, the last one wins."""
+    facts: dict[str, str | int | float] = {}
     for name, patterns in _LOG_FACTS.items():
         for pattern in patterns:
             found = pattern.findall(text)
@@ -58,12 +59,13 @@ def parse_startup_log(text: str) -> dict[str, Any]:
     return facts
 
 
-def live_facts(base_url: str) -> dict[str, Any]:
-    """Return what a running server tells about itself: cache config labels and KV blocks."""
+def live_facts(base_url: str) -> dict[str, int | dict[str, str]]:
+    """Return what a running server tells about itself: its cache config labels
+    (``cache_config``) and its KV cache in blocks and tokens."""
     config = parse_cache_config(fetch_metrics_text(base_url))
     if config is None:
         return {}
-    facts: dict[str, Any] = {"cache_config": config.labels}
+    facts: dict[str, int | dict[str, str]] = {"cache_config": config.labels}
     blocks = config.blocks()
     block_size = config.labels.get("block_size", "")
     if blocks is not None and block_size.isdigit():
