@@ -36,10 +36,10 @@ def _iso(value: date) -> str:
 
 
 IsoDate = Annotated[date, PlainSerializer(_iso, return_type=str, when_used="json")]
-"""A date, or a time of day with its offset, serialized by ``isoformat()`` in JSON.
+"""A date (``IsoDatetime``: a time with its offset) written by ``isoformat()`` in JSON.
 
-Pydantic's own format writes UTC as ``Z``; every payload of nightdesk has always written
-``+00:00``, so the models of its JSON use this type for their dates and times."""
+nightdesk's JSON writes UTC as ``+00:00``, not as pydantic's ``Z``: every model of its
+JSON types its dates and times with these two."""
 IsoDatetime = Annotated[datetime, PlainSerializer(_iso, return_type=str, when_used="json")]
 
 

@@ -1,7 +1,8 @@
-"""Gather what each page shows from the database, as plain data the HTML and the JSON API share.
+"""Gather what each page shows from the database, as models the HTML and the JSON API share.
 
-Every number comes from the modules the CLI uses (``app.ranking``, ``app.report``,
-``app.serverview``), so the pages, the API and ``nightdesk ranking``/``report`` agree.
+``/api/…`` serves a model as its JSON; a page renders that same JSON. Every number comes
+from the modules the CLI uses (``app.ranking``, ``app.report``, ``app.serverview``), so the
+pages, the API and ``nightdesk ranking``/``report`` agree.
 """
 
 from __future__ import annotations

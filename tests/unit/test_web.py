@@ -109,6 +109,29 @@ def test_every_page_and_api_needs_the_credentials(client: TestClient, ids: Ids,
     assert client.get(path, auth=AUTH).status_code == 200
 
 
+def test_each_api_route_serves_the_payload_its_schema_declares(client: TestClient,
+                                                               ids: Ids) -> None:
+    """The routes' payloads are models: the OpenAPI schema names each one's fields, in the
+    order the JSON has them, so a client can rely on the schema."""
+    schema = client.app.openapi()  # type: ignore[attr-defined]
+    models = schema["components"]["schemas"]
+
+    def declared(path: str) -> list[str]:
+        found = schema["paths"][path]["get"]["responses"]["200"]["content"]
+        ref = found["application/json"]["schema"]
+        ref = ref.get("items", ref)["$ref"].rsplit("/", 1)[-1]
+        return list(models[ref]["properties"])
+
+    for route, path in [("/api/ranking", "/api/ranking"), ("/api/batches", "/api/batches"),
+                        (f"/api/batches/{ids.night1}", "/api/batches/{batch_id}"),
+                        (f"/api/batches/compare?ids={ids.night1},{ids.rerun}",
+                         "/api/batches/compare"),
+                        ("/api/tickers/AAA", "/api/tickers/{symbol}")]:
+        served = client.get(route, auth=AUTH).json()
+        first = served[0] if isinstance(served, list) else served
+        assert list(first) == declared(path), route
+
+
 def test_health_answers_without_credentials(client: TestClient) -> None:
     answer = client.get("/healthz")
     assert answer.status_code == 200 and answer.json() == {"status": "ok", "database": "ok"}
