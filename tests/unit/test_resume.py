@@ -23,13 +23,12 @@ from app.batch.engine import BatchEngine, BatchPlan
 from app.batch.lock import nightly_lock
 from app.batch.nightly import resume_recorded
 from app.batch.resume import find_resumable, mark_stale_crashed
-from app.bench.fakechat import default_reply
-from app.bench.fakeserver import ChatRequest, FakeServer, Reply
 from app.cli import app as cli
 from app.config import load_settings
 from app.db.models import Batch, Decision, LLMCall, TickerRun
 from app.errors import AlreadyRunningError, InputError
 from app.traffic.halt import HaltReason
+from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 from tests.unit.clirun import run_cli
 
 NODES = node_names(load_settings().pipeline())

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import func, inspect, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from app.bench.fakeserver import FakeServer
 from app.db.engine import get_engine
 from app.db.models import Batch
 from serving.preflight import check_endpoint
+from tests.fakevllm import FakeServer
 from tests.unit.clirun import run_cli
 
 REAL_CLIENT = httpx.Client  # kept: one test puts a fake in httpx.Client's place

@@ -21,9 +21,9 @@ from sqlalchemy import Engine, func, insert, select, update
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.yfinance_provider import YFinanceProvider
 from app.batch import store
-from app.bench.fakeserver import FakeServer
 from app.config import load_settings
 from app.db.models import Batch, LLMCall, TickerRun
+from tests.fakevllm import FakeServer
 from tests.unit.clirun import CliResult, run_cli
 from tests.unit.test_run_preflight import closed_port, fake_client
 

@@ -30,7 +30,6 @@ from app.batch.engine import BatchEngine, BatchPlan, TickerWork
 from app.batch.progress import BatchProgress
 from app.batch.signals import _stop_on_signals
 from app.batch.workload import WorkItem, Workload, play
-from app.bench.fakeserver import BASE_URL, ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.errors import BatchStopped, ServerOutage
 from app.traffic.client import EndpointGone, TickerClient
@@ -39,6 +38,7 @@ from app.traffic.outage import ServerWatch
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import cancel_and_wait, wait_first
+from tests.fakevllm import BASE_URL, ChatRequest, FakeServer, Reply
 
 
 def tasks_now() -> set[asyncio.Task[Any]]:

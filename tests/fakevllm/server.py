@@ -1,8 +1,6 @@
 """Fake a vLLM server at the HTTP edge: the one fake for the unit tests and the tracker bench.
 
-It lives in the product, not in ``tests/``, because ``nightdesk bench tracker`` runs against
-it and the service never imports its tests; the unit tests import it from here. Nothing
-else in the service uses it. Hand its client to the code under test, then read what it saw::
+Hand its client to the code under test, then read what it saw::
 
     server = FakeServer(script, nodes=node_names(config), tickers=["AAPL"], capacity=4)
     llm = TrackedLLM(settings, recorder, http_client=server.client())
@@ -16,7 +14,7 @@ What it answers, through ``httpx.MockTransport``:
   ``[DONE]``, or one JSON completion; an error ``Reply`` gives that HTTP status instead.
 - ``POST /tokenize``: ``{count, max_model_len, tokens}`` (404 with ``tokenize=False``).
 - ``GET /health``, ``GET /v1/models``, and ``GET /metrics`` in vLLM's Prometheus text,
-  reflecting the load (``capacity``, ``kv_tokens``: see ``app.bench.fakeload``).
+  reflecting the load (``capacity``, ``kv_tokens``: see ``tests.fakevllm.load``).
 
 ``script`` is called with each chat request (a ``ChatRequest``) and returns a ``Reply``, a
 plain string (the reply text), or None for the default: a valid decision JSON for a
@@ -33,7 +31,7 @@ each request to the fake whose base URL's host and port it names.
 
 Nodes are recognised from the request's seed (``call_seed`` of ticker, node and sample), so
 prompts need no markers: pass the node names and tickers you expect. The request and reply
-types live in ``app.bench.fakechat``, the load and its ``/metrics`` in ``app.bench.fakeload``.
+types live in ``tests.fakevllm.chat``, the load and its ``/metrics`` in ``tests.fakevllm.load``.
 """
 
 from __future__ import annotations
@@ -50,9 +48,8 @@ from typing import Any
 import httpx
 
 from agents.chat import CallTag
-from app.bench.fakechat import (
-    CONTEXT_LENGTH_MESSAGE,
-    DEFAULT_DECISION,
+from app.llm import call_seed
+from tests.fakevllm.chat import (
     ChatRequest,
     Recorded,
     Reply,
@@ -63,15 +60,13 @@ from app.bench.fakechat import (
     split,
     spread,
 )
-from app.bench.fakeload import Sequence, ServerLoad
-from app.llm import call_seed
+from tests.fakevllm.load import Sequence, ServerLoad
 
-__all__ = ["BASE_URL", "CONTEXT_LENGTH_MESSAGE", "DEFAULT_DECISION", "ChatRequest",
-           "FakeServer", "FakeServers", "Recorded", "Reply", "Script", "prompt_token_count"]
+__all__ = ["BASE_URL", "FakeServer", "FakeServers"]
 
 BASE_URL = "http://fake.test/v1"
 CHAT_PATH = "/v1/chat/completions"
-# The one chunk a ``Reply(cut=...)`` sends before the stream stops (see fakechat.Reply).
+# The one chunk a ``Reply(cut=...)`` sends before the stream stops (see chat.Reply).
 MALFORMED = {"garbage": b'data: {"id": "chatcmpl-cut", "choices": [{"delta": {"cont\n\n',
              "misshapen": b'data: {"id": "chatcmpl-odd", "object": "chat.completion.chunk", '
                           b'"created": 0, "model": "m", "choices": 7}\n\n'}

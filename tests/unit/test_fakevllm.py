@@ -9,9 +9,9 @@ import httpx
 import pytest
 from openai import APIConnectionError, APIStatusError, AsyncOpenAI
 
-from app.bench.fakeload import Sequence, ServerLoad
-from app.bench.fakeserver import BASE_URL, FakeServer, Reply
 from serving.metrics import parse_cache_config, parse_metrics
+from tests.fakevllm import BASE_URL, FakeServer, Reply
+from tests.fakevllm.load import Sequence, ServerLoad
 
 
 async def ask(client: AsyncOpenAI, text: str) -> list[str]:
