@@ -90,6 +90,7 @@ class FakeServer:
     requests: list[Recorded] = field(default_factory=list)
     chats: list[ChatRequest] = field(default_factory=list)
     down: bool = False  # crashed: see crash() and revive()
+    refused: int = 0  # requests refused while down
 
     def __post_init__(self) -> None:
         self._by_seed = {
@@ -176,6 +177,7 @@ class FakeServer:
         path = request.url.path
         self.requests.append(Recorded(request.method, path, body, dict(request.headers)))
         if self.down:
+            self.refused += 1
             raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         if path.endswith("/chat/completions") and request.method == "POST":
             return await self._chat(request, body)
