@@ -27,7 +27,9 @@ takes the whole server away (every request refused, answers in progress cut) unt
 ``revive()``, which brings it back with its counters reset, as a restarted vLLM's are.
 
 Several fakes can stand for several endpoints behind one client: ``FakeServers`` routes
-each request to the fake whose base URL's host and port it names.
+each request to the fake whose base URL's host and port it names. Where only a real socket
+will do (a client's connection pool, a second process), ``asgi()`` answers the same way and
+``serving`` puts it on a port of 127.0.0.1.
 
 Nodes are recognised from the request's seed (``call_seed`` of ticker, node and sample), so
 prompts need no markers: pass the node names and tickers you expect. The request and reply
@@ -37,15 +39,17 @@ types live in ``tests.fakevllm.chat``, the load and its ``/metrics`` in ``tests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import json
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
+import uvicorn
 
 from agents.chat import CallTag
 from app.llm import call_seed
@@ -62,7 +66,10 @@ from tests.fakevllm.chat import (
 )
 from tests.fakevllm.load import Sequence, ServerLoad
 
-__all__ = ["BASE_URL", "FakeServer", "FakeServers"]
+__all__ = ["BASE_URL", "FakeServer", "FakeServers", "serving"]
+
+# An ASGI application: what uvicorn serves.
+ASGIApp = Callable[..., Awaitable[None]]
 
 BASE_URL = "http://fake.test/v1"
 CHAT_PATH = "/v1/chat/completions"
@@ -112,6 +119,36 @@ class FakeServer:
     def client(self) -> httpx.AsyncClient:
         """Return an AsyncClient for ``TrackedLLM``, the metrics sampler or an OpenAI client."""
         return httpx.AsyncClient(transport=self.transport())
+
+    def asgi(self) -> ASGIApp:
+        """Return an ASGI app that answers as ``handle`` does, for ``serving`` on a socket.
+
+        A fault that drops the connection (``drop``, a crash) becomes uvicorn's HTTP 500
+        there: ASGI has no way to close a connection unanswered.
+        """
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                return
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            host, port = scope["server"]
+            url = httpx.URL(scheme=scope["scheme"], host=host, port=port, path=scope["path"],
+                            query=scope["query_string"])
+            response = await self.handle(httpx.Request(scope["method"], url, content=body,
+                                                       headers=scope["headers"]))
+            # Sent as it comes (chunked): a stream's length is not known at its start.
+            headers = [(k, v) for k, v in response.headers.raw if k.lower() != b"content-length"]
+            await send({"type": "http.response.start", "status": response.status_code,
+                        "headers": headers})
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+        return app
 
     def cue(self, reply: Reply, times: int = 1, path: str = CHAT_PATH) -> None:
         """Answer the next ``times`` requests to ``path`` with ``reply``, ahead of the script.
@@ -390,3 +427,26 @@ class _Stream(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._chunks.aclose()
+
+
+@contextlib.asynccontextmanager
+async def serving(apps: list[ASGIApp], ports: list[int] | None = None
+                  ) -> AsyncIterator[list[int]]:
+    """Serve each app on 127.0.0.1 while open, on ``ports`` (default: free ones); yield them.
+
+    Leaving stops the servers: connections still open are closed.
+    """
+    servers = [uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                             log_level="warning", lifespan="off",
+                                             access_log=False))
+               for app, port in zip(apps, ports or [0] * len(apps), strict=True)]
+    async with asyncio.TaskGroup() as group:
+        for server in servers:
+            group.create_task(server.serve())
+        while not all(s.started for s in servers):
+            await asyncio.sleep(0.02)
+        try:
+            yield [s.servers[0].sockets[0].getsockname()[1] for s in servers]
+        finally:
+            for server in servers:
+                server.should_exit = True

@@ -26,7 +26,6 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -34,6 +33,7 @@ from starlette.routing import Route
 
 from app.traffic.budget import prompt_bytes
 from tests.fakevllm.load import Sequence, ServerLoad
+from tests.fakevllm.server import serving
 
 MODEL = "fleet-model"
 MAX_CATCH_UP = 64  # steps one late wake-up may run at once
@@ -171,22 +171,12 @@ class SteppedEndpoint:
                 stream.ready.put_nowait(after % interval)
 
 
-async def serve_fleet(gpu: GPUModel, ports: list[int], ready: asyncio.Event | None = None
-                      ) -> None:
+async def serve_fleet(gpu: GPUModel, ports: list[int]) -> None:
     """Serve one stepped endpoint per port on 127.0.0.1 until cancelled."""
     endpoints = [SteppedEndpoint(gpu) for _ in ports]
-    servers = [uvicorn.Server(uvicorn.Config(e.app, host="127.0.0.1", port=port,
-                                             log_level="warning", lifespan="off",
-                                             access_log=False))
-               for e, port in zip(endpoints, ports, strict=True)]
-    async with asyncio.TaskGroup() as group:
-        for endpoint, server in zip(endpoints, servers, strict=True):
-            group.create_task(endpoint.serve_steps())
-            group.create_task(server.serve())
-        while not all(s.started for s in servers):
-            await asyncio.sleep(0.05)
-        if ready is not None:
-            ready.set()
+    async with serving([e.app for e in endpoints], ports), asyncio.TaskGroup() as group:
+        for endpoint in endpoints:
+            group.create_task(endpoint.serve_steps())  # they step until cancelled
 
 
 
