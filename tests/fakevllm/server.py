@@ -72,6 +72,8 @@ __all__ = ["BASE_URL", "FakeServer", "FakeServers", "serving"]
 ASGIApp = Callable[..., Awaitable[None]]
 
 BASE_URL = "http://fake.test/v1"
+# Bound at import: the preflight tests put a factory of these clients in httpx.Client's place.
+_BLOCKING_CLIENT = httpx.Client
 CHAT_PATH = "/v1/chat/completions"
 # The one chunk a ``Reply(cut=...)`` sends before the stream stops (see chat.Reply).
 MALFORMED = {"garbage": b'data: {"id": "chatcmpl-cut", "choices": [{"delta": {"cont\n\n',
@@ -96,6 +98,7 @@ class FakeServer:
     block_size: int = 16
     requests: list[Recorded] = field(default_factory=list)
     chats: list[ChatRequest] = field(default_factory=list)
+    api_key: str | None = None  # vLLM's --api-key: /v1/ requests without it get 401
     down: bool = False  # crashed: see crash() and revive()
     refused: int = 0  # requests refused while down
 
@@ -119,6 +122,11 @@ class FakeServer:
     def client(self) -> httpx.AsyncClient:
         """Return an AsyncClient for ``TrackedLLM``, the metrics sampler or an OpenAI client."""
         return httpx.AsyncClient(transport=self.transport())
+
+    def sync_client(self) -> httpx.Client:
+        """Return a blocking client, for the checks made before any event loop runs
+        (preflight); it answers every path but chat."""
+        return _BLOCKING_CLIENT(transport=httpx.MockTransport(self.handle_sync))
 
     def asgi(self) -> ASGIApp:
         """Return an ASGI app that answers as ``handle`` does, for ``serving`` on a socket.
@@ -209,6 +217,28 @@ class FakeServer:
     # --- the server --------------------------------------------------------------------------
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
+        body, refused = self._arrive(request)
+        if refused is not None:
+            return refused
+        path = request.url.path
+        if path.endswith("/chat/completions") and request.method == "POST":
+            return await self._chat(request, body)
+        cued = self._cued(path)
+        if cued is not None:
+            await asyncio.sleep(cued.delay_s)
+        return self._answer(request, body, cued)
+
+    def handle_sync(self, request: httpx.Request) -> httpx.Response:
+        """Answer as ``handle`` does, blocking, for every path but chat; cued delays skipped."""
+        body, refused = self._arrive(request)
+        if refused is not None:
+            return refused
+        if request.url.path.endswith("/chat/completions"):
+            raise NotImplementedError("the blocking client does not chat: use client()")
+        return self._answer(request, body, self._cued(request.url.path))
+
+    def _arrive(self, request: httpx.Request) -> tuple[Any, httpx.Response | None]:
+        """Record the request; refuse it when down, answer 401 on a wrong ``api_key``."""
         raw = request.content
         body: Any = json.loads(raw) if raw else None
         path = request.url.path
@@ -216,11 +246,16 @@ class FakeServer:
         if self.down:
             self.refused += 1
             raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
-        if path.endswith("/chat/completions") and request.method == "POST":
-            return await self._chat(request, body)
-        cued = self._cued(path)
+        # vLLM's --api-key guards the OpenAI routes only; /health, /metrics, /tokenize stay open.
+        if (self.api_key is not None and path.startswith("/v1/")
+                and request.headers.get("authorization") != f"Bearer {self.api_key}"):
+            return body, httpx.Response(401, json={"error": "Unauthorized"})
+        return body, None
+
+    def _answer(self, request: httpx.Request, body: Any, cued: Reply | None) -> httpx.Response:
+        """Answer anything but chat: ``cued`` (its delay already waited) ahead of the rest."""
+        path = request.url.path
         if cued is not None:
-            await asyncio.sleep(cued.delay_s)
             if cued.drop:
                 raise httpx.RemoteProtocolError("Server disconnected without sending a "
                                                 "response.", request=request)
