@@ -15,6 +15,7 @@ What it answers, through ``httpx.MockTransport``:
 - ``POST /tokenize``: ``{count, max_model_len, tokens}`` (404 with ``tokenize=False``).
 - ``GET /health``, ``GET /v1/models``, and ``GET /metrics`` in vLLM's Prometheus text,
   reflecting the load (``capacity``, ``kv_tokens``: see ``tests.fakevllm.load``).
+- HTTP 401 on ``/v1/`` without ``api_key``, when one is set (vLLM's ``--api-key``).
 
 ``script`` is called with each chat request (a ``ChatRequest``) and returns a ``Reply``, a
 plain string (the reply text), or None for the default: a valid decision JSON for a
@@ -22,14 +23,15 @@ plain string (the reply text), or None for the default: a valid decision JSON fo
 It may be sync or async. Faults come from the reply (status, ``drop``, ``cut_after`` with
 ``cut`` "drop", "end", "garbage" or "misshapen", ``delay_s``, ``hold``) or on cue for the
 next requests of a path (``cue``, e.g. ``cue(Reply(status=503), times=6,
-path="/metrics")``). ``crash()``
-takes the whole server away (every request refused, answers in progress cut) until
-``revive()``, which brings it back with its counters reset, as a restarted vLLM's are.
+path="/metrics")``). ``crash()`` takes the whole server away (every request refused and
+counted in ``refused``, answers in progress cut) until ``revive()``, which brings it back
+with its counters reset, as a restarted vLLM's are.
 
 Several fakes can stand for several endpoints behind one client: ``FakeServers`` routes
-each request to the fake whose base URL's host and port it names. Where only a real socket
-will do (a client's connection pool, a second process), ``asgi()`` answers the same way and
-``serving`` puts it on a port of 127.0.0.1.
+each request to the fake whose base URL's host and port it names. ``sync_client()`` serves
+blocking code (the preflight checks; no chat). Where only a real socket will do (a client's
+connection pool), ``asgi()`` answers the same way and ``serving`` puts it on a port of
+127.0.0.1.
 
 Nodes are recognised from the request's seed (``call_seed`` of ticker, node and sample), so
 prompts need no markers: pass the node names and tickers you expect. The request and reply
@@ -152,6 +154,9 @@ class FakeServer:
             headers = [(k, v) for k, v in response.headers.raw if k.lower() != b"content-length"]
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": headers})
+            if response.is_stream_consumed:  # a whole body (JSON, text), read when built
+                await send({"type": "http.response.body", "body": response.content})
+                return
             async for chunk in response.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
