@@ -1,8 +1,8 @@
 """The benches against the fakes run from a checkout as ``python -m tests.bench.*``.
 
-They were ``nightdesk bench tracker`` and ``nightdesk bench fleet``; they keep those
-commands' flags and write the same JSON, which these tests check end to end on SQLite at a
-tiny size (figures are not judged: not timed tests).
+Their flags are fixed (scripts and the notes in docs/lab/ use them), the installed
+``nightdesk bench`` has none of them, and each writes its JSON: checked end to end on
+SQLite at a tiny size (figures are not judged: not timed tests).
 """
 
 from __future__ import annotations

@@ -288,8 +288,9 @@ async def test_the_tracker_bench_records_every_call_the_fake_answered(
 
 @pytest.mark.slow
 def test_the_tracker_bench_reports_the_median_added_time_per_call() -> None:
-    # A smoke run of `nightdesk bench tracker` on SQLite: figures are not judged (not a timed
-    # test); the added time must be the arithmetic the docstring states, redone here.
+    # A smoke run of the tracker bench (tests/bench/tracker.py) on SQLite: figures are not
+    # judged (not a timed test); the added time must be the arithmetic the docstring states,
+    # redone here.
     from tests.bench.tracker import run_tracker_bench
 
     result = run_tracker_bench(calls=20, concurrency=8, database="sqlite",
