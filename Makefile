@@ -25,6 +25,7 @@ BENCH_STRATEGIES ?= fixed-3,fixed-8,fixed-all,adaptive,flood
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup vllm-env model browser test test-unit lint run bench bench-tracker bench-schedulers \
+        bench-fleet \
         server-start server-stop clean systemd-tools
 
 setup: $(VENV)/.ready
@@ -104,8 +105,16 @@ run: setup vllm-env model
 
 bench: bench-tracker bench-schedulers
 
+# The simulation benches run against the test suite's fake servers (tests/fakevllm/), so
+# they run from the checkout (tests/bench/), not from the installed `nightdesk`.
 bench-tracker: setup
-	$(BIN)/nightdesk bench tracker --json-out $(NIGHTDESK_HOME)/bench/tracker.json
+	$(BIN)/python -m tests.bench.tracker --json-out $(NIGHTDESK_HOME)/bench/tracker.json
+
+# A night over 8 simulated H200 endpoints on 127.0.0.1 (ports 18100-18107); usage rows go
+# to the local PostgreSQL unless `make bench-fleet FLEET_ARGS="--database sqlite"`.
+FLEET_ARGS ?=
+bench-fleet: setup
+	$(BIN)/python -m tests.bench.fleet $(FLEET_ARGS) --json-out $(NIGHTDESK_HOME)/bench/fleet.json
 
 bench-schedulers: setup vllm-env model
 	@export NIGHTDESK_CONFIG=$(CPU_CONFIG); set -e; mkdir -p $(NIGHTDESK_HOME)/bench; \

@@ -26,7 +26,7 @@ from agents.decision import Decision
 from agents.fitting import PromptSize
 from agents.graph import analyze_ticker, node_names, thread_id
 from app.batch.checkpoints import open_checkpointer
-from app.bench.tracker import machine_facts
+from app.bench.machine import machine_facts
 from app.config import Settings
 
 MODES = ("none", "exit", "async", "sync")

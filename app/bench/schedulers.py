@@ -39,7 +39,7 @@ from app.bench.bound import (
     graph_bound,
     pool,
 )
-from app.bench.tracker import machine_facts as host_facts
+from app.bench.machine import machine_facts as host_facts
 from app.config import Settings
 from app.errors import InputError, ServerError
 from app.report import arm

@@ -1,10 +1,15 @@
-"""``nightdesk bench``: measure nightdesk's own overheads (not timed tests; reports)."""
+"""``nightdesk bench``: measure nightdesk's own overheads (not timed tests; reports).
+
+The benches against fake servers (tracker overhead, the simulated fleet) are not here: they
+need the tests' fakes, so they run from a checkout (tests/bench/, ``make bench-tracker``,
+``make bench-fleet``).
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -16,52 +21,6 @@ if TYPE_CHECKING:
     from app.bench.schedulers import BenchResult
 
 app = typer.Typer(no_args_is_help=True, help="Measure nightdesk's own overheads.")
-
-
-@app.command("tracker")
-def tracker(
-    calls: Annotated[int, typer.Option(help="Calls per arm and round.")] = 500,
-    concurrency: Annotated[int, typer.Option(help="Calls in flight at once.")] = 64,
-    database: Annotated[Literal["sqlite", "postgresql", "both"],
-                        typer.Option(help="Where the tracked arm writes.")] = "both",
-    pg_url: Annotated[str, typer.Option(help="PostgreSQL server; a private schema is "
-                                             "created there and dropped after.")]
-        = "postgresql+psycopg://postgres@127.0.0.1:5432/test",
-    repeats: Annotated[int, typer.Option(help="Interleaved rounds; medians are reported.")] = 15,
-    json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
-) -> None:
-    """Measure the wall time usage tracking adds per call against a zero-latency fake server."""
-    from app.bench.tracker import run_tracker_bench
-
-    setup()
-    result = run_tracker_bench(calls, concurrency, database, pg_url, repeats)
-    table = Table(title=f"tracker overhead: {calls} calls, {concurrency} concurrent, "
-                        f"median of {repeats} rounds")
-    for col in ("arm", "wall s", "ms/call", "+ms/call", "+CPU ms/call", "final flush s",
-                "+ms/call incl. flush", "rows written"):
-        table.add_column(col, justify="left" if col == "arm" else "right")
-    for name, arm in result.arms.items():
-        def ms(value: float | None) -> str:
-            return "-" if value is None else f"{value:.3f}"
-        table.add_row(name, f"{arm.median_wall_s:.3f}", ms(arm.ms_per_call),
-                      ms(arm.added_ms_per_call), ms(arm.added_cpu_ms_per_call),
-                      "-" if name == "baseline" else f"{arm.median_flush_s:.3f}",
-                      ms(arm.added_ms_per_call_with_flush),
-                      "-" if name == "baseline" else ("all" if arm.rows_ok else "MISSING"))
-    console = Console()
-    if not console.is_terminal:
-        # Piped into a log: do not fold the table into 80 columns.
-        console = Console(width=130)
-    console.print(table)
-    m = result.machine
-    console.print(f"{m['cpu_model']}, {m['cores']} cores, Python {m['python']}, {result.date}; "
-                  f"target < {result.target_ms_per_call} ms/call added: "
-                  + ("met" if result.meets_target() else "[bold red]missed[/]"))
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-    if not all(a.rows_ok for a in result.arms.values()):
-        raise typer.Exit(1)
 
 
 @app.command("schedulers")
@@ -259,134 +218,6 @@ def combine(
         except (OSError, ValueError) as error:
             raise InputError(f"cannot read bench JSON {path}: {error}") from None
     show_schedulers(combine_results(loaded, allow_mixed=allow_mixed), json_out)
-
-
-@app.command("fleet")
-def fleet(
-    tickers: Annotated[int, typer.Option(min=1, help="Demo tickers in the night.")] = 500,
-    endpoints: Annotated[int, typer.Option(min=1, help="Simulated servers.")] = 8,
-    speedup: Annotated[float, typer.Option(
-        min=0.1, help="Time compression: each server step this many times shorter.")] = 4.0,
-    scale: Annotated[float, typer.Option(help="Prompt text sent, x the production shape.")]
-        = 0.2,
-    output_scale: Annotated[float, typer.Option(help="Outputs, x the production shape.")] = 1.0,
-    stream_interval: Annotated[int, typer.Option(
-        min=1, help="Tokens per stream chunk (vLLM's --stream-interval).")] = 16,
-    strategy: Annotated[str, typer.Option(help="The arm the client runs.")] = "adaptive",
-    database: Annotated[Literal["sqlite", "postgresql"],
-                        typer.Option(help="Where the usage rows go.")] = "postgresql",
-    pg_url: Annotated[str, typer.Option(help="PostgreSQL server; a private schema is "
-                                             "created there and dropped after.")]
-        = "postgresql+psycopg://postgres@127.0.0.1:5432/test",
-    port: Annotated[int, typer.Option(help="The first endpoint's port (then +1 each).")]
-        = 18100,
-    json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
-) -> None:
-    """Simulate a night over several H200-sized endpoints on 127.0.0.1, one client process.
-
-    The servers (app/bench/fleet.py) run in a second process; prompts are sent at ``scale``
-    of production's text and counted at production's size. Reports the client's event-loop
-    lag, CPU and memory, usage rows written per second, routing, and the output against the
-    endpoints' summed capacity and the graph bound.
-    """
-    import asyncio
-    import contextlib
-    import subprocess
-    import sys
-    import time
-    from dataclasses import asdict, replace
-
-    import httpx
-
-    from app.bench.fleet import MODEL, FleetResult, GPUModel, capacity, drive
-    from app.bench.tracker import machine_facts, postgres_schema, sqlite_database
-    from app.bench.workloads import synthetic_workload
-    from app.config import load_settings
-    from app.db.engine import get_engine
-    from app.errors import ServerError
-
-    setup()
-    gpu = replace(GPUModel(), speedup=speedup, prompt_weight=1.0 / scale,
-                  stream_interval=stream_interval)
-    ports = [port + i for i in range(endpoints)]
-    urls = [f"http://127.0.0.1:{p}/v1" for p in ports]
-    command = [sys.executable, "-m", "app.bench.fleet", "--ports", ",".join(map(str, ports)),
-               "--speedup", str(gpu.speedup), "--prompt-weight", str(gpu.prompt_weight),
-               "--stream-interval", str(gpu.stream_interval)]
-    with contextlib.ExitStack() as stack:
-        servers = subprocess.Popen(command, stdin=subprocess.DEVNULL)
-
-        def stop() -> None:
-            servers.terminate()
-            try:
-                servers.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                servers.kill()
-                servers.wait()
-        stack.callback(stop)
-        deadline = time.monotonic() + 60
-        for url in urls:
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url.removesuffix("/v1") + "/health", timeout=2).is_success:
-                        break
-                if servers.poll() is not None or time.monotonic() > deadline:
-                    raise ServerError(f"the simulated endpoint {url} did not start")
-                time.sleep(0.2)
-        db_url = stack.enter_context(postgres_schema(pg_url) if database == "postgresql"
-                                     else sqlite_database())
-        settings = load_settings(llm_base_url=",".join(urls), llm_model=MODEL,
-                                 database_url=db_url, max_concurrency=256,
-                                 metrics_interval_s=1.0, retry_backoff_s=0.5)
-        engine = get_engine(db_url)
-        load = synthetic_workload(settings, tickers, scale, output_scale)
-        name = f"synthetic x{scale:g} sent, x1 counted (out x{output_scale:g})"
-        arm_json, lag, use = asyncio.run(drive(settings, engine, load, gpu, strategy=strategy,
-                                               name=name))
-    arm = arm_json["arms"][0]
-    rows = arm["calls"] + sum(len(v) for v in load.values())  # llm_calls and llm_requests
-    result = FleetResult(
-        tickers=tickers, endpoints=endpoints, gpu=asdict(gpu), workload=name, arm=arm,
-        loop_lag=lag.summary(), process=use.to_json(),
-        rows_per_s=rows / arm["makespan_s"] if arm["makespan_s"] else 0.0,
-        capacity=capacity(arm, gpu, endpoints),
-        machine={**machine_facts(), "database": database})
-    show_fleet(result)
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-
-
-def show_fleet(result: Any) -> None:
-    """Print a fleet simulation's figures."""
-    from app.cli.report import _fmt
-
-    a, c, lag, use = result.arm, result.capacity, result.loop_lag, result.process
-    console = Console(width=150)
-    console.print(f"fleet: {result.tickers} tickers over {result.endpoints} simulated "
-                  f"endpoints (speedup {result.gpu['speedup']:g}), {result.workload}; "
-                  f"{result.machine['cpu_model']}, {result.machine['cores']} cores")
-    console.print(f"  makespan {a['makespan_s']:.1f} s, {a['calls']} calls, "
-                  f"{a['failed_calls']} failed; output {a['output_tokens_per_s']:.0f} tok/s "
-                  f"= {_fmt(c['share_of_summed_capacity'], '.2f')} of the summed capacity "
-                  f"({c['summed_capacity_tok_s']:.0f} tok/s at "
-                  f"{c['sequences_per_endpoint_at_full_cache']} sequences per endpoint); graph "
-                  f"bound {_fmt(c['graph_bound_tok_s'], '.0f')} tok/s "
-                  f"({c['graph_bound_binding']}), makespan {_fmt(c['share_of_graph_bound'], '.2f')}"
-                  " of its best")
-    console.print(f"  client loop lag: max {_fmt(lag['max_s'], '.3f')} s, p99 "
-                  f"{_fmt(lag['p99_s'], '.3f')} s, p50 {_fmt(lag.get('p50_s'), '.4f')} s; CPU "
-                  f"{use['cpu_s']:.1f} s over {use['wall_s']:.1f} s "
-                  f"({use['cpu_share_of_one_core']:.0%} of a core); peak RSS "
-                  f"{use['max_rss_mib']:.0f} MiB; rows written {result.rows_per_s:.1f}/s "
-                  f"({result.machine['database']})")
-    for share in a.get("endpoints") or []:
-        part = ((a.get("admission") or {}).get("endpoints") or {}).get(share["endpoint"], {})
-        console.print(f"  {share['endpoint']}: {share['output_tokens_per_s']:.0f} tok/s, "
-                      f"{share['tickers']} tickers ({part.get('tickers_started', '-')} started, "
-                      f"{part.get('tickers_moved_in', '-')} moved in), running mean "
-                      f"{_fmt(share['running_mean'])}, KV peak "
-                      f"{_fmt(share['kv_usage_max'], '.0%')}")
 
 
 @app.command("durability")

@@ -22,13 +22,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from app.bench.fakeserver import ChatRequest, Reply
 from app.config import load_settings
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
+from tests.fakevllm import ChatRequest, Reply
 from tests.integration.conftest import private_database
 from tests.unit.clirun import run_cli
 from tests.unit.night_rows import Rated, add_night, at

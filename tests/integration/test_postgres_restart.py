@@ -22,10 +22,10 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
-from app.bench.fakeserver import ChatRequest, FakeServer
 from app.config import load_settings
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, Decision, LLMCall, LLMRequest, TickerRun
+from tests.fakevllm import ChatRequest, FakeServer
 from tests.integration.conftest import ADMIN_DSN
 
 pytestmark = pytest.mark.integration

@@ -11,10 +11,10 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
-from app.bench.fakeserver import FakeServer
 from app.config import load_settings
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, Decision, TickerRun
+from tests.fakevllm import FakeServer
 from tests.unit.test_store_failures import nul_script
 
 pytestmark = pytest.mark.integration

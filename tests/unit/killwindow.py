@@ -139,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     from agents.data.snapshot import SnapshotProvider
     from agents.graph import node_names
     from app.batch.engine import BatchEngine, BatchPlan
-    from app.bench.fakeserver import ChatRequest, FakeServer, Reply
     from app.config import load_settings
     from app.db.engine import get_engine
+    from tests.fakevllm import ChatRequest, FakeServer, Reply
 
     tickers = args.tickers.split(",")
     where, node = args.kill.split(":")
@@ -195,9 +195,9 @@ def kill_then_resume(db_url: str, engine: Engine, data: Path, folder: Path, tick
     from agents.graph import node_names
     from app.batch.engine import BatchEngine
     from app.batch.nightly import resume_recorded
-    from app.bench.fakeserver import FakeServer
     from app.config import get_settings, load_settings
     from app.db.models import Batch, LLMCall, TickerRun
+    from tests.fakevllm import FakeServer
 
     monkeypatch.setenv("NIGHTDESK_DATABASE_URL", db_url)
     get_settings.cache_clear()

@@ -14,8 +14,6 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
-from app.bench.fakechat import default_reply
-from app.bench.fakeserver import ChatRequest, FakeServer, Reply
 from app.cli import app as cli
 from app.config import load_settings
 from app.db.engine import get_engine
@@ -23,6 +21,7 @@ from app.db.models import Batch, Decision, LLMCall, LLMRequest, TickerRun
 from app.llm import TrackedLLM
 from app.ranking import ranking
 from app.serverview import server_view
+from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 
 
 @pytest.fixture

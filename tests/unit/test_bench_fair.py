@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 from app.batch.workload import WorkItem, Workload
 from app.bench.arms import plan_arms, split_arms, sweep
 from app.bench.bound import GraphFacts, StepCost, fit_step, graph_bound, graph_facts
-from app.bench.fakeserver import FakeServer, Reply
 from app.bench.schedulers import BenchResult, _judge, combine_results, run_bench
 from app.bench.workloads import synthetic_workload
 from app.cli import app
@@ -24,6 +23,7 @@ from app.config import load_settings
 from app.db.models import LLMCall
 from app.errors import InputError
 from app.report import batch_report
+from tests.fakevllm import FakeServer, Reply
 from tests.unit.stepped_gpu import ANALYST_PROMPT, CHAIN_FIRST, CHAIN_LAST
 from tests.unit.stepped_gpu import run as stepped_run
 

@@ -21,8 +21,6 @@ from sqlalchemy import Engine
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
 from app.batch.progress import BatchProgress
 from app.batch.workload import play, shape
-from app.bench.fakechat import Reply
-from app.bench.fakeserver import FakeServer
 from app.bench.workloads import synthetic_workload
 from app.config import load_settings
 from app.llm import CallStats
@@ -33,6 +31,7 @@ from app.traffic.sampler import MetricsSampler
 from app.traffic.scheduler import Scheduler
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
+from tests.fakevllm import FakeServer, Reply
 from tests.unit.budget_sim import G, SimServer, blocks, body, run_sim
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
@@ -291,11 +290,11 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
     # cap's first readings carried that cost. The endpoint now has the server count the
     # first prompt before costing it, once; the others wait for it.
     from agents.chat import CallTag
-    from app.bench.fakeserver import BASE_URL
     from app.llm import TrackedLLM
     from app.traffic.client import TickerClient
     from app.traffic.server import ServerSet
     from app.usage import UsageRecorder
+    from tests.fakevllm import BASE_URL
 
     fake = FakeServer(lambda chat: Reply("ok", completion_tokens=3), tokenize_count=1_000,
                       max_model_len=32_768)
@@ -341,10 +340,10 @@ async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default
     # tokens per byte); on an H200 the prompts came to 0.226, so the first minute's costs
     # were 2.3x too high. The context check's /tokenize count (made before the first call
     # goes out) now sets the ratio until finished requests do.
-    from app.bench.fakeserver import BASE_URL
     from app.llm import TrackedLLM
     from app.traffic.server import Server
     from app.usage import UsageRecorder
+    from tests.fakevllm import BASE_URL
 
     fake = FakeServer(tokenize_count=1_000, max_model_len=32_768)
     settings = load_settings(llm_base_url=BASE_URL, check_context_length=True)

@@ -13,11 +13,10 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
-from app.bench.fakechat import default_reply
-from app.bench.fakeserver import ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.db.engine import get_engine
 from app.db.models import Batch, LLMCall, TickerRun
+from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 from tests.unit.clirun import run_cli
 
 

@@ -25,15 +25,15 @@ from agents.fitting import (
 )
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
-from app.bench.fakeserver import (
+from app.config import load_settings
+from app.db.models import LLMCall, TickerRun
+from tests.fakevllm import (
     CONTEXT_LENGTH_MESSAGE,
     ChatRequest,
     FakeServer,
     Reply,
     prompt_token_count,
 )
-from app.config import load_settings
-from app.db.models import LLMCall, TickerRun
 
 NODES = node_names(load_settings().pipeline())
 BUDGET = 64  # every node's max_tokens in these tests

@@ -33,11 +33,11 @@ from sqlalchemy import Engine, inspect, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.batch.nightly import NightlyResult
-from app.bench.fakeserver import ChatRequest, Reply
 from app.config import load_settings
 from app.daemon import JOB_ID, JOBS_TABLE, NightlyDaemon, NightlyTrigger
 from app.db.engine import alembic_config, make_engine
 from app.db.models import Batch, SchedulerBeat
+from tests.fakevllm import ChatRequest, Reply
 from tests.unit.test_lock import fake_llm
 
 BERLIN = ZoneInfo("Europe/Berlin")

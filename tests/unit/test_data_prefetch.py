@@ -15,8 +15,8 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
-from app.bench.fakeserver import ChatRequest, FakeServer
 from app.config import load_settings
+from tests.fakevllm import ChatRequest, FakeServer
 
 
 @pytest.fixture

@@ -18,11 +18,11 @@ from sqlalchemy import Engine, func, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.batch.engine import BatchOutcome
-from app.bench.fakeserver import ChatRequest, Reply
 from app.config import load_settings
 from app.db.models import Batch
 from app.digest import build_digest, send_digest
 from app.notify import Message, send, split_destinations
+from tests.fakevllm import ChatRequest, Reply
 from tests.unit.clirun import run_cli
 from tests.unit.night_rows import Rated, add_night, at
 from tests.unit.test_lock import fake_llm
@@ -214,7 +214,7 @@ def test_a_night_stopped_by_sigterm_sends_an_interrupted_digest(
     import os
     import signal
 
-    from app.bench.fakechat import default_reply
+    from tests.fakevllm import default_reply
 
     tickers = demo_tickers(2)
     sent: list[bool] = []

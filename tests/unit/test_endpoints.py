@@ -22,7 +22,6 @@ from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
 from app.batch.resume import find_resumable
 from app.batch.workload import WorkItem, Workload, play, shape
-from app.bench.fakeserver import ChatRequest, FakeServer, FakeServers, Reply
 from app.config import load_settings
 from app.db.models import Decision, LLMCall, ServerSample, TickerRun
 from app.errors import (
@@ -33,6 +32,7 @@ from app.errors import (
     LLMStreamError,
 )
 from app.traffic.client import TickerClient, server_fault
+from tests.fakevllm import ChatRequest, FakeServer, FakeServers, Reply
 
 FAST, SLOW = "http://gpu0.test:8000/v1", "http://gpu1.test:8001/v1"
 TICKERS = 10

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.bench.fleet import MODEL, GPUModel, SteppedEndpoint
 from serving.metrics import parse_cache_config, parse_metrics
+from tests.fakevllm.stepped import MODEL, GPUModel, SteppedEndpoint
 
 
 async def _chat(client: httpx.AsyncClient, tokens: int, words: int = 40) -> dict[str, Any]:
@@ -61,8 +61,8 @@ async def test_an_endpoint_decodes_at_its_steps_speed_and_batches_requests() -> 
 def test_a_late_wake_up_sends_every_chunk_that_fell_due(steps: int) -> None:
     gpu = GPUModel(kv_tokens=100_000, max_num_seqs=8, stream_interval=16)
     endpoint = SteppedEndpoint(gpu)
-    from app.bench.fakeload import Sequence
-    from app.bench.fleet import _Stream
+    from tests.fakevllm.load import Sequence
+    from tests.fakevllm.stepped import _Stream
 
     seq = Sequence(10, 40)
     stream = _Stream(seq)

@@ -13,13 +13,13 @@ from sqlalchemy import Engine, select
 
 from agents.data.base import MarketBundle, NewsItem, SocialPost
 from agents.graph import TickerResult, analyze_ticker, finished, kind_of, node_names
-from app.bench.fakeserver import DEFAULT_DECISION, ChatRequest, FakeServer, Reply
 from app.config import Settings
 from app.db.engine import session_scope
 from app.db.models import Batch, LLMCall
 from app.errors import CheckpointError, DecisionError, LLMHTTPError
 from app.llm import TrackedLLM
 from app.usage import UsageRecorder
+from tests.fakevllm import DEFAULT_DECISION, ChatRequest, FakeServer, Reply
 
 AS_OF = date(2024, 6, 28)
 ANALYSTS = ["market", "sentiment", "news", "fundamentals"]

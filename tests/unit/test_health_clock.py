@@ -20,6 +20,7 @@ from app.traffic.halt import Halt
 from app.traffic.outage import ServerWatch
 from app.traffic.server import MIN_FAILED_READS, Server, ServerSet
 from app.traffic.strategy import Strategy
+from tests.fakevllm import FakeServer
 
 GRACE_S = 10.0
 BUDGET_S = 30.0
@@ -133,7 +134,10 @@ async def test_a_server_back_within_the_budget_restarts_the_outage_clock() -> No
 
 
 def refusing() -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(503)))
+    """Return a client of a server that is down: every request refused."""
+    server = FakeServer()
+    server.crash()
+    return server.client()
 
 
 async def test_one_server_that_does_not_answer_holds_its_gate_then_halts_past_the_budget(

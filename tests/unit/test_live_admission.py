@@ -18,11 +18,11 @@ from sqlalchemy import Engine, select
 
 from app.batch.engine import BatchEngine, BatchPlan, TickerWork
 from app.batch.workload import WorkItem, Workload, play
-from app.bench.fakeload import Moment, Scrape
-from app.bench.fakeserver import BASE_URL, ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.db.models import ServerSample
 from app.traffic.client import TickerClient
+from tests.fakevllm import BASE_URL, ChatRequest, FakeServer, Reply
+from tests.fakevllm.load import Moment, Scrape
 
 INTERVAL_S = 0.05
 KV_FULL = 0.97  # the admission policy's default

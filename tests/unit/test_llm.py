@@ -10,12 +10,12 @@ import pytest
 from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
-from app.bench.fakeserver import BASE_URL, CONTEXT_LENGTH_MESSAGE, FakeServer, Reply
 from app.config import load_settings
 from app.db.models import LLMCall
 from app.errors import ContextLengthError, LLMHTTPError, LLMMalformedError, LLMStreamError
 from app.llm import TrackedLLM
 from app.usage import UsageRecorder
+from tests.fakevllm import BASE_URL, CONTEXT_LENGTH_MESSAGE, FakeServer, Reply
 from tests.unit.test_usage import new_batch
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "AAPL?"}]

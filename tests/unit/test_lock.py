@@ -24,11 +24,11 @@ from app.batch import store
 from app.batch.engine import BatchEngine
 from app.batch.lock import lock_file_path, nightly_lock
 from app.batch.nightly import NightlyRequest, run_nightly
-from app.bench.fakeserver import ChatRequest, FakeServer, Reply, Script
 from app.cli import app as cli
 from app.config import Settings, load_settings
 from app.db.models import Batch, LLMCall
 from app.errors import AlreadyRunningError
+from tests.fakevllm import ChatRequest, FakeServer, Reply, Script
 
 NIGHTDESK = Path(sys.executable).with_name("nightdesk")
 

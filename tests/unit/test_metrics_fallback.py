@@ -15,13 +15,13 @@ from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.batch.progress import BatchProgress
-from app.bench.fakeserver import FakeServer, Reply
 from app.cli.report import render_table
 from app.config import load_settings
 from app.db.models import Batch
 from app.report import batch_report
 from app.serverview import server_view
 from app.traffic.strategy import Strategy
+from tests.fakevllm import FakeServer, Reply
 
 
 @pytest.fixture

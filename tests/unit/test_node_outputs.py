@@ -10,9 +10,9 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
-from app.bench.fakeserver import ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.db.models import NodeText
+from tests.fakevllm import ChatRequest, FakeServer, Reply
 
 
 async def test_batch_keeps_each_nodes_text_in_graph_order(sqlite_engine: Engine,

@@ -16,7 +16,6 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
-from app.bench.fakeserver import ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.db.models import BatchWarning
 from app.quality import monitor
@@ -28,6 +27,7 @@ from app.quality.monitor import (
     reference_batches,
     warnings_for,
 )
+from tests.fakevllm import ChatRequest, FakeServer, Reply
 from tests.unit.quality_rows import SCALE, add_batch, one_each
 from tests.unit.test_report import nightdesk
 

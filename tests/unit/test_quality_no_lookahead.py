@@ -20,8 +20,8 @@ from agents.data.demo import DEMO_AS_OF, FORWARD_DAYS, DemoProvider, demo_ticker
 from agents.data.snapshot import PRICES, SnapshotProvider, read_prices, ticker_dir
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
-from app.bench.fakeserver import ChatRequest, FakeServer
 from app.config import load_settings
+from tests.fakevllm import ChatRequest, FakeServer
 
 TICKERS = demo_tickers(2)
 CANARY_CLOSE, CANARY_HIGH = 7777.77, 8888.88

@@ -15,10 +15,10 @@ from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.batch.replay import replay_batch
-from app.bench.fakeserver import ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.db.models import LLMCall, LLMRequest
 from app.usage import decompress_body
+from tests.fakevllm import ChatRequest, FakeServer, Reply
 
 
 @pytest.fixture

@@ -23,13 +23,12 @@ from app.batch.engine import BatchEngine, BatchPlan
 from app.batch.lock import nightly_lock
 from app.batch.nightly import resume_recorded
 from app.batch.resume import find_resumable, mark_stale_crashed
-from app.bench.fakechat import default_reply
-from app.bench.fakeserver import ChatRequest, FakeServer, Reply
 from app.cli import app as cli
 from app.config import load_settings
 from app.db.models import Batch, Decision, LLMCall, TickerRun
 from app.errors import AlreadyRunningError, InputError
 from app.traffic.halt import HaltReason
+from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 from tests.unit.clirun import run_cli
 
 NODES = node_names(load_settings().pipeline())
@@ -41,11 +40,10 @@ def demo_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
 
 
-def engine_for(db: Engine, demo_dir: Path, server: FakeServer | None = None, *,
-               transport: httpx.AsyncBaseTransport | None = None,
+def engine_for(db: Engine, demo_dir: Path, server: FakeServer | None = None,
                **overrides: Any) -> BatchEngine:
     settings = load_settings(retry_backoff_s=0.01, server_probe_interval_s=0.05, **overrides)
-    http = httpx.AsyncClient(transport=transport or (server.transport() if server else None))
+    http = httpx.AsyncClient(transport=server.transport() if server else None)
     return BatchEngine(settings, db, http_client=http, provider=SnapshotProvider(demo_dir),
                        sample_metrics=False)
 
@@ -259,39 +257,22 @@ def test_mark_stale_leaves_fresh_and_finished_batches(sqlite_engine: Engine) -> 
         find_resumable(sqlite_engine, old, stale_s=300)
 
 
-class Switch:
-    """Let a transport fail every request (a dead server) until switched back on."""
-
-    def __init__(self, server: FakeServer) -> None:
-        self.server = server
-        self.down = False
-        self.refused = 0
-
-    async def handle(self, request: httpx.Request) -> httpx.Response:
-        if self.down:
-            self.refused += 1
-            raise httpx.ConnectError("connection refused", request=request)
-        return await self.server.handle(request)
-
-
 async def test_a_short_outage_pauses_the_batch_and_every_ticker_succeeds(
         sqlite_engine: Engine, demo_dir: Path) -> None:
     tickers = demo_tickers(3)
-    switch: Switch
+    server: FakeServer
 
     def die_once(chat: ChatRequest) -> Reply | None:
-        if len(switch.server.chats) == 12:
-            switch.down = True  # from the next request on, nothing answers for a second
-            asyncio.get_running_loop().call_later(1.0, setattr, switch, "down", False)
+        if len(server.chats) == 12:
+            server.crash()  # from here on, nothing answers for a second
+            asyncio.get_running_loop().call_later(1.0, server.revive)
         return None
 
     server = FakeServer(die_once, nodes=NODES, tickers=tickers)
-    switch = Switch(server)
-    runner = engine_for(sqlite_engine, demo_dir, transport=httpx.MockTransport(switch.handle),
-                        max_attempts=2)
+    runner = engine_for(sqlite_engine, demo_dir, server, max_attempts=2)
     outcome = await runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers))
     assert outcome.status == "succeeded" and sorted(outcome.succeeded) == sorted(tickers)
-    assert switch.refused > 0  # the outage was real
+    assert server.refused > 0  # the outage was real
     assert Counter(ok_nodes(server)) == Counter((t, n, 0) for t in tickers for n in NODES)
     with sqlite_engine.connect() as conn:
         settings = conn.execute(select(Batch.settings)).scalar_one()
@@ -307,17 +288,15 @@ async def test_a_short_outage_pauses_the_batch_and_every_ticker_succeeds(
 async def test_an_outage_past_its_budget_interrupts_the_batch_for_a_resume(
         sqlite_engine: Engine, demo_dir: Path) -> None:
     tickers = demo_tickers(2)
-    switch: Switch
+    server: FakeServer
 
     def die(chat: ChatRequest) -> Reply | None:
-        if len(switch.server.chats) == 6:
-            switch.down = True
+        if len(server.chats) == 6:
+            server.crash()
         return None
 
     server = FakeServer(die, nodes=NODES, tickers=tickers)
-    switch = Switch(server)
-    runner = engine_for(sqlite_engine, demo_dir, transport=httpx.MockTransport(switch.handle),
-                        outage_budget_s=0.5)
+    runner = engine_for(sqlite_engine, demo_dir, server, outage_budget_s=0.5)
     outcome = await runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers))
     assert outcome.status == "interrupted"
     assert outcome.halt is not None and outcome.halt.exit_code == 5

@@ -33,6 +33,7 @@ from app.db.retry import (
 )
 from app.errors import LLMConnectionError, ServerOutage
 from app.promptsize import PromptCounter
+from tests.fakevllm import FakeServer, Reply
 
 MESSAGES = [{"role": "user", "content": "AAPL? " * 40}]
 
@@ -173,18 +174,12 @@ class Watch:
             raise ServerOutage("server away past the budget")
 
 
-def tokenize(answers: list[int]) -> tuple[httpx.AsyncClient, list[int]]:
-    """Return a client whose /tokenize answers the statuses given, then 200s; and its log."""
-    seen: list[int] = []
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        status = answers[len(seen)] if len(seen) < len(answers) else 200
-        seen.append(status)
-        if status == 200:
-            return httpx.Response(200, json={"count": 70, "max_model_len": 100})
-        return httpx.Response(status, text="busy")
-
-    return httpx.AsyncClient(transport=httpx.MockTransport(handle)), seen
+def tokenize(answers: list[int]) -> FakeServer:
+    """Return a fake whose /tokenize answers the statuses given, then 200s (70 of 100)."""
+    server = FakeServer(tokenize_count=70, max_model_len=100)
+    for status in answers:
+        server.cue(Reply(status=status), path="/tokenize")
+    return server
 
 
 @pytest.mark.parametrize(
@@ -198,27 +193,27 @@ def tokenize(answers: list[int]) -> tuple[httpx.AsyncClient, list[int]]:
 async def test_a_prompt_count_is_tried_again_while_the_server_may_pass(
         answers: list[int], expected: PromptSize | None, tries: int) -> None:
     settings = load_settings(max_attempts=3, context_check_includes_output=True)
-    http, seen = tokenize(answers)
+    server = tokenize(answers)
     watch = Watch()
-    async with http:
+    async with server.client() as http:
         counter = PromptCounter(settings, http, "http://server/tokenize", watch=watch)
         with structlog.testing.capture_logs() as logs:
             size = await counter.measure(MESSAGES, max_tokens=10, exact=True)
     assert size == expected
-    assert len(seen) == tries
+    assert server.tokenize_calls == tries
     assert watch.confirms == tries - 1  # the server confirmed between tries
     gave_up = [e for e in logs if e["event"] == "prompt could not be counted"]
     assert len(gave_up) == (expected is None)
 
 
 async def test_a_server_that_stays_away_between_counts_stops_the_count() -> None:
-    http, seen = tokenize([503])
-    async with http:
+    server = tokenize([503])
+    async with server.client() as http:
         counter = PromptCounter(load_settings(max_attempts=3), http, "http://server/tokenize",
                                 watch=Watch(outage=True))
         with pytest.raises(ServerOutage):
             await counter.measure(MESSAGES, max_tokens=10, exact=True)
-    assert seen == [503]
+    assert server.tokenize_calls == 1  # the one answer was the cued 503
 
 
 async def test_a_server_never_reached_is_not_counted() -> None:

@@ -5,39 +5,29 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import func, inspect, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from app.bench.fakeserver import FakeServer
 from app.db.engine import get_engine
 from app.db.models import Batch
 from serving.preflight import check_endpoint
+from tests.fakevllm import FakeServer
 from tests.unit.clirun import run_cli
-
-REAL_CLIENT = httpx.Client  # kept: one test puts a fake in httpx.Client's place
-
-
-def fake_client(server: FakeServer) -> httpx.Client:
-    def handle(request: httpx.Request) -> httpx.Response:
-        if request.headers.get("authorization") == "Bearer wrong":
-            return httpx.Response(401, json={"error": "bad key"})
-        return httpx.Response(200, json={"data": [{"id": server.model}]}) \
-            if request.url.path.endswith("/models") else httpx.Response(404)
-    return REAL_CLIENT(transport=httpx.MockTransport(handle))
 
 
 def test_check_endpoint_names_what_is_wrong() -> None:
     server = FakeServer(model="qwen-dense-27b")
     url = "http://gpu.test:8000/v1"
-    ok = check_endpoint(url, "qwen-dense-27b", client=fake_client(server))
+    ok = check_endpoint(url, "qwen-dense-27b", client=server.sync_client())
     assert ok.level == "ok"
-    wrong_model = check_endpoint(url, "smollm2-135m", client=fake_client(server))
+    wrong_model = check_endpoint(url, "smollm2-135m", client=server.sync_client())
     assert wrong_model.level == "fail" and "does not serve 'smollm2-135m'" in wrong_model.detail
     assert "qwen-dense-27b" in wrong_model.detail
-    bad_key = check_endpoint(url, "qwen-dense-27b", "wrong", client=fake_client(server))
+    keyed = FakeServer(model="qwen-dense-27b", api_key="right")
+    bad_key = check_endpoint(url, "qwen-dense-27b", "wrong", client=keyed.sync_client())
     assert bad_key.level == "fail" and "HTTP 401" in bad_key.detail
+    assert keyed.requests[-1].headers["authorization"] == "Bearer wrong"  # the key was sent
 
 
 @pytest.fixture
@@ -73,7 +63,7 @@ def test_run_refuses_bad_settings_in_one_line_without_a_batch_row(
 def test_run_refuses_a_model_the_server_does_not_serve(
         sqlite_url: str, night: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     server = FakeServer(model="qwen-dense-27b")
-    monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: fake_client(server))
+    monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: server.sync_client())
     result = run_cli(*night)
     assert result.code == 2 and len(result.error_lines) == 1, result.stderr
     assert "does not serve 'smollm2-135m'" in result.stderr

@@ -11,7 +11,6 @@ import pytest
 from sqlalchemy import Engine
 
 from agents.chat import CallTag
-from app.bench.fakeserver import BASE_URL, FakeServer, Reply
 from app.config import load_settings
 from app.errors import InputError
 from app.llm import TrackedLLM, backoff_delay
@@ -21,6 +20,7 @@ from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
+from tests.fakevllm import BASE_URL, FakeServer, Reply
 from tests.unit.test_usage import new_batch
 
 

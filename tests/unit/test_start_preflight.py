@@ -21,11 +21,11 @@ from sqlalchemy import Engine, func, insert, select, update
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.yfinance_provider import YFinanceProvider
 from app.batch import store
-from app.bench.fakeserver import FakeServer
 from app.config import load_settings
 from app.db.models import Batch, LLMCall, TickerRun
+from tests.fakevllm import FakeServer
 from tests.unit.clirun import CliResult, run_cli
-from tests.unit.test_run_preflight import closed_port, fake_client
+from tests.unit.test_run_preflight import closed_port
 
 AS_OF = str(DEMO_AS_OF)
 NO_SNAPSHOT = "2020-01-02"
@@ -60,7 +60,7 @@ def assert_refused(result: CliResult, *says: str) -> None:
 def serve(monkeypatch: pytest.MonkeyPatch, max_model_len: int) -> FakeServer:
     """Answer /v1/models and /tokenize from a fake with ``max_model_len``; return it."""
     server = FakeServer(model=MODEL, max_model_len=max_model_len)
-    monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: fake_client(server))
+    monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: server.sync_client())
     monkeypatch.setattr("app.batch.contextfit.http_client", server.client)
     return server
 

@@ -17,9 +17,9 @@ from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch import store
 from app.batch.engine import BatchEngine, BatchPlan
-from app.bench.fakeserver import DEFAULT_DECISION, ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.db.models import Batch, Decision, TickerRun
+from tests.fakevllm import DEFAULT_DECISION, ChatRequest, FakeServer, Reply
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from datetime import date
 from types import SimpleNamespace
 from typing import Any
 
-import httpx
 import pytest
 from rich.console import Console
 from sqlalchemy import Engine
@@ -30,7 +29,6 @@ from app.batch.engine import BatchEngine, BatchPlan, TickerWork
 from app.batch.progress import BatchProgress
 from app.batch.signals import _stop_on_signals
 from app.batch.workload import WorkItem, Workload, play
-from app.bench.fakeserver import BASE_URL, ChatRequest, FakeServer, Reply
 from app.config import load_settings
 from app.errors import BatchStopped, ServerOutage
 from app.traffic.client import EndpointGone, TickerClient
@@ -39,6 +37,7 @@ from app.traffic.outage import ServerWatch
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import cancel_and_wait, wait_first
+from tests.fakevllm import BASE_URL, ChatRequest, FakeServer, Reply
 
 
 def tasks_now() -> set[asyncio.Task[Any]]:
@@ -198,9 +197,10 @@ async def test_drive_leaves_nothing_when_it_is_cancelled_while_draining() -> Non
 
 def down_watch() -> ServerWatch:
     """A watch whose server does not answer /health, with a budget no test reaches."""
-    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+    server = FakeServer()
+    server.crash()
     return ServerWatch("http://llm.test:8000/v1", budget_s=60, interval_s=0.01, halt=Halt(),
-                       client=client)
+                       client=server.client())
 
 
 async def test_confirm_leaves_nothing_when_the_server_comes_back() -> None:

@@ -26,7 +26,6 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.graph import node_names
 from app.batch.checkpoints import checkpoint_path
 from app.batch.engine import BatchEngine
-from app.bench.fakeserver import ChatRequest, FakeServer, FakeServers, Reply
 from app.config import load_settings
 from app.db.engine import get_engine
 from app.logs import configure_logging
@@ -34,6 +33,7 @@ from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
 from serving.urls import redact
+from tests.fakevllm import ChatRequest, FakeServer, FakeServers, Reply
 from tests.unit.clirun import CliResult, run_cli
 
 CANARY = "Cnry-9f3e1c-pw"

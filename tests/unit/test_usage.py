@@ -14,12 +14,12 @@ from sqlalchemy.exc import OperationalError
 
 import app.usage
 from agents.chat import CallTag
-from app.bench.fakeserver import BASE_URL, CONTEXT_LENGTH_MESSAGE, ChatRequest, FakeServer, Reply
 from app.config import Settings, load_settings
 from app.db.models import Batch, LLMCall, LLMRequest
 from app.errors import ContextLengthError, LLMError, LLMHTTPError
 from app.llm import TrackedLLM
 from app.usage import UsageRecorder
+from tests.fakevllm import BASE_URL, CONTEXT_LENGTH_MESSAGE, ChatRequest, FakeServer, Reply
 
 # What each scripted outcome must look like in its row: (status, error_class, http_status).
 EXPECTED_ROW = {
@@ -262,7 +262,7 @@ async def test_errors_raised_by_chat_are_llm_errors(sqlite_engine: Engine) -> No
 async def test_the_tracker_bench_records_every_call_the_fake_answered(
     sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from app.bench import tracker
+    from tests.bench import tracker
 
     servers: list[FakeServer] = []
 
@@ -288,9 +288,10 @@ async def test_the_tracker_bench_records_every_call_the_fake_answered(
 
 @pytest.mark.slow
 def test_the_tracker_bench_reports_the_median_added_time_per_call() -> None:
-    # A smoke run of `nightdesk bench tracker` on SQLite: figures are not judged (not a timed
-    # test); the added time must be the arithmetic the docstring states, redone here.
-    from app.bench.tracker import run_tracker_bench
+    # A smoke run of the tracker bench (tests/bench/tracker.py) on SQLite: figures are not
+    # judged (not a timed test); the added time must be the arithmetic the docstring states,
+    # redone here.
+    from tests.bench.tracker import run_tracker_bench
 
     result = run_tracker_bench(calls=20, concurrency=8, database="sqlite",
                                pg_url="unused", repeats=2)

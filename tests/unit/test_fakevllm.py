@@ -9,9 +9,9 @@ import httpx
 import pytest
 from openai import APIConnectionError, APIStatusError, AsyncOpenAI
 
-from app.bench.fakeload import Sequence, ServerLoad
-from app.bench.fakeserver import BASE_URL, FakeServer, Reply
 from serving.metrics import parse_cache_config, parse_metrics
+from tests.fakevllm import BASE_URL, FakeServer, Reply
+from tests.fakevllm.load import Sequence, ServerLoad
 
 
 async def ask(client: AsyncOpenAI, text: str) -> list[str]:
@@ -150,3 +150,27 @@ async def test_slow_answers_and_a_failing_metrics_page_on_cue() -> None:
         started = loop.time()
         await ask(openai_client(http), "q")
         assert loop.time() - started >= 0.05 + 5 * 0.01 - 0.005
+
+
+async def test_over_asgi_the_fake_streams_the_same_answer() -> None:
+    # What serving() puts on a socket: the same chunks, usage and records as through
+    # MockTransport (ASGITransport here, so no port is needed).
+    server = FakeServer(lambda chat: Reply("one two three four", chunks=2))
+    transport = httpx.ASGITransport(app=server.asgi())
+    async with httpx.AsyncClient(transport=transport) as http:
+        pieces = await ask(openai_client(http), "hello")
+        page = (await http.get("http://fake.test/metrics")).text
+    assert "".join(pieces) == "one two three four" and len([p for p in pieces if p]) == 2
+    assert len(server.served()) == 1
+    assert server.usage_totals()["completion_tokens"] == 4  # 18 bytes, a token per 4
+    assert parse_metrics(page).generation_tokens_total == 4
+
+
+def test_a_key_guards_the_openai_routes_only_and_the_blocking_client_answers() -> None:
+    server = FakeServer(api_key="right")
+    with server.sync_client() as http:
+        assert http.get("http://fake.test/v1/models").status_code == 401
+        assert http.get("http://fake.test/v1/models",
+                        headers={"Authorization": "Bearer right"}).status_code == 200
+        assert http.get("http://fake.test/health").status_code == 200
+        assert http.get("http://fake.test/metrics").status_code == 200

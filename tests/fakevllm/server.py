@@ -1,8 +1,6 @@
 """Fake a vLLM server at the HTTP edge: the one fake for the unit tests and the tracker bench.
 
-It lives in the product, not in ``tests/``, because ``nightdesk bench tracker`` runs against
-it and the service never imports its tests; the unit tests import it from here. Nothing
-else in the service uses it. Hand its client to the code under test, then read what it saw::
+Hand its client to the code under test, then read what it saw::
 
     server = FakeServer(script, nodes=node_names(config), tickers=["AAPL"], capacity=4)
     llm = TrackedLLM(settings, recorder, http_client=server.client())
@@ -16,7 +14,8 @@ What it answers, through ``httpx.MockTransport``:
   ``[DONE]``, or one JSON completion; an error ``Reply`` gives that HTTP status instead.
 - ``POST /tokenize``: ``{count, max_model_len, tokens}`` (404 with ``tokenize=False``).
 - ``GET /health``, ``GET /v1/models``, and ``GET /metrics`` in vLLM's Prometheus text,
-  reflecting the load (``capacity``, ``kv_tokens``: see ``app.bench.fakeload``).
+  reflecting the load (``capacity``, ``kv_tokens``: see ``tests.fakevllm.load``).
+- HTTP 401 on ``/v1/`` without ``api_key``, when one is set (vLLM's ``--api-key``).
 
 ``script`` is called with each chat request (a ``ChatRequest``) and returns a ``Reply``, a
 plain string (the reply text), or None for the default: a valid decision JSON for a
@@ -24,35 +23,39 @@ plain string (the reply text), or None for the default: a valid decision JSON fo
 It may be sync or async. Faults come from the reply (status, ``drop``, ``cut_after`` with
 ``cut`` "drop", "end", "garbage" or "misshapen", ``delay_s``, ``hold``) or on cue for the
 next requests of a path (``cue``, e.g. ``cue(Reply(status=503), times=6,
-path="/metrics")``). ``crash()``
-takes the whole server away (every request refused, answers in progress cut) until
-``revive()``, which brings it back with its counters reset, as a restarted vLLM's are.
+path="/metrics")``). ``crash()`` takes the whole server away (every request refused and
+counted in ``refused``, answers in progress cut) until ``revive()``, which brings it back
+with its counters reset, as a restarted vLLM's are.
 
 Several fakes can stand for several endpoints behind one client: ``FakeServers`` routes
-each request to the fake whose base URL's host and port it names.
+each request to the fake whose base URL's host and port it names. ``sync_client()`` serves
+blocking code (the preflight checks; no chat). Where only a real socket will do (a client's
+connection pool), ``asgi()`` answers the same way and ``serving`` puts it on a port of
+127.0.0.1.
 
 Nodes are recognised from the request's seed (``call_seed`` of ticker, node and sample), so
 prompts need no markers: pass the node names and tickers you expect. The request and reply
-types live in ``app.bench.fakechat``, the load and its ``/metrics`` in ``app.bench.fakeload``.
+types live in ``tests.fakevllm.chat``, the load and its ``/metrics`` in ``tests.fakevllm.load``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import itertools
 import json
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
+import uvicorn
 
 from agents.chat import CallTag
-from app.bench.fakechat import (
-    CONTEXT_LENGTH_MESSAGE,
-    DEFAULT_DECISION,
+from app.llm import call_seed
+from tests.fakevllm.chat import (
     ChatRequest,
     Recorded,
     Reply,
@@ -63,15 +66,18 @@ from app.bench.fakechat import (
     split,
     spread,
 )
-from app.bench.fakeload import Sequence, ServerLoad
-from app.llm import call_seed
+from tests.fakevllm.load import Sequence, ServerLoad
 
-__all__ = ["BASE_URL", "CONTEXT_LENGTH_MESSAGE", "DEFAULT_DECISION", "ChatRequest",
-           "FakeServer", "FakeServers", "Recorded", "Reply", "Script", "prompt_token_count"]
+__all__ = ["BASE_URL", "FakeServer", "FakeServers", "serving"]
+
+# An ASGI application: what uvicorn serves.
+ASGIApp = Callable[..., Awaitable[None]]
 
 BASE_URL = "http://fake.test/v1"
+# Bound at import: the preflight tests put a factory of these clients in httpx.Client's place.
+_BLOCKING_CLIENT = httpx.Client
 CHAT_PATH = "/v1/chat/completions"
-# The one chunk a ``Reply(cut=...)`` sends before the stream stops (see fakechat.Reply).
+# The one chunk a ``Reply(cut=...)`` sends before the stream stops (see chat.Reply).
 MALFORMED = {"garbage": b'data: {"id": "chatcmpl-cut", "choices": [{"delta": {"cont\n\n',
              "misshapen": b'data: {"id": "chatcmpl-odd", "object": "chat.completion.chunk", '
                           b'"created": 0, "model": "m", "choices": 7}\n\n'}
@@ -94,7 +100,9 @@ class FakeServer:
     block_size: int = 16
     requests: list[Recorded] = field(default_factory=list)
     chats: list[ChatRequest] = field(default_factory=list)
+    api_key: str | None = None  # vLLM's --api-key: /v1/ requests without it get 401
     down: bool = False  # crashed: see crash() and revive()
+    refused: int = 0  # requests refused while down
 
     def __post_init__(self) -> None:
         self._by_seed = {
@@ -116,6 +124,44 @@ class FakeServer:
     def client(self) -> httpx.AsyncClient:
         """Return an AsyncClient for ``TrackedLLM``, the metrics sampler or an OpenAI client."""
         return httpx.AsyncClient(transport=self.transport())
+
+    def sync_client(self) -> httpx.Client:
+        """Return a blocking client, for the checks made before any event loop runs
+        (preflight); it answers every path but chat."""
+        return _BLOCKING_CLIENT(transport=httpx.MockTransport(self.handle_sync))
+
+    def asgi(self) -> ASGIApp:
+        """Return an ASGI app that answers as ``handle`` does, for ``serving`` on a socket.
+
+        A fault that drops the connection (``drop``, a crash) becomes uvicorn's HTTP 500
+        there: ASGI has no way to close a connection unanswered.
+        """
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                return
+            body = b""
+            while True:
+                message = await receive()
+                body += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            host, port = scope["server"]
+            url = httpx.URL(scheme=scope["scheme"], host=host, port=port, path=scope["path"],
+                            query=scope["query_string"])
+            response = await self.handle(httpx.Request(scope["method"], url, content=body,
+                                                       headers=scope["headers"]))
+            # Sent as it comes (chunked): a stream's length is not known at its start.
+            headers = [(k, v) for k, v in response.headers.raw if k.lower() != b"content-length"]
+            await send({"type": "http.response.start", "status": response.status_code,
+                        "headers": headers})
+            if response.is_stream_consumed:  # a whole body (JSON, text), read when built
+                await send({"type": "http.response.body", "body": response.content})
+                return
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+        return app
 
     def cue(self, reply: Reply, times: int = 1, path: str = CHAT_PATH) -> None:
         """Answer the next ``times`` requests to ``path`` with ``reply``, ahead of the script.
@@ -176,17 +222,45 @@ class FakeServer:
     # --- the server --------------------------------------------------------------------------
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
-        raw = request.content
-        body: Any = json.loads(raw) if raw else None
+        body, refused = self._arrive(request)
+        if refused is not None:
+            return refused
         path = request.url.path
-        self.requests.append(Recorded(request.method, path, body, dict(request.headers)))
-        if self.down:
-            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         if path.endswith("/chat/completions") and request.method == "POST":
             return await self._chat(request, body)
         cued = self._cued(path)
         if cued is not None:
             await asyncio.sleep(cued.delay_s)
+        return self._answer(request, body, cued)
+
+    def handle_sync(self, request: httpx.Request) -> httpx.Response:
+        """Answer as ``handle`` does, blocking, for every path but chat; cued delays skipped."""
+        body, refused = self._arrive(request)
+        if refused is not None:
+            return refused
+        if request.url.path.endswith("/chat/completions"):
+            raise NotImplementedError("the blocking client does not chat: use client()")
+        return self._answer(request, body, self._cued(request.url.path))
+
+    def _arrive(self, request: httpx.Request) -> tuple[Any, httpx.Response | None]:
+        """Record the request; refuse it when down, answer 401 on a wrong ``api_key``."""
+        raw = request.content
+        body: Any = json.loads(raw) if raw else None
+        path = request.url.path
+        self.requests.append(Recorded(request.method, path, body, dict(request.headers)))
+        if self.down:
+            self.refused += 1
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        # vLLM's --api-key guards the OpenAI routes only; /health, /metrics, /tokenize stay open.
+        if (self.api_key is not None and path.startswith("/v1/")
+                and request.headers.get("authorization") != f"Bearer {self.api_key}"):
+            return body, httpx.Response(401, json={"error": "Unauthorized"})
+        return body, None
+
+    def _answer(self, request: httpx.Request, body: Any, cued: Reply | None) -> httpx.Response:
+        """Answer anything but chat: ``cued`` (its delay already waited) ahead of the rest."""
+        path = request.url.path
+        if cued is not None:
             if cued.drop:
                 raise httpx.RemoteProtocolError("Server disconnected without sending a "
                                                 "response.", request=request)
@@ -393,3 +467,26 @@ class _Stream(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._chunks.aclose()
+
+
+@contextlib.asynccontextmanager
+async def serving(apps: list[ASGIApp], ports: list[int] | None = None
+                  ) -> AsyncIterator[list[int]]:
+    """Serve each app on 127.0.0.1 while open, on ``ports`` (default: free ones); yield them.
+
+    Leaving stops the servers: connections still open are closed.
+    """
+    servers = [uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                             log_level="warning", lifespan="off",
+                                             access_log=False))
+               for app, port in zip(apps, ports or [0] * len(apps), strict=True)]
+    async with asyncio.TaskGroup() as group:
+        for server in servers:
+            group.create_task(server.serve())
+        while not all(s.started for s in servers):
+            await asyncio.sleep(0.02)
+        try:
+            yield [s.servers[0].sockets[0].getsockname()[1] for s in servers]
+        finally:
+            for server in servers:
+                server.should_exit = True

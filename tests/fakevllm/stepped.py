@@ -1,7 +1,7 @@
-"""A night past one GPU, simulated: several stepped vLLM servers on 127.0.0.1, one client.
+"""Stepped vLLM servers on 127.0.0.1: the fake server's load, decoding in steps like a GPU.
 
 Each endpoint is a model of a vLLM server, served over HTTP by uvicorn: its queue, KV cache
-and ``/metrics`` are the fake server's (app/bench/fakeload.py: a request starts when its
+and ``/metrics`` are the fake server's (tests/fakevllm/load.py: a request starts when its
 whole answer fits the cache, so it never preempts), and it decodes in steps. A step gives
 every running request one token and takes ``(a + b × running) ÷ speedup`` seconds; tokens
 go out 16 to a chunk (vLLM's ``--stream-interval 16``, the GPU profiles'). The defaults are
@@ -11,8 +11,8 @@ requests that night kept running; measured 2,264). Prompts may be sent shorter t
 counted (``prompt_weight``): the cache and the step see production's prompts, the client
 sends a fraction of their bytes.
 
-The client is one ``nightdesk bench schedulers`` arm (the same engine, gate, routing and
-usage rows as a night) over every endpoint, with a monitor of its own event loop beside it.
+The fleet bench (tests/bench/fleet.py) serves them in a process of their own:
+``python -m tests.fakevllm.stepped --ports 18100,18101 ...``.
 """
 
 from __future__ import annotations
@@ -22,21 +22,18 @@ import contextlib
 import itertools
 import json
 import math
-import resource
-import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from app.bench.fakeload import Sequence, ServerLoad
 from app.traffic.budget import prompt_bytes
+from tests.fakevllm.load import Sequence, ServerLoad
+from tests.fakevllm.server import serving
 
 MODEL = "fleet-model"
 MAX_CATCH_UP = 64  # steps one late wake-up may run at once
@@ -174,134 +171,18 @@ class SteppedEndpoint:
                 stream.ready.put_nowait(after % interval)
 
 
-async def serve_fleet(gpu: GPUModel, ports: list[int], ready: asyncio.Event | None = None
-                      ) -> None:
+async def serve_fleet(gpu: GPUModel, ports: list[int]) -> None:
     """Serve one stepped endpoint per port on 127.0.0.1 until cancelled."""
     endpoints = [SteppedEndpoint(gpu) for _ in ports]
-    servers = [uvicorn.Server(uvicorn.Config(e.app, host="127.0.0.1", port=port,
-                                             log_level="warning", lifespan="off",
-                                             access_log=False))
-               for e, port in zip(endpoints, ports, strict=True)]
-    async with asyncio.TaskGroup() as group:
-        for endpoint, server in zip(endpoints, servers, strict=True):
-            group.create_task(endpoint.serve_steps())
-            group.create_task(server.serve())
-        while not all(s.started for s in servers):
-            await asyncio.sleep(0.05)
-        if ready is not None:
-            ready.set()
+    async with serving([e.app for e in endpoints], ports), asyncio.TaskGroup() as group:
+        for endpoint in endpoints:
+            group.create_task(endpoint.serve_steps())  # they step until cancelled
 
 
-@dataclass
-class LoopLag:
-    """How late the client's event loop ran: a tick every ``every_s``, its delay recorded."""
-
-    every_s: float = 0.02
-    lags: list[float] = field(default_factory=list)
-
-    async def watch(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            due = loop.time() + self.every_s
-            await asyncio.sleep(self.every_s)
-            self.lags.append(max(0.0, loop.time() - due))
-
-    def summary(self) -> dict[str, float | None]:
-        if not self.lags:
-            return {"max_s": None, "p99_s": None, "ticks": 0}
-        lags = np.array(self.lags)
-        return {"max_s": float(lags.max()), "p99_s": float(np.percentile(lags, 99)),
-                "p50_s": float(np.percentile(lags, 50)), "ticks": float(len(lags))}
-
-
-@dataclass
-class ProcessUse:
-    """This process's CPU seconds and peak memory over a span (resource.getrusage)."""
-
-    wall_s: float = 0.0
-    cpu_s: float = 0.0
-    max_rss_mib: float = 0.0
-
-    @contextlib.contextmanager
-    def measure(self) -> Any:
-        wall, before = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF)
-        try:
-            yield self
-        finally:
-            after = resource.getrusage(resource.RUSAGE_SELF)
-            self.wall_s = time.monotonic() - wall
-            self.cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-            self.max_rss_mib = after.ru_maxrss / 1024
-
-    def to_json(self) -> dict[str, float]:
-        return {**asdict(self), "cpu_share_of_one_core": self.cpu_s / self.wall_s
-                if self.wall_s else 0.0}
-
-
-@dataclass
-class FleetResult:
-    """What one simulated night measured: the client's costs and the fleet's use."""
-
-    tickers: int
-    endpoints: int
-    gpu: dict[str, Any]
-    workload: str
-    arm: dict[str, Any]
-    loop_lag: dict[str, float | None]
-    process: dict[str, float]
-    rows_per_s: float
-    capacity: dict[str, Any]
-    machine: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return json.loads(json.dumps(asdict(self), default=str))
-
-
-async def drive(settings: Any, engine: Any, workload: Any, gpu: GPUModel, *, strategy: str,
-                name: str) -> tuple[dict[str, Any], LoopLag, ProcessUse]:
-    """Run one bench arm over the fleet with the loop monitor beside it."""
-    from app.bench.schedulers import run_bench
-
-    lag, use = LoopLag(), ProcessUse()
-    facts = {"kv_cache_tokens": gpu.kv_tokens, "max_num_seqs": gpu.max_num_seqs,
-             "fleet_model": asdict(gpu)}
-    async with asyncio.TaskGroup() as group:
-        watcher = group.create_task(lag.watch())
-        try:
-            with use.measure():
-                result = await run_bench(settings, engine, workload, name=name,
-                                         strategies=[strategy], warmup_tickers=0,
-                                         server_facts=facts)
-        finally:
-            watcher.cancel()
-    return result.to_json(), lag, use
-
-
-def capacity(arm: dict[str, Any], gpu: GPUModel, endpoints: int) -> dict[str, Any]:
-    """Set the arm's makespan against the fleet's modelled capacity and its graph bound."""
-    from app.bench.bound import GraphFacts, StepCost, graph_bound
-
-    graph = GraphFacts(**arm["graph"])
-    step = StepCost(gpu.step_a_s / gpu.speedup, gpu.step_b_s / gpu.speedup)
-    mean_hold = graph.kv_token_steps / graph.output_tokens if graph.output_tokens else 0.0
-    seqs = min(gpu.max_num_seqs, int(gpu.kv_tokens // mean_hold)) if mean_hold else 0
-    summed = endpoints * seqs / step.at(seqs) if seqs else 0.0
-    bound = graph_bound(graph, gpu.kv_tokens, gpu.max_num_seqs, step, endpoints)
-    makespan = arm["makespan_s"]
-    return {
-        "summed_capacity_tok_s": summed,
-        "sequences_per_endpoint_at_full_cache": seqs,
-        "graph_bound_tok_s": bound.tok_s if bound else None,
-        "graph_bound_s": bound.seconds if bound else None,
-        "graph_bound_binding": bound.binding if bound else None,
-        "output_tok_s": arm["output_tokens_per_s"],
-        "share_of_summed_capacity": arm["output_tokens_per_s"] / summed if summed else None,
-        "share_of_graph_bound": (bound.seconds / makespan) if bound and makespan else None,
-    }
 
 
 def main() -> None:
-    """Serve the fleet (``python -m app.bench.fleet --ports 18100,18101 ...``)."""
+    """Serve the fleet (``python -m tests.fakevllm.stepped --ports 18100,18101 ...``)."""
     import argparse
 
     parser = argparse.ArgumentParser(description="Serve stepped vLLM endpoints on 127.0.0.1.")

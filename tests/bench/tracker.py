@@ -1,7 +1,7 @@
 """Measure what usage tracking adds per call, against a fake server that answers instantly.
 
 Two arms run the same N streamed chat completions, ``concurrency`` at a time, against the
-same fake (``app.bench.fakeserver``, the one the unit tests use, through its
+same fake (``tests.fakevllm``, the one the unit tests use, through its
 ``httpx.MockTransport``), so the fake's own cost is the same in both:
 
 * baseline: the raw ``openai.AsyncOpenAI`` client, nothing recorded;
@@ -12,7 +12,9 @@ Added wall time per call is ``(tracked wall - baseline wall) / N``; the final fl
 still buffered when the last call returns) is timed separately. Arms are interleaved in a
 rotating order over several rounds and the median of the per-round differences is
 reported, because a shared 2-core machine drifts by more than the effect being measured.
-Process CPU time (both threads) is reported beside wall time as a steadier second view.
+Process CPU time (both threads) is reported beside wall time as a steadier second view::
+
+    python -m tests.bench.tracker --calls 500 --concurrency 64 --database both --repeats 15
 """
 
 from __future__ import annotations
@@ -20,31 +22,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import importlib.metadata
+import json
 import os
-import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+import typer
 from openai import AsyncOpenAI
+from rich.console import Console
+from rich.table import Table
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
 from agents.chat import CallTag
-from app.bench.fakeserver import BASE_URL, FakeServer, Reply
+from app.bench.machine import machine_facts
+from app.cli.common import setup
 from app.config import Settings, load_settings
 from app.db.engine import check_reachable, get_engine, upgrade
 from app.db.models import Batch, LLMCall, LLMRequest
 from app.errors import DatabaseError, InputError
 from app.llm import TrackedLLM
 from app.usage import UsageRecorder
+from tests.bench import run
+from tests.fakevllm import BASE_URL, FakeServer, Reply
 
 DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TARGET_MS_PER_CALL = 1.0
@@ -240,38 +246,6 @@ class TrackerBench:
                    and a.rows_ok for name, a in self.arms.items() if name != "baseline")
 
 
-def machine_facts() -> dict[str, Any]:
-    """Describe where the figures came from: CPU model (as lscpu names it), cores, Python."""
-    model = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {"cpu_model": model, "cores": os.cpu_count(),
-            "python": platform.python_version(), "platform": platform.platform(),
-            "host": platform.node(), "commit": code_version()}
-
-
-def code_version() -> str:
-    """Return the code's commit (``+dirty`` when tracked files differ from it) in a checkout,
-    else the installed package's version."""
-    root = Path(__file__).resolve().parents[2]
-    if (root / ".git").exists():
-        try:
-            def git(*args: str) -> str:
-                return subprocess.run(["git", "-C", str(root), *args], capture_output=True,
-                                      text=True, timeout=10, check=True).stdout.strip()
-            dirty = git("status", "--porcelain", "--untracked-files=no")
-            return git("rev-parse", "HEAD") + ("+dirty" if dirty else "")
-        except (OSError, subprocess.SubprocessError):
-            pass  # no git here: the package's version says what it can
-    try:
-        return f"nightdesk {importlib.metadata.version('nightdesk')}"
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 async def _bench(calls: int, concurrency: int, repeats: int,
                  urls: dict[str, str]) -> dict[str, ArmSummary]:
     settings = bench_settings()
@@ -336,3 +310,54 @@ def run_tracker_bench(calls: int, concurrency: int, database: Database, pg_url: 
     return TrackerBench(calls=calls, concurrency=concurrency, repeats=repeats,
                         machine=machine_facts(),
                         date=datetime.now(UTC).isoformat(timespec="seconds"), arms=arms)
+
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.command()
+def tracker(
+    calls: Annotated[int, typer.Option(help="Calls per arm and round.")] = 500,
+    concurrency: Annotated[int, typer.Option(help="Calls in flight at once.")] = 64,
+    database: Annotated[Literal["sqlite", "postgresql", "both"],
+                        typer.Option(help="Where the tracked arm writes.")] = "both",
+    pg_url: Annotated[str, typer.Option(help="PostgreSQL server; a private schema is "
+                                             "created there and dropped after.")]
+        = "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+    repeats: Annotated[int, typer.Option(help="Interleaved rounds; medians are reported.")] = 15,
+    json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
+) -> None:
+    """Measure the wall time usage tracking adds per call against a zero-latency fake server."""
+    setup()
+    result = run_tracker_bench(calls, concurrency, database, pg_url, repeats)
+    table = Table(title=f"tracker overhead: {calls} calls, {concurrency} concurrent, "
+                        f"median of {repeats} rounds")
+    for col in ("arm", "wall s", "ms/call", "+ms/call", "+CPU ms/call", "final flush s",
+                "+ms/call incl. flush", "rows written"):
+        table.add_column(col, justify="left" if col == "arm" else "right")
+    for name, arm in result.arms.items():
+        def ms(value: float | None) -> str:
+            return "-" if value is None else f"{value:.3f}"
+        table.add_row(name, f"{arm.median_wall_s:.3f}", ms(arm.ms_per_call),
+                      ms(arm.added_ms_per_call), ms(arm.added_cpu_ms_per_call),
+                      "-" if name == "baseline" else f"{arm.median_flush_s:.3f}",
+                      ms(arm.added_ms_per_call_with_flush),
+                      "-" if name == "baseline" else ("all" if arm.rows_ok else "MISSING"))
+    console = Console()
+    if not console.is_terminal:
+        # Piped into a log: do not fold the table into 80 columns.
+        console = Console(width=130)
+    console.print(table)
+    m = result.machine
+    console.print(f"{m['cpu_model']}, {m['cores']} cores, Python {m['python']}, {result.date}; "
+                  f"target < {result.target_ms_per_call} ms/call added: "
+                  + ("met" if result.meets_target() else "[bold red]missed[/]"))
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    if not all(a.rows_ok for a in result.arms.values()):
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    run(app)

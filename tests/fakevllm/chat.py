@@ -1,6 +1,6 @@
 """Describe the fake server's chat exchange: the request it saw and the reply it gives.
 
-Part of the fake vLLM server (``app.bench.fakeserver``, which re-exports these names).
+Part of the fake vLLM server (``tests.fakevllm``, which re-exports these names).
 """
 
 from __future__ import annotations

@@ -1,0 +1,261 @@
+"""Simulate a night past one GPU: several stepped vLLM servers on 127.0.0.1, one client.
+
+The servers are the stepped fakes (tests/fakevllm/stepped.py), run in a second process;
+the client is one ``nightdesk bench schedulers`` arm (the same engine, gate, routing and
+usage rows as a night) over every endpoint, with a monitor of its own event loop beside it.
+Reports the client's event-loop lag, CPU and memory, usage rows written per second, routing,
+and the output against the endpoints' summed capacity and the graph bound::
+
+    python -m tests.bench.fleet --tickers 500 --endpoints 8 --json-out var/bench/fleet.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import httpx
+import numpy as np
+import typer
+from rich.console import Console
+
+from app.bench.bound import GraphFacts, StepCost, graph_bound
+from app.bench.machine import machine_facts
+from app.bench.schedulers import run_bench
+from app.bench.workloads import synthetic_workload
+from app.cli.common import setup
+from app.cli.report import _fmt
+from app.config import load_settings
+from app.db.engine import get_engine
+from app.errors import ServerError
+from tests.bench import run
+from tests.bench.tracker import postgres_schema, sqlite_database
+from tests.fakevllm.stepped import MODEL, GPUModel
+
+ROOT = Path(__file__).resolve().parents[2]
+
+@dataclass
+class LoopLag:
+    """How late the client's event loop ran: a tick every ``every_s``, its delay recorded."""
+
+    every_s: float = 0.02
+    lags: list[float] = field(default_factory=list)
+
+    async def watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.every_s
+            await asyncio.sleep(self.every_s)
+            self.lags.append(max(0.0, loop.time() - due))
+
+    def summary(self) -> dict[str, float | None]:
+        if not self.lags:
+            return {"max_s": None, "p99_s": None, "ticks": 0}
+        lags = np.array(self.lags)
+        return {"max_s": float(lags.max()), "p99_s": float(np.percentile(lags, 99)),
+                "p50_s": float(np.percentile(lags, 50)), "ticks": float(len(lags))}
+
+
+@dataclass
+class ProcessUse:
+    """This process's CPU seconds and peak memory over a span (resource.getrusage)."""
+
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    max_rss_mib: float = 0.0
+
+    @contextlib.contextmanager
+    def measure(self) -> Any:
+        wall, before = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF)
+        try:
+            yield self
+        finally:
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            self.wall_s = time.monotonic() - wall
+            self.cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            self.max_rss_mib = after.ru_maxrss / 1024
+
+    def to_json(self) -> dict[str, float]:
+        return {**asdict(self), "cpu_share_of_one_core": self.cpu_s / self.wall_s
+                if self.wall_s else 0.0}
+
+
+@dataclass
+class FleetResult:
+    """What one simulated night measured: the client's costs and the fleet's use."""
+
+    tickers: int
+    endpoints: int
+    gpu: dict[str, Any]
+    workload: str
+    arm: dict[str, Any]
+    loop_lag: dict[str, float | None]
+    process: dict[str, float]
+    rows_per_s: float
+    capacity: dict[str, Any]
+    machine: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self), default=str))
+
+
+async def drive(settings: Any, engine: Any, workload: Any, gpu: GPUModel, *, strategy: str,
+                name: str) -> tuple[dict[str, Any], LoopLag, ProcessUse]:
+    """Run one bench arm over the fleet with the loop monitor beside it."""
+    lag, use = LoopLag(), ProcessUse()
+    facts = {"kv_cache_tokens": gpu.kv_tokens, "max_num_seqs": gpu.max_num_seqs,
+             "fleet_model": asdict(gpu)}
+    async with asyncio.TaskGroup() as group:
+        watcher = group.create_task(lag.watch())
+        try:
+            with use.measure():
+                result = await run_bench(settings, engine, workload, name=name,
+                                         strategies=[strategy], warmup_tickers=0,
+                                         server_facts=facts)
+        finally:
+            watcher.cancel()
+    return result.to_json(), lag, use
+
+
+def capacity(arm: dict[str, Any], gpu: GPUModel, endpoints: int) -> dict[str, Any]:
+    """Set the arm's makespan against the fleet's modelled capacity and its graph bound."""
+    graph = GraphFacts(**arm["graph"])
+    step = StepCost(gpu.step_a_s / gpu.speedup, gpu.step_b_s / gpu.speedup)
+    mean_hold = graph.kv_token_steps / graph.output_tokens if graph.output_tokens else 0.0
+    seqs = min(gpu.max_num_seqs, int(gpu.kv_tokens // mean_hold)) if mean_hold else 0
+    summed = endpoints * seqs / step.at(seqs) if seqs else 0.0
+    bound = graph_bound(graph, gpu.kv_tokens, gpu.max_num_seqs, step, endpoints)
+    makespan = arm["makespan_s"]
+    return {
+        "summed_capacity_tok_s": summed,
+        "sequences_per_endpoint_at_full_cache": seqs,
+        "graph_bound_tok_s": bound.tok_s if bound else None,
+        "graph_bound_s": bound.seconds if bound else None,
+        "graph_bound_binding": bound.binding if bound else None,
+        "output_tok_s": arm["output_tokens_per_s"],
+        "share_of_summed_capacity": arm["output_tokens_per_s"] / summed if summed else None,
+        "share_of_graph_bound": (bound.seconds / makespan) if bound and makespan else None,
+    }
+
+
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.command()
+def fleet(
+    tickers: Annotated[int, typer.Option(min=1, help="Demo tickers in the night.")] = 500,
+    endpoints: Annotated[int, typer.Option(min=1, help="Simulated servers.")] = 8,
+    speedup: Annotated[float, typer.Option(
+        min=0.1, help="Time compression: each server step this many times shorter.")] = 4.0,
+    scale: Annotated[float, typer.Option(help="Prompt text sent, x the production shape.")]
+        = 0.2,
+    output_scale: Annotated[float, typer.Option(help="Outputs, x the production shape.")] = 1.0,
+    stream_interval: Annotated[int, typer.Option(
+        min=1, help="Tokens per stream chunk (vLLM's --stream-interval).")] = 16,
+    strategy: Annotated[str, typer.Option(help="The arm the client runs.")] = "adaptive",
+    database: Annotated[Literal["sqlite", "postgresql"],
+                        typer.Option(help="Where the usage rows go.")] = "postgresql",
+    pg_url: Annotated[str, typer.Option(help="PostgreSQL server; a private schema is "
+                                             "created there and dropped after.")]
+        = "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+    port: Annotated[int, typer.Option(help="The first endpoint's port (then +1 each).")]
+        = 18100,
+    json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
+) -> None:
+    """Simulate a night over several H200-sized endpoints on 127.0.0.1, one client process."""
+    setup()
+    gpu = replace(GPUModel(), speedup=speedup, prompt_weight=1.0 / scale,
+                  stream_interval=stream_interval)
+    ports = [port + i for i in range(endpoints)]
+    urls = [f"http://127.0.0.1:{p}/v1" for p in ports]
+    command = [sys.executable, "-m", "tests.fakevllm.stepped",
+               "--ports", ",".join(map(str, ports)), "--speedup", str(gpu.speedup),
+               "--prompt-weight", str(gpu.prompt_weight),
+               "--stream-interval", str(gpu.stream_interval)]
+    with contextlib.ExitStack() as stack:
+        # From the checkout's root, where ``tests`` is importable whatever the caller's folder.
+        servers = subprocess.Popen(command, stdin=subprocess.DEVNULL, cwd=ROOT)
+
+        def stop() -> None:
+            servers.terminate()
+            try:
+                servers.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                servers.kill()
+                servers.wait()
+        stack.callback(stop)
+        deadline = time.monotonic() + 60
+        for url in urls:
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(url.removesuffix("/v1") + "/health", timeout=2).is_success:
+                        break
+                if servers.poll() is not None or time.monotonic() > deadline:
+                    raise ServerError(f"the simulated endpoint {url} did not start")
+                time.sleep(0.2)
+        db_url = stack.enter_context(postgres_schema(pg_url) if database == "postgresql"
+                                     else sqlite_database())
+        settings = load_settings(llm_base_url=",".join(urls), llm_model=MODEL,
+                                 database_url=db_url, max_concurrency=256,
+                                 metrics_interval_s=1.0, retry_backoff_s=0.5)
+        engine = get_engine(db_url)
+        load = synthetic_workload(settings, tickers, scale, output_scale)
+        name = f"synthetic x{scale:g} sent, x1 counted (out x{output_scale:g})"
+        arm_json, lag, use = asyncio.run(drive(settings, engine, load, gpu, strategy=strategy,
+                                               name=name))
+    arm = arm_json["arms"][0]
+    rows = arm["calls"] + sum(len(v) for v in load.values())  # llm_calls and llm_requests
+    result = FleetResult(
+        tickers=tickers, endpoints=endpoints, gpu=asdict(gpu), workload=name, arm=arm,
+        loop_lag=lag.summary(), process=use.to_json(),
+        rows_per_s=rows / arm["makespan_s"] if arm["makespan_s"] else 0.0,
+        capacity=capacity(arm, gpu, endpoints),
+        machine={**machine_facts(), "database": database})
+    show_fleet(result)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+
+
+def show_fleet(result: Any) -> None:
+    """Print a fleet simulation's figures."""
+    a, c, lag, use = result.arm, result.capacity, result.loop_lag, result.process
+    console = Console(width=150)
+    console.print(f"fleet: {result.tickers} tickers over {result.endpoints} simulated "
+                  f"endpoints (speedup {result.gpu['speedup']:g}), {result.workload}; "
+                  f"{result.machine['cpu_model']}, {result.machine['cores']} cores")
+    console.print(f"  makespan {a['makespan_s']:.1f} s, {a['calls']} calls, "
+                  f"{a['failed_calls']} failed; output {a['output_tokens_per_s']:.0f} tok/s "
+                  f"= {_fmt(c['share_of_summed_capacity'], '.2f')} of the summed capacity "
+                  f"({c['summed_capacity_tok_s']:.0f} tok/s at "
+                  f"{c['sequences_per_endpoint_at_full_cache']} sequences per endpoint); graph "
+                  f"bound {_fmt(c['graph_bound_tok_s'], '.0f')} tok/s "
+                  f"({c['graph_bound_binding']}), makespan {_fmt(c['share_of_graph_bound'], '.2f')}"
+                  " of its best")
+    console.print(f"  client loop lag: max {_fmt(lag['max_s'], '.3f')} s, p99 "
+                  f"{_fmt(lag['p99_s'], '.3f')} s, p50 {_fmt(lag.get('p50_s'), '.4f')} s; CPU "
+                  f"{use['cpu_s']:.1f} s over {use['wall_s']:.1f} s "
+                  f"({use['cpu_share_of_one_core']:.0%} of a core); peak RSS "
+                  f"{use['max_rss_mib']:.0f} MiB; rows written {result.rows_per_s:.1f}/s "
+                  f"({result.machine['database']})")
+    for share in a.get("endpoints") or []:
+        part = ((a.get("admission") or {}).get("endpoints") or {}).get(share["endpoint"], {})
+        console.print(f"  {share['endpoint']}: {share['output_tokens_per_s']:.0f} tok/s, "
+                      f"{share['tickers']} tickers ({part.get('tickers_started', '-')} started, "
+                      f"{part.get('tickers_moved_in', '-')} moved in), running mean "
+                      f"{_fmt(share['running_mean'])}, KV peak "
+                      f"{_fmt(share['kv_usage_max'], '.0%')}")
+
+
+
+if __name__ == "__main__":
+    run(app)

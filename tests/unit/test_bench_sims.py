@@ -1,0 +1,76 @@
+"""The benches against the fakes run from a checkout as ``python -m tests.bench.*``.
+
+Their flags are fixed (scripts and the notes in docs/lab/ use them), the installed
+``nightdesk bench`` has none of them, and each writes its JSON: checked end to end on
+SQLite at a tiny size (figures are not judged: not timed tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+
+from app.cli.bench import app as nightdesk_bench
+from tests.bench import fleet, tracker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def options(app: typer.Typer) -> set[str]:
+    return {p.name for p in typer.main.get_command(app).params if p.name != "help"}
+
+
+def bench(module: str, *args: str, tmp_path: Path) -> dict[str, Any]:
+    """Run ``python -m MODULE ARGS --json-out`` from the checkout's root; return its JSON."""
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", module, *args, "--json-out", str(out)],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def test_the_benches_keep_their_flags_and_left_the_installed_command() -> None:
+    assert options(tracker.app) == {"calls", "concurrency", "database", "pg_url", "repeats",
+                                    "json_out"}
+    assert options(fleet.app) == {"tickers", "endpoints", "speedup", "scale", "output_scale",
+                                  "stream_interval", "strategy", "database", "pg_url", "port",
+                                  "json_out"}
+    installed = {c.name for c in typer.main.get_group(nightdesk_bench).commands.values()}
+    assert installed == {"schedulers", "combine", "durability"}
+
+
+@pytest.mark.slow
+def test_the_tracker_bench_writes_its_figures(tmp_path: Path) -> None:
+    result = bench("tests.bench.tracker", "--calls", "4", "--concurrency", "2",
+                   "--database", "sqlite", "--repeats", "1", tmp_path=tmp_path)
+    assert set(result) == {"calls", "concurrency", "repeats", "machine", "date", "arms",
+                           "target_ms_per_call"}
+    assert set(result["arms"]) == {"baseline", "sqlite"} and result["arms"]["sqlite"]["rows_ok"]
+
+
+@pytest.mark.slow
+def test_the_fleet_bench_serves_its_endpoints_and_writes_its_figures(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # two ports in a row, free a moment ago
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    result = bench("tests.bench.fleet", "--tickers", "2", "--endpoints", "2", "--speedup", "20",
+                   "--output-scale", "0.05", "--database", "sqlite", "--port", str(port),
+                   tmp_path=tmp_path)
+    assert set(result) == {"tickers", "endpoints", "gpu", "workload", "arm", "loop_lag",
+                           "process", "rows_per_s", "capacity", "machine"}
+    arm = result["arm"]
+    assert arm["calls"] == 2 * 17 and arm["failed_calls"] == 0
+    # Both endpoints served: the client spread the two tickers over them.
+    assert {e["endpoint"] for e in arm["endpoints"]} == {
+        f"http://127.0.0.1:{port + i}/v1" for i in range(2)}
+    assert result["machine"]["database"] == "sqlite"
