@@ -52,9 +52,8 @@ def recorded_workload(engine: Engine, batch_id: int, *, match_output: bool = Tru
     started, which is exactly the order the graph imposed. Each recorded body is one
     request with the attempts of its call; a node asked again (a decision that failed
     validation) has one per body, in the order they started. With ``match_output`` each
-    free-text request asks for
-    the number of tokens it produced then (``ignore_eos``), so two replay arms decode the
-    same amount and differ only by how fast they serve it.
+    free-text request asks for the number of tokens it produced then (``ignore_eos``), so
+    two replay arms decode the same amount and differ only by how fast they serve it.
     """
     with engine.connect() as conn:
         batch_row = conn.execute(select(Batch.__table__).where(Batch.id == batch_id)).first()
