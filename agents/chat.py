@@ -15,7 +15,7 @@ from agents.fitting import Sizer, Trim
 
 @dataclass(frozen=True)
 class CallTag:
-    """Who a call is for: the key of its ``llm_calls`` rows (attempt is added per try)."""
+    """Who a call is for: the batch, ticker, node and sample its ``llm_calls`` rows carry."""
 
     batch_id: int
     ticker: str
@@ -51,6 +51,5 @@ class ChatClient(Sizer, Protocol):
         max_tokens: int,
         response_format: dict[str, Any] | None = None,
         priority: int | None = None,
-        first_attempt: int = 1,
         trimmed: Trim | None = None,
     ) -> ChatResult: ...

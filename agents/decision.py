@@ -131,7 +131,7 @@ async def decide(
     decision whose score contradicts its rating is asked again while attempts remain; if no
     later reply does better it is returned as it is, and the store flags it.
     """
-    first_attempt = 1
+    used = 0  # HTTP attempts of every call so far
     asked = prompt
     ask_units: Sequence[str] = units
     problem = "no reply"
@@ -140,9 +140,8 @@ async def decide(
         messages, trim = await fit(llm, asked, ask_units, max_tokens=max_tokens)
         result = await llm.chat(tag, messages, max_tokens=max_tokens,
                                 response_format=response_format(), priority=priority,
-                                first_attempt=first_attempt, trimmed=trim)
-        # Rows are unique per attempt number, so the next call numbers after this one's tries.
-        first_attempt += result.attempts
+                                trimmed=trim)
+        used += result.attempts
         try:
             decision = parse_decision(result.content)
         except ValueError as error:
@@ -151,7 +150,7 @@ async def decide(
                 problem += f"; reply cut off at max_tokens={max_tokens}"
         else:
             if not contradicts(decision.rating, decision.score):
-                return decision, result, first_attempt - 1
+                return decision, result, used
             fallback = decision, result
             low, high = SCORE_BANDS[decision.rating]
             problem = (f"the rating {decision.rating} needs a score from {low:+.2f} to "
@@ -163,7 +162,7 @@ async def decide(
         asked = reask(prompt, len(units), result.content[:4000], problem)
         ask_units = [*units, REJECTED_REPLY]
     if fallback is not None:
-        return fallback[0], fallback[1], first_attempt - 1
+        return fallback[0], fallback[1], used
     raise DecisionError(
         f"{tag.ticker}: portfolio manager gave no valid decision in {attempts} call(s) "
         f"(sample {tag.sample}); last problem: {problem}"

@@ -59,7 +59,7 @@ class _Probe:
 
     async def chat(self, tag: CallTag, messages: Messages, *, max_tokens: int,
                    response_format: dict[str, Any] | None = None, priority: int | None = None,
-                   first_attempt: int = 1, trimmed: Trim | None = None) -> ChatResult:
+                   trimmed: Trim | None = None) -> ChatResult:
         text = "\n".join(m["content"] for m in messages)
         carries = tuple(node for node in _seen(self.asked) if marker(node) in text)
         self.asked.append(SmallestPrompt(tag.node, tag.ticker, messages, max_tokens, carries))

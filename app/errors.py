@@ -29,7 +29,8 @@ prints one line and exits with the error's ``exit_code`` (the table in app/cli/b
     │   └── SchemaOutdatedError         the schema is behind the code; run ``nightdesk db upgrade``
     ├── NotifyError                     a destination of NIGHTDESK_NOTIFY did not take a message
     ├── BatchStopped                    the batch is stopping; this ticker stays resumable
-    │   └── ServerOutage                the server stayed down past the outage budget (exit 5)
+    │   ├── ServerOutage                the server stayed down past the outage budget (exit 5)
+    │   └── UsageLost                   usage rows could not be stored: the batch stops (exit 2)
     └── BatchInterrupted (app.batch.signals)  a signal stopped the batch (exit 130)
 
 ConfigError and InputError are the pipeline's classes, used by the service too, so one
@@ -77,6 +78,7 @@ __all__ = [
     "ServerError",
     "ServerOutage",
     "ServingError",
+    "UsageLost",
 ]
 
 
@@ -170,3 +172,9 @@ class ServerOutage(BatchStopped):
     """The LLM server did not answer for longer than the outage budget."""
 
     exit_code = 5
+
+
+class UsageLost(BatchStopped):
+    """The usage writer gave up: rows it holds are not stored, so the batch stops."""
+
+    exit_code = 2

@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import random
 import time
+import uuid
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -62,6 +63,18 @@ class CallStats:
 
 
 @dataclass
+class Call:
+    """One chat call: its id keys its body and groups its attempts' rows, numbered 1, 2, 3.
+
+    Made where the call starts; a call sent again on another endpoint keeps it, so its
+    attempts there go on from the ones already made.
+    """
+
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    attempts: int = 0  # HTTP attempts made so far, on any endpoint
+
+
+@dataclass
 class _Attempt:
     """What one HTTP attempt saw, filled in as the stream arrives."""
 
@@ -101,7 +114,6 @@ class TrackedLLM:
         base_url: str | None = None,
         max_in_flight: int | None = None,
         watch: ServerCheck | None = None,
-        attempts_before: Mapping[tuple[str, str, int], int] | None = None,
     ) -> None:
         self.settings = settings
         self.recorder = recorder
@@ -110,9 +122,6 @@ class TrackedLLM:
         self.endpoint = redact(self.base_url)
         # Between attempts of a call that met a server fault: wait while the server is down.
         self.watch = watch
-        # Attempts a resumed batch recorded already per (ticker, node, sample): numbering
-        # continues after them, so no new row collides with an old one and is dropped.
-        self.attempts_before = dict(attempts_before or {})
         # httpx's default pool (100 connections) would queue requests the engine admitted,
         # silently: size it from the most the engine lets out at once (None: no cap).
         self._http = http_client or httpx.AsyncClient(
@@ -176,72 +185,74 @@ class TrackedLLM:
         max_tokens: int,
         response_format: dict[str, Any] | None = None,
         priority: int | None = None,
-        first_attempt: int = 1,
+        call: Call | None = None,
         admit: Admit | None = None,
         trimmed: Trim | None = None,
         ready_at: datetime | None = None,
     ) -> ChatResult:
         """Send one chat completion, retrying what may pass; raise LLMError when it cannot.
 
-        ``first_attempt`` numbers the rows of a caller-level retry (a decision that failed
-        validation) after the attempts already recorded for the same node. ``admit`` is
-        held around each attempt (an admission slot), never around the wait between them.
-        ``ready_at`` is when the graph issued the call (default: now), kept on every row.
+        ``call`` is the call this sends (default: a new one). ``admit`` is held around each
+        attempt (an admission slot), never around the wait between them. ``ready_at`` is
+        when the graph issued the call (default: now), kept on every row.
         """
         body = self.build_body(tag, messages, max_tokens=max_tokens,
                                response_format=response_format)
         # Every attempt's row of this call says what the context guard left out.
         token = _trim.set(trimmed)
         try:
-            return await self.send(tag, body, priority=priority, first_attempt=first_attempt,
-                                   admit=admit, ready_at=ready_at)
+            return await self.send(tag, body, priority=priority, call=call, admit=admit,
+                                   ready_at=ready_at)
         finally:
             _trim.reset(token)
 
     async def send(
         self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
-        first_attempt: int = 1, admit: Admit | None = None, ready_at: datetime | None = None,
+        call: Call | None = None, admit: Admit | None = None, ready_at: datetime | None = None,
     ) -> ChatResult:
-        """Send a prepared body (also used by replay), with bounded retries.
+        """Send a prepared body (also used by replay) as ``call``, up to ``max_attempts`` times.
 
-        The body is recorded first, keyed by the request's first attempt: a decision's
-        re-ask and a replay's requests are stored too, so any batch can be replayed.
+        A new call's body is recorded first, under its id: a decision's re-ask and a
+        replay's calls are stored too, so any batch can be replayed. The result's
+        ``attempts`` counts the call's attempts on every endpoint.
         """
         ready_at = ready_at or datetime.now(UTC)
-        first_attempt += self.attempts_before.get((tag.ticker, tag.node, tag.sample), 0)
-        if self.settings.record_requests:
+        call = call or Call()
+        if self.settings.record_requests and call.attempts == 0:
             self.recorder.record_request(
                 {"batch_id": tag.batch_id, "ticker": tag.ticker, "node": tag.node,
-                 "sample": tag.sample, "attempt": first_attempt},
+                 "sample": tag.sample, "call_id": call.id},
                 body,
             )
         if priority is not None and self.settings.priority_scheduling:
             body = {**body, "extra_body": {**body.get("extra_body", {}), "priority": priority}}
-        last = first_attempt + self.settings.max_attempts - 1
-        attempt = first_attempt
+        made = 0  # attempts of this send: the call may have made some elsewhere
         while True:
+            call.attempts += 1
+            made += 1
             try:
                 async with admit() if admit is not None else contextlib.nullcontext():
-                    result = await self._attempt(tag, attempt, body, ready_at)
-                result.attempts = attempt - first_attempt + 1
+                    result = await self._attempt(tag, call, body, ready_at)
+                result.attempts = call.attempts
                 return result
             except LLMError as error:
-                if not error.retryable or attempt >= last:
+                if not error.retryable or made >= self.settings.max_attempts:
                     raise
                 # Out of the admission slot while waiting: another request may use it.
-                delay = backoff_delay(self.settings.retry_backoff_s, attempt - first_attempt)
+                delay = backoff_delay(self.settings.retry_backoff_s, made - 1)
                 log.warning("llm call failed; retrying", node=tag.node, ticker=tag.ticker,
-                            attempt=attempt, error_class=error.error_class, delay_s=delay)
+                            attempt=call.attempts, error_class=error.error_class,
+                            delay_s=delay)
                 if self.watch is not None:
                     # A dead server fails every attempt at once: wait for it to answer
                     # again (or for the outage budget to run out) instead of using them up.
                     await self.watch.confirm()
                 await asyncio.sleep(delay)
-                attempt += 1
 
-    async def _attempt(self, tag: CallTag, attempt: int, body: dict[str, Any],
+    async def _attempt(self, tag: CallTag, call: Call, body: dict[str, Any],
                        ready_at: datetime | None = None) -> ChatResult:
         seen = _Attempt(started_at=datetime.now(UTC), t0=time.monotonic(), ready_at=ready_at)
+        key = (call.id, call.attempts)  # this attempt's row
         error: LLMError | None
         try:
             async with asyncio.timeout(self.settings.call_timeout_s):
@@ -274,13 +285,13 @@ class TrackedLLM:
         except BaseException as exc:
             # Anything else (cancellation included) still leaves its row, then propagates.
             why = redact(f"{type(exc).__name__}: {exc}")[:500]
-            self._record(tag, attempt, body, seen,
+            self._record(tag, key, body, seen,
                          LLMCancelled(f"cancelled in flight ({why})")
                          if isinstance(exc, asyncio.CancelledError) else LLMError(why))
             raise
         else:
             error = None
-        self._record(tag, attempt, body, seen, error)
+        self._record(tag, key, body, seen, error)
         if error is not None:
             raise error
         usage = seen.usage or {}
@@ -325,7 +336,7 @@ class TrackedLLM:
         return await self.counter.measure(messages, max_tokens=max_tokens, exact=exact)
 
     def _record(
-        self, tag: CallTag, attempt: int, body: dict[str, Any], seen: _Attempt,
+        self, tag: CallTag, key: tuple[str, int], body: dict[str, Any], seen: _Attempt,
         error: LLMError | None,
     ) -> None:
         elapsed = time.monotonic() - seen.t0
@@ -344,7 +355,8 @@ class TrackedLLM:
             "ticker": tag.ticker,
             "node": tag.node,
             "sample": tag.sample,
-            "attempt": attempt,
+            "call_id": key[0],
+            "attempt": key[1],
             "model": body["model"],
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": usage.get("completion_tokens"),

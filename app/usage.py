@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import structlog
+import tenacity
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import SQLAlchemyError
 
 from app.db.models import LLMCall, LLMRequest
+from app.db.retry import POLICY
+from app.errors import UsageLost
 
 log = structlog.get_logger(__name__)
 
@@ -52,11 +55,16 @@ class UsageRecorder:
     """Buffer rows in memory and let one background task write them.
 
     ``record_*`` only appends to a list, so the call path never waits on the database.
-    A failed write keeps its rows and tries again with backoff; the unique keys make a
-    write that half-succeeded before failing harmless to repeat.
+    A write that fails transiently is tried again under the database writes' policy
+    (app/db/retry.py); the unique keys make a write that half-succeeded harmless to repeat.
+    When the policy gives up, or the database refuses the rows, the writer stops with
+    ``UsageLost``: ``on_lost`` is called with it and ``drain`` and ``close`` raise it, so
+    rows are never dropped without the batch stopping. ``sleep`` waits between tries.
     """
 
-    def __init__(self, engine: Engine, *, flush_interval_s: float = 0.25, max_rows: int = 500):
+    def __init__(self, engine: Engine, *, flush_interval_s: float = 0.25, max_rows: int = 500,
+                 on_lost: Callable[[UsageLost], None] | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
         self._engine = engine
         self._interval = flush_interval_s
         self._max_rows = max_rows
@@ -64,8 +72,11 @@ class UsageRecorder:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._on_lost = on_lost
+        self._sleep = sleep
+        self.lost: UsageLost | None = None
         self.written = 0
-        self.write_failures = 0
+        self.write_failures = 0  # failed tries of a write
         # Rows handed in and rows stored, per table: each list is written in order, so every
         # row handed in before a moment is stored once ``stored`` reaches ``recorded`` then.
         self._recorded = {"calls": 0, "requests": 0}
@@ -87,7 +98,8 @@ class UsageRecorder:
 
         The checkpointer calls this before storing a node as finished, so a node that a
         resume will not run again always has its usage rows. While the database is away
-        this waits (the writer keeps retrying): no node is marked done without its rows.
+        this waits while the writer retries, and raises ``UsageLost`` if it gives up: no
+        node is marked done without its rows.
         """
         target = dict(self._recorded)
 
@@ -101,14 +113,16 @@ class UsageRecorder:
             return
         self._wake.set()
         async with self._progress:
-            await self._progress.wait_for(stored)
+            await self._progress.wait_for(lambda: stored() or self.lost is not None)
+        if self.lost is not None and not stored():
+            raise self.lost
 
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="usage-writer")
 
     async def close(self) -> None:
-        """Write everything still buffered, then stop."""
+        """Write everything still buffered, then stop; raise ``UsageLost`` if rows are not."""
         self._closing = True
         self._wake.set()
         if self._task is not None:
@@ -125,18 +139,13 @@ class UsageRecorder:
         await self.close()
 
     async def _run(self) -> None:
-        backoff = self._interval
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=backoff)
+                await asyncio.wait_for(self._wake.wait(), timeout=self._interval)
             self._wake.clear()
-            ok = await self._flush()
-            if self._closing and ok and not self._has_pending():
+            await self._flush()
+            if self._closing and not self._has_pending():
                 return
-            backoff = self._interval if ok else min(backoff * 2, 5.0)
-            if self._closing and not ok and self.write_failures > 20:
-                log.error("usage rows could not be written", pending=self._count_pending())
-                raise RuntimeError("usage rows could not be written to the database")
 
     def _has_pending(self) -> bool:
         return any(self._pending.values())
@@ -144,23 +153,49 @@ class UsageRecorder:
     def _count_pending(self) -> int:
         return sum(len(v) for v in self._pending.values())
 
-    async def _flush(self) -> bool:
+    async def _flush(self) -> None:
+        if self.lost is not None:
+            raise self.lost
         # Requests first: a call row never points at a body that is not stored yet.
         for name, table in (("requests", REQUESTS), ("calls", CALLS)):
             rows = self._pending[name]
             if not rows:
                 continue
             self._pending[name] = []
+            retrying = tenacity.AsyncRetrying(**{
+                **POLICY, "sleep": self._sleep,
+                "before_sleep": functools.partial(self._failed_try, name, len(rows))})
             try:
-                await asyncio.to_thread(insert_ignoring_duplicates, self._engine, table, rows)
-            except SQLAlchemyError as error:
+                await retrying(asyncio.to_thread, insert_ignoring_duplicates, self._engine,
+                               table, rows)
+            except Exception as error:
                 self.write_failures += 1
                 self._pending[name] = rows + self._pending[name]
-                log.warning("usage write failed; will retry", table=name, rows=len(rows),
-                            error=str(error).splitlines()[0])
-                return False
+                raise await self._give_up(error) from error
             self.written += len(rows) if name == "calls" else 0
             self._stored[name] += len(rows)
         async with self._progress:
             self._progress.notify_all()
-        return True
+
+    def _failed_try(self, table: str, rows: int, state: tenacity.RetryCallState) -> None:
+        self.write_failures += 1
+        error = state.outcome.exception() if state.outcome else None
+        log.warning("usage write failed; will retry", table=table, rows=rows,
+                    tries=state.attempt_number, error=_first_line(error))
+
+    async def _give_up(self, error: BaseException) -> UsageLost:
+        """Stop the writer for good: say why once, wake every ``drain``; return UsageLost."""
+        self.lost = UsageLost(f"usage rows could not be stored ({self._count_pending()} "
+                              f"not written): {_first_line(error)}")
+        log.error("usage writer gave up", pending=self._count_pending(),
+                  error=_first_line(error))
+        if self._on_lost is not None:
+            self._on_lost(self.lost)
+        async with self._progress:
+            self._progress.notify_all()
+        return self.lost
+
+
+def _first_line(error: BaseException | None) -> str:
+    text = str(getattr(error, "orig", None) or error or "").strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__

@@ -234,7 +234,6 @@ class BatchRun:
 
     async def __aenter__(self) -> BatchRun:
         owner, plan, settings = self.owner, self.plan, self.owner.settings
-        attempts: dict[tuple[str, str, int], int] = {}
         if self.resuming is None:
             self.batch_id = await asyncio.to_thread(
                 store.create_batch, owner.engine, kind=plan.kind, as_of=plan.as_of,
@@ -247,9 +246,6 @@ class BatchRun:
         else:
             self.batch_id = self.resuming.batch_id
             await asyncio.to_thread(resumption.reopen, owner.engine, self.resuming)
-            # Numbering goes on after what the earlier runs recorded: no row is dropped.
-            attempts = await asyncio.to_thread(resumption.attempts_so_far, owner.engine,
-                                               self.batch_id)
             done, failed_before = await asyncio.to_thread(resumption.finished_tickers,
                                                           owner.engine, self.batch_id)
             self.outcome = BatchOutcome(self.batch_id, "running", done, failed_before)
@@ -257,8 +253,9 @@ class BatchRun:
             structlog.contextvars.bound_contextvars(batch_id=self.batch_id))
         log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                  samples=plan.samples, strategy=self.strategy.name, as_of=str(plan.as_of))
-        self.recorder = UsageRecorder(owner.engine)
         hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
+        self.recorder = UsageRecorder(owner.engine, on_lost=lambda lost: owner.halt.request(
+            HaltReason("failed", f"{lost}{hint}", lost.exit_code)))
         # A client and a /metrics sampler per server (one, unless several are set), and
         # what stands in for a server that does not answer (app/traffic/server.py); the
         # LLM's client (when one is given) also reads /metrics: the same servers.
@@ -267,7 +264,7 @@ class BatchRun:
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,
                                         settings.max_concurrency),
-            attempts_before=attempts, halt=owner.halt, resume_hint=hint)
+            halt=owner.halt, resume_hint=hint)
         self.scheduler = Scheduler(None, self.strategy, endpoints=self.servers,
                                    interval_s=min(settings.metrics_interval_s, 2.0))
         self.progress = owner.progress_factory(self.batch_id, len(plan.tickers), self.servers,

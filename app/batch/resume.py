@@ -21,7 +21,7 @@ from sqlalchemy import Engine, func, select, update
 
 from agents.graph import thread_id
 from app.batch.lock import Runner, holder_gone
-from app.db.models import Batch, LLMCall, TickerRun
+from app.db.models import Batch, TickerRun
 from app.db.retry import retried
 from app.errors import AlreadyRunningError, InputError
 
@@ -184,16 +184,6 @@ def reopen(engine: Engine, point: ResumePoint) -> None:
                             TickerRun.ticker.in_(point.tickers))
                      .values(status="queued", error=None, finished_at=None,
                              attempt=TickerRun.attempt + 1))
-
-
-def attempts_so_far(engine: Engine, batch_id: int) -> dict[tuple[str, str, int], int]:
-    """Return the highest attempt recorded per (ticker, node, sample) of a batch."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(LLMCall.ticker, LLMCall.node, LLMCall.sample, func.max(LLMCall.attempt))
-            .where(LLMCall.batch_id == batch_id)
-            .group_by(LLMCall.ticker, LLMCall.node, LLMCall.sample))
-        return {(t, n, int(s)): int(a) for t, n, s, a in rows}
 
 
 def finished_tickers(engine: Engine, batch_id: int) -> tuple[list[str], dict[str, str]]:

@@ -49,41 +49,31 @@ def recorded_workload(engine: Engine, batch_id: int, *, match_output: bool = Tru
     """Rebuild a batch's requests with their order.
 
     A request depends on every request of its ticker and sample that had ended before it
-    started, which is exactly the order the graph imposed. A node asked again (a decision
-    that failed validation) is one request per recorded body, each with the attempts from
-    its first up to the next one's. With ``match_output`` each free-text request asks for
-    the number of tokens it produced then (``ignore_eos``), so two replay arms decode the
-    same amount and differ only by how fast they serve it.
+    started, which is exactly the order the graph imposed. Each recorded body is one
+    request with the attempts of its call; a node asked again (a decision that failed
+    validation) has one per body, in the order they started. With ``match_output`` each
+    free-text request asks for the number of tokens it produced then (``ignore_eos``), so
+    two replay arms decode the same amount and differ only by how fast they serve it.
     """
     with engine.connect() as conn:
         batch_row = conn.execute(select(Batch.__table__).where(Batch.id == batch_id)).first()
         if batch_row is None:
             raise InputError(f"no batch with id {batch_id}")
         bodies = conn.execute(select(LLMRequest.ticker, LLMRequest.node, LLMRequest.sample,
-                                     LLMRequest.attempt, LLMRequest.body)
-                              .where(LLMRequest.batch_id == batch_id)
-                              .order_by(LLMRequest.attempt)).all()
+                                     LLMRequest.call_id, LLMRequest.body)
+                              .where(LLMRequest.batch_id == batch_id)).all()
         if not bodies:
             raise InputError(f"batch {batch_id} has no recorded requests "
                              "(was NIGHTDESK_RECORD_REQUESTS off?)")
-        calls: dict[tuple[str, str, int], list[Any]] = defaultdict(list)
+        calls: dict[str, list[Any]] = defaultdict(list)
         for call in conn.execute(
-                select(LLMCall.ticker, LLMCall.node, LLMCall.sample, LLMCall.attempt,
-                       LLMCall.started_at, LLMCall.ended_at, LLMCall.status,
-                       LLMCall.completion_tokens)
-                .where(LLMCall.batch_id == batch_id).order_by(LLMCall.attempt)):
-            calls[(call.ticker, call.node, call.sample)].append(call)
+                select(LLMCall.call_id, LLMCall.started_at, LLMCall.ended_at, LLMCall.status,
+                       LLMCall.completion_tokens).where(LLMCall.batch_id == batch_id)):
+            calls[call.call_id].append(call)
     batch = Batch(**batch_row._mapping)
-    firsts: dict[tuple[str, str, int], list[int]] = defaultdict(list)
-    for ticker, node, sample, attempt, _ in bodies:
-        firsts[(ticker, node, sample)].append(attempt)
     by_chain: dict[tuple[str, int], list[tuple[_Timing, WorkItem]]] = defaultdict(list)
-    for ticker, node, sample, attempt, blob in bodies:
-        starts = firsts[(ticker, node, sample)]
-        request = starts.index(attempt) + 1
-        upto = starts[request] if request < len(starts) else None
-        mine = [c for c in calls[(ticker, node, sample)]
-                if c.attempt >= attempt and (upto is None or c.attempt < upto)]
+    for ticker, node, sample, call_id, blob in bodies:
+        mine = calls[call_id]
         if not mine:
             continue  # a body recorded for a call that never started: nothing to replay
         ok = [c.completion_tokens for c in mine if c.status == "ok" and c.completion_tokens]
@@ -93,11 +83,14 @@ def recorded_workload(engine: Engine, batch_id: int, *, match_output: bool = Tru
         if match_output and timing.completion_tokens and "response_format" not in body:
             body["max_tokens"] = timing.completion_tokens
             body["extra_body"] = {**body.get("extra_body", {}), "ignore_eos": True}
-        by_chain[(ticker, sample)].append(
-            (timing, WorkItem(ticker, sample, node, body, request=request)))
+        by_chain[(ticker, sample)].append((timing, WorkItem(ticker, sample, node, body)))
     workload: Workload = defaultdict(list)
     for (ticker, _), chain in sorted(by_chain.items()):
         chain.sort(key=lambda pair: pair[0].started)
+        asked: dict[str, int] = defaultdict(int)  # a node's requests so far, in start order
+        for _, item in chain:
+            asked[item.node] += 1
+            item.request = asked[item.node]
         for timing, item in chain:
             item.deps = [other.name for t, other in chain if t.ended <= timing.started]
             workload[ticker].append(item)
@@ -129,25 +122,13 @@ async def play(items: list[WorkItem], gated: TickerClient, batch_id: int, *,
     """
     done = {(i.sample, i.name): asyncio.Event() for i in items}
     errors: list[LLMError] = []
-    # A node's re-asks number their attempts after the ones its earlier requests used, as
-    # the decision's own retries do: one row per attempt, none dropped as a duplicate.
-    next_attempt: dict[tuple[int, str], int] = defaultdict(lambda: 1)
-    # Without dependencies a node's requests may overlap: each keeps a block of attempts.
-    block = gated.settings.max_attempts
 
     async def one(item: WorkItem) -> None:
         if not ignore_deps:
             for dep in item.deps:
                 await done[(item.sample, dep)].wait()
-        key = (item.sample, item.node)
-        first = (next_attempt[key] if not ignore_deps
-                 else 1 + (item.request - 1) * block)
-        next_attempt[key] = first + block
         try:
-            result = await gated.send(CallTag(batch_id, item.ticker, item.node, item.sample),
-                                      item.body, first_attempt=first)
-            if not ignore_deps:
-                next_attempt[key] = first + result.attempts
+            await gated.send(CallTag(batch_id, item.ticker, item.node, item.sample), item.body)
         except LLMError as error:
             errors.append(error)
         finally:

@@ -45,7 +45,7 @@ class InstantLLM:
 
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], *, max_tokens: int,
                    response_format: dict[str, Any] | None = None, priority: int | None = None,
-                   first_attempt: int = 1, trimmed: Any = None) -> ChatResult:
+                   trimmed: Any = None) -> ChatResult:
         content = DECISION if response_format is not None else self.reply
         return ChatResult(content, 100, len(content) // 4, 0, "stop", "bench")
 

@@ -3,6 +3,7 @@ samples."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -99,13 +100,15 @@ class TickerRun(Base):
 
 
 class LLMCall(Base):
-    """One HTTP attempt of one chat completion, with the server's usage and our timings."""
+    """One HTTP attempt of one chat completion, with the server's usage and our timings.
+
+    ``call_id`` names the chat call (its body, every attempt of it on any endpoint) and
+    ``attempt`` numbers the call's attempts 1, 2, 3 in the order they were made.
+    """
 
     __tablename__ = "llm_calls"
     __table_args__ = (
-        UniqueConstraint(
-            "batch_id", "ticker", "node", "sample", "attempt", name="uq_llm_calls_attempt"
-        ),
+        UniqueConstraint("call_id", "attempt", name="uq_llm_calls_call_attempt"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -113,6 +116,9 @@ class LLMCall(Base):
     ticker: Mapped[str] = mapped_column(String(12))
     node: Mapped[str] = mapped_column(String(40))
     sample: Mapped[int] = mapped_column(Integer, default=0)
+    # A uuid's hex (a row given none is a call of its own); rows from before calls had
+    # ids carry "batch:ticker:node:sample:first" (migrations/versions/0011_call_id.py).
+    call_id: Mapped[str] = mapped_column(String(100), default=lambda: uuid.uuid4().hex)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     model: Mapped[str] = mapped_column(String(200))
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
@@ -141,24 +147,20 @@ class LLMCall(Base):
 
 
 class LLMRequest(Base):
-    """The exact body of one request, zlib-compressed, for replay.
+    """The exact body of one chat call, zlib-compressed, for replay; its rows share its call_id.
 
-    A node makes one request, or more when its decision is asked again: each is keyed by
-    the attempt number of its first HTTP attempt (its first ``llm_calls`` row).
+    A node makes one call, or more when its decision is asked again (each its own body).
     """
 
     __tablename__ = "llm_requests"
-    __table_args__ = (
-        UniqueConstraint("batch_id", "ticker", "node", "sample", "attempt",
-                         name="uq_llm_requests_attempt"),
-    )
+    __table_args__ = (UniqueConstraint("call_id", name="uq_llm_requests_call"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
     ticker: Mapped[str] = mapped_column(String(12))
     node: Mapped[str] = mapped_column(String(40))
     sample: Mapped[int] = mapped_column(Integer, default=0)
-    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    call_id: Mapped[str] = mapped_column(String(100))
     body: Mapped[bytes] = mapped_column(LargeBinary)
 
 

@@ -12,10 +12,9 @@ again (the new endpoint recomputes the prefix it had not cached). That call is:
   retries were spent: sent on when the endpoint's reads say it is down or restarted, else
   failed as it always was (``ServerSet.after_failure``).
 
-A call sent again numbers its attempts after the most the first try could have used
-(``max_attempts``), so the rows of both tries stay apart (they are unique per attempt)
-and ``ChatResult.attempts`` counts both, as the decision node's own retry numbering needs.
-A call is sent at most twice per endpoint; past that its last failure stands.
+A call sent again is the same call (``app.llm.Call``): its attempts there go on from the
+ones made before, and ``ChatResult.attempts`` counts both tries. A call is sent at most
+twice per endpoint; past that its last failure stands.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from app.errors import (
     LLMStreamError,
     LLMTimeoutError,
 )
-from app.llm import Admit, TrackedLLM
+from app.llm import Admit, Call, TrackedLLM
 from app.traffic.budget import Claim
 from app.traffic.server import Server, ServerSet
 from app.traffic.tasks import cancel_and_wait, wait_first
@@ -48,9 +47,9 @@ from app.traffic.ticket import Ticket
 
 log = structlog.get_logger(__name__)
 
-Send = Callable[[TrackedLLM, int, int, Admit], Awaitable[ChatResult]]
-"""Send one call with a client: (client, priority rank, first attempt number, the endpoint's
-admission of each attempt) -> result."""
+Send = Callable[[TrackedLLM, int, Call, Admit], Awaitable[ChatResult]]
+"""Send one call with a client: (client, priority rank, the call, the endpoint's admission
+of each attempt) -> result."""
 
 
 class EndpointGone(LLMConnectionError):
@@ -65,11 +64,6 @@ def server_fault(error: LLMError) -> bool:
         return error.http_status is None or error.http_status >= 500
     return isinstance(error, LLMConnectionError | LLMStreamError | LLMTimeoutError
                       | LLMMalformedError)
-
-
-def _numbered(attempt: int) -> dict[str, Any]:
-    """Return the client's ``first_attempt`` argument; 1 is its default, so left out."""
-    return {} if attempt == 1 else {"first_attempt": attempt}
 
 
 class TickerClient:
@@ -130,23 +124,18 @@ class TickerClient:
 
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
         kwargs.pop("priority", None)
-        first = int(kwargs.pop("first_attempt", 1))
         sized = {"messages": messages, "max_tokens": kwargs.get("max_tokens", 0)}
         ready = datetime.now(UTC)  # issued by the graph: a wait from here on is ours
-        return await self._routed(tag, sized, first, lambda llm, rank, attempt, admit: llm.chat(
-            tag, messages, priority=rank, admit=admit, ready_at=ready, **_numbered(attempt),
-            **kwargs))
+        return await self._routed(tag, sized, lambda llm, rank, call, admit: llm.chat(
+            tag, messages, priority=rank, admit=admit, ready_at=ready, call=call, **kwargs))
 
-    async def send(self, tag: CallTag, body: dict[str, Any], *,
-                   first_attempt: int = 1) -> ChatResult:
+    async def send(self, tag: CallTag, body: dict[str, Any]) -> ChatResult:
         ready = datetime.now(UTC)
-        return await self._routed(tag, body, first_attempt, lambda llm, rank, attempt, admit:
-                                  llm.send(tag, body, priority=rank, admit=admit,
-                                           ready_at=ready, **_numbered(attempt)))
+        return await self._routed(tag, body, lambda llm, rank, call, admit: llm.send(
+            tag, body, priority=rank, admit=admit, ready_at=ready, call=call))
 
-    async def _routed(self, tag: CallTag, sized: dict[str, Any], first: int,
-                      send: Send) -> ChatResult:
-        attempt = first
+    async def _routed(self, tag: CallTag, sized: dict[str, Any], send: Send) -> ChatResult:
+        call = Call()  # the same call on every endpoint it is sent to
         loop = asyncio.get_running_loop()
         # A server that keeps flapping must not keep one call going round for ever.
         sends_left = 2 * len(self.servers)
@@ -159,7 +148,7 @@ class TickerClient:
             started = loop.time()
             try:
                 result = await self._unless_gone(
-                    endpoint, self._on(endpoint, tag, sized, send, attempt))
+                    endpoint, self._on(endpoint, tag, sized, send, call))
             except LLMError as error:
                 if not server_fault(error) or sends_left == 0:
                     raise
@@ -169,16 +158,11 @@ class TickerClient:
                     raise
                 log.warning("call sent again", node=tag.node, ticker=tag.ticker,
                             failed_at=endpoint.name, to=target.name, error=str(error)[:200])
-                # The first try used at most max_attempts numbers from ``attempt``.
-                attempt += self.settings.max_attempts
                 self.ticket.done -= 1
                 if self._on_redo is not None:
                     self._on_redo(self.ticket)
                 self._move(target)
                 continue
-            if attempt != first:
-                # Counted from the caller's first number, so its next call numbers after both.
-                result.attempts += attempt - first
             return result
 
     def _here(self) -> Server:
@@ -202,7 +186,7 @@ class TickerClient:
         self.servers.changed.set()
 
     async def _on(self, endpoint: Server, tag: CallTag, sized: dict[str, Any], send: Send,
-                  attempt: int) -> ChatResult:
+                  call: Call) -> ChatResult:
         """Send one call through ``endpoint``'s gate and budget."""
         held_by = self.ticket.held_by
         if held_by is not None and held_by is not endpoint.gate:
@@ -215,7 +199,7 @@ class TickerClient:
             # Each attempt takes a place (and the tokens) at this endpoint's gate; a retry's
             # backoff waits outside it, as on one endpoint .
             admit = functools.partial(endpoint.gate.slot, rank, claim, self.ticket)
-            result = await send(endpoint.llm, rank, attempt, admit)
+            result = await send(endpoint.llm, rank, call, admit)
         if budget is not None:
             budget.learn(tag.node, sized, result.prompt_tokens, result.completion_tokens)
         return result

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -310,7 +310,6 @@ class ServerSet:
     def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
                 engine: Engine, batch_id: int, sample: bool = True,
                 http_client: Any = None, max_in_flight: int | None = None,
-                attempts_before: Mapping[tuple[str, str, int], int] | None = None,
                 halt: Halt, resume_hint: str = "", clock: Clock = loop_clock,
                 ) -> ServerSet:
         """Make a client and sampler for every configured endpoint (through ``http_client``).
@@ -329,9 +328,7 @@ class ServerSet:
         endpoints = []
         for index, url in enumerate(urls):
             llm = TrackedLLM(settings, recorder, http_client=http_client, base_url=url,
-                             max_in_flight=max_in_flight,
-                             watch=watch,
-                             attempts_before=attempts_before)
+                             max_in_flight=max_in_flight, watch=watch)
             sampler = None
             # With several endpoints the reads also say which are up, so they run even when
             # no rows are to be stored.

@@ -288,7 +288,7 @@ def _nodes_of_run(engine: Engine, batch: Batch, ticker: str) -> list[RunSample]:
                                                     NodeText.ticker == ticker)).all()
         calls = conn.execute(select(LLMCall).where(LLMCall.batch_id == batch.id,
                                                    LLMCall.ticker == ticker)
-                             .order_by(LLMCall.attempt)).all()
+                             .order_by(LLMCall.started_at, LLMCall.id)).all()
         decisions = {d.sample: d for d in conn.execute(
             select(Decision).where(Decision.batch_id == batch.id, Decision.ticker == ticker))}
     by_key = {(t.sample, t.node): t for t in texts}

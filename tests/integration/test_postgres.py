@@ -6,7 +6,11 @@ import pytest
 
 from app.db.engine import get_engine, upgrade
 from tests.integration.conftest import private_database
-from tests.unit.test_schema import check_reordered_catch_up, check_schema
+from tests.unit.test_schema import (
+    check_legacy_rows_keep_working,
+    check_reordered_catch_up,
+    check_schema,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -20,3 +24,8 @@ def test_blank_postgres_upgrades_to_the_models(pg_url: str) -> None:
 def test_a_postgres_database_stamped_before_the_reordering_catches_up() -> None:
     with private_database(f"nightdesk_reorder_{os.getpid()}") as url:
         check_reordered_catch_up(url)
+
+
+def test_postgres_rows_stored_before_call_ids_keep_working() -> None:
+    with private_database(f"nightdesk_call_ids_{os.getpid()}") as url:
+        check_legacy_rows_keep_working(url)

@@ -94,11 +94,11 @@ def test_one_ticker_through_17_nodes_matches_the_servers_counters(
     per_call: dict[int, dict[str, int]] = {}
     with sqlite_engine.connect() as conn:
         for b in (outcome.batch_id, replay.batch_id):
-            # A decision retry (a changed body) is a later attempt of the same node; the
-            # recorded body, and so the replay, is the node's first.
+            # A decision retry (a changed body) is a later call of the same node: compare
+            # each node's first call, the one both batches made.
             for node, tokens in conn.execute(
                     select(LLMCall.node, LLMCall.prompt_tokens)
-                    .where(LLMCall.batch_id == b).order_by(LLMCall.attempt)):
+                    .where(LLMCall.batch_id == b).order_by(LLMCall.started_at, LLMCall.id)):
                 per_call.setdefault(b, {}).setdefault(node, tokens)
     assert len(per_call[replay.batch_id]) == 17
     assert per_call[replay.batch_id] == per_call[outcome.batch_id]

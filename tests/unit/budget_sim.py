@@ -87,7 +87,7 @@ class SimServer(KVGauges):
                  running=len(self.live), taken_at=datetime.now(UTC))
 
     async def send(self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
-                   first_attempt: int = 1, admit: Any = None,
+                   call: Any = None, admit: Any = None,
                    ready_at: Any = None) -> SimpleNamespace:
         async with admit():  # the gate's place and tokens, held as TrackedLLM holds them
             return await self._serve(body)

@@ -120,7 +120,7 @@ class SteppedGPU(KVGauges):
             self.cached.move_to_end(request.ticker)
 
     async def send(self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
-                   first_attempt: int = 1, admit: Any = None,
+                   call: Any = None, admit: Any = None,
                    ready_at: Any = None) -> SimpleNamespace:
         async with admit():
             size = sum(len(m["content"].encode()) for m in body["messages"])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import DataError
 from typer.testing import CliRunner
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
@@ -90,12 +91,13 @@ async def test_invalid_decision_fails_its_ticker_loudly_others_finish(
     with sqlite_engine.connect() as conn:
         run = conn.execute(select(TickerRun.status, TickerRun.error)
                            .where(TickerRun.ticker == bad)).one()
-        pm_attempts = conn.execute(select(LLMCall.attempt).where(
-            LLMCall.ticker == bad, LLMCall.node == "portfolio_manager")).scalars().all()
+        pm_attempts = conn.execute(select(LLMCall.call_id, LLMCall.attempt).where(
+            LLMCall.ticker == bad, LLMCall.node == "portfolio_manager")).all()
         bad_decisions = conn.execute(select(func.count()).select_from(Decision)
                                      .where(Decision.ticker == bad)).scalar()
     assert run.status == "failed" and run.error
-    assert sorted(pm_attempts) == [1, 2]
+    # Asked twice: two calls, each answered at its first attempt.
+    assert [a for _, a in pm_attempts] == [1, 1] and len({c for c, _ in pm_attempts}) == 2
     assert bad_decisions == 0  # never a silent Hold
     _, rows = ranking(sqlite_engine)
     assert rows[-1].ticker == bad and rows[-1].rank is None and rows[-1].status == "failed"
@@ -380,3 +382,26 @@ def test_a_night_where_every_ticker_failed_is_failed_and_exits_1(
     assert result.exit_code == 1, result.output
     with get_engine(sqlite_url).connect() as conn:
         assert conn.execute(select(Batch.status)).scalar_one() == "failed"
+
+
+async def test_usage_rows_the_database_refuses_stop_the_batch_with_the_reason(
+        sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.usage
+    from app.errors import UsageLost
+
+    def refuse(engine: Engine, table: object, rows: list[dict[str, object]]) -> None:
+        raise DataError("INSERT INTO llm_calls", {}, Exception("value too long"))
+
+    monkeypatch.setattr(app.usage, "insert_ignoring_duplicates", refuse)
+    tickers = demo_tickers(2)
+    server = FakeServer(nodes=node_names(load_settings().pipeline()), tickers=tickers)
+    with pytest.raises(UsageLost, match="value too long"):
+        await make_engine(sqlite_engine, demo_dir, server).run(
+            BatchPlan("nightly", DEMO_AS_OF, tickers))
+    with sqlite_engine.connect() as conn:
+        batch = conn.execute(select(Batch.status, Batch.error)).one()
+        statuses = set(conn.execute(select(TickerRun.status)).scalars())
+    # Failed, with the reason and how to go on; no ticker marked done without its rows.
+    assert batch.status == "failed"
+    assert "usage rows could not be stored" in batch.error and "--resume" in batch.error
+    assert "succeeded" not in statuses

@@ -233,11 +233,13 @@ async def test_a_reask_on_a_prompt_trimmed_to_the_limit_is_trimmed_again_and_suc
     assert all(c.served is not None and c.served.status == 200 for c in server.chats)
     with sqlite_engine.connect() as conn:
         rows = conn.execute(
-            select(LLMCall.attempt, LLMCall.status, LLMCall.context_trimmed,
+            select(LLMCall.call_id, LLMCall.attempt, LLMCall.status, LLMCall.context_trimmed,
                    LLMCall.context_trimmed_tokens)
             .where(LLMCall.batch_id == outcome.batch_id, LLMCall.node == "portfolio_manager")
-            .order_by(LLMCall.attempt)).all()
-    assert [(r.attempt, r.status) for r in rows] == [(1, "ok"), (2, "ok")]
+            .order_by(LLMCall.id)).all()
+    # The re-ask is a call of its own: each answered at its first attempt.
+    assert [(r.attempt, r.status) for r in rows] == [(1, "ok"), (1, "ok")]
+    assert rows[0].call_id != rows[1].call_id
     assert rows[0].context_trimmed == "1 debate turn"
     # The re-ask left out more than the first call did, and its row says so.
     assert rows[1].context_trimmed == "2 debate turns"

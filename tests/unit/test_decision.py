@@ -32,8 +32,8 @@ class ScriptedLLM:
 
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], *, max_tokens: int,
                    response_format: dict[str, Any] | None = None, priority: int | None = None,
-                   first_attempt: int = 1, trimmed: Any = None) -> ChatResult:
-        self.calls.append({"messages": messages, "first_attempt": first_attempt,
+                   trimmed: Any = None) -> ChatResult:
+        self.calls.append({"messages": messages,
                            "response_format": response_format, "priority": priority})
         reply = self.replies.pop(0)
         if isinstance(reply, Exception):
@@ -102,12 +102,11 @@ async def test_valid_first_reply() -> None:
     assert llm.calls[0]["response_format"] == response_format()
 
 
-async def test_retry_advances_first_attempt_past_http_retries() -> None:
+async def test_a_retried_decision_counts_the_http_attempts_of_every_call() -> None:
     llm = ScriptedLLM(["{}", "nope", json.dumps(VALID)], attempts_per_call=2)
     decision, _, attempts = await decide(llm, TAG, prompt, [], max_tokens=100, attempts=3)
     assert decision.rating == "Buy"
-    assert [c["first_attempt"] for c in llm.calls] == [1, 3, 5]
-    assert attempts == 6
+    assert len(llm.calls) == 3 and attempts == 6
     # The retry keeps the original messages as prefix, shows the bad reply, says what failed.
     retry = llm.calls[1]["messages"]
     assert retry[:2] == MESSAGES

@@ -74,8 +74,8 @@ async def run(engine: Engine, demo_dir: Path, servers: FakeServers,
 
 def rows(engine: Engine, batch_id: int) -> list[Any]:
     with engine.connect() as conn:
-        return list(conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.attempt,
-                                        LLMCall.status, LLMCall.endpoint)
+        return list(conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.call_id,
+                                        LLMCall.attempt, LLMCall.status, LLMCall.endpoint)
                                  .where(LLMCall.batch_id == batch_id)))
 
 
@@ -196,15 +196,14 @@ async def test_an_endpoint_that_goes_away_hands_its_tickers_to_the_other(
     summary = outcome.admission["endpoints"]
     assert summary[SLOW]["up"] is False and summary[SLOW]["outages"] == 1
     assert summary[SLOW]["tickers_moved_out"] == summary[FAST]["tickers_moved_in"] >= len(moved)
-    # The held calls were cancelled (their rows say so) and answered again elsewhere, with
-    # attempt numbers after the first try's.
+    # The held calls were cancelled (their rows say so) and answered again elsewhere: the
+    # same call, its attempts numbered on from the cancelled one.
     held = [r for r in calls if r.endpoint == SLOW and r.status == "error"
             and (r.ticker, r.node) in {(c.ticker, c.node) for c in gone.chats[10:12]}]
     assert len(held) == 2
-    settings = load_settings()
     for r in held:
-        again = [c for c in calls if (c.ticker, c.node, c.status) == (r.ticker, r.node, "ok")]
-        assert again[0].endpoint == FAST and again[0].attempt > settings.max_attempts
+        again = [c for c in calls if (c.call_id, c.status) == (r.call_id, "ok")]
+        assert again[0].endpoint == FAST and again[0].attempt == r.attempt + 1
 
 
 @pytest.mark.slow
@@ -236,11 +235,11 @@ async def test_an_endpoint_that_restarts_loses_no_ticker_and_takes_work_again(
     calls = assert_every_ticker_once(sqlite_engine, outcome, servers)
     summary = outcome.admission["endpoints"]
     assert summary[SLOW]["outages"] == outages and summary[SLOW]["up"] is True
-    # Calls cut by the restart were answered again, numbered after the first try's.
-    cut = {(r.ticker, r.node) for r in calls if r.status == "error"}
+    # Calls cut by the restart were answered again: the same call, at a later attempt.
+    cut = [r for r in calls if r.status == "error"]
     assert cut
-    assert all(max(r.attempt for r in calls if (r.ticker, r.node) == key and r.status == "ok")
-               > load_settings().max_attempts for key in cut)
+    assert all(any((c.call_id, c.status) == (r.call_id, "ok") and c.attempt > r.attempt
+                   for c in calls) for r in cut)
     assert revived_at, "the restarted server came back during the batch"
     # After its restart it took tickers again and answered their calls.
     after = [c for c in restarting.chats[revived_at[0]:] if c.completed]

@@ -226,10 +226,11 @@ async def test_invalid_decision_is_retried_then_raises(harness: Harness) -> None
         assert retry.messages[:2] == first
         assert "not a valid decision" in retry.messages[-1]["content"]
     pm_rows = [r for r in rows(harness) if r.node == "portfolio_manager"]
-    assert sorted(r.attempt for r in pm_rows) == [1, 2, 3]
+    # Each ask is a call of its own, answered at its first attempt.
+    assert [r.attempt for r in pm_rows] == [1, 1, 1] and len({r.call_id for r in pm_rows}) == 3
 
 
-async def test_decision_attempts_continue_after_http_retries(harness: Harness) -> None:
+async def test_decision_attempts_count_the_http_retries_of_every_call(harness: Harness) -> None:
     replies = iter([Reply(status=500), Reply(content="not json"),
                     Reply(content=json.dumps(DEFAULT_DECISION))])
 
@@ -241,9 +242,10 @@ async def test_decision_attempts_continue_after_http_retries(harness: Harness) -
 
     assert result.decision.rating == "Overweight"
     assert result.outputs["portfolio_manager"].attempts == 3
-    pm_rows = sorted((r.attempt, r.status) for r in rows(harness)
-                     if r.node == "portfolio_manager")
-    assert pm_rows == [(1, "error"), (2, "ok"), (3, "ok")]
+    pm_rows = [r for r in rows(harness) if r.node == "portfolio_manager"]
+    # The first call's 500 and its retry, then the re-ask: a second call.
+    assert [(r.attempt, r.status) for r in pm_rows] == [(1, "error"), (2, "ok"), (1, "ok")]
+    assert pm_rows[0].call_id == pm_rows[1].call_id != pm_rows[2].call_id
 
 
 async def test_one_ticker_failing_leaves_the_others_finishing(harness: Harness) -> None:

@@ -11,9 +11,9 @@ from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
 from app.config import load_settings
-from app.db.models import LLMCall
+from app.db.models import LLMCall, LLMRequest
 from app.errors import ContextLengthError, LLMHTTPError, LLMMalformedError, LLMStreamError
-from app.llm import TrackedLLM
+from app.llm import Call, TrackedLLM
 from app.usage import UsageRecorder
 from tests.fakevllm import BASE_URL, CONTEXT_LENGTH_MESSAGE, FakeServer, Reply
 from tests.unit.test_usage import new_batch
@@ -43,7 +43,7 @@ async def one_call(engine: Engine, fake: FakeServer, **overrides: Any
             result = error
     with engine.connect() as conn:
         rows = conn.execute(select(LLMCall).where(LLMCall.batch_id == batch_id)
-                            .order_by(LLMCall.attempt)).all()
+                            .order_by(LLMCall.id)).all()
     return result, list(rows)
 
 
@@ -94,6 +94,33 @@ async def test_retries_write_one_row_per_attempt(sqlite_engine: Engine) -> None:
     assert rows[0].prompt_tokens is None
     assert (rows[2].prompt_tokens, rows[2].completion_tokens) == (
         served.prompt_tokens, served.completion_tokens)
+
+
+async def test_a_call_sent_again_keeps_its_id_body_and_numbering(sqlite_engine: Engine) -> None:
+    # The first send spends its two attempts; the second (failover's, on another client)
+    # is the same call: its attempts go on at 3, and its body is stored once.
+    fake = answering(Reply(status=500), Reply(status=500), ANSWER)
+    batch_id = new_batch(sqlite_engine)
+    settings = load_settings(llm_base_url=BASE_URL, retry_backoff_s=0, max_attempts=2,
+                             check_context_length=False)
+    tag, call = CallTag(batch_id, "AAPL", "analyst"), Call()
+    async with fake.client() as http, UsageRecorder(sqlite_engine) as rec:
+        with pytest.raises(LLMHTTPError):
+            await TrackedLLM(settings, rec, http_client=http).chat(tag, MESSAGES,
+                                                                   max_tokens=100, call=call)
+        result = await TrackedLLM(settings, rec, http_client=http).chat(
+            tag, MESSAGES, max_tokens=100, call=call)
+        other = await TrackedLLM(settings, rec, http_client=http).chat(tag, MESSAGES,
+                                                                       max_tokens=100)
+    assert result.attempts == 3 and other.attempts == 1
+    with sqlite_engine.connect() as conn:
+        rows = conn.execute(select(LLMCall.call_id, LLMCall.attempt, LLMCall.status)
+                            .order_by(LLMCall.id)).all()
+        bodies = conn.execute(select(LLMRequest.call_id).order_by(LLMRequest.id)).scalars()
+        assert list(bodies) == [call.id, rows[-1].call_id]
+    assert [tuple(r) for r in rows[:3]] == [(call.id, 1, "error"), (call.id, 2, "error"),
+                                            (call.id, 3, "ok")]
+    assert rows[3].call_id != call.id and rows[3].attempt == 1
 
 
 async def test_a_dropped_connection_is_retried_and_recorded(sqlite_engine: Engine) -> None:

@@ -53,14 +53,18 @@ async def test_a_replay_is_faithful_and_can_itself_be_replayed(sqlite_engine: En
     assert source.status == "succeeded"
     assert len(night.chats) == 2 * 18  # 17 nodes and one re-ask each
     with sqlite_engine.connect() as conn:
-        keys = conn.execute(select(LLMRequest.ticker, LLMRequest.node, LLMRequest.attempt)
+        keys = conn.execute(select(LLMRequest.call_id)
                             .where(LLMRequest.batch_id == source.batch_id)).all()
-        asks = conn.execute(select(LLMRequest.attempt, LLMRequest.body).where(
+        asks = conn.execute(select(LLMRequest.call_id, LLMRequest.body).where(
             LLMRequest.batch_id == source.batch_id, LLMRequest.ticker == tickers[0],
-            LLMRequest.node == "portfolio_manager").order_by(LLMRequest.attempt)).all()
+            LLMRequest.node == "portfolio_manager").order_by(LLMRequest.id)).all()
+        rows = conn.execute(select(LLMCall.call_id, LLMCall.attempt).where(
+            LLMCall.batch_id == source.batch_id, LLMCall.ticker == tickers[0],
+            LLMCall.node == "portfolio_manager")).all()
     assert len(keys) == len(night.chats)
-    # The re-ask is its own body, numbered after the first ask's attempt.
-    assert [a.attempt for a in asks] == [1, 2]
+    # The re-ask is its own call with its own body; each call's one attempt is its first.
+    assert sorted(tuple(r) for r in rows) == sorted((a.call_id, 1) for a in asks)
+    assert len({a.call_id for a in asks}) == 2
     reask: dict[str, Any] = decompress_body(asks[1].body)
     assert reask["messages"][-2] == {"role": "assistant", "content": "not json"}
 
@@ -80,7 +84,8 @@ async def test_a_replay_is_faithful_and_can_itself_be_replayed(sqlite_engine: En
     assert sent(second_server) == sent(first_server)
     with sqlite_engine.connect() as conn:
         for replay in (first, second):
-            attempts = conn.execute(select(LLMCall.attempt).where(
+            calls = conn.execute(select(LLMCall.call_id, LLMCall.attempt).where(
                 LLMCall.batch_id == replay.batch_id, LLMCall.ticker == tickers[0],
-                LLMCall.node == "portfolio_manager").order_by(LLMCall.attempt)).scalars().all()
-            assert attempts == [1, 2]  # one row per attempt, none dropped as a duplicate
+                LLMCall.node == "portfolio_manager")).all()
+            # One row per attempt, none dropped as a duplicate: two calls of one attempt.
+            assert sorted(a for _, a in calls) == [1, 1] and len({c for c, _ in calls}) == 2

@@ -104,8 +104,8 @@ async def test_a_halted_batch_resumes_from_its_last_finished_nodes(
     assert checkpoint_threads(sqlite_url) == 0  # a finished batch leaves no checkpoints
 
 
-async def test_attempt_numbers_continue_across_a_resume(sqlite_engine: Engine,
-                                                        demo_dir: Path) -> None:
+async def test_a_resumed_node_is_a_new_call_beside_the_cut_one(sqlite_engine: Engine,
+                                                                demo_dir: Path) -> None:
     ticker = demo_tickers(1)[0]
     first: BatchEngine
 
@@ -125,10 +125,11 @@ async def test_attempt_numbers_continue_across_a_resume(sqlite_engine: Engine,
     assert resumed.status == "succeeded"
     assert server2.chats[0].node == "trader"  # picks up at the cut node
     with sqlite_engine.connect() as conn:
-        trader = conn.execute(select(LLMCall.attempt, LLMCall.status)
-                              .where(LLMCall.node == "trader").order_by(LLMCall.attempt)).all()
-    # The cut attempt keeps its row (1, error); the resumed one is numbered after it.
-    assert [tuple(r) for r in trader] == [(1, "error"), (2, "ok")]
+        trader = conn.execute(select(LLMCall.call_id, LLMCall.attempt, LLMCall.status)
+                              .where(LLMCall.node == "trader").order_by(LLMCall.id)).all()
+    # The cut attempt keeps its row; the resumed node's call is another, from attempt 1.
+    assert [(r.attempt, r.status) for r in trader] == [(1, "error"), (1, "ok")]
+    assert trader[0].call_id != trader[1].call_id
 
 
 def stale_batch(db: Engine, tickers: list[str], age_s: float) -> int:

@@ -1,16 +1,19 @@
-"""Check the two tenacity retry policies: database writes and the /tokenize count.
+"""Check the tenacity retry policies: database writes, the usage writer, the /tokenize count.
 
 A database write (app/db/retry.py) is tried again on transient errors only, with delays
 that double from 0.2 s to 5 s, half of each jittered, within a two-minute budget; each
-retry logs one warning and the last error comes out unchanged. The budget test runs on a
-fake clock put into tenacity's own ``time``. A prompt's count (app/promptsize.py) is
-tried ``max_attempts`` times on what may pass, waits for the server between tries, and
-gives None when it cannot count.
+retry logs one warning and the last error comes out unchanged. The usage writer's rows go
+through the same policy; when it gives up it says so to the batch, to ``drain`` and to
+``close``. The budget tests run on a fake clock put into tenacity's own ``time``. A
+prompt's count (app/promptsize.py) is tried ``max_attempts`` times on what may pass,
+waits for the server between tries, and gives None when it cannot count.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,8 +22,10 @@ import pytest
 import structlog
 import tenacity
 import tenacity.nap
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy import create_engine
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 
+import app.usage
 from agents.fitting import PromptSize
 from app.config import load_settings
 from app.db.retry import (
@@ -31,8 +36,9 @@ from app.db.retry import (
     retried,
     retrying,
 )
-from app.errors import LLMConnectionError, ServerOutage
+from app.errors import LLMConnectionError, ServerOutage, UsageLost
 from app.promptsize import PromptCounter
+from app.usage import UsageRecorder
 from tests.fakevllm import FakeServer, Reply
 
 MESSAGES = [{"role": "user", "content": "AAPL? " * 40}]
@@ -225,3 +231,94 @@ async def test_a_server_never_reached_is_not_counted() -> None:
         with pytest.raises(LLMConnectionError):
             await counter.count("m", MESSAGES)  # one try: count() itself does not retry
         assert await counter.measure(MESSAGES, max_tokens=10, exact=True) is None
+
+
+class Rows:
+    """Stand in for the usage writer's insert: fail while ``down`` says so, else keep."""
+
+    def __init__(self, clock: FakeClock, down: Callable[[float], BaseException | None]) -> None:
+        self.clock = clock
+        self.down = down
+        self.stored: list[dict[str, Any]] = []
+        self.tries = 0
+
+    def insert(self, engine: Any, table: Any, rows: list[dict[str, Any]]) -> None:
+        self.tries += 1
+        error = self.down(self.clock.now - 1000.0)
+        if error is not None:
+            raise error
+        self.stored.extend(rows)
+
+
+@dataclass
+class Written:
+    """What the usage writer did with one row: what ``on_lost``, ``drain`` and ``close`` said."""
+
+    recorder: UsageRecorder
+    lost: list[UsageLost]
+    drained: UsageLost | None
+    closed: UsageLost | None
+
+
+async def write_one_row(clock: FakeClock, rows: Rows,
+                        monkeypatch: pytest.MonkeyPatch) -> Written:
+    """Hand the usage writer one row, wait until it is stored, and close the writer."""
+    monkeypatch.setattr(app.usage, "insert_ignoring_duplicates", rows.insert)
+    lost: list[UsageLost] = []
+
+    async def nap(seconds: float) -> None:
+        clock.sleep(seconds)
+
+    recorder = UsageRecorder(create_engine("sqlite://"), flush_interval_s=0.001,
+                             on_lost=lost.append, sleep=nap)
+    await recorder.start()
+    recorder.record_call({"batch_id": 1, "ticker": "X", "node": "n", "call_id": "c",
+                          "attempt": 1})
+    said: list[UsageLost | None] = []
+    for step in (recorder.drain, recorder.close):
+        try:
+            await step()
+            said.append(None)
+        except UsageLost as error:
+            said.append(error)
+    return Written(recorder, lost, *said)
+
+
+async def test_the_usage_writer_stores_rows_once_the_database_is_back_within_the_budget(
+        clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    back_at = RETRY_BUDGET_S - 2 * MAX_DELAY_S
+    rows = Rows(clock, lambda t: locked() if t < back_at else None)
+    with structlog.testing.capture_logs() as logs:
+        written = await write_one_row(clock, rows, monkeypatch)
+    assert [r["call_id"] for r in rows.stored] == ["c"]
+    assert (written.lost, written.drained, written.closed) == ([], None, None)
+    assert back_at <= clock.now - 1000.0 < RETRY_BUDGET_S
+    tried_again = [e for e in logs if e["event"] == "usage write failed; will retry"]
+    assert written.recorder.write_failures == len(tried_again) == len(clock.sleeps)
+    assert len(clock.sleeps) == rows.tries - 1 > 10
+
+
+async def test_the_usage_writer_gives_up_at_the_budget_and_says_so_everywhere(
+        clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = Rows(clock, lambda t: locked())
+    with structlog.testing.capture_logs() as logs:
+        written = await write_one_row(clock, rows, monkeypatch)
+    # Not before the budget (no further try would have fitted), not after it.
+    assert RETRY_BUDGET_S - MAX_DELAY_S <= clock.now - 1000.0 <= RETRY_BUDGET_S
+    assert rows.stored == []
+    # The batch is told (it halts), and whoever waits for the row or closes the writer
+    # gets the same one-line error.
+    assert written.lost == [written.drained] == [written.closed]
+    assert str(written.drained) == ("usage rows could not be stored (1 not written): "
+                                    "database is locked")
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["usage writer gave up"]
+
+
+async def test_rows_the_database_refuses_stop_the_usage_writer_at_once(
+        clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    too_long = DataError("INSERT INTO llm_calls", {}, Exception("value too long"))
+    written = await write_one_row(clock, Rows(clock, lambda t: too_long), monkeypatch)
+    assert clock.sleeps == []
+    assert written.lost == [written.drained] == [written.closed]
+    assert written.drained is not None and written.drained.exit_code == 2
+    assert str(written.drained).endswith("value too long")

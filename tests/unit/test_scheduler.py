@@ -33,7 +33,7 @@ class RecordingLLM:
         self.events: list[tuple[str, str, int | None]] = []  # (event, ticker, priority)
 
     async def send(self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
-                   first_attempt: int = 1, admit: Any = None,
+                   call: Any = None, admit: Any = None,
                    ready_at: Any = None) -> None:
         async with admit():  # the gate's place, held around the attempt as TrackedLLM does
             self.events.append(("start", tag.ticker, priority))

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import importlib
+from datetime import UTC, datetime, timedelta
 
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, func, inspect, select, text
 
+from app.batch.workload import recorded_workload
 from app.db.engine import alembic_config, current_revision, get_engine, head_revision, upgrade
-from app.db.models import Base
+from app.db.models import Base, LLMCall, LLMRequest
+from app.usage import compress_body, insert_ignoring_duplicates
 
 EXPECTED = {
     "batches": {
@@ -24,13 +27,14 @@ EXPECTED = {
         "finished_at", "error",
     },
     "llm_calls": {
-        "id", "batch_id", "ticker", "node", "sample", "attempt", "model", "prompt_tokens",
+        "id", "batch_id", "ticker", "node", "sample", "call_id", "attempt", "model",
+        "prompt_tokens",
         "completion_tokens", "cached_tokens", "max_tokens", "finish_reason", "status",
         "error_class", "http_status", "error", "started_at", "first_token_at", "ended_at",
         "ready_at", "latency_s", "request_id", "context_trimmed_tokens", "context_trimmed",
         "endpoint",
     },
-    "llm_requests": {"id", "batch_id", "ticker", "node", "sample", "attempt", "body"},
+    "llm_requests": {"id", "batch_id", "ticker", "node", "sample", "call_id", "body"},
     "decisions": {
         "id", "batch_id", "ticker", "sample", "rating", "score", "confidence", "summary",
         "created_at", "contradicts",
@@ -52,8 +56,8 @@ EXPECTED = {
 
 UNIQUE = {
     "ticker_runs": ["batch_id", "ticker"],
-    "llm_calls": ["batch_id", "ticker", "node", "sample", "attempt"],
-    "llm_requests": ["batch_id", "ticker", "node", "sample", "attempt"],
+    "llm_calls": ["call_id", "attempt"],
+    "llm_requests": ["call_id"],
     "decisions": ["batch_id", "ticker", "sample"],
     "node_outputs": ["batch_id", "ticker", "sample", "node"],
 }
@@ -99,8 +103,8 @@ def check_reordered_catch_up(url: str) -> None:
     assert "context_trimmed" not in {c["name"] for c in inspect(engine).get_columns("llm_calls")}
 
     upgrade(url)
-    check_schema(engine)  # context-trim columns and llm_requests.attempt are there now
-    assert current_revision(engine) == head_revision() == "0010_ready_at"
+    check_schema(engine)  # context-trim columns and the call ids are there now
+    assert current_revision(engine) == head_revision() == "0011_call_id"
     upgrade(url)  # and nothing runs twice
     check_schema(engine)
 
@@ -108,3 +112,85 @@ def check_reordered_catch_up(url: str) -> None:
 def test_a_database_stamped_before_the_reordering_gets_the_revisions_it_skipped(
         sqlite_url: str) -> None:
     check_reordered_catch_up(sqlite_url)
+
+
+# Rows as a build before call ids stored them: (node, attempt) of each llm_calls row, and
+# the first attempt of each recorded body. The trader's first attempt failed; the portfolio
+# manager's decision was asked again from attempt 3; the market node's body was not kept.
+LEGACY_CALLS = [("trader", 1), ("trader", 2), ("portfolio_manager", 1),
+                ("portfolio_manager", 2), ("portfolio_manager", 3), ("portfolio_manager", 4),
+                ("market", 1), ("market", 2)]
+LEGACY_BODIES = [("trader", 1), ("portfolio_manager", 1), ("portfolio_manager", 3)]
+
+
+def _store_legacy_rows(engine: Engine) -> int:
+    at = datetime(2026, 1, 2, tzinfo=UTC)
+    with engine.begin() as conn:
+        batch = conn.execute(text(
+            "INSERT INTO batches (kind, as_of, status, created_at, settings, tickers_total,"
+            " tickers_succeeded, tickers_failed) VALUES ('nightly', '2026-01-02', 'running',"
+            " :at, '{}', 1, 0, 0) RETURNING id"), {"at": at}).scalar_one()
+        for n, (node, attempt) in enumerate(LEGACY_CALLS):
+            started = at + timedelta(seconds=n)
+            conn.execute(text(
+                "INSERT INTO llm_calls (batch_id, ticker, node, sample, attempt, model, status,"
+                " started_at, ended_at, latency_s) VALUES (:b, 'AAA', :node, 0, :attempt, 'm',"
+                " :status, :start, :end, 0.5)"),
+                {"b": batch, "node": node, "attempt": attempt, "start": started,
+                 "end": started + timedelta(seconds=0.5),
+                 "status": "error" if (node, attempt) == ("trader", 1) else "ok"})
+        for node, attempt in LEGACY_BODIES:
+            body = {"messages": [{"role": "user", "content": f"{node} {attempt}"}],
+                    "max_tokens": 8}
+            conn.execute(text(
+                "INSERT INTO llm_requests (batch_id, ticker, node, sample, attempt, body)"
+                " VALUES (:b, 'AAA', :node, 0, :attempt, :body)"),
+                {"b": batch, "node": node, "attempt": attempt, "body": compress_body(body)})
+    return int(batch)
+
+
+def check_legacy_rows_keep_working(url: str) -> None:
+    """Upgrade rows stored before call ids, use them as a resume and a replay would, go back."""
+    cfg = alembic_config(url)
+    command.upgrade(cfg, "0010_ready_at")
+    engine = get_engine(url)
+    batch = _store_legacy_rows(engine)
+    upgrade(url)
+    check_schema(engine)
+    with engine.connect() as conn:
+        calls = conn.execute(select(LLMCall.node, LLMCall.call_id, LLMCall.attempt)
+                             .order_by(LLMCall.id)).all()
+        bodies = conn.execute(select(LLMRequest.call_id).order_by(LLMRequest.id)).scalars()
+        assert list(bodies) == [f"{batch}:AAA:trader:0:1", f"{batch}:AAA:portfolio_manager:0:1",
+                                f"{batch}:AAA:portfolio_manager:0:3"]
+    # Grouped by the body they were sent with, numbered from 1 within it; none lost.
+    assert [(node, call_id.split(":")[-1], attempt) for node, call_id, attempt in calls] == [
+        ("trader", "1", 1), ("trader", "1", 2), ("portfolio_manager", "1", 1),
+        ("portfolio_manager", "1", 2), ("portfolio_manager", "3", 1),
+        ("portfolio_manager", "3", 2), ("market", "1", 1), ("market", "1", 2)]
+    # The re-ask replays as its own request, after the first ask.
+    _, workload = recorded_workload(engine, batch, match_output=False)
+    assert [(i.name, i.body["messages"][0]["content"]) for i in workload["AAA"]] == [
+        ("trader", "trader 1"), ("portfolio_manager", "portfolio_manager 1"),
+        ("portfolio_manager#2", "portfolio_manager 3")]
+    # A resumed batch adds its rows beside the old ones: each its own call, from attempt 1.
+    now = datetime.now(UTC)
+    insert_ignoring_duplicates(engine, LLMCall.__table__, [  # type: ignore[arg-type]
+        {"batch_id": batch, "ticker": "AAA", "node": "trader", "sample": 0, "call_id": "new",
+         "attempt": 1, "model": "m", "status": "ok", "started_at": now, "ended_at": now,
+         "latency_s": 0.0}])
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(LLMCall)).scalar_one() == 9
+
+    command.downgrade(cfg, "0010_ready_at")
+    with engine.connect() as conn:
+        back = conn.execute(text("SELECT node, attempt FROM llm_calls ORDER BY id")).all()
+        firsts = conn.execute(text("SELECT node, attempt FROM llm_requests ORDER BY id")).all()
+    assert [tuple(r) for r in back] == [*LEGACY_CALLS, ("trader", 3)]
+    assert [tuple(r) for r in firsts] == LEGACY_BODIES
+    upgrade(url)
+    check_schema(engine)
+
+
+def test_rows_stored_before_call_ids_keep_working(sqlite_url: str) -> None:
+    check_legacy_rows_keep_working(sqlite_url)

@@ -133,8 +133,16 @@ def check_drive(d: Drive, n: int = 200) -> None:
     """Assert rows == attempts, exact token sums, unique keys and per-kind outcomes."""
     fake, rows = d.fake, d.rows
     assert len(rows) == len(fake.chats)
-    keys = Counter((r.batch_id, r.ticker, r.node, r.sample, r.attempt) for r in rows)
+    keys = Counter((r.call_id, r.attempt) for r in rows)
     assert max(keys.values()) == 1
+    # One call id per call: its attempts carry its (ticker, node), numbered 1, 2, 3.
+    calls: dict[str, list[Any]] = {}
+    for r in sorted(rows, key=lambda r: r.attempt):
+        calls.setdefault(r.call_id, []).append(r)
+    assert len(calls) == n
+    for attempts in calls.values():
+        assert len({(r.ticker, r.node) for r in attempts}) == 1
+        assert [r.attempt for r in attempts] == list(range(1, len(attempts) + 1))
 
     totals = fake.usage_totals()
     assert sum(r.prompt_tokens or 0 for r in rows) == totals["prompt_tokens"]
