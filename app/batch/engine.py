@@ -115,7 +115,7 @@ class BatchEngine:
         self.sample_metrics = sample_metrics
         self.progress_factory = progress_factory
         self.server_facts = server_facts
-        # Signals, the outage watch and fatal errors all stop the batch through this.
+        # Signals, a server outage and fatal errors all stop the batch through this.
         self.halt = Halt()
         # The nightly lock a nightly run holds: each heartbeat proves it (app/batch/lock.py).
         self.lock = lock
@@ -268,8 +268,7 @@ class BatchRun:
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,
                                         settings.max_concurrency),
             attempts_before=attempts, halt=owner.halt, resume_hint=hint)
-        self.scheduler = Scheduler(None, self.strategy, endpoints=self.servers,
-                                   interval_s=min(settings.metrics_interval_s, 2.0))
+        self.scheduler = Scheduler(None, self.strategy, endpoints=self.servers)
         self.progress = owner.progress_factory(self.batch_id, len(plan.tickers), self.servers,
                                                self.scheduler, self.servers,
                                                expected_calls=self.work.expected_calls)

@@ -23,8 +23,8 @@ so the limit follows what it reports:
   along each ticker's chain, so replacing one for one still creeps towards a full cache;
 - a new preemption means the KV cache overflowed: cut the limit by ``backoff``
   (preempted requests recompute their prefill, so they cost more than they bring);
-- counters that go backwards mean the server restarted: forget the baseline and start
-  over from ``initial``;
+- a restarted server (its counters went back, app/traffic/limits.py detects it): forget the
+  baseline and start over from ``initial``;
 - while ``/metrics`` cannot be read, hold at ``initial`` (``fall_back``). A missed reading is
   caution, not a sign of overload: when readings return from the same server (its counters
   carry on), the limit held before goes back at once, then the rules above judge it. On an
@@ -88,12 +88,12 @@ class AdmissionPolicy:
         """Return the limit used without gauges: the starting one."""
         return min(max(self.initial, self.minimum), self.maximum)
 
-    def observe(self, gauges: Gauges, outstanding: int) -> int:
-        """Update the limit from one metrics reading; return the new allowed count."""
-        restarted = self._preemptions is not None and (
-            gauges.preemptions_total < self._preemptions
-            or (self._generated is not None and gauges.generation_tokens_total < self._generated)
-        )
+    def observe(self, gauges: Gauges, outstanding: int, *, restarted: bool = False) -> int:
+        """Update the limit from one metrics reading; return the new allowed count.
+
+        ``restarted``: the reading is a new server's (its counters went back; limits.py
+        tells), so the limit starts over.
+        """
         new_preemptions = (
             0.0 if self._preemptions is None or restarted
             else gauges.preemptions_total - self._preemptions

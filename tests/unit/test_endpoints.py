@@ -65,7 +65,7 @@ async def run(engine: Engine, demo_dir: Path, servers: FakeServers,
               strategy: str = "adaptive", **overrides: Any) -> BatchOutcome:
     settings = load_settings(llm_base_url=servers.base_urls, check_context_length=False,
                              retry_backoff_s=0, metrics_interval_s=0.05,
-                             endpoint_grace_s=GRACE_S, **overrides)
+                             server_probe_interval_s=0.05, **overrides)
     runner = BatchEngine(settings, engine, http_client=servers.client(),
                          provider=SnapshotProvider(demo_dir))
     return await runner.run(BatchPlan("nightly", DEMO_AS_OF, demo_tickers(TICKERS),
@@ -141,8 +141,7 @@ async def test_the_slower_endpoint_gets_fewer_tickers_and_each_chain_stays_on_on
                            SLOW: FakeServer(tokens_at(0.02), kv_tokens=6_000)})
     load = chain_workload(24)
     settings = load_settings(llm_base_url=servers.base_urls, check_context_length=False,
-                             retry_backoff_s=0, metrics_interval_s=0.05,
-                             endpoint_grace_s=GRACE_S, record_requests=False)
+                             retry_backoff_s=0, metrics_interval_s=0.05, record_requests=False)
 
     async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[object]:
         return await play(load[ticker], gated, batch_id)
@@ -210,7 +209,7 @@ async def test_an_endpoint_that_goes_away_hands_its_tickers_to_the_other(
 @pytest.mark.slow
 @pytest.mark.parametrize(("outage_s", "outages"), [
     (3 * GRACE_S, 1),  # longer than the grace: its tickers move, then it takes new ones
-    (GRACE_S / 2, 0),  # shorter: nothing moves; the calls it cut are sent again
+    (GRACE_S / 2, 1),  # shorter: down as well (one rule); the calls it cut are sent again
 ])
 async def test_an_endpoint_that_restarts_loses_no_ticker_and_takes_work_again(
         sqlite_engine: Engine, demo_dir: Path, outage_s: float, outages: int) -> None:
@@ -261,8 +260,7 @@ async def test_a_requests_own_failure_on_a_healthy_endpoint_fails_as_it_always_d
     servers = FakeServers({FAST: FakeServer(script), SLOW: FakeServer(script)})
     load = chain_workload(6)
     settings = load_settings(llm_base_url=servers.base_urls, check_context_length=False,
-                             retry_backoff_s=0, metrics_interval_s=0.05,
-                             endpoint_grace_s=GRACE_S, record_requests=False)
+                             retry_backoff_s=0, metrics_interval_s=0.05, record_requests=False)
 
     async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[object]:
         return await play(load[ticker], gated, batch_id)
@@ -328,8 +326,7 @@ async def test_every_endpoint_down_past_the_budget_interrupts_the_batch_for_a_re
     healthy = FakeServers({FAST: fake(paced(0.002), kv_tokens=60_000),
                            SLOW: fake(paced(0.002), kv_tokens=60_000)})
     settings = load_settings(llm_base_url=healthy.base_urls, check_context_length=False,
-                             retry_backoff_s=0, metrics_interval_s=0.05,
-                             endpoint_grace_s=GRACE_S)
+                             retry_backoff_s=0, metrics_interval_s=0.05)
     resumed = await BatchEngine(settings, sqlite_engine, http_client=healthy.client(),
                                 provider=SnapshotProvider(demo_dir)).run(
         find_resumable(sqlite_engine, outcome.batch_id, stale_s=120))
