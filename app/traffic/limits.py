@@ -35,6 +35,7 @@ class Limits:
         self.name = name  # the server's, for the log
         self.policy = policy or strategy.admission_policy(maximum)
         # The budget needs the gauges: without readings it could never learn the capacity.
+        self.gauged = gauged
         self.budget = strategy.token_budget() if gauged else None
         if self.budget is not None:
             # One high-water mark: once the budget owns the KV cache it is the budget's.
@@ -68,11 +69,15 @@ class Limits:
 
     def read(self, snapshot: Any | None, now: float, gate: Gate, tickets: Iterable[Ticket],
              capacity: int | None, block_size: int | None) -> None:
-        """Take one reading (None: it failed): count it and, adaptive, move the limits."""
+        """Take one reading (None: it failed): count it and, adaptive, move the limits.
+
+        Without gauges (readings taken only when a call asked) the limits stay put.
+        """
+        adaptive = self.gauged and self.strategy.adaptive
         if snapshot is None:
             self.failed += 1
             self.missed += 1
-            if self.strategy.adaptive and self.blind_since is None:
+            if adaptive and self.blind_since is None:
                 self._go_blind(now, gate)
             return
         self.failed = 0
@@ -81,7 +86,7 @@ class Limits:
             self.blind_since = None
             log.info("the server's /metrics can be read again: adaptive admission resumes",
                      endpoint=self.name)
-        if self.strategy.adaptive:
+        if adaptive:
             self.observe(snapshot, gate, tickets, capacity, block_size)
 
     def _go_blind(self, now: float, gate: Gate) -> None:

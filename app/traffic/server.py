@@ -361,14 +361,14 @@ class ServerSet:
                 ) -> ServerSet:
         """Make a client and a /metrics reader for every configured endpoint.
 
-        The readers store rows when ``sample``; they read on their interval when sampling,
-        with several endpoints, or under an adaptive strategy, and otherwise only when a
-        call met a server fault (``Server.confirm``). ``halt`` stops the batch when no
-        server answers for ``outage_budget_s``.
+        The readers store rows when ``sample``; they read on their interval when sampling
+        or with several endpoints, and otherwise only when a call met a server fault
+        (``Server.confirm``), which gives health but no gauges to admit by. ``halt`` stops
+        the batch when no server answers for ``outage_budget_s``.
         """
         changed = asyncio.Event()
         urls = settings.base_urls
-        periodic = sample or len(urls) > 1 or strategy.adaptive
+        periodic = sample or len(urls) > 1
         endpoints = []
         for index, url in enumerate(urls):
             sampler = MetricsSampler(url, engine if sample else None, batch_id,

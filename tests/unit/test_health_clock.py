@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -35,14 +36,15 @@ class Reads:
     """A /metrics reader the test drives: each ``ok``/``fail`` pushes one reading."""
 
     def __init__(self) -> None:
-        self.push: object = None  # the server's, set when it is made
+        self.push: Any = None  # the server's, set when it is made
+        self.latest = None
         self.answers = True  # what a reading asked for (``fresh``) finds
 
     def ok(self) -> None:
-        self.push(SimpleNamespace())  # type: ignore[operator]
+        self.push(SimpleNamespace())
 
     def fail(self) -> None:
-        self.push(None)  # type: ignore[operator]
+        self.push(None)
 
     async def fresh(self) -> None:
         self.ok() if self.answers else self.fail()
@@ -53,9 +55,9 @@ def fleet(clock: Clock, size: int = 2) -> tuple[ServerSet, list[Reads], Halt]:
     settings = load_settings()
     reads = [Reads() for _ in range(size)]
     changed = asyncio.Event()
-    servers = [Server(i, f"http://gpu{i}.test:8000/v1", SimpleNamespace(settings=settings),
-                      Strategy.parse("fixed-2"), gauges=reads[i], changed=changed,  # type: ignore[arg-type]
-                      clock=clock)
+    llm: Any = SimpleNamespace(settings=settings)
+    servers = [Server(i, f"http://gpu{i}.test:8000/v1", llm, Strategy.parse("fixed-2"),
+                      gauges=reads[i], changed=changed, clock=clock)
                for i in range(size)]
     halt = Halt()
     return (ServerSet(servers, changed, halt=halt, outage_budget_s=BUDGET_S, clock=clock),

@@ -154,13 +154,11 @@ def run_night_with_a_canary(monkeypatch: pytest.MonkeyPatch, home: Path, databas
     leaked = sorted({(table, column) for table, column, value in stored if holds_canary(value)})
     assert not leaked, f"stored in {leaked}"
     # The calls' rows, the sampler's and the batch's settings name the endpoints, masked.
+    # (A call refused after the crash names it in its error too; the held gate of a server
+    # that is down keeps most back, so whether one was refused is the race's.)
     named = {(table, column) for table, column, value in stored
              if "nd:***@fake-a.test" in str(value)}
-    # With several endpoints the calls sent after the crash are refused ("cannot reach
-    # URL"); with one, its held gate keeps them back and only cut streams are recorded.
     expected = {("llm_calls", "endpoint"), ("server_samples", "endpoint"), ("batches", "settings")}
-    if len(names) > 1:
-        expected.add(("llm_calls", "error"))
     assert expected <= named, named
 
     engine = get_engine(database_url)
