@@ -17,7 +17,6 @@ import structlog
 from sqlalchemy import Engine, insert
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.config import Settings
 from app.db.models import ServerSample
 from app.errors import ServerError
 from serving.metrics import MetricsSnapshot, afetch_metrics_text, parse_cache_config, parse_metrics
@@ -61,7 +60,6 @@ class MetricsSampler:
         # every sample: a restarted server may have another.
         self.kv_capacity: int | None = None
         self.block_size: int | None = None
-        self.samples_taken = 0
         self.failing = False  # the last read failed
         self._engine = engine
         self._batch_id = batch_id
@@ -80,14 +78,6 @@ class MetricsSampler:
         # is the loop's doing alone, whatever the server's speed.
         self._lag = 0.0
         self.lag_max = 0.0
-
-    @classmethod
-    def from_settings(cls, settings: Settings, engine: Engine | None, batch_id: int | None,
-                      *, client: httpx.AsyncClient | None = None) -> MetricsSampler:
-        """Make a sampler for the configured server and interval (through ``client``, if given)."""
-        return cls(settings.base_url, engine, batch_id, interval_s=settings.metrics_interval_s,
-                   probe_s=settings.server_probe_interval_s, client=client,
-                   endpoint=settings.base_url)
 
     async def sample_once(self) -> MetricsSnapshot | None:
         """Take one reading, push it and store it; return None when it could not be read."""
@@ -114,7 +104,6 @@ class MetricsSampler:
         self.failing = False
         self._read_capacity(text)
         self.latest = snapshot
-        self.samples_taken += 1
         if self.push is not None:
             self.push(snapshot)
         if self._engine is not None and self._batch_id is not None:
@@ -148,15 +137,18 @@ class MetricsSampler:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while not self._stopping.is_set():
+        pause: float | None = 0.0 if self.interval_s is not None else None
+        while True:
+            # Keep the cadence even when a read is slow; wake at once when asked or stopped.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=pause)
+            if self._stopping.is_set():
+                return
             self._wake.clear()
             started = loop.time()
             await self.sample_once()
-            # Keep the cadence even when a read is slow; wake at once when asked or stopped.
             every = self.probe_s if self.failing else self.interval_s
             pause = None if every is None else max(0.0, every - (loop.time() - started))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=pause)
 
     async def _watch_lag(self) -> None:
         # A timer always pending: however the loop was kept busy (streams, a read, a write),
@@ -178,7 +170,7 @@ class MetricsSampler:
             self._lag_task = asyncio.create_task(self._watch_lag(), name="client-lag")
 
     async def stop(self) -> None:
-        """Stop sampling, then take one last reading so the batch's end is recorded."""
+        """Stop reading, then (on an interval) take one last reading: the batch's end."""
         if self._task is not None:
             # Not cancel(): a reading being stored finishes, so no row is lost half-way.
             self._stopping.set()
@@ -187,7 +179,8 @@ class MetricsSampler:
             if self._lag_task is not None:
                 await self._lag_task
             self._task = self._lag_task = None
-            await self.sample_once()
+            if self.interval_s is not None:
+                await self.sample_once()
         if self._owns_client:
             await self._client.aclose()
 
