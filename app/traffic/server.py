@@ -285,15 +285,17 @@ class Server:
     async def confirm(self) -> None:
         """After a server fault: return once a reading taken since finds the server up.
 
-        A failed reading makes it down at once; the call then waits for it to come back.
-        Raise ServerOutage once the batch's outage budget is spent.
+        A failed reading makes it down at once; the call then waits for it to come back,
+        unless another server is up (the ticker's client moves the call there). Raise
+        ServerOutage once the batch's outage budget is spent.
         """
         servers = self.servers
         if self.gauges is None or servers is None:
             return
         if not servers.gave_up.is_set():
             await self.check()
-        while not self.up and not servers.gave_up.is_set():
+        while (not self.up and servers.alternative(self) is None
+               and not servers.gave_up.is_set()):
             await wait_first(servers.health_event().wait(), servers.gave_up.wait())
         if servers.gave_up.is_set():
             raise ServerOutage(servers.outage_message())
