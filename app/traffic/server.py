@@ -189,12 +189,10 @@ class Server:
     async def count_first(self, messages: list[dict[str, Any]]) -> None:
         """Have the server count the first prompt before the budget costs it.
 
-        A request is costed before it passes the gate, and the context check's /tokenize
-        runs after: the batch's first requests were costed at the default 0.5 tokens per
-        byte (0.226 on an H200), and the first readings of the chain cap's mean carried
-        those costs. One count, once per endpoint; the others wait for it (a batch starts
-        with a ticker's four analysts at once). The context check finds it in the
-        counter's cache. A failure here is left to the call itself to meet.
+        Without it the first requests are costed at the budget's default tokens per byte
+        (docs/architecture.md, "The token budget"). One count per server; its other
+        requests wait for it; the context check finds it in the counter's cache. A failure
+        here is left to the call itself to meet.
         """
         budget, counter = self.limits.budget, getattr(self.llm, "counter", None)
         if (budget is None or counter is None or self._count_asked or not counter.supported
