@@ -8,7 +8,7 @@ prompt prefix stays in that replica's cache.
 
 One health rule, whatever the number of servers: a server is *down* once two readings of
 its ``/metrics`` in a row fail, or one fails that a call asked for after meeting a server
-fault (``Server.confirm``); it is *up* again at its next good reading. While it is down its
+fault (``Server.check``); it is *up* again at its next good reading. While it is down its
 gate lets nothing new through, it is read every ``server_probe_interval_s``, and its
 tickers move to a server that is up (app/traffic/client.py). While every server is down,
 calls wait for one to come back for at most ``outage_budget_s`` (one clock, from the moment
@@ -283,17 +283,15 @@ class Server:
     async def confirm(self) -> None:
         """After a server fault: return once a reading taken since finds the server up.
 
-        A failed reading makes it down at once; the call then waits for it to come back,
-        unless another server is up (the ticker's client moves the call there). Raise
-        ServerOutage once the batch's outage budget is spent.
+        A failed reading makes it down at once; the call then waits for it to come back.
+        Raise ServerOutage once the batch's outage budget is spent.
         """
         servers = self.servers
         if self.gauges is None or servers is None:
             return
         if not servers.gave_up.is_set():
             await self.check()
-        while (not self.up and servers.alternative(self) is None
-               and not servers.gave_up.is_set()):
+        while not self.up and not servers.gave_up.is_set():
             await wait_first(servers.health_event().wait(), servers.gave_up.wait())
         if servers.gave_up.is_set():
             raise ServerOutage(servers.outage_message())
@@ -363,7 +361,7 @@ class ServerSet:
 
         The readers store rows when ``sample``; they read on their interval when sampling
         or with several endpoints, and otherwise only when a call met a server fault
-        (``Server.confirm``), which gives health but no gauges to admit by. ``halt`` stops
+        (``Server.check``), which gives health but no gauges to admit by. ``halt`` stops
         the batch when no server answers for ``outage_budget_s``.
         """
         changed = asyncio.Event()
@@ -379,8 +377,10 @@ class ServerSet:
                              max_in_flight=max_in_flight, attempts_before=attempts_before)
             endpoint = Server(index, url, llm, strategy, gauges=sampler, changed=changed,
                               clock=clock)
-            # Between attempts of a call that met a server fault: the server's health.
-            llm.watch = llm.counter.watch = endpoint
+            if len(urls) == 1:
+                # Between attempts after a server fault: wait while the one server is down.
+                # Several fail over instead (after_failure), so their attempts are not held.
+                llm.watch = llm.counter.watch = endpoint
             endpoints.append(endpoint)
         if len(endpoints) > 1:
             log.info("endpoints", urls=[e.name for e in endpoints])

@@ -248,7 +248,7 @@ async def test_an_endpoint_that_goes_away_hands_its_tickers_to_the_other(
 @pytest.mark.slow
 @pytest.mark.parametrize(("outage_s", "outages"), [
     (10 * STEP_S, 1),  # its tickers move, then it takes new ones
-    (STEP_S, 1),  # one refused reading: down as well (one rule); the calls it cut go again
+    (2 * STEP_S, 1),  # two refused readings: down as well (one rule); its cut calls go again
 ])
 async def test_an_endpoint_that_restarts_loses_no_ticker_and_takes_work_again(
         sqlite_engine: Engine, demo_dir: Path, outage_s: float, outages: int) -> None:

@@ -111,16 +111,6 @@ async def test_a_call_fault_and_one_failed_reading_make_a_server_down_at_once() 
     assert servers.first.outages_seen[0]["seconds"] == 5.0 and halt.reason is None
 
 
-async def test_a_call_waits_for_its_server_only_while_no_other_is_up() -> None:
-    # A call (or a context count) that met a fault at a dead server waits for it only when
-    # there is nowhere else to go; with another up, its ticker's client moves it there.
-    clock = Clock()
-    servers, reads, _ = fleet(clock)
-    reads[0].answers = False
-    await asyncio.wait_for(servers.first.confirm(), 1)
-    assert not servers.first.up and servers.endpoints[1].up
-
-
 async def test_every_server_down_past_the_budget_halts_the_batch_once() -> None:
     clock = Clock()
     servers, reads, halt = fleet(clock)
