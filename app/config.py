@@ -134,16 +134,13 @@ class Settings(BaseSettings):
     heartbeat_stale_s: float = Field(120.0, gt=0)
     # How long a batch waits for a server that stopped answering before it ends interrupted.
     outage_budget_s: float = Field(900.0, ge=0)
+    # How often a server that does not answer is read (app/traffic/server.py).
     server_probe_interval_s: float = Field(1.0, gt=0)
     # After SIGTERM/SIGINT: how long calls in flight may take to finish before they are cut.
     shutdown_grace_s: float = Field(60.0, ge=0)
     # "sync": a node's checkpoint is stored before the next node starts, so a kill loses at
     # most the node in flight; "async"/"exit" are LangGraph's cheaper, less durable modes.
     checkpoint_durability: Literal["sync", "async", "exit"] = "sync"
-    # How long an endpoint's /metrics may keep failing before its tickers move to the other
-    # endpoints (app/traffic/server.py). A saturated CPU server answered every read, the
-    # slowest in 1.3 s (docs/performance.md), so 10 s of failures is a gone server.
-    endpoint_grace_s: float = Field(10.0, gt=0)
     record_requests: bool = True
     log_format: Literal["auto", "console", "json"] = "auto"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"

@@ -45,7 +45,7 @@ def message_bytes(messages: list[dict[str, Any]]) -> int:
 
 
 class ServerCheck(Protocol):
-    """Tell whether the server answers (app.traffic.outage.ServerWatch)."""
+    """Tell whether the server answers (app.traffic.server.Server)."""
 
     async def confirm(self) -> None:
         """Return once the server answers; raise ServerOutage past the outage budget."""

@@ -27,6 +27,7 @@ from app.config import Settings
 from app.errors import ERRORS, BatchStopped, LLMError
 from app.quality import monitor
 from app.traffic.client import TickerClient
+from app.traffic.clock import Clock, loop_clock
 from app.traffic.halt import Halt, HaltReason, drive
 from app.traffic.scheduler import Job, Scheduler
 from app.traffic.server import ServerSet
@@ -106,6 +107,7 @@ class BatchEngine:
         progress_factory: Callable[..., BatchProgress] = BatchProgress,
         server_facts: dict[str, Any] | None = None,
         lock: LockHold | None = None,
+        clock: Clock = loop_clock,
     ) -> None:
         self.settings = settings
         self.pipeline = settings.pipeline()
@@ -115,10 +117,11 @@ class BatchEngine:
         self.sample_metrics = sample_metrics
         self.progress_factory = progress_factory
         self.server_facts = server_facts
-        # Signals, the outage watch and fatal errors all stop the batch through this.
+        # Signals, a server outage and fatal errors all stop the batch through this.
         self.halt = Halt()
         # The nightly lock a nightly run holds: each heartbeat proves it (app/batch/lock.py).
         self.lock = lock
+        self.clock = clock  # what server outages and the outage budget are timed on
         # The checkpointer the graph's work uses, while a checkpointed batch runs.
         self._saver: BaseCheckpointSaver[Any] | None = None
 
@@ -264,9 +267,8 @@ class BatchRun:
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,
                                         settings.max_concurrency),
-            halt=owner.halt, resume_hint=hint)
-        self.scheduler = Scheduler(None, self.strategy, endpoints=self.servers,
-                                   interval_s=min(settings.metrics_interval_s, 2.0))
+            halt=owner.halt, resume_hint=hint, clock=owner.clock)
+        self.scheduler = Scheduler(None, self.strategy, endpoints=self.servers)
         self.progress = owner.progress_factory(self.batch_id, len(plan.tickers), self.servers,
                                                self.scheduler, self.servers,
                                                expected_calls=self.work.expected_calls)

@@ -10,7 +10,7 @@ Layered bottom-up; a module imports only those listed before it (no cycles; the
 - ``strategy``: what a strategy name means;
 - ``gate``: requests held at the limits; ``chains``: the chain footprint measured there;
 - ``limits``: request count, KV token budget and chain footprint as one object;
-- ``outage``, ``server``: one server's health and limits; the set of servers of a batch;
+- ``server``: one server's reader, limits, gate and health; the set of servers of a batch;
 - ``client``: the one client a ticker's graph calls through;
 - ``scheduler``: which ticker starts when.
 """

@@ -1,35 +1,16 @@
 """Decide how many LLM requests may be outstanding, from the server's own gauges.
 
-The seeds lost half their night to a fixed slot count: 3 left the GPU idle, 14 filled
-the KV cache and queued 5–9 requests that only waited. The server knows which is which,
-so the limit follows what it reports:
+Per reading (docs/architecture.md, "The request count", has the measured reasons):
 
-- grow while the server has headroom: nothing waiting, KV usage under ``kv_high``, and
-  our outstanding requests actually at the limit (growing a limit we do not use proves
-  nothing). Until the first sign of saturation the limit doubles per reading (a short
-  batch must not spend its first minute creeping up); after it, one request at a time;
-- when requests start to wait (the server's batch is full), stop growing and settle at
-  what the server is really running, plus a small queue (``queue_allowance``) so a
-  finishing request is replaced at once. A queue is a full batch only when running and
-  waiting together exceed the most the server has been seen to run at once: below that,
-  the waiting requests are arriving, about to run (a chain's next call, an analyst
-  burst's prefill). On an H200 at 40 tickers, readings such as 4 running and 2 waiting at
-  28% KV cut the limit to 5 again and again, and the batch ran 5% under a fixed setting;
-  such a reading now holds the limit (no growth, no cut);
-- when KV usage reaches ``kv_high``, stop growing and allow no queue: a queued request
-  would be admitted into the last free blocks, and the running ones then have nothing
-  left to decode into, so the server preempts (measured on an H200: one preemption in a
-  run with a queue of one). At ``kv_full`` shed one request per reading: prompts grow
-  along each ticker's chain, so replacing one for one still creeps towards a full cache;
-- a new preemption means the KV cache overflowed: cut the limit by ``backoff``
-  (preempted requests recompute their prefill, so they cost more than they bring);
-- counters that go backwards mean the server restarted: forget the baseline and start
-  over from ``initial``;
-- while ``/metrics`` cannot be read, hold at ``initial`` (``fall_back``). A missed reading is
-  caution, not a sign of overload: when readings return from the same server (its counters
-  carry on), the limit held before goes back at once, then the rules above judge it. On an
-  H200 a client busy with 256 streams missed one reading for 45 s; resuming at 4 and growing
-  one request per reading left minute 1 of that night at a quarter of its concurrency.
+- grow while the server has headroom (nothing waiting, KV under ``kv_high``, the limit in
+  use): doubling until the first sign of saturation, then one request at a time;
+- a queue beyond ``queue_allowance`` whose running and waiting exceed the most the server
+  has run at once is a full batch: settle at running + ``queue_allowance``; a queue
+  within that is requests arriving: hold;
+- KV at ``kv_high``: no growth, no queue; at ``kv_full``: shed one request;
+- new preemptions: × ``backoff``; a restarted server (limits.py detects it): ``initial``;
+- ``/metrics`` unreadable (``fall_back``): hold at ``initial``; readings from the same
+  server bring the limit held before back at once.
 """
 
 from __future__ import annotations
@@ -88,12 +69,12 @@ class AdmissionPolicy:
         """Return the limit used without gauges: the starting one."""
         return min(max(self.initial, self.minimum), self.maximum)
 
-    def observe(self, gauges: Gauges, outstanding: int) -> int:
-        """Update the limit from one metrics reading; return the new allowed count."""
-        restarted = self._preemptions is not None and (
-            gauges.preemptions_total < self._preemptions
-            or (self._generated is not None and gauges.generation_tokens_total < self._generated)
-        )
+    def observe(self, gauges: Gauges, outstanding: int, *, restarted: bool = False) -> int:
+        """Update the limit from one metrics reading; return the new allowed count.
+
+        ``restarted``: the reading is a new server's (its counters went back; limits.py
+        tells), so the limit starts over.
+        """
         new_preemptions = (
             0.0 if self._preemptions is None or restarted
             else gauges.preemptions_total - self._preemptions

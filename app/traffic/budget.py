@@ -27,8 +27,8 @@ rounded up to whole KV blocks — against the capacity the server reports
 - KV usage at ``kv_high`` cuts an overbooked factor by ``high_cut``, and a footprint that
   no longer fits (the estimates tightened) pulls it down to what fits, neither below the
   start (``overbook``): reservations at the start factor already cover every answer's growth;
-- counters going backwards mean the server restarted: factor and correction start over
-  (what was learned about prompt and output sizes stays true of the same model).
+- a restarted server (limits.py detects it): factor and correction start over (what was
+  learned about prompt and output sizes stays true of the same model).
 
 A ticker between two calls keeps the tokens of its last call as a *hold* until its next
 call takes their place. Holds are not in the cache (a finished request's blocks are free to
@@ -321,12 +321,11 @@ class TokenBudget:
         if block_size:
             self.block_size = block_size
 
-    def observe(self, gauges: BudgetGauges) -> int | None:
-        """Correct the budget from one metrics reading; return the new limit."""
-        restarted = self._preemptions is not None and (
-            gauges.preemptions_total < self._preemptions
-            or (self._generated is not None and gauges.generation_tokens_total < self._generated)
-        )
+    def observe(self, gauges: BudgetGauges, *, restarted: bool = False) -> int | None:
+        """Correct the budget from one metrics reading; return the new limit.
+
+        ``restarted``: the reading is a new server's (limits.py detects it): start over.
+        """
         new_preemptions = (0.0 if self._preemptions is None or restarted
                            else gauges.preemptions_total - self._preemptions)
         if self._generated is not None and not restarted:

@@ -1,10 +1,12 @@
-"""One server's limits, moved together by each /metrics reading.
+"""One server's limits, moved together by each /metrics reading its reader pushes.
 
 How many requests may be outstanding (the admission policy, app/traffic/admission.py), how
 many KV tokens they may reserve (the token budget, app/traffic/budget.py), and how many
 tickers' chains those tokens keep going (the footprint, app/traffic/chains.py). Once the
 server's KV capacity is known the budget owns the KV cache: the policy's own KV rules stand
-down, so the cache is guarded in one place.
+down, so the cache is guarded in one place. Readings that failed are counted here (the
+server's health is judged from the count), and a restart (counters that went back) is
+detected here, once, for both the policy and the budget.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Limits:
         self.name = name  # the server's, for the log
         self.policy = policy or strategy.admission_policy(maximum)
         # The budget needs the gauges: without readings it could never learn the capacity.
+        self.gauged = gauged
         self.budget = strategy.token_budget() if gauged else None
         if self.budget is not None:
             # One high-water mark: once the budget owns the KV cache it is the budget's.
@@ -42,6 +45,12 @@ class Limits:
         # Tokens per active ticker (per chain, prefetching): how many chains fit.
         self.footprint = Footprint(chains_only=strategy.prefetch)
         self._capacity_said = False
+        self._totals: tuple[float, float] | None = None  # the last reading's counters
+        self.failed = 0  # readings failed in a row
+        self.missed = 0  # readings failed in all
+        self.blind_s = 0.0  # seconds without readings, adaptive (spells ended)
+        self.blind_since: float | None = None  # when the spell going on began
+        self._blind_said = False
 
     @property
     def first_request_limit(self) -> int:
@@ -58,17 +67,55 @@ class Limits:
         slots = self.chain_slots()
         return request_limit if slots is None else min(request_limit, slots)
 
+    def read(self, snapshot: Any | None, now: float, gate: Gate, tickets: Iterable[Ticket],
+             capacity: int | None, block_size: int | None) -> None:
+        """Take one reading (None: it failed): count it and, adaptive, move the limits.
+
+        Without gauges (readings taken only when a call asked) the limits stay put.
+        """
+        adaptive = self.gauged and self.strategy.adaptive
+        if snapshot is None:
+            self.failed += 1
+            self.missed += 1
+            if adaptive and self.blind_since is None:
+                self._go_blind(now, gate)
+            return
+        self.failed = 0
+        if self.blind_since is not None:
+            self.blind_s += now - self.blind_since
+            self.blind_since = None
+            log.info("the server's /metrics can be read again: adaptive admission resumes",
+                     endpoint=self.name)
+        if adaptive:
+            self.observe(snapshot, gate, tickets, capacity, block_size)
+
+    def _go_blind(self, now: float, gate: Gate) -> None:
+        """Blind, the limit must not grow: back to where it started, until readings return."""
+        self.blind_since = now
+        gate.set_limit(self.policy.fall_back())
+        if not self._blind_said:  # once, however often it happens
+            self._blind_said = True
+            log.warning("cannot read the server's /metrics: adaptive admission falls back "
+                        "to its starting limit and pauses while the server looks down",
+                        limit=gate.limit, endpoint=self.name)
+
     def observe(self, snapshot: Any, gate: Gate, tickets: Iterable[Ticket],
                 capacity: int | None, block_size: int | None) -> None:
         """Move the request limit and the token budget with one new reading."""
+        totals = (snapshot.preemptions_total, snapshot.generation_tokens_total)
+        restarted = self._totals is not None and (
+            totals[0] < self._totals[0] or totals[1] < self._totals[1])
+        self._totals = totals
+        if restarted:
+            log.info("server restarted: its limits start over", endpoint=self.name)
         self._budget_capacity(capacity, block_size)
         before = gate.limit
-        gate.set_limit(self.policy.observe(snapshot, gate.outstanding))
+        gate.set_limit(self.policy.observe(snapshot, gate.outstanding, restarted=restarted))
         if gate.limit != before:
             log.debug("admission limit", limit=gate.limit, reason=self.policy.reason,
                       endpoint=self.name)
         if self.budget is not None:
-            tokens = self.budget.observe(snapshot)
+            tokens = self.budget.observe(snapshot, restarted=restarted)
             self.footprint.sample(gate, tickets)
             gate.reconsider()
             log.debug("token budget", tokens=tokens, reserved=self.budget.reserved,

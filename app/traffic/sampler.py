@@ -1,13 +1,14 @@
-"""Sample the vLLM server's ``/metrics`` during a batch: keep the latest, store each reading.
+"""The one reader of a vLLM server's ``/metrics``: push each reading, store it as a row.
 
 Reading and parsing are serving's (serving/metrics.py); writing ``server_samples`` rows is the
-service's, so the sampler lives here, next to the engine that runs it.
+service's, so the reader lives here, next to the engine that runs it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -16,10 +17,8 @@ import structlog
 from sqlalchemy import Engine, insert
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.config import Settings
 from app.db.models import ServerSample
 from app.errors import ServerError
-from app.traffic.clock import Clock, loop_clock
 from serving.metrics import MetricsSnapshot, afetch_metrics_text, parse_cache_config, parse_metrics
 from serving.urls import redact
 
@@ -30,11 +29,12 @@ LAG_PROBE_S = 0.25  # how often the client's own loop is checked for running lat
 
 
 class MetricsSampler:
-    """Read /metrics every ``interval_s`` during a batch: keep the latest, store a row each time.
+    """Read /metrics and push every reading (None for a failed one) to ``push``.
 
-    The batch engine's admission policy reads ``latest``; ``server_samples`` gets one row per
-    reading for ``batch_id``. A failed read or write is logged and skipped: a lost sample
-    must never fail the batch it describes.
+    Reads come every ``interval_s`` (None: only when asked), every ``probe_s`` while they
+    fail, and at once when ``fresh`` asks. ``server_samples`` gets a row per reading for
+    ``batch_id``; a failed write is logged and skipped: a lost sample must never fail the
+    batch it describes.
     """
 
     def __init__(
@@ -43,29 +43,24 @@ class MetricsSampler:
         engine: Engine | None,
         batch_id: int | None,
         *,
-        interval_s: float,
+        interval_s: float | None,
+        probe_s: float | None = None,
         client: httpx.AsyncClient | None = None,
         endpoint: str | None = None,
-        clock: Clock = loop_clock,
     ) -> None:
         self.base_url = base_url
         self.interval_s = interval_s
+        self.probe_s = probe_s if probe_s is not None else interval_s
         # Stored with every row, so a batch over several endpoints keeps each one's series.
         self.endpoint = None if endpoint is None else redact(endpoint)
+        # Where each reading goes: the server's (app/traffic/server.py Server.reading).
+        self.push: Callable[[MetricsSnapshot | None], None] | None = None
         self.latest: MetricsSnapshot | None = None
         # The KV cache's size from vllm:cache_config_info (None while unknown), re-read with
         # every sample: a restarted server may have another.
         self.kv_capacity: int | None = None
         self.block_size: int | None = None
-        self.samples_taken = 0
-        self.failures = 0
-        # The endpoint set (app/traffic/server.py) judges an endpoint's health from these:
-        # failed reads in a row, and when (loop time) the last read succeeded or failed.
-        self.failed_in_a_row = 0
-        self.last_ok_at: float | None = None
-        self.last_failed_at: float | None = None
-        self.read = asyncio.Event()  # set after every read, good or failed
-        self.clock = clock  # what last_ok_at and last_failed_at are stamped with
+        self.failing = False  # the last read failed
         self._engine = engine
         self._batch_id = batch_id
         # One connection for the whole batch; closed in stop() only when made here.
@@ -74,49 +69,59 @@ class MetricsSampler:
         self._task: asyncio.Task[None] | None = None
         self._lag_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()  # a read is asked for now (or the reader stops)
+        self._started = self._ended = 0  # reads begun and ended
+        self._read = asyncio.Event()  # replaced at the end of every read
         # How late our own event loop ran since the last stored reading, and at worst: a
-        # client busy with hundreds of streams fires its timers late, so its gauges are stale
-        # (on an H200, 256 one-token streams made a 5 s read take 45 s). A timer firing late
-        # is the loop's doing alone, whatever the server's speed.
+        # client busy with many streams fires its timers late, so its gauges are stale.
         self._lag = 0.0
         self.lag_max = 0.0
 
-    @classmethod
-    def from_settings(cls, settings: Settings, engine: Engine | None, batch_id: int | None,
-                      *, client: httpx.AsyncClient | None = None) -> MetricsSampler:
-        """Make a sampler for the configured server and interval (through ``client``, if given)."""
-        return cls(settings.base_url, engine, batch_id, interval_s=settings.metrics_interval_s,
-                   client=client, endpoint=settings.base_url)
-
     async def sample_once(self) -> MetricsSnapshot | None:
-        """Take one reading and store it; return None when it could not be read."""
+        """Take one reading, push it and store it; return None when it could not be read."""
+        self._started += 1
+        try:
+            return await self._sample()
+        finally:
+            self._ended += 1
+            done, self._read = self._read, asyncio.Event()
+            done.set()
+
+    async def _sample(self) -> MetricsSnapshot | None:
         try:
             text = await afetch_metrics_text(self.base_url, client=self._client,
                                               timeout_s=READ_TIMEOUT_S)
             snapshot = parse_metrics(text)
         except ServerError as error:
-            self.failures += 1
-            self.failed_in_a_row += 1
-            self.last_failed_at = self.clock()
-            self.read.set()
+            self.failing = True
             log.warning("metrics read failed; sample skipped", error=str(error),
                         endpoint=self.endpoint)
+            if self.push is not None:
+                self.push(None)
             return None
-        self.failed_in_a_row = 0
-        self.last_ok_at = self.clock()
-        self.read.set()
+        self.failing = False
         self._read_capacity(text)
         self.latest = snapshot
-        self.samples_taken += 1
+        if self.push is not None:
+            self.push(snapshot)
         if self._engine is not None and self._batch_id is not None:
             try:
                 row = sample_row(snapshot, self._batch_id, self.endpoint, self._lag)
                 self._lag = 0.0
                 await asyncio.to_thread(_insert, self._engine, row)
             except SQLAlchemyError as error:
-                self.failures += 1
                 log.warning("server sample not stored", error=str(error).splitlines()[0])
         return snapshot
+
+    async def fresh(self) -> None:
+        """Return once a read begun after this call has ended (and been pushed)."""
+        if self._task is None:
+            await self.sample_once()
+            return
+        wanted = self._started + 1
+        self._wake.set()
+        while self._ended < wanted and not self._task.done():
+            await self._read.wait()
 
     def _read_capacity(self, text: str) -> None:
         try:
@@ -130,13 +135,18 @@ class MetricsSampler:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while not self._stopping.is_set():
+        pause: float | None = 0.0 if self.interval_s is not None else None
+        while True:
+            # Keep the cadence even when a read is slow; wake at once when asked or stopped.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=pause)
+            if self._stopping.is_set():
+                return
+            self._wake.clear()
             started = loop.time()
             await self.sample_once()
-            # Keep the cadence even when a read is slow; wake at once when stopped.
-            pause = max(0.0, self.interval_s - (loop.time() - started))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), timeout=pause)
+            every = self.probe_s if self.failing else self.interval_s
+            pause = None if every is None else max(0.0, every - (loop.time() - started))
 
     async def _watch_lag(self) -> None:
         # A timer always pending: however the loop was kept busy (streams, a read, a write),
@@ -158,15 +168,17 @@ class MetricsSampler:
             self._lag_task = asyncio.create_task(self._watch_lag(), name="client-lag")
 
     async def stop(self) -> None:
-        """Stop sampling, then take one last reading so the batch's end is recorded."""
+        """Stop reading, then (on an interval) take one last reading: the batch's end."""
         if self._task is not None:
             # Not cancel(): a reading being stored finishes, so no row is lost half-way.
             self._stopping.set()
+            self._wake.set()
             await self._task
             if self._lag_task is not None:
                 await self._lag_task
             self._task = self._lag_task = None
-            await self.sample_once()
+            if self.interval_s is not None:
+                await self.sample_once()
         if self._owns_client:
             await self._client.aclose()
 

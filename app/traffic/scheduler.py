@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ from app.traffic.budget import TokenBudget
 from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
 from app.traffic.holdback import COLUMNS
-from app.traffic.server import GaugeSource, Server, ServerSet
+from app.traffic.server import GaugeSource, ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import wait_first
 from app.traffic.ticket import Ticket
@@ -67,9 +66,8 @@ class Scheduler:
 
     def __init__(self, llm: TrackedLLM | None, strategy: Strategy, *,
                  gauges: GaugeSource | None = None, policy: AdmissionPolicy | None = None,
-                 interval_s: float = 1.0, endpoints: ServerSet | None = None) -> None:
+                 endpoints: ServerSet | None = None) -> None:
         self.strategy = strategy
-        self.interval_s = interval_s
         if endpoints is None:
             if llm is None:
                 raise ValueError("a scheduler needs a client or endpoints")
@@ -82,13 +80,6 @@ class Scheduler:
         self._waited: set[int] = set()
         self.tickers = 0
         self.stopping = False
-        self.routing = False  # a ready ticker waits for an endpoint with room to start on
-        self._began = 0.0  # loop time when run() began: the hold-back rows' zero
-        # Readings of /metrics that could not be taken, and the fallback they put us in.
-        self.metrics_fallback = False
-        self.metrics_missed = 0
-        self._fallback_s = 0.0
-        self._fallback_since = 0.0
 
     # The first endpoint's parts: with one server, the server's (live progress reads them).
     @property
@@ -110,6 +101,15 @@ class Scheduler:
     @property
     def gauges(self) -> GaugeSource | None:
         return self.endpoints.first.gauges
+
+    @property
+    def metrics_fallback(self) -> bool:
+        """Tell whether some server's /metrics cannot be read now (progress shows it)."""
+        return self.endpoints.blind
+
+    def fallback_record(self) -> dict[str, Any] | None:
+        """Return what the batch stores of its time without /metrics (None: it had none)."""
+        return self.endpoints.fallback_record()
 
     def stop(self) -> None:
         """Start no more tickers and let no new request through; requests out may finish."""
@@ -164,13 +164,11 @@ class Scheduler:
 
     async def run(self, jobs: list[Job], on_done: OnDone) -> None:
         """Run every job once; a failing job is reported to ``on_done``, never raised."""
-        self._began = asyncio.get_running_loop().time()
+        self.endpoints.began = self.endpoints.clock()  # the hold-back rows' zero
         ordered = sorted(jobs, key=lambda j: -j.weight)
         self.left = sum(job.requests for job in ordered)
         self.tickers = len(ordered)
         tasks: list[asyncio.Task[None]] = []
-        controller = (asyncio.create_task(self._control(), name="admission")
-                      if self.endpoints.controlled(self.strategy.adaptive) else None)
         slots = self.strategy.tickers_in_flight
         # Jobs prepare (load their data) ahead of admission, and a ticker is admitted once
         # it is ready: one slow load never holds back the tickers behind it. Start order,
@@ -194,7 +192,7 @@ class Scheduler:
                 ticket = Ticket(order, job.requests, job.chain)
                 # The endpoint with room, under its share of the work left and with the
                 # most free budget tokens (routing.py); a stop ends the wait at once.
-                self.routing = True
+                self.endpoints.routing = True
                 try:
                     endpoint = await self.endpoints.wait_for_room(
                         slots, or_else=functools.partial(
@@ -203,7 +201,7 @@ class Scheduler:
                         # fixed-N keeps its meaning, N tickers per endpoint.
                         work_left=self._work_left if slots is None else None)
                 finally:
-                    self.routing = False
+                    self.endpoints.routing = False
                 if self.stopping:
                     break  # the tickers not started stay queued, for a resume
                 order += 1
@@ -222,10 +220,7 @@ class Scheduler:
         finally:
             for task in [*tasks, *preparing]:
                 task.cancel()
-            if controller is not None:
-                controller.cancel()
-            await asyncio.gather(*tasks, *preparing, *(c for c in [controller] if c),
-                                 return_exceptions=True)
+            await asyncio.gather(*tasks, *preparing, return_exceptions=True)
 
     async def _prepare(self, job: Job, loaded: asyncio.Event,
                        failures: dict[int, BaseException], index: int) -> None:
@@ -279,67 +274,6 @@ class Scheduler:
             self.in_flight -= 1
             first_request.set()
         await on_done(job, result, error)
-
-    def fallback_record(self) -> dict[str, Any] | None:
-        """Return what the batch stores of its time without /metrics (None: it had none)."""
-        if not self.metrics_missed:
-            return None
-        seconds = self._fallback_s + (time.monotonic() - self._fallback_since
-                                      if self.metrics_fallback else 0.0)
-        return {"readings_missed": self.metrics_missed, "seconds": round(seconds, 1),
-                "limit": self.policy.fallback_limit}
-
-    def _metrics_missed(self, count: int, endpoint: Server) -> None:
-        self.metrics_missed += count
-        if not self.metrics_fallback:
-            self.metrics_fallback = True
-            self._fallback_since = time.monotonic()
-            # Blind, the limit must not grow: back to where it started, until readings return.
-            endpoint.gate.set_limit(endpoint.limits.policy.fall_back())
-            if self._fallback_s == 0.0:  # once per batch, however often it happens
-                log.warning("cannot read the server's /metrics: adaptive admission falls back "
-                            "to its starting limit and pauses while the server looks down",
-                            limit=endpoint.gate.limit, endpoint=endpoint.name)
-        for _ in range(count):
-            self.endpoints.note_metrics(False)
-
-    def _metrics_read(self) -> None:
-        if self.metrics_fallback:
-            self.metrics_fallback = False
-            self._fallback_s += time.monotonic() - self._fallback_since
-            log.info("the server's /metrics can be read again: adaptive admission resumes")
-        self.endpoints.note_metrics(True)
-
-    async def _control(self) -> None:
-        """Follow every endpoint's gauges: its admission limit and budget, and its health."""
-        adaptive = self.strategy.adaptive
-        seen: dict[int, Any] = {}
-        failures_seen: dict[int, int] = {}
-        loop = asyncio.get_running_loop()
-        while True:
-            for endpoint in self.endpoints:
-                gauges = endpoint.gauges
-                snapshot = gauges.latest if gauges is not None else None
-                fresh = snapshot is not None and snapshot is not seen.get(endpoint.index)
-                # The sampler counts a failed reading without a new snapshot (a reading it
-                # could not store still brings one): one reading at most per tick at this pace.
-                failures = int(getattr(gauges, "failures", 0))
-                if adaptive:
-                    if fresh:
-                        self._metrics_read()
-                    elif failures > failures_seen.get(endpoint.index, 0):
-                        self._metrics_missed(failures - failures_seen.get(endpoint.index, 0),
-                                             endpoint)
-                failures_seen[endpoint.index] = failures
-                if fresh:
-                    seen[endpoint.index] = snapshot
-                    if adaptive:
-                        endpoint.admit(snapshot)
-                        if self.routing:
-                            endpoint.note_start_wait(loop.time() - self._began)
-            if self.endpoints.several:
-                self.endpoints.judge_all(self.endpoints.clock())
-            await asyncio.sleep(self.interval_s / 2)
 
     def holdback_timeline(self) -> dict[str, Any]:
         """Return each endpoint's rows of what held new tickers back (holdback.COLUMNS)."""

@@ -1,24 +1,19 @@
 """A batch's servers: a ``Server`` per vLLM endpoint, also when there is one, and the ``ServerSet``.
 
-Each server has its own client, ``/metrics`` sampler (its rows name it), admission policy,
-token budget and gate. ``NIGHTDESK_LLM_BASE_URL`` may list several endpoints (one vLLM per
-GPU or per host). A ticker's whole chain goes to one endpoint, chosen
-when it starts by the most free budget tokens (app/traffic/routing.py), so its prompt prefix
-stays in that replica's cache.
+Each server has its own client, ``/metrics`` reader (its rows name it), limits (request
+count, token budget, chain footprint) and gate. ``NIGHTDESK_LLM_BASE_URL`` may list several
+endpoints (one vLLM per GPU or per host). A ticker's whole chain goes to one endpoint,
+chosen when it starts by the most free budget tokens (app/traffic/routing.py), so its
+prompt prefix stays in that replica's cache.
 
-An endpoint whose ``/metrics`` has failed ``MIN_FAILED_READS`` times in a row and for at
-least ``endpoint_grace_s`` (the reads come every ``metrics_interval_s``) is *down*: it gets
-no new tickers, and the tickers on it move to the endpoints that are up (app/traffic/client.py:
-a chain goes on from its next call there; a call in flight is cancelled and sent again).
-A read that succeeds again makes it *up*; a restarted server's reset counters are handled by
-its own admission policy and budget, as with one server.
-
-With one endpoint no call ever moves: the set runs that server's outage watch
-(app/traffic/outage.py), which holds its gate and waits out a server that is down.
-When every endpoint is down, a call that failed waits for one to come back, as with one
-server: for at most the outage budget (``outage_budget_s``) from the moment the last one
-went down; past it the batch is halted as ``interrupted`` (exit 5), its tickers resumable,
-none failed for it.
+One health rule, whatever the number of servers: a server is *down* once two readings of
+its ``/metrics`` in a row fail, or one fails that a call asked for after meeting a server
+fault (``Server.check``); it is *up* again at its next good reading. While it is down its
+gate lets nothing new through, it is read every ``server_probe_interval_s``, and its
+tickers move to a server that is up (app/traffic/client.py). While every server is down,
+calls wait for one to come back for at most ``outage_budget_s`` (one clock, from the moment
+the last went down); past it the batch is halted as ``interrupted`` (exit 5), its tickers
+resumable, none failed for it.
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import structlog
@@ -42,23 +38,26 @@ from app.traffic.gate import Gate
 from app.traffic.halt import Halt, HaltReason
 from app.traffic.holdback import CHAIN_CAP, ROOM, HoldBack
 from app.traffic.limits import Limits
-from app.traffic.outage import ServerWatch
 from app.traffic.routing import Load, choose
 from app.traffic.sampler import MetricsSampler
 from app.traffic.strategy import Strategy
-from app.traffic.tasks import cancel_and_wait, wait_first
+from app.traffic.tasks import wait_first
 from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from serving.urls import redact
 
 log = structlog.get_logger(__name__)
 
-# One slow or lost read is not an outage, however short the grace is set.
+# Readings failed in a row that make a server down: one slow or lost read is no outage.
 MIN_FAILED_READS = 2
+HOLD = "server down"  # the gate's hold while the server is down
 
 
 class GaugeSource(Protocol):
-    """Anything holding the newest metrics reading (app.traffic.sampler.MetricsSampler does)."""
+    """A server's reader: it pushes each reading (None: failed) to ``push``, which the
+    server sets (app.traffic.sampler.MetricsSampler is one)."""
+
+    push: Callable[[Any], None] | None
 
     @property
     def latest(self) -> Any: ...
@@ -69,29 +68,36 @@ class Server:
 
     def __init__(self, index: int, url: str, llm: TrackedLLM, strategy: Strategy, *,
                  gauges: GaugeSource | None = None, policy: AdmissionPolicy | None = None,
-                 changed: asyncio.Event | None = None, grace_s: float = 10.0) -> None:
+                 changed: asyncio.Event | None = None, clock: Clock = loop_clock) -> None:
         self.index = index
         self.url = url
         # What logs, summaries and messages call it: the URL without its password.
         self.name = redact(url)
         self.llm = llm
         self.gauges = gauges
+        if gauges is not None:
+            gauges.push = self.reading
         self.strategy = strategy
         counter = getattr(llm, "counter", None)
-        self.limits = Limits(strategy, llm.settings.max_concurrency, gauged=gauges is not None,
+        # A reader that reads only when asked (no interval) gives no gauges to admit by.
+        gauged = gauges is not None and getattr(gauges, "interval_s", 0) is not None
+        self.limits = Limits(strategy, llm.settings.max_concurrency, gauged=gauged,
                              policy=policy, counted=counter.counts if counter else None,
                              name=self.name)
         self.gate = Gate(self.limits.first_request_limit, self.limits.budget, changed=changed)
         self.holdback = HoldBack()  # what kept new tickers from starting here, per reading
-        self.grace_s = grace_s
+        self.clock = clock  # what outages are timed on
+        self.servers: ServerSet | None = None  # the set, told of every reading
         self.up = True
         self.gone = asyncio.Event()  # set while the endpoint is down
+        self.outages_seen: list[dict[str, Any]] = []  # start and seconds of each, for the batch
+        self.last_failed_at: float | None = None  # when a reading last failed
+        self._suspect = False  # a call met a server fault: the next failed reading is down
+        self._down_since = 0.0
         self.here: dict[int, Ticket] = {}  # tickers whose calls go here now, by start order
         self.started = 0  # tickers routed here when they started
         self.moved_in = 0
         self.moved_out = 0
-        self.outages = 0
-        self.watched_since: float | None = None  # when its reads began (loop time)
         self._first_count = asyncio.Lock()
         self._count_asked = False
 
@@ -183,12 +189,10 @@ class Server:
     async def count_first(self, messages: list[dict[str, Any]]) -> None:
         """Have the server count the first prompt before the budget costs it.
 
-        A request is costed before it passes the gate, and the context check's /tokenize
-        runs after: the batch's first requests were costed at the default 0.5 tokens per
-        byte (0.226 on an H200), and the first readings of the chain cap's mean carried
-        those costs. One count, once per endpoint; the others wait for it (a batch starts
-        with a ticker's four analysts at once). The context check finds it in the
-        counter's cache. A failure here is left to the call itself to meet.
+        Without it the first requests are costed at the budget's default tokens per byte
+        (docs/architecture.md, "The token budget"). One count per server; its other
+        requests wait for it; the context check finds it in the counter's cache. A failure
+        here is left to the call itself to meet.
         """
         budget, counter = self.limits.budget, getattr(self.llm, "counter", None)
         if (budget is None or counter is None or self._count_asked or not counter.supported
@@ -225,31 +229,72 @@ class Server:
             **({"chains": self.chains, "fanning": self.fanning}
                if self.strategy.prefetch else {})})
 
-    def judge(self, now: float) -> bool:
-        """Update up/down from the sampler's reads; return True when the state changed."""
-        failed = getattr(self.gauges, "failed_in_a_row", 0)
-        last_ok = getattr(self.gauges, "last_ok_at", None)
-        if self.up:
-            since = last_ok if last_ok is not None else self.watched_since
-            if failed >= MIN_FAILED_READS and since is not None and now - since >= self.grace_s:
-                self.up = False
-                self.outages += 1
-                self.gone.set()
-                log.warning("endpoint down: its tickers move to the others", endpoint=self.name,
-                            failed_reads=failed, silent_s=round(now - since, 1))
-                return True
-        elif failed == 0 and last_ok is not None:
-            self.up = True
-            self.gone.clear()
-            log.info("endpoint back: it takes tickers again", endpoint=self.name)
-            return True
-        return False
+    @property
+    def outages(self) -> int:
+        return len(self.outages_seen)
 
-    def admit(self, snapshot: Any) -> None:
-        """Move the limits with one new reading (the sampler's KV capacity with it)."""
-        self.limits.observe(snapshot, self.gate, self.here.values(),
-                            getattr(self.gauges, "kv_capacity", None),
-                            getattr(self.gauges, "block_size", None))
+    def reading(self, snapshot: Any | None) -> None:
+        """Take one /metrics reading its reader pushed (None: it failed): limits, then health."""
+        now = self.clock()
+        self.limits.read(snapshot, now, self.gate, self.here.values(),
+                         getattr(self.gauges, "kv_capacity", None),
+                         getattr(self.gauges, "block_size", None))
+        servers = self.servers
+        if snapshot is None:
+            self.last_failed_at = now
+            if self.up and (self.limits.failed >= MIN_FAILED_READS or self._suspect):
+                self._went(up=False, now=now)
+        else:
+            self._suspect = False
+            if self.strategy.adaptive and servers is not None and servers.routing:
+                self.note_start_wait(now - servers.began)
+            if not self.up:
+                self._went(up=True, now=now)
+        if servers is not None:
+            servers.judge(now)
+
+    def _went(self, *, up: bool, now: float) -> None:
+        self.up = up
+        if up:
+            seconds = round(now - self._down_since, 1)
+            self.outages_seen[-1]["seconds"] = seconds
+            self.gone.clear()
+            self.gate.release(HOLD)
+            log.warning("LLM server answers again: admission resumes", endpoint=self.name,
+                        down_s=seconds)
+        else:
+            self._down_since = now
+            self.outages_seen.append({"endpoint": self.name, "seconds": None,
+                                      "start": datetime.now(UTC).isoformat()})
+            self.gone.set()
+            self.gate.hold(HOLD)
+            log.warning("LLM server does not answer: admission paused, its tickers move to "
+                        "a server that is up", endpoint=self.name,
+                        failed_reads=self.limits.failed)
+        if self.servers is not None:
+            self.servers.health_changed()
+
+    async def check(self) -> None:
+        """After a server fault: take a reading now; a failed one makes the server down."""
+        if self.gauges is not None:
+            self._suspect = True
+            await self.gauges.fresh()  # type: ignore[attr-defined]
+
+    async def confirm(self) -> None:
+        """After a server fault: return once a reading taken since finds the server up.
+
+        A failed reading makes it down at once; the call then waits for it to come back.
+        Raise ServerOutage once the batch's outage budget is spent.
+        """
+        servers = self.servers
+        if self.gauges is None or servers is None:
+            return
+        if not servers.gave_up.is_set():
+            await self.check()
+        while not self.up and not servers.gave_up.is_set():
+            await wait_first(servers.health_event().wait(), servers.gave_up.wait())
+        if servers.gave_up.is_set():
+            raise ServerOutage(servers.outage_message())
 
     def summary(self) -> dict[str, Any]:
         """Return how this endpoint's admission ended and what routing gave it."""
@@ -273,38 +318,37 @@ class _Combined:
 
 
 class ServerSet:
-    """The endpoints of one batch, in the configured order; routing and failover over them."""
+    """The endpoints of one batch, in the configured order; routing, failover and the one
+    outage clock over them."""
 
     def __init__(self, endpoints: list[Server], changed: asyncio.Event, *,
                  halt: Halt | None = None, outage_budget_s: float = float("inf"),
-                 resume_hint: str = "", watch: ServerWatch | None = None,
-                 clock: Clock = loop_clock) -> None:
+                 resume_hint: str = "", clock: Clock = loop_clock) -> None:
         self.endpoints = endpoints
-        # What health is judged by: grace periods and the outage budget run on it.
-        self.clock = clock
-        # One server's outage watch (app/traffic/outage.py): it holds that server's gate
-        # while the server does not answer. Several servers fail over instead (below).
-        self.watch = watch
-        self._watching: asyncio.Task[None] | None = None
+        for endpoint in endpoints:
+            endpoint.servers = self
+        self.clock = clock  # what the outage budget runs on
         # Shared by every gate, and set when a ticker ends or an endpoint changes state:
         # whoever waits for room anywhere wakes.
         self.changed = changed
         self._health = asyncio.Event()
-        # Every endpoint down: since when (loop time), and whether the budget ran out.
+        # Every endpoint down: since when, and whether the budget ran out.
         self.halt = halt
         self.outage_budget_s = outage_budget_s
         self.resume_hint = resume_hint
         self.all_down_since: float | None = None
         self.gave_up = asyncio.Event()
+        self.routing = False  # a ready ticker waits for room: readings note what held it
+        self.began = 0.0  # when the scheduler began: the hold-back rows' zero
 
     @classmethod
     def single(cls, llm: TrackedLLM, strategy: Strategy, *, gauges: GaugeSource | None = None,
                policy: AdmissionPolicy | None = None) -> ServerSet:
-        """Wrap one client and its gauges: a batch against one server, as it always was."""
+        """Wrap one client and its reader: a batch against one server."""
         changed = asyncio.Event()
         url = getattr(llm, "base_url", "")
         return cls([Server(0, url, llm, strategy, gauges=gauges, policy=policy,
-                             changed=changed)], changed)
+                           changed=changed)], changed)
 
     @classmethod
     def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
@@ -312,39 +356,35 @@ class ServerSet:
                 http_client: Any = None, max_in_flight: int | None = None,
                 halt: Halt, resume_hint: str = "", clock: Clock = loop_clock,
                 ) -> ServerSet:
-        """Make a client and sampler for every configured endpoint (through ``http_client``).
+        """Make a client and a /metrics reader for every configured endpoint.
 
-        One endpoint gets an outage watch, which its client consults after a server fault;
-        with several, failover takes its place. Either way ``halt`` stops the batch when
-        no server answers for ``outage_budget_s``.
+        The readers store rows when ``sample``; they read on their interval when sampling
+        or with several endpoints, and otherwise only when a call met a server fault
+        (``Server.check``), which gives health but no gauges to admit by. ``halt`` stops
+        the batch when no server answers for ``outage_budget_s``.
         """
         changed = asyncio.Event()
         urls = settings.base_urls
-        watch = None
-        if len(urls) == 1:
-            watch = ServerWatch(urls[0], budget_s=settings.outage_budget_s,
-                                interval_s=settings.server_probe_interval_s, halt=halt,
-                                client=http_client, resume_hint=resume_hint, clock=clock)
+        periodic = sample or len(urls) > 1
         endpoints = []
         for index, url in enumerate(urls):
+            sampler = MetricsSampler(url, engine if sample else None, batch_id,
+                                     interval_s=settings.metrics_interval_s if periodic else None,
+                                     probe_s=settings.server_probe_interval_s,
+                                     client=http_client, endpoint=url)
             llm = TrackedLLM(settings, recorder, http_client=http_client, base_url=url,
-                             max_in_flight=max_in_flight, watch=watch)
-            sampler = None
-            # With several endpoints the reads also say which are up, so they run even when
-            # no rows are to be stored.
-            if sample or len(urls) > 1:
-                sampler = MetricsSampler(url, engine if sample else None, batch_id,
-                                         interval_s=settings.metrics_interval_s,
-                                         client=http_client, endpoint=url, clock=clock)
-            endpoints.append(Server(index, url, llm, strategy, gauges=sampler,
-                                      changed=changed, grace_s=settings.endpoint_grace_s))
+                             max_in_flight=max_in_flight)
+            endpoint = Server(index, url, llm, strategy, gauges=sampler, changed=changed,
+                              clock=clock)
+            if len(urls) == 1:
+                # Between attempts after a server fault: wait while the one server is down.
+                # Several fail over instead (after_failure), so their attempts are not held.
+                llm.watch = llm.counter.watch = endpoint
+            endpoints.append(endpoint)
         if len(endpoints) > 1:
-            log.info("endpoints", urls=[e.name for e in endpoints],
-                     grace_s=settings.endpoint_grace_s)
-        if watch is not None:
-            watch.gate = endpoints[0].gate
+            log.info("endpoints", urls=[e.name for e in endpoints])
         return cls(endpoints, changed, halt=halt, outage_budget_s=settings.outage_budget_s,
-                   resume_hint=resume_hint, watch=watch, clock=clock)
+                   resume_hint=resume_hint, clock=clock)
 
     def __iter__(self) -> Iterator[Server]:
         return iter(self.endpoints)
@@ -411,48 +451,32 @@ class ServerSet:
 
     async def after_failure(self, endpoint: Server, started_at: float, *,
                             reached: bool = True) -> Server | None:
-        """Return where a call that failed at ``endpoint`` goes next; None: it fails, as today.
+        """Return where a call that failed at ``endpoint`` goes next; None: it fails.
 
         Called for failures of the server (connection, stream, timeout, 5xx), once the
-        client's own retries are spent. The endpoint's next reads decide: down (the grace
-        ran out) sends the call to an endpoint that is up; up again after reads failed
-        during the call (a restart) sends it again to the best endpoint, this one included;
-        reads that never failed make it the request's own failure — unless the call never
-        ``reached`` the server (refused connections say the server was away, whatever a
-        lagging reader saw), which is sent again like a restart. With one endpoint the call
-        fails: its outage is the client's own watch's to wait out.
+        client's own retries are spent. A reading taken now decides: down sends the call to
+        a server that is up, or waits for one to come back (ServerOutage past the budget);
+        up again after readings failed during the call (a restart) sends it again to the
+        best server, this one included; readings that never failed make it the request's
+        own failure — unless the call never ``reached`` the server (refused connections say
+        the server was away, whatever a lagging reader saw), which is sent again too.
         """
-        if not self.several or endpoint.gauges is None:
+        if endpoint.gauges is None:
             return None
-        sampler = endpoint.gauges
-        failed_at = self.clock()
-        event: asyncio.Event | None = getattr(sampler, "read", None)
-        while True:
-            self.judge_all(self.clock())
-            if not endpoint.up:
-                other = self.alternative(endpoint)
-                if other is not None or self.halt is None:
-                    return other
-                # Every endpoint is down: wait for one to come back, or the budget to end.
-                while self.all_down_since is not None and not self.gave_up.is_set():
-                    changed = self._health  # taken now: a change meanwhile replaces it
-                    await wait_first(changed.wait(), self.gave_up.wait())
-                if self.gave_up.is_set():
-                    raise ServerOutage(self.outage_message())
-                continue
-            last_ok = getattr(sampler, "last_ok_at", None)
-            if last_ok is not None and last_ok > failed_at:
-                last_failed = getattr(sampler, "last_failed_at", None)
-                if reached and (last_failed is None or last_failed < started_at):
-                    return None
-                chosen = choose(self.loads(), need_room=False, down_if_all=False)
-                return None if chosen is None else self.endpoints[chosen]
-            if event is None:
-                return None
-            event.clear()
-            # Bounded: a read ends within its own timeout, and reads keep coming.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout=endpoint.grace_s)
+        await endpoint.check()
+        while not endpoint.up:
+            other = self.alternative(endpoint)
+            if other is not None or self.halt is None:
+                return other
+            changed = self._health  # taken now: a change meanwhile replaces it
+            await wait_first(changed.wait(), self.gave_up.wait())
+            if self.gave_up.is_set():
+                raise ServerOutage(self.outage_message())
+        failed = endpoint.last_failed_at
+        if reached and (failed is None or failed < started_at):
+            return None
+        chosen = choose(self.loads(), need_room=False, down_if_all=False)
+        return None if chosen is None else self.endpoints[chosen]
 
     def health_event(self) -> asyncio.Event:
         """Return the event set at the next time an endpoint goes down or comes back.
@@ -463,59 +487,50 @@ class ServerSet:
         """
         return self._health
 
-    def judge_all(self, now: float) -> None:
-        """Decide every endpoint's health from its reads; wake whoever waits on a change.
-
-        Also keeps the outage budget of a batch whose endpoints are all down.
-        """
-        changed = any([endpoint.judge(now) for endpoint in self.endpoints])
-        if self.several and self.halt is not None:
-            self._judge_all_down(now)
-        if changed:
-            self._health.set()
-            self._health = asyncio.Event()
-            self.changed.set()
-
-    def _judge_all_down(self, now: float) -> None:
+    def health_changed(self) -> None:
+        """Wake whoever waits on a server's health; start or stop the outage clock."""
+        now = self.clock()
         if any(endpoint.up for endpoint in self.endpoints):
-            if self.all_down_since is not None:
+            if self.all_down_since is not None and self.several:
                 log.warning("an endpoint answers again: calls go on",
                             down_s=round(now - self.all_down_since, 1))
-                self.all_down_since = None
+            self.all_down_since = None
         elif self.all_down_since is None:
             self.all_down_since = now
-            log.warning("every endpoint is down: calls wait for one to come back",
-                        budget_s=self.outage_budget_s)
-        elif now - self.all_down_since > self.outage_budget_s and not self.gave_up.is_set():
+            if self.several:
+                log.warning("every endpoint is down: calls wait for one to come back",
+                            budget_s=self.outage_budget_s)
+        self._health.set()
+        self._health = asyncio.Event()
+        self.changed.set()
+
+    def judge(self, now: float) -> None:
+        """Halt the batch once every server has been down for longer than the budget."""
+        if (self.all_down_since is not None and now - self.all_down_since > self.outage_budget_s
+                and self.halt is not None and not self.gave_up.is_set()):
             self.gave_up.set()
-            assert self.halt is not None
+            for endpoint in self.endpoints:  # the outages end here, for the batch's record
+                endpoint.outages_seen[-1]["seconds"] = round(now - endpoint._down_since, 1)
             self.halt.request(HaltReason("interrupted", self.outage_message(),
                                          ServerOutage.exit_code))
 
     def outage_message(self) -> str:
-        """Say what an outage of every endpoint past the budget did (the batch's one line)."""
-        return (f"none of the {len(self.endpoints)} LLM endpoints answered for "
-                f"{self.outage_budget_s:.0f} s (the outage budget): batch interrupted"
-                f"{self.resume_hint}")
+        """Say what an outage of every server past the budget did (the batch's one line)."""
+        what = (f"none of the {len(self.endpoints)} LLM endpoints answered" if self.several
+                else f"the LLM server at {self.first.name} did not answer")
+        return (f"{what} for {self.outage_budget_s:.0f} s (the outage budget): batch "
+                f"interrupted{self.resume_hint}")
 
     # --- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start every endpoint's sampler, and the outage watch of one server; the grace of
-        an endpoint that never answers runs from here."""
-        now = self.clock()
+        """Start every endpoint's /metrics reader."""
         for endpoint in self.endpoints:
-            endpoint.watched_since = now
             if isinstance(endpoint.gauges, MetricsSampler):
                 await endpoint.gauges.start()
-        if self.watch is not None and self._watching is None:
-            self._watching = asyncio.create_task(self.watch.run(), name="server-watch")
 
     async def stop(self) -> None:
-        """Stop the outage watch, then every sampler (each takes its last reading)."""
-        if self._watching is not None:
-            await cancel_and_wait(self._watching)
-            self._watching = None
+        """Stop every reader (each takes its last reading)."""
         for endpoint in self.endpoints:
             if isinstance(endpoint.gauges, MetricsSampler):
                 await endpoint.gauges.stop()
@@ -524,23 +539,27 @@ class ServerSet:
         for endpoint in self.endpoints:
             await endpoint.llm.aclose()
 
-    def note_metrics(self, ok: bool) -> None:
-        """Tell the outage watch of one server whether a /metrics reading was taken."""
-        if self.watch is not None:
-            self.watch.note_metrics(ok)
-
     @property
     def outages(self) -> list[dict[str, Any]]:
-        """Return the outages the watch of one server saw (start, seconds), for the batch."""
-        return self.watch.outages if self.watch is not None else []
+        """Return every server's outages (endpoint, start, seconds), for the batch's record."""
+        return [outage for endpoint in self.endpoints for outage in endpoint.outages_seen]
 
-    def controlled(self, adaptive: bool) -> bool:
-        """Tell whether a control loop has work: admission by gauges, or several to watch.
+    @property
+    def blind(self) -> bool:
+        """Tell whether some server's /metrics cannot be read now (adaptive's fallback)."""
+        return any(e.limits.blind_since is not None for e in self.endpoints)
 
-        The loop itself is the scheduler's (``Scheduler._control``): it also tracks /metrics
-        readings that fail, for the outage watch of one server.
-        """
-        return self.several or (adaptive and self.first.gauges is not None)
+    def fallback_record(self) -> dict[str, Any] | None:
+        """Return what the batch stores of its time without /metrics (None: it had none)."""
+        now = self.clock()
+        missed = sum(e.limits.missed for e in self.endpoints)
+        if not missed or not self.first.strategy.adaptive:
+            return None
+        seconds = sum(e.limits.blind_s + (0.0 if e.limits.blind_since is None
+                                          else now - e.limits.blind_since)
+                      for e in self.endpoints)
+        return {"readings_missed": missed, "seconds": round(seconds, 1),
+                "limit": self.first.limits.policy.fallback_limit}
 
     # --- what progress and reports read -------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -76,6 +77,14 @@ class SimServer(KVGauges):
         self.budget: TokenBudget | None = None
         self.peak_reserved = 0
         self._ids = 0
+        self.push: Callable[[G], None] | None = None  # the server's, as a reader's
+
+    async def read(self, every_s: float) -> None:
+        """Push a reading every ``every_s``, as the batch's /metrics reader does."""
+        while True:
+            if self.push is not None:
+                self.push(self.latest)
+            await asyncio.sleep(every_s)
 
     def used(self) -> int:
         return sum(math.ceil((p + g) / self.block) * self.block for p, g in self.live.values())
@@ -121,17 +130,28 @@ def chain_job(key: str, length: int, first_bytes: int, step_bytes: int, out: int
     return Job(key, run, requests=length, chain=length)
 
 
+async def reading(server: SimServer, batch: Coroutine[Any, Any, None],
+                  every_s: float = 0.002) -> None:
+    """Run ``batch`` while ``server`` pushes a reading every ``every_s``."""
+    async with asyncio.TaskGroup() as group:
+        reader = group.create_task(server.read(every_s))
+        try:
+            await batch
+        finally:
+            reader.cancel()
+
+
 def run_sim(strategy: str, capacity: int, *, tickers: int = 12, shared: float = 0.0
             ) -> tuple[SimServer, Scheduler]:
     """Run chains of 5 calls (prompts 500-900 tokens, answers 400) under ``strategy``."""
     server = SimServer(capacity, shared=shared)
     scheduler = Scheduler(server, Strategy.parse(strategy),  # type: ignore[arg-type]
-                          gauges=server, interval_s=0.004)
+                          gauges=server)
     server.budget = scheduler.budget
 
     async def on_done(job: Job, result: Any, error: BaseException | None) -> None:
         assert error is None
 
     jobs = [chain_job(f"T{i}", 5, 2_000, 400, 400) for i in range(tickers)]
-    asyncio.run(scheduler.run(jobs, on_done))
+    asyncio.run(reading(server, scheduler.run(jobs, on_done)))
     return server, scheduler

@@ -11,9 +11,9 @@ downstream calls share its context (``SHARED`` tokens, as the bench's prompts do
 finishes, the context's blocks stay cached in the free part of the cache, least recently
 used first out when a request needs the room, and a later call of the ticker that finds
 them prefills only the rest; a call that runs beside another of its ticker's shares the
-blocks. Readings come every ``read_every`` steps, as a sampler's would. With its defaults
-it is the H200 run's server (49,152 KV tokens, 32 sequences), and at the 40-ticker shape
-it reproduced that run's ramp (tickers in flight 8/12/14/16 at 10/20/30/45 s against
+blocks. A reading is pushed every ``read_every`` steps, as the /metrics reader pushes one.
+With its defaults it is the H200 run's server (49,152 KV tokens, 32 sequences), and at the
+40-ticker shape it reproduced that run's ramp (tickers in flight 8/12/14/16 at 10/20/30/45 s against
 8/12/14/16) and its ranking of adaptive and fixed-14. ``flood`` sends every call of every
 ticker at once, as the bench's flood arm does.
 
@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import math
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -59,7 +60,7 @@ class Request:
 
 
 class SteppedGPU(KVGauges):
-    """The server: ``send`` as TrackedLLM's, ``latest`` as the sampler's (see the module)."""
+    """The server: ``send`` as TrackedLLM's, ``latest`` and ``push`` as the reader's."""
 
     def __init__(self, capacity: int = 49_152, max_seqs: int = 32, block: int = 16,
                  step_s: float = 0.001, read_every: int = 50, prefill_per_step: int = 8_192,
@@ -80,6 +81,7 @@ class SteppedGPU(KVGauges):
         self.seq_cost = seq_cost  # a step's time grows by this per running request
         self.cached: OrderedDict[str, int] = OrderedDict()  # ticker -> context tokens, LRU
         self.hits = self.sent = 0  # prompt tokens found cached, and sent
+        self.push: Callable[[G], None] | None = None  # where readings go: the server's
 
     @property
     def latest(self) -> G:
@@ -172,6 +174,8 @@ class SteppedGPU(KVGauges):
                              generation_tokens_total=self.generated,
                              running=len(self.running), waiting=len(self.waiting),
                              taken_at=datetime.now(UTC))
+            if self.push is not None:
+                self.push(self._latest)
 
 
 SHARED = 1_000  # a ticker's context at the head of each downstream prompt (the bench's)
@@ -211,8 +215,7 @@ def run(strategy: str, tickers: int = 40, out: int = 300, **server: Any) -> dict
     gpu = SteppedGPU(**server)
     flood = strategy == "flood"
     chosen = Strategy.parse("fixed-all" if flood else strategy)
-    scheduler = Scheduler(gpu, chosen,  # type: ignore[arg-type]
-                          gauges=gpu, interval_s=gpu.step_s * gpu.read_every / 2)
+    scheduler = Scheduler(gpu, chosen, gauges=gpu)  # type: ignore[arg-type]
     spans: dict[str, list[int]] = {}
 
     async def on_done(job: Job, result: object, error: BaseException | None) -> None:

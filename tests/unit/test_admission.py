@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from app.traffic.admission import AdmissionPolicy
 from app.traffic.gate import Gate
+from app.traffic.limits import Limits
+from app.traffic.strategy import Strategy
 
 
 @dataclass
@@ -83,11 +85,33 @@ def test_server_restart_resets_the_baseline() -> None:
     p = AdmissionPolicy(initial=4, maximum=64)
     p.observe(G(running=4, generation_tokens_total=10_000, preemptions_total=7), 4)
     p.observe(G(running=8, waiting=3, generation_tokens_total=12_000, preemptions_total=7), 8)
-    # Counters back at zero: a restarted server, not 7 negative preemptions.
-    assert p.observe(G(generation_tokens_total=0, preemptions_total=0), 0) == 4
+    # Counters back at zero: a restarted server, not 7 negative preemptions (limits.py
+    # detects it and says so).
+    assert p.observe(G(generation_tokens_total=0, preemptions_total=0), 0, restarted=True) == 4
     assert p.reason == "server restarted"
     # The new baseline holds: the next reading sees no preemptions.
     assert p.observe(G(running=4, generation_tokens_total=50), 4) == 8
+
+
+def test_a_restart_is_detected_once_by_the_limits_and_both_rules_start_over() -> None:
+    limits = Limits(Strategy.parse("adaptive"), 64, gauged=True)
+    assert limits.budget is not None
+    gate = Gate(4, limits.budget)
+
+    def read(**gauges: float) -> None:
+        limits.read(G(**gauges), 0.0, gate, [], 100_000, 16)
+
+    read(running=4, generation_tokens_total=10_000, preemptions_total=2)
+    read(running=4, generation_tokens_total=12_000, preemptions_total=3)  # one preemption
+    assert limits.budget.reason == "1 preemptions"
+    read(running=0, generation_tokens_total=40, preemptions_total=0)  # counters went back
+    assert limits.policy.reason == limits.budget.reason == "server restarted"
+    assert (limits.policy.allowed, limits.budget.factor) == (4, limits.budget.overbook)
+    # The next reading counts from the new server's counters: no preemption, no restart.
+    read(running=2, generation_tokens_total=90, preemptions_total=0)
+    assert limits.policy.reason != "server restarted"
+    restarts = [t for t in limits.budget.summary()["trajectory"] if t[3] == "server restarted"]
+    assert len(restarts) == 1
 
 
 def test_queue_building_caps_the_limit() -> None:
@@ -114,7 +138,7 @@ def test_a_queue_within_what_the_server_has_run_is_arrivals_not_a_full_batch() -
 def test_a_restart_forgets_what_the_server_ran() -> None:
     p = AdmissionPolicy(initial=32, queue_allowance=1)
     p.observe(G(running=32, generation_tokens_total=9_000, preemptions_total=2), 32)
-    p.observe(G(generation_tokens_total=0, preemptions_total=0), 0)  # restarted
+    p.observe(G(generation_tokens_total=0, preemptions_total=0), 0, restarted=True)
     # A new server that runs 3 and queues 5 is full, whatever the old one ran.
     p.observe(G(running=3, waiting=0, generation_tokens_total=10), 4)
     assert p.observe(G(running=3, waiting=5, generation_tokens_total=20), 8) == 4
@@ -186,6 +210,6 @@ def test_a_blind_spell_that_hid_a_restart_starts_over() -> None:
     p = grown_then_settled_at_31()
     p.fall_back()
     # Counters back near zero: the server that answers is a new one, with a cold cache.
-    assert p.observe(G(running=0, generation_tokens_total=5), 0) == 4
+    assert p.observe(G(running=0, generation_tokens_total=5), 0, restarted=True) == 4
     assert p.reason == "server restarted"
 

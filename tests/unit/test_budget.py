@@ -108,7 +108,8 @@ def test_preemptions_shrink_the_budget_and_a_restart_starts_it_over() -> None:
     assert budget.observe(G(preemptions_total=6, generation_tokens_total=40)) == int(
         full * 0.8 * 0.8)
     # Counters reset: the server restarted. The corrections start over...
-    assert budget.observe(G(preemptions_total=0, generation_tokens_total=5)) == int(full)
+    assert budget.observe(G(preemptions_total=0, generation_tokens_total=5),
+                          restarted=True) == int(full)
     assert budget.reason == "server restarted"
     # ...and the next preemption counts from the new baseline (1 new, not 1 - 6).
     assert budget.observe(G(preemptions_total=1, generation_tokens_total=9)) == int(full * 0.8)

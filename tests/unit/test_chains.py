@@ -16,7 +16,7 @@ from app.traffic.scheduler import Job, Scheduler
 from app.traffic.server import Server
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
-from tests.unit.budget_sim import SimServer, body
+from tests.unit.budget_sim import SimServer, body, reading
 
 
 def test_the_footprint_is_per_ticker_with_a_call_admitted_or_a_hold() -> None:
@@ -130,7 +130,7 @@ def run_wide(monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[list[int], 
         monkeypatch.setattr(Footprint, "slots", lambda self, limit: None)
     server = SimServer(24_000)  # about 8 chains at their mean size
     scheduler = Scheduler(server, Strategy.parse(STRATEGY),  # type: ignore[arg-type]
-                          gauges=server, interval_s=0.004)
+                          gauges=server)
     server.budget = scheduler.budget
     started: list[int] = []
     live: set[str] = set()
@@ -138,8 +138,8 @@ def run_wide(monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[list[int], 
     async def on_done(job: Job, result: object, error: BaseException | None) -> None:
         assert error is None
 
-    asyncio.run(scheduler.run([wide_then_chain(f"T{i}", started, live) for i in range(40)],
-                              on_done))
+    asyncio.run(reading(server, scheduler.run(
+        [wide_then_chain(f"T{i}", started, live) for i in range(40)], on_done)))
     assert len(started) == 40
     return started, server
 

@@ -1,9 +1,11 @@
 """Run whole batches over two fake endpoints: one slower, one restarting, one going away.
 
-The engine, scheduler, gates, budgets, samplers and the ticker clients are the product's
+The engine, scheduler, gates, budgets, readers and the ticker clients are the product's
 own; the two servers are the one fake (``FakeServers`` routes by host), scripted so the
 right answer is known: every ticker succeeds exactly once, every node has exactly one
-answered row, and each row names the endpoint that served it.
+answered row, and each row names the endpoint that served it. Outages run on the batch's
+injected clock (``ReadClock``): it moves only when a server refuses a /metrics reading, and
+a crashed server comes back after so much of it, so no test waits out a timer.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import Engine, select
 
@@ -36,7 +39,41 @@ from tests.fakevllm import ChatRequest, FakeServer, FakeServers, Reply
 
 FAST, SLOW = "http://gpu0.test:8000/v1", "http://gpu1.test:8001/v1"
 TICKERS = 10
-GRACE_S = 0.3  # with reads every 50 ms: an endpoint is down after ~6 failed reads
+STEP_S = 0.5  # the injected clock's move per /metrics reading a server refused
+
+
+class ReadClock:
+    """The batch's health clock here: ``STEP_S`` per refused /metrics reading, nothing else.
+
+    ``later`` runs an action (a crashed server's revival) once the clock has moved so far.
+    """
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._due: list[tuple[float, Any]] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def later(self, seconds: float, action: Any) -> None:
+        self._due.append((self.now + seconds, action))
+
+    def client(self, servers: FakeServers) -> httpx.AsyncClient:
+        """Return a client to ``servers`` whose refused /metrics readings move this clock."""
+        inner = servers.transport()
+
+        async def handle(request: httpx.Request) -> httpx.Response:
+            try:
+                return await inner.handle_async_request(request)
+            except httpx.ConnectError:
+                if request.url.path.endswith("/metrics"):
+                    self.now += STEP_S
+                    for due in [d for d in self._due if d[0] <= self.now]:
+                        self._due.remove(due)
+                        due[1]()
+                raise
+
+        return httpx.AsyncClient(transport=httpx.MockTransport(handle))
 
 
 @pytest.fixture
@@ -62,12 +99,14 @@ def paced(delay_s: float) -> Any:
 
 
 async def run(engine: Engine, demo_dir: Path, servers: FakeServers,
-              strategy: str = "adaptive", **overrides: Any) -> BatchOutcome:
+              strategy: str = "adaptive", clock: ReadClock | None = None,
+              **overrides: Any) -> BatchOutcome:
     settings = load_settings(llm_base_url=servers.base_urls, check_context_length=False,
                              retry_backoff_s=0, metrics_interval_s=0.05,
-                             endpoint_grace_s=GRACE_S, **overrides)
-    runner = BatchEngine(settings, engine, http_client=servers.client(),
-                         provider=SnapshotProvider(demo_dir))
+                             server_probe_interval_s=0.05, **overrides)
+    clock = clock or ReadClock()
+    runner = BatchEngine(settings, engine, http_client=clock.client(servers),
+                         provider=SnapshotProvider(demo_dir), clock=clock)
     return await runner.run(BatchPlan("nightly", DEMO_AS_OF, demo_tickers(TICKERS),
                                       strategy=strategy))
 
@@ -141,8 +180,7 @@ async def test_the_slower_endpoint_gets_fewer_tickers_and_each_chain_stays_on_on
                            SLOW: FakeServer(tokens_at(0.02), kv_tokens=6_000)})
     load = chain_workload(24)
     settings = load_settings(llm_base_url=servers.base_urls, check_context_length=False,
-                             retry_backoff_s=0, metrics_interval_s=0.05,
-                             endpoint_grace_s=GRACE_S, record_requests=False)
+                             retry_backoff_s=0, metrics_interval_s=0.05, record_requests=False)
 
     async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[object]:
         return await play(load[ticker], gated, batch_id)
@@ -208,13 +246,14 @@ async def test_an_endpoint_that_goes_away_hands_its_tickers_to_the_other(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("outage_s", "outages"), [
-    (3 * GRACE_S, 1),  # longer than the grace: its tickers move, then it takes new ones
-    (GRACE_S / 2, 0),  # shorter: nothing moves; the calls it cut are sent again
+    (10 * STEP_S, 1),  # its tickers move, then it takes new ones
+    (2 * STEP_S, 1),  # two refused readings: down as well (one rule); its cut calls go again
 ])
 async def test_an_endpoint_that_restarts_loses_no_ticker_and_takes_work_again(
         sqlite_engine: Engine, demo_dir: Path, outage_s: float, outages: int) -> None:
     restarting = fake(kv_tokens=60_000)
     revived_at: list[int] = []
+    clock = ReadClock()
 
     def back() -> None:
         restarting.revive()
@@ -223,7 +262,7 @@ async def test_an_endpoint_that_restarts_loses_no_ticker_and_takes_work_again(
     def restart(chat: ChatRequest) -> Reply:
         if chat.index == 8:
             restarting.crash()
-            asyncio.get_running_loop().call_later(outage_s, back)
+            clock.later(outage_s, back)
         return Reply(f"[{chat.node}] fine.", token_delay_s=0.003) if not chat.structured \
             else Reply('{"rating": "Hold", "score": 0.0, "confidence": 0.5, '
                        '"summary": "Fake decision."}', token_delay_s=0.003)
@@ -231,7 +270,7 @@ async def test_an_endpoint_that_restarts_loses_no_ticker_and_takes_work_again(
     restarting.script = restart
     servers = FakeServers({FAST: fake(paced(0.003), kv_tokens=60_000), SLOW: restarting})
     # Two tickers per endpoint at a time: tickers are still waiting when it comes back.
-    outcome = await run(sqlite_engine, demo_dir, servers, strategy="fixed-2")
+    outcome = await run(sqlite_engine, demo_dir, servers, strategy="fixed-2", clock=clock)
     calls = assert_every_ticker_once(sqlite_engine, outcome, servers)
     summary = outcome.admission["endpoints"]
     assert summary[SLOW]["outages"] == outages and summary[SLOW]["up"] is True
@@ -260,8 +299,7 @@ async def test_a_requests_own_failure_on_a_healthy_endpoint_fails_as_it_always_d
     servers = FakeServers({FAST: FakeServer(script), SLOW: FakeServer(script)})
     load = chain_workload(6)
     settings = load_settings(llm_base_url=servers.base_urls, check_context_length=False,
-                             retry_backoff_s=0, metrics_interval_s=0.05,
-                             endpoint_grace_s=GRACE_S, record_requests=False)
+                             retry_backoff_s=0, metrics_interval_s=0.05, record_requests=False)
 
     async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[object]:
         return await play(load[ticker], gated, batch_id)
@@ -278,10 +316,10 @@ async def test_a_requests_own_failure_on_a_healthy_endpoint_fails_as_it_always_d
     assert all(e["tickers_moved_in"] == 0 for e in outcome.admission["endpoints"].values())
 
 
-def both_crash_at(servers: dict[str, FakeServer], index: int,
-                  back_after_s: float | None) -> None:
+def both_crash_at(servers: dict[str, FakeServer], index: int, back_after_s: float | None,
+                  clock: ReadClock) -> None:
     """Script every server to answer, until the first's call ``index`` takes all of them
-    down together; back (restarted) ``back_after_s`` later, or never (None)."""
+    down together; back (restarted) ``back_after_s`` later on ``clock``, or never (None)."""
     first = next(iter(servers.values()))
 
     def script(chat: ChatRequest) -> Reply | None:
@@ -289,9 +327,8 @@ def both_crash_at(servers: dict[str, FakeServer], index: int,
             for server in servers.values():
                 server.crash()
             if back_after_s is not None:
-                loop = asyncio.get_running_loop()
                 for server in servers.values():
-                    loop.call_later(back_after_s, server.revive)
+                    clock.later(back_after_s, server.revive)
         return None if chat.structured else Reply(f"[{chat.node}] fine.", token_delay_s=0.002)
 
     for server in servers.values():
@@ -301,10 +338,10 @@ def both_crash_at(servers: dict[str, FakeServer], index: int,
 @pytest.mark.slow
 async def test_every_endpoint_down_for_less_than_the_budget_loses_no_ticker(
         sqlite_engine: Engine, demo_dir: Path) -> None:
-    fleet = {FAST: fake(kv_tokens=60_000), SLOW: fake(kv_tokens=60_000)}
-    both_crash_at(fleet, 12, back_after_s=4 * GRACE_S)
+    fleet, clock = {FAST: fake(kv_tokens=60_000), SLOW: fake(kv_tokens=60_000)}, ReadClock()
+    both_crash_at(fleet, 12, back_after_s=10 * STEP_S, clock=clock)
     servers = FakeServers(fleet)
-    outcome = await run(sqlite_engine, demo_dir, servers, outage_budget_s=30.0)
+    outcome = await run(sqlite_engine, demo_dir, servers, clock=clock, outage_budget_s=30.0)
     assert_every_ticker_once(sqlite_engine, outcome, servers)
     summary = outcome.admission["endpoints"]
     assert all(summary[url]["outages"] >= 1 and summary[url]["up"] for url in fleet)
@@ -313,9 +350,10 @@ async def test_every_endpoint_down_for_less_than_the_budget_loses_no_ticker(
 @pytest.mark.slow
 async def test_every_endpoint_down_past_the_budget_interrupts_the_batch_for_a_resume(
         sqlite_engine: Engine, demo_dir: Path) -> None:
-    fleet = {FAST: fake(kv_tokens=60_000), SLOW: fake(kv_tokens=60_000)}
-    both_crash_at(fleet, 12, back_after_s=None)
-    outcome = await run(sqlite_engine, demo_dir, FakeServers(fleet), outage_budget_s=1.0)
+    fleet, clock = {FAST: fake(kv_tokens=60_000), SLOW: fake(kv_tokens=60_000)}, ReadClock()
+    both_crash_at(fleet, 12, back_after_s=None, clock=clock)
+    outcome = await run(sqlite_engine, demo_dir, FakeServers(fleet), clock=clock,
+                        outage_budget_s=1.0)
     assert outcome.status == "interrupted" and not outcome.failed
     assert outcome.halt is not None and outcome.halt.exit_code == 5
     assert "none of the 2 LLM endpoints answered for 1 s" in outcome.halt.message
@@ -327,8 +365,7 @@ async def test_every_endpoint_down_past_the_budget_interrupts_the_batch_for_a_re
     healthy = FakeServers({FAST: fake(paced(0.002), kv_tokens=60_000),
                            SLOW: fake(paced(0.002), kv_tokens=60_000)})
     settings = load_settings(llm_base_url=healthy.base_urls, check_context_length=False,
-                             retry_backoff_s=0, metrics_interval_s=0.05,
-                             endpoint_grace_s=GRACE_S)
+                             retry_backoff_s=0, metrics_interval_s=0.05)
     resumed = await BatchEngine(settings, sqlite_engine, http_client=healthy.client(),
                                 provider=SnapshotProvider(demo_dir)).run(
         find_resumable(sqlite_engine, outcome.batch_id, stale_s=120))

@@ -22,7 +22,7 @@ from app.traffic.scheduler import Job, Scheduler
 from app.traffic.server import Server
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
-from tests.unit.budget_sim import SimServer, body
+from tests.unit.budget_sim import SimServer, body, reading
 
 
 def adaptive_endpoint() -> Server:
@@ -117,7 +117,7 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
     # are not counted (nothing waits to start), so there are fewer than readings taken.
     server = SimServer(12_000)
     scheduler = Scheduler(server, Strategy.parse("adaptive:tail=off"),  # type: ignore[arg-type]
-                          gauges=server, interval_s=0.004)
+                          gauges=server)
     server.budget = scheduler.budget
 
     def chain(key: str) -> Job:
@@ -129,7 +129,7 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
     async def on_done(job: Job, result: object, error: BaseException | None) -> None:
         assert error is None
 
-    asyncio.run(scheduler.run([chain(f"T{i}") for i in range(12)], on_done))
+    asyncio.run(reading(server, scheduler.run([chain(f"T{i}") for i in range(12)], on_done)))
     held = scheduler.admission()["new_tickers_held_back"]
     assert held["readings"] > 0
     assert set(held["share"]) <= {ROOM, QUEUED, TOKEN_BUDGET, CHAIN_CAP, REQUEST_LIMIT}

@@ -217,8 +217,11 @@ async def test_sampler_keeps_latest_and_stores_rows(tmp_path: Path) -> None:
 async def test_sampler_skips_failed_reads() -> None:
     async with httpx.AsyncClient(transport=_transport(status=500)) as client:
         sampler = MetricsSampler("http://x/v1", None, None, interval_s=1, client=client)
+        pushed: list[object] = []
+        sampler.push = pushed.append
         assert await sampler.sample_once() is None
-    assert sampler.failures == 1 and sampler.latest is None
+    # The failed reading goes to the server (which counts it), and nothing is kept.
+    assert pushed == [None] and sampler.failing and sampler.latest is None
 
 
 @pytest.mark.parametrize("page", [RECORDED, DP2_IDLE])

@@ -33,8 +33,7 @@ from app.config import load_settings
 from app.errors import BatchStopped, ServerOutage
 from app.traffic.client import EndpointGone, TickerClient
 from app.traffic.halt import Halt, HaltReason, drive
-from app.traffic.outage import ServerWatch
-from app.traffic.server import ServerSet
+from app.traffic.server import Server, ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import cancel_and_wait, wait_first
 from tests.fakevllm import BASE_URL, ChatRequest, FakeServer, Reply
@@ -192,36 +191,47 @@ async def test_drive_leaves_nothing_when_it_is_cancelled_while_draining() -> Non
     assert scheduler.work_ended
 
 
-# --- outage.ServerWatch.confirm --------------------------------------------------------------
+# --- server.Server.confirm ------------------------------------------------------------------
 
 
-def down_watch() -> ServerWatch:
-    """A watch whose server does not answer /health, with a budget no test reaches."""
-    server = FakeServer()
-    server.crash()
-    return ServerWatch("http://llm.test:8000/v1", budget_s=60, interval_s=0.01, halt=Halt(),
-                       client=server.client())
+class Refused:
+    """A /metrics reader whose every reading fails: the server does not answer."""
+
+    push: Any = None
+
+    async def fresh(self) -> None:
+        self.push(None)
+
+
+def down_server() -> Server:
+    """A server that does not answer its reader, under a budget no test reaches."""
+    llm = SimpleNamespace(settings=load_settings())
+    server = Server(0, "http://llm.test:8000/v1", llm, Strategy.parse("fixed-2"),  # type: ignore[arg-type]
+                    gauges=Refused())  # type: ignore[arg-type]
+    ServerSet([server], asyncio.Event(), halt=Halt(), outage_budget_s=60)
+    return server
 
 
 async def test_confirm_leaves_nothing_when_the_server_comes_back() -> None:
-    watch = down_watch()
-    asyncio.get_running_loop().call_later(0.01, watch._update, True)
-    assert not await left_behind(watch.confirm)
-    assert watch.up.is_set()
+    server = down_server()
+    asyncio.get_running_loop().call_later(0.01, server.reading, SimpleNamespace())
+    assert not await left_behind(server.confirm)
+    assert server.up
 
 
 async def test_confirm_leaves_nothing_when_the_budget_runs_out() -> None:
-    watch = down_watch()
-    asyncio.get_running_loop().call_later(0.01, watch.gave_up.set)
+    server = down_server()
+    assert server.servers is not None
+    asyncio.get_running_loop().call_later(0.01, server.servers.gave_up.set)
     before = tasks_now()
     with pytest.raises(ServerOutage):
-        await watch.confirm()
+        await server.confirm()
     assert tasks_now() == before
 
 
 async def test_confirm_leaves_nothing_when_cancelled() -> None:
-    watch = down_watch()
-    assert not await cancelled_after(0.01, watch.confirm)
+    server = down_server()
+    assert not await cancelled_after(0.01, server.confirm)
 
 
 # --- client.TickerClient._unless_gone --------------------------------------------------------
@@ -253,10 +263,10 @@ def two_endpoints() -> tuple[Any, Any]:
 async def test_a_health_change_between_a_look_and_its_wait_is_not_missed() -> None:
     # _unless_gone looks at its endpoint, then waits for a change; a change that comes before
     # the wait first runs must still end it, or the call stays on a dead endpoint.
-    flip = SimpleNamespace(judge=lambda now: True)
-    endpoints = ServerSet([flip, flip], asyncio.Event())
+    flip = SimpleNamespace(up=False)
+    endpoints = ServerSet([flip, flip], asyncio.Event())  # type: ignore[list-item]
     waiter = asyncio.create_task(endpoints.health_event().wait())
-    endpoints.judge_all(0.0)  # before ``waiter`` has run at all
+    endpoints.health_changed()  # before ``waiter`` has run at all
     assert await asyncio.wait_for(waiter, timeout=1.0)
 
 

@@ -87,8 +87,7 @@ def run_night_with_a_canary(monkeypatch: pytest.MonkeyPatch, home: Path, databas
                             ) -> None:
     """Run, fail, resume and read back a night whose URLs carry CANARY; find it nowhere.
 
-    ``names`` name the endpoints (``fake-a.test``...): one goes the single-server way (the
-    outage watch), several the failover way.
+    ``names`` name the endpoints (``fake-a.test``...): one server, or several that fail over.
     """
     tickers = demo_tickers(3)
     write_demo(home / "data", DEMO_AS_OF, 3)
@@ -117,8 +116,7 @@ def run_night_with_a_canary(monkeypatch: pytest.MonkeyPatch, home: Path, databas
     env = {"NIGHTDESK_LLM_BASE_URL": ",".join(urls), "NIGHTDESK_DATABASE_URL": database_url,
            "NIGHTDESK_LOG_FORMAT": "json", "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false",
            "NIGHTDESK_RETRY_BACKOFF_S": "0.01", "NIGHTDESK_OUTAGE_BUDGET_S": "0.5",
-           "NIGHTDESK_SERVER_PROBE_INTERVAL_S": "0.05", "NIGHTDESK_METRICS_INTERVAL_S": "0.1",
-           "NIGHTDESK_ENDPOINT_GRACE_S": "0.3"}
+           "NIGHTDESK_SERVER_PROBE_INTERVAL_S": "0.05", "NIGHTDESK_METRICS_INTERVAL_S": "0.1"}
     said: list[tuple[str, CliResult]] = []
 
     def cli(*argv: str, **extra: str) -> CliResult:
@@ -156,13 +154,11 @@ def run_night_with_a_canary(monkeypatch: pytest.MonkeyPatch, home: Path, databas
     leaked = sorted({(table, column) for table, column, value in stored if holds_canary(value)})
     assert not leaked, f"stored in {leaked}"
     # The calls' rows, the sampler's and the batch's settings name the endpoints, masked.
+    # (A call refused after the crash names it in its error too; the held gate of a server
+    # that is down keeps most back, so whether one was refused is the race's.)
     named = {(table, column) for table, column, value in stored
              if "nd:***@fake-a.test" in str(value)}
-    # With several endpoints the calls sent after the crash are refused ("cannot reach
-    # URL"); with one, the outage watch holds them back and only cut streams are recorded.
     expected = {("llm_calls", "endpoint"), ("server_samples", "endpoint"), ("batches", "settings")}
-    if len(names) > 1:
-        expected.add(("llm_calls", "error"))
     assert expected <= named, named
 
     engine = get_engine(database_url)
