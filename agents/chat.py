@@ -50,7 +50,6 @@ class ChatClient(Sizer, Protocol):
         *,
         max_tokens: int,
         response_format: dict[str, Any] | None = None,
-        priority: int | None = None,
         first_attempt: int = 1,
         trimmed: Trim | None = None,
     ) -> ChatResult: ...

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,7 +40,7 @@ from app.errors import (
     LLMTimeoutError,
 )
 from app.llm import Admit, TrackedLLM
-from app.traffic.budget import Claim
+from app.traffic.gate import priority
 from app.traffic.server import Server, ServerSet
 from app.traffic.tasks import cancel_and_wait, wait_first
 from app.traffic.ticket import Ticket
@@ -49,7 +48,7 @@ from app.traffic.ticket import Ticket
 log = structlog.get_logger(__name__)
 
 Send = Callable[[TrackedLLM, int, int, Admit], Awaitable[ChatResult]]
-"""Send one call with a client: (client, priority rank, first attempt number, the endpoint's
+"""Send one call with a client: (client, priority, first attempt number, the gate's
 admission of each attempt) -> result."""
 
 
@@ -73,49 +72,21 @@ def _numbered(attempt: int) -> dict[str, Any]:
 
 
 class TickerClient:
-    """The one client a ticker's graph calls through: its server's gate and budget on each call.
+    """The one client a ticker's graph calls through: its server's gate on each call.
 
-    A call passes the ticker's server (a chain slot when prefetching, the budget's claim, a
-    place at the gate per attempt) and is sent by that server's TrackedLLM. When the server
-    goes down the ticker moves to one that is up (the module's doc). ``rank`` gives each
-    request's priority (the scheduler's tail rule; start order without it).
+    A call passes the ticker's server's gate (a chain slot when prefetching, the budget's
+    claim, a place per attempt at the ticket's priority) and is sent by that server's
+    TrackedLLM; what the call changes is state on the ticket (requests done, first asked).
+    When the server goes down the ticker moves to one that is up (the module's doc).
     """
 
-    def __init__(self, servers: ServerSet, server: Server, ticket: Ticket,
-                 on_request: asyncio.Event | None = None, *,
-                 rank: Callable[[Ticket], int] | None = None,
-                 on_finish: Callable[[Ticket], None] | None = None,
-                 on_redo: Callable[[Ticket], None] | None = None,
-                 may_pass: Callable[[Ticket], bool] | None = None) -> None:
+    def __init__(self, servers: ServerSet, server: Server, ticket: Ticket) -> None:
         self.servers = servers
         self.server = server
         self.ticket = ticket
         self.settings = server.llm.settings
-        self._on_request = on_request
-        self._rank = rank
-        self._on_finish = on_finish
-        self._on_redo = on_redo
-        self._may_pass = may_pass  # an urgent ticker's chain need not wait for a slot
         server.arrive(ticket)
         server.started += 1
-
-    @property
-    def priority(self) -> int:
-        return self.ticket.order
-
-    @asynccontextmanager
-    async def _request(self) -> AsyncIterator[int]:
-        """Count one request of the ticker, from its first attempt to its last."""
-        if self._on_request is not None:
-            self._on_request.set()
-        # The priority is decided per request: a ticker can turn urgent on the way.
-        rank = self._rank(self.ticket) if self._rank is not None else self.ticket.order
-        try:
-            yield rank
-        finally:
-            self.ticket.done += 1
-            if self._on_finish is not None:
-                self._on_finish(self.ticket)
 
     async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
                       exact: bool = False) -> PromptSize | None:
@@ -129,7 +100,6 @@ class TickerClient:
         self.servers.changed.set()
 
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
-        kwargs.pop("priority", None)
         first = int(kwargs.pop("first_attempt", 1))
         sized = {"messages": messages, "max_tokens": kwargs.get("max_tokens", 0)}
         ready = datetime.now(UTC)  # issued by the graph: a wait from here on is ours
@@ -155,7 +125,7 @@ class TickerClient:
             endpoint = self._here()
             if endpoint.strategy.prefetch and not self.ticket.chained:
                 # Outside the call: a wait for a chain slot is not an attempt at the server.
-                await endpoint.enter_chain(self.ticket, self._may_pass)
+                await endpoint.enter_chain(self.ticket)
             started = loop.time()
             try:
                 result = await self._unless_gone(
@@ -171,9 +141,7 @@ class TickerClient:
                             failed_at=endpoint.name, to=target.name, error=str(error)[:200])
                 # The first try used at most max_attempts numbers from ``attempt``.
                 attempt += self.settings.max_attempts
-                self.ticket.done -= 1
-                if self._on_redo is not None:
-                    self._on_redo(self.ticket)
+                self.ticket.done -= 1  # the call is work left again
                 self._move(target)
                 continue
             if attempt != first:
@@ -203,21 +171,22 @@ class TickerClient:
 
     async def _on(self, endpoint: Server, tag: CallTag, sized: dict[str, Any], send: Send,
                   attempt: int) -> ChatResult:
-        """Send one call through ``endpoint``'s gate and budget."""
-        held_by = self.ticket.held_by
-        if held_by is not None and held_by is not endpoint.gate:
-            held_by.release_hold(self.ticket)  # its context is in another replica's cache
-        budget = endpoint.limits.budget
-        if budget is not None:
-            await endpoint.count_first(sized["messages"])
-        claim = budget.claim(tag.node, sized) if budget is not None else Claim(0)
-        async with self._request() as rank:
-            # Each attempt takes a place (and the tokens) at this endpoint's gate; a retry's
-            # backoff waits outside it, as on one endpoint .
-            admit = functools.partial(endpoint.gate.slot, rank, claim, self.ticket)
-            result = await send(endpoint.llm, rank, attempt, admit)
-        if budget is not None:
-            budget.learn(tag.node, sized, result.prompt_tokens, result.completion_tokens)
+        """Send one call through ``endpoint``'s gate."""
+        ticket, gate = self.ticket, endpoint.gate
+        if ticket.held_by is not None and ticket.held_by is not gate:
+            ticket.held_by.release_hold(ticket)  # its context is in another replica's cache
+        claim = await gate.claim(tag.node, sized)
+        if not ticket.asked:
+            ticket.asked = True
+            self.servers.changed.set()  # the scheduler waits for this before the next start
+        try:
+            # Each attempt takes a place (and the tokens) at the gate; a retry's backoff
+            # waits outside it. The priority is the request's: a ticker can turn urgent.
+            result = await send(endpoint.llm, priority(ticket), attempt,
+                                functools.partial(gate.slot, ticket, claim))
+        finally:
+            ticket.done += 1
+        gate.learn(tag.node, sized, result)
         return result
 
     async def _unless_gone(self, endpoint: Server,

@@ -17,6 +17,14 @@ from typing import Any
 Waitable = Coroutine[Any, Any, Any] | asyncio.Future[Any]
 
 
+def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
+    """Return the error that ended a task group: the first one raised, not the group."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
 async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
     """Cancel the tasks and return once every one has ended.
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from app.traffic.admission import AdmissionPolicy
 from app.traffic.gate import Gate
+from app.traffic.ticket import Ticket
 
 
 @dataclass
@@ -125,7 +126,7 @@ async def test_gate_serves_the_most_senior_waiter_first() -> None:
     order: list[int] = []
 
     async def request(priority: int) -> None:
-        async with gate.slot(priority):
+        async with gate.slot(Ticket(priority)):
             order.append(priority)
             await asyncio.sleep(0.01)
 
