@@ -210,10 +210,10 @@ class BatchRun:
     """One batch from its first row to its final status, as an async context.
 
     Entering creates the batch's rows (or reopens a stopped batch's) and starts what it
-    runs on: usage recorder, servers, heartbeat, each pushed on an AsyncExitStack.
-    ``drive`` runs every ticker under the scheduler. Leaving closes them last to first,
-    each whatever the others did (a failed step is recorded, never skips the rest), and
-    then writes the batch's status and its one-line reason.
+    runs on: usage recorder and servers, each pushed on an AsyncExitStack. ``drive`` runs
+    every ticker and the heartbeat in one TaskGroup with the halt. Leaving closes them last
+    to first, each whatever the others did (a failed step is recorded, never skips the
+    rest), and then writes the batch's status and its one-line reason.
     """
 
     def __init__(self, owner: BatchEngine, plan: BatchPlan, work: TickerWork,

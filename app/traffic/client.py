@@ -42,7 +42,7 @@ from app.errors import (
 from app.llm import Admit, TrackedLLM
 from app.traffic.gate import priority
 from app.traffic.server import Server, ServerSet
-from app.traffic.tasks import cancel_and_wait, wait_first
+from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
 
 log = structlog.get_logger(__name__)
@@ -194,17 +194,19 @@ class TickerClient:
         """Await the call; if its endpoint goes down first and another is up, cancel it."""
         if not self.servers.several:
             return await call  # one endpoint: nowhere to go, so nothing to watch
-        task = asyncio.create_task(call)
         try:
-            while not task.done():
-                await wait_first(task, endpoint.gone.wait() if endpoint.up
-                                 else self.servers.health_event().wait())
-                if task.done() or endpoint.up or self.servers.alternative(endpoint) is None:
-                    continue  # all down: the call goes on where it is, as with one server
-                await cancel_and_wait(task)
-                if task.cancelled():
-                    raise EndpointGone(f"{endpoint.name} went down during the call")
-                break  # it finished just before the cancel: keep its answer
-            return task.result()
-        finally:
-            await cancel_and_wait(task)
+            async with asyncio.TaskGroup() as group:
+                watch = group.create_task(_gone(self.servers, endpoint))
+                try:
+                    return await call
+                finally:
+                    watch.cancel()
+        except BaseExceptionGroup as group:
+            raise first_error(group) from None
+
+
+async def _gone(servers: ServerSet, endpoint: Server) -> None:
+    """Raise EndpointGone once ``endpoint`` is down and another server is up to take over."""
+    while endpoint.up or servers.alternative(endpoint) is None:
+        await (endpoint.gone if endpoint.up else servers.health_event()).wait()
+    raise EndpointGone(f"{endpoint.name} went down during the call")
