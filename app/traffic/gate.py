@@ -144,9 +144,8 @@ class Gate:
         """Return what a request reserves of the budget (nothing without one).
 
         The server's first prompt is counted by its /tokenize before it is costed, once
-        (others wait for that count): costed at the default 0.5 tokens per byte (0.226 on
-        an H200), a batch's first requests filled the budget twice over. A failed count is
-        left to the call itself to meet.
+        (others wait for that count), so no request is costed at the default tokens per
+        byte (docs/architecture.md, "The token budget"). A failed count is left to the call.
         """
         budget, counter = self.budget, self._counter
         if budget is None:
