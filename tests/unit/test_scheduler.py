@@ -131,6 +131,27 @@ def test_strategy_knobs_parse_and_bad_ones_are_refused() -> None:
             Strategy.parse(bad)
 
 
+async def test_a_ticker_waiting_for_room_starts_once_marked_urgent_and_none_once_stopping(
+        ) -> None:
+    servers = ServerSet.single(RecordingLLM(), Strategy.parse("adaptive"))  # type: ignore[arg-type]
+    gate = servers.first.gate
+    gate.set_limit(1)
+    async with gate.slot(Ticket(0)):  # every place taken: no room for a new ticker
+        ticket = Ticket(1, requests=5, chain=5)
+        waiting = asyncio.ensure_future(servers.wait_for_room(ticket=ticket, unstarted=5))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        ticket.urgent = True  # what the scheduler's tail rule does, then wakes the waiters
+        servers.changed.set()
+        assert await asyncio.wait_for(waiting, 1) is servers.first
+        waiting = asyncio.ensure_future(servers.wait_for_room(ticket=Ticket(2, 5, 5)))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        servers.stopping = True  # Scheduler.stop: no ticker starts any more
+        servers.changed.set()
+        assert await asyncio.wait_for(waiting, 1) is None
+
+
 async def test_a_retrying_call_frees_its_admission_slot_while_it_backs_off(
         sqlite_engine: Engine) -> None:
     # One place at the gate; A's first attempt fails with a 500, B waits for the place.
