@@ -164,7 +164,7 @@ class Gate:
         if self.budget is not None:
             self.budget.learn(node, body, result.prompt_tokens, result.completion_tokens)
 
-    def _fits(self, claim: Claim, ticket: Ticket | None) -> bool:
+    def _fits(self, claim: Claim) -> bool:
         return self.budget is None or self.budget.fits(claim.tokens)
 
     def _take(self, claim: Claim, ticket: Ticket | None) -> None:
@@ -188,7 +188,7 @@ class Gate:
             raise self._refusal()
         claim = as_claim(cost)
         if (not self.held and self.outstanding < self._limit and self.waiting == 0
-                and self._fits(claim, ticket)):
+                and self._fits(claim)):
             self._take(claim, ticket)
         else:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -244,7 +244,7 @@ class Gate:
             if future.done():
                 heapq.heappop(self._waiters)
                 continue
-            if not self._fits(claim, ticket):
+            if not self._fits(claim):
                 break  # the first in line waits for its tokens; nobody passes it
             heapq.heappop(self._waiters)
             self._take(claim, ticket)
