@@ -68,8 +68,6 @@ class Scheduler:
                 raise ValueError("a scheduler needs a client or endpoints")
             endpoints = ServerSet.single(llm, strategy, gauges=gauges, policy=policy)
         self.endpoints = endpoints
-        self.in_flight = 0
-        self.started = 0
         self._unstarted = 0  # requests of the tickers not started yet
         self._next: Ticket | None = None  # the ticker waiting for room to start
         self._loaded = asyncio.Event()  # set whenever a job's preparation ends
@@ -261,8 +259,6 @@ class Scheduler:
 
     async def _one(self, job: Job, client: TickerClient, on_done: OnDone) -> None:
         ticket = client.ticket
-        self.in_flight += 1
-        self.started += 1
         result: Any = None
         error: BaseException | None = None
         try:
@@ -274,7 +270,6 @@ class Scheduler:
             ticket.done = max(ticket.done, ticket.requests)
             ticket.asked = True
             client.close()
-            self.in_flight -= 1
         await on_done(job, result, error)
 
     def fallback_record(self) -> dict[str, Any] | None:
