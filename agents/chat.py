@@ -50,6 +50,5 @@ class ChatClient(Sizer, Protocol):
         *,
         max_tokens: int,
         response_format: dict[str, Any] | None = None,
-        priority: int | None = None,
         trimmed: Trim | None = None,
     ) -> ChatResult: ...

@@ -120,7 +120,6 @@ async def decide(
     *,
     max_tokens: int,
     attempts: int,
-    priority: int | None = None,
 ) -> tuple[Decision, ChatResult, int]:
     """Ask for the decision up to ``attempts`` times; return it, the last reply and HTTP attempts.
 
@@ -139,8 +138,7 @@ async def decide(
     for call in range(1, attempts + 1):
         messages, trim = await fit(llm, asked, ask_units, max_tokens=max_tokens)
         result = await llm.chat(tag, messages, max_tokens=max_tokens,
-                                response_format=response_format(), priority=priority,
-                                trimmed=trim)
+                                response_format=response_format(), trimmed=trim)
         used += result.attempts
         try:
             decision = parse_decision(result.content)

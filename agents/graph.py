@@ -125,7 +125,6 @@ async def analyze_ticker(
     batch_id: int,
     bundle: MarketBundle,
     sample: int = 0,
-    priority: int | None = None,
     checkpointer: BaseCheckpointSaver[Any] | None = None,
     durability: Durability = "sync",
 ) -> TickerResult:
@@ -139,8 +138,7 @@ async def analyze_ticker(
     """
     graph = build_graph(config.debate_rounds, config.risk_rounds)
     names = node_names(config)
-    context = RunContext(llm=llm, config=config, batch_id=batch_id, bundle=bundle,
-                         priority=priority)
+    context = RunContext(llm=llm, config=config, batch_id=batch_id, bundle=bundle)
     start: TickerInput | None = TickerInput(ticker=bundle.ticker, as_of=bundle.as_of,
                                             sample=sample)
     # One super-step per sequential node, plus the parallel analysts' step and some slack.

@@ -95,7 +95,7 @@ async def _ask(state: TickerState, runtime: Runtime[RunContext], node: str, grou
     with structlog.contextvars.bound_contextvars(ticker=state["ticker"], node=node):
         messages, trim = await fit(ctx.llm, render_with, units, max_tokens=max_tokens)
         return await ctx.llm.chat(_tag(state, runtime, node), messages, max_tokens=max_tokens,
-                                  priority=ctx.priority, trimmed=trim)
+                                  trimmed=trim)
 
 
 def _turns(history: list[Turn], drop: int = 0) -> list[dict[str, str]]:
@@ -254,6 +254,6 @@ async def portfolio_manager(state: TickerState, runtime: Runtime[RunContext]) ->
         # decide fits every call it makes, a re-ask as well as the first (agents.fitting).
         decision, result, attempts = await decide(
             ctx.llm, _tag(state, runtime, node), render_with, units, max_tokens=max_tokens,
-            attempts=ctx.config.decision_attempts, priority=ctx.priority,
+            attempts=ctx.config.decision_attempts,
         )
     return {"decision": decision, "outputs": {node: _output(node, result, attempts)}}

@@ -58,7 +58,7 @@ class _Probe:
         return PromptSize(tokens=1, limit=0)
 
     async def chat(self, tag: CallTag, messages: Messages, *, max_tokens: int,
-                   response_format: dict[str, Any] | None = None, priority: int | None = None,
+                   response_format: dict[str, Any] | None = None,
                    trimmed: Trim | None = None) -> ChatResult:
         text = "\n".join(m["content"] for m in messages)
         carries = tuple(node for node in _seen(self.asked) if marker(node) in text)

@@ -82,4 +82,3 @@ class RunContext:
     config: PipelineConfig
     batch_id: int
     bundle: MarketBundle
-    priority: int | None = None

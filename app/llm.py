@@ -22,7 +22,7 @@ from openai import AsyncOpenAI
 from openai._streaming import SSEDecoder
 
 from agents.chat import CallTag, ChatResult
-from agents.fitting import PromptSize, Trim
+from agents.fitting import Trim
 from app.config import Settings
 from app.db.text import storable
 from app.errors import (
@@ -102,8 +102,12 @@ def call_seed(tag: CallTag) -> int:
     return zlib.crc32(f"{tag.ticker}|{tag.node}|{tag.sample}".encode()) & 0x7FFFFFFF
 
 
-class TrackedLLM:
-    """Wrap ``openai.AsyncOpenAI``: one layer of retries, one ``llm_calls`` row per attempt."""
+class TrackedLLM(PromptCounter):
+    """Wrap ``openai.AsyncOpenAI``: one layer of retries, one ``llm_calls`` row per attempt.
+
+    It counts its prompts against the server's context itself (a PromptCounter on the
+    same connection pool), so a call's /tokenize check and its stream are one object's.
+    """
 
     def __init__(
         self,
@@ -138,8 +142,8 @@ class TrackedLLM:
             http_client=self._http,
         )
         self.stats = CallStats()
-        self.counter = PromptCounter(settings, self._http,
-                                     server_root(self.base_url) + "/tokenize", watch=watch)
+        super().__init__(settings, self._http, server_root(self.base_url) + "/tokenize",
+                         watch=watch)
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -256,7 +260,7 @@ class TrackedLLM:
         error: LLMError | None
         try:
             async with asyncio.timeout(self.settings.call_timeout_s):
-                await self.counter.check(body)
+                await self.check(body)
                 await self._stream(body, seen)
         except LLMError as exc:
             error = exc
@@ -329,11 +333,6 @@ class TrackedLLM:
                 "stream ended without a finish reason"
                 + ("" if seen.usage is not None else " or usage")
                 + f": truncated answer of {len(''.join(seen.content))} characters discarded")
-
-    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
-                      exact: bool = False) -> PromptSize | None:
-        """Return the prompt's size against the server's context (agents.fitting.Sizer)."""
-        return await self.counter.measure(messages, max_tokens=max_tokens, exact=exact)
 
     def _record(
         self, tag: CallTag, key: tuple[str, int], body: dict[str, Any], seen: _Attempt,

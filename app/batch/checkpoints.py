@@ -12,14 +12,10 @@ Three guarantees are added around the stock savers:
 - a checkpoint is stored only after the usage rows of the calls before it
   (``before_write`` flushes the recorder), so a node a resume skips never lacks its rows;
 - a write that meets a database restart is retried as a unit (app.db.retry);
-- the checkpointer closes only once no call it was handed is still running (``settle``).
-  LangGraph does not guarantee that: the write recording a node it cancelled is started
-  from a done-callback once its executor has taken the list of tasks it waits for, so when
-  a halt cancels a batch's tickers such writes outlive the graph run. Closing the SQLite
-  connection under one (its INSERT done, its commit not yet) left the connection open,
-  holding the file's write lock, until the garbage collector freed the write's statement:
-  the batch resumed next in the same process (the daemon does) met "database is locked"
-  on every checkpoint.
+- the checkpointer closes only once no call it was handed is still running (``settle``):
+  LangGraph starts the write of a node it cancelled from a done-callback, so after a halt
+  such writes outlive the graph run, and a SQLite connection closed under one keeps the
+  file's write lock (the next batch in the same process met "database is locked").
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import structlog
@@ -28,11 +28,11 @@ from app.errors import ERRORS, BatchStopped, LLMError
 from app.quality import monitor
 from app.traffic.client import TickerClient
 from app.traffic.clock import Clock, loop_clock
-from app.traffic.halt import Halt, HaltReason, drive
+from app.traffic.halt import Halt, HaltReason
 from app.traffic.scheduler import Job, Scheduler
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
-from app.traffic.tasks import cancel_and_wait
+from app.traffic.tasks import first_error
 from app.usage import UsageRecorder
 
 log = structlog.get_logger(__name__)
@@ -169,7 +169,7 @@ class BatchEngine:
                 async with asyncio.TaskGroup() as samples:
                     runs = [samples.create_task(
                         analyze_ticker(llm=gated, config=self.pipeline, batch_id=batch_id,
-                                       bundle=bundle, sample=s, priority=gated.priority,
+                                       bundle=bundle, sample=s,
                                        checkpointer=self._saver,
                                        durability=self.settings.checkpoint_durability))
                         for s in range(plan.samples)]
@@ -213,10 +213,10 @@ class BatchRun:
     """One batch from its first row to its final status, as an async context.
 
     Entering creates the batch's rows (or reopens a stopped batch's) and starts what it
-    runs on: usage recorder, servers, heartbeat, each pushed on an AsyncExitStack.
-    ``drive`` runs every ticker under the scheduler. Leaving closes them last to first,
-    each whatever the others did (a failed step is recorded, never skips the rest), and
-    then writes the batch's status and its one-line reason.
+    runs on: usage recorder and servers, each pushed on an AsyncExitStack. ``drive`` runs
+    every ticker and the heartbeat in one TaskGroup with the halt. Leaving closes them last
+    to first, each whatever the others did (a failed step is recorded, never skips the
+    rest), and then writes the batch's status and its one-line reason.
     """
 
     def __init__(self, owner: BatchEngine, plan: BatchPlan, work: TickerWork,
@@ -274,14 +274,11 @@ class BatchRun:
                                                expected_calls=self.work.expected_calls)
         closing = self._stack
         try:
-            # Closed last to first: the heartbeat, the samplers, the recorder, the clients.
+            # Closed last to first: the samplers, the recorder, the clients.
             for name, close in (("close the LLM clients", self.servers.aclose),
                                 ("close the usage recorder", self.recorder.close),
                                 ("stop the metrics samplers", self.servers.stop)):
                 closing.push_async_callback(_closing, self._closed, name, close)
-            heart = asyncio.create_task(self._heartbeat())
-            closing.push_async_callback(_closing, self._closed, "stop the heartbeat",
-                                        functools.partial(cancel_and_wait, heart))
             await self.recorder.start()
             await self.servers.start()
         except BaseException as error:
@@ -290,7 +287,8 @@ class BatchRun:
         return self
 
     async def drive(self) -> None:
-        """Run every ticker of the plan; a halt (signal, outage, refused key) stops them."""
+        """Run every ticker of the plan, the heartbeat beside them; a halt (signal, outage,
+        lost lock, refused key) stops them (``run_until_halted``)."""
         owner, plan, work, outcome = self.owner, self.plan, self.work, self.outcome
 
         async def ticker_job(ticker: str, gated: TickerClient) -> list[store.DecisionRow]:
@@ -327,7 +325,8 @@ class BatchRun:
                 for t in plan.tickers]
         async with self._checkpoints():
             async with self.progress:
-                await drive(self.scheduler, self.scheduler.run(jobs, on_done), owner.halt)
+                await run_until_halted(self.scheduler, self.scheduler.run(jobs, on_done),
+                                       owner.halt, beside=[self._heartbeat()])
             if owner._saver is not None and owner.halt.reason is None:
                 # Every ticker finished: no checkpoint of the batch is needed any more
                 # (one left by a process killed between storing and pruning included).
@@ -468,6 +467,71 @@ def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
     return sum(requests[:strategy.tickers_in_flight or len(requests)])
 
 
+class Stoppable(Protocol):
+    """What a halt needs of the scheduler (app.traffic.scheduler.Scheduler)."""
+
+    def stop(self) -> None: ...
+
+    async def drained(self) -> None: ...
+
+    def close(self, error: BaseException) -> None: ...
+
+
+class _Cut(Exception):
+    """A halt's grace ran out, or it was hurried: whatever still runs is cancelled."""
+
+
+async def run_until_halted(scheduler: Stoppable, work: Coroutine[Any, Any, None], halt: Halt,
+                           beside: Sequence[Coroutine[Any, Any, None]] = ()) -> None:
+    """Await ``work`` in one TaskGroup with the halt (and ``beside`` it, until it ends).
+
+    A halt stops the scheduler: no ticker starts and no request is let through; requests
+    at the server may finish for the reason's grace (each finished node is checkpointed),
+    then the waiting requests are refused with BatchStopped, which ends their tickers.
+    Past the grace, or once hurried, the group cancels whatever still runs. When this
+    returns nothing it started runs; an error of ``work`` is raised as it came.
+    """
+    try:
+        async with asyncio.TaskGroup() as group:
+            helpers = [group.create_task(_stop_on_halt(scheduler, halt)),
+                       group.create_task(_cut_when_hurried(scheduler, halt)),
+                       *(group.create_task(task) for task in beside)]
+            try:
+                await work
+            finally:
+                for helper in helpers:
+                    helper.cancel()
+    except BaseExceptionGroup as group:
+        error = first_error(group)
+        if not isinstance(error, _Cut):
+            raise error from None
+
+
+async def _stop_on_halt(scheduler: Stoppable, halt: Halt) -> None:
+    await halt.requested.wait()
+    reason = halt.reason
+    assert reason is not None
+    scheduler.stop()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + reason.grace_s
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout_at(deadline):
+            await scheduler.drained()
+    if not halt.hurried.is_set():
+        scheduler.close(BatchStopped(reason.message))
+    await asyncio.sleep(max(0.0, deadline - loop.time()))
+    log.warning("cancelling what is still running", why=reason.message)
+    raise _Cut
+
+
+async def _cut_when_hurried(scheduler: Stoppable, halt: Halt) -> None:
+    await halt.hurried.wait()
+    scheduler.stop()  # whichever of the two helpers runs first
+    log.warning("cancelling what is still running",
+                why=halt.reason.message if halt.reason else "")
+    raise _Cut
+
+
 async def _closing(failed: list[tuple[str, BaseException]], name: str,
                    close: Callable[[], Awaitable[object]]) -> None:
     """Run one closing step of a batch; keep what it raised in ``failed`` instead of raising.
@@ -496,14 +560,6 @@ def _reraise(failed: list[tuple[str, BaseException]], *, body_ok: bool) -> None:
             raise error
     if failed and body_ok:
         raise failed[0][1]
-
-
-def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
-    """Return the error that ended a task group: the first one raised, not the group."""
-    error: BaseException = group
-    while isinstance(error, BaseExceptionGroup):
-        error = error.exceptions[0]
-    return error
 
 
 def _one_line(error: BaseException) -> str:

@@ -1,59 +1,12 @@
 """How many tickers' chains a token budget keeps going at once, measured as the batch runs.
 
-A ticker is 17 calls: four analysts side by side, then a chain of calls one after another
-whose prompts grow with the debate. The gate admits *requests*, and a new ticker starts
-whenever a request would be sent at once; early in a batch the calls are small (analysts,
-the first steps of each chain), so the budget has room for many, and tickers start that the
-cache cannot hold once their prompts have grown. Measured on an H200 at 40 tickers
-(docs/performance.md): adaptive had all 40 started within 38 s while the budget fitted
-about 17 requests, so 23 chains at a time waited at the gate between calls, each ticker took
-177 s (median) against fixed-14's 84 s, and the batch ended on a tail of stragglers.
-
-The cure counts tickers, not requests: each reading takes the tokens reserved and held for
-tickers that have a call admitted or a hold (``Footprint.sample``), per such ticker, and
-keeps a moving mean of it. A new ticker starts only while the tickers in flight are fewer
-than the budget's limit divided by that mean (``Footprint.slots``), so every chain started
-can send its next call at once while its context is still in the server's cache. Tickers
-waiting at the gate are not in the mean (they reserve nothing, and counting them would
-let an overshoot justify itself). Until a reading has seen a ticker, nothing is capped.
-
-The mean is in the budget's tokens, so it must not outlive the budget's way of costing a
-prompt. On the H200 again, the first readings costed prompts at the default 0.5 tokens per
-byte and the server's counts then gave 0.226: a mean that kept 20 readings' memory of
-the 2.3x costs let one ticker start every 4 s, and the batch took 100 s to reach the 14
-chains a fixed setting started at once. So when the tokens-per-byte estimate moves by
-more than ``RESEED``, the mean starts over; and each mean begins as a plain average of
-its readings (weight 1/n) until that is lighter than ``weight``, so no single early
-reading sets it.
-
-That mean still begins on the analysts: at a batch's start every ticker is in its fan-out,
-four calls side by side (about 4,800 tokens a ticker on the H200 at 40 tickers, against
-2,000-2,500 for a ticker early in its chain), and the cap came down to the chains' size one
-ticker every 2-6 s; the batch's first 30 s ran 15% under a fixed setting's while the cache
-stood 30-50% full. *Prefetching* (the default; ``adaptive:prefetch=off`` turns it off)
-separates the two. The cap counts chains, not tickers: a ticker's first downstream call
-waits for a chain slot (``Server.enter_chain``), and a new ticker may start its analysts
-while fewer tickers are in their fan-out than the free chain slots plus the few a steady
-batch needs to keep its chains fed (``prefetch_depth``). The analysts then fill the room the
-chains leave (a 1,000-token analyst call decodes as much as a 3,000-token chain call in a
-third of the cache), and a freed chain slot is taken by a ticker whose analysts are done.
-Its downstream prompts open with its analysts' reports, not their prompts, so a wait there
-costs no cached context. Tickers without such a fan-out (a chain only, or several samples
-side by side) are chains from their first call and capped as tickers. The chain footprint is
-then measured on chains only (each by its own reservation and hold); until a reading has
-seen a chain, the ticker mean above stands in. A cohort of chains started together is small
-at first and grows along the chains, so the cap lets more chains in early than can run at
-once later; the budget's gate then holds their later calls (no preemption), and the cap lets
-no new chain in until they shrink back. On a stepped model of the H200's server
-(tests/unit/stepped_gpu.py) at the 40-ticker shape this ran 2-5% above the ticker cap and
-2-4% above fixed-14 in every variant tried (with and without a prefix cache, several prefill
-and batch costs); predicting a chain's mean size from its steps (tried, not kept) gained
-1-2%: the room it kept for the cohort's growth was idle while the cohort was small. On the
-H200 at 40 tickers (docs/performance.md, a fourth run) it ran 4.9% above the ticker cap and
-level with fixed-14 (776.9 against 740.3 and 776.1 tok/s), with no preemption, its first 30
-s at 1,301 tok/s against 939; the cohort it let in then grew as above (the cap at 28 chains
-at 6 s, 22 chains in by 32 s, 14 of their calls held at the gate at 90 s), which is where
-the rest of that run went.
+Each reading takes the tokens reserved and held per active ticker (one with a call admitted
+or a hold; with prefetching, per chain let in) into a moving mean (``Footprint.sample``); a
+new ticker starts only while the tickers in flight are fewer than the budget's limit over
+that mean (``Footprint.slots``), so every chain started can send its next call while its
+context is still cached. The mean starts over when the budget's tokens-per-byte estimate
+moves by more than ``RESEED``. Why, and what it measured: docs/architecture.md, "Tickers in
+flight follow the chains that fit" and "Prefetching".
 """
 
 from __future__ import annotations

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,9 +39,9 @@ from app.errors import (
     LLMTimeoutError,
 )
 from app.llm import Admit, Call, TrackedLLM
-from app.traffic.budget import Claim
+from app.traffic.gate import priority
 from app.traffic.server import Server, ServerSet
-from app.traffic.tasks import cancel_and_wait, wait_first
+from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
 
 log = structlog.get_logger(__name__)
@@ -67,49 +66,21 @@ def server_fault(error: LLMError) -> bool:
 
 
 class TickerClient:
-    """The one client a ticker's graph calls through: its server's gate and budget on each call.
+    """The one client a ticker's graph calls through: its server's gate on each call.
 
-    A call passes the ticker's server (a chain slot when prefetching, the budget's claim, a
-    place at the gate per attempt) and is sent by that server's TrackedLLM. When the server
-    goes down the ticker moves to one that is up (the module's doc). ``rank`` gives each
-    request's priority (the scheduler's tail rule; start order without it).
+    A call passes the ticker's server's gate (a chain slot when prefetching, the budget's
+    claim, a place per attempt at the ticket's priority) and is sent by that server's
+    TrackedLLM; what the call changes is state on the ticket (requests done, first asked).
+    When the server goes down the ticker moves to one that is up (the module's doc).
     """
 
-    def __init__(self, servers: ServerSet, server: Server, ticket: Ticket,
-                 on_request: asyncio.Event | None = None, *,
-                 rank: Callable[[Ticket], int] | None = None,
-                 on_finish: Callable[[Ticket], None] | None = None,
-                 on_redo: Callable[[Ticket], None] | None = None,
-                 may_pass: Callable[[Ticket], bool] | None = None) -> None:
+    def __init__(self, servers: ServerSet, server: Server, ticket: Ticket) -> None:
         self.servers = servers
         self.server = server
         self.ticket = ticket
         self.settings = server.llm.settings
-        self._on_request = on_request
-        self._rank = rank
-        self._on_finish = on_finish
-        self._on_redo = on_redo
-        self._may_pass = may_pass  # an urgent ticker's chain need not wait for a slot
         server.arrive(ticket)
         server.started += 1
-
-    @property
-    def priority(self) -> int:
-        return self.ticket.order
-
-    @asynccontextmanager
-    async def _request(self) -> AsyncIterator[int]:
-        """Count one request of the ticker, from its first attempt to its last."""
-        if self._on_request is not None:
-            self._on_request.set()
-        # The priority is decided per request: a ticker can turn urgent on the way.
-        rank = self._rank(self.ticket) if self._rank is not None else self.ticket.order
-        try:
-            yield rank
-        finally:
-            self.ticket.done += 1
-            if self._on_finish is not None:
-                self._on_finish(self.ticket)
 
     async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
                       exact: bool = False) -> PromptSize | None:
@@ -123,7 +94,6 @@ class TickerClient:
         self.servers.changed.set()
 
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
-        kwargs.pop("priority", None)
         sized = {"messages": messages, "max_tokens": kwargs.get("max_tokens", 0)}
         ready = datetime.now(UTC)  # issued by the graph: a wait from here on is ours
         return await self._routed(tag, sized, lambda llm, rank, call, admit: llm.chat(
@@ -144,7 +114,7 @@ class TickerClient:
             endpoint = self._here()
             if endpoint.strategy.prefetch and not self.ticket.chained:
                 # Outside the call: a wait for a chain slot is not an attempt at the server.
-                await endpoint.enter_chain(self.ticket, self._may_pass)
+                await endpoint.enter_chain(self.ticket)
             started = loop.time()
             try:
                 result = await self._unless_gone(
@@ -158,9 +128,7 @@ class TickerClient:
                     raise
                 log.warning("call sent again", node=tag.node, ticker=tag.ticker,
                             failed_at=endpoint.name, to=target.name, error=str(error)[:200])
-                self.ticket.done -= 1
-                if self._on_redo is not None:
-                    self._on_redo(self.ticket)
+                self.ticket.done -= 1  # the call is work left again
                 self._move(target)
                 continue
             return result
@@ -187,21 +155,22 @@ class TickerClient:
 
     async def _on(self, endpoint: Server, tag: CallTag, sized: dict[str, Any], send: Send,
                   call: Call) -> ChatResult:
-        """Send one call through ``endpoint``'s gate and budget."""
-        held_by = self.ticket.held_by
-        if held_by is not None and held_by is not endpoint.gate:
-            held_by.release_hold(self.ticket)  # its context is in another replica's cache
-        budget = endpoint.limits.budget
-        if budget is not None:
-            await endpoint.count_first(sized["messages"])
-        claim = budget.claim(tag.node, sized) if budget is not None else Claim(0)
-        async with self._request() as rank:
-            # Each attempt takes a place (and the tokens) at this endpoint's gate; a retry's
-            # backoff waits outside it, as on one endpoint .
-            admit = functools.partial(endpoint.gate.slot, rank, claim, self.ticket)
-            result = await send(endpoint.llm, rank, call, admit)
-        if budget is not None:
-            budget.learn(tag.node, sized, result.prompt_tokens, result.completion_tokens)
+        """Send one call through ``endpoint``'s gate."""
+        ticket, gate = self.ticket, endpoint.gate
+        if ticket.held_by is not None and ticket.held_by is not gate:
+            ticket.held_by.release_hold(ticket)  # its context is in another replica's cache
+        claim = await gate.claim(tag.node, sized)
+        if not ticket.asked:
+            ticket.asked = True
+            self.servers.changed.set()  # the scheduler waits for this before the next start
+        try:
+            # Each attempt takes a place (and the tokens) at the gate; a retry's backoff
+            # waits outside it. The priority is the request's: a ticker can turn urgent.
+            result = await send(endpoint.llm, priority(ticket), call,
+                                functools.partial(gate.slot, ticket, claim))
+        finally:
+            ticket.done += 1
+        gate.learn(tag.node, sized, result)
         return result
 
     async def _unless_gone(self, endpoint: Server,
@@ -209,17 +178,19 @@ class TickerClient:
         """Await the call; if its endpoint goes down first and another is up, cancel it."""
         if not self.servers.several:
             return await call  # one endpoint: nowhere to go, so nothing to watch
-        task = asyncio.create_task(call)
         try:
-            while not task.done():
-                await wait_first(task, endpoint.gone.wait() if endpoint.up
-                                 else self.servers.health_event().wait())
-                if task.done() or endpoint.up or self.servers.alternative(endpoint) is None:
-                    continue  # all down: the call goes on where it is, as with one server
-                await cancel_and_wait(task)
-                if task.cancelled():
-                    raise EndpointGone(f"{endpoint.name} went down during the call")
-                break  # it finished just before the cancel: keep its answer
-            return task.result()
-        finally:
-            await cancel_and_wait(task)
+            async with asyncio.TaskGroup() as group:
+                watch = group.create_task(_gone(self.servers, endpoint))
+                try:
+                    return await call
+                finally:
+                    watch.cancel()
+        except BaseExceptionGroup as group:
+            raise first_error(group) from None
+
+
+async def _gone(servers: ServerSet, endpoint: Server) -> None:
+    """Raise EndpointGone once ``endpoint`` is down and another server is up to take over."""
+    while endpoint.up or servers.alternative(endpoint) is None:
+        await (endpoint.gone if endpoint.up else servers.health_event()).wait()
+    raise EndpointGone(f"{endpoint.name} went down during the call")

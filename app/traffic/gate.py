@@ -1,32 +1,58 @@
-"""Hold LLM requests at a limit that can move, serving the most senior waiter first."""
+"""Hold LLM requests at a server's limits, serving the most senior waiter first."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
+from agents.chat import ChatResult
+from app.errors import LLMError
+from app.promptsize import PromptCounter
 from app.traffic.budget import Claim, TokenBudget, as_claim
 from app.traffic.holdback import HELD, QUEUED, REQUEST_LIMIT, TOKEN_BUDGET
 from app.traffic.ticket import Ticket
+
+# Above any batch's ticker count: an urgent ticker's priority sorts below every start order.
+URGENT_STEP = 1 << 20
+
+
+def priority(ticket: Ticket | None) -> int:
+    """Return a request's priority, lower first (vLLM's per-request ``priority`` is one int).
+
+    A ticker's start order; an urgent one (the scheduler's tail rule) goes before all of
+    those, longest remaining chain first, ties by start order.
+    """
+    if ticket is None:
+        return 0
+    if not ticket.urgent:
+        return ticket.order
+    return ticket.order - (1 + ticket.remaining_chain) * URGENT_STEP
 
 
 class Gate:
     """Allow at most ``limit`` requests outstanding; waiters are served lowest priority first.
 
-    Priority is the ticker's start order, so a ticker already under way gets the next free
-    place before a newer one: results arrive steadily and a crash leaves few tickers half done.
+    Priority is ``priority(ticket)``, so a ticker already under way gets the next free place
+    before a newer one: results arrive steadily and a crash leaves few tickers half done.
     With a token ``budget`` a request also needs its tokens free; the first in line waits
     for them and nobody passes it (a chain's growing prompt would otherwise starve behind
-    smaller requests of newer tickers).
+    smaller requests of newer tickers). The gate costs each request against the budget
+    (``claim``) and tells it what the answer cost (``learn``).
     """
 
     def __init__(self, limit: int, budget: TokenBudget | None = None, *,
-                 changed: asyncio.Event | None = None) -> None:
+                 changed: asyncio.Event | None = None,
+                 counter: PromptCounter | None = None) -> None:
         self._limit = max(1, limit)
         self.budget = budget
+        self._counter = counter  # the server's /tokenize, for the first prompt's cost
+        self._first_count = asyncio.Lock()
+        self._count_asked = False
         self.outstanding = 0
         self._waiters: list[tuple[int, int, asyncio.Future[None], Claim, Ticket | None]] = []
         self._seq = itertools.count()
@@ -109,13 +135,36 @@ class Gate:
             return TOKEN_BUDGET
         return None
 
-    async def wait_for_room(self, or_else: Callable[[], bool] | None = None) -> None:
-        """Return once a request would be sent at once, or ``or_else()`` holds."""
-        while not (self.has_room() or (or_else is not None and or_else())):
-            self._changed.clear()
-            await self._changed.wait()
+    @property
+    def closed(self) -> bool:
+        """Return True once every request is refused (the batch is stopping)."""
+        return self._closed is not None
 
-    def _fits(self, claim: Claim, ticket: Ticket | None) -> bool:
+    async def claim(self, node: str, body: dict[str, Any]) -> Claim:
+        """Return what a request reserves of the budget (nothing without one).
+
+        The server's first prompt is counted by its /tokenize before it is costed, once
+        (others wait for that count), so no request is costed at the default tokens per
+        byte (docs/architecture.md, "The token budget"). A failed count is left to the call.
+        """
+        budget, counter = self.budget, self._counter
+        if budget is None:
+            return Claim(0)
+        if (counter is not None and not self._count_asked and counter.supported
+                and not budget.ratio_known()):
+            async with self._first_count:
+                if not self._count_asked and not budget.ratio_known():
+                    self._count_asked = True
+                    with contextlib.suppress(LLMError):
+                        await counter.count(counter.settings.llm_model, body["messages"])
+        return budget.claim(node, body)
+
+    def learn(self, node: str, body: dict[str, Any], result: ChatResult) -> None:
+        """Tell the budget what a finished request's prompt and answer came to."""
+        if self.budget is not None:
+            self.budget.learn(node, body, result.prompt_tokens, result.completion_tokens)
+
+    def _fits(self, claim: Claim) -> bool:
         return self.budget is None or self.budget.fits(claim.tokens)
 
     def _take(self, claim: Claim, ticket: Ticket | None) -> None:
@@ -132,18 +181,19 @@ class Gate:
                 ticket.hold, ticket.held_by = 0, None
 
     @asynccontextmanager
-    async def slot(self, priority: int = 0, cost: int | Claim = 0,
-                   ticket: Ticket | None = None) -> AsyncIterator[None]:
+    async def slot(self, ticket: Ticket | None = None,
+                   cost: int | Claim = 0) -> AsyncIterator[None]:
         """Hold one place (and ``cost`` tokens of the budget) for the duration of the block."""
         if self._closed is not None:
             raise self._refusal()
         claim = as_claim(cost)
         if (not self.held and self.outstanding < self._limit and self.waiting == 0
-                and self._fits(claim, ticket)):
+                and self._fits(claim)):
             self._take(claim, ticket)
         else:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._waiters, (priority, next(self._seq), future, claim, ticket))
+            heapq.heappush(self._waiters,
+                           (priority(ticket), next(self._seq), future, claim, ticket))
             try:
                 await future
             except asyncio.CancelledError:
@@ -194,7 +244,7 @@ class Gate:
             if future.done():
                 heapq.heappop(self._waiters)
                 continue
-            if not self._fits(claim, ticket):
+            if not self._fits(claim):
                 break  # the first in line waits for its tokens; nobody passes it
             heapq.heappop(self._waiters)
             self._take(claim, ticket)

@@ -3,20 +3,17 @@
 Whatever asks first names how the batch ends (its status, its one-line reason, the exit code)
 and how long calls already at the server may take to finish (``grace_s``). A second, more
 urgent request (a second Ctrl-C, an outage while draining) can only shorten that grace.
-The engine waits on ``requested`` beside the scheduler and does the stopping itself.
+The batch's TaskGroup does the stopping (app.batch.engine.run_until_halted).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import structlog
 
 from app.errors import BatchStopped
-from app.traffic.tasks import cancel_and_wait, wait_first
 
 log = structlog.get_logger(__name__)
 
@@ -63,47 +60,3 @@ class Halt:
     @property
     def stopping(self) -> bool:
         return self.reason is not None
-
-
-class Stoppable(Protocol):
-    """What ``drive`` needs of the scheduler (app.traffic.scheduler.Scheduler)."""
-
-    def stop(self) -> None: ...
-
-    async def drained(self) -> None: ...
-
-    def close(self, error: BaseException) -> None: ...
-
-
-async def drive(scheduler: Stoppable, work: Coroutine[Any, Any, None], halt: Halt) -> None:
-    """Await the scheduler's ``work``; when a halt is asked for, stop the batch its way.
-
-    Stopping: no ticker starts and no request is let through; requests at the server may
-    finish for the reason's grace, each finished node is checkpointed as usual (its next
-    request is what waits at the gate); then the waiting requests are refused with
-    BatchStopped, which ends their tickers unfinished. Past the grace, or when the halt is
-    hurried, whatever is still running is cancelled.
-    """
-    running = asyncio.create_task(work)
-    try:
-        await wait_first(running, halt.requested.wait())
-        if running.done() or halt.reason is None:
-            await running
-            return
-        reason = halt.reason
-        scheduler.stop()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + reason.grace_s
-        await wait_first(scheduler.drained(), halt.hurried.wait(), running,
-                         timeout=reason.grace_s)
-        if not halt.hurried.is_set():
-            scheduler.close(BatchStopped(reason.message))
-            await wait_first(running, halt.hurried.wait(),
-                             timeout=max(0.0, deadline - loop.time()))
-        if not running.done():
-            log.warning("cancelling what is still running", why=reason.message)
-        await cancel_and_wait(running)
-        if not running.cancelled():
-            running.result()  # its own error, if it ended with one
-    finally:
-        await cancel_and_wait(running)

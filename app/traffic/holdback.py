@@ -2,13 +2,10 @@
 
 An adaptive batch starts a ticker when an endpoint has room for it: a request place under
 the admission limit, no call of a started ticker queued at the gate, budget tokens for a
-typical request beside the holds, and a free chain slot (app/traffic/chains.py). Which of
-these is short decides how fast a batch fills the server. On an H200 at 40 tickers the
-batch's first 30 s ran 15% under a fixed setting's, and the cause had to be pieced
-together from timestamps: every ticker started 0.07 s after a /metrics reading, the
-request limit stood at 32 with 11-19 calls out, so it was the chain cap. This records it
-instead: at each reading while tickers still wait to start, the first thing short
-(``blocker``), counted per reason, and a row of the figures behind it.
+typical request beside the holds, and a free chain slot (app/traffic/chains.py). At each
+reading while tickers wait to start, this records the first thing short (``blocker``),
+counted per reason, and a row of the figures behind it (docs/architecture.md, "What held
+new tickers back").
 """
 
 from __future__ import annotations

@@ -9,16 +9,11 @@ so it has fewer free and is offered fewer tickers; a larger one has more. Where 
 endpoint's budget is unknown (no KV capacity reported, or a strategy without a budget),
 free request places decide, then the fewest tickers in flight, then the list order.
 
-Free tokens alone do not finish the endpoints together. Measured on two H200s (100
-tickers, adaptive): in the last minute and a half one replica's cache briefly emptied, it
-took every ticker still to start, and ran their chains for 53 s after the other had
-drained (57 tickers against 43; 832.6 output tok/s, 1.68x one replica). So a new ticker
-also needs its endpoint to be under its fair share of the batch's remaining work: the
-requests not yet finished (started or not), split in proportion to the endpoints' KV
-capacities. Early in a batch the unstarted tickers make every share large and the rule
-never binds; near the end it makes a ticker wait for the endpoint that will finish first
-rather than pile onto one that happens to have room. Since the shares add up to all the
-work left and the work routed is less than that, some endpoint is always under its share.
+So that the endpoints finish together, a new ticker also needs its endpoint under its
+share of the batch's remaining work: the requests not yet finished (started or not),
+split in proportion to the endpoints' KV capacities (why: docs/architecture.md, "Several
+endpoints"). The shares add up to all the work left and the work routed is less, so some
+endpoint is always under its share.
 """
 
 from __future__ import annotations

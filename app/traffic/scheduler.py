@@ -1,22 +1,15 @@
 """Start tickers' work under a strategy: adaptive (ours), fixed-N tickers in flight, sequential.
 
-Under ``adaptive`` the gate follows the admission policy and serves tickers already under
-way first (their start order is their priority), so results arrive steadily and a crash
-leaves few tickers half done. That preference has a price at the end of a batch: tickers
-started last still have their whole chain of one-after-another calls ahead of them while
-the rest of the batch drains, and the server idles through that tail (on an H200 with 20
-tickers the tail cost more throughput than any admission setting). So a ticker turns
-*urgent* when its remaining chain is at least the batch's remaining work divided by the
-limit, i.e. when it would finish after everything else: urgent tickers start at once and
-go first, longest chain first (the classic critical-path rule for chains). Early in a
-night of ~100 tickers nothing is urgent; only the last stretch is reordered.
+The tail rule (``adaptive``): a ticker whose remaining chain is at least the batch's
+remaining work over what runs at once would finish after everything else, so it is marked
+urgent: it starts at once and its requests go first, longest chain first
+(docs/architecture.md, "Order").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +24,7 @@ from app.traffic.gate import Gate
 from app.traffic.holdback import COLUMNS
 from app.traffic.server import GaugeSource, ServerSet
 from app.traffic.strategy import Strategy
-from app.traffic.tasks import wait_first
+from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
 
 log = structlog.get_logger(__name__)
@@ -73,13 +66,10 @@ class Scheduler:
                 raise ValueError("a scheduler needs a client or endpoints")
             endpoints = ServerSet.single(llm, strategy, gauges=gauges, policy=policy)
         self.endpoints = endpoints
-        self.in_flight = 0
-        self.started = 0
-        self.left = 0  # requests of the batch not yet finished, as far as they are known
+        self._unstarted = 0  # requests of the tickers not started yet
+        self._next: Ticket | None = None  # the ticker waiting for room to start
         self._loaded = asyncio.Event()  # set whenever a job's preparation ends
         self._waited: set[int] = set()
-        self.tickers = 0
-        self.stopping = False
 
     # The first endpoint's parts: with one server, the server's (live progress reads them).
     @property
@@ -103,6 +93,10 @@ class Scheduler:
         return self.endpoints.first.gauges
 
     @property
+    def stopping(self) -> bool:
+        return self.endpoints.stopping
+
+    @property
     def metrics_fallback(self) -> bool:
         """Tell whether some server's /metrics cannot be read now (progress shows it)."""
         return self.endpoints.blind
@@ -113,7 +107,7 @@ class Scheduler:
 
     def stop(self) -> None:
         """Start no more tickers and let no new request through; requests out may finish."""
-        self.stopping = True
+        self.endpoints.stopping = True
         for endpoint in self.endpoints:
             endpoint.gate.hold("stopping")
         self.endpoints.changed.set()
@@ -128,99 +122,107 @@ class Scheduler:
         for endpoint in self.endpoints:
             endpoint.gate.close(error)
 
-    def urgent(self, ticket: Ticket) -> bool:
-        """Return True when the ticker's remaining chain would outlast the rest of the batch."""
-        if not self.strategy.tail or not ticket.chain or not ticket.remaining:
-            return False
-        # The batch's remaining rounds: its requests left over what runs at once. The count
-        # limit alone overstates that where the budget fits fewer chains, and would make
-        # every ticker not yet started urgent too soon.
-        return ticket.remaining_chain >= self.left / max(1, self.endpoints.concurrency())
+    @property
+    def left(self) -> int:
+        """Return the batch's requests not yet finished, as far as they are known."""
+        return self._unstarted + sum(endpoint.work for endpoint in self.endpoints)
 
-    def _work_left(self) -> int:
-        return self.left
+    def _mark_tail(self) -> bool:
+        """Mark urgent each ticker whose remaining chain would outlast the rest of the batch.
 
-    def _may_pass(self, ticket: Ticket | None) -> bool:
-        return self.stopping or (ticket is not None and self.urgent(ticket))
-
-    def rank(self, ticket: Ticket) -> int:
-        """Return a request's priority, lower first: urgent tickers by longest remaining
-        chain, ties by start order, all before the others, which go by start order.
-
-        One integer, because vLLM's per-request ``priority`` is one.
+        The rest is the requests left over what runs at once (the request limits, or the
+        chains the budgets fit where fewer: the limits alone would make every ticker not
+        yet started urgent too soon). Return True when a mark changed.
         """
-        if not self.urgent(ticket):
-            return ticket.order
-        return ticket.order - (1 + ticket.remaining_chain) * self.tickers
+        rounds = self.left / max(1, self.endpoints.concurrency())
+        tickets = [ticket for endpoint in self.endpoints for ticket in endpoint.here.values()]
+        flipped = False
+        for ticket in [*tickets, *([self._next] if self._next is not None else [])]:
+            urgent = bool(ticket.chain and ticket.remaining) and ticket.remaining_chain >= rounds
+            flipped |= urgent != ticket.urgent
+            ticket.urgent = urgent
+        return flipped
 
-    def _finished_one(self, ticket: Ticket) -> None:
-        if ticket.done <= ticket.requests:
-            self.left -= 1
-
-    def _redone_one(self, ticket: Ticket) -> None:
-        """Count a call sent again (its endpoint failed) as work left once more."""
-        if ticket.done < ticket.requests:
-            self.left += 1
+    async def _follow_tail(self) -> None:
+        """Keep the urgent marks current: after every change at a gate, server or ticker."""
+        changed = self.endpoints.changed
+        while True:
+            if self._mark_tail():
+                changed.set()  # an urgent ticker waiting for room or a chain slot goes now
+            changed.clear()
+            await changed.wait()
 
     async def run(self, jobs: list[Job], on_done: OnDone) -> None:
-        """Run every job once; a failing job is reported to ``on_done``, never raised."""
+        """Run every job once; a failing job is reported to ``on_done``, never raised.
+
+        Returns once every started job has ended (after ``stop``, the others stay queued);
+        nothing it started runs on.
+        """
         self.endpoints.began = self.endpoints.clock()  # the hold-back rows' zero
         ordered = sorted(jobs, key=lambda j: -j.weight)
-        self.left = sum(job.requests for job in ordered)
-        self.tickers = len(ordered)
-        tasks: list[asyncio.Task[None]] = []
+        self._unstarted = sum(job.requests for job in ordered)
+        try:
+            async with asyncio.TaskGroup() as loops:
+                beside = []
+                if self.strategy.tail:
+                    beside.append(loops.create_task(self._follow_tail(), name="tail"))
+                try:
+                    async with asyncio.TaskGroup() as tickers:
+                        await self._start(ordered, on_done, tickers)
+                finally:
+                    for task in beside:
+                        task.cancel()
+        except BaseExceptionGroup as group:
+            raise first_error(group) from None
+
+    async def _start(self, ordered: list[Job], on_done: OnDone,
+                     tickers: asyncio.TaskGroup) -> None:
+        """Start each job as admission allows, in ``tickers``; return when all are started."""
         slots = self.strategy.tickers_in_flight
         # Jobs prepare (load their data) ahead of admission, and a ticker is admitted once
         # it is ready: one slow load never holds back the tickers behind it. Start order,
         # not weight order, is then the ticker's priority.
         loaded = [asyncio.Event() for _ in ordered]
         failures: dict[int, BaseException] = {}
-        preparing = [asyncio.create_task(self._prepare(job, loaded[i], failures, i),
+        preparing = [tickers.create_task(self._prepare(job, loaded[i], failures, i),
                                          name=f"prepare {job.key}")
                      for i, job in enumerate(ordered)]
         pending = list(range(len(ordered)))
         order = 0
-        try:
-            while pending and not self.stopping:
-                index = await self._next_ready(pending, loaded)
-                job = ordered[index]
-                failure = failures.get(index)
-                if failure is not None:  # never admitted: it has nothing to work on
-                    self.left -= job.requests
-                    await on_done(job, None, failure)
-                    continue
-                ticket = Ticket(order, job.requests, job.chain)
-                # The endpoint with room, under its share of the work left and with the
-                # most free budget tokens (routing.py); a stop ends the wait at once.
-                self.endpoints.routing = True
-                try:
-                    endpoint = await self.endpoints.wait_for_room(
-                        slots, or_else=functools.partial(
-                            self._may_pass, ticket if slots is None else None),
-                        # Adaptive spreads the work so the endpoints finish together;
-                        # fixed-N keeps its meaning, N tickers per endpoint.
-                        work_left=self._work_left if slots is None else None)
-                finally:
-                    self.endpoints.routing = False
-                if self.stopping:
-                    break  # the tickers not started stay queued, for a resume
-                order += 1
-                first_request = asyncio.Event()
-                gated = TickerClient(self.endpoints, endpoint, ticket, first_request,
-                                  rank=self.rank, on_finish=self._finished_one,
-                                  on_redo=self._redone_one, may_pass=self._may_pass)
-                task = asyncio.create_task(self._one(job, gated, first_request, on_done),
-                                           name=job.key)
-                tasks.append(task)
-                if slots is None:
-                    # A started ticker has not asked for its place yet: wait until it has,
-                    # or the gate would look free and we would start a burst of tickers.
-                    await wait_first(first_request.wait(), task)
-            await asyncio.gather(*tasks)
-        finally:
-            for task in [*tasks, *preparing]:
-                task.cancel()
-            await asyncio.gather(*tasks, *preparing, return_exceptions=True)
+        while pending and not self.stopping:
+            index = await self._next_ready(pending, loaded)
+            job = ordered[index]
+            failure = failures.get(index)
+            if failure is not None:  # never admitted: it has nothing to work on
+                self._unstarted -= job.requests
+                await on_done(job, None, failure)
+                continue
+            ticket = self._next = Ticket(order, job.requests, job.chain)
+            if self.strategy.tail:
+                self._mark_tail()
+            # The endpoint with room, under its share of the work left and with the most
+            # free budget tokens (routing.py); a stop ends the wait at once. Adaptive
+            # spreads the work so the endpoints finish together; fixed-N keeps its
+            # meaning, N tickers per endpoint.
+            self.endpoints.routing = True
+            try:
+                endpoint = await self.endpoints.wait_for_room(
+                    slots, ticket, self._unstarted if slots is None else None)
+            finally:
+                self.endpoints.routing, self._next = False, None
+            if endpoint is None:
+                break  # stopping: the tickers not started stay queued, for a resume
+            order += 1
+            self._unstarted -= job.requests
+            tickers.create_task(self._one(job, TickerClient(self.endpoints, endpoint, ticket),
+                                          on_done), name=job.key)
+            # A started ticker has not asked for its place yet: wait until it has, or the
+            # gate would look free and we would start a burst of tickers.
+            while slots is None and not ticket.asked:
+                self.endpoints.changed.clear()
+                await self.endpoints.changed.wait()
+        for task in preparing:
+            task.cancel()
 
     async def _prepare(self, job: Job, loaded: asyncio.Event,
                        failures: dict[int, BaseException], index: int) -> None:
@@ -253,26 +255,19 @@ class Scheduler:
             self._loaded.clear()
             await self._loaded.wait()
 
-    async def _one(self, job: Job, gated: TickerClient, first_request: asyncio.Event,
-                   on_done: OnDone) -> None:
-        ticket = gated.ticket
-        self.in_flight += 1
-        self.started += 1
+    async def _one(self, job: Job, client: TickerClient, on_done: OnDone) -> None:
+        ticket = client.ticket
         result: Any = None
         error: BaseException | None = None
         try:
-            result = await job.run(gated)
-        except asyncio.CancelledError:
-            raise
+            result = await job.run(client)
         except Exception as exc:  # one ticker's failure never stops the others
             error = exc
         finally:
             # Requests it did not make (a failure cut it short) are no longer work left.
-            self.left -= ticket.remaining
             ticket.done = max(ticket.done, ticket.requests)
-            gated.close()
-            self.in_flight -= 1
-            first_request.set()
+            ticket.asked = True
+            client.close()
         await on_done(job, result, error)
 
     def holdback_timeline(self) -> dict[str, Any]:

@@ -19,7 +19,6 @@ resumable, none failed for it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,8 +28,9 @@ import structlog
 from sqlalchemy import Engine
 
 from app.config import Settings
-from app.errors import LLMError, ServerOutage
+from app.errors import ServerOutage
 from app.llm import CallStats, TrackedLLM
+from app.promptsize import PromptCounter
 from app.traffic.admission import AdmissionPolicy
 from app.traffic.chains import prefetch_depth
 from app.traffic.clock import Clock, loop_clock
@@ -78,13 +78,14 @@ class Server:
         if gauges is not None:
             gauges.push = self.reading
         self.strategy = strategy
-        counter = getattr(llm, "counter", None)
+        counter = llm if isinstance(llm, PromptCounter) else None  # fakes count nothing
         # A reader that reads only when asked (no interval) gives no gauges to admit by.
         gauged = gauges is not None and getattr(gauges, "interval_s", 0) is not None
         self.limits = Limits(strategy, llm.settings.max_concurrency, gauged=gauged,
                              policy=policy, counted=counter.counts if counter else None,
                              name=self.name)
-        self.gate = Gate(self.limits.first_request_limit, self.limits.budget, changed=changed)
+        self.gate = Gate(self.limits.first_request_limit, self.limits.budget, changed=changed,
+                         counter=counter)
         self.holdback = HoldBack()  # what kept new tickers from starting here, per reading
         self.clock = clock  # what outages are timed on
         self.servers: ServerSet | None = None  # the set, told of every reading
@@ -98,8 +99,6 @@ class Server:
         self.started = 0  # tickers routed here when they started
         self.moved_in = 0
         self.moved_out = 0
-        self._first_count = asyncio.Lock()
-        self._count_asked = False
 
     def arrive(self, ticket: Ticket) -> None:
         """Count a ticker whose calls now go here."""
@@ -140,12 +139,12 @@ class Server:
         chain = max((t.chain for t in self.here.values()), default=0)
         return self.fanning >= prefetch_depth(slots, self.chains, chain)
 
-    async def enter_chain(self, ticket: Ticket, may_pass: Callable[[Ticket], bool] | None
-                          ) -> None:
+    async def enter_chain(self, ticket: Ticket) -> None:
         """Wait until a ticker whose fan-out is done may start its chain (prefetching).
 
         A chain slot is free, or nothing is capped yet, or the ticker is urgent, or the
-        endpoint is down (the call then meets what any call there meets). While it waits
+        endpoint is down or its gate closed (the call then meets what any call there
+        meets). While it waits
         it holds no budget tokens: its chain's prompts open with its analysts' reports, not
         their prompts, so no cached prefix is lost. A ticker without a fan-out of that
         shape (a chain only, or samples side by side) is a chain from its first call.
@@ -158,8 +157,8 @@ class Server:
             waited = False
             while True:
                 slots = self.chain_slots()
-                if (slots is None or self.chains < slots or not self.up
-                        or (may_pass is not None and may_pass(ticket))):
+                if (slots is None or self.chains < slots or not self.up or ticket.urgent
+                        or self.gate.closed):
                     break
                 if not waited:
                     waited = True
@@ -185,25 +184,6 @@ class Server:
                     budget.free if (budget := self.limits.budget) is not None else None,
                     max(0, self.gate.limit - self.gate.outstanding), self.tickers,
                     self.work, weight)
-
-    async def count_first(self, messages: list[dict[str, Any]]) -> None:
-        """Have the server count the first prompt before the budget costs it.
-
-        Without it the first requests are costed at the budget's default tokens per byte
-        (docs/architecture.md, "The token budget"). One count per server; its other
-        requests wait for it; the context check finds it in the counter's cache. A failure
-        here is left to the call itself to meet.
-        """
-        budget, counter = self.limits.budget, getattr(self.llm, "counter", None)
-        if (budget is None or counter is None or self._count_asked or not counter.supported
-                or budget.ratio_known()):
-            return  # every request comes here: the settled case costs attribute reads
-        async with self._first_count:
-            if self._count_asked or budget.ratio_known():
-                return
-            self._count_asked = True
-            with contextlib.suppress(LLMError):
-                await counter.count(self.llm.settings.llm_model, messages)
 
     def blocker(self) -> str:
         """Return the first thing short for a new ticker here, in the order ``load`` checks."""
@@ -340,6 +320,7 @@ class ServerSet:
         self.gave_up = asyncio.Event()
         self.routing = False  # a ready ticker waits for room: readings note what held it
         self.began = 0.0  # when the scheduler began: the hold-back rows' zero
+        self.stopping = False  # the batch starts no more tickers
 
     @classmethod
     def single(cls, llm: TrackedLLM, strategy: Strategy, *, gauges: GaugeSource | None = None,
@@ -379,7 +360,7 @@ class ServerSet:
             if len(urls) == 1:
                 # Between attempts after a server fault: wait while the one server is down.
                 # Several fail over instead (after_failure), so their attempts are not held.
-                llm.watch = llm.counter.watch = endpoint
+                llm.watch = endpoint
             endpoints.append(endpoint)
         if len(endpoints) > 1:
             log.info("endpoints", urls=[e.name for e in endpoints])
@@ -423,25 +404,26 @@ class ServerSet:
         the chains its budget keeps going where fewer."""
         return sum(e.concurrency() for e in self._serving())
 
-    async def wait_for_room(self, ticker_slots: int | None = None,
-                            or_else: Callable[[], bool] | None = None,
-                            work_left: Callable[[], int] | None = None) -> Server:
-        """Return the endpoint a new ticker starts on, once one has room (or ``or_else()``).
+    async def wait_for_room(self, ticker_slots: int | None = None, ticket: Ticket | None = None,
+                            unstarted: int | None = None) -> Server | None:
+        """Return the endpoint a new ticker starts on, once one has room (None: stopping).
 
         ``ticker_slots`` is the tickers each endpoint may have in flight (fixed-N); None
-        means room is the gate's (adaptive). ``work_left`` (the batch's requests not yet
-        finished) makes the ticker wait for an endpoint under its share (routing.py).
+        means room is the gate's (adaptive). An urgent ``ticket`` needs no room. With
+        ``unstarted`` (the requests of the tickers not started yet) the ticker waits for an
+        endpoint under its share of the batch's work left (routing.py).
         """
-        while True:
+        while not self.stopping:
             loads = self.loads(ticker_slots)
-            total = work_left() if work_left is not None else None
+            total = None if unstarted is None else unstarted + sum(x.work for x in loads)
             chosen = choose(loads, total_work=total)
-            if chosen is None and or_else is not None and or_else():
+            if chosen is None and ticket is not None and ticket.urgent:
                 chosen = choose(loads, need_room=False, total_work=total)
             if chosen is not None:
                 return self.endpoints[chosen]
             self.changed.clear()
             await self.changed.wait()
+        return None
 
     def alternative(self, endpoint: Server) -> Server | None:
         """Return the endpoint that is up to take over ``endpoint``'s tickers (None: none is)."""

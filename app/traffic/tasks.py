@@ -1,11 +1,9 @@
 """Wait on several things at once without leaving a task behind.
 
-The project's rule: when a function returns, nothing it started is still running. Waiting
-for the first of a few events used to be ``asyncio.wait`` over tasks made for the purpose,
-then ``cancel()`` on the losers; a cancelled task still runs until it has handled its
-cancellation, so it outlived the function (and an error it raised went unseen). These two
-helpers wait for the cancelled tasks to end before returning, however the wait ends:
-normally, on its timeout, or because the waiting task is itself cancelled.
+The project's rule: when a function returns, nothing it started is still running. Where a
+TaskGroup does not fit (the first of a few events), these helpers wait for the tasks they
+cancel to end before returning, however the wait ends: normally, on its timeout, or
+because the waiting task is itself cancelled.
 """
 
 from __future__ import annotations
@@ -15,6 +13,14 @@ from collections.abc import Coroutine
 from typing import Any
 
 Waitable = Coroutine[Any, Any, Any] | asyncio.Future[Any]
+
+
+def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
+    """Return the error that ended a task group: the first one raised, not the group."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:

@@ -16,9 +16,9 @@ class Holder(Protocol):
 class Ticket:
     """One ticker's place in line and the work it has left, as the scheduler sees it.
 
-    ``order`` is the ticker's start order (its priority while nothing is urgent);
-    ``requests`` and ``chain`` are its expected requests and the longest run of them that
-    must go one after another (0 when unknown).
+    ``order`` is the ticker's start order (its priority while it is not ``urgent``, which
+    the scheduler's tail rule marks); ``requests`` and ``chain`` are its expected requests
+    and the longest run of them that must go one after another (0 when unknown).
     """
 
     order: int
@@ -31,6 +31,8 @@ class Ticket:
     held_by: Holder | None = None  # whose budget the hold is in (a ticker can change endpoint)
     finished: bool = False
     chained: bool = False  # its chain was let in (app/traffic/chains.py, prefetching)
+    urgent: bool = False  # its remaining chain would outlast the batch: served first
+    asked: bool = False  # its first request asked for a place (or its work ended)
 
     @property
     def remaining(self) -> int:

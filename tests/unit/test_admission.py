@@ -9,6 +9,7 @@ from app.traffic.admission import AdmissionPolicy
 from app.traffic.gate import Gate
 from app.traffic.limits import Limits
 from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 
 
 @dataclass
@@ -149,7 +150,7 @@ async def test_gate_serves_the_most_senior_waiter_first() -> None:
     order: list[int] = []
 
     async def request(priority: int) -> None:
-        async with gate.slot(priority):
+        async with gate.slot(Ticket(priority)):
             order.append(priority)
             await asyncio.sleep(0.01)
 

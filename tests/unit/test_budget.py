@@ -59,7 +59,7 @@ def test_long_outputs_cannot_overflow_the_cache_once_admitted() -> None:
 
         async def one(i: int) -> None:
             c = budget.cost("analyst", body(400, 600))
-            async with gate.slot(priority=i, cost=c, ticket=Ticket(i, requests=1)):
+            async with gate.slot(Ticket(i, requests=1), c):
                 admitted.append(i)
                 await release.wait()
 
@@ -152,7 +152,7 @@ def test_a_ticker_between_calls_holds_its_tokens_against_new_tickers_only() -> N
     senior = Ticket(0, requests=3, chain=3)
 
     async def scenario() -> None:
-        async with gate.slot(0, cost=400, ticket=senior):
+        async with gate.slot(senior, 400):
             assert budget.reserved == 400
         # One call done, two to go: its 400 tokens stay held for the next one.
         assert (budget.reserved, budget.held, senior.hold) == (0, 400, 400)
@@ -162,7 +162,7 @@ def test_a_ticker_between_calls_holds_its_tokens_against_new_tickers_only() -> N
         assert budget.typical_cost == (400 + 500) // 2
         assert not gate.has_room()
         # The senior's next call (larger: its prompt grew) takes its hold's place.
-        async with gate.slot(0, cost=480, ticket=senior):
+        async with gate.slot(senior, 480):
             assert (budget.reserved, budget.held, senior.hold) == (980, 0, 0)
         assert budget.held == 480  # one call still to go
         gate.drop_hold(senior)  # the ticker ended early: nothing held any more
@@ -357,7 +357,7 @@ async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default
         assert budget is not None
         assert budget.ratio() == budget.tokens_per_byte == 0.5  # nothing counted yet
         default = budget.cost("market", prompt)
-        await llm.counter.check({"model": settings.llm_model, **prompt})
+        await llm.check({"model": settings.llm_model, **prompt})
         assert fake.tokenize_calls == 1
         assert budget.ratio() == pytest.approx(1.05 * 1_000 / 4_000)
         counted = budget.cost("market", prompt)

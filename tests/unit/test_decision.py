@@ -95,10 +95,9 @@ def test_every_free_text_field_is_bounded_for_the_server() -> None:
 
 async def test_valid_first_reply() -> None:
     llm = ScriptedLLM([json.dumps(VALID)])
-    decision, _, attempts = await decide(llm, TAG, prompt, [], max_tokens=100, attempts=3,
-                                         priority=4)
+    decision, _, attempts = await decide(llm, TAG, prompt, [], max_tokens=100, attempts=3)
     assert decision == Decision.model_validate(VALID) and attempts == 1
-    assert llm.calls[0]["priority"] == 4
+    assert llm.calls[0]["priority"] is None  # the gate's, from the ticker's ticket
     assert llm.calls[0]["response_format"] == response_format()
 
 

@@ -188,14 +188,16 @@ async def test_analysts_run_in_parallel(harness: Harness) -> None:
     assert server.max_in_flight == 4
 
 
-async def test_priority_and_sample_reach_the_request(harness: Harness) -> None:
+async def test_the_sample_reaches_the_request_and_the_graph_sets_no_priority(
+        harness: Harness) -> None:
     settings = settings_for(harness, priority_scheduling=True)
     server = FakeServer(nodes=DEFAULT_NODES, tickers=["ACME"])
-    result = await run(harness, settings, server, sample=2, priority=5)
+    result = await run(harness, settings, server, sample=2)
 
     assert result.sample == 2
     assert all(c.sample == 2 for c in server.chats)  # recognised from the seed
-    assert {c.body["priority"] for c in server.chats} == {5}
+    # A request's priority is the gate's, from the ticker's ticket (app/traffic/gate.py).
+    assert all("priority" not in c.body for c in server.chats)
     assert {r.sample for r in rows(harness)} == {2}
 
 

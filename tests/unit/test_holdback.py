@@ -74,7 +74,7 @@ def test_a_started_chain_queued_for_tokens_is_named_before_the_budget() -> None:
     endpoint.arrive(ticket)
 
     async def scenario() -> str:
-        async with endpoint.gate.slot(0, 9_000, ticket):
+        async with endpoint.gate.slot(ticket, 9_000):
             waiter = asyncio.create_task(_one_more(endpoint, ticket))
             await asyncio.sleep(0)  # it queues: 9,000 + 3,000 is past the budget
             reason = endpoint.blocker()
@@ -85,7 +85,7 @@ def test_a_started_chain_queued_for_tokens_is_named_before_the_budget() -> None:
 
 
 async def _one_more(endpoint: Server, ticket: Ticket) -> None:
-    async with endpoint.gate.slot(0, 3_000, ticket):
+    async with endpoint.gate.slot(ticket, 3_000):
         pass
 
 

@@ -48,8 +48,8 @@ def test_the_gate_keeps_each_tickets_reservation() -> None:
     async def scenario() -> None:
         gate = Gate(4, TokenBudget(capacity=10_000))
         ticket = Ticket(0, 17, 14)
-        async with gate.slot(0, Claim(1_200), ticket):
-            async with gate.slot(0, Claim(800), ticket):
+        async with gate.slot(ticket, Claim(1_200)):
+            async with gate.slot(ticket, Claim(800)):
                 assert ticket.reserved == 2_000
             assert ticket.reserved == 1_200
         assert ticket.reserved == 0
@@ -131,7 +131,7 @@ def test_a_ticker_waits_for_a_chain_slot_and_holds_nothing_while_it_waits() -> N
         second = Ticket(1, 17, 14, done=4, hold=1_200, held_by=endpoint.gate)
         endpoint.arrive(second)
         budget.held = 1_200
-        entering = asyncio.create_task(endpoint.enter_chain(second, None))
+        entering = asyncio.create_task(endpoint.enter_chain(second))
         await asyncio.sleep(0)
         assert not entering.done()
         assert (second.hold, budget.held) == (0, 0)  # its analysts' prompts are not reused
@@ -142,13 +142,13 @@ def test_a_ticker_waits_for_a_chain_slot_and_holds_nothing_while_it_waits() -> N
         await asyncio.wait_for(entering, 1)
         assert second.chained and endpoint.chains == 1
         # An urgent ticker (the tail rule) does not wait.
-        third = Ticket(2, 17, 14, done=4)
+        third = Ticket(2, 17, 14, done=4, urgent=True)
         endpoint.arrive(third)
-        await asyncio.wait_for(endpoint.enter_chain(third, lambda ticket: True), 1)
+        await asyncio.wait_for(endpoint.enter_chain(third), 1)
         assert third.chained
         # A call of the fan-out never waits: the analysts are what prefetching runs early.
         fourth = Ticket(3, 17, 14, done=2)
-        await asyncio.wait_for(endpoint.enter_chain(fourth, None), 1)
+        await asyncio.wait_for(endpoint.enter_chain(fourth), 1)
         assert not fourth.chained
     asyncio.run(scenario())
 
@@ -194,7 +194,7 @@ def test_a_ticker_without_a_fan_out_is_a_chain_from_its_first_call() -> None:
         assert (only_chain.fan_out, samples.fan_out) == (0, 0)
         for ticket in (only_chain, samples):
             endpoint.arrive(ticket)
-            await asyncio.wait_for(endpoint.enter_chain(ticket, None), 1)
+            await asyncio.wait_for(endpoint.enter_chain(ticket), 1)
             assert ticket.chained and not ticket.fanning
         assert endpoint.chains == 2  # counted by the cap, never waiting for a slot
         for ticket in (only_chain, samples):

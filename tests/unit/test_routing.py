@@ -125,7 +125,7 @@ async def test_a_ticker_waits_for_the_endpoint_under_its_share_to_have_room() ->
         for _ in range(drained.gate.limit):
             await stack.enter_async_context(drained.gate.slot())
         assert busy.gate.has_room() and not drained.gate.has_room()
-        waiting = asyncio.ensure_future(endpoints.wait_for_room(work_left=lambda: 47 + 17))
+        waiting = asyncio.ensure_future(endpoints.wait_for_room(unstarted=17))
         await asyncio.sleep(0.01)
         assert not waiting.done()  # 45 is over the busy replica's share of 64: it waits
     # The places come free: the ticker goes to the replica that will finish first.

@@ -15,6 +15,7 @@ from app.config import load_settings
 from app.errors import InputError
 from app.llm import TrackedLLM, backoff_delay
 from app.traffic.client import TickerClient
+from app.traffic.gate import priority
 from app.traffic.scheduler import Job, Scheduler
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
@@ -89,22 +90,24 @@ async def test_tail_rule_starts_tickers_whose_chain_would_outlast_the_batch_earl
     assert [p for e, _, p in events[:4]] == [0, 1, 2, 3]
 
 
-def test_rank_puts_urgent_tickers_first_longest_chain_first_then_start_order() -> None:
+async def test_the_tail_rule_marks_tickets_urgent_and_the_gate_serves_them_first() -> None:
     scheduler = Scheduler(RecordingLLM(), Strategy.parse("adaptive"))  # type: ignore[arg-type]
     scheduler.gate.set_limit(10)
-    scheduler.tickers = 4
-    scheduler.left = 100  # ten rounds left: a chain of ten or more is urgent
-    calm, senior_long, long_, short = (Ticket(0, 17, 5), Ticket(1, 17, 14), Ticket(2, 17, 14),
-                                       Ticket(3, 17, 12))
-    assert not scheduler.urgent(calm) and scheduler.rank(calm) == 0
-    ranks = [scheduler.rank(t) for t in (senior_long, long_, short)]
+    calm, senior_long, long_, short, unknown = (Ticket(0, 17, 5), Ticket(1, 17, 14),
+                                                Ticket(2, 17, 14), Ticket(3, 17, 12), Ticket(5))
+    for ticket in (calm, senior_long, long_, short, unknown):
+        scheduler.endpoints.first.arrive(ticket)
+    scheduler._unstarted = 100 - 4 * 17
+    assert scheduler.left == 100  # ten rounds left: a chain of ten or more is urgent
+    assert scheduler._mark_tail()
+    assert not calm.urgent and priority(calm) == 0
+    ranks = [priority(t) for t in (senior_long, long_, short)]
     assert ranks == sorted(ranks) and all(r < 0 for r in ranks)
-    # Nothing known of a ticker's work: never urgent.
-    assert not scheduler.urgent(Ticket(5))
+    assert not unknown.urgent  # nothing known of a ticker's work: never urgent
+    assert not scheduler._mark_tail()  # nothing changed since
     # Fixed-N arms keep the seeds' behaviour: start order only.
-    fixed = Scheduler(RecordingLLM(), Strategy.parse("fixed-3"))  # type: ignore[arg-type]
-    fixed.left, fixed.tickers = 100, 4
-    assert fixed.rank(senior_long) == 1
+    events = (await _run("fixed-2", [chain_job(f"T{i}", 3) for i in range(4)])).events
+    assert {p for _, _, p in events} == {0, 1, 2, 3}
 
 
 def test_ticket_remaining_chain_never_exceeds_what_is_left() -> None:
@@ -126,6 +129,27 @@ def test_strategy_knobs_parse_and_bad_ones_are_refused() -> None:
                 "fixed-3:tail=on", "fixed-0", "turbo"):
         with pytest.raises(InputError):
             Strategy.parse(bad)
+
+
+async def test_a_ticker_waiting_for_room_starts_once_marked_urgent_and_none_once_stopping(
+        ) -> None:
+    servers = ServerSet.single(RecordingLLM(), Strategy.parse("adaptive"))  # type: ignore[arg-type]
+    gate = servers.first.gate
+    gate.set_limit(1)
+    async with gate.slot(Ticket(0)):  # every place taken: no room for a new ticker
+        ticket = Ticket(1, requests=5, chain=5)
+        waiting = asyncio.ensure_future(servers.wait_for_room(ticket=ticket, unstarted=5))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        ticket.urgent = True  # what the scheduler's tail rule does, then wakes the waiters
+        servers.changed.set()
+        assert await asyncio.wait_for(waiting, 1) is servers.first
+        waiting = asyncio.ensure_future(servers.wait_for_room(ticket=Ticket(2, 5, 5)))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        servers.stopping = True  # Scheduler.stop: no ticker starts any more
+        servers.changed.set()
+        assert await asyncio.wait_for(waiting, 1) is None
 
 
 async def test_a_retrying_call_frees_its_admission_slot_while_it_backs_off(

@@ -25,14 +25,14 @@ import pytest
 from rich.console import Console
 from sqlalchemy import Engine
 
-from app.batch.engine import BatchEngine, BatchPlan, TickerWork
+from app.batch.engine import BatchEngine, BatchPlan, TickerWork, run_until_halted
 from app.batch.progress import BatchProgress
 from app.batch.signals import _stop_on_signals
 from app.batch.workload import WorkItem, Workload, play
 from app.config import load_settings
 from app.errors import BatchStopped, ServerOutage
 from app.traffic.client import EndpointGone, TickerClient
-from app.traffic.halt import Halt, HaltReason, drive
+from app.traffic.halt import Halt, HaltReason
 from app.traffic.server import Server, ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import cancel_and_wait, wait_first
@@ -121,11 +121,11 @@ async def test_cancel_and_wait_holds_the_callers_cancellation_until_the_task_end
     assert slow.ended and task.cancelled()
 
 
-# --- halt.drive ------------------------------------------------------------------------------
+# --- engine.run_until_halted -----------------------------------------------------------------
 
 
 class FakeScheduler:
-    """What drive needs of the scheduler: work that ends when its requests are refused."""
+    """What run_until_halted needs of the scheduler: work that ends once requests are refused."""
 
     def __init__(self, *, drains: bool = True) -> None:
         self.stopped = False
@@ -155,39 +155,40 @@ class FakeScheduler:
             self.work_ended = True
 
 
-async def test_drive_leaves_nothing_when_the_work_finishes() -> None:
+async def test_run_until_halted_leaves_nothing_when_the_work_finishes() -> None:
     scheduler, halt = FakeScheduler(), Halt()
-    assert not await left_behind(lambda: drive(scheduler, scheduler.work(0.01), halt))
+    assert not await left_behind(lambda: run_until_halted(scheduler, scheduler.work(0.01), halt))
     assert scheduler.work_ended and not scheduler.stopped
 
 
-async def test_drive_leaves_nothing_after_a_halt_with_grace() -> None:
+async def test_run_until_halted_leaves_nothing_after_a_halt_with_grace() -> None:
     scheduler, halt = FakeScheduler(), Halt()
     asyncio.get_running_loop().call_later(0.01, halt.request,
                                           HaltReason("interrupted", "test", 130, 5.0))
     before = tasks_now()
-    await drive(scheduler, scheduler.work(), halt)
+    await run_until_halted(scheduler, scheduler.work(), halt)
     assert tasks_now() == before
     # Drained at once, so the waiting requests were refused, and that ended the work.
     assert scheduler.stopped and isinstance(scheduler.closed, BatchStopped)
     assert scheduler.work_ended
 
 
-async def test_drive_leaves_nothing_after_a_hurried_halt() -> None:
+async def test_run_until_halted_leaves_nothing_after_a_hurried_halt() -> None:
     scheduler, halt = FakeScheduler(drains=False), Halt()
     loop = asyncio.get_running_loop()
     loop.call_later(0.01, halt.request, HaltReason("interrupted", "first", 130, 5.0))
     loop.call_later(0.02, halt.request, HaltReason("interrupted", "second", 130, 0.0))
-    assert not await left_behind(lambda: drive(scheduler, scheduler.work(10), halt))
+    assert not await left_behind(lambda: run_until_halted(scheduler, scheduler.work(10), halt))
     assert scheduler.closed is None  # hurried: cancelled, not refused
     assert scheduler.work_ended
 
 
-async def test_drive_leaves_nothing_when_it_is_cancelled_while_draining() -> None:
+async def test_run_until_halted_leaves_nothing_when_it_is_cancelled_while_draining() -> None:
     scheduler, halt = FakeScheduler(drains=False), Halt()
     asyncio.get_running_loop().call_later(0.005, halt.request,
                                           HaltReason("interrupted", "test", 130, 5.0))
-    assert not await cancelled_after(0.02, lambda: drive(scheduler, scheduler.work(10), halt))
+    assert not await cancelled_after(
+        0.02, lambda: run_until_halted(scheduler, scheduler.work(10), halt))
     assert scheduler.work_ended
 
 
@@ -343,7 +344,7 @@ async def test_a_signal_with_a_halt_asks_for_a_stop() -> None:
     scheduler = FakeScheduler()
     asyncio.get_running_loop().call_later(0.01, os.kill, os.getpid(), signal.SIGTERM)
     before = tasks_now()
-    await _stop_on_signals(drive(scheduler, scheduler.work(), halt), halt, 5.0)
+    await _stop_on_signals(run_until_halted(scheduler, scheduler.work(), halt), halt, 5.0)
     assert halt.reason is not None and halt.reason.grace_s == 5.0
     assert "SIGTERM" in halt.reason.message
     assert scheduler.work_ended
