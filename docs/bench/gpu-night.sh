@@ -5,7 +5,8 @@
 # lasts at most 10 minutes; a process in its own session runs on while the machine is held).
 #   bash docs/bench/gpu-night.sh start [N]      # db, demo snapshot of N tickers (default 100), run
 #   bash docs/bench/gpu-night.sh wait SECONDS   # progress every 30 s until the run ends (exit 0)
-#                                               # or SECONDS pass (exit 1)
+#                                               # or SECONDS pass (exit 1); with $OUT set, the
+#                                               # progress lines and the report so far go there
 #   bash docs/bench/gpu-night.sh resume         # `nightdesk run --resume` (after a lost process)
 #   bash docs/bench/gpu-night.sh collect        # report (table, JSON), ranking, db, logs -> $OUT
 # Everything lives under ND_NIGHT_DIR (default /root/night): home, night.db, night.log, run.rc.
@@ -44,14 +45,21 @@ case "${1:-}" in
     ;;
   wait)
     limit=${2:-540}; t0=$(date +%s)
+    # Each call takes home what the night has so far: a machine given back between two calls
+    # (it goes 30 s after a call) takes the run with it, but not these.
+    snapshot() {
+      [ -n "${OUT:-}" ] || return 0
+      grep progress "$dir/night.log" > "$OUT/night-progress.log"
+      OUT= ND_SKIP_INSTALL=1 nd report --format json 2>&1 | grep -v '^bench.sh:' > "$OUT/night-report-so-far.json"
+    }
     while :; do
       if [ -f "$dir/run.rc" ]; then
         echo "night.sh: run ended, status $(cat "$dir/run.rc"), $(( $(date +%s) - $(cat "$dir/started") )) s after start"
         grep -v '"progress"' "$dir/night.log" | tail -5
-        exit 0
+        snapshot; exit 0
       fi
       grep progress "$dir/night.log" | tail -1 | cut -c1-400
-      [ $(( $(date +%s) - t0 )) -ge "$limit" ] && { echo "night.sh: still running after $limit s"; exit 1; }
+      [ $(( $(date +%s) - t0 )) -ge "$limit" ] && { echo "night.sh: still running after $limit s"; snapshot; exit 1; }
       sleep 30
     done
     ;;
