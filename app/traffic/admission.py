@@ -1,16 +1,6 @@
 """Decide how many LLM requests may be outstanding, from the server's own gauges.
 
-Per reading (docs/architecture.md, "The request count", has the measured reasons):
-
-- grow while the server has headroom (nothing waiting, KV under ``kv_high``, the limit in
-  use): doubling until the first sign of saturation, then one request at a time;
-- a queue beyond ``queue_allowance`` whose running and waiting exceed the most the server
-  has run at once is a full batch: settle at running + ``queue_allowance``; a queue
-  within that is requests arriving: hold;
-- KV at ``kv_high``: no growth, no queue; at ``kv_full``: shed one request;
-- new preemptions: × ``backoff``; a restarted server (limits.py detects it): ``initial``;
-- ``/metrics`` unreadable (``fall_back``): hold at ``initial``; readings from the same
-  server bring the limit held before back at once.
+The rules, reading by reading, and why: docs/architecture.md, "The request count".
 """
 
 from __future__ import annotations
@@ -26,7 +16,6 @@ class Gauges(Protocol):
     waiting: float
     kv_cache_usage: float
     preemptions_total: float
-    generation_tokens_total: float
 
 
 @dataclass
@@ -43,7 +32,6 @@ class AdmissionPolicy:
     limit: float = field(init=False)
     reason: str = field(init=False, default="start")
     _preemptions: float | None = field(init=False, default=None)
-    _generated: float | None = field(init=False, default=None)
     _saturated_once: bool = field(init=False, default=False)
     _held: float | None = field(init=False, default=None)  # the limit a blind spell set aside
     _ran_most: float = field(init=False, default=0.0)  # the most seen running at once
@@ -70,17 +58,15 @@ class AdmissionPolicy:
         return min(max(self.initial, self.minimum), self.maximum)
 
     def observe(self, gauges: Gauges, outstanding: int, *, restarted: bool = False) -> int:
-        """Update the limit from one metrics reading; return the new allowed count.
+        """Update the limit from one reading (``restarted``: a new server's, start over).
 
-        ``restarted``: the reading is a new server's (its counters went back; limits.py
-        tells), so the limit starts over.
+        Return the new allowed count.
         """
         new_preemptions = (
             0.0 if self._preemptions is None or restarted
             else gauges.preemptions_total - self._preemptions
         )
         self._preemptions = gauges.preemptions_total
-        self._generated = gauges.generation_tokens_total
         held, self._held = self._held, None
         if held is not None and not restarted:
             self.limit = max(self.limit, held)
@@ -100,10 +86,8 @@ class AdmissionPolicy:
             self._saturated_once = True
             self.reason = "kv cache full"
         elif gauges.kv_cache_usage >= self.kv_high:
-            # Nearly full KV: no growth, no queue at the server, and no unused headroom
-            # left to hand out later. Not simply ``running`` while nothing waits: running
-            # dips for a moment whenever a finished request's successor is on its way, and
-            # the limit would erode reading by reading.
+            # No growth and no queue; not plain ``running`` while nothing waits, which dips
+            # between a finished request and its successor and would erode the limit.
             cap = gauges.running if gauges.waiting > 0 else max(gauges.running, outstanding)
             self.limit = min(self.limit, cap)
             self._saturated_once = True

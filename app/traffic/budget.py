@@ -1,40 +1,10 @@
-"""Budget the server's KV cache in tokens: admit a request only when its tokens fit.
+"""Budget a server's KV cache in tokens: admit a request only when its tokens fit.
 
-Counting requests alone cannot keep a KV-limited server from preempting: an answer grows
-after its request was admitted, so a cache that looked 80% full at admission overflows
-later. The budget counts what each outstanding request can come to — its prompt tokens
-(estimated from the prompt's bytes, the ratio learned from the server's own counts as the
-batch runs) plus the output it is expected to produce (``max_tokens`` until the node has
-shown its real lengths: then a high quantile of them, never more than ``max_tokens``),
-rounded up to whole KV blocks — against the capacity the server reports
-(``num_gpu_blocks × block_size`` of ``vllm:cache_config_info``), of which it fills
-``fill × factor × correction``. The ``/metrics`` gauges move the last two as the batch runs:
-
-- a new preemption means too much was let in: the factor shrinks by ``backoff``, and does
-  not rise again for ``calm`` readings (a preemption recomputes a whole prefill);
-- KV usage above what the outstanding requests were estimated at means they are larger
-  than estimated (or someone else uses the server): the correction scales down by the ratio;
-- the reservations overstate the cache (prompts shared in the prefix cache, the estimate's
-  margins): the factor rises by ``overbook_step`` per reading, after ``rise_after`` such
-  readings in a row, up to ``overbook_max``, but only as far as the *footprint* allows —
-  what the cache holds now plus every outstanding request's whole expected output, i.e.
-  what it would hold if every answer ran to its expected length at once, measured per
-  reserved token and scaled to the raised budget, must stay within ``fill`` of the
-  capacity. Nothing rises while the budget held nothing back (an unused budget proves
-  nothing), while the server's queue grows, or while an outstanding request was costed
-  from the defaults rather than from what the server has shown (those costs are about to
-  shrink, and a factor measured on them would overbook once they do);
-- KV usage at ``kv_high`` cuts an overbooked factor by ``high_cut``, and a footprint that
-  no longer fits (the estimates tightened) pulls it down to what fits, neither below the
-  start (``overbook``): reservations at the start factor already cover every answer's growth;
-- a restarted server (limits.py detects it): factor and correction start over (what was
-  learned about prompt and output sizes stays true of the same model).
-
-A ticker between two calls keeps the tokens of its last call as a *hold* until its next
-call takes their place. Holds are not in the cache (a finished request's blocks are free to
-evict), so they never stop a started ticker's request; they stop a *new* ticker from
-starting in their room, so a chain's next call finds its context still in the server's
-prefix cache: started chains continue before new ones start.
+Each request reserves its prompt (estimated from its bytes) plus its expected output, in
+whole KV blocks, against ``fill × factor × correction`` of the capacity the server reports;
+the ``/metrics`` gauges move the factor and the correction (docs/architecture.md, "The token
+budget"). Between two calls a ticker keeps its last call's tokens as a *hold*, which stops
+new tickers, not its own next call ("Cache locality").
 """
 
 from __future__ import annotations
@@ -60,8 +30,7 @@ HISTORY_MAX = 8192
 class BudgetGauges(Protocol):
     """The readings the budget needs (serving.metrics.MetricsSnapshot has them).
 
-    A reading may also carry ``taken_at`` (a datetime), which the snapshot does: the
-    reservations are then compared as they stood at that moment.
+    A reading with a ``taken_at`` datetime is compared with the reservations of that moment.
     """
 
     kv_cache_usage: float
@@ -154,11 +123,6 @@ class TokenBudget:
         self._head.append([0, round(self.factor, 4), 1.0, "start"])
 
     @property
-    def known(self) -> bool:
-        """Return True when the server's KV capacity is known (else nothing is budgeted)."""
-        return bool(self.capacity)
-
-    @property
     def limit(self) -> int | None:
         """Return the tokens that may be reserved now (None when the capacity is unknown)."""
         if not self.capacity:
@@ -188,13 +152,8 @@ class TokenBudget:
         return bool(seen_bytes and seen_tokens)
 
     def ratio(self) -> float:
-        """Return the tokens-per-byte estimate: the server's counts so far, else the default.
-
-        The counts are the finished requests' prompt tokens and, until one has finished,
-        what the server's ``/tokenize`` counted (``counted``). Costing the first minute of a
-        batch at the generous default overstated its prompts 2.3x on an H200 (0.5 against
-        0.226 tokens per byte measured): five tickers filled a budget with room for ten.
-        """
+        """Return the tokens-per-byte estimate: finished requests' counts, else ``counted``'s
+        (the server's /tokenize), else the generous default."""
         seen_bytes, seen_tokens = self._counts()
         if seen_bytes and seen_tokens:
             # 5% over what was seen: a prompt's share of rarer words varies.
@@ -227,9 +186,8 @@ class TokenBudget:
     def fits(self, cost: int) -> bool:
         """Return True when a started ticker's request of ``cost`` tokens fits now.
 
-        Holds do not count here: they are what keeps room for exactly these requests.
-        With nothing outstanding anything fits: a request larger than the budget must
-        still run (alone), or it would wait forever.
+        Holds do not count (they keep room for exactly these requests); with nothing
+        outstanding anything fits, so a request larger than the budget runs alone.
         """
         limit = self.limit
         if limit is None or self.reserved == 0:
@@ -266,10 +224,7 @@ class TokenBudget:
         self._remember()
 
     def give_back(self, cost: int | Claim, hold: bool) -> int:
-        """Release a finished request; keep its tokens as its ticker's hold when ``hold``.
-
-        Returns the tokens now held for the ticker (0 when none).
-        """
+        """Release a finished request, kept as its ticker's hold when ``hold``; return the hold."""
         claim = as_claim(cost)
         self.reserved -= claim.tokens
         self._out -= claim.output
@@ -322,16 +277,12 @@ class TokenBudget:
             self.block_size = block_size
 
     def observe(self, gauges: BudgetGauges, *, restarted: bool = False) -> int | None:
-        """Correct the budget from one metrics reading; return the new limit.
-
-        ``restarted``: the reading is a new server's (limits.py detects it): start over.
-        """
+        """Correct the budget from one reading (``restarted``: a new server's); return the limit."""
         new_preemptions = (0.0 if self._preemptions is None or restarted
                            else gauges.preemptions_total - self._preemptions)
         if self._generated is not None and not restarted:
-            # Tokens generated since the last reading, by our outstanding requests as far as
-            # is known; never more than their expected outputs (the server may have other
-            # clients, and a retried attempt's tokens are never learned back).
+            # Capped at their expected outputs: other clients' and retried attempts' tokens
+            # are in the counter too, and are never learned back.
             self._generated_out = min(
                 float(self._out),
                 self._generated_out + gauges.generation_tokens_total - self._generated)
@@ -354,22 +305,19 @@ class TokenBudget:
             self._streak, self._calm_left = 0, self.calm
             self.cuts += 1
             self._note(f"{new_preemptions:.0f} preemptions")
-        # The reading was taken a moment ago: requests released since were still in it, so
-        # compare with the most reserved since the previous reading, not with now.
+        # Requests released since the reading were still in it: compare with the window's peak.
         reserved = max(self.reserved, self._window_peak)
         self._window_peak = self.reserved
         if self.capacity and not restarted:
             used = gauges.kv_cache_usage * self.capacity
-            # Usage above what we reserved: requests are larger than estimated (or the
-            # server has other clients). Scale down so our reservations mean real tokens;
-            # never above 1: the factor, not the correction, is what may overbook.
+            # Usage above our reservations (larger requests, or other clients): scale them to
+            # real tokens. Never above 1: only the factor may overbook.
             if reserved and used > reserved + self.block_size:
                 if reserved / used < self.correction:
                     self.correction = reserved / used
                     self._note("kv usage above the estimate")
             else:
-                # Estimates learned since (prompt ratio, output quantiles) are better: let
-                # the correction ease back, a quarter of the way per reading.
+                # The estimates learned since are better: ease back a quarter per reading.
                 self.correction += 0.25 * (1.0 - self.correction)
             if not new_preemptions:
                 self._steer(gauges, at_reading, refused=refused,
@@ -384,9 +332,8 @@ class TokenBudget:
         reserved, output = at_reading
         share = None
         if reserved and reserved >= limit / 2:  # too little reserved says little
-            # What our requests would hold if every answer ran to its expected length at
-            # once: the cache now, their outputs still to come (expected minus generated,
-            # from the server's counter), and a typical request for each one queued.
+            # The cache if every answer ran to its expected length at once: usage now, the
+            # output still to come, and a typical request per queued one.
             to_come = output - min(max(self._generated_out, 0.0), float(output))
             footprint = (gauges.kv_cache_usage * self.capacity + to_come
                          + gauges.waiting * self.typical_cost)
@@ -398,8 +345,8 @@ class TokenBudget:
                 self.cuts += 1
                 self._note(f"kv usage {gauges.kv_cache_usage:.0%} at kv_high")
             return
-        # The fullest the footprint may come to is ``fill`` of the capacity, as with exact
-        # estimates at the start factor: share × factor × correction ≤ 1.
+        # The footprint may fill what exact estimates would at the start factor: share ×
+        # factor × correction ≤ 1.
         if share is not None and self.factor > self.overbook and (
                 share * self.factor * self.correction > 1):
             self.factor = max(self.overbook, 1 / (share * self.correction))
@@ -427,8 +374,8 @@ class TokenBudget:
     def _at_reading(self, taken_at: datetime | None) -> tuple[int, int]:
         """Return (reserved, expected output) as they stood when the reading was taken.
 
-        Without the reading's time: the least reserved and the most output since the
-        previous reading, the pair that can only understate the room to overbook.
+        Without its time: the least reserved and the most output since the last reading,
+        which can only understate the room to overbook.
         """
         history, self._history = self._history, deque()
         states = [self._base, *((r, o) for _, r, o in history)]

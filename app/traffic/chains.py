@@ -1,12 +1,8 @@
 """How many tickers' chains a token budget keeps going at once, measured as the batch runs.
 
-Each reading takes the tokens reserved and held per active ticker (one with a call admitted
-or a hold; with prefetching, per chain let in) into a moving mean (``Footprint.sample``); a
-new ticker starts only while the tickers in flight are fewer than the budget's limit over
-that mean (``Footprint.slots``), so every chain started can send its next call while its
-context is still cached. The mean starts over when the budget's tokens-per-byte estimate
-moves by more than ``RESEED``. Why, and what it measured: docs/architecture.md, "Tickers in
-flight follow the chains that fit" and "Prefetching".
+A moving mean of the tokens per active ticker (per chain, prefetching) divides the budget's
+limit into chain slots (docs/architecture.md, "Tickers in flight follow the chains that
+fit" and "Prefetching").
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """The one client a ticker's graph calls through: its server's gate and budget on every call.
 
-A ticker's calls go to the endpoint it was routed to (app/traffic/server.py), through that
-endpoint's gate and token budget. When the endpoint goes down the ticker *continues* on an
-endpoint that is up; its chain is not restarted: the graph's state lives in this process,
-so the nodes already answered stay answered, and only the call that was cut short is sent
-again (the new endpoint recomputes the prefix it had not cached). That call is:
-
-- one waiting for a place, or in flight, when the endpoint is declared down: cancelled and
-  sent to the new endpoint (its row records the cancellation);
-- one that failed at the server (connection, stream, timeout, 5xx) once the client's
-  retries were spent: sent on when the endpoint's reads say it is down or restarted, else
-  failed as it always was (``ServerSet.after_failure``).
-
-A call sent again is the same call (``app.llm.Call``): its attempts there go on from the
-ones made before, and ``ChatResult.attempts`` counts both tries. A call is sent at most
-twice per endpoint; past that its last failure stands.
+When its server goes down the ticker continues on one that is up, and only the call cut
+short is sent again, at most twice per endpoint (docs/architecture.md, "One health rule").
 """
 
 from __future__ import annotations
@@ -46,9 +33,8 @@ from app.traffic.ticket import Ticket
 
 log = structlog.get_logger(__name__)
 
+# (client, priority, the call, the endpoint's admission of each attempt) -> result
 Send = Callable[[TrackedLLM, int, Call, Admit], Awaitable[ChatResult]]
-"""Send one call with a client: (client, priority rank, the call, the endpoint's admission
-of each attempt) -> result."""
 
 
 class EndpointGone(LLMConnectionError):
@@ -66,19 +52,13 @@ def server_fault(error: LLMError) -> bool:
 
 
 class TickerClient:
-    """The one client a ticker's graph calls through: its server's gate on each call.
-
-    A call passes the ticker's server's gate (a chain slot when prefetching, the budget's
-    claim, a place per attempt at the ticket's priority) and is sent by that server's
-    TrackedLLM; what the call changes is state on the ticket (requests done, first asked).
-    When the server goes down the ticker moves to one that is up (the module's doc).
-    """
+    """A ticker's calls through its server's gate (chain slot, budget claim, a place per
+    attempt) and TrackedLLM; the call's progress is kept on its ``ticket``."""
 
     def __init__(self, servers: ServerSet, server: Server, ticket: Ticket) -> None:
         self.servers = servers
         self.server = server
         self.ticket = ticket
-        self.settings = server.llm.settings
         server.arrive(ticket)
         server.started += 1
 
@@ -164,8 +144,7 @@ class TickerClient:
             ticket.asked = True
             self.servers.changed.set()  # the scheduler waits for this before the next start
         try:
-            # Each attempt takes a place (and the tokens) at the gate; a retry's backoff
-            # waits outside it. The priority is the request's: a ticker can turn urgent.
+            # A place per attempt, so a retry's backoff waits outside the gate.
             result = await send(endpoint.llm, priority(ticket), call,
                                 functools.partial(gate.slot, ticket, claim))
         finally:

@@ -22,11 +22,8 @@ URGENT_STEP = 1 << 20
 
 
 def priority(ticket: Ticket | None) -> int:
-    """Return a request's priority, lower first (vLLM's per-request ``priority`` is one int).
-
-    A ticker's start order; an urgent one (the scheduler's tail rule) goes before all of
-    those, longest remaining chain first, ties by start order.
-    """
+    """Return a request's priority, lower first: its ticker's start order, and before all of
+    those the urgent ones, longest remaining chain first."""
     if ticket is None:
         return 0
     if not ticket.urgent:
@@ -35,14 +32,11 @@ def priority(ticket: Ticket | None) -> int:
 
 
 class Gate:
-    """Allow at most ``limit`` requests outstanding; waiters are served lowest priority first.
+    """Allow at most ``limit`` requests outstanding, waiters served by ``priority(ticket)``.
 
-    Priority is ``priority(ticket)``, so a ticker already under way gets the next free place
-    before a newer one: results arrive steadily and a crash leaves few tickers half done.
     With a token ``budget`` a request also needs its tokens free; the first in line waits
-    for them and nobody passes it (a chain's growing prompt would otherwise starve behind
-    smaller requests of newer tickers). The gate costs each request against the budget
-    (``claim``) and tells it what the answer cost (``learn``).
+    for them and nobody passes it, so a chain's growing prompt is not starved. The gate
+    costs each request (``claim``) and tells the budget what the answer cost (``learn``).
     """
 
     def __init__(self, limit: int, budget: TokenBudget | None = None, *,
@@ -56,9 +50,8 @@ class Gate:
         self.outstanding = 0
         self._waiters: list[tuple[int, int, asyncio.Future[None], Claim, Ticket | None]] = []
         self._seq = itertools.count()
-        # Set whenever a place or tokens may have come free. Several endpoints' gates share
-        # one, so a batch can wait for room at any of them (app/traffic/server.py).
-        self._changed = changed or asyncio.Event()
+        # Set whenever room may have come; shared by a batch's gates, to wait for any of them.
+        self.changed = changed or asyncio.Event()
         self._holds: set[str] = set()  # why nothing is let through now (server down, stopping)
         self._closed: BaseException | None = None
 
@@ -67,18 +60,13 @@ class Gate:
         return self._limit
 
     @property
-    def changed(self) -> asyncio.Event:
-        """Return the event set whenever a place, tokens or a ticker may have come free."""
-        return self._changed
-
-    @property
     def held(self) -> bool:
         return bool(self._holds) or self._closed is not None
 
     def hold(self, why: str) -> None:
         """Let nothing new through until ``release(why)``; requests at the server go on."""
         self._holds.add(why)
-        self._changed.set()
+        self.changed.set()
 
     def release(self, why: str) -> None:
         self._holds.discard(why)
@@ -92,7 +80,7 @@ class Gate:
             if not future.done():
                 future.set_exception(self._refusal())
         self._waiters.clear()
-        self._changed.set()
+        self.changed.set()
 
     def _refusal(self) -> BaseException:
         # A fresh exception per waiter: one instance raised in many tasks mixes tracebacks.
@@ -102,8 +90,8 @@ class Gate:
     async def drained(self) -> None:
         """Return once no request holds a place (none is at the server)."""
         while self.outstanding > 0:
-            self._changed.clear()
-            await self._changed.wait()
+            self.changed.clear()
+            await self.changed.wait()
 
     @property
     def waiting(self) -> int:
@@ -118,11 +106,9 @@ class Gate:
         return self.short(refusal=True) is None
 
     def short(self, *, refusal: bool = False) -> str | None:
-        """Return what a new request of a typical size lacks now (None: it would go at once).
+        """Return what a new request of a typical size lacks first (None: it would go now).
 
-        The first of: the gate held, every place taken, a request queued before it (under
-        the limit, so waiting for budget tokens), the budget's room. ``refusal`` counts a
-        budget refusal (which lets the budget's factor rise); a report leaves it uncounted.
+        ``refusal`` counts a budget refusal (letting the factor rise); a report does not.
         """
         if self.held:
             return HELD
@@ -143,9 +129,8 @@ class Gate:
     async def claim(self, node: str, body: dict[str, Any]) -> Claim:
         """Return what a request reserves of the budget (nothing without one).
 
-        The server's first prompt is counted by its /tokenize before it is costed, once
-        (others wait for that count), so no request is costed at the default tokens per
-        byte (docs/architecture.md, "The token budget"). A failed count is left to the call.
+        The server's first prompt is counted by its /tokenize first, once, while others
+        wait, so none is costed at the default ratio; a failed count is left to the call.
         """
         budget, counter = self.budget, self._counter
         if budget is None:
@@ -173,8 +158,7 @@ class Gate:
             ticket.outstanding += 1
             ticket.reserved += claim.tokens
         if self.budget is not None:
-            # Only a hold on this gate's budget turns into this request's tokens; one left on
-            # another endpoint's gate (the ticker moved) is released there (server.py).
+            # Only a hold on this budget becomes the request's; one elsewhere is released there.
             held = ticket.hold if ticket is not None and ticket.held_by in (None, self) else 0
             self.budget.take(claim, held)
             if ticket is not None and held:
@@ -211,8 +195,7 @@ class Gate:
             ticket.outstanding -= 1
             ticket.reserved -= claim.tokens
         if self.budget is not None:
-            # A ticker with calls left keeps its last call's tokens until the next one
-            # comes: its context is in the server's cache, a new ticker must not take it.
+            # Its context stays cached for its next call: no new ticker may take its tokens.
             keep = (ticket is not None and ticket.outstanding == 0
                     and ticket.remaining > 1 and not ticket.finished)
             if keep and ticket is not None and ticket.held_by not in (None, self):
@@ -249,4 +232,4 @@ class Gate:
             heapq.heappop(self._waiters)
             self._take(claim, ticket)
             future.set_result(None)
-        self._changed.set()
+        self.changed.set()

@@ -1,9 +1,7 @@
 """Carry the one request to stop a batch: from a signal, a server outage or a fatal error.
 
-Whatever asks first names how the batch ends (its status, its one-line reason, the exit code)
-and how long calls already at the server may take to finish (``grace_s``). A second, more
-urgent request (a second Ctrl-C, an outage while draining) can only shorten that grace.
-The batch's TaskGroup does the stopping (app.batch.engine.run_until_halted).
+The first request names how the batch ends and the grace for calls at the server; a later
+one can only cut that grace. The batch's TaskGroup does the stopping (app.batch.engine).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Say, reading by reading, what kept the next ticker from starting on an endpoint.
 
-An adaptive batch starts a ticker when an endpoint has room for it: a request place under
-the admission limit, no call of a started ticker queued at the gate, budget tokens for a
-typical request beside the holds, and a free chain slot (app/traffic/chains.py). At each
-reading while tickers wait to start, this records the first thing short (``blocker``),
-counted per reason, and a row of the figures behind it (docs/architecture.md, "What held
-new tickers back").
+The first thing short, counted per reason, and a row of the figures behind it
+(docs/architecture.md, "What held new tickers back").
 """
 
 from __future__ import annotations
@@ -36,11 +32,8 @@ class HoldBack:
     timeline: list[list[Any]] = field(default_factory=list)
 
     def note(self, t_s: float, reason: str, row: dict[str, Any]) -> None:
-        """Count one reading's ``reason`` and keep its figures (``row`` by ``COLUMNS``).
-
-        ``t_s`` is the reading's time in seconds from the batch's start, so rows line up
-        with the batch's intervals (app/timeline.py).
-        """
+        """Count one reading's ``reason`` and keep its figures (``row`` by ``COLUMNS``) at
+        ``t_s`` seconds from the batch's start."""
         self.counts[reason] += 1
         if len(self.timeline) < TIMELINE_MAX:
             row = {**row, "t_s": round(t_s, 2), "blocker": reason}

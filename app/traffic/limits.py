@@ -1,12 +1,8 @@
 """One server's limits, moved together by each /metrics reading its reader pushes.
 
-How many requests may be outstanding (the admission policy, app/traffic/admission.py), how
-many KV tokens they may reserve (the token budget, app/traffic/budget.py), and how many
-tickers' chains those tokens keep going (the footprint, app/traffic/chains.py). Once the
-server's KV capacity is known the budget owns the KV cache: the policy's own KV rules stand
-down, so the cache is guarded in one place. Readings that failed are counted here (the
-server's health is judged from the count), and a restart (counters that went back) is
-detected here, once, for both the policy and the budget.
+The request count (admission.py), the KV token budget (budget.py) and the chain footprint
+(chains.py). Once the KV capacity is known the budget alone guards the cache; failed
+readings are counted and a restart is detected here, once, for both.
 """
 
 from __future__ import annotations
@@ -16,7 +12,6 @@ from typing import Any
 
 import structlog
 
-from app.traffic.admission import AdmissionPolicy
 from app.traffic.chains import Footprint
 from app.traffic.gate import Gate
 from app.traffic.strategy import UNBOUNDED, Strategy
@@ -29,11 +24,10 @@ class Limits:
     """A server's request limit, KV token budget and chain footprint, under one strategy."""
 
     def __init__(self, strategy: Strategy, maximum: int, *, gauged: bool,
-                 policy: AdmissionPolicy | None = None,
                  counted: Callable[[], tuple[int, int]] | None = None, name: str = "") -> None:
         self.strategy = strategy
         self.name = name  # the server's, for the log
-        self.policy = policy or strategy.admission_policy(maximum)
+        self.policy = strategy.admission_policy(maximum)
         # The budget needs the gauges: without readings it could never learn the capacity.
         self.gauged = gauged
         self.budget = strategy.token_budget() if gauged else None
@@ -69,10 +63,8 @@ class Limits:
 
     def read(self, snapshot: Any | None, now: float, gate: Gate, tickets: Iterable[Ticket],
              capacity: int | None, block_size: int | None) -> None:
-        """Take one reading (None: it failed): count it and, adaptive, move the limits.
-
-        Without gauges (readings taken only when a call asked) the limits stay put.
-        """
+        """Take one reading (None: it failed): count it and, adaptive with gauges, move the
+        limits (readings taken only when a call asked leave them put)."""
         adaptive = self.gauged and self.strategy.adaptive
         if snapshot is None:
             self.failed += 1
@@ -90,7 +82,7 @@ class Limits:
             self.observe(snapshot, gate, tickets, capacity, block_size)
 
     def _go_blind(self, now: float, gate: Gate) -> None:
-        """Blind, the limit must not grow: back to where it started, until readings return."""
+        """Hold the limit at its start until readings return: blind, it must not grow."""
         self.blind_since = now
         gate.set_limit(self.policy.fall_back())
         if not self._blind_said:  # once, however often it happens
@@ -129,9 +121,8 @@ class Limits:
         if self._capacity_said:
             return
         self._capacity_said = True
-        if self.budget.known:
-            # The budget owns the KV cache now: the count policy's KV rules would stop
-            # growth at a usage the budget has already reserved room for.
+        if self.budget.capacity:
+            # The budget owns the KV cache: the policy's KV rules would stop growth early.
             self.policy.kv_high = self.policy.kv_full = float("inf")
             log.info("admission by token budget", kv_tokens=self.budget.capacity,
                      fill=self.budget.fill, endpoint=self.name)
@@ -139,18 +130,15 @@ class Limits:
             log.warning("KV capacity unknown (no vllm:cache_config_info): admission by "
                         "request count only", endpoint=self.name)
 
-    def chains_summary(self) -> dict[str, Any]:
-        """Return the chains the budget was found to fit, and the tokens per active ticker."""
+    def summary(self) -> dict[str, Any]:
+        """Return how the limits ended: the request limit's reason, the budget, the chains
+        that fit and the tokens per active ticker."""
         per_ticker = self.footprint.tokens()
-        summary: dict[str, Any] = {
+        chains: dict[str, Any] = {
             "slots": self.chain_slots(),
             "tokens_per_ticker": None if per_ticker is None else round(per_ticker)}
         if self.strategy.prefetch:
-            summary["prefetch"] = True
-        return summary
-
-    def summary(self) -> dict[str, Any]:
-        """Return how the limits ended: the request limit's reason, the budget, the chains."""
+            chains["prefetch"] = True
         return {"request_limit_reason": self.policy.reason,
                 "token_budget": self.budget.summary() if self.budget else None,
-                "chains": self.chains_summary()}
+                "chains": chains}

@@ -1,19 +1,8 @@
 """Choose the endpoint a ticker goes to: pure selection over what each endpoint has free.
 
-A ticker's whole chain goes to one endpoint, so its shared prompt prefix stays in that
-replica's prefix cache. The choice is made when the ticker starts (and again only when its
-endpoint goes away): among the endpoints that are up and have room for a new ticker, the
-one with the most free KV tokens in its token budget (app/traffic/budget.py). Free tokens
-measure what an endpoint can still take: a slower replica holds its reservations longer,
-so it has fewer free and is offered fewer tickers; a larger one has more. Where some
-endpoint's budget is unknown (no KV capacity reported, or a strategy without a budget),
-free request places decide, then the fewest tickers in flight, then the list order.
-
-So that the endpoints finish together, a new ticker also needs its endpoint under its
-share of the batch's remaining work: the requests not yet finished (started or not),
-split in proportion to the endpoints' KV capacities (why: docs/architecture.md, "Several
-endpoints"). The shares add up to all the work left and the work routed is less, so some
-endpoint is always under its share.
+Among the endpoints up, with room and under their share of the work left, the most free
+budget tokens, then free request places, fewer tickers, list order (docs/architecture.md,
+"Several endpoints").
 """
 
 from __future__ import annotations
@@ -27,7 +16,7 @@ class Load:
     """What routing sees of one endpoint at one moment."""
 
     index: int  # place in the configured list
-    up: bool  # its /metrics answers (or failed for less than the grace)
+    up: bool
     room: bool  # it would take a new ticker now (gate room, or a free ticker slot)
     free_tokens: int | None  # its token budget's free tokens; None when it has no budget
     free_requests: int  # request places under its admission limit not in use
@@ -48,12 +37,10 @@ def choose(loads: Sequence[Load], *, need_room: bool = True, exclude: int | None
            down_if_all: bool = True, total_work: int | None = None) -> int | None:
     """Return the index of the endpoint to use, or None when none qualifies.
 
-    Endpoints that are down are passed over while any is up; when all are down and
-    ``down_if_all``, all qualify, so a batch behaves as it does with one server that is
-    down (its calls fail, as they always did). ``need_room`` False picks for a chain that
-    must go on somewhere (a moved ticker); ``exclude`` names an endpoint not to choose.
-    ``total_work`` (the batch's requests not yet finished) turns on the fair-share rule
-    for a new ticker: only endpoints under their share of it qualify.
+    Endpoints that are down are passed over while any is up; when all are down, all
+    qualify if ``down_if_all``. ``need_room`` False picks for a chain that must go on
+    somewhere; ``exclude`` is never chosen; ``total_work`` (the batch's requests not yet
+    finished) admits only endpoints under their share of it.
     """
     pool = [load for load in loads if load.index != exclude]
     up = [load for load in pool if load.up]

@@ -1,8 +1,4 @@
-"""The one reader of a vLLM server's ``/metrics``: push each reading, store it as a row.
-
-Reading and parsing are serving's (serving/metrics.py); writing ``server_samples`` rows is the
-service's, so the reader lives here, next to the engine that runs it.
-"""
+"""The one reader of a vLLM server's ``/metrics``: push each reading, store it as a row."""
 
 from __future__ import annotations
 
@@ -32,9 +28,8 @@ class MetricsSampler:
     """Read /metrics and push every reading (None for a failed one) to ``push``.
 
     Reads come every ``interval_s`` (None: only when asked), every ``probe_s`` while they
-    fail, and at once when ``fresh`` asks. ``server_samples`` gets a row per reading for
-    ``batch_id``; a failed write is logged and skipped: a lost sample must never fail the
-    batch it describes.
+    fail, and at once when ``fresh`` asks. Each is stored as a ``server_samples`` row of
+    ``batch_id``; a failed write is logged and skipped, never failing the batch.
     """
 
     def __init__(
@@ -51,13 +46,10 @@ class MetricsSampler:
         self.base_url = base_url
         self.interval_s = interval_s
         self.probe_s = probe_s if probe_s is not None else interval_s
-        # Stored with every row, so a batch over several endpoints keeps each one's series.
-        self.endpoint = None if endpoint is None else redact(endpoint)
-        # Where each reading goes: the server's (app/traffic/server.py Server.reading).
-        self.push: Callable[[MetricsSnapshot | None], None] | None = None
+        self.endpoint = None if endpoint is None else redact(endpoint)  # stored in every row
+        self.push: Callable[[MetricsSnapshot | None], None] | None = None  # Server.reading
         self.latest: MetricsSnapshot | None = None
-        # The KV cache's size from vllm:cache_config_info (None while unknown), re-read with
-        # every sample: a restarted server may have another.
+        # From vllm:cache_config_info, every reading: a restarted server may have another.
         self.kv_capacity: int | None = None
         self.block_size: int | None = None
         self.failing = False  # the last read failed
@@ -72,8 +64,7 @@ class MetricsSampler:
         self._wake = asyncio.Event()  # a read is asked for now (or the reader stops)
         self._started = self._ended = 0  # reads begun and ended
         self._read = asyncio.Event()  # replaced at the end of every read
-        # How late our own event loop ran since the last stored reading, and at worst: a
-        # client busy with many streams fires its timers late, so its gauges are stale.
+        # How late our own loop ran since the last row, and at worst: busy, its gauges are stale.
         self._lag = 0.0
         self.lag_max = 0.0
 
@@ -149,8 +140,7 @@ class MetricsSampler:
             pause = None if every is None else max(0.0, every - (loop.time() - started))
 
     async def _watch_lag(self) -> None:
-        # A timer always pending: however the loop was kept busy (streams, a read, a write),
-        # the timer fires late by as much.
+        # A timer always pending fires late by however long the loop was kept busy.
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
             due = loop.time() + LAG_PROBE_S

@@ -1,9 +1,7 @@
 """Start tickers' work under a strategy: adaptive (ours), fixed-N tickers in flight, sequential.
 
-The tail rule (``adaptive``): a ticker whose remaining chain is at least the batch's
-remaining work over what runs at once would finish after everything else, so it is marked
-urgent: it starts at once and its requests go first, longest chain first
-(docs/architecture.md, "Order").
+With ``tail`` a ticker whose remaining chain would outlast the rest of the batch is marked
+urgent (docs/architecture.md, "Order").
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from typing import Any
 import structlog
 
 from app.llm import TrackedLLM
-from app.traffic.admission import AdmissionPolicy
 from app.traffic.budget import TokenBudget
 from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
@@ -50,47 +47,32 @@ OnDone = Callable[[Job, Any, BaseException | None], Awaitable[None]]
 
 
 class Scheduler:
-    """Run jobs under one strategy; with ``adaptive`` each gate follows its admission policy.
+    """Run jobs under one strategy over ``endpoints``, or one server: ``llm`` and its ``gauges``.
 
-    One server is ``llm`` with its ``gauges``; several come as an ``ServerSet``
-    (app/traffic/server.py), each with its own gate, policy and budget. ``fixed-N`` and
-    ``sequential`` then mean N tickers (and their request cap) per endpoint.
+    ``fixed-N`` and ``sequential`` mean N tickers (and their request cap) per endpoint.
     """
 
     def __init__(self, llm: TrackedLLM | None, strategy: Strategy, *,
-                 gauges: GaugeSource | None = None, policy: AdmissionPolicy | None = None,
-                 endpoints: ServerSet | None = None) -> None:
+                 gauges: GaugeSource | None = None, endpoints: ServerSet | None = None) -> None:
         self.strategy = strategy
         if endpoints is None:
             if llm is None:
                 raise ValueError("a scheduler needs a client or endpoints")
-            endpoints = ServerSet.single(llm, strategy, gauges=gauges, policy=policy)
+            endpoints = ServerSet.single(llm, strategy, gauges=gauges)
         self.endpoints = endpoints
         self._unstarted = 0  # requests of the tickers not started yet
         self._next: Ticket | None = None  # the ticker waiting for room to start
         self._loaded = asyncio.Event()  # set whenever a job's preparation ends
         self._waited: set[int] = set()
 
-    # The first endpoint's parts: with one server, the server's (live progress reads them).
-    @property
-    def llm(self) -> TrackedLLM:
-        return self.endpoints.first.llm
-
+    # The first endpoint's: with one server, the server's (live progress reads them).
     @property
     def gate(self) -> Gate:
         return self.endpoints.first.gate
 
     @property
-    def policy(self) -> AdmissionPolicy:
-        return self.endpoints.first.limits.policy
-
-    @property
     def budget(self) -> TokenBudget | None:
         return self.endpoints.first.limits.budget
-
-    @property
-    def gauges(self) -> GaugeSource | None:
-        return self.endpoints.first.gauges
 
     @property
     def stopping(self) -> bool:
@@ -128,12 +110,8 @@ class Scheduler:
         return self._unstarted + sum(endpoint.work for endpoint in self.endpoints)
 
     def _mark_tail(self) -> bool:
-        """Mark urgent each ticker whose remaining chain would outlast the rest of the batch.
-
-        The rest is the requests left over what runs at once (the request limits, or the
-        chains the budgets fit where fewer: the limits alone would make every ticker not
-        yet started urgent too soon). Return True when a mark changed.
-        """
+        """Mark urgent each ticker whose remaining chain would outlast the rest of the batch
+        (the requests left over what runs at once); return True when a mark changed."""
         rounds = self.left / max(1, self.endpoints.concurrency())
         tickets = [ticket for endpoint in self.endpoints for ticket in endpoint.here.values()]
         flipped = False
@@ -179,9 +157,7 @@ class Scheduler:
                      tickers: asyncio.TaskGroup) -> None:
         """Start each job as admission allows, in ``tickers``; return when all are started."""
         slots = self.strategy.tickers_in_flight
-        # Jobs prepare (load their data) ahead of admission, and a ticker is admitted once
-        # it is ready: one slow load never holds back the tickers behind it. Start order,
-        # not weight order, is then the ticker's priority.
+        # Jobs load their data ahead of admission, so one slow load holds nobody back.
         loaded = [asyncio.Event() for _ in ordered]
         failures: dict[int, BaseException] = {}
         preparing = [tickers.create_task(self._prepare(job, loaded[i], failures, i),
@@ -200,10 +176,7 @@ class Scheduler:
             ticket = self._next = Ticket(order, job.requests, job.chain)
             if self.strategy.tail:
                 self._mark_tail()
-            # The endpoint with room, under its share of the work left and with the most
-            # free budget tokens (routing.py); a stop ends the wait at once. Adaptive
-            # spreads the work so the endpoints finish together; fixed-N keeps its
-            # meaning, N tickers per endpoint.
+            # Adaptive routes by share of the work left (endpoints finish together).
             self.endpoints.routing = True
             try:
                 endpoint = await self.endpoints.wait_for_room(
@@ -216,8 +189,7 @@ class Scheduler:
             self._unstarted -= job.requests
             tickers.create_task(self._one(job, TickerClient(self.endpoints, endpoint, ticket),
                                           on_done), name=job.key)
-            # A started ticker has not asked for its place yet: wait until it has, or the
-            # gate would look free and we would start a burst of tickers.
+            # Until the new ticker asks for a place the gate looks free: no burst of starts.
             while slots is None and not ticket.asked:
                 self.endpoints.changed.clear()
                 await self.endpoints.changed.wait()
@@ -238,9 +210,8 @@ class Scheduler:
     async def _next_ready(self, pending: list[int], loaded: list[asyncio.Event]) -> int:
         """Take the heaviest pending job whose preparation is over, waiting if none is.
 
-        The heaviest of all gets a moment (``PREPARE_PATIENCE_S``, once) before a lighter
-        ready one overtakes it: loads normally take moments, and weight order keeps the
-        batch's tail short; a load slower than that no longer holds anyone back.
+        The heaviest of all is waited for once, ``PREPARE_PATIENCE_S``, before a lighter
+        ready one overtakes it.
         """
         first = pending[0]
         if not loaded[first].is_set() and first not in self._waited:
@@ -276,10 +247,8 @@ class Scheduler:
                 "endpoints": {e.name: e.holdback.timeline for e in self.endpoints}}
 
     def admission(self) -> dict[str, Any]:
-        """Return how admission ended: the request limit and, when budgeted, the token budget.
-
-        With several endpoints the limit is their sum and ``endpoints`` has each one's.
-        """
+        """Return how admission ended: the request limit (several endpoints: their sum, and
+        each one's under ``endpoints``) and the first endpoint's limits."""
         figures: dict[str, Any] = {"strategy": self.strategy.name,
                                    "request_limit": self.gate.limit}
         if self.strategy.adaptive:

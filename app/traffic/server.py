@@ -1,19 +1,9 @@
-"""A batch's servers: a ``Server`` per vLLM endpoint, also when there is one, and the ``ServerSet``.
+"""A batch's servers: a ``Server`` per vLLM endpoint, also when there is one, and the
+``ServerSet`` over them (routing, failover, one outage clock).
 
-Each server has its own client, ``/metrics`` reader (its rows name it), limits (request
-count, token budget, chain footprint) and gate. ``NIGHTDESK_LLM_BASE_URL`` may list several
-endpoints (one vLLM per GPU or per host). A ticker's whole chain goes to one endpoint,
-chosen when it starts by the most free budget tokens (app/traffic/routing.py), so its
-prompt prefix stays in that replica's cache.
-
-One health rule, whatever the number of servers: a server is *down* once two readings of
-its ``/metrics`` in a row fail, or one fails that a call asked for after meeting a server
-fault (``Server.check``); it is *up* again at its next good reading. While it is down its
-gate lets nothing new through, it is read every ``server_probe_interval_s``, and its
-tickers move to a server that is up (app/traffic/client.py). While every server is down,
-calls wait for one to come back for at most ``outage_budget_s`` (one clock, from the moment
-the last went down); past it the batch is halted as ``interrupted`` (exit 5), its tickers
-resumable, none failed for it.
+Each server has its own client, ``/metrics`` reader, limits and gate, and one health rule:
+down after two failed readings in a row, or one asked for after a server fault; up at the
+next good one (docs/architecture.md, "One health rule, for one server and several").
 """
 
 from __future__ import annotations
@@ -31,7 +21,6 @@ from app.config import Settings
 from app.errors import ServerOutage
 from app.llm import CallStats, TrackedLLM
 from app.promptsize import PromptCounter
-from app.traffic.admission import AdmissionPolicy
 from app.traffic.chains import prefetch_depth
 from app.traffic.clock import Clock, loop_clock
 from app.traffic.gate import Gate
@@ -54,8 +43,7 @@ HOLD = "server down"  # the gate's hold while the server is down
 
 
 class GaugeSource(Protocol):
-    """A server's reader: it pushes each reading (None: failed) to ``push``, which the
-    server sets (app.traffic.sampler.MetricsSampler is one)."""
+    """A server's reader (MetricsSampler is one): it pushes each reading, None if failed."""
 
     push: Callable[[Any], None] | None
 
@@ -67,12 +55,10 @@ class Server:
     """One vLLM server of a batch: its client, gauges, admission policy, token budget and gate."""
 
     def __init__(self, index: int, url: str, llm: TrackedLLM, strategy: Strategy, *,
-                 gauges: GaugeSource | None = None, policy: AdmissionPolicy | None = None,
-                 changed: asyncio.Event | None = None, clock: Clock = loop_clock) -> None:
+                 gauges: GaugeSource | None = None, changed: asyncio.Event | None = None,
+                 clock: Clock = loop_clock) -> None:
         self.index = index
-        self.url = url
-        # What logs, summaries and messages call it: the URL without its password.
-        self.name = redact(url)
+        self.name = redact(url)  # what logs and summaries call it: no password
         self.llm = llm
         self.gauges = gauges
         if gauges is not None:
@@ -82,8 +68,7 @@ class Server:
         # A reader that reads only when asked (no interval) gives no gauges to admit by.
         gauged = gauges is not None and getattr(gauges, "interval_s", 0) is not None
         self.limits = Limits(strategy, llm.settings.max_concurrency, gauged=gauged,
-                             policy=policy, counted=counter.counts if counter else None,
-                             name=self.name)
+                             counted=counter.counts if counter else None, name=self.name)
         self.gate = Gate(self.limits.first_request_limit, self.limits.budget, changed=changed,
                          counter=counter)
         self.holdback = HoldBack()  # what kept new tickers from starting here, per reading
@@ -142,12 +127,9 @@ class Server:
     async def enter_chain(self, ticket: Ticket) -> None:
         """Wait until a ticker whose fan-out is done may start its chain (prefetching).
 
-        A chain slot is free, or nothing is capped yet, or the ticker is urgent, or the
-        endpoint is down or its gate closed (the call then meets what any call there
-        meets). While it waits
-        it holds no budget tokens: its chain's prompts open with its analysts' reports, not
-        their prompts, so no cached prefix is lost. A ticker without a fan-out of that
-        shape (a chain only, or samples side by side) is a chain from its first call.
+        It goes once a chain slot is free, nothing is capped yet, it is urgent, or the
+        endpoint is down or closed; while it waits it holds no budget tokens. A ticker
+        without a fan-out is a chain from its first call.
         """
         if ticket.chained:
             return
@@ -263,7 +245,6 @@ class Server:
     async def confirm(self) -> None:
         """After a server fault: return once a reading taken since finds the server up.
 
-        A failed reading makes it down at once; the call then waits for it to come back.
         Raise ServerOutage once the batch's outage budget is spent.
         """
         servers = self.servers
@@ -323,13 +304,12 @@ class ServerSet:
         self.stopping = False  # the batch starts no more tickers
 
     @classmethod
-    def single(cls, llm: TrackedLLM, strategy: Strategy, *, gauges: GaugeSource | None = None,
-               policy: AdmissionPolicy | None = None) -> ServerSet:
+    def single(cls, llm: TrackedLLM, strategy: Strategy, *,
+               gauges: GaugeSource | None = None) -> ServerSet:
         """Wrap one client and its reader: a batch against one server."""
         changed = asyncio.Event()
         url = getattr(llm, "base_url", "")
-        return cls([Server(0, url, llm, strategy, gauges=gauges, policy=policy,
-                           changed=changed)], changed)
+        return cls([Server(0, url, llm, strategy, gauges=gauges, changed=changed)], changed)
 
     @classmethod
     def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
@@ -339,10 +319,9 @@ class ServerSet:
                 ) -> ServerSet:
         """Make a client and a /metrics reader for every configured endpoint.
 
-        The readers store rows when ``sample``; they read on their interval when sampling
-        or with several endpoints, and otherwise only when a call met a server fault
-        (``Server.check``), which gives health but no gauges to admit by. ``halt`` stops
-        the batch when no server answers for ``outage_budget_s``.
+        The readers store rows when ``sample``, and read on their interval when sampling or
+        with several endpoints, else only after a server fault (health, no gauges). ``halt``
+        stops the batch when no server answers for ``outage_budget_s``.
         """
         changed = asyncio.Event()
         urls = settings.base_urls
@@ -358,8 +337,7 @@ class ServerSet:
             endpoint = Server(index, url, llm, strategy, gauges=sampler, changed=changed,
                               clock=clock)
             if len(urls) == 1:
-                # Between attempts after a server fault: wait while the one server is down.
-                # Several fail over instead (after_failure), so their attempts are not held.
+                # One server's attempts wait while it is down; several fail over instead.
                 llm.watch = endpoint
             endpoints.append(endpoint)
         if len(endpoints) > 1:
@@ -435,13 +413,11 @@ class ServerSet:
                             reached: bool = True) -> Server | None:
         """Return where a call that failed at ``endpoint`` goes next; None: it fails.
 
-        Called for failures of the server (connection, stream, timeout, 5xx), once the
-        client's own retries are spent. A reading taken now decides: down sends the call to
-        a server that is up, or waits for one to come back (ServerOutage past the budget);
-        up again after readings failed during the call (a restart) sends it again to the
-        best server, this one included; readings that never failed make it the request's
-        own failure — unless the call never ``reached`` the server (refused connections say
-        the server was away, whatever a lagging reader saw), which is sent again too.
+        For a server fault once the client's retries are spent, a reading taken now
+        decides: down sends it to a server that is up, or waits for one (ServerOutage past
+        the budget); up after readings failed during the call (a restart), or a call that
+        never ``reached`` the server, goes to the best server; else it is the request's own
+        failure.
         """
         if endpoint.gauges is None:
             return None
@@ -461,12 +437,8 @@ class ServerSet:
         return None if chosen is None else self.endpoints[chosen]
 
     def health_event(self) -> asyncio.Event:
-        """Return the event set at the next time an endpoint goes down or comes back.
-
-        Taken when called, not when first awaited: a coroutine that read ``_health`` only
-        once it ran would wait on the event that replaced it, missing a change that came
-        between its caller's look at the endpoint and its own start.
-        """
+        """Return the event set when an endpoint next goes down or comes back (take it before
+        looking at the endpoints, or a change in between is missed)."""
         return self._health
 
     def health_changed(self) -> None:

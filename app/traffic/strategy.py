@@ -17,11 +17,9 @@ UNBOUNDED = 1_000_000
 
 POLICY_KNOBS = ("initial", "minimum", "maximum", "kv_high", "kv_full", "queue_allowance",
                 "backoff")
-# The token budget's knobs (app/traffic/budget.py), prefixed where a policy knob has the name.
-BUDGET_KNOBS = {"fill": "fill", "overbook": "overbook", "overbook_max": "overbook_max",
-                "overbook_step": "overbook_step", "rise_after": "rise_after", "calm": "calm",
-                "high_cut": "high_cut", "budget_backoff": "backoff",
-                "out_quantile": "out_quantile", "min_samples": "min_samples"}
+# The token budget's knobs, ``budget_`` prefixed where a policy knob has the name.
+BUDGET_KNOBS = ("fill", "overbook", "overbook_max", "overbook_step", "rise_after", "calm",
+                "high_cut", "budget_backoff", "out_quantile", "min_samples")
 WHOLE_BUDGET_KNOBS = ("min_samples", "rise_after", "calm")
 
 OnOff = Literal["on", "off"]
@@ -64,22 +62,18 @@ class Strategy:
     tickers_in_flight: int | None = None  # None: start a ticker whenever the gate has room
     request_limit: int | None = None  # a fixed cap on outstanding requests
     adaptive: bool = False
-    tail: bool = False  # urgent tickers (see the module's doc) start at once and go first
+    tail: bool = False  # urgent tickers start at once and go first (scheduler.py)
     policy: tuple[tuple[str, float], ...] = ()  # admission policy settings that differ
     budget: bool = False  # admit by a KV token budget too, when the capacity is known
     budget_knobs: tuple[tuple[str, float], ...] = ()  # token budget settings that differ
-    prefetch: bool = False  # analysts ahead of a free chain slot (app/traffic/chains.py);
-    # ``parse`` turns it on for ``adaptive`` with the budget, as the default
+    prefetch: bool = False  # analysts ahead of a free chain slot; adaptive's default
 
     @classmethod
     def parse(cls, name: str) -> Strategy:
         """Parse ``adaptive[:knob=value,...]``, ``sequential``, ``fixed-N`` or ``fixed-all``.
 
-        Knobs are the admission policy's fields, the token budget's (``fill``, ``overbook``,
-        ``overbook_max``, ``overbook_step``, ``rise_after``, ``calm``, ``high_cut``,
-        ``budget_backoff``, ``out_quantile``, ``min_samples``), ``tail=on|off``,
-        ``budget=on|off`` and ``prefetch=on|off``, so a bench can put variants side by side:
-        ``adaptive:kv_high=0.95,queue_allowance=0,tail=off`` or ``adaptive:budget=off``.
+        Knobs are ``Knobs``' fields, e.g. ``adaptive:kv_high=0.95,tail=off``; raise
+        InputError for a bad name or knob.
         """
         base, _, knobs = name.partition(":")
         if base == "adaptive":
@@ -101,8 +95,8 @@ class Strategy:
             prefetch = budget if chosen.prefetch is None else chosen.prefetch == "on"
             values = chosen.model_dump(exclude_none=True)
             policy = [(key, float(values[key])) for key in POLICY_KNOBS if key in values]
-            budget_knobs = [(BUDGET_KNOBS[key], float(values[key])) for key in BUDGET_KNOBS
-                            if key in values]
+            budget_knobs = [(key.removeprefix("budget_"), float(values[key]))
+                            for key in BUDGET_KNOBS if key in values]
             strategy = cls(name, adaptive=True, tail=chosen.tail == "on",
                            policy=tuple(policy), budget=budget,
                            budget_knobs=tuple(budget_knobs), prefetch=prefetch)

@@ -1,10 +1,5 @@
-"""Wait on several things at once without leaving a task behind.
-
-The project's rule: when a function returns, nothing it started is still running. Where a
-TaskGroup does not fit (the first of a few events), these helpers wait for the tasks they
-cancel to end before returning, however the wait ends: normally, on its timeout, or
-because the waiting task is itself cancelled.
-"""
+"""Wait on several things at once without leaving a task behind, where a TaskGroup does
+not fit: whatever these helpers start has ended when they return."""
 
 from __future__ import annotations
 
@@ -24,10 +19,9 @@ def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
 
 
 async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
-    """Cancel the tasks and return once every one has ended.
+    """Cancel the tasks and return once every one has ended (their outcomes left on them).
 
-    A cancellation of the caller meanwhile does not cut the wait short: it is raised once
-    the tasks have ended. The tasks' own outcomes are left on them for the caller to read.
+    A cancellation of the caller meanwhile is raised once the tasks have ended.
     """
     for task in tasks:
         task.cancel()
@@ -46,9 +40,8 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
 async def wait_first(*waitables: Waitable, timeout: float | None = None) -> None:
     """Return once the first of ``waitables`` is done, or ``timeout`` seconds have passed.
 
-    A coroutine is run in a task of its own, and that task is cancelled and awaited before
-    this returns; an error it raised (not its cancellation) is raised here. A task or
-    future passed in is the caller's: it is left as it is, running or done.
+    Coroutines run in tasks that are cancelled and awaited before this returns, their error
+    raised here; a future passed in is the caller's and left as it is.
     """
     futures: list[asyncio.Future[Any]] = []
     owned: list[asyncio.Task[Any]] = []

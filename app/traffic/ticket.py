@@ -40,12 +40,8 @@ class Ticket:
 
     @property
     def fan_out(self) -> int:
-        """Return the requests before its chain (the analysts side by side; 0: no fan-out).
-
-        The shape of one sample: calls side by side, then ``chain - 1`` one after another.
-        A wider "fan-out" than the chain is several samples side by side (``samples`` > 1),
-        whose chains overlap: no fan-out of this shape.
-        """
+        """Return the requests side by side before its chain (0: no fan-out of one sample's
+        shape; a wider one is several samples, whose chains overlap)."""
         width = self.requests - self.chain + 1
         return width if self.chain > 0 and 1 < width <= self.chain else 0
 
@@ -56,6 +52,5 @@ class Ticket:
 
     @property
     def remaining_chain(self) -> int:
-        # The graph fans out first and is one chain after that, so whatever is left is at
-        # most the chain, and never more than the requests left.
+        # The graph fans out first, so what is left is at most the chain.
         return min(self.remaining, self.chain)
