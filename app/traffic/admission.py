@@ -58,10 +58,7 @@ class AdmissionPolicy:
         return min(max(self.initial, self.minimum), self.maximum)
 
     def observe(self, gauges: Gauges, outstanding: int, *, restarted: bool = False) -> int:
-        """Update the limit from one reading (``restarted``: a new server's, start over).
-
-        Return the new allowed count.
-        """
+        """Update the limit from one reading (``restarted``: a new server's); return ``allowed``."""
         new_preemptions = (
             0.0 if self._preemptions is None or restarted
             else gauges.preemptions_total - self._preemptions

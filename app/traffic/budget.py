@@ -77,8 +77,7 @@ class TokenBudget:
     min_samples: int = 5  # a node's outputs seen before its quantile replaces max_tokens
     tokens_per_byte: float = 0.5  # until the server's own counts are seen: generous
     clock: Callable[[], float] = time.time  # the clock of the readings' ``taken_at``
-    # (bytes, tokens) the server's /tokenize counted (app.promptsize): the ratio until a
-    # request has finished. None: the default until then.
+    # The (bytes, tokens) the server's /tokenize counted: the ratio until a request finishes.
     counted: Callable[[], tuple[int, int]] | None = None
     reserved: int = field(init=False, default=0)  # outstanding requests' tokens
     held: int = field(init=False, default=0)  # tickers between calls
@@ -234,10 +233,6 @@ class TokenBudget:
             self.held += claim.tokens
             return claim.tokens
         return 0
-
-    def drop_hold(self, held: int) -> None:
-        """Release a finished ticker's hold."""
-        self.held -= held
 
     def summary(self) -> dict[str, Any]:
         """Return what the budget knew and did, for the batch's log and the bench's JSON."""

@@ -70,7 +70,7 @@ class Gate:
 
     def release(self, why: str) -> None:
         self._holds.discard(why)
-        self._grant()
+        self.grant()
 
     def close(self, error: BaseException) -> None:
         """Refuse every waiting and later request with ``error``; the batch is stopping."""
@@ -99,7 +99,7 @@ class Gate:
 
     def set_limit(self, limit: int) -> None:
         self._limit = max(1, limit)
-        self._grant()
+        self.grant()
 
     def has_room(self) -> bool:
         """Return True when a new request (of a typical size) would be sent at once."""
@@ -203,25 +203,22 @@ class Gate:
             held = self.budget.give_back(claim, hold=keep)
             if ticket is not None and keep:
                 ticket.hold, ticket.held_by = held, self
-        self._grant()
+        self.grant()
 
     def release_hold(self, ticket: Ticket) -> None:
         """Give back a ticker's hold on this gate's budget: its context is not wanted here."""
         if self.budget is not None and ticket.hold and ticket.held_by in (None, self):
-            self.budget.drop_hold(ticket.hold)
+            self.budget.held -= ticket.hold
             ticket.hold, ticket.held_by = 0, None
-            self._grant()
+            self.grant()
 
     def drop_hold(self, ticket: Ticket) -> None:
         """Release a ticker's hold (wherever it is): it has no call left to send."""
         ticket.finished = True
         (ticket.held_by or self).release_hold(ticket)
 
-    def reconsider(self) -> None:
-        """Grant what now fits, after the budget changed."""
-        self._grant()
-
-    def _grant(self) -> None:
+    def grant(self) -> None:
+        """Let through the waiters that now fit, in order (also after the budget changed)."""
         while self._waiters and self.outstanding < self._limit and not self.held:
             _, _, future, claim, ticket = self._waiters[0]
             if future.done():

@@ -56,11 +56,6 @@ class Limits:
         """Return the tickers whose chains the budget keeps going at once (None: no cap)."""
         return self.footprint.slots(self.budget.limit) if self.budget is not None else None
 
-    def concurrency(self, request_limit: int) -> int:
-        """Return the requests run at once: the request limit, or the chains that fit."""
-        slots = self.chain_slots()
-        return request_limit if slots is None else min(request_limit, slots)
-
     def read(self, snapshot: Any | None, now: float, gate: Gate, tickets: Iterable[Ticket],
              capacity: int | None, block_size: int | None) -> None:
         """Take one reading (None: it failed): count it and, adaptive with gauges, move the
@@ -109,7 +104,7 @@ class Limits:
         if self.budget is not None:
             tokens = self.budget.observe(snapshot, restarted=restarted)
             self.footprint.sample(gate, tickets)
-            gate.reconsider()
+            gate.grant()
             log.debug("token budget", tokens=tokens, reserved=self.budget.reserved,
                       held=self.budget.held, reason=self.budget.reason, endpoint=self.name)
 

@@ -12,8 +12,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
 from app.llm import TrackedLLM
 from app.traffic.budget import TokenBudget
 from app.traffic.client import TickerClient
@@ -23,8 +21,6 @@ from app.traffic.server import GaugeSource, ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
-
-log = structlog.get_logger(__name__)
 
 # How long admission waits for the heaviest ticker's data before a lighter one goes first.
 PREPARE_PATIENCE_S = 1.0
@@ -131,11 +127,8 @@ class Scheduler:
             await changed.wait()
 
     async def run(self, jobs: list[Job], on_done: OnDone) -> None:
-        """Run every job once; a failing job is reported to ``on_done``, never raised.
-
-        Returns once every started job has ended (after ``stop``, the others stay queued);
-        nothing it started runs on.
-        """
+        """Run every job once, a failure reported to ``on_done``, never raised; return once
+        every started job has ended (after ``stop`` the others stay queued)."""
         self.endpoints.began = self.endpoints.clock()  # the hold-back rows' zero
         ordered = sorted(jobs, key=lambda j: -j.weight)
         self._unstarted = sum(job.requests for job in ordered)

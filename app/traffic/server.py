@@ -152,7 +152,8 @@ class Server:
 
     def concurrency(self) -> int:
         """Return the requests this endpoint runs at once: its limit, or the chains that fit."""
-        return self.limits.concurrency(self.gate.limit)
+        slots = self.chain_slots()
+        return self.gate.limit if slots is None else min(self.gate.limit, slots)
 
     def load(self, ticker_slots: int | None, weight: float = 1.0) -> Load:
         """Return what routing sees of this endpoint now."""
@@ -243,10 +244,8 @@ class Server:
             await self.gauges.fresh()  # type: ignore[attr-defined]
 
     async def confirm(self) -> None:
-        """After a server fault: return once a reading taken since finds the server up.
-
-        Raise ServerOutage once the batch's outage budget is spent.
-        """
+        """After a server fault: return once a reading taken since finds the server up;
+        raise ServerOutage once the batch's outage budget is spent."""
         servers = self.servers
         if self.gauges is None or servers is None:
             return
@@ -279,8 +278,7 @@ class _Combined:
 
 
 class ServerSet:
-    """The endpoints of one batch, in the configured order; routing, failover and the one
-    outage clock over them."""
+    """A batch's endpoints in the configured order: routing, failover, one outage clock."""
 
     def __init__(self, endpoints: list[Server], changed: asyncio.Event, *,
                  halt: Halt | None = None, outage_budget_s: float = float("inf"),
@@ -289,9 +287,7 @@ class ServerSet:
         for endpoint in endpoints:
             endpoint.servers = self
         self.clock = clock  # what the outage budget runs on
-        # Shared by every gate, and set when a ticker ends or an endpoint changes state:
-        # whoever waits for room anywhere wakes.
-        self.changed = changed
+        self.changed = changed  # every gate's, also set when a ticker ends or a server changes
         self._health = asyncio.Event()
         # Every endpoint down: since when, and whether the budget ran out.
         self.halt = halt
