@@ -20,10 +20,10 @@ from agents.graph import analyze_ticker, chain_length, node_names, thread_id
 from app.batch import resume as resumption
 from app.batch import store
 from app.batch.checkpoints import open_checkpointer, prune
-from app.batch.lock import LockHold, Runner
 from app.batch.outputs import record_outputs
 from app.batch.progress import BatchProgress
 from app.config import Settings
+from app.db.lock import LockHold, Runner
 from app.errors import ERRORS, BatchStopped, LLMError
 from app.quality import monitor
 from app.traffic.client import TickerClient
@@ -119,7 +119,7 @@ class BatchEngine:
         self.server_facts = server_facts
         # Signals, a server outage and fatal errors all stop the batch through this.
         self.halt = Halt()
-        # The nightly lock a nightly run holds: each heartbeat proves it (app/batch/lock.py).
+        # The nightly lock a nightly run holds: each heartbeat proves it (app/db/lock.py).
         self.lock = lock
         self.clock = clock  # what server outages and the outage budget are timed on
         # The checkpointer the graph's work uses, while a checkpointed batch runs.

@@ -22,11 +22,11 @@ from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
 from app.batch import resume as resumption
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, shaped
-from app.batch.lock import LockHold, nightly_lock
 from app.batch.preflight import ServerCheck, check_start, provider_missing
 from app.batch.signals import run_batch
 from app.config import Settings
 from app.db.engine import ready_engine
+from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch
 from app.digest import send_digest
 from app.errors import InputError

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select, update
 
 from agents.graph import thread_id
-from app.batch.lock import Runner, holder_gone
+from app.db.lock import Runner, holder_gone
 from app.db.models import Batch, TickerRun
 from app.db.retry import retried
 from app.errors import AlreadyRunningError, InputError
@@ -76,7 +76,7 @@ def mark_orphaned(engine: Engine, stale_s: float) -> list[int]:
 
     Call under the nightly lock: a batch still ``running`` while it is free lost its process
     (killed, the host went down), unless the lock was let go by a database restart while the
-    run lives on (``app.batch.lock.holder_gone``): such a batch is refused as already running.
+    run lives on (``app.db.lock.holder_gone``): such a batch is refused as already running.
     """
     with engine.connect() as conn:
         running = conn.execute(select(Batch.__table__).where(Batch.kind == "nightly",
