@@ -20,7 +20,6 @@ from agents.graph import analyze_ticker, chain_length, node_names, thread_id
 from app.batch import resume as resumption
 from app.batch import store
 from app.batch.checkpoints import open_checkpointer, prune
-from app.batch.outputs import record_outputs
 from app.batch.progress import BatchProgress
 from app.config import Settings
 from app.db.lock import LockHold, Runner
@@ -176,7 +175,7 @@ class BatchEngine:
             except BaseExceptionGroup as group:
                 raise first_error(group) from None
             results = [run.result() for run in runs]
-            await asyncio.to_thread(record_outputs, self.engine, batch_id, results)
+            await asyncio.to_thread(store.record_outputs, self.engine, batch_id, results)
             return [store.DecisionRow(ticker, r.sample, r.decision.rating, r.decision.score,
                                       r.decision.confidence, r.decision.summary)
                     for r in results]
