@@ -9,7 +9,7 @@ the next run afresh), and only databases that run the daemon need it. The job ru
 the scheduler's own (main) thread: a batch then handles SIGTERM exactly as ``nightdesk run``
 does, and two runs in one daemon can never overlap. Across daemons and timers, the nightly
 lock is what keeps a night single; a second daemon on the same database is refused at its
-start (exit 4) by the scheduler lock the first holds for its life (app/batch/lock.py). While it
+start (exit 4) by the scheduler lock the first holds for its life (app/db/lock.py). While it
 serves, a thread of its own writes the daemon's heartbeat (``scheduler_heartbeats``), which
 the morning's status reads (app/night.py), and proves that lock at each beat.
 """
@@ -44,10 +44,10 @@ from apscheduler.schedulers import SchedulerNotRunningError
 from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy import Engine, insert, update
 
-from app.batch.lock import LockHold, scheduler_lock
 from app.batch.nightly import NightlyResult, run_nightly
 from app.batch.signals import BatchInterrupted
 from app.config import Settings
+from app.db.lock import LockHold, scheduler_lock
 from app.db.models import SchedulerBeat
 from app.errors import ERRORS, AlreadyRunningError
 from app.schedule import NightlyTrigger, schedule_zone

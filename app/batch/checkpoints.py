@@ -1,21 +1,11 @@
 """Open the LangGraph checkpointer that makes a batch resumable node by node.
 
-SQLite (the embedded default) keeps checkpoints in a file beside the database
-(``nightdesk.db`` -> ``nightdesk.checkpoints.db``), so the batch's own writes and the
-checkpoints never wait on one lock. PostgreSQL keeps them in the same database, in the
-saver's own tables (``checkpoints``, ``checkpoint_blobs``, ``checkpoint_writes``,
-``checkpoint_migrations``), through a small connection pool that replaces a connection a
-restart killed.
-
-Three guarantees are added around the stock savers:
-
-- a checkpoint is stored only after the usage rows of the calls before it
-  (``before_write`` flushes the recorder), so a node a resume skips never lacks its rows;
-- a write that meets a database restart is retried as a unit (app.db.retry);
-- the checkpointer closes only once no call it was handed is still running (``settle``):
-  LangGraph starts the write of a node it cancelled from a done-callback, so after a halt
-  such writes outlive the graph run, and a SQLite connection closed under one keeps the
-  file's write lock (the next batch in the same process met "database is locked").
+SQLite keeps checkpoints in a file beside the database (no lock shared with the batch's
+writes); PostgreSQL in the same database. Around the stock savers: usage rows are flushed
+before a checkpoint (``before_write``), writes are retried through a restart, and the
+saver closes only once no call it was handed runs (``settle``): LangGraph starts writes
+of nodes it cancelled that outlive the graph run, and a SQLite connection closed under one
+keeps the file's write lock.
 """
 
 from __future__ import annotations
@@ -72,11 +62,8 @@ class _Guarded:
         return await aretrying(fn, *args)
 
     async def _own(self, call: Coroutine[Any, Any, T]) -> T:
-        """Run ``call`` in a task of the saver's own and return its result.
-
-        The caller may be cancelled or left behind; the call is not cut: a statement and its
-        commit stay together, and ``settle`` waits for it before the connection closes.
-        """
+        """Run ``call`` in a task of the saver's own and return its result; a cancelled
+        caller leaves it running to its end, which ``settle`` waits for."""
         if self._calls is None:
             self._calls = set()
         task = asyncio.create_task(call)
@@ -89,11 +76,8 @@ class _Guarded:
             raise
 
     async def settle(self) -> None:
-        """Return once no call of the saver runs: what the connection may close after.
-
-        Cancelled, it cancels them and still waits for them to end (each within its current
-        statement), then raises: the connection never closes under one.
-        """
+        """Return once no call of the saver runs. Cancelled, it cancels them, still waits
+        for them to end, then raises: the connection never closes under one."""
         try:
             while self._calls:
                 await asyncio.wait(set(self._calls))
@@ -153,12 +137,8 @@ def checkpoint_path(database_url: str) -> str:
 
 
 def check_checkpoints(database_url: str) -> None:
-    """Raise DatabaseError in one line when a SQLite checkpoint file cannot be used.
-
-    Checked before a batch writes anything: a checkpoint file that is not a database, or
-    cannot be opened, would otherwise stop the batch after its row exists. (On PostgreSQL
-    the checkpoints live in the database that was checked already.)
-    """
+    """Raise DatabaseError in one line when a SQLite checkpoint file cannot be used, before
+    a batch row exists (PostgreSQL's checkpoints are in the database checked already)."""
     path = checkpoint_path(database_url)
     if make_url(database_url).get_backend_name() != "sqlite" or path == ":memory:":
         return
@@ -185,8 +165,7 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         async with aiosqlite.connect(path) as conn:
-            # WAL + NORMAL: a commit survives the process being killed (what resume is for);
-            # only a power cut can lose the last few, and then those nodes run again.
+            # WAL + NORMAL: a commit survives a kill; a power cut only reruns the last nodes.
             await conn.execute("PRAGMA journal_mode=WAL")
             await conn.execute("PRAGMA synchronous=NORMAL")
             await conn.execute("PRAGMA busy_timeout=30000")
@@ -199,8 +178,7 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
                 try:
                     await sqlite_saver.settle()
                 finally:
-                    # A statement cut short (the close cancelled) may have left its
-                    # transaction open; closing with it open would keep the write lock.
+                    # An open transaction of a cut statement would keep the write lock.
                     await conn.rollback()
         return
     conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)

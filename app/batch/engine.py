@@ -20,10 +20,9 @@ from agents.graph import analyze_ticker, chain_length, node_names, thread_id
 from app.batch import resume as resumption
 from app.batch import store
 from app.batch.checkpoints import open_checkpointer, prune
-from app.batch.lock import LockHold, Runner
-from app.batch.outputs import record_outputs
 from app.batch.progress import BatchProgress
 from app.config import Settings
+from app.db.lock import LockHold, Runner
 from app.errors import ERRORS, BatchStopped, LLMError
 from app.quality import monitor
 from app.traffic.client import TickerClient
@@ -46,13 +45,9 @@ TickerJob = Callable[[str, TickerClient, int], Awaitable[list["store.DecisionRow
 
 @dataclass
 class TickerWork:
-    """What a batch does for each ticker, and what is known of the tickers beforehand.
-
-    ``weights`` order the tickers (heaviest first); ``shapes`` give each ticker's expected
-    (requests, chain length), which lets the scheduler shorten the tail. ``prepare(ticker)``
-    loads what a ticker needs before it is admitted; ``checkpointed`` opens the checkpointer
-    the graph's work uses (``BatchEngine._saver``).
-    """
+    """What a batch does for each ticker: ``weights`` order the tickers (heaviest first),
+    ``shapes`` give each one's (requests, chain length), ``prepare`` runs before admission,
+    ``checkpointed`` opens a checkpointer for the work (``BatchEngine._saver``)."""
 
     job: TickerJob
     weights: dict[str, float] | None = None
@@ -64,13 +59,13 @@ class TickerWork:
 
 
 def shaped(settings: Settings, recorded: dict[str, Any]) -> Settings:
-    """Return ``settings`` with a recorded batch's pipeline shape (rounds, output budgets)."""
+    """Return ``settings`` with a recorded batch's shape (rounds, output budgets)."""
     return settings.model_copy(update={k: recorded[k] for k in SHAPE_SETTINGS if k in recorded})
 
 
 @dataclass
 class BatchPlan:
-    """What to run: the tickers of one as-of date, how many samples each, under which strategy."""
+    """The tickers of one as-of date, how many samples each, under which strategy."""
 
     kind: str  # nightly | rerun
     as_of: date
@@ -88,8 +83,7 @@ class BatchOutcome:
     succeeded: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     admission: dict[str, Any] = field(default_factory=dict)  # how the scheduler ended
-    # What held new tickers back, reading by reading (the bench keeps it; too long to log).
-    holdback: dict[str, Any] = field(default_factory=dict)
+    holdback: dict[str, Any] = field(default_factory=dict)  # for the bench; too long to log
     halt: HaltReason | None = None  # why it stopped early, when it did
 
 
@@ -104,7 +98,6 @@ class BatchEngine:
         http_client: httpx.AsyncClient | None = None,
         provider: DataProvider | None = None,
         sample_metrics: bool = True,
-        progress_factory: Callable[..., BatchProgress] = BatchProgress,
         server_facts: dict[str, Any] | None = None,
         lock: LockHold | None = None,
         clock: Clock = loop_clock,
@@ -115,23 +108,19 @@ class BatchEngine:
         self.http_client = http_client
         self.provider = provider or get_provider(self.pipeline)
         self.sample_metrics = sample_metrics
-        self.progress_factory = progress_factory
         self.server_facts = server_facts
-        # Signals, a server outage and fatal errors all stop the batch through this.
-        self.halt = Halt()
-        # The nightly lock a nightly run holds: each heartbeat proves it (app/batch/lock.py).
-        self.lock = lock
+        self.halt = Halt()  # signals, an outage, fatal errors and a lost lock stop through it
+        self.lock = lock  # a nightly run's lock: each heartbeat proves it
         self.clock = clock  # what server outages and the outage budget are timed on
-        # The checkpointer the graph's work uses, while a checkpointed batch runs.
-        self._saver: BaseCheckpointSaver[Any] | None = None
+        self._saver: BaseCheckpointSaver[Any] | None = None  # while a checkpointed batch runs
 
     async def run(self, start: BatchPlan | resumption.ResumePoint,
                   work: TickerWork | None = None) -> BatchOutcome:
         """Run a batch, the one way every command does: a plan starts one, a resume point
-        continues a stopped one (its unfinished tickers, from their last finished node).
+        continues a stopped one from each unfinished ticker's last finished node.
 
-        ``work`` is what each ticker does: its graph unless given (a replay, a bench). One
-        ticker's failure never stops the others.
+        ``work``: each ticker's graph unless given (a replay, a bench). One ticker's failure
+        never stops the others; a nightly batch that ends whole has its ratings watched.
         """
         resuming = None
         if isinstance(start, resumption.ResumePoint):
@@ -145,7 +134,12 @@ class BatchEngine:
             plan = start
         if work is None:
             work = await self._graph_work(plan)
-        return await self._execute(plan, work, resuming)
+        async with BatchRun(self, plan, work, resuming) as run:
+            await run.drive()
+        if plan.kind == "nightly" and run.status in ("succeeded", "partial"):
+            # An interrupted night is judged when its resume ends.
+            await asyncio.to_thread(self._watch_ratings, run.batch_id)
+        return run.outcome
 
     async def _graph_work(self, plan: BatchPlan) -> TickerWork:
         """Return the graph's work for every ticker of the plan: data loaded, checkpointed."""
@@ -154,7 +148,6 @@ class BatchEngine:
         loads = asyncio.Semaphore(self.settings.data_concurrency)
 
         async def load(ticker: str) -> None:
-            # Before admission, a few tickers at once: see Scheduler.run.
             async with loads:
                 bundles[ticker] = await asyncio.to_thread(self.provider.load, ticker,
                                                           plan.as_of)
@@ -163,8 +156,7 @@ class BatchEngine:
                             ) -> list[store.DecisionRow]:
             bundle = bundles.pop(ticker)
             demo_seen.append(bundle.demo)
-            # A failed sample cancels its siblings (their calls leave "cancelled" rows) and
-            # the ticker returns only when none of its calls is still at the server.
+            # A failed sample cancels its siblings; none of their calls outlives the ticker.
             try:
                 async with asyncio.TaskGroup() as samples:
                     runs = [samples.create_task(
@@ -176,7 +168,7 @@ class BatchEngine:
             except BaseExceptionGroup as group:
                 raise first_error(group) from None
             results = [run.result() for run in runs]
-            await asyncio.to_thread(record_outputs, self.engine, batch_id, results)
+            await asyncio.to_thread(store.record_outputs, self.engine, batch_id, results)
             return [store.DecisionRow(ticker, r.sample, r.decision.rating, r.decision.score,
                                       r.decision.confidence, r.decision.summary)
                     for r in results]
@@ -190,16 +182,6 @@ class BatchEngine:
                           final_settings=lambda: {"demo_data": any(demo_seen)},
                           checkpointed=True)
 
-    async def _execute(self, plan: BatchPlan, work: TickerWork,
-                       resuming: resumption.ResumePoint | None) -> BatchOutcome:
-        """Run one batch through its lifecycle (BatchRun), then judge a whole night."""
-        async with BatchRun(self, plan, work, resuming) as run:
-            await run.drive()
-        if plan.kind == "nightly" and run.status in ("succeeded", "partial"):
-            # Judged once the night is whole: an interrupted one when its resume ends.
-            await asyncio.to_thread(self._watch_ratings, run.batch_id)
-        return run.outcome
-
     def _watch_ratings(self, batch_id: int) -> None:
         """Run the rating-distribution monitor; its failure is logged, never the batch's."""
         try:
@@ -212,11 +194,9 @@ class BatchEngine:
 class BatchRun:
     """One batch from its first row to its final status, as an async context.
 
-    Entering creates the batch's rows (or reopens a stopped batch's) and starts what it
-    runs on: usage recorder and servers, each pushed on an AsyncExitStack. ``drive`` runs
-    every ticker and the heartbeat in one TaskGroup with the halt. Leaving closes them last
-    to first, each whatever the others did (a failed step is recorded, never skips the
-    rest), and then writes the batch's status and its one-line reason.
+    Entering writes (or reopens) its rows and starts the usage recorder and the servers;
+    ``drive`` runs the tickers. Leaving closes what was started, last to first, each step
+    whatever the others did, then writes the status and its one-line reason.
     """
 
     def __init__(self, owner: BatchEngine, plan: BatchPlan, work: TickerWork,
@@ -259,9 +239,6 @@ class BatchRun:
         hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
         self.recorder = UsageRecorder(owner.engine, on_lost=lambda lost: owner.halt.request(
             HaltReason("failed", f"{lost}{hint}", lost.exit_code)))
-        # A client and a /metrics sampler per server (one, unless several are set), and
-        # what stands in for a server that does not answer (app/traffic/server.py); the
-        # LLM's client (when one is given) also reads /metrics: the same servers.
         self.servers = ServerSet.connect(
             settings, self.strategy, self.recorder, engine=owner.engine,
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
@@ -269,9 +246,9 @@ class BatchRun:
                                         settings.max_concurrency),
             halt=owner.halt, resume_hint=hint, clock=owner.clock)
         self.scheduler = Scheduler(None, self.strategy, endpoints=self.servers)
-        self.progress = owner.progress_factory(self.batch_id, len(plan.tickers), self.servers,
-                                               self.scheduler, self.servers,
-                                               expected_calls=self.work.expected_calls)
+        self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
+                                      self.scheduler, self.servers,
+                                      expected_calls=self.work.expected_calls)
         closing = self._stack
         try:
             # Closed last to first: the samplers, the recorder, the clients.
@@ -287,8 +264,7 @@ class BatchRun:
         return self
 
     async def drive(self) -> None:
-        """Run every ticker of the plan, the heartbeat beside them; a halt (signal, outage,
-        lost lock, refused key) stops them (``run_until_halted``)."""
+        """Run every ticker and the heartbeat until done or halted (``run_until_halted``)."""
         owner, plan, work, outcome = self.owner, self.plan, self.work, self.outcome
 
         async def ticker_job(ticker: str, gated: TickerClient) -> list[store.DecisionRow]:
@@ -299,8 +275,7 @@ class BatchRun:
         async def on_done(job: Job, decisions: Any, error: BaseException | None) -> None:
             message = None if error is None else _one_line(error)
             if isinstance(error, LLMError) and error.stops_batch:
-                # Every call would meet it (a wrong key, URL or model): stop the batch
-                # rather than fail each ticker; this one stays resumable.
+                # Every call would meet it (a wrong key, URL, model): stop, stay resumable.
                 owner.halt.request(HaltReason("failed", message or "", error.exit_code))
                 return
             if isinstance(error, BatchStopped):
@@ -328,12 +303,10 @@ class BatchRun:
                 await run_until_halted(self.scheduler, self.scheduler.run(jobs, on_done),
                                        owner.halt, beside=[self._heartbeat()])
             if owner._saver is not None and owner.halt.reason is None:
-                # Every ticker finished: no checkpoint of the batch is needed any more
-                # (one left by a process killed between storing and pruning included).
+                # Also those a process killed between storing and pruning left behind.
                 await prune(owner._saver, await asyncio.to_thread(
                     resumption.threads_of, owner.engine, self.batch_id))
-        # Honest: "succeeded" only when every ticker did, "partial" when some did.
-        # Counted over the whole batch: a resume's earlier tickers included.
+        # Over the whole batch, a resume's earlier tickers included.
         self.status = ("succeeded" if not outcome.failed
                        else "partial" if outcome.succeeded else "failed")
         if owner.halt.reason is not None:
@@ -378,7 +351,7 @@ class BatchRun:
 
     @contextlib.asynccontextmanager
     async def _checkpoints(self) -> AsyncIterator[None]:
-        """Open the checkpointer for the graph's work (``owner._saver``) when it wants one."""
+        """Open the checkpointer (``owner._saver``) when the work wants one."""
         if not self.work.checkpointed:
             yield
             return
@@ -394,8 +367,7 @@ class BatchRun:
                             error: str | None) -> str | None:
         """Store how a ticker ended; return why it failed (None: it succeeded).
 
-        A result the database will not take (the store's retries spent, text it refuses)
-        fails this ticker only, with the reason: the rest of the night goes on.
+        A result the database will not take fails this ticker only, with the reason.
         """
         engine = self.owner.engine
         try:
@@ -416,8 +388,7 @@ class BatchRun:
     async def _heartbeat(self) -> None:
         settings, lock = self.owner.settings, self.owner.lock
         interval, stale = settings.heartbeat_interval_s, settings.heartbeat_stale_s
-        # Past this without proving the nightly lock the run stops: a later start takes a
-        # batch whose heartbeat is ``stale`` old for dead, and must not find it still calling.
+        # Stop before a later start takes this batch (heartbeat ``stale`` old) for dead.
         give_up = max(stale - 2 * interval, stale / 2)
         while True:
             await asyncio.sleep(interval)
@@ -451,11 +422,8 @@ class BatchRun:
 
 def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
                   max_concurrency: int) -> int | None:
-    """Return the most requests the strategy can have at the server at once (None: unknown).
-
-    The LLM client's connection pool is sized from it, so the pool never holds back a
-    request the strategy let out.
-    """
+    """Return the most requests the strategy can have at the server at once (None: unknown):
+    the connection pool's size, so the pool never holds back a request the strategy let out."""
     if strategy.request_limit is not None:
         return strategy.request_limit
     if strategy.adaptive:
@@ -468,7 +436,7 @@ def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
 
 
 class Stoppable(Protocol):
-    """What a halt needs of the scheduler (app.traffic.scheduler.Scheduler)."""
+    """What a halt needs of the scheduler."""
 
     def stop(self) -> None: ...
 
@@ -485,11 +453,9 @@ async def run_until_halted(scheduler: Stoppable, work: Coroutine[Any, Any, None]
                            beside: Sequence[Coroutine[Any, Any, None]] = ()) -> None:
     """Await ``work`` in one TaskGroup with the halt (and ``beside`` it, until it ends).
 
-    A halt stops the scheduler: no ticker starts and no request is let through; requests
-    at the server may finish for the reason's grace (each finished node is checkpointed),
-    then the waiting requests are refused with BatchStopped, which ends their tickers.
-    Past the grace, or once hurried, the group cancels whatever still runs. When this
-    returns nothing it started runs; an error of ``work`` is raised as it came.
+    A halt stops the scheduler; requests at the server may finish within the reason's
+    grace, waiting ones are refused with BatchStopped; past the grace, or once hurried,
+    the group cancels the rest. Nothing it started outlives it; ``work``'s error is raised.
     """
     try:
         async with asyncio.TaskGroup() as group:
@@ -534,12 +500,8 @@ async def _cut_when_hurried(scheduler: Stoppable, halt: Halt) -> None:
 
 async def _closing(failed: list[tuple[str, BaseException]], name: str,
                    close: Callable[[], Awaitable[object]]) -> None:
-    """Run one closing step of a batch; keep what it raised in ``failed`` instead of raising.
-
-    A batch's end is a chain of closings before its status is written: one that raises
-    must not keep the others, or the status, from happening. Even a cancellation is held
-    until every step has run (``_reraise``).
-    """
+    """Run one closing step; keep what it raised, a cancellation too, in ``failed``
+    (``_reraise`` raises it once every step and the status have run)."""
     try:
         await close()
     except BaseException as error:  # reported by the caller, never lost

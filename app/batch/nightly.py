@@ -1,11 +1,7 @@
 """Run one night: the entry point that `nightdesk run`, the scheduler daemon and the timer share.
 
-A nightly run takes the single-instance lock before it writes anything, decides its as-of
-date and universe, and runs the batch; the lock is let go when the batch row is final. A
-night cut short (the process killed, a signal, a server outage) is continued, not run again:
-``run_nightly(resume=True)`` (the daemon) takes up tonight's unfinished batch, and
-``resume_recorded`` (``nightdesk run --resume [ID]``) any recorded one, both through
-``resume_batch`` and under the same lock for a nightly batch.
+Under the single-instance lock: decide the as-of date and universe, run the batch, or
+continue a night cut short (``run_nightly(resume=True)``, ``resume_recorded``).
 """
 
 from __future__ import annotations
@@ -22,11 +18,11 @@ from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
 from app.batch import resume as resumption
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, shaped
-from app.batch.lock import LockHold, nightly_lock
 from app.batch.preflight import ServerCheck, check_start, provider_missing
 from app.batch.signals import run_batch
 from app.config import Settings
 from app.db.engine import ready_engine
+from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch
 from app.digest import send_digest
 from app.errors import InputError
@@ -34,12 +30,10 @@ from serving.facts import batch_server_facts
 
 log = structlog.get_logger(__name__)
 
-# A nightly batch in one of these states did not finish: the night is owed a resume.
-# "running" counts too because it is only ever looked at under the lock, where no live
-# run can own it: its process died without a word (mark_orphaned has marked it crashed).
+# A night in one of these states is owed a resume ("running" is read under the lock only,
+# where no live run owns it).
 UNFINISHED = ("crashed", "interrupted", "running")
-# A "failed" night is owed one only when tickers are left: stopped early by a refused key,
-# a wrong URL or model (every ticker failing is a finished night).
+# A "failed" night is owed one only with tickers left (stopped by a refused key, URL, model).
 STOPPED = "failed"
 
 # Told which batch is about to be resumed, before it is (the CLI prints it).
@@ -120,42 +114,36 @@ def finished_since(engine: Engine, as_of: date, since: datetime) -> int | None:
                             .order_by(Batch.id.desc()).limit(1)).scalar()
 
 
-def _runner(settings: Settings, engine: Engine, lock: LockHold | None) -> BatchEngine:
-    facts = batch_server_facts(settings.server_profile, settings.base_url,
-                               settings.server_dir)
-    return BatchEngine(settings, engine, server_facts=facts, lock=lock)
-
-
 def execute_plan(settings: Settings, engine: Engine, plan: BatchPlan,
                  lock: LockHold | None = None, *, server: ServerCheck) -> BatchOutcome:
-    """Run one batch to its final row; SIGTERM or Ctrl-C stop it as interrupted (resumable).
+    """Run one batch to its final row and send its digest; SIGTERM or Ctrl-C stop it
+    interrupted (resumable).
 
-    First the preflight (app/batch/preflight.py, ``server`` says how far it asks the
-    server): a batch it refuses raises before any row is written. ``lock``: the nightly lock
-    a nightly batch runs under; its heartbeats prove it.
+    The preflight (``server``: how far it asks the server) raises before any row is
+    written. ``lock``: the nightly lock a nightly batch runs under.
     """
     check_start(settings, engine, plan.as_of, plan.tickers, server=server)
-    runner = _runner(settings, engine, lock)
-    outcome = run_batch(runner.run(plan), runner.halt, settings.shutdown_grace_s)
-    send_digest(settings, engine, outcome)
-    return outcome
+    return _run(settings, engine, plan, lock)
 
 
 def resume_batch(settings: Settings, engine: Engine, point: resumption.ResumePoint,
                  lock: LockHold | None = None, *, server: ServerCheck,
                  announce: Announce = None) -> BatchOutcome:
-    """Continue a cut-short batch from where it stopped: each unfinished ticker after its last
-    checkpointed node, none of the finished ones again.
-
-    First the preflight of its tickers, in its own shape (as ``execute_plan``); then
-    ``announce`` is told which batch is continued.
-    """
+    """Continue a cut-short batch, each unfinished ticker after its last checkpointed node:
+    as ``execute_plan``, the preflight in the batch's own shape, then ``announce``."""
     check_start(shaped(settings, point.settings), engine, point.as_of, point.tickers,
                 server=server)
     if announce is not None:
         announce(point)
-    runner = _runner(settings, engine, lock)
-    outcome = run_batch(runner.run(point), runner.halt, settings.shutdown_grace_s)
+    return _run(settings, engine, point, lock)
+
+
+def _run(settings: Settings, engine: Engine, start: BatchPlan | resumption.ResumePoint,
+         lock: LockHold | None) -> BatchOutcome:
+    facts = batch_server_facts(settings.server_profile, settings.base_url,
+                               settings.server_dir)
+    runner = BatchEngine(settings, engine, server_facts=facts, lock=lock)
+    outcome = run_batch(runner.run(start), runner.halt, settings.shutdown_grace_s)
     send_digest(settings, engine, outcome)
     return outcome
 
@@ -171,14 +159,10 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                 server: ServerCheck = "if_up", announce: Announce = None) -> NightlyResult:
     """Run tonight's batch under the single-instance lock and say what it did.
 
-    ``resume``: continue an unfinished nightly batch of the same as-of date instead of
-    starting a second one. ``skip_if_finished_since``: run nothing when a nightly batch of
-    that date has finished since then (a scheduled run that fired again after its batch was
-    done). The preflight (app/batch/preflight.py; ``server`` says how far it asks the
-    server) runs once the lock is held, before any batch row is written; ``announce`` is
-    told which batch is continued, before it is. Raise
-    AlreadyRunningError when another run holds the lock: then no batch row is written and no
-    LLM call made.
+    ``resume``: continue an unfinished nightly batch of the same date rather than start a
+    second. ``skip_if_finished_since``: run nothing when a nightly batch of that date has
+    finished since then. ``server``, ``announce``: as ``execute_plan``, ``resume_batch``.
+    AlreadyRunningError when another run holds the lock, before any row or call.
     """
     request = request or NightlyRequest()
     engine = engine or ready_engine(settings.database_url)
@@ -218,12 +202,10 @@ def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = N
                     ) -> NightlyResult:
     """Continue a recorded batch (``nightdesk run --resume [BATCH_ID]``).
 
-    ``batch_id`` None takes the newest interrupted, crashed or stopped batch with tickers
-    left, chosen under the nightly lock once batches that lost their process are marked
-    crashed: a night killed a moment ago is the newest, whatever its heartbeat says. While
-    another run holds the lock, AlreadyRunningError ("already running: batch N", exit 4).
-    A nightly batch is resumed under that lock, as a night is run; a rerun takes no lock,
-    and one whose heartbeat is fresh is refused the same way.
+    ``batch_id`` None: the newest batch with tickers left, chosen under the nightly lock
+    once batches that lost their process are marked crashed. A nightly batch resumes under
+    that lock (AlreadyRunningError while another run holds it); a rerun takes none, and one
+    whose heartbeat is fresh is refused the same way.
     """
     if batch_id is not None and resumption.pick(engine, batch_id)[1] != "nightly":
         return _resume(settings, engine, batch_id, server, announce, None)

@@ -1,52 +1,49 @@
 """Refuse a batch that cannot work before any of its rows exist: the check every start runs.
 
-Every start (``run``, ``run --as-of``, ``run --continue-night``, ``run --resume``, ``rerun``,
-the scheduler daemon's fire) reaches ``check_start`` through app/batch/nightly.py once it
-knows the batch's date and tickers, before the batch row is written. A refusal is one line,
-exit 2 (InputError, ConfigError):
-
-1. the market data: the date's snapshot exists and holds every ticker (a live provider:
-   knows every ticker);
-2. the server, with ``server="require"``: every endpoint answers /v1/models and serves the
-   model (app/cli's default; ``--no-preflight`` skips 2 and 3);
-3. the context: no prompt of the night can fit an endpoint's max-model-len even with all
-   that may be left out left out (app/batch/contextfit.py).
-
-``server="if_up"`` (the daemon) skips 2 and asks 3 only of a server that answers: one that is
-down at fire time is the outage watch's, as during the night.
+``check_start`` checks, in order: the market data holds every ticker on the date; with
+``server="require"`` every endpoint serves the model; and no prompt of the night, at its
+smallest (agents/smallest.py), can overrun an endpoint's max-model-len. ``"if_up"`` (the
+daemon) asks the context only of a server that answers. A refusal is one line, exit 2.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import date
 from typing import Literal
 
-from sqlalchemy import Engine
+import httpx
+import structlog
+from sqlalchemy import Engine, func, select
 
 from agents.data import MarketBundle, get_provider
 from agents.errors import DataError
-from agents.smallest import smallest_prompts
-from app.batch.contextfit import first_misfit, output_bounds
+from agents.smallest import SmallestPrompt, smallest_prompts
 from app.config import Settings
-from app.errors import ConfigError, InputError
+from app.db.models import Batch, LLMCall
+from app.errors import ConfigError, InputError, LLMError
+from app.promptsize import PromptCounter, message_bytes
 from serving.preflight import check_endpoint
-from serving.urls import redact
+from serving.urls import redact, server_root
+
+log = structlog.get_logger(__name__)
 
 ServerCheck = Literal["require", "if_up", "skip"]
 
 # Tickers named in a refusal at most; the rest are counted.
 NAMED = 5
+# /tokenize answers in milliseconds; a server slower than this is left to the night.
+TOKENIZE_TIMEOUT_S = 10.0
 
 
 def check_start(settings: Settings, engine: Engine, as_of: date, tickers: list[str], *,
                 server: ServerCheck) -> None:
     """Raise InputError or ConfigError (one line) when the batch could not run; else return.
 
-    ``settings`` are the batch's own (a resumed batch's shape: app.batch.engine.shaped).
-    No tickers (a resume that only writes the end its process died before writing): nothing
-    to check.
+    ``settings`` are the batch's own (a resumed batch's shape). No tickers: nothing to check.
     """
     if not tickers:
         return
@@ -99,12 +96,9 @@ def check_context(settings: Settings, engine: Engine, as_of: date, tickers: list
 
 
 def _bundles(settings: Settings, as_of: date, tickers: list[str]) -> list[MarketBundle]:
-    """Load the tickers' data the analysts' prompts are rendered from.
-
-    A live provider's is fetched for the first ticker only (fetching every ticker twice a
-    night is not worth it: the others' analysts are not checked). A ticker whose data does
-    not load is left out: at night it fails alone, as bad data does.
-    """
+    """Load the tickers' data the analysts' prompts are rendered from: a live provider's
+    for the first ticker only (a second fetch of every ticker a night is not worth it); a
+    ticker whose data does not load is left out (at night it fails alone)."""
     provider = get_provider(settings.pipeline())
     chosen = tickers if settings.data_provider in ("snapshot", "demo") else tickers[:1]
 
@@ -116,3 +110,72 @@ def _bundles(settings: Settings, as_of: date, tickers: list[str]) -> list[Market
 
     with ThreadPoolExecutor(max_workers=settings.data_concurrency) as pool:
         return [b for b in pool.map(load, chosen) if b is not None]
+
+
+@dataclass(frozen=True)
+class Misfit:
+    """A prompt that cannot fit: its node, its ticker, the estimate and the server's limit."""
+
+    node: str
+    ticker: str
+    tokens: int
+    budget: int
+    max_model_len: int
+    carried: int  # of ``tokens``: the earlier outputs the prompt holds
+
+    def describe(self) -> str:
+        held = f", {self.carried} of them earlier nodes' outputs" if self.carried else ""
+        plus = f" + max_tokens {self.budget}" if self.budget else ""
+        return (f"{self.node}'s prompt at its smallest ({self.ticker}) is about {self.tokens} "
+                f"tokens{held}{plus}: over the server's max_model_len {self.max_model_len}")
+
+
+def output_bounds(engine: Engine, settings: Settings, budgets: dict[str, int]) -> dict[str, int]:
+    """Return the tokens each node's output may take in a later prompt: its longest in the
+    previous nightly batch of this model, at most its max_tokens in ``budgets``."""
+    with engine.connect() as conn:
+        latest = conn.execute(
+            select(func.max(LLMCall.batch_id)).join(Batch, Batch.id == LLMCall.batch_id)
+            .where(Batch.kind == "nightly", LLMCall.status == "ok",
+                   LLMCall.model == settings.llm_model)).scalar()
+        seen: dict[str, int] = {}
+        if latest is not None:
+            seen = {node: int(tokens) for node, tokens in conn.execute(
+                select(LLMCall.node, func.max(LLMCall.completion_tokens))
+                .where(LLMCall.batch_id == latest, LLMCall.status == "ok",
+                       LLMCall.completion_tokens.is_not(None))
+                .group_by(LLMCall.node))}
+    return {node: min(budget, seen.get(node, budget)) for node, budget in budgets.items()}
+
+
+def http_client() -> httpx.AsyncClient:
+    """Return the client that asks /tokenize (a unit test puts its fake server here)."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(TOKENIZE_TIMEOUT_S))
+
+
+async def first_misfit(settings: Settings, base_url: str, prompts: Iterable[SmallestPrompt],
+                       bounds: dict[str, int]) -> Misfit | None:
+    """Return a prompt that cannot fit the server at ``base_url`` (counted plus earlier
+    outputs plus output budget), largest first; None when none, or the server cannot tell."""
+    def upper(prompt: SmallestPrompt) -> int:
+        return message_bytes(prompt.messages) + sum(bounds[n] for n in prompt.carries)
+
+    async with http_client() as http:
+        counter = PromptCounter(settings, http, server_root(base_url) + "/tokenize")
+        for prompt in sorted(prompts, key=upper, reverse=True):
+            carried = sum(bounds[n] for n in prompt.carries)
+            budget = counter.budget(prompt.max_tokens)
+            if counter.fits_without_counting(prompt.messages, budget + carried):
+                continue
+            try:
+                count = await counter.count(settings.llm_model, prompt.messages)
+            except LLMError as error:
+                log.info("context not checked before the night", endpoint=redact(base_url),
+                         reason=str(error))
+                return None
+            if count is None or counter.max_model_len is None:
+                return None
+            if count + carried + budget > counter.max_model_len:
+                return Misfit(prompt.node, prompt.ticker, count + carried, budget,
+                              counter.max_model_len, carried)
+    return None

@@ -56,7 +56,7 @@ class BatchProgress:
         endpoints = getattr(self.scheduler, "endpoints", None)
         limit = self.scheduler.gate.limit
         if endpoints is not None and endpoints.several:
-            # Several endpoints: the limit is theirs together; their budgets are in the log.
+            # Several endpoints: their limits together; their budgets are in the log.
             limit, budget = endpoints.request_limit(), None
         return {
             "tickers_done": self.done - self.failed, "tickers_failed": self.failed,

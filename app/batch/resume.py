@@ -1,14 +1,8 @@
-"""Find batches that died or stopped early, and put one back to work where it left off.
+"""Find batches that died or stopped early, and reopen one where it left off.
 
-A batch is ``running`` only while its process beats: ``heartbeat_at`` is refreshed every
-``heartbeat_interval_s``. One whose heartbeat is older than ``heartbeat_stale_s`` belongs to a
-process that is gone (killed, out of memory, the host rebooted): the next ``run``, ``rerun``,
-``report`` or ``run --resume`` marks it ``crashed``. A nightly batch is known dead sooner:
-one still ``running`` while its night's single-instance lock is free has lost its process
-(``mark_orphaned``, called under that lock). A crashed or interrupted batch, or one stopped
-by a configuration error, is resumed by ``run --resume`` (and a nightly one by the scheduler
-daemon, app/batch/nightly.py): its finished tickers are left as they are and the others
-continue from their last checkpointed node.
+A ``running`` batch is dead once its heartbeat is stale (``mark_stale_crashed``), or, for a
+nightly one, once its lock is free and its holder gone (``mark_orphaned``). A resume leaves
+finished tickers as they are; the others continue from their last checkpointed node.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select, update
 
 from agents.graph import thread_id
-from app.batch.lock import Runner, holder_gone
+from app.db.lock import Runner, holder_gone
 from app.db.models import Batch, TickerRun
 from app.db.retry import retried
 from app.errors import AlreadyRunningError, InputError
@@ -59,14 +53,8 @@ def mark_stale_crashed(engine: Engine, stale_s: float) -> list[int]:
                                    func.coalesce(Batch.heartbeat_at, Batch.started_at) < cutoff)
         ).scalars())
         if stale:
-            conn.execute(update(Batch).where(Batch.id.in_(stale), Batch.status == "running")
-                         .values(status="crashed", finished_at=datetime.now(UTC),
-                                 error=f"no heartbeat for more than {stale_s:.0f} s: the "
-                                       "process died; resume with `nightdesk run --resume`"))
-            conn.execute(update(TickerRun)
-                         .where(TickerRun.batch_id.in_(stale),
-                                TickerRun.status.in_(("queued", "running")))
-                         .values(status="interrupted", error="the batch's process died"))
+            _crash(conn, dict.fromkeys(
+                stale, f"no heartbeat for more than {stale_s:.0f} s: the process died"))
     return [int(i) for i in stale]
 
 
@@ -74,9 +62,8 @@ def mark_stale_crashed(engine: Engine, stale_s: float) -> list[int]:
 def mark_orphaned(engine: Engine, stale_s: float) -> list[int]:
     """Mark ``running`` nightly batches whose process is gone crashed; return their ids.
 
-    Call under the nightly lock: a batch still ``running`` while it is free lost its process
-    (killed, the host went down), unless the lock was let go by a database restart while the
-    run lives on (``app.batch.lock.holder_gone``): such a batch is refused as already running.
+    Call under the nightly lock. One whose run may be alive (``holder_gone``: a database
+    restart let its lock go) raises AlreadyRunningError.
     """
     with engine.connect() as conn:
         running = conn.execute(select(Batch.__table__).where(Batch.kind == "nightly",
@@ -91,16 +78,20 @@ def mark_orphaned(engine: Engine, stale_s: float) -> list[int]:
         orphans[int(batch.id)] = why
     if orphans:
         with engine.begin() as conn:
-            for batch_id, why in orphans.items():
-                conn.execute(update(Batch).where(Batch.id == batch_id,
-                                                 Batch.status == "running")
-                             .values(status="crashed", finished_at=datetime.now(UTC),
-                                     error=f"{why}; resume with `nightdesk run --resume`"))
-            conn.execute(update(TickerRun)
-                         .where(TickerRun.batch_id.in_(list(orphans)),
-                                TickerRun.status.in_(("queued", "running")))
-                         .values(status="interrupted", error="the batch's process died"))
+            _crash(conn, orphans)
     return list(orphans)
+
+
+def _crash(conn: Any, why: dict[int, str]) -> None:
+    """Mark ``running`` batches crashed, each with its reason; their open tickers interrupted."""
+    for batch_id, error in why.items():
+        conn.execute(update(Batch).where(Batch.id == batch_id, Batch.status == "running")
+                     .values(status="crashed", finished_at=datetime.now(UTC),
+                             error=f"{error}; resume with `nightdesk run --resume`"))
+    conn.execute(update(TickerRun)
+                 .where(TickerRun.batch_id.in_(list(why)),
+                        TickerRun.status.in_(("queued", "running")))
+                 .values(status="interrupted", error="the batch's process died"))
 
 
 def pick(engine: Engine, batch_id: int | None) -> tuple[int, str]:
@@ -130,10 +121,8 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
                    closing: bool = False) -> ResumePoint:
     """Return the batch to resume: ``batch_id``, or the newest one with tickers left.
 
-    A ``running`` batch is refused as already running (its heartbeat is fresh: a stale one
-    was marked crashed, a nightly one without its lock holder by ``mark_orphaned``).
-    ``closing`` also takes a batch with no tickers left: a resume then only writes the end
-    its process died before writing.
+    A ``running`` batch raises AlreadyRunningError (the dead ones are marked first).
+    ``closing`` also takes one with no tickers left: the resume only writes its end.
     """
     batch_id, _ = pick(engine, batch_id)
     with engine.connect() as conn:

@@ -1,9 +1,5 @@
-"""Run a batch so that SIGTERM (a systemd stop) or Ctrl-C ends it cleanly, as interrupted.
-
-The first signal stops the batch through its Halt: nothing new starts, calls already at the
-server may finish for ``shutdown_grace_s`` (their nodes are checkpointed), then the batch is
-recorded ``interrupted`` and ``nightdesk run --resume`` completes it. A second signal cuts
-the grace short; a third cancels outright.
+"""Run a batch so that SIGTERM or Ctrl-C ends it as interrupted (resumable): the first
+signal halts it with ``shutdown_grace_s`` of grace, a second cuts the grace, a third cancels.
 """
 
 from __future__ import annotations
@@ -29,8 +25,7 @@ class BatchInterrupted(NightdeskError):
 
 async def _stop_on_signals(work: Coroutine[Any, Any, T], halt: Halt | None,
                            grace_s: float) -> T:
-    # The work runs in this task, not one of its own: cancelling this task cancels it, and
-    # nothing is left running when this returns.
+    # In this task, not one of its own: nothing is left running when this returns.
     main = asyncio.current_task()
     assert main is not None
     loop = asyncio.get_running_loop()
@@ -56,10 +51,8 @@ async def _stop_on_signals(work: Coroutine[Any, Any, T], halt: Halt | None,
 
 def run_batch(work: Coroutine[Any, Any, T], halt: Halt | None = None,
               grace_s: float = 0.0) -> T:
-    """Run ``work`` to the end; SIGTERM/SIGINT stop it through ``halt`` (see the module doc).
-
-    Without a ``halt`` a signal cancels ``work`` at once and BatchInterrupted is raised.
-    """
+    """Run ``work`` to the end; SIGTERM/SIGINT stop it through ``halt``, or without one
+    cancel it at once and raise BatchInterrupted."""
     try:
         return asyncio.run(_stop_on_signals(work, halt, grace_s))
     except (asyncio.CancelledError, KeyboardInterrupt):

@@ -1,4 +1,4 @@
-"""Write a batch's lifecycle to the database: the batch row, ticker runs and decisions."""
+"""Write a batch's lifecycle to the database: the batch row, ticker runs, decisions, node texts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 from sqlalchemy import Engine, func, insert, select, update
 
 from agents.decision import contradicts
-from app.db.models import Batch, Decision, LLMCall, TickerRun
+from agents.graph import TickerResult
+from app.db.models import Batch, Decision, LLMCall, NodeText, TickerRun
 from app.db.retry import retried
 from app.usage import insert_ignoring_duplicates
 
@@ -81,6 +82,20 @@ def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[
         # acknowledgement (a database restart) must not count a ticker twice.
         conn.execute(update(Batch).where(Batch.id == batch_id)
                      .values(heartbeat_at=now(), **_ticker_counts(batch_id)))
+
+
+@retried
+def record_outputs(engine: Engine, batch_id: int, results: list[TickerResult]) -> None:
+    """Store every node's text of a ticker's samples, numbered in the graph's order
+    (``node_outputs``); a repeated store (a resume) adds nothing."""
+    at = now()
+    rows = [{"batch_id": batch_id, "ticker": result.ticker, "sample": result.sample,
+             "node": node, "position": position, "text": out.text,
+             "prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
+             "finish_reason": out.finish_reason, "attempts": out.attempts, "created_at": at}
+            for result in results
+            for position, (node, out) in enumerate(result.outputs.items())]
+    insert_ignoring_duplicates(engine, NodeText.__table__, rows)  # type: ignore[arg-type]
 
 
 @retried

@@ -1,4 +1,5 @@
-"""Describe a workload as per-ticker request graphs, from a recorded batch, and play it back."""
+"""Describe a workload as per-ticker request graphs, from a recorded batch, and play it back
+(``nightdesk replay``, the bench)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
+from app.batch.store import DecisionRow
+from app.config import Settings
 from app.db.models import Batch, LLMCall, LLMRequest
 from app.errors import InputError, LLMError
 from app.traffic.client import TickerClient
@@ -46,14 +50,10 @@ class _Timing:
 
 def recorded_workload(engine: Engine, batch_id: int, *, match_output: bool = True
                       ) -> tuple[Batch, Workload]:
-    """Rebuild a batch's requests with their order.
-
-    A request depends on every request of its ticker and sample that had ended before it
-    started, which is exactly the order the graph imposed. Each recorded body is one
-    request with the attempts of its call; a node asked again (a decision that failed
-    validation) has one per body, in the order they started. With ``match_output`` each
-    free-text request asks for the number of tokens it produced then (``ignore_eos``), so
-    two replay arms decode the same amount and differ only by how fast they serve it.
+    """Rebuild a batch's requests with their order: a request depends on every request of
+    its ticker and sample that ended before it started. A node asked again has one item
+    per recorded body. ``match_output``: each free-text request decodes as many tokens as
+    it did then (``ignore_eos``), so two replay arms differ only in how fast they serve.
     """
     with engine.connect() as conn:
         batch_row = conn.execute(select(Batch.__table__).where(Batch.id == batch_id)).first()
@@ -115,10 +115,8 @@ def shape(items: list[WorkItem]) -> tuple[int, int]:
 
 async def play(items: list[WorkItem], gated: TickerClient, batch_id: int, *,
                ignore_deps: bool = False) -> list[Any]:
-    """Send a ticker's requests, each after its dependencies finished; raise the first failure.
-
-    A failed request still releases its dependants: replayed prompts are frozen, so a
-    later node does not need an earlier node's new answer, only its place in the order.
+    """Send a ticker's requests, each after its dependencies finished; raise the first
+    failure. A failed request still releases its dependants (replayed prompts are frozen).
     """
     done = {(i.sample, i.name): asyncio.Event() for i in items}
     errors: list[LLMError] = []
@@ -138,3 +136,30 @@ async def play(items: list[WorkItem], gated: TickerClient, batch_id: int, *,
     if errors:
         raise errors[0]
     return []
+
+
+async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
+                       label: str | None = None, strategy: str = "adaptive",
+                       match_output: bool = True, sample_metrics: bool = True,
+                       server_facts: dict[str, object] | None = None,
+                       **engine_kwargs: object) -> BatchOutcome:
+    """Send every recorded request of ``batch_id`` again, in each ticker's original order,
+    as a batch of kind ``replay``."""
+    source, workload = recorded_workload(engine, batch_id, match_output=match_output)
+    for items in workload.values():
+        for item in items:
+            item.body["model"] = settings.llm_model  # the arm's server may name it otherwise
+
+    async def work(ticker: str, gated: TickerClient, replay_id: int) -> list[DecisionRow]:
+        return await play(workload[ticker], gated, replay_id)
+
+    weights = {t: float(sum(i.body.get("max_tokens", 0) for i in items))
+               for t, items in workload.items()}
+    samples = int((source.settings or {}).get("samples", 1))
+    plan = BatchPlan("replay", source.as_of, sorted(workload), samples, strategy,
+                     label or f"replay of {batch_id}", source_batch_id=batch_id)
+    runner = BatchEngine(settings, engine, sample_metrics=sample_metrics,
+                         server_facts=server_facts, **engine_kwargs)  # type: ignore[arg-type]
+    return await runner.run(plan, TickerWork(
+        work, weights=weights, shapes={t: shape(items) for t, items in workload.items()},
+        expected_calls=sum(len(items) for items in workload.values())))

@@ -359,7 +359,7 @@ def replay(
                               "the recorded output lengths")] = False,
 ) -> None:
     """Replay a batch's recorded requests against a server, as a batch of kind replay."""
-    from app.batch.replay import replay_batch
+    from app.batch.workload import replay_batch
 
     settings = setup()
     if base_url is not None:

@@ -18,9 +18,9 @@ from sqlalchemy import Engine, func, select
 
 from agents.data.demo import DEMO_AS_OF, write_demo
 from app.batch import store
-from app.batch.lock import nightly_lock
 from app.config import load_settings
 from app.db.engine import get_engine, upgrade
+from app.db.lock import nightly_lock
 from app.db.models import Batch, LLMCall
 from tests.integration.conftest import private_database
 from tests.unit.test_daemon import NIGHT, Recorder, daemon_for, local, running, tick

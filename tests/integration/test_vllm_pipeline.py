@@ -16,7 +16,7 @@ from agents.data.snapshot import SnapshotProvider
 from agents.decision import Decision
 from app.batch import store
 from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.replay import replay_batch
+from app.batch.workload import replay_batch
 from app.cli.report import compare_table
 from app.config import Settings, load_settings
 from app.db.engine import get_engine, upgrade

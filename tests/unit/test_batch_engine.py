@@ -141,7 +141,7 @@ def test_cli_run_then_ranking_json(monkeypatch: pytest.MonkeyPatch, demo_dir: Pa
 
 
 async def test_replay_keeps_calls_prompts_and_order(sqlite_engine: Engine, demo_dir: Path) -> None:
-    from app.batch.replay import replay_batch
+    from app.batch.workload import replay_batch
     from app.report import compare_arm
 
     tickers = demo_tickers(2)

@@ -22,10 +22,10 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.graph import node_names
 from app.batch import store
 from app.batch.engine import BatchEngine
-from app.batch.lock import lock_file_path, nightly_lock
 from app.batch.nightly import NightlyRequest, run_nightly
 from app.cli import app as cli
 from app.config import Settings, load_settings
+from app.db.lock import lock_file_path, nightly_lock
 from app.db.models import Batch, LLMCall
 from app.errors import AlreadyRunningError
 from tests.fakevllm import ChatRequest, FakeServer, Reply, Script
@@ -103,7 +103,7 @@ def hold_in_subprocess(url: str) -> subprocess.Popen[str]:
     """Start another process that takes the lock and keeps it; return once it holds it."""
     code = ("import sys, time\n"
             "from app.db.engine import make_engine\n"
-            "from app.batch.lock import nightly_lock\n"
+            "from app.db.lock import nightly_lock\n"
             f"with nightly_lock(make_engine({url!r})):\n"
             "    print('held', flush=True)\n"
             "    time.sleep(120)\n")

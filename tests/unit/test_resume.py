@@ -20,11 +20,11 @@ from agents.graph import node_names
 from app.batch import store
 from app.batch.checkpoints import checkpoint_path
 from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.lock import nightly_lock
 from app.batch.nightly import resume_recorded
 from app.batch.resume import find_resumable, mark_stale_crashed
 from app.cli import app as cli
 from app.config import load_settings
+from app.db.lock import nightly_lock
 from app.db.models import Batch, Decision, LLMCall, TickerRun
 from app.errors import AlreadyRunningError, InputError
 from app.traffic.halt import HaltReason

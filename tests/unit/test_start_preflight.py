@@ -61,7 +61,7 @@ def serve(monkeypatch: pytest.MonkeyPatch, max_model_len: int) -> FakeServer:
     """Answer /v1/models and /tokenize from a fake with ``max_model_len``; return it."""
     server = FakeServer(model=MODEL, max_model_len=max_model_len)
     monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: server.sync_client())
-    monkeypatch.setattr("app.batch.contextfit.http_client", server.client)
+    monkeypatch.setattr("app.batch.preflight.http_client", server.client)
     return server
 
 
@@ -192,14 +192,14 @@ def test_a_server_with_room_or_none_to_ask_is_not_refused(
     assert server.tokenize_calls == 1  # the rest fit by their bytes alone
     # A server that does not answer is the outage watch's at night (the endpoint check
     # refuses it on the command line): the context check does not.
-    monkeypatch.setattr("app.batch.contextfit.http_client",
+    monkeypatch.setattr("app.batch.preflight.http_client",
                         lambda: httpx.AsyncClient(timeout=2))
     check_context(load_settings(llm_model=MODEL,
                                 llm_base_url=f"http://127.0.0.1:{closed_port()}/v1"),
                   sqlite_engine, DEMO_AS_OF, tickers)
     # No /tokenize (another server): nothing to count with, nothing refused.
     no_count = FakeServer(model=MODEL, max_model_len=1024, tokenize=False)
-    monkeypatch.setattr("app.batch.contextfit.http_client", no_count.client)
+    monkeypatch.setattr("app.batch.preflight.http_client", no_count.client)
     check_context(load_settings(llm_model=MODEL), sqlite_engine, DEMO_AS_OF, tickers)
 
 

@@ -1,20 +1,10 @@
 """Hold the single-instance locks: one nightly run, and one scheduler daemon, per database.
 
-PostgreSQL: a session-level advisory lock (``pg_try_advisory_lock``) on a connection of its
-own. SQLite: an exclusive ``flock`` on a file beside the database file. Either way the
-operating system or the server lets go when the holder dies, so a crashed run never leaves a
-stale lock behind. Reruns do not take this lock.
-
-A PostgreSQL restart (or an administrator ending the lock's backend) also lets go, while the
-run lives on. So the holder proves its lock at every heartbeat: the beat is written on the
-lock's own connection, and when that connection is gone the lock is taken again on a new one.
-A run that cannot prove its lock for longer than another start would wait before taking its
-batch for dead stops itself (``LockHold.unproven_s``). A start that finds a nightly batch
-``running`` while the lock is free asks ``holder_gone`` before taking it for dead.
-
-The scheduler daemon holds a lock of its own (``scheduler_lock``, another advisory key or
-file) for its whole life, so a second ``nightdesk scheduler`` on the same database is refused
-at its start (exit 4), not only when a night fires; it proves it at every daemon heartbeat.
+PostgreSQL: a session-level advisory lock on a connection of its own; SQLite: a ``flock`` on
+a file beside the database. Either is let go when its holder dies. A PostgreSQL restart
+also lets go while the run lives on, so the holder proves its lock at every heartbeat and
+takes it again (docs/reliability.md); a start that finds a nightly batch ``running`` while
+the lock is free asks ``holder_gone`` before taking it for dead.
 """
 
 from __future__ import annotations
