@@ -17,11 +17,11 @@ from __future__ import annotations
 import re
 import statistics
 from collections import defaultdict
-from dataclasses import asdict, field
+from dataclasses import field
 from datetime import date
 from typing import Any
 
-from pydantic import BaseModel, computed_field, field_serializer
+from pydantic import computed_field, field_serializer
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, select
 
@@ -101,22 +101,11 @@ class NightChanges:
         return {t.ticker: t for t in self.tickers}
 
 
-class RankedRow(BaseModel):
+class RankedRow(RankRow):
     """One ranking row beside its previous night: the rows of ``/api/ranking`` and of
     ``nightdesk ranking --format json`` (the previous columns None without a night before).
     The first fields are ``app.ranking.RankRow``'s, in its order."""
 
-    rank: int | None
-    ticker: str
-    rating: str | None
-    score: float | None
-    confidence: float | None
-    summary: str
-    batch_id: int
-    samples: int
-    spread: float | None
-    status: str
-    contradicting: int
     previous_rank: int | None
     previous_rating: str | None
     previous_score: float | None
@@ -127,7 +116,7 @@ class RankedRow(BaseModel):
 def ranked_row(row: RankRow, change: TickerChange | None) -> RankedRow:
     """Return one ranking row beside its previous night (see ``RankedRow``)."""
     return RankedRow(
-        **asdict(row),
+        **row.model_dump(),
         previous_rank=None if change is None else change.previous_rank,
         previous_rating=None if change is None else change.previous_rating,
         previous_score=None if change is None else change.previous_score,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
 
+from pydantic import BaseModel
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
@@ -17,8 +17,12 @@ from app.quality.grades import Grade, consensus
 RATING_ORDER = ("Buy", "Overweight", "Hold", "Underweight", "Sell")
 
 
-@dataclass
-class RankRow:
+class RankRow(BaseModel):
+    """One ticker of a ranked night. The one definition of a ranking row's fields: the rows
+    ``app.changes.RankedRow`` and ``app.web.views.HistoryPoint`` serve extend it, so a field
+    added here appears in their JSON too, in this order. No field has a default, so the API
+    schema keeps listing every one as required."""
+
     rank: int | None
     ticker: str
     rating: str | None
@@ -29,7 +33,7 @@ class RankRow:
     samples: int
     spread: float | None  # max − min score over samples: how much the samples disagree
     status: str
-    contradicting: int = 0  # samples whose own rating contradicts their own score
+    contradicting: int  # samples whose own rating contradicts their own score
 
 
 def _newest_finished(session: Session, before: Batch | None = None) -> Batch | None:
@@ -76,8 +80,9 @@ def previous_night(engine: Engine, batch_id: int) -> int | None:
 def _aggregate(ticker: str, batch_id: int, decisions: list[Decision], status: str,
                error: str | None) -> RankRow:
     if not decisions:
-        return RankRow(None, ticker, None, None, None, error or "no decision", batch_id, 0,
-                       None, status)
+        return RankRow(rank=None, ticker=ticker, rating=None, score=None, confidence=None,
+                       summary=error or "no decision", batch_id=batch_id, samples=0,
+                       spread=None, status=status, contradicting=0)
     scores = [d.score for d in decisions]
     # One sample: the model's own rating; several: the band of the mean (app.quality.grades).
     rating, mean = consensus([Grade(d.sample, d.rating, d.score, False) for d in decisions])

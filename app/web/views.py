@@ -8,7 +8,6 @@ pages, the API and ``nightdesk ranking``/``report`` agree.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,7 +25,7 @@ from app.db.models import FINISHED_STATUSES, Batch, Decision, LLMCall, NodeText,
 from app.errors import InputError
 from app.night import NightStatus, Progress
 from app.quality.monitor import warnings_for
-from app.ranking import RATING_ORDER, ranking
+from app.ranking import RATING_ORDER, RankRow, ranking
 from app.report import Arm, BatchReport, batch_report, compare_arm
 from app.serverview import ServerView, server_view
 from app.timeline import Interval, batch_timeline
@@ -109,23 +108,17 @@ class RunSample(BaseModel):
     decision: SampleDecision | None
 
 
-class HistoryPoint(BaseModel):
-    """The ticker's ranking row on one past night (the fields after the first two are
-    ``app.ranking.RankRow``'s, in its order)."""
+class _NightOf(BaseModel):
+    """Which past night a history point is of."""
 
     as_of: IsoDate
     nightly_batch_id: int
-    rank: int | None
-    ticker: str
-    rating: str | None
-    score: float | None
-    confidence: float | None
-    summary: str
-    batch_id: int
-    samples: int
-    spread: float | None
-    status: str
-    contradicting: int
+
+
+# pydantic orders the fields of bases in reverse MRO: _NightOf's come first, then RankRow's.
+class HistoryPoint(RankRow, _NightOf):
+    """The ticker's ranking row on one past night (the fields after the first two are
+    ``app.ranking.RankRow``'s, in its order)."""
 
 
 class Tonight(BaseModel):
@@ -343,7 +336,7 @@ def history_view(engine: Engine, ticker: str, nights: int = HISTORY_NIGHTS
         nightly, rows = ranking(engine, batch_id)
         row = next(r for r in rows if r.ticker == ticker)
         points.append(HistoryPoint(as_of=nightly.as_of, nightly_batch_id=batch_id,
-                                   **asdict(row)))
+                                   **row.model_dump()))
     return points
 
 
