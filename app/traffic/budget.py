@@ -35,8 +35,6 @@ class BudgetGauges(Protocol):
 
     kv_cache_usage: float
     waiting: float
-    preemptions_total: float
-    generation_tokens_total: float
 
 
 @dataclass(frozen=True)
@@ -94,8 +92,6 @@ class TokenBudget:
     _outputs: dict[str, list[int]] = field(init=False, default_factory=lambda: defaultdict(list))
     _bytes_seen: int = field(init=False, default=0)
     _tokens_seen: int = field(init=False, default=0)
-    _preemptions: float | None = field(init=False, default=None)
-    _generated: float | None = field(init=False, default=None)
     _waiting: float | None = field(init=False, default=None)
     _window_peak: int = field(init=False, default=0)  # most reserved since the last reading
     _out: int = field(init=False, default=0)  # outstanding requests' expected output
@@ -271,20 +267,14 @@ class TokenBudget:
         if block_size:
             self.block_size = block_size
 
-    def observe(self, gauges: BudgetGauges, *, restarted: bool = False) -> int | None:
-        """Correct the budget from one reading (``restarted``: a new server's); return the limit."""
-        new_preemptions = (0.0 if self._preemptions is None or restarted
-                           else gauges.preemptions_total - self._preemptions)
-        if self._generated is not None and not restarted:
-            # Capped at their expected outputs: other clients' and retried attempts' tokens
-            # are in the counter too, and are never learned back.
-            self._generated_out = min(
-                float(self._out),
-                self._generated_out + gauges.generation_tokens_total - self._generated)
-        elif restarted:
-            self._generated_out = 0.0
-        self._preemptions = gauges.preemptions_total
-        self._generated = gauges.generation_tokens_total
+    def observe(self, gauges: BudgetGauges, *, preempted: float = 0.0, generated: float = 0.0,
+                restarted: bool = False) -> int | None:
+        """Correct the budget from one reading with ``preempted`` preemptions and ``generated``
+        tokens since the last (``restarted``: a new server's); return the limit."""
+        # Capped at their expected outputs: other clients' and retried attempts' tokens are in
+        # the counter too, and are never learned back.
+        self._generated_out = 0.0 if restarted else min(float(self._out),
+                                                        self._generated_out + generated)
         waiting_grew = self._waiting is not None and gauges.waiting > self._waiting
         self._waiting = gauges.waiting
         refused, self._refused = self._refused, False
@@ -295,11 +285,11 @@ class TokenBudget:
             self.factor, self.correction = self.overbook, 1.0
             self._streak = self._calm_left = 0
             self._note("server restarted")
-        elif new_preemptions > 0:
+        elif preempted > 0:
             self.factor *= self.backoff
             self._streak, self._calm_left = 0, self.calm
             self.cuts += 1
-            self._note(f"{new_preemptions:.0f} preemptions")
+            self._note(f"{preempted:.0f} preemptions")
         # Requests released since the reading were still in it: compare with the window's peak.
         reserved = max(self.reserved, self._window_peak)
         self._window_peak = self.reserved
@@ -314,7 +304,7 @@ class TokenBudget:
             else:
                 # The estimates learned since are better: ease back a quarter per reading.
                 self.correction += 0.25 * (1.0 - self.correction)
-            if not new_preemptions:
+            if not preempted:
                 self._steer(gauges, at_reading, refused=refused,
                             held_back=bool(calm) or waiting_grew)
         return self.limit

@@ -89,20 +89,26 @@ class Limits:
     def observe(self, snapshot: Any, gate: Gate, tickets: Iterable[Ticket],
                 capacity: int | None, block_size: int | None) -> None:
         """Move the request limit and the token budget with one new reading."""
-        totals = (snapshot.preemptions_total, snapshot.generation_tokens_total)
-        restarted = self._totals is not None and (
-            totals[0] < self._totals[0] or totals[1] < self._totals[1])
+        # The one baseline of the server's counters: what is new since the last reading. The
+        # first reading is only the baseline; counters gone back are a restarted server's.
+        totals, last = (snapshot.preemptions_total, snapshot.generation_tokens_total), self._totals
         self._totals = totals
+        restarted = last is not None and (totals[0] < last[0] or totals[1] < last[1])
+        preempted = generated = 0.0
         if restarted:
             log.info("server restarted: its limits start over", endpoint=self.name)
+        elif last is not None:
+            preempted, generated = totals[0] - last[0], totals[1] - last[1]
         self._budget_capacity(capacity, block_size)
         before = gate.limit
-        gate.set_limit(self.policy.observe(snapshot, gate.outstanding, restarted=restarted))
+        gate.set_limit(self.policy.observe(snapshot, gate.outstanding, preempted=preempted,
+                                           restarted=restarted))
         if gate.limit != before:
             log.debug("admission limit", limit=gate.limit, reason=self.policy.reason,
                       endpoint=self.name)
         if self.budget is not None:
-            tokens = self.budget.observe(snapshot, restarted=restarted)
+            tokens = self.budget.observe(snapshot, preempted=preempted, generated=generated,
+                                         restarted=restarted)
             self.footprint.sample(gate, tickets)
             gate.grant()
             log.debug("token budget", tokens=tokens, reserved=self.budget.reserved,

@@ -101,18 +101,17 @@ def test_the_output_reserved_becomes_a_high_quantile_of_what_the_node_produced()
 def test_preemptions_shrink_the_budget_and_a_restart_starts_it_over() -> None:
     budget = TokenBudget(capacity=49_152, fill=0.95, backoff=0.8)
     full = 49_152 * 0.95
-    assert budget.observe(G(preemptions_total=3, generation_tokens_total=10)) == int(full)
-    assert budget.observe(G(preemptions_total=5, generation_tokens_total=20)) == int(full * 0.8)
+    # Preemptions and tokens since the last reading, as limits.py counts them.
+    assert budget.observe(G()) == int(full)
+    assert budget.observe(G(), preempted=2, generated=10) == int(full * 0.8)
     assert budget.reason == "2 preemptions"
-    assert budget.observe(G(preemptions_total=5, generation_tokens_total=30)) == int(full * 0.8)
-    assert budget.observe(G(preemptions_total=6, generation_tokens_total=40)) == int(
-        full * 0.8 * 0.8)
+    assert budget.observe(G(), generated=10) == int(full * 0.8)
+    assert budget.observe(G(), preempted=1, generated=10) == int(full * 0.8 * 0.8)
     # Counters reset: the server restarted. The corrections start over...
-    assert budget.observe(G(preemptions_total=0, generation_tokens_total=5),
-                          restarted=True) == int(full)
+    assert budget.observe(G(), restarted=True) == int(full)
     assert budget.reason == "server restarted"
-    # ...and the next preemption counts from the new baseline (1 new, not 1 - 6).
-    assert budget.observe(G(preemptions_total=1, generation_tokens_total=9)) == int(full * 0.8)
+    # ...and the next preemption counts again.
+    assert budget.observe(G(), preempted=1, generated=4) == int(full * 0.8)
 
 
 def test_kv_usage_above_the_estimate_scales_the_budget_down_then_eases_back() -> None:
