@@ -174,10 +174,6 @@ class TokenBudget:
         settled = bool(self._tokens_seen) and len(self._outputs.get(node, [])) >= self.min_samples
         return Claim(tokens, output, settled)
 
-    def cost(self, node: str, body: dict[str, Any]) -> int:
-        """Return the tokens a request can come to in the cache, in whole blocks."""
-        return self.claim(node, body).tokens
-
     def fits(self, cost: int) -> bool:
         """Return True when a started ticker's request of ``cost`` tokens fits now.
 

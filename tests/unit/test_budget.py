@@ -41,7 +41,7 @@ def test_a_request_reserves_its_prompt_and_its_whole_max_output_in_blocks() -> N
     budget = TokenBudget(capacity=10_000, block_size=16, tokens_per_byte=0.5)
     # 1,000 bytes at 0.5 tokens/byte, 8 template tokens per message + 8 for the reply,
     # 300 output tokens: 500 + 24 + 300 = 824, rounded up to 52 blocks of 16.
-    assert budget.cost("bull", body(1000, 300)) == 832 == blocks(500 + 24 + 300)
+    assert budget.claim("bull", body(1000, 300)).tokens == 832 == blocks(500 + 24 + 300)
 
 
 def test_long_outputs_cannot_overflow_the_cache_once_admitted() -> None:
@@ -58,7 +58,7 @@ def test_long_outputs_cannot_overflow_the_cache_once_admitted() -> None:
         release = asyncio.Event()
 
         async def one(i: int) -> None:
-            c = budget.cost("analyst", body(400, 600))
+            c = budget.claim("analyst", body(400, 600)).tokens
             async with gate.slot(Ticket(i, requests=1), c):
                 admitted.append(i)
                 await release.wait()
@@ -94,7 +94,7 @@ def test_the_output_reserved_becomes_a_high_quantile_of_what_the_node_produced()
     assert budget.expected_output("other_node", 700) == 700  # per node kind
     # Prompts: 100 tokens per 400 bytes seen, plus a 5% margin.
     assert budget.ratio() == 1.05 * 100 / 400
-    assert budget.cost("trader", body(800, 1000)) == blocks(
+    assert budget.claim("trader", body(800, 1000)).tokens == blocks(
         math.ceil(800 * 1.05 * 100 / 400) + 24 + q95)
 
 
@@ -355,11 +355,11 @@ async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default
         budget = endpoint.limits.budget
         assert budget is not None
         assert budget.ratio() == budget.tokens_per_byte == 0.5  # nothing counted yet
-        default = budget.cost("market", prompt)
+        default = budget.claim("market", prompt).tokens
         await llm.check({"model": settings.llm_model, **prompt})
         assert fake.tokenize_calls == 1
         assert budget.ratio() == pytest.approx(1.05 * 1_000 / 4_000)
-        counted = budget.cost("market", prompt)
+        counted = budget.claim("market", prompt).tokens
         assert counted == blocks(math.ceil(4_000 * 1.05 * 0.25) + 24 + 300) < default
         # A finished request's own prompt count takes over from /tokenize's.
         budget.learn("market", prompt, prompt_tokens=800, completion_tokens=300)
