@@ -35,7 +35,7 @@ class AdmissionPolicy:
     _ran_most: float = field(init=False, default=0.0)  # the most seen running at once
 
     def __post_init__(self) -> None:
-        self.limit = float(min(max(self.initial, self.minimum), self.maximum))
+        self.limit = float(self.fallback_limit)
 
     @property
     def allowed(self) -> int:

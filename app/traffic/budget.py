@@ -51,11 +51,6 @@ def prompt_bytes(body: dict[str, Any]) -> int:
     return message_bytes(body.get("messages", []))
 
 
-def as_claim(cost: int | Claim) -> Claim:
-    """Return a claim for a bare token count (its output unknown, counted as settled)."""
-    return cost if isinstance(cost, Claim) else Claim(cost)
-
-
 @dataclass
 class TokenBudget:
     """Tokens reserved for outstanding requests (and holds) against the server's KV cache."""
@@ -188,23 +183,19 @@ class TokenBudget:
         self._refused = True
         return False
 
-    def room_for_new(self) -> bool:
-        """Return True when a new ticker may start: a typical request fits beside the holds."""
-        if self.new_fits():
-            return True
-        self._refused = True
-        return False
+    def room_for_new(self, *, refusal: bool = True) -> bool:
+        """Return True when a new ticker may start: a typical request fits beside the holds.
 
-    def new_fits(self) -> bool:
-        """Return what ``room_for_new`` would, without counting a refusal (for reports)."""
+        A no counts as a refusal (which lets the factor rise) unless ``refusal`` is False.
+        """
         limit = self.limit
-        if limit is None or (self.reserved == 0 and self.held == 0):
-            return True
-        return self.reserved + self.held + self.typical_cost <= limit
+        fits = limit is None or (self.reserved == 0 and self.held == 0) or (
+            self.reserved + self.held + self.typical_cost <= limit)
+        self._refused |= refusal and not fits
+        return fits
 
-    def take(self, cost: int | Claim, held: int = 0) -> None:
+    def take(self, claim: Claim, held: int = 0) -> None:
         """Reserve a request's tokens, releasing its ticker's hold of ``held``."""
-        claim = as_claim(cost)
         self.held -= held
         self.reserved += claim.tokens
         self._out += claim.output
@@ -214,9 +205,8 @@ class TokenBudget:
         self.requests_admitted += 1
         self._remember()
 
-    def give_back(self, cost: int | Claim, hold: bool) -> int:
+    def give_back(self, claim: Claim, hold: bool) -> int:
         """Release a finished request, kept as its ticker's hold when ``hold``; return the hold."""
-        claim = as_claim(cost)
         self.reserved -= claim.tokens
         self._out -= claim.output
         self._unsettled -= not claim.settled
