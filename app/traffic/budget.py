@@ -98,9 +98,8 @@ class TokenBudget:
     _refused: bool = field(init=False, default=False)  # held a request back since the reading
     _streak: int = field(init=False, default=0)
     _calm_left: int = field(init=False, default=0)
-    _head: list[list[Any]] = field(init=False, default_factory=list)
-    _tail: deque[list[Any]] = field(init=False,
-                                    default_factory=lambda: deque(maxlen=TRAJECTORY_ENDS))
+    # [reading, factor, correction, reason] at each change: the first and the last ones.
+    _trajectory: list[list[Any]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if not 0 < self.overbook <= self.overbook_max:
@@ -110,7 +109,7 @@ class TokenBudget:
             raise ValueError("budget_backoff must be in (0, 1), high_cut in (0, 1], "
                              "overbook_step at least 0")
         self.factor = self.peak_factor = self.overbook
-        self._head.append([0, round(self.factor, 4), 1.0, "start"])
+        self._trajectory.append([0, round(self.factor, 4), 1.0, "start"])
 
     @property
     def limit(self) -> int | None:
@@ -227,8 +226,7 @@ class TokenBudget:
             "kv_high": self.kv_high, "readings": self.readings,
             "footprint_per_reserved_token": (None if self.footprint_share is None
                                              else round(self.footprint_share, 4)),
-            # [reading, factor, correction, reason] at each change: the first and last ones.
-            "trajectory": [*self._head, *self._tail],
+            "trajectory": list(self._trajectory),
             "mean_request_tokens": self.typical_cost, "requests": self.requests_admitted,
             "expected_output": {node: self.expected_output(node, max(seen))
                                 for node, seen in sorted(self._outputs.items())},
@@ -368,8 +366,7 @@ class TokenBudget:
         """Record a change of factor or correction: the reason, the peak, the trajectory."""
         self.reason = reason
         self.peak_factor = max(self.peak_factor, self.factor)
-        entry = [self.readings, round(self.factor, 4), round(self.correction, 4), reason]
-        if len(self._head) < TRAJECTORY_ENDS:
-            self._head.append(entry)
-        else:
-            self._tail.append(entry)
+        self._trajectory.append(
+            [self.readings, round(self.factor, 4), round(self.correction, 4), reason])
+        if len(self._trajectory) > 2 * TRAJECTORY_ENDS:
+            del self._trajectory[TRAJECTORY_ENDS]  # the oldest of the last ones

@@ -29,7 +29,7 @@ class Limits:
         self.name = name  # the server's, for the log
         self.policy = strategy.admission_policy(maximum)
         # The budget needs the gauges: without readings it could never learn the capacity.
-        self.gauged = gauged
+        self._adaptive = gauged and strategy.adaptive
         self.budget = strategy.token_budget() if gauged else None
         if self.budget is not None:
             # One high-water mark: once the budget owns the KV cache it is the budget's.
@@ -60,11 +60,10 @@ class Limits:
              capacity: int | None, block_size: int | None) -> None:
         """Take one reading (None: it failed): count it and, adaptive with gauges, move the
         limits (readings taken only when a call asked leave them put)."""
-        adaptive = self.gauged and self.strategy.adaptive
         if snapshot is None:
             self.failed += 1
             self.missed += 1
-            if adaptive and self.blind_since is None:
+            if self._adaptive and self.blind_since is None:
                 self._go_blind(now, gate)
             return
         self.failed = 0
@@ -73,8 +72,8 @@ class Limits:
             self.blind_since = None
             log.info("the server's /metrics can be read again: adaptive admission resumes",
                      endpoint=self.name)
-        if adaptive:
-            self.observe(snapshot, gate, tickets, capacity, block_size)
+        if self._adaptive:
+            self._observe(snapshot, gate, tickets, capacity, block_size)
 
     def _go_blind(self, now: float, gate: Gate) -> None:
         """Hold the limit at its start until readings return: blind, it must not grow."""
@@ -86,7 +85,7 @@ class Limits:
                         "to its starting limit and pauses while the server looks down",
                         limit=gate.limit, endpoint=self.name)
 
-    def observe(self, snapshot: Any, gate: Gate, tickets: Iterable[Ticket],
+    def _observe(self, snapshot: Any, gate: Gate, tickets: Iterable[Ticket],
                 capacity: int | None, block_size: int | None) -> None:
         """Move the request limit and the token budget with one new reading."""
         # The one baseline of the server's counters: what is new since the last reading. The
