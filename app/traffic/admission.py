@@ -15,7 +15,6 @@ class Gauges(Protocol):
     running: float
     waiting: float
     kv_cache_usage: float
-    preemptions_total: float
 
 
 @dataclass
@@ -31,13 +30,12 @@ class AdmissionPolicy:
     backoff: float = 0.7
     limit: float = field(init=False)
     reason: str = field(init=False, default="start")
-    _preemptions: float | None = field(init=False, default=None)
     _saturated_once: bool = field(init=False, default=False)
     _held: float | None = field(init=False, default=None)  # the limit a blind spell set aside
     _ran_most: float = field(init=False, default=0.0)  # the most seen running at once
 
     def __post_init__(self) -> None:
-        self.limit = float(min(max(self.initial, self.minimum), self.maximum))
+        self.limit = float(self.fallback_limit)
 
     @property
     def allowed(self) -> int:
@@ -57,13 +55,10 @@ class AdmissionPolicy:
         """Return the limit used without gauges: the starting one."""
         return min(max(self.initial, self.minimum), self.maximum)
 
-    def observe(self, gauges: Gauges, outstanding: int, *, restarted: bool = False) -> int:
-        """Update the limit from one reading (``restarted``: a new server's); return ``allowed``."""
-        new_preemptions = (
-            0.0 if self._preemptions is None or restarted
-            else gauges.preemptions_total - self._preemptions
-        )
-        self._preemptions = gauges.preemptions_total
+    def observe(self, gauges: Gauges, outstanding: int, *, preempted: float = 0.0,
+                restarted: bool = False) -> int:
+        """Update the limit from one reading with ``preempted`` preemptions since the last
+        (``restarted``: a new server's); return ``allowed``."""
         held, self._held = self._held, None
         if held is not None and not restarted:
             self.limit = max(self.limit, held)
@@ -74,10 +69,10 @@ class AdmissionPolicy:
             self.limit = float(self.initial)
             self._saturated_once = False
             self.reason = "server restarted"
-        elif new_preemptions > 0:
+        elif preempted > 0:
             self._saturated_once = True
             self.limit = self.limit * self.backoff
-            self.reason = f"{new_preemptions:.0f} preemptions"
+            self.reason = f"{preempted:.0f} preemptions"
         elif gauges.kv_cache_usage >= self.kv_full:
             self.limit = min(self.limit, gauges.running) - 1
             self._saturated_once = True

@@ -35,8 +35,6 @@ class BudgetGauges(Protocol):
 
     kv_cache_usage: float
     waiting: float
-    preemptions_total: float
-    generation_tokens_total: float
 
 
 @dataclass(frozen=True)
@@ -51,11 +49,6 @@ class Claim:
 def prompt_bytes(body: dict[str, Any]) -> int:
     """Return the UTF-8 size of a chat body's message texts."""
     return message_bytes(body.get("messages", []))
-
-
-def as_claim(cost: int | Claim) -> Claim:
-    """Return a claim for a bare token count (its output unknown, counted as settled)."""
-    return cost if isinstance(cost, Claim) else Claim(cost)
 
 
 @dataclass
@@ -94,8 +87,6 @@ class TokenBudget:
     _outputs: dict[str, list[int]] = field(init=False, default_factory=lambda: defaultdict(list))
     _bytes_seen: int = field(init=False, default=0)
     _tokens_seen: int = field(init=False, default=0)
-    _preemptions: float | None = field(init=False, default=None)
-    _generated: float | None = field(init=False, default=None)
     _waiting: float | None = field(init=False, default=None)
     _window_peak: int = field(init=False, default=0)  # most reserved since the last reading
     _out: int = field(init=False, default=0)  # outstanding requests' expected output
@@ -107,9 +98,8 @@ class TokenBudget:
     _refused: bool = field(init=False, default=False)  # held a request back since the reading
     _streak: int = field(init=False, default=0)
     _calm_left: int = field(init=False, default=0)
-    _head: list[list[Any]] = field(init=False, default_factory=list)
-    _tail: deque[list[Any]] = field(init=False,
-                                    default_factory=lambda: deque(maxlen=TRAJECTORY_ENDS))
+    # [reading, factor, correction, reason] at each change: the first and the last ones.
+    _trajectory: list[list[Any]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if not 0 < self.overbook <= self.overbook_max:
@@ -119,7 +109,7 @@ class TokenBudget:
             raise ValueError("budget_backoff must be in (0, 1), high_cut in (0, 1], "
                              "overbook_step at least 0")
         self.factor = self.peak_factor = self.overbook
-        self._head.append([0, round(self.factor, 4), 1.0, "start"])
+        self._trajectory.append([0, round(self.factor, 4), 1.0, "start"])
 
     @property
     def limit(self) -> int | None:
@@ -178,10 +168,6 @@ class TokenBudget:
         settled = bool(self._tokens_seen) and len(self._outputs.get(node, [])) >= self.min_samples
         return Claim(tokens, output, settled)
 
-    def cost(self, node: str, body: dict[str, Any]) -> int:
-        """Return the tokens a request can come to in the cache, in whole blocks."""
-        return self.claim(node, body).tokens
-
     def fits(self, cost: int) -> bool:
         """Return True when a started ticker's request of ``cost`` tokens fits now.
 
@@ -196,23 +182,19 @@ class TokenBudget:
         self._refused = True
         return False
 
-    def room_for_new(self) -> bool:
-        """Return True when a new ticker may start: a typical request fits beside the holds."""
-        if self.new_fits():
-            return True
-        self._refused = True
-        return False
+    def room_for_new(self, *, refusal: bool = True) -> bool:
+        """Return True when a new ticker may start: a typical request fits beside the holds.
 
-    def new_fits(self) -> bool:
-        """Return what ``room_for_new`` would, without counting a refusal (for reports)."""
+        A no counts as a refusal (which lets the factor rise) unless ``refusal`` is False.
+        """
         limit = self.limit
-        if limit is None or (self.reserved == 0 and self.held == 0):
-            return True
-        return self.reserved + self.held + self.typical_cost <= limit
+        fits = limit is None or (self.reserved == 0 and self.held == 0) or (
+            self.reserved + self.held + self.typical_cost <= limit)
+        self._refused |= refusal and not fits
+        return fits
 
-    def take(self, cost: int | Claim, held: int = 0) -> None:
+    def take(self, claim: Claim, held: int = 0) -> None:
         """Reserve a request's tokens, releasing its ticker's hold of ``held``."""
-        claim = as_claim(cost)
         self.held -= held
         self.reserved += claim.tokens
         self._out += claim.output
@@ -222,9 +204,8 @@ class TokenBudget:
         self.requests_admitted += 1
         self._remember()
 
-    def give_back(self, cost: int | Claim, hold: bool) -> int:
+    def give_back(self, claim: Claim, hold: bool) -> int:
         """Release a finished request, kept as its ticker's hold when ``hold``; return the hold."""
-        claim = as_claim(cost)
         self.reserved -= claim.tokens
         self._out -= claim.output
         self._unsettled -= not claim.settled
@@ -245,8 +226,7 @@ class TokenBudget:
             "kv_high": self.kv_high, "readings": self.readings,
             "footprint_per_reserved_token": (None if self.footprint_share is None
                                              else round(self.footprint_share, 4)),
-            # [reading, factor, correction, reason] at each change: the first and last ones.
-            "trajectory": [*self._head, *self._tail],
+            "trajectory": list(self._trajectory),
             "mean_request_tokens": self.typical_cost, "requests": self.requests_admitted,
             "expected_output": {node: self.expected_output(node, max(seen))
                                 for node, seen in sorted(self._outputs.items())},
@@ -271,20 +251,14 @@ class TokenBudget:
         if block_size:
             self.block_size = block_size
 
-    def observe(self, gauges: BudgetGauges, *, restarted: bool = False) -> int | None:
-        """Correct the budget from one reading (``restarted``: a new server's); return the limit."""
-        new_preemptions = (0.0 if self._preemptions is None or restarted
-                           else gauges.preemptions_total - self._preemptions)
-        if self._generated is not None and not restarted:
-            # Capped at their expected outputs: other clients' and retried attempts' tokens
-            # are in the counter too, and are never learned back.
-            self._generated_out = min(
-                float(self._out),
-                self._generated_out + gauges.generation_tokens_total - self._generated)
-        elif restarted:
-            self._generated_out = 0.0
-        self._preemptions = gauges.preemptions_total
-        self._generated = gauges.generation_tokens_total
+    def observe(self, gauges: BudgetGauges, *, preempted: float = 0.0, generated: float = 0.0,
+                restarted: bool = False) -> int | None:
+        """Correct the budget from one reading with ``preempted`` preemptions and ``generated``
+        tokens since the last (``restarted``: a new server's); return the limit."""
+        # Capped at their expected outputs: other clients' and retried attempts' tokens are in
+        # the counter too, and are never learned back.
+        self._generated_out = 0.0 if restarted else min(float(self._out),
+                                                        self._generated_out + generated)
         waiting_grew = self._waiting is not None and gauges.waiting > self._waiting
         self._waiting = gauges.waiting
         refused, self._refused = self._refused, False
@@ -295,11 +269,11 @@ class TokenBudget:
             self.factor, self.correction = self.overbook, 1.0
             self._streak = self._calm_left = 0
             self._note("server restarted")
-        elif new_preemptions > 0:
+        elif preempted > 0:
             self.factor *= self.backoff
             self._streak, self._calm_left = 0, self.calm
             self.cuts += 1
-            self._note(f"{new_preemptions:.0f} preemptions")
+            self._note(f"{preempted:.0f} preemptions")
         # Requests released since the reading were still in it: compare with the window's peak.
         reserved = max(self.reserved, self._window_peak)
         self._window_peak = self.reserved
@@ -314,7 +288,7 @@ class TokenBudget:
             else:
                 # The estimates learned since are better: ease back a quarter per reading.
                 self.correction += 0.25 * (1.0 - self.correction)
-            if not new_preemptions:
+            if not preempted:
                 self._steer(gauges, at_reading, refused=refused,
                             held_back=bool(calm) or waiting_grew)
         return self.limit
@@ -392,8 +366,7 @@ class TokenBudget:
         """Record a change of factor or correction: the reason, the peak, the trajectory."""
         self.reason = reason
         self.peak_factor = max(self.peak_factor, self.factor)
-        entry = [self.readings, round(self.factor, 4), round(self.correction, 4), reason]
-        if len(self._head) < TRAJECTORY_ENDS:
-            self._head.append(entry)
-        else:
-            self._tail.append(entry)
+        self._trajectory.append(
+            [self.readings, round(self.factor, 4), round(self.correction, 4), reason])
+        if len(self._trajectory) > 2 * TRAJECTORY_ENDS:
+            del self._trajectory[TRAJECTORY_ENDS]  # the oldest of the last ones

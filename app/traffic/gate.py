@@ -13,12 +13,13 @@ from typing import Any
 from agents.chat import ChatResult
 from app.errors import LLMError
 from app.promptsize import PromptCounter
-from app.traffic.budget import Claim, TokenBudget, as_claim
+from app.traffic.budget import Claim, TokenBudget
 from app.traffic.holdback import HELD, QUEUED, REQUEST_LIMIT, TOKEN_BUDGET
 from app.traffic.ticket import Ticket
 
 # Above any batch's ticker count: an urgent ticker's priority sorts below every start order.
 URGENT_STEP = 1 << 20
+NO_TOKENS = Claim(0)  # what a request claims of no budget
 
 
 def priority(ticket: Ticket | None) -> int:
@@ -116,8 +117,7 @@ class Gate:
             return REQUEST_LIMIT
         if self.waiting:
             return QUEUED
-        if self.budget is not None and not (
-                self.budget.room_for_new() if refusal else self.budget.new_fits()):
+        if self.budget is not None and not self.budget.room_for_new(refusal=refusal):
             return TOKEN_BUDGET
         return None
 
@@ -134,7 +134,7 @@ class Gate:
         """
         budget, counter = self.budget, self._counter
         if budget is None:
-            return Claim(0)
+            return NO_TOKENS
         if (counter is not None and not self._count_asked and counter.supported
                 and not budget.ratio_known()):
             async with self._first_count:
@@ -166,11 +166,10 @@ class Gate:
 
     @asynccontextmanager
     async def slot(self, ticket: Ticket | None = None,
-                   cost: int | Claim = 0) -> AsyncIterator[None]:
-        """Hold one place (and ``cost`` tokens of the budget) for the duration of the block."""
+                   claim: Claim = NO_TOKENS) -> AsyncIterator[None]:
+        """Hold one place (and ``claim``'s tokens of the budget) for the duration of the block."""
         if self._closed is not None:
             raise self._refusal()
-        claim = as_claim(cost)
         if (not self.held and self.outstanding < self._limit and self.waiting == 0
                 and self._fits(claim)):
             self._take(claim, ticket)

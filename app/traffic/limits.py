@@ -29,7 +29,7 @@ class Limits:
         self.name = name  # the server's, for the log
         self.policy = strategy.admission_policy(maximum)
         # The budget needs the gauges: without readings it could never learn the capacity.
-        self.gauged = gauged
+        self._adaptive = gauged and strategy.adaptive
         self.budget = strategy.token_budget() if gauged else None
         if self.budget is not None:
             # One high-water mark: once the budget owns the KV cache it is the budget's.
@@ -60,11 +60,10 @@ class Limits:
              capacity: int | None, block_size: int | None) -> None:
         """Take one reading (None: it failed): count it and, adaptive with gauges, move the
         limits (readings taken only when a call asked leave them put)."""
-        adaptive = self.gauged and self.strategy.adaptive
         if snapshot is None:
             self.failed += 1
             self.missed += 1
-            if adaptive and self.blind_since is None:
+            if self._adaptive and self.blind_since is None:
                 self._go_blind(now, gate)
             return
         self.failed = 0
@@ -73,8 +72,8 @@ class Limits:
             self.blind_since = None
             log.info("the server's /metrics can be read again: adaptive admission resumes",
                      endpoint=self.name)
-        if adaptive:
-            self.observe(snapshot, gate, tickets, capacity, block_size)
+        if self._adaptive:
+            self._observe(snapshot, gate, tickets, capacity, block_size)
 
     def _go_blind(self, now: float, gate: Gate) -> None:
         """Hold the limit at its start until readings return: blind, it must not grow."""
@@ -86,23 +85,29 @@ class Limits:
                         "to its starting limit and pauses while the server looks down",
                         limit=gate.limit, endpoint=self.name)
 
-    def observe(self, snapshot: Any, gate: Gate, tickets: Iterable[Ticket],
+    def _observe(self, snapshot: Any, gate: Gate, tickets: Iterable[Ticket],
                 capacity: int | None, block_size: int | None) -> None:
         """Move the request limit and the token budget with one new reading."""
-        totals = (snapshot.preemptions_total, snapshot.generation_tokens_total)
-        restarted = self._totals is not None and (
-            totals[0] < self._totals[0] or totals[1] < self._totals[1])
+        # The one baseline of the server's counters: what is new since the last reading. The
+        # first reading is only the baseline; counters gone back are a restarted server's.
+        totals, last = (snapshot.preemptions_total, snapshot.generation_tokens_total), self._totals
         self._totals = totals
+        restarted = last is not None and (totals[0] < last[0] or totals[1] < last[1])
+        preempted = generated = 0.0
         if restarted:
             log.info("server restarted: its limits start over", endpoint=self.name)
+        elif last is not None:
+            preempted, generated = totals[0] - last[0], totals[1] - last[1]
         self._budget_capacity(capacity, block_size)
         before = gate.limit
-        gate.set_limit(self.policy.observe(snapshot, gate.outstanding, restarted=restarted))
+        gate.set_limit(self.policy.observe(snapshot, gate.outstanding, preempted=preempted,
+                                           restarted=restarted))
         if gate.limit != before:
             log.debug("admission limit", limit=gate.limit, reason=self.policy.reason,
                       endpoint=self.name)
         if self.budget is not None:
-            tokens = self.budget.observe(snapshot, restarted=restarted)
+            tokens = self.budget.observe(snapshot, preempted=preempted, generated=generated,
+                                         restarted=restarted)
             self.footprint.sample(gate, tickets)
             gate.grant()
             log.debug("token budget", tokens=tokens, reserved=self.budget.reserved,

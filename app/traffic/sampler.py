@@ -64,9 +64,8 @@ class MetricsSampler:
         self._wake = asyncio.Event()  # a read is asked for now (or the reader stops)
         self._started = self._ended = 0  # reads begun and ended
         self._read = asyncio.Event()  # replaced at the end of every read
-        # How late our own loop ran since the last row, and at worst: busy, its gauges are stale.
+        # How late our own loop ran since the last row: busy, its gauges are stale.
         self._lag = 0.0
-        self.lag_max = 0.0
 
     async def sample_once(self) -> MetricsSnapshot | None:
         """Take one reading, push it and store it; return None when it could not be read."""
@@ -149,7 +148,6 @@ class MetricsSampler:
             late = loop.time() - due
             if not self._stopping.is_set() and late > 0:
                 self._lag = max(self._lag, late)
-                self.lag_max = max(self.lag_max, late)
 
     async def start(self) -> None:
         """Begin sampling in a background task (a second call does nothing)."""
@@ -171,13 +169,6 @@ class MetricsSampler:
                 await self.sample_once()
         if self._owns_client:
             await self._client.aclose()
-
-    async def __aenter__(self) -> MetricsSampler:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
 
 def sample_row(snapshot: MetricsSnapshot, batch_id: int, endpoint: str | None = None,

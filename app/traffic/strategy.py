@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, fields
+from typing import Any, Literal, TypeVar, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError, create_model
 
 from app.errors import InputError
 from app.traffic.admission import AdmissionPolicy
@@ -14,44 +14,38 @@ from app.traffic.budget import TokenBudget
 
 # "No limit": a count no batch reaches.
 UNBOUNDED = 1_000_000
+T = TypeVar("T")
 
-POLICY_KNOBS = ("initial", "minimum", "maximum", "kv_high", "kv_full", "queue_allowance",
-                "backoff")
-# The token budget's knobs, ``budget_`` prefixed where a policy knob has the name.
-BUDGET_KNOBS = ("fill", "overbook", "overbook_max", "overbook_step", "rise_after", "calm",
-                "high_cut", "budget_backoff", "out_quantile", "min_samples")
-WHOLE_BUDGET_KNOBS = ("min_samples", "rise_after", "calm")
+
+def _knobs(cls: type, *, set_elsewhere: tuple[str, ...] = ()) -> dict[str, type]:
+    """Return a dataclass's knobs: its numeric init fields, by name, and their types."""
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)
+            if f.init and hints[f.name] in (int, float) and f.name not in set_elsewhere}
+
+
+POLICY_KNOBS = _knobs(AdmissionPolicy)
+# The token budget's, ``budget_`` prefixed where a policy knob has the name; the server gives
+# the block size, the policy the high-water mark, the server's counts the ratio.
+BUDGET_KNOBS = {("budget_" if name in POLICY_KNOBS else "") + name: name
+                for name in _knobs(TokenBudget,
+                                   set_elsewhere=("block_size", "kv_high", "tokens_per_byte"))}
 
 OnOff = Literal["on", "off"]
+_KNOB_FIELDS: dict[str, Any] = {
+    "tail": (OnOff, "on"), "budget": (OnOff, "on"),
+    "prefetch": (OnOff | None, None),  # None: on where the budget is (it counts chains)
+    # Numbers as floats, made the field's type when the policy or budget is built.
+    **{name: (float | None, None) for name in (*POLICY_KNOBS, *BUDGET_KNOBS)}}
+# What ``adaptive:knob=value,...`` may set; a knob left out keeps its default.
+Knobs = create_model("Knobs", __config__=ConfigDict(extra="forbid", frozen=True),
+                     **_KNOB_FIELDS)
 
 
-class Knobs(BaseModel):
-    """What ``adaptive:knob=value,...`` may set; a knob left out keeps its default."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    tail: OnOff = "on"
-    budget: OnOff = "on"
-    prefetch: OnOff | None = None  # None: on where the budget is (it counts chains in its tokens)
-    # The admission policy's (app/traffic/admission.py).
-    initial: float | None = None
-    minimum: float | None = None
-    maximum: float | None = None
-    kv_high: float | None = None
-    kv_full: float | None = None
-    queue_allowance: float | None = None
-    backoff: float | None = None
-    # The token budget's; ``budget_backoff`` is its ``backoff``.
-    fill: float | None = None
-    overbook: float | None = None
-    overbook_max: float | None = None
-    overbook_step: float | None = None
-    rise_after: float | None = None
-    calm: float | None = None
-    high_cut: float | None = None
-    budget_backoff: float | None = None
-    out_quantile: float | None = None
-    min_samples: float | None = None
+def _build(cls: type[T], knobs: tuple[tuple[str, float], ...], **given: Any) -> T:
+    """Return ``cls`` made with ``given`` and ``knobs``, each knob made its field's type."""
+    hints = get_type_hints(cls)
+    return cls(**{**given, **{name: hints[name](value) for name, value in knobs}})
 
 
 @dataclass(frozen=True)
@@ -80,7 +74,7 @@ class Strategy:
             written = {knob.partition("=")[0]: knob for knob in filter(None, knobs.split(","))}
             given = {key: knob.partition("=")[2] for key, knob in written.items()}
             try:
-                chosen = Knobs.model_validate(given)
+                chosen = Knobs.model_validate(given).model_dump(exclude_none=True)
             except ValidationError as error:
                 loc = error.errors()[0]["loc"]
                 key = str(loc[0]) if loc else ""
@@ -88,18 +82,16 @@ class Strategy:
                     f"bad knob {written.get(key, key)!r} in strategy {name!r} "
                     "(tail=on|off, budget=on|off, prefetch=on|off, "
                     f"or a number for {', '.join((*POLICY_KNOBS, *BUDGET_KNOBS))})") from None
-            if chosen.prefetch == "on" and chosen.budget == "off":
+            if chosen.get("prefetch") == "on" and chosen["budget"] == "off":
                 raise InputError(f"strategy {name!r}: prefetch=on counts chains in budget "
                                  "tokens, so it needs budget=on")
-            budget = chosen.budget == "on"
-            prefetch = budget if chosen.prefetch is None else chosen.prefetch == "on"
-            values = chosen.model_dump(exclude_none=True)
-            policy = [(key, float(values[key])) for key in POLICY_KNOBS if key in values]
-            budget_knobs = [(key.removeprefix("budget_"), float(values[key]))
-                            for key in BUDGET_KNOBS if key in values]
-            strategy = cls(name, adaptive=True, tail=chosen.tail == "on",
-                           policy=tuple(policy), budget=budget,
-                           budget_knobs=tuple(budget_knobs), prefetch=prefetch)
+            budget = chosen["budget"] == "on"
+            prefetch = chosen.get("prefetch", "on" if budget else "off") == "on"
+            policy = tuple((key, float(chosen[key])) for key in POLICY_KNOBS if key in chosen)
+            budget_knobs = tuple((field, float(chosen[key])) for key, field
+                                 in BUDGET_KNOBS.items() if key in chosen)
+            strategy = cls(name, adaptive=True, tail=chosen["tail"] == "on", policy=policy,
+                           budget=budget, budget_knobs=budget_knobs, prefetch=prefetch)
             try:
                 strategy.token_budget()
             except ValueError as error:
@@ -120,16 +112,9 @@ class Strategy:
                          "fixed-all)")
 
     def admission_policy(self, maximum: int) -> AdmissionPolicy:
-        knobs: dict[str, Any] = {"maximum": maximum}
-        for key, value in self.policy:
-            knobs[key] = int(value) if key in ("initial", "minimum", "maximum",
-                                               "queue_allowance") else value
-        return AdmissionPolicy(**knobs)
+        """Return a fresh admission policy of at most ``maximum`` (unless a knob says)."""
+        return _build(AdmissionPolicy, self.policy, maximum=maximum)
 
     def token_budget(self) -> TokenBudget | None:
         """Return a fresh token budget for this strategy (None when it admits by count only)."""
-        if not self.budget:
-            return None
-        knobs: dict[str, Any] = {key: int(value) if key in WHOLE_BUDGET_KNOBS else value
-                                 for key, value in self.budget_knobs}
-        return TokenBudget(**knobs)
+        return _build(TokenBudget, self.budget_knobs) if self.budget else None

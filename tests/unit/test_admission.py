@@ -73,12 +73,12 @@ def test_full_kv_sheds_one_request_per_reading_until_it_eases() -> None:
 
 def test_preemptions_cut_the_limit() -> None:
     p = AdmissionPolicy(initial=16, backoff=0.5, minimum=2)
-    # The first reading is the baseline: preemptions from before the batch don't count.
-    assert p.observe(G(running=10, preemptions_total=3), 10) == 16
-    assert p.observe(G(running=16, preemptions_total=5), 16) == 8
+    # Preemptions since the last reading, as limits.py counts them.
+    assert p.observe(G(running=10), 10) == 16
+    assert p.observe(G(running=16), 16, preempted=2) == 8
     assert p.reason == "2 preemptions"
-    for total in (9, 20, 40, 80):
-        p.observe(G(running=2, preemptions_total=total), 2)
+    for new in (4, 11, 20, 40):
+        p.observe(G(running=2), 2, preempted=new)
     assert p.allowed == 2  # never below the minimum
 
 
@@ -113,6 +113,20 @@ def test_a_restart_is_detected_once_by_the_limits_and_both_rules_start_over() ->
     assert limits.policy.reason != "server restarted"
     restarts = [t for t in limits.budget.summary()["trajectory"] if t[3] == "server restarted"]
     assert len(restarts) == 1
+
+
+def test_the_first_reading_is_the_limits_baseline() -> None:
+    # Preemptions and tokens from before the batch don't count: no cut on the first reading.
+    limits = Limits(Strategy.parse("adaptive"), 64, gauged=True)
+    assert limits.budget is not None
+    gate = Gate(4, limits.budget)
+    limits.read(G(running=4, generation_tokens_total=9_000, preemptions_total=7), 0.0, gate,
+                [], 100_000, 16)
+    assert (limits.policy.allowed, limits.budget.cuts) == (4, 0)
+    assert "preemptions" not in limits.policy.reason + limits.budget.reason
+    limits.read(G(running=4, generation_tokens_total=9_500, preemptions_total=9), 0.0, gate,
+                [], 100_000, 16)
+    assert limits.policy.reason == limits.budget.reason == "2 preemptions"
 
 
 def test_queue_building_caps_the_limit() -> None:

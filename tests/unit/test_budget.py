@@ -24,7 +24,7 @@ from app.batch.workload import play, shape
 from app.bench.workloads import synthetic_workload
 from app.config import load_settings
 from app.llm import CallStats
-from app.traffic.budget import TokenBudget
+from app.traffic.budget import Claim, TokenBudget
 from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
 from app.traffic.sampler import MetricsSampler
@@ -41,7 +41,7 @@ def test_a_request_reserves_its_prompt_and_its_whole_max_output_in_blocks() -> N
     budget = TokenBudget(capacity=10_000, block_size=16, tokens_per_byte=0.5)
     # 1,000 bytes at 0.5 tokens/byte, 8 template tokens per message + 8 for the reply,
     # 300 output tokens: 500 + 24 + 300 = 824, rounded up to 52 blocks of 16.
-    assert budget.cost("bull", body(1000, 300)) == 832 == blocks(500 + 24 + 300)
+    assert budget.claim("bull", body(1000, 300)).tokens == 832 == blocks(500 + 24 + 300)
 
 
 def test_long_outputs_cannot_overflow_the_cache_once_admitted() -> None:
@@ -58,7 +58,7 @@ def test_long_outputs_cannot_overflow_the_cache_once_admitted() -> None:
         release = asyncio.Event()
 
         async def one(i: int) -> None:
-            c = budget.cost("analyst", body(400, 600))
+            c = Claim(budget.claim("analyst", body(400, 600)).tokens)
             async with gate.slot(Ticket(i, requests=1), c):
                 admitted.append(i)
                 await release.wait()
@@ -94,30 +94,29 @@ def test_the_output_reserved_becomes_a_high_quantile_of_what_the_node_produced()
     assert budget.expected_output("other_node", 700) == 700  # per node kind
     # Prompts: 100 tokens per 400 bytes seen, plus a 5% margin.
     assert budget.ratio() == 1.05 * 100 / 400
-    assert budget.cost("trader", body(800, 1000)) == blocks(
+    assert budget.claim("trader", body(800, 1000)).tokens == blocks(
         math.ceil(800 * 1.05 * 100 / 400) + 24 + q95)
 
 
 def test_preemptions_shrink_the_budget_and_a_restart_starts_it_over() -> None:
     budget = TokenBudget(capacity=49_152, fill=0.95, backoff=0.8)
     full = 49_152 * 0.95
-    assert budget.observe(G(preemptions_total=3, generation_tokens_total=10)) == int(full)
-    assert budget.observe(G(preemptions_total=5, generation_tokens_total=20)) == int(full * 0.8)
+    # Preemptions and tokens since the last reading, as limits.py counts them.
+    assert budget.observe(G()) == int(full)
+    assert budget.observe(G(), preempted=2, generated=10) == int(full * 0.8)
     assert budget.reason == "2 preemptions"
-    assert budget.observe(G(preemptions_total=5, generation_tokens_total=30)) == int(full * 0.8)
-    assert budget.observe(G(preemptions_total=6, generation_tokens_total=40)) == int(
-        full * 0.8 * 0.8)
+    assert budget.observe(G(), generated=10) == int(full * 0.8)
+    assert budget.observe(G(), preempted=1, generated=10) == int(full * 0.8 * 0.8)
     # Counters reset: the server restarted. The corrections start over...
-    assert budget.observe(G(preemptions_total=0, generation_tokens_total=5),
-                          restarted=True) == int(full)
+    assert budget.observe(G(), restarted=True) == int(full)
     assert budget.reason == "server restarted"
-    # ...and the next preemption counts from the new baseline (1 new, not 1 - 6).
-    assert budget.observe(G(preemptions_total=1, generation_tokens_total=9)) == int(full * 0.8)
+    # ...and the next preemption counts again.
+    assert budget.observe(G(), preempted=1, generated=4) == int(full * 0.8)
 
 
 def test_kv_usage_above_the_estimate_scales_the_budget_down_then_eases_back() -> None:
     budget = TokenBudget(capacity=10_000, fill=0.9, block_size=16)
-    budget.take(3_000)  # what we think is in the cache
+    budget.take(Claim(3_000))  # what we think is in the cache
     # The server says 50% of 10,000 = 5,000 tokens are used: requests are 5/3 as large.
     assert budget.observe(G(kv_cache_usage=0.5)) == int(10_000 * 0.9 * 3_000 / 5_000)
     assert budget.reason == "kv usage above the estimate"
@@ -130,9 +129,9 @@ def test_kv_usage_above_the_estimate_scales_the_budget_down_then_eases_back() ->
 
 def test_a_reading_taken_before_a_release_does_not_count_as_an_underestimate() -> None:
     budget = TokenBudget(capacity=10_000, fill=0.9, block_size=16)
-    budget.take(3_000)
-    budget.take(2_000)
-    budget.give_back(2_000, hold=False)  # finished after the server's page was read
+    budget.take(Claim(3_000))
+    budget.take(Claim(2_000))
+    budget.give_back(Claim(2_000), hold=False)  # finished after the server's page was read
     # 5,000 used is what was reserved when the page was read: no correction.
     assert budget.observe(G(kv_cache_usage=0.5)) == int(10_000 * 0.9)
     # The next reading still shows 5,000 for the 3,000 reserved since: that is real.
@@ -141,7 +140,7 @@ def test_a_reading_taken_before_a_release_does_not_count_as_an_underestimate() -
 
 def test_unknown_capacity_budgets_nothing() -> None:
     budget = TokenBudget(capacity=None)
-    budget.take(10**9)
+    budget.take(Claim(10**9))
     assert budget.limit is None and budget.fits(10**9) and budget.room_for_new()
     assert budget.observe(G(kv_cache_usage=1.0, preemptions_total=4)) is None
 
@@ -152,17 +151,17 @@ def test_a_ticker_between_calls_holds_its_tokens_against_new_tickers_only() -> N
     senior = Ticket(0, requests=3, chain=3)
 
     async def scenario() -> None:
-        async with gate.slot(senior, 400):
+        async with gate.slot(senior, Claim(400)):
             assert budget.reserved == 400
         # One call done, two to go: its 400 tokens stay held for the next one.
         assert (budget.reserved, budget.held, senior.hold) == (0, 400, 400)
         assert budget.room_for_new()  # a typical request (400) fits beside the hold: 800
-        budget.take(500)  # another ticker's request
+        budget.take(Claim(500))  # another ticker's request
         # A new ticker needs a typical request (450) beside the 500 reserved and 400 held.
         assert budget.typical_cost == (400 + 500) // 2
         assert not gate.has_room()
         # The senior's next call (larger: its prompt grew) takes its hold's place.
-        async with gate.slot(senior, 480):
+        async with gate.slot(senior, Claim(480)):
             assert (budget.reserved, budget.held, senior.hold) == (980, 0, 0)
         assert budget.held == 480  # one call still to go
         gate.drop_hold(senior)  # the ticker ended early: nothing held any more
@@ -273,7 +272,7 @@ def test_progress_shows_the_token_budget_in_use() -> None:
                           gauges=server)
     assert scheduler.budget is not None
     scheduler.budget.set_capacity(8_000, 16)
-    scheduler.budget.take(1_234)
+    scheduler.budget.take(Claim(1_234))
     llm = SimpleNamespace(stats=CallStats())
     state = BatchProgress(1, 3, llm, scheduler, server).state()
     assert (state["budget_tokens"], state["reserved_tokens"]) == (int(8_000 * 0.95), 1_234)
@@ -356,11 +355,11 @@ async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default
         budget = endpoint.limits.budget
         assert budget is not None
         assert budget.ratio() == budget.tokens_per_byte == 0.5  # nothing counted yet
-        default = budget.cost("market", prompt)
+        default = budget.claim("market", prompt).tokens
         await llm.check({"model": settings.llm_model, **prompt})
         assert fake.tokenize_calls == 1
         assert budget.ratio() == pytest.approx(1.05 * 1_000 / 4_000)
-        counted = budget.cost("market", prompt)
+        counted = budget.claim("market", prompt).tokens
         assert counted == blocks(math.ceil(4_000 * 1.05 * 0.25) + 24 + 300) < default
         # A finished request's own prompt count takes over from /tokenize's.
         budget.learn("market", prompt, prompt_tokens=800, completion_tokens=300)

@@ -6,6 +6,7 @@ import asyncio
 from types import SimpleNamespace
 
 from agents.chat import CallTag
+from app.traffic.budget import Claim
 from app.traffic.client import TickerClient
 from app.traffic.holdback import (
     CHAIN_CAP,
@@ -45,15 +46,15 @@ def test_the_blocker_is_the_first_thing_short_in_the_order_room_is_judged() -> N
     for ticket in tickets:
         ticket.outstanding = 1
         endpoint.arrive(ticket)
-    budget.take(3_000)
-    budget.take(3_000)
-    budget.take(3_000)  # a typical request is 3,000: one more would pass 9,500
+    budget.take(Claim(3_000))
+    budget.take(Claim(3_000))
+    budget.take(Claim(3_000))  # a typical request is 3,000: one more would pass 9,500
     assert endpoint.blocker() == TOKEN_BUDGET
     refused_before = budget._refused
     endpoint.note_start_wait(0.0)
     assert budget._refused == refused_before  # a report, not a refusal the factor learns from
 
-    budget.give_back(3_000, hold=False)  # 6,000 out: a 3,000 request fits again...
+    budget.give_back(Claim(3_000), hold=False)  # 6,000 out: a 3,000 request fits again...
     # ...but 3 chains of 2,000 use the slots
     endpoint.limits.footprint.sample(endpoint.gate, tickets)
     assert endpoint.chain_slots() == 4
@@ -74,7 +75,7 @@ def test_a_started_chain_queued_for_tokens_is_named_before_the_budget() -> None:
     endpoint.arrive(ticket)
 
     async def scenario() -> str:
-        async with endpoint.gate.slot(ticket, 9_000):
+        async with endpoint.gate.slot(ticket, Claim(9_000)):
             waiter = asyncio.create_task(_one_more(endpoint, ticket))
             await asyncio.sleep(0)  # it queues: 9,000 + 3,000 is past the budget
             reason = endpoint.blocker()
@@ -85,7 +86,7 @@ def test_a_started_chain_queued_for_tokens_is_named_before_the_budget() -> None:
 
 
 async def _one_more(endpoint: Server, ticket: Ticket) -> None:
-    async with endpoint.gate.slot(ticket, 3_000):
+    async with endpoint.gate.slot(ticket, Claim(3_000)):
         pass
 
 

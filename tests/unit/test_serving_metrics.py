@@ -200,9 +200,12 @@ async def test_sampler_keeps_latest_and_stores_rows(tmp_path: Path) -> None:
     reads: list[str] = []
     async with httpx.AsyncClient(transport=_transport(seen=reads)) as client:
         sampler = MetricsSampler("http://x/v1", engine, batch_id, interval_s=0.01, client=client)
-        async with sampler:
+        await sampler.start()
+        try:
             while len(reads) < 3:
                 await asyncio.sleep(0.01)
+        finally:
+            await sampler.stop()
         assert sampler.latest is not None and sampler.latest.running == 2.0
     with Session(engine) as session:
         rows = session.scalars(select(ServerSample)).all()
