@@ -192,7 +192,7 @@ async def test_run_until_halted_leaves_nothing_when_it_is_cancelled_while_draini
     assert scheduler.work_ended
 
 
-# --- server.Server.confirm ------------------------------------------------------------------
+# --- server.ServerSet.after_failure -------------------------------------------------------------
 
 
 class Refused:
@@ -213,26 +213,33 @@ def down_server() -> Server:
     return server
 
 
-async def test_confirm_leaves_nothing_when_the_server_comes_back() -> None:
+def after_failure(server: Server) -> Callable[[], Awaitable[Any]]:
+    """Return the wait of a call that met a server fault at ``server``."""
+    assert server.servers is not None
+    return lambda: server.servers.after_failure(server, 0.0)  # type: ignore[union-attr]
+
+
+async def test_after_failure_leaves_nothing_when_the_server_comes_back() -> None:
     server = down_server()
     asyncio.get_running_loop().call_later(0.01, server.reading, SimpleNamespace())
-    assert not await left_behind(server.confirm)
+    assert not await left_behind(after_failure(server))
     assert server.up
 
 
-async def test_confirm_leaves_nothing_when_the_budget_runs_out() -> None:
+async def test_after_failure_leaves_nothing_when_the_budget_runs_out() -> None:
     server = down_server()
-    assert server.servers is not None
-    asyncio.get_running_loop().call_later(0.01, server.servers.gave_up.set)
+    servers = server.servers
+    assert servers is not None
+    asyncio.get_running_loop().call_later(0.01, lambda: servers.judge(servers.clock() + 61))
     before = tasks_now()
     with pytest.raises(ServerOutage):
-        await server.confirm()
+        await after_failure(server)()
     assert tasks_now() == before
 
 
-async def test_confirm_leaves_nothing_when_cancelled() -> None:
+async def test_after_failure_leaves_nothing_when_cancelled() -> None:
     server = down_server()
-    assert not await cancelled_after(0.01, server.confirm)
+    assert not await cancelled_after(0.01, after_failure(server))
 
 
 # --- client.TickerClient._unless_gone --------------------------------------------------------
