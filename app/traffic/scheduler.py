@@ -210,7 +210,8 @@ class Scheduler:
         if not loaded[first].is_set() and first not in self._waited:
             self._waited.add(first)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(loaded[first].wait(), PREPARE_PATIENCE_S)
+                async with asyncio.timeout(PREPARE_PATIENCE_S):
+                    await loaded[first].wait()
         while True:
             for index in pending:
                 if loaded[index].is_set():
@@ -240,14 +241,14 @@ class Scheduler:
                 "endpoints": {e.name: e.holdback.timeline for e in self.endpoints}}
 
     def admission(self) -> dict[str, Any]:
-        """Return how admission ended: the request limit (several endpoints: their sum, and
-        each one's under ``endpoints``) and the first endpoint's limits."""
+        """Return how admission ended: the endpoints' request limits summed, the first
+        endpoint's limits, and with several endpoints each one's under ``endpoints``."""
+        first = self.endpoints.first
         figures: dict[str, Any] = {"strategy": self.strategy.name,
-                                   "request_limit": self.gate.limit}
+                                   "request_limit": sum(e.gate.limit for e in self.endpoints)}
         if self.strategy.adaptive:
-            figures.update(self.endpoints.first.limits.summary())
-            figures["new_tickers_held_back"] = self.endpoints.first.holdback.summary()
+            figures.update(first.limits.summary())
+            figures["new_tickers_held_back"] = first.holdback.summary()
         if self.endpoints.several:
-            figures["request_limit"] = sum(e.gate.limit for e in self.endpoints)
             figures["endpoints"] = self.endpoints.summary()
         return figures
