@@ -12,12 +12,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.llm import TrackedLLM
 from app.traffic.budget import TokenBudget
 from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
 from app.traffic.holdback import COLUMNS
-from app.traffic.server import GaugeSource, ServerSet
+from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
@@ -43,19 +42,14 @@ OnDone = Callable[[Job, Any, BaseException | None], Awaitable[None]]
 
 
 class Scheduler:
-    """Run jobs under one strategy over ``endpoints``, or one server: ``llm`` and its ``gauges``.
+    """Run jobs under one strategy over a batch's ``servers``.
 
     ``fixed-N`` and ``sequential`` mean N tickers (and their request cap) per endpoint.
     """
 
-    def __init__(self, llm: TrackedLLM | None, strategy: Strategy, *,
-                 gauges: GaugeSource | None = None, endpoints: ServerSet | None = None) -> None:
+    def __init__(self, strategy: Strategy, servers: ServerSet) -> None:
         self.strategy = strategy
-        if endpoints is None:
-            if llm is None:
-                raise ValueError("a scheduler needs a client or endpoints")
-            endpoints = ServerSet.single(llm, strategy, gauges=gauges)
-        self.endpoints = endpoints
+        self.endpoints = servers
         self._unstarted = 0  # requests of the tickers not started yet
         self._next: Ticket | None = None  # the ticker waiting for room to start
         self._loaded = asyncio.Event()  # set whenever a job's preparation ends

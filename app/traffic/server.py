@@ -286,14 +286,6 @@ class ServerSet:
         self.stopping = False  # the batch starts no more tickers
 
     @classmethod
-    def single(cls, llm: TrackedLLM, strategy: Strategy, *,
-               gauges: GaugeSource | None = None) -> ServerSet:
-        """Wrap one client and its reader: a batch against one server."""
-        changed = asyncio.Event()
-        url = getattr(llm, "base_url", "")
-        return cls([Server(0, url, llm, strategy, gauges=gauges, changed=changed)], changed)
-
-    @classmethod
     def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
                 engine: Engine, batch_id: int, sample: bool = True,
                 http_client: Any = None, max_in_flight: int | None = None,
