@@ -55,7 +55,7 @@ class Scheduler:
         self._loaded = asyncio.Event()  # set whenever a job's preparation ends
         self._waited: set[int] = set()
 
-    # The first endpoint's: with one server, the server's (live progress reads them).
+    # The first endpoint's (live progress reads them; with several it sums the limits).
     @property
     def gate(self) -> Gate:
         return self.endpoints.first.gate
@@ -63,10 +63,6 @@ class Scheduler:
     @property
     def budget(self) -> TokenBudget | None:
         return self.endpoints.first.limits.budget
-
-    @property
-    def stopping(self) -> bool:
-        return self.endpoints.stopping
 
     @property
     def metrics_fallback(self) -> bool:
@@ -128,15 +124,14 @@ class Scheduler:
         self._unstarted = sum(job.requests for job in ordered)
         try:
             async with asyncio.TaskGroup() as loops:
-                beside = []
-                if self.strategy.tail:
-                    beside.append(loops.create_task(self._follow_tail(), name="tail"))
+                tail = (loops.create_task(self._follow_tail(), name="tail")
+                        if self.strategy.tail else None)
                 try:
                     async with asyncio.TaskGroup() as tickers:
                         await self._start(ordered, on_done, tickers)
                 finally:
-                    for task in beside:
-                        task.cancel()
+                    if tail is not None:
+                        tail.cancel()
         except BaseExceptionGroup as group:
             raise first_error(group) from None
 
@@ -152,7 +147,7 @@ class Scheduler:
                      for i, job in enumerate(ordered)]
         pending = list(range(len(ordered)))
         order = 0
-        while pending and not self.stopping:
+        while pending and not self.endpoints.stopping:
             index = await self._next_ready(pending, loaded)
             job = ordered[index]
             failure = failures.get(index)
