@@ -1,9 +1,8 @@
 """The one client a ticker's graph calls through: its server's gate and budget on every call.
 
-An attempt that meets a server fault asks for a reading; a server found down holds its
-gate, where the next attempt waits. When its server is down the ticker continues on one
-that is up, or waits for one (ServerSet.after_failure), and only the call cut short is
-sent again, at most twice per endpoint (docs/architecture.md, "One health rule").
+A server fault asks for a reading; a server found down holds its gate, where the next
+attempt waits, and its ticker continues on one that is up. Only the call cut short is sent
+again, at most twice per endpoint (docs/architecture.md, "One health rule").
 """
 
 from __future__ import annotations
