@@ -35,7 +35,7 @@ from app.errors import (
     LLMStreamError,
     LLMTimeoutError,
 )
-from app.promptsize import PromptCounter, ServerCheck
+from app.promptsize import PromptCounter
 from app.usage import UsageRecorder
 from serving.urls import redact, server_root
 
@@ -117,15 +117,12 @@ class TrackedLLM(PromptCounter):
         http_client: httpx.AsyncClient | None = None,
         base_url: str | None = None,
         max_in_flight: int | None = None,
-        watch: ServerCheck | None = None,
     ) -> None:
         self.settings = settings
         self.recorder = recorder
         self.base_url = base_url or settings.base_url
         # How this endpoint is named wherever it is shown or stored: never with its password.
         self.endpoint = redact(self.base_url)
-        # Between attempts of a call that met a server fault: wait while the server is down.
-        self.watch = watch
         # httpx's default pool (100 connections) would queue requests the engine admitted,
         # silently: size it from the most the engine lets out at once (None: no cap).
         self._http = http_client or httpx.AsyncClient(
@@ -142,8 +139,7 @@ class TrackedLLM(PromptCounter):
             http_client=self._http,
         )
         self.stats = CallStats()
-        super().__init__(settings, self._http, server_root(self.base_url) + "/tokenize",
-                         watch=watch)
+        super().__init__(settings, self._http, server_root(self.base_url) + "/tokenize")
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -196,8 +192,9 @@ class TrackedLLM(PromptCounter):
     ) -> ChatResult:
         """Send one chat completion, retrying what may pass; raise LLMError when it cannot.
 
-        ``call`` is the call this sends (default: a new one). ``admit`` is held around each
-        attempt (an admission slot), never around the wait between them. ``ready_at`` is
+        ``call`` is the call this sends (default: a new one). ``admit`` is entered for each
+        attempt (an admission slot, where a down server's next attempt waits), never held
+        across the wait between them. ``ready_at`` is
         when the graph issued the call (default: now), kept on every row.
         """
         body = self.build_body(tag, messages, max_tokens=max_tokens,
@@ -247,10 +244,6 @@ class TrackedLLM(PromptCounter):
                 log.warning("llm call failed; retrying", node=tag.node, ticker=tag.ticker,
                             attempt=call.attempts, error_class=error.error_class,
                             delay_s=delay)
-                if self.watch is not None:
-                    # A dead server fails every attempt at once: wait for it to answer
-                    # again (or for the outage budget to run out) instead of using them up.
-                    await self.watch.confirm()
                 await asyncio.sleep(delay)
 
     async def _attempt(self, tag: CallTag, call: Call, body: dict[str, Any],

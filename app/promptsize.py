@@ -14,7 +14,7 @@ import asyncio
 import hashlib
 import json
 from collections import OrderedDict
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import structlog
@@ -44,21 +44,11 @@ def message_bytes(messages: list[dict[str, Any]]) -> int:
     return sum(len(str(m.get("content", "")).encode()) for m in messages)
 
 
-class ServerCheck(Protocol):
-    """Tell whether the server answers (app.traffic.server.Server)."""
-
-    async def confirm(self) -> None:
-        """Return once the server answers; raise ServerOutage past the outage budget."""
-        ...
-
-
 class PromptCounter:
     """Know the server's max-model-len and count prompts with its /tokenize."""
 
-    def __init__(self, settings: Settings, http: httpx.AsyncClient, tokenize_url: str, *,
-                 watch: ServerCheck | None = None) -> None:
+    def __init__(self, settings: Settings, http: httpx.AsyncClient, tokenize_url: str) -> None:
         self.settings = settings
-        self.watch = watch
         self.max_model_len: int | None = None
         self.supported = settings.check_context_length
         self._http = http
@@ -165,8 +155,8 @@ class PromptCounter:
                 retry=tenacity.retry_if_exception(
                     lambda error: isinstance(error, LLMError) and error.retryable),
                 stop=tenacity.stop_after_attempt(self.settings.max_attempts),
-                # No wait of its own: a server fault waits for the server (the outage watch).
-                before_sleep=self._wait_for_server,
+                # No wait between tries: a server that stays away is the call's to wait for,
+                # at its endpoint's gate (app.traffic.client).
                 reraise=True,
             )(self._measure_once, messages, budget, exact)
         except LLMError as error:
@@ -187,8 +177,3 @@ class PromptCounter:
         if count is None or self.max_model_len is None:
             return None
         return PromptSize(count, self.max_model_len - budget)
-
-    async def _wait_for_server(self, state: tenacity.RetryCallState) -> None:
-        """Between tries: return once the server answers (ServerOutage past its budget)."""
-        if self.watch is not None:
-            await self.watch.confirm()

@@ -1,14 +1,16 @@
 """The one client a ticker's graph calls through: its server's gate and budget on every call.
 
-When its server goes down the ticker continues on one that is up, and only the call cut
-short is sent again, at most twice per endpoint (docs/architecture.md, "One health rule").
+A server fault asks for a reading; a server found down holds its gate, where the next
+attempt waits, and its ticker continues on one that is up. Only the call cut short is sent
+again, at most twice per endpoint (docs/architecture.md, "One health rule").
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +28,7 @@ from app.errors import (
     LLMTimeoutError,
 )
 from app.llm import Admit, Call, TrackedLLM
+from app.traffic.budget import Claim
 from app.traffic.gate import priority
 from app.traffic.server import Server, ServerSet
 from app.traffic.tasks import first_error
@@ -146,11 +149,23 @@ class TickerClient:
         try:
             # A place per attempt, so a retry's backoff waits outside the gate.
             result = await send(endpoint.llm, priority(ticket), call,
-                                functools.partial(gate.slot, ticket, claim))
+                                functools.partial(self._attempt, endpoint, claim))
         finally:
             ticket.done += 1
         gate.learn(tag.node, sized, result)
         return result
+
+    @asynccontextmanager
+    async def _attempt(self, endpoint: Server, claim: Claim) -> AsyncIterator[None]:
+        """Hold a place at ``endpoint``'s gate for one attempt; after a server fault, take a
+        reading: a server found down holds its gate, so the next attempt waits there."""
+        try:
+            async with endpoint.gate.slot(self.ticket, claim):
+                yield
+        except LLMError as error:
+            if server_fault(error):
+                await endpoint.check()
+            raise
 
     async def _unless_gone(self, endpoint: Server,
                            call: Coroutine[Any, Any, ChatResult]) -> ChatResult:

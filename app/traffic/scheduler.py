@@ -12,12 +12,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.llm import TrackedLLM
 from app.traffic.budget import TokenBudget
 from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
 from app.traffic.holdback import COLUMNS
-from app.traffic.server import GaugeSource, ServerSet
+from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
@@ -43,25 +42,20 @@ OnDone = Callable[[Job, Any, BaseException | None], Awaitable[None]]
 
 
 class Scheduler:
-    """Run jobs under one strategy over ``endpoints``, or one server: ``llm`` and its ``gauges``.
+    """Run jobs under one strategy over a batch's ``servers``.
 
     ``fixed-N`` and ``sequential`` mean N tickers (and their request cap) per endpoint.
     """
 
-    def __init__(self, llm: TrackedLLM | None, strategy: Strategy, *,
-                 gauges: GaugeSource | None = None, endpoints: ServerSet | None = None) -> None:
+    def __init__(self, strategy: Strategy, servers: ServerSet) -> None:
         self.strategy = strategy
-        if endpoints is None:
-            if llm is None:
-                raise ValueError("a scheduler needs a client or endpoints")
-            endpoints = ServerSet.single(llm, strategy, gauges=gauges)
-        self.endpoints = endpoints
+        self.endpoints = servers
         self._unstarted = 0  # requests of the tickers not started yet
         self._next: Ticket | None = None  # the ticker waiting for room to start
         self._loaded = asyncio.Event()  # set whenever a job's preparation ends
         self._waited: set[int] = set()
 
-    # The first endpoint's: with one server, the server's (live progress reads them).
+    # The first endpoint's (live progress reads them; with several it sums the limits).
     @property
     def gate(self) -> Gate:
         return self.endpoints.first.gate
@@ -69,10 +63,6 @@ class Scheduler:
     @property
     def budget(self) -> TokenBudget | None:
         return self.endpoints.first.limits.budget
-
-    @property
-    def stopping(self) -> bool:
-        return self.endpoints.stopping
 
     @property
     def metrics_fallback(self) -> bool:
@@ -134,15 +124,14 @@ class Scheduler:
         self._unstarted = sum(job.requests for job in ordered)
         try:
             async with asyncio.TaskGroup() as loops:
-                beside = []
-                if self.strategy.tail:
-                    beside.append(loops.create_task(self._follow_tail(), name="tail"))
+                tail = (loops.create_task(self._follow_tail(), name="tail")
+                        if self.strategy.tail else None)
                 try:
                     async with asyncio.TaskGroup() as tickers:
                         await self._start(ordered, on_done, tickers)
                 finally:
-                    for task in beside:
-                        task.cancel()
+                    if tail is not None:
+                        tail.cancel()
         except BaseExceptionGroup as group:
             raise first_error(group) from None
 
@@ -158,7 +147,7 @@ class Scheduler:
                      for i, job in enumerate(ordered)]
         pending = list(range(len(ordered)))
         order = 0
-        while pending and not self.stopping:
+        while pending and not self.endpoints.stopping:
             index = await self._next_ready(pending, loaded)
             job = ordered[index]
             failure = failures.get(index)
@@ -210,7 +199,8 @@ class Scheduler:
         if not loaded[first].is_set() and first not in self._waited:
             self._waited.add(first)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(loaded[first].wait(), PREPARE_PATIENCE_S)
+                async with asyncio.timeout(PREPARE_PATIENCE_S):
+                    await loaded[first].wait()
         while True:
             for index in pending:
                 if loaded[index].is_set():
@@ -240,14 +230,14 @@ class Scheduler:
                 "endpoints": {e.name: e.holdback.timeline for e in self.endpoints}}
 
     def admission(self) -> dict[str, Any]:
-        """Return how admission ended: the request limit (several endpoints: their sum, and
-        each one's under ``endpoints``) and the first endpoint's limits."""
+        """Return how admission ended: the endpoints' request limits summed, the first
+        endpoint's limits, and with several endpoints each one's under ``endpoints``."""
+        first = self.endpoints.first
         figures: dict[str, Any] = {"strategy": self.strategy.name,
-                                   "request_limit": self.gate.limit}
+                                   "request_limit": sum(e.gate.limit for e in self.endpoints)}
         if self.strategy.adaptive:
-            figures.update(self.endpoints.first.limits.summary())
-            figures["new_tickers_held_back"] = self.endpoints.first.holdback.summary()
+            figures.update(first.limits.summary())
+            figures["new_tickers_held_back"] = first.holdback.summary()
         if self.endpoints.several:
-            figures["request_limit"] = sum(e.gate.limit for e in self.endpoints)
             figures["endpoints"] = self.endpoints.summary()
         return figures

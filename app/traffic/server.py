@@ -30,7 +30,6 @@ from app.traffic.limits import Limits
 from app.traffic.routing import Load, choose
 from app.traffic.sampler import MetricsSampler
 from app.traffic.strategy import Strategy
-from app.traffic.tasks import wait_first
 from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from serving.urls import redact
@@ -243,19 +242,6 @@ class Server:
             self._suspect = True
             await self.gauges.fresh()  # type: ignore[attr-defined]
 
-    async def confirm(self) -> None:
-        """After a server fault: return once a reading taken since finds the server up;
-        raise ServerOutage once the batch's outage budget is spent."""
-        servers = self.servers
-        if self.gauges is None or servers is None:
-            return
-        if not servers.gave_up.is_set():
-            await self.check()
-        while not self.up and not servers.gave_up.is_set():
-            await wait_first(servers.health_event().wait(), servers.gave_up.wait())
-        if servers.gave_up.is_set():
-            raise ServerOutage(servers.outage_message())
-
     def summary(self) -> dict[str, Any]:
         """Return how this endpoint's admission ended and what routing gave it."""
         figures: dict[str, Any] = {
@@ -300,14 +286,6 @@ class ServerSet:
         self.stopping = False  # the batch starts no more tickers
 
     @classmethod
-    def single(cls, llm: TrackedLLM, strategy: Strategy, *,
-               gauges: GaugeSource | None = None) -> ServerSet:
-        """Wrap one client and its reader: a batch against one server."""
-        changed = asyncio.Event()
-        url = getattr(llm, "base_url", "")
-        return cls([Server(0, url, llm, strategy, gauges=gauges, changed=changed)], changed)
-
-    @classmethod
     def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
                 engine: Engine, batch_id: int, sample: bool = True,
                 http_client: Any = None, max_in_flight: int | None = None,
@@ -330,12 +308,8 @@ class ServerSet:
                                      client=http_client, endpoint=url)
             llm = TrackedLLM(settings, recorder, http_client=http_client, base_url=url,
                              max_in_flight=max_in_flight)
-            endpoint = Server(index, url, llm, strategy, gauges=sampler, changed=changed,
-                              clock=clock)
-            if len(urls) == 1:
-                # One server's attempts wait while it is down; several fail over instead.
-                llm.watch = endpoint
-            endpoints.append(endpoint)
+            endpoints.append(Server(index, url, llm, strategy, gauges=sampler, changed=changed,
+                                    clock=clock))
         if len(endpoints) > 1:
             log.info("endpoints", urls=[e.name for e in endpoints])
         return cls(endpoints, changed, halt=halt, outage_budget_s=settings.outage_budget_s,
@@ -422,10 +396,9 @@ class ServerSet:
             other = self.alternative(endpoint)
             if other is not None or self.halt is None:
                 return other
-            changed = self._health  # taken now: a change meanwhile replaces it
-            await wait_first(changed.wait(), self.gave_up.wait())
             if self.gave_up.is_set():
                 raise ServerOutage(self.outage_message())
+            await self._health.wait()  # set at every change of health, and on giving up
         failed = endpoint.last_failed_at
         if reached and (failed is None or failed < started_at):
             return None
@@ -450,15 +423,19 @@ class ServerSet:
             if self.several:
                 log.warning("every endpoint is down: calls wait for one to come back",
                             budget_s=self.outage_budget_s)
+        self._wake()
+        self.changed.set()
+
+    def _wake(self) -> None:
         self._health.set()
         self._health = asyncio.Event()
-        self.changed.set()
 
     def judge(self, now: float) -> None:
         """Halt the batch once every server has been down for longer than the budget."""
         if (self.all_down_since is not None and now - self.all_down_since > self.outage_budget_s
                 and self.halt is not None and not self.gave_up.is_set()):
             self.gave_up.set()
+            self._wake()  # calls waiting for a server stop
             for endpoint in self.endpoints:  # the outages end here, for the batch's record
                 endpoint.outages_seen[-1]["seconds"] = round(now - endpoint._down_since, 1)
             self.halt.request(HaltReason("interrupted", self.outage_message(),

@@ -23,6 +23,7 @@ from app.traffic.budget import TokenBudget
 from app.traffic.client import TickerClient
 from app.traffic.scheduler import Job, Scheduler
 from app.traffic.strategy import Strategy
+from tests.unit.servers import over_one_server
 
 
 @dataclass
@@ -145,8 +146,7 @@ def run_sim(strategy: str, capacity: int, *, tickers: int = 12, shared: float = 
             ) -> tuple[SimServer, Scheduler]:
     """Run chains of 5 calls (prompts 500-900 tokens, answers 400) under ``strategy``."""
     server = SimServer(capacity, shared=shared)
-    scheduler = Scheduler(server, Strategy.parse(strategy),  # type: ignore[arg-type]
-                          gauges=server)
+    scheduler = over_one_server(server, Strategy.parse(strategy), gauges=server)
     server.budget = scheduler.budget
 
     async def on_done(job: Job, result: Any, error: BaseException | None) -> None:

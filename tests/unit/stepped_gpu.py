@@ -39,9 +39,10 @@ from typing import Any
 
 from agents.chat import CallTag
 from app.traffic.client import TickerClient
-from app.traffic.scheduler import Job, Scheduler
+from app.traffic.scheduler import Job
 from app.traffic.strategy import Strategy
 from tests.unit.budget_sim import G, KVGauges, body
+from tests.unit.servers import over_one_server
 
 ANALYST_PROMPT = 900  # tokens, the bench's shape at scale 0.2 (app/bench/workloads.py)
 CHAIN_FIRST, CHAIN_LAST = 1_300, 4_400
@@ -215,7 +216,7 @@ def run(strategy: str, tickers: int = 40, out: int = 300, **server: Any) -> dict
     gpu = SteppedGPU(**server)
     flood = strategy == "flood"
     chosen = Strategy.parse("fixed-all" if flood else strategy)
-    scheduler = Scheduler(gpu, chosen, gauges=gpu)  # type: ignore[arg-type]
+    scheduler = over_one_server(gpu, chosen, gauges=gpu)
     spans: dict[str, list[int]] = {}
 
     async def on_done(job: Job, result: object, error: BaseException | None) -> None:

@@ -28,11 +28,11 @@ from app.traffic.budget import Claim, TokenBudget
 from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
 from app.traffic.sampler import MetricsSampler
-from app.traffic.scheduler import Scheduler
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from tests.fakevllm import FakeServer, Reply
 from tests.unit.budget_sim import G, SimServer, blocks, body, run_sim
+from tests.unit.servers import one_server, over_one_server
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm_metrics.txt"
 
@@ -217,7 +217,7 @@ def test_adaptive_without_budget_or_capacity_admits_by_request_count() -> None:
         0.9, 1.2, 0.5, 3)
     # No gauges at all: no budget (it could never learn the capacity).
     llm = SimServer(1_000)
-    assert Scheduler(llm, Strategy.parse("adaptive")).budget is None  # type: ignore[arg-type]
+    assert over_one_server(llm, Strategy.parse("adaptive")).budget is None
 
 
 async def _engine_run(sqlite_engine: Any, strategy: str, kv_tokens: int
@@ -268,8 +268,7 @@ async def test_through_the_engine_the_budget_learns_the_fake_servers_cache_and_n
 
 def test_progress_shows_the_token_budget_in_use() -> None:
     server = SimServer(8_000)
-    scheduler = Scheduler(server, Strategy.parse("adaptive"),  # type: ignore[arg-type]
-                          gauges=server)
+    scheduler = over_one_server(server, Strategy.parse("adaptive"), gauges=server)
     assert scheduler.budget is not None
     scheduler.budget.set_capacity(8_000, 16)
     scheduler.budget.take(Claim(1_234))
@@ -277,7 +276,7 @@ def test_progress_shows_the_token_budget_in_use() -> None:
     state = BatchProgress(1, 3, llm, scheduler, server).state()
     assert (state["budget_tokens"], state["reserved_tokens"]) == (int(8_000 * 0.95), 1_234)
     # Without a budget (a fixed strategy) the fields say so.
-    fixed = Scheduler(server, Strategy.parse("fixed-3"), gauges=server)  # type: ignore[arg-type]
+    fixed = over_one_server(server, Strategy.parse("fixed-3"), gauges=server)
     assert fixed.budget is None
     assert BatchProgress(1, 3, llm, fixed, server).state()["budget_tokens"] is None
 
@@ -292,7 +291,6 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
     from agents.chat import CallTag
     from app.llm import TrackedLLM
     from app.traffic.client import TickerClient
-    from app.traffic.server import ServerSet
     from app.usage import UsageRecorder
     from tests.fakevllm import BASE_URL
 
@@ -301,8 +299,7 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
     settings = load_settings(llm_base_url=BASE_URL, check_context_length=True)
     async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=http)
-        endpoints = ServerSet.single(llm, Strategy.parse("adaptive"),
-                                       gauges=SimpleNamespace())
+        endpoints = one_server(llm, Strategy.parse("adaptive"), gauges=SimpleNamespace())
         endpoint = endpoints.first
         budget = endpoint.limits.budget
         assert budget is not None and not budget.ratio_known()

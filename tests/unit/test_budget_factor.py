@@ -16,9 +16,9 @@ import pytest
 
 from app.errors import InputError
 from app.traffic.budget import Claim, TokenBudget
-from app.traffic.scheduler import Scheduler
 from app.traffic.strategy import Strategy
 from tests.unit.budget_sim import G, SimServer, run_sim
+from tests.unit.servers import over_one_server
 
 AT = datetime.fromtimestamp(1_000, UTC)
 
@@ -203,8 +203,7 @@ def test_long_outputs_growing_after_admission_never_fill_the_cache_past_the_fill
 def test_the_knobs_reach_the_budget_and_bad_ones_are_refused() -> None:
     strategy = Strategy.parse("adaptive:overbook=1.1,overbook_max=1.4,overbook_step=0.05,"
                               "rise_after=2,calm=7,high_cut=0.85,kv_high=0.93")
-    scheduler = Scheduler(SimServer(1_000), strategy,  # type: ignore[arg-type]
-                          gauges=SimServer(1_000))
+    scheduler = over_one_server(SimServer(1_000), strategy, gauges=SimServer(1_000))
     b = scheduler.budget
     assert b is not None
     assert (b.overbook, b.overbook_max, b.overbook_step, b.rise_after, b.calm, b.high_cut) == (

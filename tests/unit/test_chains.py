@@ -12,11 +12,12 @@ from app.traffic.budget import TokenBudget
 from app.traffic.chains import Footprint
 from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
-from app.traffic.scheduler import Job, Scheduler
+from app.traffic.scheduler import Job
 from app.traffic.server import Server
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from tests.unit.budget_sim import SimServer, body, reading
+from tests.unit.servers import over_one_server
 
 
 def test_the_footprint_is_per_ticker_with_a_call_admitted_or_a_hold() -> None:
@@ -129,8 +130,7 @@ def run_wide(monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[list[int], 
     if monkeypatch is not None:  # the control: the same batch without the cap
         monkeypatch.setattr(Footprint, "slots", lambda self, limit: None)
     server = SimServer(24_000)  # about 8 chains at their mean size
-    scheduler = Scheduler(server, Strategy.parse(STRATEGY),  # type: ignore[arg-type]
-                          gauges=server)
+    scheduler = over_one_server(server, Strategy.parse(STRATEGY), gauges=server)
     server.budget = scheduler.budget
     started: list[int] = []
     live: set[str] = set()

@@ -102,7 +102,8 @@ async def test_a_call_fault_and_one_failed_reading_make_a_server_down_at_once() 
     clock = Clock()
     servers, reads, halt = fleet(clock, size=1)
     reads[0].answers = False
-    confirmed = asyncio.create_task(servers.first.confirm())  # a call met a server fault
+    # A call met a server fault.
+    confirmed = asyncio.create_task(servers.after_failure(servers.first, clock()))
     await asyncio.sleep(0)
     assert not servers.first.up and servers.first.gate.held and not confirmed.done()
     clock.now += 5
@@ -152,7 +153,7 @@ async def test_one_server_that_does_not_answer_holds_its_gate_then_halts_past_th
     assert "did not answer for 30 s" in halt.reason.message
     assert server.outages_seen[0]["seconds"] == BUDGET_S + 0.5
     with pytest.raises(ServerOutage):
-        await server.confirm()  # a call that failed now ends: the batch stops
+        await servers.after_failure(server, clock())  # a call that failed now ends
     assert server.gate.held  # nothing new went to the server meanwhile
 
 

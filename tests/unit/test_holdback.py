@@ -19,11 +19,12 @@ from app.traffic.holdback import (
     TOKEN_BUDGET,
     HoldBack,
 )
-from app.traffic.scheduler import Job, Scheduler
+from app.traffic.scheduler import Job
 from app.traffic.server import Server
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from tests.unit.budget_sim import SimServer, body, reading
+from tests.unit.servers import over_one_server
 
 
 def adaptive_endpoint() -> Server:
@@ -117,8 +118,7 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
     # the batch, and the record says for what. Once the last ticker has started, readings
     # are not counted (nothing waits to start), so there are fewer than readings taken.
     server = SimServer(12_000)
-    scheduler = Scheduler(server, Strategy.parse("adaptive:tail=off"),  # type: ignore[arg-type]
-                          gauges=server)
+    scheduler = over_one_server(server, Strategy.parse("adaptive:tail=off"), gauges=server)
     server.budget = scheduler.budget
 
     def chain(key: str) -> Job:

@@ -16,12 +16,12 @@ from app.errors import InputError
 from app.llm import TrackedLLM, backoff_delay
 from app.traffic.client import TickerClient
 from app.traffic.gate import priority
-from app.traffic.scheduler import Job, Scheduler
-from app.traffic.server import ServerSet
+from app.traffic.scheduler import Job
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from tests.fakevllm import BASE_URL, FakeServer, Reply
+from tests.unit.servers import one_server, over_one_server
 from tests.unit.test_usage import new_batch
 
 
@@ -51,7 +51,7 @@ def chain_job(key: str, length: int) -> Job:
 
 async def _run(strategy: str, jobs: list[Job]) -> RecordingLLM:
     llm = RecordingLLM()
-    scheduler = Scheduler(llm, Strategy.parse(strategy))  # type: ignore[arg-type]
+    scheduler = over_one_server(llm, Strategy.parse(strategy))
 
     async def on_done(job: Job, result: Any, error: BaseException | None) -> None:
         assert error is None
@@ -91,7 +91,7 @@ async def test_tail_rule_starts_tickers_whose_chain_would_outlast_the_batch_earl
 
 
 async def test_the_tail_rule_marks_tickets_urgent_and_the_gate_serves_them_first() -> None:
-    scheduler = Scheduler(RecordingLLM(), Strategy.parse("adaptive"))  # type: ignore[arg-type]
+    scheduler = over_one_server(RecordingLLM(), Strategy.parse("adaptive"))
     scheduler.gate.set_limit(10)
     calm, senior_long, long_, short, unknown = (Ticket(0, 17, 5), Ticket(1, 17, 14),
                                                 Ticket(2, 17, 14), Ticket(3, 17, 12), Ticket(5))
@@ -133,7 +133,7 @@ def test_strategy_knobs_parse_and_bad_ones_are_refused() -> None:
 
 async def test_a_ticker_waiting_for_room_starts_once_marked_urgent_and_none_once_stopping(
         ) -> None:
-    servers = ServerSet.single(RecordingLLM(), Strategy.parse("adaptive"))  # type: ignore[arg-type]
+    servers = one_server(RecordingLLM(), Strategy.parse("adaptive"))
     gate = servers.first.gate
     gate.set_limit(1)
     async with gate.slot(Ticket(0)):  # every place taken: no room for a new ticker
@@ -164,7 +164,7 @@ async def test_a_retrying_call_frees_its_admission_slot_while_it_backs_off(
     async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=http)
         # sequential: one request at a time, the gate's limit 1
-        servers = ServerSet.single(llm, Strategy.parse("sequential"))
+        servers = one_server(llm, Strategy.parse("sequential"))
         gate = servers.first.gate
 
         async def ask(ticker: str, order: int) -> None:

@@ -35,7 +35,7 @@ from app.traffic.client import EndpointGone, TickerClient
 from app.traffic.halt import Halt, HaltReason
 from app.traffic.server import Server, ServerSet
 from app.traffic.strategy import Strategy
-from app.traffic.tasks import cancel_and_wait, wait_first
+from app.traffic.tasks import cancel_and_wait
 from tests.fakevllm import BASE_URL, ChatRequest, FakeServer, Reply
 
 
@@ -78,35 +78,6 @@ class SlowToCancel:
 
 
 # --- the helpers -----------------------------------------------------------------------------
-
-
-async def test_wait_first_ends_what_it_started_and_leaves_a_task_passed_in() -> None:
-    theirs = asyncio.create_task(asyncio.sleep(10))
-    slow = SlowToCancel()
-    before = tasks_now()
-    await wait_first(asyncio.sleep(0.01), slow(), theirs)
-    assert slow.ended
-    assert tasks_now() == before  # the caller's task still runs, as it did before
-    assert not theirs.done()
-    await cancel_and_wait(theirs)
-    assert theirs.cancelled()
-
-
-async def test_wait_first_on_its_timeout_and_when_the_caller_is_cancelled() -> None:
-    slow = SlowToCancel()
-    assert not await left_behind(lambda: wait_first(slow(), timeout=0.01))
-    assert slow.ended
-    slow = SlowToCancel()
-    assert not await cancelled_after(0.01, lambda: wait_first(slow()))
-    assert slow.ended  # ended before the cancelled caller did
-
-
-async def test_wait_first_raises_the_error_of_what_it_started() -> None:
-    async def fails() -> None:
-        raise ValueError("boom")
-
-    with pytest.raises(ValueError, match="boom"):
-        await wait_first(fails(), asyncio.sleep(10))
 
 
 async def test_cancel_and_wait_holds_the_callers_cancellation_until_the_task_ends() -> None:
@@ -192,7 +163,7 @@ async def test_run_until_halted_leaves_nothing_when_it_is_cancelled_while_draini
     assert scheduler.work_ended
 
 
-# --- server.Server.confirm ------------------------------------------------------------------
+# --- server.ServerSet.after_failure -------------------------------------------------------------
 
 
 class Refused:
@@ -213,26 +184,33 @@ def down_server() -> Server:
     return server
 
 
-async def test_confirm_leaves_nothing_when_the_server_comes_back() -> None:
+def after_failure(server: Server) -> Callable[[], Awaitable[Any]]:
+    """Return the wait of a call that met a server fault at ``server``."""
+    assert server.servers is not None
+    return lambda: server.servers.after_failure(server, 0.0)  # type: ignore[union-attr]
+
+
+async def test_after_failure_leaves_nothing_when_the_server_comes_back() -> None:
     server = down_server()
     asyncio.get_running_loop().call_later(0.01, server.reading, SimpleNamespace())
-    assert not await left_behind(server.confirm)
+    assert not await left_behind(after_failure(server))
     assert server.up
 
 
-async def test_confirm_leaves_nothing_when_the_budget_runs_out() -> None:
+async def test_after_failure_leaves_nothing_when_the_budget_runs_out() -> None:
     server = down_server()
-    assert server.servers is not None
-    asyncio.get_running_loop().call_later(0.01, server.servers.gave_up.set)
+    servers = server.servers
+    assert servers is not None
+    asyncio.get_running_loop().call_later(0.01, lambda: servers.judge(servers.clock() + 61))
     before = tasks_now()
     with pytest.raises(ServerOutage):
-        await server.confirm()
+        await after_failure(server)()
     assert tasks_now() == before
 
 
-async def test_confirm_leaves_nothing_when_cancelled() -> None:
+async def test_after_failure_leaves_nothing_when_cancelled() -> None:
     server = down_server()
-    assert not await cancelled_after(0.01, server.confirm)
+    assert not await cancelled_after(0.01, after_failure(server))
 
 
 # --- client.TickerClient._unless_gone --------------------------------------------------------
