@@ -245,7 +245,7 @@ class BatchRun:
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,
                                         settings.max_concurrency),
             halt=owner.halt, resume_hint=hint, clock=owner.clock)
-        self.scheduler = Scheduler(None, self.strategy, endpoints=self.servers)
+        self.scheduler = Scheduler(self.strategy, self.servers)
         self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
                                       self.scheduler, self.servers,
                                       expected_calls=self.work.expected_calls)
