@@ -131,7 +131,7 @@ class BatchEngine:
             plan = start
         async with BatchRun(self, plan, work, resuming) as run:
             await run.drive()
-        if plan.kind == "nightly" and run.status in ("succeeded", "partial"):
+        if plan.kind == "nightly" and run.outcome.status in ("succeeded", "partial"):
             # An interrupted night is judged when its resume ends.
             await asyncio.to_thread(self._watch_ratings, run.batch_id)
         return run.outcome
@@ -160,7 +160,6 @@ class BatchRun:
         self.given_work = work
         self.resuming = resuming
         self.strategy = Strategy.parse(plan.strategy)
-        self.status = "crashed"  # until the run says otherwise
         self.error_text: str | None = None
         self.body_ok = False
         self.lock_lost = False
@@ -182,13 +181,13 @@ class BatchRun:
                           "strategy": self.strategy.name, "runner": Runner.current().record()},
                 server_facts=owner.server_facts, source_batch_id=plan.source_batch_id,
             )
-            self.outcome = BatchOutcome(self.batch_id, "running")
+            self.outcome = BatchOutcome(self.batch_id, "crashed")  # until the run ends
         else:
             self.batch_id = self.resuming.batch_id
             await asyncio.to_thread(resumption.reopen, owner.engine, self.resuming)
             done, failed_before = await asyncio.to_thread(resumption.finished_tickers,
                                                           owner.engine, self.batch_id)
-            self.outcome = BatchOutcome(self.batch_id, "running", done, failed_before)
+            self.outcome = BatchOutcome(self.batch_id, "crashed", done, failed_before)
         self._log_context = structlog.contextvars.bind_contextvars(batch_id=self.batch_id)
         log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                  samples=plan.samples, strategy=self.strategy.name, as_of=str(plan.as_of))
@@ -203,8 +202,7 @@ class BatchRun:
             halt=owner.halt, resume_hint=hint, clock=owner.clock)
         self.scheduler = Scheduler(None, self.strategy, endpoints=self.servers)
         self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
-                                      self.scheduler, self.servers,
-                                      expected_calls=self.work.expected_calls)
+                                      self.scheduler, expected_calls=self.work.expected_calls)
         try:
             # Closed last to first: the samplers, the recorder, the clients.
             for name, close in (("close the LLM clients", self.servers.aclose),
@@ -303,11 +301,11 @@ class BatchRun:
                 await prune(self.saver, await asyncio.to_thread(
                     resumption.threads_of, owner.engine, self.batch_id))
         # Over the whole batch, a resume's earlier tickers included.
-        self.status = ("succeeded" if not outcome.failed
-                       else "partial" if outcome.succeeded else "failed")
+        outcome.status = ("succeeded" if not outcome.failed
+                          else "partial" if outcome.succeeded else "failed")
         if owner.halt.reason is not None:
             outcome.halt = owner.halt.reason
-            self.status, self.error_text = owner.halt.reason.status, owner.halt.reason.message
+            outcome.status, self.error_text = owner.halt.reason.status, owner.halt.reason.message
         if self.servers.outages:
             self.extra_settings["server_outages"] = self.servers.outages
         fallback = self.scheduler.fallback_record()
@@ -319,7 +317,8 @@ class BatchRun:
                         tb: Any) -> None:
         if exc is not None and not self.body_ok:
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
-                self.status, self.error_text = "interrupted", "interrupted by the operator"
+                self.outcome.status = "interrupted"
+                self.error_text = "interrupted by the operator"
             elif isinstance(exc, Exception):
                 self.error_text = _one_line(exc)
         try:
@@ -330,14 +329,13 @@ class BatchRun:
                     f"cleanup: {name}: {type(error).__name__}: {error}"
                     for name, error in failed)[:500]]))
             outcome = self.outcome
-            outcome.status = self.status
             outcome.admission = self.scheduler.admission()
             outcome.holdback = self.scheduler.holdback_timeline()
             if await self._may_write_end():
                 await asyncio.to_thread(
-                    store.finish_batch, self.owner.engine, self.batch_id, self.status,
+                    store.finish_batch, self.owner.engine, self.batch_id, outcome.status,
                     self.error_text, self.extra_settings or None)
-            log.info("batch finished", status=self.status, succeeded=len(outcome.succeeded),
+            log.info("batch finished", status=outcome.status, succeeded=len(outcome.succeeded),
                      failed=len(outcome.failed), admission=outcome.admission)
             # What closing met is raised: a cancellation always; an error when nothing else is.
             for _, error in failed:
