@@ -1,11 +1,8 @@
 """Open the LangGraph checkpointer that makes a batch resumable node by node.
 
-SQLite keeps checkpoints in a file beside the database (no lock shared with the batch's
-writes); PostgreSQL in the same database. Around the stock savers: usage rows are flushed
-before a checkpoint (``before_write``), writes are retried through a restart, and the
-saver closes only once no call it was handed runs (``settle``): LangGraph starts writes
-of nodes it cancelled that outlive the graph run, and a SQLite connection closed under one
-keeps the file's write lock.
+SQLite keeps checkpoints in a file beside the database, PostgreSQL in the database itself.
+The savers flush usage rows before a write, retry through a restart, and close only once no
+call they were handed runs (``settle``).
 """
 
 from __future__ import annotations
@@ -53,17 +50,16 @@ class _Guarded:
     before_write: BeforeWrite | None = None
     _calls: set[asyncio.Task[Any]] | None = None
 
-    async def _ready(self) -> None:
+    async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self.before_write is not None:
             await self.before_write()
-
-    async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        await self._ready()
         return await aretrying(fn, *args)
 
     async def _own(self, call: Coroutine[Any, Any, T]) -> T:
         """Run ``call`` in a task of the saver's own and return its result; a cancelled
         caller leaves it running to its end, which ``settle`` waits for."""
+        # LangGraph's writes of a cancelled node outlive the graph run, and a SQLite
+        # connection closed under one keeps the file's write lock.
         if self._calls is None:
             self._calls = set()
         task = asyncio.create_task(call)
@@ -160,44 +156,35 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
                             ) -> AsyncIterator[BaseCheckpointSaver[Any]]:
     """Yield a ready checkpointer for the database of ``database_url``; close it after."""
     url = make_url(database_url)
-    if url.get_backend_name() == "sqlite":
-        path = checkpoint_path(database_url)
-        if path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        async with aiosqlite.connect(path) as conn:
+    async with contextlib.AsyncExitStack() as closing:  # closed last to first
+        saver: GuardedSqliteSaver | GuardedPostgresSaver
+        if url.get_backend_name() == "sqlite":
+            path = checkpoint_path(database_url)
+            if path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            conn = await closing.enter_async_context(aiosqlite.connect(path))
+            # An open transaction of a cut statement would keep the write lock.
+            closing.push_async_callback(conn.rollback)
             # WAL + NORMAL: a commit survives a kill; a power cut only reruns the last nodes.
             await conn.execute("PRAGMA journal_mode=WAL")
             await conn.execute("PRAGMA synchronous=NORMAL")
             await conn.execute("PRAGMA busy_timeout=30000")
-            sqlite_saver = GuardedSqliteSaver(conn, serde=serializer())
-            sqlite_saver.before_write = before_write
-            await sqlite_saver.setup()
-            try:
-                yield sqlite_saver
-            finally:
-                try:
-                    await sqlite_saver.settle()
-                finally:
-                    # An open transaction of a cut statement would keep the write lock.
-                    await conn.rollback()
-        return
-    conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        conninfo, min_size=1, max_size=4, open=False,
-        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-        # A connection a restart killed is found on checkout and replaced.
-        check=AsyncConnectionPool.check_connection)
-    await aretrying(pool.open, wait=True, timeout=30)
-    try:
-        pg_saver = GuardedPostgresSaver(pool, serde=serializer())
-        pg_saver.before_write = before_write
-        await aretrying(pg_saver.setup)
-        try:
-            yield pg_saver
-        finally:
-            await pg_saver.settle()
-    finally:
-        await pool.close()
+            saver = GuardedSqliteSaver(conn, serde=serializer())
+            await saver.setup()
+        else:
+            conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+            pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                conninfo, min_size=1, max_size=4, open=False,
+                kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+                # A connection a restart killed is found on checkout and replaced.
+                check=AsyncConnectionPool.check_connection)
+            await aretrying(pool.open, wait=True, timeout=30)
+            closing.push_async_callback(pool.close)
+            saver = GuardedPostgresSaver(pool, serde=serializer())
+            await aretrying(saver.setup)
+        saver.before_write = before_write
+        closing.push_async_callback(saver.settle)
+        yield saver
 
 
 async def prune(saver: BaseCheckpointSaver[Any], threads: Iterable[str]) -> None:

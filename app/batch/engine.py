@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import structlog
@@ -31,7 +31,7 @@ from app.traffic.halt import Halt, HaltReason
 from app.traffic.scheduler import Job, Scheduler
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
-from app.traffic.tasks import first_error
+from app.traffic.tasks import first_error, wait_first
 from app.usage import UsageRecorder
 
 log = structlog.get_logger(__name__)
@@ -45,17 +45,15 @@ TickerJob = Callable[[str, TickerClient, int], Awaitable[list["store.DecisionRow
 
 @dataclass
 class TickerWork:
-    """What a batch does for each ticker: ``weights`` order the tickers (heaviest first),
-    ``shapes`` give each one's (requests, chain length), ``prepare`` runs before admission,
-    ``checkpointed`` opens a checkpointer for the work (``BatchEngine._saver``)."""
+    """What a batch does for each ticker other than its graph (a replay, a bench):
+    ``weights`` order the tickers (heaviest first), ``shapes`` give each one's (requests,
+    chain length), ``prepare`` runs before admission."""
 
     job: TickerJob
     weights: dict[str, float] | None = None
     shapes: dict[str, tuple[int, int]] | None = None
     expected_calls: int | None = None
     prepare: Callable[[str], Awaitable[None]] | None = None
-    final_settings: Callable[[], dict[str, Any]] | None = None
-    checkpointed: bool = False
 
 
 def shaped(settings: Settings, recorded: dict[str, Any]) -> Settings:
@@ -112,7 +110,6 @@ class BatchEngine:
         self.halt = Halt()  # signals, an outage, fatal errors and a lost lock stop through it
         self.lock = lock  # a nightly run's lock: each heartbeat proves it
         self.clock = clock  # what server outages and the outage budget are timed on
-        self._saver: BaseCheckpointSaver[Any] | None = None  # while a checkpointed batch runs
 
     async def run(self, start: BatchPlan | resumption.ResumePoint,
                   work: TickerWork | None = None) -> BatchOutcome:
@@ -132,55 +129,12 @@ class BatchEngine:
                              str(start.settings.get("strategy", "adaptive")), start.label)
         else:
             plan = start
-        if work is None:
-            work = await self._graph_work(plan)
         async with BatchRun(self, plan, work, resuming) as run:
             await run.drive()
-        if plan.kind == "nightly" and run.status in ("succeeded", "partial"):
+        if plan.kind == "nightly" and run.outcome.status in ("succeeded", "partial"):
             # An interrupted night is judged when its resume ends.
             await asyncio.to_thread(self._watch_ratings, run.batch_id)
         return run.outcome
-
-    async def _graph_work(self, plan: BatchPlan) -> TickerWork:
-        """Return the graph's work for every ticker of the plan: data loaded, checkpointed."""
-        demo_seen: list[bool] = []
-        bundles: dict[str, MarketBundle] = {}
-        loads = asyncio.Semaphore(self.settings.data_concurrency)
-
-        async def load(ticker: str) -> None:
-            async with loads:
-                bundles[ticker] = await asyncio.to_thread(self.provider.load, ticker,
-                                                          plan.as_of)
-
-        async def graph_job(ticker: str, gated: TickerClient, batch_id: int
-                            ) -> list[store.DecisionRow]:
-            bundle = bundles.pop(ticker)
-            demo_seen.append(bundle.demo)
-            # A failed sample cancels its siblings; none of their calls outlives the ticker.
-            try:
-                async with asyncio.TaskGroup() as samples:
-                    runs = [samples.create_task(
-                        analyze_ticker(llm=gated, config=self.pipeline, batch_id=batch_id,
-                                       bundle=bundle, sample=s,
-                                       checkpointer=self._saver,
-                                       durability=self.settings.checkpoint_durability))
-                        for s in range(plan.samples)]
-            except BaseExceptionGroup as group:
-                raise first_error(group) from None
-            results = [run.result() for run in runs]
-            await asyncio.to_thread(store.record_outputs, self.engine, batch_id, results)
-            return [store.DecisionRow(ticker, r.sample, r.decision.rating, r.decision.score,
-                                      r.decision.confidence, r.decision.summary)
-                    for r in results]
-
-        weights = await asyncio.to_thread(store.expected_work, self.engine, plan.tickers)
-        per_ticker = len(node_names(self.pipeline)) * plan.samples
-        # Samples run side by side, so a ticker's chain is one sample's.
-        shape = (per_ticker, chain_length(self.pipeline))
-        return TickerWork(graph_job, weights=weights, shapes=dict.fromkeys(plan.tickers, shape),
-                          expected_calls=per_ticker * len(plan.tickers), prepare=load,
-                          final_settings=lambda: {"demo_data": any(demo_seen)},
-                          checkpointed=True)
 
     def _watch_ratings(self, batch_id: int) -> None:
         """Run the rating-distribution monitor; its failure is logged, never the batch's."""
@@ -199,24 +153,26 @@ class BatchRun:
     whatever the others did, then writes the status and its one-line reason.
     """
 
-    def __init__(self, owner: BatchEngine, plan: BatchPlan, work: TickerWork,
+    def __init__(self, owner: BatchEngine, plan: BatchPlan, work: TickerWork | None,
                  resuming: resumption.ResumePoint | None = None) -> None:
         self.owner = owner
         self.plan = plan
-        self.work = work
+        self.given_work = work
         self.resuming = resuming
         self.strategy = Strategy.parse(plan.strategy)
-        self.status = "crashed"  # until the run says otherwise
         self.error_text: str | None = None
         self.body_ok = False
         self.lock_lost = False
-        self.final_settings = work.final_settings
+        # Added to the batch's settings at its end; the graph's work says if it ran on demo data.
+        self.extra_settings: dict[str, Any] = {} if work else {"demo_data": False}
+        self.saver: BaseCheckpointSaver[Any] | None = None  # the graph's work's checkpointer
         self._stack = contextlib.AsyncExitStack()
         self._closed: list[tuple[str, BaseException]] = []  # closing steps that failed
-        self._context = contextlib.ExitStack()
+        self._log_context: Mapping[str, Any] = {}
 
     async def __aenter__(self) -> BatchRun:
         owner, plan, settings = self.owner, self.plan, self.owner.settings
+        self.work = self.given_work or await self._graph_work()
         if self.resuming is None:
             self.batch_id = await asyncio.to_thread(
                 store.create_batch, owner.engine, kind=plan.kind, as_of=plan.as_of,
@@ -225,15 +181,14 @@ class BatchRun:
                           "strategy": self.strategy.name, "runner": Runner.current().record()},
                 server_facts=owner.server_facts, source_batch_id=plan.source_batch_id,
             )
-            self.outcome = BatchOutcome(self.batch_id, "running")
+            self.outcome = BatchOutcome(self.batch_id, "crashed")  # until the run ends
         else:
             self.batch_id = self.resuming.batch_id
             await asyncio.to_thread(resumption.reopen, owner.engine, self.resuming)
             done, failed_before = await asyncio.to_thread(resumption.finished_tickers,
                                                           owner.engine, self.batch_id)
-            self.outcome = BatchOutcome(self.batch_id, "running", done, failed_before)
-        self._context.enter_context(
-            structlog.contextvars.bound_contextvars(batch_id=self.batch_id))
+            self.outcome = BatchOutcome(self.batch_id, "crashed", done, failed_before)
+        self._log_context = structlog.contextvars.bind_contextvars(batch_id=self.batch_id)
         log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                  samples=plan.samples, strategy=self.strategy.name, as_of=str(plan.as_of))
         hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
@@ -247,21 +202,57 @@ class BatchRun:
             halt=owner.halt, resume_hint=hint, clock=owner.clock)
         self.scheduler = Scheduler(self.strategy, self.servers)
         self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
-                                      self.scheduler, self.servers,
-                                      expected_calls=self.work.expected_calls)
-        closing = self._stack
+                                      self.scheduler, expected_calls=self.work.expected_calls)
         try:
             # Closed last to first: the samplers, the recorder, the clients.
             for name, close in (("close the LLM clients", self.servers.aclose),
                                 ("close the usage recorder", self.recorder.close),
                                 ("stop the metrics samplers", self.servers.stop)):
-                closing.push_async_callback(_closing, self._closed, name, close)
+                self._stack.push_async_callback(self._closing, name, close)
             await self.recorder.start()
             await self.servers.start()
         except BaseException as error:
             await self.__aexit__(type(error), error, error.__traceback__)
             raise
         return self
+
+    async def _graph_work(self) -> TickerWork:
+        """Return the graph's work for every ticker of the plan: data loaded, checkpointed."""
+        owner, plan = self.owner, self.plan
+        bundles: dict[str, MarketBundle] = {}
+        loads = asyncio.Semaphore(owner.settings.data_concurrency)
+
+        async def load(ticker: str) -> None:
+            async with loads:
+                bundles[ticker] = await asyncio.to_thread(owner.provider.load, ticker,
+                                                          plan.as_of)
+
+        async def graph_job(ticker: str, gated: TickerClient, batch_id: int
+                            ) -> list[store.DecisionRow]:
+            bundle = bundles.pop(ticker)
+            self.extra_settings["demo_data"] |= bundle.demo
+            # A failed sample cancels its siblings; none of their calls outlives the ticker.
+            try:
+                async with asyncio.TaskGroup() as samples:
+                    runs = [samples.create_task(
+                        analyze_ticker(llm=gated, config=owner.pipeline, batch_id=batch_id,
+                                       bundle=bundle, sample=s, checkpointer=self.saver,
+                                       durability=owner.settings.checkpoint_durability))
+                        for s in range(plan.samples)]
+            except BaseExceptionGroup as group:
+                raise first_error(group) from None
+            results = [run.result() for run in runs]
+            await asyncio.to_thread(store.record_outputs, owner.engine, batch_id, results)
+            return [store.DecisionRow(ticker, r.sample, r.decision.rating, r.decision.score,
+                                      r.decision.confidence, r.decision.summary)
+                    for r in results]
+
+        weights = await asyncio.to_thread(store.expected_work, owner.engine, plan.tickers)
+        per_ticker = len(node_names(owner.pipeline)) * plan.samples
+        # Samples run side by side, so a ticker's chain is one sample's.
+        shape = (per_ticker, chain_length(owner.pipeline))
+        return TickerWork(graph_job, weights=weights, shapes=dict.fromkeys(plan.tickers, shape),
+                          expected_calls=per_ticker * len(plan.tickers), prepare=load)
 
     async def drive(self) -> None:
         """Run every ticker and the heartbeat until done or halted (``run_until_halted``)."""
@@ -281,9 +272,9 @@ class BatchRun:
             if isinstance(error, BatchStopped):
                 return  # stopped, not failed: left for `run --resume`
             message = await self._store_result(job.key, decisions or [], message)
-            if owner._saver is not None:
-                await prune(owner._saver, [thread_id(self.batch_id, job.key, s)
-                                           for s in range(plan.samples)])
+            if self.saver is not None:
+                await prune(self.saver, [thread_id(self.batch_id, job.key, s)
+                                         for s in range(plan.samples)])
             if message:
                 outcome.failed[job.key] = message
                 log.error("ticker failed", ticker=job.key, error=message)
@@ -298,70 +289,70 @@ class BatchRun:
                     *(work.shapes or {}).get(t, (0, 0)),
                     prepare=functools.partial(prepare, t) if prepare else None)
                 for t in plan.tickers]
-        async with self._checkpoints():
+        async with contextlib.AsyncExitStack() as checkpoints:
+            if self.given_work is None:  # the graph's work resumes from its checkpoints
+                self.saver = await checkpoints.enter_async_context(open_checkpointer(
+                    owner.settings.database_url, before_write=self.recorder.drain))
             async with self.progress:
                 await run_until_halted(self.scheduler, self.scheduler.run(jobs, on_done),
                                        owner.halt, beside=[self._heartbeat()])
-            if owner._saver is not None and owner.halt.reason is None:
+            if self.saver is not None and owner.halt.reason is None:
                 # Also those a process killed between storing and pruning left behind.
-                await prune(owner._saver, await asyncio.to_thread(
+                await prune(self.saver, await asyncio.to_thread(
                     resumption.threads_of, owner.engine, self.batch_id))
         # Over the whole batch, a resume's earlier tickers included.
-        self.status = ("succeeded" if not outcome.failed
-                       else "partial" if outcome.succeeded else "failed")
+        outcome.status = ("succeeded" if not outcome.failed
+                          else "partial" if outcome.succeeded else "failed")
         if owner.halt.reason is not None:
             outcome.halt = owner.halt.reason
-            self.status, self.error_text = owner.halt.reason.status, owner.halt.reason.message
-        extra: dict[str, Any] = {}
+            outcome.status, self.error_text = owner.halt.reason.status, owner.halt.reason.message
         if self.servers.outages:
-            extra["server_outages"] = self.servers.outages
+            self.extra_settings["server_outages"] = self.servers.outages
         fallback = self.scheduler.fallback_record()
         if fallback is not None:  # shown by `nightdesk report`
-            extra["metrics_fallback"] = fallback
-        if extra:
-            before = self.final_settings
-            self.final_settings = lambda: {**(before() if before else {}), **extra}
+            self.extra_settings["metrics_fallback"] = fallback
         self.body_ok = True
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
                         tb: Any) -> None:
         if exc is not None and not self.body_ok:
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
-                self.status, self.error_text = "interrupted", "interrupted by the operator"
+                self.outcome.status = "interrupted"
+                self.error_text = "interrupted by the operator"
             elif isinstance(exc, Exception):
                 self.error_text = _one_line(exc)
         try:
             await self._stack.aclose()
-            if self._closed:
-                self.error_text = "; ".join(filter(None, [self.error_text,
-                                                          _describe(self._closed)]))
+            failed = self._closed
+            if failed:
+                self.error_text = "; ".join(filter(None, [self.error_text, "; ".join(
+                    f"cleanup: {name}: {type(error).__name__}: {error}"
+                    for name, error in failed)[:500]]))
             outcome = self.outcome
-            outcome.status = self.status
             outcome.admission = self.scheduler.admission()
             outcome.holdback = self.scheduler.holdback_timeline()
             if await self._may_write_end():
                 await asyncio.to_thread(
-                    store.finish_batch, self.owner.engine, self.batch_id, self.status,
-                    self.error_text, self.final_settings() if self.final_settings else None)
-            log.info("batch finished", status=self.status, succeeded=len(outcome.succeeded),
+                    store.finish_batch, self.owner.engine, self.batch_id, outcome.status,
+                    self.error_text, self.extra_settings or None)
+            log.info("batch finished", status=outcome.status, succeeded=len(outcome.succeeded),
                      failed=len(outcome.failed), admission=outcome.admission)
-            _reraise(self._closed, body_ok=self.body_ok and exc is None)
+            # What closing met is raised: a cancellation always; an error when nothing else is.
+            for _, error in failed:
+                if not isinstance(error, Exception):
+                    raise error
+            if failed and self.body_ok and exc is None:
+                raise failed[0][1]
         finally:
-            self._context.close()
+            structlog.contextvars.reset_contextvars(**self._log_context)
 
-    @contextlib.asynccontextmanager
-    async def _checkpoints(self) -> AsyncIterator[None]:
-        """Open the checkpointer (``owner._saver``) when the work wants one."""
-        if not self.work.checkpointed:
-            yield
-            return
-        async with open_checkpointer(self.owner.settings.database_url,
-                                     before_write=self.recorder.drain) as saver:
-            self.owner._saver = saver
-            try:
-                yield
-            finally:
-                self.owner._saver = None
+    async def _closing(self, name: str, close: Callable[[], Awaitable[object]]) -> None:
+        """Run one closing step; keep what it raised, a cancellation too, for ``__aexit__``."""
+        try:
+            await close()
+        except BaseException as error:  # reported by __aexit__, never lost
+            log.error("cleanup step failed", step=name, error=f"{type(error).__name__}: {error}")
+            self._closed.append((name, error))
 
     async def _store_result(self, ticker: str, decisions: list[store.DecisionRow],
                             error: str | None) -> str | None:
@@ -435,21 +426,11 @@ def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
     return sum(requests[:strategy.tickers_in_flight or len(requests)])
 
 
-class Stoppable(Protocol):
-    """What a halt needs of the scheduler."""
-
-    def stop(self) -> None: ...
-
-    async def drained(self) -> None: ...
-
-    def close(self, error: BaseException) -> None: ...
-
-
 class _Cut(Exception):
     """A halt's grace ran out, or it was hurried: whatever still runs is cancelled."""
 
 
-async def run_until_halted(scheduler: Stoppable, work: Coroutine[Any, Any, None], halt: Halt,
+async def run_until_halted(scheduler: Scheduler, work: Coroutine[Any, Any, None], halt: Halt,
                            beside: Sequence[Coroutine[Any, Any, None]] = ()) -> None:
     """Await ``work`` in one TaskGroup with the halt (and ``beside`` it, until it ends).
 
@@ -459,8 +440,7 @@ async def run_until_halted(scheduler: Stoppable, work: Coroutine[Any, Any, None]
     """
     try:
         async with asyncio.TaskGroup() as group:
-            helpers = [group.create_task(_stop_on_halt(scheduler, halt)),
-                       group.create_task(_cut_when_hurried(scheduler, halt)),
+            helpers = [group.create_task(_enforce(scheduler, halt)),
                        *(group.create_task(task) for task in beside)]
             try:
                 await work
@@ -473,55 +453,21 @@ async def run_until_halted(scheduler: Stoppable, work: Coroutine[Any, Any, None]
             raise error from None
 
 
-async def _stop_on_halt(scheduler: Stoppable, halt: Halt) -> None:
+async def _enforce(scheduler: Scheduler, halt: Halt) -> None:
+    """On a halt: stop admission; once drained (or at the grace's end) refuse the waiting
+    requests; at the grace's end, or once hurried, raise _Cut."""
     await halt.requested.wait()
     reason = halt.reason
     assert reason is not None
     scheduler.stop()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + reason.grace_s
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout_at(deadline):
-            await scheduler.drained()
+    await wait_first(scheduler.drained(), halt.hurried.wait(), timeout=reason.grace_s)
     if not halt.hurried.is_set():
         scheduler.close(BatchStopped(reason.message))
-    await asyncio.sleep(max(0.0, deadline - loop.time()))
+        await wait_first(halt.hurried.wait(), timeout=max(0.0, deadline - loop.time()))
     log.warning("cancelling what is still running", why=reason.message)
     raise _Cut
-
-
-async def _cut_when_hurried(scheduler: Stoppable, halt: Halt) -> None:
-    await halt.hurried.wait()
-    scheduler.stop()  # whichever of the two helpers runs first
-    log.warning("cancelling what is still running",
-                why=halt.reason.message if halt.reason else "")
-    raise _Cut
-
-
-async def _closing(failed: list[tuple[str, BaseException]], name: str,
-                   close: Callable[[], Awaitable[object]]) -> None:
-    """Run one closing step; keep what it raised, a cancellation too, in ``failed``
-    (``_reraise`` raises it once every step and the status have run)."""
-    try:
-        await close()
-    except BaseException as error:  # reported by the caller, never lost
-        log.error("cleanup step failed", step=name, error=f"{type(error).__name__}: {error}")
-        failed.append((name, error))
-
-
-def _describe(failed: list[tuple[str, BaseException]]) -> str:
-    """Return one line naming each failed closing step and its error."""
-    return "; ".join(f"cleanup: {name}: {type(error).__name__}: {error}"
-                     for name, error in failed)[:500]
-
-
-def _reraise(failed: list[tuple[str, BaseException]], *, body_ok: bool) -> None:
-    """Raise what closing met: a cancellation always; an error when nothing else is raised."""
-    for _, error in failed:
-        if not isinstance(error, Exception):
-            raise error
-    if failed and body_ok:
-        raise failed[0][1]
 
 
 def _one_line(error: BaseException) -> str:

@@ -114,32 +114,24 @@ def finished_since(engine: Engine, as_of: date, since: datetime) -> int | None:
                             .order_by(Batch.id.desc()).limit(1)).scalar()
 
 
-def execute_plan(settings: Settings, engine: Engine, plan: BatchPlan,
-                 lock: LockHold | None = None, *, server: ServerCheck) -> BatchOutcome:
+def execute_plan(settings: Settings, engine: Engine,
+                 start: BatchPlan | resumption.ResumePoint, lock: LockHold | None = None, *,
+                 server: ServerCheck, announce: Announce = None) -> BatchOutcome:
     """Run one batch to its final row and send its digest; SIGTERM or Ctrl-C stop it
-    interrupted (resumable).
+    interrupted (resumable). A resume point continues a cut-short batch, each unfinished
+    ticker after its last checkpointed node.
 
-    The preflight (``server``: how far it asks the server) raises before any row is
-    written. ``lock``: the nightly lock a nightly batch runs under.
+    The preflight (``server``: how far it asks the server; a resumed batch in its own
+    shape) raises before any row is written, then a resume is ``announce``d. ``lock``: the
+    nightly lock a nightly batch runs under.
     """
-    check_start(settings, engine, plan.as_of, plan.tickers, server=server)
-    return _run(settings, engine, plan, lock)
-
-
-def resume_batch(settings: Settings, engine: Engine, point: resumption.ResumePoint,
-                 lock: LockHold | None = None, *, server: ServerCheck,
-                 announce: Announce = None) -> BatchOutcome:
-    """Continue a cut-short batch, each unfinished ticker after its last checkpointed node:
-    as ``execute_plan``, the preflight in the batch's own shape, then ``announce``."""
-    check_start(shaped(settings, point.settings), engine, point.as_of, point.tickers,
-                server=server)
-    if announce is not None:
-        announce(point)
-    return _run(settings, engine, point, lock)
-
-
-def _run(settings: Settings, engine: Engine, start: BatchPlan | resumption.ResumePoint,
-         lock: LockHold | None) -> BatchOutcome:
+    if isinstance(start, resumption.ResumePoint):
+        check_start(shaped(settings, start.settings), engine, start.as_of, start.tickers,
+                    server=server)
+        if announce is not None:
+            announce(start)
+    else:
+        check_start(settings, engine, start.as_of, start.tickers, server=server)
     facts = batch_server_facts(settings.server_profile, settings.base_url,
                                settings.server_dir)
     runner = BatchEngine(settings, engine, server_facts=facts, lock=lock)
@@ -161,7 +153,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
 
     ``resume``: continue an unfinished nightly batch of the same date rather than start a
     second. ``skip_if_finished_since``: run nothing when a nightly batch of that date has
-    finished since then. ``server``, ``announce``: as ``execute_plan``, ``resume_batch``.
+    finished since then. ``server``, ``announce``: as ``execute_plan``.
     AlreadyRunningError when another run holds the lock, before any row or call.
     """
     request = request or NightlyRequest()
@@ -185,7 +177,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                 if announce is not None:
                     announce(point)
 
-            return NightlyResult(resume_batch(settings, engine, point, lock, server=server,
+            return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
                                               announce=tell), point.total, point)
         symbols, notes = nightly_tickers(settings, as_of, request.tickers, request.universe)
         for note in notes:
@@ -220,5 +212,5 @@ def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = N
 def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerCheck,
             announce: Announce, lock: LockHold | None) -> NightlyResult:
     point = resumption.find_resumable(engine, batch_id, settings.heartbeat_stale_s)
-    return NightlyResult(resume_batch(settings, engine, point, lock, server=server,
+    return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
                                       announce=announce), point.total, point)

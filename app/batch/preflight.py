@@ -1,10 +1,4 @@
-"""Refuse a batch that cannot work before any of its rows exist: the check every start runs.
-
-``check_start`` checks, in order: the market data holds every ticker on the date; with
-``server="require"`` every endpoint serves the model; and no prompt of the night, at its
-smallest (agents/smallest.py), can overrun an endpoint's max-model-len. ``"if_up"`` (the
-daemon) asks the context only of a server that answers. A refusal is one line, exit 2.
-"""
+"""Refuse a batch that cannot work before any of its rows exist: the check every start runs."""
 
 from __future__ import annotations
 
@@ -41,9 +35,11 @@ TOKENIZE_TIMEOUT_S = 10.0
 
 def check_start(settings: Settings, engine: Engine, as_of: date, tickers: list[str], *,
                 server: ServerCheck) -> None:
-    """Raise InputError or ConfigError (one line) when the batch could not run; else return.
-
-    ``settings`` are the batch's own (a resumed batch's shape). No tickers: nothing to check.
+    """Raise InputError or ConfigError (one line, exit 2) when the batch could not run:
+    the data lacks a ticker on the date; with ``server="require"``, an endpoint does not
+    serve the model; unless ``"skip"``, a prompt of the night at its smallest
+    (agents/smallest.py) overruns an endpoint's max-model-len (``"if_up"``: ask only a
+    server that answers). ``settings`` are the batch's own (a resumed batch's shape).
     """
     if not tickers:
         return

@@ -23,13 +23,13 @@ LOG_EVERY_S = 15.0
 class BatchProgress:
     """Summarize tickers, calls, batch output tok/s, the server's gauges and an ETA."""
 
-    def __init__(self, batch_id: int, total: int, llm: Any, scheduler: Any, sampler: Any,
+    def __init__(self, batch_id: int, total: int, llm: Any, scheduler: Any,
                  console: Console | None = None, expected_calls: int | None = None) -> None:
+        """``llm``: the batch's servers, their call stats and latest gauges (``latest``)."""
         self.batch_id = batch_id
         self.total = total
         self.llm = llm
         self.scheduler = scheduler
-        self.sampler = sampler
         self.done = 0
         self.failed = 0
         self.expected_calls = expected_calls
@@ -51,7 +51,7 @@ class BatchProgress:
             tok_s = stats.completion_tokens / span if span > 0 else 0.0
         elapsed = time.monotonic() - self.t0
         eta = eta_s(elapsed, self.done, self.total, stats.calls, self.expected_calls)
-        latest = getattr(self.sampler, "latest", None)
+        latest = getattr(self.llm, "latest", None)
         budget = getattr(self.scheduler, "budget", None)
         endpoints = getattr(self.scheduler, "endpoints", None)
         limit = self.scheduler.gate.limit
@@ -108,9 +108,9 @@ class BatchProgress:
             self._live = None
         try:
             if self._ticker is not None:
-                ticker, self._ticker = self._ticker, None
-                await cancel_and_wait(ticker)
+                await cancel_and_wait(self._ticker)
         finally:
+            self._ticker = None
             if not self.console.is_terminal:
                 log.info("progress", **self.state())
 

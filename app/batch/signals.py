@@ -38,7 +38,7 @@ async def _stop_on_signals(work: Coroutine[Any, Any, T], halt: Halt | None,
         halt.request(HaltReason(
             "interrupted", f"stopped by {name}: finished tickers are kept; "
                            "`nightdesk run --resume` completes the batch",
-            BatchInterrupted.exit_code, 0.0 if halt.stopping else grace_s))
+            BatchInterrupted.exit_code, 0.0 if halt.reason else grace_s))
 
     for sig in SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig.name)

@@ -54,7 +54,3 @@ class Halt:
             self.reason = HaltReason(self.reason.status, self.reason.message,
                                      self.reason.exit_code, 0.0)
             self.hurried.set()
-
-    @property
-    def stopping(self) -> bool:
-        return self.reason is not None

@@ -273,12 +273,12 @@ def test_progress_shows_the_token_budget_in_use() -> None:
     scheduler.budget.set_capacity(8_000, 16)
     scheduler.budget.take(Claim(1_234))
     llm = SimpleNamespace(stats=CallStats())
-    state = BatchProgress(1, 3, llm, scheduler, server).state()
+    state = BatchProgress(1, 3, llm, scheduler).state()
     assert (state["budget_tokens"], state["reserved_tokens"]) == (int(8_000 * 0.95), 1_234)
     # Without a budget (a fixed strategy) the fields say so.
     fixed = over_one_server(server, Strategy.parse("fixed-3"), gauges=server)
     assert fixed.budget is None
-    assert BatchProgress(1, 3, llm, fixed, server).state()["budget_tokens"] is None
+    assert BatchProgress(1, 3, llm, fixed).state()["budget_tokens"] is None
 
 
 async def test_the_batchs_first_requests_are_costed_after_one_count(

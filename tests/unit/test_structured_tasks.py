@@ -337,7 +337,7 @@ def progress() -> BatchProgress:
                                 strategy=Strategy.parse("adaptive"))
     llm = SimpleNamespace(stats=SimpleNamespace(calls=0, failed=0, completion_tokens=0,
                                                 first_start=None))
-    return BatchProgress(1, 2, llm, scheduler, None, console=Console(file=io.StringIO()))
+    return BatchProgress(1, 2, llm, scheduler, console=Console(file=io.StringIO()))
 
 
 async def test_the_progress_log_loop_ends_with_its_context() -> None:
