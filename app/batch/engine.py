@@ -31,7 +31,7 @@ from app.traffic.halt import Halt, HaltReason
 from app.traffic.scheduler import Job, Scheduler
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
-from app.traffic.tasks import first_error, wait_first
+from app.traffic.tasks import first_error
 from app.usage import UsageRecorder
 
 log = structlog.get_logger(__name__)
@@ -440,7 +440,8 @@ async def run_until_halted(scheduler: Scheduler, work: Coroutine[Any, Any, None]
     """
     try:
         async with asyncio.TaskGroup() as group:
-            helpers = [group.create_task(_enforce(scheduler, halt)),
+            helpers = [group.create_task(_stop_on_halt(scheduler, halt)),
+                       group.create_task(_cut_when_hurried(scheduler, halt)),
                        *(group.create_task(task) for task in beside)]
             try:
                 await work
@@ -453,20 +454,31 @@ async def run_until_halted(scheduler: Scheduler, work: Coroutine[Any, Any, None]
             raise error from None
 
 
-async def _enforce(scheduler: Scheduler, halt: Halt) -> None:
+async def _stop_on_halt(scheduler: Scheduler, halt: Halt) -> None:
     """On a halt: stop admission; once drained (or at the grace's end) refuse the waiting
-    requests; at the grace's end, or once hurried, raise _Cut."""
+    requests; at the grace's end raise _Cut."""
     await halt.requested.wait()
     reason = halt.reason
     assert reason is not None
     scheduler.stop()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + reason.grace_s
-    await wait_first(scheduler.drained(), halt.hurried.wait(), timeout=reason.grace_s)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout_at(deadline):
+            await scheduler.drained()
     if not halt.hurried.is_set():
         scheduler.close(BatchStopped(reason.message))
-        await wait_first(halt.hurried.wait(), timeout=max(0.0, deadline - loop.time()))
+    await asyncio.sleep(max(0.0, deadline - loop.time()))
     log.warning("cancelling what is still running", why=reason.message)
+    raise _Cut
+
+
+async def _cut_when_hurried(scheduler: Scheduler, halt: Halt) -> None:
+    """Once the halt is hurried (its grace cut to zero): stop admission and raise _Cut."""
+    await halt.hurried.wait()
+    scheduler.stop()  # whichever of the two helpers runs first
+    log.warning("cancelling what is still running",
+                why=halt.reason.message if halt.reason else "")
     raise _Cut
 
 
