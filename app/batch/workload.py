@@ -18,6 +18,7 @@ from app.config import Settings
 from app.db.models import Batch, LLMCall, LLMRequest
 from app.errors import InputError, LLMError
 from app.traffic.client import TickerClient
+from app.traffic.tasks import first_error
 from app.usage import decompress_body
 
 
@@ -132,7 +133,12 @@ async def play(items: list[WorkItem], gated: TickerClient, batch_id: int, *,
         finally:
             done[(item.sample, item.name)].set()
 
-    await asyncio.gather(*(one(i) for i in items))
+    try:
+        async with asyncio.TaskGroup() as group:  # any other error cancels the siblings
+            for item in items:
+                group.create_task(one(item))
+    except BaseExceptionGroup as group_error:
+        raise first_error(group_error) from None
     if errors:
         raise errors[0]
     return []

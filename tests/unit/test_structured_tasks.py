@@ -387,6 +387,26 @@ async def run_wide_batch(engine: Engine, halt_at: int | None = None) -> str:
     return outcome.status
 
 
+async def test_a_replayed_tickers_requests_end_with_its_first_unexpected_error() -> None:
+    # A bug in one request (not an LLMError, which releases its dependants and is raised
+    # once every request ended) cancels its siblings: none is left calling the server.
+    slow = SlowToCancel()
+
+    class Gated:
+        async def send(self, tag: Any, body: dict[str, Any]) -> None:
+            if body["n"] == 0:
+                await asyncio.sleep(0.01)
+                raise RuntimeError("a bug")
+            await slow()
+
+    items = [WorkItem("AAA", 0, f"node{n}", {"n": n}) for n in range(3)]
+    before = tasks_now()
+    with pytest.raises(RuntimeError, match="a bug"):
+        await play(items, Gated(), 1)  # type: ignore[arg-type]
+    assert slow.ended
+    assert not {t for t in tasks_now() - before if not t.done()}
+
+
 async def test_a_whole_batch_leaves_nothing_running(sqlite_engine: Engine) -> None:
     before = tasks_now()
     assert await run_wide_batch(sqlite_engine) == "succeeded"
