@@ -169,7 +169,7 @@ class PromptCounter:
 
     async def _measure_once(self, messages: list[dict[str, str]], budget: int,
                             exact: bool) -> PromptSize | None:
-        """Size the prompt once; raise what /tokenize raised (``measure`` retries it)."""
+        """Size the prompt once; raise what /tokenize raised (``size`` retries it)."""
         # Looked at on every try: a try in between may have taught the limit or found no
         # /tokenize at all.
         if not self.supported:
