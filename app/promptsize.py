@@ -149,23 +149,27 @@ class PromptCounter:
         None when the server cannot count (no /tokenize, the check turned off, or the server
         kept failing): the call then goes out as it is and the server has the last word.
         """
-        budget = self.budget(max_tokens)
         try:
-            return await tenacity.AsyncRetrying(
-                retry=tenacity.retry_if_exception(
-                    lambda error: isinstance(error, LLMError) and error.retryable),
-                stop=tenacity.stop_after_attempt(self.settings.max_attempts),
-                # No wait between tries: a server that stays away is the call's to wait for,
-                # at its endpoint's gate (app.traffic.client).
-                reraise=True,
-            )(self._measure_once, messages, budget, exact)
+            return await self.size(messages, max_tokens=max_tokens, exact=exact)
         except LLMError as error:
             log.warning("prompt could not be counted", error=str(error))
             return None
 
+    async def size(self, messages: list[dict[str, str]], *, max_tokens: int,
+                   exact: bool = False) -> PromptSize | None:
+        """Return what ``measure`` does, but raise the last try's LLMError: a server fault is
+        for the caller to judge (app.traffic.client waits for the server, as for a call)."""
+        return await tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception(
+                lambda error: isinstance(error, LLMError) and error.retryable),
+            stop=tenacity.stop_after_attempt(self.settings.max_attempts),
+            # No wait between tries: a server that stays away is the caller's to wait for.
+            reraise=True,
+        )(self._measure_once, messages, self.budget(max_tokens), exact)
+
     async def _measure_once(self, messages: list[dict[str, str]], budget: int,
                             exact: bool) -> PromptSize | None:
-        """Size the prompt once; raise what /tokenize raised (``measure`` retries it)."""
+        """Size the prompt once; raise what /tokenize raised (``size`` retries it)."""
         # Looked at on every try: a try in between may have taught the limit or found no
         # /tokenize at all.
         if not self.supported:

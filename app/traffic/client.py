@@ -67,8 +67,28 @@ class TickerClient:
 
     async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
                       exact: bool = False) -> PromptSize | None:
-        """Count a prompt for the context guard; not a request, so it needs no place."""
-        return await self.server.llm.measure(messages, max_tokens=max_tokens, exact=exact)
+        """Count a prompt for the context guard; not a request, so it needs no place.
+
+        A count that fails for a server fault goes where a failed call would (``_routed``):
+        to a server that is up, waiting for one (ServerOutage past the budget). None when
+        the server cannot count or the failure is the count's own: the call goes as it is.
+        """
+        counts_left = 2 * len(self.servers)  # as for a call: a flapping server ends it
+        while True:
+            counts_left -= 1
+            endpoint = self._here()
+            started = endpoint.clock()
+            try:
+                return await endpoint.llm.size(messages, max_tokens=max_tokens, exact=exact)
+            except LLMError as error:
+                target = None
+                if server_fault(error) and counts_left > 0:
+                    target = await self.servers.after_failure(
+                        endpoint, started, reached=not isinstance(error, LLMConnectionError))
+                if target is None:
+                    log.warning("prompt could not be counted", error=str(error)[:200])
+                    return None
+                self._move(target)
 
     def close(self) -> None:
         """Release what the ticker still holds: its work is over (call once)."""

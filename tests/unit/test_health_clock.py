@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 
+from agents.fitting import PromptSize
 from app.config import load_settings
-from app.errors import ServerOutage
+from app.errors import LLMConnectionError, LLMError, LLMHTTPError, ServerOutage
+from app.traffic.client import TickerClient
 from app.traffic.halt import Halt
 from app.traffic.server import MIN_FAILED_READS, Server, ServerSet
 from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 
 BUDGET_S = 30.0
 
@@ -169,3 +172,78 @@ async def test_a_refused_connection_is_sent_again_though_the_reads_never_saw_the
     again = await servers.after_failure(servers.endpoints[0], started, reached=False)
     assert isinstance(again, Server) and again.up
     assert await servers.after_failure(servers.endpoints[0], started, reached=True) is None
+
+
+MESSAGES = [{"role": "user", "content": "count me"}]
+SIZE = PromptSize(70, 90)
+
+
+class Counts:
+    """A server's prompt counter (``PromptCounter.size``): raise each of ``errors`` in turn,
+    as its last try would, then count."""
+
+    def __init__(self, *errors: LLMError) -> None:
+        self.errors = list(errors)
+        self.tries = 0
+
+    async def size(self, messages: Any, *, max_tokens: int, exact: bool = False) -> PromptSize:
+        self.tries += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return SIZE
+
+
+def counting(servers: ServerSet, counts: Counts) -> asyncio.Task[PromptSize | None]:
+    """Start a ticker's prompt count on the first server, whose counter is ``counts``."""
+    servers.first.llm = counts  # type: ignore[assignment]
+    client = TickerClient(servers, servers.first, Ticket(0))
+    return asyncio.create_task(client.measure(MESSAGES, max_tokens=10, exact=True))
+
+
+def refused() -> LLMError:
+    return LLMConnectionError("cannot reach the server to count tokens")
+
+
+def unavailable() -> LLMError:
+    return LLMHTTPError("/tokenize answered 503", http_status=503)
+
+
+async def test_a_count_whose_server_stays_away_past_the_budget_ends_in_an_outage() -> None:
+    clock = Clock()
+    servers, reads, halt = fleet(clock, size=1)
+    reads[0].answers = False
+    counts = Counts(*[unavailable() for _ in range(9)])
+    count = counting(servers, counts)
+    await asyncio.sleep(0)
+    assert not servers.first.up and not count.done()  # the count waits for its server
+    fail_for(clock, reads, BUDGET_S + 0.5)
+    with pytest.raises(ServerOutage):
+        await asyncio.wait_for(count, 1)
+    assert counts.tries == 1 and halt.reason is not None
+
+
+@pytest.mark.parametrize("error", [unavailable, refused])
+async def test_a_count_whose_server_comes_back_is_counted_there(error: Any) -> None:
+    clock = Clock()
+    servers, reads, halt = fleet(clock, size=1)
+    reads[0].answers = False
+    counts = Counts(error())
+    count = counting(servers, counts)
+    await asyncio.sleep(0)
+    assert not servers.first.up and not count.done()
+    clock.now += 5
+    reads[0].ok()  # back within the budget
+    assert await asyncio.wait_for(count, 1) == SIZE
+    assert counts.tries == 2 and halt.reason is None
+
+
+@pytest.mark.parametrize("error", [
+    unavailable,  # a server fault, but the reading it asks for finds the server up
+    lambda: LLMHTTPError("/tokenize answered 400", http_status=400),  # the request's own
+])
+async def test_a_count_that_fails_on_a_server_that_is_up_is_given_up(error: Any) -> None:
+    clock = Clock()
+    servers, _, halt = fleet(clock, size=1)
+    counts = Counts(error())
+    assert await asyncio.wait_for(counting(servers, counts), 1) is None  # goes out as it is
+    assert counts.tries == 1 and servers.first.up and halt.reason is None

@@ -36,7 +36,7 @@ from app.db.retry import (
     retried,
     retrying,
 )
-from app.errors import LLMConnectionError, UsageLost
+from app.errors import LLMConnectionError, LLMHTTPError, UsageLost
 from app.promptsize import PromptCounter
 from app.usage import UsageRecorder
 from tests.fakevllm import FakeServer, Reply
@@ -195,6 +195,15 @@ async def test_a_prompt_count_is_tried_again_while_the_server_may_pass(
     assert server.tokenize_calls == tries
     gave_up = [e for e in logs if e["event"] == "prompt could not be counted"]
     assert len(gave_up) == (expected is None)
+
+
+async def test_a_count_the_server_kept_failing_raises_for_its_client_to_judge() -> None:
+    server = tokenize([503, 503, 503])
+    async with server.client() as http:
+        counter = PromptCounter(load_settings(max_attempts=3), http, "http://server/tokenize")
+        with pytest.raises(LLMHTTPError):  # app.traffic.client waits for the server on it
+            await counter.size(MESSAGES, max_tokens=10, exact=True)
+    assert server.tokenize_calls == 3  # its own tries first
 
 
 async def test_a_server_never_reached_is_not_counted() -> None:
