@@ -109,7 +109,6 @@ class TickerClient:
 
     async def _routed(self, tag: CallTag, sized: dict[str, Any], send: Send) -> ChatResult:
         call = Call()  # the same call on every endpoint it is sent to
-        loop = asyncio.get_running_loop()
         # A server that keeps flapping must not keep one call going round for ever.
         sends_left = 2 * len(self.servers)
         while True:
@@ -118,7 +117,7 @@ class TickerClient:
             if endpoint.strategy.prefetch and not self.ticket.chained:
                 # Outside the call: a wait for a chain slot is not an attempt at the server.
                 await endpoint.enter_chain(self.ticket)
-            started = loop.time()
+            started = endpoint.clock()  # the clock its readings' failures are timed on
             try:
                 result = await self._unless_gone(
                     endpoint, self._on(endpoint, tag, sized, send, call))
