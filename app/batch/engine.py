@@ -20,7 +20,7 @@ from agents.graph import analyze_ticker, chain_length, node_names, thread_id
 from app.batch import resume as resumption
 from app.batch import store
 from app.batch.checkpoints import open_checkpointer, prune
-from app.batch.heap import frozen_heap
+from app.batch.heap import batch_collector
 from app.batch.progress import BatchProgress
 from app.config import Settings
 from app.db.lock import LockHold, Runner
@@ -130,7 +130,7 @@ class BatchEngine:
                              str(start.settings.get("strategy", "adaptive")), start.label)
         else:
             plan = start
-        with frozen_heap():
+        with batch_collector():
             async with BatchRun(self, plan, work, resuming) as run:
                 await run.drive()
         if plan.kind == "nightly" and run.outcome.status in ("succeeded", "partial"):

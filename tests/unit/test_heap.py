@@ -1,4 +1,4 @@
-"""The batch's frozen heap: objects alive on entry leave the collector's reach until exit."""
+"""The collector while a batch runs: the heap alive on entry frozen, young passes rarer."""
 
 from __future__ import annotations
 
@@ -12,26 +12,40 @@ from sqlalchemy import Engine
 
 from agents.data.snapshot import SnapshotProvider
 from app.batch.engine import BatchEngine, BatchPlan, TickerWork
-from app.batch.heap import frozen_heap
+from app.batch.heap import YOUNG_THRESHOLD, batch_collector
 from app.config import load_settings
 from app.traffic.client import TickerClient
 
 
 def test_objects_alive_on_entry_are_frozen_until_exit() -> None:
+    before = gc.get_threshold()
     assert gc.get_freeze_count() == 0
-    with frozen_heap():
+    with batch_collector():
         assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, *before[1:])
     assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before
+
+
+def test_overlapping_batches_restore_the_thresholds_when_the_last_ends() -> None:
+    before = gc.get_threshold()
+    first, second = batch_collector(), batch_collector()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert gc.get_threshold()[0] == YOUNG_THRESHOLD and gc.get_freeze_count() > 0
+    second.__exit__(None, None, None)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
 def test_an_error_inside_still_unfreezes() -> None:
-    with pytest.raises(RuntimeError), frozen_heap():
+    with pytest.raises(RuntimeError), batch_collector():
         raise RuntimeError("boom")
     assert gc.get_freeze_count() == 0
 
 
 def test_cycles_made_inside_are_still_collected() -> None:
-    with frozen_heap():
+    with batch_collector():
         cycle: list[object] = []
         cycle.append(cycle)
         del cycle
