@@ -20,6 +20,7 @@ from agents.graph import analyze_ticker, chain_length, node_names, thread_id
 from app.batch import resume as resumption
 from app.batch import store
 from app.batch.checkpoints import open_checkpointer, prune
+from app.batch.heap import batch_collector
 from app.batch.progress import BatchProgress
 from app.config import Settings
 from app.db.lock import LockHold, Runner
@@ -129,8 +130,9 @@ class BatchEngine:
                              str(start.settings.get("strategy", "adaptive")), start.label)
         else:
             plan = start
-        async with BatchRun(self, plan, work, resuming) as run:
-            await run.drive()
+        with batch_collector():
+            async with BatchRun(self, plan, work, resuming) as run:
+                await run.drive()
         if plan.kind == "nightly" and run.outcome.status in ("succeeded", "partial"):
             # An interrupted night is judged when its resume ends.
             await asyncio.to_thread(self._watch_ratings, run.batch_id)

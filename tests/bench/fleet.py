@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -169,6 +170,9 @@ def fleet(
         = "postgresql+psycopg://postgres@127.0.0.1:5432/test",
     port: Annotated[int, typer.Option(help="The first endpoint's port (then +1 each).")]
         = 18100,
+    server_cpus: Annotated[str | None, typer.Option(
+        help="Pin the endpoints' process to these CPUs (taskset -c, e.g. 1); pin the client "
+             "with taskset around this command.")] = None,
     json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
 ) -> None:
     """Simulate a night over several H200-sized endpoints on 127.0.0.1, one client process."""
@@ -181,6 +185,8 @@ def fleet(
                "--ports", ",".join(map(str, ports)), "--speedup", str(gpu.speedup),
                "--prompt-weight", str(gpu.prompt_weight),
                "--stream-interval", str(gpu.stream_interval)]
+    if server_cpus is not None:
+        command = ["taskset", "-c", server_cpus, *command]
     with contextlib.ExitStack() as stack:
         # From the checkout's root, where ``tests`` is importable whatever the caller's folder.
         servers = subprocess.Popen(command, stdin=subprocess.DEVNULL, cwd=ROOT)
@@ -219,7 +225,8 @@ def fleet(
         loop_lag=lag.summary(), process=use.to_json(),
         rows_per_s=rows / arm["makespan_s"] if arm["makespan_s"] else 0.0,
         capacity=capacity(arm, gpu, endpoints),
-        machine={**machine_facts(), "database": database})
+        machine={**machine_facts(), "database": database, "server_cpus": server_cpus,
+                 "client_cpus": sorted(os.sched_getaffinity(0))})
     show_fleet(result)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
