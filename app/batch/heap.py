@@ -19,11 +19,11 @@ _saved = gc.get_threshold()
 def batch_collector() -> Iterator[None]:
     """Freeze every object alive on entry and collect the young generation less often.
 
-    A batch starts with ~0.4M tracked objects (imported modules, settings, the work); each
-    full collection walked them all with the event loop held (docs/lab/2026-12-03-fleet-
-    loop-lag.md). Frozen objects are still freed by reference counting; cycles among them
-    wait for the exit, where they rejoin the oldest generation. The last batch out restores
-    the thresholds.
+    Why: a full collection walks every tracked object with the event loop held, and a batch
+    starts with several hundred thousand (modules, settings, the work); frozen, they leave
+    the walk, and a call's short-lived cycles die young. Frozen objects are still freed by
+    reference counting; cycles among them wait for the exit, where they rejoin the oldest
+    generation. The last batch out restores the thresholds.
     """
     global _held, _saved
     if _held == 0:

@@ -81,10 +81,7 @@ class TickerClient:
             try:
                 return await endpoint.llm.size(messages, max_tokens=max_tokens, exact=exact)
             except LLMError as error:
-                target = None
-                if server_fault(error) and counts_left > 0:
-                    target = await self.servers.after_failure(
-                        endpoint, started, reached=not isinstance(error, LLMConnectionError))
+                target = await self._elsewhere(endpoint, started, error, counts_left)
                 if target is None:
                     log.warning("prompt could not be counted", error=str(error)[:200])
                     return None
@@ -122,10 +119,7 @@ class TickerClient:
                 result = await self._unless_gone(
                     endpoint, self._on(endpoint, tag, sized, send, call))
             except LLMError as error:
-                if not server_fault(error) or sends_left == 0:
-                    raise
-                target = await self.servers.after_failure(
-                    endpoint, started, reached=not isinstance(error, LLMConnectionError))
+                target = await self._elsewhere(endpoint, started, error, sends_left)
                 if target is None:
                     raise
                 log.warning("call sent again", node=tag.node, ticker=tag.ticker,
@@ -134,6 +128,15 @@ class TickerClient:
                 self._move(target)
                 continue
             return result
+
+    async def _elsewhere(self, endpoint: Server, started: float, error: LLMError,
+                         tries_left: int) -> Server | None:
+        """Return where a call or count that failed at ``endpoint`` goes next; None: the
+        failure is its own, or no try is left (ServerSet.after_failure decides the rest)."""
+        if not server_fault(error) or tries_left <= 0:
+            return None
+        return await self.servers.after_failure(
+            endpoint, started, reached=not isinstance(error, LLMConnectionError))
 
     def _here(self) -> Server:
         """Return the ticker's endpoint, moving the ticker first when that one is down."""
