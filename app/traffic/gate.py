@@ -43,7 +43,7 @@ class Gate:
     def __init__(self, limit: int, budget: TokenBudget | None = None, *,
                  changed: asyncio.Event | None = None,
                  counter: PromptCounter | None = None) -> None:
-        self._limit = max(1, limit)
+        self.limit = max(1, limit)  # changed through set_limit, which lets waiters in
         self.budget = budget
         self._counter = counter  # the server's /tokenize, for the first prompt's cost
         self._first_count = asyncio.Lock()
@@ -55,10 +55,6 @@ class Gate:
         self.changed = changed or asyncio.Event()
         self._holds: set[str] = set()  # why nothing is let through now (server down, stopping)
         self._closed: BaseException | None = None
-
-    @property
-    def limit(self) -> int:
-        return self._limit
 
     @property
     def held(self) -> bool:
@@ -99,7 +95,7 @@ class Gate:
         return sum(1 for w in self._waiters if not w[2].done())
 
     def set_limit(self, limit: int) -> None:
-        self._limit = max(1, limit)
+        self.limit = max(1, limit)
         self.grant()
 
     def has_room(self) -> bool:
@@ -113,7 +109,7 @@ class Gate:
         """
         if self.held:
             return HELD
-        if self.outstanding >= self._limit:
+        if self.outstanding >= self.limit:
             return REQUEST_LIMIT
         if self.waiting:
             return QUEUED
@@ -170,7 +166,7 @@ class Gate:
         """Hold one place (and ``claim``'s tokens of the budget) for the duration of the block."""
         if self._closed is not None:
             raise self._refusal()
-        if (not self.held and self.outstanding < self._limit and self.waiting == 0
+        if (not self.held and self.outstanding < self.limit and self.waiting == 0
                 and self._fits(claim)):
             self._take(claim, ticket)
         else:
@@ -218,7 +214,7 @@ class Gate:
 
     def grant(self) -> None:
         """Let through the waiters that now fit, in order (also after the budget changed)."""
-        while self._waiters and self.outstanding < self._limit and not self.held:
+        while self._waiters and self.outstanding < self.limit and not self.held:
             _, _, future, claim, ticket = self._waiters[0]
             if future.done():
                 heapq.heappop(self._waiters)
