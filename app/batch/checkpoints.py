@@ -36,6 +36,7 @@ from agents.graph import STATE_TYPES
 from app.db.engine import reason
 from app.db.retry import aretrying
 from app.errors import DatabaseError
+from app.traffic.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -78,13 +79,9 @@ class _Guarded:
             while self._calls:
                 await asyncio.wait(set(self._calls))
         except asyncio.CancelledError:
-            for task in list(self._calls or ()):
-                task.cancel()
             while self._calls:
-                try:
-                    await asyncio.wait(set(self._calls))
-                except asyncio.CancelledError:
-                    continue
+                with contextlib.suppress(asyncio.CancelledError):
+                    await cancel_and_wait(*self._calls)
             raise
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
