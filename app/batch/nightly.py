@@ -117,21 +117,18 @@ def finished_since(engine: Engine, as_of: date, since: datetime) -> int | None:
 def execute_plan(settings: Settings, engine: Engine,
                  start: BatchPlan | resumption.ResumePoint, lock: LockHold | None = None, *,
                  server: ServerCheck, announce: Announce = None) -> BatchOutcome:
-    """Run one batch to its final row and send its digest; SIGTERM or Ctrl-C stop it
-    interrupted (resumable). A resume point continues a cut-short batch, each unfinished
-    ticker after its last checkpointed node.
+    """Run one batch, from a plan or a resume point, to its final row and send its digest;
+    SIGTERM or Ctrl-C stop it interrupted (resumable).
 
     The preflight (``server``: how far it asks the server; a resumed batch in its own
     shape) raises before any row is written, then a resume is ``announce``d. ``lock``: the
     nightly lock a nightly batch runs under.
     """
-    if isinstance(start, resumption.ResumePoint):
-        check_start(shaped(settings, start.settings), engine, start.as_of, start.tickers,
-                    server=server)
-        if announce is not None:
-            announce(start)
-    else:
-        check_start(settings, engine, start.as_of, start.tickers, server=server)
+    resumed = start if isinstance(start, resumption.ResumePoint) else None
+    check_start(shaped(settings, resumed.settings) if resumed else settings, engine,
+                start.as_of, start.tickers, server=server)
+    if resumed is not None and announce is not None:
+        announce(resumed)
     facts = batch_server_facts(settings.server_profile, settings.base_url,
                                settings.server_dir)
     runner = BatchEngine(settings, engine, server_facts=facts, lock=lock)
