@@ -146,11 +146,9 @@ async def play(items: list[WorkItem], gated: TickerClient, batch_id: int, *,
 
 async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
                        label: str | None = None, strategy: str = "adaptive",
-                       match_output: bool = True, sample_metrics: bool = True,
-                       server_facts: dict[str, object] | None = None,
-                       **engine_kwargs: object) -> BatchOutcome:
+                       match_output: bool = True, **engine_kwargs: Any) -> BatchOutcome:
     """Send every recorded request of ``batch_id`` again, in each ticker's original order,
-    as a batch of kind ``replay``."""
+    as a batch of kind ``replay``; ``engine_kwargs`` go to BatchEngine."""
     source, workload = recorded_workload(engine, batch_id, match_output=match_output)
     for items in workload.values():
         for item in items:
@@ -164,8 +162,7 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
     samples = int((source.settings or {}).get("samples", 1))
     plan = BatchPlan("replay", source.as_of, sorted(workload), samples, strategy,
                      label or f"replay of {batch_id}", source_batch_id=batch_id)
-    runner = BatchEngine(settings, engine, sample_metrics=sample_metrics,
-                         server_facts=server_facts, **engine_kwargs)  # type: ignore[arg-type]
+    runner = BatchEngine(settings, engine, **engine_kwargs)
     return await runner.run(plan, TickerWork(
         work, weights=weights, shapes={t: shape(items) for t, items in workload.items()},
         expected_calls=sum(len(items) for items in workload.values())))
