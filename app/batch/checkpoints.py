@@ -44,7 +44,7 @@ BeforeWrite = Callable[[], Awaitable[None]]
 T = TypeVar("T")
 
 
-class _Guarded:
+class _Guarded(BaseCheckpointSaver[Any]):
     """Mixin for a stock async saver: flush usage rows first, retry through restarts, and own
     every call until it is over."""
 
@@ -87,22 +87,18 @@ class _Guarded:
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions
                    ) -> RunnableConfig:
-        result: RunnableConfig = await self._own(self._write(
-            super().aput, config, checkpoint, metadata, new_versions))  # type: ignore[misc]
-        return result
+        return await self._own(self._write(super().aput, config, checkpoint, metadata,
+                                           new_versions))
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
-        await self._own(self._write(super().aput_writes, config, writes,  # type: ignore[misc]
-                                    task_id, task_path))
+        await self._own(self._write(super().aput_writes, config, writes, task_id, task_path))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        result: CheckpointTuple | None = await self._own(aretrying(
-            super().aget_tuple, config))  # type: ignore[misc]
-        return result
+        return await self._own(aretrying(super().aget_tuple, config))
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await self._own(aretrying(super().adelete_thread, thread_id))  # type: ignore[misc]
+        await self._own(aretrying(super().adelete_thread, thread_id))
 
 
 def _report_left_behind(task: asyncio.Task[Any]) -> None:
