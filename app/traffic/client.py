@@ -116,8 +116,7 @@ class TickerClient:
                 await endpoint.enter_chain(self.ticket)
             started = endpoint.clock()  # the clock its readings' failures are timed on
             try:
-                result = await self._unless_gone(
-                    endpoint, self._on(endpoint, tag, sized, send, call))
+                return await self._unless_gone(endpoint, self._on(endpoint, tag, sized, send, call))
             except LLMError as error:
                 target = await self._elsewhere(endpoint, started, error, sends_left)
                 if target is None:
@@ -126,8 +125,6 @@ class TickerClient:
                             failed_at=endpoint.name, to=target.name, error=str(error)[:200])
                 self.ticket.done -= 1  # the call is work left again
                 self._move(target)
-                continue
-            return result
 
     async def _elsewhere(self, endpoint: Server, started: float, error: LLMError,
                          tries_left: int) -> Server | None:
