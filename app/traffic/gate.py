@@ -72,8 +72,7 @@ class Gate:
     def close(self, error: BaseException) -> None:
         """Refuse every waiting and later request with ``error``; the batch is stopping."""
         self._closed = error
-        for waiter in self._waiters:
-            future = waiter[2]
+        for _, _, future, _, _ in self._waiters:
             if not future.done():
                 future.set_exception(self._refusal())
         self._waiters.clear()
