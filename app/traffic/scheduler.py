@@ -235,11 +235,12 @@ class Scheduler:
     def admission(self) -> Admission:
         """Return how admission ended: the endpoints' request limits summed, the first
         endpoint's limits, and with several endpoints each one's under ``endpoints``."""
+        adaptive = self.endpoints.first.adaptive_figures() if self.strategy.adaptive else {}
         several: dict[str, Any] = (
             {"endpoints": self.endpoints.summary()} if self.endpoints.several else {})
         return Admission(strategy=self.strategy.name,
                          request_limit=sum(e.gate.limit for e in self.endpoints),
-                         **self.endpoints.first.adaptive_figures(), **several)
+                         **adaptive, **several)
 
 
 class HoldBackTimeline(BaseModel, frozen=True):

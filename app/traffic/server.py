@@ -249,12 +249,11 @@ class Server:
         return EndpointSummary(
             request_limit=self.gate.limit, tickers_started=self.started,
             tickers_moved_in=self.moved_in, tickers_moved_out=self.moved_out,
-            outages=self.outages, up=self.up, **self.adaptive_figures())
+            outages=self.outages, up=self.up,
+            **(self.adaptive_figures() if self.strategy.adaptive else {}))
 
     def adaptive_figures(self) -> dict[str, Any]:
         """Return a summary's adaptive fields: the limits' and what held new tickers back."""
-        if not self.strategy.adaptive:
-            return {}
         return {**dict(self.limits.summary()), "new_tickers_held_back": self.holdback.summary()}
 
 
