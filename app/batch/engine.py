@@ -29,7 +29,7 @@ from app.quality import monitor
 from app.traffic.client import TickerClient
 from app.traffic.clock import Clock, loop_clock
 from app.traffic.halt import Halt, HaltReason
-from app.traffic.scheduler import Job, Scheduler
+from app.traffic.scheduler import Admission, HoldBackTimeline, Job, Scheduler
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import first_error
@@ -81,8 +81,8 @@ class BatchOutcome:
     status: str
     succeeded: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
-    admission: dict[str, Any] = field(default_factory=dict)  # how the scheduler ended
-    holdback: dict[str, Any] = field(default_factory=dict)  # for the bench; too long to log
+    admission: Admission | None = None  # how the scheduler ended
+    holdback: HoldBackTimeline | None = None  # for the bench; too long to log
     halt: HaltReason | None = None  # why it stopped early, when it did
 
 
@@ -312,7 +312,7 @@ class BatchRun:
             self.extra_settings["server_outages"] = self.servers.outages
         fallback = self.scheduler.fallback_record()
         if fallback is not None:  # shown by `nightdesk report`
-            self.extra_settings["metrics_fallback"] = fallback
+            self.extra_settings["metrics_fallback"] = fallback.model_dump()
         self.body_ok = True
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
@@ -331,14 +331,14 @@ class BatchRun:
                     f"cleanup: {name}: {type(error).__name__}: {error}"
                     for name, error in failed)[:500]]))
             outcome = self.outcome
-            outcome.admission = self.scheduler.admission()
+            admission = outcome.admission = self.scheduler.admission()
             outcome.holdback = self.scheduler.holdback_timeline()
             if await self._may_write_end():
                 await asyncio.to_thread(
                     store.finish_batch, self.owner.engine, self.batch_id, outcome.status,
                     self.error_text, self.extra_settings or None)
             log.info("batch finished", status=outcome.status, succeeded=len(outcome.succeeded),
-                     failed=len(outcome.failed), admission=outcome.admission)
+                     failed=len(outcome.failed), admission=admission.model_dump())
             # What closing met is raised: a cancellation always; an error when nothing else is.
             for _, error in failed:
                 if not isinstance(error, Exception):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +19,27 @@ from app.traffic.tasks import cancel_and_wait
 log = structlog.get_logger(__name__)
 
 LOG_EVERY_S = 15.0
+
+
+@dataclass(frozen=True)
+class ProgressState:
+    """The numbers a batch's progress shows (``BatchProgress.state``), logged in this order."""
+
+    tickers_done: int
+    tickers_failed: int
+    tickers_total: int
+    calls: int
+    failed_calls: int
+    output_tok_s: float
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None
+    limit: int | None
+    budget_tokens: int | None  # the KV token budget (None: none, or the capacity unknown)
+    reserved_tokens: int | None
+    admission: str | None  # adaptive admission without its gauges runs blind: says so
+    elapsed_s: int
+    eta_s: int | None
 
 
 class BatchProgress:
@@ -42,7 +64,7 @@ class BatchProgress:
         self.done += 1
         self.failed += not ok
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> ProgressState:
         """Return the numbers shown, computed from live counters (never from per-call speeds)."""
         stats = self.llm.stats
         tok_s = 0.0
@@ -58,40 +80,37 @@ class BatchProgress:
         if endpoints is not None and endpoints.several:
             # Several endpoints: their limits together; their budgets are in the log.
             limit, budget = endpoints.request_limit(), None
-        return {
-            "tickers_done": self.done - self.failed, "tickers_failed": self.failed,
-            "tickers_total": self.total, "calls": stats.calls, "failed_calls": stats.failed,
-            "output_tok_s": round(tok_s, 1),
-            "running": getattr(latest, "running", None),
-            "waiting": getattr(latest, "waiting", None),
-            "kv_usage": getattr(latest, "kv_cache_usage", None),
-            "limit": limit if self.scheduler.strategy.adaptive else None,
-            # The KV token budget (None when the batch has none or the capacity is unknown).
-            "budget_tokens": budget.limit if budget is not None else None,
-            "reserved_tokens": budget.reserved if budget is not None else None,
-            # Adaptive admission without its gauges runs blind on a fallback: say so.
-            "admission": ("fallback: /metrics unreadable"
-                          if getattr(self.scheduler, "metrics_fallback", False) else None),
-            "elapsed_s": round(elapsed), "eta_s": None if eta is None else round(eta),
-        }
+        return ProgressState(
+            tickers_done=self.done - self.failed, tickers_failed=self.failed,
+            tickers_total=self.total, calls=stats.calls, failed_calls=stats.failed,
+            output_tok_s=round(tok_s, 1),
+            running=getattr(latest, "running", None),
+            waiting=getattr(latest, "waiting", None),
+            kv_usage=getattr(latest, "kv_cache_usage", None),
+            limit=limit if self.scheduler.strategy.adaptive else None,
+            budget_tokens=budget.limit if budget is not None else None,
+            reserved_tokens=budget.reserved if budget is not None else None,
+            admission=("fallback: /metrics unreadable"
+                       if getattr(self.scheduler, "metrics_fallback", False) else None),
+            elapsed_s=round(elapsed), eta_s=None if eta is None else round(eta))
 
     def __rich__(self) -> Table:
         s = self.state()
         table = Table(title=f"batch {self.batch_id}", show_header=False, expand=False)
-        table.add_row("tickers", f"{s['tickers_done']} done · {s['tickers_failed']} failed · "
-                                 f"{s['tickers_total']} total")
-        table.add_row("calls", f"{s['calls']} ({s['failed_calls']} failed)")
-        table.add_row("batch output", f"{s['output_tok_s']} tok/s")
-        kv = "—" if s["kv_usage"] is None else f"{s['kv_usage']:.0%}"
-        admitting = "" if s["limit"] is None else f" · admitting {s['limit']}"
-        if s["admission"]:
-            admitting += f" ({s['admission']})"
-        table.add_row("server", f"running {s['running']} · waiting {s['waiting']} · KV {kv}"
+        table.add_row("tickers", f"{s.tickers_done} done · {s.tickers_failed} failed · "
+                                 f"{s.tickers_total} total")
+        table.add_row("calls", f"{s.calls} ({s.failed_calls} failed)")
+        table.add_row("batch output", f"{s.output_tok_s} tok/s")
+        kv = "—" if s.kv_usage is None else f"{s.kv_usage:.0%}"
+        admitting = "" if s.limit is None else f" · admitting {s.limit}"
+        if s.admission:
+            admitting += f" ({s.admission})"
+        table.add_row("server", f"running {s.running} · waiting {s.waiting} · KV {kv}"
                       + admitting
-                      + ("" if s["budget_tokens"] is None else
-                         f" · KV tokens {s['reserved_tokens']:,}/{s['budget_tokens']:,}"))
-        eta = "—" if s["eta_s"] is None else f"{s['eta_s']} s"
-        table.add_row("time", f"{s['elapsed_s']} s elapsed · ETA {eta}")
+                      + ("" if s.budget_tokens is None else
+                         f" · KV tokens {s.reserved_tokens:,}/{s.budget_tokens:,}"))
+        eta = "—" if s.eta_s is None else f"{s.eta_s} s"
+        table.add_row("time", f"{s.elapsed_s} s elapsed · ETA {eta}")
         return table
 
     async def __aenter__(self) -> BatchProgress:
@@ -112,9 +131,9 @@ class BatchProgress:
         finally:
             self._ticker = None
             if not self.console.is_terminal:
-                log.info("progress", **self.state())
+                log.info("progress", **asdict(self.state()))
 
     async def _log_loop(self) -> None:
         while True:
             await asyncio.sleep(LOG_EVERY_S)
-            log.info("progress", **self.state())
+            log.info("progress", **asdict(self.state()))

@@ -215,9 +215,10 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         outcome = await runner.run(plan, TickerWork(work, weights=weights, shapes=shapes))
         figures = await asyncio.to_thread(arm, engine, outcome.batch_id)
         figures["strategy"] = strategy
-        figures["admission"] = outcome.admission
+        figures["admission"] = outcome.admission.model_dump() if outcome.admission else {}
         if strategy != SERVER_BOUND and Strategy.parse(strategy).adaptive:
-            figures["holdback_timeline"] = outcome.holdback
+            figures["holdback_timeline"] = (outcome.holdback.model_dump() if outcome.holdback
+                                            else {})
         figures["warmup"] = result.warmup  # kept with the arm: combined runs each had one
         # What the graph bound is computed from, kept per arm so combined runs can pool it.
         figures["graph"] = (await asyncio.to_thread(

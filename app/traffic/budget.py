@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
+from pydantic import BaseModel
+
 from app.promptsize import message_bytes
 
 # A message's chat-template tokens beyond its text (role markers, separators).
@@ -44,6 +46,30 @@ class Claim:
     tokens: int
     output: int = 0
     settled: bool = True  # costed from what the server has shown, not from the defaults
+
+
+class BudgetSummary(BaseModel, frozen=True):
+    """What a token budget knew and did (``TokenBudget.summary``), its JSON's keys in order."""
+
+    kv_capacity_tokens: int | None
+    fill: float
+    limit_tokens: int | None
+    factor: float
+    correction: float
+    tokens_per_byte: float
+    reason: str
+    factor_start: float
+    factor_ceiling: float
+    factor_peak: float
+    rises: int
+    cuts: int
+    kv_high: float
+    readings: int
+    footprint_per_reserved_token: float | None
+    trajectory: list[list[Any]]  # [reading, factor, correction, reason] at each change
+    mean_request_tokens: int
+    requests: int
+    expected_output: dict[str, int]  # tokens reserved for a node's answer
 
 
 def prompt_bytes(body: dict[str, Any]) -> int:
@@ -215,22 +241,21 @@ class TokenBudget:
             return claim.tokens
         return 0
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> BudgetSummary:
         """Return what the budget knew and did, for the batch's log and the bench's JSON."""
-        return {
-            "kv_capacity_tokens": self.capacity, "fill": self.fill, "limit_tokens": self.limit,
-            "factor": round(self.factor, 4), "correction": round(self.correction, 4),
-            "tokens_per_byte": round(self.ratio(), 4), "reason": self.reason,
-            "factor_start": self.overbook, "factor_ceiling": self.overbook_max,
-            "factor_peak": round(self.peak_factor, 4), "rises": self.rises, "cuts": self.cuts,
-            "kv_high": self.kv_high, "readings": self.readings,
-            "footprint_per_reserved_token": (None if self.footprint_share is None
-                                             else round(self.footprint_share, 4)),
-            "trajectory": list(self._trajectory),
-            "mean_request_tokens": self.typical_cost, "requests": self.requests_admitted,
-            "expected_output": {node: self.expected_output(node, max(seen))
-                                for node, seen in sorted(self._outputs.items())},
-        }
+        return BudgetSummary(
+            kv_capacity_tokens=self.capacity, fill=self.fill, limit_tokens=self.limit,
+            factor=round(self.factor, 4), correction=round(self.correction, 4),
+            tokens_per_byte=round(self.ratio(), 4), reason=self.reason,
+            factor_start=self.overbook, factor_ceiling=self.overbook_max,
+            factor_peak=round(self.peak_factor, 4), rises=self.rises, cuts=self.cuts,
+            kv_high=self.kv_high, readings=self.readings,
+            footprint_per_reserved_token=(None if self.footprint_share is None
+                                          else round(self.footprint_share, 4)),
+            trajectory=list(self._trajectory),
+            mean_request_tokens=self.typical_cost, requests=self.requests_admitted,
+            expected_output={node: self.expected_output(node, max(seen))
+                             for node, seen in sorted(self._outputs.items())})
 
     def learn(self, node: str, body: dict[str, Any], prompt_tokens: int,
               completion_tokens: int) -> None:

@@ -10,6 +10,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 # Rows kept per endpoint: an hour of readings at the default 2 s; later ones are counted only.
 TIMELINE_MAX = 1800
 # The columns of a timeline row, in order.
@@ -22,6 +24,13 @@ REQUEST_LIMIT = "request limit"
 QUEUED = "chains waiting for tokens"  # a started ticker's call waits at the gate
 TOKEN_BUDGET = "token budget"
 CHAIN_CAP = "chain cap"
+
+
+class HoldBackSummary(BaseModel, frozen=True):
+    """The readings counted and each reason's share of them, the commonest first."""
+
+    readings: int
+    share: dict[str, float]
 
 
 @dataclass
@@ -39,9 +48,9 @@ class HoldBack:
             row = {**row, "t_s": round(t_s, 2), "blocker": reason}
             self.timeline.append([row.get(name) for name in COLUMNS])
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> HoldBackSummary:
         """Return the readings counted and each reason's share of them."""
         readings = sum(self.counts.values())
-        return {"readings": readings,
-                "share": {reason: round(n / readings, 3)
-                          for reason, n in self.counts.most_common()} if readings else {}}
+        return HoldBackSummary(readings=readings, share={
+            reason: round(n / readings, 3) for reason, n in self.counts.most_common()}
+            if readings else {})

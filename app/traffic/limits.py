@@ -11,13 +11,39 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
+from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 
+from app.traffic.budget import BudgetSummary
 from app.traffic.chains import Footprint
 from app.traffic.gate import Gate
 from app.traffic.strategy import UNBOUNDED, Strategy
 from app.traffic.ticket import Ticket
 
 log = structlog.get_logger(__name__)
+
+
+class Figures(BaseModel, frozen=True):
+    """A summary whose JSON has the keys it was given: an optional field left out is absent."""
+
+    @model_serializer(mode="wrap")
+    def _given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
+
+
+class Chains(Figures, frozen=True):
+    """The chains that fit, the tokens per active ticker, and ``prefetch`` when prefetching."""
+
+    slots: int | None
+    tokens_per_ticker: int | None
+    prefetch: bool = False
+
+
+class LimitsSummary(BaseModel, frozen=True):
+    """How a server's limits ended (``Limits.summary``)."""
+
+    request_limit_reason: str
+    token_budget: BudgetSummary | None
+    chains: Chains
 
 
 class Limits:
@@ -130,15 +156,14 @@ class Limits:
             log.warning("KV capacity unknown (no vllm:cache_config_info): admission by "
                         "request count only", endpoint=self.name)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> LimitsSummary:
         """Return how the limits ended: the request limit's reason, the budget, the chains
         that fit and the tokens per active ticker."""
         per_ticker = self.footprint.tokens()
-        chains: dict[str, Any] = {
-            "slots": self.chain_slots(),
-            "tokens_per_ticker": None if per_ticker is None else round(per_ticker)}
-        if self.strategy.prefetch:
-            chains["prefetch"] = True
-        return {"request_limit_reason": self.policy.reason,
-                "token_budget": self.budget.summary() if self.budget else None,
-                "chains": chains}
+        prefetch: dict[str, Any] = {"prefetch": True} if self.strategy.prefetch else {}
+        chains = Chains(slots=self.chain_slots(),
+                        tokens_per_ticker=None if per_ticker is None else round(per_ticker),
+                        **prefetch)
+        return LimitsSummary(request_limit_reason=self.policy.reason,
+                             token_budget=self.budget.summary() if self.budget else None,
+                             chains=chains)

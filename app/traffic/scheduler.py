@@ -12,11 +12,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.traffic.budget import TokenBudget
+from pydantic import BaseModel
+
+from app.traffic.budget import BudgetSummary, TokenBudget
 from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
-from app.traffic.holdback import COLUMNS
-from app.traffic.server import ServerSet
+from app.traffic.holdback import COLUMNS, HoldBackSummary
+from app.traffic.limits import Chains, Figures
+from app.traffic.server import EndpointSummary, FallbackRecord, ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
@@ -69,7 +72,7 @@ class Scheduler:
         """Tell whether some server's /metrics cannot be read now (progress shows it)."""
         return self.endpoints.blind
 
-    def fallback_record(self) -> dict[str, Any] | None:
+    def fallback_record(self) -> FallbackRecord | None:
         """Return what the batch stores of its time without /metrics (None: it had none)."""
         return self.endpoints.fallback_record()
 
@@ -224,20 +227,37 @@ class Scheduler:
             client.close()
         await on_done(job, result, error)
 
-    def holdback_timeline(self) -> dict[str, Any]:
+    def holdback_timeline(self) -> HoldBackTimeline:
         """Return each endpoint's rows of what held new tickers back (holdback.COLUMNS)."""
-        return {"columns": list(COLUMNS),
-                "endpoints": {e.name: e.holdback.timeline for e in self.endpoints}}
+        return HoldBackTimeline(columns=list(COLUMNS), endpoints={
+            e.name: e.holdback.timeline for e in self.endpoints})
 
-    def admission(self) -> dict[str, Any]:
+    def admission(self) -> Admission:
         """Return how admission ended: the endpoints' request limits summed, the first
         endpoint's limits, and with several endpoints each one's under ``endpoints``."""
-        first = self.endpoints.first
-        figures: dict[str, Any] = {"strategy": self.strategy.name,
-                                   "request_limit": sum(e.gate.limit for e in self.endpoints)}
-        if self.strategy.adaptive:
-            figures.update(first.limits.summary())
-            figures["new_tickers_held_back"] = first.holdback.summary()
-        if self.endpoints.several:
-            figures["endpoints"] = self.endpoints.summary()
-        return figures
+        adaptive = self.endpoints.first.adaptive_figures() if self.strategy.adaptive else {}
+        several: dict[str, Any] = (
+            {"endpoints": self.endpoints.summary()} if self.endpoints.several else {})
+        return Admission(strategy=self.strategy.name,
+                         request_limit=sum(e.gate.limit for e in self.endpoints),
+                         **adaptive, **several)
+
+
+class HoldBackTimeline(BaseModel, frozen=True):
+    """Each endpoint's rows of what held new tickers back, by ``columns``."""
+
+    columns: list[str]
+    endpoints: dict[str, list[list[Any]]]
+
+
+class Admission(Figures, frozen=True):
+    """How a batch's admission ended (``Scheduler.admission``); optional fields as in
+    ``EndpointSummary``, ``endpoints`` only with several."""
+
+    strategy: str
+    request_limit: int
+    request_limit_reason: str | None = None
+    token_budget: BudgetSummary | None = None
+    chains: Chains | None = None
+    new_tickers_held_back: HoldBackSummary | None = None
+    endpoints: dict[str, EndpointSummary] | None = None

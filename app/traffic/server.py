@@ -15,18 +15,20 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import structlog
+from pydantic import BaseModel
 from sqlalchemy import Engine
 
 from app.config import Settings
 from app.errors import ServerOutage
 from app.llm import CallStats, TrackedLLM
 from app.promptsize import PromptCounter
+from app.traffic.budget import BudgetSummary
 from app.traffic.chains import prefetch_depth
 from app.traffic.clock import Clock, loop_clock
 from app.traffic.gate import Gate
 from app.traffic.halt import Halt, HaltReason
-from app.traffic.holdback import CHAIN_CAP, ROOM, HoldBack
-from app.traffic.limits import Limits
+from app.traffic.holdback import CHAIN_CAP, ROOM, HoldBack, HoldBackSummary
+from app.traffic.limits import Chains, Figures, Limits
 from app.traffic.routing import Load, choose
 from app.traffic.sampler import MetricsSampler
 from app.traffic.strategy import Strategy
@@ -242,16 +244,33 @@ class Server:
             self._suspect = True
             await self.gauges.fresh()  # type: ignore[attr-defined]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> EndpointSummary:
         """Return how this endpoint's admission ended and what routing gave it."""
-        figures: dict[str, Any] = {
-            "request_limit": self.gate.limit, "tickers_started": self.started,
-            "tickers_moved_in": self.moved_in, "tickers_moved_out": self.moved_out,
-            "outages": self.outages, "up": self.up}
-        if self.strategy.adaptive:
-            figures.update(self.limits.summary())
-            figures["new_tickers_held_back"] = self.holdback.summary()
-        return figures
+        return EndpointSummary(
+            request_limit=self.gate.limit, tickers_started=self.started,
+            tickers_moved_in=self.moved_in, tickers_moved_out=self.moved_out,
+            outages=self.outages, up=self.up,
+            **(self.adaptive_figures() if self.strategy.adaptive else {}))
+
+    def adaptive_figures(self) -> dict[str, Any]:
+        """Return a summary's adaptive fields: the limits' and what held new tickers back."""
+        return {**dict(self.limits.summary()), "new_tickers_held_back": self.holdback.summary()}
+
+
+class EndpointSummary(Figures, frozen=True):
+    """How one endpoint's admission ended and what routing gave it (``Server.summary``)."""
+
+    request_limit: int
+    tickers_started: int
+    tickers_moved_in: int
+    tickers_moved_out: int
+    outages: int
+    up: bool
+    # Adaptive only (``Server.adaptive_figures``): ``LimitsSummary``'s fields, and more.
+    request_limit_reason: str | None = None
+    token_budget: BudgetSummary | None = None
+    chains: Chains | None = None
+    new_tickers_held_back: HoldBackSummary | None = None
 
 
 @dataclass
@@ -476,7 +495,7 @@ class ServerSet:
         """Tell whether some server's /metrics cannot be read now (adaptive's fallback)."""
         return any(e.limits.blind_since is not None for e in self.endpoints)
 
-    def fallback_record(self) -> dict[str, Any] | None:
+    def fallback_record(self) -> FallbackRecord | None:
         """Return what the batch stores of its time without /metrics (None: it had none)."""
         now = self.clock()
         missed = sum(e.limits.missed for e in self.endpoints)
@@ -485,8 +504,8 @@ class ServerSet:
         seconds = sum(e.limits.blind_s + (0.0 if e.limits.blind_since is None
                                           else now - e.limits.blind_since)
                       for e in self.endpoints)
-        return {"readings_missed": missed, "seconds": round(seconds, 1),
-                "limit": self.first.limits.policy.fallback_limit}
+        return FallbackRecord(readings_missed=missed, seconds=round(seconds, 1),
+                              limit=self.first.limits.policy.fallback_limit)
 
     # --- what progress and reports read -------------------------------------------------
 
@@ -511,5 +530,13 @@ class ServerSet:
         return _Combined(sum(r.running for r in seen), sum(r.waiting for r in seen),
                          max(r.kv_cache_usage for r in seen))
 
-    def summary(self) -> dict[str, dict[str, Any]]:
+    def summary(self) -> dict[str, EndpointSummary]:
         return {endpoint.name: endpoint.summary() for endpoint in self.endpoints}
+
+
+class FallbackRecord(BaseModel, frozen=True):
+    """A batch's time without /metrics, as its settings store it (``metrics_fallback``)."""
+
+    readings_missed: int
+    seconds: float
+    limit: int  # the request limit held meanwhile

@@ -202,10 +202,10 @@ def test_adaptive_fills_the_cache_without_a_preemption_where_a_fixed_setting_ove
     assert server.peak_reserved >= capacity * 0.95 - 2 * largest
     assert budget.reserved == 0 and budget.held == 0  # everything given back
     # The batch's admission summary says what the budget learned: every answer was 400.
-    summary = scheduler.admission()["token_budget"]
-    assert summary["kv_capacity_tokens"] == capacity
-    assert summary["expected_output"] == {f"n{i}": 400 for i in range(5)}
-    assert summary["tokens_per_byte"] == round(1.05 * 0.25, 4)
+    summary = scheduler.admission().token_budget
+    assert summary is not None and summary.kv_capacity_tokens == capacity
+    assert summary.expected_output == {f"n{i}": 400 for i in range(5)}
+    assert summary.tokens_per_byte == round(1.05 * 0.25, 4)
 
 
 def test_adaptive_without_budget_or_capacity_admits_by_request_count() -> None:
@@ -258,9 +258,10 @@ async def test_through_the_engine_the_budget_learns_the_fake_servers_cache_and_n
     assert counted.load.max_waiting > 0
     server, outcome = await _engine_run(sqlite_engine, "adaptive", kv_tokens)
     assert outcome.status == "succeeded" and not outcome.failed
-    budget = outcome.admission["token_budget"]
+    assert outcome.admission is not None
+    budget = outcome.admission.token_budget
     # The capacity came from the fake's vllm:cache_config_info through the batch's sampler.
-    assert budget["kv_capacity_tokens"] == kv_tokens
+    assert budget is not None and budget.kv_capacity_tokens == kv_tokens
     # Our reservations covered every answer at full length: nothing ever waited for room.
     assert server.load.max_waiting == 0
     assert server.load.max_in_flight > 1
@@ -274,11 +275,11 @@ def test_progress_shows_the_token_budget_in_use() -> None:
     scheduler.budget.take(Claim(1_234))
     llm = SimpleNamespace(stats=CallStats())
     state = BatchProgress(1, 3, llm, scheduler).state()
-    assert (state["budget_tokens"], state["reserved_tokens"]) == (int(8_000 * 0.95), 1_234)
+    assert (state.budget_tokens, state.reserved_tokens) == (int(8_000 * 0.95), 1_234)
     # Without a budget (a fixed strategy) the fields say so.
     fixed = over_one_server(server, Strategy.parse("fixed-3"), gauges=server)
     assert fixed.budget is None
-    assert BatchProgress(1, 3, llm, fixed).state()["budget_tokens"] is None
+    assert BatchProgress(1, 3, llm, fixed).state().budget_tokens is None
 
 
 async def test_the_batchs_first_requests_are_costed_after_one_count(

@@ -56,10 +56,10 @@ def test_an_under_used_cache_raises_the_factor_a_step_a_reading_up_to_the_ceilin
     assert factors(b, [reading(0.5)] * 8) == [1.0, 1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.1]
     assert b.limit == int(10_000 * 0.95 * 1.1)  # past the capacity's fill: overbooked
     summary = b.summary()
-    assert summary["reason"] == "kv under-used: footprint 0.75 per reserved token"
-    assert (summary["factor_peak"], summary["rises"], summary["cuts"]) == (1.1, 5, 0)
-    assert summary["footprint_per_reserved_token"] == 0.75
-    assert [e[:2] for e in summary["trajectory"]] == [
+    assert summary.reason == "kv under-used: footprint 0.75 per reserved token"
+    assert (summary.factor_peak, summary.rises, summary.cuts) == (1.1, 5, 0)
+    assert summary.footprint_per_reserved_token == 0.75
+    assert [e[:2] for e in summary.trajectory] == [
         [0, 1.0], [3, 1.02], [4, 1.04], [5, 1.06], [6, 1.08], [7, 1.1]]
 
 
@@ -75,7 +75,7 @@ def test_nothing_rises_while_the_budget_holds_nothing_back() -> None:
     b = budget(overbook_max=1.5)
     b.take(Claim(8_000, output=1_000))
     assert factors(b, [reading(0.5)] * 10, held_back=False) == [1.0] * 10
-    assert b.summary()["trajectory"] == [[0, 1.0, 1.0, "start"]]
+    assert b.summary().trajectory == [[0, 1.0, 1.0, "start"]]
 
 
 def test_output_already_generated_is_no_longer_to_come() -> None:
@@ -140,7 +140,7 @@ def test_a_restart_starts_the_factor_over() -> None:
     # The counters went backwards: the server restarted. Back to the start, streak and all.
     after = [reading(0.5)] + [reading(0.5, generated=10)] * 3
     assert factors(b, after, restarted=True) == [1.0, 1.0, 1.0, 1.02]
-    assert b.summary()["trajectory"][-2][1:] == [1.0, 1.0, "server restarted"]
+    assert b.summary().trajectory[-2][1:] == [1.0, 1.0, "server restarted"]
 
 
 def test_a_growing_server_queue_or_a_default_estimate_holds_the_rise() -> None:
@@ -197,7 +197,7 @@ def test_long_outputs_growing_after_admission_never_fill_the_cache_past_the_fill
     assert server.preemptions == 0  # ...and never overflowed the cache,
     assert server.peak_used <= capacity * 0.95  # nor passed the share it may fill
     assert server.peak_reserved > capacity  # reservations went past the capacity itself
-    assert any("kv under-used" in e[3] for e in b.summary()["trajectory"])
+    assert any("kv under-used" in e[3] for e in b.summary().trajectory)
 
 
 def test_the_knobs_reach_the_budget_and_bad_ones_are_refused() -> None:

@@ -35,6 +35,7 @@ from app.errors import (
     LLMStreamError,
 )
 from app.traffic.client import TickerClient, server_fault
+from app.traffic.server import EndpointSummary
 from tests.fakevllm import ChatRequest, FakeServer, FakeServers, Reply
 
 FAST, SLOW = "http://gpu0.test:8000/v1", "http://gpu1.test:8001/v1"
@@ -140,6 +141,12 @@ def assert_every_ticker_once(engine: Engine, outcome: BatchOutcome,
     return calls
 
 
+def endpoints(outcome: BatchOutcome) -> dict[str, EndpointSummary]:
+    """Return each endpoint's summary from a batch of several endpoints."""
+    assert outcome.admission is not None and outcome.admission.endpoints is not None
+    return outcome.admission.endpoints
+
+
 def chains(calls: list[Any]) -> dict[str, set[str]]:
     """Return the endpoints each ticker's answered calls went to."""
     where: dict[str, set[str]] = defaultdict(set)
@@ -193,7 +200,7 @@ async def test_the_slower_endpoint_gets_fewer_tickers_and_each_chain_stays_on_on
     calls = rows(sqlite_engine, outcome.batch_id)
     assert Counter((r.ticker, r.node) for r in calls if r.status == "ok") == {
         (t, i.node): 1 for t, items in load.items() for i in items}
-    started = {url: e["tickers_started"] for url, e in outcome.admission["endpoints"].items()}
+    started = {url: e.tickers_started for url, e in endpoints(outcome).items()}
     assert started[FAST] > started[SLOW] >= 1, started
     assert sum(started.values()) == len(load)
     # A ticker's whole chain went to one endpoint: its prefix stays in one cache.
@@ -231,9 +238,9 @@ async def test_an_endpoint_that_goes_away_hands_its_tickers_to_the_other(
     assert moved, "the tickers under way on the endpoint that went away moved"
     # After it went away no call reached it: all went to the other endpoint.
     assert len(gone.chats) == 13
-    summary = outcome.admission["endpoints"]
-    assert summary[SLOW]["up"] is False and summary[SLOW]["outages"] == 1
-    assert summary[SLOW]["tickers_moved_out"] == summary[FAST]["tickers_moved_in"] >= len(moved)
+    summary = endpoints(outcome)
+    assert summary[SLOW].up is False and summary[SLOW].outages == 1
+    assert summary[SLOW].tickers_moved_out == summary[FAST].tickers_moved_in >= len(moved)
     # The held calls were cancelled (their rows say so) and answered again elsewhere: the
     # same call, its attempts numbered on from the cancelled one.
     held = [r for r in calls if r.endpoint == SLOW and r.status == "error"
@@ -272,8 +279,8 @@ async def test_an_endpoint_that_restarts_loses_no_ticker_and_takes_work_again(
     # Two tickers per endpoint at a time: tickers are still waiting when it comes back.
     outcome = await run(sqlite_engine, demo_dir, servers, strategy="fixed-2", clock=clock)
     calls = assert_every_ticker_once(sqlite_engine, outcome, servers)
-    summary = outcome.admission["endpoints"]
-    assert summary[SLOW]["outages"] == outages and summary[SLOW]["up"] is True
+    summary = endpoints(outcome)
+    assert summary[SLOW].outages == outages and summary[SLOW].up is True
     # Calls cut by the restart were answered again: the same call, at a later attempt.
     cut = [r for r in calls if r.status == "error"]
     assert cut
@@ -283,7 +290,7 @@ async def test_an_endpoint_that_restarts_loses_no_ticker_and_takes_work_again(
     # After its restart it took tickers again and answered their calls.
     after = [c for c in restarting.chats[revived_at[0]:] if c.completed]
     assert after
-    assert summary[SLOW]["tickers_started"] > 2
+    assert summary[SLOW].tickers_started > 2
     assert any(urls == {SLOW} for urls in chains(calls).values())
 
 
@@ -313,7 +320,7 @@ async def test_a_requests_own_failure_on_a_healthy_endpoint_fails_as_it_always_d
     # The client's own retries, all at one endpoint, numbered 1..max_attempts as always.
     assert sorted(r.attempt for r in failed) == list(range(1, settings.max_attempts + 1))
     assert len({r.endpoint for r in failed}) == 1
-    assert all(e["tickers_moved_in"] == 0 for e in outcome.admission["endpoints"].values())
+    assert all(e.tickers_moved_in == 0 for e in endpoints(outcome).values())
 
 
 def both_crash_at(servers: dict[str, FakeServer], index: int, back_after_s: float | None,
@@ -343,8 +350,8 @@ async def test_every_endpoint_down_for_less_than_the_budget_loses_no_ticker(
     servers = FakeServers(fleet)
     outcome = await run(sqlite_engine, demo_dir, servers, clock=clock, outage_budget_s=30.0)
     assert_every_ticker_once(sqlite_engine, outcome, servers)
-    summary = outcome.admission["endpoints"]
-    assert all(summary[url]["outages"] >= 1 and summary[url]["up"] for url in fleet)
+    summary = endpoints(outcome)
+    assert all(summary[url].outages >= 1 and summary[url].up for url in fleet)
 
 
 @pytest.mark.slow

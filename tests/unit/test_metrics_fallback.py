@@ -69,7 +69,7 @@ def test_progress_shows_the_fallback() -> None:
     llm = SimpleNamespace(stats=SimpleNamespace(calls=0, failed=0, completion_tokens=0,
                                                 first_start=None))
     progress = BatchProgress(1, 2, llm, scheduler, console=Console(record=True))
-    assert progress.state()["admission"] == "fallback: /metrics unreadable"
+    assert progress.state().admission == "fallback: /metrics unreadable"
     console = Console(record=True, width=200)
     console.print(progress)
     assert "admitting 4 (fallback: /metrics unreadable)" in console.export_text()
