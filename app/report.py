@@ -178,7 +178,7 @@ def endpoint_shares(engine: Engine, batch_id: int) -> list[EndpointShare]:
 
 
 # The columns of arms side by side (`nightdesk report --compare`, the bench, the compare page):
-# (header, key of ``arm``, format spec; "s" and "d" print as they are).
+# (header, field of ``Arm``, format spec; "s" and "d" print as they are).
 COMPARE_COLUMNS = (
     ("batch", "batch_id", "d"), ("label", "label", "s"), ("span s", "makespan_s", ".1f"),
     ("output tok/s", "output_tokens_per_s", ".1f"),
@@ -228,12 +228,6 @@ class Arm(BaseModel):
     decode_time_share: float | None
     # Each endpoint's part, when several served the arm (else its one endpoint is it).
     endpoints: list[EndpointShare]
-
-
-def arm(engine: Engine, batch_id: int) -> dict[str, Any]:
-    """Return ``compare_arm`` as a plain mapping, the record ``app.bench.schedulers`` adds
-    its own keys to (warm-up, graph facts); the comparison itself uses ``compare_arm``."""
-    return compare_arm(engine, batch_id).model_dump()
 
 
 def compare_arm(engine: Engine, batch_id: int) -> Arm:

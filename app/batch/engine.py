@@ -180,7 +180,7 @@ class BatchRun:
                 store.create_batch, owner.engine, kind=plan.kind, as_of=plan.as_of,
                 tickers=plan.tickers, samples=plan.samples, label=plan.label,
                 settings={**settings.snapshot(), "samples": plan.samples,
-                          "strategy": self.strategy.name, "runner": Runner.current().record()},
+                          "strategy": self.strategy.name, "runner": Runner.current().model_dump()},
                 server_facts=owner.server_facts, source_batch_id=plan.source_batch_id,
             )
             self.outcome = BatchOutcome(self.batch_id, "crashed")  # until the run ends

@@ -164,7 +164,7 @@ def reopen(engine: Engine, point: ResumePoint) -> None:
     with engine.begin() as conn:
         settings = dict(point.settings)
         settings["resumes"] = [*settings.get("resumes", []), now.isoformat()]
-        settings["runner"] = Runner.current().record()
+        settings["runner"] = Runner.current().model_dump()
         conn.execute(update(Batch).where(Batch.id == point.batch_id)
                      .values(status="running", heartbeat_at=now, finished_at=None, error=None,
                              settings=settings))

@@ -99,7 +99,7 @@ async def run_durability_bench(settings: Settings, database_url: str | None, *, 
         database=url.split(":", 1)[0] if database_url else "sqlite (temporary file)",
         runs=runs, nodes_per_run=nodes, reply_chars=reply_chars,
         ms_per_node={m: round(statistics.median(t), 3) for m, t in timings.items()},
-        machine=machine_facts(), date=datetime.now(UTC).date().isoformat())
+        machine=machine_facts().model_dump(), date=datetime.now(UTC).date().isoformat())
 
 
 def write_json(result: DurabilityResult, path: Path) -> None:

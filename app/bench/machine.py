@@ -8,10 +8,22 @@ import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel
 
 
-def machine_facts() -> dict[str, Any]:
+class HostFacts(BaseModel, frozen=True):
+    """Where a bench ran: CPU model, cores, Python, platform, host name and code commit."""
+
+    cpu_model: str
+    cores: int | None
+    python: str
+    platform: str
+    host: str
+    commit: str
+
+
+def machine_facts() -> HostFacts:
     """Describe where the figures came from: CPU model (as lscpu names it), cores, Python."""
     model = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
@@ -19,9 +31,8 @@ def machine_facts() -> dict[str, Any]:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
-    return {"cpu_model": model, "cores": os.cpu_count(),
-            "python": platform.python_version(), "platform": platform.platform(),
-            "host": platform.node(), "commit": code_version()}
+    return HostFacts(cpu_model=model, cores=os.cpu_count(), python=platform.python_version(),
+                     platform=platform.platform(), host=platform.node(), commit=code_version())
 
 
 def code_version() -> str:

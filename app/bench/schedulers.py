@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 import structlog
+from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 from sqlalchemy import Engine
 
 from app.batch.engine import BatchEngine, BatchPlan, TickerWork
@@ -39,11 +40,13 @@ from app.bench.bound import (
     graph_bound,
     pool,
 )
+from app.bench.machine import HostFacts
 from app.bench.machine import machine_facts as host_facts
 from app.config import Settings
 from app.errors import InputError, ServerError
-from app.report import arm
+from app.report import compare_arm
 from app.traffic.client import TickerClient
+from app.traffic.limits import Figures
 from app.traffic.strategy import Strategy
 from serving.metrics import aread_metrics
 from serving.urls import redact
@@ -68,35 +71,66 @@ class BenchResult:
     server_bound_arm: str = ""  # flood: dependencies ignored
     checks: dict[str, bool] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
-    warmup: dict[str, Any] | None = None  # what was sent before the first arm, and its time
+    warmup: WarmUp | None = None  # what was sent before the first arm, and its time
     bound_tok_s: float | None = None  # the graph bound (app/bench/bound.py)
     bound: dict[str, Any] | None = None  # its terms, step cost and graph facts
     sweep: dict[str, Any] | None = None  # the fixed-N sweep's sizes and rule (app/bench/arms.py)
     mixed: dict[str, list[Any]] | None = None  # combined with --allow-mixed: what differed
 
     def to_json(self) -> dict[str, Any]:
-        return json.loads(json.dumps(self.__dict__, default=str))
+        return json.loads(json.dumps(self.__dict__, default=_plain))
 
 
-def machine_facts(settings: Settings, server_facts: dict[str, Any] | None) -> dict[str, Any]:
+def _plain(value: Any) -> Any:
+    return value.model_dump() if isinstance(value, BaseModel) else str(value)
+
+
+class ServerFlags(Figures, frozen=True):
+    """How the server was started, as far as known: a field not known is left out."""
+
+    command: str | None = None
+    vllm_version: str | None = None
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    cache_config: dict[str, Any] | None = None  # vLLM's labels, as /metrics names them
+
+
+class BenchMachine(HostFacts, frozen=True):
+    """Where a bench ran (``HostFacts``), when, and on which server started how."""
+
+    date: str
+    server: str
+    model: str
+    profile: str
+    server_facts: dict[str, Any]  # the launcher's record, as ``serving.facts`` keeps it
+    server_flags: ServerFlags
+
+    @model_serializer(mode="wrap")
+    def _date_first(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # The date leads, as in every bench file written so far.
+        plain = handler(self)
+        return {"date": plain.pop("date"), **plain}
+
+
+def machine_facts(settings: Settings, server_facts: dict[str, Any] | None) -> BenchMachine:
     """Describe the client host and code (as the tracker bench does) and the server."""
     facts = server_facts or {}
-    return {"date": datetime.now(UTC).isoformat(timespec="seconds"), **host_facts(),
-            "server": settings.llm_base_url, "model": settings.llm_model,
-            "profile": settings.server_profile, "server_facts": facts,
-            "server_flags": server_flags(facts)}
+    return BenchMachine(date=datetime.now(UTC).isoformat(timespec="seconds"),
+                        **dict(host_facts()), server=settings.llm_base_url,
+                        model=settings.llm_model, profile=settings.server_profile,
+                        server_facts=facts, server_flags=server_flags(facts))
 
 
-def server_flags(facts: dict[str, Any]) -> dict[str, Any]:
+def server_flags(facts: dict[str, Any]) -> ServerFlags:
     """Return what is known of how the server was started: its command line (when nightdesk's
     launcher started it), vLLM's version and its cache configuration (from /metrics)."""
     config = facts.get("cache_config") or {}
-    flags = {"command": facts.get("command"), "vllm_version": facts.get("vllm_version"),
-             "max_num_seqs": facts.get("max_num_seqs"),
-             "max_model_len": facts.get("max_model_len"),
-             "cache_config": {k: v for k, v in sorted(config.items()) if not k.startswith("_")}
-             or None}
-    return {k: v for k, v in flags.items() if v is not None}
+    flags: dict[str, Any] = {
+        "command": facts.get("command"), "vllm_version": facts.get("vllm_version"),
+        "max_num_seqs": facts.get("max_num_seqs"), "max_model_len": facts.get("max_model_len"),
+        "cache_config": {k: v for k, v in sorted(config.items()) if not k.startswith("_")}
+        or None}
+    return ServerFlags(**{k: v for k, v in flags.items() if v is not None})
 
 
 async def _wait_idle(settings: Settings, client: httpx.AsyncClient | None = None,
@@ -117,8 +151,18 @@ async def _wait_idle(settings: Settings, client: httpx.AsyncClient | None = None
 WARMUP_MAX_TOKENS = 16
 
 
+class WarmUp(BaseModel, frozen=True):
+    """What ``_warm_up`` sent before the first arm, to how many endpoints, and its time."""
+
+    tickers: int
+    requests: int
+    endpoints: int
+    max_tokens: int
+    seconds: float
+
+
 async def _warm_up(settings: Settings, workload: Workload, salt: str, tickers: int,
-                   client: httpx.AsyncClient | None = None) -> dict[str, Any] | None:
+                   client: httpx.AsyncClient | None = None) -> WarmUp | None:
     """Send the first ``tickers`` tickers' requests at once to every endpoint, short answers.
 
     A server that has just started compiles kernels for the batch shapes it meets first, so
@@ -155,9 +199,9 @@ async def _warm_up(settings: Settings, workload: Workload, salt: str, tickers: i
             for url in settings.base_urls:
                 for item in items:
                     group.create_task(one(url, item.body))
-    return {"tickers": min(tickers, len(workload)), "requests": len(items),
-            "endpoints": len(settings.base_urls), "max_tokens": WARMUP_MAX_TOKENS,
-            "seconds": round(time.monotonic() - started, 2)}
+    return WarmUp(tickers=min(tickers, len(workload)), requests=len(items),
+                  endpoints=len(settings.base_urls), max_tokens=WARMUP_MAX_TOKENS,
+                  seconds=round(time.monotonic() - started, 2))
 
 
 def _salted(workload: Workload, salt: str) -> Workload:
@@ -190,7 +234,7 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
             Strategy.parse(s)  # refuse a typo before the first arm runs for minutes
     run_id = uuid.uuid4().hex[:8]
     result = BenchResult(name, len(workload), sum(len(v) for v in workload.values()),
-                         machine=machine_facts(settings, server_facts), sweep=sweep)
+                         machine=machine_facts(settings, server_facts).model_dump(), sweep=sweep)
     runner = BatchEngine(settings, engine, server_facts=server_facts, **engine_kwargs)
     weights = {t: float(sum(i.body["max_tokens"] for i in items))
                for t, items in workload.items()}
@@ -198,7 +242,7 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
     if warmup_tickers > 0:
         result.warmup = await _warm_up(settings, workload, f"{run_id}-warmup", warmup_tickers,
                                        engine_kwargs.get("http_client"))
-        log.info("bench warm-up", **(result.warmup or {}))
+        log.info("bench warm-up", **(result.warmup.model_dump() if result.warmup else {}))
     for strategy in strategies:
         if engine_kwargs.get("sample_metrics", True):
             await _wait_idle(settings, engine_kwargs.get("http_client"))
@@ -213,13 +257,15 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         plan = BatchPlan("bench", date.today(), sorted(workload), 1,
                          "fixed-all" if flood else strategy, f"bench {run_id} {strategy}")
         outcome = await runner.run(plan, TickerWork(work, weights=weights, shapes=shapes))
-        figures = await asyncio.to_thread(arm, engine, outcome.batch_id)
+        # The arm's record: ``Arm``'s fields and the bench's own, as its JSON file keeps it.
+        figures = (await asyncio.to_thread(compare_arm, engine, outcome.batch_id)).model_dump()
         figures["strategy"] = strategy
         figures["admission"] = outcome.admission.model_dump() if outcome.admission else {}
         if strategy != SERVER_BOUND and Strategy.parse(strategy).adaptive:
             figures["holdback_timeline"] = (outcome.holdback.model_dump() if outcome.holdback
                                             else {})
-        figures["warmup"] = result.warmup  # kept with the arm: combined runs each had one
+        # Kept with the arm: combined runs each had one.
+        figures["warmup"] = result.warmup.model_dump() if result.warmup else None
         # What the graph bound is computed from, kept per arm so combined runs can pool it.
         figures["graph"] = (await asyncio.to_thread(
             arm_graph_facts, engine, outcome.batch_id, workload)).to_json()

@@ -152,9 +152,9 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                       f"{result.sweep['n_star']} ({result.sweep['rule']})")
     if result.warmup:
         w = result.warmup
-        console.print(f"warm-up before the arms (untimed): {w['requests']} requests of "
-                      f"{w['tickers']} ticker(s) at once per endpoint, {w['max_tokens']} output "
-                      f"tokens each, {w['seconds']:.1f} s")
+        console.print(f"warm-up before the arms (untimed): {w.requests} requests of "
+                      f"{w.tickers} ticker(s) at once per endpoint, {w.max_tokens} output "
+                      f"tokens each, {w.seconds:.1f} s")
     for a in result.arms:
         budget = (a.get("admission") or {}).get("token_budget")
         if budget:

@@ -17,12 +17,12 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 import structlog
+from pydantic import BaseModel
 from sqlalchemy import Engine, create_engine, select, text, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.pool import NullPool
@@ -48,9 +48,9 @@ def lock_file_path(database_url: str, what: str = "nightly") -> Path:
     return Path(database).with_name(Path(database).name + f".{what}.lock")
 
 
-@dataclass(frozen=True)
-class Runner:
-    """The process that runs a batch, as its batch row records it (``settings["runner"]``)."""
+class Runner(BaseModel, frozen=True):
+    """The process that runs a batch, as its batch row records it (``settings["runner"]``,
+    its ``model_dump()``)."""
 
     host: str
     pid: int
@@ -58,7 +58,8 @@ class Runner:
 
     @classmethod
     def current(cls) -> Runner:
-        return cls(socket.gethostname(), os.getpid(), _process_start(os.getpid()))
+        return cls(host=socket.gethostname(), pid=os.getpid(),
+                   started=_process_start(os.getpid()))
 
     @classmethod
     def of(cls, settings: dict[str, Any] | None) -> Runner | None:
@@ -66,12 +67,9 @@ class Runner:
         if not isinstance(raw, dict):
             return None
         try:
-            return cls(str(raw["host"]), int(raw["pid"]), raw.get("started"))
+            return cls(host=str(raw["host"]), pid=int(raw["pid"]), started=raw.get("started"))
         except (KeyError, TypeError, ValueError):
             return None
-
-    def record(self) -> dict[str, Any]:
-        return {"host": self.host, "pid": self.pid, "started": self.started}
 
     def alive(self) -> bool | None:
         """Return whether this process still runs; None when it is on another host."""

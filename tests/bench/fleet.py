@@ -225,7 +225,7 @@ def fleet(
         loop_lag=lag.summary(), process=use.to_json(),
         rows_per_s=rows / arm["makespan_s"] if arm["makespan_s"] else 0.0,
         capacity=capacity(arm, gpu, endpoints),
-        machine={**machine_facts(), "database": database, "server_cpus": server_cpus,
+        machine={**machine_facts().model_dump(), "database": database, "server_cpus": server_cpus,
                  "client_cpus": sorted(os.sched_getaffinity(0))})
     show_fleet(result)
     if json_out is not None:

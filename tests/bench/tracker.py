@@ -308,7 +308,7 @@ def run_tracker_bench(calls: int, concurrency: int, database: Database, pg_url: 
                 raise DatabaseError(f"{error} (pass --pg-url or --database sqlite)") from None
         arms = asyncio.run(_bench(calls, concurrency, repeats, urls))
     return TrackerBench(calls=calls, concurrency=concurrency, repeats=repeats,
-                        machine=machine_facts(),
+                        machine=machine_facts().model_dump(),
                         date=datetime.now(UTC).isoformat(timespec="seconds"), arms=arms)
 
 

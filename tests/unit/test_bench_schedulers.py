@@ -110,11 +110,11 @@ async def test_the_bench_orders_arms_as_a_server_of_known_capacity_dictates(
     # Before the first arm, one ticker's requests warmed the server up (a fresh H200 made
     # the first arm's early requests wait 10 s): all at once, short answers, own salt,
     # recorded in no arm's rows (each arm has its 34 calls above).
-    assert result.warmup is not None and result.warmup["requests"] == 17
+    assert result.warmup is not None and result.warmup.requests == 17
     warm = [c for c in server.chats if c.body.get("cache_salt", "").endswith("-warmup")]
     assert len(warm) == 17 and server.chats[:17] == warm
     assert all(c.body["max_tokens"] <= 16 and not c.body.get("stream") for c in warm)
-    assert all(a["warmup"] == result.warmup for a in arms.values())
+    assert all(a["warmup"] == result.warmup.model_dump() for a in arms.values())
 
 
 # Every arm ran the same 60,000 output tokens; one reading level: 20,000 tokens made in
