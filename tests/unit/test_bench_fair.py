@@ -291,6 +291,10 @@ async def test_every_bench_json_records_the_commit_host_and_server_flags(
                              http_client=server.client(), warmup_tickers=0)
     machine = result.to_json()["machine"]
     assert machine["commit"] and machine["commit"] != "unknown" and machine["host"]
+    # The order every bench file has had: the date first, the server's facts last.
+    assert list(machine) == ["date", "cpu_model", "cores", "python", "platform", "host",
+                             "commit", "server", "model", "profile", "server_facts",
+                             "server_flags"]
     assert machine["server_flags"] == {"command": "vllm serve m --max-num-seqs 32",
                                        "max_num_seqs": 32,
                                        "cache_config": {"block_size": "16"}}
