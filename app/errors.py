@@ -79,6 +79,7 @@ __all__ = [
     "ServerOutage",
     "ServingError",
     "UsageLost",
+    "first_line",
 ]
 
 
@@ -91,6 +92,18 @@ class NightdeskError(Exception):
 ERRORS: tuple[type[NightdeskError], type[PipelineError], type[ServingError]] = (
     NightdeskError, PipelineError, ServingError)
 """Every error nightdesk raises on purpose: the three roots of the tree above."""
+
+
+def first_line(error: BaseException | None, limit: int = 200, *, typed: bool = False) -> str:
+    """Return what ``error`` says in one line, at most ``limit`` characters: its first line
+    (the driver's own where SQLAlchemy wraps one), with ``typed`` prefixed by its type's name
+    unless it is one of ``ERRORS``; its type's name when it says nothing."""
+    error = getattr(error, "orig", None) or error
+    text = str(error or "").strip()
+    if not text:
+        return type(error).__name__
+    kind = f"{type(error).__name__}: " if typed and not isinstance(error, ERRORS) else ""
+    return (kind + text.splitlines()[0])[:limit]
 
 
 class AlreadyRunningError(NightdeskError):

@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from app.db.models import LLMCall, LLMRequest
 from app.db.retry import POLICY
-from app.errors import UsageLost
+from app.errors import UsageLost, first_line
 
 log = structlog.get_logger(__name__)
 
@@ -181,21 +181,16 @@ class UsageRecorder:
         self.write_failures += 1
         error = state.outcome.exception() if state.outcome else None
         log.warning("usage write failed; will retry", table=table, rows=rows,
-                    tries=state.attempt_number, error=_first_line(error))
+                    tries=state.attempt_number, error=first_line(error))
 
     async def _give_up(self, error: BaseException) -> UsageLost:
         """Stop the writer for good: say why once, wake every ``drain``; return UsageLost."""
         self.lost = UsageLost(f"usage rows could not be stored ({self._count_pending()} "
-                              f"not written): {_first_line(error)}")
+                              f"not written): {first_line(error)}")
         log.error("usage writer gave up", pending=self._count_pending(),
-                  error=_first_line(error))
+                  error=first_line(error))
         if self._on_lost is not None:
             self._on_lost(self.lost)
         async with self._progress:
             self._progress.notify_all()
         return self.lost
-
-
-def _first_line(error: BaseException | None) -> str:
-    text = str(getattr(error, "orig", None) or error or "").strip()
-    return text.splitlines()[0][:200] if text else type(error).__name__

@@ -24,7 +24,7 @@ from app.batch.heap import batch_collector
 from app.batch.progress import BatchProgress
 from app.config import Settings
 from app.db.lock import LockHold, Runner
-from app.errors import ERRORS, BatchStopped, LLMError
+from app.errors import BatchStopped, LLMError, first_line
 from app.quality import monitor
 from app.traffic.client import TickerClient
 from app.traffic.clock import Clock, loop_clock
@@ -484,7 +484,5 @@ async def _cut_when_hurried(scheduler: Scheduler, halt: Halt) -> None:
     raise _Cut
 
 
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    kind = "" if isinstance(error, ERRORS) else f"{type(error).__name__}: "
-    return (kind + text)[:500] or type(error).__name__
+# A batch's stored error: room for more than a log line, and the type of what is not ours.
+_one_line = functools.partial(first_line, limit=500, typed=True)

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.pool import NullPool
 
 from app.db.models import Batch, SchedulerBeat
-from app.errors import AlreadyRunningError, DatabaseError
+from app.errors import AlreadyRunningError, DatabaseError, first_line
 
 log = structlog.get_logger(__name__)
 
@@ -236,14 +236,14 @@ class _AdvisoryHold(LockHold):
                                    .values(heartbeat_at=datetime.now(UTC)))
                 return True
             except Exception as error:
-                log.warning("nightly lock's connection lost", error=str(error).splitlines()[0])
+                log.warning("nightly lock's connection lost", error=first_line(error))
                 self._drop()
         try:
             if not self.take():
                 log.error("nightly lock held by another run", batch_id=batch_id)
                 return False
         except Exception as error:
-            log.warning("nightly lock not taken again yet", error=str(error).splitlines()[0])
+            log.warning("nightly lock not taken again yet", error=first_line(error))
             return False
         log.warning("nightly lock taken again", batch_id=batch_id)
         return self._beat(batch_id)
@@ -254,12 +254,12 @@ class _AdvisoryHold(LockHold):
                 self._conn.execute(text("SELECT 1"))  # the session, and so its lock, lives
                 return True
             except Exception as error:
-                log.warning("lock's connection lost", error=str(error).splitlines()[0])
+                log.warning("lock's connection lost", error=first_line(error))
                 self._drop()
         try:
             taken = self.take()
         except Exception as error:
-            log.warning("lock not taken again yet", error=str(error).splitlines()[0])
+            log.warning("lock not taken again yet", error=first_line(error))
             return False
         if not taken:
             raise AlreadyRunningError("the lock was taken by another process meanwhile")

@@ -21,6 +21,8 @@ import structlog
 import tenacity
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from app.errors import first_line
+
 log = structlog.get_logger(__name__)
 
 P = ParamSpec("P")
@@ -58,10 +60,8 @@ def transient(error: BaseException) -> bool:
 def _log_retry(state: tenacity.RetryCallState) -> None:
     """Log one line per failed try that will be tried again."""
     error = state.outcome.exception() if state.outcome else None
-    text = str(getattr(error, "orig", None) or error).strip()
     log.warning("database write failed; retrying", write=getattr(state.fn, "__name__", "?"),
-                tries=state.attempt_number,
-                error=text.splitlines()[0][:200] if text else type(error).__name__)
+                tries=state.attempt_number, error=first_line(error))
 
 
 # The delay before try n+1 is uniform(d/2, d), d = FIRST_DELAY_S doubling per try up to

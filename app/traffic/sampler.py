@@ -14,7 +14,7 @@ from sqlalchemy import Engine, insert
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.db.models import ServerSample
-from app.errors import ServerError
+from app.errors import ServerError, first_line
 from serving.metrics import MetricsSnapshot, afetch_metrics_text, parse_cache_config, parse_metrics
 from serving.urls import redact
 
@@ -100,7 +100,7 @@ class MetricsSampler:
                 self._lag = 0.0
                 await asyncio.to_thread(_insert, self._engine, row)
             except SQLAlchemyError as error:
-                log.warning("server sample not stored", error=str(error).splitlines()[0])
+                log.warning("server sample not stored", error=first_line(error))
         return snapshot
 
     async def fresh(self) -> None:

@@ -36,7 +36,7 @@ from app.db.retry import (
     retried,
     retrying,
 )
-from app.errors import LLMConnectionError, LLMHTTPError, UsageLost
+from app.errors import LLMConnectionError, LLMHTTPError, UsageLost, first_line
 from app.promptsize import PromptCounter
 from app.usage import UsageRecorder
 from tests.fakevllm import FakeServer, Reply
@@ -46,6 +46,20 @@ MESSAGES = [{"role": "user", "content": "AAPL? " * 40}]
 
 def locked() -> OperationalError:
     return OperationalError("UPDATE t", {}, sqlite3.OperationalError("database is locked"))
+
+
+def test_an_error_said_in_one_line_is_the_drivers_own_first_line() -> None:
+    # Every log line and stored error names a failure this way (retries, the usage writer,
+    # the lock, the sampler, a batch's stored error).
+    assert first_line(locked()) == "database is locked"  # not SQLAlchemy's "(sqlite3...) [SQL"
+    assert first_line(ValueError("first\nsecond")) == "first"
+    assert first_line(ValueError("x" * 300)) == "x" * 200
+    assert first_line(ValueError("  ")) == "ValueError"  # says nothing: its type
+    # typed: a foreign error says what it is; nightdesk's own need not.
+    assert first_line(ValueError("bad"), typed=True) == "ValueError: bad"
+    assert first_line(locked(), typed=True) == "OperationalError: database is locked"
+    assert first_line(LLMHTTPError("HTTP 500"), typed=True) == "HTTP 500"
+    assert first_line(KeyError("k"), 5, typed=True) == "KeyEr"
 
 
 def warnings(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
