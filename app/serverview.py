@@ -12,11 +12,11 @@ from sqlalchemy import Engine, select
 
 from app.db.models import Batch, LLMCall, ServerSample
 from app.errors import InputError
-from app.traffic.admission import AdmissionPolicy
+from app.traffic.budget import TokenBudget
 from app.traffic.strategy import Strategy
 
-KV_HIGH: float = AdmissionPolicy.kv_high
-"""KV usage from which a reading counts as cache-bound: the adaptive policy's default."""
+KV_HIGH: float = TokenBudget.kv_high
+"""KV usage from which a reading counts as cache-bound: the token budget's default."""
 BOUND_NAMES = {
     "kv": "the KV cache",
     "server": "the server's own slots (requests waited there)",
