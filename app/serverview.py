@@ -92,14 +92,17 @@ def request_cap(settings: dict[str, Any]) -> int | None:
     """Return the most requests the batch's client let be in flight per endpoint.
 
     ``adaptive`` grows to its ``maximum`` knob, else ``max_concurrency`` (recorded with the
-    batch's settings since 2026-12-01; UNRECORDED for older batches); ``sequential`` holds
-    one. None: no cap on requests — ``fixed-N`` and ``fixed-all`` cap tickers, not requests,
-    and a bench's ``flood`` sends every call at once.
+    batch's settings since 2026-12-01; UNRECORDED for older batches, and for knobs this
+    version no longer reads, such as ``budget=off``); ``sequential`` holds one. None: no cap
+    on requests — ``fixed-N`` and ``fixed-all`` cap tickers, not requests, and a bench's
+    ``flood`` sends every call at once.
     """
+    name = str(settings.get("strategy") or "adaptive")
     try:
-        strategy = Strategy.parse(str(settings.get("strategy") or "adaptive"))
+        strategy = Strategy.parse(name)
     except InputError:
-        return None  # a bench arm the scheduler does not run (flood)
+        # Adaptive with a removed knob: capped, by what is unknown. Else flood, a bench arm.
+        return UNRECORDED if name.startswith("adaptive:") else None
     if not strategy.adaptive:
         return strategy.request_limit
     knob = dict(strategy.policy).get("maximum")
