@@ -12,11 +12,11 @@ from sqlalchemy import Engine, select
 
 from app.db.models import Batch, LLMCall, ServerSample
 from app.errors import InputError
-from app.traffic.admission import AdmissionPolicy
+from app.traffic.budget import TokenBudget
 from app.traffic.strategy import Strategy
 
-KV_HIGH: float = AdmissionPolicy.kv_high
-"""KV usage from which a reading counts as cache-bound: the adaptive policy's default."""
+KV_HIGH: float = TokenBudget.kv_high
+"""KV usage from which a reading counts as cache-bound: the token budget's default."""
 BOUND_NAMES = {
     "kv": "the KV cache",
     "server": "the server's own slots (requests waited there)",
@@ -92,14 +92,17 @@ def request_cap(settings: dict[str, Any]) -> int | None:
     """Return the most requests the batch's client let be in flight per endpoint.
 
     ``adaptive`` grows to its ``maximum`` knob, else ``max_concurrency`` (recorded with the
-    batch's settings since 2026-12-01; UNRECORDED for older batches); ``sequential`` holds
-    one. None: no cap on requests — ``fixed-N`` and ``fixed-all`` cap tickers, not requests,
-    and a bench's ``flood`` sends every call at once.
+    batch's settings since 2026-12-01; UNRECORDED for older batches, and for knobs this
+    version no longer reads, such as ``budget=off``); ``sequential`` holds one. None: no cap
+    on requests — ``fixed-N`` and ``fixed-all`` cap tickers, not requests, and a bench's
+    ``flood`` sends every call at once.
     """
+    name = str(settings.get("strategy") or "adaptive")
     try:
-        strategy = Strategy.parse(str(settings.get("strategy") or "adaptive"))
+        strategy = Strategy.parse(name)
     except InputError:
-        return None  # a bench arm the scheduler does not run (flood)
+        # Adaptive with a removed knob: capped, by what is unknown. Else flood, a bench arm.
+        return UNRECORDED if name.startswith("adaptive:") else None
     if not strategy.adaptive:
         return strategy.request_limit
     knob = dict(strategy.policy).get("maximum")

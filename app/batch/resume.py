@@ -18,6 +18,7 @@ from app.db.lock import Runner, holder_gone
 from app.db.models import Batch, TickerRun
 from app.db.retry import retried
 from app.errors import AlreadyRunningError, InputError
+from app.traffic.strategy import Strategy
 
 FINISHED_TICKER = ("succeeded", "failed")
 # A batch in one of these states may still have tickers to do.
@@ -121,7 +122,8 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
                    closing: bool = False) -> ResumePoint:
     """Return the batch to resume: ``batch_id``, or the newest one with tickers left.
 
-    A ``running`` batch raises AlreadyRunningError (the dead ones are marked first).
+    A ``running`` batch raises AlreadyRunningError (the dead ones are marked first), one
+    whose stored strategy this version cannot run (a removed knob) InputError.
     ``closing`` also takes one with no tickers left: the resume only writes its end.
     """
     batch_id, _ = pick(engine, batch_id)
@@ -140,6 +142,10 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
             select(func.count()).select_from(TickerRun)
             .where(TickerRun.batch_id == batch_id, TickerRun.status.in_(FINISHED_TICKER))
         ).scalar_one()
+    try:
+        Strategy.parse(str((batch.settings or {}).get("strategy", "adaptive")))
+    except InputError as error:
+        raise InputError(f"batch {batch_id} cannot resume: {error}") from None
     return ResumePoint(batch_id, batch.kind, batch.as_of, batch.label, dict(batch.settings or {}),
                        left, int(finished), batch.status)
 

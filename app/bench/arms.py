@@ -145,5 +145,5 @@ def _same(a: str, b: str) -> bool:
     if not (a.startswith("adaptive") and b.startswith("adaptive")):
         return False
     sa, sb = Strategy.parse(a), Strategy.parse(b)
-    return (sa.tail, sa.budget, sa.prefetch, sorted(sa.policy), sorted(sa.budget_knobs)) == (
-        sb.tail, sb.budget, sb.prefetch, sorted(sb.policy), sorted(sb.budget_knobs))
+    return (sa.tail, sa.prefetch, sorted(sa.policy), sorted(sa.budget_knobs)) == (
+        sb.tail, sb.prefetch, sorted(sb.policy), sorted(sb.budget_knobs))

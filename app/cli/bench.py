@@ -157,7 +157,7 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                       f"tokens each, {w.seconds:.1f} s")
     for a in result.arms:
         budget = (a.get("admission") or {}).get("token_budget")
-        if budget:
+        if budget and budget.get("kv_capacity_tokens"):
             console.print(f"  {a['strategy']}: token budget {budget['limit_tokens']} of "
                           f"{budget['kv_capacity_tokens']} KV tokens at the end (factor "
                           f"{budget['factor']}, peak {budget.get('factor_peak', '-')}, "
@@ -165,8 +165,8 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                           f"{budget['tokens_per_byte']} tokens/byte; last change: "
                           f"{budget['reason']})")
         elif a["strategy"].startswith("adaptive") and a.get("admission"):
-            console.print(f"  {a['strategy']}: no token budget (KV capacity unknown or "
-                          "budget=off): admission by request count")
+            console.print(f"  {a['strategy']}: no KV capacity to budget by (no "
+                          "vllm:cache_config_info): admission by request count")
         held = (a.get("admission") or {}).get("new_tickers_held_back") or {}
         if held.get("readings"):
             console.print(f"  {a['strategy']}: while tickers waited to start "

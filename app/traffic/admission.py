@@ -1,6 +1,8 @@
 """Decide how many LLM requests may be outstanding, from the server's own gauges.
 
-The rules, reading by reading, and why: docs/architecture.md, "The request count".
+The KV cache is the token budget's (budget.py): this count moves on the server's queue,
+its preemptions and restarts, never on KV usage. The rules, reading by reading, and why:
+docs/architecture.md, "The request count".
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ class Gauges(Protocol):
 
     running: float
     waiting: float
-    kv_cache_usage: float
 
 
 @dataclass
@@ -24,8 +25,6 @@ class AdmissionPolicy:
     initial: int = 4
     minimum: int = 1
     maximum: int = 64
-    kv_high: float = 0.90
-    kv_full: float = 0.97
     queue_allowance: int = 1
     backoff: float = 0.7
     limit: float = field(init=False)
@@ -73,17 +72,6 @@ class AdmissionPolicy:
             self._saturated_once = True
             self.limit = self.limit * self.backoff
             self.reason = f"{preempted:.0f} preemptions"
-        elif gauges.kv_cache_usage >= self.kv_full:
-            self.limit = min(self.limit, gauges.running) - 1
-            self._saturated_once = True
-            self.reason = "kv cache full"
-        elif gauges.kv_cache_usage >= self.kv_high:
-            # No growth and no queue; not plain ``running`` while nothing waits, which dips
-            # between a finished request and its successor and would erode the limit.
-            cap = gauges.running if gauges.waiting > 0 else max(gauges.running, outstanding)
-            self.limit = min(self.limit, cap)
-            self._saturated_once = True
-            self.reason = "kv cache high"
         elif (gauges.waiting > self.queue_allowance
               and gauges.running + gauges.waiting > self._ran_most):
             self.limit = min(self.limit, gauges.running + self.queue_allowance)

@@ -90,7 +90,7 @@ class TokenBudget:
     rise_after: int = 3  # under-used readings in a row before the factor rises
     calm: int = 10  # readings after a preemption without a rise
     high_cut: float = 0.9  # factor kept when KV usage reaches kv_high (not below the start)
-    kv_high: float = 0.90  # the scheduler sets the admission policy's
+    kv_high: float = 0.90  # KV usage where the factor stops rising and overbooking is cut
     backoff: float = 0.8  # factor kept per new preemption
     out_quantile: float = 0.95
     min_samples: int = 5  # a node's outputs seen before its quantile replaces max_tokens

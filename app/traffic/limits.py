@@ -1,7 +1,7 @@
 """One server's limits, moved together by each /metrics reading its reader pushes.
 
 The request count (admission.py), the KV token budget (budget.py) and the chain footprint
-(chains.py). Once the KV capacity is known the budget alone guards the cache; failed
+(chains.py). The budget alone guards the KV cache, once it knows the capacity; failed
 readings are counted and a restart is detected here, once, for both.
 """
 
@@ -57,11 +57,8 @@ class Limits:
         # The budget needs the gauges: without readings it could never learn the capacity.
         self._adaptive = gauged and strategy.adaptive
         self.budget = strategy.token_budget() if gauged else None
-        if self.budget is not None:
-            # One high-water mark: once the budget owns the KV cache it is the budget's.
-            self.budget.kv_high = self.policy.kv_high
-            if counted is not None:  # the first prompts costed by the server's own count
-                self.budget.counted = counted
+        if self.budget is not None and counted is not None:
+            self.budget.counted = counted  # the first prompts costed by the server's own count
         # Tokens per active ticker (per chain, prefetching): how many chains fit.
         self.footprint = Footprint(chains_only=strategy.prefetch)
         self._capacity_said = False
@@ -148,13 +145,12 @@ class Limits:
             return
         self._capacity_said = True
         if self.budget.capacity:
-            # The budget owns the KV cache: the policy's KV rules would stop growth early.
-            self.policy.kv_high = self.policy.kv_full = float("inf")
             log.info("admission by token budget", kv_tokens=self.budget.capacity,
                      fill=self.budget.fill, endpoint=self.name)
         else:
             log.warning("KV capacity unknown (no vllm:cache_config_info): admission by "
-                        "request count only", endpoint=self.name)
+                        "request count only, the KV cache guarded only by its preemption "
+                        "backoff", endpoint=self.name)
 
     def summary(self) -> LimitsSummary:
         """Return how the limits ended: the request limit's reason, the budget, the chains

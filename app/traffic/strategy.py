@@ -26,15 +26,13 @@ def _knobs(cls: type, *, set_elsewhere: tuple[str, ...] = ()) -> dict[str, type]
 
 POLICY_KNOBS = _knobs(AdmissionPolicy)
 # The token budget's, ``budget_`` prefixed where a policy knob has the name; the server gives
-# the block size, the policy the high-water mark, the server's counts the ratio.
+# the block size, the server's counts the ratio.
 BUDGET_KNOBS = {("budget_" if name in POLICY_KNOBS else "") + name: name
-                for name in _knobs(TokenBudget,
-                                   set_elsewhere=("block_size", "kv_high", "tokens_per_byte"))}
+                for name in _knobs(TokenBudget, set_elsewhere=("block_size", "tokens_per_byte"))}
 
 OnOff = Literal["on", "off"]
 _KNOB_FIELDS: dict[str, Any] = {
-    "tail": (OnOff, "on"), "budget": (OnOff, "on"),
-    "prefetch": (OnOff | None, None),  # None: on where the budget is (it counts chains)
+    "tail": (OnOff, "on"), "prefetch": (OnOff, "on"),
     # Numbers as floats, made the field's type when the policy or budget is built.
     **{name: (float | None, None) for name in (*POLICY_KNOBS, *BUDGET_KNOBS)}}
 # What ``adaptive:knob=value,...`` may set; a knob left out keeps its default.
@@ -58,7 +56,6 @@ class Strategy:
     adaptive: bool = False
     tail: bool = False  # urgent tickers start at once and go first (scheduler.py)
     policy: tuple[tuple[str, float], ...] = ()  # admission policy settings that differ
-    budget: bool = False  # admit by a KV token budget too, when the capacity is known
     budget_knobs: tuple[tuple[str, float], ...] = ()  # token budget settings that differ
     prefetch: bool = False  # analysts ahead of a free chain slot; adaptive's default
 
@@ -80,18 +77,13 @@ class Strategy:
                 key = str(loc[0]) if loc else ""
                 raise InputError(
                     f"bad knob {written.get(key, key)!r} in strategy {name!r} "
-                    "(tail=on|off, budget=on|off, prefetch=on|off, "
+                    "(tail=on|off, prefetch=on|off, "
                     f"or a number for {', '.join((*POLICY_KNOBS, *BUDGET_KNOBS))})") from None
-            if chosen.get("prefetch") == "on" and chosen["budget"] == "off":
-                raise InputError(f"strategy {name!r}: prefetch=on counts chains in budget "
-                                 "tokens, so it needs budget=on")
-            budget = chosen["budget"] == "on"
-            prefetch = chosen.get("prefetch", "on" if budget else "off") == "on"
             policy = tuple((key, float(chosen[key])) for key in POLICY_KNOBS if key in chosen)
             budget_knobs = tuple((field, float(chosen[key])) for key, field
                                  in BUDGET_KNOBS.items() if key in chosen)
             strategy = cls(name, adaptive=True, tail=chosen["tail"] == "on", policy=policy,
-                           budget=budget, budget_knobs=budget_knobs, prefetch=prefetch)
+                           budget_knobs=budget_knobs, prefetch=chosen["prefetch"] == "on")
             try:
                 strategy.token_budget()
             except ValueError as error:
@@ -116,5 +108,5 @@ class Strategy:
         return _build(AdmissionPolicy, self.policy, maximum=maximum)
 
     def token_budget(self) -> TokenBudget | None:
-        """Return a fresh token budget for this strategy (None when it admits by count only)."""
-        return _build(TokenBudget, self.budget_knobs) if self.budget else None
+        """Return a fresh token budget: adaptive's (None for a fixed count of tickers)."""
+        return _build(TokenBudget, self.budget_knobs) if self.adaptive else None

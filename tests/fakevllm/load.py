@@ -83,6 +83,7 @@ class ServerLoad:
         self.block_size = block_size
         self.blocks = max(1, kv_tokens // block_size)
         self.model = model
+        self.cache_config = True  # publish vllm:cache_config_info, the KV capacity
         self.running: list[Sequence] = []
         self.waiting: deque[Sequence] = deque()
         self.history: list[Moment] = [Moment(time.monotonic(), 0, 0)]
@@ -245,6 +246,8 @@ class _Collector:
             family.add_metric(values, [*buckets, ("+Inf", float(len(times)))],
                               sum_value=sum(times))
             yield family
+        if not load.cache_config:
+            return
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine "
                                  "CacheConfig", labels=[
                                      "block_size", "cache_dtype", "enable_prefix_caching",

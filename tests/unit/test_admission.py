@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import pytest
+
 from app.traffic.admission import AdmissionPolicy
+from app.traffic.budget import Claim
 from app.traffic.gate import Gate
 from app.traffic.limits import Limits
 from app.traffic.strategy import Strategy
@@ -34,41 +37,50 @@ def test_does_not_grow_a_limit_it_does_not_use() -> None:
     assert p.reason == "steady"
 
 
-def test_kv_climbing_to_full_settles_at_what_really_runs() -> None:
-    # A scripted server whose KV cache holds six sequences: usage climbs with what runs,
-    # the rest waits. The limit must end at what fits, with no queue and no preemption.
-    p = AdmissionPolicy(initial=4, kv_high=0.9, kv_full=0.97, maximum=64)
-    seen = []
-    for i in range(8):
-        running = min(p.allowed, 6)
-        seen.append(p.observe(G(running=running, waiting=max(0, p.allowed - 6),
-                                kv_cache_usage=min(1.0, running / 6 * 0.95),
-                                generation_tokens_total=i), p.allowed))
-    assert seen[0] == 8  # doubled while there was room
-    assert seen[1:] == [6] * 7  # then what runs, nothing queued, and it stays there
-    assert p.reason == "kv cache high"
-    # Once saturated, growth is one request per reading, not doubling.
-    assert p.observe(G(running=6, kv_cache_usage=0.5, generation_tokens_total=9), 6) == 7
+def test_kv_usage_moves_no_rule_of_the_request_count() -> None:
+    # The KV cache is the token budget's: the same readings at 99% KV grow, cut and name
+    # the limit exactly as at 10%; only the preemptions cut it.
+    script = [(4, 0, 0), (8, 0, 0), (16, 0, 2), (11, 0, 0), (12, 3, 0), (12, 0, 0)]
+
+    def run(kv: float) -> list[tuple[int, str]]:
+        p = AdmissionPolicy(initial=4, maximum=64)
+        seen = []
+        for i, (running, waiting, preempted) in enumerate(script):
+            p.observe(G(running=running, waiting=waiting, kv_cache_usage=kv,
+                        generation_tokens_total=i), p.allowed, preempted=preempted)
+            seen.append((p.allowed, p.reason))
+        return seen
+
+    assert run(0.99) == run(0.10) == [
+        (8, "headroom"), (16, "headroom"), (11, "2 preemptions"), (12, "headroom"),
+        (12, "requests arriving"), (13, "headroom")]
 
 
-def test_high_kv_drops_the_queue_without_eroding_on_a_dip() -> None:
-    p = AdmissionPolicy(initial=12, kv_high=0.9, kv_full=0.97)
-    assert p.observe(G(running=12, waiting=2, kv_cache_usage=0.93), 12) == 12
-    assert p.observe(G(running=10, waiting=2, kv_cache_usage=0.93), 12) == 10
-    # A finished request's successor is on its way: running dips, nothing waits. Hold.
-    assert p.observe(G(running=9, kv_cache_usage=0.93), 10) == 10
-    # Headroom we do not use is not kept for later while the cache is nearly full.
-    assert p.observe(G(running=8, kv_cache_usage=0.93), 8) == 8
-    assert p.reason == "kv cache high"
+@pytest.mark.parametrize(("capacity", "let_in"), [(10_000, 4), (None, 5)])
+async def test_with_the_capacity_known_the_budget_alone_holds_a_full_kv_cache(
+        capacity: int | None, let_in: int) -> None:
+    # Four 2,000-token requests at a 10,000-token cache reading 98%, nothing waiting: the
+    # request count grows (the cache moves it no more), the budget keeps the fifth out.
+    # Without the capacity the budget admits everything and the fifth goes in.
+    limits = Limits(Strategy.parse("adaptive"), 64, gauged=True)
+    assert limits.budget is not None
+    gate = Gate(4, limits.budget)
+    limits.read(G(), 0.0, gate, [], capacity, 16)  # the counters' baseline
+    release = asyncio.Event()
 
+    async def call() -> None:
+        async with gate.slot(claim=Claim(2_000)):
+            await release.wait()
 
-def test_full_kv_sheds_one_request_per_reading_until_it_eases() -> None:
-    p = AdmissionPolicy(initial=12, kv_high=0.9, kv_full=0.97)
-    assert p.observe(G(running=12, kv_cache_usage=0.98), 12) == 11
-    assert p.reason == "kv cache full"
-    assert p.observe(G(running=11, kv_cache_usage=0.99), 11) == 10
-    assert p.observe(G(running=10, kv_cache_usage=0.94), 10) == 10  # high, not full: hold
-    assert p.observe(G(running=10, kv_cache_usage=0.85), 10) == 11  # room again: +1
+    calls = [asyncio.create_task(call()) for _ in range(5)]
+    await asyncio.sleep(0)
+    assert (gate.outstanding, gate.waiting) == (4, 1)  # the starting request limit
+    limits.read(G(running=4, kv_cache_usage=0.98, generation_tokens_total=100), 1.0, gate, [],
+                capacity, 16)
+    assert (limits.policy.allowed, limits.policy.reason) == (8, "headroom")
+    assert gate.outstanding == let_in
+    release.set()
+    await asyncio.gather(*calls)
 
 
 def test_preemptions_cut_the_limit() -> None:
@@ -216,9 +228,10 @@ def test_a_blind_spell_gives_back_the_limit_it_set_aside() -> None:
     assert p.reason == "no /metrics"
     # Readings return from the same server (its counters carried on): 31 at once.
     assert p.observe(G(running=3, generation_tokens_total=900), 3) == 31
-    # A second spell that ends on a full cache: the held limit is judged by the reading.
+    # A second spell that ends in preemptions: the held limit is judged by the reading
+    # (31 × 0.7, not the fallback's 4 × 0.7).
     p.fall_back()
-    assert p.observe(G(running=25, kv_cache_usage=0.98, generation_tokens_total=950), 25) == 24
+    assert p.observe(G(running=25, generation_tokens_total=950), 25, preempted=2) == 21
 
 
 def test_a_blind_spell_that_hid_a_restart_starts_over() -> None:

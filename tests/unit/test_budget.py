@@ -23,6 +23,7 @@ from app.batch.progress import BatchProgress
 from app.batch.workload import play, shape
 from app.bench.workloads import synthetic_workload
 from app.config import load_settings
+from app.errors import InputError
 from app.llm import CallStats
 from app.traffic.budget import Claim, TokenBudget
 from app.traffic.client import TickerClient
@@ -208,8 +209,15 @@ def test_adaptive_fills_the_cache_without_a_preemption_where_a_fixed_setting_ove
     assert summary.tokens_per_byte == round(1.05 * 0.25, 4)
 
 
-def test_adaptive_without_budget_or_capacity_admits_by_request_count() -> None:
-    assert Strategy.parse("adaptive:budget=off").token_budget() is None
+def test_adaptive_without_capacity_admits_by_request_count() -> None:
+    # Adaptive always has a budget; not knowing the capacity it admits everything.
+    unknown = Strategy.parse("adaptive").token_budget()
+    assert unknown is not None and unknown.limit is None
+    unknown.take(Claim(1_000_000))
+    assert unknown.fits(1_000_000) and unknown.room_for_new()
+    assert Strategy.parse("fixed-3").token_budget() is None  # a fixed count of tickers
+    with pytest.raises(InputError, match="bad knob 'budget=off'"):  # a knob no more
+        Strategy.parse("adaptive:budget=off")
     knobbed = Strategy.parse("adaptive:fill=0.9,overbook=1.2,budget_backoff=0.5,min_samples=3")
     budget = knobbed.token_budget()
     assert budget is not None
@@ -220,8 +228,8 @@ def test_adaptive_without_budget_or_capacity_admits_by_request_count() -> None:
     assert over_one_server(llm, Strategy.parse("adaptive")).budget is None
 
 
-async def _engine_run(sqlite_engine: Any, strategy: str, kv_tokens: int
-                      ) -> tuple[FakeServer, BatchOutcome]:
+async def _engine_run(sqlite_engine: Any, strategy: str, kv_tokens: int,
+                      cache_config: bool = True) -> tuple[FakeServer, BatchOutcome]:
     settings = load_settings(check_context_length=False, retry_backoff_s=0,
                              metrics_interval_s=0.02, record_requests=False)
     load = synthetic_workload(settings, 8, 0.05, output_scale=0.1)  # prompts 200-1000 words
@@ -232,6 +240,7 @@ async def _engine_run(sqlite_engine: Any, strategy: str, kv_tokens: int
         return Reply("w " * n, completion_tokens=n, token_delay_s=0.0004, chunks=4)
 
     server = FakeServer(script=answer, capacity=64, kv_tokens=kv_tokens)
+    server.load.cache_config = cache_config  # False: the capacity is not published
     runner = BatchEngine(settings, sqlite_engine, http_client=server.client())
 
     async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[Any]:
@@ -253,9 +262,14 @@ async def test_through_the_engine_the_budget_learns_the_fake_servers_cache_and_n
     loose, loose_outcome = await _engine_run(sqlite_engine, "fixed-all", kv_tokens)
     assert loose_outcome.status == "succeeded"
     assert loose.load.max_waiting > 0  # let loose, the workload outgrows the cache
-    # Counting requests and reacting to KV usage lets requests in that then wait for room.
-    counted, _ = await _engine_run(sqlite_engine, "adaptive:budget=off", kv_tokens)
+    # Without the capacity published, counting requests lets requests in that then wait
+    # for room.
+    counted, counted_outcome = await _engine_run(sqlite_engine, "adaptive", kv_tokens,
+                                                 cache_config=False)
     assert counted.load.max_waiting > 0
+    assert counted_outcome.admission is not None
+    unknown = counted_outcome.admission.token_budget
+    assert unknown is not None and unknown.kv_capacity_tokens is None
     server, outcome = await _engine_run(sqlite_engine, "adaptive", kv_tokens)
     assert outcome.status == "succeeded" and not outcome.failed
     assert outcome.admission is not None

@@ -208,7 +208,7 @@ def test_the_knobs_reach_the_budget_and_bad_ones_are_refused() -> None:
     assert b is not None
     assert (b.overbook, b.overbook_max, b.overbook_step, b.rise_after, b.calm, b.high_cut) == (
         1.1, 1.4, 0.05, 2, 7, 0.85)
-    assert b.kv_high == 0.93  # one high-water mark, the admission policy's
+    assert b.kv_high == 0.93  # the budget's own knob: the policy has no KV rule
     with pytest.raises(InputError, match="overbook_max"):
         Strategy.parse("adaptive:overbook=1.2,overbook_max=1.1")
     with pytest.raises(InputError, match="high_cut"):

@@ -32,6 +32,8 @@ def reading(running: float, waiting: float = 0.0, kv: float = 0.3,
     ({"strategy": "adaptive:initial=8,maximum=8", "max_concurrency": 64}, 8),  # the knob wins
     ({"strategy": "adaptive"}, UNRECORDED),  # a batch from before the cap was recorded
     ({"strategy": "adaptive:maximum=8"}, 8),
+    # A knob since removed: adaptive still, its cap unreadable, not "no cap".
+    ({"strategy": "adaptive:budget=off", "max_concurrency": 64}, UNRECORDED),
     ({"strategy": "fixed-14"}, None),  # caps tickers, not requests
     ({"strategy": "fixed-all"}, None),
     ({"strategy": "flood"}, None),

@@ -23,12 +23,13 @@ from tests.unit.stepped_gpu import SteppedGPU
 from tests.unit.test_chains import run_wide
 
 
-def test_prefetch_is_an_adaptive_switch_that_needs_the_budget() -> None:
+def test_prefetch_is_an_adaptive_switch_on_by_default() -> None:
     assert Strategy.parse("adaptive:prefetch=on").prefetch
     assert Strategy.parse("adaptive").prefetch  # the default since the H200's 40-ticker run
-    assert not Strategy.parse("adaptive:budget=off").prefetch  # nothing to count chains in
     assert not Strategy.parse("adaptive:prefetch=off").prefetch
-    with pytest.raises(InputError, match="needs budget=on"):
+    assert not Strategy.parse("fixed-3").prefetch  # no budget to count chains in
+    # The budget it counts chains in is always there: budget=off is a knob no more.
+    with pytest.raises(InputError, match="bad knob 'budget=off'"):
         Strategy.parse("adaptive:prefetch=on,budget=off")
     with pytest.raises(InputError, match=re.escape("prefetch=on|off")):
         Strategy.parse("adaptive:prefetch=maybe")
@@ -86,7 +87,7 @@ def test_the_fan_out_depth_is_the_free_slots_and_what_feeds_a_full_set() -> None
     assert prefetch_depth(3, 0, 0) == 3 + 3  # shape unknown: a chain of one step
 
 
-def prefetching_endpoint(capacity: int = 10_000) -> Server:
+def prefetching_endpoint(capacity: int | None = 10_000) -> Server:
     llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive:prefetch=on"), gauges=SimpleNamespace())
@@ -94,6 +95,21 @@ def prefetching_endpoint(capacity: int = 10_000) -> Server:
     endpoint.limits.budget.set_capacity(capacity)
     endpoint.gate.set_limit(32)
     return endpoint
+
+
+def test_prefetching_caps_nothing_until_the_budget_knows_the_capacity() -> None:
+    # No vllm:cache_config_info: the budget admits everything and counts no chain slot, so
+    # tickers start by the request count alone, however many are in their fan-out.
+    endpoint = prefetching_endpoint(capacity=None)
+    fanning = [Ticket(i, 17, 14, outstanding=4, reserved=1_000) for i in range(8)]
+    for ticket in fanning:
+        endpoint.arrive(ticket)
+    endpoint.limits.budget.reserved = 8_000  # type: ignore[union-attr]
+    endpoint.limits.footprint.sample(endpoint.gate, fanning)
+    assert endpoint.fanning == 8
+    assert endpoint.chain_slots() is None
+    assert endpoint.load(None).room
+    assert endpoint.blocker() == ROOM
 
 
 def test_a_new_ticker_starts_while_few_are_in_their_fan_out() -> None:

@@ -123,9 +123,15 @@ def test_strategy_knobs_parse_and_bad_ones_are_refused() -> None:
     s = Strategy.parse("adaptive:kv_high=0.95,queue_allowance=0,tail=off")
     assert s.adaptive and not s.tail
     policy = s.admission_policy(maximum=32)
-    assert (policy.kv_high, policy.queue_allowance, policy.maximum) == (0.95, 0, 32)
+    assert (policy.queue_allowance, policy.maximum) == (0, 32)
+    budget = s.token_budget()  # kv_high is the token budget's knob: it guards the KV cache
+    assert budget is not None and budget.kv_high == 0.95
+    assert not hasattr(policy, "kv_high")
     assert Strategy.parse("adaptive").tail
+    # budget=on|off and kv_full are knobs no more: the budget is always on, the policy has
+    # no KV rule.
     for bad in ("adaptive:kv_high=lots", "adaptive:speed=2", "adaptive:tail=maybe",
+                "adaptive:budget=off", "adaptive:budget=on", "adaptive:kv_full=0.97",
                 "fixed-3:tail=on", "fixed-0", "turbo"):
         with pytest.raises(InputError):
             Strategy.parse(bad)

@@ -297,3 +297,14 @@ def previous_night(engine: Engine, ticker: str, completion_tokens: int) -> None:
                 prompt_tokens=1000, completion_tokens=completion_tokens, status="ok",
                 started_at=now, ended_at=now, latency_s=1.0))
     store.finish_batch(engine, batch, "succeeded")
+
+
+def test_a_resumed_batch_whose_stored_strategy_no_longer_parses_is_refused(
+        sqlite_engine: Engine, tickers: list[str]) -> None:
+    # Stored by a version with the knob budget=off (removed: adaptive always has the budget).
+    crashed = crashed_night(sqlite_engine, tickers, strategy="adaptive:budget=off")
+    result = run_cli("run", "--resume", str(crashed), "--no-preflight")
+    assert_refused(result, f"batch {crashed} cannot resume", "bad knob 'budget=off'")
+    assert "resuming batch" not in result.stderr  # refused before it was announced
+    assert counts(sqlite_engine) == (1, 0)
+    assert ticker_states(sqlite_engine) == {tickers[0]: "succeeded", tickers[1]: "interrupted"}
