@@ -14,11 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from app.traffic.budget import BudgetSummary, TokenBudget
+from app.traffic.budget import TokenBudget
 from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
-from app.traffic.holdback import COLUMNS, HoldBackSummary
-from app.traffic.limits import Chains, Figures
+from app.traffic.holdback import COLUMNS
+from app.traffic.limits import Adaptive, Figures
 from app.traffic.server import EndpointSummary, FallbackRecord, ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import first_error
@@ -235,12 +235,11 @@ class Scheduler:
     def admission(self) -> Admission:
         """Return how admission ended: the endpoints' request limits summed, the first
         endpoint's limits, and with several endpoints each one's under ``endpoints``."""
-        adaptive = self.endpoints.first.adaptive_figures() if self.strategy.adaptive else {}
         several: dict[str, Any] = (
             {"endpoints": self.endpoints.summary()} if self.endpoints.several else {})
         return Admission(strategy=self.strategy.name,
                          request_limit=sum(e.gate.limit for e in self.endpoints),
-                         **adaptive, **several)
+                         adaptive=self.endpoints.first.adaptive_summary(), **several)
 
 
 class HoldBackTimeline(BaseModel, frozen=True):
@@ -251,13 +250,10 @@ class HoldBackTimeline(BaseModel, frozen=True):
 
 
 class Admission(Figures, frozen=True):
-    """How a batch's admission ended (``Scheduler.admission``); optional fields as in
-    ``EndpointSummary``, ``endpoints`` only with several."""
+    """How a batch's admission ended (``Scheduler.admission``): ``adaptive`` the first
+    endpoint's, as in ``EndpointSummary``; ``endpoints`` only with several."""
 
     strategy: str
     request_limit: int
-    request_limit_reason: str | None = None
-    token_budget: BudgetSummary | None = None
-    chains: Chains | None = None
-    new_tickers_held_back: HoldBackSummary | None = None
+    adaptive: Adaptive = None
     endpoints: dict[str, EndpointSummary] | None = None

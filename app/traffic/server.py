@@ -22,13 +22,12 @@ from app.config import Settings
 from app.errors import ServerOutage
 from app.llm import CallStats, TrackedLLM
 from app.promptsize import PromptCounter
-from app.traffic.budget import BudgetSummary
 from app.traffic.chains import prefetch_depth
 from app.traffic.clock import Clock, loop_clock
 from app.traffic.gate import Gate
 from app.traffic.halt import Halt, HaltReason
-from app.traffic.holdback import CHAIN_CAP, ROOM, HoldBack, HoldBackSummary
-from app.traffic.limits import Chains, Figures, Limits
+from app.traffic.holdback import CHAIN_CAP, ROOM, HoldBack
+from app.traffic.limits import Adaptive, AdaptiveSummary, Figures, Limits
 from app.traffic.routing import Load, choose
 from app.traffic.sampler import MetricsSampler
 from app.traffic.strategy import Strategy
@@ -249,12 +248,11 @@ class Server:
         return EndpointSummary(
             request_limit=self.gate.limit, tickers_started=self.started,
             tickers_moved_in=self.moved_in, tickers_moved_out=self.moved_out,
-            outages=self.outages, up=self.up,
-            **(self.adaptive_figures() if self.strategy.adaptive else {}))
+            outages=self.outages, up=self.up, adaptive=self.adaptive_summary())
 
-    def adaptive_figures(self) -> dict[str, Any]:
-        """Return a summary's adaptive fields: the limits' and what held new tickers back."""
-        return {**dict(self.limits.summary()), "new_tickers_held_back": self.holdback.summary()}
+    def adaptive_summary(self) -> AdaptiveSummary | None:
+        """Return how the limits ended and what held new tickers back (None: not adaptive)."""
+        return self.limits.summary(self.holdback.summary()) if self.strategy.adaptive else None
 
 
 class EndpointSummary(Figures, frozen=True):
@@ -266,11 +264,7 @@ class EndpointSummary(Figures, frozen=True):
     tickers_moved_out: int
     outages: int
     up: bool
-    # Adaptive only (``Server.adaptive_figures``): ``LimitsSummary``'s fields, and more.
-    request_limit_reason: str | None = None
-    token_budget: BudgetSummary | None = None
-    chains: Chains | None = None
-    new_tickers_held_back: HoldBackSummary | None = None
+    adaptive: Adaptive = None  # ``Server.adaptive_summary``
 
 
 @dataclass

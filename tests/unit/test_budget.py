@@ -203,7 +203,9 @@ def test_adaptive_fills_the_cache_without_a_preemption_where_a_fixed_setting_ove
     assert server.peak_reserved >= capacity * 0.95 - 2 * largest
     assert budget.reserved == 0 and budget.held == 0  # everything given back
     # The batch's admission summary says what the budget learned: every answer was 400.
-    summary = scheduler.admission().token_budget
+    adaptive = scheduler.admission().adaptive
+    assert adaptive is not None
+    summary = adaptive.token_budget
     assert summary is not None and summary.kv_capacity_tokens == capacity
     assert summary.expected_output == {f"n{i}": 400 for i in range(5)}
     assert summary.tokens_per_byte == round(1.05 * 0.25, 4)
@@ -272,8 +274,8 @@ async def test_through_the_engine_the_budget_learns_the_fake_servers_cache_and_n
     assert unknown is not None and unknown.kv_capacity_tokens is None
     server, outcome = await _engine_run(sqlite_engine, "adaptive", kv_tokens)
     assert outcome.status == "succeeded" and not outcome.failed
-    assert outcome.admission is not None
-    budget = outcome.admission.token_budget
+    assert outcome.admission is not None and outcome.admission.adaptive is not None
+    budget = outcome.admission.adaptive.token_budget
     # The capacity came from the fake's vllm:cache_config_info through the batch's sampler.
     assert budget is not None and budget.kv_capacity_tokens == kv_tokens
     # Our reservations covered every answer at full length: nothing ever waited for room.

@@ -132,8 +132,10 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
         assert error is None
 
     asyncio.run(reading(server, scheduler.run([chain(f"T{i}") for i in range(12)], on_done)))
-    held = scheduler.admission().new_tickers_held_back
-    assert held is not None and held.readings > 0
+    adaptive = scheduler.admission().adaptive
+    assert adaptive is not None
+    held = adaptive.new_tickers_held_back
+    assert held.readings > 0
     assert set(held.share) <= {ROOM, QUEUED, TOKEN_BUDGET, CHAIN_CAP, REQUEST_LIMIT}
     # The cache, not the request places, is what is short here.
     short = {k: v for k, v in held.share.items() if k != ROOM}
