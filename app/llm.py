@@ -264,7 +264,10 @@ class TrackedLLM(PromptCounter):
         except openai.APIStatusError as exc:
             error = _classify_status(exc)
         except openai.APIConnectionError as exc:
-            error = LLMConnectionError(redact(f"cannot reach {self.base_url}: {exc}"))
+            # The SDK says only "Connection error."; the transport's own error says which.
+            cause = exc.__cause__
+            why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+            error = LLMConnectionError(redact(f"cannot reach {self.base_url}: {exc}{why}"))
         except httpx.TimeoutException as exc:
             # Raised while reading the stream: the OpenAI client only wraps the request itself.
             error = LLMTimeoutError(redact(f"stream stalled: {type(exc).__name__}: {exc}"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +13,13 @@ from sqlalchemy import Engine, select
 from agents.chat import CallTag
 from app.config import load_settings
 from app.db.models import LLMCall, LLMRequest
-from app.errors import ContextLengthError, LLMHTTPError, LLMMalformedError, LLMStreamError
+from app.errors import (
+    ContextLengthError,
+    LLMConnectionError,
+    LLMHTTPError,
+    LLMMalformedError,
+    LLMStreamError,
+)
 from app.llm import Call, TrackedLLM
 from app.usage import UsageRecorder
 from tests.fakevllm import BASE_URL, CONTEXT_LENGTH_MESSAGE, FakeServer, Reply
@@ -287,3 +294,25 @@ async def test_a_chunk_without_choices_is_malformed(sqlite_engine: Engine) -> No
     result, rows = await one_call(sqlite_engine, streaming(odd, odd), max_attempts=2)
     assert isinstance(result, LLMMalformedError), result
     assert [(r.status, r.error_class) for r in rows] == [("error", "malformed")] * 2
+
+
+async def test_a_server_not_listening_is_named_by_the_transport_error(
+        sqlite_engine: Engine) -> None:
+    # The SDK's own message is only "Connection error.": the row says what failed beneath.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens on it once closed
+    batch_id = new_batch(sqlite_engine)
+    settings = load_settings(llm_base_url=f"http://127.0.0.1:{port}/v1", max_attempts=1,
+                             check_context_length=False)
+    async with UsageRecorder(sqlite_engine, flush_interval_s=0.01) as rec:
+        llm = TrackedLLM(settings, rec)
+        try:
+            with pytest.raises(LLMConnectionError) as raised:
+                await llm.chat(CallTag(batch_id, "AAPL", "analyst"), MESSAGES, max_tokens=10)
+        finally:
+            await llm.aclose()
+    assert "Connection error. (ConnectError: " in str(raised.value)
+    with sqlite_engine.connect() as conn:
+        (row,) = conn.execute(select(LLMCall).where(LLMCall.batch_id == batch_id)).all()
+    assert row.error == str(raised.value) and row.error_class == "connection"
