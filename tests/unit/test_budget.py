@@ -269,8 +269,8 @@ async def test_through_the_engine_the_budget_learns_the_fake_servers_cache_and_n
     counted, counted_outcome = await _engine_run(sqlite_engine, "adaptive", kv_tokens,
                                                  cache_config=False)
     assert counted.load.max_waiting > 0
-    assert counted_outcome.admission is not None
-    unknown = counted_outcome.admission.token_budget
+    assert counted_outcome.admission is not None and counted_outcome.admission.adaptive
+    unknown = counted_outcome.admission.adaptive.token_budget
     assert unknown is not None and unknown.kv_capacity_tokens is None
     server, outcome = await _engine_run(sqlite_engine, "adaptive", kv_tokens)
     assert outcome.status == "succeeded" and not outcome.failed
