@@ -38,7 +38,7 @@ from app.batch.nightly import (
     resume_recorded,
     run_nightly,
 )
-from app.batch.preflight import ServerCheck
+from app.batch.preflight import ServerCheck, check_endpoints
 from app.batch.resume import ResumePoint, mark_stale_crashed
 from app.batch.signals import run_batch
 from app.batches import BatchSummary, summarize
@@ -357,6 +357,7 @@ def replay(
     free_output: Annotated[bool, typer.Option(
         "--free-output", help="let outputs end where the model stops, instead of matching "
                               "the recorded output lengths")] = False,
+    no_preflight: NoPreflight = False,
 ) -> None:
     """Replay a batch's recorded requests against a server, as a batch of kind replay."""
     from app.batch.workload import replay_batch
@@ -365,6 +366,8 @@ def replay(
     if base_url is not None:
         settings = settings.model_copy(update={"llm_base_url": base_url})
     engine = batch_database(settings)
+    if not no_preflight:  # the recorded prompts ran once: only the server is asked
+        check_endpoints(settings)
     facts = batch_server_facts(settings.server_profile, settings.base_url,
                                settings.server_dir)
     outcome = run_batch(replay_batch(settings, engine, batch, label=label, strategy=strategy,

@@ -71,3 +71,14 @@ def test_run_refuses_a_model_the_server_does_not_serve(
     # schema is there, but no batch row was written.
     with get_engine(sqlite_url).connect() as conn:
         assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 0
+
+
+def test_replay_refuses_a_server_that_does_not_answer_before_any_row(sqlite_url: str) -> None:
+    # The recorded prompts ran once; the server they go to now is asked before the replay's
+    # batch row exists (without it the replay would wait out the outage budget).
+    result = run_cli("replay", "--batch", "1",
+                     "--base-url", f"http://127.0.0.1:{closed_port()}/v1")
+    assert result.code == 2, result.stderr
+    assert len(result.error_lines) == 1 and "cannot reach" in result.stderr, result.stderr
+    with get_engine(sqlite_url).connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 0
