@@ -13,6 +13,7 @@ from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
+from app.batch.preflight import check_endpoints
 from app.batch.store import DecisionRow
 from app.config import Settings
 from app.db.models import Batch, LLMCall, LLMRequest
@@ -146,10 +147,15 @@ async def play(items: list[WorkItem], gated: TickerClient, batch_id: int, *,
 
 async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
                        label: str | None = None, strategy: str = "adaptive",
-                       match_output: bool = True, **engine_kwargs: Any) -> BatchOutcome:
+                       match_output: bool = True, preflight: bool = False,
+                       **engine_kwargs: Any) -> BatchOutcome:
     """Send every recorded request of ``batch_id`` again, in each ticker's original order,
-    as a batch of kind ``replay``; ``engine_kwargs`` go to BatchEngine."""
+    as a batch of kind ``replay``; ``engine_kwargs`` go to BatchEngine. With ``preflight``
+    the server is asked first (ConfigError, before any row): the prompts ran once already.
+    """
     source, workload = recorded_workload(engine, batch_id, match_output=match_output)
+    if preflight:
+        await asyncio.to_thread(check_endpoints, settings)
     for items in workload.values():
         for item in items:
             item.body["model"] = settings.llm_model  # the arm's server may name it otherwise

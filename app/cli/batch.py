@@ -38,7 +38,7 @@ from app.batch.nightly import (
     resume_recorded,
     run_nightly,
 )
-from app.batch.preflight import ServerCheck, check_endpoints
+from app.batch.preflight import ServerCheck
 from app.batch.resume import ResumePoint, mark_stale_crashed
 from app.batch.signals import run_batch
 from app.batches import BatchSummary, summarize
@@ -366,12 +366,11 @@ def replay(
     if base_url is not None:
         settings = settings.model_copy(update={"llm_base_url": base_url})
     engine = batch_database(settings)
-    if not no_preflight:  # the recorded prompts ran once: only the server is asked
-        check_endpoints(settings)
     facts = batch_server_facts(settings.server_profile, settings.base_url,
                                settings.server_dir)
     outcome = run_batch(replay_batch(settings, engine, batch, label=label, strategy=strategy,
-                                     match_output=not free_output, server_facts=facts))
+                                     match_output=not free_output, server_facts=facts,
+                                     preflight=not no_preflight))
     err.print(f"replay batch {outcome.batch_id} {outcome.status}: "
               f"{len(outcome.succeeded)} tickers replayed, {len(outcome.failed)} with errors")
     for ticker, reason in sorted(outcome.failed.items()):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, inspect, select
+from sqlalchemy import Engine, func, inspect, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.db.engine import get_engine
@@ -14,6 +15,7 @@ from app.db.models import Batch
 from serving.preflight import check_endpoint
 from tests.fakevllm import FakeServer
 from tests.unit.clirun import run_cli
+from tests.unit.test_llm import one_call
 
 
 def test_check_endpoint_names_what_is_wrong() -> None:
@@ -73,12 +75,14 @@ def test_run_refuses_a_model_the_server_does_not_serve(
         assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 0
 
 
-def test_replay_refuses_a_server_that_does_not_answer_before_any_row(sqlite_url: str) -> None:
+def test_replay_refuses_a_server_that_does_not_answer_before_its_row(
+        sqlite_url: str, sqlite_engine: Engine) -> None:
     # The recorded prompts ran once; the server they go to now is asked before the replay's
     # batch row exists (without it the replay would wait out the outage budget).
-    result = run_cli("replay", "--batch", "1",
+    _, (row,) = asyncio.run(one_call(sqlite_engine, FakeServer()))  # a batch to replay
+    result = run_cli("replay", "--batch", str(row.batch_id),
                      "--base-url", f"http://127.0.0.1:{closed_port()}/v1")
     assert result.code == 2, result.stderr
     assert len(result.error_lines) == 1 and "cannot reach" in result.stderr, result.stderr
     with get_engine(sqlite_url).connect() as conn:
-        assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 0
+        assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 1  # its own
