@@ -110,7 +110,7 @@ bench: bench-tracker bench-schedulers
 bench-tracker: setup
 	$(BIN)/python -m tests.bench.tracker --json-out $(NIGHTDESK_HOME)/bench/tracker.json
 
-# A night over 8 simulated H200 endpoints on 127.0.0.1 (ports 18100-18107); usage rows go
+# A night over 8 simulated H200 endpoints on 127.0.0.1 (free ports); usage rows go
 # to the local PostgreSQL unless `make bench-fleet FLEET_ARGS="--database sqlite"`.
 FLEET_ARGS ?=
 bench-fleet: setup

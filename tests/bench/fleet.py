@@ -16,8 +16,10 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -168,8 +170,8 @@ def fleet(
     pg_url: Annotated[str, typer.Option(help="PostgreSQL server; a private schema is "
                                              "created there and dropped after.")]
         = "postgresql+psycopg://postgres@127.0.0.1:5432/test",
-    port: Annotated[int, typer.Option(help="The first endpoint's port (then +1 each).")]
-        = 18100,
+    port: Annotated[int, typer.Option(help="The first endpoint's port (then +1 each); 0: "
+                                           "free ports, whichever the system gives.")] = 0,
     server_cpus: Annotated[str | None, typer.Option(
         help="Pin the endpoints' process to these CPUs (taskset -c, e.g. 1); pin the client "
              "with taskset around this command.")] = None,
@@ -179,15 +181,17 @@ def fleet(
     setup()
     gpu = replace(GPUModel(), speedup=speedup, prompt_weight=1.0 / scale,
                   stream_interval=stream_interval)
-    ports = [port + i for i in range(endpoints)]
-    urls = [f"http://127.0.0.1:{p}/v1" for p in ports]
-    command = [sys.executable, "-m", "tests.fakevllm.stepped",
+    ports = [port + i if port else 0 for i in range(endpoints)]
+    scratch = Path(tempfile.mkdtemp(prefix="fleet-"))
+    ports_file = scratch / "ports"
+    command = [sys.executable, "-m", "tests.fakevllm.stepped", "--ports-file", str(ports_file),
                "--ports", ",".join(map(str, ports)), "--speedup", str(gpu.speedup),
                "--prompt-weight", str(gpu.prompt_weight),
                "--stream-interval", str(gpu.stream_interval)]
     if server_cpus is not None:
         command = ["taskset", "-c", server_cpus, *command]
     with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, scratch, ignore_errors=True)
         # From the checkout's root, where ``tests`` is importable whatever the caller's folder.
         servers = subprocess.Popen(command, stdin=subprocess.DEVNULL, cwd=ROOT)
 
@@ -200,6 +204,11 @@ def fleet(
                 servers.wait()
         stack.callback(stop)
         deadline = time.monotonic() + 60
+        while not ports_file.exists():  # the ports the endpoints bound, once all serve
+            if servers.poll() is not None or time.monotonic() > deadline:
+                raise ServerError("the simulated endpoints did not start")
+            time.sleep(0.1)
+        urls = [f"http://127.0.0.1:{p}/v1" for p in ports_file.read_text().split(",")]
         for url in urls:
             while True:
                 with contextlib.suppress(httpx.HTTPError):

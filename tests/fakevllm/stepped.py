@@ -24,6 +24,7 @@ import json
 import math
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -171,10 +172,14 @@ class SteppedEndpoint:
                 stream.ready.put_nowait(after % interval)
 
 
-async def serve_fleet(gpu: GPUModel, ports: list[int]) -> None:
-    """Serve one stepped endpoint per port on 127.0.0.1 until cancelled."""
+async def serve_fleet(gpu: GPUModel, ports: list[int], ports_file: Path | None = None) -> None:
+    """Serve one stepped endpoint per port on 127.0.0.1 until cancelled (port 0: a free one);
+    write the ports bound, comma-joined, to ``ports_file`` once all serve."""
     endpoints = [SteppedEndpoint(gpu) for _ in ports]
-    async with serving([e.app for e in endpoints], ports), asyncio.TaskGroup() as group:
+    async with serving([e.app for e in endpoints], ports) as bound, asyncio.TaskGroup() as group:
+        if ports_file is not None:  # renamed into place: a reader never sees half of it
+            ports_file.with_suffix(".tmp").write_text(",".join(map(str, bound)))
+            ports_file.with_suffix(".tmp").rename(ports_file)
         for endpoint in endpoints:
             group.create_task(endpoint.serve_steps())  # they step until cancelled
 
@@ -186,14 +191,16 @@ def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description="Serve stepped vLLM endpoints on 127.0.0.1.")
-    parser.add_argument("--ports", required=True)
+    parser.add_argument("--ports", required=True, help="comma-joined; 0 for a free port")
+    parser.add_argument("--ports-file", type=Path, help="where to write the ports bound")
     for name, default in asdict(GPUModel()).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     args = vars(parser.parse_args())
     ports = [int(p) for p in args.pop("ports").split(",")]
+    ports_file = args.pop("ports_file")
     gpu = GPUModel(**args)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_fleet(gpu, ports))
+        asyncio.run(serve_fleet(gpu, ports, ports_file))
 
 
 if __name__ == "__main__":

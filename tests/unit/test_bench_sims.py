@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -60,17 +59,14 @@ def test_the_tracker_bench_writes_its_figures(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_fleet_bench_serves_its_endpoints_and_writes_its_figures(tmp_path: Path) -> None:
-    with socket.socket() as sock:  # two ports in a row, free a moment ago
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    # The endpoints on free ports the system gives (the default): none taken by another run.
     result = bench("tests.bench.fleet", "--tickers", "2", "--endpoints", "2", "--speedup", "20",
-                   "--output-scale", "0.05", "--database", "sqlite", "--port", str(port),
-                   tmp_path=tmp_path)
+                   "--output-scale", "0.05", "--database", "sqlite", tmp_path=tmp_path)
     assert set(result) == {"tickers", "endpoints", "gpu", "workload", "arm", "loop_lag",
                            "process", "rows_per_s", "capacity", "machine"}
     arm = result["arm"]
     assert arm["calls"] == 2 * 17 and arm["failed_calls"] == 0
     # Both endpoints served: the client spread the two tickers over them.
-    assert {e["endpoint"] for e in arm["endpoints"]} == {
-        f"http://127.0.0.1:{port + i}/v1" for i in range(2)}
+    served = {e["endpoint"] for e in arm["endpoints"]}
+    assert len(served) == 2 and all(u.startswith("http://127.0.0.1:") for u in served)
     assert result["machine"]["database"] == "sqlite"
