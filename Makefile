@@ -4,6 +4,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 VVENV := .venv-vllm
+# `make test-lowest`'s environment: every direct dependency at its lowest allowed version.
+LVENV := .venv-lowest
 BIN := $(VENV)/bin
 # The data home (database, snapshots, model, server files): var/ here, as nightdesk itself
 # defaults to in a checkout; `NIGHTDESK_HOME=/srv/nd make run` moves all of them.
@@ -24,8 +26,8 @@ BENCH_SHAPE ?= --scale 0.005 --output-scale 0.02
 BENCH_STRATEGIES ?= fixed-3,fixed-8,fixed-all,adaptive,flood
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup vllm-env model browser test test-unit lint run bench bench-tracker bench-schedulers \
-        bench-fleet \
+.PHONY: setup vllm-env model browser test test-unit test-lowest lint run bench bench-tracker \
+        bench-schedulers bench-fleet \
         server-start server-stop clean systemd-tools
 
 setup: $(VENV)/.ready
@@ -74,6 +76,21 @@ test: setup vllm-env model browser systemd-tools
 # The fast lane while editing: unit tests not marked `slow`, on both cores.
 test-unit: setup
 	$(BIN)/pytest -q -n 2 -m "not slow" tests/unit
+
+# The fast lane again, on every direct dependency of pyproject.toml (the extras' too) at the
+# lowest version it allows, from PyPI (uv's lowest-direct): a lower bound is a promise.
+# Not in `make test`: a new release of an indirect dependency can break it, not the change.
+test-lowest: $(LVENV)/.ready
+	$(LVENV)/bin/pytest -q -n 2 -m "not slow" tests/unit
+
+# Built anew whenever pyproject.toml changes, so nothing of an earlier resolution is left.
+$(LVENV)/.ready: pyproject.toml Makefile
+	@echo "test-lowest: building $(LVENV) at the lowest versions pyproject.toml allows"
+	@rm -rf $(LVENV) && $(PYTHON) -m venv $(LVENV)
+	@$(LVENV)/bin/python -m pip install -q --disable-pip-version-check uv
+	@$(LVENV)/bin/uv pip install -q --python $(LVENV)/bin/python --resolution lowest-direct \
+	    -e '.[dev,yfinance]'
+	@touch $@
 
 # Static checks, and the self-tests that are checks of the tree rather than of behaviour:
 # the import contracts break on a wrong import, README's map matches the tree, and

@@ -24,7 +24,8 @@ ArgValue = str | int | float | bool | dict[str, object]
 class Profile(BaseModel):
     """One way of running the vLLM server, as stored in ``serving/profiles/NAME.toml``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # model_positional is a field: pydantic below 2.10 warns on any name under "model_".
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
     name: str
     description: str

@@ -89,7 +89,11 @@ async def test_fit_returns_the_smallest_prompt_when_nothing_is_enough() -> None:
 
 
 def debate_script(chat: ChatRequest) -> Reply | str | None:
-    return LONG.get(chat.node or "")
+    # No arrival index in any reply: the analysts race, and what a later node is sent must be
+    # the same in both runs whatever order they reached the server in.
+    if chat.node in LONG or chat.structured:
+        return LONG.get(chat.node or "")
+    return f"[{chat.node} on {chat.ticker}] Fake analysis: the evidence is mixed."
 
 
 def make(db: Engine, data: Path, server: FakeServer, max_model_len: int) -> BatchEngine:
