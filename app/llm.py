@@ -34,6 +34,7 @@ from app.errors import (
     LLMMalformedError,
     LLMStreamError,
     LLMTimeoutError,
+    first_line,
 )
 from app.promptsize import PromptCounter
 from app.usage import UsageRecorder
@@ -266,7 +267,7 @@ class TrackedLLM(PromptCounter):
         except openai.APIConnectionError as exc:
             # The SDK says only "Connection error."; the transport's own error says which.
             cause = exc.__cause__
-            why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+            why = f" ({first_line(cause, 300, typed=True)})" if cause is not None else ""
             error = LLMConnectionError(redact(f"cannot reach {self.base_url}: {exc}{why}"))
         except httpx.TimeoutException as exc:
             # Raised while reading the stream: the OpenAI client only wraps the request itself.
