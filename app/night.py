@@ -29,6 +29,8 @@ from app.schedule import due_times, nightly_trigger
 STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale")
 # Exit code of `nightdesk ranking --require-fresh` when the ranking is older than the night.
 STALE_EXIT = 6
+# The share of a batch's calls answered before its ETA is said.
+ETA_BASIS = 0.05
 
 
 def eta_s(elapsed_s: float, tickers_done: int, tickers_total: int, calls: int,
@@ -36,9 +38,13 @@ def eta_s(elapsed_s: float, tickers_done: int, tickers_total: int, calls: int,
     """Return the seconds a batch has left: by calls when their total is known, else tickers.
 
     Tickers finish late and together (senior-first keeps many under way), so the share of
-    calls answered says more about the remaining time than tickers done. None: no basis yet.
+    calls answered says more about the remaining time than tickers done. None: no basis yet,
+    also before ``ETA_BASIS`` of the calls are answered (at the start hundreds run and few
+    have ended, and a rate of so few says hours where minutes are left).
     """
     if expected_calls and calls:
+        if calls < ETA_BASIS * expected_calls:
+            return None
         return elapsed_s / calls * max(0, expected_calls - calls)
     if tickers_done:
         return elapsed_s / tickers_done * max(0, tickers_total - tickers_done)

@@ -30,7 +30,8 @@ class ProgressState:
     tickers_total: int
     calls: int
     failed_calls: int
-    output_tok_s: float
+    output_tok_s: float  # finished calls' output over the batch so far
+    server_tok_s: float | None  # the servers' generation counter: streaming answers count too
     running: float | None
     waiting: float | None
     kv_usage: float | None
@@ -59,6 +60,7 @@ class BatchProgress:
         self.console = console or Console(stderr=True)
         self._live: Live | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._first_reading: dict[str, Any] = {}  # each server's first reading seen
 
     def ticker_done(self, ticker: str, ok: bool) -> None:
         self.done += 1
@@ -83,7 +85,7 @@ class BatchProgress:
         return ProgressState(
             tickers_done=self.done - self.failed, tickers_failed=self.failed,
             tickers_total=self.total, calls=stats.calls, failed_calls=stats.failed,
-            output_tok_s=round(tok_s, 1),
+            output_tok_s=round(tok_s, 1), server_tok_s=self._server_tok_s(),
             running=getattr(latest, "running", None),
             waiting=getattr(latest, "waiting", None),
             kv_usage=getattr(latest, "kv_cache_usage", None),
@@ -94,13 +96,29 @@ class BatchProgress:
                        if getattr(self.scheduler, "metrics_fallback", False) else None),
             elapsed_s=round(elapsed), eta_s=None if eta is None else round(eta))
 
+    def _server_tok_s(self) -> float | None:
+        """Return the tokens the servers generated per second since their first reading seen
+        here (a restarted server's counter starts again); None before two readings."""
+        tokens = span = 0.0
+        for endpoint in getattr(self.llm, "endpoints", ()):
+            latest = getattr(endpoint.gauges, "latest", None)
+            if latest is None:
+                continue
+            first = self._first_reading.get(endpoint.name)
+            if first is None or latest.generation_tokens_total < first.generation_tokens_total:
+                self._first_reading[endpoint.name] = first = latest
+            tokens += latest.generation_tokens_total - first.generation_tokens_total
+            span = max(span, (latest.taken_at - first.taken_at).total_seconds())
+        return round(tokens / span, 1) if span > 0 else None
+
     def __rich__(self) -> Table:
         s = self.state()
         table = Table(title=f"batch {self.batch_id}", show_header=False, expand=False)
         table.add_row("tickers", f"{s.tickers_done} done · {s.tickers_failed} failed · "
                                  f"{s.tickers_total} total")
         table.add_row("calls", f"{s.calls} ({s.failed_calls} failed)")
-        table.add_row("batch output", f"{s.output_tok_s} tok/s")
+        generating = "" if s.server_tok_s is None else f" · server {s.server_tok_s} tok/s"
+        table.add_row("output", f"{s.output_tok_s} tok/s in finished calls{generating}")
         kv = "—" if s.kv_usage is None else f"{s.kv_usage:.0%}"
         admitting = "" if s.limit is None else f" · admitting {s.limit}"
         if s.admission:
