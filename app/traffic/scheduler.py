@@ -19,7 +19,7 @@ from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
 from app.traffic.holdback import COLUMNS
 from app.traffic.limits import Adaptive, Figures
-from app.traffic.server import EndpointSummary, FallbackRecord, ServerSet
+from app.traffic.server import EndpointSummary, ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
@@ -70,11 +70,19 @@ class Scheduler:
     @property
     def metrics_fallback(self) -> bool:
         """Tell whether some server's /metrics cannot be read now (progress shows it)."""
-        return self.endpoints.blind
+        return any(e.limits.blind_since is not None for e in self.endpoints)
 
     def fallback_record(self) -> FallbackRecord | None:
         """Return what the batch stores of its time without /metrics (None: it had none)."""
-        return self.endpoints.fallback_record()
+        now = self.endpoints.clock()
+        missed = sum(e.limits.missed for e in self.endpoints)
+        if not missed or not self.endpoints.first.strategy.adaptive:
+            return None
+        seconds = sum(e.limits.blind_s + (0.0 if e.limits.blind_since is None
+                                          else now - e.limits.blind_since)
+                      for e in self.endpoints)
+        return FallbackRecord(readings_missed=missed, seconds=round(seconds, 1),
+                              limit=self.endpoints.first.limits.policy.fallback_limit)
 
     def stop(self) -> None:
         """Start no more tickers and let no new request through; requests out may finish."""
@@ -257,3 +265,11 @@ class Admission(Figures, frozen=True):
     request_limit: int
     adaptive: Adaptive = None
     endpoints: dict[str, EndpointSummary] | None = None
+
+
+class FallbackRecord(BaseModel, frozen=True):
+    """A batch's time without /metrics, as its settings store it (``metrics_fallback``)."""
+
+    readings_missed: int
+    seconds: float
+    limit: int  # the request limit held meanwhile

@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import structlog
-from pydantic import BaseModel
 from sqlalchemy import Engine
 
 from app.config import Settings
@@ -95,7 +94,6 @@ class Server:
 
     @property
     def tickers(self) -> int:
-        """Return how many tickers' calls go here now."""
         return len(self.here)
 
     @property
@@ -142,10 +140,9 @@ class Server:
                 if (slots is None or self.chains < slots or not self.up or ticket.urgent
                         or self.gate.closed):
                     break
-                if not waited:
-                    waited = True
-                    if ticket.held_by is not None:
-                        ticket.held_by.release_hold(ticket)
+                if not waited and ticket.held_by is not None:
+                    ticket.held_by.release_hold(ticket)
+                waited = True
                 self.gate.changed.clear()
                 await self.gate.changed.wait()
         ticket.chained = True
@@ -361,8 +358,7 @@ class ServerSet:
         return sum(e.gate.limit for e in self._serving())
 
     def concurrency(self) -> int:
-        """Return the requests the endpoints that are up run together: each one's limit, or
-        the chains its budget keeps going where fewer."""
+        """Return the requests the endpoints that are up run together (``Server.concurrency``)."""
         return sum(e.concurrency() for e in self._serving())
 
     async def wait_for_room(self, ticker_slots: int | None = None, ticket: Ticket | None = None,
@@ -484,23 +480,6 @@ class ServerSet:
         """Return every server's outages (endpoint, start, seconds), for the batch's record."""
         return [outage for endpoint in self.endpoints for outage in endpoint.outages_seen]
 
-    @property
-    def blind(self) -> bool:
-        """Tell whether some server's /metrics cannot be read now (adaptive's fallback)."""
-        return any(e.limits.blind_since is not None for e in self.endpoints)
-
-    def fallback_record(self) -> FallbackRecord | None:
-        """Return what the batch stores of its time without /metrics (None: it had none)."""
-        now = self.clock()
-        missed = sum(e.limits.missed for e in self.endpoints)
-        if not missed or not self.first.strategy.adaptive:
-            return None
-        seconds = sum(e.limits.blind_s + (0.0 if e.limits.blind_since is None
-                                          else now - e.limits.blind_since)
-                      for e in self.endpoints)
-        return FallbackRecord(readings_missed=missed, seconds=round(seconds, 1),
-                              limit=self.first.limits.policy.fallback_limit)
-
     # --- what progress and reports read -------------------------------------------------
 
     @property
@@ -526,11 +505,3 @@ class ServerSet:
 
     def summary(self) -> dict[str, EndpointSummary]:
         return {endpoint.name: endpoint.summary() for endpoint in self.endpoints}
-
-
-class FallbackRecord(BaseModel, frozen=True):
-    """A batch's time without /metrics, as its settings store it (``metrics_fallback``)."""
-
-    readings_missed: int
-    seconds: float
-    limit: int  # the request limit held meanwhile
