@@ -339,8 +339,6 @@ class ServerSet:
     def several(self) -> bool:
         return len(self.endpoints) > 1
 
-    # --- routing -------------------------------------------------------------------------
-
     def loads(self, ticker_slots: int | None = None) -> list[Load]:
         # Shares of the work follow KV capacity where every endpoint's is known.
         capacities = [e.limits.budget.capacity if e.limits.budget is not None else None
@@ -457,8 +455,6 @@ class ServerSet:
         return (f"{what} for {self.outage_budget_s:.0f} s (the outage budget): batch "
                 f"interrupted{self.resume_hint}")
 
-    # --- lifecycle -----------------------------------------------------------------------
-
     async def start(self) -> None:
         """Start every endpoint's /metrics reader."""
         for endpoint in self.endpoints:
@@ -479,8 +475,6 @@ class ServerSet:
     def outages(self) -> list[dict[str, Any]]:
         """Return every server's outages (endpoint, start, seconds), for the batch's record."""
         return [outage for endpoint in self.endpoints for outage in endpoint.outages_seen]
-
-    # --- what progress and reports read -------------------------------------------------
 
     @property
     def stats(self) -> CallStats:
