@@ -115,8 +115,11 @@ class Server:
         """Return the tickers here in their fan-out or waiting for a chain slot."""
         return sum(1 for t in self.here.values() if t.fanning)
 
-    def _capped(self, slots: int) -> bool:
-        """Return True when a new ticker may not start here under ``slots`` chains."""
+    def _capped(self) -> bool:
+        """Return True when the chains the budget keeps going leave no room for a new ticker."""
+        slots = self.chain_slots()
+        if slots is None:
+            return False
         if not (self.strategy.prefetch and any(t.fan_out for t in self.here.values())):
             return self.tickers >= slots  # no fan-out to run ahead: a ticker is a chain
         chain = max((t.chain for t in self.here.values()), default=0)
@@ -158,8 +161,7 @@ class Server:
             room = self.tickers < ticker_slots
         else:
             # Adaptive: a request would go at once, and one more chain fits (chains.py).
-            slots = self.chain_slots()
-            room = self.gate.has_room() and (slots is None or not self._capped(slots))
+            room = self.gate.has_room() and not self._capped()
         return Load(self.index, self.up, room,
                     budget.free if (budget := self.limits.budget) is not None else None,
                     max(0, self.gate.limit - self.gate.outstanding), self.tickers,
@@ -167,13 +169,7 @@ class Server:
 
     def blocker(self) -> str:
         """Return the first thing short for a new ticker here, in the order ``load`` checks."""
-        short = self.gate.short()
-        if short is not None:
-            return short
-        slots = self.chain_slots()
-        if slots is not None and self._capped(slots):
-            return CHAIN_CAP
-        return ROOM
+        return self.gate.short() or (CHAIN_CAP if self._capped() else ROOM)
 
     def note_start_wait(self, t_s: float) -> None:
         """Record what held a new ticker back at this reading, ``t_s`` into the batch."""
@@ -182,9 +178,8 @@ class Server:
             "tickers": self.tickers, "chain_slots": self.chain_slots(),
             "request_limit": self.gate.limit, "outstanding": self.gate.outstanding,
             "queued": self.gate.waiting,
-            "budget_limit": budget.limit if budget is not None else None,
-            "reserved": budget.reserved if budget is not None else None,
-            "held": budget.held if budget is not None else None,
+            **({"budget_limit": budget.limit, "reserved": budget.reserved, "held": budget.held}
+               if budget is not None else {}),
             # Prefetching's two counts (None without it): chains let in, tickers fanning out.
             **({"chains": self.chains, "fanning": self.fanning}
                if self.strategy.prefetch else {})})
