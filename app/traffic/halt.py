@@ -7,7 +7,7 @@ one can only cut that grace. The batch's TaskGroup does the stopping (app.batch.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -51,6 +51,5 @@ class Halt:
                 self.hurried.set()
         elif reason.grace_s < self.reason.grace_s:
             log.warning("batch stopping now", why=reason.message)
-            self.reason = HaltReason(self.reason.status, self.reason.message,
-                                     self.reason.exit_code, 0.0)
+            self.reason = replace(self.reason, grace_s=0.0)
             self.hurried.set()

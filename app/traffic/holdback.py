@@ -14,7 +14,6 @@ from pydantic import BaseModel
 
 # Rows kept per endpoint: an hour of readings at the default 2 s; later ones are counted only.
 TIMELINE_MAX = 1800
-# The columns of a timeline row, in order.
 COLUMNS = ("t_s", "tickers", "chain_slots", "request_limit", "outstanding", "queued",
            "budget_limit", "reserved", "held", "blocker", "chains", "fanning")
 

@@ -7,7 +7,6 @@ urgent (docs/architecture.md, "Order").
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
 from app.traffic.holdback import COLUMNS
 from app.traffic.limits import Adaptive, Figures
-from app.traffic.server import EndpointSummary, FallbackRecord, ServerSet
+from app.traffic.server import EndpointSummary, ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
@@ -55,7 +54,6 @@ class Scheduler:
         self.endpoints = servers
         self._unstarted = 0  # requests of the tickers not started yet
         self._next: Ticket | None = None  # the ticker waiting for room to start
-        self._loaded = asyncio.Event()  # set whenever a job's preparation ends
         self._waited: set[int] = set()
 
     # The first endpoint's (live progress reads them; with several it sums the limits).
@@ -70,11 +68,19 @@ class Scheduler:
     @property
     def metrics_fallback(self) -> bool:
         """Tell whether some server's /metrics cannot be read now (progress shows it)."""
-        return self.endpoints.blind
+        return any(e.limits.blind_since is not None for e in self.endpoints)
 
     def fallback_record(self) -> FallbackRecord | None:
         """Return what the batch stores of its time without /metrics (None: it had none)."""
-        return self.endpoints.fallback_record()
+        now = self.endpoints.clock()
+        missed = sum(e.limits.missed for e in self.endpoints)
+        if not missed or not self.endpoints.first.strategy.adaptive:
+            return None
+        seconds = sum(e.limits.blind_s + (0.0 if e.limits.blind_since is None
+                                          else now - e.limits.blind_since)
+                      for e in self.endpoints)
+        return FallbackRecord(readings_missed=missed, seconds=round(seconds, 1),
+                              limit=self.endpoints.first.limits.policy.fallback_limit)
 
     def stop(self) -> None:
         """Start no more tickers and let no new request through; requests out may finish."""
@@ -143,17 +149,14 @@ class Scheduler:
         """Start each job as admission allows, in ``tickers``; return when all are started."""
         slots = self.strategy.tickers_in_flight
         # Jobs load their data ahead of admission, so one slow load holds nobody back.
-        loaded = [asyncio.Event() for _ in ordered]
-        failures: dict[int, BaseException] = {}
-        preparing = [tickers.create_task(self._prepare(job, loaded[i], failures, i),
-                                         name=f"prepare {job.key}")
-                     for i, job in enumerate(ordered)]
+        preparing = [tickers.create_task(_prepare(job), name=f"prepare {job.key}")
+                     for job in ordered]
         pending = list(range(len(ordered)))
         order = 0
         while pending and not self.endpoints.stopping:
-            index = await self._next_ready(pending, loaded)
+            index = await self._next_ready(pending, preparing)
             job = ordered[index]
-            failure = failures.get(index)
+            failure = preparing[index].result()
             if failure is not None:  # never admitted: it has nothing to work on
                 self._unstarted -= job.requests
                 await on_done(job, None, failure)
@@ -181,36 +184,24 @@ class Scheduler:
         for task in preparing:
             task.cancel()
 
-    async def _prepare(self, job: Job, loaded: asyncio.Event,
-                       failures: dict[int, BaseException], index: int) -> None:
-        try:
-            if job.prepare is not None:
-                await job.prepare()
-        except Exception as exc:  # the job fails alone, reported by run()
-            failures[index] = exc
-        finally:
-            loaded.set()
-            self._loaded.set()
-
-    async def _next_ready(self, pending: list[int], loaded: list[asyncio.Event]) -> int:
+    async def _next_ready(self, pending: list[int],
+                          preparing: list[asyncio.Task[Exception | None]]) -> int:
         """Take the heaviest pending job whose preparation is over, waiting if none is.
 
         The heaviest of all is waited for once, ``PREPARE_PATIENCE_S``, before a lighter
         ready one overtakes it.
         """
         first = pending[0]
-        if not loaded[first].is_set() and first not in self._waited:
+        if not preparing[first].done() and first not in self._waited:
             self._waited.add(first)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(PREPARE_PATIENCE_S):
-                    await loaded[first].wait()
+            await asyncio.wait([preparing[first]], timeout=PREPARE_PATIENCE_S)
         while True:
             for index in pending:
-                if loaded[index].is_set():
+                if preparing[index].done():
                     pending.remove(index)
                     return index
-            self._loaded.clear()
-            await self._loaded.wait()
+            await asyncio.wait([preparing[i] for i in pending],
+                               return_when=asyncio.FIRST_COMPLETED)
 
     async def _one(self, job: Job, client: TickerClient, on_done: OnDone) -> None:
         ticket = client.ticket
@@ -242,6 +233,16 @@ class Scheduler:
                          adaptive=self.endpoints.first.adaptive_summary(), **several)
 
 
+async def _prepare(job: Job) -> Exception | None:
+    """Run what ``job`` needs before admission; return its failure (the job fails alone)."""
+    try:
+        if job.prepare is not None:
+            await job.prepare()
+    except Exception as exc:  # reported by run(), as the job's outcome
+        return exc
+    return None
+
+
 class HoldBackTimeline(BaseModel, frozen=True):
     """Each endpoint's rows of what held new tickers back, by ``columns``."""
 
@@ -257,3 +258,11 @@ class Admission(Figures, frozen=True):
     request_limit: int
     adaptive: Adaptive = None
     endpoints: dict[str, EndpointSummary] | None = None
+
+
+class FallbackRecord(BaseModel, frozen=True):
+    """A batch's time without /metrics, as its settings store it (``metrics_fallback``)."""
+
+    readings_missed: int
+    seconds: float
+    limit: int  # the request limit held meanwhile

@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import structlog
-from pydantic import BaseModel
 from sqlalchemy import Engine
 
 from app.config import Settings
@@ -95,7 +94,6 @@ class Server:
 
     @property
     def tickers(self) -> int:
-        """Return how many tickers' calls go here now."""
         return len(self.here)
 
     @property
@@ -117,8 +115,11 @@ class Server:
         """Return the tickers here in their fan-out or waiting for a chain slot."""
         return sum(1 for t in self.here.values() if t.fanning)
 
-    def _capped(self, slots: int) -> bool:
-        """Return True when a new ticker may not start here under ``slots`` chains."""
+    def _capped(self) -> bool:
+        """Return True when the chains the budget keeps going leave no room for a new ticker."""
+        slots = self.chain_slots()
+        if slots is None:
+            return False
         if not (self.strategy.prefetch and any(t.fan_out for t in self.here.values())):
             return self.tickers >= slots  # no fan-out to run ahead: a ticker is a chain
         chain = max((t.chain for t in self.here.values()), default=0)
@@ -142,10 +143,9 @@ class Server:
                 if (slots is None or self.chains < slots or not self.up or ticket.urgent
                         or self.gate.closed):
                     break
-                if not waited:
-                    waited = True
-                    if ticket.held_by is not None:
-                        ticket.held_by.release_hold(ticket)
+                if not waited and ticket.held_by is not None:
+                    ticket.held_by.release_hold(ticket)
+                waited = True
                 self.gate.changed.clear()
                 await self.gate.changed.wait()
         ticket.chained = True
@@ -161,8 +161,7 @@ class Server:
             room = self.tickers < ticker_slots
         else:
             # Adaptive: a request would go at once, and one more chain fits (chains.py).
-            slots = self.chain_slots()
-            room = self.gate.has_room() and (slots is None or not self._capped(slots))
+            room = self.gate.has_room() and not self._capped()
         return Load(self.index, self.up, room,
                     budget.free if (budget := self.limits.budget) is not None else None,
                     max(0, self.gate.limit - self.gate.outstanding), self.tickers,
@@ -170,13 +169,7 @@ class Server:
 
     def blocker(self) -> str:
         """Return the first thing short for a new ticker here, in the order ``load`` checks."""
-        short = self.gate.short()
-        if short is not None:
-            return short
-        slots = self.chain_slots()
-        if slots is not None and self._capped(slots):
-            return CHAIN_CAP
-        return ROOM
+        return self.gate.short() or (CHAIN_CAP if self._capped() else ROOM)
 
     def note_start_wait(self, t_s: float) -> None:
         """Record what held a new ticker back at this reading, ``t_s`` into the batch."""
@@ -185,9 +178,8 @@ class Server:
             "tickers": self.tickers, "chain_slots": self.chain_slots(),
             "request_limit": self.gate.limit, "outstanding": self.gate.outstanding,
             "queued": self.gate.waiting,
-            "budget_limit": budget.limit if budget is not None else None,
-            "reserved": budget.reserved if budget is not None else None,
-            "held": budget.held if budget is not None else None,
+            **({"budget_limit": budget.limit, "reserved": budget.reserved, "held": budget.held}
+               if budget is not None else {}),
             # Prefetching's two counts (None without it): chains let in, tickers fanning out.
             **({"chains": self.chains, "fanning": self.fanning}
                if self.strategy.prefetch else {})})
@@ -342,8 +334,6 @@ class ServerSet:
     def several(self) -> bool:
         return len(self.endpoints) > 1
 
-    # --- routing -------------------------------------------------------------------------
-
     def loads(self, ticker_slots: int | None = None) -> list[Load]:
         # Shares of the work follow KV capacity where every endpoint's is known.
         capacities = [e.limits.budget.capacity if e.limits.budget is not None else None
@@ -361,8 +351,7 @@ class ServerSet:
         return sum(e.gate.limit for e in self._serving())
 
     def concurrency(self) -> int:
-        """Return the requests the endpoints that are up run together: each one's limit, or
-        the chains its budget keeps going where fewer."""
+        """Return the requests the endpoints that are up run together (``Server.concurrency``)."""
         return sum(e.concurrency() for e in self._serving())
 
     async def wait_for_room(self, ticker_slots: int | None = None, ticket: Ticket | None = None,
@@ -461,8 +450,6 @@ class ServerSet:
         return (f"{what} for {self.outage_budget_s:.0f} s (the outage budget): batch "
                 f"interrupted{self.resume_hint}")
 
-    # --- lifecycle -----------------------------------------------------------------------
-
     async def start(self) -> None:
         """Start every endpoint's /metrics reader."""
         for endpoint in self.endpoints:
@@ -483,25 +470,6 @@ class ServerSet:
     def outages(self) -> list[dict[str, Any]]:
         """Return every server's outages (endpoint, start, seconds), for the batch's record."""
         return [outage for endpoint in self.endpoints for outage in endpoint.outages_seen]
-
-    @property
-    def blind(self) -> bool:
-        """Tell whether some server's /metrics cannot be read now (adaptive's fallback)."""
-        return any(e.limits.blind_since is not None for e in self.endpoints)
-
-    def fallback_record(self) -> FallbackRecord | None:
-        """Return what the batch stores of its time without /metrics (None: it had none)."""
-        now = self.clock()
-        missed = sum(e.limits.missed for e in self.endpoints)
-        if not missed or not self.first.strategy.adaptive:
-            return None
-        seconds = sum(e.limits.blind_s + (0.0 if e.limits.blind_since is None
-                                          else now - e.limits.blind_since)
-                      for e in self.endpoints)
-        return FallbackRecord(readings_missed=missed, seconds=round(seconds, 1),
-                              limit=self.first.limits.policy.fallback_limit)
-
-    # --- what progress and reports read -------------------------------------------------
 
     @property
     def stats(self) -> CallStats:
@@ -526,11 +494,3 @@ class ServerSet:
 
     def summary(self) -> dict[str, EndpointSummary]:
         return {endpoint.name: endpoint.summary() for endpoint in self.endpoints}
-
-
-class FallbackRecord(BaseModel, frozen=True):
-    """A batch's time without /metrics, as its settings store it (``metrics_fallback``)."""
-
-    readings_missed: int
-    seconds: float
-    limit: int  # the request limit held meanwhile

@@ -22,12 +22,10 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
     for task in tasks:
         task.cancel()
     cancelled = False
-    pending = [task for task in tasks if not task.done()]
-    while pending:
+    while pending := [task for task in tasks if not task.done()]:
         try:
             await asyncio.wait(pending)
         except asyncio.CancelledError:
             cancelled = True
-        pending = [task for task in pending if not task.done()]
     if cancelled:
         raise asyncio.CancelledError
