@@ -23,11 +23,9 @@ RESEED = 0.10
 
 @dataclass
 class Footprint:
-    """The moving mean of budget tokens one active ticker (or chain) keeps reserved or held.
-
-    With ``chains_only`` (prefetching) only tickers whose chain was let in count, each by
-    its own reservation and hold.
-    """
+    """The moving mean of budget tokens one active ticker (or chain) keeps reserved or held;
+    with ``chains_only`` (prefetching) only tickers whose chain was let in count, each by its
+    own reservation and hold."""
 
     weight: float = WEIGHT
     chains_only: bool = False
@@ -92,10 +90,8 @@ class Footprint:
 
 
 def prefetch_depth(slots: int, chains: int, chain: int) -> int:
-    """Return how many tickers may be in their fan-out beside ``chains`` of ``slots``.
-
-    The free slots, plus what keeps a full set of chains fed: a ticker spends about one
-    step of its ``chain`` in its fan-out, so ``slots`` chains need about ``slots / (chain
-    - 1)`` tickers coming up behind them.
-    """
+    """Return how many tickers may be in their fan-out beside ``chains`` of ``slots``: the
+    free slots, plus what keeps a full set of chains fed (a ticker spends about one step of
+    its ``chain`` in its fan-out: ``slots`` chains need about ``slots / (chain - 1)`` tickers
+    coming up behind them)."""
     return max(0, slots - chains) + max(1, math.ceil(slots / max(1, chain - 1)))
