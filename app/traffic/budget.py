@@ -182,9 +182,8 @@ class TokenBudget:
 
     def claim(self, node: str, body: dict[str, Any]) -> Claim:
         """Return what a request can come to in the cache, in whole blocks, and its output."""
-        messages = body.get("messages", [])
         prompt = (math.ceil(prompt_bytes(body) * self.ratio())
-                  + MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1))
+                  + MESSAGE_OVERHEAD_TOKENS * (len(body.get("messages", [])) + 1))
         output = self.expected_output(node, int(body.get("max_tokens") or 0))
         tokens = math.ceil((prompt + output) / self.block_size) * self.block_size
         settled = bool(self._tokens_seen) and len(self._outputs.get(node, [])) >= self.min_samples
