@@ -30,10 +30,8 @@ HISTORY_MAX = 8192
 
 
 class BudgetGauges(Protocol):
-    """The readings the budget needs (serving.metrics.MetricsSnapshot has them).
-
-    A reading with a ``taken_at`` datetime is compared with the reservations of that moment.
-    """
+    """The readings the budget needs (serving.metrics.MetricsSnapshot has them); one with a
+    ``taken_at`` datetime is compared with the reservations of that moment."""
 
     kv_cache_usage: float
     waiting: float
@@ -163,8 +161,7 @@ class TokenBudget:
 
     def ratio_known(self) -> bool:
         """Return True once prompts are costed by the server's counts, not the default."""
-        seen_bytes, seen_tokens = self._counts()
-        return bool(seen_bytes and seen_tokens)
+        return all(self._counts())
 
     def ratio(self) -> float:
         """Return the tokens-per-byte estimate: finished requests' counts, else ``counted``'s
@@ -177,42 +174,33 @@ class TokenBudget:
 
     def expected_output(self, node: str, max_tokens: int) -> int:
         """Return the output to reserve: a high quantile of the node's outputs, else the max."""
-        seen = self._outputs.get(node, [])
+        seen = sorted(self._outputs.get(node, []))
         if len(seen) < self.min_samples:
             return max_tokens
-        ordered = sorted(seen)
-        at = min(len(ordered) - 1, math.ceil(self.out_quantile * len(ordered)) - 1)
-        return min(max_tokens, ordered[at])
+        at = min(len(seen) - 1, math.ceil(self.out_quantile * len(seen)) - 1)
+        return min(max_tokens, seen[at])
 
     def claim(self, node: str, body: dict[str, Any]) -> Claim:
         """Return what a request can come to in the cache, in whole blocks, and its output."""
-        messages = body.get("messages", [])
         prompt = (math.ceil(prompt_bytes(body) * self.ratio())
-                  + MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1))
+                  + MESSAGE_OVERHEAD_TOKENS * (len(body.get("messages", [])) + 1))
         output = self.expected_output(node, int(body.get("max_tokens") or 0))
         tokens = math.ceil((prompt + output) / self.block_size) * self.block_size
         settled = bool(self._tokens_seen) and len(self._outputs.get(node, [])) >= self.min_samples
         return Claim(tokens, output, settled)
 
     def fits(self, cost: int) -> bool:
-        """Return True when a started ticker's request of ``cost`` tokens fits now.
-
-        Holds do not count (they keep room for exactly these requests); with nothing
-        outstanding anything fits, so a request larger than the budget runs alone.
-        """
+        """Return True when a started ticker's request of ``cost`` tokens fits now: holds do not
+        count (they keep room for such requests); with nothing outstanding anything fits."""
         limit = self.limit
-        if limit is None or self.reserved == 0:
-            return True
-        if self.reserved + cost <= limit:
+        if limit is None or self.reserved == 0 or self.reserved + cost <= limit:
             return True
         self._refused = True
         return False
 
     def room_for_new(self, *, refusal: bool = True) -> bool:
-        """Return True when a new ticker may start: a typical request fits beside the holds.
-
-        A no counts as a refusal (which lets the factor rise) unless ``refusal`` is False.
-        """
+        """Return True when a new ticker may start: a typical request fits beside the holds;
+        a no counts as a refusal (which lets the factor rise) unless ``refusal`` is False."""
         limit = self.limit
         fits = limit is None or (self.reserved == 0 and self.held == 0) or (
             self.reserved + self.held + self.typical_cost <= limit)
@@ -236,10 +224,9 @@ class TokenBudget:
         self._out -= claim.output
         self._unsettled -= not claim.settled
         self._remember()
-        if hold:
-            self.held += claim.tokens
-            return claim.tokens
-        return 0
+        kept = claim.tokens if hold else 0
+        self.held += kept
+        return kept
 
     def summary(self) -> BudgetSummary:
         """Return what the budget knew and did, for the batch's log and the bench's JSON."""
@@ -366,26 +353,19 @@ class TokenBudget:
         self._history.append((self.clock(), self.reserved, self._out))
 
     def _at_reading(self, taken_at: datetime | None) -> tuple[int, int]:
-        """Return (reserved, expected output) as they stood when the reading was taken.
-
-        Without its time: the least reserved and the most output since the last reading,
-        which can only understate the room to overbook.
-        """
+        """Return (reserved, expected output) as they stood when the reading was taken;
+        without its time, the least reserved and the most output since the last reading
+        (which can only understate the room to overbook)."""
         history, self._history = self._history, deque()
-        states = [self._base, *((r, o) for _, r, o in history)]
         if taken_at is None:
-            at = (min(r for r, _ in states), max(o for _, o in states))
+            states = [self._base, *((r, o) for _, r, o in history)]
             self._base = (self.reserved, self._out)
-            return at
+            return min(r for r, _ in states), max(o for _, o in states)
         moment = taken_at.timestamp()
-        at = self._base
-        for when, reserved, output in history:
-            if when > moment:
-                self._history.append((when, reserved, output))  # for the next reading
-            else:
-                at = (reserved, output)
-        self._base = at
-        return at
+        self._history.extend(h for h in history if h[0] > moment)  # for the next reading
+        passed = [(r, o) for when, r, o in history if when <= moment]
+        self._base = passed[-1] if passed else self._base
+        return self._base
 
     def _note(self, reason: str) -> None:
         """Record a change of factor or correction: the reason, the peak, the trajectory."""

@@ -23,11 +23,9 @@ RESEED = 0.10
 
 @dataclass
 class Footprint:
-    """The moving mean of budget tokens one active ticker (or chain) keeps reserved or held.
-
-    With ``chains_only`` (prefetching) only tickers whose chain was let in count, each by
-    its own reservation and hold.
-    """
+    """The moving mean of budget tokens one active ticker (or chain) keeps reserved or held;
+    with ``chains_only`` (prefetching) only tickers whose chain was let in count, each by its
+    own reservation and hold."""
 
     weight: float = WEIGHT
     chains_only: bool = False
@@ -55,23 +53,15 @@ class Footprint:
         def hold(t: Ticket) -> int:  # what it holds in this gate's budget between calls
             return t.hold if t.held_by in (None, gate) else 0
 
-        def here(t: Ticket) -> bool:
-            return t.outstanding > 0 or hold(t) > 0
-
-        if self.chains_only:
-            active = [t for t in tickets if t.chained and here(t)]
-            if not active:
-                return
-            tokens = float(sum(t.reserved + hold(t) for t in active))
-            count = len(active)
-        else:
-            count = sum(1 for t in tickets if here(t))
-            if count == 0:
-                return
-            tokens = budget.reserved + budget.held
+        active = [t for t in tickets if (t.chained or not self.chains_only)
+                  and (t.outstanding > 0 or hold(t) > 0)]
+        if not active:
+            return
         if self.per_ticker is None:
             self._ratio = ratio
-        now = tokens / count
+        tokens = (sum(t.reserved + hold(t) for t in active) if self.chains_only
+                  else budget.reserved + budget.held)
+        now = tokens / len(active)
         self.readings += 1
         weight = max(self.weight, 1 / self.readings)
         self.per_ticker = now if self.per_ticker is None else (
@@ -92,10 +82,8 @@ class Footprint:
 
 
 def prefetch_depth(slots: int, chains: int, chain: int) -> int:
-    """Return how many tickers may be in their fan-out beside ``chains`` of ``slots``.
-
-    The free slots, plus what keeps a full set of chains fed: a ticker spends about one
-    step of its ``chain`` in its fan-out, so ``slots`` chains need about ``slots / (chain
-    - 1)`` tickers coming up behind them.
-    """
+    """Return how many tickers may be in their fan-out beside ``chains`` of ``slots``: the
+    free slots, plus what keeps a full set of chains fed (a ticker spends about one step of
+    its ``chain`` in its fan-out: ``slots`` chains need about ``slots / (chain - 1)`` tickers
+    coming up behind them)."""
     return max(0, slots - chains) + max(1, math.ceil(slots / max(1, chain - 1)))

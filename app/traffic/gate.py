@@ -102,10 +102,8 @@ class Gate:
         return self.short(refusal=True) is None
 
     def short(self, *, refusal: bool = False) -> str | None:
-        """Return what a new request of a typical size lacks first (None: it would go now).
-
-        ``refusal`` counts a budget refusal (letting the factor rise); a report does not.
-        """
+        """Return what a new request of a typical size lacks first (None: it would go now);
+        ``refusal`` counts a budget refusal (letting the factor rise), a report does not."""
         if self.held:
             return HELD
         if self.outstanding >= self.limit:
@@ -122,11 +120,9 @@ class Gate:
         return self._closed is not None
 
     async def claim(self, node: str, body: dict[str, Any]) -> Claim:
-        """Return what a request reserves of the budget (nothing without one).
-
-        The server's first prompt is counted by its /tokenize first, once, while others
-        wait, so none is costed at the default ratio; a failed count is left to the call.
-        """
+        """Return what a request reserves of the budget (nothing without one); the server's
+        first prompt is counted by its /tokenize first, once, while others wait, so none is
+        costed at the default ratio (a failed count is left to the call)."""
         budget, counter = self.budget, self._counter
         if budget is None:
             return NO_TOKENS

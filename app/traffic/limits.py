@@ -23,11 +23,8 @@ from app.traffic.ticket import Ticket
 log = structlog.get_logger(__name__)
 
 
-class Spread:
-    """The mark of a ``Figures`` field whose model's keys stand in its place in the JSON."""
-
-
-SPREAD = Spread()
+# The mark of a ``Figures`` field whose model's keys stand in its place in the JSON.
+SPREAD = object()
 
 
 class Figures(BaseModel, frozen=True):

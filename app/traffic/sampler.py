@@ -32,17 +32,9 @@ class MetricsSampler:
     ``batch_id``; a failed write is logged and skipped, never failing the batch.
     """
 
-    def __init__(
-        self,
-        base_url: str,
-        engine: Engine | None,
-        batch_id: int | None,
-        *,
-        interval_s: float | None,
-        probe_s: float | None = None,
-        client: httpx.AsyncClient | None = None,
-        endpoint: str | None = None,
-    ) -> None:
+    def __init__(self, base_url: str, engine: Engine | None, batch_id: int | None, *,
+                 interval_s: float | None, probe_s: float | None = None,
+                 client: httpx.AsyncClient | None = None, endpoint: str | None = None) -> None:
         self.base_url = base_url
         self.interval_s = interval_s
         self.probe_s = probe_s if probe_s is not None else interval_s
