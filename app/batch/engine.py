@@ -37,20 +37,15 @@ from app.usage import UsageRecorder
 
 log = structlog.get_logger(__name__)
 
-# The settings a resumed batch takes from its first run: the graph's shape must not change.
-SHAPE_SETTINGS = ("debate_rounds", "risk_rounds", "node_max_tokens")
-
-# One ticker's work: (ticker, its client, batch id) -> the decisions to store.
-TickerJob = Callable[[str, TickerClient, int], Awaitable[list["store.DecisionRow"]]]
-
 
 @dataclass
 class TickerWork:
-    """What a batch does for each ticker other than its graph (a replay, a bench):
-    ``weights`` order the tickers (heaviest first), ``shapes`` give each one's (requests,
-    chain length), ``prepare`` runs before admission."""
+    """What a batch does for each ticker other than its graph (a replay, a bench): ``job``
+    (ticker, its client, batch id) returns the decisions to store; ``weights`` order the
+    tickers (heaviest first), ``shapes`` give each one's (requests, chain length),
+    ``prepare`` runs before admission."""
 
-    job: TickerJob
+    job: Callable[[str, TickerClient, int], Awaitable[list[store.DecisionRow]]]
     weights: dict[str, float] | None = None
     shapes: dict[str, tuple[int, int]] | None = None
     expected_calls: int | None = None
@@ -58,8 +53,10 @@ class TickerWork:
 
 
 def shaped(settings: Settings, recorded: dict[str, Any]) -> Settings:
-    """Return ``settings`` with a recorded batch's shape (rounds, output budgets)."""
-    return settings.model_copy(update={k: recorded[k] for k in SHAPE_SETTINGS if k in recorded})
+    """Return ``settings`` with a recorded batch's shape (rounds, output budgets): a resumed
+    batch's graph must not change."""
+    keys = ("debate_rounds", "risk_rounds", "node_max_tokens")
+    return settings.model_copy(update={k: recorded[k] for k in keys if k in recorded})
 
 
 @dataclass
@@ -115,21 +112,18 @@ class BatchEngine:
     async def run(self, start: BatchPlan | resumption.ResumePoint,
                   work: TickerWork | None = None) -> BatchOutcome:
         """Run a batch, the one way every command does: a plan starts one, a resume point
-        continues a stopped one from each unfinished ticker's last finished node.
-
-        ``work``: each ticker's graph unless given (a replay, a bench). One ticker's failure
-        never stops the others; a nightly batch that ends whole has its ratings watched.
-        """
-        resuming = None
+        continues a stopped one from each unfinished ticker's last finished node. ``work``:
+        each ticker's graph unless given (a replay, a bench). One ticker's failure never
+        stops the others; a nightly batch that ends whole has its ratings watched."""
         if isinstance(start, resumption.ResumePoint):
-            resuming = start
             self.settings = shaped(self.settings, start.settings)
             self.pipeline = self.settings.pipeline()
             plan = BatchPlan(start.kind, start.as_of, start.tickers,
                              int(start.settings.get("samples", 1)),
                              str(start.settings.get("strategy", "adaptive")), start.label)
+            resuming: resumption.ResumePoint | None = start
         else:
-            plan = start
+            plan, resuming = start, None
         with batch_collector():
             async with BatchRun(self, plan, work, resuming) as run:
                 await run.drive()
@@ -358,10 +352,8 @@ class BatchRun:
 
     async def _store_result(self, ticker: str, decisions: list[store.DecisionRow],
                             error: str | None) -> str | None:
-        """Store how a ticker ended; return why it failed (None: it succeeded).
-
-        A result the database will not take fails this ticker only, with the reason.
-        """
+        """Store how a ticker ended; return why it failed (None: it succeeded). A result the
+        database will not take fails this ticker only, with the reason."""
         engine = self.owner.engine
         try:
             await asyncio.to_thread(store.ticker_finished, engine, self.batch_id, ticker,
