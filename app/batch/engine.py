@@ -162,8 +162,6 @@ class BatchRun:
         # Added to the batch's settings at its end; the graph's work says if it ran on demo data.
         self.extra_settings: dict[str, Any] = {} if work else {"demo_data": False}
         self.saver: BaseCheckpointSaver[Any] | None = None  # the graph's work's checkpointer
-        self._stack = contextlib.AsyncExitStack()
-        self._closed: list[tuple[str, BaseException]] = []  # closing steps that failed
         self._log_context: Mapping[str, Any] = {}
 
     async def __aenter__(self) -> BatchRun:
@@ -200,11 +198,6 @@ class BatchRun:
         self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
                                       self.scheduler, expected_calls=self.work.expected_calls)
         try:
-            # Closed last to first: the samplers, the recorder, the clients.
-            for name, close in (("close the LLM clients", self.servers.aclose),
-                                ("close the usage recorder", self.recorder.close),
-                                ("stop the metrics samplers", self.servers.stop)):
-                self._stack.push_async_callback(self._closing, name, close)
             await self.recorder.start()
             await self.servers.start()
         except BaseException as error:
@@ -318,8 +311,17 @@ class BatchRun:
             elif isinstance(exc, Exception):
                 self.error_text = _one_line(exc)
         try:
-            await self._stack.aclose()
-            failed = self._closed
+            failed: list[tuple[str, BaseException]] = []
+            # Closed last to first: the samplers, the recorder, the clients.
+            for name, close in (("stop the metrics samplers", self.servers.stop),
+                                ("close the usage recorder", self.recorder.close),
+                                ("close the LLM clients", self.servers.aclose)):
+                try:
+                    await close()
+                except BaseException as met:  # a cancellation too: raised below, never lost
+                    log.error("cleanup step failed", step=name,
+                              error=f"{type(met).__name__}: {met}")
+                    failed.append((name, met))
             if failed:
                 self.error_text = "; ".join(filter(None, [self.error_text, "; ".join(
                     f"cleanup: {name}: {type(error).__name__}: {error}"
@@ -341,14 +343,6 @@ class BatchRun:
                 raise failed[0][1]
         finally:
             structlog.contextvars.reset_contextvars(**self._log_context)
-
-    async def _closing(self, name: str, close: Callable[[], Awaitable[object]]) -> None:
-        """Run one closing step; keep what it raised, a cancellation too, for ``__aexit__``."""
-        try:
-            await close()
-        except BaseException as error:  # reported by __aexit__, never lost
-            log.error("cleanup step failed", step=name, error=f"{type(error).__name__}: {error}")
-            self._closed.append((name, error))
 
     async def _store_result(self, ticker: str, decisions: list[store.DecisionRow],
                             error: str | None) -> str | None:

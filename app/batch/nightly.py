@@ -129,9 +129,8 @@ def execute_plan(settings: Settings, engine: Engine,
                 start.as_of, start.tickers, server=server)
     if resumed is not None and announce is not None:
         announce(resumed)
-    facts = batch_server_facts(settings.server_profile, settings.base_url,
-                               settings.server_dir)
-    runner = BatchEngine(settings, engine, server_facts=facts, lock=lock)
+    runner = BatchEngine(settings, engine, lock=lock, server_facts=batch_server_facts(
+        settings.server_profile, settings.base_url, settings.server_dir))
     outcome = run_batch(runner.run(start), runner.halt, settings.shutdown_grace_s)
     send_digest(settings, engine, outcome)
     return outcome
