@@ -319,13 +319,12 @@ class BatchRun:
                 try:
                     await close()
                 except BaseException as met:  # a cancellation too: raised below, never lost
-                    log.error("cleanup step failed", step=name,
-                              error=f"{type(met).__name__}: {met}")
-                    failed.append((name, met))
+                    said = f"{type(met).__name__}: {met}"
+                    log.error("cleanup step failed", step=name, error=said)
+                    failed.append((f"cleanup: {name}: {said}", met))
             if failed:
                 self.error_text = "; ".join(filter(None, [self.error_text, "; ".join(
-                    f"cleanup: {name}: {type(error).__name__}: {error}"
-                    for name, error in failed)[:500]]))
+                    note for note, _ in failed)[:500]]))
             outcome = self.outcome
             admission = outcome.admission = self.scheduler.admission()
             outcome.holdback = self.scheduler.holdback_timeline()
