@@ -37,20 +37,15 @@ from app.usage import UsageRecorder
 
 log = structlog.get_logger(__name__)
 
-# The settings a resumed batch takes from its first run: the graph's shape must not change.
-SHAPE_SETTINGS = ("debate_rounds", "risk_rounds", "node_max_tokens")
-
-# One ticker's work: (ticker, its client, batch id) -> the decisions to store.
-TickerJob = Callable[[str, TickerClient, int], Awaitable[list["store.DecisionRow"]]]
-
 
 @dataclass
 class TickerWork:
-    """What a batch does for each ticker other than its graph (a replay, a bench):
-    ``weights`` order the tickers (heaviest first), ``shapes`` give each one's (requests,
-    chain length), ``prepare`` runs before admission."""
+    """What a batch does for each ticker other than its graph (a replay, a bench): ``job``
+    (ticker, its client, batch id) returns the decisions to store; ``weights`` order the
+    tickers (heaviest first), ``shapes`` give each one's (requests, chain length),
+    ``prepare`` runs before admission."""
 
-    job: TickerJob
+    job: Callable[[str, TickerClient, int], Awaitable[list[store.DecisionRow]]]
     weights: dict[str, float] | None = None
     shapes: dict[str, tuple[int, int]] | None = None
     expected_calls: int | None = None
@@ -58,8 +53,10 @@ class TickerWork:
 
 
 def shaped(settings: Settings, recorded: dict[str, Any]) -> Settings:
-    """Return ``settings`` with a recorded batch's shape (rounds, output budgets)."""
-    return settings.model_copy(update={k: recorded[k] for k in SHAPE_SETTINGS if k in recorded})
+    """Return ``settings`` with a recorded batch's shape (rounds, output budgets): a resumed
+    batch's graph must not change."""
+    keys = ("debate_rounds", "risk_rounds", "node_max_tokens")
+    return settings.model_copy(update={k: recorded[k] for k in keys if k in recorded})
 
 
 @dataclass
@@ -115,21 +112,18 @@ class BatchEngine:
     async def run(self, start: BatchPlan | resumption.ResumePoint,
                   work: TickerWork | None = None) -> BatchOutcome:
         """Run a batch, the one way every command does: a plan starts one, a resume point
-        continues a stopped one from each unfinished ticker's last finished node.
-
-        ``work``: each ticker's graph unless given (a replay, a bench). One ticker's failure
-        never stops the others; a nightly batch that ends whole has its ratings watched.
-        """
-        resuming = None
+        continues a stopped one from each unfinished ticker's last finished node. ``work``:
+        each ticker's graph unless given (a replay, a bench). One ticker's failure never
+        stops the others; a nightly batch that ends whole has its ratings watched."""
         if isinstance(start, resumption.ResumePoint):
-            resuming = start
             self.settings = shaped(self.settings, start.settings)
             self.pipeline = self.settings.pipeline()
             plan = BatchPlan(start.kind, start.as_of, start.tickers,
                              int(start.settings.get("samples", 1)),
                              str(start.settings.get("strategy", "adaptive")), start.label)
+            resuming: resumption.ResumePoint | None = start
         else:
-            plan = start
+            plan, resuming = start, None
         with batch_collector():
             async with BatchRun(self, plan, work, resuming) as run:
                 await run.drive()
@@ -168,8 +162,6 @@ class BatchRun:
         # Added to the batch's settings at its end; the graph's work says if it ran on demo data.
         self.extra_settings: dict[str, Any] = {} if work else {"demo_data": False}
         self.saver: BaseCheckpointSaver[Any] | None = None  # the graph's work's checkpointer
-        self._stack = contextlib.AsyncExitStack()
-        self._closed: list[tuple[str, BaseException]] = []  # closing steps that failed
         self._log_context: Mapping[str, Any] = {}
 
     async def __aenter__(self) -> BatchRun:
@@ -206,11 +198,6 @@ class BatchRun:
         self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
                                       self.scheduler, expected_calls=self.work.expected_calls)
         try:
-            # Closed last to first: the samplers, the recorder, the clients.
-            for name, close in (("close the LLM clients", self.servers.aclose),
-                                ("close the usage recorder", self.recorder.close),
-                                ("stop the metrics samplers", self.servers.stop)):
-                self._stack.push_async_callback(self._closing, name, close)
             await self.recorder.start()
             await self.servers.start()
         except BaseException as error:
@@ -324,12 +311,20 @@ class BatchRun:
             elif isinstance(exc, Exception):
                 self.error_text = _one_line(exc)
         try:
-            await self._stack.aclose()
-            failed = self._closed
+            failed: list[tuple[str, BaseException]] = []
+            # Closed last to first: the samplers, the recorder, the clients.
+            for name, close in (("stop the metrics samplers", self.servers.stop),
+                                ("close the usage recorder", self.recorder.close),
+                                ("close the LLM clients", self.servers.aclose)):
+                try:
+                    await close()
+                except BaseException as met:  # a cancellation too: raised below, never lost
+                    said = f"{type(met).__name__}: {met}"
+                    log.error("cleanup step failed", step=name, error=said)
+                    failed.append((f"cleanup: {name}: {said}", met))
             if failed:
                 self.error_text = "; ".join(filter(None, [self.error_text, "; ".join(
-                    f"cleanup: {name}: {type(error).__name__}: {error}"
-                    for name, error in failed)[:500]]))
+                    note for note, _ in failed)[:500]]))
             outcome = self.outcome
             admission = outcome.admission = self.scheduler.admission()
             outcome.holdback = self.scheduler.holdback_timeline()
@@ -348,20 +343,10 @@ class BatchRun:
         finally:
             structlog.contextvars.reset_contextvars(**self._log_context)
 
-    async def _closing(self, name: str, close: Callable[[], Awaitable[object]]) -> None:
-        """Run one closing step; keep what it raised, a cancellation too, for ``__aexit__``."""
-        try:
-            await close()
-        except BaseException as error:  # reported by __aexit__, never lost
-            log.error("cleanup step failed", step=name, error=f"{type(error).__name__}: {error}")
-            self._closed.append((name, error))
-
     async def _store_result(self, ticker: str, decisions: list[store.DecisionRow],
                             error: str | None) -> str | None:
-        """Store how a ticker ended; return why it failed (None: it succeeded).
-
-        A result the database will not take fails this ticker only, with the reason.
-        """
+        """Store how a ticker ended; return why it failed (None: it succeeded). A result the
+        database will not take fails this ticker only, with the reason."""
         engine = self.owner.engine
         try:
             await asyncio.to_thread(store.ticker_finished, engine, self.batch_id, ticker,

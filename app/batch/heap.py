@@ -17,14 +17,11 @@ _saved = gc.get_threshold()
 
 @contextlib.contextmanager
 def batch_collector() -> Iterator[None]:
-    """Freeze every object alive on entry and collect the young generation less often.
-
-    Why: a full collection walks every tracked object with the event loop held, and a batch
-    starts with several hundred thousand (modules, settings, the work); frozen, they leave
-    the walk, and a call's short-lived cycles die young. Frozen objects are still freed by
-    reference counting; cycles among them wait for the exit, where they rejoin the oldest
-    generation. The last batch out restores the thresholds.
-    """
+    """Freeze every object alive on entry and collect the young generation less often; the
+    last batch out unfreezes them (cycles among them wait until then) and restores the
+    thresholds."""
+    # A full collection walks every tracked object with the loop held, and a batch starts
+    # with several hundred thousand; frozen, they leave the walk.
     global _held, _saved
     if _held == 0:
         _saved = gc.get_threshold()

@@ -129,9 +129,8 @@ def execute_plan(settings: Settings, engine: Engine,
                 start.as_of, start.tickers, server=server)
     if resumed is not None and announce is not None:
         announce(resumed)
-    facts = batch_server_facts(settings.server_profile, settings.base_url,
-                               settings.server_dir)
-    runner = BatchEngine(settings, engine, server_facts=facts, lock=lock)
+    runner = BatchEngine(settings, engine, lock=lock, server_facts=batch_server_facts(
+        settings.server_profile, settings.base_url, settings.server_dir))
     outcome = run_batch(runner.run(start), runner.halt, settings.shutdown_grace_s)
     send_digest(settings, engine, outcome)
     return outcome
@@ -165,17 +164,13 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                 return NightlyResult(None)
         owed = owed_night(engine, as_of) if resume else None
         if owed is not None:
-            point = resumption.find_resumable(engine, owed, settings.heartbeat_stale_s,
-                                              closing=True)
-
             def tell(point: resumption.ResumePoint) -> None:
                 log.info("resuming the night", batch_id=point.batch_id, status=point.status,
                          as_of=str(as_of), left=len(point.tickers), finished=point.finished)
                 if announce is not None:
                     announce(point)
 
-            return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
-                                              announce=tell), point.total, point)
+            return _resume(settings, engine, owed, server, tell, lock, closing=True)
         symbols, notes = nightly_tickers(settings, as_of, request.tickers, request.universe)
         for note in notes:
             log.warning("universe note", note=note)
@@ -207,7 +202,8 @@ def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = N
 
 
 def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerCheck,
-            announce: Announce, lock: LockHold | None) -> NightlyResult:
-    point = resumption.find_resumable(engine, batch_id, settings.heartbeat_stale_s)
+            announce: Announce, lock: LockHold | None, closing: bool = False) -> NightlyResult:
+    point = resumption.find_resumable(engine, batch_id, settings.heartbeat_stale_s,
+                                      closing=closing)
     return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
                                       announce=announce), point.total, point)

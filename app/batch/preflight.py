@@ -77,11 +77,9 @@ def check_endpoints(settings: Settings) -> None:
 
 def check_context(settings: Settings, engine: Engine, as_of: date, tickers: list[str]) -> None:
     """Raise ConfigError naming the node when a prompt of the night cannot fit an endpoint."""
-    pipeline = settings.pipeline()
     bundles = _bundles(settings, as_of, tickers)
-    prompts = asyncio.run(smallest_prompts(pipeline, bundles))
-    budgets = {p.node: p.max_tokens for p in prompts}
-    bounds = output_bounds(engine, settings, budgets)
+    prompts = asyncio.run(smallest_prompts(settings.pipeline(), bundles))
+    bounds = output_bounds(engine, settings, {p.node: p.max_tokens for p in prompts})
     for url in settings.base_urls:
         misfit = asyncio.run(first_misfit(settings, url, prompts, bounds))
         if misfit is not None:

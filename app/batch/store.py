@@ -71,7 +71,6 @@ def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[
     """Store the ticker's decisions and its final status in one transaction."""
     rows = [{"batch_id": batch_id, "created_at": now(), **d.__dict__,
              "contradicts": contradicts(d.rating, d.score)} for d in decisions]
-    counts = _ticker_counts(batch_id)
     with engine.begin() as conn:
         # In the same transaction as the status: never decisions of a ticker not succeeded.
         insert_ignoring_duplicates(conn, Decision.__table__, rows)  # type: ignore[arg-type]
@@ -82,8 +81,8 @@ def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[
         # Counted from the ticker rows, not incremented: a write retried after a lost
         # acknowledgement (a database restart) must not count a ticker twice.
         conn.execute(update(Batch).where(Batch.id == batch_id)
-                     .values(heartbeat_at=now(), tickers_succeeded=counts.succeeded,
-                             tickers_failed=counts.failed))
+                     .values(heartbeat_at=now(), tickers_succeeded=_count(batch_id, "succeeded"),
+                             tickers_failed=_count(batch_id, "failed")))
 
 
 @retried
@@ -132,18 +131,8 @@ def expected_work(engine: Engine, tickers: list[str]) -> dict[str, float]:
         return {t: float(w or 0) for t, w in conn.execute(stmt)}
 
 
-@dataclass(frozen=True)
-class TickerCounts:
-    """A batch's ticker counters as subqueries over its ticker rows, for an UPDATE."""
 
-    succeeded: ScalarSelect[int]
-    failed: ScalarSelect[int]
-
-
-def _ticker_counts(batch_id: int) -> TickerCounts:
-    """Return the batch's ticker counters as subqueries over its ticker rows."""
-    def count(status: str) -> ScalarSelect[int]:
-        return (select(func.count()).select_from(TickerRun)
-                .where(TickerRun.batch_id == batch_id, TickerRun.status == status)
-                .scalar_subquery())
-    return TickerCounts(count("succeeded"), count("failed"))
+def _count(batch_id: int, status: str) -> ScalarSelect[int]:
+    """Return how many of the batch's ticker rows are in ``status``, as a subquery."""
+    return (select(func.count()).select_from(TickerRun)
+            .where(TickerRun.batch_id == batch_id, TickerRun.status == status).scalar_subquery())

@@ -168,7 +168,6 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
     samples = int((source.settings or {}).get("samples", 1))
     plan = BatchPlan("replay", source.as_of, sorted(workload), samples, strategy,
                      label or f"replay of {batch_id}", source_batch_id=batch_id)
-    runner = BatchEngine(settings, engine, **engine_kwargs)
-    return await runner.run(plan, TickerWork(
+    return await BatchEngine(settings, engine, **engine_kwargs).run(plan, TickerWork(
         work, weights=weights, shapes={t: shape(items) for t, items in workload.items()},
         expected_calls=sum(len(items) for items in workload.values())))
