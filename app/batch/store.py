@@ -67,8 +67,9 @@ def ticker_started(engine: Engine, batch_id: int, ticker: str) -> None:
 
 @retried
 def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[DecisionRow],
-                    error: str | None) -> None:
-    """Store the ticker's decisions and its final status in one transaction."""
+                    error: str | None, failure_class: str | None = None) -> None:
+    """Store the ticker's decisions and its final status in one transaction; a failed
+    one's ``failure_class`` says whose failure it was (app/batch/faults.py)."""
     rows = [{"batch_id": batch_id, "created_at": now(), **d.__dict__,
              "contradicts": contradicts(d.rating, d.score)} for d in decisions]
     with engine.begin() as conn:
@@ -77,7 +78,7 @@ def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[
         conn.execute(update(TickerRun)
                      .where(TickerRun.batch_id == batch_id, TickerRun.ticker == ticker)
                      .values(status="failed" if error else "succeeded", finished_at=now(),
-                             error=error))
+                             error=error, failure_class=failure_class if error else None))
         # Counted from the ticker rows, not incremented: a write retried after a lost
         # acknowledgement (a database restart) must not count a ticker twice.
         conn.execute(update(Batch).where(Batch.id == batch_id)
@@ -109,12 +110,15 @@ def finish_batch(engine: Engine, batch_id: int, status: str, error: str | None =
             values["settings"] = {**(current or {}), **extra_settings}
         conn.execute(update(Batch).where(Batch.id == batch_id).values(values))
         # A ticker left queued or running did not finish: say so rather than leave it hanging.
+        # In a batch that ran to its end that is its status write lost to the database: the
+        # infrastructure's, so a resume takes it up (app/batch/faults.py).
+        ended = status in ("succeeded", "partial")
         conn.execute(update(TickerRun)
                      .where(TickerRun.batch_id == batch_id,
                             TickerRun.status.in_(("queued", "running")))
-                     .values(status="failed" if status in ("succeeded", "partial")
-                             else "interrupted",
-                             error=error or "not finished"))
+                     .values(status="failed" if ended else "interrupted",
+                             error=error or "not finished",
+                             failure_class="infrastructure" if ended else None))
 
 
 def expected_work(engine: Engine, tickers: list[str]) -> dict[str, float]:
