@@ -8,6 +8,7 @@ batch resumable. Other faults keep their ``max_attempts`` (tests/unit/test_llm.p
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -15,10 +16,18 @@ from email.utils import format_datetime
 import pytest
 from sqlalchemy import Engine
 
+from agents.chat import CallTag
+from app.config import load_settings
 from app.errors import LLMHTTPError, ServerBusy
-from app.llm import retry_after
-from tests.fakevllm import FakeServer
+from app.llm import TrackedLLM, retry_after
+from app.traffic.client import TickerClient
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
+from app.usage import UsageRecorder
+from tests.fakevllm import BASE_URL, FakeServer
+from tests.unit.servers import one_server
 from tests.unit.test_llm import one_call
+from tests.unit.test_usage import new_batch
 
 
 def test_retry_after_is_read_as_seconds_or_as_an_http_date() -> None:
@@ -86,3 +95,32 @@ async def test_other_server_errors_keep_their_attempts(sqlite_engine: Engine,
     result, rows = await one_call(sqlite_engine, fake, max_attempts=3)
     assert isinstance(result, LLMHTTPError) and result.http_status == status
     assert len(rows) == 3 == len(fake.chats)
+
+
+async def test_a_retry_after_holds_back_every_call_to_that_server(
+        sqlite_engine: Engine) -> None:
+    # A's first attempt is told to come back in a second; B, issued after that answer, waits
+    # for the same second instead of meeting the server at once.
+    fake = FakeServer()
+    fake.burst(429, 1, retry_after="1")
+    settings = load_settings(llm_base_url=BASE_URL, retry_backoff_s=0,
+                             check_context_length=False)
+    batch_id = new_batch(sqlite_engine)
+    async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
+        servers = one_server(TrackedLLM(settings, recorder, http_client=http),
+                             Strategy.parse("fixed-2"))
+
+        async def ask(ticker: str, order: int) -> None:
+            gated = TickerClient(servers, servers.first, Ticket(order))
+            await gated.chat(CallTag(batch_id, ticker, "market"),
+                             [{"role": "user", "content": f"{ticker}?"}], max_tokens=10)
+
+        async with asyncio.TaskGroup() as group:
+            group.create_task(ask("A", 0))
+            while not fake.chats:
+                await asyncio.sleep(0.005)
+            group.create_task(ask("B", 1))
+    refused, *later = fake.chats
+    assert refused.key == "A?" and {c.key for c in later} == {"A?", "B?"} and len(later) == 2
+    assert all(chat.at - refused.at >= 0.99 for chat in later), [c.at - refused.at
+                                                                  for c in later]
