@@ -160,7 +160,9 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
         as_of = request.as_of or default_as_of(settings)
         if skip_if_finished_since is not None:
             done = finished_since(engine, as_of, skip_if_finished_since)
-            if done is not None:
+            # A partial night with tickers the infrastructure failed is not done: it is
+            # owed a resume (below) like a night cut short.
+            if done is not None and not (resume and resumption.tickers_left(engine, done)):
                 log.info("night already done", batch_id=done, as_of=str(as_of))
                 return NightlyResult(None)
         owed = owed_night(engine, as_of) if resume else None

@@ -110,15 +110,12 @@ def finish_batch(engine: Engine, batch_id: int, status: str, error: str | None =
             values["settings"] = {**(current or {}), **extra_settings}
         conn.execute(update(Batch).where(Batch.id == batch_id).values(values))
         # A ticker left queued or running did not finish: say so rather than leave it hanging.
-        # In a batch that ran to its end that is its status write lost to the database: the
-        # infrastructure's, so a resume takes it up (app/batch/faults.py).
-        ended = status in ("succeeded", "partial")
         conn.execute(update(TickerRun)
                      .where(TickerRun.batch_id == batch_id,
                             TickerRun.status.in_(("queued", "running")))
-                     .values(status="failed" if ended else "interrupted",
-                             error=error or "not finished",
-                             failure_class="infrastructure" if ended else None))
+                     .values(status="failed" if status in ("succeeded", "partial")
+                             else "interrupted",
+                             error=error or "not finished"))
 
 
 def expected_work(engine: Engine, tickers: list[str]) -> dict[str, float]:

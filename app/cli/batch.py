@@ -144,8 +144,9 @@ def run(
         "--resume", help="continue an interrupted or crashed batch where it stopped")] = False,
     continue_night: Annotated[bool, typer.Option(
         "--continue-night",
-        help="if tonight's nightly batch (same as-of date) was cut short, continue it with "
-             "its own tickers; else start the night (the timer's unit runs this)")] = False,
+        help="if tonight's nightly batch (same as-of date) was cut short, or has tickers the "
+             "server or database failed, continue it with its own tickers; else start the "
+             "night (the timer's unit runs this)")] = False,
     retry_failed: Annotated[bool, typer.Option(
         "--retry-failed",
         help="with --resume: also run again the tickers that failed on their own account "

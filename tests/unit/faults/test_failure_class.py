@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.batch.faults import INFRASTRUCTURE, OWN, failure_class
+from app.batch.nightly import NightlyRequest, run_nightly
+from app.config import load_settings
 from app.db.models import Batch, LLMCall
 from app.errors import (
     ContextLengthError,
@@ -33,6 +36,7 @@ from tests.fakevllm import CONTEXT_LENGTH_MESSAGE, ChatRequest, FakeServer, Repl
 from tests.unit.clirun import run_cli
 from tests.unit.faults.night import (
     NODES,
+    QUICK,
     QUICK_ENV,
     assert_rows_match_the_servers,
     serve_cli_from,
@@ -131,6 +135,30 @@ def test_continue_night_takes_up_a_partial_night_the_server_cost(
     assert "resuming batch 1 (nightly, partial" in said  # not a second night beside it
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(Batch.id, Batch.status)).all() == [(1, "succeeded")]
+
+
+def test_the_daemons_fire_takes_up_a_partial_night_the_server_cost(
+        monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
+    fired = datetime.now(UTC)
+    broken = [True]
+    server = FakeServer(lambda chat: Reply(status=500) if broken[0] and chat.ticker == FLAKY
+                        and chat.node == "trader" else None, nodes=NODES, tickers=TICKERS)
+    serve_cli_from(monkeypatch, server, demo_dir)
+    assert invoke(*NIGHT)[0] == 3
+    broken[0] = False
+    # What the scheduler daemon runs when it fires for the night (app/daemon.py).
+    settings = load_settings(**QUICK, data_dir=demo_dir)
+    night = run_nightly(settings, NightlyRequest(as_of=DEMO_AS_OF, tickers=",".join(TICKERS)),
+                        engine=sqlite_engine, resume=True, skip_if_finished_since=fired,
+                        server="skip")
+    assert night.resumed is not None and night.resumed.infrastructure == 1
+    assert night.outcome is not None and night.outcome.status == "succeeded"
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.id, Batch.status)).all() == [(1, "succeeded")]
+    # Done now: the same fire skips it.
+    assert run_nightly(settings, NightlyRequest(as_of=DEMO_AS_OF), engine=sqlite_engine,
+                       resume=True, skip_if_finished_since=fired,
+                       server="skip").outcome is None
 
 
 def test_a_ticker_failed_on_its_own_stays_failed_unless_asked(
