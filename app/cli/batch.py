@@ -141,7 +141,8 @@ def run(
         help="independent samples per ticker (default: NIGHTDESK_SAMPLES)")] = None,
     strategy: Strategy = "adaptive",
     resume: Annotated[bool, typer.Option(
-        "--resume", help="continue an interrupted or crashed batch where it stopped")] = False,
+        "--resume", help="continue an interrupted or crashed batch where it stopped, and run "
+                         "again its tickers the server or database failed")] = False,
     continue_night: Annotated[bool, typer.Option(
         "--continue-night",
         help="if tonight's nightly batch (same as-of date) was cut short, or has tickers the "
