@@ -12,16 +12,18 @@ import errno
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from app.batch import store
 from app.batch.faults import INFRASTRUCTURE, OWN, failure_class
 from app.batch.nightly import NightlyRequest, run_nightly
 from app.config import load_settings
-from app.db.models import Batch, LLMCall
+from app.db.models import Batch, Decision, LLMCall
 from app.errors import (
     ContextLengthError,
     DataError,
@@ -192,3 +194,36 @@ def test_retry_failed_without_resume_is_refused_in_one_line(sqlite_engine: Engin
     assert result.code == 2 and len(result.error_lines) == 1
     assert "--retry-failed goes with --resume" in result.error_lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_result_the_database_would_not_take_is_stored_on_resume_without_a_call(
+        monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
+    # The database is away (locked past the write budget) when FLAKY's decisions are
+    # stored: the ticker fails to the infrastructure, keeps its finished run, and the
+    # resume stores it from its checkpoints without calling the server again.
+    real = store.ticker_finished
+    away = [True]
+
+    def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[Any],
+                        error: str | None, failure_class: str | None = None) -> None:
+        if away[0] and ticker == FLAKY and decisions:
+            raise OperationalError("INSERT INTO decisions", {},
+                                   sqlite3.OperationalError("database is locked"))
+        real(engine, batch_id, ticker, decisions, error, failure_class)
+
+    monkeypatch.setattr(store, "ticker_finished", ticker_finished)
+    server = FakeServer(nodes=NODES, tickers=TICKERS)
+    serve_cli_from(monkeypatch, server, demo_dir)
+    code, said = invoke(*NIGHT)
+    assert code == 3, said
+    assert "result not stored: OperationalError: database is locked" in said
+    assert ticker_states(sqlite_engine, 1)[FLAKY] == ("failed", INFRASTRUCTURE)
+    away[0] = False
+    calls = len(server.chats)
+    code, said = invoke("run", "--resume", "1")
+    assert code == 0, said
+    assert len(server.chats) == calls  # its run was whole: nothing is asked again
+    assert ticker_states(sqlite_engine, 1) == dict.fromkeys(TICKERS, ("succeeded", None))
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Decision.ticker).where(Decision.batch_id == 1)
+                            .order_by(Decision.ticker)).scalars().all() == sorted(TICKERS)
