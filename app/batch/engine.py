@@ -20,6 +20,7 @@ from agents.graph import analyze_ticker, chain_length, node_names, thread_id
 from app.batch import resume as resumption
 from app.batch import store
 from app.batch.checkpoints import open_checkpointer, prune
+from app.batch.faults import INFRASTRUCTURE, FailureClass, failure_class
 from app.batch.heap import batch_collector
 from app.batch.progress import BatchProgress
 from app.config import Settings
@@ -78,6 +79,8 @@ class BatchOutcome:
     status: str
     succeeded: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    # The failed tickers whose failure was the infrastructure's: `run --resume` takes them up.
+    infrastructure: list[str] = field(default_factory=list)
     admission: Admission | None = None  # how the scheduler ended
     holdback: HoldBackTimeline | None = None  # for the bench; too long to log
     halt: HaltReason | None = None  # why it stopped early, when it did
@@ -182,18 +185,18 @@ class BatchRun:
             done, failed_before = await asyncio.to_thread(resumption.finished_tickers,
                                                           owner.engine, self.batch_id)
             self.outcome = BatchOutcome(self.batch_id, "crashed", done, failed_before)
+        self.hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
         self._log_context = structlog.contextvars.bind_contextvars(batch_id=self.batch_id)
         log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                  samples=plan.samples, strategy=self.strategy.name, as_of=str(plan.as_of))
-        hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
         self.recorder = UsageRecorder(owner.engine, on_lost=lambda lost: owner.halt.request(
-            HaltReason("failed", f"{lost}{hint}", lost.exit_code)))
+            HaltReason("failed", f"{lost}{self.hint}", lost.exit_code)))
         self.servers = ServerSet.connect(
             settings, self.strategy, self.recorder, engine=owner.engine,
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,
                                         settings.max_concurrency),
-            halt=owner.halt, resume_hint=hint, clock=owner.clock)
+            halt=owner.halt, resume_hint=self.hint, clock=owner.clock)
         self.scheduler = Scheduler(self.strategy, self.servers)
         self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
                                       self.scheduler, expected_calls=self.work.expected_calls)
@@ -259,14 +262,22 @@ class BatchRun:
                 owner.halt.request(HaltReason("failed", message or "", error.exit_code))
                 return
             if isinstance(error, BatchStopped):
+                if owner.halt.reason is None:  # the first to meet it (a busy server) says so
+                    owner.halt.request(HaltReason("interrupted", f"{message}{self.hint}",
+                                                  error.exit_code))
                 return  # stopped, not failed: left for `run --resume`
-            message = await self._store_result(job.key, decisions or [], message)
-            if self.saver is not None:
+            fault = None if error is None else failure_class(error)
+            message, fault = await self._store_result(job.key, decisions or [], message, fault)
+            if self.saver is not None and fault != INFRASTRUCTURE:
+                # A ticker the infrastructure failed keeps its checkpoints: a resume
+                # continues it from its last finished node.
                 await prune(self.saver, [thread_id(self.batch_id, job.key, s)
                                          for s in range(plan.samples)])
             if message:
                 outcome.failed[job.key] = message
-                log.error("ticker failed", ticker=job.key, error=message)
+                if fault == INFRASTRUCTURE:
+                    outcome.infrastructure.append(job.key)
+                log.error("ticker failed", ticker=job.key, error=message, failure_class=fault)
             else:
                 outcome.succeeded.append(job.key)
                 log.info("ticker done", ticker=job.key,
@@ -344,24 +355,27 @@ class BatchRun:
             structlog.contextvars.reset_contextvars(**self._log_context)
 
     async def _store_result(self, ticker: str, decisions: list[store.DecisionRow],
-                            error: str | None) -> str | None:
-        """Store how a ticker ended; return why it failed (None: it succeeded). A result the
-        database will not take fails this ticker only, with the reason."""
+                            error: str | None, fault: FailureClass | None
+                            ) -> tuple[str | None, FailureClass | None]:
+        """Store how a ticker ended; return why it failed (None: it succeeded) and whose
+        failure it was. A result the database will not take fails this ticker only, with
+        the reason, classed by what the database said."""
         engine = self.owner.engine
         try:
             await asyncio.to_thread(store.ticker_finished, engine, self.batch_id, ticker,
-                                    decisions, error)
-            return error
+                                    decisions, error, failure_class=fault)
+            return error, fault
         except Exception as exc:
             reason = "; ".join(filter(None, [error, f"result not stored: {_one_line(exc)}"]))
+            fault = INFRASTRUCTURE if fault == INFRASTRUCTURE else failure_class(exc)
         log.error("ticker result not stored", ticker=ticker, error=reason)
         try:
             await asyncio.to_thread(store.ticker_finished, engine, self.batch_id, ticker, [],
-                                    reason)
+                                    reason, failure_class=fault)
         except Exception as exc:
             # The database is away for now: finish_batch marks the ticker when it can.
             log.error("ticker status not stored", ticker=ticker, error=_one_line(exc))
-        return reason
+        return reason, fault
 
     async def _heartbeat(self) -> None:
         settings, lock = self.owner.settings, self.owner.lock

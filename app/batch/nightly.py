@@ -33,8 +33,9 @@ log = structlog.get_logger(__name__)
 # A night in one of these states is owed a resume ("running" is read under the lock only,
 # where no live run owns it).
 UNFINISHED = ("crashed", "interrupted", "running")
-# A "failed" night is owed one only with tickers left (stopped by a refused key, URL, model).
-STOPPED = "failed"
+# A "failed" or "partial" night is owed one only with tickers left: stopped by a refused
+# key, URL or model, or with tickers the infrastructure failed (app/batch/faults.py).
+STOPPED = ("failed", "partial")
 
 # Told which batch is about to be resumed, before it is (the CLI prints it).
 Announce = Callable[[resumption.ResumePoint], None] | None
@@ -97,7 +98,7 @@ def owed_night(engine: Engine, as_of: date) -> int | None:
         candidates = conn.execute(
             select(Batch.id, Batch.status)
             .where(Batch.kind == "nightly", Batch.as_of == as_of,
-                   Batch.status.in_((*UNFINISHED, STOPPED)))
+                   Batch.status.in_((*UNFINISHED, *STOPPED)))
             .order_by(Batch.id.desc())).all()
     for batch_id, status in candidates:
         if status in UNFINISHED or resumption.tickers_left(engine, batch_id):
@@ -159,14 +160,17 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
         as_of = request.as_of or default_as_of(settings)
         if skip_if_finished_since is not None:
             done = finished_since(engine, as_of, skip_if_finished_since)
-            if done is not None:
+            # A partial night with tickers the infrastructure failed is not done: it is
+            # owed a resume (below) like a night cut short.
+            if done is not None and not (resume and resumption.tickers_left(engine, done)):
                 log.info("night already done", batch_id=done, as_of=str(as_of))
                 return NightlyResult(None)
         owed = owed_night(engine, as_of) if resume else None
         if owed is not None:
             def tell(point: resumption.ResumePoint) -> None:
                 log.info("resuming the night", batch_id=point.batch_id, status=point.status,
-                         as_of=str(as_of), left=len(point.tickers), finished=point.finished)
+                         as_of=str(as_of), left=len(point.tickers), finished=point.finished,
+                         failed_to_infrastructure=point.infrastructure)
                 if announce is not None:
                     announce(point)
 
@@ -182,28 +186,31 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
 
 
 def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = None, *,
-                    server: ServerCheck = "if_up", announce: Announce = None
-                    ) -> NightlyResult:
+                    server: ServerCheck = "if_up", announce: Announce = None,
+                    retry_failed: bool = False) -> NightlyResult:
     """Continue a recorded batch (``nightdesk run --resume [BATCH_ID]``).
 
     ``batch_id`` None: the newest batch with tickers left, chosen under the nightly lock
     once batches that lost their process are marked crashed. A nightly batch resumes under
     that lock (AlreadyRunningError while another run holds it); a rerun takes none, and one
-    whose heartbeat is fresh is refused the same way.
+    whose heartbeat is fresh is refused the same way. ``retry_failed`` also runs the
+    tickers that failed on their own account again.
     """
+    again = retry_failed
     if batch_id is not None and resumption.pick(engine, batch_id)[1] != "nightly":
-        return _resume(settings, engine, batch_id, server, announce, None)
+        return _resume(settings, engine, batch_id, server, announce, None, retry_failed=again)
     with nightly_lock(engine) as lock:
         _orphans(settings, engine)
-        target, kind = resumption.pick(engine, batch_id)
+        target, kind = resumption.pick(engine, batch_id, retry_failed=again)
         if kind == "nightly":
-            return _resume(settings, engine, target, server, announce, lock)
-    return _resume(settings, engine, target, server, announce, None)
+            return _resume(settings, engine, target, server, announce, lock, retry_failed=again)
+    return _resume(settings, engine, target, server, announce, None, retry_failed=again)
 
 
 def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerCheck,
-            announce: Announce, lock: LockHold | None, closing: bool = False) -> NightlyResult:
+            announce: Announce, lock: LockHold | None, closing: bool = False,
+            retry_failed: bool = False) -> NightlyResult:
     point = resumption.find_resumable(engine, batch_id, settings.heartbeat_stale_s,
-                                      closing=closing)
+                                      closing=closing, retry_failed=retry_failed)
     return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
                                       announce=announce), point.total, point)

@@ -2,7 +2,9 @@
 
 A ``running`` batch is dead once its heartbeat is stale (``mark_stale_crashed``), or, for a
 nightly one, once its lock is free and its holder gone (``mark_orphaned``). A resume leaves
-finished tickers as they are; the others continue from their last checkpointed node.
+finished tickers as they are; the others continue from their last checkpointed node. A
+ticker failed to the infrastructure (app/batch/faults.py) is not finished: a resume takes it
+up too. One failed on its own account is, unless the resume is asked to ``retry_failed``.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, and_, func, or_, select, update
 
 from agents.graph import thread_id
+from app.batch.faults import INFRASTRUCTURE
 from app.db.lock import Runner, holder_gone
 from app.db.models import Batch, TickerRun
 from app.db.retry import retried
@@ -36,8 +39,10 @@ class ResumePoint:
     label: str | None
     settings: dict[str, Any]
     tickers: list[str]  # left to do, in the batch's order
-    finished: int  # tickers already finished (succeeded or failed)
+    finished: int  # tickers already finished (succeeded, or failed for good)
     status: str  # how it stood before this resume
+    infrastructure: int = 0  # of ``tickers``: failed to the infrastructure, taken up again
+    retried: int = 0  # of ``tickers``: failed on their own, taken up as asked
 
     @property
     def total(self) -> int:
@@ -95,9 +100,11 @@ def _crash(conn: Any, why: dict[int, str]) -> None:
                  .values(status="interrupted", error="the batch's process died"))
 
 
-def pick(engine: Engine, batch_id: int | None) -> tuple[int, str]:
+def pick(engine: Engine, batch_id: int | None, *, retry_failed: bool = False
+         ) -> tuple[int, str]:
     """Return the batch ``run --resume`` means, and its kind: ``batch_id``, else the newest
-    interrupted, crashed or stopped batch with tickers left."""
+    interrupted, crashed or stopped batch with tickers left (those failed on their own
+    count with ``retry_failed``)."""
     with engine.connect() as conn:
         if batch_id is None:
             candidates = conn.execute(
@@ -105,10 +112,12 @@ def pick(engine: Engine, batch_id: int | None) -> tuple[int, str]:
                                                    Batch.kind.in_(KINDS))
                 .order_by(Batch.id.desc())).all()
             for candidate, kind in candidates:
-                if _left(conn, candidate):
+                if _left(conn, candidate, retry_failed):
                     return int(candidate), str(kind)
-            raise InputError("no batch to resume: every interrupted or crashed batch "
-                             "has finished all its tickers")
+            raise InputError("no batch to resume: every interrupted, crashed or stopped batch "
+                             "has finished all its tickers"
+                             + ("" if retry_failed else " (tickers failed on their own "
+                                "account are finished: add --retry-failed to run them again)"))
         kind = conn.execute(select(Batch.kind).where(Batch.id == batch_id)).scalar()
     if kind is None:
         raise InputError(f"no batch with id {batch_id}")
@@ -119,14 +128,15 @@ def pick(engine: Engine, batch_id: int | None) -> tuple[int, str]:
 
 
 def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
-                   closing: bool = False) -> ResumePoint:
+                   closing: bool = False, retry_failed: bool = False) -> ResumePoint:
     """Return the batch to resume: ``batch_id``, or the newest one with tickers left.
 
     A ``running`` batch raises AlreadyRunningError (the dead ones are marked first), one
     whose stored strategy this version cannot run (a removed knob) InputError.
     ``closing`` also takes one with no tickers left: the resume only writes its end.
+    ``retry_failed`` takes up the tickers failed on their own account too.
     """
-    batch_id, _ = pick(engine, batch_id)
+    batch_id, _ = pick(engine, batch_id, retry_failed=retry_failed)
     with engine.connect() as conn:
         batch = conn.execute(select(Batch.__table__).where(Batch.id == batch_id)).one()
         if batch.status == "running":
@@ -135,9 +145,16 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
             raise AlreadyRunningError(
                 f"already running: batch {batch_id} (heartbeat {age:.0f} s ago; it is taken "
                 f"for dead after {stale_s:.0f} s without one)")
-        left = _left(conn, batch_id)
+        left = _left(conn, batch_id, retry_failed)
+        failed: dict[str, str | None] = {r.ticker: r.failure_class for r in conn.execute(
+            select(TickerRun.ticker, TickerRun.failure_class)
+            .where(TickerRun.batch_id == batch_id, TickerRun.status == "failed"))}
         if not left and not closing:
-            raise InputError(f"batch {batch_id} ({batch.status}) has no tickers left to run")
+            own = "" if retry_failed or not failed else (
+                f"; {len(failed)} failed on their own account: `nightdesk run --resume "
+                f"{batch_id} --retry-failed` runs them again")
+            raise InputError(f"batch {batch_id} ({batch.status}) has no tickers left to run"
+                             + own)
         finished = conn.execute(
             select(func.count()).select_from(TickerRun)
             .where(TickerRun.batch_id == batch_id, TickerRun.status.in_(FINISHED_TICKER))
@@ -146,8 +163,11 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
         Strategy.parse(str((batch.settings or {}).get("strategy", "adaptive")))
     except InputError as error:
         raise InputError(f"batch {batch_id} cannot resume: {error}") from None
+    infrastructure = len([t for t in left if failed.get(t) == INFRASTRUCTURE])
+    retried = len([t for t in left if t in failed]) - infrastructure
     return ResumePoint(batch_id, batch.kind, batch.as_of, batch.label, dict(batch.settings or {}),
-                       left, int(finished), batch.status)
+                       left, int(finished) - infrastructure - retried, batch.status,
+                       infrastructure, retried)
 
 
 def tickers_left(engine: Engine, batch_id: int) -> list[str]:
@@ -156,10 +176,15 @@ def tickers_left(engine: Engine, batch_id: int) -> list[str]:
         return _left(conn, batch_id)
 
 
-def _left(conn: Any, batch_id: int) -> list[str]:
+def _left(conn: Any, batch_id: int, retry_failed: bool = False) -> list[str]:
+    """Return the tickers a resume runs: those not finished, those the infrastructure
+    failed, and with ``retry_failed`` every failed one."""
+    failed = TickerRun.status == "failed"
+    again = failed if retry_failed else and_(failed, TickerRun.failure_class == INFRASTRUCTURE)
     return list(conn.execute(
         select(TickerRun.ticker)
-        .where(TickerRun.batch_id == batch_id, TickerRun.status.not_in(FINISHED_TICKER))
+        .where(TickerRun.batch_id == batch_id,
+               or_(TickerRun.status.not_in(FINISHED_TICKER), again))
         .order_by(TickerRun.id)).scalars())
 
 
@@ -177,8 +202,13 @@ def reopen(engine: Engine, point: ResumePoint) -> None:
         conn.execute(update(TickerRun)
                      .where(TickerRun.batch_id == point.batch_id,
                             TickerRun.ticker.in_(point.tickers))
-                     .values(status="queued", error=None, finished_at=None,
-                             attempt=TickerRun.attempt + 1))
+                     .values(status="queued", error=None, failure_class=None,
+                             finished_at=None, attempt=TickerRun.attempt + 1))
+        # The failed tickers taken up again are no longer counted failed.
+        conn.execute(update(Batch).where(Batch.id == point.batch_id).values(
+            tickers_failed=select(func.count()).select_from(TickerRun)
+            .where(TickerRun.batch_id == point.batch_id, TickerRun.status == "failed")
+            .scalar_subquery()))
 
 
 def finished_tickers(engine: Engine, batch_id: int) -> tuple[list[str], dict[str, str]]:
@@ -193,8 +223,11 @@ def finished_tickers(engine: Engine, batch_id: int) -> tuple[list[str], dict[str
 
 
 def threads_of(engine: Engine, batch_id: int) -> list[str]:
-    """Return the checkpoint thread of every (ticker, sample) of a batch."""
+    """Return the checkpoint thread of every (ticker, sample) of a batch, but for tickers a
+    resume still takes up (failed to the infrastructure): a resume continues those."""
     with engine.connect() as conn:
         rows = conn.execute(select(TickerRun.ticker, TickerRun.samples)
                             .where(TickerRun.batch_id == batch_id)).all()
-    return [thread_id(batch_id, ticker, s) for ticker, samples in rows for s in range(samples)]
+        left = set(_left(conn, batch_id))
+    return [thread_id(batch_id, ticker, s) for ticker, samples in rows if ticker not in left
+            for s in range(samples)]

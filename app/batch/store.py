@@ -67,8 +67,9 @@ def ticker_started(engine: Engine, batch_id: int, ticker: str) -> None:
 
 @retried
 def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[DecisionRow],
-                    error: str | None) -> None:
-    """Store the ticker's decisions and its final status in one transaction."""
+                    error: str | None, failure_class: str | None = None) -> None:
+    """Store the ticker's decisions and its final status in one transaction; a failed
+    one's ``failure_class`` says whose failure it was (app/batch/faults.py)."""
     rows = [{"batch_id": batch_id, "created_at": now(), **d.__dict__,
              "contradicts": contradicts(d.rating, d.score)} for d in decisions]
     with engine.begin() as conn:
@@ -77,7 +78,7 @@ def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[
         conn.execute(update(TickerRun)
                      .where(TickerRun.batch_id == batch_id, TickerRun.ticker == ticker)
                      .values(status="failed" if error else "succeeded", finished_at=now(),
-                             error=error))
+                             error=error, failure_class=failure_class if error else None))
         # Counted from the ticker rows, not incremented: a write retried after a lost
         # acknowledgement (a database restart) must not count a ticker twice.
         conn.execute(update(Batch).where(Batch.id == batch_id)

@@ -4,7 +4,8 @@ Exit codes, one table for every command that runs a batch (docs/reliability.md):
 0 every ticker succeeded, 1 the batch failed (no ticker succeeded, or it stopped on an
 error), 2 bad settings or input (a refused API key, a wrong URL or model included), 3 partial
 (some tickers failed: the ranking names them), 4 already running (another nightly run holds
-the lock, or the batch to resume is running), 5 interrupted by a server outage (resumable),
+the lock, or the batch to resume is running), 5 interrupted by a server outage or a server
+answering 429/503 past the outage budget (resumable),
 130 stopped by SIGTERM/Ctrl-C (resumable). ``ranking --require-fresh`` exits 6 when the
 ranking is not the latest night's, also when no night ever finished (without the flag that
 is exit 2: nothing to rank).
@@ -96,6 +97,12 @@ def _ready_database(settings: Settings) -> Engine:
 def _announce(point: ResumePoint) -> None:
     err.print(f"resuming batch {point.batch_id} ({point.kind}, {point.status}, as of "
               f"{point.as_of}): {len(point.tickers)} tickers left, {point.finished} finished")
+    taken = [f"{count} {why}" for count, why in (
+        (len(point.tickers) - point.infrastructure - point.retried, "not finished"),
+        (point.infrastructure, "failed to the infrastructure (the server or the database)"),
+        (point.retried, "failed on their own account (--retry-failed)")) if count]
+    if point.infrastructure or point.retried:
+        err.print(f"taken up: {'; '.join(taken)}")
 
 
 def _finish(outcome: BatchOutcome, planned: int) -> None:
@@ -106,6 +113,10 @@ def _finish(outcome: BatchOutcome, planned: int) -> None:
               f"of {planned}")
     for ticker, reason in sorted(outcome.failed.items()):
         err.print(f"  [red]{ticker}[/]: {escape(reason)}")
+    if outcome.infrastructure and outcome.halt is None:
+        err.print(f"{len(outcome.infrastructure)} of them failed to the infrastructure (the "
+                  f"server or the database), not on their own account: `nightdesk run "
+                  f"--resume {outcome.batch_id}` runs them again")
     if outcome.halt is not None:
         raise outcome.halt.error(outcome.batch_id)
     code = EXIT_CODES.get(outcome.status, 1)
@@ -130,11 +141,17 @@ def run(
         help="independent samples per ticker (default: NIGHTDESK_SAMPLES)")] = None,
     strategy: Strategy = "adaptive",
     resume: Annotated[bool, typer.Option(
-        "--resume", help="continue an interrupted or crashed batch where it stopped")] = False,
+        "--resume", help="continue an interrupted or crashed batch where it stopped, and run "
+                         "again its tickers the server or database failed")] = False,
     continue_night: Annotated[bool, typer.Option(
         "--continue-night",
-        help="if tonight's nightly batch (same as-of date) was cut short, continue it with "
-             "its own tickers; else start the night (the timer's unit runs this)")] = False,
+        help="if tonight's nightly batch (same as-of date) was cut short, or has tickers the "
+             "server or database failed, continue it with its own tickers; else start the "
+             "night (the timer's unit runs this)")] = False,
+    retry_failed: Annotated[bool, typer.Option(
+        "--retry-failed",
+        help="with --resume: also run again the tickers that failed on their own account "
+             "(those the server or database failed are always taken up)")] = False,
     no_preflight: NoPreflight = False,
 ) -> None:
     """Run the nightly batch over a universe, or continue one with --resume [BATCH_ID].
@@ -146,6 +163,9 @@ def run(
     if resume and continue_night:
         raise InputError("--resume and --continue-night exclude each other: --resume [ID] "
                          "continues a recorded batch, --continue-night tonight's or a new one")
+    if retry_failed and not resume:
+        raise InputError("--retry-failed goes with --resume [ID]: it runs a recorded batch's "
+                         "failed tickers again")
     if resume:
         given = [name for name, value in (("--tickers", tickers), ("--universe", universe),
                                           ("--as-of", as_of), ("--limit", limit),
@@ -155,7 +175,7 @@ def run(
             raise InputError(f"--resume continues a recorded batch with its own tickers, "
                              f"date and samples: drop {', '.join(given)}")
         night = resume_recorded(settings, _ready_database(settings), batch_id,
-                                server=server, announce=_announce)
+                                server=server, announce=_announce, retry_failed=retry_failed)
     else:
         if batch_id is not None:
             raise InputError(f"a batch id ({batch_id}) is only taken with --resume")

@@ -97,6 +97,9 @@ class TickerRun(Base):
     started_at: Mapped[datetime | None] = mapped_column(Timestamp)
     finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
     error: Mapped[str | None] = mapped_column(CleanText)
+    # Whose failure it was, for a failed ticker: "own" (its answer, data, prompt) or
+    # "infrastructure" (the server, the database): `run --resume` takes the latter up.
+    failure_class: Mapped[str | None] = mapped_column(String(16))
 
 
 class LLMCall(Base):

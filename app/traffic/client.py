@@ -177,11 +177,17 @@ class TickerClient:
     @asynccontextmanager
     async def _attempt(self, endpoint: Server, claim: Claim) -> AsyncIterator[None]:
         """Hold a place at ``endpoint``'s gate for one attempt; after a server fault, take a
-        reading: a server found down holds its gate, so the next attempt waits there."""
+        reading: a server found down holds its gate, so the next attempt waits there. A
+        server that answered with ``Retry-After`` gets that pause from every call, before
+        its place: back-pressure is the server's, not one call's."""
+        await endpoint.quiet()
         try:
             async with endpoint.gate.slot(self.ticket, claim):
                 yield
         except LLMError as error:
+            asked = getattr(error, "retry_after_s", None)
+            if isinstance(error, LLMHTTPError) and error.back_pressure and asked is not None:
+                endpoint.asked_to_wait(asked)
             if server_fault(error):
                 await endpoint.check()
             raise

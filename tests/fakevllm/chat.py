@@ -46,6 +46,7 @@ class Reply:
     content: str = ""
     status: int = 200  # anything but 200 answers with an OpenAI-style error body instead
     error: str = "fake server error"
+    headers: dict[str, str] = field(default_factory=dict)  # sent with an error status
     prompt_tokens: int | None = None  # None: counted from the request
     completion_tokens: int | None = None  # None: counted from ``content``
     cached_tokens: int | None = 0  # None: leave ``prompt_tokens_details`` out

@@ -23,7 +23,9 @@ plain string (the reply text), or None for the default: a valid decision JSON fo
 It may be sync or async. Faults come from the reply (status, ``drop``, ``cut_after`` with
 ``cut`` "drop", "end", "garbage" or "misshapen", ``delay_s``, ``hold``) or on cue for the
 next requests of a path (``cue``, e.g. ``cue(Reply(status=503), times=6,
-path="/metrics")``). ``crash()`` takes the whole server away (every request refused and
+path="/metrics")``), or as a burst of HTTP errors among the chat requests (``burst``: 429 or
+503 for ``count`` answers from the request ``at``, or from a node's first request, with or
+without ``Retry-After``). ``crash()`` takes the whole server away (every request refused and
 counted in ``refused``, answers in progress cut) until ``revive()``, which brings it back
 with its counters reset, as a restarted vLLM's are.
 
@@ -113,6 +115,7 @@ class FakeServer:
         self._ids = itertools.count(1)
         self._attempts: Counter[str] = Counter()
         self._cues: dict[str, deque[Reply]] = {}
+        self._bursts: list[_Burst] = []
         self.load = ServerLoad(capacity=self.capacity, kv_tokens=self.kv_tokens,
                                block_size=self.block_size, model=self.model)
 
@@ -169,6 +172,20 @@ class FakeServer:
         On other paths than chat only ``status``, ``drop`` and ``delay_s`` apply.
         """
         self._cues.setdefault(path, deque()).extend([reply] * times)
+
+    def burst(self, status: int, count: int, *, at: int = 0, node: str | None = None,
+              retry_after: str | None = None) -> None:
+        """Answer ``count`` chat requests in a row with HTTP ``status`` (429, 503: a server
+        shedding load), from the first whose index is ``at`` or more and, given ``node``,
+        that is a request of that node; with ``retry_after``, the ``Retry-After`` header."""
+        headers = {} if retry_after is None else {"Retry-After": retry_after}
+        self._bursts.append(_Burst(Reply(status=status, error=f"fake burst of {status}",
+                                         headers=headers), count, at, node))
+
+    @property
+    def burst_answers(self) -> int:
+        """Return how many chat requests a burst has answered so far."""
+        return sum(b.answered for b in self._bursts)
 
     def preempt(self, count: int = 1) -> None:
         self.load.preempt(count)
@@ -340,6 +357,9 @@ class FakeServer:
         return httpx.Response(200, json=self._completion(request_id, reply))
 
     async def _reply(self, chat: ChatRequest) -> Reply:
+        for burst in self._bursts:
+            if burst.answers(chat):
+                return replace(burst.reply)
         answer: Any = self._cued(CHAT_PATH)
         if answer is None and self.script is not None:
             answer = self.script(chat)
@@ -357,7 +377,7 @@ class FakeServer:
 
     def _error(self, reply: Reply) -> httpx.Response:
         kind = "BadRequestError" if reply.status < 500 else "InternalServerError"
-        return httpx.Response(reply.status, json={"error": {
+        return httpx.Response(reply.status, headers=reply.headers, json={"error": {
             "message": reply.error, "type": kind, "param": None, "code": reply.status}})
 
     async def _decode(self, request: httpx.Request, seq: Sequence,
@@ -421,6 +441,26 @@ class FakeServer:
                          "message": {"role": "assistant", "content": reply.content}}],
             "usage": self._usage(reply),
         }
+
+
+@dataclass
+class _Burst:
+    """A run of ``count`` error answers, started by the first chat request it matches."""
+
+    reply: Reply
+    count: int
+    at: int
+    node: str | None
+    answered: int = 0
+
+    def answers(self, chat: ChatRequest) -> bool:
+        """Tell whether this burst answers ``chat`` (counting it if so)."""
+        started = self.answered > 0
+        if self.answered >= self.count or not (
+                started or (chat.index >= self.at and self.node in (None, chat.node))):
+            return False
+        self.answered += 1
+        return True
 
 
 class _EndedEarly(Exception):

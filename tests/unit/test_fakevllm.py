@@ -115,6 +115,32 @@ async def test_http_status_on_cue_then_the_script_again() -> None:
     assert [c.completed for c in server.chats] == [False, False, True]
 
 
+async def test_a_burst_answers_k_requests_in_a_row_from_the_one_it_starts_at() -> None:
+    server = FakeServer(lambda chat: "fine")
+    server.burst(429, 2, at=1, retry_after="3")
+    statuses: list[tuple[int, str | None]] = []
+    async with server.client() as http:
+        client = openai_client(http)
+        for _ in range(4):
+            try:
+                await ask(client, "q")
+                statuses.append((200, None))
+            except APIStatusError as error:
+                statuses.append((error.status_code, error.response.headers.get("retry-after")))
+    assert statuses == [(200, None), (429, "3"), (429, "3"), (200, None)]
+    assert server.burst_answers == 2
+
+
+async def test_a_burst_can_start_at_a_nodes_first_request() -> None:
+    # Nodes are told from the seed; none of these requests carries one of the node's.
+    server = FakeServer(lambda chat: "fine")
+    server.burst(503, 5, node="portfolio_manager")
+    async with server.client() as http:
+        for _ in range(3):
+            assert "".join(await ask(openai_client(http), "q")) == "fine"
+    assert server.burst_answers == 0
+
+
 async def test_dropped_connection_and_cut_stream_leave_no_work_behind() -> None:
     server = FakeServer(lambda chat: Reply("a b c d e f", chunks=3), capacity=1)
     server.cue(Reply(drop=True))

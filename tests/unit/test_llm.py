@@ -38,8 +38,9 @@ async def one_call(engine: Engine, fake: FakeServer, **overrides: Any
                    ) -> tuple[Any, list[Any]]:
     """Make one chat call through a fresh tracker; return its result (or error) and rows."""
     batch_id = new_batch(engine)
-    settings = load_settings(llm_base_url=BASE_URL, retry_backoff_s=0,
-                             **{"check_context_length": False, **overrides})
+    settings = load_settings(llm_base_url=BASE_URL,
+                             **{"check_context_length": False, "retry_backoff_s": 0,
+                                **overrides})
     result: Any
     async with fake.client() as http, UsageRecorder(engine, flush_interval_s=0.01) as rec:
         llm = TrackedLLM(settings, rec, http_client=http)

@@ -24,7 +24,7 @@ EXPECTED = {
     },
     "ticker_runs": {
         "id", "batch_id", "ticker", "status", "attempt", "samples", "started_at",
-        "finished_at", "error",
+        "finished_at", "error", "failure_class",
     },
     "llm_calls": {
         "id", "batch_id", "ticker", "node", "sample", "call_id", "attempt", "model",
@@ -104,7 +104,7 @@ def check_reordered_catch_up(url: str) -> None:
 
     upgrade(url)
     check_schema(engine)  # context-trim columns and the call ids are there now
-    assert current_revision(engine) == head_revision() == "0011_call_id"
+    assert current_revision(engine) == head_revision() == "0012_failure_class"
     upgrade(url)  # and nothing runs twice
     check_schema(engine)
 

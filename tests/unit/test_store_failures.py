@@ -41,11 +41,11 @@ async def test_a_ticker_whose_result_cannot_be_stored_fails_alone(
     real = store.ticker_finished
 
     def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[Any],
-                        error: str | None) -> None:
+                        error: str | None, failure_class: str | None = None) -> None:
         if ticker == unlucky and decisions:
             raise OperationalError("INSERT INTO decisions", {},
                                    sqlite3.OperationalError("database disk image is malformed"))
-        real(engine, batch_id, ticker, decisions, error)
+        real(engine, batch_id, ticker, decisions, error, failure_class)
 
     monkeypatch.setattr(store, "ticker_finished", ticker_finished)
     server = FakeServer(nodes=node_names(load_settings().pipeline()), tickers=tickers)
