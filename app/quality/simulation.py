@@ -1,9 +1,10 @@
 """Simulate nights with a known truth and count how often the quality verdicts fire.
 
-Every figure goes through the product's own functions: a simulated night becomes a
-``NightReturns``, its IC comes from ``track.night_ic`` and the verdict from
-``track.ic_verdict``; a simulated rating distribution is judged by ``monitor.findings``, and
-a run of nights by ``monitor.reference_window`` as ``check_batch`` chooses references.
+Every figure goes through the product's own functions: a simulated night's IC comes from
+``statistics.spearman_rows`` (``night_ic``'s Spearman, for all nights of a run at once: the
+unit tests check the two agree) and the verdict from ``track.ic_verdict``; a simulated
+rating distribution is judged by ``monitor.findings``, and a run of nights by
+``monitor.reference_window`` as ``check_batch`` chooses references.
 
 The worlds: every ticker's daily return is i.i.d. normal; a ticker's score is an AR(1)
 over nights (``persistence`` 0: a fresh score every night; 0.95: ratings that persist, as
@@ -24,8 +25,8 @@ from scipy import stats
 from agents.decision import RATINGS, rating_for_score
 from app.config import Settings
 from app.quality.monitor import Finding, NightRecord, findings, reference_window
-from app.quality.statistics import newey_west_t
-from app.quality.track import NightReturns, ic_verdict, night_ic
+from app.quality.statistics import newey_west_t, spearman_rows
+from app.quality.track import NightReturns, ic_verdict
 
 DAILY_SD = 0.02
 SCORE_SD = 0.45
@@ -50,22 +51,26 @@ def simulate_ics(world: World, horizons: Sequence[int],
     fresh = math.sqrt(1 - world.persistence ** 2)
     for t in range(1, world.nights):
         z[t] = world.persistence * z[t - 1] + fresh * rng.standard_normal(world.tickers)
-    scores = np.clip(SCORE_SD * z, -1, 1)
+    scores = scores_of(z)
     daily = DAILY_SD * rng.standard_normal((world.nights + longest, world.tickers))
     daily[:world.nights] += world.skill * DAILY_SD * z  # session t + 1 follows night t
     path = np.vstack([np.zeros(world.tickers), np.cumsum(daily, axis=0)])
-    ratings = [[rating_for_score(float(s)) for s in night] for night in scores]
     out: dict[int, list[float]] = {}
     for days in horizons:
-        ics = []
-        for t in range(world.nights):
-            night = NightReturns(t, str(t), ratings[t], scores[t].tolist(),
-                                 (path[t + days] - path[t]).tolist())
-            ic = night_ic(night).ic
-            if ic is not None:
-                ics.append(ic)
-        out[days] = ics
+        ics = spearman_rows(scores, path[days:days + world.nights] - path[:world.nights])
+        out[days] = [float(ic) for ic in ics if np.isfinite(ic)]
     return out
+
+
+def scores_of(z: np.ndarray) -> np.ndarray:
+    """Return the scores a latent standard normal gives: ±1 at about 2.2 sd."""
+    return np.clip(SCORE_SD * z, -1, 1)
+
+
+def night_of(scores: np.ndarray, returns: np.ndarray, night: int = 0) -> NightReturns:
+    """Return one simulated night as the product reads it (ratings by the score bands)."""
+    return NightReturns(night, str(night), [rating_for_score(float(s)) for s in scores],
+                        scores.tolist(), returns.tolist())
 
 
 # The alternatives measured against the chosen verdict (docs/quality.md, "How the verdict

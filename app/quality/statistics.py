@@ -76,6 +76,24 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
         return finite(stats.spearmanr(x, y).statistic)
 
 
+def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Return Spearman's correlation of each row of ``x`` with the same row of ``y``.
+
+    The same figure as ``spearman`` row by row (average ranks for ties), NaN where a row
+    has fewer than 3 columns or either side is constant; for many equal-length series at
+    once (the simulations of app/quality/simulation.py).
+    """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape[-1] < MIN_CORRELATION_N:
+        return np.full(x.shape[:-1], np.nan)
+    rx, ry = stats.rankdata(x, axis=-1), stats.rankdata(y, axis=-1)
+    rx -= rx.mean(axis=-1, keepdims=True)
+    ry -= ry.mean(axis=-1, keepdims=True)
+    scale = np.sqrt((rx * rx).sum(axis=-1) * (ry * ry).sum(axis=-1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(scale > 0, (rx * ry).sum(axis=-1) / scale, np.nan)
+
+
 def direction(rating: str) -> int:
     """Return +1 for Buy/Overweight, -1 for Underweight/Sell, 0 for Hold."""
     return 1 if rating in BULLISH else -1 if rating in BEARISH else 0

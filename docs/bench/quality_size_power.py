@@ -22,16 +22,16 @@ from app.quality.simulation import World, monitor_rates, rebaseline_run, verdict
 
 HORIZONS = [1, 5, 20]
 NIGHTS = [20, 60, 120, 250]
-# (name, world, runs): the verdict's worlds. 1000 runs give a Monte Carlo error of 0.7 points
-# at a 5% rate, 400 runs 1.1 points; the whole bench fits in about 20 minutes of 2 cores.
+# (name, world, runs): the verdict's worlds. 2000 runs give a Monte Carlo error of 0.5 points
+# at a 5% rate, 1000 runs 0.7 points.
 VERDICT_WORLDS = [
-    ("null, scores persist (rho 0.95), 20 tickers", World(20, 250, 0.95), 1000),
-    ("null, scores fixed (rho 1), 20 tickers", World(20, 250, 1.0), 600),
-    ("null, fresh scores (rho 0), 20 tickers", World(20, 250, 0.0), 400),
-    ("null, scores persist (rho 0.95), 6 tickers", World(6, 250, 0.95), 400),
-    ("null, scores persist (rho 0.95), 100 tickers", World(100, 250, 0.95), 200),
-    ("skill 0.05, scores persist (rho 0.95), 20 tickers", World(20, 250, 0.95, 0.05), 200),
-    ("skill 0.05, scores persist (rho 0.95), 100 tickers", World(100, 250, 0.95, 0.05), 100),
+    ("null, scores persist (rho 0.95), 20 tickers", World(20, 250, 0.95), 2000),
+    ("null, scores fixed (rho 1), 20 tickers", World(20, 250, 1.0), 2000),
+    ("null, fresh scores (rho 0), 20 tickers", World(20, 250, 0.0), 1000),
+    ("null, scores persist (rho 0.95), 6 tickers", World(6, 250, 0.95), 1000),
+    ("null, scores persist (rho 0.95), 100 tickers", World(100, 250, 0.95), 1000),
+    ("skill 0.05, scores persist (rho 0.95), 20 tickers", World(20, 250, 0.95, 0.05), 500),
+    ("skill 0.05, scores persist (rho 0.95), 100 tickers", World(100, 250, 0.95, 0.05), 500),
 ]
 # Grade shares, Buy … Sell.
 SPREAD = [0.10, 0.20, 0.40, 0.20, 0.10]
