@@ -1,4 +1,5 @@
-"""``nightdesk quality repro|samples|forward|track``: how far the ratings can be trusted."""
+"""``nightdesk quality repro|samples|forward|track|acknowledge``: how far the ratings can be
+trusted, and the monitor's new normal."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from app.errors import InputError
 from app.quality.averaging import KRow
 from app.quality.forward import ForwardReport, forward_report, parse_horizon
 from app.quality.grades import load_grades, newest_batch, newest_nightly
+from app.quality.monitor import acknowledge
 from app.quality.repro import BatchSummary, ReproReport, repro
 from app.quality.samples import SamplesReport, samples_report
 from app.quality.statistics import PairStats
@@ -34,7 +36,8 @@ from app.quality.track import (
 )
 
 app = typer.Typer(no_args_is_help=True, help="Rating quality: reproducibility, sample "
-                  "stability, forward returns, the track record over nights.")
+                  "stability, forward returns, the track record over nights, the monitor's "
+                  "new normal.")
 
 Format = Annotated[Literal["table", "json"], typer.Option("--format")]
 Resamples = Annotated[int, typer.Option("--resamples", min=0, max=100_000,
@@ -320,3 +323,11 @@ def track_command(
         _print_json(report)
     else:
         _render_track(report, _console())
+
+
+@app.command("acknowledge")
+def acknowledge_command(batch: BatchId = None) -> None:
+    """Tell the rating monitor that a nightly batch starts a new normal to judge against."""
+    settings = setup()
+    engine = database(settings)
+    typer.echo(acknowledge(engine, _batch_id(batch, engine)))

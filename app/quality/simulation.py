@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -121,7 +122,7 @@ def chosen(ics: Sequence[float], days: int) -> bool | None:
 
 
 def verdict_rates(world: World, horizons: Sequence[int], prefixes: Sequence[int], runs: int,
-                  seed: int) -> list[dict[str, object]]:
+                  seed: int) -> list[dict[str, Any]]:
     """Return, per horizon and night count, how often each rule calls skill over ``runs``.
 
     One simulated run of ``world.nights`` nights serves every shorter night count as its
