@@ -12,11 +12,14 @@ whether the nightly ICs average above zero. Per horizon h (trading days):
   gives the simulation that chose it over Newey–West;
 - the share of nights with a positive IC, and the hit rate of every directional call pooled;
 - the long–short spread: each night's mean return of Buy/Overweight minus that of
-  Underweight/Sell, averaged over nights, with the same t; and each rating's mean return;
+  Underweight/Sell, averaged over nights, with the same t;
+- the scored record: per rating, every scored rating (ticker-night with a defined return)
+  pooled, its hit rate and mean return, shown once there are ``MIN_SCORED`` of them;
 - a verdict, withheld ("too few nights to judge") below ``min_nights(h)`` nights.
 
 A night is the newest finished nightly batch of an as-of date. A night whose returns are not
-there yet (too few sessions after it) is pending at that horizon and listed, never counted.
+there yet (too few sessions after it) is pending at that horizon and listed, never counted;
+a ticker left out of a night (no decision, no prices, an undefined return) is listed too.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from app.config import Settings
 from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import DataError, InputError
 from app.quality.forward import (
+    PriceCache,
     directional_hits,
-    forward_return,
     parse_horizon,
     scored,
     ticker_returns,
@@ -55,6 +58,8 @@ from app.quality.statistics import (
 MIN_NIGHTS = 20  # fewer nights with an IC than this: no verdict
 MIN_INDEPENDENT = 5  # fewer non-overlapping nights (⌊nights/h⌋) than this: no verdict
 SIGNIFICANCE = 0.05
+DEFAULT_HORIZONS = "1d,5d,20d"  # the scored record's horizons
+MIN_SCORED = 30  # scored ratings before a rating's hit rate is shown: its error is then ≤ 9%
 
 
 def min_nights(days: int) -> int:
@@ -102,6 +107,7 @@ class NightReturns:
     ratings: list[str]
     scores: list[float]
     returns: list[float]  # forward or excess, as judged
+    left_out: dict[str, str] = field(default_factory=dict)  # ticker -> why it has no return
 
 
 @dataclass(frozen=True)
@@ -118,12 +124,14 @@ class NightIC:
 
 
 @dataclass(frozen=True)
-class RatingReturn:
-    """One rating's mean return over the nights that gave it (each night's mean, averaged)."""
+class RatingRecord:
+    """One rating's scored record at one horizon: every ticker-night that got it, pooled."""
 
     rating: str
-    nights: int
-    mean_return: float | None
+    scored: int  # ratings with a defined return
+    needed: int  # scored ratings before the figures are shown
+    hit_rate: float | None  # None for Hold (no direction), and below ``needed``
+    mean_return: float | None  # None below ``needed``
 
 
 @dataclass
@@ -142,11 +150,12 @@ class HorizonRecord:
     hit_rate: float | None  # directional calls pooled over nights
     long_short: float | None
     long_short_t: float | None
-    by_rating: list[RatingReturn]
+    by_rating: list[RatingRecord]
     decay: float | None  # mean IC ÷ the shortest horizon's mean IC
     verdict: str
     nights: list[NightIC]
     pending: dict[str, str] = field(default_factory=dict)  # as-of -> why no returns yet
+    left_out: dict[str, dict[str, str]] = field(default_factory=dict)  # as-of -> ticker -> why
 
 
 @pydantic.dataclasses.dataclass
@@ -188,9 +197,10 @@ def horizon_record(nights: Sequence[NightReturns], days: int,
         hit_rate=sum(n.hits for n in per_night) / calls if calls else None,
         long_short=mean_defined(spreads),
         long_short_t=overlap_t(spreads, days)[0] if spreads else None,
-        by_rating=[_rating_return(rating, nights) for rating in RATINGS],
+        by_rating=[rating_record(rating, nights) for rating in RATINGS],
         decay=None, verdict=verdict(test, mean_ic, len(per_night)),
         nights=per_night, pending=dict(pending or {}),
+        left_out={n.as_of: n.left_out for n in nights if n.left_out},
     )
 
 
@@ -241,11 +251,17 @@ def verdict(test: IcTest, mean_ic: float | None, nights: int) -> str:
     return f"the ratings predicted returns backwards: mean IC below 0 ({shown})"
 
 
-def _rating_return(rating: str, nights: Sequence[NightReturns]) -> RatingReturn:
-    means = [float(np.mean([x for r, x in zip(n.ratings, n.returns, strict=True)
-                            if r == rating]))
-             for n in nights if rating in n.ratings]
-    return RatingReturn(rating, len(means), mean_defined(means))
+def rating_record(rating: str, nights: Sequence[NightReturns]) -> RatingRecord:
+    """Return one rating's scored record over the nights (module notes)."""
+    values = [x for n in nights for r, x in zip(n.ratings, n.returns, strict=True)
+              if r == rating]
+    if len(values) < MIN_SCORED:
+        return RatingRecord(rating, len(values), MIN_SCORED, None, None)
+    hit = None
+    if rating in BULLISH | BEARISH:
+        hits, calls = directional_hits([rating] * len(values), values)
+        hit = hits / calls
+    return RatingRecord(rating, len(values), MIN_SCORED, hit, float(np.mean(values)))
 
 
 def parse_horizons(text: str) -> list[int]:
@@ -294,13 +310,26 @@ def track_nights(engine: Engine, *, nights: int | None = None,
 def track_report(engine: Engine, batch_ids: Sequence[int], horizons: Sequence[int],
                  provider_for: Callable[[BatchGrades], DataProvider], *,
                  benchmark: str | None = None) -> TrackReport:
-    """Return the track record of the given nights at each horizon (shortest first)."""
+    """Return the track record of the given nights at each horizon (shortest first).
+
+    InputError when the benchmark has no prices on any of the nights: every night would be
+    pending for a reason no wait can fix.
+    """
     loaded = [load_grades(engine, i) for i in batch_ids]
+    longest = max(horizons)
+    caches: dict[int, PriceCache] = {}
+
+    def prices(grades: BatchGrades) -> PriceCache:
+        provider = provider_for(grades)
+        return caches.setdefault(id(provider), PriceCache(provider, longest))
+
+    if benchmark and loaded:
+        _check_benchmark(benchmark, loaded, prices)
     records = []
     for days in sorted(set(horizons)):
         usable, pending = [], {}
         for grades in loaded:
-            night, why = _night_returns(grades, provider_for(grades), days, benchmark)
+            night, why = _night_returns(grades, prices(grades), days, benchmark)
             if night is None:
                 pending[grades.as_of.isoformat()] = why
             else:
@@ -316,21 +345,42 @@ def track_report(engine: Engine, batch_ids: Sequence[int], horizons: Sequence[in
                        benchmark=benchmark, horizons=records)
 
 
-def _night_returns(grades: BatchGrades, provider: DataProvider, days: int,
+def _check_benchmark(benchmark: str, loaded: Sequence[BatchGrades],
+                     prices: Callable[[BatchGrades], PriceCache]) -> None:
+    """Raise InputError when the benchmark's prices cannot be read on any night."""
+    error: DataError | None = None
+    for grades in loaded:
+        try:
+            prices(grades).closes(benchmark, grades.as_of)
+            return
+        except DataError as failed:
+            error = failed
+    why = str(error).removeprefix(f"{benchmark}: ")
+    raise InputError(f"benchmark {benchmark}: no prices on any of the {len(loaded)} nights "
+                     f"({why})")
+
+
+def _night_returns(grades: BatchGrades, prices: PriceCache, days: int,
                    benchmark: str | None) -> tuple[NightReturns | None, str]:
     """Return the night's tickers with a defined return, or None and why there are none."""
     bench = None
     if benchmark:
         try:
-            bench = forward_return(provider, benchmark, grades.as_of, days)[2]
+            bench = prices.forward_return(benchmark, grades.as_of, days)[2]
         except DataError as error:
             return None, f"benchmark {benchmark}: {str(error).removeprefix(benchmark + ': ')}"
         if bench is None:
             return None, f"benchmark {benchmark}: return undefined"
-    rows, missing = ticker_returns(provider, grades, days, bench)
+    rows, missing = ticker_returns(prices, grades, days, bench)
     kept, target = scored(rows)
     if not kept:
         reasons = sorted(set(missing.values())) or ["no ticker with a defined return"]
         return None, "; ".join(reasons[:2])
+    kept_ids = {id(r) for r in kept}
+    for row in rows:
+        if id(row) not in kept_ids:
+            missing[row.ticker] = (f"return undefined (close on {row.start} is not a "
+                                   "positive finite price, or the close it ends on is not "
+                                   "finite)")
     return NightReturns(grades.batch_id, grades.as_of.isoformat(), [r.rating for r in kept],
-                        [r.score for r in kept], target), ""
+                        [r.score for r in kept], target, dict(sorted(missing.items()))), ""

@@ -282,6 +282,10 @@ def test_the_track_record_page(three_nights: list[int], web: TestClient) -> None
         assert f'id="track-{days}-mean"' in html and f'id="track-{days}-nights"' in html
     assert "too few nights to judge: 3 of the 20 needed" in html
     assert "2026-11-25 (only 1 of 2 sessions" in html
+    assert '<table id="scored">' in html and 'data-rating="Buy"' in html
+    # Buy: AAA, BBB and CCC on nights 1–3; 3 at 1d, 2 at 2d (the third night pending).
+    row = html.split('data-rating="Buy"')[1].split("</tr>")[0]
+    assert "too few: 3 of 30 scored" in row and "too few: 2 of 30 scored" in row
     assert web.get("/track?horizon=5x", auth=("operator", "pw")).status_code == 400
     assert web.get("/track", auth=("operator", "wrong")).status_code == 401
 
@@ -290,3 +294,90 @@ def test_the_track_record_page_before_any_night(sqlite_engine: Engine,
                                                 web: TestClient) -> None:
     page = web.get("/track", auth=("operator", "pw"))
     assert page.status_code == 200 and "No finished nightly batch yet" in page.text
+
+
+def test_constant_scores_say_ic_undefined_not_too_few_nights() -> None:
+    rng = np.random.default_rng(8)
+    nights = make_nights(np.zeros((30, 12)), rng.normal(0, 0.02, size=(30, 12)))
+    record = horizon_record(nights, 1)
+    assert record.judged == 0 and record.mean_ic is None
+    assert record.verdict.startswith("IC undefined on all 30 scored nights")
+
+
+def test_the_scored_record_pools_every_scored_rating() -> None:
+    # 40 nights of 5 tickers, one per rating; Buy rose on 30 nights of 40.
+    nights = []
+    for i in range(40):
+        buy = 0.01 if i < 30 else -0.02
+        nights.append(NightReturns(i, f"n{i}", ["Buy", "Overweight", "Hold", "Underweight",
+                                                "Sell"], [0.8, 0.3, 0.0, -0.3, -0.8],
+                                   [buy, 0.002, 0.0, -0.001, 0.003]))
+    nights += [NightReturns(40, "n40", ["Buy"] * 3, [0.7, 0.8, 0.9], [0.01, 0.02, 0.03])]
+    record = horizon_record(nights, 1)
+    by = {r.rating: r for r in record.by_rating}
+    assert by["Buy"].scored == 43 and by["Buy"].hit_rate == pytest.approx(33 / 43)
+    assert by["Buy"].mean_return == pytest.approx((30 * 0.01 - 10 * 0.02 + 0.06) / 43)
+    assert by["Sell"].hit_rate == 0.0 and by["Sell"].mean_return == pytest.approx(0.003)
+    assert by["Hold"].hit_rate is None and by["Hold"].mean_return == 0.0  # no direction
+    short = horizon_record(nights[:29], 1)
+    buy = next(r for r in short.by_rating if r.rating == "Buy")
+    assert (buy.scored, buy.needed, buy.hit_rate, buy.mean_return) == (29, 30, None, None)
+
+
+class CountingProvider:
+    """A snapshot provider that counts its loads."""
+
+    name = "snapshot"
+
+    def __init__(self, data: Path) -> None:
+        from agents.data.snapshot import SnapshotProvider
+
+        self.inner = SnapshotProvider(data)
+        self.loads: list[tuple[str, date]] = []
+
+    def load(self, ticker: str, as_of: date) -> object:
+        self.loads.append((ticker, as_of))
+        return self.inner.load(ticker, as_of)
+
+    def forward_prices(self, ticker: str, as_of: date, days: int) -> pd.DataFrame:
+        return self.inner.forward_prices(ticker, as_of, days)
+
+
+def test_track_reads_each_tickers_prices_once_per_night(
+        three_nights: list[int], sqlite_engine: Engine, tmp_path: Path) -> None:
+    from app.quality.track import track_report
+
+    provider = CountingProvider(tmp_path / "data")
+    report = track_report(sqlite_engine, three_nights, [1, 2], lambda _: provider)  # type: ignore[arg-type,return-value]
+    assert len(report.horizons) == 2
+    assert len(provider.loads) == len(set(provider.loads)) == 3 * 5
+
+
+def test_track_lists_a_ticker_left_out_and_warns_nothing_on_stderr(
+        three_nights: list[int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], sqlite_engine: Engine) -> None:
+    as_of = FIRST_NIGHT + timedelta(days=5)
+    closes = {t: (100.0, [101.0, 102.0]) for t in ("AAA", "BBB", "CCC", "DDD")}
+    closes["EEE"] = (math.inf, [101.0, 102.0])  # an infinite close: its return is undefined
+    write_night(tmp_path / "data", as_of, closes)
+    add_batch(sqlite_engine, {t: [(band_by_hand(s), s)] for t, s in NIGHT_SCORES[0].items()},
+              as_of=as_of, settings={"samples": 1, "data_provider": "snapshot"})
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d")
+    assert code == 0, err
+    assert "RuntimeWarning" not in err and err.strip() == "", err
+    assert ("left out of the night of 2026-11-28 at 1d: EEE: return undefined"
+            in " ".join(out.split()))
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d",
+                               "--format", "json")
+    left = json.loads(out)["horizons"][0]["left_out"]
+    assert list(left) == ["2026-11-28"] and list(left["2026-11-28"]) == ["EEE"]
+
+
+def test_track_with_an_unknown_benchmark_is_one_line_exit_2(
+        three_nights: list[int], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d",
+                               "--benchmark", "NOPE")
+    assert code == 2 and out == "", err
+    assert len(err.strip().splitlines()) == 1
+    assert "benchmark NOPE: no prices on any of the 3 nights" in err, err
