@@ -24,6 +24,10 @@ universe size:
   the reference's". Chi-square hardly moves when the most common grade grows (Hold 60% →
   80%), so the same splits are scored by tonight's Herfindahl index, Σ share², one-sided.
 
+The jump and concentration tests ask one question, "has the mix moved?", so they share the
+rate: each is run at half of it, and an unchanged night is flagged as moved by either on at
+most the rate of nights.
+
 The reference pools the trailing ``monitor_trailing_batches`` nightly batches that were not
 flagged as moved (jump or concentration), so one odd night does not make the next normal one
 look odd. A lasting change would then be flagged for ever; after
@@ -228,24 +232,25 @@ def findings(current: dict[str, int], trailing: list[dict[str, int]], settings: 
     if tvd is None:
         return found
     rate = settings.monitor_false_alarm_rate
+    level = rate / 2  # the two "moved" tests share the rate (module notes)
     jump, piled = _split_p_values(current, pooled, draws=JUMP_DRAWS, seed=seed)
-    common = {"tvd": tvd, "false_alarm_rate": rate, "current": current, "trailing": pooled,
-              "trailing_batches": len(trailing)}
-    if jump <= rate:
+    common = {"tvd": tvd, "false_alarm_rate": rate, "level": level, "current": current,
+              "trailing": pooled, "trailing_batches": len(trailing)}
+    if jump <= level:
         found.append(Finding(
             "distribution_jump",
             f"rating distribution moved by TVD {tvd:.2f} from the trailing {len(trailing)} "
             f"nightly batch(es): p {jump:.4f}, at most {rate:.2%} of unchanged nights "
-            "are flagged", {**common, "p_value": jump}))
-    if piled <= rate:
+            "are flagged as moved", {**common, "p_value": jump}))
+    if piled <= level:
         top = max(RATINGS, key=lambda r: current.get(r, 0))
         found.append(Finding(
             "concentration",
             f"grades piled up: {top} is {current.get(top, 0) / total:.0%} of {total} against "
             f"{pooled[top] / max(1, sum(pooled.values())):.0%} in the trailing "
             f"{len(trailing)} nightly batch(es): p {piled:.4f}, at most {rate:.2%} of "
-            "unchanged nights are flagged", {**common, "p_value": piled}))
-    moved = jump <= rate or piled <= rate
+            "unchanged nights are flagged as moved", {**common, "p_value": piled}))
+    moved = jump <= level or piled <= level
     if moved and batch_id is not None and len(moved_run) + 1 >= settings.monitor_new_normal_after:
         since = min([*moved_run, batch_id])
         found.append(Finding(

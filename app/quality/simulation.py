@@ -173,7 +173,9 @@ def monitor_rates(tickers: int, null: Sequence[float], moved: Sequence[float] | 
                     for _ in range(settings.monitor_trailing_batches)]
         tonight = draw_night(rng, moved if moved is not None else null, tickers)
         kinds = {f.kind for f in findings(tonight, trailing, settings, seed=i)}
-        for kind in kinds | ({"any"} if kinds else set()):
+        extra = ({"any"} if kinds else set()) | (
+            {"moved"} if kinds & {"distribution_jump", "concentration"} else set())
+        for kind in kinds | extra:
             fired[kind] = fired.get(kind, 0) + 1
     return {kind: count / runs for kind, count in sorted(fired.items())}
 

@@ -49,12 +49,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--commit", help="the commit measured, written into the JSON")
+    parser.add_argument("--part", choices=["verdict", "monitor", "all"], default="all")
     args = parser.parse_args()
     scale = 10 if args.quick else 1
     settings = load_settings()
     started = time.monotonic()
     result: dict[str, object] = {"verdict": [], "monitor": [], "rebaseline": []}
-    for name, world, runs in VERDICT_WORLDS:
+    verdict_worlds = VERDICT_WORLDS if args.part in ("verdict", "all") else []
+    for name, world, runs in verdict_worlds:
         rows = verdict_rates(world, HORIZONS, NIGHTS, max(20, runs // scale), seed=len(name))
         for row in rows:
             row["world"] = name
@@ -63,12 +65,13 @@ def main() -> None:
                       f"{row['rate']:6.1%} ± {row['mc_error']:.1%}"
                       f" (withheld {row['withheld']:.0%})", flush=True)
         result["verdict"].extend(rows)  # type: ignore[attr-defined]
-    for name, null, moved, runs in (
-            ("null, spread mix", SPREAD, None, MONITOR_RUNS),
-            ("null, Hold 60%", HOLD_60, None, MONITOR_RUNS),
-            ("null, Hold 70% (the share limit)", HOLD_70, None, MONITOR_RUNS),
-            ("power, Hold 60% -> 80%", HOLD_60, HOLD_80, POWER_RUNS),
-            ("power, TVD 0.25 Hold -> Buy", SPREAD, SHIFTED, POWER_RUNS)):
+    monitor_worlds = () if args.part == "verdict" else (
+        ("null, spread mix", SPREAD, None, MONITOR_RUNS),
+        ("null, Hold 60%", HOLD_60, None, MONITOR_RUNS),
+        ("null, Hold 70% (the share limit)", HOLD_70, None, MONITOR_RUNS),
+        ("power, Hold 60% -> 80%", HOLD_60, HOLD_80, POWER_RUNS),
+        ("power, TVD 0.25 Hold -> Buy", SPREAD, SHIFTED, POWER_RUNS))
+    for name, null, moved, runs in monitor_worlds:
         for tickers in TICKERS:
             count = max(50, runs // scale)
             rates = monitor_rates(tickers, null, moved, count, settings, seed=tickers)
@@ -77,7 +80,7 @@ def main() -> None:
             print(f"{name:36} {tickers:>3} tickers: " + ", ".join(
                 f"{k} {v:.2%}" for k, v in rates.items()), flush=True)
             result["monitor"].append(row)  # type: ignore[attr-defined]
-    runs = max(20, 200 // scale)
+    runs = max(20, 200 // scale) if args.part != "verdict" else 0
     flagged_after, declared, later = 0, 0, 0
     for seed in range(runs):
         nights = rebaseline_run(40, SPREAD, SHIFTED, 10, 20, settings, seed)
@@ -87,7 +90,7 @@ def main() -> None:
         flagged_after += sum(moved)
         declared += bool(new)
         later += sum(moved[new[0] + 1:]) if new else 0
-    result["rebaseline"] = {
+    result["rebaseline"] = {} if not runs else {
         "tickers": 40, "nights_before": 10, "nights_after": 20, "runs": runs,
         "new_normal_after": settings.monitor_new_normal_after,
         "mean_moved_nights_after_change": flagged_after / runs,
