@@ -381,3 +381,17 @@ def test_track_with_an_unknown_benchmark_is_one_line_exit_2(
     assert code == 2 and out == "", err
     assert len(err.strip().splitlines()) == 1
     assert "benchmark NOPE: no prices on any of the 3 nights" in err, err
+
+
+def test_the_track_record_page_with_a_benchmark_without_prices(
+        three_nights: list[int], web: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.config import get_settings
+
+    monkeypatch.setenv("NIGHTDESK_QUALITY_BENCHMARK", "NOPE")
+    get_settings.cache_clear()
+    try:
+        page = web.get("/track?horizon=1d", auth=("operator", "pw"))
+    finally:
+        get_settings.cache_clear()
+    assert page.status_code == 400
+    assert "benchmark NOPE: no prices on any of the 3 nights" in page.text
