@@ -1,4 +1,5 @@
-"""``nightdesk quality repro|samples|forward|track``: how far the ratings can be trusted."""
+"""``nightdesk quality repro|samples|forward|track|acknowledge``: how far the ratings can be
+trusted, and the monitor's new normal."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from app.errors import InputError
 from app.quality.averaging import KRow
 from app.quality.forward import ForwardReport, forward_report, parse_horizon
 from app.quality.grades import load_grades, newest_batch, newest_nightly
+from app.quality.monitor import acknowledge
 from app.quality.repro import BatchSummary, ReproReport, repro
 from app.quality.samples import SamplesReport, samples_report
 from app.quality.statistics import PairStats
 from app.quality.track import (
+    DEFAULT_HORIZONS,
     HorizonRecord,
     TrackReport,
     parse_horizons,
@@ -34,7 +37,8 @@ from app.quality.track import (
 )
 
 app = typer.Typer(no_args_is_help=True, help="Rating quality: reproducibility, sample "
-                  "stability, forward returns, the track record over nights.")
+                  "stability, forward returns, the track record over nights, the monitor's "
+                  "new normal.")
 
 Format = Annotated[Literal["table", "json"], typer.Option("--format")]
 Resamples = Annotated[int, typer.Option("--resamples", min=0, max=100_000,
@@ -241,7 +245,8 @@ def _render_track(report: TrackReport, console: Console) -> None:
     what = "excess return over " + report.benchmark if report.benchmark else "return"
     console.print(f"track record: {report.nights} nights, as of {report.first} to "
                   f"{report.last}; rank IC of score against the {what}")
-    summary = Table(title="per horizon (t: Newey–West, lag h−1 nights)")
+    summary = Table(title="per horizon (t over ⌊nights/h⌋ non-overlapping nights: "
+                          "docs/quality.md)")
     for col in ("horizon", "nights", "mean IC", "sd", "t", "p", "IC > 0", "hit rate",
                 "long − short", "its t", "decay", "verdict"):
         summary.add_column(col, justify="left" if col == "verdict" else "right")
@@ -257,18 +262,28 @@ def _render_track(report: TrackReport, console: Console) -> None:
     for h in report.horizons:
         for as_of, why in h.pending.items():
             console.print(f"no {h.horizon_days}d returns for the night of {as_of}: {why}")
+        for as_of, tickers in h.left_out.items():
+            for ticker, why in tickers.items():
+                console.print(f"left out of the night of {as_of} at {h.horizon_days}d: "
+                              f"{ticker}: {why}")
 
 
 def _by_rating_table(horizons: list[HorizonRecord], what: str) -> Table:
-    table = Table(title=f"mean {what} by rating (each night's mean, averaged over nights)")
+    table = Table(title=f"scored record: per rating, hit rate and mean {what} over every "
+                        "scored rating (n)")
     table.add_column("rating")
     for h in horizons:
         table.add_column(f"{h.horizon_days}d", justify="right")
     for i, rating in enumerate(RATINGS):
-        table.add_row(rating, *(
-            "—" if h.by_rating[i].mean_return is None
-            else f"{h.by_rating[i].mean_return:+.2%} ({h.by_rating[i].nights})"
-            for h in horizons))
+        cells = []
+        for h in horizons:
+            r = h.by_rating[i]
+            if r.mean_return is None:
+                cells.append(f"too few: {r.scored} of {r.needed} scored")
+            else:
+                hit = "no direction" if r.hit_rate is None else f"hit {r.hit_rate:.0%}"
+                cells.append(f"{hit}, {r.mean_return:+.2%} (n {r.scored})")
+        table.add_row(rating, *cells)
     return table
 
 
@@ -297,7 +312,7 @@ def track_command(
     since: Annotated[str | None, typer.Option(
         "--since", help="nights with an as-of date on or after YYYY-MM-DD")] = None,
     horizon: Annotated[str, typer.Option(
-        "--horizon", help="trading days, comma-separated: 5d,20d")] = "5d,20d",
+        "--horizon", help="trading days, comma-separated: 1d,5d,20d")] = DEFAULT_HORIZONS,
     benchmark: Annotated[str | None, typer.Option(
         "--benchmark", help="ticker to subtract (default: NIGHTDESK_QUALITY_BENCHMARK)")] = None,
     fmt: Format = "table",
@@ -320,3 +335,11 @@ def track_command(
         _print_json(report)
     else:
         _render_track(report, _console())
+
+
+@app.command("acknowledge")
+def acknowledge_command(batch: BatchId = None) -> None:
+    """Tell the rating monitor that a nightly batch starts a new normal to judge against."""
+    settings = setup()
+    engine = database(settings)
+    typer.echo(acknowledge(engine, _batch_id(batch, engine)))

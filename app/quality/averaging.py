@@ -2,7 +2,7 @@
 
 Two sides are compared ticker by ticker: two batches (reproducibility) or two disjoint halves
 of one batch's samples (split-half stability). At every k, including k = 1, a side's grade
-for a ticker is the band of the mean score of its k samples (app.quality.grades.mean_grade):
+for a ticker is the band of the mean score of its k samples (app.quality.grades.consensus):
 one rule for the whole curve, so a row differs from the next only by how many samples were
 averaged. With N samples there are many ways to choose the k; each figure is the mean over
 the choices. When there are at most ``ALL_CHOICES`` of them every one is used and the mean is
@@ -23,7 +23,7 @@ from functools import partial
 
 import numpy as np
 
-from app.quality.grades import Grade, mean_grade
+from app.quality.grades import Grade, consensus
 from app.quality.statistics import (
     agreement,
     bootstrap_interval,
@@ -214,6 +214,6 @@ def _mean_over(sides: list[_Sides], stat: Callable[..., float | None], index: np
 
 def _aligned(left: dict[str, list[Grade]], right: dict[str, list[Grade]], tickers: list[str],
              s: tuple[int, ...], u: tuple[int, ...]) -> _Sides:
-    a = [mean_grade([left[t][i] for i in s]) for t in tickers]
-    b = [mean_grade([right[t][i] for i in u]) for t in tickers]
+    a = [consensus([left[t][i] for i in s]) for t in tickers]
+    b = [consensus([right[t][i] for i in u]) for t in tickers]
     return [r for r, _ in a], [r for r, _ in b], [x for _, x in a], [x for _, x in b]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -77,28 +78,81 @@ class ForwardReport:
     missing: dict[str, str] = field(default_factory=dict)  # ticker -> why it has no return
 
 
+@dataclass(frozen=True)
+class Closes:
+    """A ticker's close on its as-of date and the closes of the sessions after it."""
+
+    start: str  # the last session on or before the as-of date
+    close: float
+    ahead: list[tuple[str, float]]  # up to the longest horizon asked for
+
+
+class PriceCache:
+    """Each (ticker, as-of date)'s closes, read from the provider once for every horizon.
+
+    A report over many nights and horizons asks for the same prices again and again; the
+    provider's load (which also computes indicators) is the cost. Read failures are kept
+    too, so a missing ticker is reported the same way at every horizon.
+    """
+
+    def __init__(self, provider: DataProvider, longest: int) -> None:
+        self.provider = provider
+        self.longest = longest
+        self._seen: dict[tuple[str, date], Closes | DataError] = {}
+
+    def closes(self, ticker: str, as_of: date) -> Closes:
+        """Return the ticker's closes around ``as_of``; DataError when they cannot be read."""
+        key = (ticker, as_of)
+        if key not in self._seen:
+            try:
+                self._seen[key] = self._read(ticker, as_of)
+            except DataError as error:
+                self._seen[key] = error
+        found = self._seen[key]
+        if isinstance(found, DataError):
+            raise found
+        return found
+
+    def _read(self, ticker: str, as_of: date) -> Closes:
+        # A non-finite close makes the indicator library warn on stderr at every load; such
+        # a ticker's return is reported as undefined instead.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            past = self.provider.load(ticker, as_of).prices
+        ahead = self.provider.forward_prices(ticker, as_of, self.longest)
+        return Closes(past.index[-1].date().isoformat(), float(past["close"].iloc[-1]),
+                      [(i.date().isoformat(), float(c)) for i, c in zip(
+                          ahead.index, ahead["close"], strict=True)])
+
+    def forward_return(self, ticker: str, as_of: date, days: int,
+                       ) -> tuple[str, str, float | None]:
+        """Return (start date, end date, return) over ``days`` sessions after ``as_of``.
+
+        The return is None (undefined) when the start close is not a positive finite price
+        — a zero close would make it infinite — or the end close is not finite. DataError
+        saying how many sessions there are when the prices stop too early.
+        """
+        if days > self.longest:
+            raise ValueError(f"{days} sessions asked of a cache of {self.longest}")
+        found = self.closes(ticker, as_of)
+        if len(found.ahead) < days:
+            raise DataError(f"only {len(found.ahead)} of {days} sessions after {as_of}")
+        end, last = found.ahead[days - 1]
+        first = found.close
+        value = last / first - 1.0 if first > 0 and math.isfinite(first) else None
+        return found.start, end, finite(value)
+
+
 def forward_return(provider: DataProvider, ticker: str, as_of: date, days: int,
                    ) -> tuple[str, str, float | None]:
-    """Return (start date, end date, return) over ``days`` sessions after ``as_of``.
-
-    The return is None (undefined) when the start close is not a positive finite price — a
-    zero close would make it infinite — or the end close is not finite. DataError saying how
-    many sessions there are when the prices stop too early.
-    """
-    past = provider.load(ticker, as_of).prices
-    ahead = provider.forward_prices(ticker, as_of, days)
-    if len(ahead) < days:
-        raise DataError(f"only {len(ahead)} of {days} sessions after {as_of}")
-    start, end = past.index[-1], ahead.index[days - 1]
-    first, last = float(past["close"].iloc[-1]), float(ahead["close"].iloc[days - 1])
-    value = last / first - 1.0 if first > 0 and math.isfinite(first) else None
-    return start.date().isoformat(), end.date().isoformat(), finite(value)
+    """Return one ticker's (start date, end date, return) (``PriceCache.forward_return``)."""
+    return PriceCache(provider, days).forward_return(ticker, as_of, days)
 
 
-def benchmark_return(provider: DataProvider, benchmark: str, as_of: date, days: int) -> float:
+def benchmark_return(prices: PriceCache, benchmark: str, as_of: date, days: int) -> float:
     """Return the benchmark's return over the horizon; InputError (exit 2) naming it once."""
     try:
-        start, _, value = forward_return(provider, benchmark, as_of, days)
+        start, _, value = prices.forward_return(benchmark, as_of, days)
     except DataError as error:
         raise InputError(f"benchmark {benchmark}: "
                          f"{str(error).removeprefix(f'{benchmark}: ')}") from None
@@ -108,7 +162,7 @@ def benchmark_return(provider: DataProvider, benchmark: str, as_of: date, days: 
     return value
 
 
-def ticker_returns(provider: DataProvider, grades: BatchGrades, days: int,
+def ticker_returns(prices: PriceCache, grades: BatchGrades, days: int,
                    bench_return: float | None) -> tuple[list[TickerReturn], dict[str, str]]:
     """Return each graded ticker's forward return, and why the others have none."""
     rows: list[TickerReturn] = []
@@ -116,7 +170,7 @@ def ticker_returns(provider: DataProvider, grades: BatchGrades, days: int,
     for ticker in grades.tickers:
         rating, score = grades.consensus(ticker)
         try:
-            start, end, value = forward_return(provider, ticker, grades.as_of, days)
+            start, end, value = prices.forward_return(ticker, grades.as_of, days)
         except DataError as error:
             missing[ticker] = str(error).removeprefix(f"{ticker}: ")
             continue
@@ -140,9 +194,10 @@ def forward_report(engine: Engine, provider: DataProvider, batch_id: int, days: 
                    benchmark: str | None = None) -> ForwardReport:
     """Score one batch's consensus grades against the next ``days`` sessions' returns."""
     grades = load_grades(engine, batch_id)
-    bench_return = (benchmark_return(provider, benchmark, grades.as_of, days)
+    prices = PriceCache(provider, days)
+    bench_return = (benchmark_return(prices, benchmark, grades.as_of, days)
                     if benchmark else None)
-    rows, missing = ticker_returns(provider, grades, days, bench_return)
+    rows, missing = ticker_returns(prices, grades, days, bench_return)
     kept, target = scored(rows)
     ic = spearman([r.score for r in kept], target)
     t_stat, p_value = ic_test(ic, len(kept))

@@ -1,11 +1,13 @@
 """Read a batch's decisions as grades, and turn a ticker's samples into one rating and score.
 
-The aggregation rule for several samples: the score is the mean of the samples' scores and
-the rating is the band of that mean (agents.decision.SCORE_BANDS). The ranking orders by the
-mean, so deriving the rating from the same number means the two can never contradict; a
-majority vote over five ordered grades ties often with 2–4 samples and ignores how far
-each sample leaned. One sample keeps the model's own rating (flagged when it contradicts
-its score), since that is what the model said.
+One grading rule for any number of samples: the score is the mean of the samples' scores
+and the rating is the band of that mean (agents.decision.SCORE_BANDS). The ranking orders by
+the mean, so deriving the rating from the same number means the two can never contradict; a
+majority vote over five ordered grades ties often with 2–4 samples and ignores how far each
+sample leaned. A single sample is graded by the band of its score too, so a night's grade
+never depends on how many samples it ran: a one-sample night and a four-sample night are
+judged alike by track, forward, the monitor and the ranking. The model's own rating stays
+on the decision row, and a row whose rating contradicts its score is flagged.
 """
 
 from __future__ import annotations
@@ -62,21 +64,7 @@ class BatchGrades:
 
 
 def consensus(grades: Sequence[Grade]) -> tuple[str, float]:
-    """Return (rating, score): one sample's own, or the band of the mean score (module notes)."""
-    if not grades:
-        raise ValueError("no grades to aggregate")
-    if len(grades) == 1:
-        return grades[0].rating, grades[0].score
-    mean = statistics.fmean(g.score for g in grades)
-    return rating_for_score(mean), mean
-
-
-def mean_grade(grades: Sequence[Grade]) -> tuple[str, float]:
-    """Return (band of the mean score, mean score), whatever the number of samples.
-
-    The averaging curve's one rule for every k: unlike ``consensus``, a single sample is
-    graded by the band of its score too, so k = 1 and k = 2 differ only by the averaging.
-    """
+    """Return (band of the mean score, mean score), whatever the number of samples."""
     if not grades:
         raise ValueError("no grades to aggregate")
     mean = statistics.fmean(g.score for g in grades)

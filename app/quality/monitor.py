@@ -1,50 +1,137 @@
 """Watch each nightly batch's rating distribution and write a warning when it looks wrong.
 
-Two checks, after every nightly batch that graded at least ``monitor_min_tickers`` tickers:
+Three tests, after every nightly batch that graded at least ``monitor_min_tickers`` tickers,
+each flagging at most ``monitor_false_alarm_rate`` of the nights it should not, at any
+universe size:
 
-- **grade share**: any one grade above ``monitor_max_grade_share`` of the batch's tickers
-  (default 70%: the old system's Hold took 66–80%, which says the model hedges);
-- **jump**: a test of "tonight's grades come from the same distribution as the trailing
-  nights'" whose false-alarm rate is ``monitor_false_alarm_rate`` at every universe size. A
-  fixed limit on a distance cannot do that: the distance two draws of one distribution show
-  by chance shrinks with the number of tickers, so one limit cries wolf at 6 tickers and
-  sleeps at 100. The test conditions on the grades' combined counts (tonight's plus the
-  reference's): under the null every split of those grades into tonight's n and the
+- **grade share** (``grade_share``): "this desk gives one grade to more than
+  ``monitor_max_grade_share`` of its tickers" (70%: the old system's Hold took 66–80%, which
+  says the model hedges). A fixed limit on tonight's share would flag a desk whose true Hold
+  share is 60% on a quarter of its nights at 6 tickers, by chance alone; instead tonight's
+  count is tested against the limit with an exact one-sided binomial test (scipy), so a
+  desk at or below the limit is flagged on at most the rate of its nights. Only
+  ⌊1/limit⌋ grades can sit at the limit at once, so the rate is split among that many.
+- **jump** (``distribution_jump``): "tonight's grades come from the same distribution as
+  the reference nights'". The test conditions on the grades' combined counts (tonight's plus
+  the reference's): under the null every split of those grades into tonight's n and the
   reference's is equally likely, so tonight's counts follow a multivariate hypergeometric
-  law whatever n is. Its p-value is the Monte Carlo share of ``JUMP_DRAWS`` such splits whose
-  Pearson chi-square statistic is at least the observed one, counted as (1 + hits) / (1 +
-  draws), which keeps the level at or below the rate for any number of draws (R's
-  ``chisq.test(simulate.p.value=TRUE)``). The reference pools the trailing
-  ``monitor_trailing_batches`` nightly batches that were not themselves flagged as a jump,
-  so one odd night does not make the next normal one look odd. The total-variation distance
-  (the share of grades that would have to change) is reported as the size of the move.
+  law whatever n is. Its p-value is the Monte Carlo share of ``JUMP_DRAWS`` such splits
+  whose Pearson chi-square statistic is at least the observed one, counted as (1 + hits) /
+  (1 + draws), which keeps the level at or below the rate for any number of draws (R's
+  ``chisq.test(simulate.p.value=TRUE)``). The total-variation distance (the share of grades
+  that would have to change) is reported as the size of the move.
+- **concentration** (``concentration``): "tonight's grades are piled onto fewer grades than
+  the reference's". Chi-square hardly moves when the most common grade grows (Hold 60% →
+  80%), so the same splits are scored by tonight's Herfindahl index, Σ share², one-sided.
+
+The jump and concentration tests ask one question, "has the mix moved?", so they share the
+rate: each is run at half of it, and an unchanged night is flagged as moved by either on at
+most the rate of nights.
+
+The reference pools the trailing ``monitor_trailing_batches`` nightly batches that were not
+flagged as moved (jump or concentration), so one odd night does not make the next normal one
+look odd. A lasting change would then be flagged for ever; after
+``monitor_new_normal_after`` consecutive moved nights the monitor says once "a new normal
+since night N" (``new_normal``) and from then on judges against the nights since N. An
+operator can say the same at once (``nightdesk quality acknowledge``, kind
+``acknowledged``).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+from scipy import stats
 from sqlalchemy import Engine, delete, insert, select
 
 from agents.decision import RATINGS
 from app.config import Settings
 from app.db.models import FINISHED_STATUSES, Batch, BatchWarning
+from app.errors import InputError
 from app.quality.grades import load_grades
 from app.quality.statistics import distribution, total_variation
 
 JUMP_DRAWS = 2000  # Monte Carlo splits per test: the p-value's resolution is 1/2001
+MOVED = frozenset({"distribution_jump", "concentration"})  # what keeps a night out
+BASELINE = frozenset({"new_normal", "acknowledged"})  # a night that starts a new normal
+WRITTEN = frozenset({"grade_share", "new_normal"}) | MOVED  # what check_batch replaces
 
 
 @dataclass(frozen=True)
 class Finding:
     """One finding of the monitor about one batch."""
 
-    kind: str  # grade_share | distribution_jump
+    kind: str  # grade_share | distribution_jump | concentration | new_normal
     message: str
     details: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class NightRecord:
+    """What the monitor needs to know of an earlier nightly batch."""
+
+    batch_id: int
+    distribution: dict[str, int] | None  # None: not loaded (check_batch loads it on demand)
+    moved: bool  # flagged by the jump or the concentration test
+    new_normal_since: int | None = None  # the batch starts a new normal since this batch
+
+    @classmethod
+    def judged(cls, batch_id: int, counts: dict[str, int],
+               found: Sequence[Finding]) -> NightRecord:
+        """Return the record of a night the monitor just judged."""
+        since = next((f.details["since_batch"] for f in found if f.kind in BASELINE), None)
+        return cls(batch_id, counts, any(f.kind in MOVED for f in found), since)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The reference nights of the next night, and the moved nights just before it."""
+
+    nights: list[NightRecord]  # newest first
+    moved_run: list[int]  # batch ids of the consecutive moved nights just before, newest first
+
+
+def reference_window(history: Sequence[NightRecord], settings: Settings,
+                     distribution_of: Callable[[NightRecord], dict[str, int]] | None = None,
+                     ) -> Window:
+    """Return the next night's reference nights from the earlier nights (oldest first).
+
+    After the newest new normal (since batch N, declared on batch D) only nights from N on
+    count; the moved nights from N to D are the new normal itself and count, later moved
+    nights do not. A night that graded nothing is skipped.
+    """
+    def counts(record: NightRecord) -> dict[str, int]:
+        if record.distribution is not None:
+            return record.distribution
+        if distribution_of is None:
+            raise ValueError(f"no distribution for batch {record.batch_id}")
+        return distribution_of(record)
+
+    since, declared = 0, -1
+    for record in history:
+        if record.new_normal_since is not None:
+            since, declared = record.new_normal_since, record.batch_id
+    current = [r for r in history if r.batch_id >= since]
+    chosen: list[NightRecord] = []
+    for record in reversed(current):
+        if len(chosen) == settings.monitor_trailing_batches:
+            break
+        if record.moved and record.batch_id > declared:
+            continue
+        if any(counts(record).values()):
+            chosen.append(NightRecord(record.batch_id, counts(record), record.moved,
+                                      record.new_normal_since))
+    run = []
+    for record in reversed(current):
+        if not record.moved or record.batch_id <= declared:
+            break
+        run.append(record.batch_id)
+    return Window(chosen, run)
 
 
 def batch_distribution(engine: Engine, batch_id: int) -> dict[str, int]:
@@ -66,94 +153,186 @@ def chi_square(night: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return np.asarray(cells.sum(axis=-1))
 
 
+def concentration(night: np.ndarray) -> np.ndarray:
+    """Return the sum of squared counts per row: n² × the Herfindahl index of its shares."""
+    night = np.asarray(night, dtype=float)
+    return np.asarray((night * night).sum(axis=-1))
+
+
+def _split_p_values(current: dict[str, int], reference: dict[str, int], *, draws: int,
+                    seed: int) -> tuple[float, float]:
+    """Return the (jump, concentration) p-values over the same random splits."""
+    night = np.array([current.get(r, 0) for r in RATINGS])
+    pooled = np.array([reference.get(r, 0) for r in RATINGS])
+    splits = np.random.default_rng(seed).multivariate_hypergeometric(
+        night + pooled, int(night.sum()), size=draws)
+    values = []
+    for observed, simulated in (
+            (float(chi_square(night, pooled)), chi_square(splits, night + pooled - splits)),
+            (float(concentration(night)), concentration(splits))):
+        # A tie counts as at least as extreme: the statistic is discrete, and dropping ties
+        # would make the test reject more often than its rate.
+        hits = int(np.sum(simulated >= observed - 1e-9 * max(1.0, observed)))
+        values.append((1 + hits) / (1 + draws))
+    return values[0], values[1]
+
+
 def jump_p_value(current: dict[str, int], reference: dict[str, int], *,
                  draws: int = JUMP_DRAWS, seed: int = 0) -> float:
     """Return the p-value of "same distribution" for two count tables (module notes)."""
-    night = np.array([current.get(r, 0) for r in RATINGS])
-    pooled = np.array([reference.get(r, 0) for r in RATINGS])
-    observed = float(chi_square(night, pooled))
-    splits = np.random.default_rng(seed).multivariate_hypergeometric(
-        night + pooled, int(night.sum()), size=draws)
-    simulated = chi_square(splits, night + pooled - splits)
-    # A tie counts as at least as extreme: the statistic is discrete, and dropping ties
-    # would make the test reject more often than its rate.
-    hits = int(np.sum(simulated >= observed - 1e-9 * max(1.0, observed)))
-    return (1 + hits) / (1 + draws)
+    return _split_p_values(current, reference, draws=draws, seed=seed)[0]
 
 
-def findings(current: dict[str, int], trailing: list[dict[str, int]],
-             settings: Settings) -> list[Finding]:
-    """Return the warnings a distribution earns against its trailing batches' distributions."""
+def concentration_p_value(current: dict[str, int], reference: dict[str, int], *,
+                          draws: int = JUMP_DRAWS, seed: int = 0) -> float:
+    """Return the p-value of "no more concentrated than the reference" (module notes)."""
+    return _split_p_values(current, reference, draws=draws, seed=seed)[1]
+
+
+def share_p_value(count: int, tickers: int, limit: float) -> float:
+    """Return P(at least ``count`` of ``tickers``) for a desk whose true share is ``limit``."""
+    return float(stats.binomtest(count, tickers, limit, alternative="greater").pvalue)
+
+
+def share_findings(current: dict[str, int], settings: Settings) -> list[Finding]:
+    """Return the grade-share warnings: exact binomial tests against the limit."""
+    total = sum(current.values())
+    limit, rate = settings.monitor_max_grade_share, settings.monitor_false_alarm_rate
+    level = rate / max(1, math.floor(1 / limit))
+    found = []
+    for rating in RATINGS:
+        count = current.get(rating, 0)
+        if count / total <= limit:
+            continue  # at or below the limit: never evidence of being above it
+        p_value = share_p_value(count, total, limit)
+        if p_value <= level:
+            found.append(Finding(
+                "grade_share",
+                f"{rating} is {count / total:.0%} of {total} graded tickers: p {p_value:.4f} "
+                f"that a desk giving it to at most {limit:.0%} does so by chance",
+                {"rating": rating, "share": count / total, "tickers": total, "limit": limit,
+                 "p_value": p_value, "level": level}))
+    return found
+
+
+def findings(current: dict[str, int], trailing: list[dict[str, int]], settings: Settings, *,
+             seed: int = 0, moved_run: Sequence[int] = (),
+             batch_id: int | None = None) -> list[Finding]:
+    """Return the warnings a distribution earns against its reference nights' distributions.
+
+    ``moved_run`` (the consecutive moved nights just before, newest first) and ``batch_id``
+    let a moved night declare the new normal; without ``batch_id`` it never does.
+    """
     total = sum(current.values())
     if total < settings.monitor_min_tickers:
         return []
-    found = []
-    for rating, count in current.items():
-        share = count / total
-        if share > settings.monitor_max_grade_share:
-            found.append(Finding(
-                "grade_share",
-                f"{rating} is {share:.0%} of {total} graded tickers "
-                f"(limit {settings.monitor_max_grade_share:.0%})",
-                {"rating": rating, "share": share, "tickers": total,
-                 "limit": settings.monitor_max_grade_share}))
-    pooled = {r: sum(d.get(r, 0) for d in trailing) for r in current}
+    found = share_findings(current, settings)
+    pooled = {r: sum(d.get(r, 0) for d in trailing) for r in RATINGS}
     tvd = total_variation(current, pooled)
     if tvd is None:
         return found
     rate = settings.monitor_false_alarm_rate
-    p_value = jump_p_value(current, pooled)
-    if p_value <= rate:
+    level = rate / 2  # the two "moved" tests share the rate (module notes)
+    jump, piled = _split_p_values(current, pooled, draws=JUMP_DRAWS, seed=seed)
+    common = {"tvd": tvd, "false_alarm_rate": rate, "level": level, "current": current,
+              "trailing": pooled, "trailing_batches": len(trailing)}
+    if jump <= level:
         found.append(Finding(
             "distribution_jump",
             f"rating distribution moved by TVD {tvd:.2f} from the trailing {len(trailing)} "
-            f"nightly batch(es): p {p_value:.4f}, at most {rate:.2%} of unchanged nights "
-            "are flagged",
-            {"tvd": tvd, "p_value": p_value, "false_alarm_rate": rate, "current": current,
-             "trailing": pooled, "trailing_batches": len(trailing)}))
+            f"nightly batch(es): p {jump:.4f}, at most {rate:.2%} of unchanged nights "
+            "are flagged as moved", {**common, "p_value": jump}))
+    if piled <= level:
+        top = max(RATINGS, key=lambda r: current.get(r, 0))
+        found.append(Finding(
+            "concentration",
+            f"grades piled up: {top} is {current.get(top, 0) / total:.0%} of {total} against "
+            f"{pooled[top] / max(1, sum(pooled.values())):.0%} in the trailing "
+            f"{len(trailing)} nightly batch(es): p {piled:.4f}, at most {rate:.2%} of "
+            "unchanged nights are flagged as moved", {**common, "p_value": piled}))
+    moved = jump <= level or piled <= level
+    if moved and batch_id is not None and len(moved_run) + 1 >= settings.monitor_new_normal_after:
+        since = min([*moved_run, batch_id])
+        found.append(Finding(
+            "new_normal",
+            f"a new normal since batch {since}: {len(moved_run) + 1} nights in a row moved "
+            "from the earlier ones; later nights are judged against the nights since then",
+            {"since_batch": since, "nights": len(moved_run) + 1}))
     return found
 
 
-def reference_batches(engine: Engine, batch_id: int, settings: Settings) -> list[int]:
-    """Return the trailing nightly batches the jump test pools, newest first.
-
-    The ``monitor_trailing_batches`` newest finished nightly batches before ``batch_id``
-    that graded a ticker and were not flagged as a jump themselves.
-    """
+def history(engine: Engine, batch_id: int) -> list[NightRecord]:
+    """Return the finished nightly batches before ``batch_id``, oldest first, not loaded."""
     with engine.connect() as conn:
         earlier = conn.execute(
             select(Batch.id).where(Batch.kind == "nightly", Batch.id < batch_id,
                                    Batch.status.in_(FINISHED_STATUSES))
-            .order_by(Batch.id.desc())).scalars().all()
-        flagged = set(conn.execute(
-            select(BatchWarning.batch_id).where(BatchWarning.kind == "distribution_jump",
-                                                BatchWarning.batch_id < batch_id)
-        ).scalars())
-    chosen: list[int] = []
-    for candidate in earlier:
-        if len(chosen) == settings.monitor_trailing_batches:
-            break
-        if candidate not in flagged and any(batch_distribution(engine, candidate).values()):
-            chosen.append(candidate)
-    return chosen
+            .order_by(Batch.id)).scalars().all()
+        marks = conn.execute(
+            select(BatchWarning.batch_id, BatchWarning.kind, BatchWarning.details)
+            .where(BatchWarning.batch_id < batch_id,
+                   BatchWarning.kind.in_(MOVED | BASELINE))).all()
+    moved = {m.batch_id for m in marks if m.kind in MOVED}
+    since: dict[int, int] = {}
+    for mark in marks:
+        if mark.kind in BASELINE:
+            since[mark.batch_id] = max(since.get(mark.batch_id, 0),
+                                       int((mark.details or {})["since_batch"]))
+    return [NightRecord(i, None, i in moved, since.get(i)) for i in earlier]
+
+
+def _window(engine: Engine, batch_id: int, settings: Settings) -> Window:
+    return reference_window(history(engine, batch_id), settings,
+                            lambda record: batch_distribution(engine, record.batch_id))
+
+
+def reference_batches(engine: Engine, batch_id: int, settings: Settings) -> list[int]:
+    """Return the reference nightly batches the tests pool for ``batch_id``, newest first."""
+    return [r.batch_id for r in _window(engine, batch_id, settings).nights]
 
 
 def check_batch(engine: Engine, batch_id: int, settings: Settings) -> list[Finding]:
-    """Compare the batch with its trailing nightly batches and store what it finds.
+    """Compare the batch with its reference nightly batches and store what it finds.
 
-    Idempotent: the batch's earlier warnings are replaced, so it can be run again.
+    Idempotent: the batch's earlier monitor warnings are replaced, so it can be run again;
+    an operator's acknowledgement on it is kept.
     """
-    trailing = [batch_distribution(engine, i)
-                for i in reference_batches(engine, batch_id, settings)]
-    found = findings(batch_distribution(engine, batch_id), trailing, settings)
+    window = _window(engine, batch_id, settings)
+    found = findings(batch_distribution(engine, batch_id),
+                     [r.distribution or {} for r in window.nights], settings,
+                     moved_run=window.moved_run, batch_id=batch_id)
     now = datetime.now(UTC)
     with engine.begin() as conn:
-        conn.execute(delete(BatchWarning).where(BatchWarning.batch_id == batch_id))
+        conn.execute(delete(BatchWarning).where(BatchWarning.batch_id == batch_id,
+                                                BatchWarning.kind.in_(WRITTEN)))
         if found:
             conn.execute(insert(BatchWarning), [
                 {"batch_id": batch_id, "kind": w.kind, "message": w.message,
                  "details": w.details, "created_at": now} for w in found])
     return found
+
+
+def acknowledge(engine: Engine, batch_id: int) -> str:
+    """Record the operator's word that ``batch_id`` starts a new normal; return the message.
+
+    Later nights are judged against the nights from ``batch_id`` on. InputError when it is
+    not a finished nightly batch.
+    """
+    with engine.connect() as conn:
+        kind = conn.execute(select(Batch.kind).where(
+            Batch.id == batch_id, Batch.status.in_(FINISHED_STATUSES))).scalar()
+    if kind != "nightly":
+        raise InputError(f"batch {batch_id} is not a finished nightly batch: only a nightly "
+                         "batch can start a new normal")
+    message = (f"a new normal since batch {batch_id}, acknowledged by the operator: later "
+               "nights are judged against the nights since then")
+    with engine.begin() as conn:
+        conn.execute(delete(BatchWarning).where(BatchWarning.batch_id == batch_id,
+                                                BatchWarning.kind == "acknowledged"))
+        conn.execute(insert(BatchWarning).values(
+            batch_id=batch_id, kind="acknowledged", message=message,
+            details={"since_batch": batch_id}, created_at=datetime.now(UTC)))
+    return message
 
 
 def warnings_for(engine: Engine, batch_id: int) -> list[str]:

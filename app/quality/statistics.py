@@ -76,6 +76,24 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
         return finite(stats.spearmanr(x, y).statistic)
 
 
+def spearman_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Return Spearman's correlation of each row of ``x`` with the same row of ``y``.
+
+    The same figure as ``spearman`` row by row (average ranks for ties), NaN where a row
+    has fewer than 3 columns or either side is constant; for many equal-length series at
+    once (the simulations of app/quality/simulation.py).
+    """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape[-1] < MIN_CORRELATION_N:
+        return np.full(x.shape[:-1], np.nan)
+    rx, ry = stats.rankdata(x, axis=-1), stats.rankdata(y, axis=-1)
+    rx -= rx.mean(axis=-1, keepdims=True)
+    ry -= ry.mean(axis=-1, keepdims=True)
+    scale = np.sqrt((rx * rx).sum(axis=-1) * (ry * ry).sum(axis=-1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(scale > 0, (rx * ry).sum(axis=-1) / scale, np.nan)
+
+
 def direction(rating: str) -> int:
     """Return +1 for Buy/Overweight, -1 for Underweight/Sell, 0 for Hold."""
     return 1 if rating in BULLISH else -1 if rating in BEARISH else 0
@@ -138,6 +156,40 @@ def newey_west_t(values: Sequence[float], lag: int) -> tuple[float | None, float
         return None, None
     t = float(np.mean(values) / error)
     return t, float(2 * stats.t.sf(abs(t), len(values) - 1))
+
+
+def overlap_error(values: Sequence[float], days: int) -> float | None:
+    """Return a standard error of a nightly series' mean that holds however scores persist.
+
+    Nights are one session apart and each value covers the next ``days`` sessions, so only
+    values at least ``days`` nights apart are independent (under no skill). The mean of all
+    T values is an average of the ``days`` interleaved sub-series of such values, each of at
+    least K = ⌊T/days⌋, so its variance is at most σ²/K, reached when a night's value
+    repeats over its overlap. σ² is estimated as Σ(x − x̄)²/(T − days): unbiased in that
+    case (T values in K repeated groups keep K − 1 of their T − 1 degrees of freedom) and
+    larger than unbiased otherwise. None when K < 2 or the series does not vary.
+    """
+    x = np.asarray(values, dtype=float)
+    blocks = len(x) // days
+    if blocks < 2:
+        return None
+    spread = float(((x - x.mean()) ** 2).sum()) / (len(x) - days)
+    if spread <= 1e-30 * max(1.0, float(np.mean(x * x))):
+        return None
+    return float(np.sqrt(spread / blocks))
+
+
+def overlap_t(values: Sequence[float], days: int) -> tuple[float | None, float | None]:
+    """Return (t, two-sided p) of a series' mean against zero: mean ÷ overlap_error.
+
+    On K − 1 degrees of freedom, K = ⌊T/days⌋ the independent values; at days = 1 the
+    ordinary one-sample t-test. None, None when the error is undefined.
+    """
+    error = overlap_error(values, days)
+    if error is None:
+        return None, None
+    t = float(np.mean(values) / error)
+    return t, float(2 * stats.t.sf(abs(t), len(values) // days - 1))
 
 
 def spearman_brown(r1: float | None, k: float) -> float | None:

@@ -6,16 +6,20 @@ whether the nightly ICs average above zero. Per horizon h (trading days):
 - each night's rank IC (Spearman of score against the forward or excess return, as
   ``quality forward`` computes it), the mean over nights and its t-statistic. Nights are one
   session apart while an h-session return spans h sessions, so consecutive nights' returns
-  overlap and their ICs are correlated: the t uses a Newey–West variance with Bartlett
-  weights and lag h − 1 nights (app.quality.statistics.newey_west_t), which at h = 1 is the
-  plain mean ÷ (sd/√nights);
+  overlap and, as scores persist, their ICs are correlated: the t divides by a standard
+  error that holds however strongly (app.quality.statistics.overlap_t, on ⌊nights/h⌋ − 1
+  degrees of freedom), which at h = 1 is the plain mean ÷ (sd/√nights). docs/quality.md
+  gives the simulation that chose it over Newey–West;
 - the share of nights with a positive IC, and the hit rate of every directional call pooled;
 - the long–short spread: each night's mean return of Buy/Overweight minus that of
-  Underweight/Sell, averaged over nights, with the same t; and each rating's mean return;
+  Underweight/Sell, averaged over nights, with the same t;
+- the scored record: per rating, every scored rating (ticker-night with a defined return)
+  pooled, its hit rate and mean return, shown once there are ``MIN_SCORED`` of them;
 - a verdict, withheld ("too few nights to judge") below ``min_nights(h)`` nights.
 
 A night is the newest finished nightly batch of an as-of date. A night whose returns are not
-there yet (too few sessions after it) is pending at that horizon and listed, never counted.
+there yet (too few sessions after it) is pending at that horizon and listed, never counted;
+a ticker left out of a night (no decision, no prices, an undefined return) is listed too.
 """
 
 from __future__ import annotations
@@ -35,8 +39,8 @@ from app.config import Settings
 from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import DataError, InputError
 from app.quality.forward import (
+    PriceCache,
     directional_hits,
-    forward_return,
     parse_horizon,
     scored,
     ticker_returns,
@@ -46,22 +50,52 @@ from app.quality.statistics import (
     BEARISH,
     BULLISH,
     mean_defined,
-    newey_west_error,
-    newey_west_t,
+    overlap_error,
+    overlap_t,
     spearman,
 )
 
-MIN_NIGHTS = 20  # fewer nights with an IC than this (or 3 per session of horizon): no verdict
+MIN_NIGHTS = 20  # fewer nights with an IC than this: no verdict
+MIN_INDEPENDENT = 5  # fewer non-overlapping nights (⌊nights/h⌋) than this: no verdict
 SIGNIFICANCE = 0.05
+DEFAULT_HORIZONS = "1d,5d,20d"  # the scored record's horizons
+MIN_SCORED = 30  # scored ratings before a rating's hit rate is shown: its error is then ≤ 9%
 
 
 def min_nights(days: int) -> int:
-    """Return the nights a horizon needs before a verdict: 20, and 3 per session of it.
+    """Return the nights a horizon needs before a verdict: 20, and 5 horizons' worth.
 
-    The Newey–West variance estimates h − 1 autocovariances; with few nights per lag it is
-    itself too noisy for its t to mean much.
+    Below 5 non-overlapping nights the t has under 4 degrees of freedom: a verdict would
+    need an IC far beyond any real signal's, so none is given.
     """
-    return max(MIN_NIGHTS, 3 * days)
+    return max(MIN_NIGHTS, MIN_INDEPENDENT * days)
+
+
+@dataclass(frozen=True)
+class IcTest:
+    """The test of "mean IC = 0" over one horizon's nights."""
+
+    nights: int  # nights with a defined IC
+    needed: int
+    t_stat: float | None
+    p_value: float | None
+
+    @property
+    def withheld(self) -> bool:
+        """Return whether there are too few nights for the test to mean anything."""
+        return self.nights < self.needed
+
+    @property
+    def significant(self) -> bool:
+        """Return whether the mean IC differs from 0 at the 5% level."""
+        return (not self.withheld and self.p_value is not None
+                and self.p_value < SIGNIFICANCE)
+
+
+def ic_verdict(ics: Sequence[float], days: int) -> IcTest:
+    """Return the test of the nights' mean IC at a horizon of ``days`` (module notes)."""
+    t_stat, p_value = overlap_t(ics, days) if ics else (None, None)
+    return IcTest(len(ics), min_nights(days), t_stat, p_value)
 
 
 @dataclass(frozen=True)
@@ -73,6 +107,7 @@ class NightReturns:
     ratings: list[str]
     scores: list[float]
     returns: list[float]  # forward or excess, as judged
+    left_out: dict[str, str] = field(default_factory=dict)  # ticker -> why it has no return
 
 
 @dataclass(frozen=True)
@@ -89,12 +124,14 @@ class NightIC:
 
 
 @dataclass(frozen=True)
-class RatingReturn:
-    """One rating's mean return over the nights that gave it (each night's mean, averaged)."""
+class RatingRecord:
+    """One rating's scored record at one horizon: every ticker-night that got it, pooled."""
 
     rating: str
-    nights: int
-    mean_return: float | None
+    scored: int  # ratings with a defined return
+    needed: int  # scored ratings before the figures are shown
+    hit_rate: float | None  # None for Hold (no direction), and below ``needed``
+    mean_return: float | None  # None below ``needed``
 
 
 @dataclass
@@ -102,7 +139,7 @@ class HorizonRecord:
     """The track record at one horizon."""
 
     horizon_days: int
-    lag: int  # Newey–West lag, in nights: h − 1
+    independent: int  # non-overlapping nights among those judged: ⌊judged / h⌋
     min_nights: int
     judged: int  # nights with a defined IC
     mean_ic: float | None
@@ -113,11 +150,12 @@ class HorizonRecord:
     hit_rate: float | None  # directional calls pooled over nights
     long_short: float | None
     long_short_t: float | None
-    by_rating: list[RatingReturn]
+    by_rating: list[RatingRecord]
     decay: float | None  # mean IC ÷ the shortest horizon's mean IC
     verdict: str
     nights: list[NightIC]
     pending: dict[str, str] = field(default_factory=dict)  # as-of -> why no returns yet
+    left_out: dict[str, dict[str, str]] = field(default_factory=dict)  # as-of -> ticker -> why
 
 
 @pydantic.dataclasses.dataclass
@@ -146,23 +184,23 @@ def horizon_record(nights: Sequence[NightReturns], days: int,
     """Return the track record of ``nights`` (in as-of order) at a horizon of ``days``."""
     per_night = [night_ic(n) for n in nights]
     ics = [n.ic for n in per_night if n.ic is not None]
-    lag = days - 1  # one night per session: a night's return overlaps the next h − 1 nights'
-    t_stat, p_value = newey_west_t(ics, lag) if ics else (None, None)
+    test = ic_verdict(ics, days)
     spreads = [n.long_short for n in per_night if n.long_short is not None]
     calls = sum(n.calls for n in per_night)
-    needed = min_nights(days)
     mean_ic = mean_defined(ics)
     return HorizonRecord(
-        horizon_days=days, lag=lag, min_nights=needed, judged=len(ics), mean_ic=mean_ic,
+        horizon_days=days, independent=len(ics) // days, min_nights=test.needed,
+        judged=len(ics), mean_ic=mean_ic,
         sd_ic=float(np.std(ics, ddof=1)) if len(ics) > 1 else None,
-        t_stat=t_stat, p_value=p_value,
+        t_stat=test.t_stat, p_value=test.p_value,
         positive_share=sum(ic > 0 for ic in ics) / len(ics) if ics else None,
         hit_rate=sum(n.hits for n in per_night) / calls if calls else None,
         long_short=mean_defined(spreads),
-        long_short_t=newey_west_t(spreads, lag)[0] if spreads else None,
-        by_rating=[_rating_return(rating, nights) for rating in RATINGS],
-        decay=None, verdict=verdict(len(ics), needed, mean_ic, t_stat, p_value),
+        long_short_t=overlap_t(spreads, days)[0] if spreads else None,
+        by_rating=[rating_record(rating, nights) for rating in RATINGS],
+        decay=None, verdict=verdict(test, mean_ic, len(per_night)),
         nights=per_night, pending=dict(pending or {}),
+        left_out={n.as_of: n.left_out for n in nights if n.left_out},
     )
 
 
@@ -173,35 +211,38 @@ class RunningMean:
     as_of: str
     ic: float
     mean: float
-    low: float | None  # mean ∓ t(0.975, nights − 1) × its Newey–West error; None below 2
+    low: float | None  # mean ∓ t(0.975, K − 1) × its overlap_error; None below 2 horizons
     high: float | None
 
 
 def running_mean(record: HorizonRecord, level: float = 0.95) -> list[RunningMean]:
     """Return, night by night, the mean IC so far and its band (the web page's plot)."""
     points, ics = [], []
+    days = record.horizon_days
     for night in record.nights:
         if night.ic is None:
             continue
         ics.append(night.ic)
         mean = float(np.mean(ics))
-        error = newey_west_error(ics, min(record.lag, len(ics) - 1))
+        error = overlap_error(ics, days)
         half = (None if error is None
-                else float(stats.t.ppf(0.5 + level / 2, len(ics) - 1)) * error)
+                else float(stats.t.ppf(0.5 + level / 2, len(ics) // days - 1)) * error)
         points.append(RunningMean(night.as_of, night.ic, mean,
                                   None if half is None else mean - half,
                                   None if half is None else mean + half))
     return points
 
 
-def verdict(judged: int, needed: int, mean_ic: float | None, t_stat: float | None,
-            p_value: float | None) -> str:
-    """Say in words what the nights show (module notes)."""
-    if judged < needed:
-        return f"too few nights to judge: {judged} of the {needed} needed"
+def verdict(test: IcTest, mean_ic: float | None, nights: int) -> str:
+    """Say in words what the nights show (module notes); ``nights`` counts those scored."""
+    if nights and not test.nights:
+        return (f"IC undefined on all {nights} scored nights: every night's scores (or "
+                "returns) were all equal, so nothing was ranked")
+    if test.withheld:
+        return f"too few nights to judge: {test.nights} of the {test.needed} needed"
+    t_stat, p_value = test.t_stat, test.p_value
     if t_stat is None or p_value is None:
-        return (f"every night the same IC ({mean_ic:+.2f}): no spread to test"
-                if mean_ic is not None else "no IC defined")
+        return f"every night the same IC ({mean_ic:+.2f}): no spread to test"
     if p_value >= SIGNIFICANCE:
         return f"no evidence the ratings predict returns (p {p_value:.2f})"
     shown = "p < 0.0001" if p_value < 1e-4 else f"p {p_value:.4f}"
@@ -210,11 +251,17 @@ def verdict(judged: int, needed: int, mean_ic: float | None, t_stat: float | Non
     return f"the ratings predicted returns backwards: mean IC below 0 ({shown})"
 
 
-def _rating_return(rating: str, nights: Sequence[NightReturns]) -> RatingReturn:
-    means = [float(np.mean([x for r, x in zip(n.ratings, n.returns, strict=True)
-                            if r == rating]))
-             for n in nights if rating in n.ratings]
-    return RatingReturn(rating, len(means), mean_defined(means))
+def rating_record(rating: str, nights: Sequence[NightReturns]) -> RatingRecord:
+    """Return one rating's scored record over the nights (module notes)."""
+    values = [x for n in nights for r, x in zip(n.ratings, n.returns, strict=True)
+              if r == rating]
+    if len(values) < MIN_SCORED:
+        return RatingRecord(rating, len(values), MIN_SCORED, None, None)
+    hit = None
+    if rating in BULLISH | BEARISH:
+        hits, calls = directional_hits([rating] * len(values), values)
+        hit = hits / calls
+    return RatingRecord(rating, len(values), MIN_SCORED, hit, float(np.mean(values)))
 
 
 def parse_horizons(text: str) -> list[int]:
@@ -263,13 +310,26 @@ def track_nights(engine: Engine, *, nights: int | None = None,
 def track_report(engine: Engine, batch_ids: Sequence[int], horizons: Sequence[int],
                  provider_for: Callable[[BatchGrades], DataProvider], *,
                  benchmark: str | None = None) -> TrackReport:
-    """Return the track record of the given nights at each horizon (shortest first)."""
+    """Return the track record of the given nights at each horizon (shortest first).
+
+    InputError when the benchmark has no prices on any of the nights: every night would be
+    pending for a reason no wait can fix.
+    """
     loaded = [load_grades(engine, i) for i in batch_ids]
+    longest = max(horizons)
+    caches: dict[int, PriceCache] = {}
+
+    def prices(grades: BatchGrades) -> PriceCache:
+        provider = provider_for(grades)
+        return caches.setdefault(id(provider), PriceCache(provider, longest))
+
+    if benchmark and loaded:
+        _check_benchmark(benchmark, loaded, prices)
     records = []
     for days in sorted(set(horizons)):
         usable, pending = [], {}
         for grades in loaded:
-            night, why = _night_returns(grades, provider_for(grades), days, benchmark)
+            night, why = _night_returns(grades, prices(grades), days, benchmark)
             if night is None:
                 pending[grades.as_of.isoformat()] = why
             else:
@@ -285,21 +345,42 @@ def track_report(engine: Engine, batch_ids: Sequence[int], horizons: Sequence[in
                        benchmark=benchmark, horizons=records)
 
 
-def _night_returns(grades: BatchGrades, provider: DataProvider, days: int,
+def _check_benchmark(benchmark: str, loaded: Sequence[BatchGrades],
+                     prices: Callable[[BatchGrades], PriceCache]) -> None:
+    """Raise InputError when the benchmark's prices cannot be read on any night."""
+    error: DataError | None = None
+    for grades in loaded:
+        try:
+            prices(grades).closes(benchmark, grades.as_of)
+            return
+        except DataError as failed:
+            error = failed
+    why = str(error).removeprefix(f"{benchmark}: ")
+    raise InputError(f"benchmark {benchmark}: no prices on any of the {len(loaded)} nights "
+                     f"({why})")
+
+
+def _night_returns(grades: BatchGrades, prices: PriceCache, days: int,
                    benchmark: str | None) -> tuple[NightReturns | None, str]:
     """Return the night's tickers with a defined return, or None and why there are none."""
     bench = None
     if benchmark:
         try:
-            bench = forward_return(provider, benchmark, grades.as_of, days)[2]
+            bench = prices.forward_return(benchmark, grades.as_of, days)[2]
         except DataError as error:
             return None, f"benchmark {benchmark}: {str(error).removeprefix(benchmark + ': ')}"
         if bench is None:
             return None, f"benchmark {benchmark}: return undefined"
-    rows, missing = ticker_returns(provider, grades, days, bench)
+    rows, missing = ticker_returns(prices, grades, days, bench)
     kept, target = scored(rows)
     if not kept:
         reasons = sorted(set(missing.values())) or ["no ticker with a defined return"]
         return None, "; ".join(reasons[:2])
+    kept_ids = {id(r) for r in kept}
+    for row in rows:
+        if id(row) not in kept_ids:
+            missing[row.ticker] = (f"return undefined (close on {row.start} is not a "
+                                   "positive finite price, or the close it ends on is not "
+                                   "finite)")
     return NightReturns(grades.batch_id, grades.as_of.isoformat(), [r.rating for r in kept],
-                        [r.score for r in kept], target), ""
+                        [r.score for r in kept], target, dict(sorted(missing.items()))), ""

@@ -11,6 +11,7 @@ from fastapi.responses import HTMLResponse, Response
 from app.config import get_settings
 from app.errors import InputError
 from app.quality.track import (
+    DEFAULT_HORIZONS,
     parse_horizons,
     providers,
     running_mean,
@@ -28,7 +29,7 @@ DEFAULT_NIGHTS = 250  # about a year of sessions: every figure is recomputed per
 @router.get("/track")
 def track_page(request: Request, state: State,
                nights: Annotated[int, Query(ge=1, le=5000)] = DEFAULT_NIGHTS,
-               horizon: str = "5d,20d") -> Response:
+               horizon: str = DEFAULT_HORIZONS) -> Response:
     """Show the track record of the last ``nights`` nights at each horizon."""
     try:
         days = parse_horizons(horizon)
@@ -39,8 +40,11 @@ def track_page(request: Request, state: State,
         ids = track_nights(state.engine, nights=nights)
     except InputError:
         ids = []
-    report = (track_report(state.engine, ids, days, providers(settings),
-                           benchmark=settings.quality_benchmark) if ids else None)
+    try:
+        report = (track_report(state.engine, ids, days, providers(settings),
+                               benchmark=settings.quality_benchmark) if ids else None)
+    except InputError as error:  # the configured benchmark has no prices at all
+        raise HTTPException(400, str(error)) from None
     plots = {}
     for record in report.horizons if report else []:
         points = running_mean(record)

@@ -129,15 +129,33 @@ def test_several_samples_take_the_band_of_the_mean(sqlite_engine: Engine) -> Non
         assert not contradicts(row.rating, row.score)
 
 
-def test_one_sample_keeps_its_own_rating_with_a_flag(
+def test_one_sample_is_graded_by_its_score_band_with_a_flag(
         sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
+    # One grading rule whatever the sample count: the model said Sell at +0.97, the band of
+    # +0.97 is Buy, and the contradiction is flagged.
     grades: dict[str, Any] = one_each({"BBB": "Buy"})
     grades["AAA"] = [("Sell", 0.97)]
     batch = add_batch(sqlite_engine, grades)
     _, rows = ranking(sqlite_engine, batch)
     aaa = next(r for r in rows if r.ticker == "AAA")
-    assert (aaa.rating, aaa.contradicting) == ("Sell", 1)
+    assert (aaa.rating, aaa.contradicting) == ("Buy", 1)
     code, out, err = nightdesk(monkeypatch, capsys, "ranking", "--batch", str(batch))
     assert code == 0, err
-    assert "Sell !" in out and "! = rating outside its score band" in out
+    assert "Buy !" in out and "! = rating outside its score band" in out
+
+
+def test_one_and_several_samples_are_graded_by_one_rule(sqlite_engine: Engine) -> None:
+    from app.quality.grades import consensus, load_grades
+    from app.quality.monitor import batch_distribution
+
+    # The same scores, once as one sample per ticker and once as two equal samples: the
+    # grades agree everywhere (forward, track and the monitor all read consensus).
+    scores = {"AAA": ("Buy", 0.05), "BBB": ("Hold", 0.4), "CCC": ("Sell", -0.2)}
+    one = add_batch(sqlite_engine, {t: [rs] for t, rs in scores.items()})
+    two = add_batch(sqlite_engine, {t: [rs, rs] for t, rs in scores.items()})
+    for batch in (one, two):
+        grades = load_grades(sqlite_engine, batch)
+        assert {t: consensus(grades.tickers[t])[0] for t in scores} == {
+            "AAA": "Hold", "BBB": "Overweight", "CCC": "Underweight"}
+    assert batch_distribution(sqlite_engine, one) == batch_distribution(sqlite_engine, two)

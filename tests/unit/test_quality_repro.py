@@ -123,7 +123,10 @@ def test_constant_scores_leave_spearman_undefined(sqlite_engine: Engine) -> None
     a = add_batch(sqlite_engine, one_each(FIRST, FIRST_SCORES))
     b = add_batch(sqlite_engine, one_each(FIRST, dict.fromkeys(TICKERS, 0.1)))
     (pair,) = repro(sqlite_engine, [a, b], resamples=0).pairs
-    assert pair.stats.spearman is None and pair.stats.qwk == pytest.approx(1.0)
+    # Every score 0.1 grades every ticker Hold (the band of its score, whatever rating the
+    # model gave): one constant side, so kappa is 0 by its formula; 2 of 6 agree.
+    assert pair.stats.spearman is None and pair.stats.qwk == pytest.approx(0.0)
+    assert pair.stats.agreement == pytest.approx(2 / 6)
 
 
 SAMPLES_A = {  # four samples per ticker: (rating, score)

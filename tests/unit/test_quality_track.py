@@ -1,8 +1,8 @@
 """Check `quality track` on constructed nights with a known answer, against an outside computation.
 
-The outside computation: scipy.stats.spearmanr per night, and the Newey–West variance written
-as its double sum over every pair of nights with Bartlett weights (a matrix), not the
-autocovariance loop app/quality/statistics.py uses.
+The outside computation: scipy.stats.spearmanr per night; at h = 1 scipy's one-sample t-test,
+and at h > 1 the bound on the mean's variance computed from the interleaved sub-series
+themselves (every h-th night), not the pooled formula app/quality/statistics.py uses.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from sqlalchemy import Engine
 
 from agents.data.freeze import write_manifest, write_ticker
 from agents.data.snapshot import Manifest
-from app.quality.statistics import newey_west_t
 from app.quality.track import NightReturns, horizon_record, min_nights, running_mean
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
@@ -31,16 +30,20 @@ from tests.unit.quality_rows import add_batch, band_by_hand, spearman_by_hand
 from tests.unit.test_report import nightdesk
 
 
-def newey_west_by_matrix(values: list[float], lag: int) -> tuple[float, float]:
-    """t and p of the mean from S = T/(T−1) · eᵀWe / T, W_ij = max(0, 1 − |i−j|/(lag+1))."""
+def overlap_by_subseries(values: list[float], days: int) -> tuple[float, float]:
+    """t and p of the mean, its variance bounded by the shortest interleaved sub-series'.
+
+    The sub-series are values[k::days]; the shortest has K = T // days values, so the mean's
+    variance is at most σ²/K. σ² pools every value's squared deviation over T − days.
+    """
     x = np.array(values)
-    count = len(x)
-    e = x - x.mean()
-    distance = np.abs(np.subtract.outer(np.arange(count), np.arange(count)))
-    weights = np.clip(1 - distance / (lag + 1), 0, None)
-    long_run = float(e @ weights @ e) / count * count / (count - 1)
-    t = float(x.mean() / math.sqrt(long_run / count))
-    return t, float(2 * stats.t.sf(abs(t), count - 1))
+    if days == 1:
+        result = stats.ttest_1samp(x, 0.0)
+        return float(result.statistic), float(result.pvalue)
+    shortest = min(len(x[k::days]) for k in range(days))
+    squares = sum(float(((x[k::days] - x.mean()) ** 2).sum()) for k in range(days))
+    t = float(x.mean() / math.sqrt(squares / (len(x) - days) / shortest))
+    return t, float(2 * stats.t.sf(abs(t), shortest - 1))
 
 
 def make_nights(scores: np.ndarray, returns: np.ndarray) -> list[NightReturns]:
@@ -77,12 +80,12 @@ def test_reversed_ratings() -> None:
 
 
 def check_against_outside(record_nights: list[NightReturns], days: int) -> tuple[float, float]:
-    """Compare the record with scipy and the matrix Newey–West; return its mean IC and t."""
+    """Compare the record with scipy and the sub-series bound; return its mean IC and t."""
     record = horizon_record(record_nights, days)
     outside = [float(stats.spearmanr(n.scores, n.returns).statistic) for n in record_nights]
     assert [n.ic for n in record.nights] == pytest.approx(outside, abs=1e-12)
     assert record.mean_ic == pytest.approx(float(np.mean(outside)), abs=1e-12)
-    t, p = newey_west_by_matrix(outside, days - 1)
+    t, p = overlap_by_subseries(outside, days)
     assert record.t_stat == pytest.approx(t, rel=1e-9)
     assert record.p_value == pytest.approx(p, rel=1e-9, abs=1e-15)
     calls = [(r, x) for n in record_nights for r, x in zip(n.ratings, n.returns, strict=True)
@@ -118,7 +121,7 @@ def test_a_weak_true_signal_of_ic_005_over_250_nights() -> None:
     assert "the ratings predicted returns: mean IC above 0" in horizon_record(nights, 1).verdict
 
 
-def test_overlapping_horizons_get_the_newey_west_t() -> None:
+def test_overlapping_horizons_get_a_wider_error() -> None:
     # Each night's 5-session return shares 4 sessions with the next night's, and a ticker's
     # score persists from night to night (as a model's view does): neighbouring nights' ICs
     # are then correlated, and the plain t, which assumes they are not, overstates.
@@ -133,15 +136,14 @@ def test_overlapping_horizons_get_the_newey_west_t() -> None:
     nights = make_nights(np.tanh(scores[:nights_n] / 2), 0.01 * forward)
     _, t = check_against_outside(nights, horizon)
     ics = [n.ic for n in horizon_record(nights, horizon).nights]
-    plain = float(np.mean(ics) / (np.std(ics, ddof=1) / math.sqrt(len(ics))))  # type: ignore[arg-type]
-    assert newey_west_t(ics, 0)[0] == pytest.approx(plain)  # type: ignore[arg-type]
-    assert abs(t) < 0.8 * abs(plain)
+    plain = float(stats.ttest_1samp(ics, 0.0).statistic)
+    assert abs(t) < 0.5 * abs(plain)  # about 1/√5: 30 independent nights, not 150
 
 
 def test_too_few_nights_to_judge() -> None:
     scores = scores_for(np.random.default_rng(6), 19, 12)
     record = horizon_record(make_nights(scores, 0.05 * scores), 1)
-    assert min_nights(1) == 20 and min_nights(20) == 60
+    assert min_nights(1) == 20 and min_nights(5) == 25 and min_nights(20) == 100
     assert record.verdict == "too few nights to judge: 19 of the 20 needed"
     assert record.mean_ic == pytest.approx(1.0)  # the figures are still shown
 
@@ -157,11 +159,12 @@ def test_running_mean_and_its_band() -> None:
     for i, point in enumerate(points, start=1):
         assert point.mean == pytest.approx(float(np.mean(ics[:i])))  # type: ignore[arg-type]
     last = points[-1]
-    t, _ = newey_west_by_matrix(ics, 2)  # type: ignore[arg-type]
-    half = stats.t.ppf(0.975, 39) * last.mean / t
+    t, _ = overlap_by_subseries(ics, 3)  # type: ignore[arg-type]
+    half = stats.t.ppf(0.975, 40 // 3 - 1) * last.mean / t
     assert last.low == pytest.approx(last.mean - half) and last.high == pytest.approx(
         last.mean + half)
-    assert points[0].low is None  # one night has no band
+    assert points[0].low is None and points[4].low is None  # under 2 horizons: no band
+    assert points[5].low is not None
 
 
 # --- through the database and the command line ---------------------------------------
@@ -279,6 +282,10 @@ def test_the_track_record_page(three_nights: list[int], web: TestClient) -> None
         assert f'id="track-{days}-mean"' in html and f'id="track-{days}-nights"' in html
     assert "too few nights to judge: 3 of the 20 needed" in html
     assert "2026-11-25 (only 1 of 2 sessions" in html
+    assert '<table id="scored">' in html and 'data-rating="Buy"' in html
+    # Buy: AAA, BBB and CCC on nights 1–3; 3 at 1d, 2 at 2d (the third night pending).
+    row = html.split('data-rating="Buy"')[1].split("</tr>")[0]
+    assert "too few: 3 of 30 scored" in row and "too few: 2 of 30 scored" in row
     assert web.get("/track?horizon=5x", auth=("operator", "pw")).status_code == 400
     assert web.get("/track", auth=("operator", "wrong")).status_code == 401
 
@@ -287,3 +294,104 @@ def test_the_track_record_page_before_any_night(sqlite_engine: Engine,
                                                 web: TestClient) -> None:
     page = web.get("/track", auth=("operator", "pw"))
     assert page.status_code == 200 and "No finished nightly batch yet" in page.text
+
+
+def test_constant_scores_say_ic_undefined_not_too_few_nights() -> None:
+    rng = np.random.default_rng(8)
+    nights = make_nights(np.zeros((30, 12)), rng.normal(0, 0.02, size=(30, 12)))
+    record = horizon_record(nights, 1)
+    assert record.judged == 0 and record.mean_ic is None
+    assert record.verdict.startswith("IC undefined on all 30 scored nights")
+
+
+def test_the_scored_record_pools_every_scored_rating() -> None:
+    # 40 nights of 5 tickers, one per rating; Buy rose on 30 nights of 40.
+    nights = []
+    for i in range(40):
+        buy = 0.01 if i < 30 else -0.02
+        nights.append(NightReturns(i, f"n{i}", ["Buy", "Overweight", "Hold", "Underweight",
+                                                "Sell"], [0.8, 0.3, 0.0, -0.3, -0.8],
+                                   [buy, 0.002, 0.0, -0.001, 0.003]))
+    nights += [NightReturns(40, "n40", ["Buy"] * 3, [0.7, 0.8, 0.9], [0.01, 0.02, 0.03])]
+    record = horizon_record(nights, 1)
+    by = {r.rating: r for r in record.by_rating}
+    assert by["Buy"].scored == 43 and by["Buy"].hit_rate == pytest.approx(33 / 43)
+    assert by["Buy"].mean_return == pytest.approx((30 * 0.01 - 10 * 0.02 + 0.06) / 43)
+    assert by["Sell"].hit_rate == 0.0 and by["Sell"].mean_return == pytest.approx(0.003)
+    assert by["Hold"].hit_rate is None and by["Hold"].mean_return == 0.0  # no direction
+    short = horizon_record(nights[:29], 1)
+    buy = next(r for r in short.by_rating if r.rating == "Buy")
+    assert (buy.scored, buy.needed, buy.hit_rate, buy.mean_return) == (29, 30, None, None)
+
+
+class CountingProvider:
+    """A snapshot provider that counts its loads."""
+
+    name = "snapshot"
+
+    def __init__(self, data: Path) -> None:
+        from agents.data.snapshot import SnapshotProvider
+
+        self.inner = SnapshotProvider(data)
+        self.loads: list[tuple[str, date]] = []
+
+    def load(self, ticker: str, as_of: date) -> object:
+        self.loads.append((ticker, as_of))
+        return self.inner.load(ticker, as_of)
+
+    def forward_prices(self, ticker: str, as_of: date, days: int) -> pd.DataFrame:
+        return self.inner.forward_prices(ticker, as_of, days)
+
+
+def test_track_reads_each_tickers_prices_once_per_night(
+        three_nights: list[int], sqlite_engine: Engine, tmp_path: Path) -> None:
+    from app.quality.track import track_report
+
+    provider = CountingProvider(tmp_path / "data")
+    report = track_report(sqlite_engine, three_nights, [1, 2], lambda _: provider)  # type: ignore[arg-type,return-value]
+    assert len(report.horizons) == 2
+    assert len(provider.loads) == len(set(provider.loads)) == 3 * 5
+
+
+def test_track_lists_a_ticker_left_out_and_warns_nothing_on_stderr(
+        three_nights: list[int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], sqlite_engine: Engine) -> None:
+    as_of = FIRST_NIGHT + timedelta(days=5)
+    closes = {t: (100.0, [101.0, 102.0]) for t in ("AAA", "BBB", "CCC", "DDD")}
+    closes["EEE"] = (math.inf, [101.0, 102.0])  # an infinite close: its return is undefined
+    write_night(tmp_path / "data", as_of, closes)
+    add_batch(sqlite_engine, {t: [(band_by_hand(s), s)] for t, s in NIGHT_SCORES[0].items()},
+              as_of=as_of, settings={"samples": 1, "data_provider": "snapshot"})
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d")
+    assert code == 0, err
+    assert "RuntimeWarning" not in err and err.strip() == "", err
+    assert ("left out of the night of 2026-11-28 at 1d: EEE: return undefined"
+            in " ".join(out.split()))
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d",
+                               "--format", "json")
+    left = json.loads(out)["horizons"][0]["left_out"]
+    assert list(left) == ["2026-11-28"] and list(left["2026-11-28"]) == ["EEE"]
+
+
+def test_track_with_an_unknown_benchmark_is_one_line_exit_2(
+        three_nights: list[int], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d",
+                               "--benchmark", "NOPE")
+    assert code == 2 and out == "", err
+    assert len(err.strip().splitlines()) == 1
+    assert "benchmark NOPE: no prices on any of the 3 nights" in err, err
+
+
+def test_the_track_record_page_with_a_benchmark_without_prices(
+        three_nights: list[int], web: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.config import get_settings
+
+    monkeypatch.setenv("NIGHTDESK_QUALITY_BENCHMARK", "NOPE")
+    get_settings.cache_clear()
+    try:
+        page = web.get("/track?horizon=1d", auth=("operator", "pw"))
+    finally:
+        get_settings.cache_clear()
+    assert page.status_code == 400
+    assert "benchmark NOPE: no prices on any of the 3 nights" in page.text

@@ -133,7 +133,8 @@ def test_flags_and_warnings_as_the_cli_prints_them(sqlite_engine: Engine,
     assert [text(w) for w in soup.select(".warning")] == ["Warning: Hold is 80% of 10"]
     with time_machine.travel(MORNING, tick=False):
         cli = run_cli("ranking", env=UTC_ENV)
-    assert re.search(r"AAA\s+│\s+Underweight !", cli.stdout)
+    # One grading rule: the band of +0.30 is Overweight; the model's Underweight is flagged.
+    assert re.search(r"AAA\s+│\s+Overweight !", cli.stdout)
     assert f"warning: batch {batch}: Hold is 80% of 10" in cli.stderr
 
 
