@@ -170,6 +170,9 @@ class Settings(BaseSettings):
     # How long after its due time a night may take to create its batch before the morning's
     # status calls the night "stale" (app/night.py); the timer path reads the same cron.
     schedule_start_grace_s: float = Field(900.0, gt=0)
+    # The daemon runs one nightly batch per as-of date: a fire that finds the date done (no
+    # newer snapshot) runs nothing and pushes a digest saying so. True: it runs it again.
+    schedule_repeat_as_of: bool = False
 
     @model_validator(mode="before")
     @classmethod
