@@ -157,7 +157,7 @@ def timeline_table(intervals: list[Interval]) -> Table:
                    "running mean", "KV max", "preemptions"):
         table.add_column(header, justify="right")
     for i in intervals:
-        table.add_row(f"{i.start_s:.0f}–{i.end_s:.0f}", f"{i.output_tokens_per_s:.1f}",
+        table.add_row(i.label, f"{i.output_tokens_per_s:.1f}",
                       f"{i.tickers_in_flight:.1f}", str(i.calls_started),
                       _fmt(i.running_mean), _fmt(i.kv_usage_max, ".0%"),
                       _fmt(i.preemptions, ".0f"))
