@@ -23,7 +23,6 @@ from typing import Annotated, Literal
 import typer
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from sqlalchemy import Engine
@@ -48,13 +47,14 @@ from app.cli.common import batch_database, database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
 from app.errors import InputError
+from app.logs import console
 from app.night import STALE_EXIT, NightStatus, night_status
 from app.quality.monitor import warnings_for
 from app.ranking import RankRow, ranking
 from serving.facts import batch_server_facts
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = console()
+err = console(stderr=True)
 
 Strategy = Annotated[str, typer.Option("--strategy",
                                        help="adaptive (default; adaptive:tail=off,kv_high=0.95 "
