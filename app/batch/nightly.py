@@ -6,6 +6,7 @@ continue a night cut short (``run_nightly(resume=True)``, ``resume_recorded``).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -170,8 +171,9 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
     second. ``skip_if_finished_since``: run nothing when a nightly batch of that date has
     finished since then. ``once_per_as_of``: run nothing when the date has a nightly batch
     at all (``covered_by``), and push a digest saying so. ``server``, ``announce``: as
-    ``execute_plan``. A night refused before its batch row exists (no snapshot, no
-    universe, the preflight) pushes a digest naming why and what to do, then raises.
+    ``execute_plan``. A night refused before its batch row exists (the database away, no
+    snapshot, no universe, the preflight) pushes a digest naming why and what to do, then
+    raises.
     AlreadyRunningError when another run holds the lock, before any row or call.
     """
     request = request or NightlyRequest()
@@ -179,12 +181,11 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
     as_of = request.as_of
 
     def refused(error: Exception) -> None:
-        if not isinstance(error, AlreadyRunningError):  # someone else is on it: not refused
-            send_refusal(settings, as_of, first_line(error, 400),
-                         f"fix that, then start the night again: {START_AGAIN}")
+        tell_refused(settings, as_of, error)
 
-    with nightly_lock(engine) as lock:
+    with contextlib.ExitStack() as held:
         try:
+            lock = held.enter_context(nightly_lock(engine))  # the database away: refused
             _orphans(settings, engine)
             as_of = request.as_of or default_as_of(settings)
             if skip_if_finished_since is not None:
@@ -223,6 +224,14 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                          request.strategy)
         return NightlyResult(execute_plan(settings, engine, plan, lock, server=server,
                                           refused=refused), len(symbols))
+
+
+def tell_refused(settings: Settings, as_of: date | None, error: Exception) -> None:
+    """Push the digest of a night refused before its batch row exists: ``error``'s line, and
+    what to do. Another run holding the lock (AlreadyRunningError) is no refusal."""
+    if not isinstance(error, AlreadyRunningError):
+        send_refusal(settings, as_of, first_line(error, 400),
+                     f"fix that, then start the night again: {START_AGAIN}")
 
 
 def _tell_covered(settings: Settings, as_of: date, covered: int) -> None:

@@ -43,6 +43,10 @@ def cause(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[d
     if name == "server-down":
         return ({"NIGHTDESK_LLM_BASE_URL": f"http://127.0.0.1:{closed_port()}/v1"},
                 "cannot reach")
+    if name == "database-away":
+        return ({"NIGHTDESK_DATABASE_URL":
+                 f"postgresql://postgres@127.0.0.1:{closed_port()}/nightdesk"},
+                "cannot reach database")
     if name == "wrong-model":
         server = FakeServer(model="qwen-dense-27b")
         monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: server.sync_client())
@@ -64,7 +68,7 @@ def assert_told(hook: Webhook, says: str) -> None:
     assert lines[1] == ADVICE
 
 
-@pytest.mark.parametrize("name", CAUSES)
+@pytest.mark.parametrize("name", [*CAUSES, "database-away"])
 def test_the_timers_refused_night_pushes_a_digest(
         sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
         name: str) -> None:
@@ -75,7 +79,8 @@ def test_the_timers_refused_night_pushes_a_digest(
     assert result.code == 2, result.stderr
     [error] = [line for line in result.error_lines if line.startswith("error: ")]
     assert says in error and "Traceback" not in result.stderr, result.stderr
-    assert batches(sqlite_engine) == 0
+    if name != "database-away":
+        assert batches(sqlite_engine) == 0
     assert_told(hook, says)
 
 
@@ -98,6 +103,21 @@ def test_the_daemons_refused_night_pushes_a_digest(
     assert len(failed) == 1 and says in failed[0]["error"], logs
     assert batches(sqlite_engine) == 0
     assert_told(hook, says)
+
+
+def test_a_fire_whose_database_is_away_pushes_a_digest(hook: Webhook) -> None:
+    # The daemon's engine outlives a database that went away: the night's lock is refused.
+    from app.batch.nightly import run_nightly
+    from app.config import load_settings
+    from app.db.engine import make_engine
+    from app.errors import DatabaseError
+
+    settings = load_settings(notify=hook.url(), database_url=f"postgresql://postgres@"
+                             f"127.0.0.1:{closed_port()}/nightdesk")
+    with pytest.raises(DatabaseError, match="cannot take the nightly lock"):
+        run_nightly(settings, engine=make_engine(settings.database_url), resume=True,
+                    server="require")
+    assert_told(hook, "cannot take the nightly lock")
 
 
 def test_the_advised_command_starts_the_night_once_the_cause_is_fixed(
