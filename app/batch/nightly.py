@@ -181,7 +181,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
     as_of = request.as_of
 
     def refused(error: Exception) -> None:
-        tell_refused(settings, as_of, error)
+        tell_refused(settings, request, error, as_of)
 
     with contextlib.ExitStack() as held:
         try:
@@ -226,12 +226,20 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                                           refused=refused), len(symbols))
 
 
-def tell_refused(settings: Settings, as_of: date | None, error: Exception) -> None:
+def tell_refused(settings: Settings, request: NightlyRequest, error: Exception,
+                 as_of: date | None = None) -> None:
     """Push the digest of a night refused before its batch row exists: ``error``'s line, and
-    what to do. Another run holding the lock (AlreadyRunningError) is no refusal."""
-    if not isinstance(error, AlreadyRunningError):
-        send_refusal(settings, as_of, first_line(error, 400),
-                     f"fix that, then start the night again: {START_AGAIN}")
+    what to do (the command that starts ``request`` again; ``as_of``: its date, once known).
+    Another run holding the lock (AlreadyRunningError) is no refusal."""
+    if isinstance(error, AlreadyRunningError):
+        return
+    if (request.tickers, request.universe, request.limit, request.samples,
+            request.strategy) != (None, None, None, None, NightlyRequest.strategy):
+        again = "the same `nightdesk run` command as before"  # its own tickers or shape
+    else:
+        again = START_AGAIN + (f" --as-of {request.as_of}" if request.as_of else "")
+    send_refusal(settings, as_of or request.as_of, first_line(error, 400),
+                 f"fix that, then start the night again: {again}")
 
 
 def _tell_covered(settings: Settings, as_of: date, covered: int) -> None:

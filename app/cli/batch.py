@@ -172,7 +172,7 @@ def run(
         try:
             engine = _ready_database(settings)
         except ERRORS as error:  # a night refused by its database: not silent either
-            tell_refused(settings, request.as_of, error)
+            tell_refused(settings, request, error)
             raise
         night = run_nightly(settings, request, engine=engine,
                             resume=continue_night, server=server, announce=_announce)

@@ -170,3 +170,25 @@ def test_the_advice_for_a_date_already_analyzed_works(
     result = run_cli(*command[1:], env={"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
     assert result.code == 0, result.stderr
     assert batches(sqlite_engine) == 2
+
+
+@pytest.mark.parametrize(("start", "again"), [
+    (["--as-of", str(DEMO_AS_OF)],
+     f"nightdesk run --continue-night --as-of {DEMO_AS_OF}"),
+    (["--tickers", "{first}"], "the same `nightdesk run` command as before"),
+], ids=["as-of", "tickers"])
+def test_the_advice_starts_the_same_night_again(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
+        start: list[str], again: str) -> None:
+    env, _ = cause("server-down", tmp_path, monkeypatch)
+    argv = ["run", *(word.format(first=demo_tickers(2)[0]) for word in start)]
+    assert run_cli(*argv, env={**env, "NIGHTDESK_NOTIFY": hook.url()}).code == 2
+    [post] = hook.posts
+    advice = post["message"].splitlines()[1]
+    assert advice == f"What to do: fix that, then start the night again: {again}"
+    fake_llm(monkeypatch, None, demo_tickers(2))  # fixed: the server is back
+    command = argv if again.startswith("the same") else again.split()[1:]
+    result = run_cli(*command, env={"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    assert result.code == 0, result.stderr
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.as_of)).scalars().all() == [DEMO_AS_OF]
