@@ -194,7 +194,7 @@ def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
 def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str) -> Message:
     """Build the digest of a night refused at its start: no batch row exists, so it holds
     only why (one line) and what to do; a failure, as a failed night's digest is."""
-    night = f"night of {as_of}" if as_of is not None else "tonight's night"
+    night = f"night of {as_of}" if as_of is not None else "the night"
     base = settings.web_base_url
     return Message(f"nightdesk: {night} REFUSED at its start, no batch run",
                    "\n".join([f"Why: {why}", f"What to do: {advice}", f"Page: {base}/"]),

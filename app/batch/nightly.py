@@ -243,9 +243,8 @@ def tell_refused(settings: Settings, request: NightlyRequest, error: Exception,
 
 
 def _tell_covered(settings: Settings, as_of: date, covered: int) -> None:
-    """Log and push that the night was not run: its as-of date has a nightly batch."""
-    log.warning("night not run: its as-of date has a nightly batch", batch_id=covered,
-                as_of=str(as_of))
+    """Push that the night was not run: its as-of date has a nightly batch (the caller logs
+    it, from ``covered_by``)."""
     send_refusal(settings, as_of,
                  f"nightly batch #{covered} has already analyzed as-of {as_of}, and there is "
                  "no newer data to analyze",
