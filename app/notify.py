@@ -3,8 +3,9 @@
 The setting is a comma-separated list of Apprise URLs (``json://host/path``,
 ``mailto://…``, ``slack://…``, ``ntfys://…``): each is checked by Apprise itself when the
 settings are built (``check_destinations``), so a malformed one stops any command at start.
-``send`` never raises: a destination that does not take the message is logged as an error
-(never with its URL's secrets) and the caller learns how many took it.
+``send`` never raises: a destination that does not take the message is logged as an error,
+once, named as the operator wrote it with its secrets masked (``shown``), and the caller
+learns how many took it.
 """
 
 from __future__ import annotations
