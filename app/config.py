@@ -175,6 +175,9 @@ class Settings(BaseSettings):
     # How long after its due time a night may take to create its batch before the morning's
     # status calls the night "stale" (app/night.py); the timer path reads the same cron.
     schedule_start_grace_s: float = Field(900.0, gt=0)
+    # The daemon runs one nightly batch per as-of date: a fire that finds the date done (no
+    # newer snapshot) runs nothing and pushes a digest saying so. True: it runs it again.
+    schedule_repeat_as_of: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -275,7 +278,7 @@ class Settings(BaseSettings):
         except ArgumentError:
             raise ValueError(f"not a valid {backend} URL (e.g. " + (
                 "sqlite:////absolute/path/nightdesk.db" if backend == "sqlite" else
-                "postgresql://user:password@host:5432/nightdesk") + ")") from None
+                "postgresql://user:<password>@host:5432/nightdesk") + ")") from None
         return url.render_as_string(hide_password=False)
 
     @field_validator("schedule_timezone")
@@ -405,13 +408,16 @@ class Settings(BaseSettings):
 
 def _describe(error: ValidationError) -> str:
     first = error.errors()[0]
-    # The message, never the input: the input may be a secret.
+    # The message, never the input: the input may be a secret. A validator's own error is
+    # given as it was raised, without pydantic's "Value error, " before it.
+    raised = first.get("ctx", {}).get("error")
+    message = str(raised) if isinstance(raised, Exception) else first["msg"]
     if not first["loc"]:  # a rule across settings (a model validator) names them itself
-        return f"invalid settings: {first['msg']}"
+        return f"invalid settings: {message}"
     field, *inside = (str(part) for part in first["loc"])
     # The variable's name, and where inside its value (a key of a table) the fault lies.
     where = f" (at {'.'.join(inside)})" if inside else ""
-    return f"invalid setting NIGHTDESK_{field.upper()}{where}: {first['msg']}"
+    return f"invalid setting NIGHTDESK_{field.upper()}{where}: {message}"
 
 
 _SOURCE_FIELD = re.compile(r'field "(\w+)"')

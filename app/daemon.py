@@ -285,8 +285,10 @@ class NightlyDaemon:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         log.info("nightly run firing", scheduled_for=fire_time.isoformat())
         try:
+            # The same preflight as `nightdesk run` (the model at /v1/models included).
             night = self.runner(self.settings, engine=self.engine, resume=True,
-                                skip_if_finished_since=fire_time)
+                                skip_if_finished_since=fire_time, server="require",
+                                once_per_as_of=not self.settings.schedule_repeat_as_of)
         except AlreadyRunningError as error:
             log.warning("nightly run skipped", reason=str(error))
         except (BatchInterrupted, KeyboardInterrupt):
@@ -294,13 +296,16 @@ class NightlyDaemon:
             self.stopping = True
             log.warning("nightly run interrupted; the night stays due",
                         scheduled_for=fire_time.isoformat())
-        except ERRORS as error:  # a preflight refusal among them: bad input, no room
+        except ERRORS as error:  # a refusal among them (its digest is sent): bad input, no room
             log.error("nightly run failed", error=str(error))
         except Exception as error:  # the daemon outlives one bad night
             log.exception("nightly run crashed", error=str(error))
         else:
             outcome = night.outcome
-            if outcome is None:
+            if outcome is None and night.covered_by is not None:
+                log.warning("nightly run skipped: its as-of date has a nightly batch",
+                            batch_id=night.covered_by)
+            elif outcome is None:
                 log.info("nightly run had nothing to do")
             elif outcome.halt is not None and outcome.halt.exit_code == BatchInterrupted.exit_code:
                 # The signal reached the batch's own handler, which stopped it cleanly (its

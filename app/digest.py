@@ -8,11 +8,14 @@ its status and tickers n/m, the top and bottom five of the ranking it belongs to
 changes since the night before (``app.changes``), the tickers that failed and why, the
 night's duration and batch-level output tok/s (``app.report``), and a link to the page.
 Nothing here can fail the batch: any error is logged and the night goes on.
+``send_refusal`` tells of a night refused at its start, which has no batch to read
+(``app.batch.nightly``, both the timer's and the daemon's path).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import date
 from typing import Protocol
 
 import structlog
@@ -186,3 +189,23 @@ def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
     delivery = send(settings.notify, digest.message, settings.notify_timeout_s)
     log.info("digest sent", batch_id=outcome.batch_id, delivered=delivery.sent,
              destinations=delivery.total)
+
+
+def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str) -> Message:
+    """Build the digest of a night refused at its start: no batch row exists, so it holds
+    only why (one line) and what to do; a failure, as a failed night's digest is."""
+    night = f"night of {as_of}" if as_of is not None else "the night"
+    base = settings.web_base_url
+    return Message(f"nightdesk: {night} REFUSED at its start, no batch run",
+                   "\n".join([f"Why: {why}", f"What to do: {advice}", f"Page: {base}/"]),
+                   "failure")
+
+
+def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str) -> None:
+    """Send ``refusal_digest`` to ``NIGHTDESK_NOTIFY`` (nothing when unset); never raise."""
+    if not settings.notify:
+        return
+    delivery = send(settings.notify, refusal_digest(settings, as_of, why, advice),
+                    settings.notify_timeout_s)
+    log.info("refusal digest sent", as_of=None if as_of is None else str(as_of),
+             delivered=delivery.sent, destinations=delivery.total)

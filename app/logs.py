@@ -1,7 +1,8 @@
-"""Configure structlog: readable on a terminal, JSON lines otherwise; context in contextvars.
+"""Configure the process's output: structlog (readable on a terminal, JSON lines otherwise;
+context in contextvars) and the rich consoles the commands print with (``console``).
 
-Every line, structlog's and the standard library's, passes through ``serving.urls.redact``:
-no URL's password reaches a log, whichever value or message quoted it.
+Every log line, structlog's and the standard library's, passes through
+``serving.urls.redact``: no URL's password reaches a log, whichever value or message quoted it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 from typing import Any, Literal
 
 import structlog
+from rich.console import Console
 from structlog.typing import EventDict
 
 from serving.urls import redact
@@ -46,6 +48,19 @@ class _RedactFilter(logging.Filter):
         if safe != message:
             record.msg, record.args = safe, None
         return True
+
+
+# Off a terminal (a pipe, a file, the journal) a console is this wide: no line, table or word
+# is ever broken, where rich would otherwise fold everything at 80 columns.
+UNWRAPPED_WIDTH = 100_000
+
+
+def console(*, stderr: bool = False) -> Console:
+    """Return a rich Console for a command's lines and tables: the terminal's width on a
+    terminal, no wrapping anywhere else; no highlighting (the text is the command's own)."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else UNWRAPPED_WIDTH
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
 
 
 def configure_logging(fmt: Literal["auto", "console", "json"] = "auto",

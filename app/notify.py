@@ -3,8 +3,9 @@
 The setting is a comma-separated list of Apprise URLs (``json://host/path``,
 ``mailto://…``, ``slack://…``, ``ntfys://…``): each is checked by Apprise itself when the
 settings are built (``check_destinations``), so a malformed one stops any command at start.
-``send`` never raises: a destination that does not take the message is logged as an error
-(never with its URL's secrets) and the caller learns how many took it.
+``send`` never raises: a destination that does not take the message is logged as an error,
+once, named as the operator wrote it with its secrets masked (``shown``), and the caller
+learns how many took it.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import parse_qsl, urlencode
 
 import structlog
+
+from serving.urls import MASK, redact
 
 if TYPE_CHECKING:
     from apprise import NotifyResult
@@ -24,6 +28,8 @@ log = structlog.get_logger(__name__)
 
 # Apprise's own levels: they pick the colour or icon a destination shows.
 Level = Literal["info", "success", "warning", "failure"]
+# What Apprise prints in place of a secret (PrivacyMode.Secret); shown as nightdesk's MASK.
+APPRISE_MASK = "****"
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,7 @@ def check_destinations(urls: list[str]) -> None:
         scheme, sep, _ = url.partition("://")
         if not sep or not scheme:
             raise ValueError(f"{where} is not an Apprise URL (scheme://…, e.g. "
-                             "json://host/path or mailto://user:pass@host)")
+                             "json://host/path or mailto://user:<password>@host)")
         if scheme.lower() not in known:
             raise ValueError(f"{where}: Apprise has no service {scheme!r}:// "
                              "(see https://github.com/caronc/apprise/wiki)")
@@ -103,11 +109,24 @@ def check_destinations(urls: list[str]) -> None:
                              "needs is missing or malformed")
 
 
-def send(destinations: str, message: Message, timeout_s: float) -> Delivery:
+def shown(apprise_url: str, urls: list[str]) -> str:
+    """Return a destination as Apprise names it (secrets hidden) in nightdesk's form: the one
+    mask (``serving.urls.MASK``), and of its query only the parameters ``urls`` wrote
+    (Apprise adds its defaults: ``?method=POST&overflow=upstream&retry=0…``)."""
+    base, _, query = apprise_url.partition("?")
+    written = {key for url in urls for key, _ in parse_qsl(url.partition("?")[2])}
+    kept = [(key, value) for key, value in parse_qsl(query) if key in written]
+    text = base + (f"?{urlencode(kept, safe='@,*')}" if kept else "")
+    return redact(text).replace(APPRISE_MASK, MASK)
+
+
+def send(destinations: str, message: Message, timeout_s: float, *,
+         log_failures: bool = True) -> Delivery:
     """Send ``message`` to every destination of ``destinations`` (the setting ``notify``).
 
     Never raises. Every destination is tried within ``timeout_s`` in all; one that refuses,
-    fails or times out is logged at error level with Apprise's reason.
+    fails or times out is in ``Delivery.failed`` (``shown``), and logged at error level
+    with Apprise's reason unless the caller prints it itself (``log_failures=False``).
     """
     urls = split_destinations(destinations)
     delivery = Delivery()
@@ -131,11 +150,12 @@ def send(destinations: str, message: Message, timeout_s: float) -> Delivery:
                     delivery.sent += 1
                     continue
                 reason = _reason(service)
-                destination = service.url or service.name
+                destination = shown(service.url, urls) if service.url else service.name
                 delivery.failed[destination] = reason
-                log.error("notification not delivered", destination=destination,
-                          status=service.status.name.lower(), reason=reason,
-                          title=message.title)
+                if log_failures:
+                    log.error("notification not delivered", destination=destination,
+                              status=service.status.name.lower(), reason=reason,
+                              title=message.title)
     except Exception as error:  # a notification must never take down what sent it
         log.error("notification failed", error=f"{type(error).__name__}: {error}",
                   title=message.title)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from pydantic import computed_field
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, select
 
@@ -42,6 +43,14 @@ class Interval:
     running_mean: float | None  # None: no reading in the interval
     kv_usage_max: float | None
     preemptions: float | None
+
+    @computed_field  # type: ignore[prop-decorator]  # in the API's JSON, which the page reads
+    @property
+    def label(self) -> str:
+        """Return the interval in whole seconds, "10–20"; one number when both ends round
+        to it (a last interval cut short at the makespan: never "10–10")."""
+        start, end = f"{self.start_s:.0f}", f"{self.end_s:.0f}"
+        return start if start == end else f"{start}–{end}"
 
 
 def width_for(makespan_s: float) -> float:

@@ -21,7 +21,9 @@ def redact(text: str) -> str:
     """Return ``text`` with the password of every URL in it replaced by ``***``.
 
     Works on one URL, a comma-separated list of them, or any message quoting URLs; a URL
-    without a password, and all other text, is returned as it was.
+    without a password, one whose password is a placeholder in angle brackets (the
+    ``user:<password>@host`` of an example in nightdesk's own messages), and all other text
+    are returned as they were.
     """
     return _USERINFO.sub(lambda m: f"{m['head']}:{MASK}@", text)
 

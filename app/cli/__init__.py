@@ -5,12 +5,12 @@ from __future__ import annotations
 import sys
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from typer._click.exceptions import ClickException
 
 from app.cli import batch, bench, data, db, notify, quality, report, scheduler, server, web
 from app.errors import ERRORS
+from app.logs import console
 from serving.urls import redact
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -28,7 +28,7 @@ app.command("web")(web.web)
 app.command("scheduler")(scheduler.scheduler)
 batch.register(app)
 
-err = Console(stderr=True)
+err = console(stderr=True)
 
 
 def main() -> None:

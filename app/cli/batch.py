@@ -24,7 +24,6 @@ from typing import Annotated, Literal
 import typer
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from sqlalchemy import Engine
@@ -38,6 +37,7 @@ from app.batch.nightly import (
     execute_plan,
     resume_recorded,
     run_nightly,
+    tell_refused,
 )
 from app.batch.preflight import ServerCheck
 from app.batch.resume import ResumePoint, mark_stale_crashed
@@ -48,14 +48,15 @@ from app.changes import RankedRow, compare_nights, ranked_row
 from app.cli.common import batch_database, database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
-from app.errors import InputError
+from app.errors import ERRORS, InputError
+from app.logs import console
 from app.night import STALE_EXIT, NightStatus, night_status
 from app.quality.monitor import warnings_for
 from app.ranking import RankRow, ranking
 from serving.facts import batch_server_facts
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = console()
+err = console(stderr=True)
 
 Strategy = Annotated[str, typer.Option("--strategy",
                                        help="adaptive (default; adaptive:tail=off,kv_high=0.95 "
@@ -188,7 +189,12 @@ def run(
         request = NightlyRequest(as_of=parse_as_of(as_of) if as_of is not None else None,
                                  tickers=tickers, universe=universe, limit=limit,
                                  samples=samples, strategy=strategy)
-        night = run_nightly(settings, request, engine=_ready_database(settings),
+        try:
+            engine = _ready_database(settings)
+        except ERRORS as error:  # a night refused by its database: not silent either
+            tell_refused(settings, request, error)
+            raise
+        night = run_nightly(settings, request, engine=engine,
                             resume=continue_night, server=server, announce=_announce)
     _finish_night(night)
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from agents.data import PROVIDERS, get_provider
 from agents.data.demo import DEFAULT_TICKERS, DEMO_AS_OF, demo_tickers, write_demo
@@ -16,10 +15,11 @@ from agents.data.freeze import freeze as freeze_snapshot
 from agents.tickers import check_symbol, choose_tickers
 from app.cli.common import setup
 from app.errors import DataError, InputError
+from app.logs import console
 
 app = typer.Typer(no_args_is_help=True, help="Market-data snapshots: demo, freeze, show.")
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = console()
+err = console(stderr=True)
 
 
 def parse_as_of(text: str | None, default: date | None = None) -> date:

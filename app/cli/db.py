@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 
 from app.cli.common import setup
 from app.db.engine import upgrade as run_upgrade
+from app.logs import console
 
 app = typer.Typer(no_args_is_help=True, help="Database schema.")
 
@@ -16,4 +16,4 @@ def upgrade() -> None:
     """Upgrade the database schema to the newest migration."""
     settings = setup()
     run_upgrade(settings.database_url)
-    Console().print("database schema is current")
+    console().print("database schema is current")

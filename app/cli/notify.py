@@ -5,15 +5,15 @@ from __future__ import annotations
 import socket
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from app.cli.common import setup
 from app.errors import ConfigError, NotifyError
+from app.logs import console
 from app.notify import Message, send, split_destinations
 
 app = typer.Typer(no_args_is_help=True, help="The morning digest's destinations.")
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = console(stderr=True)
 
 
 @app.command("test")
@@ -28,7 +28,7 @@ def test() -> None:
         "nightdesk: test message",
         f"A test from `nightdesk notify test` on {socket.gethostname()}: the morning digest "
         f"goes here after every nightly batch and rerun. Pages: {settings.web_base_url}/"),
-        settings.notify_timeout_s)
+        settings.notify_timeout_s, log_failures=False)  # printed once, here
     for destination, reason in delivery.failed.items():
         err.print(f"  not delivered: {escape(destination)}: {escape(reason)}")
     if delivery.failed:

@@ -19,6 +19,7 @@ from app.batchids import parse_batch_id, parse_batch_ids
 from app.cli.common import database, setup
 from app.cli.data import parse_as_of
 from app.errors import InputError
+from app.logs import console
 from app.quality.averaging import KRow
 from app.quality.forward import ForwardReport, forward_report, parse_horizon
 from app.quality.grades import load_grades, newest_batch, newest_nightly
@@ -181,11 +182,6 @@ def _render_forward(report: ForwardReport, console: Console) -> None:
         console.print(f"no forward return for {ticker}: {why}")
 
 
-def _console() -> Console:
-    # Piped into a file or a doc: keep the columns rather than fold them into 80.
-    return Console(width=None if Console().is_terminal else 160, highlight=False)
-
-
 @app.command("repro")
 def repro_command(
     batches: Annotated[str | None, typer.Option(
@@ -202,7 +198,7 @@ def repro_command(
     if fmt == "json":
         _print_json(report)
     else:
-        _render_repro(report, _console())
+        _render_repro(report, console())
 
 
 @app.command("samples")
@@ -215,7 +211,7 @@ def samples_command(batch: BatchId = None, fmt: Format = "table",
     if fmt == "json":
         _print_json(report)
     else:
-        _render_samples(report, _console())
+        _render_samples(report, console())
 
 
 @app.command("forward")
@@ -238,7 +234,7 @@ def forward_command(
     if fmt == "json":
         _print_json(report)
     else:
-        _render_forward(report, _console())
+        _render_forward(report, console())
 
 
 def _render_track(report: TrackReport, console: Console) -> None:
@@ -334,7 +330,7 @@ def track_command(
     if fmt == "json":
         _print_json(report)
     else:
-        _render_track(report, _console())
+        _render_track(report, console())
 
 
 @app.command("acknowledge")

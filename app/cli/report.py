@@ -24,6 +24,7 @@ from app.batches import (
 )
 from app.batchids import parse_batch_id, parse_batch_ids
 from app.cli.common import database, setup
+from app.logs import console
 from app.night import span
 from app.quality.monitor import warnings_for
 from app.report import (
@@ -157,7 +158,7 @@ def timeline_table(intervals: list[Interval]) -> Table:
                    "running mean", "KV max", "preemptions"):
         table.add_column(header, justify="right")
     for i in intervals:
-        table.add_row(f"{i.start_s:.0f}–{i.end_s:.0f}", f"{i.output_tokens_per_s:.1f}",
+        table.add_row(i.label, f"{i.output_tokens_per_s:.1f}",
                       f"{i.tickers_in_flight:.1f}", str(i.calls_started),
                       _fmt(i.running_mean), _fmt(i.kv_usage_max, ".0%"),
                       _fmt(i.preemptions, ".0f"))
@@ -206,17 +207,15 @@ def report(
     engine = database(settings)
     # A batch whose process died is reported as what it is, not as still running.
     for crashed in mark_stale_crashed(engine, settings.heartbeat_stale_s):
-        Console(stderr=True).print(f"note: batch {crashed} had no heartbeat for over "
+        console(stderr=True).print(f"note: batch {crashed} had no heartbeat for over "
                                    f"{settings.heartbeat_stale_s:.0f} s: marked crashed "
-                                   f"(`nightdesk run --resume {crashed}` continues it)",
-                                   highlight=False, soft_wrap=True)
+                                   f"(`nightdesk run --resume {crashed}` continues it)")
     if compare is not None:
         arms = [compare_arm(engine, i) for i in parse_batch_ids(compare, what="--compare")]
         if fmt == "json":
             typer.echo(json.dumps(to_jsonable_python(arms), indent=2))
         else:
-            # Piped into a log or a doc: do not fold the columns into 80.
-            Console(width=None if Console().is_terminal else 200).print(compare_table(arms))
+            console().print(compare_table(arms))
         return
     chosen = batch_id if batch_id is not None else latest_batch_id(engine)
     head = batch_summary(engine, chosen)  # InputError (exit 2) for an unknown id
@@ -233,15 +232,15 @@ def report(
              "server": view, "endpoints": shares, "over_time": intervals,
              "warnings": warnings}), indent=2))
     else:
-        console = Console(highlight=False, soft_wrap=True)
-        render_head(head, failed, console)
-        render_table(result, view, console)
+        shown = console()
+        render_head(head, failed, shown)
+        render_table(result, view, shown)
         if len(shares) > 1:
-            console.print(endpoint_table(shares, result, view))
+            shown.print(endpoint_table(shares, result, view))
         if intervals:
-            console.print(timeline_table(intervals))
+            shown.print(timeline_table(intervals))
         for message in warnings:
-            console.print(f"[yellow]warning:[/] {message}", highlight=False)
+            shown.print(f"[yellow]warning:[/] {message}")
 
 
 BATCH_COLUMNS = ("id", "kind", "status", "as_of", "tickers", "failed", "duration", "started",
@@ -276,8 +275,7 @@ def batches(
                       span(row.duration_s),
                       row.started_at.strftime("%Y-%m-%d %H:%M") if row.started_at else "—",
                       escape(row.label or ""))
-    # Piped into a log or a file: do not fold the columns into 80.
-    Console(highlight=False, width=None if Console().is_terminal else 200).print(table)
+    console().print(table)
     if not rows:
-        Console(stderr=True).print("no batches recorded yet" + (f" of kind {kind}" if kind
+        console(stderr=True).print("no batches recorded yet" + (f" of kind {kind}" if kind
                                                                 else ""))

@@ -7,19 +7,19 @@ from typing import Annotated
 from urllib.parse import urlsplit
 
 import typer
-from rich.console import Console
 
 from app.cli.common import setup
 from app.config import Settings
 from app.errors import InputError, ServerError
+from app.logs import console
 from serving import launcher, replicas
 from serving.facts import read_server_facts
 from serving.preflight import query_gpus, run_preflight
 from serving.profiles import HostPaths, Profile, load_profile, render
 
 app = typer.Typer(no_args_is_help=True, help="Run the co-located vLLM server from a profile.")
-out = Console(soft_wrap=True)
-err = Console(stderr=True)
+out = console()
+err = console(stderr=True)
 
 ProfileOpt = Annotated[
     str | None, typer.Option("--profile", "-p", help="server profile (default: settings)")

@@ -212,3 +212,73 @@ def test_a_stopped_batch_gets_its_grace_before_systemd_kills_it() -> None:
         seconds = int(match.group(1)) * (60 if match.group(2) == "min" else 1)
         # Room to write the status, then send the digest.
         assert seconds >= grace + notify + 30, (name, stop, grace, notify)
+
+
+OPERATIONS = DEPLOY.parent / "docs" / "operations.md"
+# The most exposure `systemd-analyze security` may rate a unit (issue 42): the vLLM unit
+# needs the GPU, JIT-compiled kernels and CPU pinning, the others none of that.
+EXPOSURE_LIMITS = {"nightdesk-vllm.service": 6.9}
+EXPOSURE_LIMIT = 4.9
+_OVERALL = re.compile(r"Overall exposure level for \S+: (\d+\.\d) (\w+)")
+
+
+def exposure(path: Path) -> tuple[float, str]:
+    """Return ``systemd-analyze security --offline=true``'s overall figure and word for a unit."""
+    result = subprocess.run([systemd_analyze(), "security", "--offline=true", "--no-pager",
+                             str(path)], capture_output=True, text=True, timeout=120)
+    found = _OVERALL.search(result.stdout + result.stderr)
+    assert found, (path.name, result.returncode, result.stdout[-500:], result.stderr[-500:])
+    return float(found.group(1)), found.group(2)
+
+
+def documented_exposure() -> dict[str, tuple[float, str, float]]:
+    """Read docs/operations.md's table: unit -> (figure, word, limit)."""
+    rows = re.findall(r"^\| `(nightdesk-[^`]+)` \| (\d+\.\d) (\w+) \| (\d+\.\d) \|$",
+                      OPERATIONS.read_text(), re.MULTILINE)
+    return {name: (float(figure), word, float(limit)) for name, figure, word, limit in rows}
+
+
+def test_every_service_is_hardened_within_its_exposure_limit() -> None:
+    services = [u for u in UNITS if u.suffix == ".service"]
+    for path in services:
+        figure, _ = exposure(path)
+        limit = EXPOSURE_LIMITS.get(path.name, EXPOSURE_LIMIT)
+        assert figure <= limit, (path.name, figure, limit)
+
+
+def test_the_operations_table_gives_what_systemd_analyze_reports() -> None:
+    table = documented_exposure()
+    services = {u.name for u in UNITS if u.suffix == ".service"}
+    assert set(table) == services, set(table) ^ services
+    for name, (figure, word, limit) in sorted(table.items()):
+        assert (figure, word) == exposure(DEPLOY / name), name
+        assert limit == EXPOSURE_LIMITS.get(name, EXPOSURE_LIMIT), name
+
+
+def test_the_exposure_check_catches_a_unit_without_its_hardening(tmp_path: Path) -> None:
+    # The batch unit as it was before the sandbox: only NoNewPrivileges, PrivateTmp and
+    # ProtectSystem=full.
+    sandbox = ("ProtectHome", "PrivateMounts", "PrivateDevices", "PrivateUsers", "DevicePolicy",
+               "CapabilityBoundingSet", "RestrictSUIDSGID", "ProtectClock", "ProtectHostname",
+               "ProtectKernel", "ProtectControlGroups", "ProtectProc", "RestrictNamespaces",
+               "RestrictRealtime", "LockPersonality", "RemoveIPC", "UMask",
+               "SystemCall", "RestrictAddressFamilies")
+    bare = tmp_path / "nightdesk-batch.service"
+    bare.write_text("\n".join(line for line in
+                              (DEPLOY / "nightdesk-batch.service").read_text().splitlines()
+                              if not line.startswith(sandbox))
+                    .replace("ProtectSystem=strict", "ProtectSystem=full") + "\n")
+    figure, _ = exposure(bare)
+    assert figure > EXPOSURE_LIMIT, figure
+
+
+def test_the_data_home_is_the_one_writable_place() -> None:
+    # ProtectSystem=strict leaves only the StateDirectory= writable: the data home must be it.
+    for path in UNITS:
+        if path.suffix != ".service" or path.name.startswith("nightdesk-alert@"):
+            continue
+        service = parse_unit(path)["Service"]
+        assert service["ProtectSystem"] == ["strict"], path.name
+        assert service["StateDirectory"] == ["nightdesk"], path.name
+        assert "NIGHTDESK_HOME=/var/lib/nightdesk" in service.get("Environment", []), path.name
+        assert "ReadWritePaths" not in service, path.name

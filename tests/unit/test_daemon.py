@@ -52,8 +52,10 @@ class Recorder:
     ran_at: list[datetime] = field(default_factory=list)
 
     def __call__(self, _settings: Any, *, engine: Engine, resume: bool,
-                 skip_if_finished_since: datetime) -> NightlyResult:
+                 skip_if_finished_since: datetime, server: str,
+                 once_per_as_of: bool) -> NightlyResult:
         assert resume is True  # the daemon always continues a cut-short night
+        assert server == "require"  # the preflight of `nightdesk run`, the model included
         self.fired.append(skip_if_finished_since)
         self.ran_at.append(datetime.now(UTC))
         return NightlyResult(None)
@@ -267,18 +269,23 @@ def test_a_second_daemon_does_not_double_run(sqlite_engine: Engine, sqlite_url: 
     assert len(server.chats) == 17 * 2  # one batch's calls, none from the second daemon
 
 
-@pytest.mark.parametrize(("done_at", "runs_again"), [
+@pytest.mark.parametrize(("done_at", "repeat", "runs_again", "told"), [
     # The batch finished, then the process died before the schedule moved on: the next
     # start finds tonight still due, and tonight's batch finished since it fired.
-    (NIGHT + timedelta(minutes=1), False),
-    # A batch of the same date run by hand before tonight's fire time does not count.
-    (NIGHT - timedelta(minutes=30), True),
-], ids=["done-since-the-fire", "done-before-it"])
+    (NIGHT + timedelta(minutes=1), False, False, False),
+    # A batch of the same date finished before tonight's fire (no newer snapshot since):
+    # not run a second time, and the digest says why and what to do.
+    (NIGHT - timedelta(minutes=30), False, False, True),
+    # Unless asked: NIGHTDESK_SCHEDULE_REPEAT_AS_OF=true runs the date again.
+    (NIGHT - timedelta(minutes=30), True, True, False),
+], ids=["done-since-the-fire", "done-before-it", "done-before-it-repeat-asked"])
 def test_a_night_already_done_is_not_run_again(sqlite_engine: Engine, demo_dir: Path,
                                                monkeypatch: pytest.MonkeyPatch,
-                                               done_at: datetime, runs_again: bool) -> None:
+                                               done_at: datetime, repeat: bool,
+                                               runs_again: bool, told: bool) -> None:
     from app.batch import store
     from app.batch.nightly import run_nightly
+    from tests.webhook import webhook
 
     server = fake_llm(monkeypatch, None, demo_tickers(2))
     with running(daemon_for(sqlite_engine, run_nightly, **batch_settings(demo_dir)),
@@ -289,19 +296,36 @@ def test_a_night_already_done_is_not_run_again(sqlite_engine: Engine, demo_dir: 
                                   tickers=demo_tickers(2), samples=1, settings={},
                                   server_facts=None)
         store.finish_batch(sqlite_engine, done, "succeeded")
-    with structlog.testing.capture_logs() as logs, \
-            running(daemon_for(sqlite_engine, run_nightly, **batch_settings(demo_dir)),
+    with webhook() as hook, structlog.testing.capture_logs() as logs, \
+            running(daemon_for(sqlite_engine, run_nightly, notify=hook.url(),
+                               schedule_repeat_as_of=repeat, **batch_settings(demo_dir)),
                     NIGHT + timedelta(hours=2)) as daemon:
         assert daemon.next_run_time() == NIGHT
         tick(daemon, NIGHT + timedelta(hours=2))
         assert daemon.next_run_time() == NIGHT + timedelta(days=1)
     skipped = [e["batch_id"] for e in logs if e["event"] == "night already done"]
+    covered = [e for e in logs if e["event"] == "nightly run skipped: its as-of date has a "
+                                                "nightly batch"]
     with sqlite_engine.connect() as conn:
         batches = conn.execute(select(Batch.id)).scalars().all()
     if runs_again:
         assert skipped == [] and len(batches) == 2 and len(server.chats) == 17 * 2
+        assert [p["type"] for p in hook.posts] == ["success"]  # the night's own digest
     else:
-        assert skipped == [done] and batches == [done] and server.chats == []
+        assert batches == [done] and server.chats == []
+        assert skipped == ([] if told else [done])
+    if told:
+        assert [(e["batch_id"], e["log_level"]) for e in covered] == [(done, "warning")]
+        [post] = hook.posts
+        assert post["title"] == (f"nightdesk: night of {DEMO_AS_OF} REFUSED at its start, "
+                                 "no batch run")
+        assert post["type"] == "failure"
+        assert (f"Why: nightly batch #{done} has already analyzed as-of {DEMO_AS_OF}"
+                in post["message"])
+        assert f"`nightdesk run --as-of {DEMO_AS_OF}`" in post["message"]
+        assert "NIGHTDESK_SCHEDULE_REPEAT_AS_OF=true" in post["message"]
+    elif not runs_again:
+        assert hook.posts == [] and covered == []
 
 
 @pytest.fixture

@@ -41,8 +41,11 @@ def demo_dir(tmp_path: Path) -> Path:
 
 def fake_llm(monkeypatch: pytest.MonkeyPatch, script: Script | None = None,
              tickers: list[str] | None = None) -> FakeServer:
-    """Point every BatchEngine at a fake server (no /metrics sampling, no network for facts)."""
-    server = FakeServer(script, nodes=node_names(load_settings()), tickers=tickers or [])
+    """Point every BatchEngine, and the preflight's /v1/models, at a fake server serving the
+    settings' model (no /metrics sampling, no network for facts)."""
+    settings = load_settings()
+    server = FakeServer(script, nodes=node_names(settings), tickers=tickers or [],
+                        model=settings.llm_model)
     original = BatchEngine.__init__
 
     def with_fake(self: BatchEngine, *args: object, **kwargs: object) -> None:
@@ -51,6 +54,7 @@ def fake_llm(monkeypatch: pytest.MonkeyPatch, script: Script | None = None,
 
     monkeypatch.setattr(BatchEngine, "__init__", with_fake)
     monkeypatch.setattr("app.batch.nightly.batch_server_facts", lambda *_: {})
+    monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: server.sync_client())
     return server
 
 

@@ -95,3 +95,19 @@ def test_the_width_gives_at_most_twelve_intervals_and_the_table_reads_them(
     console.print(timeline_table([only]))
     text = console.export_text()
     assert "0–4" in text and "17.5" in text  # 70 tokens in an interval of 4 s
+
+
+def test_a_last_interval_shorter_than_a_second_reads_as_one_number(
+        sqlite_engine: Engine) -> None:
+    # Two calls: the first ends at 10.3 s, so the second interval (width 10) is 10.0–10.3.
+    b = new_batch(sqlite_engine)
+    call(sqlite_engine, b, "A", "market", 0.0, 0.5, 9.0, 50)
+    call(sqlite_engine, b, "A", "news", 9.0, 9.5, 10.3, 8)
+    first, last = batch_timeline(sqlite_engine, b)
+    assert (last.start_s, last.end_s) == (10.0, 10.3)
+    assert (first.label, last.label) == ("0–10", "10")
+    console = Console(width=200, record=True)
+    console.print(timeline_table([first, last]))
+    text = console.export_text()
+    cells = [line.split("│")[1].strip() for line in text.splitlines() if line.count("│") > 2]
+    assert cells == ["0–10", "10"] and "10–10" not in text
