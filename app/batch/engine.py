@@ -24,7 +24,8 @@ from app.batch.heap import batch_collector
 from app.batch.progress import BatchProgress
 from app.config import Settings
 from app.db.lock import LockHold, Runner
-from app.errors import BatchStopped, LLMError, first_line
+from app.db.retry import outage, transient, write_budget
+from app.errors import BatchStopped, LLMError, StorageOutage, first_line
 from app.quality import monitor
 from app.traffic.client import TickerClient
 from app.traffic.clock import Clock, loop_clock
@@ -33,7 +34,7 @@ from app.traffic.scheduler import Admission, HoldBackTimeline, Job, Scheduler
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import first_error
-from app.usage import UsageRecorder
+from app.usage import UsageRecorder, spool_path
 
 log = structlog.get_logger(__name__)
 
@@ -124,7 +125,8 @@ class BatchEngine:
             resuming: resumption.ResumePoint | None = start
         else:
             plan, resuming = start, None
-        with batch_collector():
+        # Every write of the batch, in its threads and tasks too, tries for its budget.
+        with batch_collector(), write_budget(self.settings.db_write_budget_s):
             async with BatchRun(self, plan, work, resuming) as run:
                 await run.drive()
         if plan.kind == "nightly" and run.outcome.status in ("succeeded", "partial"):
@@ -185,9 +187,11 @@ class BatchRun:
         self._log_context = structlog.contextvars.bind_contextvars(batch_id=self.batch_id)
         log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                  samples=plan.samples, strategy=self.strategy.name, as_of=str(plan.as_of))
-        hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
-        self.recorder = UsageRecorder(owner.engine, on_lost=lambda lost: owner.halt.request(
-            HaltReason("failed", f"{lost}{hint}", lost.exit_code)))
+        hint = self.resume_hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
+        self.recorder = UsageRecorder(
+            owner.engine, spool=spool_path(settings.home, settings.database_url, self.batch_id),
+            on_lost=lambda lost: owner.halt.request(
+                HaltReason(lost.status, f"{lost}{hint}", lost.exit_code)))
         self.servers = ServerSet.connect(
             settings, self.strategy, self.recorder, engine=owner.engine,
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
@@ -253,14 +257,21 @@ class BatchRun:
                 return await work.job(ticker, gated, self.batch_id)
 
         async def on_done(job: Job, decisions: Any, error: BaseException | None) -> None:
+            if error is not None and transient(error):  # a ticker row past its write budget
+                error = outage("ticker row not stored", error)
             message = None if error is None else _one_line(error)
             if isinstance(error, LLMError) and error.stops_batch:
                 # Every call would meet it (a wrong key, URL, model): stop, stay resumable.
                 owner.halt.request(HaltReason("failed", message or "", error.exit_code))
                 return
             if isinstance(error, BatchStopped):
+                self._stop(error)
                 return  # stopped, not failed: left for `run --resume`
-            message = await self._store_result(job.key, decisions or [], message)
+            try:
+                message = await self._store_result(job.key, decisions or [], message)
+            except StorageOutage as stopped:  # the ticker's end is left for the resume
+                self._stop(stopped)
+                return
             if self.saver is not None:
                 await prune(self.saver, [thread_id(self.batch_id, job.key, s)
                                          for s in range(plan.samples)])
@@ -343,16 +354,25 @@ class BatchRun:
         finally:
             structlog.contextvars.reset_contextvars(**self._log_context)
 
+    def _stop(self, stopped: BatchStopped) -> None:
+        """Stop the batch for ``stopped`` unless it is stopping already (then it says why)."""
+        if self.owner.halt.reason is None:  # the first to meet it: a write past its budget
+            self.owner.halt.request(HaltReason(stopped.status, f"{_one_line(stopped)}"
+                                               f"{self.resume_hint}", stopped.exit_code))
+
     async def _store_result(self, ticker: str, decisions: list[store.DecisionRow],
                             error: str | None) -> str | None:
         """Store how a ticker ended; return why it failed (None: it succeeded). A result the
-        database will not take fails this ticker only, with the reason."""
+        database will not take fails this ticker only, with the reason; a database full or
+        away past the write budget raises StorageOutage (the ticker stays resumable)."""
         engine = self.owner.engine
         try:
             await asyncio.to_thread(store.ticker_finished, engine, self.batch_id, ticker,
                                     decisions, error)
             return error
         except Exception as exc:
+            if transient(exc):  # the database, not the result: stop, resumable
+                raise outage("ticker result not stored", exc) from exc
             reason = "; ".join(filter(None, [error, f"result not stored: {_one_line(exc)}"]))
         log.error("ticker result not stored", ticker=ticker, error=reason)
         try:

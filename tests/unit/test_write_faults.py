@@ -1,0 +1,138 @@
+"""A full SQLite disk under a night's writes: ridden out within the write budget; past it the
+batch stops resumable, keeps its usage rows, and one resume finishes it with every row.
+
+The disk is made full for real (``PRAGMA max_page_count``, tests/dbfaults.py): SQLite answers
+``SQLITE_FULL`` on the usage rows (and every other insert of the database), or on the
+checkpoint file. After each night the rows must equal the fake server's request log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+from sqlalchemy import Engine, select
+
+from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.snapshot import SnapshotProvider
+from agents.graph import node_names
+from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.resume import find_resumable
+from app.config import load_settings
+from app.db.models import Batch, LLMCall, TickerRun
+from app.db.retry import transient
+from app.usage import read_spool, spool_path
+from tests.dbfaults import (
+    SqliteFull,
+    check_rows_match,
+    failed_writes,
+    fill_at,
+    run_freeing_the_disk_at_the_stop,
+)
+from tests.fakevllm import FakeServer
+
+NODES = node_names(load_settings().pipeline())
+
+
+@pytest.fixture
+def demo_dir(tmp_path: Path) -> Path:
+    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
+    return tmp_path / "data"
+
+
+def night(db: Engine, demo_dir: Path, server: FakeServer, **overrides: Any) -> BatchEngine:
+    settings = load_settings(retry_backoff_s=0.01, check_context_length=False, **overrides)
+    return BatchEngine(settings, db, http_client=httpx.AsyncClient(transport=server.transport()),
+                       provider=SnapshotProvider(demo_dir), sample_metrics=False)
+
+
+def test_a_real_sqlite_full_is_a_transient_write_error(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "x.db")
+    conn.execute("CREATE TABLE t (b BLOB)")
+    conn.execute("PRAGMA max_page_count = 1")
+    with pytest.raises(sqlite3.OperationalError) as full:
+        conn.execute("INSERT INTO t VALUES (zeroblob(100000))")
+    assert transient(full.value)
+    with pytest.raises(sqlite3.OperationalError) as no_table:
+        conn.execute("INSERT INTO nope VALUES (1)")
+    assert not transient(no_table.value)
+
+
+@contextlib.asynccontextmanager
+async def full_disk(disk: SqliteFull, where: str, db: Engine,
+                    monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
+    """Put ``disk`` under the database (usage rows, ticker rows) or the checkpoint file."""
+    if where == "database":
+        with disk.engine(db):
+            yield
+    else:
+        async with disk.checkpoints(monkeypatch):
+            yield
+
+
+@pytest.mark.parametrize("where", ["database", "checkpoints"])
+async def test_a_full_disk_for_five_seconds_is_ridden_out(
+        where: str, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tickers = demo_tickers(2)
+    disk = SqliteFull()
+    server = FakeServer(fill_at(disk, 5, 5.0), nodes=NODES, tickers=tickers)
+    with structlog.testing.capture_logs() as logs:
+        async with full_disk(disk, where, sqlite_engine, monkeypatch):
+            outcome = await night(sqlite_engine, demo_dir, server).run(
+                BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert outcome.status == "succeeded", (outcome.failed, outcome.halt)
+    assert sorted(outcome.succeeded) == sorted(tickers)
+    said = failed_writes(logs)
+    assert said and set(said) == {"database or disk is full"}  # the fault was met, and passed
+    if where == "database":
+        assert any(e["event"] == "usage write failed; will retry" for e in logs)
+    check_rows_match(sqlite_engine, server)
+
+
+@pytest.mark.parametrize("where", ["database", "checkpoints"])
+async def test_a_full_disk_past_the_budget_stops_resumable_and_one_resume_has_every_row(
+        where: str, sqlite_engine: Engine, sqlite_url: str, demo_dir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tickers = demo_tickers(3)
+    disk = SqliteFull()
+    first = FakeServer(fill_at(disk, 8, float("inf")), nodes=NODES, tickers=tickers)
+    runner = night(sqlite_engine, demo_dir, first, db_write_budget_s=1.0)
+    async with full_disk(disk, where, sqlite_engine, monkeypatch):
+        outcome = await run_freeing_the_disk_at_the_stop(
+            runner, BatchPlan("nightly", DEMO_AS_OF, tickers), disk)
+
+    # Stopped, resumable, the reason named; no ticker failed for a fault not its own.
+    assert outcome.status == "interrupted" and not outcome.failed
+    assert outcome.halt is not None and outcome.halt.exit_code == 2
+    reason = outcome.halt.message
+    assert "within the write budget (1 s): database or disk is full" in reason
+    assert f"nightdesk run --resume {outcome.batch_id}" in reason
+    with sqlite_engine.connect() as conn:
+        batch = conn.execute(select(Batch.status, Batch.error)).one()
+        runs = set(conn.execute(select(TickerRun.status)).scalars())
+        stored = len(conn.execute(select(LLMCall.id)).all())
+    assert tuple(batch) == ("interrupted", reason)
+    assert "failed" not in runs and "interrupted" in runs
+    spool = spool_path(tmp_path, sqlite_url, outcome.batch_id)
+    if where == "database":
+        # The rows the database did not take wait in the spool; none is lost.
+        kept = read_spool(spool)
+        assert kept["calls"] and stored + len(kept["calls"]) == len(first.chats)
+        assert "kept in" in reason
+    else:
+        assert not spool.exists() and stored == len(first.chats)
+
+    second = FakeServer(nodes=NODES, tickers=tickers)
+    resumed = await night(sqlite_engine, demo_dir, second).run(
+        find_resumable(sqlite_engine, None, stale_s=120))
+    assert resumed.status == "succeeded" and sorted(resumed.succeeded) == sorted(tickers)
+    assert not spool.exists()
+    # The night plus its resume: one row per request either server saw, none twice.
+    check_rows_match(sqlite_engine, first, second)
