@@ -8,6 +8,7 @@ checkpoint file. After each night the rows must equal the fake server's request 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
 from collections.abc import AsyncIterator
@@ -18,12 +19,13 @@ import httpx
 import pytest
 import structlog
 from sqlalchemy import Engine, select
+from typer.testing import CliRunner
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
-from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.resume import find_resumable
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
+from app.cli import app as cli
 from app.config import load_settings
 from app.db.models import Batch, LLMCall, TickerRun
 from app.db.retry import transient
@@ -97,16 +99,20 @@ async def test_a_full_disk_for_five_seconds_is_ridden_out(
 
 
 @pytest.mark.parametrize("where", ["database", "checkpoints"])
-async def test_a_full_disk_past_the_budget_stops_resumable_and_one_resume_has_every_row(
+def test_a_full_disk_past_the_budget_stops_resumable_and_one_resume_has_every_row(
         where: str, sqlite_engine: Engine, sqlite_url: str, demo_dir: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     tickers = demo_tickers(3)
     disk = SqliteFull()
     first = FakeServer(fill_at(disk, 8, float("inf")), nodes=NODES, tickers=tickers)
     runner = night(sqlite_engine, demo_dir, first, db_write_budget_s=1.0)
-    async with full_disk(disk, where, sqlite_engine, monkeypatch):
-        outcome = await run_freeing_the_disk_at_the_stop(
-            runner, BatchPlan("nightly", DEMO_AS_OF, tickers), disk)
+
+    async def first_night() -> BatchOutcome:
+        async with full_disk(disk, where, sqlite_engine, monkeypatch):
+            return await run_freeing_the_disk_at_the_stop(
+                runner, BatchPlan("nightly", DEMO_AS_OF, tickers), disk)
+
+    outcome = asyncio.run(first_night())
 
     # Stopped, resumable, the reason named; no ticker failed for a fault not its own.
     assert outcome.status == "interrupted" and not outcome.failed
@@ -129,10 +135,21 @@ async def test_a_full_disk_past_the_budget_stops_resumable_and_one_resume_has_ev
     else:
         assert not spool.exists() and stored == len(first.chats)
 
+    # One `nightdesk run --resume` finishes the night (the CLI on the same database).
     second = FakeServer(nodes=NODES, tickers=tickers)
-    resumed = await night(sqlite_engine, demo_dir, second).run(
-        find_resumable(sqlite_engine, None, stale_s=120))
-    assert resumed.status == "succeeded" and sorted(resumed.succeeded) == sorted(tickers)
+    original = BatchEngine.__init__
+
+    def on_the_fake(self: BatchEngine, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(http_client=second.client(), sample_metrics=False)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchEngine, "__init__", on_the_fake)
+    monkeypatch.setenv("NIGHTDESK_CHECK_CONTEXT_LENGTH", "false")
+    result = CliRunner().invoke(cli, ["run", "--resume", "--no-preflight"])
+    assert result.exit_code == 0, result.output
+    with sqlite_engine.connect() as conn:
+        assert set(conn.execute(select(TickerRun.status)).scalars()) == {"succeeded"}
+        assert conn.execute(select(Batch.status)).scalar_one() == "succeeded"
     assert not spool.exists()
     # The night plus its resume: one row per request either server saw, none twice.
     check_rows_match(sqlite_engine, first, second)
