@@ -8,7 +8,7 @@ import functools
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import structlog
@@ -25,7 +25,7 @@ from app.batch.progress import BatchProgress
 from app.config import Settings
 from app.db.lock import LockHold, Runner
 from app.db.retry import outage, transient, write_budget
-from app.errors import BatchStopped, LLMError, StorageOutage, first_line
+from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
 from app.traffic.client import TickerClient
 from app.traffic.clock import Clock, loop_clock
@@ -37,6 +37,7 @@ from app.traffic.tasks import first_error
 from app.usage import UsageRecorder, spool_path
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -170,7 +171,7 @@ class BatchRun:
         owner, plan, settings = self.owner, self.plan, self.owner.settings
         self.work = self.given_work or await self._graph_work()
         if self.resuming is None:
-            self.batch_id = await asyncio.to_thread(
+            self.batch_id = await _starting(
                 store.create_batch, owner.engine, kind=plan.kind, as_of=plan.as_of,
                 tickers=plan.tickers, samples=plan.samples, label=plan.label,
                 settings={**settings.snapshot(), "samples": plan.samples,
@@ -180,7 +181,7 @@ class BatchRun:
             self.outcome = BatchOutcome(self.batch_id, "crashed")  # until the run ends
         else:
             self.batch_id = self.resuming.batch_id
-            await asyncio.to_thread(resumption.reopen, owner.engine, self.resuming)
+            await _starting(resumption.reopen, owner.engine, self.resuming)
             done, failed_before = await asyncio.to_thread(resumption.finished_tickers,
                                                           owner.engine, self.batch_id)
             self.outcome = BatchOutcome(self.batch_id, "crashed", done, failed_before)
@@ -340,9 +341,17 @@ class BatchRun:
             admission = outcome.admission = self.scheduler.admission()
             outcome.holdback = self.scheduler.holdback_timeline()
             if await self._may_write_end():
-                await asyncio.to_thread(
-                    store.finish_batch, self.owner.engine, self.batch_id, outcome.status,
-                    self.error_text, self.extra_settings or None)
+                try:
+                    await asyncio.to_thread(
+                        store.finish_batch, self.owner.engine, self.batch_id, outcome.status,
+                        self.error_text, self.extra_settings or None)
+                except Exception as unstored:
+                    if not transient(unstored):
+                        raise
+                    # Left `running`: the next start finds its process gone, marks it
+                    # crashed, and `run --resume` continues it.
+                    stopped = outage("the batch's end not stored", unstored)
+                    raise StorageOutage(f"{stopped}{self.resume_hint}") from unstored
             log.info("batch finished", status=outcome.status, succeeded=len(outcome.succeeded),
                      failed=len(outcome.failed), admission=admission.model_dump())
             # What closing met is raised: a cancellation always; an error when nothing else is.
@@ -416,6 +425,18 @@ class BatchRun:
         # Another run may own the batch now; the next start marks it crashed if none does.
         log.error("batch end not written: the nightly lock is lost", batch_id=self.batch_id)
         return False
+
+
+async def _starting(write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a write that starts a batch; the database full or away past the write budget is
+    one line (DatabaseError), nothing of the batch having run yet."""
+    try:
+        return await asyncio.to_thread(write, *args, **kwargs)
+    except Exception as error:
+        if not transient(error):
+            raise
+        raise DatabaseError(f"the batch could not start: {outage('its rows not stored', error)}"
+                            ) from error
 
 
 def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,

@@ -26,10 +26,11 @@ from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.checkpoints import open_checkpointer
 from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.resume import find_resumable
+from app.batch.resume import find_resumable, mark_stale_crashed
 from app.config import load_settings
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, TickerRun
+from app.errors import StorageOutage
 from tests.dbfaults import (
     PostgresFull,
     TcpProxy,
@@ -149,3 +150,30 @@ async def test_the_database_away_for_ten_seconds_is_ridden_out(
         check_rows_match(get_engine(url), server)
     finally:
         get_engine(url).dispose()
+
+
+async def test_a_disk_full_for_good_ends_the_night_in_one_line_and_it_resumes_later(
+        db_url: str, demo_dir: Path) -> None:
+    # Even the batch's end cannot be written: the run ends with one line naming why and how
+    # to go on; once space is back the next start takes the dead batch for crashed.
+    tickers = demo_tickers(2)
+    disk = PostgresFull(plain(db_url), [*TABLES["usage"], "batches", "ticker_runs"])
+    first = FakeServer(fill_at(disk, 8, 3600.0), nodes=NODES, tickers=tickers)
+    with pytest.raises(StorageOutage) as stopped:
+        await night(db_url, demo_dir, first, db_write_budget_s=1.0).run(
+            BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert str(stopped.value) == (
+        "the batch's end not stored within the write budget (1 s): could not extend file "
+        f'"base/test": {FULL}; resume with `nightdesk run --resume 1`')
+    assert stopped.value.exit_code == 2
+    engine = get_engine(db_url)
+    with engine.connect() as conn:
+        assert conn.execute(select(Batch.status)).scalar_one() == "running"
+    disk.release()
+
+    assert mark_stale_crashed(engine, 0.0) == [1]
+    second = FakeServer(nodes=NODES, tickers=tickers)
+    resumed = await night(db_url, demo_dir, second).run(
+        find_resumable(engine, 1, stale_s=120))
+    assert resumed.status == "succeeded"
+    check_rows_match(engine, first, second)
