@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 
 from app.db.models import LLMCall, LLMRequest
 from app.db.retry import POLICY, budget_s, transient
-from app.errors import BatchStopped, StorageOutage, UsageLost, first_line
+from app.errors import BatchStopped, DatabaseError, StorageOutage, UsageLost, first_line
 
 log = structlog.get_logger(__name__)
 
@@ -187,9 +187,15 @@ class UsageRecorder:
             raise self.lost
 
     async def start(self) -> None:
-        """Take up the rows an earlier run of the batch kept in the spool, then start writing."""
+        """Take up the rows an earlier run of the batch kept in the spool, then start writing;
+        a spool that cannot be read raises DatabaseError (one line)."""
         if self._spool is not None:
-            kept = await asyncio.to_thread(read_spool, self._spool)
+            try:
+                kept = await asyncio.to_thread(read_spool, self._spool)
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                # Going on without them would lose them: the batch does not start.
+                raise DatabaseError(f"cannot read the usage rows kept in {self._spool}: "
+                                    f"{first_line(error, typed=True)}") from None
             for name, rows in kept.items():
                 self._pending[name] = rows + self._pending[name]
                 self._recorded[name] += len(rows)
@@ -292,7 +298,7 @@ class UsageRecorder:
         self._spooled = True
         if self.lost is None:  # kept again at close: the rows joined the same spool
             self.lost = StorageOutage(
-                f"usage rows not stored within the write budget ({budget_s():.0f} s): "
+                f"usage rows not stored within the write budget ({budget_s():g} s): "
                 f"{self._why}; kept in {self._spool} for the resume")
         log.warning("usage rows kept for the resume", rows=pending, spool=str(self._spool))
 

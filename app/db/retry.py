@@ -93,7 +93,7 @@ def budget_s() -> float:
 def outage(what: str, error: BaseException) -> StorageOutage:
     """Return the error that stops a batch whose write ``what`` met ``error`` (transient)
     until its budget ran out: the ticker stays resumable, the reason is named."""
-    return StorageOutage(f"{what} within the write budget ({budget_s():.0f} s): "
+    return StorageOutage(f"{what} within the write budget ({budget_s():g} s): "
                          f"{first_line(error)}")
 
 

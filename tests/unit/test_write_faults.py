@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,10 @@ from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.cli import app as cli
 from app.config import load_settings
-from app.db.models import Batch, LLMCall, TickerRun
-from app.db.retry import transient
-from app.usage import read_spool, spool_path
+from app.db.models import Batch, LLMCall, LLMRequest, TickerRun
+from app.db.retry import transient, write_budget
+from app.errors import BatchStopped, DatabaseError, StorageOutage, UsageLost
+from app.usage import UsageRecorder, read_spool, spool_path
 from tests.dbfaults import (
     SqliteFull,
     check_rows_match,
@@ -38,6 +41,7 @@ from tests.dbfaults import (
     run_freeing_the_disk_at_the_stop,
 )
 from tests.fakevllm import FakeServer
+from tests.unit.test_usage import new_batch
 
 NODES = node_names(load_settings().pipeline())
 
@@ -153,3 +157,86 @@ def test_a_full_disk_past_the_budget_stops_resumable_and_one_resume_has_every_ro
     assert not spool.exists()
     # The night plus its resume: one row per request either server saw, none twice.
     check_rows_match(sqlite_engine, first, second)
+
+
+def call_row(batch_id: int, n: int) -> dict[str, Any]:
+    at = datetime(2026, 12, 4, 23, 0, n, 123456, tzinfo=UTC)
+    return {"batch_id": batch_id, "ticker": "X", "node": "market", "sample": 0,
+            "call_id": f"c{n}", "attempt": 1, "model": "m", "status": "ok",
+            "started_at": at, "ended_at": at, "latency_s": 0.5}
+
+
+def hand_in(recorder: UsageRecorder, batch_id: int, n: int) -> None:
+    """Hand the writer call ``n``: its body (large and random, so storing it needs new
+    pages of a full file) and its row."""
+    recorder.record_request({"batch_id": batch_id, "ticker": "X", "node": "market",
+                             "sample": 0, "call_id": f"c{n}"},
+                            {"messages": os.urandom(20_000).hex()})
+    recorder.record_call(call_row(batch_id, n))
+
+
+async def test_rows_not_stored_in_the_budget_wait_in_the_spool_and_the_next_run_stores_them_once(
+        sqlite_engine: Engine, tmp_path: Path) -> None:
+    batch_id = new_batch(sqlite_engine)
+    spool, disk = tmp_path / "spool" / "usage.jsonl", SqliteFull()
+    told: list[BatchStopped] = []
+    with disk.engine(sqlite_engine), write_budget(0.5):
+        disk.hold()
+        recorder = UsageRecorder(sqlite_engine, flush_interval_s=0.01, on_lost=told.append,
+                                 spool=spool)
+        await recorder.start()
+        hand_in(recorder, batch_id, 0)
+        with pytest.raises(StorageOutage, match=r"within the write budget \(0.5 s\): database "
+                           r"or disk is full; kept in .*usage\.jsonl for the resume"):
+            await recorder.drain()  # no node is checkpointed without its rows
+        hand_in(recorder, batch_id, 1)  # a call that ended while the batch stopped
+        await recorder.close()  # the batch was told already: closing raises nothing new
+    assert len(told) == 1 and told[0].status == "interrupted" and told[0].exit_code == 2
+    kept = read_spool(spool)
+    assert [r["call_id"] for r in kept["calls"]] == ["c0", "c1"]
+    assert [r["call_id"] for r in kept["requests"]] == ["c0", "c1"]
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(LLMCall.id)).all() == []
+
+    # The batch's next run: the spool is written first, once, then removed.
+    again = UsageRecorder(sqlite_engine, flush_interval_s=0.01, spool=spool)
+    await again.start()
+    hand_in(again, batch_id, 2)
+    await again.drain()
+    await again.close()
+    assert not spool.exists()
+    with sqlite_engine.connect() as conn:
+        calls = conn.execute(select(LLMCall.call_id, LLMCall.started_at)
+                             .order_by(LLMCall.call_id)).all()
+        bodies = conn.execute(select(LLMRequest.call_id)).scalars().all()
+    assert [c for c, _ in calls] == ["c0", "c1", "c2"] and sorted(bodies) == ["c0", "c1", "c2"]
+    # What the spool kept is what was handed in (times to the microsecond).
+    assert [at for _, at in calls] == [call_row(batch_id, n)["started_at"] for n in range(3)]
+
+
+async def test_rows_that_cannot_be_kept_either_stop_the_batch_failed_saying_so(
+        sqlite_engine: Engine, tmp_path: Path) -> None:
+    batch_id = new_batch(sqlite_engine)
+    spool, disk = tmp_path / "a-file" / "usage.jsonl", SqliteFull()
+    with disk.engine(sqlite_engine), write_budget(0.5):
+        disk.hold()
+        recorder = UsageRecorder(sqlite_engine, flush_interval_s=0.01, spool=spool)
+        await recorder.start()
+        (tmp_path / "a-file").write_text("")  # the spool's folder cannot be made now
+        hand_in(recorder, batch_id, 0)
+        with pytest.raises(UsageLost) as lost:
+            await recorder.close()
+    assert lost.value.status == "failed"
+    assert str(lost.value) == ("usage rows could not be stored (2 not written): database or "
+                               f"disk is full; nor kept in {spool}: File exists")
+
+
+async def test_a_spool_that_cannot_be_read_stops_the_start_in_one_line(
+        sqlite_engine: Engine, tmp_path: Path) -> None:
+    spool = tmp_path / "usage.jsonl"
+    spool.write_text('{"table": "calls", "row": {"call_id": "c0"}}\nnot json\n')
+    with pytest.raises(DatabaseError) as refused:
+        await UsageRecorder(sqlite_engine, spool=spool).start()
+    assert str(refused.value) == (f"cannot read the usage rows kept in {spool}: "
+                                  "JSONDecodeError: Expecting value: line 1 column 1 (char 0)")
+    assert spool.exists()  # kept for when it can be read
