@@ -3,7 +3,9 @@ batch stops resumable, keeps its usage rows, and one resume finishes it with eve
 
 The disk is made full for real (``PRAGMA max_page_count``, tests/dbfaults.py): SQLite answers
 ``SQLITE_FULL`` on the usage rows (and every other insert of the database), or on the
-checkpoint file. After each night the rows must equal the fake server's request log.
+checkpoint file. After each night the rows must equal the fake server's request log. The
+usage writer's spool is tried on its own too: rows kept past the budget, rows that cannot
+be kept, a spool that cannot be read.
 """
 
 from __future__ import annotations
