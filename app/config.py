@@ -139,6 +139,9 @@ class Settings(BaseSettings):
     heartbeat_stale_s: float = Field(120.0, gt=0)
     # How long a batch waits for a server that stopped answering before it ends interrupted.
     outage_budget_s: float = Field(900.0, ge=0)
+    # How long a batch's database write (usage rows, checkpoints, ticker rows) is tried again
+    # while the database is away or its disk is full, before the batch stops resumable.
+    db_write_budget_s: float = Field(120.0, gt=0)
     # How often a server that does not answer is read (app/traffic/server.py).
     server_probe_interval_s: float = Field(1.0, gt=0)
     # After SIGTERM/SIGINT: how long calls in flight may take to finish before they are cut.

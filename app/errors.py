@@ -32,6 +32,8 @@ prints one line and exits with the error's ``exit_code`` (the table in app/cli/b
     │   ├── ServerOutage                the server stayed down past the outage budget (exit 5)
     │   ├── ServerBusy                  the server kept answering 429/503 past the outage
     │   │                               budget (exit 5)
+    │   ├── StorageOutage               the database took no write for the write budget (full,
+    │   │                               or away): the batch stops interrupted (exit 2)
     │   └── UsageLost                   usage rows could not be stored: the batch stops (exit 2)
     └── BatchInterrupted (app.batch.signals)  a signal stopped the batch (exit 130)
 
@@ -81,6 +83,7 @@ __all__ = [
     "ServerError",
     "ServerOutage",
     "ServingError",
+    "StorageOutage",
     "UsageLost",
     "first_line",
 ]
@@ -190,7 +193,10 @@ class BatchStopped(NightdeskError):
     """The batch is stopping (a signal, a server outage, a configuration error).
 
     Raised inside a ticker's work; the ticker is not failed but left for ``run --resume``.
+    One raised before the batch was asked to stop stops it, ending with ``status``.
     """
+
+    status = "interrupted"
 
 
 class ServerOutage(BatchStopped):
@@ -205,7 +211,16 @@ class ServerBusy(BatchStopped):
     exit_code = 5
 
 
+class StorageOutage(BatchStopped):
+    """A write (usage rows, a checkpoint) found the database full or away for longer than
+    the write budget. Nothing is lost: the rows are kept for the resume, the node is run
+    again, so the batch stops interrupted."""
+
+    exit_code = 2
+
+
 class UsageLost(BatchStopped):
     """The usage writer gave up: rows it holds are not stored, so the batch stops."""
 
     exit_code = 2
+    status = "failed"

@@ -1,23 +1,33 @@
-"""Write usage rows (llm_calls, llm_requests) off the event loop, in batches, exactly once."""
+"""Write usage rows (llm_calls, llm_requests) off the event loop, in batches, exactly once.
+
+Rows the database does not take within the write budget (full, or away) are kept in a spool
+file of their batch and written first when the batch runs again (``run --resume``).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
+import hashlib
 import json
+import os
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import structlog
 import tenacity
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
 
 from app.db.models import LLMCall, LLMRequest
-from app.db.retry import POLICY
-from app.errors import UsageLost, first_line
+from app.db.retry import POLICY, budget_s, transient
+from app.errors import BatchStopped, DatabaseError, StorageOutage, UsageLost, first_line
 
 log = structlog.get_logger(__name__)
 
@@ -51,20 +61,76 @@ def insert_ignoring_duplicates(target: Engine | Connection, table: Table,
         conn.execute(stmt.on_conflict_do_nothing(), rows)
 
 
+def spool_path(home: Path, database_url: str, batch_id: int) -> Path:
+    """Return where a batch's unstored usage rows are kept: under ``home``, one file per
+    database and batch (the URL's password is not part of the name)."""
+    where = make_url(database_url).render_as_string(hide_password=True)
+    tag = hashlib.sha256(where.encode()).hexdigest()[:12]
+    return home / "spool" / f"usage-{tag}-batch-{batch_id}.jsonl"
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, bytes):
+        return {"$bytes": base64.b64encode(value).decode()}
+    raise TypeError(f"cannot spool a {type(value).__name__}")
+
+
+def _decode(obj: dict[str, Any]) -> Any:
+    if obj.keys() == {"$datetime"}:
+        return datetime.fromisoformat(obj["$datetime"])
+    if obj.keys() == {"$bytes"}:
+        return base64.b64decode(obj["$bytes"])
+    return obj
+
+
+def write_spool(path: Path, pending: Mapping[str, list[dict[str, Any]]]) -> None:
+    """Replace ``path`` with ``pending`` (one JSON line per row), durably: written to a
+    temporary file, flushed to disk, then renamed over the old one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w", encoding="utf-8") as out:
+        for table, rows in pending.items():
+            for row in rows:
+                out.write(json.dumps({"table": table, "row": row}, default=_encode) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    temporary.replace(path)
+
+
+def read_spool(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """Return the rows kept in ``path`` per table ({} when there is no such file)."""
+    rows: dict[str, list[dict[str, Any]]] = {"calls": [], "requests": []}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return rows
+    for line in text.splitlines():
+        if line.strip():
+            entry = json.loads(line, object_hook=_decode)
+            rows[entry["table"]].append(entry["row"])
+    return rows
+
+
 class UsageRecorder:
     """Buffer rows in memory and let one background task write them.
 
     ``record_*`` only appends to a list, so the call path never waits on the database.
-    A write that fails transiently is tried again under the database writes' policy
-    (app/db/retry.py); the unique keys make a write that half-succeeded harmless to repeat.
-    When the policy gives up, or the database refuses the rows, the writer stops with
-    ``UsageLost``: ``on_lost`` is called with it and ``drain`` and ``close`` raise it, so
-    rows are never dropped without the batch stopping. ``sleep`` waits between tries.
+    A write that fails transiently (the database away, its disk full) is tried again for the
+    write budget (app/db/retry.py); the unique keys make a write that half-succeeded
+    harmless to repeat. When the budget runs out the writer stops with ``StorageOutage``
+    and every row not stored, then or later, goes to ``spool``: ``start`` of the batch's
+    next run writes them first, so no row is lost and none is stored twice. Rows the
+    database refuses (or that cannot be spooled) stop it with ``UsageLost``. Either way
+    ``on_lost`` is called once, and ``drain`` and ``close`` raise the same error, so rows
+    are never left unstored without the batch stopping. ``sleep`` waits between tries.
     """
 
     def __init__(self, engine: Engine, *, flush_interval_s: float = 0.25, max_rows: int = 500,
-                 on_lost: Callable[[UsageLost], None] | None = None,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
+                 on_lost: Callable[[BatchStopped], None] | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 spool: Path | None = None):
         self._engine = engine
         self._interval = flush_interval_s
         self._max_rows = max_rows
@@ -74,7 +140,10 @@ class UsageRecorder:
         self._closing = False
         self._on_lost = on_lost
         self._sleep = sleep
-        self.lost: UsageLost | None = None
+        self._spool = spool
+        self._spooled = False  # the spool file holds rows not yet stored
+        self._why = ""  # what the database said when the writer stopped
+        self.lost: BatchStopped | None = None
         self.written = 0
         self.write_failures = 0  # failed tries of a write
         # Rows handed in and rows stored, per table: each list is written in order, so every
@@ -98,8 +167,8 @@ class UsageRecorder:
 
         The checkpointer calls this before storing a node as finished, so a node that a
         resume will not run again always has its usage rows. While the database is away
-        this waits while the writer retries, and raises ``UsageLost`` if it gives up: no
-        node is marked done without its rows.
+        this waits while the writer retries, and raises what stopped the writer if it
+        stops: no node is marked done without its rows.
         """
         target = dict(self._recorded)
 
@@ -118,18 +187,41 @@ class UsageRecorder:
             raise self.lost
 
     async def start(self) -> None:
+        """Take up the rows an earlier run of the batch kept in the spool, then start writing;
+        a spool that cannot be read raises DatabaseError (one line)."""
+        if self._spool is not None:
+            try:
+                kept = await asyncio.to_thread(read_spool, self._spool)
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                # Going on without them would lose them: the batch does not start.
+                raise DatabaseError(f"cannot read the usage rows kept in {self._spool}: "
+                                    f"{first_line(error, typed=True)}") from None
+            for name, rows in kept.items():
+                self._pending[name] = rows + self._pending[name]
+                self._recorded[name] += len(rows)
+                self._spooled |= bool(rows)
+            if self._spooled:
+                log.info("usage rows taken from the spool", spool=str(self._spool),
+                         calls=len(kept["calls"]), requests=len(kept["requests"]))
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="usage-writer")
 
     async def close(self) -> None:
-        """Write everything still buffered, then stop; raise ``UsageLost`` if rows are not."""
+        """Write everything still buffered, then stop; raise what stopped the writer if rows
+        are not stored (those a stop kept are in the spool, those handed in since too)."""
         self._closing = True
         self._wake.set()
-        if self._task is not None:
-            await self._task
-            self._task = None
-        else:
+        task, self._task = self._task, None
+        if task is not None:
+            with contextlib.suppress(BatchStopped):  # the writer stopped: raised again below
+                await task
+        stopped_before = self.lost
+        try:
             await self._flush()
+        except StorageOutage as kept:
+            # Already told to the batch, which stopped for it; every row is in the spool.
+            if kept is not stopped_before:
+                raise
 
     async def __aenter__(self) -> UsageRecorder:
         await self.start()
@@ -155,6 +247,10 @@ class UsageRecorder:
 
     async def _flush(self) -> None:
         if self.lost is not None:
+            if isinstance(self.lost, StorageOutage) and self._has_pending():
+                # Rows handed in after the stop (calls that ended in its grace) join those
+                # kept: the spool is rewritten with every row not stored.
+                await self._keep()
             raise self.lost
         # Requests first: a call row never points at a body that is not stored yet.
         for name, table in (("requests", REQUESTS), ("calls", CALLS)):
@@ -174,6 +270,10 @@ class UsageRecorder:
                 raise await self._give_up(error) from error
             self.written += len(rows) if name == "calls" else 0
             self._stored[name] += len(rows)
+        if self._spooled and self._spool is not None and not self._has_pending():
+            # Every row the spool held is stored now (they were written first).
+            await asyncio.to_thread(self._spool.unlink, missing_ok=True)
+            self._spooled = False
         async with self._progress:
             self._progress.notify_all()
 
@@ -183,12 +283,37 @@ class UsageRecorder:
         log.warning("usage write failed; will retry", table=table, rows=rows,
                     tries=state.attempt_number, error=first_line(error))
 
-    async def _give_up(self, error: BaseException) -> UsageLost:
-        """Stop the writer for good: say why once, wake every ``drain``; return UsageLost."""
-        self.lost = UsageLost(f"usage rows could not be stored ({self._count_pending()} "
-                              f"not written): {first_line(error)}")
+    async def _keep(self) -> None:
+        """Write every row not stored to the spool; set ``lost`` to what the writer stopped
+        with: ``StorageOutage`` once they are kept, ``UsageLost`` if they cannot be."""
+        assert self._spool is not None
+        pending = self._count_pending()
+        try:
+            await asyncio.to_thread(write_spool, self._spool, self._pending)
+        except OSError as error:
+            self.lost = UsageLost(f"usage rows could not be stored ({pending} not written): "
+                                  f"{self._why}; nor kept in {self._spool}: "
+                                  f"{error.strerror or error}")
+            return
+        self._spooled = True
+        if self.lost is None:  # kept again at close: the rows joined the same spool
+            self.lost = StorageOutage(
+                f"usage rows not stored within the write budget ({budget_s():g} s): "
+                f"{self._why}; kept in {self._spool} for the resume")
+        log.warning("usage rows kept for the resume", rows=pending, spool=str(self._spool))
+
+    async def _give_up(self, error: BaseException) -> BatchStopped:
+        """Stop the writer: keep the rows for a resume when the database may take them
+        later, say why once, wake every ``drain``; return the error it stopped with."""
+        self._why = first_line(error)
+        if transient(error) and self._spool is not None:
+            await self._keep()
+        else:
+            self.lost = UsageLost(f"usage rows could not be stored ({self._count_pending()} "
+                                  f"not written): {first_line(error)}")
+        assert self.lost is not None
         log.error("usage writer gave up", pending=self._count_pending(),
-                  error=first_line(error))
+                  error=first_line(error), reason=str(self.lost))
         if self._on_lost is not None:
             self._on_lost(self.lost)
         async with self._progress:

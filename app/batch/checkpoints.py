@@ -1,7 +1,8 @@
 """Open the LangGraph checkpointer that makes a batch resumable node by node.
 
 SQLite keeps checkpoints in a file beside the database, PostgreSQL in the database itself.
-The savers flush usage rows before a write, retry through a restart, and close only once no
+The savers flush usage rows before a write, retry through a restart or a full disk for the
+write budget (past it the batch stops resumable: ``StorageOutage``), and close only once no
 call they were handed runs (``settle``).
 """
 
@@ -34,7 +35,7 @@ from sqlalchemy.engine import make_url
 
 from agents.graph import STATE_TYPES
 from app.db.engine import reason
-from app.db.retry import aretrying
+from app.db.retry import aretrying, outage, transient
 from app.errors import DatabaseError
 from app.traffic.tasks import cancel_and_wait
 
@@ -54,7 +55,7 @@ class _Guarded(BaseCheckpointSaver[Any]):
     async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self.before_write is not None:
             await self.before_write()
-        return await aretrying(fn, *args)
+        return await _retried("checkpoint not stored", fn, *args)
 
     async def _own(self, call: Coroutine[Any, Any, T]) -> T:
         """Run ``call`` in a task of the saver's own and return its result; a cancelled
@@ -95,10 +96,22 @@ class _Guarded(BaseCheckpointSaver[Any]):
         await self._own(self._write(super().aput_writes, config, writes, task_id, task_path))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await self._own(aretrying(super().aget_tuple, config))
+        return await self._own(_retried("checkpoint not read", super().aget_tuple, config))
 
     async def adelete_thread(self, thread_id: str) -> None:
         await self._own(aretrying(super().adelete_thread, thread_id))
+
+
+async def _retried(what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Await ``fn`` under the write policy; past its budget, raise ``StorageOutage``."""
+    try:
+        return await aretrying(fn, *args)
+    except Exception as error:
+        if not transient(error):
+            raise
+        # The database failed, not the ticker: its node stays unstored and runs again on
+        # resume, so the ticker stops resumable instead of failing for good.
+        raise outage(what, error) from error
 
 
 def _report_left_behind(task: asyncio.Task[Any]) -> None:

@@ -8,7 +8,7 @@ import functools
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import structlog
@@ -25,7 +25,8 @@ from app.batch.heap import batch_collector
 from app.batch.progress import BatchProgress
 from app.config import Settings
 from app.db.lock import LockHold, Runner
-from app.errors import BatchStopped, LLMError, first_line
+from app.db.retry import outage, transient, write_budget
+from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
 from app.traffic.client import TickerClient
 from app.traffic.clock import Clock, loop_clock
@@ -34,9 +35,10 @@ from app.traffic.scheduler import Admission, HoldBackTimeline, Job, Scheduler
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import first_error
-from app.usage import UsageRecorder
+from app.usage import UsageRecorder, spool_path
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -127,7 +129,8 @@ class BatchEngine:
             resuming: resumption.ResumePoint | None = start
         else:
             plan, resuming = start, None
-        with batch_collector():
+        # Every write of the batch, in its threads and tasks too, tries for its budget.
+        with batch_collector(), write_budget(self.settings.db_write_budget_s):
             async with BatchRun(self, plan, work, resuming) as run:
                 await run.drive()
         if plan.kind == "nightly" and run.outcome.status in ("succeeded", "partial"):
@@ -171,7 +174,7 @@ class BatchRun:
         owner, plan, settings = self.owner, self.plan, self.owner.settings
         self.work = self.given_work or await self._graph_work()
         if self.resuming is None:
-            self.batch_id = await asyncio.to_thread(
+            self.batch_id = await _starting(
                 store.create_batch, owner.engine, kind=plan.kind, as_of=plan.as_of,
                 tickers=plan.tickers, samples=plan.samples, label=plan.label,
                 settings={**settings.snapshot(), "samples": plan.samples,
@@ -181,22 +184,24 @@ class BatchRun:
             self.outcome = BatchOutcome(self.batch_id, "crashed")  # until the run ends
         else:
             self.batch_id = self.resuming.batch_id
-            await asyncio.to_thread(resumption.reopen, owner.engine, self.resuming)
+            await _starting(resumption.reopen, owner.engine, self.resuming)
             done, failed_before = await asyncio.to_thread(resumption.finished_tickers,
                                                           owner.engine, self.batch_id)
             self.outcome = BatchOutcome(self.batch_id, "crashed", done, failed_before)
-        self.hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
         self._log_context = structlog.contextvars.bind_contextvars(batch_id=self.batch_id)
         log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                  samples=plan.samples, strategy=self.strategy.name, as_of=str(plan.as_of))
-        self.recorder = UsageRecorder(owner.engine, on_lost=lambda lost: owner.halt.request(
-            HaltReason("failed", f"{lost}{self.hint}", lost.exit_code)))
+        hint = self.resume_hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
+        self.recorder = UsageRecorder(
+            owner.engine, spool=spool_path(settings.home, settings.database_url, self.batch_id),
+            on_lost=lambda lost: owner.halt.request(
+                HaltReason(lost.status, f"{lost}{hint}", lost.exit_code)))
         self.servers = ServerSet.connect(
             settings, self.strategy, self.recorder, engine=owner.engine,
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,
                                         settings.max_concurrency),
-            halt=owner.halt, resume_hint=self.hint, clock=owner.clock)
+            halt=owner.halt, resume_hint=self.resume_hint, clock=owner.clock)
         self.scheduler = Scheduler(self.strategy, self.servers)
         self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
                                       self.scheduler, expected_calls=self.work.expected_calls)
@@ -256,18 +261,23 @@ class BatchRun:
                 return await work.job(ticker, gated, self.batch_id)
 
         async def on_done(job: Job, decisions: Any, error: BaseException | None) -> None:
+            if error is not None and transient(error):  # a ticker row past its write budget
+                error = outage("ticker row not stored", error)
             message = None if error is None else _one_line(error)
             if isinstance(error, LLMError) and error.stops_batch:
                 # Every call would meet it (a wrong key, URL, model): stop, stay resumable.
                 owner.halt.request(HaltReason("failed", message or "", error.exit_code))
                 return
             if isinstance(error, BatchStopped):
-                if owner.halt.reason is None:  # the first to meet it (a busy server) says so
-                    owner.halt.request(HaltReason("interrupted", f"{message}{self.hint}",
-                                                  error.exit_code))
+                self._stop(error)
                 return  # stopped, not failed: left for `run --resume`
             fault = None if error is None else failure_class(error)
-            message, fault = await self._store_result(job.key, decisions or [], message, fault)
+            try:
+                message, fault = await self._store_result(job.key, decisions or [], message,
+                                                          fault)
+            except StorageOutage as stopped:  # the ticker's end is left for the resume
+                self._stop(stopped)
+                return
             if self.saver is not None and fault != INFRASTRUCTURE:
                 # A ticker the infrastructure failed keeps its checkpoints: a resume
                 # continues it from its last finished node.
@@ -340,9 +350,17 @@ class BatchRun:
             admission = outcome.admission = self.scheduler.admission()
             outcome.holdback = self.scheduler.holdback_timeline()
             if await self._may_write_end():
-                await asyncio.to_thread(
-                    store.finish_batch, self.owner.engine, self.batch_id, outcome.status,
-                    self.error_text, self.extra_settings or None)
+                try:
+                    await asyncio.to_thread(
+                        store.finish_batch, self.owner.engine, self.batch_id, outcome.status,
+                        self.error_text, self.extra_settings or None)
+                except Exception as unstored:
+                    if not transient(unstored):
+                        raise
+                    # Left `running`: the next start finds its process gone, marks it
+                    # crashed, and `run --resume` continues it.
+                    stopped = outage("the batch's end not stored", unstored)
+                    raise StorageOutage(f"{stopped}{self.resume_hint}") from unstored
             log.info("batch finished", status=outcome.status, succeeded=len(outcome.succeeded),
                      failed=len(outcome.failed), admission=admission.model_dump())
             # What closing met is raised: a cancellation always; an error when nothing else is.
@@ -354,18 +372,27 @@ class BatchRun:
         finally:
             structlog.contextvars.reset_contextvars(**self._log_context)
 
+    def _stop(self, stopped: BatchStopped) -> None:
+        """Stop the batch for ``stopped`` unless it is stopping already (then it says why)."""
+        if self.owner.halt.reason is None:  # the first to meet it: a write past its budget
+            self.owner.halt.request(HaltReason(stopped.status, f"{_one_line(stopped)}"
+                                               f"{self.resume_hint}", stopped.exit_code))
+
     async def _store_result(self, ticker: str, decisions: list[store.DecisionRow],
                             error: str | None, fault: FailureClass | None
                             ) -> tuple[str | None, FailureClass | None]:
         """Store how a ticker ended; return why it failed (None: it succeeded) and whose
         failure it was. A result the database will not take fails this ticker only, with
-        the reason, classed by what the database said."""
+        the reason, classed by what the database said; a database full or away past the
+        write budget raises StorageOutage (the ticker stays resumable)."""
         engine = self.owner.engine
         try:
             await asyncio.to_thread(store.ticker_finished, engine, self.batch_id, ticker,
                                     decisions, error, failure_class=fault)
             return error, fault
         except Exception as exc:
+            if transient(exc):  # the database, not the result: stop, resumable
+                raise outage("ticker result not stored", exc) from exc
             reason = "; ".join(filter(None, [error, f"result not stored: {_one_line(exc)}"]))
             fault = INFRASTRUCTURE if fault == INFRASTRUCTURE else failure_class(exc)
         log.error("ticker result not stored", ticker=ticker, error=reason)
@@ -410,6 +437,18 @@ class BatchRun:
         # Another run may own the batch now; the next start marks it crashed if none does.
         log.error("batch end not written: the nightly lock is lost", batch_id=self.batch_id)
         return False
+
+
+async def _starting(write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a write that starts a batch; the database full or away past the write budget is
+    one line (DatabaseError), nothing of the batch having run yet."""
+    try:
+        return await asyncio.to_thread(write, *args, **kwargs)
+    except Exception as error:
+        if not transient(error):
+            raise
+        raise DatabaseError(f"the batch could not start: {outage('its rows not stored', error)}"
+                            ) from error
 
 
 def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,

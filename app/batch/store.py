@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
 
-from sqlalchemy import Engine, ScalarSelect, func, insert, select, update
+from sqlalchemy import Connection, Engine, ScalarSelect, func, insert, select, update
 
 from agents.decision import contradicts
 from agents.graph import TickerResult
@@ -103,7 +103,11 @@ def record_outputs(engine: Engine, batch_id: int, results: list[TickerResult]) -
 @retried
 def finish_batch(engine: Engine, batch_id: int, status: str, error: str | None = None,
                  extra_settings: dict[str, Any] | None = None) -> None:
+    """Write the batch's end. A batch that did not end well always says why: without an
+    ``error`` given, its failed tickers' count and the first one's reason."""
     with engine.begin() as conn:
+        if not error and status not in ("succeeded", "partial"):
+            error = _failures(conn, batch_id)
         values: dict[str, Any] = {"status": status, "finished_at": now(), "error": error}
         if extra_settings:
             current = conn.execute(select(Batch.settings).where(Batch.id == batch_id)).scalar()
@@ -131,6 +135,19 @@ def expected_work(engine: Engine, tickers: list[str]) -> dict[str, float]:
     with engine.connect() as conn:
         return {t: float(w or 0) for t, w in conn.execute(stmt)}
 
+
+
+def _failures(conn: Connection, batch_id: int) -> str:
+    """Say in one line how many of the batch's tickers failed, and the first one's reason."""
+    failed = conn.execute(select(TickerRun.ticker, TickerRun.error)
+                          .where(TickerRun.batch_id == batch_id, TickerRun.status == "failed")
+                          .order_by(TickerRun.id)).all()
+    total = conn.execute(select(func.count()).select_from(TickerRun)
+                         .where(TickerRun.batch_id == batch_id)).scalar_one()
+    if not failed:
+        return "ended without a reason recorded"
+    ticker, reason = failed[0]
+    return f"{len(failed)} of {total} tickers failed; first {ticker}: {reason or 'no reason'}"
 
 
 def _count(batch_id: int, status: str) -> ScalarSelect[int]:

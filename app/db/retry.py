@@ -3,16 +3,20 @@
 A PostgreSQL restart (or an administrator terminating our backends) drops every pooled
 connection: the next statement on each fails once with a connection error, and the pool's
 pre-ping replaces it on the following checkout. SQLite answers "database is locked" while
-another writer holds it past the busy timeout. Both pass; a write that fails for them is
+another writer holds it past the busy timeout. A full disk (PostgreSQL's ``disk_full``,
+SQLite's ``SQLITE_FULL``) passes once space is freed. A write that fails for any of them is
 tried again from the start, so a transaction either happened once or not at all. A
 constraint violation or a bad statement is never retried: it would fail the same way.
-The policy is tenacity's; any error that ends it is raised as it came.
+The policy is tenacity's; any error that ends it is raised as it came. How long it tries
+is the write budget: ``RETRY_BUDGET_S``, or what ``write_budget`` sets for a batch.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
 import psycopg
@@ -21,7 +25,7 @@ import structlog
 import tenacity
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from app.errors import first_line
+from app.errors import StorageOutage, first_line
 
 log = structlog.get_logger(__name__)
 
@@ -36,7 +40,13 @@ MAX_DELAY_S = 5.0
 
 
 TRANSIENT_WORDS = ("locked", "busy", "terminat", "connection", "server closed", "shutdown",
-                   "could not connect", "timeout", "timed out", "recovery mode", "starting up")
+                   "could not connect", "timeout", "timed out", "recovery mode", "starting up",
+                   "disk is full", "no space left")
+# PostgreSQL's SQLSTATE classes that pass with time: connection exceptions (08), insufficient
+# resources (53: disk_full, out_of_memory, too_many_connections) and the server shutting
+# down or starting (57P01..57P05). Others of class 57 (a cancelled statement) do not.
+TRANSIENT_SQLSTATES = ("08", "53", "57P")
+SQLITE_FULL = 13
 
 
 def transient(error: BaseException) -> bool:
@@ -50,11 +60,46 @@ def transient(error: BaseException) -> bool:
     if isinstance(error, psycopg_pool.PoolTimeout | psycopg.InterfaceError):
         return True
     if isinstance(error, OperationalError | psycopg.OperationalError | sqlite3.OperationalError):
-        text = str(getattr(error, "orig", None) or error).lower()
+        cause = getattr(error, "orig", None) or error
+        if str(getattr(cause, "sqlstate", None) or "").startswith(TRANSIENT_SQLSTATES):
+            return True
+        if getattr(cause, "sqlite_errorcode", None) == SQLITE_FULL:
+            return True
         # OperationalError also covers "no such table"-like mistakes on SQLite: only the
-        # connection and locking kinds pass with time.
-        return any(word in text for word in TRANSIENT_WORDS)
+        # connection, locking and disk-space kinds pass with time.
+        return any(word in str(cause).lower() for word in TRANSIENT_WORDS)
     return False
+
+
+_budget: ContextVar[float] = ContextVar("write_budget_s", default=RETRY_BUDGET_S)
+
+
+@contextmanager
+def write_budget(seconds: float) -> Iterator[None]:
+    """Let every write retried inside this context (threads and tasks it starts included)
+    try for ``seconds`` instead of ``RETRY_BUDGET_S``."""
+    token = _budget.set(seconds)
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
+def budget_s() -> float:
+    """Return the write budget in force here."""
+    return _budget.get()
+
+
+def outage(what: str, error: BaseException) -> StorageOutage:
+    """Return the error that stops a batch whose write ``what`` met ``error`` (transient)
+    until its budget ran out: the ticker stays resumable, the reason is named."""
+    return StorageOutage(f"{what} within the write budget ({budget_s():g} s): "
+                         f"{first_line(error)}")
+
+
+def _past_budget(state: tenacity.RetryCallState) -> bool:
+    """Stop when the next try would start past the budget in force where the write runs."""
+    return bool(tenacity.stop_before_delay(_budget.get())(state))
 
 
 def _log_retry(state: tenacity.RetryCallState) -> None:
@@ -67,12 +112,14 @@ def _log_retry(state: tenacity.RetryCallState) -> None:
 # The delay before try n+1 is uniform(d/2, d), d = FIRST_DELAY_S doubling per try up to
 # MAX_DELAY_S: half of it fixed, half jittered, so writers that failed together do not all
 # come back together. No try starts past the budget; the last error is raised unchanged.
+# The budget is read when each write runs, so a batch's ``write_budget`` reaches writes
+# decorated at import.
 _HALF_FIRST, _HALF_MAX = FIRST_DELAY_S / 2, MAX_DELAY_S / 2
 POLICY: dict[str, Any] = {
     "retry": tenacity.retry_if_exception(transient),
     "wait": (tenacity.wait_exponential(multiplier=_HALF_FIRST, max=_HALF_MAX)
              + tenacity.wait_random_exponential(multiplier=_HALF_FIRST, max=_HALF_MAX)),
-    "stop": tenacity.stop_before_delay(RETRY_BUDGET_S),
+    "stop": _past_budget,
     "before_sleep": _log_retry,
     "reraise": True,
 }
@@ -81,8 +128,8 @@ POLICY: dict[str, Any] = {
 def retrying(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Call ``fn`` (which opens and commits its own transaction) until it passes.
 
-    Transient errors are retried with jittered exponential backoff for up to
-    ``RETRY_BUDGET_S``; any other error, or the last transient one, is raised.
+    Transient errors are retried with jittered exponential backoff for up to the write
+    budget (``budget_s``); any other error, or the last transient one, is raised.
     """
     return tenacity.Retrying(**POLICY)(fn, *args, **kwargs)
 

@@ -381,7 +381,13 @@ def test_a_night_where_every_ticker_failed_is_failed_and_exits_1(
         cli, ["run", "--tickers", ",".join(tickers), "--no-preflight"])
     assert result.exit_code == 1, result.output
     with get_engine(sqlite_url).connect() as conn:
-        assert conn.execute(select(Batch.status)).scalar_one() == "failed"
+        status, error = conn.execute(select(Batch.status, Batch.error)).one()
+        first = conn.execute(select(TickerRun.ticker, TickerRun.error)
+                             .order_by(TickerRun.id)).first()
+    assert status == "failed"
+    # A failed batch says why, even when no single error stopped it.
+    assert first is not None and first.error
+    assert error == f"2 of 2 tickers failed; first {first.ticker}: {first.error}"
 
 
 async def test_usage_rows_the_database_refuses_stop_the_batch_with_the_reason(

@@ -1,7 +1,9 @@
 """Check the tenacity retry policies: database writes, the usage writer, the /tokenize count.
 
-A database write (app/db/retry.py) is tried again on transient errors only, with delays
-that double from 0.2 s to 5 s, half of each jittered, within a two-minute budget; each
+A database write (app/db/retry.py) is tried again on transient errors only (the
+connection, a lock, a full disk: by SQLSTATE class or SQLite's code), with delays that
+double from 0.2 s to 5 s, half of each jittered, within a two-minute budget (or the one a
+batch sets, which reaches its threads); each
 retry logs one warning and the last error comes out unchanged. The usage writer's rows go
 through the same policy; when it gives up it says so to the batch, to ``drain`` and to
 ``close``. The budget tests run on a fake clock put into tenacity's own ``time``. A
@@ -11,6 +13,7 @@ waits for the server between tries, and gives None when it cannot count.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import structlog
 import tenacity
@@ -33,8 +37,11 @@ from app.db.retry import (
     MAX_DELAY_S,
     RETRY_BUDGET_S,
     aretrying,
+    budget_s,
     retried,
     retrying,
+    transient,
+    write_budget,
 )
 from app.errors import LLMConnectionError, LLMHTTPError, UsageLost, first_line
 from app.promptsize import PromptCounter
@@ -320,3 +327,38 @@ async def test_rows_the_database_refuses_stop_the_usage_writer_at_once(
     assert written.lost == [written.drained] == [written.closed]
     assert written.drained is not None and written.drained.exit_code == 2
     assert str(written.drained).endswith("value too long")
+
+
+@pytest.mark.parametrize("error", [
+    psycopg.errors.DiskFull('could not extend file "base/1/2": No space left on device'),
+    psycopg.errors.OutOfMemory("out of memory"),
+    psycopg.errors.AdminShutdown("terminating connection due to administrator command"),
+    psycopg.errors.CannotConnectNow("the database system is starting up"),
+    psycopg.errors.ConnectionFailure("server conn crashed?"),
+    sqlite3.OperationalError("database or disk is full"),
+], ids=lambda e: type(e).__name__)
+def test_a_full_disk_or_a_server_going_away_is_transient(error: Exception) -> None:
+    # By the SQLSTATE class (08, 53, 57P), whatever the words: a trigger or a translation
+    # may say it otherwise. Wrapped by SQLAlchemy or as the driver raised it.
+    assert transient(error)
+    assert transient(OperationalError("INSERT INTO llm_calls", {}, error))
+
+
+def test_a_statement_that_cannot_pass_is_not_transient() -> None:
+    assert not transient(psycopg.errors.UndefinedTable('relation "nope" does not exist'))
+    assert not transient(psycopg.errors.StringDataRightTruncation("value too long"))
+    assert not transient(sqlite3.OperationalError("no such table: nope"))
+
+
+async def test_a_batch_write_budget_reaches_writes_decorated_at_import_and_their_threads(
+        clock: FakeClock) -> None:
+    @retried
+    def write() -> None:
+        raise locked()
+
+    with write_budget(10.0):
+        assert budget_s() == 10.0
+        with pytest.raises(OperationalError):
+            await asyncio.to_thread(write)  # the budget travels with the thread's context
+    assert 10.0 - MAX_DELAY_S <= clock.now - 1000.0 <= 10.0
+    assert budget_s() == RETRY_BUDGET_S  # outside the batch, the default again

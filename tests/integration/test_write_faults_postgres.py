@@ -1,0 +1,179 @@
+"""PostgreSQL full or away under a night's writes: ridden out within the write budget; past
+it the batch stops resumable and one resume finishes it with every usage row.
+
+The disk is "full" through statement triggers that raise SQLSTATE ``disk_full`` on the
+usage tables or the checkpoint tables (tests/dbfaults.py); the database is "away" behind a
+TCP proxy that drops every connection and refuses new ones. Each test has a database of its
+own (the triggers must not reach another test), dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+
+from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.snapshot import SnapshotProvider
+from agents.graph import node_names
+from app.batch.checkpoints import open_checkpointer
+from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.resume import find_resumable, mark_stale_crashed
+from app.config import load_settings
+from app.db.engine import get_engine, upgrade
+from app.db.models import Batch, TickerRun
+from app.errors import StorageOutage
+from tests.dbfaults import (
+    PostgresFull,
+    TcpProxy,
+    check_rows_match,
+    failed_writes,
+    fill_at,
+    run_freeing_the_disk_at_the_stop,
+)
+from tests.fakevllm import ChatRequest, FakeServer
+from tests.integration.conftest import private_database
+
+pytestmark = pytest.mark.integration
+
+NODES = node_names(load_settings().pipeline())
+TABLES = {"usage": ["llm_calls", "llm_requests"],
+          "checkpoints": ["checkpoints", "checkpoint_blobs", "checkpoint_writes"]}
+FULL = "No space left on device"
+
+
+@pytest.fixture
+async def db_url() -> Any:
+    """A migrated database of this test's own, with the checkpoint tables made."""
+    with private_database(f"nightdesk_writes_{os.getpid()}_{uuid.uuid4().hex[:8]}") as url:
+        upgrade(url)
+        async with open_checkpointer(url):
+            pass
+        yield url
+
+
+@pytest.fixture
+def demo_dir(tmp_path: Path) -> Path:
+    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
+    return tmp_path / "data"
+
+
+def plain(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def night(url: str, demo_dir: Path, server: FakeServer, **overrides: Any) -> BatchEngine:
+    settings = load_settings(database_url=url, retry_backoff_s=0.01,
+                             check_context_length=False, **overrides)
+    return BatchEngine(settings, get_engine(url),
+                       http_client=httpx.AsyncClient(transport=server.transport()),
+                       provider=SnapshotProvider(demo_dir), sample_metrics=False)
+
+
+@pytest.mark.parametrize("where", ["usage", "checkpoints"])
+async def test_disk_full_for_five_seconds_is_ridden_out_on_postgres(
+        where: str, db_url: str, demo_dir: Path) -> None:
+    tickers = demo_tickers(2)
+    disk = PostgresFull(plain(db_url), TABLES[where])
+    server = FakeServer(fill_at(disk, 5, 5.0), nodes=NODES, tickers=tickers)
+    with structlog.testing.capture_logs() as logs:
+        outcome = await night(db_url, demo_dir, server).run(
+            BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert outcome.status == "succeeded", (outcome.failed, outcome.halt)
+    said = failed_writes(logs)
+    assert said and all(FULL in line for line in said)  # the fault was met, and passed
+    check_rows_match(get_engine(db_url), server)
+
+
+@pytest.mark.parametrize("where", ["usage", "checkpoints"])
+async def test_disk_full_past_the_budget_stops_resumable_and_one_resume_has_every_row(
+        where: str, db_url: str, demo_dir: Path) -> None:
+    tickers = demo_tickers(3)
+    disk = PostgresFull(plain(db_url), TABLES[where])
+    first = FakeServer(fill_at(disk, 8, 3600.0), nodes=NODES, tickers=tickers)
+    runner = night(db_url, demo_dir, first, db_write_budget_s=1.0)
+    outcome = await run_freeing_the_disk_at_the_stop(
+        runner, BatchPlan("nightly", DEMO_AS_OF, tickers), disk)
+    assert outcome.status == "interrupted" and not outcome.failed
+    assert outcome.halt is not None and outcome.halt.exit_code == 2
+    reason = outcome.halt.message
+    assert "within the write budget (1 s): could not extend file" in reason
+    assert f"nightdesk run --resume {outcome.batch_id}" in reason
+    engine = get_engine(db_url)
+    with engine.connect() as conn:
+        batch = conn.execute(select(Batch.status, Batch.error)).one()
+        runs = set(conn.execute(select(TickerRun.status)).scalars())
+    assert tuple(batch) == ("interrupted", reason)
+    assert "failed" not in runs
+
+    second = FakeServer(nodes=NODES, tickers=tickers)
+    resumed = await night(db_url, demo_dir, second).run(
+        find_resumable(engine, None, stale_s=120))
+    assert resumed.status == "succeeded" and sorted(resumed.succeeded) == sorted(tickers)
+    check_rows_match(engine, first, second)
+
+
+@pytest.fixture
+def proxy() -> Iterator[TcpProxy]:
+    server = TcpProxy(("127.0.0.1", 5432))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+async def test_the_database_away_for_ten_seconds_is_ridden_out(
+        db_url: str, demo_dir: Path, proxy: TcpProxy) -> None:
+    url = make_url(db_url).set(port=proxy.port).render_as_string(hide_password=False)
+    tickers = demo_tickers(2)
+
+    def away(chat: ChatRequest) -> None:
+        if chat.index == 6:
+            proxy.cut(10.0)
+
+    server = FakeServer(away, nodes=NODES, tickers=tickers)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            outcome = await night(url, demo_dir, server, db_write_budget_s=60.0).run(
+                BatchPlan("nightly", DEMO_AS_OF, tickers))
+        assert proxy.cuts == 1
+        assert outcome.status == "succeeded", (outcome.failed, outcome.halt)
+        assert failed_writes(logs)  # writes met the database away, and passed
+        check_rows_match(get_engine(url), server)
+    finally:
+        get_engine(url).dispose()
+
+
+async def test_a_disk_full_for_good_ends_the_night_in_one_line_and_it_resumes_later(
+        db_url: str, demo_dir: Path) -> None:
+    # Even the batch's end cannot be written: the run ends with one line naming why and how
+    # to go on; once space is back the next start takes the dead batch for crashed.
+    tickers = demo_tickers(2)
+    disk = PostgresFull(plain(db_url), [*TABLES["usage"], "batches", "ticker_runs"])
+    first = FakeServer(fill_at(disk, 8, 3600.0), nodes=NODES, tickers=tickers)
+    with pytest.raises(StorageOutage) as stopped:
+        await night(db_url, demo_dir, first, db_write_budget_s=1.0).run(
+            BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert str(stopped.value) == (
+        "the batch's end not stored within the write budget (1 s): could not extend file "
+        f'"base/test": {FULL}; resume with `nightdesk run --resume 1`')
+    assert stopped.value.exit_code == 2
+    engine = get_engine(db_url)
+    with engine.connect() as conn:
+        assert conn.execute(select(Batch.status)).scalar_one() == "running"
+    disk.release()
+
+    assert mark_stale_crashed(engine, 0.0) == [1]
+    second = FakeServer(nodes=NODES, tickers=tickers)
+    resumed = await night(db_url, demo_dir, second).run(
+        find_resumable(engine, 1, stale_s=120))
+    assert resumed.status == "succeeded"
+    check_rows_match(engine, first, second)
