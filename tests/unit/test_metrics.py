@@ -26,7 +26,7 @@ from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
 from tests.unit.clirun import run_cli
-from tests.unit.night_rows import Rated, add_night, at
+from tests.unit.night_rows import Rated, add_night, add_resumed_calls, at
 from tests.webhook import closed_port
 
 D1, D2 = date(2026, 11, 26), date(2026, 11, 27)
@@ -89,6 +89,17 @@ def test_metrics_read_the_stored_nights(sqlite_engine: Engine, client: TestClien
     assert got[("nightdesk_night_next_due_timestamp_seconds", ())] == \
         (DUE2 + timedelta(days=1)).timestamp()
     assert got[("nightdesk_metrics_database_up", ())] == 1
+
+
+def test_a_resumed_nights_rate_leaves_its_pause_out(sqlite_engine: Engine,
+                                                   client: TestClient) -> None:
+    night = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.5)}, minutes=130)
+    add_resumed_calls(sqlite_engine, night, DUE2)
+    with time_machine.travel(DUE2 + timedelta(hours=3), tick=False):
+        got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
+    # 16,000 tokens over the 200 s its calls ran; the 2 h stop apart.
+    assert got[("nightdesk_night_output_tokens_per_second", ())] == 80.0
+    assert got[("nightdesk_night_paused_seconds", ())] == 7_200.0
 
 
 def test_a_missed_night_and_a_night_cut_short(sqlite_engine: Engine,
