@@ -3,21 +3,22 @@
 The estimate is the larger of two bounds, each from what the batch shows now (never from the
 elapsed time, which counts a ramp, a pause or a resume's earlier run):
 
-- work: output tokens left ÷ the server's current output rate. Tokens left are, node by
+- work: output tokens left ÷ the servers' current output rate. Tokens left are, node by
   node, the calls not yet answered × what that node's answered calls cost in output so far,
-  every attempt and re-ask included: a retry or a portfolio manager's re-ask makes a call
-  dearer, never the night shorter. Progress counts calls (a node of a sample of a ticker
-  answered), not attempts. The rate is the servers' generation counter over the last
-  ``WINDOW_S`` (``/metrics`` readings), else the output of the calls that ended in it;
-  when nothing came out in it, the batch's output over the time its calls ran.
-- chain: the longest chain of calls left (a sample's nodes run one after another, its
-  analysts side by side) × the recent per-call latency, issue to answer: however fast the
-  server, a ticker's last nodes wait for each other. This bound keeps the ETA above 0 while
-  any call is left.
+  every attempt and re-ask included (a retry or a portfolio manager's re-ask makes a call
+  dearer, never the night shorter), less what the calls under way have already made (the
+  servers' generation counter beyond the stored calls' output). Progress counts calls (a
+  node of a sample of a ticker answered), not attempts. The rate is the servers' counter
+  over the last ``WINDOW_S``, else the output of the calls that ended in it; when nothing
+  came out in it, the batch's output over the time its calls ran.
+- chain: the longest chain of calls left, one after another (a sample's analysts side by
+  side as one step), each at its node's median latency so far, issue to answer: however
+  fast the server, a ticker's last nodes wait for each other. A node no call has answered
+  yet adds nothing (the bound is a floor; the work bound covers it). While a call is left
+  whose node has answered once, the ETA is above 0.
 
-The interval: the work bound at the highest and the lowest rate of the window's
-``SLICES`` slices, the chain bound at the recent latencies' quartiles; each end is the larger
-of its two bounds.
+The interval: the work bound at the fastest and the slowest of the window's ``SLICES``
+slices, the chain bound at its nodes' latency quartiles; each end the larger of its two.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ from agents.nodes import ANALYSTS
 from app.activity import active_time
 from app.db.models import Batch, LLMCall, ProgressReading, ServerSample, TickerRun
 
-WINDOW_S = 120.0  # the recent past the rate and the latency are read over
+WINDOW_S = 120.0  # the recent past the rate is read over
 SLICES = 4  # the window's parts whose rates bound the interval
-MIN_LATENCIES = 3  # fewer calls in the window: the latest this many answered instead
 FINISHED = ("succeeded", "failed")  # a ticker in these runs no more calls
+FINISHED_BATCH = ("succeeded", "partial")  # a batch whose rows are final
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,10 @@ class Reading:
     rate_low_tok_s: float | None
     rate_high_tok_s: float | None
     rate_source: str | None  # "server": /metrics; "calls": answered calls; "batch": so far
-    chain_left: int
-    latency_s: float | None
-    latency_low_s: float | None
-    latency_high_s: float | None
+    chain_left: int  # calls one after another on the longest chain left
+    chain_s: float | None  # that chain at its nodes' median latencies (None: no chain left)
+    chain_low_s: float | None  # ... at their first quartiles
+    chain_high_s: float | None  # ... at their third quartiles
     eta_s: float | None
     eta_low_s: float | None
     eta_high_s: float | None
@@ -73,36 +74,19 @@ class Reading:
                 "tokens_left": self.tokens_left, "rate_tok_s": self.rate_tok_s,
                 "rate_low_tok_s": self.rate_low_tok_s, "rate_high_tok_s": self.rate_high_tok_s,
                 "rate_source": self.rate_source, "chain_left": self.chain_left,
-                "latency_s": self.latency_s, "latency_low_s": self.latency_low_s,
-                "latency_high_s": self.latency_high_s, "eta_s": self.eta_s,
+                "chain_s": self.chain_s, "chain_low_s": self.chain_low_s,
+                "chain_high_s": self.chain_high_s, "eta_s": self.eta_s,
                 "eta_low_s": self.eta_low_s, "eta_high_s": self.eta_high_s}
 
 
-def bound(tokens_left: float, rate: float | None, chain_left: int,
-          latency: float | None) -> float | None:
-    """Return the larger of tokens left ÷ rate and chain left × latency (None: neither known).
+def bound(tokens_left: float, rate: float | None, chain_s: float | None) -> float | None:
+    """Return the larger of tokens left ÷ rate and the chain's seconds (None: neither known).
 
-    0 only when nothing is left; a rate of 0 with tokens left gives no work bound (the
-    server produced nothing in the window: the chain bound stands alone).
+    A rate of 0 or None gives no work bound; 0 only when no tokens and no chain are left.
     """
     work = tokens_left / rate if rate and rate > 0 else None
-    chain = chain_left * latency if latency is not None else None
-    known = [b for b in (work, chain) if b is not None]
-    if not known:
-        return None
-    if tokens_left <= 0 and chain_left <= 0:
-        return 0.0
-    return max(known)
-
-
-def estimate(tokens_left: float, chain_left: int, rate: float | None, rate_low: float | None,
-             rate_high: float | None, latency: float | None, latency_low: float | None,
-             latency_high: float | None) -> tuple[float | None, float | None, float | None]:
-    """Return (eta, low, high) in seconds: ``bound`` at the central, the optimistic (highest
-    rate, lowest latency) and the pessimistic inputs."""
-    return (bound(tokens_left, rate, chain_left, latency),
-            bound(tokens_left, rate_high, chain_left, latency_low),
-            bound(tokens_left, rate_low, chain_left, latency_high))
+    known = [b for b in (work, chain_s) if b is not None]
+    return max(known) if known else None
 
 
 def pipeline_nodes(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -111,12 +95,100 @@ def pipeline_nodes(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
                                             int(settings.get("risk_rounds", 2)))
 
 
-def _latencies(calls: Sequence[Any], since: datetime) -> list[float]:
-    answered = sorted((c for c in calls if c.status == "ok"), key=lambda c: c.ended_at)
-    recent = [c for c in answered if c.ended_at >= since] or answered[-MIN_LATENCIES:]
-    if len(recent) < MIN_LATENCIES:
-        recent = answered[-MIN_LATENCIES:]
-    return [(c.ended_at - (c.ready_at or c.started_at)).total_seconds() for c in recent]
+def _costs(calls: Sequence[Any]) -> dict[str, float]:
+    """Return each node's output per answered call, every attempt's output counted."""
+    cost: dict[str, float] = defaultdict(float)
+    answered: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for c in calls:
+        cost[c.node] += c.completion_tokens or 0
+        if c.status == "ok":
+            answered[c.node].add((c.ticker, c.sample))
+    return {n: cost[n] / len(answered[n]) for n in answered}
+
+
+def _prior(engine: Engine, batch_id: int) -> tuple[dict[str, float],
+                                                   dict[str, tuple[float, float, float]]]:
+    """Return the newest earlier finished batch of the same kind and model: its nodes' output
+    per call and latency quartiles, for the nodes this batch has not answered yet."""
+    with engine.connect() as conn:
+        this = conn.execute(select(Batch.kind, Batch.settings)
+                            .where(Batch.id == batch_id)).one()
+        model = (this.settings or {}).get("model")
+        earlier = conn.execute(select(Batch.id, Batch.settings)
+                               .where(Batch.id < batch_id, Batch.kind == this.kind,
+                                      Batch.status.in_(FINISHED_BATCH))
+                               .order_by(Batch.id.desc()).limit(20)).all()
+        same = next((b.id for b in earlier
+                     if (b.settings or {}).get("model") == model), None)
+        if same is None:
+            return {}, {}
+        calls = conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.sample,
+                                    LLMCall.status, LLMCall.completion_tokens,
+                                    LLMCall.ready_at, LLMCall.started_at, LLMCall.ended_at)
+                             .where(LLMCall.batch_id == same)).all()
+    return _costs(calls), _node_latencies(calls)
+
+
+def _node_latencies(calls: Sequence[Any]) -> dict[str, tuple[float, float, float]]:
+    """Return each node's answered calls' latency, issue to answer: (q1, median, q3)."""
+    seen: dict[str, list[float]] = defaultdict(list)
+    for c in calls:
+        if c.status == "ok":
+            seen[c.node].append((c.ended_at - (c.ready_at or c.started_at)).total_seconds())
+    out = {}
+    for node, values in seen.items():
+        q = statistics.quantiles(values, n=4) if len(values) >= 2 else values * 3
+        out[node] = (q[0], statistics.median(values), q[2])
+    return out
+
+
+def _chain_seconds(left: list[str], analysts: list[str],
+                   took: dict[str, tuple[float, float, float]],
+                   recent: tuple[float, float, float] | None) -> tuple[float, float, float] | None:
+    """Return the time one sample's calls left take one after another (q1, median, q3): its
+    analysts side by side as one step at their nodes' latency, each later node at its own
+    or, not answered yet, at ``recent``; None when no step has a latency to go by."""
+    steps = [[took[n] for n in left if n in analysts and n in took]]
+    steps += [[took.get(n) or recent] if (n in took or recent) else []
+              for n in left if n not in analysts]
+    known = [step for step in steps if step]
+    if not known:
+        return None
+    return tuple(sum(max(t[i] for t in step) for step in known)  # type: ignore[return-value]
+                 for i in range(3))
+
+
+def _recent_chain_latency(calls: Sequence[Any], analysts: list[str],
+                          since: datetime) -> tuple[float, float, float] | None:
+    """Return the latency quartiles of the chain's calls (not the analysts': they run four
+    side by side) answered since ``since``, else of the latest answered; None: none yet."""
+    chain = sorted((c for c in calls if c.status == "ok" and c.node not in analysts),
+                   key=lambda c: c.ended_at)
+    recent = [c for c in chain if c.ended_at >= since] or chain[-3:]
+    values = [(c.ended_at - (c.ready_at or c.started_at)).total_seconds() for c in recent]
+    if not values:
+        return None
+    q = statistics.quantiles(values, n=4) if len(values) >= 2 else values * 3
+    return (q[0], statistics.median(values), q[2])
+
+
+def _in_flight(samples: Sequence[Any], calls: Sequence[Any]) -> float:
+    """Return the output the servers made that no stored call accounts for yet: calls under
+    way (the counters' increase since the batch's first reading, less the output of the
+    calls that ended since)."""
+    if not samples:
+        return 0.0
+    first = min(s.sampled_at for s in samples)
+    made = 0.0
+    by_endpoint: dict[str | None, list[Any]] = defaultdict(list)
+    for s in samples:
+        by_endpoint[s.endpoint].append(s)
+    for rows in by_endpoint.values():
+        rows.sort(key=lambda s: s.sampled_at)
+        for before, after in pairwise(rows):
+            step = after.generation_tokens_total - before.generation_tokens_total
+            made += step if step >= 0 else after.generation_tokens_total
+    return max(0.0, made - sum(c.completion_tokens or 0 for c in calls if c.ended_at >= first))
 
 
 def _server_rates(samples: Sequence[Any], since: datetime, now: datetime) -> list[float]:
@@ -172,31 +244,28 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
         samples = conn.execute(select(ServerSample.endpoint, ServerSample.sampled_at,
                                       ServerSample.generation_tokens_total)
                                .where(ServerSample.batch_id == batch_id,
-                                      ServerSample.sampled_at <= now,
-                                      ServerSample.sampled_at
-                                      >= now - timedelta(seconds=2 * WINDOW_S))).all()
-        tickers: dict[str, str] = {r.ticker: r.status for r in conn.execute(
-            select(TickerRun.ticker, TickerRun.status).where(TickerRun.batch_id == batch_id))}
+                                      ServerSample.sampled_at <= now)).all()
+        tickers = conn.execute(select(TickerRun.ticker, TickerRun.status,
+                                      TickerRun.finished_at)
+                               .where(TickerRun.batch_id == batch_id)).all()
     settings = batch.settings or {}
     samples_per_ticker = int(settings.get("samples") or 1)
     analysts, chain = pipeline_nodes(settings)
     nodes = [*analysts, *chain]
-    answered: set[tuple[str, str, int]] = set()
-    cost: dict[str, float] = defaultdict(float)  # every attempt's output, by node
-    for c in calls:
-        cost[c.node] += c.completion_tokens or 0
-        if c.status == "ok":
-            answered.add((c.ticker, c.node, c.sample))
-    done_by_node: dict[str, int] = defaultdict(int)
-    for _, node, _ in answered:
-        done_by_node[node] += 1
-    overall = sum(cost.values()) / len(answered) if answered else 0.0
-    per_call = {n: cost[n] / done_by_node[n] if done_by_node[n] else overall for n in nodes}
-    # A ticker's status may lag its calls (stored after the last answer): finished means
-    # no more calls whatever was answered.
-    open_tickers = [t for t, status in tickers.items() if status not in FINISHED]
+    answered = {(c.ticker, c.node, c.sample) for c in calls if c.status == "ok"}
+    prior_cost, prior_took = _prior(engine, batch_id)
+    own = _costs(calls)
+    overall = sum(c.completion_tokens or 0 for c in calls) / len(answered) if answered else 0.0
+    per_call = {n: own.get(n, prior_cost.get(n, overall)) for n in nodes}
+    # A finished ticker runs no more calls, whatever it answered; one finished after
+    # ``now`` was still open then.
+    open_tickers = [t.ticker for t in tickers
+                    if t.status not in FINISHED or (t.finished_at or now) > now]
+    took = {**prior_took, **_node_latencies(calls)}
+    recent = _recent_chain_latency(calls, analysts, now - timedelta(seconds=WINDOW_S))
     tokens_left = 0.0
     calls_left = longest = 0
+    slowest: tuple[float, float, float] | None = None  # the longest chain's seconds
     for t in open_tickers:
         for s in range(samples_per_ticker):
             left = [n for n in nodes if (t, n, s) not in answered]
@@ -204,6 +273,11 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
             tokens_left += sum(per_call[n] for n in left)
             steps = any(n in left for n in analysts) + sum(n in left for n in chain)
             longest = max(longest, steps)
+            this = _chain_seconds(left, analysts, took, recent)
+            if this is not None and (slowest is None or this[1] > slowest[1]):
+                slowest = this
+    # Calls under way have made part of their output: the servers' counter says how much.
+    tokens_left = max(0.0, tokens_left - _in_flight(samples, calls))
     first = min((c.started_at for c in calls), default=now)
     since = max(first, now - timedelta(seconds=WINDOW_S))
     rates: list[float] = []
@@ -219,16 +293,15 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
         output = sum(c.completion_tokens or 0 for c in calls)
         rates, source = ([output / ran] if ran > 0 else []), "batch"
     rate = statistics.fmean(rates) if rates else None
-    lat = _latencies(calls, now - timedelta(seconds=WINDOW_S))
-    latency = statistics.median(lat) if lat else None
-    quart = statistics.quantiles(lat, n=4) if len(lat) >= 2 else [latency, latency, latency]
-    eta, low, high = estimate(tokens_left, longest, rate, min(rates, default=None),
-                              max(rates, default=None), latency, quart[0], quart[2])
+    low_s, chain_s, high_s = slowest or (None, None, None)
+    eta, low, high = (bound(tokens_left, rate, chain_s),
+                      bound(tokens_left, max(rates, default=None), low_s),
+                      bound(tokens_left, min(rates, default=None), high_s))
     expected = len(nodes) * samples_per_ticker * int(batch.tickers_total)
     return Reading(now, expected, len(answered), len(calls),
                    int(sum(c.completion_tokens or 0 for c in calls)), tokens_left, rate,
                    min(rates, default=None), max(rates, default=None), source, longest,
-                   latency, quart[0], quart[2], eta, low, high)
+                   chain_s, low_s, high_s, eta, low, high)
 
 
 def record(engine: Engine, batch_id: int, found: Reading) -> None:

@@ -282,9 +282,9 @@ class ProgressReading(Base):
     rate_high_tok_s: Mapped[float | None] = mapped_column(Float)
     rate_source: Mapped[str | None] = mapped_column(String(16))  # server | calls | batch
     chain_left: Mapped[int] = mapped_column(Integer)
-    latency_s: Mapped[float | None] = mapped_column(Float)  # the recent median, issue to answer
-    latency_low_s: Mapped[float | None] = mapped_column(Float)  # its quartiles
-    latency_high_s: Mapped[float | None] = mapped_column(Float)
+    chain_s: Mapped[float | None] = mapped_column(Float)  # chain left at median latencies
+    chain_low_s: Mapped[float | None] = mapped_column(Float)  # ... at their quartiles
+    chain_high_s: Mapped[float | None] = mapped_column(Float)
     eta_s: Mapped[float | None] = mapped_column(Float)
     eta_low_s: Mapped[float | None] = mapped_column(Float)
     eta_high_s: Mapped[float | None] = mapped_column(Float)

@@ -18,13 +18,14 @@ CHAIN = sequential_nodes(2, 2)  # 13 nodes one after another, after the 4 analys
 NODES = [*ANALYSTS, *CHAIN]
 COST = 100
 LATENCY_S = 4.0
-SETTINGS = {"debate_rounds": 2, "risk_rounds": 2, "samples": 1}
+SETTINGS = {"debate_rounds": 2, "risk_rounds": 2, "samples": 1, "model": "tiny"}
 
 
-def batch(engine: Engine, tickers: dict[str, str]) -> int:
+def batch(engine: Engine, tickers: dict[str, str], status: str = "running",
+          model: str = "tiny") -> int:
     with Session(engine) as s:
-        row = Batch(kind="nightly", as_of=T0.date(), status="running", created_at=T0,
-                    started_at=T0, heartbeat_at=NOW, settings=SETTINGS,
+        row = Batch(kind="nightly", as_of=T0.date(), status=status, created_at=T0,
+                    started_at=T0, heartbeat_at=NOW, settings={**SETTINGS, "model": model},
                     tickers_total=len(tickers))
         s.add(row)
         s.flush()

@@ -25,11 +25,12 @@ def test_work_left_over_the_servers_rate_now(sqlite_engine: Engine) -> None:
     calls(sqlite_engine, b, "BBB", list(ANALYSTS))
     counter(sqlite_engine, b, [5.0, 5.0, 5.0, 5.0])
     found = eta.reading(sqlite_engine, b, NOW)
-    # BBB has its 13 later nodes left at 100 tokens each: 1,300 tokens at 5 tok/s.
+    # BBB has its 13 later nodes left at 100 tokens each, 1,300 tokens, less the 200 the
+    # servers made in 2 minutes (600) beyond the calls answered in them (400): under way.
     assert (found.calls_done, found.calls_expected, found.chain_left) == (21, 34, 13)
-    assert found.tokens_left == 1_300 and found.rate_source == "server"
+    assert found.tokens_left == 1_100 and found.rate_source == "server"
     assert found.rate_tok_s == pytest.approx(5.0)
-    assert found.eta_s == pytest.approx(260.0)  # above the chain's 13 × 4 s = 52 s
+    assert found.eta_s == pytest.approx(220.0)  # above the chain's 13 × 4 s = 52 s
 
 
 def test_retries_and_re_asks_make_calls_dearer_not_the_night_shorter(
@@ -44,8 +45,9 @@ def test_retries_and_re_asks_make_calls_dearer_not_the_night_shorter(
     counter(sqlite_engine, b, [5.0, 5.0, 5.0, 5.0])
     found = eta.reading(sqlite_engine, b, NOW)
     assert found.attempts == 23 and found.calls_done == 21  # calls, not attempts
-    assert found.tokens_left == 11 * COST + 2 * COST + 2 * COST
-    assert found.eta_s == pytest.approx(1_500 / 5.0)
+    # 200 of it made already by calls under way (as above).
+    assert found.tokens_left == 11 * COST + 2 * COST + 2 * COST - 200
+    assert found.eta_s == pytest.approx(1_300 / 5.0)
 
 
 def test_the_tail_is_the_chain_left_times_the_latency_never_zero(
@@ -55,7 +57,7 @@ def test_the_tail_is_the_chain_left_times_the_latency_never_zero(
     calls(sqlite_engine, b, "BBB", NODES[:-2])  # neutral_r2 and the portfolio manager left
     counter(sqlite_engine, b, [500.0, 500.0, 500.0, 500.0])  # 200 tokens: 0.4 s of work
     found = eta.reading(sqlite_engine, b, NOW)
-    assert found.chain_left == 2 and found.latency_s == LATENCY_S
+    assert found.chain_left == 2 and found.chain_s == 2 * LATENCY_S
     assert found.eta_s == 2 * LATENCY_S
 
 
@@ -77,7 +79,7 @@ def test_the_interval_spans_the_windows_slowest_and_fastest_rate(
     assert (found.rate_low_tok_s, found.rate_high_tok_s) == (2.0, 8.0)
     assert found.rate_tok_s == pytest.approx(5.0)
     assert (found.eta_low_s, found.eta_s, found.eta_high_s) == pytest.approx(
-        (1_300 / 8.0, 1_300 / 5.0, 1_300 / 2.0))
+        (1_100 / 8.0, 1_100 / 5.0, 1_100 / 2.0))
 
 
 def test_without_metrics_the_rate_is_the_output_of_the_calls_that_ended(
@@ -107,8 +109,8 @@ def test_a_reading_is_stored_with_its_inputs(sqlite_engine: Engine) -> None:
     with Session(sqlite_engine) as s:
         row = s.scalars(select(ProgressReading)).one()
     assert (row.batch_id, row.taken_at, row.calls_done, row.tokens_left, row.chain_left) == (
-        b, NOW, 21, 1_300, 13)
-    assert row.eta_s == pytest.approx(260.0) and row.latency_s == LATENCY_S
+        b, NOW, 21, 1_100, 13)
+    assert row.eta_s == pytest.approx(220.0) and row.chain_s == 13 * LATENCY_S
 
 
 def test_a_window_without_output_falls_back_to_the_batchs_rate_so_far(
@@ -121,3 +123,20 @@ def test_a_window_without_output_falls_back_to_the_batchs_rate_so_far(
     assert found.rate_source == "batch"
     assert found.rate_tok_s == pytest.approx(1_700 / 66)
     assert found.eta_s == pytest.approx(66.0)
+
+
+@pytest.mark.parametrize(("model", "pm_tokens"), [("tiny", 300), ("other", COST)])
+def test_nodes_not_answered_yet_cost_what_the_night_before_made(
+        sqlite_engine: Engine, model: str, pm_tokens: int) -> None:
+    before = batch(sqlite_engine, {"AAA": "succeeded"}, status="succeeded", model=model)
+    calls(sqlite_engine, before, "AAA", NODES[:-1], end=NOW - timedelta(days=1))
+    calls(sqlite_engine, before, "AAA", ["portfolio_manager"], tokens=300,
+          end=NOW - timedelta(days=1))
+    b = batch(sqlite_engine, {"AAA": "running"})
+    calls(sqlite_engine, b, "AAA", NODES[:-1])
+    counter(sqlite_engine, b, [5.0, 5.0, 5.0, 5.0])
+    found = eta.reading(sqlite_engine, b, NOW)
+    # Its portfolio manager has not answered: 300 tokens as the night before of the same
+    # model made; a night of another model says nothing, so the mean of this night's calls.
+    assert found.tokens_left == pm_tokens
+    assert found.eta_s == pytest.approx(pm_tokens / 5.0)

@@ -55,7 +55,7 @@ EXPECTED = {
     "progress_readings": {
         "id", "batch_id", "taken_at", "calls_expected", "calls_done", "attempts",
         "output_tokens", "tokens_left", "rate_tok_s", "rate_low_tok_s", "rate_high_tok_s",
-        "rate_source", "chain_left", "latency_s", "latency_low_s", "latency_high_s", "eta_s",
+        "rate_source", "chain_left", "chain_s", "chain_low_s", "chain_high_s", "eta_s",
         "eta_low_s", "eta_high_s",
     },
 }
