@@ -149,8 +149,10 @@ def _chain_seconds(left: list[str], analysts: list[str],
     analysts side by side as one step at their nodes' latency, each later node at its own
     or, not answered yet, at ``recent``; None when no step has a latency to go by."""
     steps = [[took[n] for n in left if n in analysts and n in took]]
-    steps += [[took.get(n) or recent] if (n in took or recent) else []
-              for n in left if n not in analysts]
+    for n in left:
+        if n not in analysts:
+            seen = took.get(n, recent)
+            steps.append([seen] if seen is not None else [])
     known = [step for step in steps if step]
     if not known:
         return None
@@ -234,7 +236,7 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     """Return the batch's reading at ``now`` from the rows stored by then (a past ``now``
     replays the night as it stood)."""
     with engine.connect() as conn:
-        batch = conn.execute(select(Batch.settings, Batch.tickers_total)
+        batch = conn.execute(select(Batch.settings, Batch.tickers_total, Batch.started_at)
                              .where(Batch.id == batch_id)).one()
         calls = conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.sample,
                                     LLMCall.status, LLMCall.completion_tokens,
@@ -278,8 +280,9 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
                 slowest = this
     # Calls under way have made part of their output: the servers' counter says how much.
     tokens_left = max(0.0, tokens_left - _in_flight(samples, calls))
-    first = min((c.started_at for c in calls), default=now)
-    since = max(first, now - timedelta(seconds=WINDOW_S))
+    # From the batch's start at the earliest: calls under way are in no row yet.
+    first = min((c.started_at for c in calls), default=batch.started_at or now)
+    since = max(min(first, batch.started_at or first), now - timedelta(seconds=WINDOW_S))
     rates: list[float] = []
     source = None
     if (now - since).total_seconds() > 0:
