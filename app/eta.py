@@ -10,12 +10,16 @@ elapsed time, which counts a ramp, a pause or a resume's earlier run):
   servers' generation counter beyond the stored calls' output). Progress counts calls (a
   node of a sample of a ticker answered), not attempts. The rate is the servers' counter
   over the last ``WINDOW_S``, else the output of the calls that ended in it; when nothing
-  came out in it, the batch's output over the time its calls ran.
+  came out in it, the batch's output over the time its calls ran. Before the batch's
+  first answer there is no work bound: a warming server's rate says little.
 - chain: the longest chain of calls left, one after another (a sample's analysts side by
   side as one step), each at its node's median latency so far, issue to answer: however
-  fast the server, a ticker's last nodes wait for each other. A node no call has answered
-  yet adds nothing (the bound is a floor; the work bound covers it). While a call is left
-  whose node has answered once, the ETA is above 0.
+  fast the server, a ticker's last nodes wait for each other. A node not answered yet in
+  this batch takes its latency in the newest earlier finished batch of the same kind and
+  model, else the recent latency of the chain's calls, else adds nothing. The step under
+  way has run since the sample's last answer (its ticker's start): what is left of it
+  counts, never less than ``OVERDUE_SHARE`` of it, so the ETA stays above 0 while a call
+  whose node has a latency is left.
 
 The interval: the work bound at the fastest and the slowest of the window's ``SLICES``
 slices, the chain bound at its nodes' latency quartiles; each end the larger of its two.
@@ -42,6 +46,7 @@ WINDOW_S = 120.0  # the recent past the rate is read over
 SLICES = 4  # the window's parts whose rates bound the interval
 FINISHED = ("succeeded", "failed")  # a ticker in these runs no more calls
 FINISHED_BATCH = ("succeeded", "partial")  # a batch whose rows are final
+OVERDUE_SHARE = 0.5  # of its latency, the least a call under way is given still to go
 
 
 @dataclass(frozen=True)
@@ -144,10 +149,13 @@ def _node_latencies(calls: Sequence[Any]) -> dict[str, tuple[float, float, float
 
 def _chain_seconds(left: list[str], analysts: list[str],
                    took: dict[str, tuple[float, float, float]],
-                   recent: tuple[float, float, float] | None) -> tuple[float, float, float] | None:
+                   recent: tuple[float, float, float] | None,
+                   running_s: float) -> tuple[float, float, float] | None:
     """Return the time one sample's calls left take one after another (q1, median, q3): its
     analysts side by side as one step at their nodes' latency, each later node at its own
-    or, not answered yet, at ``recent``; None when no step has a latency to go by."""
+    or, not answered yet, at ``recent``; None when no step has a latency to go by. The
+    first step has run ``running_s`` already: what is left of it, but never less than
+    ``OVERDUE_SHARE`` of it (a call past its usual latency still has time to go)."""
     steps = [[took[n] for n in left if n in analysts and n in took]]
     for n in left:
         if n not in analysts:
@@ -156,8 +164,12 @@ def _chain_seconds(left: list[str], analysts: list[str],
     known = [step for step in steps if step]
     if not known:
         return None
-    return tuple(sum(max(t[i] for t in step) for step in known)  # type: ignore[return-value]
-                 for i in range(3))
+    out = []
+    for i in range(3):
+        times = [max(t[i] for t in step) for step in known]
+        times[0] = max(times[0] - running_s, OVERDUE_SHARE * times[0])
+        out.append(sum(times))
+    return out[0], out[1], out[2]
 
 
 def _recent_chain_latency(calls: Sequence[Any], analysts: list[str],
@@ -248,7 +260,7 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
                                .where(ServerSample.batch_id == batch_id,
                                       ServerSample.sampled_at <= now)).all()
         tickers = conn.execute(select(TickerRun.ticker, TickerRun.status,
-                                      TickerRun.finished_at)
+                                      TickerRun.started_at, TickerRun.finished_at)
                                .where(TickerRun.batch_id == batch_id)).all()
     settings = batch.settings or {}
     samples_per_ticker = int(settings.get("samples") or 1)
@@ -261,21 +273,32 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     per_call = {n: own.get(n, prior_cost.get(n, overall)) for n in nodes}
     # A finished ticker runs no more calls, whatever it answered; one finished after
     # ``now`` was still open then.
-    open_tickers = [t.ticker for t in tickers
+    open_tickers = [t for t in tickers
                     if t.status not in FINISHED or (t.finished_at or now) > now]
-    took = {**prior_took, **_node_latencies(calls)}
+    own_took = _node_latencies(calls)
+    took = {**prior_took, **own_took}
+    # When each sample's step under way began: its last answer, else its ticker's start.
+    began: dict[tuple[str, int], datetime] = {}
+    for c in calls:
+        if c.status == "ok" and c.ended_at > began.get((c.ticker, c.sample), c.ended_at
+                                                          - timedelta(seconds=1)):
+            began[(c.ticker, c.sample)] = c.ended_at
     recent = _recent_chain_latency(calls, analysts, now - timedelta(seconds=WINDOW_S))
     tokens_left = 0.0
     calls_left = longest = 0
     slowest: tuple[float, float, float] | None = None  # the longest chain's seconds
-    for t in open_tickers:
+    for run in open_tickers:
+        t = run.ticker
+        started = run.started_at if run.started_at and run.started_at <= now else None
         for s in range(samples_per_ticker):
             left = [n for n in nodes if (t, n, s) not in answered]
             calls_left += len(left)
             tokens_left += sum(per_call[n] for n in left)
             steps = any(n in left for n in analysts) + sum(n in left for n in chain)
             longest = max(longest, steps)
-            this = _chain_seconds(left, analysts, took, recent)
+            since_step = began.get((t, s), started)
+            this = _chain_seconds(left, analysts, took, recent,
+                                  0.0 if since_step is None else (now - since_step).total_seconds())
             if this is not None and (slowest is None or this[1] > slowest[1]):
                 slowest = this
     # Calls under way have made part of their output: the servers' counter says how much.
@@ -285,11 +308,13 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     since = max(min(first, batch.started_at or first), now - timedelta(seconds=WINDOW_S))
     rates: list[float] = []
     source = None
-    if (now - since).total_seconds() > 0:
+    # Before the first answer the rate says little (a server warming up, a queue filling):
+    # the chain, at the night before's latencies, stands alone.
+    if answered and (now - since).total_seconds() > 0:
         rates, source = _server_rates(samples, since, now), "server"
         if not rates:
             rates, source = _call_rates(calls, since, now), "calls"
-    if calls and not any(rates):
+    if answered and not any(rates):
         # Nothing came out in the window (a stall, a resume's first minutes): the output
         # so far over the time calls ran, rather than no work bound at all.
         ran = active_time([(c.started_at, c.ended_at) for c in calls]).active_s
