@@ -140,3 +140,27 @@ def test_nodes_not_answered_yet_cost_what_the_night_before_made(
     # model made; a night of another model says nothing, so the mean of this night's calls.
     assert found.tokens_left == pm_tokens
     assert found.eta_s == pytest.approx(pm_tokens / 5.0)
+
+
+def test_before_the_first_answer_the_chain_at_the_night_befores_latencies_stands_alone(
+        sqlite_engine: Engine) -> None:
+    before = batch(sqlite_engine, {"AAA": "succeeded"}, status="succeeded")
+    calls(sqlite_engine, before, "AAA", NODES, end=NOW - timedelta(days=1))
+    b = batch(sqlite_engine, {"AAA": "running"})
+    counter(sqlite_engine, b, [0.1, 0.1, 0.1, 0.1])  # a warming server: 1,700 tokens in 5 h
+    found = eta.reading(sqlite_engine, b, NOW)
+    assert found.rate_tok_s is None and found.calls_done == 0
+    # The analysts side by side, then 13 nodes one after another, 4 s each the night before.
+    assert found.chain_s == 14 * LATENCY_S and found.eta_s == 14 * LATENCY_S
+
+
+def test_a_call_past_its_usual_latency_still_has_half_of_it_to_go(
+        sqlite_engine: Engine) -> None:
+    b = batch(sqlite_engine, {"AAA": "succeeded", "BBB": "running"})
+    calls(sqlite_engine, b, "AAA", NODES, end=NOW - timedelta(minutes=3))
+    # BBB's last answer came 100 s ago; its portfolio manager (4 s usually) is still out.
+    calls(sqlite_engine, b, "BBB", NODES[:-1], end=NOW - timedelta(seconds=100))
+    counter(sqlite_engine, b, [500.0, 500.0, 500.0, 500.0])
+    found = eta.reading(sqlite_engine, b, NOW)
+    assert found.chain_left == 1 and found.tokens_left == 0
+    assert found.eta_s == eta.OVERDUE_SHARE * LATENCY_S > 0
