@@ -26,7 +26,7 @@ from app.web.reruns import RerunQueue
 from app.web.server import create_app
 from tests.unit.clirun import run_cli
 from tests.unit.eta_rows import NODES, calls, counter
-from tests.unit.night_rows import Rated, add_night, at, table
+from tests.unit.night_rows import Rated, add_night, add_resumed_calls, at, table
 
 USER, PASSWORD = "operator", "s3cret-pass"
 AUTH = (USER, PASSWORD)
@@ -327,3 +327,13 @@ def test_the_page_s_changes_are_nightdesk_changes(sqlite_engine: Engine,
     assert [c["ticker"] for c in cli["changes"]] == ["BBB", "AAA", "DDD"]
     shown = {r["ticker"]: (r["change"], r["previous_rating"]) for r in api["rows"]}
     assert shown == {"AAA": ("upgrade", "Hold"), "BBB": ("downgrade", "Buy"), "DDD": ("new", None)}
+
+
+def test_a_resumed_nights_page_gives_tok_s_over_the_time_it_ran(sqlite_engine: Engine,
+                                                                client: TestClient) -> None:
+    night = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.7)}, minutes=130)
+    add_resumed_calls(sqlite_engine, night, DUE2)
+    soup = page(client, f"/batches/{night}")
+    # 16,000 tokens over the 200 s its calls ran, not over the 2 h 03 min 20 s makespan.
+    assert text(soup.find(id="throughput-value")) == "80.0"
+    assert text(soup.find(id="paused")).startswith("of it 2 h 00 min paused (1 pause:")
