@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from datetime import UTC, datetime, timedelta
 
@@ -18,6 +19,7 @@ from app.db.models import LLMCall, ServerSample
 from app.errors import InputError
 from app.report import batch_report, compare_arm, endpoint_shares, throughput
 from app.serverview import server_view
+from tests.unit.clirun import run_cli
 from tests.unit.test_usage import new_batch
 
 T0 = datetime(2025, 3, 4, 22, 0, 0, tzinfo=UTC)
@@ -176,6 +178,14 @@ def test_a_resumed_nights_throughput_leaves_its_pause_out(sqlite_engine: Engine)
     assert report.output_tokens_per_s == pytest.approx(80.0)
     assert (rate.output_tokens_per_s, rate.active_seconds, rate.paused_seconds, rate.pauses) \
         == (pytest.approx(80.0), 200.0, 7_200.0, 1)
+
+
+def test_cli_report_names_the_pause_apart(sqlite_engine: Engine) -> None:
+    b = resumed_batch(sqlite_engine)
+    shown = run_cli("report", str(b), env={"COLUMNS": "200"}).stdout
+    assert re.search(r"active seconds[\s│]+200\.0", shown)
+    assert re.search(r"paused seconds[\s│]+7200\.0 \(1 pause, not in tok/s\)", shown)
+    assert re.search(r"batch output tok/s[\s│]+80\.0", shown)
 
 
 def test_gaps_under_a_minute_are_the_nights_own_work_not_pauses() -> None:
