@@ -9,7 +9,11 @@ views moved most are named, from the stored node outputs (``node_outputs``) of t
 that produced the two ratings: a node's *stance* is the balance of its stance words (the
 analysts close with bullish/bearish/neutral tables, the trader proposes BUY/HOLD/SELL, the
 portfolio manager names a rating), from −1 all bearish to +1 all bullish, averaged over
-the samples. Nothing here writes.
+the samples. Only the analysts and the debaters (bull, bear, the risk analysts) are named:
+the portfolio manager's stance *is* the rating, and the research manager and the trader
+restate the debate. A change whose rating lies outside its score band on either night
+(a sample's rating contradicting its own score, the ranking's "!") says so first in its
+"why": a downgrade whose score rose is explained by it. Nothing here writes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from pydantic import computed_field, field_serializer
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, select
 
+from agents.graph import kind_of
+from agents.nodes import ANALYSTS, DEBATERS, RISK_ANALYSTS
 from app.batches import IsoDate
 from app.db.models import NodeText
 from app.errors import InputError
@@ -36,6 +42,8 @@ NEUTRAL = ("neutral", "hold")
 _WORD = re.compile(r"\b(" + "|".join(BULLISH + BEARISH + NEUTRAL) + r")\b", re.IGNORECASE)
 MOVED_NODES = 3  # nodes named per change
 MIN_SHIFT = 0.1  # a smaller stance shift is not named
+# The nodes whose views a "why" names: those that argue a view of their own.
+VIEW_KINDS = frozenset((*ANALYSTS, *DEBATERS, *RISK_ANALYSTS))
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,7 @@ class TickerChange:
     score_move: float | None
     why: str  # one line: the nodes whose views moved most, or why it is new or dropped
     moved: list[NodeMove] = field(default_factory=list)
+    previous_contradicting: int = 0  # the night before's samples outside their score band
 
     @property
     def rating_changed(self) -> bool:
@@ -153,8 +162,9 @@ def node_stances(engine: Engine, batch_id: int, ticker: str) -> dict[str, float]
 
 
 def moved_nodes(before: dict[str, float], after: dict[str, float]) -> list[NodeMove]:
-    """Return the nodes both nights measured, largest stance shift first."""
-    moves = [NodeMove(n, before[n], after[n]) for n in before.keys() & after.keys()]
+    """Return the analysts and debaters both nights measured, largest stance shift first."""
+    moves = [NodeMove(n, before[n], after[n]) for n in before.keys() & after.keys()
+             if kind_of(n) in VIEW_KINDS]
     return sorted(moves, key=lambda m: (-abs(m.shift), m.node))
 
 
@@ -171,6 +181,19 @@ def why_line(moves: list[NodeMove], measured: bool) -> str:
                 if _label(m.before) != _label(m.after) else "")
         parts.append(f"{m.node}{turn} ({m.shift:+.2f})")
     return "moved most: " + ", ".join(parts)
+
+
+def band_note(now: RankRow, before: RankRow) -> str:
+    """Say which night's rating lies outside its score band ("!"), with the scores; empty
+    when neither does."""
+    said = []
+    if before.contradicting:
+        said.append(f"{before.rating} at {before.score:+.2f} the night before")
+    if now.contradicting:
+        said.append(f"{now.rating} at {now.score:+.2f} tonight")
+    if not said:
+        return ""
+    return "! rating outside its score band: " + " and ".join(said)
 
 
 def _rated(row: RankRow | None) -> bool:
@@ -251,7 +274,8 @@ def _pair(engine: Engine, now: RankRow | None, before: RankRow | None, ticker: s
         after_stance = node_stances(engine, now.batch_id, ticker)
         before_stance = node_stances(engine, before.batch_id, ticker)
         moves = moved_nodes(before_stance, after_stance)
-        why = why_line(moves, bool(after_stance) and bool(before_stance))
+        why = "; ".join(filter(None, [band_note(now, before), why_line(
+            moves, bool(after_stance) and bool(before_stance))]))
     elif change == "new":
         why = (f"not in the universe of {before_as_of}" if before is None
                else f"not rated on {before_as_of}: {before.status} ({before.summary})")
@@ -269,4 +293,5 @@ def _pair(engine: Engine, now: RankRow | None, before: RankRow | None, ticker: s
         previous_rank=before.rank if before else None,
         previous_rating=before.rating if before else None,
         previous_score=before.score if before else None,
-        change=change, score_move=moved_score, why=why, moved=moves[:MOVED_NODES])
+        change=change, score_move=moved_score, why=why, moved=moves[:MOVED_NODES],
+        previous_contradicting=before.contradicting if before else 0)

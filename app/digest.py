@@ -29,7 +29,7 @@ from app.errors import InputError
 from app.night import span
 from app.notify import Level, Message, send
 from app.ranking import RankRow, ranking
-from app.report import throughput
+from app.report import Throughput, throughput
 
 log = structlog.get_logger(__name__)
 
@@ -80,6 +80,14 @@ def _change(change: TickerChange) -> str:
             f"{change.why}")
 
 
+def _paused(rate: Throughput) -> str:
+    """Name the pauses the tok/s figure leaves out (a resumed night's time stopped)."""
+    if not rate.pauses:
+        return ""
+    return (f"; {span(rate.paused_seconds)} paused in {rate.pauses} "
+            f"pause{'s' if rate.pauses > 1 else ''}, not counted")
+
+
 def _more(lines: list[str], total: int, hint: str) -> list[str]:
     shown = lines[:LISTED]
     if total > len(shown):
@@ -102,7 +110,7 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
              + (f" — {batch.error}" if batch.error else ""),
              f"Duration: {span(batch.duration_s)}; output "
              f"{rate.output_tokens_per_s:.1f} tok/s ({rate.completion_tokens} tokens over "
-             f"{span(rate.wall_seconds)} of calls)"]
+             f"{span(rate.active_seconds)} of calls{_paused(rate)})"]
     if batch.status in ("interrupted", "crashed", "failed") and batch.kind == "nightly":
         lines.append(f"Continue it: nightdesk run --resume {batch.id}")
     rows_of_rerun: list[str] = []

@@ -9,7 +9,9 @@ batch-level output tok/s (``app.report.throughput``), and the scheduler daemon's
     nightdesk_night_last_status{status=…}            1 for the latest night's status, else 0
     nightdesk_night_tickers{status=…}                succeeded / failed / missing, latest night
     nightdesk_night_duration_seconds                 its start to end (to its heartbeat running)
-    nightdesk_night_output_tokens_per_second         its output over its calls' makespan
+    nightdesk_night_output_tokens_per_second         its output over the time its calls ran
+    nightdesk_night_paused_seconds                   the pauses that figure leaves out
+    nightdesk_night_eta_seconds{bound=…}             a running night's time left: estimate/low/high
     nightdesk_night_ranking_fresh                    1 when the ranking shows the latest night
     nightdesk_night_next_due_timestamp_seconds       when the schedule fires next
     nightdesk_scheduler_heartbeat_timestamp_seconds  the daemon's last beat (absent: no daemon)
@@ -89,11 +91,30 @@ class NightCollector(Collector):
             families.append(_gauge("night_duration_seconds",
                                    "The latest night's start to end (to its last heartbeat "
                                    "while it runs)", status.latest.duration_s))
+            rate = throughput(self.engine, status.latest.id)
             families.append(_gauge("night_output_tokens_per_second",
-                                   "The latest night's output tokens over its calls' makespan",
-                                   throughput(self.engine, status.latest.id)
-                                   .output_tokens_per_s))
+                                   "The latest night's output tokens over the time its calls "
+                                   "ran (pauses left out)", rate.output_tokens_per_s))
+            families.append(_gauge("night_paused_seconds",
+                                   "The latest night's pauses: time between its calls with "
+                                   "none in flight (a resume's wait)", rate.paused_seconds))
+        families.append(self._eta(status))
         return [family for family in families if family is not None]
+
+    @staticmethod
+    def _eta(status: NightStatus) -> GaugeMetricFamily | None:
+        """The running night's time left and its interval (``app.eta``); absent otherwise."""
+        prog = status.progress
+        if status.status != "running" or prog is None or prog.eta_s is None:
+            return None
+        family = GaugeMetricFamily(f"{PREFIX}_night_eta_seconds",
+                                   "The running night's time left (estimate) and its "
+                                   "interval's ends (low, high)", labels=["bound"])
+        for bound, value in (("estimate", prog.eta_s), ("low", prog.eta_low_s),
+                             ("high", prog.eta_high_s)):
+            if value is not None:
+                family.add_metric([bound], float(value))
+        return family
 
     @staticmethod
     def _status(status: NightStatus) -> GaugeMetricFamily:

@@ -4,7 +4,7 @@ One reading of what is stored (batch rows, ticker runs, call counts, the schedul
 heartbeat row) and of the schedule: the newest nightly batch whatever its outcome, or
 ``stale`` when the schedule's last due time passed (plus ``schedule_start_grace_s``) with no
 nightly batch created since; whether the ranking shown is that night's, and if not why;
-a running night's progress and ETA (by calls, as the live progress computes it); when the
+a running night's progress and ETA (``app.eta``, as the live progress computes it); when the
 next night is due; and whether the daemon's heartbeat is current. Nothing here writes.
 """
 
@@ -12,45 +12,20 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 
-from agents.graph import sequential_nodes
-from agents.nodes import ANALYSTS
-from app import batches
+from app import batches, eta
 from app.batches import IsoDate, IsoDatetime
 from app.config import Settings
-from app.db.models import Batch, LLMCall, SchedulerBeat, TickerRun
+from app.db.models import Batch, SchedulerBeat, TickerRun
 from app.schedule import due_times, nightly_trigger
 
 # Statuses the morning can name; "stale": the schedule's due time passed without a batch.
 STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale")
 # Exit code of `nightdesk ranking --require-fresh` when the ranking is older than the night.
 STALE_EXIT = 6
-# The share of a batch's calls answered before its ETA is said.
-ETA_BASIS = 0.05
-
-
-def eta_s(elapsed_s: float, tickers_done: int, tickers_total: int, calls: int,
-          expected_calls: int | None) -> float | None:
-    """Return the seconds a batch has left: by calls when their total is known, else tickers.
-
-    Tickers finish late and together (senior-first keeps many under way), so the share of
-    calls answered says more about the remaining time than tickers done. None: no basis yet,
-    also before ``ETA_BASIS`` of the calls are answered (at the start hundreds run and few
-    have ended, and a rate of so few says hours where minutes are left).
-    """
-    if expected_calls and calls:
-        if calls < ETA_BASIS * expected_calls:
-            return None
-        return elapsed_s / calls * max(0, expected_calls - calls)
-    if tickers_done:
-        return elapsed_s / tickers_done * max(0, tickers_total - tickers_done)
-    return None
-
-
 @dataclass(frozen=True)
 class NightBatch:
     """One nightly batch as the morning names it."""
@@ -75,16 +50,18 @@ class NightBatch:
 
 @dataclass(frozen=True)
 class Progress:
-    """A running batch's progress: tickers, calls, and the time left."""
+    """A running batch's progress: tickers, calls, and the time left with its interval."""
 
     tickers_done: int  # succeeded or failed
     tickers_failed: int
     tickers_running: int
     tickers_total: int
-    calls: int
+    calls: int  # calls answered (a node of a sample of a ticker), not attempts
     expected_calls: int | None
     elapsed_s: int  # whole seconds
-    eta_s: int | None
+    eta_s: int | None  # app.eta: never 0 while a call is left; None: no basis yet
+    eta_low_s: int | None = None
+    eta_high_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -127,39 +104,42 @@ def _when(moment: datetime | None) -> str:
     return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def expected_calls(settings: dict[str, Any], tickers: int) -> int | None:
-    """Return a batch's calls without retries, from the rounds and samples it ran with."""
-    samples = settings.get("samples")
-    if not samples:
-        return None
-    nodes = len(ANALYSTS) + len(sequential_nodes(int(settings.get("debate_rounds", 2)),
-                                                 int(settings.get("risk_rounds", 2))))
-    return nodes * int(samples) * tickers
-
-
 def progress(engine: Engine, batch_id: int, now: datetime | None = None) -> Progress:
-    """Return a batch's progress from its rows; the ETA as ``BatchProgress`` computes it."""
+    """Return a batch's progress from its rows; the ETA as ``BatchProgress`` reads it."""
     now = now or datetime.now(UTC)
     with engine.connect() as conn:
         batch = conn.execute(select(Batch).where(Batch.id == batch_id)).one()
-        calls = conn.execute(select(func.count()).select_from(LLMCall)
-                             .where(LLMCall.batch_id == batch_id)).scalar_one()
         running = conn.execute(select(func.count()).select_from(TickerRun)
                                .where(TickerRun.batch_id == batch_id,
                                       TickerRun.status == "running")).scalar_one()
     done = batch.tickers_succeeded + batch.tickers_failed
     elapsed = (now - batch.started_at).total_seconds() if batch.started_at else 0.0
-    expected = expected_calls(batch.settings or {}, batch.tickers_total)
-    eta = eta_s(elapsed, done, batch.tickers_total, calls, expected)
-    return Progress(done, batch.tickers_failed, running, batch.tickers_total, calls, expected,
-                    round(elapsed), None if eta is None else round(eta))
+    found = eta.reading(engine, batch_id, now)
+    return Progress(done, batch.tickers_failed, running, batch.tickers_total,
+                    found.calls_done, found.calls_expected, round(elapsed),
+                    _whole(found.eta_s), _whole(found.eta_low_s), _whole(found.eta_high_s))
+
+
+def _whole(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds)
+
+
+def time_left(prog: Progress) -> str:
+    """Show a running batch's ETA with its interval: ``about 12 min 30 s (10 min 05 s –
+    15 min 40 s)``; empty without a basis."""
+    if prog.eta_s is None:
+        return ""
+    interval = ("" if prog.eta_low_s is None or prog.eta_high_s is None
+                or prog.eta_low_s == prog.eta_high_s
+                else f" ({span(prog.eta_low_s)} – {span(prog.eta_high_s)})")
+    return f"about {span(prog.eta_s)}{interval}"
 
 
 def describe(night: NightBatch, prog: Progress | None = None) -> str:
     """Return one line naming a nightly batch and its outcome."""
     head = f"nightly batch #{night.id} (as of {night.as_of}) {night.status}"
     if night.status == "running" and prog is not None:
-        eta = "" if prog.eta_s is None else f", about {span(prog.eta_s)} left"
+        eta = f", {time_left(prog)} left" if prog.eta_s is not None else ""
         return (f"{head}: {prog.tickers_done} of {prog.tickers_total} tickers done "
                 f"({prog.tickers_running} running, {prog.tickers_failed} failed), "
                 f"{prog.calls} calls{eta}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import field
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ from pydantic import BaseModel
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 
+from app.activity import active_time
 from app.batches import IsoDatetime
 from app.db.models import Batch, LLMCall, TickerRun
 from app.errors import InputError
@@ -34,43 +36,54 @@ class BatchReport:
     completion_tokens: int
     first_call_start: IsoDatetime | None
     last_call_end: IsoDatetime | None
-    wall_seconds: float
-    output_tokens_per_s: float
+    wall_seconds: float  # the makespan: first call start to last call end
+    output_tokens_per_s: float  # over the active time (``active_seconds``)
     nodes: list[NodeLatency] = field(default_factory=list)
-    # Output of the tickers that succeeded, over the same makespan: what the night delivered
-    # (the figure above also counts the tokens of tickers that failed in the end).
+    # Output of the tickers that succeeded, over the same active time: what the night
+    # delivered (the figure above also counts the tokens of tickers that failed in the end).
     succeeded_completion_tokens: int = 0
     succeeded_output_tokens_per_s: float = 0.0
     # Adaptive admission's time without /metrics (readings missed, seconds, fallback limit).
     # An open mapping: the scheduler's record, as stored with the batch's settings.
     metrics_fallback: dict[str, Any] | None = None
+    active_seconds: float = 0.0  # the makespan less its pauses (``active_time``)
+    paused_seconds: float = 0.0
+    pauses: int = 0
 
 
 @dataclass(frozen=True)
 class Throughput:
-    """A batch's output over its makespan: first call start to last call end."""
+    """A batch's output over its active time (its makespan less the pauses)."""
 
     completion_tokens: int
-    wall_seconds: float
+    wall_seconds: float  # the makespan
     output_tokens_per_s: float
+    active_seconds: float = 0.0
+    paused_seconds: float = 0.0
+    pauses: int = 0
 
 
-def per_second(completion_tokens: int, wall_seconds: float) -> float:
-    """Batch-level: all output over the makespan, never an average of per-call speeds."""
-    return completion_tokens / wall_seconds if wall_seconds > 0 else 0.0
+def per_second(completion_tokens: int, active_seconds: float) -> float:
+    """Batch-level: all output over the active time, never an average of per-call speeds."""
+    return completion_tokens / active_seconds if active_seconds > 0 else 0.0
+
+
+def _intervals(engine: Engine, batch_id: int) -> list[tuple[datetime, datetime]]:
+    with engine.connect() as conn:
+        return [(r.started_at, r.ended_at) for r in conn.execute(
+            select(LLMCall.started_at, LLMCall.ended_at).where(LLMCall.batch_id == batch_id))]
 
 
 def throughput(engine: Engine, batch_id: int) -> Throughput:
-    """Return the batch's output tok/s as ``batch_report`` does, in one aggregate query."""
+    """Return the batch's output tok/s as ``batch_report`` does."""
     with engine.connect() as conn:
-        row = conn.execute(select(func.coalesce(func.sum(LLMCall.completion_tokens), 0),
-                                  func.min(LLMCall.started_at), func.max(LLMCall.ended_at))
-                           .where(LLMCall.batch_id == batch_id)).one()
-    completion, first, last = int(row[0]), row[1], row[2]
-    if first is None or last is None:
-        return Throughput(0, 0.0, 0.0)
-    wall = (last - first).total_seconds()
-    return Throughput(completion, wall, per_second(completion, wall))
+        completion = int(conn.execute(select(func.coalesce(func.sum(
+            LLMCall.completion_tokens), 0)).where(LLMCall.batch_id == batch_id)).scalar_one()
+                         or 0)
+    active = active_time(_intervals(engine, batch_id))
+    return Throughput(completion, active.makespan_s,
+                      per_second(completion, active.active_s), active.active_s,
+                      active.paused_s, active.pauses)
 
 
 def latest_batch_id(engine: Engine, kinds: tuple[str, ...] | None = None) -> int:
@@ -104,7 +117,8 @@ def batch_report(engine: Engine, batch_id: int) -> BatchReport:
                            metrics_fallback=fallback)
     first = min(r.started_at for r in rows)
     last = max(r.ended_at for r in rows)
-    wall = (last - first).total_seconds()
+    active = active_time([(r.started_at, r.ended_at) for r in rows])
+    wall = active.makespan_s
     completion = sum(r.completion_tokens or 0 for r in rows)
     delivered = sum(r.completion_tokens or 0 for r in rows if r.ticker in succeeded)
     by_node: dict[str, list[float]] = {}
@@ -124,11 +138,14 @@ def batch_report(engine: Engine, batch_id: int) -> BatchReport:
         first_call_start=first,
         last_call_end=last,
         wall_seconds=wall,
-        output_tokens_per_s=per_second(completion, wall),
+        output_tokens_per_s=per_second(completion, active.active_s),
         nodes=nodes,
         metrics_fallback=fallback,
         succeeded_completion_tokens=delivered,
-        succeeded_output_tokens_per_s=delivered / wall if wall > 0 else 0.0,
+        succeeded_output_tokens_per_s=per_second(delivered, active.active_s),
+        active_seconds=active.active_s,
+        paused_seconds=active.paused_s,
+        pauses=active.pauses,
     )
 
 
@@ -140,7 +157,7 @@ class EndpointShare:
     calls: int
     failed_calls: int
     completion_tokens: int
-    # Its output over the batch's makespan, so the endpoints' figures add up to the batch's.
+    # Its output over the batch's active time, so the endpoints' figures add up to the batch's.
     output_tokens_per_s: float
     tickers: int  # tickers with an answered call here (a moved ticker counts at both)
     kv_usage_max: float | None
@@ -168,7 +185,7 @@ def endpoint_shares(engine: Engine, batch_id: int) -> list[EndpointShare]:
             endpoint=endpoint, calls=len(calls),
             failed_calls=sum(1 for r in calls if r.status != "ok"),
             completion_tokens=completion,
-            output_tokens_per_s=completion / report.wall_seconds if report.wall_seconds else 0.0,
+            output_tokens_per_s=per_second(completion, report.active_seconds),
             tickers=len({r.ticker for r in calls if r.status == "ok"}),
             kv_usage_max=view.kv_usage_max if view else None,
             preemptions=view.preemptions if view else None,

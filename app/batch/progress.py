@@ -1,4 +1,5 @@
-"""Show a batch's progress live on a terminal, or as periodic log lines when not a TTY."""
+"""Show a batch's progress live on a terminal, or as periodic log lines when not a TTY, and
+store a reading of its ETA every ``LOG_EVERY_S`` (``app.eta``)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import structlog
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
-from app.night import eta_s
+from app import eta
+from app.night import span
 from app.traffic.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
@@ -40,15 +44,20 @@ class ProgressState:
     reserved_tokens: int | None
     admission: str | None  # adaptive admission without its gauges runs blind: says so
     elapsed_s: int
-    eta_s: int | None
+    eta_s: int | None  # app.eta: never 0 while a call is left; None before a basis
+    eta_low_s: int | None
+    eta_high_s: int | None
 
 
 class BatchProgress:
     """Summarize tickers, calls, batch output tok/s, the server's gauges and an ETA."""
 
     def __init__(self, batch_id: int, total: int, llm: Any, scheduler: Any,
-                 console: Console | None = None, expected_calls: int | None = None) -> None:
-        """``llm``: the batch's servers, their call stats and latest gauges (``latest``)."""
+                 console: Console | None = None, expected_calls: int | None = None,
+                 engine: Engine | None = None) -> None:
+        """``llm``: the batch's servers, their call stats and latest gauges (``latest``);
+        ``engine``: where the batch's rows are, read for the ETA and given its readings
+        (None: no ETA)."""
         self.batch_id = batch_id
         self.total = total
         self.llm = llm
@@ -60,7 +69,10 @@ class BatchProgress:
         self.console = console or Console(stderr=True)
         self._live: Live | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
         self._first_reading: dict[str, Any] = {}  # each server's first reading seen
+        self.engine = engine
+        self.reading: eta.Reading | None = None  # the newest ETA reading
 
     def ticker_done(self, ticker: str, ok: bool) -> None:
         self.done += 1
@@ -74,7 +86,7 @@ class BatchProgress:
             span = (datetime.now(UTC) - stats.first_start).total_seconds()
             tok_s = stats.completion_tokens / span if span > 0 else 0.0
         elapsed = time.monotonic() - self.t0
-        eta = eta_s(elapsed, self.done, self.total, stats.calls, self.expected_calls)
+        found = self.reading
         latest = getattr(self.llm, "latest", None)
         budget = getattr(self.scheduler, "budget", None)
         endpoints = getattr(self.scheduler, "endpoints", None)
@@ -94,7 +106,10 @@ class BatchProgress:
             reserved_tokens=budget.reserved if budget is not None else None,
             admission=("fallback: /metrics unreadable"
                        if getattr(self.scheduler, "metrics_fallback", False) else None),
-            elapsed_s=round(elapsed), eta_s=None if eta is None else round(eta))
+            elapsed_s=round(elapsed),
+            eta_s=None if found is None else _whole(found.eta_s),
+            eta_low_s=None if found is None else _whole(found.eta_low_s),
+            eta_high_s=None if found is None else _whole(found.eta_high_s))
 
     def _server_tok_s(self) -> float | None:
         """Return the tokens the servers generated per second since their first reading seen
@@ -127,8 +142,7 @@ class BatchProgress:
                       + admitting
                       + ("" if s.budget_tokens is None else
                          f" · KV tokens {s.reserved_tokens:,}/{s.budget_tokens:,}"))
-        eta = "—" if s.eta_s is None else f"{s.eta_s} s"
-        table.add_row("time", f"{s.elapsed_s} s elapsed · ETA {eta}")
+        table.add_row("time", f"{s.elapsed_s} s elapsed · ETA {eta_text(s)}")
         return table
 
     async def __aenter__(self) -> BatchProgress:
@@ -137,6 +151,9 @@ class BatchProgress:
             self._live.__enter__()
         else:
             self._ticker = asyncio.create_task(self._log_loop(), name="progress-log")
+        if self.engine is not None:
+            self._reader = asyncio.create_task(self._read_loop(self.engine),
+                                               name="progress-readings")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -144,14 +161,45 @@ class BatchProgress:
             self._live.__exit__(None, None, None)
             self._live = None
         try:
-            if self._ticker is not None:
-                await cancel_and_wait(self._ticker)
+            for task in (self._ticker, self._reader):
+                if task is not None:
+                    await cancel_and_wait(task)
         finally:
-            self._ticker = None
+            self._ticker = self._reader = None
             if not self.console.is_terminal:
                 log.info("progress", **asdict(self.state()))
+
+    async def _read_loop(self, engine: Engine) -> None:
+        while True:
+            await asyncio.sleep(LOG_EVERY_S)
+            await self.take_reading(engine)
+
+    async def take_reading(self, engine: Engine) -> None:
+        """Read the ETA from the batch's rows now and store the reading; a database that
+        fails here is logged and the progress goes on (the night must not stop for it)."""
+        try:
+            found = await asyncio.to_thread(eta.reading, engine, self.batch_id,
+                                            datetime.now(UTC))
+            await asyncio.to_thread(eta.record, engine, self.batch_id, found)
+        except SQLAlchemyError as error:
+            log.warning("progress reading not stored", error=f"{type(error).__name__}: {error}")
+            return
+        self.reading = found
 
     async def _log_loop(self) -> None:
         while True:
             await asyncio.sleep(LOG_EVERY_S)
             log.info("progress", **asdict(self.state()))
+
+
+def _whole(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds)
+
+
+def eta_text(s: ProgressState) -> str:
+    """Show the ETA and its interval, e.g. ``4 min 10 s (3 min 40 s – 5 min 20 s)``."""
+    if s.eta_s is None:
+        return "—"
+    if s.eta_low_s is None or s.eta_high_s is None or s.eta_low_s == s.eta_high_s:
+        return span(s.eta_s)
+    return f"{span(s.eta_s)} ({span(s.eta_low_s)} – {span(s.eta_high_s)})"

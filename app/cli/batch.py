@@ -358,8 +358,9 @@ def show_changes(
         table.add_column(col, overflow="fold")
     for t in found.changes:
         table.add_row(t.ticker, t.change or "",
-                      _rated_text(t.previous_rating, t.previous_score, t.previous_rank),
-                      _rated_text(t.rating, t.score, t.rank),
+                      _rated_text(t.previous_rating, t.previous_score, t.previous_rank,
+                                  t.previous_contradicting),
+                      _rated_text(t.rating, t.score, t.rank, t.contradicting),
                       "" if t.score_move is None else f"{t.score_move:+.2f}", t.why)
     out.print(table)
     counts = Counter(t.change for t in found.tickers)
@@ -367,10 +368,13 @@ def show_changes(
                                                       "same")))
 
 
-def _rated_text(rating: str | None, score: float | None, rank: int | None) -> str:
+def _rated_text(rating: str | None, score: float | None, rank: int | None,
+                contradicting: int = 0) -> str:
+    """Return ``Buy +0.70 #3``, with ``!`` after the rating when it lies outside its band."""
     if rating is None or score is None:
         return "—"
-    return f"{rating} {score:+.2f}" + (f" #{rank}" if rank is not None else "")
+    flag = " !" if contradicting else ""
+    return f"{rating}{flag} {score:+.2f}" + (f" #{rank}" if rank is not None else "")
 
 
 def replay(

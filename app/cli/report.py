@@ -87,7 +87,10 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
         ("first call start", report.first_call_start),
         ("last call end", report.last_call_end),
         ("wall seconds", f"{report.wall_seconds:.1f}"),
-        ("batch output tok/s", f"{report.output_tokens_per_s:.1f}"),
+        ("active seconds", f"{report.active_seconds:.1f}"),
+        ("paused seconds", f"{report.paused_seconds:.1f} ({report.pauses} "
+                           f"pause{'' if report.pauses == 1 else 's'}, not in tok/s)"),
+        ("batch output tok/s", f"{report.output_tokens_per_s:.1f} (over the active seconds)"),
         ("  of tickers that succeeded", f"{report.succeeded_output_tokens_per_s:.1f}"),
     ):
         summary.add_row(key, str(value))

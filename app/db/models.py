@@ -264,3 +264,30 @@ class SchedulerBeat(Base):
     # The daemon's own next run: a night missed and still due shows here before the cron's.
     next_run_at: Mapped[datetime | None] = mapped_column(Timestamp)
     schedule: Mapped[str] = mapped_column(String(200))  # crontab line and zone
+
+
+class ProgressReading(Base):
+    """One reading of a running batch's progress: the inputs of its ETA and the ETA itself
+    (``app.batch.eta``), kept so that a night's estimates can be replayed and checked."""
+
+    __tablename__ = "progress_readings"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
+    taken_at: Mapped[datetime] = mapped_column(Timestamp)
+    calls_expected: Mapped[int] = mapped_column(Integer)
+    calls_done: Mapped[int] = mapped_column(Integer)  # calls answered, not attempts
+    attempts: Mapped[int] = mapped_column(Integer)  # HTTP attempts so far, re-asks included
+    output_tokens: Mapped[int] = mapped_column(Integer)  # every attempt's, so far
+    tokens_left: Mapped[float] = mapped_column(Float)
+    rate_tok_s: Mapped[float | None] = mapped_column(Float)
+    rate_low_tok_s: Mapped[float | None] = mapped_column(Float)
+    rate_high_tok_s: Mapped[float | None] = mapped_column(Float)
+    rate_source: Mapped[str | None] = mapped_column(String(16))  # server | calls | batch
+    chain_left: Mapped[int] = mapped_column(Integer)
+    chain_s: Mapped[float | None] = mapped_column(Float)  # chain left at median latencies
+    chain_low_s: Mapped[float | None] = mapped_column(Float)  # ... at their quartiles
+    chain_high_s: Mapped[float | None] = mapped_column(Float)
+    eta_s: Mapped[float | None] = mapped_column(Float)
+    eta_low_s: Mapped[float | None] = mapped_column(Float)
+    eta_high_s: Mapped[float | None] = mapped_column(Float)

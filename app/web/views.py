@@ -44,7 +44,7 @@ def _batch(engine: Engine, batch_id: int) -> Batch:
 
 
 class RunningBatch(BatchSummary):
-    """A batch still marked running, with its progress and the ETA by calls."""
+    """A batch still marked running, with its progress and its ETA."""
 
     tickers_done: int
     tickers_running: int
@@ -52,6 +52,8 @@ class RunningBatch(BatchSummary):
     expected_calls: int | None
     elapsed_s: int  # whole seconds, as ``app.night.Progress``
     eta_s: int | None
+    eta_low_s: int | None  # the ETA's interval (app.eta)
+    eta_high_s: int | None
     stale: bool
 
 
@@ -205,7 +207,7 @@ class CompareView(BaseModel):
 
 
 def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
-    """Return each batch still marked running, with its progress and the ETA by calls.
+    """Return each batch still marked running, with its progress and its ETA.
 
     ``stale``: its heartbeat is older than ``stale_after_s`` (``heartbeat_stale_s``, the age
     at which the CLI marks such a batch crashed), so its process has probably died.
@@ -222,7 +224,7 @@ def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
             **dict(summarize(b)),
             tickers_done=prog.tickers_done, tickers_running=prog.tickers_running,
             calls=prog.calls, expected_calls=prog.expected_calls, elapsed_s=prog.elapsed_s,
-            eta_s=prog.eta_s,
+            eta_s=prog.eta_s, eta_low_s=prog.eta_low_s, eta_high_s=prog.eta_high_s,
             stale=beat is not None and (now - beat).total_seconds() > stale_after_s,
         ))
     return out

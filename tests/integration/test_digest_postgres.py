@@ -76,7 +76,7 @@ def test_a_partial_night_sends_its_digest_to_a_json_webhook(
                              f"(as of {DEMO_AS_OF}) PARTIAL, 1/2 tickers")
     lines = post["message"].splitlines()
     assert lines[0] == "Status: partial: 1 of 2 tickers succeeded, 1 failed"
-    # The night's rate as `nightdesk report` computes it: output over the calls' makespan.
+    # The night's rate as `nightdesk report` computes it: output over the time its calls ran.
     report = json.loads(run_cli("report", str(night.id), "--format", "json", env=env).stdout)
     duration = re.fullmatch(r"Duration: (.+); output ([\d.]+) tok/s \((\d+) tokens "
                             r"over .* of calls\)", lines[1])

@@ -164,10 +164,14 @@ def test_the_change_column_and_the_changes_section(home: Path, browser: Browser,
     engine = _engine(home)
     add_night(engine, D1, YESTERDAY, {
         "AAA": Rated("Hold", 0.0, texts={"news": table(guidance="bearish", demand="neutral")}),
-        "BBB": Rated("Buy", 0.7, texts={"trader": "PROPOSAL: BUY"}),
-        "CCC": Rated("Overweight", 0.25), "EEE": Rated("Sell", -0.6)})
+        "BBB": Rated("Buy", 0.7, texts={"trader": "PROPOSAL: BUY", "bear_r1": "bullish",
+                                        "portfolio_manager": "Rating: Buy"}),
+        "CCC": Rated("Overweight", 0.25), "EEE": Rated("Sell", -0.6),
+        # Outside its band (Overweight +0.15…+0.50), as is tonight's Hold at +0.92.
+        "GGG": Rated("Overweight", -0.5)})
     add_night(engine, D2, DUE, {**GOOD, "BBB": Rated("Sell", -0.75, texts={
-        "trader": "PROPOSAL: SELL"}), "EEE": Rated(error="DataError: no prices for EEE")})
+        "trader": "PROPOSAL: SELL", "bear_r1": "bearish", "portfolio_manager": "Rating: Sell"}),
+        "EEE": Rated(error="DataError: no prices for EEE"), "GGG": Rated("Hold", 0.92)})
     with served(home) as base:
         page = _page(browser)
         page.goto(base + "/")
@@ -178,10 +182,20 @@ def test_the_change_column_and_the_changes_section(home: Path, browser: Browser,
         assert page.locator("#ranking tr[data-ticker='DDD'] td").nth(7).inner_text() == "new"
         changes = page.locator("#changes tbody tr")
         assert changes.evaluate_all("rows => rows.map(r => r.dataset.ticker)") == \
-            ["BBB", "AAA", "DDD", "EEE"]
+            ["BBB", "GGG", "AAA", "DDD", "EEE"]
         bbb = page.locator("#changes tr[data-ticker='BBB'] td")
         assert bbb.nth(4).inner_text() == "-1.45"
-        assert bbb.nth(5).inner_text() == "moved most: trader bullish→bearish (-2.00)"
+        # The why column names the bear researcher, not the trader or the portfolio manager
+        # (whose stance is the rating), though both turned as far.
+        assert bbb.nth(5).inner_text() == "moved most: bear_r1 bullish→bearish (-2.00)"
+        # A downgrade whose score rose: the band marker explains it, in the why and by "!".
+        ggg = page.locator("#changes tr[data-ticker='GGG'] td")
+        assert (ggg.nth(1).inner_text(), ggg.nth(4).inner_text()) == ("▼ downgrade", "+1.42")
+        assert ggg.nth(2).inner_text().split() == ["Overweight", "!", "-0.50"]
+        assert ggg.nth(3).inner_text().split() == ["Hold", "!", "+0.92"]
+        assert ggg.nth(5).inner_text() == (
+            "! rating outside its score band: Overweight at -0.50 the night before and Hold "
+            "at +0.92 tonight; node outputs not stored for one of the nights")
         assert "news" in page.locator("#changes tr[data-ticker='AAA'] td").nth(5).inner_text()
         page.locator("#changes-heading").scroll_into_view_if_needed()
         page.screenshot(path=shots / "morning-changes.png", full_page=True)

@@ -13,11 +13,14 @@ from datetime import UTC, date, datetime, timedelta
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from agents.graph import sequential_nodes
+from agents.nodes import ANALYSTS
 from app.db.models import Batch, Decision, LLMCall, NodeText, TickerRun
 
 SETTINGS = {"model": "tiny", "server_profile": "cpu-tiny", "debate_rounds": 2,
             "risk_rounds": 2, "samples": 1, "strategy": "adaptive", "demo_data": True}
 NODES = 17  # 4 analysts, 2 debate rounds of 2, research manager, trader, 2 risk rounds of 3, PM
+PIPELINE = [*ANALYSTS, *sequential_nodes(2, 2)]
 
 
 def table(**stances: str) -> str:
@@ -71,12 +74,13 @@ def add_night(engine: Engine, as_of: date, created: datetime, tickers: dict[str,
                                position=position, text=text, prompt_tokens=100,
                                completion_tokens=10, finish_reason="stop", attempts=1,
                                created_at=created))
+        # ``calls`` answered calls: the tickers' nodes in order, one a second for 1 s each.
         for i in range(calls):
             start = created + timedelta(seconds=i)
-            s.add(LLMCall(batch_id=batch.id, ticker="AAA", node="market", sample=0,
-                          attempt=i + 1, model="tiny", prompt_tokens=10, completion_tokens=5,
-                          status="ok", started_at=start, ended_at=start + timedelta(seconds=1),
-                          latency_s=1.0))
+            s.add(LLMCall(batch_id=batch.id, ticker=list(tickers)[i // NODES],
+                          node=PIPELINE[i % NODES], sample=0, model="tiny", prompt_tokens=10,
+                          completion_tokens=5, status="ok", started_at=start,
+                          ended_at=start + timedelta(seconds=1), latency_s=1.0))
         s.commit()
         return int(batch.id)
 
@@ -84,3 +88,17 @@ def add_night(engine: Engine, as_of: date, created: datetime, tickers: dict[str,
 def at(day: date, hour: int, minute: int = 0) -> datetime:
     """Return a UTC instant on ``day``."""
     return datetime(day.year, day.month, day.day, hour, minute, tzinfo=UTC)
+
+
+def add_resumed_calls(engine: Engine, batch_id: int, start: datetime) -> None:
+    """Store a resumed night's calls: 100 s of work from ``start``, 2 hours stopped, 100 s
+    more; two overlapping calls of 4,000 output tokens in each run (16,000 in 200 s)."""
+    with Session(engine) as s:
+        for run_s in (0, 7_300):
+            for node, (a, b) in (("market", (0, 100)), ("news", (20, 80))):
+                s.add(LLMCall(batch_id=batch_id, ticker="AAA", node=node, sample=0,
+                              model="tiny", prompt_tokens=10, completion_tokens=4_000,
+                              status="ok", started_at=start + timedelta(seconds=run_s + a),
+                              ended_at=start + timedelta(seconds=run_s + b),
+                              latency_s=b - a))
+        s.commit()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import DataError
+from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
@@ -18,7 +19,7 @@ from app.batch.engine import BatchEngine, BatchPlan
 from app.cli import app as cli
 from app.config import load_settings
 from app.db.engine import get_engine
-from app.db.models import Batch, Decision, LLMCall, LLMRequest, TickerRun
+from app.db.models import Batch, Decision, LLMCall, LLMRequest, ProgressReading, TickerRun
 from app.llm import TrackedLLM
 from app.ranking import ranking
 from app.serverview import server_view
@@ -113,6 +114,21 @@ async def test_missing_data_fails_one_ticker_naming_the_file(sqlite_engine: Engi
     assert list(outcome.failed) == [tickers[0]]
     assert "prices.csv" in outcome.failed[tickers[0]]
     assert outcome.succeeded == [tickers[1]]
+
+
+async def test_a_running_batch_stores_its_progress_readings(
+        sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("app.batch.progress.LOG_EVERY_S", 0.01)  # a reading every 10 ms
+    tickers = demo_tickers(2)
+    server = FakeServer(nodes=node_names(load_settings().pipeline()), tickers=tickers)
+    outcome = await make_engine(sqlite_engine, demo_dir, server).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers))
+    with Session(sqlite_engine) as s:
+        readings = s.scalars(select(ProgressReading)
+                            .where(ProgressReading.batch_id == outcome.batch_id)).all()
+    assert readings, "no reading stored"
+    assert all(r.calls_expected == 2 * 17 for r in readings)
+    assert [r.calls_done for r in readings] == sorted(r.calls_done for r in readings)
 
 
 def test_cli_run_then_ranking_json(monkeypatch: pytest.MonkeyPatch, demo_dir: Path,

@@ -2,7 +2,8 @@
 
 Night 1 (D1): AAA Hold +0.00, BBB Buy +0.70, CCC Overweight +0.30, EEE Sell −0.70, FFF failed.
 Night 2 (D2): AAA Buy +0.60 (upgrade, +0.60; its market and news analysts turned bullish),
-BBB Sell −0.80 (downgrade, −1.50; its trader turned to SELL), CCC Overweight +0.35 (same),
+BBB Sell −0.80 (downgrade, −1.50; its bear researcher turned bearish, and its trader and
+portfolio manager turned to SELL, which a "why" does not name), CCC Overweight +0.35 (same),
 DDD Hold +0.05 (new: not in night 1), EEE failed (dropped), FFF Hold 0.00 (new: failed before).
 """
 
@@ -30,7 +31,9 @@ def two_nights(engine: Engine) -> tuple[int, int]:
     first = add_night(engine, D1, at(D2, 0, 10), {
         "AAA": Rated("Hold", 0.0, texts={"market": BEAR, "news": BEAR, "fundamentals": FLAT,
                                          "trader": "PROPOSAL: HOLD"}),
-        "BBB": Rated("Buy", 0.7, texts={"market": FLAT, "trader": "PROPOSAL: BUY"}),
+        "BBB": Rated("Buy", 0.7, texts={"market": FLAT, "bear_r1": "still bullish",
+                                        "trader": "PROPOSAL: BUY",
+                                        "portfolio_manager": "Rating: Buy"}),
         "CCC": Rated("Overweight", 0.3),
         "EEE": Rated("Sell", -0.7),
         "FFF": Rated(error="LLMTimeoutError: no answer"),
@@ -38,7 +41,9 @@ def two_nights(engine: Engine) -> tuple[int, int]:
     second = add_night(engine, D2, at(date(2026, 11, 28), 0, 10), {
         "AAA": Rated("Buy", 0.6, texts={"market": BULL, "news": BULL, "fundamentals": FLAT,
                                         "trader": "PROPOSAL: HOLD"}),
-        "BBB": Rated("Sell", -0.8, texts={"market": FLAT, "trader": "PROPOSAL: SELL"}),
+        "BBB": Rated("Sell", -0.8, texts={"market": FLAT, "bear_r1": "bearish now",
+                                          "trader": "PROPOSAL: SELL",
+                                          "portfolio_manager": "Rating: Sell"}),
         "CCC": Rated("Overweight", 0.35),
         "DDD": Rated("Hold", 0.05),
         "EEE": Rated(error="DataError: no prices"),
@@ -80,8 +85,37 @@ def test_the_nodes_that_moved_most_are_named(sqlite_engine: Engine) -> None:
     assert [m.node for m in aaa.moved[:2]] == ["market", "news"]
     assert aaa.moved[0].shift == pytest.approx(5 / 3)
     assert aaa.why == "moved most: market bearish→bullish (+1.67), news bearish→bullish (+1.67)"
-    assert by["BBB"].why == "moved most: trader bullish→bearish (-2.00)"
+    # The portfolio manager (the rating itself) and the trader moved as far: not named.
+    assert by["BBB"].why == "moved most: bear_r1 bullish→bearish (-2.00)"
+    assert [m.node for m in by["BBB"].moved] == ["bear_r1", "market"]
     assert by["CCC"].moved == []
+
+
+def band_nights(engine: Engine) -> tuple[int, int]:
+    """GGG: Overweight at −0.50, then Hold at +0.92: a downgrade whose score rose by 1.42,
+    both ratings outside their score bands (Overweight +0.15…+0.50, Hold −0.15…+0.15)."""
+    first = add_night(engine, D1, at(D2, 0, 10), {
+        "GGG": Rated("Overweight", -0.5, texts={"news": BEAR}),
+        "HHH": Rated("Buy", 0.9)})
+    second = add_night(engine, D2, at(date(2026, 11, 28), 0, 10), {
+        "GGG": Rated("Hold", 0.92, texts={"news": BULL}),
+        "HHH": Rated("Hold", 0.0)})
+    return first, second
+
+
+def test_a_change_against_its_score_shows_the_band_marker(sqlite_engine: Engine) -> None:
+    band_nights(sqlite_engine)
+    by = compare_nights(sqlite_engine).by_ticker()
+    ggg = by["GGG"]
+    assert (ggg.change, ggg.score_move) == ("downgrade", pytest.approx(1.42))
+    assert (ggg.previous_contradicting, ggg.contradicting) == (1, 1)
+    assert ggg.why == ("! rating outside its score band: Overweight at -0.50 the night "
+                       "before and Hold at +0.92 tonight; moved most: news "
+                       "bearish→bullish (+1.67)")
+    assert not by["HHH"].why.startswith("!")  # Buy +0.90 → Hold 0.00: both in their bands
+    shown = run_cli("changes", env={"COLUMNS": "250"}).stdout
+    assert "Overweight ! -0.50" in shown and "Hold ! +0.92" in shown
+    assert "! rating outside its score band" in shown
 
 
 def test_a_rating_change_without_stored_outputs_says_so(sqlite_engine: Engine) -> None:

@@ -24,7 +24,7 @@ from app.digest import build_digest, send_digest
 from app.notify import Message, send, split_destinations
 from tests.fakevllm import ChatRequest, Reply
 from tests.unit.clirun import run_cli
-from tests.unit.night_rows import Rated, add_night, at
+from tests.unit.night_rows import Rated, add_night, add_resumed_calls, at
 from tests.unit.test_lock import fake_llm
 from tests.webhook import closed_port, webhook
 
@@ -43,6 +43,17 @@ def two_nights(engine: Engine) -> tuple[int, int]:
     second["T03"] = Rated("Hold", 0.05)
     second["T11"] = Rated(error="LLMTimeoutError: no answer within 600 s")
     return first, add_night(engine, D2, at(date(2026, 11, 28), 0, 10), second, calls=10)
+
+
+def test_a_resumed_nights_rate_is_over_the_time_it_ran_its_pause_named(
+        sqlite_engine: Engine) -> None:
+    night = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10),
+                      {"T00": Rated("Buy", 0.9)}, minutes=130)
+    add_resumed_calls(sqlite_engine, night, at(date(2026, 11, 28), 0, 10))
+    body = build_digest(sqlite_engine, load_settings(), night).message.body
+    assert body.splitlines()[1] == ("Duration: 2 h 10 min; output 80.0 tok/s (16000 tokens "
+                                    "over 3 min 20 s of calls; 2 h 00 min paused in 1 pause, "
+                                    "not counted)")
 
 
 def test_the_digest_says_status_tickers_ends_changes_failures_time_rate_and_link(

@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, insert
 
+from agents.nodes import ANALYSTS
 from app.cli.web import open_metrics_port
 from app.config import Settings, load_settings
 from app.db.models import SchedulerBeat
@@ -26,7 +27,8 @@ from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
 from tests.unit.clirun import run_cli
-from tests.unit.night_rows import Rated, add_night, at
+from tests.unit.eta_rows import NODES, calls, counter
+from tests.unit.night_rows import Rated, add_night, add_resumed_calls, at
 from tests.webhook import closed_port
 
 D1, D2 = date(2026, 11, 26), date(2026, 11, 27)
@@ -89,6 +91,35 @@ def test_metrics_read_the_stored_nights(sqlite_engine: Engine, client: TestClien
     assert got[("nightdesk_night_next_due_timestamp_seconds", ())] == \
         (DUE2 + timedelta(days=1)).timestamp()
     assert got[("nightdesk_metrics_database_up", ())] == 1
+
+
+def test_a_resumed_nights_rate_leaves_its_pause_out(sqlite_engine: Engine,
+                                                   client: TestClient) -> None:
+    night = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.5)}, minutes=130)
+    add_resumed_calls(sqlite_engine, night, DUE2)
+    with time_machine.travel(DUE2 + timedelta(hours=3), tick=False):
+        got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
+    # 16,000 tokens over the 200 s its calls ran; the 2 h stop apart.
+    assert got[("nightdesk_night_output_tokens_per_second", ())] == 80.0
+    assert got[("nightdesk_night_paused_seconds", ())] == 7_200.0
+
+
+def test_a_running_nights_eta_and_its_interval(sqlite_engine: Engine,
+                                               client: TestClient) -> None:
+    now = DUE2 + timedelta(minutes=30)
+    running = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.7),
+                                                  "BBB": Rated(status="running")},
+                        status="running", heartbeat=now - timedelta(seconds=5))
+    calls(sqlite_engine, running, "AAA", NODES, end=now - timedelta(minutes=5))
+    calls(sqlite_engine, running, "BBB", list(ANALYSTS), end=now)
+    counter(sqlite_engine, running, [2.0, 4.0, 6.0, 8.0], now=now)
+    with time_machine.travel(now, tick=False):
+        got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
+    eta = {dict(labels)["bound"]: value for (name, labels), value in got.items()
+           if name == "nightdesk_night_eta_seconds"}
+    # BBB's 13 later calls, 1,300 tokens, less 200 made by calls under way: 1,100 at the
+    # window's 5 tok/s, and at its fastest and slowest slices (8 and 2 tok/s).
+    assert eta == {"estimate": 220.0, "low": 138.0, "high": 550.0}
 
 
 def test_a_missed_night_and_a_night_cut_short(sqlite_engine: Engine,

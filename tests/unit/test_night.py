@@ -13,6 +13,7 @@ import pytest
 import time_machine
 from sqlalchemy import Engine, select
 
+from agents.nodes import ANALYSTS
 from app.config import Settings, load_settings
 from app.daemon import Heartbeat
 from app.db.models import SchedulerBeat
@@ -20,6 +21,7 @@ from app.night import STALE_EXIT, NightStatus, night_status
 from app.ranking import ranked_night
 from app.schedule import due_times, nightly_trigger
 from tests.unit.clirun import run_cli
+from tests.unit.eta_rows import NODES, calls
 from tests.unit.night_rows import Rated, add_night, at
 
 D1, D2 = date(2026, 11, 26), date(2026, 11, 27)
@@ -95,22 +97,27 @@ def test_an_empty_database_is_stale(sqlite_engine: Engine) -> None:
     assert status.status == "stale" and status.latest is None and not status.fresh
 
 
-def test_a_running_night_shows_progress_with_the_eta_by_calls(sqlite_engine: Engine) -> None:
+def test_a_running_night_shows_progress_with_the_eta_by_work_left(
+        sqlite_engine: Engine) -> None:
     add_night(sqlite_engine, D1, DUE1, GOOD)
     now = DUE2 + timedelta(minutes=20)
     running = add_night(sqlite_engine, D2, DUE2,
                         {"AAA": Rated("Buy", 0.7), "BBB": Rated(status="running"),
                          "CCC": Rated(status="queued"), "DDD": Rated(status="queued")},
-                        status="running", heartbeat=now - timedelta(seconds=10), calls=17)
+                        status="running", heartbeat=now - timedelta(seconds=10))
+    # AAA answered all 17 nodes long ago, BBB its 4 analysts in the last 2 minutes: 100
+    # output tokens a call, no /metrics readings, so the rate is 400 tokens per 120 s.
+    calls(sqlite_engine, running, "AAA", NODES, end=now - timedelta(minutes=10))
+    calls(sqlite_engine, running, "BBB", list(ANALYSTS), end=now - timedelta(seconds=10))
     status = status_at(sqlite_engine, now)
     assert status.status == "running" and not status.fresh
     prog = status.progress
     assert prog is not None
-    # 17 of 4 tickers × 17 nodes in 20 minutes: 51 calls left at 17 per 20 min → 60 min.
     assert (prog.tickers_done, prog.tickers_running, prog.calls, prog.expected_calls) == \
-        (1, 1, 17, 68)
-    assert prog.eta_s == 3600
-    assert f"#{running}" in status.headline and "about 1 h 00 min left" in status.headline
+        (1, 1, 21, 68)
+    # Left: BBB's 13 later nodes and CCC's and DDD's 17 each, 4,700 tokens at 10/3 tok/s.
+    assert prog.eta_s == 1410
+    assert f"#{running}" in status.headline and "about 23 min 30 s" in status.headline
     assert status.reason is not None and "is still running (1 of 4 tickers done)" in status.reason
 
 

@@ -1,4 +1,4 @@
-"""The live progress: the servers' own output rate, and no ETA before there is a basis."""
+"""The live progress: the servers' own output rate, and the ETA readings it takes and stores."""
 
 from __future__ import annotations
 
@@ -6,11 +6,17 @@ import io
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
+import structlog
 from rich.console import Console
+from sqlalchemy import Engine, select, text
+from sqlalchemy.orm import Session
 
-from app.batch.progress import BatchProgress
-from app.night import eta_s
+from agents.nodes import ANALYSTS
+from app.batch.progress import BatchProgress, eta_text
+from app.db.models import ProgressReading
+from app.night import span
 from app.traffic.strategy import Strategy
+from tests.unit.eta_rows import NODES, NOW, batch, calls
 
 T0 = datetime(2026, 12, 3, 1, 0, tzinfo=UTC)
 
@@ -59,11 +65,36 @@ def test_without_readings_the_progress_says_no_server_rate() -> None:
     assert progress().state().server_tok_s is None
 
 
-def test_no_eta_before_a_twentieth_of_the_calls_are_answered() -> None:
-    # 1,700 calls expected: 30 s in, 2 answered would say 7 hours; nothing is said.
-    assert eta_s(30, 0, 100, 2, 1_700) is None
-    assert eta_s(30, 0, 100, 84, 1_700) is None
-    assert eta_s(85, 0, 100, 85, 1_700) == 1_615.0  # from 5% on, by calls
-    # Without an expected count, by tickers once one is done.
-    assert eta_s(100, 0, 4, 40, None) is None
-    assert eta_s(100, 1, 4, 40, None) == 300.0
+def test_no_eta_is_shown_before_a_reading() -> None:
+    state = progress().state()
+    assert (state.eta_s, state.eta_low_s, state.eta_high_s) == (None, None, None)
+
+
+async def test_each_reading_is_stored_and_shown_with_its_interval(sqlite_engine: Engine) -> None:
+    b = batch(sqlite_engine, {"AAA": "succeeded", "BBB": "running"})
+    calls(sqlite_engine, b, "AAA", NODES, end=NOW - timedelta(minutes=5))
+    calls(sqlite_engine, b, "BBB", list(ANALYSTS), end=datetime.now(UTC))
+    shown = progress()
+    shown.batch_id = b
+    await shown.take_reading(sqlite_engine)
+    with Session(sqlite_engine) as s:
+        stored = s.scalars(select(ProgressReading)).one()
+    state = shown.state()
+    assert stored.batch_id == b and stored.calls_done == 21 and stored.eta_s is not None
+    assert state.eta_s == round(stored.eta_s)
+    assert (state.eta_low_s, state.eta_high_s) == (round(stored.eta_low_s or 0),
+                                                   round(stored.eta_high_s or 0))
+    assert eta_text(state).startswith(span(stored.eta_s))
+
+
+async def test_a_reading_the_database_refuses_is_logged_and_the_night_goes_on(
+        sqlite_engine: Engine) -> None:
+    b = batch(sqlite_engine, {"AAA": "running"})
+    with sqlite_engine.begin() as conn:
+        conn.execute(text("DROP TABLE progress_readings"))
+    shown = progress()
+    shown.batch_id = b
+    with structlog.testing.capture_logs() as logs:
+        await shown.take_reading(sqlite_engine)
+    assert shown.reading is None
+    assert [e["event"] for e in logs] == ["progress reading not stored"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from datetime import UTC, datetime, timedelta
 
@@ -11,19 +12,22 @@ from pydantic_core import to_jsonable_python
 from rich.console import Console
 from sqlalchemy import Engine
 
+from app.activity import ActiveTime, active_time
 from app.cli.report import compare_table, endpoint_table, render_table
 from app.config import load_settings
 from app.db.models import LLMCall, ServerSample
 from app.errors import InputError
-from app.report import batch_report, compare_arm, endpoint_shares
+from app.report import batch_report, compare_arm, endpoint_shares, throughput
 from app.serverview import server_view
+from tests.unit.clirun import run_cli
 from tests.unit.test_usage import new_batch
 
 T0 = datetime(2025, 3, 4, 22, 0, 0, tzinfo=UTC)
 
 KEYS = {"batch_id", "calls", "failed_calls", "prompt_tokens", "completion_tokens",
         "first_call_start", "last_call_end", "wall_seconds", "output_tokens_per_s", "nodes",
-        "metrics_fallback", "succeeded_completion_tokens", "succeeded_output_tokens_per_s"}
+        "metrics_fallback", "succeeded_completion_tokens", "succeeded_output_tokens_per_s",
+        "active_seconds", "paused_seconds", "pauses"}
 
 
 def add_call(engine: Engine, batch_id: int, node: str, attempt: int, start_s: float,
@@ -152,6 +156,44 @@ def test_throughput_is_completion_tokens_over_the_makespan(sqlite_engine: Engine
     assert nodes["analyst"]["mean_s"] == pytest.approx(3.0)
     assert nodes["analyst"]["p50_s"] == pytest.approx(3.0)
     assert nodes["trader"]["p99_s"] == pytest.approx(1 + 0.99 * 24)
+
+
+def resumed_batch(engine: Engine) -> int:
+    """Insert a night that ran 100 s, stood still 2 hours, and ran 100 s more once resumed:
+    two overlapping calls of 4,000 output tokens in each run (16,000 tokens in 200 s)."""
+    b = new_batch(engine)
+    for start in (0.0, 7_300.0):
+        add_call(engine, b, "analyst", 1, start, start + 100, prompt=10, completion=4_000)
+        add_call(engine, b, "trader", 1, start + 20, start + 80, prompt=10, completion=4_000)
+    return b
+
+
+def test_a_resumed_nights_throughput_leaves_its_pause_out(sqlite_engine: Engine) -> None:
+    b = resumed_batch(sqlite_engine)
+    report = batch_report(sqlite_engine, b)
+    rate = throughput(sqlite_engine, b)
+    # 16,000 / 200 s, not over the 7,400 s makespan (2.2 tok/s); the pause shown apart.
+    assert (report.wall_seconds, report.active_seconds, report.paused_seconds,
+            report.pauses) == (7_400.0, 200.0, 7_200.0, 1)
+    assert report.output_tokens_per_s == pytest.approx(80.0)
+    assert (rate.output_tokens_per_s, rate.active_seconds, rate.paused_seconds, rate.pauses) \
+        == (pytest.approx(80.0), 200.0, 7_200.0, 1)
+
+
+def test_cli_report_names_the_pause_apart(sqlite_engine: Engine) -> None:
+    b = resumed_batch(sqlite_engine)
+    shown = run_cli("report", str(b), env={"COLUMNS": "200"}).stdout
+    assert re.search(r"active seconds[\s│]+200\.0", shown)
+    assert re.search(r"paused seconds[\s│]+7200\.0 \(1 pause, not in tok/s\)", shown)
+    assert re.search(r"batch output tok/s[\s│]+80\.0", shown)
+
+
+def test_gaps_under_a_minute_are_the_nights_own_work_not_pauses() -> None:
+    at = [(T0, T0 + timedelta(seconds=10)),
+          (T0 + timedelta(seconds=69), T0 + timedelta(seconds=80)),  # 59 s after: bridged
+          (T0 + timedelta(seconds=140), T0 + timedelta(seconds=150))]  # 60 s: a pause
+    assert active_time(at) == ActiveTime(150.0, 90.0, 60.0, 1)
+    assert active_time([]) == ActiveTime(0.0, 0.0, 0.0, 0)
 
 
 def test_an_empty_batch_reports_zeros(sqlite_engine: Engine) -> None:

@@ -52,6 +52,12 @@ EXPECTED = {
         "completion_tokens", "finish_reason", "attempts", "created_at",
     },
     "scheduler_heartbeats": {"host", "pid", "started_at", "beat_at", "next_run_at", "schedule"},
+    "progress_readings": {
+        "id", "batch_id", "taken_at", "calls_expected", "calls_done", "attempts",
+        "output_tokens", "tokens_left", "rate_tok_s", "rate_low_tok_s", "rate_high_tok_s",
+        "rate_source", "chain_left", "chain_s", "chain_low_s", "chain_high_s", "eta_s",
+        "eta_low_s", "eta_high_s",
+    },
 }
 
 UNIQUE = {
@@ -104,7 +110,7 @@ def check_reordered_catch_up(url: str) -> None:
 
     upgrade(url)
     check_schema(engine)  # context-trim columns and the call ids are there now
-    assert current_revision(engine) == head_revision() == "0012_failure_class"
+    assert current_revision(engine) == head_revision() == "0013_progress_readings"
     upgrade(url)  # and nothing runs twice
     check_schema(engine)
 

@@ -18,13 +18,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from agents.nodes import ANALYSTS
 from app.config import load_settings
 from app.db.models import BatchWarning, Decision, SchedulerBeat
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
 from tests.unit.clirun import run_cli
-from tests.unit.night_rows import Rated, add_night, at, table
+from tests.unit.eta_rows import NODES, calls, counter
+from tests.unit.night_rows import Rated, add_night, add_resumed_calls, at, table
 
 USER, PASSWORD = "operator", "s3cret-pass"
 AUTH = (USER, PASSWORD)
@@ -148,13 +150,13 @@ def test_the_page_and_the_cli_give_the_same_eta(sqlite_engine: Engine,
                         status="running", heartbeat=now - timedelta(seconds=5), calls=17)
     soup = page(client, "/", now)
     assert soup.find("meta", attrs={"http-equiv": "refresh"}) is not None
-    # 17 calls of 68 in 20 min: 60 min left, by calls (by tickers it would be 60 min too,
-    # so the batch page below checks the calls figure as well).
+    # AAA's 17 calls of 5 tokens ran 17 s, then nothing for 20 min: at that 5 tok/s, the 51
+    # calls left (255 tokens) take 51 s, above the longest chain (14 calls of 1 s).
     progress = text(soup.select_one(f".progress[data-batch='{running}']"))
-    assert "17 of about 68 calls" in progress and "about 1 h 00 min left" in progress
+    assert "17 of about 68 calls" in progress and "about 51 s left" in progress
     with time_machine.travel(now, tick=False):
         cli = run_cli("ranking", env=UTC_ENV)
-    assert "about 1 h 00 min left" in cli.stderr.splitlines()[1]
+    assert "about 51 s left" in cli.stderr.splitlines()[1]
 
 
 def test_a_running_batch_page_lists_running_tickers_apart_and_refreshes(
@@ -171,8 +173,10 @@ def test_a_running_batch_page_lists_running_tickers_apart_and_refreshes(
     assert running_rows == [["BBB", "running"], ["CCC", "queued"]]
     failed_rows = [text(tr.find("td")) for tr in soup.select("#failed tbody tr")]
     assert failed_rows == ["EEE"]
-    # 34 of 68 calls in 30 min: 30 min left.
-    assert "about 30 min 00 s left" in text(soup.find(id="progress"))
+    # AAA's and BBB's 34 calls of 5 tokens ran 34 s; CCC's 17 (85 tokens) take 17 s at that
+    # rate (EEE failed: it runs no more calls).
+    assert "34 of about 68 calls" in text(soup.find(id="progress"))
+    assert "about 17 s left" in text(soup.find(id="progress"))
     # Once it is over, nothing reloads.
     done = add_night(sqlite_engine, D1, DUE1, GOOD)
     assert page(client, f"/batches/{done}", now).find("meta",
@@ -262,18 +266,25 @@ def test_a_first_night_that_failed_is_named_with_nothing_to_rank(sqlite_engine: 
 
 def test_the_running_night_s_eta_reads_the_same_on_both_faces(sqlite_engine: Engine,
                                                               client: TestClient) -> None:
-    # 34 of 68 calls in 30 min 10 s: 30 min 10 s left, written alike by the page and the CLI.
+    # Written alike by the page and the CLI, with its interval.
     now = DUE2 + timedelta(minutes=30, seconds=10)
     add_night(sqlite_engine, D1, DUE1, GOOD)
-    add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.7), "BBB": Rated(status="running"),
-                                        "CCC": Rated(status="queued"),
-                                        "DDD": Rated(status="queued")},
-              status="running", heartbeat=now - timedelta(seconds=5), calls=34)
+    running = add_night(sqlite_engine, D2, DUE2,
+                        {"AAA": Rated("Buy", 0.7), "BBB": Rated(status="running"),
+                         "CCC": Rated(status="queued"), "DDD": Rated(status="queued")},
+                        status="running", heartbeat=now - timedelta(seconds=5))
+    calls(sqlite_engine, running, "AAA", NODES, end=now - timedelta(minutes=5))
+    calls(sqlite_engine, running, "BBB", list(ANALYSTS), end=now)
+    counter(sqlite_engine, running, [2.0, 4.0, 6.0, 8.0], now=now)
     progress = text(page(client, "/", now).select_one(".progress .eta"))
     with time_machine.travel(now, tick=False):
         cli = run_cli("ranking", env=UTC_ENV)
-    assert progress == "about 30 min 10 s left"
-    assert "about 30 min 10 s left" in cli.stderr.splitlines()[1]
+    # 4,700 tokens (BBB's 13 later calls, CCC's and DDD's 17, 100 each) less 200 made by
+    # calls under way (600 made in the window, 400 of them by answered calls) at 5 tok/s,
+    # the window's mean; 8 and 2 tok/s, its fastest and slowest slices, bound the interval.
+    said = "about 15 min 00 s (9 min 22 s – 37 min 30 s) left"
+    assert progress == said
+    assert said in cli.stderr.splitlines()[1]
 
 
 def test_the_cli_s_json_ranking_carries_the_api_s_night_status(sqlite_engine: Engine,
@@ -317,3 +328,13 @@ def test_the_page_s_changes_are_nightdesk_changes(sqlite_engine: Engine,
     assert [c["ticker"] for c in cli["changes"]] == ["BBB", "AAA", "DDD"]
     shown = {r["ticker"]: (r["change"], r["previous_rating"]) for r in api["rows"]}
     assert shown == {"AAA": ("upgrade", "Hold"), "BBB": ("downgrade", "Buy"), "DDD": ("new", None)}
+
+
+def test_a_resumed_nights_page_gives_tok_s_over_the_time_it_ran(sqlite_engine: Engine,
+                                                                client: TestClient) -> None:
+    night = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.7)}, minutes=130)
+    add_resumed_calls(sqlite_engine, night, DUE2)
+    soup = page(client, f"/batches/{night}")
+    # 16,000 tokens over the 200 s its calls ran, not over the 2 h 03 min 20 s makespan.
+    assert text(soup.find(id="throughput-value")) == "80.0"
+    assert text(soup.find(id="paused")).startswith("of it 2 h 00 min paused (1 pause:")

