@@ -14,16 +14,17 @@ from typing import Any
 from sqlalchemy import Engine, func, select, update
 
 from agents.graph import thread_id
+from app import batches
 from app.db.lock import Runner, holder_gone
 from app.db.models import Batch, TickerRun
 from app.db.retry import retried
 from app.errors import AlreadyRunningError, InputError
 from app.traffic.strategy import Strategy
 
-FINISHED_TICKER = ("succeeded", "failed")
+FINISHED_TICKER = batches.FINISHED_TICKER
 # A batch in one of these states may still have tickers to do.
 RESUMABLE = ("interrupted", "crashed", "failed", "partial")
-KINDS = ("nightly", "rerun")
+KINDS = batches.RESUMABLE_KINDS
 
 
 @dataclass(frozen=True)
@@ -157,10 +158,7 @@ def tickers_left(engine: Engine, batch_id: int) -> list[str]:
 
 
 def _left(conn: Any, batch_id: int) -> list[str]:
-    return list(conn.execute(
-        select(TickerRun.ticker)
-        .where(TickerRun.batch_id == batch_id, TickerRun.status.not_in(FINISHED_TICKER))
-        .order_by(TickerRun.id)).scalars())
+    return batches.tickers_left(conn, batch_id)  # the rule app.advice follows too
 
 
 @retried
