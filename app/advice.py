@@ -6,14 +6,13 @@ asks (``app.batches.tickers_left``), so when resume's rules change the advice fo
 a batch with tickers left is resumed; one whose tickers all finished but some failed has
 those reruns; one that runs, or has nothing to redo, gets none.
 
-Stored batch errors may carry the hint their writer had in mind (``resume with `nightdesk
-run --resume N```); ``plain_error`` takes it out, so a message names one command, the fitting
-one, once.
+Stored errors may carry the hint their writer had in mind (``resume with `nightdesk run
+--resume N```); ``app.batches`` reads them without it, so a message names one command, the
+fitting one, once.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
@@ -37,19 +36,6 @@ class Advice:
 
     def __str__(self) -> str:
         return f"{self.command} ({self.does})"
-
-
-# A resume hint inside a stored error: "; resume with `nightdesk run --resume 5`",
-# "; `nightdesk run --resume` completes the batch", "(`nightdesk run --resume 5` continues it)".
-_HINT = re.compile(r"[;,]?\s*(?:resume with\s+)?`nightdesk run --resume(?: \d+)?`"
-                   r"(?:\s+(?:continues it|completes the batch))?")
-
-
-def plain_error(error: str | None) -> str | None:
-    """Return a stored error without the resume hint its writer added (None stays None)."""
-    if error is None:
-        return None
-    return _HINT.sub("", error).strip() or None
 
 
 def next_steps(engine: Engine, batch: BatchSummary) -> list[Advice]:

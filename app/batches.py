@@ -8,6 +8,7 @@ ranking``, the pages, the API, the morning digest and the metrics, so they all s
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Annotated, Any
@@ -56,6 +57,20 @@ def duration_s(started_at: datetime | None, finished_at: datetime | None,
     else:
         end = finished_at or heartbeat_at
     return None if end is None else max(0.0, (end - started_at).total_seconds())
+
+
+# A resume hint inside a stored error: "; resume with `nightdesk run --resume 5`",
+# "; `nightdesk run --resume` completes the batch", "(`nightdesk run --resume 5` continues it)".
+_HINT = re.compile(r"[;,]?\s*(?:resume with\s+)?`nightdesk run --resume(?: \d+)?`"
+                   r"(?:\s+(?:continues it|completes the batch))?")
+
+
+def plain_error(error: str | None) -> str | None:
+    """Return a stored error without the resume hint its writer added (None stays None):
+    the advice (``app.advice``) names the command that fits, once."""
+    if error is None:
+        return None
+    return _HINT.sub("", error).strip() or None
 
 
 def _when(moment: datetime) -> str:
@@ -125,12 +140,13 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None) -> BatchS
     """Return the summary of a ``batches`` row (an ORM object or a selected row) at ``now``.
 
     Its status is ``status_of``'s (a running batch without a heartbeat for ``stale_s`` is
-    ``crashed``, its error says since when); its duration ``duration_s``'s.
+    ``crashed``, its error says since when); its duration ``duration_s``'s; its error
+    ``plain_error``'s.
     """
     now = now or datetime.now(UTC)
     settings = batch.settings or {}
     status = status_of(batch.status, batch.heartbeat_at, batch.started_at, stale_s, now)
-    error = batch.error
+    error = plain_error(batch.error)
     if status != batch.status:
         beat = batch.heartbeat_at or batch.started_at
         error = f"no heartbeat since {_when(beat)}: its process has died"
@@ -179,7 +195,7 @@ def failed_tickers(engine: Engine, batch_id: int) -> list[FailedTicker]:
                             .where(TickerRun.batch_id == batch_id,
                                    TickerRun.status.not_in(NOT_FAILED))
                             .order_by(TickerRun.ticker)).all()
-    return [FailedTicker(r.ticker, r.status, r.error) for r in rows]
+    return [FailedTicker(r.ticker, r.status, plain_error(r.error)) for r in rows]
 
 
 def tickers_left(conn: Connection, batch_id: int) -> list[str]:

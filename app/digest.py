@@ -18,7 +18,7 @@ from typing import Protocol
 import structlog
 from sqlalchemy import Engine, select
 
-from app.advice import next_steps, plain_error
+from app.advice import next_steps
 from app.batches import BatchSummary, FailedTicker, batch_summary, failed_tickers
 from app.changes import TickerChange, compare_nights
 from app.config import Settings
@@ -96,7 +96,7 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
     title = (f"{demo}nightdesk: {what} (as of {batch.as_of}) {batch.status.upper()}, "
              f"{batch.tickers} tickers")
     unfinished = batch.tickers_total - batch.tickers_succeeded - batch.tickers_failed
-    error = plain_error(batch.error)
+    error = batch.error
     lines = [f"Status: {batch.status}: {batch.tickers_succeeded} of {batch.tickers_total} "
              f"tickers succeeded, {batch.tickers_failed} failed"
              + (f", {unfinished} not finished" if unfinished and batch.status != "running"
@@ -134,8 +134,7 @@ def _by_reason(failures: list[FailedTicker]) -> list[str]:
     """Return one line per distinct reason, its tickers named (the most common first)."""
     groups: dict[str, list[str]] = {}
     for failure in failures:
-        error = plain_error(failure.error) or "no error recorded"
-        reason = " ".join(error.split())[:ERROR_CHARS]
+        reason = " ".join((failure.error or "no error recorded").split())[:ERROR_CHARS]
         groups.setdefault(reason, []).append(failure.ticker)
     lines = []
     for reason, tickers in sorted(groups.items(), key=lambda item: -len(item[1])):

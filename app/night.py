@@ -19,7 +19,7 @@ from sqlalchemy import Engine, func, select
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
 from app import batches
-from app.advice import Advice, next_steps, plain_error
+from app.advice import Advice, next_steps
 from app.batches import IsoDate, IsoDatetime
 from app.config import Settings
 from app.db.models import Batch, LLMCall, SchedulerBeat, TickerRun
@@ -119,7 +119,7 @@ def _night(row: Batch, summary: batches.BatchSummary) -> NightBatch:
     return NightBatch(summary.id, summary.as_of, summary.status, row.created_at,
                       summary.started_at, summary.finished_at, summary.heartbeat_at,
                       summary.tickers_total, summary.tickers_succeeded, summary.tickers_failed,
-                      plain_error(summary.error), summary.duration_s)
+                      summary.error, summary.duration_s)
 
 
 def _when(moment: datetime | None) -> str:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from app.advice import Advice, advise, next_steps, plain_error
+from app.advice import Advice, advise, next_steps
 from app.batch.resume import mark_stale_crashed
 from app.batches import (
     BatchSummary,
@@ -67,16 +67,19 @@ def render_head(batch: BatchSummary, failed: list[FailedTicker], advice: list[Ad
     that failed and why."""
     style = STATUS_STYLES.get(batch.status, "red")
     demo = "[bold red]DEMO DATA[/] " if batch.demo else ""
+    unfinished = batch.tickers_total - batch.tickers_succeeded - batch.tickers_failed
+    left = f", {unfinished} not finished" if unfinished and batch.status != "running" else ""
     console.print(f"{demo}batch {batch.id} ({batch.kind}, as of {batch.as_of}): "
                   f"[{style}]{batch.status}[/] — {batch.tickers} tickers succeeded, "
-                  f"{batch.tickers_failed} failed; duration {span(batch.duration_s)}")
-    error = plain_error(batch.error)
-    if error:
-        console.print(f"  error: {escape(error)}")
+                  f"{batch.tickers_failed} failed{left}; duration {span(batch.duration_s)}")
+    if batch.error:
+        console.print(f"  error: {escape(batch.error)}")
     for step in advice:
         console.print(f"  next: {escape(str(step))}")
     if failed:
-        console.print(f"failed tickers ({len(failed)}):")
+        what = ("failed tickers" if all(t.status == "failed" for t in failed)
+                else "tickers without a result")
+        console.print(f"{what} ({len(failed)}):")
         for ticker in failed:
             console.print(f"  [red]{ticker.ticker}[/] ({ticker.status}): "
                           f"{escape(ticker.error or 'no error recorded')}")

@@ -18,12 +18,14 @@ from sqlalchemy.orm import Session
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
 from app import night
+from app.advice import Advice, next_steps
 from app.batches import (
     BatchSummary,
     FailedTicker,
     IsoDate,
     IsoDatetime,
     list_batches,
+    plain_error,
     status_of,
     summarize,
 )
@@ -202,6 +204,7 @@ class BatchView(BaseModel):
     progress: Progress | None  # while the batch runs
     # An open mapping: what the server reported about itself, as stored with the batch.
     server_facts: dict[str, Any] | None
+    advice: list[Advice]  # the commands that fit it, as the digest and `report` give them
 
 
 class CompareView(BaseModel):
@@ -369,7 +372,7 @@ def _tonight(runs: list[Any], last_good: HistoryPoint | None,
     return Tonight(rated=rated, state="rated" if rated else state,
                    tonight=run.kind == "nightly" and run.batch_id == newest_night,
                    batch_id=run.batch_id, kind=run.kind, as_of=run.as_of,
-                   batch_status=of_batch, error=run.error)
+                   batch_status=of_batch, error=plain_error(run.error))
 
 
 def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView | None:
@@ -400,7 +403,8 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
                                           stale_after_s, now) for r in runs}
     # A rerun whose process died stays `running` in its row: only a live one blocks another.
     reruns = [RerunRow(batch_id=r.batch_id, as_of=r.as_of, status=r.status,
-                       batch_status=batch_status[r.batch_id], error=r.error,
+                       batch_status=batch_status[r.batch_id],
+                       error=plain_error(r.error),
                        started_at=r.started_at, finished_at=r.finished_at,
                        live=batch_status[r.batch_id] == "running")
               for r in runs if r.kind == "rerun"]
@@ -413,7 +417,7 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
         ticker=ticker,
         latest=LatestRun(batch_id=latest.batch_id, kind=latest.kind, status=latest.status,
                          batch_status=batch_status[latest.batch_id], as_of=latest.as_of,
-                         error=latest.error),
+                         error=plain_error(latest.error)),
         tonight=_tonight(list(runs), last_good, newest_night, batch_status),
         last_good=last_good,
         shown=ShownBatch(**dict(summarize(batch, stale_after_s, now)),
@@ -456,13 +460,15 @@ def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView
         server=server_view(engine, batch_id),
         series=series_view(engine, batch_id),
         over_time=batch_timeline(engine, batch_id),
-        failed_tickers=[FailedTicker(f.ticker, f.status, f.error) for f in failed],
+        failed_tickers=[FailedTicker(f.ticker, f.status, plain_error(f.error))
+                        for f in failed],
         running_tickers=[RunningTicker(ticker=t.ticker, status=t.status,
                                        started_at=t.started_at)
                          for t in sorted(in_flight,
                                          key=lambda t: (t.status != "running", t.ticker))],
         progress=night.progress(engine, batch_id) if live else None,
         server_facts=batch.server_facts,
+        advice=next_steps(engine, summary),
     )
 
 

@@ -1,9 +1,10 @@
 """Every command nightdesk advises works for the batch it names.
 
 For each way a night can end, the night is stored, every piece of advice the digest, the
-ranking page's banner, ``nightdesk ranking`` and ``nightdesk report`` give is collected, and
-each command is then run through the CLI (``app.cli.main``, as an operator would) against a
-fake vLLM: none may answer the usage error (2) or "no tickers left". The advice is read
+ranking page's banner, the batch's page, ``nightdesk ranking`` and ``nightdesk report`` give
+is collected, and each command is then run through the CLI (``app.cli.main``, as an
+operator would) against a fake vLLM: none may answer the usage error (2) or "no tickers
+left". The advice is read
 from the messages themselves, not from ``app.advice``, so a message that advises something
 of its own is run too.
 """
@@ -78,7 +79,8 @@ def client(sqlite_engine: Engine) -> Iterator[TestClient]:
 
 
 def advice_given(engine: Engine, client: TestClient, batch_id: int) -> set[str]:
-    """Return every command the digest, the banner, ranking and report advise at VIEWED."""
+    """Return every command the digest, the banner, the batch's page, ranking and report
+    advise at VIEWED."""
     env = {"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
     with time_machine.travel(VIEWED, tick=False):
         texts = [build_digest(engine, load_settings(), batch_id).message.body]
@@ -86,6 +88,11 @@ def advice_given(engine: Engine, client: TestClient, batch_id: int) -> set[str]:
         banner = page.find(id="banner")
         texts.append(banner.get_text(" ") if banner is not None else "")
         texts.extend(code.get_text() for code in page.select("#banner code"))
+        batch_page = BeautifulSoup(client.get(f"/batches/{batch_id}", auth=(USER, PASSWORD))
+                                   .text, "html.parser")
+        meta = batch_page.select_one(".meta")
+        texts.append(" ".join(meta.get_text().split()) if meta is not None else "")
+        texts.extend(code.get_text() for code in batch_page.select("#advice code"))
         texts.append(run_cli("ranking", env=env).stderr)
         report = run_cli("report", str(batch_id), env=env)
         texts.extend([report.stdout, report.stderr])
@@ -152,3 +159,28 @@ def test_the_advice_follows_what_resume_takes_up(sqlite_engine: Engine,
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(Batch.status).where(Batch.id == night)).scalar() == \
             "interrupted"
+
+
+def test_report_and_the_batch_page_tell_not_finished_from_failed(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    a, b, c = demo_tickers(3)
+    night = add_night(sqlite_engine, DEMO_AS_OF, CREATED, {
+        a: Rated("Buy", 0.7), b: Rated(status="interrupted", error="stopped by SIGTERM"),
+        c: Rated(status="interrupted", error="stopped by SIGTERM")},
+        status="interrupted", error="stopped by SIGTERM: finished tickers are kept; "
+                                    "`nightdesk run --resume` completes the batch")
+    lines = run_cli("report", str(night), env={"COLUMNS": "250"}).stdout.splitlines()
+    assert lines[0].endswith("interrupted — 1/3 tickers succeeded, 0 failed, 2 not "
+                             "finished; duration 40 min 00 s")
+    assert lines[1:5] == [
+        "  error: stopped by SIGTERM: finished tickers are kept",
+        f"  next: nightdesk run --resume {night} (continues its 2 tickers not finished)",
+        "tickers without a result (2):",
+        f"  {b} (interrupted): stopped by SIGTERM"]
+    page = BeautifulSoup(client.get(f"/batches/{night}", auth=(USER, PASSWORD)).text,
+                         "html.parser")
+    meta = " ".join(page.select_one(".meta").get_text().split())  # type: ignore[union-attr]
+    assert "1 of 3 tickers succeeded, 0 failed, 2 not finished." in meta
+    assert "`" not in meta
+    assert [code.get_text() for code in page.select("#advice code")] == [
+        f"nightdesk run --resume {night}"]
