@@ -42,7 +42,7 @@ from apscheduler.job import Job
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers import SchedulerNotRunningError
 from apscheduler.schedulers.blocking import BlockingScheduler
-from sqlalchemy import Engine, insert, update
+from sqlalchemy import Engine, delete, insert, update
 
 from app.batch.nightly import NightlyResult, run_nightly
 from app.batch.signals import BatchInterrupted
@@ -94,7 +94,8 @@ class Heartbeat:
     A thread of its own beats while a night runs in the scheduler's thread, so the morning
     page can tell a live daemon from a dead one. Each beat also proves the daemon's lock
     (``hold``, set while it serves); ``on_lost`` is called once another daemon has taken it.
-    Closing stops the thread and waits for it.
+    Closing stops the thread, waits for it and deletes this daemon's row: a daemon that
+    stopped is no silent one (``/metrics`` drops its heartbeat; one that died leaves it).
     """
 
     def __init__(self, engine: Engine, interval_s: float,
@@ -155,6 +156,12 @@ class Heartbeat:
         self._stop.set()
         self._wake.set()
         self._thread.join()
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(delete(SchedulerBeat).where(SchedulerBeat.host == self.host,
+                                                         SchedulerBeat.pid == os.getpid()))
+        except Exception as error:  # the database away at the stop: the beat then ages
+            log.warning("scheduler heartbeat not removed", error=str(error))
 
 
 class NightlyDaemon:

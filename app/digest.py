@@ -21,7 +21,8 @@ from typing import Protocol
 import structlog
 from sqlalchemy import Engine, select
 
-from app.batches import BatchSummary, batch_summary, failed_tickers
+from app.advice import next_steps
+from app.batches import BatchSummary, FailedTicker, batch_summary, failed_tickers
 from app.changes import TickerChange, compare_nights
 from app.config import Settings
 from app.db.models import FINISHED_STATUSES, Batch
@@ -97,7 +98,7 @@ def _more(lines: list[str], total: int, hint: str) -> list[str]:
 
 def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
     """Build the digest of a nightly batch or rerun from its stored rows."""
-    batch = batch_summary(engine, batch_id)
+    batch = batch_summary(engine, batch_id, settings.heartbeat_stale_s)
     night_id = batch.id if batch.kind == "nightly" else _night_of(engine, batch)
     ended = batch.status in FINISHED_STATUSES
     rate = throughput(engine, batch.id)
@@ -105,14 +106,17 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
     what = f"nightly batch #{batch.id}" if batch.kind == "nightly" else f"rerun #{batch.id}"
     title = (f"{demo}nightdesk: {what} (as of {batch.as_of}) {batch.status.upper()}, "
              f"{batch.tickers} tickers")
+    unfinished = batch.tickers_total - batch.tickers_succeeded - batch.tickers_failed
     lines = [f"Status: {batch.status}: {batch.tickers_succeeded} of {batch.tickers_total} "
              f"tickers succeeded, {batch.tickers_failed} failed"
+             + (f", {unfinished} not finished" if unfinished and batch.status != "running"
+                else "")
              + (f" — {batch.error}" if batch.error else ""),
              f"Duration: {span(batch.duration_s)}; output "
              f"{rate.output_tokens_per_s:.1f} tok/s ({rate.completion_tokens} tokens over "
              f"{span(rate.active_seconds)} of calls{_paused(rate)})"]
-    if batch.status in ("interrupted", "crashed", "failed") and batch.kind == "nightly":
-        lines.append(f"Continue it: nightdesk run --resume {batch.id}")
+    advice = [f"Next: {step}" for step in next_steps(engine, batch)]
+    lines.extend(_more(advice, len(advice), f"nightdesk report {batch.id}"))
     rows_of_rerun: list[str] = []
     if batch.kind == "rerun":
         rerun_lines, rows_of_rerun = _rerun_lines(engine, batch, night_id)
@@ -122,17 +126,33 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
                        "" if ranked_id == batch.id else f" (the ranking of batch #{ranked_id})"))
     lines.extend(_change_lines(engine, ranked_id, ended or batch.kind == "rerun"))
     failures = failed_tickers(engine, batch.id)
-    if failures:
-        lines.append(f"Failed ({len(failures)}):")
-        lines.extend(_more([f"  {f.ticker} ({f.status}): "
-                            f"{' '.join((f.error or 'no error recorded').split())[:ERROR_CHARS]}"
-                            for f in failures], len(failures), f"nightdesk report {batch.id}"))
+    for head, group in (("Failed", [f for f in failures if f.status == "failed"]),
+                        ("Not finished", [f for f in failures if f.status != "failed"])):
+        if group:
+            lines.append(f"{head} ({len(group)}):")
+            reasons = _by_reason(group)
+            lines.extend(_more(reasons, len(reasons), f"nightdesk report {batch.id}"))
     base = settings.web_base_url
     page = (f"{base}/" if batch.kind == "nightly"
             else f"{base}/ticker/{rows_of_rerun[0]}" if rows_of_rerun else f"{base}/")
     lines.append(f"Page: {page} (this batch: {base}/batches/{batch.id})")
     return Digest(batch.id, Message(title, "\n".join(lines),
                                     LEVELS.get(batch.status, "failure")))
+
+
+def _by_reason(failures: list[FailedTicker]) -> list[str]:
+    """Return one line per distinct reason, its tickers named (the most common first)."""
+    groups: dict[str, list[str]] = {}
+    for failure in failures:
+        reason = " ".join((failure.error or "no error recorded").split())[:ERROR_CHARS]
+        groups.setdefault(reason, []).append(failure.ticker)
+    lines = []
+    for reason, tickers in sorted(groups.items(), key=lambda item: -len(item[1])):
+        named = ", ".join(tickers[:LISTED]) + (f" and {len(tickers) - LISTED} more"
+                                                if len(tickers) > LISTED else "")
+        lines.append(f"  {named}: {reason}" if len(tickers) == 1
+                     else f"  {len(tickers)} tickers ({named}): {reason}")
+    return lines
 
 
 def _ends(engine: Engine, batch_id: int, of: str) -> list[str]:

@@ -8,14 +8,19 @@ batch-level output tok/s (``app.report.throughput``), and the scheduler daemon's
     nightdesk_night_last_success_timestamp_seconds   end of the newest succeeded night (0: none)
     nightdesk_night_last_status{status=…}            1 for the latest night's status, else 0
     nightdesk_night_tickers{status=…}                succeeded / failed / missing, latest night
-    nightdesk_night_duration_seconds                 its start to end (to its heartbeat running)
+    nightdesk_night_duration_seconds                 its start to end (to now while it runs)
     nightdesk_night_output_tokens_per_second         its output over the time its calls ran
     nightdesk_night_paused_seconds                   the pauses that figure leaves out
     nightdesk_night_eta_seconds{bound=…}             a running night's time left: estimate/low/high
     nightdesk_night_ranking_fresh                    1 when the ranking shows the latest night
     nightdesk_night_next_due_timestamp_seconds       when the schedule fires next
-    nightdesk_scheduler_heartbeat_timestamp_seconds  the daemon's last beat (absent: no daemon)
+    nightdesk_scheduler_heartbeat_timestamp_seconds  the daemon's last beat (absent: none runs)
     nightdesk_metrics_database_up                    0 when the database could not be read
+
+The three gauges of the latest night (tickers, duration, tok/s) are absent while the status
+is ``stale``: the night due has no batch, and the previous one's figures are not tonight's.
+The heartbeat is absent once the daemon stopped (a stop deletes its row, ``app.daemon``); a
+daemon that died leaves its last beat, which then ages.
 """
 
 from __future__ import annotations
@@ -77,7 +82,6 @@ class NightCollector(Collector):
                    "Unix time the newest nightly batch that succeeded finished (0: none yet)",
                    _seconds(last_success) or 0.0),
             self._status(status),
-            self._tickers(status),
             _gauge("night_ranking_fresh",
                    "1 when the ranking shows the latest night, 0 when it is older",
                    float(status.fresh)),
@@ -87,10 +91,12 @@ class NightCollector(Collector):
                    "Unix time of the scheduler daemon's newest heartbeat",
                    _seconds(status.scheduler.beat_at) if status.scheduler else None),
         ]
-        if status.latest is not None:
+        if status.latest is not None and status.status != "stale":
+            families.append(self._tickers(status))
             families.append(_gauge("night_duration_seconds",
-                                   "The latest night's start to end (to its last heartbeat "
-                                   "while it runs)", status.latest.duration_s))
+                                   "The latest night's start to end (to now while it runs, "
+                                   "to its last heartbeat once it died)",
+                                   status.latest.duration_s))
             rate = throughput(self.engine, status.latest.id)
             families.append(_gauge("night_output_tokens_per_second",
                                    "The latest night's output tokens over the time its calls "

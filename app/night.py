@@ -10,13 +10,13 @@ next night is due; and whether the daemon's heartbeat is current. Nothing here w
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 
 from app import batches, eta
+from app.advice import Advice, next_steps
 from app.batches import IsoDate, IsoDatetime
 from app.config import Settings
 from app.db.models import Batch, SchedulerBeat, TickerRun
@@ -41,11 +41,7 @@ class NightBatch:
     tickers_succeeded: int
     tickers_failed: int
     error: str | None
-
-    @property
-    def duration_s(self) -> float | None:
-        """Return the batch's duration as ``app.batches.duration_s`` defines it."""
-        return batches.duration_s(self.started_at, self.finished_at, self.heartbeat_at)
+    duration_s: float | None  # as ``app.batches.duration_s`` defines it
 
 
 @dataclass(frozen=True)
@@ -87,6 +83,7 @@ class NightStatus:
     ranked: NightBatch | None  # the night the ranking shows
     fresh: bool  # the ranking shows the latest night, and no due night is missing
     reason: str | None  # when not fresh: why the ranking is older than the latest night
+    advice: list[Advice]  # the commands that fit the latest night (``app.advice``)
     due_at: IsoDatetime | None  # the schedule's last due time
     next_due_at: IsoDatetime | None
     schedule: str
@@ -94,10 +91,12 @@ class NightStatus:
     checked_at: IsoDatetime
 
 
-def _night(row: Batch) -> NightBatch:
-    return NightBatch(row.id, row.as_of, row.status, row.created_at, row.started_at,
-                      row.finished_at, row.heartbeat_at, row.tickers_total,
-                      row.tickers_succeeded, row.tickers_failed, row.error)
+def _night(row: Batch, summary: batches.BatchSummary) -> NightBatch:
+    """Return the batch as ``app.batches.summarize`` names it (status, error, duration)."""
+    return NightBatch(summary.id, summary.as_of, summary.status, row.created_at,
+                      summary.started_at, summary.finished_at, summary.heartbeat_at,
+                      summary.tickers_total, summary.tickers_succeeded, summary.tickers_failed,
+                      summary.error, summary.duration_s)
 
 
 def _when(moment: datetime | None) -> str:
@@ -189,28 +188,25 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
                  now: datetime | None = None) -> NightStatus:
     """Return the latest night's status against the ranking of batch ``ranked_id``.
 
-    ``ranked_id`` is the batch the ranking shows (None: there is no ranking). A batch still
-    marked running whose heartbeat is older than ``heartbeat_stale_s`` is named ``crashed``,
-    as the CLI would mark it.
+    ``ranked_id`` is the batch the ranking shows (None: there is no ranking). Each batch's
+    status is ``app.batches.status_of``'s: one still marked running whose heartbeat is older
+    than ``heartbeat_stale_s`` is ``crashed``, as everywhere else.
     """
     now = now or datetime.now(UTC)
     due_at, next_due_at = due_times(nightly_trigger(settings), now)
+    stale_s = settings.heartbeat_stale_s
     row = _latest(engine)
-    latest = None if row is None else _night(row)
+    summary = None if row is None else batches.summarize(row, stale_s, now)
+    latest = None if row is None or summary is None else _night(row, summary)
     ranked_row = None if ranked_id is None else _batch(engine, ranked_id)
-    ranked = None if ranked_row is None else _night(ranked_row)
+    ranked = (None if ranked_row is None
+              else _night(ranked_row, batches.summarize(ranked_row, stale_s, now)))
     prog: Progress | None = None
     status = "stale"
     if latest is not None:
         status = latest.status if latest.status in STATUSES else "running"
         if status == "running":
-            beat = latest.heartbeat_at or latest.started_at
-            if beat is not None and (now - beat).total_seconds() > settings.heartbeat_stale_s:
-                status = "crashed"
-                latest = _replace_error(latest, f"no heartbeat since {_when(beat)}: its "
-                                                "process has died")
-            else:
-                prog = progress(engine, latest.id, now)
+            prog = progress(engine, latest.id, now)
     missed = (due_at is not None
               and now >= due_at + timedelta(seconds=settings.schedule_start_grace_s)
               and (latest is None or latest.created_at < due_at) and status != "running")
@@ -228,13 +224,10 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     fresh = ranked is not None and latest is not None and ranked.id == latest.id \
         and status != "stale"
     reason = None if fresh else _reason(status, latest, ranked, prog, due_at)
-    return NightStatus(status, headline, latest, prog, ranked, fresh, reason, due_at,
+    advice = [] if summary is None else next_steps(engine, summary)
+    return NightStatus(status, headline, latest, prog, ranked, fresh, reason, advice, due_at,
                        next_due_at, schedule,
                        latest_beat(engine, settings.heartbeat_stale_s, now), now)
-
-
-def _replace_error(night: NightBatch, error: str) -> NightBatch:
-    return NightBatch(**{**asdict(night), "status": "crashed", "error": error})
 
 
 def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,
@@ -255,7 +248,5 @@ def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,
         detail = f" ({prog.tickers_done} of {prog.tickers_total} tickers done)"
     elif latest.error:
         detail = f": {latest.error}"
-    hint = (f"; `nightdesk run --resume {latest.id}` continues it"
-            if status in ("interrupted", "crashed") else "")
-    return (f"the latest night, batch #{latest.id} (as of {latest.as_of}), {what}{detail}"
-            f"{hint}; {shown}")
+    return (f"the latest night, batch #{latest.id} (as of {latest.as_of}), {what}{detail}; "
+            f"{shown}")

@@ -10,6 +10,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from agents.decision import contradicts
+from app.batches import applied_reruns, plain_error
 from app.db.models import FINISHED_STATUSES, Batch, Decision, TickerRun
 from app.errors import InputError
 from app.quality.grades import Grade, consensus
@@ -106,13 +107,10 @@ def ranking(engine: Engine, batch_id: int | None = None) -> tuple[Batch, list[Ra
         decisions: dict[str, list[Decision]] = defaultdict(list)
         for d in conn.execute(select(Decision).where(Decision.batch_id == batch.id)).scalars():
             decisions[d.ticker].append(d)
-        rows = {t: _aggregate(t, batch.id, decisions[t], r.status, r.error)
+        rows = {t: _aggregate(t, batch.id, decisions[t], r.status, plain_error(r.error))
                 for t, r in runs.items()}
         if batch.kind == "nightly":
-            reruns = conn.execute(
-                select(Batch).where(Batch.kind == "rerun", Batch.status == "succeeded",
-                                    Batch.as_of == batch.as_of, Batch.id > batch.id)
-                .order_by(Batch.id)).scalars().all()
+            reruns = conn.execute(applied_reruns(batch.id, batch.as_of)).scalars().all()
             for rerun in reruns:
                 for d_ticker in {d.ticker for d in conn.execute(
                         select(Decision).where(Decision.batch_id == rerun.id)).scalars()}:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import date
 from pathlib import Path
 
 from agents.config import PipelineConfig
 from agents.data.base import DataProvider, MarketBundle, NewsItem, SocialPost
-from agents.errors import ConfigError
+from agents.errors import ConfigError, DataError
 
 PROVIDERS = ("snapshot", "demo", "yfinance")
 
@@ -17,6 +18,7 @@ __all__ = [
     "NewsItem",
     "SocialPost",
     "get_provider",
+    "serves_demo",
 ]
 
 
@@ -48,3 +50,20 @@ def get_provider(config_or_name: PipelineConfig | str, data_dir: Path | str | No
 
         return YFinanceProvider()
     raise ConfigError(f"unknown data provider {name!r} (choose from {', '.join(PROVIDERS)})")
+
+
+def serves_demo(provider: DataProvider, as_of: date) -> bool:
+    """Return whether ``provider`` serves demo data for ``as_of``, before any is loaded.
+
+    The demo provider always does; a snapshot does when its manifest says so (one that
+    cannot be read is taken for no demo: nothing says it is); yfinance never does.
+    """
+    if provider.name == "demo":
+        return True
+    manifest = getattr(provider, "manifest", None)
+    if manifest is None:
+        return False
+    try:
+        return bool(manifest(as_of).demo)
+    except DataError:
+        return False

@@ -15,7 +15,7 @@ import structlog
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from sqlalchemy import Engine
 
-from agents.data import DataProvider, MarketBundle, get_provider
+from agents.data import DataProvider, MarketBundle, get_provider, serves_demo
 from agents.graph import analyze_ticker, chain_length, node_names, thread_id
 from app.batch import resume as resumption
 from app.batch import store
@@ -173,11 +173,16 @@ class BatchRun:
     async def __aenter__(self) -> BatchRun:
         owner, plan, settings = self.owner, self.plan, self.owner.settings
         self.work = self.given_work or await self._graph_work()
+        if "demo_data" in self.extra_settings:
+            # From what the night was set to run on, so one that fails before loading any
+            # data is labelled DEMO too (each bundle loaded may still say so).
+            self.extra_settings["demo_data"] = await asyncio.to_thread(
+                serves_demo, owner.provider, plan.as_of)
         if self.resuming is None:
             self.batch_id = await _starting(
                 store.create_batch, owner.engine, kind=plan.kind, as_of=plan.as_of,
                 tickers=plan.tickers, samples=plan.samples, label=plan.label,
-                settings={**settings.snapshot(), "samples": plan.samples,
+                settings={**settings.snapshot(), **self.extra_settings, "samples": plan.samples,
                           "strategy": self.strategy.name, "runner": Runner.current().model_dump()},
                 server_facts=owner.server_facts, source_batch_id=plan.source_batch_id,
             )

@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import errno
 import sqlite3
-from typing import Literal
 
 import psycopg
 from sqlalchemy.exc import DBAPIError
 
+from app.db.models import INFRASTRUCTURE, OWN, FailureClass
 from app.db.retry import transient
 from app.errors import LLMError, first_line
-
-FailureClass = Literal["own", "infrastructure"]
-OWN: FailureClass = "own"
-INFRASTRUCTURE: FailureClass = "infrastructure"
 
 # What a database says when its disk is full (SQLite, PostgreSQL's disk_full, the OS).
 _DISK_FULL_WORDS = ("disk is full", "disk full", "no space left")

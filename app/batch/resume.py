@@ -13,20 +13,20 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, or_, select, update
+from sqlalchemy import Engine, func, select, update
 
 from agents.graph import thread_id
-from app.batch.faults import INFRASTRUCTURE
+from app import batches
 from app.db.lock import Runner, holder_gone
-from app.db.models import Batch, TickerRun
+from app.db.models import INFRASTRUCTURE, Batch, TickerRun
 from app.db.retry import retried
 from app.errors import AlreadyRunningError, InputError
 from app.traffic.strategy import Strategy
 
-FINISHED_TICKER = ("succeeded", "failed")
+FINISHED_TICKER = batches.FINISHED_TICKER
 # A batch in one of these states may still have tickers to do.
 RESUMABLE = ("interrupted", "crashed", "failed", "partial")
-KINDS = ("nightly", "rerun")
+KINDS = batches.RESUMABLE_KINDS
 
 
 @dataclass(frozen=True)
@@ -177,15 +177,7 @@ def tickers_left(engine: Engine, batch_id: int) -> list[str]:
 
 
 def _left(conn: Any, batch_id: int, retry_failed: bool = False) -> list[str]:
-    """Return the tickers a resume runs: those not finished, those the infrastructure
-    failed, and with ``retry_failed`` every failed one."""
-    failed = TickerRun.status == "failed"
-    again = failed if retry_failed else and_(failed, TickerRun.failure_class == INFRASTRUCTURE)
-    return list(conn.execute(
-        select(TickerRun.ticker)
-        .where(TickerRun.batch_id == batch_id,
-               or_(TickerRun.status.not_in(FINISHED_TICKER), again))
-        .order_by(TickerRun.id)).scalars())
+    return batches.tickers_left(conn, batch_id, retry_failed)  # the rule app.advice follows too
 
 
 @retried

@@ -29,6 +29,7 @@ from rich.table import Table
 from sqlalchemy import Engine
 
 from agents.tickers import check_symbol, choose_tickers
+from app.advice import advise
 from app.batch.engine import BatchOutcome, BatchPlan
 from app.batch.nightly import (
     NightlyRequest,
@@ -89,9 +90,10 @@ def _ready_database(settings: Settings) -> Engine:
     """Return the engine, after marking batches whose process died as crashed."""
     engine = batch_database(settings)
     for batch_id in mark_stale_crashed(engine, settings.heartbeat_stale_s):
+        steps = advise(engine, batch_id, settings.heartbeat_stale_s)
         err.print(f"note: batch {batch_id} was running with no heartbeat for over "
-                  f"{settings.heartbeat_stale_s:.0f} s: marked crashed "
-                  f"(`nightdesk run --resume {batch_id}` continues it)")
+                  f"{settings.heartbeat_stale_s:.0f} s: marked crashed"
+                  + (f" ({escape(steps)})" if steps else ""))
     return engine
 
 
@@ -255,7 +257,8 @@ def show_ranking(
     demo = bool((chosen.settings or {}).get("demo_data"))
     data = [ranked_row(r, changes.get(r.ticker)) for r in rows]
     if fmt == "json":
-        typer.echo(json.dumps(RankingJSON(night=night, batch=summarize(chosen), rows=data)
+        summary = summarize(chosen, settings.heartbeat_stale_s)
+        typer.echo(json.dumps(RankingJSON(night=night, batch=summary, rows=data)
                               .model_dump(mode="json"), indent=2))
     elif fmt == "csv":
         # Flat: each row carries the batch's DEMO mark, which JSON gives once under "batch".
@@ -298,6 +301,8 @@ def _night_lines(night: NightStatus) -> None:
     if not night.fresh:
         err.print(f"[bold yellow]not the latest night:[/] {escape(night.reason or '')}")
     err.print(f"night: {escape(night.headline)}")
+    for step in night.advice:
+        err.print(f"next: {escape(str(step))}")
 
 
 class RankingJSON(BaseModel):

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from app.advice import Advice, advise, next_steps
 from app.batch.resume import mark_stale_crashed
 from app.batches import (
     BatchSummary,
@@ -61,17 +62,25 @@ def held_back_by(view: ServerView) -> str:
 STATUS_STYLES = {"succeeded": "green", "partial": "yellow", "running": "blue"}
 
 
-def render_head(batch: BatchSummary, failed: list[FailedTicker], console: Console) -> None:
-    """Print what the batch was and how it ended, then every ticker that failed and why."""
+def render_head(batch: BatchSummary, failed: list[FailedTicker], advice: list[Advice],
+                console: Console) -> None:
+    """Print what the batch was and how it ended, what to do about it, then every ticker
+    that failed and why."""
     style = STATUS_STYLES.get(batch.status, "red")
     demo = "[bold red]DEMO DATA[/] " if batch.demo else ""
+    unfinished = batch.tickers_total - batch.tickers_succeeded - batch.tickers_failed
+    left = f", {unfinished} not finished" if unfinished and batch.status != "running" else ""
     console.print(f"{demo}batch {batch.id} ({batch.kind}, as of {batch.as_of}): "
                   f"[{style}]{batch.status}[/] — {batch.tickers} tickers succeeded, "
-                  f"{batch.tickers_failed} failed; duration {span(batch.duration_s)}")
+                  f"{batch.tickers_failed} failed{left}; duration {span(batch.duration_s)}")
     if batch.error:
         console.print(f"  error: {escape(batch.error)}")
+    for step in advice:
+        console.print(f"  next: {escape(str(step))}")
     if failed:
-        console.print(f"failed tickers ({len(failed)}):")
+        what = ("failed tickers" if all(t.status == "failed" for t in failed)
+                else "tickers without a result")
+        console.print(f"{what} ({len(failed)}):")
         for ticker in failed:
             console.print(f"  [red]{ticker.ticker}[/] ({ticker.status}): "
                           f"{escape(ticker.error or 'no error recorded')}")
@@ -210,9 +219,10 @@ def report(
     engine = database(settings)
     # A batch whose process died is reported as what it is, not as still running.
     for crashed in mark_stale_crashed(engine, settings.heartbeat_stale_s):
+        steps = advise(engine, crashed, settings.heartbeat_stale_s)
         console(stderr=True).print(f"note: batch {crashed} had no heartbeat for over "
-                                   f"{settings.heartbeat_stale_s:.0f} s: marked crashed "
-                                   f"(`nightdesk run --resume {crashed}` continues it)")
+                                   f"{settings.heartbeat_stale_s:.0f} s: marked crashed"
+                                   + (f" ({escape(steps)})" if steps else ""))
     if compare is not None:
         arms = [compare_arm(engine, i) for i in parse_batch_ids(compare, what="--compare")]
         if fmt == "json":
@@ -221,8 +231,10 @@ def report(
             console().print(compare_table(arms))
         return
     chosen = batch_id if batch_id is not None else latest_batch_id(engine)
-    head = batch_summary(engine, chosen)  # InputError (exit 2) for an unknown id
+    # InputError (exit 2) for an unknown id
+    head = batch_summary(engine, chosen, settings.heartbeat_stale_s)
     failed = failed_tickers(engine, chosen)
+    advice = next_steps(engine, head)
     result = batch_report(engine, chosen)
     view = server_view(engine, chosen)
     shares = endpoint_shares(engine, chosen)
@@ -231,12 +243,13 @@ def report(
     if fmt == "json":
         # The batch report's own fields flattened between the batch and the server's view.
         typer.echo(json.dumps(to_jsonable_python(
-            {"batch": head, "failed_tickers": failed, **to_jsonable_python(result),
+            {"batch": head, "failed_tickers": failed,
+             "advice": [step.command for step in advice], **to_jsonable_python(result),
              "server": view, "endpoints": shares, "over_time": intervals,
              "warnings": warnings}), indent=2))
     else:
         shown = console()
-        render_head(head, failed, shown)
+        render_head(head, failed, advice, shown)
         render_table(result, view, shown)
         if len(shares) > 1:
             shown.print(endpoint_table(shares, result, view))
@@ -259,7 +272,7 @@ def batches(
     """List batches, newest first: status, as-of, tickers succeeded/planned, duration."""
     settings = setup()
     engine = database(settings)
-    rows = list_batches(engine, limit, kind)
+    rows = list_batches(engine, settings.heartbeat_stale_s, limit, kind)
     if fmt == "json":
         typer.echo(json.dumps(to_jsonable_python(rows), indent=2))
         return

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import (
     JSON,
@@ -30,6 +30,11 @@ from app.db.text import CleanText
 # BigInteger keys autoincrement on PostgreSQL; SQLite only autoincrements INTEGER.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
+
+# Whose a failed ticker's failure was (``TickerRun.failure_class``; app/batch/faults.py).
+FailureClass = Literal["own", "infrastructure"]
+OWN: FailureClass = "own"
+INFRASTRUCTURE: FailureClass = "infrastructure"
 
 class Timestamp(TypeDecorator[datetime]):
     """Store aware datetimes; SQLite drops the zone, so values come back as UTC-aware."""
@@ -97,8 +102,8 @@ class TickerRun(Base):
     started_at: Mapped[datetime | None] = mapped_column(Timestamp)
     finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
     error: Mapped[str | None] = mapped_column(CleanText)
-    # Whose failure it was, for a failed ticker: "own" (its answer, data, prompt) or
-    # "infrastructure" (the server, the database): `run --resume` takes the latter up.
+    # Whose failure it was, for a failed ticker: OWN (its answer, data, prompt) or
+    # INFRASTRUCTURE (the server, the database): `run --resume` takes the latter up.
     failure_class: Mapped[str | None] = mapped_column(String(16))
 
 

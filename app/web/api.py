@@ -33,7 +33,7 @@ def ranking(state: State) -> views.RankingView:
 
 @router.get("/batches")
 def batches(state: State) -> list[BatchSummary]:
-    return views.batches_view(state.engine)
+    return views.batches_view(state.engine, state.stale_after_s)
 
 
 @router.get("/batches/compare")
@@ -47,7 +47,8 @@ def compare(state: State, ids: Annotated[list[str], Query()]) -> views.CompareVi
 @router.get("/batches/{batch_id}")
 def batch(state: State, batch_id: str) -> views.BatchView:
     try:
-        return views.batch_view(state.engine, batch_id_or_404(batch_id))
+        return views.batch_view(state.engine, batch_id_or_404(batch_id),
+                               state.stale_after_s)
     except InputError as error:
         raise HTTPException(404, str(error)) from None
 

@@ -117,7 +117,8 @@ async def rerun(request: Request, state: State, symbol: str,
 def batches_page(request: Request, state: State) -> Response:
     """List the batches, newest first, with a form to compare arms."""
     return _page(request, "batches.html", {"batches": [
-        b.model_dump(mode="json") for b in views.batches_view(state.engine)]})
+        b.model_dump(mode="json")
+        for b in views.batches_view(state.engine, state.stale_after_s)]})
 
 
 @router.get("/batches/compare")
@@ -139,7 +140,8 @@ def compare_page(request: Request, state: State,
 def batch_page(request: Request, state: State, batch_id: str) -> Response:
     """Show one batch's report: throughput, the server's gauges over time, latency, failures."""
     try:
-        view = views.batch_view(state.engine, batch_id_or_404(batch_id))
+        view = views.batch_view(state.engine, batch_id_or_404(batch_id),
+                                state.stale_after_s)
     except InputError as error:
         return _page(request, "missing.html", {"what": str(error), "status": 404},
                      status=404)

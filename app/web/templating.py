@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup, escape
 
 from app.night import span as duration
 from app.ranking import RATING_ORDER
@@ -26,6 +28,16 @@ def when(value: str | None) -> str:
     return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+# In the status lines the CLI prints as text: a batch named, and `a command`.
+_BATCH = re.compile(r"\b(batch|rerun) #(\d+)")
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def prose(text: str | None) -> Markup:
+    """Show a status line as HTML: each "batch #N" a link to its page, `…` as code."""
+    html = str(escape(text or ""))
+    html = _BATCH.sub(r'<a href="/batches/\2">\1 #\2</a>', html)
+    return Markup(_CODE.sub(r"<code>\1</code>", html))
 
 
 def make_templates() -> Jinja2Templates:
@@ -33,6 +45,6 @@ def make_templates() -> Jinja2Templates:
     env = Environment(loader=PackageLoader("app.web", "templates"),
                       autoescape=select_autoescape(["html"]), undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(fmt=fmt, when=when, duration=duration)
+    env.filters.update(fmt=fmt, when=when, duration=duration, prose=prose)
     env.globals.update(RATING_ORDER=RATING_ORDER)
     return Jinja2Templates(env=env)

@@ -18,7 +18,17 @@ from sqlalchemy.orm import Session
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
 from app import night
-from app.batches import BatchSummary, FailedTicker, IsoDate, IsoDatetime, summarize
+from app.advice import Advice, next_steps
+from app.batches import (
+    BatchSummary,
+    FailedTicker,
+    IsoDate,
+    IsoDatetime,
+    list_batches,
+    plain_error,
+    status_of,
+    summarize,
+)
 from app.changes import NightChanges, RankedRow, compare_nights, ranked_row
 from app.config import Settings
 from app.db.models import FINISHED_STATUSES, Batch, Decision, LLMCall, NodeText, TickerRun
@@ -44,7 +54,7 @@ def _batch(engine: Engine, batch_id: int) -> Batch:
 
 
 class RunningBatch(BatchSummary):
-    """A batch still marked running, with its progress and its ETA."""
+    """A batch that runs (``app.batches.status_of``), with its progress and its ETA."""
 
     tickers_done: int
     tickers_running: int
@@ -54,7 +64,6 @@ class RunningBatch(BatchSummary):
     eta_s: int | None
     eta_low_s: int | None  # the ETA's interval (app.eta)
     eta_high_s: int | None
-    stale: bool
 
 
 class FailedRow(BaseModel):
@@ -197,6 +206,7 @@ class BatchView(BaseModel):
     progress: Progress | None  # while the batch runs
     # An open mapping: what the server reported about itself, as stored with the batch.
     server_facts: dict[str, Any] | None
+    advice: list[Advice]  # the commands that fit it, as the digest and `report` give them
 
 
 class CompareView(BaseModel):
@@ -207,10 +217,10 @@ class CompareView(BaseModel):
 
 
 def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
-    """Return each batch still marked running, with its progress and its ETA.
+    """Return each batch that runs, with its progress and its ETA.
 
-    ``stale``: its heartbeat is older than ``stale_after_s`` (``heartbeat_stale_s``, the age
-    at which the CLI marks such a batch crashed), so its process has probably died.
+    One still marked running whose heartbeat is older than ``stale_after_s`` has crashed
+    (``app.batches.status_of``) and is left out: it has no progress to show.
     """
     now = datetime.now(UTC)
     with engine.connect() as conn:
@@ -218,15 +228,15 @@ def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
                                .order_by(Batch.id)).all()
     out = []
     for b in batches:
+        summary = summarize(b, stale_after_s, now)
+        if summary.status != "running":
+            continue
         prog = night.progress(engine, b.id, now)  # the same numbers as `nightdesk ranking`
-        beat = b.heartbeat_at or b.started_at
         out.append(RunningBatch(
-            **dict(summarize(b)),
+            **dict(summary),
             tickers_done=prog.tickers_done, tickers_running=prog.tickers_running,
             calls=prog.calls, expected_calls=prog.expected_calls, elapsed_s=prog.elapsed_s,
-            eta_s=prog.eta_s, eta_low_s=prog.eta_low_s, eta_high_s=prog.eta_high_s,
-            stale=beat is not None and (now - beat).total_seconds() > stale_after_s,
-        ))
+            eta_s=prog.eta_s, eta_low_s=prog.eta_low_s, eta_high_s=prog.eta_high_s))
     return out
 
 
@@ -256,7 +266,7 @@ def ranking_view(engine: Engine, settings: Settings) -> RankingView:
     by_ticker = compared.by_ticker()
     ranked = [r for r in rows if r.rank is not None]
     return RankingView(
-        batch=summarize(batch),
+        batch=summarize(batch, stale_after_s),
         rows=[ranked_row(r, by_ticker.get(r.ticker)) for r in ranked],
         failed=[FailedRow(ticker=r.ticker, status=r.status, reason=r.summary)
                 for r in rows if r.rank is None],
@@ -343,7 +353,7 @@ def history_view(engine: Engine, ticker: str, nights: int = HISTORY_NIGHTS
 
 
 def _tonight(runs: list[Any], last_good: HistoryPoint | None,
-             newest_night: int | None) -> Tonight:
+             newest_night: int | None, batch_status: dict[int, str]) -> Tonight:
     """Return what the ticker page headlines: the ticker's newest night, rated or not.
 
     ``rated``: the ranking of that night has a rating for the ticker (its own, or a rerun's
@@ -354,27 +364,31 @@ def _tonight(runs: list[Any], last_good: HistoryPoint | None,
     """
     run = next((r for r in runs if r.kind == "nightly"), runs[0])
     rated = last_good is not None and last_good.nightly_batch_id == run.batch_id
-    if run.batch_status == "running":
+    of_batch = batch_status[run.batch_id]
+    if of_batch == "running":
         state = "running" if run.status in ("running", "queued") else run.status
+    elif run.status in ("running", "queued"):  # left so by a batch that ended or died
+        state = "interrupted" if of_batch == "crashed" else of_batch
     else:
-        state = run.status if run.status != "queued" else run.batch_status
+        state = run.status
     return Tonight(rated=rated, state="rated" if rated else state,
                    tonight=run.kind == "nightly" and run.batch_id == newest_night,
                    batch_id=run.batch_id, kind=run.kind, as_of=run.as_of,
-                   batch_status=run.batch_status, error=run.error)
+                   batch_status=of_batch, error=plain_error(run.error))
 
 
 def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView | None:
     """Return the ticker's latest run, its nodes, history and reruns; None when never run.
 
-    A rerun still marked running is live while its heartbeat is younger than
-    ``stale_after_s`` (``heartbeat_stale_s``).
+    Each batch's status is ``app.batches.status_of``'s: a rerun still marked running is
+    live while its heartbeat is younger than ``stale_after_s`` (``heartbeat_stale_s``).
     """
     with engine.connect() as conn:
         runs = conn.execute(
             select(TickerRun.status, TickerRun.error, TickerRun.finished_at,
                    TickerRun.started_at, Batch.id.label("batch_id"), Batch.kind, Batch.as_of,
-                   Batch.status.label("batch_status"), Batch.heartbeat_at)
+                   Batch.status.label("batch_status"), Batch.heartbeat_at,
+                   Batch.started_at.label("batch_started_at"))
             .join(Batch, Batch.id == TickerRun.batch_id)
             .where(TickerRun.ticker == ticker, Batch.kind.in_(("nightly", "rerun")))
             .order_by(Batch.id.desc())).all()
@@ -387,13 +401,14 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
                   if r.status == "succeeded" and r.batch_status in FINISHED_STATUSES), latest)
     batch = _batch(engine, shown.batch_id)
     now = datetime.now(UTC)
+    batch_status = {r.batch_id: status_of(r.batch_status, r.heartbeat_at, r.batch_started_at,
+                                          stale_after_s, now) for r in runs}
+    # A rerun whose process died stays `running` in its row: only a live one blocks another.
     reruns = [RerunRow(batch_id=r.batch_id, as_of=r.as_of, status=r.status,
-                       batch_status=r.batch_status, error=r.error,
+                       batch_status=batch_status[r.batch_id],
+                       error=plain_error(r.error),
                        started_at=r.started_at, finished_at=r.finished_at,
-                       # A rerun whose process died stays `running`: only a live one
-                       # blocks another.
-                       live=r.batch_status == "running" and r.heartbeat_at is not None
-                       and (now - r.heartbeat_at).total_seconds() <= stale_after_s)
+                       live=batch_status[r.batch_id] == "running")
               for r in runs if r.kind == "rerun"]
     history = history_view(engine, ticker)
     last_good = next((p for p in reversed(history) if p.score is not None), None)
@@ -403,11 +418,12 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
     return TickerView(
         ticker=ticker,
         latest=LatestRun(batch_id=latest.batch_id, kind=latest.kind, status=latest.status,
-                         batch_status=latest.batch_status, as_of=latest.as_of,
-                         error=latest.error),
-        tonight=_tonight(list(runs), last_good, newest_night),
+                         batch_status=batch_status[latest.batch_id], as_of=latest.as_of,
+                         error=plain_error(latest.error)),
+        tonight=_tonight(list(runs), last_good, newest_night, batch_status),
         last_good=last_good,
-        shown=ShownBatch(**dict(summarize(batch)), ticker_status=shown.status,
+        shown=ShownBatch(**dict(summarize(batch, stale_after_s, now)),
+                         ticker_status=shown.status,
                          runs=_nodes_of_run(engine, batch, ticker)),
         history=history,
         reruns=reruns[:20],
@@ -415,17 +431,17 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
     )
 
 
-def batches_view(engine: Engine, limit: int = 200) -> list[BatchSummary]:
-    """Return the newest batches, newest first."""
-    with engine.connect() as conn:
-        rows = conn.execute(select(Batch).order_by(Batch.id.desc()).limit(limit)).all()
-    return [summarize(r) for r in rows]
+def batches_view(engine: Engine, stale_after_s: float, limit: int = 200
+                 ) -> list[BatchSummary]:
+    """Return the newest batches, newest first, as ``nightdesk batches`` lists them."""
+    return list_batches(engine, stale_after_s, limit)
 
 
-def batch_view(engine: Engine, batch_id: int) -> BatchView:
+def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView:
     """Return one batch's report: throughput, the server's view, series, latency, failures."""
     report = batch_report(engine, batch_id)  # raises InputError for an unknown id
     batch = _batch(engine, batch_id)
+    summary = summarize(batch, stale_after_s)
     with engine.connect() as conn:
         unfinished = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error,
                                          TickerRun.started_at)
@@ -434,25 +450,27 @@ def batch_view(engine: Engine, batch_id: int) -> BatchView:
                                   .order_by(TickerRun.ticker)).all()
     # While the batch runs, its running and queued tickers are under way, not failures. Once
     # it is over (a crash leaves them marked running), every ticker not succeeded failed.
-    live = batch.status == "running"
+    live = summary.status == "running"
     failed = [t for t in unfinished if not (live and t.status in IN_FLIGHT)]
     in_flight = [t for t in unfinished if live and t.status in IN_FLIGHT]
     order = graph_order(batch.settings or {})
     rank = {name: i for i, name in enumerate(order)}
     report.nodes.sort(key=lambda n: (rank.get(n.node, len(order)), n.node))
     return BatchView(
-        batch=summarize(batch),
+        batch=summary,
         report=report,
         server=server_view(engine, batch_id),
         series=series_view(engine, batch_id),
         over_time=batch_timeline(engine, batch_id),
-        failed_tickers=[FailedTicker(f.ticker, f.status, f.error) for f in failed],
+        failed_tickers=[FailedTicker(f.ticker, f.status, plain_error(f.error))
+                        for f in failed],
         running_tickers=[RunningTicker(ticker=t.ticker, status=t.status,
                                        started_at=t.started_at)
                          for t in sorted(in_flight,
                                          key=lambda t: (t.status != "running", t.ticker))],
-        progress=night.progress(engine, batch_id) if batch.status == "running" else None,
+        progress=night.progress(engine, batch_id) if live else None,
         server_facts=batch.server_facts,
+        advice=next_steps(engine, summary),
     )
 
 

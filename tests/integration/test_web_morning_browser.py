@@ -3,8 +3,8 @@
 Each test writes its nights into a SQLite file (``tests.unit.night_rows``: batch rows,
 ticker runs, decisions, node texts, as a batch leaves them), serves it with a real
 ``nightdesk web`` process and reads the pages in Debian's chromium through Playwright:
-the banner after a failed and after a missed night, the change column and the Changes
-section across two nights, a running batch's page reloading itself as the night goes on,
+the banner after a failed, a partial, a crashed and a missed night, the change column and
+the Changes section across two nights, a running batch's page reloading itself as the night goes on,
 and a ticker's page after its night failed. The schedule is set two hours before now, so
 "tonight" is whatever the clock says. Screenshots go to ``NIGHTDESK_TEST_SCREENSHOTS``
 (the README's are made so), else to a temporary folder.
@@ -136,9 +136,68 @@ def test_the_banner_after_a_failed_night(home: Path, browser: Browser, shots: Pa
             in banner.inner_text()
         assert f"this ranking is of {D1} (batch #{first})" in banner.inner_text()
         assert page.locator("#night .status").first.inner_text() == "failed"
-        # The older ranking is still there, under the banner.
+        # Every ticker failed, none is left to resume: the banner advises their reruns,
+        # as code, and shows no backtick.
+        assert page.locator("#banner code").all_inner_texts() == [
+            f"nightdesk rerun {t} --as-of {D2}" for t in GOOD]
+        assert "`" not in banner.inner_text() and "--resume" not in banner.inner_text()
+        # The older ranking is still there, under the banner; its failed tickers' section
+        # names the night it describes.
         assert page.locator("#ranking tbody tr").count() == len(GOOD)
+        assert f"batch #{first}" in page.locator("#failed-heading").inner_text()
         page.screenshot(path=shots / "morning-failed-night.png", full_page=True)
+        # "batch #N" in the banner is a link to the batch's page.
+        banner.get_by_role("link", name=f"batch #{second}").click()
+        page.wait_for_url(f"{base}/batches/{second}")
+        page.context.close()
+
+
+def test_the_banner_of_a_partial_night(home: Path, browser: Browser, shots: Path) -> None:
+    engine = _engine(home)
+    add_night(engine, D1, YESTERDAY, GOOD)
+    tonight = add_night(engine, D2, DUE, {**GOOD, "EEE": Rated(
+        error="DataError: no prices for EEE")})
+    with served(home) as base:
+        page = _page(browser)
+        page.goto(base + "/")
+        banner = page.locator("#banner")
+        assert banner.is_visible() and banner.get_attribute("data-status") == "partial"
+        text = " ".join(banner.inner_text().split())
+        assert text.startswith(f"A partial night. nightly batch #{tonight} (as of {D2}) "
+                               f"partial: {len(GOOD)} of {len(GOOD) + 1} tickers")
+        assert "1 of its tickers have no rating" in text
+        assert page.locator("#banner code").all_inner_texts() == [
+            f"nightdesk rerun EEE --as-of {D2}"]
+        assert page.locator("#failed tbody tr td:first-child").all_inner_texts() == ["EEE"]
+        page.screenshot(path=shots / "morning-partial-night.png", full_page=True)
+        page.context.close()
+
+
+def test_the_banner_of_a_crashed_night(home: Path, browser: Browser, shots: Path) -> None:
+    engine = _engine(home)
+    first = add_night(engine, D1, YESTERDAY, GOOD)
+    # SIGKILLed an hour after its start: still marked running, its heartbeat an hour old.
+    dead = add_night(engine, D2, DUE, {"AAA": Rated("Buy", 0.7), "BBB": Rated(status="running"),
+                                       "CCC": Rated(status="queued")},
+                     status="running", heartbeat=DUE + timedelta(hours=1), calls=20)
+    with served(home) as base:
+        page = _page(browser)
+        page.goto(base + "/")
+        banner = page.locator("#banner")
+        text = " ".join(banner.inner_text().split())
+        assert f"batch #{dead} (as of {D2}), crashed: no heartbeat since" in text
+        assert f"this ranking is of {D1} (batch #{first})" in text
+        assert page.locator("#banner code").all_inner_texts() == [
+            f"nightdesk run --resume {dead}"]
+        assert page.locator("#night").get_attribute("data-status") == "crashed"
+        # No progress, no time left, no reload for a night that is dead.
+        assert page.locator(".progress").count() == 0
+        assert page.locator("meta[http-equiv=refresh]").count() == 0
+        page.screenshot(path=shots / "morning-crashed-night.png", full_page=True)
+        # The batches page says the same.
+        page.goto(base + "/batches")
+        assert page.locator(f"#batches tr[data-batch='{dead}'] .status").inner_text() == \
+            "crashed"
         page.context.close()
 
 
@@ -153,6 +212,9 @@ def test_the_banner_after_a_missed_night(home: Path, browser: Browser, shots: Pa
                f"{DUE.strftime('%Y-%m-%d %H:%M')} UTC" in text
         assert f"batch #{first}" in text
         assert page.locator("#night").get_attribute("data-status") == "stale"
+        assert page.locator("#banner").get_attribute("data-status") == "stale"
+        # The latest night succeeded: nothing to do about it but wait for the next one.
+        assert page.locator("#banner code").count() == 0
         assert (DUE + timedelta(days=1)).strftime("%Y-%m-%d %H:%M") in \
             page.locator("#schedule").inner_text()
         page.screenshot(path=shots / "morning-missed-night.png", full_page=True)
@@ -175,7 +237,8 @@ def test_the_change_column_and_the_changes_section(home: Path, browser: Browser,
     with served(home) as base:
         page = _page(browser)
         page.goto(base + "/")
-        assert page.locator("#banner").count() == 0  # tonight's partial night is the latest
+        # Tonight's partial night is the latest: its banner says partial, not "not latest".
+        assert page.locator("#banner").get_attribute("data-status") == "partial"
         row = page.locator("#ranking tr[data-ticker='AAA'] td")
         assert row.nth(6).inner_text().split() == ["Hold", "+0.00", "#3"]
         assert row.nth(7).inner_text() == "▲ upgrade"

@@ -51,9 +51,10 @@ def test_batches_as_json_lists_the_newest_first(sqlite_engine: Engine) -> None:
                                                  "tickers_failed", "duration_s")} == {
         "kind": "nightly", "status": "partial", "as_of": str(D2), "tickers": "2/3",
         "tickers_failed": 1, "duration_s": 90 * 60.0}
-    running = by_id[ids["night3"]]
-    assert (running["status"], running["tickers"], running["duration_s"]) == (
-        "running", "1/3", 600.0)  # to its last heartbeat
+    # Still marked running, but its heartbeat is days old now: crashed, as in every view,
+    # and its duration runs to that last heartbeat.
+    dead = by_id[ids["night3"]]
+    assert (dead["status"], dead["tickers"], dead["duration_s"]) == ("crashed", "1/3", 600.0)
     assert by_id[ids["rerun"]]["kind"] == "rerun"
 
 
@@ -103,6 +104,7 @@ def test_report_heads_with_status_as_of_duration_and_the_failed_tickers(
     lines = result.stdout.splitlines()
     assert lines[0] == (f"DEMO DATA batch {ids['night2']} (nightly, as of {D2}): partial — "
                         "2/3 tickers succeeded, 1 failed; duration 1 h 30 min")
+    # CCC's rerun (D2) succeeded and the ranking applies it: nothing left to advise.
     assert lines[1:3] == ["failed tickers (1):", "  CCC (failed): LLMTimeoutError: no answer"]
     data = json.loads(run_cli("report", str(ids["night2"]), "--format", "json").stdout)
     assert data["batch"]["status"] == "partial" and data["batch"]["as_of"] == str(D2)

@@ -81,8 +81,10 @@ def test_the_digest_says_status_tickers_ends_changes_failures_time_rate_and_link
     assert changes[0].startswith("  T06: Hold → Buy (+0.00 → +0.95, +0.95) upgrade; ")
     assert changes[1].startswith("  T03: Overweight → Hold (+0.45 → +0.05, -0.40) downgrade; ")
     assert changes[2].startswith("  T11: dropped, was Sell")
-    assert "Failed (1):" in lines
-    assert "  T11 (failed): LLMTimeoutError: no answer within 600 s" in lines
+    assert lines[2] == (f"Next: nightdesk rerun T11 --as-of {D2} (runs T11 again; the ranking "
+                        "applies it)")
+    at_failed = lines.index("Failed (1):")
+    assert lines[at_failed + 1] == "  T11: LLMTimeoutError: no answer within 600 s"
     assert lines[-1] == (f"Page: https://desk.example.org/ "
                          f"(this batch: https://desk.example.org/batches/{night})")
 
@@ -99,10 +101,15 @@ def test_a_night_cut_short_says_how_to_continue_and_lists_only_up_and_downgrades
     body = digest.message.body
     assert digest.message.level == "failure"
     assert "INTERRUPTED, 1/2 tickers" in digest.message.title
-    assert f"Continue it: nightdesk run --resume {cut}" in body
+    lines = body.splitlines()
+    assert lines[0] == ("Status: interrupted: 1 of 2 tickers succeeded, 0 failed, "
+                        "1 not finished — stopped by SIGTERM: finished tickers are kept")
+    assert f"Next: nightdesk run --resume {cut} (continues its 1 ticker not finished)" in lines
     assert "  AAA: Hold → Buy (+0.00 → +0.80, +0.80) upgrade" in body
     assert "BBB: dropped" not in body  # not reached is no news
-    assert "  BBB (interrupted): stopped by SIGTERM" in body
+    assert "Failed" not in body  # nothing failed: BBB was not finished
+    unfinished = lines.index("Not finished (1):")
+    assert lines[unfinished + 1] == "  BBB: stopped by SIGTERM"
 
 
 def test_no_destination_builds_and_sends_nothing(sqlite_engine: Engine,
@@ -181,7 +188,7 @@ def test_a_night_run_from_the_cli_sends_its_digest_and_a_dead_destination_change
     assert post["title"].endswith(f"nightly batch #{night.id} (as of {DEMO_AS_OF}) "
                                   "PARTIAL, 1/2 tickers")
     assert post["type"] == "warning"
-    assert f"  {bad} (failed): " in post["message"] and "prompt rejected" in post["message"]
+    assert f"  {bad}: " in post["message"] and "prompt rejected" in post["message"]
     assert f"Top 1: 1. {good} Overweight +0.40" in post["message"]
     assert "notification not delivered" in result.stderr  # the dead one, logged as an error
 
@@ -251,7 +258,8 @@ def test_a_night_stopped_by_sigterm_sends_an_interrupted_digest(
     [post] = hook.posts
     assert f"nightly batch #{night.id} (as of {DEMO_AS_OF}) INTERRUPTED" in post["title"]
     assert post["type"] == "failure"
-    assert f"Continue it: nightdesk run --resume {night.id}" in post["message"]
+    assert f"Next: nightdesk run --resume {night.id} (" in post["message"]
+    assert post["message"].count("--resume") == 1  # once, not in the errors as well
     assert "stopped by SIGTERM" in post["message"]
 
 

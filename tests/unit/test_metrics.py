@@ -144,6 +144,30 @@ def test_a_missed_night_and_a_night_cut_short(sqlite_engine: Engine,
         stale = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
     assert stale[("nightdesk_night_last_status", (("status", "stale"),))] == 1
     assert stale[("nightdesk_night_last_status", (("status", "interrupted"),))] == 0
+    # The interrupted night's figures are not tonight's: no gauge says them as current.
+    assert not {name for name, _ in stale} & {"nightdesk_night_tickers",
+                                               "nightdesk_night_duration_seconds",
+                                               "nightdesk_night_output_tokens_per_second"}
+
+
+def test_a_daemon_that_stopped_drops_its_heartbeat_and_one_that_died_keeps_it(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    from app.daemon import Heartbeat
+
+    with Heartbeat(sqlite_engine, 30.0, lambda: None, "10 0 * * * (UTC)") as beat:
+        beat.beat()
+        alive = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
+        dead = Heartbeat(sqlite_engine, 30.0, lambda: None, "10 0 * * * (UTC)")
+    assert ("nightdesk_scheduler_heartbeat_timestamp_seconds", ()) in alive
+    stopped = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
+    assert ("nightdesk_scheduler_heartbeat_timestamp_seconds", ()) not in stopped
+    # A daemon killed (no stop ran) leaves its last beat, for the "silent" alert to see.
+    with time_machine.travel(DUE2, tick=False):
+        dead.beat()
+    with time_machine.travel(DUE2 + timedelta(hours=1), tick=False):
+        killed = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
+    assert killed[("nightdesk_scheduler_heartbeat_timestamp_seconds", ())] == \
+        DUE2.timestamp()
 
 
 def test_an_empty_database_says_no_success_yet(client: TestClient,
@@ -179,7 +203,9 @@ def test_the_separate_port_serves_metrics_without_auth_on_loopback_only(
     with open_metrics_port(port, sqlite_engine, settings()), \
             urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
         got = samples(reply.read().decode())
-    assert got[("nightdesk_night_tickers", (("status", "failed"),))] == 1
+    assert got[("nightdesk_metrics_database_up", ())] == 1
+    assert got[("nightdesk_night_last_success_timestamp_seconds", ())] == \
+        (DUE1 + timedelta(minutes=40)).timestamp()
     with pytest.raises(httpx.ConnectError):  # closed with the context
         httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
 
@@ -214,5 +240,5 @@ def test_a_running_night_reports_its_duration_so_far(sqlite_engine: Engine,
     with time_machine.travel(now, tick=False):
         got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
     assert got[("nightdesk_night_last_status", (("status", "running"),))] == 1
-    assert got[("nightdesk_night_duration_seconds", ())] == \
-        (now - timedelta(seconds=30) - DUE2).total_seconds()
+    # To now, as the pages and `nightdesk batches` give it, not to its heartbeat 30 s ago.
+    assert got[("nightdesk_night_duration_seconds", ())] == (now - DUE2).total_seconds()

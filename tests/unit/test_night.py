@@ -64,7 +64,7 @@ def test_a_partial_night_is_fresh_and_says_n_of_m(sqlite_engine: Engine) -> None
 
 @pytest.mark.parametrize(("state", "error", "words"), [
     ("failed", "preflight: model not served", "failed: preflight: model not served"),
-    ("interrupted", "SIGTERM", "was interrupted: SIGTERM; `nightdesk run --resume"),
+    ("interrupted", "SIGTERM", "was interrupted: SIGTERM; this ranking"),
     ("crashed", "no heartbeat for more than 120 s", "crashed: no heartbeat"),
 ])
 def test_a_night_that_did_not_finish_leaves_an_older_ranking_named_as_such(
@@ -79,6 +79,9 @@ def test_a_night_that_did_not_finish_leaves_an_older_ranking_named_as_such(
     assert status.ranked is not None and status.ranked.id == first
     assert status.reason is not None and words in status.reason
     assert f"this ranking is of {D1} (batch #{first})" in status.reason
+    # BBB is left to do: the advice is the resume that takes it up, given once, apart.
+    assert [step.command for step in status.advice] == [f"nightdesk run --resume {second}"]
+    assert "--resume" not in status.reason
 
 
 def test_no_batch_since_the_due_time_is_stale_after_the_grace(sqlite_engine: Engine) -> None:

@@ -235,11 +235,11 @@ def test_cli_report_prints_json(
     code, out, err = nightdesk(monkeypatch, capsys, "report", str(b), "--format", "json")
     assert code == 0, err
     data = json.loads(out)
-    # The report's own keys exactly; the CLI adds the batch's head and failed tickers, the
-    # server's view, each endpoint's part (here the one endpoint the rows do not name) and
-    # the warnings beside.
-    assert set(data) - {"batch", "failed_tickers", "server", "endpoints", "over_time",
-                        "warnings"} == KEYS
+    # The report's own keys exactly; the CLI adds the batch's head, failed tickers and the
+    # commands advised, the server's view, each endpoint's part (here the one endpoint the
+    # rows do not name) and the warnings beside.
+    assert set(data) - {"batch", "failed_tickers", "advice", "server", "endpoints",
+                        "over_time", "warnings"} == KEYS
     assert [e["endpoint"] for e in data["endpoints"]] == [None]
     assert data["warnings"] == []
     assert data["output_tokens_per_s"] == pytest.approx(25.0)

@@ -146,17 +146,20 @@ def test_without_a_password_everything_is_open(sqlite_engine: Engine, ids: Ids) 
 
 # --- the ranking: one finished night, reruns applied, the running night only as progress -----
 
-@pytest.mark.parametrize(("age_s", "stale"), [(60, False), (200, True)])
-def test_a_running_night_is_stale_past_the_age_the_cli_marks_it_crashed(
-        sqlite_engine: Engine, age_s: float, stale: bool) -> None:
+@pytest.mark.parametrize(("age_s", "status"), [(60, "running"), (200, "crashed")])
+def test_a_running_night_is_crashed_past_the_age_the_cli_marks_it_crashed(
+        sqlite_engine: Engine, age_s: float, status: str) -> None:
     # 200 s without a heartbeat: past heartbeat_stale_s (120), where `nightdesk report` or
-    # `run` marks the batch crashed; the page must say so too, not wait for 300 s.
+    # `run` marks the batch crashed; the page says crashed too, and shows no progress.
     ids = fill(sqlite_engine, night2_heartbeat=datetime.now(UTC) - timedelta(seconds=age_s))
     stale_after = load_settings().heartbeat_stale_s
     app = create_app(sqlite_engine, Guard(USER, None), RerunQueue(), stale_after_s=stale_after)
     with TestClient(app) as c:
-        [running] = c.get("/api/ranking").json()["running"]
-    assert (running["id"], running["stale"]) == (ids.night2, stale)
+        data = c.get("/api/ranking").json()
+        listed = {b["id"]: b["status"] for b in c.get("/api/batches").json()}
+    assert listed[ids.night2] == status
+    assert [r["id"] for r in data["running"]] == ([ids.night2] if status == "running" else [])
+
 
 def test_ranking_is_the_last_finished_night_with_its_rerun_while_the_next_runs(
         client: TestClient, ids: Ids) -> None:
@@ -174,9 +177,8 @@ def test_ranking_is_the_last_finished_night_with_its_rerun_while_the_next_runs(
                                     "Sell": 1}
     assert data["reruns_applied"] == [ids.rerun]
     [running] = data["running"]
-    assert (running["id"], running["as_of"], running["tickers_done"],
-            running["tickers_total"], running["stale"]) == (ids.night2, "2026-11-27", 1, 2,
-                                                            False)
+    assert (running["id"], running["as_of"], running["tickers_done"], running["tickers_total"],
+            running["status"]) == (ids.night2, "2026-11-27", 1, 2, "running")
 
     html = client.get("/", auth=AUTH).text
     assert "as of 2026-11-26" in html and "DEMO DATA" in html

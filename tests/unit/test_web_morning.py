@@ -70,7 +70,7 @@ def test_a_failed_night_puts_a_banner_over_the_older_ranking(sqlite_engine: Engi
     night = soup.find(id="night")
     assert night is not None and night["data-status"] == "failed"
     assert "Next night due 2026-11-29 00:10:00 UTC" in text(soup.find(id="schedule"))
-    assert text(soup.find(id="daemon")) == "no heartbeat recorded"
+    assert text(soup.find(id="daemon")) == "none runs"
 
 
 def test_a_missed_night_is_named_stale(sqlite_engine: Engine, client: TestClient) -> None:
@@ -312,7 +312,8 @@ def test_batches_read_the_same_on_the_api_and_the_cli(sqlite_engine: Engine,
         api = client.get("/api/batches", auth=AUTH).json()
         cli = json.loads(run_cli("batches", "--format", "json").stdout)
     assert api == cli  # same keys, same values, newest first
-    assert [b["duration_s"] for b in cli] == [25 * 60.0, 40 * 60.0]
+    # A running batch's duration runs to now, not to its last heartbeat.
+    assert [b["duration_s"] for b in cli] == [26 * 60.0, 40 * 60.0]
     assert cli[0]["tickers"] == "1/2" and cli[0]["status"] == "running"
 
 

@@ -1,0 +1,72 @@
+"""The DEMO label comes from what a night was set to run on, not from the data it loaded.
+
+A night over the demo snapshot whose every ticker's prices file is unreadable loads no data
+at all and fails; it still ran on the demo snapshot, and says so in ``nightdesk batches``,
+on /batches and in its digest. A night on market data (a snapshot whose manifest says
+``demo: false``) is not labelled.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bs4 import BeautifulSoup
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from agents.data import get_provider, serves_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from app.config import load_settings
+from app.digest import build_digest
+from app.web.auth import Guard
+from app.web.reruns import RerunQueue
+from app.web.server import create_app
+from tests.unit.clirun import run_cli
+from tests.unit.test_lock import fake_llm
+
+
+def snapshot(tmp_path: Path, demo: bool) -> Path:
+    """Write the demo snapshot of two tickers, its prices unreadable; ``demo`` in its manifest."""
+    data = tmp_path / "data"
+    day = write_demo(data, DEMO_AS_OF, 2)
+    manifest = day / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "demo": demo}))
+    for ticker in demo_tickers(2):
+        (day / ticker / "prices.csv").write_text("not,a\nprices,file\n")
+    return data
+
+
+@pytest.mark.parametrize("demo", [True, False])
+def test_a_night_that_loaded_no_data_is_labelled_by_its_snapshot(
+        monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, tmp_path: Path,
+        demo: bool) -> None:
+    data = snapshot(tmp_path, demo)
+    tickers = demo_tickers(2)
+    fake_llm(monkeypatch, None, tickers)
+    result = run_cli("run", "--tickers", ",".join(tickers), "--as-of", str(DEMO_AS_OF),
+                     "--no-preflight", env={"NIGHTDESK_DATA_DIR": str(data),
+                                            "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    assert result.code == 1, result.stderr  # every ticker failed: the night failed
+    [night] = json.loads(run_cli("batches", "--format", "json").stdout)
+    assert (night["status"], night["tickers_failed"], night["demo"]) == ("failed", 2, demo)
+    title = build_digest(sqlite_engine, load_settings(), night["id"]).message.title
+    assert title.startswith("DEMO DATA — ") == demo
+    app = create_app(sqlite_engine, Guard("ops", "pw"), RerunQueue(), stale_after_s=120.0,
+                     settings=load_settings())
+    with TestClient(app) as client:
+        page = BeautifulSoup(client.get("/batches", auth=("ops", "pw")).text, "html.parser")
+    row = page.find("tr", attrs={"data-batch": str(night["id"])})
+    assert row is not None and (row.find(class_="demo") is not None) == demo
+
+
+def test_the_providers_say_whether_they_serve_demo_data(tmp_path: Path) -> None:
+    real = snapshot(tmp_path / "real", demo=False)
+    fake = snapshot(tmp_path / "fake", demo=True)
+    assert serves_demo(get_provider("demo"), DEMO_AS_OF)
+    assert serves_demo(get_provider("snapshot", fake), DEMO_AS_OF)
+    assert not serves_demo(get_provider("snapshot", real), DEMO_AS_OF)
+    # No snapshot of that date: nothing says it is demo data.
+    assert not serves_demo(get_provider("snapshot", fake),
+                           DEMO_AS_OF.replace(year=DEMO_AS_OF.year - 1))
