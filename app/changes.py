@@ -11,9 +11,10 @@ analysts close with bullish/bearish/neutral tables, the trader proposes BUY/HOLD
 portfolio manager names a rating), from −1 all bearish to +1 all bullish, averaged over
 the samples. Only the analysts and the debaters (bull, bear, the risk analysts) are named:
 the portfolio manager's stance *is* the rating, and the research manager and the trader
-restate the debate. A change whose rating lies outside its score band on either night
-(a sample's rating contradicting its own score, the ranking's "!") says so first in its
-"why": a downgrade whose score rose is explained by it. Nothing here writes.
+restate the debate. A night's rating is its mean score's band (app/quality/grades.py); a
+change where a sample's own rating contradicted its score on either night (the ranking's
+"!") says so first in its "why", since that model's word was overruled by its score.
+Nothing here writes.
 """
 
 from __future__ import annotations
@@ -184,16 +185,16 @@ def why_line(moves: list[NodeMove], measured: bool) -> str:
 
 
 def band_note(now: RankRow, before: RankRow) -> str:
-    """Say which night's rating lies outside its score band ("!"), with the scores; empty
-    when neither does."""
-    said = []
-    if before.contradicting:
-        said.append(f"{before.rating} at {before.score:+.2f} the night before")
-    if now.contradicting:
-        said.append(f"{now.rating} at {now.score:+.2f} tonight")
+    """Say which night had samples whose own rating lay outside their score's band ("!"):
+    the rating shown is the band of the score, so their word was overruled. Empty when
+    neither night had one."""
+    said = [f"{row.contradicting} of {row.samples} sample(s) {when}"
+            for row, when in ((before, "the night before"), (now, "tonight"))
+            if row.contradicting]
     if not said:
         return ""
-    return "! rating outside its score band: " + " and ".join(said)
+    return ("! the model's own rating lay outside its score's band in " + " and ".join(said)
+            + " (the rating shown is its score's band)")
 
 
 def _rated(row: RankRow | None) -> bool:

@@ -251,14 +251,16 @@ def test_the_change_column_and_the_changes_section(home: Path, browser: Browser,
         # The why column names the bear researcher, not the trader or the portfolio manager
         # (whose stance is the rating), though both turned as far.
         assert bbb.nth(5).inner_text() == "moved most: bear_r1 bullish→bearish (-2.00)"
-        # A downgrade whose score rose: the band marker explains it, in the why and by "!".
+        # The model's ratings contradicted their scores: graded by score, with "!" and a why
+        # that says the model's word was overruled.
         ggg = page.locator("#changes tr[data-ticker='GGG'] td")
-        assert (ggg.nth(1).inner_text(), ggg.nth(4).inner_text()) == ("▼ downgrade", "+1.42")
-        assert ggg.nth(2).inner_text().split() == ["Overweight", "!", "-0.50"]
-        assert ggg.nth(3).inner_text().split() == ["Hold", "!", "+0.92"]
+        assert (ggg.nth(1).inner_text(), ggg.nth(4).inner_text()) == ("▲ upgrade", "+1.42")
+        assert ggg.nth(2).inner_text().split() == ["Sell", "!", "-0.50"]
+        assert ggg.nth(3).inner_text().split() == ["Buy", "!", "+0.92"]
         assert ggg.nth(5).inner_text() == (
-            "! rating outside its score band: Overweight at -0.50 the night before and Hold "
-            "at +0.92 tonight; node outputs not stored for one of the nights")
+            "! the model's own rating lay outside its score's band in 1 of 1 sample(s) the "
+            "night before and 1 of 1 sample(s) tonight (the rating shown is its score's "
+            "band); node outputs not stored for one of the nights")
         assert "news" in page.locator("#changes tr[data-ticker='AAA'] td").nth(5).inner_text()
         page.locator("#changes-heading").scroll_into_view_if_needed()
         page.screenshot(path=shots / "morning-changes.png", full_page=True)

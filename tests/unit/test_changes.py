@@ -92,8 +92,8 @@ def test_the_nodes_that_moved_most_are_named(sqlite_engine: Engine) -> None:
 
 
 def band_nights(engine: Engine) -> tuple[int, int]:
-    """GGG: Overweight at −0.50, then Hold at +0.92: a downgrade whose score rose by 1.42,
-    both ratings outside their score bands (Overweight +0.15…+0.50, Hold −0.15…+0.15)."""
+    """GGG: the model said Overweight at −0.50, then Hold at +0.92: both outside their score
+    bands (Overweight +0.15…+0.50, Hold −0.15…+0.15); graded by score, Sell then Buy."""
     first = add_night(engine, D1, at(D2, 0, 10), {
         "GGG": Rated("Overweight", -0.5, texts={"news": BEAR}),
         "HHH": Rated("Buy", 0.9)})
@@ -107,15 +107,16 @@ def test_a_change_against_its_score_shows_the_band_marker(sqlite_engine: Engine)
     band_nights(sqlite_engine)
     by = compare_nights(sqlite_engine).by_ticker()
     ggg = by["GGG"]
-    assert (ggg.change, ggg.score_move) == ("downgrade", pytest.approx(1.42))
+    # One grading rule: the rating moves with the score (Sell at −0.50 → Buy at +0.92).
+    assert (ggg.change, ggg.score_move) == ("upgrade", pytest.approx(1.42))
     assert (ggg.previous_contradicting, ggg.contradicting) == (1, 1)
-    assert ggg.why == ("! rating outside its score band: Overweight at -0.50 the night "
-                       "before and Hold at +0.92 tonight; moved most: news "
-                       "bearish→bullish (+1.67)")
+    assert ggg.why == ("! the model's own rating lay outside its score's band in 1 of 1 "
+                       "sample(s) the night before and 1 of 1 sample(s) tonight (the rating "
+                       "shown is its score's band); moved most: news bearish→bullish (+1.67)")
     assert not by["HHH"].why.startswith("!")  # Buy +0.90 → Hold 0.00: both in their bands
     shown = run_cli("changes", env={"COLUMNS": "250"}).stdout
-    assert "Overweight ! -0.50" in shown and "Hold ! +0.92" in shown
-    assert "! rating outside its score band" in shown
+    assert "Sell ! -0.50" in shown and "Buy ! +0.92" in shown
+    assert "! the model's own rating lay outside its score's band" in shown
 
 
 def test_a_rating_change_without_stored_outputs_says_so(sqlite_engine: Engine) -> None:
