@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
+import structlog
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -23,6 +24,8 @@ from sqlalchemy.pool import NullPool
 
 from app.errors import DatabaseError, SchemaOutdatedError
 from serving.urls import redact
+
+log = structlog.get_logger(__name__)
 
 
 def reason(error: BaseException) -> str:
@@ -81,16 +84,24 @@ def _sqlite_events(engine: Engine) -> None:
     in the pool: the next checkout tries the normal way again.
     """
 
+    warned = False
+
     @event.listens_for(engine, "do_connect")
     def _open(dialect: Any, record: Any, cargs: list[Any], cparams: dict[str, Any]) -> Any:
+        nonlocal warned
         dbapi_conn = dialect.loaded_dbapi.connect(*cargs, **cparams)
         try:
             _pragmas(dbapi_conn)
-        except sqlite3.OperationalError:
+        except sqlite3.OperationalError as error:
             dbapi_conn.close()
             snapshot = _snapshot_uri(cargs[0], bool(cparams.get("uri")))
             if snapshot is None:
                 raise
+            if not warned:  # once: a write's own error ("readonly") would hide the cause
+                log.warning("database cannot be written now; read as it lies on disk",
+                            database=redact(engine.url.render_as_string(hide_password=False)),
+                            error=str(error))
+                warned = True
             record.info["snapshot"] = True
             return dialect.loaded_dbapi.connect(snapshot, **{**cparams, "uri": True})
         return dbapi_conn

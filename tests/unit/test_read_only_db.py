@@ -178,6 +178,7 @@ def test_read_commands_serve_a_read_only_file_in_a_read_only_folder(
         path.parent.chmod(0o755)
         path.chmod(0o644)
     check_reads(found, writable, ids)
+    assert "database cannot be written now" in found["ranking"]["stderr"]
     assert _digest(path) == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["nightdesk.db"]
 
@@ -192,6 +193,7 @@ def test_read_commands_serve_a_database_on_a_full_disk(
     home.mkdir()
     found = _child(f"sqlite:///{path}", ids, prefix=[], limit_writes=True, home=home)
     check_reads(found, writable, ids)
+    assert "database cannot be written now" in found["ranking"]["stderr"]
     assert _digest(path) == before
 
 
