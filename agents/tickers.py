@@ -55,7 +55,9 @@ def read_universe(path: Path | str, notes: list[str] | None = None) -> list[str]
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        # utf-8-sig: an editor on Windows (Notepad, Excel's "CSV UTF-8") starts the file with
+        # a byte-order mark, which is no part of the first ticker.
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise InputError(f"universe file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as error:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import tomllib
 from functools import lru_cache
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 from urllib.parse import urlsplit
@@ -366,7 +368,7 @@ class Settings(BaseSettings):
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         path = os.environ.get(CONFIG_ENV)
         if path:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(path)))
+            sources.append(_TomlFile(settings_cls, toml_file=Path(path)))
         return tuple(sources)
 
     def sampling(self) -> Sampling:
@@ -421,6 +423,14 @@ def _describe(error: ValidationError) -> str:
     # The variable's name, and where inside its value (a key of a table) the fault lies.
     where = f" (at {'.'.join(inside)})" if inside else ""
     return f"invalid setting NIGHTDESK_{field.upper()}{where}: {message}"
+
+
+class _TomlFile(TomlConfigSettingsSource):
+    """The settings file, as UTF-8 with or without the byte-order mark a Windows editor
+    writes first (tomllib alone refuses it: "Invalid statement")."""
+
+    def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
+        return tomllib.loads(file_path.read_text(encoding="utf-8-sig"))
 
 
 _SOURCE_FIELD = re.compile(r'field "(\w+)"')

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import Connection, engine_from_config, pool
+from sqlalchemy import Connection
 
+from app.db.engine import migration_engine
 from app.db.models import Base
 
 config = context.config
@@ -30,6 +31,11 @@ def _run(connection: Connection) -> None:
         include_object=_include_object,
         # SQLite cannot ALTER most things; batch mode keeps one chain for both backends.
         render_as_batch=connection.dialect.name == "sqlite",
+        # One transaction per migration, its version stamp inside it, on SQLite too (the
+        # engine from app.db.engine.migration_engine makes its DDL transactional): a kill at
+        # any statement leaves the last finished migration, and the next upgrade goes on.
+        transactional_ddl=True,
+        transaction_per_migration=True,
     )
     with context.begin_transaction():
         context.run_migrations()
@@ -45,11 +51,12 @@ def run_migrations_online() -> None:
         from app.config import get_settings
 
         url = get_settings().database_url
-    engine = engine_from_config(
-        {"sqlalchemy.url": url}, prefix="sqlalchemy.", poolclass=pool.NullPool
-    )
-    with engine.connect() as conn:
-        _run(conn)
+    engine = migration_engine(url)
+    try:
+        with engine.connect() as conn:
+            _run(conn)
+    finally:
+        engine.dispose()
 
 
 run_migrations_online()

@@ -91,9 +91,10 @@ def load_profile(name: str, directory: Path = PROFILE_DIR) -> Profile:
         known = ", ".join(sorted(p.stem for p in directory.glob("*.toml")))
         raise ProfileError(f"unknown server profile {name!r} (known: {known})")
     try:
-        data = tomllib.loads(path.read_text())
+        # utf-8-sig: a file saved by a Windows editor starts with a byte-order mark.
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
         profile = Profile.model_validate(data)
-    except tomllib.TOMLDecodeError as error:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ProfileError(f"server profile {path}: {error}") from None
     except ValidationError as error:
         first = error.errors()[0]

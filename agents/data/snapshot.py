@@ -234,7 +234,8 @@ def _read_json(path: Path, ticker: str) -> Any:
     if not path.is_file():
         raise DataError(f"{ticker}: missing {path}")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        # utf-8-sig: a file saved by a Windows editor starts with a byte-order mark.
+        return json.loads(path.read_text(encoding="utf-8-sig"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DataError(f"{ticker}: malformed {path}: {_first_line(error)}") from None
 

@@ -13,6 +13,8 @@ from pydantic_core import to_jsonable_python
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from app.advice import Advice, advise, next_steps
 from app.batch.resume import mark_stale_crashed
@@ -25,6 +27,8 @@ from app.batches import (
 )
 from app.batchids import parse_batch_id, parse_batch_ids
 from app.cli.common import database, setup
+from app.db.engine import reason
+from app.db.readonly import refuses_writes
 from app.logs import console
 from app.night import span
 from app.quality.monitor import warnings_for
@@ -218,7 +222,7 @@ def report(
     settings = setup()
     engine = database(settings)
     # A batch whose process died is reported as what it is, not as still running.
-    for crashed in mark_stale_crashed(engine, settings.heartbeat_stale_s):
+    for crashed in _mark_crashed(engine, settings.heartbeat_stale_s):
         steps = advise(engine, crashed, settings.heartbeat_stale_s)
         console(stderr=True).print(f"note: batch {crashed} had no heartbeat for over "
                                    f"{settings.heartbeat_stale_s:.0f} s: marked crashed"
@@ -257,6 +261,23 @@ def report(
             shown.print(timeline_table(intervals))
         for message in warnings:
             shown.print(f"[yellow]warning:[/] {message}")
+
+
+def _mark_crashed(engine: Engine, stale_s: float) -> list[int]:
+    """Mark batches whose process died crashed; a database that takes no writes is read as is.
+
+    The mark is only written when such a batch exists, so the note says what was left out.
+    """
+    try:
+        return mark_stale_crashed(engine, stale_s)
+    except DBAPIError as error:
+        if not refuses_writes(error):
+            raise
+        console(stderr=True).print(
+            f"note: a batch still reads `running` after no heartbeat for over {stale_s:.0f} s"
+            f" (its process died), but the database takes no writes now ({reason(error)}):"
+            " shown as stored", markup=False)
+        return []
 
 
 BATCH_COLUMNS = ("id", "kind", "status", "as_of", "tickers", "failed", "duration", "started",

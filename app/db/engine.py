@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
+import structlog
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -16,9 +20,12 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from app.errors import DatabaseError, SchemaOutdatedError
 from serving.urls import redact
+
+log = structlog.get_logger(__name__)
 
 
 def reason(error: BaseException) -> str:
@@ -31,32 +38,120 @@ def reason(error: BaseException) -> str:
     return redact(lines[0] if lines else type(cause).__name__)
 
 
+def _sqlite_folder(url: str) -> None:
+    """Make a SQLite file's folder; one that cannot be made is a DatabaseError (one line)."""
+    database = make_url(url).database
+    if database and database != ":memory:" and not database.startswith("file:"):
+        folder = Path(database).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise DatabaseError(f"cannot open database {redact(url)}: cannot make its "
+                                f"folder {folder}: {error.strerror or error}") from None
+
+
+def _pragmas(dbapi_conn: sqlite3.Connection) -> None:
+    cursor = dbapi_conn.cursor()
+    # WAL lets readers (report, ranking) read while the batch writes.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def _snapshot_uri(database: str, uri: bool) -> str | None:
+    """Return a URI that opens ``database`` read-only as it lies on disk, or None.
+
+    Only a file whose WAL holds nothing qualifies: ``immutable`` reads the main file alone,
+    so a WAL with committed pages would hide them.
+    """
+    path = unquote(urlsplit(database).path) if uri else database
+    if not path or path == ":memory:" or not Path(path).is_file():
+        return None
+    wal = Path(f"{path}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        return None
+    return f"file:{quote(str(Path(path).resolve()))}?mode=ro&immutable=1"
+
+
+def _sqlite_events(engine: Engine) -> None:
+    """Open each SQLite connection with WAL and foreign keys, or as a read-only snapshot.
+
+    Reading a WAL file needs its shared-memory file (``-shm``) made or grown, a write:
+    a file in a read-only folder, or on a full disk, cannot be opened at all
+    ("attempt to write a readonly database", "disk I/O error"). Then the connection
+    reads the file as it lies (``immutable``) when its WAL is empty, so read commands still
+    serve what is stored; a write on it fails as read-only. Such a connection is not kept
+    in the pool: the next checkout tries the normal way again.
+    """
+
+    warned = False
+
+    @event.listens_for(engine, "do_connect")
+    def _open(dialect: Any, record: Any, cargs: list[Any], cparams: dict[str, Any]) -> Any:
+        nonlocal warned
+        dbapi_conn = dialect.loaded_dbapi.connect(*cargs, **cparams)
+        try:
+            _pragmas(dbapi_conn)
+        except sqlite3.OperationalError as error:
+            dbapi_conn.close()
+            snapshot = _snapshot_uri(cargs[0], bool(cparams.get("uri")))
+            if snapshot is None:
+                raise
+            if not warned:  # once: a write's own error ("readonly") would hide the cause
+                log.warning("database cannot be written now; read as it lies on disk",
+                            database=redact(engine.url.render_as_string(hide_password=False)),
+                            error=str(error))
+                warned = True
+            record.info["snapshot"] = True
+            return dialect.loaded_dbapi.connect(snapshot, **{**cparams, "uri": True})
+        return dbapi_conn
+
+    @event.listens_for(engine, "checkin")
+    def _forget_snapshot(_dbapi_conn: Any, record: Any) -> None:
+        if record.info.pop("snapshot", False):
+            record.invalidate(soft=True)
+
+
 def make_engine(url: str) -> Engine:
     """Create an engine; a SQLite file gets its folder, WAL and foreign keys.
 
     A folder that cannot be made is a DatabaseError naming the database (one line).
     """
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:":
-            folder = Path(parsed.database).parent
-            try:
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError as error:
-                raise DatabaseError(f"cannot open database {redact(url)}: cannot make its "
-                                    f"folder {folder}: {error.strerror or error}") from None
+    if make_url(url).get_backend_name() == "sqlite":
+        _sqlite_folder(url)
         engine = create_engine(url, connect_args={"timeout": 30})
-
-        @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _record):
-            cursor = dbapi_conn.cursor()
-            # WAL lets readers (report, ranking) read while the batch writes.
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.close()
-
+        _sqlite_events(engine)
         return engine
     return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 5})
+
+
+def migration_engine(url: str) -> Engine:
+    """Return an engine for running migrations: each one commits whole or not at all.
+
+    pysqlite opens a transaction only before INSERT, UPDATE and DELETE, so CREATE, ALTER
+    and DROP each committed on their own and an upgrade killed half-way left tables that
+    every later upgrade tripped over. Here the driver's own handling is turned off and each
+    transaction starts with ``BEGIN IMMEDIATE``: SQLite's DDL is transactional, so a
+    migration's statements and its version stamp commit together (docs/reliability.md,
+    "Interrupted upgrades"). IMMEDIATE takes the write lock at once, so a second upgrade
+    waits on the busy timeout instead of failing half-way. PostgreSQL's DDL is
+    transactional as it is. No pool: the connection closes with the upgrade.
+    """
+    if make_url(url).get_backend_name() != "sqlite":
+        return create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
+    _sqlite_folder(url)
+    engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _own_transactions(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+        _pragmas(dbapi_conn)  # outside any transaction: SQLite ignores them inside one
+        dbapi_conn.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
 
 
 @lru_cache(maxsize=8)
@@ -135,17 +230,32 @@ def _catch_up_reordered(conn: Connection, cfg: Config) -> None:
 
 
 def upgrade(url: str) -> None:
-    """Upgrade the schema to the newest migration (idempotent)."""
+    """Upgrade the schema to the newest migration (idempotent).
+
+    A schema already current is only read, so a read-only or full database still serves
+    reads. Each migration is one transaction (``migration_engine``): an upgrade killed at
+    any statement leaves the database at the last migration that finished, and running it
+    again goes on from there.
+    """
     engine = get_engine(url)
     check_reachable(engine)
+    if current_revision(engine) == head_revision():
+        return
+    # An in-memory database lives in its engine's one connection: migrate that one.
+    memory = make_url(url).database in (None, "", ":memory:")
+    target = engine if memory else migration_engine(url)
+    cfg = alembic_config(url)
     try:
-        with engine.begin() as conn:
-            cfg = alembic_config(url)
+        with target.connect() as conn:
             cfg.attributes["connection"] = conn
-            _catch_up_reordered(conn, cfg)
+            with conn.begin():  # stamped back, two revisions, stamped again: all or none
+                _catch_up_reordered(conn, cfg)
             command.upgrade(cfg, "head")
     except SQLAlchemyError as error:
         raise DatabaseError(f"migration failed: {reason(error)}") from None
+    finally:
+        if not memory:
+            target.dispose()
 
 
 def current_revision(engine: Engine) -> str | None:

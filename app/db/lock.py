@@ -291,17 +291,20 @@ def _file_lock(path: Path, engine: Engine) -> Iterator[LockHold | None]:
         except BlockingIOError:
             yield None
             return
-        # Who holds it, for an operator reading the file; the lock itself is the flock.
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
+        # Who holds it, for an operator reading the file; the lock itself is the flock, so
+        # a note a full disk cannot take leaves the file empty and the night goes on.
+        with contextlib.suppress(OSError):
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
         try:
             yield _FileHold(engine)
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
     finally:
-        handle.close()
+        with contextlib.suppress(OSError):  # the note's bytes still buffered: see above
+            handle.close()
 
 
 @contextlib.contextmanager
