@@ -274,9 +274,9 @@ def _mark_crashed(engine: Engine, stale_s: float) -> list[int]:
         if not refuses_writes(error):
             raise
         console(stderr=True).print(
-            f"note: a batch still reads `running` after no heartbeat for over {stale_s:.0f} s"
-            f" (its process died), but the database takes no writes now ({reason(error)}):"
-            " shown as stored", markup=False)
+            f"note: a batch with no heartbeat for over {stale_s:.0f} s (its process died) reads"
+            f" crashed but stays `running` in its row: the database takes no writes now"
+            f" ({reason(error)})", markup=False)
         return []
 
 
