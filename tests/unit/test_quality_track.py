@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from scipy import stats
 from sqlalchemy import Engine
 
+from agents.data.base import Closes
 from agents.data.freeze import write_manifest, write_ticker
 from agents.data.snapshot import Manifest
 from app.quality.track import NightReturns, horizon_record, min_nights, running_mean
@@ -325,7 +326,7 @@ def test_the_scored_record_pools_every_scored_rating() -> None:
 
 
 class CountingProvider:
-    """A snapshot provider that counts its loads."""
+    """A snapshot provider that counts its reads of closes (and would count full loads)."""
 
     name = "snapshot"
 
@@ -334,6 +335,7 @@ class CountingProvider:
 
         self.inner = SnapshotProvider(data)
         self.loads: list[tuple[str, date]] = []
+        self.reads: list[tuple[str, date]] = []
 
     def load(self, ticker: str, as_of: date) -> object:
         self.loads.append((ticker, as_of))
@@ -341,6 +343,10 @@ class CountingProvider:
 
     def forward_prices(self, ticker: str, as_of: date, days: int) -> pd.DataFrame:
         return self.inner.forward_prices(ticker, as_of, days)
+
+    def closes(self, ticker: str, as_of: date, days: int) -> Closes:
+        self.reads.append((ticker, as_of))
+        return self.inner.closes(ticker, as_of, days)
 
 
 def test_track_reads_each_tickers_prices_once_per_night(
@@ -350,7 +356,8 @@ def test_track_reads_each_tickers_prices_once_per_night(
     provider = CountingProvider(tmp_path / "data")
     report = track_report(sqlite_engine, three_nights, [1, 2], lambda _: provider)  # type: ignore[arg-type,return-value]
     assert len(report.horizons) == 2
-    assert len(provider.loads) == len(set(provider.loads)) == 3 * 5
+    assert len(provider.reads) == len(set(provider.reads)) == 3 * 5
+    assert provider.loads == []  # no bundle, no indicators: only the closes
 
 
 def test_track_lists_a_ticker_left_out_and_warns_nothing_on_stderr(
