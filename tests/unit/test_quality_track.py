@@ -443,9 +443,9 @@ def test_track_report_is_what_the_full_loads_gave(sqlite_engine: Engine,
     for benchmark in (None, "R00"):
         new = CountingProvider(tmp_path / "data")
         old = LoadingProvider(tmp_path / "data")
-        fast = track_report(sqlite_engine, ids, [1, 5, 20], lambda _: new,  # type: ignore[arg-type,return-value]
+        fast = track_report(sqlite_engine, ids, [1, 5, 20], lambda _, p=new: p,  # type: ignore[misc]
                             benchmark=benchmark)
-        full = track_report(sqlite_engine, ids, [1, 5, 20], lambda _: old,  # type: ignore[arg-type,return-value]
+        full = track_report(sqlite_engine, ids, [1, 5, 20], lambda _, p=old: p,  # type: ignore[misc]
                             benchmark=benchmark)
         assert new.loads == [] and len(old.loads) == 45 * 12
         assert fast == full
