@@ -125,7 +125,7 @@ class Settings(BaseSettings):
     monitor_trailing_batches: int = Field(5, ge=1, le=100)
     # A desk whose true share of one grade is at most this is what the grade-share test allows.
     monitor_max_grade_share: float = Field(0.70, gt=0.0, le=1.0)
-    # Each warning's false-alarm rate per unchanged night, at any universe size.
+    # The share of unchanged nights given any monitor warning (its three tests share it).
     monitor_false_alarm_rate: float = Field(0.01, gt=0.0, lt=0.5)
     monitor_min_tickers: int = Field(5, ge=1)
     # Consecutive nights flagged as moved before the monitor takes them as a new normal.

@@ -43,6 +43,26 @@ class MarketBundle:
     source: str = ""  # provider name, shown wherever data is shown
 
 
+@dataclass(frozen=True)
+class Closes:
+    """What scoring a rating needs of one ticker's prices around an as-of date."""
+
+    start: date  # the last session on or before the as-of date
+    close: float  # its close
+    ahead: list[tuple[date, float]]  # the closes of the sessions after it, oldest first
+
+
+def closes_of(prices: pd.DataFrame, as_of: date, days: int) -> Closes | None:
+    """Return the ``Closes`` of an OHLCV frame (sorted by date); None when none is ≤ ``as_of``."""
+    cut = prices.index <= pd.Timestamp(as_of)
+    past, after = prices[cut], prices[~cut].head(days)
+    if past.empty:
+        return None
+    return Closes(past.index[-1].date(), float(past["close"].iloc[-1]),
+                  [(i.date(), float(c)) for i, c in zip(after.index, after["close"],
+                                                        strict=True)])
+
+
 class DataProvider(Protocol):
     """Load one ticker's data for an as-of date; raise DataError naming what failed."""
 
@@ -51,6 +71,11 @@ class DataProvider(Protocol):
     def load(self, ticker: str, as_of: date) -> MarketBundle: ...
 
     def forward_prices(self, ticker: str, as_of: date, days: int) -> pd.DataFrame: ...
+
+    def closes(self, ticker: str, as_of: date, days: int) -> Closes:
+        """Return the close on ``as_of`` and up to ``days`` closes after it, as ``load`` and
+        ``forward_prices`` would give them, without the rest of the bundle (no indicators)."""
+        ...
 
     def missing(self, tickers: list[str], as_of: date) -> list[str]:
         """Return the tickers it has no data for on ``as_of`` (a batch's preflight asks)."""

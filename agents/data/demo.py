@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from agents.data.base import MarketBundle, NewsItem, SocialPost
+from agents.data.base import Closes, MarketBundle, NewsItem, SocialPost, closes_of
 from agents.data.freeze import write_manifest, write_ticker
 from agents.data.indicators import compute_indicators
 from agents.data.snapshot import Manifest, day_dir
@@ -173,6 +173,13 @@ class DemoProvider:
         """Return ``days`` synthetic trading days after ``as_of``."""
         prices = demo_company(ticker, as_of, max(days, FORWARD_DAYS)).prices
         return prices[prices.index > pd.Timestamp(as_of)].head(days)
+
+    def closes(self, ticker: str, as_of: date, days: int) -> Closes:
+        """Return the close on ``as_of`` and ``days`` synthetic closes after it."""
+        found = closes_of(demo_company(ticker, as_of, max(days, FORWARD_DAYS)).prices,
+                          as_of, days)
+        assert found is not None  # the demo history always ends on the as-of date
+        return found
 
 
 def write_demo(out_dir: Path, as_of: date = DEMO_AS_OF, count: int = DEFAULT_TICKERS) -> Path:

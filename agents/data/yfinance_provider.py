@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from agents.data.base import MarketBundle, NewsItem
+from agents.data.base import Closes, MarketBundle, NewsItem, closes_of
 from agents.data.indicators import compute_indicators
 from agents.data.snapshot import PRICE_COLUMNS
 from agents.errors import ConfigError, DataError
@@ -141,6 +141,18 @@ class YFinanceProvider:
         end = as_of + timedelta(days=2 * days + 10)
         prices = self._history(handle, ticker, as_of + timedelta(days=1), end)
         return prices[prices.index > pd.Timestamp(as_of)].head(days)
+
+    def closes(self, ticker: str, as_of: date, days: int) -> Closes:
+        """Fetch the close on ``as_of`` and up to ``days`` after it (no fundamentals or news)."""
+        handle = self._ticker(ticker)
+        prices = self._history(handle, ticker, as_of - timedelta(days=HISTORY_CALENDAR_DAYS),
+                               as_of + timedelta(days=1))
+        found = closes_of(pd.concat([prices, self.forward_prices(ticker, as_of, days)]),
+                          as_of, days)
+        if found is None:
+            raise DataError(f"{ticker}: yfinance returned no prices up to {as_of} "
+                            "(unknown or delisted symbol?)")
+        return found
 
     def _history(self, handle: Any, ticker: str, start: date, end: date) -> pd.DataFrame:
         raw = self._call(ticker, "history", lambda: handle.history(

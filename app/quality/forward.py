@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -20,6 +19,7 @@ import pydantic
 from sqlalchemy import Engine
 
 from agents.data import DataProvider
+from agents.data.base import Closes
 from agents.decision import RATINGS
 from app.errors import DataError, InputError
 from app.quality.grades import BatchGrades, load_grades
@@ -78,21 +78,12 @@ class ForwardReport:
     missing: dict[str, str] = field(default_factory=dict)  # ticker -> why it has no return
 
 
-@dataclass(frozen=True)
-class Closes:
-    """A ticker's close on its as-of date and the closes of the sessions after it."""
-
-    start: str  # the last session on or before the as-of date
-    close: float
-    ahead: list[tuple[str, float]]  # up to the longest horizon asked for
-
-
 class PriceCache:
     """Each (ticker, as-of date)'s closes, read from the provider once for every horizon.
 
-    A report over many nights and horizons asks for the same prices again and again; the
-    provider's load (which also computes indicators) is the cost. Read failures are kept
-    too, so a missing ticker is reported the same way at every horizon.
+    A report over many nights and horizons asks for the same prices again and again. Only
+    the closes are read (``DataProvider.closes``: no indicators, news or fundamentals). Read
+    failures are kept too, so a missing ticker is reported the same way at every horizon.
     """
 
     def __init__(self, provider: DataProvider, longest: int) -> None:
@@ -114,15 +105,7 @@ class PriceCache:
         return found
 
     def _read(self, ticker: str, as_of: date) -> Closes:
-        # A non-finite close makes the indicator library warn on stderr at every load; such
-        # a ticker's return is reported as undefined instead.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            past = self.provider.load(ticker, as_of).prices
-        ahead = self.provider.forward_prices(ticker, as_of, self.longest)
-        return Closes(past.index[-1].date().isoformat(), float(past["close"].iloc[-1]),
-                      [(i.date().isoformat(), float(c)) for i, c in zip(
-                          ahead.index, ahead["close"], strict=True)])
+        return self.provider.closes(ticker, as_of, self.longest)
 
     def forward_return(self, ticker: str, as_of: date, days: int,
                        ) -> tuple[str, str, float | None]:
@@ -140,7 +123,7 @@ class PriceCache:
         end, last = found.ahead[days - 1]
         first = found.close
         value = last / first - 1.0 if first > 0 and math.isfinite(first) else None
-        return found.start, end, finite(value)
+        return found.start.isoformat(), end.isoformat(), finite(value)
 
 
 def forward_return(provider: DataProvider, ticker: str, as_of: date, days: int,

@@ -1,16 +1,16 @@
 """Watch each nightly batch's rating distribution and write a warning when it looks wrong.
 
-Three tests, after every nightly batch that graded at least ``monitor_min_tickers`` tickers,
-each flagging at most ``monitor_false_alarm_rate`` of the nights it should not, at any
-universe size:
+Three tests, after every nightly batch that graded at least ``monitor_min_tickers`` tickers;
+together they flag at most ``monitor_false_alarm_rate`` of the nights they should not, at
+any universe size:
 
 - **grade share** (``grade_share``): "this desk gives one grade to more than
   ``monitor_max_grade_share`` of its tickers" (70%: the old system's Hold took 66–80%, which
   says the model hedges). A fixed limit on tonight's share would flag a desk whose true Hold
   share is 60% on a quarter of its nights at 6 tickers, by chance alone; instead tonight's
   count is tested against the limit with an exact one-sided binomial test (scipy), so a
-  desk at or below the limit is flagged on at most the rate of its nights. Only
-  ⌊1/limit⌋ grades can sit at the limit at once, so the rate is split among that many.
+  desk at or below the limit is flagged on at most its share of the rate. Only
+  ⌊1/limit⌋ grades can sit at the limit at once, so that share is split among that many.
 - **jump** (``distribution_jump``): "tonight's grades come from the same distribution as
   the reference nights'". The test conditions on the grades' combined counts (tonight's plus
   the reference's): under the null every split of those grades into tonight's n and the
@@ -24,9 +24,11 @@ universe size:
   the reference's". Chi-square hardly moves when the most common grade grows (Hold 60% →
   80%), so the same splits are scored by tonight's Herfindahl index, Σ share², one-sided.
 
-The jump and concentration tests ask one question, "has the mix moved?", so they share the
-rate: each is run at half of it, and an unchanged night is flagged as moved by either on at
-most the rate of nights.
+The operator reads any warning as "something is wrong tonight", so the three tests share the
+rate (Bonferroni): each is run at a third of it (``TEST_LEVEL``), and an unchanged night
+gets any warning on at most the rate of nights, whatever the tests' dependence. A desk at its
+share limit could otherwise get a share warning on the rate of its nights and a "moved" one
+on as many again.
 
 The reference pools the trailing ``monitor_trailing_batches`` nightly batches that were not
 flagged as moved (jump or concentration), so one odd night does not make the next normal one
@@ -56,6 +58,7 @@ from app.errors import InputError
 from app.quality.grades import load_grades
 from app.quality.statistics import distribution, total_variation
 
+TESTS = 3  # grade share, jump and concentration: they share the false-alarm rate
 JUMP_DRAWS = 2000  # Monte Carlo splits per test: the p-value's resolution is 1/2001
 MOVED = frozenset({"distribution_jump", "concentration"})  # what keeps a night out
 BASELINE = frozenset({"new_normal", "acknowledged"})  # a night that starts a new normal
@@ -189,6 +192,11 @@ def concentration_p_value(current: dict[str, int], reference: dict[str, int], *,
     return _split_p_values(current, reference, draws=draws, seed=seed)[1]
 
 
+def test_level(settings: Settings) -> float:
+    """Return the level each of the three tests runs at: its share of the false-alarm rate."""
+    return settings.monitor_false_alarm_rate / TESTS
+
+
 def share_p_value(count: int, tickers: int, limit: float) -> float:
     """Return P(at least ``count`` of ``tickers``) for a desk whose true share is ``limit``."""
     return float(stats.binomtest(count, tickers, limit, alternative="greater").pvalue)
@@ -197,8 +205,8 @@ def share_p_value(count: int, tickers: int, limit: float) -> float:
 def share_findings(current: dict[str, int], settings: Settings) -> list[Finding]:
     """Return the grade-share warnings: exact binomial tests against the limit."""
     total = sum(current.values())
-    limit, rate = settings.monitor_max_grade_share, settings.monitor_false_alarm_rate
-    level = rate / max(1, math.floor(1 / limit))
+    limit = settings.monitor_max_grade_share
+    level = test_level(settings) / max(1, math.floor(1 / limit))
     found = []
     for rating in RATINGS:
         count = current.get(rating, 0)
@@ -232,7 +240,7 @@ def findings(current: dict[str, int], trailing: list[dict[str, int]], settings: 
     if tvd is None:
         return found
     rate = settings.monitor_false_alarm_rate
-    level = rate / 2  # the two "moved" tests share the rate (module notes)
+    level = test_level(settings)
     jump, piled = _split_p_values(current, pooled, draws=JUMP_DRAWS, seed=seed)
     common = {"tvd": tvd, "false_alarm_rate": rate, "level": level, "current": current,
               "trailing": pooled, "trailing_batches": len(trailing)}
@@ -241,7 +249,7 @@ def findings(current: dict[str, int], trailing: list[dict[str, int]], settings: 
             "distribution_jump",
             f"rating distribution moved by TVD {tvd:.2f} from the trailing {len(trailing)} "
             f"nightly batch(es): p {jump:.4f}, at most {rate:.2%} of unchanged nights "
-            "are flagged as moved", {**common, "p_value": jump}))
+            "get any warning", {**common, "p_value": jump}))
     if piled <= level:
         top = max(RATINGS, key=lambda r: current.get(r, 0))
         found.append(Finding(
@@ -249,7 +257,7 @@ def findings(current: dict[str, int], trailing: list[dict[str, int]], settings: 
             f"grades piled up: {top} is {current.get(top, 0) / total:.0%} of {total} against "
             f"{pooled[top] / max(1, sum(pooled.values())):.0%} in the trailing "
             f"{len(trailing)} nightly batch(es): p {piled:.4f}, at most {rate:.2%} of "
-            "unchanged nights are flagged as moved", {**common, "p_value": piled}))
+            "unchanged nights get any warning", {**common, "p_value": piled}))
     moved = jump <= level or piled <= level
     if moved and batch_id is not None and len(moved_run) + 1 >= settings.monitor_new_normal_after:
         since = min([*moved_run, batch_id])

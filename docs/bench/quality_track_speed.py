@@ -6,12 +6,15 @@ Builds, in a temporary folder, a SQLite database upgraded to the newest migratio
 finished one-sample nightly batch per night, and a snapshot per night (every ticker's
 prices: 30 sessions up to the night and 25 after it), then times ``track_report`` at
 1d,5d,20d — the work behind ``nightdesk quality track`` and the Track record page. Writing
-the data is not timed. Prints the wall and CPU seconds and the provider loads made.
+the data is not timed. Prints the wall and CPU seconds and the provider reads made (of
+closes, and of full bundles: none expected). ``--profile FILE`` writes cProfile's stats of
+the timed part (read them with ``python -m pstats FILE``).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import tempfile
 import time
@@ -21,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from agents.data.base import Closes, MarketBundle
 from agents.data.freeze import write_manifest, write_ticker
 from agents.data.snapshot import Manifest, SnapshotProvider
 from agents.decision import rating_for_score
@@ -33,6 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nights", type=int, default=250)
     parser.add_argument("--tickers", type=int, default=100)
+    parser.add_argument("--profile", type=Path)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     days = pd.bdate_range("2025-01-02", periods=args.nights + 60)
@@ -68,21 +73,31 @@ def main() -> None:
             ids.append(batch)
         built = time.monotonic() - built
         provider = SnapshotProvider(root / "data")
-        loads = 0
-        load = provider.load
+        reads = {"closes": 0, "load": 0}
+        read, load = provider.closes, provider.load
 
-        def counted(ticker: str, as_of: date):  # type: ignore[no-untyped-def]
-            nonlocal loads
-            loads += 1
+        def counted_closes(ticker: str, as_of: date, days: int) -> Closes:
+            reads["closes"] += 1
+            return read(ticker, as_of, days)
+
+        def counted_load(ticker: str, as_of: date) -> MarketBundle:
+            reads["load"] += 1
             return load(ticker, as_of)
 
-        provider.load = counted  # type: ignore[method-assign]
+        provider.closes = counted_closes  # type: ignore[method-assign]
+        provider.load = counted_load  # type: ignore[method-assign]
+        profile = cProfile.Profile() if args.profile else None
         started, cpu = time.monotonic(), time.process_time()
+        if profile:
+            profile.enable()
         report = track_report(engine, ids, [1, 5, 20], lambda _: provider)
         seconds, cpu = time.monotonic() - started, time.process_time() - cpu
+        if profile:
+            profile.disable()
+            profile.dump_stats(args.profile)
         print(json.dumps({"nights": args.nights, "tickers": args.tickers,
                           "track_seconds": round(seconds, 2), "track_cpu_seconds": round(cpu, 2),
-                          "provider_loads": loads,
+                          "provider_reads": reads,
                           "data_written_seconds": round(built, 1),
                           "judged": [h.judged for h in report.horizons]}))
 

@@ -134,6 +134,17 @@ def test_forward_prices(sleeps: list[float]) -> None:
     assert len(forward) == 10 and forward.index.min() > pd.Timestamp(AS_OF)
 
 
+def test_closes_are_those_of_load_and_forward_prices(sleeps: list[float]) -> None:
+    provider = _provider(sleeps)
+    found = provider.closes("EXMP", AS_OF, 10)
+    past, ahead = provider.load("EXMP", AS_OF).prices, provider.forward_prices("EXMP", AS_OF, 10)
+    assert found.start == past.index[-1].date() <= AS_OF
+    assert found.close == float(past["close"].iloc[-1])
+    assert found.ahead == [(i.date(), float(c)) for i, c in ahead["close"].items()]
+    with pytest.raises(DataError, match="GONE: yfinance returned no prices"):
+        provider.closes("GONE", AS_OF, 5)
+
+
 def test_http_429_counts_as_rate_limit() -> None:
     class Response:
         status_code = 429

@@ -42,26 +42,28 @@ def dist(**counts: int) -> dict[str, int]:
 
 
 def test_grade_share_is_a_binomial_test_against_the_limit() -> None:
-    settings = load_settings()  # limit 70%, rate 1%
-    # Hold 19 of 20: P(X ≥ 19) for a desk at 70% is 0.0076 (scipy's binomial tail), ≤ 1%.
-    (found,) = findings(dist(Hold=19, Buy=1), [], settings)
+    settings = load_settings()  # limit 70%, rate 1%: each of the three tests at 1/3%
+    # Hold 20 of 20: P(X ≥ 20) for a desk at 70% is 0.0008 (scipy's binomial tail), ≤ 1/3%.
+    (found,) = findings(dist(Hold=20), [], settings)
     assert found.kind == "grade_share" and found.details["rating"] == "Hold"
-    assert found.details["share"] == pytest.approx(19 / 20)
-    assert found.details["p_value"] == pytest.approx(binom.sf(18, 20, 0.7))
-    assert "Hold is 95% of 20 graded tickers: p 0.0076" in found.message
+    assert found.details["share"] == pytest.approx(1.0)
+    assert found.details["p_value"] == pytest.approx(binom.sf(19, 20, 0.7))
+    assert found.details["level"] == pytest.approx(0.01 / 3)
+    assert "Hold is 100% of 20 graded tickers: p 0.0008" in found.message
+    # 19 of 20 (95%) has p 0.0076: below the whole rate, not below the share test's third.
+    assert findings(dist(Hold=19, Buy=1), [], settings) == []
     # 18 of 20 (90%) is above the limit but within chance of a desk at 70%: p 0.035.
     assert findings(dist(Hold=18, Buy=2), [], settings) == []
     # 5 of 6 (83%) was flagged by the old fixed limit; a 70% desk shows it 42% of the time.
     assert findings(dist(Hold=5, Buy=1), [], settings) == []
-    assert [f.kind for f in findings(dist(Hold=20), [], settings)] == ["grade_share"]
     # Fewer graded tickers than monitor_min_tickers (5): too few to judge.
     assert findings(dist(Hold=4), [], settings) == []
-    # At a limit of 50% two grades can sit at the limit at once: each is tested at 0.5%.
+    # At a limit of 50% two grades can sit at the limit at once: each is tested at 1/6%.
     strict = load_settings(monitor_max_grade_share=0.5)
     (buy,) = findings(dist(Buy=17, Sell=3), [], strict)
-    assert binom.sf(16, 20, 0.5) <= 0.005 and buy.details["rating"] == "Buy"
-    assert buy.details["level"] == pytest.approx(0.005)
-    # 16 of 20 has p 0.0059: below 1%, not below the 0.5% each grade gets.
+    assert binom.sf(16, 20, 0.5) <= 0.01 / 6 and buy.details["rating"] == "Buy"
+    assert buy.details["level"] == pytest.approx(0.01 / 6)
+    # 16 of 20 has p 0.0059: below 1%, not below the 1/6% each grade gets.
     assert findings(dist(Buy=16, Sell=4), [], strict) == []
 
 
@@ -144,7 +146,7 @@ def test_jump_flags_at_the_false_alarm_rate_and_reports_the_tvd() -> None:
     assert found.details["trailing"] == pooled
     shares = 0.5 * sum(abs(now[r] / 20 - pooled[r] / 40) for r in SCALE)
     assert found.details["tvd"] == pytest.approx(shares)
-    assert found.details["p_value"] == jump_p_value(now, pooled) <= 0.005  # half the rate
+    assert found.details["p_value"] == jump_p_value(now, pooled) <= 0.01 / 3  # a third of the rate
     assert findings(now, [now, now], settings) == []  # no movement
     assert findings(now, [], settings) == []  # nothing to compare with yet
     # The same move on 6 tickers is within chance of 12 reference grades: no warning.
@@ -153,8 +155,8 @@ def test_jump_flags_at_the_false_alarm_rate_and_reports_the_tvd() -> None:
 
 
 def test_check_batch_pools_only_the_trailing_nightly_batches(sqlite_engine: Engine) -> None:
-    # The exact p is 0.009: flagged at a rate of 2% (each moved test at 1%).
-    settings = load_settings(monitor_trailing_batches=2, monitor_false_alarm_rate=0.02)
+    # The exact p is 0.009: flagged at a rate of 3% (each of the three tests at 1%).
+    settings = load_settings(monitor_trailing_batches=2, monitor_false_alarm_rate=0.03)
     add_batch(sqlite_engine, one_each(dict.fromkeys(SIX, "Sell")))  # too old to count
     hold = add_batch(sqlite_engine, one_each(dict.fromkeys(SIX, "Hold")))
     mixed = add_batch(sqlite_engine, one_each(dict(zip(SIX, ["Hold"] * 3 + ["Buy"] * 3,

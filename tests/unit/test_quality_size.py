@@ -92,15 +92,17 @@ def test_every_monitor_warning_keeps_its_1_percent(tickers: int, shares: list[fl
     settings = load_settings()
     runs = 600
     rates = monitor_rates(tickers, shares, None, runs, settings, seed=tickers)
-    # Each warning, and "moved" (jump or concentration: they share the rate).
-    for kind in ("grade_share", "distribution_jump", "concentration", "moved"):
+    # Each warning, "moved" (jump or concentration) and any warning: the three share the rate.
+    for kind in ("grade_share", "distribution_jump", "concentration", "moved", "any"):
         assert rates.get(kind, 0.0) <= bound(settings.monitor_false_alarm_rate, runs), rates
 
 
 def test_the_concentration_test_sees_the_hold_pile_up() -> None:
     rates = monitor_rates(40, HOLD_60, [0.025, 0.075, 0.80, 0.075, 0.025], 200,
                           load_settings(), seed=3)
-    assert rates["concentration"] >= 0.4 > rates.get("distribution_jump", 0.0)
+    # The bench measures 39.8% (500 runs) at a third of the rate; 200 runs have an error of
+    # 3.5 points, so 30% is about three of them below it. The jump test sees 3.6%.
+    assert rates["concentration"] >= 0.3 > rates.get("distribution_jump", 0.0)
 
 
 def test_a_lasting_change_is_flagged_a_few_nights_then_learnt() -> None:

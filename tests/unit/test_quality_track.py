@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from scipy import stats
 from sqlalchemy import Engine
 
+from agents.data.base import Closes
 from agents.data.freeze import write_manifest, write_ticker
 from agents.data.snapshot import Manifest
 from app.quality.track import NightReturns, horizon_record, min_nights, running_mean
@@ -325,7 +326,7 @@ def test_the_scored_record_pools_every_scored_rating() -> None:
 
 
 class CountingProvider:
-    """A snapshot provider that counts its loads."""
+    """A snapshot provider that counts its reads of closes (and would count full loads)."""
 
     name = "snapshot"
 
@@ -334,6 +335,7 @@ class CountingProvider:
 
         self.inner = SnapshotProvider(data)
         self.loads: list[tuple[str, date]] = []
+        self.reads: list[tuple[str, date]] = []
 
     def load(self, ticker: str, as_of: date) -> object:
         self.loads.append((ticker, as_of))
@@ -341,6 +343,10 @@ class CountingProvider:
 
     def forward_prices(self, ticker: str, as_of: date, days: int) -> pd.DataFrame:
         return self.inner.forward_prices(ticker, as_of, days)
+
+    def closes(self, ticker: str, as_of: date, days: int) -> Closes:
+        self.reads.append((ticker, as_of))
+        return self.inner.closes(ticker, as_of, days)
 
 
 def test_track_reads_each_tickers_prices_once_per_night(
@@ -350,7 +356,8 @@ def test_track_reads_each_tickers_prices_once_per_night(
     provider = CountingProvider(tmp_path / "data")
     report = track_report(sqlite_engine, three_nights, [1, 2], lambda _: provider)  # type: ignore[arg-type,return-value]
     assert len(report.horizons) == 2
-    assert len(provider.loads) == len(set(provider.loads)) == 3 * 5
+    assert len(provider.reads) == len(set(provider.reads)) == 3 * 5
+    assert provider.loads == []  # no bundle, no indicators: only the closes
 
 
 def test_track_lists_a_ticker_left_out_and_warns_nothing_on_stderr(
@@ -395,3 +402,52 @@ def test_the_track_record_page_with_a_benchmark_without_prices(
         get_settings.cache_clear()
     assert page.status_code == 400
     assert "benchmark NOPE: no prices on any of the 3 nights" in page.text
+
+
+class LoadingProvider(CountingProvider):
+    """Closes as the first track report read them: the full load, then forward_prices."""
+
+    def closes(self, ticker: str, as_of: date, days: int) -> Closes:
+        past = self.load(ticker, as_of).prices  # type: ignore[attr-defined]
+        ahead = self.forward_prices(ticker, as_of, days)
+        return Closes(past.index[-1].date(), float(past["close"].iloc[-1]),
+                      [(i.date(), float(c)) for i, c in ahead["close"].items()])
+
+
+def test_track_report_is_what_the_full_loads_gave(sqlite_engine: Engine,
+                                                  tmp_path: Path) -> None:
+    from app.quality.track import track_report
+
+    # 45 nights of 12 random walks at full float precision, one ticker with a zero close.
+    rng = np.random.default_rng(11)
+    days = pd.bdate_range("2026-01-05", periods=45 + 50)
+    tickers = [f"R{i:02d}" for i in range(12)]
+    walks = 50 * np.exp(np.cumsum(rng.normal(0, 0.02, (len(days), len(tickers))), axis=0))
+    walks[60, 3] = 0.0
+    ids = []
+    for night in range(45):
+        at = 20 + night
+        as_of = days[at].date()
+        for i, ticker in enumerate(tickers):
+            frame = pd.DataFrame({c: walks[at - 20:at + 25, i] for c in ("open", "high", "low",
+                                                                        "close")}
+                                 | {"volume": 1.0},
+                                 index=pd.DatetimeIndex(days[at - 20:at + 25], name="date"))
+            write_ticker(tmp_path / "data", as_of, ticker, frame, {}, [], [])
+        write_manifest(tmp_path / "data", as_of, Manifest("snapshot", "x", False, tickers))
+        scores = np.clip(rng.normal(0, 0.5, len(tickers)), -1, 1)
+        ids.append(add_batch(sqlite_engine, {t: [(band_by_hand(float(s)), float(s))]
+                                             for t, s in zip(tickers, scores, strict=True)},
+                             as_of=as_of, settings={"samples": 1,
+                                                    "data_provider": "snapshot"}))
+    for benchmark in (None, "R00"):
+        new = CountingProvider(tmp_path / "data")
+        old = LoadingProvider(tmp_path / "data")
+        fast = track_report(sqlite_engine, ids, [1, 5, 20], lambda _, p=new: p,  # type: ignore[misc]
+                            benchmark=benchmark)
+        full = track_report(sqlite_engine, ids, [1, 5, 20], lambda _, p=old: p,  # type: ignore[misc]
+                            benchmark=benchmark)
+        assert new.loads == [] and len(old.loads) == 45 * 12
+        assert fast == full
+        assert [h.judged for h in fast.horizons] == [45, 45, 45]
+        assert any(night for h in fast.horizons for night in h.left_out.values())  # the 0 close
