@@ -36,6 +36,7 @@ from tests.integration.unattended import (
     free_port,
     run_args,
     run_nightdesk,
+    start_batch,
     wait_for,
 )
 
@@ -123,3 +124,45 @@ def test_a_night_through_vllm_router_spreads_tickers_and_keeps_each_on_one_serve
     # The router's own refusals were met and waited out, never a ticker's failure.
     refused = [row for row in rows if row.status == "error"]
     assert refused and {row.http_status for row in refused} == {429}
+
+
+@pytest.mark.skipif(ROUTER is None, reason="the vllm-router binary is not installed "
+                    "(pip install 'nightdesk[router]'; `make setup` does)")
+def test_a_server_killed_behind_vllm_router_mid_night_loses_no_ticker(tmp_path: Path) -> None:
+    tickers = 8
+    write_demo(tmp_path / "data", DEMO_AS_OF, tickers)
+    with ExitStack() as stack:
+        servers: list[FaultServer] = []
+        for index in range(2):
+            folder = tmp_path / f"gpu{index}"
+            folder.mkdir()
+            servers.append(stack.enter_context(fault_server(folder, chunk_delay_s=0.05)))
+        router = stack.enter_context(vllm_router(
+            tmp_path, [s.root for s in servers], "--health-check-interval-secs", "1",
+            "--health-failure-threshold", "1"))
+        env = batch_env(tmp_path, servers[0])
+        env["NIGHTDESK_LLM_BASE_URL"] = router + "/v1"
+        upgrade(env["NIGHTDESK_DATABASE_URL"])
+        batch = start_batch(tmp_path, env, *run_args(tmp_path))
+        try:
+            wait_for(lambda: all(len(s.finished()) >= 5 for s in servers), 240,
+                     "both servers to answer 5 requests")
+            servers[1].kill()
+            assert batch.wait(540) == 0, (tmp_path / "batch.log").read_text()[-3000:]
+        finally:
+            if batch.poll() is None:
+                batch.kill()
+                batch.wait(10)
+        logs = [s.finished() for s in servers]
+    db = get_engine(env["NIGHTDESK_DATABASE_URL"])
+    with db.connect() as conn:
+        statuses = Counter(conn.execute(select(TickerRun.status)).scalars())
+        ok = conn.execute(select(LLMCall.ticker, LLMCall.request_id)
+                          .where(LLMCall.status == "ok")).all()
+    assert statuses == {"succeeded": tickers}
+    # The tickers the killed server had begun were finished on the other one.
+    served_by = {entry["id"]: index for index, log in enumerate(logs) for entry in log}
+    assert sorted(row.request_id for row in ok) == sorted(served_by)
+    begun = {row.ticker for row in ok if served_by[row.request_id] == 1}
+    moved = {row.ticker for row in ok if served_by[row.request_id] == 0} & begun
+    assert begun and moved == begun, (begun, moved)
