@@ -14,6 +14,7 @@ requests 429 with ``Retry-After`` itself. What must hold (issue 44):
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -124,6 +125,13 @@ def test_a_night_through_vllm_router_spreads_tickers_and_keeps_each_on_one_serve
     # The router's own refusals were met and waited out, never a ticker's failure.
     refused = [row for row in rows if row.status == "error"]
     assert refused and {row.http_status for row in refused} == {429}
+
+    # Both servers behind the router were found (its /workers) and read; fault servers
+    # publish no cache config, so the fleet's KV capacity is unknown.
+    (finished,) = [json.loads(line) for line in (tmp_path / "night.log").read_text().splitlines()
+                   if line.startswith("{") and '"batch finished"' in line]
+    assert finished["admission"]["behind_router"] == {"servers": 2, "read": 2,
+                                                      "kv_tokens": None}
 
 
 @pytest.mark.skipif(ROUTER is None, reason="the vllm-router binary is not installed "
