@@ -1,4 +1,8 @@
-"""Ask a router in front of several vLLM servers which servers it routes to.
+"""vLLM's router in front of several vLLM servers: its command line, and its list of them.
+
+``nightdesk server start --gpus 0,1 --router`` runs ``vllm-router`` (the ``nightdesk[router]``
+extra) with ``router_command`` in front of the servers it started; the launcher runs it
+like a server (its pid and log files under the key ``<profile>-router``).
 
 vllm-router answers ``GET /workers`` with ``{"workers": [{"url": ..., "is_healthy": ...},
 ...], "total": N}``; a vLLM server (or any other front) has no such path. What nightdesk
@@ -8,10 +12,40 @@ business (app/traffic/sampler.py).
 
 from __future__ import annotations
 
+import shutil
+import sys
+from pathlib import Path
+
 import httpx
 
 from serving.errors import ServerError
+from serving.profiles import ServerCommand
 from serving.urls import redact, server_root
+
+# consistent_hash: a ticker's calls carry one key (app/llm.py), so they share one server.
+POLICY = "consistent_hash"
+
+
+def find_binary() -> str:
+    """Return the ``vllm-router`` executable: beside this interpreter (the extra installed
+    in this venv), else on PATH; a ServerError saying how to install it when there is none."""
+    found = (shutil.which("vllm-router", path=str(Path(sys.executable).parent))
+             or shutil.which("vllm-router"))
+    if found is None:
+        raise ServerError("vllm-router is not installed: pip install 'nightdesk[router]'")
+    return found
+
+
+def router_key(profile: str) -> str:
+    """Return the launcher key (pid, log and facts files) of a profile's router."""
+    return f"{profile}-router"
+
+
+def router_command(binary: str, host: str, port: int, workers: list[str]) -> ServerCommand:
+    """Return the command that runs vllm-router on ``host:port`` in front of ``workers``
+    (server root URLs), keeping each ticker on one server."""
+    return ServerCommand(argv=[binary, "--host", host, "--port", str(port), "--policy", POLICY,
+                               "--worker-urls", *workers], env={})
 
 
 def workers_url(base_url: str) -> str:
