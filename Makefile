@@ -33,9 +33,9 @@ export PYTHONUNBUFFERED := 1
 setup: $(VENV)/.ready
 
 $(VENV)/.ready: pyproject.toml Makefile
-	@echo "setup: building $(VENV) (nightdesk + dev tools + the yfinance extra its tests fake)"
+	@echo "setup: building $(VENV) (nightdesk + dev tools + the yfinance extra its tests fake + the router extra its tests run)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,yfinance]'
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,yfinance,router]'
 	@touch $@
 
 vllm-env: $(VVENV)/.ready

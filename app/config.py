@@ -79,6 +79,10 @@ class Settings(BaseSettings):
     Stored comma-joined; ``base_urls`` is the list, ``base_url`` the first (for code that
     talks to one server). app/traffic/server.py routes a batch's tickers over the list.
     """
+    llm_router_servers: str = ""
+    """The vLLM servers behind a router at ``llm_base_url`` (comma-separated; a TOML array),
+    each one's /metrics read for capacity. Empty: asked of the router's ``/workers``
+    (vllm-router's list); a vLLM server has none and is read itself."""
     llm_model: str = "smollm2-135m"
     llm_api_key: SecretStr = SecretStr("EMPTY")
     data_dir: Path = Path()
@@ -222,6 +226,14 @@ class Settings(BaseSettings):
                 raise ValueError(f"endpoint {position} of {len(urls)} is listed twice")
         return ",".join(urls)
 
+    @field_validator("llm_router_servers", mode="before")
+    @classmethod
+    def _router_servers(cls, value: Any) -> Any:
+        """Accept what ``llm_base_url`` accepts, or nothing."""
+        if value in ("", [], ()) or (isinstance(value, str) and not value.strip()):
+            return ""
+        return cls._endpoint_list(value)
+
     @field_validator("notify", mode="before")
     @classmethod
     def _apprise_urls(cls, value: Any) -> Any:
@@ -249,6 +261,11 @@ class Settings(BaseSettings):
     def base_urls(self) -> list[str]:
         """Return every configured endpoint's OpenAI base URL, in the order given."""
         return self.llm_base_url.split(",")
+
+    @property
+    def router_servers(self) -> list[str]:
+        """Return the servers ``llm_router_servers`` names behind the router (may be none)."""
+        return self.llm_router_servers.split(",") if self.llm_router_servers else []
 
     @property
     def base_url(self) -> str:
@@ -320,6 +337,13 @@ class Settings(BaseSettings):
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError("must be an http(s) URL with a host, like http://127.0.0.1:8000/v1")
         return value
+
+    @model_validator(mode="after")
+    def _one_router(self) -> Settings:
+        if self.llm_router_servers and len(self.base_urls) > 1:
+            raise ValueError("llm_router_servers names the servers behind one router: "
+                             "give llm_base_url one URL (the router's) with it")
+        return self
 
     @model_validator(mode="after")
     def _stale_after_beats(self) -> Settings:

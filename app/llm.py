@@ -101,6 +101,17 @@ def backoff_delay(base_s: float, retry: int, rng: random.Random | None = None) -
     return (rng or _jitter).uniform(0.0, base_s * 2 ** retry)
 
 
+# The headers routers hash or pin a session on: vllm-router's consistent_hash reads
+# X-Session-ID first, vLLM production stack's session router is usually keyed on x-user-id.
+ROUTING_HEADERS = ("X-Session-ID", "X-User-ID")
+
+
+def routing_key(tag: CallTag) -> str:
+    """Return the key every call of one ticker in one batch carries (headers and ``user``),
+    so a router in front of several servers sends them all to one server's prefix cache."""
+    return f"nightdesk:{tag.batch_id}:{tag.ticker}"
+
+
 def call_seed(tag: CallTag) -> int:
     """Derive a stable per-call seed, so samples differ from each other and replays repeat."""
     return zlib.crc32(f"{tag.ticker}|{tag.node}|{tag.sample}".encode()) & 0x7FFFFFFF
@@ -232,6 +243,8 @@ class TrackedLLM(PromptCounter):
             )
         if priority is not None and self.settings.priority_scheduling:
             body = {**body, "extra_body": {**body.get("extra_body", {}), "priority": priority}}
+        # Added after the body is recorded: a replay is keyed on its own batch.
+        body = {**body, "user": routing_key(tag)}
         tries = _Tries(self.settings)
 
         def retrying(state: tenacity.RetryCallState) -> None:
@@ -323,8 +336,10 @@ class TrackedLLM(PromptCounter):
     async def _stream(self, body: dict[str, Any], seen: _Attempt) -> None:
         # The raw body through the SDK's own SSE decoder, each event's JSON taken as a dict:
         # the SDK's typed object per chunk cost the client most of its CPU at fleet scale.
+        key = body.get("user")
+        headers = {name: key for name in ROUTING_HEADERS} if key else None
         async with self._client.chat.completions.with_streaming_response.create(
-            **body, stream=True, stream_options={"include_usage": True}
+            **body, stream=True, stream_options={"include_usage": True}, extra_headers=headers,
         ) as response:
             try:
                 async for sse in SSEDecoder().aiter_bytes(response.iter_bytes()):

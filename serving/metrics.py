@@ -205,6 +205,35 @@ def parse_cache_config(text: str) -> CacheConfig | None:
     return CacheConfig(labels=first, engines=each)
 
 
+def combine(snapshots: list[MetricsSnapshot]) -> MetricsSnapshot:
+    """Return several servers' readings as one, as parse_metrics reads several engines of one
+    server: counts and counters summed, KV usage the fullest server's (what blocks first)."""
+    def total(name: str) -> float | None:
+        values = [getattr(s, name) for s in snapshots]
+        return None if None in values else sum(values)
+
+    return MetricsSnapshot(
+        running=sum(s.running for s in snapshots),
+        waiting=sum(s.waiting for s in snapshots),
+        kv_cache_usage=max(s.kv_cache_usage for s in snapshots),
+        preemptions_total=sum(s.preemptions_total for s in snapshots),
+        prompt_tokens_total=sum(s.prompt_tokens_total for s in snapshots),
+        generation_tokens_total=sum(s.generation_tokens_total for s in snapshots),
+        **{name: total(name) for name in (
+            "prefix_cache_queries_total", "prefix_cache_hits_total", "spec_drafts_total",
+            "spec_draft_tokens_total", "spec_accepted_tokens_total", "prefill_time_s_total",
+            "decode_time_s_total")},
+        taken_at=max(s.taken_at for s in snapshots),
+    )
+
+
+def combine_cache_configs(configs: list[CacheConfig]) -> CacheConfig:
+    """Return several servers' cache configs as one whose engines are all of theirs: its
+    ``tokens()`` is the fleet's KV capacity."""
+    return CacheConfig(labels=configs[0].labels,
+                       engines=tuple(e for c in configs for e in c._each()))
+
+
 def metrics_url(base_url: str) -> str:
     """Return the /metrics URL for an OpenAI base URL (…/v1) or a server root."""
     return server_root(base_url) + "/metrics"

@@ -12,10 +12,13 @@ from app.cli.common import setup
 from app.config import Settings
 from app.errors import InputError, ServerError
 from app.logs import console
-from serving import launcher, replicas
+from serving import launcher, replicas, router
 from serving.facts import read_server_facts
 from serving.preflight import query_gpus, run_preflight
 from serving.profiles import HostPaths, Profile, load_profile, render
+
+# vllm-router answers /health within seconds of starting, vLLM servers in minutes.
+ROUTER_START_S = 60.0
 
 app = typer.Typer(no_args_is_help=True, help="Run the co-located vLLM server from a profile.")
 out = console()
@@ -32,6 +35,12 @@ PortOpt = Annotated[
 GpusOpt = Annotated[str | None, typer.Option(
     "--gpus", help="one server per GPU, e.g. 0,1: each sees only its GPU "
                    "(CUDA_VISIBLE_DEVICES), on consecutive ports from --port")]
+
+RouterOpt = Annotated[bool, typer.Option(
+    "--router", help="with --gpus: also start vllm-router (pip install 'nightdesk[router]') "
+                     "in front of the servers, and point nightdesk at it")]
+RouterPortOpt = Annotated[int | None, typer.Option(
+    "--router-port", help="the router's port (default: the one after the last server's)")]
 
 ArgOpt = Annotated[list[str] | None, typer.Option(
     "--arg", help="override a profile server argument: FLAG=VALUE (repeatable), "
@@ -114,11 +123,16 @@ def start(
         "--foreground", help="become the server process (for systemd): no pid file, output "
                              "to this terminal or the journal, no health wait")] = False,
     gpus: GpusOpt = None,
+    with_router: RouterOpt = False,
+    router_port: RouterPortOpt = None,
 ) -> None:
     """Start the server detached, wait until it is healthy and print its startup facts."""
     settings = setup()
     chosen = _profile(settings, profile, arg)
     chosen_port = _port(settings, chosen, port)
+    if (with_router or router_port is not None) and gpus is None:
+        raise InputError("--router starts vllm-router in front of one server per GPU: "
+                         "give --gpus too")
     if chosen.served_model_name != settings.llm_model:
         err.print(f"[yellow]warning:[/] the server will serve {chosen.served_model_name!r} "
                   f"but NIGHTDESK_LLM_MODEL is {settings.llm_model!r}")
@@ -126,7 +140,13 @@ def start(
         if foreground:
             raise InputError("--foreground runs one server; for one per GPU under systemd, "
                              "give each unit its own CUDA_VISIBLE_DEVICES and --port")
-        _start_replicas(settings, chosen, _replicas(chosen, gpus, chosen_port), timeout, model)
+        planned = _replicas(chosen, gpus, chosen_port)
+        # Found before any server starts: a missing binary is one line, nothing to undo.
+        binary = router.find_binary() if with_router else None
+        _start_replicas(settings, chosen, planned, timeout, model, quiet=binary is not None)
+        if binary is not None:
+            _start_router(settings, chosen, planned, binary,
+                          router_port or planned[-1].port + 1)
         return
     rendered = render(chosen, _paths(settings), port=chosen_port, model=model)
     if foreground:
@@ -152,8 +172,33 @@ def start(
     _print_facts(facts)
 
 
+def _start_router(settings: Settings, profile: Profile, planned: list[replicas.Replica],
+                  binary: str, port: int) -> None:
+    """Start vllm-router in front of the servers just started; on a failure stop them all."""
+    key = router.router_key(profile.name)
+    command = router.router_command(binary, profile.host, port,
+                                    [launcher.root_url(profile.host, r.port) for r in planned])
+    try:
+        with err.status(f"starting vllm-router on port {port}"):
+            facts = launcher.start(profile, port=port, timeout_s=ROUTER_START_S, key=key,
+                                   state_dir=settings.server_dir, command=command)
+    except BaseException:
+        for replica in planned:
+            launcher.stop(profile, state_dir=settings.server_dir, key=replica.key)
+        replicas.manifest_path(profile.name, settings.server_dir).unlink(missing_ok=True)
+        raise
+    files = launcher.ServerFiles.of(key, settings.server_dir)
+    state = "already running" if facts.get("already_running") else "healthy"
+    out.print(f"[green]{key} {state}[/] on {facts.get('root_url', '')} in front of "
+              f"{len(planned)} servers ({router.POLICY}, pid {facts.get('pid')}, "
+              f"log {files.log})")
+    out.print("point nightdesk at the router:", highlight=False)
+    out.print(f"NIGHTDESK_LLM_BASE_URL={launcher.root_url(profile.host, port)}/v1",
+              highlight=False, soft_wrap=True, markup=False)
+
+
 def _start_replicas(settings: Settings, profile: Profile, planned: list[replicas.Replica],
-                    timeout: float, model: str | None) -> None:
+                    timeout: float, model: str | None, *, quiet: bool = False) -> None:
     """Start one server per GPU, one after another; on a failure stop those started."""
     started: list[replicas.Replica] = []
     try:
@@ -175,6 +220,8 @@ def _start_replicas(settings: Settings, profile: Profile, planned: list[replicas
             launcher.stop(profile, state_dir=settings.server_dir, key=replica.key)
         raise
     replicas.write_manifest(profile.name, planned, settings.server_dir)
+    if quiet:  # a router goes in front: its URL is the one to use
+        return
     out.print("point nightdesk at all of them:", highlight=False)
     out.print(f"NIGHTDESK_LLM_BASE_URL={replicas.base_urls(profile.host, planned)}",
               highlight=False, soft_wrap=True, markup=False)
@@ -200,6 +247,10 @@ def stop(
     with err.status(f"stopping {chosen.name}"):
         stopped = launcher.stop(chosen, timeout_s=timeout, state_dir=settings.server_dir)
     out.print(f"{chosen.name} stopped" if stopped else f"{chosen.name} was not running")
+    # The router first: nothing is sent on to servers being stopped.
+    key = router.router_key(chosen.name)
+    if launcher.stop(chosen, timeout_s=timeout, state_dir=settings.server_dir, key=key):
+        out.print(f"{key} stopped")
     planned = replicas.read_manifest(chosen.name, settings.server_dir)
     for replica in planned:
         with err.status(f"stopping {replica.key}"):

@@ -1,4 +1,9 @@
-"""The one reader of a vLLM server's ``/metrics``: push each reading, store it as a row."""
+"""The one reader of a vLLM server's ``/metrics``: push each reading, store it as a row.
+
+Behind a router (vllm-router lists its servers at ``/workers``; or ``llm_router_servers``
+names them) the reading is every server's, read one by one and added up as one server of
+several engines (serving.metrics.combine): the router's own ``/metrics`` is one server's.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,16 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.db.models import ServerSample
 from app.errors import ServerError, first_line
-from serving.metrics import MetricsSnapshot, afetch_metrics_text, parse_cache_config, parse_metrics
+from serving.metrics import (
+    CacheConfig,
+    MetricsSnapshot,
+    afetch_metrics_text,
+    combine,
+    combine_cache_configs,
+    parse_cache_config,
+    parse_metrics,
+)
+from serving.router import afetch_workers
 from serving.urls import redact
 
 log = structlog.get_logger(__name__)
@@ -34,7 +48,8 @@ class MetricsSampler:
 
     def __init__(self, base_url: str, engine: Engine | None, batch_id: int | None, *,
                  interval_s: float | None, probe_s: float | None = None,
-                 client: httpx.AsyncClient | None = None, endpoint: str | None = None) -> None:
+                 client: httpx.AsyncClient | None = None, endpoint: str | None = None,
+                 fleet: list[str] | None = None, discover: bool = False) -> None:
         self.base_url = base_url
         self.interval_s = interval_s
         self.probe_s = probe_s if probe_s is not None else interval_s
@@ -45,6 +60,13 @@ class MetricsSampler:
         self.kv_capacity: int | None = None
         self.block_size: int | None = None
         self.failing = False  # the last read failed
+        # The servers behind a router at ``base_url`` (empty: a server itself; None: not
+        # known yet, asked of the router's /workers at the next reading when ``discover``).
+        self.fleet: list[str] | None = fleet if fleet or not discover else None
+        if self.fleet is None and not discover:
+            self.fleet = []
+        self.fleet_read: int | None = None  # servers of the fleet read at the last reading
+        self._unseen: set[str] = set()  # servers whose /metrics could not be read, said once
         self._engine = engine
         self._batch_id = batch_id
         # One connection for the whole batch; closed in stop() only when made here.
@@ -71,9 +93,20 @@ class MetricsSampler:
 
     async def _sample(self) -> MetricsSnapshot | None:
         try:
-            text = await afetch_metrics_text(self.base_url, client=self._client,
-                                              timeout_s=READ_TIMEOUT_S)
-            snapshot = parse_metrics(text)
+            if self.fleet is None:
+                self.fleet = await afetch_workers(self.base_url, client=self._client,
+                                                  timeout_s=READ_TIMEOUT_S) or []
+                if self.fleet:
+                    log.info("a router: each server behind it is read for capacity and "
+                             "pressure", endpoint=self.endpoint, servers=redact(
+                                 ",".join(self.fleet)))
+            snapshot = await self._read_fleet() if self.fleet else None
+            if snapshot is None:
+                text = await afetch_metrics_text(self.base_url, client=self._client,
+                                                  timeout_s=READ_TIMEOUT_S)
+                snapshot = parse_metrics(text)
+                if not self.fleet:
+                    self._read_capacity(text)
         except ServerError as error:
             self.failing = True
             log.warning("metrics read failed; sample skipped", error=str(error),
@@ -82,7 +115,6 @@ class MetricsSampler:
                 self.push(None)
             return None
         self.failing = False
-        self._read_capacity(text)
         self.latest = snapshot
         if self.push is not None:
             self.push(snapshot)
@@ -105,11 +137,50 @@ class MetricsSampler:
         while self._ended < wanted and not self._task.done():
             await self._read.wait()
 
+    async def _read_fleet(self) -> MetricsSnapshot | None:
+        """Read every server behind the router; return their readings as one, and take the
+        capacity of those read (None, capacity unknown: none could be read)."""
+        fleet = self.fleet or []
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(self._read_server(url)) for url in fleet]
+        read = [r for r in (t.result() for t in tasks) if r is not None]
+        if not read and self.fleet_read != 0:
+            # The router's own /metrics is one server's: its capacity would size the budget
+            # for one server of several. Without capacity, admission is by request count.
+            log.warning("cannot read /metrics of any server behind the router: admission by "
+                        "request count, the router's own /metrics for health",
+                        endpoint=self.endpoint, servers=len(fleet))
+        self.fleet_read = len(read)
+        if not read:
+            self.kv_capacity = None
+            return None
+        configs = [config for _, config in read]
+        self._take_capacity(None if None in configs
+                            else combine_cache_configs([c for c in configs if c is not None]))
+        return combine([snapshot for snapshot, _ in read])
+
+    async def _read_server(self, url: str) -> tuple[MetricsSnapshot, CacheConfig | None] | None:
+        """Read one server behind the router (None: it could not be read, said once)."""
+        try:
+            text = await afetch_metrics_text(url, client=self._client, timeout_s=READ_TIMEOUT_S)
+            read = parse_metrics(text), parse_cache_config(text)
+        except ServerError as error:
+            if url not in self._unseen:
+                self._unseen.add(url)
+                log.warning("a server behind the router cannot be read: left out of the "
+                            "capacity until it can", server=redact(url), error=str(error))
+            return None
+        self._unseen.discard(url)
+        return read
+
     def _read_capacity(self, text: str) -> None:
         try:
             config = parse_cache_config(text)
         except ServerError:
             return
+        self._take_capacity(config)
+
+    def _take_capacity(self, config: CacheConfig | None) -> None:
         tokens = config.tokens() if config is not None else None
         size = config.labels.get("block_size", "") if config is not None else ""
         if tokens is not None and size.isdigit() and int(size) > 0:

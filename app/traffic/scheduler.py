@@ -18,7 +18,7 @@ from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
 from app.traffic.holdback import COLUMNS
 from app.traffic.limits import Adaptive, Figures
-from app.traffic.server import EndpointSummary, ServerSet
+from app.traffic.server import EndpointSummary, Fleet, ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
@@ -228,6 +228,9 @@ class Scheduler:
         endpoint's limits, and with several endpoints each one's under ``endpoints``."""
         several: dict[str, Any] = (
             {"endpoints": self.endpoints.summary()} if self.endpoints.several else {})
+        fleet = self.endpoints.first.fleet()
+        if fleet is not None:
+            several["behind_router"] = fleet
         return Admission(strategy=self.strategy.name,
                          request_limit=sum(e.gate.limit for e in self.endpoints),
                          adaptive=self.endpoints.first.adaptive_summary(), **several)
@@ -258,6 +261,7 @@ class Admission(Figures, frozen=True):
     request_limit: int
     adaptive: Adaptive = None
     endpoints: dict[str, EndpointSummary] | None = None
+    behind_router: Fleet | None = None  # only when the (first) endpoint is a router
 
 
 class FallbackRecord(BaseModel, frozen=True):

@@ -255,6 +255,14 @@ class Server:
             tickers_moved_in=self.moved_in, tickers_moved_out=self.moved_out,
             outages=self.outages, up=self.up, adaptive=self.adaptive_summary())
 
+    def fleet(self) -> Fleet | None:
+        """Return the servers seen behind this endpoint (None: it is a server, or unknown)."""
+        servers = getattr(self.gauges, "fleet", None)
+        if not servers:
+            return None
+        return Fleet(servers=len(servers), read=getattr(self.gauges, "fleet_read", None),
+                     kv_tokens=getattr(self.gauges, "kv_capacity", None))
+
     def adaptive_summary(self) -> AdaptiveSummary | None:
         """Return how the limits ended and what held new tickers back (None: not adaptive)."""
         return self.limits.summary(self.holdback.summary()) if self.strategy.adaptive else None
@@ -270,6 +278,15 @@ class EndpointSummary(Figures, frozen=True):
     outages: int
     up: bool
     adaptive: Adaptive = None  # ``Server.adaptive_summary``
+
+
+class Fleet(Figures, frozen=True):
+    """The servers behind a router endpoint (``Server.fleet``): how many it lists, how many
+    the last reading could read (0: admission by request count), their KV tokens summed."""
+
+    servers: int
+    read: int | None
+    kv_tokens: int | None
 
 
 @dataclass
@@ -323,7 +340,8 @@ class ServerSet:
             sampler = MetricsSampler(url, engine if sample else None, batch_id,
                                      interval_s=settings.metrics_interval_s if periodic else None,
                                      probe_s=settings.server_probe_interval_s,
-                                     client=http_client, endpoint=url)
+                                     client=http_client, endpoint=url,
+                                     fleet=settings.router_servers, discover=True)
             llm = TrackedLLM(settings, recorder, http_client=http_client, base_url=url,
                              max_in_flight=max_in_flight)
             endpoints.append(Server(index, url, llm, strategy, gauges=sampler, changed=changed,

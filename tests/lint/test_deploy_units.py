@@ -24,6 +24,7 @@ from app.config import Settings, load_settings
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 UNITS = sorted([*DEPLOY.glob("*.service"), *DEPLOY.glob("*.timer")])
 INSTALLED = "/opt/nightdesk/venv/bin/nightdesk"
+VENV_BIN = "/opt/nightdesk/venv/bin/"  # nightdesk's and its extras' executables
 NIGHTDESK = Path(sys.executable).with_name("nightdesk")
 ENV_FILE = "/etc/nightdesk/nightdesk.env"
 
@@ -64,7 +65,7 @@ def verify(paths: list[Path], tmp: Path) -> subprocess.CompletedProcess[str]:
     copies = []
     for path in paths:
         copy = tmp / path.name
-        copy.write_text(path.read_text().replace(INSTALLED, str(NIGHTDESK)))
+        copy.write_text(path.read_text().replace(VENV_BIN, f"{NIGHTDESK.parent}/"))
         copies.append(copy)
     # The alert template is verified as the instance OnFailure= starts.
     for copy in list(copies):
@@ -80,7 +81,8 @@ def verify(paths: list[Path], tmp: Path) -> subprocess.CompletedProcess[str]:
 def test_the_expected_units_are_there() -> None:
     assert {u.name for u in UNITS} == {
         "nightdesk-vllm.service", "nightdesk-batch.service", "nightdesk-batch.timer",
-        "nightdesk-scheduler.service", "nightdesk-web.service", "nightdesk-alert@.service"}
+        "nightdesk-scheduler.service", "nightdesk-web.service", "nightdesk-alert@.service",
+        "nightdesk-router.service"}
 
 
 def test_systemd_analyze_verify_passes_on_every_unit(tmp_path: Path) -> None:
@@ -161,7 +163,7 @@ def test_every_service_runs_as_nightdesk_with_the_environment_file() -> None:
         service = parse_unit(path)["Service"]
         assert service["User"] == ["nightdesk"], path.name
         assert service["EnvironmentFile"] == [ENV_FILE], path.name
-        assert all(cmd.startswith(INSTALLED + " ") for key in ("ExecStart", "ExecStartPost")
+        assert all(cmd.startswith(VENV_BIN) for key in ("ExecStart", "ExecStartPost")
                    for cmd in service.get(key, [])), path.name
 
 

@@ -21,7 +21,7 @@ from app.errors import (
     LLMStreamError,
 )
 from app.llm import Call, TrackedLLM
-from app.usage import UsageRecorder
+from app.usage import UsageRecorder, decompress_body
 from tests.fakevllm import BASE_URL, CONTEXT_LENGTH_MESSAGE, FakeServer, Reply
 from tests.unit.test_usage import new_batch
 
@@ -129,6 +129,31 @@ async def test_a_call_sent_again_keeps_its_id_body_and_numbering(sqlite_engine: 
     assert [tuple(r) for r in rows[:3]] == [(call.id, 1, "error"), (call.id, 2, "error"),
                                             (call.id, 3, "ok")]
     assert rows[3].call_id != call.id and rows[3].attempt == 1
+
+
+async def test_every_attempt_carries_the_tickers_routing_key(sqlite_engine: Engine) -> None:
+    # A router hashes on the session headers or the OpenAI ``user`` field: one ticker's
+    # calls (any node, any attempt) carry one key, another ticker's or batch's another.
+    fake = answering(Reply(status=500), ANSWER)
+    batch_id, other_batch = new_batch(sqlite_engine), new_batch(sqlite_engine)
+    settings = load_settings(llm_base_url=BASE_URL, retry_backoff_s=0,
+                             check_context_length=False)
+    async with fake.client() as http, UsageRecorder(sqlite_engine) as rec:
+        llm = TrackedLLM(settings, rec, http_client=http)
+        for tag in (CallTag(batch_id, "AAPL", "analyst"), CallTag(batch_id, "AAPL", "risk"),
+                    CallTag(batch_id, "MSFT", "analyst"), CallTag(other_batch, "AAPL", "risk")):
+            await llm.chat(tag, MESSAGES, max_tokens=100)
+    sent = [r for r in fake.requests if r.path == "/v1/chat/completions"]
+    keys = [(r.headers.get("x-session-id"), r.headers.get("x-user-id"), r.body.get("user"))
+            for r in sent]
+    aapl, msft = f"nightdesk:{batch_id}:AAPL", f"nightdesk:{batch_id}:MSFT"
+    later = f"nightdesk:{other_batch}:AAPL"
+    # The first call's two attempts (its first meets the 500), then one for each other call.
+    assert keys == [(aapl,) * 3] * 3 + [(msft,) * 3] + [(later,) * 3]
+    with sqlite_engine.connect() as conn:
+        bodies = conn.execute(select(LLMRequest.body)).scalars().all()
+    # The stored bodies are the prompt's: a replay is keyed on its own batch.
+    assert len(bodies) == 4 and all("user" not in decompress_body(b) for b in bodies)
 
 
 async def test_a_dropped_connection_is_retried_and_recorded(sqlite_engine: Engine) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -18,6 +21,8 @@ from tests.unit.test_report import nightdesk
 from tests.unit.test_serving_launcher import _health_server
 
 GPU_PROFILE = load_profile("qwen-dense-27b")
+ROUTER = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which(
+    "vllm-router")
 
 
 def test_gpus_are_read_from_a_comma_list() -> None:
@@ -119,3 +124,61 @@ def test_cli_start_status_stop_handle_every_replica(monkeypatch: pytest.MonkeyPa
     assert "qwen-dense-27b-gpu1 stopped" in stopped.output
     assert not list(server_dir.glob("*.pid"))
     assert replicas.read_manifest("qwen-dense-27b", server_dir) == []
+
+
+def test_cli_router_without_gpus_is_one_line_and_exit_2(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = nightdesk(monkeypatch, capsys, "server", "start", "--profile",
+                             "qwen-dense-27b", "--router")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--router starts vllm-router in front of one server per GPU: give --gpus" in err
+
+
+def test_cli_router_without_the_binary_starts_nothing(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    monkeypatch.setattr("serving.router.shutil.which", lambda *a, **k: None)
+    monkeypatch.setenv("NIGHTDESK_LLM_MODEL", "qwen-dense-27b")  # no model warning
+    code, _, err = nightdesk(monkeypatch, capsys, "server", "start", "--profile",
+                             "qwen-dense-27b", "--gpus", "0,1", "--router")
+    assert code != 0 and len(err.strip().splitlines()) == 1
+    assert "vllm-router is not installed: pip install 'nightdesk[router]'" in err
+    assert not list(load_settings().server_dir.glob("*.pid"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(ROUTER is None, reason="the vllm-router binary is not installed "
+                    "(pip install 'nightdesk[router]'; `make setup` does)")
+def test_cli_start_with_router_puts_vllm_router_in_front_and_stop_stops_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stand-ins answer /health (all vllm-router checks of a worker); the router is real.
+    def fake_render(profile: Any, paths: Any, *, port: int, model: Any = None) -> ServerCommand:
+        return _health_server(port)
+
+    monkeypatch.setattr("app.cli.server.render", fake_render)
+    base = _two_free_ports()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        front = int(sock.getsockname()[1])
+    server_dir = load_settings().server_dir
+    runner = CliRunner()
+    args = ["--profile", "qwen-dense-27b"]
+    try:
+        started = runner.invoke(cli, ["server", "start", *args, "--port", str(base),
+                                      "--gpus", "0,1", "--timeout", "30", "--router",
+                                      "--router-port", str(front)])
+        assert started.exit_code == 0, started.output
+        assert f"NIGHTDESK_LLM_BASE_URL=http://127.0.0.1:{front}/v1" in started.output
+        assert f"NIGHTDESK_LLM_BASE_URL=http://127.0.0.1:{base}" not in started.output
+        listed = httpx.get(f"http://127.0.0.1:{front}/workers", timeout=5).json()
+        assert sorted(w["url"] for w in listed["workers"]) == [
+            f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
+        assert (server_dir / "qwen-dense-27b-router.pid").read_text().strip().isdigit()
+    finally:
+        stopped = runner.invoke(cli, ["server", "stop", *args, "--timeout", "10"])
+    assert stopped.exit_code == 0, stopped.output
+    assert "qwen-dense-27b-router stopped" in stopped.output
+    assert "qwen-dense-27b-gpu1 stopped" in stopped.output
+    assert not list(server_dir.glob("*.pid"))
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{front}/workers", timeout=2)

@@ -1,0 +1,75 @@
+"""vLLM's router in front of several vLLM servers: its command line, and its list of them.
+
+``nightdesk server start --gpus 0,1 --router`` runs ``vllm-router`` (the ``nightdesk[router]``
+extra) with ``router_command`` in front of the servers it started; the launcher runs it
+like a server (its pid and log files under the key ``<profile>-router``).
+
+vllm-router answers ``GET /workers`` with ``{"workers": [{"url": ..., "is_healthy": ...},
+...], "total": N}``; a vLLM server (or any other front) has no such path. What nightdesk
+does with the list (each server's /metrics read, their KV capacity summed) is the service's
+business (app/traffic/sampler.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import httpx
+
+from serving.errors import ServerError
+from serving.profiles import ServerCommand
+from serving.urls import redact, server_root
+
+# consistent_hash: a ticker's calls carry one key (app/llm.py), so they share one server.
+POLICY = "consistent_hash"
+
+
+def find_binary() -> str:
+    """Return the ``vllm-router`` executable: beside this interpreter (the extra installed
+    in this venv), else on PATH; a ServerError saying how to install it when there is none."""
+    found = (shutil.which("vllm-router", path=str(Path(sys.executable).parent))
+             or shutil.which("vllm-router"))
+    if found is None:
+        raise ServerError("vllm-router is not installed: pip install 'nightdesk[router]'")
+    return found
+
+
+def router_key(profile: str) -> str:
+    """Return the launcher key (pid, log and facts files) of a profile's router."""
+    return f"{profile}-router"
+
+
+def router_command(binary: str, host: str, port: int, workers: list[str]) -> ServerCommand:
+    """Return the command that runs vllm-router on ``host:port`` in front of ``workers``
+    (server root URLs), keeping each ticker on one server."""
+    return ServerCommand(argv=[binary, "--host", host, "--port", str(port), "--policy", POLICY,
+                               "--worker-urls", *workers], env={})
+
+
+def workers_url(base_url: str) -> str:
+    """Return the /workers URL for an OpenAI base URL (…/v1) or a server root."""
+    return server_root(base_url) + "/workers"
+
+
+async def afetch_workers(base_url: str, *, client: httpx.AsyncClient,
+                         timeout_s: float = 5.0) -> list[str] | None:
+    """Return the servers' URLs a vllm-router at ``base_url`` lists (None: no router's list
+    there, e.g. a vLLM server's 404); unreachable is a ServerError."""
+    url = workers_url(base_url)
+    try:
+        response = await client.get(url, timeout=timeout_s)
+    except httpx.HTTPError as error:
+        raise ServerError(redact(f"cannot read {url}: {error}")) from None
+    if response.status_code != 200:
+        return None
+    try:
+        workers = response.json().get("workers")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(workers, list):
+        return None
+    urls = [w["url"].rstrip("/") for w in workers
+            if isinstance(w, dict) and isinstance(w.get("url"), str) and w["url"]]
+    return urls or None
