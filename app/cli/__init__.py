@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer._click.exceptions import ClickException
 
-from app.cli import batch, bench, data, db, notify, quality, report, scheduler, server, web
+from app.cli import batch, bench, data, db, notify, plan, quality, report, scheduler, server, web
 from app.errors import ERRORS
 from serving.urls import redact
 
@@ -26,6 +26,7 @@ app.command("batches")(report.batches)
 app.command("preflight")(server.preflight)
 app.command("web")(web.web)
 app.command("scheduler")(scheduler.scheduler)
+app.command("plan")(plan.plan)
 batch.register(app)
 
 err = Console(stderr=True)

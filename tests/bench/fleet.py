@@ -30,7 +30,7 @@ import numpy as np
 import typer
 from rich.console import Console
 
-from app.bench.bound import GraphFacts, StepCost, graph_bound
+from app.bench.bound import GraphFacts, StepCost, graph_bound, summed_capacity
 from app.bench.machine import machine_facts
 from app.bench.schedulers import run_bench
 from app.bench.workloads import synthetic_workload
@@ -132,9 +132,7 @@ def capacity(arm: dict[str, Any], gpu: GPUModel, endpoints: int) -> dict[str, An
     """Set the arm's makespan against the fleet's modelled capacity and its graph bound."""
     graph = GraphFacts(**arm["graph"])
     step = StepCost(gpu.step_a_s / gpu.speedup, gpu.step_b_s / gpu.speedup)
-    mean_hold = graph.kv_token_steps / graph.output_tokens if graph.output_tokens else 0.0
-    seqs = min(gpu.max_num_seqs, int(gpu.kv_tokens // mean_hold)) if mean_hold else 0
-    summed = endpoints * seqs / step.at(seqs) if seqs else 0.0
+    summed, seqs = summed_capacity(graph, gpu.kv_tokens, gpu.max_num_seqs, step, endpoints)
     bound = graph_bound(graph, gpu.kv_tokens, gpu.max_num_seqs, step, endpoints)
     makespan = arm["makespan_s"]
     return {
@@ -162,6 +160,12 @@ def fleet(
     scale: Annotated[float, typer.Option(help="Prompt text sent, x the production shape.")]
         = 0.2,
     output_scale: Annotated[float, typer.Option(help="Outputs, x the production shape.")] = 1.0,
+    kv_tokens: Annotated[int, typer.Option(
+        min=1, help="Each endpoint's KV cache in tokens (default: the H200's).")]
+        = GPUModel.kv_tokens,
+    max_num_seqs: Annotated[int, typer.Option(
+        min=1, help="Each endpoint's --max-num-seqs (default: the H200's).")]
+        = GPUModel.max_num_seqs,
     stream_interval: Annotated[int, typer.Option(
         min=1, help="Tokens per stream chunk (vLLM's --stream-interval).")] = 16,
     strategy: Annotated[str, typer.Option(help="The arm the client runs.")] = "adaptive",
@@ -180,13 +184,15 @@ def fleet(
     """Simulate a night over several H200-sized endpoints on 127.0.0.1, one client process."""
     setup()
     gpu = replace(GPUModel(), speedup=speedup, prompt_weight=1.0 / scale,
-                  stream_interval=stream_interval)
+                  stream_interval=stream_interval, kv_tokens=kv_tokens,
+                  max_num_seqs=max_num_seqs)
     ports = [port + i if port else 0 for i in range(endpoints)]
     scratch = Path(tempfile.mkdtemp(prefix="fleet-"))
     ports_file = scratch / "ports"
     command = [sys.executable, "-m", "tests.fakevllm.stepped", "--ports-file", str(ports_file),
                "--ports", ",".join(map(str, ports)), "--speedup", str(gpu.speedup),
-               "--prompt-weight", str(gpu.prompt_weight),
+               "--prompt-weight", str(gpu.prompt_weight), "--kv-tokens", str(gpu.kv_tokens),
+               "--max-num-seqs", str(gpu.max_num_seqs),
                "--stream-interval", str(gpu.stream_interval)]
     if server_cpus is not None:
         command = ["taskset", "-c", server_cpus, *command]
