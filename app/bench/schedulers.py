@@ -321,8 +321,9 @@ def _short(value: Any) -> str:
 
 
 def respects_graph(strategy: str) -> bool:
-    """Return True for a fixed schedule that waits for dependencies (a ceiling candidate)."""
-    return strategy == "sequential" or strategy.startswith("fixed-")
+    """Return True for a fixed schedule that waits for dependencies (a ceiling candidate),
+    with its knobs or without."""
+    return strategy.partition(":")[0] == "sequential" or strategy.startswith("fixed-")
 
 
 def _graph_bound(result: BenchResult) -> None:

@@ -76,6 +76,13 @@ def test_arms_are_planned_with_the_sweep_and_a_tail_off_twin_each() -> None:
     assert again == ["adaptive:prefetch=off", "adaptive:tail=off,prefetch=off", "fixed-8"]
     assert split_arms("adaptive:prefetch=off,tail=off,fixed-8") == [
         "adaptive:prefetch=off,tail=off", "fixed-8"]
+    # A fixed arm takes the tail rule too; the same knob twice is one arm, and only
+    # adaptive arms get a tail-off twin.
+    assert split_arms("fixed-15:tail=on,fixed-15,adaptive") == [
+        "fixed-15:tail=on", "fixed-15", "adaptive"]
+    fair, _ = plan_arms("fixed-15:tail=on,fixed-15,fixed-15:tail=on,fixed-15:tail=off",
+                        load, None, None)
+    assert fair == ["fixed-15:tail=on", "fixed-15"]
 
 
 def test_a_bad_arm_is_refused_before_anything_runs() -> None:
