@@ -20,6 +20,7 @@ import copy
 import json
 import time
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
@@ -76,6 +77,10 @@ class BenchResult:
     bound: dict[str, Any] | None = None  # its terms, step cost and graph facts
     sweep: dict[str, Any] | None = None  # the fixed-N sweep's sizes and rule (app/bench/arms.py)
     mixed: dict[str, list[Any]] | None = None  # combined with --allow-mixed: what differed
+    repeat: int = 1  # runs of every arm, interleaved (round 1 of each arm, then round 2...)
+    # Per strategy over its runs: mean output tok/s, spread (max - min), runs; verdicts use it.
+    means: dict[str, dict[str, Any]] = field(default_factory=dict)
+    verdicts: list[str] = field(default_factory=list)  # what the means can and cannot say
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(self.__dict__, default=_plain))
@@ -216,10 +221,12 @@ def _salted(workload: Workload, salt: str) -> Workload:
 async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
                     name: str, strategies: list[str] | None = None,
                     server_facts: dict[str, Any] | None = None, warmup_tickers: int = 1,
-                    sweep: dict[str, Any] | None = None,
+                    sweep: dict[str, Any] | None = None, repeat: int = 1,
                     **engine_kwargs: Any) -> BenchResult:
     """Run every strategy over the same workload and compare them to the measured ceiling.
 
+    ``repeat`` runs every arm that many times, interleaved (each arm once, then again), so a
+    drift of the server over the run touches every arm alike; the verdicts use the means.
     ``warmup_tickers`` tickers' requests are sent first, untimed (``_warm_up``); 0: none.
     ``sweep`` (app/bench/arms.py) is recorded with the result when the arms came from one;
     without ``strategies`` the arms are ``DEFAULT_ARMS``, planned for this server.
@@ -232,9 +239,12 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
     for s in strategies:
         if s != SERVER_BOUND:
             Strategy.parse(s)  # refuse a typo before the first arm runs for minutes
+    if repeat < 1:
+        raise InputError(f"--repeat takes a whole number of at least 1 (got {repeat})")
     run_id = uuid.uuid4().hex[:8]
     result = BenchResult(name, len(workload), sum(len(v) for v in workload.values()),
-                         machine=machine_facts(settings, server_facts).model_dump(), sweep=sweep)
+                         machine=machine_facts(settings, server_facts).model_dump(), sweep=sweep,
+                         repeat=repeat)
     runner = BatchEngine(settings, engine, server_facts=server_facts, **engine_kwargs)
     weights = {t: float(sum(i.body["max_tokens"] for i in items))
                for t, items in workload.items()}
@@ -243,23 +253,26 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         result.warmup = await _warm_up(settings, workload, f"{run_id}-warmup", warmup_tickers,
                                        engine_kwargs.get("http_client"))
         log.info("bench warm-up", **(result.warmup.model_dump() if result.warmup else {}))
-    for strategy in strategies:
+    for round_, strategy in ((r, s) for r in range(1, repeat + 1) for s in strategies):
         if engine_kwargs.get("sample_metrics", True):
             await _wait_idle(settings, engine_kwargs.get("http_client"))
-        arm_load = _salted(workload, f"{run_id}-{strategy}")
+        # Each run its own cache salt: a repeat must not find the run before in the cache.
+        arm_load = _salted(workload, f"{run_id}-{strategy}-{round_}")
         flood = strategy == SERVER_BOUND
 
         async def work(ticker: str, gated: TickerClient, batch_id: int,
                        arm_load: Workload = arm_load, flood: bool = flood) -> list[Any]:
             return await play(arm_load[ticker], gated, batch_id, ignore_deps=flood)
 
-        log.info("bench arm", strategy=strategy)
+        log.info("bench arm", strategy=strategy, run=round_, of=repeat)
         plan = BatchPlan("bench", date.today(), sorted(workload), 1,
-                         "fixed-all" if flood else strategy, f"bench {run_id} {strategy}")
+                         "fixed-all" if flood else strategy,
+                         f"bench {run_id} {strategy}" + (f" #{round_}" if repeat > 1 else ""))
         outcome = await runner.run(plan, TickerWork(work, weights=weights, shapes=shapes))
         # The arm's record: ``Arm``'s fields and the bench's own, as its JSON file keeps it.
         figures = (await asyncio.to_thread(compare_arm, engine, outcome.batch_id)).model_dump()
         figures["strategy"] = strategy
+        figures["run"] = round_
         figures["admission"] = outcome.admission.model_dump() if outcome.admission else {}
         if strategy != SERVER_BOUND and Strategy.parse(strategy).adaptive:
             figures["holdback_timeline"] = (outcome.holdback.model_dump() if outcome.holdback
@@ -348,10 +361,41 @@ def _graph_bound(result: BenchResult) -> None:
     result.bound_tok_s = bound.tok_s
 
 
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def strategy_means(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Return each strategy's runs merged: mean tok/s and TTFTs, spread (max - min of the
+    runs' tok/s; None with one run) and preemptions summed over its runs."""
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for arm in arms:
+        runs[arm["strategy"]].append(arm)
+    means: dict[str, dict[str, Any]] = {}
+    for strategy, mine in runs.items():
+        tok_s = [a["output_tokens_per_s"] for a in mine]
+        preempted = [a.get("preemptions") for a in mine]
+        means[strategy] = {
+            "strategy": strategy, "runs": len(mine),
+            "output_tokens_per_s": sum(tok_s) / len(tok_s),
+            "spread_tok_s": max(tok_s) - min(tok_s) if len(tok_s) > 1 else None,
+            "min_tok_s": min(tok_s), "max_tok_s": max(tok_s),
+            "makespan_s": _mean([a.get("makespan_s") for a in mine]),
+            "preemptions": (None if all(p is None for p in preempted)
+                            else sum(p or 0 for p in preempted)),
+            "mean_ttft_s": _mean([a.get("mean_ttft_s") for a in mine]),
+            "ttft_ready_mean_s": _mean([a.get("ttft_ready_mean_s") for a in mine])}
+    return means
+
+
 def _judge(result: BenchResult) -> None:
     _graph_bound(result)
-    by = {a["strategy"]: a for a in result.arms}
-    fixed = [a for a in result.arms if respects_graph(a["strategy"])]
+    # Judged on each strategy's mean over its runs (one run: the run itself).
+    result.means = strategy_means(result.arms)
+    result.verdicts = []
+    by = result.means
+    fixed = [a for a in by.values() if respects_graph(a["strategy"])]
     best_fixed = max(fixed, key=lambda a: a["output_tokens_per_s"]) if fixed else None
     if best_fixed is not None:
         result.ceiling_tok_s = best_fixed["output_tokens_per_s"]
@@ -368,9 +412,26 @@ def _judge(result: BenchResult) -> None:
         a["ratio_to_bound"] = tok_s / result.bound_tok_s if result.bound_tok_s else None
     # Every adaptive variant in the run is judged, each under its own name, so a variant
     # put beside the default (``adaptive:prefetch=off``) is held to the same targets.
-    for variant in result.arms:
+    for variant in by.values():
         if variant["strategy"] == "adaptive" or variant["strategy"].startswith("adaptive:"):
             _judge_adaptive(result, variant, best_fixed, by.get("fixed-3"))
+            if best_fixed is not None:
+                result.verdicts.append(_lead(variant, best_fixed))
+
+
+def _lead(mine: dict[str, Any], other: dict[str, Any]) -> str:
+    """Say how far ``mine``'s mean leads ``other``'s and whether the runs' spread covers it."""
+    lead = mine["output_tokens_per_s"] / other["output_tokens_per_s"] - 1
+    said = (f"{mine['strategy']} vs {other['strategy']}: {lead:+.1%} on the means "
+            f"({mine['runs']} and {other['runs']} run(s))")
+    spreads = [a["spread_tok_s"] / a["output_tokens_per_s"] for a in (mine, other)
+               if a["spread_tok_s"] is not None]
+    if len(spreads) < 2:
+        return said + "; one run of an arm gives no spread: the lead is unresolved"
+    spread = max(spreads)
+    if abs(lead) <= spread:
+        return said + f", inside the runs' spread ({spread:.1%}): not a lead"
+    return said + f", beyond the runs' spread ({spread:.1%})"
 
 
 def _judge_adaptive(result: BenchResult, variant: dict[str, Any],

@@ -305,3 +305,59 @@ async def test_every_bench_json_records_the_commit_host_and_server_flags(
     assert machine["server_flags"] == {"command": "vllm serve m --max-num-seqs 32",
                                        "max_num_seqs": 32,
                                        "cache_config": {"block_size": "16"}}
+
+
+# --- repeated arms: means, spreads and what a lead means ----------------------------------
+
+
+def _runs(*arms: tuple[str, float]) -> BenchResult:
+    result = BenchResult("w", 10, 170, machine={"server_flags": {}}, arms=[
+        {"strategy": s, "output_tokens_per_s": tok_s, "mean_ttft_s": 1.0, "preemptions": 0,
+         "makespan_s": 1000 / tok_s} for s, tok_s in arms])
+    _judge(result)
+    return result
+
+
+def test_verdicts_use_the_means_and_say_when_a_lead_is_inside_the_spread() -> None:
+    # adaptive 104 and 100 (mean 102, spread 4 = 3.9%); fixed-14 100 and 98 (mean 99): a
+    # 3.0% lead inside the spread. The ceiling is fixed-14's mean, not its best run.
+    inside = _runs(("fixed-14", 100.0), ("adaptive", 104.0), ("fixed-14", 98.0),
+                   ("adaptive", 100.0))
+    assert inside.ceiling_tok_s == pytest.approx(99.0) and inside.ceiling_arm == "fixed-14"
+    assert inside.means["adaptive"]["runs"] == 2
+    assert inside.means["adaptive"]["spread_tok_s"] == pytest.approx(4.0)
+    assert inside.checks["adaptive >= ceiling (best fixed schedule: fixed-14)"]
+    assert inside.verdicts == ["adaptive vs fixed-14: +3.0% on the means (2 and 2 run(s)), "
+                               "inside the runs' spread (3.9%): not a lead"]
+    # 110/111 against 100/101: a 10% lead, beyond a 1% spread.
+    beyond = _runs(("fixed-14", 100.0), ("adaptive", 110.0), ("fixed-14", 101.0),
+                   ("adaptive", 111.0))
+    assert beyond.verdicts[0].endswith("beyond the runs' spread (1.0%)")
+    # A fixed arm with the tail rule is a ceiling candidate like any fixed count.
+    tailed = _runs(("fixed-14", 100.0), ("fixed-14:tail=on", 106.0), ("adaptive", 103.0))
+    assert tailed.ceiling_arm == "fixed-14:tail=on"
+    assert not tailed.checks["adaptive >= ceiling (best fixed schedule: fixed-14:tail=on)"]
+    assert "one run of an arm gives no spread" in tailed.verdicts[0]
+
+
+async def test_repeat_runs_every_arm_k_times_interleaved(sqlite_engine: Engine) -> None:
+    settings = load_settings(check_context_length=False, retry_backoff_s=0)
+    load = synthetic_workload(settings, 2, 0.002, output_scale=0.004)
+    server = FakeServer(lambda chat: Reply("tok " * 6, delay_s=0.01, completion_tokens=6))
+    result = await run_bench(settings, sqlite_engine, load, name="synthetic",
+                             strategies=["fixed-1", "fixed-1:tail=on"], repeat=2,
+                             sample_metrics=False, http_client=server.client(),
+                             warmup_tickers=0)
+    assert [(a["strategy"], a["run"]) for a in result.arms] == [
+        ("fixed-1", 1), ("fixed-1:tail=on", 1), ("fixed-1", 2), ("fixed-1:tail=on", 2)]
+    assert len({a["batch_id"] for a in result.arms}) == 4
+    for strategy in ("fixed-1", "fixed-1:tail=on"):
+        mine = [a["output_tokens_per_s"] for a in result.arms if a["strategy"] == strategy]
+        assert result.means[strategy]["runs"] == 2
+        assert result.means[strategy]["output_tokens_per_s"] == pytest.approx(sum(mine) / 2)
+        assert result.means[strategy]["spread_tok_s"] == pytest.approx(max(mine) - min(mine))
+    assert result.repeat == 2 and result.to_json()["means"].keys() == result.means.keys()
+    with pytest.raises(InputError, match="--repeat"):
+        await run_bench(settings, sqlite_engine, load, name="synthetic",
+                        strategies=["fixed-1"], repeat=0, sample_metrics=False,
+                        http_client=server.client(), warmup_tickers=0)

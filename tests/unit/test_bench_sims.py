@@ -42,8 +42,8 @@ def test_the_benches_keep_their_flags_and_left_the_installed_command() -> None:
     assert options(tracker.app) == {"calls", "concurrency", "database", "pg_url", "repeats",
                                     "json_out"}
     assert options(fleet.app) == {"tickers", "endpoints", "speedup", "scale", "output_scale",
-                                  "kv_tokens", "max_num_seqs", "stream_interval", "strategy", "database", "pg_url", "port",
-                                  "server_cpus", "json_out"}
+                                  "kv_tokens", "max_num_seqs", "stream_interval", "strategy",
+                                  "database", "pg_url", "port", "server_cpus", "json_out"}
     installed = {c.name for c in typer.main.get_group(nightdesk_bench).commands.values()}
     assert installed == {"schedulers", "combine", "durability"}
 
