@@ -17,13 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import itertools
 import json
+import shlex
+import subprocess
 import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import structlog
@@ -47,7 +51,6 @@ from app.config import Settings
 from app.errors import InputError, ServerError
 from app.report import compare_arm
 from app.traffic.client import TickerClient
-from app.traffic.limits import Figures
 from app.traffic.strategy import Strategy
 from serving.metrics import aread_metrics
 from serving.urls import redact
@@ -90,13 +93,20 @@ def _plain(value: Any) -> Any:
     return value.model_dump() if isinstance(value, BaseModel) else str(value)
 
 
-class ServerFlags(Figures, frozen=True):
-    """How the server was started, as far as known: a field not known is left out."""
+class ServerFlags(BaseModel, frozen=True):
+    """How the server was started: every field, None where it is not known, so two runs on
+    servers set up differently never look alike (``combine_results`` compares them)."""
 
-    command: str | None = None
-    vllm_version: str | None = None
+    model: str | None = None  # the checkpoint: the launcher's command, else /v1/models' root
     max_num_seqs: int | None = None
     max_model_len: int | None = None
+    quantization: str | None = None  # --quantization as given (None: not given, or unknown)
+    kv_cache_dtype: str | None = None
+    kv_cache_tokens: int | None = None
+    kv_cache_memory_gib: float | None = None
+    vllm_version: str | None = None
+    gpu: str | None = None  # as nvidia-smi names it, with its memory
+    command: str | None = None
     cache_config: dict[str, Any] | None = None  # vLLM's labels, as /metrics names them
 
 
@@ -117,25 +127,78 @@ class BenchMachine(HostFacts, frozen=True):
         return {"date": plain.pop("date"), **plain}
 
 
-def machine_facts(settings: Settings, server_facts: dict[str, Any] | None) -> BenchMachine:
-    """Describe the client host and code (as the tracker bench does) and the server."""
+def machine_facts(settings: Settings, server_facts: dict[str, Any] | None,
+                  served: dict[str, Any] | None = None) -> BenchMachine:
+    """Describe the client host and code (as the tracker bench does) and the server
+    (``served``: its /v1/models entry, when the caller read it)."""
     facts = server_facts or {}
     return BenchMachine(date=datetime.now(UTC).isoformat(timespec="seconds"),
                         **dict(host_facts()), server=settings.llm_base_url,
                         model=settings.llm_model, profile=settings.server_profile,
-                        server_facts=facts, server_flags=server_flags(facts))
+                        server_facts=facts,
+                        server_flags=server_flags(facts, served, local_gpu(settings)))
 
 
-def server_flags(facts: dict[str, Any]) -> ServerFlags:
-    """Return what is known of how the server was started: its command line (when nightdesk's
-    launcher started it), vLLM's version and its cache configuration (from /metrics)."""
+def _flag(command: str | None, name: str) -> str | None:
+    """Return ``--name VALUE`` (or ``--name=VALUE``) from a command line, else None."""
+    if not command:
+        return None
+    words = shlex.split(command)
+    for i, word in enumerate(words):
+        if word == f"--{name}" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith(f"--{name}="):
+            return word.partition("=")[2]
+    return None
+
+
+def _served_model(command: str | None) -> str | None:
+    """Return the model of ``vllm serve MODEL ...`` (the positional form), else None."""
+    words = shlex.split(command) if command else []
+    for before, word in itertools.pairwise(words):
+        if before == "serve" and not word.startswith("-"):
+            return word
+    return None
+
+
+def server_flags(facts: dict[str, Any], served: dict[str, Any] | None = None,
+                 gpu: str | None = None) -> ServerFlags:
+    """Return how the server was started, as far as known: the launcher's record (its
+    command line and what vLLM logged), /metrics' cache config and /v1/models' entry."""
     config = facts.get("cache_config") or {}
-    flags: dict[str, Any] = {
-        "command": facts.get("command"), "vllm_version": facts.get("vllm_version"),
-        "max_num_seqs": facts.get("max_num_seqs"), "max_model_len": facts.get("max_model_len"),
-        "cache_config": {k: v for k, v in sorted(config.items()) if not k.startswith("_")}
-        or None}
-    return ServerFlags(**{k: v for k, v in flags.items() if v is not None})
+    command = facts.get("command")
+    served = served or {}
+    seqs = facts.get("max_num_seqs") or _flag(command, "max-num-seqs")
+    length = facts.get("max_model_len") or served.get("max_model_len")
+    model = (facts.get("model") or _served_model(command) or _flag(command, "model")
+             or served.get("root") or served.get("id"))
+    return ServerFlags(
+        model=model, max_num_seqs=int(seqs) if seqs else None,
+        max_model_len=int(length) if length else None,
+        quantization=facts.get("quantization") or _flag(command, "quantization"),
+        kv_cache_dtype=config.get("cache_dtype") or _flag(command, "kv-cache-dtype"),
+        kv_cache_tokens=facts.get("kv_cache_tokens"),
+        kv_cache_memory_gib=facts.get("kv_cache_memory_gib"),
+        vllm_version=facts.get("vllm_version"), gpu=facts.get("gpu") or gpu,
+        command=command,
+        cache_config={k: v for k, v in sorted(config.items()) if not k.startswith("_")}
+        or None)
+
+
+def local_gpu(settings: Settings) -> str | None:
+    """Return this host's GPUs as nvidia-smi names them, when every endpoint is on this host
+    (a server elsewhere: None, not known here)."""
+    hosts = {urlsplit(url).hostname for url in settings.base_urls}
+    if not hosts <= {"127.0.0.1", "localhost", "::1"}:
+        return None
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
+                               "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None  # no NVIDIA GPU here, or no driver
+    names = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    return "; ".join(names) or None
 
 
 async def _wait_idle(settings: Settings, client: httpx.AsyncClient | None = None,
@@ -222,12 +285,14 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
                     name: str, strategies: list[str] | None = None,
                     server_facts: dict[str, Any] | None = None, warmup_tickers: int = 1,
                     sweep: dict[str, Any] | None = None, repeat: int = 1,
+                    served: dict[str, Any] | None = None,
                     **engine_kwargs: Any) -> BenchResult:
     """Run every strategy over the same workload and compare them to the measured ceiling.
 
     ``repeat`` runs every arm that many times, interleaved (each arm once, then again), so a
     drift of the server over the run touches every arm alike; the verdicts use the means.
     ``warmup_tickers`` tickers' requests are sent first, untimed (``_warm_up``); 0: none.
+    ``served`` is the server's /v1/models entry, recorded with its flags.
     ``sweep`` (app/bench/arms.py) is recorded with the result when the arms came from one;
     without ``strategies`` the arms are ``DEFAULT_ARMS``, planned for this server.
     """
@@ -243,7 +308,8 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         raise InputError(f"--repeat takes a whole number of at least 1 (got {repeat})")
     run_id = uuid.uuid4().hex[:8]
     result = BenchResult(name, len(workload), sum(len(v) for v in workload.values()),
-                         machine=machine_facts(settings, server_facts).model_dump(), sweep=sweep,
+                         machine=machine_facts(settings, server_facts, served).model_dump(),
+                         sweep=sweep,
                          repeat=repeat)
     runner = BatchEngine(settings, engine, server_facts=server_facts, **engine_kwargs)
     weights = {t: float(sum(i.body["max_tokens"] for i in items))

@@ -69,7 +69,7 @@ def schedulers(
 
     settings = setup()
     engine = database(settings)
-    lengths = []
+    lengths, served = [], []
     for url in settings.base_urls:  # every endpoint must answer; the smallest length rules
         root = server_root(url)
         try:
@@ -78,6 +78,7 @@ def schedulers(
             raise ServerError(redact(f"no server answers at {root}: start one first "
                                      f"(nightdesk server start) — {error}")) from None
         lengths.append(int(models[0].get("max_model_len") or 8192))
+        served.append(models[0])
     max_len = min(lengths)
     if workload == "synthetic":
         chosen = scale if scale is not None else fit_scale(max_len)
@@ -105,7 +106,7 @@ def schedulers(
     result = asyncio.run(run_bench(settings, engine, load, name=name, strategies=arms,
                                    warmup_tickers=warmup, server_facts=facts,
                                    sweep=sweep.to_json() if sweep else None,
-                                   repeat=repeat))
+                                   repeat=repeat, served=served[0]))
     show_schedulers(result, json_out)
 
 

@@ -291,20 +291,40 @@ async def test_every_bench_json_records_the_commit_host_and_server_flags(
     settings = load_settings(check_context_length=False, retry_backoff_s=0)
     load = synthetic_workload(settings, 1, 0.002, output_scale=0.004)
     server = FakeServer(lambda chat: Reply("tok " * 6, completion_tokens=6))
-    facts = {"command": "vllm serve m --max-num-seqs 32", "max_num_seqs": 32,
-             "kv_cache_tokens": 4096, "cache_config": {"block_size": "16", "_x": "1"}}
+    facts = {"command": "VLLM_X=1 vllm serve /models/q --max-num-seqs 32 --quantization fp8",
+             "max_num_seqs": 32, "kv_cache_tokens": 4096, "kv_cache_memory_gib": 1.5,
+             "vllm_version": "0.31.0",
+             "cache_config": {"block_size": "16", "_x": "1", "cache_dtype": "fp8_e4m3"}}
     result = await run_bench(settings, sqlite_engine, load, name="synthetic",
                              strategies=["fixed-1"], sample_metrics=False, server_facts=facts,
-                             http_client=server.client(), warmup_tickers=0)
+                             http_client=server.client(), warmup_tickers=0,
+                             served={"id": "m", "root": "/other", "max_model_len": 4096})
     machine = result.to_json()["machine"]
     assert machine["commit"] and machine["commit"] != "unknown" and machine["host"]
     # The order every bench file has had: the date first, the server's facts last.
     assert list(machine) == ["date", "cpu_model", "cores", "python", "platform", "host",
                              "commit", "server", "model", "profile", "server_facts",
                              "server_flags"]
-    assert machine["server_flags"] == {"command": "vllm serve m --max-num-seqs 32",
-                                       "max_num_seqs": 32,
-                                       "cache_config": {"block_size": "16"}}
+    # The whole server configuration, None where not known (the fake has no GPU to name).
+    assert machine["server_flags"] == {
+        "model": "/models/q", "max_num_seqs": 32, "max_model_len": 4096,
+        "quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "kv_cache_tokens": 4096,
+        "kv_cache_memory_gib": 1.5, "vllm_version": "0.31.0", "gpu": None,
+        "command": "VLLM_X=1 vllm serve /models/q --max-num-seqs 32 --quantization fp8",
+        "cache_config": {"block_size": "16", "cache_dtype": "fp8_e4m3"}}
+
+
+def test_combine_refuses_runs_on_servers_set_up_differently() -> None:
+    # Two runs alike but for the KV cache dtype the server ran with: not comparable.
+    first = {"model": "q", "max_num_seqs": 32, "kv_cache_dtype": "fp8_e4m3", "gpu": "H200"}
+    for key, other in (("kv_cache_dtype", "auto"), ("quantization", "fp8"), ("gpu", "A100"),
+                       ("model", "q2"), ("vllm_version", "0.32.0")):
+        runs = [_run("fixed-8", server_flags=first),
+                _run("adaptive", server_flags={**first, key: other})]
+        with pytest.raises(InputError, match="server flags differ"):
+            combine_results(runs)
+        mixed = combine_results(runs, allow_mixed=True)
+        assert mixed.mixed is not None and len(mixed.mixed["server flags"]) == 2
 
 
 # --- repeated arms: means, spreads and what a lead means ----------------------------------
