@@ -218,3 +218,36 @@ def answer_deadline(plan: FleetPlan, start: datetime, clock: time) -> DeadlineAn
     fits = [r.endpoints for r in plan.rows if r.makespan_s <= seconds]
     return DeadlineAnswer(start=start, deadline=deadline, seconds=seconds,
                           endpoints=min(fits) if fits else None)
+
+
+class NightBound(BaseModel, frozen=True):
+    """A recorded night against its own graph bound: its makespan ÷ the least any schedule
+    that respects the graph could have taken on its server (None: not computable, and why)."""
+
+    makespan_s: float
+    bound_s: float | None = None
+    makespan_over_bound: float | None = None
+    binding: str | None = None
+    endpoints: int | None = None
+    server: str | None = None  # where the step, KV cache and sequence cap came from
+    unavailable: str | None = None
+
+
+def night_bound(engine: Engine, batch_id: int, makespan_s: float) -> NightBound:
+    """Return a night's makespan over its graph bound: its answered calls' graph (its
+    recorded requests give the chains) on its own server model (``night_server``)."""
+    try:
+        server = night_server(engine, batch_id)
+        _, workload = recorded_workload(engine, batch_id)
+        graph = arm_graph_facts(engine, batch_id, workload)
+    except InputError as error:
+        return NightBound(makespan_s=makespan_s, unavailable=str(error))
+    with engine.connect() as conn:
+        endpoints = len(conn.execute(select(ServerSample.endpoint).distinct()
+                                     .where(ServerSample.batch_id == batch_id)).all()) or 1
+    bound = graph_bound(graph, server.kv_tokens, server.max_num_seqs, server.step, endpoints)
+    if bound is None or makespan_s <= 0:
+        return NightBound(makespan_s=makespan_s, unavailable="no answered output to bound")
+    return NightBound(makespan_s=makespan_s, bound_s=bound.seconds,
+                      makespan_over_bound=makespan_s / bound.seconds, binding=bound.binding,
+                      endpoints=endpoints, server=server.source)

@@ -123,3 +123,68 @@ def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], says: str) -> N
     assert result.code == 2
     assert len(result.error_lines) == 1 and says in result.error_lines[0]
     assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+# --- a recorded night against its own bound (nightdesk report) ------------------------------
+
+
+def _night(engine: Any, facts: dict[str, Any] | None) -> int:
+    """Two tickers of a, b side by side (0-20 s) then c after both (20-40 s); outputs 10, 20,
+    30 with prompts 100, 200, 300; the server read at 0, 20 and 40 s running 2, 60 tokens
+    made between readings."""
+    from datetime import UTC, date, datetime, timedelta
+
+    from sqlalchemy.orm import Session
+
+    from app.db.models import Batch, LLMCall, LLMRequest, ServerSample
+    from app.usage import compress_body
+
+    t0 = datetime(2026, 12, 1, 1, 0, tzinfo=UTC)
+    with Session(engine) as session:
+        batch = Batch(kind="nightly", as_of=date(2026, 12, 1), status="succeeded",
+                      created_at=t0, started_at=t0, finished_at=t0 + timedelta(seconds=40),
+                      settings={}, server_facts=facts, tickers_total=2, tickers_succeeded=2)
+        session.add(batch)
+        session.flush()
+        for ticker in ("X", "Y"):
+            for node, prompt, out, start in (("a", 100, 10, 0), ("b", 200, 20, 0),
+                                             ("c", 300, 30, 20)):
+                call_id = f"{batch.id}-{ticker}-{node}"
+                session.add(LLMRequest(batch_id=batch.id, ticker=ticker, node=node, sample=0,
+                                       call_id=call_id,
+                                       body=compress_body({"messages": [], "max_tokens": out})))
+                session.add(LLMCall(
+                    batch_id=batch.id, ticker=ticker, node=node, sample=0, call_id=call_id,
+                    model="m", prompt_tokens=prompt, completion_tokens=out, status="ok",
+                    started_at=t0 + timedelta(seconds=start),
+                    ended_at=t0 + timedelta(seconds=start + 20), latency_s=20.0))
+        for i in range(3):
+            session.add(ServerSample(
+                batch_id=batch.id, sampled_at=t0 + timedelta(seconds=20 * i), running=2,
+                waiting=0, kv_cache_usage=0.1, preemptions_total=0, prompt_tokens_total=0,
+                generation_tokens_total=60 * i, endpoint="http://gpu:8000/v1"))
+        session.commit()
+        return batch.id
+
+
+def test_a_night_is_set_against_its_own_graph_bound(sqlite_engine: Any) -> None:
+    from app.bench.plan import night_bound
+
+    night = _night(sqlite_engine, {"kv_cache_tokens": 10_000, "max_num_seqs": 4})
+    bound = night_bound(sqlite_engine, night, 40.0)
+    # By hand: 120 output tokens at running 2 over 40 s is 60 steps, 2/3 s a step (one level:
+    # no growth term). Steps: output / seqs 30, KV-token-steps 2 x 14,700 / 10,000 = 2.94, the
+    # chain b then c 50 tokens: 50 steps, 33.3 s; the night took 40 s, 1.2 x.
+    assert bound.binding == "critical_path" and bound.endpoints == 1
+    assert bound.bound_s == pytest.approx(100 / 3)
+    assert bound.makespan_over_bound == pytest.approx(1.2)
+    shown = run_cli("report", str(night))
+    assert shown.code == 0, shown.stderr
+    assert "graph bound: makespan 40 s = 1.20 x the least" in shown.stdout
+    assert json.loads(run_cli("report", str(night), "--format", "json").stdout)[
+        "graph_bound"]["makespan_over_bound"] == pytest.approx(1.2)
+    # Without the server's KV cache size the bound is not computed, and the report says why.
+    bare = _night(sqlite_engine, None)
+    assert night_bound(sqlite_engine, bare, 40.0).unavailable is not None
+    line = run_cli("report", str(bare)).stdout
+    assert "graph bound: not computed" in line and "recorded no KV cache size" in line
