@@ -32,6 +32,7 @@ from rich.console import Console
 
 from app.bench.bound import GraphFacts, StepCost, graph_bound, summed_capacity
 from app.bench.machine import machine_facts
+from app.bench.plan import PlanRow, ServerModel, mean_shape, plan_fleet
 from app.bench.schedulers import run_bench
 from app.bench.workloads import synthetic_workload
 from app.cli.common import setup
@@ -146,6 +147,18 @@ def capacity(arm: dict[str, Any], gpu: GPUModel, endpoints: int) -> dict[str, An
         "share_of_graph_bound": (bound.seconds / makespan) if bound and makespan else None,
     }
 
+
+def plan_for(result: dict[str, Any]) -> PlanRow:
+    """Return what ``nightdesk plan`` says of a simulated night (a FleetResult's JSON): its
+    shape, as the calls it answered give it, on its endpoints at their speedup."""
+    gpu, tickers = result["gpu"], result["tickers"]
+    server = ServerModel(name="simulated", kv_tokens=gpu["kv_tokens"],
+                         max_num_seqs=gpu["max_num_seqs"],
+                         step_a_s=gpu["step_a_s"] / gpu["speedup"],
+                         step_b_s=gpu["step_b_s"] / gpu["speedup"],
+                         source="the fleet simulation's endpoints")
+    shape = mean_shape("simulated night", GraphFacts(**result["arm"]["graph"]), tickers)
+    return plan_fleet(tickers, shape, server).rows[result["endpoints"] - 1]
 
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
