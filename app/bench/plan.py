@@ -77,7 +77,8 @@ class NightShape(BaseModel, frozen=True):
                           calls=round(self.calls * tickers))
 
 
-def _mean_shape(name: str, graph: GraphFacts, tickers: int) -> NightShape:
+def mean_shape(name: str, graph: GraphFacts, tickers: int) -> NightShape:
+    """Return the mean ticker of ``tickers`` whose demand together is ``graph``."""
     return NightShape(name=name, tickers_seen=tickers,
                       output_tokens=graph.output_tokens / tickers,
                       kv_token_steps=graph.kv_token_steps / tickers,
@@ -93,7 +94,7 @@ def synthetic_shape(output_scale: float = 1.0) -> NightShape:
     calls = [("SYN", 0, shape.node, shape.prompt, max(1, round(shape.output * output_scale)))
              for shape, _ in graph]
     name = "synthetic" if output_scale == 1.0 else f"synthetic (outputs x{output_scale:g})"
-    return _mean_shape(name, graph_facts(calls, {"SYN": items}), 1)
+    return mean_shape(name, graph_facts(calls, {"SYN": items}), 1)
 
 
 def recorded_shape(engine: Engine, batch_id: int) -> NightShape:
@@ -103,7 +104,7 @@ def recorded_shape(engine: Engine, batch_id: int) -> NightShape:
     graph = arm_graph_facts(engine, batch_id, workload)
     if graph.output_tokens <= 0:
         raise InputError(f"batch {batch_id} has no answered calls to take a shape from")
-    return _mean_shape(f"batch {batch_id}", graph, len(workload))
+    return mean_shape(f"batch {batch_id}", graph, len(workload))
 
 
 def night_server(engine: Engine, batch_id: int) -> ServerModel:
