@@ -188,3 +188,21 @@ def test_a_night_is_set_against_its_own_graph_bound(sqlite_engine: Any) -> None:
     assert night_bound(sqlite_engine, bare, 40.0).unavailable is not None
     line = run_cli("report", str(bare)).stdout
     assert "graph bound: not computed" in line and "recorded no KV cache size" in line
+
+
+def test_plan_takes_a_recorded_nights_shape_and_server(sqlite_engine: Any) -> None:
+    night = _night(sqlite_engine, {"kv_cache_tokens": 10_000, "max_num_seqs": 4})
+    plan = plan_json("--tickers", "4", "--shape", str(night), "--profile", str(night))
+    # The mean ticker: 60 output tokens, 14,700 KV-token-steps, its chain 50 tokens; the
+    # server: 10,000 KV tokens, 4 sequences, 2/3 s a step. 4 tickers on one endpoint: 240
+    # tokens at 4 a step, 60 steps (40 s); on two the chain's 50 steps (33.3 s) set it.
+    assert plan["shape"]["output_tokens"] == 60 and plan["shape"]["critical_path_tokens"] == 50
+    assert plan["profile"]["kv_tokens"] == 10_000 and plan["profile"]["max_num_seqs"] == 4
+    one, two = plan["rows"][0], plan["rows"][1]
+    assert (one["binding"], one["makespan_s"]) == ("max_num_seqs", pytest.approx(40.0))
+    assert (two["binding"], two["makespan_s"]) == ("critical_path", pytest.approx(100 / 3))
+    assert plan["smallest_within_5pct"] == 2
+    # A night that recorded no KV cache size cannot be a profile: one line, exit 2.
+    bare = _night(sqlite_engine, None)
+    refused = run_cli("plan", "--tickers", "4", "--profile", str(bare))
+    assert refused.code == 2 and "recorded no KV cache size" in refused.error_lines[0]
