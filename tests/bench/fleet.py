@@ -244,6 +244,8 @@ def fleet(
         engine = get_engine(db_url)
         load = synthetic_workload(settings, tickers, scale, output_scale)
         name = f"synthetic x{scale:g} sent, x1 counted (out x{output_scale:g})"
+        # The host's load beside the run: on a shared host others' work takes cores too.
+        load_before = os.getloadavg()
         arm_json, lag, use = asyncio.run(drive(settings, engine, load, gpu, strategy=strategy,
                                                name=name))
     arm = arm_json["arms"][0]
@@ -254,7 +256,9 @@ def fleet(
         rows_per_s=rows / arm["makespan_s"] if arm["makespan_s"] else 0.0,
         capacity=capacity(arm, gpu, endpoints),
         machine={**machine_facts().model_dump(), "database": database, "server_cpus": server_cpus,
-                 "client_cpus": sorted(os.sched_getaffinity(0))})
+                 "client_cpus": sorted(os.sched_getaffinity(0)),
+                 "load_average_1_5_15_before": load_before,
+                 "load_average_1_5_15_after": os.getloadavg()})
     show_fleet(result)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)

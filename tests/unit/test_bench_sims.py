@@ -70,3 +70,6 @@ def test_the_fleet_bench_serves_its_endpoints_and_writes_its_figures(tmp_path: P
     served = {e["endpoint"] for e in arm["endpoints"]}
     assert len(served) == 2 and all(u.startswith("http://127.0.0.1:") for u in served)
     assert result["machine"]["database"] == "sqlite"
+    # The host's load around the run: on a shared host the figures say it was shared.
+    for key in ("load_average_1_5_15_before", "load_average_1_5_15_after"):
+        assert len(result["machine"][key]) == 3 and min(result["machine"][key]) >= 0
