@@ -58,7 +58,7 @@ class Strategy:
     tail: bool = False  # urgent tickers start at once and go first (scheduler.py)
     policy: tuple[tuple[str, float], ...] = ()  # admission policy settings that differ
     budget_knobs: tuple[tuple[str, float], ...] = ()  # token budget settings that differ
-    prefetch: bool = False  # analysts ahead of a free chain slot; adaptive's default
+    prefetch: bool = False  # fan-outs ahead of a free chain slot; adaptive's default
 
     @classmethod
     def parse(cls, name: str) -> Strategy:
@@ -66,8 +66,9 @@ class Strategy:
         ``:knob=value,...``.
 
         Knobs are ``Knobs``' fields, e.g. ``adaptive:kv_high=0.95,tail=off`` or
-        ``fixed-15:tail=on``: every strategy takes the tail rule, only adaptive the rest;
-        raise InputError for a bad name or knob.
+        ``fixed-15:tail=on,prefetch=on``: every strategy takes the tail rule, fixed-N
+        prefetching too (its N tickers are N chains, more start their fan-out ahead), only
+        adaptive the rest; raise InputError for a bad name or knob.
         """
         base, _, knobs = name.partition(":")
         chosen = _parse_knobs(name, knobs)
@@ -86,13 +87,16 @@ class Strategy:
         fixed = _fixed(base, name)
         if set(chosen) - {"tail", "prefetch"}:
             raise InputError(f"only adaptive takes admission and budget knobs, not {name!r} "
-                             f"({base} takes tail=on|off)")
-        if chosen.get("prefetch") == "on":
-            # Prefetching starts analysts ahead of a free chain slot; the slots are counted
-            # from the token budget, which a fixed count of tickers does not have.
-            raise InputError(f"prefetch=on needs adaptive's token budget, not {name!r}")
+                             f"({base} takes tail=on|off and, fixed-N, prefetch=on|off)")
+        prefetch = chosen.get("prefetch") == "on"
+        if prefetch and (base == "fixed-all" or not base.startswith("fixed-")):
+            # Prefetching runs fan-outs ahead of a free chain slot: it needs a number of
+            # chains, N of fixed-N (adaptive's come from its token budget).
+            raise InputError(f"prefetch=on needs a number of chains (fixed-N or adaptive), "
+                             f"not {name!r}")
         return cls(name, tickers_in_flight=fixed.tickers_in_flight,
-                   request_limit=fixed.request_limit, tail=chosen.get("tail") == "on")
+                   request_limit=fixed.request_limit, tail=chosen.get("tail") == "on",
+                   prefetch=prefetch)
 
     def admission_policy(self, maximum: int) -> AdmissionPolicy:
         """Return a fresh admission policy of at most ``maximum`` (unless a knob says)."""

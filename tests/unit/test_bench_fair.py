@@ -3,6 +3,7 @@ throughput of succeeded work, and combining only runs of one code, host and serv
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -381,3 +382,42 @@ async def test_repeat_runs_every_arm_k_times_interleaved(sqlite_engine: Engine) 
         await run_bench(settings, sqlite_engine, load, name="synthetic",
                         strategies=["fixed-1"], repeat=0, sample_metrics=False,
                         http_client=server.client(), warmup_tickers=0)
+
+
+async def test_fixed_n_prefetching_runs_fan_outs_ahead_but_n_chains(
+        sqlite_engine: Engine) -> None:
+    # fixed-1: one ticker at a time. With prefetch=on one chain at a time still, but the next
+    # ticker's analysts run while it goes, as adaptive's prefetching does.
+    settings = load_settings(check_context_length=False, retry_backoff_s=0)
+    load = synthetic_workload(settings, 3, 0.002, output_scale=0.004)
+    server = FakeServer(lambda chat: Reply("tok " * 6, delay_s=0.02, completion_tokens=6))
+    result = await run_bench(settings, sqlite_engine, load, name="synthetic",
+                             strategies=["fixed-1", "fixed-1:prefetch=on"],
+                             sample_metrics=False, http_client=server.client(),
+                             warmup_tickers=0)
+    analysts = {"market", "sentiment", "news", "fundamentals"}
+    spans: dict[str, dict[str, list[tuple[Any, Any]]]] = {}
+    for arm in result.arms:
+        assert arm["failed_calls"] == 0 and arm["calls"] == 3 * 17
+        with sqlite_engine.connect() as conn:
+            rows = conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.started_at,
+                                       LLMCall.ended_at)
+                                .where(LLMCall.batch_id == arm["batch_id"])).all()
+        chains: dict[str, list[Any]] = {}
+        fans: dict[str, list[Any]] = {}
+        for r in rows:
+            (fans if r.node in analysts else chains).setdefault(r.ticker, []).append(
+                (r.started_at, r.ended_at))
+        spans[arm["strategy"]] = {
+            "chain": sorted((min(s for s, _ in v), max(e for _, e in v))
+                            for v in chains.values()),
+            "fan": sorted((min(s for s, _ in v), max(e for _, e in v)) for v in fans.values())}
+    for strategy in ("fixed-1", "fixed-1:prefetch=on"):
+        chain = spans[strategy]["chain"]
+        # Never two chains at once: each ticker's chain ends before the next one's starts.
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(chain)), strategy
+    plain, ahead = spans["fixed-1"], spans["fixed-1:prefetch=on"]
+    # Without prefetching a ticker's analysts wait for the ticker before it to end; with it,
+    # the second and third tickers' analysts start while a chain before them runs.
+    assert all(f[0] >= c[1] for f, c in zip(plain["fan"][1:], plain["chain"], strict=False))
+    assert all(f[0] < c[1] for f, c in zip(ahead["fan"][1:], ahead["chain"], strict=False))
