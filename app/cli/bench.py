@@ -35,7 +35,8 @@ def schedulers(
     strategies: Annotated[str, typer.Option(
         help="Comma-separated arms, run in this order; 'sweep' is the fixed-N sweep chosen "
              "from the server's KV cache and the workload; each adaptive arm is followed by "
-             "its twin with tail=off.")] = "fixed-3,sweep,fixed-all,adaptive",
+             "its twin with tail=off; fixed-N:tail=on,prefetch=on gives a fixed arm "
+             "adaptive's tail rule and prefetching.")] = "fixed-3,sweep,fixed-all,adaptive",
     json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
     warmup: Annotated[int, typer.Option(
         min=0, help="Tickers whose requests (short answers) warm the server up first, "
