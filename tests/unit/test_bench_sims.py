@@ -23,6 +23,11 @@ from tests.bench import fleet, tracker
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def arm_makespan(result: dict[str, Any]) -> float:
+    makespan: float = result["arm"]["makespan_s"]
+    return makespan
+
+
 def options(app: typer.Typer) -> set[str]:
     return {p.name for p in typer.main.get_command(app).params if p.name != "help"}
 
@@ -63,7 +68,12 @@ def test_the_fleet_bench_serves_its_endpoints_and_writes_its_figures(tmp_path: P
     result = bench("tests.bench.fleet", "--tickers", "2", "--endpoints", "2", "--speedup", "20",
                    "--output-scale", "0.05", "--database", "sqlite", tmp_path=tmp_path)
     assert set(result) == {"tickers", "endpoints", "gpu", "workload", "arm", "loop_lag",
-                           "process", "rows_per_s", "capacity", "machine"}
+                           "process", "rows_per_s", "capacity", "machine", "timing"}
+    # Where the makespan went: two tickers, each started once, 14 chain calls after analysts.
+    spent = result["timing"]
+    assert 0 <= spent["ticker_first_call_s"]["p50"] <= spent["ticker_first_call_s"]["max"]
+    assert spent["ticker_end_s"]["max"] <= arm_makespan(result) + 1e-6
+    assert spent["chain_turnaround_s"]["max"] >= 0
     arm = result["arm"]
     assert arm["calls"] == 2 * 17 and arm["failed_calls"] == 0
     # Both endpoints served: the client spread the two tickers over them.
