@@ -23,7 +23,12 @@ BENCH_SHAPE ?= --scale 0.005 --output-scale 0.02
 # `sequential` is left out here only for time (one request at a time would take longer than
 # all the other arms together); `nightdesk bench schedulers` runs it by default.
 # adaptive:prefetch=off: the default's one switch (app/traffic/chains.py) off, side by side.
-BENCH_STRATEGIES ?= fixed-3,fixed-8,fixed-all,adaptive,flood
+# fixed-all:tail=on: the best fixed arm here with adaptive's tail rule, so that adaptive's
+# lead over it is the policy's, not the rule's (adaptive:tail=off follows adaptive).
+BENCH_STRATEGIES ?= fixed-3,fixed-8,fixed-all,fixed-all:tail=on,adaptive,flood
+# Every arm this many times, interleaved: the verdicts use the means and say when a lead is
+# inside the runs' spread (one run of each has none to judge by).
+BENCH_REPEAT ?= 2
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup vllm-env model browser test test-unit test-lowest lint run bench bench-tracker \
@@ -138,7 +143,8 @@ bench-schedulers: setup vllm-env model
 	$(BIN)/nightdesk server start --profile cpu-tiny; \
 	trap '$(BIN)/nightdesk server stop --profile cpu-tiny' EXIT; \
 	$(BIN)/nightdesk bench schedulers --tickers $(BENCH_TICKERS) $(BENCH_SHAPE) \
-	    --strategies $(BENCH_STRATEGIES) --json-out $(NIGHTDESK_HOME)/bench/schedulers.json
+	    --strategies $(BENCH_STRATEGIES) --repeat $(BENCH_REPEAT) \
+	    --json-out $(NIGHTDESK_HOME)/bench/schedulers.json
 
 clean:
 	rm -rf $(NIGHTDESK_HOME)/bench $(NIGHTDESK_HOME)/nightdesk.db $(NIGHTDESK_HOME)/data

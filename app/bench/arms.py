@@ -82,16 +82,16 @@ def sweep(workload: Workload, kv_tokens: int | None, max_num_seqs: int | None,
 
 
 def split_arms(text: str) -> list[str]:
-    """Split a comma-separated list of arms, keeping an adaptive arm's knobs together.
+    """Split a comma-separated list of arms, keeping an arm's knobs together.
 
-    ``adaptive:prefetch=off,tail=off,fixed-8`` is two arms: a ``key=value`` part after an
-    adaptive arm is one more of its knobs.
+    ``adaptive:prefetch=off,tail=off,fixed-8:tail=on`` is two arms: a ``key=value`` part
+    after an arm with knobs is one more of its knobs.
     """
     arms: list[str] = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        if "=" in part and ":" not in part and arms and arms[-1].startswith("adaptive:"):
+        if "=" in part and ":" not in part and arms and ":" in arms[-1]:
             arms[-1] += "," + part
         else:
             arms.append(part)
@@ -142,8 +142,10 @@ def _same(a: str, b: str) -> bool:
     """Return True when two arm names parse to the same strategy (knobs in any order)."""
     if a == b:
         return True
-    if not (a.startswith("adaptive") and b.startswith("adaptive")):
+    if FLOOD in (a, b):
         return False
     sa, sb = Strategy.parse(a), Strategy.parse(b)
-    return (sa.tail, sa.prefetch, sorted(sa.policy), sorted(sa.budget_knobs)) == (
-        sb.tail, sb.prefetch, sorted(sb.policy), sorted(sb.budget_knobs))
+    return (sa.adaptive, sa.tickers_in_flight, sa.request_limit, sa.tail, sa.prefetch,
+            sorted(sa.policy), sorted(sa.budget_knobs)) == (
+        sb.adaptive, sb.tickers_in_flight, sb.request_limit, sb.tail, sb.prefetch,
+        sorted(sb.policy), sorted(sb.budget_knobs))

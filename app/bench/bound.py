@@ -174,3 +174,17 @@ def graph_bound(graph: GraphFacts, kv_tokens: int, max_num_seqs: int, step: Step
     seconds = step.a * steps + step.b * graph.output_tokens / endpoints
     return Bound(graph.output_tokens / seconds if seconds > 0 else 0.0, seconds, steps,
                  binding, kv_tokens, max_num_seqs, endpoints, step, graph)
+
+
+def summed_capacity(graph: GraphFacts, kv_tokens: int, max_num_seqs: int, step: StepCost,
+                    endpoints: int = 1) -> tuple[float, int]:
+    """Return the endpoints' summed output tok/s at a full cache, and the sequences each runs.
+
+    An endpoint runs as many of the workload's mean request (its KV-token-steps per output
+    token) as its cache holds, at most ``max_num_seqs``; no dependency holds any back. A
+    graph-respecting night may offer fewer: the bound's share of this says how many.
+    """
+    mean_hold = graph.kv_token_steps / graph.output_tokens if graph.output_tokens else 0.0
+    # Unrounded, as the bound's KV term is: a bound the cache sets is then all of capacity.
+    seqs = min(float(max_num_seqs), kv_tokens / mean_hold) if mean_hold else 0.0
+    return (endpoints * seqs / step.at(seqs) if seqs else 0.0), int(seqs)

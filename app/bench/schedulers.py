@@ -17,12 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import itertools
 import json
+import shlex
+import subprocess
 import time
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import structlog
@@ -46,7 +51,6 @@ from app.config import Settings
 from app.errors import InputError, ServerError
 from app.report import compare_arm
 from app.traffic.client import TickerClient
-from app.traffic.limits import Figures
 from app.traffic.strategy import Strategy
 from serving.metrics import aread_metrics
 from serving.urls import redact
@@ -76,6 +80,10 @@ class BenchResult:
     bound: dict[str, Any] | None = None  # its terms, step cost and graph facts
     sweep: dict[str, Any] | None = None  # the fixed-N sweep's sizes and rule (app/bench/arms.py)
     mixed: dict[str, list[Any]] | None = None  # combined with --allow-mixed: what differed
+    repeat: int = 1  # runs of every arm, interleaved (round 1 of each arm, then round 2...)
+    # Per strategy over its runs: mean output tok/s, spread (max - min), runs; verdicts use it.
+    means: dict[str, dict[str, Any]] = field(default_factory=dict)
+    verdicts: list[str] = field(default_factory=list)  # what the means can and cannot say
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(self.__dict__, default=_plain))
@@ -85,13 +93,20 @@ def _plain(value: Any) -> Any:
     return value.model_dump() if isinstance(value, BaseModel) else str(value)
 
 
-class ServerFlags(Figures, frozen=True):
-    """How the server was started, as far as known: a field not known is left out."""
+class ServerFlags(BaseModel, frozen=True):
+    """How the server was started: every field, None where it is not known, so two runs on
+    servers set up differently never look alike (``combine_results`` compares them)."""
 
-    command: str | None = None
-    vllm_version: str | None = None
+    model: str | None = None  # the checkpoint: the launcher's command, else /v1/models' root
     max_num_seqs: int | None = None
     max_model_len: int | None = None
+    quantization: str | None = None  # --quantization as given (None: not given, or unknown)
+    kv_cache_dtype: str | None = None
+    kv_cache_tokens: int | None = None
+    kv_cache_memory_gib: float | None = None
+    vllm_version: str | None = None
+    gpu: str | None = None  # as nvidia-smi names it, with its memory
+    command: str | None = None
     cache_config: dict[str, Any] | None = None  # vLLM's labels, as /metrics names them
 
 
@@ -112,25 +127,78 @@ class BenchMachine(HostFacts, frozen=True):
         return {"date": plain.pop("date"), **plain}
 
 
-def machine_facts(settings: Settings, server_facts: dict[str, Any] | None) -> BenchMachine:
-    """Describe the client host and code (as the tracker bench does) and the server."""
+def machine_facts(settings: Settings, server_facts: dict[str, Any] | None,
+                  served: dict[str, Any] | None = None) -> BenchMachine:
+    """Describe the client host and code (as the tracker bench does) and the server
+    (``served``: its /v1/models entry, when the caller read it)."""
     facts = server_facts or {}
     return BenchMachine(date=datetime.now(UTC).isoformat(timespec="seconds"),
                         **dict(host_facts()), server=settings.llm_base_url,
                         model=settings.llm_model, profile=settings.server_profile,
-                        server_facts=facts, server_flags=server_flags(facts))
+                        server_facts=facts,
+                        server_flags=server_flags(facts, served, local_gpu(settings)))
 
 
-def server_flags(facts: dict[str, Any]) -> ServerFlags:
-    """Return what is known of how the server was started: its command line (when nightdesk's
-    launcher started it), vLLM's version and its cache configuration (from /metrics)."""
+def _flag(command: str | None, name: str) -> str | None:
+    """Return ``--name VALUE`` (or ``--name=VALUE``) from a command line, else None."""
+    if not command:
+        return None
+    words = shlex.split(command)
+    for i, word in enumerate(words):
+        if word == f"--{name}" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith(f"--{name}="):
+            return word.partition("=")[2]
+    return None
+
+
+def _served_model(command: str | None) -> str | None:
+    """Return the model of ``vllm serve MODEL ...`` (the positional form), else None."""
+    words = shlex.split(command) if command else []
+    for before, word in itertools.pairwise(words):
+        if before == "serve" and not word.startswith("-"):
+            return word
+    return None
+
+
+def server_flags(facts: dict[str, Any], served: dict[str, Any] | None = None,
+                 gpu: str | None = None) -> ServerFlags:
+    """Return how the server was started, as far as known: the launcher's record (its
+    command line and what vLLM logged), /metrics' cache config and /v1/models' entry."""
     config = facts.get("cache_config") or {}
-    flags: dict[str, Any] = {
-        "command": facts.get("command"), "vllm_version": facts.get("vllm_version"),
-        "max_num_seqs": facts.get("max_num_seqs"), "max_model_len": facts.get("max_model_len"),
-        "cache_config": {k: v for k, v in sorted(config.items()) if not k.startswith("_")}
-        or None}
-    return ServerFlags(**{k: v for k, v in flags.items() if v is not None})
+    command = facts.get("command")
+    served = served or {}
+    seqs = facts.get("max_num_seqs") or _flag(command, "max-num-seqs")
+    length = facts.get("max_model_len") or served.get("max_model_len")
+    model = (facts.get("model") or _served_model(command) or _flag(command, "model")
+             or served.get("root") or served.get("id"))
+    return ServerFlags(
+        model=model, max_num_seqs=int(seqs) if seqs else None,
+        max_model_len=int(length) if length else None,
+        quantization=facts.get("quantization") or _flag(command, "quantization"),
+        kv_cache_dtype=config.get("cache_dtype") or _flag(command, "kv-cache-dtype"),
+        kv_cache_tokens=facts.get("kv_cache_tokens"),
+        kv_cache_memory_gib=facts.get("kv_cache_memory_gib"),
+        vllm_version=facts.get("vllm_version"), gpu=facts.get("gpu") or gpu,
+        command=command,
+        cache_config={k: v for k, v in sorted(config.items()) if not k.startswith("_")}
+        or None)
+
+
+def local_gpu(settings: Settings) -> str | None:
+    """Return this host's GPUs as nvidia-smi names them, when every endpoint is on this host
+    (a server elsewhere: None, not known here)."""
+    hosts = {urlsplit(url).hostname for url in settings.base_urls}
+    if not hosts <= {"127.0.0.1", "localhost", "::1"}:
+        return None
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
+                               "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None  # no NVIDIA GPU here, or no driver
+    names = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    return "; ".join(names) or None
 
 
 async def _wait_idle(settings: Settings, client: httpx.AsyncClient | None = None,
@@ -216,11 +284,15 @@ def _salted(workload: Workload, salt: str) -> Workload:
 async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
                     name: str, strategies: list[str] | None = None,
                     server_facts: dict[str, Any] | None = None, warmup_tickers: int = 1,
-                    sweep: dict[str, Any] | None = None,
+                    sweep: dict[str, Any] | None = None, repeat: int = 1,
+                    served: dict[str, Any] | None = None,
                     **engine_kwargs: Any) -> BenchResult:
     """Run every strategy over the same workload and compare them to the measured ceiling.
 
+    ``repeat`` runs every arm that many times, interleaved (each arm once, then again), so a
+    drift of the server over the run touches every arm alike; the verdicts use the means.
     ``warmup_tickers`` tickers' requests are sent first, untimed (``_warm_up``); 0: none.
+    ``served`` is the server's /v1/models entry, recorded with its flags.
     ``sweep`` (app/bench/arms.py) is recorded with the result when the arms came from one;
     without ``strategies`` the arms are ``DEFAULT_ARMS``, planned for this server.
     """
@@ -232,9 +304,13 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
     for s in strategies:
         if s != SERVER_BOUND:
             Strategy.parse(s)  # refuse a typo before the first arm runs for minutes
+    if repeat < 1:
+        raise InputError(f"--repeat takes a whole number of at least 1 (got {repeat})")
     run_id = uuid.uuid4().hex[:8]
     result = BenchResult(name, len(workload), sum(len(v) for v in workload.values()),
-                         machine=machine_facts(settings, server_facts).model_dump(), sweep=sweep)
+                         machine=machine_facts(settings, server_facts, served).model_dump(),
+                         sweep=sweep,
+                         repeat=repeat)
     runner = BatchEngine(settings, engine, server_facts=server_facts, **engine_kwargs)
     weights = {t: float(sum(i.body["max_tokens"] for i in items))
                for t, items in workload.items()}
@@ -243,23 +319,26 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         result.warmup = await _warm_up(settings, workload, f"{run_id}-warmup", warmup_tickers,
                                        engine_kwargs.get("http_client"))
         log.info("bench warm-up", **(result.warmup.model_dump() if result.warmup else {}))
-    for strategy in strategies:
+    for round_, strategy in ((r, s) for r in range(1, repeat + 1) for s in strategies):
         if engine_kwargs.get("sample_metrics", True):
             await _wait_idle(settings, engine_kwargs.get("http_client"))
-        arm_load = _salted(workload, f"{run_id}-{strategy}")
+        # Each run its own cache salt: a repeat must not find the run before in the cache.
+        arm_load = _salted(workload, f"{run_id}-{strategy}-{round_}")
         flood = strategy == SERVER_BOUND
 
         async def work(ticker: str, gated: TickerClient, batch_id: int,
                        arm_load: Workload = arm_load, flood: bool = flood) -> list[Any]:
             return await play(arm_load[ticker], gated, batch_id, ignore_deps=flood)
 
-        log.info("bench arm", strategy=strategy)
+        log.info("bench arm", strategy=strategy, run=round_, of=repeat)
         plan = BatchPlan("bench", date.today(), sorted(workload), 1,
-                         "fixed-all" if flood else strategy, f"bench {run_id} {strategy}")
+                         "fixed-all" if flood else strategy,
+                         f"bench {run_id} {strategy}" + (f" #{round_}" if repeat > 1 else ""))
         outcome = await runner.run(plan, TickerWork(work, weights=weights, shapes=shapes))
         # The arm's record: ``Arm``'s fields and the bench's own, as its JSON file keeps it.
         figures = (await asyncio.to_thread(compare_arm, engine, outcome.batch_id)).model_dump()
         figures["strategy"] = strategy
+        figures["run"] = round_
         figures["admission"] = outcome.admission.model_dump() if outcome.admission else {}
         if strategy != SERVER_BOUND and Strategy.parse(strategy).adaptive:
             figures["holdback_timeline"] = (outcome.holdback.model_dump() if outcome.holdback
@@ -321,8 +400,9 @@ def _short(value: Any) -> str:
 
 
 def respects_graph(strategy: str) -> bool:
-    """Return True for a fixed schedule that waits for dependencies (a ceiling candidate)."""
-    return strategy == "sequential" or strategy.startswith("fixed-")
+    """Return True for a fixed schedule that waits for dependencies (a ceiling candidate),
+    with its knobs or without."""
+    return strategy.partition(":")[0] == "sequential" or strategy.startswith("fixed-")
 
 
 def _graph_bound(result: BenchResult) -> None:
@@ -347,10 +427,41 @@ def _graph_bound(result: BenchResult) -> None:
     result.bound_tok_s = bound.tok_s
 
 
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def strategy_means(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Return each strategy's runs merged: mean tok/s and TTFTs, spread (max - min of the
+    runs' tok/s; None with one run) and preemptions summed over its runs."""
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for arm in arms:
+        runs[arm["strategy"]].append(arm)
+    means: dict[str, dict[str, Any]] = {}
+    for strategy, mine in runs.items():
+        tok_s = [a["output_tokens_per_s"] for a in mine]
+        preempted = [a.get("preemptions") for a in mine]
+        means[strategy] = {
+            "strategy": strategy, "runs": len(mine),
+            "output_tokens_per_s": sum(tok_s) / len(tok_s),
+            "spread_tok_s": max(tok_s) - min(tok_s) if len(tok_s) > 1 else None,
+            "min_tok_s": min(tok_s), "max_tok_s": max(tok_s),
+            "makespan_s": _mean([a.get("makespan_s") for a in mine]),
+            "preemptions": (None if all(p is None for p in preempted)
+                            else sum(p or 0 for p in preempted)),
+            "mean_ttft_s": _mean([a.get("mean_ttft_s") for a in mine]),
+            "ttft_ready_mean_s": _mean([a.get("ttft_ready_mean_s") for a in mine])}
+    return means
+
+
 def _judge(result: BenchResult) -> None:
     _graph_bound(result)
-    by = {a["strategy"]: a for a in result.arms}
-    fixed = [a for a in result.arms if respects_graph(a["strategy"])]
+    # Judged on each strategy's mean over its runs (one run: the run itself).
+    result.means = strategy_means(result.arms)
+    result.verdicts = []
+    by = result.means
+    fixed = [a for a in by.values() if respects_graph(a["strategy"])]
     best_fixed = max(fixed, key=lambda a: a["output_tokens_per_s"]) if fixed else None
     if best_fixed is not None:
         result.ceiling_tok_s = best_fixed["output_tokens_per_s"]
@@ -367,9 +478,26 @@ def _judge(result: BenchResult) -> None:
         a["ratio_to_bound"] = tok_s / result.bound_tok_s if result.bound_tok_s else None
     # Every adaptive variant in the run is judged, each under its own name, so a variant
     # put beside the default (``adaptive:prefetch=off``) is held to the same targets.
-    for variant in result.arms:
+    for variant in by.values():
         if variant["strategy"] == "adaptive" or variant["strategy"].startswith("adaptive:"):
             _judge_adaptive(result, variant, best_fixed, by.get("fixed-3"))
+            if best_fixed is not None:
+                result.verdicts.append(_lead(variant, best_fixed))
+
+
+def _lead(mine: dict[str, Any], other: dict[str, Any]) -> str:
+    """Say how far ``mine``'s mean leads ``other``'s and whether the runs' spread covers it."""
+    lead = mine["output_tokens_per_s"] / other["output_tokens_per_s"] - 1
+    said = (f"{mine['strategy']} vs {other['strategy']}: {lead:+.1%} on the means "
+            f"({mine['runs']} and {other['runs']} run(s))")
+    spreads = [a["spread_tok_s"] / a["output_tokens_per_s"] for a in (mine, other)
+               if a["spread_tok_s"] is not None]
+    if len(spreads) < 2:
+        return said + "; one run of an arm gives no spread: the lead is unresolved"
+    spread = max(spreads)
+    if abs(lead) <= spread:
+        return said + f", inside the runs' spread ({spread:.1%}): not a lead"
+    return said + f", beyond the runs' spread ({spread:.1%})"
 
 
 def _judge_adaptive(result: BenchResult, variant: dict[str, Any],

@@ -50,6 +50,20 @@ def seed_shape() -> list[Shape]:
     ]
 
 
+def seed_graph() -> list[tuple[Shape, list[str]]]:
+    """Return the 17 nodes with the nodes each waits for: analysts side by side, then the
+    downstream chain, each after every analyst and the node before it."""
+    graph: list[tuple[Shape, list[str]]] = []
+    previous: list[str] = []
+    for shape in seed_shape():
+        if shape.node in ANALYSTS:
+            graph.append((shape, []))
+        else:
+            graph.append((shape, list(ANALYSTS) + previous[-1:]))
+            previous.append(shape.node)
+    return graph
+
+
 def fit_scale(max_model_len: int, margin: float = 0.9) -> float:
     """Return the largest scale at which the longest prompt plus its output fits."""
     longest = max(s.prompt + s.output for s in seed_shape())
@@ -76,17 +90,13 @@ def synthetic_workload(settings: Settings, tickers: int, scale: float,
         rng = random.Random(f"{ticker}-shape")
         shared = f"Instrument {ticker}. " + _text(rng, round(DOWNSTREAM_FIRST * scale * 0.8))
         items: list[WorkItem] = []
-        previous: list[str] = []
-        for shape in seed_shape():
+        for shape, deps in seed_graph():
             prompt_words = round(shape.prompt * scale)
             if shape.node in ANALYSTS:
                 user = f"Instrument {ticker}. {shape.node} data: " + _text(rng, prompt_words)
-                deps: list[str] = []
             else:
                 extra = max(1, prompt_words - len(shared.split()))
                 user = shared + f"\n\nRole {shape.node}: " + _text(rng, extra)
-                deps = list(ANALYSTS) + previous[-1:]
-                previous.append(shape.node)
             body = {
                 "model": settings.llm_model,
                 "messages": [{"role": "system", "content": "You are a financial analyst."},

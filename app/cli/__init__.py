@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from typer._click.exceptions import ClickException
 
-from app.cli import batch, bench, data, db, notify, quality, report, scheduler, server, web
+from app.cli import batch, bench, data, db, notify, plan, quality, report, scheduler, server, web
 from app.errors import ERRORS
 from app.logs import console
 from serving.urls import redact
@@ -26,6 +26,7 @@ app.command("batches")(report.batches)
 app.command("preflight")(server.preflight)
 app.command("web")(web.web)
 app.command("scheduler")(scheduler.scheduler)
+app.command("plan")(plan.plan)
 batch.register(app)
 
 err = console(stderr=True)

@@ -35,7 +35,8 @@ def schedulers(
     strategies: Annotated[str, typer.Option(
         help="Comma-separated arms, run in this order; 'sweep' is the fixed-N sweep chosen "
              "from the server's KV cache and the workload; each adaptive arm is followed by "
-             "its twin with tail=off.")] = "fixed-3,sweep,fixed-all,adaptive",
+             "its twin with tail=off; fixed-N:tail=on,prefetch=on gives a fixed arm "
+             "adaptive's tail rule and prefetching.")] = "fixed-3,sweep,fixed-all,adaptive",
     json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
     warmup: Annotated[int, typer.Option(
         min=0, help="Tickers whose requests (short answers) warm the server up first, "
@@ -43,6 +44,9 @@ def schedulers(
     plan: Annotated[bool, typer.Option(
         "--plan", help="Print the arms (the sweep worked out) and stop, running none.")]
         = False,
+    repeat: Annotated[int, typer.Option(
+        min=1, help="Run every arm this many times, interleaved; verdicts use the means and "
+                    "say when a lead is inside the runs' spread.")] = 1,
 ) -> None:
     """Drive one workload with several strategies against the running server; find the ceiling.
 
@@ -66,7 +70,7 @@ def schedulers(
 
     settings = setup()
     engine = database(settings)
-    lengths = []
+    lengths, served = [], []
     for url in settings.base_urls:  # every endpoint must answer; the smallest length rules
         root = server_root(url)
         try:
@@ -75,6 +79,7 @@ def schedulers(
             raise ServerError(redact(f"no server answers at {root}: start one first "
                                      f"(nightdesk server start) — {error}")) from None
         lengths.append(int(models[0].get("max_model_len") or 8192))
+        served.append(models[0])
     max_len = min(lengths)
     if workload == "synthetic":
         chosen = scale if scale is not None else fit_scale(max_len)
@@ -95,12 +100,14 @@ def schedulers(
                    f"{sweep.n_star} ({sweep.kv_tokens or 'unknown'} KV tokens, max_num_seqs "
                    f"{sweep.max_num_seqs or 'unknown'}, {sweep.chain_request_tokens:.0f} tokens "
                    f"per chain request, {sweep.endpoints} endpoint(s))")
-    typer.echo("arms: " + " ".join(arms))
+    typer.echo("arms: " + " ".join(arms) + (f", each {repeat} times interleaved"
+                                             if repeat > 1 else ""))
     if plan:
         return
     result = asyncio.run(run_bench(settings, engine, load, name=name, strategies=arms,
                                    warmup_tickers=warmup, server_facts=facts,
-                                   sweep=sweep.to_json() if sweep else None))
+                                   sweep=sweep.to_json() if sweep else None,
+                                   repeat=repeat, served=served[0]))
     show_schedulers(result, json_out)
 
 
@@ -187,8 +194,23 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                               f"{budget['kv_capacity_tokens']} KV tokens at the end "
                               f"({budget['reason']}); {part['tickers_started']} tickers "
                               f"started, {part['tickers_moved_in']} moved in")
+    if any(m["runs"] > 1 for m in result.means.values()):
+        means = Table(title="each arm over its runs (the checks use these means)")
+        for header in ("strategy", "runs", "mean tok/s", "min", "max", "spread",
+                       "preemptions"):
+            means.add_column(header, justify="left" if header == "strategy" else "right")
+        for m in result.means.values():
+            spread = m["spread_tok_s"]
+            means.add_row(m["strategy"], str(m["runs"]), f"{m['output_tokens_per_s']:.1f}",
+                          f"{m['min_tok_s']:.1f}", f"{m['max_tok_s']:.1f}",
+                          "-" if spread is None else
+                          f"{spread:.1f} ({spread / m['output_tokens_per_s']:.1%})",
+                          _fmt(m["preemptions"], ".0f"))
+        console.print(means)
     for check, ok in result.checks.items():
         console.print(f"  {'met   ' if ok else 'MISSED'}  {check}")
+    for verdict in result.verdicts:
+        console.print(f"  {verdict}")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")

@@ -26,6 +26,7 @@ from app.batches import (
     list_batches,
 )
 from app.batchids import parse_batch_id, parse_batch_ids
+from app.bench.plan import NightBound, night_bound
 from app.cli.common import database, setup
 from app.db.engine import reason
 from app.db.readonly import refuses_writes
@@ -244,13 +245,14 @@ def report(
     shares = endpoint_shares(engine, chosen)
     warnings = warnings_for(engine, chosen)
     intervals = batch_timeline(engine, chosen)
+    bound = night_bound(engine, chosen, result.wall_seconds)
     if fmt == "json":
         # The batch report's own fields flattened between the batch and the server's view.
         typer.echo(json.dumps(to_jsonable_python(
             {"batch": head, "failed_tickers": failed,
              "advice": [step.command for step in advice], **to_jsonable_python(result),
              "server": view, "endpoints": shares, "over_time": intervals,
-             "warnings": warnings}), indent=2))
+             "graph_bound": bound, "warnings": warnings}), indent=2))
     else:
         shown = console()
         render_head(head, failed, advice, shown)
@@ -259,6 +261,7 @@ def report(
             shown.print(endpoint_table(shares, result, view))
         if intervals:
             shown.print(timeline_table(intervals))
+        shown.print(bound_line(bound))
         for message in warnings:
             shown.print(f"[yellow]warning:[/] {message}")
 
@@ -278,6 +281,15 @@ def _mark_crashed(engine: Engine, stale_s: float) -> list[int]:
             f" crashed but stays `running` in its row: the database takes no writes now"
             f" ({reason(error)})", markup=False)
         return []
+
+
+def bound_line(bound: NightBound) -> str:
+    """Say how the night's makespan compares with its graph bound, or why it cannot."""
+    if bound.bound_s is None:
+        return f"graph bound: not computed ({bound.unavailable})"
+    return (f"graph bound: makespan {bound.makespan_s:.0f} s = {bound.makespan_over_bound:.2f}"
+            f" x the least any schedule that respects the graph needs ({bound.bound_s:.0f} s "
+            f"on {bound.endpoints} endpoint(s), set by {bound.binding}; {bound.server})")
 
 
 BATCH_COLUMNS = ("id", "kind", "status", "as_of", "tickers", "failed", "duration", "started",

@@ -93,8 +93,13 @@ class Limits:
             self.policy.allowed if self.strategy.adaptive else UNBOUNDED)
 
     def chain_slots(self) -> int | None:
-        """Return the tickers whose chains the budget keeps going at once (None: no cap)."""
-        return self.footprint.slots(self.budget.limit) if self.budget is not None else None
+        """Return the tickers whose chains the budget keeps going at once, or fixed-N's N
+        when it prefetches (None: no cap)."""
+        if self.budget is not None:
+            return self.footprint.slots(self.budget.limit)
+        if self.strategy.prefetch and not self.strategy.adaptive:
+            return self.strategy.tickers_in_flight
+        return None
 
     def read(self, snapshot: Any | None, now: float, gate: Gate, tickets: Iterable[Ticket],
              capacity: int | None, block_size: int | None) -> None:

@@ -159,9 +159,10 @@ class Server:
 
     def load(self, ticker_slots: int | None, weight: float = 1.0) -> Load:
         """Return what routing sees of this endpoint now."""
-        if ticker_slots is not None:
+        if ticker_slots is not None and not self.strategy.prefetch:
             room = self.tickers < ticker_slots
         else:
+            # fixed-N prefetching: N chains (chain_slots) and the fan-outs that feed them.
             # Adaptive: a request would go at once, and one more chain fits (chains.py).
             room = self.gate.has_room() and not self._capped()
         return Load(self.index, self.up, room,

@@ -32,10 +32,11 @@ BUDGET_KNOBS = {("budget_" if name in POLICY_KNOBS else "") + name: name
 
 OnOff = Literal["on", "off"]
 _KNOB_FIELDS: dict[str, Any] = {
-    "tail": (OnOff, "on"), "prefetch": (OnOff, "on"),
+    # Unset: the strategy's own default (adaptive: on; a fixed count: off).
+    "tail": (OnOff | None, None), "prefetch": (OnOff | None, None),
     # Numbers as floats, made the field's type when the policy or budget is built.
     **{name: (float | None, None) for name in (*POLICY_KNOBS, *BUDGET_KNOBS)}}
-# What ``adaptive:knob=value,...`` may set; a knob left out keeps its default.
+# What ``NAME:knob=value,...`` may set; a knob left out keeps its default.
 Knobs = create_model("Knobs", __config__=ConfigDict(extra="forbid", frozen=True),
                      **_KNOB_FIELDS)
 
@@ -57,51 +58,45 @@ class Strategy:
     tail: bool = False  # urgent tickers start at once and go first (scheduler.py)
     policy: tuple[tuple[str, float], ...] = ()  # admission policy settings that differ
     budget_knobs: tuple[tuple[str, float], ...] = ()  # token budget settings that differ
-    prefetch: bool = False  # analysts ahead of a free chain slot; adaptive's default
+    prefetch: bool = False  # fan-outs ahead of a free chain slot; adaptive's default
 
     @classmethod
     def parse(cls, name: str) -> Strategy:
-        """Parse ``adaptive[:knob=value,...]``, ``sequential``, ``fixed-N`` or ``fixed-all``.
+        """Parse ``adaptive``, ``sequential``, ``fixed-N`` or ``fixed-all``, each with
+        ``:knob=value,...``.
 
-        Knobs are ``Knobs``' fields, e.g. ``adaptive:kv_high=0.95,tail=off``; raise
-        InputError for a bad name or knob.
+        Knobs are ``Knobs``' fields, e.g. ``adaptive:kv_high=0.95,tail=off`` or
+        ``fixed-15:tail=on,prefetch=on``: every strategy takes the tail rule, fixed-N
+        prefetching too (its N tickers are N chains, more start their fan-out ahead), only
+        adaptive the rest; raise InputError for a bad name or knob.
         """
         base, _, knobs = name.partition(":")
+        chosen = _parse_knobs(name, knobs)
         if base == "adaptive":
-            written = {knob.partition("=")[0]: knob for knob in filter(None, knobs.split(","))}
-            given = {key: knob.partition("=")[2] for key, knob in written.items()}
-            try:
-                chosen = Knobs.model_validate(given).model_dump(exclude_none=True)
-            except ValidationError as error:
-                loc = error.errors()[0]["loc"]
-                key = str(loc[0]) if loc else ""
-                raise InputError(
-                    f"bad knob {written.get(key, key)!r} in strategy {name!r} "
-                    "(tail=on|off, prefetch=on|off, "
-                    f"or a number for {', '.join((*POLICY_KNOBS, *BUDGET_KNOBS))})") from None
             policy = tuple((key, float(chosen[key])) for key in POLICY_KNOBS if key in chosen)
             budget_knobs = tuple((field, float(chosen[key])) for key, field
                                  in BUDGET_KNOBS.items() if key in chosen)
-            strategy = cls(name, adaptive=True, tail=chosen["tail"] == "on", policy=policy,
-                           budget_knobs=budget_knobs, prefetch=chosen["prefetch"] == "on")
+            strategy = cls(name, adaptive=True, tail=chosen.get("tail", "on") == "on",
+                           policy=policy, budget_knobs=budget_knobs,
+                           prefetch=chosen.get("prefetch", "on") == "on")
             try:
                 strategy.token_budget()
             except ValueError as error:
                 raise InputError(f"strategy {name!r}: {error}") from None
             return strategy
-        if knobs:
-            raise InputError(f"only adaptive takes knobs, not {name!r}")
-        if name == "sequential":
-            # TradingAgents' way: one ticker, one request at a time.
-            return cls(name, tickers_in_flight=1, request_limit=1)
-        if name == "fixed-all":
-            # Every ticker's graph in flight at once, dependencies still respected.
-            return cls(name, tickers_in_flight=UNBOUNDED)
-        match = re.fullmatch(r"fixed-(\d+)", name)
-        if match and int(match.group(1)) > 0:
-            return cls(name, tickers_in_flight=int(match.group(1)))
-        raise InputError(f"unknown strategy {name!r} (adaptive, sequential, fixed-N, "
-                         "fixed-all)")
+        fixed = _fixed(base, name)
+        if set(chosen) - {"tail", "prefetch"}:
+            raise InputError(f"only adaptive takes admission and budget knobs, not {name!r} "
+                             f"({base} takes tail=on|off and, fixed-N, prefetch=on|off)")
+        prefetch = chosen.get("prefetch") == "on"
+        if prefetch and (base == "fixed-all" or not base.startswith("fixed-")):
+            # Prefetching runs fan-outs ahead of a free chain slot: it needs a number of
+            # chains, N of fixed-N (adaptive's come from its token budget).
+            raise InputError(f"prefetch=on needs a number of chains (fixed-N or adaptive), "
+                             f"not {name!r}")
+        return cls(name, tickers_in_flight=fixed.tickers_in_flight,
+                   request_limit=fixed.request_limit, tail=chosen.get("tail") == "on",
+                   prefetch=prefetch)
 
     def admission_policy(self, maximum: int) -> AdmissionPolicy:
         """Return a fresh admission policy of at most ``maximum`` (unless a knob says)."""
@@ -110,3 +105,32 @@ class Strategy:
     def token_budget(self) -> TokenBudget | None:
         """Return a fresh token budget: adaptive's (None for a fixed count of tickers)."""
         return _build(TokenBudget, self.budget_knobs) if self.adaptive else None
+
+
+def _parse_knobs(name: str, knobs: str) -> dict[str, Any]:
+    """Return the knobs written after a strategy's colon, checked (InputError otherwise)."""
+    written = {knob.partition("=")[0]: knob for knob in filter(None, knobs.split(","))}
+    given = {key: knob.partition("=")[2] for key, knob in written.items()}
+    try:
+        return Knobs.model_validate(given).model_dump(exclude_none=True)
+    except ValidationError as error:
+        loc = error.errors()[0]["loc"]
+        key = str(loc[0]) if loc else ""
+        raise InputError(
+            f"bad knob {written.get(key, key)!r} in strategy {name!r} "
+            "(tail=on|off, prefetch=on|off, "
+            f"or a number for {', '.join((*POLICY_KNOBS, *BUDGET_KNOBS))})") from None
+
+
+def _fixed(base: str, name: str) -> Strategy:
+    """Return the strategy a fixed count names, before its knobs."""
+    if base == "sequential":
+        # TradingAgents' way: one ticker, one request at a time.
+        return Strategy(base, tickers_in_flight=1, request_limit=1)
+    if base == "fixed-all":
+        # Every ticker's graph in flight at once, dependencies still respected.
+        return Strategy(base, tickers_in_flight=UNBOUNDED)
+    match = re.fullmatch(r"fixed-(\d+)", base)
+    if match and int(match.group(1)) > 0:
+        return Strategy(base, tickers_in_flight=int(match.group(1)))
+    raise InputError(f"unknown strategy {name!r} (adaptive, sequential, fixed-N, fixed-all)")

@@ -29,15 +29,18 @@ import httpx
 import numpy as np
 import typer
 from rich.console import Console
+from sqlalchemy import select
 
-from app.bench.bound import GraphFacts, StepCost, graph_bound
+from app.bench.bound import GraphFacts, StepCost, graph_bound, summed_capacity
 from app.bench.machine import machine_facts
+from app.bench.plan import PlanRow, ServerModel, mean_shape, plan_fleet
 from app.bench.schedulers import run_bench
-from app.bench.workloads import synthetic_workload
+from app.bench.workloads import ANALYSTS, synthetic_workload
 from app.cli.common import setup
 from app.cli.report import _fmt
 from app.config import load_settings
 from app.db.engine import get_engine
+from app.db.models import LLMCall
 from app.errors import ServerError
 from tests.bench import run
 from tests.bench.tracker import postgres_schema, sqlite_database
@@ -105,6 +108,7 @@ class FleetResult:
     rows_per_s: float
     capacity: dict[str, Any]
     machine: dict[str, Any]
+    timing: dict[str, Any] = field(default_factory=dict)  # where the makespan went (timing())
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self), default=str))
@@ -132,9 +136,7 @@ def capacity(arm: dict[str, Any], gpu: GPUModel, endpoints: int) -> dict[str, An
     """Set the arm's makespan against the fleet's modelled capacity and its graph bound."""
     graph = GraphFacts(**arm["graph"])
     step = StepCost(gpu.step_a_s / gpu.speedup, gpu.step_b_s / gpu.speedup)
-    mean_hold = graph.kv_token_steps / graph.output_tokens if graph.output_tokens else 0.0
-    seqs = min(gpu.max_num_seqs, int(gpu.kv_tokens // mean_hold)) if mean_hold else 0
-    summed = endpoints * seqs / step.at(seqs) if seqs else 0.0
+    summed, seqs = summed_capacity(graph, gpu.kv_tokens, gpu.max_num_seqs, step, endpoints)
     bound = graph_bound(graph, gpu.kv_tokens, gpu.max_num_seqs, step, endpoints)
     makespan = arm["makespan_s"]
     return {
@@ -149,6 +151,58 @@ def capacity(arm: dict[str, Any], gpu: GPUModel, endpoints: int) -> dict[str, An
     }
 
 
+def timing(engine: Any, batch_id: int) -> dict[str, Any]:
+    """Say where a night's makespan went beyond its longest chain, from its call rows.
+
+    Seconds from the first call: when each ticker sent its first call (a late start is
+    makespan lost when the chain sets the night); the time between a ticker's call ending and
+    its next one starting (the client's turn-around, paid once per call of the chain); and
+    the wait at our own gate (ready to sent).
+    """
+    with engine.connect() as conn:
+        rows = conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.started_at,
+                                   LLMCall.ended_at, LLMCall.ready_at)
+                            .where(LLMCall.batch_id == batch_id, LLMCall.status == "ok")
+                            .order_by(LLMCall.started_at)).all()
+    if not rows:
+        return {}
+    t0 = min(r.started_at for r in rows)
+    by_ticker: dict[str, list[Any]] = {}
+    for r in rows:
+        by_ticker.setdefault(r.ticker, []).append(r)
+    starts, ends, turns = [], [], []
+    for calls in by_ticker.values():
+        starts.append((calls[0].started_at - t0).total_seconds())
+        ends.append((max(c.ended_at for c in calls) - t0).total_seconds())
+        chain = [c for c in calls if c.node not in ANALYSTS]
+        fan_end = max((c.ended_at for c in calls if c.node in ANALYSTS), default=None)
+        previous = [fan_end, *(c.ended_at for c in chain)][:len(chain)]
+        turns += [(c.started_at - p).total_seconds() for c, p in zip(chain, previous,
+                                                                       strict=True) if p]
+    waits = [(r.started_at - r.ready_at).total_seconds() for r in rows if r.ready_at]
+
+    def spread(values: list[float]) -> dict[str, float]:
+        data = np.array(values)
+        return {"p50": float(np.percentile(data, 50)), "p90": float(np.percentile(data, 90)),
+                "max": float(data.max()), "mean": float(data.mean())}
+    return {"ticker_first_call_s": spread(starts), "ticker_end_s": spread(ends),
+            "chain_turnaround_s": spread(turns) if turns else None,
+            "chain_turnaround_per_ticker_s": sum(turns) / len(by_ticker),
+            "gate_wait_s": spread(waits) if waits else None}
+
+
+def plan_for(result: dict[str, Any]) -> PlanRow:
+    """Return what ``nightdesk plan`` says of a simulated night (a FleetResult's JSON): its
+    shape, as the calls it answered give it, on its endpoints at their speedup."""
+    gpu, tickers = result["gpu"], result["tickers"]
+    server = ServerModel(name="simulated", kv_tokens=gpu["kv_tokens"],
+                         max_num_seqs=gpu["max_num_seqs"],
+                         step_a_s=gpu["step_a_s"] / gpu["speedup"],
+                         step_b_s=gpu["step_b_s"] / gpu["speedup"],
+                         source="the fleet simulation's endpoints")
+    shape = mean_shape("simulated night", GraphFacts(**result["arm"]["graph"]), tickers)
+    return plan_fleet(tickers, shape, server).rows[result["endpoints"] - 1]
+
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
@@ -162,6 +216,12 @@ def fleet(
     scale: Annotated[float, typer.Option(help="Prompt text sent, x the production shape.")]
         = 0.2,
     output_scale: Annotated[float, typer.Option(help="Outputs, x the production shape.")] = 1.0,
+    kv_tokens: Annotated[int, typer.Option(
+        min=1, help="Each endpoint's KV cache in tokens (default: the H200's).")]
+        = GPUModel.kv_tokens,
+    max_num_seqs: Annotated[int, typer.Option(
+        min=1, help="Each endpoint's --max-num-seqs (default: the H200's).")]
+        = GPUModel.max_num_seqs,
     stream_interval: Annotated[int, typer.Option(
         min=1, help="Tokens per stream chunk (vLLM's --stream-interval).")] = 16,
     strategy: Annotated[str, typer.Option(help="The arm the client runs.")] = "adaptive",
@@ -180,13 +240,15 @@ def fleet(
     """Simulate a night over several H200-sized endpoints on 127.0.0.1, one client process."""
     setup()
     gpu = replace(GPUModel(), speedup=speedup, prompt_weight=1.0 / scale,
-                  stream_interval=stream_interval)
+                  stream_interval=stream_interval, kv_tokens=kv_tokens,
+                  max_num_seqs=max_num_seqs)
     ports = [port + i if port else 0 for i in range(endpoints)]
     scratch = Path(tempfile.mkdtemp(prefix="fleet-"))
     ports_file = scratch / "ports"
     command = [sys.executable, "-m", "tests.fakevllm.stepped", "--ports-file", str(ports_file),
                "--ports", ",".join(map(str, ports)), "--speedup", str(gpu.speedup),
-               "--prompt-weight", str(gpu.prompt_weight),
+               "--prompt-weight", str(gpu.prompt_weight), "--kv-tokens", str(gpu.kv_tokens),
+               "--max-num-seqs", str(gpu.max_num_seqs),
                "--stream-interval", str(gpu.stream_interval)]
     if server_cpus is not None:
         command = ["taskset", "-c", server_cpus, *command]
@@ -225,17 +287,22 @@ def fleet(
         engine = get_engine(db_url)
         load = synthetic_workload(settings, tickers, scale, output_scale)
         name = f"synthetic x{scale:g} sent, x1 counted (out x{output_scale:g})"
+        # The host's load beside the run: on a shared host others' work takes cores too.
+        load_before = os.getloadavg()
         arm_json, lag, use = asyncio.run(drive(settings, engine, load, gpu, strategy=strategy,
                                                name=name))
+        spent = timing(engine, arm_json["arms"][0]["batch_id"])  # before its rows are dropped
     arm = arm_json["arms"][0]
     rows = arm["calls"] + sum(len(v) for v in load.values())  # llm_calls and llm_requests
     result = FleetResult(
         tickers=tickers, endpoints=endpoints, gpu=asdict(gpu), workload=name, arm=arm,
         loop_lag=lag.summary(), process=use.to_json(),
         rows_per_s=rows / arm["makespan_s"] if arm["makespan_s"] else 0.0,
-        capacity=capacity(arm, gpu, endpoints),
+        capacity=capacity(arm, gpu, endpoints), timing=spent,
         machine={**machine_facts().model_dump(), "database": database, "server_cpus": server_cpus,
-                 "client_cpus": sorted(os.sched_getaffinity(0))})
+                 "client_cpus": sorted(os.sched_getaffinity(0)),
+                 "load_average_1_5_15_before": load_before,
+                 "load_average_1_5_15_after": os.getloadavg()})
     show_fleet(result)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -263,6 +330,15 @@ def show_fleet(result: Any) -> None:
                   f"({use['cpu_share_of_one_core']:.0%} of a core); peak RSS "
                   f"{use['max_rss_mib']:.0f} MiB; rows written {result.rows_per_s:.1f}/s "
                   f"({result.machine['database']})")
+    spent = getattr(result, "timing", None) or {}
+    if spent:
+        first, turn = spent["ticker_first_call_s"], spent["chain_turnaround_s"] or {}
+        gate = (spent["gate_wait_s"] or {}).get("mean", 0)
+        console.print(f"  tickers' first calls: p50 {first['p50']:.1f} s, max "
+                      f"{first['max']:.1f} s after the night's first; between a chain's calls: "
+                      f"mean {turn.get('mean', 0):.3f} s, "
+                      f"{spent['chain_turnaround_per_ticker_s']:.1f} s a ticker; wait at our "
+                      f"gate: mean {gate:.3f} s")
     for share in a.get("endpoints") or []:
         part = ((a.get("admission") or {}).get("endpoints") or {}).get(share["endpoint"], {})
         console.print(f"  {share['endpoint']}: {share['output_tokens_per_s']:.0f} tok/s, "

@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from app.bench.plan import H200_MOE
 from app.traffic.budget import prompt_bytes
 from tests.fakevllm.load import Sequence, ServerLoad
 from tests.fakevllm.server import serving
@@ -45,10 +46,11 @@ MAX_MODEL_LEN = 65_536
 class GPUModel:
     """One endpoint's capacity and speed (the module's defaults: the H200 MoE night's)."""
 
-    kv_tokens: int = 1_488_240
-    max_num_seqs: int = 256
-    step_a_s: float = 0.020
-    step_b_s: float = 0.0002
+    # ``nightdesk plan``'s h200-moe endpoint: the simulation and the plan model one server.
+    kv_tokens: int = H200_MOE.kv_tokens
+    max_num_seqs: int = H200_MOE.max_num_seqs
+    step_a_s: float = H200_MOE.step_a_s
+    step_b_s: float = H200_MOE.step_b_s
     speedup: float = 1.0  # time compression: every step this many times shorter
     stream_interval: int = 16
     prompt_weight: float = 1.0  # counted prompt tokens per token of text sent

@@ -3,6 +3,7 @@ throughput of succeeded work, and combining only runs of one code, host and serv
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -76,6 +77,13 @@ def test_arms_are_planned_with_the_sweep_and_a_tail_off_twin_each() -> None:
     assert again == ["adaptive:prefetch=off", "adaptive:tail=off,prefetch=off", "fixed-8"]
     assert split_arms("adaptive:prefetch=off,tail=off,fixed-8") == [
         "adaptive:prefetch=off,tail=off", "fixed-8"]
+    # A fixed arm takes the tail rule too; the same knob twice is one arm, and only
+    # adaptive arms get a tail-off twin.
+    assert split_arms("fixed-15:tail=on,fixed-15,adaptive") == [
+        "fixed-15:tail=on", "fixed-15", "adaptive"]
+    fair, _ = plan_arms("fixed-15:tail=on,fixed-15,fixed-15:tail=on,fixed-15:tail=off",
+                        load, None, None)
+    assert fair == ["fixed-15:tail=on", "fixed-15"]
 
 
 def test_a_bad_arm_is_refused_before_anything_runs() -> None:
@@ -284,17 +292,132 @@ async def test_every_bench_json_records_the_commit_host_and_server_flags(
     settings = load_settings(check_context_length=False, retry_backoff_s=0)
     load = synthetic_workload(settings, 1, 0.002, output_scale=0.004)
     server = FakeServer(lambda chat: Reply("tok " * 6, completion_tokens=6))
-    facts = {"command": "vllm serve m --max-num-seqs 32", "max_num_seqs": 32,
-             "kv_cache_tokens": 4096, "cache_config": {"block_size": "16", "_x": "1"}}
+    facts = {"command": "VLLM_X=1 vllm serve /models/q --max-num-seqs 32 --quantization fp8",
+             "max_num_seqs": 32, "kv_cache_tokens": 4096, "kv_cache_memory_gib": 1.5,
+             "vllm_version": "0.31.0",
+             "cache_config": {"block_size": "16", "_x": "1", "cache_dtype": "fp8_e4m3"}}
     result = await run_bench(settings, sqlite_engine, load, name="synthetic",
                              strategies=["fixed-1"], sample_metrics=False, server_facts=facts,
-                             http_client=server.client(), warmup_tickers=0)
+                             http_client=server.client(), warmup_tickers=0,
+                             served={"id": "m", "root": "/other", "max_model_len": 4096})
     machine = result.to_json()["machine"]
     assert machine["commit"] and machine["commit"] != "unknown" and machine["host"]
     # The order every bench file has had: the date first, the server's facts last.
     assert list(machine) == ["date", "cpu_model", "cores", "python", "platform", "host",
                              "commit", "server", "model", "profile", "server_facts",
                              "server_flags"]
-    assert machine["server_flags"] == {"command": "vllm serve m --max-num-seqs 32",
-                                       "max_num_seqs": 32,
-                                       "cache_config": {"block_size": "16"}}
+    # The whole server configuration, None where not known (the fake has no GPU to name).
+    assert machine["server_flags"] == {
+        "model": "/models/q", "max_num_seqs": 32, "max_model_len": 4096,
+        "quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "kv_cache_tokens": 4096,
+        "kv_cache_memory_gib": 1.5, "vllm_version": "0.31.0", "gpu": None,
+        "command": "VLLM_X=1 vllm serve /models/q --max-num-seqs 32 --quantization fp8",
+        "cache_config": {"block_size": "16", "cache_dtype": "fp8_e4m3"}}
+
+
+def test_combine_refuses_runs_on_servers_set_up_differently() -> None:
+    # Two runs alike but for the KV cache dtype the server ran with: not comparable.
+    first = {"model": "q", "max_num_seqs": 32, "kv_cache_dtype": "fp8_e4m3", "gpu": "H200"}
+    for key, other in (("kv_cache_dtype", "auto"), ("quantization", "fp8"), ("gpu", "A100"),
+                       ("model", "q2"), ("vllm_version", "0.32.0")):
+        runs = [_run("fixed-8", server_flags=first),
+                _run("adaptive", server_flags={**first, key: other})]
+        with pytest.raises(InputError, match="server flags differ"):
+            combine_results(runs)
+        mixed = combine_results(runs, allow_mixed=True)
+        assert mixed.mixed is not None and len(mixed.mixed["server flags"]) == 2
+
+
+# --- repeated arms: means, spreads and what a lead means ----------------------------------
+
+
+def _runs(*arms: tuple[str, float]) -> BenchResult:
+    result = BenchResult("w", 10, 170, machine={"server_flags": {}}, arms=[
+        {"strategy": s, "output_tokens_per_s": tok_s, "mean_ttft_s": 1.0, "preemptions": 0,
+         "makespan_s": 1000 / tok_s} for s, tok_s in arms])
+    _judge(result)
+    return result
+
+
+def test_verdicts_use_the_means_and_say_when_a_lead_is_inside_the_spread() -> None:
+    # adaptive 104 and 100 (mean 102, spread 4 = 3.9%); fixed-14 100 and 98 (mean 99): a
+    # 3.0% lead inside the spread. The ceiling is fixed-14's mean, not its best run.
+    inside = _runs(("fixed-14", 100.0), ("adaptive", 104.0), ("fixed-14", 98.0),
+                   ("adaptive", 100.0))
+    assert inside.ceiling_tok_s == pytest.approx(99.0) and inside.ceiling_arm == "fixed-14"
+    assert inside.means["adaptive"]["runs"] == 2
+    assert inside.means["adaptive"]["spread_tok_s"] == pytest.approx(4.0)
+    assert inside.checks["adaptive >= ceiling (best fixed schedule: fixed-14)"]
+    assert inside.verdicts == ["adaptive vs fixed-14: +3.0% on the means (2 and 2 run(s)), "
+                               "inside the runs' spread (3.9%): not a lead"]
+    # 110/111 against 100/101: a 10% lead, beyond a 1% spread.
+    beyond = _runs(("fixed-14", 100.0), ("adaptive", 110.0), ("fixed-14", 101.0),
+                   ("adaptive", 111.0))
+    assert beyond.verdicts[0].endswith("beyond the runs' spread (1.0%)")
+    # A fixed arm with the tail rule is a ceiling candidate like any fixed count.
+    tailed = _runs(("fixed-14", 100.0), ("fixed-14:tail=on", 106.0), ("adaptive", 103.0))
+    assert tailed.ceiling_arm == "fixed-14:tail=on"
+    assert not tailed.checks["adaptive >= ceiling (best fixed schedule: fixed-14:tail=on)"]
+    assert "one run of an arm gives no spread" in tailed.verdicts[0]
+
+
+async def test_repeat_runs_every_arm_k_times_interleaved(sqlite_engine: Engine) -> None:
+    settings = load_settings(check_context_length=False, retry_backoff_s=0)
+    load = synthetic_workload(settings, 2, 0.002, output_scale=0.004)
+    server = FakeServer(lambda chat: Reply("tok " * 6, delay_s=0.01, completion_tokens=6))
+    result = await run_bench(settings, sqlite_engine, load, name="synthetic",
+                             strategies=["fixed-1", "fixed-1:tail=on"], repeat=2,
+                             sample_metrics=False, http_client=server.client(),
+                             warmup_tickers=0)
+    assert [(a["strategy"], a["run"]) for a in result.arms] == [
+        ("fixed-1", 1), ("fixed-1:tail=on", 1), ("fixed-1", 2), ("fixed-1:tail=on", 2)]
+    assert len({a["batch_id"] for a in result.arms}) == 4
+    for strategy in ("fixed-1", "fixed-1:tail=on"):
+        mine = [a["output_tokens_per_s"] for a in result.arms if a["strategy"] == strategy]
+        assert result.means[strategy]["runs"] == 2
+        assert result.means[strategy]["output_tokens_per_s"] == pytest.approx(sum(mine) / 2)
+        assert result.means[strategy]["spread_tok_s"] == pytest.approx(max(mine) - min(mine))
+    assert result.repeat == 2 and result.to_json()["means"].keys() == result.means.keys()
+    with pytest.raises(InputError, match="--repeat"):
+        await run_bench(settings, sqlite_engine, load, name="synthetic",
+                        strategies=["fixed-1"], repeat=0, sample_metrics=False,
+                        http_client=server.client(), warmup_tickers=0)
+
+
+async def test_fixed_n_prefetching_runs_fan_outs_ahead_but_n_chains(
+        sqlite_engine: Engine) -> None:
+    # fixed-1: one ticker at a time. With prefetch=on one chain at a time still, but the next
+    # ticker's analysts run while it goes, as adaptive's prefetching does.
+    settings = load_settings(check_context_length=False, retry_backoff_s=0)
+    load = synthetic_workload(settings, 3, 0.002, output_scale=0.004)
+    server = FakeServer(lambda chat: Reply("tok " * 6, delay_s=0.02, completion_tokens=6))
+    result = await run_bench(settings, sqlite_engine, load, name="synthetic",
+                             strategies=["fixed-1", "fixed-1:prefetch=on"],
+                             sample_metrics=False, http_client=server.client(),
+                             warmup_tickers=0)
+    analysts = {"market", "sentiment", "news", "fundamentals"}
+    spans: dict[str, dict[str, list[tuple[Any, Any]]]] = {}
+    for arm in result.arms:
+        assert arm["failed_calls"] == 0 and arm["calls"] == 3 * 17
+        with sqlite_engine.connect() as conn:
+            rows = conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.started_at,
+                                       LLMCall.ended_at)
+                                .where(LLMCall.batch_id == arm["batch_id"])).all()
+        chains: dict[str, list[Any]] = {}
+        fans: dict[str, list[Any]] = {}
+        for r in rows:
+            (fans if r.node in analysts else chains).setdefault(r.ticker, []).append(
+                (r.started_at, r.ended_at))
+        spans[arm["strategy"]] = {
+            "chain": sorted((min(s for s, _ in v), max(e for _, e in v))
+                            for v in chains.values()),
+            "fan": sorted((min(s for s, _ in v), max(e for _, e in v)) for v in fans.values())}
+    for strategy in ("fixed-1", "fixed-1:prefetch=on"):
+        chain = spans[strategy]["chain"]
+        # Never two chains at once: each ticker's chain ends before the next one's starts.
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(chain)), strategy
+    plain, ahead = spans["fixed-1"], spans["fixed-1:prefetch=on"]
+    # Without prefetching a ticker's analysts wait for the ticker before it to end; with it,
+    # the second and third tickers' analysts start while a chain before them runs.
+    assert all(f[0] >= c[1] for f, c in zip(plain["fan"][1:], plain["chain"], strict=False))
+    assert all(f[0] < c[1] for f, c in zip(ahead["fan"][1:], ahead["chain"], strict=False))

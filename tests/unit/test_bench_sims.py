@@ -23,6 +23,11 @@ from tests.bench import fleet, tracker
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def arm_makespan(result: dict[str, Any]) -> float:
+    makespan: float = result["arm"]["makespan_s"]
+    return makespan
+
+
 def options(app: typer.Typer) -> set[str]:
     return {p.name for p in typer.main.get_command(app).params if p.name != "help"}
 
@@ -42,8 +47,8 @@ def test_the_benches_keep_their_flags_and_left_the_installed_command() -> None:
     assert options(tracker.app) == {"calls", "concurrency", "database", "pg_url", "repeats",
                                     "json_out"}
     assert options(fleet.app) == {"tickers", "endpoints", "speedup", "scale", "output_scale",
-                                  "stream_interval", "strategy", "database", "pg_url", "port",
-                                  "server_cpus", "json_out"}
+                                  "kv_tokens", "max_num_seqs", "stream_interval", "strategy",
+                                  "database", "pg_url", "port", "server_cpus", "json_out"}
     installed = {c.name for c in typer.main.get_group(nightdesk_bench).commands.values()}
     assert installed == {"schedulers", "combine", "durability"}
 
@@ -63,10 +68,18 @@ def test_the_fleet_bench_serves_its_endpoints_and_writes_its_figures(tmp_path: P
     result = bench("tests.bench.fleet", "--tickers", "2", "--endpoints", "2", "--speedup", "20",
                    "--output-scale", "0.05", "--database", "sqlite", tmp_path=tmp_path)
     assert set(result) == {"tickers", "endpoints", "gpu", "workload", "arm", "loop_lag",
-                           "process", "rows_per_s", "capacity", "machine"}
+                           "process", "rows_per_s", "capacity", "machine", "timing"}
+    # Where the makespan went: two tickers, each started once, 14 chain calls after analysts.
+    spent = result["timing"]
+    assert 0 <= spent["ticker_first_call_s"]["p50"] <= spent["ticker_first_call_s"]["max"]
+    assert spent["ticker_end_s"]["max"] <= arm_makespan(result) + 1e-6
+    assert spent["chain_turnaround_s"]["max"] >= 0
     arm = result["arm"]
     assert arm["calls"] == 2 * 17 and arm["failed_calls"] == 0
     # Both endpoints served: the client spread the two tickers over them.
     served = {e["endpoint"] for e in arm["endpoints"]}
     assert len(served) == 2 and all(u.startswith("http://127.0.0.1:") for u in served)
     assert result["machine"]["database"] == "sqlite"
+    # The host's load around the run: on a shared host the figures say it was shared.
+    for key in ("load_average_1_5_15_before", "load_average_1_5_15_after"):
+        assert len(result["machine"][key]) == 3 and min(result["machine"][key]) >= 0

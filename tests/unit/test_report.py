@@ -237,9 +237,11 @@ def test_cli_report_prints_json(
     data = json.loads(out)
     # The report's own keys exactly; the CLI adds the batch's head, failed tickers and the
     # commands advised, the server's view, each endpoint's part (here the one endpoint the
-    # rows do not name) and the warnings beside.
+    # rows do not name), the night against its graph bound and the warnings beside.
     assert set(data) - {"batch", "failed_tickers", "advice", "server", "endpoints",
-                        "over_time", "warnings"} == KEYS
+                        "over_time", "graph_bound", "warnings"} == KEYS
+    # These rows recorded no requests: no chains to bound, and the report says so.
+    assert data["graph_bound"]["bound_s"] is None and data["graph_bound"]["unavailable"]
     assert [e["endpoint"] for e in data["endpoints"]] == [None]
     assert data["warnings"] == []
     assert data["output_tokens_per_s"] == pytest.approx(25.0)

@@ -128,11 +128,22 @@ def test_strategy_knobs_parse_and_bad_ones_are_refused() -> None:
     assert budget is not None and budget.kv_high == 0.95
     assert not hasattr(policy, "kv_high")
     assert Strategy.parse("adaptive").tail
+    # Every strategy takes the tail rule as a knob (off unless asked, but adaptive's).
+    assert not Strategy.parse("fixed-3").tail and Strategy.parse("fixed-3:tail=on").tail
+    fixed = Strategy.parse("fixed-15:tail=on")
+    assert (fixed.tickers_in_flight, fixed.adaptive, fixed.prefetch) == (15, False, False)
+    # fixed-N prefetches when asked: its N tickers are N chains.
+    ahead = Strategy.parse("fixed-15:prefetch=on,tail=on")
+    assert (ahead.tickers_in_flight, ahead.prefetch, ahead.tail) == (15, True, True)
+    assert Strategy.parse("fixed-all:tail=on").tail
+    assert Strategy.parse("sequential:tail=on").request_limit == 1
     # budget=on|off and kv_full are knobs no more: the budget is always on, the policy has
     # no KV rule.
     for bad in ("adaptive:kv_high=lots", "adaptive:speed=2", "adaptive:tail=maybe",
                 "adaptive:budget=off", "adaptive:budget=on", "adaptive:kv_full=0.97",
-                "fixed-3:tail=on", "fixed-0", "turbo"):
+                "fixed-all:prefetch=on", "sequential:prefetch=on", "fixed-3:fill=0.9",
+                "sequential:initial=2",
+                "fixed-3:tail=maybe", "fixed-0", "fixed-0:tail=on", "turbo"):
         with pytest.raises(InputError):
             Strategy.parse(bad)
 

@@ -1,0 +1,254 @@
+"""How many GPUs a night needs: the graph bound (app/bench/bound.py) per endpoint count.
+
+A night's shape is what its tickers ask of the server (a ``GraphFacts`` per ticker: output,
+KV-token-steps, the longest chain); a server model is one endpoint's KV cache, sequence cap
+and step cost. For each fleet of 1..16 such endpoints the bound's makespan is the least time
+any graph-respecting schedule needs, so a real night takes longer (prefill's own work and the
+client's overheads are not in it; the fleet simulation measures how much longer).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, time, timedelta
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy import Engine, select
+
+from app.batch.workload import WorkItem, recorded_workload
+from app.bench.bound import (
+    GraphFacts,
+    StepCost,
+    arm_graph_facts,
+    decode_levels,
+    fit_step,
+    graph_bound,
+    graph_facts,
+    summed_capacity,
+)
+from app.bench.workloads import seed_graph
+from app.db.models import Batch, ServerSample
+from app.errors import InputError
+
+ENDPOINTS = range(1, 17)
+NEAR_BEST = 0.05  # a fleet within this share of the best makespan is "as good"
+
+
+class ServerModel(BaseModel, frozen=True):
+    """One endpoint as the bound sees it: KV cache, sequence cap and ``a + b × running``."""
+
+    name: str
+    kv_tokens: int
+    max_num_seqs: int
+    step_a_s: float
+    step_b_s: float
+    source: str
+
+    @property
+    def step(self) -> StepCost:
+        return StepCost(self.step_a_s, self.step_b_s)
+
+
+# The H200 of the 100-ticker MoE night (docs/performance.md): its KV cache and --max-num-seqs
+# as vLLM reported them, and a step fitted to that night's readings. The simulated fleet's
+# endpoints (tests/fakevllm/stepped.py) are this model.
+H200_MOE = ServerModel(
+    name="h200-moe", kv_tokens=1_488_240, max_num_seqs=256, step_a_s=0.020, step_b_s=0.0002,
+    source="one H200 serving the MoE profile: 1,488,240 KV tokens, 256 sequences, a step of "
+           "20 ms + 0.2 ms per running request (the 100-ticker MoE night's readings)")
+PROFILES = {H200_MOE.name: H200_MOE}
+
+
+class NightShape(BaseModel, frozen=True):
+    """What one ticker of a night asks of the server, on average, and its longest chain."""
+
+    name: str
+    tickers_seen: int  # tickers the figures are the mean of (1: the synthetic shape)
+    output_tokens: float
+    kv_token_steps: float
+    critical_path_tokens: int  # the longest of any ticker seen
+    calls: float
+
+    def for_tickers(self, tickers: int) -> GraphFacts:
+        """Return the graph facts of a night of ``tickers`` tickers of this shape."""
+        return GraphFacts(output_tokens=round(self.output_tokens * tickers),
+                          kv_token_steps=self.kv_token_steps * tickers,
+                          critical_path_tokens=self.critical_path_tokens,
+                          calls=round(self.calls * tickers))
+
+
+def mean_shape(name: str, graph: GraphFacts, tickers: int) -> NightShape:
+    """Return the mean ticker of ``tickers`` whose demand together is ``graph``."""
+    return NightShape(name=name, tickers_seen=tickers,
+                      output_tokens=graph.output_tokens / tickers,
+                      kv_token_steps=graph.kv_token_steps / tickers,
+                      critical_path_tokens=graph.critical_path_tokens,
+                      calls=graph.calls / tickers)
+
+
+def synthetic_shape(output_scale: float = 1.0) -> NightShape:
+    """Return the production shape (app/bench/workloads.py: the seeds' 17 nodes), prompts as
+    counted at scale 1 and outputs at ``output_scale``, as the fleet simulation counts them."""
+    graph = seed_graph()
+    items = [WorkItem("SYN", 0, shape.node, {}, deps) for shape, deps in graph]
+    calls = [("SYN", 0, shape.node, shape.prompt, max(1, round(shape.output * output_scale)))
+             for shape, _ in graph]
+    name = "synthetic" if output_scale == 1.0 else f"synthetic (outputs x{output_scale:g})"
+    return mean_shape(name, graph_facts(calls, {"SYN": items}), 1)
+
+
+def recorded_shape(engine: Engine, batch_id: int) -> NightShape:
+    """Return the mean ticker of a recorded night (its answered calls; its requests' order
+    gives the chains, so the night must have recorded its requests)."""
+    _, workload = recorded_workload(engine, batch_id)
+    graph = arm_graph_facts(engine, batch_id, workload)
+    if graph.output_tokens <= 0:
+        raise InputError(f"batch {batch_id} has no answered calls to take a shape from")
+    return mean_shape(f"batch {batch_id}", graph, len(workload))
+
+
+def night_server(engine: Engine, batch_id: int) -> ServerModel:
+    """Return the server model of a recorded night: its KV cache and sequence cap as its
+    server facts recorded them, and a step fitted to its own ``/metrics`` readings."""
+    with engine.connect() as conn:
+        facts = conn.execute(select(Batch.server_facts).where(Batch.id == batch_id)).first()
+        most = conn.execute(select(ServerSample.running)
+                            .where(ServerSample.batch_id == batch_id)
+                            .order_by(ServerSample.running.desc()).limit(1)).scalar()
+    if facts is None:
+        raise InputError(f"no batch with id {batch_id}")
+    recorded = facts[0] or {}
+    kv = recorded.get("kv_cache_tokens")
+    if not kv:
+        raise InputError(f"batch {batch_id} recorded no KV cache size (its server facts have "
+                         "none): plan with a built-in --profile, e.g. --profile h200-moe")
+    step = fit_step(decode_levels(engine, batch_id))
+    if step is None:
+        raise InputError(f"batch {batch_id} has no /metrics readings of decoding to fit a step "
+                         "to: plan with a built-in --profile, e.g. --profile h200-moe")
+    seqs = recorded.get("max_num_seqs") or most
+    if not seqs:
+        raise InputError(f"batch {batch_id} recorded no --max-num-seqs and ran no request")
+    where = ("--max-num-seqs from its server facts" if recorded.get("max_num_seqs")
+             else "the most requests it ran at once")
+    return ServerModel(name=f"batch {batch_id}", kv_tokens=int(kv), max_num_seqs=int(seqs),
+                       step_a_s=step.a, step_b_s=step.b,
+                       source=f"batch {batch_id}'s server: KV tokens from its server facts, "
+                              f"{where}, step fitted to {step.levels} levels of its readings")
+
+
+class PlanRow(BaseModel, frozen=True):
+    """One fleet size: the bound's makespan, what set it, and how much of the fleet it uses."""
+
+    endpoints: int
+    makespan_s: float
+    output_tok_s: float
+    binding: str  # max_num_seqs | kv_cache | critical_path
+    summed_capacity_tok_s: float
+    share_of_summed_capacity: float
+    within_5pct_of_best: bool
+
+
+class DeadlineAnswer(BaseModel, frozen=True):
+    """How many endpoints finish between the night's start and a deadline (None: none do)."""
+
+    start: datetime
+    deadline: datetime
+    seconds: float
+    endpoints: int | None
+
+
+class FleetPlan(BaseModel, frozen=True):
+    """``nightdesk plan``: per endpoint count, the least time a night of this shape needs."""
+
+    tickers: int
+    shape: NightShape
+    profile: ServerModel
+    rows: list[PlanRow]
+    best_makespan_s: float
+    smallest_within_5pct: int
+    deadline: DeadlineAnswer | None = None
+
+    def csv_rows(self) -> list[dict[str, Any]]:
+        return [row.model_dump() for row in self.rows]
+
+
+def plan_fleet(tickers: int, shape: NightShape, server: ServerModel) -> FleetPlan:
+    """Work out the bound's makespan and capacity share for 1..16 endpoints."""
+    if tickers < 1:
+        raise InputError(f"--tickers takes a whole number of at least 1 (got {tickers})")
+    graph = shape.for_tickers(tickers)
+    bounds = []
+    for endpoints in ENDPOINTS:
+        bound = graph_bound(graph, server.kv_tokens, server.max_num_seqs, server.step, endpoints)
+        if bound is None:
+            raise InputError(f"{shape.name} asks for no output: nothing to plan")
+        summed, _ = summed_capacity(graph, server.kv_tokens, server.max_num_seqs, server.step,
+                                    endpoints)
+        bounds.append((bound, summed))
+    best = min(bound.seconds for bound, _ in bounds)
+    rows = [PlanRow(endpoints=b.endpoints, makespan_s=b.seconds, output_tok_s=b.tok_s,
+                    binding=b.binding, summed_capacity_tok_s=summed,
+                    share_of_summed_capacity=b.tok_s / summed if summed else 0.0,
+                    within_5pct_of_best=b.seconds <= (1 + NEAR_BEST) * best)
+            for b, summed in bounds]
+    smallest = min(r.endpoints for r in rows if r.within_5pct_of_best)
+    return FleetPlan(tickers=tickers, shape=shape, profile=server, rows=rows,
+                     best_makespan_s=best, smallest_within_5pct=smallest)
+
+
+def parse_clock(text: str, what: str = "--deadline") -> time:
+    """Read ``HH:MM`` (24-hour); InputError naming ``what`` for anything else."""
+    try:
+        hours, minutes = text.strip().split(":")
+        if len(hours) != 2 or len(minutes) != 2 or not (hours + minutes).isascii():
+            raise ValueError(text)
+        return time(int(hours), int(minutes))
+    except ValueError:
+        raise InputError(f"{what} takes a 24-hour time HH:MM, like 06:30 (got {text!r})") \
+            from None
+
+
+def answer_deadline(plan: FleetPlan, start: datetime, clock: time) -> DeadlineAnswer:
+    """Return the fewest endpoints whose bound finishes by the first ``clock`` after ``start``
+    (``start``'s zone); as a bound, a night needs at least these, maybe more."""
+    deadline = start.replace(hour=clock.hour, minute=clock.minute, second=0, microsecond=0)
+    if deadline <= start:
+        deadline += timedelta(days=1)
+    seconds = (deadline - start).total_seconds()
+    fits = [r.endpoints for r in plan.rows if r.makespan_s <= seconds]
+    return DeadlineAnswer(start=start, deadline=deadline, seconds=seconds,
+                          endpoints=min(fits) if fits else None)
+
+
+class NightBound(BaseModel, frozen=True):
+    """A recorded night against its own graph bound: its makespan ÷ the least any schedule
+    that respects the graph could have taken on its server (None: not computable, and why)."""
+
+    makespan_s: float
+    bound_s: float | None = None
+    makespan_over_bound: float | None = None
+    binding: str | None = None
+    endpoints: int | None = None
+    server: str | None = None  # where the step, KV cache and sequence cap came from
+    unavailable: str | None = None
+
+
+def night_bound(engine: Engine, batch_id: int, makespan_s: float) -> NightBound:
+    """Return a night's makespan over its graph bound: its answered calls' graph (its
+    recorded requests give the chains) on its own server model (``night_server``)."""
+    try:
+        server = night_server(engine, batch_id)
+        _, workload = recorded_workload(engine, batch_id)
+        graph = arm_graph_facts(engine, batch_id, workload)
+    except InputError as error:
+        return NightBound(makespan_s=makespan_s, unavailable=str(error))
+    with engine.connect() as conn:
+        endpoints = len(conn.execute(select(ServerSample.endpoint).distinct()
+                                     .where(ServerSample.batch_id == batch_id)).all()) or 1
+    bound = graph_bound(graph, server.kv_tokens, server.max_num_seqs, server.step, endpoints)
+    if bound is None or makespan_s <= 0:
+        return NightBound(makespan_s=makespan_s, unavailable="no answered output to bound")
+    return NightBound(makespan_s=makespan_s, bound_s=bound.seconds,
+                      makespan_over_bound=makespan_s / bound.seconds, binding=bound.binding,
+                      endpoints=endpoints, server=server.source)

@@ -1,0 +1,124 @@
+"""``nightdesk plan``: how many GPUs a night of N tickers needs, by the bench's graph bound."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+import typer
+from pydantic_core import to_jsonable_python
+from rich.console import Console
+from rich.table import Table
+
+from app.batchids import parse_batch_id
+from app.bench.plan import (
+    ENDPOINTS,
+    PROFILES,
+    NightShape,
+    ServerModel,
+    answer_deadline,
+    night_server,
+    parse_clock,
+    plan_fleet,
+    recorded_shape,
+    synthetic_shape,
+)
+from app.cli.common import database, setup
+from app.config import Settings
+from app.errors import InputError
+from app.schedule import due_times, nightly_trigger
+
+# Piped into a file: do not fold the columns into 80 (as ``nightdesk batches``).
+out = Console(highlight=False, width=None if Console().is_terminal else 160)
+
+
+def _span(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _shape(settings: Settings, text: str) -> NightShape:
+    if text == "synthetic":
+        return synthetic_shape()
+    if not text.strip().isdigit():
+        raise InputError(f"--shape takes synthetic or a recorded night's batch id (got {text!r})")
+    return recorded_shape(database(settings), parse_batch_id(text, what="--shape"))
+
+
+def _profile(settings: Settings, text: str) -> ServerModel:
+    if text in PROFILES:
+        return PROFILES[text]
+    if not text.strip().isdigit():
+        raise InputError(f"--profile takes {', '.join(PROFILES)} or a recorded night's batch "
+                         f"id, whose readings give the server's step (got {text!r})")
+    return night_server(database(settings), parse_batch_id(text, what="--profile"))
+
+
+def plan(
+    tickers: Annotated[int, typer.Option("--tickers", min=1, help="Tickers in the night.")],
+    shape: Annotated[str, typer.Option(
+        "--shape", help="synthetic (the production shape: 17 nodes, 25.5k output tokens a "
+                        "ticker) or a recorded night's batch id (its mean ticker; the night "
+                        "must have recorded its requests)")] = "synthetic",
+    profile: Annotated[str, typer.Option(
+        "--profile", help=f"one endpoint: {', '.join(PROFILES)} or a recorded night's batch "
+                          "id (its KV cache, --max-num-seqs and a step fitted to its "
+                          "readings)")] = "h200-moe",
+    deadline: Annotated[str | None, typer.Option(
+        "--deadline", help="HH:MM in the schedule's zone: the fewest GPUs that finish between "
+                           "the next scheduled start and then")] = None,
+    fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
+) -> None:
+    """For 1..16 endpoints: the least makespan any graph-respecting schedule needs (the
+    bench's graph bound), the share of the summed capacity it uses, and the smallest fleet
+    within 5% of the best. A bound: real nights take longer."""
+    settings = setup()
+    clock = parse_clock(deadline) if deadline is not None else None  # before any work
+    chosen = plan_fleet(tickers, _shape(settings, shape), _profile(settings, profile))
+    start = None
+    if clock is not None:
+        trigger = nightly_trigger(settings)
+        _, start = due_times(trigger, datetime.now(UTC))
+        if start is None:
+            raise InputError(f"the schedule {settings.schedule_cron!r} never fires again: no "
+                             "start to count to --deadline from")
+        start = start.astimezone(trigger.timezone)
+        chosen = chosen.model_copy(update={"deadline": answer_deadline(chosen, start, clock)})
+    if fmt == "json":
+        typer.echo(json.dumps(to_jsonable_python(chosen), indent=2))
+        return
+    if fmt == "csv":
+        rows = chosen.csv_rows()
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+        return
+    table = Table(title=f"plan: {tickers} tickers of {chosen.shape.name}, endpoints "
+                        f"{chosen.profile.name}; the least makespan any schedule that "
+                        "respects the graph needs")
+    for column in ("endpoints", "makespan", "makespan s", "tok/s", "set by",
+                   "share of capacity", "within 5% of best"):
+        table.add_column(column, justify="left" if column == "set by" else "right")
+    for r in chosen.rows:
+        table.add_row(str(r.endpoints), _span(r.makespan_s), f"{r.makespan_s:.0f}",
+                      f"{r.output_tok_s:,.0f}", r.binding, f"{r.share_of_summed_capacity:.2f}",
+                      "yes" if r.within_5pct_of_best else "")
+    out.print(table)
+    out.print(f"endpoint: {chosen.profile.source}")
+    out.print(f"smallest fleet within 5% of the best ({_span(chosen.best_makespan_s)} on "
+              f"{max(ENDPOINTS)}): {chosen.smallest_within_5pct} endpoint(s). A bound: "
+              "prefill's own work, preemption and the client's overheads come on top.")
+    if chosen.deadline is not None:
+        d = chosen.deadline
+        window = (f"from the next scheduled start {d.start:%Y-%m-%d %H:%M %Z} to "
+                  f"{d.deadline:%H:%M} ({_span(d.seconds)})")
+        if d.endpoints is None:
+            out.print(f"deadline: no fleet of up to {max(ENDPOINTS)} endpoints finishes "
+                      f"{window}; the fastest needs at least {_span(chosen.best_makespan_s)}")
+        else:
+            out.print(f"deadline: at least {d.endpoints} endpoint(s) to finish {window}")
