@@ -38,7 +38,7 @@ from app.cli.common import setup
 from app.cli.report import _fmt
 from app.config import load_settings
 from app.db.engine import get_engine
-from app.errors import ServerError
+from app.errors import InputError, ServerError
 from tests.bench import run
 from tests.bench.tracker import postgres_schema, sqlite_database
 from tests.fakevllm.stepped import MODEL, GPUModel
@@ -111,7 +111,7 @@ class FleetResult:
 
 
 async def drive(settings: Any, engine: Any, workload: Any, gpu: GPUModel, *, strategy: str,
-                name: str) -> tuple[dict[str, Any], LoopLag, ProcessUse]:
+                name: str, nights: int = 1) -> tuple[dict[str, Any], LoopLag, ProcessUse]:
     """Run one bench arm over the fleet with the loop monitor beside it."""
     lag, use = LoopLag(), ProcessUse()
     facts = {"kv_cache_tokens": gpu.kv_tokens, "max_num_seqs": gpu.max_num_seqs,
@@ -121,7 +121,7 @@ async def drive(settings: Any, engine: Any, workload: Any, gpu: GPUModel, *, str
         try:
             with use.measure():
                 result = await run_bench(settings, engine, workload, name=name,
-                                         strategies=[strategy], warmup_tickers=0,
+                                         strategies=[strategy] * nights, warmup_tickers=0,
                                          server_facts=facts)
         finally:
             watcher.cancel()
@@ -159,6 +159,9 @@ def fleet(
     endpoints: Annotated[int, typer.Option(min=1, help="Simulated servers.")] = 8,
     speedup: Annotated[float, typer.Option(
         min=0.1, help="Time compression: each server step this many times shorter.")] = 4.0,
+    kv_tokens: Annotated[int, typer.Option(
+        min=1, help="Each endpoint's KV cache, tokens (the H200 MoE night's by default).")]
+        = GPUModel().kv_tokens,
     scale: Annotated[float, typer.Option(help="Prompt text sent, x the production shape.")]
         = 0.2,
     output_scale: Annotated[float, typer.Option(help="Outputs, x the production shape.")] = 1.0,
@@ -176,17 +179,25 @@ def fleet(
         help="Pin the endpoints' process to these CPUs (taskset -c, e.g. 1); pin the client "
              "with taskset around this command.")] = None,
     json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
+    keep_sqlite: Annotated[Path | None, typer.Option(
+        help="Write the rows to this new SQLite file and keep it (an ETA replay's source).")]
+        = None,
+    nights: Annotated[int, typer.Option(
+        min=1, help="Run the arm this many times, one batch each (the ETA's prior: the "
+                    "night before).")] = 1,
 ) -> None:
     """Simulate a night over several H200-sized endpoints on 127.0.0.1, one client process."""
     setup()
-    gpu = replace(GPUModel(), speedup=speedup, prompt_weight=1.0 / scale,
+    if keep_sqlite is not None and database != "sqlite":
+        raise InputError("--keep-sqlite needs --database sqlite")
+    gpu = replace(GPUModel(), kv_tokens=kv_tokens, speedup=speedup, prompt_weight=1.0 / scale,
                   stream_interval=stream_interval)
     ports = [port + i if port else 0 for i in range(endpoints)]
     scratch = Path(tempfile.mkdtemp(prefix="fleet-"))
     ports_file = scratch / "ports"
     command = [sys.executable, "-m", "tests.fakevllm.stepped", "--ports-file", str(ports_file),
                "--ports", ",".join(map(str, ports)), "--speedup", str(gpu.speedup),
-               "--prompt-weight", str(gpu.prompt_weight),
+               "--prompt-weight", str(gpu.prompt_weight), "--kv-tokens", str(gpu.kv_tokens),
                "--stream-interval", str(gpu.stream_interval)]
     if server_cpus is not None:
         command = ["taskset", "-c", server_cpus, *command]
@@ -218,7 +229,7 @@ def fleet(
                     raise ServerError(f"the simulated endpoint {url} did not start")
                 time.sleep(0.2)
         db_url = stack.enter_context(postgres_schema(pg_url) if database == "postgresql"
-                                     else sqlite_database())
+                                     else sqlite_database(keep_sqlite))
         settings = load_settings(llm_base_url=",".join(urls), llm_model=MODEL,
                                  database_url=db_url, max_concurrency=256,
                                  metrics_interval_s=1.0, retry_backoff_s=0.5)
@@ -226,8 +237,8 @@ def fleet(
         load = synthetic_workload(settings, tickers, scale, output_scale)
         name = f"synthetic x{scale:g} sent, x1 counted (out x{output_scale:g})"
         arm_json, lag, use = asyncio.run(drive(settings, engine, load, gpu, strategy=strategy,
-                                               name=name))
-    arm = arm_json["arms"][0]
+                                               name=name, nights=nights))
+    arm = arm_json["arms"][-1]
     rows = arm["calls"] + sum(len(v) for v in load.values())  # llm_calls and llm_requests
     result = FleetResult(
         tickers=tickers, endpoints=endpoints, gpu=asdict(gpu), workload=name, arm=arm,
