@@ -41,7 +41,7 @@ from app.cli.report import _fmt
 from app.config import load_settings
 from app.db.engine import get_engine
 from app.db.models import LLMCall
-from app.errors import ServerError
+from app.errors import InputError, ServerError
 from tests.bench import run
 from tests.bench.tracker import postgres_schema, sqlite_database
 from tests.fakevllm.stepped import MODEL, GPUModel
@@ -115,7 +115,7 @@ class FleetResult:
 
 
 async def drive(settings: Any, engine: Any, workload: Any, gpu: GPUModel, *, strategy: str,
-                name: str) -> tuple[dict[str, Any], LoopLag, ProcessUse]:
+                name: str, nights: int = 1) -> tuple[dict[str, Any], LoopLag, ProcessUse]:
     """Run one bench arm over the fleet with the loop monitor beside it."""
     lag, use = LoopLag(), ProcessUse()
     facts = {"kv_cache_tokens": gpu.kv_tokens, "max_num_seqs": gpu.max_num_seqs,
@@ -125,7 +125,7 @@ async def drive(settings: Any, engine: Any, workload: Any, gpu: GPUModel, *, str
         try:
             with use.measure():
                 result = await run_bench(settings, engine, workload, name=name,
-                                         strategies=[strategy], warmup_tickers=0,
+                                         strategies=[strategy] * nights, warmup_tickers=0,
                                          server_facts=facts)
         finally:
             watcher.cancel()
@@ -236,9 +236,17 @@ def fleet(
         help="Pin the endpoints' process to these CPUs (taskset -c, e.g. 1); pin the client "
              "with taskset around this command.")] = None,
     json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
+    keep_sqlite: Annotated[Path | None, typer.Option(
+        help="Write the rows to this new SQLite file and keep it (an ETA replay's source).")]
+        = None,
+    nights: Annotated[int, typer.Option(
+        min=1, help="Run the arm this many times, one batch each (the ETA's prior: the "
+                    "night before).")] = 1,
 ) -> None:
     """Simulate a night over several H200-sized endpoints on 127.0.0.1, one client process."""
     setup()
+    if keep_sqlite is not None and database != "sqlite":
+        raise InputError("--keep-sqlite needs --database sqlite")
     gpu = replace(GPUModel(), speedup=speedup, prompt_weight=1.0 / scale,
                   stream_interval=stream_interval, kv_tokens=kv_tokens,
                   max_num_seqs=max_num_seqs)
@@ -280,7 +288,7 @@ def fleet(
                     raise ServerError(f"the simulated endpoint {url} did not start")
                 time.sleep(0.2)
         db_url = stack.enter_context(postgres_schema(pg_url) if database == "postgresql"
-                                     else sqlite_database())
+                                     else sqlite_database(keep_sqlite))
         settings = load_settings(llm_base_url=",".join(urls), llm_model=MODEL,
                                  database_url=db_url, max_concurrency=256,
                                  metrics_interval_s=1.0, retry_backoff_s=0.5)
@@ -290,9 +298,9 @@ def fleet(
         # The host's load beside the run: on a shared host others' work takes cores too.
         load_before = os.getloadavg()
         arm_json, lag, use = asyncio.run(drive(settings, engine, load, gpu, strategy=strategy,
-                                               name=name))
-        spent = timing(engine, arm_json["arms"][0]["batch_id"])  # before its rows are dropped
-    arm = arm_json["arms"][0]
+                                               name=name, nights=nights))
+        arm = arm_json["arms"][-1]
+        spent = timing(engine, arm["batch_id"])  # before its rows are dropped
     rows = arm["calls"] + sum(len(v) for v in load.values())  # llm_calls and llm_requests
     result = FleetResult(
         tickers=tickers, endpoints=endpoints, gpu=asdict(gpu), workload=name, arm=arm,

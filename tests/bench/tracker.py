@@ -170,10 +170,13 @@ async def run_tracked(settings: Settings, engine: Engine, calls: int,
 
 
 @contextlib.contextmanager
-def sqlite_database() -> Iterator[str]:
-    """Yield the URL of a blank, upgraded SQLite file in a temporary folder."""
+def sqlite_database(keep: Path | None = None) -> Iterator[str]:
+    """Yield the URL of a blank, upgraded SQLite file in a temporary folder, or at ``keep``
+    (a new file, kept afterwards)."""
     with tempfile.TemporaryDirectory(prefix="nightdesk-bench-") as folder:
-        url = f"sqlite:///{folder}/bench.db"
+        if keep is not None and keep.exists():
+            raise InputError(f"{keep} exists already: give a new file")
+        url = f"sqlite:///{keep.resolve() if keep else Path(folder) / 'bench.db'}"
         upgrade(url)
         try:
             yield url

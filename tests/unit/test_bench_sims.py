@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 import typer
+from sqlalchemy import create_engine, func, select
 
 from app.cli.bench import app as nightdesk_bench
+from app.db.models import Batch, LLMCall
 from tests.bench import fleet, tracker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +50,8 @@ def test_the_benches_keep_their_flags_and_left_the_installed_command() -> None:
                                     "json_out"}
     assert options(fleet.app) == {"tickers", "endpoints", "speedup", "scale", "output_scale",
                                   "kv_tokens", "max_num_seqs", "stream_interval", "strategy",
-                                  "database", "pg_url", "port", "server_cpus", "json_out"}
+                                  "database", "pg_url", "port", "server_cpus", "json_out",
+                                  "keep_sqlite", "nights"}
     installed = {c.name for c in typer.main.get_group(nightdesk_bench).commands.values()}
     assert installed == {"schedulers", "combine", "durability"}
 
@@ -83,3 +86,31 @@ def test_the_fleet_bench_serves_its_endpoints_and_writes_its_figures(tmp_path: P
     # The host's load around the run: on a shared host the figures say it was shared.
     for key in ("load_average_1_5_15_before", "load_average_1_5_15_after"):
         assert len(result["machine"][key]) == 3 and min(result["machine"][key]) >= 0
+
+
+@pytest.mark.slow
+def test_the_fleet_bench_keeps_its_nights_rows_for_a_replay_and_never_overwrites(
+        tmp_path: Path) -> None:
+    kept = tmp_path / "nights.db"
+    args = ("--tickers", "2", "--endpoints", "1", "--speedup", "20", "--output-scale", "0.05",
+            "--kv-tokens", "500000", "--database", "sqlite", "--keep-sqlite", str(kept),
+            "--nights", "2")
+    result = bench("tests.bench.fleet", *args, tmp_path=tmp_path)
+    assert result["gpu"]["kv_tokens"] == 500000
+    engine = create_engine(f"sqlite:///{kept}")
+    with engine.connect() as conn:
+        batches = conn.execute(select(Batch.id, Batch.status).order_by(Batch.id)).all()
+        calls = conn.execute(select(func.count()).select_from(LLMCall)).scalar()
+    engine.dispose()
+    assert [tuple(b) for b in batches] == [(1, "succeeded"), (2, "succeeded")]
+    assert calls == 2 * 2 * 17
+    # A second run into the same file is refused in one line, the kept rows untouched.
+    again = subprocess.run([sys.executable, "-m", "tests.bench.fleet", *args], cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)},
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode != 0 and "exists already" in again.stderr
+    assert "Traceback" not in again.stderr
+    engine = create_engine(f"sqlite:///{kept}")
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 2
+    engine.dispose()
