@@ -34,7 +34,11 @@ def start_daemon(env: dict[str, str]) -> subprocess.Popen[str]:
                               stderr=subprocess.PIPE, text=True)
     assert daemon.stderr is not None
     for line in daemon.stderr:
-        if json.loads(line)["event"] == "scheduler started":
+        try:
+            event = json.loads(line)["event"]
+        except ValueError:  # every line off a terminal is a JSON log line (app/logs.py)
+            raise AssertionError(f"the daemon wrote a line that is no JSON: {line!r}") from None
+        if event == "scheduler started":
             return daemon
     raise AssertionError(f"the daemon ended before it started: exit {daemon.wait()}")
 
