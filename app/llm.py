@@ -107,9 +107,10 @@ ROUTING_HEADERS = ("X-Session-ID", "X-User-ID")
 
 
 def routing_key(tag: CallTag) -> str:
-    """Return the key every call of one ticker in one batch carries (headers and ``user``),
-    so a router in front of several servers sends them all to one server's prefix cache."""
-    return f"nightdesk:{tag.batch_id}:{tag.ticker}"
+    """Return the key every call of one ticker carries (headers and ``user``), so a router in
+    front of several servers sends them all to one server's prefix cache. It names no batch:
+    a replay sends exactly what the night sent."""
+    return f"nightdesk:{tag.ticker}"
 
 
 def call_seed(tag: CallTag) -> int:
@@ -243,7 +244,7 @@ class TrackedLLM(PromptCounter):
             )
         if priority is not None and self.settings.priority_scheduling:
             body = {**body, "extra_body": {**body.get("extra_body", {}), "priority": priority}}
-        # Added after the body is recorded: a replay is keyed on its own batch.
+        # Added after the body is recorded: the stored body is the prompt's alone.
         body = {**body, "user": routing_key(tag)}
         tries = _Tries(self.settings)
 

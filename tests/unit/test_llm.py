@@ -133,7 +133,7 @@ async def test_a_call_sent_again_keeps_its_id_body_and_numbering(sqlite_engine: 
 
 async def test_every_attempt_carries_the_tickers_routing_key(sqlite_engine: Engine) -> None:
     # A router hashes on the session headers or the OpenAI ``user`` field: one ticker's
-    # calls (any node, any attempt) carry one key, another ticker's or batch's another.
+    # calls (any node, any attempt, any batch) carry one key, another ticker's another.
     fake = answering(Reply(status=500), ANSWER)
     batch_id, other_batch = new_batch(sqlite_engine), new_batch(sqlite_engine)
     settings = load_settings(llm_base_url=BASE_URL, retry_backoff_s=0,
@@ -146,13 +146,13 @@ async def test_every_attempt_carries_the_tickers_routing_key(sqlite_engine: Engi
     sent = [r for r in fake.requests if r.path == "/v1/chat/completions"]
     keys = [(r.headers.get("x-session-id"), r.headers.get("x-user-id"), r.body.get("user"))
             for r in sent]
-    aapl, msft = f"nightdesk:{batch_id}:AAPL", f"nightdesk:{batch_id}:MSFT"
-    later = f"nightdesk:{other_batch}:AAPL"
-    # The first call's two attempts (its first meets the 500), then one for each other call.
-    assert keys == [(aapl,) * 3] * 3 + [(msft,) * 3] + [(later,) * 3]
+    aapl, msft = "nightdesk:AAPL", "nightdesk:MSFT"
+    # The first call's two attempts (its first meets the 500), then one for each other call;
+    # AAPL in the other batch keeps its key (a replay sends what the night sent).
+    assert keys == [(aapl,) * 3] * 3 + [(msft,) * 3] + [(aapl,) * 3]
     with sqlite_engine.connect() as conn:
         bodies = conn.execute(select(LLMRequest.body)).scalars().all()
-    # The stored bodies are the prompt's: a replay is keyed on its own batch.
+    # The stored bodies are the prompt's alone.
     assert len(bodies) == 4 and all("user" not in decompress_body(b) for b in bodies)
 
 
