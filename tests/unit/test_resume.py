@@ -30,6 +30,7 @@ from app.errors import AlreadyRunningError, InputError
 from app.traffic.halt import HaltReason
 from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 from tests.unit.clirun import run_cli
+from tests.unit.faults.night import serve_cli_from
 
 NODES = node_names(load_settings().pipeline())
 
@@ -140,18 +141,6 @@ def stale_batch(db: Engine, tickers: list[str], age_s: float) -> int:
         conn.execute(update(Batch).where(Batch.id == batch_id).values(
             heartbeat_at=datetime.now(UTC) - timedelta(seconds=age_s)))
     return batch_id
-
-
-def serve_cli_from(monkeypatch: pytest.MonkeyPatch, server: FakeServer, demo_dir: Path) -> None:
-    """Make every batch the CLI runs call ``server`` and read the demo snapshot."""
-    original = BatchEngine.__init__
-
-    def with_fake(self: BatchEngine, *args: Any, **kwargs: Any) -> None:
-        kwargs.update(http_client=server.client(), sample_metrics=False,
-                      provider=SnapshotProvider(demo_dir))
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(BatchEngine, "__init__", with_fake)
 
 
 def dead_night(db: Engine, done: str, left: str) -> int:
