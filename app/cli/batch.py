@@ -149,8 +149,9 @@ def run(
     continue_night: Annotated[bool, typer.Option(
         "--continue-night",
         help="if tonight's nightly batch (same as-of date) was cut short, or has tickers the "
-             "server or database failed, continue it with its own tickers; else start the "
-             "night (the timer's unit runs this)")] = False,
+             "server or database failed, continue it with its own tickers; if it finished, run "
+             "nothing and say so (NIGHTDESK_SCHEDULE_REPEAT_AS_OF=true runs it again); else "
+             "start the night (the timer's unit runs this)")] = False,
     retry_failed: Annotated[bool, typer.Option(
         "--retry-failed",
         help="with --resume: also run again the tickers that failed on their own account "
@@ -196,8 +197,10 @@ def run(
         except ERRORS as error:  # a night refused by its database: not silent either
             tell_refused(settings, request, error)
             raise
+        # The timer's path keeps the daemon's rule: one nightly batch per as-of date.
         night = run_nightly(settings, request, engine=engine,
-                            resume=continue_night, server=server, announce=_announce)
+                            resume=continue_night, server=server, announce=_announce,
+                            once_per_as_of=continue_night and not settings.schedule_repeat_as_of)
     _finish_night(night)
 
 

@@ -172,6 +172,30 @@ def test_the_advice_for_a_date_already_analyzed_works(
     assert batches(sqlite_engine) == 2
 
 
+@pytest.mark.parametrize("repeat", [False, True], ids=["once", "repeat-as-of"])
+def test_the_timer_does_not_run_a_date_already_analyzed_again(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
+        repeat: bool) -> None:
+    from app.batch import store
+
+    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
+    done = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
+                              tickers=demo_tickers(2), samples=1, settings={},
+                              server_facts=None)
+    store.finish_batch(sqlite_engine, done, "succeeded")
+    fake_llm(monkeypatch, None, demo_tickers(2))
+    result = run_cli("run", "--continue-night",
+                     env={"NIGHTDESK_NOTIFY": hook.url(), "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false",
+                          "NIGHTDESK_SCHEDULE_REPEAT_AS_OF": str(repeat).lower()})
+    assert result.code == 0, result.stderr
+    if repeat:  # asked for: the date is analyzed again
+        assert batches(sqlite_engine) == 2
+        return
+    assert batches(sqlite_engine) == 1
+    [post] = hook.posts
+    assert f"nightly batch #{done} has already analyzed as-of {DEMO_AS_OF}" in post["message"]
+
+
 @pytest.mark.parametrize(("start", "again"), [
     (["--as-of", str(DEMO_AS_OF)],
      f"nightdesk run --continue-night --as-of {DEMO_AS_OF}"),
