@@ -10,7 +10,7 @@ from sqlalchemy import Connection, Engine, ScalarSelect, func, insert, select, u
 
 from agents.decision import contradicts
 from agents.graph import TickerResult
-from app.db.models import Batch, Decision, LLMCall, NodeText, TickerRun
+from app.db.models import INFRASTRUCTURE, Batch, Decision, LLMCall, NodeText, TickerRun
 from app.db.retry import retried
 from app.usage import insert_ignoring_duplicates
 
@@ -114,11 +114,13 @@ def finish_batch(engine: Engine, batch_id: int, status: str, error: str | None =
             values["settings"] = {**(current or {}), **extra_settings}
         conn.execute(update(Batch).where(Batch.id == batch_id).values(values))
         # A ticker left queued or running did not finish: say so rather than leave it hanging.
+        # Not finishing is never the ticker's own verdict: a resume takes it up.
+        ended = status in ("succeeded", "partial")
         conn.execute(update(TickerRun)
                      .where(TickerRun.batch_id == batch_id,
                             TickerRun.status.in_(("queued", "running")))
-                     .values(status="failed" if status in ("succeeded", "partial")
-                             else "interrupted",
+                     .values(status="failed" if ended else "interrupted",
+                             failure_class=INFRASTRUCTURE if ended else None,
                              error=error or "not finished"))
 
 

@@ -339,3 +339,23 @@ def test_sigterm_lets_the_call_in_flight_finish_then_stops_as_interrupted(
     assert resumed.status == "succeeded"
     assert not set(ok_nodes(server)) & set(ok_nodes(server2))
     assert (bull[0].ticker, "bull_r1", 0) not in ok_nodes(server2)
+
+
+def test_a_ticker_a_finished_batch_left_unrun_is_taken_up_by_the_resume(
+        sqlite_engine: Engine) -> None:
+    """finish_batch fails the tickers a batch ended without running; that is no verdict on
+    them, so the resume's one rule takes them up."""
+    from app.batch import store
+    from app.batches import tickers_left
+
+    batch = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
+                               tickers=["AAA", "BBB"], samples=1, settings={},
+                               server_facts=None)
+    store.ticker_started(sqlite_engine, batch, "AAA")
+    store.finish_batch(sqlite_engine, batch, "partial")
+    with sqlite_engine.connect() as conn:
+        rows = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.failure_class)
+                            .where(TickerRun.batch_id == batch)
+                            .order_by(TickerRun.id)).all()
+        assert rows == [("AAA", "failed", "infrastructure"), ("BBB", "failed", "infrastructure")]
+        assert tickers_left(conn, batch) == ["AAA", "BBB"]
