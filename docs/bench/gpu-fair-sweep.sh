@@ -14,7 +14,7 @@ die() { echo "fair.sh: ERROR: $*" >&2; exit 2; }
 cd "$(dirname "$0")/../.." || die "cannot cd to the repository root"
 
 dir=${ND_FAIR_DIR:-/root/fair}
-W="--tickers 40 --scale 0.2 --output-scale 0.05"
+W="--tickers 40 --scale 0.2 --output-scale 0.04"
 bench() {  # NAME STRATEGIES
   echo "ND_DB=$dir/$1.db bash docs/bench/gpu-host-bench.sh bench schedulers $W --strategies $2" \
        "--json-out $dir/$1.json > $dir/$1.log 2>&1"
