@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, insert, select
 
@@ -194,6 +194,20 @@ class Prior:
     aged: dict[str, list[float]]  # ... ready to answer
 
 
+class Call(NamedTuple):
+    """One attempt's row as the ETA reads it (a plain tuple: a reading walks every call of
+    two nights several times, and a database row's attributes are slow to read)."""
+
+    ticker: str
+    node: str
+    sample: int
+    status: str
+    completion_tokens: int | None
+    ready_at: datetime | None
+    started_at: datetime
+    ended_at: datetime
+
+
 CALL = (LLMCall.ticker, LLMCall.node, LLMCall.sample, LLMCall.status,
         LLMCall.completion_tokens, LLMCall.ready_at, LLMCall.started_at, LLMCall.ended_at)
 
@@ -211,8 +225,8 @@ def _prior(engine: Engine, batch_id: int) -> Prior:
                      if (b.settings or {}).get("model") == model), None)
         if same is None:
             return Prior({}, {}, {}, {})
-        calls = conn.execute(select(*CALL).where(LLMCall.batch_id == same)
-                             .order_by(LLMCall.ended_at)).all()
+        calls = [Call(*c) for c in conn.execute(select(*CALL).where(LLMCall.batch_id == same)
+                                                .order_by(LLMCall.ended_at))]
     shares = Shares([(_ready(c), c.ended_at, 1) for c in calls])
     return Prior(_tokens(calls), _shares(calls, shares), _latencies(calls),
                  _latencies(calls, ready=True))
@@ -329,9 +343,8 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     with engine.connect() as conn:
         batch = conn.execute(select(Batch.settings, Batch.tickers_total)
                              .where(Batch.id == batch_id)).one()
-        calls = conn.execute(select(*CALL).where(LLMCall.batch_id == batch_id,
-                                                 LLMCall.ended_at <= now)
-                             .order_by(LLMCall.ended_at)).all()
+        calls = [Call(*c) for c in conn.execute(select(*CALL).where(
+            LLMCall.batch_id == batch_id, LLMCall.ended_at <= now).order_by(LLMCall.ended_at))]
         samples = conn.execute(select(ServerSample.endpoint, ServerSample.sampled_at,
                                       ServerSample.generation_tokens_total)
                                .where(ServerSample.batch_id == batch_id,
