@@ -3,50 +3,59 @@
 The estimate is the larger of two bounds, each from what the batch shows now (never from the
 elapsed time, which counts a ramp, a pause or a resume's earlier run):
 
-- work: output tokens left ÷ the servers' current output rate. Tokens left are, node by
-  node, the calls not yet answered × what that node's answered calls cost in output so far,
-  every attempt and re-ask included (a retry or a portfolio manager's re-ask makes a call
-  dearer, never the night shorter), less what the calls under way have already made (the
-  servers' generation counter beyond the stored calls' output). Progress counts calls (a
-  node of a sample of a ticker answered), not attempts. The rate is the servers' counter
-  over the last ``WINDOW_S``, else the output of the calls that ended in it; when nothing
-  came out in it, the batch's output over the time its calls ran. Before the batch's
-  first answer there is no work bound: a warming server's rate says little.
+- work: the servers' busy time the calls left will take. Each call's *share* is the busy time
+  it had from ready to answer, every moment divided among the calls ready then (held at the
+  client's gate or on a server alike), so a night's shares add up to the time its calls ran:
+  a call held for cache, or one that decoded beside few others, costs what it really took.
+  A node's share per answered call (every attempt and re-ask counted) comes from the newest
+  earlier finished batch of the same kind and model, times this night's *pace* (its shares
+  over the night before's, each node's calls against as many of its first); without such a
+  batch, from this night's calls. Calls held at the gate or under way count from their
+  ticker's state (ready since its last answer), not from rows, which they have none of yet:
+  what they have had of the server so far comes off, never more than ``1 - OVERDUE_SHARE``
+  of theirs. So the rate the work comes out at falls as the night reaches its dearer nodes
+  and tickers finish, as the night before's did. Progress counts calls (a node of a sample
+  of a ticker answered), not attempts. With no night before, no work bound before the
+  batch's first answer.
 - chain: the longest chain of calls left, one after another (a sample's analysts side by
-  side as one step), each at its node's median latency so far, issue to answer: however
-  fast the server, a ticker's last nodes wait for each other. A node not answered yet in
-  this batch takes its latency in the newest earlier finished batch of the same kind and
-  model, else the recent latency of the chain's calls, else adds nothing. The step under
-  way has run since the sample's last answer (its ticker's start): what is left of it
-  counts, never less than ``OVERDUE_SHARE`` of it, so the ETA stays above 0 while a call
-  whose node has a latency is left.
+  side as one step), each at its node's latency now, issue to answer: that of its newest
+  ``NEWEST`` of answered calls (the concurrency now: the tail's calls run faster), else the
+  night before's times the pace, else the newest latency of the chain's calls. The step
+  under way gets what the node's calls that took longer from ready (the gate's waits in
+  them) had left at its age, past every one of them ``OVERDUE_SHARE`` of its latency, so
+  the ETA stays above 0 while a call whose node has a latency is left. A ticker still open
+  with every node answered is asking its last again: one call of it is left.
 
-The interval: the work bound at the fastest and the slowest of the window's ``SLICES``
-slices, the chain bound at its nodes' latency quartiles; each end the larger of its two.
+The interval: the work at the slowest and fastest pace of the nodes it is read from (their
+shares' quartiles without a night before), the chain at its nodes' latency quartiles; each
+end the larger of its two. ``tokens_left`` (the calls left × their node's output, less what
+the servers' counter shows made by calls under way) ÷ the work gives the rate stored.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, insert, select
 
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
-from app.activity import active_time
 from app.db.models import Batch, LLMCall, ProgressReading, ServerSample, TickerRun
 
-WINDOW_S = 120.0  # the recent past the rate is read over
-SLICES = 4  # the window's parts whose rates bound the interval
+NEWEST = 0.25  # of a node's answered calls, the newest, whose latency is the latency now
+NEWEST_MIN = 3  # ... but never fewer calls than this
 FINISHED = ("succeeded", "failed")  # a ticker in these runs no more calls
 FINISHED_BATCH = ("succeeded", "partial")  # a batch whose rows are final
-OVERDUE_SHARE = 0.5  # of its latency, the least a call under way is given still to go
+OVERDUE_SHARE = 0.5  # of its latency (its share), the least a call under way has still to go
+
+Spread = tuple[float, float, float]  # (low, middle, high)
 
 
 @dataclass(frozen=True)
@@ -59,10 +68,10 @@ class Reading:
     attempts: int
     output_tokens: int
     tokens_left: float
-    rate_tok_s: float | None
-    rate_low_tok_s: float | None
-    rate_high_tok_s: float | None
-    rate_source: str | None  # "server": /metrics; "calls": answered calls; "batch": so far
+    rate_tok_s: float | None  # tokens left ÷ the work bound: the rate the work left comes at
+    rate_low_tok_s: float | None  # ... at the slowest pace
+    rate_high_tok_s: float | None  # ... at the fastest
+    rate_source: str | None  # "before": the night before's shares × pace; "night": this one's
     chain_left: int  # calls one after another on the longest chain left
     chain_s: float | None  # that chain at its nodes' median latencies (None: no chain left)
     chain_low_s: float | None  # ... at their first quartiles
@@ -84,13 +93,9 @@ class Reading:
                 "eta_low_s": self.eta_low_s, "eta_high_s": self.eta_high_s}
 
 
-def bound(tokens_left: float, rate: float | None, chain_s: float | None) -> float | None:
-    """Return the larger of tokens left ÷ rate and the chain's seconds (None: neither known).
-
-    A rate of 0 or None gives no work bound; 0 only when no tokens and no chain are left.
-    """
-    work = tokens_left / rate if rate and rate > 0 else None
-    known = [b for b in (work, chain_s) if b is not None]
+def bound(work_s: float | None, chain_s: float | None) -> float | None:
+    """Return the larger of the work's and the chain's seconds (None: neither known)."""
+    known = [b for b in (work_s, chain_s) if b is not None]
     return max(known) if known else None
 
 
@@ -100,21 +105,114 @@ def pipeline_nodes(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
                                             int(settings.get("risk_rounds", 2)))
 
 
-def _costs(calls: Sequence[Any]) -> dict[str, float]:
+class Shares:
+    """The busy time a ready call has had: ``at(t)`` is the integral of 1 ÷ (the calls ready
+    then) up to ``t``, over spans (ready, end, how many calls); a moment with none adds 0."""
+
+    def __init__(self, spans: Sequence[tuple[datetime, datetime, int]]) -> None:
+        events = sorted((t, d) for a, b, n in spans if b > a for t, d in ((a, n), (b, -n)))
+        self._at: list[datetime] = []
+        self._sum: list[float] = []
+        self._ready: list[int] = []
+        ready, total = 0, 0.0
+        for i, (t, d) in enumerate(events):
+            if i and ready > 0:
+                total += (t - events[i - 1][0]).total_seconds() / ready
+            ready += d
+            self._at.append(t)
+            self._sum.append(total)
+            self._ready.append(ready)
+
+    def at(self, t: datetime) -> float:
+        i = bisect.bisect_right(self._at, t) - 1
+        if i < 0:
+            return 0.0
+        after = (t - self._at[i]).total_seconds() / self._ready[i] if self._ready[i] > 0 else 0
+        return self._sum[i] + after
+
+    def of(self, start: datetime, end: datetime) -> float:
+        """Return the share a call ready from ``start`` to ``end`` had."""
+        return self.at(end) - self.at(start)
+
+
+def newest(values: Sequence[float]) -> int:
+    """Return how many of a node's answered calls, the newest, give its latency now."""
+    return max(NEWEST_MIN, round(NEWEST * len(values)))
+
+
+def _ready(c: Any) -> datetime:
+    return c.ready_at or c.started_at
+
+
+def _spread(values: list[float], middle: float | None = None) -> Spread:
+    """Return (first quartile, ``middle`` or the median, third quartile) of ``values``."""
+    q = statistics.quantiles(values, n=4) if len(values) >= 2 else values * 3
+    return q[0], statistics.median(values) if middle is None else middle, q[2]
+
+
+def _per_call(calls: Sequence[Any], value: dict[int, float]) -> dict[str, list[float]]:
+    """Return, node by node, each answered call's ``value`` summed over its attempts (an
+    attempt that answered nothing adds to the call it was for: the next, or the last)."""
+    out: dict[str, dict[tuple[str, int], float]] = defaultdict(lambda: defaultdict(float))
+    for i, c in enumerate(calls):
+        out[c.node][(c.ticker, c.sample)] += value[i]
+    answered = {(c.node, c.ticker, c.sample) for c in calls if c.status == "ok"}
+    return {node: [v for (t, s), v in by.items() if (node, t, s) in answered]
+            for node, by in out.items()
+            if any((node, t, s) in answered for t, s in by)}
+
+
+def _tokens(calls: Sequence[Any]) -> dict[str, float]:
     """Return each node's output per answered call, every attempt's output counted."""
-    cost: dict[str, float] = defaultdict(float)
-    answered: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    got = _per_call(calls, {i: float(c.completion_tokens or 0) for i, c in enumerate(calls)})
+    return {n: statistics.fmean(v) for n, v in got.items()}
+
+
+def _shares(calls: Sequence[Any], shares: Shares) -> dict[str, list[float]]:
+    """Return each node's answered calls' shares, every attempt's counted."""
+    return _per_call(calls, {i: shares.of(_ready(c), c.ended_at) for i, c in enumerate(calls)})
+
+
+def _latencies(calls: Sequence[Any], ready: bool = False) -> dict[str, list[float]]:
+    """Return each node's answered calls' latency, issue (``ready``: ready) to answer, in the
+    order they were given."""
+    seen: dict[str, list[float]] = defaultdict(list)
     for c in calls:
-        cost[c.node] += c.completion_tokens or 0
         if c.status == "ok":
-            answered[c.node].add((c.ticker, c.sample))
-    return {n: cost[n] / len(answered[n]) for n in answered}
+            seen[c.node].append((c.ended_at - (_ready(c) if ready else c.started_at))
+                                .total_seconds())
+    return seen
 
 
-def _prior(engine: Engine, batch_id: int) -> tuple[dict[str, float],
-                                                   dict[str, tuple[float, float, float]]]:
-    """Return the newest earlier finished batch of the same kind and model: its nodes' output
-    per call and latency quartiles, for the nodes this batch has not answered yet."""
+@dataclass(frozen=True)
+class Prior:
+    """The newest earlier finished batch of the same kind and model, node by node."""
+
+    tokens: dict[str, float]  # output per answered call
+    shares: dict[str, list[float]]  # answered calls' shares, in the order they ended
+    took: dict[str, list[float]]  # answered calls' latencies, issue to answer
+    aged: dict[str, list[float]]  # ... ready to answer
+
+
+class Call(NamedTuple):
+    """One attempt's row as the ETA reads it (a plain tuple: a reading walks every call of
+    two nights several times, and a database row's attributes are slow to read)."""
+
+    ticker: str
+    node: str
+    sample: int
+    status: str
+    completion_tokens: int | None
+    ready_at: datetime | None
+    started_at: datetime
+    ended_at: datetime
+
+
+CALL = (LLMCall.ticker, LLMCall.node, LLMCall.sample, LLMCall.status,
+        LLMCall.completion_tokens, LLMCall.ready_at, LLMCall.started_at, LLMCall.ended_at)
+
+
+def _prior(engine: Engine, batch_id: int) -> Prior:
     with engine.connect() as conn:
         this = conn.execute(select(Batch.kind, Batch.settings)
                             .where(Batch.id == batch_id)).one()
@@ -126,64 +224,29 @@ def _prior(engine: Engine, batch_id: int) -> tuple[dict[str, float],
         same = next((b.id for b in earlier
                      if (b.settings or {}).get("model") == model), None)
         if same is None:
-            return {}, {}
-        calls = conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.sample,
-                                    LLMCall.status, LLMCall.completion_tokens,
-                                    LLMCall.ready_at, LLMCall.started_at, LLMCall.ended_at)
-                             .where(LLMCall.batch_id == same)).all()
-    return _costs(calls), _node_latencies(calls)
+            return Prior({}, {}, {}, {})
+        calls = [Call(*c) for c in conn.execute(select(*CALL).where(LLMCall.batch_id == same)
+                                                .order_by(LLMCall.ended_at))]
+    shares = Shares([(_ready(c), c.ended_at, 1) for c in calls])
+    return Prior(_tokens(calls), _shares(calls, shares), _latencies(calls),
+                 _latencies(calls, ready=True))
 
 
-def _node_latencies(calls: Sequence[Any]) -> dict[str, tuple[float, float, float]]:
-    """Return each node's answered calls' latency, issue to answer: (q1, median, q3)."""
-    seen: dict[str, list[float]] = defaultdict(list)
-    for c in calls:
-        if c.status == "ok":
-            seen[c.node].append((c.ended_at - (c.ready_at or c.started_at)).total_seconds())
-    out = {}
-    for node, values in seen.items():
-        q = statistics.quantiles(values, n=4) if len(values) >= 2 else values * 3
-        out[node] = (q[0], statistics.median(values), q[2])
-    return out
-
-
-def _chain_seconds(left: list[str], analysts: list[str],
-                   took: dict[str, tuple[float, float, float]],
-                   recent: tuple[float, float, float] | None,
-                   running_s: float) -> tuple[float, float, float] | None:
-    """Return the time one sample's calls left take one after another (q1, median, q3): its
-    analysts side by side as one step at their nodes' latency, each later node at its own
-    or, not answered yet, at ``recent``; None when no step has a latency to go by. The
-    first step has run ``running_s`` already: what is left of it, but never less than
-    ``OVERDUE_SHARE`` of it (a call past its usual latency still has time to go)."""
-    steps = [[took[n] for n in left if n in analysts and n in took]]
-    for n in left:
-        if n not in analysts:
-            seen = took.get(n, recent)
-            steps.append([seen] if seen is not None else [])
-    known = [step for step in steps if step]
-    if not known:
-        return None
-    out = []
-    for i in range(3):
-        times = [max(t[i] for t in step) for step in known]
-        times[0] = max(times[0] - running_s, OVERDUE_SHARE * times[0])
-        out.append(sum(times))
-    return out[0], out[1], out[2]
-
-
-def _recent_chain_latency(calls: Sequence[Any], analysts: list[str],
-                          since: datetime) -> tuple[float, float, float] | None:
-    """Return the latency quartiles of the chain's calls (not the analysts': they run four
-    side by side) answered since ``since``, else of the latest answered; None: none yet."""
-    chain = sorted((c for c in calls if c.status == "ok" and c.node not in analysts),
-                   key=lambda c: c.ended_at)
-    recent = [c for c in chain if c.ended_at >= since] or chain[-3:]
-    values = [(c.ended_at - (c.ready_at or c.started_at)).total_seconds() for c in recent]
-    if not values:
-        return None
-    q = statistics.quantiles(values, n=4) if len(values) >= 2 else values * 3
-    return (q[0], statistics.median(values), q[2])
+def _pace(own: dict[str, list[float]], before: dict[str, list[float]]) -> Spread | None:
+    """Return this night's ``own`` values over the night before's, each node's answered calls
+    against as many of the night before's first answered ones of the node (a node's first
+    answers are its quick ones, or those that had the servers to themselves, on both
+    nights): (the lowest node's ratio, all nodes pooled, the highest node's); None: no
+    node answered on both."""
+    ratios, mine, theirs = [], 0.0, 0.0
+    for n, values in own.items():
+        then = before.get(n, [])[:len(values)]
+        if then and sum(then) > 0:
+            usual = statistics.fmean(then) * len(values)
+            ratios.append(sum(values) / usual)
+            mine += sum(values)
+            theirs += usual
+    return (min(ratios), mine / theirs, max(ratios)) if ratios else None
 
 
 def _in_flight(samples: Sequence[Any], calls: Sequence[Any]) -> float:
@@ -205,56 +268,83 @@ def _in_flight(samples: Sequence[Any], calls: Sequence[Any]) -> float:
     return max(0.0, made - sum(c.completion_tokens or 0 for c in calls if c.ended_at >= first))
 
 
-def _server_rates(samples: Sequence[Any], since: datetime, now: datetime) -> list[float]:
-    """Return the servers' output rate in each slice of the window (an endpoint's counter
-    that went back, a restarted server, counts from its new value)."""
-    width = (now - since).total_seconds() / SLICES
-    tokens = [0.0] * SLICES
-    by_endpoint: dict[str | None, list[Any]] = defaultdict(list)
-    for s in samples:
-        by_endpoint[s.endpoint].append(s)
-    seen = False
-    for rows in by_endpoint.values():
-        rows.sort(key=lambda s: s.sampled_at)
-        for before, after in pairwise(rows):
-            made = after.generation_tokens_total - before.generation_tokens_total
-            if made < 0:
-                made = after.generation_tokens_total
-            # Spread evenly between the two readings, then split among the slices.
-            a = (before.sampled_at - since).total_seconds()
-            b = (after.sampled_at - since).total_seconds()
-            if b <= 0 or b <= a:
-                continue
-            seen = True
-            for i in range(SLICES):
-                overlap = min(b, (i + 1) * width) - max(a, i * width)
-                if overlap > 0:
-                    tokens[i] += made * overlap / (b - a)
-    return [t / width for t in tokens] if seen else []
+@dataclass(frozen=True)
+class Step:
+    """One open sample: its nodes left, and since when its step under way has been ready
+    (None: its ticker has not started)."""
+
+    left: list[str]
+    since: datetime | None
+    under_way: list[str]  # the step's calls: its analysts left, else its next node
 
 
-def _call_rates(calls: Sequence[Any], since: datetime, now: datetime) -> list[float]:
-    """Return the output of the attempts that ended in each slice of the window, per second."""
-    width = (now - since).total_seconds() / SLICES
-    tokens = [0.0] * SLICES
-    for c in calls:
-        if c.ended_at >= since:
-            at = (c.ended_at - since).total_seconds()
-            tokens[min(SLICES - 1, int(at // width))] += c.completion_tokens or 0
-    return [t / width for t in tokens]
+def _left_of(ran: float, ages: list[list[float]], took: list[float]) -> Spread:
+    """Return what a call ready ``ran`` seconds ago has left: what the calls of the first of
+    ``ages`` (lists of ready-to-answer latencies) with one longer had left at that age;
+    past every one of them ``OVERDUE_SHARE`` of its latency ``took``."""
+    for values in ages:
+        if rest := [v - ran for v in values if v > ran]:
+            return _spread(rest)
+    low, mid, high = _spread(took)
+    return OVERDUE_SHARE * low, OVERDUE_SHARE * mid, OVERDUE_SHARE * high
+
+
+def _chain_seconds(step: Step, analysts: list[str], took: dict[str, list[float]],
+                   ages: dict[str, list[list[float]]], now: datetime) -> Spread | None:
+    """Return the time the sample's calls left take one after another (quartiles and
+    median): its analysts side by side as one step, each later node at its latencies
+    ``took``; None when no step has a latency. The step under way has been ready since
+    ``step.since``: what is left of it by ``_left_of`` its node's ``ages``."""
+    steps = ([[n for n in step.left if n in analysts and n in took]]
+             if any(n in analysts for n in step.left) else [])
+    steps += [[n] if n in took else [] for n in step.left if n not in analysts]
+    if not any(steps):
+        return None
+    ran = 0.0 if step.since is None else (now - step.since).total_seconds()
+    total = [0.0, 0.0, 0.0]
+    for i, nodes in enumerate(steps):
+        times = [_spread(took[n]) if i or step.since is None
+                 else _left_of(ran, ages.get(n, []), took[n]) for n in nodes]
+        for k in range(3):
+            total[k] += max((t[k] for t in times), default=0.0)
+    return total[0], total[1], total[2]
+
+
+def _steps(tickers: Sequence[Any], calls: Sequence[Any], nodes: list[str],
+           analysts: list[str], samples: int, now: datetime) -> list[Step]:
+    """Return every open sample's step (a ticker finished after ``now`` was open then)."""
+    answered = {(c.ticker, c.node, c.sample) for c in calls if c.status == "ok"}
+    last: dict[tuple[str, int], datetime] = {}
+    for c in calls:  # in the order they ended
+        if c.status == "ok":
+            last[(c.ticker, c.sample)] = c.ended_at
+    out = []
+    for run in tickers:
+        if run.status in FINISHED and (run.finished_at or now) <= now:
+            continue
+        started = run.started_at if run.started_at and run.started_at <= now else None
+        for s in range(samples):
+            left = [n for n in nodes if (run.ticker, n, s) not in answered]
+            if not left and started is not None:
+                left = nodes[-1:]  # open with every node answered: its last asked again
+            waiting = [n for n in left if n in analysts] or left[:1]
+            # The analysts were all issued at the ticker's start; a later node at the
+            # sample's last answer.
+            since = started
+            if started is not None and not any(n in analysts for n in left):
+                since = last.get((run.ticker, s), started)
+            out.append(Step(left, since, waiting))
+    return out
 
 
 def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     """Return the batch's reading at ``now`` from the rows stored by then (a past ``now``
     replays the night as it stood)."""
     with engine.connect() as conn:
-        batch = conn.execute(select(Batch.settings, Batch.tickers_total, Batch.started_at)
+        batch = conn.execute(select(Batch.settings, Batch.tickers_total)
                              .where(Batch.id == batch_id)).one()
-        calls = conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.sample,
-                                    LLMCall.status, LLMCall.completion_tokens,
-                                    LLMCall.ready_at, LLMCall.started_at, LLMCall.ended_at)
-                             .where(LLMCall.batch_id == batch_id,
-                                    LLMCall.ended_at <= now)).all()
+        calls = [Call(*c) for c in conn.execute(select(*CALL).where(
+            LLMCall.batch_id == batch_id, LLMCall.ended_at <= now).order_by(LLMCall.ended_at))]
         samples = conn.execute(select(ServerSample.endpoint, ServerSample.sampled_at,
                                       ServerSample.generation_tokens_total)
                                .where(ServerSample.batch_id == batch_id,
@@ -263,73 +353,83 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
                                       TickerRun.started_at, TickerRun.finished_at)
                                .where(TickerRun.batch_id == batch_id)).all()
     settings = batch.settings or {}
-    samples_per_ticker = int(settings.get("samples") or 1)
+    per_ticker = int(settings.get("samples") or 1)
     analysts, chain = pipeline_nodes(settings)
     nodes = [*analysts, *chain]
     answered = {(c.ticker, c.node, c.sample) for c in calls if c.status == "ok"}
-    prior_cost, prior_took = _prior(engine, batch_id)
-    own = _costs(calls)
-    overall = sum(c.completion_tokens or 0 for c in calls) / len(answered) if answered else 0.0
-    per_call = {n: own.get(n, prior_cost.get(n, overall)) for n in nodes}
-    # A finished ticker runs no more calls, whatever it answered; one finished after
-    # ``now`` was still open then.
-    open_tickers = [t for t in tickers
-                    if t.status not in FINISHED or (t.finished_at or now) > now]
-    own_took = _node_latencies(calls)
-    took = {**prior_took, **own_took}
-    # When each sample's step under way began: its last answer, else its ticker's start.
-    began: dict[tuple[str, int], datetime] = {}
-    for c in calls:
-        if c.status == "ok" and c.ended_at > began.get((c.ticker, c.sample), c.ended_at
-                                                          - timedelta(seconds=1)):
-            began[(c.ticker, c.sample)] = c.ended_at
-    recent = _recent_chain_latency(calls, analysts, now - timedelta(seconds=WINDOW_S))
-    tokens_left = 0.0
-    calls_left = longest = 0
-    slowest: tuple[float, float, float] | None = None  # the longest chain's seconds
-    for run in open_tickers:
-        t = run.ticker
-        started = run.started_at if run.started_at and run.started_at <= now else None
-        for s in range(samples_per_ticker):
-            left = [n for n in nodes if (t, n, s) not in answered]
-            calls_left += len(left)
-            tokens_left += sum(per_call[n] for n in left)
-            steps = any(n in left for n in analysts) + sum(n in left for n in chain)
-            longest = max(longest, steps)
-            since_step = began.get((t, s), started)
-            this = _chain_seconds(left, analysts, took, recent,
-                                  0.0 if since_step is None else (now - since_step).total_seconds())
-            if this is not None and (slowest is None or this[1] > slowest[1]):
-                slowest = this
+    prior = _prior(engine, batch_id)
+    steps = _steps(tickers, calls, nodes, analysts, per_ticker, now)
+    # The calls held or under way are ready since their step began: they have no rows yet.
+    shares = Shares([(_ready(c), c.ended_at, 1) for c in calls]
+                    + [(step.since, now, len(step.under_way)) for step in steps
+                       if step.since is not None])
+    own_shares = _shares(calls, shares)
+    pace = _pace(own_shares, prior.shares)
+    share: dict[str, Spread] = {}
+    for n in nodes:
+        if n in prior.shares:
+            usual = statistics.fmean(prior.shares[n])
+            share[n] = tuple(usual * p for p in pace or (1.0, 1.0, 1.0))  # type: ignore[assignment]
+        elif n in own_shares:
+            share[n] = _spread(own_shares[n], statistics.fmean(own_shares[n]))
+    mean_share = [v for values in own_shares.values() for v in values]
+    work: Spread | None = None
+    if share or mean_share:
+        fallback = statistics.fmean(mean_share) if mean_share else 0.0
+        total = [0.0, 0.0, 0.0]
+        for step in steps:
+            had = 0.0 if step.since is None else shares.of(step.since, now)
+            for n in step.left:
+                cost = share.get(n, (fallback, fallback, fallback))
+                for i in range(3):
+                    total[i] += cost[i] - (min(had, (1 - OVERDUE_SHARE) * cost[i])
+                                           if n in step.under_way else 0.0)
+        work = (total[0], total[1], total[2])
+    # The chain: a node's latency now, else the night's, else the night before's × pace.
+    took_all = _latencies(calls)
+    recent = {n: v[-newest(v):] for n, v in took_all.items()}
+    latency_pace = _pace(took_all, prior.took) or (1.0, 1.0, 1.0)
+    took: dict[str, list[float]] = {}
+    for n in nodes:
+        if n in recent or n in took_all:
+            took[n] = recent.get(n) or took_all[n]
+        elif n in prior.took:
+            took[n] = [v * latency_pace[1] for v in prior.took[n]]
+    chained = [(c.ended_at - c.started_at).total_seconds() for c in calls
+               if c.status == "ok" and c.node in chain]
+    chained = chained[-newest(chained):]
+    if chained:
+        for n in chain:
+            took.setdefault(n, chained)
+    # The step under way: the ready-to-answer latencies of the night's calls of its node and
+    # the night before's (a call held at the gate: the gate's waits are in them).
+    aged = _latencies(calls, ready=True)
+    ages = {n: [aged.get(n, []) + [v * latency_pace[1] for v in prior.aged.get(n, [])]
+                or took.get(n, [])] for n in nodes}
+    slowest: Spread | None = None
+    for step in steps:
+        this = _chain_seconds(step, analysts, took, ages, now)
+        if this is not None and (slowest is None or this[1] > slowest[1]):
+            slowest = this
+    longest = max((any(n in analysts for n in s.left) + sum(n in chain for n in s.left)
+                   for s in steps), default=0)
     # Calls under way have made part of their output: the servers' counter says how much.
+    tokens = _tokens(calls)
+    overall = (sum(c.completion_tokens or 0 for c in calls) / len(answered)
+               if answered else 0.0)
+    tokens_left = sum(tokens.get(n, prior.tokens.get(n, overall))
+                      for step in steps for n in step.left)
     tokens_left = max(0.0, tokens_left - _in_flight(samples, calls))
-    # From the batch's start at the earliest: calls under way are in no row yet.
-    first = min((c.started_at for c in calls), default=batch.started_at or now)
-    since = max(min(first, batch.started_at or first), now - timedelta(seconds=WINDOW_S))
-    rates: list[float] = []
-    source = None
-    # Before the first answer the rate says little (a server warming up, a queue filling):
-    # the chain, at the night before's latencies, stands alone.
-    if answered and (now - since).total_seconds() > 0:
-        rates, source = _server_rates(samples, since, now), "server"
-        if not rates:
-            rates, source = _call_rates(calls, since, now), "calls"
-    if answered and not any(rates):
-        # Nothing came out in the window (a stall, a resume's first minutes): the output
-        # so far over the time calls ran, rather than no work bound at all.
-        ran = active_time([(c.started_at, c.ended_at) for c in calls]).active_s
-        output = sum(c.completion_tokens or 0 for c in calls)
-        rates, source = ([output / ran] if ran > 0 else []), "batch"
-    rate = statistics.fmean(rates) if rates else None
     low_s, chain_s, high_s = slowest or (None, None, None)
-    eta, low, high = (bound(tokens_left, rate, chain_s),
-                      bound(tokens_left, max(rates, default=None), low_s),
-                      bound(tokens_left, min(rates, default=None), high_s))
-    expected = len(nodes) * samples_per_ticker * int(batch.tickers_total)
+    low_w, work_s, high_w = work or (None, None, None)
+    rates = [tokens_left / w if w else None for w in (work_s, high_w, low_w)]
+    expected = len(nodes) * per_ticker * int(batch.tickers_total)
     return Reading(now, expected, len(answered), len(calls),
-                   int(sum(c.completion_tokens or 0 for c in calls)), tokens_left, rate,
-                   min(rates, default=None), max(rates, default=None), source, longest,
-                   chain_s, low_s, high_s, eta, low, high)
+                   int(sum(c.completion_tokens or 0 for c in calls)), tokens_left,
+                   rates[0], rates[1], rates[2],
+                   None if work is None else "before" if prior.shares else "night",
+                   longest, chain_s, low_s, high_s, bound(work_s, chain_s),
+                   bound(low_w, low_s), bound(high_w, high_s))
 
 
 def record(engine: Engine, batch_id: int, found: Reading) -> None:

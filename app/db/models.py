@@ -285,10 +285,14 @@ class ProgressReading(Base):
     attempts: Mapped[int] = mapped_column(Integer)  # HTTP attempts so far, re-asks included
     output_tokens: Mapped[int] = mapped_column(Integer)  # every attempt's, so far
     tokens_left: Mapped[float] = mapped_column(Float)
+    # tokens left ÷ the work bound (and at its slowest and fastest pace): the rate the work
+    # left comes out at. Readings stored before 2026-12-05 hold the servers' rate then.
     rate_tok_s: Mapped[float | None] = mapped_column(Float)
     rate_low_tok_s: Mapped[float | None] = mapped_column(Float)
     rate_high_tok_s: Mapped[float | None] = mapped_column(Float)
-    rate_source: Mapped[str | None] = mapped_column(String(16))  # server | calls | batch
+    # before: the night before's shares × pace; night: this night's (older rows: server |
+    # calls | batch, where their rate came from)
+    rate_source: Mapped[str | None] = mapped_column(String(16))
     chain_left: Mapped[int] = mapped_column(Integer)
     chain_s: Mapped[float | None] = mapped_column(Float)  # chain left at median latencies
     chain_low_s: Mapped[float | None] = mapped_column(Float)  # ... at their quartiles

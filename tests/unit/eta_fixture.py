@@ -7,20 +7,26 @@ ticker runs, its calls (times, tokens, status), its ``/metrics`` generation coun
 exporting one is
 
     python -m tests.unit.eta_fixture SQLITE_URL BATCH_ID OUT.json "where it came from"
+
+and ``python -m tests.unit.eta_fixture table FIXTURE.json`` prints its replay as a Markdown
+table (the docs/lab notes' tables): at each stored reading, the ETA replayed now against the
+true time left, and the estimate the live reading stored.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, insert, select
 
+from app import eta
 from app.db.engine import get_engine
-from app.db.models import Batch, LLMCall, ProgressReading, ServerSample, TickerRun
+from app.db.models import Base, Batch, LLMCall, ProgressReading, ServerSample, TickerRun
 
 CALL = ("ticker", "node", "sample", "status", "completion_tokens", "ready_at", "started_at",
         "ended_at")
@@ -111,7 +117,47 @@ def load(engine: Engine, path: Path) -> tuple[int, datetime, list[dict[str, Any]
     return batch_id, end, [_row(READING, r) for r in night["readings"]]
 
 
-if __name__ == "__main__":
+def _error(said: float | None, left: float) -> str:
+    return "—" if said is None else f"{(said - left) / left:+.0%}"
+
+
+def table(path: Path) -> str:
+    """Return the fixture's replay as Markdown rows, and how often the interval held the
+    true time left from a tenth of the night on."""
+    with tempfile.TemporaryDirectory() as scratch:
+        engine = get_engine(f"sqlite:///{scratch}/replay.db")
+        Base.metadata.create_all(engine)
+        batch_id, _, readings = load(engine, path)
+        with engine.connect() as conn:
+            start, end = conn.execute(select(Batch.started_at, Batch.finished_at)
+                                      .where(Batch.id == batch_id)).one()
+        night_s = (end - start).total_seconds()
+        rows = ["| into the night | left s | ETA s (interval) | error | live s | live error |",
+                "|---:|---:|---|---:|---:|---:|"]
+        held = counted = 0
+        for recorded in readings:
+            left = (end - recorded["taken_at"]).total_seconds()
+            if left <= 0:
+                continue
+            found = eta.reading(engine, batch_id, recorded["taken_at"])
+            if 1 - left / night_s >= 0.10:
+                counted += 1
+                held += (found.eta_low_s is not None and found.eta_high_s is not None
+                         and found.eta_low_s <= left <= found.eta_high_s)
+            shown = ("—" if found.eta_s is None else
+                     f"{found.eta_s:.0f} ({found.eta_low_s:.0f}–{found.eta_high_s:.0f})")
+            live = recorded["eta_s"]
+            rows.append(f"| {1 - left / night_s:.0%} | {left:.0f} | {shown} | "
+                        f"{_error(found.eta_s, left)} | "
+                        f"{'—' if live is None else f'{live:.0f}'} | {_error(live, left)} |")
+        engine.dispose()
+    return "\n".join([*rows, "", f"interval held the time left: {held} of {counted} "
+                       "readings from 10% on"])
+
+
+if __name__ == "__main__" and sys.argv[1] == "table":
+    print(table(Path(sys.argv[2])))
+elif __name__ == "__main__":
     url, batch, out, source = sys.argv[1:5]
     Path(out).write_text(json.dumps(export(url, int(batch), source), separators=(",", ":"))
                          + "\n")

@@ -30,7 +30,8 @@ def batch(engine: Engine, tickers: dict[str, str], status: str = "running",
         s.add(row)
         s.flush()
         for ticker, status in tickers.items():
-            s.add(TickerRun(batch_id=row.id, ticker=ticker, status=status, samples=1))
+            s.add(TickerRun(batch_id=row.id, ticker=ticker, status=status, samples=1,
+                            started_at=None if status == "queued" else T0))
         s.commit()
         return int(row.id)
 

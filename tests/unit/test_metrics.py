@@ -108,18 +108,23 @@ def test_a_running_nights_eta_and_its_interval(sqlite_engine: Engine,
                                                client: TestClient) -> None:
     now = DUE2 + timedelta(minutes=30)
     running = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.7),
-                                                  "BBB": Rated(status="running")},
+                                                  "BBB": Rated(status="running"),
+                                                  "CCC": Rated("Buy", 0.7),
+                                                  "DDD": Rated("Buy", 0.7)},
                         status="running", heartbeat=now - timedelta(seconds=5))
     calls(sqlite_engine, running, "AAA", NODES, end=now - timedelta(minutes=5))
+    for ticker in ("CCC", "DDD"):  # two at a time
+        calls(sqlite_engine, running, ticker, NODES, end=now - timedelta(minutes=10))
     calls(sqlite_engine, running, "BBB", list(ANALYSTS), end=now)
     counter(sqlite_engine, running, [2.0, 4.0, 6.0, 8.0], now=now)
     with time_machine.travel(now, tick=False):
         got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
     eta = {dict(labels)["bound"]: value for (name, labels), value in got.items()
            if name == "nightdesk_night_eta_seconds"}
-    # BBB's 13 later calls, 1,300 tokens, less 200 made by calls under way: 1,100 at the
-    # window's 5 tok/s, and at its fastest and slowest slices (8 and 2 tok/s).
-    assert eta == {"estimate": 220.0, "low": 138.0, "high": 550.0}
+    # BBB's 13 later calls at each node's share of the server (4 s alone, 2 s two at a
+    # time): 8/3 s on the mean, 2 s and 4 s at its quartiles; the low end is BBB's chain,
+    # 4 s for the call it is ready for, then 12 × 2 s issue to answer.
+    assert eta == {"estimate": 35.0, "low": 28.0, "high": 52.0}
 
 
 def test_a_missed_night_and_a_night_cut_short(sqlite_engine: Engine,

@@ -108,8 +108,8 @@ def test_a_running_night_shows_progress_with_the_eta_by_work_left(
                         {"AAA": Rated("Buy", 0.7), "BBB": Rated(status="running"),
                          "CCC": Rated(status="queued"), "DDD": Rated(status="queued")},
                         status="running", heartbeat=now - timedelta(seconds=10))
-    # AAA answered all 17 nodes long ago, BBB its 4 analysts in the last 2 minutes: 100
-    # output tokens a call, no /metrics readings, so the rate is 400 tokens per 120 s.
+    # AAA answered all 17 nodes long ago, BBB its 4 analysts in the last 2 minutes, each
+    # call alone on the server for its 4 s from ready to answer (tests/unit/eta_rows.py).
     calls(sqlite_engine, running, "AAA", NODES, end=now - timedelta(minutes=10))
     calls(sqlite_engine, running, "BBB", list(ANALYSTS), end=now - timedelta(seconds=10))
     status = status_at(sqlite_engine, now)
@@ -118,9 +118,11 @@ def test_a_running_night_shows_progress_with_the_eta_by_work_left(
     assert prog is not None
     assert (prog.tickers_done, prog.tickers_running, prog.calls, prog.expected_calls) == \
         (1, 1, 21, 68)
-    # Left: BBB's 13 later nodes and CCC's and DDD's 17 each, 4,700 tokens at 10/3 tok/s.
-    assert prog.eta_s == 1410
-    assert f"#{running}" in status.headline and "about 23 min 30 s" in status.headline
+    # Left: BBB's 13 later nodes and CCC's and DDD's 17 each, 47 calls at 4 s each, less
+    # what BBB's next call has had of the server since its ready 10 s ago (alone), never
+    # more than half its 4 s.
+    assert prog.eta_s == 47 * 4 - 2
+    assert f"#{running}" in status.headline and "about 3 min 06 s" in status.headline
     assert status.reason is not None and "is still running (1 of 4 tickers done)" in status.reason
 
 

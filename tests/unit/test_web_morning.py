@@ -150,13 +150,14 @@ def test_the_page_and_the_cli_give_the_same_eta(sqlite_engine: Engine,
                         status="running", heartbeat=now - timedelta(seconds=5), calls=17)
     soup = page(client, "/", now)
     assert soup.find("meta", attrs={"http-equiv": "refresh"}) is not None
-    # AAA's 17 calls of 5 tokens ran 17 s, then nothing for 20 min: at that 5 tok/s, the 51
-    # calls left (255 tokens) take 51 s, above the longest chain (14 calls of 1 s).
+    # AAA's 17 calls ran 1 s each beside BBB's four analysts (ready since BBB started):
+    # a fifth of the server each, so the 51 calls left are about 10 s of work; the longest
+    # chain, CCC's or DDD's 14 steps of 1 s, is longer.
     progress = text(soup.select_one(f".progress[data-batch='{running}']"))
-    assert "17 of about 68 calls" in progress and "about 51 s left" in progress
+    assert "17 of about 68 calls" in progress and "about 14 s left" in progress
     with time_machine.travel(now, tick=False):
         cli = run_cli("ranking", env=UTC_ENV)
-    assert "about 51 s left" in cli.stderr.splitlines()[1]
+    assert "about 14 s left" in cli.stderr.splitlines()[1]
 
 
 def test_a_running_batch_page_lists_running_tickers_apart_and_refreshes(
@@ -173,10 +174,11 @@ def test_a_running_batch_page_lists_running_tickers_apart_and_refreshes(
     assert running_rows == [["BBB", "running"], ["CCC", "queued"]]
     failed_rows = [text(tr.find("td")) for tr in soup.select("#failed tbody tr")]
     assert failed_rows == ["EEE"]
-    # AAA's and BBB's 34 calls of 5 tokens ran 34 s; CCC's 17 (85 tokens) take 17 s at that
-    # rate (EEE failed: it runs no more calls).
+    # AAA's and BBB's 34 calls ran alone, 1 s each: CCC's 17 take 17 s, and BBB, every
+    # node answered but still running, is asking its last again: half of a call's 1 s
+    # (EEE failed: it runs no more calls).
     assert "34 of about 68 calls" in text(soup.find(id="progress"))
-    assert "about 17 s left" in text(soup.find(id="progress"))
+    assert "about 18 s left" in text(soup.find(id="progress"))
     # Once it is over, nothing reloads.
     done = add_night(sqlite_engine, D1, DUE1, GOOD)
     assert page(client, f"/batches/{done}", now).find("meta",
@@ -271,18 +273,22 @@ def test_the_running_night_s_eta_reads_the_same_on_both_faces(sqlite_engine: Eng
     add_night(sqlite_engine, D1, DUE1, GOOD)
     running = add_night(sqlite_engine, D2, DUE2,
                         {"AAA": Rated("Buy", 0.7), "BBB": Rated(status="running"),
-                         "CCC": Rated(status="queued"), "DDD": Rated(status="queued")},
+                         "CCC": Rated(status="queued"), "DDD": Rated(status="queued"),
+                         "EEE": Rated("Buy", 0.7), "FFF": Rated("Buy", 0.7)},
                         status="running", heartbeat=now - timedelta(seconds=5))
     calls(sqlite_engine, running, "AAA", NODES, end=now - timedelta(minutes=5))
+    for ticker in ("EEE", "FFF"):  # two at a time
+        calls(sqlite_engine, running, ticker, NODES, end=now - timedelta(minutes=10))
     calls(sqlite_engine, running, "BBB", list(ANALYSTS), end=now)
     counter(sqlite_engine, running, [2.0, 4.0, 6.0, 8.0], now=now)
     progress = text(page(client, "/", now).select_one(".progress .eta"))
     with time_machine.travel(now, tick=False):
         cli = run_cli("ranking", env=UTC_ENV)
-    # 4,700 tokens (BBB's 13 later calls, CCC's and DDD's 17, 100 each) less 200 made by
-    # calls under way (600 made in the window, 400 of them by answered calls) at 5 tok/s,
-    # the window's mean; 8 and 2 tok/s, its fastest and slowest slices, bound the interval.
-    said = "about 15 min 00 s (9 min 22 s – 37 min 30 s) left"
+    # 47 calls left (BBB's 13 later ones, CCC's and DDD's 17), each node's calls having
+    # had 4 s of the server alone and 2 s two at a time (tests/unit/eta_rows.py): 8/3 s
+    # on the mean (an analyst 3 s: BBB's ran alone too), 2 s and 4 s at the quartiles
+    # that bound the interval: 13 × 8/3 + 2 × (4 × 3 + 13 × 8/3) = 128 s.
+    said = "about 2 min 08 s (1 min 34 s – 3 min 08 s) left"
     assert progress == said
     assert said in cli.stderr.splitlines()[1]
 
