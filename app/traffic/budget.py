@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from app.promptsize import message_bytes
+from app.promptsize import Counted, message_bytes
 
 # A message's chat-template tokens beyond its text (role markers, separators).
 MESSAGE_OVERHEAD_TOKENS = 8
@@ -94,8 +94,8 @@ class TokenBudget:
     min_samples: int = 5  # a node's outputs seen before its quantile replaces max_tokens
     tokens_per_byte: float = 0.5  # until the server's own counts are seen: generous
     clock: Callable[[], float] = time.time  # the clock of the readings' ``taken_at``
-    # The (bytes, tokens) the server's /tokenize counted: the ratio until a request finishes.
-    counted: Callable[[], tuple[int, int]] | None = None
+    # What the server's /tokenize counted: the ratio until a request finishes.
+    counted: Counted | None = None
     reserved: int = field(init=False, default=0)  # outstanding requests' tokens
     held: int = field(init=False, default=0)  # tickers between calls
     factor: float = field(init=False)
@@ -157,7 +157,7 @@ class TokenBudget:
         """Return the (bytes, tokens) the ratio is measured on: answers', else /tokenize's."""
         if self._bytes_seen and self._tokens_seen:
             return self._bytes_seen, self._tokens_seen
-        return self.counted() if self.counted is not None else (0, 0)
+        return (self.counted.bytes, self.counted.tokens) if self.counted is not None else (0, 0)
 
     def ratio_known(self) -> bool:
         """Return True once prompts are costed by the server's counts, not the default."""

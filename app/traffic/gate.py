@@ -54,6 +54,7 @@ class Gate:
         # Set whenever room may have come; shared by a batch's gates, to wait for any of them.
         self.changed = changed or asyncio.Event()
         self._holds: set[str] = set()  # why nothing is let through now (server down, stopping)
+        self.holds: dict[int, int] = {}  # budget tokens a ticker keeps here, by start order
         self._closed: BaseException | None = None
 
     @property
@@ -149,11 +150,11 @@ class Gate:
             ticket.outstanding += 1
             ticket.reserved += claim.tokens
         if self.budget is not None:
-            # Only a hold on this budget becomes the request's; one elsewhere is released there.
-            held = ticket.hold if ticket is not None and ticket.held_by in (None, self) else 0
+            # Its hold here becomes the request's (its client releases one elsewhere).
+            held = self.holds.pop(ticket.order, 0) if ticket is not None else 0
             self.budget.take(claim, held)
             if ticket is not None and held:
-                ticket.hold, ticket.held_by = 0, None
+                ticket.hold = 0
 
     @asynccontextmanager
     async def slot(self, ticket: Ticket | None = None,
@@ -188,24 +189,24 @@ class Gate:
             # Its context stays cached for its next call: no new ticker may take its tokens.
             keep = (ticket is not None and ticket.outstanding == 0
                     and ticket.remaining > 1 and not ticket.finished)
-            if keep and ticket is not None and ticket.held_by not in (None, self):
-                ticket.held_by.release_hold(ticket)
             held = self.budget.give_back(claim, hold=keep)
             if ticket is not None and keep:
-                ticket.hold, ticket.held_by = held, self
+                self.holds[ticket.order] = ticket.hold = held
         self.grant()
 
     def release_hold(self, ticket: Ticket) -> None:
-        """Give back a ticker's hold on this gate's budget: its context is not wanted here."""
-        if self.budget is not None and ticket.hold and ticket.held_by in (None, self):
-            self.budget.held -= ticket.hold
-            ticket.hold, ticket.held_by = 0, None
+        """Give back a ticker's hold on this gate's budget, if it has one here: its context
+        is not wanted here (it moved, waits for a chain slot, or ended)."""
+        held = self.holds.pop(ticket.order, 0)
+        if self.budget is not None and held:
+            self.budget.held -= held
+            ticket.hold = 0
             self.grant()
 
     def drop_hold(self, ticket: Ticket) -> None:
-        """Release a ticker's hold (wherever it is): it has no call left to send."""
+        """Release a ticker's hold here: it has no call left to send."""
         ticket.finished = True
-        (ticket.held_by or self).release_hold(ticket)
+        self.release_hold(ticket)
 
     def grant(self) -> None:
         """Let through the waiters that now fit, in order (also after the budget changed)."""

@@ -7,12 +7,13 @@ readings are counted and a restart is detected here, once, for both.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import structlog
 from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 
+from app.promptsize import Counted
 from app.traffic.budget import BudgetSummary
 from app.traffic.chains import Footprint
 from app.traffic.gate import Gate
@@ -67,7 +68,7 @@ class Limits:
     """A server's request limit, KV token budget and chain footprint, under one strategy."""
 
     def __init__(self, strategy: Strategy, maximum: int, *, gauged: bool,
-                 counted: Callable[[], tuple[int, int]] | None = None, name: str = "") -> None:
+                 counted: Counted | None = None, name: str = "") -> None:
         self.strategy = strategy
         self.name = name  # the server's, for the log
         self.policy = strategy.admission_policy(maximum)

@@ -55,7 +55,9 @@ class Server:
 
     def __init__(self, index: int, url: str, llm: TrackedLLM, strategy: Strategy, *,
                  gauges: GaugeSource | None = None, changed: asyncio.Event | None = None,
-                 clock: Clock = loop_clock) -> None:
+                 clock: Clock = loop_clock, counter: PromptCounter | None = None) -> None:
+        """``counter`` (the client itself, for a TrackedLLM) counts prompts with the server's
+        /tokenize for the token budget; None: the budget costs by bytes until answers come."""
         self.index = index
         self.name = redact(url)  # what logs and summaries call it: no password
         self.llm = llm
@@ -63,11 +65,10 @@ class Server:
         if gauges is not None:
             gauges.push = self.reading
         self.strategy = strategy
-        counter = llm if isinstance(llm, PromptCounter) else None  # fakes count nothing
         # A reader that reads only when asked (no interval) gives no gauges to admit by.
         gauged = gauges is not None and getattr(gauges, "interval_s", 0) is not None
         self.limits = Limits(strategy, llm.settings.max_concurrency, gauged=gauged,
-                             counted=counter.counts if counter else None, name=self.name)
+                             counted=counter.counted if counter else None, name=self.name)
         self.gate = Gate(self.limits.first_request_limit, self.limits.budget, changed=changed,
                          counter=counter)
         self.holdback = HoldBack()  # what kept new tickers from starting here, per reading
@@ -145,8 +146,8 @@ class Server:
                 if (slots is None or self.chains < slots or not self.up or ticket.urgent
                         or self.gate.closed):
                     break
-                if not waited and ticket.held_by is not None:
-                    ticket.held_by.release_hold(ticket)
+                if not waited:
+                    self.gate.release_hold(ticket)
                 waited = True
                 self.gate.changed.clear()
                 await self.gate.changed.wait()
@@ -346,7 +347,7 @@ class ServerSet:
             llm = TrackedLLM(settings, recorder, http_client=http_client, base_url=url,
                              max_in_flight=max_in_flight)
             endpoints.append(Server(index, url, llm, strategy, gauges=sampler, changed=changed,
-                                    clock=clock))
+                                    clock=clock, counter=llm))
         if len(endpoints) > 1:
             log.info("endpoints", urls=[e.name for e in endpoints])
         return cls(endpoints, changed, halt=halt, outage_budget_s=settings.outage_budget_s,

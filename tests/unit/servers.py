@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from app.promptsize import PromptCounter
 from app.traffic.scheduler import Scheduler
 from app.traffic.server import Server, ServerSet
 from app.traffic.strategy import Strategy
@@ -13,8 +14,9 @@ from app.traffic.strategy import Strategy
 def one_server(llm: Any, strategy: Strategy, *, gauges: Any = None) -> ServerSet:
     """Return the ServerSet of one Server over ``llm``, read by ``gauges`` (None: unread)."""
     changed = asyncio.Event()
+    # A real client counts the budget's first prompts; the in-process models count none.
     server = Server(0, getattr(llm, "base_url", ""), llm, strategy, gauges=gauges,
-                    changed=changed)
+                    changed=changed, counter=llm if isinstance(llm, PromptCounter) else None)
     return ServerSet([server], changed)
 
 

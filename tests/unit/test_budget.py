@@ -365,7 +365,7 @@ async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default
     async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=http)
         endpoint = Server(0, BASE_URL, llm, Strategy.parse("adaptive"),
-                            gauges=SimpleNamespace())
+                          gauges=SimpleNamespace(), counter=llm)
         budget = endpoint.limits.budget
         assert budget is not None
         assert budget.ratio() == budget.tokens_per_byte == 0.5  # nothing counted yet
