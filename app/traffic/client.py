@@ -163,9 +163,7 @@ class TickerClient:
                        trimmed: Trim | None) -> ChatResult:
         """Make one attempt with a place at ``server``'s gate; after a server fault, take a
         reading: a server found down holds its gate, so the next attempt waits there. A
-        server that answered with ``Retry-After`` gets that pause from every call, before
-        its place: back-pressure is the server's, not one call's."""
-        await server.quiet()
+        ``Retry-After`` pauses the gate for every call."""
         try:
             async with server.gate.slot(self.ticket, claim):
                 return await server.llm.attempt(tag, call, body, priority=rank,
@@ -173,7 +171,8 @@ class TickerClient:
         except LLMError as error:
             if (isinstance(error, LLMHTTPError) and error.back_pressure
                     and error.retry_after_s is not None):
-                server.asked_to_wait(error.retry_after_s)
+                server.gate.asked_to_wait(min(error.retry_after_s,
+                                              server.llm.settings.retry_wait_max_s))
             if server_fault(error):
                 await server.check()
             raise

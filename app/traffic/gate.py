@@ -14,6 +14,7 @@ from agents.chat import ChatResult
 from app.errors import LLMError
 from app.promptsize import PromptCounter
 from app.traffic.budget import Claim, TokenBudget
+from app.traffic.clock import Clock, loop_clock
 from app.traffic.holdback import HELD, QUEUED, REQUEST_LIMIT, TOKEN_BUDGET
 from app.traffic.ticket import Ticket
 
@@ -42,7 +43,7 @@ class Gate:
 
     def __init__(self, limit: int, budget: TokenBudget | None = None, *,
                  changed: asyncio.Event | None = None,
-                 counter: PromptCounter | None = None) -> None:
+                 counter: PromptCounter | None = None, clock: Clock = loop_clock) -> None:
         self.limit = max(1, limit)  # changed through set_limit, which lets waiters in
         self.budget = budget
         self._counter = counter  # the server's /tokenize, for the first prompt's cost
@@ -56,6 +57,9 @@ class Gate:
         self._holds: set[str] = set()  # why nothing is let through now (server down, stopping)
         self.holds: dict[int, int] = {}  # budget tokens a ticker keeps here, by start order
         self._closed: BaseException | None = None
+        self._clock = clock
+        # Until when the server asked every request to wait (its Retry-After), on ``clock``.
+        self.quiet_until = float("-inf")
 
     @property
     def held(self) -> bool:
@@ -156,10 +160,19 @@ class Gate:
             if ticket is not None and held:
                 ticket.hold = 0
 
+    def asked_to_wait(self, seconds: float) -> None:
+        """Note a ``Retry-After``: no request takes a place here until it has passed.
+        Back-pressure is the server's, not one call's, so every call waits it out."""
+        self.quiet_until = max(self.quiet_until, self._clock() + seconds)
+
     @asynccontextmanager
     async def slot(self, ticket: Ticket | None = None,
                    claim: Claim = NO_TOKENS) -> AsyncIterator[None]:
-        """Hold one place (and ``claim``'s tokens of the budget) for the duration of the block."""
+        """Hold one place (and ``claim``'s tokens of the budget) for the duration of the
+        block, once the server's last ``Retry-After`` has passed."""
+        delay = self.quiet_until - self._clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
         if self._closed is not None:
             raise self._refusal()
         if (not self.held and self.outstanding < self.limit and self.waiting == 0

@@ -70,7 +70,7 @@ class Server:
         self.limits = Limits(strategy, llm.settings.max_concurrency, gauged=gauged,
                              counted=counter.counted if counter else None, name=self.name)
         self.gate = Gate(self.limits.first_request_limit, self.limits.budget, changed=changed,
-                         counter=counter)
+                         counter=counter, clock=clock)
         self.holdback = HoldBack()  # what kept new tickers from starting here, per reading
         self.clock = clock  # what outages are timed on
         self.servers: ServerSet | None = None  # the set, told of every reading
@@ -78,8 +78,6 @@ class Server:
         self.gone = asyncio.Event()  # set while the endpoint is down
         self.outages_seen: list[dict[str, Any]] = []  # start and seconds of each, for the batch
         self.last_failed_at: float | None = None  # when a reading last failed
-        # Until when the server asked every request to wait (its Retry-After), on ``clock``.
-        self.quiet_until = float("-inf")
         self._suspect = False  # a call met a server fault: the next failed reading is down
         self._down_since = 0.0
         self.here: dict[int, Ticket] = {}  # tickers whose calls go here now, by start order
@@ -232,17 +230,6 @@ class Server:
                         failed_reads=self.limits.failed)
         if self.servers is not None:
             self.servers.health_changed()
-
-    def asked_to_wait(self, seconds: float) -> None:
-        """Note a ``Retry-After``: no request goes here until it has passed (``quiet``)."""
-        seconds = min(seconds, self.llm.settings.retry_wait_max_s)
-        self.quiet_until = max(self.quiet_until, self.clock() + seconds)
-
-    async def quiet(self) -> None:
-        """Wait out what the server last asked with ``Retry-After``, if it is not over."""
-        delay = self.quiet_until - self.clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
 
     async def check(self) -> None:
         """After a server fault: take a reading now; a failed one makes the server down."""
