@@ -209,7 +209,7 @@ class BatchRun:
             halt=owner.halt, resume_hint=self.resume_hint, clock=owner.clock)
         self.scheduler = Scheduler(self.strategy, self.servers)
         self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
-                                      self.scheduler, expected_calls=self.work.expected_calls,
+                                      expected_calls=self.work.expected_calls,
                                       engine=owner.engine)
         try:
             await self.recorder.start()

@@ -56,7 +56,7 @@ class Scheduler:
         self._next: Ticket | None = None  # the ticker waiting for room to start
         self._waited: set[int] = set()
 
-    # The first endpoint's (live progress reads them; with several it sums the limits).
+    # The first endpoint's.
     @property
     def gate(self) -> Gate:
         return self.endpoints.first.gate
@@ -64,11 +64,6 @@ class Scheduler:
     @property
     def budget(self) -> TokenBudget | None:
         return self.endpoints.first.limits.budget
-
-    @property
-    def metrics_fallback(self) -> bool:
-        """Tell whether some server's /metrics cannot be read now (progress shows it)."""
-        return any(e.limits.blind_since is not None for e in self.endpoints)
 
     def fallback_record(self) -> FallbackRecord | None:
         """Return what the batch stores of its time without /metrics (None: it had none)."""

@@ -32,6 +32,7 @@ from app.traffic.sampler import MetricsSampler
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
+from serving.metrics import MetricsSnapshot
 from serving.urls import redact
 
 log = structlog.get_logger(__name__)
@@ -47,7 +48,7 @@ class GaugeSource(Protocol):
     push: Callable[[Any], None] | None
 
     @property
-    def latest(self) -> Any: ...
+    def latest(self) -> MetricsSnapshot | None: ...
 
 
 class Server:
@@ -505,7 +506,7 @@ class ServerSet:
     @property
     def latest(self) -> _Combined | None:
         """Return the endpoints' newest gauges combined (None before any reading)."""
-        readings = [getattr(e.gauges, "latest", None) for e in self.endpoints]
+        readings = [e.gauges.latest for e in self.endpoints if e.gauges is not None]
         seen = [r for r in readings if r is not None]
         if not seen:
             return None

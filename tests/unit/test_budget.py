@@ -289,13 +289,14 @@ def test_progress_shows_the_token_budget_in_use() -> None:
     assert scheduler.budget is not None
     scheduler.budget.set_capacity(8_000, 16)
     scheduler.budget.take(Claim(1_234))
-    llm = SimpleNamespace(stats=CallStats())
-    state = BatchProgress(1, 3, llm, scheduler).state()
+    scheduler.endpoints.first.llm = SimpleNamespace(stats=CallStats())  # type: ignore[assignment]
+    state = BatchProgress(1, 3, scheduler.endpoints).state()
     assert (state.budget_tokens, state.reserved_tokens) == (int(8_000 * 0.95), 1_234)
     # Without a budget (a fixed strategy) the fields say so.
     fixed = over_one_server(server, Strategy.parse("fixed-3"), gauges=server)
     assert fixed.budget is None
-    assert BatchProgress(1, 3, llm, fixed).state().budget_tokens is None
+    fixed.endpoints.first.llm = SimpleNamespace(stats=CallStats())  # type: ignore[assignment]
+    assert BatchProgress(1, 3, fixed.endpoints).state().budget_tokens is None
 
 
 async def test_the_batchs_first_requests_are_costed_after_one_count(
