@@ -26,7 +26,7 @@ from app.traffic.clock import Clock, loop_clock
 from app.traffic.gate import Gate
 from app.traffic.halt import Halt, HaltReason
 from app.traffic.holdback import CHAIN_CAP, ROOM, HoldBack
-from app.traffic.limits import Adaptive, AdaptiveSummary, Figures, Limits
+from app.traffic.limits import Limits
 from app.traffic.routing import Load, choose
 from app.traffic.sampler import MetricsSampler
 from app.traffic.strategy import Strategy
@@ -237,47 +237,6 @@ class Server:
         if self.gauges is not None:
             self._suspect = True
             await self.gauges.fresh()  # type: ignore[attr-defined]
-
-    def summary(self) -> EndpointSummary:
-        """Return how this endpoint's admission ended and what routing gave it."""
-        return EndpointSummary(
-            request_limit=self.gate.limit, tickers_started=self.started,
-            tickers_moved_in=self.moved_in, tickers_moved_out=self.moved_out,
-            outages=self.outages, up=self.up, adaptive=self.adaptive_summary())
-
-    def fleet(self) -> Fleet | None:
-        """Return the servers seen behind this endpoint (None: it is a server, or unknown)."""
-        servers = getattr(self.gauges, "fleet", None)
-        if not servers:
-            return None
-        return Fleet(servers=len(servers), read=getattr(self.gauges, "fleet_read", None),
-                     kv_tokens=getattr(self.gauges, "kv_capacity", None))
-
-    def adaptive_summary(self) -> AdaptiveSummary | None:
-        """Return how the limits ended and what held new tickers back (None: not adaptive)."""
-        return self.limits.summary(self.holdback.summary()) if self.strategy.adaptive else None
-
-
-class EndpointSummary(Figures, frozen=True):
-    """How one endpoint's admission ended and what routing gave it (``Server.summary``)."""
-
-    request_limit: int
-    tickers_started: int
-    tickers_moved_in: int
-    tickers_moved_out: int
-    outages: int
-    up: bool
-    adaptive: Adaptive = None  # ``Server.adaptive_summary``
-
-
-class Fleet(Figures, frozen=True):
-    """The servers behind a router endpoint (``Server.fleet``): how many it lists, how many
-    the last reading could read (0: admission by request count), their KV tokens summed."""
-
-    servers: int
-    read: int | None
-    kv_tokens: int | None
-
 
 @dataclass
 class _Combined:
@@ -512,6 +471,3 @@ class ServerSet:
             return None
         return _Combined(sum(r.running for r in seen), sum(r.waiting for r in seen),
                          max(r.kv_cache_usage for r in seen))
-
-    def summary(self) -> dict[str, EndpointSummary]:
-        return {endpoint.name: endpoint.summary() for endpoint in self.endpoints}

@@ -30,6 +30,7 @@ from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
 from app.traffic.sampler import MetricsSampler
 from app.traffic.strategy import Strategy
+from app.traffic.summary import admission as admission_summary
 from app.traffic.ticket import Ticket
 from tests.fakevllm import FakeServer, Reply
 from tests.unit.budget_sim import G, SimServer, blocks, body, run_sim
@@ -203,7 +204,7 @@ def test_adaptive_fills_the_cache_without_a_preemption_where_a_fixed_setting_ove
     assert server.peak_reserved >= capacity * 0.95 - 2 * largest
     assert budget.reserved == 0 and budget.held == 0  # everything given back
     # The batch's admission summary says what the budget learned: every answer was 400.
-    adaptive = scheduler.admission().adaptive
+    adaptive = admission_summary(scheduler.endpoints, scheduler.strategy).adaptive
     assert adaptive is not None
     summary = adaptive.token_budget
     assert summary is not None and summary.kv_capacity_tokens == capacity
