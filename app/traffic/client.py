@@ -115,8 +115,8 @@ class TickerClient:
                 with attempt:
                     server = self._here()
                     if server is not at:  # the call's first attempt here: claim its tokens
-                        claim = await self._claim(server, tag, body)
-                        at, rank, started = server, priority(self.ticket), server.clock()
+                        claim, started = await self._claim(server, tag, body)
+                        at, rank = server, priority(self.ticket)
                         tries.resend()
                     try:
                         result = await self._unless_gone(server, self._attempt(
@@ -143,8 +143,10 @@ class TickerClient:
         server.gate.learn(tag.node, body, result)
         return result
 
-    async def _claim(self, server: Server, tag: CallTag, body: dict[str, Any]) -> Claim:
-        """Enter ``server`` for a call: its chain slot (prefetching), then its budget claim."""
+    async def _claim(self, server: Server, tag: CallTag,
+                     body: dict[str, Any]) -> tuple[Claim, float]:
+        """Enter ``server`` for a call: its chain slot (prefetching), then its budget claim;
+        return the claim and when the call began there (on the clock readings fail on)."""
         ticket = self.ticket
         for other in self.servers:
             if other is not server:
@@ -152,11 +154,12 @@ class TickerClient:
         if server.strategy.prefetch and not ticket.chained:
             # Outside the attempt: a wait for a chain slot is not an attempt at the server.
             await server.enter_chain(ticket)
+        started = server.clock()
         claim = await server.gate.claim(tag.node, body)
         if not ticket.asked:
             ticket.asked = True
             self.servers.changed.set()  # the scheduler waits for this before the next start
-        return claim
+        return claim, started
 
     async def _attempt(self, server: Server, claim: Claim, tag: CallTag, call: Call,
                        body: dict[str, Any], rank: int, ready: datetime,
