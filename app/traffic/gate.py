@@ -54,7 +54,7 @@ class Gate:
         self._seq = itertools.count()
         # Set whenever room may have come; shared by a batch's gates, to wait for any of them.
         self.changed = changed or asyncio.Event()
-        self._holds: set[str] = set()  # why nothing is let through now (server down, stopping)
+        self._held_for: set[str] = set()  # why nothing is let through now (server down, stopping)
         self.holds: dict[int, int] = {}  # budget tokens a ticker keeps here, by start order
         self._closed: BaseException | None = None
         self._clock = clock
@@ -63,15 +63,15 @@ class Gate:
 
     @property
     def held(self) -> bool:
-        return bool(self._holds) or self._closed is not None
+        return bool(self._held_for) or self._closed is not None
 
     def hold(self, why: str) -> None:
         """Let nothing new through until ``release(why)``; requests at the server go on."""
-        self._holds.add(why)
+        self._held_for.add(why)
         self.changed.set()
 
     def release(self, why: str) -> None:
-        self._holds.discard(why)
+        self._held_for.discard(why)
         self.grant()
 
     def close(self, error: BaseException) -> None:
