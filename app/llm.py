@@ -394,11 +394,13 @@ class Tries:
     pressed_s: float = 0.0  # how long back-pressure has lasted, at the last answer
     due: bool = False  # the last failure is tried again
     _wait_s: float = 0.0  # before that try
+    _resent: bool = False  # that try is on another server (its resender logs it)
 
     def note(self, error: LLMError) -> bool:
         """Count a failed attempt; return (and keep as ``due``) whether it is tried again."""
         base, cap = self.settings.retry_backoff_s, self.settings.retry_wait_max_s
         asked = error.retry_after_s if isinstance(error, LLMHTTPError) else None
+        self._resent = False
         if not error.retryable:
             self.due = False
         elif isinstance(error, LLMHTTPError) and error.back_pressure:
@@ -424,13 +426,13 @@ class Tries:
     def resend(self) -> None:
         """The call goes to another server now: a fresh count there, no wait."""
         self.counted = self.pressed = 0
-        self.pressed_since, self.due, self._wait_s = None, True, 0.0
+        self.pressed_since, self.due, self._wait_s, self._resent = None, True, 0.0, True
 
     def retrying(self, tag: CallTag, call: Call) -> tenacity.AsyncRetrying:
         """Return the loop of ``call``'s attempts: again while the last failure is ``due``."""
         def waiting(state: tenacity.RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
-            if self._wait_s > 0:  # a resend elsewhere is the resender's to log
+            if not self._resent:
                 log.warning("llm call failed; retrying", node=tag.node, ticker=tag.ticker,
                             attempt=call.attempts, error_class=getattr(error, "error_class", None),
                             http_status=getattr(error, "http_status", None),
