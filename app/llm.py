@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import email.utils
 import random
 import time
 import uuid
 import zlib
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -45,13 +41,7 @@ from serving.urls import redact, server_root
 
 log = structlog.get_logger(__name__)
 
-# Held around each HTTP attempt of a call: an admission slot at the batch's gate.
-Admit = Callable[[], AbstractAsyncContextManager[Any]]
-
 _jitter = random.Random()
-
-# What the context guard left out of the call being sent (chat() sets it for its attempts).
-_trim: ContextVar[Trim | None] = ContextVar("nightdesk_trim", default=None)
 
 
 @dataclass
@@ -90,6 +80,7 @@ class _Attempt:
     usage: dict[str, Any] | None = None  # the final chunk's ``usage``, as sent
     finish_reason: str | None = None
     request_id: str | None = None
+    trim: Trim | None = None  # what the context guard left out of the call
 
 
 def backoff_delay(base_s: float, retry: int, rng: random.Random | None = None) -> float:
@@ -200,84 +191,61 @@ class TrackedLLM(PromptCounter):
         *,
         max_tokens: int,
         response_format: dict[str, Any] | None = None,
-        priority: int | None = None,
-        call: Call | None = None,
-        admit: Admit | None = None,
         trimmed: Trim | None = None,
-        ready_at: datetime | None = None,
+        call: Call | None = None,
     ) -> ChatResult:
-        """Send one chat completion, retrying what may pass; raise LLMError when it cannot.
-
-        ``call`` is the call this sends (default: a new one). ``admit`` is entered for each
-        attempt (an admission slot, where a down server's next attempt waits), never held
-        across the wait between them. ``ready_at`` is
-        when the graph issued the call (default: now), kept on every row.
-        """
+        """Send one chat completion straight to this server (no gate), retrying what may pass
+        (``Tries``); raise LLMError when it cannot. A batch's calls go through
+        app.traffic.client instead, which runs the same loop at its gate."""
         body = self.build_body(tag, messages, max_tokens=max_tokens,
                                response_format=response_format)
-        # Every attempt's row of this call says what the context guard left out.
-        token = _trim.set(trimmed)
+        return await self.send(tag, body, trimmed=trimmed, call=call)
+
+    async def send(self, tag: CallTag, body: dict[str, Any], *, trimmed: Trim | None = None,
+                   call: Call | None = None) -> ChatResult:
+        """Send a prepared body (``chat``'s, or a replay's) as ``call`` (default: a new one),
+        retried; a call sent before goes on numbering its attempts."""
+        call, tries, ready = call or Call(), Tries(self.settings), datetime.now(UTC)
         try:
-            return await self.send(tag, body, priority=priority, call=call, admit=admit,
-                                   ready_at=ready_at)
-        finally:
-            _trim.reset(token)
+            async for attempt in tries.retrying(tag, call):
+                with attempt:
+                    try:
+                        result = await self.attempt(tag, call, body, ready_at=ready,
+                                                    trimmed=trimmed)
+                    except LLMError as error:
+                        tries.note(error)
+                        raise
+        except LLMError as error:
+            busy = tries.verdict(error, self.endpoint)
+            if busy is error:
+                raise
+            raise busy from error
+        return result
 
-    async def send(
-        self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
-        call: Call | None = None, admit: Admit | None = None, ready_at: datetime | None = None,
-    ) -> ChatResult:
-        """Send a prepared body (also used by replay) as ``call``, retrying what may pass
-        (``_Tries``): ServerBusy once back-pressure outlasts the outage budget.
+    async def attempt(self, tag: CallTag, call: Call, body: dict[str, Any], *,
+                      priority: int | None = None, ready_at: datetime | None = None,
+                      trimmed: Trim | None = None) -> ChatResult:
+        """Make one HTTP attempt of ``call`` (numbered on from its earlier ones, on any server)
+        and write its ``llm_calls`` row; raise its LLMError.
 
-        A new call's body is recorded first, under its id: a decision's re-ask and a
-        replay's calls are stored too, so any batch can be replayed. The result's
-        ``attempts`` counts the call's attempts on every endpoint.
+        A call's first attempt records its body under the call's id first: a decision's
+        re-ask and a replay's calls are stored too, so any batch can be replayed. ``ready_at``
+        is when the graph issued the call (default: now); ``trimmed`` what the context guard
+        left out. The result's ``attempts`` counts the call's attempts so far.
         """
-        ready_at = ready_at or datetime.now(UTC)
-        call = call or Call()
         if self.settings.record_requests and call.attempts == 0:
             self.recorder.record_request(
                 {"batch_id": tag.batch_id, "ticker": tag.ticker, "node": tag.node,
                  "sample": tag.sample, "call_id": call.id},
                 body,
             )
+        call.attempts += 1
         if priority is not None and self.settings.priority_scheduling:
             body = {**body, "extra_body": {**body.get("extra_body", {}), "priority": priority}}
         # Added after the body is recorded: the stored body is the prompt's alone.
         body = {**body, "user": routing_key(tag)}
-        tries = _Tries(self.settings)
-
-        def retrying(state: tenacity.RetryCallState) -> None:
-            error = state.outcome.exception() if state.outcome else None
-            log.warning("llm call failed; retrying", node=tag.node, ticker=tag.ticker,
-                        attempt=call.attempts, error_class=getattr(error, "error_class", None),
-                        http_status=getattr(error, "http_status", None),
-                        delay_s=round(state.upcoming_sleep, 3))
-
-        try:
-            async for attempt in tenacity.AsyncRetrying(
-                    retry=tenacity.retry_if_exception(_retryable), stop=tries.stop,
-                    wait=tries.wait, before_sleep=retrying, reraise=True):
-                with attempt:
-                    call.attempts += 1
-                    # Out of the admission slot while waiting: another request may use it.
-                    async with admit() if admit is not None else contextlib.nullcontext():
-                        result = await self._attempt(tag, call, body, ready_at)
-        except LLMHTTPError as error:
-            if tries.pressed_since is None or not error.back_pressure:
-                raise
-            raise ServerBusy(
-                f"the LLM server at {self.endpoint} answered HTTP {error.http_status} "
-                f"(busy) for {tries.pressed_s:.1f} s, {tries.pressed} times in a row for one "
-                f"call, past the outage budget ({self.settings.outage_budget_s:g} s)"
-            ) from error
-        result.attempts = call.attempts
-        return result
-
-    async def _attempt(self, tag: CallTag, call: Call, body: dict[str, Any],
-                       ready_at: datetime | None = None) -> ChatResult:
-        seen = _Attempt(started_at=datetime.now(UTC), t0=time.monotonic(), ready_at=ready_at)
+        seen = _Attempt(started_at=datetime.now(UTC), t0=time.monotonic(),
+                        ready_at=ready_at or datetime.now(UTC), trim=trimmed)
         key = (call.id, call.attempts)  # this attempt's row
         error: LLMError | None
         try:
@@ -332,6 +300,7 @@ class TrackedLLM(PromptCounter):
             cached_tokens=_cached(usage),
             finish_reason=seen.finish_reason,
             request_id=seen.request_id,
+            attempts=call.attempts,
         )
 
     async def _stream(self, body: dict[str, Any], seen: _Attempt) -> None:
@@ -368,7 +337,7 @@ class TrackedLLM(PromptCounter):
         elapsed = time.monotonic() - seen.t0
         usage = seen.usage or {}
         ended_at = seen.started_at + timedelta(seconds=elapsed)
-        trim = _trim.get()
+        trim = seen.trim
         stats = self.stats
         stats.calls += 1
         stats.failed += error is not None
@@ -406,20 +375,16 @@ class TrackedLLM(PromptCounter):
         })
 
 
-def _retryable(error: BaseException) -> bool:
-    return isinstance(error, LLMError) and error.retryable
-
-
 @dataclass
-class _Tries:
-    """One send's failed attempts, counted the two ways they are waited out (tenacity's
-    ``stop`` and ``wait``).
+class Tries:
+    """One call's failed attempts on its server, and what comes of each: another try after
+    a wait (``note``, ``delay``), or the error; one policy for every loop of attempts.
 
     Back-pressure (HTTP 429/503) is the server saying "not now": it is waited out for up
     to the outage budget, from the first such answer, as the server's ``Retry-After`` says
     or backing off, and uses up none of the ``max_attempts`` that every other fault that
     may pass has (full jitter, ``backoff_delay``). No wait is longer than
-    ``retry_wait_max_s``.
+    ``retry_wait_max_s``. A call sent to another server (``resend``) starts its count over.
     """
 
     settings: Settings
@@ -427,45 +392,67 @@ class _Tries:
     pressed: int = 0  # back-pressure answers since the last other failure
     pressed_since: float | None = None
     pressed_s: float = 0.0  # how long back-pressure has lasted, at the last answer
-    _noted: int = 0  # the attempt number counted last
+    due: bool = False  # the last failure is tried again
+    _wait_s: float = 0.0  # before that try
+    _resent: bool = False  # that try is on another server (its resender logs it)
 
-    def stop(self, state: tenacity.RetryCallState) -> bool:
-        if self._note(state):
-            return self.pressed_s >= self.settings.outage_budget_s
-        return self.counted >= self.settings.max_attempts
-
-    def _note(self, state: tenacity.RetryCallState) -> bool:
-        """Count the attempt that just failed, once (tenacity asks ``wait`` and ``stop``
-        about it in an order of its own); return whether it met back-pressure."""
-        error = state.outcome.exception() if state.outcome else None
-        pressed = isinstance(error, LLMHTTPError) and error.back_pressure
-        if state.attempt_number == self._noted:
-            return pressed
-        self._noted = state.attempt_number
-        if pressed:
+    def note(self, error: LLMError) -> bool:
+        """Count a failed attempt; return (and keep as ``due``) whether it is tried again."""
+        base, cap = self.settings.retry_backoff_s, self.settings.retry_wait_max_s
+        asked = error.retry_after_s if isinstance(error, LLMHTTPError) else None
+        self._resent = False
+        if not error.retryable:
+            self.due = False
+        elif isinstance(error, LLMHTTPError) and error.back_pressure:
             now = time.monotonic()
             if self.pressed_since is None:
                 self.pressed_since = now
             self.pressed += 1
             self.pressed_s = now - self.pressed_since
-        else:
-            self.counted += 1
-            self.pressed, self.pressed_since = 0, None
-        return pressed
-
-    def wait(self, state: tenacity.RetryCallState) -> float:
-        self._note(state)
-        error = state.outcome.exception() if state.outcome else None
-        base, cap = self.settings.retry_backoff_s, self.settings.retry_wait_max_s
-        asked = getattr(error, "retry_after_s", None)
-        if asked is not None:
-            return min(asked, cap)
-        if self.pressed:
+            self.due = self.pressed_s < self.settings.outage_budget_s
             # Half fixed, half jittered: a burst of refusals is never met with tries a few
             # milliseconds apart, and calls refused together do not return together.
             half = min(cap, base * 2 ** (self.pressed - 1)) / 2
-            return half + _jitter.uniform(0.0, half)
-        return min(cap, backoff_delay(base, self.counted - 1))
+            self._wait_s = half + _jitter.uniform(0.0, half)
+        else:
+            self.counted += 1
+            self.pressed, self.pressed_since = 0, None
+            self.due = self.counted < self.settings.max_attempts
+            self._wait_s = min(cap, backoff_delay(base, self.counted - 1))
+        if asked is not None:
+            self._wait_s = min(asked, cap)
+        return self.due
+
+    def resend(self) -> None:
+        """The call goes to another server now: a fresh count there, no wait."""
+        self.counted = self.pressed = 0
+        self.pressed_since, self.due, self._wait_s, self._resent = None, True, 0.0, True
+
+    def retrying(self, tag: CallTag, call: Call) -> tenacity.AsyncRetrying:
+        """Return the loop of ``call``'s attempts: again while the last failure is ``due``."""
+        def waiting(state: tenacity.RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            if not self._resent:
+                log.warning("llm call failed; retrying", node=tag.node, ticker=tag.ticker,
+                            attempt=call.attempts, error_class=getattr(error, "error_class", None),
+                            http_status=getattr(error, "http_status", None),
+                            delay_s=round(self._wait_s, 3))
+
+        return tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception(lambda error: isinstance(error, LLMError)
+                                              and self.due),
+            wait=lambda state: self._wait_s, before_sleep=waiting, reraise=True)
+
+    def verdict(self, error: LLMError, endpoint: str) -> LLMError | ServerBusy:
+        """Return what a call whose last attempt failed with ``error`` raises: ServerBusy once
+        back-pressure outlasted the outage budget, else the error itself."""
+        if not (isinstance(error, LLMHTTPError) and error.back_pressure
+                and self.pressed_since is not None):
+            return error
+        return ServerBusy(
+            f"the LLM server at {endpoint} answered HTTP {error.http_status} "
+            f"(busy) for {self.pressed_s:.1f} s, {self.pressed} times in a row for one "
+            f"call, past the outage budget ({self.settings.outage_budget_s:g} s)")
 
 
 def retry_after(value: str | None) -> float | None:

@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -44,6 +45,15 @@ def message_bytes(messages: list[dict[str, Any]]) -> int:
     return sum(len(str(m.get("content", "")).encode()) for m in messages)
 
 
+@dataclass
+class Counted:
+    """What a server's /tokenize has counted so far: message bytes and the tokens they came
+    to (the token budget costs prompts by them before any answer, app/traffic/budget.py)."""
+
+    bytes: int = 0
+    tokens: int = 0
+
+
 class PromptCounter:
     """Know the server's max-model-len and count prompts with its /tokenize."""
 
@@ -55,14 +65,7 @@ class PromptCounter:
         self._url = tokenize_url
         self._learning_limit = asyncio.Lock()
         self._counted: OrderedDict[str, int] = OrderedDict()
-        # What /tokenize has counted so far: message bytes and the tokens they came to. The
-        # token budget reads it to cost prompts before any call has finished (budget.py).
-        self.counted_bytes = 0
-        self.counted_tokens = 0
-
-    def counts(self) -> tuple[int, int]:
-        """Return the message bytes /tokenize has counted so far and the tokens they came to."""
-        return self.counted_bytes, self.counted_tokens
+        self.counted = Counted()
 
     def budget(self, max_tokens: int) -> int:
         """Return the output tokens the server counts against the context with the prompt."""
@@ -136,8 +139,8 @@ class PromptCounter:
             raise LLMMalformedError(f"/tokenize answered no token count: "
                                     f"{type(exc).__name__}: {exc}"[:300]) from None
         self._counted[key] = count
-        self.counted_bytes += message_bytes(messages)
-        self.counted_tokens += count
+        self.counted.bytes += message_bytes(messages)
+        self.counted.tokens += count
         if len(self._counted) > COUNT_CACHE:
             self._counted.popitem(last=False)
         return count

@@ -28,12 +28,14 @@ from app.db.lock import LockHold, Runner
 from app.db.retry import outage, transient, write_budget
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
+from app.traffic import summary
 from app.traffic.client import TickerClient
 from app.traffic.clock import Clock, loop_clock
 from app.traffic.halt import Halt, HaltReason
-from app.traffic.scheduler import Admission, HoldBackTimeline, Job, Scheduler
+from app.traffic.scheduler import Job, Scheduler
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
+from app.traffic.summary import Admission, HoldBackTimeline
 from app.traffic.tasks import first_error
 from app.usage import UsageRecorder, spool_path
 
@@ -209,7 +211,7 @@ class BatchRun:
             halt=owner.halt, resume_hint=self.resume_hint, clock=owner.clock)
         self.scheduler = Scheduler(self.strategy, self.servers)
         self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
-                                      self.scheduler, expected_calls=self.work.expected_calls,
+                                      expected_calls=self.work.expected_calls,
                                       engine=owner.engine)
         try:
             await self.recorder.start()
@@ -324,7 +326,7 @@ class BatchRun:
             outcome.status, self.error_text = owner.halt.reason.status, owner.halt.reason.message
         if self.servers.outages:
             self.extra_settings["server_outages"] = self.servers.outages
-        fallback = self.scheduler.fallback_record()
+        fallback = summary.fallback(self.servers)
         if fallback is not None:  # shown by `nightdesk report`
             self.extra_settings["metrics_fallback"] = fallback.model_dump()
         self.body_ok = True
@@ -353,8 +355,8 @@ class BatchRun:
                 self.error_text = "; ".join(filter(None, [self.error_text, "; ".join(
                     note for note, _ in failed)[:500]]))
             outcome = self.outcome
-            admission = outcome.admission = self.scheduler.admission()
-            outcome.holdback = self.scheduler.holdback_timeline()
+            admission = outcome.admission = summary.admission(self.servers, self.strategy)
+            outcome.holdback = summary.holdback_timeline(self.servers)
             if await self._may_write_end():
                 try:
                     await asyncio.to_thread(

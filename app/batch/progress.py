@@ -7,7 +7,6 @@ import asyncio
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import structlog
 from rich.console import Console
@@ -18,7 +17,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app import eta
 from app.night import span
+from app.traffic.server import ServerSet
 from app.traffic.tasks import cancel_and_wait
+from serving.metrics import MetricsSnapshot
 
 log = structlog.get_logger(__name__)
 
@@ -52,16 +53,15 @@ class ProgressState:
 class BatchProgress:
     """Summarize tickers, calls, batch output tok/s, the server's gauges and an ETA."""
 
-    def __init__(self, batch_id: int, total: int, llm: Any, scheduler: Any,
+    def __init__(self, batch_id: int, total: int, servers: ServerSet,
                  console: Console | None = None, expected_calls: int | None = None,
                  engine: Engine | None = None) -> None:
-        """``llm``: the batch's servers, their call stats and latest gauges (``latest``);
+        """``servers``: the batch's, read for their call totals, gauges and limits;
         ``engine``: where the batch's rows are, read for the ETA and given its readings
         (None: no ETA)."""
         self.batch_id = batch_id
         self.total = total
-        self.llm = llm
-        self.scheduler = scheduler
+        self.servers = servers
         self.done = 0
         self.failed = 0
         self.expected_calls = expected_calls
@@ -70,7 +70,7 @@ class BatchProgress:
         self._live: Live | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._first_reading: dict[str, Any] = {}  # each server's first reading seen
+        self._first_reading: dict[str, MetricsSnapshot] = {}  # each server's first reading seen
         self.engine = engine
         self.reading: eta.Reading | None = None  # the newest ETA reading
 
@@ -80,32 +80,32 @@ class BatchProgress:
 
     def state(self) -> ProgressState:
         """Return the numbers shown, computed from live counters (never from per-call speeds)."""
-        stats = self.llm.stats
+        servers = self.servers
+        stats = servers.stats
         tok_s = 0.0
         if stats.first_start is not None:
             span = (datetime.now(UTC) - stats.first_start).total_seconds()
             tok_s = stats.completion_tokens / span if span > 0 else 0.0
         elapsed = time.monotonic() - self.t0
         found = self.reading
-        latest = getattr(self.llm, "latest", None)
-        budget = getattr(self.scheduler, "budget", None)
-        endpoints = getattr(self.scheduler, "endpoints", None)
-        limit = self.scheduler.gate.limit
-        if endpoints is not None and endpoints.several:
+        latest = servers.latest
+        first = servers.first
+        limit, budget = first.gate.limit, first.limits.budget
+        if servers.several:
             # Several endpoints: their limits together; their budgets are in the log.
-            limit, budget = endpoints.request_limit(), None
+            limit, budget = servers.request_limit(), None
         return ProgressState(
             tickers_done=self.done - self.failed, tickers_failed=self.failed,
             tickers_total=self.total, calls=stats.calls, failed_calls=stats.failed,
             output_tok_s=round(tok_s, 1), server_tok_s=self._server_tok_s(),
-            running=getattr(latest, "running", None),
-            waiting=getattr(latest, "waiting", None),
-            kv_usage=getattr(latest, "kv_cache_usage", None),
-            limit=limit if self.scheduler.strategy.adaptive else None,
+            running=None if latest is None else latest.running,
+            waiting=None if latest is None else latest.waiting,
+            kv_usage=None if latest is None else latest.kv_cache_usage,
+            limit=limit if first.strategy.adaptive else None,
             budget_tokens=budget.limit if budget is not None else None,
             reserved_tokens=budget.reserved if budget is not None else None,
-            admission=("fallback: /metrics unreadable"
-                       if getattr(self.scheduler, "metrics_fallback", False) else None),
+            admission=("fallback: /metrics unreadable" if any(
+                e.limits.blind_since is not None for e in servers) else None),
             elapsed_s=round(elapsed),
             eta_s=None if found is None else _whole(found.eta_s),
             eta_low_s=None if found is None else _whole(found.eta_low_s),
@@ -115,8 +115,8 @@ class BatchProgress:
         """Return the tokens the servers generated per second since their first reading seen
         here (a restarted server's counter starts again); None before two readings."""
         tokens = span = 0.0
-        for endpoint in getattr(self.llm, "endpoints", ()):
-            latest = getattr(endpoint.gauges, "latest", None)
+        for endpoint in self.servers:
+            latest = endpoint.gauges.latest if endpoint.gauges is not None else None
             if latest is None:
                 continue
             first = self._first_reading.get(endpoint.name)

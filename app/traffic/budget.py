@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from pydantic import BaseModel
-
-from app.promptsize import message_bytes
+from app.promptsize import Counted, message_bytes
 
 # A message's chat-template tokens beyond its text (role markers, separators).
 MESSAGE_OVERHEAD_TOKENS = 8
-# Factor changes the summary keeps from the start of a batch, and as many from its end.
+# Factor changes kept from the start of a batch, and as many from its end.
 TRAJECTORY_ENDS = 32
 # Reservation changes remembered between two readings (a guard, never reached in practice).
 HISTORY_MAX = 8192
@@ -44,30 +42,6 @@ class Claim:
     tokens: int
     output: int = 0
     settled: bool = True  # costed from what the server has shown, not from the defaults
-
-
-class BudgetSummary(BaseModel, frozen=True):
-    """What a token budget knew and did (``TokenBudget.summary``), its JSON's keys in order."""
-
-    kv_capacity_tokens: int | None
-    fill: float
-    limit_tokens: int | None
-    factor: float
-    correction: float
-    tokens_per_byte: float
-    reason: str
-    factor_start: float
-    factor_ceiling: float
-    factor_peak: float
-    rises: int
-    cuts: int
-    kv_high: float
-    readings: int
-    footprint_per_reserved_token: float | None
-    trajectory: list[list[Any]]  # [reading, factor, correction, reason] at each change
-    mean_request_tokens: int
-    requests: int
-    expected_output: dict[str, int]  # tokens reserved for a node's answer
 
 
 def prompt_bytes(body: dict[str, Any]) -> int:
@@ -94,8 +68,8 @@ class TokenBudget:
     min_samples: int = 5  # a node's outputs seen before its quantile replaces max_tokens
     tokens_per_byte: float = 0.5  # until the server's own counts are seen: generous
     clock: Callable[[], float] = time.time  # the clock of the readings' ``taken_at``
-    # The (bytes, tokens) the server's /tokenize counted: the ratio until a request finishes.
-    counted: Callable[[], tuple[int, int]] | None = None
+    # What the server's /tokenize counted: the ratio until a request finishes.
+    counted: Counted | None = None
     reserved: int = field(init=False, default=0)  # outstanding requests' tokens
     held: int = field(init=False, default=0)  # tickers between calls
     factor: float = field(init=False)
@@ -108,7 +82,8 @@ class TokenBudget:
     rises: int = field(init=False, default=0)
     cuts: int = field(init=False, default=0)
     footprint_share: float | None = field(init=False, default=None)  # last measured
-    _outputs: dict[str, list[int]] = field(init=False, default_factory=lambda: defaultdict(list))
+    # The answers' lengths seen, per node.
+    outputs: dict[str, list[int]] = field(init=False, default_factory=lambda: defaultdict(list))
     _bytes_seen: int = field(init=False, default=0)
     _tokens_seen: int = field(init=False, default=0)
     _waiting: float | None = field(init=False, default=None)
@@ -123,7 +98,7 @@ class TokenBudget:
     _streak: int = field(init=False, default=0)
     _calm_left: int = field(init=False, default=0)
     # [reading, factor, correction, reason] at each change: the first and the last ones.
-    _trajectory: list[list[Any]] = field(init=False, default_factory=list)
+    trajectory: list[list[Any]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if not 0 < self.overbook <= self.overbook_max:
@@ -133,7 +108,7 @@ class TokenBudget:
             raise ValueError("budget_backoff must be in (0, 1), high_cut in (0, 1], "
                              "overbook_step at least 0")
         self.factor = self.peak_factor = self.overbook
-        self._trajectory.append([0, round(self.factor, 4), 1.0, "start"])
+        self.trajectory.append([0, round(self.factor, 4), 1.0, "start"])
 
     @property
     def limit(self) -> int | None:
@@ -157,7 +132,7 @@ class TokenBudget:
         """Return the (bytes, tokens) the ratio is measured on: answers', else /tokenize's."""
         if self._bytes_seen and self._tokens_seen:
             return self._bytes_seen, self._tokens_seen
-        return self.counted() if self.counted is not None else (0, 0)
+        return (self.counted.bytes, self.counted.tokens) if self.counted is not None else (0, 0)
 
     def ratio_known(self) -> bool:
         """Return True once prompts are costed by the server's counts, not the default."""
@@ -174,7 +149,7 @@ class TokenBudget:
 
     def expected_output(self, node: str, max_tokens: int) -> int:
         """Return the output to reserve: a high quantile of the node's outputs, else the max."""
-        seen = sorted(self._outputs.get(node, []))
+        seen = sorted(self.outputs.get(node, []))
         if len(seen) < self.min_samples:
             return max_tokens
         at = min(len(seen) - 1, math.ceil(self.out_quantile * len(seen)) - 1)
@@ -186,7 +161,7 @@ class TokenBudget:
                   + MESSAGE_OVERHEAD_TOKENS * (len(body.get("messages", [])) + 1))
         output = self.expected_output(node, int(body.get("max_tokens") or 0))
         tokens = math.ceil((prompt + output) / self.block_size) * self.block_size
-        settled = bool(self._tokens_seen) and len(self._outputs.get(node, [])) >= self.min_samples
+        settled = bool(self._tokens_seen) and len(self.outputs.get(node, [])) >= self.min_samples
         return Claim(tokens, output, settled)
 
     def fits(self, cost: int) -> bool:
@@ -228,22 +203,6 @@ class TokenBudget:
         self.held += kept
         return kept
 
-    def summary(self) -> BudgetSummary:
-        """Return what the budget knew and did, for the batch's log and the bench's JSON."""
-        return BudgetSummary(
-            kv_capacity_tokens=self.capacity, fill=self.fill, limit_tokens=self.limit,
-            factor=round(self.factor, 4), correction=round(self.correction, 4),
-            tokens_per_byte=round(self.ratio(), 4), reason=self.reason,
-            factor_start=self.overbook, factor_ceiling=self.overbook_max,
-            factor_peak=round(self.peak_factor, 4), rises=self.rises, cuts=self.cuts,
-            kv_high=self.kv_high, readings=self.readings,
-            footprint_per_reserved_token=(None if self.footprint_share is None
-                                          else round(self.footprint_share, 4)),
-            trajectory=list(self._trajectory),
-            mean_request_tokens=self.typical_cost, requests=self.requests_admitted,
-            expected_output={node: self.expected_output(node, max(seen))
-                             for node, seen in sorted(self._outputs.items())})
-
     def learn(self, node: str, body: dict[str, Any], prompt_tokens: int,
               completion_tokens: int) -> None:
         """Learn from a finished request what its prompt and output really came to."""
@@ -252,7 +211,7 @@ class TokenBudget:
             self._bytes_seen += size
             self._tokens_seen += prompt_tokens
         if completion_tokens:
-            self._outputs[node].append(completion_tokens)
+            self.outputs[node].append(completion_tokens)
             # Its tokens were counted into the generated part by the readings' deltas.
             self._generated_out -= completion_tokens
 
@@ -371,7 +330,7 @@ class TokenBudget:
         """Record a change of factor or correction: the reason, the peak, the trajectory."""
         self.reason = reason
         self.peak_factor = max(self.peak_factor, self.factor)
-        self._trajectory.append(
+        self.trajectory.append(
             [self.readings, round(self.factor, 4), round(self.correction, 4), reason])
-        if len(self._trajectory) > 2 * TRAJECTORY_ENDS:
-            del self._trajectory[TRAJECTORY_ENDS]  # the oldest of the last ones
+        if len(self.trajectory) > 2 * TRAJECTORY_ENDS:
+            del self.trajectory[TRAJECTORY_ENDS]  # the oldest of the last ones

@@ -50,16 +50,13 @@ class Footprint:
         if self._tickers is not None:
             self._tickers.sample(gate, tickets)
 
-        def hold(t: Ticket) -> int:  # what it holds in this gate's budget between calls
-            return t.hold if t.held_by in (None, gate) else 0
-
         active = [t for t in tickets if (t.chained or not self.chains_only)
-                  and (t.outstanding > 0 or hold(t) > 0)]
+                  and (t.outstanding > 0 or t.hold > 0)]
         if not active:
             return
         if self.per_ticker is None:
             self._ratio = ratio
-        tokens = (sum(t.reserved + hold(t) for t in active) if self.chains_only
+        tokens = (sum(t.reserved + t.hold for t in active) if self.chains_only
                   else budget.reserved + budget.held)
         now = tokens / len(active)
         self.readings += 1

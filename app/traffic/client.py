@@ -1,23 +1,23 @@
-"""The one client a ticker's graph calls through: its server's gate and budget on every call.
+"""The one client a ticker's graph calls through: it owns each call, from its server's gate
+to the answer, and sends it elsewhere when its server fails it.
 
-A server fault asks for a reading; a server found down holds its gate, where the next
-attempt waits, and its ticker continues on one that is up. Only the call cut short is sent
-again, at most twice per endpoint (docs/architecture.md, "One health rule").
+A call's attempts are one loop (tenacity, ``Tries``): retries on its server, each at the
+gate, with the backoff outside it; and, its retries spent on a server found down or
+restarted, the same call sent to one that is up, at most twice per endpoint
+(docs/architecture.md, "One health rule").
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
 from agents.chat import CallTag, ChatResult
-from agents.fitting import PromptSize
+from agents.fitting import PromptSize, Trim
 from app.errors import (
     ContextLengthError,
     LLMConnectionError,
@@ -27,7 +27,7 @@ from app.errors import (
     LLMStreamError,
     LLMTimeoutError,
 )
-from app.llm import Admit, Call, TrackedLLM
+from app.llm import Call, Tries
 from app.traffic.budget import Claim
 from app.traffic.gate import priority
 from app.traffic.server import Server, ServerSet
@@ -35,9 +35,6 @@ from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
 
 log = structlog.get_logger(__name__)
-
-# (client, priority, the call, the endpoint's admission of each attempt) -> result
-Send = Callable[[TrackedLLM, int, Call, Admit], Awaitable[ChatResult]]
 
 
 class EndpointGone(LLMConnectionError):
@@ -55,8 +52,9 @@ def server_fault(error: LLMError) -> bool:
 
 
 class TickerClient:
-    """A ticker's calls through its server's gate (chain slot, budget claim, a place per
-    attempt) and TrackedLLM; the call's progress is kept on its ``ticket``."""
+    """A ticker's calls, each through its server's gate (chain slot, budget claim, a place
+    per attempt) and one ``TrackedLLM.attempt`` per try; the ticker's progress is kept on
+    its ``ticket``, which only this client and its gate write."""
 
     def __init__(self, servers: ServerSet, server: Server, ticket: Ticket) -> None:
         self.servers = servers
@@ -69,9 +67,9 @@ class TickerClient:
                       exact: bool = False) -> PromptSize | None:
         """Count a prompt for the context guard; not a request, so it needs no place.
 
-        A count that fails for a server fault goes where a failed call would (``_routed``):
-        to a server that is up, waiting for one (ServerOutage past the budget). None when
-        the server cannot count or the failure is the count's own: the call goes as it is.
+        A count that fails for a server fault goes where a failed call would: to a server
+        that is up, waiting for one (ServerOutage past the budget). None when the server
+        cannot count or the failure is the count's own: the call goes as it is.
         """
         counts_left = 2 * len(self.servers)  # as for a call: a flapping server ends it
         while True:
@@ -89,42 +87,98 @@ class TickerClient:
 
     def close(self) -> None:
         """Release what the ticker still holds: its work is over (call once)."""
-        self.server.gate.drop_hold(self.ticket)
+        for server in self.servers:
+            server.gate.drop_hold(self.ticket)
         self.server.leave(self.ticket)
         self.servers.changed.set()
 
-    async def chat(self, tag: CallTag, messages: list[dict[str, str]], **kwargs: Any) -> ChatResult:
-        sized = {"messages": messages, "max_tokens": kwargs.get("max_tokens", 0)}
+    async def chat(self, tag: CallTag, messages: list[dict[str, str]], *, max_tokens: int,
+                   response_format: dict[str, Any] | None = None,
+                   trimmed: Trim | None = None) -> ChatResult:
+        body = self.server.llm.build_body(tag, messages, max_tokens=max_tokens,
+                                          response_format=response_format)
+        return await self.send(tag, body, trimmed=trimmed)
+
+    async def send(self, tag: CallTag, body: dict[str, Any], *,
+                   trimmed: Trim | None = None) -> ChatResult:
+        """Send a prepared body (``chat``'s, or a replay's) as one call: its attempts on its
+        server, and on another when that one fails it; raise the last attempt's LLMError
+        (ServerBusy once back-pressure outlasted the outage budget)."""
         ready = datetime.now(UTC)  # issued by the graph: a wait from here on is ours
-        return await self._routed(tag, sized, lambda llm, rank, call, admit: llm.chat(
-            tag, messages, priority=rank, admit=admit, ready_at=ready, call=call, **kwargs))
-
-    async def send(self, tag: CallTag, body: dict[str, Any]) -> ChatResult:
-        ready = datetime.now(UTC)
-        return await self._routed(tag, body, lambda llm, rank, call, admit: llm.send(
-            tag, body, priority=rank, admit=admit, ready_at=ready, call=call))
-
-    async def _routed(self, tag: CallTag, sized: dict[str, Any], send: Send) -> ChatResult:
-        call = Call()  # the same call on every endpoint it is sent to
+        call, tries = Call(), Tries(self.server.llm.settings)
         # A server that keeps flapping must not keep one call going round for ever.
         sends_left = 2 * len(self.servers)
-        while True:
-            sends_left -= 1
-            endpoint = self._here()
-            if endpoint.strategy.prefetch and not self.ticket.chained:
-                # Outside the call: a wait for a chain slot is not an attempt at the server.
-                await endpoint.enter_chain(self.ticket)
-            started = endpoint.clock()  # the clock its readings' failures are timed on
-            try:
-                return await self._unless_gone(endpoint, self._on(endpoint, tag, sized, send, call))
-            except LLMError as error:
-                target = await self._elsewhere(endpoint, started, error, sends_left)
-                if target is None:
-                    raise
-                log.warning("call sent again", node=tag.node, ticker=tag.ticker,
-                            failed_at=endpoint.name, to=target.name, error=str(error)[:200])
-                self.ticket.done -= 1  # the call is work left again
-                self._move(target)
+        at: Server | None = None  # where the call is claimed
+        claim, rank, started = Claim(0), 0, 0.0
+        try:
+            async for attempt in tries.retrying(tag, call):
+                with attempt:
+                    server = self._here()
+                    if server is not at:  # the call's first attempt here: claim its tokens
+                        claim, started = await self._claim(server, tag, body)
+                        at, rank = server, priority(self.ticket)
+                        tries.resend()
+                    try:
+                        result = await self._unless_gone(server, self._attempt(
+                            server, claim, tag, call, body, rank, ready, trimmed))
+                    except LLMError as error:
+                        if isinstance(error, EndpointGone) or not tries.note(error):
+                            tries.due = False
+                            sends_left -= 1
+                            target = await self._elsewhere(server, started, error, sends_left)
+                            if target is not None:
+                                log.warning("call sent again", node=tag.node,
+                                            ticker=tag.ticker, failed_at=server.name,
+                                            to=target.name, error=str(error)[:200])
+                                self._move(target)
+                                tries.resend()
+                        raise
+        except LLMError as error:
+            busy = tries.verdict(error, server.llm.endpoint)
+            if busy is error:
+                raise
+            raise busy from error
+        finally:
+            self.ticket.done += 1
+        server.gate.learn(tag.node, body, result)
+        return result
+
+    async def _claim(self, server: Server, tag: CallTag,
+                     body: dict[str, Any]) -> tuple[Claim, float]:
+        """Enter ``server`` for a call: its chain slot (prefetching), then its budget claim;
+        return the claim and when the call began there (on the clock readings fail on)."""
+        ticket = self.ticket
+        for other in self.servers:
+            if other is not server:
+                other.gate.release_hold(ticket)  # its context is in another replica's cache
+        if server.strategy.prefetch and not ticket.chained:
+            # Outside the attempt: a wait for a chain slot is not an attempt at the server.
+            await server.enter_chain(ticket)
+        started = server.clock()
+        claim = await server.gate.claim(tag.node, body)
+        if not ticket.asked:
+            ticket.asked = True
+            self.servers.changed.set()  # the scheduler waits for this before the next start
+        return claim, started
+
+    async def _attempt(self, server: Server, claim: Claim, tag: CallTag, call: Call,
+                       body: dict[str, Any], rank: int, ready: datetime,
+                       trimmed: Trim | None) -> ChatResult:
+        """Make one attempt with a place at ``server``'s gate; after a server fault, take a
+        reading: a server found down holds its gate, so the next attempt waits there. A
+        ``Retry-After`` pauses the gate for every call."""
+        try:
+            async with server.gate.slot(self.ticket, claim):
+                return await server.llm.attempt(tag, call, body, priority=rank,
+                                                ready_at=ready, trimmed=trimmed)
+        except LLMError as error:
+            if (isinstance(error, LLMHTTPError) and error.back_pressure
+                    and error.retry_after_s is not None):
+                server.gate.asked_to_wait(min(error.retry_after_s,
+                                              server.llm.settings.retry_wait_max_s))
+            if server_fault(error):
+                await server.check()
+            raise
 
     async def _elsewhere(self, endpoint: Server, started: float, error: LLMError,
                          tries_left: int) -> Server | None:
@@ -148,49 +202,13 @@ class TickerClient:
             return  # already there: another of its calls (samples, analysts) moved it
         log.warning("ticker moved", frm=self.server.name, to=target.name,
                     order=self.ticket.order)
+        self.server.gate.release_hold(self.ticket)
         self.server.leave(self.ticket)
         self.server.moved_out += 1
         target.arrive(self.ticket)
         target.moved_in += 1
         self.server = target
         self.servers.changed.set()
-
-    async def _on(self, endpoint: Server, tag: CallTag, sized: dict[str, Any], send: Send,
-                  call: Call) -> ChatResult:
-        """Send one call through ``endpoint``'s gate."""
-        ticket, gate = self.ticket, endpoint.gate
-        if ticket.held_by is not None and ticket.held_by is not gate:
-            ticket.held_by.release_hold(ticket)  # its context is in another replica's cache
-        claim = await gate.claim(tag.node, sized)
-        if not ticket.asked:
-            ticket.asked = True
-            self.servers.changed.set()  # the scheduler waits for this before the next start
-        try:
-            # A place per attempt, so a retry's backoff waits outside the gate.
-            result = await send(endpoint.llm, priority(ticket), call,
-                                functools.partial(self._attempt, endpoint, claim))
-        finally:
-            ticket.done += 1
-        gate.learn(tag.node, sized, result)
-        return result
-
-    @asynccontextmanager
-    async def _attempt(self, endpoint: Server, claim: Claim) -> AsyncIterator[None]:
-        """Hold a place at ``endpoint``'s gate for one attempt; after a server fault, take a
-        reading: a server found down holds its gate, so the next attempt waits there. A
-        server that answered with ``Retry-After`` gets that pause from every call, before
-        its place: back-pressure is the server's, not one call's."""
-        await endpoint.quiet()
-        try:
-            async with endpoint.gate.slot(self.ticket, claim):
-                yield
-        except LLMError as error:
-            asked = getattr(error, "retry_after_s", None)
-            if isinstance(error, LLMHTTPError) and error.back_pressure and asked is not None:
-                endpoint.asked_to_wait(asked)
-            if server_fault(error):
-                await endpoint.check()
-            raise
 
     async def _unless_gone(self, endpoint: Server,
                            call: Coroutine[Any, Any, ChatResult]) -> ChatResult:

@@ -14,6 +14,7 @@ from agents.chat import ChatResult
 from app.errors import LLMError
 from app.promptsize import PromptCounter
 from app.traffic.budget import Claim, TokenBudget
+from app.traffic.clock import Clock, loop_clock
 from app.traffic.holdback import HELD, QUEUED, REQUEST_LIMIT, TOKEN_BUDGET
 from app.traffic.ticket import Ticket
 
@@ -42,7 +43,7 @@ class Gate:
 
     def __init__(self, limit: int, budget: TokenBudget | None = None, *,
                  changed: asyncio.Event | None = None,
-                 counter: PromptCounter | None = None) -> None:
+                 counter: PromptCounter | None = None, clock: Clock = loop_clock) -> None:
         self.limit = max(1, limit)  # changed through set_limit, which lets waiters in
         self.budget = budget
         self._counter = counter  # the server's /tokenize, for the first prompt's cost
@@ -53,20 +54,24 @@ class Gate:
         self._seq = itertools.count()
         # Set whenever room may have come; shared by a batch's gates, to wait for any of them.
         self.changed = changed or asyncio.Event()
-        self._holds: set[str] = set()  # why nothing is let through now (server down, stopping)
+        self._held_for: set[str] = set()  # why nothing is let through now (server down, stopping)
+        self.holds: dict[int, int] = {}  # budget tokens a ticker keeps here, by start order
         self._closed: BaseException | None = None
+        self._clock = clock
+        # Until when the server asked every request to wait (its Retry-After), on ``clock``.
+        self.quiet_until = float("-inf")
 
     @property
     def held(self) -> bool:
-        return bool(self._holds) or self._closed is not None
+        return bool(self._held_for) or self._closed is not None
 
     def hold(self, why: str) -> None:
         """Let nothing new through until ``release(why)``; requests at the server go on."""
-        self._holds.add(why)
+        self._held_for.add(why)
         self.changed.set()
 
     def release(self, why: str) -> None:
-        self._holds.discard(why)
+        self._held_for.discard(why)
         self.grant()
 
     def close(self, error: BaseException) -> None:
@@ -149,16 +154,25 @@ class Gate:
             ticket.outstanding += 1
             ticket.reserved += claim.tokens
         if self.budget is not None:
-            # Only a hold on this budget becomes the request's; one elsewhere is released there.
-            held = ticket.hold if ticket is not None and ticket.held_by in (None, self) else 0
+            # Its hold here becomes the request's (its client releases one elsewhere).
+            held = self.holds.pop(ticket.order, 0) if ticket is not None else 0
             self.budget.take(claim, held)
             if ticket is not None and held:
-                ticket.hold, ticket.held_by = 0, None
+                ticket.hold = 0
+
+    def asked_to_wait(self, seconds: float) -> None:
+        """Note a ``Retry-After``: no request takes a place here until it has passed.
+        Back-pressure is the server's, not one call's, so every call waits it out."""
+        self.quiet_until = max(self.quiet_until, self._clock() + seconds)
 
     @asynccontextmanager
     async def slot(self, ticket: Ticket | None = None,
                    claim: Claim = NO_TOKENS) -> AsyncIterator[None]:
-        """Hold one place (and ``claim``'s tokens of the budget) for the duration of the block."""
+        """Hold one place (and ``claim``'s tokens of the budget) for the duration of the
+        block, once the server's last ``Retry-After`` has passed."""
+        delay = self.quiet_until - self._clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
         if self._closed is not None:
             raise self._refusal()
         if (not self.held and self.outstanding < self.limit and self.waiting == 0
@@ -188,24 +202,24 @@ class Gate:
             # Its context stays cached for its next call: no new ticker may take its tokens.
             keep = (ticket is not None and ticket.outstanding == 0
                     and ticket.remaining > 1 and not ticket.finished)
-            if keep and ticket is not None and ticket.held_by not in (None, self):
-                ticket.held_by.release_hold(ticket)
             held = self.budget.give_back(claim, hold=keep)
             if ticket is not None and keep:
-                ticket.hold, ticket.held_by = held, self
+                self.holds[ticket.order] = ticket.hold = held
         self.grant()
 
     def release_hold(self, ticket: Ticket) -> None:
-        """Give back a ticker's hold on this gate's budget: its context is not wanted here."""
-        if self.budget is not None and ticket.hold and ticket.held_by in (None, self):
-            self.budget.held -= ticket.hold
-            ticket.hold, ticket.held_by = 0, None
+        """Give back a ticker's hold on this gate's budget, if it has one here: its context
+        is not wanted here (it moved, waits for a chain slot, or ended)."""
+        held = self.holds.pop(ticket.order, 0)
+        if self.budget is not None and held:
+            self.budget.held -= held
+            ticket.hold = 0
             self.grant()
 
     def drop_hold(self, ticket: Ticket) -> None:
-        """Release a ticker's hold (wherever it is): it has no call left to send."""
+        """Release a ticker's hold here: it has no call left to send."""
         ticket.finished = True
-        (ticket.held_by or self).release_hold(ticket)
+        self.release_hold(ticket)
 
     def grant(self) -> None:
         """Let through the waiters that now fit, in order (also after the budget changed)."""

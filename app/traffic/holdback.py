@@ -10,8 +10,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
-
 # Rows kept per endpoint: an hour of readings at the default 2 s; later ones are counted only.
 TIMELINE_MAX = 1800
 COLUMNS = ("t_s", "tickers", "chain_slots", "request_limit", "outstanding", "queued",
@@ -23,13 +21,6 @@ REQUEST_LIMIT = "request limit"
 QUEUED = "chains waiting for tokens"  # a started ticker's call waits at the gate
 TOKEN_BUDGET = "token budget"
 CHAIN_CAP = "chain cap"
-
-
-class HoldBackSummary(BaseModel, frozen=True):
-    """The readings counted and each reason's share of them, the commonest first."""
-
-    readings: int
-    share: dict[str, float]
 
 
 @dataclass
@@ -46,10 +37,3 @@ class HoldBack:
         if len(self.timeline) < TIMELINE_MAX:
             row = {**row, "t_s": round(t_s, 2), "blocker": reason}
             self.timeline.append([row.get(name) for name in COLUMNS])
-
-    def summary(self) -> HoldBackSummary:
-        """Return the readings counted and each reason's share of them."""
-        readings = sum(self.counts.values())
-        return HoldBackSummary(readings=readings, share={
-            reason: round(n / readings, 3) for reason, n in self.counts.most_common()}
-            if readings else {})

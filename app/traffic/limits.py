@@ -7,67 +7,25 @@ readings are counted and a restart is detected here, once, for both.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Annotated, Any
+from collections.abc import Iterable
+from typing import Any
 
 import structlog
-from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 
-from app.traffic.budget import BudgetSummary
+from app.promptsize import Counted
 from app.traffic.chains import Footprint
 from app.traffic.gate import Gate
-from app.traffic.holdback import HoldBackSummary
 from app.traffic.strategy import UNBOUNDED, Strategy
 from app.traffic.ticket import Ticket
 
 log = structlog.get_logger(__name__)
 
 
-# The mark of a ``Figures`` field whose model's keys stand in its place in the JSON.
-SPREAD = object()
-
-
-class Figures(BaseModel, frozen=True):
-    """A summary whose JSON has the keys it was given: an optional field left out is absent,
-    and a ``SPREAD`` field's keys stand where the field is (none when it is None)."""
-
-    @model_serializer(mode="wrap")
-    def _given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        spread = {k for k, field in type(self).model_fields.items() if SPREAD in field.metadata}
-        given: dict[str, Any] = {}
-        for key, value in handler(self).items():
-            if key in self.model_fields_set:
-                given.update((value or {}) if key in spread else {key: value})
-        return given
-
-
-class Chains(Figures, frozen=True):
-    """The chains that fit, the tokens per active ticker, and ``prefetch`` when prefetching."""
-
-    slots: int | None
-    tokens_per_ticker: int | None
-    prefetch: bool = False
-
-
-class AdaptiveSummary(BaseModel, frozen=True):
-    """How an adaptive server's limits ended and what held new tickers back there
-    (``Limits.summary``); its holders' JSON has its keys in its place (``Adaptive``)."""
-
-    request_limit_reason: str
-    token_budget: BudgetSummary | None
-    chains: Chains
-    new_tickers_held_back: HoldBackSummary
-
-
-# A summary's adaptive figures: absent from its JSON unless adaptive, and then spread there.
-Adaptive = Annotated[AdaptiveSummary | None, SPREAD]
-
-
 class Limits:
     """A server's request limit, KV token budget and chain footprint, under one strategy."""
 
     def __init__(self, strategy: Strategy, maximum: int, *, gauged: bool,
-                 counted: Callable[[], tuple[int, int]] | None = None, name: str = "") -> None:
+                 counted: Counted | None = None, name: str = "") -> None:
         self.strategy = strategy
         self.name = name  # the server's, for the log
         self.policy = strategy.admission_policy(maximum)
@@ -173,16 +131,3 @@ class Limits:
             log.warning("KV capacity unknown (no vllm:cache_config_info): admission by "
                         "request count only, the KV cache guarded only by its preemption "
                         "backoff", endpoint=self.name)
-
-    def summary(self, held_back: HoldBackSummary) -> AdaptiveSummary:
-        """Return how the limits ended: the request limit's reason, the budget, the chains
-        that fit and the tokens per active ticker; with ``held_back``, the server's record
-        of what kept new tickers from starting."""
-        per_ticker = self.footprint.tokens()
-        prefetch: dict[str, Any] = {"prefetch": True} if self.strategy.prefetch else {}
-        chains = Chains(slots=self.chain_slots(),
-                        tokens_per_ticker=None if per_ticker is None else round(per_ticker),
-                        **prefetch)
-        return AdaptiveSummary(request_limit_reason=self.policy.reason,
-                               token_budget=self.budget.summary() if self.budget else None,
-                               chains=chains, new_tickers_held_back=held_back)

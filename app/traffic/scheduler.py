@@ -11,14 +11,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
-
 from app.traffic.budget import TokenBudget
 from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
-from app.traffic.holdback import COLUMNS
-from app.traffic.limits import Adaptive, Figures
-from app.traffic.server import EndpointSummary, Fleet, ServerSet
+from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
@@ -56,7 +52,7 @@ class Scheduler:
         self._next: Ticket | None = None  # the ticker waiting for room to start
         self._waited: set[int] = set()
 
-    # The first endpoint's (live progress reads them; with several it sums the limits).
+    # The first endpoint's.
     @property
     def gate(self) -> Gate:
         return self.endpoints.first.gate
@@ -64,23 +60,6 @@ class Scheduler:
     @property
     def budget(self) -> TokenBudget | None:
         return self.endpoints.first.limits.budget
-
-    @property
-    def metrics_fallback(self) -> bool:
-        """Tell whether some server's /metrics cannot be read now (progress shows it)."""
-        return any(e.limits.blind_since is not None for e in self.endpoints)
-
-    def fallback_record(self) -> FallbackRecord | None:
-        """Return what the batch stores of its time without /metrics (None: it had none)."""
-        now = self.endpoints.clock()
-        missed = sum(e.limits.missed for e in self.endpoints)
-        if not missed or not self.endpoints.first.strategy.adaptive:
-            return None
-        seconds = sum(e.limits.blind_s + (0.0 if e.limits.blind_since is None
-                                          else now - e.limits.blind_since)
-                      for e in self.endpoints)
-        return FallbackRecord(readings_missed=missed, seconds=round(seconds, 1),
-                              limit=self.endpoints.first.limits.policy.fallback_limit)
 
     def stop(self) -> None:
         """Start no more tickers and let no new request through; requests out may finish."""
@@ -218,24 +197,6 @@ class Scheduler:
             client.close()
         await on_done(job, result, error)
 
-    def holdback_timeline(self) -> HoldBackTimeline:
-        """Return each endpoint's rows of what held new tickers back (holdback.COLUMNS)."""
-        return HoldBackTimeline(columns=list(COLUMNS), endpoints={
-            e.name: e.holdback.timeline for e in self.endpoints})
-
-    def admission(self) -> Admission:
-        """Return how admission ended: the endpoints' request limits summed, the first
-        endpoint's limits, and with several endpoints each one's under ``endpoints``."""
-        several: dict[str, Any] = (
-            {"endpoints": self.endpoints.summary()} if self.endpoints.several else {})
-        fleet = self.endpoints.first.fleet()
-        if fleet is not None:
-            several["behind_router"] = fleet
-        return Admission(strategy=self.strategy.name,
-                         request_limit=sum(e.gate.limit for e in self.endpoints),
-                         adaptive=self.endpoints.first.adaptive_summary(), **several)
-
-
 async def _prepare(job: Job) -> Exception | None:
     """Run what ``job`` needs before admission; return its failure (the job fails alone)."""
     try:
@@ -244,29 +205,3 @@ async def _prepare(job: Job) -> Exception | None:
     except Exception as exc:  # reported by run(), as the job's outcome
         return exc
     return None
-
-
-class HoldBackTimeline(BaseModel, frozen=True):
-    """Each endpoint's rows of what held new tickers back, by ``columns``."""
-
-    columns: list[str]
-    endpoints: dict[str, list[list[Any]]]
-
-
-class Admission(Figures, frozen=True):
-    """How a batch's admission ended (``Scheduler.admission``): ``adaptive`` the first
-    endpoint's, as in ``EndpointSummary``; ``endpoints`` only with several."""
-
-    strategy: str
-    request_limit: int
-    adaptive: Adaptive = None
-    endpoints: dict[str, EndpointSummary] | None = None
-    behind_router: Fleet | None = None  # only when the (first) endpoint is a router
-
-
-class FallbackRecord(BaseModel, frozen=True):
-    """A batch's time without /metrics, as its settings store it (``metrics_fallback``)."""
-
-    readings_missed: int
-    seconds: float
-    limit: int  # the request limit held meanwhile

@@ -26,12 +26,13 @@ from app.traffic.clock import Clock, loop_clock
 from app.traffic.gate import Gate
 from app.traffic.halt import Halt, HaltReason
 from app.traffic.holdback import CHAIN_CAP, ROOM, HoldBack
-from app.traffic.limits import Adaptive, AdaptiveSummary, Figures, Limits
+from app.traffic.limits import Limits
 from app.traffic.routing import Load, choose
 from app.traffic.sampler import MetricsSampler
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
+from serving.metrics import MetricsSnapshot
 from serving.urls import redact
 
 log = structlog.get_logger(__name__)
@@ -47,7 +48,7 @@ class GaugeSource(Protocol):
     push: Callable[[Any], None] | None
 
     @property
-    def latest(self) -> Any: ...
+    def latest(self) -> MetricsSnapshot | None: ...
 
 
 class Server:
@@ -55,7 +56,9 @@ class Server:
 
     def __init__(self, index: int, url: str, llm: TrackedLLM, strategy: Strategy, *,
                  gauges: GaugeSource | None = None, changed: asyncio.Event | None = None,
-                 clock: Clock = loop_clock) -> None:
+                 clock: Clock = loop_clock, counter: PromptCounter | None = None) -> None:
+        """``counter`` (the client itself, for a TrackedLLM) counts prompts with the server's
+        /tokenize for the token budget; None: the budget costs by bytes until answers come."""
         self.index = index
         self.name = redact(url)  # what logs and summaries call it: no password
         self.llm = llm
@@ -63,13 +66,12 @@ class Server:
         if gauges is not None:
             gauges.push = self.reading
         self.strategy = strategy
-        counter = llm if isinstance(llm, PromptCounter) else None  # fakes count nothing
         # A reader that reads only when asked (no interval) gives no gauges to admit by.
         gauged = gauges is not None and getattr(gauges, "interval_s", 0) is not None
         self.limits = Limits(strategy, llm.settings.max_concurrency, gauged=gauged,
-                             counted=counter.counts if counter else None, name=self.name)
+                             counted=counter.counted if counter else None, name=self.name)
         self.gate = Gate(self.limits.first_request_limit, self.limits.budget, changed=changed,
-                         counter=counter)
+                         counter=counter, clock=clock)
         self.holdback = HoldBack()  # what kept new tickers from starting here, per reading
         self.clock = clock  # what outages are timed on
         self.servers: ServerSet | None = None  # the set, told of every reading
@@ -77,8 +79,6 @@ class Server:
         self.gone = asyncio.Event()  # set while the endpoint is down
         self.outages_seen: list[dict[str, Any]] = []  # start and seconds of each, for the batch
         self.last_failed_at: float | None = None  # when a reading last failed
-        # Until when the server asked every request to wait (its Retry-After), on ``clock``.
-        self.quiet_until = float("-inf")
         self._suspect = False  # a call met a server fault: the next failed reading is down
         self._down_since = 0.0
         self.here: dict[int, Ticket] = {}  # tickers whose calls go here now, by start order
@@ -145,8 +145,8 @@ class Server:
                 if (slots is None or self.chains < slots or not self.up or ticket.urgent
                         or self.gate.closed):
                     break
-                if not waited and ticket.held_by is not None:
-                    ticket.held_by.release_hold(ticket)
+                if not waited:
+                    self.gate.release_hold(ticket)
                 waited = True
                 self.gate.changed.clear()
                 await self.gate.changed.wait()
@@ -232,63 +232,11 @@ class Server:
         if self.servers is not None:
             self.servers.health_changed()
 
-    def asked_to_wait(self, seconds: float) -> None:
-        """Note a ``Retry-After``: no request goes here until it has passed (``quiet``)."""
-        seconds = min(seconds, self.llm.settings.retry_wait_max_s)
-        self.quiet_until = max(self.quiet_until, self.clock() + seconds)
-
-    async def quiet(self) -> None:
-        """Wait out what the server last asked with ``Retry-After``, if it is not over."""
-        delay = self.quiet_until - self.clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
-
     async def check(self) -> None:
         """After a server fault: take a reading now; a failed one makes the server down."""
         if self.gauges is not None:
             self._suspect = True
             await self.gauges.fresh()  # type: ignore[attr-defined]
-
-    def summary(self) -> EndpointSummary:
-        """Return how this endpoint's admission ended and what routing gave it."""
-        return EndpointSummary(
-            request_limit=self.gate.limit, tickers_started=self.started,
-            tickers_moved_in=self.moved_in, tickers_moved_out=self.moved_out,
-            outages=self.outages, up=self.up, adaptive=self.adaptive_summary())
-
-    def fleet(self) -> Fleet | None:
-        """Return the servers seen behind this endpoint (None: it is a server, or unknown)."""
-        servers = getattr(self.gauges, "fleet", None)
-        if not servers:
-            return None
-        return Fleet(servers=len(servers), read=getattr(self.gauges, "fleet_read", None),
-                     kv_tokens=getattr(self.gauges, "kv_capacity", None))
-
-    def adaptive_summary(self) -> AdaptiveSummary | None:
-        """Return how the limits ended and what held new tickers back (None: not adaptive)."""
-        return self.limits.summary(self.holdback.summary()) if self.strategy.adaptive else None
-
-
-class EndpointSummary(Figures, frozen=True):
-    """How one endpoint's admission ended and what routing gave it (``Server.summary``)."""
-
-    request_limit: int
-    tickers_started: int
-    tickers_moved_in: int
-    tickers_moved_out: int
-    outages: int
-    up: bool
-    adaptive: Adaptive = None  # ``Server.adaptive_summary``
-
-
-class Fleet(Figures, frozen=True):
-    """The servers behind a router endpoint (``Server.fleet``): how many it lists, how many
-    the last reading could read (0: admission by request count), their KV tokens summed."""
-
-    servers: int
-    read: int | None
-    kv_tokens: int | None
-
 
 @dataclass
 class _Combined:
@@ -346,7 +294,7 @@ class ServerSet:
             llm = TrackedLLM(settings, recorder, http_client=http_client, base_url=url,
                              max_in_flight=max_in_flight)
             endpoints.append(Server(index, url, llm, strategy, gauges=sampler, changed=changed,
-                                    clock=clock))
+                                    clock=clock, counter=llm))
         if len(endpoints) > 1:
             log.info("endpoints", urls=[e.name for e in endpoints])
         return cls(endpoints, changed, halt=halt, outage_budget_s=settings.outage_budget_s,
@@ -517,12 +465,9 @@ class ServerSet:
     @property
     def latest(self) -> _Combined | None:
         """Return the endpoints' newest gauges combined (None before any reading)."""
-        readings = [getattr(e.gauges, "latest", None) for e in self.endpoints]
+        readings = [e.gauges.latest for e in self.endpoints if e.gauges is not None]
         seen = [r for r in readings if r is not None]
         if not seen:
             return None
         return _Combined(sum(r.running for r in seen), sum(r.waiting for r in seen),
                          max(r.kv_cache_usage for r in seen))
-
-    def summary(self) -> dict[str, EndpointSummary]:
-        return {endpoint.name: endpoint.summary() for endpoint in self.endpoints}

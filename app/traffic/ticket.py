@@ -3,13 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
-
-
-class Holder(Protocol):
-    """Whatever keeps a ticker's budget tokens between two of its calls (a Gate)."""
-
-    def release_hold(self, ticket: Ticket) -> None: ...
 
 
 @dataclass
@@ -27,8 +20,7 @@ class Ticket:
     done: int = 0
     outstanding: int = 0  # its requests holding a place now
     reserved: int = 0  # budget tokens of those requests
-    hold: int = 0  # budget tokens kept between two of its calls
-    held_by: Holder | None = None  # whose budget the hold is in (a ticker can change endpoint)
+    hold: int = 0  # budget tokens kept between two of its calls, at its server's gate
     finished: bool = False
     chained: bool = False  # its chain was let in (app/traffic/chains.py, prefetching)
     urgent: bool = False  # its remaining chain would outlast the batch: served first

@@ -96,11 +96,11 @@ class SimServer(KVGauges):
                  preemptions_total=self.preemptions, generation_tokens_total=self.generated,
                  running=len(self.live), taken_at=datetime.now(UTC))
 
-    async def send(self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
-                   call: Any = None, admit: Any = None,
-                   ready_at: Any = None) -> SimpleNamespace:
-        async with admit():  # the gate's place and tokens, held as TrackedLLM holds them
-            return await self._serve(body)
+    async def attempt(self, tag: CallTag, call: Any, body: dict[str, Any], *,
+                      priority: int | None = None, ready_at: Any = None,
+                      trimmed: Any = None) -> SimpleNamespace:
+        # Called with the gate's place and tokens held, as TrackedLLM's attempt is.
+        return await self._serve(body)
 
     async def _serve(self, body: dict[str, Any]) -> SimpleNamespace:
         if self.budget is not None:

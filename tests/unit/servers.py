@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
+from app.config import load_settings
+from app.llm import CallStats
+from app.promptsize import PromptCounter
 from app.traffic.scheduler import Scheduler
 from app.traffic.server import Server, ServerSet
 from app.traffic.strategy import Strategy
@@ -13,11 +17,25 @@ from app.traffic.strategy import Strategy
 def one_server(llm: Any, strategy: Strategy, *, gauges: Any = None) -> ServerSet:
     """Return the ServerSet of one Server over ``llm``, read by ``gauges`` (None: unread)."""
     changed = asyncio.Event()
+    # A real client counts the budget's first prompts; the in-process models count none.
     server = Server(0, getattr(llm, "base_url", ""), llm, strategy, gauges=gauges,
-                    changed=changed)
+                    changed=changed, counter=llm if isinstance(llm, PromptCounter) else None)
     return ServerSet([server], changed)
 
 
 def over_one_server(llm: Any, strategy: Strategy, *, gauges: Any = None) -> Scheduler:
     """Return a Scheduler over one server: ``one_server(llm, strategy, gauges=gauges)``."""
     return Scheduler(strategy, one_server(llm, strategy, gauges=gauges))
+
+
+def read_servers(*gauges: Any, strategy: str = "adaptive") -> ServerSet:
+    """Return a ServerSet of one Server per ``gauges`` (a reader's stand-in, with ``name``
+    naming its server), or of one unread server; their clients only have settings and call
+    totals (what live progress reads)."""
+    changed = asyncio.Event()
+    chosen = Strategy.parse(strategy)
+    servers = [Server(i, getattr(g, "name", f"http://gpu{i}.test/v1"),
+                      SimpleNamespace(settings=load_settings(), stats=CallStats()),
+                      chosen, gauges=g, changed=changed)  # type: ignore[arg-type]
+               for i, g in enumerate(gauges or (None,))]
+    return ServerSet(servers, changed)

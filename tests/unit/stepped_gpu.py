@@ -61,7 +61,7 @@ class Request:
 
 
 class SteppedGPU(KVGauges):
-    """The server: ``send`` as TrackedLLM's, ``latest`` and ``push`` as the reader's."""
+    """The server: ``attempt`` as TrackedLLM's, ``latest`` and ``push`` as the reader's."""
 
     def __init__(self, capacity: int = 49_152, max_seqs: int = 32, block: int = 16,
                  step_s: float = 0.001, read_every: int = 50, prefill_per_step: int = 8_192,
@@ -122,19 +122,19 @@ class SteppedGPU(KVGauges):
             self.cached[request.ticker] = request.shared
             self.cached.move_to_end(request.ticker)
 
-    async def send(self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
-                   call: Any = None, admit: Any = None,
-                   ready_at: Any = None) -> SimpleNamespace:
-        async with admit():
-            size = sum(len(m["content"].encode()) for m in body["messages"])
-            self._seq += 1
-            self.sent += size // 4
-            ticker, shared = body.get("prefix", ("", 0))
-            request = Request(size // 4, body["max_tokens"],
-                              asyncio.get_running_loop().create_future(), self._seq,
-                              ticker=ticker, shared=shared)
-            self.waiting.append(request)
-            await request.done
+    async def attempt(self, tag: CallTag, call: Any, body: dict[str, Any], *,
+                      priority: int | None = None, ready_at: Any = None,
+                      trimmed: Any = None) -> SimpleNamespace:
+        # Called with the gate's place held, as TrackedLLM's attempt is.
+        size = sum(len(m["content"].encode()) for m in body["messages"])
+        self._seq += 1
+        self.sent += size // 4
+        ticker, shared = body.get("prefix", ("", 0))
+        request = Request(size // 4, body["max_tokens"],
+                          asyncio.get_running_loop().create_future(), self._seq,
+                          ticker=ticker, shared=shared)
+        self.waiting.append(request)
+        await request.done
         return SimpleNamespace(prompt_tokens=size // 4, completion_tokens=body["max_tokens"])
 
     async def serve(self, stop: asyncio.Event) -> None:

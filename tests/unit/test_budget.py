@@ -30,6 +30,7 @@ from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
 from app.traffic.sampler import MetricsSampler
 from app.traffic.strategy import Strategy
+from app.traffic.summary import admission as admission_summary
 from app.traffic.ticket import Ticket
 from tests.fakevllm import FakeServer, Reply
 from tests.unit.budget_sim import G, SimServer, blocks, body, run_sim
@@ -203,7 +204,7 @@ def test_adaptive_fills_the_cache_without_a_preemption_where_a_fixed_setting_ove
     assert server.peak_reserved >= capacity * 0.95 - 2 * largest
     assert budget.reserved == 0 and budget.held == 0  # everything given back
     # The batch's admission summary says what the budget learned: every answer was 400.
-    adaptive = scheduler.admission().adaptive
+    adaptive = admission_summary(scheduler.endpoints, scheduler.strategy).adaptive
     assert adaptive is not None
     summary = adaptive.token_budget
     assert summary is not None and summary.kv_capacity_tokens == capacity
@@ -289,13 +290,14 @@ def test_progress_shows_the_token_budget_in_use() -> None:
     assert scheduler.budget is not None
     scheduler.budget.set_capacity(8_000, 16)
     scheduler.budget.take(Claim(1_234))
-    llm = SimpleNamespace(stats=CallStats())
-    state = BatchProgress(1, 3, llm, scheduler).state()
+    scheduler.endpoints.first.llm = SimpleNamespace(stats=CallStats())  # type: ignore[assignment]
+    state = BatchProgress(1, 3, scheduler.endpoints).state()
     assert (state.budget_tokens, state.reserved_tokens) == (int(8_000 * 0.95), 1_234)
     # Without a budget (a fixed strategy) the fields say so.
     fixed = over_one_server(server, Strategy.parse("fixed-3"), gauges=server)
     assert fixed.budget is None
-    assert BatchProgress(1, 3, llm, fixed).state().budget_tokens is None
+    fixed.endpoints.first.llm = SimpleNamespace(stats=CallStats())  # type: ignore[assignment]
+    assert BatchProgress(1, 3, fixed.endpoints).state().budget_tokens is None
 
 
 async def test_the_batchs_first_requests_are_costed_after_one_count(
@@ -365,7 +367,7 @@ async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default
     async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=http)
         endpoint = Server(0, BASE_URL, llm, Strategy.parse("adaptive"),
-                            gauges=SimpleNamespace())
+                          gauges=SimpleNamespace(), counter=llm)
         budget = endpoint.limits.budget
         assert budget is not None
         assert budget.ratio() == budget.tokens_per_byte == 0.5  # nothing counted yet

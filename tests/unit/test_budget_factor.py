@@ -17,6 +17,7 @@ import pytest
 from app.errors import InputError
 from app.traffic.budget import Claim, TokenBudget
 from app.traffic.strategy import Strategy
+from app.traffic.summary import budget as budgeted
 from tests.unit.budget_sim import G, SimServer, run_sim
 from tests.unit.servers import over_one_server
 
@@ -55,7 +56,7 @@ def test_an_under_used_cache_raises_the_factor_a_step_a_reading_up_to_the_ceilin
     # 8,000 reserved, 0.75 per reserved token. Two readings build the streak, the third rises.
     assert factors(b, [reading(0.5)] * 8) == [1.0, 1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.1]
     assert b.limit == int(10_000 * 0.95 * 1.1)  # past the capacity's fill: overbooked
-    summary = b.summary()
+    summary = budgeted(b)
     assert summary.reason == "kv under-used: footprint 0.75 per reserved token"
     assert (summary.factor_peak, summary.rises, summary.cuts) == (1.1, 5, 0)
     assert summary.footprint_per_reserved_token == 0.75
@@ -75,7 +76,7 @@ def test_nothing_rises_while_the_budget_holds_nothing_back() -> None:
     b = budget(overbook_max=1.5)
     b.take(Claim(8_000, output=1_000))
     assert factors(b, [reading(0.5)] * 10, held_back=False) == [1.0] * 10
-    assert b.summary().trajectory == [[0, 1.0, 1.0, "start"]]
+    assert budgeted(b).trajectory == [[0, 1.0, 1.0, "start"]]
 
 
 def test_output_already_generated_is_no_longer_to_come() -> None:
@@ -140,7 +141,7 @@ def test_a_restart_starts_the_factor_over() -> None:
     # The counters went backwards: the server restarted. Back to the start, streak and all.
     after = [reading(0.5)] + [reading(0.5, generated=10)] * 3
     assert factors(b, after, restarted=True) == [1.0, 1.0, 1.0, 1.02]
-    assert b.summary().trajectory[-2][1:] == [1.0, 1.0, "server restarted"]
+    assert budgeted(b).trajectory[-2][1:] == [1.0, 1.0, "server restarted"]
 
 
 def test_a_growing_server_queue_or_a_default_estimate_holds_the_rise() -> None:
@@ -197,7 +198,7 @@ def test_long_outputs_growing_after_admission_never_fill_the_cache_past_the_fill
     assert server.preemptions == 0  # ...and never overflowed the cache,
     assert server.peak_used <= capacity * 0.95  # nor passed the share it may fill
     assert server.peak_reserved > capacity  # reservations went past the capacity itself
-    assert any("kv under-used" in e[3] for e in b.summary().trajectory)
+    assert any("kv under-used" in e[3] for e in budgeted(b).trajectory)
 
 
 def test_the_knobs_reach_the_budget_and_bad_ones_are_refused() -> None:

@@ -35,7 +35,7 @@ from app.errors import (
     LLMStreamError,
 )
 from app.traffic.client import TickerClient, server_fault
-from app.traffic.server import EndpointSummary
+from app.traffic.summary import EndpointSummary
 from tests.fakevllm import ChatRequest, FakeServer, FakeServers, Reply
 
 FAST, SLOW = "http://gpu0.test:8000/v1", "http://gpu1.test:8001/v1"

@@ -6,6 +6,7 @@ import asyncio
 from types import SimpleNamespace
 
 from agents.chat import CallTag
+from app.traffic import summary
 from app.traffic.budget import Claim
 from app.traffic.client import TickerClient
 from app.traffic.holdback import (
@@ -97,13 +98,13 @@ def test_counts_become_shares_and_rows_follow_the_columns() -> None:
     record.note(1.0, CHAIN_CAP, {"tickers": 4, "chain_slots": 4})
     record.note(2.5, ROOM, {"tickers": 4, "chain_slots": 5})
     record.note(3.0, TOKEN_BUDGET, {"tickers": 5, "chain_slots": 5})
-    assert record.summary().model_dump() == {"readings": 4,
+    assert summary.held_back(record).model_dump() == {"readings": 4,
                                              "share": {CHAIN_CAP: 0.5, ROOM: 0.25,
                                                        TOKEN_BUDGET: 0.25}}
     row = dict(zip(COLUMNS, record.timeline[2], strict=True))
     assert row["t_s"] == 2.5 and row["blocker"] == ROOM and row["chain_slots"] == 5
     assert row["reserved"] is None  # a figure not given stays empty, not invented
-    assert HoldBack().summary().model_dump() == {"readings": 0, "share": {}}
+    assert summary.held_back(HoldBack()).model_dump() == {"readings": 0, "share": {}}
 
 
 def test_the_timeline_stops_growing_at_its_cap_but_counting_goes_on() -> None:
@@ -111,7 +112,7 @@ def test_the_timeline_stops_growing_at_its_cap_but_counting_goes_on() -> None:
     for i in range(TIMELINE_MAX + 10):
         record.note(float(i), ROOM, {})
     assert len(record.timeline) == TIMELINE_MAX
-    assert record.summary().readings == TIMELINE_MAX + 10
+    assert summary.held_back(record).readings == TIMELINE_MAX + 10
 
 
 def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
@@ -132,7 +133,7 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
         assert error is None
 
     asyncio.run(reading(server, scheduler.run([chain(f"T{i}") for i in range(12)], on_done)))
-    adaptive = scheduler.admission().adaptive
+    adaptive = summary.admission(scheduler.endpoints, scheduler.strategy).adaptive
     assert adaptive is not None
     held = adaptive.new_tickers_held_back
     assert held.readings > 0
@@ -142,7 +143,7 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
     assert short and max(short, key=short.__getitem__) in {QUEUED, TOKEN_BUDGET, CHAIN_CAP}
     assert scheduler.budget is not None
     assert held.readings < scheduler.budget.readings
-    rows = scheduler.holdback_timeline()
+    rows = summary.holdback_timeline(scheduler.endpoints)
     assert rows.columns == list(COLUMNS)
     (timeline,) = rows.endpoints.values()
     assert len(timeline) == held.readings

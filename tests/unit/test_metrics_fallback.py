@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import structlog
@@ -22,6 +21,7 @@ from app.report import batch_report
 from app.serverview import server_view
 from app.traffic.strategy import Strategy
 from tests.fakevllm import FakeServer, Reply
+from tests.unit.servers import read_servers
 
 
 @pytest.fixture
@@ -64,11 +64,9 @@ async def test_unreadable_metrics_are_warned_once_paused_on_and_recorded(
 
 
 def test_progress_shows_the_fallback() -> None:
-    scheduler = SimpleNamespace(gate=SimpleNamespace(limit=4), metrics_fallback=True,
-                                strategy=Strategy.parse("adaptive"))
-    llm = SimpleNamespace(stats=SimpleNamespace(calls=0, failed=0, completion_tokens=0,
-                                                first_start=None))
-    progress = BatchProgress(1, 2, llm, scheduler, console=Console(record=True))
+    servers = read_servers()
+    servers.first.limits.blind_since = 0.0  # a spell without /metrics going on
+    progress = BatchProgress(1, 2, servers, console=Console(record=True))
     assert progress.state().admission == "fallback: /metrics unreadable"
     console = Console(record=True, width=200)
     console.print(progress)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import pytest
@@ -144,7 +142,8 @@ def test_a_ticker_waits_for_a_chain_slot_and_holds_nothing_while_it_waits() -> N
         endpoint.limits.footprint.sample(endpoint.gate, [first])
         assert endpoint.chain_slots() == 1
         # The second ticker's analysts are done; its last one left a hold of 1,200 tokens.
-        second = Ticket(1, 17, 14, done=4, hold=1_200, held_by=endpoint.gate)
+        second = Ticket(1, 17, 14, done=4, hold=1_200)
+        endpoint.gate.holds[second.order] = 1_200
         endpoint.arrive(second)
         budget.held = 1_200
         entering = asyncio.create_task(endpoint.enter_chain(second))
@@ -178,16 +177,12 @@ def test_a_prefetching_batch_finishes_every_ticker_without_a_preemption(
 
 
 def test_the_stepped_server_preempts_the_newest_and_pays_for_its_prefill_again() -> None:
-    @contextlib.asynccontextmanager
-    async def admit() -> AsyncIterator[None]:
-        yield
-
     async def scenario() -> SteppedGPU:
         # Two requests of 40 prompt tokens and 40 answers each grow to 6 blocks of 16:
         # 12 blocks do not fit 8, so the newer one is preempted and prefilled again.
         gpu = SteppedGPU(capacity=128, read_every=1, p_equiv=10)
         body = {"messages": [{"role": "user", "content": "x" * 160}], "max_tokens": 40}
-        sends = [asyncio.create_task(gpu.send(CallTag(1, "T", f"n{i}", 0), body, admit=admit))
+        sends = [asyncio.create_task(gpu.attempt(CallTag(1, "T", f"n{i}", 0), None, body))
                  for i in range(2)]
         await asyncio.sleep(0)
         while not all(s.done() for s in sends):
@@ -241,16 +236,12 @@ def test_the_hold_back_rows_count_chains_and_fan_outs_when_prefetching() -> None
 
 
 def test_the_stepped_servers_prefix_cache_keeps_a_context_until_its_room_is_needed() -> None:
-    @contextlib.asynccontextmanager
-    async def admit() -> AsyncIterator[None]:
-        yield
-
     def call(ticker: str, prompt: int) -> dict[str, object]:
         return {"messages": [{"role": "user", "content": "x" * (prompt * 4)}],
                 "max_tokens": 4, "prefix": (ticker, 64)}
 
     async def one(gpu: SteppedGPU, body: dict[str, object]) -> None:
-        task = asyncio.create_task(gpu.send(CallTag(1, "T", "n", 0), body, admit=admit))
+        task = asyncio.create_task(gpu.attempt(CallTag(1, "T", "n", 0), None, body))
         await asyncio.sleep(0)
         while not task.done():
             gpu.step()

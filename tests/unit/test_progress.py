@@ -15,8 +15,8 @@ from agents.nodes import ANALYSTS
 from app.batch.progress import BatchProgress, eta_text
 from app.db.models import ProgressReading
 from app.night import span
-from app.traffic.strategy import Strategy
 from tests.unit.eta_rows import NODES, NOW, batch, calls
+from tests.unit.servers import read_servers
 
 T0 = datetime(2026, 12, 3, 1, 0, tzinfo=UTC)
 
@@ -27,15 +27,12 @@ def reading(generated: float, at_s: float) -> SimpleNamespace:
 
 
 def progress(*endpoints: SimpleNamespace) -> BatchProgress:
-    scheduler = SimpleNamespace(gate=SimpleNamespace(limit=4), strategy=Strategy.parse("adaptive"))
-    llm = SimpleNamespace(stats=SimpleNamespace(calls=0, failed=0, completion_tokens=0,
-                                                first_start=None),
-                          endpoints=list(endpoints))
-    return BatchProgress(1, 2, llm, scheduler, console=Console(file=io.StringIO()))
+    servers = read_servers(*(e.gauges for e in endpoints))
+    return BatchProgress(1, 2, servers, console=Console(file=io.StringIO()))
 
 
 def endpoint(name: str, latest: SimpleNamespace | None) -> SimpleNamespace:
-    return SimpleNamespace(name=name, gauges=SimpleNamespace(latest=latest))
+    return SimpleNamespace(name=name, gauges=SimpleNamespace(latest=latest, name=name))
 
 
 def test_the_servers_generation_counter_gives_the_rate_while_no_call_has_finished() -> None:

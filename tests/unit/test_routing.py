@@ -8,6 +8,8 @@ import contextlib
 from types import SimpleNamespace
 from typing import Any
 
+from app.traffic.budget import Claim
+from app.traffic.client import TickerClient
 from app.traffic.routing import Load, choose, under_share
 from app.traffic.server import Server, ServerSet
 from app.traffic.strategy import Strategy
@@ -132,3 +134,27 @@ async def test_a_ticker_waits_for_the_endpoint_under_its_share_to_have_room() ->
     assert await asyncio.wait_for(waiting, timeout=1) is drained
     drained.leave(last)
     assert (drained.tickers, drained.work) == (0, 0)
+
+
+async def test_a_ticker_that_moves_leaves_no_hold_in_the_budget_it_left() -> None:
+    # Between two calls a ticker keeps its last call's tokens as a hold in its server's
+    # budget (app/traffic/gate.py). The gate keeps the hold per ticker; when the ticker
+    # moves, its client releases it there, so the server it left can start a new ticker.
+    changed = asyncio.Event()
+    llm: Any = SimpleNamespace(settings=SimpleNamespace(max_concurrency=8))
+    strategy = Strategy.parse("adaptive")
+    left, taken = (Server(i, f"http://gpu{i}.test/v1", llm, strategy, gauges=SimpleNamespace(),
+                          changed=changed) for i in range(2))
+    servers = ServerSet([left, taken], changed)
+    budget = left.limits.budget
+    assert budget is not None
+    budget.set_capacity(10_000, 16)
+    client = TickerClient(servers, left, Ticket(0, requests=3, chain=3))
+    async with left.gate.slot(client.ticket, Claim(800)):
+        pass
+    assert (budget.held, left.gate.holds, client.ticket.hold) == (800, {0: 800}, 800)
+    left.up = False  # its server went down: the ticker's next call goes elsewhere
+    assert client._here() is taken
+    assert (budget.held, left.gate.holds, client.ticket.hold) == (0, {}, 0)
+    client.close()
+    assert not taken.gate.holds and taken.tickers == 0

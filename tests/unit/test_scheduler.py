@@ -33,13 +33,13 @@ class RecordingLLM:
         self.delay_s = delay_s
         self.events: list[tuple[str, str, int | None]] = []  # (event, ticker, priority)
 
-    async def send(self, tag: CallTag, body: dict[str, Any], *, priority: int | None = None,
-                   call: Any = None, admit: Any = None,
-                   ready_at: Any = None) -> None:
-        async with admit():  # the gate's place, held around the attempt as TrackedLLM does
-            self.events.append(("start", tag.ticker, priority))
-            await asyncio.sleep(self.delay_s)
-            self.events.append(("end", tag.ticker, priority))
+    async def attempt(self, tag: CallTag, call: Any, body: dict[str, Any], *,
+                      priority: int | None = None, ready_at: Any = None,
+                      trimmed: Any = None) -> None:
+        # Called with the gate's place held, as TrackedLLM's attempt is.
+        self.events.append(("start", tag.ticker, priority))
+        await asyncio.sleep(self.delay_s)
+        self.events.append(("end", tag.ticker, priority))
 
 
 def chain_job(key: str, length: int) -> Job:

@@ -37,6 +37,7 @@ from app.traffic.server import Server, ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import cancel_and_wait
 from tests.fakevllm import BASE_URL, ChatRequest, FakeServer, Reply
+from tests.unit.servers import read_servers
 
 
 def tasks_now() -> set[asyncio.Task[Any]]:
@@ -333,11 +334,7 @@ async def test_a_signal_with_a_halt_asks_for_a_stop() -> None:
 
 
 def progress() -> BatchProgress:
-    scheduler = SimpleNamespace(gate=SimpleNamespace(limit=4),
-                                strategy=Strategy.parse("adaptive"))
-    llm = SimpleNamespace(stats=SimpleNamespace(calls=0, failed=0, completion_tokens=0,
-                                                first_start=None))
-    return BatchProgress(1, 2, llm, scheduler, console=Console(file=io.StringIO()))
+    return BatchProgress(1, 2, read_servers(), console=Console(file=io.StringIO()))
 
 
 async def test_the_progress_log_loop_ends_with_its_context() -> None:
