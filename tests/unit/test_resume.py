@@ -154,7 +154,7 @@ def dead_night(db: Engine, done: str, left: str) -> int:
     return dead
 
 
-def test_run_continue_night_takes_up_tonights_dead_batch_else_starts_the_night(
+def test_run_continue_night_takes_up_tonights_dead_batch_and_runs_a_finished_one_no_more(
         monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
     done, left = demo_tickers(2)
     # The timer's unit started again by hand after its process was killed.
@@ -169,10 +169,17 @@ def test_run_continue_night_takes_up_tonights_dead_batch_else_starts_the_night(
         batches = [tuple(b) for b in conn.execute(select(Batch.id, Batch.status))]
     assert batches == [(dead, "succeeded")]  # continued with its own tickers, no second batch
     assert {c.ticker for c in server.chats} == {left} and len(server.chats) == 17
-    # Tonight's batch is finished now: the same command starts a night of its own.
+    # Tonight's batch is finished now: the same command (the timer firing again) runs
+    # nothing, as the daemon does; a plain `run` of the date starts a night of its own.
     result = CliRunner().invoke(cli, [*night, "--tickers", done])
     assert result.exit_code == 0, result.output
     assert "resuming" not in result.stderr
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 1
+    assert len(server.chats) == 17
+    again = [word for word in night if word != "--continue-night"]
+    result = CliRunner().invoke(cli, [*again, "--tickers", done])
+    assert result.exit_code == 0, result.output
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 2
     assert [c.ticker for c in server.chats[17:]] == [done] * 17
