@@ -11,7 +11,7 @@ does, and two runs in one daemon can never overlap. Across daemons and timers, t
 lock is what keeps a night single; a second daemon on the same database is refused at its
 start (exit 4) by the scheduler lock the first holds for its life (app/db/lock.py). While it
 serves, a thread of its own writes the daemon's heartbeat (``scheduler_heartbeats``), which
-the morning's status reads (app/night.py), and proves that lock at each beat.
+the morning's status reads (app/morning/nightstatus.py), and proves that lock at each beat.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from app.config import Settings
 from app.db.lock import LockHold, scheduler_lock
 from app.db.models import SchedulerBeat
 from app.errors import ERRORS, AlreadyRunningError
-from app.schedule import NightlyTrigger, schedule_zone
+from app.morning.timetable import NightlyTrigger, schedule_zone
 
 log = structlog.get_logger(__name__)
 

@@ -25,8 +25,8 @@ from app.config import Settings
 from app.db.engine import ready_engine
 from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch
-from app.digest import send_digest, send_refusal
 from app.errors import ERRORS, AlreadyRunningError, InputError, first_line
+from app.morning.digest import send_digest, send_refusal
 from serving.facts import batch_server_facts
 
 log = structlog.get_logger(__name__)

@@ -49,7 +49,7 @@ from app.bench.machine import HostFacts
 from app.bench.machine import machine_facts as host_facts
 from app.config import Settings
 from app.errors import InputError, ServerError
-from app.report import compare_arm
+from app.morning.accounting import compare_arm
 from app.traffic.client import TickerClient
 from app.traffic.strategy import Strategy
 from serving.metrics import aread_metrics

@@ -29,7 +29,6 @@ from rich.table import Table
 from sqlalchemy import Engine
 
 from agents.tickers import check_symbol, choose_tickers
-from app.advice import advise
 from app.batch.engine import BatchOutcome, BatchPlan
 from app.batch.nightly import (
     NightlyRequest,
@@ -43,17 +42,18 @@ from app.batch.nightly import (
 from app.batch.preflight import ServerCheck
 from app.batch.resume import ResumePoint, mark_stale_crashed
 from app.batch.signals import run_batch
-from app.batches import BatchSummary, summarize
-from app.batchids import parse_batch_id
-from app.changes import RankedRow, compare_nights, ranked_row
 from app.cli.common import batch_database, database, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
 from app.errors import ERRORS, InputError
 from app.logs import console
-from app.night import STALE_EXIT, NightStatus, night_status
+from app.morning.advice import advise
+from app.morning.batchids import parse_batch_id
+from app.morning.changes import RankedRow, compare_nights, ranked_row
+from app.morning.nightstatus import STALE_EXIT, NightStatus, night_status
+from app.morning.ranking import RankRow, ranking
+from app.morning.summary import BatchSummary, summarize
 from app.quality.monitor import warnings_for
-from app.ranking import RankRow, ranking
 from serving.facts import batch_server_facts
 
 out = console()

@@ -24,8 +24,8 @@ from app.db.models import Decision as DecisionRow
 from app.db.models import LLMCall
 from app.errors import ContextLengthError
 from app.llm import TrackedLLM
-from app.report import compare_arm
-from app.serverview import server_view
+from app.morning.accounting import compare_arm
+from app.morning.serverview import server_view
 from app.usage import UsageRecorder
 from serving.metrics import MetricsSnapshot, read_metrics
 from tests.integration.vllm_server import VLLMServer

@@ -1,6 +1,6 @@
 """A recorded night for the ETA's replay: its rows and the progress readings taken live.
 
-The fixture (JSON) holds what ``app.eta.reading`` reads, for the night and for the finished
+The fixture (JSON) holds what ``app.morning.eta.reading`` reads, for the night and for the finished
 night before it (the prior, whose calls alone are read): the batch row's settings, its
 ticker runs, its calls (times, tokens, status), its ``/metrics`` generation counters, and the
 ``progress_readings`` rows the live progress stored. ``load`` writes them into a database;

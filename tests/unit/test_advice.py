@@ -5,7 +5,7 @@ ranking page's banner, the batch's page, ``nightdesk ranking`` and ``nightdesk r
 is collected, and each command is then run through the CLI (``app.cli.main``, as an
 operator would) against a fake vLLM: none may answer the usage error (2) or "no tickers
 left". The advice is read
-from the messages themselves, not from ``app.advice``, so a message that advises something
+from the messages themselves, not from ``app.morning.advice``, so a message that advises something
 of its own is run too.
 """
 
@@ -27,7 +27,7 @@ from sqlalchemy import Engine, select
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.config import load_settings
 from app.db.models import Batch
-from app.digest import build_digest
+from app.morning.digest import build_digest
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app

@@ -21,8 +21,8 @@ from app.config import load_settings
 from app.db.engine import get_engine
 from app.db.models import Batch, Decision, LLMCall, LLMRequest, ProgressReading, TickerRun
 from app.llm import TrackedLLM
-from app.ranking import ranking
-from app.serverview import server_view
+from app.morning.ranking import ranking
+from app.morning.serverview import server_view
 from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 
 
@@ -158,7 +158,7 @@ def test_cli_run_then_ranking_json(monkeypatch: pytest.MonkeyPatch, demo_dir: Pa
 
 async def test_replay_keeps_calls_prompts_and_order(sqlite_engine: Engine, demo_dir: Path) -> None:
     from app.batch.workload import replay_batch
-    from app.report import compare_arm
+    from app.morning.accounting import compare_arm
 
     tickers = demo_tickers(2)
     settings = load_settings(check_context_length=False, retry_backoff_s=0)

@@ -23,7 +23,7 @@ from app.cli import app
 from app.config import load_settings
 from app.db.models import LLMCall
 from app.errors import InputError
-from app.report import batch_report
+from app.morning.accounting import batch_report
 from tests.fakevllm import FakeServer, Reply
 from tests.unit.stepped_gpu import ANALYST_PROMPT, CHAIN_FIRST, CHAIN_LAST
 from tests.unit.stepped_gpu import run as stepped_run

@@ -17,7 +17,7 @@ from datetime import date
 import pytest
 from sqlalchemy import Engine
 
-from app.changes import compare_nights, stance
+from app.morning.changes import compare_nights, stance
 from tests.unit.clirun import run_cli
 from tests.unit.night_rows import SETTINGS, Rated, add_night, at, table
 

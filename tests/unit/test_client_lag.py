@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 
 from app.cli.report import render_table
 from app.db.models import Base, Batch, ServerSample
-from app.report import batch_report
-from app.serverview import server_view
+from app.morning.accounting import batch_report
+from app.morning.serverview import server_view
 from app.traffic.sampler import LAG_PROBE_S, MetricsSampler
 from tests.unit.test_report import T0, known_batch
 from tests.unit.test_serving_metrics import _transport

@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from agents.data import get_provider, serves_demo
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.config import load_settings
-from app.digest import build_digest
+from app.morning.digest import build_digest
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app

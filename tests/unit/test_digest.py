@@ -20,7 +20,7 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.batch.engine import BatchOutcome
 from app.config import load_settings
 from app.db.models import Batch
-from app.digest import build_digest, send_digest
+from app.morning.digest import build_digest, send_digest
 from app.notify import Message, send, split_destinations
 from tests.fakevllm import ChatRequest, Reply
 from tests.unit.clirun import run_cli
@@ -115,7 +115,7 @@ def test_a_night_cut_short_says_how_to_continue_and_lists_only_up_and_downgrades
 def test_no_destination_builds_and_sends_nothing(sqlite_engine: Engine,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     _, night = two_nights(sqlite_engine)
-    monkeypatch.setattr("app.digest.build_digest", lambda *_: pytest.fail("built"))
+    monkeypatch.setattr("app.morning.digest.build_digest", lambda *_: pytest.fail("built"))
     send_digest(load_settings(), sqlite_engine, BatchOutcome(night, "partial"))
 
 
@@ -126,7 +126,7 @@ def test_a_digest_that_cannot_be_built_is_logged_and_never_raised(
     def broken(*_: Any) -> None:
         raise RuntimeError("ranking unreadable")
 
-    monkeypatch.setattr("app.digest.build_digest", broken)
+    monkeypatch.setattr("app.morning.digest.build_digest", broken)
     with webhook() as hook, structlog.testing.capture_logs() as logs:
         send_digest(load_settings(notify=hook.url()), sqlite_engine,
                     BatchOutcome(night, "partial"))

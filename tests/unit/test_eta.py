@@ -14,8 +14,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from agents.nodes import ANALYSTS
-from app import eta
 from app.db.models import ProgressReading
+from app.morning import eta
 from tests.unit.eta_rows import COST, LATENCY_S, NODES, NOW, batch, calls, counter
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select
 
-from app import eta
 from app.db.models import Batch
+from app.morning import eta
 from tests.unit.eta_fixture import load
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -13,8 +13,8 @@ from sqlalchemy import Engine, update
 from app.cli.report import held_back_by, render_table
 from app.config import Settings
 from app.db.models import Batch, ServerSample
-from app.report import batch_report
-from app.serverview import UNRECORDED, bounds, near, request_cap, server_view
+from app.morning.accounting import batch_report
+from app.morning.serverview import UNRECORDED, bounds, near, request_cap, server_view
 from tests.unit.test_report import T0, known_batch
 from tests.unit.test_usage import new_batch
 

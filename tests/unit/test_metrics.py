@@ -191,7 +191,7 @@ def test_a_database_that_cannot_be_read_still_answers_a_scrape(client: TestClien
     def broken(*_: object, **__: object) -> None:
         raise RuntimeError("database away")
 
-    monkeypatch.setattr("app.metrics.night_status", broken)
+    monkeypatch.setattr("app.morning.prometheus.night_status", broken)
     got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
     assert got == {("nightdesk_metrics_database_up", ()): 0}
 

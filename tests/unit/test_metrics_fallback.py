@@ -18,8 +18,8 @@ from app.batch.progress import BatchProgress
 from app.cli.report import render_table
 from app.config import load_settings
 from app.db.models import Batch
-from app.report import batch_report
-from app.serverview import server_view
+from app.morning.accounting import batch_report
+from app.morning.serverview import server_view
 from app.traffic.strategy import Strategy
 from tests.fakevllm import FakeServer, Reply
 

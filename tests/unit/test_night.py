@@ -17,9 +17,9 @@ from agents.nodes import ANALYSTS
 from app.config import Settings, load_settings
 from app.daemon import Heartbeat
 from app.db.models import SchedulerBeat
-from app.night import STALE_EXIT, NightStatus, night_status
-from app.ranking import ranked_night
-from app.schedule import due_times, nightly_trigger
+from app.morning.nightstatus import STALE_EXIT, NightStatus, night_status
+from app.morning.ranking import ranked_night
+from app.morning.timetable import due_times, nightly_trigger
 from tests.unit.clirun import run_cli
 from tests.unit.eta_rows import NODES, calls
 from tests.unit.night_rows import Rated, add_night, at

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine
 
 from app.config import load_settings
-from app.digest import build_digest
+from app.morning.digest import build_digest
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from agents.nodes import ANALYSTS
 from app.batch.progress import BatchProgress, eta_text
 from app.db.models import ProgressReading
-from app.night import span
+from app.morning.nightstatus import span
 from app.traffic.strategy import Strategy
 from tests.unit.eta_rows import NODES, NOW, batch, calls
 

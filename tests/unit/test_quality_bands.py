@@ -23,7 +23,7 @@ from agents.decision import (
 from agents.prompting import build_messages
 from app.db.engine import alembic_config, get_engine, upgrade
 from app.db.models import Decision as DecisionRow
-from app.ranking import ranking
+from app.morning.ranking import ranking
 from tests.unit.quality_rows import add_batch, band_by_hand, one_each
 from tests.unit.test_decision import TAG, ScriptedLLM, prompt
 from tests.unit.test_report import nightdesk

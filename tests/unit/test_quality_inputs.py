@@ -18,8 +18,8 @@ from sqlalchemy import Engine
 
 from agents.data.freeze import write_manifest, write_ticker
 from agents.data.snapshot import Manifest
-from app.batchids import MAX_BATCH_ID, parse_batch_id, parse_batch_ids
 from app.errors import InputError
+from app.morning.batchids import MAX_BATCH_ID, parse_batch_id, parse_batch_ids
 from app.quality.statistics import ic_test
 from app.web.symbols import batch_ids
 from tests.unit.quality_rows import AS_OF, add_batch, one_each

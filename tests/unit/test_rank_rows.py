@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
-from app.changes import RankedRow
-from app.ranking import RankRow
+from app.morning.changes import RankedRow
+from app.morning.ranking import RankRow
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app

@@ -103,7 +103,8 @@ def check_reads(found: dict[str, dict[str, Any]], writable: dict[str, dict[str, 
     for name in ("ranking", "report", "batches", "changes"):
         assert comparable(name, found) == comparable(name, writable), name
     # The writable copy marked night 2 crashed; a database that takes no writes keeps its
-    # row, and the status (computed from the stale heartbeat, app.batches) still reads crashed.
+    # row, and the status (computed from the stale heartbeat, app.morning.summary) still
+    # reads crashed.
     assert json.loads(writable["report newest"]["stdout"])["batch"]["status"] == "crashed"
     newest = json.loads(found["report newest"]["stdout"])
     assert newest["batch"]["id"] == ids.night2 and newest["batch"]["status"] == "crashed"

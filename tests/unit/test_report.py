@@ -12,13 +12,13 @@ from pydantic_core import to_jsonable_python
 from rich.console import Console
 from sqlalchemy import Engine
 
-from app.activity import ActiveTime, active_time
 from app.cli.report import compare_table, endpoint_table, render_table
 from app.config import load_settings
 from app.db.models import LLMCall, ServerSample
 from app.errors import InputError
-from app.report import batch_report, compare_arm, endpoint_shares, throughput
-from app.serverview import server_view
+from app.morning.accounting import batch_report, compare_arm, endpoint_shares, throughput
+from app.morning.activity import ActiveTime, active_time
+from app.morning.serverview import server_view
 from tests.unit.clirun import run_cli
 from tests.unit.test_usage import new_batch
 
@@ -269,7 +269,7 @@ def test_cli_report_of_a_missing_batch_is_one_line_and_exit_2(
 
 
 def test_server_counters_are_summed_across_a_restart() -> None:
-    from app.serverview import counter_delta
+    from app.morning.serverview import counter_delta
 
     # 100 -> 160 (+60), restart: the counter starts again at 0 and reads 25 (+25), -> 40 (+15).
     assert counter_delta([100.0, 160.0, 25.0, 40.0]) == 60 + 25 + 15

@@ -1,4 +1,4 @@
-"""A batch over time, from its own rows (app/timeline.py), figured by hand."""
+"""A batch over time, from its own rows (app/morning/timeline.py), figured by hand."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 
 from app.cli.report import timeline_table
 from app.db.models import LLMCall, ServerSample
-from app.timeline import INTERVALS, WIDTHS_S, batch_timeline, width_for
+from app.morning.timeline import INTERVALS, WIDTHS_S, batch_timeline, width_for
 from tests.unit.test_usage import new_batch
 
 T0 = datetime(2025, 3, 4, 22, 0, 0, tzinfo=UTC)

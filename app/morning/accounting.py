@@ -11,11 +11,11 @@ from pydantic import BaseModel
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 
-from app.activity import active_time
-from app.batches import IsoDatetime
 from app.db.models import Batch, LLMCall, TickerRun
 from app.errors import InputError
-from app.serverview import server_view
+from app.morning.activity import active_time
+from app.morning.serverview import server_view
+from app.morning.summary import IsoDatetime
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 A custom collector (prometheus_client's ``Collector``): nothing is counted while a night runs,
 so scraping can never slow the night; each scrape reads the latest night's status
-(``app.night``, the same the ranking page names), its ticker counts, duration and
-batch-level output tok/s (``app.report.throughput``), and the scheduler daemon's heartbeat.
+(``app.morning.nightstatus``, the same the ranking page names), its ticker counts, duration
+and batch-level output tok/s (``app.morning.accounting.throughput``), and the scheduler
+daemon's heartbeat.
 
     nightdesk_night_last_success_timestamp_seconds   end of the newest succeeded night (0: none)
     nightdesk_night_last_status{status=…}            1 for the latest night's status, else 0
@@ -36,9 +37,9 @@ from sqlalchemy import Engine, func, select
 
 from app.config import Settings
 from app.db.models import Batch
-from app.night import STATUSES, NightStatus, night_status
-from app.ranking import ranked_night
-from app.report import throughput
+from app.morning.accounting import throughput
+from app.morning.nightstatus import STATUSES, NightStatus, night_status
+from app.morning.ranking import ranked_night
 
 log = structlog.get_logger(__name__)
 
@@ -109,7 +110,7 @@ class NightCollector(Collector):
 
     @staticmethod
     def _eta(status: NightStatus) -> GaugeMetricFamily | None:
-        """The running night's time left and its interval (``app.eta``); absent otherwise."""
+        """The running night's time left and its interval (``eta``); absent otherwise."""
         prog = status.progress
         if status.status != "running" or prog is None or prog.eta_s is None:
             return None

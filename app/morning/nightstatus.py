@@ -4,7 +4,7 @@ One reading of what is stored (batch rows, ticker runs, call counts, the schedul
 heartbeat row) and of the schedule: the newest nightly batch whatever its outcome, or
 ``stale`` when the schedule's last due time passed (plus ``schedule_start_grace_s``) with no
 nightly batch created since; whether the ranking shown is that night's, and if not why;
-a running night's progress and ETA (``app.eta``, as the live progress computes it); when the
+a running night's progress and ETA (``app.morning.eta``, as the live progress computes it); when the
 next night is due; and whether the daemon's heartbeat is current. Nothing here writes.
 """
 
@@ -15,12 +15,12 @@ from datetime import UTC, datetime, timedelta
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 
-from app import batches, eta
-from app.advice import Advice, next_steps
-from app.batches import IsoDate, IsoDatetime
 from app.config import Settings
 from app.db.models import Batch, SchedulerBeat, TickerRun
-from app.schedule import due_times, nightly_trigger
+from app.morning import eta
+from app.morning.advice import Advice, next_steps
+from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize
+from app.morning.timetable import due_times, nightly_trigger
 
 # Statuses the morning can name; "stale": the schedule's due time passed without a batch.
 STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale")
@@ -41,7 +41,7 @@ class NightBatch:
     tickers_succeeded: int
     tickers_failed: int
     error: str | None
-    duration_s: float | None  # as ``app.batches.duration_s`` defines it
+    duration_s: float | None  # as ``app.morning.summary.duration_s`` defines it
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Progress:
     calls: int  # calls answered (a node of a sample of a ticker), not attempts
     expected_calls: int | None
     elapsed_s: int  # whole seconds
-    eta_s: int | None  # app.eta: never 0 while a call is left; None: no basis yet
+    eta_s: int | None  # app.morning.eta: never 0 while a call is left; None: no basis yet
     eta_low_s: int | None = None
     eta_high_s: int | None = None
 
@@ -83,7 +83,7 @@ class NightStatus:
     ranked: NightBatch | None  # the night the ranking shows
     fresh: bool  # the ranking shows the latest night, and no due night is missing
     reason: str | None  # when not fresh: why the ranking is older than the latest night
-    advice: list[Advice]  # the commands that fit the latest night (``app.advice``)
+    advice: list[Advice]  # the commands that fit the latest night (``app.morning.advice``)
     due_at: IsoDatetime | None  # the schedule's last due time
     next_due_at: IsoDatetime | None
     schedule: str
@@ -91,8 +91,8 @@ class NightStatus:
     checked_at: IsoDatetime
 
 
-def _night(row: Batch, summary: batches.BatchSummary) -> NightBatch:
-    """Return the batch as ``app.batches.summarize`` names it (status, error, duration)."""
+def _night(row: Batch, summary: BatchSummary) -> NightBatch:
+    """Return the batch as ``app.morning.summary.summarize`` names it (status, error, duration)."""
     return NightBatch(summary.id, summary.as_of, summary.status, row.created_at,
                       summary.started_at, summary.finished_at, summary.heartbeat_at,
                       summary.tickers_total, summary.tickers_succeeded, summary.tickers_failed,
@@ -189,18 +189,18 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     """Return the latest night's status against the ranking of batch ``ranked_id``.
 
     ``ranked_id`` is the batch the ranking shows (None: there is no ranking). Each batch's
-    status is ``app.batches.status_of``'s: one still marked running whose heartbeat is older
+    status is ``app.morning.summary.status_of``'s: one still marked running whose heartbeat is older
     than ``heartbeat_stale_s`` is ``crashed``, as everywhere else.
     """
     now = now or datetime.now(UTC)
     due_at, next_due_at = due_times(nightly_trigger(settings), now)
     stale_s = settings.heartbeat_stale_s
     row = _latest(engine)
-    summary = None if row is None else batches.summarize(row, stale_s, now)
+    summary = None if row is None else summarize(row, stale_s, now)
     latest = None if row is None or summary is None else _night(row, summary)
     ranked_row = None if ranked_id is None else _batch(engine, ranked_id)
     ranked = (None if ranked_row is None
-              else _night(ranked_row, batches.summarize(ranked_row, stale_s, now)))
+              else _night(ranked_row, summarize(ranked_row, stale_s, now)))
     prog: Progress | None = None
     status = "stale"
     if latest is not None:

@@ -5,8 +5,8 @@
 the scheduler daemon, ``nightdesk rerun`` and the web page's Rerun) and sends ``build_digest``
 to ``NIGHTDESK_NOTIFY``. The digest reads only what is stored once the batch row is final:
 its status and tickers n/m, the top and bottom five of the ranking it belongs to, the rating
-changes since the night before (``app.changes``), the tickers that failed and why, the
-night's duration and batch-level output tok/s (``app.report``), and a link to the page.
+changes since the night before (``app.morning.changes``), the tickers that failed and why, the
+night's duration and batch-level output tok/s (``app.morning.accounting``), and a link to the page.
 Nothing here can fail the batch: any error is logged and the night goes on.
 ``send_refusal`` tells of a night refused at its start, which has no batch to read
 (``app.batch.nightly``, both the timer's and the daemon's path).
@@ -21,16 +21,16 @@ from typing import Protocol
 import structlog
 from sqlalchemy import Engine, select
 
-from app.advice import next_steps
-from app.batches import BatchSummary, FailedTicker, batch_summary, failed_tickers
-from app.changes import TickerChange, compare_nights
 from app.config import Settings
 from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import InputError
-from app.night import span
+from app.morning.accounting import Throughput, throughput
+from app.morning.advice import next_steps
+from app.morning.changes import TickerChange, compare_nights
+from app.morning.nightstatus import span
+from app.morning.ranking import RankRow, ranking
+from app.morning.summary import BatchSummary, FailedTicker, batch_summary, failed_tickers
 from app.notify import Level, Message, send
-from app.ranking import RankRow, ranking
-from app.report import Throughput, throughput
 
 log = structlog.get_logger(__name__)
 

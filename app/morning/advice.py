@@ -2,12 +2,12 @@
 
 The one place advice is made: the digest, the ranking page's banner, ``nightdesk ranking``
 and ``nightdesk report`` all show ``next_steps``. It asks the same question ``run --resume``
-asks (``app.batches.tickers_left``), so when resume's rules change the advice follows:
+asks (``app.morning.summary.tickers_left``), so when resume's rules change the advice follows:
 a batch with tickers left is resumed; one whose tickers all finished but some failed has
 those reruns; one that runs, or has nothing to redo, gets none.
 
 Stored errors may carry the hint their writer had in mind (``resume with `nightdesk run
---resume N```); ``app.batches`` reads them without it, so a message names one command, the
+--resume N```); ``app.morning.summary`` reads them without it, so a message names one command, the
 fitting one, once.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
-from app.batches import (
+from app.morning.summary import (
     RESUMABLE_KINDS,
     BatchSummary,
     batch_summary,
@@ -39,7 +39,7 @@ class Advice:
 
 
 def next_steps(engine: Engine, batch: BatchSummary) -> list[Advice]:
-    """Return the commands that fit ``batch`` (its status as ``app.batches.status_of`` says).
+    """Return the commands that fit ``batch`` (its status as ``summary.status_of`` says).
 
     A nightly batch or rerun that no longer runs and has tickers ``run --resume`` takes up:
     resume it. Else, each ticker that failed and no later rerun has redone: rerun it for

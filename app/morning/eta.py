@@ -39,8 +39,8 @@ from sqlalchemy import Engine, insert, select
 
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
-from app.activity import active_time
 from app.db.models import Batch, LLMCall, ProgressReading, ServerSample, TickerRun
+from app.morning.activity import active_time
 
 WINDOW_S = 120.0  # the recent past the rate is read over
 SLICES = 4  # the window's parts whose rates bound the interval

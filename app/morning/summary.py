@@ -67,7 +67,7 @@ _HINT = re.compile(r"[;,]?\s*(?:resume with\s+)?`nightdesk run --resume(?: \d+)?
 
 def plain_error(error: str | None) -> str | None:
     """Return a stored error without the resume hint its writer added (None stays None):
-    the advice (``app.advice``) names the command that fits, once."""
+    the advice (``app.morning.advice``) names the command that fits, once."""
     if error is None:
         return None
     return _HINT.sub("", error).strip() or None
@@ -202,7 +202,7 @@ def tickers_left(conn: Connection, batch_id: int, retry_failed: bool = False) ->
     """Return the batch's tickers ``run --resume`` takes up, in the batch's order: those not
     finished, those the infrastructure failed, and with ``retry_failed`` every failed one.
 
-    The one rule: ``app.batch.resume`` resumes these, and ``app.advice`` advises a resume
+    The one rule: ``app.batch.resume`` resumes these, and ``app.morning.advice`` advises a resume
     only when there are some.
     """
     failed = TickerRun.status == "failed"

@@ -1,7 +1,7 @@
 """The night's schedule: its zone, its trigger, and the last and next times a night is due.
 
-The scheduler daemon fires on this trigger; the morning's status (app/night.py) reads the same
-one to tell a night that never started ("stale") from one that is not due yet.
+The scheduler daemon fires on this trigger; the morning's status (nightstatus.py) reads the
+same one to tell a night that never started ("stale") from one that is not due yet.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What changed between two nights: ratings, scores and ranks, and which nodes' views moved.
 
-Each night is read as the ranking reads it (``app.ranking.ranking``: reruns applied, the
+Each night is read as the ranking reads it (``app.morning.ranking.ranking``: reruns applied, the
 same rating, score and flags), so the change column, the Changes section and ``nightdesk
 changes`` agree with the ranking. A ticker's marker: ``upgrade`` / ``downgrade`` (its
 rating moved up or down the five tiers), ``same``, ``new`` (rated now, not the night before)
@@ -32,10 +32,10 @@ from sqlalchemy import Engine, select
 
 from agents.graph import kind_of
 from agents.nodes import ANALYSTS, DEBATERS, RISK_ANALYSTS
-from app.batches import IsoDate
 from app.db.models import NodeText
 from app.errors import InputError
-from app.ranking import RATING_ORDER, RankRow, previous_night, ranked_night, ranking
+from app.morning.ranking import RATING_ORDER, RankRow, previous_night, ranked_night, ranking
+from app.morning.summary import IsoDate
 
 BULLISH = ("bullish", "buy", "overweight", "outperform")
 BEARISH = ("bearish", "sell", "underweight", "underperform")
@@ -114,7 +114,7 @@ class NightChanges:
 class RankedRow(RankRow):
     """One ranking row beside its previous night: the rows of ``/api/ranking`` and of
     ``nightdesk ranking --format json`` (the previous columns None without a night before).
-    The first fields are ``app.ranking.RankRow``'s, in its order."""
+    The first fields are ``app.morning.ranking.RankRow``'s, in its order."""
 
     previous_rank: int | None
     previous_rating: str | None

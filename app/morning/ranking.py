@@ -10,9 +10,9 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from agents.decision import contradicts
-from app.batches import applied_reruns, plain_error
 from app.db.models import FINISHED_STATUSES, Batch, Decision, TickerRun
 from app.errors import InputError
+from app.morning.summary import applied_reruns, plain_error
 from app.quality.grades import Grade, consensus
 
 RATING_ORDER = ("Buy", "Overweight", "Hold", "Underweight", "Sell")
@@ -20,7 +20,7 @@ RATING_ORDER = ("Buy", "Overweight", "Hold", "Underweight", "Sell")
 
 class RankRow(BaseModel):
     """One ticker of a ranked night. The one definition of a ranking row's fields: the rows
-    ``app.changes.RankedRow`` and ``app.web.views.HistoryPoint`` serve extend it, so a field
+    ``app.morning.changes.RankedRow`` and ``app.web.views.HistoryPoint`` serve extend it, so a field
     added here appears in their JSON too, in this order. No field has a default, so the API
     schema keeps listing every one as required."""
 
