@@ -58,13 +58,13 @@ def schedulers(
 
     import httpx
 
-    from app.batch.workload import recorded_workload
     from app.bench.arms import plan_arms
     from app.bench.schedulers import run_bench
     from app.bench.workloads import fit_scale, synthetic_workload
     from app.cli.common import database
     from app.errors import InputError, ServerError
     from app.morning.batchids import parse_batch_id
+    from app.runs.replay import recorded_workload
     from serving.facts import batch_server_facts
     from serving.urls import redact, server_root
 

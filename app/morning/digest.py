@@ -1,7 +1,7 @@
 """The morning digest: a short message about a nightly batch or rerun that has just ended.
 
 ``send_digest`` is called once at the end of every nightly batch and every rerun
-(``app.batch.nightly``, whatever path ran it: ``nightdesk run``, ``--resume``, the timer,
+(``app.runs.nightly``, whatever path ran it: ``nightdesk run``, ``--resume``, the timer,
 the scheduler daemon, ``nightdesk rerun`` and the web page's Rerun) and sends ``build_digest``
 to ``NIGHTDESK_NOTIFY``. The digest reads only what is stored once the batch row is final:
 its status and tickers n/m, the top and bottom five of the ranking it belongs to, the rating
@@ -9,7 +9,7 @@ changes since the night before (``app.morning.changes``), the tickers that faile
 night's duration and batch-level output tok/s (``app.morning.accounting``), and a link to the page.
 Nothing here can fail the batch: any error is logged and the night goes on.
 ``send_refusal`` tells of a night refused at its start, which has no batch to read
-(``app.batch.nightly``, both the timer's and the daemon's path).
+(``app.runs.nightly``, both the timer's and the daemon's path).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ daemon's heartbeat.
 
 The three gauges of the latest night (tickers, duration, tok/s) are absent while the status
 is ``stale``: the night due has no batch, and the previous one's figures are not tonight's.
-The heartbeat is absent once the daemon stopped (a stop deletes its row, ``app.daemon``); a
+The heartbeat is absent once the daemon stopped (a stop deletes its row, ``app.runs.daemon``); a
 daemon that died leaves its last beat, which then ages.
 """
 

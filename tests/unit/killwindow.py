@@ -194,9 +194,9 @@ def kill_then_resume(db_url: str, engine: Engine, data: Path, folder: Path, tick
     from agents.data.snapshot import SnapshotProvider
     from agents.graph import node_names
     from app.batch.engine import BatchEngine
-    from app.batch.nightly import resume_recorded
     from app.config import get_settings, load_settings
     from app.db.models import Batch, LLMCall, TickerRun
+    from app.runs.nightly import resume_recorded
     from tests.fakevllm import FakeServer
 
     monkeypatch.setenv("NIGHTDESK_DATABASE_URL", db_url)

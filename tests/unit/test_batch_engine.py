@@ -157,8 +157,8 @@ def test_cli_run_then_ranking_json(monkeypatch: pytest.MonkeyPatch, demo_dir: Pa
 
 
 async def test_replay_keeps_calls_prompts_and_order(sqlite_engine: Engine, demo_dir: Path) -> None:
-    from app.batch.workload import replay_batch
     from app.morning.accounting import compare_arm
+    from app.runs.replay import replay_batch
 
     tickers = demo_tickers(2)
     settings = load_settings(check_context_length=False, retry_backoff_s=0)

@@ -14,7 +14,6 @@ import pytest
 from sqlalchemy import Engine, select
 from typer.testing import CliRunner
 
-from app.batch.workload import WorkItem, Workload
 from app.bench.arms import plan_arms, split_arms, sweep
 from app.bench.bound import GraphFacts, StepCost, fit_step, graph_bound, graph_facts
 from app.bench.schedulers import BenchResult, _judge, combine_results, run_bench
@@ -24,6 +23,7 @@ from app.config import load_settings
 from app.db.models import LLMCall
 from app.errors import InputError
 from app.morning.accounting import batch_report
+from app.runs.replay import WorkItem, Workload
 from tests.fakevllm import FakeServer, Reply
 from tests.unit.stepped_gpu import ANALYST_PROMPT, CHAIN_FIRST, CHAIN_LAST
 from tests.unit.stepped_gpu import run as stepped_run

@@ -14,13 +14,13 @@ from typer.testing import CliRunner
 
 from agents.graph import chain_length
 from app.batch.engine import max_in_flight
-from app.batch.workload import shape
 from app.bench.schedulers import BenchResult, _judge, run_bench
 from app.bench.workloads import fit_scale, seed_shape, synthetic_workload
 from app.cli import app
 from app.cli.bench import show_schedulers
 from app.config import load_settings
 from app.db.models import LLMCall
+from app.runs.replay import shape
 from app.traffic.strategy import Strategy
 from tests.fakevllm import BASE_URL, FakeServer, FakeServers, Reply
 

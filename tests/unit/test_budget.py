@@ -20,11 +20,11 @@ from sqlalchemy import Engine
 
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
 from app.batch.progress import BatchProgress
-from app.batch.workload import play, shape
 from app.bench.workloads import synthetic_workload
 from app.config import load_settings
 from app.errors import InputError
 from app.llm import CallStats
+from app.runs.replay import play, shape
 from app.traffic.budget import Claim, TokenBudget
 from app.traffic.client import TickerClient
 from app.traffic.gate import Gate

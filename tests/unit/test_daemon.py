@@ -32,11 +32,11 @@ from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy import Engine, inspect, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from app.batch.nightly import NightlyResult
 from app.config import load_settings
-from app.daemon import JOB_ID, JOBS_TABLE, NightlyDaemon, NightlyTrigger
 from app.db.engine import alembic_config, make_engine
 from app.db.models import Batch, SchedulerBeat
+from app.runs.daemon import JOB_ID, JOBS_TABLE, NightlyDaemon, NightlyTrigger
+from app.runs.nightly import NightlyResult
 from tests.fakevllm import ChatRequest, Reply
 from tests.unit.test_lock import fake_llm
 
@@ -240,7 +240,7 @@ def batch_settings(demo_dir: Path) -> dict[str, Any]:
 def test_a_second_daemon_does_not_double_run(sqlite_engine: Engine, sqlite_url: str,
                                              demo_dir: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.batch.nightly import run_nightly
+    from app.runs.nightly import run_nightly
 
     other_engine = make_engine(sqlite_url)  # the other daemon's own connections
     first = daemon_for(sqlite_engine, run_nightly, **batch_settings(demo_dir))
@@ -284,7 +284,7 @@ def test_a_night_already_done_is_not_run_again(sqlite_engine: Engine, demo_dir: 
                                                done_at: datetime, repeat: bool,
                                                runs_again: bool, told: bool) -> None:
     from app.batch import store
-    from app.batch.nightly import run_nightly
+    from app.runs.nightly import run_nightly
     from tests.webhook import webhook
 
     server = fake_llm(monkeypatch, None, demo_tickers(2))
@@ -339,7 +339,7 @@ def restore_signals() -> Iterator[None]:
 def test_sigterm_mid_batch_leaves_the_night_due_and_the_next_start_takes_it_up(
         sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch,
         restore_signals: None) -> None:
-    from app.batch.nightly import run_nightly
+    from app.runs.nightly import run_nightly
 
     def script(chat: ChatRequest) -> Reply | None:
         if chat.node == "bull_r1" and not script_sent:
@@ -386,7 +386,7 @@ def test_sigterm_mid_batch_leaves_the_night_due_and_the_next_start_takes_it_up(
 
 def test_the_nightly_job_resumes_tonights_dead_batch_instead_of_starting_another(
         sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.batch.nightly import run_nightly
+    from app.runs.nightly import run_nightly
     from tests.unit.test_resume import dead_night
 
     done, left = demo_tickers(2)

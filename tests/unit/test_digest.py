@@ -268,7 +268,7 @@ def test_a_night_stopped_by_sigterm_sends_an_interrupted_digest(
 def test_the_daemon_logs_a_night_as_loud_as_the_timer_and_sends_its_digest(
         monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path,
         failing: int, status: str, level: str) -> None:
-    from app.batch.nightly import run_nightly
+    from app.runs.nightly import run_nightly
     from tests.unit.test_daemon import NIGHT, batch_settings, daemon_for, running, tick
 
     tickers = demo_tickers(2)

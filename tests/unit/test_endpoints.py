@@ -24,7 +24,6 @@ from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
 from app.batch.resume import find_resumable
-from app.batch.workload import WorkItem, Workload, play, shape
 from app.config import load_settings
 from app.db.models import Decision, LLMCall, ServerSample, TickerRun
 from app.errors import (
@@ -34,6 +33,7 @@ from app.errors import (
     LLMMalformedError,
     LLMStreamError,
 )
+from app.runs.replay import WorkItem, Workload, play, shape
 from app.traffic.client import TickerClient, server_fault
 from app.traffic.server import EndpointSummary
 from tests.fakevllm import ChatRequest, FakeServer, FakeServers, Reply

@@ -17,9 +17,9 @@ from datetime import date
 from sqlalchemy import Engine, select
 
 from app.batch.engine import BatchEngine, BatchPlan, TickerWork
-from app.batch.workload import WorkItem, Workload, play
 from app.config import load_settings
 from app.db.models import ServerSample
+from app.runs.replay import WorkItem, Workload, play
 from app.traffic.client import TickerClient
 from tests.fakevllm import BASE_URL, ChatRequest, FakeServer, Reply
 from tests.fakevllm.load import Moment, Scrape

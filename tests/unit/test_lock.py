@@ -22,12 +22,12 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.graph import node_names
 from app.batch import store
 from app.batch.engine import BatchEngine
-from app.batch.nightly import NightlyRequest, run_nightly
 from app.cli import app as cli
 from app.config import Settings, load_settings
 from app.db.lock import lock_file_path, nightly_lock
 from app.db.models import Batch, LLMCall
 from app.errors import AlreadyRunningError
+from app.runs.nightly import NightlyRequest, run_nightly
 from tests.fakevllm import ChatRequest, FakeServer, Reply, Script
 
 NIGHTDESK = Path(sys.executable).with_name("nightdesk")
@@ -53,7 +53,7 @@ def fake_llm(monkeypatch: pytest.MonkeyPatch, script: Script | None = None,
         original(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(BatchEngine, "__init__", with_fake)
-    monkeypatch.setattr("app.batch.nightly.batch_server_facts", lambda *_: {})
+    monkeypatch.setattr("app.runs.nightly.batch_server_facts", lambda *_: {})
     monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: server.sync_client())
     return server
 

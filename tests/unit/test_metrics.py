@@ -152,7 +152,7 @@ def test_a_missed_night_and_a_night_cut_short(sqlite_engine: Engine,
 
 def test_a_daemon_that_stopped_drops_its_heartbeat_and_one_that_died_keeps_it(
         sqlite_engine: Engine, client: TestClient) -> None:
-    from app.daemon import Heartbeat
+    from app.runs.daemon import Heartbeat
 
     with Heartbeat(sqlite_engine, 30.0, lambda: None, "10 0 * * * (UTC)") as beat:
         beat.beat()

@@ -15,11 +15,11 @@ from sqlalchemy import Engine, select
 
 from agents.nodes import ANALYSTS
 from app.config import Settings, load_settings
-from app.daemon import Heartbeat
 from app.db.models import SchedulerBeat
 from app.morning.nightstatus import STALE_EXIT, NightStatus, night_status
 from app.morning.ranking import ranked_night
 from app.morning.timetable import due_times, nightly_trigger
+from app.runs.daemon import Heartbeat
 from tests.unit.clirun import run_cli
 from tests.unit.eta_rows import NODES, calls
 from tests.unit.night_rows import Rated, add_night, at

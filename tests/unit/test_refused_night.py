@@ -88,7 +88,7 @@ def test_the_timers_refused_night_pushes_a_digest(
 def test_the_daemons_refused_night_pushes_a_digest(
         sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
         name: str) -> None:
-    from app.batch.nightly import run_nightly
+    from app.runs.nightly import run_nightly
     from tests.unit.test_daemon import NIGHT, daemon_for, running, tick
 
     env, says = cause(name, tmp_path, monkeypatch)
@@ -107,10 +107,10 @@ def test_the_daemons_refused_night_pushes_a_digest(
 
 def test_a_fire_whose_database_is_away_pushes_a_digest(hook: Webhook) -> None:
     # The daemon's engine outlives a database that went away: the night's lock is refused.
-    from app.batch.nightly import run_nightly
     from app.config import load_settings
     from app.db.engine import make_engine
     from app.errors import DatabaseError
+    from app.runs.nightly import run_nightly
 
     settings = load_settings(notify=hook.url(), database_url=f"postgresql://postgres@"
                              f"127.0.0.1:{closed_port()}/nightdesk")
@@ -148,8 +148,8 @@ def test_a_night_another_run_holds_is_no_refusal(
 def test_the_advice_for_a_date_already_analyzed_works(
         sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from app.batch import store
-    from app.batch.nightly import run_nightly
     from app.config import load_settings
+    from app.runs.nightly import run_nightly
 
     write_demo(tmp_path / "data", DEMO_AS_OF, 2)
     done = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
@@ -157,7 +157,7 @@ def test_the_advice_for_a_date_already_analyzed_works(
                               server_facts=None)
     store.finish_batch(sqlite_engine, done, "succeeded")
     told: list[str] = []
-    monkeypatch.setattr("app.batch.nightly.send_refusal",
+    monkeypatch.setattr("app.runs.nightly.send_refusal",
                         lambda _settings, _as_of, why, advice: told.append(advice))
     night = run_nightly(load_settings(), engine=sqlite_engine, resume=True,
                         once_per_as_of=True, server="skip")

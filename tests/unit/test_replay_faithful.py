@@ -14,9 +14,9 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.workload import replay_batch
 from app.config import load_settings
 from app.db.models import LLMCall, LLMRequest
+from app.runs.replay import replay_batch
 from app.usage import decompress_body
 from tests.fakevllm import ChatRequest, FakeServer, Reply
 

@@ -11,9 +11,9 @@ from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, func, inspect, select, text
 
-from app.batch.workload import recorded_workload
 from app.db.engine import alembic_config, current_revision, get_engine, head_revision, upgrade
 from app.db.models import Base, LLMCall, LLMRequest
+from app.runs.replay import recorded_workload
 from app.usage import compress_body, insert_ignoring_duplicates
 
 EXPECTED = {

@@ -2,7 +2,7 @@
 
 Each start path (``run``, ``run --as-of``, ``run --continue-night``, ``run --resume``,
 ``rerun``, the scheduler daemon's fire) goes through the one preflight
-(app/batch/preflight.py). The server is a fake at the HTTP edge: its ``/v1/models`` for
+(app/runs/preflight.py). The server is a fake at the HTTP edge: its ``/v1/models`` for
 the endpoint check, its ``/tokenize`` (one token per 4 bytes) for the context check.
 """
 
@@ -61,7 +61,7 @@ def serve(monkeypatch: pytest.MonkeyPatch, max_model_len: int) -> FakeServer:
     """Answer /v1/models and /tokenize from a fake with ``max_model_len``; return it."""
     server = FakeServer(model=MODEL, max_model_len=max_model_len)
     monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: server.sync_client())
-    monkeypatch.setattr("app.batch.preflight.http_client", server.client)
+    monkeypatch.setattr("app.runs.preflight.http_client", server.client)
     return server
 
 
@@ -167,7 +167,7 @@ def test_a_resumed_batch_is_checked_in_its_own_shape(
 
 def test_the_previous_nights_outputs_bound_the_estimate(
         sqlite_engine: Engine, tickers: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.batch.preflight import check_context
+    from app.runs.preflight import check_context
 
     serve(monkeypatch, SMALL_CONTEXT)
     settings = load_settings(llm_model=MODEL)
@@ -185,21 +185,21 @@ def test_the_previous_nights_outputs_bound_the_estimate(
 
 def test_a_server_with_room_or_none_to_ask_is_not_refused(
         sqlite_engine: Engine, tickers: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.batch.preflight import check_context
+    from app.runs.preflight import check_context
 
     server = serve(monkeypatch, 34_816)
     check_context(load_settings(llm_model=MODEL), sqlite_engine, DEMO_AS_OF, tickers)
     assert server.tokenize_calls == 1  # the rest fit by their bytes alone
     # A server that does not answer is the outage watch's at night (the endpoint check
     # refuses it on the command line): the context check does not.
-    monkeypatch.setattr("app.batch.preflight.http_client",
+    monkeypatch.setattr("app.runs.preflight.http_client",
                         lambda: httpx.AsyncClient(timeout=2))
     check_context(load_settings(llm_model=MODEL,
                                 llm_base_url=f"http://127.0.0.1:{closed_port()}/v1"),
                   sqlite_engine, DEMO_AS_OF, tickers)
     # No /tokenize (another server): nothing to count with, nothing refused.
     no_count = FakeServer(model=MODEL, max_model_len=1024, tokenize=False)
-    monkeypatch.setattr("app.batch.preflight.http_client", no_count.client)
+    monkeypatch.setattr("app.runs.preflight.http_client", no_count.client)
     check_context(load_settings(llm_model=MODEL), sqlite_engine, DEMO_AS_OF, tickers)
 
 
@@ -218,7 +218,7 @@ def test_no_preflight_skips_the_server_but_not_the_data(
 def test_the_daemons_fire_is_refused_before_any_row(
         sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         tickers: list[str], fault: str) -> None:
-    from app.batch.nightly import run_nightly
+    from app.runs.nightly import run_nightly
     from tests.unit.test_daemon import NIGHT, daemon_for, running, tick
 
     overrides: dict[str, Any] = {"data_dir": tmp_path / "data", "llm_model": MODEL}

@@ -13,11 +13,11 @@ from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
-from app.batch.preflight import check_endpoints
 from app.batch.store import DecisionRow
 from app.config import Settings
 from app.db.models import Batch, LLMCall, LLMRequest
 from app.errors import InputError, LLMError
+from app.runs.preflight import check_endpoints
 from app.traffic.client import TickerClient
 from app.traffic.tasks import first_error
 from app.usage import decompress_body

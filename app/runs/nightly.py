@@ -19,7 +19,6 @@ from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
 from app.batch import resume as resumption
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, shaped
-from app.batch.preflight import ServerCheck, check_start, provider_missing
 from app.batch.signals import run_batch
 from app.config import Settings
 from app.db.engine import ready_engine
@@ -27,6 +26,7 @@ from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import ERRORS, AlreadyRunningError, InputError, first_line
 from app.morning.digest import send_digest, send_refusal
+from app.runs.preflight import ServerCheck, check_start, provider_missing
 from serving.facts import batch_server_facts
 
 log = structlog.get_logger(__name__)

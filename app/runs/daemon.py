@@ -44,13 +44,13 @@ from apscheduler.schedulers import SchedulerNotRunningError
 from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy import Engine, delete, insert, update
 
-from app.batch.nightly import NightlyResult, run_nightly
 from app.batch.signals import BatchInterrupted
 from app.config import Settings
 from app.db.lock import LockHold, scheduler_lock
 from app.db.models import SchedulerBeat
 from app.errors import ERRORS, AlreadyRunningError
 from app.morning.timetable import NightlyTrigger, schedule_zone
+from app.runs.nightly import NightlyResult, run_nightly
 
 log = structlog.get_logger(__name__)
 
