@@ -20,7 +20,7 @@ from agents.data.demo import COMPANIES
 from agents.tickers import check_symbol, read_universe
 from app.config import load_settings
 from app.errors import ConfigError, InputError
-from tests.unit.clirun import CliResult, run_cli
+from tests.unit.support.clirun import CliResult, run_cli
 
 # The rules as the README states them, written out here independently of the code.
 VALID_SYMBOL = re.compile(r"[A-Z0-9.\-]{1,12}")

@@ -25,7 +25,7 @@ from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from tests.fakevllm import BASE_URL, FakeServer
-from tests.unit.servers import one_server
+from tests.unit.support.servers import one_server
 from tests.unit.test_llm import one_call
 from tests.unit.test_usage import new_batch
 

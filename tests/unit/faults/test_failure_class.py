@@ -35,8 +35,8 @@ from app.errors import (
 )
 from app.runs.nightly import NightlyRequest, run_nightly
 from tests.fakevllm import CONTEXT_LENGTH_MESSAGE, ChatRequest, FakeServer, Reply
-from tests.unit.clirun import run_cli
-from tests.unit.faults.night import (
+from tests.unit.support.clirun import run_cli
+from tests.unit.support.fault_night import (
     NODES,
     QUICK,
     QUICK_ENV,
