@@ -1,4 +1,5 @@
-"""Check that README.md's "Where things are" map names every module in the tree, and no other.
+"""Check that docs/architecture.md's "Where things are" map names every module in the tree,
+and no other.
 
 The rule, so the map keeps one line per module without listing every data file:
 
@@ -28,12 +29,12 @@ HEADING = "## Where things are"
 ENTRY = re.compile(r"^\s*- `([^`]+)`", re.MULTILINE)
 
 
-def map_entries(readme: str) -> list[str]:
+def map_entries(doc: str) -> list[str]:
     """Return the paths the map's list items open with, in order."""
-    start = readme.find(HEADING + "\n")
-    assert start >= 0, f"README.md has no {HEADING!r} section"
-    end = readme.find("\n## ", start + len(HEADING))
-    section = readme[start : end if end >= 0 else len(readme)]
+    start = doc.find(HEADING + "\n")
+    assert start >= 0, f"docs/architecture.md has no {HEADING!r} section"
+    end = doc.find("\n## ", start + len(HEADING))
+    section = doc[start : end if end >= 0 else len(doc)]
     return ENTRY.findall(section)
 
 
@@ -72,8 +73,8 @@ def tree_files() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def readme() -> str:
-    return (ROOT / "README.md").read_text()
+def doc() -> str:
+    return (ROOT / "docs" / "architecture.md").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +82,9 @@ def files() -> list[str]:
     return tree_files()
 
 
-def test_map_matches_tree(readme: str, files: list[str]) -> None:
-    problems = map_problems(map_entries(readme), files)
-    assert problems == {}, "README.md's map and the tree disagree:\n" + "\n".join(
+def test_map_matches_tree(doc: str, files: list[str]) -> None:
+    problems = map_problems(map_entries(doc), files)
+    assert problems == {}, "docs/architecture.md's map and the tree disagree:\n" + "\n".join(
         f"  {path}: {why}" for path, why in sorted(problems.items()))
 
 
@@ -119,13 +120,13 @@ def _drop_line(text: str, entry: str) -> str:
     ],
 )
 def test_a_wrong_map_fails(
-    readme: str, files: list[str], edit: Callable[[str, str], str], entry: str,
+    doc: str, files: list[str], edit: Callable[[str, str], str], entry: str,
     expected: set[str] | None,
 ) -> None:
     if expected is None:
         expected = {f for f in files if f.startswith(entry)}
     assert expected, "the case must expect at least one problem"
-    assert set(map_problems(map_entries(edit(readme, entry)), files)) == expected
+    assert set(map_problems(map_entries(edit(doc, entry)), files)) == expected
 
 
 def test_rule_on_a_small_tree() -> None:
