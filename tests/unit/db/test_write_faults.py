@@ -43,7 +43,7 @@ from tests.dbfaults import (
     run_freeing_the_disk_at_the_stop,
 )
 from tests.fakevllm import FakeServer
-from tests.unit.test_usage import new_batch
+from tests.unit.support.call_rows import new_batch
 
 NODES = node_names(load_settings().pipeline())
 

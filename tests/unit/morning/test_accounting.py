@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from pydantic_core import to_jsonable_python
@@ -19,39 +18,13 @@ from app.errors import InputError
 from app.morning.accounting import batch_report, compare_arm, endpoint_shares, throughput
 from app.morning.activity import ActiveTime, active_time
 from app.morning.serverview import server_view
-from tests.unit.support.clirun import run_cli
-from tests.unit.test_usage import new_batch
-
-T0 = datetime(2025, 3, 4, 22, 0, 0, tzinfo=UTC)
+from tests.unit.support.call_rows import T0, add_call, known_batch, new_batch
+from tests.unit.support.clirun import nightdesk, run_cli
 
 KEYS = {"batch_id", "calls", "failed_calls", "prompt_tokens", "completion_tokens",
         "first_call_start", "last_call_end", "wall_seconds", "output_tokens_per_s", "nodes",
         "metrics_fallback", "succeeded_completion_tokens", "succeeded_output_tokens_per_s",
         "active_seconds", "paused_seconds", "pauses"}
-
-
-def add_call(engine: Engine, batch_id: int, node: str, attempt: int, start_s: float,
-             end_s: float, *, prompt: int | None, completion: int | None,
-             status: str = "ok") -> None:
-    """Insert one llm_calls row whose times are offsets from T0."""
-    with engine.begin() as conn:
-        conn.execute(LLMCall.__table__.insert().values(  # type: ignore[attr-defined]
-            batch_id=batch_id, ticker="AAPL", node=node, sample=0, attempt=attempt,
-            model="m", prompt_tokens=prompt, completion_tokens=completion, status=status,
-            error_class=None if status == "ok" else "http",
-            http_status=None if status == "ok" else 500,
-            started_at=T0 + timedelta(seconds=start_s), ended_at=T0 + timedelta(seconds=end_s),
-            latency_s=end_s - start_s))
-
-
-def known_batch(engine: Engine) -> int:
-    """Insert calls spanning 10 s to 50 s after T0 (a 40 s makespan) with 1000 output tokens."""
-    b = new_batch(engine)
-    add_call(engine, b, "analyst", 1, 10.0, 12.0, prompt=100, completion=200)
-    add_call(engine, b, "analyst", 2, 12.0, 16.0, prompt=100, completion=300)
-    add_call(engine, b, "trader", 1, 20.0, 21.0, prompt=50, completion=None, status="error")
-    add_call(engine, b, "trader", 2, 25.0, 50.0, prompt=150, completion=500)
-    return b
 
 
 def add_sample(engine: Engine, batch_id: int, at_s: float, *, prefill_s: float | None,
@@ -204,25 +177,6 @@ def test_an_empty_batch_reports_zeros(sqlite_engine: Engine) -> None:
 def test_an_unknown_batch_is_an_input_error(sqlite_engine: Engine) -> None:
     with pytest.raises(InputError, match="no batch with id 999"):
         batch_report(sqlite_engine, 999)
-
-
-def nightdesk(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-              *args: str) -> tuple[int, str, str]:
-    """Run the real CLI entry point in-process; return exit code, stdout and stderr.
-
-    In-process because importing the whole CLI in a child costs seconds per run.
-    """
-    from app.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["nightdesk", *args])
-    capsys.readouterr()
-    code = 0
-    try:
-        main()
-    except SystemExit as exit_:
-        code = int(exit_.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_cli_report_prints_json(

@@ -15,8 +15,7 @@ from app.config import Settings
 from app.db.models import Batch, ServerSample
 from app.morning.accounting import batch_report
 from app.morning.serverview import UNRECORDED, bounds, near, request_cap, server_view
-from tests.unit.morning.test_accounting import T0, known_batch
-from tests.unit.test_usage import new_batch
+from tests.unit.support.call_rows import T0, known_batch, new_batch
 
 
 def reading(running: float, waiting: float = 0.0, kv: float = 0.3,

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from app.cli.report import timeline_table
 from app.db.models import LLMCall, ServerSample
 from app.morning.timeline import INTERVALS, WIDTHS_S, batch_timeline, width_for
-from tests.unit.test_usage import new_batch
+from tests.unit.support.call_rows import new_batch
 
 T0 = datetime(2025, 3, 4, 22, 0, 0, tzinfo=UTC)
 

@@ -15,7 +15,7 @@ from agents.data.freeze import write_manifest, write_ticker
 from agents.data.snapshot import Manifest, SnapshotProvider
 from app.errors import InputError
 from app.quality.forward import forward_report, parse_horizon
-from tests.unit.morning.test_accounting import nightdesk
+from tests.unit.support.clirun import nightdesk
 from tests.unit.support.quality_rows import AS_OF, add_batch, spearman_by_hand
 
 # ticker -> (rating, score, close 5 sessions after the as-of date; the as-of close is 100)

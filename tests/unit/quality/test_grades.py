@@ -25,7 +25,7 @@ from app.db.engine import alembic_config, get_engine, upgrade
 from app.db.models import Decision as DecisionRow
 from app.morning.ranking import ranking
 from tests.unit.agents.test_decision import TAG, ScriptedLLM, prompt
-from tests.unit.morning.test_accounting import nightdesk
+from tests.unit.support.clirun import nightdesk
 from tests.unit.support.quality_rows import add_batch, band_by_hand, one_each
 
 

@@ -31,7 +31,7 @@ from app.quality.monitor import (
     warnings_for,
 )
 from tests.fakevllm import ChatRequest, FakeServer, Reply
-from tests.unit.morning.test_accounting import nightdesk
+from tests.unit.support.clirun import nightdesk
 from tests.unit.support.quality_rows import SCALE, add_batch, one_each
 
 SIX = ["AAA", "BBB", "CCC", "DDD", "EEE", "FFF"]

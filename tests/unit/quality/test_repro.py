@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import Engine
 
 from app.quality.repro import repro
-from tests.unit.morning.test_accounting import nightdesk
+from tests.unit.support.clirun import nightdesk
 from tests.unit.support.quality_rows import (
     add_batch,
     band_by_hand,

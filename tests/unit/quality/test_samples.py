@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import Engine
 
 from app.quality.samples import samples_report
-from tests.unit.morning.test_accounting import nightdesk
 from tests.unit.quality.test_repro import SAMPLES_A
+from tests.unit.support.clirun import nightdesk
 from tests.unit.support.quality_rows import (
     add_batch,
     band_by_hand,

@@ -27,7 +27,7 @@ from app.quality.track import NightReturns, horizon_record, min_nights, running_
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
-from tests.unit.morning.test_accounting import nightdesk
+from tests.unit.support.clirun import nightdesk
 from tests.unit.support.quality_rows import add_batch, band_by_hand, spearman_by_hand
 
 

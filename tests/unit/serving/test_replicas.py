@@ -17,8 +17,8 @@ from app.config import load_settings
 from serving import replicas
 from serving.errors import ProfileError
 from serving.profiles import ServerCommand, load_profile
-from tests.unit.morning.test_accounting import nightdesk
 from tests.unit.serving.test_launcher import _health_server
+from tests.unit.support.clirun import nightdesk
 
 GPU_PROFILE = load_profile("qwen-dense-27b")
 ROUTER = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which(

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from unittest import mock
 
+import pytest
+
 from app.cli import main
 from app.config import get_settings
 
@@ -45,3 +47,21 @@ def run_cli(*argv: str, env: dict[str, str] | None = None) -> CliResult:
         finally:
             get_settings.cache_clear()
     return CliResult(code if isinstance(code, int) else 1, out.getvalue(), err.getvalue())
+
+
+def nightdesk(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+              *args: str) -> tuple[int, str, str]:
+    """Run the real CLI entry point in-process; return exit code, stdout and stderr.
+
+    ``run_cli``'s twin for a test that reads output through pytest's own ``capsys``.
+    In-process because importing the whole CLI in a child costs seconds per run.
+    """
+    monkeypatch.setattr(sys, "argv", ["nightdesk", *args])
+    capsys.readouterr()
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err

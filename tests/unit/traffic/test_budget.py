@@ -344,7 +344,7 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
 
 
 def new_batch_id(engine: Engine) -> int:
-    from tests.unit.test_usage import new_batch
+    from tests.unit.support.call_rows import new_batch
     return new_batch(engine)
 
 

@@ -18,8 +18,8 @@ from app.db.models import Base, Batch, ServerSample
 from app.morning.accounting import batch_report
 from app.morning.serverview import server_view
 from app.traffic.sampler import LAG_PROBE_S, MetricsSampler
-from tests.unit.morning.test_accounting import T0, known_batch
 from tests.unit.serving.test_metrics import _transport
+from tests.unit.support.call_rows import T0, known_batch
 
 
 def _batch(engine: Engine) -> int:

@@ -21,8 +21,8 @@ from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from tests.fakevllm import BASE_URL, FakeServer, Reply
+from tests.unit.support.call_rows import new_batch
 from tests.unit.support.servers import one_server, over_one_server
-from tests.unit.test_usage import new_batch
 
 
 class RecordingLLM:
