@@ -29,7 +29,7 @@ from tests.unit.db.test_lock import (
     check_race,
     check_second_start_during_a_batch,
 )
-from tests.unit.runs.test_daemon import NIGHT, Recorder, daemon_for, local, running, tick
+from tests.unit.support.daemon_clock import NIGHT, Recorder, daemon_for, local, running, tick
 
 pytestmark = pytest.mark.integration
 _numbers = itertools.count()

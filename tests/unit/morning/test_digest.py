@@ -269,7 +269,7 @@ def test_the_daemon_logs_a_night_as_loud_as_the_timer_and_sends_its_digest(
         monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path,
         failing: int, status: str, level: str) -> None:
     from app.runs.nightly import run_nightly
-    from tests.unit.runs.test_daemon import NIGHT, batch_settings, daemon_for, running, tick
+    from tests.unit.support.daemon_clock import NIGHT, batch_settings, daemon_for, running, tick
 
     tickers = demo_tickers(2)
     bad = set(tickers[:failing])

@@ -15,10 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from datetime import time as clock
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -27,7 +24,7 @@ import pytest
 import structlog
 import time_machine
 from alembic import command
-from apscheduler.schedulers.base import STATE_STOPPED, BaseScheduler
+from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy import Engine, inspect, select
 
@@ -36,61 +33,22 @@ from app.config import load_settings
 from app.db.engine import alembic_config, make_engine
 from app.db.models import Batch, SchedulerBeat
 from app.runs.daemon import JOB_ID, JOBS_TABLE, NightlyDaemon, NightlyTrigger
-from app.runs.nightly import NightlyResult
 from tests.fakevllm import ChatRequest, Reply
 from tests.unit.db.test_lock import fake_llm
+from tests.unit.support.daemon_clock import (
+    BERLIN,
+    NIGHT,
+    Recorder,
+    batch_settings,
+    daemon_for,
+    local,
+    running,
+    tick,
+)
 
-BERLIN = ZoneInfo("Europe/Berlin")
 NIGHTDESK = Path(sys.executable).with_name("nightdesk")
 
 
-@dataclass
-class Recorder:
-    """Stand in for run_nightly: note each scheduled time it is given and when it ran."""
-
-    fired: list[datetime] = field(default_factory=list)
-    ran_at: list[datetime] = field(default_factory=list)
-
-    def __call__(self, _settings: Any, *, engine: Engine, resume: bool,
-                 skip_if_finished_since: datetime, server: str,
-                 once_per_as_of: bool) -> NightlyResult:
-        assert resume is True  # the daemon always continues a cut-short night
-        assert server == "require"  # the preflight of `nightdesk run`, the model included
-        self.fired.append(skip_if_finished_since)
-        self.ran_at.append(datetime.now(UTC))
-        return NightlyResult(None)
-
-
-def daemon_for(engine: Engine, runner: Any, **overrides: Any) -> NightlyDaemon:
-    settings = load_settings(**{"schedule_timezone": "Europe/Berlin", **overrides})
-    return NightlyDaemon(settings, engine, runner=runner)
-
-
-@contextmanager
-def running(daemon: NightlyDaemon, at: datetime) -> Iterator[NightlyDaemon]:
-    """Start the daemon's scheduler at ``at`` (schedule, stores, executor), not its wait loop."""
-    with time_machine.travel(at, tick=False):
-        daemon.schedule()
-        daemon.scheduler._event = threading.Event()  # BlockingScheduler.start would make it
-        BaseScheduler.start(daemon.scheduler)
-    try:
-        yield daemon
-    finally:
-        if daemon.scheduler.state != STATE_STOPPED:
-            daemon.scheduler.shutdown(wait=False)
-
-
-def tick(daemon: NightlyDaemon, at: datetime) -> None:
-    """Wake the scheduler at ``at``: run what is due, move the job on."""
-    with time_machine.travel(at, tick=False):
-        daemon.scheduler._process_jobs()
-
-
-def local(day: date, hour: int, minute: int, zone: ZoneInfo = BERLIN) -> datetime:
-    return datetime.combine(day, clock(hour, minute), zone)
-
-
-NIGHT = local(date(2026, 11, 28), 0, 10)
 
 
 def test_the_trigger_is_the_nightly_one() -> None:
@@ -231,10 +189,6 @@ def test_plain_cron_trigger_fires_twice_in_the_repeated_hour() -> None:
 def demo_dir(tmp_path: Path) -> Path:
     write_demo(tmp_path / "data", DEMO_AS_OF, 2)
     return tmp_path / "data"
-
-
-def batch_settings(demo_dir: Path) -> dict[str, Any]:
-    return {"check_context_length": False, "retry_backoff_s": 0, "data_dir": demo_dir}
 
 
 def test_a_second_daemon_does_not_double_run(sqlite_engine: Engine, sqlite_url: str,

@@ -21,9 +21,8 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.db.models import Batch
 from tests.fakevllm import FakeServer
 from tests.unit.db.test_lock import fake_llm
-from tests.unit.runs.test_preflight_settings import closed_port
 from tests.unit.support.clirun import run_cli
-from tests.webhook import Webhook, webhook
+from tests.webhook import Webhook, closed_port, webhook
 
 ADVICE = "What to do: fix that, then start the night again: nightdesk run --continue-night"
 CAUSES = ["server-down", "no-snapshot", "wrong-model"]
@@ -89,7 +88,7 @@ def test_the_daemons_refused_night_pushes_a_digest(
         sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
         name: str) -> None:
     from app.runs.nightly import run_nightly
-    from tests.unit.runs.test_daemon import NIGHT, daemon_for, running, tick
+    from tests.unit.support.daemon_clock import NIGHT, daemon_for, running, tick
 
     env, says = cause(name, tmp_path, monkeypatch)
     overrides: dict[str, Any] = {key.removeprefix("NIGHTDESK_").lower(): value

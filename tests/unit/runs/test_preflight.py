@@ -24,8 +24,8 @@ from app.batch import store
 from app.config import load_settings
 from app.db.models import Batch, LLMCall, TickerRun
 from tests.fakevllm import FakeServer
-from tests.unit.runs.test_preflight_settings import closed_port
 from tests.unit.support.clirun import CliResult, run_cli
+from tests.webhook import closed_port
 
 AS_OF = str(DEMO_AS_OF)
 NO_SNAPSHOT = "2020-01-02"
@@ -219,7 +219,7 @@ def test_the_daemons_fire_is_refused_before_any_row(
         sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         tickers: list[str], fault: str) -> None:
     from app.runs.nightly import run_nightly
-    from tests.unit.runs.test_daemon import NIGHT, daemon_for, running, tick
+    from tests.unit.support.daemon_clock import NIGHT, daemon_for, running, tick
 
     overrides: dict[str, Any] = {"data_dir": tmp_path / "data", "llm_model": MODEL}
     if fault == "ticker":

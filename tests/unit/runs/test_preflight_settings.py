@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from serving.preflight import check_endpoint
 from tests.fakevllm import FakeServer
 from tests.unit.support.clirun import run_cli
 from tests.unit.test_llm import one_call
+from tests.webhook import closed_port
 
 
 def test_check_endpoint_names_what_is_wrong() -> None:
@@ -37,12 +37,6 @@ def night(tmp_path: Path) -> list[str]:
     """Return ``run`` of one ticker of a snapshot in place (the home's data folder)."""
     write_demo(tmp_path / "data", DEMO_AS_OF, 1)
     return ["run", "--tickers", demo_tickers(1)[0], "--as-of", str(DEMO_AS_OF)]
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])  # closed again when the block ends
 
 
 @pytest.mark.parametrize(("setting", "value", "says"), [
