@@ -98,8 +98,8 @@ $(LVENV)/.ready: pyproject.toml Makefile
 	@touch $@
 
 # Static checks, and the self-tests that are checks of the tree rather than of behaviour:
-# the import contracts break on a wrong import, README's map matches the tree, and
-# deploy/'s systemd units pass systemd-analyze.
+# the import contracts break on a wrong import, docs/architecture.md's module map matches the
+# tree, and deploy/'s systemd units pass systemd-analyze.
 lint: setup systemd-tools
 	$(BIN)/ruff check app agents serving tests migrations
 	$(BIN)/mypy app agents serving migrations

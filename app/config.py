@@ -182,7 +182,8 @@ class Settings(BaseSettings):
     # How late a missed night may still start (host off at 00:10): hours, not seconds.
     schedule_misfire_grace_s: int = Field(6 * 3600, ge=1)
     # How long after its due time a night may take to create its batch before the morning's
-    # status calls the night "stale" (app/night.py); the timer path reads the same cron.
+    # status calls the night "stale" (app/morning/nightstatus.py); the timer path reads the
+    # same cron.
     schedule_start_grace_s: float = Field(900.0, gt=0)
     # The daemon runs one nightly batch per as-of date: a fire that finds the date done (no
     # newer snapshot) runs nothing and pushes a digest saying so. True: it runs it again.

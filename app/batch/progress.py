@@ -15,8 +15,8 @@ from rich.table import Table
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from app import eta
-from app.night import span
+from app.morning import eta
+from app.morning.nightstatus import span
 from app.traffic.server import ServerSet
 from app.traffic.tasks import cancel_and_wait
 from serving.metrics import MetricsSnapshot

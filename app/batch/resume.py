@@ -16,11 +16,11 @@ from typing import Any
 from sqlalchemy import Engine, func, select, update
 
 from agents.graph import thread_id
-from app import batches
 from app.db.lock import Runner, holder_gone
 from app.db.models import INFRASTRUCTURE, Batch, TickerRun
 from app.db.retry import retried
 from app.errors import AlreadyRunningError, InputError
+from app.morning import summary as batches
 from app.traffic.strategy import Strategy
 
 FINISHED_TICKER = batches.FINISHED_TICKER

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from app.batch.workload import Workload
 from app.errors import InputError
+from app.runs.replay import Workload
 from app.traffic.budget import prompt_bytes
 from app.traffic.strategy import Strategy
 

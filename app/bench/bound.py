@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine, select
 
-from app.batch.workload import Workload
 from app.db.models import LLMCall, ServerSample
+from app.runs.replay import Workload
 
 # Levels: running requests (rounded) -> [generated tokens, seconds] over reading intervals.
 Levels = dict[int, list[float]]

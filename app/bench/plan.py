@@ -15,7 +15,6 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import Engine, select
 
-from app.batch.workload import WorkItem, recorded_workload
 from app.bench.bound import (
     GraphFacts,
     StepCost,
@@ -29,6 +28,7 @@ from app.bench.bound import (
 from app.bench.workloads import seed_graph
 from app.db.models import Batch, ServerSample
 from app.errors import InputError
+from app.runs.replay import WorkItem, recorded_workload
 
 ENDPOINTS = range(1, 17)
 NEAR_BEST = 0.05  # a fleet within this share of the best makespan is "as good"

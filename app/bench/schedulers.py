@@ -35,7 +35,6 @@ from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 from sqlalchemy import Engine
 
 from app.batch.engine import BatchEngine, BatchPlan, TickerWork
-from app.batch.workload import Workload, play, shape
 from app.bench.arms import DEFAULT_ARMS, FLOOD, plan_arms
 from app.bench.bound import (
     GraphFacts,
@@ -49,7 +48,8 @@ from app.bench.machine import HostFacts
 from app.bench.machine import machine_facts as host_facts
 from app.config import Settings
 from app.errors import InputError, ServerError
-from app.report import compare_arm
+from app.morning.accounting import compare_arm
+from app.runs.replay import Workload, play, shape
 from app.traffic.client import TickerClient
 from app.traffic.strategy import Strategy
 from serving.metrics import aread_metrics

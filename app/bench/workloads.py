@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from app.batch.workload import WorkItem, Workload
 from app.config import Settings
+from app.runs.replay import WorkItem, Workload
 
 ANALYSTS = ("market", "sentiment", "news", "fundamentals")
 DOWNSTREAM = (

@@ -29,9 +29,22 @@ from rich.table import Table
 from sqlalchemy import Engine
 
 from agents.tickers import check_symbol, choose_tickers
-from app.advice import advise
 from app.batch.engine import BatchOutcome, BatchPlan
-from app.batch.nightly import (
+from app.batch.resume import ResumePoint, mark_stale_crashed
+from app.batch.signals import run_batch
+from app.cli.common import batch_database, database, setup
+from app.cli.data import parse_as_of
+from app.config import Settings
+from app.errors import ERRORS, InputError
+from app.logs import console
+from app.morning.advice import advise
+from app.morning.batchids import parse_batch_id
+from app.morning.changes import RankedRow, compare_nights, ranked_row
+from app.morning.nightstatus import STALE_EXIT, NightStatus, night_status
+from app.morning.ranking import RankRow, ranking
+from app.morning.summary import BatchSummary, summarize
+from app.quality.monitor import warnings_for
+from app.runs.nightly import (
     NightlyRequest,
     NightlyResult,
     default_as_of,
@@ -40,20 +53,7 @@ from app.batch.nightly import (
     run_nightly,
     tell_refused,
 )
-from app.batch.preflight import ServerCheck
-from app.batch.resume import ResumePoint, mark_stale_crashed
-from app.batch.signals import run_batch
-from app.batches import BatchSummary, summarize
-from app.batchids import parse_batch_id
-from app.changes import RankedRow, compare_nights, ranked_row
-from app.cli.common import batch_database, database, setup
-from app.cli.data import parse_as_of
-from app.config import Settings
-from app.errors import ERRORS, InputError
-from app.logs import console
-from app.night import STALE_EXIT, NightStatus, night_status
-from app.quality.monitor import warnings_for
-from app.ranking import RankRow, ranking
+from app.runs.preflight import ServerCheck
 from serving.facts import batch_server_facts
 
 out = console()
@@ -82,7 +82,7 @@ def _default_as_of(settings: Settings, text: str | None) -> date:
 
 
 def _server_check(no_preflight: bool) -> ServerCheck:
-    """Return how far a start from the command line asks the server (app/batch/preflight.py)."""
+    """Return how far a start from the command line asks the server (app/runs/preflight.py)."""
     return "skip" if no_preflight else "require"
 
 
@@ -398,7 +398,7 @@ def replay(
     no_preflight: NoPreflight = False,
 ) -> None:
     """Replay a batch's recorded requests against a server, as a batch of kind replay."""
-    from app.batch.workload import replay_batch
+    from app.runs.replay import replay_batch
 
     settings = setup()
     if base_url is not None:

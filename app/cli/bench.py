@@ -58,13 +58,13 @@ def schedulers(
 
     import httpx
 
-    from app.batch.workload import recorded_workload
-    from app.batchids import parse_batch_id
     from app.bench.arms import plan_arms
     from app.bench.schedulers import run_bench
     from app.bench.workloads import fit_scale, synthetic_workload
     from app.cli.common import database
     from app.errors import InputError, ServerError
+    from app.morning.batchids import parse_batch_id
+    from app.runs.replay import recorded_workload
     from serving.facts import batch_server_facts
     from serving.urls import redact, server_root
 
@@ -114,7 +114,7 @@ def schedulers(
 def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     """Print a scheduler bench's table, references and checks; write its JSON when asked."""
     from app.cli.report import _fmt
-    from app.report import COMPARE_COLUMNS
+    from app.morning.accounting import COMPARE_COLUMNS
 
     bound = f"{result.bound_tok_s:.1f} tok/s" if result.bound_tok_s else "-"
     table = Table(title=f"scheduler bench: {result.workload}, {result.tickers} tickers, "

@@ -13,7 +13,6 @@ from pydantic_core import to_jsonable_python
 from rich.console import Console
 from rich.table import Table
 
-from app.batchids import parse_batch_id
 from app.bench.plan import (
     ENDPOINTS,
     PROFILES,
@@ -29,7 +28,8 @@ from app.bench.plan import (
 from app.cli.common import database, setup
 from app.config import Settings
 from app.errors import InputError
-from app.schedule import due_times, nightly_trigger
+from app.morning.batchids import parse_batch_id
+from app.morning.timetable import due_times, nightly_trigger
 
 # Piped into a file: do not fold the columns into 80 (as ``nightdesk batches``).
 out = Console(highlight=False, width=None if Console().is_terminal else 160)

@@ -15,11 +15,11 @@ from sqlalchemy import Engine
 
 from agents.decision import RATINGS
 from agents.tickers import check_symbol
-from app.batchids import parse_batch_id, parse_batch_ids
 from app.cli.common import database, setup
 from app.cli.data import parse_as_of
 from app.errors import InputError
 from app.logs import console
+from app.morning.batchids import parse_batch_id, parse_batch_ids
 from app.quality.averaging import KRow
 from app.quality.forward import ForwardReport, forward_report, parse_horizon
 from app.quality.grades import load_grades, newest_batch, newest_nightly

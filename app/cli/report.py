@@ -16,24 +16,13 @@ from rich.table import Table
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from app.advice import Advice, advise, next_steps
 from app.batch.resume import mark_stale_crashed
-from app.batches import (
-    BatchSummary,
-    FailedTicker,
-    batch_summary,
-    failed_tickers,
-    list_batches,
-)
-from app.batchids import parse_batch_id, parse_batch_ids
 from app.bench.plan import NightBound, night_bound
 from app.cli.common import database, setup
 from app.db.engine import reason
 from app.db.readonly import refuses_writes
 from app.logs import console
-from app.night import span
-from app.quality.monitor import warnings_for
-from app.report import (
+from app.morning.accounting import (
     COMPARE_COLUMNS,
     Arm,
     BatchReport,
@@ -43,8 +32,19 @@ from app.report import (
     endpoint_shares,
     latest_batch_id,
 )
-from app.serverview import BOUND_NAMES, LOOKUPS_SLACK, ServerView, server_view
-from app.timeline import Interval, batch_timeline
+from app.morning.advice import Advice, advise, next_steps
+from app.morning.batchids import parse_batch_id, parse_batch_ids
+from app.morning.nightstatus import span
+from app.morning.serverview import BOUND_NAMES, LOOKUPS_SLACK, ServerView, server_view
+from app.morning.summary import (
+    BatchSummary,
+    FailedTicker,
+    batch_summary,
+    failed_tickers,
+    list_batches,
+)
+from app.morning.timeline import Interval, batch_timeline
+from app.quality.monitor import warnings_for
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:

@@ -7,7 +7,7 @@ from app.cli.common import batch_database, setup
 
 def scheduler() -> None:
     """Run the nightly batch on NIGHTDESK_SCHEDULE_CRON until SIGTERM (the systemd service)."""
-    from app.daemon import NightlyDaemon
+    from app.runs.daemon import NightlyDaemon
 
     settings = setup()
     NightlyDaemon(settings, batch_database(settings)).serve()

@@ -78,7 +78,7 @@ def open_metrics_port(port: int | None, engine: Engine, settings: Settings) -> I
         return
     from prometheus_client import start_http_server
 
-    from app.metrics import night_registry
+    from app.morning.prometheus import night_registry
 
     try:
         server, thread = start_http_server(port, addr="127.0.0.1",

@@ -9,8 +9,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
-from app.batches import BatchSummary
 from app.errors import InputError
+from app.morning.summary import BatchSummary
 from app.web import views
 from app.web.reruns import RerunJob
 from app.web.state import State, require_user

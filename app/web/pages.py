@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel
 
 from app.errors import InputError
-from app.report import COMPARE_COLUMNS
+from app.morning.accounting import COMPARE_COLUMNS
 from app.web import charts, views
 from app.web.auth import CSRF_FIELD
 from app.web.plots import batch_plots, compare_plots

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from app.report import Arm
+from app.morning.accounting import Arm
 from app.web import charts
 from app.web.charts import Series
 from app.web.series import EndpointGauges, Gauges

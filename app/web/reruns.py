@@ -26,7 +26,7 @@ import structlog
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from app.batches import IsoDate, IsoDatetime
+from app.morning.summary import IsoDate, IsoDatetime
 
 log = structlog.get_logger(__name__)
 

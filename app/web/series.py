@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, select
 
 from app.db.models import ServerSample
-from app.serverview import counter_delta, per_endpoint
+from app.morning.serverview import counter_delta, per_endpoint
 
 
 class Gauges(BaseModel):

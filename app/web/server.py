@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.config import Settings, get_settings
 from app.db.engine import check_reachable
 from app.errors import DatabaseError
-from app.metrics import night_registry
+from app.morning.prometheus import night_registry
 from app.web import api, pages, track
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
@@ -62,7 +62,7 @@ def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
 
     @app.get("/metrics", include_in_schema=False, dependencies=[Depends(require_user)])
     def metrics() -> Response:
-        """Answer Prometheus text read from the database (app/metrics.py), behind the auth."""
+        """Answer Prometheus text read from the database (app.morning.prometheus), behind auth."""
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.exception_handler(StarletteHTTPException)

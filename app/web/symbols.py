@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import HTTPException
 
 from agents.tickers import check_symbol
-from app.batchids import parse_batch_id, parse_batch_ids
 from app.errors import InputError
+from app.morning.batchids import parse_batch_id, parse_batch_ids
 
 
 def symbol_or_404(text: str) -> str:
@@ -26,7 +26,7 @@ def batch_ids(values: list[str]) -> list[int]:
 
 
 def batch_id_or_404(text: str) -> int:
-    """Return the batch id a path names, through the one parser (``app.batchids``); answer
+    """Return the batch id a path names, through the one parser (``app.morning.batchids``); answer
     404 for text that can name no batch (not ASCII digits, or beyond a 64-bit key)."""
     try:
         return parse_batch_id(text, what="the batch in the path")

@@ -10,8 +10,8 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup, escape
 
-from app.night import span as duration
-from app.ranking import RATING_ORDER
+from app.morning.nightstatus import span as duration
+from app.morning.ranking import RATING_ORDER
 
 
 def fmt(value: Any, spec: str = ".1f", missing: str = "—") -> str:

@@ -1,8 +1,8 @@
 """Gather what each page shows from the database, as models the HTML and the JSON API share.
 
 ``/api/…`` serves a model as its JSON; a page renders that same JSON. Every number comes
-from the modules the CLI uses (``app.ranking``, ``app.report``, ``app.serverview``), so the
-pages, the API and ``nightdesk ranking``/``report`` agree.
+from the modules the CLI uses (``app.morning.ranking``, ``accounting``, ``serverview``), so
+the pages, the API and ``nightdesk ranking``/``report`` agree.
 """
 
 from __future__ import annotations
@@ -17,9 +17,17 @@ from sqlalchemy.orm import Session
 
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
-from app import night
-from app.advice import Advice, next_steps
-from app.batches import (
+from app.config import Settings
+from app.db.models import FINISHED_STATUSES, Batch, Decision, LLMCall, NodeText, TickerRun
+from app.errors import InputError
+from app.morning import nightstatus
+from app.morning.accounting import Arm, BatchReport, batch_report, compare_arm
+from app.morning.advice import Advice, next_steps
+from app.morning.changes import NightChanges, RankedRow, compare_nights, ranked_row
+from app.morning.nightstatus import NightStatus, Progress
+from app.morning.ranking import RATING_ORDER, RankRow, ranking
+from app.morning.serverview import ServerView, server_view
+from app.morning.summary import (
     BatchSummary,
     FailedTicker,
     IsoDate,
@@ -29,16 +37,8 @@ from app.batches import (
     status_of,
     summarize,
 )
-from app.changes import NightChanges, RankedRow, compare_nights, ranked_row
-from app.config import Settings
-from app.db.models import FINISHED_STATUSES, Batch, Decision, LLMCall, NodeText, TickerRun
-from app.errors import InputError
-from app.night import NightStatus, Progress
+from app.morning.timeline import Interval, batch_timeline
 from app.quality.monitor import warnings_for
-from app.ranking import RATING_ORDER, RankRow, ranking
-from app.report import Arm, BatchReport, batch_report, compare_arm
-from app.serverview import ServerView, server_view
-from app.timeline import Interval, batch_timeline
 from app.web.series import SeriesView, series_view
 
 HISTORY_NIGHTS = 60
@@ -54,15 +54,15 @@ def _batch(engine: Engine, batch_id: int) -> Batch:
 
 
 class RunningBatch(BatchSummary):
-    """A batch that runs (``app.batches.status_of``), with its progress and its ETA."""
+    """A batch that runs (``app.morning.summary.status_of``), with its progress and its ETA."""
 
     tickers_done: int
     tickers_running: int
     calls: int
     expected_calls: int | None
-    elapsed_s: int  # whole seconds, as ``app.night.Progress``
+    elapsed_s: int  # whole seconds, as ``app.morning.nightstatus.Progress``
     eta_s: int | None
-    eta_low_s: int | None  # the ETA's interval (app.eta)
+    eta_low_s: int | None  # the ETA's interval (app.morning.eta)
     eta_high_s: int | None
 
 
@@ -129,7 +129,7 @@ class _NightOf(BaseModel):
 # pydantic orders the fields of bases in reverse MRO: _NightOf's come first, then RankRow's.
 class HistoryPoint(RankRow, _NightOf):
     """The ticker's ranking row on one past night (the fields after the first two are
-    ``app.ranking.RankRow``'s, in its order)."""
+    ``app.morning.ranking.RankRow``'s, in its order)."""
 
 
 class Tonight(BaseModel):
@@ -220,7 +220,7 @@ def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
     """Return each batch that runs, with its progress and its ETA.
 
     One still marked running whose heartbeat is older than ``stale_after_s`` has crashed
-    (``app.batches.status_of``) and is left out: it has no progress to show.
+    (``app.morning.summary.status_of``) and is left out: it has no progress to show.
     """
     now = datetime.now(UTC)
     with engine.connect() as conn:
@@ -231,7 +231,7 @@ def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
         summary = summarize(b, stale_after_s, now)
         if summary.status != "running":
             continue
-        prog = night.progress(engine, b.id, now)  # the same numbers as `nightdesk ranking`
+        prog = nightstatus.progress(engine, b.id, now)  # the same numbers as `nightdesk ranking`
         out.append(RunningBatch(
             **dict(summary),
             tickers_done=prog.tickers_done, tickers_running=prog.tickers_running,
@@ -244,24 +244,25 @@ def ranking_view(engine: Engine, settings: Settings) -> RankingView:
     """Return the morning ranking: one finished nightly batch with its reruns, the latest
     night's status, each ticker's change since the night before, and progress.
 
-    The ranking comes from one call to ``app.ranking.ranking``, which reads one batch (and
+    The ranking comes from one call to ``app.morning.ranking.ranking``, which reads one batch (and
     the reruns of that batch's own as-of date), so a night still running never mixes in:
     it shows as the night's status and a progress line. The status and the changes come from
-    ``app.night`` and ``app.changes``, as ``nightdesk ranking`` and ``nightdesk changes``.
+    ``app.morning.nightstatus`` and ``app.morning.changes``, as ``nightdesk ranking`` and
+    ``nightdesk changes``.
     """
     stale_after_s = settings.heartbeat_stale_s
     try:
         batch, rows = ranking(engine)
     except InputError as error:
         running = running_batches(engine, stale_after_s)
-        status = night.night_status(engine, settings, None)
+        status = nightstatus.night_status(engine, settings, None)
         return RankingView(batch=None, rows=[], failed=[], distribution={},
                            reruns_applied=[], running=running, empty=str(error),
                            night=status, changes=None, warnings=[])
     # Read after the ranking: a night that finishes in between is then at worst shown as
     # still running beside the night before, never the other way round.
     running = running_batches(engine, stale_after_s)
-    status = night.night_status(engine, settings, batch.id)
+    status = nightstatus.night_status(engine, settings, batch.id)
     compared = compare_nights(engine, batch.id)
     by_ticker = compared.by_ticker()
     ranked = [r for r in rows if r.rank is not None]
@@ -380,7 +381,7 @@ def _tonight(runs: list[Any], last_good: HistoryPoint | None,
 def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView | None:
     """Return the ticker's latest run, its nodes, history and reruns; None when never run.
 
-    Each batch's status is ``app.batches.status_of``'s: a rerun still marked running is
+    Each batch's status is ``app.morning.summary.status_of``'s: a rerun still marked running is
     live while its heartbeat is younger than ``stale_after_s`` (``heartbeat_stale_s``).
     """
     with engine.connect() as conn:
@@ -468,7 +469,7 @@ def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView
                                        started_at=t.started_at)
                          for t in sorted(in_flight,
                                          key=lambda t: (t.status != "running", t.ticker))],
-        progress=night.progress(engine, batch_id) if live else None,
+        progress=nightstatus.progress(engine, batch_id) if live else None,
         server_facts=batch.server_facts,
         advice=next_steps(engine, summary),
     )

@@ -63,7 +63,7 @@ def test_a_night_whose_prompts_cannot_fit_the_real_server_is_refused_at_the_star
     # The embedded profile's budgets (96 tokens an analyst) fit: the check passes.
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    from app.batch.preflight import check_context
+    from app.runs.preflight import check_context
 
     check_context(load_settings(), get_engine(url), DEMO_AS_OF, demo_tickers(2))
 

@@ -30,9 +30,9 @@ from app.web.reruns import RerunQueue
 from app.web.server import create_app
 from tests.fakevllm import ChatRequest, Reply
 from tests.integration.conftest import private_database
-from tests.unit.clirun import run_cli
-from tests.unit.night_rows import Rated, add_night, at
-from tests.unit.test_lock import fake_llm
+from tests.unit.db.test_lock import fake_llm
+from tests.unit.support.clirun import run_cli
+from tests.unit.support.night_rows import Rated, add_night, at
 from tests.webhook import webhook
 
 pytestmark = pytest.mark.integration

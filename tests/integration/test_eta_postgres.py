@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import Engine
 
-from app import eta
 from app.db.engine import get_engine, upgrade
+from app.morning import eta
 from tests.integration.conftest import private_database
-from tests.unit.eta_fixture import load
-from tests.unit.test_eta_replay import fixture
+from tests.unit.morning.test_eta_replay import fixture
+from tests.unit.support.eta_fixture import load
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The fault suite's bursts on the real PostgreSQL (the scenarios: tests/unit/faults/bursts.py):
+"""The fault suite's bursts on the real PostgreSQL (the scenarios: tests/unit/support/bursts.py):
 a 429/503 burst within the budget is waited out; one past it stops the night resumable and one
 `run --resume` finishes it; ``llm_calls`` equals the fake server's request log."""
 
@@ -14,7 +14,7 @@ import pytest
 from agents.data.demo import DEMO_AS_OF, write_demo
 from app.db.engine import get_engine, upgrade
 from tests.integration.conftest import private_database
-from tests.unit.faults.bursts import (
+from tests.unit.support.bursts import (
     PAST_THE_BUDGET,
     WAITED_OUT,
     Burst,

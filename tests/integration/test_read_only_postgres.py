@@ -1,6 +1,6 @@
 """Read commands and the web pages serve what is stored while PostgreSQL takes no writes
 (``default_transaction_read_only`` on the database): the SQLite checks of
-tests/unit/test_read_only_db.py on a private database."""
+tests/unit/db/test_readonly.py on a private database."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
 from tests.integration.conftest import ADMIN_DSN, private_database
-from tests.unit.test_read_only_db import STALE, check_reads, read_all
-from tests.unit.web_rows import Ids, fill
+from tests.unit.db.test_readonly import STALE, check_reads, read_all
+from tests.unit.support.web_rows import Ids, fill
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """``nightdesk db upgrade`` killed after any statement of any migration runs again on
-PostgreSQL: the SQLite test's kills (tests/unit/upgrade_kills.py) on private databases,
+PostgreSQL: the SQLite test's kills (tests/unit/support/upgrade_kills.py) on private databases,
 each a copy (``CREATE DATABASE … TEMPLATE``) of its starting one, all dropped after."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from psycopg import sql
 
 from app.db.engine import alembic_config, get_engine, upgrade
 from tests.integration.conftest import ADMIN_DSN
-from tests.unit.upgrade_kills import check_every_kill, discover, populate, snapshot
+from tests.unit.support.upgrade_kills import check_every_kill, discover, populate, snapshot
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -16,7 +16,6 @@ from agents.data.snapshot import SnapshotProvider
 from agents.decision import Decision
 from app.batch import store
 from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.workload import replay_batch
 from app.cli.report import compare_table
 from app.config import Settings, load_settings
 from app.db.engine import get_engine, upgrade
@@ -24,8 +23,9 @@ from app.db.models import Decision as DecisionRow
 from app.db.models import LLMCall
 from app.errors import ContextLengthError
 from app.llm import TrackedLLM
-from app.report import compare_arm
-from app.serverview import server_view
+from app.morning.accounting import compare_arm
+from app.morning.serverview import server_view
+from app.runs.replay import replay_batch
 from app.usage import UsageRecorder
 from serving.metrics import MetricsSnapshot, read_metrics
 from tests.integration.vllm_server import VLLMServer

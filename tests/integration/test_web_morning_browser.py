@@ -1,6 +1,6 @@
 """Read the morning in headless Chromium as an operator does, after good, bad and missing nights.
 
-Each test writes its nights into a SQLite file (``tests.unit.night_rows``: batch rows,
+Each test writes its nights into a SQLite file (``tests.unit.support.night_rows``: batch rows,
 ticker runs, decisions, node texts, as a batch leaves them), serves it with a real
 ``nightdesk web`` process and reads the pages in Debian's chromium through Playwright:
 the banner after a failed, a partial, a crashed and a missed night, the change column and
@@ -30,7 +30,7 @@ from sqlalchemy import update
 
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, TickerRun
-from tests.unit.night_rows import Rated, add_night, table
+from tests.unit.support.night_rows import Rated, add_night, table
 
 pytestmark = pytest.mark.integration
 

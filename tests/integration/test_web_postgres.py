@@ -13,7 +13,7 @@ from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
 from tests.integration.conftest import private_database
-from tests.unit.web_rows import D1, Ids, fill
+from tests.unit.support.web_rows import D1, Ids, fill
 
 pytestmark = pytest.mark.integration
 

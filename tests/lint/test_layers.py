@@ -18,6 +18,8 @@ LAYERS = "app (the service) may import agents and serving; they never import app
 INDEPENDENCE = "agents (the pipeline) and serving (the vLLM server) do not import each other"
 APP_LAYERS = "app's modules import downwards only"
 APP_ACYCLIC = "app's modules import each other in no circle"
+MORNING = "app.morning is layered bottom-up (app/morning/__init__.py)"
+RUNS = "app.runs is layered bottom-up (app/runs/__init__.py)"
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
@@ -46,6 +48,8 @@ def test_contract_holds_on_this_tree() -> None:
     assert f"{INDEPENDENCE} KEPT" in result.stdout
     assert f"{APP_LAYERS} KEPT" in result.stdout
     assert f"{APP_ACYCLIC} KEPT" in result.stdout
+    assert f"{MORNING} KEPT" in result.stdout
+    assert f"{RUNS} KEPT" in result.stdout
 
 
 def test_contract_holds_on_an_unchanged_copy(tmp_path: Path) -> None:
@@ -66,6 +70,9 @@ def test_contract_holds_on_an_unchanged_copy(tmp_path: Path) -> None:
         ("app/db/wrong.py", "from app.batch.store import now\n", APP_LAYERS,
          "app.db.wrong -> app.batch.store"),
         ("app/wrong.py", "import app.errors\n", APP_LAYERS, "app.wrong"),
+        # The engine reaching up into the orchestration that runs it.
+        ("app/batch/wrong.py", "import app.runs.preflight\n", APP_LAYERS,
+         "app.batch.wrong -> app.runs.preflight"),
     ],
 )
 def test_one_wrong_import_breaks_the_contract(tmp_path: Path, module: str, line: str,
@@ -93,3 +100,30 @@ def test_a_circle_inside_one_package_breaks_the_acyclic_contract(tmp_path: Path)
     assert f"{APP_ACYCLIC} BROKEN" in result.stdout
     assert f"{APP_LAYERS} KEPT" in result.stdout
     assert "wrong_a" in result.stdout and "wrong_b" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "broken", "named"),
+    [
+        # Inside the read side: a bottom module reaching up to one that reads more.
+        ("app/morning/timeline.py", "import app.morning.changes\n", MORNING,
+         "app.morning.timeline -> app.morning.changes"),
+        # Two modules of one layer of the orchestration, which must not import each other.
+        ("app/runs/replay.py", "import app.runs.nightly\n", RUNS,
+         "app.runs.replay -> app.runs.nightly"),
+    ],
+)
+def test_an_upward_import_inside_a_package_breaks_its_contract(
+        tmp_path: Path, module: str, line: str, broken: str, named: str) -> None:
+    root = scratch_copy(tmp_path)
+    # Appended to a module that exists, so the contract is broken by the import alone, not
+    # by a module its `exhaustive` list lacks.
+    with (root / module).open("a") as f:
+        f.write(line)
+
+    result = lint_imports(root)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"{broken} BROKEN" in result.stdout
+    assert named in result.stdout
+    assert f"{APP_ACYCLIC} KEPT" in result.stdout

@@ -20,8 +20,8 @@ from app.db.models import Batch
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
-from tests.unit.clirun import run_cli
-from tests.unit.night_rows import Rated, add_night, at
+from tests.unit.support.clirun import run_cli
+from tests.unit.support.night_rows import Rated, add_night, at
 
 HUGE = "9" * 20  # beyond a signed 64-bit key
 JUST_OVER = str(2**63)  # the first number no batch id can be

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import tempfile
 from datetime import date
 from pathlib import Path
@@ -20,7 +19,8 @@ from agents.data.demo import COMPANIES
 from agents.tickers import check_symbol, read_universe
 from app.config import load_settings
 from app.errors import ConfigError, InputError
-from tests.unit.clirun import CliResult, run_cli
+from tests.unit.support.clirun import CliResult, run_cli
+from tests.webhook import closed_port
 
 # The rules as the README states them, written out here independently of the code.
 VALID_SYMBOL = re.compile(r"[A-Z0-9.\-]{1,12}")
@@ -32,12 +32,6 @@ EXAMPLES = settings(max_examples=60, deadline=None,
 plain = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
                 max_size=40)
 symbolish = st.text(st.sampled_from("ABCXYZ019.-_ $/a,\t\n#é"), max_size=16)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.clirun import run_cli
+from tests.unit.support.clirun import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "pw-7c1d"  # in database URLs below: it must not be printed

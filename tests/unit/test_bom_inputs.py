@@ -17,7 +17,7 @@ from agents.data.demo import write_demo
 from agents.tickers import read_universe
 from app.config import load_settings
 from serving.profiles import PROFILE_DIR, load_profile
-from tests.unit.clirun import run_cli
+from tests.unit.support.clirun import run_cli
 
 BOM = "\ufeff"
 AS_OF = date(2026, 11, 27)

@@ -19,12 +19,12 @@ from sqlalchemy import Engine
 from agents.data import get_provider, serves_demo
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.config import load_settings
-from app.digest import build_digest
+from app.morning.digest import build_digest
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
-from tests.unit.clirun import run_cli
-from tests.unit.test_lock import fake_llm
+from tests.unit.db.test_lock import fake_llm
+from tests.unit.support.clirun import run_cli
 
 
 def snapshot(tmp_path: Path, demo: bool) -> Path:

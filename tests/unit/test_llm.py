@@ -23,7 +23,7 @@ from app.errors import (
 from app.llm import Call, TrackedLLM
 from app.usage import UsageRecorder, decompress_body
 from tests.fakevllm import BASE_URL, CONTEXT_LENGTH_MESSAGE, FakeServer, Reply
-from tests.unit.test_usage import new_batch
+from tests.unit.support.call_rows import new_batch
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "AAPL?"}]
 ANSWER = Reply("Hold the line.", chunks=4)

@@ -12,7 +12,7 @@ import structlog
 
 from app.notify import Message, send
 from serving.urls import MASK, redact
-from tests.unit.clirun import run_cli
+from tests.unit.support.clirun import run_cli
 from tests.webhook import closed_port, webhook
 
 NIGHTDESK = Path(sys.executable).with_name("nightdesk")
@@ -87,8 +87,8 @@ def test_the_ranking_table_keeps_each_cell_whole_when_piped(tmp_path: Path) -> N
     from sqlalchemy import create_engine
 
     from app.db.engine import ready_engine
-    from tests.unit.night_rows import Rated, add_night, at
-    from tests.unit.test_digest import D1, D2
+    from tests.unit.morning.test_digest import D1, D2
+    from tests.unit.support.night_rows import Rated, add_night, at
 
     url = f"sqlite:///{tmp_path}/nightdesk.db"
     ready_engine(url)

@@ -34,7 +34,7 @@ from app.web.reruns import RerunQueue
 from app.web.server import create_app
 from serving.urls import redact
 from tests.fakevllm import ChatRequest, FakeServer, FakeServers, Reply
-from tests.unit.clirun import CliResult, run_cli
+from tests.unit.support.clirun import CliResult, run_cli
 
 CANARY = "Cnry-9f3e1c-pw"
 NODES = node_names(load_settings().pipeline())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -15,11 +15,12 @@ from sqlalchemy.exc import OperationalError
 import app.usage
 from agents.chat import CallTag
 from app.config import Settings, load_settings
-from app.db.models import Batch, LLMCall, LLMRequest
+from app.db.models import LLMCall, LLMRequest
 from app.errors import ContextLengthError, LLMError, LLMHTTPError
 from app.llm import TrackedLLM
 from app.usage import UsageRecorder
 from tests.fakevllm import BASE_URL, CONTEXT_LENGTH_MESSAGE, ChatRequest, FakeServer, Reply
+from tests.unit.support.call_rows import new_batch
 
 # What each scripted outcome must look like in its row: (status, error_class, http_status).
 EXPECTED_ROW = {
@@ -35,16 +36,6 @@ EXPECTED_ROW = {
 # that times out before the fake saw it is an attempt the fake cannot count), yet short
 # enough that the hanging calls (three attempts each) keep the test under 20 s.
 CALL_TIMEOUT_S = 5.0
-
-
-def new_batch(engine: Engine) -> int:
-    """Insert a batch row (llm_calls point at it) and return its id."""
-    with engine.begin() as conn:
-        result = conn.execute(Batch.__table__.insert().values(  # type: ignore[attr-defined]
-            kind="bench", as_of=date(2025, 1, 2), status="running",
-            created_at=datetime.now(UTC), settings={}, tickers_total=0,
-            tickers_succeeded=0, tickers_failed=0))
-        return int(result.inserted_primary_key[0])
 
 
 def plan_for(i: int) -> list[str]:

@@ -10,7 +10,13 @@ import pytest
 from sqlalchemy import Engine
 
 from agents.data.demo import DEMO_AS_OF, write_demo
-from tests.unit.faults.bursts import PAST_THE_BUDGET, WAITED_OUT, Burst, past_the_budget, waited_out
+from tests.unit.support.bursts import (
+    PAST_THE_BUDGET,
+    WAITED_OUT,
+    Burst,
+    past_the_budget,
+    waited_out,
+)
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.batch import store
 from app.batch.faults import INFRASTRUCTURE, OWN, failure_class
-from app.batch.nightly import NightlyRequest, run_nightly
 from app.config import load_settings
 from app.db.models import Batch, Decision, LLMCall
 from app.errors import (
@@ -34,9 +33,10 @@ from app.errors import (
     LLMStreamError,
     LLMTimeoutError,
 )
+from app.runs.nightly import NightlyRequest, run_nightly
 from tests.fakevllm import CONTEXT_LENGTH_MESSAGE, ChatRequest, FakeServer, Reply
-from tests.unit.clirun import run_cli
-from tests.unit.faults.night import (
+from tests.unit.support.clirun import run_cli
+from tests.unit.support.fault_night import (
     NODES,
     QUICK,
     QUICK_ENV,
@@ -148,7 +148,7 @@ def test_the_daemons_fire_takes_up_a_partial_night_the_server_cost(
     serve_cli_from(monkeypatch, server, demo_dir)
     assert invoke(*NIGHT)[0] == 3
     broken[0] = False
-    # What the scheduler daemon runs when it fires for the night (app/daemon.py).
+    # What the scheduler daemon runs when it fires for the night (app/runs/daemon.py).
     settings = load_settings(**QUICK, data_dir=demo_dir)
     night = run_nightly(settings, NightlyRequest(as_of=DEMO_AS_OF, tickers=",".join(TICKERS)),
                         engine=sqlite_engine, resume=True, skip_if_finished_since=fired,

@@ -1,0 +1,277 @@
+"""Account for a batch from its own rows: calls, tokens, batch-level throughput, node latencies."""
+
+from __future__ import annotations
+
+from dataclasses import field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel
+from pydantic.dataclasses import dataclass
+from sqlalchemy import Engine, func, select
+
+from app.db.models import Batch, LLMCall, TickerRun
+from app.errors import InputError
+from app.morning.activity import active_time
+from app.morning.serverview import server_view
+from app.morning.summary import IsoDatetime
+
+
+@dataclass
+class NodeLatency:
+    node: str
+    calls: int
+    mean_s: float
+    p50_s: float
+    p99_s: float
+
+
+@dataclass
+class BatchReport:
+    batch_id: int
+    calls: int
+    failed_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    first_call_start: IsoDatetime | None
+    last_call_end: IsoDatetime | None
+    wall_seconds: float  # the makespan: first call start to last call end
+    output_tokens_per_s: float  # over the active time (``active_seconds``)
+    nodes: list[NodeLatency] = field(default_factory=list)
+    # Output of the tickers that succeeded, over the same active time: what the night
+    # delivered (the figure above also counts the tokens of tickers that failed in the end).
+    succeeded_completion_tokens: int = 0
+    succeeded_output_tokens_per_s: float = 0.0
+    # Adaptive admission's time without /metrics (readings missed, seconds, fallback limit).
+    # An open mapping: the scheduler's record, as stored with the batch's settings.
+    metrics_fallback: dict[str, Any] | None = None
+    active_seconds: float = 0.0  # the makespan less its pauses (``active_time``)
+    paused_seconds: float = 0.0
+    pauses: int = 0
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """A batch's output over its active time (its makespan less the pauses)."""
+
+    completion_tokens: int
+    wall_seconds: float  # the makespan
+    output_tokens_per_s: float
+    active_seconds: float = 0.0
+    paused_seconds: float = 0.0
+    pauses: int = 0
+
+
+def per_second(completion_tokens: int, active_seconds: float) -> float:
+    """Batch-level: all output over the active time, never an average of per-call speeds."""
+    return completion_tokens / active_seconds if active_seconds > 0 else 0.0
+
+
+def _intervals(engine: Engine, batch_id: int) -> list[tuple[datetime, datetime]]:
+    with engine.connect() as conn:
+        return [(r.started_at, r.ended_at) for r in conn.execute(
+            select(LLMCall.started_at, LLMCall.ended_at).where(LLMCall.batch_id == batch_id))]
+
+
+def throughput(engine: Engine, batch_id: int) -> Throughput:
+    """Return the batch's output tok/s as ``batch_report`` does."""
+    with engine.connect() as conn:
+        completion = int(conn.execute(select(func.coalesce(func.sum(
+            LLMCall.completion_tokens), 0)).where(LLMCall.batch_id == batch_id)).scalar_one()
+                         or 0)
+    active = active_time(_intervals(engine, batch_id))
+    return Throughput(completion, active.makespan_s,
+                      per_second(completion, active.active_s), active.active_s,
+                      active.paused_s, active.pauses)
+
+
+def latest_batch_id(engine: Engine, kinds: tuple[str, ...] | None = None) -> int:
+    """Return the newest batch's id, or raise InputError when there is none."""
+    stmt = select(func.max(Batch.id))
+    if kinds:
+        stmt = stmt.where(Batch.kind.in_(kinds))
+    with engine.connect() as conn:
+        found = conn.execute(stmt).scalar()
+    if found is None:
+        raise InputError("no batches recorded yet: run `nightdesk run` first")
+    return int(found)
+
+
+def batch_report(engine: Engine, batch_id: int) -> BatchReport:
+    """Build the report of one batch from its ``llm_calls`` rows."""
+    with engine.connect() as conn:
+        found = conn.execute(select(Batch.settings).where(Batch.id == batch_id)).first()
+        if found is None:
+            raise InputError(f"no batch with id {batch_id}")
+        fallback = (found.settings or {}).get("metrics_fallback")
+        rows = conn.execute(
+            select(LLMCall.node, LLMCall.ticker, LLMCall.status, LLMCall.prompt_tokens,
+                   LLMCall.completion_tokens, LLMCall.started_at, LLMCall.ended_at,
+                   LLMCall.latency_s).where(LLMCall.batch_id == batch_id)
+        ).all()
+        succeeded = set(conn.execute(select(TickerRun.ticker).where(
+            TickerRun.batch_id == batch_id, TickerRun.status == "succeeded")).scalars())
+    if not rows:
+        return BatchReport(batch_id, 0, 0, 0, 0, None, None, 0.0, 0.0,
+                           metrics_fallback=fallback)
+    first = min(r.started_at for r in rows)
+    last = max(r.ended_at for r in rows)
+    active = active_time([(r.started_at, r.ended_at) for r in rows])
+    wall = active.makespan_s
+    completion = sum(r.completion_tokens or 0 for r in rows)
+    delivered = sum(r.completion_tokens or 0 for r in rows if r.ticker in succeeded)
+    by_node: dict[str, list[float]] = {}
+    for r in rows:
+        by_node.setdefault(r.node, []).append(r.latency_s)
+    nodes = [
+        NodeLatency(node, len(lat), float(np.mean(lat)), float(np.percentile(lat, 50)),
+                    float(np.percentile(lat, 99)))
+        for node, lat in sorted(by_node.items())
+    ]
+    return BatchReport(
+        batch_id=batch_id,
+        calls=len(rows),
+        failed_calls=sum(1 for r in rows if r.status != "ok"),
+        prompt_tokens=sum(r.prompt_tokens or 0 for r in rows),
+        completion_tokens=completion,
+        first_call_start=first,
+        last_call_end=last,
+        wall_seconds=wall,
+        output_tokens_per_s=per_second(completion, active.active_s),
+        nodes=nodes,
+        metrics_fallback=fallback,
+        succeeded_completion_tokens=delivered,
+        succeeded_output_tokens_per_s=per_second(delivered, active.active_s),
+        active_seconds=active.active_s,
+        paused_seconds=active.paused_s,
+        pauses=active.pauses,
+    )
+
+
+@dataclass
+class EndpointShare:
+    """One endpoint's part of a batch: its calls, its output, and what its server reported."""
+
+    endpoint: str | None  # None: rows from before usage rows named their endpoint
+    calls: int
+    failed_calls: int
+    completion_tokens: int
+    # Its output over the batch's active time, so the endpoints' figures add up to the batch's.
+    output_tokens_per_s: float
+    tickers: int  # tickers with an answered call here (a moved ticker counts at both)
+    kv_usage_max: float | None
+    preemptions: float | None
+    running_mean: float | None
+    samples: int
+
+
+def endpoint_shares(engine: Engine, batch_id: int) -> list[EndpointShare]:
+    """Split a batch by the endpoint each call went to, in the order they first served."""
+    report = batch_report(engine, batch_id)
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(LLMCall.endpoint, LLMCall.status, LLMCall.completion_tokens, LLMCall.ticker,
+                   LLMCall.started_at).where(LLMCall.batch_id == batch_id)
+            .order_by(LLMCall.started_at)).all()
+    order: dict[str | None, list[Any]] = {}
+    for r in rows:
+        order.setdefault(r.endpoint, []).append(r)
+    shares = []
+    for endpoint, calls in order.items():
+        view = server_view(engine, batch_id, endpoint) if endpoint is not None else None
+        completion = sum(r.completion_tokens or 0 for r in calls)
+        shares.append(EndpointShare(
+            endpoint=endpoint, calls=len(calls),
+            failed_calls=sum(1 for r in calls if r.status != "ok"),
+            completion_tokens=completion,
+            output_tokens_per_s=per_second(completion, report.active_seconds),
+            tickers=len({r.ticker for r in calls if r.status == "ok"}),
+            kv_usage_max=view.kv_usage_max if view else None,
+            preemptions=view.preemptions if view else None,
+            running_mean=view.running_mean if view else None,
+            samples=view.samples if view else 0))
+    return shares
+
+
+# The columns of arms side by side (`nightdesk report --compare`, the bench, the compare page):
+# (header, field of ``Arm``, format spec; "s" and "d" print as they are).
+COMPARE_COLUMNS = (
+    ("batch", "batch_id", "d"), ("label", "label", "s"), ("span s", "makespan_s", ".1f"),
+    ("output tok/s", "output_tokens_per_s", ".1f"),
+    # Output of the tickers that succeeded (the figure before counts failed tickers' too).
+    ("ok tok/s", "succeeded_output_tokens_per_s", ".1f"),
+    ("prefill tok/s", "prefill_tokens_per_s", ".0f"),
+    ("decode tok/s", "decode_tokens_per_s", ".1f"),
+    ("prefix hit", "prefix_cache_hit_rate", ".1%"),
+    ("prefill done", "prefill_tokens_computed", ".0f"),
+    ("run mean", "running_mean", ".1f"), ("run max", "running_max", ".0f"),
+    ("wait max", "waiting_max", ".0f"), ("KV max", "kv_usage_max", ".0%"),
+    # Time to first token from sending (the server's queue and prefill), and from the
+    # graph's issue of the call (our own gate's wait too): only the second is fair.
+    ("preempt", "preemptions", ".0f"), ("TTFT s", "mean_ttft_s", ".2f"),
+    ("TTFT rdy s", "ttft_ready_mean_s", ".2f"),
+    ("decode share", "decode_time_share", ".0%"),
+)
+
+
+class Arm(BaseModel):
+    """One arm of a comparison (``nightdesk report --compare``, ``/api/batches/compare``)."""
+
+    batch_id: int
+    kind: str
+    label: str | None
+    calls: int
+    failed_calls: int
+    makespan_s: float
+    output_tokens_per_s: float
+    succeeded_output_tokens_per_s: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    prompt_tokens: int
+    completion_tokens: int
+    prefill_tokens_computed: float | None
+    prefix_cache_hit_rate: float | None
+    # Above 1.05 the two figures above are None: the server's lookups repeat (ServerView).
+    prefix_lookups_per_prompt_token: float | None
+    running_mean: float | None
+    running_max: float | None
+    waiting_max: float | None
+    kv_usage_max: float | None
+    preemptions: float | None
+    mean_ttft_s: float | None
+    ttft_ready_mean_s: float | None
+    ttft_ready_p90_s: float | None
+    decode_time_share: float | None
+    # Each endpoint's part, when several served the arm (else its one endpoint is it).
+    endpoints: list[EndpointShare]
+
+
+def compare_arm(engine: Engine, batch_id: int) -> Arm:
+    """Return one arm of a comparison: throughput split, concurrency, KV, makespan."""
+    calls = batch_report(engine, batch_id)
+    view = server_view(engine, batch_id)
+    with engine.connect() as conn:
+        kind, label = conn.execute(select(Batch.kind, Batch.label)
+                                   .where(Batch.id == batch_id)).one()
+    span = calls.wall_seconds
+    prefill = view.prefill_tokens_computed if view.prefill_tokens_computed is not None \
+        else calls.prompt_tokens
+    return Arm(
+        batch_id=batch_id, kind=kind, label=label, calls=calls.calls,
+        failed_calls=calls.failed_calls, makespan_s=span,
+        output_tokens_per_s=calls.output_tokens_per_s,
+        succeeded_output_tokens_per_s=calls.succeeded_output_tokens_per_s,
+        prefill_tokens_per_s=prefill / span if span else 0.0,
+        decode_tokens_per_s=calls.completion_tokens / span if span else 0.0,
+        prompt_tokens=calls.prompt_tokens, completion_tokens=calls.completion_tokens,
+        prefill_tokens_computed=view.prefill_tokens_computed,
+        prefix_cache_hit_rate=view.prefix_cache_hit_rate,
+        prefix_lookups_per_prompt_token=view.prefix_lookups_per_prompt_token,
+        running_mean=view.running_mean, running_max=view.running_max,
+        waiting_max=view.waiting_max, kv_usage_max=view.kv_usage_max,
+        preemptions=view.preemptions, mean_ttft_s=view.mean_ttft_s,
+        ttft_ready_mean_s=view.ttft_ready_mean_s, ttft_ready_p90_s=view.ttft_ready_p90_s,
+        decode_time_share=view.decode_time_share,
+        endpoints=endpoint_shares(engine, batch_id),
+    )

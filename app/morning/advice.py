@@ -1,0 +1,70 @@
+"""What to do about a batch that ended short: the nightdesk commands that fit it.
+
+The one place advice is made: the digest, the ranking page's banner, ``nightdesk ranking``
+and ``nightdesk report`` all show ``next_steps``. It asks the same question ``run --resume``
+asks (``app.morning.summary.tickers_left``), so when resume's rules change the advice follows:
+a batch with tickers left is resumed; one whose tickers all finished but some failed has
+those reruns; one that runs, or has nothing to redo, gets none.
+
+Stored errors may carry the hint their writer had in mind (``resume with `nightdesk run
+--resume N```); ``app.morning.summary`` reads them without it, so a message names one command, the
+fitting one, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from app.morning.summary import (
+    RESUMABLE_KINDS,
+    BatchSummary,
+    batch_summary,
+    failed_tickers,
+    rerun_since,
+    tickers_left,
+)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One command line to run as is, and what it does for the batch."""
+
+    command: str
+    does: str
+
+    def __str__(self) -> str:
+        return f"{self.command} ({self.does})"
+
+
+def next_steps(engine: Engine, batch: BatchSummary) -> list[Advice]:
+    """Return the commands that fit ``batch`` (its status as ``summary.status_of`` says).
+
+    A nightly batch or rerun that no longer runs and has tickers ``run --resume`` takes up:
+    resume it. Else, each ticker that failed and no later rerun has redone: rerun it for
+    the batch's date and samples.
+    """
+    if batch.status == "running" or batch.kind not in RESUMABLE_KINDS:
+        return []
+    with engine.connect() as conn:
+        left = tickers_left(conn, batch.id)
+    if left:
+        return [Advice(f"nightdesk run --resume {batch.id}",
+                       f"continues its {_tickers(len(left))} not finished")]
+    samples = f" --samples {batch.samples}" if batch.samples and batch.samples > 1 else ""
+    redone = rerun_since(engine, batch.id, batch.as_of) if batch.kind == "nightly" else set()
+    return [Advice(f"nightdesk rerun {failed.ticker} --as-of {batch.as_of}{samples}",
+                   f"runs {failed.ticker} again; the ranking applies it")
+            for failed in failed_tickers(engine, batch.id)
+            if failed.status == "failed" and failed.ticker not in redone]
+
+
+def advise(engine: Engine, batch_id: int, stale_s: float) -> str:
+    """Return ``next_steps`` of batch ``batch_id`` as one clause ("" when none fits)."""
+    steps = next_steps(engine, batch_summary(engine, batch_id, stale_s))
+    return "; ".join(f"`{step.command}` {step.does}" for step in steps)
+
+
+def _tickers(count: int) -> str:
+    return f"{count} ticker" if count == 1 else f"{count} tickers"

@@ -1,0 +1,239 @@
+"""The morning digest: a short message about a nightly batch or rerun that has just ended.
+
+``send_digest`` is called once at the end of every nightly batch and every rerun
+(``app.runs.nightly``, whatever path ran it: ``nightdesk run``, ``--resume``, the timer,
+the scheduler daemon, ``nightdesk rerun`` and the web page's Rerun) and sends ``build_digest``
+to ``NIGHTDESK_NOTIFY``. The digest reads only what is stored once the batch row is final:
+its status and tickers n/m, the top and bottom five of the ranking it belongs to, the rating
+changes since the night before (``app.morning.changes``), the tickers that failed and why, the
+night's duration and batch-level output tok/s (``app.morning.accounting``), and a link to the page.
+Nothing here can fail the batch: any error is logged and the night goes on.
+``send_refusal`` tells of a night refused at its start, which has no batch to read
+(``app.runs.nightly``, both the timer's and the daemon's path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+from typing import Protocol
+
+import structlog
+from sqlalchemy import Engine, select
+
+from app.config import Settings
+from app.db.models import FINISHED_STATUSES, Batch
+from app.errors import InputError
+from app.morning.accounting import Throughput, throughput
+from app.morning.advice import next_steps
+from app.morning.changes import TickerChange, compare_nights
+from app.morning.nightstatus import span
+from app.morning.ranking import RankRow, ranking
+from app.morning.summary import BatchSummary, FailedTicker, batch_summary, failed_tickers
+from app.notify import Level, Message, send
+
+log = structlog.get_logger(__name__)
+
+KINDS = ("nightly", "rerun")
+TOP = 5  # tickers named at each end of the ranking
+
+
+class Ended(Protocol):
+    """A batch that has just ended (``app.batch.engine.BatchOutcome`` is one)."""
+
+    @property
+    def batch_id(self) -> int: ...
+LISTED = 10  # changes and failures named before "… and N more"
+ERROR_CHARS = 200  # of each failure's error
+LEVELS: dict[str, Level] = {"succeeded": "success", "partial": "warning"}
+
+
+@dataclass(frozen=True)
+class Digest:
+    """The message, and the batch it is about."""
+
+    batch_id: int
+    message: Message
+
+
+def _night_of(engine: Engine, rerun: BatchSummary) -> int | None:
+    """Return the finished nightly batch a rerun applies to (its as-of date, started before)."""
+    with engine.connect() as conn:
+        return conn.execute(select(Batch.id)
+                            .where(Batch.kind == "nightly", Batch.as_of == rerun.as_of,
+                                   Batch.status.in_(FINISHED_STATUSES), Batch.id < rerun.id)
+                            .order_by(Batch.id.desc()).limit(1)).scalar()
+
+
+def _row(row: RankRow) -> str:
+    flag = " !" if row.contradicting else ""
+    return f"{row.rank}. {row.ticker} {row.rating}{flag} {row.score:+.2f}"
+
+
+def _change(change: TickerChange) -> str:
+    if change.change == "new":
+        return f"{change.ticker}: new, {change.rating} {change.score:+.2f} ({change.why})"
+    if change.change == "dropped":
+        return f"{change.ticker}: dropped, was {change.previous_rating} ({change.why})"
+    move = "" if change.score_move is None else f", {change.score_move:+.2f}"
+    return (f"{change.ticker}: {change.previous_rating} → {change.rating} "
+            f"({change.previous_score:+.2f} → {change.score:+.2f}{move}) {change.change}; "
+            f"{change.why}")
+
+
+def _paused(rate: Throughput) -> str:
+    """Name the pauses the tok/s figure leaves out (a resumed night's time stopped)."""
+    if not rate.pauses:
+        return ""
+    return (f"; {span(rate.paused_seconds)} paused in {rate.pauses} "
+            f"pause{'s' if rate.pauses > 1 else ''}, not counted")
+
+
+def _more(lines: list[str], total: int, hint: str) -> list[str]:
+    shown = lines[:LISTED]
+    if total > len(shown):
+        shown.append(f"… and {total - len(shown)} more ({hint})")
+    return shown
+
+
+def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
+    """Build the digest of a nightly batch or rerun from its stored rows."""
+    batch = batch_summary(engine, batch_id, settings.heartbeat_stale_s)
+    night_id = batch.id if batch.kind == "nightly" else _night_of(engine, batch)
+    ended = batch.status in FINISHED_STATUSES
+    rate = throughput(engine, batch.id)
+    demo = "DEMO DATA — " if batch.demo else ""
+    what = f"nightly batch #{batch.id}" if batch.kind == "nightly" else f"rerun #{batch.id}"
+    title = (f"{demo}nightdesk: {what} (as of {batch.as_of}) {batch.status.upper()}, "
+             f"{batch.tickers} tickers")
+    unfinished = batch.tickers_total - batch.tickers_succeeded - batch.tickers_failed
+    lines = [f"Status: {batch.status}: {batch.tickers_succeeded} of {batch.tickers_total} "
+             f"tickers succeeded, {batch.tickers_failed} failed"
+             + (f", {unfinished} not finished" if unfinished and batch.status != "running"
+                else "")
+             + (f" — {batch.error}" if batch.error else ""),
+             f"Duration: {span(batch.duration_s)}; output "
+             f"{rate.output_tokens_per_s:.1f} tok/s ({rate.completion_tokens} tokens over "
+             f"{span(rate.active_seconds)} of calls{_paused(rate)})"]
+    advice = [f"Next: {step}" for step in next_steps(engine, batch)]
+    lines.extend(_more(advice, len(advice), f"nightdesk report {batch.id}"))
+    rows_of_rerun: list[str] = []
+    if batch.kind == "rerun":
+        rerun_lines, rows_of_rerun = _rerun_lines(engine, batch, night_id)
+        lines.extend(rerun_lines)
+    ranked_id = night_id if night_id is not None else batch.id
+    lines.extend(_ends(engine, ranked_id,
+                       "" if ranked_id == batch.id else f" (the ranking of batch #{ranked_id})"))
+    lines.extend(_change_lines(engine, ranked_id, ended or batch.kind == "rerun"))
+    failures = failed_tickers(engine, batch.id)
+    for head, group in (("Failed", [f for f in failures if f.status == "failed"]),
+                        ("Not finished", [f for f in failures if f.status != "failed"])):
+        if group:
+            lines.append(f"{head} ({len(group)}):")
+            reasons = _by_reason(group)
+            lines.extend(_more(reasons, len(reasons), f"nightdesk report {batch.id}"))
+    base = settings.web_base_url
+    page = (f"{base}/" if batch.kind == "nightly"
+            else f"{base}/ticker/{rows_of_rerun[0]}" if rows_of_rerun else f"{base}/")
+    lines.append(f"Page: {page} (this batch: {base}/batches/{batch.id})")
+    return Digest(batch.id, Message(title, "\n".join(lines),
+                                    LEVELS.get(batch.status, "failure")))
+
+
+def _by_reason(failures: list[FailedTicker]) -> list[str]:
+    """Return one line per distinct reason, its tickers named (the most common first)."""
+    groups: dict[str, list[str]] = {}
+    for failure in failures:
+        reason = " ".join((failure.error or "no error recorded").split())[:ERROR_CHARS]
+        groups.setdefault(reason, []).append(failure.ticker)
+    lines = []
+    for reason, tickers in sorted(groups.items(), key=lambda item: -len(item[1])):
+        named = ", ".join(tickers[:LISTED]) + (f" and {len(tickers) - LISTED} more"
+                                                if len(tickers) > LISTED else "")
+        lines.append(f"  {named}: {reason}" if len(tickers) == 1
+                     else f"  {len(tickers)} tickers ({named}): {reason}")
+    return lines
+
+
+def _ends(engine: Engine, batch_id: int, of: str) -> list[str]:
+    """Return the top five and the bottom five of a batch's ranking (none twice)."""
+    _, rows = ranking(engine, batch_id)
+    rated = [r for r in rows if r.rank is not None]
+    if not rated:
+        return []
+    lines = [f"Top {min(TOP, len(rated))}{of}: " + "; ".join(map(_row, rated[:TOP]))]
+    if len(rated) > TOP:
+        lines.append(f"Bottom {min(TOP, len(rated) - TOP)}: "
+                     + "; ".join(map(_row, rated[max(TOP, len(rated) - TOP):])))
+    return lines
+
+
+def _rerun_lines(engine: Engine, rerun: BatchSummary, night_id: int | None
+                 ) -> tuple[list[str], list[str]]:
+    """Return the rerun's result lines and its tickers."""
+    _, own = ranking(engine, rerun.id)
+    lines = [f"Rerun: {row.ticker} {row.rating} {row.score:+.2f}" if row.rank is not None
+             else f"Rerun: {row.ticker} {row.status}" for row in own]
+    lines.append(f"Applied to the ranking of nightly batch #{night_id}" if night_id is not None
+                 else f"No finished night of {rerun.as_of} to apply it to")
+    return lines, [row.ticker for row in own]
+
+
+def _change_lines(engine: Engine, batch_id: int, whole: bool) -> list[str]:
+    """Say which ratings changed since the night before; only up/downgrades of a night that
+    did not finish (its missing tickers are not news)."""
+    try:
+        night = compare_nights(engine, batch_id)
+    except InputError as error:  # the night before was of another universe
+        return [f"Changes: not compared ({error})"]
+    if night.against_id is None:
+        return ["Changes: no earlier night to compare with"]
+    changes = [c for c in night.changes if whole or c.change in ("upgrade", "downgrade")]
+    head = f"Rating changes since {night.against_as_of} (batch #{night.against_id})"
+    if not changes:
+        return [f"{head}: none"]
+    return [f"{head}: {len(changes)}",
+            *_more([f"  {_change(c)}" for c in changes], len(changes),
+                   f"nightdesk changes --batch {batch_id}")]
+
+
+def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
+    """Send the digest of a batch that has just ended to ``NIGHTDESK_NOTIFY``; never raise.
+
+    A batch that is neither nightly nor a rerun, or no destination set, sends nothing.
+    """
+    if not settings.notify:
+        return
+    try:
+        with engine.connect() as conn:
+            kind = conn.execute(select(Batch.kind).where(Batch.id == outcome.batch_id)).scalar()
+        if kind not in KINDS:
+            return
+        digest = build_digest(engine, settings, outcome.batch_id)
+    except Exception as error:  # a digest must never fail the night
+        log.error("digest not built", batch_id=outcome.batch_id,
+                  error=f"{type(error).__name__}: {error}")
+        return
+    delivery = send(settings.notify, digest.message, settings.notify_timeout_s)
+    log.info("digest sent", batch_id=outcome.batch_id, delivered=delivery.sent,
+             destinations=delivery.total)
+
+
+def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str) -> Message:
+    """Build the digest of a night refused at its start: no batch row exists, so it holds
+    only why (one line) and what to do; a failure, as a failed night's digest is."""
+    night = f"night of {as_of}" if as_of is not None else "the night"
+    base = settings.web_base_url
+    return Message(f"nightdesk: {night} REFUSED at its start, no batch run",
+                   "\n".join([f"Why: {why}", f"What to do: {advice}", f"Page: {base}/"]),
+                   "failure")
+
+
+def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str) -> None:
+    """Send ``refusal_digest`` to ``NIGHTDESK_NOTIFY`` (nothing when unset); never raise."""
+    if not settings.notify:
+        return
+    delivery = send(settings.notify, refusal_digest(settings, as_of, why, advice),
+                    settings.notify_timeout_s)
+    log.info("refusal digest sent", as_of=None if as_of is None else str(as_of),
+             delivered=delivery.sent, destinations=delivery.total)

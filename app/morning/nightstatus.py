@@ -1,0 +1,252 @@
+"""The latest night's status, for the ranking page, ``nightdesk ranking`` and the digest.
+
+One reading of what is stored (batch rows, ticker runs, call counts, the scheduler daemon's
+heartbeat row) and of the schedule: the newest nightly batch whatever its outcome, or
+``stale`` when the schedule's last due time passed (plus ``schedule_start_grace_s``) with no
+nightly batch created since; whether the ranking shown is that night's, and if not why;
+a running night's progress and ETA (``app.morning.eta``, as the live progress computes it); when the
+next night is due; and whether the daemon's heartbeat is current. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from pydantic.dataclasses import dataclass
+from sqlalchemy import Engine, func, select
+
+from app.config import Settings
+from app.db.models import Batch, SchedulerBeat, TickerRun
+from app.morning import eta
+from app.morning.advice import Advice, next_steps
+from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize
+from app.morning.timetable import due_times, nightly_trigger
+
+# Statuses the morning can name; "stale": the schedule's due time passed without a batch.
+STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale")
+# Exit code of `nightdesk ranking --require-fresh` when the ranking is older than the night.
+STALE_EXIT = 6
+@dataclass(frozen=True)
+class NightBatch:
+    """One nightly batch as the morning names it."""
+
+    id: int
+    as_of: IsoDate
+    status: str
+    created_at: IsoDatetime
+    started_at: IsoDatetime | None
+    finished_at: IsoDatetime | None
+    heartbeat_at: IsoDatetime | None
+    tickers_total: int
+    tickers_succeeded: int
+    tickers_failed: int
+    error: str | None
+    duration_s: float | None  # as ``app.morning.summary.duration_s`` defines it
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A running batch's progress: tickers, calls, and the time left with its interval."""
+
+    tickers_done: int  # succeeded or failed
+    tickers_failed: int
+    tickers_running: int
+    tickers_total: int
+    calls: int  # calls answered (a node of a sample of a ticker), not attempts
+    expected_calls: int | None
+    elapsed_s: int  # whole seconds
+    eta_s: int | None  # app.morning.eta: never 0 while a call is left; None: no basis yet
+    eta_low_s: int | None = None
+    eta_high_s: int | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerHeartbeat:
+    """The newest heartbeat of a ``nightdesk scheduler`` daemon."""
+
+    host: str
+    pid: int
+    beat_at: IsoDatetime
+    next_run_at: IsoDatetime | None
+    schedule: str
+    current: bool  # younger than heartbeat_stale_s
+
+
+@dataclass(frozen=True)
+class NightStatus:
+    """The latest night, and whether the ranking shown is that night's."""
+
+    status: str  # one of STATUSES
+    headline: str  # one line naming the latest night and how it went
+    latest: NightBatch | None  # the newest nightly batch, whatever its outcome
+    progress: Progress | None  # while the latest night runs
+    ranked: NightBatch | None  # the night the ranking shows
+    fresh: bool  # the ranking shows the latest night, and no due night is missing
+    reason: str | None  # when not fresh: why the ranking is older than the latest night
+    advice: list[Advice]  # the commands that fit the latest night (``app.morning.advice``)
+    due_at: IsoDatetime | None  # the schedule's last due time
+    next_due_at: IsoDatetime | None
+    schedule: str
+    scheduler: SchedulerHeartbeat | None  # None: no daemon has ever beaten (timer path)
+    checked_at: IsoDatetime
+
+
+def _night(row: Batch, summary: BatchSummary) -> NightBatch:
+    """Return the batch as ``app.morning.summary.summarize`` names it (status, error, duration)."""
+    return NightBatch(summary.id, summary.as_of, summary.status, row.created_at,
+                      summary.started_at, summary.finished_at, summary.heartbeat_at,
+                      summary.tickers_total, summary.tickers_succeeded, summary.tickers_failed,
+                      summary.error, summary.duration_s)
+
+
+def _when(moment: datetime | None) -> str:
+    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def progress(engine: Engine, batch_id: int, now: datetime | None = None) -> Progress:
+    """Return a batch's progress from its rows; the ETA as ``BatchProgress`` reads it."""
+    now = now or datetime.now(UTC)
+    with engine.connect() as conn:
+        batch = conn.execute(select(Batch).where(Batch.id == batch_id)).one()
+        running = conn.execute(select(func.count()).select_from(TickerRun)
+                               .where(TickerRun.batch_id == batch_id,
+                                      TickerRun.status == "running")).scalar_one()
+    done = batch.tickers_succeeded + batch.tickers_failed
+    elapsed = (now - batch.started_at).total_seconds() if batch.started_at else 0.0
+    found = eta.reading(engine, batch_id, now)
+    return Progress(done, batch.tickers_failed, running, batch.tickers_total,
+                    found.calls_done, found.calls_expected, round(elapsed),
+                    _whole(found.eta_s), _whole(found.eta_low_s), _whole(found.eta_high_s))
+
+
+def _whole(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds)
+
+
+def time_left(prog: Progress) -> str:
+    """Show a running batch's ETA with its interval: ``about 12 min 30 s (10 min 05 s –
+    15 min 40 s)``; empty without a basis."""
+    if prog.eta_s is None:
+        return ""
+    interval = ("" if prog.eta_low_s is None or prog.eta_high_s is None
+                or prog.eta_low_s == prog.eta_high_s
+                else f" ({span(prog.eta_low_s)} – {span(prog.eta_high_s)})")
+    return f"about {span(prog.eta_s)}{interval}"
+
+
+def describe(night: NightBatch, prog: Progress | None = None) -> str:
+    """Return one line naming a nightly batch and its outcome."""
+    head = f"nightly batch #{night.id} (as of {night.as_of}) {night.status}"
+    if night.status == "running" and prog is not None:
+        eta = f", {time_left(prog)} left" if prog.eta_s is not None else ""
+        return (f"{head}: {prog.tickers_done} of {prog.tickers_total} tickers done "
+                f"({prog.tickers_running} running, {prog.tickers_failed} failed), "
+                f"{prog.calls} calls{eta}")
+    if night.status in ("succeeded", "partial"):
+        return (f"{head}: {night.tickers_succeeded} of {night.tickers_total} tickers, "
+                f"finished {_when(night.finished_at)}")
+    why = f": {night.error}" if night.error else ""
+    return (f"{head}{why} ({night.tickers_succeeded} of {night.tickers_total} tickers "
+            f"succeeded)")
+
+
+def span(seconds: float | None) -> str:
+    """Show seconds as ``1 h 02 min``, ``3 min 20 s`` or ``12 s`` (the pages' format too)."""
+    if seconds is None:
+        return "—"
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    if s >= 60:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s} s"
+
+
+def latest_beat(engine: Engine, stale_s: float, now: datetime) -> SchedulerHeartbeat | None:
+    """Return the newest scheduler daemon heartbeat, and whether it is current."""
+    with engine.connect() as conn:
+        row = conn.execute(select(SchedulerBeat).order_by(SchedulerBeat.beat_at.desc())
+                           .limit(1)).first()
+    if row is None:
+        return None
+    return SchedulerHeartbeat(row.host, row.pid, row.beat_at, row.next_run_at, row.schedule,
+                              (now - row.beat_at).total_seconds() <= stale_s)
+
+
+def _latest(engine: Engine) -> Batch | None:
+    with engine.connect() as conn:
+        return conn.execute(select(Batch).where(Batch.kind == "nightly")
+                            .order_by(Batch.id.desc()).limit(1)).first()  # type: ignore[return-value]
+
+
+def _batch(engine: Engine, batch_id: int) -> Batch | None:
+    with engine.connect() as conn:
+        return conn.execute(select(Batch).where(Batch.id == batch_id)).first()  # type: ignore[return-value]
+
+
+def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
+                 now: datetime | None = None) -> NightStatus:
+    """Return the latest night's status against the ranking of batch ``ranked_id``.
+
+    ``ranked_id`` is the batch the ranking shows (None: there is no ranking). Each batch's
+    status is ``app.morning.summary.status_of``'s: one still marked running whose heartbeat is older
+    than ``heartbeat_stale_s`` is ``crashed``, as everywhere else.
+    """
+    now = now or datetime.now(UTC)
+    due_at, next_due_at = due_times(nightly_trigger(settings), now)
+    stale_s = settings.heartbeat_stale_s
+    row = _latest(engine)
+    summary = None if row is None else summarize(row, stale_s, now)
+    latest = None if row is None or summary is None else _night(row, summary)
+    ranked_row = None if ranked_id is None else _batch(engine, ranked_id)
+    ranked = (None if ranked_row is None
+              else _night(ranked_row, summarize(ranked_row, stale_s, now)))
+    prog: Progress | None = None
+    status = "stale"
+    if latest is not None:
+        status = latest.status if latest.status in STATUSES else "running"
+        if status == "running":
+            prog = progress(engine, latest.id, now)
+    missed = (due_at is not None
+              and now >= due_at + timedelta(seconds=settings.schedule_start_grace_s)
+              and (latest is None or latest.created_at < due_at) and status != "running")
+    if missed or latest is None:
+        status = "stale"
+    schedule = f"{settings.schedule_cron} ({nightly_trigger(settings).timezone})"
+    if status == "stale":
+        since = f"since the night due {_when(due_at)}" if due_at else "yet"
+        headline = f"no nightly batch {since}"
+        if latest is not None:
+            headline += f"; the latest is {describe(latest)}"
+    else:
+        assert latest is not None
+        headline = describe(latest, prog)
+    fresh = ranked is not None and latest is not None and ranked.id == latest.id \
+        and status != "stale"
+    reason = None if fresh else _reason(status, latest, ranked, prog, due_at)
+    advice = [] if summary is None else next_steps(engine, summary)
+    return NightStatus(status, headline, latest, prog, ranked, fresh, reason, advice, due_at,
+                       next_due_at, schedule,
+                       latest_beat(engine, settings.heartbeat_stale_s, now), now)
+
+
+def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,
+            prog: Progress | None, due_at: datetime | None) -> str:
+    """Say in one line why the ranking shown is not the latest night's."""
+    if status == "stale":
+        shown = ("" if ranked is None
+                 else f"; this ranking is of {ranked.as_of} (batch #{ranked.id})")
+        return (f"stale: no nightly batch since the night due {_when(due_at)}{shown}"
+                if due_at else f"stale: no nightly batch yet{shown}")
+    assert latest is not None
+    shown = ("no finished night to rank" if ranked is None
+             else f"this ranking is of {ranked.as_of} (batch #{ranked.id})")
+    what = {"running": "is still running", "failed": "failed",
+            "interrupted": "was interrupted", "crashed": "crashed"}.get(status, status)
+    detail = ""
+    if status == "running" and prog is not None:
+        detail = f" ({prog.tickers_done} of {prog.tickers_total} tickers done)"
+    elif latest.error:
+        detail = f": {latest.error}"
+    return (f"the latest night, batch #{latest.id} (as of {latest.as_of}), {what}{detail}; "
+            f"{shown}")

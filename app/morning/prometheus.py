@@ -1,0 +1,155 @@
+"""The night's state as Prometheus metrics, read from what is stored at each scrape.
+
+A custom collector (prometheus_client's ``Collector``): nothing is counted while a night runs,
+so scraping can never slow the night; each scrape reads the latest night's status
+(``app.morning.nightstatus``, the same the ranking page names), its ticker counts, duration
+and batch-level output tok/s (``app.morning.accounting.throughput``), and the scheduler
+daemon's heartbeat.
+
+    nightdesk_night_last_success_timestamp_seconds   end of the newest succeeded night (0: none)
+    nightdesk_night_last_status{status=…}            1 for the latest night's status, else 0
+    nightdesk_night_tickers{status=…}                succeeded / failed / missing, latest night
+    nightdesk_night_duration_seconds                 its start to end (to now while it runs)
+    nightdesk_night_output_tokens_per_second         its output over the time its calls ran
+    nightdesk_night_paused_seconds                   the pauses that figure leaves out
+    nightdesk_night_eta_seconds{bound=…}             a running night's time left: estimate/low/high
+    nightdesk_night_ranking_fresh                    1 when the ranking shows the latest night
+    nightdesk_night_next_due_timestamp_seconds       when the schedule fires next
+    nightdesk_scheduler_heartbeat_timestamp_seconds  the daemon's last beat (absent: none runs)
+    nightdesk_metrics_database_up                    0 when the database could not be read
+
+The three gauges of the latest night (tickers, duration, tok/s) are absent while the status
+is ``stale``: the night due has no batch, and the previous one's figures are not tonight's.
+The heartbeat is absent once the daemon stopped (a stop deletes its row, ``app.runs.daemon``); a
+daemon that died leaves its last beat, which then ages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, func, select
+
+from app.config import Settings
+from app.db.models import Batch
+from app.morning.accounting import throughput
+from app.morning.nightstatus import STATUSES, NightStatus, night_status
+from app.morning.ranking import ranked_night
+
+log = structlog.get_logger(__name__)
+
+PREFIX = "nightdesk"
+
+
+def _seconds(moment: datetime | None) -> float | None:
+    return None if moment is None else moment.timestamp()
+
+
+def _gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily | None:
+    return None if value is None else GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+
+class NightCollector(Collector):
+    """Yield the night's metrics from the database at every scrape."""
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self.engine = engine
+        self.settings = settings
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            families = self._families()
+        except Exception as error:  # a scrape answers; the gauge below says what went wrong
+            log.error("metrics not read", error=f"{type(error).__name__}: {error}")
+            families = []
+        up = GaugeMetricFamily(f"{PREFIX}_metrics_database_up",
+                               "1 when this scrape could read the database", value=int(
+                                   bool(families)))
+        return [*families, up]
+
+    def _families(self) -> list[Metric]:
+        status = night_status(self.engine, self.settings, ranked_night(self.engine))
+        with self.engine.connect() as conn:
+            last_success = conn.execute(select(func.max(Batch.finished_at))
+                                        .where(Batch.kind == "nightly",
+                                               Batch.status == "succeeded")).scalar()
+        families: list[GaugeMetricFamily | None] = [
+            _gauge("night_last_success_timestamp_seconds",
+                   "Unix time the newest nightly batch that succeeded finished (0: none yet)",
+                   _seconds(last_success) or 0.0),
+            self._status(status),
+            _gauge("night_ranking_fresh",
+                   "1 when the ranking shows the latest night, 0 when it is older",
+                   float(status.fresh)),
+            _gauge("night_next_due_timestamp_seconds",
+                   "Unix time the schedule fires the next night", _seconds(status.next_due_at)),
+            _gauge("scheduler_heartbeat_timestamp_seconds",
+                   "Unix time of the scheduler daemon's newest heartbeat",
+                   _seconds(status.scheduler.beat_at) if status.scheduler else None),
+        ]
+        if status.latest is not None and status.status != "stale":
+            families.append(self._tickers(status))
+            families.append(_gauge("night_duration_seconds",
+                                   "The latest night's start to end (to now while it runs, "
+                                   "to its last heartbeat once it died)",
+                                   status.latest.duration_s))
+            rate = throughput(self.engine, status.latest.id)
+            families.append(_gauge("night_output_tokens_per_second",
+                                   "The latest night's output tokens over the time its calls "
+                                   "ran (pauses left out)", rate.output_tokens_per_s))
+            families.append(_gauge("night_paused_seconds",
+                                   "The latest night's pauses: time between its calls with "
+                                   "none in flight (a resume's wait)", rate.paused_seconds))
+        families.append(self._eta(status))
+        return [family for family in families if family is not None]
+
+    @staticmethod
+    def _eta(status: NightStatus) -> GaugeMetricFamily | None:
+        """The running night's time left and its interval (``eta``); absent otherwise."""
+        prog = status.progress
+        if status.status != "running" or prog is None or prog.eta_s is None:
+            return None
+        family = GaugeMetricFamily(f"{PREFIX}_night_eta_seconds",
+                                   "The running night's time left (estimate) and its "
+                                   "interval's ends (low, high)", labels=["bound"])
+        for bound, value in (("estimate", prog.eta_s), ("low", prog.eta_low_s),
+                             ("high", prog.eta_high_s)):
+            if value is not None:
+                family.add_metric([bound], float(value))
+        return family
+
+    @staticmethod
+    def _status(status: NightStatus) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(f"{PREFIX}_night_last_status",
+                                   "1 for the latest night's status (stale: none came when "
+                                   "due), 0 for the others", labels=["status"])
+        for name in STATUSES:
+            family.add_metric([name], float(name == status.status))
+        return family
+
+    @staticmethod
+    def _tickers(status: NightStatus) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(f"{PREFIX}_night_tickers",
+                                   "The latest nightly batch's tickers by outcome; missing: "
+                                   "neither succeeded nor failed (not reached, interrupted)",
+                                   labels=["status"])
+        night = status.latest
+        succeeded = night.tickers_succeeded if night else 0
+        failed = night.tickers_failed if night else 0
+        missing = night.tickers_total - succeeded - failed if night else 0
+        for name, value in (("succeeded", succeeded), ("failed", failed),
+                            ("missing", missing)):
+            family.add_metric([name], float(value))
+        return family
+
+
+def night_registry(engine: Engine, settings: Settings) -> CollectorRegistry:
+    """Return a registry holding only the night's collector (no process metrics)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NightCollector(engine, settings))
+    return registry

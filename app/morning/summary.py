@@ -1,0 +1,230 @@
+"""What a batch was and how it went, from its rows: status, as-of, tickers n/m, duration,
+and the tickers that did not succeed with their errors.
+
+One summary for ``nightdesk batches``, the head of ``nightdesk report``, ``nightdesk
+ranking``, the pages, the API, the morning digest and the metrics, so they all say the same:
+``status_of`` is the one place a batch's status is read, ``duration_s`` the one duration.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, PlainSerializer
+from sqlalchemy import Connection, Engine, Select, and_, or_, select
+
+from app.db.models import INFRASTRUCTURE, Batch, Decision, TickerRun
+from app.errors import InputError
+
+# Ticker states that are no failure: done, or not reached yet by a batch still running.
+NOT_FAILED = ("succeeded", "queued", "running")
+# Ticker states ``run --resume`` leaves as they are, and the kinds of batch it takes.
+FINISHED_TICKER = ("succeeded", "failed")
+RESUMABLE_KINDS = ("nightly", "rerun")
+
+
+def status_of(status: str, heartbeat_at: datetime | None, started_at: datetime | None,
+              stale_s: float, now: datetime) -> str:
+    """Return a batch's status as every command, page and message names it.
+
+    The stored status, except that a batch still marked ``running`` whose heartbeat (else
+    its start) is older than ``stale_s`` (``heartbeat_stale_s``) is ``crashed``: its process
+    has died, and the next start marks it so (``app.batch.resume.mark_stale_crashed``).
+    """
+    if status != "running":
+        return status
+    beat = heartbeat_at or started_at
+    if beat is not None and (now - beat).total_seconds() > stale_s:
+        return "crashed"
+    return status
+
+
+def duration_s(started_at: datetime | None, finished_at: datetime | None,
+               heartbeat_at: datetime | None, status: str, now: datetime) -> float | None:
+    """Return a batch's duration: start to now while it runs (``status`` as ``status_of``
+    names it), to its last heartbeat once it crashed (its row is marked later, when a start
+    or ``report`` finds it dead), else start to finish; None before it started. The one
+    definition every page, command and digest shows."""
+    if started_at is None:
+        return None
+    if status == "running":
+        end: datetime | None = now
+    elif status == "crashed":
+        end = heartbeat_at or finished_at
+    else:
+        end = finished_at or heartbeat_at
+    return None if end is None else max(0.0, (end - started_at).total_seconds())
+
+
+# A resume hint inside a stored error: "; resume with `nightdesk run --resume 5`",
+# "; `nightdesk run --resume` completes the batch", "(`nightdesk run --resume 5` continues it)".
+_HINT = re.compile(r"[;,]?\s*(?:resume with\s+)?`nightdesk run --resume(?: \d+)?`"
+                   r"(?:\s+(?:continues it|completes the batch))?")
+
+
+def plain_error(error: str | None) -> str | None:
+    """Return a stored error without the resume hint its writer added (None stays None):
+    the advice (``app.morning.advice``) names the command that fits, once."""
+    if error is None:
+        return None
+    return _HINT.sub("", error).strip() or None
+
+
+def _when(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _iso(value: date) -> str:
+    return value.isoformat()
+
+
+IsoDate = Annotated[date, PlainSerializer(_iso, return_type=str, when_used="json")]
+"""A date (``IsoDatetime``: a time with its offset) written by ``isoformat()`` in JSON.
+
+nightdesk's JSON writes UTC as ``+00:00``, not as pydantic's ``Z``: every model of its
+JSON types its dates and times with these two."""
+IsoDatetime = Annotated[datetime, PlainSerializer(_iso, return_type=str, when_used="json")]
+
+
+class BatchSummary(BaseModel):
+    """One batch as the operator reads it: ``nightdesk batches``, the head of ``report``,
+    every page's and ``/api/…``'s batch, the digest and the metrics (one serializer: the
+    model's JSON, its fields in this order). ``duration_s``: see ``duration_s()``;
+    ``tickers``: "n/m", tickers succeeded of tickers planned."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    kind: str
+    label: str | None
+    status: str
+    as_of: IsoDate
+    created_at: IsoDatetime | None
+    started_at: IsoDatetime | None
+    finished_at: IsoDatetime | None
+    heartbeat_at: IsoDatetime | None
+    duration_s: float | None
+    tickers: str
+    tickers_total: int
+    tickers_succeeded: int
+    tickers_failed: int
+    error: str | None
+    demo: bool  # the engine marks batches run on DEMO data
+    samples: int | None
+    model: str | None
+    server_profile: str | None
+    strategy: str | None
+    source_batch_id: int | None  # a replay's recorded batch
+
+    @classmethod
+    def csv_fields(cls) -> tuple[str, ...]:
+        return tuple(cls.model_fields)
+
+    def to_csv(self) -> dict[str, str | int | float | bool]:
+        """Return one CSV row: the JSON fields, None as an empty cell."""
+        data = self.model_dump(mode="json")
+        return {key: "" if value is None else value for key, value in data.items()}
+
+
+@dataclass(frozen=True)
+class FailedTicker:
+    ticker: str
+    status: str  # failed | interrupted
+    error: str | None
+
+
+def summarize(batch: Any, stale_s: float, now: datetime | None = None) -> BatchSummary:
+    """Return the summary of a ``batches`` row (an ORM object or a selected row) at ``now``.
+
+    Its status is ``status_of``'s (a running batch without a heartbeat for ``stale_s`` is
+    ``crashed``, its error says since when); its duration ``duration_s``'s; its error
+    ``plain_error``'s.
+    """
+    now = now or datetime.now(UTC)
+    settings = batch.settings or {}
+    status = status_of(batch.status, batch.heartbeat_at, batch.started_at, stale_s, now)
+    error = plain_error(batch.error)
+    if status != batch.status:
+        beat = batch.heartbeat_at or batch.started_at
+        error = f"no heartbeat since {_when(beat)}: its process has died"
+    return BatchSummary(
+        id=batch.id, kind=batch.kind, label=batch.label, status=status,
+        as_of=batch.as_of, created_at=batch.created_at, started_at=batch.started_at,
+        finished_at=batch.finished_at, heartbeat_at=batch.heartbeat_at,
+        duration_s=duration_s(batch.started_at, batch.finished_at, batch.heartbeat_at,
+                              status, now),
+        tickers=f"{batch.tickers_succeeded or 0}/{batch.tickers_total or 0}",
+        tickers_total=batch.tickers_total or 0,
+        tickers_succeeded=batch.tickers_succeeded or 0,
+        tickers_failed=batch.tickers_failed or 0, error=error,
+        demo=bool(settings.get("demo_data")), samples=settings.get("samples"),
+        model=settings.get("model"), server_profile=settings.get("server_profile"),
+        strategy=settings.get("strategy"), source_batch_id=batch.source_batch_id)
+
+
+def batch_summary(engine: Engine, batch_id: int, stale_s: float) -> BatchSummary:
+    """Return one batch's summary; InputError when there is no such batch."""
+    with engine.connect() as conn:
+        row = conn.execute(select(Batch).where(Batch.id == batch_id)).first()
+    if row is None:
+        raise InputError(f"no batch with id {batch_id}")
+    return summarize(row, stale_s)
+
+
+def list_batches(engine: Engine, stale_s: float, limit: int = 20, kind: str | None = None
+                 ) -> list[BatchSummary]:
+    """Return the newest ``limit`` batches (of ``kind`` when given), newest first."""
+    stmt = select(Batch).order_by(Batch.id.desc()).limit(limit)
+    if kind is not None:
+        stmt = stmt.where(Batch.kind == kind)
+    now = datetime.now(UTC)
+    with engine.connect() as conn:
+        return [summarize(row, stale_s, now) for row in conn.execute(stmt)]
+
+
+def failed_tickers(engine: Engine, batch_id: int) -> list[FailedTicker]:
+    """Return the batch's tickers that ended without a result, with the error recorded.
+
+    Tickers still queued or running in a batch that runs are not failures and are left out.
+    """
+    with engine.connect() as conn:
+        rows = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error)
+                            .where(TickerRun.batch_id == batch_id,
+                                   TickerRun.status.not_in(NOT_FAILED))
+                            .order_by(TickerRun.ticker)).all()
+    return [FailedTicker(r.ticker, r.status, plain_error(r.error)) for r in rows]
+
+
+def tickers_left(conn: Connection, batch_id: int, retry_failed: bool = False) -> list[str]:
+    """Return the batch's tickers ``run --resume`` takes up, in the batch's order: those not
+    finished, those the infrastructure failed, and with ``retry_failed`` every failed one.
+
+    The one rule: ``app.batch.resume`` resumes these, and ``app.morning.advice`` advises a resume
+    only when there are some.
+    """
+    failed = TickerRun.status == "failed"
+    again = failed if retry_failed else and_(failed, TickerRun.failure_class == INFRASTRUCTURE)
+    return list(conn.execute(
+        select(TickerRun.ticker)
+        .where(TickerRun.batch_id == batch_id,
+               or_(TickerRun.status.not_in(FINISHED_TICKER), again))
+        .order_by(TickerRun.id)).scalars())
+
+
+def applied_reruns(nightly_id: int, as_of: date) -> Select[tuple[Batch]]:
+    """Return the query of the reruns the ranking of nightly batch ``nightly_id`` applies:
+    those that succeeded, of its as-of date, started after it; oldest first."""
+    return (select(Batch).where(Batch.kind == "rerun", Batch.status == "succeeded",
+                                Batch.as_of == as_of, Batch.id > nightly_id)
+            .order_by(Batch.id))
+
+
+def rerun_since(engine: Engine, nightly_id: int, as_of: date) -> set[str]:
+    """Return the tickers of nightly batch ``nightly_id`` that an applied rerun has redone."""
+    reruns = applied_reruns(nightly_id, as_of).with_only_columns(Batch.id).subquery()
+    with engine.connect() as conn:
+        return set(conn.execute(select(Decision.ticker).where(
+            Decision.batch_id.in_(select(reruns.c.id)))).scalars())

@@ -1,0 +1,288 @@
+"""Run one night: the entry point that `nightdesk run`, the scheduler daemon and the timer share.
+
+Under the single-instance lock: decide the as-of date and universe, run the batch, or
+continue a night cut short (``run_nightly(resume=True)``, ``resume_recorded``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date, datetime
+from pathlib import Path
+
+import structlog
+from sqlalchemy import Engine, select
+
+from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
+from agents.tickers import choose_tickers, read_universe
+from app.batch import resume as resumption
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, shaped
+from app.batch.signals import run_batch
+from app.config import Settings
+from app.db.engine import ready_engine
+from app.db.lock import LockHold, nightly_lock
+from app.db.models import FINISHED_STATUSES, Batch
+from app.errors import ERRORS, AlreadyRunningError, InputError, first_line
+from app.morning.digest import send_digest, send_refusal
+from app.runs.preflight import ServerCheck, check_start, provider_missing
+from serving.facts import batch_server_facts
+
+log = structlog.get_logger(__name__)
+
+# A night in one of these states is owed a resume ("running" is read under the lock only,
+# where no live run owns it).
+UNFINISHED = ("crashed", "interrupted", "running")
+# A "failed" or "partial" night is owed one only with tickers left: stopped by a refused
+# key, URL or model, or with tickers the infrastructure failed (app/batch/faults.py).
+STOPPED = ("failed", "partial")
+
+# Told which batch is about to be resumed, before it is (the CLI prints it).
+Announce = Callable[[resumption.ResumePoint], None] | None
+# Told why a night is refused before its batch row exists (run_nightly pushes the digest).
+Refused = Callable[[Exception], None] | None
+# What a refused night's digest advises once its cause is fixed: this night, now.
+START_AGAIN = "nightdesk run --continue-night"
+
+
+@dataclass
+class NightlyRequest:
+    """What one night analyzes; every field left empty takes the settings' default."""
+
+    as_of: date | None = None
+    tickers: str | None = None
+    universe: Path | None = None
+    limit: int | None = None
+    samples: int | None = None
+    strategy: str = "adaptive"
+
+
+@dataclass
+class NightlyResult:
+    """What a nightly run did: its batch's outcome (None: skipped, the night was done)."""
+
+    outcome: BatchOutcome | None
+    tickers: int = 0
+    resumed: resumption.ResumePoint | None = None  # set when an earlier batch was continued
+    covered_by: int | None = None  # skipped: this nightly batch already has the as-of date
+
+
+def default_as_of(settings: Settings) -> date:
+    """Return the as-of date of a run given none: the newest snapshot, or today (live data)."""
+    if settings.data_provider != "snapshot":
+        return date.today()
+    newest = latest_as_of(settings.data_dir)
+    if newest is None:
+        raise InputError(f"no snapshot under {settings.data_dir}: run `nightdesk data demo` "
+                         "or `nightdesk data freeze` first, or pass --as-of")
+    return newest
+
+
+def nightly_tickers(settings: Settings, as_of: date, tickers: str | None = None,
+                    universe: Path | None = None) -> tuple[list[str], list[str]]:
+    """Return the night's tickers and notes: the options, else NIGHTDESK_UNIVERSE_FILE,
+    else the snapshot's own universe.txt."""
+    if tickers is not None or universe is not None:
+        return choose_tickers(tickers, universe)
+    notes: list[str] = []
+    if settings.universe_file is not None:
+        return read_universe(settings.universe_file, notes), notes
+    if settings.data_provider == "snapshot":
+        # A date without a snapshot is said so, rather than "no universe".
+        provider_missing(settings, as_of, [])
+    snapshot_universe = day_dir(settings.data_dir, as_of) / UNIVERSE
+    if settings.data_provider == "snapshot" and snapshot_universe.is_file():
+        return read_universe(snapshot_universe, notes), notes
+    raise InputError("no universe: give --tickers or --universe, or set "
+                     "NIGHTDESK_UNIVERSE_FILE")
+
+
+def owed_night(engine: Engine, as_of: date) -> int | None:
+    """Return the newest nightly batch of ``as_of`` that is owed a resume (call under the lock)."""
+    with engine.connect() as conn:
+        candidates = conn.execute(
+            select(Batch.id, Batch.status)
+            .where(Batch.kind == "nightly", Batch.as_of == as_of,
+                   Batch.status.in_((*UNFINISHED, *STOPPED)))
+            .order_by(Batch.id.desc())).all()
+    for batch_id, status in candidates:
+        if status in UNFINISHED or resumption.tickers_left(engine, batch_id):
+            return int(batch_id)
+    return None
+
+
+def nightly_of(engine: Engine, as_of: date) -> int | None:
+    """Return the newest nightly batch of ``as_of``, whatever its status."""
+    with engine.connect() as conn:
+        return conn.execute(select(Batch.id)
+                            .where(Batch.kind == "nightly", Batch.as_of == as_of)
+                            .order_by(Batch.id.desc()).limit(1)).scalar()
+
+
+def finished_since(engine: Engine, as_of: date, since: datetime) -> int | None:
+    """Return a nightly batch of ``as_of`` that started at or after ``since`` and finished."""
+    with engine.connect() as conn:
+        return conn.execute(select(Batch.id)
+                            .where(Batch.kind == "nightly", Batch.as_of == as_of,
+                                   Batch.status.in_(FINISHED_STATUSES), Batch.started_at >= since)
+                            .order_by(Batch.id.desc()).limit(1)).scalar()
+
+
+def execute_plan(settings: Settings, engine: Engine,
+                 start: BatchPlan | resumption.ResumePoint, lock: LockHold | None = None, *,
+                 server: ServerCheck, announce: Announce = None,
+                 refused: Refused = None) -> BatchOutcome:
+    """Run one batch, from a plan or a resume point, to its final row and send its digest;
+    SIGTERM or Ctrl-C stop it interrupted (resumable).
+
+    The preflight (``server``: how far it asks the server; a resumed batch in its own
+    shape) raises before any row is written, ``refused`` told first; then a resume is
+    ``announce``d. ``lock``: the nightly lock a nightly batch runs under.
+    """
+    resumed = start if isinstance(start, resumption.ResumePoint) else None
+    try:
+        check_start(shaped(settings, resumed.settings) if resumed else settings, engine,
+                    start.as_of, start.tickers, server=server)
+    except ERRORS as error:
+        if refused is not None:
+            refused(error)
+        raise
+    if resumed is not None and announce is not None:
+        announce(resumed)
+    runner = BatchEngine(settings, engine, lock=lock, server_facts=batch_server_facts(
+        settings.server_profile, settings.base_url, settings.server_dir))
+    outcome = run_batch(runner.run(start), runner.halt, settings.shutdown_grace_s)
+    send_digest(settings, engine, outcome)
+    return outcome
+
+
+def _orphans(settings: Settings, engine: Engine) -> None:
+    for batch_id in resumption.mark_orphaned(engine, settings.heartbeat_stale_s):
+        log.warning("nightly batch without its process marked crashed", batch_id=batch_id)
+
+
+def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
+                engine: Engine | None = None, resume: bool = False,
+                skip_if_finished_since: datetime | None = None, once_per_as_of: bool = False,
+                server: ServerCheck = "if_up", announce: Announce = None) -> NightlyResult:
+    """Run tonight's batch under the single-instance lock and say what it did.
+
+    ``resume``: continue an unfinished nightly batch of the same date rather than start a
+    second. ``skip_if_finished_since``: run nothing when a nightly batch of that date has
+    finished since then. ``once_per_as_of``: run nothing when the date has a nightly batch
+    at all (``covered_by``), and push a digest saying so. ``server``, ``announce``: as
+    ``execute_plan``. A night refused before its batch row exists (the database away, no
+    snapshot, no universe, the preflight) pushes a digest naming why and what to do, then
+    raises.
+    AlreadyRunningError when another run holds the lock, before any row or call.
+    """
+    request = request or NightlyRequest()
+    engine = engine or ready_engine(settings.database_url)
+    as_of = request.as_of
+
+    def refused(error: Exception) -> None:
+        tell_refused(settings, request, error, as_of)
+
+    with contextlib.ExitStack() as held:
+        try:
+            lock = held.enter_context(nightly_lock(engine))  # the database away: refused
+            _orphans(settings, engine)
+            as_of = request.as_of or default_as_of(settings)
+            if skip_if_finished_since is not None:
+                done = finished_since(engine, as_of, skip_if_finished_since)
+                # A partial night with tickers the infrastructure failed is not done: it is
+                # owed a resume (below) like a night cut short.
+                if done is not None and not (resume and resumption.tickers_left(engine, done)):
+                    log.info("night already done", batch_id=done, as_of=str(as_of))
+                    return NightlyResult(None)
+            owed = owed_night(engine, as_of) if resume else None
+            covered = nightly_of(engine, as_of) if once_per_as_of and owed is None else None
+            if covered is not None:
+                _tell_covered(settings, as_of, covered)
+                return NightlyResult(None, covered_by=covered)
+            if owed is not None:
+                point = resumption.find_resumable(engine, owed, settings.heartbeat_stale_s,
+                                                  closing=True)
+            else:
+                symbols, notes = nightly_tickers(settings, as_of, request.tickers,
+                                                 request.universe)
+        except ERRORS as error:
+            refused(error)
+            raise
+        if owed is not None:
+            def tell(point: resumption.ResumePoint) -> None:
+                log.info("resuming the night", batch_id=point.batch_id, status=point.status,
+                         as_of=str(as_of), left=len(point.tickers), finished=point.finished,
+                         failed_to_infrastructure=point.infrastructure)
+                if announce is not None:
+                    announce(point)
+
+            return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
+                                              announce=tell, refused=refused),
+                                 point.total, point)
+        for note in notes:
+            log.warning("universe note", note=note)
+        symbols = symbols[:request.limit] if request.limit else symbols
+        plan = BatchPlan("nightly", as_of, symbols, request.samples or settings.samples,
+                         request.strategy)
+        return NightlyResult(execute_plan(settings, engine, plan, lock, server=server,
+                                          refused=refused), len(symbols))
+
+
+def tell_refused(settings: Settings, request: NightlyRequest, error: Exception,
+                 as_of: date | None = None) -> None:
+    """Push the digest of a night refused before its batch row exists: ``error``'s line, and
+    what to do (the command that starts ``request`` again; ``as_of``: its date, once known).
+    Another run holding the lock (AlreadyRunningError) is no refusal."""
+    if isinstance(error, AlreadyRunningError):
+        return
+    if (request.tickers, request.universe, request.limit, request.samples,
+            request.strategy) != (None, None, None, None, NightlyRequest.strategy):
+        again = "the same `nightdesk run` command as before"  # its own tickers or shape
+    else:
+        again = START_AGAIN + (f" --as-of {request.as_of}" if request.as_of else "")
+    send_refusal(settings, as_of or request.as_of, first_line(error, 400),
+                 f"fix that, then start the night again: {again}")
+
+
+def _tell_covered(settings: Settings, as_of: date, covered: int) -> None:
+    """Push that the night was not run: its as-of date has a nightly batch (the caller logs
+    it, from ``covered_by``)."""
+    send_refusal(settings, as_of,
+                 f"nightly batch #{covered} has already analyzed as-of {as_of}, and there is "
+                 "no newer data to analyze",
+                 "write newer data for the next night (`nightdesk data freeze --help`), or "
+                 f"analyze {as_of} again now: `nightdesk run --as-of {as_of}` "
+                 "(NIGHTDESK_SCHEDULE_REPEAT_AS_OF=true lets the scheduler do so at each fire)")
+
+
+def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = None, *,
+                    server: ServerCheck = "if_up", announce: Announce = None,
+                    retry_failed: bool = False) -> NightlyResult:
+    """Continue a recorded batch (``nightdesk run --resume [BATCH_ID]``).
+
+    ``batch_id`` None: the newest batch with tickers left, chosen under the nightly lock
+    once batches that lost their process are marked crashed. A nightly batch resumes under
+    that lock (AlreadyRunningError while another run holds it); a rerun takes none, and one
+    whose heartbeat is fresh is refused the same way. ``retry_failed`` also runs the
+    tickers that failed on their own account again.
+    """
+    again = retry_failed
+    if batch_id is not None and resumption.pick(engine, batch_id)[1] != "nightly":
+        return _resume(settings, engine, batch_id, server, announce, None, retry_failed=again)
+    with nightly_lock(engine) as lock:
+        _orphans(settings, engine)
+        target, kind = resumption.pick(engine, batch_id, retry_failed=again)
+        if kind == "nightly":
+            return _resume(settings, engine, target, server, announce, lock, retry_failed=again)
+    return _resume(settings, engine, target, server, announce, None, retry_failed=again)
+
+
+def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerCheck,
+            announce: Announce, lock: LockHold | None,
+            retry_failed: bool = False) -> NightlyResult:
+    point = resumption.find_resumable(engine, batch_id, settings.heartbeat_stale_s,
+                                      retry_failed=retry_failed)
+    return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
+                                      announce=announce), point.total, point)

@@ -1,0 +1,97 @@
+"""The live progress: the servers' own output rate, and the ETA readings it takes and stores."""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+
+import structlog
+from rich.console import Console
+from sqlalchemy import Engine, select, text
+from sqlalchemy.orm import Session
+
+from agents.nodes import ANALYSTS
+from app.batch.progress import BatchProgress, eta_text
+from app.db.models import ProgressReading
+from app.morning.nightstatus import span
+from tests.unit.support.eta_rows import NODES, NOW, batch, calls
+from tests.unit.support.servers import read_servers
+
+T0 = datetime(2026, 12, 3, 1, 0, tzinfo=UTC)
+
+
+def reading(generated: float, at_s: float) -> SimpleNamespace:
+    return SimpleNamespace(generation_tokens_total=generated, taken_at=T0 + timedelta(seconds=at_s),
+                           running=200.0, waiting=0.0, kv_cache_usage=0.4)
+
+
+def progress(*endpoints: SimpleNamespace) -> BatchProgress:
+    servers = read_servers(*(e.gauges for e in endpoints))
+    return BatchProgress(1, 2, servers, console=Console(file=io.StringIO()))
+
+
+def endpoint(name: str, latest: SimpleNamespace | None) -> SimpleNamespace:
+    return SimpleNamespace(name=name, gauges=SimpleNamespace(latest=latest, name=name))
+
+
+def test_the_servers_generation_counter_gives_the_rate_while_no_call_has_finished() -> None:
+    a, b = endpoint("a", reading(1_000, 0)), endpoint("b", None)
+    shown = progress(a, b)
+    assert shown.state().server_tok_s is None  # one reading: no span yet
+    a.gauges.latest = reading(31_000, 10)
+    b.gauges.latest = reading(500, 5)  # b's first reading: its own start
+    state = shown.state()
+    assert state.output_tok_s == 0.0  # no call has finished...
+    assert state.server_tok_s == 3_000.0  # ...while the server generated 30,000 in 10 s
+    b.gauges.latest = reading(10_500, 10)
+    assert shown.state().server_tok_s == 4_000.0  # both servers' tokens over the span
+
+
+def test_a_restarted_servers_counter_starts_its_rate_again() -> None:
+    a = endpoint("a", reading(50_000, 0))
+    shown = progress(a)
+    shown.state()
+    a.gauges.latest = reading(200, 20)  # the counter went back: a new server
+    assert shown.state().server_tok_s is None
+    a.gauges.latest = reading(2_200, 30)
+    assert shown.state().server_tok_s == 200.0
+
+
+def test_without_readings_the_progress_says_no_server_rate() -> None:
+    assert progress().state().server_tok_s is None
+
+
+def test_no_eta_is_shown_before_a_reading() -> None:
+    state = progress().state()
+    assert (state.eta_s, state.eta_low_s, state.eta_high_s) == (None, None, None)
+
+
+async def test_each_reading_is_stored_and_shown_with_its_interval(sqlite_engine: Engine) -> None:
+    b = batch(sqlite_engine, {"AAA": "succeeded", "BBB": "running"})
+    calls(sqlite_engine, b, "AAA", NODES, end=NOW - timedelta(minutes=5))
+    calls(sqlite_engine, b, "BBB", list(ANALYSTS), end=datetime.now(UTC))
+    shown = progress()
+    shown.batch_id = b
+    await shown.take_reading(sqlite_engine)
+    with Session(sqlite_engine) as s:
+        stored = s.scalars(select(ProgressReading)).one()
+    state = shown.state()
+    assert stored.batch_id == b and stored.calls_done == 21 and stored.eta_s is not None
+    assert state.eta_s == round(stored.eta_s)
+    assert (state.eta_low_s, state.eta_high_s) == (round(stored.eta_low_s or 0),
+                                                   round(stored.eta_high_s or 0))
+    assert eta_text(state).startswith(span(stored.eta_s))
+
+
+async def test_a_reading_the_database_refuses_is_logged_and_the_night_goes_on(
+        sqlite_engine: Engine) -> None:
+    b = batch(sqlite_engine, {"AAA": "running"})
+    with sqlite_engine.begin() as conn:
+        conn.execute(text("DROP TABLE progress_readings"))
+    shown = progress()
+    shown.batch_id = b
+    with structlog.testing.capture_logs() as logs:
+        await shown.take_reading(sqlite_engine)
+    assert shown.reading is None
+    assert [e["event"] for e in logs] == ["progress reading not stored"]

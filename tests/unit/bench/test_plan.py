@@ -1,0 +1,208 @@
+"""``nightdesk plan``: the graph bound per endpoint count, its deadline answer, its bad input."""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+from app.bench.plan import H200_MOE, plan_fleet, synthetic_shape
+from tests.unit.support.clirun import run_cli
+
+# The production shape by hand (app/bench/workloads.py): 17 calls of 1,500 output tokens;
+# prompts 4 x 4,000 (analysts) and 13 from 6,000 to 20,000 (sum 169,000): 185,000 in all.
+# KV-token-steps a ticker: 1,500 x 185,000 + 17 x 1,500^2 / 2 = 296,625,000. The longest chain:
+# an analyst and the 13 downstream nodes, 14 x 1,500 = 21,000 tokens.
+OUTPUT_PER_TICKER = 17 * 1_500
+KV_STEPS_PER_TICKER = 1_500 * 185_000 + 17 * 1_500**2 / 2
+CRITICAL = 14 * 1_500
+
+
+def by_hand(tickers: int, endpoints: int) -> float:
+    """The bound's makespan on H200s (20 ms + 0.2 ms per running request), worked out here."""
+    output = tickers * OUTPUT_PER_TICKER
+    steps = max(output / (256 * endpoints),
+                tickers * KV_STEPS_PER_TICKER / (1_488_240 * endpoints), CRITICAL)
+    return 0.020 * steps + 0.0002 * output / endpoints
+
+
+def plan_json(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    result = run_cli("plan", *args, "--format", "json", env=env)
+    assert result.code == 0, result.stderr
+    loaded: dict[str, Any] = json.loads(result.stdout)
+    return loaded
+
+
+def test_plan_gives_the_bound_for_every_fleet_from_1_to_16() -> None:
+    plan = plan_json("--tickers", "500")
+    rows = plan["rows"]
+    assert [r["endpoints"] for r in rows] == list(range(1, 17))
+    for row in rows:
+        assert row["makespan_s"] == pytest.approx(by_hand(500, row["endpoints"]), rel=1e-9)
+    # One H200: the KV cache sets it (75.7 min); eight: the 21,000-token chain (12.3 min).
+    assert rows[0]["binding"] == "kv_cache"
+    assert rows[0]["makespan_s"] == pytest.approx(4543.1, abs=0.1)
+    assert rows[7]["binding"] == "critical_path"
+    assert rows[7]["makespan_s"] == pytest.approx(738.75)
+    spans = [r["makespan_s"] for r in rows]
+    assert all(later <= earlier for earlier, later in itertools.pairwise(spans))
+    # A bound the cache sets uses all of the summed capacity; past it, less and less.
+    assert rows[0]["share_of_summed_capacity"] == pytest.approx(1.0)
+    assert rows[15]["share_of_summed_capacity"] < rows[7]["share_of_summed_capacity"] < 0.8
+    # 16 endpoints: 579.4 s; within 5% (608.4 s): 14 (602.3 s) but not 13 (616.0 s).
+    assert plan["best_makespan_s"] == pytest.approx(by_hand(500, 16))
+    assert plan["smallest_within_5pct"] == 14
+    assert [r["within_5pct_of_best"] for r in rows] == [False] * 13 + [True] * 3
+    assert plan["deadline"] is None
+
+
+def test_plan_never_rises_with_more_endpoints_whatever_the_size() -> None:
+    for tickers in (1, 7, 60, 114, 500, 2_000):
+        for out in (0.05, 0.2, 1.0):
+            spans = [r.makespan_s for r in plan_fleet(tickers, synthetic_shape(out),
+                                                       H200_MOE).rows]
+            assert all(b <= a for a, b in itertools.pairwise(spans)), (tickers, out)
+
+
+def test_plan_csv_has_the_json_rows() -> None:
+    result = run_cli("plan", "--tickers", "120", "--format", "csv")
+    assert result.code == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    plan = plan_json("--tickers", "120")
+    assert [int(r["endpoints"]) for r in rows] == list(range(1, 17))
+    assert [float(r["makespan_s"]) for r in rows] == pytest.approx(
+        [r["makespan_s"] for r in plan["rows"]])
+
+
+def test_plan_table_names_the_smallest_fleet_and_the_endpoint() -> None:
+    result = run_cli("plan", "--tickers", "500")
+    assert result.code == 0, result.stderr
+    assert "smallest fleet within 5% of the best" in result.stdout
+    assert "14 endpoint(s)" in result.stdout and "1,488,240 KV tokens" in result.stdout
+
+
+@pytest.mark.parametrize(("deadline", "endpoints"), [
+    # The night starts at 00:00 UTC: by 00:15 (900 s) six H200s (845 s) but not five (930 s);
+    # by 23:59 one (4,543 s); by 00:05 (300 s) no fleet of 16.
+    ("00:15", 6), ("23:59", 1), ("00:05", None)])
+def test_plan_answers_how_many_gpus_finish_by_a_deadline(deadline: str,
+                                                         endpoints: int | None) -> None:
+    env = {"NIGHTDESK_SCHEDULE_CRON": "0 0 * * *", "NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
+    plan = plan_json("--tickers", "500", "--deadline", deadline, env=env)
+    answer = plan["deadline"]
+    assert answer["endpoints"] == endpoints
+    assert answer["start"].endswith("T00:00:00Z") or answer["start"].endswith("T00:00:00+00:00")
+    hours, minutes = map(int, deadline.split(":"))
+    assert answer["seconds"] == (hours * 60 + minutes) * 60
+    table = run_cli("plan", "--tickers", "500", "--deadline", deadline, env=env).stdout
+    if endpoints is None:
+        assert "no fleet of up to 16 endpoints finishes" in table
+    else:
+        assert f"at least {endpoints} endpoint(s) to finish" in table
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("--tickers", "0"), "--tickers"),
+    (("--tickers", "many"), "--tickers"),
+    (("--tickers", "5", "--shape", "weekly"), "--shape takes synthetic or a recorded night"),
+    (("--tickers", "5", "--shape", "12x"), "--shape takes synthetic"),
+    (("--tickers", "5", "--profile", "a100"), "--profile takes h200-moe or a recorded night"),
+    (("--tickers", "5", "--shape", "424242"), "no batch with id 424242"),
+    (("--tickers", "5", "--profile", "424242"), "no batch with id 424242"),
+    (("--tickers", "5", "--deadline", "6:30"), "--deadline takes a 24-hour time HH:MM"),
+    (("--tickers", "5", "--deadline", "25:00"), "--deadline takes a 24-hour time HH:MM"),
+    (("--tickers", "5", "--deadline", "０６:３０"), "--deadline takes a 24-hour time HH:MM"),
+    (("--tickers", "5", "--format", "xml"), "--format"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], says: str) -> None:
+    result = run_cli("plan", *args)
+    assert result.code == 2
+    assert len(result.error_lines) == 1 and says in result.error_lines[0]
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+# --- a recorded night against its own bound (nightdesk report) ------------------------------
+
+
+def _night(engine: Any, facts: dict[str, Any] | None) -> int:
+    """Two tickers of a, b side by side (0-20 s) then c after both (20-40 s); outputs 10, 20,
+    30 with prompts 100, 200, 300; the server read at 0, 20 and 40 s running 2, 60 tokens
+    made between readings."""
+    from datetime import UTC, date, datetime, timedelta
+
+    from sqlalchemy.orm import Session
+
+    from app.db.models import Batch, LLMCall, LLMRequest, ServerSample
+    from app.usage import compress_body
+
+    t0 = datetime(2026, 12, 1, 1, 0, tzinfo=UTC)
+    with Session(engine) as session:
+        batch = Batch(kind="nightly", as_of=date(2026, 12, 1), status="succeeded",
+                      created_at=t0, started_at=t0, finished_at=t0 + timedelta(seconds=40),
+                      settings={}, server_facts=facts, tickers_total=2, tickers_succeeded=2)
+        session.add(batch)
+        session.flush()
+        for ticker in ("X", "Y"):
+            for node, prompt, out, start in (("a", 100, 10, 0), ("b", 200, 20, 0),
+                                             ("c", 300, 30, 20)):
+                call_id = f"{batch.id}-{ticker}-{node}"
+                session.add(LLMRequest(batch_id=batch.id, ticker=ticker, node=node, sample=0,
+                                       call_id=call_id,
+                                       body=compress_body({"messages": [], "max_tokens": out})))
+                session.add(LLMCall(
+                    batch_id=batch.id, ticker=ticker, node=node, sample=0, call_id=call_id,
+                    model="m", prompt_tokens=prompt, completion_tokens=out, status="ok",
+                    started_at=t0 + timedelta(seconds=start),
+                    ended_at=t0 + timedelta(seconds=start + 20), latency_s=20.0))
+        for i in range(3):
+            session.add(ServerSample(
+                batch_id=batch.id, sampled_at=t0 + timedelta(seconds=20 * i), running=2,
+                waiting=0, kv_cache_usage=0.1, preemptions_total=0, prompt_tokens_total=0,
+                generation_tokens_total=60 * i, endpoint="http://gpu:8000/v1"))
+        session.commit()
+        return batch.id
+
+
+def test_a_night_is_set_against_its_own_graph_bound(sqlite_engine: Any) -> None:
+    from app.bench.plan import night_bound
+
+    night = _night(sqlite_engine, {"kv_cache_tokens": 10_000, "max_num_seqs": 4})
+    bound = night_bound(sqlite_engine, night, 40.0)
+    # By hand: 120 output tokens at running 2 over 40 s is 60 steps, 2/3 s a step (one level:
+    # no growth term). Steps: output / seqs 30, KV-token-steps 2 x 14,700 / 10,000 = 2.94, the
+    # chain b then c 50 tokens: 50 steps, 33.3 s; the night took 40 s, 1.2 x.
+    assert bound.binding == "critical_path" and bound.endpoints == 1
+    assert bound.bound_s == pytest.approx(100 / 3)
+    assert bound.makespan_over_bound == pytest.approx(1.2)
+    shown = run_cli("report", str(night))
+    assert shown.code == 0, shown.stderr
+    assert "graph bound: makespan 40 s = 1.20 x the least" in shown.stdout
+    assert json.loads(run_cli("report", str(night), "--format", "json").stdout)[
+        "graph_bound"]["makespan_over_bound"] == pytest.approx(1.2)
+    # Without the server's KV cache size the bound is not computed, and the report says why.
+    bare = _night(sqlite_engine, None)
+    assert night_bound(sqlite_engine, bare, 40.0).unavailable is not None
+    line = run_cli("report", str(bare)).stdout
+    assert "graph bound: not computed" in line and "recorded no KV cache size" in line
+
+
+def test_plan_takes_a_recorded_nights_shape_and_server(sqlite_engine: Any) -> None:
+    night = _night(sqlite_engine, {"kv_cache_tokens": 10_000, "max_num_seqs": 4})
+    plan = plan_json("--tickers", "4", "--shape", str(night), "--profile", str(night))
+    # The mean ticker: 60 output tokens, 14,700 KV-token-steps, its chain 50 tokens; the
+    # server: 10,000 KV tokens, 4 sequences, 2/3 s a step. 4 tickers on one endpoint: 240
+    # tokens at 4 a step, 60 steps (40 s); on two the chain's 50 steps (33.3 s) set it.
+    assert plan["shape"]["output_tokens"] == 60 and plan["shape"]["critical_path_tokens"] == 50
+    assert plan["profile"]["kv_tokens"] == 10_000 and plan["profile"]["max_num_seqs"] == 4
+    one, two = plan["rows"][0], plan["rows"][1]
+    assert (one["binding"], one["makespan_s"]) == ("max_num_seqs", pytest.approx(40.0))
+    assert (two["binding"], two["makespan_s"]) == ("critical_path", pytest.approx(100 / 3))
+    assert plan["smallest_within_5pct"] == 2
+    # A night that recorded no KV cache size cannot be a profile: one line, exit 2.
+    bare = _night(sqlite_engine, None)
+    refused = run_cli("plan", "--tickers", "4", "--profile", str(bare))
+    assert refused.code == 2 and "recorded no KV cache size" in refused.error_lines[0]

@@ -1,0 +1,116 @@
+"""The benches against the fakes run from a checkout as ``python -m tests.bench.*``.
+
+Their flags are fixed (scripts and the notes in docs/lab/ use them), the installed
+``nightdesk bench`` has none of them, and each writes its JSON: checked end to end on
+SQLite at a tiny size (figures are not judged: not timed tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from sqlalchemy import create_engine, func, select
+
+from app.cli.bench import app as nightdesk_bench
+from app.db.models import Batch, LLMCall
+from tests.bench import fleet, tracker
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def arm_makespan(result: dict[str, Any]) -> float:
+    makespan: float = result["arm"]["makespan_s"]
+    return makespan
+
+
+def options(app: typer.Typer) -> set[str]:
+    return {p.name for p in typer.main.get_command(app).params if p.name != "help"}
+
+
+def bench(module: str, *args: str, tmp_path: Path) -> dict[str, Any]:
+    """Run ``python -m MODULE ARGS --json-out`` from the checkout's root; return its JSON."""
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", module, *args, "--json-out", str(out)],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+def test_the_benches_keep_their_flags_and_left_the_installed_command() -> None:
+    assert options(tracker.app) == {"calls", "concurrency", "database", "pg_url", "repeats",
+                                    "json_out"}
+    assert options(fleet.app) == {"tickers", "endpoints", "speedup", "scale", "output_scale",
+                                  "kv_tokens", "max_num_seqs", "stream_interval", "strategy",
+                                  "database", "pg_url", "port", "server_cpus", "json_out",
+                                  "keep_sqlite", "nights"}
+    installed = {c.name for c in typer.main.get_group(nightdesk_bench).commands.values()}
+    assert installed == {"schedulers", "combine", "durability"}
+
+
+@pytest.mark.slow
+def test_the_tracker_bench_writes_its_figures(tmp_path: Path) -> None:
+    result = bench("tests.bench.tracker", "--calls", "4", "--concurrency", "2",
+                   "--database", "sqlite", "--repeats", "1", tmp_path=tmp_path)
+    assert set(result) == {"calls", "concurrency", "repeats", "machine", "date", "arms",
+                           "target_ms_per_call"}
+    assert set(result["arms"]) == {"baseline", "sqlite"} and result["arms"]["sqlite"]["rows_ok"]
+
+
+@pytest.mark.slow
+def test_the_fleet_bench_serves_its_endpoints_and_writes_its_figures(tmp_path: Path) -> None:
+    # The endpoints on free ports the system gives (the default): none taken by another run.
+    result = bench("tests.bench.fleet", "--tickers", "2", "--endpoints", "2", "--speedup", "20",
+                   "--output-scale", "0.05", "--database", "sqlite", tmp_path=tmp_path)
+    assert set(result) == {"tickers", "endpoints", "gpu", "workload", "arm", "loop_lag",
+                           "process", "rows_per_s", "capacity", "machine", "timing"}
+    # Where the makespan went: two tickers, each started once, 14 chain calls after analysts.
+    spent = result["timing"]
+    assert 0 <= spent["ticker_first_call_s"]["p50"] <= spent["ticker_first_call_s"]["max"]
+    assert spent["ticker_end_s"]["max"] <= arm_makespan(result) + 1e-6
+    assert spent["chain_turnaround_s"]["max"] >= 0
+    arm = result["arm"]
+    assert arm["calls"] == 2 * 17 and arm["failed_calls"] == 0
+    # Both endpoints served: the client spread the two tickers over them.
+    served = {e["endpoint"] for e in arm["endpoints"]}
+    assert len(served) == 2 and all(u.startswith("http://127.0.0.1:") for u in served)
+    assert result["machine"]["database"] == "sqlite"
+    # The host's load around the run: on a shared host the figures say it was shared.
+    for key in ("load_average_1_5_15_before", "load_average_1_5_15_after"):
+        assert len(result["machine"][key]) == 3 and min(result["machine"][key]) >= 0
+
+
+@pytest.mark.slow
+def test_the_fleet_bench_keeps_its_nights_rows_for_a_replay_and_never_overwrites(
+        tmp_path: Path) -> None:
+    kept = tmp_path / "nights.db"
+    args = ("--tickers", "2", "--endpoints", "1", "--speedup", "20", "--output-scale", "0.05",
+            "--kv-tokens", "500000", "--database", "sqlite", "--keep-sqlite", str(kept),
+            "--nights", "2")
+    result = bench("tests.bench.fleet", *args, tmp_path=tmp_path)
+    assert result["gpu"]["kv_tokens"] == 500000
+    engine = create_engine(f"sqlite:///{kept}")
+    with engine.connect() as conn:
+        batches = conn.execute(select(Batch.id, Batch.status).order_by(Batch.id)).all()
+        calls = conn.execute(select(func.count()).select_from(LLMCall)).scalar()
+    engine.dispose()
+    assert [tuple(b) for b in batches] == [(1, "succeeded"), (2, "succeeded")]
+    assert calls == 2 * 2 * 17
+    # A second run into the same file is refused in one line, the kept rows untouched.
+    again = subprocess.run([sys.executable, "-m", "tests.bench.fleet", *args], cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)},
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode != 0 and "exists already" in again.stderr
+    assert "Traceback" not in again.stderr
+    engine = create_engine(f"sqlite:///{kept}")
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 2
+    engine.dispose()

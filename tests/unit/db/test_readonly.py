@@ -1,0 +1,225 @@
+"""Read commands and the web pages serve what is stored while SQLite takes no writes.
+
+A read-only database (``?mode=ro``; a read-only file in a read-only folder), a full disk
+(no byte more may be written: the WAL's shared-memory file cannot be made) and a full
+database (``PRAGMA max_page_count``). The rows are web_rows.fill's; night 2 is still
+``running`` with a long stale heartbeat, so ``report`` tries its one write (marking it
+crashed). Expected values come from fill's docstring, and each read is also compared with
+the same read of a writable copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import event, text
+from sqlalchemy.exc import OperationalError
+
+from app.db.engine import get_engine, upgrade
+from app.web.auth import Guard
+from app.web.reruns import RerunQueue
+from app.web.server import create_app
+from tests.unit.support.clirun import run_cli
+from tests.unit.support.web_rows import Ids, fill
+
+STALE = datetime(2026, 11, 27, 0, 20, tzinfo=UTC)  # night 2's last heartbeat, long ago
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _reads(ids: Ids) -> dict[str, list[str]]:
+    # The reports last: on a writable copy the first marks night 2 crashed.
+    return {"ranking": ["ranking", "--format", "json"],
+            "batches": ["batches", "--format", "json"],
+            "changes": ["changes", "--format", "json"],
+            "report": ["report", str(ids.night1), "--format", "json"],
+            "report newest": ["report", "--format", "json"]}
+
+
+@pytest.fixture
+def stored(tmp_path: Path) -> tuple[Path, Ids]:
+    """A database file with the rows, closed: no WAL or shared-memory file beside it."""
+    path = tmp_path / "db" / "nightdesk.db"
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    ids = fill(get_engine(url), night2_heartbeat=STALE)
+    get_engine(url).dispose()
+    assert not Path(f"{path}-wal").exists() and not Path(f"{path}-shm").exists()
+    return path, ids
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def read_all(url: str, ids: Ids) -> dict[str, dict[str, Any]]:
+    """Run every read command on ``url`` in this process: code, stdout, stderr."""
+    found = {}
+    for name, argv in _reads(ids).items():
+        result = run_cli(*argv, env={"NIGHTDESK_DATABASE_URL": url})
+        found[name] = {"code": result.code, "stdout": result.stdout, "stderr": result.stderr}
+    get_engine(url).dispose()
+    return found
+
+
+def writable_reads(path: Path, ids: Ids, tmp_path: Path) -> dict[str, dict[str, Any]]:
+    copy = tmp_path / "writable" / "nightdesk.db"
+    copy.parent.mkdir()
+    shutil.copyfile(path, copy)
+    return read_all(f"sqlite:///{copy}", ids)
+
+
+def comparable(name: str, reads: dict[str, dict[str, Any]]) -> Any:
+    """Return a read's JSON without what depends on the clock (the night's status line)."""
+    found = json.loads(reads[name]["stdout"])
+    return {key: found[key] for key in ("batch", "rows")} if name == "ranking" else found
+
+
+def check_reads(found: dict[str, dict[str, Any]], writable: dict[str, dict[str, Any]],
+                ids: Ids) -> None:
+    """Every read succeeded, shows fill's rows, and equals the writable copy's read."""
+    for name, result in found.items():
+        assert result["code"] == 0, (name, result["stderr"])
+        assert "Traceback" not in result["stderr"], name
+    ranking = json.loads(found["ranking"]["stdout"])
+    assert ranking["batch"]["id"] == ids.night1
+    assert [(r["ticker"], r["rating"]) for r in ranking["rows"]] == [
+        ("AAA", "Buy"), ("BBB", "Sell"), ("CCC", None)]
+    assert [b["id"] for b in json.loads(found["batches"]["stdout"])] == [
+        ids.night2, ids.rerun, ids.night1, ids.night0]
+    assert json.loads(found["report"]["stdout"])["calls"] == 17
+    assert json.loads(found["changes"]["stdout"])["against_id"] == ids.night0
+    for name in ("ranking", "report", "batches", "changes"):
+        assert comparable(name, found) == comparable(name, writable), name
+    # The writable copy marked night 2 crashed; a database that takes no writes keeps its
+    # row, and the status (computed from the stale heartbeat, app.morning.summary) still
+    # reads crashed.
+    assert json.loads(writable["report newest"]["stdout"])["batch"]["status"] == "crashed"
+    newest = json.loads(found["report newest"]["stdout"])
+    assert newest["batch"]["id"] == ids.night2 and newest["batch"]["status"] == "crashed"
+    assert "the database takes no writes now" in found["report newest"]["stderr"]
+
+
+def test_read_commands_and_pages_serve_a_read_only_database(
+        stored: tuple[Path, Ids], tmp_path: Path) -> None:
+    path, ids = stored
+    before = _digest(path)
+    url = f"sqlite:///file:{path}?mode=ro&uri=true"
+    check_reads(read_all(url, ids), writable_reads(path, ids, tmp_path), ids)
+    engine = get_engine(url)
+    with TestClient(create_app(engine, Guard("u", "p"), RerunQueue(),
+                               stale_after_s=120.0)) as client:
+        for page in ("/", "/ticker/AAA", "/batches", f"/batches/{ids.night1}", "/track",
+                     "/api/batches", f"/api/batches/{ids.night1}", "/api/tickers/AAA"):
+            assert client.get(page, auth=("u", "p")).status_code == 200, page
+        rows = client.get("/api/ranking", auth=("u", "p")).json()["rows"]
+        assert [(r["ticker"], r["rating"]) for r in rows] == [("AAA", "Buy"), ("BBB", "Sell")]
+        assert client.get("/healthz").json()["database"] == "ok"
+    engine.dispose()
+    assert _digest(path) == before
+
+
+# Runs the read commands in a child that cannot write what the test took away from it, and
+# prints their results as JSON.
+CHILD = """
+import json, sys
+from tests.unit.db.test_readonly import read_all
+from tests.unit.support.web_rows import Ids
+print(json.dumps(read_all(sys.argv[1], Ids(*map(int, sys.argv[2:])))))
+"""
+
+
+def _child(url: str, ids: Ids, *, prefix: list[str], limit_writes: bool,
+           home: Path) -> dict[str, dict[str, Any]]:
+    def no_file_may_grow() -> None:
+        # A full disk: no file may get a byte more. SIGXFSZ ignored turns it into EFBIG.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+    env = {**os.environ, "NIGHTDESK_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [*prefix, sys.executable, "-c", CHILD, url, str(ids.night1), str(ids.rerun),
+         str(ids.night2), str(ids.night0)], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=300, preexec_fn=no_file_may_grow if limit_writes else None)
+    assert done.returncode == 0, done.stderr[-2000:]
+    found: dict[str, dict[str, Any]] = json.loads(done.stdout)
+    return found
+
+
+@pytest.mark.slow  # a child process of its own
+def test_read_commands_serve_a_read_only_file_in_a_read_only_folder(
+        stored: tuple[Path, Ids], tmp_path: Path) -> None:
+    path, ids = stored
+    writable = writable_reads(path, ids, tmp_path)
+    before = _digest(path)
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        # root writes anything whatever its mode says; without these capabilities it obeys.
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv to drop CAP_DAC_OVERRIDE")
+        prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+    home = tmp_path / "home"
+    home.mkdir()
+    path.chmod(0o444)
+    path.parent.chmod(0o555)
+    try:
+        found = _child(f"sqlite:///{path}", ids, prefix=prefix, limit_writes=False, home=home)
+    finally:
+        path.parent.chmod(0o755)
+        path.chmod(0o644)
+    check_reads(found, writable, ids)
+    assert "database cannot be written now" in found["ranking"]["stderr"]
+    assert _digest(path) == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["nightdesk.db"]
+
+
+@pytest.mark.slow  # a child process of its own
+def test_read_commands_serve_a_database_on_a_full_disk(
+        stored: tuple[Path, Ids], tmp_path: Path) -> None:
+    path, ids = stored
+    writable = writable_reads(path, ids, tmp_path)
+    before = _digest(path)
+    home = tmp_path / "home"
+    home.mkdir()
+    found = _child(f"sqlite:///{path}", ids, prefix=[], limit_writes=True, home=home)
+    check_reads(found, writable, ids)
+    assert "database cannot be written now" in found["ranking"]["stderr"]
+    assert _digest(path) == before
+
+
+def test_read_commands_serve_a_full_database(stored: tuple[Path, Ids], tmp_path: Path) -> None:
+    """``max_page_count`` at the file's size: the database can take no page more."""
+    path, ids = stored
+    writable = writable_reads(path, ids, tmp_path)
+    url = f"sqlite:///{path}"
+    engine = get_engine(url)
+
+    @event.listens_for(engine, "connect")
+    def _full(dbapi_conn: Any, _record: Any) -> None:
+        pages = dbapi_conn.execute("PRAGMA page_count").fetchone()[0]
+        dbapi_conn.execute(f"PRAGMA max_page_count = {pages}")
+
+    with pytest.raises(OperationalError, match="database or disk is full"), \
+            engine.begin() as conn:
+        conn.execute(text("INSERT INTO batch_warnings (batch_id, kind, message, created_at)"
+                          " VALUES (:b, 'x', :m, '2026-01-01')"),
+                     {"b": ids.night1, "m": "x" * 100_000})
+    found = read_all(url, ids)
+    for name, result in found.items():
+        assert result["code"] == 0, (name, result["stderr"])
+    for name in ("ranking", "report", "batches", "changes"):
+        assert comparable(name, found) == comparable(name, writable), name
+    event.remove(engine, "connect", _full)
+    engine.dispose()

@@ -1,0 +1,244 @@
+"""A full SQLite disk under a night's writes: ridden out within the write budget; past it the
+batch stops resumable, keeps its usage rows, and one resume finishes it with every row.
+
+The disk is made full for real (``PRAGMA max_page_count``, tests/dbfaults.py): SQLite answers
+``SQLITE_FULL`` on the usage rows (and every other insert of the database), or on the
+checkpoint file. After each night the rows must equal the fake server's request log. The
+usage writer's spool is tried on its own too: rows kept past the budget, rows that cannot
+be kept, a spool that cannot be read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sqlite3
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+from sqlalchemy import Engine, select
+from typer.testing import CliRunner
+
+from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.snapshot import SnapshotProvider
+from agents.graph import node_names
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
+from app.cli import app as cli
+from app.config import load_settings
+from app.db.models import Batch, LLMCall, LLMRequest, TickerRun
+from app.db.retry import transient, write_budget
+from app.errors import BatchStopped, DatabaseError, StorageOutage, UsageLost
+from app.usage import UsageRecorder, read_spool, spool_path
+from tests.dbfaults import (
+    SqliteFull,
+    check_rows_match,
+    failed_writes,
+    fill_at,
+    run_freeing_the_disk_at_the_stop,
+)
+from tests.fakevllm import FakeServer
+from tests.unit.support.call_rows import new_batch
+
+NODES = node_names(load_settings().pipeline())
+
+
+@pytest.fixture
+def demo_dir(tmp_path: Path) -> Path:
+    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
+    return tmp_path / "data"
+
+
+def night(db: Engine, demo_dir: Path, server: FakeServer, **overrides: Any) -> BatchEngine:
+    settings = load_settings(retry_backoff_s=0.01, check_context_length=False, **overrides)
+    return BatchEngine(settings, db, http_client=httpx.AsyncClient(transport=server.transport()),
+                       provider=SnapshotProvider(demo_dir), sample_metrics=False)
+
+
+def test_a_real_sqlite_full_is_a_transient_write_error(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "x.db")
+    conn.execute("CREATE TABLE t (b BLOB)")
+    conn.execute("PRAGMA max_page_count = 1")
+    with pytest.raises(sqlite3.OperationalError) as full:
+        conn.execute("INSERT INTO t VALUES (zeroblob(100000))")
+    assert transient(full.value)
+    with pytest.raises(sqlite3.OperationalError) as no_table:
+        conn.execute("INSERT INTO nope VALUES (1)")
+    assert not transient(no_table.value)
+
+
+@contextlib.asynccontextmanager
+async def full_disk(disk: SqliteFull, where: str, db: Engine,
+                    monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
+    """Put ``disk`` under the database (usage rows, ticker rows) or the checkpoint file."""
+    if where == "database":
+        with disk.engine(db):
+            yield
+    else:
+        async with disk.checkpoints(monkeypatch):
+            yield
+
+
+@pytest.mark.parametrize("where", ["database", "checkpoints"])
+async def test_a_full_disk_for_five_seconds_is_ridden_out(
+        where: str, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tickers = demo_tickers(2)
+    disk = SqliteFull()
+    server = FakeServer(fill_at(disk, 5, 5.0), nodes=NODES, tickers=tickers)
+    with structlog.testing.capture_logs() as logs:
+        async with full_disk(disk, where, sqlite_engine, monkeypatch):
+            outcome = await night(sqlite_engine, demo_dir, server).run(
+                BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert outcome.status == "succeeded", (outcome.failed, outcome.halt)
+    assert sorted(outcome.succeeded) == sorted(tickers)
+    said = failed_writes(logs)
+    assert said and set(said) == {"database or disk is full"}  # the fault was met, and passed
+    if where == "database":
+        assert any(e["event"] == "usage write failed; will retry" for e in logs)
+    check_rows_match(sqlite_engine, server)
+
+
+@pytest.mark.parametrize("where", ["database", "checkpoints"])
+def test_a_full_disk_past_the_budget_stops_resumable_and_one_resume_has_every_row(
+        where: str, sqlite_engine: Engine, sqlite_url: str, demo_dir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tickers = demo_tickers(3)
+    disk = SqliteFull()
+    first = FakeServer(fill_at(disk, 8, float("inf")), nodes=NODES, tickers=tickers)
+    runner = night(sqlite_engine, demo_dir, first, db_write_budget_s=1.0)
+
+    async def first_night() -> BatchOutcome:
+        async with full_disk(disk, where, sqlite_engine, monkeypatch):
+            return await run_freeing_the_disk_at_the_stop(
+                runner, BatchPlan("nightly", DEMO_AS_OF, tickers), disk)
+
+    outcome = asyncio.run(first_night())
+
+    # Stopped, resumable, the reason named; no ticker failed for a fault not its own.
+    assert outcome.status == "interrupted" and not outcome.failed
+    assert outcome.halt is not None and outcome.halt.exit_code == 2
+    reason = outcome.halt.message
+    assert "within the write budget (1 s): database or disk is full" in reason
+    assert f"nightdesk run --resume {outcome.batch_id}" in reason
+    with sqlite_engine.connect() as conn:
+        batch = conn.execute(select(Batch.status, Batch.error)).one()
+        runs = set(conn.execute(select(TickerRun.status)).scalars())
+        stored = len(conn.execute(select(LLMCall.id)).all())
+    assert tuple(batch) == ("interrupted", reason)
+    assert "failed" not in runs and "interrupted" in runs
+    spool = spool_path(tmp_path, sqlite_url, outcome.batch_id)
+    if where == "database":
+        # The rows the database did not take wait in the spool; none is lost.
+        kept = read_spool(spool)
+        assert kept["calls"] and stored + len(kept["calls"]) == len(first.chats)
+        assert "kept in" in reason
+    else:
+        assert not spool.exists() and stored == len(first.chats)
+
+    # One `nightdesk run --resume` finishes the night (the CLI on the same database).
+    second = FakeServer(nodes=NODES, tickers=tickers)
+    original = BatchEngine.__init__
+
+    def on_the_fake(self: BatchEngine, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(http_client=second.client(), sample_metrics=False)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchEngine, "__init__", on_the_fake)
+    monkeypatch.setenv("NIGHTDESK_CHECK_CONTEXT_LENGTH", "false")
+    result = CliRunner().invoke(cli, ["run", "--resume", "--no-preflight"])
+    assert result.exit_code == 0, result.output
+    with sqlite_engine.connect() as conn:
+        assert set(conn.execute(select(TickerRun.status)).scalars()) == {"succeeded"}
+        assert conn.execute(select(Batch.status)).scalar_one() == "succeeded"
+    assert not spool.exists()
+    # The night plus its resume: one row per request either server saw, none twice.
+    check_rows_match(sqlite_engine, first, second)
+
+
+def call_row(batch_id: int, n: int) -> dict[str, Any]:
+    at = datetime(2026, 12, 4, 23, 0, n, 123456, tzinfo=UTC)
+    return {"batch_id": batch_id, "ticker": "X", "node": "market", "sample": 0,
+            "call_id": f"c{n}", "attempt": 1, "model": "m", "status": "ok",
+            "started_at": at, "ended_at": at, "latency_s": 0.5}
+
+
+def hand_in(recorder: UsageRecorder, batch_id: int, n: int) -> None:
+    """Hand the writer call ``n``: its body (large and random, so storing it needs new
+    pages of a full file) and its row."""
+    recorder.record_request({"batch_id": batch_id, "ticker": "X", "node": "market",
+                             "sample": 0, "call_id": f"c{n}"},
+                            {"messages": os.urandom(20_000).hex()})
+    recorder.record_call(call_row(batch_id, n))
+
+
+async def test_rows_not_stored_in_the_budget_wait_in_the_spool_and_the_next_run_stores_them_once(
+        sqlite_engine: Engine, tmp_path: Path) -> None:
+    batch_id = new_batch(sqlite_engine)
+    spool, disk = tmp_path / "spool" / "usage.jsonl", SqliteFull()
+    told: list[BatchStopped] = []
+    with disk.engine(sqlite_engine), write_budget(0.5):
+        disk.hold()
+        recorder = UsageRecorder(sqlite_engine, flush_interval_s=0.01, on_lost=told.append,
+                                 spool=spool)
+        await recorder.start()
+        hand_in(recorder, batch_id, 0)
+        with pytest.raises(StorageOutage, match=r"within the write budget \(0.5 s\): database "
+                           r"or disk is full; kept in .*usage\.jsonl for the resume"):
+            await recorder.drain()  # no node is checkpointed without its rows
+        hand_in(recorder, batch_id, 1)  # a call that ended while the batch stopped
+        await recorder.close()  # the batch was told already: closing raises nothing new
+    assert len(told) == 1 and told[0].status == "interrupted" and told[0].exit_code == 2
+    kept = read_spool(spool)
+    assert [r["call_id"] for r in kept["calls"]] == ["c0", "c1"]
+    assert [r["call_id"] for r in kept["requests"]] == ["c0", "c1"]
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(LLMCall.id)).all() == []
+
+    # The batch's next run: the spool is written first, once, then removed.
+    again = UsageRecorder(sqlite_engine, flush_interval_s=0.01, spool=spool)
+    await again.start()
+    hand_in(again, batch_id, 2)
+    await again.drain()
+    await again.close()
+    assert not spool.exists()
+    with sqlite_engine.connect() as conn:
+        calls = conn.execute(select(LLMCall.call_id, LLMCall.started_at)
+                             .order_by(LLMCall.call_id)).all()
+        bodies = conn.execute(select(LLMRequest.call_id)).scalars().all()
+    assert [c for c, _ in calls] == ["c0", "c1", "c2"] and sorted(bodies) == ["c0", "c1", "c2"]
+    # What the spool kept is what was handed in (times to the microsecond).
+    assert [at for _, at in calls] == [call_row(batch_id, n)["started_at"] for n in range(3)]
+
+
+async def test_rows_that_cannot_be_kept_either_stop_the_batch_failed_saying_so(
+        sqlite_engine: Engine, tmp_path: Path) -> None:
+    batch_id = new_batch(sqlite_engine)
+    spool, disk = tmp_path / "a-file" / "usage.jsonl", SqliteFull()
+    with disk.engine(sqlite_engine), write_budget(0.5):
+        disk.hold()
+        recorder = UsageRecorder(sqlite_engine, flush_interval_s=0.01, spool=spool)
+        await recorder.start()
+        (tmp_path / "a-file").write_text("")  # the spool's folder cannot be made now
+        hand_in(recorder, batch_id, 0)
+        with pytest.raises(UsageLost) as lost:
+            await recorder.close()
+    assert lost.value.status == "failed"
+    assert str(lost.value) == ("usage rows could not be stored (2 not written): database or "
+                               f"disk is full; nor kept in {spool}: File exists")
+
+
+async def test_a_spool_that_cannot_be_read_stops_the_start_in_one_line(
+        sqlite_engine: Engine, tmp_path: Path) -> None:
+    spool = tmp_path / "usage.jsonl"
+    spool.write_text('{"table": "calls", "row": {"call_id": "c0"}}\nnot json\n')
+    with pytest.raises(DatabaseError) as refused:
+        await UsageRecorder(sqlite_engine, spool=spool).start()
+    assert str(refused.value) == (f"cannot read the usage rows kept in {spool}: "
+                                  "JSONDecodeError: Expecting value: line 1 column 1 (char 0)")
+    assert spool.exists()  # kept for when it can be read

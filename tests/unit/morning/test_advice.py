@@ -1,0 +1,186 @@
+"""Every command nightdesk advises works for the batch it names.
+
+For each way a night can end, the night is stored, every piece of advice the digest, the
+ranking page's banner, the batch's page, ``nightdesk ranking`` and ``nightdesk report`` give
+is collected, and each command is then run through the CLI (``app.cli.main``, as an
+operator would) against a fake vLLM: none may answer the usage error (2) or "no tickers
+left". The advice is read
+from the messages themselves, not from ``app.morning.advice``, so a message that advises something
+of its own is run too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import time_machine
+from bs4 import BeautifulSoup
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, select
+
+from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from app.config import load_settings
+from app.db.models import Batch
+from app.morning.digest import build_digest
+from app.web.auth import Guard
+from app.web.reruns import RerunQueue
+from app.web.server import create_app
+from tests.unit.db.test_lock import fake_llm
+from tests.unit.support.clirun import run_cli
+from tests.unit.support.night_rows import Rated, add_night, at
+
+USER, PASSWORD = "ops", "pw"
+# The night of DEMO_AS_OF, stored as it began at CREATED; viewed a few hours later.
+CREATED = at(DEMO_AS_OF + timedelta(days=1), 0, 10)
+VIEWED = CREATED + timedelta(hours=6)
+# A command named anywhere: "nightdesk WORD …" up to a bracket, backtick, semicolon or the end.
+ADVISED = re.compile(r"(nightdesk [a-z][^`();\n]*?)\s*(?=\(|`|;|$)")
+FAILURE = "LLMTimeoutError: no answer within 600 s"
+
+
+def nights(a: str, b: str, c: str) -> dict[str, tuple[dict[str, Rated], str | None]]:
+    """Each terminal status and the tickers it leaves: (tickers, stored status)."""
+    return {
+        "succeeded": ({a: Rated("Buy", 0.7), b: Rated("Hold", 0.0)}, None),
+        "partial": ({a: Rated("Buy", 0.7), b: Rated(error=FAILURE)}, None),
+        # Every ticker failed: nothing is left to resume; each failed one can be rerun.
+        "failed": ({a: Rated(error=FAILURE), b: Rated(error=FAILURE)}, None),
+        # Stopped by a refused model before any ticker ran: all of them are left.
+        "failed-at-start": ({a: Rated(status="queued"), b: Rated(status="queued")}, "failed"),
+        "interrupted": ({a: Rated("Buy", 0.7), b: Rated(status="interrupted"),
+                         c: Rated(error=FAILURE)}, "interrupted"),
+        "crashed": ({a: Rated("Buy", 0.7), b: Rated(status="interrupted")}, "crashed"),
+        # SIGKILLed: still marked running, its heartbeat hours old.
+        "killed": ({a: Rated("Buy", 0.7), b: Rated(status="running"),
+                    c: Rated(status="queued")}, "running"),
+        "crashed-after-its-last-ticker": ({a: Rated("Buy", 0.7), b: Rated(error=FAILURE)},
+                                          "crashed"),
+    }
+
+
+@pytest.fixture
+def demo_dir(tmp_path: Path) -> Path:
+    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def client(sqlite_engine: Engine) -> Iterator[TestClient]:
+    app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue(), stale_after_s=120.0,
+                     settings=load_settings(schedule_timezone="UTC"))
+    with TestClient(app) as c:
+        yield c
+
+
+def advice_given(engine: Engine, client: TestClient, batch_id: int) -> set[str]:
+    """Return every command the digest, the banner, the batch's page, ranking and report
+    advise at VIEWED."""
+    env = {"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
+    with time_machine.travel(VIEWED, tick=False):
+        texts = [build_digest(engine, load_settings(), batch_id).message.body]
+        page = BeautifulSoup(client.get("/", auth=(USER, PASSWORD)).text, "html.parser")
+        banner = page.find(id="banner")
+        texts.append(banner.get_text(" ") if banner is not None else "")
+        texts.extend(code.get_text() for code in page.select("#banner code"))
+        batch_page = BeautifulSoup(client.get(f"/batches/{batch_id}", auth=(USER, PASSWORD))
+                                   .text, "html.parser")
+        meta = batch_page.select_one(".meta")
+        texts.append(" ".join(meta.get_text().split()) if meta is not None else "")
+        texts.extend(code.get_text() for code in batch_page.select("#advice code"))
+        texts.append(run_cli("ranking", env=env).stderr)
+        report = run_cli("report", str(batch_id), env=env)
+        texts.extend([report.stdout, report.stderr])
+        texts.extend(json.loads(run_cli("report", str(batch_id), "--format", "json",
+                                        env=env).stdout)["advice"])
+    found = {match.group(1) for text in texts for line in text.splitlines()
+             for match in ADVISED.finditer(line)}
+    # `nightdesk report N`, named when more advice than fits is left out, needs no run.
+    return {command for command in found if not command.startswith("nightdesk report ")}
+
+
+def night_before(engine: Engine, a: str, b: str) -> None:
+    """Store the night before: the ranking's banner then has an older night to show."""
+    add_night(engine, DEMO_AS_OF - timedelta(days=1), CREATED - timedelta(days=1),
+              {a: Rated("Hold", 0.1), b: Rated("Hold", 0.0)})
+
+
+@pytest.mark.parametrize("ending", list(nights("A", "B", "C")))
+def test_every_piece_of_advice_is_accepted_by_the_cli(
+        monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, client: TestClient,
+        demo_dir: Path, ending: str) -> None:
+    a, b, c = demo_tickers(3)
+    tickers, status = nights(a, b, c)[ending]
+    night_before(sqlite_engine, a, b)
+    night = add_night(sqlite_engine, DEMO_AS_OF, CREATED, tickers, status=status,
+                      error=None if status in (None, "running") else
+                      f"{ending}; resume with `nightdesk run --resume`",
+                      heartbeat=CREATED + timedelta(minutes=5))
+    advised = advice_given(sqlite_engine, client, night)
+    ended_short = ending not in ("succeeded",)
+    assert bool(advised) == ended_short, advised
+    fake_llm(monkeypatch, None, [a, b, c])
+    env = {"NIGHTDESK_DATA_DIR": str(demo_dir), "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"}
+    for command in sorted(advised):
+        argv = shlex.split(command)
+        assert argv[0] == "nightdesk"
+        # No vLLM to ask here: the batch commands skip their preflight, the fake answers.
+        skip = ["--no-preflight"] if argv[1] in ("run", "rerun") else []
+        result = run_cli(*argv[1:], *skip, env=env)
+        assert "no tickers left" not in result.stderr, (command, result.stderr)
+        # Accepted and run to its end: 0, or 3 when a ticker failed before stays failed.
+        assert result.code in (0, 3), (command, result.code, result.stderr)
+
+
+def test_a_failed_night_is_advised_reruns_of_its_failed_tickers_not_a_resume(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    a, b, _ = demo_tickers(3)
+    night_before(sqlite_engine, a, b)
+    night = add_night(sqlite_engine, DEMO_AS_OF, CREATED,
+                      {a: Rated(error=FAILURE), b: Rated(error=FAILURE)})
+    assert advice_given(sqlite_engine, client, night) == {
+        f"nightdesk rerun {a} --as-of {DEMO_AS_OF}", f"nightdesk rerun {b} --as-of {DEMO_AS_OF}"}
+
+
+def test_the_advice_follows_what_resume_takes_up(sqlite_engine: Engine,
+                                                  client: TestClient) -> None:
+    a, b, c = demo_tickers(3)
+    night_before(sqlite_engine, a, b)
+    night = add_night(sqlite_engine, DEMO_AS_OF, CREATED, {
+        a: Rated("Buy", 0.7), b: Rated(status="interrupted"), c: Rated(error=FAILURE)},
+        status="interrupted")
+    # B is left (resume takes it up; C's failure it leaves alone).
+    assert advice_given(sqlite_engine, client, night) == {f"nightdesk run --resume {night}"}
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.status).where(Batch.id == night)).scalar() == \
+            "interrupted"
+
+
+def test_report_and_the_batch_page_tell_not_finished_from_failed(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    a, b, c = demo_tickers(3)
+    night = add_night(sqlite_engine, DEMO_AS_OF, CREATED, {
+        a: Rated("Buy", 0.7), b: Rated(status="interrupted", error="stopped by SIGTERM"),
+        c: Rated(status="interrupted", error="stopped by SIGTERM")},
+        status="interrupted", error="stopped by SIGTERM: finished tickers are kept; "
+                                    "`nightdesk run --resume` completes the batch")
+    lines = run_cli("report", str(night), env={"COLUMNS": "250"}).stdout.splitlines()
+    assert lines[0].endswith("interrupted — 1/3 tickers succeeded, 0 failed, 2 not "
+                             "finished; duration 40 min 00 s")
+    assert lines[1:5] == [
+        "  error: stopped by SIGTERM: finished tickers are kept",
+        f"  next: nightdesk run --resume {night} (continues its 2 tickers not finished)",
+        "tickers without a result (2):",
+        f"  {b} (interrupted): stopped by SIGTERM"]
+    page = BeautifulSoup(client.get(f"/batches/{night}", auth=(USER, PASSWORD)).text,
+                         "html.parser")
+    meta = " ".join(page.select_one(".meta").get_text().split())  # type: ignore[union-attr]
+    assert "1 of 3 tickers succeeded, 0 failed, 2 not finished." in meta
+    assert "`" not in meta
+    assert [code.get_text() for code in page.select("#advice code")] == [
+        f"nightdesk run --resume {night}"]

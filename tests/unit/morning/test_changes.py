@@ -1,0 +1,199 @@
+"""What changed since the night before: markers, the Changes order, the nodes that moved, the CLI.
+
+Night 1 (D1): AAA Hold +0.00, BBB Buy +0.70, CCC Overweight +0.30, EEE Sell −0.70, FFF failed.
+Night 2 (D2): AAA Buy +0.60 (upgrade, +0.60; its market and news analysts turned bullish),
+BBB Sell −0.80 (downgrade, −1.50; its bear researcher turned bearish, and its trader and
+portfolio manager turned to SELL, which a "why" does not name), CCC Overweight +0.35 (same),
+DDD Hold +0.05 (new: not in night 1), EEE failed (dropped), FFF Hold 0.00 (new: failed before).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import date
+
+import pytest
+from sqlalchemy import Engine
+
+from app.morning.changes import compare_nights, stance
+from tests.unit.support.clirun import run_cli
+from tests.unit.support.night_rows import SETTINGS, Rated, add_night, at, table
+
+D1, D2 = date(2026, 11, 26), date(2026, 11, 27)
+BEAR = table(trend="bearish", momentum="bearish", volume="neutral")
+BULL = table(trend="bullish", momentum="bullish", volume="bullish")
+FLAT = table(trend="neutral", momentum="bullish", volume="bearish")
+
+
+def two_nights(engine: Engine) -> tuple[int, int]:
+    first = add_night(engine, D1, at(D2, 0, 10), {
+        "AAA": Rated("Hold", 0.0, texts={"market": BEAR, "news": BEAR, "fundamentals": FLAT,
+                                         "trader": "PROPOSAL: HOLD"}),
+        "BBB": Rated("Buy", 0.7, texts={"market": FLAT, "bear_r1": "still bullish",
+                                        "trader": "PROPOSAL: BUY",
+                                        "portfolio_manager": "Rating: Buy"}),
+        "CCC": Rated("Overweight", 0.3),
+        "EEE": Rated("Sell", -0.7),
+        "FFF": Rated(error="LLMTimeoutError: no answer"),
+    })
+    second = add_night(engine, D2, at(date(2026, 11, 28), 0, 10), {
+        "AAA": Rated("Buy", 0.6, texts={"market": BULL, "news": BULL, "fundamentals": FLAT,
+                                        "trader": "PROPOSAL: HOLD"}),
+        "BBB": Rated("Sell", -0.8, texts={"market": FLAT, "bear_r1": "bearish now",
+                                          "trader": "PROPOSAL: SELL",
+                                          "portfolio_manager": "Rating: Sell"}),
+        "CCC": Rated("Overweight", 0.35),
+        "DDD": Rated("Hold", 0.05),
+        "EEE": Rated(error="DataError: no prices"),
+        "FFF": Rated("Hold", 0.0),
+    })
+    return first, second
+
+
+def test_stance_is_the_balance_of_stance_words() -> None:
+    assert stance(BULL) == 1.0 and stance(BEAR) == pytest.approx(-2 / 3)
+    assert stance("PROPOSAL: SELL") == -1.0 and stance("no view at all") is None
+    assert stance("a buyback and a sell-off") == -1.0  # "buyback" is no stance word
+
+
+def test_markers_previous_columns_and_the_changes_order(sqlite_engine: Engine) -> None:
+    first, second = two_nights(sqlite_engine)
+    found = compare_nights(sqlite_engine)  # the ranked night against the one before
+    assert (found.batch_id, found.against_id) == (second, first)
+    by = found.by_ticker()
+    assert {t: c.change for t, c in by.items()} == {
+        "AAA": "upgrade", "BBB": "downgrade", "CCC": "same", "DDD": "new",
+        "EEE": "dropped", "FFF": "new"}
+    # Night 1's ranks: BBB 1, CCC 2, AAA 3, EEE 4.
+    assert (by["AAA"].previous_rating, by["AAA"].previous_score, by["AAA"].previous_rank) == \
+        ("Hold", 0.0, 3)
+    assert by["BBB"].score_move == pytest.approx(-1.5)
+    assert by["CCC"].score_move == pytest.approx(0.05)
+    assert [c.ticker for c in found.changes] == ["BBB", "AAA", "DDD", "EEE", "FFF"]
+    assert by["DDD"].why == f"not in the universe of {D1}"
+    assert by["EEE"].why == f"failed on {D2}: DataError: no prices"
+    assert by["FFF"].why.startswith(f"not rated on {D1}: failed")
+
+
+def test_the_nodes_that_moved_most_are_named(sqlite_engine: Engine) -> None:
+    two_nights(sqlite_engine)
+    by = compare_nights(sqlite_engine).by_ticker()
+    aaa = by["AAA"]
+    # market and news went from −2/3 to +1; fundamentals and trader did not move.
+    assert [m.node for m in aaa.moved[:2]] == ["market", "news"]
+    assert aaa.moved[0].shift == pytest.approx(5 / 3)
+    assert aaa.why == "moved most: market bearish→bullish (+1.67), news bearish→bullish (+1.67)"
+    # The portfolio manager (the rating itself) and the trader moved as far: not named.
+    assert by["BBB"].why == "moved most: bear_r1 bullish→bearish (-2.00)"
+    assert [m.node for m in by["BBB"].moved] == ["bear_r1", "market"]
+    assert by["CCC"].moved == []
+
+
+def band_nights(engine: Engine) -> tuple[int, int]:
+    """GGG: the model said Overweight at −0.50, then Hold at +0.92: both outside their score
+    bands (Overweight +0.15…+0.50, Hold −0.15…+0.15); graded by score, Sell then Buy."""
+    first = add_night(engine, D1, at(D2, 0, 10), {
+        "GGG": Rated("Overweight", -0.5, texts={"news": BEAR}),
+        "HHH": Rated("Buy", 0.9)})
+    second = add_night(engine, D2, at(date(2026, 11, 28), 0, 10), {
+        "GGG": Rated("Hold", 0.92, texts={"news": BULL}),
+        "HHH": Rated("Hold", 0.0)})
+    return first, second
+
+
+def test_a_change_against_its_score_shows_the_band_marker(sqlite_engine: Engine) -> None:
+    band_nights(sqlite_engine)
+    by = compare_nights(sqlite_engine).by_ticker()
+    ggg = by["GGG"]
+    # One grading rule: the rating moves with the score (Sell at −0.50 → Buy at +0.92).
+    assert (ggg.change, ggg.score_move) == ("upgrade", pytest.approx(1.42))
+    assert (ggg.previous_contradicting, ggg.contradicting) == (1, 1)
+    assert ggg.why == ("! the model's own rating lay outside its score's band in 1 of 1 "
+                       "sample(s) the night before and 1 of 1 sample(s) tonight (the rating "
+                       "shown is its score's band); moved most: news bearish→bullish (+1.67)")
+    assert not by["HHH"].why.startswith("!")  # Buy +0.90 → Hold 0.00: both in their bands
+    shown = run_cli("changes", env={"COLUMNS": "250"}).stdout
+    assert "Sell ! -0.50" in shown and "Buy ! +0.92" in shown
+    assert "! the model's own rating lay outside its score's band" in shown
+
+
+def test_a_rating_change_without_stored_outputs_says_so(sqlite_engine: Engine) -> None:
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Hold", 0.0)})
+    add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {"AAA": Rated("Buy", 0.6)})
+    assert compare_nights(sqlite_engine).by_ticker()["AAA"].why == \
+        "node outputs not stored for one of the nights"
+
+
+def test_the_first_night_has_nothing_to_compare(sqlite_engine: Engine) -> None:
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Hold", 0.0)})
+    found = compare_nights(sqlite_engine)
+    assert found.against_id is None and found.changes == []
+    assert found.tickers[0].change is None
+
+
+def test_cli_changes_in_each_format(sqlite_engine: Engine) -> None:
+    first, second = two_nights(sqlite_engine)
+    table_out = run_cli("changes", env={"COLUMNS": "250"})
+    assert table_out.code == 0, table_out.stderr
+    assert f"batch {second} (as of {D2}) against batch {first}" in table_out.stdout
+    assert "1 upgrade, 1 downgrade, 2 new, 1 dropped, 1 same" in table_out.stdout
+    as_json = json.loads(run_cli("changes", "--format", "json").stdout)
+    assert [c["ticker"] for c in as_json["changes"]] == ["BBB", "AAA", "DDD", "EEE", "FFF"]
+    assert as_json["changes"][1]["moved"][0]["node"] == "market"
+    rows = list(csv.DictReader(io.StringIO(run_cli("changes", "--format", "csv").stdout)))
+    assert [(r["ticker"], r["change"]) for r in rows][:2] == [("BBB", "downgrade"),
+                                                              ("AAA", "upgrade")]
+    # --batch and --against name the nights explicitly: the other way round, all reversed.
+    back = json.loads(run_cli("changes", "--batch", str(first), "--against", str(second),
+                              "--format", "json").stdout)
+    assert {c["ticker"]: c["change"] for c in back["changes"]}["AAA"] == "downgrade"
+
+
+def test_ranking_carries_the_previous_night_and_the_marker(sqlite_engine: Engine) -> None:
+    two_nights(sqlite_engine)
+    ranked = json.loads(run_cli("ranking", "--format", "json").stdout)
+    rows = {r["ticker"]: r for r in ranked["rows"]}
+    assert (rows["AAA"]["previous_rating"], rows["AAA"]["previous_rank"],
+            rows["AAA"]["change"]) == ("Hold", 3, "upgrade")
+    assert rows["DDD"]["change"] == "new" and rows["DDD"]["previous_rating"] is None
+    shown = run_cli("ranking", env={"COLUMNS": "250"}).stdout
+    assert "Hold +0.00 #3" in shown and "upgrade" in shown
+
+
+@pytest.mark.parametrize("args", [
+    ("--batch", "999"), ("--against", "999"), ("--batch", "abc"),
+])
+def test_unknown_batches_are_one_line_and_exit_2(sqlite_engine: Engine,
+                                                 args: tuple[str, ...]) -> None:
+    two_nights(sqlite_engine)
+    result = run_cli("changes", *args)
+    assert result.code == 2 and len(result.error_lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_against_a_batch_of_another_universe_is_refused(sqlite_engine: Engine) -> None:
+    _, second = two_nights(sqlite_engine)
+    other = add_night(sqlite_engine, D1, at(D2, 1, 0), {"ZZZ": Rated("Buy", 0.9)})
+    real = add_night(sqlite_engine, D1, at(D2, 2, 0), {"AAA": Rated("Buy", 0.9)},
+                     settings={**SETTINGS, "demo_data": False})
+    for against, words in ((other, "no ticker in common"), (real, "DEMO data"),
+                           (second, "the batch itself")):
+        result = run_cli("changes", "--batch", str(second), "--against", str(against))
+        assert result.code == 2 and len(result.error_lines) == 1, result.stderr
+        assert words in result.stderr
+
+
+def test_the_default_night_before_of_another_universe_is_no_error(sqlite_engine: Engine) -> None:
+    # The night before ran on market data, tonight on DEMO data: nothing to compare, but the
+    # ranking and the changes still answer (only an explicit --against is refused).
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Hold", 0.0)},
+              settings={**SETTINGS, "demo_data": False})
+    add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {"AAA": Rated("Buy", 0.6)})
+    found = compare_nights(sqlite_engine)
+    assert found.against_id is None and found.changes == []
+    assert run_cli("ranking").code == 0
+    result = run_cli("changes")
+    assert result.code == 0 and "no earlier finished night of the same universe" in \
+        result.stdout

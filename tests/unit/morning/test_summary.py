@@ -1,0 +1,135 @@
+"""One status of a night, and one duration, in every view: CLI, pages, API, /metrics, digest.
+
+A night started at START whose process was SIGKILLed: its row still says running, its last
+heartbeat is START + 60 s. Viewed at START + 60 s + 200 s, past ``heartbeat_stale_s`` (120 s),
+every view names it crashed, with a duration of 60 s (to its last sign of life) and no
+progress or time left. A live night (heartbeat START + 20 s) viewed at START + 23 s runs for
+23 s in every view, though its heartbeat is 3 s older.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import date, datetime, timedelta
+
+import pytest
+import time_machine
+from bs4 import BeautifulSoup
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import Engine
+
+from app.config import load_settings
+from app.morning.digest import build_digest
+from app.web.auth import Guard
+from app.web.reruns import RerunQueue
+from app.web.server import create_app
+from tests.unit.support.clirun import run_cli
+from tests.unit.support.night_rows import Rated, add_night, at
+
+D1, D2 = date(2026, 11, 26), date(2026, 11, 27)
+START = at(date(2026, 11, 28), 0, 10)  # the default schedule's due time of D2's night
+ENV = {"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
+USER, PASSWORD = "ops", "pw"
+
+
+@pytest.fixture
+def client(sqlite_engine: Engine) -> Iterator[TestClient]:
+    app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue(), stale_after_s=120.0,
+                     settings=load_settings(schedule_timezone="UTC"))
+    with TestClient(app) as c:
+        yield c
+
+
+def night_in_flight(engine: Engine, beat_after_s: float) -> int:
+    """Store a finished night D1 and a night D2 marked running since START."""
+    add_night(engine, D1, at(D2, 0, 10), {"AAA": Rated("Buy", 0.8), "BBB": Rated("Hold", 0.0)})
+    return add_night(engine, D2, START, {"AAA": Rated("Buy", 0.7),
+                                         "BBB": Rated(status="running"),
+                                         "CCC": Rated(status="queued")},
+                     status="running", heartbeat=START + timedelta(seconds=beat_after_s))
+
+
+def seen(engine: Engine, client: TestClient, batch_id: int, now: datetime
+         ) -> dict[str, tuple[str, float | None]]:
+    """Return (status, duration) of the batch as each view gives it at ``now``."""
+    views: dict[str, tuple[str, float | None]] = {}
+    with time_machine.travel(now, tick=False):
+        listed = {b["id"]: b for b in json.loads(run_cli("batches", "--format", "json",
+                                                         env=ENV).stdout)}
+        views["batches"] = (listed[batch_id]["status"], listed[batch_id]["duration_s"])
+        ranking = json.loads(run_cli("ranking", "--format", "json", env=ENV).stdout)
+        night = ranking["night"]["latest"]
+        views["ranking"] = (ranking["night"]["status"], night["duration_s"])
+        api = {b["id"]: b for b in client.get("/api/batches", auth=(USER, PASSWORD)).json()}
+        views["/api/batches"] = (api[batch_id]["status"], api[batch_id]["duration_s"])
+        one = client.get(f"/api/batches/{batch_id}", auth=(USER, PASSWORD)).json()
+        views["/api/batches/N"] = (one["batch"]["status"], one["batch"]["duration_s"])
+        api_night = client.get("/api/ranking", auth=(USER, PASSWORD)).json()["night"]
+        views["/api/ranking"] = (api_night["status"], api_night["latest"]["duration_s"])
+        page = BeautifulSoup(client.get("/batches", auth=(USER, PASSWORD)).text,
+                             "html.parser")
+        row = page.find("tr", attrs={"data-batch": str(batch_id)})
+        assert row is not None
+        cells = row.find_all("td")
+        views["/batches"] = (cells[5]["data-value"], float(cells[7]["data-value"]))
+        front = BeautifulSoup(client.get("/", auth=(USER, PASSWORD)).text, "html.parser")
+        views["/"] = (front.find(id="night")["data-status"], None)  # type: ignore[index]
+        scrape = client.get("/metrics", auth=(USER, PASSWORD)).text
+        values = {(s.name, s.labels.get("status")): s.value
+                  for f in text_string_to_metric_families(scrape) for s in f.samples}
+        [status] = [name for (metric, name), v in values.items()
+                    if metric == "nightdesk_night_last_status" and v == 1]
+        views["/metrics"] = (status, values[("nightdesk_night_duration_seconds", None)])
+        digest = build_digest(engine, load_settings(), batch_id).message.body
+        views["digest"] = (digest.split(":")[1].strip(), None)
+        # Last: `report` marks the dead batch crashed in its row.
+        head = json.loads(run_cli("report", str(batch_id), "--format", "json",
+                                  env=ENV).stdout)["batch"]
+        views["report"] = (head["status"], head["duration_s"])
+    return views
+
+
+def test_a_sigkilled_night_reads_crashed_everywhere_with_one_duration(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    night = night_in_flight(sqlite_engine, beat_after_s=60)
+    now = START + timedelta(seconds=60 + 200)
+    views = seen(sqlite_engine, client, night, now)
+    assert {view: status for view, (status, _) in views.items()} == dict.fromkeys(
+        views, "crashed")
+    assert {view: duration for view, (_, duration) in views.items()
+            if duration is not None} == dict.fromkeys(
+        ["batches", "ranking", "/api/batches", "/api/batches/N", "/api/ranking", "/batches",
+         "/metrics", "report"], 60.0)
+
+
+def test_a_crashed_night_shows_no_progress_and_no_time_left(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    night = night_in_flight(sqlite_engine, beat_after_s=60)
+    with time_machine.travel(START + timedelta(seconds=60 + 200), tick=False):
+        view = client.get("/api/ranking", auth=(USER, PASSWORD)).json()
+        page = client.get("/", auth=(USER, PASSWORD)).text
+        batch_page = client.get(f"/api/batches/{night}", auth=(USER, PASSWORD)).json()
+    assert view["running"] == [] and view["night"]["progress"] is None
+    assert "left" not in BeautifulSoup(page, "html.parser").get_text()
+    assert batch_page["progress"] is None
+    # Its tickers under way when it died are no longer "running" on its page.
+    assert batch_page["running_tickers"] == []
+    assert {t["ticker"] for t in batch_page["failed_tickers"]} == {"BBB", "CCC"}
+
+
+def test_a_live_night_runs_for_the_time_since_its_start_in_every_view(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    night = night_in_flight(sqlite_engine, beat_after_s=20)
+    views = seen(sqlite_engine, client, night, START + timedelta(seconds=23))
+    views.pop("report")  # `report` of a running batch: its status below, as the others
+    assert {view: status for view, (status, _) in views.items()} == dict.fromkeys(
+        views, "running")
+    assert {view: duration for view, (_, duration) in views.items()
+            if duration is not None} == dict.fromkeys(
+        ["batches", "ranking", "/api/batches", "/api/batches/N", "/api/ranking", "/batches",
+         "/metrics"], 23.0)
+    with time_machine.travel(START + timedelta(seconds=23), tick=False):
+        running = client.get("/api/ranking", auth=(USER, PASSWORD)).json()["running"]
+    assert [(r["id"], r["elapsed_s"], r["duration_s"]) for r in running] == [(night, 23, 23.0)]

@@ -1,0 +1,115 @@
+"""Check the averaging curve: one grading rule at every k, and every choice or a measured error."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from sqlalchemy import Engine
+
+from app.quality.averaging import ALL_CHOICES, TARGET_ERROR
+from app.quality.repro import repro
+from app.quality.samples import samples_report
+from tests.unit.support.quality_rows import add_batch, band_by_hand, kappa_by_hand, spearman_by_hand
+
+TICKERS = ["AAA", "BBB", "CCC", "DDD", "EEE", "FFF"]
+# The model says Buy every time, whatever its score: its own ratings carry nothing.
+ALWAYS_BUY_A = {t: [("Buy", s) for s in scores] for t, scores in zip(TICKERS, [
+    (0.9, 0.6), (0.3, -0.2), (-0.1, 0.1), (-0.6, -0.8), (0.2, 0.4), (0.55, -0.3)],
+    strict=True)}
+ALWAYS_BUY_B = {t: [("Buy", s) for s in scores] for t, scores in zip(TICKERS, [
+    (0.7, 0.8), (-0.3, 0.2), (0.0, -0.2), (-0.9, -0.4), (0.45, 0.1), (0.2, 0.35)],
+    strict=True)}
+
+
+def bands(grades: dict[str, list[tuple[str, float]]], picks: tuple[int, ...]) -> list[str]:
+    return [band_by_hand(sum(grades[t][i][1] for i in picks) / len(picks)) for t in TICKERS]
+
+
+def test_k_1_is_graded_by_the_band_of_the_score_like_every_other_k(
+        sqlite_engine: Engine) -> None:
+    a, b = add_batch(sqlite_engine, ALWAYS_BUY_A), add_batch(sqlite_engine, ALWAYS_BUY_B)
+    report = repro(sqlite_engine, [a, b], resamples=0)
+    k1, k2 = report.by_k
+    pairs = list(itertools.product([(0,), (1,)], repeat=2))
+    agree = [sum(x == y for x, y in zip(bands(ALWAYS_BUY_A, s), bands(ALWAYS_BUY_B, u),
+                                       strict=True)) / 6 for s, u in pairs]
+    kappas = [kappa_by_hand(bands(ALWAYS_BUY_A, s), bands(ALWAYS_BUY_B, u)) for s, u in pairs]
+    # Own ratings would give 100% agreement and an undefined QWK at k = 1.
+    assert k1.choices == 4 and k1.exhaustive and k1.choice_error == 0.0
+    assert k1.agreement == pytest.approx(sum(agree) / 4)
+    assert k1.qwk == pytest.approx(sum(kappas) / 4)
+    # k = N is the whole batch: the same grades as the pair table.
+    (pair,) = report.pairs
+    assert k2.agreement == pytest.approx(pair.stats.agreement)
+    assert k2.agreement == pytest.approx(sum(
+        x == y for x, y in zip(bands(ALWAYS_BUY_A, (0, 1)), bands(ALWAYS_BUY_B, (0, 1)),
+                               strict=True)) / 6)
+
+
+def noisy_samples(samples: int, tickers: int, seed: int) -> dict[str, list[tuple[str, float]]]:
+    """Scores = a ticker's own level + noise, each sample's rating the band of its score."""
+    rng = random.Random(seed)
+    grades = {}
+    for i in range(tickers):
+        level = rng.uniform(-0.6, 0.6)
+        scores = [max(-1.0, min(1.0, level + rng.gauss(0, 0.35))) for _ in range(samples)]
+        grades[f"T{i:02d}"] = [(band_by_hand(s), round(s, 4)) for s in scores]
+    return grades
+
+
+def split_means(grades: dict[str, list[tuple[str, float]]], left: tuple[int, ...],
+                right: tuple[int, ...]) -> tuple[list[float], list[float]]:
+    names = sorted(grades)
+    return ([sum(grades[t][i][1] for i in left) / len(left) for t in names],
+            [sum(grades[t][i][1] for i in right) / len(right) for t in names])
+
+
+def test_split_half_uses_every_choice_when_few(sqlite_engine: Engine) -> None:
+    grades = noisy_samples(8, 12, seed=3)
+    batch = add_batch(sqlite_engine, grades)
+    rows = {r.k: r for r in samples_report(sqlite_engine, batch, resamples=0).split_half}
+    splits = {k: [(s, t) for s in itertools.combinations(range(8), k)
+                  for t in itertools.combinations(range(8), k) if s < t and not set(s) & set(t)]
+              for k in (1, 2, 4)}
+    assert {k: len(v) for k, v in splits.items()} == {1: 28, 2: 210, 4: 35}
+    for k, every in splits.items():
+        rhos = [spearman_by_hand(*split_means(grades, s, t)) for s, t in every]
+        row = rows[k]
+        if len(every) <= ALL_CHOICES:
+            assert row.exhaustive
+        if row.exhaustive:  # every split: an exact mean
+            assert row.choices == len(every) and row.choice_error == 0.0
+            assert row.spearman == pytest.approx(sum(rhos) / len(rhos))
+        else:
+            assert row.choice_error is not None and row.choice_error < TARGET_ERROR
+            assert abs(row.spearman - sum(rhos) / len(rhos)) <= 4 * row.choice_error
+
+
+@pytest.mark.slow
+def test_many_choices_are_drawn_until_the_error_is_below_001(sqlite_engine: Engine) -> None:
+    first, second = noisy_samples(8, 12, seed=8), noisy_samples(8, 12, seed=9)
+    a, b = add_batch(sqlite_engine, first), add_batch(sqlite_engine, second)
+    k2 = repro(sqlite_engine, [a, b], resamples=0).by_k[1]
+    choices = list(itertools.product(itertools.combinations(range(8), 2), repeat=2))
+    assert len(choices) == 784 > ALL_CHOICES
+    rhos = [spearman_by_hand(split_means(first, s, s)[0], split_means(second, u, u)[0])
+            for s, u in choices]
+    exact = sum(rhos) / len(rhos)
+    assert not k2.exhaustive and k2.choices < 784  # drawn: fewer than every choice
+    assert k2.choice_error is not None and k2.choice_error < TARGET_ERROR
+    assert k2.spearman is not None and abs(k2.spearman - exact) <= 4 * k2.choice_error
+    again = repro(sqlite_engine, [a, b], resamples=0).by_k[1]
+    assert (again.spearman, again.choices) == (k2.spearman, k2.choices)  # seeded
+
+
+def test_between_batches_every_choice_of_k_on_each_side(sqlite_engine: Engine) -> None:
+    first, second = noisy_samples(4, 8, seed=5), noisy_samples(4, 8, seed=6)
+    a, b = add_batch(sqlite_engine, first), add_batch(sqlite_engine, second)
+    k2 = repro(sqlite_engine, [a, b], resamples=0).by_k[1]
+    choices = list(itertools.product(itertools.combinations(range(4), 2), repeat=2))
+    rhos = [spearman_by_hand(split_means(first, s, s)[0], split_means(second, u, u)[0])
+            for s, u in choices]
+    assert k2.choices == 36 and k2.exhaustive  # the old cap drew 6 of these 36
+    assert k2.spearman == pytest.approx(sum(rhos) / 36)

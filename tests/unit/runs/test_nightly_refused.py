@@ -1,0 +1,217 @@
+"""No silent night: a night refused at its start pushes a digest naming why and what to do.
+
+Both paths are driven: ``nightdesk run --continue-night`` (what the timer's unit runs) and the
+scheduler daemon's fire, which runs the same preflight (the model at ``/v1/models``
+included). The digest travels the real way (Apprise, HTTP, tests/webhook.py); the vLLM
+server is a fake at the HTTP edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from sqlalchemy import Engine, func, select
+
+from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from app.db.models import Batch
+from tests.fakevllm import FakeServer
+from tests.unit.db.test_lock import fake_llm
+from tests.unit.support.clirun import run_cli
+from tests.webhook import Webhook, closed_port, webhook
+
+ADVICE = "What to do: fix that, then start the night again: nightdesk run --continue-night"
+CAUSES = ["server-down", "no-snapshot", "wrong-model"]
+
+
+@pytest.fixture
+def hook() -> Iterator[Webhook]:
+    with webhook() as listening:
+        yield listening
+
+
+def cause(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, str],
+                                                                                 str]:
+    """Set up one way a night is refused; return the settings it needs and what it says."""
+    if name != "no-snapshot":
+        write_demo(tmp_path / "data", DEMO_AS_OF, 2)
+    if name == "server-down":
+        return ({"NIGHTDESK_LLM_BASE_URL": f"http://127.0.0.1:{closed_port()}/v1"},
+                "cannot reach")
+    if name == "database-away":
+        return ({"NIGHTDESK_DATABASE_URL":
+                 f"postgresql://postgres@127.0.0.1:{closed_port()}/nightdesk"},
+                "cannot reach database")
+    if name == "wrong-model":
+        server = FakeServer(model="qwen-dense-27b")
+        monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: server.sync_client())
+        return {}, "does not serve 'smollm2-135m' (it serves: qwen-dense-27b)"
+    return {}, "no snapshot under"
+
+
+def batches(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(Batch)).scalar_one())
+
+
+def assert_told(hook: Webhook, says: str) -> None:
+    [post] = hook.posts
+    assert post["type"] == "failure"
+    assert "REFUSED at its start, no batch run" in post["title"]
+    lines = post["message"].splitlines()
+    assert lines[0].startswith("Why: ") and says in lines[0], lines
+    assert lines[1] == ADVICE
+
+
+@pytest.mark.parametrize("name", [*CAUSES, "database-away"])
+def test_the_timers_refused_night_pushes_a_digest(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
+        name: str) -> None:
+    env, says = cause(name, tmp_path, monkeypatch)
+    result = run_cli("run", "--continue-night",
+                     env={**env, "NIGHTDESK_NOTIFY": hook.url(),
+                          "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    assert result.code == 2, result.stderr
+    [error] = [line for line in result.error_lines if line.startswith("error: ")]
+    assert says in error and "Traceback" not in result.stderr, result.stderr
+    if name != "database-away":
+        assert batches(sqlite_engine) == 0
+    assert_told(hook, says)
+
+
+@pytest.mark.parametrize("name", CAUSES)
+def test_the_daemons_refused_night_pushes_a_digest(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
+        name: str) -> None:
+    from app.runs.nightly import run_nightly
+    from tests.unit.support.daemon_clock import NIGHT, daemon_for, running, tick
+
+    env, says = cause(name, tmp_path, monkeypatch)
+    overrides: dict[str, Any] = {key.removeprefix("NIGHTDESK_").lower(): value
+                                 for key, value in env.items()}
+    with structlog.testing.capture_logs() as logs, \
+            running(daemon_for(sqlite_engine, run_nightly, notify=hook.url(),
+                               check_context_length=False, **overrides),
+                    NIGHT - timedelta(minutes=5)) as daemon:
+        tick(daemon, NIGHT)
+    failed = [e for e in logs if e["event"] == "nightly run failed"]
+    assert len(failed) == 1 and says in failed[0]["error"], logs
+    assert batches(sqlite_engine) == 0
+    assert_told(hook, says)
+
+
+def test_a_fire_whose_database_is_away_pushes_a_digest(hook: Webhook) -> None:
+    # The daemon's engine outlives a database that went away: the night's lock is refused.
+    from app.config import load_settings
+    from app.db.engine import make_engine
+    from app.errors import DatabaseError
+    from app.runs.nightly import run_nightly
+
+    settings = load_settings(notify=hook.url(), database_url=f"postgresql://postgres@"
+                             f"127.0.0.1:{closed_port()}/nightdesk")
+    with pytest.raises(DatabaseError, match="cannot take the nightly lock"):
+        run_nightly(settings, engine=make_engine(settings.database_url), resume=True,
+                    server="require")
+    assert_told(hook, "cannot take the nightly lock")
+
+
+def test_the_advised_command_starts_the_night_once_the_cause_is_fixed(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        hook: Webhook) -> None:
+    env, _ = cause("server-down", tmp_path, monkeypatch)
+    assert run_cli("run", "--continue-night", env=env).code == 2
+    fake_llm(monkeypatch, None, demo_tickers(2))  # the server is back, serving the model
+    command = ADVICE.rsplit(": ", 1)[1].split()
+    assert command[0] == "nightdesk"
+    result = run_cli(*command[1:], env={"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    assert result.code == 0, result.stderr
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.kind, Batch.status)).all() == [("nightly", "succeeded")]
+
+
+def test_a_night_another_run_holds_is_no_refusal(
+        sqlite_engine: Engine, tmp_path: Path, hook: Webhook) -> None:
+    from app.db.lock import nightly_lock
+
+    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
+    with nightly_lock(sqlite_engine):
+        result = run_cli("run", "--continue-night", env={"NIGHTDESK_NOTIFY": hook.url()})
+    assert result.code == 4, result.stderr
+    assert hook.posts == []
+
+
+def test_the_advice_for_a_date_already_analyzed_works(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.batch import store
+    from app.config import load_settings
+    from app.runs.nightly import run_nightly
+
+    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
+    done = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
+                              tickers=demo_tickers(2), samples=1, settings={},
+                              server_facts=None)
+    store.finish_batch(sqlite_engine, done, "succeeded")
+    told: list[str] = []
+    monkeypatch.setattr("app.runs.nightly.send_refusal",
+                        lambda _settings, _as_of, why, advice: told.append(advice))
+    night = run_nightly(load_settings(), engine=sqlite_engine, resume=True,
+                        once_per_as_of=True, server="skip")
+    assert night.outcome is None and night.covered_by == done
+    [advice] = told
+    command = advice.split("`")[3].split()  # `nightdesk data freeze --help`, then the run
+    assert command == ["nightdesk", "run", "--as-of", str(DEMO_AS_OF)]
+    assert run_cli("data", "freeze", "--help").code == 0
+    fake_llm(monkeypatch, None, demo_tickers(2))
+    result = run_cli(*command[1:], env={"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    assert result.code == 0, result.stderr
+    assert batches(sqlite_engine) == 2
+
+
+@pytest.mark.parametrize("repeat", [False, True], ids=["once", "repeat-as-of"])
+def test_the_timer_does_not_run_a_date_already_analyzed_again(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
+        repeat: bool) -> None:
+    from app.batch import store
+
+    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
+    done = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
+                              tickers=demo_tickers(2), samples=1, settings={},
+                              server_facts=None)
+    store.finish_batch(sqlite_engine, done, "succeeded")
+    fake_llm(monkeypatch, None, demo_tickers(2))
+    result = run_cli("run", "--continue-night",
+                     env={"NIGHTDESK_NOTIFY": hook.url(), "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false",
+                          "NIGHTDESK_SCHEDULE_REPEAT_AS_OF": str(repeat).lower()})
+    assert result.code == 0, result.stderr
+    if repeat:  # asked for: the date is analyzed again
+        assert batches(sqlite_engine) == 2
+        return
+    assert batches(sqlite_engine) == 1
+    [post] = hook.posts
+    assert f"nightly batch #{done} has already analyzed as-of {DEMO_AS_OF}" in post["message"]
+
+
+@pytest.mark.parametrize(("start", "again"), [
+    (["--as-of", str(DEMO_AS_OF)],
+     f"nightdesk run --continue-night --as-of {DEMO_AS_OF}"),
+    (["--tickers", "{first}"], "the same `nightdesk run` command as before"),
+], ids=["as-of", "tickers"])
+def test_the_advice_starts_the_same_night_again(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
+        start: list[str], again: str) -> None:
+    env, _ = cause("server-down", tmp_path, monkeypatch)
+    argv = ["run", *(word.format(first=demo_tickers(2)[0]) for word in start)]
+    assert run_cli(*argv, env={**env, "NIGHTDESK_NOTIFY": hook.url()}).code == 2
+    [post] = hook.posts
+    advice = post["message"].splitlines()[1]
+    assert advice == f"What to do: fix that, then start the night again: {again}"
+    fake_llm(monkeypatch, None, demo_tickers(2))  # fixed: the server is back
+    command = argv if again.startswith("the same") else again.split()[1:]
+    result = run_cli(*command, env={"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    assert result.code == 0, result.stderr
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.as_of)).scalars().all() == [DEMO_AS_OF]

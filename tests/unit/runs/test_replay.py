@@ -1,0 +1,91 @@
+"""Every request body is recorded, re-asks and replays included, so any batch can be replayed."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, select
+
+from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.snapshot import SnapshotProvider
+from agents.graph import node_names
+from app.batch.engine import BatchEngine, BatchPlan
+from app.config import load_settings
+from app.db.models import LLMCall, LLMRequest
+from app.runs.replay import replay_batch
+from app.usage import decompress_body
+from tests.fakevllm import ChatRequest, FakeServer, Reply
+
+
+@pytest.fixture
+def demo_dir(tmp_path: Path) -> Path:
+    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
+    return tmp_path / "data"
+
+
+def sent(server: FakeServer) -> list[str]:
+    """Return every chat body the server received, as canonical JSON, in a stable order."""
+    return sorted(json.dumps(c.body, sort_keys=True) for c in server.chats)
+
+
+async def test_a_replay_is_faithful_and_can_itself_be_replayed(sqlite_engine: Engine,
+                                                               demo_dir: Path) -> None:
+    tickers = demo_tickers(2)
+    settings = load_settings(check_context_length=False, retry_backoff_s=0)
+    nodes = node_names(settings.pipeline())
+    asked: Counter[str] = Counter()
+
+    def first_decision_invalid(chat: ChatRequest) -> Reply | None:
+        if chat.structured:
+            asked[str(chat.ticker)] += 1
+            if asked[str(chat.ticker)] == 1:
+                return Reply("not json")  # the portfolio manager is asked again
+        return None
+
+    night = FakeServer(first_decision_invalid, nodes=nodes, tickers=tickers)
+    source = await BatchEngine(settings, sqlite_engine, http_client=night.client(),
+                               provider=SnapshotProvider(demo_dir), sample_metrics=False
+                               ).run(BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert source.status == "succeeded"
+    assert len(night.chats) == 2 * 18  # 17 nodes and one re-ask each
+    with sqlite_engine.connect() as conn:
+        keys = conn.execute(select(LLMRequest.call_id)
+                            .where(LLMRequest.batch_id == source.batch_id)).all()
+        asks = conn.execute(select(LLMRequest.call_id, LLMRequest.body).where(
+            LLMRequest.batch_id == source.batch_id, LLMRequest.ticker == tickers[0],
+            LLMRequest.node == "portfolio_manager").order_by(LLMRequest.id)).all()
+        rows = conn.execute(select(LLMCall.call_id, LLMCall.attempt).where(
+            LLMCall.batch_id == source.batch_id, LLMCall.ticker == tickers[0],
+            LLMCall.node == "portfolio_manager")).all()
+    assert len(keys) == len(night.chats)
+    # The re-ask is its own call with its own body; each call's one attempt is its first.
+    assert sorted(tuple(r) for r in rows) == sorted((a.call_id, 1) for a in asks)
+    assert len({a.call_id for a in asks}) == 2
+    reask: dict[str, Any] = decompress_body(asks[1].body)
+    assert reask["messages"][-2] == {"role": "assistant", "content": "not json"}
+
+    replays = []
+    for of in (source.batch_id, None):
+        server = FakeServer(nodes=nodes, tickers=tickers)
+        outcome = await replay_batch(settings, sqlite_engine,
+                                     of if of is not None else replays[-1][0].batch_id,
+                                     match_output=False, sample_metrics=False,
+                                     http_client=server.client())
+        assert outcome.status == "succeeded", outcome.failed
+        replays.append((outcome, server))
+    (first, first_server), (second, second_server) = replays
+    # The replay sent exactly what the night sent, the re-asks included; the replay of the
+    # replay sent exactly that again.
+    assert sent(first_server) == sent(night)
+    assert sent(second_server) == sent(first_server)
+    with sqlite_engine.connect() as conn:
+        for replay in (first, second):
+            calls = conn.execute(select(LLMCall.call_id, LLMCall.attempt).where(
+                LLMCall.batch_id == replay.batch_id, LLMCall.ticker == tickers[0],
+                LLMCall.node == "portfolio_manager")).all()
+            # One row per attempt, none dropped as a duplicate: two calls of one attempt.
+            assert sorted(a for _, a in calls) == [1, 1] and len({c for c, _ in calls}) == 2

