@@ -31,6 +31,8 @@ from app.home import default_home, default_vllm_venv
 from serving.urls import redact
 
 CONFIG_ENV = "NIGHTDESK_CONFIG"
+# An HTTP header's name: RFC 9110's token characters.
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 class Sampling(TypedDict):
@@ -83,6 +85,10 @@ class Settings(BaseSettings):
     """The vLLM servers behind a router at ``llm_base_url`` (comma-separated; a TOML array),
     each one's /metrics read for capacity. Empty: asked of the router's ``/workers``
     (vllm-router's list); a vLLM server has none and is read itself."""
+    llm_server_header: str = ""
+    """The response header a router at ``llm_base_url`` sets to name the server that
+    answered, stored as each ``llm_calls`` row's ``served_by``. Empty: none is read
+    (vllm-router 0.1.17 sends none; the row's ``endpoint`` names the router)."""
     llm_model: str = "smollm2-135m"
     llm_api_key: SecretStr = SecretStr("EMPTY")
     data_dir: Path = Path()
@@ -234,6 +240,15 @@ class Settings(BaseSettings):
         if value in ("", [], ()) or (isinstance(value, str) and not value.strip()):
             return ""
         return cls._endpoint_list(value)
+
+    @field_validator("llm_server_header")
+    @classmethod
+    def _header_name(cls, value: str) -> str:
+        """Accept an HTTP header name (RFC 9110 token characters), or nothing."""
+        value = value.strip()
+        if value and not HEADER_NAME.fullmatch(value):
+            raise ValueError(f"must be an HTTP header name, like X-Served-By (got {value!r})")
+        return value
 
     @field_validator("notify", mode="before")
     @classmethod

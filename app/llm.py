@@ -81,6 +81,7 @@ class _Attempt:
     finish_reason: str | None = None
     request_id: str | None = None
     trim: Trim | None = None  # what the context guard left out of the call
+    served_by: str | None = None  # the server a router in front named, if it did
 
 
 def backoff_delay(base_s: float, retry: int, rng: random.Random | None = None) -> float:
@@ -259,6 +260,7 @@ class TrackedLLM(PromptCounter):
         except openai.APITimeoutError:
             error = LLMTimeoutError("request timed out")
         except openai.APIStatusError as exc:
+            self._take_server(exc.response.headers, seen)
             error = _classify_status(exc)
         except openai.APIConnectionError as exc:
             # The SDK says only "Connection error."; the transport's own error says which.
@@ -311,6 +313,7 @@ class TrackedLLM(PromptCounter):
         async with self._client.chat.completions.with_streaming_response.create(
             **body, stream=True, stream_options={"include_usage": True}, extra_headers=headers,
         ) as response:
+            self._take_server(response.headers, seen)
             try:
                 async for sse in SSEDecoder().aiter_bytes(response.iter_bytes()):
                     # Stop at [DONE]: the connection then closes rather than going back to
@@ -329,6 +332,13 @@ class TrackedLLM(PromptCounter):
                 "stream ended without a finish reason"
                 + ("" if seen.usage is not None else " or usage")
                 + f": truncated answer of {len(''.join(seen.content))} characters discarded")
+
+    def _take_server(self, headers: httpx.Headers, seen: _Attempt) -> None:
+        """Note the server a router in front says answered (``llm_server_header``)."""
+        name = self.settings.llm_server_header
+        said = headers.get(name, "").strip() if name else ""
+        if said:
+            seen.served_by = redact(said)[:300]
 
     def _record(
         self, tag: CallTag, key: tuple[str, int], body: dict[str, Any], seen: _Attempt,
@@ -372,6 +382,7 @@ class TrackedLLM(PromptCounter):
             "context_trimmed_tokens": None if trim is None else trim.tokens,
             "context_trimmed": None if trim is None else trim.describe()[:200],
             "endpoint": self.endpoint,
+            "served_by": seen.served_by,
         })
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -53,6 +54,42 @@ def workers_url(base_url: str) -> str:
     return server_root(base_url) + "/workers"
 
 
+@dataclass(frozen=True)
+class Worker:
+    """One server a router lists: its root URL and the router's own verdict on it."""
+
+    url: str
+    healthy: bool | None  # the router's ``is_healthy`` (None: it said nothing)
+
+
+def parse_workers(response: httpx.Response) -> list[Worker] | None:
+    """Return the servers in a ``/workers`` answer (None: not a router's list, e.g. 404)."""
+    if response.status_code != 200:
+        return None
+    try:
+        workers = response.json().get("workers")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(workers, list):
+        return None
+    listed = [Worker(w["url"].rstrip("/"),
+                     w.get("is_healthy") if isinstance(w.get("is_healthy"), bool) else None)
+              for w in workers
+              if isinstance(w, dict) and isinstance(w.get("url"), str) and w["url"]]
+    return listed or None
+
+
+def fetch_workers(base_url: str, *, timeout_s: float = 5.0) -> list[Worker] | None:
+    """Return what a vllm-router at ``base_url`` lists (None: no router's list there);
+    unreachable is a ServerError. Blocking: for the command line."""
+    url = workers_url(base_url)
+    try:
+        response = httpx.get(url, timeout=timeout_s)
+    except httpx.HTTPError as error:
+        raise ServerError(redact(f"cannot read {url}: {error}")) from None
+    return parse_workers(response)
+
+
 async def afetch_workers(base_url: str, *, client: httpx.AsyncClient,
                          timeout_s: float = 5.0) -> list[str] | None:
     """Return the servers' URLs a vllm-router at ``base_url`` lists (None: no router's list
@@ -62,14 +99,5 @@ async def afetch_workers(base_url: str, *, client: httpx.AsyncClient,
         response = await client.get(url, timeout=timeout_s)
     except httpx.HTTPError as error:
         raise ServerError(redact(f"cannot read {url}: {error}")) from None
-    if response.status_code != 200:
-        return None
-    try:
-        workers = response.json().get("workers")
-    except (ValueError, AttributeError):
-        return None
-    if not isinstance(workers, list):
-        return None
-    urls = [w["url"].rstrip("/") for w in workers
-            if isinstance(w, dict) and isinstance(w.get("url"), str) and w["url"]]
-    return urls or None
+    workers = parse_workers(response)
+    return None if workers is None else [w.url for w in workers]

@@ -16,6 +16,7 @@ from serving import launcher, replicas, router
 from serving.facts import read_server_facts
 from serving.preflight import query_gpus, run_preflight
 from serving.profiles import HostPaths, Profile, load_profile, render
+from serving.urls import redact, server_root
 
 # vllm-router answers /health within seconds of starting, vLLM servers in minutes.
 ROUTER_START_S = 60.0
@@ -262,7 +263,8 @@ def stop(
 
 @app.command("status")
 def status(profile: ProfileOpt = None, port: PortOpt = None) -> None:
-    """Say whether the server (or each one per GPU) runs and answers /health.
+    """Say whether the server (or each one per GPU) runs and answers /health; and the
+    router in front, with the servers behind it (its /workers, or the setting).
 
     Exit 1 when one does not answer.
     """
@@ -276,11 +278,67 @@ def status(profile: ProfileOpt = None, port: PortOpt = None) -> None:
     for state in states:
         running = f"running (pid {state.pid})" if state.alive else "not running here"
         out.print(f"{state.profile}: {running}; log {state.log}")
-        health = "[green]healthy[/]" if state.healthy else "[red]not answering[/]"
-        out.print(f"{state.root_url}/health: {health}")
+        out.print(f"{state.root_url}/health: {_health(state.healthy)}")
     silent = [state.root_url for state in states if not state.healthy]
+    silent += _router_status(settings, chosen)
     if silent:
         raise ServerError(f"{', '.join(silent)}: /health does not answer")
+
+
+def _health(healthy: bool) -> str:
+    return "[green]healthy[/]" if healthy else "[red]not answering[/]"
+
+
+def _router_status(settings: Settings, profile: Profile) -> list[str]:
+    """Print the router in front (started here by ``--router``, else the one nightdesk is
+    pointed at) and each server behind it; return the roots that do not answer /health.
+
+    A URL nightdesk is pointed at is a router when the setting names servers behind it or
+    it answers vllm-router's ``/workers``; anything else prints nothing here.
+    """
+    key = router.router_key(profile.name)
+    facts = read_server_facts(key, settings.server_dir)
+    started = launcher.ServerFiles.of(key, settings.server_dir).pid.exists()
+    if started and isinstance(facts.get("root_url"), str):
+        root = str(facts["root_url"])
+    elif len(settings.base_urls) == 1:
+        root = server_root(settings.base_url)
+    else:
+        return []  # nightdesk's own list of servers, each one shown above if started here
+    try:
+        workers = router.fetch_workers(root, timeout_s=2.0)
+    except ServerError:
+        workers = None  # a router that does not answer: its /health says so below
+    named = settings.router_servers
+    if not (started or named or workers):
+        return []
+    where = "from its /workers"
+    if named:
+        where = "from NIGHTDESK_LLM_ROUTER_SERVERS"
+    elif workers is None:
+        where = "its /workers does not answer"
+    if started:
+        state = launcher.status(profile, port=urlsplit(root).port, key=key,
+                                state_dir=settings.server_dir)
+        running = f"running (pid {state.pid})" if state.alive else "not running here"
+        out.print(f"{key}: {running}; log {state.log}")
+    else:
+        out.print(f"router {redact(root)} (NIGHTDESK_LLM_BASE_URL)", highlight=False)
+    healthy = launcher.healthy(root)
+    out.print(f"{redact(root)}/health: {_health(healthy)}", highlight=False)
+    silent = [] if healthy else [redact(root)]
+    verdicts = {w.url: w.healthy for w in workers or []}
+    servers = [server_root(url) for url in named] if named else list(verdicts)
+    out.print(f"servers behind it ({where}): {len(servers)}")
+    for url in servers:
+        said = verdicts.get(url)
+        says = ("" if said is None else
+                "router says [green]healthy[/]; " if said else "router says [red]unhealthy[/]; ")
+        up = launcher.healthy(url)
+        out.print(f"  {redact(url)}: {says}/health {_health(up)}", highlight=False)
+        if not up:
+            silent.append(redact(url))
+    return silent
 
 
 @app.command("wait")

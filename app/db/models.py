@@ -152,6 +152,9 @@ class LLMCall(Base):
     context_trimmed: Mapped[str | None] = mapped_column(String(200))
     # The OpenAI base URL the attempt went to (None on rows older than several endpoints).
     endpoint: Mapped[str | None] = mapped_column(String(300))
+    # The server that answered, as a router in front names it in the response header
+    # ``llm_server_header``; None where nothing named one (then ``endpoint`` is the router).
+    served_by: Mapped[str | None] = mapped_column(String(300))
 
 
 class LLMRequest(Base):

@@ -6,6 +6,8 @@ What it answers is what vllm-router 0.1.17 was seen to answer in front of two se
 other request goes to one server: ``policy="consistent_hash"`` picks it from the
 ``X-Session-ID`` header (else the body's ``user``), ``"first"`` always the first.
 ``workers=False`` makes it a front without ``/workers`` (404), like another gateway.
+``names_server`` (a header name) makes it a front that names, in that response header, the
+server it sent a request to; vllm-router 0.1.17 names none.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class FakeRouter:
     root: str = "http://router.test"
     policy: str = "consistent_hash"
     workers: bool = True
+    names_server: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -59,7 +62,12 @@ class FakeRouter:
             return httpx.Response(200, json={"workers": listed, "total": len(listed)})
         if request.url.path == "/metrics":
             return await next(iter(self.servers.values())).handle(request)
-        return await self.pick(request).handle(request)
+        picked = self.pick(request)
+        response = await picked.handle(request)
+        if self.names_server is not None:
+            root = next(root for root, fake in self.servers.items() if fake is picked)
+            response.headers[self.names_server] = root
+        return response
 
     def client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.MockTransport(self.handle))

@@ -32,7 +32,7 @@ EXPECTED = {
         "completion_tokens", "cached_tokens", "max_tokens", "finish_reason", "status",
         "error_class", "http_status", "error", "started_at", "first_token_at", "ended_at",
         "ready_at", "latency_s", "request_id", "context_trimmed_tokens", "context_trimmed",
-        "endpoint",
+        "endpoint", "served_by",
     },
     "llm_requests": {"id", "batch_id", "ticker", "node", "sample", "call_id", "body"},
     "decisions": {
@@ -110,7 +110,7 @@ def check_reordered_catch_up(url: str) -> None:
 
     upgrade(url)
     check_schema(engine)  # context-trim columns and the call ids are there now
-    assert current_revision(engine) == head_revision() == "0013_progress_readings"
+    assert current_revision(engine) == head_revision() == "0014_served_by"
     upgrade(url)  # and nothing runs twice
     check_schema(engine)
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import signal
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +19,7 @@ from typer.testing import CliRunner
 
 from app.cli import app as cli
 from app.config import load_settings
-from serving import replicas
+from serving import launcher, replicas
 from serving.errors import ProfileError
 from serving.profiles import ServerCommand, load_profile
 from tests.unit.serving.test_launcher import _health_server
@@ -174,11 +179,90 @@ def test_cli_start_with_router_puts_vllm_router_in_front_and_stop_stops_it(
         assert sorted(w["url"] for w in listed["workers"]) == [
             f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
         assert (server_dir / "qwen-dense-27b-router.pid").read_text().strip().isdigit()
+        # status lists the router and, from its /workers, the servers with both verdicts.
+        status = runner.invoke(cli, ["server", "status", *args])
+        assert status.exit_code == 0, status.output
+        assert "qwen-dense-27b-router: running (pid" in status.output
+        assert f"http://127.0.0.1:{front}/health: healthy" in status.output
+        assert "servers behind it (from its /workers): 2" in status.output
+        for port in (base, base + 1):
+            assert (f"  http://127.0.0.1:{port}: router says healthy; /health healthy"
+                    in status.output), status.output
+        # A server gone behind it: said, and the exit is 1.
+        gone = int((server_dir / "qwen-dense-27b-gpu1.pid").read_text())
+        os.kill(gone, signal.SIGKILL)
+        wait_gone = time.monotonic() + 10
+        while launcher.healthy(f"http://127.0.0.1:{base + 1}") and time.monotonic() < wait_gone:
+            time.sleep(0.1)
+        status = runner.invoke(cli, ["server", "status", *args])
+        assert status.exit_code == 1, status.output
+        # The router's verdict is its own health check's, whichever it is by now.
+        assert re.search(rf"  http://127.0.0.1:{base + 1}: router says (un)?healthy; "
+                         "/health not answering", status.output), status.output
+        assert f"  http://127.0.0.1:{base}: router says healthy; /health healthy" in \
+            status.output
     finally:
         stopped = runner.invoke(cli, ["server", "stop", *args, "--timeout", "10"])
     assert stopped.exit_code == 0, stopped.output
     assert "qwen-dense-27b-router stopped" in stopped.output
-    assert "qwen-dense-27b-gpu1 stopped" in stopped.output
+    assert "qwen-dense-27b-gpu0 stopped" in stopped.output
+    assert "qwen-dense-27b-gpu1 was not running" in stopped.output  # killed above
     assert not list(server_dir.glob("*.pid"))
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{front}/workers", timeout=2)
+
+
+def _stand_in(port: int) -> subprocess.Popen[bytes]:
+    """Run a process answering /health 200 (404 elsewhere: no router's /workers) on port."""
+    command = _health_server(port)
+    return subprocess.Popen(command.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_status_lists_a_router_run_elsewhere_and_the_servers_the_setting_names(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    front, up, down = _free_ports(3)  # nothing listens on ``down``
+    processes = [_stand_in(front), _stand_in(up)]
+    try:
+        for port in (front, up):
+            launcher.wait_until_healthy(f"http://127.0.0.1:{port}", 10, 0.05)
+        monkeypatch.setenv("NIGHTDESK_LLM_BASE_URL", f"http://127.0.0.1:{front}/v1")
+        monkeypatch.setenv("NIGHTDESK_LLM_ROUTER_SERVERS",
+                           f"http://127.0.0.1:{up},http://127.0.0.1:{down}")
+        code, out, err = nightdesk(monkeypatch, capsys, "server", "status")
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+    assert f"router http://127.0.0.1:{front} (NIGHTDESK_LLM_BASE_URL)" in out, out
+    assert f"http://127.0.0.1:{front}/health: healthy" in out
+    assert "servers behind it (from NIGHTDESK_LLM_ROUTER_SERVERS): 2" in out
+    # The stand-in has no /workers: no router's verdict, only each server's /health.
+    assert f"  http://127.0.0.1:{up}: /health healthy" in out
+    assert f"  http://127.0.0.1:{down}: /health not answering" in out
+    assert code == 1 and f"http://127.0.0.1:{down}: /health does not answer" in err
+
+
+def test_status_of_a_plain_server_lists_no_router(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    (port,) = _free_ports(1)
+    process = _stand_in(port)
+    try:
+        launcher.wait_until_healthy(f"http://127.0.0.1:{port}", 10, 0.05)
+        monkeypatch.setenv("NIGHTDESK_LLM_BASE_URL", f"http://127.0.0.1:{port}/v1")
+        code, out, _ = nightdesk(monkeypatch, capsys, "server", "status")
+    finally:
+        process.kill()
+        process.wait()
+    assert code == 0 and f"http://127.0.0.1:{port}/health: healthy" in out
+    assert "router" not in out and "behind it" not in out, out
