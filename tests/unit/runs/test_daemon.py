@@ -249,6 +249,9 @@ def test_a_night_already_done_is_not_run_again(sqlite_engine: Engine, demo_dir: 
         done = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
                                   tickers=demo_tickers(2), samples=1, settings={},
                                   server_facts=None)
+        for ticker in demo_tickers(2):  # a batch succeeds when every ticker has
+            store.ticker_finished(sqlite_engine, done, ticker, [store.DecisionRow(
+                ticker, 0, "Hold", 0.0, 0.5, "stored")], None)
         store.finish_batch(sqlite_engine, done, "succeeded")
     with webhook() as hook, structlog.testing.capture_logs() as logs, \
             running(daemon_for(sqlite_engine, run_nightly, notify=hook.url(),
