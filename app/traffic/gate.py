@@ -221,6 +221,15 @@ class Gate:
         ticket.finished = True
         self.release_hold(ticket)
 
+    def reorder(self) -> None:
+        """Sort the waiters again by their tickets' priority now: a waiter's place was its
+        priority when it queued, and a ticker the tail rule marked urgent since must not stay
+        behind the start order (docs/architecture.md, "Order")."""
+        self._waiters = [(priority(ticket), seq, future, claim, ticket)
+                         for _, seq, future, claim, ticket in self._waiters if not future.done()]
+        heapq.heapify(self._waiters)
+        self.grant()
+
     def grant(self) -> None:
         """Let through the waiters that now fit, in order (also after the budget changed)."""
         while self._waiters and self.outstanding < self.limit and not self.held:

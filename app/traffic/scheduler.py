@@ -86,13 +86,18 @@ class Scheduler:
     def _mark_tail(self) -> bool:
         """Mark urgent each ticker whose remaining chain would outlast the rest of the batch
         (the requests left over what runs at once); return True when a mark changed."""
-        rounds = self.left / max(1, self.endpoints.concurrency())
+        # Less one round: a ticker passed over at a gate that holds calls back waits about
+        # a call for room, so one within a round of the critical path is on it by then.
+        rounds = self.left / max(1, self.endpoints.concurrency()) - 1
         tickets = [ticket for endpoint in self.endpoints for ticket in endpoint.here.values()]
         flipped = False
         for ticket in [*tickets, *([self._next] if self._next is not None else [])]:
             urgent = bool(ticket.chain and ticket.remaining) and ticket.remaining_chain >= rounds
             flipped |= urgent != ticket.urgent
             ticket.urgent = urgent
+        if flipped:  # calls already queued move with their tickers' marks
+            for endpoint in self.endpoints:
+                endpoint.gate.reorder()
         return flipped
 
     async def _follow_tail(self) -> None:

@@ -95,11 +95,15 @@ async def test_the_tail_rule_marks_tickets_urgent_and_the_gate_serves_them_first
     scheduler.gate.set_limit(10)
     calm, senior_long, long_, short, unknown = (Ticket(0, 17, 5), Ticket(1, 17, 14),
                                                 Ticket(2, 17, 14), Ticket(3, 17, 12), Ticket(5))
-    for ticket in (calm, senior_long, long_, short, unknown):
+    near, below = Ticket(6, 9, 9), Ticket(7, 8, 8)
+    for ticket in (calm, senior_long, long_, short, unknown, near, below):
         scheduler.endpoints.first.arrive(ticket)
-    scheduler._unstarted = 100 - 4 * 17
-    assert scheduler.left == 100  # ten rounds left: a chain of ten or more is urgent
+    scheduler._unstarted = 100 - 4 * 17 - 9 - 8
+    # Ten rounds left, less the round a ticker passed over at the gate waits: a chain of
+    # nine or more is urgent.
+    assert scheduler.left == 100
     assert scheduler._mark_tail()
+    assert near.urgent and not below.urgent
     assert not calm.urgent and priority(calm) == 0
     ranks = [priority(t) for t in (senior_long, long_, short)]
     assert ranks == sorted(ranks) and all(r < 0 for r in ranks)
@@ -205,3 +209,34 @@ def test_retry_backoff_is_full_jitter_under_an_exponential_cap() -> None:
         # Spread over the whole range, not one fixed value: retries of calls that failed
         # together (a server restart) must not all come back at the same instant.
         assert min(delays) < 0.1 * cap and max(delays) > 0.9 * cap
+
+
+async def test_a_call_queued_before_its_ticker_turned_urgent_goes_first_once_marked() -> None:
+    # A gate of two places, both held; a young ticker's call queues, then a senior's, which
+    # goes ahead by start order. Then the work left shrinks and the tail rule marks the young
+    # one urgent: its call, queued under its start order, moves ahead (at 100 tickers an
+    # endpoint the young tickers' calls had waited behind the seniors' to the end).
+    scheduler = over_one_server(RecordingLLM(), Strategy.parse("adaptive"))
+    gate = scheduler.gate
+    gate.set_limit(2)
+    holders = [Ticket(i, 14, 14, done=14) for i in range(2)]
+    senior, young = Ticket(2, 14, 14, done=13), Ticket(3, 14, 14, done=2)
+    for ticket in (*holders, senior, young):
+        scheduler.endpoints.first.arrive(ticket)
+    scheduler._unstarted = 100
+    scheduler._mark_tail()
+    assert not senior.urgent and not young.urgent
+    served: list[int] = []
+
+    async def call(ticket: Ticket) -> None:
+        async with gate.slot(ticket):
+            served.append(ticket.order)
+
+    async with gate.slot(holders[0]), gate.slot(holders[1]):
+        calls = [asyncio.create_task(call(young)), asyncio.create_task(call(senior))]
+        await asyncio.sleep(0)
+        assert gate.waiting == 2
+        scheduler._unstarted = 0  # 13 requests left over two places: the young one's 12
+        assert scheduler._mark_tail() and young.urgent and not senior.urgent
+    await asyncio.gather(*calls)
+    assert served == [3, 2]
