@@ -241,7 +241,8 @@ def failovers(engine: Any, batch_id: int) -> int:
 
 def server_figures(readings: dict[str, MetricsSnapshot]) -> dict[str, Any]:
     """Sum what the servers' own /metrics counted: prompt tokens asked of the prefix cache
-    and found there, and preemptions (a server that cannot preempt still publishes 0)."""
+    and found there, and preemptions (a server that cannot preempt still publishes 0);
+    and each one's, with the tokens it generated."""
     queries = sum(r.prefix_cache_queries_total or 0.0 for r in readings.values())
     hits = sum(r.prefix_cache_hits_total or 0.0 for r in readings.values())
     return {"prefix_cache_queries": queries, "prefix_cache_hits": hits,
@@ -250,7 +251,9 @@ def server_figures(readings: dict[str, MetricsSnapshot]) -> dict[str, Any]:
             "per_server": {url: {"prefix_cache_hit_rate":
                                  (r.prefix_cache_hits_total or 0.0) / r.prefix_cache_queries_total
                                  if r.prefix_cache_queries_total else None,
-                                 "preemptions": r.preemptions_total}
+                                 "preemptions": r.preemptions_total,
+                                 # The share of the night each served, whoever placed it.
+                                 "generation_tokens": r.generation_tokens_total}
                            for url, r in readings.items()}}
 
 
