@@ -462,6 +462,9 @@ def fleet(
     kill_at: Annotated[float | None, typer.Option(
         min=0.0, help="Kill the last endpoint (SIGKILL) this many seconds into the night.")]
         = None,
+    max_concurrency: Annotated[int, typer.Option(
+        min=1, help="NIGHTDESK_MAX_CONCURRENCY: the calls in flight at one endpoint (behind "
+                    "a router, the one endpoint is the whole fleet).")] = 256,
     servers: Annotated[str | None, typer.Option(
         help="Servers already running, comma-separated root URLs (with --vllm-cpu: "
              "cpu-tiny servers), instead of starting them; none can be killed.")] = None,
@@ -529,7 +532,7 @@ def fleet(
                  "call_timeout_s": 300, "context_check_includes_output": False} if vllm_cpu
                 else {"llm_model": MODEL})
         settings = load_settings(llm_base_url=",".join(urls), database_url=db_url,
-                                 max_concurrency=256, metrics_interval_s=1.0,
+                                 max_concurrency=max_concurrency, metrics_interval_s=1.0,
                                  retry_backoff_s=0.5, **real)
         engine = get_engine(db_url)
         load = synthetic_workload(settings, tickers, scale, output_scale)

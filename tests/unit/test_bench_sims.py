@@ -52,7 +52,8 @@ def test_the_benches_keep_their_flags_and_left_the_installed_command() -> None:
                                   "kv_tokens", "max_num_seqs", "stream_interval", "strategy",
                                   "database", "pg_url", "port", "server_cpus", "json_out",
                                   "keep_sqlite", "nights", "router_policy", "router_arg",
-                                  "program_context", "kill_at", "servers", "vllm_cpu"}
+                                  "program_context", "kill_at", "max_concurrency", "servers",
+                                  "vllm_cpu"}
     installed = {c.name for c in typer.main.get_group(nightdesk_bench).commands.values()}
     assert installed == {"schedulers", "combine", "durability"}
 
