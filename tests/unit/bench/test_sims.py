@@ -51,7 +51,9 @@ def test_the_benches_keep_their_flags_and_left_the_installed_command() -> None:
     assert options(fleet.app) == {"tickers", "endpoints", "speedup", "scale", "output_scale",
                                   "kv_tokens", "max_num_seqs", "stream_interval", "strategy",
                                   "database", "pg_url", "port", "server_cpus", "json_out",
-                                  "keep_sqlite", "nights"}
+                                  "keep_sqlite", "nights", "router_policy", "router_arg",
+                                  "program_context", "kill_at", "max_concurrency", "servers",
+                                  "vllm_cpu"}
     installed = {c.name for c in typer.main.get_group(nightdesk_bench).commands.values()}
     assert installed == {"schedulers", "combine", "durability"}
 
@@ -71,7 +73,14 @@ def test_the_fleet_bench_serves_its_endpoints_and_writes_its_figures(tmp_path: P
     result = bench("tests.bench.fleet", "--tickers", "2", "--endpoints", "2", "--speedup", "20",
                    "--output-scale", "0.05", "--database", "sqlite", tmp_path=tmp_path)
     assert set(result) == {"tickers", "endpoints", "gpu", "workload", "arm", "loop_lag",
-                           "process", "rows_per_s", "capacity", "machine", "timing"}
+                           "process", "rows_per_s", "capacity", "machine", "timing", "front",
+                           "servers", "kill"}
+    # The endpoint list, each server's /metrics read after the night: the chain's calls
+    # share their ticker's context, so each server found some of it in its prefix cache.
+    assert result["front"] == {"kind": "endpoint list"} and result["kill"] is None
+    servers = result["servers"]
+    assert (servers["read"], servers["of"], servers["tickers_not_succeeded"]) == (2, 2, [])
+    assert 0 < servers["prefix_cache_hit_rate"] < 1 and servers["preemptions"] == 0
     # Where the makespan went: two tickers, each started once, 14 chain calls after analysts.
     spent = result["timing"]
     assert 0 <= spent["ticker_first_call_s"]["p50"] <= spent["ticker_first_call_s"]["max"]
@@ -114,3 +123,46 @@ def test_the_fleet_bench_keeps_its_nights_rows_for_a_replay_and_never_overwrites
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 2
     engine.dispose()
+
+
+def router_installed() -> bool:
+    try:
+        fleet.router.find_binary()
+    except fleet.ServerError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not router_installed(), reason="the vllm-router binary is not installed "
+                    "(pip install 'nightdesk[router]'; `make setup` does)")
+def test_the_fleet_bench_runs_behind_vllm_router_and_kills_an_endpoint_mid_night(
+        tmp_path: Path) -> None:
+    result = bench("tests.bench.fleet", "--tickers", "4", "--endpoints", "2", "--speedup", "8",
+                   "--output-scale", "0.1", "--database", "sqlite", "--router",
+                   "consistent_hash", "--router-arg=--enable-program-scheduling",
+                   "--program-context", "--kill-at", "1.5", tmp_path=tmp_path)
+    front = result["front"]
+    assert (front["kind"], front["policy"], front["args"]) == (
+        "vllm-router", "consistent_hash", ["--enable-program-scheduling"])
+    # The client was given the router alone; the router placed every call.
+    assert len(result["arm"]["endpoints"]) == 1
+    assert front["cpu_s"] > 0
+    # With the program identity sent, the router's program scheduling admitted programs.
+    assert front["program_decisions"].get("program_admit", 0) >= 1
+    kill = result["kill"]
+    assert kill["killed"] is True and kill["at_s"] == 1.5
+    # The killed server was read just before it died: both servers' counters are summed.
+    assert (result["servers"]["read"], result["servers"]["of"]) == (2, 2)
+    # The router's retries and nightdesk's own carried the killed server's tickers through.
+    assert kill["tickers_lost"] == result["servers"]["tickers_not_succeeded"] == []
+    assert arm_makespan(result) > 1.5
+
+
+def test_the_fleet_bench_refuses_router_flags_without_a_router_in_one_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "tests.bench.fleet", "--router-arg=--x"],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "--router-arg and --program-context need --router" in \
+        done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
