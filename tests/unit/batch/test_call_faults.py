@@ -10,7 +10,6 @@ import pytest
 from sqlalchemy import Engine, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
@@ -18,18 +17,13 @@ from app.db.engine import get_engine
 from app.db.models import Batch, LLMCall, TickerRun
 from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 from tests.unit.support.clirun import run_cli
+from tests.unit.support.engines import make_engine
 
 
 @pytest.fixture
 def demo_dir(tmp_path: Path) -> Path:
     write_demo(tmp_path / "data", DEMO_AS_OF, 3)
     return tmp_path / "data"
-
-
-def make_engine(sqlite_engine: Engine, demo_dir: Path, server: FakeServer) -> BatchEngine:
-    settings = load_settings(check_context_length=False, retry_backoff_s=0)
-    return BatchEngine(settings, sqlite_engine, http_client=server.client(),
-                       provider=SnapshotProvider(demo_dir), sample_metrics=False)
 
 
 def attempts_of(engine: Engine, ticker: str, node: str) -> list[tuple[int, str, int | None]]:

@@ -13,25 +13,19 @@ from sqlalchemy import Engine, event, func, select
 from sqlalchemy.exc import OperationalError
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch import store
-from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.engine import BatchPlan
 from app.config import load_settings
 from app.db.models import Batch, Decision, TickerRun
 from tests.fakevllm import DEFAULT_DECISION, ChatRequest, FakeServer, Reply
+from tests.unit.support.engines import make_engine
 
 
 @pytest.fixture
 def demo_dir(tmp_path: Path) -> Path:
     write_demo(tmp_path / "data", DEMO_AS_OF, 3)
     return tmp_path / "data"
-
-
-def make_engine(sqlite_engine: Engine, demo_dir: Path, server: FakeServer) -> BatchEngine:
-    settings = load_settings(check_context_length=False, retry_backoff_s=0)
-    return BatchEngine(settings, sqlite_engine, http_client=server.client(),
-                       provider=SnapshotProvider(demo_dir), sample_metrics=False)
 
 
 async def test_a_ticker_whose_result_cannot_be_stored_fails_alone(
