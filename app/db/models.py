@@ -289,7 +289,7 @@ class ProgressReading(Base):
     output_tokens: Mapped[int] = mapped_column(Integer)  # every attempt's, so far
     tokens_left: Mapped[float] = mapped_column(Float)
     # tokens left ÷ the work bound (and at its slowest and fastest pace): the rate the work
-    # left comes out at. Readings stored before 2026-12-05 hold the servers' rate then.
+    # left comes out at. Rows written by earlier releases hold the servers' output rate.
     rate_tok_s: Mapped[float | None] = mapped_column(Float)
     rate_low_tok_s: Mapped[float | None] = mapped_column(Float)
     rate_high_tok_s: Mapped[float | None] = mapped_column(Float)
