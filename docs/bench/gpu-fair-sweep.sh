@@ -9,6 +9,8 @@
 # `nightdesk bench combine r1.json r2.json r3.json` pools them: every strategy's mean and spread.
 #   bash docs/bench/gpu-fair-sweep.sh start     # installs the wheels, prints the sweep, launches
 #   bash docs/bench/gpu-fair-sweep.sh wait SECS  # until all three end or SECS pass; JSON -> $OUT
+# ND_FAIR_ROUNDS="r2 r3" runs only those invocations (a later session completing a sweep whose
+# r1 is already committed).
 set -uo pipefail
 die() { echo "fair.sh: ERROR: $*" >&2; exit 2; }
 cd "$(dirname "$0")/../.." || die "cannot cd to the repository root"
@@ -27,10 +29,14 @@ case "${1:-}" in
     env -u OUT ND_VLLM_LOG=none ND_DB=$dir/plan.db bash docs/bench/gpu-host-bench.sh \
       bench schedulers $W --strategies sweep,adaptive --plan || die "the plan did not run"
     export ND_SKIP_INSTALL=1 ND_VLLM_LOG=none
-    script="$(bench r1 fixed-15,adaptive,fixed-15:tail=on,fixed-22,fixed-10,fixed-30);
-            $(bench r2 adaptive,fixed-15,fixed-15:tail=on,fixed-22);
-            $(bench r3 fixed-10,fixed-30)"
-    setsid nohup env -u OUT bash -c "$script; touch '$dir/done'" > "$dir/sweep.log" 2>&1 < /dev/null &
+    declare -A arms=([r1]=fixed-15,adaptive,fixed-15:tail=on,fixed-22,fixed-10,fixed-30
+                     [r2]=adaptive,fixed-15,fixed-15:tail=on,fixed-22 [r3]=fixed-10,fixed-30)
+    script=""
+    for r in ${ND_FAIR_ROUNDS:-r1 r2 r3}; do
+      [ -n "${arms[$r]:-}" ] || die "unknown round $r (r1, r2 or r3)"
+      script="$script$(bench "$r" "${arms[$r]}"); "
+    done
+    setsid nohup env -u OUT bash -c "$script touch '$dir/done'" > "$dir/sweep.log" 2>&1 < /dev/null &
     echo "fair.sh: started in the background (logs in $dir)"
     ;;
   wait)
