@@ -474,60 +474,45 @@ def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
     return sum(requests[:strategy.tickers_in_flight or len(requests)])
 
 
-class _Cut(Exception):
-    """A halt's grace ran out, or it was hurried: whatever still runs is cancelled."""
-
-
 async def run_until_halted(scheduler: Scheduler, work: Coroutine[Any, Any, None], halt: Halt,
                            beside: Sequence[Coroutine[Any, Any, None]] = ()) -> None:
     """Await ``work`` in one TaskGroup with the halt (and ``beside`` it, until it ends).
 
     A halt stops the scheduler; requests at the server may finish within the reason's
-    grace, waiting ones are refused with BatchStopped; past the grace, or once hurried,
-    the group cancels the rest. Nothing it started outlives it; ``work``'s error is raised.
+    grace, waiting ones are refused with BatchStopped once drained; past the grace, or once
+    hurried, the halt's ``cut`` cancels the group. Nothing it started outlives it; ``work``'s
+    error is raised.
     """
     try:
-        async with asyncio.TaskGroup() as group:
-            helpers = [group.create_task(_stop_on_halt(scheduler, halt)),
-                       group.create_task(_cut_when_hurried(scheduler, halt)),
-                       *(group.create_task(task) for task in beside)]
+        async with asyncio.timeout(None) as cut:
+            halt.arm(cut)
             try:
-                await work
+                async with asyncio.TaskGroup() as group:
+                    helpers = [group.create_task(_stop_on_halt(scheduler, halt)),
+                               *(group.create_task(task) for task in beside)]
+                    try:
+                        await work
+                    finally:
+                        for helper in helpers:
+                            helper.cancel()
+            except BaseExceptionGroup as group:
+                raise first_error(group) from None
             finally:
-                for helper in helpers:
-                    helper.cancel()
-    except BaseExceptionGroup as group:
-        error = first_error(group)
-        if not isinstance(error, _Cut):
-            raise error from None
+                halt.arm(None)  # a stop asked later has nothing left to cut
+    except TimeoutError:
+        if not cut.expired():
+            raise
+        log.warning("cancelling what is still running",
+                    why=halt.reason.message if halt.reason else "")
 
 
 async def _stop_on_halt(scheduler: Scheduler, halt: Halt) -> None:
-    """On a halt: stop admission; once drained (or at the grace's end) refuse the waiting
-    requests; at the grace's end raise _Cut."""
+    """On a halt: stop admission; once drained, unless hurried, refuse the waiting requests."""
     await halt.requested.wait()
-    reason = halt.reason
-    assert reason is not None
     scheduler.stop()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + reason.grace_s
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout_at(deadline):
-            await scheduler.drained()
+    await scheduler.drained()
     if not halt.hurried.is_set():
-        scheduler.close(BatchStopped(reason.message))
-    await asyncio.sleep(max(0.0, deadline - loop.time()))
-    log.warning("cancelling what is still running", why=reason.message)
-    raise _Cut
-
-
-async def _cut_when_hurried(scheduler: Scheduler, halt: Halt) -> None:
-    """Once the halt is hurried (its grace cut to zero): stop admission and raise _Cut."""
-    await halt.hurried.wait()
-    scheduler.stop()  # whichever of the two helpers runs first
-    log.warning("cancelling what is still running",
-                why=halt.reason.message if halt.reason else "")
-    raise _Cut
+        scheduler.close(BatchStopped(halt.reason.message if halt.reason else ""))
 
 
 # A batch's stored error: room for more than a log line, and the type of what is not ours.

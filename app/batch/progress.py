@@ -1,5 +1,5 @@
 """Show a batch's progress live on a terminal, or as periodic log lines when not a TTY, and
-store a reading of its ETA every ``LOG_EVERY_S`` (``app.eta``)."""
+store a reading of its ETA every ``LOG_EVERY_S`` (``app.morning.eta``)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class ProgressState:
     reserved_tokens: int | None
     admission: str | None  # adaptive admission without its gauges runs blind: says so
     elapsed_s: int
-    eta_s: int | None  # app.eta: never 0 while a call is left; None before a basis
+    eta_s: int | None  # app.morning.eta: never 0 while a call is left; None before a basis
     eta_low_s: int | None
     eta_high_s: int | None
 

@@ -30,7 +30,7 @@ from sqlalchemy import Engine
 
 from agents.tickers import check_symbol, choose_tickers
 from app.batch.engine import BatchOutcome, BatchPlan
-from app.batch.resume import ResumePoint, mark_stale_crashed
+from app.batch.resume import ResumePoint
 from app.batch.signals import run_batch
 from app.cli.common import batch_database, database, setup
 from app.cli.data import parse_as_of
@@ -54,6 +54,7 @@ from app.runs.nightly import (
     tell_refused,
 )
 from app.runs.preflight import ServerCheck
+from app.runs.resumable import mark_stale_crashed
 from serving.facts import batch_server_facts
 
 out = console()

@@ -16,7 +16,6 @@ from rich.table import Table
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from app.batch.resume import mark_stale_crashed
 from app.bench.plan import NightBound, night_bound
 from app.cli.common import database, setup
 from app.db.engine import reason
@@ -45,6 +44,7 @@ from app.morning.summary import (
 )
 from app.morning.timeline import Interval, batch_timeline
 from app.quality.monitor import warnings_for
+from app.runs.resumable import mark_stale_crashed
 
 
 def _fmt(value: Any, spec: str = ".1f") -> str:

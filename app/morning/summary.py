@@ -32,7 +32,7 @@ def status_of(status: str, heartbeat_at: datetime | None, started_at: datetime |
 
     The stored status, except that a batch still marked ``running`` whose heartbeat (else
     its start) is older than ``stale_s`` (``heartbeat_stale_s``) is ``crashed``: its process
-    has died, and the next start marks it so (``app.batch.resume.mark_stale_crashed``).
+    has died, and the next start marks it so (``app.runs.resumable.mark_stale_crashed``).
     """
     if status != "running":
         return status
@@ -202,7 +202,7 @@ def tickers_left(conn: Connection, batch_id: int, retry_failed: bool = False) ->
     """Return the batch's tickers ``run --resume`` takes up, in the batch's order: those not
     finished, those the infrastructure failed, and with ``retry_failed`` every failed one.
 
-    The one rule: ``app.batch.resume`` resumes these, and ``app.morning.advice`` advises a resume
+    The one rule: ``app.runs.resumable`` resumes these, and ``app.morning.advice`` advises a resume
     only when there are some.
     """
     failed = TickerRun.status == "failed"

@@ -26,6 +26,7 @@ from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import ERRORS, AlreadyRunningError, InputError, first_line
 from app.morning.digest import send_digest, send_refusal
+from app.runs import resumable
 from app.runs.preflight import ServerCheck, check_start, provider_missing
 from serving.facts import batch_server_facts
 
@@ -158,7 +159,7 @@ def execute_plan(settings: Settings, engine: Engine,
 
 
 def _orphans(settings: Settings, engine: Engine) -> None:
-    for batch_id in resumption.mark_orphaned(engine, settings.heartbeat_stale_s):
+    for batch_id in resumable.mark_orphaned(engine, settings.heartbeat_stale_s):
         log.warning("nightly batch without its process marked crashed", batch_id=batch_id)
 
 
@@ -202,7 +203,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                 _tell_covered(settings, as_of, covered)
                 return NightlyResult(None, covered_by=covered)
             if owed is not None:
-                point = resumption.find_resumable(engine, owed, settings.heartbeat_stale_s,
+                point = resumable.find_resumable(engine, owed, settings.heartbeat_stale_s,
                                                   closing=True)
             else:
                 symbols, notes = nightly_tickers(settings, as_of, request.tickers,
@@ -269,11 +270,11 @@ def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = N
     tickers that failed on their own account again.
     """
     again = retry_failed
-    if batch_id is not None and resumption.pick(engine, batch_id)[1] != "nightly":
+    if batch_id is not None and resumable.pick(engine, batch_id)[1] != "nightly":
         return _resume(settings, engine, batch_id, server, announce, None, retry_failed=again)
     with nightly_lock(engine) as lock:
         _orphans(settings, engine)
-        target, kind = resumption.pick(engine, batch_id, retry_failed=again)
+        target, kind = resumable.pick(engine, batch_id, retry_failed=again)
         if kind == "nightly":
             return _resume(settings, engine, target, server, announce, lock, retry_failed=again)
     return _resume(settings, engine, target, server, announce, None, retry_failed=again)
@@ -282,7 +283,7 @@ def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = N
 def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerCheck,
             announce: Announce, lock: LockHold | None,
             retry_failed: bool = False) -> NightlyResult:
-    point = resumption.find_resumable(engine, batch_id, settings.heartbeat_stale_s,
+    point = resumable.find_resumable(engine, batch_id, settings.heartbeat_stale_s,
                                       retry_failed=retry_failed)
     return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
                                       announce=announce), point.total, point)

@@ -20,13 +20,13 @@ from agents.graph import node_names
 from app.batch import store
 from app.batch.checkpoints import checkpoint_path
 from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.resume import find_resumable, mark_stale_crashed
 from app.cli import app as cli
 from app.config import load_settings
 from app.db.lock import nightly_lock
 from app.db.models import Batch, Decision, LLMCall, TickerRun
 from app.errors import AlreadyRunningError, InputError
 from app.runs.nightly import resume_recorded
+from app.runs.resumable import find_resumable, mark_stale_crashed
 from app.traffic.halt import HaltReason
 from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 from tests.unit.support.clirun import run_cli

@@ -23,7 +23,6 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
-from app.batch.resume import find_resumable
 from app.config import load_settings
 from app.db.models import Decision, LLMCall, ServerSample, TickerRun
 from app.errors import (
@@ -34,6 +33,7 @@ from app.errors import (
     LLMStreamError,
 )
 from app.runs.replay import WorkItem, Workload, play, shape
+from app.runs.resumable import find_resumable
 from app.traffic.client import TickerClient, server_fault
 from app.traffic.summary import EndpointSummary
 from tests.fakevllm import ChatRequest, FakeServer, FakeServers, Reply
