@@ -24,8 +24,9 @@ elapsed time, which counts a ramp, a pause or a resume's earlier run):
   under way gets what the node's calls that took longer from ready (the gate's waits in
   them) had left at its age, past every one of them ``OVERDUE_SHARE`` of its latency, so
   the ETA stays above 0 while a call whose node has a latency is left; never more than the
-  node's newest calls (issue to answer) that took longer had left at that age. A ticker still open
-  with every node answered is asking its last again: one call of it is left.
+  node's newest ``NEWEST`` of calls that took longer from ready had left at that age (the
+  last calls decode beside few others). A ticker still open with every node answered is
+  asking its last again: one call of it is left.
 
 The interval is calibrated, not a spread of the inputs: the estimate times ``RATIO``, the
 5th and 95th percentiles of the true time left over the estimate at every reading from a
@@ -292,7 +293,7 @@ def _left_of(ran: float, ages: list[list[float]], took: list[float],
     """Return what a call ready ``ran`` seconds ago has left: what the calls of the first of
     ``ages`` (lists of ready-to-answer latencies) with one longer had left at that age;
     past every one of them ``OVERDUE_SHARE`` of its latency ``took``. Never more than the
-    median of what the node's newest calls (``lately``, issue to answer) that took longer
+    median of what the node's newest calls (``lately``, ready to answer) that took longer
     had left: the last calls decode beside few others, faster than the node's earlier."""
     spread: Spread | None = None
     for values in ages:
