@@ -123,15 +123,20 @@ def _whole(seconds: float | None) -> int | None:
     return None if seconds is None else round(seconds)
 
 
+def interval(low_s: int | None, high_s: int | None) -> str:
+    """Show the ETA's interval with the share of replayed readings it held (``eta.LEVEL``):
+    `` (75% interval: 10 min 05 s – 15 min 40 s)``; empty without one."""
+    if low_s is None or high_s is None or low_s == high_s:
+        return ""
+    return f" ({eta.LEVEL:.0%} interval: {span(low_s)} – {span(high_s)})"
+
+
 def time_left(prog: Progress) -> str:
-    """Show a running batch's ETA with its interval: ``about 12 min 30 s (10 min 05 s –
-    15 min 40 s)``; empty without a basis."""
+    """Show a running batch's ETA with its interval: ``about 12 min 30 s (75% interval:
+    10 min 05 s – 15 min 40 s)``; empty without a basis."""
     if prog.eta_s is None:
         return ""
-    interval = ("" if prog.eta_low_s is None or prog.eta_high_s is None
-                or prog.eta_low_s == prog.eta_high_s
-                else f" ({span(prog.eta_low_s)} – {span(prog.eta_high_s)})")
-    return f"about {span(prog.eta_s)}{interval}"
+    return f"about {span(prog.eta_s)}{interval(prog.eta_low_s, prog.eta_high_s)}"
 
 
 def describe(night: NightBatch, prog: Progress | None = None) -> str:
