@@ -13,9 +13,6 @@ is exit 2: nothing to rank).
 
 from __future__ import annotations
 
-import csv
-import json
-import sys
 from collections import Counter
 from datetime import date
 from pathlib import Path
@@ -23,21 +20,26 @@ from typing import Annotated, Literal
 
 import typer
 from pydantic import BaseModel
-from pydantic_core import to_jsonable_python
 from rich.markup import escape
 from rich.table import Table
 from sqlalchemy import Engine
 
 from agents.tickers import check_symbol, choose_tickers
 from app.batch.engine import BatchOutcome, BatchPlan
-from app.batch.resume import ResumePoint, mark_stale_crashed
+from app.batch.resume import ResumePoint
 from app.batch.signals import run_batch
-from app.cli.common import batch_database, database, setup
+from app.cli.common import (
+    batch_database,
+    database,
+    echo_csv,
+    echo_json,
+    mark_crashed,
+    setup,
+)
 from app.cli.data import parse_as_of
 from app.config import Settings
 from app.errors import ERRORS, InputError
 from app.logs import console
-from app.morning.advice import advise
 from app.morning.batchids import parse_batch_id
 from app.morning.changes import RankedRow, compare_nights, ranked_row
 from app.morning.nightstatus import STALE_EXIT, NightStatus, night_status
@@ -89,11 +91,7 @@ def _server_check(no_preflight: bool) -> ServerCheck:
 def _ready_database(settings: Settings) -> Engine:
     """Return the engine, after marking batches whose process died as crashed."""
     engine = batch_database(settings)
-    for batch_id in mark_stale_crashed(engine, settings.heartbeat_stale_s):
-        steps = advise(engine, batch_id, settings.heartbeat_stale_s)
-        err.print(f"note: batch {batch_id} was running with no heartbeat for over "
-                  f"{settings.heartbeat_stale_s:.0f} s: marked crashed"
-                  + (f" ({escape(steps)})" if steps else ""))
+    mark_crashed(engine, settings.heartbeat_stale_s)
     return engine
 
 
@@ -251,8 +249,7 @@ def show_ranking(
         # "not fresh" (exit 6), the same as a failed or missed night, not bad input.
         _night_lines(night)
         if fmt == "json":
-            typer.echo(json.dumps(RankingJSON(night=night, batch=None, rows=[])
-                                  .model_dump(mode="json"), indent=2))
+            echo_json(RankingJSON(night=night, batch=None, rows=[]))
         raise typer.Exit(STALE_EXIT) from None
     night = night_status(engine, settings, chosen.id)
     _night_lines(night)
@@ -260,15 +257,12 @@ def show_ranking(
     demo = bool((chosen.settings or {}).get("demo_data"))
     data = [ranked_row(r, changes.get(r.ticker)) for r in rows]
     if fmt == "json":
-        summary = summarize(chosen, settings.heartbeat_stale_s)
-        typer.echo(json.dumps(RankingJSON(night=night, batch=summary, rows=data)
-                              .model_dump(mode="json"), indent=2))
+        echo_json(RankingJSON(night=night, batch=summarize(chosen, settings.heartbeat_stale_s),
+                              rows=data))
     elif fmt == "csv":
         # Flat: each row carries the batch's DEMO mark, which JSON gives once under "batch".
         flat = [{**r.model_dump(mode="json"), "demo": demo} for r in data]
-        writer = csv.DictWriter(sys.stdout, fieldnames=list(flat[0]) if flat else ["rank"])
-        writer.writeheader()
-        writer.writerows(flat)
+        echo_csv(flat, flat[0] if flat else ["rank"])
     else:
         title = (f"{'DEMO DATA — ' if demo else ''}ranking of batch {chosen.id} "
                  f"({chosen.kind}, as of {chosen.as_of})")
@@ -346,15 +340,12 @@ def show_changes(
     settings = setup()
     found = compare_nights(database(settings), batch, against)
     if fmt == "json":
-        typer.echo(json.dumps(to_jsonable_python(found), indent=2))
+        echo_json(found)
         return
-    columns = ("ticker", "change", "previous_rating", "previous_score", "previous_rank",
-               "rating", "score", "rank", "score_move", "why")
-    rows = [{c: getattr(t, c) for c in columns} for t in found.changes]
     if fmt == "csv":
-        writer = csv.DictWriter(sys.stdout, fieldnames=list(columns))
-        writer.writeheader()
-        writer.writerows(rows)
+        columns = ("ticker", "change", "previous_rating", "previous_score", "previous_rank",
+                   "rating", "score", "rank", "score_move", "why")
+        echo_csv(({c: getattr(t, c) for c in columns} for t in found.changes), columns)
         return
     if found.against_id is None:
         out.print(f"batch {found.batch_id} (as of {found.as_of}): no earlier finished night "

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from app.cli.common import setup
+from app.cli.common import figures, setup
 
 if TYPE_CHECKING:
     from app.bench.schedulers import BenchResult
@@ -117,9 +116,6 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     from app.morning.accounting import COMPARE_COLUMNS
 
     bound = f"{result.bound_tok_s:.1f} tok/s" if result.bound_tok_s else "-"
-    table = Table(title=f"scheduler bench: {result.workload}, {result.tickers} tickers, "
-                        f"{result.requests} requests; ceiling {result.ceiling_tok_s:.1f} tok/s "
-                        f"({result.ceiling_arm or '-'}); graph bound {bound}")
     columns = [("strategy", "strategy", "s"), ("makespan s", "makespan_s", ".1f"),
                ("output tok/s", "output_tokens_per_s", ".1f"),
                ("ok tok/s", "succeeded_output_tokens_per_s", ".1f"),
@@ -131,8 +127,10 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                                                "decode_time_share")]
     if result.server_bound_tok_s:
         columns.insert(6, ("÷ flood", "ratio_to_server_bound", ".2f"))
-    for header, _, _ in columns:
-        table.add_column(header, justify="left" if header == "strategy" else "right")
+    table = figures(f"scheduler bench: {result.workload}, {result.tickers} tickers, "
+                    f"{result.requests} requests; ceiling {result.ceiling_tok_s:.1f} tok/s "
+                    f"({result.ceiling_arm or '-'}); graph bound {bound}",
+                    (header for header, _, _ in columns), {"strategy"})
     for a in result.arms:
         table.add_row(*(str(a.get(key)) if spec == "s" else _fmt(a.get(key), spec)
                         for _, key, spec in columns))
@@ -195,10 +193,9 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                               f"({budget['reason']}); {part['tickers_started']} tickers "
                               f"started, {part['tickers_moved_in']} moved in")
     if any(m["runs"] > 1 for m in result.means.values()):
-        means = Table(title="each arm over its runs (the checks use these means)")
-        for header in ("strategy", "runs", "mean tok/s", "min", "max", "spread",
-                       "preemptions"):
-            means.add_column(header, justify="left" if header == "strategy" else "right")
+        means = figures("each arm over its runs (the checks use these means)",
+                        ("strategy", "runs", "mean tok/s", "min", "max", "spread",
+                         "preemptions"), {"strategy"})
         for m in result.means.values():
             spread = m["spread_tok_s"]
             means.add_row(m["strategy"], str(m["runs"]), f"{m['output_tokens_per_s']:.1f}",
@@ -259,10 +256,9 @@ def durability(
     settings = setup()
     result = asyncio.run(run_durability_bench(settings, pg_url, runs=runs,
                                               reply_chars=reply_chars))
-    table = Table(title=f"checkpoint durability on {result.database}: median of {runs} runs "
-                        f"of {result.nodes_per_run} nodes, {reply_chars}-character answers")
-    for col in ("mode", "ms/node", "+ms/node vs none"):
-        table.add_column(col, justify="left" if col == "mode" else "right")
+    table = figures(f"checkpoint durability on {result.database}: median of {runs} runs of "
+                    f"{result.nodes_per_run} nodes, {reply_chars}-character answers",
+                    ("mode", "ms/node", "+ms/node vs none"), {"mode"})
     for mode in MODES:
         table.add_row(mode, f"{result.ms_per_node[mode]:.2f}", f"{result.added_ms(mode):+.2f}")
     console = Console(width=120)

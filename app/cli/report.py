@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import csv
-import json
-import sys
 from typing import Annotated, Any, Literal
 
 import typer
@@ -13,14 +10,9 @@ from pydantic_core import to_jsonable_python
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
 
-from app.batch.resume import mark_stale_crashed
 from app.bench.plan import NightBound, night_bound
-from app.cli.common import database, setup
-from app.db.engine import reason
-from app.db.readonly import refuses_writes
+from app.cli.common import database, echo_csv, echo_json, figures, mark_crashed, setup
 from app.logs import console
 from app.morning.accounting import (
     COMPARE_COLUMNS,
@@ -32,7 +24,7 @@ from app.morning.accounting import (
     endpoint_shares,
     latest_batch_id,
 )
-from app.morning.advice import Advice, advise, next_steps
+from app.morning.advice import Advice, next_steps
 from app.morning.batchids import parse_batch_id, parse_batch_ids
 from app.morning.nightstatus import span
 from app.morning.serverview import BOUND_NAMES, LOOKUPS_SLACK, ServerView, server_view
@@ -138,9 +130,7 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
     ):
         server.add_row(key, value)
     console.print(server)
-    nodes = Table(title="latency per node (s)")
-    for col in ("node", "calls", "mean", "p50", "p99"):
-        nodes.add_column(col, justify="left" if col == "node" else "right")
+    nodes = figures("latency per node (s)", ("node", "calls", "mean", "p50", "p99"), {"node"})
     for n in report.nodes:
         nodes.add_row(n.node, str(n.calls), f"{n.mean_s:.2f}", f"{n.p50_s:.2f}", f"{n.p99_s:.2f}")
     console.print(nodes)
@@ -169,11 +159,9 @@ def client_lag(view: ServerView) -> str:
 
 def timeline_table(intervals: list[Interval]) -> Table:
     """Return the batch over time: where its makespan went fast and where slow."""
-    table = Table(title="over time (from the first call; output spread over each call's "
-                        "decode time)")
-    for header in ("interval s", "output tok/s", "tickers in flight", "calls started",
-                   "running mean", "KV max", "preemptions"):
-        table.add_column(header, justify="right")
+    table = figures("over time (from the first call; output spread over each call's decode "
+                    "time)", ("interval s", "output tok/s", "tickers in flight",
+                              "calls started", "running mean", "KV max", "preemptions"))
     for i in intervals:
         table.add_row(i.label, f"{i.output_tokens_per_s:.1f}",
                       f"{i.tickers_in_flight:.1f}", str(i.calls_started),
@@ -184,10 +172,9 @@ def timeline_table(intervals: list[Interval]) -> Table:
 
 def endpoint_table(shares: list[EndpointShare], report: BatchReport, view: ServerView) -> Table:
     """Return each endpoint's part of a batch, then the batch's total."""
-    table = Table(title="endpoints (output tok/s over the batch's makespan: they add up)")
-    for header in ("endpoint", "calls", "failed", "tickers", "output tok/s", "running mean",
-                   "KV peak", "preemptions"):
-        table.add_column(header, justify="left" if header == "endpoint" else "right")
+    table = figures("endpoints (output tok/s over the batch's makespan: they add up)",
+                    ("endpoint", "calls", "failed", "tickers", "output tok/s", "running mean",
+                     "KV peak", "preemptions"), {"endpoint"})
     for share in shares:
         table.add_row(share.endpoint or "(not recorded)", str(share.calls),
                       str(share.failed_calls), str(share.tickers),
@@ -201,9 +188,7 @@ def endpoint_table(shares: list[EndpointShare], report: BatchReport, view: Serve
 
 
 def compare_table(arms: list[Arm], title: str = "arms side by side") -> Table:
-    table = Table(title=title)
-    for header, _, _ in COMPARE_COLUMNS:
-        table.add_column(header, justify="left" if header == "label" else "right")
+    table = figures(title, (header for header, _, _ in COMPARE_COLUMNS), {"label"})
     for a in arms:
         row = [getattr(a, key) for _, key, _ in COMPARE_COLUMNS]
         table.add_row(*(_fmt(value, spec) if value is not None and spec not in ("s", "d")
@@ -223,15 +208,11 @@ def report(
     settings = setup()
     engine = database(settings)
     # A batch whose process died is reported as what it is, not as still running.
-    for crashed in _mark_crashed(engine, settings.heartbeat_stale_s):
-        steps = advise(engine, crashed, settings.heartbeat_stale_s)
-        console(stderr=True).print(f"note: batch {crashed} had no heartbeat for over "
-                                   f"{settings.heartbeat_stale_s:.0f} s: marked crashed"
-                                   + (f" ({escape(steps)})" if steps else ""))
+    mark_crashed(engine, settings.heartbeat_stale_s, read_only_ok=True)
     if compare is not None:
         arms = [compare_arm(engine, i) for i in parse_batch_ids(compare, what="--compare")]
         if fmt == "json":
-            typer.echo(json.dumps(to_jsonable_python(arms), indent=2))
+            echo_json(arms)
         else:
             console().print(compare_table(arms))
         return
@@ -248,11 +229,11 @@ def report(
     bound = night_bound(engine, chosen, result.wall_seconds)
     if fmt == "json":
         # The batch report's own fields flattened between the batch and the server's view.
-        typer.echo(json.dumps(to_jsonable_python(
+        echo_json(
             {"batch": head, "failed_tickers": failed,
              "advice": [step.command for step in advice], **to_jsonable_python(result),
              "server": view, "endpoints": shares, "over_time": intervals,
-             "graph_bound": bound, "warnings": warnings}), indent=2))
+             "graph_bound": bound, "warnings": warnings})
     else:
         shown = console()
         render_head(head, failed, advice, shown)
@@ -264,23 +245,6 @@ def report(
         shown.print(bound_line(bound))
         for message in warnings:
             shown.print(f"[yellow]warning:[/] {message}")
-
-
-def _mark_crashed(engine: Engine, stale_s: float) -> list[int]:
-    """Mark batches whose process died crashed; a database that takes no writes is read as is.
-
-    The mark is only written when such a batch exists, so the note says what was left out.
-    """
-    try:
-        return mark_stale_crashed(engine, stale_s)
-    except DBAPIError as error:
-        if not refuses_writes(error):
-            raise
-        console(stderr=True).print(
-            f"note: a batch with no heartbeat for over {stale_s:.0f} s (its process died) reads"
-            f" crashed but stays `running` in its row: the database takes no writes now"
-            f" ({reason(error)})", markup=False)
-        return []
 
 
 def bound_line(bound: NightBound) -> str:
@@ -307,12 +271,10 @@ def batches(
     engine = database(settings)
     rows = list_batches(engine, settings.heartbeat_stale_s, limit, kind)
     if fmt == "json":
-        typer.echo(json.dumps(to_jsonable_python(rows), indent=2))
+        echo_json(rows)
         return
     if fmt == "csv":
-        writer = csv.DictWriter(sys.stdout, fieldnames=list(BatchSummary.csv_fields()))
-        writer.writeheader()
-        writer.writerows(row.to_csv() for row in rows)
+        echo_csv((row.to_csv() for row in rows), BatchSummary.csv_fields())
         return
     table = Table(title="batches" + (f" ({kind})" if kind else ""))
     for column in BATCH_COLUMNS:
