@@ -125,13 +125,9 @@ class RankedRow(RankRow):
 
 def ranked_row(row: RankRow, change: TickerChange | None) -> RankedRow:
     """Return one ranking row beside its previous night (see ``RankedRow``)."""
-    return RankedRow(
-        **row.model_dump(),
-        previous_rank=None if change is None else change.previous_rank,
-        previous_rating=None if change is None else change.previous_rating,
-        previous_score=None if change is None else change.previous_score,
-        change=None if change is None else change.change,
-        score_move=None if change is None else change.score_move)
+    added = RankedRow.model_fields.keys() - RankRow.model_fields.keys()
+    return RankedRow.model_validate(
+        {**row.model_dump(), **{key: getattr(change, key, None) for key in added}})
 
 
 def stance(text: str) -> float | None:

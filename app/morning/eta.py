@@ -38,7 +38,7 @@ import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from itertools import pairwise
 from typing import Any, NamedTuple
@@ -80,18 +80,6 @@ class Reading:
     eta_low_s: float | None
     eta_high_s: float | None
 
-    def row(self, batch_id: int) -> dict[str, Any]:
-        """Return the reading as a ``progress_readings`` row."""
-        return {"batch_id": batch_id, "taken_at": self.taken_at,
-                "calls_expected": self.calls_expected, "calls_done": self.calls_done,
-                "attempts": self.attempts, "output_tokens": self.output_tokens,
-                "tokens_left": self.tokens_left, "rate_tok_s": self.rate_tok_s,
-                "rate_low_tok_s": self.rate_low_tok_s, "rate_high_tok_s": self.rate_high_tok_s,
-                "rate_source": self.rate_source, "chain_left": self.chain_left,
-                "chain_s": self.chain_s, "chain_low_s": self.chain_low_s,
-                "chain_high_s": self.chain_high_s, "eta_s": self.eta_s,
-                "eta_low_s": self.eta_low_s, "eta_high_s": self.eta_high_s}
-
 
 def bound(work_s: float | None, chain_s: float | None) -> float | None:
     """Return the larger of the work's and the chain's seconds (None: neither known)."""
@@ -103,6 +91,11 @@ def pipeline_nodes(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Return (analysts, the sequential nodes after them) for a batch's stored settings."""
     return list(ANALYSTS), sequential_nodes(int(settings.get("debate_rounds", 2)),
                                             int(settings.get("risk_rounds", 2)))
+
+
+def graph_order(settings: dict[str, Any]) -> list[str]:
+    """Return a batch's node names in dependency order, from the rounds it ran with."""
+    return [node for part in pipeline_nodes(settings) for node in part]
 
 
 class Shares:
@@ -435,4 +428,4 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
 def record(engine: Engine, batch_id: int, found: Reading) -> None:
     """Store one reading in ``progress_readings``."""
     with engine.begin() as conn:
-        conn.execute(insert(ProgressReading), [found.row(batch_id)])
+        conn.execute(insert(ProgressReading), [{**asdict(found), "batch_id": batch_id}])

@@ -91,12 +91,9 @@ class NightStatus:
     checked_at: IsoDatetime
 
 
-def _night(row: Batch, summary: BatchSummary) -> NightBatch:
+def _night(summary: BatchSummary) -> NightBatch:
     """Return the batch as ``app.morning.summary.summarize`` names it (status, error, duration)."""
-    return NightBatch(summary.id, summary.as_of, summary.status, row.created_at,
-                      summary.started_at, summary.finished_at, summary.heartbeat_at,
-                      summary.tickers_total, summary.tickers_succeeded, summary.tickers_failed,
-                      summary.error, summary.duration_s)
+    return NightBatch(**summary.model_dump(include=set(NightBatch.__dataclass_fields__)))
 
 
 def _when(moment: datetime | None) -> str:
@@ -197,10 +194,9 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     stale_s = settings.heartbeat_stale_s
     row = _latest(engine)
     summary = None if row is None else summarize(row, stale_s, now)
-    latest = None if row is None or summary is None else _night(row, summary)
+    latest = None if summary is None else _night(summary)
     ranked_row = None if ranked_id is None else _batch(engine, ranked_id)
-    ranked = (None if ranked_row is None
-              else _night(ranked_row, summarize(ranked_row, stale_s, now)))
+    ranked = None if ranked_row is None else _night(summarize(ranked_row, stale_s, now))
     prog: Progress | None = None
     status = "stale"
     if latest is not None:
