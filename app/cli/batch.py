@@ -28,14 +28,7 @@ from agents.tickers import check_symbol, choose_tickers
 from app.batch.engine import BatchOutcome, BatchPlan
 from app.batch.resume import ResumePoint
 from app.batch.signals import run_batch
-from app.cli.common import (
-    batch_database,
-    database,
-    echo_csv,
-    echo_json,
-    mark_crashed,
-    setup,
-)
+from app.cli.common import batch_database, database, echo_csv, echo_json, mark_crashed, setup
 from app.cli.data import parse_as_of
 from app.config import Settings
 from app.errors import ERRORS, InputError
@@ -264,19 +257,8 @@ def show_ranking(
         flat = [{**r.model_dump(mode="json"), "demo": demo} for r in data]
         echo_csv(flat, flat[0] if flat else ["rank"])
     else:
-        title = (f"{'DEMO DATA — ' if demo else ''}ranking of batch {chosen.id} "
-                 f"({chosen.kind}, as of {chosen.as_of})")
-        table = Table(title=title)
-        for col in ("rank", "ticker", "rating", "score", "±", "conf", "was", "change",
-                    "summary"):
-            table.add_column(col, overflow="fold")
-        for r, was in zip(rows, data, strict=True):
-            table.add_row(str(r.rank or "—"), r.ticker, rating_text(r),
-                          "" if r.score is None else f"{r.score:+.2f}",
-                          "" if r.spread is None or r.samples < 2 else f"{r.spread:.2f}",
-                          "" if r.confidence is None else f"{r.confidence:.2f}",
-                          was_text(was), was.change or "", r.summary)
-        out.print(table)
+        out.print(_ranking_table(f"{'DEMO DATA — ' if demo else ''}ranking of batch "
+                                 f"{chosen.id} ({chosen.kind}, as of {chosen.as_of})", data))
         if any(r.contradicting for r in rows):
             out.print("! = rating outside its score band in at least one sample")
     # A ranking without some of the night's tickers says which, and why: never a silent gap.
@@ -290,6 +272,20 @@ def show_ranking(
         err.print(f"[yellow]warning:[/] batch {chosen.id}: {message}")
     if require_fresh and not night.fresh:
         raise typer.Exit(STALE_EXIT)
+
+
+def _ranking_table(title: str, rows: list[RankedRow]) -> Table:
+    """Return the ranking as ``nightdesk ranking`` prints it, each row beside its night before."""
+    table = Table(title=title)
+    for col in ("rank", "ticker", "rating", "score", "±", "conf", "was", "change", "summary"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(str(r.rank or "—"), r.ticker, rating_text(r),
+                      "" if r.score is None else f"{r.score:+.2f}",
+                      "" if r.spread is None or r.samples < 2 else f"{r.spread:.2f}",
+                      "" if r.confidence is None else f"{r.confidence:.2f}",
+                      was_text(r), r.change or "", r.summary)
+    return table
 
 
 def _night_lines(night: NightStatus) -> None:

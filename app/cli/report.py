@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import typer
 from pydantic_core import to_jsonable_python
@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from app.bench.plan import NightBound, night_bound
-from app.cli.common import database, echo_csv, echo_json, figures, mark_crashed, setup
+from app.cli.common import cell, database, echo_csv, echo_json, figures, mark_crashed, setup
 from app.logs import console
 from app.morning.accounting import (
     COMPARE_COLUMNS,
@@ -37,12 +37,6 @@ from app.morning.summary import (
 )
 from app.morning.timeline import Interval, batch_timeline
 from app.quality.monitor import warnings_for
-
-
-def _fmt(value: Any, spec: str = ".1f") -> str:
-    if value is None:
-        return "—"
-    return format(value, spec) if isinstance(value, float) else str(value)
 
 
 def held_back_by(view: ServerView) -> str:
@@ -109,22 +103,22 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
     server = Table(title=f"the server's view ({view.samples} samples of /metrics)",
                    show_header=False)
     for key, value in (
-        ("running: mean / p50 / max", f"{_fmt(view.running_mean)} / {_fmt(view.running_p50)}"
-                                      f" / {_fmt(view.running_max, '.0f')}"),
-        ("waiting: mean / max", f"{_fmt(view.waiting_mean)} / {_fmt(view.waiting_max, '.0f')}"),
-        ("KV cache usage max", _fmt(view.kv_usage_max, ".0%")),
-        ("preemptions", _fmt(view.preemptions, ".0f")),
+        ("running: mean / p50 / max", f"{cell(view.running_mean)} / {cell(view.running_p50)}"
+                                      f" / {cell(view.running_max, '.0f')}"),
+        ("waiting: mean / max", f"{cell(view.waiting_mean)} / {cell(view.waiting_max, '.0f')}"),
+        ("KV cache usage max", cell(view.kv_usage_max, ".0%")),
+        ("preemptions", cell(view.preemptions, ".0f")),
         ("prompt / generation tokens (server)",
-         f"{_fmt(view.prompt_tokens, '.0f')} / {_fmt(view.generation_tokens, '.0f')}"),
-        ("prefill tokens computed", _fmt(view.prefill_tokens_computed, ".0f")),
+         f"{cell(view.prompt_tokens, '.0f')} / {cell(view.generation_tokens, '.0f')}"),
+        ("prefill tokens computed", cell(view.prefill_tokens_computed, ".0f")),
         ("prefix cache hit rate", prefix_hits(view)),
-        ("spec-decode acceptance", _fmt(view.spec_acceptance, ".1%")),
-        ("request time", f"prefill {_fmt(view.prefill_time_s)} s, decode"
-                         f" {_fmt(view.decode_time_s)} s (decode"
-                         f" {_fmt(view.decode_time_share, '.0%')})"),
-        ("time to first token from sending: mean (s)", _fmt(view.mean_ttft_s, ".2f")),
+        ("spec-decode acceptance", cell(view.spec_acceptance, ".1%")),
+        ("request time", f"prefill {cell(view.prefill_time_s)} s, decode"
+                         f" {cell(view.decode_time_s)} s (decode"
+                         f" {cell(view.decode_time_share, '.0%')})"),
+        ("time to first token from sending: mean (s)", cell(view.mean_ttft_s, ".2f")),
         ("  from the graph's issue: mean / p90 (s)",
-         f"{_fmt(view.ttft_ready_mean_s, '.2f')} / {_fmt(view.ttft_ready_p90_s, '.2f')}"),
+         f"{cell(view.ttft_ready_mean_s, '.2f')} / {cell(view.ttft_ready_p90_s, '.2f')}"),
         ("held back by", held_back_by(view)),
         ("client loop lag max", client_lag(view)),
     ):
@@ -142,7 +136,7 @@ def prefix_hits(view: ServerView) -> str:
     if view.prefix_cache_hit_rate is None and lookups is not None and lookups > LOOKUPS_SLACK:
         return (f"— (the server looked prompts up {lookups:.1f}× per prompt token: requests "
                 "waiting at a full cache are looked up again at every step)")
-    return _fmt(view.prefix_cache_hit_rate, ".1%")
+    return cell(view.prefix_cache_hit_rate, ".1%")
 
 
 def client_lag(view: ServerView) -> str:
@@ -165,8 +159,8 @@ def timeline_table(intervals: list[Interval]) -> Table:
     for i in intervals:
         table.add_row(i.label, f"{i.output_tokens_per_s:.1f}",
                       f"{i.tickers_in_flight:.1f}", str(i.calls_started),
-                      _fmt(i.running_mean), _fmt(i.kv_usage_max, ".0%"),
-                      _fmt(i.preemptions, ".0f"))
+                      cell(i.running_mean), cell(i.kv_usage_max, ".0%"),
+                      cell(i.preemptions, ".0f"))
     return table
 
 
@@ -178,11 +172,11 @@ def endpoint_table(shares: list[EndpointShare], report: BatchReport, view: Serve
     for share in shares:
         table.add_row(share.endpoint or "(not recorded)", str(share.calls),
                       str(share.failed_calls), str(share.tickers),
-                      f"{share.output_tokens_per_s:.1f}", _fmt(share.running_mean),
-                      _fmt(share.kv_usage_max, ".0%"), _fmt(share.preemptions, ".0f"))
+                      f"{share.output_tokens_per_s:.1f}", cell(share.running_mean),
+                      cell(share.kv_usage_max, ".0%"), cell(share.preemptions, ".0f"))
     table.add_row("batch total", str(report.calls), str(report.failed_calls), "",
-                  f"{report.output_tokens_per_s:.1f}", _fmt(view.running_mean),
-                  _fmt(view.kv_usage_max, ".0%"), _fmt(view.preemptions, ".0f"),
+                  f"{report.output_tokens_per_s:.1f}", cell(view.running_mean),
+                  cell(view.kv_usage_max, ".0%"), cell(view.preemptions, ".0f"),
                   style="bold")
     return table
 
@@ -191,7 +185,7 @@ def compare_table(arms: list[Arm], title: str = "arms side by side") -> Table:
     table = figures(title, (header for header, _, _ in COMPARE_COLUMNS), {"label"})
     for a in arms:
         row = [getattr(a, key) for _, key, _ in COMPARE_COLUMNS]
-        table.add_row(*(_fmt(value, spec) if value is not None and spec not in ("s", "d")
+        table.add_row(*(cell(value, spec) if value is not None and spec not in ("s", "d")
                         else str(value if value is not None else "—")
                         for value, (_, _, spec) in zip(row, COMPARE_COLUMNS, strict=True)))
     return table
