@@ -382,6 +382,8 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
             .join(Batch, Batch.id == TickerRun.batch_id)
             .where(TickerRun.ticker == ticker, Batch.kind.in_(("nightly", "rerun")))
             .order_by(Batch.id.desc())).all()
+        newest_night = conn.execute(select(func.max(Batch.id))
+                                    .where(Batch.kind == "nightly")).scalar()
     if not runs:
         return None
     latest = runs[0]
@@ -402,9 +404,6 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
               for r in runs if r.kind == "rerun"]
     history = history_view(engine, ticker)
     last_good = next((p for p in reversed(history) if p.score is not None), None)
-    with engine.connect() as conn:
-        newest_night = conn.execute(select(func.max(Batch.id))
-                                    .where(Batch.kind == "nightly")).scalar()
     return TickerView(
         ticker=ticker,
         latest=LatestRun(batch_id=latest.batch_id, kind=latest.kind, status=latest.status,
