@@ -14,7 +14,6 @@ is exit 2: nothing to rank).
 from __future__ import annotations
 
 from collections import Counter
-from datetime import date
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -41,7 +40,6 @@ from app.morning.summary import BatchSummary, summarize
 from app.quality.monitor import warnings_for
 from app.runs.nightly import (
     NightlyRequest,
-    NightlyResult,
     default_as_of,
     execute_plan,
     resume_recorded,
@@ -70,10 +68,6 @@ NoPreflight = Annotated[bool, typer.Option(
 # some tickers; anything else that is not a success is 1. A batch stopped early ends with
 # its stop's own code instead (HaltReason.error).
 EXIT_CODES = {"succeeded": 0, "partial": 3}
-
-
-def _default_as_of(settings: Settings, text: str | None) -> date:
-    return parse_as_of(text) if text is not None else default_as_of(settings)
 
 
 def _server_check(no_preflight: bool) -> ServerCheck:
@@ -192,13 +186,8 @@ def run(
         night = run_nightly(settings, request, engine=engine,
                             resume=continue_night, server=server, announce=_announce,
                             once_per_as_of=continue_night and not settings.schedule_repeat_as_of)
-    _finish_night(night)
-
-
-def _finish_night(night: NightlyResult) -> None:
-    if night.outcome is None:  # only a scheduled run skips a finished night
-        return
-    _finish(night.outcome, night.tickers)
+    if night.outcome is not None:  # only a scheduled run skips a finished night
+        _finish(night.outcome, night.tickers)
 
 
 def rerun(
@@ -209,7 +198,8 @@ def rerun(
 ) -> None:
     """Run one ticker again as its own batch (kind rerun); the ranking applies it."""
     settings = setup()
-    plan = BatchPlan("rerun", _default_as_of(settings, as_of), [check_symbol(ticker)], samples)
+    day = parse_as_of(as_of) if as_of is not None else default_as_of(settings)
+    plan = BatchPlan("rerun", day, [check_symbol(ticker)], samples)
     outcome = execute_plan(settings, _ready_database(settings), plan,
                            server=_server_check(no_preflight))
     _finish(outcome, len(plan.tickers))

@@ -371,7 +371,7 @@ def preflight(profile: ProfileOpt = None) -> None:
     """Check the GPU (or, without one, the CPU profile) before a batch; exit 1 on a failure."""
     settings = setup()
     chosen = _profile(settings, profile)
-    root = settings.base_url.rstrip("/").removesuffix("/v1")
+    root = server_root(settings.base_url)
     checks = run_preflight(chosen, root, query_gpus(), _paths(settings))
     style = {"ok": "green", "warn": "yellow", "fail": "red"}
     for check in checks:

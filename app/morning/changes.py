@@ -236,19 +236,18 @@ def compare_nights(engine: Engine, batch_id: int | None = None,
     chosen = against_id is not None
     if against_id is None:
         against_id = previous_night(engine, batch.id)
+    if against_id is not None:
+        against, against_rows = ranking(engine, against_id)
+        try:
+            _check_comparable(batch, rows, against, against_rows)
+        except InputError:
+            if chosen:
+                raise
+            # The night before ran another universe (DEMO beside real data, a new universe
+            # file): there is nothing to compare, which is no error of the caller's.
+            against_id = None
     if against_id is None:
-        return NightChanges(batch.id, batch.as_of, None, None,
-                            [_unpaired(r) for r in rows])
-    against, against_rows = ranking(engine, against_id)
-    try:
-        _check_comparable(batch, rows, against, against_rows)
-    except InputError:
-        if chosen:
-            raise
-        # The night before ran another universe (DEMO beside real data, a new universe
-        # file): there is nothing to compare, which is no error of the caller's.
-        return NightChanges(batch.id, batch.as_of, None, None,
-                            [_unpaired(r) for r in rows])
+        return NightChanges(batch.id, batch.as_of, None, None, [_unpaired(r) for r in rows])
     before = {r.ticker: r for r in against_rows}
     now = {r.ticker: r for r in rows}
     tickers = [_pair(engine, now.get(t), before.get(t), t, against.as_of, batch.as_of)
