@@ -1,14 +1,8 @@
 """``nightdesk run / rerun / ranking / changes``: run batches, read their ranking and changes.
 
-Exit codes, one table for every command that runs a batch (docs/reliability.md):
-0 every ticker succeeded, 1 the batch failed (no ticker succeeded, or it stopped on an
-error), 2 bad settings or input (a refused API key, a wrong URL or model included), 3 partial
-(some tickers failed: the ranking names them), 4 already running (another nightly run holds
-the lock, or the batch to resume is running), 5 interrupted by a server outage or a server
-answering 429/503 past the outage budget (resumable),
-130 stopped by SIGTERM/Ctrl-C (resumable). ``ranking --require-fresh`` exits 6 when the
-ranking is not the latest night's, also when no night ever finished (without the flag that
-is exit 2: nothing to rank).
+Their exit codes are one table, docs/reliability.md's: 0 success, 1 failed, 2 bad settings
+or input, 3 partial, 4 already running, 5 interrupted by a server outage, 130 stopped;
+``ranking --require-fresh`` exits 6 when the ranking is not the latest night's.
 """
 
 from __future__ import annotations

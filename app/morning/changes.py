@@ -1,20 +1,9 @@
 """What changed between two nights: ratings, scores and ranks, and which nodes' views moved.
 
-Each night is read as the ranking reads it (``app.morning.ranking.ranking``: reruns applied, the
-same rating, score and flags), so the change column, the Changes section and ``nightdesk
-changes`` agree with the ranking. A ticker's marker: ``upgrade`` / ``downgrade`` (its
-rating moved up or down the five tiers), ``same``, ``new`` (rated now, not the night before)
-or ``dropped`` (rated the night before, not now). For each up- or downgrade the nodes whose
-views moved most are named, from the stored node outputs (``node_outputs``) of the batches
-that produced the two ratings: a node's *stance* is the balance of its stance words (the
-analysts close with bullish/bearish/neutral tables, the trader proposes BUY/HOLD/SELL, the
-portfolio manager names a rating), from −1 all bearish to +1 all bullish, averaged over
-the samples. Only the analysts and the debaters (bull, bear, the risk analysts) are named:
-the portfolio manager's stance *is* the rating, and the research manager and the trader
-restate the debate. A night's rating is its mean score's band (app/quality/grades.py); a
-change where a sample's own rating contradicted its score on either night (the ranking's
-"!") says so first in its "why", since that model's word was overruled by its score.
-Nothing here writes.
+Each night is read as the ranking reads it (``app.morning.ranking.ranking``: reruns applied,
+the same rating, score and flags), so the change column, the Changes section and ``nightdesk
+changes`` agree with the ranking. docs/operations.md ("What changed since the night before")
+states the markers and how a node's *stance* is read from its stored text. Nothing here writes.
 """
 
 from __future__ import annotations

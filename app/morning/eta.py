@@ -1,35 +1,13 @@
 """The time a running batch has left, read from its rows, and the readings that keep it.
 
 The estimate is the larger of two bounds, each from what the batch shows now (never from the
-elapsed time, which counts a ramp, a pause or a resume's earlier run):
-
-- work: the servers' busy time the calls left will take. Each call's *share* is the busy time
-  it had from ready to answer, every moment divided among the calls ready then (held at the
-  client's gate or on a server alike), so a night's shares add up to the time its calls ran:
-  a call held for cache, or one that decoded beside few others, costs what it really took.
-  A node's share per answered call (every attempt and re-ask counted) comes from the newest
-  earlier finished batch of the same kind and model, times this night's *pace* (its shares
-  over the night before's, each node's calls against as many of its first); without such a
-  batch, from this night's calls. Calls held at the gate or under way count from their
-  ticker's state (ready since its last answer), not from rows, which they have none of yet:
-  what they have had of the server so far comes off, never more than ``1 - OVERDUE_SHARE``
-  of theirs. So the rate the work comes out at falls as the night reaches its dearer nodes
-  and tickers finish, as the night before's did. Progress counts calls (a node of a sample
-  of a ticker answered), not attempts. With no night before, no work bound before the
-  batch's first answer.
-- chain: the longest chain of calls left, one after another (a sample's analysts side by
-  side as one step), each at its node's latency now, issue to answer: that of its newest
-  ``NEWEST`` of answered calls (the concurrency now: the tail's calls run faster), else the
-  night before's times the pace, else the newest latency of the chain's calls. The step
-  under way gets what the node's calls that took longer from ready (the gate's waits in
-  them) had left at its age, past every one of them ``OVERDUE_SHARE`` of its latency, so
-  the ETA stays above 0 while a call whose node has a latency is left. A ticker still open
-  with every node answered is asking its last again: one call of it is left.
-
-The interval: the work at the slowest and fastest pace of the nodes it is read from (their
-shares' quartiles without a night before), the chain at its nodes' latency quartiles; each
-end the larger of its two. ``tokens_left`` (the calls left × their node's output, less what
-the servers' counter shows made by calls under way) ÷ the work gives the rate stored.
+elapsed time): *work*, the servers' busy time the calls left will take (each call's share of
+the busy time it was ready for; a node's share per answered call from the newest earlier
+finished batch of the same kind and model times this night's pace, else this night's own),
+and *chain*, the longest chain of calls left, one after another, at each node's latency now.
+The interval: the same at the slowest and fastest pace and at the latency quartiles.
+docs/operations.md ("One truth, two faces") states every rule;
+docs/lab/2026-12-05-eta-busy-shares.md measures the estimate on recorded nights.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from app.config import Settings
 from app.db.models import Batch, SchedulerBeat, TickerRun
 from app.morning import eta
 from app.morning.advice import Advice, next_steps
-from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize
+from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize, when
 from app.morning.timetable import due_times, nightly_trigger
 
 # Statuses the morning can name; "stale": the schedule's due time passed without a batch.
@@ -96,10 +96,6 @@ def _night(summary: BatchSummary) -> NightBatch:
     return NightBatch(**summary.model_dump(include=set(NightBatch.__dataclass_fields__)))
 
 
-def _when(moment: datetime | None) -> str:
-    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
 def progress(engine: Engine, batch_id: int, now: datetime | None = None) -> Progress:
     """Return a batch's progress from its rows; the ETA as ``BatchProgress`` reads it."""
     now = now or datetime.now(UTC)
@@ -141,7 +137,7 @@ def describe(night: NightBatch, prog: Progress | None = None) -> str:
                 f"{prog.calls} calls{eta}")
     if night.status in ("succeeded", "partial"):
         return (f"{head}: {night.tickers_succeeded} of {night.tickers_total} tickers, "
-                f"finished {_when(night.finished_at)}")
+                f"finished {when(night.finished_at)}")
     why = f": {night.error}" if night.error else ""
     return (f"{head}{why} ({night.tickers_succeeded} of {night.tickers_total} tickers "
             f"succeeded)")
@@ -210,7 +206,7 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
         status = "stale"
     schedule = f"{settings.schedule_cron} ({nightly_trigger(settings).timezone})"
     if status == "stale":
-        since = f"since the night due {_when(due_at)}" if due_at else "yet"
+        since = f"since the night due {when(due_at)}" if due_at else "yet"
         headline = f"no nightly batch {since}"
         if latest is not None:
             headline += f"; the latest is {describe(latest)}"
@@ -232,7 +228,7 @@ def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,
     if status == "stale":
         shown = ("" if ranked is None
                  else f"; this ranking is of {ranked.as_of} (batch #{ranked.id})")
-        return (f"stale: no nightly batch since the night due {_when(due_at)}{shown}"
+        return (f"stale: no nightly batch since the night due {when(due_at)}{shown}"
                 if due_at else f"stale: no nightly batch yet{shown}")
     assert latest is not None
     shown = ("no finished night to rank" if ranked is None

@@ -4,19 +4,7 @@ A custom collector (prometheus_client's ``Collector``): nothing is counted while
 so scraping can never slow the night; each scrape reads the latest night's status
 (``app.morning.nightstatus``, the same the ranking page names), its ticker counts, duration
 and batch-level output tok/s (``app.morning.accounting.throughput``), and the scheduler
-daemon's heartbeat.
-
-    nightdesk_night_last_success_timestamp_seconds   end of the newest succeeded night (0: none)
-    nightdesk_night_last_status{status=…}            1 for the latest night's status, else 0
-    nightdesk_night_tickers{status=…}                succeeded / failed / missing, latest night
-    nightdesk_night_duration_seconds                 its start to end (to now while it runs)
-    nightdesk_night_output_tokens_per_second         its output over the time its calls ran
-    nightdesk_night_paused_seconds                   the pauses that figure leaves out
-    nightdesk_night_eta_seconds{bound=…}             a running night's time left: estimate/low/high
-    nightdesk_night_ranking_fresh                    1 when the ranking shows the latest night
-    nightdesk_night_next_due_timestamp_seconds       when the schedule fires next
-    nightdesk_scheduler_heartbeat_timestamp_seconds  the daemon's last beat (absent: none runs)
-    nightdesk_metrics_database_up                    0 when the database could not be read
+daemon's heartbeat. docs/operations.md ("Metrics") lists every metric.
 
 The three gauges of the latest night (tickers, duration, tok/s) are absent while the status
 is ``stale``: the night due has no batch, and the previous one's figures are not tonight's.
