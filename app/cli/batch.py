@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 from pydantic import BaseModel
@@ -21,7 +21,15 @@ from agents.tickers import check_symbol, choose_tickers
 from app.batch.engine import BatchOutcome, BatchPlan
 from app.batch.resume import ResumePoint
 from app.batch.signals import run_batch
-from app.cli.common import batch_database, database, echo_csv, echo_json, mark_crashed, setup
+from app.cli.common import (
+    Formats,
+    batch_database,
+    database,
+    echo_csv,
+    echo_json,
+    mark_crashed,
+    setup,
+)
 from app.cli.data import parse_as_of
 from app.config import Settings
 from app.errors import ERRORS, InputError
@@ -203,7 +211,7 @@ def show_ranking(
     batch: Annotated[int | None, typer.Option("--batch", help="batch id (default: newest "
                                                                "finished nightly)",
                                               parser=parse_batch_id)] = None,
-    fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
+    fmt: Formats = "table",
     require_fresh: Annotated[bool, typer.Option(
         "--require-fresh", help=f"exit {STALE_EXIT} when the ranking is not the latest "
                                 "night's (it failed, runs, was interrupted or crashed, none "
@@ -313,7 +321,7 @@ def show_changes(
         "--against", help="the night to compare with (default: the newest finished nightly "
                           "batch of an earlier as-of date)",
         parser=lambda text: parse_batch_id(text, what="--against"))] = None,
-    fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
+    fmt: Formats = "table",
 ) -> None:
     """List every rating change since the night before, largest score move first, with the
     nodes whose views moved most."""

@@ -6,7 +6,7 @@ import csv
 import json
 import sys
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import typer
 from pydantic_core import to_jsonable_python
@@ -22,6 +22,10 @@ from app.db.engine import ready_engine, reason
 from app.db.readonly import refuses_writes
 from app.logs import configure_logging, console
 from app.morning.advice import advise
+
+# The --format option of the read commands: JSON and CSV for scripts, a table for people.
+Formats = Annotated[Literal["table", "json", "csv"], typer.Option("--format")]
+TableOrJson = Annotated[Literal["table", "json"], typer.Option("--format")]
 
 
 def setup(json_logs: bool = False) -> Settings:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -20,7 +20,7 @@ from app.bench.plan import (
     recorded_shape,
     synthetic_shape,
 )
-from app.cli.common import database, echo_csv, echo_json, figures, setup
+from app.cli.common import Formats, database, echo_csv, echo_json, figures, setup
 from app.config import Settings
 from app.errors import InputError
 from app.morning.batchids import parse_batch_id
@@ -67,7 +67,7 @@ def plan(
     deadline: Annotated[str | None, typer.Option(
         "--deadline", help="HH:MM in the schedule's zone: the fewest GPUs that finish between "
                            "the next scheduled start and then")] = None,
-    fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
+    fmt: Formats = "table",
 ) -> None:
     """For 1..16 endpoints: the least makespan any graph-respecting schedule needs (the
     bench's graph bound), the share of the summed capacity it uses, and the smallest fleet

@@ -4,7 +4,7 @@ trusted, and the monitor's new normal."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 
 from agents.decision import RATINGS
 from agents.tickers import check_symbol
-from app.cli.common import database, echo_json, figures, setup
+from app.cli.common import TableOrJson, database, echo_json, figures, setup
 from app.cli.data import parse_as_of
 from app.errors import InputError
 from app.logs import console
@@ -39,7 +39,6 @@ app = typer.Typer(no_args_is_help=True, help="Rating quality: reproducibility, s
                   "stability, forward returns, the track record over nights, the monitor's "
                   "new normal.")
 
-Format = Annotated[Literal["table", "json"], typer.Option("--format")]
 Resamples = Annotated[int, typer.Option("--resamples", min=0, max=100_000,
                                         help="bootstrap resamples for intervals (0: none)")]
 BatchId = Annotated[str | None, typer.Option("--batch", help="batch id (default: the newest "
@@ -181,7 +180,7 @@ def repro_command(
     batches: Annotated[str | None, typer.Option(
         "--batches", help="A,B[,C…] (default: the two newest nightly batches of one as-of)")
     ] = None,
-    fmt: Format = "table",
+    fmt: TableOrJson = "table",
     resamples: Resamples = 1000,
 ) -> None:
     """Compare batches of the same tickers: agreement, QWK, Spearman, flips, distributions."""
@@ -193,7 +192,7 @@ def repro_command(
 
 
 @app.command("samples")
-def samples_command(batch: BatchId = None, fmt: Format = "table",
+def samples_command(batch: BatchId = None, fmt: TableOrJson = "table",
                     resamples: Resamples = 1000) -> None:
     """Compare a batch's samples and the split-half stability of their mean (--samples N)."""
     settings = setup()
@@ -208,7 +207,7 @@ def forward_command(
     horizon: Annotated[str, typer.Option("--horizon", help="trading days: 5d, 20d …")] = "5d",
     benchmark: Annotated[str | None, typer.Option(
         "--benchmark", help="ticker to subtract (default: NIGHTDESK_QUALITY_BENCHMARK)")] = None,
-    fmt: Format = "table",
+    fmt: TableOrJson = "table",
 ) -> None:
     """Score a batch's grades against the returns after its as-of date: rank IC, hit rates."""
     days = parse_horizon(horizon)
@@ -289,7 +288,7 @@ def track_command(
         "--horizon", help="trading days, comma-separated: 1d,5d,20d")] = DEFAULT_HORIZONS,
     benchmark: Annotated[str | None, typer.Option(
         "--benchmark", help="ticker to subtract (default: NIGHTDESK_QUALITY_BENCHMARK)")] = None,
-    fmt: Format = "table",
+    fmt: TableOrJson = "table",
 ) -> None:
     """Judge the ratings over many nights: rank IC per night, its mean and t, hit rate, decay."""
     if nights is not None and since is not None:

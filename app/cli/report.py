@@ -12,7 +12,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from app.bench.plan import NightBound, night_bound
-from app.cli.common import cell, database, echo_csv, echo_json, figures, mark_crashed, setup
+from app.cli.common import (
+    Formats,
+    TableOrJson,
+    cell,
+    database,
+    echo_csv,
+    echo_json,
+    figures,
+    mark_crashed,
+    setup,
+)
 from app.logs import console
 from app.morning.accounting import (
     COMPARE_COLUMNS,
@@ -194,7 +204,7 @@ def compare_table(arms: list[Arm], title: str = "arms side by side") -> Table:
 def report(
     batch_id: Annotated[int | None, typer.Argument(help="Batch id (default: the newest).",
                                                   parser=parse_batch_id)] = None,
-    fmt: Annotated[Literal["table", "json"], typer.Option("--format")] = "table",
+    fmt: TableOrJson = "table",
     compare: Annotated[str | None, typer.Option("--compare", help="ID1,ID2,… side by side")] = (
         None),
 ) -> None:
@@ -258,7 +268,7 @@ def batches(
     limit: Annotated[int, typer.Option("--limit", min=1, help="the newest N batches")] = 20,
     kind: Annotated[Literal["nightly", "rerun"] | None, typer.Option(
         "--kind", help="only nightly batches or only reruns")] = None,
-    fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
+    fmt: Formats = "table",
 ) -> None:
     """List batches, newest first: status, as-of, tickers succeeded/planned, duration."""
     settings = setup()
