@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import typer
@@ -43,6 +43,8 @@ RouterOpt = Annotated[bool, typer.Option(
 RouterPortOpt = Annotated[int | None, typer.Option(
     "--router-port", help="the router's port (default: the one after the last server's)")]
 
+ModelOpt = Annotated[str | None, typer.Option(help="checkpoint folder or HF id")]
+StartTimeoutOpt = Annotated[float, typer.Option(help="seconds to wait for /health")]
 ArgOpt = Annotated[list[str] | None, typer.Option(
     "--arg", help="override a profile server argument: FLAG=VALUE (repeatable), "
                   "e.g. --arg enable-prefix-caching=false")]
@@ -95,7 +97,7 @@ def _port(settings: Settings, profile: Profile, port: int | None) -> int:
 def command(
     profile: ProfileOpt = None,
     port: PortOpt = None,
-    model: Annotated[str | None, typer.Option(help="checkpoint folder or HF id")] = None,
+    model: ModelOpt = None,
     arg: ArgOpt = None,
     gpus: GpusOpt = None,
 ) -> None:
@@ -116,10 +118,9 @@ def command(
 def start(
     profile: ProfileOpt = None,
     port: PortOpt = None,
-    timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] =
-    launcher.DEFAULT_START_TIMEOUT_S,
+    timeout: StartTimeoutOpt = launcher.DEFAULT_START_TIMEOUT_S,
     arg: ArgOpt = None,
-    model: Annotated[str | None, typer.Option(help="checkpoint folder or HF id")] = None,
+    model: ModelOpt = None,
     foreground: Annotated[bool, typer.Option(
         "--foreground", help="become the server process (for systemd): no pid file, output "
                              "to this terminal or the journal, no health wait")] = False,
@@ -188,14 +189,18 @@ def _start_router(settings: Settings, profile: Profile, planned: list[replicas.R
             launcher.stop(profile, state_dir=settings.server_dir, key=replica.key)
         replicas.manifest_path(profile.name, settings.server_dir).unlink(missing_ok=True)
         raise
-    files = launcher.ServerFiles.of(key, settings.server_dir)
-    state = "already running" if facts.get("already_running") else "healthy"
-    out.print(f"[green]{key} {state}[/] on {facts.get('root_url', '')} in front of "
-              f"{len(planned)} servers ({router.POLICY}, pid {facts.get('pid')}, "
-              f"log {files.log})")
+    _print_started(settings, key, facts,
+                   f"in front of {len(planned)} servers ({router.POLICY}, pid")
     out.print("point nightdesk at the router:", highlight=False)
     out.print(f"NIGHTDESK_LLM_BASE_URL={launcher.root_url(profile.host, port)}/v1",
               highlight=False, soft_wrap=True, markup=False)
+
+
+def _print_started(settings: Settings, key: str, facts: dict[str, Any], what: str) -> None:
+    """Print that a server or router answers, where, with ``what`` it is, its pid and log."""
+    state = "already running" if facts.get("already_running") else "healthy"
+    out.print(f"[green]{key} {state}[/] on {facts.get('root_url', '')} {what} "
+              f"{facts.get('pid')}, log {launcher.ServerFiles.of(key, settings.server_dir).log})")
 
 
 def _start_replicas(settings: Settings, profile: Profile, planned: list[replicas.Replica],
@@ -212,10 +217,7 @@ def _start_replicas(settings: Settings, profile: Profile, planned: list[replicas
                     api_key=settings.llm_api_key.get_secret_value(),
                     state_dir=settings.server_dir, command=command)
             started.append(replica)
-            files = launcher.ServerFiles.of(replica.key, settings.server_dir)
-            state = "already running" if facts.get("already_running") else "healthy"
-            out.print(f"[green]{replica.key} {state}[/] on {facts.get('root_url', '')} "
-                      f"(GPU {replica.gpu}, pid {facts.get('pid')}, log {files.log})")
+            _print_started(settings, replica.key, facts, f"(GPU {replica.gpu}, pid")
     except BaseException:
         for replica in started:
             launcher.stop(profile, state_dir=settings.server_dir, key=replica.key)
@@ -276,13 +278,17 @@ def status(profile: ProfileOpt = None, port: PortOpt = None) -> None:
               [launcher.status(chosen, port=_port(settings, chosen, port),
                                state_dir=settings.server_dir)])
     for state in states:
-        running = f"running (pid {state.pid})" if state.alive else "not running here"
-        out.print(f"{state.profile}: {running}; log {state.log}")
+        _print_running(state.profile, state)
         out.print(f"{state.root_url}/health: {_health(state.healthy)}")
     silent = [state.root_url for state in states if not state.healthy]
     silent += _router_status(settings, chosen)
     if silent:
         raise ServerError(f"{', '.join(silent)}: /health does not answer")
+
+
+def _print_running(name: str, state: launcher.ServerStatus) -> None:
+    out.print(f"{name}: {f'running (pid {state.pid})' if state.alive else 'not running here'}; "
+              f"log {state.log}")
 
 
 def _health(healthy: bool) -> str:
@@ -318,10 +324,8 @@ def _router_status(settings: Settings, profile: Profile) -> list[str]:
     elif workers is None:
         where = "its /workers does not answer"
     if started:
-        state = launcher.status(profile, port=urlsplit(root).port, key=key,
-                                state_dir=settings.server_dir)
-        running = f"running (pid {state.pid})" if state.alive else "not running here"
-        out.print(f"{key}: {running}; log {state.log}")
+        _print_running(key, launcher.status(profile, port=urlsplit(root).port, key=key,
+                                            state_dir=settings.server_dir))
     else:
         out.print(f"router {redact(root)} (NIGHTDESK_LLM_BASE_URL)", highlight=False)
     healthy = launcher.healthy(root)
@@ -345,8 +349,7 @@ def _router_status(settings: Settings, profile: Profile) -> list[str]:
 def wait(
     profile: ProfileOpt = None,
     port: PortOpt = None,
-    timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] =
-    launcher.DEFAULT_START_TIMEOUT_S,
+    timeout: StartTimeoutOpt = launcher.DEFAULT_START_TIMEOUT_S,
 ) -> None:
     """Wait until the server answers /health (exit 1 after the timeout): a start-up check."""
     settings = setup()
@@ -368,7 +371,7 @@ def preflight(profile: ProfileOpt = None) -> None:
     """Check the GPU (or, without one, the CPU profile) before a batch; exit 1 on a failure."""
     settings = setup()
     chosen = _profile(settings, profile)
-    root = settings.base_url.rstrip("/").removesuffix("/v1")
+    root = server_root(settings.base_url)
     checks = run_preflight(chosen, root, query_gpus(), _paths(settings))
     style = {"ok": "green", "warn": "yellow", "fail": "red"}
     for check in checks:

@@ -89,11 +89,10 @@ def _paused(rate: Throughput) -> str:
             f"pause{'s' if rate.pauses > 1 else ''}, not counted")
 
 
-def _more(lines: list[str], total: int, hint: str) -> list[str]:
-    shown = lines[:LISTED]
-    if total > len(shown):
-        shown.append(f"… and {total - len(shown)} more ({hint})")
-    return shown
+def _more(lines: list[str], hint: str) -> list[str]:
+    """Return the first LISTED lines, then how many more there are and where to read them."""
+    more = [f"… and {len(lines) - LISTED} more ({hint})"] if len(lines) > LISTED else []
+    return lines[:LISTED] + more
 
 
 def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
@@ -115,8 +114,8 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
              f"Duration: {span(batch.duration_s)}; output "
              f"{rate.output_tokens_per_s:.1f} tok/s ({rate.completion_tokens} tokens over "
              f"{span(rate.active_seconds)} of calls{_paused(rate)})"]
-    advice = [f"Next: {step}" for step in next_steps(engine, batch)]
-    lines.extend(_more(advice, len(advice), f"nightdesk report {batch.id}"))
+    lines.extend(_more([f"Next: {step}" for step in next_steps(engine, batch)],
+                       f"nightdesk report {batch.id}"))
     rows_of_rerun: list[str] = []
     if batch.kind == "rerun":
         rerun_lines, rows_of_rerun = _rerun_lines(engine, batch, night_id)
@@ -130,8 +129,7 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
                         ("Not finished", [f for f in failures if f.status != "failed"])):
         if group:
             lines.append(f"{head} ({len(group)}):")
-            reasons = _by_reason(group)
-            lines.extend(_more(reasons, len(reasons), f"nightdesk report {batch.id}"))
+            lines.extend(_more(_by_reason(group), f"nightdesk report {batch.id}"))
     base = settings.web_base_url
     page = (f"{base}/" if batch.kind == "nightly"
             else f"{base}/ticker/{rows_of_rerun[0]}" if rows_of_rerun else f"{base}/")
@@ -193,8 +191,7 @@ def _change_lines(engine: Engine, batch_id: int, whole: bool) -> list[str]:
     if not changes:
         return [f"{head}: none"]
     return [f"{head}: {len(changes)}",
-            *_more([f"  {_change(c)}" for c in changes], len(changes),
-                   f"nightdesk changes --batch {batch_id}")]
+            *_more([f"  {_change(c)}" for c in changes], f"nightdesk changes --batch {batch_id}")]
 
 
 def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:

@@ -1,41 +1,15 @@
 """The time a running batch has left, read from its rows, and the readings that keep it.
 
 The estimate is the larger of two bounds, each from what the batch shows now (never from the
-elapsed time, which counts a ramp, a pause or a resume's earlier run):
-
-- work: the servers' busy time the calls left will take. Each call's *share* is the busy time
-  it had from ready to answer, every moment divided among the calls ready then (held at the
-  client's gate or on a server alike), so a night's shares add up to the time its calls ran:
-  a call held for cache, or one that decoded beside few others, costs what it really took.
-  A node's share per answered call (every attempt and re-ask counted) comes from the newest
-  earlier finished batch of the same kind and model, times this night's *pace* (its shares
-  over the night before's, each node's calls against as many of its first); without such a
-  batch, from this night's calls. Calls held at the gate or under way count from their
-  ticker's state (ready since its last answer), not from rows, which they have none of yet:
-  what they have had of the server so far comes off, never more than ``1 - OVERDUE_SHARE``
-  of theirs. So the rate the work comes out at falls as the night reaches its dearer nodes
-  and tickers finish, as the night before's did. Progress counts calls (a node of a sample
-  of a ticker answered), not attempts. With no night before, no work bound before the
-  batch's first answer.
-- chain: the longest chain of calls left, one after another (a sample's analysts side by
-  side as one step), each at its node's latency now, issue to answer: that of its newest
-  ``NEWEST`` of answered calls (the concurrency now: the tail's calls run faster), else the
-  night before's times the pace, else the newest latency of the chain's calls. The step
-  under way gets what the node's calls that took longer from ready (the gate's waits in
-  them) had left at its age, past every one of them ``OVERDUE_SHARE`` of its latency, so
-  the ETA stays above 0 while a call whose node has a latency is left; never more than the
-  node's newest ``NEWEST`` of calls that took longer from ready had left at that age (the
-  last calls decode beside few others). A ticker still open with every node answered is
-  asking its last again: one call of it is left.
-
-The interval is calibrated, not a spread of the inputs: the estimate times ``RATIO``, the
-5th and 95th percentiles of the true time left over the estimate at every reading from a
-tenth of the night on of the recorded nights tests/unit/morning/test_eta_replay.py replays.
-Each night judged by the other nights' percentiles, ``LEVEL`` of the readings fell inside
-(76%; a night unlike the others less: the CPU night 10 of 22): that, not 90%, is the share
-claimed. ``tokens_left`` (the calls left × their node's output, less what the servers'
-counter shows made by calls under way) ÷ the work gives the rate stored; the work's and the
-chain's own spreads are stored beside it.
+elapsed time): *work*, the servers' busy time the calls left will take (each call's share of
+the busy time it was ready for; a node's share per answered call from the newest earlier
+finished batch of the same kind and model times this night's pace, else this night's own),
+and *chain*, the longest chain of calls left, one after another, at each node's latency now
+(the step under way at what the node's newest calls had left at its age).
+The interval is the estimate times ``RATIO``, measured on recorded nights' replays; ``LEVEL``
+is the share of readings it held on nights left out, and the level it claims.
+docs/operations.md ("One truth, two faces") states every rule;
+docs/lab/2026-12-05-eta-busy-shares.md and docs/lab/2026-12-05-eta-pace.md measure it.
 """
 
 from __future__ import annotations
@@ -44,7 +18,7 @@ import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from itertools import pairwise
 from typing import Any, NamedTuple
@@ -90,18 +64,6 @@ class Reading:
     eta_low_s: float | None  # eta_s × RATIO: an interval that held LEVEL of the replays
     eta_high_s: float | None
 
-    def row(self, batch_id: int) -> dict[str, Any]:
-        """Return the reading as a ``progress_readings`` row."""
-        return {"batch_id": batch_id, "taken_at": self.taken_at,
-                "calls_expected": self.calls_expected, "calls_done": self.calls_done,
-                "attempts": self.attempts, "output_tokens": self.output_tokens,
-                "tokens_left": self.tokens_left, "rate_tok_s": self.rate_tok_s,
-                "rate_low_tok_s": self.rate_low_tok_s, "rate_high_tok_s": self.rate_high_tok_s,
-                "rate_source": self.rate_source, "chain_left": self.chain_left,
-                "chain_s": self.chain_s, "chain_low_s": self.chain_low_s,
-                "chain_high_s": self.chain_high_s, "eta_s": self.eta_s,
-                "eta_low_s": self.eta_low_s, "eta_high_s": self.eta_high_s}
-
 
 def bound(work_s: float | None, chain_s: float | None) -> float | None:
     """Return the larger of the work's and the chain's seconds (None: neither known)."""
@@ -113,6 +75,11 @@ def pipeline_nodes(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Return (analysts, the sequential nodes after them) for a batch's stored settings."""
     return list(ANALYSTS), sequential_nodes(int(settings.get("debate_rounds", 2)),
                                             int(settings.get("risk_rounds", 2)))
+
+
+def graph_order(settings: dict[str, Any]) -> list[str]:
+    """Return a batch's node names in dependency order, from the rounds it ran with."""
+    return [node for part in pipeline_nodes(settings) for node in part]
 
 
 class Shares:
@@ -459,4 +426,4 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
 def record(engine: Engine, batch_id: int, found: Reading) -> None:
     """Store one reading in ``progress_readings``."""
     with engine.begin() as conn:
-        conn.execute(insert(ProgressReading), [found.row(batch_id)])
+        conn.execute(insert(ProgressReading), [{**asdict(found), "batch_id": batch_id}])

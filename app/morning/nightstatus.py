@@ -19,7 +19,7 @@ from app.config import Settings
 from app.db.models import Batch, SchedulerBeat, TickerRun
 from app.morning import eta
 from app.morning.advice import Advice, next_steps
-from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize
+from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize, when
 from app.morning.timetable import due_times, nightly_trigger
 
 # Statuses the morning can name; "stale": the schedule's due time passed without a batch.
@@ -91,16 +91,9 @@ class NightStatus:
     checked_at: IsoDatetime
 
 
-def _night(row: Batch, summary: BatchSummary) -> NightBatch:
+def _night(summary: BatchSummary) -> NightBatch:
     """Return the batch as ``app.morning.summary.summarize`` names it (status, error, duration)."""
-    return NightBatch(summary.id, summary.as_of, summary.status, row.created_at,
-                      summary.started_at, summary.finished_at, summary.heartbeat_at,
-                      summary.tickers_total, summary.tickers_succeeded, summary.tickers_failed,
-                      summary.error, summary.duration_s)
-
-
-def _when(moment: datetime | None) -> str:
-    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return NightBatch(**summary.model_dump(include=set(NightBatch.__dataclass_fields__)))
 
 
 def progress(engine: Engine, batch_id: int, now: datetime | None = None) -> Progress:
@@ -149,7 +142,7 @@ def describe(night: NightBatch, prog: Progress | None = None) -> str:
                 f"{prog.calls} calls{eta}")
     if night.status in ("succeeded", "partial"):
         return (f"{head}: {night.tickers_succeeded} of {night.tickers_total} tickers, "
-                f"finished {_when(night.finished_at)}")
+                f"finished {when(night.finished_at)}")
     why = f": {night.error}" if night.error else ""
     return (f"{head}{why} ({night.tickers_succeeded} of {night.tickers_total} tickers "
             f"succeeded)")
@@ -202,10 +195,9 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     stale_s = settings.heartbeat_stale_s
     row = _latest(engine)
     summary = None if row is None else summarize(row, stale_s, now)
-    latest = None if row is None or summary is None else _night(row, summary)
+    latest = None if summary is None else _night(summary)
     ranked_row = None if ranked_id is None else _batch(engine, ranked_id)
-    ranked = (None if ranked_row is None
-              else _night(ranked_row, summarize(ranked_row, stale_s, now)))
+    ranked = None if ranked_row is None else _night(summarize(ranked_row, stale_s, now))
     prog: Progress | None = None
     status = "stale"
     if latest is not None:
@@ -219,7 +211,7 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
         status = "stale"
     schedule = f"{settings.schedule_cron} ({nightly_trigger(settings).timezone})"
     if status == "stale":
-        since = f"since the night due {_when(due_at)}" if due_at else "yet"
+        since = f"since the night due {when(due_at)}" if due_at else "yet"
         headline = f"no nightly batch {since}"
         if latest is not None:
             headline += f"; the latest is {describe(latest)}"
@@ -241,7 +233,7 @@ def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,
     if status == "stale":
         shown = ("" if ranked is None
                  else f"; this ranking is of {ranked.as_of} (batch #{ranked.id})")
-        return (f"stale: no nightly batch since the night due {_when(due_at)}{shown}"
+        return (f"stale: no nightly batch since the night due {when(due_at)}{shown}"
                 if due_at else f"stale: no nightly batch yet{shown}")
     assert latest is not None
     shown = ("no finished night to rank" if ranked is None

@@ -73,8 +73,9 @@ def plain_error(error: str | None) -> str | None:
     return _HINT.sub("", error).strip() or None
 
 
-def _when(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+def when(moment: datetime | None) -> str:
+    """Show a moment as ``YYYY-MM-DD HH:MM UTC`` (None: —)."""
+    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _iso(value: date) -> str:
@@ -149,7 +150,7 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None) -> BatchS
     error = plain_error(batch.error)
     if status != batch.status:
         beat = batch.heartbeat_at or batch.started_at
-        error = f"no heartbeat since {_when(beat)}: its process has died"
+        error = f"no heartbeat since {when(beat)}: its process has died"
     return BatchSummary(
         id=batch.id, kind=batch.kind, label=batch.label, status=status,
         as_of=batch.as_of, created_at=batch.created_at, started_at=batch.started_at,

@@ -13,7 +13,7 @@ from datetime import date, datetime
 from pathlib import Path
 
 import structlog
-from sqlalchemy import Engine, select
+from sqlalchemy import ColumnElement, Engine, select
 
 from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
@@ -113,20 +113,11 @@ def owed_night(engine: Engine, as_of: date) -> int | None:
     return None
 
 
-def nightly_of(engine: Engine, as_of: date) -> int | None:
-    """Return the newest nightly batch of ``as_of``, whatever its status."""
+def nightly_of(engine: Engine, as_of: date, *where: ColumnElement[bool]) -> int | None:
+    """Return the newest nightly batch of ``as_of`` that meets ``where`` (none: any)."""
     with engine.connect() as conn:
         return conn.execute(select(Batch.id)
-                            .where(Batch.kind == "nightly", Batch.as_of == as_of)
-                            .order_by(Batch.id.desc()).limit(1)).scalar()
-
-
-def finished_since(engine: Engine, as_of: date, since: datetime) -> int | None:
-    """Return a nightly batch of ``as_of`` that started at or after ``since`` and finished."""
-    with engine.connect() as conn:
-        return conn.execute(select(Batch.id)
-                            .where(Batch.kind == "nightly", Batch.as_of == as_of,
-                                   Batch.status.in_(FINISHED_STATUSES), Batch.started_at >= since)
+                            .where(Batch.kind == "nightly", Batch.as_of == as_of, *where)
                             .order_by(Batch.id.desc()).limit(1)).scalar()
 
 
@@ -191,7 +182,8 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
             _orphans(settings, engine)
             as_of = request.as_of or default_as_of(settings)
             if skip_if_finished_since is not None:
-                done = finished_since(engine, as_of, skip_if_finished_since)
+                done = nightly_of(engine, as_of, Batch.status.in_(FINISHED_STATUSES),
+                                  Batch.started_at >= skip_if_finished_since)
                 # A partial night with tickers the infrastructure failed is not done: it is
                 # owed a resume (below) like a night cut short.
                 if done is not None and not (resume and resumption.tickers_left(engine, done)):
