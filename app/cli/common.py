@@ -16,12 +16,12 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from app.batch.checkpoints import check_checkpoints
-from app.batch.resume import mark_stale_crashed
 from app.config import Settings, get_settings
 from app.db.engine import ready_engine, reason
 from app.db.readonly import refuses_writes
 from app.logs import configure_logging, console
 from app.morning.advice import advise
+from app.runs.resumable import mark_stale_crashed
 
 # The --format option of the read commands: JSON and CSV for scripts, a table for people.
 Formats = Annotated[Literal["table", "json", "csv"], typer.Option("--format")]
