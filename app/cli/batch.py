@@ -49,7 +49,6 @@ from app.runs.nightly import (
     tell_refused,
 )
 from app.runs.preflight import ServerCheck
-from app.runs.resumable import mark_stale_crashed
 from serving.facts import batch_server_facts
 
 out = console()

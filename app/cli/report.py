@@ -47,7 +47,6 @@ from app.morning.summary import (
 )
 from app.morning.timeline import Interval, batch_timeline
 from app.quality.monitor import warnings_for
-from app.runs.resumable import mark_stale_crashed
 
 
 def held_back_by(view: ServerView) -> str:
