@@ -95,6 +95,8 @@ class Limits:
         policy.limit = min(max(policy.limit * servers / self.servers, policy.minimum),
                            policy.maximum)
         self.servers = servers
+        # Counters summed over other servers: a baseline, not a restart (their sum can fall).
+        self._totals = None
         gate.set_limit(policy.allowed)
         log.info("request limit per server behind the router, summed", servers=servers,
                  limit=policy.allowed, ceiling=policy.maximum, endpoint=self.name)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import structlog
+
 from app.config import load_settings
 from app.llm import TrackedLLM
 from app.traffic.sampler import MetricsSampler
@@ -46,13 +48,19 @@ async def test_two_servers_behind_the_router_get_twice_one_servers_start_and_cei
 
 async def test_a_server_lost_behind_the_router_takes_its_share_of_the_room() -> None:
     router = fleet(4)
+    lost = router.servers["http://gpu3.test:8000"]
+    lost.preempt(5)  # counters that leave the fleet's sum with it
     async with behind(router) as server:
         await server.gauges.sample_once()  # type: ignore[union-attr]
         assert (server.gate.limit, server.limits.policy.maximum) == (4 * START, 4 * CEILING)
-        router.servers["http://gpu3.test:8000"].crash()
-        await server.gauges.sample_once()  # type: ignore[union-attr]
+        server.limits.policy.limit = 4 * 5.0  # grown to 5 a server
+        lost.crash()
+        with structlog.testing.capture_logs() as logs:
+            await server.gauges.sample_once()  # type: ignore[union-attr]
         assert server.limits.policy.maximum == 3 * CEILING
-        assert server.gate.limit == 3 * START
+        assert server.gate.limit == 3 * 5
+        # The sum fell with the server gone: no server restarted, no limit started over.
+        assert not [e for e in logs if "restarted" in e["event"]]
 
 
 async def test_a_fleet_it_cannot_see_is_admitted_as_one_server() -> None:
