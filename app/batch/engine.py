@@ -203,7 +203,7 @@ class BatchRun:
             owner.engine, spool=spool_path(settings.home, settings.database_url, self.batch_id),
             on_lost=lambda lost: owner.halt.request(
                 HaltReason(lost.status, f"{lost}{hint}", lost.exit_code)))
-        self.servers = ServerSet.connect(
+        self.servers = await ServerSet.connect(
             settings, self.strategy, self.recorder, engine=owner.engine,
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,

@@ -9,6 +9,7 @@ next good one (docs/architecture.md, "One health rule, for one server and severa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,7 +19,7 @@ import structlog
 from sqlalchemy import Engine
 
 from app.config import Settings
-from app.errors import ServerOutage
+from app.errors import ServerError, ServerOutage
 from app.llm import CallStats, TrackedLLM
 from app.promptsize import PromptCounter
 from app.traffic.chains import prefetch_depth
@@ -196,7 +197,8 @@ class Server:
         now = self.clock()
         self.limits.read(snapshot, now, self.gate, self.here.values(),
                          getattr(self.gauges, "kv_capacity", None),
-                         getattr(self.gauges, "block_size", None))
+                         getattr(self.gauges, "block_size", None),
+                         getattr(self.gauges, "fleet_read", None))
         servers = self.servers
         if snapshot is None:
             self.last_failed_at = now
@@ -270,7 +272,7 @@ class ServerSet:
         self.stopping = False  # the batch starts no more tickers
 
     @classmethod
-    def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
+    async def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
                 engine: Engine, batch_id: int, sample: bool = True,
                 http_client: Any = None, max_in_flight: int | None = None,
                 halt: Halt, resume_hint: str = "", clock: Clock = loop_clock,
@@ -279,7 +281,8 @@ class ServerSet:
 
         The readers store rows when ``sample``, and read on their interval when sampling or
         with several endpoints, else only after a server fault (health, no gauges). ``halt``
-        stops the batch when no server answers for ``outage_budget_s``.
+        stops the batch when no server answers for ``outage_budget_s``. Adaptive, a router's
+        servers are asked for first: its pool holds ``max_in_flight`` for each of them.
         """
         changed = asyncio.Event()
         urls = settings.base_urls
@@ -291,8 +294,14 @@ class ServerSet:
                                      probe_s=settings.server_probe_interval_s,
                                      client=http_client, endpoint=url,
                                      fleet=settings.router_servers, discover=True)
+            pool = max_in_flight
+            if pool is not None and periodic and strategy.adaptive:
+                # The limit grows to one server's ceiling per server behind a router (limits.py).
+                with contextlib.suppress(ServerError):  # not up yet: asked at its first reading
+                    await sampler.learn_fleet()
+                pool *= max(len(sampler.fleet or ()), 1)
             llm = TrackedLLM(settings, recorder, http_client=http_client, base_url=url,
-                             max_in_flight=max_in_flight)
+                             max_in_flight=pool)
             endpoints.append(Server(index, url, llm, strategy, gauges=sampler, changed=changed,
                                     clock=clock, counter=llm))
         if len(endpoints) > 1:

@@ -462,8 +462,8 @@ def fleet(
         min=0.0, help="Kill the last endpoint (SIGKILL) this many seconds into the night.")]
         = None,
     max_concurrency: Annotated[int, typer.Option(
-        min=1, help="NIGHTDESK_MAX_CONCURRENCY: the calls in flight at one endpoint (behind "
-                    "a router, the one endpoint is the whole fleet).")] = 256,
+        min=1, help="NIGHTDESK_MAX_CONCURRENCY: the calls in flight at one server (behind "
+                    "a router, at each server read behind it).")] = 256,
     servers: Annotated[str | None, typer.Option(
         help="Servers already running, comma-separated root URLs (with --vllm-cpu: "
              "cpu-tiny servers), instead of starting them; none can be killed, and their "
