@@ -89,10 +89,10 @@ def _server_check(no_preflight: bool) -> ServerCheck:
 def _ready_database(settings: Settings) -> Engine:
     """Return the engine, after marking batches whose process died as crashed."""
     engine = batch_database(settings)
-    for batch_id in mark_stale_crashed(engine, settings.heartbeat_stale_s):
-        steps = advise(engine, batch_id, settings.heartbeat_stale_s)
+    for batch_id in mark_stale_crashed(engine, settings.batch.heartbeat_stale_s):
+        steps = advise(engine, batch_id, settings.batch.heartbeat_stale_s)
         err.print(f"note: batch {batch_id} was running with no heartbeat for over "
-                  f"{settings.heartbeat_stale_s:.0f} s: marked crashed"
+                  f"{settings.batch.heartbeat_stale_s:.0f} s: marked crashed"
                   + (f" ({escape(steps)})" if steps else ""))
     return engine
 
@@ -200,7 +200,7 @@ def run(
         # The timer's path keeps the daemon's rule: one nightly batch per as-of date.
         night = run_nightly(settings, request, engine=engine,
                             resume=continue_night, server=server, announce=_announce,
-                            once_per_as_of=continue_night and not settings.schedule_repeat_as_of)
+                            once_per_as_of=continue_night and not settings.schedule.repeat_as_of)
     _finish_night(night)
 
 
@@ -260,7 +260,7 @@ def show_ranking(
     demo = bool((chosen.settings or {}).get("demo_data"))
     data = [ranked_row(r, changes.get(r.ticker)) for r in rows]
     if fmt == "json":
-        summary = summarize(chosen, settings.heartbeat_stale_s)
+        summary = summarize(chosen, settings.batch.heartbeat_stale_s)
         typer.echo(json.dumps(RankingJSON(night=night, batch=summary, rows=data)
                               .model_dump(mode="json"), indent=2))
     elif fmt == "csv":
@@ -402,10 +402,10 @@ def replay(
 
     settings = setup()
     if base_url is not None:
-        settings = settings.model_copy(update={"llm_base_url": base_url})
+        settings = settings.updated(**{"llm_base_url": base_url})
     engine = batch_database(settings)
-    facts = batch_server_facts(settings.server_profile, settings.base_url,
-                               settings.server_dir)
+    facts = batch_server_facts(settings.llm.server_profile, settings.llm.url,
+                               settings.paths.server_dir)
     outcome = run_batch(replay_batch(settings, engine, batch, label=label, strategy=strategy,
                                      match_output=not free_output, server_facts=facts,
                                      preflight=not no_preflight))

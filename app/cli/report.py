@@ -223,10 +223,10 @@ def report(
     settings = setup()
     engine = database(settings)
     # A batch whose process died is reported as what it is, not as still running.
-    for crashed in _mark_crashed(engine, settings.heartbeat_stale_s):
-        steps = advise(engine, crashed, settings.heartbeat_stale_s)
+    for crashed in _mark_crashed(engine, settings.batch.heartbeat_stale_s):
+        steps = advise(engine, crashed, settings.batch.heartbeat_stale_s)
         console(stderr=True).print(f"note: batch {crashed} had no heartbeat for over "
-                                   f"{settings.heartbeat_stale_s:.0f} s: marked crashed"
+                                   f"{settings.batch.heartbeat_stale_s:.0f} s: marked crashed"
                                    + (f" ({escape(steps)})" if steps else ""))
     if compare is not None:
         arms = [compare_arm(engine, i) for i in parse_batch_ids(compare, what="--compare")]
@@ -237,7 +237,7 @@ def report(
         return
     chosen = batch_id if batch_id is not None else latest_batch_id(engine)
     # InputError (exit 2) for an unknown id
-    head = batch_summary(engine, chosen, settings.heartbeat_stale_s)
+    head = batch_summary(engine, chosen, settings.batch.heartbeat_stale_s)
     failed = failed_tickers(engine, chosen)
     advice = next_steps(engine, head)
     result = batch_report(engine, chosen)
@@ -305,7 +305,7 @@ def batches(
     """List batches, newest first: status, as-of, tickers succeeded/planned, duration."""
     settings = setup()
     engine = database(settings)
-    rows = list_batches(engine, settings.heartbeat_stale_s, limit, kind)
+    rows = list_batches(engine, settings.batch.heartbeat_stale_s, limit, kind)
     if fmt == "json":
         typer.echo(json.dumps(to_jsonable_python(rows), indent=2))
         return

@@ -83,7 +83,7 @@ def test_nothing_is_capped_before_a_reading_has_seen_a_ticker() -> None:
 
 
 def test_an_adaptive_endpoint_offers_no_room_past_the_chains_that_fit() -> None:
-    llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
+    llm = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=64)))
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive:prefetch=off"), gauges=SimpleNamespace())
     assert endpoint.limits.budget is not None

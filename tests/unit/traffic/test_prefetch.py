@@ -86,7 +86,7 @@ def test_the_fan_out_depth_is_the_free_slots_and_what_feeds_a_full_set() -> None
 
 
 def prefetching_endpoint(capacity: int | None = 10_000) -> Server:
-    llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
+    llm = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=64)))
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive:prefetch=on"), gauges=SimpleNamespace())
     assert endpoint.limits.budget is not None
