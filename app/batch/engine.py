@@ -61,7 +61,7 @@ def shaped(settings: Settings, recorded: dict[str, Any]) -> Settings:
     """Return ``settings`` with a recorded batch's shape (rounds, output budgets): a resumed
     batch's graph must not change."""
     keys = ("debate_rounds", "risk_rounds", "node_max_tokens")
-    return settings.model_copy(update={k: recorded[k] for k in keys if k in recorded})
+    return settings.updated(**{k: recorded[k] for k in keys if k in recorded})
 
 
 @dataclass
@@ -132,7 +132,7 @@ class BatchEngine:
         else:
             plan, resuming = start, None
         # Every write of the batch, in its threads and tasks too, tries for its budget.
-        with batch_collector(), write_budget(self.settings.db_write_budget_s):
+        with batch_collector(), write_budget(self.settings.store.db_write_budget_s):
             async with BatchRun(self, plan, work, resuming) as run:
                 await run.drive()
         if plan.kind == "nightly" and run.outcome.status in ("succeeded", "partial"):
@@ -200,14 +200,15 @@ class BatchRun:
                  samples=plan.samples, strategy=self.strategy.name, as_of=str(plan.as_of))
         hint = self.resume_hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
         self.recorder = UsageRecorder(
-            owner.engine, spool=spool_path(settings.home, settings.database_url, self.batch_id),
+            owner.engine, spool=spool_path(settings.paths.home, settings.store.database_url,
+                                               self.batch_id),
             on_lost=lambda lost: owner.halt.request(
                 HaltReason(lost.status, f"{lost}{hint}", lost.exit_code)))
         self.servers = await ServerSet.connect(
             settings, self.strategy, self.recorder, engine=owner.engine,
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,
-                                        settings.max_concurrency),
+                                        settings.calls.max_concurrency),
             halt=owner.halt, resume_hint=self.resume_hint, clock=owner.clock)
         self.scheduler = Scheduler(self.strategy, self.servers)
         self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
@@ -225,7 +226,7 @@ class BatchRun:
         """Return the graph's work for every ticker of the plan: data loaded, checkpointed."""
         owner, plan = self.owner, self.plan
         bundles: dict[str, MarketBundle] = {}
-        loads = asyncio.Semaphore(owner.settings.data_concurrency)
+        loads = asyncio.Semaphore(owner.settings.batch.data_concurrency)
 
         async def load(ticker: str) -> None:
             async with loads:
@@ -242,7 +243,7 @@ class BatchRun:
                     runs = [samples.create_task(
                         analyze_ticker(llm=gated, config=owner.pipeline, batch_id=batch_id,
                                        bundle=bundle, sample=s, checkpointer=self.saver,
-                                       durability=owner.settings.checkpoint_durability))
+                                       durability=owner.settings.store.checkpoint_durability))
                         for s in range(plan.samples)]
             except BaseExceptionGroup as group:
                 raise first_error(group) from None
@@ -310,7 +311,7 @@ class BatchRun:
         async with contextlib.AsyncExitStack() as checkpoints:
             if self.given_work is None:  # the graph's work resumes from its checkpoints
                 self.saver = await checkpoints.enter_async_context(open_checkpointer(
-                    owner.settings.database_url, before_write=self.recorder.drain))
+                    owner.settings.store.database_url, before_write=self.recorder.drain))
             async with self.progress:
                 await run_until_halted(self.scheduler, self.scheduler.run(jobs, on_done),
                                        owner.halt, beside=[self._heartbeat()])
@@ -414,7 +415,7 @@ class BatchRun:
 
     async def _heartbeat(self) -> None:
         settings, lock = self.owner.settings, self.owner.lock
-        interval, stale = settings.heartbeat_interval_s, settings.heartbeat_stale_s
+        interval, stale = settings.batch.heartbeat_interval_s, settings.batch.heartbeat_stale_s
         # Stop before a later start takes this batch (heartbeat ``stale`` old) for dead.
         give_up = max(stale - 2 * interval, stale / 2)
         while True:

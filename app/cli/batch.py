@@ -80,7 +80,7 @@ def _server_check(no_preflight: bool) -> ServerCheck:
 def _ready_database(settings: Settings) -> Engine:
     """Return the engine, after marking batches whose process died as crashed."""
     engine = batch_database(settings)
-    mark_crashed(engine, settings.heartbeat_stale_s)
+    mark_crashed(engine, settings.batch.heartbeat_stale_s)
     return engine
 
 
@@ -187,7 +187,7 @@ def run(
         # The timer's path keeps the daemon's rule: one nightly batch per as-of date.
         night = run_nightly(settings, request, engine=engine,
                             resume=continue_night, server=server, announce=_announce,
-                            once_per_as_of=continue_night and not settings.schedule_repeat_as_of)
+                            once_per_as_of=continue_night and not settings.schedule.repeat_as_of)
     if night.outcome is not None:  # only a scheduled run skips a finished night
         _finish(night.outcome, night.tickers)
 
@@ -242,7 +242,7 @@ def show_ranking(
     demo = bool((chosen.settings or {}).get("demo_data"))
     data = [ranked_row(r, changes.get(r.ticker)) for r in rows]
     if fmt == "json":
-        echo_json(RankingJSON(night=night, batch=summarize(chosen, settings.heartbeat_stale_s),
+        echo_json(RankingJSON(night=night, batch=summarize(chosen, settings.batch.heartbeat_stale_s),
                               rows=data))
     elif fmt == "csv":
         # Flat: each row carries the batch's DEMO mark, which JSON gives once under "batch".
@@ -381,10 +381,10 @@ def replay(
 
     settings = setup()
     if base_url is not None:
-        settings = settings.model_copy(update={"llm_base_url": base_url})
+        settings = settings.updated(**{"llm_base_url": base_url})
     engine = batch_database(settings)
-    facts = batch_server_facts(settings.server_profile, settings.base_url,
-                               settings.server_dir)
+    facts = batch_server_facts(settings.llm.server_profile, settings.llm.url,
+                               settings.paths.server_dir)
     outcome = run_batch(replay_batch(settings, engine, batch, label=label, strategy=strategy,
                                      match_output=not free_output, server_facts=facts,
                                      preflight=not no_preflight))

@@ -70,7 +70,7 @@ def schedulers(
     settings = setup()
     engine = database(settings)
     lengths, served = [], []
-    for url in settings.base_urls:  # every endpoint must answer; the smallest length rules
+    for url in settings.llm.urls:  # every endpoint must answer; the smallest length rules
         root = server_root(url)
         try:
             models = httpx.get(f"{root}/v1/models", timeout=10).json()["data"]
@@ -91,9 +91,10 @@ def schedulers(
         name = workload
     else:
         raise InputError(f"--workload takes synthetic or recorded:BATCH_ID (got {workload!r})")
-    facts = batch_server_facts(settings.server_profile, settings.base_url, settings.server_dir)
+    facts = batch_server_facts(settings.llm.server_profile, settings.llm.url,
+                               settings.paths.server_dir)
     arms, sweep = plan_arms(strategies, load, facts.get("kv_cache_tokens"),
-                            facts.get("max_num_seqs"), len(settings.base_urls))
+                            facts.get("max_num_seqs"), len(settings.llm.urls))
     if sweep is not None:
         typer.echo(f"sweep: fixed-{', fixed-'.join(map(str, sweep.sizes))} around n* = "
                    f"{sweep.n_star} ({sweep.kv_tokens or 'unknown'} KV tokens, max_num_seqs "

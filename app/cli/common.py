@@ -31,19 +31,19 @@ TableOrJson = Annotated[Literal["table", "json"], typer.Option("--format")]
 def setup(json_logs: bool = False) -> Settings:
     """Build settings (raising ConfigError on a bad value) and configure logging."""
     settings = get_settings()
-    configure_logging("json" if json_logs else settings.log_format, settings.log_level)
+    configure_logging("json" if json_logs else settings.log.format, settings.log.level)
     return settings
 
 
 def database(settings: Settings) -> Engine:
     """Return an engine whose schema is current (migrations run first)."""
-    return ready_engine(settings.database_url)
+    return ready_engine(settings.store.database_url)
 
 
 def batch_database(settings: Settings) -> Engine:
     """Return the engine for a command that runs batches: its checkpoint store opens too."""
     engine = database(settings)
-    check_checkpoints(settings.database_url)
+    check_checkpoints(settings.store.database_url)
     return engine
 
 

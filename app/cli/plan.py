@@ -80,7 +80,7 @@ def plan(
         trigger = nightly_trigger(settings)
         _, start = due_times(trigger, datetime.now(UTC))
         if start is None:
-            raise InputError(f"the schedule {settings.schedule_cron!r} never fires again: no "
+            raise InputError(f"the schedule {settings.schedule.cron!r} never fires again: no "
                              "start to count to --deadline from")
         start = start.astimezone(trigger.timezone)
         chosen = chosen.model_copy(update={"deadline": answer_deadline(chosen, start, clock)})

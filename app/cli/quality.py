@@ -214,7 +214,7 @@ def forward_command(
     settings = setup()
     engine = database(settings)
     chosen = _batch_id(batch, engine)
-    bench = benchmark or settings.quality_benchmark
+    bench = benchmark or settings.quality.benchmark
     bench = check_symbol(bench, "benchmark") if bench else None
     provider = providers(settings)(load_grades(engine, chosen))
     report = forward_report(engine, provider, chosen, days, benchmark=bench)
@@ -300,7 +300,7 @@ def track_command(
         raise InputError(f"--since takes a date YYYY-MM-DD (got {since!r})") from None
     settings = setup()
     engine = database(settings)
-    bench = benchmark or settings.quality_benchmark
+    bench = benchmark or settings.quality.benchmark
     bench = check_symbol(bench, "benchmark") if bench else None
     ids = track_nights(engine, nights=nights, since=start)
     report = track_report(engine, ids, days, providers(settings), benchmark=bench)

@@ -212,7 +212,7 @@ def report(
     settings = setup()
     engine = database(settings)
     # A batch whose process died is reported as what it is, not as still running.
-    mark_crashed(engine, settings.heartbeat_stale_s, read_only_ok=True)
+    mark_crashed(engine, settings.batch.heartbeat_stale_s, read_only_ok=True)
     if compare is not None:
         arms = [compare_arm(engine, i) for i in parse_batch_ids(compare, what="--compare")]
         if fmt == "json":
@@ -222,7 +222,7 @@ def report(
         return
     chosen = batch_id if batch_id is not None else latest_batch_id(engine)
     # InputError (exit 2) for an unknown id
-    head = batch_summary(engine, chosen, settings.heartbeat_stale_s)
+    head = batch_summary(engine, chosen, settings.batch.heartbeat_stale_s)
     failed = failed_tickers(engine, chosen)
     advice = next_steps(engine, head)
     result = batch_report(engine, chosen)
@@ -273,7 +273,7 @@ def batches(
     """List batches, newest first: status, as-of, tickers succeeded/planned, duration."""
     settings = setup()
     engine = database(settings)
-    rows = list_batches(engine, settings.heartbeat_stale_s, limit, kind)
+    rows = list_batches(engine, settings.batch.heartbeat_stale_s, limit, kind)
     if fmt == "json":
         echo_json(rows)
         return

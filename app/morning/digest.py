@@ -97,7 +97,7 @@ def _more(lines: list[str], hint: str) -> list[str]:
 
 def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
     """Build the digest of a nightly batch or rerun from its stored rows."""
-    batch = batch_summary(engine, batch_id, settings.heartbeat_stale_s)
+    batch = batch_summary(engine, batch_id, settings.batch.heartbeat_stale_s)
     night_id = batch.id if batch.kind == "nightly" else _night_of(engine, batch)
     ended = batch.status in FINISHED_STATUSES
     rate = throughput(engine, batch.id)
@@ -130,7 +130,7 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
         if group:
             lines.append(f"{head} ({len(group)}):")
             lines.extend(_more(_by_reason(group), f"nightdesk report {batch.id}"))
-    base = settings.web_base_url
+    base = settings.web.base_url
     page = (f"{base}/" if batch.kind == "nightly"
             else f"{base}/ticker/{rows_of_rerun[0]}" if rows_of_rerun else f"{base}/")
     lines.append(f"Page: {page} (this batch: {base}/batches/{batch.id})")
@@ -199,7 +199,7 @@ def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
 
     A batch that is neither nightly nor a rerun, or no destination set, sends nothing.
     """
-    if not settings.notify:
+    if not settings.notify.urls:
         return
     try:
         with engine.connect() as conn:
@@ -211,7 +211,7 @@ def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
         log.error("digest not built", batch_id=outcome.batch_id,
                   error=f"{type(error).__name__}: {error}")
         return
-    delivery = send(settings.notify, digest.message, settings.notify_timeout_s)
+    delivery = send(settings.notify.urls, digest.message, settings.notify.timeout_s)
     log.info("digest sent", batch_id=outcome.batch_id, delivered=delivery.sent,
              destinations=delivery.total)
 
@@ -220,7 +220,7 @@ def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str
     """Build the digest of a night refused at its start: no batch row exists, so it holds
     only why (one line) and what to do; a failure, as a failed night's digest is."""
     night = f"night of {as_of}" if as_of is not None else "the night"
-    base = settings.web_base_url
+    base = settings.web.base_url
     return Message(f"nightdesk: {night} REFUSED at its start, no batch run",
                    "\n".join([f"Why: {why}", f"What to do: {advice}", f"Page: {base}/"]),
                    "failure")
@@ -228,9 +228,9 @@ def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str
 
 def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str) -> None:
     """Send ``refusal_digest`` to ``NIGHTDESK_NOTIFY`` (nothing when unset); never raise."""
-    if not settings.notify:
+    if not settings.notify.urls:
         return
-    delivery = send(settings.notify, refusal_digest(settings, as_of, why, advice),
-                    settings.notify_timeout_s)
+    delivery = send(settings.notify.urls, refusal_digest(settings, as_of, why, advice),
+                    settings.notify.timeout_s)
     log.info("refusal digest sent", as_of=None if as_of is None else str(as_of),
              delivered=delivery.sent, destinations=delivery.total)

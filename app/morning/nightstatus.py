@@ -192,7 +192,7 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     """
     now = now or datetime.now(UTC)
     due_at, next_due_at = due_times(nightly_trigger(settings), now)
-    stale_s = settings.heartbeat_stale_s
+    stale_s = settings.batch.heartbeat_stale_s
     row = _latest(engine)
     summary = None if row is None else summarize(row, stale_s, now)
     latest = None if summary is None else _night(summary)
@@ -205,11 +205,11 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
         if status == "running":
             prog = progress(engine, latest.id, now)
     missed = (due_at is not None
-              and now >= due_at + timedelta(seconds=settings.schedule_start_grace_s)
+              and now >= due_at + timedelta(seconds=settings.schedule.start_grace_s)
               and (latest is None or latest.created_at < due_at) and status != "running")
     if missed or latest is None:
         status = "stale"
-    schedule = f"{settings.schedule_cron} ({nightly_trigger(settings).timezone})"
+    schedule = f"{settings.schedule.cron} ({nightly_trigger(settings).timezone})"
     if status == "stale":
         since = f"since the night due {when(due_at)}" if due_at else "yet"
         headline = f"no nightly batch {since}"
@@ -224,7 +224,7 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     advice = [] if summary is None else next_steps(engine, summary)
     return NightStatus(status, headline, latest, prog, ranked, fresh, reason, advice, due_at,
                        next_due_at, schedule,
-                       latest_beat(engine, settings.heartbeat_stale_s, now), now)
+                       latest_beat(engine, settings.batch.heartbeat_stale_s, now), now)
 
 
 def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,

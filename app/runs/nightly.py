@@ -71,11 +71,11 @@ class NightlyResult:
 
 def default_as_of(settings: Settings) -> date:
     """Return the as-of date of a run given none: the newest snapshot, or today (live data)."""
-    if settings.data_provider != "snapshot":
+    if settings.agents.data_provider != "snapshot":
         return date.today()
-    newest = latest_as_of(settings.data_dir)
+    newest = latest_as_of(settings.paths.data_dir)
     if newest is None:
-        raise InputError(f"no snapshot under {settings.data_dir}: run `nightdesk data demo` "
+        raise InputError(f"no snapshot under {settings.paths.data_dir}: run `nightdesk data demo` "
                          "or `nightdesk data freeze` first, or pass --as-of")
     return newest
 
@@ -87,13 +87,13 @@ def nightly_tickers(settings: Settings, as_of: date, tickers: str | None = None,
     if tickers is not None or universe is not None:
         return choose_tickers(tickers, universe)
     notes: list[str] = []
-    if settings.universe_file is not None:
-        return read_universe(settings.universe_file, notes), notes
-    if settings.data_provider == "snapshot":
+    if settings.paths.universe_file is not None:
+        return read_universe(settings.paths.universe_file, notes), notes
+    if settings.agents.data_provider == "snapshot":
         # A date without a snapshot is said so, rather than "no universe".
         provider_missing(settings, as_of, [])
-    snapshot_universe = day_dir(settings.data_dir, as_of) / UNIVERSE
-    if settings.data_provider == "snapshot" and snapshot_universe.is_file():
+    snapshot_universe = day_dir(settings.paths.data_dir, as_of) / UNIVERSE
+    if settings.agents.data_provider == "snapshot" and snapshot_universe.is_file():
         return read_universe(snapshot_universe, notes), notes
     raise InputError("no universe: give --tickers or --universe, or set "
                      "NIGHTDESK_UNIVERSE_FILE")
@@ -143,14 +143,14 @@ def execute_plan(settings: Settings, engine: Engine,
     if resumed is not None and announce is not None:
         announce(resumed)
     runner = BatchEngine(settings, engine, lock=lock, server_facts=batch_server_facts(
-        settings.server_profile, settings.base_url, settings.server_dir))
-    outcome = run_batch(runner.run(start), runner.halt, settings.shutdown_grace_s)
+        settings.llm.server_profile, settings.llm.url, settings.paths.server_dir))
+    outcome = run_batch(runner.run(start), runner.halt, settings.batch.shutdown_grace_s)
     send_digest(settings, engine, outcome)
     return outcome
 
 
 def _orphans(settings: Settings, engine: Engine) -> None:
-    for batch_id in resumable.mark_orphaned(engine, settings.heartbeat_stale_s):
+    for batch_id in resumable.mark_orphaned(engine, settings.batch.heartbeat_stale_s):
         log.warning("nightly batch without its process marked crashed", batch_id=batch_id)
 
 
@@ -170,7 +170,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
     AlreadyRunningError when another run holds the lock, before any row or call.
     """
     request = request or NightlyRequest()
-    engine = engine or ready_engine(settings.database_url)
+    engine = engine or ready_engine(settings.store.database_url)
     as_of = request.as_of
 
     def refused(error: Exception) -> None:
@@ -195,7 +195,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                 _tell_covered(settings, as_of, covered)
                 return NightlyResult(None, covered_by=covered)
             if owed is not None:
-                point = resumable.find_resumable(engine, owed, settings.heartbeat_stale_s,
+                point = resumable.find_resumable(engine, owed, settings.batch.heartbeat_stale_s,
                                                   closing=True)
             else:
                 symbols, notes = nightly_tickers(settings, as_of, request.tickers,
@@ -217,7 +217,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
         for note in notes:
             log.warning("universe note", note=note)
         symbols = symbols[:request.limit] if request.limit else symbols
-        plan = BatchPlan("nightly", as_of, symbols, request.samples or settings.samples,
+        plan = BatchPlan("nightly", as_of, symbols, request.samples or settings.batch.samples,
                          request.strategy)
         return NightlyResult(execute_plan(settings, engine, plan, lock, server=server,
                                           refused=refused), len(symbols))
@@ -275,7 +275,7 @@ def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = N
 def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerCheck,
             announce: Announce, lock: LockHold | None,
             retry_failed: bool = False) -> NightlyResult:
-    point = resumable.find_resumable(engine, batch_id, settings.heartbeat_stale_s,
+    point = resumable.find_resumable(engine, batch_id, settings.batch.heartbeat_stale_s,
                                       retry_failed=retry_failed)
     return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
                                       announce=announce), point.total, point)

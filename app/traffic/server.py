@@ -69,7 +69,7 @@ class Server:
         self.strategy = strategy
         # A reader that reads only when asked (no interval) gives no gauges to admit by.
         gauged = gauges is not None and getattr(gauges, "interval_s", 0) is not None
-        self.limits = Limits(strategy, llm.settings.max_concurrency, gauged=gauged,
+        self.limits = Limits(strategy, llm.settings.calls.max_concurrency, gauged=gauged,
                              counted=counter.counted if counter else None, name=self.name)
         self.gate = Gate(self.limits.first_request_limit, self.limits.budget, changed=changed,
                          counter=counter, clock=clock)
@@ -285,15 +285,16 @@ class ServerSet:
         servers are asked for first: its pool holds ``max_in_flight`` for each of them.
         """
         changed = asyncio.Event()
-        urls = settings.base_urls
+        urls = settings.llm.urls
         periodic = sample or len(urls) > 1
         endpoints = []
         for index, url in enumerate(urls):
+            interval_s = settings.llm.metrics_interval_s if periodic else None
             sampler = MetricsSampler(url, engine if sample else None, batch_id,
-                                     interval_s=settings.metrics_interval_s if periodic else None,
-                                     probe_s=settings.server_probe_interval_s,
+                                     interval_s=interval_s,
+                                     probe_s=settings.llm.server_probe_interval_s,
                                      client=http_client, endpoint=url,
-                                     fleet=settings.router_servers, discover=True)
+                                     fleet=settings.llm.router_urls, discover=True)
             pool = max_in_flight
             if pool is not None and periodic and strategy.adaptive:
                 # The limit grows to one server's ceiling per server behind a router (limits.py).
@@ -306,7 +307,7 @@ class ServerSet:
                                     clock=clock, counter=llm))
         if len(endpoints) > 1:
             log.info("endpoints", urls=[e.name for e in endpoints])
-        return cls(endpoints, changed, halt=halt, outage_budget_s=settings.outage_budget_s,
+        return cls(endpoints, changed, halt=halt, outage_budget_s=settings.batch.outage_budget_s,
                    resume_hint=resume_hint, clock=clock)
 
     def __iter__(self) -> Iterator[Server]:

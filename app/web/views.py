@@ -247,7 +247,7 @@ def ranking_view(engine: Engine, settings: Settings) -> RankingView:
     ``app.morning.nightstatus`` and ``app.morning.changes``, as ``nightdesk ranking`` and
     ``nightdesk changes``.
     """
-    stale_after_s = settings.heartbeat_stale_s
+    stale_after_s = settings.batch.heartbeat_stale_s
     try:
         batch, rows = ranking(engine)
     except InputError as error:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import statistics
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, select
@@ -25,17 +24,12 @@ from sqlalchemy import Engine, select
 from app.db.engine import get_engine
 from app.db.models import Base, Batch
 from app.morning import eta
-from tests.unit.support import FIXTURES
-from tests.unit.support.eta_fixture import load
+from tests.unit.support.eta_fixture import fixture, load
 
 NIGHTS = ["vllm_cpu", "gpu_sim", "gpu_sim20", "gpu_sim30", "gpu_sim40"]
 LIVE = ["gpu_sim40"]  # readings stored live by the estimator before the pace note
 FROM = 0.10  # the share of the night after which the ETA must hold
 WITHIN = 0.25  # of the true time left
-
-
-def fixture(name: str) -> Path:
-    return FIXTURES / f"eta_night_{name}.json"
 
 
 def night(engine: Engine, name: str) -> tuple[int, datetime, datetime,

@@ -318,7 +318,7 @@ async def test_a_requests_own_failure_on_a_healthy_endpoint_fails_as_it_always_d
     failed = [r for r in rows(sqlite_engine, outcome.batch_id) if r.node == "c2"
               and r.ticker == "T03"]
     # The client's own retries, all at one endpoint, numbered 1..max_attempts as always.
-    assert sorted(r.attempt for r in failed) == list(range(1, settings.max_attempts + 1))
+    assert sorted(r.attempt for r in failed) == list(range(1, settings.calls.max_attempts + 1))
     assert len({r.endpoint for r in failed}) == 1
     assert all(e.tickers_moved_in == 0 for e in endpoints(outcome).values())
 
