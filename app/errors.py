@@ -141,12 +141,14 @@ class LLMHTTPError(LLMError):
     error_class = "http"
 
     def __init__(self, message: str, *, http_status: int | None = None,
-                 retry_after_s: float | None = None) -> None:
+                 retry_after_s: float | None = None, upstream_gone: bool = False) -> None:
         super().__init__(message, http_status=http_status)
         # The wait the server asked for (its Retry-After header), if it said.
         self.retry_after_s = retry_after_s
-        # Waited out within the outage budget instead of using up the call's attempts.
-        self.back_pressure = http_status in BACK_PRESSURE
+        # Waited out within the outage budget instead of using up the call's attempts; so is
+        # a router's answer that the server behind it could not be reached (``upstream_gone``):
+        # not the call's fault, and gone once the router's health check routes around it.
+        self.back_pressure = http_status in BACK_PRESSURE or upstream_gone
         # 5xx and 429 are the server's trouble and may pass; 4xx is ours and will not.
         self.retryable = http_status is None or http_status >= 500 or http_status == 429
         # A wrong key (401/403) or a wrong URL or model name (404) is the configuration's.

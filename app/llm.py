@@ -529,5 +529,11 @@ def _classify_status(exc: openai.APIStatusError) -> LLMError:
                 "check NIGHTDESK_LLM_BASE_URL and NIGHTDESK_LLM_MODEL")
         return LLMHTTPError(f"HTTP {status} from the LLM server: {said} ({hint})",
                             http_status=status)
+    # vllm-router answers 500 "Request failed: error sending request for url (...)" when the
+    # server it chose cannot be reached (killed, restarting) until its health check drops it.
     return LLMHTTPError(f"HTTP {status}: {text[:300]}", http_status=status,
-                        retry_after_s=retry_after(exc.response.headers.get("retry-after")))
+                        retry_after_s=retry_after(exc.response.headers.get("retry-after")),
+                        upstream_gone=status >= 500 and UPSTREAM_GONE in text)
+
+
+UPSTREAM_GONE = "error sending request"

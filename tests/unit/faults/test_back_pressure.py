@@ -24,7 +24,7 @@ from app.traffic.client import TickerClient
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
-from tests.fakevllm import BASE_URL, FakeServer
+from tests.fakevllm import BASE_URL, FakeServer, Reply
 from tests.unit.support.call_rows import new_batch
 from tests.unit.support.llm_calls import one_call
 from tests.unit.support.servers import one_server
@@ -95,6 +95,23 @@ async def test_other_server_errors_keep_their_attempts(sqlite_engine: Engine,
     result, rows = await one_call(sqlite_engine, fake, max_attempts=3)
     assert isinstance(result, LLMHTTPError) and result.http_status == status
     assert len(rows) == 3 == len(fake.chats)
+
+
+async def test_a_routers_unreachable_server_is_waited_out_not_counted(
+        sqlite_engine: Engine) -> None:
+    # vllm-router's answer while the server it picked is dead and its health check has not
+    # yet noticed: five in a row, more than max_attempts, and the call still gets through.
+    gone = Reply(status=500, error="Request failed: error sending request for url "
+                                   "(http://10.0.0.2:8000/v1/chat/completions)")
+    fake = FakeServer(lambda chat: gone if len(fake.chats) <= 5 else None)
+    result, rows = await one_call(sqlite_engine, fake, max_attempts=3, outage_budget_s=30)
+    assert not isinstance(result, Exception), result
+    assert [r.http_status for r in rows] == [500] * 5 + [None]
+    # Past the outage budget it is the server's outage, said as back-pressure is.
+    fake = FakeServer(lambda chat: gone)
+    result, rows = await one_call(sqlite_engine, fake, max_attempts=3, outage_budget_s=0.3,
+                                  retry_backoff_s=0.01)
+    assert isinstance(result, ServerBusy) and len(rows) >= 3
 
 
 async def test_a_retry_after_holds_back_every_call_to_that_server(
