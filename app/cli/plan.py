@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from app.bench.plan import (
-    Admission,
     ENDPOINTS,
     PROFILES,
+    Admission,
     NightShape,
     ServerModel,
     answer_deadline,
