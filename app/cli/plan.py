@@ -103,7 +103,7 @@ def plan(
     table = Table(title=f"plan: {tickers} tickers of {chosen.shape.name}, endpoints "
                         f"{chosen.profile.name}; the makespan planned for adaptive admission")
     for column in ("endpoints", "makespan", "makespan s", "bound s", "start ramp s", "set by",
-                   "share of capacity", "within 5% of best"):
+                   "bound's share of capacity", "within 5% of best"):
         table.add_column(column, justify="left" if column == "set by" else "right")
     for r in chosen.rows:
         table.add_row(str(r.endpoints), _span(r.makespan_s), f"{r.makespan_s:.0f}",
