@@ -26,7 +26,6 @@ prints one line and exits with the error's ``exit_code`` (the table in app/cli/b
     ├── AlreadyRunningError             another nightly run holds the lock, or the batch to
     │                                   resume is running (exit 4)
     ├── DatabaseError                   the database cannot be reached or used (exit 2)
-    │   └── SchemaOutdatedError         the schema is behind the code; run ``nightdesk db upgrade``
     ├── NotifyError                     a destination of NIGHTDESK_NOTIFY did not take a message
     ├── BatchStopped                    the batch is stopping; this ticker stays resumable
     │   ├── ServerOutage                the server stayed down past the outage budget (exit 5)
@@ -78,7 +77,6 @@ __all__ = [
     "NotifyError",
     "PipelineError",
     "ProfileError",
-    "SchemaOutdatedError",
     "ServerBusy",
     "ServerError",
     "ServerOutage",
@@ -127,10 +125,6 @@ class NotifyError(NightdeskError):
 
 class DatabaseError(NightdeskError):
     exit_code = 2
-
-
-class SchemaOutdatedError(DatabaseError):
-    pass
 
 
 # The transport failures are the tracked client's (app.llm), so they live here; they derive

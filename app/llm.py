@@ -128,7 +128,7 @@ class TrackedLLM(PromptCounter):
     ) -> None:
         self.settings = settings
         self.recorder = recorder
-        self.base_url = base_url or settings.base_url
+        self.base_url = base_url or settings.llm.url
         # How this endpoint is named wherever it is shown or stored: never with its password.
         self.endpoint = redact(self.base_url)
         # httpx's default pool (100 connections) would queue requests the engine admitted,
@@ -140,10 +140,10 @@ class TrackedLLM(PromptCounter):
         self._owns_http = http_client is None
         self._client = AsyncOpenAI(
             base_url=self.base_url,
-            api_key=settings.llm_api_key.get_secret_value(),
+            api_key=settings.llm.api_key.get_secret_value(),
             # Retries live in chat() only, so rows equal attempts.
             max_retries=0,
-            timeout=settings.call_timeout_s,
+            timeout=settings.calls.call_timeout_s,
             http_client=self._http,
         )
         self.stats = CallStats()
@@ -165,21 +165,21 @@ class TrackedLLM(PromptCounter):
         """Return the full request body: what is sent, recorded and later replayed."""
         s = self.settings
         extra: dict[str, Any] = {
-            "top_k": s.top_k,
-            "chat_template_kwargs": {"enable_thinking": s.enable_thinking},
+            "top_k": s.sampling.top_k,
+            "chat_template_kwargs": {"enable_thinking": s.sampling.enable_thinking},
         }
         if ignore_eos:
             extra["ignore_eos"] = True
         body: dict[str, Any] = {
-            "model": s.llm_model,
+            "model": s.llm.model,
             "messages": messages,
             "max_tokens": max_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "presence_penalty": s.presence_penalty,
+            "temperature": s.sampling.temperature,
+            "top_p": s.sampling.top_p,
+            "presence_penalty": s.sampling.presence_penalty,
             "extra_body": extra,
         }
-        if s.request_seeds:
+        if s.calls.request_seeds:
             body["seed"] = call_seed(tag)
         if response_format is not None:
             body["response_format"] = response_format
@@ -234,14 +234,14 @@ class TrackedLLM(PromptCounter):
         is when the graph issued the call (default: now); ``trimmed`` what the context guard
         left out. The result's ``attempts`` counts the call's attempts so far.
         """
-        if self.settings.record_requests and call.attempts == 0:
+        if self.settings.store.record_requests and call.attempts == 0:
             self.recorder.record_request(
                 {"batch_id": tag.batch_id, "ticker": tag.ticker, "node": tag.node,
                  "sample": tag.sample, "call_id": call.id},
                 body,
             )
         call.attempts += 1
-        if priority is not None and self.settings.priority_scheduling:
+        if priority is not None and self.settings.calls.priority_scheduling:
             body = {**body, "extra_body": {**body.get("extra_body", {}), "priority": priority}}
         # Added after the body is recorded: the stored body is the prompt's alone.
         body = {**body, "user": routing_key(tag)}
@@ -250,13 +250,14 @@ class TrackedLLM(PromptCounter):
         key = (call.id, call.attempts)  # this attempt's row
         error: LLMError | None
         try:
-            async with asyncio.timeout(self.settings.call_timeout_s):
+            async with asyncio.timeout(self.settings.calls.call_timeout_s):
                 await self.check(body)
                 await self._stream(body, seen)
         except LLMError as exc:
             error = exc
         except TimeoutError:
-            error = LLMTimeoutError(f"no complete answer within {self.settings.call_timeout_s}s")
+            limit = self.settings.calls.call_timeout_s
+            error = LLMTimeoutError(f"no complete answer within {limit}s")
         except openai.APITimeoutError:
             error = LLMTimeoutError("request timed out")
         except openai.APIStatusError as exc:
@@ -335,7 +336,7 @@ class TrackedLLM(PromptCounter):
 
     def _take_server(self, headers: httpx.Headers, seen: _Attempt) -> None:
         """Note the server a router in front says answered (``llm_server_header``)."""
-        name = self.settings.llm_server_header
+        name = self.settings.llm.server_header
         said = headers.get(name, "").strip() if name else ""
         if said:
             seen.served_by = redact(said)[:300]
@@ -409,7 +410,7 @@ class Tries:
 
     def note(self, error: LLMError) -> bool:
         """Count a failed attempt; return (and keep as ``due``) whether it is tried again."""
-        base, cap = self.settings.retry_backoff_s, self.settings.retry_wait_max_s
+        base, cap = self.settings.calls.retry_backoff_s, self.settings.calls.retry_wait_max_s
         asked = error.retry_after_s if isinstance(error, LLMHTTPError) else None
         self._resent = False
         if not error.retryable:
@@ -420,7 +421,7 @@ class Tries:
                 self.pressed_since = now
             self.pressed += 1
             self.pressed_s = now - self.pressed_since
-            self.due = self.pressed_s < self.settings.outage_budget_s
+            self.due = self.pressed_s < self.settings.batch.outage_budget_s
             # Half fixed, half jittered: a burst of refusals is never met with tries a few
             # milliseconds apart, and calls refused together do not return together.
             half = min(cap, base * 2 ** (self.pressed - 1)) / 2
@@ -428,7 +429,7 @@ class Tries:
         else:
             self.counted += 1
             self.pressed, self.pressed_since = 0, None
-            self.due = self.counted < self.settings.max_attempts
+            self.due = self.counted < self.settings.calls.max_attempts
             self._wait_s = min(cap, backoff_delay(base, self.counted - 1))
         if asked is not None:
             self._wait_s = min(asked, cap)
@@ -463,7 +464,7 @@ class Tries:
         return ServerBusy(
             f"the LLM server at {endpoint} answered HTTP {error.http_status} "
             f"(busy) for {self.pressed_s:.1f} s, {self.pressed} times in a row for one "
-            f"call, past the outage budget ({self.settings.outage_budget_s:g} s)")
+            f"call, past the outage budget ({self.settings.batch.outage_budget_s:g} s)")
 
 
 def retry_after(value: str | None) -> float | None:

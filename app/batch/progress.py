@@ -1,5 +1,5 @@
 """Show a batch's progress live on a terminal, or as periodic log lines when not a TTY, and
-store a reading of its ETA every ``LOG_EVERY_S`` (``app.eta``)."""
+store a reading of its ETA every ``LOG_EVERY_S`` (``app.morning.eta``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.morning import eta
-from app.morning.nightstatus import span
+from app.morning.nightstatus import interval, span
 from app.traffic.server import ServerSet
 from app.traffic.tasks import cancel_and_wait
 from serving.metrics import MetricsSnapshot
@@ -45,7 +45,7 @@ class ProgressState:
     reserved_tokens: int | None
     admission: str | None  # adaptive admission without its gauges runs blind: says so
     elapsed_s: int
-    eta_s: int | None  # app.eta: never 0 while a call is left; None before a basis
+    eta_s: int | None  # app.morning.eta: never 0 while a call is left; None before a basis
     eta_low_s: int | None
     eta_high_s: int | None
 
@@ -197,9 +197,8 @@ def _whole(seconds: float | None) -> int | None:
 
 
 def eta_text(s: ProgressState) -> str:
-    """Show the ETA and its interval, e.g. ``4 min 10 s (3 min 40 s – 5 min 20 s)``."""
+    """Show the ETA and its interval, e.g. ``4 min 10 s (75% interval: 3 min 40 s – 5 min 20
+    s)``."""
     if s.eta_s is None:
         return "—"
-    if s.eta_low_s is None or s.eta_high_s is None or s.eta_low_s == s.eta_high_s:
-        return span(s.eta_s)
-    return f"{span(s.eta_s)} ({span(s.eta_low_s)} – {span(s.eta_high_s)})"
+    return f"{span(s.eta_s)}{interval(s.eta_low_s, s.eta_high_s)}"

@@ -1,32 +1,28 @@
-"""Find batches that died or stopped early, and reopen one where it left off.
+"""Reopen a stopped batch where it left off: the point it continues from, its tickers'
+status, and its rows set running again (``reopen``). Which batch to resume, and which died,
+is the night's to decide (app/runs/resumable.py).
 
-A ``running`` batch is dead once its heartbeat is stale (``mark_stale_crashed``), or, for a
-nightly one, once its lock is free and its holder gone (``mark_orphaned``). A resume leaves
-finished tickers as they are; the others continue from their last checkpointed node. A
-ticker failed to the infrastructure (app/batch/faults.py) is not finished: a resume takes it
-up too. One failed on its own account is, unless the resume is asked to ``retry_failed``.
+A resume leaves finished tickers as they are; the others continue from their last
+checkpointed node. A ticker failed to the infrastructure (app/batch/faults.py) is not
+finished: a resume takes it up too. One failed on its own account is, unless the resume is
+asked to ``retry_failed``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from typing import Any
 
 from sqlalchemy import Engine, func, select, update
 
 from agents.graph import thread_id
-from app.db.lock import Runner, holder_gone
-from app.db.models import INFRASTRUCTURE, Batch, TickerRun
+from app.db.lock import Runner
+from app.db.models import Batch, TickerRun
 from app.db.retry import retried
-from app.errors import AlreadyRunningError, InputError
 from app.morning import summary as batches
-from app.traffic.strategy import Strategy
 
 FINISHED_TICKER = batches.FINISHED_TICKER
-# A batch in one of these states may still have tickers to do.
-RESUMABLE = ("interrupted", "crashed", "failed", "partial")
-KINDS = batches.RESUMABLE_KINDS
 
 
 @dataclass(frozen=True)
@@ -49,135 +45,10 @@ class ResumePoint:
         return self.finished + len(self.tickers)
 
 
-@retried
-def mark_stale_crashed(engine: Engine, stale_s: float) -> list[int]:
-    """Mark ``running`` batches whose heartbeat is older than ``stale_s`` crashed; return ids."""
-    cutoff = datetime.now(UTC) - timedelta(seconds=stale_s)
-    with engine.begin() as conn:
-        stale = list(conn.execute(
-            select(Batch.id).where(Batch.status == "running",
-                                   func.coalesce(Batch.heartbeat_at, Batch.started_at) < cutoff)
-        ).scalars())
-        if stale:
-            _crash(conn, dict.fromkeys(
-                stale, f"no heartbeat for more than {stale_s:.0f} s: the process died"))
-    return [int(i) for i in stale]
-
-
-@retried
-def mark_orphaned(engine: Engine, stale_s: float) -> list[int]:
-    """Mark ``running`` nightly batches whose process is gone crashed; return their ids.
-
-    Call under the nightly lock. One whose run may be alive (``holder_gone``: a database
-    restart let its lock go) raises AlreadyRunningError.
-    """
-    with engine.connect() as conn:
-        running = conn.execute(select(Batch.__table__).where(Batch.kind == "nightly",
-                                                             Batch.status == "running")).all()
-    orphans: dict[int, str] = {}
-    for batch in running:
-        why = holder_gone(engine, batch, stale_s)
-        if why is None:
-            raise AlreadyRunningError(
-                f"already running: batch {batch.id} (the nightly lock was free, but its run "
-                "may be alive and taking it again after a database restart)")
-        orphans[int(batch.id)] = why
-    if orphans:
-        with engine.begin() as conn:
-            _crash(conn, orphans)
-    return list(orphans)
-
-
-def _crash(conn: Any, why: dict[int, str]) -> None:
-    """Mark ``running`` batches crashed, each with its reason; their open tickers interrupted."""
-    for batch_id, error in why.items():
-        conn.execute(update(Batch).where(Batch.id == batch_id, Batch.status == "running")
-                     .values(status="crashed", finished_at=datetime.now(UTC),
-                             error=f"{error}; resume with `nightdesk run --resume`"))
-    conn.execute(update(TickerRun)
-                 .where(TickerRun.batch_id.in_(list(why)),
-                        TickerRun.status.in_(("queued", "running")))
-                 .values(status="interrupted", error="the batch's process died"))
-
-
-def pick(engine: Engine, batch_id: int | None, *, retry_failed: bool = False
-         ) -> tuple[int, str]:
-    """Return the batch ``run --resume`` means, and its kind: ``batch_id``, else the newest
-    interrupted, crashed or stopped batch with tickers left (those failed on their own
-    count with ``retry_failed``)."""
-    with engine.connect() as conn:
-        if batch_id is None:
-            candidates = conn.execute(
-                select(Batch.id, Batch.kind).where(Batch.status.in_(RESUMABLE),
-                                                   Batch.kind.in_(KINDS))
-                .order_by(Batch.id.desc())).all()
-            for candidate, kind in candidates:
-                if _left(conn, candidate, retry_failed):
-                    return int(candidate), str(kind)
-            raise InputError("no batch to resume: every interrupted, crashed or stopped batch "
-                             "has finished all its tickers"
-                             + ("" if retry_failed else " (tickers failed on their own "
-                                "account are finished: add --retry-failed to run them again)"))
-        kind = conn.execute(select(Batch.kind).where(Batch.id == batch_id)).scalar()
-    if kind is None:
-        raise InputError(f"no batch with id {batch_id}")
-    if kind not in KINDS:
-        raise InputError(f"batch {batch_id} is a {kind} batch: only nightly and rerun "
-                         "batches resume")
-    return batch_id, str(kind)
-
-
-def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
-                   closing: bool = False, retry_failed: bool = False) -> ResumePoint:
-    """Return the batch to resume: ``batch_id``, or the newest one with tickers left.
-
-    A ``running`` batch raises AlreadyRunningError (the dead ones are marked first), one
-    whose stored strategy this version cannot run (a removed knob) InputError.
-    ``closing`` also takes one with no tickers left: the resume only writes its end.
-    ``retry_failed`` takes up the tickers failed on their own account too.
-    """
-    batch_id, _ = pick(engine, batch_id, retry_failed=retry_failed)
-    with engine.connect() as conn:
-        batch = conn.execute(select(Batch.__table__).where(Batch.id == batch_id)).one()
-        if batch.status == "running":
-            beat = batch.heartbeat_at or batch.started_at or batch.created_at
-            age = (datetime.now(UTC) - beat).total_seconds()
-            raise AlreadyRunningError(
-                f"already running: batch {batch_id} (heartbeat {age:.0f} s ago; it is taken "
-                f"for dead after {stale_s:.0f} s without one)")
-        left = _left(conn, batch_id, retry_failed)
-        failed: dict[str, str | None] = {r.ticker: r.failure_class for r in conn.execute(
-            select(TickerRun.ticker, TickerRun.failure_class)
-            .where(TickerRun.batch_id == batch_id, TickerRun.status == "failed"))}
-        if not left and not closing:
-            own = "" if retry_failed or not failed else (
-                f"; {len(failed)} failed on their own account: `nightdesk run --resume "
-                f"{batch_id} --retry-failed` runs them again")
-            raise InputError(f"batch {batch_id} ({batch.status}) has no tickers left to run"
-                             + own)
-        finished = conn.execute(
-            select(func.count()).select_from(TickerRun)
-            .where(TickerRun.batch_id == batch_id, TickerRun.status.in_(FINISHED_TICKER))
-        ).scalar_one()
-    try:
-        Strategy.parse(str((batch.settings or {}).get("strategy", "adaptive")))
-    except InputError as error:
-        raise InputError(f"batch {batch_id} cannot resume: {error}") from None
-    infrastructure = len([t for t in left if failed.get(t) == INFRASTRUCTURE])
-    retried = len([t for t in left if t in failed]) - infrastructure
-    return ResumePoint(batch_id, batch.kind, batch.as_of, batch.label, dict(batch.settings or {}),
-                       left, int(finished) - infrastructure - retried, batch.status,
-                       infrastructure, retried)
-
-
 def tickers_left(engine: Engine, batch_id: int) -> list[str]:
     """Return the batch's tickers that did not finish, in its order."""
     with engine.connect() as conn:
-        return _left(conn, batch_id)
-
-
-def _left(conn: Any, batch_id: int, retry_failed: bool = False) -> list[str]:
-    return batches.tickers_left(conn, batch_id, retry_failed)  # the rule app.advice follows too
+        return batches.tickers_left(conn, batch_id)
 
 
 @retried
@@ -220,6 +91,6 @@ def threads_of(engine: Engine, batch_id: int) -> list[str]:
     with engine.connect() as conn:
         rows = conn.execute(select(TickerRun.ticker, TickerRun.samples)
                             .where(TickerRun.batch_id == batch_id)).all()
-        left = set(_left(conn, batch_id))
+        left = set(batches.tickers_left(conn, batch_id))
     return [thread_id(batch_id, ticker, s) for ticker, samples in rows if ticker not in left
             for s in range(samples)]

@@ -133,8 +133,8 @@ def machine_facts(settings: Settings, server_facts: dict[str, Any] | None,
     (``served``: its /v1/models entry, when the caller read it)."""
     facts = server_facts or {}
     return BenchMachine(date=datetime.now(UTC).isoformat(timespec="seconds"),
-                        **dict(host_facts()), server=settings.llm_base_url,
-                        model=settings.llm_model, profile=settings.server_profile,
+                        **dict(host_facts()), server=settings.llm.base_url,
+                        model=settings.llm.model, profile=settings.llm.server_profile,
                         server_facts=facts,
                         server_flags=server_flags(facts, served, local_gpu(settings)))
 
@@ -188,7 +188,7 @@ def server_flags(facts: dict[str, Any], served: dict[str, Any] | None = None,
 def local_gpu(settings: Settings) -> str | None:
     """Return this host's GPUs as nvidia-smi names them, when every endpoint is on this host
     (a server elsewhere: None, not known here)."""
-    hosts = {urlsplit(url).hostname for url in settings.base_urls}
+    hosts = {urlsplit(url).hostname for url in settings.llm.urls}
     if not hosts <= {"127.0.0.1", "localhost", "::1"}:
         return None
     try:
@@ -209,7 +209,7 @@ async def _wait_idle(settings: Settings, client: httpx.AsyncClient | None = None
         if client is None:
             client = await stack.enter_async_context(httpx.AsyncClient(timeout=5.0))
         while asyncio.get_running_loop().time() < deadline:
-            snaps = [await aread_metrics(url, client=client) for url in settings.base_urls]
+            snaps = [await aread_metrics(url, client=client) for url in settings.llm.urls]
             if all(snap.running == 0 and snap.waiting == 0 for snap in snaps):
                 return
             await asyncio.sleep(0.5)
@@ -242,12 +242,12 @@ async def _warm_up(settings: Settings, workload: Workload, salt: str, tickers: i
     items = [item for ticker in sorted(workload)[:tickers] for item in workload[ticker]]
     if not items:
         return None
-    headers = {"Authorization": f"Bearer {settings.llm_api_key.get_secret_value()}"}
+    headers = {"Authorization": f"Bearer {settings.llm.api_key.get_secret_value()}"}
     started = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
         if client is None:
             client = await stack.enter_async_context(
-                httpx.AsyncClient(timeout=settings.call_timeout_s))
+                httpx.AsyncClient(timeout=settings.calls.call_timeout_s))
 
         async def one(url: str, body: dict[str, Any]) -> None:
             sent = {k: v for k, v in body.items() if k != "extra_body"}
@@ -264,11 +264,11 @@ async def _warm_up(settings: Settings, workload: Workload, salt: str, tickers: i
                                          f"HTTP {response.status_code}: {response.text[:200]}"))
 
         async with asyncio.TaskGroup() as group:
-            for url in settings.base_urls:
+            for url in settings.llm.urls:
                 for item in items:
                     group.create_task(one(url, item.body))
     return WarmUp(tickers=min(tickers, len(workload)), requests=len(items),
-                  endpoints=len(settings.base_urls), max_tokens=WARMUP_MAX_TOKENS,
+                  endpoints=len(settings.llm.urls), max_tokens=WARMUP_MAX_TOKENS,
                   seconds=round(time.monotonic() - started, 2))
 
 
@@ -299,7 +299,7 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
     if strategies is None:
         facts = server_facts or {}
         strategies, chosen = plan_arms(DEFAULT_ARMS, workload, facts.get("kv_cache_tokens"),
-                                       facts.get("max_num_seqs"), len(settings.base_urls))
+                                       facts.get("max_num_seqs"), len(settings.llm.urls))
         sweep = chosen.to_json() if chosen else None
     for s in strategies:
         if s != SERVER_BOUND:

@@ -98,14 +98,14 @@ def synthetic_workload(settings: Settings, tickers: int, scale: float,
                 extra = max(1, prompt_words - len(shared.split()))
                 user = shared + f"\n\nRole {shape.node}: " + _text(rng, extra)
             body = {
-                "model": settings.llm_model,
+                "model": settings.llm.model,
                 "messages": [{"role": "system", "content": "You are a financial analyst."},
                              {"role": "user", "content": user}],
                 "max_tokens": max(1, round(shape.output * out_scale)),
-                "temperature": settings.temperature,
-                "top_p": settings.top_p,
+                "temperature": settings.sampling.temperature,
+                "top_p": settings.sampling.top_p,
                 "seed": rng.randrange(2**31),
-                "extra_body": {"ignore_eos": True, "top_k": settings.top_k},
+                "extra_body": {"ignore_eos": True, "top_k": settings.sampling.top_k},
             }
             items.append(WorkItem(ticker, 0, shape.node, body, deps))
         workload[ticker] = items

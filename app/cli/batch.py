@@ -1,43 +1,39 @@
 """``nightdesk run / rerun / ranking / changes``: run batches, read their ranking and changes.
 
-Exit codes, one table for every command that runs a batch (docs/reliability.md):
-0 every ticker succeeded, 1 the batch failed (no ticker succeeded, or it stopped on an
-error), 2 bad settings or input (a refused API key, a wrong URL or model included), 3 partial
-(some tickers failed: the ranking names them), 4 already running (another nightly run holds
-the lock, or the batch to resume is running), 5 interrupted by a server outage or a server
-answering 429/503 past the outage budget (resumable),
-130 stopped by SIGTERM/Ctrl-C (resumable). ``ranking --require-fresh`` exits 6 when the
-ranking is not the latest night's, also when no night ever finished (without the flag that
-is exit 2: nothing to rank).
+Their exit codes are one table, docs/reliability.md's: 0 success, 1 failed, 2 bad settings
+or input, 3 partial, 4 already running, 5 interrupted by a server outage, 130 stopped;
+``ranking --require-fresh`` exits 6 when the ranking is not the latest night's.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import sys
 from collections import Counter
-from datetime import date
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 from pydantic import BaseModel
-from pydantic_core import to_jsonable_python
 from rich.markup import escape
 from rich.table import Table
 from sqlalchemy import Engine
 
 from agents.tickers import check_symbol, choose_tickers
 from app.batch.engine import BatchOutcome, BatchPlan
-from app.batch.resume import ResumePoint, mark_stale_crashed
+from app.batch.resume import ResumePoint
 from app.batch.signals import run_batch
-from app.cli.common import batch_database, database, setup
+from app.cli.common import (
+    Formats,
+    batch_database,
+    database,
+    echo_csv,
+    echo_json,
+    mark_crashed,
+    setup,
+)
 from app.cli.data import parse_as_of
 from app.config import Settings
 from app.errors import ERRORS, InputError
 from app.logs import console
-from app.morning.advice import advise
 from app.morning.batchids import parse_batch_id
 from app.morning.changes import RankedRow, compare_nights, ranked_row
 from app.morning.nightstatus import STALE_EXIT, NightStatus, night_status
@@ -46,7 +42,6 @@ from app.morning.summary import BatchSummary, summarize
 from app.quality.monitor import warnings_for
 from app.runs.nightly import (
     NightlyRequest,
-    NightlyResult,
     default_as_of,
     execute_plan,
     resume_recorded,
@@ -77,10 +72,6 @@ NoPreflight = Annotated[bool, typer.Option(
 EXIT_CODES = {"succeeded": 0, "partial": 3}
 
 
-def _default_as_of(settings: Settings, text: str | None) -> date:
-    return parse_as_of(text) if text is not None else default_as_of(settings)
-
-
 def _server_check(no_preflight: bool) -> ServerCheck:
     """Return how far a start from the command line asks the server (app/runs/preflight.py)."""
     return "skip" if no_preflight else "require"
@@ -89,11 +80,7 @@ def _server_check(no_preflight: bool) -> ServerCheck:
 def _ready_database(settings: Settings) -> Engine:
     """Return the engine, after marking batches whose process died as crashed."""
     engine = batch_database(settings)
-    for batch_id in mark_stale_crashed(engine, settings.heartbeat_stale_s):
-        steps = advise(engine, batch_id, settings.heartbeat_stale_s)
-        err.print(f"note: batch {batch_id} was running with no heartbeat for over "
-                  f"{settings.heartbeat_stale_s:.0f} s: marked crashed"
-                  + (f" ({escape(steps)})" if steps else ""))
+    mark_crashed(engine, settings.batch.heartbeat_stale_s)
     return engine
 
 
@@ -200,14 +187,9 @@ def run(
         # The timer's path keeps the daemon's rule: one nightly batch per as-of date.
         night = run_nightly(settings, request, engine=engine,
                             resume=continue_night, server=server, announce=_announce,
-                            once_per_as_of=continue_night and not settings.schedule_repeat_as_of)
-    _finish_night(night)
-
-
-def _finish_night(night: NightlyResult) -> None:
-    if night.outcome is None:  # only a scheduled run skips a finished night
-        return
-    _finish(night.outcome, night.tickers)
+                            once_per_as_of=continue_night and not settings.schedule.repeat_as_of)
+    if night.outcome is not None:  # only a scheduled run skips a finished night
+        _finish(night.outcome, night.tickers)
 
 
 def rerun(
@@ -218,7 +200,8 @@ def rerun(
 ) -> None:
     """Run one ticker again as its own batch (kind rerun); the ranking applies it."""
     settings = setup()
-    plan = BatchPlan("rerun", _default_as_of(settings, as_of), [check_symbol(ticker)], samples)
+    day = parse_as_of(as_of) if as_of is not None else default_as_of(settings)
+    plan = BatchPlan("rerun", day, [check_symbol(ticker)], samples)
     outcome = execute_plan(settings, _ready_database(settings), plan,
                            server=_server_check(no_preflight))
     _finish(outcome, len(plan.tickers))
@@ -228,7 +211,7 @@ def show_ranking(
     batch: Annotated[int | None, typer.Option("--batch", help="batch id (default: newest "
                                                                "finished nightly)",
                                               parser=parse_batch_id)] = None,
-    fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
+    fmt: Formats = "table",
     require_fresh: Annotated[bool, typer.Option(
         "--require-fresh", help=f"exit {STALE_EXIT} when the ranking is not the latest "
                                 "night's (it failed, runs, was interrupted or crashed, none "
@@ -251,8 +234,7 @@ def show_ranking(
         # "not fresh" (exit 6), the same as a failed or missed night, not bad input.
         _night_lines(night)
         if fmt == "json":
-            typer.echo(json.dumps(RankingJSON(night=night, batch=None, rows=[])
-                                  .model_dump(mode="json"), indent=2))
+            echo_json(RankingJSON(night=night, batch=None, rows=[]))
         raise typer.Exit(STALE_EXIT) from None
     night = night_status(engine, settings, chosen.id)
     _night_lines(night)
@@ -260,29 +242,15 @@ def show_ranking(
     demo = bool((chosen.settings or {}).get("demo_data"))
     data = [ranked_row(r, changes.get(r.ticker)) for r in rows]
     if fmt == "json":
-        summary = summarize(chosen, settings.heartbeat_stale_s)
-        typer.echo(json.dumps(RankingJSON(night=night, batch=summary, rows=data)
-                              .model_dump(mode="json"), indent=2))
+        echo_json(RankingJSON(night=night, batch=summarize(chosen, settings.batch.heartbeat_stale_s),
+                              rows=data))
     elif fmt == "csv":
         # Flat: each row carries the batch's DEMO mark, which JSON gives once under "batch".
         flat = [{**r.model_dump(mode="json"), "demo": demo} for r in data]
-        writer = csv.DictWriter(sys.stdout, fieldnames=list(flat[0]) if flat else ["rank"])
-        writer.writeheader()
-        writer.writerows(flat)
+        echo_csv(flat, flat[0] if flat else ["rank"])
     else:
-        title = (f"{'DEMO DATA — ' if demo else ''}ranking of batch {chosen.id} "
-                 f"({chosen.kind}, as of {chosen.as_of})")
-        table = Table(title=title)
-        for col in ("rank", "ticker", "rating", "score", "±", "conf", "was", "change",
-                    "summary"):
-            table.add_column(col, overflow="fold")
-        for r, was in zip(rows, data, strict=True):
-            table.add_row(str(r.rank or "—"), r.ticker, rating_text(r),
-                          "" if r.score is None else f"{r.score:+.2f}",
-                          "" if r.spread is None or r.samples < 2 else f"{r.spread:.2f}",
-                          "" if r.confidence is None else f"{r.confidence:.2f}",
-                          was_text(was), was.change or "", r.summary)
-        out.print(table)
+        out.print(_ranking_table(f"{'DEMO DATA — ' if demo else ''}ranking of batch "
+                                 f"{chosen.id} ({chosen.kind}, as of {chosen.as_of})", data))
         if any(r.contradicting for r in rows):
             out.print("! = rating outside its score band in at least one sample")
     # A ranking without some of the night's tickers says which, and why: never a silent gap.
@@ -296,6 +264,20 @@ def show_ranking(
         err.print(f"[yellow]warning:[/] batch {chosen.id}: {message}")
     if require_fresh and not night.fresh:
         raise typer.Exit(STALE_EXIT)
+
+
+def _ranking_table(title: str, rows: list[RankedRow]) -> Table:
+    """Return the ranking as ``nightdesk ranking`` prints it, each row beside its night before."""
+    table = Table(title=title)
+    for col in ("rank", "ticker", "rating", "score", "±", "conf", "was", "change", "summary"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(str(r.rank or "—"), r.ticker, rating_text(r),
+                      "" if r.score is None else f"{r.score:+.2f}",
+                      "" if r.spread is None or r.samples < 2 else f"{r.spread:.2f}",
+                      "" if r.confidence is None else f"{r.confidence:.2f}",
+                      was_text(r), r.change or "", r.summary)
+    return table
 
 
 def _night_lines(night: NightStatus) -> None:
@@ -339,22 +321,19 @@ def show_changes(
         "--against", help="the night to compare with (default: the newest finished nightly "
                           "batch of an earlier as-of date)",
         parser=lambda text: parse_batch_id(text, what="--against"))] = None,
-    fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
+    fmt: Formats = "table",
 ) -> None:
     """List every rating change since the night before, largest score move first, with the
     nodes whose views moved most."""
     settings = setup()
     found = compare_nights(database(settings), batch, against)
     if fmt == "json":
-        typer.echo(json.dumps(to_jsonable_python(found), indent=2))
+        echo_json(found)
         return
-    columns = ("ticker", "change", "previous_rating", "previous_score", "previous_rank",
-               "rating", "score", "rank", "score_move", "why")
-    rows = [{c: getattr(t, c) for c in columns} for t in found.changes]
     if fmt == "csv":
-        writer = csv.DictWriter(sys.stdout, fieldnames=list(columns))
-        writer.writeheader()
-        writer.writerows(rows)
+        columns = ("ticker", "change", "previous_rating", "previous_score", "previous_rank",
+                   "rating", "score", "rank", "score_move", "why")
+        echo_csv(({c: getattr(t, c) for c in columns} for t in found.changes), columns)
         return
     if found.against_id is None:
         out.print(f"batch {found.batch_id} (as of {found.as_of}): no earlier finished night "
@@ -402,10 +381,10 @@ def replay(
 
     settings = setup()
     if base_url is not None:
-        settings = settings.model_copy(update={"llm_base_url": base_url})
+        settings = settings.updated(**{"llm_base_url": base_url})
     engine = batch_database(settings)
-    facts = batch_server_facts(settings.server_profile, settings.base_url,
-                               settings.server_dir)
+    facts = batch_server_facts(settings.llm.server_profile, settings.llm.url,
+                               settings.paths.server_dir)
     outcome = run_batch(replay_batch(settings, engine, batch, label=label, strategy=strategy,
                                      match_output=not free_output, server_facts=facts,
                                      preflight=not no_preflight))

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from app.cli.common import setup
+from app.cli.common import cell, database, figures, setup
 
 if TYPE_CHECKING:
     from app.bench.schedulers import BenchResult
@@ -61,7 +61,6 @@ def schedulers(
     from app.bench.arms import plan_arms
     from app.bench.schedulers import run_bench
     from app.bench.workloads import fit_scale, synthetic_workload
-    from app.cli.common import database
     from app.errors import InputError, ServerError
     from app.morning.batchids import parse_batch_id
     from app.runs.replay import recorded_workload
@@ -71,7 +70,7 @@ def schedulers(
     settings = setup()
     engine = database(settings)
     lengths, served = [], []
-    for url in settings.base_urls:  # every endpoint must answer; the smallest length rules
+    for url in settings.llm.urls:  # every endpoint must answer; the smallest length rules
         root = server_root(url)
         try:
             models = httpx.get(f"{root}/v1/models", timeout=10).json()["data"]
@@ -92,9 +91,10 @@ def schedulers(
         name = workload
     else:
         raise InputError(f"--workload takes synthetic or recorded:BATCH_ID (got {workload!r})")
-    facts = batch_server_facts(settings.server_profile, settings.base_url, settings.server_dir)
+    facts = batch_server_facts(settings.llm.server_profile, settings.llm.url,
+                               settings.paths.server_dir)
     arms, sweep = plan_arms(strategies, load, facts.get("kv_cache_tokens"),
-                            facts.get("max_num_seqs"), len(settings.base_urls))
+                            facts.get("max_num_seqs"), len(settings.llm.urls))
     if sweep is not None:
         typer.echo(f"sweep: fixed-{', fixed-'.join(map(str, sweep.sizes))} around n* = "
                    f"{sweep.n_star} ({sweep.kv_tokens or 'unknown'} KV tokens, max_num_seqs "
@@ -113,13 +113,9 @@ def schedulers(
 
 def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     """Print a scheduler bench's table, references and checks; write its JSON when asked."""
-    from app.cli.report import _fmt
     from app.morning.accounting import COMPARE_COLUMNS
 
     bound = f"{result.bound_tok_s:.1f} tok/s" if result.bound_tok_s else "-"
-    table = Table(title=f"scheduler bench: {result.workload}, {result.tickers} tickers, "
-                        f"{result.requests} requests; ceiling {result.ceiling_tok_s:.1f} tok/s "
-                        f"({result.ceiling_arm or '-'}); graph bound {bound}")
     columns = [("strategy", "strategy", "s"), ("makespan s", "makespan_s", ".1f"),
                ("output tok/s", "output_tokens_per_s", ".1f"),
                ("ok tok/s", "succeeded_output_tokens_per_s", ".1f"),
@@ -131,10 +127,12 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                                                "decode_time_share")]
     if result.server_bound_tok_s:
         columns.insert(6, ("÷ flood", "ratio_to_server_bound", ".2f"))
-    for header, _, _ in columns:
-        table.add_column(header, justify="left" if header == "strategy" else "right")
+    table = figures(f"scheduler bench: {result.workload}, {result.tickers} tickers, "
+                    f"{result.requests} requests; ceiling {result.ceiling_tok_s:.1f} tok/s "
+                    f"({result.ceiling_arm or '-'}); graph bound {bound}",
+                    (header for header, _, _ in columns), {"strategy"})
     for a in result.arms:
-        table.add_row(*(str(a.get(key)) if spec == "s" else _fmt(a.get(key), spec)
+        table.add_row(*(str(a.get(key)) if spec == "s" else cell(a.get(key), spec)
                         for _, key, spec in columns))
     console = Console(width=190)
     console.print(table)
@@ -163,50 +161,13 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                       f"{w.tickers} ticker(s) at once per endpoint, {w.max_tokens} output "
                       f"tokens each, {w.seconds:.1f} s")
     for a in result.arms:
-        budget = (a.get("admission") or {}).get("token_budget")
-        if budget and budget.get("kv_capacity_tokens"):
-            console.print(f"  {a['strategy']}: token budget {budget['limit_tokens']} of "
-                          f"{budget['kv_capacity_tokens']} KV tokens at the end (factor "
-                          f"{budget['factor']}, peak {budget.get('factor_peak', '-')}, "
-                          f"correction {budget['correction']}, "
-                          f"{budget['tokens_per_byte']} tokens/byte; last change: "
-                          f"{budget['reason']})")
-        elif a["strategy"].startswith("adaptive") and a.get("admission"):
-            console.print(f"  {a['strategy']}: no KV capacity to budget by (no "
-                          "vllm:cache_config_info): admission by request count")
-        held = (a.get("admission") or {}).get("new_tickers_held_back") or {}
-        if held.get("readings"):
-            console.print(f"  {a['strategy']}: while tickers waited to start "
-                          f"({held['readings']} readings), what was short: " + ", ".join(
-                              f"{reason} {share:.0%}" for reason, share in held["share"].items()))
+        for line in _admission_lines(a):
+            console.print(f"  {a['strategy']}: {line}")
     for a in result.arms:
-        shares = a.get("endpoints") or []
-        if len(shares) > 1:
-            console.print(f"  {a['strategy']}: " + "; ".join(
-                f"{e['endpoint']} {e['output_tokens_per_s']:.1f} tok/s, {e['tickers']} tickers, "
-                f"KV peak {_fmt(e['kv_usage_max'], '.0%')}, preemptions "
-                f"{_fmt(e['preemptions'], '.0f')}" for e in shares)
-                + f" (total {a['output_tokens_per_s']:.1f} tok/s)")
-        for url, part in ((a.get("admission") or {}).get("endpoints") or {}).items():
-            budget = part.get("token_budget")
-            if budget:
-                console.print(f"    {url}: token budget {budget['limit_tokens']} of "
-                              f"{budget['kv_capacity_tokens']} KV tokens at the end "
-                              f"({budget['reason']}); {part['tickers_started']} tickers "
-                              f"started, {part['tickers_moved_in']} moved in")
+        for line in _endpoint_lines(a):
+            console.print(line)
     if any(m["runs"] > 1 for m in result.means.values()):
-        means = Table(title="each arm over its runs (the checks use these means)")
-        for header in ("strategy", "runs", "mean tok/s", "min", "max", "spread",
-                       "preemptions"):
-            means.add_column(header, justify="left" if header == "strategy" else "right")
-        for m in result.means.values():
-            spread = m["spread_tok_s"]
-            means.add_row(m["strategy"], str(m["runs"]), f"{m['output_tokens_per_s']:.1f}",
-                          f"{m['min_tok_s']:.1f}", f"{m['max_tok_s']:.1f}",
-                          "-" if spread is None else
-                          f"{spread:.1f} ({spread / m['output_tokens_per_s']:.1%})",
-                          _fmt(m["preemptions"], ".0f"))
-        console.print(means)
+        console.print(_means_table(result))
     for check, ok in result.checks.items():
         console.print(f"  {'met   ' if ok else 'MISSED'}  {check}")
     for verdict in result.verdicts:
@@ -214,6 +175,63 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
+
+
+def _budget(budget: dict[str, Any]) -> str:
+    return (f"token budget {budget['limit_tokens']} of {budget['kv_capacity_tokens']} KV "
+            f"tokens at the end")
+
+
+def _admission_lines(a: dict[str, Any]) -> list[str]:
+    """Say how an arm's admission ended: its token budget, and what held new tickers back."""
+    admission = a.get("admission") or {}
+    budget, lines = admission.get("token_budget"), []
+    if budget and budget.get("kv_capacity_tokens"):
+        lines.append(f"{_budget(budget)} (factor {budget['factor']}, peak "
+                     f"{budget.get('factor_peak', '-')}, correction {budget['correction']}, "
+                     f"{budget['tokens_per_byte']} tokens/byte; last change: "
+                     f"{budget['reason']})")
+    elif a["strategy"].startswith("adaptive") and admission:
+        lines.append("no KV capacity to budget by (no vllm:cache_config_info): admission by "
+                     "request count")
+    held = admission.get("new_tickers_held_back") or {}
+    if held.get("readings"):
+        lines.append(f"while tickers waited to start ({held['readings']} readings), what was "
+                     "short: " + ", ".join(f"{reason} {share:.0%}"
+                                           for reason, share in held["share"].items()))
+    return lines
+
+
+def _endpoint_lines(a: dict[str, Any]) -> list[str]:
+    """Give each endpoint's part of an arm that several served, and its token budget."""
+    shares, lines = a.get("endpoints") or [], []
+    if len(shares) > 1:
+        lines.append(f"  {a['strategy']}: " + "; ".join(
+            f"{e['endpoint']} {e['output_tokens_per_s']:.1f} tok/s, {e['tickers']} tickers, "
+            f"KV peak {cell(e['kv_usage_max'], '.0%')}, preemptions "
+            f"{cell(e['preemptions'], '.0f')}" for e in shares)
+            + f" (total {a['output_tokens_per_s']:.1f} tok/s)")
+    for url, part in ((a.get("admission") or {}).get("endpoints") or {}).items():
+        if budget := part.get("token_budget"):
+            lines.append(f"    {url}: {_budget(budget)} ({budget['reason']}); "
+                         f"{part['tickers_started']} tickers started, "
+                         f"{part['tickers_moved_in']} moved in")
+    return lines
+
+
+def _means_table(result: BenchResult) -> Table:
+    """Return each arm's mean over its runs, with their spread."""
+    means = figures("each arm over its runs (the checks use these means)",
+                    ("strategy", "runs", "mean tok/s", "min", "max", "spread", "preemptions"),
+                    {"strategy"})
+    for m in result.means.values():
+        spread = m["spread_tok_s"]
+        means.add_row(m["strategy"], str(m["runs"]), f"{m['output_tokens_per_s']:.1f}",
+                      f"{m['min_tok_s']:.1f}", f"{m['max_tok_s']:.1f}",
+                      "-" if spread is None else
+                      f"{spread:.1f} ({spread / m['output_tokens_per_s']:.1%})",
+                      cell(m["preemptions"], ".0f"))
+    return means
 
 
 @app.command("combine")
@@ -259,10 +277,9 @@ def durability(
     settings = setup()
     result = asyncio.run(run_durability_bench(settings, pg_url, runs=runs,
                                               reply_chars=reply_chars))
-    table = Table(title=f"checkpoint durability on {result.database}: median of {runs} runs "
-                        f"of {result.nodes_per_run} nodes, {reply_chars}-character answers")
-    for col in ("mode", "ms/node", "+ms/node vs none"):
-        table.add_column(col, justify="left" if col == "mode" else "right")
+    table = figures(f"checkpoint durability on {result.database}: median of {runs} runs of "
+                    f"{result.nodes_per_run} nodes, {reply_chars}-character answers",
+                    ("mode", "ms/node", "+ms/node vs none"), {"mode"})
     for mode in MODES:
         table.add_row(mode, f"{result.ms_per_node[mode]:.2f}", f"{result.added_ms(mode):+.2f}")
     console = Console(width=120)

@@ -2,28 +2,96 @@
 
 from __future__ import annotations
 
+import csv
+import json
+import sys
+from collections.abc import Collection, Iterable, Mapping
+from typing import Annotated, Any, Literal
+
+import typer
+from pydantic_core import to_jsonable_python
+from rich.markup import escape
+from rich.table import Table
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from app.batch.checkpoints import check_checkpoints
 from app.config import Settings, get_settings
-from app.db.engine import ready_engine
-from app.logs import configure_logging
+from app.db.engine import ready_engine, reason
+from app.db.readonly import refuses_writes
+from app.logs import configure_logging, console
+from app.morning.advice import advise
+from app.runs.resumable import mark_stale_crashed
+
+# The --format option of the read commands: JSON and CSV for scripts, a table for people.
+Formats = Annotated[Literal["table", "json", "csv"], typer.Option("--format")]
+TableOrJson = Annotated[Literal["table", "json"], typer.Option("--format")]
 
 
 def setup(json_logs: bool = False) -> Settings:
     """Build settings (raising ConfigError on a bad value) and configure logging."""
     settings = get_settings()
-    configure_logging("json" if json_logs else settings.log_format, settings.log_level)
+    configure_logging("json" if json_logs else settings.log.format, settings.log.level)
     return settings
 
 
 def database(settings: Settings) -> Engine:
     """Return an engine whose schema is current (migrations run first)."""
-    return ready_engine(settings.database_url)
+    return ready_engine(settings.store.database_url)
 
 
 def batch_database(settings: Settings) -> Engine:
     """Return the engine for a command that runs batches: its checkpoint store opens too."""
     engine = database(settings)
-    check_checkpoints(settings.database_url)
+    check_checkpoints(settings.store.database_url)
     return engine
+
+
+def mark_crashed(engine: Engine, stale_s: float, *, read_only_ok: bool = False) -> None:
+    """Mark batches whose process died crashed, each with a note and its next step on stderr.
+
+    ``read_only_ok`` (read commands): a database that takes no writes is read as is, and a
+    note says what was left out; otherwise its error is raised.
+    """
+    err = console(stderr=True)
+    try:
+        crashed = mark_stale_crashed(engine, stale_s)
+    except DBAPIError as error:
+        if not (read_only_ok and refuses_writes(error)):
+            raise
+        err.print(f"note: a batch with no heartbeat for over {stale_s:.0f} s (its process died)"
+                  f" reads crashed but stays `running` in its row: the database takes no"
+                  f" writes now ({reason(error)})", markup=False)
+        return
+    for batch_id in crashed:
+        steps = advise(engine, batch_id, stale_s)
+        err.print(f"note: batch {batch_id} had no heartbeat for over {stale_s:.0f} s: marked "
+                  f"crashed" + (f" ({escape(steps)})" if steps else ""))
+
+
+def echo_json(value: object) -> None:
+    """Print a value (models, dataclasses and all) as indented JSON on stdout."""
+    typer.echo(json.dumps(to_jsonable_python(value), indent=2))
+
+
+def echo_csv(rows: Iterable[Mapping[str, Any]], fields: Iterable[str]) -> None:
+    """Print rows as CSV on stdout, a header line of ``fields`` first."""
+    writer = csv.DictWriter(sys.stdout, fieldnames=list(fields))
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def cell(value: Any, spec: str = ".1f") -> str:
+    """Show a value in a table cell: a float by ``spec``, anything else as it is, None as —."""
+    if value is None:
+        return "—"
+    return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def figures(title: str, columns: Iterable[str], left: Collection[str] = ()) -> Table:
+    """Return an empty table of these columns: figures right-justified, those in ``left``
+    (names, labels) left-justified."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="left" if column in left else "right")
+    return table

@@ -48,7 +48,7 @@ def demo(
     settings = setup()
     day = parse_as_of(as_of, DEMO_AS_OF)
     demo_tickers(tickers)  # validate the count before writing anything
-    folder = write_demo(out_dir or settings.data_dir, day, tickers)
+    folder = write_demo(out_dir or settings.paths.data_dir, day, tickers)
     out.print(f"wrote DEMO snapshot (synthetic data) of {tickers} tickers for {day} to {folder}")
     out.print(f"universe: {folder / 'universe.txt'}")
 
@@ -72,8 +72,8 @@ def freeze(
     symbols, notes = choose_tickers(tickers, universe)
     for note in notes:
         err.print(f"note: {note}")
-    source = get_provider(provider, source_dir or settings.data_dir)
-    target = out_dir or settings.data_dir
+    source = get_provider(provider, source_dir or settings.paths.data_dir)
+    target = out_dir or settings.paths.data_dir
     result = freeze_snapshot(source, symbols, day, target, forward_days=forward_days)
     for reason in result.failed.values():
         err.print(f"[red]failed:[/] {reason}")
@@ -102,7 +102,7 @@ def show(
 
     settings = setup()
     day = parse_as_of(as_of, DEMO_AS_OF)
-    source = get_provider(provider or settings.data_provider, settings.data_dir)
+    source = get_provider(provider or settings.agents.data_provider, settings.paths.data_dir)
     bundle = source.load(check_symbol(ticker), day)
     for section in (render_prices(bundle, max_rows=rows), render_indicators(bundle),
                     render_fundamentals(bundle), render_news(bundle), render_social(bundle)):

@@ -15,5 +15,5 @@ app = typer.Typer(no_args_is_help=True, help="Database schema.")
 def upgrade() -> None:
     """Upgrade the database schema to the newest migration."""
     settings = setup()
-    run_upgrade(settings.database_url)
+    run_upgrade(settings.store.database_url)
     console().print("database schema is current")

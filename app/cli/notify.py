@@ -20,15 +20,15 @@ err = console(stderr=True)
 def test() -> None:
     """Send a test message to every NIGHTDESK_NOTIFY destination; exit 1 if one refused it."""
     settings = setup()
-    urls = split_destinations(settings.notify)
+    urls = split_destinations(settings.notify.urls)
     if not urls:
         raise ConfigError("NIGHTDESK_NOTIFY is not set: give one or more Apprise URLs, "
                           "comma-separated (e.g. json://127.0.0.1:9000/hook)")
-    delivery = send(settings.notify, Message(
+    delivery = send(settings.notify.urls, Message(
         "nightdesk: test message",
         f"A test from `nightdesk notify test` on {socket.gethostname()}: the morning digest "
-        f"goes here after every nightly batch and rerun. Pages: {settings.web_base_url}/"),
-        settings.notify_timeout_s, log_failures=False)  # printed once, here
+        f"goes here after every nightly batch and rerun. Pages: {settings.web.base_url}/"),
+        settings.notify.timeout_s, log_failures=False)  # printed once, here
     for destination, reason in delivery.failed.items():
         err.print(f"  not delivered: {escape(destination)}: {escape(reason)}")
     if delivery.failed:

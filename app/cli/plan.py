@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import csv
-import json
-import sys
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
-from pydantic_core import to_jsonable_python
 from rich.console import Console
-from rich.table import Table
 
 from app.bench.plan import (
     ENDPOINTS,
@@ -26,7 +21,7 @@ from app.bench.plan import (
     recorded_shape,
     synthetic_shape,
 )
-from app.cli.common import database, setup
+from app.cli.common import Formats, database, echo_csv, echo_json, figures, setup
 from app.config import Settings
 from app.errors import InputError
 from app.morning.batchids import parse_batch_id
@@ -73,7 +68,7 @@ def plan(
     deadline: Annotated[str | None, typer.Option(
         "--deadline", help="HH:MM in the schedule's zone: the fewest GPUs that finish between "
                            "the next scheduled start and then")] = None,
-    fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
+    fmt: Formats = "table",
 ) -> None:
     """For 1..16 endpoints: the makespan planned for adaptive admission (the bench's graph
     bound at the cache share it fills, plus its start ramp), the bound itself, the share of
@@ -81,30 +76,27 @@ def plan(
     settings = setup()
     clock = parse_clock(deadline) if deadline is not None else None  # before any work
     chosen = plan_fleet(tickers, _shape(settings, shape), _profile(settings, profile),
-                        Admission(reading_s=settings.metrics_interval_s))
+                        Admission(reading_s=settings.llm.metrics_interval_s))
     start = None
     if clock is not None:
         trigger = nightly_trigger(settings)
         _, start = due_times(trigger, datetime.now(UTC))
         if start is None:
-            raise InputError(f"the schedule {settings.schedule_cron!r} never fires again: no "
+            raise InputError(f"the schedule {settings.schedule.cron!r} never fires again: no "
                              "start to count to --deadline from")
         start = start.astimezone(trigger.timezone)
         chosen = chosen.model_copy(update={"deadline": answer_deadline(chosen, start, clock)})
     if fmt == "json":
-        typer.echo(json.dumps(to_jsonable_python(chosen), indent=2))
+        echo_json(chosen)
         return
     if fmt == "csv":
         rows = chosen.csv_rows()
-        writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+        echo_csv(rows, rows[0])
         return
-    table = Table(title=f"plan: {tickers} tickers of {chosen.shape.name}, endpoints "
-                        f"{chosen.profile.name}; the makespan planned for adaptive admission")
-    for column in ("endpoints", "makespan", "makespan s", "bound s", "start ramp s", "set by",
-                   "bound's share of capacity", "within 5% of best"):
-        table.add_column(column, justify="left" if column == "set by" else "right")
+    table = figures(f"plan: {tickers} tickers of {chosen.shape.name}, endpoints "
+                    f"{chosen.profile.name}; the makespan planned for adaptive admission",
+                    ("endpoints", "makespan", "makespan s", "bound s", "start ramp s", "set by",
+                     "bound's share of capacity", "within 5% of best"), {"set by"})
     for r in chosen.rows:
         table.add_row(str(r.endpoints), _span(r.makespan_s), f"{r.makespan_s:.0f}",
                       f"{r.bound_s:.0f}", f"{r.ramp_s:.1f}", r.binding,

@@ -3,19 +3,17 @@ trusted, and the monitor's new normal."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
-from typing import Annotated, Literal
+from collections.abc import Callable, Sequence
+from typing import Annotated, TypeVar
 
 import typer
-from pydantic_core import to_jsonable_python
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import Engine
 
 from agents.decision import RATINGS
 from agents.tickers import check_symbol
-from app.cli.common import database, setup
+from app.cli.common import TableOrJson, database, echo_json, figures, setup
 from app.cli.data import parse_as_of
 from app.errors import InputError
 from app.logs import console
@@ -41,12 +39,12 @@ app = typer.Typer(no_args_is_help=True, help="Rating quality: reproducibility, s
                   "stability, forward returns, the track record over nights, the monitor's "
                   "new normal.")
 
-Format = Annotated[Literal["table", "json"], typer.Option("--format")]
 Resamples = Annotated[int, typer.Option("--resamples", min=0, max=100_000,
                                         help="bootstrap resamples for intervals (0: none)")]
 BatchId = Annotated[str | None, typer.Option("--batch", help="batch id (default: the newest "
                                                              "finished nightly batch)")]
 UNDEFINED = "undefined"
+R = TypeVar("R")
 
 
 def _batch_id(text: str | None, engine: Engine) -> int:
@@ -61,16 +59,19 @@ def _ci(interval: Sequence[float] | None) -> str:
     return "—" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
 
 
-def _print_json(report: object) -> None:
-    """Print a report as its JSON (the report's fields, in their order)."""
-    typer.echo(json.dumps(to_jsonable_python(report), indent=2))
+def _show(report: R, fmt: str, render: Callable[[R, Console], None]) -> None:
+    """Print a report as its JSON (the report's fields, in their order) or as tables."""
+    if fmt == "json":
+        echo_json(report)
+    else:
+        render(report, console())
 
 
 def _batches_table(batches: list[BatchSummary]) -> Table:
     demo = "DEMO DATA — " if any(b.demo for b in batches) else ""
-    table = Table(title=f"{demo}batches: each ticker's rating (N > 1: band of the mean score)")
-    for col in ("batch", "as of", "status", "N", "tickers", *RATINGS, "contradicting"):
-        table.add_column(col, justify="left" if col in ("as of", "status") else "right")
+    table = figures(f"{demo}batches: each ticker's rating (N > 1: band of the mean score)",
+                    ("batch", "as of", "status", "N", "tickers", *RATINGS, "contradicting"),
+                    {"as of", "status"})
     for b in batches:
         table.add_row(str(b.batch_id), b.as_of, b.status, str(b.samples), str(b.tickers),
                       *(str(b.distribution[r]) for r in RATINGS),
@@ -87,10 +88,8 @@ STATS_COLUMNS = ("tickers", "agreement", "QWK", "Spearman", "flips")
 
 
 def _k_table(rows: list[KRow], title: str) -> Table:
-    table = Table(title=title)
-    for col in ("k", "choices", "s.e. over choices", "tickers", "agreement", "QWK", "95% CI",
-                "Spearman", "95% CI", "Spearman–Brown from k=1"):
-        table.add_column(col, justify="right")
+    table = figures(title, ("k", "choices", "s.e. over choices", "tickers", "agreement", "QWK",
+                            "95% CI", "Spearman", "95% CI", "Spearman–Brown from k=1"))
     for r in rows:
         table.add_row(str(r.k), f"{r.choices} ({'all' if r.exhaustive else 'drawn'})",
                       "0 (exact)" if r.exhaustive else _num(r.choice_error, ".3f"),
@@ -102,9 +101,8 @@ def _k_table(rows: list[KRow], title: str) -> Table:
 
 def _render_repro(report: ReproReport, console: Console) -> None:
     console.print(_batches_table(report.batches))
-    pairs = Table(title=f"agreement between batches over {len(report.common)} common tickers")
-    for col in ("batches", *STATS_COLUMNS):
-        pairs.add_column(col, justify="right")
+    pairs = figures(f"agreement between batches over {len(report.common)} common tickers",
+                    ("batches", *STATS_COLUMNS))
     for p in report.pairs:
         pairs.add_row(f"{p.a} vs {p.b}", *_stats_cells(p.stats))
     if len(report.pairs) > 1:
@@ -130,10 +128,8 @@ def _render_samples(report: SamplesReport, console: Console) -> None:
     console.print(_batches_table([report.batch]))
     dist = ", ".join(f"{r} {report.sample_distribution[r]}" for r in RATINGS)
     console.print(f"every sample's own rating: {dist}")
-    pairs = Table(title=f"sample against sample, {report.samples} samples of "
-                        f"{len(report.tickers)} tickers")
-    for col in ("samples", *STATS_COLUMNS):
-        pairs.add_column(col, justify="right")
+    pairs = figures(f"sample against sample, {report.samples} samples of "
+                    f"{len(report.tickers)} tickers", ("samples", *STATS_COLUMNS))
     for p in report.pairs:
         pairs.add_row(f"{p.i} vs {p.j}", *_stats_cells(p.stats))
     _add_mean_row(pairs, report.mean)
@@ -162,17 +158,14 @@ def _render_forward(report: ForwardReport, console: Console) -> None:
     ):
         head.add_row(key, value)
     console.print(head)
-    buckets = Table(title="by rating")
-    for col in ("rating", "tickers", f"mean {what}", "hit rate"):
-        buckets.add_column(col, justify="left" if col == "rating" else "right")
+    buckets = figures("by rating", ("rating", "tickers", f"mean {what}", "hit rate"), {"rating"})
     for b in report.buckets:
         hit = "— (no direction)" if b.rating == "Hold" and b.n else _num(b.hit_rate, ".0%")
         buckets.add_row(b.rating, str(b.n), "—" if b.mean_return is None
                         else f"{b.mean_return:+.2%}", hit if b.n else "—")
     console.print(buckets)
-    rows = Table(title="per ticker")
-    for col in ("ticker", "rating", "score", "from", "to", "return", "excess"):
-        rows.add_column(col, justify="left" if col in ("ticker", "rating") else "right")
+    rows = figures("per ticker", ("ticker", "rating", "score", "from", "to", "return", "excess"),
+                   {"ticker", "rating"})
     for t in sorted(report.tickers, key=lambda t: -t.score):
         rows.add_row(t.ticker, t.rating, f"{t.score:+.2f}", t.start, t.end,
                      _num(t.forward_return, "+.2%"),
@@ -187,7 +180,7 @@ def repro_command(
     batches: Annotated[str | None, typer.Option(
         "--batches", help="A,B[,C…] (default: the two newest nightly batches of one as-of)")
     ] = None,
-    fmt: Format = "table",
+    fmt: TableOrJson = "table",
     resamples: Resamples = 1000,
 ) -> None:
     """Compare batches of the same tickers: agreement, QWK, Spearman, flips, distributions."""
@@ -195,23 +188,17 @@ def repro_command(
     engine = database(settings)
     ids = parse_batch_ids(batches) if batches is not None else newest_nightly(engine, 2)
     report = repro(engine, ids, resamples=resamples)
-    if fmt == "json":
-        _print_json(report)
-    else:
-        _render_repro(report, console())
+    _show(report, fmt, _render_repro)
 
 
 @app.command("samples")
-def samples_command(batch: BatchId = None, fmt: Format = "table",
+def samples_command(batch: BatchId = None, fmt: TableOrJson = "table",
                     resamples: Resamples = 1000) -> None:
     """Compare a batch's samples and the split-half stability of their mean (--samples N)."""
     settings = setup()
     engine = database(settings)
     report = samples_report(engine, _batch_id(batch, engine), resamples=resamples)
-    if fmt == "json":
-        _print_json(report)
-    else:
-        _render_samples(report, console())
+    _show(report, fmt, _render_samples)
 
 
 @app.command("forward")
@@ -220,32 +207,27 @@ def forward_command(
     horizon: Annotated[str, typer.Option("--horizon", help="trading days: 5d, 20d …")] = "5d",
     benchmark: Annotated[str | None, typer.Option(
         "--benchmark", help="ticker to subtract (default: NIGHTDESK_QUALITY_BENCHMARK)")] = None,
-    fmt: Format = "table",
+    fmt: TableOrJson = "table",
 ) -> None:
     """Score a batch's grades against the returns after its as-of date: rank IC, hit rates."""
     days = parse_horizon(horizon)
     settings = setup()
     engine = database(settings)
     chosen = _batch_id(batch, engine)
-    bench = benchmark or settings.quality_benchmark
+    bench = benchmark or settings.quality.benchmark
     bench = check_symbol(bench, "benchmark") if bench else None
     provider = providers(settings)(load_grades(engine, chosen))
     report = forward_report(engine, provider, chosen, days, benchmark=bench)
-    if fmt == "json":
-        _print_json(report)
-    else:
-        _render_forward(report, console())
+    _show(report, fmt, _render_forward)
 
 
 def _render_track(report: TrackReport, console: Console) -> None:
     what = "excess return over " + report.benchmark if report.benchmark else "return"
     console.print(f"track record: {report.nights} nights, as of {report.first} to "
                   f"{report.last}; rank IC of score against the {what}")
-    summary = Table(title="per horizon (t over ⌊nights/h⌋ non-overlapping nights: "
-                          "docs/quality.md)")
-    for col in ("horizon", "nights", "mean IC", "sd", "t", "p", "IC > 0", "hit rate",
-                "long − short", "its t", "decay", "verdict"):
-        summary.add_column(col, justify="left" if col == "verdict" else "right")
+    summary = figures("per horizon (t over ⌊nights/h⌋ non-overlapping nights: docs/quality.md)",
+                      ("horizon", "nights", "mean IC", "sd", "t", "p", "IC > 0", "hit rate",
+                       "long − short", "its t", "decay", "verdict"), {"verdict"})
     for h in report.horizons:
         summary.add_row(f"{h.horizon_days}d", f"{h.judged} (min {h.min_nights})",
                         _num(h.mean_ic, "+.3f"), _num(h.sd_ic, ".3f"), _num(h.t_stat, "+.2f"),
@@ -265,11 +247,9 @@ def _render_track(report: TrackReport, console: Console) -> None:
 
 
 def _by_rating_table(horizons: list[HorizonRecord], what: str) -> Table:
-    table = Table(title=f"scored record: per rating, hit rate and mean {what} over every "
-                        "scored rating (n)")
-    table.add_column("rating")
-    for h in horizons:
-        table.add_column(f"{h.horizon_days}d", justify="right")
+    table = figures(f"scored record: per rating, hit rate and mean {what} over every scored "
+                    "rating (n)", ("rating", *(f"{h.horizon_days}d" for h in horizons)),
+                    {"rating"})
     for i, rating in enumerate(RATINGS):
         cells = []
         for h in horizons:
@@ -284,11 +264,8 @@ def _by_rating_table(horizons: list[HorizonRecord], what: str) -> Table:
 
 
 def _nights_table(horizons: list[HorizonRecord]) -> Table:
-    table = Table(title="rank IC per night")
-    table.add_column("as of")
-    table.add_column("batch", justify="right")
-    for h in horizons:
-        table.add_column(f"IC {h.horizon_days}d", justify="right")
+    table = figures("rank IC per night",
+                    ("as of", "batch", *(f"IC {h.horizon_days}d" for h in horizons)), {"as of"})
     rows: dict[str, dict[int, str]] = {}
     ids: dict[str, int] = {}
     for h in horizons:
@@ -311,7 +288,7 @@ def track_command(
         "--horizon", help="trading days, comma-separated: 1d,5d,20d")] = DEFAULT_HORIZONS,
     benchmark: Annotated[str | None, typer.Option(
         "--benchmark", help="ticker to subtract (default: NIGHTDESK_QUALITY_BENCHMARK)")] = None,
-    fmt: Format = "table",
+    fmt: TableOrJson = "table",
 ) -> None:
     """Judge the ratings over many nights: rank IC per night, its mean and t, hit rate, decay."""
     if nights is not None and since is not None:
@@ -323,14 +300,11 @@ def track_command(
         raise InputError(f"--since takes a date YYYY-MM-DD (got {since!r})") from None
     settings = setup()
     engine = database(settings)
-    bench = benchmark or settings.quality_benchmark
+    bench = benchmark or settings.quality.benchmark
     bench = check_symbol(bench, "benchmark") if bench else None
     ids = track_nights(engine, nights=nights, since=start)
     report = track_report(engine, ids, days, providers(settings), benchmark=bench)
-    if fmt == "json":
-        _print_json(report)
-    else:
-        _render_track(report, console())
+    _show(report, fmt, _render_track)
 
 
 @app.command("acknowledge")

@@ -3,24 +3,26 @@
 
 from __future__ import annotations
 
-import csv
-import json
-import sys
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import typer
 from pydantic_core import to_jsonable_python
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError
 
-from app.batch.resume import mark_stale_crashed
 from app.bench.plan import NightBound, night_bound
-from app.cli.common import database, setup
-from app.db.engine import reason
-from app.db.readonly import refuses_writes
+from app.cli.common import (
+    Formats,
+    TableOrJson,
+    cell,
+    database,
+    echo_csv,
+    echo_json,
+    figures,
+    mark_crashed,
+    setup,
+)
 from app.logs import console
 from app.morning.accounting import (
     COMPARE_COLUMNS,
@@ -32,7 +34,7 @@ from app.morning.accounting import (
     endpoint_shares,
     latest_batch_id,
 )
-from app.morning.advice import Advice, advise, next_steps
+from app.morning.advice import Advice, next_steps
 from app.morning.batchids import parse_batch_id, parse_batch_ids
 from app.morning.nightstatus import span
 from app.morning.serverview import BOUND_NAMES, LOOKUPS_SLACK, ServerView, server_view
@@ -45,12 +47,6 @@ from app.morning.summary import (
 )
 from app.morning.timeline import Interval, batch_timeline
 from app.quality.monitor import warnings_for
-
-
-def _fmt(value: Any, spec: str = ".1f") -> str:
-    if value is None:
-        return "—"
-    return format(value, spec) if isinstance(value, float) else str(value)
 
 
 def held_back_by(view: ServerView) -> str:
@@ -117,30 +113,28 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
     server = Table(title=f"the server's view ({view.samples} samples of /metrics)",
                    show_header=False)
     for key, value in (
-        ("running: mean / p50 / max", f"{_fmt(view.running_mean)} / {_fmt(view.running_p50)}"
-                                      f" / {_fmt(view.running_max, '.0f')}"),
-        ("waiting: mean / max", f"{_fmt(view.waiting_mean)} / {_fmt(view.waiting_max, '.0f')}"),
-        ("KV cache usage max", _fmt(view.kv_usage_max, ".0%")),
-        ("preemptions", _fmt(view.preemptions, ".0f")),
+        ("running: mean / p50 / max", f"{cell(view.running_mean)} / {cell(view.running_p50)}"
+                                      f" / {cell(view.running_max, '.0f')}"),
+        ("waiting: mean / max", f"{cell(view.waiting_mean)} / {cell(view.waiting_max, '.0f')}"),
+        ("KV cache usage max", cell(view.kv_usage_max, ".0%")),
+        ("preemptions", cell(view.preemptions, ".0f")),
         ("prompt / generation tokens (server)",
-         f"{_fmt(view.prompt_tokens, '.0f')} / {_fmt(view.generation_tokens, '.0f')}"),
-        ("prefill tokens computed", _fmt(view.prefill_tokens_computed, ".0f")),
+         f"{cell(view.prompt_tokens, '.0f')} / {cell(view.generation_tokens, '.0f')}"),
+        ("prefill tokens computed", cell(view.prefill_tokens_computed, ".0f")),
         ("prefix cache hit rate", prefix_hits(view)),
-        ("spec-decode acceptance", _fmt(view.spec_acceptance, ".1%")),
-        ("request time", f"prefill {_fmt(view.prefill_time_s)} s, decode"
-                         f" {_fmt(view.decode_time_s)} s (decode"
-                         f" {_fmt(view.decode_time_share, '.0%')})"),
-        ("time to first token from sending: mean (s)", _fmt(view.mean_ttft_s, ".2f")),
+        ("spec-decode acceptance", cell(view.spec_acceptance, ".1%")),
+        ("request time", f"prefill {cell(view.prefill_time_s)} s, decode"
+                         f" {cell(view.decode_time_s)} s (decode"
+                         f" {cell(view.decode_time_share, '.0%')})"),
+        ("time to first token from sending: mean (s)", cell(view.mean_ttft_s, ".2f")),
         ("  from the graph's issue: mean / p90 (s)",
-         f"{_fmt(view.ttft_ready_mean_s, '.2f')} / {_fmt(view.ttft_ready_p90_s, '.2f')}"),
+         f"{cell(view.ttft_ready_mean_s, '.2f')} / {cell(view.ttft_ready_p90_s, '.2f')}"),
         ("held back by", held_back_by(view)),
         ("client loop lag max", client_lag(view)),
     ):
         server.add_row(key, value)
     console.print(server)
-    nodes = Table(title="latency per node (s)")
-    for col in ("node", "calls", "mean", "p50", "p99"):
-        nodes.add_column(col, justify="left" if col == "node" else "right")
+    nodes = figures("latency per node (s)", ("node", "calls", "mean", "p50", "p99"), {"node"})
     for n in report.nodes:
         nodes.add_row(n.node, str(n.calls), f"{n.mean_s:.2f}", f"{n.p50_s:.2f}", f"{n.p99_s:.2f}")
     console.print(nodes)
@@ -152,7 +146,7 @@ def prefix_hits(view: ServerView) -> str:
     if view.prefix_cache_hit_rate is None and lookups is not None and lookups > LOOKUPS_SLACK:
         return (f"— (the server looked prompts up {lookups:.1f}× per prompt token: requests "
                 "waiting at a full cache are looked up again at every step)")
-    return _fmt(view.prefix_cache_hit_rate, ".1%")
+    return cell(view.prefix_cache_hit_rate, ".1%")
 
 
 def client_lag(view: ServerView) -> str:
@@ -169,44 +163,39 @@ def client_lag(view: ServerView) -> str:
 
 def timeline_table(intervals: list[Interval]) -> Table:
     """Return the batch over time: where its makespan went fast and where slow."""
-    table = Table(title="over time (from the first call; output spread over each call's "
-                        "decode time)")
-    for header in ("interval s", "output tok/s", "tickers in flight", "calls started",
-                   "running mean", "KV max", "preemptions"):
-        table.add_column(header, justify="right")
+    table = figures("over time (from the first call; output spread over each call's decode "
+                    "time)", ("interval s", "output tok/s", "tickers in flight",
+                              "calls started", "running mean", "KV max", "preemptions"))
     for i in intervals:
         table.add_row(i.label, f"{i.output_tokens_per_s:.1f}",
                       f"{i.tickers_in_flight:.1f}", str(i.calls_started),
-                      _fmt(i.running_mean), _fmt(i.kv_usage_max, ".0%"),
-                      _fmt(i.preemptions, ".0f"))
+                      cell(i.running_mean), cell(i.kv_usage_max, ".0%"),
+                      cell(i.preemptions, ".0f"))
     return table
 
 
 def endpoint_table(shares: list[EndpointShare], report: BatchReport, view: ServerView) -> Table:
     """Return each endpoint's part of a batch, then the batch's total."""
-    table = Table(title="endpoints (output tok/s over the batch's makespan: they add up)")
-    for header in ("endpoint", "calls", "failed", "tickers", "output tok/s", "running mean",
-                   "KV peak", "preemptions"):
-        table.add_column(header, justify="left" if header == "endpoint" else "right")
+    table = figures("endpoints (output tok/s over the batch's makespan: they add up)",
+                    ("endpoint", "calls", "failed", "tickers", "output tok/s", "running mean",
+                     "KV peak", "preemptions"), {"endpoint"})
     for share in shares:
         table.add_row(share.endpoint or "(not recorded)", str(share.calls),
                       str(share.failed_calls), str(share.tickers),
-                      f"{share.output_tokens_per_s:.1f}", _fmt(share.running_mean),
-                      _fmt(share.kv_usage_max, ".0%"), _fmt(share.preemptions, ".0f"))
+                      f"{share.output_tokens_per_s:.1f}", cell(share.running_mean),
+                      cell(share.kv_usage_max, ".0%"), cell(share.preemptions, ".0f"))
     table.add_row("batch total", str(report.calls), str(report.failed_calls), "",
-                  f"{report.output_tokens_per_s:.1f}", _fmt(view.running_mean),
-                  _fmt(view.kv_usage_max, ".0%"), _fmt(view.preemptions, ".0f"),
+                  f"{report.output_tokens_per_s:.1f}", cell(view.running_mean),
+                  cell(view.kv_usage_max, ".0%"), cell(view.preemptions, ".0f"),
                   style="bold")
     return table
 
 
 def compare_table(arms: list[Arm], title: str = "arms side by side") -> Table:
-    table = Table(title=title)
-    for header, _, _ in COMPARE_COLUMNS:
-        table.add_column(header, justify="left" if header == "label" else "right")
+    table = figures(title, (header for header, _, _ in COMPARE_COLUMNS), {"label"})
     for a in arms:
         row = [getattr(a, key) for _, key, _ in COMPARE_COLUMNS]
-        table.add_row(*(_fmt(value, spec) if value is not None and spec not in ("s", "d")
+        table.add_row(*(cell(value, spec) if value is not None and spec not in ("s", "d")
                         else str(value if value is not None else "—")
                         for value, (_, _, spec) in zip(row, COMPARE_COLUMNS, strict=True)))
     return table
@@ -215,7 +204,7 @@ def compare_table(arms: list[Arm], title: str = "arms side by side") -> Table:
 def report(
     batch_id: Annotated[int | None, typer.Argument(help="Batch id (default: the newest).",
                                                   parser=parse_batch_id)] = None,
-    fmt: Annotated[Literal["table", "json"], typer.Option("--format")] = "table",
+    fmt: TableOrJson = "table",
     compare: Annotated[str | None, typer.Option("--compare", help="ID1,ID2,… side by side")] = (
         None),
 ) -> None:
@@ -223,21 +212,17 @@ def report(
     settings = setup()
     engine = database(settings)
     # A batch whose process died is reported as what it is, not as still running.
-    for crashed in _mark_crashed(engine, settings.heartbeat_stale_s):
-        steps = advise(engine, crashed, settings.heartbeat_stale_s)
-        console(stderr=True).print(f"note: batch {crashed} had no heartbeat for over "
-                                   f"{settings.heartbeat_stale_s:.0f} s: marked crashed"
-                                   + (f" ({escape(steps)})" if steps else ""))
+    mark_crashed(engine, settings.batch.heartbeat_stale_s, read_only_ok=True)
     if compare is not None:
         arms = [compare_arm(engine, i) for i in parse_batch_ids(compare, what="--compare")]
         if fmt == "json":
-            typer.echo(json.dumps(to_jsonable_python(arms), indent=2))
+            echo_json(arms)
         else:
             console().print(compare_table(arms))
         return
     chosen = batch_id if batch_id is not None else latest_batch_id(engine)
     # InputError (exit 2) for an unknown id
-    head = batch_summary(engine, chosen, settings.heartbeat_stale_s)
+    head = batch_summary(engine, chosen, settings.batch.heartbeat_stale_s)
     failed = failed_tickers(engine, chosen)
     advice = next_steps(engine, head)
     result = batch_report(engine, chosen)
@@ -248,11 +233,11 @@ def report(
     bound = night_bound(engine, chosen, result.wall_seconds)
     if fmt == "json":
         # The batch report's own fields flattened between the batch and the server's view.
-        typer.echo(json.dumps(to_jsonable_python(
+        echo_json(
             {"batch": head, "failed_tickers": failed,
              "advice": [step.command for step in advice], **to_jsonable_python(result),
              "server": view, "endpoints": shares, "over_time": intervals,
-             "graph_bound": bound, "warnings": warnings}), indent=2))
+             "graph_bound": bound, "warnings": warnings})
     else:
         shown = console()
         render_head(head, failed, advice, shown)
@@ -264,23 +249,6 @@ def report(
         shown.print(bound_line(bound))
         for message in warnings:
             shown.print(f"[yellow]warning:[/] {message}")
-
-
-def _mark_crashed(engine: Engine, stale_s: float) -> list[int]:
-    """Mark batches whose process died crashed; a database that takes no writes is read as is.
-
-    The mark is only written when such a batch exists, so the note says what was left out.
-    """
-    try:
-        return mark_stale_crashed(engine, stale_s)
-    except DBAPIError as error:
-        if not refuses_writes(error):
-            raise
-        console(stderr=True).print(
-            f"note: a batch with no heartbeat for over {stale_s:.0f} s (its process died) reads"
-            f" crashed but stays `running` in its row: the database takes no writes now"
-            f" ({reason(error)})", markup=False)
-        return []
 
 
 def bound_line(bound: NightBound) -> str:
@@ -300,19 +268,17 @@ def batches(
     limit: Annotated[int, typer.Option("--limit", min=1, help="the newest N batches")] = 20,
     kind: Annotated[Literal["nightly", "rerun"] | None, typer.Option(
         "--kind", help="only nightly batches or only reruns")] = None,
-    fmt: Annotated[Literal["table", "json", "csv"], typer.Option("--format")] = "table",
+    fmt: Formats = "table",
 ) -> None:
     """List batches, newest first: status, as-of, tickers succeeded/planned, duration."""
     settings = setup()
     engine = database(settings)
-    rows = list_batches(engine, settings.heartbeat_stale_s, limit, kind)
+    rows = list_batches(engine, settings.batch.heartbeat_stale_s, limit, kind)
     if fmt == "json":
-        typer.echo(json.dumps(to_jsonable_python(rows), indent=2))
+        echo_json(rows)
         return
     if fmt == "csv":
-        writer = csv.DictWriter(sys.stdout, fieldnames=list(BatchSummary.csv_fields()))
-        writer.writeheader()
-        writer.writerows(row.to_csv() for row in rows)
+        echo_csv((row.to_csv() for row in rows), BatchSummary.csv_fields())
         return
     table = Table(title="batches" + (f" ({kind})" if kind else ""))
     for column in BATCH_COLUMNS:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import typer
@@ -43,6 +43,8 @@ RouterOpt = Annotated[bool, typer.Option(
 RouterPortOpt = Annotated[int | None, typer.Option(
     "--router-port", help="the router's port (default: the one after the last server's)")]
 
+ModelOpt = Annotated[str | None, typer.Option(help="checkpoint folder or HF id")]
+StartTimeoutOpt = Annotated[float, typer.Option(help="seconds to wait for /health")]
 ArgOpt = Annotated[list[str] | None, typer.Option(
     "--arg", help="override a profile server argument: FLAG=VALUE (repeatable), "
                   "e.g. --arg enable-prefix-caching=false")]
@@ -51,7 +53,7 @@ ArgOpt = Annotated[list[str] | None, typer.Option(
 def _profile(settings: Settings, name: str | None, overrides: list[str] | None = None
              ) -> Profile:
     """Load the profile, with ``FLAG=VALUE`` overrides of its server arguments applied."""
-    profile = load_profile(name or settings.server_profile)
+    profile = load_profile(name or settings.llm.server_profile)
     if not overrides:
         return profile
     args = dict(profile.args)
@@ -69,7 +71,7 @@ def _profile(settings: Settings, name: str | None, overrides: list[str] | None =
 
 def _paths(settings: Settings) -> HostPaths:
     """Return where this host keeps model folders and the CPU server's venv (settings)."""
-    return HostPaths(models_dir=settings.models_dir, vllm_venv=settings.vllm_venv)
+    return HostPaths(models_dir=settings.paths.models_dir, vllm_venv=settings.paths.vllm_venv)
 
 
 def _replicas(profile: Profile, gpus: str, port: int) -> list[replicas.Replica]:
@@ -85,7 +87,7 @@ def _port(settings: Settings, profile: Profile, port: int | None) -> int:
     """Pick the port: explicit, else the one nightdesk's client will call, else the profile's."""
     if port is not None:
         return port
-    url = urlsplit(settings.base_url)
+    url = urlsplit(settings.llm.url)
     if url.hostname in ("127.0.0.1", "localhost") and url.port:
         return url.port
     return profile.port
@@ -95,7 +97,7 @@ def _port(settings: Settings, profile: Profile, port: int | None) -> int:
 def command(
     profile: ProfileOpt = None,
     port: PortOpt = None,
-    model: Annotated[str | None, typer.Option(help="checkpoint folder or HF id")] = None,
+    model: ModelOpt = None,
     arg: ArgOpt = None,
     gpus: GpusOpt = None,
 ) -> None:
@@ -116,10 +118,9 @@ def command(
 def start(
     profile: ProfileOpt = None,
     port: PortOpt = None,
-    timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] =
-    launcher.DEFAULT_START_TIMEOUT_S,
+    timeout: StartTimeoutOpt = launcher.DEFAULT_START_TIMEOUT_S,
     arg: ArgOpt = None,
-    model: Annotated[str | None, typer.Option(help="checkpoint folder or HF id")] = None,
+    model: ModelOpt = None,
     foreground: Annotated[bool, typer.Option(
         "--foreground", help="become the server process (for systemd): no pid file, output "
                              "to this terminal or the journal, no health wait")] = False,
@@ -134,9 +135,9 @@ def start(
     if (with_router or router_port is not None) and gpus is None:
         raise InputError("--router starts vllm-router in front of one server per GPU: "
                          "give --gpus too")
-    if chosen.served_model_name != settings.llm_model:
+    if chosen.served_model_name != settings.llm.model:
         err.print(f"[yellow]warning:[/] the server will serve {chosen.served_model_name!r} "
-                  f"but NIGHTDESK_LLM_MODEL is {settings.llm_model!r}")
+                  f"but NIGHTDESK_LLM_MODEL is {settings.llm.model!r}")
     if gpus is not None:
         if foreground:
             raise InputError("--foreground runs one server; for one per GPU under systemd, "
@@ -152,7 +153,7 @@ def start(
     rendered = render(chosen, _paths(settings), port=chosen_port, model=model)
     if foreground:
         launcher.exec_foreground(chosen, command=rendered,
-                                 api_key=settings.llm_api_key.get_secret_value())
+                                 api_key=settings.llm.api_key.get_secret_value())
     with err.status(f"starting {chosen.name} on port {chosen_port}") as line:
 
         def progress(elapsed: float, last: str) -> None:
@@ -161,10 +162,10 @@ def start(
 
         facts = launcher.start(
             chosen, port=chosen_port, timeout_s=timeout, progress=progress,
-            api_key=settings.llm_api_key.get_secret_value(), state_dir=settings.server_dir,
+            api_key=settings.llm.api_key.get_secret_value(), state_dir=settings.paths.server_dir,
             command=rendered,
         )
-    files = launcher.ServerFiles.of(chosen.name, settings.server_dir)
+    files = launcher.ServerFiles.of(chosen.name, settings.paths.server_dir)
     if facts.get("already_running"):
         out.print(f"{chosen.name} already running on port {chosen_port}")
         return
@@ -182,20 +183,24 @@ def _start_router(settings: Settings, profile: Profile, planned: list[replicas.R
     try:
         with err.status(f"starting vllm-router on port {port}"):
             facts = launcher.start(profile, port=port, timeout_s=ROUTER_START_S, key=key,
-                                   state_dir=settings.server_dir, command=command)
+                                   state_dir=settings.paths.server_dir, command=command)
     except BaseException:
         for replica in planned:
-            launcher.stop(profile, state_dir=settings.server_dir, key=replica.key)
-        replicas.manifest_path(profile.name, settings.server_dir).unlink(missing_ok=True)
+            launcher.stop(profile, state_dir=settings.paths.server_dir, key=replica.key)
+        replicas.manifest_path(profile.name, settings.paths.server_dir).unlink(missing_ok=True)
         raise
-    files = launcher.ServerFiles.of(key, settings.server_dir)
-    state = "already running" if facts.get("already_running") else "healthy"
-    out.print(f"[green]{key} {state}[/] on {facts.get('root_url', '')} in front of "
-              f"{len(planned)} servers ({router.POLICY}, pid {facts.get('pid')}, "
-              f"log {files.log})")
+    _print_started(settings, key, facts,
+                   f"in front of {len(planned)} servers ({router.POLICY}, pid")
     out.print("point nightdesk at the router:", highlight=False)
     out.print(f"NIGHTDESK_LLM_BASE_URL={launcher.root_url(profile.host, port)}/v1",
               highlight=False, soft_wrap=True, markup=False)
+
+
+def _print_started(settings: Settings, key: str, facts: dict[str, Any], what: str) -> None:
+    """Print that a server or router answers, where, with ``what`` it is, its pid and log."""
+    state = "already running" if facts.get("already_running") else "healthy"
+    out.print(f"[green]{key} {state}[/] on {facts.get('root_url', '')} {what} "
+              f"{facts.get('pid')}, log {launcher.ServerFiles.of(key, settings.paths.server_dir).log})")
 
 
 def _start_replicas(settings: Settings, profile: Profile, planned: list[replicas.Replica],
@@ -209,18 +214,15 @@ def _start_replicas(settings: Settings, profile: Profile, planned: list[replicas
             with err.status(f"starting {replica.key} on port {replica.port}"):
                 facts = launcher.start(
                     profile, port=replica.port, timeout_s=timeout, key=replica.key,
-                    api_key=settings.llm_api_key.get_secret_value(),
-                    state_dir=settings.server_dir, command=command)
+                    api_key=settings.llm.api_key.get_secret_value(),
+                    state_dir=settings.paths.server_dir, command=command)
             started.append(replica)
-            files = launcher.ServerFiles.of(replica.key, settings.server_dir)
-            state = "already running" if facts.get("already_running") else "healthy"
-            out.print(f"[green]{replica.key} {state}[/] on {facts.get('root_url', '')} "
-                      f"(GPU {replica.gpu}, pid {facts.get('pid')}, log {files.log})")
+            _print_started(settings, replica.key, facts, f"(GPU {replica.gpu}, pid")
     except BaseException:
         for replica in started:
-            launcher.stop(profile, state_dir=settings.server_dir, key=replica.key)
+            launcher.stop(profile, state_dir=settings.paths.server_dir, key=replica.key)
         raise
-    replicas.write_manifest(profile.name, planned, settings.server_dir)
+    replicas.write_manifest(profile.name, planned, settings.paths.server_dir)
     if quiet:  # a router goes in front: its URL is the one to use
         return
     out.print("point nightdesk at all of them:", highlight=False)
@@ -246,19 +248,19 @@ def stop(
     settings = setup()
     chosen = _profile(settings, profile)
     with err.status(f"stopping {chosen.name}"):
-        stopped = launcher.stop(chosen, timeout_s=timeout, state_dir=settings.server_dir)
+        stopped = launcher.stop(chosen, timeout_s=timeout, state_dir=settings.paths.server_dir)
     out.print(f"{chosen.name} stopped" if stopped else f"{chosen.name} was not running")
     # The router first: nothing is sent on to servers being stopped.
     key = router.router_key(chosen.name)
-    if launcher.stop(chosen, timeout_s=timeout, state_dir=settings.server_dir, key=key):
+    if launcher.stop(chosen, timeout_s=timeout, state_dir=settings.paths.server_dir, key=key):
         out.print(f"{key} stopped")
-    planned = replicas.read_manifest(chosen.name, settings.server_dir)
+    planned = replicas.read_manifest(chosen.name, settings.paths.server_dir)
     for replica in planned:
         with err.status(f"stopping {replica.key}"):
-            stopped = launcher.stop(chosen, timeout_s=timeout, state_dir=settings.server_dir,
+            stopped = launcher.stop(chosen, timeout_s=timeout, state_dir=settings.paths.server_dir,
                                     key=replica.key)
         out.print(f"{replica.key} stopped" if stopped else f"{replica.key} was not running")
-    replicas.manifest_path(chosen.name, settings.server_dir).unlink(missing_ok=True)
+    replicas.manifest_path(chosen.name, settings.paths.server_dir).unlink(missing_ok=True)
 
 
 @app.command("status")
@@ -270,19 +272,23 @@ def status(profile: ProfileOpt = None, port: PortOpt = None) -> None:
     """
     settings = setup()
     chosen = _profile(settings, profile)
-    planned = replicas.read_manifest(chosen.name, settings.server_dir)
-    states = ([launcher.status(chosen, port=r.port, state_dir=settings.server_dir, key=r.key)
+    planned = replicas.read_manifest(chosen.name, settings.paths.server_dir)
+    states = ([launcher.status(chosen, port=r.port, state_dir=settings.paths.server_dir, key=r.key)
                for r in planned] if planned else
               [launcher.status(chosen, port=_port(settings, chosen, port),
-                               state_dir=settings.server_dir)])
+                               state_dir=settings.paths.server_dir)])
     for state in states:
-        running = f"running (pid {state.pid})" if state.alive else "not running here"
-        out.print(f"{state.profile}: {running}; log {state.log}")
+        _print_running(state.profile, state)
         out.print(f"{state.root_url}/health: {_health(state.healthy)}")
     silent = [state.root_url for state in states if not state.healthy]
     silent += _router_status(settings, chosen)
     if silent:
         raise ServerError(f"{', '.join(silent)}: /health does not answer")
+
+
+def _print_running(name: str, state: launcher.ServerStatus) -> None:
+    out.print(f"{name}: {f'running (pid {state.pid})' if state.alive else 'not running here'}; "
+              f"log {state.log}")
 
 
 def _health(healthy: bool) -> str:
@@ -297,19 +303,19 @@ def _router_status(settings: Settings, profile: Profile) -> list[str]:
     it answers vllm-router's ``/workers``; anything else prints nothing here.
     """
     key = router.router_key(profile.name)
-    facts = read_server_facts(key, settings.server_dir)
-    started = launcher.ServerFiles.of(key, settings.server_dir).pid.exists()
+    facts = read_server_facts(key, settings.paths.server_dir)
+    started = launcher.ServerFiles.of(key, settings.paths.server_dir).pid.exists()
     if started and isinstance(facts.get("root_url"), str):
         root = str(facts["root_url"])
-    elif len(settings.base_urls) == 1:
-        root = server_root(settings.base_url)
+    elif len(settings.llm.urls) == 1:
+        root = server_root(settings.llm.url)
     else:
         return []  # nightdesk's own list of servers, each one shown above if started here
     try:
         workers = router.fetch_workers(root, timeout_s=2.0)
     except ServerError:
         workers = None  # a router that does not answer: its /health says so below
-    named = settings.router_servers
+    named = settings.llm.router_urls
     if not (started or named or workers):
         return []
     where = "from its /workers"
@@ -318,10 +324,8 @@ def _router_status(settings: Settings, profile: Profile) -> list[str]:
     elif workers is None:
         where = "its /workers does not answer"
     if started:
-        state = launcher.status(profile, port=urlsplit(root).port, key=key,
-                                state_dir=settings.server_dir)
-        running = f"running (pid {state.pid})" if state.alive else "not running here"
-        out.print(f"{key}: {running}; log {state.log}")
+        _print_running(key, launcher.status(profile, port=urlsplit(root).port, key=key,
+                                            state_dir=settings.paths.server_dir))
     else:
         out.print(f"router {redact(root)} (NIGHTDESK_LLM_BASE_URL)", highlight=False)
     healthy = launcher.healthy(root)
@@ -345,8 +349,7 @@ def _router_status(settings: Settings, profile: Profile) -> list[str]:
 def wait(
     profile: ProfileOpt = None,
     port: PortOpt = None,
-    timeout: Annotated[float, typer.Option(help="seconds to wait for /health")] =
-    launcher.DEFAULT_START_TIMEOUT_S,
+    timeout: StartTimeoutOpt = launcher.DEFAULT_START_TIMEOUT_S,
 ) -> None:
     """Wait until the server answers /health (exit 1 after the timeout): a start-up check."""
     settings = setup()
@@ -361,14 +364,14 @@ def facts(profile: ProfileOpt = None) -> None:
     """Print the startup facts recorded when the server last started here (JSON)."""
     settings = setup()
     chosen = _profile(settings, profile)
-    out.print_json(json.dumps(read_server_facts(chosen.name, settings.server_dir)))
+    out.print_json(json.dumps(read_server_facts(chosen.name, settings.paths.server_dir)))
 
 
 def preflight(profile: ProfileOpt = None) -> None:
     """Check the GPU (or, without one, the CPU profile) before a batch; exit 1 on a failure."""
     settings = setup()
     chosen = _profile(settings, profile)
-    root = settings.base_url.rstrip("/").removesuffix("/v1")
+    root = server_root(settings.llm.url)
     checks = run_preflight(chosen, root, query_gpus(), _paths(settings))
     style = {"ok": "green", "warn": "yellow", "fail": "red"}
     for check in checks:

@@ -38,7 +38,7 @@ def web(
 ) -> None:
     """Serve the morning ranking, ticker pages (with Rerun) and batch reports."""
     settings = setup()
-    password = settings.web_password.get_secret_value() if settings.web_password else ""
+    password = settings.web.password.get_secret_value() if settings.web.password else ""
     if not password and not local_only:
         raise ConfigError("NIGHTDESK_WEB_PASSWORD is not set: set it (and NIGHTDESK_WEB_USER, "
                           "default 'nightdesk'), or pass --local-only to serve without one "
@@ -57,13 +57,13 @@ def web(
 
     engine = database(settings)
     # The reruns write where this server reads, whatever else their environment says.
-    queue = RerunQueue(parallel=reruns, env={"NIGHTDESK_DATABASE_URL": settings.database_url})
-    app = create_app(engine, Guard(settings.web_user, password or None), queue,
-                     stale_after_s=settings.heartbeat_stale_s, settings=settings)
+    queue = RerunQueue(parallel=reruns, env={"NIGHTDESK_DATABASE_URL": settings.store.database_url})
+    app = create_app(engine, Guard(settings.web.user, password or None), queue,
+                     stale_after_s=settings.batch.heartbeat_stale_s, settings=settings)
     with open_metrics_port(metrics_port, engine, settings):
         typer.echo(f"nightdesk web on http://{host}:{port}/"
                    + ("" if password else " (no password: --local-only)"), err=True)
-        uvicorn.run(app, host=host, port=port, log_level=settings.log_level.lower(),
+        uvicorn.run(app, host=host, port=port, log_level=settings.log.level.lower(),
                     proxy_headers=False)
 
 

@@ -22,7 +22,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from app.errors import DatabaseError, SchemaOutdatedError
+from app.errors import DatabaseError
 from serving.urls import redact
 
 log = structlog.get_logger(__name__)
@@ -265,15 +265,6 @@ def current_revision(engine: Engine) -> str | None:
 
 def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
-
-
-def require_current(url: str) -> Engine:
-    """Return the engine, raising SchemaOutdatedError if migrations are pending."""
-    engine = get_engine(url)
-    check_reachable(engine)
-    if current_revision(engine) != head_revision():
-        raise SchemaOutdatedError("database schema is not current: run `nightdesk db upgrade`")
-    return engine
 
 
 def ready_engine(url: str) -> Engine:

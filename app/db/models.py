@@ -300,6 +300,8 @@ class ProgressReading(Base):
     chain_s: Mapped[float | None] = mapped_column(Float)  # chain left at median latencies
     chain_low_s: Mapped[float | None] = mapped_column(Float)  # ... at their quartiles
     chain_high_s: Mapped[float | None] = mapped_column(Float)
+    # The ETA and its interval (app.morning.eta: the share of recorded nights' readings it
+    # held is its stated level). Rows written by earlier releases hold a spread of inputs.
     eta_s: Mapped[float | None] = mapped_column(Float)
     eta_low_s: Mapped[float | None] = mapped_column(Float)
     eta_high_s: Mapped[float | None] = mapped_column(Float)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import asdict, field
 from datetime import datetime
 from typing import Any
 
@@ -257,21 +257,12 @@ def compare_arm(engine: Engine, batch_id: int) -> Arm:
     span = calls.wall_seconds
     prefill = view.prefill_tokens_computed if view.prefill_tokens_computed is not None \
         else calls.prompt_tokens
-    return Arm(
-        batch_id=batch_id, kind=kind, label=label, calls=calls.calls,
-        failed_calls=calls.failed_calls, makespan_s=span,
-        output_tokens_per_s=calls.output_tokens_per_s,
-        succeeded_output_tokens_per_s=calls.succeeded_output_tokens_per_s,
-        prefill_tokens_per_s=prefill / span if span else 0.0,
-        decode_tokens_per_s=calls.completion_tokens / span if span else 0.0,
-        prompt_tokens=calls.prompt_tokens, completion_tokens=calls.completion_tokens,
-        prefill_tokens_computed=view.prefill_tokens_computed,
-        prefix_cache_hit_rate=view.prefix_cache_hit_rate,
-        prefix_lookups_per_prompt_token=view.prefix_lookups_per_prompt_token,
-        running_mean=view.running_mean, running_max=view.running_max,
-        waiting_max=view.waiting_max, kv_usage_max=view.kv_usage_max,
-        preemptions=view.preemptions, mean_ttft_s=view.mean_ttft_s,
-        ttft_ready_mean_s=view.ttft_ready_mean_s, ttft_ready_p90_s=view.ttft_ready_p90_s,
-        decode_time_share=view.decode_time_share,
-        endpoints=endpoint_shares(engine, batch_id),
-    )
+    # The server's figures and the report's, by name; where both have one (prompt_tokens),
+    # the report's: our own rows.
+    named = {**asdict(view), **asdict(calls)}
+    return Arm.model_validate({
+        **{key: named[key] for key in Arm.model_fields if key in named},
+        "kind": kind, "label": label, "makespan_s": span,
+        "prefill_tokens_per_s": prefill / span if span else 0.0,
+        "decode_tokens_per_s": calls.completion_tokens / span if span else 0.0,
+        "endpoints": endpoint_shares(engine, batch_id)})

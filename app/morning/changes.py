@@ -1,20 +1,9 @@
 """What changed between two nights: ratings, scores and ranks, and which nodes' views moved.
 
-Each night is read as the ranking reads it (``app.morning.ranking.ranking``: reruns applied, the
-same rating, score and flags), so the change column, the Changes section and ``nightdesk
-changes`` agree with the ranking. A ticker's marker: ``upgrade`` / ``downgrade`` (its
-rating moved up or down the five tiers), ``same``, ``new`` (rated now, not the night before)
-or ``dropped`` (rated the night before, not now). For each up- or downgrade the nodes whose
-views moved most are named, from the stored node outputs (``node_outputs``) of the batches
-that produced the two ratings: a node's *stance* is the balance of its stance words (the
-analysts close with bullish/bearish/neutral tables, the trader proposes BUY/HOLD/SELL, the
-portfolio manager names a rating), from −1 all bearish to +1 all bullish, averaged over
-the samples. Only the analysts and the debaters (bull, bear, the risk analysts) are named:
-the portfolio manager's stance *is* the rating, and the research manager and the trader
-restate the debate. A night's rating is its mean score's band (app/quality/grades.py); a
-change where a sample's own rating contradicted its score on either night (the ranking's
-"!") says so first in its "why", since that model's word was overruled by its score.
-Nothing here writes.
+Each night is read as the ranking reads it (``app.morning.ranking.ranking``: reruns applied,
+the same rating, score and flags), so the change column, the Changes section and ``nightdesk
+changes`` agree with the ranking. docs/operations.md ("What changed since the night before")
+states the markers and how a node's *stance* is read from its stored text. Nothing here writes.
 """
 
 from __future__ import annotations
@@ -125,13 +114,9 @@ class RankedRow(RankRow):
 
 def ranked_row(row: RankRow, change: TickerChange | None) -> RankedRow:
     """Return one ranking row beside its previous night (see ``RankedRow``)."""
-    return RankedRow(
-        **row.model_dump(),
-        previous_rank=None if change is None else change.previous_rank,
-        previous_rating=None if change is None else change.previous_rating,
-        previous_score=None if change is None else change.previous_score,
-        change=None if change is None else change.change,
-        score_move=None if change is None else change.score_move)
+    added = RankedRow.model_fields.keys() - RankRow.model_fields.keys()
+    return RankedRow.model_validate(
+        {**row.model_dump(), **{key: getattr(change, key, None) for key in added}})
 
 
 def stance(text: str) -> float | None:
@@ -240,19 +225,18 @@ def compare_nights(engine: Engine, batch_id: int | None = None,
     chosen = against_id is not None
     if against_id is None:
         against_id = previous_night(engine, batch.id)
+    if against_id is not None:
+        against, against_rows = ranking(engine, against_id)
+        try:
+            _check_comparable(batch, rows, against, against_rows)
+        except InputError:
+            if chosen:
+                raise
+            # The night before ran another universe (DEMO beside real data, a new universe
+            # file): there is nothing to compare, which is no error of the caller's.
+            against_id = None
     if against_id is None:
-        return NightChanges(batch.id, batch.as_of, None, None,
-                            [_unpaired(r) for r in rows])
-    against, against_rows = ranking(engine, against_id)
-    try:
-        _check_comparable(batch, rows, against, against_rows)
-    except InputError:
-        if chosen:
-            raise
-        # The night before ran another universe (DEMO beside real data, a new universe
-        # file): there is nothing to compare, which is no error of the caller's.
-        return NightChanges(batch.id, batch.as_of, None, None,
-                            [_unpaired(r) for r in rows])
+        return NightChanges(batch.id, batch.as_of, None, None, [_unpaired(r) for r in rows])
     before = {r.ticker: r for r in against_rows}
     now = {r.ticker: r for r in rows}
     tickers = [_pair(engine, now.get(t), before.get(t), t, against.as_of, batch.as_of)

@@ -89,16 +89,15 @@ def _paused(rate: Throughput) -> str:
             f"pause{'s' if rate.pauses > 1 else ''}, not counted")
 
 
-def _more(lines: list[str], total: int, hint: str) -> list[str]:
-    shown = lines[:LISTED]
-    if total > len(shown):
-        shown.append(f"… and {total - len(shown)} more ({hint})")
-    return shown
+def _more(lines: list[str], hint: str) -> list[str]:
+    """Return the first LISTED lines, then how many more there are and where to read them."""
+    more = [f"… and {len(lines) - LISTED} more ({hint})"] if len(lines) > LISTED else []
+    return lines[:LISTED] + more
 
 
 def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
     """Build the digest of a nightly batch or rerun from its stored rows."""
-    batch = batch_summary(engine, batch_id, settings.heartbeat_stale_s)
+    batch = batch_summary(engine, batch_id, settings.batch.heartbeat_stale_s)
     night_id = batch.id if batch.kind == "nightly" else _night_of(engine, batch)
     ended = batch.status in FINISHED_STATUSES
     rate = throughput(engine, batch.id)
@@ -115,8 +114,8 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
              f"Duration: {span(batch.duration_s)}; output "
              f"{rate.output_tokens_per_s:.1f} tok/s ({rate.completion_tokens} tokens over "
              f"{span(rate.active_seconds)} of calls{_paused(rate)})"]
-    advice = [f"Next: {step}" for step in next_steps(engine, batch)]
-    lines.extend(_more(advice, len(advice), f"nightdesk report {batch.id}"))
+    lines.extend(_more([f"Next: {step}" for step in next_steps(engine, batch)],
+                       f"nightdesk report {batch.id}"))
     rows_of_rerun: list[str] = []
     if batch.kind == "rerun":
         rerun_lines, rows_of_rerun = _rerun_lines(engine, batch, night_id)
@@ -130,9 +129,8 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
                         ("Not finished", [f for f in failures if f.status != "failed"])):
         if group:
             lines.append(f"{head} ({len(group)}):")
-            reasons = _by_reason(group)
-            lines.extend(_more(reasons, len(reasons), f"nightdesk report {batch.id}"))
-    base = settings.web_base_url
+            lines.extend(_more(_by_reason(group), f"nightdesk report {batch.id}"))
+    base = settings.web.base_url
     page = (f"{base}/" if batch.kind == "nightly"
             else f"{base}/ticker/{rows_of_rerun[0]}" if rows_of_rerun else f"{base}/")
     lines.append(f"Page: {page} (this batch: {base}/batches/{batch.id})")
@@ -193,8 +191,7 @@ def _change_lines(engine: Engine, batch_id: int, whole: bool) -> list[str]:
     if not changes:
         return [f"{head}: none"]
     return [f"{head}: {len(changes)}",
-            *_more([f"  {_change(c)}" for c in changes], len(changes),
-                   f"nightdesk changes --batch {batch_id}")]
+            *_more([f"  {_change(c)}" for c in changes], f"nightdesk changes --batch {batch_id}")]
 
 
 def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
@@ -202,7 +199,7 @@ def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
 
     A batch that is neither nightly nor a rerun, or no destination set, sends nothing.
     """
-    if not settings.notify:
+    if not settings.notify.urls:
         return
     try:
         with engine.connect() as conn:
@@ -214,7 +211,7 @@ def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
         log.error("digest not built", batch_id=outcome.batch_id,
                   error=f"{type(error).__name__}: {error}")
         return
-    delivery = send(settings.notify, digest.message, settings.notify_timeout_s)
+    delivery = send(settings.notify.urls, digest.message, settings.notify.timeout_s)
     log.info("digest sent", batch_id=outcome.batch_id, delivered=delivery.sent,
              destinations=delivery.total)
 
@@ -223,7 +220,7 @@ def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str
     """Build the digest of a night refused at its start: no batch row exists, so it holds
     only why (one line) and what to do; a failure, as a failed night's digest is."""
     night = f"night of {as_of}" if as_of is not None else "the night"
-    base = settings.web_base_url
+    base = settings.web.base_url
     return Message(f"nightdesk: {night} REFUSED at its start, no batch run",
                    "\n".join([f"Why: {why}", f"What to do: {advice}", f"Page: {base}/"]),
                    "failure")
@@ -231,9 +228,9 @@ def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str
 
 def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str) -> None:
     """Send ``refusal_digest`` to ``NIGHTDESK_NOTIFY`` (nothing when unset); never raise."""
-    if not settings.notify:
+    if not settings.notify.urls:
         return
-    delivery = send(settings.notify, refusal_digest(settings, as_of, why, advice),
-                    settings.notify_timeout_s)
+    delivery = send(settings.notify.urls, refusal_digest(settings, as_of, why, advice),
+                    settings.notify.timeout_s)
     log.info("refusal digest sent", as_of=None if as_of is None else str(as_of),
              delivered=delivery.sent, destinations=delivery.total)

@@ -1,35 +1,15 @@
 """The time a running batch has left, read from its rows, and the readings that keep it.
 
 The estimate is the larger of two bounds, each from what the batch shows now (never from the
-elapsed time, which counts a ramp, a pause or a resume's earlier run):
-
-- work: the servers' busy time the calls left will take. Each call's *share* is the busy time
-  it had from ready to answer, every moment divided among the calls ready then (held at the
-  client's gate or on a server alike), so a night's shares add up to the time its calls ran:
-  a call held for cache, or one that decoded beside few others, costs what it really took.
-  A node's share per answered call (every attempt and re-ask counted) comes from the newest
-  earlier finished batch of the same kind and model, times this night's *pace* (its shares
-  over the night before's, each node's calls against as many of its first); without such a
-  batch, from this night's calls. Calls held at the gate or under way count from their
-  ticker's state (ready since its last answer), not from rows, which they have none of yet:
-  what they have had of the server so far comes off, never more than ``1 - OVERDUE_SHARE``
-  of theirs. So the rate the work comes out at falls as the night reaches its dearer nodes
-  and tickers finish, as the night before's did. Progress counts calls (a node of a sample
-  of a ticker answered), not attempts. With no night before, no work bound before the
-  batch's first answer.
-- chain: the longest chain of calls left, one after another (a sample's analysts side by
-  side as one step), each at its node's latency now, issue to answer: that of its newest
-  ``NEWEST`` of answered calls (the concurrency now: the tail's calls run faster), else the
-  night before's times the pace, else the newest latency of the chain's calls. The step
-  under way gets what the node's calls that took longer from ready (the gate's waits in
-  them) had left at its age, past every one of them ``OVERDUE_SHARE`` of its latency, so
-  the ETA stays above 0 while a call whose node has a latency is left. A ticker still open
-  with every node answered is asking its last again: one call of it is left.
-
-The interval: the work at the slowest and fastest pace of the nodes it is read from (their
-shares' quartiles without a night before), the chain at its nodes' latency quartiles; each
-end the larger of its two. ``tokens_left`` (the calls left × their node's output, less what
-the servers' counter shows made by calls under way) ÷ the work gives the rate stored.
+elapsed time): *work*, the servers' busy time the calls left will take (each call's share of
+the busy time it was ready for; a node's share per answered call from the newest earlier
+finished batch of the same kind and model times this night's pace, else this night's own),
+and *chain*, the longest chain of calls left, one after another, at each node's latency now
+(the step under way at what the node's newest calls had left at its age).
+The interval is the estimate times ``RATIO``, measured on recorded nights' replays; ``LEVEL``
+is the share of readings it held on nights left out, and the level it claims.
+docs/operations.md ("One truth, two faces") states every rule;
+docs/lab/2026-12-05-eta-busy-shares.md and docs/lab/2026-12-05-eta-pace.md measure it.
 """
 
 from __future__ import annotations
@@ -38,7 +18,7 @@ import bisect
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from itertools import pairwise
 from typing import Any, NamedTuple
@@ -54,6 +34,10 @@ NEWEST_MIN = 3  # ... but never fewer calls than this
 FINISHED = ("succeeded", "failed")  # a ticker in these runs no more calls
 FINISHED_BATCH = ("succeeded", "partial")  # a batch whose rows are final
 OVERDUE_SHARE = 0.5  # of its latency (its share), the least a call under way has still to go
+# True time left ÷ the estimate, 5th and 95th percentile over the replayed readings; the test
+# that replays them fails when they move by more than 0.01 (recalibrate: docs/lab).
+RATIO = (0.70, 1.16)
+LEVEL = 0.75  # the share of readings it held, each night left out in turn (76%)
 
 Spread = tuple[float, float, float]  # (low, middle, high)
 
@@ -77,20 +61,8 @@ class Reading:
     chain_low_s: float | None  # ... at their first quartiles
     chain_high_s: float | None  # ... at their third quartiles
     eta_s: float | None
-    eta_low_s: float | None
+    eta_low_s: float | None  # eta_s × RATIO: an interval that held LEVEL of the replays
     eta_high_s: float | None
-
-    def row(self, batch_id: int) -> dict[str, Any]:
-        """Return the reading as a ``progress_readings`` row."""
-        return {"batch_id": batch_id, "taken_at": self.taken_at,
-                "calls_expected": self.calls_expected, "calls_done": self.calls_done,
-                "attempts": self.attempts, "output_tokens": self.output_tokens,
-                "tokens_left": self.tokens_left, "rate_tok_s": self.rate_tok_s,
-                "rate_low_tok_s": self.rate_low_tok_s, "rate_high_tok_s": self.rate_high_tok_s,
-                "rate_source": self.rate_source, "chain_left": self.chain_left,
-                "chain_s": self.chain_s, "chain_low_s": self.chain_low_s,
-                "chain_high_s": self.chain_high_s, "eta_s": self.eta_s,
-                "eta_low_s": self.eta_low_s, "eta_high_s": self.eta_high_s}
 
 
 def bound(work_s: float | None, chain_s: float | None) -> float | None:
@@ -103,6 +75,11 @@ def pipeline_nodes(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Return (analysts, the sequential nodes after them) for a batch's stored settings."""
     return list(ANALYSTS), sequential_nodes(int(settings.get("debate_rounds", 2)),
                                             int(settings.get("risk_rounds", 2)))
+
+
+def graph_order(settings: dict[str, Any]) -> list[str]:
+    """Return a batch's node names in dependency order, from the rounds it ran with."""
+    return [node for part in pipeline_nodes(settings) for node in part]
 
 
 class Shares:
@@ -278,19 +255,30 @@ class Step:
     under_way: list[str]  # the step's calls: its analysts left, else its next node
 
 
-def _left_of(ran: float, ages: list[list[float]], took: list[float]) -> Spread:
+def _left_of(ran: float, ages: list[list[float]], took: list[float],
+             lately: list[float]) -> Spread:
     """Return what a call ready ``ran`` seconds ago has left: what the calls of the first of
     ``ages`` (lists of ready-to-answer latencies) with one longer had left at that age;
-    past every one of them ``OVERDUE_SHARE`` of its latency ``took``."""
+    past every one of them ``OVERDUE_SHARE`` of its latency ``took``. Never more than the
+    median of what the node's newest calls (``lately``, ready to answer) that took longer
+    had left: the last calls decode beside few others, faster than the node's earlier."""
+    spread: Spread | None = None
     for values in ages:
         if rest := [v - ran for v in values if v > ran]:
-            return _spread(rest)
-    low, mid, high = _spread(took)
-    return OVERDUE_SHARE * low, OVERDUE_SHARE * mid, OVERDUE_SHARE * high
+            spread = _spread(rest)
+            break
+    if spread is None:
+        low, mid, high = _spread(took)
+        spread = OVERDUE_SHARE * low, OVERDUE_SHARE * mid, OVERDUE_SHARE * high
+    if recent := [v - ran for v in lately if v > ran]:
+        cap = statistics.median(recent)
+        spread = min(spread[0], cap), min(spread[1], cap), min(spread[2], cap)
+    return spread
 
 
 def _chain_seconds(step: Step, analysts: list[str], took: dict[str, list[float]],
-                   ages: dict[str, list[list[float]]], now: datetime) -> Spread | None:
+                   ages: dict[str, list[list[float]]], lately: dict[str, list[float]],
+                   now: datetime) -> Spread | None:
     """Return the time the sample's calls left take one after another (quartiles and
     median): its analysts side by side as one step, each later node at its latencies
     ``took``; None when no step has a latency. The step under way has been ready since
@@ -304,7 +292,7 @@ def _chain_seconds(step: Step, analysts: list[str], took: dict[str, list[float]]
     total = [0.0, 0.0, 0.0]
     for i, nodes in enumerate(steps):
         times = [_spread(took[n]) if i or step.since is None
-                 else _left_of(ran, ages.get(n, []), took[n]) for n in nodes]
+                 else _left_of(ran, ages.get(n, []), took[n], lately.get(n, [])) for n in nodes]
         for k in range(3):
             total[k] += max((t[k] for t in times), default=0.0)
     return total[0], total[1], total[2]
@@ -406,9 +394,10 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     aged = _latencies(calls, ready=True)
     ages = {n: [aged.get(n, []) + [v * latency_pace[1] for v in prior.aged.get(n, [])]
                 or took.get(n, [])] for n in nodes}
+    lately = {n: v[-newest(v):] for n, v in aged.items()}
     slowest: Spread | None = None
     for step in steps:
-        this = _chain_seconds(step, analysts, took, ages, now)
+        this = _chain_seconds(step, analysts, took, ages, lately, now)
         if this is not None and (slowest is None or this[1] > slowest[1]):
             slowest = this
     longest = max((any(n in analysts for n in s.left) + sum(n in chain for n in s.left)
@@ -424,15 +413,17 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     low_w, work_s, high_w = work or (None, None, None)
     rates = [tokens_left / w if w else None for w in (work_s, high_w, low_w)]
     expected = len(nodes) * per_ticker * int(batch.tickers_total)
+    eta_s = bound(work_s, chain_s)
     return Reading(now, expected, len(answered), len(calls),
                    int(sum(c.completion_tokens or 0 for c in calls)), tokens_left,
                    rates[0], rates[1], rates[2],
                    None if work is None else "before" if prior.shares else "night",
-                   longest, chain_s, low_s, high_s, bound(work_s, chain_s),
-                   bound(low_w, low_s), bound(high_w, high_s))
+                   longest, chain_s, low_s, high_s, eta_s,
+                   None if eta_s is None else eta_s * RATIO[0],
+                   None if eta_s is None else eta_s * RATIO[1])
 
 
 def record(engine: Engine, batch_id: int, found: Reading) -> None:
     """Store one reading in ``progress_readings``."""
     with engine.begin() as conn:
-        conn.execute(insert(ProgressReading), [found.row(batch_id)])
+        conn.execute(insert(ProgressReading), [{**asdict(found), "batch_id": batch_id}])

@@ -19,7 +19,7 @@ from app.config import Settings
 from app.db.models import Batch, SchedulerBeat, TickerRun
 from app.morning import eta
 from app.morning.advice import Advice, next_steps
-from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize
+from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize, when
 from app.morning.timetable import due_times, nightly_trigger
 
 # Statuses the morning can name; "stale": the schedule's due time passed without a batch.
@@ -91,16 +91,9 @@ class NightStatus:
     checked_at: IsoDatetime
 
 
-def _night(row: Batch, summary: BatchSummary) -> NightBatch:
+def _night(summary: BatchSummary) -> NightBatch:
     """Return the batch as ``app.morning.summary.summarize`` names it (status, error, duration)."""
-    return NightBatch(summary.id, summary.as_of, summary.status, row.created_at,
-                      summary.started_at, summary.finished_at, summary.heartbeat_at,
-                      summary.tickers_total, summary.tickers_succeeded, summary.tickers_failed,
-                      summary.error, summary.duration_s)
-
-
-def _when(moment: datetime | None) -> str:
-    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return NightBatch(**summary.model_dump(include=set(NightBatch.__dataclass_fields__)))
 
 
 def progress(engine: Engine, batch_id: int, now: datetime | None = None) -> Progress:
@@ -123,15 +116,20 @@ def _whole(seconds: float | None) -> int | None:
     return None if seconds is None else round(seconds)
 
 
+def interval(low_s: int | None, high_s: int | None) -> str:
+    """Show the ETA's interval with the share of replayed readings it held (``eta.LEVEL``):
+    `` (75% interval: 10 min 05 s – 15 min 40 s)``; empty without one."""
+    if low_s is None or high_s is None or low_s == high_s:
+        return ""
+    return f" ({eta.LEVEL:.0%} interval: {span(low_s)} – {span(high_s)})"
+
+
 def time_left(prog: Progress) -> str:
-    """Show a running batch's ETA with its interval: ``about 12 min 30 s (10 min 05 s –
-    15 min 40 s)``; empty without a basis."""
+    """Show a running batch's ETA with its interval: ``about 12 min 30 s (75% interval:
+    10 min 05 s – 15 min 40 s)``; empty without a basis."""
     if prog.eta_s is None:
         return ""
-    interval = ("" if prog.eta_low_s is None or prog.eta_high_s is None
-                or prog.eta_low_s == prog.eta_high_s
-                else f" ({span(prog.eta_low_s)} – {span(prog.eta_high_s)})")
-    return f"about {span(prog.eta_s)}{interval}"
+    return f"about {span(prog.eta_s)}{interval(prog.eta_low_s, prog.eta_high_s)}"
 
 
 def describe(night: NightBatch, prog: Progress | None = None) -> str:
@@ -144,7 +142,7 @@ def describe(night: NightBatch, prog: Progress | None = None) -> str:
                 f"{prog.calls} calls{eta}")
     if night.status in ("succeeded", "partial"):
         return (f"{head}: {night.tickers_succeeded} of {night.tickers_total} tickers, "
-                f"finished {_when(night.finished_at)}")
+                f"finished {when(night.finished_at)}")
     why = f": {night.error}" if night.error else ""
     return (f"{head}{why} ({night.tickers_succeeded} of {night.tickers_total} tickers "
             f"succeeded)")
@@ -194,13 +192,12 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     """
     now = now or datetime.now(UTC)
     due_at, next_due_at = due_times(nightly_trigger(settings), now)
-    stale_s = settings.heartbeat_stale_s
+    stale_s = settings.batch.heartbeat_stale_s
     row = _latest(engine)
     summary = None if row is None else summarize(row, stale_s, now)
-    latest = None if row is None or summary is None else _night(row, summary)
+    latest = None if summary is None else _night(summary)
     ranked_row = None if ranked_id is None else _batch(engine, ranked_id)
-    ranked = (None if ranked_row is None
-              else _night(ranked_row, summarize(ranked_row, stale_s, now)))
+    ranked = None if ranked_row is None else _night(summarize(ranked_row, stale_s, now))
     prog: Progress | None = None
     status = "stale"
     if latest is not None:
@@ -208,13 +205,13 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
         if status == "running":
             prog = progress(engine, latest.id, now)
     missed = (due_at is not None
-              and now >= due_at + timedelta(seconds=settings.schedule_start_grace_s)
+              and now >= due_at + timedelta(seconds=settings.schedule.start_grace_s)
               and (latest is None or latest.created_at < due_at) and status != "running")
     if missed or latest is None:
         status = "stale"
-    schedule = f"{settings.schedule_cron} ({nightly_trigger(settings).timezone})"
+    schedule = f"{settings.schedule.cron} ({nightly_trigger(settings).timezone})"
     if status == "stale":
-        since = f"since the night due {_when(due_at)}" if due_at else "yet"
+        since = f"since the night due {when(due_at)}" if due_at else "yet"
         headline = f"no nightly batch {since}"
         if latest is not None:
             headline += f"; the latest is {describe(latest)}"
@@ -227,7 +224,7 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     advice = [] if summary is None else next_steps(engine, summary)
     return NightStatus(status, headline, latest, prog, ranked, fresh, reason, advice, due_at,
                        next_due_at, schedule,
-                       latest_beat(engine, settings.heartbeat_stale_s, now), now)
+                       latest_beat(engine, settings.batch.heartbeat_stale_s, now), now)
 
 
 def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,
@@ -236,7 +233,7 @@ def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,
     if status == "stale":
         shown = ("" if ranked is None
                  else f"; this ranking is of {ranked.as_of} (batch #{ranked.id})")
-        return (f"stale: no nightly batch since the night due {_when(due_at)}{shown}"
+        return (f"stale: no nightly batch since the night due {when(due_at)}{shown}"
                 if due_at else f"stale: no nightly batch yet{shown}")
     assert latest is not None
     shown = ("no finished night to rank" if ranked is None

@@ -4,19 +4,7 @@ A custom collector (prometheus_client's ``Collector``): nothing is counted while
 so scraping can never slow the night; each scrape reads the latest night's status
 (``app.morning.nightstatus``, the same the ranking page names), its ticker counts, duration
 and batch-level output tok/s (``app.morning.accounting.throughput``), and the scheduler
-daemon's heartbeat.
-
-    nightdesk_night_last_success_timestamp_seconds   end of the newest succeeded night (0: none)
-    nightdesk_night_last_status{status=…}            1 for the latest night's status, else 0
-    nightdesk_night_tickers{status=…}                succeeded / failed / missing, latest night
-    nightdesk_night_duration_seconds                 its start to end (to now while it runs)
-    nightdesk_night_output_tokens_per_second         its output over the time its calls ran
-    nightdesk_night_paused_seconds                   the pauses that figure leaves out
-    nightdesk_night_eta_seconds{bound=…}             a running night's time left: estimate/low/high
-    nightdesk_night_ranking_fresh                    1 when the ranking shows the latest night
-    nightdesk_night_next_due_timestamp_seconds       when the schedule fires next
-    nightdesk_scheduler_heartbeat_timestamp_seconds  the daemon's last beat (absent: none runs)
-    nightdesk_metrics_database_up                    0 when the database could not be read
+daemon's heartbeat. docs/operations.md ("Metrics") lists every metric.
 
 The three gauges of the latest night (tickers, duration, tok/s) are absent while the status
 is ``stale``: the night due has no batch, and the previous one's figures are not tonight's.
@@ -82,7 +70,9 @@ class NightCollector(Collector):
             _gauge("night_last_success_timestamp_seconds",
                    "Unix time the newest nightly batch that succeeded finished (0: none yet)",
                    _seconds(last_success) or 0.0),
-            self._status(status),
+            _labelled("night_last_status", "1 for the latest night's status (stale: none "
+                      "came when due), 0 for the others", "status",
+                      {name: float(name == status.status) for name in STATUSES}),
             _gauge("night_ranking_fresh",
                    "1 when the ranking shows the latest night, 0 when it is older",
                    float(status.fresh)),
@@ -92,13 +82,18 @@ class NightCollector(Collector):
                    "Unix time of the scheduler daemon's newest heartbeat",
                    _seconds(status.scheduler.beat_at) if status.scheduler else None),
         ]
-        if status.latest is not None and status.status != "stale":
-            families.append(self._tickers(status))
+        night = status.latest
+        if night is not None and status.status != "stale":
+            families.append(_labelled(
+                "night_tickers", "The latest nightly batch's tickers by outcome; missing: "
+                "neither succeeded nor failed (not reached, interrupted)", "status",
+                {"succeeded": night.tickers_succeeded, "failed": night.tickers_failed,
+                 "missing": night.tickers_total - night.tickers_succeeded - night.tickers_failed}))
             families.append(_gauge("night_duration_seconds",
                                    "The latest night's start to end (to now while it runs, "
                                    "to its last heartbeat once it died)",
-                                   status.latest.duration_s))
-            rate = throughput(self.engine, status.latest.id)
+                                   night.duration_s))
+            rate = throughput(self.engine, night.id)
             families.append(_gauge("night_output_tokens_per_second",
                                    "The latest night's output tokens over the time its calls "
                                    "ran (pauses left out)", rate.output_tokens_per_s))
@@ -114,38 +109,20 @@ class NightCollector(Collector):
         prog = status.progress
         if status.status != "running" or prog is None or prog.eta_s is None:
             return None
-        family = GaugeMetricFamily(f"{PREFIX}_night_eta_seconds",
-                                   "The running night's time left (estimate) and its "
-                                   "interval's ends (low, high)", labels=["bound"])
-        for bound, value in (("estimate", prog.eta_s), ("low", prog.eta_low_s),
-                             ("high", prog.eta_high_s)):
-            if value is not None:
-                family.add_metric([bound], float(value))
-        return family
+        return _labelled("night_eta_seconds", "The running night's time left (estimate) and "
+                         "its interval's ends (low, high)", "bound",
+                         {"estimate": prog.eta_s, "low": prog.eta_low_s,
+                          "high": prog.eta_high_s})
 
-    @staticmethod
-    def _status(status: NightStatus) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(f"{PREFIX}_night_last_status",
-                                   "1 for the latest night's status (stale: none came when "
-                                   "due), 0 for the others", labels=["status"])
-        for name in STATUSES:
-            family.add_metric([name], float(name == status.status))
-        return family
 
-    @staticmethod
-    def _tickers(status: NightStatus) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(f"{PREFIX}_night_tickers",
-                                   "The latest nightly batch's tickers by outcome; missing: "
-                                   "neither succeeded nor failed (not reached, interrupted)",
-                                   labels=["status"])
-        night = status.latest
-        succeeded = night.tickers_succeeded if night else 0
-        failed = night.tickers_failed if night else 0
-        missing = night.tickers_total - succeeded - failed if night else 0
-        for name, value in (("succeeded", succeeded), ("failed", failed),
-                            ("missing", missing)):
-            family.add_metric([name], float(value))
-        return family
+def _labelled(name: str, doc: str, label: str, values: dict[str, float | None]
+              ) -> GaugeMetricFamily:
+    """Return a gauge with one sample per ``label`` value; None values are left out."""
+    family = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=[label])
+    for key, value in values.items():
+        if value is not None:
+            family.add_metric([key], float(value))
+    return family
 
 
 def night_registry(engine: Engine, settings: Settings) -> CollectorRegistry:

@@ -166,6 +166,16 @@ def per_endpoint(rows: Sequence[Any]) -> dict[str | None, list[Any]]:
     return series
 
 
+def _ttfts(timed: Sequence[Any]) -> tuple[float | None, float | None, float | None]:
+    """Return the calls' mean time to first token from sending, and from the graph's issue
+    (answered calls only): its mean and 90th percentile."""
+    sent = [(r.first_token_at - r.started_at).total_seconds() for r in timed]
+    ready = [(r.first_token_at - r.ready_at).total_seconds() for r in timed
+             if r.ready_at is not None and r.status == "ok"]
+    return (float(np.mean(sent)) if sent else None, float(np.mean(ready)) if ready else None,
+            float(np.percentile(ready, 90)) if ready else None)
+
+
 def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> ServerView:
     """Compute realized concurrency, queueing, KV, preemptions and cache figures of a batch.
 
@@ -185,12 +195,7 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
         settings = conn.execute(select(Batch.settings).where(Batch.id == batch_id)).scalar()
         rows = conn.execute(samples.order_by(ServerSample.sampled_at)).all()
         timed = conn.execute(calls).all()
-    ttfts = [(r.first_token_at - r.started_at).total_seconds() for r in timed]
-    mean_ttft = float(np.mean(ttfts)) if ttfts else None
-    from_ready = [(r.first_token_at - r.ready_at).total_seconds() for r in timed
-                  if r.ready_at is not None and r.status == "ok"]
-    ready_mean = float(np.mean(from_ready)) if from_ready else None
-    ready_p90 = float(np.percentile(from_ready, 90)) if from_ready else None
+    mean_ttft, ready_mean, ready_p90 = _ttfts(timed)
     if not rows:
         return ServerView(0, mean_ttft_s=mean_ttft, ttft_ready_mean_s=ready_mean,
                           ttft_ready_p90_s=ready_p90)

@@ -32,7 +32,7 @@ def status_of(status: str, heartbeat_at: datetime | None, started_at: datetime |
 
     The stored status, except that a batch still marked ``running`` whose heartbeat (else
     its start) is older than ``stale_s`` (``heartbeat_stale_s``) is ``crashed``: its process
-    has died, and the next start marks it so (``app.batch.resume.mark_stale_crashed``).
+    has died, and the next start marks it so (``app.runs.resumable.mark_stale_crashed``).
     """
     if status != "running":
         return status
@@ -73,8 +73,9 @@ def plain_error(error: str | None) -> str | None:
     return _HINT.sub("", error).strip() or None
 
 
-def _when(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+def when(moment: datetime | None) -> str:
+    """Show a moment as ``YYYY-MM-DD HH:MM UTC`` (None: —)."""
+    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _iso(value: date) -> str:
@@ -149,7 +150,7 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None) -> BatchS
     error = plain_error(batch.error)
     if status != batch.status:
         beat = batch.heartbeat_at or batch.started_at
-        error = f"no heartbeat since {_when(beat)}: its process has died"
+        error = f"no heartbeat since {when(beat)}: its process has died"
     return BatchSummary(
         id=batch.id, kind=batch.kind, label=batch.label, status=status,
         as_of=batch.as_of, created_at=batch.created_at, started_at=batch.started_at,
@@ -202,7 +203,7 @@ def tickers_left(conn: Connection, batch_id: int, retry_failed: bool = False) ->
     """Return the batch's tickers ``run --resume`` takes up, in the batch's order: those not
     finished, those the infrastructure failed, and with ``retry_failed`` every failed one.
 
-    The one rule: ``app.batch.resume`` resumes these, and ``app.morning.advice`` advises a resume
+    The one rule: ``app.runs.resumable`` resumes these, and ``app.morning.advice`` advises a resume
     only when there are some.
     """
     failed = TickerRun.status == "failed"

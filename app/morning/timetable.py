@@ -21,8 +21,8 @@ LOOKBACK = timedelta(days=40)
 
 def schedule_zone(settings: Settings) -> tuple[ZoneInfo, str]:
     """Return the schedule's time zone and where it came from ("setting" or "host")."""
-    if settings.schedule_timezone:
-        return ZoneInfo(settings.schedule_timezone), "setting"
+    if settings.schedule.timezone:
+        return ZoneInfo(settings.schedule.timezone), "setting"
     host = tzlocal.get_localzone()
     return (host if isinstance(host, ZoneInfo) else ZoneInfo(str(host))), "host"
 
@@ -60,7 +60,7 @@ def _wall(moment: datetime, zone: Any) -> datetime:
 
 def nightly_trigger(settings: Settings) -> NightlyTrigger:
     """Return the trigger of ``schedule_cron`` in the schedule's zone (the daemon's own)."""
-    return NightlyTrigger.from_crontab(settings.schedule_cron, timezone=schedule_zone(settings)[0])
+    return NightlyTrigger.from_crontab(settings.schedule.cron, timezone=schedule_zone(settings)[0])
 
 
 def due_times(trigger: CronTrigger, now: datetime) -> tuple[datetime | None, datetime | None]:

@@ -122,7 +122,7 @@ def reference_window(history: Sequence[NightRecord], settings: Settings,
     current = [r for r in history if r.batch_id >= since]
     chosen: list[NightRecord] = []
     for record in reversed(current):
-        if len(chosen) == settings.monitor_trailing_batches:
+        if len(chosen) == settings.quality.trailing_batches:
             break
         if record.moved and record.batch_id > declared:
             continue
@@ -194,7 +194,7 @@ def concentration_p_value(current: dict[str, int], reference: dict[str, int], *,
 
 def test_level(settings: Settings) -> float:
     """Return the level each of the three tests runs at: its share of the false-alarm rate."""
-    return settings.monitor_false_alarm_rate / TESTS
+    return settings.quality.false_alarm_rate / TESTS
 
 
 def share_p_value(count: int, tickers: int, limit: float) -> float:
@@ -205,7 +205,7 @@ def share_p_value(count: int, tickers: int, limit: float) -> float:
 def share_findings(current: dict[str, int], settings: Settings) -> list[Finding]:
     """Return the grade-share warnings: exact binomial tests against the limit."""
     total = sum(current.values())
-    limit = settings.monitor_max_grade_share
+    limit = settings.quality.max_grade_share
     level = test_level(settings) / max(1, math.floor(1 / limit))
     found = []
     for rating in RATINGS:
@@ -232,14 +232,14 @@ def findings(current: dict[str, int], trailing: list[dict[str, int]], settings: 
     let a moved night declare the new normal; without ``batch_id`` it never does.
     """
     total = sum(current.values())
-    if total < settings.monitor_min_tickers:
+    if total < settings.quality.min_tickers:
         return []
     found = share_findings(current, settings)
     pooled = {r: sum(d.get(r, 0) for d in trailing) for r in RATINGS}
     tvd = total_variation(current, pooled)
     if tvd is None:
         return found
-    rate = settings.monitor_false_alarm_rate
+    rate = settings.quality.false_alarm_rate
     level = test_level(settings)
     jump, piled = _split_p_values(current, pooled, draws=JUMP_DRAWS, seed=seed)
     common = {"tvd": tvd, "false_alarm_rate": rate, "level": level, "current": current,
@@ -259,7 +259,7 @@ def findings(current: dict[str, int], trailing: list[dict[str, int]], settings: 
             f"{len(trailing)} nightly batch(es): p {piled:.4f}, at most {rate:.2%} of "
             "unchanged nights get any warning", {**common, "p_value": piled}))
     moved = jump <= level or piled <= level
-    if moved and batch_id is not None and len(moved_run) + 1 >= settings.monitor_new_normal_after:
+    if moved and batch_id is not None and len(moved_run) + 1 >= settings.quality.new_normal_after:
         since = min([*moved_run, batch_id])
         found.append(Finding(
             "new_normal",

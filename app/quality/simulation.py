@@ -170,7 +170,7 @@ def monitor_rates(tickers: int, null: Sequence[float], moved: Sequence[float] | 
     fired: dict[str, int] = {}
     for i in range(runs):
         trailing = [draw_night(rng, null, tickers)
-                    for _ in range(settings.monitor_trailing_batches)]
+                    for _ in range(settings.quality.trailing_batches)]
         tonight = draw_night(rng, moved if moved is not None else null, tickers)
         kinds = {f.kind for f in findings(tonight, trailing, settings, seed=i)}
         extra = ({"any"} if kinds else set()) | (

@@ -277,9 +277,9 @@ def providers(settings: Settings) -> Callable[[BatchGrades], DataProvider]:
     built: dict[str, DataProvider] = {}
 
     def provider_for(grades: BatchGrades) -> DataProvider:
-        name = str(grades.settings.get("data_provider") or settings.data_provider)
+        name = str(grades.settings.get("data_provider") or settings.agents.data_provider)
         if name not in built:
-            built[name] = get_provider(name, settings.data_dir)
+            built[name] = get_provider(name, settings.paths.data_dir)
         return built[name]
 
     return provider_for

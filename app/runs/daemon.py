@@ -173,20 +173,20 @@ class NightlyDaemon:
         self.engine = engine
         self.runner = runner
         self.zone, self.zone_source = schedule_zone(settings)
-        self.trigger = NightlyTrigger.from_crontab(settings.schedule_cron, timezone=self.zone)
+        self.trigger = NightlyTrigger.from_crontab(settings.schedule.cron, timezone=self.zone)
         self.scheduler = BlockingScheduler(
             timezone=self.zone,
             executors={"default": InlineExecutor(self)},
             job_defaults={"coalesce": True, "max_instances": 1,
-                          "misfire_grace_time": settings.schedule_misfire_grace_s},
+                          "misfire_grace_time": settings.schedule.misfire_grace_s},
         )
         self.store = SQLAlchemyJobStore(engine=engine, tablename=JOBS_TABLE)
         self.scheduler.add_jobstore(self.store)
         self.scheduler.add_listener(self._started, EVENT_SCHEDULER_STARTED)
         self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
         self.scheduler.add_listener(self._after_run, EVENT_JOB_SUBMITTED | EVENT_JOB_MAX_INSTANCES)
-        self.heartbeat = Heartbeat(engine, settings.heartbeat_interval_s, self.next_run_time,
-                                   f"{settings.schedule_cron} ({self.zone})")
+        self.heartbeat = Heartbeat(engine, settings.batch.heartbeat_interval_s, self.next_run_time,
+                                   f"{settings.schedule.cron} ({self.zone})")
         self.in_run = False
         self.stopping = False
         self.handling_signals = False
@@ -203,7 +203,7 @@ class NightlyDaemon:
         self.scheduler.add_job(
             scheduled_night, self.trigger, id=JOB_ID, name="nightly batch",
             replace_existing=True, coalesce=True, max_instances=1,
-            misfire_grace_time=self.settings.schedule_misfire_grace_s,
+            misfire_grace_time=self.settings.schedule.misfire_grace_s,
             **({"next_run_time": kept} if kept is not None else {}))
 
     def _stored_next_run(self) -> datetime | None:
@@ -235,9 +235,9 @@ class NightlyDaemon:
             self._serve()
 
     def _serve(self) -> None:
-        log.info("scheduler starting", cron=self.settings.schedule_cron,
+        log.info("scheduler starting", cron=self.settings.schedule.cron,
                  timezone=str(self.zone), timezone_source=self.zone_source,
-                 misfire_grace_s=self.settings.schedule_misfire_grace_s)
+                 misfire_grace_s=self.settings.schedule.misfire_grace_s)
         self.schedule()
         self.install_signal_handlers()
         try:
@@ -295,7 +295,7 @@ class NightlyDaemon:
             # The same preflight as `nightdesk run` (the model at /v1/models included).
             night = self.runner(self.settings, engine=self.engine, resume=True,
                                 skip_if_finished_since=fire_time, server="require",
-                                once_per_as_of=not self.settings.schedule_repeat_as_of)
+                                once_per_as_of=not self.settings.schedule.repeat_as_of)
         except AlreadyRunningError as error:
             log.warning("nightly run skipped", reason=str(error))
         except (BatchInterrupted, KeyboardInterrupt):
@@ -349,7 +349,7 @@ class NightlyDaemon:
     def _missed(self, event: JobEvent) -> None:
         log.warning("nightly run missed: past the grace time",
                     scheduled_for=event.scheduled_run_time.isoformat(),
-                    misfire_grace_s=self.settings.schedule_misfire_grace_s)
+                    misfire_grace_s=self.settings.schedule.misfire_grace_s)
 
     def _after_run(self, _event: Any) -> None:
         if self.interrupted_fire is not None:

@@ -13,7 +13,7 @@ from datetime import date, datetime
 from pathlib import Path
 
 import structlog
-from sqlalchemy import Engine, select
+from sqlalchemy import ColumnElement, Engine, select
 
 from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
@@ -26,6 +26,7 @@ from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import ERRORS, AlreadyRunningError, InputError, first_line
 from app.morning.digest import send_digest, send_refusal
+from app.runs import resumable
 from app.runs.preflight import ServerCheck, check_start, provider_missing
 from serving.facts import batch_server_facts
 
@@ -70,11 +71,11 @@ class NightlyResult:
 
 def default_as_of(settings: Settings) -> date:
     """Return the as-of date of a run given none: the newest snapshot, or today (live data)."""
-    if settings.data_provider != "snapshot":
+    if settings.agents.data_provider != "snapshot":
         return date.today()
-    newest = latest_as_of(settings.data_dir)
+    newest = latest_as_of(settings.paths.data_dir)
     if newest is None:
-        raise InputError(f"no snapshot under {settings.data_dir}: run `nightdesk data demo` "
+        raise InputError(f"no snapshot under {settings.paths.data_dir}: run `nightdesk data demo` "
                          "or `nightdesk data freeze` first, or pass --as-of")
     return newest
 
@@ -86,13 +87,13 @@ def nightly_tickers(settings: Settings, as_of: date, tickers: str | None = None,
     if tickers is not None or universe is not None:
         return choose_tickers(tickers, universe)
     notes: list[str] = []
-    if settings.universe_file is not None:
-        return read_universe(settings.universe_file, notes), notes
-    if settings.data_provider == "snapshot":
+    if settings.paths.universe_file is not None:
+        return read_universe(settings.paths.universe_file, notes), notes
+    if settings.agents.data_provider == "snapshot":
         # A date without a snapshot is said so, rather than "no universe".
         provider_missing(settings, as_of, [])
-    snapshot_universe = day_dir(settings.data_dir, as_of) / UNIVERSE
-    if settings.data_provider == "snapshot" and snapshot_universe.is_file():
+    snapshot_universe = day_dir(settings.paths.data_dir, as_of) / UNIVERSE
+    if settings.agents.data_provider == "snapshot" and snapshot_universe.is_file():
         return read_universe(snapshot_universe, notes), notes
     raise InputError("no universe: give --tickers or --universe, or set "
                      "NIGHTDESK_UNIVERSE_FILE")
@@ -112,20 +113,11 @@ def owed_night(engine: Engine, as_of: date) -> int | None:
     return None
 
 
-def nightly_of(engine: Engine, as_of: date) -> int | None:
-    """Return the newest nightly batch of ``as_of``, whatever its status."""
+def nightly_of(engine: Engine, as_of: date, *where: ColumnElement[bool]) -> int | None:
+    """Return the newest nightly batch of ``as_of`` that meets ``where`` (none: any)."""
     with engine.connect() as conn:
         return conn.execute(select(Batch.id)
-                            .where(Batch.kind == "nightly", Batch.as_of == as_of)
-                            .order_by(Batch.id.desc()).limit(1)).scalar()
-
-
-def finished_since(engine: Engine, as_of: date, since: datetime) -> int | None:
-    """Return a nightly batch of ``as_of`` that started at or after ``since`` and finished."""
-    with engine.connect() as conn:
-        return conn.execute(select(Batch.id)
-                            .where(Batch.kind == "nightly", Batch.as_of == as_of,
-                                   Batch.status.in_(FINISHED_STATUSES), Batch.started_at >= since)
+                            .where(Batch.kind == "nightly", Batch.as_of == as_of, *where)
                             .order_by(Batch.id.desc()).limit(1)).scalar()
 
 
@@ -151,14 +143,14 @@ def execute_plan(settings: Settings, engine: Engine,
     if resumed is not None and announce is not None:
         announce(resumed)
     runner = BatchEngine(settings, engine, lock=lock, server_facts=batch_server_facts(
-        settings.server_profile, settings.base_url, settings.server_dir))
-    outcome = run_batch(runner.run(start), runner.halt, settings.shutdown_grace_s)
+        settings.llm.server_profile, settings.llm.url, settings.paths.server_dir))
+    outcome = run_batch(runner.run(start), runner.halt, settings.batch.shutdown_grace_s)
     send_digest(settings, engine, outcome)
     return outcome
 
 
 def _orphans(settings: Settings, engine: Engine) -> None:
-    for batch_id in resumption.mark_orphaned(engine, settings.heartbeat_stale_s):
+    for batch_id in resumable.mark_orphaned(engine, settings.batch.heartbeat_stale_s):
         log.warning("nightly batch without its process marked crashed", batch_id=batch_id)
 
 
@@ -178,7 +170,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
     AlreadyRunningError when another run holds the lock, before any row or call.
     """
     request = request or NightlyRequest()
-    engine = engine or ready_engine(settings.database_url)
+    engine = engine or ready_engine(settings.store.database_url)
     as_of = request.as_of
 
     def refused(error: Exception) -> None:
@@ -190,7 +182,8 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
             _orphans(settings, engine)
             as_of = request.as_of or default_as_of(settings)
             if skip_if_finished_since is not None:
-                done = finished_since(engine, as_of, skip_if_finished_since)
+                done = nightly_of(engine, as_of, Batch.status.in_(FINISHED_STATUSES),
+                                  Batch.started_at >= skip_if_finished_since)
                 # A partial night with tickers the infrastructure failed is not done: it is
                 # owed a resume (below) like a night cut short.
                 if done is not None and not (resume and resumption.tickers_left(engine, done)):
@@ -202,7 +195,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                 _tell_covered(settings, as_of, covered)
                 return NightlyResult(None, covered_by=covered)
             if owed is not None:
-                point = resumption.find_resumable(engine, owed, settings.heartbeat_stale_s,
+                point = resumable.find_resumable(engine, owed, settings.batch.heartbeat_stale_s,
                                                   closing=True)
             else:
                 symbols, notes = nightly_tickers(settings, as_of, request.tickers,
@@ -224,7 +217,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
         for note in notes:
             log.warning("universe note", note=note)
         symbols = symbols[:request.limit] if request.limit else symbols
-        plan = BatchPlan("nightly", as_of, symbols, request.samples or settings.samples,
+        plan = BatchPlan("nightly", as_of, symbols, request.samples or settings.batch.samples,
                          request.strategy)
         return NightlyResult(execute_plan(settings, engine, plan, lock, server=server,
                                           refused=refused), len(symbols))
@@ -269,11 +262,11 @@ def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = N
     tickers that failed on their own account again.
     """
     again = retry_failed
-    if batch_id is not None and resumption.pick(engine, batch_id)[1] != "nightly":
+    if batch_id is not None and resumable.pick(engine, batch_id)[1] != "nightly":
         return _resume(settings, engine, batch_id, server, announce, None, retry_failed=again)
     with nightly_lock(engine) as lock:
         _orphans(settings, engine)
-        target, kind = resumption.pick(engine, batch_id, retry_failed=again)
+        target, kind = resumable.pick(engine, batch_id, retry_failed=again)
         if kind == "nightly":
             return _resume(settings, engine, target, server, announce, lock, retry_failed=again)
     return _resume(settings, engine, target, server, announce, None, retry_failed=again)
@@ -282,7 +275,7 @@ def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = N
 def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerCheck,
             announce: Announce, lock: LockHold | None,
             retry_failed: bool = False) -> NightlyResult:
-    point = resumption.find_resumable(engine, batch_id, settings.heartbeat_stale_s,
+    point = resumable.find_resumable(engine, batch_id, settings.batch.heartbeat_stale_s,
                                       retry_failed=retry_failed)
     return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
                                       announce=announce), point.total, point)

@@ -47,12 +47,12 @@ def check_start(settings: Settings, engine: Engine, as_of: date, tickers: list[s
     if missing:
         shown = ", ".join(missing[:NAMED]) + (f" and {len(missing) - NAMED} more"
                                              if len(missing) > NAMED else "")
-        where = (f"the snapshot of {as_of} in {settings.data_dir}"
-                 if settings.data_provider == "snapshot" else settings.data_provider)
+        where = (f"the snapshot of {as_of} in {settings.paths.data_dir}"
+                 if settings.agents.data_provider == "snapshot" else settings.agents.data_provider)
         raise InputError(f"{len(missing)} of {len(tickers)} tickers not in {where}: {shown}")
     if server == "require":
         check_endpoints(settings)
-    if server != "skip" and settings.check_context_length:
+    if server != "skip" and settings.calls.check_context_length:
         check_context(settings, engine, as_of, tickers)
 
 
@@ -67,10 +67,10 @@ def provider_missing(settings: Settings, as_of: date, tickers: list[str]) -> lis
 def check_endpoints(settings: Settings) -> None:
     """Raise ConfigError when an endpoint does not answer, or refuses the key or the model."""
     # Every listed endpoint: one with a wrong model or key would fail each ticker routed to it.
-    for url in settings.base_urls:
-        check = check_endpoint(url, settings.llm_model, settings.llm_api_key.get_secret_value())
+    for url in settings.llm.urls:
+        check = check_endpoint(url, settings.llm.model, settings.llm.api_key.get_secret_value())
         if check.level == "fail":
-            where = f" ({redact(url)})" if len(settings.base_urls) > 1 else ""
+            where = f" ({redact(url)})" if len(settings.llm.urls) > 1 else ""
             raise ConfigError(f"preflight{where}: {check.detail} "
                               "(--no-preflight skips this check)")
 
@@ -80,10 +80,10 @@ def check_context(settings: Settings, engine: Engine, as_of: date, tickers: list
     bundles = _bundles(settings, as_of, tickers)
     prompts = asyncio.run(smallest_prompts(settings.pipeline(), bundles))
     bounds = output_bounds(engine, settings, {p.node: p.max_tokens for p in prompts})
-    for url in settings.base_urls:
+    for url in settings.llm.urls:
         misfit = asyncio.run(first_misfit(settings, url, prompts, bounds))
         if misfit is not None:
-            where = f" ({redact(url)})" if len(settings.base_urls) > 1 else ""
+            where = f" ({redact(url)})" if len(settings.llm.urls) > 1 else ""
             raise ConfigError(f"preflight{where}: {misfit.describe()}; serve a longer "
                               "--max-model-len or lower NIGHTDESK_NODE_MAX_TOKENS "
                               "(--no-preflight skips this check)")
@@ -94,7 +94,7 @@ def _bundles(settings: Settings, as_of: date, tickers: list[str]) -> list[Market
     for the first ticker only (a second fetch of every ticker a night is not worth it); a
     ticker whose data does not load is left out (at night it fails alone)."""
     provider = get_provider(settings.pipeline())
-    chosen = tickers if settings.data_provider in ("snapshot", "demo") else tickers[:1]
+    chosen = tickers if settings.agents.data_provider in ("snapshot", "demo") else tickers[:1]
 
     def load(ticker: str) -> MarketBundle | None:
         try:
@@ -102,7 +102,7 @@ def _bundles(settings: Settings, as_of: date, tickers: list[str]) -> list[Market
         except DataError:
             return None
 
-    with ThreadPoolExecutor(max_workers=settings.data_concurrency) as pool:
+    with ThreadPoolExecutor(max_workers=settings.batch.data_concurrency) as pool:
         return [b for b in pool.map(load, chosen) if b is not None]
 
 
@@ -131,7 +131,7 @@ def output_bounds(engine: Engine, settings: Settings, budgets: dict[str, int]) -
         latest = conn.execute(
             select(func.max(LLMCall.batch_id)).join(Batch, Batch.id == LLMCall.batch_id)
             .where(Batch.kind == "nightly", LLMCall.status == "ok",
-                   LLMCall.model == settings.llm_model)).scalar()
+                   LLMCall.model == settings.llm.model)).scalar()
         seen: dict[str, int] = {}
         if latest is not None:
             seen = {node: int(tokens) for node, tokens in conn.execute(
@@ -162,7 +162,7 @@ async def first_misfit(settings: Settings, base_url: str, prompts: Iterable[Smal
             if counter.fits_without_counting(prompt.messages, budget + carried):
                 continue
             try:
-                count = await counter.count(settings.llm_model, prompt.messages)
+                count = await counter.count(settings.llm.model, prompt.messages)
             except LLMError as error:
                 log.info("context not checked before the night", endpoint=redact(base_url),
                          reason=str(error))

@@ -158,7 +158,7 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
         await asyncio.to_thread(check_endpoints, settings)
     for items in workload.values():
         for item in items:
-            item.body["model"] = settings.llm_model  # the arm's server may name it otherwise
+            item.body["model"] = settings.llm.model  # the arm's server may name it otherwise
 
     async def work(ticker: str, gated: TickerClient, replay_id: int) -> list[DecisionRow]:
         return await play(workload[ticker], gated, replay_id)

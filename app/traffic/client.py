@@ -175,7 +175,7 @@ class TickerClient:
             if (isinstance(error, LLMHTTPError) and error.back_pressure
                     and error.retry_after_s is not None):
                 server.gate.asked_to_wait(min(error.retry_after_s,
-                                              server.llm.settings.retry_wait_max_s))
+                                              server.llm.settings.calls.retry_wait_max_s))
             if server_fault(error):
                 await server.check()
             raise

@@ -140,7 +140,7 @@ class Gate:
                 if not self._count_asked and not budget.ratio_known():
                     self._count_asked = True
                     with contextlib.suppress(LLMError):
-                        await counter.count(counter.settings.llm_model, body["messages"])
+                        await counter.count(counter.settings.llm.model, body["messages"])
         return budget.claim(node, body)
 
     def learn(self, node: str, body: dict[str, Any], result: ChatResult) -> None:

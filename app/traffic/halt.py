@@ -40,6 +40,7 @@ class Halt:
         self.reason: HaltReason | None = None
         self.requested = asyncio.Event()
         self.hurried = asyncio.Event()  # set when the grace was cut to zero
+        self.cut: asyncio.Timeout | None = None  # what cancels the batch's work at the grace's end
 
     def request(self, reason: HaltReason) -> None:
         """Ask the batch to stop; a later request can only cut the grace, not change why."""
@@ -47,9 +48,17 @@ class Halt:
             self.reason = reason
             log.warning("batch stopping", why=reason.message, grace_s=reason.grace_s)
             self.requested.set()
-            if reason.grace_s <= 0:
-                self.hurried.set()
         elif reason.grace_s < self.reason.grace_s:
             log.warning("batch stopping now", why=reason.message)
             self.reason = replace(self.reason, grace_s=0.0)
+        else:
+            return
+        if self.reason.grace_s <= 0:
             self.hurried.set()
+        self.arm(self.cut)
+
+    def arm(self, cut: asyncio.Timeout | None) -> None:
+        """Let ``cut`` cancel the batch's work at the grace's end, once a stop is asked."""
+        self.cut = cut
+        if cut is not None and self.reason is not None:
+            cut.reschedule(asyncio.get_running_loop().time() + self.reason.grace_s)

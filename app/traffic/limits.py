@@ -29,6 +29,10 @@ class Limits:
         self.strategy = strategy
         self.name = name  # the server's, for the log
         self.policy = strategy.admission_policy(maximum)
+        # Behind a router one gate admits for every server: its start and ceiling are these
+        # per server, times the servers read (docs/architecture.md, "Behind a router").
+        self._per_server = (self.policy.initial, self.policy.maximum)
+        self.servers = 1
         # The budget needs the gauges: without readings it could never learn the capacity.
         self._adaptive = gauged and strategy.adaptive
         self.budget = strategy.token_budget() if gauged else None
@@ -60,9 +64,11 @@ class Limits:
         return None
 
     def read(self, snapshot: Any | None, now: float, gate: Gate, tickets: Iterable[Ticket],
-             capacity: int | None, block_size: int | None) -> None:
+             capacity: int | None, block_size: int | None, servers: int | None = None,
+             ) -> None:
         """Take one reading (None: it failed): count it and, adaptive with gauges, move the
-        limits (readings taken only when a call asked leave them put)."""
+        limits (readings taken only when a call asked leave them put). ``servers``: those
+        read behind a router for this reading (None or 0: the endpoint counts as one)."""
         if snapshot is None:
             self.failed += 1
             self.missed += 1
@@ -76,7 +82,24 @@ class Limits:
             log.info("the server's /metrics can be read again: adaptive admission resumes",
                      endpoint=self.name)
         if self._adaptive:
+            self._scale(servers or 1, gate)
             self._observe(snapshot, gate, tickets, capacity, block_size)
+
+    def _scale(self, servers: int, gate: Gate) -> None:
+        """Make the request limit's start and ceiling ``servers`` times one server's, and
+        move the limit in proportion: a server lost takes its share of the room with it."""
+        if servers == self.servers:
+            return
+        policy, (initial, maximum) = self.policy, self._per_server
+        policy.initial, policy.maximum = initial * servers, maximum * servers
+        policy.limit = min(max(policy.limit * servers / self.servers, policy.minimum),
+                           policy.maximum)
+        self.servers = servers
+        # Counters summed over other servers: a baseline, not a restart (their sum can fall).
+        self._totals = None
+        gate.set_limit(policy.allowed)
+        log.info("request limit per server behind the router, summed", servers=servers,
+                 limit=policy.allowed, ceiling=policy.maximum, endpoint=self.name)
 
     def _go_blind(self, now: float, gate: Gate) -> None:
         """Hold the limit at its start until readings return: blind, it must not grow."""

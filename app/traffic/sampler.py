@@ -93,13 +93,7 @@ class MetricsSampler:
 
     async def _sample(self) -> MetricsSnapshot | None:
         try:
-            if self.fleet is None:
-                self.fleet = await afetch_workers(self.base_url, client=self._client,
-                                                  timeout_s=READ_TIMEOUT_S) or []
-                if self.fleet:
-                    log.info("a router: each server behind it is read for capacity and "
-                             "pressure", endpoint=self.endpoint, servers=redact(
-                                 ",".join(self.fleet)))
+            await self.learn_fleet()
             snapshot = await self._read_fleet() if self.fleet else None
             if snapshot is None:
                 text = await afetch_metrics_text(self.base_url, client=self._client,
@@ -126,6 +120,17 @@ class MetricsSampler:
             except SQLAlchemyError as error:
                 log.warning("server sample not stored", error=first_line(error))
         return snapshot
+
+    async def learn_fleet(self) -> None:
+        """Ask the router's /workers for the servers behind it, unless known (a vLLM server
+        lists none: the fleet is empty); unreachable is a ServerError, asked again later."""
+        if self.fleet is not None:
+            return
+        self.fleet = await afetch_workers(self.base_url, client=self._client,
+                                          timeout_s=READ_TIMEOUT_S) or []
+        if self.fleet:
+            log.info("a router: each server behind it is read for capacity and pressure",
+                     endpoint=self.endpoint, servers=redact(",".join(self.fleet)))
 
     async def fresh(self) -> None:
         """Return once a read begun after this call has ended (and been pushed)."""

@@ -9,6 +9,7 @@ next good one (docs/architecture.md, "One health rule, for one server and severa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,7 +19,7 @@ import structlog
 from sqlalchemy import Engine
 
 from app.config import Settings
-from app.errors import ServerOutage
+from app.errors import ServerError, ServerOutage
 from app.llm import CallStats, TrackedLLM
 from app.promptsize import PromptCounter
 from app.traffic.chains import prefetch_depth
@@ -68,7 +69,7 @@ class Server:
         self.strategy = strategy
         # A reader that reads only when asked (no interval) gives no gauges to admit by.
         gauged = gauges is not None and getattr(gauges, "interval_s", 0) is not None
-        self.limits = Limits(strategy, llm.settings.max_concurrency, gauged=gauged,
+        self.limits = Limits(strategy, llm.settings.calls.max_concurrency, gauged=gauged,
                              counted=counter.counted if counter else None, name=self.name)
         self.gate = Gate(self.limits.first_request_limit, self.limits.budget, changed=changed,
                          counter=counter, clock=clock)
@@ -204,7 +205,8 @@ class Server:
         now = self.clock()
         self.limits.read(snapshot, now, self.gate, self.here.values(),
                          getattr(self.gauges, "kv_capacity", None),
-                         getattr(self.gauges, "block_size", None))
+                         getattr(self.gauges, "block_size", None),
+                         getattr(self.gauges, "fleet_read", None))
         servers = self.servers
         if snapshot is None:
             self.last_failed_at = now
@@ -278,7 +280,7 @@ class ServerSet:
         self.stopping = False  # the batch starts no more tickers
 
     @classmethod
-    def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
+    async def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
                 engine: Engine, batch_id: int, sample: bool = True,
                 http_client: Any = None, max_in_flight: int | None = None,
                 halt: Halt, resume_hint: str = "", clock: Clock = loop_clock,
@@ -287,25 +289,33 @@ class ServerSet:
 
         The readers store rows when ``sample``, and read on their interval when sampling or
         with several endpoints, else only after a server fault (health, no gauges). ``halt``
-        stops the batch when no server answers for ``outage_budget_s``.
+        stops the batch when no server answers for ``outage_budget_s``. Adaptive, a router's
+        servers are asked for first: its pool holds ``max_in_flight`` for each of them.
         """
         changed = asyncio.Event()
-        urls = settings.base_urls
+        urls = settings.llm.urls
         periodic = sample or len(urls) > 1
         endpoints = []
         for index, url in enumerate(urls):
+            interval_s = settings.llm.metrics_interval_s if periodic else None
             sampler = MetricsSampler(url, engine if sample else None, batch_id,
-                                     interval_s=settings.metrics_interval_s if periodic else None,
-                                     probe_s=settings.server_probe_interval_s,
+                                     interval_s=interval_s,
+                                     probe_s=settings.llm.server_probe_interval_s,
                                      client=http_client, endpoint=url,
-                                     fleet=settings.router_servers, discover=True)
+                                     fleet=settings.llm.router_urls, discover=True)
+            pool = max_in_flight
+            if pool is not None and periodic and strategy.adaptive:
+                # The limit grows to one server's ceiling per server behind a router (limits.py).
+                with contextlib.suppress(ServerError):  # not up yet: asked at its first reading
+                    await sampler.learn_fleet()
+                pool *= max(len(sampler.fleet or ()), 1)
             llm = TrackedLLM(settings, recorder, http_client=http_client, base_url=url,
-                             max_in_flight=max_in_flight)
+                             max_in_flight=pool)
             endpoints.append(Server(index, url, llm, strategy, gauges=sampler, changed=changed,
                                     clock=clock, counter=llm))
         if len(endpoints) > 1:
             log.info("endpoints", urls=[e.name for e in endpoints])
-        return cls(endpoints, changed, halt=halt, outage_budget_s=settings.outage_budget_s,
+        return cls(endpoints, changed, halt=halt, outage_budget_s=settings.batch.outage_budget_s,
                    resume_hint=resume_hint, clock=clock)
 
     def __iter__(self) -> Iterator[Server]:

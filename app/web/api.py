@@ -9,7 +9,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
-from app.errors import InputError
 from app.morning.summary import BatchSummary
 from app.web import views
 from app.web.reruns import RerunJob
@@ -38,19 +37,12 @@ def batches(state: State) -> list[BatchSummary]:
 
 @router.get("/batches/compare")
 def compare(state: State, ids: Annotated[list[str], Query()]) -> views.CompareView:
-    try:
-        return views.compare_view(state.engine, batch_ids(ids))
-    except InputError as error:
-        raise HTTPException(404, str(error)) from None
+    return views.compare_view(state.engine, batch_ids(ids))
 
 
 @router.get("/batches/{batch_id}")
 def batch(state: State, batch_id: str) -> views.BatchView:
-    try:
-        return views.batch_view(state.engine, batch_id_or_404(batch_id),
-                               state.stale_after_s)
-    except InputError as error:
-        raise HTTPException(404, str(error)) from None
+    return views.batch_view(state.engine, batch_id_or_404(batch_id), state.stale_after_s)
 
 
 @router.get("/tickers/{symbol}")

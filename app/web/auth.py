@@ -30,10 +30,6 @@ class Guard:
         self.password = password
         self._signer = URLSafeSerializer(secret or secrets.token_bytes(32), salt="csrf")
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.password)
-
     def require_user(
         self, credentials: Annotated[HTTPBasicCredentials | None, Depends(basic)]
     ) -> str:

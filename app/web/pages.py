@@ -10,7 +10,6 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel
 
-from app.errors import InputError
 from app.morning.accounting import COMPARE_COLUMNS
 from app.web import charts, views
 from app.web.auth import CSRF_FIELD
@@ -32,12 +31,12 @@ class RerunState(BaseModel):
     active: bool
 
 
-def _page(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
+def _page(request: Request, name: str, context: dict[str, Any]) -> Response:
     """Render a template; a model in the context is given to it as its JSON, so a page shows
     what ``/api/…`` serves (dates and times as ISO 8601 text)."""
     plain = {key: value.model_dump(mode="json") if isinstance(value, BaseModel) else value
              for key, value in context.items()}
-    return templates.TemplateResponse(request, name, plain, status_code=status)
+    return templates.TemplateResponse(request, name, plain)
 
 
 @router.get("/")
@@ -76,8 +75,7 @@ def ticker_page(request: Request, state: State, symbol: str,
     ticker = symbol_or_404(symbol)
     view = views.ticker_view(state.engine, ticker, state.stale_after_s)
     if view is None:
-        return _page(request, "missing.html",
-                     {"what": f"{ticker} has never been run", "status": 404}, status=404)
+        raise HTTPException(404, f"{ticker} has never been run")
     history = view.history
     plot = charts.history([(p.as_of, p.score, p.rating or "")
                            for p in history if p.score is not None]) \
@@ -125,12 +123,7 @@ def batches_page(request: Request, state: State) -> Response:
 def compare_page(request: Request, state: State,
                  ids: Annotated[list[str], Query()]) -> Response:
     """Show arms side by side, as ``nightdesk report --compare`` does, with their plots."""
-    chosen = batch_ids(ids)
-    try:
-        view = views.compare_view(state.engine, chosen)
-    except InputError as error:
-        return _page(request, "missing.html", {"what": str(error), "status": 404},
-                     status=404)
+    view = views.compare_view(state.engine, batch_ids(ids))
     # The CLI's columns, less batch and label, which head the table's columns here.
     return _page(request, "compare.html", {"view": view, "plots": compare_plots(view),
                                            "columns": COMPARE_COLUMNS[2:]})
@@ -139,10 +132,5 @@ def compare_page(request: Request, state: State,
 @router.get("/batches/{batch_id}")
 def batch_page(request: Request, state: State, batch_id: str) -> Response:
     """Show one batch's report: throughput, the server's gauges over time, latency, failures."""
-    try:
-        view = views.batch_view(state.engine, batch_id_or_404(batch_id),
-                                state.stale_after_s)
-    except InputError as error:
-        return _page(request, "missing.html", {"what": str(error), "status": 404},
-                     status=404)
+    view = views.batch_view(state.engine, batch_id_or_404(batch_id), state.stale_after_s)
     return _page(request, "batch.html", {"view": view, "plots": batch_plots(view)})

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 from app.morning.accounting import Arm
 from app.web import charts
 from app.web.charts import Series
-from app.web.series import EndpointGauges, Gauges
+from app.web.series import Gauges
 from app.web.views import BatchView, CompareView
 
 
@@ -18,7 +18,7 @@ def _short(endpoint: str | None) -> str:
     return urlsplit(endpoint).netloc or endpoint
 
 
-def _rates(label: str, s: Gauges | EndpointGauges) -> Series:
+def _rates(label: str, s: Gauges) -> Series:
     """Return a series' tok/s between readings, the last rate held to its last reading."""
     return Series(label, [*s.tok_s_t, s.t[-1]], [*s.tok_s, s.tok_s[-1]])
 

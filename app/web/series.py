@@ -37,17 +37,13 @@ class Gauges(BaseModel):
     tok_s: list[float] = []
 
 
-class EndpointGauges(BaseModel):
-    """One endpoint's own gauges (``Gauges``), after its URL (None: rows from before the
-    endpoint column)."""
+class _Endpoint(BaseModel):
+    endpoint: str | None  # its URL (None: rows from before the endpoint column)
 
-    endpoint: str | None
-    t: list[float]
-    running: list[float]
-    waiting: list[float]
-    kv: list[float]
-    tok_s_t: list[float]
-    tok_s: list[float]
+
+# pydantic orders the fields of bases in reverse MRO: the endpoint first, then Gauges'.
+class EndpointGauges(Gauges, _Endpoint):
+    """One endpoint's own gauges (``Gauges``), after its URL."""
 
 
 class SeriesView(Gauges):

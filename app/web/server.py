@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.config import Settings, get_settings
 from app.db.engine import check_reachable
-from app.errors import DatabaseError
+from app.errors import DatabaseError, InputError
 from app.morning.prometheus import night_registry
 from app.web import api, pages, track
 from app.web.auth import Guard
@@ -74,6 +74,12 @@ def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
         return pages.templates.TemplateResponse(
             request, "missing.html", {"what": error.detail, "status": error.status_code},
             status_code=error.status_code, headers=headers)
+
+    @app.exception_handler(InputError)
+    async def unknown(request: Request, error: InputError) -> Any:
+        """Answer an id the read side does not find (the InputError a route lets through,
+        e.g. no batch N) with 404 and its one line, as a page or as JSON."""
+        return await http_error(request, StarletteHTTPException(404, str(error)))
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, error: RequestValidationError) -> Any:

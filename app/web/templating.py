@@ -10,6 +10,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup, escape
 
+from app.morning.nightstatus import interval as eta_interval
 from app.morning.nightstatus import span as duration
 from app.morning.ranking import RATING_ORDER
 
@@ -46,5 +47,5 @@ def make_templates() -> Jinja2Templates:
                       autoescape=select_autoescape(["html"]), undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
     env.filters.update(fmt=fmt, when=when, duration=duration, prose=prose)
-    env.globals.update(RATING_ORDER=RATING_ORDER)
+    env.globals.update(RATING_ORDER=RATING_ORDER, eta_interval=eta_interval)
     return Jinja2Templates(env=env)

@@ -42,7 +42,7 @@ def track_page(request: Request, state: State,
         ids = []
     try:
         report = (track_report(state.engine, ids, days, providers(settings),
-                               benchmark=settings.quality_benchmark) if ids else None)
+                               benchmark=settings.quality.benchmark) if ids else None)
     except InputError as error:  # the configured benchmark has no prices at all
         raise HTTPException(400, str(error)) from None
     plots = {}

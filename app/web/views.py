@@ -15,8 +15,6 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from agents.graph import sequential_nodes
-from agents.nodes import ANALYSTS
 from app.config import Settings
 from app.db.models import FINISHED_STATUSES, Batch, Decision, LLMCall, NodeText, TickerRun
 from app.errors import InputError
@@ -24,6 +22,7 @@ from app.morning import nightstatus
 from app.morning.accounting import Arm, BatchReport, batch_report, compare_arm
 from app.morning.advice import Advice, next_steps
 from app.morning.changes import NightChanges, RankedRow, compare_nights, ranked_row
+from app.morning.eta import graph_order
 from app.morning.nightstatus import NightStatus, Progress
 from app.morning.ranking import RATING_ORDER, RankRow, ranking
 from app.morning.serverview import ServerView, server_view
@@ -232,11 +231,9 @@ def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
         if summary.status != "running":
             continue
         prog = nightstatus.progress(engine, b.id, now)  # the same numbers as `nightdesk ranking`
-        out.append(RunningBatch(
-            **dict(summary),
-            tickers_done=prog.tickers_done, tickers_running=prog.tickers_running,
-            calls=prog.calls, expected_calls=prog.expected_calls, elapsed_s=prog.elapsed_s,
-            eta_s=prog.eta_s, eta_low_s=prog.eta_low_s, eta_high_s=prog.eta_high_s))
+        # The summary's ticker counts, and the progress's figures beside them.
+        added = RunningBatch.model_fields.keys() - BatchSummary.model_fields.keys()
+        out.append(RunningBatch(**dict(summary), **{k: getattr(prog, k) for k in added}))
     return out
 
 
@@ -250,7 +247,7 @@ def ranking_view(engine: Engine, settings: Settings) -> RankingView:
     ``app.morning.nightstatus`` and ``app.morning.changes``, as ``nightdesk ranking`` and
     ``nightdesk changes``.
     """
-    stale_after_s = settings.heartbeat_stale_s
+    stale_after_s = settings.batch.heartbeat_stale_s
     try:
         batch, rows = ranking(engine)
     except InputError as error:
@@ -281,12 +278,6 @@ def ranking_view(engine: Engine, settings: Settings) -> RankingView:
     )
 
 
-def graph_order(settings: dict[str, Any]) -> list[str]:
-    """Return a batch's node names in dependency order, from the rounds it ran with."""
-    return [*ANALYSTS, *sequential_nodes(int(settings.get("debate_rounds", 2)),
-                                         int(settings.get("risk_rounds", 2)))]
-
-
 def _nodes_of_run(engine: Engine, batch: Batch, ticker: str) -> list[RunSample]:
     """Return, per sample, every node of the run in graph order with its text and its calls."""
     with engine.connect() as conn:
@@ -310,13 +301,11 @@ def _nodes_of_run(engine: Engine, batch: Batch, ticker: str) -> list[RunSample]:
         for position, node in enumerate(order, 1):
             text = by_key.get((sample, node))
             tries = attempts.get((sample, node), [])
+            tokens = text or (tries[-1] if tries else None)  # without text: the last attempt's
             nodes.append(NodeRun(
-                position=position, node=node,
-                text=text.text if text else None,
-                prompt_tokens=text.prompt_tokens if text else
-                (tries[-1].prompt_tokens if tries else None),
-                completion_tokens=text.completion_tokens if text else
-                (tries[-1].completion_tokens if tries else None),
+                position=position, node=node, text=text.text if text else None,
+                prompt_tokens=tokens.prompt_tokens if tokens else None,
+                completion_tokens=tokens.completion_tokens if tokens else None,
                 finish_reason=text.finish_reason if text else None,
                 attempts=len(tries),
                 latency_s=round(sum(c.latency_s for c in tries), 2) if tries else None,
@@ -393,6 +382,8 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
             .join(Batch, Batch.id == TickerRun.batch_id)
             .where(TickerRun.ticker == ticker, Batch.kind.in_(("nightly", "rerun")))
             .order_by(Batch.id.desc())).all()
+        newest_night = conn.execute(select(func.max(Batch.id))
+                                    .where(Batch.kind == "nightly")).scalar()
     if not runs:
         return None
     latest = runs[0]
@@ -413,9 +404,6 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
               for r in runs if r.kind == "rerun"]
     history = history_view(engine, ticker)
     last_good = next((p for p in reversed(history) if p.score is not None), None)
-    with engine.connect() as conn:
-        newest_night = conn.execute(select(func.max(Batch.id))
-                                    .where(Batch.kind == "nightly")).scalar()
     return TickerView(
         ticker=ticker,
         latest=LatestRun(batch_id=latest.batch_id, kind=latest.kind, status=latest.status,

@@ -92,7 +92,7 @@ def main() -> None:
         later += sum(moved[new[0] + 1:]) if new else 0
     result["rebaseline"] = {} if not runs else {
         "tickers": 40, "nights_before": 10, "nights_after": 20, "runs": runs,
-        "new_normal_after": settings.monitor_new_normal_after,
+        "new_normal_after": settings.quality.new_normal_after,
         "mean_moved_nights_after_change": flagged_after / runs,
         "runs_declaring_new_normal": declared / runs,
         "mean_moved_nights_after_declaring": later / runs}

@@ -48,8 +48,7 @@ from app.bench.machine import machine_facts
 from app.bench.plan import Admission, PlanRow, ServerModel, mean_shape, plan_fleet
 from app.bench.schedulers import run_bench
 from app.bench.workloads import ANALYSTS, synthetic_workload
-from app.cli.common import setup
-from app.cli.report import _fmt
+from app.cli.common import cell, setup
 from app.config import load_settings
 from app.db.engine import get_engine
 from app.db.models import LLMCall, TickerRun
@@ -466,8 +465,8 @@ def fleet(
         min=0.0, help="Kill the last endpoint (SIGKILL) this many seconds into the night.")]
         = None,
     max_concurrency: Annotated[int, typer.Option(
-        min=1, help="NIGHTDESK_MAX_CONCURRENCY: the calls in flight at one endpoint (behind "
-                    "a router, the one endpoint is the whole fleet).")] = 256,
+        min=1, help="NIGHTDESK_MAX_CONCURRENCY: the calls in flight at one server (behind "
+                    "a router, at each server read behind it).")] = 256,
     servers: Annotated[str | None, typer.Option(
         help="Servers already running, comma-separated root URLs (with --vllm-cpu: "
              "cpu-tiny servers), instead of starting them; none can be killed, and their "
@@ -616,14 +615,14 @@ def show_fleet(result: Any) -> None:
     else:
         console.print(f"  makespan {a['makespan_s']:.1f} s, {a['calls']} calls, "
                       f"{a['failed_calls']} failed; output {a['output_tokens_per_s']:.0f} "
-                      f"tok/s = {_fmt(c['share_of_summed_capacity'], '.2f')} of the summed "
+                      f"tok/s = {cell(c['share_of_summed_capacity'], '.2f')} of the summed "
                       f"capacity ({c['summed_capacity_tok_s']:.0f} tok/s at "
                       f"{c['sequences_per_endpoint_at_full_cache']} sequences per endpoint); "
-                      f"graph bound {_fmt(c['graph_bound_tok_s'], '.0f')} tok/s "
+                      f"graph bound {cell(c['graph_bound_tok_s'], '.0f')} tok/s "
                       f"({c['graph_bound_binding']}), makespan "
-                      f"{_fmt(c['share_of_graph_bound'], '.2f')} of its best")
-    console.print(f"  client loop lag: max {_fmt(lag['max_s'], '.3f')} s, p99 "
-                  f"{_fmt(lag['p99_s'], '.3f')} s, p50 {_fmt(lag.get('p50_s'), '.4f')} s; CPU "
+                      f"{cell(c['share_of_graph_bound'], '.2f')} of its best")
+    console.print(f"  client loop lag: max {cell(lag['max_s'], '.3f')} s, p99 "
+                  f"{cell(lag['p99_s'], '.3f')} s, p50 {cell(lag.get('p50_s'), '.4f')} s; CPU "
                   f"{use['cpu_s']:.1f} s over {use['wall_s']:.1f} s "
                   f"({use['cpu_share_of_one_core']:.0%} of a core); peak RSS "
                   f"{use['max_rss_mib']:.0f} MiB; rows written {result.rows_per_s:.1f}/s "
@@ -642,7 +641,7 @@ def show_fleet(result: Any) -> None:
         console.print(f"  front: {front['kind']} {front.get('policy') or ''} "
                       f"{' '.join(front.get('args') or [])}; servers read "
                       f"{servers.get('read')} of {servers.get('of')}: prefix-cache hit rate "
-                      f"{_fmt(servers.get('prefix_cache_hit_rate'), '.1%')}, preemptions "
+                      f"{cell(servers.get('prefix_cache_hit_rate'), '.1%')}, preemptions "
                       f"{servers.get('preemptions', 0):.0f}; tickers not succeeded "
                       f"{len(servers.get('tickers_not_succeeded') or [])}")
     kill = getattr(result, "kill", None)
@@ -656,8 +655,8 @@ def show_fleet(result: Any) -> None:
         console.print(f"  {share['endpoint']}: {share['output_tokens_per_s']:.0f} tok/s, "
                       f"{share['tickers']} tickers ({part.get('tickers_started', '-')} started, "
                       f"{part.get('tickers_moved_in', '-')} moved in), running mean "
-                      f"{_fmt(share['running_mean'])}, KV peak "
-                      f"{_fmt(share['kv_usage_max'], '.0%')}")
+                      f"{cell(share['running_mean'])}, KV peak "
+                      f"{cell(share['kv_usage_max'], '.0%')}")
 
 
 

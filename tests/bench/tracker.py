@@ -89,15 +89,15 @@ async def run_baseline(settings: Settings, calls: int, concurrency: int) -> tupl
     gate = asyncio.Semaphore(concurrency)
     async with bench_server().client() as http:
         client = AsyncOpenAI(base_url=BASE_URL, api_key="EMPTY", max_retries=0,
-                             timeout=settings.call_timeout_s, http_client=http)
+                             timeout=settings.calls.call_timeout_s, http_client=http)
 
         async def one(i: int) -> None:
             # The body TrackedLLM.build_body would send, so both arms encode the same bytes.
             body: dict[str, Any] = {
-                "model": settings.llm_model, "messages": messages(i), "max_tokens": 256,
-                "temperature": settings.temperature, "top_p": settings.top_p,
-                "presence_penalty": settings.presence_penalty, "seed": i,
-                "extra_body": {"top_k": settings.top_k,
+                "model": settings.llm.model, "messages": messages(i), "max_tokens": 256,
+                "temperature": settings.sampling.temperature, "top_p": settings.sampling.top_p,
+                "presence_penalty": settings.sampling.presence_penalty, "seed": i,
+                "extra_body": {"top_k": settings.sampling.top_k,
                                "chat_template_kwargs": {"enable_thinking": False}},
             }
             async with gate:

@@ -30,8 +30,8 @@ from app.web.reruns import RerunQueue
 from app.web.server import create_app
 from tests.fakevllm import ChatRequest, Reply
 from tests.integration.conftest import private_database
-from tests.unit.db.test_lock import fake_llm
 from tests.unit.support.clirun import run_cli
+from tests.unit.support.engines import fake_llm
 from tests.unit.support.night_rows import Rated, add_night, at
 from tests.webhook import webhook
 

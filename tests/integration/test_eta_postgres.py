@@ -9,8 +9,7 @@ from sqlalchemy import Engine
 from app.db.engine import get_engine, upgrade
 from app.morning import eta
 from tests.integration.conftest import private_database
-from tests.unit.morning.test_eta_replay import fixture
-from tests.unit.support.eta_fixture import load
+from tests.unit.support.eta_fixture import fixture, load
 
 pytestmark = pytest.mark.integration
 

@@ -23,13 +23,13 @@ from app.db.engine import get_engine, upgrade
 from app.db.lock import nightly_lock
 from app.db.models import Batch, LLMCall
 from tests.integration.conftest import private_database
-from tests.unit.db.test_lock import (
+from tests.unit.support.daemon_clock import NIGHT, Recorder, daemon_for, local, running, tick
+from tests.unit.support.lock_checks import (
     NIGHTDESK,
     check_lock_dies_with_its_holder,
     check_race,
     check_second_start_during_a_batch,
 )
-from tests.unit.support.daemon_clock import NIGHT, Recorder, daemon_for, local, running, tick
 
 pytestmark = pytest.mark.integration
 _numbers = itertools.count()

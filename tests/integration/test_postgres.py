@@ -6,7 +6,7 @@ import pytest
 
 from app.db.engine import get_engine, upgrade
 from tests.integration.conftest import private_database
-from tests.unit.db.test_schema import (
+from tests.unit.support.schema_checks import (
     check_legacy_rows_keep_working,
     check_reordered_catch_up,
     check_schema,

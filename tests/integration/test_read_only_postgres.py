@@ -17,7 +17,7 @@ from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
 from tests.integration.conftest import ADMIN_DSN, private_database
-from tests.unit.db.test_readonly import STALE, check_reads, read_all
+from tests.unit.support.read_checks import STALE, check_reads, read_all
 from tests.unit.support.web_rows import Ids, fill
 
 pytestmark = pytest.mark.integration

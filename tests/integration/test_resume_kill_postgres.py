@@ -11,8 +11,7 @@ import pytest
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.db.engine import get_engine, upgrade
 from tests.integration.conftest import private_database
-from tests.unit.batch.test_resume_kill import KILLS
-from tests.unit.support.killwindow import check_resumed, kill_then_resume
+from tests.unit.support.killwindow import KILLS, check_resumed, kill_then_resume
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,7 @@ requests 429 with ``Retry-After`` itself. What must hold (issue 44):
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -40,12 +38,10 @@ from tests.integration.unattended import (
     start_batch,
     wait_for,
 )
+from tests.unit.support.router import ROUTER
 
 pytestmark = pytest.mark.integration
 
-# Where `pip install nightdesk[router]` puts it: next to this interpreter, else on PATH.
-ROUTER = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which(
-    "vllm-router")
 # Enough tickers that a consistent hash over two servers gives each a quarter: the ports,
 # hashed with the keys, change per run, and 32 keys split worse than 24/8 about once in 500.
 TICKERS = 32

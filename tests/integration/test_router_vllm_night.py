@@ -57,9 +57,9 @@ from serving import launcher, router
 from serving.metrics import MetricsSnapshot, read_metrics
 from serving.profiles import load_profile, render
 from tests.integration.conftest import private_database
-from tests.integration.test_router_night import ROUTER
 from tests.integration.unattended import ROOT, free_port, run_nightdesk, start_batch, wait_for
 from tests.integration.vllm_server import PATHS, PROFILE, START_TIMEOUT_S
+from tests.unit.support.router import ROUTER
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

@@ -15,7 +15,7 @@ from app.config import load_settings
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, Decision, TickerRun
 from tests.fakevllm import FakeServer
-from tests.unit.batch.test_store_failures import nul_script
+from tests.unit.support.servers import nul_script
 
 pytestmark = pytest.mark.integration
 

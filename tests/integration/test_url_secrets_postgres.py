@@ -14,7 +14,7 @@ import pytest
 
 from app.db.engine import get_engine
 from tests.integration.conftest import private_database
-from tests.unit.test_url_secrets import CANARY, database_cells, run_night_with_a_canary
+from tests.unit.support.canary import CANARY, database_cells, run_night_with_a_canary
 
 pytestmark = pytest.mark.integration
 

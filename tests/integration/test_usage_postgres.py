@@ -6,7 +6,7 @@ import pytest
 
 import app.usage
 from app.db.engine import get_engine, upgrade
-from tests.unit.test_usage import check_drive, drive_concurrent_calls, flaky_insert
+from tests.unit.support.llm_calls import check_drive, drive_concurrent_calls, flaky_insert
 
 pytestmark = pytest.mark.integration
 

@@ -191,7 +191,7 @@ def test_operator_reads_sorts_opens_reruns_and_reads_the_plots(
     page.wait_for_url(f"**/ticker/{ticker}")
     details = page.locator("ol.nodes details")
     order = details.evaluate_all("ds => ds.map(d => d.dataset.node)")
-    assert order == node_names(load_settings())  # default rounds: 17 nodes
+    assert order == node_names(load_settings().pipeline())  # default rounds: 17 nodes
     assert details.first.get_attribute("open") is None
     details.first.locator("summary").click()
     assert details.first.get_attribute("open") is not None

@@ -26,11 +26,11 @@ from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.checkpoints import open_checkpointer
 from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.resume import find_resumable, mark_stale_crashed
 from app.config import load_settings
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, TickerRun
 from app.errors import StorageOutage
+from app.runs.resumable import find_resumable, mark_stale_crashed
 from tests.dbfaults import (
     PostgresFull,
     TcpProxy,

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import app as cli
-from app.config import Settings, load_settings
+from app.config import FLAT, flat_field, load_settings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 UNITS = sorted([*DEPLOY.glob("*.service"), *DEPLOY.glob("*.timer")])
@@ -187,25 +187,25 @@ def test_the_example_environment_file_holds_real_settings(
     values = dict(line.split("=", 1) for line in lines)
     names = {k.removeprefix("NIGHTDESK_").lower() for k in values if k.startswith("NIGHTDESK_")}
     # NIGHTDESK_VLLM_MODEL is read by the vLLM unit's command line, not by the settings.
-    assert names - {"vllm_model"} <= set(Settings.model_fields), names - set(Settings.model_fields)
+    assert names - {"vllm_model"} <= set(FLAT), names - set(FLAT)
     for key, value in values.items():
         if key.startswith("NIGHTDESK_"):
             monkeypatch.setenv(key, value)
     settings = load_settings()  # read from the environment as the units do; all valid
-    assert settings.schedule_timezone == "Europe/Berlin"
-    assert settings.database_url.startswith("postgresql+psycopg://")
+    assert settings.schedule.timezone == "Europe/Berlin"
+    assert settings.store.database_url.startswith("postgresql+psycopg://")
 
 
 def test_a_stopped_batch_gets_its_grace_before_systemd_kills_it() -> None:
     # SIGTERM lets calls at the server finish for NIGHTDESK_SHUTDOWN_GRACE_S, then the batch
     # writes its status: systemd must not SIGKILL it sooner, or the night ends `running`.
-    grace = Settings.model_fields["shutdown_grace_s"].default
+    grace = flat_field("shutdown_grace_s").default
     example = dict(line.split("=", 1) for line in
                    (DEPLOY / "nightdesk.env.example").read_text().splitlines()
                    if line.strip() and not line.lstrip().startswith("#"))
     grace = max(grace, float(example.get("NIGHTDESK_SHUTDOWN_GRACE_S", grace)))
     # Then the interrupted night's digest goes out, within its own limit.
-    notify = Settings.model_fields["notify_timeout_s"].default
+    notify = flat_field("notify_timeout_s").default
     notify = max(notify, float(example.get("NIGHTDESK_NOTIFY_TIMEOUT_S", notify)))
     for name in ("nightdesk-batch.service", "nightdesk-scheduler.service"):
         [stop] = parse_unit(DEPLOY / name)["Service"]["TimeoutStopSec"]

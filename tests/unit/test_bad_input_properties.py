@@ -187,12 +187,12 @@ def test_settings_are_built_or_refused_in_one_line(env: dict[str, str]) -> None:
         assert "\n" not in message and message.startswith("invalid setting")
     else:
         # Accepted: every given value really is in force, within its documented range.
-        assert 1 <= built.max_attempts <= 10 and 0 <= built.temperature <= 2
-        assert built.llm_base_url.split("://")[0] in ("http", "https")
-        assert built.heartbeat_stale_s > built.heartbeat_interval_s
-        assert all(v >= 1 for v in built.node_max_tokens.values())
-        assert built.log_level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-        assert 0 < built.metrics_interval_s < float("inf")
+        assert 1 <= built.calls.max_attempts <= 10 and 0 <= built.sampling.temperature <= 2
+        assert built.llm.base_url.split("://")[0] in ("http", "https")
+        assert built.batch.heartbeat_stale_s > built.batch.heartbeat_interval_s
+        assert all(v >= 1 for v in built.agents.node_max_tokens.values())
+        assert built.log.level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+        assert 0 < built.llm.metrics_interval_s < float("inf")
     finally:
         for key, value in keep.items():
             if value is None:

@@ -45,7 +45,7 @@ def test_a_settings_file_with_a_byte_order_mark_is_read(monkeypatch: pytest.Monk
     with_bom(path)
     monkeypatch.setenv("NIGHTDESK_CONFIG", str(path))
     settings = load_settings()
-    assert (settings.llm_model, settings.temperature) == ("from-file", 0.1)
+    assert (settings.llm.model, settings.sampling.temperature) == ("from-file", 0.1)
 
 
 def test_a_server_profile_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:

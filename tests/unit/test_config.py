@@ -10,7 +10,7 @@ from app.errors import ConfigError
 
 def test_defaults_follow_the_qwen_non_thinking_sampling() -> None:
     s = load_settings()
-    assert s.sampling() == {"temperature": 0.7, "top_p": 0.8, "top_k": 20,
+    assert s.sampling.model_dump() == {"temperature": 0.7, "top_p": 0.8, "top_k": 20,
                             "presence_penalty": 1.5, "enable_thinking": False}
 
 
@@ -20,8 +20,8 @@ def test_env_beats_toml_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     monkeypatch.setenv("NIGHTDESK_CONFIG", str(cfg))
     monkeypatch.setenv("NIGHTDESK_LLM_MODEL", "from-env")
     s = load_settings()
-    assert s.llm_model == "from-env"
-    assert s.temperature == 0.1
+    assert s.llm.model == "from-env"
+    assert s.sampling.temperature == 0.1
 
 
 def test_settings_are_built_once() -> None:
@@ -30,7 +30,7 @@ def test_settings_are_built_once() -> None:
 
 def test_postgres_url_gets_the_installed_driver(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NIGHTDESK_DATABASE_URL", "postgresql://u@h/db")
-    assert load_settings().database_url == "postgresql+psycopg://u@h/db"
+    assert load_settings().store.database_url == "postgresql+psycopg://u@h/db"
 
 
 @pytest.mark.parametrize(("key", "value", "named"), [
@@ -78,15 +78,15 @@ def test_unknown_node_group_is_rejected() -> None:
 def test_one_endpoint_is_todays_single_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NIGHTDESK_LLM_BASE_URL", "http://gpu-host:8000/v1")
     s = load_settings()
-    assert s.llm_base_url == s.base_url == "http://gpu-host:8000/v1"
-    assert s.base_urls == ["http://gpu-host:8000/v1"]
+    assert s.llm.base_url == s.llm.url == "http://gpu-host:8000/v1"
+    assert s.llm.urls == ["http://gpu-host:8000/v1"]
 
 
 def test_endpoints_from_a_comma_list_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NIGHTDESK_LLM_BASE_URL", " http://h:8000/v1/ ,https://h:8001/v1")
     s = load_settings()
-    assert s.base_urls == ["http://h:8000/v1", "https://h:8001/v1"]
-    assert s.base_url == "http://h:8000/v1"
+    assert s.llm.urls == ["http://h:8000/v1", "https://h:8001/v1"]
+    assert s.llm.url == "http://h:8000/v1"
     assert s.snapshot()["base_url"] == "http://h:8000/v1,https://h:8001/v1"
 
 
@@ -94,7 +94,7 @@ def test_endpoints_from_a_toml_array(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     cfg = tmp_path / "n.toml"
     cfg.write_text('llm_base_url = ["http://a:8000/v1", "http://b:8000/v1"]\n')
     monkeypatch.setenv("NIGHTDESK_CONFIG", str(cfg))
-    assert load_settings().base_urls == ["http://a:8000/v1", "http://b:8000/v1"]
+    assert load_settings().llm.urls == ["http://a:8000/v1", "http://b:8000/v1"]
 
 
 @pytest.mark.parametrize(("value", "says"), [

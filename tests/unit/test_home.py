@@ -26,29 +26,29 @@ def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_checkout_keeps_everything_under_var(cwd: Path) -> None:
     (cwd / "pyproject.toml").write_text(PYPROJECT.format(name="nightdesk"))
     s = load_settings()
-    assert s.home == Path("var")
-    assert s.database_url == "sqlite:///var/nightdesk.db"
-    assert (s.data_dir, s.models_dir, s.server_dir) == (
+    assert s.paths.home == Path("var")
+    assert s.store.database_url == "sqlite:///var/nightdesk.db"
+    assert (s.paths.data_dir, s.paths.models_dir, s.paths.server_dir) == (
         Path("var/data"), Path("var/models"), Path("var/server"))
-    assert s.vllm_venv == Path(".venv-vllm")
+    assert s.paths.vllm_venv == Path(".venv-vllm")
 
 
 def test_another_projects_folder_is_not_a_checkout(cwd: Path, tmp_path: Path) -> None:
     (cwd / "pyproject.toml").write_text(PYPROJECT.format(name="someone-else"))
     home = tmp_path / "user" / ".local" / "share" / "nightdesk"
     s = load_settings()
-    assert s.home == home
-    assert s.database_url == f"sqlite:///{tmp_path}/user/.local/share/nightdesk/nightdesk.db"
-    assert s.server_dir == home / "server"
-    assert s.vllm_venv == home / "venv-vllm"
+    assert s.paths.home == home
+    assert s.store.database_url == f"sqlite:///{tmp_path}/user/.local/share/nightdesk/nightdesk.db"
+    assert s.paths.server_dir == home / "server"
+    assert s.paths.vllm_venv == home / "venv-vllm"
 
 
 def test_installed_home_follows_xdg_data_home(cwd: Path, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     s = load_settings()
-    assert s.home == tmp_path / "xdg" / "nightdesk"
-    assert s.data_dir == tmp_path / "xdg" / "nightdesk" / "data"
+    assert s.paths.home == tmp_path / "xdg" / "nightdesk"
+    assert s.paths.data_dir == tmp_path / "xdg" / "nightdesk" / "data"
 
 
 def test_nightdesk_home_moves_every_path(cwd: Path, tmp_path: Path,
@@ -56,12 +56,12 @@ def test_nightdesk_home_moves_every_path(cwd: Path, tmp_path: Path,
     (cwd / "pyproject.toml").write_text(PYPROJECT.format(name="nightdesk"))
     monkeypatch.setenv("NIGHTDESK_HOME", str(tmp_path / "nd"))
     s = load_settings()
-    assert s.database_url == f"sqlite:///{tmp_path}/nd/nightdesk.db"
-    assert s.data_dir == tmp_path / "nd" / "data"
-    assert s.models_dir == tmp_path / "nd" / "models"
-    assert s.server_dir == tmp_path / "nd" / "server"
+    assert s.store.database_url == f"sqlite:///{tmp_path}/nd/nightdesk.db"
+    assert s.paths.data_dir == tmp_path / "nd" / "data"
+    assert s.paths.models_dir == tmp_path / "nd" / "models"
+    assert s.paths.server_dir == tmp_path / "nd" / "server"
     # In a checkout the CPU server's environment is where make builds it, whatever the home.
-    assert s.vllm_venv == Path(".venv-vllm")
+    assert s.paths.vllm_venv == Path(".venv-vllm")
 
 
 def test_an_explicit_path_beats_the_home(cwd: Path, tmp_path: Path,
@@ -70,9 +70,9 @@ def test_an_explicit_path_beats_the_home(cwd: Path, tmp_path: Path,
     monkeypatch.setenv("NIGHTDESK_DATA_DIR", str(tmp_path / "elsewhere"))
     monkeypatch.setenv("NIGHTDESK_DATABASE_URL", "postgresql://u@h/db")
     s = load_settings()
-    assert s.data_dir == tmp_path / "elsewhere"
-    assert s.database_url == "postgresql+psycopg://u@h/db"
-    assert s.server_dir == tmp_path / "nd" / "server"
+    assert s.paths.data_dir == tmp_path / "elsewhere"
+    assert s.store.database_url == "postgresql+psycopg://u@h/db"
+    assert s.paths.server_dir == tmp_path / "nd" / "server"
 
 
 def test_home_from_the_settings_file_and_a_tilde(cwd: Path, tmp_path: Path,
@@ -81,5 +81,5 @@ def test_home_from_the_settings_file_and_a_tilde(cwd: Path, tmp_path: Path,
     config.write_text('home = "~/nd"\n')
     monkeypatch.setenv("NIGHTDESK_CONFIG", str(config))
     s = load_settings()
-    assert s.home == tmp_path / "user" / "nd"
-    assert s.server_dir == tmp_path / "user" / "nd" / "server"
+    assert s.paths.home == tmp_path / "user" / "nd"
+    assert s.paths.server_dir == tmp_path / "user" / "nd" / "server"

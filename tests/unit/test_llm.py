@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 from datetime import timedelta
-from typing import Any
 
 import httpx
 import pytest
@@ -24,35 +23,14 @@ from app.llm import Call, TrackedLLM
 from app.usage import UsageRecorder, decompress_body
 from tests.fakevllm import BASE_URL, CONTEXT_LENGTH_MESSAGE, FakeServer, Reply
 from tests.unit.support.call_rows import new_batch
+from tests.unit.support.llm_calls import MESSAGES, one_call
 
-MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "AAPL?"}]
 ANSWER = Reply("Hold the line.", chunks=4)
 
 
 def answering(*replies: Reply) -> FakeServer:
     """Return a fake whose n-th attempt of a call gets the n-th reply (the last one repeats)."""
     return FakeServer(lambda chat: replies[min(chat.attempt, len(replies)) - 1])
-
-
-async def one_call(engine: Engine, fake: FakeServer, **overrides: Any
-                   ) -> tuple[Any, list[Any]]:
-    """Make one chat call through a fresh tracker; return its result (or error) and rows."""
-    batch_id = new_batch(engine)
-    settings = load_settings(llm_base_url=BASE_URL,
-                             **{"check_context_length": False, "retry_backoff_s": 0,
-                                **overrides})
-    result: Any
-    async with fake.client() as http, UsageRecorder(engine, flush_interval_s=0.01) as rec:
-        llm = TrackedLLM(settings, rec, http_client=http)
-        try:
-            result = await llm.chat(CallTag(batch_id, "AAPL", "analyst"), MESSAGES,
-                                    max_tokens=100)
-        except Exception as error:
-            result = error
-    with engine.connect() as conn:
-        rows = conn.execute(select(LLMCall).where(LLMCall.batch_id == batch_id)
-                            .order_by(LLMCall.id)).all()
-    return result, list(rows)
 
 
 async def test_time_to_first_token_is_recorded(sqlite_engine: Engine) -> None:

@@ -87,8 +87,8 @@ def test_the_ranking_table_keeps_each_cell_whole_when_piped(tmp_path: Path) -> N
     from sqlalchemy import create_engine
 
     from app.db.engine import ready_engine
-    from tests.unit.morning.test_digest import D1, D2
     from tests.unit.support.night_rows import Rated, add_night, at
+    from tests.unit.support.web_rows import D1, D2
 
     url = f"sqlite:///{tmp_path}/nightdesk.db"
     ready_engine(url)

@@ -16,7 +16,7 @@ from app.llm import TrackedLLM
 from app.usage import UsageRecorder
 from tests.fakevllm import FakeServer, Reply
 from tests.fakevllm.router import FakeRouter
-from tests.unit.test_usage import new_batch
+from tests.unit.support.call_rows import new_batch
 
 MESSAGES = [{"role": "user", "content": "AAPL?"}]
 TICKERS = ("AAPL", "MSFT", "NVDA", "AMZN", "GOOG", "META")

@@ -3,48 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from agents.chat import CallTag, ChatResult
 from agents.decision import SUMMARY_MAX_CHARS, Decision, decide, parse_decision, response_format
 from app.errors import DecisionError, LLMHTTPError
+from tests.unit.support.scripted_llm import MESSAGES, TAG, ScriptedLLM, prompt
 
 VALID = {"rating": "Buy", "score": 0.7, "confidence": 0.8, "summary": "Strong growth."}
-TAG = CallTag(batch_id=1, ticker="ACME", node="portfolio_manager")
-MESSAGES = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-
-
-def prompt(_left_out: int) -> list[dict[str, str]]:
-    """Render the node's prompt: MESSAGES, with nothing to leave out."""
-    return MESSAGES
-
-
-class ScriptedLLM:
-    """Answer chat() from a list of contents (or exceptions), recording each call."""
-
-    def __init__(self, replies: list[Any], attempts_per_call: int = 1) -> None:
-        self.replies = list(replies)
-        self.attempts_per_call = attempts_per_call
-        self.calls: list[dict[str, Any]] = []
-
-    async def chat(self, tag: CallTag, messages: list[dict[str, str]], *, max_tokens: int,
-                   response_format: dict[str, Any] | None = None, priority: int | None = None,
-                   trimmed: Any = None) -> ChatResult:
-        self.calls.append({"messages": messages,
-                           "response_format": response_format, "priority": priority})
-        reply = self.replies.pop(0)
-        if isinstance(reply, Exception):
-            raise reply
-        return ChatResult(content=reply, prompt_tokens=10, completion_tokens=5,
-                          cached_tokens=0, finish_reason="stop", request_id="r",
-                          attempts=self.attempts_per_call)
-
-    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
-                      exact: bool = False) -> None:
-        return None  # cannot count: every prompt goes out as it is
 
 
 def test_schema_rejects_out_of_range_and_unknown() -> None:

@@ -134,7 +134,7 @@ async def test_whole_graph_makes_17_calls_in_order_with_shared_prefix(harness: H
     assert [c.structured for c in chats] == [False] * 16 + [True]
     fmt = chats[-1].body["response_format"]
     assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
-    budgets = settings.node_max_tokens
+    budgets = settings.agents.node_max_tokens
     assert chats[0].max_tokens == budgets["analyst"]
     assert server.by_node("bear_r2")[0].max_tokens == budgets["researcher"]
     assert server.by_node("neutral_r1")[0].max_tokens == budgets["risk"]

@@ -20,17 +20,18 @@ from agents.graph import node_names
 from app.batch import store
 from app.batch.checkpoints import checkpoint_path
 from app.batch.engine import BatchEngine, BatchPlan
-from app.batch.resume import find_resumable, mark_stale_crashed
 from app.cli import app as cli
 from app.config import load_settings
 from app.db.lock import nightly_lock
 from app.db.models import Batch, Decision, LLMCall, TickerRun
 from app.errors import AlreadyRunningError, InputError
 from app.runs.nightly import resume_recorded
+from app.runs.resumable import find_resumable, mark_stale_crashed
 from app.traffic.halt import HaltReason
 from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.fault_night import serve_cli_from
+from tests.unit.support.night_rows import dead_night
 
 NODES = node_names(load_settings().pipeline())
 
@@ -141,17 +142,6 @@ def stale_batch(db: Engine, tickers: list[str], age_s: float) -> int:
         conn.execute(update(Batch).where(Batch.id == batch_id).values(
             heartbeat_at=datetime.now(UTC) - timedelta(seconds=age_s)))
     return batch_id
-
-
-def dead_night(db: Engine, done: str, left: str) -> int:
-    """Write tonight's batch as its killed process left it: still "running", ``done``
-    stored, ``left`` not begun; no one holds the nightly lock. Return its id."""
-    dead = store.create_batch(db, kind="nightly", as_of=DEMO_AS_OF, tickers=[done, left],
-                              samples=1, settings={"samples": 1, "strategy": "adaptive"},
-                              server_facts=None)
-    store.ticker_finished(db, dead, done, [store.DecisionRow(
-        done, 0, "Hold", 0.0, 0.5, "stored before the crash")], None)
-    return dead
 
 
 def test_run_continue_night_takes_up_tonights_dead_batch_and_runs_a_finished_one_no_more(

@@ -13,13 +13,7 @@ import pytest
 from sqlalchemy import Engine
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from tests.unit.support.killwindow import check_resumed, kill_then_resume
-
-# An analyst of the parallel step, chain nodes, the last step; inside aput_writes with the
-# step's other writes stored; and the window left open (a finished call not yet recorded).
-KILLS = ["checkpoint:market", "checkpoint:bull_r1", "checkpoint:trader",
-         "checkpoint:portfolio_manager", "writes:news", "writes:research_manager",
-         "record:bear_r2"]
+from tests.unit.support.killwindow import KILLS, check_resumed, kill_then_resume
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ async def test_batch_keeps_each_nodes_text_in_graph_order(sqlite_engine: Engine,
                                                           tmp_path: Path) -> None:
     write_demo(tmp_path / "data", DEMO_AS_OF, 2)
     tickers = demo_tickers(2)
-    names = node_names(load_settings())
+    names = node_names(load_settings().pipeline())
 
     def script(chat: ChatRequest) -> Reply | None:
         if chat.node == "news" and chat.sample == 1:

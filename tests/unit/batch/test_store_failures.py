@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,9 @@ from app.batch import store
 from app.batch.engine import BatchPlan
 from app.config import load_settings
 from app.db.models import Batch, Decision, TickerRun
-from tests.fakevllm import DEFAULT_DECISION, ChatRequest, FakeServer, Reply
+from tests.fakevllm import FakeServer
 from tests.unit.support.engines import make_engine
+from tests.unit.support.servers import nul_script
 
 
 @pytest.fixture
@@ -118,17 +118,6 @@ async def test_a_store_that_fails_for_a_moment_is_retried_and_the_ticker_kept(
         stored = conn.execute(select(func.count()).select_from(Decision)
                               .where(Decision.ticker == unlucky)).scalar_one()
     assert stored == 1  # once, not once per try
-
-
-def nul_script(chat: ChatRequest) -> Reply | None:
-    if chat.structured:
-        # A JSON escape that decodes to NUL: PostgreSQL text cannot hold it.
-        return Reply(json.dumps({**DEFAULT_DECISION, "summary": "Steady\u0000 trend."}))
-    if chat.node == "market":
-        # A raw NUL, and a lone surrogate (a JSON escape in the stream decodes to one) that
-        # psycopg cannot even encode.
-        return Reply("Price \x00action\ud800 is firm.", completion_tokens=8)
-    return None
 
 
 async def test_text_postgresql_cannot_hold_is_cleaned_before_it_is_stored(

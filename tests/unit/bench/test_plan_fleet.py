@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.bench.fleet import plan_for
-from tests.unit.bench.test_sims import bench
+from tests.unit.support.sims import bench
 
 ROOT = Path(__file__).resolve().parents[3]
 BENCH = ROOT / "docs" / "bench"

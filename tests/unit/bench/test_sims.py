@@ -7,7 +7,6 @@ SQLite at a tiny size (figures are not judged: not timed tests).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -21,8 +20,7 @@ from sqlalchemy import create_engine, func, select
 from app.cli.bench import app as nightdesk_bench
 from app.db.models import Batch, LLMCall
 from tests.bench import fleet, tracker
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.unit.support.sims import ROOT, bench
 
 
 def arm_makespan(result: dict[str, Any]) -> float:
@@ -32,17 +30,6 @@ def arm_makespan(result: dict[str, Any]) -> float:
 
 def options(app: typer.Typer) -> set[str]:
     return {p.name for p in typer.main.get_command(app).params if p.name != "help"}
-
-
-def bench(module: str, *args: str, tmp_path: Path) -> dict[str, Any]:
-    """Run ``python -m MODULE ARGS --json-out`` from the checkout's root; return its JSON."""
-    out = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, "-m", module, *args, "--json-out", str(out)],
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(out.read_text())
-    return result
 
 
 def test_the_benches_keep_their_flags_and_left_the_installed_command() -> None:

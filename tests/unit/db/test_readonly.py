@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +30,10 @@ from app.db.engine import get_engine, upgrade
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
-from tests.unit.support.clirun import run_cli
+from tests.unit.support.read_checks import STALE, check_reads, comparable, read_all
 from tests.unit.support.web_rows import Ids, fill
 
-STALE = datetime(2026, 11, 27, 0, 20, tzinfo=UTC)  # night 2's last heartbeat, long ago
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _reads(ids: Ids) -> dict[str, list[str]]:
-    # The reports last: on a writable copy the first marks night 2 crashed.
-    return {"ranking": ["ranking", "--format", "json"],
-            "batches": ["batches", "--format", "json"],
-            "changes": ["changes", "--format", "json"],
-            "report": ["report", str(ids.night1), "--format", "json"],
-            "report newest": ["report", "--format", "json"]}
 
 
 @pytest.fixture
@@ -63,52 +52,11 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def read_all(url: str, ids: Ids) -> dict[str, dict[str, Any]]:
-    """Run every read command on ``url`` in this process: code, stdout, stderr."""
-    found = {}
-    for name, argv in _reads(ids).items():
-        result = run_cli(*argv, env={"NIGHTDESK_DATABASE_URL": url})
-        found[name] = {"code": result.code, "stdout": result.stdout, "stderr": result.stderr}
-    get_engine(url).dispose()
-    return found
-
-
 def writable_reads(path: Path, ids: Ids, tmp_path: Path) -> dict[str, dict[str, Any]]:
     copy = tmp_path / "writable" / "nightdesk.db"
     copy.parent.mkdir()
     shutil.copyfile(path, copy)
     return read_all(f"sqlite:///{copy}", ids)
-
-
-def comparable(name: str, reads: dict[str, dict[str, Any]]) -> Any:
-    """Return a read's JSON without what depends on the clock (the night's status line)."""
-    found = json.loads(reads[name]["stdout"])
-    return {key: found[key] for key in ("batch", "rows")} if name == "ranking" else found
-
-
-def check_reads(found: dict[str, dict[str, Any]], writable: dict[str, dict[str, Any]],
-                ids: Ids) -> None:
-    """Every read succeeded, shows fill's rows, and equals the writable copy's read."""
-    for name, result in found.items():
-        assert result["code"] == 0, (name, result["stderr"])
-        assert "Traceback" not in result["stderr"], name
-    ranking = json.loads(found["ranking"]["stdout"])
-    assert ranking["batch"]["id"] == ids.night1
-    assert [(r["ticker"], r["rating"]) for r in ranking["rows"]] == [
-        ("AAA", "Buy"), ("BBB", "Sell"), ("CCC", None)]
-    assert [b["id"] for b in json.loads(found["batches"]["stdout"])] == [
-        ids.night2, ids.rerun, ids.night1, ids.night0]
-    assert json.loads(found["report"]["stdout"])["calls"] == 17
-    assert json.loads(found["changes"]["stdout"])["against_id"] == ids.night0
-    for name in ("ranking", "report", "batches", "changes"):
-        assert comparable(name, found) == comparable(name, writable), name
-    # The writable copy marked night 2 crashed; a database that takes no writes keeps its
-    # row, and the status (computed from the stale heartbeat, app.morning.summary) still
-    # reads crashed.
-    assert json.loads(writable["report newest"]["stdout"])["batch"]["status"] == "crashed"
-    newest = json.loads(found["report newest"]["stdout"])
-    assert newest["batch"]["id"] == ids.night2 and newest["batch"]["status"] == "crashed"
-    assert "the database takes no writes now" in found["report newest"]["stderr"]
 
 
 def test_read_commands_and_pages_serve_a_read_only_database(
@@ -134,7 +82,7 @@ def test_read_commands_and_pages_serve_a_read_only_database(
 # prints their results as JSON.
 CHILD = """
 import json, sys
-from tests.unit.db.test_readonly import read_all
+from tests.unit.support.read_checks import read_all
 from tests.unit.support.web_rows import Ids
 print(json.dumps(read_all(sys.argv[1], Ids(*map(int, sys.argv[2:])))))
 """

@@ -26,8 +26,8 @@ from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from tests.fakevllm import BASE_URL, FakeServer
 from tests.unit.support.call_rows import new_batch
+from tests.unit.support.llm_calls import one_call
 from tests.unit.support.servers import one_server
-from tests.unit.test_llm import one_call
 
 
 def test_retry_after_is_read_as_seconds_or_as_an_http_date() -> None:

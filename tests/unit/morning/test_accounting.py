@@ -184,7 +184,7 @@ def test_cli_report_prints_json(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # The isolated_env fixture puts NIGHTDESK_HOME in tmp_path: the database is the same file.
-    assert load_settings().database_url == sqlite_url
+    assert load_settings().store.database_url == sqlite_url
     b = known_batch(sqlite_engine)
     code, out, err = nightdesk(monkeypatch, capsys, "report", str(b), "--format", "json")
     assert code == 0, err

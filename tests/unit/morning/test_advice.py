@@ -31,8 +31,8 @@ from app.morning.digest import build_digest
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
-from tests.unit.db.test_lock import fake_llm
 from tests.unit.support.clirun import run_cli
+from tests.unit.support.engines import fake_llm
 from tests.unit.support.night_rows import Rated, add_night, at
 
 USER, PASSWORD = "ops", "pw"

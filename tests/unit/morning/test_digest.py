@@ -23,8 +23,8 @@ from app.db.models import Batch
 from app.morning.digest import build_digest, send_digest
 from app.notify import Message, send, split_destinations
 from tests.fakevllm import ChatRequest, Reply
-from tests.unit.db.test_lock import fake_llm
 from tests.unit.support.clirun import run_cli
+from tests.unit.support.engines import fake_llm
 from tests.unit.support.night_rows import Rated, add_night, add_resumed_calls, at
 from tests.webhook import closed_port, webhook
 
@@ -144,8 +144,8 @@ def test_send_reaches_every_destination_and_names_the_dead_one() -> None:
     dead = f"json://127.0.0.1:{closed_port()}/gone"
     with webhook() as one, webhook() as two, structlog.testing.capture_logs() as logs:
         settings = load_settings(notify=f"{one.url('a')},{dead},{two.url('b')}")
-        delivery = send(settings.notify, Message("title", "body", "warning"),
-                        settings.notify_timeout_s)
+        delivery = send(settings.notify.urls, Message("title", "body", "warning"),
+                        settings.notify.timeout_s)
     assert (delivery.sent, delivery.total) == (2, 3)
     assert [p["title"] for p in one.posts + two.posts] == ["title", "title"]
     assert one.posts[0]["type"] == "warning" and one.posts[0]["message"] == "body"
@@ -211,7 +211,7 @@ def test_a_rerun_sends_its_digest(monkeypatch: pytest.MonkeyPatch, sqlite_engine
 
 def test_a_continued_night_sends_the_digest_of_the_whole_night(
         monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
-    from tests.unit.batch.test_resume import dead_night
+    from tests.unit.support.night_rows import dead_night
 
     done, left = demo_tickers(2)
     dead = dead_night(sqlite_engine, done, left)
@@ -348,7 +348,7 @@ def test_destinations_from_a_toml_array(monkeypatch: pytest.MonkeyPatch,
     config = tmp_path / "nightdesk.toml"
     config.write_text('notify = ["json://127.0.0.1:9000/a", "ntfy://nightdesk"]\n')
     monkeypatch.setenv("NIGHTDESK_CONFIG", str(config))
-    assert split_destinations(load_settings().notify) == ["json://127.0.0.1:9000/a",
+    assert split_destinations(load_settings().notify.urls) == ["json://127.0.0.1:9000/a",
                                                           "ntfy://nightdesk"]
     config.write_text('notify = ["json://127.0.0.1:9000/a", "jsn://x"]\n')
     result = run_cli("notify", "test")

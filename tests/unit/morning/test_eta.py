@@ -153,7 +153,7 @@ def test_an_open_ticker_with_every_node_answered_is_asked_again(sqlite_engine: E
     assert found.chain_left == 1 and found.eta_s == pytest.approx(LATENCY_S - 1)
 
 
-def test_the_interval_spans_the_nodes_shares_quartiles_without_a_night_before(
+def test_the_work_spans_the_nodes_shares_quartiles_without_a_night_before(
         sqlite_engine: Engine) -> None:
     b = batch(sqlite_engine, {"AAA": "succeeded", "BBB": "succeeded", "CCC": "succeeded",
                               "DDD": "queued"})
@@ -161,9 +161,20 @@ def test_the_interval_spans_the_nodes_shares_quartiles_without_a_night_before(
     for ticker in ("BBB", "CCC"):  # together: 2 s each
         calls(sqlite_engine, b, ticker, NODES, end=NOW - timedelta(minutes=2))
     found = eta.reading(sqlite_engine, b, NOW)
-    # Each node's shares are 2, 2, 4: quartiles 2 and 4, mean 8/3, for DDD's 17 calls.
-    assert (found.eta_low_s, found.eta_s, found.eta_high_s) == pytest.approx(
-        (17 * 2.0, 17 * 8 / 3, 17 * 4.0))
+    # Each node's shares are 2, 2, 4: quartiles 2 and 4, mean 8/3, for DDD's 17 calls; the
+    # rates stored are the tokens left over each.
+    assert found.eta_s == pytest.approx(17 * 8 / 3)
+    assert (found.rate_high_tok_s, found.rate_low_tok_s) == pytest.approx(
+        (found.tokens_left / (17 * 2.0), found.tokens_left / (17 * 4.0)))
+
+
+def test_the_interval_is_the_estimate_at_the_calibrated_ratios(sqlite_engine: Engine) -> None:
+    b = batch(sqlite_engine, {"AAA": "succeeded", "BBB": "queued"})
+    calls(sqlite_engine, b, "AAA", NODES, end=NOW - timedelta(minutes=5))
+    found = eta.reading(sqlite_engine, b, NOW)
+    assert found.eta_s is not None and found.eta_s > 0
+    assert (found.eta_low_s, found.eta_high_s) == pytest.approx(
+        (found.eta_s * eta.RATIO[0], found.eta_s * eta.RATIO[1]))
 
 
 def test_a_past_moment_reads_only_the_rows_stored_by_then(sqlite_engine: Engine) -> None:

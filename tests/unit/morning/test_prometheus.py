@@ -23,6 +23,7 @@ from agents.nodes import ANALYSTS
 from app.cli.web import open_metrics_port
 from app.config import Settings, load_settings
 from app.db.models import SchedulerBeat
+from app.morning.eta import RATIO
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
@@ -122,9 +123,10 @@ def test_a_running_nights_eta_and_its_interval(sqlite_engine: Engine,
     eta = {dict(labels)["bound"]: value for (name, labels), value in got.items()
            if name == "nightdesk_night_eta_seconds"}
     # BBB's 13 later calls at each node's share of the server (4 s alone, 2 s two at a
-    # time): 8/3 s on the mean, 2 s and 4 s at its quartiles; the low end is BBB's chain,
-    # 4 s for the call it is ready for, then 12 × 2 s issue to answer.
-    assert eta == {"estimate": 35.0, "low": 28.0, "high": 52.0}
+    # time): 8/3 s on the mean; the interval that estimate at the calibrated ratios.
+    said = 13 * 8 / 3
+    assert eta == {"estimate": 35.0, "low": round(said * RATIO[0]),
+                   "high": round(said * RATIO[1])}
 
 
 def test_a_missed_night_and_a_night_cut_short(sqlite_engine: Engine,

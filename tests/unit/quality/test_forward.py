@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import date, timedelta
+from datetime import date
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from sqlalchemy import Engine
 
@@ -16,6 +15,7 @@ from agents.data.snapshot import Manifest, SnapshotProvider
 from app.errors import InputError
 from app.quality.forward import forward_report, parse_horizon
 from tests.unit.support.clirun import nightdesk
+from tests.unit.support.prices import path_to, prices
 from tests.unit.support.quality_rows import AS_OF, add_batch, spearman_by_hand
 
 # ticker -> (rating, score, close 5 sessions after the as-of date; the as-of close is 100)
@@ -27,21 +27,6 @@ GRADED = {
     "EEE": ("Underweight", -0.2, 103.0),
 }
 BENCHMARK_CLOSE = 101.0
-
-
-def prices(as_of: date, forward: list[float]) -> pd.DataFrame:
-    """Ten flat sessions ending at ``as_of`` (close 100), then the given forward closes."""
-    history = pd.bdate_range(end=as_of, periods=10)
-    ahead = pd.bdate_range(start=as_of + timedelta(days=1), periods=len(forward))
-    closes = [100.0] * len(history) + forward
-    index = pd.DatetimeIndex(list(history.append(ahead)), name="date")
-    return pd.DataFrame({"open": closes, "high": closes, "low": closes, "close": closes,
-                         "volume": [1000.0] * len(closes)}, index=index)
-
-
-def path_to(end: float, days: int = 6) -> list[float]:
-    """Forward closes that reach ``end`` on session 5 and stay there."""
-    return [100.0 + (end - 100.0) * min(i, 5) / 5 for i in range(1, days + 1)]
 
 
 @pytest.fixture

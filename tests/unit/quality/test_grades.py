@@ -24,9 +24,9 @@ from agents.prompting import build_messages
 from app.db.engine import alembic_config, get_engine, upgrade
 from app.db.models import Decision as DecisionRow
 from app.morning.ranking import ranking
-from tests.unit.agents.test_decision import TAG, ScriptedLLM, prompt
 from tests.unit.support.clirun import nightdesk
 from tests.unit.support.quality_rows import add_batch, band_by_hand, one_each
+from tests.unit.support.scripted_llm import TAG, ScriptedLLM, prompt
 
 
 def reply(rating: str, score: float) -> str:

@@ -22,8 +22,8 @@ from app.errors import InputError
 from app.morning.batchids import MAX_BATCH_ID, parse_batch_id, parse_batch_ids
 from app.quality.statistics import ic_test
 from app.web.symbols import batch_ids
-from tests.unit.quality.test_forward import path_to, prices
 from tests.unit.support.clirun import nightdesk
+from tests.unit.support.prices import path_to, prices
 from tests.unit.support.quality_rows import AS_OF, add_batch, one_each
 
 ROOT = Path(__file__).resolve().parents[3]

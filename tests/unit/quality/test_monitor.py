@@ -213,7 +213,7 @@ async def run_batch(engine: Engine, demo_dir: Path, kind: str = "nightly") -> in
     # At a limit of 30%, 6 of 6 Hold has p 0.3⁶ = 0.0007: below the rate over ⌊1/0.3⌋ grades.
     settings = load_settings(check_context_length=False, retry_backoff_s=0,
                              monitor_max_grade_share=0.3)
-    server = FakeServer(all_hold, nodes=node_names(settings), tickers=tickers)
+    server = FakeServer(all_hold, nodes=node_names(settings.pipeline()), tickers=tickers)
     runner = BatchEngine(settings, engine, http_client=server.client(),
                          provider=SnapshotProvider(demo_dir), sample_metrics=False)
     outcome = await runner.run(BatchPlan(kind, DEMO_AS_OF, tickers))

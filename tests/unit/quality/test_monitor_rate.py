@@ -52,7 +52,7 @@ def documented(label: str) -> float:
 
 @pytest.mark.parametrize("tickers", [6, 20, 100])
 def test_false_alarm_rate_holds_at_every_universe_size(tickers: int) -> None:
-    rate = load_settings().monitor_false_alarm_rate
+    rate = load_settings().quality.false_alarm_rate
     p = p_values(tickers, UNCHANGED, NIGHTS, seed=tickers)
     for level in (rate, 0.05):
         measured = float(np.mean(p <= level))
@@ -67,11 +67,11 @@ def test_power_against_a_tvd_025_shift_at_100_tickers() -> None:
     settings = load_settings(monitor_max_grade_share=1.0)
     assert 0.5 * np.abs(SHIFTED - UNCHANGED).sum() == pytest.approx(0.25)
     p = p_values(100, SHIFTED, POWER_NIGHTS, seed=1)
-    power = float(np.mean(p <= settings.monitor_false_alarm_rate))
+    power = float(np.mean(p <= settings.quality.false_alarm_rate))
     assert power >= 0.9
     assert abs(power - documented("power at 100 tickers:")) <= 0.0005
     small = float(np.mean(p_values(20, SHIFTED, POWER_NIGHTS, seed=1)
-                          <= settings.monitor_false_alarm_rate))
+                          <= settings.quality.false_alarm_rate))
     assert abs(small - documented("power at 20 tickers:")) <= 0.0005
     # The decision findings() takes is the same p-value against the same rate.
     rng = np.random.default_rng(2)

@@ -37,7 +37,7 @@ def same_reply(chat: ChatRequest) -> str | None:
 
 async def prompts_of(engine: Engine, data_dir: Path) -> list[str]:
     settings = load_settings(check_context_length=False, retry_backoff_s=0)
-    server = FakeServer(same_reply, nodes=node_names(settings), tickers=TICKERS)
+    server = FakeServer(same_reply, nodes=node_names(settings.pipeline()), tickers=TICKERS)
     runner = BatchEngine(settings, engine, http_client=server.client(),
                          provider=SnapshotProvider(data_dir), sample_metrics=False)
     outcome = await runner.run(BatchPlan("nightly", DEMO_AS_OF, TICKERS))
@@ -88,7 +88,7 @@ async def test_no_prompt_holds_a_price_or_date_after_the_as_of_date(
     assert SnapshotProvider(with_future).forward_prices(TICKERS[0], DEMO_AS_OF, 5)[
         "close"].eq(CANARY_CLOSE).all()
     seen = await prompts_of(sqlite_engine, with_future)
-    assert len(seen) == len(TICKERS) * len(node_names(load_settings()))
+    assert len(seen) == len(TICKERS) * len(node_names(load_settings().pipeline()))
     text = "\n".join(seen)
     assert f"{CANARY_CLOSE:.2f}" not in text and f"{CANARY_HIGH:.2f}" not in text
     dates = set(DATE.findall(text))

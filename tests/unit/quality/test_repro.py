@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from app.quality.repro import repro
 from tests.unit.support.clirun import nightdesk
 from tests.unit.support.quality_rows import (
+    SAMPLES_A,
     add_batch,
     band_by_hand,
     kappa_by_hand,
@@ -129,13 +130,6 @@ def test_constant_scores_leave_spearman_undefined(sqlite_engine: Engine) -> None
     assert pair.stats.agreement == pytest.approx(2 / 6)
 
 
-SAMPLES_A = {  # four samples per ticker: (rating, score)
-    "AAA": [("Buy", 0.6), ("Overweight", 0.3), ("Buy", 0.9), ("Hold", 0.1)],
-    "BBB": [("Hold", 0.0), ("Underweight", -0.2), ("Hold", 0.1), ("Sell", -0.6)],
-    "CCC": [("Sell", -0.8), ("Underweight", -0.4), ("Hold", 0.0), ("Sell", -0.7)],
-    "DDD": [("Overweight", 0.2), ("Hold", -0.1), ("Buy", 0.55), ("Overweight", 0.4)],
-    "EEE": [("Hold", 0.05), ("Hold", -0.05), ("Overweight", 0.25), ("Underweight", -0.3)],
-}
 SAMPLES_B = {
     "AAA": [("Overweight", 0.35), ("Buy", 0.8), ("Hold", 0.0), ("Buy", 0.7)],
     "BBB": [("Underweight", -0.3), ("Hold", 0.05), ("Sell", -0.55), ("Hold", -0.1)],

@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import Engine
 
 from app.quality.samples import samples_report
-from tests.unit.quality.test_repro import SAMPLES_A
 from tests.unit.support.clirun import nightdesk
 from tests.unit.support.quality_rows import (
+    SAMPLES_A,
     add_batch,
     band_by_hand,
     kappa_by_hand,

@@ -94,7 +94,7 @@ def test_every_monitor_warning_keeps_its_1_percent(tickers: int, shares: list[fl
     rates = monitor_rates(tickers, shares, None, runs, settings, seed=tickers)
     # Each warning, "moved" (jump or concentration) and any warning: the three share the rate.
     for kind in ("grade_share", "distribution_jump", "concentration", "moved", "any"):
-        assert rates.get(kind, 0.0) <= bound(settings.monitor_false_alarm_rate, runs), rates
+        assert rates.get(kind, 0.0) <= bound(settings.quality.false_alarm_rate, runs), rates
 
 
 def test_the_concentration_test_sees_the_hold_pile_up() -> None:

@@ -34,7 +34,6 @@ from app.db.engine import alembic_config, make_engine
 from app.db.models import Batch, SchedulerBeat
 from app.runs.daemon import JOB_ID, JOBS_TABLE, NightlyDaemon, NightlyTrigger
 from tests.fakevllm import ChatRequest, Reply
-from tests.unit.db.test_lock import fake_llm
 from tests.unit.support.daemon_clock import (
     BERLIN,
     NIGHT,
@@ -45,6 +44,7 @@ from tests.unit.support.daemon_clock import (
     running,
     tick,
 )
+from tests.unit.support.engines import fake_llm
 
 NIGHTDESK = Path(sys.executable).with_name("nightdesk")
 
@@ -344,7 +344,7 @@ def test_sigterm_mid_batch_leaves_the_night_due_and_the_next_start_takes_it_up(
 def test_the_nightly_job_resumes_tonights_dead_batch_instead_of_starting_another(
         sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from app.runs.nightly import run_nightly
-    from tests.unit.batch.test_resume import dead_night
+    from tests.unit.support.night_rows import dead_night
 
     done, left = demo_tickers(2)
     dead = dead_night(sqlite_engine, done, left)

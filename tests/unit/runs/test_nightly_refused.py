@@ -20,8 +20,8 @@ from sqlalchemy import Engine, func, select
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.db.models import Batch
 from tests.fakevllm import FakeServer
-from tests.unit.db.test_lock import fake_llm
 from tests.unit.support.clirun import run_cli
+from tests.unit.support.engines import fake_llm
 from tests.webhook import Webhook, closed_port, webhook
 
 ADVICE = "What to do: fix that, then start the night again: nightdesk run --continue-night"
@@ -114,7 +114,7 @@ def test_a_fire_whose_database_is_away_pushes_a_digest(hook: Webhook) -> None:
     settings = load_settings(notify=hook.url(), database_url=f"postgresql://postgres@"
                              f"127.0.0.1:{closed_port()}/nightdesk")
     with pytest.raises(DatabaseError, match="cannot take the nightly lock"):
-        run_nightly(settings, engine=make_engine(settings.database_url), resume=True,
+        run_nightly(settings, engine=make_engine(settings.store.database_url), resume=True,
                     server="require")
     assert_told(hook, "cannot take the nightly lock")
 

@@ -151,7 +151,7 @@ def test_a_resume_onto_a_server_too_small_is_refused_and_the_batch_stays_resumab
 
 def test_a_resumed_batch_is_checked_in_its_own_shape(
         sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch, tickers: list[str]) -> None:
-    from tests.unit.db.test_lock import fake_llm
+    from tests.unit.support.engines import fake_llm
 
     # Recorded with small output budgets, the batch fits the small server, although the
     # settings' defaults of today (1,536 tokens an analyst) would not: it resumes.

@@ -14,7 +14,7 @@ from app.db.models import Batch
 from serving.preflight import check_endpoint
 from tests.fakevllm import FakeServer
 from tests.unit.support.clirun import run_cli
-from tests.unit.test_llm import one_call
+from tests.unit.support.llm_calls import one_call
 from tests.webhook import closed_port
 
 

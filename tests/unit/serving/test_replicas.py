@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,12 +20,11 @@ from app.config import load_settings
 from serving import launcher, replicas
 from serving.errors import ProfileError
 from serving.profiles import ServerCommand, load_profile
-from tests.unit.serving.test_launcher import _health_server
 from tests.unit.support.clirun import nightdesk
+from tests.unit.support.health_server import health_server
+from tests.unit.support.router import ROUTER
 
 GPU_PROFILE = load_profile("qwen-dense-27b")
-ROUTER = shutil.which("vllm-router", path=str(Path(sys.executable).parent)) or shutil.which(
-    "vllm-router")
 
 
 def test_gpus_are_read_from_a_comma_list() -> None:
@@ -45,7 +42,7 @@ def test_one_replica_per_gpu_on_consecutive_ports() -> None:
         "http://127.0.0.1:8000/v1,http://127.0.0.1:8001/v1")
     # The list it prints is one the settings accept as several endpoints.
     settings = load_settings(llm_base_url=replicas.base_urls("127.0.0.1", planned))
-    assert settings.base_urls == ["http://127.0.0.1:8000/v1", "http://127.0.0.1:8001/v1"]
+    assert settings.llm.urls == ["http://127.0.0.1:8000/v1", "http://127.0.0.1:8001/v1"]
     with pytest.raises(ProfileError, match="past 65535"):
         replicas.plan(GPU_PROFILE, ["0", "1"], 65535)
 
@@ -96,12 +93,12 @@ def test_cli_start_status_stop_handle_every_replica(monkeypatch: pytest.MonkeyPa
     # The real CLI with a stand-in for vLLM: a health server on the port it was given,
     # announcing the GPU it was shown.
     def fake_render(profile: Any, paths: Any, *, port: int, model: Any = None) -> ServerCommand:
-        return _health_server(port, 'print("gpu", os.environ["CUDA_VISIBLE_DEVICES"], '
+        return health_server(port, 'print("gpu", os.environ["CUDA_VISIBLE_DEVICES"], '
                                     'flush=True)')
 
     monkeypatch.setattr("app.cli.server.render", fake_render)
     base = _two_free_ports()
-    server_dir = load_settings().server_dir
+    server_dir = load_settings().paths.server_dir
     runner = CliRunner()
     args = ["--profile", "qwen-dense-27b"]
     try:
@@ -148,7 +145,7 @@ def test_cli_router_without_the_binary_starts_nothing(
                              "qwen-dense-27b", "--gpus", "0,1", "--router")
     assert code != 0 and len(err.strip().splitlines()) == 1
     assert "vllm-router is not installed: pip install 'nightdesk[router]'" in err
-    assert not list(load_settings().server_dir.glob("*.pid"))
+    assert not list(load_settings().paths.server_dir.glob("*.pid"))
 
 
 @pytest.mark.slow
@@ -158,14 +155,14 @@ def test_cli_start_with_router_puts_vllm_router_in_front_and_stop_stops_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # The stand-ins answer /health (all vllm-router checks of a worker); the router is real.
     def fake_render(profile: Any, paths: Any, *, port: int, model: Any = None) -> ServerCommand:
-        return _health_server(port)
+        return health_server(port)
 
     monkeypatch.setattr("app.cli.server.render", fake_render)
     base = _two_free_ports()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         front = int(sock.getsockname()[1])
-    server_dir = load_settings().server_dir
+    server_dir = load_settings().paths.server_dir
     runner = CliRunner()
     args = ["--profile", "qwen-dense-27b"]
     try:
@@ -214,7 +211,7 @@ def test_cli_start_with_router_puts_vllm_router_in_front_and_stop_stops_it(
 
 def _stand_in(port: int) -> subprocess.Popen[bytes]:
     """Run a process answering /health 200 (404 elsewhere: no router's /workers) on port."""
-    command = _health_server(port)
+    command = health_server(port)
     return subprocess.Popen(command.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

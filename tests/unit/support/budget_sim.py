@@ -70,7 +70,7 @@ class SimServer(KVGauges):
 
     def __init__(self, capacity: int, block: int = 16, shared: float = 0.0) -> None:
         self.capacity, self.block, self.shared = capacity, block, shared
-        self.settings = SimpleNamespace(max_concurrency=64)
+        self.settings = SimpleNamespace(calls=SimpleNamespace(max_concurrency=64))
         self.live: dict[int, list[int]] = {}  # id -> [prompt tokens in the cache, generated]
         self.preemptions = 0
         self.generated = 0

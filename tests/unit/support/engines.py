@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from sqlalchemy import Engine
 
 from agents.data.snapshot import SnapshotProvider
+from agents.graph import node_names
 from app.batch.engine import BatchEngine
 from app.config import load_settings
-from tests.fakevllm import FakeServer
+from tests.fakevllm import FakeServer, Script
 
 
 def make_engine(sqlite_engine: Engine, demo_dir: Path, server: FakeServer) -> BatchEngine:
@@ -17,3 +19,22 @@ def make_engine(sqlite_engine: Engine, demo_dir: Path, server: FakeServer) -> Ba
     settings = load_settings(check_context_length=False, retry_backoff_s=0)
     return BatchEngine(settings, sqlite_engine, http_client=server.client(),
                        provider=SnapshotProvider(demo_dir), sample_metrics=False)
+
+
+def fake_llm(monkeypatch: pytest.MonkeyPatch, script: Script | None = None,
+             tickers: list[str] | None = None) -> FakeServer:
+    """Point every BatchEngine, and the preflight's /v1/models, at a fake server serving the
+    settings' model (no /metrics sampling, no network for facts)."""
+    settings = load_settings()
+    server = FakeServer(script, nodes=node_names(settings.pipeline()), tickers=tickers or [],
+                        model=settings.llm.model)
+    original = BatchEngine.__init__
+
+    def with_fake(self: BatchEngine, *args: object, **kwargs: object) -> None:
+        kwargs.update(http_client=server.client(), sample_metrics=False)
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BatchEngine, "__init__", with_fake)
+    monkeypatch.setattr("app.runs.nightly.batch_server_facts", lambda *_: {})
+    monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: server.sync_client())
+    return server

@@ -27,6 +27,7 @@ from sqlalchemy import Engine, insert, select
 from app.db.engine import get_engine
 from app.db.models import Base, Batch, LLMCall, ProgressReading, ServerSample, TickerRun
 from app.morning import eta
+from tests.unit.support import FIXTURES
 
 CALL = ("ticker", "node", "sample", "status", "completion_tokens", "ready_at", "started_at",
         "ended_at")
@@ -161,3 +162,7 @@ elif __name__ == "__main__":
     url, batch, out, source = sys.argv[1:5]
     Path(out).write_text(json.dumps(export(url, int(batch), source), separators=(",", ":"))
                          + "\n")
+
+
+def fixture(name: str) -> Path:
+    return FIXTURES / f"eta_night_{name}.json"

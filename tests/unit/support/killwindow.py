@@ -35,6 +35,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
+from agents.data.demo import DEMO_AS_OF
+
 ROOT = Path(__file__).resolve().parents[3]
 KILLED = 137
 Key = tuple[str, str, int]
@@ -135,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import httpx
 
-    from agents.data.demo import DEMO_AS_OF
     from agents.data.snapshot import SnapshotProvider
     from agents.graph import node_names
     from app.batch.engine import BatchEngine, BatchPlan
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(retry_backoff_s=0.01)
         server = FakeServer(script, nodes=node_names(settings.pipeline()), tickers=tickers,
                             samples=range(1))
-        runner = BatchEngine(settings, get_engine(settings.database_url),
+        runner = BatchEngine(settings, get_engine(settings.store.database_url),
                              http_client=httpx.AsyncClient(transport=server.transport()),
                              provider=SnapshotProvider(args.data), sample_metrics=False)
         outcome = await runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers, 1, "fixed-1"))
@@ -276,3 +277,10 @@ def check_resumed(resumed: Resumed, tickers: list[str], kill: str) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# An analyst of the parallel step, chain nodes, the last step; inside aput_writes with the
+# step's other writes stored; and the window left open (a finished call not yet recorded).
+KILLS = ["checkpoint:market", "checkpoint:bull_r1", "checkpoint:trader",
+         "checkpoint:portfolio_manager", "writes:news", "writes:research_manager",
+         "record:bear_r2"]

@@ -13,8 +13,10 @@ from datetime import UTC, date, datetime, timedelta
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from agents.data.demo import DEMO_AS_OF
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
+from app.batch import store
 from app.db.models import Batch, Decision, LLMCall, NodeText, TickerRun
 
 SETTINGS = {"model": "tiny", "server_profile": "cpu-tiny", "debate_rounds": 2,
@@ -102,3 +104,14 @@ def add_resumed_calls(engine: Engine, batch_id: int, start: datetime) -> None:
                               ended_at=start + timedelta(seconds=run_s + b),
                               latency_s=b - a))
         s.commit()
+
+
+def dead_night(db: Engine, done: str, left: str) -> int:
+    """Write tonight's batch as its killed process left it: still "running", ``done``
+    stored, ``left`` not begun; no one holds the nightly lock. Return its id."""
+    dead = store.create_batch(db, kind="nightly", as_of=DEMO_AS_OF, tickers=[done, left],
+                              samples=1, settings={"samples": 1, "strategy": "adaptive"},
+                              server_facts=None)
+    store.ticker_finished(db, dead, done, [store.DecisionRow(
+        done, 0, "Hold", 0.0, 0.5, "stored before the crash")], None)
+    return dead

@@ -101,3 +101,12 @@ def band_by_hand(score: float) -> str:
     if score > -0.5:
         return "Underweight"
     return "Sell"
+
+
+SAMPLES_A = {  # four samples per ticker: (rating, score)
+    "AAA": [("Buy", 0.6), ("Overweight", 0.3), ("Buy", 0.9), ("Hold", 0.1)],
+    "BBB": [("Hold", 0.0), ("Underweight", -0.2), ("Hold", 0.1), ("Sell", -0.6)],
+    "CCC": [("Sell", -0.8), ("Underweight", -0.4), ("Hold", 0.0), ("Sell", -0.7)],
+    "DDD": [("Overweight", 0.2), ("Hold", -0.1), ("Buy", 0.55), ("Overweight", 0.4)],
+    "EEE": [("Hold", 0.05), ("Hold", -0.05), ("Overweight", 0.25), ("Underweight", -0.3)],
+}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,6 +13,7 @@ from app.promptsize import PromptCounter
 from app.traffic.scheduler import Scheduler
 from app.traffic.server import Server, ServerSet
 from app.traffic.strategy import Strategy
+from tests.fakevllm import DEFAULT_DECISION, ChatRequest, Reply
 
 
 def one_server(llm: Any, strategy: Strategy, *, gauges: Any = None) -> ServerSet:
@@ -39,3 +41,14 @@ def read_servers(*gauges: Any, strategy: str = "adaptive") -> ServerSet:
                       chosen, gauges=g, changed=changed)  # type: ignore[arg-type]
                for i, g in enumerate(gauges or (None,))]
     return ServerSet(servers, changed)
+
+
+def nul_script(chat: ChatRequest) -> Reply | None:
+    if chat.structured:
+        # A JSON escape that decodes to NUL: PostgreSQL text cannot hold it.
+        return Reply(json.dumps({**DEFAULT_DECISION, "summary": "Steady\u0000 trend."}))
+    if chat.node == "market":
+        # A raw NUL, and a lone surrogate (a JSON escape in the stream decodes to one) that
+        # psycopg cannot even encode.
+        return Reply("Price \x00action\ud800 is firm.", completion_tokens=8)
+    return None

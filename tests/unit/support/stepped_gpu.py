@@ -70,7 +70,7 @@ class SteppedGPU(KVGauges):
         self.capacity, self.max_seqs, self.block = capacity, max_seqs, block
         self.step_s, self.read_every = step_s, read_every
         self.prefill_per_step, self.p_equiv = prefill_per_step, p_equiv
-        self.settings = SimpleNamespace(max_concurrency=256)
+        self.settings = SimpleNamespace(calls=SimpleNamespace(max_concurrency=256))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = self.generated = self.steps = self.prefilled = 0

@@ -61,7 +61,7 @@ def _run(session: Session, batch: Batch, ticker: str, status: str,
 
 def fill(engine: Engine, *, night2_heartbeat: datetime | None = None) -> Ids:
     """Insert the rows described in the module docstring and return the batch ids."""
-    names = node_names(load_settings())
+    names = node_names(load_settings().pipeline())
     with Session(engine) as s:
         # An older night, so the history has two points for AAA.
         night0 = _batch(s, "nightly", D1 - timedelta(days=1), "succeeded",

@@ -331,7 +331,7 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
 
         budget.take = recording  # type: ignore[method-assign]
         routed = TickerClient(endpoints, endpoint, Ticket(0, 4, 1))
-        prompts = [{"model": settings.llm_model, **body(4_000, 300)} for _ in range(4)]
+        prompts = [{"model": settings.llm.model, **body(4_000, 300)} for _ in range(4)]
         for i, prompt in enumerate(prompts):
             prompt["messages"][1]["content"] += str(i)  # four analysts: four prompts
         batch = new_batch_id(sqlite_engine)
@@ -372,7 +372,7 @@ async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default
         assert budget is not None
         assert budget.ratio() == budget.tokens_per_byte == 0.5  # nothing counted yet
         default = budget.claim("market", prompt).tokens
-        await llm.check({"model": settings.llm_model, **prompt})
+        await llm.check({"model": settings.llm.model, **prompt})
         assert fake.tokenize_calls == 1
         assert budget.ratio() == pytest.approx(1.05 * 1_000 / 4_000)
         counted = budget.claim("market", prompt).tokens

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 
 import pytest
 
-from agents.chat import CallTag
 from app.traffic.budget import TokenBudget
 from app.traffic.chains import Footprint
-from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
-from app.traffic.scheduler import Job
 from app.traffic.server import Server
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
-from tests.unit.support.budget_sim import SimServer, body, reading
-from tests.unit.support.servers import over_one_server
+from tests.unit.support.budget_sim import body
+from tests.unit.support.chains import run_wide
 
 
 def test_the_footprint_is_per_ticker_with_a_call_admitted_or_a_hold() -> None:
@@ -87,7 +83,7 @@ def test_nothing_is_capped_before_a_reading_has_seen_a_ticker() -> None:
 
 
 def test_an_adaptive_endpoint_offers_no_room_past_the_chains_that_fit() -> None:
-    llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
+    llm = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=64)))
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive:prefetch=off"), gauges=SimpleNamespace())
     assert endpoint.limits.budget is not None
@@ -105,43 +101,6 @@ def test_an_adaptive_endpoint_offers_no_room_past_the_chains_that_fit() -> None:
     endpoint.leave(tickets[0])
     assert endpoint.load(None).room
     assert endpoint.load(8).room  # fixed-N keeps its own meaning
-
-
-def wide_then_chain(key: str, started: list[int], live: set[str]) -> Job:
-    """A ticker shaped like the pipeline's: four small calls at once, then a growing chain."""
-    async def run(gated: TickerClient) -> None:
-        live.add(key)
-        started.append(len(live))
-        try:
-            await asyncio.gather(*(gated.send(CallTag(1, key, f"analyst{i}", 0),
-                                              body(1_000, 100)) for i in range(4)))
-            for step in range(10):
-                await gated.send(CallTag(1, key, f"step{step}", 0),
-                                 body(1_200 + step * 1_200, 300))
-        finally:
-            live.discard(key)
-    return Job(key, run, requests=14, chain=11)
-
-
-STRATEGY = "adaptive:tail=off,prefetch=off"  # test_prefetch.py runs it with prefetching
-
-
-def run_wide(monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[list[int], SimServer]:
-    if monkeypatch is not None:  # the control: the same batch without the cap
-        monkeypatch.setattr(Footprint, "slots", lambda self, limit: None)
-    server = SimServer(24_000)  # about 8 chains at their mean size
-    scheduler = over_one_server(server, Strategy.parse(STRATEGY), gauges=server)
-    server.budget = scheduler.budget
-    started: list[int] = []
-    live: set[str] = set()
-
-    async def on_done(job: Job, result: object, error: BaseException | None) -> None:
-        assert error is None
-
-    asyncio.run(reading(server, scheduler.run(
-        [wide_then_chain(f"T{i}", started, live) for i in range(40)], on_done)))
-    assert len(started) == 40
-    return started, server
 
 
 @pytest.mark.slow

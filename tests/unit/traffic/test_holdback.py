@@ -29,7 +29,7 @@ from tests.unit.support.servers import over_one_server
 
 
 def adaptive_endpoint() -> Server:
-    llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
+    llm = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=64)))
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive"), gauges=SimpleNamespace())
     assert endpoint.limits.budget is not None

@@ -17,8 +17,8 @@ from app.traffic.holdback import CHAIN_CAP, COLUMNS, ROOM
 from app.traffic.server import Server
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
+from tests.unit.support.chains import run_wide
 from tests.unit.support.stepped_gpu import SteppedGPU
-from tests.unit.traffic.test_chains import run_wide
 
 
 def test_prefetch_is_an_adaptive_switch_on_by_default() -> None:
@@ -86,7 +86,7 @@ def test_the_fan_out_depth_is_the_free_slots_and_what_feeds_a_full_set() -> None
 
 
 def prefetching_endpoint(capacity: int | None = 10_000) -> Server:
-    llm = SimpleNamespace(settings=SimpleNamespace(max_concurrency=64))
+    llm = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=64)))
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive:prefetch=on"), gauges=SimpleNamespace())
     assert endpoint.limits.budget is not None
@@ -170,7 +170,7 @@ def test_a_ticker_waits_for_a_chain_slot_and_holds_nothing_while_it_waits() -> N
 
 def test_a_prefetching_batch_finishes_every_ticker_without_a_preemption(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tests.unit.traffic.test_chains.STRATEGY", "adaptive:tail=off,prefetch=on")
+    monkeypatch.setattr("tests.unit.support.chains.STRATEGY", "adaptive:tail=off,prefetch=on")
     started, server = run_wide()
     assert len(started) == 40
     assert server.preemptions == 0

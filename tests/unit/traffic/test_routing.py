@@ -111,7 +111,7 @@ def test_one_endpoint_is_never_held_back_by_its_share() -> None:
 
 async def test_a_ticker_waits_for_the_endpoint_under_its_share_to_have_room() -> None:
     changed = asyncio.Event()
-    llm: Any = SimpleNamespace(settings=SimpleNamespace(max_concurrency=2))
+    llm: Any = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=2)))
     strategy = Strategy.parse("adaptive")
     busy, drained = (Server(i, f"http://gpu{i}.test/v1", llm, strategy, changed=changed)
                      for i in range(2))
@@ -141,7 +141,7 @@ async def test_a_ticker_that_moves_leaves_no_hold_in_the_budget_it_left() -> Non
     # budget (app/traffic/gate.py). The gate keeps the hold per ticker; when the ticker
     # moves, its client releases it there, so the server it left can start a new ticker.
     changed = asyncio.Event()
-    llm: Any = SimpleNamespace(settings=SimpleNamespace(max_concurrency=8))
+    llm: Any = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=8)))
     strategy = Strategy.parse("adaptive")
     left, taken = (Server(i, f"http://gpu{i}.test/v1", llm, strategy, gauges=SimpleNamespace(),
                           changed=changed) for i in range(2))

@@ -18,8 +18,8 @@ from app.db.models import Base, Batch, ServerSample
 from app.morning.accounting import batch_report
 from app.morning.serverview import server_view
 from app.traffic.sampler import LAG_PROBE_S, MetricsSampler
-from tests.unit.serving.test_metrics import _transport
 from tests.unit.support.call_rows import T0, known_batch
+from tests.unit.support.metrics_transport import transport
 
 
 def _batch(engine: Engine) -> int:
@@ -51,7 +51,7 @@ async def test_a_blocked_loop_shows_as_lag_on_the_next_reading(tmp_path: Path) -
     engine = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
     calm_id, busy_id = _batch(engine), _batch(engine)  # each sampler's rows, apart
     reads: list[str] = []
-    async with httpx.AsyncClient(transport=_transport(seen=reads)) as client:
+    async with httpx.AsyncClient(transport=transport(seen=reads)) as client:
         calm = MetricsSampler("http://x/v1", engine, calm_id, interval_s=0.05, client=client)
         await _sample(calm, reads, 3)
         busy = MetricsSampler("http://x/v1", engine, busy_id, interval_s=0.05, client=client)

@@ -29,7 +29,7 @@ class RecordingLLM:
     """Stands in for TrackedLLM: every request takes ``delay_s`` and is logged in order."""
 
     def __init__(self, delay_s: float = 0.005) -> None:
-        self.settings = SimpleNamespace(max_concurrency=64)
+        self.settings = SimpleNamespace(calls=SimpleNamespace(max_concurrency=64))
         self.delay_s = delay_s
         self.events: list[tuple[str, str, int | None]] = []  # (event, ticker, priority)
 

@@ -23,7 +23,6 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
-from app.batch.resume import find_resumable
 from app.config import load_settings
 from app.db.models import Decision, LLMCall, ServerSample, TickerRun
 from app.errors import (
@@ -34,6 +33,7 @@ from app.errors import (
     LLMStreamError,
 )
 from app.runs.replay import WorkItem, Workload, play, shape
+from app.runs.resumable import find_resumable
 from app.traffic.client import TickerClient, server_fault
 from app.traffic.summary import EndpointSummary
 from tests.fakevllm import ChatRequest, FakeServer, FakeServers, Reply
@@ -318,7 +318,7 @@ async def test_a_requests_own_failure_on_a_healthy_endpoint_fails_as_it_always_d
     failed = [r for r in rows(sqlite_engine, outcome.batch_id) if r.node == "c2"
               and r.ticker == "T03"]
     # The client's own retries, all at one endpoint, numbered 1..max_attempts as always.
-    assert sorted(r.attempt for r in failed) == list(range(1, settings.max_attempts + 1))
+    assert sorted(r.attempt for r in failed) == list(range(1, settings.calls.max_attempts + 1))
     assert len({r.endpoint for r in failed}) == 1
     assert all(e.tickers_moved_in == 0 for e in endpoints(outcome).values())
 

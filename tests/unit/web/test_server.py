@@ -152,7 +152,7 @@ def test_a_running_night_is_crashed_past_the_age_the_cli_marks_it_crashed(
     # 200 s without a heartbeat: past heartbeat_stale_s (120), where `nightdesk report` or
     # `run` marks the batch crashed; the page says crashed too, and shows no progress.
     ids = fill(sqlite_engine, night2_heartbeat=datetime.now(UTC) - timedelta(seconds=age_s))
-    stale_after = load_settings().heartbeat_stale_s
+    stale_after = load_settings().batch.heartbeat_stale_s
     app = create_app(sqlite_engine, Guard(USER, None), RerunQueue(), stale_after_s=stale_after)
     with TestClient(app) as c:
         data = c.get("/api/ranking").json()
@@ -246,7 +246,7 @@ def test_ticker_shows_17_nodes_in_graph_order_from_the_finished_night(
     assert shown["id"] == ids.night1  # tonight's run is in a batch still running
     assert data["latest"]["batch_id"] == ids.night2
     sample0 = next(r for r in shown["runs"] if r["sample"] == 0)
-    expected = node_names(load_settings())
+    expected = node_names(load_settings().pipeline())
     assert len(expected) == 17 and expected[0] == "market" and expected[-1] == "portfolio_manager"
     assert [n["node"] for n in sample0["nodes"]] == expected
     assert [n["text"] for n in sample0["nodes"]] == [f"{n} says AAA <b>looks</b> fine"
@@ -290,7 +290,7 @@ def test_batch_report_series_come_from_server_samples(client: TestClient, ids: I
     assert data["server"]["running_max"] == 6.0 and data["server"]["preemptions"] == 0.0
     assert data["failed_tickers"] == [{"ticker": "CCC", "status": "failed",
                                        "error": "LLMTimeoutError: no answer within 300 s"}]
-    assert [n["node"] for n in data["report"]["nodes"]] == node_names(load_settings())
+    assert [n["node"] for n in data["report"]["nodes"]] == node_names(load_settings().pipeline())
     # Call i ran from i s to i + 1.5 s: a 17.5 s makespan in two 10 s intervals.
     over = data["over_time"]
     assert [(i["start_s"], i["end_s"]) for i in over] == [(0.0, 10.0), (10.0, 17.5)]

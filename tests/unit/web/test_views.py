@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from agents.nodes import ANALYSTS
 from app.config import load_settings
 from app.db.models import BatchWarning, Decision, SchedulerBeat
+from app.morning import eta
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
@@ -154,10 +155,11 @@ def test_the_page_and_the_cli_give_the_same_eta(sqlite_engine: Engine,
     # a fifth of the server each, so the 51 calls left are about 10 s of work; the longest
     # chain, CCC's or DDD's 14 steps of 1 s, is longer.
     progress = text(soup.select_one(f".progress[data-batch='{running}']"))
-    assert "17 of about 68 calls" in progress and "about 14 s left" in progress
+    said = text(soup.select_one(f".progress[data-batch='{running}'] .eta"))
+    assert "17 of about 68 calls" in progress and said.startswith("about 14 s (")
     with time_machine.travel(now, tick=False):
         cli = run_cli("ranking", env=UTC_ENV)
-    assert "about 14 s left" in cli.stderr.splitlines()[1]
+    assert said in cli.stderr.splitlines()[1]
 
 
 def test_a_running_batch_page_lists_running_tickers_apart_and_refreshes(
@@ -178,7 +180,7 @@ def test_a_running_batch_page_lists_running_tickers_apart_and_refreshes(
     # node answered but still running, is asking its last again: half of a call's 1 s
     # (EEE failed: it runs no more calls).
     assert "34 of about 68 calls" in text(soup.find(id="progress"))
-    assert "about 18 s left" in text(soup.find(id="progress"))
+    assert "about 18 s (75% interval: 12 s – 20 s) left" in text(soup.find(id="progress"))
     # Once it is over, nothing reloads.
     done = add_night(sqlite_engine, D1, DUE1, GOOD)
     assert page(client, f"/batches/{done}", now).find("meta",
@@ -286,9 +288,10 @@ def test_the_running_night_s_eta_reads_the_same_on_both_faces(sqlite_engine: Eng
         cli = run_cli("ranking", env=UTC_ENV)
     # 47 calls left (BBB's 13 later ones, CCC's and DDD's 17), each node's calls having
     # had 4 s of the server alone and 2 s two at a time (tests/unit/support/eta_rows.py): 8/3 s
-    # on the mean (an analyst 3 s: BBB's ran alone too), 2 s and 4 s at the quartiles
-    # that bound the interval: 13 × 8/3 + 2 × (4 × 3 + 13 × 8/3) = 128 s.
-    said = "about 2 min 08 s (1 min 34 s – 3 min 08 s) left"
+    # on the mean (an analyst 3 s: BBB's ran alone too): 13 × 8/3 + 2 × (4 × 3 + 13 × 8/3)
+    # = 128 s; the interval at the calibrated ratios (0.70, 1.16): 90 s and 148 s.
+    assert eta.RATIO == (0.70, 1.16)
+    said = "about 2 min 08 s (75% interval: 1 min 30 s – 2 min 28 s) left"
     assert progress == said
     assert said in cli.stderr.splitlines()[1]
 
