@@ -242,8 +242,8 @@ def show_ranking(
     demo = bool((chosen.settings or {}).get("demo_data"))
     data = [ranked_row(r, changes.get(r.ticker)) for r in rows]
     if fmt == "json":
-        echo_json(RankingJSON(night=night, batch=summarize(chosen, settings.batch.heartbeat_stale_s),
-                              rows=data))
+        chosen_summary = summarize(chosen, settings.batch.heartbeat_stale_s)
+        echo_json(RankingJSON(night=night, batch=chosen_summary, rows=data))
     elif fmt == "csv":
         # Flat: each row carries the batch's DEMO mark, which JSON gives once under "batch".
         flat = [{**r.model_dump(mode="json"), "demo": demo} for r in data]

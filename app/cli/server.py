@@ -199,8 +199,9 @@ def _start_router(settings: Settings, profile: Profile, planned: list[replicas.R
 def _print_started(settings: Settings, key: str, facts: dict[str, Any], what: str) -> None:
     """Print that a server or router answers, where, with ``what`` it is, its pid and log."""
     state = "already running" if facts.get("already_running") else "healthy"
+    log_file = launcher.ServerFiles.of(key, settings.paths.server_dir).log
     out.print(f"[green]{key} {state}[/] on {facts.get('root_url', '')} {what} "
-              f"{facts.get('pid')}, log {launcher.ServerFiles.of(key, settings.paths.server_dir).log})")
+              f"{facts.get('pid')}, log {log_file})")
 
 
 def _start_replicas(settings: Settings, profile: Profile, planned: list[replicas.Replica],

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import statistics
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, select
