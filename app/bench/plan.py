@@ -1,10 +1,13 @@
-"""How many GPUs a night needs: the graph bound (app/bench/bound.py) per endpoint count.
+"""How many GPUs a night needs: the graph bound (app/bench/bound.py) per endpoint count,
+and what nightdesk's adaptive admission adds to it.
 
 A night's shape is what its tickers ask of the server (a ``GraphFacts`` per ticker: output,
 KV-token-steps, the longest chain); a server model is one endpoint's KV cache, sequence cap
-and step cost. For each fleet of 1..16 such endpoints the bound's makespan is the least time
-any graph-respecting schedule needs, so a real night takes longer (prefill's own work and the
-client's overheads are not in it; the fleet simulation measures how much longer).
+and step cost. For each fleet of 1..16 such endpoints ``bound_s`` is the least time any
+graph-respecting schedule needs, and ``makespan_s`` the bound of the cache admission lets be
+filled (``kv_high`` of it) plus the start ramp of its request limit (``ramp_s``). Prefill's
+own work and the client's per-call overheads are in neither; the fleet simulation measures
+what is left (docs/lab/2026-12-05-plan-model.md).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from app.bench.workloads import seed_graph
 from app.db.models import Batch, ServerSample
 from app.errors import InputError
 from app.runs.replay import WorkItem, recorded_workload
+from app.traffic.admission import AdmissionPolicy
+from app.traffic.budget import TokenBudget
 
 ENDPOINTS = range(1, 17)
 NEAR_BEST = 0.05  # a fleet within this share of the best makespan is "as good"
@@ -137,13 +142,34 @@ def night_server(engine: Engine, batch_id: int) -> ServerModel:
                               f"{where}, step fitted to {step.levels} levels of its readings")
 
 
+class Admission(BaseModel, frozen=True):
+    """What adaptive admission lets an endpoint use: the KV usage it stops admitting at (the
+    token budget's ``kv_high``), and its request limit's start (``initial``, doubled at each
+    reading after the first, every ``reading_s``)."""
+
+    kv_share: float = TokenBudget.kv_high
+    initial_requests: int = AdmissionPolicy.initial
+    reading_s: float
+
+    def ramp_s(self, running: float) -> float:
+        """Return the seconds of ``running`` requests lost while the limit climbs to it."""
+        lost, limit = 0.0, float(self.initial_requests)
+        while 0 < limit < running:
+            lost += self.reading_s * (1 - limit / running)
+            limit *= 2
+        return lost
+
+
 class PlanRow(BaseModel, frozen=True):
-    """One fleet size: the bound's makespan, what set it, and how much of the fleet it uses."""
+    """One fleet size: the planned makespan, the graph bound under it and what set each, and
+    how much of the fleet the bound uses."""
 
     endpoints: int
-    makespan_s: float
+    makespan_s: float  # the bound at the admitted cache share, plus the start ramp
+    bound_s: float  # the graph bound: no schedule that respects the graph beats it
+    ramp_s: float
     output_tok_s: float
-    binding: str  # max_num_seqs | kv_cache | critical_path
+    binding: str  # of makespan_s: max_num_seqs | kv_cache | critical_path
     summed_capacity_tok_s: float
     share_of_summed_capacity: float
     within_5pct_of_best: bool
@@ -164,6 +190,7 @@ class FleetPlan(BaseModel, frozen=True):
     tickers: int
     shape: NightShape
     profile: ServerModel
+    admission: Admission
     rows: list[PlanRow]
     best_makespan_s: float
     smallest_within_5pct: int
@@ -173,28 +200,34 @@ class FleetPlan(BaseModel, frozen=True):
         return [row.model_dump() for row in self.rows]
 
 
-def plan_fleet(tickers: int, shape: NightShape, server: ServerModel) -> FleetPlan:
-    """Work out the bound's makespan and capacity share for 1..16 endpoints."""
+def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
+               admission: Admission) -> FleetPlan:
+    """Work out the planned makespan, the bound and its capacity share for 1..16 endpoints."""
     if tickers < 1:
         raise InputError(f"--tickers takes a whole number of at least 1 (got {tickers})")
     graph = shape.for_tickers(tickers)
-    bounds = []
+    admitted_kv = int(server.kv_tokens * admission.kv_share)
+    rows = []
     for endpoints in ENDPOINTS:
         bound = graph_bound(graph, server.kv_tokens, server.max_num_seqs, server.step, endpoints)
-        if bound is None:
+        admitted = graph_bound(graph, admitted_kv, server.max_num_seqs, server.step, endpoints)
+        if bound is None or admitted is None:
             raise InputError(f"{shape.name} asks for no output: nothing to plan")
         summed, _ = summed_capacity(graph, server.kv_tokens, server.max_num_seqs, server.step,
                                     endpoints)
-        bounds.append((bound, summed))
-    best = min(bound.seconds for bound, _ in bounds)
-    rows = [PlanRow(endpoints=b.endpoints, makespan_s=b.seconds, output_tok_s=b.tok_s,
-                    binding=b.binding, summed_capacity_tok_s=summed,
-                    share_of_summed_capacity=b.tok_s / summed if summed else 0.0,
-                    within_5pct_of_best=b.seconds <= (1 + NEAR_BEST) * best)
-            for b, summed in bounds]
+        # The requests an endpoint keeps running on average: what the limit must climb to.
+        ramp = admission.ramp_s(graph.output_tokens / endpoints / admitted.steps)
+        rows.append(PlanRow(endpoints=endpoints, makespan_s=admitted.seconds + ramp,
+                            bound_s=bound.seconds, ramp_s=ramp, output_tok_s=bound.tok_s,
+                            binding=admitted.binding, summed_capacity_tok_s=summed,
+                            share_of_summed_capacity=bound.tok_s / summed if summed else 0.0,
+                            within_5pct_of_best=False))
+    best = min(r.makespan_s for r in rows)
+    rows = [r.model_copy(update={"within_5pct_of_best": r.makespan_s <= (1 + NEAR_BEST) * best})
+            for r in rows]
     smallest = min(r.endpoints for r in rows if r.within_5pct_of_best)
-    return FleetPlan(tickers=tickers, shape=shape, profile=server, rows=rows,
-                     best_makespan_s=best, smallest_within_5pct=smallest)
+    return FleetPlan(tickers=tickers, shape=shape, profile=server, admission=admission,
+                     rows=rows, best_makespan_s=best, smallest_within_5pct=smallest)
 
 
 def parse_clock(text: str, what: str = "--deadline") -> time:

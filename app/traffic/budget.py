@@ -173,12 +173,13 @@ class TokenBudget:
         self._refused = True
         return False
 
-    def room_for_new(self, *, refusal: bool = True) -> bool:
-        """Return True when a new ticker may start: a typical request fits beside the holds;
-        a no counts as a refusal (which lets the factor rise) unless ``refusal`` is False."""
+    def room_for_new(self, *, refusal: bool = True, starting: int = 0) -> bool:
+        """Return True when a new ticker may start: a typical request fits beside the holds
+        and one for each of ``starting`` tickers not costed yet; a no counts as a refusal
+        (which lets the factor rise) unless ``refusal`` is False."""
         limit = self.limit
-        fits = limit is None or (self.reserved == 0 and self.held == 0) or (
-            self.reserved + self.held + self.typical_cost <= limit)
+        fits = limit is None or (self.reserved == 0 and self.held == 0 and starting == 0) or (
+            self.reserved + self.held + (starting + 1) * self.typical_cost <= limit)
         self._refused |= refusal and not fits
         return fits
 

@@ -158,7 +158,7 @@ class TickerClient:
         claim = await server.gate.claim(tag.node, body)
         if not ticket.asked:
             ticket.asked = True
-            self.servers.changed.set()  # the scheduler waits for this before the next start
+            self.servers.changed.set()  # its promised request is now the gate's own
         return claim, started
 
     async def _attempt(self, server: Server, claim: Claim, tag: CallTag, call: Call,

@@ -102,20 +102,23 @@ class Gate:
         self.limit = max(1, limit)
         self.grant()
 
-    def has_room(self) -> bool:
-        """Return True when a new request (of a typical size) would be sent at once."""
-        return self.short(refusal=True) is None
+    def has_room(self, starting: int = 0) -> bool:
+        """Return True when a new request (of a typical size) would be sent at once, beside
+        one for each of ``starting`` tickers started here that have not asked yet."""
+        return self.short(refusal=True, starting=starting) is None
 
-    def short(self, *, refusal: bool = False) -> str | None:
-        """Return what a new request of a typical size lacks first (None: it would go now);
-        ``refusal`` counts a budget refusal (letting the factor rise), a report does not."""
+    def short(self, *, refusal: bool = False, starting: int = 0) -> str | None:
+        """Return what a new request of a typical size lacks first (None: it would go now),
+        ``starting`` requests promised ahead of it; ``refusal`` counts a budget refusal
+        (letting the factor rise), a report does not."""
         if self.held:
             return HELD
-        if self.outstanding >= self.limit:
+        if self.outstanding + starting >= self.limit:
             return REQUEST_LIMIT
         if self.waiting:
             return QUEUED
-        if self.budget is not None and not self.budget.room_for_new(refusal=refusal):
+        if self.budget is not None and not self.budget.room_for_new(refusal=refusal,
+                                                                    starting=starting):
             return TOKEN_BUDGET
         return None
 

@@ -159,12 +159,10 @@ class Scheduler:
                 break  # stopping: the tickers not started stay queued, for a resume
             order += 1
             self._unstarted -= job.requests
+            # Until it asks, the endpoint's room counts one request for it (Server.starting):
+            # the next start need not wait for this one's first turn.
             tickers.create_task(self._one(job, TickerClient(self.endpoints, endpoint, ticket),
                                           on_done), name=job.key)
-            # Until the new ticker asks for a place the gate looks free: no burst of starts.
-            while slots is None and not ticket.asked:
-                self.endpoints.changed.clear()
-                await self.endpoints.changed.wait()
         for task in preparing:
             task.cancel()
 

@@ -100,6 +100,11 @@ class Server:
         return len(self.here)
 
     @property
+    def starting(self) -> int:
+        """Return the tickers started here whose first request has not asked the gate yet."""
+        return sum(1 for ticket in self.here.values() if not ticket.asked)
+
+    @property
     def work(self) -> int:
         """Return the requests the tickers here have left."""
         return sum(ticket.remaining for ticket in self.here.values())
@@ -164,8 +169,10 @@ class Server:
             room = self.tickers < ticker_slots
         else:
             # fixed-N prefetching: N chains (chain_slots) and the fan-outs that feed them.
-            # Adaptive: a request would go at once, and one more chain fits (chains.py).
-            room = self.gate.has_room() and not self._capped()
+            # Adaptive: a request would go at once beside one for each ticker started here
+            # that has not asked yet, and one more chain fits (chains.py).
+            room = (self.gate.has_room(self.starting if ticker_slots is None else 0)
+                    and not self._capped())
         return Load(self.index, self.up, room,
                     budget.free if (budget := self.limits.budget) is not None else None,
                     max(0, self.gate.limit - self.gate.outstanding), self.tickers,
@@ -173,7 +180,8 @@ class Server:
 
     def blocker(self) -> str:
         """Return the first thing short for a new ticker here, in the order ``load`` checks."""
-        return self.gate.short() or (CHAIN_CAP if self._capped() else ROOM)
+        return (self.gate.short(starting=self.starting)
+                or (CHAIN_CAP if self._capped() else ROOM))
 
     def note_start_wait(self, t_s: float) -> None:
         """Record what held a new ticker back at this reading, ``t_s`` into the batch."""

@@ -45,7 +45,7 @@ from sqlalchemy import func, select
 from agents.chat import CallTag
 from app.bench.bound import GraphFacts, StepCost, graph_bound, summed_capacity
 from app.bench.machine import machine_facts
-from app.bench.plan import PlanRow, ServerModel, mean_shape, plan_fleet
+from app.bench.plan import Admission, PlanRow, ServerModel, mean_shape, plan_fleet
 from app.bench.schedulers import run_bench
 from app.bench.workloads import ANALYSTS, synthetic_workload
 from app.cli.common import cell, setup
@@ -64,6 +64,8 @@ from tests.integration.unattended import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_PROFILE = "cpu-tiny"  # --vllm-cpu's servers: the tiny model, as the integration tests'
+READING_S = 1.0  # the client's /metrics interval here: the request limit doubles per reading
+
 
 @dataclass
 class LoopLag:
@@ -406,7 +408,8 @@ def plan_for(result: dict[str, Any]) -> PlanRow:
                          step_b_s=gpu["step_b_s"] / gpu["speedup"],
                          source="the fleet simulation's endpoints")
     shape = mean_shape("simulated night", GraphFacts(**result["arm"]["graph"]), tickers)
-    return plan_fleet(tickers, shape, server).rows[result["endpoints"] - 1]
+    admission = Admission(reading_s=READING_S)
+    return plan_fleet(tickers, shape, server, admission).rows[result["endpoints"] - 1]
 
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -532,7 +535,7 @@ def fleet(
                  "call_timeout_s": 300, "context_check_includes_output": False} if vllm_cpu
                 else {"llm_model": MODEL})
         settings = load_settings(llm_base_url=",".join(urls), database_url=db_url,
-                                 max_concurrency=max_concurrency, metrics_interval_s=1.0,
+                                 max_concurrency=max_concurrency, metrics_interval_s=READING_S,
                                  retry_backoff_s=0.5, **real)
         engine = get_engine(db_url)
         load = synthetic_workload(settings, tickers, scale, output_scale)

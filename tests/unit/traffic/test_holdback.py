@@ -46,7 +46,7 @@ def test_the_blocker_is_the_first_thing_short_in_the_order_room_is_judged() -> N
 
     tickets = [Ticket(i) for i in range(3)]
     for ticket in tickets:
-        ticket.outstanding = 1
+        ticket.outstanding, ticket.asked = 1, True
         endpoint.arrive(ticket)
     budget.take(Claim(3_000))
     budget.take(Claim(3_000))
@@ -60,7 +60,10 @@ def test_the_blocker_is_the_first_thing_short_in_the_order_room_is_judged() -> N
     # ...but 3 chains of 2,000 use the slots
     endpoint.limits.footprint.sample(endpoint.gate, tickets)
     assert endpoint.chain_slots() == 4
-    endpoint.arrive(Ticket(3))
+    starting = Ticket(3)
+    endpoint.arrive(starting)  # started, not asked yet: a typical request is promised it
+    assert endpoint.blocker() == TOKEN_BUDGET  # 6,000 + 2 x 3,000 would pass 9,500
+    starting.asked = True
     assert endpoint.blocker() == CHAIN_CAP
 
     endpoint.gate.outstanding = 8  # every request place taken: that is short first

@@ -152,6 +152,37 @@ def test_strategy_knobs_parse_and_bad_ones_are_refused() -> None:
             Strategy.parse(bad)
 
 
+async def test_adaptive_starts_what_its_gate_has_room_for_without_waiting_for_each_ask(
+        ) -> None:
+    # Tickers slow to reach their first request (a graph to build, data to load): the gate
+    # (limit 4) counts one promised request for each started ticker that has not asked, so
+    # four start in one pass, before any asks, and the fifth waits for room.
+    scheduler = over_one_server(RecordingLLM(), Strategy.parse("adaptive:tail=off"))
+    go = asyncio.Event()
+    begun: list[str] = []
+
+    def slow_job(key: str) -> Job:
+        async def run(gated: TickerClient) -> None:
+            begun.append(key)
+            await go.wait()
+            await gated.send(CallTag(1, key, "n0", 0), {})
+        return Job(key, run, requests=1, chain=1)
+
+    async def on_done(job: Job, result: Any, error: BaseException | None) -> None:
+        assert error is None
+
+    running = asyncio.ensure_future(scheduler.run([slow_job(f"T{i}") for i in range(6)],
+                                                  on_done))
+    await asyncio.sleep(0.05)
+    server = scheduler.endpoints.first
+    assert begun == ["T0", "T1", "T2", "T3"]
+    assert server.starting == 4 and not server.load(None).room
+    assert server.blocker() == "request limit"
+    go.set()
+    await asyncio.wait_for(running, 5)
+    assert sorted(begun) == [f"T{i}" for i in range(6)] and scheduler.left == 0
+
+
 async def test_a_ticker_waiting_for_room_starts_once_marked_urgent_and_none_once_stopping(
         ) -> None:
     servers = one_server(RecordingLLM(), Strategy.parse("adaptive"))
