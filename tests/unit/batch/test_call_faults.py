@@ -11,6 +11,7 @@ from sqlalchemy import Engine, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.graph import node_names
+from agents.nodes import ANALYSTS
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
 from app.db.engine import get_engine
@@ -75,8 +76,11 @@ def test_a_wrong_key_stops_the_batch_at_once_with_one_line(
     assert len(errors) == 1
     assert "401" in errors[0] and "Incorrect API key provided" in errors[0]
     assert "NIGHTDESK_LLM_API_KEY" in errors[0]  # says what to fix
-    # At once: no retries of a 401, and no ticker started after the first answer came back.
-    assert len(server.chats) <= 4  # the first ticker's four analysts, sent together
+    # At once: no retries of a 401, and nothing past the first wave (the tickers adaptive
+    # starts in one pass send their four analysts together; no later node is reached).
+    assert all(chat.attempt == 1 for chat in server.chats)
+    assert {chat.node for chat in server.chats} <= set(ANALYSTS)
+    assert len(server.chats) <= len(ANALYSTS) * len(tickers)
     with get_engine(sqlite_url).connect() as conn:
         status, error = conn.execute(select(Batch.status, Batch.error)).one()
         runs = Counter(conn.execute(select(TickerRun.status)).scalars())
