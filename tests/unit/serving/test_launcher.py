@@ -61,21 +61,9 @@ def test_server_that_never_gets_healthy_is_stopped_at_the_deadline(tmp_path: Pat
 
 def test_fake_server_starts_records_facts_and_stops(tmp_path: Path) -> None:
     port = _free_port()
-    fake = python_command(f"""
-        import http.server
-        print("INFO Model loading took 0.25 GiB and 1.5 seconds", flush=True)
-        print("INFO Maximum concurrency for 8,192 tokens per request: 5.69x", flush=True)
-
-        class Health(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                self.send_response(200 if self.path == "/health" else 404)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        http.server.HTTPServer(("127.0.0.1", {port}), Health).serve_forever()
-    """)
+    fake = health_server(port, 'print("INFO Model loading took 0.25 GiB and 1.5 seconds", '
+                               'flush=True); print("INFO Maximum concurrency for 8,192 tokens '
+                               'per request: 5.69x", flush=True)')
     facts = launcher.start(PROFILE, port=port, state_dir=tmp_path, command=fake, timeout_s=30)
     try:
         assert facts["weights_gib"] == 0.25
