@@ -65,10 +65,15 @@ def mark_orphaned(engine: Engine, stale_s: float) -> list[int]:
 
 
 def _crash(conn: Any, why: dict[int, str]) -> None:
-    """Mark ``running`` batches crashed, each with its reason; their open tickers interrupted."""
+    """Mark ``running`` batches crashed, each with its reason; their open tickers interrupted.
+
+    A crashed batch finished at its last sign of life (heartbeat, else start), not when a
+    later start or ``report`` happened to find it dead.
+    """
     for batch_id, error in why.items():
+        last_alive = func.coalesce(Batch.heartbeat_at, Batch.started_at)
         conn.execute(update(Batch).where(Batch.id == batch_id, Batch.status == "running")
-                     .values(status="crashed", finished_at=datetime.now(UTC),
+                     .values(status="crashed", finished_at=last_alive,
                              error=f"{error}; resume with `nightdesk run --resume`"))
     conn.execute(update(TickerRun)
                  .where(TickerRun.batch_id.in_(list(why)),

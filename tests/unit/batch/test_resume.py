@@ -240,6 +240,10 @@ def test_mark_stale_leaves_fresh_and_finished_batches(sqlite_engine: Engine) -> 
     stale = stale_batch(sqlite_engine, ["BBB"], age_s=600)
     assert mark_stale_crashed(sqlite_engine, 300) == [stale]
     assert mark_stale_crashed(sqlite_engine, 300) == []  # already marked
+    with sqlite_engine.connect() as conn:
+        row = conn.execute(select(Batch.finished_at, Batch.heartbeat_at)
+                           .where(Batch.id == stale)).one()
+    assert row.finished_at == row.heartbeat_at  # its last sign of life, not the marking
     with pytest.raises(InputError, match="no tickers left"):
         find_resumable(sqlite_engine, old, stale_s=300)
 
