@@ -69,11 +69,9 @@ def render_head(batch: BatchSummary, failed: list[FailedTicker], advice: list[Ad
     that failed and why."""
     style = STATUS_STYLES.get(batch.status, "red")
     demo = "[bold red]DEMO DATA[/] " if batch.demo else ""
-    unfinished = batch.tickers_total - batch.tickers_succeeded - batch.tickers_failed
-    left = f", {unfinished} not finished" if unfinished and batch.status != "running" else ""
     console.print(f"{demo}batch {batch.id} ({batch.kind}, as of {batch.as_of}): "
-                  f"[{style}]{batch.status}[/] — {batch.tickers} tickers succeeded, "
-                  f"{batch.tickers_failed} failed{left}; duration {span(batch.duration_s)}")
+                  f"[{style}]{batch.status}[/] — {batch.outcome}; "
+                  f"duration {span(batch.duration_s)}")
     if batch.error:
         console.print(f"  error: {escape(batch.error)}")
     for step in advice:

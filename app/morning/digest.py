@@ -105,11 +105,7 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
     what = f"nightly batch #{batch.id}" if batch.kind == "nightly" else f"rerun #{batch.id}"
     title = (f"{demo}nightdesk: {what} (as of {batch.as_of}) {batch.status.upper()}, "
              f"{batch.tickers} tickers")
-    unfinished = batch.tickers_total - batch.tickers_succeeded - batch.tickers_failed
-    lines = [f"Status: {batch.status}: {batch.tickers_succeeded} of {batch.tickers_total} "
-             f"tickers succeeded, {batch.tickers_failed} failed"
-             + (f", {unfinished} not finished" if unfinished and batch.status != "running"
-                else "")
+    lines = [f"Status: {batch.status}: {batch.outcome}"
              + (f" — {batch.error}" if batch.error else ""),
              f"Duration: {span(batch.duration_s)}; output "
              f"{rate.output_tokens_per_s:.1f} tok/s ({rate.completion_tokens} tokens over "

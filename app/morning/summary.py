@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, PlainSerializer
+from pydantic import BaseModel, ConfigDict, PlainSerializer, computed_field
 from sqlalchemy import Connection, Engine, Select, and_, or_, select
 
 from app.db.models import INFRASTRUCTURE, Batch, Decision, TickerRun
@@ -120,13 +120,24 @@ class BatchSummary(BaseModel):
     strategy: str | None
     source_batch_id: int | None  # a replay's recorded batch
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def outcome(self) -> str:
+        """The tickers' outcome in the one sentence the digest, report and page all show:
+        succeeded of planned, failed, and (once the batch stopped) those not finished."""
+        said = (f"{self.tickers_succeeded} of {self.tickers_total} tickers succeeded, "
+                f"{self.tickers_failed} failed")
+        unfinished = self.tickers_total - self.tickers_succeeded - self.tickers_failed
+        return said + (f", {unfinished} not finished"
+                       if unfinished and self.status != "running" else "")
+
     @classmethod
     def csv_fields(cls) -> tuple[str, ...]:
         return tuple(cls.model_fields)
 
     def to_csv(self) -> dict[str, str | int | float | bool]:
         """Return one CSV row: the JSON fields, None as an empty cell."""
-        data = self.model_dump(mode="json")
+        data = self.model_dump(mode="json", include=set(self.csv_fields()))
         return {key: "" if value is None else value for key, value in data.items()}
 
 

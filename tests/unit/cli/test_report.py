@@ -103,7 +103,7 @@ def test_report_heads_with_status_as_of_duration_and_the_failed_tickers(
     assert result.code == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == (f"DEMO DATA batch {ids['night2']} (nightly, as of {D2}): partial — "
-                        "2/3 tickers succeeded, 1 failed; duration 1 h 30 min")
+                        "2 of 3 tickers succeeded, 1 failed; duration 1 h 30 min")
     # CCC's rerun (D2) succeeded and the ranking applies it: nothing left to advise.
     assert lines[1:3] == ["failed tickers (1):", "  CCC (failed): LLMTimeoutError: no answer"]
     data = json.loads(run_cli("report", str(ids["night2"]), "--format", "json").stdout)

@@ -170,7 +170,7 @@ def test_report_and_the_batch_page_tell_not_finished_from_failed(
         status="interrupted", error="stopped by SIGTERM: finished tickers are kept; "
                                     "`nightdesk run --resume` completes the batch")
     lines = run_cli("report", str(night), env={"COLUMNS": "250"}).stdout.splitlines()
-    assert lines[0].endswith("interrupted — 1/3 tickers succeeded, 0 failed, 2 not "
+    assert lines[0].endswith("interrupted — 1 of 3 tickers succeeded, 0 failed, 2 not "
                              "finished; duration 40 min 00 s")
     assert lines[1:5] == [
         "  error: stopped by SIGTERM: finished tickers are kept",
