@@ -10,7 +10,10 @@ exporting one is
 
 and ``python -m tests.unit.support.eta_fixture table FIXTURE.json`` prints its replay as a
 Markdown table (the docs/lab notes' tables): at each stored reading, the ETA replayed now
-against the true time left, and the estimate the live reading stored.
+against the true time left, and the estimate the live reading stored. ``table FIXTURE.json
+STEP`` replays it every STEP seconds instead (no live estimate to show), with how many of
+those moments from a tenth of the night on were within 25% of the time left, and within 25%
+or one reading interval (``app.batch.progress.LOG_EVERY_S``).
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, insert, select
 
+from app.batch.progress import LOG_EVERY_S
 from app.db.engine import get_engine
 from app.db.models import Base, Batch, LLMCall, ProgressReading, ServerSample, TickerRun
 from app.morning import eta
@@ -122,9 +126,11 @@ def _error(said: float | None, left: float) -> str:
     return "—" if said is None else f"{(said - left) / left:+.0%}"
 
 
-def table(path: Path) -> str:
+def table(path: Path, step_s: float | None = None) -> str:
     """Return the fixture's replay as Markdown rows, and how often the interval held the
-    true time left from a tenth of the night on."""
+    true time left from a tenth of the night on; ``step_s``: at every ``step_s`` seconds of
+    the night rather than at its stored readings, and how often the ETA was within 25% of
+    the time left, or within 25% or one reading interval."""
     with tempfile.TemporaryDirectory() as scratch:
         engine = get_engine(f"sqlite:///{scratch}/replay.db")
         Base.metadata.create_all(engine)
@@ -133,9 +139,13 @@ def table(path: Path) -> str:
             start, end = conn.execute(select(Batch.started_at, Batch.finished_at)
                                       .where(Batch.id == batch_id)).one()
         night_s = (end - start).total_seconds()
+        if step_s is not None:
+            count = int(night_s // step_s) + 1
+            readings = [{"taken_at": start + timedelta(seconds=i * step_s), "eta_s": None}
+                        for i in range(count)]
         rows = ["| into the night | left s | ETA s (interval) | error | live s | live error |",
                 "|---:|---:|---|---:|---:|---:|"]
-        held = counted = 0
+        held = counted = within = floored = 0
         for recorded in readings:
             left = (end - recorded["taken_at"]).total_seconds()
             if left <= 0:
@@ -145,6 +155,9 @@ def table(path: Path) -> str:
                 counted += 1
                 held += (found.eta_low_s is not None and found.eta_high_s is not None
                          and found.eta_low_s <= left <= found.eta_high_s)
+                off = None if found.eta_s is None else abs(found.eta_s - left)
+                within += off is not None and off <= 0.25 * left
+                floored += off is not None and off <= max(0.25 * left, LOG_EVERY_S)
             shown = ("—" if found.eta_s is None else
                      f"{found.eta_s:.0f} ({found.eta_low_s:.0f}–{found.eta_high_s:.0f})")
             live = recorded["eta_s"]
@@ -152,12 +165,15 @@ def table(path: Path) -> str:
                         f"{_error(found.eta_s, left)} | "
                         f"{'—' if live is None else f'{live:.0f}'} | {_error(live, left)} |")
         engine.dispose()
-    return "\n".join([*rows, "", f"interval held the time left: {held} of {counted} "
-                       "readings from 10% on"])
+    summary = [f"interval held the time left: {held} of {counted} readings from 10% on"]
+    if step_s is not None:
+        summary.append(f"within 25% of the time left: {within} of {counted}; within 25% or "
+                       f"{LOG_EVERY_S:.0f} s: {floored} of {counted}")
+    return "\n".join([*rows, "", *summary])
 
 
 if __name__ == "__main__" and sys.argv[1] == "table":
-    print(table(Path(sys.argv[2])))
+    print(table(Path(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else None))
 elif __name__ == "__main__":
     url, batch, out, source = sys.argv[1:5]
     Path(out).write_text(json.dumps(export(url, int(batch), source), separators=(",", ":"))
