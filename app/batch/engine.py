@@ -6,13 +6,15 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import structlog
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from pydantic import BaseModel
 from sqlalchemy import Engine
 
 from agents.data import DataProvider, MarketBundle, get_provider, serves_demo
@@ -22,20 +24,17 @@ from app.batch import store
 from app.batch.checkpoints import open_checkpointer, prune
 from app.batch.faults import INFRASTRUCTURE, FailureClass, failure_class
 from app.batch.heap import batch_collector
-from app.batch.progress import BatchProgress
 from app.config import Settings
 from app.db.lock import LockHold, Runner
 from app.db.retry import outage, transient, write_budget
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
-from app.traffic import summary
 from app.traffic.client import TickerClient
 from app.traffic.clock import Clock, loop_clock
 from app.traffic.halt import Halt, HaltReason
 from app.traffic.scheduler import Job, Scheduler
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
-from app.traffic.summary import Admission, HoldBackTimeline
 from app.traffic.tasks import first_error
 from app.usage import UsageRecorder, spool_path
 
@@ -85,9 +84,25 @@ class BatchOutcome:
     failed: dict[str, str] = field(default_factory=dict)
     # The failed tickers whose failure was the infrastructure's: `run --resume` takes them up.
     infrastructure: list[str] = field(default_factory=list)
-    admission: Admission | None = None  # how the scheduler ended
-    holdback: HoldBackTimeline | None = None  # for the bench; too long to log
     halt: HaltReason | None = None  # why it stopped early, when it did
+
+
+class Recording(Protocol):
+    """What records a batch beside the engine, attached to a run by whoever runs it
+    (app/recorder/'s ``Recorder``): given the batch's control objects, it reads their plain
+    state; the engine stores and logs what it returns, and reads none of its records."""
+
+    def watch(self, batch_id: int, tickers: int, expected_calls: int | None,
+              servers: ServerSet, strategy: Strategy) -> AbstractAsyncContextManager[object]:
+        """Take the batch's servers; return what records it live while its tickers run."""
+
+    def ticker_done(self, ok: bool) -> None: ...
+
+    def fallback(self) -> BaseModel | None:
+        """Return the batch's time without /metrics, stored with it (None: it had none)."""
+
+    def finished(self) -> BaseModel:
+        """Return how the batch's admission ended, for its last log line."""
 
 
 class BatchEngine:
@@ -117,11 +132,13 @@ class BatchEngine:
         self.clock = clock  # what server outages and the outage budget are timed on
 
     async def run(self, start: BatchPlan | resumption.ResumePoint,
-                  work: TickerWork | None = None) -> BatchOutcome:
+                  work: TickerWork | None = None,
+                  recording: Recording | None = None) -> BatchOutcome:
         """Run a batch, the one way every command does: a plan starts one, a resume point
         continues a stopped one from each unfinished ticker's last finished node. ``work``:
-        each ticker's graph unless given (a replay, a bench). One ticker's failure never
-        stops the others; a nightly batch that ends whole has its ratings watched."""
+        each ticker's graph unless given (a replay, a bench); ``recording``: what records
+        it (None: nothing does). One ticker's failure never stops the others; a nightly
+        batch that ends whole has its ratings watched."""
         if isinstance(start, resumption.ResumePoint):
             self.settings = shaped(self.settings, start.settings)
             self.pipeline = self.settings.pipeline()
@@ -133,7 +150,7 @@ class BatchEngine:
             plan, resuming = start, None
         # Every write of the batch, in its threads and tasks too, tries for its budget.
         with batch_collector(), write_budget(self.settings.store.db_write_budget_s):
-            async with BatchRun(self, plan, work, resuming) as run:
+            async with BatchRun(self, plan, work, resuming, recording) as run:
                 await run.drive()
         if plan.kind == "nightly" and run.outcome.status in ("succeeded", "partial"):
             # An interrupted night is judged when its resume ends.
@@ -158,8 +175,10 @@ class BatchRun:
     """
 
     def __init__(self, owner: BatchEngine, plan: BatchPlan, work: TickerWork | None,
-                 resuming: resumption.ResumePoint | None = None) -> None:
+                 resuming: resumption.ResumePoint | None = None,
+                 recording: Recording | None = None) -> None:
         self.owner = owner
+        self.recording = recording
         self.plan = plan
         self.given_work = work
         self.resuming = resuming
@@ -211,9 +230,11 @@ class BatchRun:
                                         settings.calls.max_concurrency),
             halt=owner.halt, resume_hint=self.resume_hint, clock=owner.clock)
         self.scheduler = Scheduler(self.strategy, self.servers)
-        self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
-                                      expected_calls=self.work.expected_calls,
-                                      engine=owner.engine)
+        self.watching: AbstractAsyncContextManager[object] = nullcontext()
+        if self.recording is not None:
+            self.watching = self.recording.watch(self.batch_id, len(plan.tickers),
+                                                 self.work.expected_calls, self.servers,
+                                                 self.strategy)
         try:
             await self.recorder.start()
             await self.servers.start()
@@ -301,7 +322,8 @@ class BatchRun:
                 outcome.succeeded.append(job.key)
                 log.info("ticker done", ticker=job.key,
                          rating=decisions[0].rating if decisions else None)
-            self.progress.ticker_done(job.key, ok=message is None)
+            if self.recording is not None:
+                self.recording.ticker_done(ok=message is None)
 
         prepare = work.prepare
         jobs = [Job(t, functools.partial(ticker_job, t), (work.weights or {}).get(t, 0.0),
@@ -312,7 +334,7 @@ class BatchRun:
             if self.given_work is None:  # the graph's work resumes from its checkpoints
                 self.saver = await checkpoints.enter_async_context(open_checkpointer(
                     owner.settings.store.database_url, before_write=self.recorder.drain))
-            async with self.progress:
+            async with self.watching:
                 await run_until_halted(self.scheduler, self.scheduler.run(jobs, on_done),
                                        owner.halt, beside=[self._heartbeat()])
             if self.saver is not None and owner.halt.reason is None:
@@ -327,7 +349,7 @@ class BatchRun:
             outcome.status, self.error_text = owner.halt.reason.status, owner.halt.reason.message
         if self.servers.outages:
             self.extra_settings["server_outages"] = self.servers.outages
-        fallback = summary.fallback(self.servers)
+        fallback = self.recording.fallback() if self.recording else None
         if fallback is not None:  # shown by `nightdesk report`
             self.extra_settings["metrics_fallback"] = fallback.model_dump()
         self.body_ok = True
@@ -356,8 +378,7 @@ class BatchRun:
                 self.error_text = "; ".join(filter(None, [self.error_text, "; ".join(
                     note for note, _ in failed)[:500]]))
             outcome = self.outcome
-            admission = outcome.admission = summary.admission(self.servers, self.strategy)
-            outcome.holdback = summary.holdback_timeline(self.servers)
+            admission = self.recording.finished() if self.recording else None
             if await self._may_write_end():
                 try:
                     await asyncio.to_thread(
@@ -371,7 +392,8 @@ class BatchRun:
                     stopped = outage("the batch's end not stored", unstored)
                     raise StorageOutage(f"{stopped}{self.resume_hint}") from unstored
             log.info("batch finished", status=outcome.status, succeeded=len(outcome.succeeded),
-                     failed=len(outcome.failed), admission=admission.model_dump())
+                     failed=len(outcome.failed),
+                     **{"admission": admission.model_dump()} if admission else {})
             # What closing met is raised: a cancellation always; an error when nothing else is.
             for _, error in failed:
                 if not isinstance(error, Exception):

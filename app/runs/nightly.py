@@ -26,6 +26,7 @@ from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import ERRORS, AlreadyRunningError, InputError, first_line
 from app.morning.digest import send_digest, send_refusal
+from app.recorder.record import Recorder
 from app.runs import resumable
 from app.runs.preflight import ServerCheck, check_start, provider_missing
 from serving.facts import batch_server_facts
@@ -144,7 +145,8 @@ def execute_plan(settings: Settings, engine: Engine,
         announce(resumed)
     runner = BatchEngine(settings, engine, lock=lock, server_facts=batch_server_facts(
         settings.llm.server_profile, settings.llm.url, settings.paths.server_dir))
-    outcome = run_batch(runner.run(start), runner.halt, settings.batch.shutdown_grace_s)
+    outcome = run_batch(runner.run(start, recording=Recorder(engine)), runner.halt,
+                        settings.batch.shutdown_grace_s)
     send_digest(settings, engine, outcome)
     return outcome
 
