@@ -24,6 +24,7 @@ from app.llm import TrackedLLM
 from app.morning.ranking import ranking
 from app.morning.serverview import server_view
 from app.recorder.record import Recorder
+from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 
 
@@ -38,7 +39,8 @@ def make_engine(sqlite_engine: Engine, demo_dir: Path, server: FakeServer, **ove
     settings = load_settings(check_context_length=False, retry_backoff_s=0, **overrides)
     # Sampling on: the engine reads the fake's /metrics through the same client.
     return BatchEngine(settings, sqlite_engine, http_client=server.client(),
-                       provider=SnapshotProvider(demo_dir))
+                       provider=SnapshotProvider(demo_dir),
+                       checkpoints=Checkpoints(settings.store.database_url, sqlite_engine))
 
 
 async def test_batch_stores_decisions_calls_and_requests(sqlite_engine: Engine,

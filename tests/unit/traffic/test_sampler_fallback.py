@@ -20,6 +20,7 @@ from app.morning.accounting import batch_report
 from app.morning.serverview import server_view
 from app.recorder.progress import BatchProgress
 from app.recorder.record import Recorder
+from app.runs.checkpoints import Checkpoints
 from app.traffic.strategy import Strategy
 from tests.fakevllm import FakeServer, Reply
 from tests.unit.support.servers import read_servers
@@ -40,7 +41,8 @@ async def test_unreadable_metrics_are_warned_once_paused_on_and_recorded(
     server = FakeServer(nodes=node_names(settings.pipeline()), tickers=tickers)
     server.cue(Reply(status=503, error="metrics unavailable"), times=missed, path="/metrics")
     runner = BatchEngine(settings, sqlite_engine, http_client=server.client(),
-                         provider=SnapshotProvider(demo_dir), sample_metrics=True)
+                         provider=SnapshotProvider(demo_dir), sample_metrics=True,
+                         checkpoints=Checkpoints(settings.store.database_url, sqlite_engine))
     with structlog.testing.capture_logs() as logs:
         outcome = await runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers),
                                    recording=Recorder(sqlite_engine))

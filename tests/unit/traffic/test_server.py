@@ -34,6 +34,7 @@ from app.errors import (
 )
 from app.recorder.record import Recorder
 from app.recorder.summary import EndpointSummary
+from app.runs.checkpoints import Checkpoints
 from app.runs.replay import WorkItem, Workload, play, shape
 from app.runs.resumable import find_resumable
 from app.traffic.client import TickerClient, server_fault
@@ -108,7 +109,8 @@ async def run(engine: Engine, demo_dir: Path, servers: FakeServers,
                              server_probe_interval_s=0.05, **overrides)
     clock = clock or ReadClock()
     runner = BatchEngine(settings, engine, http_client=clock.client(servers),
-                         provider=SnapshotProvider(demo_dir), clock=clock)
+                         provider=SnapshotProvider(demo_dir), clock=clock,
+                         checkpoints=Checkpoints(settings.store.database_url, engine))
     return await runner.run(BatchPlan("nightly", DEMO_AS_OF, demo_tickers(TICKERS),
                                       strategy=strategy), recording=record)
 
@@ -379,7 +381,9 @@ async def test_every_endpoint_down_past_the_budget_interrupts_the_batch_for_a_re
     settings = load_settings(llm_base_url=healthy.base_urls, check_context_length=False,
                              retry_backoff_s=0, metrics_interval_s=0.05)
     resumed = await BatchEngine(settings, sqlite_engine, http_client=healthy.client(),
-                                provider=SnapshotProvider(demo_dir)).run(
+                                provider=SnapshotProvider(demo_dir),
+                                checkpoints=Checkpoints(settings.store.database_url,
+                                                        sqlite_engine)).run(
         find_resumable(sqlite_engine, outcome.batch_id, stale_s=120))
     assert resumed.status == "succeeded"
     with sqlite_engine.connect() as conn:
