@@ -255,11 +255,9 @@ class BatchRun:
                                         settings.calls.max_concurrency),
             halt=owner.halt, resume_hint=self.resume_hint, clock=owner.clock)
         self.scheduler = Scheduler(self.strategy, self.servers)
-        self.watching: AbstractAsyncContextManager[object] = nullcontext()
-        if self.recording is not None:
-            self.watching = self.recording.watch(self.batch_id, len(plan.tickers),
-                                                 self.work.expected_calls, self.servers,
-                                                 self.strategy)
+        self.watching = nullcontext() if self.recording is None else self.recording.watch(
+            self.batch_id, len(plan.tickers), self.work.expected_calls, self.servers,
+            self.strategy)
         try:
             await self.recorder.start()
             await self.servers.start()
