@@ -14,7 +14,7 @@ target_metadata = Base.metadata
 
 # Tables that live in our database but are not ours to migrate: the scheduler daemon's job
 # store (APScheduler creates and owns it) and, on PostgreSQL, the LangGraph checkpoint
-# saver's (app/batch/checkpoints.py). Autogenerate must not offer to drop them.
+# saver's (app/runs/checkpoints.py). Autogenerate must not offer to drop them.
 FOREIGN_TABLES = {"apscheduler_jobs", "checkpoints", "checkpoint_blobs", "checkpoint_writes",
                   "checkpoint_migrations"}
 

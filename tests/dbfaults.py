@@ -29,7 +29,7 @@ import pytest
 from psycopg import sql
 from sqlalchemy import Engine, event, select
 
-import app.batch.checkpoints
+import app.runs.checkpoints
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.db.models import LLMCall, LLMRequest
 from tests.fakevllm import ChatRequest, FakeServer
@@ -80,7 +80,7 @@ class SqliteFull:
             self._savers.append(conn)
             return conn
 
-        monkeypatch.setattr(app.batch.checkpoints.aiosqlite, "connect", connect)
+        monkeypatch.setattr(app.runs.checkpoints.aiosqlite, "connect", connect)
 
         async def follow() -> None:
             applied: dict[int, int] = {}

@@ -5,37 +5,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import structlog
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from pydantic import BaseModel
 from sqlalchemy import Engine
 
 from agents.data import DataProvider, MarketBundle, get_provider, serves_demo
 from agents.graph import analyze_ticker, chain_length, node_names, thread_id
-from app.batch import resume as resumption
 from app.batch import store
-from app.batch.checkpoints import open_checkpointer, prune
 from app.batch.faults import INFRASTRUCTURE, FailureClass, failure_class
 from app.batch.heap import batch_collector
-from app.batch.progress import BatchProgress
 from app.config import Settings
 from app.db.lock import LockHold, Runner
 from app.db.retry import outage, transient, write_budget
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
-from app.traffic import summary
 from app.traffic.client import TickerClient
 from app.traffic.clock import Clock, loop_clock
 from app.traffic.halt import Halt, HaltReason
 from app.traffic.scheduler import Job, Scheduler
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
-from app.traffic.summary import Admission, HoldBackTimeline
 from app.traffic.tasks import first_error
 from app.usage import UsageRecorder, spool_path
 
@@ -55,13 +52,6 @@ class TickerWork:
     shapes: dict[str, tuple[int, int]] | None = None
     expected_calls: int | None = None
     prepare: Callable[[str], Awaitable[None]] | None = None
-
-
-def shaped(settings: Settings, recorded: dict[str, Any]) -> Settings:
-    """Return ``settings`` with a recorded batch's shape (rounds, output budgets): a resumed
-    batch's graph must not change."""
-    keys = ("debate_rounds", "risk_rounds", "node_max_tokens")
-    return settings.updated(**{k: recorded[k] for k in keys if k in recorded})
 
 
 @dataclass
@@ -85,9 +75,60 @@ class BatchOutcome:
     failed: dict[str, str] = field(default_factory=dict)
     # The failed tickers whose failure was the infrastructure's: `run --resume` takes them up.
     infrastructure: list[str] = field(default_factory=list)
-    admission: Admission | None = None  # how the scheduler ended
-    holdback: HoldBackTimeline | None = None  # for the bench; too long to log
     halt: HaltReason | None = None  # why it stopped early, when it did
+
+
+class Resume(Protocol):
+    """A stopped batch to continue, as whoever found it hands it in (app/runs/resumable.py's
+    ``ResumePoint``): the engine reopens the batch through it."""
+
+    @property
+    def batch_id(self) -> int: ...
+
+    def plan(self) -> BatchPlan:
+        """Return the batch's plan: its tickers left, its samples and strategy as recorded."""
+
+    def shaped(self, settings: Settings) -> Settings:
+        """Return ``settings`` in the batch's recorded shape: its graph must not change."""
+
+    def reopen(self, engine: Engine) -> None:
+        """Set the batch running again and its tickers left queued for another attempt."""
+
+    def ended(self, engine: Engine) -> tuple[list[str], dict[str, str]]:
+        """Return its tickers that succeeded, and those that failed with their error."""
+
+
+class Checkpoints(Protocol):
+    """Where the graph's work keeps each finished node, so that a batch cut short resumes
+    by node (app/runs/checkpoints.py's ``Checkpoints``)."""
+
+    def open(self, before_write: Callable[[], Awaitable[None]]
+             ) -> AbstractAsyncContextManager[BaseCheckpointSaver[Any]]:
+        """Return the checkpointer, ready when entered; ``before_write`` runs before each write."""
+
+    async def prune(self, saver: BaseCheckpointSaver[Any], threads: Iterable[str]) -> None:
+        """Delete the checkpoints of finished threads; a failure only leaves them behind."""
+
+    def finished(self, batch_id: int) -> list[str]:
+        """Return the threads of the batch's tickers that no resume takes up."""
+
+
+class Recording(Protocol):
+    """What records a batch beside the engine, attached to a run by whoever runs it
+    (app/recorder/'s ``Recorder``): given the batch's control objects, it reads their plain
+    state; the engine stores and logs what it returns, and reads none of its records."""
+
+    def watch(self, batch_id: int, tickers: int, expected_calls: int | None,
+              servers: ServerSet, strategy: Strategy) -> AbstractAsyncContextManager[object]:
+        """Take the batch's servers; return what records it live while its tickers run."""
+
+    def ticker_done(self, ok: bool) -> None: ...
+
+    def fallback(self) -> BaseModel | None:
+        """Return the batch's time without /metrics, stored with it (None: it had none)."""
+
+    def finished(self) -> BaseModel:
+        """Return how the batch's admission ended, for its last log line."""
 
 
 class BatchEngine:
@@ -104,7 +145,10 @@ class BatchEngine:
         server_facts: dict[str, Any] | None = None,
         lock: LockHold | None = None,
         clock: Clock = loop_clock,
+        checkpoints: Checkpoints | None = None,
     ) -> None:
+        """``checkpoints``: where the graph's work keeps its nodes (None: nowhere, and a
+        resume runs a stopped ticker from its start)."""
         self.settings = settings
         self.pipeline = settings.pipeline()
         self.engine = engine
@@ -115,25 +159,24 @@ class BatchEngine:
         self.halt = Halt()  # signals, an outage, fatal errors and a lost lock stop through it
         self.lock = lock  # a nightly run's lock: each heartbeat proves it
         self.clock = clock  # what server outages and the outage budget are timed on
+        self.checkpoints = checkpoints
 
-    async def run(self, start: BatchPlan | resumption.ResumePoint,
-                  work: TickerWork | None = None) -> BatchOutcome:
+    async def run(self, start: BatchPlan | Resume,
+                  work: TickerWork | None = None,
+                  recording: Recording | None = None) -> BatchOutcome:
         """Run a batch, the one way every command does: a plan starts one, a resume point
         continues a stopped one from each unfinished ticker's last finished node. ``work``:
-        each ticker's graph unless given (a replay, a bench). One ticker's failure never
-        stops the others; a nightly batch that ends whole has its ratings watched."""
-        if isinstance(start, resumption.ResumePoint):
-            self.settings = shaped(self.settings, start.settings)
+        each ticker's graph unless given (a replay, a bench); ``recording``: what records
+        it (None: nothing does). One ticker's failure never stops the others; a nightly
+        batch that ends whole has its ratings watched."""
+        resuming = None if isinstance(start, BatchPlan) else start
+        if resuming is not None:
+            self.settings = resuming.shaped(self.settings)
             self.pipeline = self.settings.pipeline()
-            plan = BatchPlan(start.kind, start.as_of, start.tickers,
-                             int(start.settings.get("samples", 1)),
-                             str(start.settings.get("strategy", "adaptive")), start.label)
-            resuming: resumption.ResumePoint | None = start
-        else:
-            plan, resuming = start, None
+        plan = start if isinstance(start, BatchPlan) else start.plan()
         # Every write of the batch, in its threads and tasks too, tries for its budget.
         with batch_collector(), write_budget(self.settings.store.db_write_budget_s):
-            async with BatchRun(self, plan, work, resuming) as run:
+            async with BatchRun(self, plan, work, resuming, recording) as run:
                 await run.drive()
         if plan.kind == "nightly" and run.outcome.status in ("succeeded", "partial"):
             # An interrupted night is judged when its resume ends.
@@ -158,8 +201,10 @@ class BatchRun:
     """
 
     def __init__(self, owner: BatchEngine, plan: BatchPlan, work: TickerWork | None,
-                 resuming: resumption.ResumePoint | None = None) -> None:
+                 resuming: Resume | None = None,
+                 recording: Recording | None = None) -> None:
         self.owner = owner
+        self.recording = recording
         self.plan = plan
         self.given_work = work
         self.resuming = resuming
@@ -191,9 +236,8 @@ class BatchRun:
             self.outcome = BatchOutcome(self.batch_id, "crashed")  # until the run ends
         else:
             self.batch_id = self.resuming.batch_id
-            await _starting(resumption.reopen, owner.engine, self.resuming)
-            done, failed_before = await asyncio.to_thread(resumption.finished_tickers,
-                                                          owner.engine, self.batch_id)
+            await _starting(self.resuming.reopen, owner.engine)
+            done, failed_before = await asyncio.to_thread(self.resuming.ended, owner.engine)
             self.outcome = BatchOutcome(self.batch_id, "crashed", done, failed_before)
         self._log_context = structlog.contextvars.bind_contextvars(batch_id=self.batch_id)
         log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
@@ -211,9 +255,9 @@ class BatchRun:
                                         settings.calls.max_concurrency),
             halt=owner.halt, resume_hint=self.resume_hint, clock=owner.clock)
         self.scheduler = Scheduler(self.strategy, self.servers)
-        self.progress = BatchProgress(self.batch_id, len(plan.tickers), self.servers,
-                                      expected_calls=self.work.expected_calls,
-                                      engine=owner.engine)
+        self.watching = nullcontext() if self.recording is None else self.recording.watch(
+            self.batch_id, len(plan.tickers), self.work.expected_calls, self.servers,
+            self.strategy)
         try:
             await self.recorder.start()
             await self.servers.start()
@@ -263,6 +307,8 @@ class BatchRun:
     async def drive(self) -> None:
         """Run every ticker and the heartbeat until done or halted (``run_until_halted``)."""
         owner, plan, work, outcome = self.owner, self.plan, self.work, self.outcome
+        # The graph's work resumes from its checkpoints, when it is given where to keep them.
+        kept = owner.checkpoints if self.given_work is None else None
 
         async def ticker_job(ticker: str, gated: TickerClient) -> list[store.DecisionRow]:
             await asyncio.to_thread(store.ticker_started, owner.engine, self.batch_id, ticker)
@@ -287,11 +333,11 @@ class BatchRun:
             except StorageOutage as stopped:  # the ticker's end is left for the resume
                 self._stop(stopped)
                 return
-            if self.saver is not None and fault != INFRASTRUCTURE:
+            if kept is not None and self.saver is not None and fault != INFRASTRUCTURE:
                 # A ticker the infrastructure failed keeps its checkpoints: a resume
                 # continues it from its last finished node.
-                await prune(self.saver, [thread_id(self.batch_id, job.key, s)
-                                         for s in range(plan.samples)])
+                await kept.prune(self.saver, [thread_id(self.batch_id, job.key, s)
+                                              for s in range(plan.samples)])
             if message:
                 outcome.failed[job.key] = message
                 if fault == INFRASTRUCTURE:
@@ -301,7 +347,8 @@ class BatchRun:
                 outcome.succeeded.append(job.key)
                 log.info("ticker done", ticker=job.key,
                          rating=decisions[0].rating if decisions else None)
-            self.progress.ticker_done(job.key, ok=message is None)
+            if self.recording is not None:
+                self.recording.ticker_done(ok=message is None)
 
         prepare = work.prepare
         jobs = [Job(t, functools.partial(ticker_job, t), (work.weights or {}).get(t, 0.0),
@@ -309,16 +356,16 @@ class BatchRun:
                     prepare=functools.partial(prepare, t) if prepare else None)
                 for t in plan.tickers]
         async with contextlib.AsyncExitStack() as checkpoints:
-            if self.given_work is None:  # the graph's work resumes from its checkpoints
-                self.saver = await checkpoints.enter_async_context(open_checkpointer(
-                    owner.settings.store.database_url, before_write=self.recorder.drain))
-            async with self.progress:
+            if kept is not None:
+                self.saver = await checkpoints.enter_async_context(
+                    kept.open(self.recorder.drain))
+            async with self.watching:
                 await run_until_halted(self.scheduler, self.scheduler.run(jobs, on_done),
                                        owner.halt, beside=[self._heartbeat()])
-            if self.saver is not None and owner.halt.reason is None:
+            if kept is not None and self.saver is not None and owner.halt.reason is None:
                 # Also those a process killed between storing and pruning left behind.
-                await prune(self.saver, await asyncio.to_thread(
-                    resumption.threads_of, owner.engine, self.batch_id))
+                await kept.prune(self.saver, await asyncio.to_thread(kept.finished,
+                                                                     self.batch_id))
         # Over the whole batch, a resume's earlier tickers included.
         outcome.status = ("succeeded" if not outcome.failed
                           else "partial" if outcome.succeeded else "failed")
@@ -327,7 +374,7 @@ class BatchRun:
             outcome.status, self.error_text = owner.halt.reason.status, owner.halt.reason.message
         if self.servers.outages:
             self.extra_settings["server_outages"] = self.servers.outages
-        fallback = summary.fallback(self.servers)
+        fallback = self.recording.fallback() if self.recording else None
         if fallback is not None:  # shown by `nightdesk report`
             self.extra_settings["metrics_fallback"] = fallback.model_dump()
         self.body_ok = True
@@ -356,8 +403,7 @@ class BatchRun:
                 self.error_text = "; ".join(filter(None, [self.error_text, "; ".join(
                     note for note, _ in failed)[:500]]))
             outcome = self.outcome
-            admission = outcome.admission = summary.admission(self.servers, self.strategy)
-            outcome.holdback = summary.holdback_timeline(self.servers)
+            admission = self.recording.finished() if self.recording else None
             if await self._may_write_end():
                 try:
                     await asyncio.to_thread(
@@ -371,7 +417,8 @@ class BatchRun:
                     stopped = outage("the batch's end not stored", unstored)
                     raise StorageOutage(f"{stopped}{self.resume_hint}") from unstored
             log.info("batch finished", status=outcome.status, succeeded=len(outcome.succeeded),
-                     failed=len(outcome.failed), admission=admission.model_dump())
+                     failed=len(outcome.failed),
+                     **{"admission": admission.model_dump()} if admission else {})
             # What closing met is raised: a cancellation always; an error when nothing else is.
             for _, error in failed:
                 if not isinstance(error, Exception):

@@ -25,9 +25,9 @@ from agents.data.snapshot import SnapshotProvider
 from agents.decision import Decision
 from agents.fitting import PromptSize
 from agents.graph import analyze_ticker, node_names, thread_id
-from app.batch.checkpoints import open_checkpointer
 from app.bench.machine import machine_facts
 from app.config import Settings
+from app.runs.checkpoints import open_checkpointer
 
 MODES = ("none", "exit", "async", "sync")
 DECISION = Decision(rating="Hold", score=0.0, confidence=0.5, summary="bench").model_dump_json()

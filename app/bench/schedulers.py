@@ -49,6 +49,7 @@ from app.bench.machine import machine_facts as host_facts
 from app.config import Settings
 from app.errors import InputError, ServerError
 from app.morning.accounting import compare_arm
+from app.recorder.record import Recorder
 from app.runs.replay import Workload, play, shape
 from app.traffic.client import TickerClient
 from app.traffic.strategy import Strategy
@@ -334,15 +335,17 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         plan = BatchPlan("bench", date.today(), sorted(workload), 1,
                          "fixed-all" if flood else strategy,
                          f"bench {run_id} {strategy}" + (f" #{round_}" if repeat > 1 else ""))
-        outcome = await runner.run(plan, TickerWork(work, weights=weights, shapes=shapes))
+        recorder = Recorder(engine)
+        outcome = await runner.run(plan, TickerWork(work, weights=weights, shapes=shapes),
+                                   recorder)
         # The arm's record: ``Arm``'s fields and the bench's own, as its JSON file keeps it.
         figures = (await asyncio.to_thread(compare_arm, engine, outcome.batch_id)).model_dump()
         figures["strategy"] = strategy
         figures["run"] = round_
-        figures["admission"] = outcome.admission.model_dump() if outcome.admission else {}
+        figures["admission"] = recorder.admission.model_dump() if recorder.admission else {}
         if strategy != SERVER_BOUND and Strategy.parse(strategy).adaptive:
-            figures["holdback_timeline"] = (outcome.holdback.model_dump() if outcome.holdback
-                                            else {})
+            figures["holdback_timeline"] = (recorder.holdback.model_dump()
+                                            if recorder.holdback else {})
         # Kept with the arm: combined runs each had one.
         figures["warmup"] = result.warmup.model_dump() if result.warmup else None
         # What the graph bound is computed from, kept per arm so combined runs can pool it.

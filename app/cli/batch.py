@@ -19,7 +19,6 @@ from sqlalchemy import Engine
 
 from agents.tickers import check_symbol, choose_tickers
 from app.batch.engine import BatchOutcome, BatchPlan
-from app.batch.resume import ResumePoint
 from app.batch.signals import run_batch
 from app.cli.common import (
     Formats,
@@ -49,6 +48,7 @@ from app.runs.nightly import (
     tell_refused,
 )
 from app.runs.preflight import ServerCheck
+from app.runs.resumable import ResumePoint
 from serving.facts import batch_server_facts
 
 out = console()

@@ -15,12 +15,12 @@ from rich.table import Table
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from app.batch.checkpoints import check_checkpoints
 from app.config import Settings, get_settings
 from app.db.engine import ready_engine, reason
 from app.db.readonly import refuses_writes
 from app.logs import configure_logging, console
 from app.morning.advice import advise
+from app.runs.checkpoints import check_checkpoints
 from app.runs.resumable import mark_stale_crashed
 
 # The --format option of the read commands: JSON and CSV for scripts, a table for people.

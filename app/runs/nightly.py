@@ -17,8 +17,7 @@ from sqlalchemy import ColumnElement, Engine, select
 
 from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
-from app.batch import resume as resumption
-from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, shaped
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.signals import run_batch
 from app.config import Settings
 from app.db.engine import ready_engine
@@ -26,7 +25,9 @@ from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import ERRORS, AlreadyRunningError, InputError, first_line
 from app.morning.digest import send_digest, send_refusal
+from app.recorder.record import Recorder
 from app.runs import resumable
+from app.runs.checkpoints import Checkpoints
 from app.runs.preflight import ServerCheck, check_start, provider_missing
 from serving.facts import batch_server_facts
 
@@ -40,7 +41,7 @@ UNFINISHED = ("crashed", "interrupted", "running")
 STOPPED = ("failed", "partial")
 
 # Told which batch is about to be resumed, before it is (the CLI prints it).
-Announce = Callable[[resumption.ResumePoint], None] | None
+Announce = Callable[[resumable.ResumePoint], None] | None
 # Told why a night is refused before its batch row exists (run_nightly pushes the digest).
 Refused = Callable[[Exception], None] | None
 # What a refused night's digest advises once its cause is fixed: this night, now.
@@ -65,7 +66,7 @@ class NightlyResult:
 
     outcome: BatchOutcome | None
     tickers: int = 0
-    resumed: resumption.ResumePoint | None = None  # set when an earlier batch was continued
+    resumed: resumable.ResumePoint | None = None  # set when an earlier batch was continued
     covered_by: int | None = None  # skipped: this nightly batch already has the as-of date
 
 
@@ -108,7 +109,7 @@ def owed_night(engine: Engine, as_of: date) -> int | None:
                    Batch.status.in_((*UNFINISHED, *STOPPED)))
             .order_by(Batch.id.desc())).all()
     for batch_id, status in candidates:
-        if status in UNFINISHED or resumption.tickers_left(engine, batch_id):
+        if status in UNFINISHED or resumable.has_tickers_left(engine, batch_id):
             return int(batch_id)
     return None
 
@@ -122,7 +123,7 @@ def nightly_of(engine: Engine, as_of: date, *where: ColumnElement[bool]) -> int 
 
 
 def execute_plan(settings: Settings, engine: Engine,
-                 start: BatchPlan | resumption.ResumePoint, lock: LockHold | None = None, *,
+                 start: BatchPlan | resumable.ResumePoint, lock: LockHold | None = None, *,
                  server: ServerCheck, announce: Announce = None,
                  refused: Refused = None) -> BatchOutcome:
     """Run one batch, from a plan or a resume point, to its final row and send its digest;
@@ -132,9 +133,9 @@ def execute_plan(settings: Settings, engine: Engine,
     shape) raises before any row is written, ``refused`` told first; then a resume is
     ``announce``d. ``lock``: the nightly lock a nightly batch runs under.
     """
-    resumed = start if isinstance(start, resumption.ResumePoint) else None
+    resumed = start if isinstance(start, resumable.ResumePoint) else None
     try:
-        check_start(shaped(settings, resumed.settings) if resumed else settings, engine,
+        check_start(resumed.shaped(settings) if resumed else settings, engine,
                     start.as_of, start.tickers, server=server)
     except ERRORS as error:
         if refused is not None:
@@ -143,8 +144,10 @@ def execute_plan(settings: Settings, engine: Engine,
     if resumed is not None and announce is not None:
         announce(resumed)
     runner = BatchEngine(settings, engine, lock=lock, server_facts=batch_server_facts(
-        settings.llm.server_profile, settings.llm.url, settings.paths.server_dir))
-    outcome = run_batch(runner.run(start), runner.halt, settings.batch.shutdown_grace_s)
+        settings.llm.server_profile, settings.llm.url, settings.paths.server_dir),
+        checkpoints=Checkpoints(settings.store.database_url, engine))
+    outcome = run_batch(runner.run(start, recording=Recorder(engine)), runner.halt,
+                        settings.batch.shutdown_grace_s)
     send_digest(settings, engine, outcome)
     return outcome
 
@@ -186,7 +189,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                                   Batch.started_at >= skip_if_finished_since)
                 # A partial night with tickers the infrastructure failed is not done: it is
                 # owed a resume (below) like a night cut short.
-                if done is not None and not (resume and resumption.tickers_left(engine, done)):
+                if done is not None and not (resume and resumable.has_tickers_left(engine, done)):
                     log.info("night already done", batch_id=done, as_of=str(as_of))
                     return NightlyResult(None)
             owed = owed_night(engine, as_of) if resume else None
@@ -204,7 +207,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
             refused(error)
             raise
         if owed is not None:
-            def tell(point: resumption.ResumePoint) -> None:
+            def tell(point: resumable.ResumePoint) -> None:
                 log.info("resuming the night", batch_id=point.batch_id, status=point.status,
                          as_of=str(as_of), left=len(point.tickers), finished=point.finished,
                          failed_to_infrastructure=point.infrastructure)

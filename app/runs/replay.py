@@ -17,6 +17,7 @@ from app.batch.store import DecisionRow
 from app.config import Settings
 from app.db.models import Batch, LLMCall, LLMRequest
 from app.errors import InputError, LLMError
+from app.recorder.record import Recorder
 from app.runs.preflight import check_endpoints
 from app.traffic.client import TickerClient
 from app.traffic.tasks import first_error
@@ -170,4 +171,4 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
                      label or f"replay of {batch_id}", source_batch_id=batch_id)
     return await BatchEngine(settings, engine, **engine_kwargs).run(plan, TickerWork(
         work, weights=weights, shapes={t: shape(items) for t, items in workload.items()},
-        expected_calls=sum(len(items) for items in workload.values())))
+        expected_calls=sum(len(items) for items in workload.values())), Recorder(engine))

@@ -1,22 +1,27 @@
-"""Find batches that died or stopped early, and the one a resume continues.
+"""Find batches that died or stopped early, and the one a resume continues: its
+``ResumePoint``, which the engine reopens the batch through.
 
 A ``running`` batch is dead once its heartbeat is stale (``mark_stale_crashed``), or, for a
 nightly one, once its lock is free and its holder gone (``mark_orphaned``). Which tickers a
-resume takes up is one rule (``app.morning.summary.tickers_left``); the engine reopens the
-batch (app/batch/resume.py).
+resume takes up is one rule (``app.morning.summary.tickers_left``): finished tickers stay as
+they are, the others continue from their last checkpointed node. A ticker failed to the
+infrastructure (app/batch/faults.py) is not finished; one failed on its own account is,
+unless the resume is asked to ``retry_failed``.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, func, select, update
 
-from app.batch.resume import ResumePoint
-from app.db.lock import holder_gone
+from app.batch.engine import BatchPlan
+from app.config import Settings
+from app.db import retry
+from app.db.lock import Runner, holder_gone
 from app.db.models import INFRASTRUCTURE, Batch, TickerRun
-from app.db.retry import retried
 from app.errors import AlreadyRunningError, InputError
 from app.morning.summary import FINISHED_TICKER, RESUMABLE_KINDS, tickers_left
 from app.traffic.strategy import Strategy
@@ -25,7 +30,79 @@ from app.traffic.strategy import Strategy
 RESUMABLE = ("interrupted", "crashed", "failed", "partial")
 
 
-@retried
+@dataclass(frozen=True)
+class ResumePoint:
+    """A batch to continue: what it was, and the tickers it has left (the engine's
+    ``Resume``)."""
+
+    batch_id: int
+    kind: str
+    as_of: date
+    label: str | None
+    settings: dict[str, Any]
+    tickers: list[str]  # left to do, in the batch's order
+    finished: int  # tickers already finished (succeeded, or failed for good)
+    status: str  # how it stood before this resume
+    infrastructure: int = 0  # of ``tickers``: failed to the infrastructure, taken up again
+    retried: int = 0  # of ``tickers``: failed on their own, taken up as asked
+
+    @property
+    def total(self) -> int:
+        return self.finished + len(self.tickers)
+
+    def plan(self) -> BatchPlan:
+        """Return the batch's plan: its tickers left, its samples and strategy as recorded."""
+        return BatchPlan(self.kind, self.as_of, self.tickers,
+                         int(self.settings.get("samples", 1)),
+                         str(self.settings.get("strategy", "adaptive")), self.label)
+
+    def shaped(self, settings: Settings) -> Settings:
+        """Return ``settings`` with the batch's recorded shape (rounds, output budgets): a
+        resumed batch's graph must not change."""
+        keys = ("debate_rounds", "risk_rounds", "node_max_tokens")
+        return settings.updated(**{k: self.settings[k] for k in keys if k in self.settings})
+
+    @retry.retried
+    def reopen(self, engine: Engine) -> None:
+        """Set the batch running again and its tickers left queued for another attempt."""
+        now = datetime.now(UTC)
+        with engine.begin() as conn:
+            settings = dict(self.settings)
+            settings["resumes"] = [*settings.get("resumes", []), now.isoformat()]
+            settings["runner"] = Runner.current().model_dump()
+            conn.execute(update(Batch).where(Batch.id == self.batch_id)
+                         .values(status="running", heartbeat_at=now, finished_at=None,
+                                 error=None, settings=settings))
+            conn.execute(update(TickerRun)
+                         .where(TickerRun.batch_id == self.batch_id,
+                                TickerRun.ticker.in_(self.tickers))
+                         .values(status="queued", error=None, failure_class=None,
+                                 finished_at=None, attempt=TickerRun.attempt + 1))
+            # The failed tickers taken up again are no longer counted failed.
+            conn.execute(update(Batch).where(Batch.id == self.batch_id).values(
+                tickers_failed=select(func.count()).select_from(TickerRun)
+                .where(TickerRun.batch_id == self.batch_id, TickerRun.status == "failed")
+                .scalar_subquery()))
+
+    def ended(self, engine: Engine) -> tuple[list[str], dict[str, str]]:
+        """Return the batch's tickers that succeeded, and those that failed with their
+        error."""
+        with engine.connect() as conn:
+            rows = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error)
+                                .where(TickerRun.batch_id == self.batch_id,
+                                       TickerRun.status.in_(FINISHED_TICKER))
+                                .order_by(TickerRun.id)).all()
+        return ([r.ticker for r in rows if r.status == "succeeded"],
+                {r.ticker: r.error or "failed" for r in rows if r.status == "failed"})
+
+
+def has_tickers_left(engine: Engine, batch_id: int) -> bool:
+    """Return whether the batch has tickers that did not finish."""
+    with engine.connect() as conn:
+        return bool(tickers_left(conn, batch_id))
+
+
+@retry.retried
 def mark_stale_crashed(engine: Engine, stale_s: float) -> list[int]:
     """Mark ``running`` batches whose heartbeat is older than ``stale_s`` crashed; return ids."""
     cutoff = datetime.now(UTC) - timedelta(seconds=stale_s)
@@ -40,7 +117,7 @@ def mark_stale_crashed(engine: Engine, stale_s: float) -> list[int]:
     return [int(i) for i in stale]
 
 
-@retried
+@retry.retried
 def mark_orphaned(engine: Engine, stale_s: float) -> list[int]:
     """Mark ``running`` nightly batches whose process is gone crashed; return their ids.
 

@@ -5,6 +5,6 @@ pyproject.toml): ``tasks``, ``clock``; ``ticket``, ``halt``; ``admission``, ``bu
 ``holdback``, ``routing``, ``sampler`` (the limits' rules, what held tickers back, routing,
 the ``/metrics`` reader); ``strategy``; ``gate``; ``chains``; ``limits`` (request count,
 token budget and chain footprint as one); ``server`` (one server, and the set of them);
-``client`` (the one client a ticker calls through) and ``summary`` (how admission went, built
-from the others' plain state); ``scheduler`` (which ticker starts when).
+``client`` (the one client a ticker calls through); ``scheduler`` (which ticker starts when).
+How admission went is recorded outside, from their plain state (app/recorder/).
 """

@@ -25,6 +25,7 @@ from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, Decision, LLMCall, LLMRequest, TickerRun
+from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer
 from tests.integration.conftest import ADMIN_DSN
 
@@ -60,7 +61,8 @@ async def test_a_batch_survives_postgres_dropping_every_connection(
     settings = load_settings(database_url=pg_url, retry_backoff_s=0.01)
     runner = BatchEngine(settings, get_engine(pg_url),
                          http_client=httpx.AsyncClient(transport=server.transport()),
-                         provider=SnapshotProvider(tmp_path / "data"), sample_metrics=False)
+                         provider=SnapshotProvider(tmp_path / "data"), sample_metrics=False,
+                         checkpoints=Checkpoints(pg_url, get_engine(pg_url)))
     outcome = await runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers))
 
     assert len(killed) == 3 and all(n >= 1 for n in killed)  # connections were really cut

@@ -14,6 +14,7 @@ from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, Decision, TickerRun
+from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import FakeServer
 from tests.unit.support.servers import nul_script
 
@@ -29,7 +30,8 @@ async def test_a_nul_byte_in_a_reply_is_stored_on_postgres(pg_url: str, tmp_path
                              retry_backoff_s=0)
     server = FakeServer(nul_script, nodes=node_names(settings.pipeline()), tickers=tickers)
     runner = BatchEngine(settings, engine, http_client=server.client(),
-                         provider=SnapshotProvider(tmp_path / "data"), sample_metrics=False)
+                         provider=SnapshotProvider(tmp_path / "data"), sample_metrics=False,
+                         checkpoints=Checkpoints(settings.store.database_url, engine))
     outcome = await runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers))
     assert outcome.status == "succeeded", outcome.failed
     with engine.connect() as conn:

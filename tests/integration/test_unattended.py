@@ -24,10 +24,10 @@ import pytest
 from sqlalchemy import Engine, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from app.batch.checkpoints import checkpoint_path
 from app.db.engine import get_engine
 from app.db.models import Batch, LLMCall, ServerSample, TickerRun
 from app.morning.serverview import server_view
+from app.runs.checkpoints import checkpoint_path
 from tests.integration.unattended import (
     FaultServer,
     batch_env,

@@ -25,6 +25,7 @@ from app.errors import ContextLengthError
 from app.llm import TrackedLLM
 from app.morning.accounting import compare_arm
 from app.morning.serverview import server_view
+from app.runs.checkpoints import Checkpoints
 from app.runs.replay import replay_batch
 from app.usage import UsageRecorder
 from serving.metrics import MetricsSnapshot, read_metrics
@@ -62,7 +63,8 @@ def test_one_ticker_through_17_nodes_matches_the_servers_counters(
     write_demo(tmp_path / "data", DEMO_AS_OF, 2)
     ticker = demo_tickers(1)[0]
     before = settled(vllm_server)
-    runner = BatchEngine(settings, sqlite_engine, provider=SnapshotProvider(tmp_path / "data"))
+    runner = BatchEngine(settings, sqlite_engine, provider=SnapshotProvider(tmp_path / "data"),
+                         checkpoints=Checkpoints(settings.store.database_url, sqlite_engine))
     outcome = asyncio.run(runner.run(BatchPlan("nightly", DEMO_AS_OF, [ticker])))
     after = settled(vllm_server)
     assert outcome.status == "succeeded", outcome.failed

@@ -24,12 +24,12 @@ from sqlalchemy.engine import make_url
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
-from app.batch.checkpoints import open_checkpointer
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, TickerRun
 from app.errors import StorageOutage
+from app.runs.checkpoints import Checkpoints, open_checkpointer
 from app.runs.resumable import find_resumable, mark_stale_crashed
 from tests.dbfaults import (
     PostgresFull,
@@ -75,7 +75,8 @@ def night(url: str, demo_dir: Path, server: FakeServer, **overrides: Any) -> Bat
                              check_context_length=False, **overrides)
     return BatchEngine(settings, get_engine(url),
                        http_client=httpx.AsyncClient(transport=server.transport()),
-                       provider=SnapshotProvider(demo_dir), sample_metrics=False)
+                       provider=SnapshotProvider(demo_dir), sample_metrics=False,
+                       checkpoints=Checkpoints(url, get_engine(url)))
 
 
 @pytest.mark.parametrize("where", ["usage", "checkpoints"])

@@ -20,6 +20,7 @@ APP_LAYERS = "app's modules import downwards only"
 APP_ACYCLIC = "app's modules import each other in no circle"
 MORNING = "app.morning is layered bottom-up (app/morning/__init__.py)"
 RUNS = "app.runs is layered bottom-up (app/runs/__init__.py)"
+RECORDER = "app.recorder is layered bottom-up (app/recorder/__init__.py)"
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
@@ -73,6 +74,9 @@ def test_contract_holds_on_an_unchanged_copy(tmp_path: Path) -> None:
         # The engine reaching up into the orchestration that runs it.
         ("app/batch/wrong.py", "import app.runs.preflight\n", APP_LAYERS,
          "app.batch.wrong -> app.runs.preflight"),
+        # The engine reaching up into the recorder attached to it.
+        ("app/batch/wrong.py", "from app.recorder.summary import admission\n", APP_LAYERS,
+         "app.batch.wrong -> app.recorder.summary"),
     ],
 )
 def test_one_wrong_import_breaks_the_contract(tmp_path: Path, module: str, line: str,
@@ -111,6 +115,9 @@ def test_a_circle_inside_one_package_breaks_the_acyclic_contract(tmp_path: Path)
         # Two modules of one layer of the orchestration, which must not import each other.
         ("app/runs/replay.py", "import app.runs.nightly\n", RUNS,
          "app.runs.replay -> app.runs.nightly"),
+        # The live progress reaching across to the summaries, beside it in one layer.
+        ("app/recorder/progress.py", "import app.recorder.summary\n", RECORDER,
+         "app.recorder.progress -> app.recorder.summary"),
     ],
 )
 def test_an_upward_import_inside_a_package_breaks_its_contract(

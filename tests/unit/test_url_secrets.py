@@ -18,8 +18,8 @@ from typing import Literal
 import pytest
 import structlog
 
-from app.batch.checkpoints import checkpoint_path
 from app.logs import configure_logging
+from app.runs.checkpoints import checkpoint_path
 from serving.urls import redact
 from tests.unit.support.canary import (
     CANARY,

@@ -27,6 +27,7 @@ from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
 from app.db.models import LLMCall, TickerRun
+from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import (
     CONTEXT_LENGTH_MESSAGE,
     ChatRequest,
@@ -102,7 +103,8 @@ def make(db: Engine, data: Path, server: FakeServer, max_model_len: int) -> Batc
         group: BUDGET for group in ("analyst", "researcher", "research_manager", "trader",
                                     "risk", "portfolio_manager")})
     return BatchEngine(settings, db, http_client=httpx.AsyncClient(transport=server.transport()),
-                       provider=SnapshotProvider(data), sample_metrics=False)
+                       provider=SnapshotProvider(data), sample_metrics=False,
+                       checkpoints=Checkpoints(settings.store.database_url, db))
 
 
 @pytest.fixture

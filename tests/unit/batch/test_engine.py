@@ -23,6 +23,8 @@ from app.db.models import Batch, Decision, LLMCall, LLMRequest, ProgressReading,
 from app.llm import TrackedLLM
 from app.morning.ranking import ranking
 from app.morning.serverview import server_view
+from app.recorder.record import Recorder
+from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 
 
@@ -37,7 +39,8 @@ def make_engine(sqlite_engine: Engine, demo_dir: Path, server: FakeServer, **ove
     settings = load_settings(check_context_length=False, retry_backoff_s=0, **overrides)
     # Sampling on: the engine reads the fake's /metrics through the same client.
     return BatchEngine(settings, sqlite_engine, http_client=server.client(),
-                       provider=SnapshotProvider(demo_dir))
+                       provider=SnapshotProvider(demo_dir),
+                       checkpoints=Checkpoints(settings.store.database_url, sqlite_engine))
 
 
 async def test_batch_stores_decisions_calls_and_requests(sqlite_engine: Engine,
@@ -118,11 +121,11 @@ async def test_missing_data_fails_one_ticker_naming_the_file(sqlite_engine: Engi
 
 async def test_a_running_batch_stores_its_progress_readings(
         sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("app.batch.progress.LOG_EVERY_S", 0.01)  # a reading every 10 ms
+    monkeypatch.setattr("app.recorder.progress.LOG_EVERY_S", 0.01)  # a reading every 10 ms
     tickers = demo_tickers(2)
     server = FakeServer(nodes=node_names(load_settings().pipeline()), tickers=tickers)
     outcome = await make_engine(sqlite_engine, demo_dir, server).run(
-        BatchPlan("nightly", DEMO_AS_OF, tickers))
+        BatchPlan("nightly", DEMO_AS_OF, tickers), recording=Recorder(sqlite_engine))
     with Session(sqlite_engine) as s:
         readings = s.scalars(select(ProgressReading)
                             .where(ProgressReading.batch_id == outcome.batch_id)).all()

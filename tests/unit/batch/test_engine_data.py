@@ -16,6 +16,7 @@ from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
+from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer
 
 
@@ -74,7 +75,8 @@ async def test_a_slow_load_for_one_ticker_does_not_hold_back_the_others(
     server = FakeServer(script, nodes=node_names(load_settings().pipeline()), tickers=tickers)
     settings = load_settings(check_context_length=False, retry_backoff_s=0)
     runner = BatchEngine(settings, sqlite_engine, http_client=server.client(),
-                         provider=provider, sample_metrics=False)  # type: ignore[arg-type]
+                         provider=provider, sample_metrics=False,  # type: ignore[arg-type]
+                         checkpoints=Checkpoints(settings.store.database_url, sqlite_engine))
     outcome = await runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers))
     assert provider.released_in_time  # the others finished while the slow load waited
     assert sorted(outcome.succeeded) == sorted(tickers)
@@ -89,7 +91,8 @@ async def test_loads_run_side_by_side_up_to_the_setting(sqlite_engine: Engine,
     server = FakeServer(nodes=node_names(load_settings().pipeline()), tickers=tickers)
     settings = load_settings(check_context_length=False, retry_backoff_s=0, data_concurrency=2)
     runner = BatchEngine(settings, sqlite_engine, http_client=server.client(),
-                         provider=provider, sample_metrics=False)  # type: ignore[arg-type]
+                         provider=provider, sample_metrics=False,  # type: ignore[arg-type]
+                         checkpoints=Checkpoints(settings.store.database_url, sqlite_engine))
     outcome = await runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers))
     assert sorted(outcome.succeeded) == sorted(tickers)
     assert provider.most_at_once == 2

@@ -18,13 +18,13 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch import store
-from app.batch.checkpoints import checkpoint_path
 from app.batch.engine import BatchEngine, BatchPlan
 from app.cli import app as cli
 from app.config import load_settings
 from app.db.lock import nightly_lock
 from app.db.models import Batch, Decision, LLMCall, TickerRun
 from app.errors import AlreadyRunningError, InputError
+from app.runs.checkpoints import Checkpoints, checkpoint_path
 from app.runs.nightly import resume_recorded
 from app.runs.resumable import find_resumable, mark_stale_crashed
 from app.traffic.halt import HaltReason
@@ -47,7 +47,8 @@ def engine_for(db: Engine, demo_dir: Path, server: FakeServer | None = None,
     settings = load_settings(retry_backoff_s=0.01, server_probe_interval_s=0.05, **overrides)
     http = httpx.AsyncClient(transport=server.transport() if server else None)
     return BatchEngine(settings, db, http_client=http, provider=SnapshotProvider(demo_dir),
-                       sample_metrics=False)
+                       sample_metrics=False,
+                       checkpoints=Checkpoints(settings.store.database_url, db))
 
 
 def ok_nodes(server: FakeServer) -> list[tuple[str | None, str | None, int | None]]:

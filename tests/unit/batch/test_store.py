@@ -12,6 +12,7 @@ from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
 from app.db.models import NodeText
+from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer, Reply
 
 
@@ -29,7 +30,8 @@ async def test_batch_keeps_each_nodes_text_in_graph_order(sqlite_engine: Engine,
     server = FakeServer(script, nodes=names, tickers=tickers, samples=range(2))
     settings = load_settings(check_context_length=False, retry_backoff_s=0)
     engine = BatchEngine(settings, sqlite_engine, http_client=server.client(),
-                         provider=SnapshotProvider(tmp_path / "data"), sample_metrics=False)
+                         provider=SnapshotProvider(tmp_path / "data"), sample_metrics=False,
+                         checkpoints=Checkpoints(settings.store.database_url, sqlite_engine))
     outcome = await engine.run(BatchPlan("nightly", DEMO_AS_OF, tickers, samples=2))
     assert outcome.status == "succeeded", outcome.failed
 

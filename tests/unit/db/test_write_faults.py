@@ -34,6 +34,7 @@ from app.config import load_settings
 from app.db.models import Batch, LLMCall, LLMRequest, TickerRun
 from app.db.retry import transient, write_budget
 from app.errors import BatchStopped, DatabaseError, StorageOutage, UsageLost
+from app.runs.checkpoints import Checkpoints
 from app.usage import UsageRecorder, read_spool, spool_path
 from tests.dbfaults import (
     SqliteFull,
@@ -57,7 +58,8 @@ def demo_dir(tmp_path: Path) -> Path:
 def night(db: Engine, demo_dir: Path, server: FakeServer, **overrides: Any) -> BatchEngine:
     settings = load_settings(retry_backoff_s=0.01, check_context_length=False, **overrides)
     return BatchEngine(settings, db, http_client=httpx.AsyncClient(transport=server.transport()),
-                       provider=SnapshotProvider(demo_dir), sample_metrics=False)
+                       provider=SnapshotProvider(demo_dir), sample_metrics=False,
+                       checkpoints=Checkpoints(settings.store.database_url, db))
 
 
 def test_a_real_sqlite_full_is_a_transient_write_error(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from app.quality.monitor import (
     reference_batches,
     warnings_for,
 )
+from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer, Reply
 from tests.unit.support.clirun import nightdesk
 from tests.unit.support.quality_rows import SCALE, add_batch, one_each
@@ -215,7 +216,8 @@ async def run_batch(engine: Engine, demo_dir: Path, kind: str = "nightly") -> in
                              monitor_max_grade_share=0.3)
     server = FakeServer(all_hold, nodes=node_names(settings.pipeline()), tickers=tickers)
     runner = BatchEngine(settings, engine, http_client=server.client(),
-                         provider=SnapshotProvider(demo_dir), sample_metrics=False)
+                         provider=SnapshotProvider(demo_dir), sample_metrics=False,
+                         checkpoints=Checkpoints(settings.store.database_url, engine))
     outcome = await runner.run(BatchPlan(kind, DEMO_AS_OF, tickers))
     assert outcome.status == "succeeded"
     return outcome.batch_id

@@ -21,6 +21,7 @@ from agents.data.snapshot import PRICES, SnapshotProvider, read_prices, ticker_d
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
+from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer
 
 TICKERS = demo_tickers(2)
@@ -39,7 +40,8 @@ async def prompts_of(engine: Engine, data_dir: Path) -> list[str]:
     settings = load_settings(check_context_length=False, retry_backoff_s=0)
     server = FakeServer(same_reply, nodes=node_names(settings.pipeline()), tickers=TICKERS)
     runner = BatchEngine(settings, engine, http_client=server.client(),
-                         provider=SnapshotProvider(data_dir), sample_metrics=False)
+                         provider=SnapshotProvider(data_dir), sample_metrics=False,
+                         checkpoints=Checkpoints(settings.store.database_url, engine))
     outcome = await runner.run(BatchPlan("nightly", DEMO_AS_OF, TICKERS))
     assert outcome.status == "succeeded" and not outcome.failed
     return sorted("\n".join(m["content"] for m in chat.messages) for chat in server.chats)

@@ -11,6 +11,7 @@ from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine
 from app.config import load_settings
+from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import FakeServer, Script
 
 
@@ -18,7 +19,8 @@ def make_engine(sqlite_engine: Engine, demo_dir: Path, server: FakeServer) -> Ba
     """No retry backoff, no context check, no /metrics sampling: the call path alone."""
     settings = load_settings(check_context_length=False, retry_backoff_s=0)
     return BatchEngine(settings, sqlite_engine, http_client=server.client(),
-                       provider=SnapshotProvider(demo_dir), sample_metrics=False)
+                       provider=SnapshotProvider(demo_dir), sample_metrics=False,
+                       checkpoints=Checkpoints(settings.store.database_url, sqlite_engine))
 
 
 def fake_llm(monkeypatch: pytest.MonkeyPatch, script: Script | None = None,

@@ -19,6 +19,7 @@ from agents.graph import node_names
 from app.batch.engine import BatchEngine
 from app.config import load_settings
 from app.db.models import LLMCall, TickerRun
+from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import FakeServer
 
 NODES = node_names(load_settings().pipeline())
@@ -34,7 +35,8 @@ def night_engine(db: Engine, demo_dir: Path, server: FakeServer,
     settings = load_settings(**{**QUICK, "database_url": str(db.url.render_as_string(
         hide_password=False)), **overrides})
     return BatchEngine(settings, db, http_client=server.client(),
-                       provider=SnapshotProvider(demo_dir), sample_metrics=False)
+                       provider=SnapshotProvider(demo_dir), sample_metrics=False,
+                       checkpoints=Checkpoints(settings.store.database_url, db))
 
 
 def serve_cli_from(monkeypatch: pytest.MonkeyPatch, server: FakeServer, demo_dir: Path) -> None:

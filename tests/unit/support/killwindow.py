@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.batch.engine import BatchEngine, BatchPlan
     from app.config import load_settings
     from app.db.engine import get_engine
+    from app.runs.checkpoints import Checkpoints
     from tests.fakevllm import ChatRequest, FakeServer, Reply
 
     tickers = args.tickers.split(",")
@@ -160,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(retry_backoff_s=0.01)
         server = FakeServer(script, nodes=node_names(settings.pipeline()), tickers=tickers,
                             samples=range(1))
-        runner = BatchEngine(settings, get_engine(settings.store.database_url),
+        db = get_engine(settings.store.database_url)
+        runner = BatchEngine(settings, db,
                              http_client=httpx.AsyncClient(transport=server.transport()),
-                             provider=SnapshotProvider(args.data), sample_metrics=False)
+                             provider=SnapshotProvider(args.data), sample_metrics=False,
+                             checkpoints=Checkpoints(settings.store.database_url, db))
         outcome = await runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers, 1, "fixed-1"))
         return outcome.status
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from app.traffic import summary
+from app.recorder import summary
 from app.traffic.admission import AdmissionPolicy
 from app.traffic.budget import Claim
 from app.traffic.gate import Gate

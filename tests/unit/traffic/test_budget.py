@@ -18,18 +18,19 @@ import pytest
 from sqlalchemy import Engine
 
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
-from app.batch.progress import BatchProgress
 from app.bench.workloads import synthetic_workload
 from app.config import load_settings
 from app.errors import InputError
 from app.llm import CallStats
+from app.recorder.progress import BatchProgress
+from app.recorder.record import Recorder
+from app.recorder.summary import admission as admission_summary
 from app.runs.replay import play, shape
 from app.traffic.budget import Claim, TokenBudget
 from app.traffic.client import TickerClient
 from app.traffic.gate import Gate
 from app.traffic.sampler import MetricsSampler
 from app.traffic.strategy import Strategy
-from app.traffic.summary import admission as admission_summary
 from app.traffic.ticket import Ticket
 from tests.fakevllm import FakeServer, Reply
 from tests.unit.support import FIXTURES
@@ -232,7 +233,8 @@ def test_adaptive_without_capacity_admits_by_request_count() -> None:
 
 
 async def _engine_run(sqlite_engine: Any, strategy: str, kv_tokens: int,
-                      cache_config: bool = True) -> tuple[FakeServer, BatchOutcome]:
+                      cache_config: bool = True
+                      ) -> tuple[FakeServer, BatchOutcome, Recorder]:
     settings = load_settings(check_context_length=False, retry_backoff_s=0,
                              metrics_interval_s=0.02, record_requests=False)
     load = synthetic_workload(settings, 8, 0.05, output_scale=0.1)  # prompts 200-1000 words
@@ -250,9 +252,11 @@ async def _engine_run(sqlite_engine: Any, strategy: str, kv_tokens: int,
         return await play(load[ticker], gated, batch_id)
 
     plan = BatchPlan("bench", date(2025, 1, 2), sorted(load), 1, strategy)
+    record = Recorder()
     outcome = await runner.run(plan, TickerWork(work, shapes={t: shape(i)
-                                                              for t, i in load.items()}))
-    return server, outcome
+                                                              for t, i in load.items()}),
+                               record)
+    return server, outcome, record
 
 
 @pytest.mark.slow
@@ -262,21 +266,21 @@ async def test_through_the_engine_the_budget_learns_the_fake_servers_cache_and_n
     # not fit waits in its queue. 4,096 tokens hold a few of this workload's requests
     # (~250-1,250 prompt tokens and 150 output each).
     kv_tokens = 4_096
-    loose, loose_outcome = await _engine_run(sqlite_engine, "fixed-all", kv_tokens)
+    loose, loose_outcome, _ = await _engine_run(sqlite_engine, "fixed-all", kv_tokens)
     assert loose_outcome.status == "succeeded"
     assert loose.load.max_waiting > 0  # let loose, the workload outgrows the cache
     # Without the capacity published, counting requests lets requests in that then wait
     # for room.
-    counted, counted_outcome = await _engine_run(sqlite_engine, "adaptive", kv_tokens,
+    counted, _, counted_record = await _engine_run(sqlite_engine, "adaptive", kv_tokens,
                                                  cache_config=False)
     assert counted.load.max_waiting > 0
-    assert counted_outcome.admission is not None and counted_outcome.admission.adaptive
-    unknown = counted_outcome.admission.adaptive.token_budget
+    assert counted_record.admission is not None and counted_record.admission.adaptive
+    unknown = counted_record.admission.adaptive.token_budget
     assert unknown is not None and unknown.kv_capacity_tokens is None
-    server, outcome = await _engine_run(sqlite_engine, "adaptive", kv_tokens)
+    server, outcome, record = await _engine_run(sqlite_engine, "adaptive", kv_tokens)
     assert outcome.status == "succeeded" and not outcome.failed
-    assert outcome.admission is not None and outcome.admission.adaptive is not None
-    budget = outcome.admission.adaptive.token_budget
+    assert record.admission is not None and record.admission.adaptive is not None
+    budget = record.admission.adaptive.token_budget
     # The capacity came from the fake's vllm:cache_config_info through the batch's sampler.
     assert budget is not None and budget.kv_capacity_tokens == kv_tokens
     # Our reservations covered every answer at full length: nothing ever waited for room.

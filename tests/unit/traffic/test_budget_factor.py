@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from app.errors import InputError
+from app.recorder.summary import budget as budgeted
 from app.traffic.budget import Claim, TokenBudget
 from app.traffic.strategy import Strategy
-from app.traffic.summary import budget as budgeted
 from tests.unit.support.budget_sim import G, SimServer, run_sim
 from tests.unit.support.servers import over_one_server
 

@@ -6,7 +6,7 @@ import asyncio
 from types import SimpleNamespace
 
 from agents.chat import CallTag
-from app.traffic import summary
+from app.recorder import summary
 from app.traffic.budget import Claim
 from app.traffic.client import TickerClient
 from app.traffic.holdback import (

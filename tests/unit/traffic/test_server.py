@@ -32,10 +32,12 @@ from app.errors import (
     LLMMalformedError,
     LLMStreamError,
 )
+from app.recorder.record import Recorder
+from app.recorder.summary import EndpointSummary
+from app.runs.checkpoints import Checkpoints
 from app.runs.replay import WorkItem, Workload, play, shape
 from app.runs.resumable import find_resumable
 from app.traffic.client import TickerClient, server_fault
-from app.traffic.summary import EndpointSummary
 from tests.fakevllm import ChatRequest, FakeServer, FakeServers, Reply
 
 FAST, SLOW = "http://gpu0.test:8000/v1", "http://gpu1.test:8001/v1"
@@ -101,15 +103,16 @@ def paced(delay_s: float) -> Any:
 
 async def run(engine: Engine, demo_dir: Path, servers: FakeServers,
               strategy: str = "adaptive", clock: ReadClock | None = None,
-              **overrides: Any) -> BatchOutcome:
+              record: Recorder | None = None, **overrides: Any) -> BatchOutcome:
     settings = load_settings(llm_base_url=servers.base_urls, check_context_length=False,
                              retry_backoff_s=0, metrics_interval_s=0.05,
                              server_probe_interval_s=0.05, **overrides)
     clock = clock or ReadClock()
     runner = BatchEngine(settings, engine, http_client=clock.client(servers),
-                         provider=SnapshotProvider(demo_dir), clock=clock)
+                         provider=SnapshotProvider(demo_dir), clock=clock,
+                         checkpoints=Checkpoints(settings.store.database_url, engine))
     return await runner.run(BatchPlan("nightly", DEMO_AS_OF, demo_tickers(TICKERS),
-                                      strategy=strategy))
+                                      strategy=strategy), recording=record)
 
 
 def rows(engine: Engine, batch_id: int) -> list[Any]:
@@ -141,10 +144,10 @@ def assert_every_ticker_once(engine: Engine, outcome: BatchOutcome,
     return calls
 
 
-def endpoints(outcome: BatchOutcome) -> dict[str, EndpointSummary]:
+def endpoints(record: Recorder) -> dict[str, EndpointSummary]:
     """Return each endpoint's summary from a batch of several endpoints."""
-    assert outcome.admission is not None and outcome.admission.endpoints is not None
-    return outcome.admission.endpoints
+    assert record.admission is not None and record.admission.endpoints is not None
+    return record.admission.endpoints
 
 
 def chains(calls: list[Any]) -> dict[str, set[str]]:
@@ -195,12 +198,13 @@ async def test_the_slower_endpoint_gets_fewer_tickers_and_each_chain_stays_on_on
     runner = BatchEngine(settings, sqlite_engine, http_client=servers.client())
     outcome = await runner.run(
         BatchPlan("bench", DEMO_AS_OF, sorted(load), 1, "adaptive"),
-        TickerWork(work, shapes={t: shape(items) for t, items in load.items()}))
+        TickerWork(work, shapes={t: shape(items) for t, items in load.items()}),
+        record := Recorder())
     assert outcome.status == "succeeded" and sorted(outcome.succeeded) == sorted(load)
     calls = rows(sqlite_engine, outcome.batch_id)
     assert Counter((r.ticker, r.node) for r in calls if r.status == "ok") == {
         (t, i.node): 1 for t, items in load.items() for i in items}
-    started = {url: e.tickers_started for url, e in endpoints(outcome).items()}
+    started = {url: e.tickers_started for url, e in endpoints(record).items()}
     assert started[FAST] > started[SLOW] >= 1, started
     assert sum(started.values()) == len(load)
     # A ticker's whole chain went to one endpoint: its prefix stays in one cache.
@@ -232,13 +236,13 @@ async def test_an_endpoint_that_goes_away_hands_its_tickers_to_the_other(
 
     gone.script = dying
     servers = FakeServers({FAST: fake(paced(0.002), kv_tokens=60_000), SLOW: gone})
-    outcome = await run(sqlite_engine, demo_dir, servers)
+    outcome = await run(sqlite_engine, demo_dir, servers, record=(record := Recorder()))
     calls = assert_every_ticker_once(sqlite_engine, outcome, servers)
     moved = [t for t, urls in chains(calls).items() if urls == {FAST, SLOW}]
     assert moved, "the tickers under way on the endpoint that went away moved"
     # After it went away no call reached it: all went to the other endpoint.
     assert len(gone.chats) == 13
-    summary = endpoints(outcome)
+    summary = endpoints(record)
     assert summary[SLOW].up is False and summary[SLOW].outages == 1
     assert summary[SLOW].tickers_moved_out == summary[FAST].tickers_moved_in >= len(moved)
     # The held calls were cancelled (their rows say so) and answered again elsewhere: the
@@ -277,9 +281,10 @@ async def test_an_endpoint_that_restarts_loses_no_ticker_and_takes_work_again(
     restarting.script = restart
     servers = FakeServers({FAST: fake(paced(0.003), kv_tokens=60_000), SLOW: restarting})
     # Two tickers per endpoint at a time: tickers are still waiting when it comes back.
-    outcome = await run(sqlite_engine, demo_dir, servers, strategy="fixed-2", clock=clock)
+    outcome = await run(sqlite_engine, demo_dir, servers, strategy="fixed-2", clock=clock,
+                        record=(record := Recorder()))
     calls = assert_every_ticker_once(sqlite_engine, outcome, servers)
-    summary = endpoints(outcome)
+    summary = endpoints(record)
     assert summary[SLOW].outages == outages and summary[SLOW].up is True
     # Calls cut by the restart were answered again: the same call, at a later attempt.
     cut = [r for r in calls if r.status == "error"]
@@ -313,14 +318,15 @@ async def test_a_requests_own_failure_on_a_healthy_endpoint_fails_as_it_always_d
 
     outcome = await BatchEngine(settings, sqlite_engine, http_client=servers.client()).run(
         BatchPlan("bench", DEMO_AS_OF, sorted(load), 1, "adaptive"),
-        TickerWork(work, shapes={t: shape(items) for t, items in load.items()}))
+        TickerWork(work, shapes={t: shape(items) for t, items in load.items()}),
+        record := Recorder())
     assert set(outcome.failed) == {"T03"} and len(outcome.succeeded) == 5
     failed = [r for r in rows(sqlite_engine, outcome.batch_id) if r.node == "c2"
               and r.ticker == "T03"]
     # The client's own retries, all at one endpoint, numbered 1..max_attempts as always.
     assert sorted(r.attempt for r in failed) == list(range(1, settings.calls.max_attempts + 1))
     assert len({r.endpoint for r in failed}) == 1
-    assert all(e.tickers_moved_in == 0 for e in endpoints(outcome).values())
+    assert all(e.tickers_moved_in == 0 for e in endpoints(record).values())
 
 
 def both_crash_at(servers: dict[str, FakeServer], index: int, back_after_s: float | None,
@@ -348,9 +354,10 @@ async def test_every_endpoint_down_for_less_than_the_budget_loses_no_ticker(
     fleet, clock = {FAST: fake(kv_tokens=60_000), SLOW: fake(kv_tokens=60_000)}, ReadClock()
     both_crash_at(fleet, 12, back_after_s=10 * STEP_S, clock=clock)
     servers = FakeServers(fleet)
-    outcome = await run(sqlite_engine, demo_dir, servers, clock=clock, outage_budget_s=30.0)
+    outcome = await run(sqlite_engine, demo_dir, servers, clock=clock, outage_budget_s=30.0,
+                        record=(record := Recorder()))
     assert_every_ticker_once(sqlite_engine, outcome, servers)
-    summary = endpoints(outcome)
+    summary = endpoints(record)
     assert all(summary[url].outages >= 1 and summary[url].up for url in fleet)
 
 
@@ -374,7 +381,9 @@ async def test_every_endpoint_down_past_the_budget_interrupts_the_batch_for_a_re
     settings = load_settings(llm_base_url=healthy.base_urls, check_context_length=False,
                              retry_backoff_s=0, metrics_interval_s=0.05)
     resumed = await BatchEngine(settings, sqlite_engine, http_client=healthy.client(),
-                                provider=SnapshotProvider(demo_dir)).run(
+                                provider=SnapshotProvider(demo_dir),
+                                checkpoints=Checkpoints(settings.store.database_url,
+                                                        sqlite_engine)).run(
         find_resumable(sqlite_engine, outcome.batch_id, stale_s=120))
     assert resumed.status == "succeeded"
     with sqlite_engine.connect() as conn:

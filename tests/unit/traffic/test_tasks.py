@@ -26,10 +26,10 @@ from rich.console import Console
 from sqlalchemy import Engine
 
 from app.batch.engine import BatchEngine, BatchPlan, TickerWork, run_until_halted
-from app.batch.progress import BatchProgress
 from app.batch.signals import _stop_on_signals
 from app.config import load_settings
 from app.errors import BatchStopped, ServerOutage
+from app.recorder.progress import BatchProgress
 from app.runs.replay import WorkItem, Workload, play
 from app.traffic.client import EndpointGone, TickerClient
 from app.traffic.halt import Halt, HaltReason

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from app.batch.checkpoints import checkpoint_path, open_checkpointer
+from app.runs.checkpoints import checkpoint_path, open_checkpointer
 
 CONFIG = {"configurable": {"thread_id": "b1:AAA:0", "checkpoint_ns": "", "checkpoint_id": "c1"}}
 

@@ -74,7 +74,7 @@ class BatchProgress:
         self.engine = engine
         self.reading: eta.Reading | None = None  # the newest ETA reading
 
-    def ticker_done(self, ticker: str, ok: bool) -> None:
+    def ticker_done(self, ok: bool) -> None:
         self.done += 1
         self.failed += not ok
 

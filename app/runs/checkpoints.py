@@ -1,4 +1,5 @@
-"""Open the LangGraph checkpointer that makes a batch resumable node by node.
+"""The LangGraph checkpoints that make a batch resumable node by node (``Checkpoints``, handed
+to the engine by whoever runs it).
 
 SQLite keeps checkpoints in a file beside the database, PostgreSQL in the database itself.
 The savers flush usage rows before a write, retry through a restart or a full disk for the
@@ -12,7 +13,8 @@ import asyncio
 import contextlib
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,12 +33,15 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
+from sqlalchemy import Engine, select
 from sqlalchemy.engine import make_url
 
-from agents.graph import STATE_TYPES
+from agents.graph import STATE_TYPES, thread_id
 from app.db.engine import reason
+from app.db.models import TickerRun
 from app.db.retry import aretrying, outage, transient
 from app.errors import DatabaseError
+from app.morning.summary import tickers_left
 from app.traffic.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
@@ -193,10 +198,33 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
         yield saver
 
 
-async def prune(saver: BaseCheckpointSaver[Any], threads: Iterable[str]) -> None:
-    """Delete the checkpoints of finished threads; a failure only leaves them behind."""
-    for thread in threads:
-        try:
-            await saver.adelete_thread(thread)
-        except Exception as error:  # stale checkpoints cost disk, never correctness
-            log.warning("checkpoints not pruned", thread=thread, error=str(error)[:200])
+@dataclass(frozen=True)
+class Checkpoints:
+    """A batch's checkpoints: in the database of ``database_url``, or beside it (SQLite),
+    with its rows in ``engine``."""
+
+    database_url: str
+    engine: Engine
+
+    def open(self, before_write: BeforeWrite | None = None
+             ) -> AbstractAsyncContextManager[BaseCheckpointSaver[Any]]:
+        """Return the checkpointer, ready when entered and closed after."""
+        return open_checkpointer(self.database_url, before_write=before_write)
+
+    async def prune(self, saver: BaseCheckpointSaver[Any], threads: Iterable[str]) -> None:
+        """Delete the checkpoints of finished threads; a failure only leaves them behind."""
+        for thread in threads:
+            try:
+                await saver.adelete_thread(thread)
+            except Exception as error:  # stale checkpoints cost disk, never correctness
+                log.warning("checkpoints not pruned", thread=thread, error=str(error)[:200])
+
+    def finished(self, batch_id: int) -> list[str]:
+        """Return the checkpoint thread of every (ticker, sample) of a batch, but for tickers
+        a resume still takes up (failed to the infrastructure): a resume continues those."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(TickerRun.ticker, TickerRun.samples)
+                                .where(TickerRun.batch_id == batch_id)).all()
+            left = set(tickers_left(conn, batch_id))
+        return [thread_id(batch_id, ticker, s) for ticker, samples in rows
+                if ticker not in left for s in range(samples)]

@@ -12,9 +12,9 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 from agents.nodes import ANALYSTS
-from app.batch.progress import BatchProgress, eta_text
 from app.db.models import ProgressReading
 from app.morning.nightstatus import span
+from app.recorder.progress import BatchProgress, eta_text
 from tests.unit.support.eta_rows import NODES, NOW, batch, calls
 from tests.unit.support.servers import read_servers
 
