@@ -27,10 +27,10 @@ from typing import Any
 
 from sqlalchemy import Engine, insert, select
 
-from app.batch.progress import LOG_EVERY_S
 from app.db.engine import get_engine
 from app.db.models import Base, Batch, LLMCall, ProgressReading, ServerSample, TickerRun
 from app.morning import eta
+from app.recorder.progress import LOG_EVERY_S
 from tests.unit.support import FIXTURES
 
 CALL = ("ticker", "node", "sample", "status", "completion_tokens", "ready_at", "started_at",
