@@ -248,7 +248,7 @@ class BatchRun:
                                                self.batch_id),
             on_lost=lambda lost: owner.halt.request(
                 HaltReason(lost.status, f"{lost}{hint}", lost.exit_code)))
-        self.servers = await ServerSet.connect(
+        self.servers = ServerSet.connect(
             settings, self.strategy, self.recorder, engine=owner.engine,
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,
@@ -514,7 +514,9 @@ def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
     if strategy.request_limit is not None:
         return strategy.request_limit
     if strategy.adaptive:
-        return strategy.admission_policy(max_concurrency).maximum
+        # Unknown: behind a router the gate's ceiling is max_concurrency per server read, and
+        # the servers read change during the night; the gate is the cap, the pool none.
+        return None
     requests = sorted((r for r, _ in (shapes or {}).values()), reverse=True)
     if not requests or not all(requests):
         return None  # some ticker's work is unknown: leave the pool uncapped

@@ -9,7 +9,6 @@ next good one (docs/architecture.md, "One health rule, for one server and severa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,7 +18,7 @@ import structlog
 from sqlalchemy import Engine
 
 from app.config import Settings
-from app.errors import ServerError, ServerOutage
+from app.errors import ServerOutage
 from app.llm import CallStats, TrackedLLM
 from app.promptsize import PromptCounter
 from app.traffic.chains import prefetch_depth
@@ -280,17 +279,17 @@ class ServerSet:
         self.stopping = False  # the batch starts no more tickers
 
     @classmethod
-    async def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
+    def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
                 engine: Engine, batch_id: int, sample: bool = True,
                 http_client: Any = None, max_in_flight: int | None = None,
                 halt: Halt, resume_hint: str = "", clock: Clock = loop_clock,
                 ) -> ServerSet:
-        """Make a client and a /metrics reader for every configured endpoint.
+        """Make a client (its pool ``max_in_flight`` connections, None: no cap) and a /metrics
+        reader for every configured endpoint.
 
         The readers store rows when ``sample``, and read on their interval when sampling or
         with several endpoints, else only after a server fault (health, no gauges). ``halt``
-        stops the batch when no server answers for ``outage_budget_s``. Adaptive, a router's
-        servers are asked for first: its pool holds ``max_in_flight`` for each of them.
+        stops the batch when no server answers for ``outage_budget_s``.
         """
         changed = asyncio.Event()
         urls = settings.llm.urls
@@ -303,14 +302,8 @@ class ServerSet:
                                      probe_s=settings.llm.server_probe_interval_s,
                                      client=http_client, endpoint=url,
                                      fleet=settings.llm.router_urls, discover=True)
-            pool = max_in_flight
-            if pool is not None and periodic and strategy.adaptive:
-                # The limit grows to one server's ceiling per server behind a router (limits.py).
-                with contextlib.suppress(ServerError):  # not up yet: asked at its first reading
-                    await sampler.learn_fleet()
-                pool *= max(len(sampler.fleet or ()), 1)
             llm = TrackedLLM(settings, recorder, http_client=http_client, base_url=url,
-                             max_in_flight=pool)
+                             max_in_flight=max_in_flight)
             endpoints.append(Server(index, url, llm, strategy, gauges=sampler, changed=changed,
                                     clock=clock, counter=llm))
         if len(endpoints) > 1:

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from tests.fakevllm.server import FakeServer
+from tests.fakevllm.server import ASGIApp, FakeServer, asgi
 
 
 @dataclass
@@ -71,3 +71,8 @@ class FakeRouter:
 
     def client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.MockTransport(self.handle))
+
+    def asgi(self) -> ASGIApp:
+        """Return an ASGI app of the router, for ``serving`` on a socket (``root`` must then
+        be where it is served; its servers' roots, where they are)."""
+        return asgi(self.handle)

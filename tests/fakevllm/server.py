@@ -139,32 +139,7 @@ class FakeServer:
         A fault that drops the connection (``drop``, a crash) becomes uvicorn's HTTP 500
         there: ASGI has no way to close a connection unanswered.
         """
-        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            if scope["type"] != "http":
-                return
-            body = b""
-            while True:
-                message = await receive()
-                body += message.get("body", b"")
-                if not message.get("more_body"):
-                    break
-            host, port = scope["server"]
-            url = httpx.URL(scheme=scope["scheme"], host=host, port=port, path=scope["path"],
-                            query=scope["query_string"])
-            response = await self.handle(httpx.Request(scope["method"], url, content=body,
-                                                       headers=scope["headers"]))
-            # Sent as it comes (chunked): a stream's length is not known at its start.
-            headers = [(k, v) for k, v in response.headers.raw if k.lower() != b"content-length"]
-            await send({"type": "http.response.start", "status": response.status_code,
-                        "headers": headers})
-            if response.is_stream_consumed:  # a whole body (JSON, text), read when built
-                await send({"type": "http.response.body", "body": response.content})
-                return
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-
-        return app
+        return asgi(self.handle)
 
     def cue(self, reply: Reply, times: int = 1, path: str = CHAT_PATH) -> None:
         """Answer the next ``times`` requests to ``path`` with ``reply``, ahead of the script.
@@ -507,6 +482,36 @@ class _Stream(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._chunks.aclose()
+
+
+def asgi(handle: Callable[[httpx.Request], Awaitable[httpx.Response]]) -> ASGIApp:
+    """Return an ASGI app that answers every HTTP request as ``handle`` does."""
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        host, port = scope["server"]
+        url = httpx.URL(scheme=scope["scheme"], host=host, port=port, path=scope["path"],
+                        query=scope["query_string"])
+        response = await handle(httpx.Request(scope["method"], url, content=body,
+                                              headers=scope["headers"]))
+        # Sent as it comes (chunked): a stream's length is not known at its start.
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() != b"content-length"]
+        await send({"type": "http.response.start", "status": response.status_code,
+                    "headers": headers})
+        if response.is_stream_consumed:  # a whole body (JSON, text), read when built
+            await send({"type": "http.response.body", "body": response.content})
+            return
+        async for chunk in response.aiter_raw():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
 
 
 @contextlib.asynccontextmanager

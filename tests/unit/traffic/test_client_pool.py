@@ -1,9 +1,9 @@
 """The LLM client's connection pool never caps requests in flight below the engine's own limit.
 
 httpx's default pool allows 100 connections and queues the rest silently, so the pool
-only shows on a real socket: the fake server, served on 127.0.0.1 here, holds every chat
+only shows on a real socket: the fake servers, served on 127.0.0.1 here, hold every chat
 request open until as many as the test expects are open at once (or a deadline passes),
-then answers all.
+then answer all.
 """
 
 from __future__ import annotations
@@ -22,9 +22,15 @@ from app.batch.engine import BatchEngine, BatchPlan, TickerWork, max_in_flight
 from app.config import load_settings
 from app.llm import CallTag
 from app.traffic.client import TickerClient
+from app.traffic.halt import Halt
+from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
+from app.usage import UsageRecorder
 from tests.fakevllm import ChatRequest, FakeServer, Reply
+from tests.fakevllm.router import FakeRouter
 from tests.fakevllm.server import serving
+from tests.integration.unattended import free_port
+from tests.unit.support.call_rows import new_batch
 
 EXPECT = 130  # over httpx's default pool of 100 connections
 DEADLINE_S = 8.0  # then everyone is answered: the test reports how many were open
@@ -73,8 +79,8 @@ async def test_the_flood_arm_gets_more_than_a_hundred_requests_in_flight(
 
 def test_the_engine_sizes_the_pool_from_its_own_maximum() -> None:
     shapes = {"A": (17, 14), "B": (34, 14), "C": (17, 14)}
-    # adaptive: the admission policy's maximum, whatever the tickers
-    assert max_in_flight(Strategy.parse("adaptive"), shapes, max_concurrency=256) == 256
+    # adaptive: no cap; its gate's ceiling grows with the servers read behind a router
+    assert max_in_flight(Strategy.parse("adaptive"), shapes, max_concurrency=256) is None
     assert max_in_flight(Strategy.parse("sequential"), shapes, max_concurrency=64) == 1
     # fixed-N: N tickers at once, each with every request it has (the heaviest first)
     assert max_in_flight(Strategy.parse("fixed-2"), shapes, max_concurrency=64) == 34 + 17
@@ -82,3 +88,53 @@ def test_the_engine_sizes_the_pool_from_its_own_maximum() -> None:
     assert max_in_flight(Strategy.parse("fixed-1000000"), shapes, max_concurrency=64) == 68
     # nothing known of the work: no cap at all
     assert max_in_flight(Strategy.parse("fixed-3"), None, max_concurrency=64) is None
+
+
+async def test_servers_read_behind_a_router_after_the_start_get_room_in_the_pool(
+        sqlite_engine: Engine) -> None:
+    # The router does not answer yet when the batch connects (restarting, or a stalled
+    # host); its first reading then finds three servers, and the one gate may admit three
+    # servers' ceilings. The client's pool must hold them all: they are requests the gate
+    # let out, and a pool sized at the start would queue them silently.
+    ceiling, servers = 4, 3
+    wanted = servers * ceiling
+    held: list[ChatRequest] = []  # chats open together before any was answered
+    all_open = asyncio.Event()
+    asyncio.get_running_loop().call_later(DEADLINE_S, all_open.set)
+
+    def hold(chat: ChatRequest) -> Reply:
+        if not all_open.is_set():
+            held.append(chat)
+            if len(held) == wanted:
+                all_open.set()
+        return Reply("ok", hold=all_open)
+
+    fakes = [FakeServer(hold) for _ in range(servers)]
+    batch_id, port = new_batch(sqlite_engine), free_port()
+    router_root = f"http://127.0.0.1:{port}"
+    settings = load_settings(llm_base_url=router_root + "/v1", max_concurrency=ceiling,
+                             check_context_length=False, retry_backoff_s=0, max_attempts=1,
+                             record_requests=False)
+    strategy = Strategy.parse("adaptive")
+    async with serving([fake.asgi() for fake in fakes]) as ports, \
+            UsageRecorder(sqlite_engine) as recorder:
+        fleet = ServerSet.connect(
+            settings, strategy, recorder, engine=sqlite_engine, batch_id=batch_id,
+            max_in_flight=max_in_flight(strategy, None, ceiling), halt=Halt())
+        (server,) = fleet
+        router = FakeRouter({f"http://127.0.0.1:{p}": fake for p, fake in zip(ports, fakes,
+                                                                                strict=True)},
+                            root=router_root)
+        try:
+            async with serving([router.asgi()], [port]):
+                assert await server.gauges.sample_once() is not None  # type: ignore[union-attr]
+                assert server.limits.policy.maximum == wanted  # the gate's ceiling now
+                await asyncio.gather(*(
+                    server.llm.chat(CallTag(batch_id, f"T{i}", "analyst"),
+                                    [{"role": "user", "content": "hi"}], max_tokens=4)
+                    for i in range(wanted)))
+        finally:
+            await fleet.stop()
+            await fleet.aclose()
+    assert len(held) == wanted
+    assert all(fake.chats for fake in fakes)  # the router spread them: three servers' room
