@@ -367,9 +367,19 @@ class ServerSet:
         return None
 
     def alternative(self, endpoint: Server) -> Server | None:
-        """Return the endpoint that is up to take over ``endpoint``'s tickers (None: none is)."""
-        chosen = choose(self.loads(), need_room=False, exclude=endpoint.index,
-                        down_if_all=False)
+        """Return the endpoint that is up to take over ``endpoint``'s tickers (None: none is):
+        the best under its share of the work routed, else the best.
+
+        The share is what spreads the tickers of a server that went down: they all ask at
+        once, before any has reserved tokens where it moved, so free tokens alone send every
+        one to the same server (a move counts its ticker's work there at once).
+        """
+        loads = self.loads()
+        total = sum(load.work for load in loads)
+        chosen = choose(loads, need_room=False, exclude=endpoint.index, down_if_all=False,
+                        total_work=total or None)
+        if chosen is None:
+            chosen = choose(loads, need_room=False, exclude=endpoint.index, down_if_all=False)
         return None if chosen is None else self.endpoints[chosen]
 
     async def after_failure(self, endpoint: Server, started_at: float, *,

@@ -158,3 +158,29 @@ async def test_a_ticker_that_moves_leaves_no_hold_in_the_budget_it_left() -> Non
     assert (budget.held, left.gate.holds, client.ticket.hold) == (0, {}, 0)
     client.close()
     assert not taken.gate.holds and taken.tickers == 0
+
+
+def test_the_tickers_of_a_server_gone_down_spread_over_the_others() -> None:
+    # They all move at once, before any has reserved tokens where it went: by free tokens
+    # alone every one went to the server with the most (a 500-ticker night over 4 piled a
+    # dead server's 125 tickers onto one of the three left). Each move counts its ticker's
+    # work where it went, so the shares of the work routed spread them.
+    changed = asyncio.Event()
+    llm: Any = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=8)))
+    strategy = Strategy.parse("adaptive")
+    endpoints = [Server(i, f"http://gpu{i}.test/v1", llm, strategy, gauges=SimpleNamespace(),
+                        changed=changed) for i in range(4)]
+    servers = ServerSet(endpoints, changed)
+    for server, capacity in zip(endpoints, (10_000, 10_200, 10_400, 10_600), strict=True):
+        assert server.limits.budget is not None
+        server.limits.budget.set_capacity(capacity, 16)
+    clients = [TickerClient(servers, server, Ticket(4 * i + server.index, requests=14, chain=14))
+               for i in range(12) for server in endpoints]
+    dead = endpoints[3]
+    dead.up = False
+    for client in clients:
+        client._here()
+    moved = [server.moved_in for server in endpoints[:3]]
+    assert sum(moved) == 12 and dead.tickers == 0
+    assert min(moved) >= 3, moved  # each took a share; by free tokens alone: [0, 0, 12]
+    assert [server.tickers for server in endpoints[:3]] == [12 + m for m in moved]
