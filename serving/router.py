@@ -95,12 +95,17 @@ def fetch_workers(base_url: str, *, timeout_s: float = 5.0) -> list[Worker] | No
 
 async def afetch_workers(base_url: str, *, client: httpx.AsyncClient,
                          timeout_s: float = 5.0) -> list[str] | None:
-    """Return the servers' URLs a vllm-router at ``base_url`` lists (None: no router's list
-    there, e.g. a vLLM server's 404); unreachable is a ServerError."""
+    """Return the servers' URLs a vllm-router at ``base_url`` lists (None: no /workers there,
+    a 4xx such as a vLLM server's 404; empty: a router listing none yet); unreachable or a
+    5xx (a router starting) is a ServerError."""
     url = workers_url(base_url)
     try:
         response = await client.get(url, timeout=timeout_s)
     except httpx.HTTPError as error:
         raise ServerError(redact(f"cannot read {url}: {error}")) from None
+    if response.status_code >= 500:
+        raise ServerError(redact(f"{url} answered {response.status_code}"))
+    if response.status_code >= 400:
+        return None
     workers = parse_workers(response)
-    return None if workers is None else [w.url for w in workers]
+    return [] if workers is None else [w.url for w in workers]

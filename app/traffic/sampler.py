@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -35,6 +36,8 @@ from serving.urls import redact
 log = structlog.get_logger(__name__)
 
 READ_TIMEOUT_S = 5.0
+# How often a router is asked again for the servers behind it (servers added or dropped).
+FLEET_EVERY_S = 30.0
 LAG_PROBE_S = 0.25  # how often the client's own loop is checked for running late
 
 
@@ -65,6 +68,9 @@ class MetricsSampler:
         self.fleet: list[str] | None = fleet if fleet or not discover else None
         if self.fleet is None and not discover:
             self.fleet = []
+        self._discover = discover and not fleet  # servers named by the setting: not asked
+        self.fleet_every_s = FLEET_EVERY_S
+        self._fleet_asked: float | None = None  # when /workers was last asked (monotonic)
         self.fleet_read: int | None = None  # servers of the fleet read at the last reading
         self._unseen: set[str] = set()  # servers whose /metrics could not be read, said once
         self._engine = engine
@@ -99,7 +105,7 @@ class MetricsSampler:
                 text = await afetch_metrics_text(self.base_url, client=self._client,
                                                   timeout_s=READ_TIMEOUT_S)
                 snapshot = parse_metrics(text)
-                if not self.fleet:
+                if self.fleet == []:  # a server's own page (a router's is one server's)
                     self._read_capacity(text)
         except ServerError as error:
             self.failing = True
@@ -122,15 +128,28 @@ class MetricsSampler:
         return snapshot
 
     async def learn_fleet(self) -> None:
-        """Ask the router's /workers for the servers behind it, unless known (a vLLM server
-        lists none: the fleet is empty); unreachable is a ServerError, asked again later."""
-        if self.fleet is not None:
+        """Ask the router's /workers for the servers behind it at the first reading and every
+        ``fleet_every_s`` after, so servers added, dropped from its list or listed late (a
+        router still starting) are read; a front without /workers (a vLLM server: 4xx) is
+        asked no more. An ask that fails keeps what was known (the reading says the rest)."""
+        now = time.monotonic()
+        if not self._discover or (self._fleet_asked is not None
+                                  and now - self._fleet_asked < self.fleet_every_s):
             return
-        self.fleet = await afetch_workers(self.base_url, client=self._client,
-                                          timeout_s=READ_TIMEOUT_S) or []
-        if self.fleet:
+        self._fleet_asked = now
+        try:
+            listed = await afetch_workers(self.base_url, client=self._client,
+                                          timeout_s=READ_TIMEOUT_S)
+        except ServerError:
+            return
+        if listed is None:
+            self._discover = False
+            if self.fleet is None:
+                self.fleet = []
+        elif listed and listed != self.fleet:
             log.info("a router: each server behind it is read for capacity and pressure",
-                     endpoint=self.endpoint, servers=redact(",".join(self.fleet)))
+                     endpoint=self.endpoint, servers=redact(",".join(listed)))
+            self.fleet = listed
 
     async def fresh(self) -> None:
         """Return once a read begun after this call has ended (and been pushed)."""

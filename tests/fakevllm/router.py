@@ -5,7 +5,8 @@ What it answers is what vllm-router 0.1.17 was seen to answer in front of two se
 ``GET /metrics`` is the first server's page as it is (one server's figures), and every
 other request goes to one server: ``policy="consistent_hash"`` picks it from the
 ``X-Session-ID`` header (else the body's ``user``), ``"first"`` always the first.
-``workers=False`` makes it a front without ``/workers`` (404), like another gateway.
+``workers=False`` makes it a front without ``/workers`` (404), like another gateway;
+``workers_status`` (e.g. 503) one whose ``/workers`` is not ready yet.
 ``names_server`` (a header name) makes it a front that names, in that response header, the
 server it sent a request to; vllm-router 0.1.17 names none.
 """
@@ -31,6 +32,7 @@ class FakeRouter:
     policy: str = "consistent_hash"
     workers: bool = True
     names_server: str | None = None
+    workers_status: int = 200  # e.g. 503: a router still starting
 
     @property
     def base_url(self) -> str:
@@ -55,6 +57,8 @@ class FakeRouter:
         if request.url.path == "/workers":
             if not self.workers:
                 return httpx.Response(404, json={"detail": "Not Found"})
+            if self.workers_status != 200:
+                return httpx.Response(self.workers_status, text="starting")
             listed: list[dict[str, Any]] = [
                 {"url": root, "model_id": "unknown", "worker_type": "regular",
                  "is_healthy": not fake.down, "load": fake.in_flight}

@@ -87,6 +87,37 @@ async def test_a_server_lost_behind_the_router_leaves_the_capacity_of_the_rest()
         assert sampler.kv_capacity == KV and sampler.fleet_read == 1
 
 
+async def test_servers_added_behind_the_router_are_read_at_its_next_list() -> None:
+    router = fleet()
+    async with router.client() as http:
+        sampler = MetricsSampler(router.base_url, None, None, interval_s=None, client=http,
+                                 discover=True)
+        await sampler.sample_once()
+        assert sampler.kv_capacity == 2 * KV and sampler.fleet_read == 2
+        router.servers["http://gpu2.test:8000"] = FakeServer(kv_tokens=KV, capacity=16)
+        await sampler.sample_once()  # within fleet_every_s: the list known is kept
+        assert sampler.fleet_read == 2
+        sampler.fleet_every_s = 0.0
+        await sampler.sample_once()
+        assert sampler.fleet == list(router.servers)
+        assert sampler.kv_capacity == 3 * KV and sampler.fleet_read == 3
+
+
+async def test_a_router_not_ready_to_list_its_servers_is_asked_again() -> None:
+    # A 503 at the first reading once counted the router as one server for the whole night.
+    router = fleet(workers_status=503)
+    async with router.client() as http:
+        sampler = MetricsSampler(router.base_url, None, None, interval_s=None, client=http,
+                                 discover=True)
+        sampler.fleet_every_s = 0.0
+        assert await sampler.sample_once() is not None  # the router's own page: it is up
+        # Not a server's own page: no capacity from it (one server's of several).
+        assert sampler.fleet is None and sampler.kv_capacity is None
+        router.workers_status = 200
+        await sampler.sample_once()
+        assert sampler.kv_capacity == 2 * KV and sampler.fleet_read == 2
+
+
 def test_the_fleets_readings_add_up_as_one_servers_engines() -> None:
     one = MetricsSnapshot(running=3, waiting=1, kv_cache_usage=0.2, preemptions_total=1,
                           prompt_tokens_total=100, generation_tokens_total=40,
