@@ -296,6 +296,7 @@ def read_steppers(roots: list[str]) -> dict[str, Any]:
     return {"per_server": records,
             "steps_max": max((r["steps"] for r in records.values()), default=None),
             "bunched_steps": sum(r["bunched"] for r in records.values()),
+            "steps_sat_out": sum(r.get("joined_late", 0) for r in records.values()),
             "ends_late_mean_s": sum(e["sum"] for e in ends) / count if count else None,
             "ends_late_max_s": max((e["max"] for e in ends), default=None),
             "wake_late_p99_max_s": max((r["late_s"]["p99"] for r in records.values()

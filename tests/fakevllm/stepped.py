@@ -3,7 +3,8 @@
 Each endpoint is a model of a vLLM server, served over HTTP by uvicorn: its queue, KV cache
 and ``/metrics`` are the fake server's (tests/fakevllm/load.py: a request starts when its
 whole answer fits the cache, so it never preempts), and it decodes in steps. A step gives
-every running request one token and takes ``(a + b × running) ÷ speedup`` seconds; tokens
+one token to every request admitted before it began and takes ``(a + b × running) ÷
+speedup`` seconds; tokens
 go out 16 to a chunk (vLLM's ``--stream-interval 16``, the GPU profiles'). The defaults are
 the H200 of the 100-ticker MoE night (docs/performance.md): 1,488,240 KV tokens, 256
 sequences, and a step of 20 ms + 0.2 ms per running request (2,222 tok/s at the 79.5
@@ -28,6 +29,7 @@ The fleet bench (tests/bench/fleet.py) serves them in a process of their own:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import itertools
 import json
@@ -113,6 +115,7 @@ class StepperRecord:
     steps: int = 0
     modelled_s: float = 0.0  # Σ of the steps' modelled durations
     bunched: int = 0  # steps run at a wake-up past the first (the process was late)
+    joined_late: int = 0  # steps a running request sat out: admitted after they began
     late_s: list[float] = field(default_factory=list)
     ends_late_s: list[float] = field(default_factory=list)
 
@@ -126,6 +129,7 @@ class StepperRecord:
                     "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
                     "max": ordered[-1], "sum": sum(ordered), "count": len(ordered)}
         return {"steps": self.steps, "modelled_s": self.modelled_s, "bunched": self.bunched,
+                "joined_late": self.joined_late,
                 "late_s": spread(self.late_s), "ends_late_s": spread(self.ends_late_s)}
 
 
@@ -218,7 +222,9 @@ class SteppedEndpoint:
 
         Steps keep to the model's clock, not to wake-ups: a wake-up that comes late (a busy
         host) runs every step that fell due meanwhile, so the endpoint's speed is the
-        model's whatever the host's timer latency.
+        model's whatever the host's timer latency. A step serves the requests admitted
+        before it began, as a GPU's batch is set when its step starts: one admitted later,
+        or during a late wake-up's missed steps, waits for the next.
         """
         loop = asyncio.get_running_loop()
         record = self.record
@@ -240,24 +246,32 @@ class SteppedEndpoint:
             record.steps += len(dues)
             record.bunched += len(dues) - 1
             record.late_s.append(now - dues[0])
-            self._step(len(dues), [now - d for d in dues])
+            self._step(len(dues), [d - step for d in dues], now - dues[-1])
 
-    def _step(self, steps: int, late: list[float] | None = None) -> None:
+    def _step(self, steps: int, starts: list[float] | None = None, late: float = 0.0) -> None:
         """Give every running request up to ``steps`` tokens; wake its stream per chunk.
 
-        ``late``: per step, seconds since it fell due; a request that ends at one is recorded
-        that late (``StepperRecord.ends_late_s``).
+        ``starts``: when each step began on the model's clock; a request admitted after a
+        step began gets no token of it, and one that ends is recorded as late as its last
+        step's end is behind the wake-up (``late``: the last step's own).
         """
         interval = self.gpu.stream_interval
         for stream in list(self.streams.values()):
             seq = stream.seq
             if seq.generated >= seq.completion_tokens:
                 continue
+            first = 0
+            if starts is not None and seq.admitted_at is not None:
+                first = bisect.bisect_left(starts, seq.admitted_at)
+                self.record.joined_late += min(first, steps)
             before = seq.generated
-            self.load.generate(seq, min(steps, seq.completion_tokens - before))
+            if steps > first:
+                self.load.generate(seq, min(steps - first, seq.completion_tokens - before))
             after = seq.generated
-            if late is not None and after == seq.completion_tokens:
-                self.record.ends_late_s.append(late[after - before - 1])
+            if starts is not None and after > before and after == seq.completion_tokens:
+                # Its last token came at step first + (after - before) - 1 of the bunch.
+                self.record.ends_late_s.append(
+                    late + starts[-1] - starts[first + after - before - 1])
             # Chunks of ``interval`` tokens as the count crosses each multiple; the rest
             # goes with the last token.
             for _ in range((before // interval + 1) * interval, after + 1, interval):
