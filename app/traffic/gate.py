@@ -134,8 +134,9 @@ class Gate:
         budget, counter = self.budget, self._counter
         if budget is None:
             return NO_TOKENS
-        if (counter is not None and not self._count_asked and counter.supported
-                and not budget.ratio_known()):
+        # Until the ratio is known every claim takes the lock: one made while the first
+        # count is out waits for it rather than being costed at the default.
+        if counter is not None and counter.supported and not budget.ratio_known():
             async with self._first_count:
                 if not self._count_asked and not budget.ratio_known():
                     self._count_asked = True

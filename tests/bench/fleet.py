@@ -203,7 +203,8 @@ def timing(engine: Any, batch_id: int) -> dict[str, Any]:
     for r in rows:
         by_ticker.setdefault(r.ticker, []).append(r)
     starts, ends, turns = [], [], []
-    for calls in by_ticker.values():
+    paths: dict[str, dict[str, float]] = {}
+    for ticker, calls in by_ticker.items():
         starts.append((calls[0].started_at - t0).total_seconds())
         ends.append((max(c.ended_at for c in calls) - t0).total_seconds())
         chain = [c for c in calls if c.node not in ANALYSTS]
@@ -211,16 +212,39 @@ def timing(engine: Any, batch_id: int) -> dict[str, Any]:
         previous = [fan_end, *(c.ended_at for c in chain)][:len(chain)]
         turns += [(c.started_at - p).total_seconds() for c, p in zip(chain, previous,
                                                                        strict=True) if p]
+        if fan_end is not None:
+            paths[ticker] = _path(starts[-1], ends[-1], calls[0].started_at, fan_end,
+                                  chain, previous)
     waits = [(r.started_at - r.ready_at).total_seconds() for r in rows if r.ready_at]
 
     def spread(values: list[float]) -> dict[str, float]:
         data = np.array(values)
         return {"p50": float(np.percentile(data, 50)), "p90": float(np.percentile(data, 90)),
                 "max": float(data.max()), "mean": float(data.mean())}
+    last = max(paths.values(), key=lambda p: p["end_s"], default=None)
+    mean_path = ({key: float(np.mean([p[key] for p in paths.values()])) for key in last}
+                 if last else None)
     return {"ticker_first_call_s": spread(starts), "ticker_end_s": spread(ends),
             "chain_turnaround_s": spread(turns) if turns else None,
             "chain_turnaround_per_ticker_s": sum(turns) / len(by_ticker),
-            "gate_wait_s": spread(waits) if waits else None}
+            "gate_wait_s": spread(waits) if waits else None,
+            "path_last_ticker_s": last, "path_mean_s": mean_path}
+
+
+def _path(start_s: float, end_s: float, first: Any, fan_end: Any, chain: list[Any],
+          previous: list[Any]) -> dict[str, float]:
+    """Split one ticker's span into its parts: the start, its analysts (first call to the
+    last one's end), and over its chain the calls at the server (sent to ended), the
+    waits at our gate (ready to sent) and the client's own turn (the call before's end to
+    ready)."""
+    def seconds(later: Any, earlier: Any) -> float:
+        return (later - earlier).total_seconds() if later and earlier else 0.0
+    return {"end_s": end_s, "start_s": start_s, "analysts_s": seconds(fan_end, first),
+            "chain_server_s": sum(seconds(c.ended_at, c.started_at) for c in chain),
+            "chain_gate_s": sum(seconds(c.started_at, c.ready_at) for c in chain),
+            "chain_client_s": sum(seconds(c.ready_at or c.started_at, p)
+                                  for c, p in zip(chain, previous, strict=True)),
+            "chain_calls": float(len(chain))}
 
 
 def lost_tickers(engine: Any, batch_id: int) -> list[str]:
@@ -256,6 +280,27 @@ def server_figures(readings: dict[str, MetricsSnapshot]) -> dict[str, Any]:
                                  # The share of the night each served, whoever placed it.
                                  "generation_tokens": r.generation_tokens_total}
                            for url, r in readings.items()}}
+
+
+def read_steppers(roots: list[str]) -> dict[str, Any]:
+    """Read each simulated endpoint's own record of its clock (``/fleet/stepper``); an
+    endpoint that has none (a real server) or cannot be read is left out."""
+    records: dict[str, Any] = {}
+    for root in roots:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            answer = httpx.get(root + "/fleet/stepper", timeout=10)
+            if answer.is_success:
+                records[root] = answer.json()
+    ends = [r["ends_late_s"] for r in records.values() if r.get("ends_late_s")]
+    count = sum(e["count"] for e in ends)
+    return {"per_server": records,
+            "steps_max": max((r["steps"] for r in records.values()), default=None),
+            "bunched_steps": sum(r["bunched"] for r in records.values()),
+            "steps_sat_out": sum(r.get("joined_late", 0) for r in records.values()),
+            "ends_late_mean_s": sum(e["sum"] for e in ends) / count if count else None,
+            "ends_late_max_s": max((e["max"] for e in ends), default=None),
+            "wake_late_p99_max_s": max((r["late_s"]["p99"] for r in records.values()
+                                        if r.get("late_s")), default=None)}
 
 
 def read_server(root: str) -> MetricsSnapshot:
@@ -565,11 +610,12 @@ def fleet(
             if root not in readings:
                 with contextlib.suppress(ServerError):
                     readings[root] = read_server(root)
+        steppers = {} if vllm_cpu else read_steppers(roots)
     if kill is not None:
         kill.setdefault("killed", False)  # False: the night ended before kill_at
         kill.update(tickers_lost=lost, tickers_on_two_endpoints=moved)
     servers = {**server_figures(readings), "read": len(readings), "of": len(roots),
-               "tickers_not_succeeded": lost}
+               "tickers_not_succeeded": lost, "stepper": steppers}
     rows = arm["calls"] + sum(len(v) for v in load.values())  # llm_calls and llm_requests
     result = FleetResult(
         tickers=tickers, endpoints=endpoints,
@@ -636,7 +682,21 @@ def show_fleet(result: Any) -> None:
                       f"mean {turn.get('mean', 0):.3f} s, "
                       f"{spent['chain_turnaround_per_ticker_s']:.1f} s a ticker; wait at our "
                       f"gate: mean {gate:.3f} s")
+        last = spent.get("path_last_ticker_s")
+        if last:
+            console.print(f"  the last ticker: started {last['start_s']:.1f} s, analysts "
+                          f"{last['analysts_s']:.1f} s, chain at the server "
+                          f"{last['chain_server_s']:.1f} s, at our gate "
+                          f"{last['chain_gate_s']:.1f} s, client turns "
+                          f"{last['chain_client_s']:.1f} s; ended {last['end_s']:.1f} s")
     front, servers = getattr(result, "front", None) or {}, getattr(result, "servers", None) or {}
+    stepper = servers.get("stepper") or {}
+    if stepper.get("per_server"):
+        console.print(f"  endpoints' clock: steps (most) {stepper['steps_max']}, bunched "
+                      f"{stepper['bunched_steps']}; a request's end queued past its step: "
+                      f"mean {cell(stepper['ends_late_mean_s'], '.4f')} s, max "
+                      f"{cell(stepper['ends_late_max_s'], '.3f')} s; wake-up lateness p99 "
+                      f"(worst endpoint) {cell(stepper['wake_late_p99_max_s'], '.3f')} s")
     if front:
         console.print(f"  front: {front['kind']} {front.get('policy') or ''} "
                       f"{' '.join(front.get('args') or [])}; servers read "

@@ -3,7 +3,8 @@
 Each endpoint is a model of a vLLM server, served over HTTP by uvicorn: its queue, KV cache
 and ``/metrics`` are the fake server's (tests/fakevllm/load.py: a request starts when its
 whole answer fits the cache, so it never preempts), and it decodes in steps. A step gives
-every running request one token and takes ``(a + b × running) ÷ speedup`` seconds; tokens
+one token to every request admitted before it began and takes ``(a + b × running) ÷
+speedup`` seconds; tokens
 go out 16 to a chunk (vLLM's ``--stream-interval 16``, the GPU profiles'). The defaults are
 the H200 of the 100-ticker MoE night (docs/performance.md): 1,488,240 KV tokens, 256
 sequences, and a step of 20 ms + 0.2 ms per running request (2,222 tok/s at the 79.5
@@ -17,6 +18,10 @@ recently used out past ``kv_tokens``. It only counts (``vllm:prefix_cache_hits``
 usage's ``cached_tokens``): a step costs the same whatever was cached, as the step model has
 no prefill, so the hit rate says where a router placed a ticker's calls, not what it saved.
 
+Each endpoint also says how far its own process kept to the model's clock
+(``GET /fleet/stepper``, ``StepperRecord``): a host that runs it late delivers tokens late,
+which a real GPU would not, and the fleet bench reports it beside the client's figures.
+
 The fleet bench (tests/bench/fleet.py) serves them in a process of their own:
 ``python -m tests.fakevllm.stepped --ports 18100,18101 ...``.
 """
@@ -24,6 +29,7 @@ The fleet bench (tests/bench/fleet.py) serves them in a process of their own:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import itertools
 import json
@@ -97,6 +103,36 @@ class PrefixCache:
         return int(hits * self.tokens_per_block)
 
 
+@dataclass
+class StepperRecord:
+    """How one endpoint's stepper kept to the model's clock: the harness's share of a night.
+
+    ``late_s``: at each wake-up, seconds past the due end of the step it woke for (the
+    process's own lag); ``ends_late_s``: for each request, seconds from its last step's due
+    end to its last chunk being queued (what the client waits beyond the model).
+    """
+
+    steps: int = 0
+    modelled_s: float = 0.0  # Σ of the steps' modelled durations
+    bunched: int = 0  # steps run at a wake-up past the first (the process was late)
+    joined_late: int = 0  # steps a running request sat out: admitted after they began
+    late_s: list[float] = field(default_factory=list)
+    ends_late_s: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        def spread(values: list[float]) -> dict[str, float] | None:
+            if not values:
+                return None
+            ordered = sorted(values)
+            return {"mean": sum(ordered) / len(ordered),
+                    "p50": ordered[len(ordered) // 2],
+                    "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+                    "max": ordered[-1], "sum": sum(ordered), "count": len(ordered)}
+        return {"steps": self.steps, "modelled_s": self.modelled_s, "bunched": self.bunched,
+                "joined_late": self.joined_late,
+                "late_s": spread(self.late_s), "ends_late_s": spread(self.ends_late_s)}
+
+
 @dataclass(eq=False)
 class _Stream:
     seq: Sequence
@@ -115,7 +151,9 @@ class SteppedEndpoint:
         # A block of prompt text is block_chars ÷ 4 tokens sent, × prompt_weight counted.
         self.prefix = PrefixCache(gpu.kv_tokens, 256 / 4 * gpu.prompt_weight)
         self._ids = itertools.count(1)
+        self.record = StepperRecord()
         self.app = Starlette(routes=[
+            Route("/fleet/stepper", self.stepper),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/models", self.models), Route("/tokenize", self.tokenize,
                                                     methods=["POST"]),
@@ -137,6 +175,9 @@ class SteppedEndpoint:
 
     async def metrics(self, request: Request) -> Response:
         return PlainTextResponse(self.load.metrics_text())
+
+    async def stepper(self, request: Request) -> Response:
+        return JSONResponse(self.record.summary())
 
     async def chat(self, request: Request) -> Response:
         body = await request.json()
@@ -181,34 +222,56 @@ class SteppedEndpoint:
 
         Steps keep to the model's clock, not to wake-ups: a wake-up that comes late (a busy
         host) runs every step that fell due meanwhile, so the endpoint's speed is the
-        model's whatever the host's timer latency.
+        model's whatever the host's timer latency. A step serves the requests admitted
+        before it began, as a GPU's batch is set when its step starts: one admitted later,
+        or during a late wake-up's missed steps, waits for the next.
         """
         loop = asyncio.get_running_loop()
+        record = self.record
         due = loop.time()
         while True:
             if not self.streams:
                 self.busy.clear()
                 await self.busy.wait()
                 due = loop.time()
-            due += self.gpu.step_s(len(self.load.running))
+            step = self.gpu.step_s(len(self.load.running))
+            due += step
             await asyncio.sleep(max(0.0, due - loop.time()))
-            steps = 1
-            while loop.time() >= due + self.gpu.step_s(len(self.load.running)) \
-                    and steps < MAX_CATCH_UP:
-                due += self.gpu.step_s(len(self.load.running))
-                steps += 1
-            self._step(steps)
+            now = loop.time()
+            dues, record.modelled_s = [due], record.modelled_s + step
+            while now >= due + step and len(dues) < MAX_CATCH_UP:
+                due += step
+                dues.append(due)
+                record.modelled_s += step
+            record.steps += len(dues)
+            record.bunched += len(dues) - 1
+            record.late_s.append(now - dues[0])
+            self._step(len(dues), [d - step for d in dues], now - dues[-1])
 
-    def _step(self, steps: int) -> None:
-        """Give every running request up to ``steps`` tokens; wake its stream per chunk."""
+    def _step(self, steps: int, starts: list[float] | None = None, late: float = 0.0) -> None:
+        """Give every running request up to ``steps`` tokens; wake its stream per chunk.
+
+        ``starts``: when each step began on the model's clock; a request admitted after a
+        step began gets no token of it, and one that ends is recorded as late as its last
+        step's end is behind the wake-up (``late``: the last step's own).
+        """
         interval = self.gpu.stream_interval
         for stream in list(self.streams.values()):
             seq = stream.seq
             if seq.generated >= seq.completion_tokens:
                 continue
+            first = 0
+            if starts is not None and seq.admitted_at is not None:
+                first = bisect.bisect_left(starts, seq.admitted_at)
+                self.record.joined_late += min(first, steps)
             before = seq.generated
-            self.load.generate(seq, min(steps, seq.completion_tokens - before))
+            if steps > first:
+                self.load.generate(seq, min(steps - first, seq.completion_tokens - before))
             after = seq.generated
+            if starts is not None and after > before and after == seq.completion_tokens:
+                # Its last token came at step first + (after - before) - 1 of the bunch.
+                self.record.ends_late_s.append(
+                    late + starts[-1] - starts[first + after - before - 1])
             # Chunks of ``interval`` tokens as the count crosses each multiple; the rest
             # goes with the last token.
             for _ in range((before // interval + 1) * interval, after + 1, interval):

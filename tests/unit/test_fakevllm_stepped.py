@@ -77,6 +77,26 @@ def test_a_late_wake_up_sends_every_chunk_that_fell_due(steps: int) -> None:
     assert sent == 40 and seq.generated == 40
 
 
+def test_a_step_serves_only_the_requests_admitted_before_it_began() -> None:
+    # A late wake-up runs the four steps that began at 0, 1, 2 and 3 s at once: a request
+    # admitted at 1.5 s was in only the last two (a GPU's batch is set when a step starts),
+    # and the one that ends is recorded as late as the wake-up is past its last step.
+    from tests.fakevllm.load import Sequence
+    from tests.fakevllm.stepped import _Stream
+
+    endpoint = SteppedEndpoint(GPUModel(kv_tokens=100_000, max_num_seqs=8))
+    early, joined = Sequence(10, 40, admitted_at=-0.5), Sequence(10, 2, admitted_at=1.5)
+    for key, seq in enumerate((early, joined)):
+        endpoint.streams[key] = _Stream(seq)
+        endpoint.load.running.append(seq)
+    endpoint._step(4, [0.0, 1.0, 2.0, 3.0], late=0.25)
+    assert (early.generated, joined.generated) == (4, 2)
+    assert endpoint.record.joined_late == 2
+    assert endpoint.record.ends_late_s == [0.25]  # its last token: the last step's
+    endpoint._step(4, [4.0, 5.0, 6.0, 7.0], late=0.0)
+    assert early.generated == 8 and joined.generated == 2
+
+
 def test_the_prefix_cache_finds_a_prompts_leading_blocks_per_salt_and_forgets_the_oldest(
 ) -> None:
     from tests.fakevllm.stepped import PrefixCache

@@ -349,6 +349,38 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
     assert at_count < blocks(math.ceil(4_001 * 0.5) + 24 + 300)  # what the default gave
 
 
+async def test_claims_made_while_the_first_count_is_out_wait_for_it() -> None:
+    # A one-pass start sends many tickers' first requests before the server's count of the
+    # first prompt comes back; each must be costed at the count, not at the default ratio
+    # (on the simulated fleet the default was 2.4x under the counts, and the budget's first
+    # reading then cut its correction to 0.5).
+    from app.promptsize import Counted
+
+    counted = Counted()
+    budget = TokenBudget(capacity=1_000_000, counted=counted)
+
+    class SlowCounter:
+        supported = True
+        settings = SimpleNamespace(llm=SimpleNamespace(model="m"))
+        calls = 0
+
+        async def count(self, model: str, messages: list[dict[str, str]]) -> int:
+            self.calls += 1
+            await asyncio.sleep(0.01)  # the /tokenize round trip: other claims come meanwhile
+            size = sum(len(m["content"]) for m in messages)
+            counted.bytes, counted.tokens = size, size  # one token per byte, not 0.5
+            return size
+
+    counter = SlowCounter()
+    gate = Gate(8, budget, counter=counter)  # type: ignore[arg-type]
+    prompt = body(4_000, 300)
+    claims = await asyncio.gather(*(gate.claim("market", prompt) for _ in range(4)))
+    assert counter.calls == 1
+    at_count = blocks(math.ceil(4_000 * 1.05) + 24 + 300)
+    assert [c.tokens for c in claims] == [at_count] * 4
+    assert at_count > blocks(math.ceil(4_000 * 0.5) + 24 + 300)  # what the default gave
+
+
 def new_batch_id(engine: Engine) -> int:
     from tests.unit.support.call_rows import new_batch
     return new_batch(engine)
