@@ -130,6 +130,11 @@ class RerunQueue:
         except OSError as error:
             self._finish(job, None, f"could not start: {error}")
             return
+        except asyncio.CancelledError:
+            # Stopped while its process started: asyncio kills a process it was still
+            # starting; the job must not read "running" for ever.
+            self._finish(job, None, "stopped with the web server")
+            raise
         try:
             assert proc.stdout is not None
             async for raw in proc.stdout:

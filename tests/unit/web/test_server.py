@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -461,19 +462,35 @@ async def test_stopping_the_queue_stops_its_processes(tmp_path: Path) -> None:
                 f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid()));"
                 " time.sleep(60)"]
 
-    started = time.monotonic()
     async with RerunQueue(command=sleeper) as queue:
         running, _ = queue.submit("AAA", D1, 1)
         queued, _ = queue.submit("BBB", D1, 1)  # one slot: waits behind AAA
-        for _ in range(200):
-            if marker.exists() and marker.read_text():
-                break
+        deadline = time.monotonic() + 50  # a loaded host starts Python slowly
+        while not (marker.exists() and marker.read_text()):
+            assert time.monotonic() < deadline, "the rerun's process never started"
             await asyncio.sleep(0.05)
-    assert time.monotonic() - started < 20  # SIGTERM ended it, not the 60 s sleep
+        stopping = time.monotonic()
+    assert time.monotonic() - stopping < 20  # SIGTERM ended it, not the 60 s sleep
     assert running.state == "failed" and running.message == "stopped with the web server"
     assert queued.state == "cancelled"
     pid = int(marker.read_text())
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+async def test_a_rerun_stopped_while_its_process_starts_is_not_left_running(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    spawning = asyncio.Event()
+
+    async def never_started(*args: Any, **kwargs: Any) -> None:
+        spawning.set()
+        await asyncio.Event().wait()  # the web server stops before the process is up
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", never_started)
+    async with RerunQueue() as queue:
+        job, _ = queue.submit("AAA", D1, 1)
+        await asyncio.wait_for(spawning.wait(), 5)
+    assert (job.state, job.message) == ("failed", "stopped with the web server")
+    assert job.finished_at is not None
 
 
 async def finished(job: RerunJob, timeout: float) -> None:
