@@ -162,8 +162,7 @@ async def test_a_ticker_that_moves_leaves_no_hold_in_the_budget_it_left() -> Non
 
 def test_the_tickers_of_a_server_gone_down_spread_over_the_others() -> None:
     # They all move at once, before any has reserved tokens where it went: by free tokens
-    # alone every one went to the server with the most (a 500-ticker night over 4 piled a
-    # dead server's 125 tickers onto one of the three left). Each move counts its ticker's
+    # alone every one would go to the server with the most. Each move counts its ticker's
     # work where it went, so the shares of the work routed spread them.
     changed = asyncio.Event()
     llm: Any = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=8)))

@@ -3,6 +3,7 @@ when it cannot see the servers it says so and admits by request count."""
 
 from __future__ import annotations
 
+import httpx
 import structlog
 
 from app.traffic.sampler import MetricsSampler
@@ -26,6 +27,12 @@ async def read_once(router: FakeRouter, **kwargs: object) -> MetricsSampler:
         assert await sampler.sample_once() is not None
         await sampler.stop()
     return sampler
+
+
+def discovering(router: FakeRouter, http: httpx.AsyncClient) -> MetricsSampler:
+    """A sampler that asks ``router`` for its servers, reading only when told to."""
+    return MetricsSampler(router.base_url, None, None, interval_s=None, client=http,
+                          discover=True)
 
 
 async def test_the_fleet_behind_vllm_router_is_learned_and_its_capacity_summed() -> None:
@@ -78,8 +85,7 @@ async def test_a_fleet_it_cannot_read_is_said_once_and_admitted_by_request_count
 async def test_a_server_lost_behind_the_router_leaves_the_capacity_of_the_rest() -> None:
     router = fleet()
     async with router.client() as http:
-        sampler = MetricsSampler(router.base_url, None, None, interval_s=None, client=http,
-                                 discover=True)
+        sampler = discovering(router, http)
         await sampler.sample_once()
         assert sampler.kv_capacity == 2 * KV
         router.servers["http://gpu1.test:8000"].crash()
@@ -90,8 +96,7 @@ async def test_a_server_lost_behind_the_router_leaves_the_capacity_of_the_rest()
 async def test_servers_added_behind_the_router_are_read_at_its_next_list() -> None:
     router = fleet()
     async with router.client() as http:
-        sampler = MetricsSampler(router.base_url, None, None, interval_s=None, client=http,
-                                 discover=True)
+        sampler = discovering(router, http)
         await sampler.sample_once()
         assert sampler.kv_capacity == 2 * KV and sampler.fleet_read == 2
         router.servers["http://gpu2.test:8000"] = FakeServer(kv_tokens=KV, capacity=16)
@@ -104,11 +109,10 @@ async def test_servers_added_behind_the_router_are_read_at_its_next_list() -> No
 
 
 async def test_a_router_not_ready_to_list_its_servers_is_asked_again() -> None:
-    # A 503 at the first reading once counted the router as one server for the whole night.
+    # A 503 at the first reading must not count the router as one server for the night.
     router = fleet(workers_status=503)
     async with router.client() as http:
-        sampler = MetricsSampler(router.base_url, None, None, interval_s=None, client=http,
-                                 discover=True)
+        sampler = discovering(router, http)
         sampler.fleet_every_s = 0.0
         assert await sampler.sample_once() is not None  # the router's own page: it is up
         # Not a server's own page: no capacity from it (one server's of several).
