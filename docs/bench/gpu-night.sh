@@ -7,6 +7,8 @@
 #   bash docs/bench/gpu-night.sh wait SECONDS   # progress every 30 s until the run ends (exit 0)
 #                                               # or SECONDS pass (exit 1); with $OUT set, the
 #                                               # progress lines and the report so far go there
+#   bash docs/bench/gpu-night.sh again          # the same night once more, in the same database
+#                                               # (the night before, for the ETA, is the first)
 #   bash docs/bench/gpu-night.sh resume         # `nightdesk run --resume` (after a lost process)
 #   bash docs/bench/gpu-night.sh collect        # report (table, JSON), ranking, db, logs -> $OUT
 # Everything lives under ND_NIGHT_DIR (default /root/night): home, night.db, night.log, run.rc.
@@ -35,6 +37,12 @@ case "${1:-}" in
     env -u OUT bash docs/bench/gpu-host-bench.sh db upgrade || die "db upgrade failed"
     ND_SKIP_INSTALL=1 env -u OUT bash docs/bench/gpu-host-bench.sh data demo --tickers "$n" --as-of "$as_of" \
       || die "demo snapshot failed"
+    export ND_SKIP_INSTALL=1
+    date +%s > "$dir/started"
+    launch "bash docs/bench/gpu-host-bench.sh run --universe '$NIGHTDESK_HOME/data/$as_of/universe.txt' --as-of $as_of"
+    ;;
+  again)
+    [ -e "$dir/night.db" ] || die "no night ran here yet: start one first"
     export ND_SKIP_INSTALL=1
     date +%s > "$dir/started"
     launch "bash docs/bench/gpu-host-bench.sh run --universe '$NIGHTDESK_HOME/data/$as_of/universe.txt' --as-of $as_of"
@@ -75,5 +83,5 @@ case "${1:-}" in
     ls -l "$OUT"
     head -80 "$OUT/night-report.txt"
     ;;
-  *) die "usage: gpu-night.sh start [N] | wait SECONDS | resume | collect" ;;
+  *) die "usage: gpu-night.sh start [N] | again | wait SECONDS | resume | collect" ;;
 esac

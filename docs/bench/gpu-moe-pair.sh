@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs ON the GPU host, detached, once host-setup.sh has started the MoE-shaped server with bf16
+# weights (see gpu-host-bench.sh's header): the same night twice in one database, first on that
+# server, then on the same model with FP8 weights (`--quantization fp8`), so the two weights sit
+# side by side on one night shape, and the second night has the first as its night before (the
+# ETA's prior). Every step appends to $ND_PAIR_DIR/steps.log; each night's report, progress
+# lines and the second night's ETA fixture land in $ND_PAIR_DIR, for a device call to copy.
+#   setsid nohup bash docs/bench/gpu-moe-pair.sh N "SERVER FLAGS" > /root/pair.log 2>&1 &
+# N: tickers; SERVER FLAGS: the vllm serve flags both servers share (the second adds
+# --quantization fp8). NIGHTDESK_NODE_MAX_TOKENS, if set, shapes both nights alike.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+n=${1:?usage: gpu-moe-pair.sh N "SERVER FLAGS"}
+flags=${2:?usage: gpu-moe-pair.sh N "SERVER FLAGS"}
+out=${ND_PAIR_DIR:-/root/pair}
+dir=${ND_NIGHT_DIR:-/root/night}
+mkdir -p "$out"
+step() { echo "$(date -u +%FT%TZ) $*" | tee -a "$out/steps.log"; }
+nd() { env -u OUT ND_SKIP_INSTALL=1 NIGHTDESK_HOME="$dir/home" ND_DB="$dir/night.db" \
+         ND_VLLM_LOG=none bash docs/bench/gpu-host-bench.sh "$@" 2>&1 | grep -v '^bench.sh:'; }
+
+# Waits for the night started last, then keeps its report and progress lines under a label.
+night() {
+  local label=$1 t0; t0=$(date +%s)
+  until [ -f "$dir/run.rc" ]; do sleep 10; done
+  step "night $label ended: status $(cat "$dir/run.rc"), $(( $(date +%s) - t0 )) s after the wait began"
+  nd report --format json > "$out/$label-report.json"
+  { nd report; nd ranking; } > "$out/$label-report.txt"
+  grep progress "$dir/night.log" > "$out/$label-progress.log"
+  : > "$dir/night.log"
+}
+
+step "night bf16: $n tickers, flags: $flags, budgets: ${NIGHTDESK_NODE_MAX_TOKENS:-production}"
+bash docs/bench/gpu-night.sh start "$n" >> "$out/steps.log" 2>&1 || { step "start failed"; exit 1; }
+night bf16
+grep -E "Model loading took|Available KV cache|KV cache size|Maximum concurrency" /root/vllm.log \
+  > "$out/server-bf16.txt"
+
+step "server fp8: stopping bf16, starting with --quantization fp8"
+bash docs/bench/gpu-serve.sh stop >> "$out/steps.log" 2>&1
+# shellcheck disable=SC2086  # the flags are words
+if ! bash docs/bench/gpu-serve.sh 0 8000 $flags --quantization fp8 > "$out/server-fp8.txt" 2>&1; then
+  step "fp8 server did not start"; tail -40 /root/vllm-8000.log >> "$out/server-fp8.txt"; exit 1
+fi
+grep -E "Model loading took" /root/vllm-8000.log >> "$out/server-fp8.txt"
+step "night fp8"
+bash docs/bench/gpu-night.sh again >> "$out/steps.log" 2>&1
+night fp8
+
+# The second night with its night before: the ETA's replay fixture (tests/unit/support/).
+batch=$(env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -c "
+import sqlite3; print(sqlite3.connect('$dir/night.db').execute('select max(id) from batches').fetchone()[0])")
+env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -m tests.unit.support.eta_fixture \
+  "sqlite:///$dir/night.db" "$batch" "$out/eta_night_h200_moe_fp8.json" \
+  "one H200, vLLM 0.24.0, MoE shape with random FP8 weights, $n demo tickers, the bf16 night before" \
+  >> "$out/steps.log" 2>&1 || step "fixture export failed"
+python3 -c "
+import sqlite3, shutil; sqlite3.connect('$dir/night.db').execute(\"vacuum into '$out/night.db'\")" \
+  && (cd "$out" && python3 -c "
+import sys; sys.path.insert(0, '/root/zs'); import zstandard
+open('night.db.zst','wb').write(zstandard.ZstdCompressor(level=19).compress(open('night.db','rb').read()))") \
+  && rm -f "$out/night.db"
+step "done"
