@@ -5,13 +5,16 @@
 # side by side on one night shape, and the second night has the first as its night before (the
 # ETA's prior). Every step appends to $ND_PAIR_DIR/steps.log; each night's report, progress
 # lines and the second night's ETA fixture land in $ND_PAIR_DIR, for a device call to copy.
-#   setsid nohup bash docs/bench/gpu-moe-pair.sh N "SERVER FLAGS" > /root/pair.log 2>&1 &
+#   setsid nohup bash docs/bench/gpu-moe-pair.sh N "SERVER FLAGS" [same] > /root/pair.log 2>&1 &
 # N: tickers; SERVER FLAGS: the vllm serve flags both servers share (the second adds
-# --quantization fp8). NIGHTDESK_NODE_MAX_TOKENS, if set, shapes both nights alike.
+# --quantization fp8); `same` runs the second night on the first server, unchanged (the ETA's
+# pair alone, when the device time left has no room for a second server's start).
+# NIGHTDESK_NODE_MAX_TOKENS, if set, shapes both nights alike.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 n=${1:?usage: gpu-moe-pair.sh N "SERVER FLAGS"}
 flags=${2:?usage: gpu-moe-pair.sh N "SERVER FLAGS"}
+second=${3:-fp8}
 out=${ND_PAIR_DIR:-/root/pair}
 dir=${ND_NIGHT_DIR:-/root/night}
 mkdir -p "$out"
@@ -36,23 +39,27 @@ night bf16
 grep -E "Model loading took|Available KV cache|KV cache size|Maximum concurrency" /root/vllm.log \
   > "$out/server-bf16.txt"
 
-step "server fp8: stopping bf16, starting with --quantization fp8"
-bash docs/bench/gpu-serve.sh stop >> "$out/steps.log" 2>&1
-# shellcheck disable=SC2086  # the flags are words
-if ! bash docs/bench/gpu-serve.sh 0 8000 $flags --quantization fp8 > "$out/server-fp8.txt" 2>&1; then
-  step "fp8 server did not start"; tail -40 /root/vllm-8000.log >> "$out/server-fp8.txt"; exit 1
+if [ "$second" = same ]; then
+  step "night again: the same server"
+else
+  step "server fp8: stopping bf16, starting with --quantization fp8"
+  bash docs/bench/gpu-serve.sh stop >> "$out/steps.log" 2>&1
+  # shellcheck disable=SC2086  # the flags are words
+  if ! bash docs/bench/gpu-serve.sh 0 8000 $flags --quantization fp8 > "$out/server-fp8.txt" 2>&1; then
+    step "fp8 server did not start"; tail -40 /root/vllm-8000.log >> "$out/server-fp8.txt"; exit 1
+  fi
+  grep -E "Model loading took" /root/vllm-8000.log >> "$out/server-fp8.txt"
+  step "night fp8"
 fi
-grep -E "Model loading took" /root/vllm-8000.log >> "$out/server-fp8.txt"
-step "night fp8"
 bash docs/bench/gpu-night.sh again >> "$out/steps.log" 2>&1
-night fp8
+night "$second"
 
 # The second night with its night before: the ETA's replay fixture (tests/unit/support/).
 batch=$(env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -c "
 import sqlite3; print(sqlite3.connect('$dir/night.db').execute('select max(id) from batches').fetchone()[0])")
 env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -m tests.unit.support.eta_fixture \
-  "sqlite:///$dir/night.db" "$batch" "$out/eta_night_h200_moe_fp8.json" \
-  "one H200, vLLM 0.24.0, MoE shape with random FP8 weights, $n demo tickers, the bf16 night before" \
+  "sqlite:///$dir/night.db" "$batch" "$out/eta_night_gpu_moe.json" \
+  "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), vLLM 0.24.0, MoE shape with random weights ($second), $n demo tickers, budgets ${NIGHTDESK_NODE_MAX_TOKENS:-production}; the night before on bf16 weights" \
   >> "$out/steps.log" 2>&1 || step "fixture export failed"
 python3 -c "
 import sqlite3, shutil; sqlite3.connect('$dir/night.db').execute(\"vacuum into '$out/night.db'\")" \
