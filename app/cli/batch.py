@@ -276,7 +276,8 @@ def _ranking_table(title: str, rows: list[RankedRow]) -> Table:
                       "" if r.score is None else f"{r.score:+.2f}",
                       "" if r.spread is None or r.samples < 2 else f"{r.spread:.2f}",
                       "" if r.confidence is None else f"{r.confidence:.2f}",
-                      was_text(r), r.change or "", r.summary)
+                      _rated_text(r.previous_rating, r.previous_score, r.previous_rank),
+                      r.change or "", r.summary)
     return table
 
 
@@ -305,12 +306,6 @@ def rating_text(row: RankRow) -> str:
     """Return the rating as the CLI prints it: "!" when a sample contradicts its score."""
     # "!": a sample's own rating contradicts its own score (see `nightdesk quality`).
     return (row.rating or row.status.upper()) + (" !" if row.contradicting else "")
-
-
-def was_text(was: RankedRow) -> str:
-    if was.previous_rating is None:
-        return "—"
-    return f"{was.previous_rating} {was.previous_score:+.2f} #{was.previous_rank}"
 
 
 def show_changes(
