@@ -21,11 +21,12 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from app.db.text import CleanText
+from app.errors import InputError
 
 # BigInteger keys autoincrement on PostgreSQL; SQLite only autoincrements INTEGER.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -93,6 +94,16 @@ class Batch(Base):
     tickers_succeeded: Mapped[int] = mapped_column(Integer, default=0)
     tickers_failed: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(CleanText)
+
+
+def batch_row(engine: Engine, batch_id: int) -> Batch:
+    """Return a batch's row (every column loaded, no session held); InputError when there is
+    no such batch."""
+    with Session(engine) as session:
+        found = session.get(Batch, batch_id)
+    if found is None:
+        raise InputError(f"no batch with id {batch_id}")
+    return found
 
 
 class TickerRun(OfBatch, Base):

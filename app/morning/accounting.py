@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 
-from app.db.models import Batch, LLMCall, TickerRun
+from app.db.models import Batch, LLMCall, TickerRun, batch_row
 from app.errors import InputError
 from app.morning.activity import active_time
 from app.morning.serverview import server_view
@@ -75,11 +75,8 @@ def latest_batch_id(engine: Engine, kinds: tuple[str, ...] | None = None) -> int
 
 def batch_report(engine: Engine, batch_id: int) -> BatchReport:
     """Build the report of one batch from its ``llm_calls`` rows."""
+    fallback = (batch_row(engine, batch_id).settings or {}).get("metrics_fallback")
     with engine.connect() as conn:
-        found = conn.execute(select(Batch.settings).where(Batch.id == batch_id)).first()
-        if found is None:
-            raise InputError(f"no batch with id {batch_id}")
-        fallback = (found.settings or {}).get("metrics_fallback")
         rows = conn.execute(
             select(LLMCall.node, LLMCall.ticker, LLMCall.status, LLMCall.prompt_tokens,
                    LLMCall.completion_tokens, LLMCall.started_at, LLMCall.ended_at,

@@ -13,10 +13,17 @@ from typing import Any
 
 from pydantic import BaseModel
 from sqlalchemy import Engine, func, select
-from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db.models import FINISHED_STATUSES, Batch, Decision, LLMCall, NodeText, TickerRun
+from app.db.models import (
+    FINISHED_STATUSES,
+    Batch,
+    Decision,
+    LLMCall,
+    NodeText,
+    TickerRun,
+    batch_row,
+)
 from app.errors import InputError
 from app.morning import nightstatus
 from app.morning.accounting import Arm, BatchReport, batch_report, compare_arm
@@ -42,14 +49,6 @@ from app.web.series import SeriesView, series_view
 
 HISTORY_NIGHTS = 60
 IN_FLIGHT = ("running", "queued")  # a ticker's statuses while its batch runs
-
-
-def _batch(engine: Engine, batch_id: int) -> Batch:
-    with Session(engine) as session:
-        found = session.get(Batch, batch_id)
-    if found is None:
-        raise InputError(f"no batch with id {batch_id}")
-    return found
 
 
 class RunningBatch(BatchSummary):
@@ -391,7 +390,7 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
     # still running, or a failed run) is named on the page, not mixed in.
     shown = next((r for r in runs
                   if r.status == "succeeded" and r.batch_status in FINISHED_STATUSES), latest)
-    batch = _batch(engine, shown.batch_id)
+    batch = batch_row(engine, shown.batch_id)
     now = datetime.now(UTC)
     batch_status = {r.batch_id: status_of(r.batch_status, r.heartbeat_at, r.batch_started_at,
                                           stale_after_s, now) for r in runs}
@@ -429,7 +428,7 @@ def batches_view(engine: Engine, stale_after_s: float, limit: int = 200
 def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView:
     """Return one batch's report: throughput, the server's view, series, latency, failures."""
     report = batch_report(engine, batch_id)  # raises InputError for an unknown id
-    batch = _batch(engine, batch_id)
+    batch = batch_row(engine, batch_id)
     summary = summarize(batch, stale_after_s)
     with engine.connect() as conn:
         unfinished = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error,
