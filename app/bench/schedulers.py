@@ -49,6 +49,7 @@ from app.bench.machine import machine_facts as host_facts
 from app.config import Settings
 from app.errors import InputError, ServerError
 from app.morning.accounting import compare_arm
+from app.quality.statistics import mean_defined
 from app.recorder.record import Recorder
 from app.runs.replay import Workload, play, shape
 from app.traffic.client import TickerClient
@@ -430,11 +431,6 @@ def _graph_bound(result: BenchResult) -> None:
     result.bound_tok_s = bound.tok_s
 
 
-def _mean(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None
-
-
 def strategy_means(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Return each strategy's runs merged: mean tok/s and TTFTs, spread (max - min of the
     runs' tok/s; None with one run) and preemptions summed over its runs."""
@@ -450,11 +446,11 @@ def strategy_means(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "output_tokens_per_s": sum(tok_s) / len(tok_s),
             "spread_tok_s": max(tok_s) - min(tok_s) if len(tok_s) > 1 else None,
             "min_tok_s": min(tok_s), "max_tok_s": max(tok_s),
-            "makespan_s": _mean([a.get("makespan_s") for a in mine]),
+            "makespan_s": mean_defined([a.get("makespan_s") for a in mine]),
             "preemptions": (None if all(p is None for p in preempted)
                             else sum(p or 0 for p in preempted)),
-            "mean_ttft_s": _mean([a.get("mean_ttft_s") for a in mine]),
-            "ttft_ready_mean_s": _mean([a.get("ttft_ready_mean_s") for a in mine])}
+            "mean_ttft_s": mean_defined([a.get("mean_ttft_s") for a in mine]),
+            "ttft_ready_mean_s": mean_defined([a.get("ttft_ready_mean_s") for a in mine])}
     return means
 
 
