@@ -320,8 +320,7 @@ def show_changes(
 ) -> None:
     """List every rating change since the night before, largest score move first, with the
     nodes whose views moved most."""
-    settings = setup()
-    found = compare_nights(database(settings), batch, against)
+    found = compare_nights(database(setup()), batch, against)
     if fmt == "json":
         echo_json(found)
         return
