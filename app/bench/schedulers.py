@@ -24,7 +24,7 @@ import subprocess
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -350,8 +350,8 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         # Kept with the arm: combined runs each had one.
         figures["warmup"] = result.warmup.model_dump() if result.warmup else None
         # What the graph bound is computed from, kept per arm so combined runs can pool it.
-        figures["graph"] = (await asyncio.to_thread(
-            arm_graph_facts, engine, outcome.batch_id, workload)).to_json()
+        figures["graph"] = asdict(await asyncio.to_thread(
+            arm_graph_facts, engine, outcome.batch_id, workload))
         figures["decode_levels"] = await asyncio.to_thread(decode_levels, engine,
                                                            outcome.batch_id)
         result.arms.append(figures)
@@ -426,7 +426,7 @@ def _graph_bound(result: BenchResult) -> None:
     if bound is None:
         result.bound, result.bound_tok_s = None, None
         return
-    result.bound = {**bound.to_json(), "max_num_seqs_from": (
+    result.bound = {**asdict(bound), "max_num_seqs_from": (
         "server facts" if facts.get("max_num_seqs") else "the most requests any arm ran")}
     result.bound_tok_s = bound.tok_s
 
