@@ -1,5 +1,5 @@
 """Declare the tables: batches, ticker runs, LLM calls, bodies, decisions, node texts, warnings,
-samples."""
+samples; and ``batch_row``, the one reader of a batch's row by its id."""
 
 from __future__ import annotations
 
