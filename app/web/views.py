@@ -366,8 +366,9 @@ def _tonight(runs: list[Any], last_good: HistoryPoint | None,
                    batch_status=of_batch, error=plain_error(run.error))
 
 
-def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView | None:
-    """Return the ticker's latest run, its nodes, history and reruns; None when never run.
+def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView:
+    """Return the ticker's latest run, its nodes, history and reruns; InputError (a 404 on
+    the pages and the API) when it has never been run.
 
     Each batch's status is ``app.morning.summary.status_of``'s: a rerun still marked running is
     live while its heartbeat is younger than ``stale_after_s`` (``heartbeat_stale_s``).
@@ -384,7 +385,7 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
         newest_night = conn.execute(select(func.max(Batch.id))
                                     .where(Batch.kind == "nightly")).scalar()
     if not runs:
-        return None
+        raise InputError(f"{ticker} has never been run")
     latest = runs[0]
     # The newest result of a finished batch, as on the ranking page; a newer run (a night
     # still running, or a failed run) is named on the page, not mixed in.
