@@ -493,15 +493,9 @@ class Settings(BaseSettings):
                                        for group, values in groups.items()})
 
     def pipeline(self) -> PipelineConfig:
-        """Return what the per-ticker pipeline reads, as its own frozen config."""
-        return PipelineConfig(
-            debate_rounds=self.agents.debate_rounds,
-            risk_rounds=self.agents.risk_rounds,
-            decision_attempts=self.agents.decision_attempts,
-            data_provider=self.agents.data_provider,
-            node_max_tokens=dict(self.agents.node_max_tokens),
-            data_dir=self.paths.data_dir,
-        )
+        """Return what the per-ticker pipeline reads, as its own frozen config: the agents'
+        group and where the market data lies."""
+        return PipelineConfig(**self.agents.model_dump(), data_dir=self.paths.data_dir)
 
     def snapshot(self) -> SettingsSnapshot:
         """Return what a batch stores about how it ran (never the API key)."""

@@ -44,47 +44,17 @@ failing one ticker after another: every call would meet it (exit 2).
 
 from __future__ import annotations
 
-from agents.errors import (
-    CheckpointError,
-    ConfigError,
-    DataError,
-    DecisionError,
-    InputError,
-    LLMError,
-    PipelineError,
-)
-from serving.errors import ProfileError, ServerError, ServingError
-
-__all__ = [
-    "ERRORS",
-    "AlreadyRunningError",
-    "BatchStopped",
-    "CheckpointError",
-    "ConfigError",
-    "ContextLengthError",
-    "DataError",
-    "DatabaseError",
-    "DecisionError",
-    "InputError",
-    "LLMCancelled",
-    "LLMConnectionError",
-    "LLMError",
-    "LLMHTTPError",
-    "LLMMalformedError",
-    "LLMStreamError",
-    "LLMTimeoutError",
-    "NightdeskError",
-    "NotifyError",
-    "PipelineError",
-    "ProfileError",
-    "ServerBusy",
-    "ServerError",
-    "ServerOutage",
-    "ServingError",
-    "StorageOutage",
-    "UsageLost",
-    "first_line",
-]
+# Re-exported (``X as X``): the tree above is this module's to name.
+from agents.errors import CheckpointError as CheckpointError
+from agents.errors import ConfigError as ConfigError
+from agents.errors import DataError as DataError
+from agents.errors import DecisionError as DecisionError
+from agents.errors import InputError as InputError
+from agents.errors import LLMError as LLMError
+from agents.errors import PipelineError as PipelineError
+from serving.errors import ProfileError as ProfileError
+from serving.errors import ServerError as ServerError
+from serving.errors import ServingError as ServingError
 
 
 class NightdeskError(Exception):

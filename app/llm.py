@@ -8,7 +8,7 @@ import random
 import time
 import uuid
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -235,11 +235,7 @@ class TrackedLLM(PromptCounter):
         left out. The result's ``attempts`` counts the call's attempts so far.
         """
         if self.settings.store.record_requests and call.attempts == 0:
-            self.recorder.record_request(
-                {"batch_id": tag.batch_id, "ticker": tag.ticker, "node": tag.node,
-                 "sample": tag.sample, "call_id": call.id},
-                body,
-            )
+            self.recorder.record_request({**asdict(tag), "call_id": call.id}, body)
         call.attempts += 1
         if priority is not None and self.settings.calls.priority_scheduling:
             body = {**body, "extra_body": {**body.get("extra_body", {}), "priority": priority}}
@@ -357,10 +353,7 @@ class TrackedLLM(PromptCounter):
         stats.first_start = min(stats.first_start or seen.started_at, seen.started_at)
         stats.last_end = max(stats.last_end or ended_at, ended_at)
         self.recorder.record_call({
-            "batch_id": tag.batch_id,
-            "ticker": tag.ticker,
-            "node": tag.node,
-            "sample": tag.sample,
+            **asdict(tag),
             "call_id": key[0],
             "attempt": key[1],
             "model": body["model"],

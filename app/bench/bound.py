@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,9 +38,6 @@ class GraphFacts:
     kv_token_steps: float  # Σ (p·o + o²/2) over the calls
     critical_path_tokens: int  # the longest chain of output tokens of one ticker and sample
     calls: int
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -68,9 +65,6 @@ class Bound:
     endpoints: int
     step: StepCost
     graph: GraphFacts
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "step": asdict(self.step), "graph": self.graph.to_json()}
 
 
 def graph_facts(calls: list[tuple[str, int, str, int, int]], workload: Workload) -> GraphFacts:

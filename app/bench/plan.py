@@ -29,7 +29,7 @@ from app.bench.bound import (
     summed_capacity,
 )
 from app.bench.workloads import seed_graph
-from app.db.models import Batch, ServerSample
+from app.db.models import ServerSample, batch_row
 from app.errors import InputError
 from app.runs.replay import WorkItem, recorded_workload
 from app.traffic.admission import AdmissionPolicy
@@ -115,14 +115,11 @@ def recorded_shape(engine: Engine, batch_id: int) -> NightShape:
 def night_server(engine: Engine, batch_id: int) -> ServerModel:
     """Return the server model of a recorded night: its KV cache and sequence cap as its
     server facts recorded them, and a step fitted to its own ``/metrics`` readings."""
+    recorded = batch_row(engine, batch_id).server_facts or {}
     with engine.connect() as conn:
-        facts = conn.execute(select(Batch.server_facts).where(Batch.id == batch_id)).first()
         most = conn.execute(select(ServerSample.running)
                             .where(ServerSample.batch_id == batch_id)
                             .order_by(ServerSample.running.desc()).limit(1)).scalar()
-    if facts is None:
-        raise InputError(f"no batch with id {batch_id}")
-    recorded = facts[0] or {}
     kv = recorded.get("kv_cache_tokens")
     if not kv:
         raise InputError(f"batch {batch_id} recorded no KV cache size (its server facts have "

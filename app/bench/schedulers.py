@@ -24,7 +24,7 @@ import subprocess
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -49,6 +49,7 @@ from app.bench.machine import machine_facts as host_facts
 from app.config import Settings
 from app.errors import InputError, ServerError
 from app.morning.accounting import compare_arm
+from app.quality.statistics import mean_defined
 from app.recorder.record import Recorder
 from app.runs.replay import Workload, play, shape
 from app.traffic.client import TickerClient
@@ -349,8 +350,8 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         # Kept with the arm: combined runs each had one.
         figures["warmup"] = result.warmup.model_dump() if result.warmup else None
         # What the graph bound is computed from, kept per arm so combined runs can pool it.
-        figures["graph"] = (await asyncio.to_thread(
-            arm_graph_facts, engine, outcome.batch_id, workload)).to_json()
+        figures["graph"] = asdict(await asyncio.to_thread(
+            arm_graph_facts, engine, outcome.batch_id, workload))
         figures["decode_levels"] = await asyncio.to_thread(decode_levels, engine,
                                                            outcome.batch_id)
         result.arms.append(figures)
@@ -425,14 +426,9 @@ def _graph_bound(result: BenchResult) -> None:
     if bound is None:
         result.bound, result.bound_tok_s = None, None
         return
-    result.bound = {**bound.to_json(), "max_num_seqs_from": (
+    result.bound = {**asdict(bound), "max_num_seqs_from": (
         "server facts" if facts.get("max_num_seqs") else "the most requests any arm ran")}
     result.bound_tok_s = bound.tok_s
-
-
-def _mean(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None
 
 
 def strategy_means(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -450,11 +446,11 @@ def strategy_means(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "output_tokens_per_s": sum(tok_s) / len(tok_s),
             "spread_tok_s": max(tok_s) - min(tok_s) if len(tok_s) > 1 else None,
             "min_tok_s": min(tok_s), "max_tok_s": max(tok_s),
-            "makespan_s": _mean([a.get("makespan_s") for a in mine]),
+            "makespan_s": mean_defined([a.get("makespan_s") for a in mine]),
             "preemptions": (None if all(p is None for p in preempted)
                             else sum(p or 0 for p in preempted)),
-            "mean_ttft_s": _mean([a.get("mean_ttft_s") for a in mine]),
-            "ttft_ready_mean_s": _mean([a.get("ttft_ready_mean_s") for a in mine])}
+            "mean_ttft_s": mean_defined([a.get("mean_ttft_s") for a in mine]),
+            "ttft_ready_mean_s": mean_defined([a.get("ttft_ready_mean_s") for a in mine])}
     return means
 
 

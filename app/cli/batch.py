@@ -276,7 +276,8 @@ def _ranking_table(title: str, rows: list[RankedRow]) -> Table:
                       "" if r.score is None else f"{r.score:+.2f}",
                       "" if r.spread is None or r.samples < 2 else f"{r.spread:.2f}",
                       "" if r.confidence is None else f"{r.confidence:.2f}",
-                      was_text(r), r.change or "", r.summary)
+                      _rated_text(r.previous_rating, r.previous_score, r.previous_rank),
+                      r.change or "", r.summary)
     return table
 
 
@@ -307,12 +308,6 @@ def rating_text(row: RankRow) -> str:
     return (row.rating or row.status.upper()) + (" !" if row.contradicting else "")
 
 
-def was_text(was: RankedRow) -> str:
-    if was.previous_rating is None:
-        return "—"
-    return f"{was.previous_rating} {was.previous_score:+.2f} #{was.previous_rank}"
-
-
 def show_changes(
     batch: Annotated[int | None, typer.Option("--batch", help="the night (default: the one "
                                                                "the ranking shows)",
@@ -325,8 +320,7 @@ def show_changes(
 ) -> None:
     """List every rating change since the night before, largest score move first, with the
     nodes whose views moved most."""
-    settings = setup()
-    found = compare_nights(database(settings), batch, against)
+    found = compare_nights(database(setup()), batch, against)
     if fmt == "json":
         echo_json(found)
         return

@@ -184,8 +184,7 @@ def repro_command(
     resamples: Resamples = 1000,
 ) -> None:
     """Compare batches of the same tickers: agreement, QWK, Spearman, flips, distributions."""
-    settings = setup()
-    engine = database(settings)
+    engine = database(setup())
     ids = parse_batch_ids(batches) if batches is not None else newest_nightly(engine, 2)
     report = repro(engine, ids, resamples=resamples)
     _show(report, fmt, _render_repro)
@@ -195,8 +194,7 @@ def repro_command(
 def samples_command(batch: BatchId = None, fmt: TableOrJson = "table",
                     resamples: Resamples = 1000) -> None:
     """Compare a batch's samples and the split-half stability of their mean (--samples N)."""
-    settings = setup()
-    engine = database(settings)
+    engine = database(setup())
     report = samples_report(engine, _batch_id(batch, engine), resamples=resamples)
     _show(report, fmt, _render_samples)
 
@@ -310,6 +308,5 @@ def track_command(
 @app.command("acknowledge")
 def acknowledge_command(batch: BatchId = None) -> None:
     """Tell the rating monitor that a nightly batch starts a new normal to judge against."""
-    settings = setup()
-    engine = database(settings)
+    engine = database(setup())
     typer.echo(acknowledge(engine, _batch_id(batch, engine)))

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
@@ -160,20 +159,9 @@ def get_engine(url: str) -> Engine:
     return make_engine(url)
 
 
-def session_factory(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(engine, expire_on_commit=False)
-
-
-@contextmanager
-def session_scope(engine: Engine) -> Iterator[Session]:
-    """Yield a session that commits on success and rolls back on error."""
-    with session_factory(engine)() as session:
-        try:
-            yield session
-            session.commit()
-        except BaseException:
-            session.rollback()
-            raise
+def session_scope(engine: Engine) -> AbstractContextManager[Session]:
+    """Return a session that commits on success, rolls back on error and closes after."""
+    return sessionmaker(engine, expire_on_commit=False).begin()
 
 
 def migrations_dir() -> Path:

@@ -1,5 +1,5 @@
 """Declare the tables: batches, ticker runs, LLM calls, bodies, decisions, node texts, warnings,
-samples."""
+samples; and ``batch_row``, the one reader of a batch's row by its id."""
 
 from __future__ import annotations
 
@@ -21,11 +21,12 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from app.db.text import CleanText
+from app.errors import InputError
 
 # BigInteger keys autoincrement on PostgreSQL; SQLite only autoincrements INTEGER.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -59,6 +60,14 @@ class Base(DeclarativeBase):
     pass
 
 
+class OfBatch:
+    """A row of one batch: its own id, then the batch's (indexed), the table's first columns."""
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True, sort_order=-2)
+    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True,
+                                          sort_order=-1)
+
+
 # A batch in one of these states is a finished night whose rows are final: ``partial`` when
 # some tickers failed (the ranking shows it and names what it lacks).
 FINISHED_STATUSES = ("succeeded", "partial")
@@ -87,14 +96,22 @@ class Batch(Base):
     error: Mapped[str | None] = mapped_column(CleanText)
 
 
-class TickerRun(Base):
+def batch_row(engine: Engine, batch_id: int) -> Batch:
+    """Return a batch's row (every column loaded, no session held); InputError when there is
+    no such batch."""
+    with Session(engine) as session:
+        found = session.get(Batch, batch_id)
+    if found is None:
+        raise InputError(f"no batch with id {batch_id}")
+    return found
+
+
+class TickerRun(OfBatch, Base):
     """One ticker inside one batch; unique per (batch, ticker)."""
 
     __tablename__ = "ticker_runs"
     __table_args__ = (UniqueConstraint("batch_id", "ticker", name="uq_ticker_runs_batch_ticker"),)
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
     ticker: Mapped[str] = mapped_column(String(12))
     status: Mapped[str] = mapped_column(String(16), default="queued")
     attempt: Mapped[int] = mapped_column(Integer, default=1)
@@ -107,7 +124,7 @@ class TickerRun(Base):
     failure_class: Mapped[str | None] = mapped_column(String(16))
 
 
-class LLMCall(Base):
+class LLMCall(OfBatch, Base):
     """One HTTP attempt of one chat completion, with the server's usage and our timings.
 
     ``call_id`` names the chat call (its body, every attempt of it on any endpoint) and
@@ -119,8 +136,6 @@ class LLMCall(Base):
         UniqueConstraint("call_id", "attempt", name="uq_llm_calls_call_attempt"),
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
     ticker: Mapped[str] = mapped_column(String(12))
     node: Mapped[str] = mapped_column(String(40))
     sample: Mapped[int] = mapped_column(Integer, default=0)
@@ -157,7 +172,7 @@ class LLMCall(Base):
     served_by: Mapped[str | None] = mapped_column(String(300))
 
 
-class LLMRequest(Base):
+class LLMRequest(OfBatch, Base):
     """The exact body of one chat call, zlib-compressed, for replay; its rows share its call_id.
 
     A node makes one call, or more when its decision is asked again (each its own body).
@@ -166,8 +181,6 @@ class LLMRequest(Base):
     __tablename__ = "llm_requests"
     __table_args__ = (UniqueConstraint("call_id", name="uq_llm_requests_call"),)
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
     ticker: Mapped[str] = mapped_column(String(12))
     node: Mapped[str] = mapped_column(String(40))
     sample: Mapped[int] = mapped_column(Integer, default=0)
@@ -175,7 +188,7 @@ class LLMRequest(Base):
     body: Mapped[bytes] = mapped_column(LargeBinary)
 
 
-class Decision(Base):
+class Decision(OfBatch, Base):
     """The portfolio manager's structured decision for one sample of one ticker."""
 
     __tablename__ = "decisions"
@@ -183,8 +196,6 @@ class Decision(Base):
         UniqueConstraint("batch_id", "ticker", "sample", name="uq_decisions_sample"),
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
     ticker: Mapped[str] = mapped_column(String(12))
     sample: Mapped[int] = mapped_column(Integer, default=0)
     rating: Mapped[str] = mapped_column(String(16))
@@ -197,26 +208,22 @@ class Decision(Base):
     contradicts: Mapped[bool | None] = mapped_column(Boolean)
 
 
-class BatchWarning(Base):
+class BatchWarning(OfBatch, Base):
     """One warning the quality monitor wrote about a finished batch."""
 
     __tablename__ = "batch_warnings"
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
     kind: Mapped[str] = mapped_column(String(40))  # grade_share | distribution_jump
     message: Mapped[str] = mapped_column(Text)
     details: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(Timestamp)
 
 
-class ServerSample(Base):
+class ServerSample(OfBatch, Base):
     """One reading of the vLLM server's /metrics during a batch."""
 
     __tablename__ = "server_samples"
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
     sampled_at: Mapped[datetime] = mapped_column(Timestamp)
     running: Mapped[float] = mapped_column(Float)
     waiting: Mapped[float] = mapped_column(Float)
@@ -238,7 +245,7 @@ class ServerSample(Base):
     client_lag_s: Mapped[float | None] = mapped_column(Float)
 
 
-class NodeText(Base):
+class NodeText(OfBatch, Base):
     """The text one node produced for one sample of one ticker, kept for the ticker page."""
 
     __tablename__ = "node_outputs"
@@ -246,8 +253,6 @@ class NodeText(Base):
         UniqueConstraint("batch_id", "ticker", "sample", "node", name="uq_node_outputs_node"),
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
     ticker: Mapped[str] = mapped_column(String(12))
     sample: Mapped[int] = mapped_column(Integer, default=0)
     node: Mapped[str] = mapped_column(String(40))
@@ -274,14 +279,12 @@ class SchedulerBeat(Base):
     schedule: Mapped[str] = mapped_column(String(200))  # crontab line and zone
 
 
-class ProgressReading(Base):
+class ProgressReading(OfBatch, Base):
     """One reading of a running batch's progress: the inputs of its ETA and the ETA itself
     (``app.batch.eta``), kept so that a night's estimates can be replayed and checked."""
 
     __tablename__ = "progress_readings"
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    batch_id: Mapped[int] = mapped_column(BigId, ForeignKey("batches.id"), index=True)
     taken_at: Mapped[datetime] = mapped_column(Timestamp)
     calls_expected: Mapped[int] = mapped_column(Integer)
     calls_done: Mapped[int] = mapped_column(Integer)  # calls answered, not attempts

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import asdict, field
-from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -11,7 +10,7 @@ from pydantic import BaseModel
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 
-from app.db.models import Batch, LLMCall, TickerRun
+from app.db.models import Batch, LLMCall, TickerRun, batch_row
 from app.errors import InputError
 from app.morning.activity import active_time
 from app.morning.serverview import server_view
@@ -51,39 +50,15 @@ class BatchReport:
     pauses: int = 0
 
 
-@dataclass(frozen=True)
-class Throughput:
-    """A batch's output over its active time (its makespan less the pauses)."""
-
-    completion_tokens: int
-    wall_seconds: float  # the makespan
-    output_tokens_per_s: float
-    active_seconds: float = 0.0
-    paused_seconds: float = 0.0
-    pauses: int = 0
-
-
 def per_second(completion_tokens: int, active_seconds: float) -> float:
     """Batch-level: all output over the active time, never an average of per-call speeds."""
     return completion_tokens / active_seconds if active_seconds > 0 else 0.0
 
 
-def _intervals(engine: Engine, batch_id: int) -> list[tuple[datetime, datetime]]:
-    with engine.connect() as conn:
-        return [(r.started_at, r.ended_at) for r in conn.execute(
-            select(LLMCall.started_at, LLMCall.ended_at).where(LLMCall.batch_id == batch_id))]
-
-
-def throughput(engine: Engine, batch_id: int) -> Throughput:
-    """Return the batch's output tok/s as ``batch_report`` does."""
-    with engine.connect() as conn:
-        completion = int(conn.execute(select(func.coalesce(func.sum(
-            LLMCall.completion_tokens), 0)).where(LLMCall.batch_id == batch_id)).scalar_one()
-                         or 0)
-    active = active_time(_intervals(engine, batch_id))
-    return Throughput(completion, active.makespan_s,
-                      per_second(completion, active.active_s), active.active_s,
-                      active.paused_s, active.pauses)
+def throughput(engine: Engine, batch_id: int) -> BatchReport:
+    """Return the batch's output tok/s over its active time (its makespan less the pauses),
+    with those times: ``batch_report``'s figures, for the digest and /metrics."""
+    return batch_report(engine, batch_id)
 
 
 def latest_batch_id(engine: Engine, kinds: tuple[str, ...] | None = None) -> int:
@@ -100,11 +75,8 @@ def latest_batch_id(engine: Engine, kinds: tuple[str, ...] | None = None) -> int
 
 def batch_report(engine: Engine, batch_id: int) -> BatchReport:
     """Build the report of one batch from its ``llm_calls`` rows."""
+    fallback = (batch_row(engine, batch_id).settings or {}).get("metrics_fallback")
     with engine.connect() as conn:
-        found = conn.execute(select(Batch.settings).where(Batch.id == batch_id)).first()
-        if found is None:
-            raise InputError(f"no batch with id {batch_id}")
-        fallback = (found.settings or {}).get("metrics_fallback")
         rows = conn.execute(
             select(LLMCall.node, LLMCall.ticker, LLMCall.status, LLMCall.prompt_tokens,
                    LLMCall.completion_tokens, LLMCall.started_at, LLMCall.ended_at,

@@ -24,7 +24,7 @@ from sqlalchemy import Engine, select
 from app.config import Settings
 from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import InputError
-from app.morning.accounting import Throughput, throughput
+from app.morning.accounting import BatchReport, throughput
 from app.morning.advice import next_steps
 from app.morning.changes import TickerChange, compare_nights
 from app.morning.nightstatus import span
@@ -81,7 +81,7 @@ def _change(change: TickerChange) -> str:
             f"{change.why}")
 
 
-def _paused(rate: Throughput) -> str:
+def _paused(rate: BatchReport) -> str:
     """Name the pauses the tok/s figure leaves out (a resumed night's time stopped)."""
     if not rate.pauses:
         return ""

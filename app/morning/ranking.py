@@ -10,7 +10,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from agents.decision import contradicts
-from app.db.models import FINISHED_STATUSES, Batch, Decision, TickerRun
+from app.db.models import FINISHED_STATUSES, Batch, Decision, TickerRun, batch_row
 from app.errors import InputError
 from app.morning.summary import applied_reruns, plain_error
 from app.quality.grades import Grade, consensus
@@ -48,16 +48,12 @@ def _newest_finished(session: Session, before: Batch | None = None) -> Batch | N
 
 
 def _pick_batch(engine: Engine, batch_id: int | None) -> Batch:
-    with Session(engine, expire_on_commit=False) as session:
-        if batch_id is not None:
-            found = session.get(Batch, batch_id)
-            if found is None:
-                raise InputError(f"no batch with id {batch_id}")
-        else:
-            found = _newest_finished(session)
-            if found is None:
-                raise InputError("no finished nightly batch yet: run `nightdesk run` first")
-        session.expunge(found)
+    if batch_id is not None:
+        return batch_row(engine, batch_id)
+    with Session(engine) as session:
+        found = _newest_finished(session)
+    if found is None:
+        raise InputError("no finished nightly batch yet: run `nightdesk run` first")
     return found
 
 
@@ -70,10 +66,8 @@ def ranked_night(engine: Engine) -> int | None:
 
 def previous_night(engine: Engine, batch_id: int) -> int | None:
     """Return the newest finished nightly batch of an as-of date before ``batch_id``'s."""
+    current = batch_row(engine, batch_id)
     with Session(engine) as session:
-        current = session.get(Batch, batch_id)
-        if current is None:
-            raise InputError(f"no batch with id {batch_id}")
         found = _newest_finished(session, current)
         return None if found is None else found.id
 

@@ -16,8 +16,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, PlainSerializer, computed_field
 from sqlalchemy import Connection, Engine, Select, and_, or_, select
 
-from app.db.models import INFRASTRUCTURE, Batch, Decision, TickerRun
-from app.errors import InputError
+from app.db.models import INFRASTRUCTURE, Batch, Decision, TickerRun, batch_row
 
 # Ticker states that are no failure: done, or not reached yet by a batch still running.
 NOT_FAILED = ("succeeded", "queued", "running")
@@ -179,11 +178,7 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None) -> BatchS
 
 def batch_summary(engine: Engine, batch_id: int, stale_s: float) -> BatchSummary:
     """Return one batch's summary; InputError when there is no such batch."""
-    with engine.connect() as conn:
-        row = conn.execute(select(Batch).where(Batch.id == batch_id)).first()
-    if row is None:
-        raise InputError(f"no batch with id {batch_id}")
-    return summarize(row, stale_s)
+    return summarize(batch_row(engine, batch_id), stale_s)
 
 
 def list_batches(engine: Engine, stale_s: float, limit: int = 20, kind: str | None = None

@@ -96,16 +96,13 @@ class PriceCache:
         key = (ticker, as_of)
         if key not in self._seen:
             try:
-                self._seen[key] = self._read(ticker, as_of)
+                self._seen[key] = self.provider.closes(ticker, as_of, self.longest)
             except DataError as error:
                 self._seen[key] = error
         found = self._seen[key]
         if isinstance(found, DataError):
             raise found
         return found
-
-    def _read(self, ticker: str, as_of: date) -> Closes:
-        return self.provider.closes(ticker, as_of, self.longest)
 
     def forward_return(self, ticker: str, as_of: date, days: int,
                        ) -> tuple[str, str, float | None]:
@@ -124,12 +121,6 @@ class PriceCache:
         first = found.close
         value = last / first - 1.0 if first > 0 and math.isfinite(first) else None
         return found.start.isoformat(), end.isoformat(), finite(value)
-
-
-def forward_return(provider: DataProvider, ticker: str, as_of: date, days: int,
-                   ) -> tuple[str, str, float | None]:
-    """Return one ticker's (start date, end date, return) (``PriceCache.forward_return``)."""
-    return PriceCache(provider, days).forward_return(ticker, as_of, days)
 
 
 def benchmark_return(prices: PriceCache, benchmark: str, as_of: date, days: int) -> float:

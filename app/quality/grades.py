@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from agents.decision import contradicts, rating_for_score
-from app.db.models import FINISHED_STATUSES, Batch, Decision, TickerRun
+from app.db.models import FINISHED_STATUSES, Batch, Decision, TickerRun, batch_row
 from app.errors import InputError
 
 
@@ -73,11 +73,8 @@ def consensus(grades: Sequence[Grade]) -> tuple[str, float]:
 
 def load_grades(engine: Engine, batch_id: int) -> BatchGrades:
     """Read one batch's decisions; InputError when there is no such batch."""
+    batch = batch_row(engine, batch_id)
     with engine.connect() as conn:
-        batch = conn.execute(select(Batch.id, Batch.kind, Batch.as_of, Batch.status,
-                                    Batch.settings).where(Batch.id == batch_id)).first()
-        if batch is None:
-            raise InputError(f"no batch with id {batch_id}")
         rows = conn.execute(select(Decision.ticker, Decision.sample, Decision.rating,
                                    Decision.score, Decision.contradicts)
                             .where(Decision.batch_id == batch_id)

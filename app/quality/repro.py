@@ -53,6 +53,14 @@ def summarize(grades: BatchGrades) -> BatchSummary:
     )
 
 
+def stats_beside(self: Any, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    """Write a pair's statistics beside its two ids (``a`` and ``b``, ``i`` and ``j``),
+    not nested."""
+    data = handler(self)
+    stats = data.pop("stats")
+    return {**data, **stats}
+
+
 @pydantic.dataclasses.dataclass(frozen=True)
 class PairRow:
     """Two batches compared on their common tickers, each ticker's grade over all samples."""
@@ -61,12 +69,7 @@ class PairRow:
     b: int
     stats: PairStats
 
-    @model_serializer(mode="wrap")
-    def _flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Write the pair's statistics beside its ``a`` and ``b``, not nested."""
-        data = handler(self)
-        stats = data.pop("stats")
-        return {**data, **stats}
+    _flat = model_serializer(mode="wrap")(stats_beside)
 
 
 @pydantic.dataclasses.dataclass

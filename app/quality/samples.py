@@ -5,16 +5,15 @@ from __future__ import annotations
 import itertools
 from dataclasses import field
 from functools import partial
-from typing import Any
 
-from pydantic import SerializerFunctionWrapHandler, model_serializer
+from pydantic import model_serializer
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine
 
 from app.errors import InputError
 from app.quality.averaging import KRow, agreement_by_k, k_values, split_halves
 from app.quality.grades import load_grades
-from app.quality.repro import BatchSummary, summarize
+from app.quality.repro import BatchSummary, stats_beside, summarize
 from app.quality.statistics import PairStats, compare, distribution, mean_defined
 
 
@@ -26,12 +25,7 @@ class SamplePair:
     j: int
     stats: PairStats
 
-    @model_serializer(mode="wrap")
-    def _flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Write the pair's statistics beside its ``i`` and ``j``, not nested."""
-        data = handler(self)
-        stats = data.pop("stats")
-        return {**data, **stats}
+    _flat = model_serializer(mode="wrap")(stats_beside)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from agents.chat import CallTag
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
 from app.batch.store import DecisionRow
 from app.config import Settings
-from app.db.models import Batch, LLMCall, LLMRequest
+from app.db.models import Batch, LLMCall, LLMRequest, batch_row
 from app.errors import InputError, LLMError
 from app.recorder.record import Recorder
 from app.runs.preflight import check_endpoints
@@ -58,10 +58,8 @@ def recorded_workload(engine: Engine, batch_id: int, *, match_output: bool = Tru
     per recorded body. ``match_output``: each free-text request decodes as many tokens as
     it did then (``ignore_eos``), so two replay arms differ only in how fast they serve.
     """
+    batch = batch_row(engine, batch_id)
     with engine.connect() as conn:
-        batch_row = conn.execute(select(Batch.__table__).where(Batch.id == batch_id)).first()
-        if batch_row is None:
-            raise InputError(f"no batch with id {batch_id}")
         bodies = conn.execute(select(LLMRequest.ticker, LLMRequest.node, LLMRequest.sample,
                                      LLMRequest.call_id, LLMRequest.body)
                               .where(LLMRequest.batch_id == batch_id)).all()
@@ -73,7 +71,6 @@ def recorded_workload(engine: Engine, batch_id: int, *, match_output: bool = Tru
                 select(LLMCall.call_id, LLMCall.started_at, LLMCall.ended_at, LLMCall.status,
                        LLMCall.completion_tokens).where(LLMCall.batch_id == batch_id)):
             calls[call.call_id].append(call)
-    batch = Batch(**batch_row._mapping)
     by_chain: dict[tuple[str, int], list[tuple[_Timing, WorkItem]]] = defaultdict(list)
     for ticker, node, sample, call_id, blob in bodies:
         mine = calls[call_id]

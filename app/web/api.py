@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, Query
 
 from app.morning.summary import BatchSummary
 from app.web import views
@@ -49,6 +49,4 @@ def batch(state: State, batch_id: str) -> views.BatchView:
 def ticker(state: State, symbol: str) -> TickerPayload:
     ticker = symbol_or_404(symbol)
     found = views.ticker_view(state.engine, ticker, state.stale_after_s)
-    if found is None:
-        raise HTTPException(404, f"{ticker} has never been run")
     return TickerPayload(**dict(found), rerun_job=state.reruns.job(ticker))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import date
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel
@@ -74,8 +74,6 @@ def ticker_page(request: Request, state: State, symbol: str,
     """Show the latest run's nodes in graph order, the history plot and the Rerun button."""
     ticker = symbol_or_404(symbol)
     view = views.ticker_view(state.engine, ticker, state.stale_after_s)
-    if view is None:
-        raise HTTPException(404, f"{ticker} has never been run")
     history = view.history
     plot = charts.history([(p.as_of, p.score, p.rating or "")
                            for p in history if p.score is not None]) \
@@ -98,8 +96,6 @@ async def rerun(request: Request, state: State, symbol: str,
     ticker = symbol_or_404(symbol)
     view = await run_in_threadpool(views.ticker_view, state.engine, ticker,
                                    state.stale_after_s)
-    if view is None:
-        raise HTTPException(404, f"{ticker} has never been run")
     back = f"/ticker/{ticker}"
     if view.rerun_running is not None:
         return RedirectResponse(f"{back}?notice=already", status_code=303)

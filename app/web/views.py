@@ -13,10 +13,17 @@ from typing import Any
 
 from pydantic import BaseModel
 from sqlalchemy import Engine, func, select
-from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db.models import FINISHED_STATUSES, Batch, Decision, LLMCall, NodeText, TickerRun
+from app.db.models import (
+    FINISHED_STATUSES,
+    Batch,
+    Decision,
+    LLMCall,
+    NodeText,
+    TickerRun,
+    batch_row,
+)
 from app.errors import InputError
 from app.morning import nightstatus
 from app.morning.accounting import Arm, BatchReport, batch_report, compare_arm
@@ -42,14 +49,6 @@ from app.web.series import SeriesView, series_view
 
 HISTORY_NIGHTS = 60
 IN_FLIGHT = ("running", "queued")  # a ticker's statuses while its batch runs
-
-
-def _batch(engine: Engine, batch_id: int) -> Batch:
-    with Session(engine) as session:
-        found = session.get(Batch, batch_id)
-    if found is None:
-        raise InputError(f"no batch with id {batch_id}")
-    return found
 
 
 class RunningBatch(BatchSummary):
@@ -367,8 +366,9 @@ def _tonight(runs: list[Any], last_good: HistoryPoint | None,
                    batch_status=of_batch, error=plain_error(run.error))
 
 
-def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView | None:
-    """Return the ticker's latest run, its nodes, history and reruns; None when never run.
+def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView:
+    """Return the ticker's latest run, its nodes, history and reruns; InputError (a 404 on
+    the pages and the API) when it has never been run.
 
     Each batch's status is ``app.morning.summary.status_of``'s: a rerun still marked running is
     live while its heartbeat is younger than ``stale_after_s`` (``heartbeat_stale_s``).
@@ -385,13 +385,13 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
         newest_night = conn.execute(select(func.max(Batch.id))
                                     .where(Batch.kind == "nightly")).scalar()
     if not runs:
-        return None
+        raise InputError(f"{ticker} has never been run")
     latest = runs[0]
     # The newest result of a finished batch, as on the ranking page; a newer run (a night
     # still running, or a failed run) is named on the page, not mixed in.
     shown = next((r for r in runs
                   if r.status == "succeeded" and r.batch_status in FINISHED_STATUSES), latest)
-    batch = _batch(engine, shown.batch_id)
+    batch = batch_row(engine, shown.batch_id)
     now = datetime.now(UTC)
     batch_status = {r.batch_id: status_of(r.batch_status, r.heartbeat_at, r.batch_started_at,
                                           stale_after_s, now) for r in runs}
@@ -429,7 +429,7 @@ def batches_view(engine: Engine, stale_after_s: float, limit: int = 200
 def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView:
     """Return one batch's report: throughput, the server's view, series, latency, failures."""
     report = batch_report(engine, batch_id)  # raises InputError for an unknown id
-    batch = _batch(engine, batch_id)
+    batch = batch_row(engine, batch_id)
     summary = summarize(batch, stale_after_s)
     with engine.connect() as conn:
         unfinished = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error,
