@@ -47,7 +47,7 @@ def test_gpu_profiles_state_the_vllm_they_need() -> None:
 
 def test_every_profile_streams_tokens_16_at_a_time() -> None:
     # One client reads every stream of a night; per-token chunks cost it its event loop.
-    for name in ("cpu-tiny", "qwen-dense-27b", "qwen-moe-35b-a3b"):
+    for name in ("cpu-tiny", "qwen-dense-27b", "qwen-moe-35b-a3b", "qwen-moe-35b-a3b-h200"):
         assert _flag(render(load_profile(name), PATHS).argv, "--stream-interval") == "16"
 
 
@@ -56,6 +56,16 @@ def test_moe_profile_has_14_slots_and_the_same_kv_and_length() -> None:
     assert _flag(argv, "--max-num-seqs") == "14"
     assert _flag(argv, "--kv-cache-dtype") == "fp8"
     assert _flag(argv, "--max-model-len") == "34816"
+
+
+def test_h200_moe_profile_quantizes_the_weights_to_fp8_as_measured() -> None:
+    profile = load_profile("qwen-moe-35b-a3b-h200")
+    argv = render(profile, PATHS).argv
+    assert _flag(argv, "--quantization") == "fp8"
+    assert _flag(argv, "--kv-cache-dtype") == "fp8"
+    assert _flag(argv, "--max-num-seqs") == "256"
+    # The same served name as the RTX 5090's MoE profile: a night's model setting carries over.
+    assert profile.served_model_name == load_profile("qwen-moe-35b-a3b").served_model_name
 
 
 def test_cpu_profile_uses_the_module_entry_point_and_the_local_model() -> None:
