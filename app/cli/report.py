@@ -253,6 +253,8 @@ def bound_line(bound: NightBound) -> str:
     """Say how the night's makespan compares with its graph bound, or why it cannot."""
     if bound.bound_s is None:
         return f"graph bound: not computed ({bound.unavailable})"
+    if bound.unavailable is not None:
+        return f"graph bound: none for this night ({bound.unavailable})"
     return (f"graph bound: makespan {bound.makespan_s:.0f} s = {bound.makespan_over_bound:.2f}"
             f" x the least any schedule that respects the graph needs ({bound.bound_s:.0f} s "
             f"on {bound.endpoints} endpoint(s), set by {bound.binding}; {bound.server})")

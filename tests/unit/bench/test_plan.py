@@ -197,6 +197,14 @@ def test_a_night_is_set_against_its_own_graph_bound(sqlite_engine: Any) -> None:
     assert "graph bound: makespan 40 s = 1.20 x the least" in shown.stdout
     assert json.loads(run_cli("report", str(night), "--format", "json").stdout)[
         "graph_bound"]["makespan_over_bound"] == pytest.approx(1.2)
+    # A night quicker than the model's bound shows the model wrong for it: no ratio is
+    # called a bound (the figures stay in the JSON).
+    quick = night_bound(sqlite_engine, night, 30.0)
+    assert quick.bound_s == pytest.approx(100 / 3) and quick.makespan_over_bound < 1
+    assert quick.unavailable is not None and "bounds nothing" in quick.unavailable
+    from app.cli.report import bound_line
+    assert bound_line(quick).startswith("graph bound: none for this night (the model gives 33 s")
+    assert "x the least" not in bound_line(quick)
     # Without the server's KV cache size the bound is not computed, and the report says why.
     bare = _night(sqlite_engine, None)
     assert night_bound(sqlite_engine, bare, 40.0).unavailable is not None
