@@ -16,7 +16,7 @@ and preemption's recomputation is not counted: the bound is optimistic on both.
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,24 +70,30 @@ class Bound:
 def graph_facts(calls: list[tuple[str, int, str, int, int]], workload: Workload) -> GraphFacts:
     """Sum the workload's demand from answered calls ``(ticker, sample, node, prompt, output)``.
 
-    The critical path follows the workload's dependencies, weighted by each call's output.
+    The critical path follows the workload's dependencies, weighted by each call's output. A
+    node asked more than once (a decision asked again) has one item per request: each item
+    takes the node's next call in order, the last item any calls left over.
     """
-    done: dict[tuple[str, int, str], tuple[int, int]] = {}
-    for ticker, sample, node, prompt, output in calls:
-        p, o = done.get((ticker, sample, node), (0, 0))
-        done[(ticker, sample, node)] = (max(p, prompt), o + output)
+    outputs: dict[tuple[str, int, str], list[int]] = defaultdict(list)
+    for ticker, sample, node, _, output in calls:
+        outputs[(ticker, sample, node)].append(output)
     longest = 0
     for ticker, items in workload.items():
+        asked = Counter((item.sample, item.node) for item in items)
+        taken: Counter[tuple[int, str]] = Counter()
         ends: dict[tuple[int, str], int] = {}
         for item in items:  # a workload lists a ticker's requests in an order deps allow
             before = max((ends.get((item.sample, d), 0) for d in item.deps), default=0)
-            ends[(item.sample, item.name)] = before + done.get(
-                (ticker, item.sample, item.node), (0, 0))[1]
+            mine = outputs.get((ticker, item.sample, item.node), [])
+            i = taken[(item.sample, item.node)]
+            taken[(item.sample, item.node)] += 1
+            last = taken[(item.sample, item.node)] == asked[(item.sample, item.node)]
+            ends[(item.sample, item.name)] = before + sum(mine[i:] if last else mine[i:i + 1])
         longest = max(longest, *ends.values(), 0)
     return GraphFacts(
-        output_tokens=sum(o for _, o in done.values()),
-        kv_token_steps=float(sum(p * o + o * o / 2 for p, o in done.values())),
-        critical_path_tokens=longest, calls=len(done))
+        output_tokens=sum(o for *_, o in calls),
+        kv_token_steps=float(sum(p * o + o * o / 2 for *_, p, o in calls)),
+        critical_path_tokens=longest, calls=len(outputs))
 
 
 def arm_graph_facts(engine: Engine, batch_id: int, workload: Workload) -> GraphFacts:

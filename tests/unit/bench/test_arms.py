@@ -101,6 +101,24 @@ def _item(ticker: str, node: str, deps: list[str]) -> WorkItem:
     return WorkItem(ticker, 0, node, {"messages": [], "max_tokens": 1}, deps)
 
 
+def test_a_node_asked_again_counts_each_of_its_calls_once() -> None:
+    # One ticker: a, then c asked three times (a decision asked again), each after the one
+    # before. Outputs 10, then 30, 40, 50: the chain is 130 tokens, not 10 + 3 x 120.
+    load: Workload = {"X": [_item("X", "a", []), _item("X", "c", ["a"]),
+                            WorkItem("X", 0, "c", {}, ["a", "c"], request=2),
+                            WorkItem("X", 0, "c", {}, ["a", "c", "c#2"], request=3)]}
+    calls = [("X", 0, "a", 100, 10), ("X", 0, "c", 300, 30), ("X", 0, "c", 300, 40),
+             ("X", 0, "c", 300, 50)]
+    facts = graph_facts(calls, load)
+    assert facts.critical_path_tokens == 130
+    assert facts.output_tokens == 130
+    # Each call holds its own prompt and output: 300 x 30 + 450, not 300 x 120 + 7,200.
+    assert facts.kv_token_steps == 100 * 10 + 50 + sum(300 * o + o * o / 2 for o in (30, 40, 50))
+    # A workload with fewer items than calls gives the calls left over to the node's last item.
+    short: Workload = {"X": [_item("X", "a", []), _item("X", "c", ["a"])]}
+    assert graph_facts(calls, short).critical_path_tokens == 130
+
+
 def test_the_bound_of_a_workload_worked_by_hand() -> None:
     # Two tickers, each: a and b side by side, then c after both. Outputs 10, 20, 30 with
     # prompts 100, 200, 300: per ticker 60 output tokens, critical path b then c = 50.
