@@ -26,6 +26,12 @@ from serving.urls import redact, server_root
 
 # consistent_hash: a ticker's calls carry one key (app/llm.py), so they share one server.
 POLICY = "consistent_hash"
+# vllm-router's own health check, as 0.1.17 spells it: /health every 5 s, two failures in a
+# row to mark a server unhealthy (about 10 s). Its defaults (every 60 s, three failures) left
+# a dead server listed healthy for up to three minutes: only the circuit breaker, opened by
+# calls failing there, moved keys off it, and /workers (what nightdesk reads capacity from)
+# kept counting it.
+HEALTH_FLAGS = ("--health-check-interval-secs", "5", "--health-failure-threshold", "2")
 
 
 def find_binary() -> str:
@@ -46,10 +52,11 @@ def router_key(profile: str) -> str:
 def router_command(binary: str, host: str, port: int, workers: list[str], *,
                    policy: str = POLICY, extra: Sequence[str] = ()) -> ServerCommand:
     """Return the command that runs vllm-router on ``host:port`` in front of ``workers``
-    (server root URLs) with ``policy`` (by default one that keeps each ticker on one server)
-    and ``extra`` flags as vllm-router spells them."""
+    (server root URLs) with ``policy`` (by default one that keeps each ticker on one server),
+    the health check of ``HEALTH_FLAGS``, and ``extra`` flags as vllm-router spells them
+    (after those, so one of them given again in ``extra`` wins)."""
     return ServerCommand(argv=[binary, "--host", host, "--port", str(port), "--policy", policy,
-                               *extra, "--worker-urls", *workers], env={})
+                               *HEALTH_FLAGS, *extra, "--worker-urls", *workers], env={})
 
 
 def workers_url(base_url: str) -> str:

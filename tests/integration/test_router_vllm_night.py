@@ -18,10 +18,11 @@ What must hold (issue 44):
   with every ticker succeeded (exit 0, nothing to resume), those the dead server had begun
   finished on the other one, each call it cut short an error row and sent again.
 
-The router runs as ``nightdesk server start --router`` runs it (its command, vllm-router's
-defaults). Its health check is once a minute; what moves a dead server's keys within
-seconds is its circuit breaker, opened by the failures of the calls sent there (seen in
-its log: "Circuit breaker state transition: closed -> open", then a ring of one server).
+The router runs as ``nightdesk server start --router`` runs it (its command: a health check
+every 5 s, two failures to mark a server unhealthy, serving.router.HEALTH_FLAGS). Within
+those seconds what moves a dead server's keys is its circuit breaker, opened by the failures
+of the calls sent there (seen in its log: "Circuit breaker state transition: closed ->
+open", then a ring of one server).
 
 Which server a key lands on is the router's hash of it and the servers' URLs (their ports
 change per run): a few tickers could all hash to one server. So the tickers are chosen by
