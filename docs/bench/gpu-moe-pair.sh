@@ -62,7 +62,7 @@ env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -m tests.unit.support.et
   "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), vLLM 0.24.0, MoE shape with random weights ($second), $n demo tickers, budgets ${NIGHTDESK_NODE_MAX_TOKENS:-production}; the night before on bf16 weights" \
   >> "$out/steps.log" 2>&1 || step "fixture export failed"
 python3 -c "
-import sqlite3, shutil; sqlite3.connect('$dir/night.db').execute(\"vacuum into '$out/night.db'\")" \
+import sqlite3; sqlite3.connect('$dir/night.db').execute(\"vacuum into '$out/night.db'\")" \
   && (cd "$out" && python3 -c "
 import sys; sys.path.insert(0, '/root/zs'); import zstandard
 open('night.db.zst','wb').write(zstandard.ZstdCompressor(level=19).compress(open('night.db','rb').read()))") \
