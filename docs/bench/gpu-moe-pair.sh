@@ -9,7 +9,9 @@
 # N: tickers; SERVER FLAGS: the vllm serve flags both servers share (the second adds
 # --quantization fp8); `same` runs the second night on the first server, unchanged (the ETA's
 # pair alone, when the device time left has no room for a second server's start).
-# NIGHTDESK_NODE_MAX_TOKENS, if set, shapes both nights alike.
+# NIGHTDESK_NODE_MAX_TOKENS, if set, shapes both nights alike. ND_BEFORE_TICKERS=K runs the night
+# before over the first K of the N tickers only (a universe that grew overnight: the ETA's prior
+# then comes from a night of another size, not a copy of tonight).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 n=${1:?usage: gpu-moe-pair.sh N "SERVER FLAGS"}
@@ -18,6 +20,8 @@ second=${3:-fp8}
 out=${ND_PAIR_DIR:-/root/pair}
 dir=${ND_NIGHT_DIR:-/root/night}
 mkdir -p "$out"
+# With `same`, the first night is only the night before: labelled so, not by its weights.
+first=bf16; [ "$second" = same ] && first=before
 step() { echo "$(date -u +%FT%TZ) $*" | tee -a "$out/steps.log"; }
 nd() { env -u OUT ND_SKIP_INSTALL=1 NIGHTDESK_HOME="$dir/home" ND_DB="$dir/night.db" \
          ND_VLLM_LOG=none bash docs/bench/gpu-host-bench.sh "$@" 2>&1 | grep -v '^bench.sh:'; }
@@ -33,11 +37,12 @@ night() {
   : > "$dir/night.log"
 }
 
-step "night bf16: $n tickers, flags: $flags, budgets: ${NIGHTDESK_NODE_MAX_TOKENS:-production}"
-bash docs/bench/gpu-night.sh start "$n" >> "$out/steps.log" 2>&1 || { step "start failed"; exit 1; }
-night bf16
+step "night $first: ${ND_BEFORE_TICKERS:-$n} of $n tickers, flags: $flags, budgets: ${NIGHTDESK_NODE_MAX_TOKENS:-production}"
+ND_LIMIT=${ND_BEFORE_TICKERS:-} bash docs/bench/gpu-night.sh start "$n" >> "$out/steps.log" 2>&1 \
+  || { step "start failed"; exit 1; }
+night "$first"
 grep -E "Model loading took|Available KV cache|KV cache size|Maximum concurrency" /root/vllm.log \
-  > "$out/server-bf16.txt"
+  > "$out/server-$first.txt"
 
 if [ "$second" = same ]; then
   step "night again: the same server"
@@ -59,7 +64,7 @@ batch=$(env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -c "
 import sqlite3; print(sqlite3.connect('$dir/night.db').execute('select max(id) from batches').fetchone()[0])")
 env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -m tests.unit.support.eta_fixture \
   "sqlite:///$dir/night.db" "$batch" "$out/eta_night_gpu_moe.json" \
-  "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), vLLM 0.24.0, MoE shape with random weights ($second), $n demo tickers, budgets ${NIGHTDESK_NODE_MAX_TOKENS:-production}; the night before on bf16 weights" \
+  "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), vLLM 0.24.0, MoE shape with random weights, vllm serve $flags$([ "$second" = same ] || echo " --quantization fp8"), $n demo tickers, budgets ${NIGHTDESK_NODE_MAX_TOKENS:-production}; the night before: ${ND_BEFORE_TICKERS:-$n} tickers, $([ "$second" = same ] && echo the same server || echo bf16 weights)" \
   >> "$out/steps.log" 2>&1 || step "fixture export failed"
 python3 -c "
 import sqlite3; sqlite3.connect('$dir/night.db').execute(\"vacuum into '$out/night.db'\")" \

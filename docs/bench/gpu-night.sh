@@ -4,6 +4,7 @@
 # production max_tokens — detached, so that it outlives the device call that starts it (a call
 # lasts at most 10 minutes; a process in its own session runs on while the machine is held).
 #   bash docs/bench/gpu-night.sh start [N]      # db, demo snapshot of N tickers (default 100), run
+#                                               # (ND_LIMIT=K: the night runs the first K of them)
 #   bash docs/bench/gpu-night.sh wait SECONDS   # progress every 30 s until the run ends (exit 0)
 #                                               # or SECONDS pass (exit 1); with $OUT set, the
 #                                               # progress lines and the report so far go there
@@ -39,7 +40,7 @@ case "${1:-}" in
       || die "demo snapshot failed"
     export ND_SKIP_INSTALL=1
     date +%s > "$dir/started"
-    launch "bash docs/bench/gpu-host-bench.sh run --universe '$NIGHTDESK_HOME/data/$as_of/universe.txt' --as-of $as_of"
+    launch "bash docs/bench/gpu-host-bench.sh run --universe '$NIGHTDESK_HOME/data/$as_of/universe.txt' --as-of $as_of ${ND_LIMIT:+--limit $ND_LIMIT}"
     ;;
   again)
     [ -e "$dir/night.db" ] || die "no night ran here yet: start one first"
