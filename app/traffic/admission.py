@@ -55,10 +55,9 @@ class AdmissionPolicy:
         return min(max(self.initial, self.minimum), self.maximum)
 
     def observe(self, gauges: Gauges, outstanding: int, *, preempted: float = 0.0,
-                restarted: bool = False, fits: int | None = None) -> int:
+                restarted: bool = False) -> int:
         """Update the limit from one reading with ``preempted`` preemptions since the last
-        (``restarted``: a new server's); ``fits``: the requests the KV cache holds (the token
-        budget's count), which a limit still doubling goes to at once; return ``allowed``."""
+        (``restarted``: a new server's); return ``allowed``."""
         held, self._held = self._held, None
         if held is not None and not restarted:
             self.limit = max(self.limit, held)
@@ -81,8 +80,7 @@ class AdmissionPolicy:
         elif gauges.waiting > self.queue_allowance:
             self.reason = "requests arriving"  # within what it has run: no growth, no cut
         elif outstanding >= self.allowed and gauges.waiting == 0:
-            self.limit = self.limit + 1 if self._saturated_once else max(self.limit * 2,
-                                                                         fits or 0)
+            self.limit = self.limit + 1 if self._saturated_once else self.limit * 2
             self.reason = "headroom"
         else:
             self.reason = "steady"

@@ -41,10 +41,7 @@ class Claim:
 
     tokens: int
     output: int = 0
-    # Its prompt costed from the server's counts of a finished answer, not the default ratio.
-    # (An output reserved at max_tokens, before its node's answers are known, is the most it
-    # can come to: it makes the footprint per reserved token read high, never low.)
-    settled: bool = True
+    settled: bool = True  # costed from what the server has shown, not from the defaults
 
 
 def prompt_bytes(body: dict[str, Any]) -> int:
@@ -164,7 +161,8 @@ class TokenBudget:
                   + MESSAGE_OVERHEAD_TOKENS * (len(body.get("messages", [])) + 1))
         output = self.expected_output(node, int(body.get("max_tokens") or 0))
         tokens = math.ceil((prompt + output) / self.block_size) * self.block_size
-        return Claim(tokens, output, settled=bool(self._tokens_seen))
+        settled = bool(self._tokens_seen) and len(self.outputs.get(node, [])) >= self.min_samples
+        return Claim(tokens, output, settled)
 
     def fits(self, cost: int) -> bool:
         """Return True when a started ticker's request of ``cost`` tokens fits now: holds do not

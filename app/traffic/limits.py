@@ -126,13 +126,8 @@ class Limits:
             preempted, generated = totals[0] - last[0], totals[1] - last[1]
         self._budget_capacity(capacity, block_size)
         before = gate.limit
-        # Once the budget guards the cache, the count's start need not probe its way up
-        # from 4: what the budget fits at the typical request's cost is the first step.
-        budget, fits = self.budget, None
-        if budget is not None and budget.limit and budget.typical_cost:
-            fits = budget.limit // budget.typical_cost
         gate.set_limit(self.policy.observe(snapshot, gate.outstanding, preempted=preempted,
-                                           restarted=restarted, fits=fits))
+                                           restarted=restarted))
         if gate.limit != before:
             log.debug("admission limit", limit=gate.limit, reason=self.policy.reason,
                       endpoint=self.name)
