@@ -5,7 +5,7 @@ A diagnostic (docs/lab/2026-12-05-fleet-tail-order.md): reads the SQLite file of
 tenth): its first call, its end, and its calls' summed wait at our gate (ready to sent);
 then every 10 s the calls at the server and at our gate, their prompts' sum, and the chain
 stages (1 = the first call after the analysts) of both.
-``python docs/bench/fleet-rows-by-10s.py FILE``.
+``PYTHONPATH=. python docs/bench/fleet-rows-by-10s.py FILE`` (from the repository's root).
 """
 
 import collections
@@ -13,7 +13,8 @@ import datetime as dt
 import sqlite3
 import sys
 
-ANALYSTS = {"market", "sentiment", "news", "fundamentals"}
+from agents.nodes import ANALYSTS
+
 db = sqlite3.connect(sys.argv[1])
 at = dt.datetime.fromisoformat
 calls = db.execute("select ticker, node, ready_at, started_at, ended_at, prompt_tokens "

@@ -5,7 +5,7 @@ A diagnostic (docs/lab/2026-12-05-fleet-start-and-end.md): reads the SQLite file
 analysts (their first start, last end and mean wait), 1.. its chain's calls in order; per stage
 the first and last start and end over all tickers, the mean and most a call waited at our
 gate (ready to sent), and how many waited over a second.
-``python docs/bench/fleet-stages.py FILE``.
+``PYTHONPATH=. python docs/bench/fleet-stages.py FILE`` (from the repository's root).
 """
 
 import collections
@@ -13,7 +13,8 @@ import datetime as dt
 import sqlite3
 import sys
 
-ANALYSTS = {"market", "sentiment", "news", "fundamentals"}
+from agents.nodes import ANALYSTS
+
 db = sqlite3.connect(sys.argv[1])
 at = dt.datetime.fromisoformat
 calls = db.execute("select ticker, node, ready_at, started_at, ended_at from llm_calls "
