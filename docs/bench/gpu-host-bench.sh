@@ -96,31 +96,34 @@ echo "bench.sh: nightdesk exited with status $rc after $(( $(date +%s) - start )
 
 # --- results -------------------------------------------------------------------------------------
 if [ -n "${OUT:-}" ]; then
-  name=$(basename "$db")
-  if [ -f "$db" ]; then
-    size=$(stat -c %s "$db")
-    if [ "$size" -le $((15 * 1024 * 1024)) ]; then
-      cp "$db" "$OUT/$name" && echo "bench.sh: copied $db ($size bytes) to \$OUT/$name"
-    else
-      # Keep every file under 16 MiB (the limit on what was collected from $OUT on the H200
-      # machine): compress (zstd from /root/site), split if needed.
-      echo "bench.sh: $db is $size bytes: writing \$OUT/$name.zst (decompress: zstd -d)"
-      if python3 -c '
+  # The database and, beside it, its SQLite checkpoints (a night resumes from both).
+  for f in "$db" "${db%.db}.checkpoints.db"; do
+    name=$(basename "$f")
+    if [ -f "$f" ]; then
+      size=$(stat -c %s "$f")
+      if [ "$size" -le $((15 * 1024 * 1024)) ]; then
+        cp "$f" "$OUT/$name" && echo "bench.sh: copied $f ($size bytes) to \$OUT/$name"
+      else
+        # Keep every file under 16 MiB (the limit on what was collected from $OUT on the H200
+        # machine): compress (zstd from /root/site), split if needed.
+        echo "bench.sh: $f is $size bytes: writing \$OUT/$name.zst (decompress: zstd -d)"
+        if python3 -c '
 import sys, zstandard
 with open(sys.argv[1], "rb") as f, open(sys.argv[2], "wb") as o:
-    zstandard.ZstdCompressor(level=10, threads=-1).copy_stream(f, o)' "$db" "$OUT/$name.zst"; then
-        zsize=$(stat -c %s "$OUT/$name.zst")
-        if [ "$zsize" -gt $((15 * 1024 * 1024)) ]; then
-          (cd "$OUT" && split -b 15M -d -a 1 $name.zst $name.zst.part && rm $name.zst)
-          echo "bench.sh: $name.zst is $zsize bytes: split into $(ls "$OUT"/$name.zst.part* | wc -l) parts (cat $name.zst.part* > $name.zst)"
+    zstandard.ZstdCompressor(level=10, threads=-1).copy_stream(f, o)' "$f" "$OUT/$name.zst"; then
+          zsize=$(stat -c %s "$OUT/$name.zst")
+          if [ "$zsize" -gt $((15 * 1024 * 1024)) ]; then
+            (cd "$OUT" && split -b 15M -d -a 1 $name.zst $name.zst.part && rm $name.zst)
+            echo "bench.sh: $name.zst is $zsize bytes: split into $(ls "$OUT"/$name.zst.part* | wc -l) parts (cat $name.zst.part* > $name.zst)"
+          fi
+        else
+          echo "bench.sh: ERROR: could not compress $f; it will not come back" >&2
         fi
-      else
-        echo "bench.sh: ERROR: could not compress $db; it will not come back" >&2
       fi
+    elif [ "$f" = "$db" ]; then
+      echo "bench.sh: WARNING: $db does not exist; nothing to copy" >&2
     fi
-  else
-    echo "bench.sh: WARNING: $db does not exist; nothing to copy" >&2
-  fi
+  done
   # ND_VLLM_LOG: the server log to keep (none: keep none; two runs at once keep one each).
   log=${ND_VLLM_LOG:-/root/vllm.log}
   [ "$log" != none ] && [ -f "$log" ] && tail -c 8M "$log" > "$OUT/$(basename "$log")"

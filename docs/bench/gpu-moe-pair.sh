@@ -11,7 +11,9 @@
 # pair alone, when the device time left has no room for a second server's start).
 # NIGHTDESK_NODE_MAX_TOKENS, if set, shapes both nights alike. ND_BEFORE_TICKERS=K runs the night
 # before over the first K of the N tickers only (a universe that grew overnight: the ETA's prior
-# then comes from a night of another size, not a copy of tonight).
+# then comes from a night of another size, not a copy of tonight). ND_THIRD_TICKERS=K adds a third
+# night over the first K tickers on the same server, with its own fixture (eta_night_gpu_moe_3.json):
+# tonight's night before is then the second night.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 n=${1:?usage: gpu-moe-pair.sh N "SERVER FLAGS"}
@@ -59,13 +61,24 @@ fi
 bash docs/bench/gpu-night.sh again >> "$out/steps.log" 2>&1
 night "$second"
 
-# The second night with its night before: the ETA's replay fixture (tests/unit/support/).
-batch=$(env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -c "
+# A night with its night before: the ETA's replay fixture (tests/unit/support/).
+fixture() {
+  local file=$1 tickers=$2 before=$3 batch
+  batch=$(env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -c "
 import sqlite3; print(sqlite3.connect('$dir/night.db').execute('select max(id) from batches').fetchone()[0])")
-env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -m tests.unit.support.eta_fixture \
-  "sqlite:///$dir/night.db" "$batch" "$out/eta_night_gpu_moe.json" \
-  "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), vLLM 0.24.0, MoE shape with random weights, vllm serve $flags$([ "$second" = same ] || echo " --quantization fp8"), $n demo tickers, budgets ${NIGHTDESK_NODE_MAX_TOKENS:-production}; the night before: ${ND_BEFORE_TICKERS:-$n} tickers, $([ "$second" = same ] && echo the same server || echo bf16 weights)" \
-  >> "$out/steps.log" 2>&1 || step "fixture export failed"
+  env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -m tests.unit.support.eta_fixture \
+    "sqlite:///$dir/night.db" "$batch" "$out/$file" \
+    "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), vLLM 0.24.0, MoE shape with random weights, vllm serve $flags$([ "$second" = same ] || echo " --quantization fp8"), $tickers demo tickers, budgets ${NIGHTDESK_NODE_MAX_TOKENS:-production}; the night before: $before" \
+    >> "$out/steps.log" 2>&1 || step "fixture export failed ($file)"
+}
+fixture eta_night_gpu_moe.json "$n" "${ND_BEFORE_TICKERS:-$n} tickers, $([ "$second" = same ] && echo the same server || echo bf16 weights)"
+
+if [ -n "${ND_THIRD_TICKERS:-}" ]; then
+  step "night 3: $ND_THIRD_TICKERS of $n tickers, the same server"
+  ND_LIMIT=$ND_THIRD_TICKERS bash docs/bench/gpu-night.sh again >> "$out/steps.log" 2>&1
+  night third
+  fixture eta_night_gpu_moe_3.json "$ND_THIRD_TICKERS" "$n tickers, the same server"
+fi
 python3 -c "
 import sqlite3; sqlite3.connect('$dir/night.db').execute(\"vacuum into '$out/night.db'\")" \
   && (cd "$out" && python3 -c "

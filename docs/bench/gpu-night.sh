@@ -9,6 +9,7 @@
 #                                               # or SECONDS pass (exit 1); with $OUT set, the
 #                                               # progress lines and the report so far go there
 #   bash docs/bench/gpu-night.sh again          # the same night once more, in the same database
+#                                               # (ND_LIMIT=K: over the first K tickers)
 #                                               # (the night before, for the ETA, is the first)
 #   bash docs/bench/gpu-night.sh resume         # `nightdesk run --resume` (after a lost process)
 #   bash docs/bench/gpu-night.sh collect        # report (table, JSON), ranking, db, logs -> $OUT
@@ -46,7 +47,7 @@ case "${1:-}" in
     [ -e "$dir/night.db" ] || die "no night ran here yet: start one first"
     export ND_SKIP_INSTALL=1
     date +%s > "$dir/started"
-    launch "bash docs/bench/gpu-host-bench.sh run --universe '$NIGHTDESK_HOME/data/$as_of/universe.txt' --as-of $as_of"
+    launch "bash docs/bench/gpu-host-bench.sh run --universe '$NIGHTDESK_HOME/data/$as_of/universe.txt' --as-of $as_of ${ND_LIMIT:+--limit $ND_LIMIT}"
     ;;
   resume)
     export ND_SKIP_INSTALL=1
