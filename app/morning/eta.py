@@ -5,11 +5,14 @@ elapsed time): *work*, the servers' busy time the calls left will take (each cal
 the busy time it was ready for; a node's share per answered call from the newest earlier
 finished batch of the same kind and model times this night's pace, else this night's own),
 and *chain*, the longest chain of calls left, one after another, at each node's latency now
-(the step under way at what the node's newest calls had left at its age).
+(the step under way at what the node's newest calls had left at its age). On a gated night
+(more chains open than the servers run: many steps held at the gate) the work is at least
+the work left at the rate the chain's answers came in over the last minute.
 The interval is the estimate times ``RATIO``, measured on recorded nights' replays; ``LEVEL``
 is the share of readings it held on nights left out, and the level it claims.
 docs/operations.md ("One truth, two faces") states every rule;
-docs/lab/2026-12-05-eta-busy-shares.md and docs/lab/2026-12-05-eta-pace.md measure it.
+docs/lab/2026-12-05-eta-busy-shares.md, docs/lab/2026-12-05-eta-pace.md and
+docs/lab/2026-12-05-h100-eta-gated-night.md measure it.
 """
 
 from __future__ import annotations
@@ -34,10 +37,15 @@ NEWEST_MIN = 3  # ... but never fewer calls than this
 FINISHED = ("succeeded", "failed")  # a ticker in these runs no more calls
 FINISHED_BATCH = ("succeeded", "partial")  # a batch whose rows are final
 OVERDUE_SHARE = 0.5  # of its latency (its share), the least a call under way has still to go
+HELD_AGE = 3.0  # an open step ready this many times its node's median latency is held
+HELD_SHARE = 0.25  # ... and with this share of the open steps held (NEWEST_MIN at least), the
+#                    night is gated: more chains open than the servers run
+WINDOW_S = 60.0  # a gated night's work goes at the rate of the chain's answers over this long
+WINDOW_MIN_S = 20.0  # ... once they have come in for this long
 # True time left ÷ the estimate, 5th and 95th percentile over the replayed readings; the test
 # that replays them fails when they move by more than 0.01 (recalibrate: docs/lab).
-RATIO = (0.70, 1.24)
-LEVEL = 0.75  # the share of readings it held, each night left out in turn (81%)
+RATIO = (0.71, 1.24)
+LEVEL = 0.75  # the share of readings it held, each night left out in turn (83%)
 
 Spread = tuple[float, float, float]  # (low, middle, high)
 
@@ -298,6 +306,29 @@ def _chain_seconds(step: Step, analysts: list[str], took: dict[str, list[float]]
     return total[0], total[1], total[2]
 
 
+def _gated_work(steps: Sequence[Step], calls: Sequence[Any], chain: list[str],
+                cost: dict[str, float], took: dict[str, list[float]],
+                now: datetime) -> float | None:
+    """Return the work left at the rate the chain's answers came in over the last
+    ``WINDOW_S``, each call weighed by its node's ``cost``, when the night is gated (see
+    ``HELD_AGE``, ``HELD_SHARE``); None when it is not, or the answers span too little. On a
+    gated night the answered calls are those that got the servers first: their shares leave
+    out the waits of the calls held meanwhile, and a pace read from them is too quick."""
+    open_steps = [s for s in steps if s.since is not None]
+    held = [s for s in open_steps if s.since is not None and (now - s.since).total_seconds()
+            > HELD_AGE * max((statistics.median(took[n]) for n in s.under_way if n in took),
+                             default=float("inf"))]
+    answered = [c for c in calls if c.status == "ok" and c.node in chain]
+    if len(held) < max(NEWEST_MIN, HELD_SHARE * len(open_steps)) or not answered:
+        return None
+    span = min(WINDOW_S, (now - answered[0].ended_at).total_seconds())
+    recent = sum(cost.get(c.node, 0.0) for c in answered
+                 if (now - c.ended_at).total_seconds() <= WINDOW_S)
+    if span < WINDOW_MIN_S or recent <= 0:
+        return None
+    return sum(cost.get(n, 0.0) for s in steps for n in s.left) * span / recent
+
+
 def _steps(tickers: Sequence[Any], calls: Sequence[Any], nodes: list[str],
            analysts: list[str], samples: int, now: datetime) -> list[Step]:
     """Return every open sample's step (a ticker finished after ``now`` was open then)."""
@@ -409,6 +440,12 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     tokens_left = sum(tokens.get(n, prior.tokens.get(n, overall))
                       for step in steps for n in step.left)
     tokens_left = max(0.0, tokens_left - _in_flight(samples, calls))
+    # A gated night: the work left at the rate the chain's answers came in lately.
+    weights = {n: v[1] for n, v in share.items()}
+    if work is not None and (gated := _gated_work(
+            steps, calls, chain, weights, took, now)) is not None and gated > work[1]:
+        scale = gated / work[1] if work[1] > 0 else 1.0
+        work = (max(work[0] * scale, 0.0), gated, max(work[2] * scale, gated))
     low_s, chain_s, high_s = slowest or (None, None, None)
     low_w, work_s, high_w = work or (None, None, None)
     rates = [tokens_left / w if w else None for w in (work_s, high_w, low_w)]

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from agents.nodes import ANALYSTS
 from app.db.models import ProgressReading
 from app.morning import eta
-from tests.unit.support.eta_rows import COST, LATENCY_S, NODES, NOW, batch, calls, counter
+from tests.unit.support.eta_rows import CHAIN, COST, LATENCY_S, NODES, NOW, batch, calls, counter
 
 ISSUED_S = LATENCY_S / 2  # issue to answer: what the chain counts
 
@@ -196,3 +196,40 @@ def test_a_reading_is_stored_with_its_inputs(sqlite_engine: Engine) -> None:
         b, NOW, 21, 13 * COST - 200, 13)
     assert row.eta_s == pytest.approx(13 * LATENCY_S)
     assert row.chain_s == pytest.approx(LATENCY_S + 12 * ISSUED_S)
+
+
+def _gated_night(engine: Engine, held: int, held_for_s: float, chain_done: int) -> int:
+    """Two tickers answering their chains one call every 4 s up to now (``chain_done``
+    nodes each) and ``held`` tickers whose analysts answered ``held_for_s`` ago, their
+    first debater ready since: after a night before whose calls all cost alike."""
+    before = batch(engine, {"AAA": "succeeded"}, status="succeeded")
+    calls(engine, before, "AAA", NODES, end=NOW - timedelta(days=1))
+    waiting = [f"H{i}" for i in range(held)]
+    b = batch(engine, {"W1": "running", "W2": "running", **dict.fromkeys(waiting, "running")})
+    for ticker in ("W1", "W2"):
+        calls(engine, b, ticker, NODES[:len(ANALYSTS) + chain_done])
+    for ticker in waiting:
+        calls(engine, b, ticker, list(ANALYSTS), end=NOW - timedelta(seconds=held_for_s))
+    return b
+
+
+def test_a_gated_night_works_at_the_rate_its_chains_answers_come_in(
+        sqlite_engine: Engine) -> None:
+    # Six of eight open steps ready 300 s (over 3 x their node's 2 s): the night is gated.
+    # Its 20 chain answers came in over the last 36 s; 84 calls are left, all of one cost.
+    b = _gated_night(sqlite_engine, held=6, held_for_s=300.0, chain_done=10)
+    found = eta.reading(sqlite_engine, b, NOW)
+    assert found.eta_s == pytest.approx((2 * 3 + 6 * len(CHAIN)) * 36 / 20)
+
+
+@pytest.mark.parametrize(("held", "held_for_s", "chain_done"), [
+    (2, 300.0, 10),  # two held of four open steps: fewer than NEWEST_MIN
+    (6, 1.0, 10),  # six ready 1 s: not held
+    (6, 300.0, 4)])  # the chain's answers span 12 s: too little to give a rate
+def test_a_night_not_gated_keeps_the_work_of_its_shares(
+        sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch, held: int, held_for_s: float,
+        chain_done: int) -> None:
+    b = _gated_night(sqlite_engine, held=held, held_for_s=held_for_s, chain_done=chain_done)
+    found = eta.reading(sqlite_engine, b, NOW)
+    monkeypatch.setattr(eta, "HELD_SHARE", 2.0)  # no night is gated
+    assert found == eta.reading(sqlite_engine, b, NOW)
