@@ -4,7 +4,8 @@ A ticker fails on its own account when running it again would meet the same end:
 answer or decision (a schema unmet after its re-asks), its market data, a prompt too long for
 the server, a request the server refuses as malformed (HTTP 4xx). It fails to the
 infrastructure when the end came from around it: the server busy, erroring (5xx), gone,
-slow or cutting its answers, the database or its disk away. Those tickers are not verdicts:
+slow or cutting its answers, the database or its disk away, a prompt file of the install
+unreadable (a deploy under way). Those tickers are not verdicts:
 ``run --resume`` takes them up again (docs/reliability.md, "Failure classes").
 """
 
@@ -14,6 +15,7 @@ import errno
 import sqlite3
 
 import psycopg
+from jinja2 import TemplateNotFound
 from sqlalchemy.exc import DBAPIError
 
 from app.db.models import INFRASTRUCTURE, OWN, FailureClass
@@ -34,6 +36,11 @@ def failure_class(error: BaseException) -> FailureClass:
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
         return INFRASTRUCTURE
     if transient(error):
+        return INFRASTRUCTURE
+    # The prompts are the install's, not the ticker's: on a real H100 night four tickers
+    # failed at one instant on a template every other call read. A broken install meets it
+    # again on the resume, and says so.
+    if isinstance(error, TemplateNotFound):
         return INFRASTRUCTURE
     if isinstance(error, DBAPIError | psycopg.Error | sqlite3.Error) and any(
             word in first_line(error).lower() for word in _DISK_FULL_WORDS):

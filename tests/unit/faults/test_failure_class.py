@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jinja2 import TemplateNotFound
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -62,6 +63,7 @@ FLAKY, STEADY = TICKERS
     (OperationalError("INSERT", {}, sqlite3.OperationalError("database or disk is full")),
      INFRASTRUCTURE),
     (OSError(errno.ENOSPC, "No space left on device"), INFRASTRUCTURE),
+    (TemplateNotFound("_context.j2"), INFRASTRUCTURE),
     (LLMHTTPError("HTTP 400", http_status=400), OWN),
     (ContextLengthError("too long", http_status=400), OWN),
     (DecisionError("the decision failed its schema"), OWN),
