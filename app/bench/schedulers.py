@@ -505,7 +505,7 @@ def _lead(mine: dict[str, Any], other: dict[str, Any]) -> str:
     shown = p < LEAD_LEVEL
     call = (f"a lead {level}" if shown and lead > 0 else f"a deficit {level}" if shown
             else f"not shown {level}")
-    return said + f", Welch's t p {'< 0.001' if p < 0.001 else f'= {p:.2g}'}: {call}"
+    return said + f", Welch's t p {'< 0.001' if p < 0.001 else f'= {p:.3f}'}: {call}"
 
 
 def _judge_adaptive(result: BenchResult, variant: dict[str, Any],

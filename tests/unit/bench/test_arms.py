@@ -369,7 +369,7 @@ def test_verdicts_use_the_means_and_test_the_lead_on_the_runs() -> None:
     assert unshown.checks["adaptive >= ceiling (best fixed schedule: fixed-14)"]
     # Welch: t = 3 / sqrt(8/2 + 2/2) = 1.34 on 1.47 degrees of freedom.
     assert unshown.verdicts == ["adaptive vs fixed-14: +3.0% on the means (2 and 2 runs), "
-                                "Welch's t p = 0.35: not shown at the 5% level"]
+                                "Welch's t p = 0.350: not shown at the 5% level"]
     # 110/111 against 100/101: t = 10 / sqrt(0.5) = 14.1 on 2 degrees of freedom, and back.
     lead = _runs(("fixed-14", 100.0), ("adaptive", 110.0), ("fixed-14", 101.0),
                  ("adaptive", 111.0))
