@@ -49,7 +49,7 @@ from app.bench.machine import machine_facts as host_facts
 from app.config import Settings
 from app.errors import InputError, ServerError
 from app.morning.accounting import compare_arm
-from app.quality.statistics import mean_defined
+from app.quality.statistics import mean_defined, welch_p
 from app.recorder.record import Recorder
 from app.runs.replay import Workload, play, shape
 from app.traffic.client import TickerClient
@@ -61,6 +61,10 @@ log = structlog.get_logger(__name__)
 
 SERVER_BOUND = FLOOD
 BOUND_TARGET = 0.9  # the share of the graph bound an adaptive arm is held to
+# A verdict calls a lead (or deficit) when Welch's two-sided t-test on the arms' per-run
+# tok/s rejects equal means at this level: its false-lead rate (tests/unit/bench/test_lead.py).
+LEAD_LEVEL = 0.05
+LEAD_TEST = {"test": "welch-t", "sides": 2, "level": LEAD_LEVEL}
 # What must be the same in every file ``combine_results`` puts in one table.
 SAME_RUN = (("code commit", "commit"), ("host", "host"), ("server flags", "server_flags"))
 
@@ -83,9 +87,10 @@ class BenchResult:
     sweep: dict[str, Any] | None = None  # the fixed-N sweep's sizes and rule (app/bench/arms.py)
     mixed: dict[str, list[Any]] | None = None  # combined with --allow-mixed: what differed
     repeat: int = 1  # runs of every arm, interleaved (round 1 of each arm, then round 2...)
-    # Per strategy over its runs: mean output tok/s, spread (max - min), runs; verdicts use it.
+    # Per strategy over its runs: mean output tok/s, each run's, spread (max - min), runs.
     means: dict[str, dict[str, Any]] = field(default_factory=dict)
     verdicts: list[str] = field(default_factory=list)  # what the means can and cannot say
+    lead_test: dict[str, Any] | None = None  # how the verdicts test a lead (LEAD_TEST)
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(self.__dict__, default=_plain))
@@ -432,8 +437,8 @@ def _graph_bound(result: BenchResult) -> None:
 
 
 def strategy_means(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Return each strategy's runs merged: mean tok/s and TTFTs, spread (max - min of the
-    runs' tok/s; None with one run) and preemptions summed over its runs."""
+    """Return each strategy's runs merged: mean tok/s and TTFTs, each run's tok/s in order,
+    spread (max - min of them; None with one run) and preemptions summed over its runs."""
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for arm in arms:
         runs[arm["strategy"]].append(arm)
@@ -443,7 +448,7 @@ def strategy_means(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         preempted = [a.get("preemptions") for a in mine]
         means[strategy] = {
             "strategy": strategy, "runs": len(mine),
-            "output_tokens_per_s": sum(tok_s) / len(tok_s),
+            "output_tokens_per_s": sum(tok_s) / len(tok_s), "runs_tok_s": tok_s,
             "spread_tok_s": max(tok_s) - min(tok_s) if len(tok_s) > 1 else None,
             "min_tok_s": min(tok_s), "max_tok_s": max(tok_s),
             "makespan_s": mean_defined([a.get("makespan_s") for a in mine]),
@@ -459,6 +464,7 @@ def _judge(result: BenchResult) -> None:
     # Judged on each strategy's mean over its runs (one run: the run itself).
     result.means = strategy_means(result.arms)
     result.verdicts = []
+    result.lead_test = dict(LEAD_TEST)
     by = result.means
     fixed = [a for a in by.values() if respects_graph(a["strategy"])]
     best_fixed = max(fixed, key=lambda a: a["output_tokens_per_s"]) if fixed else None
@@ -485,18 +491,21 @@ def _judge(result: BenchResult) -> None:
 
 
 def _lead(mine: dict[str, Any], other: dict[str, Any]) -> str:
-    """Say how far ``mine``'s mean leads ``other``'s and whether the runs' spread covers it."""
+    """Say how far ``mine``'s mean leads ``other``'s and whether Welch's t-test on their
+    runs' tok/s shows it at ``LEAD_LEVEL`` (two-sided); unresolved without a variance."""
     lead = mine["output_tokens_per_s"] / other["output_tokens_per_s"] - 1
     said = (f"{mine['strategy']} vs {other['strategy']}: {lead:+.1%} on the means "
-            f"({mine['runs']} and {other['runs']} run(s))")
-    spreads = [a["spread_tok_s"] / a["output_tokens_per_s"] for a in (mine, other)
-               if a["spread_tok_s"] is not None]
-    if len(spreads) < 2:
-        return said + "; one run of an arm gives no spread: the lead is unresolved"
-    spread = max(spreads)
-    if abs(lead) <= spread:
-        return said + f", inside the runs' spread ({spread:.1%}): not a lead"
-    return said + f", beyond the runs' spread ({spread:.1%})"
+            f"({mine['runs']} and {other['runs']} runs)")
+    if min(mine["runs"], other["runs"]) < 2:
+        return said + ": unresolved (one run gives no variance)"
+    p = welch_p(mine["runs_tok_s"], other["runs_tok_s"])
+    if p is None:
+        return said + ": unresolved (every run of both arms gave the same tok/s: no variance)"
+    level = f"at the {LEAD_LEVEL:.0%} level"
+    shown = p < LEAD_LEVEL
+    call = (f"a lead {level}" if shown and lead > 0 else f"a deficit {level}" if shown
+            else f"not shown {level}")
+    return said + f", Welch's t p {'< 0.001' if p < 0.001 else f'= {p:.3f}'}: {call}"
 
 
 def _judge_adaptive(result: BenchResult, variant: dict[str, Any],

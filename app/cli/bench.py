@@ -46,7 +46,7 @@ def schedulers(
         = False,
     repeat: Annotated[int, typer.Option(
         min=1, help="Run every arm this many times, interleaved; verdicts use the means and "
-                    "say when a lead is inside the runs' spread.")] = 1,
+                    "test each adaptive arm's lead on the runs (Welch's t).")] = 1,
 ) -> None:
     """Drive one workload with several strategies against the running server; find the ceiling.
 

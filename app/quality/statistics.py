@@ -124,6 +124,18 @@ def ic_test(ic: float | None, n: int) -> tuple[float | None, float | None]:
     return t, float(2 * stats.t.sf(abs(t), n - 2))
 
 
+def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Return the two-sided p of Welch's t-test that ``a`` and ``b`` have the same mean.
+
+    Unequal variances allowed (scipy's ``ttest_ind(equal_var=False)``). None when either
+    side has fewer than 2 values, or when neither side varies: there is then no variance
+    to test the difference against.
+    """
+    if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
+        return None
+    return finite(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
 def newey_west_error(values: Sequence[float], lag: int) -> float | None:
     """Return the standard error of a series' mean, serial correlation up to ``lag`` allowed.
 

@@ -357,26 +357,32 @@ def _runs(*arms: tuple[str, float]) -> BenchResult:
     return result
 
 
-def test_verdicts_use_the_means_and_say_when_a_lead_is_inside_the_spread() -> None:
-    # adaptive 104 and 100 (mean 102, spread 4 = 3.9%); fixed-14 100 and 98 (mean 99): a
-    # 3.0% lead inside the spread. The ceiling is fixed-14's mean, not its best run.
-    inside = _runs(("fixed-14", 100.0), ("adaptive", 104.0), ("fixed-14", 98.0),
-                   ("adaptive", 100.0))
-    assert inside.ceiling_tok_s == pytest.approx(99.0) and inside.ceiling_arm == "fixed-14"
-    assert inside.means["adaptive"]["runs"] == 2
-    assert inside.means["adaptive"]["spread_tok_s"] == pytest.approx(4.0)
-    assert inside.checks["adaptive >= ceiling (best fixed schedule: fixed-14)"]
-    assert inside.verdicts == ["adaptive vs fixed-14: +3.0% on the means (2 and 2 run(s)), "
-                               "inside the runs' spread (3.9%): not a lead"]
-    # 110/111 against 100/101: a 10% lead, beyond a 1% spread.
-    beyond = _runs(("fixed-14", 100.0), ("adaptive", 110.0), ("fixed-14", 101.0),
-                   ("adaptive", 111.0))
-    assert beyond.verdicts[0].endswith("beyond the runs' spread (1.0%)")
+def test_verdicts_use_the_means_and_test_the_lead_on_the_runs() -> None:
+    # adaptive 104 and 100 (mean 102, spread 4); fixed-14 100 and 98 (mean 99): a 3.0% lead
+    # that two runs a side do not show. The ceiling is fixed-14's mean, not its best run.
+    unshown = _runs(("fixed-14", 100.0), ("adaptive", 104.0), ("fixed-14", 98.0),
+                    ("adaptive", 100.0))
+    assert unshown.ceiling_tok_s == pytest.approx(99.0) and unshown.ceiling_arm == "fixed-14"
+    assert unshown.means["adaptive"]["runs"] == 2
+    assert unshown.means["adaptive"]["runs_tok_s"] == [104.0, 100.0]
+    assert unshown.means["adaptive"]["spread_tok_s"] == pytest.approx(4.0)
+    assert unshown.checks["adaptive >= ceiling (best fixed schedule: fixed-14)"]
+    # Welch: t = 3 / sqrt(8/2 + 2/2) = 1.34 on 1.47 degrees of freedom.
+    assert unshown.verdicts == ["adaptive vs fixed-14: +3.0% on the means (2 and 2 runs), "
+                                "Welch's t p = 0.350: not shown at the 5% level"]
+    # 110/111 against 100/101: t = 10 / sqrt(0.5) = 14.1 on 2 degrees of freedom, and back.
+    lead = _runs(("fixed-14", 100.0), ("adaptive", 110.0), ("fixed-14", 101.0),
+                 ("adaptive", 111.0))
+    assert lead.verdicts[0].endswith("+10.0% on the means (2 and 2 runs), Welch's t "
+                                     "p = 0.005: a lead at the 5% level")
+    deficit = _runs(("fixed-14", 110.0), ("adaptive", 100.0), ("fixed-14", 111.0),
+                    ("adaptive", 101.0))
+    assert deficit.verdicts[0].endswith("p = 0.005: a deficit at the 5% level")
     # A fixed arm with the tail rule is a ceiling candidate like any fixed count.
     tailed = _runs(("fixed-14", 100.0), ("fixed-14:tail=on", 106.0), ("adaptive", 103.0))
     assert tailed.ceiling_arm == "fixed-14:tail=on"
     assert not tailed.checks["adaptive >= ceiling (best fixed schedule: fixed-14:tail=on)"]
-    assert "one run of an arm gives no spread" in tailed.verdicts[0]
+    assert tailed.verdicts[0].endswith(": unresolved (one run gives no variance)")
 
 
 async def test_repeat_runs_every_arm_k_times_interleaved(sqlite_engine: Engine) -> None:
