@@ -16,9 +16,14 @@ CONTEXT_TEMPLATE = "_context.j2"
 
 @lru_cache(maxsize=1)
 def environment() -> Environment:
-    """Return the one Jinja environment: a missing variable raises, no HTML escaping."""
+    """Return the one Jinja environment: a missing variable raises, no HTML escaping, and a
+    prompt file once read is kept for the process's life (a night renders the prompts it
+    started with, whatever happens to the files meanwhile)."""
     return Environment(
         loader=FileSystemLoader(PROMPTS),
+        # Not re-read when the file changes: a deploy under way or the disk's moment away
+        # would otherwise fail the tickers rendering it then (seen on a real night).
+        auto_reload=False,
         undefined=StrictUndefined,
         autoescape=False,  # prompts are plain text, never HTML
         trim_blocks=True,

@@ -91,3 +91,13 @@ def test_rendering_is_deterministic() -> None:
     again = build_messages("portfolio_manager", context(), **VARIABLES["portfolio_manager"])
     assert first == again
     assert '"Buy", "Overweight", "Hold", "Underweight", "Sell"' in first[1]["content"]
+
+
+def test_a_prompt_once_read_renders_while_its_file_is_away(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a real night four tickers failed at one instant on a template every other call read:
+    # its file was away for a moment. Once read, a prompt no longer depends on its file.
+    first = system_message()
+    monkeypatch.setattr("jinja2.loaders.os.path.isfile", lambda _: False)
+    monkeypatch.setattr("jinja2.loaders.os.path.getmtime", lambda _: 0.0)
+    assert system_message() == first
