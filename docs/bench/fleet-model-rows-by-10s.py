@@ -3,9 +3,10 @@ kept bench night: calls running, ready but not admitted, their stages, and the c
 
 The model is docs/bench/fleet-tail-cache-model.py's ``night`` (its best schedule: every
 ticker started at 0, longest remaining chain first, the budget as it is), so a bench night's
-rows can be set beside the schedule it is measured against (docs/lab/2026-12-05-fleet-rows-
-against-the-model.md). ``PYTHONPATH=. python docs/bench/fleet-model-rows-by-10s.py [TICKERS]
-[doubling]`` (from the repository's root; ``doubling``: the request limit's start).
+rows can be set beside the schedule it is measured against
+(docs/lab/2026-12-05-fleet-start-at-once.md). ``PYTHONPATH=. python
+docs/bench/fleet-model-rows-by-10s.py [TICKERS] [doubling]`` (from the repository's root;
+``doubling``: the request limit's start).
 """
 
 import importlib.util
