@@ -33,8 +33,10 @@ def sizes(items):
             for it in items]
 
 
-def night(tickers, fill=0.95, claims=True, order="chain", starts=None, turn=0.0):
-    """Return (seconds, steps) of one endpoint's night."""
+def night(tickers, fill=0.95, claims=True, order="chain", starts=None, turn=0.0, trace=None):
+    """Return (seconds, steps) of one endpoint's night; ``trace`` (a list) gets, every step,
+    (seconds, running, ready but not admitted, reserved, KV held, running stages, ready stages)
+    with a stage as the rows scripts count it (0: an analyst, 1..13 the chain's calls)."""
     workload = synthetic_workload(load_settings(llm_model="m"), tickers, 0.2, 0.2)
     calls = [sizes(workload[f"SYN{t:03d}"]) for t in range(tickers)]
     starts = starts or [0.0] * tickers
@@ -54,6 +56,12 @@ def night(tickers, fill=0.95, claims=True, order="chain", starts=None, turn=0.0)
         if not running:
             now = min(q[0] for q in queue)
             continue
+        if trace is not None:
+            waiting = [q for q in queue if q[0] <= now]
+            held = sum(calls[c[0]][c[1]][1] - OUT + c[2] for c in running)  # prompts + made
+            trace.append((now, len(running), len(waiting), reserved, held,
+                          [max(0, c[1] - 3) for c in running],
+                          [max(0, q[2] - 3) for q in waiting]))
         now += A + B * len(running)
         steps += 1
         for call in running:
