@@ -81,4 +81,5 @@ def test_one_run_or_no_variance_leaves_the_lead_unresolved() -> None:
     assert flat.verdicts == ["adaptive vs fixed-all: +10.0% on the means (2 and 2 runs): "
                              "unresolved (every run of both arms gave the same tok/s: "
                              "no variance)"]
-    assert flat.lead_test == {"test": "welch-t", "sides": 2, "level": LEAD_LEVEL}
+    assert flat.lead_test == {"test": "welch-t", "df": "min(n)-1", "sides": 2,
+                              "level": LEAD_LEVEL}
