@@ -61,10 +61,11 @@ log = structlog.get_logger(__name__)
 
 SERVER_BOUND = FLOOD
 BOUND_TARGET = 0.9  # the share of the graph bound an adaptive arm is held to
-# A verdict calls a lead (or deficit) when Welch's two-sided t-test on the arms' per-run
-# tok/s rejects equal means at this level: its false-lead rate (tests/unit/bench/test_lead.py).
+# A verdict calls a lead (or deficit) when Welch's two-sided t on the arms' per-run tok/s,
+# on min(n) - 1 degrees of freedom, rejects equal means at this level: its false-lead rate
+# (tests/unit/bench/test_lead.py).
 LEAD_LEVEL = 0.05
-LEAD_TEST = {"test": "welch-t", "sides": 2, "level": LEAD_LEVEL}
+LEAD_TEST = {"test": "welch-t", "df": "min(n)-1", "sides": 2, "level": LEAD_LEVEL}
 # What must be the same in every file ``combine_results`` puts in one table.
 SAME_RUN = (("code commit", "commit"), ("host", "host"), ("server flags", "server_flags"))
 
@@ -491,8 +492,9 @@ def _judge(result: BenchResult) -> None:
 
 
 def _lead(mine: dict[str, Any], other: dict[str, Any]) -> str:
-    """Say how far ``mine``'s mean leads ``other``'s and whether Welch's t-test on their
-    runs' tok/s shows it at ``LEAD_LEVEL`` (two-sided); unresolved without a variance."""
+    """Say how far ``mine``'s mean leads ``other``'s and whether Welch's t on their runs'
+    tok/s, min(n) - 1 df (``welch_p``), shows it at ``LEAD_LEVEL`` (two-sided); unresolved
+    without a variance."""
     lead = mine["output_tokens_per_s"] / other["output_tokens_per_s"] - 1
     said = (f"{mine['strategy']} vs {other['strategy']}: {lead:+.1%} on the means "
             f"({mine['runs']} and {other['runs']} runs)")
@@ -505,7 +507,9 @@ def _lead(mine: dict[str, Any], other: dict[str, Any]) -> str:
     shown = p < LEAD_LEVEL
     call = (f"a lead {level}" if shown and lead > 0 else f"a deficit {level}" if shown
             else f"not shown {level}")
-    return said + f", Welch's t p {'< 0.001' if p < 0.001 else f'= {p:.3f}'}: {call}"
+    df = min(mine["runs"], other["runs"]) - 1
+    return said + (f", Welch's t, df = min(n)-1 = {df}, "
+                   f"p {'< 0.001' if p < 0.001 else f'= {p:.3f}'}: {call}")
 
 
 def _judge_adaptive(result: BenchResult, variant: dict[str, Any],

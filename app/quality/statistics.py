@@ -125,15 +125,20 @@ def ic_test(ic: float | None, n: int) -> tuple[float | None, float | None]:
 
 
 def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Return the two-sided p of Welch's t-test that ``a`` and ``b`` have the same mean.
+    """Return the two-sided p that ``a`` and ``b`` have the same mean: Welch's t statistic
+    against Student's t on min(len(a), len(b)) − 1 degrees of freedom.
 
-    Unequal variances allowed (scipy's ``ttest_ind(equal_var=False)``). None when either
-    side has fewer than 2 values, or when neither side varies: there is then no variance
-    to test the difference against.
+    Unequal variances allowed. The conservative df (not Welch–Satterthwaite's) keeps the
+    test's size at most its level under normal noise whatever the variance ratio. None when
+    either side has fewer than 2 values, or when neither side varies: there is then no
+    variance to test the difference against.
     """
     if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
         return None
-    return finite(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    t = finite(stats.ttest_ind(a, b, equal_var=False).statistic)
+    if t is None:
+        return None
+    return float(2 * stats.t.sf(abs(t), min(len(a), len(b)) - 1))
 
 
 def newey_west_error(values: Sequence[float], lag: int) -> float | None:

@@ -367,17 +367,18 @@ def test_verdicts_use_the_means_and_test_the_lead_on_the_runs() -> None:
     assert unshown.means["adaptive"]["runs_tok_s"] == [104.0, 100.0]
     assert unshown.means["adaptive"]["spread_tok_s"] == pytest.approx(4.0)
     assert unshown.checks["adaptive >= ceiling (best fixed schedule: fixed-14)"]
-    # Welch: t = 3 / sqrt(8/2 + 2/2) = 1.34 on 1.47 degrees of freedom.
+    # Welch's t = 3 / sqrt(8/2 + 2/2) = 1.34, on min(n) - 1 = 1 degree of freedom.
     assert unshown.verdicts == ["adaptive vs fixed-14: +3.0% on the means (2 and 2 runs), "
-                                "Welch's t p = 0.350: not shown at the 5% level"]
-    # 110/111 against 100/101: t = 10 / sqrt(0.5) = 14.1 on 2 degrees of freedom, and back.
+                                "Welch's t, df = min(n)-1 = 1, p = 0.408: not shown at the "
+                                "5% level"]
+    # 110/111 against 100/101: t = 10 / sqrt(0.5) = 14.1 on 1 degree of freedom, and back.
     lead = _runs(("fixed-14", 100.0), ("adaptive", 110.0), ("fixed-14", 101.0),
                  ("adaptive", 111.0))
-    assert lead.verdicts[0].endswith("+10.0% on the means (2 and 2 runs), Welch's t "
-                                     "p = 0.005: a lead at the 5% level")
+    assert lead.verdicts[0].endswith("+10.0% on the means (2 and 2 runs), Welch's t, "
+                                     "df = min(n)-1 = 1, p = 0.045: a lead at the 5% level")
     deficit = _runs(("fixed-14", 110.0), ("adaptive", 100.0), ("fixed-14", 111.0),
                     ("adaptive", 101.0))
-    assert deficit.verdicts[0].endswith("p = 0.005: a deficit at the 5% level")
+    assert deficit.verdicts[0].endswith("p = 0.045: a deficit at the 5% level")
     # A fixed arm with the tail rule is a ceiling candidate like any fixed count.
     tailed = _runs(("fixed-14", 100.0), ("fixed-14:tail=on", 106.0), ("adaptive", 103.0))
     assert tailed.ceiling_arm == "fixed-14:tail=on"
