@@ -22,7 +22,7 @@ def environment() -> Environment:
     return Environment(
         loader=FileSystemLoader(PROMPTS),
         # Not re-read when the file changes: a deploy under way or the disk's moment away
-        # would otherwise fail the tickers rendering it then (seen on a real night).
+        # would otherwise fail the tickers rendering it then.
         auto_reload=False,
         undefined=StrictUndefined,
         autoescape=False,  # prompts are plain text, never HTML

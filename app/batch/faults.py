@@ -37,9 +37,8 @@ def failure_class(error: BaseException) -> FailureClass:
         return INFRASTRUCTURE
     if transient(error):
         return INFRASTRUCTURE
-    # The prompts are the install's, not the ticker's: on a real H100 night four tickers
-    # failed at one instant on a template every other call read. A broken install meets it
-    # again on the resume, and says so.
+    # The prompts are the install's, not the ticker's: a file away for a moment (a deploy,
+    # the disk) passes; a broken install meets it again on the resume, and says so.
     if isinstance(error, TemplateNotFound):
         return INFRASTRUCTURE
     if isinstance(error, DBAPIError | psycopg.Error | sqlite3.Error) and any(

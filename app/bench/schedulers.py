@@ -500,14 +500,14 @@ def _lead(mine: dict[str, Any], other: dict[str, Any]) -> str:
             f"({mine['runs']} and {other['runs']} runs)")
     if min(mine["runs"], other["runs"]) < 2:
         return said + ": unresolved (one run gives no variance)"
-    p = welch_p(mine["runs_tok_s"], other["runs_tok_s"])
-    if p is None:
+    tested = welch_p(mine["runs_tok_s"], other["runs_tok_s"])
+    if tested is None:
         return said + ": unresolved (every run of both arms gave the same tok/s: no variance)"
+    p, df = tested
     level = f"at the {LEAD_LEVEL:.0%} level"
     shown = p < LEAD_LEVEL
     call = (f"a lead {level}" if shown and lead > 0 else f"a deficit {level}" if shown
             else f"not shown {level}")
-    df = min(mine["runs"], other["runs"]) - 1
     return said + (f", Welch's t, df = min(n)-1 = {df}, "
                    f"p {'< 0.001' if p < 0.001 else f'= {p:.3f}'}: {call}")
 

@@ -445,7 +445,7 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     if work is not None and (gated := _gated_work(
             steps, calls, chain, weights, took, now)) is not None and gated > work[1]:
         scale = gated / work[1] if work[1] > 0 else 1.0
-        work = (max(work[0] * scale, 0.0), gated, max(work[2] * scale, gated))
+        work = (work[0] * scale, gated, max(work[2] * scale, gated))
     low_s, chain_s, high_s = slowest or (None, None, None)
     low_w, work_s, high_w = work or (None, None, None)
     rates = [tokens_left / w if w else None for w in (work_s, high_w, low_w)]

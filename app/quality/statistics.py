@@ -124,9 +124,9 @@ def ic_test(ic: float | None, n: int) -> tuple[float | None, float | None]:
     return t, float(2 * stats.t.sf(abs(t), n - 2))
 
 
-def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Return the two-sided p that ``a`` and ``b`` have the same mean: Welch's t statistic
-    against Student's t on min(len(a), len(b)) − 1 degrees of freedom.
+def welch_p(a: Sequence[float], b: Sequence[float]) -> tuple[float, int] | None:
+    """Return (the two-sided p that ``a`` and ``b`` have the same mean, its degrees of
+    freedom): Welch's t statistic against Student's t on min(len(a), len(b)) − 1 df.
 
     Unequal variances allowed. The conservative df (not Welch–Satterthwaite's) keeps the
     test's size at most its level under normal noise whatever the variance ratio. None when
@@ -138,7 +138,8 @@ def welch_p(a: Sequence[float], b: Sequence[float]) -> float | None:
     t = finite(stats.ttest_ind(a, b, equal_var=False).statistic)
     if t is None:
         return None
-    return float(2 * stats.t.sf(abs(t), min(len(a), len(b)) - 1))
+    df = min(len(a), len(b)) - 1
+    return float(2 * stats.t.sf(abs(t), df)), df
 
 
 def newey_west_error(values: Sequence[float], lag: int) -> float | None:

@@ -95,8 +95,8 @@ def test_rendering_is_deterministic() -> None:
 
 def test_a_prompt_once_read_renders_while_its_file_is_away(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # On a real night four tickers failed at one instant on a template every other call read:
-    # its file was away for a moment. Once read, a prompt no longer depends on its file.
+    # Once read, a prompt no longer depends on its file: a file away for a moment (every
+    # check of it failing) changes nothing.
     first = system_message()
     monkeypatch.setattr("jinja2.loaders.os.path.isfile", lambda _: False)
     monkeypatch.setattr("jinja2.loaders.os.path.getmtime", lambda _: 0.0)
