@@ -10,7 +10,7 @@ from rich.markup import escape
 from typer._click.exceptions import BadParameter, ClickException
 
 from app.cli import batch, bench, data, db, notify, plan, quality, report, scheduler, server, web
-from app.errors import ERRORS
+from app.errors import ERRORS, validation_said
 from app.logs import console
 from serving.urls import redact
 
@@ -61,13 +61,6 @@ def main() -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-# pydantic's words for a value that is not a whole number, or out of its range.
-_WORDED = {"int_parsing": "expected a whole number", "int_type": "expected a whole number",
-           "float_parsing": "expected a number", "greater_than_equal": "must be at least {ge}",
-           "less_than_equal": "must be at most {le}", "greater_than": "must be above {gt}",
-           "less_than": "must be below {lt}"}
-
-
 def _usage_message(usage: ClickException) -> str:
     """Return a usage error's line. An option's value typer checked through pydantic is said
     in nightdesk's words with the value given, never pydantic's ("Value error, ", "Input
@@ -76,14 +69,7 @@ def _usage_message(usage: ClickException) -> str:
     if not (isinstance(usage, BadParameter) and isinstance(cause, ValidationError)):
         return usage.format_message()
     first = cause.errors()[0]
-    context = first.get("ctx", {})
-    raised = context.get("error")
-    if isinstance(raised, Exception):  # a validator's own words
-        said = str(raised)
-    elif first["type"] in _WORDED:
-        said = _WORDED[first["type"]].format(**context)
-    else:
-        said = first["msg"]
+    said = validation_said(first)
     given = first.get("input")
     got = f" (got {given!r})" if isinstance(given, str | int | float) and \
         repr(given) not in said else ""
