@@ -325,16 +325,19 @@ def show_changes(
         echo_json(found)
         return
     if fmt == "csv":
+        # Flat: each row carries the night's DEMO mark, which JSON gives once.
         columns = ("ticker", "change", "previous_rating", "previous_score", "previous_rank",
                    "rating", "score", "rank", "score_move", "why")
-        echo_csv(({c: getattr(t, c) for c in columns} for t in found.changes), columns)
+        echo_csv(({**{c: getattr(t, c) for c in columns}, "demo": found.demo}
+                  for t in found.changes), (*columns, "demo"))
         return
+    demo = "DEMO DATA — " if found.demo else ""
     if found.against_id is None:
-        out.print(f"batch {found.batch_id} (as of {found.as_of}): no earlier finished night "
-                  "of the same universe to compare with")
+        out.print(f"{demo}batch {found.batch_id} (as of {found.as_of}): no earlier finished "
+                  "night of the same universe to compare with")
         return
-    table = Table(title=f"changes: batch {found.batch_id} (as of {found.as_of}) against "
-                        f"batch {found.against_id} (as of {found.against_as_of})")
+    table = Table(title=f"{demo}changes: batch {found.batch_id} (as of {found.as_of}) "
+                        f"against batch {found.against_id} (as of {found.against_as_of})")
     for col in ("ticker", "change", "was", "now", "move", "why"):
         table.add_column(col, overflow="fold")
     for t in found.changes:
