@@ -212,21 +212,24 @@ def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
              destinations=delivery.total)
 
 
-def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str) -> Message:
-    """Build the digest of a night refused at its start: no batch row exists, so it holds
-    only why (one line) and what to do; a failure, as a failed night's digest is."""
+def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str,
+                   outcome: str = "no batch run") -> Message:
+    """Build the digest of a night refused at its start: it holds only why (one line) and
+    what to do; a failure, as a failed night's digest is. ``outcome``: what did not happen
+    (no batch row exists, or a recorded batch was not continued)."""
     night = f"night of {as_of}" if as_of is not None else "the night"
     base = settings.web.base_url
-    return Message(f"nightdesk: {night} REFUSED at its start, no batch run",
+    return Message(f"nightdesk: {night} REFUSED at its start, {outcome}",
                    "\n".join([f"Why: {why}", f"What to do: {advice}", f"Page: {base}/"]),
                    "failure")
 
 
-def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str) -> None:
+def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str,
+                 outcome: str = "no batch run") -> None:
     """Send ``refusal_digest`` to ``NIGHTDESK_NOTIFY`` (nothing when unset); never raise."""
     if not settings.notify.urls:
         return
-    delivery = send(settings.notify.urls, refusal_digest(settings, as_of, why, advice),
+    delivery = send(settings.notify.urls, refusal_digest(settings, as_of, why, advice, outcome),
                     settings.notify.timeout_s)
     log.info("refusal digest sent", as_of=None if as_of is None else str(as_of),
              delivered=delivery.sent, destinations=delivery.total)

@@ -215,3 +215,35 @@ def test_the_advice_starts_the_same_night_again(
     assert result.code == 0, result.stderr
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(Batch.as_of)).scalars().all() == [DEMO_AS_OF]
+
+
+@pytest.mark.parametrize("name", ["server-down", "wrong-model"])
+@pytest.mark.parametrize("ending", ["interrupted", "killed"])
+def test_a_resume_refused_at_its_start_pushes_a_digest(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
+        name: str, ending: str) -> None:
+    # `nightdesk run --resume N`, the command every digest of a night cut short advises, is
+    # a start too: refused, it is no more silent than a new night, and names itself again.
+    from tests.unit.support.night_rows import Rated, add_night, at
+
+    env, says = cause(name, tmp_path, monkeypatch)
+    a, b = demo_tickers(2)
+    created = at(DEMO_AS_OF + timedelta(days=1), 0, 10)
+    night = add_night(sqlite_engine, DEMO_AS_OF, created,
+                      {a: Rated("Buy", 0.7), b: Rated(status="interrupted")},
+                      status="running" if ending == "killed" else "interrupted")
+    result = run_cli("run", "--resume", str(night),
+                     env={**env, "NIGHTDESK_NOTIFY": hook.url(),
+                          "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false",
+                          "NIGHTDESK_DATA_DIR": str(tmp_path / "data")})
+    assert result.code == 2, result.stderr
+    [error] = [line for line in result.error_lines if line.startswith("error: ")]
+    assert says in error and "Traceback" not in result.stderr, result.stderr
+    [post] = hook.posts
+    assert post["type"] == "failure"
+    assert post["title"] == (f"nightdesk: night of {DEMO_AS_OF} REFUSED at its start, "
+                             f"batch #{night} not continued")
+    lines = post["message"].splitlines()
+    assert lines[0].startswith("Why: ") and says in lines[0], lines
+    assert lines[1] == f"What to do: fix that, then continue it: nightdesk run --resume {night}"
+    assert batches(sqlite_engine) == 1  # nothing new was written
