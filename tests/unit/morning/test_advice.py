@@ -184,3 +184,27 @@ def test_report_and_the_batch_page_tell_not_finished_from_failed(
     assert "`" not in meta
     assert [code.get_text() for code in page.select("#advice code")] == [
         f"nightdesk run --resume {night}"]
+
+
+def test_a_morning_with_no_night_since_the_due_time_is_advised_to_start_it(
+        monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, client: TestClient,
+        demo_dir: Path) -> None:
+    # The night before succeeded; tonight's never came (the timer or daemon did not fire):
+    # stale, with nothing of the latest batch's to redo. The morning still says what to do,
+    # and that command starts the night on the newest snapshot.
+    a, b, c = demo_tickers(3)
+    night_before(sqlite_engine, a, b)
+    with time_machine.travel(VIEWED, tick=False):
+        status = json.loads(run_cli("ranking", "--format", "json",
+                                    env={"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}).stdout)
+    assert status["night"]["status"] == "stale"
+    advised = advice_given(sqlite_engine, client, status["batch"]["id"])
+    assert advised == {"nightdesk run --continue-night"}
+    fake_llm(monkeypatch, None, [a, b, c])
+    result = run_cli("run", "--continue-night", "--no-preflight",
+                     env={"NIGHTDESK_DATA_DIR": str(demo_dir),
+                          "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    assert result.code == 0, result.stderr
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.as_of).where(Batch.kind == "nightly")
+                            .order_by(Batch.id.desc())).scalars().first() == DEMO_AS_OF
