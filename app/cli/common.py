@@ -52,8 +52,9 @@ def database(settings: Settings) -> Engine:
 
 
 def batch_database(settings: Settings) -> Engine:
-    """Return the engine for a command that runs batches: its checkpoint store opens too."""
-    engine = database(settings)
+    """Return the engine for a command that runs batches: its checkpoint store opens too.
+    (A first night creates its database: no note, as there is no night to miss yet.)"""
+    engine = ready_engine(settings.store.database_url)
     check_checkpoints(settings.store.database_url)
     return engine
 
