@@ -49,12 +49,21 @@ from app.runs.nightly import (
 )
 from app.runs.preflight import ServerCheck
 from app.runs.resumable import ResumePoint
+from app.traffic.strategy import Strategy as TrafficStrategy
 from serving.facts import batch_server_facts
 
 out = console()
 err = console(stderr=True)
 
-Strategy = Annotated[str, typer.Option("--strategy",
+
+def _checked_strategy(text: str) -> str:
+    """Return ``text`` once it names a strategy (InputError otherwise): read with the other
+    arguments, so a typo is named before the lock, the server or the data are asked."""
+    TrafficStrategy.parse(text)
+    return text
+
+
+Strategy = Annotated[str, typer.Option("--strategy", parser=_checked_strategy,
                                        help="adaptive (default; adaptive:tail=off,kv_high=0.95 "
                                             "sets knobs), sequential or fixed-N")]
 Samples = Annotated[int, typer.Option("--samples", min=1, max=32,

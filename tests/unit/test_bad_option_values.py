@@ -70,3 +70,16 @@ def test_a_refused_option_value_is_one_line_in_nightdesks_words(argv: list[str])
     for wording in ("Value error", "Input should be", "Assertion failed", "unable to parse"):
         assert wording not in line, line
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("strategy", ["bogus", "fixed-0", "adaptive:nonsense=1"])
+@pytest.mark.parametrize("command", [["run"], ["run", "--continue-night"],
+                                     ["replay", "--batch", "1"]])
+def test_a_mistyped_strategy_is_named_before_the_server_or_the_data_are_asked(
+        command: list[str], strategy: str) -> None:
+    # No snapshot, no batch, no server: each would be a refusal of its own, said first.
+    result = run_cli(*command, "--strategy", strategy,
+                     env={"NIGHTDESK_LLM_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert result.code == 2, result.stderr
+    [line] = result.error_lines
+    assert line.startswith("error: ") and f"strategy {strategy!r}" in line, line
