@@ -168,8 +168,14 @@ def _rerun_lines(engine: Engine, rerun: BatchSummary, night_id: int | None
     _, own = ranking(engine, rerun.id)
     lines = [f"Rerun: {row.ticker} {row.rating} {row.score:+.2f}" if row.rank is not None
              else f"Rerun: {row.ticker} {row.status}" for row in own]
-    lines.append(f"Applied to the ranking of nightly batch #{night_id}" if night_id is not None
-                 else f"No finished night of {rerun.as_of} to apply it to")
+    rated = [row.ticker for row in own if row.rank is not None]
+    if night_id is None:
+        lines.append(f"No finished night of {rerun.as_of} to apply it to")
+    elif rated:
+        lines.append(f"Applied to the ranking of nightly batch #{night_id}")
+    else:  # the ranking applies only a rerun's ratings: the night's own result stands
+        lines.append(f"Not applied: the ranking of nightly batch #{night_id} keeps "
+                     f"{', '.join(row.ticker for row in own)}'s earlier result")
     return lines, [row.ticker for row in own]
 
 
