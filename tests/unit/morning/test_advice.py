@@ -208,3 +208,32 @@ def test_a_morning_with_no_night_since_the_due_time_is_advised_to_start_it(
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(Batch.as_of).where(Batch.kind == "nightly")
                             .order_by(Batch.id.desc())).scalars().first() == DEMO_AS_OF
+
+
+@pytest.mark.parametrize(("left", "does"), [
+    ("failed", "runs again its 1 ticker the server or database failed"),
+    ("interrupted", "continues its 1 ticker not finished and runs again the 1 ticker the "
+                    "server or database failed"),
+])
+def test_a_resume_says_how_many_it_continues_and_how_many_it_runs_again(
+        sqlite_engine: Engine, client: TestClient, left: str, does: str) -> None:
+    # A ticker the server failed did finish (failed): a resume runs it again. Calling it
+    # "not finished" beside "2 failed" in the same report contradicted the status line.
+    from sqlalchemy import update
+
+    from app.db.models import INFRASTRUCTURE, TickerRun
+
+    a, b, c = demo_tickers(3)
+    night = add_night(sqlite_engine, DEMO_AS_OF, CREATED, {
+        a: Rated("Buy", 0.7), b: Rated(error="HTTP 500: boom"),
+        c: Rated(error=FAILURE) if left == "failed" else Rated(status="interrupted")},
+        status=None if left == "failed" else "interrupted")
+    with sqlite_engine.begin() as conn:
+        conn.execute(update(TickerRun).where(TickerRun.batch_id == night,
+                                             TickerRun.ticker == b)
+                     .values(failure_class=INFRASTRUCTURE))
+    report = run_cli("report", str(night), env={"COLUMNS": "250"}).stdout.splitlines()
+    assert f"  next: nightdesk run --resume {night} ({does})" in report, report[:4]
+    with time_machine.travel(VIEWED, tick=False):
+        body = build_digest(sqlite_engine, load_settings(), night).message.body
+    assert f"Next: nightdesk run --resume {night} ({does})" in body.splitlines()
