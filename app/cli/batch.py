@@ -63,9 +63,13 @@ def _checked_strategy(text: str) -> str:
     return text
 
 
+STRATEGY_HELP = ("adaptive (default; adaptive:tail=off,kv_high=0.95 sets knobs), sequential "
+                 "or fixed-N")
 Strategy = Annotated[str, typer.Option("--strategy", parser=_checked_strategy,
-                                       help="adaptive (default; adaptive:tail=off,kv_high=0.95 "
-                                            "sets knobs), sequential or fixed-N")]
+                                       help=STRATEGY_HELP)]
+# run's: None when not given, so that --resume (which keeps the batch's own) can refuse it.
+RunStrategy = Annotated[str | None, typer.Option("--strategy", parser=_checked_strategy,
+                                                 help=STRATEGY_HELP, show_default=False)]
 Samples = Annotated[int, typer.Option("--samples", min=1, max=32,
                                       help="independent samples per ticker")]
 AsOf = Annotated[str | None, typer.Option("--as-of",
@@ -138,7 +142,7 @@ def run(
     samples: Annotated[int | None, typer.Option(
         "--samples", min=1, max=32,
         help="independent samples per ticker (default: NIGHTDESK_SAMPLES)")] = None,
-    strategy: Strategy = "adaptive",
+    strategy: RunStrategy = None,
     resume: Annotated[bool, typer.Option(
         "--resume", help="continue an interrupted or crashed batch where it stopped, and run "
                          "again its tickers the server or database failed")] = False,
@@ -169,11 +173,11 @@ def run(
     if resume:
         given = [name for name, value in (("--tickers", tickers), ("--universe", universe),
                                           ("--as-of", as_of), ("--limit", limit),
-                                          ("--samples", samples))
+                                          ("--samples", samples), ("--strategy", strategy))
                  if value is not None]
         if given:
             raise InputError(f"--resume continues a recorded batch with its own tickers, "
-                             f"date and samples: drop {', '.join(given)}")
+                             f"date, samples and strategy: drop {', '.join(given)}")
         night = resume_recorded(settings, _ready_database(settings), batch_id,
                                 server=server, announce=_announce, retry_failed=retry_failed)
     else:
@@ -187,7 +191,7 @@ def run(
             tickers, universe = ",".join(symbols), None
         request = NightlyRequest(as_of=parse_as_of(as_of) if as_of is not None else None,
                                  tickers=tickers, universe=universe, limit=limit,
-                                 samples=samples, strategy=strategy)
+                                 samples=samples, strategy=strategy or "adaptive")
         try:
             engine = _ready_database(settings)
         except ERRORS as error:  # a night refused by its database: not silent either

@@ -83,3 +83,14 @@ def test_a_mistyped_strategy_is_named_before_the_server_or_the_data_are_asked(
     assert result.code == 2, result.stderr
     [line] = result.error_lines
     assert line.startswith("error: ") and f"strategy {strategy!r}" in line, line
+
+
+@pytest.mark.parametrize("given", [["--strategy", "fixed-3"], ["--strategy", "adaptive"],
+                                   ["--samples", "2"]])
+def test_resume_refuses_what_it_would_ignore(given: list[str]) -> None:
+    # A resume keeps the batch's own shape; an option it would drop silently is refused.
+    result = run_cli("run", "--resume", "1", *given)
+    assert result.code == 2, result.stderr
+    [line] = result.error_lines
+    assert line == ("error: --resume continues a recorded batch with its own tickers, date, "
+                    f"samples and strategy: drop {given[0]}"), line
