@@ -258,8 +258,10 @@ def show_ranking(
         chosen_summary = summarize(chosen, settings.batch.heartbeat_stale_s)
         echo_json(RankingJSON(night=night, batch=chosen_summary, rows=data))
     elif fmt == "csv":
-        # Flat: each row carries the batch's DEMO mark, which JSON gives once under "batch".
-        flat = [{**r.model_dump(mode="json"), "demo": demo} for r in data]
+        # Flat: each row carries the batch's DEMO mark and the latest night's status and
+        # freshness, which JSON gives once under "batch" and "night".
+        flat = [{**r.model_dump(mode="json"), "demo": demo, "night_status": night.status,
+                 "fresh": night.fresh} for r in data]
         echo_csv(flat, flat[0] if flat else ["rank"])
     else:
         out.print(_ranking_table(f"{'DEMO DATA — ' if demo else ''}ranking of batch "
