@@ -7,6 +7,8 @@ or input, 3 partial, 4 already running, 5 interrupted by a server outage, 130 st
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Annotated
@@ -191,7 +193,8 @@ def run(
             tickers, universe = ",".join(symbols), None
         request = NightlyRequest(as_of=parse_as_of(as_of) if as_of is not None else None,
                                  tickers=tickers, universe=universe, limit=limit,
-                                 samples=samples, strategy=strategy or "adaptive")
+                                 samples=samples, strategy=strategy or "adaptive",
+                                 command=shlex.join(["nightdesk", *sys.argv[1:]]))
         try:
             engine = _ready_database(settings)
         except ERRORS as error:  # a night refused by its database: not silent either

@@ -58,6 +58,7 @@ class NightlyRequest:
     limit: int | None = None
     samples: int | None = None
     strategy: str = "adaptive"
+    command: str | None = None  # the command line that asked for it (the CLI's), if any
 
 
 @dataclass
@@ -235,7 +236,8 @@ def tell_refused(settings: Settings, request: NightlyRequest, error: Exception,
         return
     if (request.tickers, request.universe, request.limit, request.samples,
             request.strategy) != (None, None, None, None, NightlyRequest.strategy):
-        again = "the same `nightdesk run` command as before"  # its own tickers or shape
+        # Its own tickers or shape: the command as it was given, else said in words.
+        again = request.command or "the same `nightdesk run` command as before"
     else:
         again = START_AGAIN + (f" --as-of {request.as_of}" if request.as_of else "")
     send_refusal(settings, as_of or request.as_of, first_line(error, 400),
