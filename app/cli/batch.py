@@ -338,7 +338,11 @@ def show_changes(
 ) -> None:
     """List every rating change since the night before, largest score move first, with the
     nodes whose views moved most."""
-    found = compare_nights(database(setup()), batch, against)
+    engine = database(setup())
+    if batch is not None and (kind := ranking(engine, batch)[0].kind) != "nightly":
+        raise InputError(f"--batch {batch} is a {kind} batch, not a night: name a nightly "
+                         "batch (a rerun's rating is in its night's ranking)")
+    found = compare_nights(engine, batch, against)
     if fmt == "json":
         echo_json(found)
         return

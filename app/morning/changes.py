@@ -202,6 +202,9 @@ def _check_comparable(batch: Any, rows: list[RankRow], against: Any,
     """Refuse two batches of different universes: no ticker in common, or DEMO beside real."""
     if batch.id == against.id:
         raise InputError(f"--against {against.id} is the batch itself: name an earlier night")
+    if against.kind != "nightly":
+        raise InputError(f"--against {against.id} is a {against.kind} batch, not a night: "
+                         "name a nightly batch (a rerun's rating is in its night's ranking)")
     if not {r.ticker for r in rows} & {r.ticker for r in against_rows}:
         raise InputError(f"batch {against.id} is of another universe than batch {batch.id}: "
                          "no ticker in common")
