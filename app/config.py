@@ -34,7 +34,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from agents.config import DEFAULT_NODE_MAX_TOKENS, PipelineConfig
-from app.errors import ConfigError
+from app.errors import ConfigError, validation_said
 from app.home import default_home, default_vllm_venv
 from serving.urls import redact
 
@@ -548,10 +548,8 @@ class _FlatEnv(PydanticBaseSettingsSource):
 
 def _describe(error: ValidationError) -> str:
     first = error.errors()[0]
-    # The message, never the input: the input may be a secret. A validator's own error is
-    # given as it was raised, without pydantic's "Value error, " before it.
-    raised = first.get("ctx", {}).get("error")
-    message = str(raised) if isinstance(raised, Exception) else first["msg"]
+    # The message, never the input: the input may be a secret.
+    message = validation_said(first)
     group, *parts = (str(part) for part in first["loc"])
     if not parts:  # a rule across one group's settings names them itself
         return f"invalid settings: {message}"

@@ -44,6 +44,9 @@ failing one ticker after another: every call would meet it (exit 2).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 # Re-exported (``X as X``): the tree above is this module's to name.
 from agents.errors import CheckpointError as CheckpointError
 from agents.errors import ConfigError as ConfigError
@@ -78,6 +81,27 @@ def first_line(error: BaseException | None, limit: int = 200, *, typed: bool = F
         return type(error).__name__
     kind = f"{type(error).__name__}: " if typed and not isinstance(error, ERRORS) else ""
     return (kind + text.splitlines()[0])[:limit]
+
+
+# pydantic's words for a value that is not a number, or out of its range, in ours.
+_WORDED = {"int_parsing": "expected a whole number", "int_type": "expected a whole number",
+           "int_from_float": "expected a whole number", "float_parsing": "expected a number",
+           "float_type": "expected a number", "greater_than_equal": "must be at least {ge}",
+           "less_than_equal": "must be at most {le}", "greater_than": "must be above {gt}",
+           "less_than": "must be below {lt}"}
+
+
+def validation_said(problem: Mapping[str, Any]) -> str:
+    """Return what one of a pydantic ValidationError's ``errors()`` says, in nightdesk's words:
+    a validator's own message as raised (no "Value error, " before it), a range or number
+    refused as "must be at least 1", "expected a whole number"; never the input itself."""
+    context = problem.get("ctx") or {}
+    raised = context.get("error")
+    if isinstance(raised, Exception):
+        return str(raised)
+    if problem["type"] in _WORDED:
+        return _WORDED[problem["type"]].format(**context)
+    return str(problem["msg"]).rstrip(".")
 
 
 class AlreadyRunningError(NightdeskError):

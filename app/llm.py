@@ -506,18 +506,29 @@ def _cached(usage: dict[str, Any]) -> int | None:
     return details.get("cached_tokens") if isinstance(details, dict) else None
 
 
+def _server_said(exc: openai.APIStatusError) -> str:
+    """Return what the server said, without the client library's wrapping: the ``message``
+    (or ``detail``) of its JSON error, else its text without "Error code: N - " before it."""
+    body = exc.body if isinstance(exc.body, dict) else {}
+    said = body.get("message") or body.get("detail")
+    if isinstance(said, str) and said.strip():
+        return " ".join(said.split())
+    text = str(exc.message)
+    prefix = f"Error code: {exc.status_code} - "
+    return " ".join(text.removeprefix(prefix).split())
+
+
 def _classify_status(exc: openai.APIStatusError) -> LLMError:
     status = exc.status_code
     # A proxy's error page may quote the request URL, password and all.
-    text = redact(str(exc.message))
+    text = redact(_server_said(exc))
     if status == 400 and ("context length" in text.lower() or "max_model_len" in text.lower()
                           or "maximum model length" in text.lower()):
         return ContextLengthError(f"server rejected the prompt as too long: {text}",
                                   http_status=400)
     if status in (401, 403, 404):
         # These stop the batch (every call would meet them): say what to check, in one line.
-        body = exc.body if isinstance(exc.body, dict) else {}
-        said = redact(str(body.get("message") or body.get("detail") or text))[:200]
+        said = text[:200]
         hint = ("check NIGHTDESK_LLM_API_KEY" if status != 404 else
                 "check NIGHTDESK_LLM_BASE_URL and NIGHTDESK_LLM_MODEL")
         return LLMHTTPError(f"HTTP {status} from the LLM server: {said} ({hint})",
@@ -526,7 +537,7 @@ def _classify_status(exc: openai.APIStatusError) -> LLMError:
     # server it chose cannot be reached (killed, restarting) until its health check drops it.
     return LLMHTTPError(f"HTTP {status}: {text[:300]}", http_status=status,
                         retry_after_s=retry_after(exc.response.headers.get("retry-after")),
-                        upstream_gone=status >= 500 and UPSTREAM_GONE in text)
+                        upstream_gone=status >= 500 and UPSTREAM_GONE in str(exc.message))
 
 
 UPSTREAM_GONE = "error sending request"

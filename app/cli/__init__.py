@@ -5,11 +5,12 @@ from __future__ import annotations
 import sys
 
 import typer
+from pydantic import ValidationError
 from rich.markup import escape
-from typer._click.exceptions import ClickException
+from typer._click.exceptions import BadParameter, ClickException
 
 from app.cli import batch, bench, data, db, notify, plan, quality, report, scheduler, server, web
-from app.errors import ERRORS
+from app.errors import ERRORS, validation_said
 from app.logs import console
 from serving.urls import redact
 
@@ -53,8 +54,24 @@ def main() -> None:
     except ClickException as usage:  # bad options: one line, like every other input error
         where = getattr(getattr(usage, "ctx", None), "command_path", None)
         hint = f" (see `{where} --help`)" if where else ""
-        message = redact(" ".join(usage.format_message().split()))
+        message = redact(" ".join(_usage_message(usage).split()))
         err.print(f"[bold red]error:[/] {escape(message)}{hint}", highlight=False,
                   soft_wrap=True)
         sys.exit(usage.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_message(usage: ClickException) -> str:
+    """Return a usage error's line. An option's value typer checked through pydantic is said
+    in nightdesk's words with the value given, never pydantic's ("Value error, ", "Input
+    should be ...")."""
+    cause = usage.__cause__
+    if not (isinstance(usage, BadParameter) and isinstance(cause, ValidationError)):
+        return usage.format_message()
+    first = cause.errors()[0]
+    said = validation_said(first)
+    given = first.get("input")
+    got = f" (got {given!r})" if isinstance(given, str | int | float) and \
+        repr(given) not in said else ""
+    usage.message = said.rstrip(".") + got
+    return usage.format_message()

@@ -7,6 +7,8 @@ or input, 3 partial, 4 already running, 5 interrupted by a server outage, 130 st
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Annotated
@@ -49,14 +51,27 @@ from app.runs.nightly import (
 )
 from app.runs.preflight import ServerCheck
 from app.runs.resumable import ResumePoint
+from app.traffic.strategy import Strategy as TrafficStrategy
 from serving.facts import batch_server_facts
 
 out = console()
 err = console(stderr=True)
 
-Strategy = Annotated[str, typer.Option("--strategy",
-                                       help="adaptive (default; adaptive:tail=off,kv_high=0.95 "
-                                            "sets knobs), sequential or fixed-N")]
+
+def _checked_strategy(text: str) -> str:
+    """Return ``text`` once it names a strategy (InputError otherwise): read with the other
+    arguments, so a typo is named before the lock, the server or the data are asked."""
+    TrafficStrategy.parse(text)
+    return text
+
+
+STRATEGY_HELP = ("adaptive (default; adaptive:tail=off,kv_high=0.95 sets knobs), sequential "
+                 "or fixed-N")
+Strategy = Annotated[str, typer.Option("--strategy", parser=_checked_strategy,
+                                       help=STRATEGY_HELP)]
+# run's: None when not given, so that --resume (which keeps the batch's own) can refuse it.
+RunStrategy = Annotated[str | None, typer.Option("--strategy", parser=_checked_strategy,
+                                                 help=STRATEGY_HELP, show_default=False)]
 Samples = Annotated[int, typer.Option("--samples", min=1, max=32,
                                       help="independent samples per ticker")]
 AsOf = Annotated[str | None, typer.Option("--as-of",
@@ -129,7 +144,7 @@ def run(
     samples: Annotated[int | None, typer.Option(
         "--samples", min=1, max=32,
         help="independent samples per ticker (default: NIGHTDESK_SAMPLES)")] = None,
-    strategy: Strategy = "adaptive",
+    strategy: RunStrategy = None,
     resume: Annotated[bool, typer.Option(
         "--resume", help="continue an interrupted or crashed batch where it stopped, and run "
                          "again its tickers the server or database failed")] = False,
@@ -160,11 +175,11 @@ def run(
     if resume:
         given = [name for name, value in (("--tickers", tickers), ("--universe", universe),
                                           ("--as-of", as_of), ("--limit", limit),
-                                          ("--samples", samples))
+                                          ("--samples", samples), ("--strategy", strategy))
                  if value is not None]
         if given:
             raise InputError(f"--resume continues a recorded batch with its own tickers, "
-                             f"date and samples: drop {', '.join(given)}")
+                             f"date, samples and strategy: drop {', '.join(given)}")
         night = resume_recorded(settings, _ready_database(settings), batch_id,
                                 server=server, announce=_announce, retry_failed=retry_failed)
     else:
@@ -178,7 +193,8 @@ def run(
             tickers, universe = ",".join(symbols), None
         request = NightlyRequest(as_of=parse_as_of(as_of) if as_of is not None else None,
                                  tickers=tickers, universe=universe, limit=limit,
-                                 samples=samples, strategy=strategy)
+                                 samples=samples, strategy=strategy or "adaptive",
+                                 command=shlex.join(["nightdesk", *sys.argv[1:]]))
         try:
             engine = _ready_database(settings)
         except ERRORS as error:  # a night refused by its database: not silent either
@@ -245,8 +261,10 @@ def show_ranking(
         chosen_summary = summarize(chosen, settings.batch.heartbeat_stale_s)
         echo_json(RankingJSON(night=night, batch=chosen_summary, rows=data))
     elif fmt == "csv":
-        # Flat: each row carries the batch's DEMO mark, which JSON gives once under "batch".
-        flat = [{**r.model_dump(mode="json"), "demo": demo} for r in data]
+        # Flat: each row carries the batch's DEMO mark and the latest night's status and
+        # freshness, which JSON gives once under "batch" and "night".
+        flat = [{**r.model_dump(mode="json"), "demo": demo, "night_status": night.status,
+                 "fresh": night.fresh} for r in data]
         echo_csv(flat, flat[0] if flat else ["rank"])
     else:
         out.print(_ranking_table(f"{'DEMO DATA — ' if demo else ''}ranking of batch "
@@ -320,21 +338,28 @@ def show_changes(
 ) -> None:
     """List every rating change since the night before, largest score move first, with the
     nodes whose views moved most."""
-    found = compare_nights(database(setup()), batch, against)
+    engine = database(setup())
+    if batch is not None and (kind := ranking(engine, batch)[0].kind) != "nightly":
+        raise InputError(f"--batch {batch} is a {kind} batch, not a night: name a nightly "
+                         "batch (a rerun's rating is in its night's ranking)")
+    found = compare_nights(engine, batch, against)
     if fmt == "json":
         echo_json(found)
         return
     if fmt == "csv":
+        # Flat: each row carries the night's DEMO mark, which JSON gives once.
         columns = ("ticker", "change", "previous_rating", "previous_score", "previous_rank",
                    "rating", "score", "rank", "score_move", "why")
-        echo_csv(({c: getattr(t, c) for c in columns} for t in found.changes), columns)
+        echo_csv(({**{c: getattr(t, c) for c in columns}, "demo": found.demo}
+                  for t in found.changes), (*columns, "demo"))
         return
+    demo = "DEMO DATA — " if found.demo else ""
     if found.against_id is None:
-        out.print(f"batch {found.batch_id} (as of {found.as_of}): no earlier finished night "
-                  "of the same universe to compare with")
+        out.print(f"{demo}batch {found.batch_id} (as of {found.as_of}): no earlier finished "
+                  "night of the same universe to compare with")
         return
-    table = Table(title=f"changes: batch {found.batch_id} (as of {found.as_of}) against "
-                        f"batch {found.against_id} (as of {found.against_as_of})")
+    table = Table(title=f"{demo}changes: batch {found.batch_id} (as of {found.as_of}) "
+                        f"against batch {found.against_id} (as of {found.against_as_of})")
     for col in ("ticker", "change", "was", "now", "move", "why"):
         table.add_column(col, overflow="fold")
     for t in found.changes:

@@ -6,13 +6,14 @@ import csv
 import json
 import sys
 from collections.abc import Collection, Iterable, Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
 from pydantic_core import to_jsonable_python
 from rich.markup import escape
 from rich.table import Table
-from sqlalchemy import Engine
+from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import DBAPIError
 
 from app.config import Settings, get_settings
@@ -36,13 +37,24 @@ def setup(json_logs: bool = False) -> Settings:
 
 
 def database(settings: Settings) -> Engine:
-    """Return an engine whose schema is current (migrations run first)."""
-    return ready_engine(settings.store.database_url)
+    """Return an engine whose schema is current (migrations run first). A SQLite file that
+    was not there is created empty, and stderr says where: a mistyped NIGHTDESK_HOME or
+    database URL would otherwise read as "no night yet"."""
+    url = settings.store.database_url
+    path = make_url(url).database if url.startswith("sqlite") else None
+    fresh = bool(path) and path != ":memory:" and not Path(str(path)).exists()
+    engine = ready_engine(url)
+    if fresh:
+        console(stderr=True).print(
+            f"note: no database was at {escape(str(path))}: created an empty one "
+            "(NIGHTDESK_DATABASE_URL, else NIGHTDESK_HOME, says where it is)", soft_wrap=True)
+    return engine
 
 
 def batch_database(settings: Settings) -> Engine:
-    """Return the engine for a command that runs batches: its checkpoint store opens too."""
-    engine = database(settings)
+    """Return the engine for a command that runs batches: its checkpoint store opens too.
+    (A first night creates its database: no note, as there is no night to miss yet.)"""
+    engine = ready_engine(settings.store.database_url)
     check_checkpoints(settings.store.database_url)
     return engine
 

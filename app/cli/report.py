@@ -260,6 +260,13 @@ def bound_line(bound: NightBound) -> str:
             f"on {bound.endpoints} endpoint(s), set by {bound.binding}; {bound.server})")
 
 
+def _label(row: BatchSummary) -> str:
+    """Return the batch's label cell: DEMO DATA for a night on the seeded synthetic snapshot
+    (as /batches marks it), then the arm's own label."""
+    demo = "[bold red]DEMO DATA[/]" if row.demo else ""
+    return " ".join(part for part in (demo, escape(row.label or "")) if part)
+
+
 BATCH_COLUMNS = ("id", "kind", "status", "as_of", "tickers", "failed", "duration", "started",
                  "label")
 
@@ -289,7 +296,7 @@ def batches(
                       str(row.as_of), row.tickers, str(row.tickers_failed),
                       span(row.duration_s),
                       row.started_at.strftime("%Y-%m-%d %H:%M") if row.started_at else "—",
-                      escape(row.label or ""))
+                      _label(row))
     console().print(table)
     if not rows:
         console(stderr=True).print("no batches recorded yet" + (f" of kind {kind}" if kind

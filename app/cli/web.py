@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import socket
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -22,6 +23,23 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Raise InputError (one line, exit 2) when ``host:port`` cannot be listened on: uvicorn
+    would log its own lines and exit 3, which nightdesk's exit codes read as "partial"."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as error:
+        raise InputError(f"--host {host}: not an address to listen on ({error})") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise InputError(f"--port {port}: cannot listen on {host}:{port} "
+                             f"({error.strerror or error})") from None
 
 
 def web(
@@ -48,6 +66,7 @@ def web(
                          f"address, not {host}")
     if metrics_port == port:
         raise InputError(f"--metrics-port {metrics_port} is the pages' own --port: give another")
+    _check_listen(host, port)
     # Imported here, not at the top: every other command would pay for FastAPI and matplotlib.
     import uvicorn
 

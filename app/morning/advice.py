@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
+from app.db.models import TickerRun
 from app.morning.summary import (
     RESUMABLE_KINDS,
     BatchSummary,
@@ -49,9 +50,18 @@ def next_steps(engine: Engine, batch: BatchSummary) -> list[Advice]:
         return []
     with engine.connect() as conn:
         left = tickers_left(conn, batch.id)
+        # Of those, the ones that ended failed (by the server or the database): they did
+        # finish, and are taken up again, not continued.
+        failed = set(conn.execute(select(TickerRun.ticker).where(
+            TickerRun.batch_id == batch.id, TickerRun.status == "failed")).scalars())
     if left:
-        return [Advice(f"nightdesk run --resume {batch.id}",
-                       f"continues its {_tickers(len(left))} not finished")]
+        again = sum(1 for ticker in left if ticker in failed)
+        parts = [f"continues its {_tickers(len(left) - again)} not finished"] \
+            if len(left) > again else []
+        if again:
+            parts.append(f"runs again {'the' if parts else 'its'} {_tickers(again)} the "
+                         "server or database failed")
+        return [Advice(f"nightdesk run --resume {batch.id}", " and ".join(parts))]
     samples = f" --samples {batch.samples}" if batch.samples and batch.samples > 1 else ""
     redone = rerun_since(engine, batch.id, batch.as_of) if batch.kind == "nightly" else set()
     return [Advice(f"nightdesk rerun {failed.ticker} --as-of {batch.as_of}{samples}",

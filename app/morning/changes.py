@@ -87,6 +87,7 @@ class NightChanges:
     against_id: int | None  # None: no earlier finished night to compare with
     against_as_of: IsoDate | None
     tickers: list[TickerChange]  # in tonight's ranking order, then the unranked
+    demo: bool = False  # the night ran on the DEMO snapshot (the night before then did too)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -201,6 +202,9 @@ def _check_comparable(batch: Any, rows: list[RankRow], against: Any,
     """Refuse two batches of different universes: no ticker in common, or DEMO beside real."""
     if batch.id == against.id:
         raise InputError(f"--against {against.id} is the batch itself: name an earlier night")
+    if against.kind != "nightly":
+        raise InputError(f"--against {against.id} is a {against.kind} batch, not a night: "
+                         "name a nightly batch (a rerun's rating is in its night's ranking)")
     if not {r.ticker for r in rows} & {r.ticker for r in against_rows}:
         raise InputError(f"batch {against.id} is of another universe than batch {batch.id}: "
                          "no ticker in common")
@@ -235,13 +239,15 @@ def compare_nights(engine: Engine, batch_id: int | None = None,
             # The night before ran another universe (DEMO beside real data, a new universe
             # file): there is nothing to compare, which is no error of the caller's.
             against_id = None
+    demo = bool((batch.settings or {}).get("demo_data"))
     if against_id is None:
-        return NightChanges(batch.id, batch.as_of, None, None, [_unpaired(r) for r in rows])
+        return NightChanges(batch.id, batch.as_of, None, None, [_unpaired(r) for r in rows],
+                            demo)
     before = {r.ticker: r for r in against_rows}
     now = {r.ticker: r for r in rows}
     tickers = [_pair(engine, now.get(t), before.get(t), t, against.as_of, batch.as_of)
                for t in [*now, *(t for t in before if t not in now)]]
-    return NightChanges(batch.id, batch.as_of, against.id, against.as_of, tickers)
+    return NightChanges(batch.id, batch.as_of, against.id, against.as_of, tickers, demo)
 
 
 def _unpaired(row: RankRow) -> TickerChange:

@@ -168,8 +168,14 @@ def _rerun_lines(engine: Engine, rerun: BatchSummary, night_id: int | None
     _, own = ranking(engine, rerun.id)
     lines = [f"Rerun: {row.ticker} {row.rating} {row.score:+.2f}" if row.rank is not None
              else f"Rerun: {row.ticker} {row.status}" for row in own]
-    lines.append(f"Applied to the ranking of nightly batch #{night_id}" if night_id is not None
-                 else f"No finished night of {rerun.as_of} to apply it to")
+    rated = [row.ticker for row in own if row.rank is not None]
+    if night_id is None:
+        lines.append(f"No finished night of {rerun.as_of} to apply it to")
+    elif rated:
+        lines.append(f"Applied to the ranking of nightly batch #{night_id}")
+    else:  # the ranking applies only a rerun's ratings: the night's own result stands
+        lines.append(f"Not applied: the ranking of nightly batch #{night_id} keeps "
+                     f"{', '.join(row.ticker for row in own)}'s earlier result")
     return lines, [row.ticker for row in own]
 
 
@@ -212,21 +218,24 @@ def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
              destinations=delivery.total)
 
 
-def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str) -> Message:
-    """Build the digest of a night refused at its start: no batch row exists, so it holds
-    only why (one line) and what to do; a failure, as a failed night's digest is."""
+def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str,
+                   outcome: str = "no batch run") -> Message:
+    """Build the digest of a night refused at its start: it holds only why (one line) and
+    what to do; a failure, as a failed night's digest is. ``outcome``: what did not happen
+    (no batch row exists, or a recorded batch was not continued)."""
     night = f"night of {as_of}" if as_of is not None else "the night"
     base = settings.web.base_url
-    return Message(f"nightdesk: {night} REFUSED at its start, no batch run",
+    return Message(f"nightdesk: {night} REFUSED at its start, {outcome}",
                    "\n".join([f"Why: {why}", f"What to do: {advice}", f"Page: {base}/"]),
                    "failure")
 
 
-def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str) -> None:
+def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str,
+                 outcome: str = "no batch run") -> None:
     """Send ``refusal_digest`` to ``NIGHTDESK_NOTIFY`` (nothing when unset); never raise."""
     if not settings.notify.urls:
         return
-    delivery = send(settings.notify.urls, refusal_digest(settings, as_of, why, advice),
+    delivery = send(settings.notify.urls, refusal_digest(settings, as_of, why, advice, outcome),
                     settings.notify.timeout_s)
     log.info("refusal digest sent", as_of=None if as_of is None else str(as_of),
              delivered=delivery.sent, destinations=delivery.total)

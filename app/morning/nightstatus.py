@@ -22,6 +22,8 @@ from app.morning.advice import Advice, next_steps
 from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize, when
 from app.morning.timetable import due_times, nightly_trigger
 
+# What a morning with no night since the due time is advised (the timer's own command).
+START_NIGHT = "nightdesk run --continue-night"
 # Statuses the morning can name; "stale": the schedule's due time passed without a batch.
 STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale")
 # Exit code of `nightdesk ranking --require-fresh` when the ranking is older than the night.
@@ -222,6 +224,11 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
         and status != "stale"
     reason = None if fresh else _reason(status, latest, ranked, prog, due_at)
     advice = [] if summary is None else next_steps(engine, summary)
+    if status == "stale" and not advice:
+        # No batch came when due, and the latest leaves nothing to do: the night itself is
+        # what is owed (--continue-night runs nothing when its date was analyzed, and says so).
+        advice = [Advice(START_NIGHT, "starts the night that did not come, or says its date "
+                                      "was analyzed; first see why the timer or daemon did not")]
     return NightStatus(status, headline, latest, prog, ranked, fresh, reason, advice, due_at,
                        next_due_at, schedule,
                        latest_beat(engine, settings.batch.heartbeat_stale_s, now), now)

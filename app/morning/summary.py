@@ -147,6 +147,12 @@ class FailedTicker:
     error: str | None
 
 
+def died_since(beat: datetime | None) -> str:
+    """Return the error of a batch whose heartbeat stopped at ``beat``: the same words
+    whether a view reads it so or a command has stored it (``mark_stale_crashed``)."""
+    return f"no heartbeat since {when(beat)}: its process has died"
+
+
 def summarize(batch: Any, stale_s: float, now: datetime | None = None) -> BatchSummary:
     """Return the summary of a ``batches`` row (an ORM object or a selected row) at ``now``.
 
@@ -159,8 +165,7 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None) -> BatchS
     status = status_of(batch.status, batch.heartbeat_at, batch.started_at, stale_s, now)
     error = plain_error(batch.error)
     if status != batch.status:
-        beat = batch.heartbeat_at or batch.started_at
-        error = f"no heartbeat since {when(beat)}: its process has died"
+        error = died_since(batch.heartbeat_at or batch.started_at)
     return BatchSummary(
         id=batch.id, kind=batch.kind, label=batch.label, status=status,
         as_of=batch.as_of, created_at=batch.created_at, started_at=batch.started_at,

@@ -58,6 +58,7 @@ class NightlyRequest:
     limit: int | None = None
     samples: int | None = None
     strategy: str = "adaptive"
+    command: str | None = None  # the command line that asked for it (the CLI's), if any
 
 
 @dataclass
@@ -235,7 +236,8 @@ def tell_refused(settings: Settings, request: NightlyRequest, error: Exception,
         return
     if (request.tickers, request.universe, request.limit, request.samples,
             request.strategy) != (None, None, None, None, NightlyRequest.strategy):
-        again = "the same `nightdesk run` command as before"  # its own tickers or shape
+        # Its own tickers or shape: the command as it was given, else said in words.
+        again = request.command or "the same `nightdesk run` command as before"
     else:
         again = START_AGAIN + (f" --as-of {request.as_of}" if request.as_of else "")
     send_refusal(settings, as_of or request.as_of, first_line(error, 400),
@@ -271,14 +273,24 @@ def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = N
         _orphans(settings, engine)
         target, kind = resumable.pick(engine, batch_id, retry_failed=again)
         if kind == "nightly":
-            return _resume(settings, engine, target, server, announce, lock, retry_failed=again)
+            return _resume(settings, engine, target, server, announce, lock, retry_failed=again,
+                           nightly=True)
     return _resume(settings, engine, target, server, announce, None, retry_failed=again)
 
 
 def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerCheck,
-            announce: Announce, lock: LockHold | None,
-            retry_failed: bool = False) -> NightlyResult:
+            announce: Announce, lock: LockHold | None, retry_failed: bool = False,
+            nightly: bool = False) -> NightlyResult:
+    """Continue batch ``batch_id``; a ``nightly`` one refused at its start (the server down
+    or serving another model) pushes a digest naming why and the resume to run again."""
     point = resumable.find_resumable(engine, batch_id, settings.batch.heartbeat_stale_s,
                                       retry_failed=retry_failed)
+    again = f"nightdesk run --resume {batch_id}" + (" --retry-failed" if retry_failed else "")
+
+    def refused(error: Exception) -> None:
+        send_refusal(settings, point.as_of, first_line(error, 400),
+                     f"fix that, then continue it: {again}", f"batch #{batch_id} not continued")
+
     return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
-                                      announce=announce), point.total, point)
+                                      announce=announce, refused=refused if nightly else None),
+                         point.total, point)

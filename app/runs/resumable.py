@@ -23,7 +23,7 @@ from app.db import retry
 from app.db.lock import Runner, holder_gone
 from app.db.models import INFRASTRUCTURE, Batch, TickerRun
 from app.errors import AlreadyRunningError, InputError
-from app.morning.summary import FINISHED_TICKER, RESUMABLE_KINDS, tickers_left
+from app.morning.summary import FINISHED_TICKER, RESUMABLE_KINDS, died_since, tickers_left
 from app.traffic.strategy import Strategy
 
 # A batch in one of these states may still have tickers to do.
@@ -107,13 +107,13 @@ def mark_stale_crashed(engine: Engine, stale_s: float) -> list[int]:
     """Mark ``running`` batches whose heartbeat is older than ``stale_s`` crashed; return ids."""
     cutoff = datetime.now(UTC) - timedelta(seconds=stale_s)
     with engine.begin() as conn:
-        stale = list(conn.execute(
-            select(Batch.id).where(Batch.status == "running",
-                                   func.coalesce(Batch.heartbeat_at, Batch.started_at) < cutoff)
-        ).scalars())
+        # Typed as the column, so the driver's value reads back as the stored moment.
+        beat = func.coalesce(Batch.heartbeat_at, Batch.started_at,
+                             type_=Batch.__table__.c.heartbeat_at.type)
+        stale = dict(conn.execute(select(Batch.id, beat).where(Batch.status == "running",
+                                                                beat < cutoff)).tuples().all())
         if stale:
-            _crash(conn, dict.fromkeys(
-                stale, f"no heartbeat for more than {stale_s:.0f} s: the process died"))
+            _crash(conn, {batch_id: died_since(at) for batch_id, at in stale.items()})
     return [int(i) for i in stale]
 
 

@@ -70,3 +70,34 @@ def test_the_providers_say_whether_they_serve_demo_data(tmp_path: Path) -> None:
     # No snapshot of that date: nothing says it is demo data.
     assert not serves_demo(get_provider("snapshot", fake),
                            DEMO_AS_OF.replace(year=DEMO_AS_OF.year - 1))
+
+
+@pytest.mark.parametrize("demo", [True, False])
+def test_every_cli_face_of_a_night_says_whether_it_ran_on_demo_data(
+        sqlite_engine: Engine, demo: bool) -> None:
+    # Two nights with a rating change between them, on the DEMO snapshot or on market data:
+    # each table says DEMO DATA exactly when they ran on it, each JSON and CSV carries it.
+    from datetime import timedelta
+
+    from tests.unit.support.night_rows import SETTINGS, Rated, add_night, at
+
+    settings = {**SETTINGS, "demo_data": demo}
+    before, after = DEMO_AS_OF - timedelta(days=1), DEMO_AS_OF
+    add_night(sqlite_engine, before, at(after, 0, 10), {"AAA": Rated("Buy", 0.7),
+                                                          "BBB": Rated("Hold", 0.0)},
+              settings=settings)
+    add_night(sqlite_engine, after, at(after + timedelta(days=1), 0, 10),
+              {"AAA": Rated("Sell", -0.7), "BBB": Rated("Hold", 0.0)}, settings=settings)
+    tables = {command: run_cli(command).stdout for command in ("batches", "changes", "ranking")}
+    for command, text in tables.items():
+        assert ("DEMO DATA" in text) == demo, (command, text)
+    # Each night's row of `batches`: both ran on the same data.
+    rows = [line for line in tables["batches"].splitlines() if "nightly" in line]
+    assert len(rows) == 2 and all(("DEMO DATA" in row) == demo for row in rows), rows
+    changes = json.loads(run_cli("changes", "--format", "json").stdout)
+    assert changes["demo"] is demo and changes["changes"]
+    header, *lines = run_cli("changes", "--format", "csv").stdout.splitlines()
+    assert header.split(",")[-1] == "demo" and lines
+    assert all(line.split(",")[-1] == str(demo) for line in lines), lines
+    assert all(b["demo"] is demo for b in json.loads(run_cli("batches", "--format",
+                                                              "json").stdout))

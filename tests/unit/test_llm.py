@@ -15,6 +15,7 @@ from app.db.models import LLMCall, LLMRequest
 from app.errors import (
     ContextLengthError,
     LLMConnectionError,
+    LLMError,
     LLMHTTPError,
     LLMMalformedError,
     LLMStreamError,
@@ -320,3 +321,22 @@ async def test_a_server_not_listening_is_named_by_the_transport_error(
     with sqlite_engine.connect() as conn:
         (row,) = conn.execute(select(LLMCall).where(LLMCall.batch_id == batch_id)).all()
     assert row.error == str(raised.value) and row.error_class == "connection"
+
+
+@pytest.mark.parametrize(("reply", "says"), [
+    (Reply(status=500, error="engine crashed"), "HTTP 500: engine crashed"),
+    (Reply(status=400, error="bad top_k"), "HTTP 400: bad top_k"),
+    (Reply(status=400, error=CONTEXT_LENGTH_MESSAGE),
+     f"server rejected the prompt as too long: {CONTEXT_LENGTH_MESSAGE}"),
+    (Reply(status=404, error="The model `x` does not exist."),
+     "HTTP 404 from the LLM server: The model `x` does not exist. (check "
+     "NIGHTDESK_LLM_BASE_URL and NIGHTDESK_LLM_MODEL)"),
+])
+async def test_an_error_status_says_what_the_server_said_without_the_clients_wrapping(
+        sqlite_engine: Engine, reply: Reply, says: str) -> None:
+    # The error becomes the ticker's reason in the digest, the report and the pages: the
+    # server's message, not the client library's "Error code: 500 - {'error': {...}}".
+    result, rows = await one_call(sqlite_engine, answering(reply), max_attempts=1)
+    assert isinstance(result, LLMError)
+    assert str(result) == says
+    assert rows[-1].error == says

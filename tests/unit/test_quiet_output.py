@@ -27,7 +27,9 @@ NIGHTDESK = Path(sys.executable).with_name("nightdesk")
     ("NIGHTDESK_DATABASE_URL", "mysql://h/x", "unsupported scheme"),
     ("NIGHTDESK_NOTIFY", "not-a-url", "not an Apprise URL"),
     ("NIGHTDESK_WEB_BASE_URL", "desk.example.org", "NIGHTDESK_WEB_BASE_URL"),
-    ("NIGHTDESK_TEMPERATURE", "9", "less than or equal to 2"),
+    ("NIGHTDESK_TEMPERATURE", "9", "must be at most 2"),
+    ("NIGHTDESK_SAMPLES", "0", "must be at least 1"),
+    ("NIGHTDESK_HEARTBEAT_STALE_S", "soon", "expected a number"),
 ])
 def test_a_bad_setting_is_one_line_without_pydantics_prefix(setting: str, value: str,
                                                               says: str) -> None:
@@ -38,6 +40,7 @@ def test_a_bad_setting_is_one_line_without_pydantics_prefix(setting: str, value:
     assert says in line, line
     # pydantic's wording for a validator's own error ("Value error, …") stays out.
     assert "Value error" not in line and "Assertion failed" not in line, line
+    assert "Input should be" not in line and "unable to parse" not in line, line
 
 
 @pytest.mark.parametrize(("setting", "value", "example"), [

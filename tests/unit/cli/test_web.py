@@ -72,3 +72,17 @@ def test_serves_with_basic_auth_and_stops_cleanly() -> None:
     # re-raises the signal, so the exit status says "ended by SIGTERM" as systemd expects.
     assert proc.returncode == -signal.SIGTERM
     assert "Application shutdown complete." in output
+
+
+def test_a_port_already_taken_is_one_line_and_exit_2(sqlite_engine: object) -> None:
+    # uvicorn alone logs its own lines and exits 3, which nightdesk's codes read as "partial".
+    from tests.unit.support.clirun import run_cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("web", "--local-only", "--port", str(port))
+    assert result.code == 2, (result.code, result.stderr)
+    [line] = result.error_lines
+    assert line.startswith(f"error: --port {port}: cannot listen on 127.0.0.1:{port} ("), line

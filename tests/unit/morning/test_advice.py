@@ -184,3 +184,56 @@ def test_report_and_the_batch_page_tell_not_finished_from_failed(
     assert "`" not in meta
     assert [code.get_text() for code in page.select("#advice code")] == [
         f"nightdesk run --resume {night}"]
+
+
+def test_a_morning_with_no_night_since_the_due_time_is_advised_to_start_it(
+        monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, client: TestClient,
+        demo_dir: Path) -> None:
+    # The night before succeeded; tonight's never came (the timer or daemon did not fire):
+    # stale, with nothing of the latest batch's to redo. The morning still says what to do,
+    # and that command starts the night on the newest snapshot.
+    a, b, c = demo_tickers(3)
+    night_before(sqlite_engine, a, b)
+    with time_machine.travel(VIEWED, tick=False):
+        status = json.loads(run_cli("ranking", "--format", "json",
+                                    env={"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}).stdout)
+    assert status["night"]["status"] == "stale"
+    advised = advice_given(sqlite_engine, client, status["batch"]["id"])
+    assert advised == {"nightdesk run --continue-night"}
+    fake_llm(monkeypatch, None, [a, b, c])
+    result = run_cli("run", "--continue-night", "--no-preflight",
+                     env={"NIGHTDESK_DATA_DIR": str(demo_dir),
+                          "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    assert result.code == 0, result.stderr
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.as_of).where(Batch.kind == "nightly")
+                            .order_by(Batch.id.desc())).scalars().first() == DEMO_AS_OF
+
+
+@pytest.mark.parametrize(("left", "does"), [
+    ("failed", "runs again its 1 ticker the server or database failed"),
+    ("interrupted", "continues its 1 ticker not finished and runs again the 1 ticker the "
+                    "server or database failed"),
+])
+def test_a_resume_says_how_many_it_continues_and_how_many_it_runs_again(
+        sqlite_engine: Engine, client: TestClient, left: str, does: str) -> None:
+    # A ticker the server failed did finish (failed): a resume runs it again. Calling it
+    # "not finished" beside "2 failed" in the same report contradicted the status line.
+    from sqlalchemy import update
+
+    from app.db.models import INFRASTRUCTURE, TickerRun
+
+    a, b, c = demo_tickers(3)
+    night = add_night(sqlite_engine, DEMO_AS_OF, CREATED, {
+        a: Rated("Buy", 0.7), b: Rated(error="HTTP 500: boom"),
+        c: Rated(error=FAILURE) if left == "failed" else Rated(status="interrupted")},
+        status=None if left == "failed" else "interrupted")
+    with sqlite_engine.begin() as conn:
+        conn.execute(update(TickerRun).where(TickerRun.batch_id == night,
+                                             TickerRun.ticker == b)
+                     .values(failure_class=INFRASTRUCTURE))
+    report = run_cli("report", str(night), env={"COLUMNS": "250"}).stdout.splitlines()
+    assert f"  next: nightdesk run --resume {night} ({does})" in report, report[:4]
+    with time_machine.travel(VIEWED, tick=False):
+        body = build_digest(sqlite_engine, load_settings(), night).message.body
+    assert f"Next: nightdesk run --resume {night} ({does})" in body.splitlines()

@@ -197,3 +197,18 @@ def test_the_default_night_before_of_another_universe_is_no_error(sqlite_engine:
     result = run_cli("changes")
     assert result.code == 0 and "no earlier finished night of the same universe" in \
         result.stdout
+
+
+def test_a_rerun_is_no_night_to_compare_or_compare_with(sqlite_engine: Engine) -> None:
+    # A rerun holds one ticker of its night: compared with a night, the night's other
+    # tickers read "not in the universe" or "new", which they are not.
+    first, second = two_nights(sqlite_engine)
+    rerun = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 3, 0),
+                      {"EEE": Rated("Hold", 0.0)}, kind="rerun")
+    for args in (("--against", str(rerun)), ("--batch", str(rerun)),
+                 ("--batch", str(rerun), "--against", str(first))):
+        result = run_cli("changes", *args)
+        assert result.code == 2, (args, result.stderr)
+        [line] = result.error_lines
+        assert f"{rerun} is a rerun batch, not a night: name a nightly batch" in line, line
+    assert run_cli("changes", "--batch", str(second), "--against", str(first)).code == 0

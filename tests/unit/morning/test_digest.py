@@ -379,3 +379,26 @@ def test_the_two_ends_never_name_a_ticker_twice(sqlite_engine: Engine, rated: in
     named = [part.split(". ")[1].split()[0] for line in [top_line, *bottoms]
              for part in line.split(": ", 1)[1].split("; ")]
     assert len(named) == len(set(named)) == min(rated, 10)
+
+
+@pytest.mark.parametrize("ending", ["succeeded", "failed", "interrupted"])
+def test_a_reruns_digest_says_applied_only_when_the_ranking_applies_it(
+        sqlite_engine: Engine, ending: str) -> None:
+    # The ranking takes a rerun's rating only; a rerun that failed or was stopped leaves the
+    # night's own result there, and its digest must not say otherwise.
+    from app.morning.ranking import ranking
+
+    night = add_night(sqlite_engine, D2, at(D2, 0, 10), {"T00": Rated("Buy", 0.9),
+                                                         "T01": Rated(error="DataError: x")})
+    rerun = add_night(sqlite_engine, D2, at(D2, 2, 10), {"T01": {
+        "succeeded": Rated("Hold", 0.1), "failed": Rated(error="LLMTimeoutError: late"),
+        "interrupted": Rated(status="interrupted")}[ending]}, kind="rerun",
+        status=None if ending != "interrupted" else "interrupted")
+    body = build_digest(sqlite_engine, load_settings(), rerun).message.body.splitlines()
+    ranked = {row.ticker: row for row in ranking(sqlite_engine, night)[1]}
+    applied = ranked["T01"].batch_id == rerun  # what the ranking itself did
+    assert applied == (ending == "succeeded")
+    expected = (f"Applied to the ranking of nightly batch #{night}" if applied else
+                f"Not applied: the ranking of nightly batch #{night} keeps T01's earlier "
+                "result")
+    assert expected in body, body

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 import time_machine
@@ -133,3 +133,26 @@ def test_a_live_night_runs_for_the_time_since_its_start_in_every_view(
     with time_machine.travel(START + timedelta(seconds=23), tick=False):
         running = client.get("/api/ranking", auth=(USER, PASSWORD)).json()["running"]
     assert [(r["id"], r["elapsed_s"], r["duration_s"]) for r in running] == [(night, 23, 23.0)]
+
+
+def test_a_killed_batch_says_the_same_before_and_after_a_command_marks_it_crashed(
+        sqlite_engine: Engine) -> None:
+    # Read commands mark a batch whose process died crashed in its row (``report`` does);
+    # what every view says of it must not change with that write.
+    created = datetime.now(UTC) - timedelta(hours=3)
+    beat = created + timedelta(minutes=10)
+    killed = add_night(sqlite_engine, date(2026, 11, 27), created,
+                       {"AAA": Rated("Buy", 0.5), "BBB": Rated(status="running")},
+                       status="running", heartbeat=beat)
+
+    def said() -> tuple[str, str]:
+        [row] = json.loads(run_cli("batches", "--format", "json").stdout)
+        return row["status"], row["error"]
+
+    before = said()
+    assert before == ("crashed", f"no heartbeat since {beat:%Y-%m-%d %H:%M} UTC: its process "
+                                 "has died")
+    report = run_cli("report", str(killed))
+    assert "marked crashed" in report.stderr  # the row was written
+    assert f"  error: {before[1]}" in report.stdout.splitlines()
+    assert said() == before

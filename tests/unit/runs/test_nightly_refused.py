@@ -198,20 +198,72 @@ def test_the_timer_does_not_run_a_date_already_analyzed_again(
 @pytest.mark.parametrize(("start", "again"), [
     (["--as-of", str(DEMO_AS_OF)],
      f"nightdesk run --continue-night --as-of {DEMO_AS_OF}"),
-    (["--tickers", "{first}"], "the same `nightdesk run` command as before"),
+    # Its own tickers: the command line as the operator gave it.
+    (["--tickers", "{first}"], "nightdesk run --tickers {first}"),
 ], ids=["as-of", "tickers"])
 def test_the_advice_starts_the_same_night_again(
         sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
         start: list[str], again: str) -> None:
     env, _ = cause("server-down", tmp_path, monkeypatch)
-    argv = ["run", *(word.format(first=demo_tickers(2)[0]) for word in start)]
+    first = demo_tickers(2)[0]
+    argv = ["run", *(word.format(first=first) for word in start)]
     assert run_cli(*argv, env={**env, "NIGHTDESK_NOTIFY": hook.url()}).code == 2
     [post] = hook.posts
     advice = post["message"].splitlines()[1]
+    again = again.format(first=first)
     assert advice == f"What to do: fix that, then start the night again: {again}"
     fake_llm(monkeypatch, None, demo_tickers(2))  # fixed: the server is back
-    command = argv if again.startswith("the same") else again.split()[1:]
-    result = run_cli(*command, env={"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    result = run_cli(*again.split()[1:], env={"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
     assert result.code == 0, result.stderr
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(Batch.as_of)).scalars().all() == [DEMO_AS_OF]
+
+
+@pytest.mark.parametrize("name", ["server-down", "wrong-model"])
+@pytest.mark.parametrize("ending", ["interrupted", "killed"])
+def test_a_resume_refused_at_its_start_pushes_a_digest(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
+        name: str, ending: str) -> None:
+    # `nightdesk run --resume N`, the command every digest of a night cut short advises, is
+    # a start too: refused, it is no more silent than a new night, and names itself again.
+    from tests.unit.support.night_rows import Rated, add_night, at
+
+    env, says = cause(name, tmp_path, monkeypatch)
+    a, b = demo_tickers(2)
+    created = at(DEMO_AS_OF + timedelta(days=1), 0, 10)
+    night = add_night(sqlite_engine, DEMO_AS_OF, created,
+                      {a: Rated("Buy", 0.7), b: Rated(status="interrupted")},
+                      status="running" if ending == "killed" else "interrupted")
+    result = run_cli("run", "--resume", str(night),
+                     env={**env, "NIGHTDESK_NOTIFY": hook.url(),
+                          "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false",
+                          "NIGHTDESK_DATA_DIR": str(tmp_path / "data")})
+    assert result.code == 2, result.stderr
+    [error] = [line for line in result.error_lines if line.startswith("error: ")]
+    assert says in error and "Traceback" not in result.stderr, result.stderr
+    [post] = hook.posts
+    assert post["type"] == "failure"
+    assert post["title"] == (f"nightdesk: night of {DEMO_AS_OF} REFUSED at its start, "
+                             f"batch #{night} not continued")
+    lines = post["message"].splitlines()
+    assert lines[0].startswith("Why: ") and says in lines[0], lines
+    assert lines[1] == f"What to do: fix that, then continue it: nightdesk run --resume {night}"
+    assert batches(sqlite_engine) == 1  # nothing new was written
+
+
+def test_a_refused_night_of_its_own_tickers_advises_the_command_as_given(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        hook: Webhook) -> None:
+    # `nightdesk run --continue-night` would start the default universe instead: the advice
+    # is the operator's own command line, which runs once the cause is fixed.
+    env, says = cause("server-down", tmp_path, monkeypatch)
+    a, b = demo_tickers(2)
+    argv = ["run", "--tickers", f"{a},{b}", "--as-of", str(DEMO_AS_OF), "--samples", "2"]
+    result = run_cli(*argv, env={**env, "NIGHTDESK_NOTIFY": hook.url(),
+                                 "NIGHTDESK_DATA_DIR": str(tmp_path / "data")})
+    assert result.code == 2, result.stderr
+    [post] = hook.posts
+    lines = post["message"].splitlines()
+    assert says in lines[0], lines
+    assert lines[1] == ("What to do: fix that, then start the night again: nightdesk "
+                        + " ".join(argv)), lines
