@@ -131,6 +131,7 @@ class FleetResult:
     front: dict[str, Any] = field(default_factory=dict)  # the endpoint list, or vllm-router
     servers: dict[str, Any] = field(default_factory=dict)  # their /metrics (server_figures())
     kill: dict[str, Any] | None = None  # the endpoint killed mid-night, and what it cost
+    before: dict[str, Any] | None = None  # the smaller night run first (--before-tickers)
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self), default=str))
@@ -495,6 +496,10 @@ def fleet(
     nights: Annotated[int, typer.Option(
         min=1, help="Run the arm this many times, one batch each (the ETA's prior: the "
                     "night before).")] = 1,
+    before_tickers: Annotated[int | None, typer.Option(
+        min=1, help="First a night of this many tickers on the same servers and database "
+                    "(the ETA's prior of another size: an ungated night before a gated "
+                    "one).")] = None,
     router_policy: Annotated[str | None, typer.Option(
         "--router", help="Put vllm-router in front of the endpoints with this --policy "
                          "(e.g. consistent_hash); default: nightdesk's own endpoint list.")]
@@ -529,6 +534,8 @@ def fleet(
         raise InputError("--router-arg and --program-context need --router")
     if kill_at is not None and (endpoints < 2 or nights > 1 or servers is not None):
         raise InputError("--kill-at needs at least 2 endpoints it starts and one night")
+    if before_tickers is not None and kill_at is not None:
+        raise InputError("--before-tickers and --kill-at: one night is killed, not two")
     given = [root.strip().rstrip("/") for root in (servers or "").split(",") if root.strip()]
     if servers is not None and len(given) != endpoints:
         raise InputError(f"--servers names {len(given)} servers, --endpoints says {endpoints}")
@@ -596,6 +603,17 @@ def fleet(
         facts = ({"profile": CPU_PROFILE} if vllm_cpu else
                  {"kv_cache_tokens": gpu.kv_tokens, "max_num_seqs": gpu.max_num_seqs,
                   "fleet_model": asdict(gpu)})
+        before: dict[str, Any] | None = None
+        if before_tickers is not None:
+            first = synthetic_workload(settings, before_tickers, scale, output_scale)
+            first_json, _, _ = asyncio.run(drive(settings, engine, first, facts,
+                                                 strategy=strategy, name=name))
+            done = first_json["arms"][-1]
+            before = {"tickers": before_tickers, "batch_id": done["batch_id"],
+                      "makespan_s": done["makespan_s"], "calls": done["calls"],
+                      "failed_calls": done["failed_calls"],
+                      "tickers_not_succeeded": lost_tickers(engine, done["batch_id"]),
+                      "gate_wait_s": timing(engine, done["batch_id"]).get("gate_wait_s")}
         arm_json, lag, use = asyncio.run(drive(settings, engine, load, facts,
                                                strategy=strategy, name=name, nights=nights,
                                                kill=kill_fn, kill_at_s=kill_at or 0.0))
@@ -624,7 +642,7 @@ def fleet(
         rows_per_s=rows / arm["makespan_s"] if arm["makespan_s"] else 0.0,
         capacity={} if vllm_cpu else capacity(arm, gpu, endpoints), timing=spent, front=front,
         servers=servers,
-        kill=kill,
+        kill=kill, before=before,
         machine={**machine_facts().model_dump(), "database": database, "server_cpus": server_cpus,
                  "client_cpus": sorted(os.sched_getaffinity(0)),
                  "load_average_1_5_15_before": load_before,
@@ -704,6 +722,12 @@ def show_fleet(result: Any) -> None:
                       f"{cell(servers.get('prefix_cache_hit_rate'), '.1%')}, preemptions "
                       f"{servers.get('preemptions', 0):.0f}; tickers not succeeded "
                       f"{len(servers.get('tickers_not_succeeded') or [])}")
+    first = getattr(result, "before", None)
+    if first:
+        console.print(f"  the night before: {first['tickers']} tickers (batch "
+                      f"{first['batch_id']}), makespan {first['makespan_s']:.1f} s, "
+                      f"{first['calls']} calls, {first['failed_calls']} failed; wait at our "
+                      f"gate: max {(first['gate_wait_s'] or {}).get('max', 0):.1f} s")
     kill = getattr(result, "kill", None)
     if kill:
         console.print(f"  killed {kill['server']} at {kill['at_s']:g} s: "

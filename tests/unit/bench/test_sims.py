@@ -40,7 +40,7 @@ def test_the_benches_keep_their_flags_and_left_the_installed_command() -> None:
                                   "database", "pg_url", "port", "server_cpus", "json_out",
                                   "keep_sqlite", "nights", "router_policy", "router_arg",
                                   "program_context", "kill_at", "max_concurrency", "servers",
-                                  "vllm_cpu"}
+                                  "vllm_cpu", "before_tickers"}
     installed = {c.name for c in typer.main.get_group(nightdesk_bench).commands.values()}
     assert installed == {"schedulers", "combine", "durability"}
 
@@ -61,10 +61,11 @@ def test_the_fleet_bench_serves_its_endpoints_and_writes_its_figures(tmp_path: P
                    "--output-scale", "0.05", "--database", "sqlite", tmp_path=tmp_path)
     assert set(result) == {"tickers", "endpoints", "gpu", "workload", "arm", "loop_lag",
                            "process", "rows_per_s", "capacity", "machine", "timing", "front",
-                           "servers", "kill"}
+                           "servers", "kill", "before"}
     # The endpoint list, each server's /metrics read after the night: the chain's calls
     # share their ticker's context, so each server found some of it in its prefix cache.
     assert result["front"] == {"kind": "endpoint list"} and result["kill"] is None
+    assert result["before"] is None
     servers = result["servers"]
     assert (servers["read"], servers["of"], servers["tickers_not_succeeded"]) == (2, 2, [])
     assert 0 < servers["prefix_cache_hit_rate"] < 1 and servers["preemptions"] == 0
@@ -110,6 +111,31 @@ def test_the_fleet_bench_keeps_its_nights_rows_for_a_replay_and_never_overwrites
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 2
     engine.dispose()
+
+
+@pytest.mark.slow
+def test_the_fleet_bench_runs_a_smaller_night_before_into_the_same_database(
+        tmp_path: Path) -> None:
+    # The ETA's prior of another size: 2 tickers, then the night of 3 on the same server.
+    kept = tmp_path / "nights.db"
+    result = bench("tests.bench.fleet", "--tickers", "3", "--before-tickers", "2",
+                   "--endpoints", "1", "--speedup", "20", "--output-scale", "0.05",
+                   "--database", "sqlite", "--keep-sqlite", str(kept), tmp_path=tmp_path)
+    engine = create_engine(f"sqlite:///{kept}")
+    with engine.connect() as conn:
+        batches = conn.execute(select(Batch.id, Batch.status, Batch.tickers_total)
+                               .order_by(Batch.id)).all()
+        calls = dict(conn.execute(select(LLMCall.batch_id, func.count())
+                                  .group_by(LLMCall.batch_id)).all())
+    engine.dispose()
+    assert [tuple(b) for b in batches] == [(1, "succeeded", 2), (2, "succeeded", 3)]
+    assert calls == {1: 2 * 17, 2: 3 * 17}
+    before = result["before"]
+    assert (before["tickers"], before["batch_id"], before["calls"]) == (2, 1, 2 * 17)
+    assert before["failed_calls"] == 0 and before["tickers_not_succeeded"] == []
+    assert before["makespan_s"] > 0 and before["gate_wait_s"]["max"] >= 0
+    # The figures are the later night's.
+    assert (result["tickers"], result["arm"]["batch_id"], result["arm"]["calls"]) == (3, 2, 51)
 
 
 def router_installed() -> bool:
