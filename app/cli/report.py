@@ -230,10 +230,11 @@ def report(
     intervals = batch_timeline(engine, chosen)
     bound = night_bound(engine, chosen, result.wall_seconds)
     if fmt == "json":
-        # The batch report's own fields flattened between the batch and the server's view.
+        # The batch report's own fields flattened between the batch and the server's view;
+        # the advice as ``Advice`` objects, the shape ``ranking --format json`` gives it.
         echo_json(
             {"batch": head, "failed_tickers": failed,
-             "advice": [step.command for step in advice], **to_jsonable_python(result),
+             "advice": advice, **to_jsonable_python(result),
              "server": view, "endpoints": shares, "over_time": intervals,
              "graph_bound": bound, "warnings": warnings})
     else:
