@@ -193,9 +193,12 @@ def compare_table(arms: list[Arm], title: str = "arms side by side") -> Table:
     table = figures(title, (header for header, _, _ in COMPARE_COLUMNS), {"label"})
     for a in arms:
         row = [getattr(a, key) for _, key, _ in COMPARE_COLUMNS]
-        table.add_row(*(cell(value, spec) if value is not None and spec not in ("s", "d")
-                        else str(value if value is not None else "—")
-                        for value, (_, _, spec) in zip(row, COMPARE_COLUMNS, strict=True)))
+        cells = [cell(value, spec) if value is not None and spec not in ("s", "d")
+                 else escape(str(value if value is not None else "—"))
+                 for value, (_, _, spec) in zip(row, COMPARE_COLUMNS, strict=True)]
+        # The label cell marks a demo arm as `batches` does (``_label``).
+        cells[[key for _, key, _ in COMPARE_COLUMNS].index("label")] = _label(a) or "—"
+        table.add_row(*cells)
     return table
 
 
@@ -230,10 +233,11 @@ def report(
     intervals = batch_timeline(engine, chosen)
     bound = night_bound(engine, chosen, result.wall_seconds)
     if fmt == "json":
-        # The batch report's own fields flattened between the batch and the server's view.
+        # The batch report's own fields flattened between the batch and the server's view;
+        # the advice as ``Advice`` objects, the shape ``ranking --format json`` gives it.
         echo_json(
             {"batch": head, "failed_tickers": failed,
-             "advice": [step.command for step in advice], **to_jsonable_python(result),
+             "advice": advice, **to_jsonable_python(result),
              "server": view, "endpoints": shares, "over_time": intervals,
              "graph_bound": bound, "warnings": warnings})
     else:
@@ -260,7 +264,7 @@ def bound_line(bound: NightBound) -> str:
             f"on {bound.endpoints} endpoint(s), set by {bound.binding}; {bound.server})")
 
 
-def _label(row: BatchSummary) -> str:
+def _label(row: BatchSummary | Arm) -> str:
     """Return the batch's label cell: DEMO DATA for a night on the seeded synthetic snapshot
     (as /batches marks it), then the arm's own label."""
     demo = "[bold red]DEMO DATA[/]" if row.demo else ""

@@ -193,6 +193,7 @@ class Arm(BaseModel):
     batch_id: int
     kind: str
     label: str | None
+    demo: bool  # ran on the seeded synthetic snapshot (every face of such a night says so)
     calls: int
     failed_calls: int
     makespan_s: float
@@ -224,8 +225,8 @@ def compare_arm(engine: Engine, batch_id: int) -> Arm:
     calls = batch_report(engine, batch_id)
     view = server_view(engine, batch_id)
     with engine.connect() as conn:
-        kind, label = conn.execute(select(Batch.kind, Batch.label)
-                                   .where(Batch.id == batch_id)).one()
+        kind, label, settings = conn.execute(select(Batch.kind, Batch.label, Batch.settings)
+                                             .where(Batch.id == batch_id)).one()
     span = calls.wall_seconds
     prefill = view.prefill_tokens_computed if view.prefill_tokens_computed is not None \
         else calls.prompt_tokens
@@ -234,7 +235,8 @@ def compare_arm(engine: Engine, batch_id: int) -> Arm:
     named = {**asdict(view), **asdict(calls)}
     return Arm.model_validate({
         **{key: named[key] for key in Arm.model_fields if key in named},
-        "kind": kind, "label": label, "makespan_s": span,
+        "kind": kind, "label": label, "demo": bool((settings or {}).get("demo_data")),
+        "makespan_s": span,
         "prefill_tokens_per_s": prefill / span if span else 0.0,
         "decode_tokens_per_s": calls.completion_tokens / span if span else 0.0,
         "endpoints": endpoint_shares(engine, batch_id)})

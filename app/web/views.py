@@ -130,17 +130,24 @@ class HistoryPoint(RankRow, _NightOf):
     ``app.morning.ranking.RankRow``'s, in its order)."""
 
 
-class Tonight(BaseModel):
-    """What the ticker page headlines (see ``_tonight``)."""
+class RunOutcome(BaseModel):
+    """How one run of the ticker went, in its batch."""
 
-    rated: bool
     state: str
-    tonight: bool
     batch_id: int
     kind: str
     as_of: IsoDate | None
     batch_status: str
     error: str | None
+
+
+class Tonight(RunOutcome):
+    """What the ticker page headlines (see ``_tonight``): the latest outcome, and the
+    night's own below it when that is a later rerun's."""
+
+    rated: bool
+    tonight: bool
+    night: RunOutcome | None = None
 
 
 class LatestRun(BaseModel):
@@ -346,13 +353,29 @@ def _tonight(runs: list[Any], last_good: HistoryPoint | None,
     """Return what the ticker page headlines: the ticker's newest night, rated or not.
 
     ``rated``: the ranking of that night has a rating for the ticker (its own, or a rerun's
-    applied), which is then ``last_good``; otherwise the run's state and reason, and the
-    page shows the last good rating below it, dated. ``tonight``: that night is the newest
-    nightly batch of all (else the ticker was not in it). Without a nightly run, the newest
-    rerun stands in.
+    applied), which is then ``last_good``; otherwise the latest outcome for that night: a
+    later rerun of the same as-of date's (the night's own then in ``night``), else the
+    night's, with its state and reason, and the page shows the last good rating below it,
+    dated. ``tonight``: that night is the newest nightly batch of all (else the ticker was
+    not in it). Without a nightly run, the newest rerun stands in.
     """
     run = next((r for r in runs if r.kind == "nightly"), runs[0])
     rated = last_good is not None and last_good.nightly_batch_id == run.batch_id
+    tonight = run.kind == "nightly" and run.batch_id == newest_night
+    night = _outcome(run, batch_status)
+    # ``runs`` is newest first: the first rerun of the night's date after it is the latest.
+    rerun = None if rated else next(
+        (r for r in runs if r.kind == "rerun" and r.batch_id > run.batch_id
+         and r.as_of == run.as_of), None)
+    if rerun is None:
+        headline = night.model_copy(update={"state": "rated"}) if rated else night
+        return Tonight(**dict(headline), rated=rated, tonight=tonight)
+    return Tonight(**dict(_outcome(rerun, batch_status)), rated=False, tonight=tonight,
+                   night=night)
+
+
+def _outcome(run: Any, batch_status: dict[int, str]) -> RunOutcome:
+    """Return how ``run`` went, a ticker its batch left running or queued read by the batch."""
     of_batch = batch_status[run.batch_id]
     if of_batch == "running":
         state = "running" if run.status in ("running", "queued") else run.status
@@ -360,10 +383,8 @@ def _tonight(runs: list[Any], last_good: HistoryPoint | None,
         state = "interrupted" if of_batch == "crashed" else of_batch
     else:
         state = run.status
-    return Tonight(rated=rated, state="rated" if rated else state,
-                   tonight=run.kind == "nightly" and run.batch_id == newest_night,
-                   batch_id=run.batch_id, kind=run.kind, as_of=run.as_of,
-                   batch_status=of_batch, error=plain_error(run.error))
+    return RunOutcome(state=state, batch_id=run.batch_id, kind=run.kind, as_of=run.as_of,
+                      batch_status=of_batch, error=plain_error(run.error))
 
 
 def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView:

@@ -101,3 +101,32 @@ def test_every_cli_face_of_a_night_says_whether_it_ran_on_demo_data(
     assert all(line.split(",")[-1] == str(demo) for line in lines), lines
     assert all(b["demo"] is demo for b in json.loads(run_cli("batches", "--format",
                                                               "json").stdout))
+
+
+def test_a_comparison_marks_the_arms_that_ran_on_demo_data(sqlite_engine: Engine) -> None:
+    # One night on the DEMO snapshot, one on market data, side by side: the table marks the
+    # demo arm's row alone, the JSON carries `demo` for each, the web page badges its column.
+    from datetime import timedelta
+
+    from tests.unit.support.night_rows import SETTINGS, Rated, add_night, at
+
+    nights = {demo: add_night(sqlite_engine, DEMO_AS_OF - timedelta(days=days),
+                              at(DEMO_AS_OF, 0, 10) - timedelta(days=days),
+                              {"AAA": Rated("Buy", 0.7)}, settings={**SETTINGS, "demo_data": demo})
+              for days, demo in ((1, True), (0, False))}
+    ids = f"{nights[True]},{nights[False]}"
+    table = run_cli("report", "--compare", ids, env={"COLUMNS": "250"}).stdout
+    rows = {int(line.split()[1]): line for line in table.splitlines()
+            if line.split()[1:2] in ([str(nights[True])], [str(nights[False])])}
+    assert {night: "DEMO DATA" in row for night, row in rows.items()} == {
+        nights[True]: True, nights[False]: False}, table
+    arms = json.loads(run_cli("report", "--compare", ids, "--format", "json").stdout)
+    assert [(a["batch_id"], a["demo"]) for a in arms] == [(nights[True], True),
+                                                           (nights[False], False)]
+    app = create_app(sqlite_engine, Guard("ops", "pw"), RerunQueue(), stale_after_s=120.0,
+                     settings=load_settings())
+    with TestClient(app) as client:
+        page = BeautifulSoup(client.get(f"/batches/compare?ids={ids}", auth=("ops", "pw")).text,
+                             "html.parser")
+    heads = page.select("#compare thead th")[1:]
+    assert [head.find(class_="demo") is not None for head in heads] == [True, False]

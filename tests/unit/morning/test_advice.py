@@ -96,8 +96,8 @@ def advice_given(engine: Engine, client: TestClient, batch_id: int) -> set[str]:
         texts.append(run_cli("ranking", env=env).stderr)
         report = run_cli("report", str(batch_id), env=env)
         texts.extend([report.stdout, report.stderr])
-        texts.extend(json.loads(run_cli("report", str(batch_id), "--format", "json",
-                                        env=env).stdout)["advice"])
+        texts.extend(step["command"] for step in json.loads(run_cli(
+            "report", str(batch_id), "--format", "json", env=env).stdout)["advice"])
     found = {match.group(1) for text in texts for line in text.splitlines()
              for match in ADVISED.finditer(line)}
     # `nightdesk report N`, named when more advice than fits is left out, needs no run.
@@ -159,6 +159,22 @@ def test_the_advice_follows_what_resume_takes_up(sqlite_engine: Engine,
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(Batch.status).where(Batch.id == night)).scalar() == \
             "interrupted"
+
+
+def test_report_and_ranking_give_advice_in_one_json_shape(sqlite_engine: Engine) -> None:
+    # A script reads `advice` the same way from either JSON face: `{command, does}` objects.
+    a, b, _ = demo_tickers(3)
+    night = add_night(sqlite_engine, DEMO_AS_OF, CREATED,
+                      {a: Rated("Buy", 0.7), b: Rated(error=FAILURE)})
+    env = {"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
+    with time_machine.travel(VIEWED, tick=False):
+        report = json.loads(run_cli("report", str(night), "--format", "json",
+                                    env=env).stdout)["advice"]
+        ranking = json.loads(run_cli("ranking", "--format", "json", env=env).stdout)
+    assert ranking["night"]["latest"]["id"] == night
+    assert report == ranking["night"]["advice"] == [
+        {"command": f"nightdesk rerun {b} --as-of {DEMO_AS_OF}",
+         "does": f"runs {b} again; the ranking applies it"}]
 
 
 def test_report_and_the_batch_page_tell_not_finished_from_failed(

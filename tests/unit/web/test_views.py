@@ -208,6 +208,28 @@ def test_the_ticker_page_after_a_failed_night(sqlite_engine: Engine,
     assert bbb.find(id="last-good") is None
 
 
+def test_the_ticker_page_headlines_a_later_failed_rerun_with_the_night_below(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    first = add_night(sqlite_engine, D1, DUE1, GOOD)
+    night = add_night(sqlite_engine, D2, DUE2,
+                      {"AAA": Rated(error="LLMTimeoutError: no answer within 300 s"),
+                       "BBB": Rated("Hold", 0.05)})
+    rerun = add_night(sqlite_engine, D2, DUE2 + timedelta(hours=6),
+                      {"AAA": Rated(error="HTTP 500: boom")}, kind="rerun")
+    soup = page(client, "/ticker/AAA")
+    tonight = soup.find(id="tonight")
+    # The latest outcome first (the rerun's), the night's own below it.
+    assert tonight is not None and tonight["data-state"] == "failed"
+    assert text(tonight).startswith(
+        f"Its latest rerun of that night: failed in rerun batch #{rerun} (as of {D2}, batch "
+        "failed): HTTP 500: boom")
+    assert text(soup.find(id="night-outcome")) == (
+        f"Tonight: failed in nightly batch #{night} (as of {D2}, batch partial): "
+        "LLMTimeoutError: no answer within 300 s")
+    assert text(soup.find(id="last-good")) == \
+        f"Last good rating: Buy score +0.80, rank 1, as of {D1} (batch #{first})."
+
+
 def test_the_ticker_page_headlines_the_ranking_s_rating(sqlite_engine: Engine,
                                                         client: TestClient) -> None:
     # Two samples, Underweight −0.48 and Sell −0.70: the ranking's rating is the band of the
