@@ -25,9 +25,10 @@ mkdir -p "$work/stage/nd-whl"
 for s in .gpu/s*; do cp "$s"/* "$work/stage/"; done
 
 # nightdesk's dependencies for the host's Python 3.12, less what vLLM's stage and the image hold:
-# the host-wheels list, torch and its CUDA wheels, and numpy/scipy/scikit-learn (the image's
-# sentence-transformers and jax need them). Anything else the image holds is installed again
-# under /tmp/site, which is harmless.
+# the host-wheels list, torch and its CUDA wheels, numpy/scipy/scikit-learn (the image's
+# sentence-transformers and jax need them), and pandas/matplotlib with their compiled needs (the
+# earlier H200 and H100 nights ran without carrying them). Anything else the image holds is
+# installed again under /tmp/site, which is harmless.
 plat="--only-binary=:all: --python-version 3.12 --implementation cp"
 for p in manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 \
          manylinux_2_27_x86_64 manylinux_2_31_x86_64 manylinux_2_34_x86_64 manylinux_2_35_x86_64 \
@@ -37,7 +38,8 @@ import tomllib
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))
 PY
 )
-skip=$(sed 's/==.*//' "$(dirname "$prep")/host-wheels.txt"; printf '%s\n' torch numpy scipy scikit-learn triton)
+skip=$(sed 's/==.*//' "$(dirname "$prep")/host-wheels.txt"; printf '%s\n' torch numpy scipy scikit-learn triton \
+       pandas matplotlib pillow fonttools kiwisolver contourpy)
 mkdir -p "$work/all"
 # shellcheck disable=SC2086  # the platform flags are words
 echo "$deps" | python3 -m pip download -q $plat -d "$work/all" -r /dev/stdin
@@ -52,7 +54,8 @@ done
 echo "nightdesk wheels: $(ls "$work/stage/nd-whl" | wc -l), $(du -sh "$work/stage/nd-whl" | cut -f1)"
 
 rm -rf .gpu && mkdir -p .gpu
-(cd "$work/stage" && tar -cf - . | split -b 55M -d -a 1 - "$work/piece.")
+# A call carries the working tree with its .git (~26 MiB in 2026-12) beside its piece, 64 MiB in all.
+(cd "$work/stage" && tar -cf - . | split -b "${ND_PIECE_MB:-36}M" -d -a 1 - "$work/piece.")
 i=0; for f in "$work"/piece.*; do mkdir -p .gpu/p$i; mv "$f" .gpu/p$i/; i=$((i+1)); done
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 du -sh .gpu/p*
