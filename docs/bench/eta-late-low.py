@@ -108,8 +108,8 @@ def night(name: str) -> list[dict[str, Any]]:
                            default=float("inf")) for s in open_steps]
                 ages = [(at - s.since).total_seconds() for s in open_steps]
                 seen["open"] = len(open_steps)
-                seen["held"] = sum(a > eta.HELD_AGE * m for a, m in zip(ages, med))
-                seen["waited"] = sum(a > m for a, m in zip(ages, med))
+                seen["held"] = sum(a > eta.HELD_AGE * m for a, m in zip(ages, med, strict=True))
+                seen["waited"] = sum(a > m for a, m in zip(ages, med, strict=True))
                 seen["need"] = max(eta.NEWEST_MIN, eta.HELD_SHARE * len(open_steps))
                 seen["cost"] = dict(cost)
                 seen["steps"] = steps
