@@ -243,6 +243,10 @@ class ServerSample(OfBatch, Base):
     # The most our own event loop ran late since the reading before (app/traffic/sampler.py):
     # a client too busy reading its streams has stale gauges (None on older rows).
     client_lag_s: Mapped[float | None] = mapped_column(Float)
+    # The tickers whose chains the token budget kept going once this reading had moved it
+    # (app/traffic/limits.py ``chain_slots``; None: no cap, no budget, or an older row): the
+    # ETA runs the chains left through that many slots, the senior ticker first.
+    chain_slots: Mapped[int | None] = mapped_column(Integer)
 
 
 class NodeText(OfBatch, Base):

@@ -58,6 +58,9 @@ class MetricsSampler:
         self.probe_s = probe_s if probe_s is not None else interval_s
         self.endpoint = None if endpoint is None else redact(endpoint)  # stored in every row
         self.push: Callable[[MetricsSnapshot | None], None] | None = None  # Server.reading
+        # Server.chain_slots: stored with each row once the reading has been pushed, so that
+        # any process showing the night reads the slots the ETA needs from the rows.
+        self.slots: Callable[[], int | None] | None = None
         self.latest: MetricsSnapshot | None = None
         # From vllm:cache_config_info, every reading: a restarted server may have another.
         self.kv_capacity: int | None = None
@@ -120,7 +123,8 @@ class MetricsSampler:
             self.push(snapshot)
         if self._engine is not None and self._batch_id is not None:
             try:
-                row = sample_row(snapshot, self._batch_id, self.endpoint, self._lag)
+                row = sample_row(snapshot, self._batch_id, self.endpoint, self._lag,
+                                 self.slots() if self.slots is not None else None)
                 self._lag = 0.0
                 await asyncio.to_thread(_insert, self._engine, row)
             except SQLAlchemyError as error:
@@ -259,11 +263,12 @@ class MetricsSampler:
 
 
 def sample_row(snapshot: MetricsSnapshot, batch_id: int, endpoint: str | None = None,
-               client_lag_s: float | None = None) -> dict[str, Any]:
+               client_lag_s: float | None = None,
+               chain_slots: int | None = None) -> dict[str, Any]:
     """Return the ``server_samples`` row for one reading (column names match the model)."""
     values = asdict(snapshot)
     return {"batch_id": batch_id, "sampled_at": values.pop("taken_at"), **values,
-            "endpoint": endpoint, "client_lag_s": client_lag_s}
+            "endpoint": endpoint, "client_lag_s": client_lag_s, "chain_slots": chain_slots}
 
 
 def _insert(engine: Engine, row: dict[str, Any]) -> None:

@@ -65,6 +65,8 @@ class Server:
         self.gauges = gauges
         if gauges is not None:
             gauges.push = self.reading
+            if isinstance(gauges, MetricsSampler):  # its rows carry the slots
+                gauges.slots = self.chain_slots
         self.strategy = strategy
         # A reader that reads only when asked (no interval) gives no gauges to admit by.
         gauged = gauges is not None and getattr(gauges, "interval_s", 0) is not None

@@ -244,3 +244,25 @@ def test_only_the_lines_read_are_parsed_and_the_snapshot_is_unchanged(
     assert snap.prefill_time_s_total == sum(whole["vllm:request_prefill_time_seconds_sum"])
     assert snap.prefix_cache_hits_total == sum(whole.get(
         "vllm:prefix_cache_hits_total", whole.get("vllm:gpu_prefix_cache_hits_total", [0.0])))
+
+
+@pytest.mark.parametrize(("strategy", "slots"), [("fixed-7:prefetch=on", 7), ("fixed-all", None)])
+async def test_each_row_carries_the_chain_slots_of_the_server_it_was_pushed_to(
+        tmp_path: Path, strategy: str, slots: int | None) -> None:
+    # The ETA reads the slots from the rows (any process showing the night computes it).
+    from tests.unit.support.servers import read_servers
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        batch = Batch(kind="nightly", as_of=date(2026, 1, 2), created_at=datetime.now(UTC))
+        session.add(batch)
+        session.commit()
+        batch_id = batch.id
+    async with httpx.AsyncClient(transport=transport()) as client:
+        sampler = MetricsSampler("http://x/v1", engine, batch_id, interval_s=1, client=client)
+        server = read_servers(sampler, strategy=strategy).endpoints[0]
+        assert server.chain_slots() == slots
+        await sampler.sample_once()
+    with Session(engine) as session:
+        assert [r.chain_slots for r in session.scalars(select(ServerSample))] == [slots]

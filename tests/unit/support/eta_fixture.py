@@ -2,7 +2,8 @@
 
 The fixture (JSON) holds what ``app.morning.eta.reading`` reads, for the night and for the finished
 night before it (the prior, whose calls alone are read): the batch row's settings, its
-ticker runs, its calls (times, tokens, status), its ``/metrics`` generation counters, and the
+ticker runs, its calls (times, tokens, status), its ``/metrics`` generation counters and the
+budget's chain slots at each (a fixture exported before those were stored has none), and the
 ``progress_readings`` rows the live progress stored. ``load`` writes them into a database;
 exporting one is
 
@@ -35,7 +36,8 @@ from tests.unit.support import FIXTURES
 
 CALL = ("ticker", "node", "sample", "status", "completion_tokens", "ready_at", "started_at",
         "ended_at")
-SAMPLE = ("endpoint", "sampled_at", "generation_tokens_total")
+# Fixtures exported before chain_slots was stored hold the first three: loaded as None.
+SAMPLE = ("endpoint", "sampled_at", "generation_tokens_total", "chain_slots")
 TICKER = ("ticker", "status", "started_at", "finished_at")
 BATCH = ("kind", "as_of", "status", "created_at", "started_at", "finished_at",
          "tickers_total", "settings")
@@ -84,6 +86,10 @@ def export(url: str, batch_id: int, source: str) -> dict[str, Any]:
 
 
 def _row(columns: tuple[str, ...], values: list[Any]) -> dict[str, Any]:
+    """Return a row's columns; those an older fixture lacks (at the end) as None."""
+    if len(values) > len(columns):
+        raise ValueError(f"a fixture row of {len(values)} values for {len(columns)} columns")
+    values = [*values, *[None] * (len(columns) - len(values))]
     return {c: (datetime.fromisoformat(v) if c in TIMES and v is not None else v)
             for c, v in zip(columns, values, strict=True)}
 

@@ -55,7 +55,7 @@ def check_reordered_catch_up(url: str) -> None:
 
     upgrade(url)
     check_schema(engine)  # context-trim columns and the call ids are there now
-    assert current_revision(engine) == head_revision() == "0014_served_by"
+    assert current_revision(engine) == head_revision() == "0015_sample_chain_slots"
     upgrade(url)  # and nothing runs twice
     check_schema(engine)
 
@@ -132,7 +132,7 @@ EXPECTED = {
         "preemptions_total", "prompt_tokens_total", "generation_tokens_total",
         "prefix_cache_queries_total", "prefix_cache_hits_total", "spec_drafts_total",
         "spec_draft_tokens_total", "spec_accepted_tokens_total", "prefill_time_s_total",
-        "decode_time_s_total", "endpoint", "client_lag_s",
+        "decode_time_s_total", "endpoint", "client_lag_s", "chain_slots",
     },
     "node_outputs": {
         "id", "batch_id", "ticker", "sample", "node", "position", "text", "prompt_tokens",
