@@ -6,6 +6,7 @@
 # packages its Python image lacked were installed from copied wheels into /root/site, and the
 # server was started from there with random weights (--load-format dummy) and
 # VLLM_USE_FLASHINFER_SAMPLER=0 (FlashInfer was not installed); its log is /root/vllm.log.
+# docs/bench/gpu-stage.sh builds that stage here, with nightdesk's wheels, in carry-sized pieces.
 #
 # This script installs the wheels nightdesk needs beyond those (.whl files) into /tmp/site, then
 # runs the nightdesk CLI from this checkout with the script's arguments, e.g.
