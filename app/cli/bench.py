@@ -25,7 +25,7 @@ app = typer.Typer(no_args_is_help=True, help="Measure nightdesk's own overheads.
 
 @app.command("schedulers")
 def schedulers(
-    tickers: Annotated[int, typer.Option(help="Tickers in the workload.")] = 32,
+    tickers: Annotated[int, typer.Option(min=1, help="Tickers in the workload.")] = 32,
     workload: Annotated[str, typer.Option(
         help="synthetic (the nightly per-node shape, scaled) or recorded:BATCH_ID")] = "synthetic",
     scale: Annotated[float | None, typer.Option(
@@ -58,7 +58,7 @@ def schedulers(
 
     import httpx
 
-    from app.bench.arms import plan_arms
+    from app.bench.arms import check_arms, plan_arms
     from app.bench.schedulers import run_bench
     from app.bench.workloads import fit_scale, synthetic_workload
     from app.errors import InputError, ServerError
@@ -68,6 +68,7 @@ def schedulers(
     from serving.urls import redact, server_root
 
     settings = setup()
+    check_arms(strategies)  # a typo is named before any server is asked
     engine = database(settings)
     lengths, served = [], []
     for url in settings.llm.urls:  # every endpoint must answer; the smallest length rules
@@ -115,7 +116,8 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     """Print a scheduler bench's table, references and checks; write its JSON when asked."""
     from app.morning.accounting import COMPARE_COLUMNS
 
-    bound = f"{result.bound_tok_s:.1f} tok/s" if result.bound_tok_s else "-"
+    bound = (f"{result.bound_tok_s:.1f} tok/s" if result.bound_tok_s
+             else "none (below)" if result.bound else "-")
     columns = [("strategy", "strategy", "s"), ("makespan s", "makespan_s", ".1f"),
                ("output tok/s", "output_tokens_per_s", ".1f"),
                ("ok tok/s", "succeeded_output_tokens_per_s", ".1f"),
@@ -143,7 +145,9 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     if result.mixed:
         console.print("[bold red]mixed runs[/] (--allow-mixed): " + "; ".join(
             f"{what}: {len(values)} values" for what, values in result.mixed.items()))
-    if result.bound:
+    if result.bound and result.bound.get("unavailable"):
+        console.print(f"graph bound: none for this run ({result.bound['unavailable']})")
+    elif result.bound:
         b, step = result.bound, result.bound["step"]
         console.print(
             f"graph bound {result.bound_tok_s:.1f} tok/s, set by {b['binding']}: "
@@ -247,7 +251,7 @@ def combine(
     The ceiling, the graph bound and the checks are worked out again over all the arms.
     Runs of another code commit, host or server flags are refused unless --allow-mixed.
     """
-    from app.bench.schedulers import combine_results
+    from app.bench.schedulers import check_result, combine_results
     from app.errors import InputError
 
     setup()
@@ -257,6 +261,10 @@ def combine(
             loaded.append(json.loads(path.read_text()))
         except (OSError, ValueError) as error:
             raise InputError(f"cannot read bench JSON {path}: {error}") from None
+        try:
+            check_result(loaded[-1])
+        except InputError as error:
+            raise InputError(f"{path} {error}") from None
     show_schedulers(combine_results(loaded, allow_mixed=allow_mixed), json_out)
 
 
