@@ -261,7 +261,8 @@ def bound_line(bound: NightBound) -> str:
         return f"graph bound: none for this night ({bound.unavailable})"
     return (f"graph bound: makespan {bound.makespan_s:.0f} s = {bound.makespan_over_bound:.2f}"
             f" x the least any schedule that respects the graph needs ({bound.bound_s:.0f} s "
-            f"on {bound.endpoints} endpoint(s), set by {bound.binding}; {bound.server})")
+            f"on {bound.endpoints} endpoint(s), set by {bound.binding}; {bound.server})"
+            + (f" — {bound.scope}" if bound.scope else ""))
 
 
 def _label(row: BatchSummary | Arm) -> str:
