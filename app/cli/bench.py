@@ -15,7 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from app.cli.common import cell, database, figures, setup
+from app.cli.common import database, figures, setup
+from app.morning.numbers import number
 
 if TYPE_CHECKING:
     from app.bench.schedulers import BenchResult
@@ -134,7 +135,7 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                     f"({result.ceiling_arm or '-'}); graph bound {bound}",
                     (header for header, _, _ in columns), {"strategy"})
     for a in result.arms:
-        table.add_row(*(str(a.get(key)) if spec == "s" else cell(a.get(key), spec)
+        table.add_row(*(str(a.get(key)) if spec == "s" else number(a.get(key), spec)
                         for _, key, spec in columns))
     console = Console(width=190)
     console.print(table)
@@ -212,8 +213,8 @@ def _endpoint_lines(a: dict[str, Any]) -> list[str]:
     if len(shares) > 1:
         lines.append(f"  {a['strategy']}: " + "; ".join(
             f"{e['endpoint']} {e['output_tokens_per_s']:.1f} tok/s, {e['tickers']} tickers, "
-            f"KV peak {cell(e['kv_usage_max'], '.0%')}, preemptions "
-            f"{cell(e['preemptions'], '.0f')}" for e in shares)
+            f"KV peak {number(e['kv_usage_max'], '.0%')}, preemptions "
+            f"{number(e['preemptions'], '.0f')}" for e in shares)
             + f" (total {a['output_tokens_per_s']:.1f} tok/s)")
     for url, part in ((a.get("admission") or {}).get("endpoints") or {}).items():
         if budget := part.get("token_budget"):
@@ -234,7 +235,7 @@ def _means_table(result: BenchResult) -> Table:
                       f"{m['min_tok_s']:.1f}", f"{m['max_tok_s']:.1f}",
                       "-" if spread is None else
                       f"{spread:.1f} ({spread / m['output_tokens_per_s']:.1%})",
-                      cell(m["preemptions"], ".0f"))
+                      number(m["preemptions"], ".0f"))
     return means
 
 

@@ -93,13 +93,6 @@ def echo_csv(rows: Iterable[Mapping[str, Any]], fields: Iterable[str]) -> None:
     writer.writerows(rows)
 
 
-def cell(value: Any, spec: str = ".1f") -> str:
-    """Show a value in a table cell: a float by ``spec``, anything else as it is, None as —."""
-    if value is None:
-        return "—"
-    return format(value, spec) if isinstance(value, float) else str(value)
-
-
 def figures(title: str, columns: Iterable[str], left: Collection[str] = ()) -> Table:
     """Return an empty table of these columns: figures right-justified, those in ``left``
     (names, labels) left-justified."""
