@@ -122,6 +122,8 @@ def test_plan_answers_how_many_gpus_finish_by_a_deadline(deadline: str,
 @pytest.mark.parametrize(("args", "says"), [
     (("--tickers", "0"), "--tickers"),
     (("--tickers", "many"), "--tickers"),
+    (("--tickers", "1" + "0" * 400), "--tickers"),
+    (("--tickers", "1000001"), "--tickers"),
     (("--tickers", "5", "--shape", "weekly"), "--shape takes synthetic or a recorded night"),
     (("--tickers", "5", "--shape", "12x"), "--shape takes synthetic"),
     (("--tickers", "5", "--profile", "a100"), "--profile takes h200-moe or a recorded night"),
