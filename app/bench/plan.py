@@ -144,11 +144,11 @@ def night_server(engine: Engine, batch_id: int) -> ServerModel:
     kv = recorded.get("kv_cache_tokens")
     if not kv:
         raise InputError(f"batch {batch_id} recorded no KV cache size (its server facts have "
-                         "none): plan with a built-in --profile, e.g. --profile h200-moe")
+                         "none)")
     step = fit_step(decode_levels(engine, batch_id))
     if step is None:
         raise InputError(f"batch {batch_id} has no /metrics readings of decoding to fit a step "
-                         "to: plan with a built-in --profile, e.g. --profile h200-moe")
+                         "to")
     seqs = recorded.get("max_num_seqs") or most
     if not seqs:
         raise InputError(f"batch {batch_id} recorded no --max-num-seqs and ran no request")

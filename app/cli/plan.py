@@ -68,7 +68,13 @@ def _profile(settings: Settings, text: str) -> ServerModel:
     if not text.strip().isdigit():
         raise InputError(f"--profile takes {', '.join(PROFILES)} or a recorded night's batch "
                          f"id, whose readings give the server's step (got {text!r})")
-    return night_server(_night_database(settings), parse_batch_id(text, what="--profile"))
+    batch_id = parse_batch_id(text, what="--profile")
+    try:
+        return night_server(_night_database(settings), batch_id)
+    except InputError as error:
+        # Said here, not in the model: `report` shows the same reason, where it is no advice.
+        raise InputError(f"{error}: plan with a built-in --profile, e.g. --profile "
+                         f"{next(iter(PROFILES))}") from None
 
 
 def plan(

@@ -224,6 +224,7 @@ def test_a_night_is_set_against_its_own_graph_bound(sqlite_engine: Any) -> None:
     assert night_bound(sqlite_engine, bare, 40.0).unavailable is not None
     line = run_cli("report", str(bare)).stdout
     assert "graph bound: not computed" in line and "recorded no KV cache size" in line
+    assert "--profile" not in line  # plan's advice, no report's
 
 
 def test_plan_takes_a_recorded_nights_shape_and_server(sqlite_engine: Any) -> None:
@@ -242,6 +243,7 @@ def test_plan_takes_a_recorded_nights_shape_and_server(sqlite_engine: Any) -> No
     bare = _night(sqlite_engine, None)
     refused = run_cli("plan", "--tickers", "4", "--profile", str(bare))
     assert refused.code == 2 and "recorded no KV cache size" in refused.error_lines[0]
+    assert "plan with a built-in --profile, e.g. --profile h200-moe" in refused.error_lines[0]
 
 
 # --- checked from outside (issue 46's QA): nights that did not end well, odd clocks ---------
