@@ -119,3 +119,27 @@ def test_bench_schedulers_refuses_bad_input_before_asking_a_server(
                      env={"NIGHTDESK_LLM_BASE_URL": "http://127.0.0.1:9/v1"})
     assert result.code == 2, result.stderr
     assert len(result.error_lines) == 1 and says in result.error_lines[0], result.stderr
+
+
+def test_combine_refuses_a_run_given_twice(tmp_path: Path) -> None:
+    # Two runs a side 10% apart: "not shown". The same file twice made it four runs a side
+    # and a verdict from runs that are one.
+    result = BenchResult("w", 100, 1700, arms=[
+        fake_arm("fixed-14", 500.0), fake_arm("adaptive", 520.0),
+        fake_arm("fixed-14", 510.0), fake_arm("adaptive", 560.0)],
+        machine=json.loads(json.dumps(MACHINE)))
+    for i, arm in enumerate(result.arms):
+        arm["batch_id"] = i + 1
+    _judge(result)
+    one = _write(tmp_path, "one.json", result.to_json())
+    twice = run_cli("bench", "combine", str(one), str(one))
+    assert twice.code == 2 and len(twice.error_lines) == 1
+    assert "a run of fixed-14 (batch 1) is given twice" in twice.error_lines[0]
+    # A combined file beside one of its parts: the same, though the combination set the
+    # part's arms' ratios against another ceiling (fixed-all's 700 tok/s).
+    other = _write(tmp_path, "other.json", _run("fixed-all", 700.0))
+    both = tmp_path / "both.json"
+    assert run_cli("bench", "combine", str(one), str(other), "--json-out", str(both)).code == 0
+    assert json.loads(both.read_text())["arms"][0]["ratio_to_ceiling"] == pytest.approx(500 / 700)
+    again = run_cli("bench", "combine", str(both), str(one))
+    assert again.code == 2 and "is given twice" in again.error_lines[0]
