@@ -382,13 +382,13 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False) ->
             # The same run twice (a file given twice, or a combined file beside its parts)
             # would count as two runs: a spread of nothing, a lead "shown" from one run.
             # Its ratios are worked out again in every combination: not part of the run.
-            same = json.dumps({k: v for k, v in arm.items() if not k.startswith("ratio_")},
+            run_key = json.dumps({k: v for k, v in arm.items() if not k.startswith("ratio_")},
                               sort_keys=True, default=str)
-            if same in seen:
+            if run_key in seen:
                 raise InputError(f"a run of {arm['strategy']} (batch {arm.get('batch_id')}) is "
                                  "given twice: counted twice it would make its arm look surer "
                                  "than it is")
-            seen.add(same)
+            seen.add(run_key)
     first = runs[0]
     try:
         result = BenchResult(first["workload"], first["tickers"], first["requests"],
