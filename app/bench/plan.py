@@ -281,7 +281,9 @@ class NightBound(BaseModel, frozen=True):
     that respects the graph could have taken on its server (None: not computable, and why;
     ``unavailable`` set beside figures: the model's figure is no bound for this night)."""
 
-    makespan_s: float
+    makespan_s: float  # the time its calls ran: pauses (a crash, then a resume) left out
+    paused_s: float = 0.0
+    pauses: int = 0
     bound_s: float | None = None
     makespan_over_bound: float | None = None
     binding: str | None = None
@@ -291,17 +293,21 @@ class NightBound(BaseModel, frozen=True):
     scope: str | None = None  # set when the bound is of less than the whole night's tickers
 
 
-def night_bound(engine: Engine, batch_id: int, makespan_s: float) -> NightBound:
+def night_bound(engine: Engine, batch_id: int, makespan_s: float, *, paused_s: float = 0.0,
+                pauses: int = 0) -> NightBound:
     """Return a night's makespan over its graph bound: its answered calls' graph (its
-    recorded requests give the chains) on its own server model (``night_server``)."""
+    recorded requests give the chains) on its own server model (``night_server``).
+    ``makespan_s`` is the time its calls ran (app/morning/activity.py), the ``pauses`` of
+    ``paused_s`` between them left out, as every throughput figure of a batch does."""
+    kept = {"paused_s": paused_s, "pauses": pauses}
     try:
         server = night_server(engine, batch_id)
         batch, workload = recorded_workload(engine, batch_id)
         graph = arm_graph_facts(engine, batch_id, workload)
     except InputError as error:
-        return NightBound(makespan_s=makespan_s, unavailable=str(error))
+        return NightBound(makespan_s=makespan_s, **kept, unavailable=str(error))
     if batch.status in ("queued", "running"):
-        return NightBound(makespan_s=makespan_s, unavailable=(
+        return NightBound(makespan_s=makespan_s, **kept, unavailable=(
             f"batch {batch_id} is still running: its makespan so far is no night's"))
     unfinished = (batch.tickers_total or 0) - (batch.tickers_succeeded or 0)
     scope = (None if unfinished <= 0 else
@@ -312,14 +318,15 @@ def night_bound(engine: Engine, batch_id: int, makespan_s: float) -> NightBound:
                                      .where(ServerSample.batch_id == batch_id)).all()) or 1
     bound = graph_bound(graph, server.kv_tokens, server.max_num_seqs, server.step, endpoints)
     if bound is None or makespan_s <= 0:
-        return NightBound(makespan_s=makespan_s, unavailable="no answered output to bound")
+        return NightBound(makespan_s=makespan_s, **kept,
+                          unavailable="no answered output to bound")
     # A night quicker than its "bound" shows the model wrong for it (its step is fitted to the
     # night's readings): the figures stay in the JSON, but nothing calls them a bound.
     wrong = (None if makespan_s >= bound.seconds else
              f"the model gives {bound.seconds:.0f} s, more than the night took "
              f"({makespan_s:.0f} s): its step, fitted to the night's readings, overstates "
              "the server, so it bounds nothing here")
-    return NightBound(makespan_s=makespan_s, bound_s=bound.seconds,
+    return NightBound(makespan_s=makespan_s, **kept, bound_s=bound.seconds,
                       makespan_over_bound=makespan_s / bound.seconds, binding=bound.binding,
                       endpoints=endpoints, server=server.source, unavailable=wrong,
                       scope=scope)

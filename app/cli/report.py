@@ -230,7 +230,8 @@ def report(
     shares = endpoint_shares(engine, chosen)
     warnings = warnings_for(engine, chosen)
     intervals = batch_timeline(engine, chosen)
-    bound = night_bound(engine, chosen, result.wall_seconds)
+    bound = night_bound(engine, chosen, result.active_seconds, paused_s=result.paused_seconds,
+                        pauses=result.pauses)
     if fmt == "json":
         # The batch report's own fields flattened between the batch and the server's view;
         # the advice as ``Advice`` objects, the shape ``ranking --format json`` gives it.
@@ -258,7 +259,10 @@ def bound_line(bound: NightBound) -> str:
         return f"graph bound: not computed ({bound.unavailable})"
     if bound.unavailable is not None:
         return f"graph bound: none for this night ({bound.unavailable})"
-    return (f"graph bound: makespan {bound.makespan_s:.0f} s = {bound.makespan_over_bound:.2f}"
+    paused = (f" (its calls running; {bound.pauses} pause{'s' if bound.pauses > 1 else ''}, "
+              f"{bound.paused_s:.0f} s, left out)" if bound.pauses else "")
+    return (f"graph bound: makespan {bound.makespan_s:.0f} s{paused} = "
+            f"{bound.makespan_over_bound:.2f}"
             f" x the least any schedule that respects the graph needs ({bound.bound_s:.0f} s "
             f"on {bound.endpoints} endpoint(s), set by {bound.binding}; {bound.server})"
             + (f" — {bound.scope}" if bound.scope else ""))

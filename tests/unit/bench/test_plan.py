@@ -145,11 +145,12 @@ def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], says: str) -> N
 
 
 def _night(engine: Any, facts: dict[str, Any] | None, status: str = "succeeded",
-           ticker_status: dict[str, str] | None = None) -> int:
+           ticker_status: dict[str, str] | None = None, pause_s: float = 0.0) -> int:
     """Two tickers of a, b side by side (0-20 s) then c after both (20-40 s); outputs 10, 20,
     30 with prompts 100, 200, 300; the server read at 0, 20 and 40 s running 2, 60 tokens
     made between readings. ``ticker_status``: ticker runs recorded with these statuses (a
-    ticker not succeeded made only a and b: its c never ran)."""
+    ticker not succeeded made only a and b: its c never ran). ``pause_s``: the night stood
+    still this long between b and c (crashed, then resumed), its last reading as late."""
     from datetime import UTC, date, datetime, timedelta
 
     from sqlalchemy.orm import Session
@@ -184,13 +185,18 @@ def _night(engine: Any, facts: dict[str, Any] | None, status: str = "succeeded",
                 session.add(LLMCall(
                     batch_id=batch.id, ticker=ticker, node=node, sample=0, call_id=call_id,
                     model="m", prompt_tokens=prompt, completion_tokens=out, status="ok",
-                    started_at=t0 + timedelta(seconds=start),
-                    ended_at=t0 + timedelta(seconds=start + 20), latency_s=20.0))
-        for i in range(3):
+                    started_at=t0 + timedelta(seconds=start + (pause_s if start else 0)),
+                    ended_at=t0 + timedelta(seconds=start + 20 + (pause_s if start else 0)),
+                    latency_s=20.0))
+        # (seconds, tokens made so far) at each reading; a pause adds the first reading after
+        # the resume, which finds no tokens made since the last one before it.
+        readings = [(0, 0), (20, 60), (40, 120)] if not pause_s else [
+            (0, 0), (20, 60), (20 + pause_s, 60), (40 + pause_s, 120)]
+        for at, made in readings:
             session.add(ServerSample(
-                batch_id=batch.id, sampled_at=t0 + timedelta(seconds=20 * i), running=2,
+                batch_id=batch.id, sampled_at=t0 + timedelta(seconds=at), running=2,
                 waiting=0, kv_cache_usage=0.1, preemptions_total=0, prompt_tokens_total=0,
-                generation_tokens_total=60 * i, endpoint="http://gpu:8000/v1"))
+                generation_tokens_total=made, endpoint="http://gpu:8000/v1"))
         session.commit()
         return batch.id
 
@@ -342,3 +348,17 @@ def test_a_night_under_a_minute_is_shown_in_seconds(sqlite_engine: Any) -> None:
     best = plan_json("--tickers", "4", "--shape", str(night))["best_makespan_s"]
     assert best < 60 and f"({best:.1f} s on 16)" in shown.stdout
     assert "0.0 min" not in shown.stdout
+
+
+def test_a_paused_nights_bound_is_set_against_the_time_its_calls_ran(sqlite_engine: Any) -> None:
+    # Crashed after b, resumed 300 s later: 340 s from first call to last, 40 s of them with
+    # calls running (every tok/s figure divides by those). Against the bound's 33.3 s the
+    # night is 1.20 x, not the 10.2 x its wall time would make it.
+    night = _night(sqlite_engine, FACTS, pause_s=300.0)
+    report = json.loads(run_cli("report", str(night), "--format", "json").stdout)
+    assert report["wall_seconds"] == 340.0 and report["active_seconds"] == 40.0
+    bound = report["graph_bound"]
+    assert bound["makespan_s"] == 40.0
+    assert bound["makespan_over_bound"] == pytest.approx(1.2)
+    line = " ".join(run_cli("report", str(night)).stdout.split())
+    assert "graph bound: makespan 40 s (its calls running; 1 pause, 300 s, left out) = 1.20 x" in line
