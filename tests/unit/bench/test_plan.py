@@ -361,4 +361,5 @@ def test_a_paused_nights_bound_is_set_against_the_time_its_calls_ran(sqlite_engi
     assert bound["makespan_s"] == 40.0
     assert bound["makespan_over_bound"] == pytest.approx(1.2)
     line = " ".join(run_cli("report", str(night)).stdout.split())
-    assert "graph bound: makespan 40 s (its calls running; 1 pause, 300 s, left out) = 1.20 x" in line
+    assert ("graph bound: makespan 40 s (its calls running; 1 pause, 300 s, left out) = 1.20 x"
+            in line)
