@@ -119,7 +119,7 @@ def recorded_shape(engine: Engine, batch_id: int) -> NightShape:
     if not batch.tickers_succeeded:
         raise InputError(f"batch {batch_id} ({batch.status}): no ticker succeeded, so no "
                          "whole ticker to take a shape from")
-    if runs:  # nights recorded before ticker runs were kept: every ticker, as it stands
+    if runs:  # without ticker runs (rows written by hand) every ticker counts, as it stands
         whole = {t: items for t, items in workload.items() if runs.get(t) == "succeeded"}
         if not whole:
             raise InputError(f"batch {batch_id} ({batch.status}): no ticker run succeeded, "
@@ -299,16 +299,16 @@ def night_bound(engine: Engine, batch_id: int, makespan_s: float, *, paused_s: f
     recorded requests give the chains) on its own server model (``night_server``).
     ``makespan_s`` is the time its calls ran (app/morning/activity.py), the ``pauses`` of
     ``paused_s`` between them left out, as every throughput figure of a batch does."""
-    kept = {"paused_s": paused_s, "pauses": pauses}
+    base = NightBound(makespan_s=makespan_s, paused_s=paused_s, pauses=pauses)
     try:
         server = night_server(engine, batch_id)
         batch, workload = recorded_workload(engine, batch_id)
         graph = arm_graph_facts(engine, batch_id, workload)
     except InputError as error:
-        return NightBound(makespan_s=makespan_s, **kept, unavailable=str(error))
+        return base.model_copy(update={"unavailable": str(error)})
     if batch.status in ("queued", "running"):
-        return NightBound(makespan_s=makespan_s, **kept, unavailable=(
-            f"batch {batch_id} is still running: its makespan so far is no night's"))
+        return base.model_copy(update={"unavailable": (
+            f"batch {batch_id} is still running: its makespan so far is no night's")})
     unfinished = (batch.tickers_total or 0) - (batch.tickers_succeeded or 0)
     scope = (None if unfinished <= 0 else
              f"of its answered calls; {unfinished} of {batch.tickers_total} tickers did not "
@@ -318,15 +318,14 @@ def night_bound(engine: Engine, batch_id: int, makespan_s: float, *, paused_s: f
                                      .where(ServerSample.batch_id == batch_id)).all()) or 1
     bound = graph_bound(graph, server.kv_tokens, server.max_num_seqs, server.step, endpoints)
     if bound is None or makespan_s <= 0:
-        return NightBound(makespan_s=makespan_s, **kept,
-                          unavailable="no answered output to bound")
+        return base.model_copy(update={"unavailable": "no answered output to bound"})
     # A night quicker than its "bound" shows the model wrong for it (its step is fitted to the
     # night's readings): the figures stay in the JSON, but nothing calls them a bound.
     wrong = (None if makespan_s >= bound.seconds else
              f"the model gives {bound.seconds:.0f} s, more than the night took "
              f"({makespan_s:.0f} s): its step, fitted to the night's readings, overstates "
              "the server, so it bounds nothing here")
-    return NightBound(makespan_s=makespan_s, **kept, bound_s=bound.seconds,
-                      makespan_over_bound=makespan_s / bound.seconds, binding=bound.binding,
-                      endpoints=endpoints, server=server.source, unavailable=wrong,
-                      scope=scope)
+    return base.model_copy(update={
+        "bound_s": bound.seconds, "makespan_over_bound": makespan_s / bound.seconds,
+        "binding": bound.binding, "endpoints": endpoints, "server": server.source,
+        "unavailable": wrong, "scope": scope})
