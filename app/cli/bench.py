@@ -8,6 +8,7 @@ need the tests' fakes, so they run from a checkout (tests/bench/, ``make bench-t
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -69,8 +70,19 @@ def schedulers(
     from serving.urls import redact, server_root
 
     settings = setup()
-    check_arms(strategies)  # a typo is named before any server is asked
+    # Everything the operator wrote is read before any server is asked: with none up, a typo
+    # would otherwise be hidden behind "no server answers".
+    check_arms(strategies)
+    for option, value in (("--scale", scale), ("--output-scale", output_scale)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise InputError(f"{option} takes a number above 0 (got {value:g})")
     engine = database(settings)
+    recorded_load = None
+    if workload.startswith("recorded:"):
+        recorded = parse_batch_id(workload[9:], what="--workload recorded:BATCH_ID")
+        _, recorded_load = recorded_workload(engine, recorded)
+    elif workload != "synthetic":
+        raise InputError(f"--workload takes synthetic or recorded:BATCH_ID (got {workload!r})")
     lengths, served = [], []
     for url in settings.llm.urls:  # every endpoint must answer; the smallest length rules
         root = server_root(url)
@@ -82,17 +94,13 @@ def schedulers(
         lengths.append(int(models[0].get("max_model_len") or 8192))
         served.append(models[0])
     max_len = min(lengths)
-    if workload == "synthetic":
+    if recorded_load is None:
         chosen = scale if scale is not None else fit_scale(max_len)
         load = synthetic_workload(settings, tickers, chosen, output_scale)
         name = f"synthetic x{chosen:g} (out x{output_scale if output_scale else chosen:g})"
-    elif workload.startswith("recorded:"):
-        recorded = parse_batch_id(workload[9:], what="--workload recorded:BATCH_ID")
-        _, load = recorded_workload(engine, recorded)
-        load = dict(list(load.items())[:tickers])
-        name = workload
     else:
-        raise InputError(f"--workload takes synthetic or recorded:BATCH_ID (got {workload!r})")
+        load = dict(list(recorded_load.items())[:tickers])
+        name = workload
     facts = batch_server_facts(settings.llm.server_profile, settings.llm.url,
                                settings.paths.server_dir)
     arms, sweep = plan_arms(strategies, load, facts.get("kv_cache_tokens"),

@@ -111,6 +111,12 @@ def test_combine_names_the_server_flag_that_differs(tmp_path: Path) -> None:
     (("--strategies", "fixed-15:tail=yes"), "bad knob 'tail=yes'"),
     (("--strategies", "fixed-0"), "unknown strategy 'fixed-0'"),
     (("--strategies", "adaptive:initial=-3"), "initial must be at least 1"),
+    (("--workload", "bogus"), "--workload takes synthetic or recorded:BATCH_ID"),
+    (("--workload", "recorded:abc"), "--workload recorded:BATCH_ID takes a batch id"),
+    (("--workload", "recorded:424242"), "no batch with id 424242"),
+    (("--scale", "-1"), "--scale takes a number above 0"),
+    (("--scale", "nan"), "--scale takes a number above 0"),
+    (("--output-scale", "0"), "--output-scale takes a number above 0"),
 ])
 def test_bench_schedulers_refuses_bad_input_before_asking_a_server(
         args: tuple[str, ...], says: str) -> None:
