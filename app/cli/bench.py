@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from app.cli.common import database, figures, setup
+from app.cli.common import database, figures, setup, writable
 from app.morning.numbers import number
 
 if TYPE_CHECKING:
@@ -73,6 +73,7 @@ def schedulers(
     # Everything the operator wrote is read before any server is asked: with none up, a typo
     # would otherwise be hidden behind "no server answers".
     check_arms(strategies)
+    writable(json_out)
     for option, value in (("--scale", scale), ("--output-scale", output_scale)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise InputError(f"{option} takes a number above 0 (got {value:g})")
@@ -264,6 +265,7 @@ def combine(
     from app.errors import InputError
 
     setup()
+    writable(json_out)
     loaded = []
     for path in files:
         try:
@@ -292,6 +294,7 @@ def durability(
     from app.bench.durability import MODES, run_durability_bench, write_json
 
     settings = setup()
+    writable(json_out)
     result = asyncio.run(run_durability_bench(settings, pg_url, runs=runs,
                                               reply_chars=reply_chars))
     table = figures(f"checkpoint durability on {result.database}: median of {runs} runs of "

@@ -149,3 +149,27 @@ def test_combine_refuses_a_run_given_twice(tmp_path: Path) -> None:
     assert json.loads(both.read_text())["arms"][0]["ratio_to_ceiling"] == pytest.approx(500 / 700)
     again = run_cli("bench", "combine", str(both), str(one))
     assert again.code == 2 and "is given twice" in again.error_lines[0]
+
+
+@pytest.mark.parametrize("where", ["a-directory", "under-a-file/out.json"])
+def test_an_unwritable_json_out_is_refused_before_any_work(tmp_path: Path, where: str) -> None:
+    (tmp_path / "a-directory").mkdir()
+    (tmp_path / "under-a-file").write_text("")
+    out = tmp_path / where
+    one = _write(tmp_path, "a.json", _run("fixed-14", 500.0))
+    combined = run_cli("bench", "combine", str(one), "--json-out", str(out))
+    assert combined.code == 2 and len(combined.error_lines) == 1, combined.stderr
+    assert f"--json-out {out}: cannot write there" in combined.error_lines[0]
+    assert combined.stdout == ""  # refused before the table: nothing judged, then lost
+    # The scheduler bench, which would have run every arm first: refused with no server up.
+    bench = run_cli("bench", "schedulers", "--plan", "--json-out", str(out),
+                    env={"NIGHTDESK_LLM_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert bench.code == 2 and "cannot write there" in bench.error_lines[0]
+
+
+def test_a_writable_json_out_is_not_left_behind_by_the_check(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "out.json"
+    refused = run_cli("bench", "schedulers", "--plan", "--json-out", str(out),
+                      "--strategies", "fixed-0",
+                      env={"NIGHTDESK_LLM_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert refused.code == 2 and not out.exists()
