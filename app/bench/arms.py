@@ -107,6 +107,18 @@ def tail_off(arm: str) -> str | None:
     return arm + (",tail=off" if ":" in arm else ":tail=off")
 
 
+def check_arms(text: str) -> list[str]:
+    """Return the arms written, each name read (InputError for a typo or an empty list):
+    a bench refuses a misspelt arm before it asks any server anything."""
+    arms = split_arms(text)
+    for arm in arms:
+        if arm not in (SWEEP, FLOOD):
+            Strategy.parse(arm)
+    if not arms:
+        raise InputError("no arms to run: --strategies is empty")
+    return arms
+
+
 def plan_arms(text: str, workload: Workload, kv_tokens: int | None,
               max_num_seqs: int | None, endpoints: int = 1) -> tuple[list[str], Sweep | None]:
     """Return the arms to run, in order, and the sweep when ``sweep`` was among them.
@@ -116,7 +128,7 @@ def plan_arms(text: str, workload: Workload, kv_tokens: int | None,
     what the tail rule earns is measured in the same run. A typo is refused here, before
     any arm runs.
     """
-    arms = split_arms(text)
+    arms = check_arms(text)
     chosen: Sweep | None = None
     planned: list[str] = []
     for arm in arms:
@@ -125,12 +137,8 @@ def plan_arms(text: str, workload: Workload, kv_tokens: int | None,
             planned += [f"fixed-{n}" for n in chosen.sizes
                         if f"fixed-{n}" not in arms and f"fixed-{n}" not in planned]
             continue
-        if arm != FLOOD:
-            Strategy.parse(arm)
         if not any(_same(arm, other) for other in planned):
             planned.append(arm)
-    if not planned:
-        raise InputError("no arms to run: --strategies is empty")
     for arm in list(planned):
         twin = tail_off(arm)
         if twin is not None and not any(_same(twin, other) for other in planned):

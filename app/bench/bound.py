@@ -97,13 +97,14 @@ def graph_facts(calls: list[tuple[str, int, str, int, int]], workload: Workload)
 
 
 def arm_graph_facts(engine: Engine, batch_id: int, workload: Workload) -> GraphFacts:
-    """Return the graph facts of one arm's answered calls."""
+    """Return the graph facts of one arm's answered calls of the workload's tickers."""
     with engine.connect() as conn:
         rows = conn.execute(select(LLMCall.ticker, LLMCall.sample, LLMCall.node,
                                    LLMCall.prompt_tokens, LLMCall.completion_tokens)
                             .where(LLMCall.batch_id == batch_id, LLMCall.status == "ok")).all()
     return graph_facts([(r.ticker, r.sample, r.node, r.prompt_tokens or 0,
-                         r.completion_tokens or 0) for r in rows], workload)
+                         r.completion_tokens or 0) for r in rows if r.ticker in workload],
+                       workload)
 
 
 def decode_levels(engine: Engine, batch_id: int) -> Levels:

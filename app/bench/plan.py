@@ -12,7 +12,8 @@ what is left (docs/lab/2026-12-05-plan-model.md).
 
 from __future__ import annotations
 
-from datetime import datetime, time, timedelta
+import re
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -29,7 +30,7 @@ from app.bench.bound import (
     summed_capacity,
 )
 from app.bench.workloads import seed_graph
-from app.db.models import ServerSample, batch_row
+from app.db.models import ServerSample, TickerRun, batch_row
 from app.errors import InputError
 from app.runs.replay import WorkItem, recorded_workload
 from app.traffic.admission import AdmissionPolicy
@@ -103,13 +104,33 @@ def synthetic_shape(output_scale: float = 1.0) -> NightShape:
 
 
 def recorded_shape(engine: Engine, batch_id: int) -> NightShape:
-    """Return the mean ticker of a recorded night (its answered calls; its requests' order
-    gives the chains, so the night must have recorded its requests)."""
-    _, workload = recorded_workload(engine, batch_id)
+    """Return the mean ticker of a recorded night that ended: its succeeded tickers' answered
+    calls (its requests' order gives the chains, so the night must have recorded its
+    requests). A ticker that failed made only part of its graph: counted, it would shrink
+    the mean ticker. InputError for a night still running or with no ticker succeeded."""
+    batch, workload = recorded_workload(engine, batch_id)
+    if batch.status in ("queued", "running"):
+        raise InputError(f"batch {batch_id} is still running: its tickers' shape is known "
+                         "once it ends; plan from a night that ended")
+    with engine.connect() as conn:
+        runs = dict(conn.execute(select(TickerRun.ticker, TickerRun.status)
+                                 .where(TickerRun.batch_id == batch_id)).tuples().all())
+    name = f"batch {batch_id}"
+    if not batch.tickers_succeeded:
+        raise InputError(f"batch {batch_id} ({batch.status}): no ticker succeeded, so no "
+                         "whole ticker to take a shape from")
+    if runs:  # without ticker runs (rows written by hand) every ticker counts, as it stands
+        whole = {t: items for t, items in workload.items() if runs.get(t) == "succeeded"}
+        if not whole:
+            raise InputError(f"batch {batch_id} ({batch.status}): no ticker run succeeded, "
+                             "so no whole ticker to take a shape from")
+        if len(whole) < len(workload):
+            name += f" (its {len(whole)} succeeded ticker{'s' if len(whole) > 1 else ''})"
+        workload = whole
     graph = arm_graph_facts(engine, batch_id, workload)
     if graph.output_tokens <= 0:
         raise InputError(f"batch {batch_id} has no answered calls to take a shape from")
-    return mean_shape(f"batch {batch_id}", graph, len(workload))
+    return mean_shape(name, graph, len(workload))
 
 
 def night_server(engine: Engine, batch_id: int) -> ServerModel:
@@ -123,11 +144,11 @@ def night_server(engine: Engine, batch_id: int) -> ServerModel:
     kv = recorded.get("kv_cache_tokens")
     if not kv:
         raise InputError(f"batch {batch_id} recorded no KV cache size (its server facts have "
-                         "none): plan with a built-in --profile, e.g. --profile h200-moe")
+                         "none)")
     step = fit_step(decode_levels(engine, batch_id))
     if step is None:
         raise InputError(f"batch {batch_id} has no /metrics readings of decoding to fit a step "
-                         "to: plan with a built-in --profile, e.g. --profile h200-moe")
+                         "to")
     seqs = recorded.get("max_num_seqs") or most
     if not seqs:
         raise InputError(f"batch {batch_id} recorded no --max-num-seqs and ran no request")
@@ -170,6 +191,7 @@ class PlanRow(BaseModel, frozen=True):
     summed_capacity_tok_s: float
     share_of_summed_capacity: float
     within_5pct_of_best: bool
+    by_deadline: bool | None = None  # planned to finish by --deadline (None: none given)
 
 
 class DeadlineAnswer(BaseModel, frozen=True):
@@ -230,9 +252,10 @@ def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
 def parse_clock(text: str, what: str = "--deadline") -> time:
     """Read ``HH:MM`` (24-hour); InputError naming ``what`` for anything else."""
     try:
-        hours, minutes = text.strip().split(":")
-        if len(hours) != 2 or len(minutes) != 2 or not (hours + minutes).isascii():
+        # Exactly two ASCII digits each side: int() would also take "+6", " 6" or "٠٦".
+        if not re.fullmatch(r"[0-9]{2}:[0-9]{2}", text.strip()):
             raise ValueError(text)
+        hours, minutes = text.strip().split(":")
         return time(int(hours), int(minutes))
     except ValueError:
         raise InputError(f"{what} takes a 24-hour time HH:MM, like 06:30 (got {text!r})") \
@@ -240,12 +263,14 @@ def parse_clock(text: str, what: str = "--deadline") -> time:
 
 
 def answer_deadline(plan: FleetPlan, start: datetime, clock: time) -> DeadlineAnswer:
-    """Return the fewest endpoints whose bound finishes by the first ``clock`` after ``start``
-    (``start``'s zone); as a bound, a night needs at least these, maybe more."""
+    """Return the fewest endpoints whose planned makespan finishes by the first ``clock``
+    after ``start`` (``start``'s zone), the seconds between them as elapsed (a clock change
+    in the night counts); as a bound, a night needs at least these, maybe more."""
     deadline = start.replace(hour=clock.hour, minute=clock.minute, second=0, microsecond=0)
     if deadline <= start:
-        deadline += timedelta(days=1)
-    seconds = (deadline - start).total_seconds()
+        deadline += timedelta(days=1)  # on the wall clock: the same time, the next day
+    # Aware datetimes of one zone subtract as wall times, blind to a clock change: in UTC.
+    seconds = (deadline.astimezone(UTC) - start.astimezone(UTC)).total_seconds()
     fits = [r.endpoints for r in plan.rows if r.makespan_s <= seconds]
     return DeadlineAnswer(start=start, deadline=deadline, seconds=seconds,
                           endpoints=min(fits) if fits else None)
@@ -256,36 +281,51 @@ class NightBound(BaseModel, frozen=True):
     that respects the graph could have taken on its server (None: not computable, and why;
     ``unavailable`` set beside figures: the model's figure is no bound for this night)."""
 
-    makespan_s: float
+    makespan_s: float  # the time its calls ran: pauses (a crash, then a resume) left out
+    paused_s: float = 0.0
+    pauses: int = 0
     bound_s: float | None = None
     makespan_over_bound: float | None = None
     binding: str | None = None
     endpoints: int | None = None
     server: str | None = None  # where the step, KV cache and sequence cap came from
     unavailable: str | None = None
+    scope: str | None = None  # set when the bound is of less than the whole night's tickers
 
 
-def night_bound(engine: Engine, batch_id: int, makespan_s: float) -> NightBound:
+def night_bound(engine: Engine, batch_id: int, makespan_s: float, *, paused_s: float = 0.0,
+                pauses: int = 0) -> NightBound:
     """Return a night's makespan over its graph bound: its answered calls' graph (its
-    recorded requests give the chains) on its own server model (``night_server``)."""
+    recorded requests give the chains) on its own server model (``night_server``).
+    ``makespan_s`` is the time its calls ran (app/morning/activity.py), the ``pauses`` of
+    ``paused_s`` between them left out, as every throughput figure of a batch does."""
+    base = NightBound(makespan_s=makespan_s, paused_s=paused_s, pauses=pauses)
     try:
         server = night_server(engine, batch_id)
-        _, workload = recorded_workload(engine, batch_id)
+        batch, workload = recorded_workload(engine, batch_id)
         graph = arm_graph_facts(engine, batch_id, workload)
     except InputError as error:
-        return NightBound(makespan_s=makespan_s, unavailable=str(error))
+        return base.model_copy(update={"unavailable": str(error)})
+    if batch.status in ("queued", "running"):
+        return base.model_copy(update={"unavailable": (
+            f"batch {batch_id} is still running: its makespan so far is no night's")})
+    unfinished = (batch.tickers_total or 0) - (batch.tickers_succeeded or 0)
+    scope = (None if unfinished <= 0 else
+             f"of its answered calls; {unfinished} of {batch.tickers_total} tickers did not "
+             "succeed, and the time their other calls took is in the makespan")
     with engine.connect() as conn:
         endpoints = len(conn.execute(select(ServerSample.endpoint).distinct()
                                      .where(ServerSample.batch_id == batch_id)).all()) or 1
     bound = graph_bound(graph, server.kv_tokens, server.max_num_seqs, server.step, endpoints)
     if bound is None or makespan_s <= 0:
-        return NightBound(makespan_s=makespan_s, unavailable="no answered output to bound")
+        return base.model_copy(update={"unavailable": "no answered output to bound"})
     # A night quicker than its "bound" shows the model wrong for it (its step is fitted to the
     # night's readings): the figures stay in the JSON, but nothing calls them a bound.
     wrong = (None if makespan_s >= bound.seconds else
              f"the model gives {bound.seconds:.0f} s, more than the night took "
              f"({makespan_s:.0f} s): its step, fitted to the night's readings, overstates "
              "the server, so it bounds nothing here")
-    return NightBound(makespan_s=makespan_s, bound_s=bound.seconds,
-                      makespan_over_bound=makespan_s / bound.seconds, binding=bound.binding,
-                      endpoints=endpoints, server=server.source, unavailable=wrong)
+    return base.model_copy(update={
+        "bound_s": bound.seconds, "makespan_over_bound": makespan_s / bound.seconds,
+        "binding": bound.binding, "endpoints": endpoints, "server": server.source,
+        "unavailable": wrong, "scope": scope})

@@ -375,6 +375,20 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False) ->
     """
     if not runs:
         raise InputError("no bench results to combine")
+    seen: set[str] = set()
+    for run in runs:
+        check_result(run)
+        for arm in run["arms"]:
+            # The same run twice (a file given twice, or a combined file beside its parts)
+            # would count as two runs: a spread of nothing, a lead "shown" from one run.
+            # Its ratios are worked out again in every combination: not part of the run.
+            run_key = json.dumps({k: v for k, v in arm.items() if not k.startswith("ratio_")},
+                              sort_keys=True, default=str)
+            if run_key in seen:
+                raise InputError(f"a run of {arm['strategy']} (batch {arm.get('batch_id')}) is "
+                                 "given twice: counted twice it would make its arm look surer "
+                                 "than it is")
+            seen.add(run_key)
     first = runs[0]
     try:
         result = BenchResult(first["workload"], first["tickers"], first["requests"],
@@ -390,9 +404,9 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False) ->
                 if mine != theirs:
                     if not allow_mixed:
                         raise InputError(
-                            f"cannot combine runs whose {what} differ ({_short(theirs)} and "
-                            f"{_short(mine)}): their arms are not comparable; --allow-mixed "
-                            "combines them anyway")
+                            f"cannot combine runs whose {what} differ ({_differ(theirs, mine)})"
+                            ": their arms are not comparable; --allow-mixed combines them "
+                            "anyway")
                     mixed.setdefault(what, [theirs])
                     if mine not in mixed[what]:
                         mixed[what].append(mine)
@@ -402,6 +416,34 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False) ->
         raise InputError(f"not a bench schedulers result (missing {error})") from None
     _judge(result)
     return result
+
+
+def check_result(run: Any) -> None:
+    """Raise InputError unless ``run`` has a bench result's shape: what is judged of it (its
+    arms' strategy and output tok/s) must be there, or judging it fails half-way."""
+    def fails(why: str) -> InputError:
+        return InputError(f"is not a bench schedulers result ({why})")
+    if not isinstance(run, dict):
+        raise fails(f"a JSON {type(run).__name__}, not an object")
+    missing = [key for key in ("workload", "tickers", "requests", "arms") if key not in run]
+    if missing:
+        raise fails(f"no {', '.join(missing)}")
+    if not isinstance(run["arms"], list) or not isinstance(run.get("machine", {}), dict):
+        raise fails("its arms are not a list, or its machine not an object")
+    for i, arm in enumerate(run["arms"]):
+        tok_s = arm.get("output_tokens_per_s") if isinstance(arm, dict) else None
+        if (not isinstance(arm, dict) or not isinstance(arm.get("strategy"), str)
+                or not isinstance(tok_s, int | float) or isinstance(tok_s, bool)):
+            raise fails(f"arm {i + 1} has no strategy name or no numeric output_tokens_per_s")
+
+
+def _differ(theirs: Any, mine: Any) -> str:
+    """Say what differs between two recorded values: for objects, the keys that differ."""
+    if isinstance(theirs, dict) and isinstance(mine, dict):
+        keys = sorted(k for k in theirs.keys() | mine.keys() if theirs.get(k) != mine.get(k))
+        return "; ".join(f"{k}: {_short(theirs.get(k))} and {_short(mine.get(k))}"
+                         for k in keys)
+    return f"{_short(theirs)} and {_short(mine)}"
 
 
 def _short(value: Any) -> str:
@@ -434,6 +476,17 @@ def _graph_bound(result: BenchResult) -> None:
         return
     result.bound = {**asdict(bound), "max_num_seqs_from": (
         "server facts" if facts.get("max_num_seqs") else "the most requests any arm ran")}
+    # No schedule that respects the graph beats a bound; a run of one that did shows the
+    # model (its step fitted to a few readings, its sequence cap perhaps guessed) wrong for
+    # this run. The figures stay in the JSON, but nothing is judged or shown against them.
+    over = max((a for a in result.arms if a["strategy"] != SERVER_BOUND),
+               key=lambda a: a["output_tokens_per_s"], default=None)
+    if over is not None and over["output_tokens_per_s"] > bound.tok_s:
+        result.bound["unavailable"] = (
+            f"{over['strategy']} ran at {over['output_tokens_per_s']:.1f} tok/s, over the "
+            f"model's {bound.tok_s:.1f}: the model bounds nothing in this run")
+        result.bound_tok_s = None
+        return
     result.bound_tok_s = bound.tok_s
 
 

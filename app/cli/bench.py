@@ -8,6 +8,7 @@ need the tests' fakes, so they run from a checkout (tests/bench/, ``make bench-t
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -15,7 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from app.cli.common import cell, database, figures, setup
+from app.cli.common import database, figures, setup, writable
+from app.morning.numbers import number
 
 if TYPE_CHECKING:
     from app.bench.schedulers import BenchResult
@@ -25,7 +27,7 @@ app = typer.Typer(no_args_is_help=True, help="Measure nightdesk's own overheads.
 
 @app.command("schedulers")
 def schedulers(
-    tickers: Annotated[int, typer.Option(help="Tickers in the workload.")] = 32,
+    tickers: Annotated[int, typer.Option(min=1, help="Tickers in the workload.")] = 32,
     workload: Annotated[str, typer.Option(
         help="synthetic (the nightly per-node shape, scaled) or recorded:BATCH_ID")] = "synthetic",
     scale: Annotated[float | None, typer.Option(
@@ -58,7 +60,7 @@ def schedulers(
 
     import httpx
 
-    from app.bench.arms import plan_arms
+    from app.bench.arms import check_arms, plan_arms
     from app.bench.schedulers import run_bench
     from app.bench.workloads import fit_scale, synthetic_workload
     from app.errors import InputError, ServerError
@@ -68,7 +70,20 @@ def schedulers(
     from serving.urls import redact, server_root
 
     settings = setup()
+    # Everything the operator wrote is read before any server is asked: with none up, a typo
+    # would otherwise be hidden behind "no server answers".
+    check_arms(strategies)
+    writable(json_out)
+    for option, value in (("--scale", scale), ("--output-scale", output_scale)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise InputError(f"{option} takes a number above 0 (got {value:g})")
     engine = database(settings)
+    recorded_load = None
+    if workload.startswith("recorded:"):
+        recorded = parse_batch_id(workload[9:], what="--workload recorded:BATCH_ID")
+        _, recorded_load = recorded_workload(engine, recorded)
+    elif workload != "synthetic":
+        raise InputError(f"--workload takes synthetic or recorded:BATCH_ID (got {workload!r})")
     lengths, served = [], []
     for url in settings.llm.urls:  # every endpoint must answer; the smallest length rules
         root = server_root(url)
@@ -80,17 +95,13 @@ def schedulers(
         lengths.append(int(models[0].get("max_model_len") or 8192))
         served.append(models[0])
     max_len = min(lengths)
-    if workload == "synthetic":
+    if recorded_load is None:
         chosen = scale if scale is not None else fit_scale(max_len)
         load = synthetic_workload(settings, tickers, chosen, output_scale)
         name = f"synthetic x{chosen:g} (out x{output_scale if output_scale else chosen:g})"
-    elif workload.startswith("recorded:"):
-        recorded = parse_batch_id(workload[9:], what="--workload recorded:BATCH_ID")
-        _, load = recorded_workload(engine, recorded)
-        load = dict(list(load.items())[:tickers])
-        name = workload
     else:
-        raise InputError(f"--workload takes synthetic or recorded:BATCH_ID (got {workload!r})")
+        load = dict(list(recorded_load.items())[:tickers])
+        name = workload
     facts = batch_server_facts(settings.llm.server_profile, settings.llm.url,
                                settings.paths.server_dir)
     arms, sweep = plan_arms(strategies, load, facts.get("kv_cache_tokens"),
@@ -115,7 +126,8 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     """Print a scheduler bench's table, references and checks; write its JSON when asked."""
     from app.morning.accounting import COMPARE_COLUMNS
 
-    bound = f"{result.bound_tok_s:.1f} tok/s" if result.bound_tok_s else "-"
+    bound = (f"{result.bound_tok_s:.1f} tok/s" if result.bound_tok_s
+             else "none (below)" if result.bound else "-")
     columns = [("strategy", "strategy", "s"), ("makespan s", "makespan_s", ".1f"),
                ("output tok/s", "output_tokens_per_s", ".1f"),
                ("ok tok/s", "succeeded_output_tokens_per_s", ".1f"),
@@ -132,7 +144,7 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                     f"({result.ceiling_arm or '-'}); graph bound {bound}",
                     (header for header, _, _ in columns), {"strategy"})
     for a in result.arms:
-        table.add_row(*(str(a.get(key)) if spec == "s" else cell(a.get(key), spec)
+        table.add_row(*(str(a.get(key)) if spec == "s" else number(a.get(key), spec)
                         for _, key, spec in columns))
     console = Console(width=190)
     console.print(table)
@@ -143,7 +155,9 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     if result.mixed:
         console.print("[bold red]mixed runs[/] (--allow-mixed): " + "; ".join(
             f"{what}: {len(values)} values" for what, values in result.mixed.items()))
-    if result.bound:
+    if result.bound and result.bound.get("unavailable"):
+        console.print(f"graph bound: none for this run ({result.bound['unavailable']})")
+    elif result.bound:
         b, step = result.bound, result.bound["step"]
         console.print(
             f"graph bound {result.bound_tok_s:.1f} tok/s, set by {b['binding']}: "
@@ -208,8 +222,8 @@ def _endpoint_lines(a: dict[str, Any]) -> list[str]:
     if len(shares) > 1:
         lines.append(f"  {a['strategy']}: " + "; ".join(
             f"{e['endpoint']} {e['output_tokens_per_s']:.1f} tok/s, {e['tickers']} tickers, "
-            f"KV peak {cell(e['kv_usage_max'], '.0%')}, preemptions "
-            f"{cell(e['preemptions'], '.0f')}" for e in shares)
+            f"KV peak {number(e['kv_usage_max'], '.0%')}, preemptions "
+            f"{number(e['preemptions'], '.0f')}" for e in shares)
             + f" (total {a['output_tokens_per_s']:.1f} tok/s)")
     for url, part in ((a.get("admission") or {}).get("endpoints") or {}).items():
         if budget := part.get("token_budget"):
@@ -230,7 +244,7 @@ def _means_table(result: BenchResult) -> Table:
                       f"{m['min_tok_s']:.1f}", f"{m['max_tok_s']:.1f}",
                       "-" if spread is None else
                       f"{spread:.1f} ({spread / m['output_tokens_per_s']:.1%})",
-                      cell(m["preemptions"], ".0f"))
+                      number(m["preemptions"], ".0f"))
     return means
 
 
@@ -247,16 +261,21 @@ def combine(
     The ceiling, the graph bound and the checks are worked out again over all the arms.
     Runs of another code commit, host or server flags are refused unless --allow-mixed.
     """
-    from app.bench.schedulers import combine_results
+    from app.bench.schedulers import check_result, combine_results
     from app.errors import InputError
 
     setup()
+    writable(json_out)
     loaded = []
     for path in files:
         try:
             loaded.append(json.loads(path.read_text()))
         except (OSError, ValueError) as error:
             raise InputError(f"cannot read bench JSON {path}: {error}") from None
+        try:
+            check_result(loaded[-1])
+        except InputError as error:
+            raise InputError(f"{path} {error}") from None
     show_schedulers(combine_results(loaded, allow_mixed=allow_mixed), json_out)
 
 
@@ -275,6 +294,7 @@ def durability(
     from app.bench.durability import MODES, run_durability_bench, write_json
 
     settings = setup()
+    writable(json_out)
     result = asyncio.run(run_durability_bench(settings, pg_url, runs=runs,
                                               reply_chars=reply_chars))
     table = figures(f"checkpoint durability on {result.database}: median of {runs} runs of "

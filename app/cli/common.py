@@ -19,6 +19,7 @@ from sqlalchemy.exc import DBAPIError
 from app.config import Settings, get_settings
 from app.db.engine import ready_engine, reason
 from app.db.readonly import refuses_writes
+from app.errors import InputError
 from app.logs import configure_logging, console
 from app.morning.advice import advise
 from app.runs.checkpoints import check_checkpoints
@@ -93,11 +94,21 @@ def echo_csv(rows: Iterable[Mapping[str, Any]], fields: Iterable[str]) -> None:
     writer.writerows(rows)
 
 
-def cell(value: Any, spec: str = ".1f") -> str:
-    """Show a value in a table cell: a float by ``spec``, anything else as it is, None as —."""
-    if value is None:
-        return "—"
-    return format(value, spec) if isinstance(value, float) else str(value)
+def writable(path: Path | None, option: str = "--json-out") -> None:
+    """Raise InputError unless ``path`` (when given) can be written: checked before a run of
+    minutes or hours, whose figures would otherwise be lost to a traceback at its end. A file
+    that was not there is not left behind."""
+    if path is None:
+        return
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a"):
+            pass
+    except OSError as error:
+        raise InputError(f"{option} {path}: cannot write there ({error.strerror})") from None
+    if not existed:
+        path.unlink()
 
 
 def figures(title: str, columns: Iterable[str], left: Collection[str] = ()) -> Table:

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from sqlalchemy import Engine
 
 from app.bench.plan import (
     ENDPOINTS,
@@ -21,21 +22,36 @@ from app.bench.plan import (
     recorded_shape,
     synthetic_shape,
 )
-from app.cli.common import Formats, database, echo_csv, echo_json, figures, setup
+from app.cli.common import Formats, database, echo_csv, echo_json, figures, mark_crashed, setup
 from app.config import Settings
 from app.errors import InputError
 from app.morning.batchids import parse_batch_id
 from app.morning.timetable import due_times, nightly_trigger
 
+# Past every exchange's listings together; a count past float's range (10^400) would
+# otherwise end in an OverflowError inside the model rather than a line.
+MAX_TICKERS = 1_000_000
 # Piped into a file: do not fold the columns into 80 (as ``nightdesk batches``).
 out = Console(highlight=False, width=None if Console().is_terminal else 160)
 
 
 def _span(seconds: float) -> str:
+    """Show a duration: seconds under a minute (0.4 s is no "0.0 min"), minutes under an
+    hour, else hours and minutes."""
+    if seconds < 59.95:
+        return f"{seconds:.1f} s"
     minutes = round(seconds / 60)
     if minutes < 60:
         return f"{seconds / 60:.1f} min"
     return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _night_database(settings: Settings) -> Engine:
+    """Return the database with dead batches marked crashed: a night whose process died
+    must not read as still running."""
+    engine = database(settings)
+    mark_crashed(engine, settings.batch.heartbeat_stale_s, read_only_ok=True)
+    return engine
 
 
 def _shape(settings: Settings, text: str) -> NightShape:
@@ -43,7 +59,7 @@ def _shape(settings: Settings, text: str) -> NightShape:
         return synthetic_shape()
     if not text.strip().isdigit():
         raise InputError(f"--shape takes synthetic or a recorded night's batch id (got {text!r})")
-    return recorded_shape(database(settings), parse_batch_id(text, what="--shape"))
+    return recorded_shape(_night_database(settings), parse_batch_id(text, what="--shape"))
 
 
 def _profile(settings: Settings, text: str) -> ServerModel:
@@ -52,11 +68,18 @@ def _profile(settings: Settings, text: str) -> ServerModel:
     if not text.strip().isdigit():
         raise InputError(f"--profile takes {', '.join(PROFILES)} or a recorded night's batch "
                          f"id, whose readings give the server's step (got {text!r})")
-    return night_server(database(settings), parse_batch_id(text, what="--profile"))
+    batch_id = parse_batch_id(text, what="--profile")
+    try:
+        return night_server(_night_database(settings), batch_id)
+    except InputError as error:
+        # Said here, not in the model: `report` shows the same reason, where it is no advice.
+        raise InputError(f"{error}: plan with a built-in --profile, e.g. --profile "
+                         f"{next(iter(PROFILES))}") from None
 
 
 def plan(
-    tickers: Annotated[int, typer.Option("--tickers", min=1, help="Tickers in the night.")],
+    tickers: Annotated[int, typer.Option("--tickers", min=1, max=MAX_TICKERS,
+                                         help="Tickers in the night.")],
     shape: Annotated[str, typer.Option(
         "--shape", help="synthetic (the production shape: 17 nodes, 25.5k output tokens a "
                         "ticker) or a recorded night's batch id (its mean ticker; the night "
@@ -85,7 +108,10 @@ def plan(
             raise InputError(f"the schedule {settings.schedule.cron!r} never fires again: no "
                              "start to count to --deadline from")
         start = start.astimezone(trigger.timezone)
-        chosen = chosen.model_copy(update={"deadline": answer_deadline(chosen, start, clock)})
+        answer = answer_deadline(chosen, start, clock)
+        chosen = chosen.model_copy(update={"deadline": answer, "rows": [
+            r.model_copy(update={"by_deadline": r.makespan_s <= answer.seconds})
+            for r in chosen.rows]})
     if fmt == "json":
         echo_json(chosen)
         return

@@ -15,7 +15,6 @@ from app.bench.plan import NightBound, night_bound
 from app.cli.common import (
     Formats,
     TableOrJson,
-    cell,
     database,
     echo_csv,
     echo_json,
@@ -37,6 +36,7 @@ from app.morning.accounting import (
 from app.morning.advice import Advice, next_steps
 from app.morning.batchids import parse_batch_id, parse_batch_ids
 from app.morning.nightstatus import span
+from app.morning.numbers import number
 from app.morning.serverview import BOUND_NAMES, LOOKUPS_SLACK, ServerView, server_view
 from app.morning.summary import (
     BatchSummary,
@@ -111,22 +111,22 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
     server = Table(title=f"the server's view ({view.samples} samples of /metrics)",
                    show_header=False)
     for key, value in (
-        ("running: mean / p50 / max", f"{cell(view.running_mean)} / {cell(view.running_p50)}"
-                                      f" / {cell(view.running_max, '.0f')}"),
-        ("waiting: mean / max", f"{cell(view.waiting_mean)} / {cell(view.waiting_max, '.0f')}"),
-        ("KV cache usage max", cell(view.kv_usage_max, ".0%")),
-        ("preemptions", cell(view.preemptions, ".0f")),
+        ("running: mean / p50 / max", f"{number(view.running_mean)} / {number(view.running_p50)}"
+                                      f" / {number(view.running_max, '.0f')}"),
+        ("waiting: mean / max", f"{number(view.waiting_mean)} / {number(view.waiting_max, '.0f')}"),
+        ("KV cache usage max", number(view.kv_usage_max, ".0%")),
+        ("preemptions", number(view.preemptions, ".0f")),
         ("prompt / generation tokens (server)",
-         f"{cell(view.prompt_tokens, '.0f')} / {cell(view.generation_tokens, '.0f')}"),
-        ("prefill tokens computed", cell(view.prefill_tokens_computed, ".0f")),
+         f"{number(view.prompt_tokens, '.0f')} / {number(view.generation_tokens, '.0f')}"),
+        ("prefill tokens computed", number(view.prefill_tokens_computed, ".0f")),
         ("prefix cache hit rate", prefix_hits(view)),
-        ("spec-decode acceptance", cell(view.spec_acceptance, ".1%")),
-        ("request time", f"prefill {cell(view.prefill_time_s)} s, decode"
-                         f" {cell(view.decode_time_s)} s (decode"
-                         f" {cell(view.decode_time_share, '.0%')})"),
-        ("time to first token from sending: mean (s)", cell(view.mean_ttft_s, ".2f")),
+        ("spec-decode acceptance", number(view.spec_acceptance, ".1%")),
+        ("request time", f"prefill {number(view.prefill_time_s)} s, decode"
+                         f" {number(view.decode_time_s)} s (decode"
+                         f" {number(view.decode_time_share, '.0%')})"),
+        ("time to first token from sending: mean (s)", number(view.mean_ttft_s, ".2f")),
         ("  from the graph's issue: mean / p90 (s)",
-         f"{cell(view.ttft_ready_mean_s, '.2f')} / {cell(view.ttft_ready_p90_s, '.2f')}"),
+         f"{number(view.ttft_ready_mean_s, '.2f')} / {number(view.ttft_ready_p90_s, '.2f')}"),
         ("held back by", held_back_by(view)),
         ("client loop lag max", client_lag(view)),
     ):
@@ -144,7 +144,7 @@ def prefix_hits(view: ServerView) -> str:
     if view.prefix_cache_hit_rate is None and lookups is not None and lookups > LOOKUPS_SLACK:
         return (f"— (the server looked prompts up {lookups:.1f}× per prompt token: requests "
                 "waiting at a full cache are looked up again at every step)")
-    return cell(view.prefix_cache_hit_rate, ".1%")
+    return number(view.prefix_cache_hit_rate, ".1%")
 
 
 def client_lag(view: ServerView) -> str:
@@ -167,8 +167,8 @@ def timeline_table(intervals: list[Interval]) -> Table:
     for i in intervals:
         table.add_row(i.label, f"{i.output_tokens_per_s:.1f}",
                       f"{i.tickers_in_flight:.1f}", str(i.calls_started),
-                      cell(i.running_mean), cell(i.kv_usage_max, ".0%"),
-                      cell(i.preemptions, ".0f"))
+                      number(i.running_mean), number(i.kv_usage_max, ".0%"),
+                      number(i.preemptions, ".0f"))
     return table
 
 
@@ -180,11 +180,11 @@ def endpoint_table(shares: list[EndpointShare], report: BatchReport, view: Serve
     for share in shares:
         table.add_row(share.endpoint or "(not recorded)", str(share.calls),
                       str(share.failed_calls), str(share.tickers),
-                      f"{share.output_tokens_per_s:.1f}", cell(share.running_mean),
-                      cell(share.kv_usage_max, ".0%"), cell(share.preemptions, ".0f"))
+                      f"{share.output_tokens_per_s:.1f}", number(share.running_mean),
+                      number(share.kv_usage_max, ".0%"), number(share.preemptions, ".0f"))
     table.add_row("batch total", str(report.calls), str(report.failed_calls), "",
-                  f"{report.output_tokens_per_s:.1f}", cell(view.running_mean),
-                  cell(view.kv_usage_max, ".0%"), cell(view.preemptions, ".0f"),
+                  f"{report.output_tokens_per_s:.1f}", number(view.running_mean),
+                  number(view.kv_usage_max, ".0%"), number(view.preemptions, ".0f"),
                   style="bold")
     return table
 
@@ -193,8 +193,7 @@ def compare_table(arms: list[Arm], title: str = "arms side by side") -> Table:
     table = figures(title, (header for header, _, _ in COMPARE_COLUMNS), {"label"})
     for a in arms:
         row = [getattr(a, key) for _, key, _ in COMPARE_COLUMNS]
-        cells = [cell(value, spec) if value is not None and spec not in ("s", "d")
-                 else escape(str(value if value is not None else "—"))
+        cells = [escape(number(value, spec))
                  for value, (_, _, spec) in zip(row, COMPARE_COLUMNS, strict=True)]
         # The label cell marks a demo arm as `batches` does (``_label``).
         cells[[key for _, key, _ in COMPARE_COLUMNS].index("label")] = _label(a) or "—"
@@ -231,7 +230,8 @@ def report(
     shares = endpoint_shares(engine, chosen)
     warnings = warnings_for(engine, chosen)
     intervals = batch_timeline(engine, chosen)
-    bound = night_bound(engine, chosen, result.wall_seconds)
+    bound = night_bound(engine, chosen, result.active_seconds, paused_s=result.paused_seconds,
+                        pauses=result.pauses)
     if fmt == "json":
         # The batch report's own fields flattened between the batch and the server's view;
         # the advice as ``Advice`` objects, the shape ``ranking --format json`` gives it.
@@ -259,9 +259,13 @@ def bound_line(bound: NightBound) -> str:
         return f"graph bound: not computed ({bound.unavailable})"
     if bound.unavailable is not None:
         return f"graph bound: none for this night ({bound.unavailable})"
-    return (f"graph bound: makespan {bound.makespan_s:.0f} s = {bound.makespan_over_bound:.2f}"
+    paused = (f" (its calls running; {bound.pauses} pause{'s' if bound.pauses > 1 else ''}, "
+              f"{bound.paused_s:.0f} s, left out)" if bound.pauses else "")
+    return (f"graph bound: makespan {bound.makespan_s:.0f} s{paused} = "
+            f"{bound.makespan_over_bound:.2f}"
             f" x the least any schedule that respects the graph needs ({bound.bound_s:.0f} s "
-            f"on {bound.endpoints} endpoint(s), set by {bound.binding}; {bound.server})")
+            f"on {bound.endpoints} endpoint(s), set by {bound.binding}; {bound.server})"
+            + (f" — {bound.scope}" if bound.scope else ""))
 
 
 def _label(row: BatchSummary | Arm) -> str:

@@ -4,7 +4,8 @@ Nothing here runs a batch or talks to a server; the command line, the web pages,
 digest and the Prometheus scrape all read a night through these modules. Layered
 bottom-up (the ``morning`` contract in pyproject.toml): ``summary`` (one batch as the
 operator reads it), ``activity``, ``timetable`` (when a night is due), ``timeline``,
-``batchids``; ``advice``, ``eta``, ``serverview``; ``nightstatus`` (the latest night),
-``accounting`` (a batch's calls, tokens and throughput), ``ranking``; ``changes``;
-``digest`` and ``prometheus`` (the night's metrics).
+``batchids``, ``numbers`` (a figure as text, for pages and tables alike); ``advice``,
+``eta``, ``serverview``; ``nightstatus`` (the latest night), ``accounting`` (a batch's
+calls, tokens and throughput), ``ranking``; ``changes``; ``digest`` and ``prometheus``
+(the night's metrics).
 """

@@ -34,6 +34,15 @@ class AdmissionPolicy:
     _ran_most: float = field(init=False, default=0.0)  # the most seen running at once
 
     def __post_init__(self) -> None:
+        # Knobs come from strategy names an operator writes (``adaptive:initial=8``): a value
+        # that cannot mean a limit is refused here, not met as a stall or a crash mid-night.
+        for name in ("initial", "minimum", "maximum"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 (got {getattr(self, name)})")
+        if self.queue_allowance < 0:
+            raise ValueError(f"queue_allowance must be at least 0 (got {self.queue_allowance})")
+        if not 0 < self.backoff < 1:
+            raise ValueError(f"backoff must be in (0, 1) (got {self.backoff})")
         self.limit = float(self.fallback_limit)
 
     @property

@@ -107,6 +107,12 @@ class TokenBudget:
         if not (0 < self.backoff < 1 and 0 < self.high_cut <= 1 and self.overbook_step >= 0):
             raise ValueError("budget_backoff must be in (0, 1), high_cut in (0, 1], "
                              "overbook_step at least 0")
+        for name in ("fill", "kv_high", "out_quantile"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1] (got {getattr(self, name)})")
+        for name, least in (("rise_after", 1), ("min_samples", 1), ("calm", 0)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be at least {least} (got {getattr(self, name)})")
         self.factor = self.peak_factor = self.overbook
         self.trajectory.append([0, round(self.factor, 4), 1.0, "start"])
 

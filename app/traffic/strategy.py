@@ -37,13 +37,20 @@ _KNOB_FIELDS: dict[str, Any] = {
     # Numbers as floats, made the field's type when the policy or budget is built.
     **{name: (float | None, None) for name in (*POLICY_KNOBS, *BUDGET_KNOBS)}}
 # What ``NAME:knob=value,...`` may set; a knob left out keeps its default.
-Knobs = create_model("Knobs", __config__=ConfigDict(extra="forbid", frozen=True),
+# nan and inf are no setting: ``initial=inf`` would fail only when the policy is built.
+Knobs = create_model("Knobs", __config__=ConfigDict(extra="forbid", frozen=True,
+                                                    allow_inf_nan=False),
                      **_KNOB_FIELDS)
 
 
 def _build(cls: type[T], knobs: tuple[tuple[str, float], ...], **given: Any) -> T:
-    """Return ``cls`` made with ``given`` and ``knobs``, each knob made its field's type."""
+    """Return ``cls`` made with ``given`` and ``knobs``, each knob made its field's type;
+    ValueError for a count given with a fraction (``int`` would cut it without a word) or a
+    value ``cls`` refuses."""
     hints = get_type_hints(cls)
+    for name, value in knobs:
+        if hints[name] is int and not float(value).is_integer():
+            raise ValueError(f"{name} must be a whole number (got {value:g})")
     return cls(**{**given, **{name: hints[name](value) for name, value in knobs}})
 
 
@@ -79,8 +86,9 @@ class Strategy:
             strategy = cls(name, adaptive=True, tail=chosen.get("tail", "on") == "on",
                            policy=policy, budget_knobs=budget_knobs,
                            prefetch=chosen.get("prefetch", "on") == "on")
-            try:
+            try:  # both built once here, so a bad value is refused before any work
                 strategy.token_budget()
+                strategy.admission_policy(maximum=AdmissionPolicy.maximum)
             except ValueError as error:
                 raise InputError(f"strategy {name!r}: {error}") from None
             return strategy
@@ -109,6 +117,13 @@ class Strategy:
 
 def _parse_knobs(name: str, knobs: str) -> dict[str, Any]:
     """Return the knobs written after a strategy's colon, checked (InputError otherwise)."""
+    if ":" in name and not knobs.strip(", "):
+        raise InputError(f"strategy {name!r} has a colon and no knob after it (e.g. "
+                         f"{name.partition(':')[0]}:tail=on)")
+    listed = [knob.partition("=")[0] for knob in filter(None, knobs.split(","))]
+    twice = sorted({key for key in listed if listed.count(key) > 1})
+    if twice:  # only the last would count, so the name would say what the arm is not
+        raise InputError(f"knob {', '.join(twice)} given more than once in strategy {name!r}")
     written = {knob.partition("=")[0]: knob for knob in filter(None, knobs.split(","))}
     given = {key: knob.partition("=")[2] for key, knob in written.items()}
     try:

@@ -1,10 +1,10 @@
-"""Load the page templates from the installed package and give them a few number formats."""
+"""Load the page templates from the installed package and give them a few formats (``fmt``:
+app/morning/numbers.py, as the CLI's tables)."""
 
 from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any
 
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
@@ -12,14 +12,8 @@ from markupsafe import Markup, escape
 
 from app.morning.nightstatus import interval as eta_interval
 from app.morning.nightstatus import span as duration
+from app.morning.numbers import number
 from app.morning.ranking import RATING_ORDER
-
-
-def fmt(value: Any, spec: str = ".1f", missing: str = "—") -> str:
-    """Format a number with ``spec``, or show a dash for a missing one."""
-    if value is None:
-        return missing
-    return format(value, spec)
 
 
 def when(value: str | None) -> str:
@@ -46,6 +40,6 @@ def make_templates() -> Jinja2Templates:
     env = Environment(loader=PackageLoader("app.web", "templates"),
                       autoescape=select_autoescape(["html"]), undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(fmt=fmt, when=when, duration=duration, prose=prose)
+    env.filters.update(fmt=number, when=when, duration=duration, prose=prose)
     env.globals.update(RATING_ORDER=RATING_ORDER, eta_interval=eta_interval)
     return Jinja2Templates(env=env)

@@ -48,12 +48,13 @@ from app.bench.machine import machine_facts
 from app.bench.plan import Admission, PlanRow, ServerModel, mean_shape, plan_fleet
 from app.bench.schedulers import run_bench
 from app.bench.workloads import ANALYSTS, synthetic_workload
-from app.cli.common import cell, setup
+from app.cli.common import setup
 from app.config import load_settings
 from app.db.engine import get_engine
 from app.db.models import LLMCall, TickerRun
 from app.errors import InputError, ServerError
 from app.llm import routing_key
+from app.morning.numbers import number
 from serving import launcher, router
 from serving.metrics import MetricsSnapshot, fetch_metrics_text, parse_metrics
 from serving.profiles import HostPaths, load_profile, render
@@ -679,14 +680,14 @@ def show_fleet(result: Any) -> None:
     else:
         console.print(f"  makespan {a['makespan_s']:.1f} s, {a['calls']} calls, "
                       f"{a['failed_calls']} failed; output {a['output_tokens_per_s']:.0f} "
-                      f"tok/s = {cell(c['share_of_summed_capacity'], '.2f')} of the summed "
+                      f"tok/s = {number(c['share_of_summed_capacity'], '.2f')} of the summed "
                       f"capacity ({c['summed_capacity_tok_s']:.0f} tok/s at "
                       f"{c['sequences_per_endpoint_at_full_cache']} sequences per endpoint); "
-                      f"graph bound {cell(c['graph_bound_tok_s'], '.0f')} tok/s "
+                      f"graph bound {number(c['graph_bound_tok_s'], '.0f')} tok/s "
                       f"({c['graph_bound_binding']}), makespan "
-                      f"{cell(c['share_of_graph_bound'], '.2f')} of its best")
-    console.print(f"  client loop lag: max {cell(lag['max_s'], '.3f')} s, p99 "
-                  f"{cell(lag['p99_s'], '.3f')} s, p50 {cell(lag.get('p50_s'), '.4f')} s; CPU "
+                      f"{number(c['share_of_graph_bound'], '.2f')} of its best")
+    console.print(f"  client loop lag: max {number(lag['max_s'], '.3f')} s, p99 "
+                  f"{number(lag['p99_s'], '.3f')} s, p50 {number(lag.get('p50_s'), '.4f')} s; CPU "
                   f"{use['cpu_s']:.1f} s over {use['wall_s']:.1f} s "
                   f"({use['cpu_share_of_one_core']:.0%} of a core); peak RSS "
                   f"{use['max_rss_mib']:.0f} MiB; rows written {result.rows_per_s:.1f}/s "
@@ -712,14 +713,14 @@ def show_fleet(result: Any) -> None:
     if stepper.get("per_server"):
         console.print(f"  endpoints' clock: steps (most) {stepper['steps_max']}, bunched "
                       f"{stepper['bunched_steps']}; a request's end queued past its step: "
-                      f"mean {cell(stepper['ends_late_mean_s'], '.4f')} s, max "
-                      f"{cell(stepper['ends_late_max_s'], '.3f')} s; wake-up lateness p99 "
-                      f"(worst endpoint) {cell(stepper['wake_late_p99_max_s'], '.3f')} s")
+                      f"mean {number(stepper['ends_late_mean_s'], '.4f')} s, max "
+                      f"{number(stepper['ends_late_max_s'], '.3f')} s; wake-up lateness p99 "
+                      f"(worst endpoint) {number(stepper['wake_late_p99_max_s'], '.3f')} s")
     if front:
         console.print(f"  front: {front['kind']} {front.get('policy') or ''} "
                       f"{' '.join(front.get('args') or [])}; servers read "
                       f"{servers.get('read')} of {servers.get('of')}: prefix-cache hit rate "
-                      f"{cell(servers.get('prefix_cache_hit_rate'), '.1%')}, preemptions "
+                      f"{number(servers.get('prefix_cache_hit_rate'), '.1%')}, preemptions "
                       f"{servers.get('preemptions', 0):.0f}; tickers not succeeded "
                       f"{len(servers.get('tickers_not_succeeded') or [])}")
     first = getattr(result, "before", None)
@@ -739,8 +740,8 @@ def show_fleet(result: Any) -> None:
         console.print(f"  {share['endpoint']}: {share['output_tokens_per_s']:.0f} tok/s, "
                       f"{share['tickers']} tickers ({part.get('tickers_started', '-')} started, "
                       f"{part.get('tickers_moved_in', '-')} moved in), running mean "
-                      f"{cell(share['running_mean'])}, KV peak "
-                      f"{cell(share['kv_usage_max'], '.0%')}")
+                      f"{number(share['running_mean'])}, KV peak "
+                      f"{number(share['kv_usage_max'], '.0%')}")
 
 
 

@@ -122,6 +122,8 @@ def test_plan_answers_how_many_gpus_finish_by_a_deadline(deadline: str,
 @pytest.mark.parametrize(("args", "says"), [
     (("--tickers", "0"), "--tickers"),
     (("--tickers", "many"), "--tickers"),
+    (("--tickers", "1" + "0" * 400), "--tickers"),
+    (("--tickers", "1000001"), "--tickers"),
     (("--tickers", "5", "--shape", "weekly"), "--shape takes synthetic or a recorded night"),
     (("--tickers", "5", "--shape", "12x"), "--shape takes synthetic"),
     (("--tickers", "5", "--profile", "a100"), "--profile takes h200-moe or a recorded night"),
@@ -142,27 +144,40 @@ def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], says: str) -> N
 # --- a recorded night against its own bound (nightdesk report) ------------------------------
 
 
-def _night(engine: Any, facts: dict[str, Any] | None) -> int:
+def _night(engine: Any, facts: dict[str, Any] | None, status: str = "succeeded",
+           ticker_status: dict[str, str] | None = None, pause_s: float = 0.0) -> int:
     """Two tickers of a, b side by side (0-20 s) then c after both (20-40 s); outputs 10, 20,
     30 with prompts 100, 200, 300; the server read at 0, 20 and 40 s running 2, 60 tokens
-    made between readings."""
+    made between readings. ``ticker_status``: ticker runs recorded with these statuses (a
+    ticker not succeeded made only a and b: its c never ran). ``pause_s``: the night stood
+    still this long between b and c (crashed, then resumed), its last reading as late."""
     from datetime import UTC, date, datetime, timedelta
 
     from sqlalchemy.orm import Session
 
-    from app.db.models import Batch, LLMCall, LLMRequest, ServerSample
+    from app.db.models import Batch, LLMCall, LLMRequest, ServerSample, TickerRun
     from app.usage import compress_body
 
     t0 = datetime(2026, 12, 1, 1, 0, tzinfo=UTC)
     with Session(engine) as session:
-        batch = Batch(kind="nightly", as_of=date(2026, 12, 1), status="succeeded",
-                      created_at=t0, started_at=t0, finished_at=t0 + timedelta(seconds=40),
-                      settings={}, server_facts=facts, tickers_total=2, tickers_succeeded=2)
+        ticker_status = ticker_status or {}
+        succeeded = sum(1 for t in ("X", "Y") if ticker_status.get(t, "succeeded") == "succeeded")
+        batch = Batch(kind="nightly", as_of=date(2026, 12, 1), status=status,
+                      created_at=t0, started_at=t0,
+                      finished_at=None if status == "running" else t0 + timedelta(seconds=40),
+                      # a live process's heartbeat: the night reads running, not crashed
+                      heartbeat_at=datetime.now(UTC) if status == "running" else None,
+                      settings={}, server_facts=facts, tickers_total=2,
+                      tickers_succeeded=succeeded)
         session.add(batch)
         session.flush()
         for ticker in ("X", "Y"):
+            done = ticker_status.get(ticker, "succeeded") == "succeeded"
+            if ticker in ticker_status:
+                session.add(TickerRun(batch_id=batch.id, ticker=ticker,
+                                      status=ticker_status[ticker]))
             for node, prompt, out, start in (("a", 100, 10, 0), ("b", 200, 20, 0),
-                                             ("c", 300, 30, 20)):
+                                             ("c", 300, 30, 20))[:3 if done else 2]:
                 call_id = f"{batch.id}-{ticker}-{node}"
                 session.add(LLMRequest(batch_id=batch.id, ticker=ticker, node=node, sample=0,
                                        call_id=call_id,
@@ -170,13 +185,18 @@ def _night(engine: Any, facts: dict[str, Any] | None) -> int:
                 session.add(LLMCall(
                     batch_id=batch.id, ticker=ticker, node=node, sample=0, call_id=call_id,
                     model="m", prompt_tokens=prompt, completion_tokens=out, status="ok",
-                    started_at=t0 + timedelta(seconds=start),
-                    ended_at=t0 + timedelta(seconds=start + 20), latency_s=20.0))
-        for i in range(3):
+                    started_at=t0 + timedelta(seconds=start + (pause_s if start else 0)),
+                    ended_at=t0 + timedelta(seconds=start + 20 + (pause_s if start else 0)),
+                    latency_s=20.0))
+        # (seconds, tokens made so far) at each reading; a pause adds the first reading after
+        # the resume, which finds no tokens made since the last one before it.
+        readings = [(0, 0), (20, 60), (40, 120)] if not pause_s else [
+            (0, 0), (20, 60), (20 + pause_s, 60), (40 + pause_s, 120)]
+        for at, made in readings:
             session.add(ServerSample(
-                batch_id=batch.id, sampled_at=t0 + timedelta(seconds=20 * i), running=2,
+                batch_id=batch.id, sampled_at=t0 + timedelta(seconds=at), running=2,
                 waiting=0, kv_cache_usage=0.1, preemptions_total=0, prompt_tokens_total=0,
-                generation_tokens_total=60 * i, endpoint="http://gpu:8000/v1"))
+                generation_tokens_total=made, endpoint="http://gpu:8000/v1"))
         session.commit()
         return batch.id
 
@@ -210,6 +230,7 @@ def test_a_night_is_set_against_its_own_graph_bound(sqlite_engine: Any) -> None:
     assert night_bound(sqlite_engine, bare, 40.0).unavailable is not None
     line = run_cli("report", str(bare)).stdout
     assert "graph bound: not computed" in line and "recorded no KV cache size" in line
+    assert "--profile" not in line  # plan's advice, no report's
 
 
 def test_plan_takes_a_recorded_nights_shape_and_server(sqlite_engine: Any) -> None:
@@ -228,3 +249,117 @@ def test_plan_takes_a_recorded_nights_shape_and_server(sqlite_engine: Any) -> No
     bare = _night(sqlite_engine, None)
     refused = run_cli("plan", "--tickers", "4", "--profile", str(bare))
     assert refused.code == 2 and "recorded no KV cache size" in refused.error_lines[0]
+    assert "plan with a built-in --profile, e.g. --profile h200-moe" in refused.error_lines[0]
+
+
+# --- checked from outside (issue 46's QA): nights that did not end well, odd clocks ---------
+
+FACTS = {"kv_cache_tokens": 10_000, "max_num_seqs": 4}
+
+
+def test_a_night_still_running_gives_no_shape_and_no_bound_yet(sqlite_engine: Any) -> None:
+    night = _night(sqlite_engine, FACTS, status="running", ticker_status={"X": "running"})
+    refused = run_cli("plan", "--tickers", "4", "--shape", str(night))
+    assert refused.code == 2 and len(refused.error_lines) == 1
+    assert f"batch {night} is still running" in refused.error_lines[0]
+    shown = run_cli("report", str(night))
+    assert shown.code == 0, shown.stderr
+    assert f"graph bound: not computed (batch {night} is still running" in shown.stdout
+    bound = json.loads(run_cli("report", str(night), "--format", "json").stdout)["graph_bound"]
+    assert bound["makespan_over_bound"] is None and "still running" in bound["unavailable"]
+
+
+def test_a_night_whose_tickers_all_failed_gives_no_shape(sqlite_engine: Any) -> None:
+    night = _night(sqlite_engine, FACTS, status="failed",
+                   ticker_status={"X": "failed", "Y": "failed"})
+    refused = run_cli("plan", "--tickers", "4", "--shape", str(night))
+    assert refused.code == 2 and len(refused.error_lines) == 1
+    assert "no ticker succeeded" in refused.error_lines[0]
+    # Its server still has a KV cache and readings: it may serve as a profile.
+    assert run_cli("plan", "--tickers", "4", "--profile", str(night)).code == 0
+
+
+def test_a_partial_nights_shape_is_its_succeeded_tickers(sqlite_engine: Any) -> None:
+    # Y failed after its first two calls: a mean over both tickers would be 45 output tokens,
+    # three quarters of a whole ticker. X alone is the night's shape: 60 tokens, chain 50.
+    night = _night(sqlite_engine, FACTS, status="partial",
+                   ticker_status={"X": "succeeded", "Y": "failed"})
+    plan = plan_json("--tickers", "4", "--shape", str(night))
+    shape = plan["shape"]
+    assert (shape["output_tokens"], shape["critical_path_tokens"], shape["tickers_seen"],
+            shape["calls"]) == (60, 50, 1, 3)
+    assert "1 succeeded ticker" in shape["name"]
+
+
+def test_a_partial_nights_bound_says_it_is_of_its_answered_calls(sqlite_engine: Any) -> None:
+    night = _night(sqlite_engine, FACTS, status="partial",
+                   ticker_status={"X": "succeeded", "Y": "failed"})
+    line = run_cli("report", str(night)).stdout
+    assert "graph bound: makespan 40 s" in line
+    assert "of its answered calls; 1 of 2 tickers did not succeed" in " ".join(line.split())
+
+
+@pytest.mark.parametrize("text", ["+6:00", "6 :00", "06: 0", "06:00:00", "-1:00", "06-00"])
+def test_deadline_is_two_digits_colon_two_digits(text: str) -> None:
+    result = run_cli("plan", "--tickers", "5", "--deadline", text)
+    assert result.code == 2 and "--deadline takes a 24-hour time HH:MM" in result.error_lines[0]
+
+
+def test_a_deadline_across_a_clock_change_counts_real_seconds() -> None:
+    from datetime import datetime, time
+    from zoneinfo import ZoneInfo
+
+    from app.bench.plan import answer_deadline
+
+    berlin = ZoneInfo("Europe/Berlin")
+    plan = plan_fleet(500, synthetic_shape(), H200_MOE, Admission(reading_s=2.0))
+    # 2027-03-28: clocks go from 02:00 to 03:00. 00:10 to 06:00 on the wall is 4 h 50 min.
+    spring = answer_deadline(plan, datetime(2027, 3, 28, 0, 10, tzinfo=berlin), time(6, 0))
+    assert spring.seconds == 4 * 3600 + 50 * 60
+    # 2027-10-31: 03:00 back to 02:00. 00:10 to 06:00 is 6 h 50 min.
+    autumn = answer_deadline(plan, datetime(2027, 10, 31, 0, 10, tzinfo=berlin), time(6, 0))
+    assert autumn.seconds == 6 * 3600 + 50 * 60
+    assert spring.deadline.hour == autumn.deadline.hour == 6
+
+
+def test_plan_csv_carries_the_deadline_answer() -> None:
+    env = {"NIGHTDESK_SCHEDULE_CRON": "0 0 * * *", "NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
+    result = run_cli("plan", "--tickers", "500", "--deadline", "00:15", "--format", "csv",
+                     env=env)
+    assert result.code == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    # 900 s: six H200s (853 s) and more finish, five (961 s) do not.
+    assert [r["endpoints"] for r in rows if r["by_deadline"] == "True"] == [
+        str(n) for n in range(6, 17)]
+    assert {r["by_deadline"] for r in rows[:5]} == {"False"}
+    plan = plan_json("--tickers", "500", "--deadline", "00:15", env=env)
+    assert [r["by_deadline"] for r in plan["rows"]] == [r["by_deadline"] == "True" for r in rows]
+    # Without a deadline the column is there, empty: a script reads one header either way.
+    bare = list(csv.DictReader(io.StringIO(run_cli("plan", "--tickers", "500", "--format",
+                                                   "csv").stdout)))
+    assert {r["by_deadline"] for r in bare} == {""}
+
+
+def test_a_night_under_a_minute_is_shown_in_seconds(sqlite_engine: Any) -> None:
+    # The helper's ticker (60 output tokens, a 50-token chain) on an H200: about a second.
+    night = _night(sqlite_engine, FACTS)
+    shown = run_cli("plan", "--tickers", "4", "--shape", str(night))
+    assert shown.code == 0, shown.stderr
+    best = plan_json("--tickers", "4", "--shape", str(night))["best_makespan_s"]
+    assert best < 60 and f"({best:.1f} s on 16)" in shown.stdout
+    assert "0.0 min" not in shown.stdout
+
+
+def test_a_paused_nights_bound_is_set_against_the_time_its_calls_ran(sqlite_engine: Any) -> None:
+    # Crashed after b, resumed 300 s later: 340 s from first call to last, 40 s of them with
+    # calls running (every tok/s figure divides by those). Against the bound's 33.3 s the
+    # night is 1.20 x, not the 10.2 x its wall time would make it.
+    night = _night(sqlite_engine, FACTS, pause_s=300.0)
+    report = json.loads(run_cli("report", str(night), "--format", "json").stdout)
+    assert report["wall_seconds"] == 340.0 and report["active_seconds"] == 40.0
+    bound = report["graph_bound"]
+    assert bound["makespan_s"] == 40.0
+    assert bound["makespan_over_bound"] == pytest.approx(1.2)
+    line = " ".join(run_cli("report", str(night)).stdout.split())
+    assert ("graph bound: makespan 40 s (its calls running; 1 pause, 300 s, left out) = 1.20 x"
+            in line)

@@ -23,6 +23,7 @@ from app.db.models import LLMCall
 from app.runs.replay import shape
 from app.traffic.strategy import Strategy
 from tests.fakevllm import BASE_URL, FakeServer, FakeServers, Reply
+from tests.unit.support.bench_arms import SERVER, fake_arm
 
 
 def test_seed_shape_matches_the_seeds_per_call_averages() -> None:
@@ -117,26 +118,10 @@ async def test_the_bench_orders_arms_as_a_server_of_known_capacity_dictates(
     assert all(a["warmup"] == result.warmup.model_dump() for a in arms.values())
 
 
-# Every arm ran the same 60,000 output tokens; one reading level: 20,000 tokens made in
-# 40 s at 20 running, so a step takes 40 / (20,000 / 20) = 0.04 s. With 32 sequences the
-# fewest steps are 60,000 / 32 = 1,875 (the KV term gives 6e7 / 49,152 = 1,221, the chain
-# 1,000): 75 s at least, a graph bound of 800 tok/s.
-GRAPH = {"output_tokens": 60_000, "kv_token_steps": 6.0e7, "critical_path_tokens": 1_000,
-         "calls": 1_700}
-SERVER = {"kv_cache_tokens": 49_152, "max_num_seqs": 32}
-
-
-def _fake_arm(strategy: str, tok_s: float, ttft: float = 1.0, preemptions: int = 0,
-              ready: float | None = None) -> dict[str, Any]:
-    return {"strategy": strategy, "output_tokens_per_s": tok_s, "mean_ttft_s": ttft,
-            "ttft_ready_mean_s": ready, "preemptions": preemptions, "graph": GRAPH,
-            "decode_levels": {"20": [20_000.0, 40.0]}}
-
-
 def test_the_ceiling_is_the_best_graph_respecting_arm_and_the_graph_bound_the_target() -> None:
     result = BenchResult("w", 100, 1700, arms=[
-        _fake_arm("fixed-14", 500.0, ttft=1.0), _fake_arm("fixed-all", 450.0, ttft=20.0),
-        _fake_arm("adaptive", 480.0, ttft=0.9, preemptions=3), _fake_arm("flood", 600.0, 139.0),
+        fake_arm("fixed-14", 500.0, ttft=1.0), fake_arm("fixed-all", 450.0, ttft=20.0),
+        fake_arm("adaptive", 480.0, ttft=0.9, preemptions=3), fake_arm("flood", 600.0, 139.0),
     ], machine={"server_facts": SERVER, "server": "http://x/v1"})
     _judge(result)
     assert (result.ceiling_arm, result.ceiling_tok_s) == ("fixed-14", 500.0)
@@ -166,10 +151,10 @@ def test_every_adaptive_variant_is_judged_under_its_own_name() -> None:
     # Time to first token from readiness: adaptive's waits at its own gate count. From
     # sending, both variants look faster than fixed-14; from readiness, only one is.
     result = BenchResult("w", 40, 680, arms=[
-        _fake_arm("adaptive", 777.0, ttft=0.5, ready=1.2),
-        _fake_arm("adaptive:prefetch=off", 740.0, 0.3, ready=2.0),
-        _fake_arm("fixed-14", 776.0, ttft=1.35, preemptions=15, ready=1.4),
-        _fake_arm("flood", 958.0),
+        fake_arm("adaptive", 777.0, ttft=0.5, ready=1.2),
+        fake_arm("adaptive:prefetch=off", 740.0, 0.3, ready=2.0),
+        fake_arm("fixed-14", 776.0, ttft=1.35, preemptions=15, ready=1.4),
+        fake_arm("flood", 958.0),
     ])
     _judge(result)
     checks = result.checks
@@ -224,10 +209,10 @@ def test_arms_run_in_separate_calls_are_combined_and_judged_together(tmp_path: P
         path.write_text(json.dumps(result.to_json()))
         return path
 
-    files = [run(_fake_arm("fixed-14", 500.0, ttft=1.0)),
-             run(_fake_arm("fixed-all", 450.0, ttft=20.0)),
-             run(_fake_arm("adaptive", 520.0, ttft=0.9)),
-             run(_fake_arm("flood", 600.0, ttft=139.0))]
+    files = [run(fake_arm("fixed-14", 500.0, ttft=1.0)),
+             run(fake_arm("fixed-all", 450.0, ttft=20.0)),
+             run(fake_arm("adaptive", 520.0, ttft=0.9)),
+             run(fake_arm("flood", 600.0, ttft=139.0))]
     out = tmp_path / "all.json"
     cli = CliRunner().invoke(app, ["bench", "combine", *map(str, files), "--json-out", str(out)])
     assert cli.exit_code == 0, cli.output
@@ -243,7 +228,7 @@ def test_arms_run_in_separate_calls_are_combined_and_judged_together(tmp_path: P
     assert combined["bound_tok_s"] == pytest.approx(800.0)
     assert combined["checks"]["adaptive >= 0.9 x graph bound"] is False  # 520 < 720
     # Another workload's arms are not comparable: refused, with one line.
-    other = run(_fake_arm("fixed-3", 100.0), workload="other")
+    other = run(fake_arm("fixed-3", 100.0), workload="other")
     refused = subprocess.run(
         [sys.executable, "-c", "from app.cli import main; main()", "bench", "combine",
          str(files[0]), str(other)], capture_output=True, text=True)

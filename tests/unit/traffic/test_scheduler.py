@@ -271,3 +271,33 @@ async def test_a_call_queued_before_its_ticker_turned_urgent_goes_first_once_mar
         assert scheduler._mark_tail() and young.urgent and not senior.urgent
     await asyncio.gather(*calls)
     assert served == [3, 2]
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    # A knob's value outside what its setting can mean, caught when the name is read (before
+    # a bench's first arm or a night's first ticker), not when the policy is first built.
+    ("adaptive:initial=-3", "initial"), ("adaptive:initial=0", "initial"),
+    ("adaptive:minimum=0", "minimum"), ("adaptive:queue_allowance=-1", "queue_allowance"),
+    ("adaptive:backoff=1.5", "backoff"), ("adaptive:kv_high=2", "kv_high"),
+    ("adaptive:fill=0", "fill"), ("adaptive:out_quantile=1.2", "out_quantile"),
+    ("adaptive:min_samples=0", "min_samples"), ("adaptive:rise_after=0", "rise_after"),
+    ("adaptive:calm=-1", "calm"),
+    # A count written with a fraction would be cut to a whole one without a word.
+    ("adaptive:initial=2.5", "initial"), ("adaptive:maximum=1e400", "maximum"),
+    ("adaptive:initial=nan", "initial"), ("adaptive:initial=inf", "initial"),
+    ("adaptive:kv_high=nan", "kv_high"),
+    # Said twice, only the last would count; a colon with no knob names nothing.
+    ("adaptive:tail=on,tail=off", "tail"), ("fixed-15:tail=on,tail=off", "tail"),
+    ("adaptive:", "no knob"), ("fixed-15:", "no knob"),
+])
+def test_a_knob_value_its_setting_cannot_take_is_refused_by_name(name: str, says: str) -> None:
+    with pytest.raises(InputError, match=says) as refused:
+        Strategy.parse(name)
+    assert name in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_knob_values_at_their_limits_still_parse() -> None:
+    for name in ("adaptive:queue_allowance=0", "adaptive:calm=0", "adaptive:kv_high=1",
+                 "adaptive:fill=1", "adaptive:initial=1,minimum=1", "adaptive:initial=8.0"):
+        assert Strategy.parse(name).adaptive
+    assert Strategy.parse("adaptive:initial=8.0").admission_policy(maximum=64).initial == 8

@@ -1,0 +1,15 @@
+"""Show a figure as text, the same on a page (the ``fmt`` filter) and in a CLI table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def number(value: Any, spec: str = ".1f", missing: str = "—") -> str:
+    """Return ``value`` formatted by ``spec`` when it is a number (int or float), ``missing``
+    for None, and anything else (a label, a strategy name) as it is."""
+    if value is None:
+        return missing
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    return format(value, spec)

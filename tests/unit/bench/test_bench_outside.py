@@ -1,0 +1,175 @@
+"""``nightdesk bench schedulers`` and ``bench combine`` driven as an operator would: figures
+that must not claim what was not computed, and bad input that must be one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.bench.schedulers import BenchResult, _judge
+from tests.unit.support.bench_arms import SERVER, fake_arm
+from tests.unit.support.clirun import run_cli
+
+MACHINE = {"cpu_model": "x", "cores": 1, "python": "3", "model": "m", "profile": "p",
+           "server": "s", "date": "d", "commit": "abc", "host": "h", "server_facts": SERVER,
+           "server_flags": {"model": "m", "max_num_seqs": 32, "max_model_len": 8192,
+                            "quantization": None, "gpu": "H200"}}
+
+
+@pytest.mark.parametrize("beaten_by", ["fixed-14", "adaptive", "sequential:tail=on"])
+def test_a_bound_some_graph_respecting_arm_beat_is_no_bound(beaten_by: str) -> None:
+    # The model's figure is 800 tok/s (tests/unit/support/bench_arms.py); an arm that respects the
+    # graph ran at 880. The model is wrong for this run: no ratio to it, no check against it.
+    arms = [fake_arm("fixed-3", 300.0), fake_arm("adaptive:tail=off", 500.0),
+            fake_arm(beaten_by, 880.0), fake_arm("flood", 950.0)]
+    result = BenchResult("w", 100, 1700, arms=arms, machine={"server_facts": SERVER})
+    _judge(result)
+    assert result.bound_tok_s is None
+    assert result.bound is not None and "880.0 tok/s" in result.bound["unavailable"]
+    assert result.bound["tok_s"] == pytest.approx(800.0)  # the figure stays, called no bound
+    assert all(a["ratio_to_bound"] is None for a in result.arms)
+    assert not [c for c in result.checks if "graph bound" in c]
+
+
+def test_flood_over_the_bound_leaves_it_a_bound() -> None:
+    # flood shares a ticker's context across its calls, which no graph schedule may.
+    result = BenchResult("w", 100, 1700, arms=[fake_arm("fixed-14", 500.0),
+                                               fake_arm("adaptive", 520.0),
+                                               fake_arm("flood", 950.0)],
+                         machine={"server_facts": SERVER})
+    _judge(result)
+    assert result.bound_tok_s == pytest.approx(800.0)
+    assert result.bound is not None and result.bound.get("unavailable") is None
+    assert result.checks["adaptive >= 0.9 x graph bound"] is False
+
+
+def _write(tmp_path: Path, name: str, data: Any) -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def _run(strategy: str, tok_s: float) -> dict[str, Any]:
+    result = BenchResult("w", 100, 1700, arms=[fake_arm(strategy, tok_s)],
+                         machine=json.loads(json.dumps(MACHINE)))
+    _judge(result)
+    return result.to_json()
+
+
+def _arm_without_tok_s() -> dict[str, Any]:
+    run = _run("adaptive", 520.0)
+    del run["arms"][0]["output_tokens_per_s"]
+    return run
+
+
+def _arm_with_text_tok_s() -> dict[str, Any]:
+    run = _run("adaptive", 520.0)
+    run["arms"][0]["output_tokens_per_s"] = "fast"
+    return run
+
+
+def _arms_not_a_list() -> dict[str, Any]:
+    run = _run("adaptive", 520.0)
+    run["arms"] = "adaptive"
+    return run
+
+
+@pytest.mark.parametrize(("second", "says"), [
+    ([1, 2], "is not a bench schedulers result"),
+    ("{not json", "cannot read bench JSON"),
+    (_arm_without_tok_s(), "is not a bench schedulers result"),
+    (_arm_with_text_tok_s(), "is not a bench schedulers result"),
+    (_arms_not_a_list(), "is not a bench schedulers result"),
+])
+def test_combine_refuses_what_is_no_bench_result_in_one_line(
+        tmp_path: Path, second: Any, says: str) -> None:
+    first = _write(tmp_path, "a.json", _run("fixed-14", 500.0))
+    bad = _write(tmp_path, "b.json", second)
+    result = run_cli("bench", "combine", str(first), str(bad))
+    assert result.code == 2, result.stderr
+    assert len(result.error_lines) == 1 and says in result.error_lines[0]
+    assert "b.json" in result.error_lines[0] and "Traceback" not in result.stderr
+
+
+def test_combine_names_the_server_flag_that_differs(tmp_path: Path) -> None:
+    other = _run("adaptive", 520.0)
+    other["machine"]["server_flags"]["max_num_seqs"] = 256
+    result = run_cli("bench", "combine", str(_write(tmp_path, "a.json", _run("fixed-14", 500.0))),
+                     str(_write(tmp_path, "b.json", other)))
+    assert result.code == 2
+    assert len(result.error_lines) == 1
+    assert "max_num_seqs: 32 and 256" in result.error_lines[0]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("--tickers", "0"), "--tickers"),
+    (("--tickers", "-1"), "--tickers"),
+    # Read before any server is asked: a typo is named even with no server up.
+    (("--strategies", "fixed-15:tail=yes"), "bad knob 'tail=yes'"),
+    (("--strategies", "fixed-0"), "unknown strategy 'fixed-0'"),
+    (("--strategies", "adaptive:initial=-3"), "initial must be at least 1"),
+    (("--workload", "bogus"), "--workload takes synthetic or recorded:BATCH_ID"),
+    (("--workload", "recorded:abc"), "--workload recorded:BATCH_ID takes a batch id"),
+    (("--workload", "recorded:424242"), "no batch with id 424242"),
+    (("--scale", "-1"), "--scale takes a number above 0"),
+    (("--scale", "nan"), "--scale takes a number above 0"),
+    (("--output-scale", "0"), "--output-scale takes a number above 0"),
+])
+def test_bench_schedulers_refuses_bad_input_before_asking_a_server(
+        args: tuple[str, ...], says: str) -> None:
+    # Port 9 (discard) on loopback: nothing answers there.
+    result = run_cli("bench", "schedulers", *args, "--plan",
+                     env={"NIGHTDESK_LLM_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert result.code == 2, result.stderr
+    assert len(result.error_lines) == 1 and says in result.error_lines[0], result.stderr
+
+
+def test_combine_refuses_a_run_given_twice(tmp_path: Path) -> None:
+    # Two runs a side 10% apart: "not shown". The same file twice made it four runs a side
+    # and a verdict from runs that are one.
+    result = BenchResult("w", 100, 1700, arms=[
+        fake_arm("fixed-14", 500.0), fake_arm("adaptive", 520.0),
+        fake_arm("fixed-14", 510.0), fake_arm("adaptive", 560.0)],
+        machine=json.loads(json.dumps(MACHINE)))
+    for i, arm in enumerate(result.arms):
+        arm["batch_id"] = i + 1
+    _judge(result)
+    one = _write(tmp_path, "one.json", result.to_json())
+    twice = run_cli("bench", "combine", str(one), str(one))
+    assert twice.code == 2 and len(twice.error_lines) == 1
+    assert "a run of fixed-14 (batch 1) is given twice" in twice.error_lines[0]
+    # A combined file beside one of its parts: the same, though the combination set the
+    # part's arms' ratios against another ceiling (fixed-all's 700 tok/s).
+    other = _write(tmp_path, "other.json", _run("fixed-all", 700.0))
+    both = tmp_path / "both.json"
+    assert run_cli("bench", "combine", str(one), str(other), "--json-out", str(both)).code == 0
+    assert json.loads(both.read_text())["arms"][0]["ratio_to_ceiling"] == pytest.approx(500 / 700)
+    again = run_cli("bench", "combine", str(both), str(one))
+    assert again.code == 2 and "is given twice" in again.error_lines[0]
+
+
+@pytest.mark.parametrize("where", ["a-directory", "under-a-file/out.json"])
+def test_an_unwritable_json_out_is_refused_before_any_work(tmp_path: Path, where: str) -> None:
+    (tmp_path / "a-directory").mkdir()
+    (tmp_path / "under-a-file").write_text("")
+    out = tmp_path / where
+    one = _write(tmp_path, "a.json", _run("fixed-14", 500.0))
+    combined = run_cli("bench", "combine", str(one), "--json-out", str(out))
+    assert combined.code == 2 and len(combined.error_lines) == 1, combined.stderr
+    assert f"--json-out {out}: cannot write there" in combined.error_lines[0]
+    assert combined.stdout == ""  # refused before the table: nothing judged, then lost
+    # The scheduler bench, which would have run every arm first: refused with no server up.
+    bench = run_cli("bench", "schedulers", "--plan", "--json-out", str(out),
+                    env={"NIGHTDESK_LLM_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert bench.code == 2 and "cannot write there" in bench.error_lines[0]
+
+
+def test_a_writable_json_out_is_not_left_behind_by_the_check(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "out.json"
+    refused = run_cli("bench", "schedulers", "--plan", "--json-out", str(out),
+                      "--strategies", "fixed-0",
+                      env={"NIGHTDESK_LLM_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert refused.code == 2 and not out.exists()

@@ -1,0 +1,20 @@
+"""A scheduler bench's arms as its JSON holds them, with one graph and server to judge them by."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Every arm ran the same 60,000 output tokens; one reading level: 20,000 tokens made in
+# 40 s at 20 running, so a step takes 40 / (20,000 / 20) = 0.04 s. With 32 sequences the
+# fewest steps are 60,000 / 32 = 1,875 (the KV term gives 6e7 / 49,152 = 1,221, the chain
+# 1,000): 75 s at least, a graph bound of 800 tok/s.
+GRAPH = {"output_tokens": 60_000, "kv_token_steps": 6.0e7, "critical_path_tokens": 1_000,
+         "calls": 1_700}
+SERVER = {"kv_cache_tokens": 49_152, "max_num_seqs": 32}
+
+
+def fake_arm(strategy: str, tok_s: float, ttft: float = 1.0, preemptions: int = 0,
+             ready: float | None = None) -> dict[str, Any]:
+    return {"strategy": strategy, "output_tokens_per_s": tok_s, "mean_ttft_s": ttft,
+            "ttft_ready_mean_s": ready, "preemptions": preemptions, "graph": GRAPH,
+            "decode_levels": {"20": [20_000.0, 40.0]}}
