@@ -5,15 +5,17 @@ elapsed time): *work*, the servers' busy time the calls left will take (each cal
 the busy time it was ready for; a node's share per answered call from the newest earlier
 finished batch of the same kind and model times this night's pace, else this night's own),
 and *chain*, the longest chain of calls left, one after another, at each node's latency now
-(the step under way at what the node's newest calls had left at its age). On a gated night
+(the step under way at what the node's newest calls had left at its age; once past the
+node's median, never more than what the oldest open step has waited, less its own age,
+plus its node's issue-to-answer latency now). On a gated night
 (more chains open than the servers run: many steps held at the gate) the work is at least
 the work left at the rate the chain's answers came in over the last minute.
 The interval is the estimate times ``RATIO``, measured on recorded nights' replays; ``LEVEL``
 is the share of readings it held on nights left out, and the level it claims.
 docs/operations.md ("One truth, two faces") states every rule;
 docs/lab/2026-12-05-eta-busy-shares.md, docs/lab/2026-12-05-eta-pace.md and
-docs/lab/2026-12-05-h100-eta-gated-night.md and docs/lab/2026-12-05-eta-gated-fair-test.md
-measure it.
+docs/lab/2026-12-05-h100-eta-gated-night.md, docs/lab/2026-12-05-eta-gated-fair-test.md and
+docs/lab/2026-12-06-eta-chain-jump.md measure it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ WINDOW_S = 60.0  # a gated night's work goes at the rate of the chain's answers 
 WINDOW_MIN_S = 20.0  # ... once they have come in for this long
 # True time left ÷ the estimate, 5th and 95th percentile over the replayed readings; the test
 # that replays them fails when they move by more than 0.01 (recalibrate: docs/lab).
-RATIO = (0.72, 1.33)
+RATIO = (0.73, 1.33)
 LEVEL = 0.75  # the share of readings it held, each night left out in turn (88%)
 
 Spread = tuple[float, float, float]  # (low, middle, high)
@@ -265,12 +267,17 @@ class Step:
 
 
 def _left_of(ran: float, ages: list[list[float]], took: list[float],
-             lately: list[float]) -> Spread:
+             lately: list[float], oldest: float | None) -> Spread:
     """Return what a call ready ``ran`` seconds ago has left: what the calls of the first of
     ``ages`` (lists of ready-to-answer latencies) with one longer had left at that age;
     past every one of them ``OVERDUE_SHARE`` of its latency ``took``. Never more than the
     median of what the node's newest calls (``lately``, ready to answer) that took longer
-    had left: the last calls decode beside few others, faster than the node's earlier."""
+    had left: the last calls decode beside few others, faster than the node's earlier.
+    Once ``ran`` is past the median of the first of ``ages`` that has any, never more than
+    what is left of ``oldest`` (the longest any open step has been ready, None: none open)
+    past ``ran`` plus the median of ``took`` (issue to answer): calls that took longer than
+    that waited at the gate longer than any step is waiting now, and describe a gate that
+    no longer holds calls that long."""
     spread: Spread | None = None
     for values in ages:
         if rest := [v - ran for v in values if v > ran]:
@@ -282,16 +289,23 @@ def _left_of(ran: float, ages: list[list[float]], took: list[float],
     if recent := [v - ran for v in lately if v > ran]:
         cap = statistics.median(recent)
         spread = min(spread[0], cap), min(spread[1], cap), min(spread[2], cap)
+    if oldest is not None and ran >= statistics.median(next((v for v in ages if v), took)):
+        # Past its node's usual time from ready it is priced from the calls that took
+        # longer: on a gated night, those held at the gate. Held until it has waited as long
+        # as the oldest open step has, then run.
+        cap = max(0.0, oldest - ran) + statistics.median(took)
+        spread = min(spread[0], cap), min(spread[1], cap), min(spread[2], cap)
     return spread
 
 
 def _chain_seconds(step: Step, analysts: list[str], took: dict[str, list[float]],
                    ages: dict[str, list[list[float]]], lately: dict[str, list[float]],
-                   now: datetime) -> Spread | None:
+                   now: datetime, oldest: float | None) -> Spread | None:
     """Return the time the sample's calls left take one after another (quartiles and
     median): its analysts side by side as one step, each later node at its latencies
     ``took``; None when no step has a latency. The step under way has been ready since
-    ``step.since``: what is left of it by ``_left_of`` its node's ``ages``."""
+    ``step.since``: what is left of it by ``_left_of`` its node's ``ages``, no open step
+    having been ready longer than ``oldest`` seconds."""
     steps = ([[n for n in step.left if n in analysts and n in took]]
              if any(n in analysts for n in step.left) else [])
     steps += [[n] if n in took else [] for n in step.left if n not in analysts]
@@ -301,7 +315,8 @@ def _chain_seconds(step: Step, analysts: list[str], took: dict[str, list[float]]
     total = [0.0, 0.0, 0.0]
     for i, nodes in enumerate(steps):
         times = [_spread(took[n]) if i or step.since is None
-                 else _left_of(ran, ages.get(n, []), took[n], lately.get(n, [])) for n in nodes]
+                 else _left_of(ran, ages.get(n, []), took[n], lately.get(n, []), oldest)
+                 for n in nodes]
         for k in range(3):
             total[k] += max((t[k] for t in times), default=0.0)
     return total[0], total[1], total[2]
@@ -427,9 +442,12 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     ages = {n: [aged.get(n, []) + [v * latency_pace[1] for v in prior.aged.get(n, [])]
                 or took.get(n, [])] for n in nodes}
     lately = {n: v[-newest(v):] for n, v in aged.items()}
+    # The longest any open step has been ready: the longest the gate is holding one now.
+    oldest = max(((now - s.since).total_seconds() for s in steps if s.since is not None),
+                 default=None)
     slowest: Spread | None = None
     for step in steps:
-        this = _chain_seconds(step, analysts, took, ages, lately, now)
+        this = _chain_seconds(step, analysts, took, ages, lately, now, oldest)
         if this is not None and (slowest is None or this[1] > slowest[1]):
             slowest = this
     longest = max((any(n in analysts for n in s.left) + sum(n in chain for n in s.left)

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from agents.nodes import ANALYSTS
-from app.db.models import ProgressReading
+from app.db.models import LLMCall, ProgressReading
 from app.morning import eta
 from tests.unit.support.eta_rows import CHAIN, COST, LATENCY_S, NODES, NOW, batch, calls, counter
 
@@ -102,6 +102,31 @@ def test_a_call_under_way_has_what_longer_calls_had_left_and_never_nothing(
     calls(sqlite_engine, b, "BBB", NODES[:-1], end=NOW - timedelta(seconds=ready_s))
     found = eta.reading(sqlite_engine, b, NOW)
     assert found.chain_left == 1 and found.eta_s == pytest.approx(left_s) and left_s > 0
+
+
+def test_a_call_under_way_is_not_priced_from_gate_waits_longer_than_any_step_waits_now(
+        sqlite_engine: Engine) -> None:
+    b = batch(sqlite_engine, {"OLD": "succeeded", "AAA": "succeeded", "CCC": "succeeded",
+                              "DDD": "succeeded", "BBB": "running"})
+    # OLD's portfolio manager waited 98 s at the gate five minutes ago; AAA's, CCC's and
+    # DDD's answered in LATENCY_S. BBB's, ready 6 s (past the node's usual 4 s), is the
+    # only open step: nothing waits longer now.
+    calls(sqlite_engine, b, "OLD", NODES[:-1], end=NOW - timedelta(minutes=5))
+    with Session(sqlite_engine) as s:
+        ready = NOW - timedelta(minutes=5)
+        s.add(LLMCall(batch_id=b, ticker="OLD", node=NODES[-1], sample=0, model="m",
+                      completion_tokens=COST, status="ok", ready_at=ready,
+                      started_at=ready + timedelta(seconds=100 - ISSUED_S),
+                      ended_at=ready + timedelta(seconds=100), latency_s=ISSUED_S))
+        s.commit()
+    for ticker in ("AAA", "CCC", "DDD"):
+        calls(sqlite_engine, b, ticker, NODES, end=NOW - timedelta(minutes=1))
+    calls(sqlite_engine, b, "BBB", NODES[:-1], end=NOW - timedelta(seconds=6))
+    found = eta.reading(sqlite_engine, b, NOW)
+    # The only call that took longer than 6 s from ready is OLD's, 94 s left at that age;
+    # no step waits at the gate now, so BBB's has its node's issue-to-answer latency left.
+    assert found.chain_left == 1
+    assert found.chain_s == pytest.approx(ISSUED_S)
 
 
 @pytest.mark.parametrize(("model", "left_s"), [
