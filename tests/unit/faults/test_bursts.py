@@ -4,12 +4,14 @@ every ticker succeeds, or the batch stops resumable and one `run --resume` finis
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
 from agents.data.demo import DEMO_AS_OF, write_demo
+from app.batch.engine import BatchPlan
 from serving.preflight import check_endpoint
 from tests.fakevllm import BASE_URL, FakeServer, Reply
 from tests.unit.support.bursts import (
@@ -25,6 +27,7 @@ from tests.unit.support.fault_night import (
     NODES,
     QUICK_ENV,
     assert_rows_match_the_servers,
+    night_engine,
     serve_cli_from,
     ticker_states,
 )
@@ -80,3 +83,21 @@ def test_a_burst_at_the_nights_start_is_waited_out_not_refused_by_the_preflight(
         check = check_endpoint(BASE_URL, model, client=one.sync_client())
         assert (check.level, says in check.detail) == (level, True), check
         assert "OpenAI-compatible" not in check.detail
+
+
+def test_a_burst_on_tokenize_is_no_chat_attempt_and_costs_no_ticker(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    # With the context check on (the default), each prompt is counted with /tokenize
+    # before its chat request. A burst there longer than the count's own tries: the
+    # prompts go out uncounted, and llm_calls holds the chat requests the server saw, no
+    # row (and no attempt used up) for a /tokenize answer.
+    server = FakeServer(nodes=NODES, tickers=TICKERS)
+    server.cue(Reply(status=503, headers={"Retry-After": "1"}), times=60, path="/tokenize")
+    outcome = asyncio.run(night_engine(sqlite_engine, demo_dir, server,
+                                       check_context_length=True).run(
+        BatchPlan("nightly", DEMO_AS_OF, TICKERS)))
+    assert outcome.status == "succeeded", outcome.failed
+    assert server.tokenize_calls > 60  # the whole burst was met, then counts again
+    assert ticker_states(sqlite_engine, outcome.batch_id) == dict.fromkeys(
+        TICKERS, ("succeeded", None))
+    assert_rows_match_the_servers(sqlite_engine, outcome.batch_id, [server])
