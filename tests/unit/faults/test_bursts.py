@@ -5,13 +5,15 @@ every ticker succeeds, or the batch stops resumable and one `run --resume` finis
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func, select
 
 from agents.data.demo import DEMO_AS_OF, write_demo
 from app.batch.engine import BatchPlan
+from app.db.models import LLMCall
 from serving.preflight import check_endpoint
 from tests.fakevllm import BASE_URL, FakeServer, Reply
 from tests.unit.support.bursts import (
@@ -101,3 +103,41 @@ def test_a_burst_on_tokenize_is_no_chat_attempt_and_costs_no_ticker(
     assert ticker_states(sqlite_engine, outcome.batch_id) == dict.fromkeys(
         TICKERS, ("succeeded", None))
     assert_rows_match_the_servers(sqlite_engine, outcome.batch_id, [server])
+
+
+def test_a_burst_past_the_budget_during_the_resume_stops_it_resumable_again(
+        sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server sheds load past the outage budget in the night and again in its resume:
+    # each stops interrupted (exit 5) saying the same resume, which a third run finishes.
+    # Across the three runs llm_calls equals the servers' request logs, and the report's
+    # counts are the rows' (nothing counted twice by a run that took the batch up).
+    url = sqlite_engine.url.render_as_string(hide_password=False)
+    env = {**QUICK_ENV, "NIGHTDESK_DATABASE_URL": url, "NIGHTDESK_OUTAGE_BUDGET_S": "0.3"}
+    servers = []
+    for argv, at in [(("run", "--tickers", ",".join(TICKERS), "--as-of", str(DEMO_AS_OF)), 12),
+                     (("run", "--resume"), 3), (("run", "--resume"), None)]:
+        server = FakeServer(nodes=NODES, tickers=TICKERS)
+        if at is not None:
+            server.burst(503, 10_000, at=at)
+        servers.append(server)
+        serve_cli_from(monkeypatch, server, demo_dir)
+        result = run_cli(*argv, "--no-preflight", env=env)
+        if at is None:
+            assert result.code == 0, result.stderr
+            assert "resuming batch 1 (nightly, interrupted" in result.stderr
+        else:
+            assert result.code == 5, result.stderr
+            assert result.error_lines[-1].endswith(
+                "past the outage budget (0.3 s); resume with `nightdesk run --resume 1`")
+            assert "failed" not in {s for s, _ in ticker_states(sqlite_engine, 1).values()}
+    assert all(server.chats for server in servers)  # each run called its own server
+    assert ticker_states(sqlite_engine, 1) == dict.fromkeys(TICKERS, ("succeeded", None))
+    assert_rows_match_the_servers(sqlite_engine, 1, servers)
+    report = json.loads(run_cli("report", "--format", "json", env=env).stdout)
+    with sqlite_engine.connect() as conn:
+        rows = conn.execute(select(func.count(), func.count().filter(LLMCall.status != "ok"),
+                                   func.sum(LLMCall.prompt_tokens),
+                                   func.sum(LLMCall.completion_tokens))).one()
+    assert (report["calls"], report["failed_calls"], report["prompt_tokens"],
+            report["completion_tokens"]) == tuple(rows)
+    assert report["calls"] == sum(len(server.chats) for server in servers)
