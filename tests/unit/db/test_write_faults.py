@@ -45,6 +45,7 @@ from tests.dbfaults import (
 )
 from tests.fakevllm import FakeServer
 from tests.unit.support.call_rows import new_batch
+from tests.unit.support.clirun import run_cli
 
 NODES = node_names(load_settings().pipeline())
 
@@ -246,11 +247,6 @@ async def test_a_spool_that_cannot_be_read_stops_the_start_in_one_line(
     assert spool.exists()  # kept for when it can be read
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known, not fixed: the spool's path is under NIGHTDESK_HOME, and a resume run under "
-    "another home (an operator's shell beside the units' /var/lib/nightdesk, with "
-    "NIGHTDESK_DATABASE_URL set) neither sees it nor says so: the batch ends succeeded "
-    "with the kept rows missing (docs/lab/2026-12-06-faults-outside.md)"))
 def test_a_resume_under_another_home_does_not_lose_the_kept_rows_silently(
         sqlite_engine: Engine, sqlite_url: str, demo_dir: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,7 +263,8 @@ def test_a_resume_under_another_home_does_not_lose_the_kept_rows_silently(
     outcome = asyncio.run(first_night())
     spool = spool_path(tmp_path, sqlite_url, outcome.batch_id)
     assert outcome.status == "interrupted" and read_spool(spool)["calls"]
-    # The advised `nightdesk run --resume`, run where NIGHTDESK_HOME is another folder.
+    # The advised `nightdesk run --resume`, run where NIGHTDESK_HOME is another folder (an
+    # operator's shell beside the units' /var/lib/nightdesk): it would not see the spool.
     second = FakeServer(nodes=NODES, tickers=tickers)
     original = BatchEngine.__init__
 
@@ -280,10 +277,17 @@ def test_a_resume_under_another_home_does_not_lose_the_kept_rows_silently(
     monkeypatch.setenv("NIGHTDESK_HOME", str(tmp_path / "operator"))
     monkeypatch.setenv("NIGHTDESK_DATABASE_URL", sqlite_url)
     monkeypatch.setenv("NIGHTDESK_DATA_DIR", str(demo_dir))
+    refused = run_cli("run", "--resume", "--no-preflight")
+    # Refused in one line naming the file and the home that keeps it; the batch untouched.
+    said = refused.error_lines[-1]  # after the line announcing the resume
+    assert refused.code == 2 and said.startswith("error: batch 1's usage rows"), refused.stderr
+    assert str(spool) in said and f"NIGHTDESK_HOME={tmp_path}" in said
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.status)).scalar_one() == "interrupted"
+    assert second.chats == [] and spool.exists()
+    # Run with the home that ran the night, it stores the kept rows and finishes.
+    monkeypatch.setenv("NIGHTDESK_HOME", str(tmp_path))
     result = CliRunner().invoke(cli, ["run", "--resume", "--no-preflight"])
-    if result.exit_code == 0:  # finished: then with every row the servers answered
-        check_rows_match(sqlite_engine, first, second)
-    else:  # refused: saying where the rows are, the batch left as it was
-        assert str(spool) in result.output
-        with sqlite_engine.connect() as conn:
-            assert conn.execute(select(Batch.status)).scalar_one() == "interrupted"
+    assert result.exit_code == 0, result.output
+    assert not spool.exists()
+    check_rows_match(sqlite_engine, first, second)
