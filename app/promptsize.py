@@ -99,8 +99,17 @@ class PromptCounter:
         return upper + budget <= self.max_model_len
 
     async def _check_count(self, body: dict[str, Any], budget: int) -> None:
-        """Count the prompt with the server's /tokenize; raise ContextLengthError if too long."""
-        count = await self.count(body["model"], body["messages"])
+        """Count the prompt with the server's /tokenize; raise ContextLengthError if too long.
+        A prompt /tokenize cannot count now goes out as it is (as ``measure``'s)."""
+        try:
+            count = await self.count(body["model"], body["messages"])
+        except LLMError as error:
+            # A failing /tokenize says nothing about the prompt, and it is no chat attempt:
+            # raised here it became one (an llm_calls row, HTTP 503 and all, for a chat
+            # request the server never saw, and an attempt used up). The chat itself
+            # meets the server's fault, if it lasts, and is judged on its own answer.
+            log.warning("prompt could not be counted; sent as it is", error=str(error)[:200])
+            return
         if count is None or self.max_model_len is None:
             return
         limit = self.max_model_len

@@ -18,6 +18,8 @@ from serving.urls import redact
 NVIDIA_SMI_QUERY = "name,compute_cap,memory.free,memory.total,pstate,power.draw"
 # Memory another process holds before we start; above this the GPU counts as busy.
 BUSY_USED_MIB = 2048
+# A server's "not now" (HTTP 429 Too Many Requests, 503 Service Unavailable).
+BUSY_STATUSES = (429, 503)
 
 Level = Literal["ok", "warn", "fail"]
 
@@ -191,6 +193,17 @@ def check_endpoint(base_url: str, model: str, api_key: str = "EMPTY", *,
     if response.status_code in (401, 403):
         return Check("fail", "server", f"{url} refused the API key (HTTP "
                      f"{response.status_code}): check NIGHTDESK_LLM_API_KEY")
+    if response.status_code in BUSY_STATUSES:
+        # The server is there and shedding load (a router with every worker busy, a
+        # restart's first seconds): no verdict on the settings. Refusing the night here
+        # would cost every ticker for an answer the night's own calls wait out
+        # (back-pressure, up to the outage budget); the model goes unchecked until then.
+        return Check("warn", "server", f"{url} answered HTTP {response.status_code} "
+                     "(busy): the model is not checked; the night's calls wait it out")
+    if response.status_code >= 500:
+        return Check("fail", "server", f"{url} answered HTTP {response.status_code}: the "
+                     "server, or a proxy before it, is failing; start the night once it "
+                     "answers")
     if response.status_code != 200:
         return Check("fail", "server", f"{url} answered HTTP {response.status_code}: is "
                      "this an OpenAI-compatible server's /v1 URL?")

@@ -65,10 +65,14 @@ def provider_missing(settings: Settings, as_of: date, tickers: list[str]) -> lis
 
 
 def check_endpoints(settings: Settings) -> None:
-    """Raise ConfigError when an endpoint does not answer, or refuses the key or the model."""
+    """Raise ConfigError when an endpoint does not answer, or refuses the key or the model;
+    one that answers busy (HTTP 429/503) passes with a warning: its load is the night's to
+    wait out, not a verdict on the settings."""
     # Every listed endpoint: one with a wrong model or key would fail each ticker routed to it.
     for url in settings.llm.urls:
         check = check_endpoint(url, settings.llm.model, settings.llm.api_key.get_secret_value())
+        if check.level == "warn":
+            log.warning("preflight: server not checked", detail=check.detail)
         if check.level == "fail":
             where = f" ({redact(url)})" if len(settings.llm.urls) > 1 else ""
             raise ConfigError(f"preflight{where}: {check.detail} "

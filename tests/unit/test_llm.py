@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import httpx
 import pytest
+import structlog
 from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
@@ -21,6 +22,7 @@ from app.errors import (
     LLMStreamError,
 )
 from app.llm import Call, TrackedLLM
+from app.promptsize import PromptCounter
 from app.usage import UsageRecorder, decompress_body
 from tests.fakevllm import BASE_URL, CONTEXT_LENGTH_MESSAGE, FakeServer, Reply
 from tests.unit.support.call_rows import new_batch
@@ -253,6 +255,8 @@ async def test_malformed_chunks_on_every_attempt_fail_the_call_in_one_line(
 
 async def test_a_tokenize_answer_without_a_count_is_a_malformed_answer(
         sqlite_engine: Engine) -> None:
+    # A count /tokenize cannot give is no answer about the prompt, and no chat attempt:
+    # the prompt goes out as it is, and only the chat request the server saw has a row.
     fake = FakeServer(lambda chat: ANSWER)
     original = fake.handle
 
@@ -262,10 +266,20 @@ async def test_a_tokenize_answer_without_a_count_is_a_malformed_answer(
         return await original(request)
 
     fake.handle = no_count  # type: ignore[method-assign]
-    result, rows = await one_call(sqlite_engine, fake, check_context_length=True,
-                                  max_attempts=2)
-    assert isinstance(result, LLMMalformedError), result
-    assert [(r.status, r.error_class) for r in rows] == [("error", "malformed")] * 2
+    with structlog.testing.capture_logs() as logs:
+        result, rows = await one_call(sqlite_engine, fake, check_context_length=True,
+                                      max_attempts=2)
+    assert not isinstance(result, Exception) and result.content == ANSWER.content, result
+    assert [(r.status, r.error_class) for r in rows] == [("ok", None)] == [
+        ("ok", None) for _ in fake.chats]
+    uncounted = [e["error"] for e in logs
+                 if e["event"] == "prompt could not be counted; sent as it is"]
+    assert uncounted and all(e.startswith("/tokenize answered no token count")
+                             for e in uncounted)
+    with pytest.raises(LLMMalformedError, match="no token count"):  # what the count says
+        async with fake.client() as http:
+            await PromptCounter(load_settings(), http, "http://fake.test/tokenize").count(
+                "m", [{"role": "user", "content": "x"}])
 
 
 def streaming(*bodies: bytes) -> FakeServer:

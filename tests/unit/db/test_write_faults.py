@@ -45,6 +45,7 @@ from tests.dbfaults import (
 )
 from tests.fakevllm import FakeServer
 from tests.unit.support.call_rows import new_batch
+from tests.unit.support.clirun import run_cli
 
 NODES = node_names(load_settings().pipeline())
 
@@ -244,3 +245,49 @@ async def test_a_spool_that_cannot_be_read_stops_the_start_in_one_line(
     assert str(refused.value) == (f"cannot read the usage rows kept in {spool}: "
                                   "JSONDecodeError: Expecting value: line 1 column 1 (char 0)")
     assert spool.exists()  # kept for when it can be read
+
+
+def test_a_resume_under_another_home_does_not_lose_the_kept_rows_silently(
+        sqlite_engine: Engine, sqlite_url: str, demo_dir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tickers = demo_tickers(3)
+    disk = SqliteFull()
+    first = FakeServer(fill_at(disk, 8, float("inf")), nodes=NODES, tickers=tickers)
+    runner = night(sqlite_engine, demo_dir, first, db_write_budget_s=1.0)
+
+    async def first_night() -> BatchOutcome:
+        async with full_disk(disk, "database", sqlite_engine, monkeypatch):
+            return await run_freeing_the_disk_at_the_stop(
+                runner, BatchPlan("nightly", DEMO_AS_OF, tickers), disk)
+
+    outcome = asyncio.run(first_night())
+    spool = spool_path(tmp_path, sqlite_url, outcome.batch_id)
+    assert outcome.status == "interrupted" and read_spool(spool)["calls"]
+    # The advised `nightdesk run --resume`, run where NIGHTDESK_HOME is another folder (an
+    # operator's shell beside the units' /var/lib/nightdesk): it would not see the spool.
+    second = FakeServer(nodes=NODES, tickers=tickers)
+    original = BatchEngine.__init__
+
+    def on_the_fake(self: BatchEngine, *args: Any, **kwargs: Any) -> None:
+        kwargs.update(http_client=second.client(), sample_metrics=False)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BatchEngine, "__init__", on_the_fake)
+    monkeypatch.setenv("NIGHTDESK_CHECK_CONTEXT_LENGTH", "false")
+    monkeypatch.setenv("NIGHTDESK_HOME", str(tmp_path / "operator"))
+    monkeypatch.setenv("NIGHTDESK_DATABASE_URL", sqlite_url)
+    monkeypatch.setenv("NIGHTDESK_DATA_DIR", str(demo_dir))
+    refused = run_cli("run", "--resume", "--no-preflight")
+    # Refused in one line naming the file and the home that keeps it; the batch untouched.
+    said = refused.error_lines[-1]  # after the line announcing the resume
+    assert refused.code == 2 and said.startswith("error: batch 1's usage rows"), refused.stderr
+    assert str(spool) in said and f"NIGHTDESK_HOME={tmp_path}" in said
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.status)).scalar_one() == "interrupted"
+    assert second.chats == [] and spool.exists()
+    # Run with the home that ran the night, it stores the kept rows and finishes.
+    monkeypatch.setenv("NIGHTDESK_HOME", str(tmp_path))
+    result = CliRunner().invoke(cli, ["run", "--resume", "--no-preflight"])
+    assert result.exit_code == 0, result.output
+    assert not spool.exists()
+    check_rows_match(sqlite_engine, first, second)

@@ -40,14 +40,18 @@ def night_engine(db: Engine, demo_dir: Path, server: FakeServer,
 
 
 def serve_cli_from(monkeypatch: pytest.MonkeyPatch, server: FakeServer, demo_dir: Path) -> None:
-    """Make every batch the CLI runs call ``server`` and read the demo snapshot."""
-    original = BatchEngine.__init__
+    """Make every batch the CLI runs call ``server`` and read the demo snapshot; called
+    again, the batches from then on call the new ``server``."""
+    # The real __init__, not an earlier call's wrapper: wrapped twice, the first server's
+    # client would overwrite the second's, and the later runs would call the first server.
+    original = getattr(BatchEngine.__init__, "unfaked", BatchEngine.__init__)
 
     def with_fake(self: BatchEngine, *args: Any, **kwargs: Any) -> None:
         kwargs.update(http_client=server.client(), sample_metrics=False,
                       provider=SnapshotProvider(demo_dir))
         original(self, *args, **kwargs)
 
+    with_fake.unfaked = original  # type: ignore[attr-defined]
     monkeypatch.setattr(BatchEngine, "__init__", with_fake)
 
 
