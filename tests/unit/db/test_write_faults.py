@@ -46,6 +46,7 @@ from tests.dbfaults import (
 from tests.fakevllm import FakeServer
 from tests.unit.support.call_rows import new_batch
 from tests.unit.support.clirun import run_cli
+from tests.unit.support.fault_night import serve_cli_from
 
 NODES = node_names(load_settings().pipeline())
 
@@ -146,13 +147,7 @@ def test_a_full_disk_past_the_budget_stops_resumable_and_one_resume_has_every_ro
 
     # One `nightdesk run --resume` finishes the night (the CLI on the same database).
     second = FakeServer(nodes=NODES, tickers=tickers)
-    original = BatchEngine.__init__
-
-    def on_the_fake(self: BatchEngine, *args: Any, **kwargs: Any) -> None:
-        kwargs.update(http_client=second.client(), sample_metrics=False)
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(BatchEngine, "__init__", on_the_fake)
+    serve_cli_from(monkeypatch, second, demo_dir)
     monkeypatch.setenv("NIGHTDESK_CHECK_CONTEXT_LENGTH", "false")
     result = CliRunner().invoke(cli, ["run", "--resume", "--no-preflight"])
     assert result.exit_code == 0, result.output
@@ -266,13 +261,7 @@ def test_a_resume_under_another_home_does_not_lose_the_kept_rows_silently(
     # The advised `nightdesk run --resume`, run where NIGHTDESK_HOME is another folder (an
     # operator's shell beside the units' /var/lib/nightdesk): it would not see the spool.
     second = FakeServer(nodes=NODES, tickers=tickers)
-    original = BatchEngine.__init__
-
-    def on_the_fake(self: BatchEngine, *args: Any, **kwargs: Any) -> None:
-        kwargs.update(http_client=second.client(), sample_metrics=False)
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(BatchEngine, "__init__", on_the_fake)
+    serve_cli_from(monkeypatch, second, demo_dir)
     monkeypatch.setenv("NIGHTDESK_CHECK_CONTEXT_LENGTH", "false")
     monkeypatch.setenv("NIGHTDESK_HOME", str(tmp_path / "operator"))
     monkeypatch.setenv("NIGHTDESK_DATABASE_URL", sqlite_url)

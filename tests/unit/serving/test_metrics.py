@@ -22,7 +22,9 @@ from serving.metrics import (
     read_metrics,
 )
 from tests.unit.support import FIXTURES
+from tests.unit.support.call_rows import new_batch
 from tests.unit.support.metrics_transport import RECORDED, transport
+from tests.unit.support.servers import read_servers
 
 TWO_ENGINES = """\
 # TYPE vllm:num_requests_running gauge
@@ -250,15 +252,9 @@ def test_only_the_lines_read_are_parsed_and_the_snapshot_is_unchanged(
 async def test_each_row_carries_the_chain_slots_of_the_server_it_was_pushed_to(
         tmp_path: Path, strategy: str, slots: int | None) -> None:
     # The ETA reads the slots from the rows (any process showing the night computes it).
-    from tests.unit.support.servers import read_servers
-
     engine = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
     Base.metadata.create_all(engine)
-    with Session(engine) as session:
-        batch = Batch(kind="nightly", as_of=date(2026, 1, 2), created_at=datetime.now(UTC))
-        session.add(batch)
-        session.commit()
-        batch_id = batch.id
+    batch_id = new_batch(engine)
     async with httpx.AsyncClient(transport=transport()) as client:
         sampler = MetricsSampler("http://x/v1", engine, batch_id, interval_s=1, client=client)
         server = read_servers(sampler, strategy=strategy).endpoints[0]
