@@ -287,15 +287,18 @@ def _left_of(ran: float, ages: list[list[float]], took: list[float],
         low, mid, high = _spread(took)
         spread = OVERDUE_SHARE * low, OVERDUE_SHARE * mid, OVERDUE_SHARE * high
     if recent := [v - ran for v in lately if v > ran]:
-        cap = statistics.median(recent)
-        spread = min(spread[0], cap), min(spread[1], cap), min(spread[2], cap)
+        spread = _capped(spread, statistics.median(recent))
     if oldest is not None and ran >= statistics.median(next((v for v in ages if v), took)):
         # Past its node's usual time from ready it is priced from the calls that took
         # longer: on a gated night, those held at the gate. Held until it has waited as long
         # as the oldest open step has, then run.
-        cap = max(0.0, oldest - ran) + statistics.median(took)
-        spread = min(spread[0], cap), min(spread[1], cap), min(spread[2], cap)
+        spread = _capped(spread, max(0.0, oldest - ran) + statistics.median(took))
     return spread
+
+
+def _capped(spread: Spread, cap: float) -> Spread:
+    """Return ``spread`` with each of its three figures at most ``cap``."""
+    return min(spread[0], cap), min(spread[1], cap), min(spread[2], cap)
 
 
 def _chain_seconds(step: Step, analysts: list[str], took: dict[str, list[float]],
