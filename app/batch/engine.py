@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import date
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import httpx
@@ -97,10 +96,6 @@ class Resume(Protocol):
 
     def ended(self, engine: Engine) -> tuple[list[str], dict[str, str]]:
         """Return its tickers that succeeded, and those that failed with their error."""
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        """Return the batch's stored settings (``batches.settings``)."""
 
 
 class Checkpoints(Protocol):
@@ -243,7 +238,6 @@ class BatchRun:
             self.outcome = BatchOutcome(self.batch_id, "crashed")  # until the run ends
         else:
             self.batch_id = self.resuming.batch_id
-            _refuse_a_spool_elsewhere(self.resuming, settings)
             await _starting(self.resuming.reopen, owner.engine)
             done, failed_before = await asyncio.to_thread(self.resuming.ended, owner.engine)
             self.outcome = BatchOutcome(self.batch_id, "crashed", done, failed_before)
@@ -501,25 +495,6 @@ class BatchRun:
         # Another run may own the batch now; the next start marks it crashed if none does.
         log.error("batch end not written: the nightly lock is lost", batch_id=self.batch_id)
         return False
-
-
-def _refuse_a_spool_elsewhere(resuming: Resume, settings: Settings) -> None:
-    """Raise DatabaseError (one line, the batch untouched) when the usage rows an earlier
-    run kept are in a spool under that run's data home and this run's home is another.
-
-    The spool is found by its home (an operator's shell beside the units'
-    /var/lib/nightdesk): resumed there, the batch would end without those rows and leave
-    the file, saying nothing."""
-    home = resuming.settings.get("home")
-    if not isinstance(home, str) or Path(home) == settings.paths.home:
-        return
-    url, batch_id = settings.store.database_url, resuming.batch_id
-    theirs = spool_path(Path(home), url, batch_id)
-    if theirs.exists():
-        raise DatabaseError(
-            f"batch {batch_id}'s usage rows not stored are kept in {theirs}, under "
-            f"NIGHTDESK_HOME={home}: resume it with that NIGHTDESK_HOME (or move the file "
-            f"to {spool_path(settings.paths.home, url, batch_id)})")
 
 
 async def _starting(write: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -10,8 +10,8 @@ from rich.markup import escape
 from typer._click.exceptions import BadParameter, ClickException
 
 from app.cli import batch, bench, data, db, notify, plan, quality, report, scheduler, server, web
+from app.cli.logs import console
 from app.errors import ERRORS, validation_said
-from app.logs import console
 from serving.urls import redact
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,

@@ -32,9 +32,9 @@ from app.cli.common import (
     setup,
 )
 from app.cli.data import parse_as_of
+from app.cli.logs import console
 from app.config import Settings
 from app.errors import ERRORS, InputError
-from app.logs import console
 from app.morning.batchids import parse_batch_id
 from app.morning.changes import RankedRow, compare_nights, ranked_row
 from app.morning.nightstatus import STALE_EXIT, NightStatus, night_status

@@ -16,11 +16,11 @@ from rich.table import Table
 from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import DBAPIError
 
+from app.cli.logs import configure_logging, console
 from app.config import Settings, get_settings
 from app.db.engine import ready_engine, reason
 from app.db.readonly import refuses_writes
 from app.errors import InputError
-from app.logs import configure_logging, console
 from app.morning.advice import advise
 from app.runs.checkpoints import check_checkpoints
 from app.runs.resumable import mark_stale_crashed

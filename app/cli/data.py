@@ -14,8 +14,8 @@ from agents.data.demo import DEFAULT_TICKERS, DEMO_AS_OF, demo_tickers, write_de
 from agents.data.freeze import freeze as freeze_snapshot
 from agents.tickers import check_symbol, choose_tickers
 from app.cli.common import setup
+from app.cli.logs import console
 from app.errors import DataError, InputError
-from app.logs import console
 
 app = typer.Typer(no_args_is_help=True, help="Market-data snapshots: demo, freeze, show.")
 out = console()

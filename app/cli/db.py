@@ -5,8 +5,8 @@ from __future__ import annotations
 import typer
 
 from app.cli.common import setup
+from app.cli.logs import console
 from app.db.engine import upgrade as run_upgrade
-from app.logs import console
 
 app = typer.Typer(no_args_is_help=True, help="Database schema.")
 

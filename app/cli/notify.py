@@ -8,8 +8,8 @@ import typer
 from rich.markup import escape
 
 from app.cli.common import setup
+from app.cli.logs import console
 from app.errors import ConfigError, NotifyError
-from app.logs import console
 from app.notify import Message, send, split_destinations
 
 app = typer.Typer(no_args_is_help=True, help="The morning digest's destinations.")

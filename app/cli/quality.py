@@ -15,8 +15,8 @@ from agents.decision import RATINGS
 from agents.tickers import check_symbol
 from app.cli.common import TableOrJson, database, echo_json, figures, setup
 from app.cli.data import parse_as_of
+from app.cli.logs import console
 from app.errors import InputError
-from app.logs import console
 from app.morning.batchids import parse_batch_id, parse_batch_ids
 from app.quality.averaging import KRow
 from app.quality.forward import ForwardReport, forward_report, parse_horizon

@@ -22,7 +22,7 @@ from app.cli.common import (
     mark_crashed,
     setup,
 )
-from app.logs import console
+from app.cli.logs import console
 from app.morning.accounting import (
     COMPARE_COLUMNS,
     Arm,

@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 import typer
 
 from app.cli.common import setup
+from app.cli.logs import console
 from app.config import Settings
 from app.errors import InputError, ServerError
-from app.logs import console
 from serving import launcher, replicas, router
 from serving.facts import read_server_facts
 from serving.preflight import query_gpus, run_preflight

@@ -15,6 +15,7 @@ from rich.table import Table
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.llm import CallStats
 from app.morning import eta
 from app.morning.nightstatus import interval, span
 from app.traffic.server import ServerSet
@@ -81,14 +82,16 @@ class BatchProgress:
     def state(self) -> ProgressState:
         """Return the numbers shown, computed from live counters (never from per-call speeds)."""
         servers = self.servers
-        stats = servers.stats
+        stats = call_totals(servers)
         tok_s = 0.0
         if stats.first_start is not None:
             span = (datetime.now(UTC) - stats.first_start).total_seconds()
             tok_s = stats.completion_tokens / span if span > 0 else 0.0
         elapsed = time.monotonic() - self.t0
         found = self.reading
-        latest = servers.latest
+        # Several endpoints' newest gauges as one: counts summed, KV usage the highest.
+        readings = [e.gauges.latest for e in servers if e.gauges is not None]
+        seen = [r for r in readings if r is not None]
         first = servers.first
         limit, budget = first.gate.limit, first.limits.budget
         if servers.several:
@@ -98,9 +101,9 @@ class BatchProgress:
             tickers_done=self.done - self.failed, tickers_failed=self.failed,
             tickers_total=self.total, calls=stats.calls, failed_calls=stats.failed,
             output_tok_s=round(tok_s, 1), server_tok_s=self._server_tok_s(),
-            running=None if latest is None else latest.running,
-            waiting=None if latest is None else latest.waiting,
-            kv_usage=None if latest is None else latest.kv_cache_usage,
+            running=sum(r.running for r in seen) if seen else None,
+            waiting=sum(r.waiting for r in seen) if seen else None,
+            kv_usage=max((r.kv_cache_usage for r in seen), default=None),
             limit=limit if first.strategy.adaptive else None,
             budget_tokens=budget.limit if budget is not None else None,
             reserved_tokens=budget.reserved if budget is not None else None,
@@ -190,6 +193,16 @@ class BatchProgress:
         while True:
             await asyncio.sleep(LOG_EVERY_S)
             log.info("progress", **asdict(self.state()))
+
+
+def call_totals(servers: ServerSet) -> CallStats:
+    """Return every endpoint's call totals added up."""
+    parts = [endpoint.llm.stats for endpoint in servers]
+    starts = [p.first_start for p in parts if p.first_start is not None]
+    ends = [p.last_end for p in parts if p.last_end is not None]
+    return CallStats(sum(p.calls for p in parts), sum(p.failed for p in parts),
+                     sum(p.prompt_tokens for p in parts), sum(p.completion_tokens for p in parts),
+                     min(starts) if starts else None, max(ends) if ends else None)
 
 
 def _whole(seconds: float | None) -> int | None:

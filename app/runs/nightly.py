@@ -132,7 +132,8 @@ def execute_plan(settings: Settings, engine: Engine,
 
     The preflight (``server``: how far it asks the server; a resumed batch in its own
     shape) raises before any row is written, ``refused`` told first; then a resume is
-    ``announce``d. ``lock``: the nightly lock a nightly batch runs under.
+    ``announce``d, and refused while the usage rows an earlier run kept are under another
+    data home. ``lock``: the nightly lock a nightly batch runs under.
     """
     resumed = start if isinstance(start, resumable.ResumePoint) else None
     try:
@@ -142,8 +143,10 @@ def execute_plan(settings: Settings, engine: Engine,
         if refused is not None:
             refused(error)
         raise
-    if resumed is not None and announce is not None:
-        announce(resumed)
+    if resumed is not None:
+        if announce is not None:
+            announce(resumed)
+        resumed.refuse_a_spool_elsewhere(settings)
     runner = BatchEngine(settings, engine, lock=lock, server_facts=batch_server_facts(
         settings.llm.server_profile, settings.llm.url, settings.paths.server_dir),
         checkpoints=Checkpoints(settings.store.database_url, engine))

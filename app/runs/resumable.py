@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, func, select, update
@@ -22,9 +23,10 @@ from app.config import Settings
 from app.db import retry
 from app.db.lock import Runner, holder_gone
 from app.db.models import INFRASTRUCTURE, Batch, TickerRun
-from app.errors import AlreadyRunningError, InputError
+from app.errors import AlreadyRunningError, DatabaseError, InputError
 from app.morning.summary import FINISHED_TICKER, RESUMABLE_KINDS, died_since, tickers_left
 from app.traffic.strategy import Strategy
+from app.usage import spool_path
 
 # A batch in one of these states may still have tickers to do.
 RESUMABLE = ("interrupted", "crashed", "failed", "partial")
@@ -61,6 +63,24 @@ class ResumePoint:
         resumed batch's graph must not change."""
         keys = ("debate_rounds", "risk_rounds", "node_max_tokens")
         return settings.updated(**{k: self.settings[k] for k in keys if k in self.settings})
+
+    def refuse_a_spool_elsewhere(self, settings: Settings) -> None:
+        """Raise DatabaseError (one line, the batch untouched) when the usage rows an earlier
+        run kept are in a spool under that run's data home and ``settings``' home is another.
+
+        The spool is found by its home (an operator's shell beside the units'
+        /var/lib/nightdesk): resumed there, the batch would end without those rows and leave
+        the file, saying nothing."""
+        home = self.settings.get("home")
+        if not isinstance(home, str) or Path(home) == settings.paths.home:
+            return
+        url = settings.store.database_url
+        theirs = spool_path(Path(home), url, self.batch_id)
+        if theirs.exists():
+            raise DatabaseError(
+                f"batch {self.batch_id}'s usage rows not stored are kept in {theirs}, under "
+                f"NIGHTDESK_HOME={home}: resume it with that NIGHTDESK_HOME (or move the file "
+                f"to {spool_path(settings.paths.home, url, self.batch_id)})")
 
     @retry.retried
     def reopen(self, engine: Engine) -> None:

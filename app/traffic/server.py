@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -19,7 +18,7 @@ from sqlalchemy import Engine
 
 from app.config import Settings
 from app.errors import ServerOutage
-from app.llm import CallStats, TrackedLLM
+from app.llm import TrackedLLM
 from app.promptsize import PromptCounter
 from app.traffic.chains import prefetch_depth
 from app.traffic.clock import Clock, loop_clock
@@ -249,14 +248,6 @@ class Server:
             self._suspect = True
             await self.gauges.fresh()  # type: ignore[attr-defined]
 
-@dataclass
-class _Combined:
-    """Several endpoints' newest gauges as one (for live progress): summed, KV the highest."""
-
-    running: float
-    waiting: float
-    kv_cache_usage: float
-
 
 class ServerSet:
     """A batch's endpoints in the configured order: routing, failover, one outage clock."""
@@ -473,24 +464,3 @@ class ServerSet:
     def outages(self) -> list[dict[str, Any]]:
         """Return every server's outages (endpoint, start, seconds), for the batch's record."""
         return [outage for endpoint in self.endpoints for outage in endpoint.outages_seen]
-
-    @property
-    def stats(self) -> CallStats:
-        """Return every endpoint's call totals added up."""
-        parts = [endpoint.llm.stats for endpoint in self.endpoints]
-        starts = [p.first_start for p in parts if p.first_start is not None]
-        ends = [p.last_end for p in parts if p.last_end is not None]
-        return CallStats(sum(p.calls for p in parts), sum(p.failed for p in parts),
-                         sum(p.prompt_tokens for p in parts),
-                         sum(p.completion_tokens for p in parts),
-                         min(starts) if starts else None, max(ends) if ends else None)
-
-    @property
-    def latest(self) -> _Combined | None:
-        """Return the endpoints' newest gauges combined (None before any reading)."""
-        readings = [e.gauges.latest for e in self.endpoints if e.gauges is not None]
-        seen = [r for r in readings if r is not None]
-        if not seen:
-            return None
-        return _Combined(sum(r.running for r in seen), sum(r.waiting for r in seen),
-                         max(r.kv_cache_usage for r in seen))

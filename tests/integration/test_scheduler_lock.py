@@ -36,7 +36,7 @@ def start_daemon(env: dict[str, str]) -> subprocess.Popen[str]:
     for line in daemon.stderr:
         try:
             event = json.loads(line)["event"]
-        except ValueError:  # every line off a terminal is a JSON log line (app/logs.py)
+        except ValueError:  # every line off a terminal is a JSON log line (app/cli/logs.py)
             raise AssertionError(f"the daemon wrote a line that is no JSON: {line!r}") from None
         if event == "scheduler started":
             return daemon

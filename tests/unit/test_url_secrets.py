@@ -18,7 +18,7 @@ from typing import Literal
 import pytest
 import structlog
 
-from app.logs import configure_logging
+from app.cli.logs import configure_logging
 from app.runs.checkpoints import checkpoint_path
 from serving.urls import redact
 from tests.unit.support.canary import (
