@@ -7,7 +7,7 @@ import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -250,18 +250,18 @@ class BatchRun:
         self._log_context = structlog.contextvars.bind_contextvars(batch_id=self.batch_id)
         log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                  samples=plan.samples, strategy=self.strategy.name, as_of=str(plan.as_of))
-        hint = self.resume_hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
+        self.resume_hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
         self.recorder = UsageRecorder(
             owner.engine, spool=spool_path(settings.paths.home, settings.store.database_url,
                                                self.batch_id),
             on_lost=lambda lost: owner.halt.request(
-                HaltReason(lost.status, f"{lost}{hint}", lost.exit_code)))
+                HaltReason(lost.status, str(lost), lost.exit_code)))
         self.servers = ServerSet.connect(
             settings, self.strategy, self.recorder, engine=owner.engine,
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,
                                         settings.calls.max_concurrency),
-            halt=owner.halt, resume_hint=self.resume_hint, clock=owner.clock)
+            halt=owner.halt, clock=owner.clock)
         self.scheduler = Scheduler(self.strategy, self.servers)
         self.watching = nullcontext() if self.recording is None else self.recording.watch(
             self.batch_id, len(plan.tickers), self.work.expected_calls, self.servers,
@@ -378,8 +378,8 @@ class BatchRun:
         outcome.status = ("succeeded" if not outcome.failed
                           else "partial" if outcome.succeeded else "failed")
         if owner.halt.reason is not None:
-            outcome.halt = owner.halt.reason
-            outcome.status, self.error_text = owner.halt.reason.status, owner.halt.reason.message
+            outcome.halt = self._advised(owner.halt.reason)
+            outcome.status, self.error_text = outcome.halt.status, outcome.halt.message
         if self.servers.outages:
             self.extra_settings["server_outages"] = self.servers.outages
         fallback = self.recording.fallback() if self.recording else None
@@ -439,8 +439,17 @@ class BatchRun:
     def _stop(self, stopped: BatchStopped) -> None:
         """Stop the batch for ``stopped`` unless it is stopping already (then it says why)."""
         if self.owner.halt.reason is None:  # the first to meet it: a write past its budget
-            self.owner.halt.request(HaltReason(stopped.status, f"{_one_line(stopped)}"
-                                               f"{self.resume_hint}", stopped.exit_code))
+            self.owner.halt.request(HaltReason(stopped.status, _one_line(stopped),
+                                               stopped.exit_code))
+
+    def _advised(self, reason: HaltReason) -> HaltReason:
+        """Return ``reason`` naming the command that continues the batch, when it has
+        tickers a resume takes up (app/morning/summary.py's ``tickers_left``, as the
+        outcome sees them): whatever stopped it, the line says what to do next."""
+        outcome = self.outcome
+        left = [t for t in self.plan.tickers if t not in outcome.succeeded
+                and (t not in outcome.failed or t in outcome.infrastructure)]
+        return replace(reason, message=reason.message + self.resume_hint) if left else reason
 
     async def _store_result(self, ticker: str, decisions: list[store.DecisionRow],
                             error: str | None, fault: FailureClass | None

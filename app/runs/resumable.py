@@ -151,7 +151,7 @@ def _crash(conn: Any, why: dict[int, str]) -> None:
         last_alive = func.coalesce(Batch.heartbeat_at, Batch.started_at)
         conn.execute(update(Batch).where(Batch.id == batch_id, Batch.status == "running")
                      .values(status="crashed", finished_at=last_alive,
-                             error=f"{error}; resume with `nightdesk run --resume`"))
+                             error=f"{error}; resume with `nightdesk run --resume {batch_id}`"))
     conn.execute(update(TickerRun)
                  .where(TickerRun.batch_id.in_(list(why)),
                         TickerRun.status.in_(("queued", "running")))
