@@ -92,8 +92,9 @@ class Resume(Protocol):
     def shaped(self, settings: Settings) -> Settings:
         """Return ``settings`` in the batch's recorded shape: its graph must not change."""
 
-    def reopen(self, engine: Engine) -> None:
-        """Set the batch running again and its tickers left queued for another attempt."""
+    def reopen(self, engine: Engine, recorded: dict[str, Any]) -> None:
+        """Set the batch running again and its tickers left queued for another attempt;
+        ``recorded`` replaces what the batch's settings say of the last run's."""
 
     def ended(self, engine: Engine) -> tuple[list[str], dict[str, str]]:
         """Return its tickers that succeeded, and those that failed with their error."""
@@ -244,7 +245,10 @@ class BatchRun:
         else:
             self.batch_id = self.resuming.batch_id
             _refuse_a_spool_elsewhere(self.resuming, settings)
-            await _starting(self.resuming.reopen, owner.engine)
+            # This run's settings and home replace the last run's: the next resume's checks
+            # compare with the run that last wrote to the batch (its spool is under its home).
+            await _starting(self.resuming.reopen, owner.engine,
+                            {**settings.snapshot(), "home": str(settings.paths.home)})
             done, failed_before = await asyncio.to_thread(self.resuming.ended, owner.engine)
             self.outcome = BatchOutcome(self.batch_id, "crashed", done, failed_before)
         self._log_context = structlog.contextvars.bind_contextvars(batch_id=self.batch_id)

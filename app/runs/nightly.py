@@ -142,8 +142,13 @@ def execute_plan(settings: Settings, engine: Engine,
         if refused is not None:
             refused(error)
         raise
-    if resumed is not None and announce is not None:
-        announce(resumed)
+    if resumed is not None:
+        for key, (own, now) in resumed.kept(settings).items():
+            # Kept, not refused (app/runs/resumable.py's KEPT), but never silently.
+            log.warning("the resumed batch keeps its own setting", batch_id=resumed.batch_id,
+                        setting=f"NIGHTDESK_{key.upper()}", batch=own, now=now)
+        if announce is not None:
+            announce(resumed)
     runner = BatchEngine(settings, engine, lock=lock, server_facts=batch_server_facts(
         settings.llm.server_profile, settings.llm.url, settings.paths.server_dir),
         checkpoints=Checkpoints(settings.store.database_url, engine))

@@ -66,3 +66,72 @@ def test_a_night_stopped_by_a_404_names_its_resume_and_the_resume_finishes_it(
     assert resumed.code == 0, resumed.stderr
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(Batch.status)).scalar_one() == "succeeded"
+
+
+def stopped_night(monkeypatch: pytest.MonkeyPatch, demo_dir: Path, answers: int) -> None:
+    """Run a night of three tickers with the real CLI that stops on a 404 after ``answers``."""
+    tickers = demo_tickers(3)
+    serve_cli_from(monkeypatch, FakeServer(model_gone_after(answers), nodes=NODES,
+                                           tickers=tickers), demo_dir)
+    stopped = run_cli("run", "--tickers", ",".join(tickers), "--no-preflight")
+    assert stopped.code == 2 and "HTTP 404" in stopped.stderr, stopped.stderr
+
+
+def test_a_resume_under_another_model_is_refused_naming_both_and_the_ways_out(
+        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stopped_night(monkeypatch, demo_dir, 20)
+    second = FakeServer(nodes=NODES, tickers=demo_tickers(3), model="other-model")
+    serve_cli_from(monkeypatch, second, demo_dir)
+    refused = run_cli("run", "--resume", "1", "--no-preflight",
+                      env={"NIGHTDESK_LLM_MODEL": "other-model"})
+    assert refused.code == 2, refused.stderr
+    assert refused.error_lines == [
+        "error: batch 1 ran with model 'smollm2-135m' (20 answers), and NIGHTDESK_LLM_MODEL "
+        "is now 'other-model': a resume would mix the two in one night; continue it with "
+        f"NIGHTDESK_LLM_MODEL=smollm2-135m, or analyze {DEMO_AS_OF} anew under "
+        f"'other-model': `nightdesk run --as-of {DEMO_AS_OF}`"], refused.stderr
+    # Nothing asked of the server, nothing of the batch changed.
+    assert second.chats == []
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.status)).scalar_one() == "failed"
+    # Both ways out work: the batch under its own model, the date anew under the other.
+    serve_cli_from(monkeypatch, FakeServer(nodes=NODES, tickers=demo_tickers(3)), demo_dir)
+    assert run_cli("run", "--resume", "1", "--no-preflight").code == 0
+    serve_cli_from(monkeypatch, second, demo_dir)
+    anew = run_cli("run", "--as-of", str(DEMO_AS_OF), "--no-preflight",
+                   env={"NIGHTDESK_LLM_MODEL": "other-model"})
+    assert anew.code == 0, anew.stderr
+    with sqlite_engine.connect() as conn:
+        assert [(b.status, b.settings["model"]) for b in conn.execute(
+            select(Batch.status, Batch.settings).order_by(Batch.id))] == [
+            ("succeeded", "smollm2-135m"), ("succeeded", "other-model")]
+
+
+def test_a_batch_without_answers_resumes_under_the_model_fixed_and_records_it(
+        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A wrong model name from the start: nothing was answered, so nothing would be mixed.
+    stopped_night(monkeypatch, demo_dir, 0)
+    serve_cli_from(monkeypatch, FakeServer(nodes=NODES, tickers=demo_tickers(3),
+                                           model="other-model"), demo_dir)
+    resumed = run_cli("run", "--resume", "1", "--no-preflight",
+                      env={"NIGHTDESK_LLM_MODEL": "other-model"})
+    assert resumed.code == 0, resumed.stderr
+    with sqlite_engine.connect() as conn:
+        status, settings = conn.execute(select(Batch.status, Batch.settings)).one()
+    assert (status, settings["model"]) == ("succeeded", "other-model")
+
+
+def test_a_resume_keeps_the_batchs_own_sampling_and_says_so(
+        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stopped_night(monkeypatch, demo_dir, 20)
+    second = FakeServer(nodes=NODES, tickers=demo_tickers(3))
+    serve_cli_from(monkeypatch, second, demo_dir)
+    resumed = run_cli("run", "--resume", "1", "--no-preflight",
+                      env={"NIGHTDESK_TEMPERATURE": "0.1"})
+    assert resumed.code == 0, resumed.stderr
+    assert {chat.body["temperature"] for chat in second.chats} == {0.7}
+    assert "keeps its own setting" in resumed.stderr and "NIGHTDESK_TEMPERATURE" in \
+        resumed.stderr, resumed.stderr
