@@ -137,7 +137,8 @@ def execute_plan(settings: Settings, engine: Engine,
     resumed = start if isinstance(start, resumable.ResumePoint) else None
     try:
         check_start(resumed.shaped(settings) if resumed else settings, engine,
-                    start.as_of, start.tickers, server=server)
+                    start.as_of, start.tickers, server=server,
+                    budgets_kept=resumed.budgets_kept() if resumed else None)
     except ERRORS as error:
         if refused is not None:
             refused(error)

@@ -94,6 +94,15 @@ class ResumePoint:
         return {key: (recorded[key], now[key]) for key in KEPT
                 if key in recorded and recorded[key] != now[key]}
 
+    def budgets_kept(self) -> str | None:
+        """Say that the batch's output budgets are its own and the way out of them (None:
+        it recorded none, and the settings' apply): what a refusal advises instead of
+        lowering NIGHTDESK_NODE_MAX_TOKENS, which a resume would not read."""
+        if "node_max_tokens" not in self.settings:
+            return None
+        return (f"batch {self.batch_id} keeps the NIGHTDESK_NODE_MAX_TOKENS it ran with; "
+                f"analyze {self.as_of} anew with lower ones: `{self.anew()}`")
+
     def anew(self) -> str:
         """Return the command that analyzes the batch's date again as a new batch."""
         samples = int(self.settings.get("samples", 1))
