@@ -25,6 +25,7 @@ from app.batch.faults import INFRASTRUCTURE, FailureClass, failure_class
 from app.batch.heap import batch_collector
 from app.config import Settings
 from app.db.lock import LockHold, Runner
+from app.db.models import RESUMABLE_KINDS
 from app.db.retry import outage, transient, write_budget
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
@@ -254,7 +255,9 @@ class BatchRun:
         self._log_context = structlog.contextvars.bind_contextvars(batch_id=self.batch_id)
         log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                  samples=plan.samples, strategy=self.strategy.name, as_of=str(plan.as_of))
-        self.resume_hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
+        # What continues it, said when it stops short: a replay or bench arm is run anew.
+        self.resume_hint = (f"; resume with `nightdesk run --resume {self.batch_id}`"
+                            if plan.kind in RESUMABLE_KINDS else "")
         self.recorder = UsageRecorder(
             owner.engine, spool=spool_path(settings.paths.home, settings.store.database_url,
                                                self.batch_id),
@@ -447,9 +450,9 @@ class BatchRun:
                                                stopped.exit_code))
 
     def _advised(self, reason: HaltReason) -> HaltReason:
-        """Return ``reason`` naming the command that continues the batch, when it has
-        tickers a resume takes up (app/morning/summary.py's ``tickers_left``, as the
-        outcome sees them): whatever stopped it, the line says what to do next."""
+        """Return ``reason`` naming the command that continues the batch (``resume_hint``)
+        when it has tickers a resume takes up (app/morning/summary.py's ``tickers_left``,
+        as the outcome sees them): whatever stopped it, the line says what to do next."""
         outcome = self.outcome
         left = [t for t in self.plan.tickers if t not in outcome.succeeded
                 and (t not in outcome.failed or t in outcome.infrastructure)]
