@@ -16,8 +16,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, PlainSerializer, computed_field
 from sqlalchemy import Connection, Engine, Select, and_, or_, select
 
-from app.db.models import RESUMABLE_KINDS as RESUMABLE_KINDS
 from app.db.models import INFRASTRUCTURE, Batch, Decision, TickerRun, batch_row
+from app.db.models import RESUMABLE_KINDS as RESUMABLE_KINDS
 
 # Ticker states that are no failure: done, or not reached yet by a batch still running.
 NOT_FAILED = ("succeeded", "queued", "running")

@@ -16,8 +16,8 @@ from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
 from app.db.models import LLMCall, LLMRequest
-from app.runs.checkpoints import Checkpoints
 from app.errors import InputError
+from app.runs.checkpoints import Checkpoints
 from app.runs.replay import replay_batch
 from app.runs.resumable import pick
 from app.usage import decompress_body
