@@ -15,6 +15,7 @@ from tests.fakevllm import FakeServer
 from tests.fakevllm.chat import ChatRequest, Reply
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.fault_night import NODES, QUICK_ENV, serve_cli_from
+from tests.webhook import webhook
 
 
 @pytest.fixture
@@ -135,3 +136,26 @@ def test_a_resume_keeps_the_batchs_own_sampling_and_says_so(
     assert {chat.body["temperature"] for chat in second.chats} == {0.7}
     assert "keeps its own setting" in resumed.stderr and "NIGHTDESK_TEMPERATURE" in \
         resumed.stderr, resumed.stderr
+
+
+def test_the_timers_continue_night_under_another_model_is_refused_with_a_digest(
+        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The timer's path: the night of the snapshot's date stopped, then fired again under
+    # another model; refused in one line, and the morning digest says so.
+    serve_cli_from(monkeypatch, FakeServer(model_gone_after(20), nodes=NODES,
+                                           tickers=demo_tickers(3)), demo_dir)
+    assert run_cli("run", "--as-of", str(DEMO_AS_OF), "--no-preflight").code == 2
+    second = FakeServer(nodes=NODES, tickers=demo_tickers(3), model="other-model")
+    serve_cli_from(monkeypatch, second, demo_dir)
+    with webhook() as hook:
+        refused = run_cli("run", "--continue-night", "--no-preflight",
+                          env={"NIGHTDESK_LLM_MODEL": "other-model",
+                               "NIGHTDESK_NOTIFY": hook.url()})
+    assert refused.code == 2, refused.stderr
+    [line] = [said for said in refused.error_lines if said.startswith("error: ")]
+    assert line.startswith("error: batch 1 ran with model 'smollm2-135m' (20 answers)"), line
+    assert second.chats == []
+    [post] = hook.posts
+    assert "REFUSED at its start" in post["title"]
+    assert post["message"].splitlines()[0] == f"Why: {line.removeprefix('error: ')}"
