@@ -91,7 +91,8 @@ class Resume(Protocol):
         """Return the batch's plan: its tickers left, its samples and strategy as recorded."""
 
     def shaped(self, settings: Settings) -> Settings:
-        """Return ``settings`` in the batch's recorded shape: its graph must not change."""
+        """Return ``settings`` in the batch's recorded shape, its graph and sampling
+        unchanged; InputError when the batch cannot resume under them (another model)."""
 
     def reopen(self, engine: Engine, recorded: dict[str, Any]) -> None:
         """Set the batch running again and its tickers left queued for another attempt;
