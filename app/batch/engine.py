@@ -386,7 +386,8 @@ class BatchRun:
         outcome.status = ("succeeded" if not outcome.failed
                           else "partial" if outcome.succeeded else "failed")
         if owner.halt.reason is not None:
-            outcome.halt = self._advised(owner.halt.reason)
+            reason = owner.halt.reason
+            outcome.halt = replace(reason, message=self._with_resume(reason.message))
             outcome.status, self.error_text = outcome.halt.status, outcome.halt.message
         if self.servers.outages:
             self.extra_settings["server_outages"] = self.servers.outages
@@ -400,7 +401,7 @@ class BatchRun:
         if exc is not None and not self.body_ok:
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
                 self.outcome.status = "interrupted"
-                self.error_text = "interrupted by the operator"
+                self.error_text = self._with_resume("interrupted by the operator")
             elif isinstance(exc, Exception):
                 self.error_text = _one_line(exc)
         try:
@@ -450,14 +451,15 @@ class BatchRun:
             self.owner.halt.request(HaltReason(stopped.status, _one_line(stopped),
                                                stopped.exit_code))
 
-    def _advised(self, reason: HaltReason) -> HaltReason:
-        """Return ``reason`` naming the command that continues the batch (``resume_hint``)
-        when it has tickers a resume takes up (app/morning/summary.py's ``tickers_left``,
-        as the outcome sees them): whatever stopped it, the line says what to do next."""
+    def _with_resume(self, why: str) -> str:
+        """Return ``why`` the batch stopped, naming the command that continues it
+        (``resume_hint``) when it has tickers a resume takes up (app/morning/summary.py's
+        ``tickers_left``, as the outcome sees them): whatever stopped it, the line says what
+        to do next."""
         outcome = self.outcome
         left = [t for t in self.plan.tickers if t not in outcome.succeeded
                 and (t not in outcome.failed or t in outcome.infrastructure)]
-        return replace(reason, message=reason.message + self.resume_hint) if left else reason
+        return why + self.resume_hint if left else why
 
     async def _store_result(self, ticker: str, decisions: list[store.DecisionRow],
                             error: str | None, fault: FailureClass | None
