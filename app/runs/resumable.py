@@ -74,10 +74,11 @@ class ResumePoint:
     def shaped(self, settings: Settings) -> Settings:
         """Return the settings the batch resumes with: ``settings`` with its recorded
         ``KEPT`` values. InputError (one line, naming both values and the ways out) when
-        a ``MATCHED`` one differs and the batch has answers made under the recorded one."""
+        a ``MATCHED`` one differs, the batch has answers made under the recorded one and
+        tickers left to ask more (with none, the resume only writes its end)."""
         recorded, now = _flat(dict(self.settings)), _flat(dict(settings.snapshot()))
         changed = [key for key in MATCHED if key in recorded and recorded[key] != now[key]]
-        if changed and self.answered:
+        if changed and self.answered and self.tickers:
             key = changed[0]
             name = f"NIGHTDESK_{MATCHED[key].upper()}"
             raise InputError(

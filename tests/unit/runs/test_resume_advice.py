@@ -11,6 +11,7 @@ from sqlalchemy import Engine, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.db.models import Batch, TickerRun
+from app.errors import InputError
 from tests.fakevllm import FakeServer
 from tests.fakevllm.chat import ChatRequest, Reply
 from tests.unit.support.clirun import run_cli
@@ -159,3 +160,19 @@ def test_the_timers_continue_night_under_another_model_is_refused_with_a_digest(
     [post] = hook.posts
     assert "REFUSED at its start" in post["title"]
     assert post["message"].splitlines()[0] == f"Why: {line.removeprefix('error: ')}"
+
+
+def test_only_a_resume_that_would_ask_more_is_refused_for_another_model() -> None:
+    from app.config import load_settings
+    from app.runs.resumable import ResumePoint
+
+    def point(tickers: list[str], answered: int) -> ResumePoint:
+        return ResumePoint(7, "nightly", DEMO_AS_OF, None, {"model": "a", "samples": 1},
+                           tickers, 2, "crashed", answered=answered)
+
+    other = load_settings(llm_model="b")
+    with pytest.raises(InputError, match="batch 7 ran with model 'a' \\(5 answers\\)"):
+        point(["X"], 5).shaped(other)
+    # No answers yet: nothing to mix. No tickers left: the resume only writes its end.
+    assert point(["X"], 0).shaped(other).llm.model == "b"
+    assert point([], 5).shaped(other).llm.model == "b"
