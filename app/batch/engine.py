@@ -7,7 +7,7 @@ import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from typing import Any, Protocol, TypeVar
 
@@ -24,6 +24,7 @@ from app.batch.faults import INFRASTRUCTURE, FailureClass, failure_class
 from app.batch.heap import batch_collector
 from app.config import Settings
 from app.db.lock import LockHold, Runner
+from app.db.models import RESUMABLE_KINDS
 from app.db.retry import outage, transient, write_budget
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
@@ -89,10 +90,12 @@ class Resume(Protocol):
         """Return the batch's plan: its tickers left, its samples and strategy as recorded."""
 
     def shaped(self, settings: Settings) -> Settings:
-        """Return ``settings`` in the batch's recorded shape: its graph must not change."""
+        """Return ``settings`` in the batch's recorded shape, its graph and sampling
+        unchanged; InputError when the batch cannot resume under them (another model)."""
 
-    def reopen(self, engine: Engine) -> None:
-        """Set the batch running again and its tickers left queued for another attempt."""
+    def reopen(self, engine: Engine, recorded: dict[str, Any]) -> None:
+        """Set the batch running again and its tickers left queued for another attempt;
+        ``recorded`` replaces what the batch's settings say of the last run's."""
 
     def ended(self, engine: Engine) -> tuple[list[str], dict[str, str]]:
         """Return its tickers that succeeded, and those that failed with their error."""
@@ -238,24 +241,29 @@ class BatchRun:
             self.outcome = BatchOutcome(self.batch_id, "crashed")  # until the run ends
         else:
             self.batch_id = self.resuming.batch_id
-            await _starting(self.resuming.reopen, owner.engine)
+            # This run's settings and home replace the last run's: the next resume's checks
+            # compare with the run that last wrote to the batch (its spool is under its home).
+            await _starting(self.resuming.reopen, owner.engine,
+                            {**settings.snapshot(), "home": str(settings.paths.home)})
             done, failed_before = await asyncio.to_thread(self.resuming.ended, owner.engine)
             self.outcome = BatchOutcome(self.batch_id, "crashed", done, failed_before)
         self._log_context = structlog.contextvars.bind_contextvars(batch_id=self.batch_id)
         log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
                  samples=plan.samples, strategy=self.strategy.name, as_of=str(plan.as_of))
-        hint = self.resume_hint = f"; resume with `nightdesk run --resume {self.batch_id}`"
+        # What continues it, said when it stops short: a replay or bench arm is run anew.
+        self.resume_hint = (f"; resume with `nightdesk run --resume {self.batch_id}`"
+                            if plan.kind in RESUMABLE_KINDS else "")
         self.recorder = UsageRecorder(
             owner.engine, spool=spool_path(settings.paths.home, settings.store.database_url,
                                                self.batch_id),
             on_lost=lambda lost: owner.halt.request(
-                HaltReason(lost.status, f"{lost}{hint}", lost.exit_code)))
+                HaltReason(lost.status, str(lost), lost.exit_code)))
         self.servers = ServerSet.connect(
             settings, self.strategy, self.recorder, engine=owner.engine,
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,
                                         settings.calls.max_concurrency),
-            halt=owner.halt, resume_hint=self.resume_hint, clock=owner.clock)
+            halt=owner.halt, clock=owner.clock)
         self.scheduler = Scheduler(self.strategy, self.servers)
         self.watching = nullcontext() if self.recording is None else self.recording.watch(
             self.batch_id, len(plan.tickers), self.work.expected_calls, self.servers,
@@ -372,8 +380,9 @@ class BatchRun:
         outcome.status = ("succeeded" if not outcome.failed
                           else "partial" if outcome.succeeded else "failed")
         if owner.halt.reason is not None:
-            outcome.halt = owner.halt.reason
-            outcome.status, self.error_text = owner.halt.reason.status, owner.halt.reason.message
+            reason = owner.halt.reason
+            outcome.halt = replace(reason, message=self._with_resume(reason.message))
+            outcome.status, self.error_text = outcome.halt.status, outcome.halt.message
         if self.servers.outages:
             self.extra_settings["server_outages"] = self.servers.outages
         fallback = self.recording.fallback() if self.recording else None
@@ -386,7 +395,7 @@ class BatchRun:
         if exc is not None and not self.body_ok:
             if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
                 self.outcome.status = "interrupted"
-                self.error_text = "interrupted by the operator"
+                self.error_text = self._with_resume("interrupted by the operator")
             elif isinstance(exc, Exception):
                 self.error_text = _one_line(exc)
         try:
@@ -433,8 +442,18 @@ class BatchRun:
     def _stop(self, stopped: BatchStopped) -> None:
         """Stop the batch for ``stopped`` unless it is stopping already (then it says why)."""
         if self.owner.halt.reason is None:  # the first to meet it: a write past its budget
-            self.owner.halt.request(HaltReason(stopped.status, f"{_one_line(stopped)}"
-                                               f"{self.resume_hint}", stopped.exit_code))
+            self.owner.halt.request(HaltReason(stopped.status, _one_line(stopped),
+                                               stopped.exit_code))
+
+    def _with_resume(self, why: str) -> str:
+        """Return ``why`` the batch stopped, naming the command that continues it
+        (``resume_hint``) when it has tickers a resume takes up (app/morning/summary.py's
+        ``tickers_left``, as the outcome sees them): whatever stopped it, the line says what
+        to do next."""
+        outcome = self.outcome
+        left = [t for t in self.plan.tickers if t not in outcome.succeeded
+                and (t not in outcome.failed or t in outcome.infrastructure)]
+        return why + self.resume_hint if left else why
 
     async def _store_result(self, ticker: str, decisions: list[store.DecisionRow],
                             error: str | None, fault: FailureClass | None

@@ -36,8 +36,7 @@ async def _stop_on_signals(work: Coroutine[Any, Any, T], halt: Halt | None,
             return
         # Without this, SIGTERM kills the process outright and the batch stays "running".
         halt.request(HaltReason(
-            "interrupted", f"stopped by {name}: finished tickers are kept; "
-                           "`nightdesk run --resume` completes the batch",
+            "interrupted", f"stopped by {name}: finished tickers are kept",
             BatchInterrupted.exit_code, 0.0 if halt.reason else grace_s))
 
     for sig in SIGNALS:

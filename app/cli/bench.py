@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from app.cli.common import database, figures, setup, writable
+from app.cli.common import database, figures, setup, ticker_count, writable
 from app.morning.numbers import number
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ app = typer.Typer(no_args_is_help=True, help="Measure nightdesk's own overheads.
 
 @app.command("schedulers")
 def schedulers(
-    tickers: Annotated[int, typer.Option(min=1, help="Tickers in the workload.")] = 32,
+    tickers: Annotated[int, ticker_count("Tickers in the workload.")] = 32,
     workload: Annotated[str, typer.Option(
         help="synthetic (the nightly per-node shape, scaled) or recorded:BATCH_ID")] = "synthetic",
     scale: Annotated[float | None, typer.Option(

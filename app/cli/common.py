@@ -29,6 +29,17 @@ from app.runs.resumable import mark_stale_crashed
 Formats = Annotated[Literal["table", "json", "csv"], typer.Option("--format")]
 TableOrJson = Annotated[Literal["table", "json"], typer.Option("--format")]
 
+# A count of tickers (``plan --tickers``, ``bench schedulers --tickers``): past every
+# exchange's listings together. Unbounded, a count past float's range (10^400) ended in an
+# OverflowError inside the model, and a large one built a workload of that many tickers.
+MAX_TICKERS = 1_000_000
+
+
+def ticker_count(help: str) -> Any:
+    """Return the ``--tickers N`` option of a count of tickers: 1 to MAX_TICKERS, one line
+    otherwise."""
+    return typer.Option("--tickers", min=1, max=MAX_TICKERS, help=help)
+
 
 def setup(json_logs: bool = False) -> Settings:
     """Build settings (raising ConfigError on a bad value) and configure logging."""

@@ -22,15 +22,21 @@ from app.bench.plan import (
     recorded_shape,
     synthetic_shape,
 )
-from app.cli.common import Formats, database, echo_csv, echo_json, figures, mark_crashed, setup
+from app.cli.common import (
+    Formats,
+    database,
+    echo_csv,
+    echo_json,
+    figures,
+    mark_crashed,
+    setup,
+    ticker_count,
+)
 from app.config import Settings
 from app.errors import InputError
 from app.morning.batchids import parse_batch_id
 from app.morning.timetable import due_times, nightly_trigger
 
-# Past every exchange's listings together; a count past float's range (10^400) would
-# otherwise end in an OverflowError inside the model rather than a line.
-MAX_TICKERS = 1_000_000
 # Piped into a file: do not fold the columns into 80 (as ``nightdesk batches``).
 out = Console(highlight=False, width=None if Console().is_terminal else 160)
 
@@ -78,8 +84,7 @@ def _profile(settings: Settings, text: str) -> ServerModel:
 
 
 def plan(
-    tickers: Annotated[int, typer.Option("--tickers", min=1, max=MAX_TICKERS,
-                                         help="Tickers in the night.")],
+    tickers: Annotated[int, ticker_count("Tickers in the night.")],
     shape: Annotated[str, typer.Option(
         "--shape", help="synthetic (the production shape: 17 nodes, 25.5k output tokens a "
                         "ticker) or a recorded night's batch id (its mean ticker; the night "

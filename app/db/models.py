@@ -71,6 +71,8 @@ class OfBatch:
 # A batch in one of these states is a finished night whose rows are final: ``partial`` when
 # some tickers failed (the ranking shows it and names what it lacks).
 FINISHED_STATUSES = ("succeeded", "partial")
+# The kinds of batch ``run --resume`` takes; a replay or a bench arm is run again anew.
+RESUMABLE_KINDS = ("nightly", "rerun")
 
 
 class Batch(Base):

@@ -17,12 +17,12 @@ from pydantic import BaseModel, ConfigDict, PlainSerializer, computed_field
 from sqlalchemy import Connection, Engine, Select, and_, or_, select
 
 from app.db.models import INFRASTRUCTURE, Batch, Decision, TickerRun, batch_row
+from app.db.models import RESUMABLE_KINDS as RESUMABLE_KINDS
 
 # Ticker states that are no failure: done, or not reached yet by a batch still running.
 NOT_FAILED = ("succeeded", "queued", "running")
-# Ticker states ``run --resume`` leaves as they are, and the kinds of batch it takes.
+# Ticker states ``run --resume`` leaves as they are (the kinds of batch it takes: app/db).
 FINISHED_TICKER = ("succeeded", "failed")
-RESUMABLE_KINDS = ("nightly", "rerun")
 
 
 def status_of(status: str, heartbeat_at: datetime | None, started_at: datetime | None,

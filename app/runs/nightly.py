@@ -138,12 +138,17 @@ def execute_plan(settings: Settings, engine: Engine,
     resumed = start if isinstance(start, resumable.ResumePoint) else None
     try:
         check_start(resumed.shaped(settings) if resumed else settings, engine,
-                    start.as_of, start.tickers, server=server)
+                    start.as_of, start.tickers, server=server,
+                    budgets_kept=resumed.budgets_kept() if resumed else None)
     except ERRORS as error:
         if refused is not None:
             refused(error)
         raise
     if resumed is not None:
+        for key, (own, now) in resumed.kept(settings).items():
+            # Kept, not refused (app/runs/resumable.py's KEPT), but never silently.
+            log.warning("the resumed batch keeps its own setting", batch_id=resumed.batch_id,
+                        setting=f"NIGHTDESK_{key.upper()}", batch=own, now=now)
         if announce is not None:
             announce(resumed)
         resumed.refuse_a_spool_elsewhere(settings)

@@ -34,12 +34,14 @@ TOKENIZE_TIMEOUT_S = 10.0
 
 
 def check_start(settings: Settings, engine: Engine, as_of: date, tickers: list[str], *,
-                server: ServerCheck) -> None:
+                server: ServerCheck, budgets_kept: str | None = None) -> None:
     """Raise InputError or ConfigError (one line, exit 2) when the batch could not run:
     the data lacks a ticker on the date; with ``server="require"``, an endpoint does not
     serve the model; unless ``"skip"``, a prompt of the night at its smallest
     (agents/smallest.py) overruns an endpoint's max-model-len (``"if_up"``: ask only a
-    server that answers). ``settings`` are the batch's own (a resumed batch's shape).
+    server that answers). ``settings`` are the batch's own (a resumed batch's shape);
+    ``budgets_kept``: why its output budgets are not the settings' to lower, and the way
+    out (a resumed batch), said instead of advising NIGHTDESK_NODE_MAX_TOKENS.
     """
     if not tickers:
         return
@@ -53,7 +55,7 @@ def check_start(settings: Settings, engine: Engine, as_of: date, tickers: list[s
     if server == "require":
         check_endpoints(settings)
     if server != "skip" and settings.calls.check_context_length:
-        check_context(settings, engine, as_of, tickers)
+        check_context(settings, engine, as_of, tickers, budgets_kept)
 
 
 def provider_missing(settings: Settings, as_of: date, tickers: list[str]) -> list[str]:
@@ -79,8 +81,12 @@ def check_endpoints(settings: Settings) -> None:
                               "(--no-preflight skips this check)")
 
 
-def check_context(settings: Settings, engine: Engine, as_of: date, tickers: list[str]) -> None:
-    """Raise ConfigError naming the node when a prompt of the night cannot fit an endpoint."""
+def check_context(settings: Settings, engine: Engine, as_of: date, tickers: list[str],
+                  budgets_kept: str | None = None) -> None:
+    """Raise ConfigError naming the node when a prompt of the night cannot fit an endpoint,
+    and what fixes it (``budgets_kept``: as ``check_start``)."""
+    lower = (f" ({budgets_kept})" if budgets_kept
+             else " or lower NIGHTDESK_NODE_MAX_TOKENS")
     bundles = _bundles(settings, as_of, tickers)
     prompts = asyncio.run(smallest_prompts(settings.pipeline(), bundles))
     bounds = output_bounds(engine, settings, {p.node: p.max_tokens for p in prompts})
@@ -89,8 +95,7 @@ def check_context(settings: Settings, engine: Engine, as_of: date, tickers: list
         if misfit is not None:
             where = f" ({redact(url)})" if len(settings.llm.urls) > 1 else ""
             raise ConfigError(f"preflight{where}: {misfit.describe()}; serve a longer "
-                              "--max-model-len or lower NIGHTDESK_NODE_MAX_TOKENS "
-                              "(--no-preflight skips this check)")
+                              f"--max-model-len{lower} (--no-preflight skips this check)")
 
 
 def _bundles(settings: Settings, as_of: date, tickers: list[str]) -> list[MarketBundle]:

@@ -22,7 +22,7 @@ from app.batch.engine import BatchPlan
 from app.config import Settings
 from app.db import retry
 from app.db.lock import Runner, holder_gone
-from app.db.models import INFRASTRUCTURE, Batch, TickerRun
+from app.db.models import INFRASTRUCTURE, Batch, LLMCall, TickerRun
 from app.errors import AlreadyRunningError, DatabaseError, InputError
 from app.morning.summary import FINISHED_TICKER, RESUMABLE_KINDS, died_since, tickers_left
 from app.traffic.strategy import Strategy
@@ -30,6 +30,20 @@ from app.usage import spool_path
 
 # A batch in one of these states may still have tickers to do.
 RESUMABLE = ("interrupted", "crashed", "failed", "partial")
+
+# The recorded settings that give a night's answers their meaning (``Settings.snapshot``'s
+# keys; sampling's are recorded as one group), and how a resume treats each: one check,
+# ``ResumePoint.shaped``. Those nightdesk itself makes, a resume keeps as the batch
+# recorded them, whatever the settings say now, as it keeps its samples and strategy:
+# the graph's shape, the sampling, the request seeds.
+KEPT = ("debate_rounds", "risk_rounds", "node_max_tokens", "request_seeds", "temperature",
+        "top_p", "top_k", "presence_penalty", "enable_thinking")
+# Those that come from outside it cannot be kept: the server answers with the model it
+# serves, the provider has the data it has. Changed after the batch had answers, a resume
+# would mix two nights in one, so it is refused. Not the server's profile, its URL or the
+# concurrency cap: how the model is served (a longer max-model-len, say) is a fix, not
+# another night.
+MATCHED = {"model": "llm_model", "data_provider": "data_provider"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,7 @@ class ResumePoint:
     status: str  # how it stood before this resume
     infrastructure: int = 0  # of ``tickers``: failed to the infrastructure, taken up again
     retried: int = 0  # of ``tickers``: failed on their own, taken up as asked
+    answered: int = 0  # the batch's calls the server answered so far
 
     @property
     def total(self) -> int:
@@ -59,10 +74,45 @@ class ResumePoint:
                          str(self.settings.get("strategy", "adaptive")), self.label)
 
     def shaped(self, settings: Settings) -> Settings:
-        """Return ``settings`` with the batch's recorded shape (rounds, output budgets): a
-        resumed batch's graph must not change."""
-        keys = ("debate_rounds", "risk_rounds", "node_max_tokens")
-        return settings.updated(**{k: self.settings[k] for k in keys if k in self.settings})
+        """Return the settings the batch resumes with: ``settings`` with its recorded
+        ``KEPT`` values. InputError (one line, naming both values and the ways out) when
+        a ``MATCHED`` one differs, the batch has answers made under the recorded one and
+        tickers left to ask more (with none, the resume only writes its end)."""
+        recorded, now = _flat(dict(self.settings)), _flat(dict(settings.snapshot()))
+        changed = [key for key in MATCHED if key in recorded and recorded[key] != now[key]]
+        if changed and self.answered and self.tickers:
+            key = changed[0]
+            name = f"NIGHTDESK_{MATCHED[key].upper()}"
+            raise InputError(
+                f"batch {self.batch_id} ran with {key} {recorded[key]!r} ({self.answered} "
+                f"answers), and {name} is now {now[key]!r}: a resume would mix the two in one "
+                f"night; continue it with {name}={recorded[key]}, or analyze {self.as_of} "
+                f"anew under {now[key]!r}: `{self.anew()}`")
+        return settings.updated(**{key: recorded[key] for key in KEPT if key in recorded})
+
+    def kept(self, settings: Settings) -> dict[str, tuple[Any, Any]]:
+        """Return the ``KEPT`` settings whose recorded value ``settings`` would change:
+        name -> (the batch's, the settings'); the resume runs with the batch's."""
+        recorded, now = _flat(dict(self.settings)), _flat(dict(settings.snapshot()))
+        return {key: (recorded[key], now[key]) for key in KEPT
+                if key in recorded and recorded[key] != now[key]}
+
+    def budgets_kept(self) -> str | None:
+        """Say that the batch's output budgets are its own and the way out of them (None:
+        it recorded none, and the settings' apply): what a refusal advises instead of
+        lowering NIGHTDESK_NODE_MAX_TOKENS, which a resume would not read."""
+        if "node_max_tokens" not in self.settings:
+            return None
+        return (f"batch {self.batch_id} keeps the NIGHTDESK_NODE_MAX_TOKENS it ran with; "
+                f"analyze {self.as_of} anew with lower ones: `{self.anew()}`")
+
+    def anew(self) -> str:
+        """Return the command that analyzes the batch's date again as a new batch."""
+        samples = int(self.settings.get("samples", 1))
+        also = f" --samples {samples}" if samples > 1 else ""
+        if self.kind == "rerun" and self.tickers:
+            return f"nightdesk rerun {self.tickers[0]} --as-of {self.as_of}{also}"
+        return f"nightdesk run --as-of {self.as_of}{also}"
 
     def refuse_a_spool_elsewhere(self, settings: Settings) -> None:
         """Raise DatabaseError (one line, the batch untouched) when the usage rows an earlier
@@ -83,11 +133,13 @@ class ResumePoint:
                 f"to {spool_path(settings.paths.home, url, self.batch_id)})")
 
     @retry.retried
-    def reopen(self, engine: Engine) -> None:
-        """Set the batch running again and its tickers left queued for another attempt."""
+    def reopen(self, engine: Engine, recorded: dict[str, Any]) -> None:
+        """Set the batch running again and its tickers left queued for another attempt;
+        ``recorded``: what this run records of its settings (its data home among them),
+        over what the last run recorded."""
         now = datetime.now(UTC)
         with engine.begin() as conn:
-            settings = dict(self.settings)
+            settings = {**self.settings, **recorded}
             settings["resumes"] = [*settings.get("resumes", []), now.isoformat()]
             settings["runner"] = Runner.current().model_dump()
             conn.execute(update(Batch).where(Batch.id == self.batch_id)
@@ -114,6 +166,11 @@ class ResumePoint:
                                 .order_by(TickerRun.id)).all()
         return ([r.ticker for r in rows if r.status == "succeeded"],
                 {r.ticker: r.error or "failed" for r in rows if r.status == "failed"})
+
+
+def _flat(recorded: dict[str, Any]) -> dict[str, Any]:
+    """Return recorded settings with the sampling group's keys beside the others."""
+    return {**recorded, **(recorded.get("sampling") or {})}
 
 
 def has_tickers_left(engine: Engine, batch_id: int) -> bool:
@@ -171,7 +228,7 @@ def _crash(conn: Any, why: dict[int, str]) -> None:
         last_alive = func.coalesce(Batch.heartbeat_at, Batch.started_at)
         conn.execute(update(Batch).where(Batch.id == batch_id, Batch.status == "running")
                      .values(status="crashed", finished_at=last_alive,
-                             error=f"{error}; resume with `nightdesk run --resume`"))
+                             error=f"{error}; resume with `nightdesk run --resume {batch_id}`"))
     conn.execute(update(TickerRun)
                  .where(TickerRun.batch_id.in_(list(why)),
                         TickerRun.status.in_(("queued", "running")))
@@ -228,6 +285,8 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
                              .where(TickerRun.batch_id == batch_id,
                                     TickerRun.status.in_(FINISHED_TICKER))).all()
         failed = {r.ticker: r.failure_class for r in ended if r.status == "failed"}
+        answered = conn.execute(select(func.count()).select_from(LLMCall).where(
+            LLMCall.batch_id == batch_id, LLMCall.status == "ok")).scalar_one()
         if not left and not closing:
             own = "" if retry_failed or not failed else (
                 f"; {len(failed)} failed on their own account: `nightdesk run --resume "
@@ -242,4 +301,4 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
     retried = len([t for t in left if t in failed]) - infrastructure
     return ResumePoint(batch_id, batch.kind, batch.as_of, batch.label, dict(batch.settings or {}),
                        left, len(ended) - infrastructure - retried, batch.status,
-                       infrastructure, retried)
+                       infrastructure, retried, int(answered))

@@ -254,7 +254,7 @@ class ServerSet:
 
     def __init__(self, endpoints: list[Server], changed: asyncio.Event, *,
                  halt: Halt | None = None, outage_budget_s: float = float("inf"),
-                 resume_hint: str = "", clock: Clock = loop_clock) -> None:
+                 clock: Clock = loop_clock) -> None:
         self.endpoints = endpoints
         for endpoint in endpoints:
             endpoint.servers = self
@@ -264,7 +264,6 @@ class ServerSet:
         # Every endpoint down: since when, and whether the budget ran out.
         self.halt = halt
         self.outage_budget_s = outage_budget_s
-        self.resume_hint = resume_hint
         self.all_down_since: float | None = None
         self.gave_up = asyncio.Event()
         self.routing = False  # a ready ticker waits for room: readings note what held it
@@ -275,7 +274,7 @@ class ServerSet:
     def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
                 engine: Engine, batch_id: int, sample: bool = True,
                 http_client: Any = None, max_in_flight: int | None = None,
-                halt: Halt, resume_hint: str = "", clock: Clock = loop_clock,
+                halt: Halt, clock: Clock = loop_clock,
                 ) -> ServerSet:
         """Make a client (its pool ``max_in_flight`` connections, None: no cap) and a /metrics
         reader for every configured endpoint.
@@ -302,7 +301,7 @@ class ServerSet:
         if len(endpoints) > 1:
             log.info("endpoints", urls=[e.name for e in endpoints])
         return cls(endpoints, changed, halt=halt, outage_budget_s=settings.batch.outage_budget_s,
-                   resume_hint=resume_hint, clock=clock)
+                   clock=clock)
 
     def __iter__(self) -> Iterator[Server]:
         return iter(self.endpoints)
@@ -441,8 +440,7 @@ class ServerSet:
         """Say what an outage of every server past the budget did (the batch's one line)."""
         what = (f"none of the {len(self.endpoints)} LLM endpoints answered" if self.several
                 else f"the LLM server at {self.first.name} did not answer")
-        return (f"{what} for {self.outage_budget_s:.0f} s (the outage budget): batch "
-                f"interrupted{self.resume_hint}")
+        return f"{what} for {self.outage_budget_s:.0f} s (the outage budget): batch interrupted"
 
     async def start(self) -> None:
         """Start every endpoint's /metrics reader."""

@@ -145,7 +145,12 @@ def _fixed(base: str, name: str) -> Strategy:
     if base == "fixed-all":
         # Every ticker's graph in flight at once, dependencies still respected.
         return Strategy(base, tickers_in_flight=UNBOUNDED)
-    match = re.fullmatch(r"fixed-(\d+)", base)
+    match = re.fullmatch(r"fixed-([0-9]+)", base)  # ASCII: "fixed-١" is no name either
     if match and int(match.group(1)) > 0:
+        if match.group(1).startswith("0"):
+            # One name per strategy: fixed-01 would be recorded, compared and shown beside
+            # fixed-1 as another.
+            raise InputError(f"strategy {name!r}: write N without leading zeros "
+                             f"(fixed-{int(match.group(1))})")
         return Strategy(base, tickers_in_flight=int(match.group(1)))
     raise InputError(f"unknown strategy {name!r} (adaptive, sequential, fixed-N, fixed-all)")

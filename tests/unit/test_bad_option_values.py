@@ -72,7 +72,7 @@ def test_a_refused_option_value_is_one_line_in_nightdesks_words(argv: list[str])
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("strategy", ["bogus", "fixed-0", "adaptive:nonsense=1"])
+@pytest.mark.parametrize("strategy", ["bogus", "fixed-0", "fixed-01", "adaptive:nonsense=1"])
 @pytest.mark.parametrize("command", [["run"], ["run", "--continue-night"],
                                      ["replay", "--batch", "1"]])
 def test_a_mistyped_strategy_is_named_before_the_server_or_the_data_are_asked(

@@ -343,6 +343,32 @@ def test_sigterm_lets_the_call_in_flight_finish_then_stops_as_interrupted(
     assert (bull[0].ticker, "bull_r1", 0) not in ok_nodes(server2)
 
 
+def test_a_batch_cancelled_outright_records_the_resume_that_continues_it(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    import os
+    import signal
+
+    from app.batch.signals import BatchInterrupted, run_batch
+
+    tickers = demo_tickers(2)
+
+    def script(chat: ChatRequest) -> Reply | None:
+        if chat.node == "bull_r1":
+            os.kill(os.getpid(), signal.SIGTERM)  # without a halt: cancelled at once
+            return Reply(default_reply(chat), delay_s=0.5)
+        return None
+
+    runner = engine_for(sqlite_engine, demo_dir, FakeServer(script, nodes=NODES,
+                                                            tickers=tickers))
+    with pytest.raises(BatchInterrupted):
+        run_batch(runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers)))
+    with sqlite_engine.connect() as conn:
+        status, error = conn.execute(select(Batch.status, Batch.error)).one()
+    # What the digest, `batches` and the pages show names the command, as every stop does.
+    assert (status, error) == ("interrupted", "interrupted by the operator; resume with "
+                                              "`nightdesk run --resume 1`")
+
+
 def test_a_ticker_a_finished_batch_left_unrun_is_taken_up_by_the_resume(
         sqlite_engine: Engine) -> None:
     """finish_batch fails the tickers a batch ended without running; that is no verdict on

@@ -107,9 +107,12 @@ def test_combine_names_the_server_flag_that_differs(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "says"), [
     (("--tickers", "0"), "--tickers"),
     (("--tickers", "-1"), "--tickers"),
+    # plan's cap, the same option: past it a workload of that many tickers was built.
+    (("--tickers", "1000001"), "--tickers"),
     # Read before any server is asked: a typo is named even with no server up.
     (("--strategies", "fixed-15:tail=yes"), "bad knob 'tail=yes'"),
     (("--strategies", "fixed-0"), "unknown strategy 'fixed-0'"),
+    (("--strategies", "fixed-01"), "strategy 'fixed-01': write N without leading zeros"),
     (("--strategies", "adaptive:initial=-3"), "initial must be at least 1"),
     (("--workload", "bogus"), "--workload takes synthetic or recorded:BATCH_ID"),
     (("--workload", "recorded:abc"), "--workload recorded:BATCH_ID takes a batch id"),

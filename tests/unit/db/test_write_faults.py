@@ -35,6 +35,7 @@ from app.db.models import Batch, LLMCall, LLMRequest, TickerRun
 from app.db.retry import transient, write_budget
 from app.errors import BatchStopped, DatabaseError, StorageOutage, UsageLost
 from app.runs.checkpoints import Checkpoints
+from app.runs.resumable import find_resumable
 from app.usage import UsageRecorder, read_spool, spool_path
 from tests.dbfaults import (
     SqliteFull,
@@ -44,6 +45,7 @@ from tests.dbfaults import (
     run_freeing_the_disk_at_the_stop,
 )
 from tests.fakevllm import FakeServer
+from tests.fakevllm.chat import Reply
 from tests.unit.support.call_rows import new_batch
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.fault_night import serve_cli_from
@@ -280,3 +282,55 @@ def test_a_resume_under_another_home_does_not_lose_the_kept_rows_silently(
     assert result.exit_code == 0, result.output
     assert not spool.exists()
     check_rows_match(sqlite_engine, first, second)
+
+
+def test_a_resume_back_under_the_first_home_sees_the_rows_a_resume_elsewhere_kept(
+        sqlite_engine: Engine, sqlite_url: str, demo_dir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tickers = demo_tickers(3)
+    # The night, under NIGHTDESK_HOME=tmp_path: stopped by a 404, nothing kept in a spool.
+    first = FakeServer(lambda chat: Reply(status=404) if chat.index >= 10 else None,
+                       nodes=NODES, tickers=tickers)
+    outcome = asyncio.run(night(sqlite_engine, demo_dir, first).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers)))
+    assert outcome.status == "failed" and outcome.batch_id == 1
+    # Resumed under another home, where the disk fills: the rows not stored are kept there.
+    operator, disk = tmp_path / "operator", SqliteFull()
+    second = FakeServer(fill_at(disk, 8, float("inf")), nodes=NODES, tickers=tickers)
+    runner = night(sqlite_engine, demo_dir, second, db_write_budget_s=1.0, home=operator,
+                   database_url=sqlite_url)
+
+    async def resumed_elsewhere() -> BatchOutcome:
+        async def free() -> None:
+            await runner.halt.requested.wait()
+            disk.release()
+
+        async with full_disk(disk, "database", sqlite_engine, monkeypatch), \
+                asyncio.TaskGroup() as tasks:
+            freeing = tasks.create_task(free())
+            try:
+                return await runner.run(find_resumable(sqlite_engine, 1, 60.0))
+            finally:
+                freeing.cancel()
+
+    assert asyncio.run(resumed_elsewhere()).status == "interrupted"
+    spool = spool_path(operator, sqlite_url, 1)
+    assert read_spool(spool)["calls"]
+    # Resumed again under the night's first home: refused, naming the home that keeps them.
+    third = FakeServer(nodes=NODES, tickers=tickers)
+    serve_cli_from(monkeypatch, third, demo_dir)
+    for key, value in {"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false",
+                       "NIGHTDESK_DATABASE_URL": sqlite_url,
+                       "NIGHTDESK_DATA_DIR": str(demo_dir)}.items():
+        monkeypatch.setenv(key, value)
+    refused = run_cli("run", "--resume", "--no-preflight")
+    said = refused.error_lines[-1]
+    assert refused.code == 2 and said.startswith("error: batch 1's usage rows"), refused.stderr
+    assert str(spool) in said and f"NIGHTDESK_HOME={operator}" in said
+    assert third.chats == [] and spool.exists()
+    # Under that home, the resume stores them and finishes; no row lost or doubled.
+    monkeypatch.setenv("NIGHTDESK_HOME", str(operator))
+    finished = run_cli("run", "--resume", "--no-preflight")
+    assert finished.code == 0, finished.stderr
+    assert not spool.exists()
+    check_rows_match(sqlite_engine, first, second, third)

@@ -8,6 +8,7 @@ the endpoint check, its ``/tokenize`` (one token per 4 bytes) for the context ch
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,33 @@ def test_a_resume_onto_a_server_too_small_is_refused_and_the_batch_stays_resumab
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(Batch.status)).scalar_one() == "crashed"
     assert ticker_states(sqlite_engine) == {tickers[0]: "succeeded", tickers[1]: "interrupted"}
+
+
+def test_a_resume_refused_for_its_context_advises_what_works_for_it(
+        sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch, tickers: list[str]) -> None:
+    # Recorded as every batch records them: the budgets it ran with (the defaults).
+    crashed = crashed_night(sqlite_engine, tickers,
+                            node_max_tokens=load_settings().agents.node_max_tokens)
+    serve(monkeypatch, SMALL_CONTEXT)
+    said = run_cli("run", "--resume", str(crashed)).error_lines
+    # A resumed batch keeps its own output budgets: lowering NIGHTDESK_NODE_MAX_TOKENS
+    # cannot help it, so the line does not advise that for it.
+    lower = '{"analyst": 256, "researcher": 256, "research_manager": 256, "trader": 256, ' \
+        '"risk": 256, "portfolio_manager": 256}'
+    # (Were it let through, no server answers the night: it would stop within a second.)
+    again = run_cli("run", "--resume", str(crashed), env={"NIGHTDESK_NODE_MAX_TOKENS": lower,
+                                                         "NIGHTDESK_OUTAGE_BUDGET_S": "1"})
+    assert_refused(again, f"max_model_len {SMALL_CONTEXT}")
+    assert said == again.error_lines
+    [line] = said
+    assert "serve a longer --max-model-len" in line and "or lower NIGHTDESK_NODE_MAX" not in line
+    assert (f"batch {crashed} keeps the NIGHTDESK_NODE_MAX_TOKENS it ran with; analyze "
+            f"{AS_OF} anew with lower ones: `nightdesk run --as-of {AS_OF}`") in line, line
+    # That way out fits: the date anew with the lower budgets passes the same check.
+    from app.runs.preflight import check_context
+
+    check_context(load_settings(llm_model=MODEL, node_max_tokens=json.loads(lower)),
+                  sqlite_engine, DEMO_AS_OF, tickers)
 
 
 def test_a_resumed_batch_is_checked_in_its_own_shape(

@@ -16,8 +16,10 @@ from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
 from app.db.models import LLMCall, LLMRequest
+from app.errors import InputError
 from app.runs.checkpoints import Checkpoints
 from app.runs.replay import replay_batch
+from app.runs.resumable import pick
 from app.usage import decompress_body
 from tests.fakevllm import ChatRequest, FakeServer, Reply
 
@@ -92,3 +94,25 @@ async def test_a_replay_is_faithful_and_can_itself_be_replayed(sqlite_engine: En
                 LLMCall.node == "portfolio_manager")).all()
             # One row per attempt, none dropped as a duplicate: two calls of one attempt.
             assert sorted(a for _, a in calls) == [1, 1] and len({c for c, _ in calls}) == 2
+
+
+async def test_a_replay_stopped_short_names_no_resume_it_cannot_have(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    tickers = demo_tickers(2)
+    settings = load_settings(check_context_length=False, retry_backoff_s=0)
+    nodes = node_names(settings.pipeline())
+    night = FakeServer(nodes=nodes, tickers=tickers)
+    source = await BatchEngine(settings, sqlite_engine, http_client=night.client(),
+                               provider=SnapshotProvider(demo_dir), sample_metrics=False
+                               ).run(BatchPlan("nightly", DEMO_AS_OF, tickers))
+    # The replay's server stops serving the model part-way: the batch stops at once.
+    gone = FakeServer(lambda chat: Reply(status=404) if chat.index >= 5 else None,
+                      nodes=nodes, tickers=tickers)
+    outcome = await replay_batch(settings, sqlite_engine, source.batch_id, match_output=False,
+                                 sample_metrics=False, http_client=gone.client())
+    assert outcome.status == "failed" and outcome.halt is not None
+    assert "HTTP 404" in outcome.halt.message
+    # `run --resume` takes nightly batches and reruns only: a replay is run again anew.
+    with pytest.raises(InputError, match="only nightly and rerun batches resume"):
+        pick(sqlite_engine, outcome.batch_id)
+    assert "--resume" not in outcome.halt.message, outcome.halt.message

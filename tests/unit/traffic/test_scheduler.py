@@ -147,7 +147,9 @@ def test_strategy_knobs_parse_and_bad_ones_are_refused() -> None:
                 "adaptive:budget=off", "adaptive:budget=on", "adaptive:kv_full=0.97",
                 "fixed-all:prefetch=on", "sequential:prefetch=on", "fixed-3:fill=0.9",
                 "sequential:initial=2",
-                "fixed-3:tail=maybe", "fixed-0", "fixed-0:tail=on", "turbo"):
+                "fixed-3:tail=maybe", "fixed-0", "fixed-0:tail=on", "turbo",
+                # One name per strategy: no leading zeros, no other digits than ASCII's.
+                "fixed-01", "fixed-007:tail=on", "fixed-\u0661"):
         with pytest.raises(InputError):
             Strategy.parse(bad)
 

@@ -1,0 +1,178 @@
+"""The advice a stopped night gives names the command that continues it, and that command
+works: a night stopped by an HTTP 404 (the model gone from the server), resumed with the
+real CLI on SQLite against the fake server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, select
+
+from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from app.db.models import Batch, TickerRun
+from app.errors import InputError
+from tests.fakevllm import FakeServer
+from tests.fakevllm.chat import ChatRequest, Reply
+from tests.unit.support.clirun import run_cli
+from tests.unit.support.fault_night import NODES, QUICK_ENV, serve_cli_from
+from tests.webhook import webhook
+
+
+@pytest.fixture
+def demo_dir(tmp_path: Path) -> Path:
+    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def cli_env(monkeypatch: pytest.MonkeyPatch, sqlite_url: str, sqlite_engine: Engine,
+            demo_dir: Path) -> None:
+    for key, value in {**QUICK_ENV, "NIGHTDESK_DATABASE_URL": sqlite_url,
+                       "NIGHTDESK_DATA_DIR": str(demo_dir)}.items():
+        monkeypatch.setenv(key, value)
+
+
+def model_gone_after(answers: int) -> object:
+    """A server script: ``answers`` chat answers, then 404 as a server that no longer serves
+    the model says."""
+    seen = [0]
+
+    def script(chat: ChatRequest) -> Reply | None:
+        seen[0] += 1
+        if seen[0] > answers:
+            return Reply(status=404, error="The model `fake-model` does not exist.")
+        return None
+
+    return script
+
+
+def test_a_night_stopped_by_a_404_names_its_resume_and_the_resume_finishes_it(
+        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tickers = demo_tickers(3)
+    first = FakeServer(model_gone_after(20), nodes=NODES, tickers=tickers)
+    serve_cli_from(monkeypatch, first, demo_dir)
+    stopped = run_cli("run", "--tickers", ",".join(tickers), "--no-preflight")
+    assert stopped.code == 2, stopped.stderr
+    said = stopped.error_lines[-1]
+    assert said.startswith("error: batch 1 failed: "), stopped.stderr
+    assert "does not exist" in said and "`nightdesk run --resume 1`" in said, said
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.status)).scalar_one() == "failed"
+        assert "interrupted" in set(conn.execute(select(TickerRun.status)).scalars())
+
+    # The advised command, once the server serves the model again, finishes the night.
+    serve_cli_from(monkeypatch, FakeServer(nodes=NODES, tickers=tickers), demo_dir)
+    resumed = run_cli("run", "--resume", "1", "--no-preflight")
+    assert resumed.code == 0, resumed.stderr
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.status)).scalar_one() == "succeeded"
+
+
+def stopped_night(monkeypatch: pytest.MonkeyPatch, demo_dir: Path, answers: int) -> None:
+    """Run a night of three tickers with the real CLI that stops on a 404 after ``answers``."""
+    tickers = demo_tickers(3)
+    serve_cli_from(monkeypatch, FakeServer(model_gone_after(answers), nodes=NODES,
+                                           tickers=tickers), demo_dir)
+    stopped = run_cli("run", "--tickers", ",".join(tickers), "--no-preflight")
+    assert stopped.code == 2 and "HTTP 404" in stopped.stderr, stopped.stderr
+
+
+def test_a_resume_under_another_model_is_refused_naming_both_and_the_ways_out(
+        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stopped_night(monkeypatch, demo_dir, 20)
+    second = FakeServer(nodes=NODES, tickers=demo_tickers(3), model="other-model")
+    serve_cli_from(monkeypatch, second, demo_dir)
+    refused = run_cli("run", "--resume", "1", "--no-preflight",
+                      env={"NIGHTDESK_LLM_MODEL": "other-model"})
+    assert refused.code == 2, refused.stderr
+    assert refused.error_lines == [
+        "error: batch 1 ran with model 'smollm2-135m' (20 answers), and NIGHTDESK_LLM_MODEL "
+        "is now 'other-model': a resume would mix the two in one night; continue it with "
+        f"NIGHTDESK_LLM_MODEL=smollm2-135m, or analyze {DEMO_AS_OF} anew under "
+        f"'other-model': `nightdesk run --as-of {DEMO_AS_OF}`"], refused.stderr
+    # Nothing asked of the server, nothing of the batch changed.
+    assert second.chats == []
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.status)).scalar_one() == "failed"
+    # Both ways out work: the batch under its own model, the date anew under the other.
+    serve_cli_from(monkeypatch, FakeServer(nodes=NODES, tickers=demo_tickers(3)), demo_dir)
+    assert run_cli("run", "--resume", "1", "--no-preflight").code == 0
+    serve_cli_from(monkeypatch, second, demo_dir)
+    anew = run_cli("run", "--as-of", str(DEMO_AS_OF), "--no-preflight",
+                   env={"NIGHTDESK_LLM_MODEL": "other-model"})
+    assert anew.code == 0, anew.stderr
+    with sqlite_engine.connect() as conn:
+        assert [(b.status, b.settings["model"]) for b in conn.execute(
+            select(Batch.status, Batch.settings).order_by(Batch.id))] == [
+            ("succeeded", "smollm2-135m"), ("succeeded", "other-model")]
+
+
+def test_a_batch_without_answers_resumes_under_the_model_fixed_and_records_it(
+        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A wrong model name from the start: nothing was answered, so nothing would be mixed.
+    stopped_night(monkeypatch, demo_dir, 0)
+    serve_cli_from(monkeypatch, FakeServer(nodes=NODES, tickers=demo_tickers(3),
+                                           model="other-model"), demo_dir)
+    resumed = run_cli("run", "--resume", "1", "--no-preflight",
+                      env={"NIGHTDESK_LLM_MODEL": "other-model"})
+    assert resumed.code == 0, resumed.stderr
+    with sqlite_engine.connect() as conn:
+        status, settings = conn.execute(select(Batch.status, Batch.settings)).one()
+    assert (status, settings["model"]) == ("succeeded", "other-model")
+
+
+def test_a_resume_keeps_the_batchs_own_sampling_and_says_so(
+        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stopped_night(monkeypatch, demo_dir, 20)
+    second = FakeServer(nodes=NODES, tickers=demo_tickers(3))
+    serve_cli_from(monkeypatch, second, demo_dir)
+    resumed = run_cli("run", "--resume", "1", "--no-preflight",
+                      env={"NIGHTDESK_TEMPERATURE": "0.1"})
+    assert resumed.code == 0, resumed.stderr
+    assert {chat.body["temperature"] for chat in second.chats} == {0.7}
+    assert "keeps its own setting" in resumed.stderr and "NIGHTDESK_TEMPERATURE" in \
+        resumed.stderr, resumed.stderr
+
+
+def test_the_timers_continue_night_under_another_model_is_refused_with_a_digest(
+        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The timer's path: the night of the snapshot's date stopped, then fired again under
+    # another model; refused in one line, and the morning digest says so.
+    serve_cli_from(monkeypatch, FakeServer(model_gone_after(20), nodes=NODES,
+                                           tickers=demo_tickers(3)), demo_dir)
+    assert run_cli("run", "--as-of", str(DEMO_AS_OF), "--no-preflight").code == 2
+    second = FakeServer(nodes=NODES, tickers=demo_tickers(3), model="other-model")
+    serve_cli_from(monkeypatch, second, demo_dir)
+    with webhook() as hook:
+        refused = run_cli("run", "--continue-night", "--no-preflight",
+                          env={"NIGHTDESK_LLM_MODEL": "other-model",
+                               "NIGHTDESK_NOTIFY": hook.url()})
+    assert refused.code == 2, refused.stderr
+    [line] = [said for said in refused.error_lines if said.startswith("error: ")]
+    assert line.startswith("error: batch 1 ran with model 'smollm2-135m' (20 answers)"), line
+    assert second.chats == []
+    [post] = hook.posts
+    assert "REFUSED at its start" in post["title"]
+    assert post["message"].splitlines()[0] == f"Why: {line.removeprefix('error: ')}"
+
+
+def test_only_a_resume_that_would_ask_more_is_refused_for_another_model() -> None:
+    from app.config import load_settings
+    from app.runs.resumable import ResumePoint
+
+    def point(tickers: list[str], answered: int) -> ResumePoint:
+        return ResumePoint(7, "nightly", DEMO_AS_OF, None, {"model": "a", "samples": 1},
+                           tickers, 2, "crashed", answered=answered)
+
+    other = load_settings(llm_model="b")
+    with pytest.raises(InputError, match="batch 7 ran with model 'a' \\(5 answers\\)"):
+        point(["X"], 5).shaped(other)
+    # No answers yet: nothing to mix. No tickers left: the resume only writes its end.
+    assert point(["X"], 0).shaped(other).llm.model == "b"
+    assert point([], 5).shaped(other).llm.model == "b"
