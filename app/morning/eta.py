@@ -14,8 +14,8 @@ The interval is the estimate times ``RATIO``, measured on recorded nights' repla
 is the share of readings it held on nights left out, and the level it claims.
 docs/operations.md ("One truth, two faces") states every rule;
 docs/lab/2026-12-05-eta-busy-shares.md, docs/lab/2026-12-05-eta-pace.md and
-docs/lab/2026-12-05-h100-eta-gated-night.md, docs/lab/2026-12-05-eta-gated-fair-test.md and
-docs/lab/2026-12-06-eta-chain-jump.md measure it.
+docs/lab/2026-12-05-h100-eta-gated-night.md, docs/lab/2026-12-05-eta-gated-fair-test.md,
+docs/lab/2026-12-06-eta-chain-jump.md and docs/lab/2026-12-06-h100-eta-held-out.md measure it.
 """
 
 from __future__ import annotations
