@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from app.cli.common import database, figures, setup, ticker_count, writable
+from app.cli.logs import console
 from app.morning.numbers import number
 
 if TYPE_CHECKING:
@@ -146,20 +146,20 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     for a in result.arms:
         table.add_row(*(str(a.get(key)) if spec == "s" else number(a.get(key), spec)
                         for _, key, spec in columns))
-    console = Console(width=190)
-    console.print(table)
+    out = console()
+    out.print(table)
     m = result.machine
-    console.print(f"machine: {m['cpu_model']}, {m['cores']} cores, Python {m['python']}, host "
+    out.print(f"machine: {m['cpu_model']}, {m['cores']} cores, Python {m['python']}, host "
                   f"{m.get('host', '-')}, code {m.get('commit', '-')}; server "
                   f"{m['model']} ({m['profile']}) at {m['server']}; {m['date']}")
     if result.mixed:
-        console.print("[bold red]mixed runs[/] (--allow-mixed): " + "; ".join(
+        out.print("[bold red]mixed runs[/] (--allow-mixed): " + "; ".join(
             f"{what}: {len(values)} values" for what, values in result.mixed.items()))
     if result.bound and result.bound.get("unavailable"):
-        console.print(f"graph bound: none for this run ({result.bound['unavailable']})")
+        out.print(f"graph bound: none for this run ({result.bound['unavailable']})")
     elif result.bound:
         b, step = result.bound, result.bound["step"]
-        console.print(
+        out.print(
             f"graph bound {result.bound_tok_s:.1f} tok/s, set by {b['binding']}: "
             f"{b['graph']['output_tokens']} output tokens in {b['steps']:.0f} server steps at "
             f"least (KV {b['kv_tokens']} tokens, max_num_seqs {b['max_num_seqs']} from "
@@ -167,25 +167,25 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
             f"{step['a'] * 1000:.2f} ms + {step['b'] * 1000:.3f} ms per running request "
             f"(fitted to {step['levels']} levels of the run's readings)")
     if result.sweep:
-        console.print(f"fixed-N sweep: {result.sweep['sizes']} around n* = "
+        out.print(f"fixed-N sweep: {result.sweep['sizes']} around n* = "
                       f"{result.sweep['n_star']} ({result.sweep['rule']})")
     if result.warmup:
         w = result.warmup
-        console.print(f"warm-up before the arms (untimed): {w.requests} requests of "
+        out.print(f"warm-up before the arms (untimed): {w.requests} requests of "
                       f"{w.tickers} ticker(s) at once per endpoint, {w.max_tokens} output "
                       f"tokens each, {w.seconds:.1f} s")
     for a in result.arms:
         for line in _admission_lines(a):
-            console.print(f"  {a['strategy']}: {line}")
+            out.print(f"  {a['strategy']}: {line}")
     for a in result.arms:
         for line in _endpoint_lines(a):
-            console.print(line)
+            out.print(line)
     if any(m["runs"] > 1 for m in result.means.values()):
-        console.print(_means_table(result))
+        out.print(_means_table(result))
     for check, ok in result.checks.items():
-        console.print(f"  {'met   ' if ok else 'MISSED'}  {check}")
+        out.print(f"  {'met   ' if ok else 'MISSED'}  {check}")
     for verdict in result.verdicts:
-        console.print(f"  {verdict}")
+        out.print(f"  {verdict}")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
@@ -302,9 +302,9 @@ def durability(
                     ("mode", "ms/node", "+ms/node vs none"), {"mode"})
     for mode in MODES:
         table.add_row(mode, f"{result.ms_per_node[mode]:.2f}", f"{result.added_ms(mode):+.2f}")
-    console = Console(width=120)
-    console.print(table)
+    out = console()
+    out.print(table)
     m = result.machine
-    console.print(f"{m['cpu_model']}, {m['cores']} cores, Python {m['python']}, {result.date}")
+    out.print(f"{m['cpu_model']}, {m['cores']} cores, Python {m['python']}, {result.date}")
     if json_out is not None:
         write_json(result, json_out)

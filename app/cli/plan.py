@@ -6,7 +6,6 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from sqlalchemy import Engine
 
 from app.bench.plan import (
@@ -32,13 +31,11 @@ from app.cli.common import (
     setup,
     ticker_count,
 )
+from app.cli.logs import console
 from app.config import Settings
 from app.errors import InputError
 from app.morning.batchids import parse_batch_id
 from app.morning.timetable import due_times, nightly_trigger
-
-# Piped into a file: do not fold the columns into 80 (as ``nightdesk batches``).
-out = Console(highlight=False, width=None if Console().is_terminal else 160)
 
 
 def _span(seconds: float) -> str:
@@ -133,6 +130,7 @@ def plan(
                       f"{r.bound_s:.0f}", f"{r.ramp_s:.1f}", r.binding,
                       f"{r.share_of_summed_capacity:.2f}",
                       "yes" if r.within_5pct_of_best else "")
+    out = console()
     out.print(table)
     out.print(f"endpoint: {chosen.profile.source}")
     out.print(f"smallest fleet within 5% of the best ({_span(chosen.best_makespan_s)} on "

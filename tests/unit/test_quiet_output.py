@@ -108,3 +108,15 @@ def test_the_ranking_table_keeps_each_cell_whole_when_piped(tmp_path: Path) -> N
     assert len(rows) == len(names), result.stdout
     assert all("Underweight" in row for row in rows), result.stdout
 
+
+
+def test_every_command_prints_through_the_one_console_that_never_folds_a_pipe() -> None:
+    # `plan` (fixed at 160 columns off a terminal) and `bench` (190 and 120, on a terminal
+    # too) built consoles of their own, so a wide table folded its cells in a pipe. Only
+    # app/cli/logs.py builds one; the live progress draws on a terminal alone.
+    root = Path(__file__).resolve().parents[2] / "app"
+    allowed = {root / "cli" / "logs.py", root / "recorder" / "progress.py"}
+    builders = [str(path.relative_to(root)) for path in sorted(root.rglob("*.py"))
+                if path not in allowed and "Console(" in path.read_text()]
+    assert builders == []
+
