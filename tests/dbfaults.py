@@ -30,7 +30,7 @@ from psycopg import sql
 from sqlalchemy import Engine, event, select
 
 import app.runs.checkpoints
-from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, Resume
 from app.db.models import LLMCall, LLMRequest
 from tests.fakevllm import ChatRequest, FakeServer
 
@@ -237,10 +237,10 @@ def check_rows_match(db: Engine, *servers: FakeServer) -> None:
     assert sorted(bodies) == sorted({c.call_id for c in calls})
 
 
-async def run_freeing_the_disk_at_the_stop(runner: BatchEngine, plan: BatchPlan,
+async def run_freeing_the_disk_at_the_stop(runner: BatchEngine, plan: BatchPlan | Resume,
                                            disk: SqliteFull | PostgresFull) -> BatchOutcome:
-    """Run ``plan``; free the disk once the batch asks to stop (an operator freeing space
-    later: the stopped batch can still write its end)."""
+    """Run ``plan`` (a new batch or a resume); free the disk once the batch asks to stop (an
+    operator freeing space later: the stopped batch can still write its end)."""
     async def free() -> None:
         await runner.halt.requested.wait()
         disk.release()

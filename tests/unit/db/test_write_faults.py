@@ -90,6 +90,23 @@ async def full_disk(disk: SqliteFull, where: str, db: Engine,
             yield
 
 
+def stopped_on_a_full_disk(db: Engine, demo_dir: Path, tickers: list[str], where: str,
+                           monkeypatch: pytest.MonkeyPatch) -> tuple[FakeServer, BatchOutcome]:
+    """Run a night whose disk (``where``: database or checkpoints) fills at the 8th answer for
+    good, past a 1 s write budget, and is freed once the batch stops; return its server and
+    outcome."""
+    disk = SqliteFull()
+    server = FakeServer(fill_at(disk, 8, float("inf")), nodes=NODES, tickers=tickers)
+    runner = night(db, demo_dir, server, db_write_budget_s=1.0)
+
+    async def first_night() -> BatchOutcome:
+        async with full_disk(disk, where, db, monkeypatch):
+            return await run_freeing_the_disk_at_the_stop(
+                runner, BatchPlan("nightly", DEMO_AS_OF, tickers), disk)
+
+    return server, asyncio.run(first_night())
+
+
 @pytest.mark.parametrize("where", ["database", "checkpoints"])
 async def test_a_full_disk_for_five_seconds_is_ridden_out(
         where: str, sqlite_engine: Engine, demo_dir: Path,
@@ -115,16 +132,7 @@ def test_a_full_disk_past_the_budget_stops_resumable_and_one_resume_has_every_ro
         where: str, sqlite_engine: Engine, sqlite_url: str, demo_dir: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     tickers = demo_tickers(3)
-    disk = SqliteFull()
-    first = FakeServer(fill_at(disk, 8, float("inf")), nodes=NODES, tickers=tickers)
-    runner = night(sqlite_engine, demo_dir, first, db_write_budget_s=1.0)
-
-    async def first_night() -> BatchOutcome:
-        async with full_disk(disk, where, sqlite_engine, monkeypatch):
-            return await run_freeing_the_disk_at_the_stop(
-                runner, BatchPlan("nightly", DEMO_AS_OF, tickers), disk)
-
-    outcome = asyncio.run(first_night())
+    first, outcome = stopped_on_a_full_disk(sqlite_engine, demo_dir, tickers, where, monkeypatch)
 
     # Stopped, resumable, the reason named; no ticker failed for a fault not its own.
     assert outcome.status == "interrupted" and not outcome.failed
@@ -248,16 +256,8 @@ def test_a_resume_under_another_home_does_not_lose_the_kept_rows_silently(
         sqlite_engine: Engine, sqlite_url: str, demo_dir: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     tickers = demo_tickers(3)
-    disk = SqliteFull()
-    first = FakeServer(fill_at(disk, 8, float("inf")), nodes=NODES, tickers=tickers)
-    runner = night(sqlite_engine, demo_dir, first, db_write_budget_s=1.0)
-
-    async def first_night() -> BatchOutcome:
-        async with full_disk(disk, "database", sqlite_engine, monkeypatch):
-            return await run_freeing_the_disk_at_the_stop(
-                runner, BatchPlan("nightly", DEMO_AS_OF, tickers), disk)
-
-    outcome = asyncio.run(first_night())
+    first, outcome = stopped_on_a_full_disk(sqlite_engine, demo_dir, tickers, "database",
+                                           monkeypatch)
     spool = spool_path(tmp_path, sqlite_url, outcome.batch_id)
     assert outcome.status == "interrupted" and read_spool(spool)["calls"]
     # The advised `nightdesk run --resume`, run where NIGHTDESK_HOME is another folder (an
@@ -301,17 +301,9 @@ def test_a_resume_back_under_the_first_home_sees_the_rows_a_resume_elsewhere_kep
                    database_url=sqlite_url)
 
     async def resumed_elsewhere() -> BatchOutcome:
-        async def free() -> None:
-            await runner.halt.requested.wait()
-            disk.release()
-
-        async with full_disk(disk, "database", sqlite_engine, monkeypatch), \
-                asyncio.TaskGroup() as tasks:
-            freeing = tasks.create_task(free())
-            try:
-                return await runner.run(find_resumable(sqlite_engine, 1, 60.0))
-            finally:
-                freeing.cancel()
+        async with full_disk(disk, "database", sqlite_engine, monkeypatch):
+            return await run_freeing_the_disk_at_the_stop(
+                runner, find_resumable(sqlite_engine, 1, 60.0), disk)
 
     assert asyncio.run(resumed_elsewhere()).status == "interrupted"
     spool = spool_path(operator, sqlite_url, 1)
