@@ -6,6 +6,9 @@
 #   r1: one run of four fixed-N sizes, the tail rule on the rule's n*, and adaptive;
 #   r2: the second run of adaptive, the two likeliest best fixed arms and fixed-15:tail=on;
 #   r3: the second run of the remaining fixed sizes.
+# Or, where the device time allows one round only (2026-12-06, an H100 session):
+#   a: adaptive and fixed-15 twice each, interleaved (--repeat 2), the comparison first;
+#   b1, b2: one run of fixed-10 and fixed-22, then of fixed-30 and fixed-15:tail=on.
 # `nightdesk bench combine r1.json r2.json r3.json` pools them: every strategy's mean and spread.
 #   bash docs/bench/gpu-fair-sweep.sh start     # installs the wheels, prints the sweep, launches
 #   bash docs/bench/gpu-fair-sweep.sh wait SECS  # until all three end or SECS pass; JSON -> $OUT
@@ -30,10 +33,12 @@ case "${1:-}" in
       bench schedulers $W --strategies sweep,adaptive --plan || die "the plan did not run"
     export ND_SKIP_INSTALL=1 ND_VLLM_LOG=none
     declare -A arms=([r1]=fixed-15,adaptive,fixed-15:tail=on,fixed-22,fixed-10,fixed-30
-                     [r2]=adaptive,fixed-15,fixed-15:tail=on,fixed-22 [r3]=fixed-10,fixed-30)
+                     [r2]=adaptive,fixed-15,fixed-15:tail=on,fixed-22 [r3]=fixed-10,fixed-30
+                     [a]="adaptive,fixed-15 --repeat 2" [b1]=fixed-10,fixed-22
+                     [b2]=fixed-30,fixed-15:tail=on)
     script=""
     for r in ${ND_FAIR_ROUNDS:-r1 r2 r3}; do
-      [ -n "${arms[$r]:-}" ] || die "unknown round $r (r1, r2 or r3)"
+      [ -n "${arms[$r]:-}" ] || die "unknown round $r (r1, r2, r3, a, b1 or b2)"
       script="$script$(bench "$r" "${arms[$r]}"); "
     done
     setsid nohup env -u OUT bash -c "$script touch '$dir/done'" > "$dir/sweep.log" 2>&1 < /dev/null &
@@ -45,9 +50,9 @@ case "${1:-}" in
       sleep 15
       echo "fair.sh: $(( $(date +%s) - t0 )) s: $(ls "$dir"/*.json 2>/dev/null | xargs -rn1 basename | tr '\n' ' ')"
     done
-    for f in "$dir"/r*.log; do echo "--- $f"; tail -25 "$f"; done
+    for f in "$dir"/*.log; do echo "--- $f"; tail -25 "$f"; done
     if [ -n "${OUT:-}" ]; then
-      cp "$dir"/r*.json "$OUT"/ 2>/dev/null
+      cp "$dir"/*.json "$OUT"/ 2>/dev/null
       tail -c 2M /root/vllm.log > "$OUT/vllm.log" 2>/dev/null
       tar -czf "$OUT/logs.tgz" -C "$dir" $(cd "$dir" && ls *.log) 2>/dev/null
     fi
