@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+import structlog
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
@@ -215,6 +216,19 @@ async def test_sampler_skips_failed_reads() -> None:
         assert await server.sample_once() is None
     # The failed reading goes to the server (which counts it), and nothing is kept.
     assert server.limits.failed == 1 and sampler.failing and sampler.latest is None
+
+
+async def test_a_row_that_cannot_be_written_is_logged_and_the_reading_still_counts(
+        tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")  # no tables: every insert fails
+    async with httpx.AsyncClient(transport=transport()) as client:
+        sampler = MetricsSampler("http://x/v1", engine, 1, interval_s=1, client=client)
+        server = read_servers(sampler).first
+        with structlog.testing.capture_logs() as logs:
+            assert await server.sample_once() is not None
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+        "server sample not stored"]
+    assert server.limits.failed == 0 and sampler.latest is not None
 
 
 async def test_a_reading_asked_after_a_fault_is_taken_by_the_server_before_check_returns(
