@@ -4,8 +4,8 @@ The /metrics reader (app/traffic/sampler.py) once held two callables its Server 
 (``push = Server.reading``, ``slots = Server.chain_slots``) and called them up. Now the
 Server takes each reading and applies it. Two guards keep it so:
 
-- the reader, and what its Server knows of one (``GaugeSource``), declare no attribute of a
-  callable type (``Callable``, ``Awaitable``);
+- the reader, and what its Server knows of one (``GaugeSource``), declare no attribute or
+  method parameter of a callable type (``Callable``, ``Awaitable``);
 - no module of the engine (app/batch, app/traffic) hands one of its own bound methods to
   another object by setting an attribute of it (``other.field = self.method``).
 """
@@ -22,18 +22,24 @@ CALLABLE_TYPES = {"Callable", "Awaitable", "Coroutine"}
 
 
 def callable_attributes(path: Path) -> list[str]:
-    """Return ``Class.attr`` for each attribute annotated with a callable type in ``path``."""
+    """Return ``Class.name`` for each attribute, or parameter of a method, of a class in
+    ``path`` annotated with a callable type (one given in is one that could be called up)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.ClassDef):
             continue
         for inner in ast.walk(node):
-            if not isinstance(inner, ast.AnnAssign):
+            if isinstance(inner, ast.AnnAssign):
+                annotated = [(ast.unparse(inner.target), inner.annotation)]
+            elif isinstance(inner, ast.arg) and inner.annotation is not None:
+                annotated = [(inner.arg, inner.annotation)]
+            else:
                 continue
-            names = {n.id for n in ast.walk(inner.annotation) if isinstance(n, ast.Name)}
-            names |= {n.attr for n in ast.walk(inner.annotation) if isinstance(n, ast.Attribute)}
-            if names & CALLABLE_TYPES:
-                found.append(f"{node.name}.{ast.unparse(inner.target)}")
+            for name, annotation in annotated:
+                names = {n.id for n in ast.walk(annotation) if isinstance(n, ast.Name)}
+                names |= {n.attr for n in ast.walk(annotation) if isinstance(n, ast.Attribute)}
+                if names & CALLABLE_TYPES:
+                    found.append(f"{node.name}.{name}")
     return found
 
 
@@ -73,9 +79,9 @@ def test_the_guards_see_what_they_forbid(tmp_path: Path) -> None:
     # The control: each guard finds the pattern it forbids (the reader as it was).
     module = tmp_path / "reader.py"
     module.write_text("class Reader:\n"
-                      "    def note(self): ...\n"
+                      "    def note(self, then: Callable[[], None]): ...\n"
                       "    def __init__(self, server):\n"
                       "        self.push: Callable[[int], None] | None = None\n"
                       "        server.gauges.on_read = self.note\n")
-    assert callable_attributes(module) == ["Reader.self.push"]
+    assert sorted(callable_attributes(module)) == ["Reader.self.push", "Reader.then"]
     assert methods_handed_over(module) == ["reader.py:5: server.gauges.on_read = self.note"]
