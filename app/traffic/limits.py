@@ -1,4 +1,4 @@
-"""One server's limits, moved together by each /metrics reading its reader pushes.
+"""One server's limits, moved together by each /metrics reading its server takes.
 
 The request count (admission.py), the KV token budget (budget.py) and the chain footprint
 (chains.py). The budget alone guards the KV cache, once it knows the capacity; failed

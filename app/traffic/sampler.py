@@ -1,4 +1,5 @@
-"""The one reader of a vLLM server's ``/metrics``: push each reading, store it as a row.
+"""The one reader of a vLLM server's ``/metrics``: its Server takes each reading, applies it
+and has it stored as a row; the reader calls nothing above it (docs/architecture.md).
 
 Behind a router (vllm-router lists its servers at ``/workers``; or ``llm_router_servers``
 names them) the reading is every server's, read one by one and added up as one server of
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator
 from dataclasses import asdict
 from typing import Any
 
@@ -42,11 +43,11 @@ LAG_PROBE_S = 0.25  # how often the client's own loop is checked for running lat
 
 
 class MetricsSampler:
-    """Read /metrics and push every reading (None for a failed one) to ``push``.
+    """Read /metrics: one reading (``read``, None for a failed one), or paced (``readings``).
 
-    Reads come every ``interval_s`` (None: only when asked), every ``probe_s`` while they
-    fail, and at once when ``fresh`` asks. Each is stored as a ``server_samples`` row of
-    ``batch_id``; a failed write is logged and skipped, never failing the batch.
+    Paced, reads come every ``interval_s`` (None: only when asked), every ``probe_s`` while
+    they fail, and at once when ``fresh`` asks. ``store`` keeps one as a ``server_samples``
+    row of ``batch_id``; a failed write is logged and skipped, never failing the batch.
     """
 
     def __init__(self, base_url: str, engine: Engine | None, batch_id: int | None, *,
@@ -57,10 +58,6 @@ class MetricsSampler:
         self.interval_s = interval_s
         self.probe_s = probe_s if probe_s is not None else interval_s
         self.endpoint = None if endpoint is None else redact(endpoint)  # stored in every row
-        self.push: Callable[[MetricsSnapshot | None], None] | None = None  # Server.reading
-        # Server.chain_slots: stored with each row once the reading has been pushed, so that
-        # any process showing the night reads the slots the ETA needs from the rows.
-        self.slots: Callable[[], int | None] | None = None
         self.latest: MetricsSnapshot | None = None
         # From vllm:cache_config_info, every reading: a restarted server may have another.
         self.kv_capacity: int | None = None
@@ -68,9 +65,7 @@ class MetricsSampler:
         self.failing = False  # the last read failed
         # The servers behind a router at ``base_url`` (empty: a server itself; None: not
         # known yet, asked of the router's /workers at the next reading when ``discover``).
-        self.fleet: list[str] | None = fleet if fleet or not discover else None
-        if self.fleet is None and not discover:
-            self.fleet = []
+        self.fleet: list[str] | None = (fleet or None) if discover else (fleet or [])
         self._discover = discover and not fleet  # servers named by the setting: not asked
         self.fleet_every_s = FLEET_EVERY_S
         self._fleet_asked: float | None = None  # when /workers was last asked (monotonic)
@@ -78,29 +73,18 @@ class MetricsSampler:
         self._unseen: set[str] = set()  # servers whose /metrics could not be read, said once
         self._engine = engine
         self._batch_id = batch_id
-        # One connection for the whole batch; closed in stop() only when made here.
+        # One connection for the whole batch; closed in aclose() only when made here.
         self._client = client or httpx.AsyncClient(timeout=READ_TIMEOUT_S)
         self._owns_client = client is None
-        self._task: asyncio.Task[None] | None = None
-        self._lag_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()  # a read is asked for now (or the reader stops)
-        self._started = self._ended = 0  # reads begun and ended
-        self._read = asyncio.Event()  # replaced at the end of every read
+        # Set once the next paced read to begin has been taken, or no more will be.
+        self._next = asyncio.Event()
         # How late our own loop ran since the last row: busy, its gauges are stale.
         self._lag = 0.0
 
-    async def sample_once(self) -> MetricsSnapshot | None:
-        """Take one reading, push it and store it; return None when it could not be read."""
-        self._started += 1
-        try:
-            return await self._sample()
-        finally:
-            self._ended += 1
-            done, self._read = self._read, asyncio.Event()
-            done.set()
-
-    async def _sample(self) -> MetricsSnapshot | None:
+    async def read(self) -> MetricsSnapshot | None:
+        """Take one reading; return None when it could not be read."""
         try:
             await self.learn_fleet()
             snapshot = await self._read_fleet() if self.fleet else None
@@ -114,22 +98,21 @@ class MetricsSampler:
             self.failing = True
             log.warning("metrics read failed; sample skipped", error=str(error),
                         endpoint=self.endpoint)
-            if self.push is not None:
-                self.push(None)
             return None
         self.failing = False
         self.latest = snapshot
-        if self.push is not None:
-            self.push(snapshot)
+        return snapshot
+
+    async def store(self, snapshot: MetricsSnapshot, chain_slots: int | None) -> None:
+        """Store a reading as a row, with how late our loop ran since the last and the
+        ``chain_slots`` its server has once it took it (the ETA reads them from the rows)."""
         if self._engine is not None and self._batch_id is not None:
             try:
-                row = sample_row(snapshot, self._batch_id, self.endpoint, self._lag,
-                                 self.slots() if self.slots is not None else None)
+                row = sample_row(snapshot, self._batch_id, self.endpoint, self._lag, chain_slots)
                 self._lag = 0.0
                 await asyncio.to_thread(_insert, self._engine, row)
             except SQLAlchemyError as error:
                 log.warning("server sample not stored", error=first_line(error))
-        return snapshot
 
     async def learn_fleet(self) -> None:
         """Ask the router's /workers for the servers behind it at the first reading and every
@@ -156,14 +139,11 @@ class MetricsSampler:
             self.fleet = listed
 
     async def fresh(self) -> None:
-        """Return once a read begun after this call has ended (and been pushed)."""
-        if self._task is None:
-            await self.sample_once()
-            return
-        wanted = self._started + 1
+        """Return once a paced read begun after this call has been taken by the owner of
+        ``readings``, or once ``readings`` is over (its owner must be taking them)."""
+        taken = self._next
         self._wake.set()
-        while self._ended < wanted and not self._task.done():
-            await self._read.wait()
+        await taken.wait()
 
     async def _read_fleet(self) -> MetricsSnapshot | None:
         """Read every server behind the router; return their readings as one, and take the
@@ -214,20 +194,35 @@ class MetricsSampler:
         if tokens is not None and size.isdigit() and int(size) > 0:
             self.kv_capacity, self.block_size = tokens, int(size)
 
-    async def _run(self) -> None:
+    async def readings(self) -> AsyncGenerator[MetricsSnapshot | None, None]:
+        """Yield a reading at the pace above until ``stop``, then (on an interval) one last:
+        the batch's end; our loop's lag is watched meanwhile. The next is not begun before
+        the owner asks for it, so a read for ``fresh`` is applied when that returns."""
         loop = asyncio.get_running_loop()
         pause: float | None = 0.0 if self.interval_s is not None else None
-        while True:
-            # Keep the cadence even when a read is slow; wake at once when asked or stopped.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=pause)
-            if self._stopping.is_set():
-                return
-            self._wake.clear()
-            started = loop.time()
-            await self.sample_once()
-            every = self.probe_s if self.failing else self.interval_s
-            pause = None if every is None else max(0.0, every - (loop.time() - started))
+        lag = asyncio.create_task(self._watch_lag(), name="client-lag")
+        taken = self._next
+        try:
+            while True:
+                # Keep the cadence even when a read is slow; wake at once when asked or stopped.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=pause)
+                if self._stopping.is_set():
+                    break
+                self._wake.clear()
+                started = loop.time()
+                taken, self._next = self._next, asyncio.Event()
+                yield await self.read()
+                taken.set()  # the owner took it: it asks for the next
+                every = self.probe_s if self.failing else self.interval_s
+                pause = None if every is None else max(0.0, every - (loop.time() - started))
+        finally:  # whoever waits goes: no more paced reads come
+            taken.set()
+            self._next.set()
+            self._stopping.set()  # the lag watch ends too (also when the owner gave up)
+            await lag
+        if self.interval_s is not None:
+            yield await self.read()
 
     async def _watch_lag(self) -> None:
         # A timer always pending fires late by however long the loop was kept busy.
@@ -240,24 +235,13 @@ class MetricsSampler:
             if not self._stopping.is_set() and late > 0:
                 self._lag = max(self._lag, late)
 
-    async def start(self) -> None:
-        """Begin sampling in a background task (a second call does nothing)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="metrics-sampler")
-            self._lag_task = asyncio.create_task(self._watch_lag(), name="client-lag")
+    def stop(self) -> None:
+        """End ``readings`` (not cancelled: the reading being taken and its last one are)."""
+        self._stopping.set()
+        self._wake.set()
 
-    async def stop(self) -> None:
-        """Stop reading, then (on an interval) take one last reading: the batch's end."""
-        if self._task is not None:
-            # Not cancel(): a reading being stored finishes, so no row is lost half-way.
-            self._stopping.set()
-            self._wake.set()
-            await self._task
-            if self._lag_task is not None:
-                await self._lag_task
-            self._task = self._lag_task = None
-            if self.interval_s is not None:
-                await self.sample_once()
+    async def aclose(self) -> None:
+        """Close the connection, when made here."""
         if self._owns_client:
             await self._client.aclose()
 

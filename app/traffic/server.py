@@ -9,7 +9,8 @@ next good one (docs/architecture.md, "One health rule, for one server and severa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -42,12 +43,16 @@ HOLD = "server down"  # the gate's hold while the server is down
 
 
 class GaugeSource(Protocol):
-    """A server's reader (MetricsSampler is one): it pushes each reading, None if failed."""
-
-    push: Callable[[Any], None] | None
+    """A server's reader (MetricsSampler is one): its server takes each reading, None if failed."""
 
     @property
     def latest(self) -> MetricsSnapshot | None: ...
+
+    async def read(self) -> MetricsSnapshot | None: ...
+
+    async def store(self, snapshot: MetricsSnapshot, chain_slots: int | None) -> None: ...
+
+    async def fresh(self) -> None: ...
 
 
 class Server:
@@ -62,10 +67,7 @@ class Server:
         self.name = redact(url)  # what logs and summaries call it: no password
         self.llm = llm
         self.gauges = gauges
-        if gauges is not None:
-            gauges.push = self.reading
-            if isinstance(gauges, MetricsSampler):  # its rows carry the slots
-                gauges.slots = self.chain_slots
+        self._taking: asyncio.Task[None] | None = None  # takes the reader's paced readings
         self.strategy = strategy
         # A reader that reads only when asked (no interval) gives no gauges to admit by.
         gauged = gauges is not None and getattr(gauges, "interval_s", 0) is not None
@@ -200,8 +202,41 @@ class Server:
     def outages(self) -> int:
         return len(self.outages_seen)
 
+    async def start(self) -> None:
+        """Take its reader's paced readings in a task of its own until ``stop``."""
+        if isinstance(self.gauges, MetricsSampler) and self._taking is None:
+            self._taking = asyncio.create_task(self._take_all(self.gauges),
+                                               name="metrics-sampler")
+
+    async def _take_all(self, gauges: MetricsSampler) -> None:
+        async with contextlib.aclosing(gauges.readings()) as readings:
+            async for snapshot in readings:
+                await self._take(snapshot)
+
+    async def stop(self) -> None:
+        """Stop its reader: the reading being taken and (on an interval) a last one, the
+        batch's end, are applied and stored (not cancelled: no row is lost half-way)."""
+        if isinstance(self.gauges, MetricsSampler):
+            self.gauges.stop()
+            if self._taking is not None:
+                await self._taking
+                self._taking = None
+            await self.gauges.aclose()
+
+    async def sample_once(self) -> MetricsSnapshot | None:
+        """Take a reading now, apply it and store it; return it (None: it failed)."""
+        assert self.gauges is not None
+        return await self._take(await self.gauges.read())
+
+    async def _take(self, snapshot: MetricsSnapshot | None) -> MetricsSnapshot | None:
+        self.reading(snapshot)
+        if snapshot is not None and self.gauges is not None:
+            # The slots once this reading is applied: the ETA reads them from the rows.
+            await self.gauges.store(snapshot, self.chain_slots())
+        return snapshot
+
     def reading(self, snapshot: Any | None) -> None:
-        """Take one /metrics reading its reader pushed (None: it failed): limits, then health."""
+        """Apply one /metrics reading (None: it failed): limits, then health."""
         now = self.clock()
         self.limits.read(snapshot, now, self.gate, self.here.values(),
                          getattr(self.gauges, "kv_capacity", None),
@@ -246,7 +281,8 @@ class Server:
         """After a server fault: take a reading now; a failed one makes the server down."""
         if self.gauges is not None:
             self._suspect = True
-            await self.gauges.fresh()  # type: ignore[attr-defined]
+            # Its paced readings take one now; none paced (not started, or over): read here.
+            await (self.gauges.fresh() if self._taking else self.sample_once())
 
 
 class ServerSet:
@@ -443,16 +479,14 @@ class ServerSet:
         return f"{what} for {self.outage_budget_s:.0f} s (the outage budget): batch interrupted"
 
     async def start(self) -> None:
-        """Start every endpoint's /metrics reader."""
+        """Start taking every endpoint's /metrics readings."""
         for endpoint in self.endpoints:
-            if isinstance(endpoint.gauges, MetricsSampler):
-                await endpoint.gauges.start()
+            await endpoint.start()
 
     async def stop(self) -> None:
-        """Stop every reader (each takes its last reading)."""
+        """Stop every reader (each last reading taken)."""
         for endpoint in self.endpoints:
-            if isinstance(endpoint.gauges, MetricsSampler):
-                await endpoint.gauges.stop()
+            await endpoint.stop()
 
     async def aclose(self) -> None:
         for endpoint in self.endpoints:

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+import structlog
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
@@ -190,12 +191,13 @@ async def test_sampler_keeps_latest_and_stores_rows(tmp_path: Path) -> None:
     reads: list[str] = []
     async with httpx.AsyncClient(transport=transport(seen=reads)) as client:
         sampler = MetricsSampler("http://x/v1", engine, batch_id, interval_s=0.01, client=client)
-        await sampler.start()
+        server = read_servers(sampler).first  # the one that takes the readings
+        await server.start()
         try:
             while len(reads) < 3:
                 await asyncio.sleep(0.01)
         finally:
-            await sampler.stop()
+            await server.stop()
         assert sampler.latest is not None and sampler.latest.running == 2.0
     with Session(engine) as session:
         rows = session.scalars(select(ServerSample)).all()
@@ -210,11 +212,67 @@ async def test_sampler_keeps_latest_and_stores_rows(tmp_path: Path) -> None:
 async def test_sampler_skips_failed_reads() -> None:
     async with httpx.AsyncClient(transport=transport(status=500)) as client:
         sampler = MetricsSampler("http://x/v1", None, None, interval_s=1, client=client)
-        pushed: list[object] = []
-        sampler.push = pushed.append
-        assert await sampler.sample_once() is None
+        server = read_servers(sampler).first
+        assert await server.sample_once() is None
     # The failed reading goes to the server (which counts it), and nothing is kept.
-    assert pushed == [None] and sampler.failing and sampler.latest is None
+    assert server.limits.failed == 1 and sampler.failing and sampler.latest is None
+
+
+async def test_a_row_that_cannot_be_written_is_logged_and_the_reading_still_counts(
+        tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")  # no tables: every insert fails
+    async with httpx.AsyncClient(transport=transport()) as client:
+        sampler = MetricsSampler("http://x/v1", engine, 1, interval_s=1, client=client)
+        server = read_servers(sampler).first
+        with structlog.testing.capture_logs() as logs:
+            assert await server.sample_once() is not None
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+        "server sample not stored"]
+    assert server.limits.failed == 0 and sampler.latest is not None
+
+
+async def test_a_reading_asked_after_a_fault_is_taken_by_the_server_before_check_returns(
+) -> None:
+    # The server takes its reader's readings (the reader calls nothing of it): the one read
+    # at once for Server.check is applied, the server down, before check returns.
+    async with httpx.AsyncClient(transport=transport(status=500)) as client:
+        sampler = MetricsSampler("http://x/v1", None, None, interval_s=None, client=client)
+        server = read_servers(sampler).first
+        await server.start()
+        try:
+            await asyncio.sleep(0.01)
+            assert server.limits.failed == 0  # no interval: read only when asked
+            await server.check()
+            assert server.limits.failed == 1 and not server.up
+        finally:
+            await server.stop()
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+
+
+async def test_a_reading_asked_for_is_stored_before_check_returns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ``fresh`` counts a read as done once its server has taken it: applied and stored.
+    engine = create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    Base.metadata.create_all(engine)
+    batch_id = new_batch(engine)
+    async with httpx.AsyncClient(transport=transport()) as client:
+        sampler = MetricsSampler("http://x/v1", engine, batch_id, interval_s=None, client=client)
+        store = sampler.store
+
+        async def slow_store(*args: Any) -> None:
+            await asyncio.sleep(0.05)  # a slow database: the check still waits for the row
+            await store(*args)
+
+        monkeypatch.setattr(sampler, "store", slow_store)
+        server = read_servers(sampler).first
+        await server.start()
+        try:
+            await server.check()
+            with Session(engine) as session:
+                assert len(session.scalars(select(ServerSample)).all()) == 1
+            assert server.up and sampler.latest is not None
+        finally:
+            await server.stop()
 
 
 @pytest.mark.parametrize("page", [RECORDED, DP2_IDLE])
@@ -259,6 +317,6 @@ async def test_each_row_carries_the_chain_slots_of_the_server_it_was_pushed_to(
         sampler = MetricsSampler("http://x/v1", engine, batch_id, interval_s=1, client=client)
         server = read_servers(sampler, strategy=strategy).endpoints[0]
         assert server.chain_slots() == slots
-        await sampler.sample_once()
+        await server.sample_once()
     with Session(engine) as session:
         assert [r.chain_slots for r in session.scalars(select(ServerSample))] == [slots]

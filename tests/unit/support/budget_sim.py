@@ -78,7 +78,8 @@ class SimServer(KVGauges):
         self.budget: TokenBudget | None = None
         self.peak_reserved = 0
         self._ids = 0
-        self.push: Callable[[G], None] | None = None  # the server's, as a reader's
+        # The server's, wired by the test (support/servers.one_server) as its reading task.
+        self.push: Callable[[G], None] | None = None
 
     async def read(self, every_s: float) -> None:
         """Push a reading every ``every_s``, as the batch's /metrics reader does."""

@@ -82,7 +82,8 @@ class SteppedGPU(KVGauges):
         self.seq_cost = seq_cost  # a step's time grows by this per running request
         self.cached: OrderedDict[str, int] = OrderedDict()  # ticker -> context tokens, LRU
         self.hits = self.sent = 0  # prompt tokens found cached, and sent
-        self.push: Callable[[G], None] | None = None  # where readings go: the server's
+        # Where readings go: the server's, wired by the test (support/servers.one_server).
+        self.push: Callable[[G], None] | None = None
 
     @property
     def latest(self) -> G:

@@ -183,7 +183,7 @@ def test_the_sampler_reads_the_kv_capacity_from_cache_config_info() -> None:
         transport = httpx.MockTransport(lambda request: httpx.Response(200, text=text))
         async with httpx.AsyncClient(transport=transport) as client:
             sampler = MetricsSampler("http://x/v1", None, None, interval_s=1, client=client)
-            await sampler.sample_once()
+            await sampler.read()
             return sampler
 
     sampler = asyncio.run(read())

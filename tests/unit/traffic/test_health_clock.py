@@ -36,12 +36,12 @@ class Clock:
 
 
 class Reads:
-    """A /metrics reader the test drives: each ``ok``/``fail`` pushes one reading."""
+    """A /metrics reader the test drives: each ``ok``/``fail`` gives its server one reading."""
 
     def __init__(self) -> None:
-        self.push: Any = None  # the server's, set when it is made
+        self.push: Any = None  # the server's ``reading``, wired by ``fleet``
         self.latest = None
-        self.answers = True  # what a reading asked for (``fresh``) finds
+        self.answers = True  # what a reading asked for (``Server.check``) finds
 
     def ok(self) -> None:
         self.push(SimpleNamespace())
@@ -49,8 +49,11 @@ class Reads:
     def fail(self) -> None:
         self.push(None)
 
-    async def fresh(self) -> None:
-        self.ok() if self.answers else self.fail()
+    async def read(self) -> SimpleNamespace | None:
+        return SimpleNamespace() if self.answers else None
+
+    async def store(self, *_: Any) -> None:
+        """Keep no row."""
 
 
 def fleet(clock: Clock, size: int = 2) -> tuple[ServerSet, list[Reads], Halt]:
@@ -62,6 +65,8 @@ def fleet(clock: Clock, size: int = 2) -> tuple[ServerSet, list[Reads], Halt]:
     servers = [Server(i, f"http://gpu{i}.test:8000/v1", llm, Strategy.parse("fixed-2"),
                       gauges=reads[i], changed=changed, clock=clock)
                for i in range(size)]
+    for read, server in zip(reads, servers, strict=True):
+        read.push = server.reading
     halt = Halt()
     return (ServerSet(servers, changed, halt=halt, outage_budget_s=BUDGET_S, clock=clock),
             reads, halt)

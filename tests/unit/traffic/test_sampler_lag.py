@@ -20,6 +20,7 @@ from app.morning.serverview import server_view
 from app.traffic.sampler import LAG_PROBE_S, MetricsSampler
 from tests.unit.support.call_rows import T0, known_batch
 from tests.unit.support.metrics_transport import transport
+from tests.unit.support.servers import read_servers
 
 
 def _batch(engine: Engine) -> int:
@@ -33,7 +34,8 @@ def _batch(engine: Engine) -> int:
 
 async def _sample(sampler: MetricsSampler, reads: list[str], until: int,
                   block_s: float = 0.0) -> None:
-    await sampler.start()
+    server = read_servers(sampler).first  # the one that takes the readings
+    await server.start()
     try:
         while len(reads) < until:
             await asyncio.sleep(0.01)
@@ -43,7 +45,7 @@ async def _sample(sampler: MetricsSampler, reads: list[str], until: int,
         while len(reads) < start + 2:
             await asyncio.sleep(0.01)
     finally:
-        await sampler.stop()
+        await server.stop()
 
 
 @pytest.mark.slow

@@ -24,8 +24,8 @@ async def read_once(router: FakeRouter, **kwargs: object) -> MetricsSampler:
     async with router.client() as http:
         sampler = MetricsSampler(router.base_url, None, None, interval_s=None, client=http,
                                  endpoint=router.base_url, **kwargs)  # type: ignore[arg-type]
-        assert await sampler.sample_once() is not None
-        await sampler.stop()
+        assert await sampler.read() is not None
+        await sampler.aclose()
     return sampler
 
 
@@ -59,7 +59,7 @@ async def test_a_plain_vllm_server_is_read_itself() -> None:
     async with server.client() as http:
         sampler = MetricsSampler("http://fake.test/v1", None, None, interval_s=None,
                                  client=http, discover=True)
-        assert await sampler.sample_once() is not None
+        assert await sampler.read() is not None
     assert sampler.fleet == [] and sampler.kv_capacity == KV
     assert [r.path for r in server.requests] == ["/workers", "/metrics"]
 
@@ -73,8 +73,8 @@ async def test_a_fleet_it_cannot_read_is_said_once_and_admitted_by_request_count
             sampler = MetricsSampler(router.base_url, None, None, interval_s=None,
                                      client=http, fleet=unreachable, discover=True)
             # The router's own page keeps the reading (the router answers: it is up).
-            first = await sampler.sample_once()
-            second = await sampler.sample_once()
+            first = await sampler.read()
+            second = await sampler.read()
     assert first is not None and second is not None
     assert sampler.kv_capacity is None and sampler.fleet_read == 0
     said = [e["event"] for e in logs if "any server behind the router" in e["event"]]
@@ -86,10 +86,10 @@ async def test_a_server_lost_behind_the_router_leaves_the_capacity_of_the_rest()
     router = fleet()
     async with router.client() as http:
         sampler = discovering(router, http)
-        await sampler.sample_once()
+        await sampler.read()
         assert sampler.kv_capacity == 2 * KV
         router.servers["http://gpu1.test:8000"].crash()
-        await sampler.sample_once()
+        await sampler.read()
         assert sampler.kv_capacity == KV and sampler.fleet_read == 1
 
 
@@ -97,13 +97,13 @@ async def test_servers_added_behind_the_router_are_read_at_its_next_list() -> No
     router = fleet()
     async with router.client() as http:
         sampler = discovering(router, http)
-        await sampler.sample_once()
+        await sampler.read()
         assert sampler.kv_capacity == 2 * KV and sampler.fleet_read == 2
         router.servers["http://gpu2.test:8000"] = FakeServer(kv_tokens=KV, capacity=16)
-        await sampler.sample_once()  # within fleet_every_s: the list known is kept
+        await sampler.read()  # within fleet_every_s: the list known is kept
         assert sampler.fleet_read == 2
         sampler.fleet_every_s = 0.0
-        await sampler.sample_once()
+        await sampler.read()
         assert sampler.fleet == list(router.servers)
         assert sampler.kv_capacity == 3 * KV and sampler.fleet_read == 3
 
@@ -114,11 +114,11 @@ async def test_a_router_not_ready_to_list_its_servers_is_asked_again() -> None:
     async with router.client() as http:
         sampler = discovering(router, http)
         sampler.fleet_every_s = 0.0
-        assert await sampler.sample_once() is not None  # the router's own page: it is up
+        assert await sampler.read() is not None  # the router's own page: it is up
         # Not a server's own page: no capacity from it (one server's of several).
         assert sampler.fleet is None and sampler.kv_capacity is None
         router.workers_status = 200
-        await sampler.sample_once()
+        await sampler.read()
         assert sampler.kv_capacity == 2 * KV and sampler.fleet_read == 2
 
 

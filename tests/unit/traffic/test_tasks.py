@@ -170,10 +170,8 @@ async def test_run_until_halted_leaves_nothing_when_it_is_cancelled_while_draini
 class Refused:
     """A /metrics reader whose every reading fails: the server does not answer."""
 
-    push: Any = None
-
-    async def fresh(self) -> None:
-        self.push(None)
+    async def read(self) -> None:
+        return None
 
 
 def down_server() -> Server:
