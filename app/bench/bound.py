@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy import stats
 from sqlalchemy import Engine, select
 
 from app.db.models import LLMCall, ServerSample
@@ -147,7 +148,11 @@ def fit_step(levels: Levels) -> StepCost | None:
     A step of ``r`` requests makes ``r`` tokens in ``a + b·r`` seconds. With one level only,
     or a fit that comes out negative, the growth with ``running`` is left out (``b = 0``).
     """
-    usable = [(r, t, s) for r, (t, s) in levels.items() if t > 0 and s > 0]
+    return _fit([(r, t, s) for r, (t, s) in levels.items() if t > 0 and s > 0])
+
+
+def _fit(usable: list[tuple[int, float, float]]) -> StepCost | None:
+    """``fit_step`` over (running, tokens, seconds) triples, repeats allowed."""
     if not usable:
         return None
     x = np.array([1.0 / r for r, _, _ in usable])
@@ -175,6 +180,29 @@ def graph_bound(graph: GraphFacts, kv_tokens: int, max_num_seqs: int, step: Step
     seconds = step.a * steps + step.b * graph.output_tokens / endpoints
     return Bound(graph.output_tokens / seconds if seconds > 0 else 0.0, seconds, steps,
                  binding, kv_tokens, max_num_seqs, endpoints, step, graph)
+
+
+def bound_interval(graph: GraphFacts, kv_tokens: int, max_num_seqs: int, levels: Levels,
+                   endpoints: int = 1, confidence: float = 0.9) -> tuple[float, float] | None:
+    """Return the bound's ``confidence`` interval in tok/s: the step refitted to the reading
+    levels resampled with replacement (scipy's percentile bootstrap, a fixed seed, so one
+    run's figures always give one interval); None with fewer than three levels."""
+    usable = [(r, t, s) for r, (t, s) in levels.items() if t > 0 and s > 0]
+    if len(usable) < 3:
+        return None
+
+    def tok_s(running: np.ndarray, tokens: np.ndarray, seconds: np.ndarray) -> float:
+        step = _fit([(int(r), float(t), float(s)) for r, t, s in zip(running, tokens, seconds,
+                                                                     strict=True)])
+        bound = graph_bound(graph, kv_tokens, max_num_seqs, step, endpoints) if step else None
+        return bound.tok_s if bound else float("nan")
+
+    columns = tuple(np.array(c, dtype=float) for c in zip(*usable, strict=True))
+    found = stats.bootstrap(columns, tok_s, paired=True, vectorized=False, n_resamples=999,
+                            confidence_level=confidence, method="percentile",
+                            rng=np.random.default_rng(0))
+    low, high = found.confidence_interval
+    return float(low), float(high)
 
 
 def summed_capacity(graph: GraphFacts, kv_tokens: int, max_num_seqs: int, step: StepCost,

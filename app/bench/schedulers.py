@@ -39,6 +39,7 @@ from app.bench.arms import DEFAULT_ARMS, FLOOD, plan_arms
 from app.bench.bound import (
     GraphFacts,
     arm_graph_facts,
+    bound_interval,
     decode_levels,
     fit_step,
     graph_bound,
@@ -460,7 +461,8 @@ def respects_graph(strategy: str) -> bool:
 def _graph_bound(result: BenchResult) -> None:
     """Work out the graph bound from the arms' graph facts and pooled readings."""
     graphs = [a["graph"] for a in result.arms if a.get("graph")]
-    step = fit_step(pool([a["decode_levels"] for a in result.arms if a.get("decode_levels")]))
+    levels = pool([a["decode_levels"] for a in result.arms if a.get("decode_levels")])
+    step = fit_step(levels)
     facts = result.machine.get("server_facts") or {}
     kv = facts.get("kv_cache_tokens")
     # The server's --max-num-seqs when its launcher recorded it, else the most it ran.
@@ -476,6 +478,10 @@ def _graph_bound(result: BenchResult) -> None:
         return
     result.bound = {**asdict(bound), "max_num_seqs_from": (
         "server facts" if facts.get("max_num_seqs") else "the most requests any arm ran")}
+    # The step is fitted: readings over a narrow range of running requests leave its two
+    # terms loose, and the bound with them.
+    interval = bound_interval(GraphFacts(**graphs[0]), int(kv), int(seqs), levels, endpoints)
+    result.bound["interval_90_tok_s"] = list(interval) if interval else None
     # No schedule that respects the graph beats a bound; a run of one that did shows the
     # model (its step fitted to a few readings, its sequence cap perhaps guessed) wrong for
     # this run. The figures stay in the JSON, but nothing is judged or shown against them.

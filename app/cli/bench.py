@@ -166,6 +166,10 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
             f"{b['max_num_seqs_from']}, {b['endpoints']} endpoint(s)), each step "
             f"{step['a'] * 1000:.2f} ms + {step['b'] * 1000:.3f} ms per running request "
             f"(fitted to {step['levels']} levels of the run's readings)")
+        if b.get("interval_90_tok_s"):
+            low, high = b["interval_90_tok_s"]
+            out.print(f"  the bound's 90% interval: {low:.1f}–{high:.1f} tok/s (the step refitted "
+                      f"to its reading levels resampled; each ratio to it moves as much)")
     if result.sweep:
         out.print(f"fixed-N sweep: {result.sweep['sizes']} around n* = "
                       f"{result.sweep['n_star']} ({result.sweep['rule']})")

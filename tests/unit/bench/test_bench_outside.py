@@ -176,3 +176,40 @@ def test_a_writable_json_out_is_not_left_behind_by_the_check(tmp_path: Path) -> 
                       "--strategies", "fixed-0",
                       env={"NIGHTDESK_LLM_BASE_URL": "http://127.0.0.1:9/v1"})
     assert refused.code == 2 and not out.exists()
+
+
+
+def _levels(noise: float) -> dict[str, list[float]]:
+    # Steps of 20 ms + 2 ms a running request at 4..28 running, every other level off by
+    # ``noise`` up or down: 1,000 steps a level.
+    return {str(r): [1000.0 * r, 1000 * (0.020 + 0.002 * r) * (1 + noise * (-1) ** r)]
+            for r in range(4, 29, 2 if noise == 0 else 1)}
+
+
+def test_the_bound_says_how_sure_its_fitted_step_is(tmp_path: Path) -> None:
+    # Readings on the step's line give an interval that is the bound itself; readings off it
+    # give one around the fitted bound that widens with the noise, and the JSON and the
+    # printed result carry it.
+    def judged(noise: float) -> BenchResult:
+        arm = {**fake_arm("adaptive", 300.0), "decode_levels": _levels(noise)}
+        result = BenchResult("w", 100, 1700, arms=[arm, {**arm, "strategy": "fixed-14"}],
+                             machine=json.loads(json.dumps(MACHINE)))
+        _judge(result)
+        assert result.bound is not None and result.bound_tok_s is not None
+        return result
+
+    exact = judged(0.0)
+    low, high = exact.bound["interval_90_tok_s"]
+    assert low == pytest.approx(exact.bound_tok_s) and high == pytest.approx(exact.bound_tok_s)
+    loose, looser = judged(0.1), judged(0.3)
+    low, high = loose.bound["interval_90_tok_s"]
+    assert low < loose.bound_tok_s < high
+    looser_low, looser_high = looser.bound["interval_90_tok_s"]
+    assert looser_high - looser_low > high - low > 0
+    out = run_cli("bench", "combine", str(_write(tmp_path, "r.json", loose.to_json())))
+    assert out.code == 0, out.stderr
+    assert f"90% interval: {low:.1f}–{high:.1f} tok/s" in " ".join(out.stdout.split())
+    one_level = BenchResult("w", 100, 1700, arms=[fake_arm("adaptive", 520.0)],
+                            machine=json.loads(json.dumps(MACHINE)))
+    _judge(one_level)
+    assert one_level.bound is not None and one_level.bound["interval_90_tok_s"] is None
