@@ -158,7 +158,7 @@ def _fit(usable: list[tuple[int, float, float]]) -> StepCost | None:
     x = np.array([1.0 / r for r, _, _ in usable])
     y = np.array([s / t for _, t, s in usable])
     w = np.array([t for _, t, _ in usable])
-    if len(usable) >= 2:
+    if len({r for r, _, _ in usable}) >= 2:  # a resample may repeat one level only
         b, a = np.polyfit(x, y, 1, w=np.sqrt(w))[::-1]  # y = a·x + b
         if a > 0 and b >= 0:
             return StepCost(float(a), float(b), len(usable))

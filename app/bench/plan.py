@@ -23,6 +23,7 @@ from app.bench.bound import (
     GraphFacts,
     StepCost,
     arm_graph_facts,
+    bound_interval,
     decode_levels,
     fit_step,
     graph_bound,
@@ -286,6 +287,9 @@ class NightBound(BaseModel, frozen=True):
     pauses: int = 0
     bound_s: float | None = None
     makespan_over_bound: float | None = None
+    # Its 90% interval: the step refitted to the night's reading levels resampled (None:
+    # fewer than three levels to resample).
+    makespan_over_bound_90: list[float] | None = None
     binding: str | None = None
     endpoints: int | None = None
     server: str | None = None  # where the step, KV cache and sequence cap came from
@@ -325,7 +329,11 @@ def night_bound(engine: Engine, batch_id: int, makespan_s: float, *, paused_s: f
              f"the model gives {bound.seconds:.0f} s, more than the night took "
              f"({makespan_s:.0f} s): its step, fitted to the night's readings, overstates "
              "the server, so it bounds nothing here")
+    interval = bound_interval(graph, server.kv_tokens, server.max_num_seqs,
+                              decode_levels(engine, batch_id), endpoints)
     return base.model_copy(update={
         "bound_s": bound.seconds, "makespan_over_bound": makespan_s / bound.seconds,
+        "makespan_over_bound_90": None if interval is None else [
+            makespan_s * tok_s / graph.output_tokens for tok_s in interval],
         "binding": bound.binding, "endpoints": endpoints, "server": server.source,
         "unavailable": wrong, "scope": scope})

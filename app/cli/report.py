@@ -265,6 +265,9 @@ def bound_line(bound: NightBound) -> str:
             f"{bound.makespan_over_bound:.2f}"
             f" x the least any schedule that respects the graph needs ({bound.bound_s:.0f} s "
             f"on {bound.endpoints} endpoint(s), set by {bound.binding}; {bound.server})"
+            + ("; 90% interval {:.2f}–{:.2f} x (the step refitted to the night's readings "
+               "resampled)".format(*bound.makespan_over_bound_90)
+               if bound.makespan_over_bound_90 else "")
             + (f" — {bound.scope}" if bound.scope else ""))
 
 

@@ -257,6 +257,45 @@ def test_plan_takes_a_recorded_nights_shape_and_server(sqlite_engine: Any) -> No
 FACTS = {"kv_cache_tokens": 10_000, "max_num_seqs": 4}
 
 
+
+def test_a_nights_bound_says_how_sure_its_fitted_step_is(sqlite_engine: Any) -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import delete, select
+    from sqlalchemy.orm import Session
+
+    from app.bench.plan import night_bound
+    from app.cli.report import bound_line
+    from app.db.models import ServerSample
+
+    night = _night(sqlite_engine, {"kv_cache_tokens": 10_000, "max_num_seqs": 4})
+    # The night's readings at 1 to 4 running, each interval's tokens 10% off the step's line
+    # one way or the other: a fit that is not sure of itself.
+    with Session(sqlite_engine) as session:
+        first = session.scalars(select(ServerSample).where(
+            ServerSample.batch_id == night).order_by(ServerSample.sampled_at)).first()
+        assert first is not None
+        t0, endpoint = first.sampled_at, first.endpoint
+        session.execute(delete(ServerSample).where(ServerSample.batch_id == night))
+        made, at = 0, 0.0
+        for i, running in enumerate([1, 1, 2, 2, 3, 3, 4, 4, 1, 2, 3, 4]):
+            session.add(ServerSample(
+                batch_id=night, sampled_at=t0 + timedelta(seconds=at), running=running,
+                waiting=0, kv_cache_usage=0.1, preemptions_total=0, prompt_tokens_total=0,
+                generation_tokens_total=made, endpoint=endpoint))
+            at += 3.0
+            made += round(3.0 / (0.2 + 0.05 * running) * running * (1.1 if i % 2 else 0.9))
+        session.commit()
+    bound = night_bound(sqlite_engine, night, 40.0)
+    assert bound.makespan_over_bound is not None and bound.makespan_over_bound_90 is not None
+    low, high = bound.makespan_over_bound_90
+    assert low < bound.makespan_over_bound < high
+    assert f"90% interval {low:.2f}–{high:.2f} x" in bound_line(bound)
+    # One level of readings (the plain night) leaves nothing to resample: no interval.
+    plain = night_bound(sqlite_engine, _night(sqlite_engine, {"kv_cache_tokens": 10_000,
+                                                              "max_num_seqs": 4}), 40.0)
+    assert plain.makespan_over_bound_90 is None and "interval" not in bound_line(plain)
+
 def test_a_night_still_running_gives_no_shape_and_no_bound_yet(sqlite_engine: Any) -> None:
     night = _night(sqlite_engine, FACTS, status="running", ticker_status={"X": "running"})
     refused = run_cli("plan", "--tickers", "4", "--shape", str(night))
