@@ -9,6 +9,9 @@
 # Or, where the device time allows one round only (2026-12-06, an H100 session):
 #   a: adaptive and fixed-15 twice each, interleaved (--repeat 2), the comparison first;
 #   b1, b2: one run of fixed-10 and fixed-22, then of fixed-30 and fixed-15:tail=on.
+#   k: whether the cache headroom is adaptive's last half percent (docs/lab/2026-12-06-h100-
+#      fair-sweep.md): adaptive (with its tail-off twin), adaptive:kv_high=0.95,tail=off and
+#      fixed-15, twice each, interleaved (8 arms: about 17 minutes on an H100).
 # `nightdesk bench combine r1.json r2.json r3.json` pools them: every strategy's mean and spread.
 #   bash docs/bench/gpu-fair-sweep.sh start     # installs the wheels, prints the sweep, launches
 #   bash docs/bench/gpu-fair-sweep.sh wait SECS  # until all three end or SECS pass; JSON -> $OUT
@@ -35,10 +38,11 @@ case "${1:-}" in
     declare -A arms=([r1]=fixed-15,adaptive,fixed-15:tail=on,fixed-22,fixed-10,fixed-30
                      [r2]=adaptive,fixed-15,fixed-15:tail=on,fixed-22 [r3]=fixed-10,fixed-30
                      [a]="adaptive,fixed-15 --repeat 2" [b1]=fixed-10,fixed-22
-                     [b2]=fixed-30,fixed-15:tail=on)
+                     [b2]=fixed-30,fixed-15:tail=on
+                     [k]="adaptive,adaptive:kv_high=0.95,tail=off,fixed-15 --repeat 2")
     script=""
     for r in ${ND_FAIR_ROUNDS:-r1 r2 r3}; do
-      [ -n "${arms[$r]:-}" ] || die "unknown round $r (r1, r2, r3, a, b1 or b2)"
+      [ -n "${arms[$r]:-}" ] || die "unknown round $r (r1, r2, r3, a, b1, b2 or k)"
       script="$script$(bench "$r" "${arms[$r]}"); "
     done
     setsid nohup env -u OUT bash -c "$script touch '$dir/done'" > "$dir/sweep.log" 2>&1 < /dev/null &
