@@ -101,7 +101,7 @@ $(LVENV)/.ready: pyproject.toml Makefile
 # the import contracts break on a wrong import, docs/architecture.md's module map matches the
 # tree, and deploy/'s systemd units pass systemd-analyze.
 lint: setup systemd-tools
-	$(BIN)/ruff check app agents serving tests migrations
+	$(BIN)/ruff check app agents serving tests migrations docs/bench
 	$(BIN)/mypy app agents serving migrations
 	$(BIN)/lint-imports
 	$(BIN)/pytest -q tests/lint

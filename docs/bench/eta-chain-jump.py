@@ -7,7 +7,8 @@ slowest chain: its ticker and sample, the node under way, how long that step had
 what ``_left_of`` priced it at (median), from how many of the node's ready-to-answer
 latencies longer than its age (tonight's, the night before's) and whether the newest calls'
 cap bit, the rest of the chain, and what the step and the sample really took after the
-reading, and the longest any open step had been ready. Usage: ``PYTHONPATH=$PWD .venv/bin/python docs/bench/eta-chain-jump.py NAME``.
+reading, and the longest any open step had been ready.
+Usage: ``PYTHONPATH=$PWD .venv/bin/python docs/bench/eta-chain-jump.py NAME``.
 """
 
 from __future__ import annotations

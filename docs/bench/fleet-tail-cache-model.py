@@ -90,7 +90,7 @@ if __name__ == "__main__":
     # 500 over 8: 62 or 63 tickers an endpoint, graph bound 147.75 s (the chain).
     # 500 over 5: 100 an endpoint, summed capacity 2,668.6 tok/s an endpoint.
     for tickers, share in ((62, lambda s: 147.75 / s), (63, lambda s: 147.75 / s),
-                           (100, lambda s: tickers * 17 * OUT / s / 2668.6)):
+                           (100, lambda s: 100 * 17 * OUT / s / 2668.6)):
         for label, kw in (("server's whole answers, whole cache", dict(fill=1.0, claims=False)),
                           ("budget (fill 0.95, prompts +5%)", {}),
                           ("budget, start order", dict(order="start")),
