@@ -117,6 +117,16 @@ def running_nightly(engine: Engine) -> int | None:
                             .order_by(Batch.id.desc()).limit(1)).scalar()
 
 
+def nightly_runners(engine: Engine) -> dict[int, Runner | None]:
+    """Return the nightly batches recorded as running, each with the process that runs it
+    (None: not recorded), oldest first."""
+    with engine.connect() as conn:
+        rows = conn.execute(select(Batch.id, Batch.settings)
+                            .where(Batch.kind == "nightly", Batch.status == "running")
+                            .order_by(Batch.id)).all()
+    return {int(row.id): Runner.of(row.settings) for row in rows}
+
+
 def _refuse(engine: Engine) -> AlreadyRunningError:
     batch_id = running_nightly(engine)
     if batch_id is None:
