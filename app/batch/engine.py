@@ -163,6 +163,7 @@ class BatchEngine:
         self.lock = lock  # a nightly run's lock: each heartbeat proves it
         self.clock = clock  # what server outages and the outage budget are timed on
         self.checkpoints = checkpoints
+        self.batch_id: int | None = None  # the batch of the last run, once its row exists
 
     async def run(self, start: BatchPlan | Resume,
                   work: TickerWork | None = None,
@@ -238,9 +239,10 @@ class BatchRun:
                           "home": str(settings.paths.home)},
                 server_facts=owner.server_facts, source_batch_id=plan.source_batch_id,
             )
+            owner.batch_id = self.batch_id  # what a run cancelled outright names
             self.outcome = BatchOutcome(self.batch_id, "crashed")  # until the run ends
         else:
-            self.batch_id = self.resuming.batch_id
+            self.batch_id = owner.batch_id = self.resuming.batch_id
             # This run's settings and home replace the last run's: the next resume's checks
             # compare with the run that last wrote to the batch (its spool is under its home).
             await _starting(self.resuming.reopen, owner.engine,

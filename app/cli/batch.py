@@ -7,11 +7,13 @@ or input, 3 partial, 4 already running, 5 interrupted by a server outage, 130 st
 
 from __future__ import annotations
 
+import functools
 import shlex
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import BaseModel
@@ -21,7 +23,7 @@ from sqlalchemy import Engine
 
 from agents.tickers import check_symbol, choose_tickers
 from app.batch.engine import BatchOutcome, BatchPlan
-from app.batch.signals import run_batch
+from app.batch.signals import BatchInterrupted, run_batch
 from app.cli.common import (
     Formats,
     batch_database,
@@ -42,6 +44,7 @@ from app.morning.ranking import RankRow, ranking
 from app.morning.summary import BatchSummary, summarize
 from app.quality.monitor import warnings_for
 from app.runs.nightly import (
+    NOTHING_RECORDED,
     NightlyRequest,
     default_as_of,
     execute_plan,
@@ -417,10 +420,23 @@ def replay(
         raise typer.Exit(code)
 
 
+def _before_the_batch(command: Callable[..., None]) -> Callable[..., None]:
+    """Return ``command`` saying that a Ctrl-C before its batch's row recorded nothing (typer
+    exits 130 without a word); once there is a row, ``execute_plan`` names the batch."""
+    @functools.wraps(command)
+    def said(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise BatchInterrupted(NOTHING_RECORDED) from None
+
+    return said
+
+
 def register(app: typer.Typer) -> None:
     """Add the batch commands to the top-level app."""
     app.command("replay")(replay)
-    app.command("run")(run)
-    app.command("rerun")(rerun)
+    app.command("run")(_before_the_batch(run))
+    app.command("rerun")(_before_the_batch(rerun))
     app.command("ranking")(show_ranking)
     app.command("changes")(show_changes)

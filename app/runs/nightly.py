@@ -18,13 +18,15 @@ from sqlalchemy import ColumnElement, Engine, select
 from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
-from app.batch.signals import run_batch
+from app.batch.signals import BatchInterrupted, run_batch
 from app.config import Settings
 from app.db.engine import ready_engine
 from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import ERRORS, AlreadyRunningError, InputError, first_line
+from app.morning.advice import advise
 from app.morning.digest import send_digest, send_refusal
+from app.morning.summary import batch_summary
 from app.recorder.record import Recorder
 from app.runs import resumable
 from app.runs.checkpoints import Checkpoints
@@ -46,6 +48,8 @@ Announce = Callable[[resumable.ResumePoint], None] | None
 Refused = Callable[[Exception], None] | None
 # What a refused night's digest advises once its cause is fixed: this night, now.
 START_AGAIN = "nightdesk run --continue-night"
+# A run cancelled before its batch row existed (or was reopened) says so.
+NOTHING_RECORDED = "interrupted before a batch was created or continued: nothing was recorded"
 
 
 @dataclass
@@ -155,10 +159,31 @@ def execute_plan(settings: Settings, engine: Engine,
     runner = BatchEngine(settings, engine, lock=lock, server_facts=batch_server_facts(
         settings.llm.server_profile, settings.llm.url, settings.paths.server_dir),
         checkpoints=Checkpoints(settings.store.database_url, engine))
-    outcome = run_batch(runner.run(start, recording=Recorder(engine)), runner.halt,
-                        settings.batch.shutdown_grace_s)
-    send_digest(settings, engine, outcome)
+    try:
+        outcome = run_batch(runner.run(start, recording=Recorder(engine)), runner.halt,
+                            settings.batch.shutdown_grace_s)
+        send_digest(settings, engine, outcome)
+    except (BatchInterrupted, KeyboardInterrupt):
+        raise cancelled(settings, engine, runner.batch_id) from None
     return outcome
+
+
+def cancelled(settings: Settings, engine: Engine, batch_id: int | None) -> BatchInterrupted:
+    """Return the error of a run cancelled outright (Ctrl-C pressed until it stopped at
+    once): its batch and what to do about it as the digest says it (``advise``), pushing
+    that digest; before any batch row, that nothing was recorded."""
+    if batch_id is None:
+        return BatchInterrupted(NOTHING_RECORDED)
+    try:
+        stands = batch_summary(engine, batch_id, settings.batch.heartbeat_stale_s).status
+        advice = advise(engine, batch_id, settings.batch.heartbeat_stale_s)
+    except Exception as error:  # the database away: the batch is still named
+        log.warning("cancelled batch not read", batch_id=batch_id, error=first_line(error))
+        stands, advice = "interrupted", ""
+    send_digest(settings, engine, BatchOutcome(batch_id, stands))
+    kept = "; finished tickers are kept" if stands == "interrupted" else ""
+    return BatchInterrupted(f"batch {batch_id} {stands}: cancelled at once by the operator"
+                            f"{kept}; {advice or f'`nightdesk report {batch_id}` shows it'}")
 
 
 def _orphans(settings: Settings, engine: Engine) -> None:
