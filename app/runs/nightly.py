@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime
 from pathlib import Path
 
@@ -105,6 +105,18 @@ def nightly_tickers(settings: Settings, as_of: date, tickers: str | None = None,
                      "NIGHTDESK_UNIVERSE_FILE")
 
 
+def knowing_the_universe(settings: Settings, point: resumable.ResumePoint
+                         ) -> resumable.ResumePoint:
+    """Return ``point`` with the tickers a new night of its date would take now
+    (``nightly_tickers``' rule; None when it has none), so that its advice to analyze the
+    date anew names the batch's own tickers only when they differ."""
+    try:
+        universe: tuple[str, ...] | None = tuple(nightly_tickers(settings, point.as_of)[0])
+    except ERRORS:
+        universe = None
+    return replace(point, universe=universe)
+
+
 def owed_night(engine: Engine, as_of: date) -> int | None:
     """Return the newest nightly batch of ``as_of`` that is owed a resume (call under the lock)."""
     with engine.connect() as conn:
@@ -143,7 +155,7 @@ def execute_plan(settings: Settings, engine: Engine,
     try:
         check_start(resumed.shaped(settings) if resumed else settings, engine,
                     start.as_of, start.tickers, server=server,
-                    budgets_kept=resumed.budgets_kept() if resumed else None)
+                    budgets_kept=resumed.budgets_kept(settings) if resumed else None)
     except ERRORS as error:
         if refused is not None:
             refused(error)
@@ -232,8 +244,8 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                 _tell_covered(settings, as_of, covered)
                 return NightlyResult(None, covered_by=covered)
             if owed is not None:
-                point = resumable.find_resumable(engine, owed, settings.batch.heartbeat_stale_s,
-                                                  closing=True)
+                point = knowing_the_universe(settings, resumable.find_resumable(
+                    engine, owed, settings.batch.heartbeat_stale_s, closing=True))
             else:
                 symbols, notes = nightly_tickers(settings, as_of, request.tickers,
                                                  request.universe)
@@ -316,8 +328,8 @@ def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerChe
             nightly: bool = False) -> NightlyResult:
     """Continue batch ``batch_id``; a ``nightly`` one refused at its start (the server down
     or serving another model) pushes a digest naming why and the resume to run again."""
-    point = resumable.find_resumable(engine, batch_id, settings.batch.heartbeat_stale_s,
-                                      retry_failed=retry_failed)
+    point = knowing_the_universe(settings, resumable.find_resumable(
+        engine, batch_id, settings.batch.heartbeat_stale_s, retry_failed=retry_failed))
     again = f"nightdesk run --resume {batch_id}" + (" --retry-failed" if retry_failed else "")
 
     def refused(error: Exception) -> None:
