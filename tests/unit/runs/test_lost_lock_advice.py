@@ -21,6 +21,7 @@ from app.runs import nightly
 from app.runs.resumable import _crash
 from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 from tests.unit.support.clirun import run_cli
+from tests.webhook import webhook
 from tests.unit.support.fault_night import (
     NODES,
     QUICK_ENV,
@@ -129,13 +130,22 @@ def test_a_night_that_lost_its_lock_to_another_batch_says_to_resume_once_that_on
         monkeypatch: pytest.MonkeyPatch) -> None:
     other = TakenOver(sqlite_engine, starts=True)
     first = night_losing_its_lock(monkeypatch, demo_dir, other)
-    stopped = run_cli("run", "--tickers", ",".join(TICKERS), "--no-preflight")
+    with webhook() as hook:
+        stopped = run_cli("run", "--tickers", ",".join(TICKERS), "--no-preflight",
+                          env={"NIGHTDESK_NOTIFY": hook.url()})
     assert stopped.code == 4, stopped.stderr
     said = stopped.error_lines[-1]
     assert said.startswith("error: batch 1 interrupted: the nightly lock could not be proven "
                            "held"), stopped.stderr
     assert said.endswith("; batch 2 holds the nightly lock now: once it has ended, "
                          "`nightdesk run --resume 1` continues this one"), said
+    # The digest and the report say the same: the resume, once batch 2 has ended.
+    [post] = hook.posts
+    [step] = [line for line in post["message"].splitlines() if line.startswith("Next: ")]
+    assert step.startswith("Next: nightdesk run --resume 1 (continues its ") and \
+        step.endswith(" not finished, once batch 2, running now, has ended)"), step
+    shown = run_cli("report", "1")
+    assert step.removeprefix("Next: ") in shown.stdout, shown.stdout
     monkeypatch.setattr(nightly, "nightly_lock", locks.nightly_lock)
 
     # Until then the command answers as the advice says it would.
