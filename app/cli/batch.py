@@ -207,7 +207,9 @@ def run(
         night = run_nightly(settings, request, engine=engine,
                             resume=continue_night, server=server, announce=_announce,
                             once_per_as_of=continue_night and not settings.schedule.repeat_as_of)
-    if night.outcome is not None:  # only a scheduled run skips a finished night
+    if night.said is not None:  # only a scheduled run skips a finished night
+        err.print(night.said, markup=False)
+    if night.outcome is not None:
         _finish(night.outcome, night.tickers)
 
 

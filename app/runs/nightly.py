@@ -7,6 +7,7 @@ continue a night cut short (``run_nightly(resume=True)``, ``resume_recorded``).
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import date, datetime
@@ -64,6 +65,15 @@ class NightlyRequest:
     strategy: str = "adaptive"
     command: str | None = None  # the command line that asked for it (the CLI's), if any
 
+    def options(self) -> str:
+        """Return the `nightdesk run` options that give this night its tickers and shape
+        ("" for the defaults), each after a space."""
+        given = (("--tickers", self.tickers), ("--universe", self.universe),
+                 ("--limit", self.limit), ("--samples", self.samples),
+                 ("--strategy", None if self.strategy == "adaptive" else self.strategy))
+        return "".join(f" {option} {shlex.quote(str(value))}" for option, value in given
+                       if value is not None)
+
 
 @dataclass
 class NightlyResult:
@@ -73,6 +83,7 @@ class NightlyResult:
     tickers: int = 0
     resumed: resumable.ResumePoint | None = None  # set when an earlier batch was continued
     covered_by: int | None = None  # skipped: this nightly batch already has the as-of date
+    said: str | None = None  # skipped: why, and what to do (the digest's)
 
 
 def default_as_of(settings: Settings) -> date:
@@ -241,8 +252,8 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
             owed = owed_night(engine, as_of) if resume else None
             covered = nightly_of(engine, as_of) if once_per_as_of and owed is None else None
             if covered is not None:
-                _tell_covered(settings, as_of, covered)
-                return NightlyResult(None, covered_by=covered)
+                said = _tell_covered(settings, request, as_of, covered)
+                return NightlyResult(None, covered_by=covered, said=said)
             if owed is not None:
                 point = knowing_the_universe(settings, resumable.find_resumable(
                     engine, owed, settings.batch.heartbeat_stale_s, closing=True))
@@ -289,15 +300,18 @@ def tell_refused(settings: Settings, request: NightlyRequest, error: Exception,
                  f"fix that, then start the night again: {again}")
 
 
-def _tell_covered(settings: Settings, as_of: date, covered: int) -> None:
-    """Push that the night was not run: its as-of date has a nightly batch (the caller logs
-    it, from ``covered_by``)."""
-    send_refusal(settings, as_of,
-                 f"nightly batch #{covered} has already analyzed as-of {as_of}, and there is "
-                 "no newer data to analyze",
-                 "write newer data for the next night (`nightdesk data freeze --help`), or "
-                 f"analyze {as_of} again now: `nightdesk run --as-of {as_of}` "
-                 "(NIGHTDESK_SCHEDULE_REPEAT_AS_OF=true lets the scheduler do so at each fire)")
+def _tell_covered(settings: Settings, request: NightlyRequest, as_of: date,
+                  covered: int) -> str:
+    """Push that the night was not run: its as-of date has a nightly batch; return that
+    in one line (the CLI prints it, the daemon logs ``covered_by``). Its command to analyze
+    the date again takes the request's own tickers and shape."""
+    why = (f"nightly batch #{covered} has already analyzed as-of {as_of}, and there is no "
+           "newer data to analyze")
+    what = ("write newer data for the next night (`nightdesk data freeze --help`), or "
+            f"analyze {as_of} again now: `nightdesk run --as-of {as_of}{request.options()}` "
+            "(NIGHTDESK_SCHEDULE_REPEAT_AS_OF=true lets the scheduler do so at each fire)")
+    send_refusal(settings, as_of, why, what)
+    return f"{why}: nothing run; {what}"
 
 
 def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = None, *,

@@ -21,13 +21,13 @@ from app.runs import nightly
 from app.runs.resumable import _crash
 from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 from tests.unit.support.clirun import run_cli
-from tests.webhook import webhook
 from tests.unit.support.fault_night import (
     NODES,
     QUICK_ENV,
     assert_rows_match_the_servers,
     serve_cli_from,
 )
+from tests.webhook import webhook
 
 TICKERS = demo_tickers(3)
 
