@@ -23,7 +23,7 @@ from app.batch import store
 from app.batch.faults import INFRASTRUCTURE, FailureClass, failure_class
 from app.batch.heap import batch_collector
 from app.config import Settings
-from app.db.lock import LockHold, Runner, nightly_runners
+from app.db.lock import LockHold, Runner, after_losing
 from app.db.models import RESUMABLE_KINDS
 from app.db.retry import outage, transient, write_budget
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
@@ -383,8 +383,10 @@ class BatchRun:
                           else "partial" if outcome.succeeded else "failed")
         if owner.halt.reason is not None:
             reason = owner.halt.reason
-            why = (await asyncio.to_thread(self._after_the_lock, reason.message)
-                   if self.lock_lost else self._with_resume(reason.message))
+            why = self._with_resume(reason.message)
+            if self.lock_lost and self._left():  # who runs now says what continues it
+                why = reason.message + await asyncio.to_thread(after_losing, owner.engine,
+                                                               self.batch_id)
             outcome.halt = replace(reason, message=why)
             outcome.status, self.error_text = outcome.halt.status, outcome.halt.message
         if self.servers.outages:
@@ -448,34 +450,6 @@ class BatchRun:
         if self.owner.halt.reason is None:  # the first to meet it: a write past its budget
             self.owner.halt.request(HaltReason(stopped.status, _one_line(stopped),
                                                stopped.exit_code))
-
-    def _after_the_lock(self, why: str) -> str:
-        """Return ``why`` the batch stopped on losing its lock, with what continues it now:
-        ``run --resume`` answers "already running" while another run holds the lock, so
-        the advice follows the nightly batches running now (read back; the database may be
-        away): another process on this one has nothing left to run; another batch is to
-        end first."""
-        if not self._left():
-            return why
-        resume = f"`nightdesk run --resume {self.batch_id}`"
-        try:
-            running = nightly_runners(self.owner.engine)
-        except Exception as exc:
-            log.warning("who holds the nightly lock not read", error=_one_line(exc))
-            return (f"{why}; once the database answers, {resume} continues it (while another "
-                    "run holds the nightly lock it answers `already running`: run it once "
-                    "that run has ended)")
-        taker = running.get(self.batch_id)
-        if taker is not None and taker != Runner.current():  # it reopened this batch
-            return (f"{why}; another run (pid {taker.pid} on {taker.host}) continues batch "
-                    f"{self.batch_id} now: nothing to run; `nightdesk report {self.batch_id}` "
-                    "shows how it went")
-        holder = max((batch for batch in running if batch != self.batch_id), default=None)
-        if holder is not None:
-            return (f"{why}; batch {holder} holds the nightly lock now: once it has ended, "
-                    f"{resume} continues this one")
-        return (f"{why}; {resume} continues it (while another run holds the nightly lock "
-                "it answers `already running`: run it once that run has ended)")
 
     def _left(self) -> bool:
         """Return whether the batch has tickers a resume takes up (app/morning/summary.py's
