@@ -187,11 +187,11 @@ def execute_plan(settings: Settings, engine: Engine,
                             settings.batch.shutdown_grace_s)
         send_digest(settings, engine, outcome)
     except (BatchInterrupted, KeyboardInterrupt):
-        raise cancelled(settings, engine, runner.batch_id) from None
+        raise _cancelled(settings, engine, runner.batch_id) from None
     return outcome
 
 
-def cancelled(settings: Settings, engine: Engine, batch_id: int | None) -> BatchInterrupted:
+def _cancelled(settings: Settings, engine: Engine, batch_id: int | None) -> BatchInterrupted:
     """Return the error of a run cancelled outright (Ctrl-C pressed until it stopped at
     once): its batch and what to do about it as the digest says it (``advise``), pushing
     that digest; before any batch row, that nothing was recorded."""
@@ -203,7 +203,8 @@ def cancelled(settings: Settings, engine: Engine, batch_id: int | None) -> Batch
     except Exception as error:  # the database away: the batch is still named
         log.warning("cancelled batch not read", batch_id=batch_id, error=first_line(error))
         stands, advice = "interrupted", ""
-    send_digest(settings, engine, BatchOutcome(batch_id, stands))
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C again: no digest, the line stays
+        send_digest(settings, engine, BatchOutcome(batch_id, stands))
     kept = "; finished tickers are kept" if stands == "interrupted" else ""
     return BatchInterrupted(f"batch {batch_id} {stands}: cancelled at once by the operator"
                             f"{kept}; {advice or f'`nightdesk report {batch_id}` shows it'}")
