@@ -22,7 +22,7 @@ from rich.table import Table
 from sqlalchemy import Engine
 
 from agents.tickers import check_symbol, choose_tickers
-from app.batch.engine import BatchOutcome, BatchPlan
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.signals import BatchInterrupted, run_batch
 from app.cli.common import (
     Formats,
@@ -409,9 +409,18 @@ def replay(
     engine = batch_database(settings)
     facts = batch_server_facts(settings.llm.server_profile, settings.llm.url,
                                settings.paths.server_dir)
-    outcome = run_batch(replay_batch(settings, engine, batch, label=label, strategy=strategy,
-                                     match_output=not free_output, server_facts=facts,
-                                     preflight=not no_preflight))
+    runner = BatchEngine(settings, engine, server_facts=facts)
+    try:
+        outcome = run_batch(replay_batch(settings, engine, batch, label=label,
+                                         strategy=strategy, match_output=not free_output,
+                                         preflight=not no_preflight, runner=runner))
+    except BatchInterrupted:
+        if runner.batch_id is None:
+            raise BatchInterrupted(NOTHING_RECORDED) from None
+        raise BatchInterrupted(
+            f"replay batch {runner.batch_id} interrupted: cancelled at once by the operator; "
+            f"a replay does not resume: `nightdesk report {runner.batch_id}` shows what it "
+            "played, and the same `nightdesk replay` command plays it again") from None
     err.print(f"replay batch {outcome.batch_id} {outcome.status}: "
               f"{len(outcome.succeeded)} tickers replayed, {len(outcome.failed)} with errors")
     for ticker, reason in sorted(outcome.failed.items()):
@@ -424,7 +433,7 @@ def replay(
 
 def _before_the_batch(command: Callable[..., None]) -> Callable[..., None]:
     """Return ``command`` saying that a Ctrl-C before its batch's row recorded nothing (typer
-    exits 130 without a word); once there is a row, ``execute_plan`` names the batch."""
+    exits 130 without a word); once there is a row, the batch is named where it is run."""
     @functools.wraps(command)
     def said(*args: Any, **kwargs: Any) -> None:
         try:
@@ -437,7 +446,7 @@ def _before_the_batch(command: Callable[..., None]) -> Callable[..., None]:
 
 def register(app: typer.Typer) -> None:
     """Add the batch commands to the top-level app."""
-    app.command("replay")(replay)
+    app.command("replay")(_before_the_batch(replay))
     app.command("run")(_before_the_batch(run))
     app.command("rerun")(_before_the_batch(rerun))
     app.command("ranking")(show_ranking)

@@ -90,3 +90,27 @@ def test_a_night_cancelled_before_its_batch_existed_says_nothing_was_recorded(
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Batch)).scalar_one() == 0
     assert server.chats == []
+
+
+def test_a_replay_cancelled_outright_names_its_batch_and_what_works_for_it(
+        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    serve_cli_from(monkeypatch, FakeServer(nodes=NODES, tickers=TICKERS), demo_dir)
+    assert run_cli("run", "--tickers", ",".join(TICKERS), "--no-preflight").code == 0
+    monkeypatch.setattr(ctrl_c_three_times, "sent", False, raising=False)
+    serve_cli_from(monkeypatch, FakeServer(ctrl_c_three_times, nodes=NODES, tickers=TICKERS),
+                   demo_dir)
+    cut = run_cli("replay", "--batch", "1", "--no-preflight")
+    assert cut.code == 130, cut.stderr
+    assert cut.error_lines[-1] == (
+        "error: replay batch 2 interrupted: cancelled at once by the operator; a replay does "
+        "not resume: `nightdesk report 2` shows what it played, and the same `nightdesk "
+        "replay` command plays it again"), cut.stderr
+    # Both work as said.
+    assert run_cli("report", "2").code == 0
+    serve_cli_from(monkeypatch, FakeServer(nodes=NODES, tickers=TICKERS), demo_dir)
+    again = run_cli("replay", "--batch", "1", "--no-preflight")
+    assert again.code == 0, again.stderr
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.status).where(Batch.id == 3)).scalar_one() \
+            == "succeeded"
