@@ -252,6 +252,19 @@ def _crash(conn: Any, why: dict[int, str]) -> None:
                  .values(status="interrupted", error="the batch's process died"))
 
 
+@retry.retried
+def _crash_if_gone(engine: Engine, batch_id: int) -> None:
+    """Mark the batch crashed when it is ``running`` and its process, on this host, is gone
+    (a rerun takes no lock: its heartbeat alone would keep its resume refused, the one a
+    stop whose end was not stored advises, until it went stale)."""
+    with engine.begin() as conn:
+        row = conn.execute(select(Batch.status, Batch.settings)
+                           .where(Batch.id == batch_id)).one()
+        runner = Runner.of(row.settings)
+        if row.status == "running" and runner is not None and runner.alive() is False:
+            _crash(conn, {batch_id: f"its process {runner.pid} is gone"})
+
+
 def pick(engine: Engine, batch_id: int | None, *, retry_failed: bool = False
          ) -> tuple[int, str]:
     """Return the batch ``run --resume`` means, and its kind: ``batch_id``, else the newest
@@ -283,12 +296,14 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
                    closing: bool = False, retry_failed: bool = False) -> ResumePoint:
     """Return the batch to resume: ``batch_id``, or the newest one with tickers left.
 
-    A ``running`` batch raises AlreadyRunningError (the dead ones are marked first), one
+    A ``running`` batch raises AlreadyRunningError (the dead ones are marked first: a
+    stale heartbeat, or a process on this host that is gone), one
     whose stored strategy this version cannot run (a removed knob) InputError.
     ``closing`` also takes one with no tickers left: the resume only writes its end.
     ``retry_failed`` takes up the tickers failed on their own account too.
     """
     batch_id, _ = pick(engine, batch_id, retry_failed=retry_failed)
+    _crash_if_gone(engine, batch_id)
     with engine.connect() as conn:
         batch = conn.execute(select(Batch.__table__).where(Batch.id == batch_id)).one()
         if batch.status == "running":

@@ -220,3 +220,30 @@ def test_the_refusals_analyze_anew_takes_the_batchs_own_tickers_and_samples(
             TickerRun.batch_id == batch)).scalars()), settings["samples"])
             for batch, settings in conn.execute(select(Batch.id, Batch.settings))}
     assert len(nights[1][0]) == count and nights[2] == nights[1], nights
+
+
+def test_a_rerun_left_running_by_a_process_gone_resumes_at_once_as_advised(
+        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a rerun whose end the database would not take leaves (StorageOutage: "...;
+    # resume with `nightdesk run --resume N`"): its row running, its heartbeat fresh, its
+    # process gone. A rerun takes no lock; its recorded process decides, as a night's does.
+    import socket
+    import subprocess
+
+    from app.batch import store
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    ticker = demo_tickers(3)[0]
+    rerun = store.create_batch(
+        sqlite_engine, kind="rerun", as_of=DEMO_AS_OF, tickers=[ticker], samples=1,
+        settings={"samples": 1, "strategy": "adaptive",
+                  "runner": {"host": socket.gethostname(), "pid": gone.pid, "started": None}},
+        server_facts=None)
+    serve_cli_from(monkeypatch, FakeServer(nodes=NODES, tickers=[ticker]), demo_dir)
+    resumed = run_cli("run", "--resume", str(rerun), "--no-preflight")
+    assert resumed.code == 0, resumed.stderr
+    assert f"resuming batch {rerun} (rerun, crashed, " in resumed.stderr, resumed.stderr
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.status)).scalar_one() == "succeeded"
