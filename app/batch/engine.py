@@ -23,7 +23,7 @@ from app.batch import store
 from app.batch.faults import INFRASTRUCTURE, FailureClass, failure_class
 from app.batch.heap import batch_collector
 from app.config import Settings
-from app.db.lock import LockHold, Runner
+from app.db.lock import LockHold, Runner, after_losing
 from app.db.models import RESUMABLE_KINDS
 from app.db.retry import outage, transient, write_budget
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
@@ -163,6 +163,7 @@ class BatchEngine:
         self.lock = lock  # a nightly run's lock: each heartbeat proves it
         self.clock = clock  # what server outages and the outage budget are timed on
         self.checkpoints = checkpoints
+        self.batch_id: int | None = None  # the batch of the last run, once its row exists
 
     async def run(self, start: BatchPlan | Resume,
                   work: TickerWork | None = None,
@@ -238,9 +239,10 @@ class BatchRun:
                           "home": str(settings.paths.home)},
                 server_facts=owner.server_facts, source_batch_id=plan.source_batch_id,
             )
+            owner.batch_id = self.batch_id  # what a run cancelled outright names
             self.outcome = BatchOutcome(self.batch_id, "crashed")  # until the run ends
         else:
-            self.batch_id = self.resuming.batch_id
+            self.batch_id = owner.batch_id = self.resuming.batch_id
             # This run's settings and home replace the last run's: the next resume's checks
             # compare with the run that last wrote to the batch (its spool is under its home).
             await _starting(self.resuming.reopen, owner.engine,
@@ -381,7 +383,11 @@ class BatchRun:
                           else "partial" if outcome.succeeded else "failed")
         if owner.halt.reason is not None:
             reason = owner.halt.reason
-            outcome.halt = replace(reason, message=self._with_resume(reason.message))
+            why = self._with_resume(reason.message)
+            if self.lock_lost and self._left():  # who runs now says what continues it
+                why = reason.message + await asyncio.to_thread(after_losing, owner.engine,
+                                                               self.batch_id)
+            outcome.halt = replace(reason, message=why)
             outcome.status, self.error_text = outcome.halt.status, outcome.halt.message
         if self.servers.outages:
             self.extra_settings["server_outages"] = self.servers.outages
@@ -445,15 +451,18 @@ class BatchRun:
             self.owner.halt.request(HaltReason(stopped.status, _one_line(stopped),
                                                stopped.exit_code))
 
+    def _left(self) -> bool:
+        """Return whether the batch has tickers a resume takes up (app/morning/summary.py's
+        ``tickers_left``, as the outcome sees them)."""
+        outcome = self.outcome
+        return any(t not in outcome.succeeded
+                   and (t not in outcome.failed or t in outcome.infrastructure)
+                   for t in self.plan.tickers)
+
     def _with_resume(self, why: str) -> str:
         """Return ``why`` the batch stopped, naming the command that continues it
-        (``resume_hint``) when it has tickers a resume takes up (app/morning/summary.py's
-        ``tickers_left``, as the outcome sees them): whatever stopped it, the line says what
-        to do next."""
-        outcome = self.outcome
-        left = [t for t in self.plan.tickers if t not in outcome.succeeded
-                and (t not in outcome.failed or t in outcome.infrastructure)]
-        return why + self.resume_hint if left else why
+        (``resume_hint``) when ``_left``: whatever stopped it, the line says what to do."""
+        return why + self.resume_hint if self._left() else why
 
     async def _store_result(self, ticker: str, decisions: list[store.DecisionRow],
                             error: str | None, fault: FailureClass | None

@@ -7,11 +7,13 @@ or input, 3 partial, 4 already running, 5 interrupted by a server outage, 130 st
 
 from __future__ import annotations
 
+import functools
 import shlex
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from pydantic import BaseModel
@@ -20,8 +22,8 @@ from rich.table import Table
 from sqlalchemy import Engine
 
 from agents.tickers import check_symbol, choose_tickers
-from app.batch.engine import BatchOutcome, BatchPlan
-from app.batch.signals import run_batch
+from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
+from app.batch.signals import BatchInterrupted, run_batch
 from app.cli.common import (
     Formats,
     batch_database,
@@ -42,6 +44,7 @@ from app.morning.ranking import RankRow, ranking
 from app.morning.summary import BatchSummary, summarize
 from app.quality.monitor import warnings_for
 from app.runs.nightly import (
+    NOTHING_RECORDED,
     NightlyRequest,
     default_as_of,
     execute_plan,
@@ -204,7 +207,9 @@ def run(
         night = run_nightly(settings, request, engine=engine,
                             resume=continue_night, server=server, announce=_announce,
                             once_per_as_of=continue_night and not settings.schedule.repeat_as_of)
-    if night.outcome is not None:  # only a scheduled run skips a finished night
+    if night.said is not None:  # only a scheduled run skips a finished night
+        err.print(night.said, markup=False)
+    if night.outcome is not None:
         _finish(night.outcome, night.tickers)
 
 
@@ -404,9 +409,18 @@ def replay(
     engine = batch_database(settings)
     facts = batch_server_facts(settings.llm.server_profile, settings.llm.url,
                                settings.paths.server_dir)
-    outcome = run_batch(replay_batch(settings, engine, batch, label=label, strategy=strategy,
-                                     match_output=not free_output, server_facts=facts,
-                                     preflight=not no_preflight))
+    runner = BatchEngine(settings, engine, server_facts=facts)
+    try:
+        outcome = run_batch(replay_batch(settings, engine, batch, label=label,
+                                         strategy=strategy, match_output=not free_output,
+                                         preflight=not no_preflight, runner=runner))
+    except BatchInterrupted:
+        if runner.batch_id is None:
+            raise BatchInterrupted(NOTHING_RECORDED) from None
+        raise BatchInterrupted(
+            f"replay batch {runner.batch_id} interrupted: cancelled at once by the operator; "
+            f"a replay does not resume: `nightdesk report {runner.batch_id}` shows what it "
+            "played, and the same `nightdesk replay` command plays it again") from None
     err.print(f"replay batch {outcome.batch_id} {outcome.status}: "
               f"{len(outcome.succeeded)} tickers replayed, {len(outcome.failed)} with errors")
     for ticker, reason in sorted(outcome.failed.items()):
@@ -417,10 +431,23 @@ def replay(
         raise typer.Exit(code)
 
 
+def _before_the_batch(command: Callable[..., None]) -> Callable[..., None]:
+    """Return ``command`` saying that a Ctrl-C before its batch's row recorded nothing (typer
+    exits 130 without a word); once there is a row, the batch is named where it is run."""
+    @functools.wraps(command)
+    def said(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise BatchInterrupted(NOTHING_RECORDED) from None
+
+    return said
+
+
 def register(app: typer.Typer) -> None:
     """Add the batch commands to the top-level app."""
-    app.command("replay")(replay)
-    app.command("run")(run)
-    app.command("rerun")(rerun)
+    app.command("replay")(_before_the_batch(replay))
+    app.command("run")(_before_the_batch(run))
+    app.command("rerun")(_before_the_batch(rerun))
     app.command("ranking")(show_ranking)
     app.command("changes")(show_changes)

@@ -224,7 +224,7 @@ def report(
     # InputError (exit 2) for an unknown id
     head = batch_summary(engine, chosen, settings.batch.heartbeat_stale_s)
     failed = failed_tickers(engine, chosen)
-    advice = next_steps(engine, head)
+    advice = next_steps(engine, head, settings.batch.heartbeat_stale_s)
     result = batch_report(engine, chosen)
     view = server_view(engine, chosen)
     shares = endpoint_shares(engine, chosen)

@@ -117,6 +117,35 @@ def running_nightly(engine: Engine) -> int | None:
                             .order_by(Batch.id.desc()).limit(1)).scalar()
 
 
+def after_losing(engine: Engine, batch_id: int) -> str:
+    """Return what continues nightly batch ``batch_id`` that stopped on losing the lock, as
+    a clause to add to why it stopped: ``run --resume`` answers "already running" while
+    another run holds the lock, so it follows the nightly batches running now (read back;
+    the database may be away). Another process on this one has nothing left to run;
+    another batch is to end first."""
+    resume = f"`nightdesk run --resume {batch_id}`"
+    try:
+        with engine.connect() as conn:
+            running = {int(row.id): Runner.of(row.settings) for row in conn.execute(
+                select(Batch.id, Batch.settings)
+                .where(Batch.kind == "nightly", Batch.status == "running"))}
+    except Exception as error:
+        log.warning("who holds the nightly lock not read", error=first_line(error))
+        return (f"; once the database answers, {resume} continues it (while another run "
+                "holds the nightly lock it answers `already running`: run it once that run "
+                "has ended)")
+    taker = running.get(batch_id)
+    if taker is not None and taker != Runner.current():  # it reopened this batch
+        return (f"; another run (pid {taker.pid} on {taker.host}) continues batch {batch_id} "
+                f"now: nothing to run; `nightdesk report {batch_id}` shows how it went")
+    holder = max((batch for batch in running if batch != batch_id), default=None)
+    if holder is not None:
+        return (f"; batch {holder} holds the nightly lock now: once it has ended, {resume} "
+                "continues this one")
+    return (f"; {resume} continues it (while another run holds the nightly lock it answers "
+            "`already running`: run it once that run has ended)")
+
+
 def _refuse(engine: Engine) -> AlreadyRunningError:
     batch_id = running_nightly(engine)
     if batch_id is None:

@@ -14,16 +14,18 @@ fitting one, once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from sqlalchemy import Engine, select
 
-from app.db.models import TickerRun
+from app.db.models import Batch, TickerRun
 from app.morning.summary import (
     RESUMABLE_KINDS,
     BatchSummary,
     batch_summary,
     failed_tickers,
     rerun_since,
+    status_of,
     tickers_left,
 )
 
@@ -39,12 +41,14 @@ class Advice:
         return f"{self.command} ({self.does})"
 
 
-def next_steps(engine: Engine, batch: BatchSummary) -> list[Advice]:
-    """Return the commands that fit ``batch`` (its status as ``summary.status_of`` says).
+def next_steps(engine: Engine, batch: BatchSummary, stale_s: float) -> list[Advice]:
+    """Return the commands that fit ``batch`` (its status as ``summary.status_of`` says,
+    with ``stale_s``, ``heartbeat_stale_s``).
 
     A nightly batch or rerun that no longer runs and has tickers ``run --resume`` takes up:
-    resume it. Else, each ticker that failed and no later rerun has redone: rerun it for
-    the batch's date and samples.
+    resume it; a nightly one once the nightly batch running now (which holds the lock the
+    resume takes) has ended. Else, each ticker that failed and no later rerun has redone:
+    rerun it for the batch's date and samples.
     """
     if batch.status == "running" or batch.kind not in RESUMABLE_KINDS:
         return []
@@ -61,7 +65,12 @@ def next_steps(engine: Engine, batch: BatchSummary) -> list[Advice]:
         if again:
             parts.append(f"runs again {'the' if parts else 'its'} {_tickers(again)} the "
                          "server or database failed")
-        return [Advice(f"nightdesk run --resume {batch.id}", " and ".join(parts))]
+        does = " and ".join(parts)
+        holder = running_night(engine, stale_s) if batch.kind == "nightly" else None
+        if holder is not None and holder != batch.id:
+            # Until then the resume answers `already running: batch M` (exit 4).
+            does += f", once batch {holder}, running now, has ended"
+        return [Advice(f"nightdesk run --resume {batch.id}", does)]
     samples = f" --samples {batch.samples}" if batch.samples and batch.samples > 1 else ""
     redone = rerun_since(engine, batch.id, batch.as_of) if batch.kind == "nightly" else set()
     return [Advice(f"nightdesk rerun {failed.ticker} --as-of {batch.as_of}{samples}",
@@ -70,9 +79,20 @@ def next_steps(engine: Engine, batch: BatchSummary) -> list[Advice]:
             if failed.status == "failed" and failed.ticker not in redone]
 
 
+def running_night(engine: Engine, stale_s: float) -> int | None:
+    """Return the newest nightly batch that runs (``status_of``), if any."""
+    now = datetime.now(UTC)
+    with engine.connect() as conn:
+        rows = conn.execute(select(Batch.id, Batch.heartbeat_at, Batch.started_at)
+                            .where(Batch.kind == "nightly", Batch.status == "running")
+                            .order_by(Batch.id.desc())).all()
+    return next((int(row.id) for row in rows if status_of(
+        "running", row.heartbeat_at, row.started_at, stale_s, now) == "running"), None)
+
+
 def advise(engine: Engine, batch_id: int, stale_s: float) -> str:
     """Return ``next_steps`` of batch ``batch_id`` as one clause ("" when none fits)."""
-    steps = next_steps(engine, batch_summary(engine, batch_id, stale_s))
+    steps = next_steps(engine, batch_summary(engine, batch_id, stale_s), stale_s)
     return "; ".join(f"`{step.command}` {step.does}" for step in steps)
 
 

@@ -110,8 +110,8 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
              f"Duration: {span(batch.duration_s)}; output "
              f"{rate.output_tokens_per_s:.1f} tok/s ({rate.completion_tokens} tokens over "
              f"{span(rate.active_seconds)} of calls{_paused(rate)})"]
-    lines.extend(_more([f"Next: {step}" for step in next_steps(engine, batch)],
-                       f"nightdesk report {batch.id}"))
+    steps = next_steps(engine, batch, settings.batch.heartbeat_stale_s)
+    lines.extend(_more([f"Next: {step}" for step in steps], f"nightdesk report {batch.id}"))
     rows_of_rerun: list[str] = []
     if batch.kind == "rerun":
         rerun_lines, rows_of_rerun = _rerun_lines(engine, batch, night_id)

@@ -223,7 +223,7 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     fresh = ranked is not None and latest is not None and ranked.id == latest.id \
         and status != "stale"
     reason = None if fresh else _reason(status, latest, ranked, prog, due_at)
-    advice = [] if summary is None else next_steps(engine, summary)
+    advice = [] if summary is None else next_steps(engine, summary, stale_s)
     if status == "stale" and not advice:
         # No batch came when due, and the latest leaves nothing to do: the night itself is
         # what is owed (--continue-night runs nothing when its date was analyzed, and says so).

@@ -7,8 +7,9 @@ continue a night cut short (``run_nightly(resume=True)``, ``resume_recorded``).
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime
 from pathlib import Path
 
@@ -18,13 +19,15 @@ from sqlalchemy import ColumnElement, Engine, select
 from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
-from app.batch.signals import run_batch
+from app.batch.signals import BatchInterrupted, run_batch
 from app.config import Settings
 from app.db.engine import ready_engine
 from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import ERRORS, AlreadyRunningError, InputError, first_line
+from app.morning.advice import advise
 from app.morning.digest import send_digest, send_refusal
+from app.morning.summary import batch_summary
 from app.recorder.record import Recorder
 from app.runs import resumable
 from app.runs.checkpoints import Checkpoints
@@ -46,6 +49,8 @@ Announce = Callable[[resumable.ResumePoint], None] | None
 Refused = Callable[[Exception], None] | None
 # What a refused night's digest advises once its cause is fixed: this night, now.
 START_AGAIN = "nightdesk run --continue-night"
+# A run cancelled before its batch row existed (or was reopened) says so.
+NOTHING_RECORDED = "interrupted before a batch was created or continued: nothing was recorded"
 
 
 @dataclass
@@ -60,6 +65,15 @@ class NightlyRequest:
     strategy: str = "adaptive"
     command: str | None = None  # the command line that asked for it (the CLI's), if any
 
+    def options(self) -> str:
+        """Return the `nightdesk run` options that give this night its tickers and shape
+        ("" for the defaults), each after a space."""
+        given = (("--tickers", self.tickers), ("--universe", self.universe),
+                 ("--limit", self.limit), ("--samples", self.samples),
+                 ("--strategy", None if self.strategy == "adaptive" else self.strategy))
+        return "".join(f" {option} {shlex.quote(str(value))}" for option, value in given
+                       if value is not None)
+
 
 @dataclass
 class NightlyResult:
@@ -69,6 +83,7 @@ class NightlyResult:
     tickers: int = 0
     resumed: resumable.ResumePoint | None = None  # set when an earlier batch was continued
     covered_by: int | None = None  # skipped: this nightly batch already has the as-of date
+    said: str | None = None  # skipped: why, and what to do (the digest's)
 
 
 def default_as_of(settings: Settings) -> date:
@@ -99,6 +114,18 @@ def nightly_tickers(settings: Settings, as_of: date, tickers: str | None = None,
         return read_universe(snapshot_universe, notes), notes
     raise InputError("no universe: give --tickers or --universe, or set "
                      "NIGHTDESK_UNIVERSE_FILE")
+
+
+def knowing_the_universe(settings: Settings, point: resumable.ResumePoint
+                         ) -> resumable.ResumePoint:
+    """Return ``point`` with the tickers a new night of its date would take now
+    (``nightly_tickers``' rule; None when it has none), so that its advice to analyze the
+    date anew names the batch's own tickers only when they differ."""
+    try:
+        universe: tuple[str, ...] | None = tuple(nightly_tickers(settings, point.as_of)[0])
+    except ERRORS:
+        universe = None
+    return replace(point, universe=universe)
 
 
 def owed_night(engine: Engine, as_of: date) -> int | None:
@@ -139,7 +166,7 @@ def execute_plan(settings: Settings, engine: Engine,
     try:
         check_start(resumed.shaped(settings) if resumed else settings, engine,
                     start.as_of, start.tickers, server=server,
-                    budgets_kept=resumed.budgets_kept() if resumed else None)
+                    budgets_kept=resumed.budgets_kept(settings) if resumed else None)
     except ERRORS as error:
         if refused is not None:
             refused(error)
@@ -155,10 +182,32 @@ def execute_plan(settings: Settings, engine: Engine,
     runner = BatchEngine(settings, engine, lock=lock, server_facts=batch_server_facts(
         settings.llm.server_profile, settings.llm.url, settings.paths.server_dir),
         checkpoints=Checkpoints(settings.store.database_url, engine))
-    outcome = run_batch(runner.run(start, recording=Recorder(engine)), runner.halt,
-                        settings.batch.shutdown_grace_s)
-    send_digest(settings, engine, outcome)
+    try:
+        outcome = run_batch(runner.run(start, recording=Recorder(engine)), runner.halt,
+                            settings.batch.shutdown_grace_s)
+        send_digest(settings, engine, outcome)
+    except (BatchInterrupted, KeyboardInterrupt):
+        raise _cancelled(settings, engine, runner.batch_id) from None
     return outcome
+
+
+def _cancelled(settings: Settings, engine: Engine, batch_id: int | None) -> BatchInterrupted:
+    """Return the error of a run cancelled outright (Ctrl-C pressed until it stopped at
+    once): its batch and what to do about it as the digest says it (``advise``), pushing
+    that digest; before any batch row, that nothing was recorded."""
+    if batch_id is None:
+        return BatchInterrupted(NOTHING_RECORDED)
+    try:
+        stands = batch_summary(engine, batch_id, settings.batch.heartbeat_stale_s).status
+        advice = advise(engine, batch_id, settings.batch.heartbeat_stale_s)
+    except Exception as error:  # the database away: the batch is still named
+        log.warning("cancelled batch not read", batch_id=batch_id, error=first_line(error))
+        stands, advice = "interrupted", ""
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C again: no digest, the line stays
+        send_digest(settings, engine, BatchOutcome(batch_id, stands))
+    kept = "; finished tickers are kept" if stands == "interrupted" else ""
+    return BatchInterrupted(f"batch {batch_id} {stands}: cancelled at once by the operator"
+                            f"{kept}; {advice or f'`nightdesk report {batch_id}` shows it'}")
 
 
 def _orphans(settings: Settings, engine: Engine) -> None:
@@ -204,11 +253,11 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
             owed = owed_night(engine, as_of) if resume else None
             covered = nightly_of(engine, as_of) if once_per_as_of and owed is None else None
             if covered is not None:
-                _tell_covered(settings, as_of, covered)
-                return NightlyResult(None, covered_by=covered)
+                said = _tell_covered(settings, request, as_of, covered)
+                return NightlyResult(None, covered_by=covered, said=said)
             if owed is not None:
-                point = resumable.find_resumable(engine, owed, settings.batch.heartbeat_stale_s,
-                                                  closing=True)
+                point = knowing_the_universe(settings, resumable.find_resumable(
+                    engine, owed, settings.batch.heartbeat_stale_s, closing=True))
             else:
                 symbols, notes = nightly_tickers(settings, as_of, request.tickers,
                                                  request.universe)
@@ -252,15 +301,18 @@ def tell_refused(settings: Settings, request: NightlyRequest, error: Exception,
                  f"fix that, then start the night again: {again}")
 
 
-def _tell_covered(settings: Settings, as_of: date, covered: int) -> None:
-    """Push that the night was not run: its as-of date has a nightly batch (the caller logs
-    it, from ``covered_by``)."""
-    send_refusal(settings, as_of,
-                 f"nightly batch #{covered} has already analyzed as-of {as_of}, and there is "
-                 "no newer data to analyze",
-                 "write newer data for the next night (`nightdesk data freeze --help`), or "
-                 f"analyze {as_of} again now: `nightdesk run --as-of {as_of}` "
-                 "(NIGHTDESK_SCHEDULE_REPEAT_AS_OF=true lets the scheduler do so at each fire)")
+def _tell_covered(settings: Settings, request: NightlyRequest, as_of: date,
+                  covered: int) -> str:
+    """Push that the night was not run: its as-of date has a nightly batch; return that
+    in one line (the CLI prints it, the daemon logs ``covered_by``). Its command to analyze
+    the date again takes the request's own tickers and shape."""
+    why = (f"nightly batch #{covered} has already analyzed as-of {as_of}, and there is no "
+           "newer data to analyze")
+    what = ("write newer data for the next night (`nightdesk data freeze --help`), or "
+            f"analyze {as_of} again now: `nightdesk run --as-of {as_of}{request.options()}` "
+            "(NIGHTDESK_SCHEDULE_REPEAT_AS_OF=true lets the scheduler do so at each fire)")
+    send_refusal(settings, as_of, why, what)
+    return f"{why}: nothing run; {what}"
 
 
 def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = None, *,
@@ -291,8 +343,8 @@ def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerChe
             nightly: bool = False) -> NightlyResult:
     """Continue batch ``batch_id``; a ``nightly`` one refused at its start (the server down
     or serving another model) pushes a digest naming why and the resume to run again."""
-    point = resumable.find_resumable(engine, batch_id, settings.batch.heartbeat_stale_s,
-                                      retry_failed=retry_failed)
+    point = knowing_the_universe(settings, resumable.find_resumable(
+        engine, batch_id, settings.batch.heartbeat_stale_s, retry_failed=retry_failed))
     again = f"nightdesk run --resume {batch_id}" + (" --retry-failed" if retry_failed else "")
 
     def refused(error: Exception) -> None:

@@ -146,10 +146,12 @@ async def play(items: list[WorkItem], gated: TickerClient, batch_id: int, *,
 async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
                        label: str | None = None, strategy: str = "adaptive",
                        match_output: bool = True, preflight: bool = False,
+                       runner: BatchEngine | None = None,
                        **engine_kwargs: Any) -> BatchOutcome:
     """Send every recorded request of ``batch_id`` again, in each ticker's original order,
-    as a batch of kind ``replay``; ``engine_kwargs`` go to BatchEngine. With ``preflight``
-    the server is asked first (ConfigError, before any row): the prompts ran once already.
+    as a batch of kind ``replay`` run by ``runner`` (made with ``engine_kwargs`` if none is
+    given: the caller's names the batch once its row exists). With ``preflight`` the
+    server is asked first (ConfigError, before any row): the prompts ran once already.
     """
     source, workload = recorded_workload(engine, batch_id, match_output=match_output)
     if preflight:
@@ -166,6 +168,7 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
     samples = int((source.settings or {}).get("samples", 1))
     plan = BatchPlan("replay", source.as_of, sorted(workload), samples, strategy,
                      label or f"replay of {batch_id}", source_batch_id=batch_id)
-    return await BatchEngine(settings, engine, **engine_kwargs).run(plan, TickerWork(
+    runner = runner or BatchEngine(settings, engine, **engine_kwargs)
+    return await runner.run(plan, TickerWork(
         work, weights=weights, shapes={t: shape(items) for t, items in workload.items()},
         expected_calls=sum(len(items) for items in workload.values())), Recorder(engine))

@@ -62,6 +62,10 @@ class ResumePoint:
     infrastructure: int = 0  # of ``tickers``: failed to the infrastructure, taken up again
     retried: int = 0  # of ``tickers``: failed on their own, taken up as asked
     answered: int = 0  # the batch's calls the server answered so far
+    planned: tuple[str, ...] = ()  # all the batch's tickers, in its order
+    # The tickers a new night of its date would take now (`run --as-of`, no --tickers: the
+    # caller that knows the universe's rule says, app/runs/nightly.py); None: not known.
+    universe: tuple[str, ...] | None = None
 
     @property
     def total(self) -> int:
@@ -87,7 +91,7 @@ class ResumePoint:
                 f"batch {self.batch_id} ran with {key} {recorded[key]!r} ({self.answered} "
                 f"answers), and {name} is now {now[key]!r}: a resume would mix the two in one "
                 f"night; continue it with {name}={recorded[key]}, or analyze {self.as_of} "
-                f"anew under {now[key]!r}: `{self.anew()}`")
+                f"anew under {now[key]!r}: `{self.anew(settings)}`")
         return settings.updated(**{key: recorded[key] for key in KEPT if key in recorded})
 
     def kept(self, settings: Settings) -> dict[str, tuple[Any, Any]]:
@@ -97,22 +101,35 @@ class ResumePoint:
         return {key: (recorded[key], now[key]) for key in KEPT
                 if key in recorded and recorded[key] != now[key]}
 
-    def budgets_kept(self) -> str | None:
+    def budgets_kept(self, settings: Settings) -> str | None:
         """Say that the batch's output budgets are its own and the way out of them (None:
         it recorded none, and the settings' apply): what a refusal advises instead of
         lowering NIGHTDESK_NODE_MAX_TOKENS, which a resume would not read."""
         if "node_max_tokens" not in self.settings:
             return None
         return (f"batch {self.batch_id} keeps the NIGHTDESK_NODE_MAX_TOKENS it ran with; "
-                f"analyze {self.as_of} anew with lower ones: `{self.anew()}`")
+                f"analyze {self.as_of} anew with lower ones: `{self.anew(settings)}`")
 
-    def anew(self) -> str:
-        """Return the command that analyzes the batch's date again as a new batch."""
+    def anew(self, settings: Settings) -> str:
+        """Return the command that analyzes the batch's date again as a new batch of the
+        same tickers, samples and strategy under ``settings``: the options a new start
+        would otherwise take from elsewhere are given (the universe's tickers, or the
+        first N of them, unless they are the batch's own; NIGHTDESK_SAMPLES)."""
         samples = int(self.settings.get("samples", 1))
-        also = f" --samples {samples}" if samples > 1 else ""
-        if self.kind == "rerun" and self.tickers:
-            return f"nightdesk rerun {self.tickers[0]} --as-of {self.as_of}{also}"
-        return f"nightdesk run --as-of {self.as_of}{also}"
+        if self.kind == "rerun" and self.planned:
+            also = f" --samples {samples}" if samples != 1 else ""
+            return f"nightdesk rerun {self.planned[0]} --as-of {self.as_of}{also}"
+        chosen, universe = list(self.planned), list(self.universe or ())
+        if self.universe is not None and chosen == universe:
+            picks = ""
+        elif self.universe is not None and chosen and chosen == universe[:len(chosen)]:
+            picks = f" --limit {len(chosen)}"
+        else:
+            picks = f" --tickers {','.join(chosen)}"
+        also = f" --samples {samples}" if samples != settings.batch.samples else ""
+        strategy = str(self.settings.get("strategy", "adaptive"))
+        also += f" --strategy {strategy}" if strategy != "adaptive" else ""
+        return f"nightdesk run --as-of {self.as_of}{picks}{also}"
 
     def refuse_a_spool_elsewhere(self, settings: Settings) -> None:
         """Raise DatabaseError (one line, the batch untouched) when the usage rows an earlier
@@ -235,6 +252,19 @@ def _crash(conn: Any, why: dict[int, str]) -> None:
                  .values(status="interrupted", error="the batch's process died"))
 
 
+@retry.retried
+def _crash_if_gone(engine: Engine, batch_id: int) -> None:
+    """Mark the batch crashed when it is ``running`` and its process, on this host, is gone
+    (a rerun takes no lock: its heartbeat alone would keep its resume refused, the one a
+    stop whose end was not stored advises, until it went stale)."""
+    with engine.begin() as conn:
+        row = conn.execute(select(Batch.status, Batch.settings)
+                           .where(Batch.id == batch_id)).one()
+        runner = Runner.of(row.settings)
+        if row.status == "running" and runner is not None and runner.alive() is False:
+            _crash(conn, {batch_id: f"its process {runner.pid} is gone"})
+
+
 def pick(engine: Engine, batch_id: int | None, *, retry_failed: bool = False
          ) -> tuple[int, str]:
     """Return the batch ``run --resume`` means, and its kind: ``batch_id``, else the newest
@@ -266,12 +296,14 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
                    closing: bool = False, retry_failed: bool = False) -> ResumePoint:
     """Return the batch to resume: ``batch_id``, or the newest one with tickers left.
 
-    A ``running`` batch raises AlreadyRunningError (the dead ones are marked first), one
+    A ``running`` batch raises AlreadyRunningError (the dead ones are marked first: a
+    stale heartbeat, or a process on this host that is gone), one
     whose stored strategy this version cannot run (a removed knob) InputError.
     ``closing`` also takes one with no tickers left: the resume only writes its end.
     ``retry_failed`` takes up the tickers failed on their own account too.
     """
     batch_id, _ = pick(engine, batch_id, retry_failed=retry_failed)
+    _crash_if_gone(engine, batch_id)
     with engine.connect() as conn:
         batch = conn.execute(select(Batch.__table__).where(Batch.id == batch_id)).one()
         if batch.status == "running":
@@ -287,6 +319,8 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
         failed = {r.ticker: r.failure_class for r in ended if r.status == "failed"}
         answered = conn.execute(select(func.count()).select_from(LLMCall).where(
             LLMCall.batch_id == batch_id, LLMCall.status == "ok")).scalar_one()
+        planned = tuple(conn.execute(select(TickerRun.ticker).where(
+            TickerRun.batch_id == batch_id).order_by(TickerRun.id)).scalars())
         if not left and not closing:
             own = "" if retry_failed or not failed else (
                 f"; {len(failed)} failed on their own account: `nightdesk run --resume "
@@ -301,4 +335,4 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
     retried = len([t for t in left if t in failed]) - infrastructure
     return ResumePoint(batch_id, batch.kind, batch.as_of, batch.label, dict(batch.settings or {}),
                        left, len(ended) - infrastructure - retried, batch.status,
-                       infrastructure, retried, int(answered))
+                       infrastructure, retried, int(answered), planned)

@@ -93,7 +93,8 @@ class MetricsSampler:
                                                   timeout_s=READ_TIMEOUT_S)
                 snapshot = parse_metrics(text)
                 if self.fleet == []:  # a server's own page (a router's is one server's)
-                    self._read_capacity(text)
+                    with contextlib.suppress(ServerError):  # no cache config: no capacity
+                        self._take_capacity(parse_cache_config(text))
         except ServerError as error:
             self.failing = True
             log.warning("metrics read failed; sample skipped", error=str(error),
@@ -180,13 +181,6 @@ class MetricsSampler:
             return None
         self._unseen.discard(url)
         return read
-
-    def _read_capacity(self, text: str) -> None:
-        try:
-            config = parse_cache_config(text)
-        except ServerError:
-            return
-        self._take_capacity(config)
 
     def _take_capacity(self, config: CacheConfig | None) -> None:
         tokens = config.tokens() if config is not None else None

@@ -480,7 +480,7 @@ def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView
                                          key=lambda t: (t.status != "running", t.ticker))],
         progress=nightstatus.progress(engine, batch_id) if live else None,
         server_facts=batch.server_facts,
-        advice=next_steps(engine, summary),
+        advice=next_steps(engine, summary, stale_after_s),
     )
 
 

@@ -130,3 +130,37 @@ def test_every_setting_nightdesk_names_exists() -> None:
                                                              path.read_text())]
     assert len(named) > 20
     assert [(where, name) for where, name in named if name not in settings] == []
+
+
+def test_the_commands_made_from_a_batchs_state_have_only_options_the_cli_has() -> None:
+    # Their options come in f-string fields, which the scan reads as values: each form.
+    from datetime import date
+    from pathlib import Path as FilePath
+
+    from app.config import load_settings
+    from app.runs.nightly import NightlyRequest
+    from app.runs.resumable import ResumePoint
+
+    settings = load_settings()
+    day = date(2026, 11, 27)
+
+    def point(kind: str, planned: list[str], universe: list[str] | None,
+              recorded: dict[str, Any]) -> ResumePoint:
+        return ResumePoint(7, kind, day, None, recorded, planned[:1], 0, "crashed",
+                           planned=tuple(planned),
+                           universe=None if universe is None else tuple(universe))
+
+    made = [point("nightly", ["A", "B"], ["A", "B", "C"], {"samples": 3}).anew(settings),
+            point("nightly", ["C", "A"], ["A", "B", "C"],
+                  {"strategy": "fixed-4:tail=on"}).anew(settings),
+            point("nightly", ["A", "B", "C"], ["A", "B", "C"], {}).anew(settings),
+            point("nightly", ["A"], None, {"samples": 2}).anew(settings),
+            point("rerun", ["A"], None, {"samples": 2}).anew(settings),
+            "nightdesk run --as-of 2026-11-27" + NightlyRequest(
+                tickers="A,B", universe=FilePath("u.txt"), limit=2, samples=2,
+                strategy="fixed-4").options()]
+    assert made[:2] == ["nightdesk run --as-of 2026-11-27 --limit 2 --samples 3",
+                        "nightdesk run --as-of 2026-11-27 --tickers C,A --strategy "
+                        "fixed-4:tail=on"], made
+    assert [(command, unknown_words(command)) for command in made] == \
+        [(command, []) for command in made]

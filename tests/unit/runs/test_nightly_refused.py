@@ -18,7 +18,7 @@ import structlog
 from sqlalchemy import Engine, func, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from app.db.models import Batch
+from app.db.models import Batch, TickerRun
 from tests.fakevllm import FakeServer
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.engines import fake_llm
@@ -193,6 +193,38 @@ def test_the_timer_does_not_run_a_date_already_analyzed_again(
     assert batches(sqlite_engine) == 1
     [post] = hook.posts
     assert f"nightly batch #{done} has already analyzed as-of {DEMO_AS_OF}" in post["message"]
+
+
+def test_a_date_already_analyzed_is_said_with_a_command_that_takes_its_own_tickers(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        hook: Webhook) -> None:
+    import shlex
+
+    from app.batch import store
+
+    write_demo(tmp_path / "data", DEMO_AS_OF, 4)
+    mine = demo_tickers(4)[1::2]  # the timer's unit names two of the four
+    done = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF, tickers=mine,
+                              samples=1, settings={}, server_facts=None)
+    store.finish_batch(sqlite_engine, done, "succeeded")
+    fake_llm(monkeypatch, None, mine)
+    env = {"NIGHTDESK_NOTIFY": hook.url(), "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"}
+    result = run_cli("run", "--continue-night", "--tickers", ",".join(mine), env=env)
+    assert result.code == 0, result.stderr
+    # Said on the command line too, not only in the digest; both name the same command.
+    [line] = [said for said in result.error_lines if "already analyzed" in said]
+    advised = f"nightdesk run --as-of {DEMO_AS_OF} --tickers {','.join(mine)}"
+    assert line.endswith(f"analyze {DEMO_AS_OF} again now: `{advised}` "
+                         "(NIGHTDESK_SCHEDULE_REPEAT_AS_OF=true lets the scheduler do so at "
+                         "each fire)"), line
+    [post] = hook.posts
+    assert f"`{advised}`" in post["message"], post["message"]
+    # As given, it analyzes the date again, on the night's own tickers.
+    again = run_cli(*shlex.split(advised)[1:], env=env)
+    assert again.code == 0, again.stderr
+    with sqlite_engine.connect() as conn:
+        assert sorted(conn.execute(select(TickerRun.ticker).where(
+            TickerRun.batch_id == done + 1)).scalars()) == sorted(mine)
 
 
 @pytest.mark.parametrize(("start", "again"), [

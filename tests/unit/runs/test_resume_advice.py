@@ -176,3 +176,74 @@ def test_only_a_resume_that_would_ask_more_is_refused_for_another_model() -> Non
     # No answers yet: nothing to mix. No tickers left: the resume only writes its end.
     assert point(["X"], 0).shaped(other).llm.model == "b"
     assert point([], 5).shaped(other).llm.model == "b"
+
+
+@pytest.mark.parametrize(("given", "env", "options", "count"), [
+    # A subset of the universe: named.
+    (["--tickers", "{2},{0},{4}"], {}, "--tickers {2},{0},{4}", 3),
+    # The universe's first N: --limit N, as the batch was started.
+    (["--limit", "2"], {}, "--limit 2", 2),
+    # The whole universe, and NIGHTDESK_SAMPLES set since: the batch's own samples given.
+    ([], {"NIGHTDESK_SAMPLES": "2"}, "--samples 1", 5),
+], ids=["tickers", "limit", "samples"])
+def test_the_refusals_analyze_anew_takes_the_batchs_own_tickers_and_samples(
+        cli_env: None, sqlite_engine: Engine, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, given: list[str], env: dict[str, str],
+        options: str, count: int) -> None:
+    import shlex
+
+    # A universe of five; the batch ran on some of them.
+    universe = demo_tickers(5)
+    data = tmp_path / "data5"
+    write_demo(data, DEMO_AS_OF, 5)
+    monkeypatch.setenv("NIGHTDESK_DATA_DIR", str(data))
+    given = [arg.format(*universe) for arg in given]
+    options = options.format(*universe)
+    serve_cli_from(monkeypatch, FakeServer(model_gone_after(20), nodes=NODES,
+                                           tickers=universe), data)
+    stopped = run_cli("run", "--as-of", str(DEMO_AS_OF), *given, "--no-preflight")
+    assert stopped.code == 2 and "HTTP 404" in stopped.stderr, stopped.stderr
+
+    other = {"NIGHTDESK_LLM_MODEL": "other-model", **env}
+    serve_cli_from(monkeypatch, FakeServer(nodes=NODES, tickers=universe, model="other-model"),
+                   data)
+    refused = run_cli("run", "--resume", "1", "--no-preflight", env=other)
+    assert refused.code == 2, refused.stderr
+    advised = refused.error_lines[-1].rsplit("`", 2)[-2]
+    assert advised == f"nightdesk run --as-of {DEMO_AS_OF} {options}", refused.stderr
+
+    # The advised command, as given, analyzes the batch's own tickers with its samples.
+    anew = run_cli(*shlex.split(advised)[1:], "--no-preflight", env=other)
+    assert anew.code == 0, anew.stderr
+    with sqlite_engine.connect() as conn:
+        nights = {batch: (sorted(conn.execute(select(TickerRun.ticker).where(
+            TickerRun.batch_id == batch)).scalars()), settings["samples"])
+            for batch, settings in conn.execute(select(Batch.id, Batch.settings))}
+    assert len(nights[1][0]) == count and nights[2] == nights[1], nights
+
+
+def test_a_rerun_left_running_by_a_process_gone_resumes_at_once_as_advised(
+        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a rerun whose end the database would not take leaves (StorageOutage: "...;
+    # resume with `nightdesk run --resume N`"): its row running, its heartbeat fresh, its
+    # process gone. A rerun takes no lock; its recorded process decides, as a night's does.
+    import socket
+    import subprocess
+
+    from app.batch import store
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    ticker = demo_tickers(3)[0]
+    rerun = store.create_batch(
+        sqlite_engine, kind="rerun", as_of=DEMO_AS_OF, tickers=[ticker], samples=1,
+        settings={"samples": 1, "strategy": "adaptive",
+                  "runner": {"host": socket.gethostname(), "pid": gone.pid, "started": None}},
+        server_facts=None)
+    serve_cli_from(monkeypatch, FakeServer(nodes=NODES, tickers=[ticker]), demo_dir)
+    resumed = run_cli("run", "--resume", str(rerun), "--no-preflight")
+    assert resumed.code == 0, resumed.stderr
+    assert f"resuming batch {rerun} (rerun, crashed, " in resumed.stderr, resumed.stderr
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.status)).scalar_one() == "succeeded"
