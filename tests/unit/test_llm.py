@@ -201,6 +201,10 @@ async def test_a_plain_400_is_an_http_error_and_not_retried(sqlite_engine: Engin
 
 
 async def test_a_hung_call_times_out_and_is_recorded(sqlite_engine: Engine) -> None:
+    # The SDK imports its types on first use, for over 0.2 s in a fresh process: a call
+    # first, so that the timed ones below are timed on sending alone (run alone, the second
+    # attempt's 0.2 s went on imports and it never reached the server).
+    await one_call(sqlite_engine, answering(Reply("Warm.")))
     fake = answering(Reply(delay_s=60))  # far past the call timeout
     result, rows = await one_call(sqlite_engine, fake, max_attempts=2, call_timeout_s=0.2)
     assert result.error_class == "timeout"
