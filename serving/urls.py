@@ -8,6 +8,7 @@ one (httpx and the OpenAI client put the request URL in their messages).
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 # scheme://user:password@ — the password runs to the last "@" of its URL (an unencoded "@"
 # in a password is taken by some parsers), a URL ending at whitespace, a comma (lists of
@@ -32,3 +33,12 @@ def server_root(base_url: str) -> str:
     """Return the server's root URL (where /tokenize, /health and /metrics live)."""
     root = base_url.rstrip("/")
     return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+# The host names that are this host: a server there is one whose process nightdesk may see.
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def is_local(url: str) -> bool:
+    """Return whether ``url`` names this host (127.0.0.1, localhost or ::1)."""
+    return urlsplit(url).hostname in LOCAL_HOSTS

@@ -19,6 +19,7 @@ import contextlib
 import copy
 import itertools
 import json
+import re
 import shlex
 import subprocess
 import time
@@ -27,7 +28,6 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import structlog
@@ -56,7 +56,7 @@ from app.runs.replay import Workload, play, shape
 from app.traffic.client import TickerClient
 from app.traffic.strategy import Strategy
 from serving.metrics import aread_metrics
-from serving.urls import redact
+from serving.urls import is_local, redact
 
 log = structlog.get_logger(__name__)
 
@@ -118,6 +118,25 @@ class ServerFlags(BaseModel, frozen=True):
     command: str | None = None
     cache_config: dict[str, Any] | None = None  # vLLM's labels, as /metrics names them
 
+    def unknown(self) -> list[str]:
+        """Name the fields not known. ``quantization`` is None then too where the command is
+        known: none was given, a fact, not a gap."""
+        return [name for name, value in self if value is None
+                and not (name == "quantization" and self.command is not None)]
+
+    def line(self) -> str:
+        """Say in one line how the server was started, and what is not known of it."""
+        quant = self.quantization or ("none given" if self.command else None)
+        known = [f"{what} {value}" for what, value in (
+            ("model", self.model), ("max-num-seqs", self.max_num_seqs),
+            ("max-model-len", self.max_model_len), ("quantization", quant),
+            ("KV", self.kv_cache_dtype), ("KV tokens", self.kv_cache_tokens),
+            ("KV GiB", self.kv_cache_memory_gib), ("vLLM", self.vllm_version),
+            ("GPU", self.gpu)) if value is not None]
+        gaps = self.unknown()
+        return ("server flags: " + (", ".join(known) or "none known")
+                + (f"; not known (null in the JSON): {', '.join(gaps)}" if gaps else ""))
+
 
 class BenchMachine(HostFacts, frozen=True):
     """Where a bench ran (``HostFacts``), when, and on which server started how."""
@@ -170,15 +189,41 @@ def _served_model(command: str | None) -> str | None:
     return None
 
 
+# vLLM's size suffixes (its human_readable_int): lower case decimal, upper case binary.
+_SIZE = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+         "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _bytes(text: str | None) -> int | None:
+    """Return a byte count as vLLM reads one (``6G``, ``6442450944``), else None."""
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", (text or "").strip())
+    if not found:
+        return None  # absent, or vLLM's "None" label
+    number, suffix = found.groups()
+    return int(float(number) * _SIZE.get(suffix, 1))
+
+
+def _kv_gib(facts: dict[str, Any], config: dict[str, Any], command: str | None) -> float | None:
+    """Return the KV cache's GiB: vLLM's startup log, else the size it was given (the cache
+    config's ``kv_cache_memory_bytes``, else ``--kv-cache-memory-bytes``), else None."""
+    if facts.get("kv_cache_memory_gib") is not None:
+        return float(facts["kv_cache_memory_gib"])
+    size = _bytes(config.get("kv_cache_memory_bytes")) or _bytes(
+        _flag(command, "kv-cache-memory-bytes"))
+    return round(size / 2**30, 3) if size else None
+
+
 def server_flags(facts: dict[str, Any], served: dict[str, Any] | None = None,
                  gpu: str | None = None) -> ServerFlags:
     """Return how the server was started, as far as known: the launcher's record (its
-    command line and what vLLM logged), /metrics' cache config and /v1/models' entry."""
+    command line and what vLLM logged), else what the live server and its process told
+    (``serving.facts.batch_server_facts``), /metrics' cache config and /v1/models' entry."""
     config = facts.get("cache_config") or {}
     command = facts.get("command")
     served = served or {}
     seqs = facts.get("max_num_seqs") or _flag(command, "max-num-seqs")
-    length = facts.get("max_model_len") or served.get("max_model_len")
+    length = (facts.get("max_model_len") or served.get("max_model_len")
+              or _flag(command, "max-model-len"))
     model = (facts.get("model") or _served_model(command) or _flag(command, "model")
              or served.get("root") or served.get("id"))
     return ServerFlags(
@@ -187,7 +232,7 @@ def server_flags(facts: dict[str, Any], served: dict[str, Any] | None = None,
         quantization=facts.get("quantization") or _flag(command, "quantization"),
         kv_cache_dtype=config.get("cache_dtype") or _flag(command, "kv-cache-dtype"),
         kv_cache_tokens=facts.get("kv_cache_tokens"),
-        kv_cache_memory_gib=facts.get("kv_cache_memory_gib"),
+        kv_cache_memory_gib=_kv_gib(facts, config, command),
         vllm_version=facts.get("vllm_version"), gpu=facts.get("gpu") or gpu,
         command=command,
         cache_config={k: v for k, v in sorted(config.items()) if not k.startswith("_")}
@@ -197,8 +242,7 @@ def server_flags(facts: dict[str, Any], served: dict[str, Any] | None = None,
 def local_gpu(settings: Settings) -> str | None:
     """Return this host's GPUs as nvidia-smi names them, when every endpoint is on this host
     (a server elsewhere: None, not known here)."""
-    hosts = {urlsplit(url).hostname for url in settings.llm.urls}
-    if not hosts <= {"127.0.0.1", "localhost", "::1"}:
+    if not all(is_local(url) for url in settings.llm.urls):
         return None
     try:
         done = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",

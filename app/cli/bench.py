@@ -124,6 +124,7 @@ def schedulers(
 
 def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     """Print a scheduler bench's table, references and checks; write its JSON when asked."""
+    from app.bench.schedulers import ServerFlags
     from app.morning.accounting import COMPARE_COLUMNS
 
     bound = (f"{result.bound_tok_s:.1f} tok/s" if result.bound_tok_s
@@ -152,6 +153,7 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     out.print(f"machine: {m['cpu_model']}, {m['cores']} cores, Python {m['python']}, host "
                   f"{m.get('host', '-')}, code {m.get('commit', '-')}; server "
                   f"{m['model']} ({m['profile']}) at {m['server']}; {m['date']}")
+    out.print(ServerFlags.model_validate(m.get("server_flags") or {}).line())
     if result.mixed:
         out.print("[bold red]mixed runs[/] (--allow-mixed): " + "; ".join(
             f"{what}: {len(values)} values" for what, values in result.mixed.items()))

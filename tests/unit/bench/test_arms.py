@@ -16,9 +16,17 @@ from typer.testing import CliRunner
 
 from app.bench.arms import plan_arms, split_arms, sweep
 from app.bench.bound import GraphFacts, StepCost, fit_step, graph_bound, graph_facts
-from app.bench.schedulers import BenchResult, _judge, combine_results, run_bench
+from app.bench.schedulers import (
+    BenchResult,
+    ServerFlags,
+    _judge,
+    combine_results,
+    run_bench,
+    server_flags,
+)
 from app.bench.workloads import synthetic_workload
 from app.cli import app
+from app.cli.bench import show_schedulers
 from app.config import load_settings
 from app.db.models import LLMCall
 from app.errors import InputError
@@ -344,6 +352,71 @@ def test_combine_refuses_runs_on_servers_set_up_differently() -> None:
             combine_results(runs)
         mixed = combine_results(runs, allow_mixed=True)
         assert mixed.mixed is not None and len(mixed.mixed["server flags"]) == 2
+
+
+# The machine a bench ran on, as today's H100 run recorded it: a server started by hand
+# (`vllm serve ... --quantization fp8 --max-num-seqs 32 --kv-cache-memory-bytes 6G`), only
+# its /metrics read (docs/bench/gpu-h100-40-tickers-fair-2026-12-06-a.json).
+HAND_STARTED = {"profile": "gpu-dummy", "source": "live /metrics", "kv_cache_tokens": 49152,
+                "cache_config": {"cache_dtype": "fp8", "kv_cache_memory_bytes": "6442450944"}}
+HAND_COMMAND = ("/usr/bin/python3 /usr/local/bin/vllm serve /root/stage/model --served-model-name"
+                " gpu-model --load-format dummy --host 127.0.0.1 --port 8000 --quantization fp8"
+                " --kv-cache-dtype fp8 --max-model-len 34816 --max-num-seqs 32"
+                " --kv-cache-memory-bytes 6G")
+
+
+def test_flags_of_a_hand_started_server_come_from_its_process_and_version() -> None:
+    flags = server_flags({**HAND_STARTED, "vllm_version": "0.24.0", "command": HAND_COMMAND},
+                         {"id": "gpu-model", "root": "/root/stage/model"}, "H100")
+    assert flags.model_dump(exclude={"cache_config", "command"}) == {
+        "model": "/root/stage/model", "max_num_seqs": 32, "max_model_len": 34816,
+        "quantization": "fp8", "kv_cache_dtype": "fp8", "kv_cache_tokens": 49152,
+        "kv_cache_memory_gib": 6.0, "vllm_version": "0.24.0", "gpu": "H100"}
+    assert flags.unknown() == []
+
+
+@pytest.mark.parametrize(("given", "gib"), [("6G", 6.0), ("6g", 6e9 / 2**30),
+                                            ("1536M", 1.5), ("3221225472", 3.0), ("x", None)])
+def test_the_kv_cache_size_given_on_the_command_is_recorded_in_gib(
+        given: str, gib: float | None) -> None:
+    flags = server_flags({"command": f"vllm serve m --kv-cache-memory-bytes {given}"})
+    assert flags.kv_cache_memory_gib == (pytest.approx(gib, abs=1e-3) if gib else None)
+
+
+def test_the_log_s_kv_cache_size_comes_before_the_size_given() -> None:
+    facts = {**HAND_STARTED, "kv_cache_memory_gib": 5.5}
+    assert server_flags(facts).kv_cache_memory_gib == 5.5
+    none_given = {"cache_config": {"kv_cache_memory_bytes": "None"}}
+    assert server_flags(none_given).kv_cache_memory_gib is None
+
+
+def test_the_bench_says_which_server_flags_are_not_known(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    # Only /metrics read: no command, no version. The size /metrics gives is known.
+    flags = server_flags(HAND_STARTED, {"root": "/root/stage/model", "max_model_len": 34816})
+    assert flags.unknown() == ["max_num_seqs", "quantization", "vllm_version", "gpu",
+                               "command"]
+    result = BenchResult("w", 10, 170, machine={**_run("fixed-8")["machine"],
+                                                "server_flags": flags.model_dump()})
+    show_schedulers(result, None)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert ("not known (null in the JSON): max_num_seqs, quantization, vllm_version, gpu, "
+            "command") in printed
+    assert "max-model-len 34816" in printed and "KV GiB 6.0" in printed
+    # With the command known, no --quantization in it is a fact: none was given.
+    known = ServerFlags(command="vllm serve m", vllm_version="0.32.0")
+    assert "quantization" not in known.unknown()
+    assert "quantization none given" in known.line()
+
+
+def test_combine_still_refuses_runs_whose_recorded_flags_differ() -> None:
+    # A run that read its server's process beside one that could not: the flags differ.
+    seen = server_flags({**HAND_STARTED, "command": HAND_COMMAND}).model_dump()
+    unseen = server_flags(HAND_STARTED).model_dump()
+    with pytest.raises(InputError, match="server flags differ"):
+        combine_results([_run("fixed-8", server_flags=seen),
+                         _run("adaptive", server_flags=unseen)])
 
 
 # --- repeated arms: means, spreads and what a lead means ----------------------------------
