@@ -255,9 +255,7 @@ class BatchRun:
                             if plan.kind in RESUMABLE_KINDS else "")
         self.recorder = UsageRecorder(
             owner.engine, spool=spool_path(settings.paths.home, settings.store.database_url,
-                                               self.batch_id),
-            on_lost=lambda lost: owner.halt.request(
-                HaltReason(lost.status, str(lost), lost.exit_code)))
+                                               self.batch_id))
         self.servers = ServerSet.connect(
             settings, self.strategy, self.recorder, engine=owner.engine,
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
@@ -371,16 +369,16 @@ class BatchRun:
                     kept.open(self.recorder.drain))
             async with self.watching:
                 await run_until_halted(self.scheduler, self.scheduler.run(jobs, on_done),
-                                       owner.halt, beside=[self._heartbeat()])
-            if kept is not None and self.saver is not None and owner.halt.reason is None:
+                                       owner.halt, beside=[self._heartbeat(), self._lost()])
+            if kept is not None and self.saver is not None and self._halted() is None:
                 # Also those a process killed between storing and pruning left behind.
                 await kept.prune(self.saver, await asyncio.to_thread(kept.finished,
                                                                      self.batch_id))
         # Over the whole batch, a resume's earlier tickers included.
         outcome.status = ("succeeded" if not outcome.failed
                           else "partial" if outcome.succeeded else "failed")
-        if owner.halt.reason is not None:
-            reason = owner.halt.reason
+        # The usage writer may have given up while they were pruned.
+        if (reason := self._halted()) is not None:
             outcome.halt = replace(reason, message=self._with_resume(reason.message))
             outcome.status, self.error_text = outcome.halt.status, outcome.halt.message
         if self.servers.outages:
@@ -444,6 +442,18 @@ class BatchRun:
         if self.owner.halt.reason is None:  # the first to meet it: a write past its budget
             self.owner.halt.request(HaltReason(stopped.status, _one_line(stopped),
                                                stopped.exit_code))
+
+    async def _lost(self) -> None:
+        """Beside the tickers: stop the batch once its usage writer gives up."""
+        await self.recorder.stopped.wait()
+        self._halted()
+
+    def _halted(self) -> HaltReason | None:
+        """Return why the batch is stopping (None: it is not): asked to, or its usage writer
+        gave up (rows not stored: ``recorder.lost``), a stop this asks for, hurried."""
+        if (lost := self.recorder.lost) is not None:
+            self.owner.halt.request(HaltReason(lost.status, str(lost), lost.exit_code))
+        return self.owner.halt.reason
 
     def _with_resume(self, why: str) -> str:
         """Return ``why`` the batch stopped, naming the command that continues it

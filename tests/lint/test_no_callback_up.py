@@ -8,6 +8,11 @@ Server takes each reading and applies it. Two guards keep it so:
   method parameter of a callable type (``Callable``, ``Awaitable``);
 - no module of the engine (app/batch, app/traffic) hands one of its own bound methods to
   another object by setting an attribute of it (``other.field = self.method``).
+
+The usage writer (app/usage.py, below the engine) once took ``on_lost``, a callable the
+engine set to its batch's ``Halt.request``. Now it sets ``stopped`` (an asyncio.Event) and
+``lost``, which the batch waits on beside its work. Its only callable is ``sleep`` (time,
+not a layer above it).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The reader, and the server's view of a reader (GaugeSource): neither holds a callable.
 READER = [ROOT / "app" / "traffic" / "sampler.py", ROOT / "app" / "traffic" / "server.py"]
 CALLABLE_TYPES = {"Callable", "Awaitable", "Coroutine"}
+USAGE = ROOT / "app" / "usage.py"
 
 
 def callable_attributes(path: Path) -> list[str]:
@@ -68,6 +74,12 @@ def test_the_metrics_reader_holds_no_callable() -> None:
     assert [hit for path in READER for hit in callable_attributes(path)] == [], (
         "the /metrics reader must not hold a callable set from outside: its Server takes "
         "each reading (docs/architecture.md, 'Each Server reads its /metrics')")
+
+
+def test_the_usage_writer_holds_no_callable_but_its_sleep() -> None:
+    assert callable_attributes(USAGE) == ["UsageRecorder.sleep"], (
+        "the usage writer must not call up into the batch: it sets ``stopped`` and ``lost``, "
+        "which the batch waits on (docs/architecture.md, 'How the objects were counted')")
 
 
 def test_no_engine_module_hands_its_methods_down() -> None:
