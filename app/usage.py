@@ -123,12 +123,12 @@ class UsageRecorder:
     and every row not stored, then or later, goes to ``spool``: ``start`` of the batch's
     next run writes them first, so no row is lost and none is stored twice. Rows the
     database refuses (or that cannot be spooled) stop it with ``UsageLost``. Either way
-    ``on_lost`` is called once, and ``drain`` and ``close`` raise the same error, so rows
-    are never left unstored without the batch stopping. ``sleep`` waits between tries.
+    ``stopped`` is set (``lost`` says why), and ``drain`` and ``close`` raise the same
+    error: the batch waits on ``stopped`` beside its work and halts, so rows are never left
+    unstored without the batch stopping. ``sleep`` waits between tries.
     """
 
     def __init__(self, engine: Engine, *, flush_interval_s: float = 0.25, max_rows: int = 500,
-                 on_lost: Callable[[BatchStopped], None] | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  spool: Path | None = None):
         self._engine = engine
@@ -138,12 +138,12 @@ class UsageRecorder:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._on_lost = on_lost
         self._sleep = sleep
         self._spool = spool
         self._spooled = False  # the spool file holds rows not yet stored
         self._why = ""  # what the database said when the writer stopped
         self.lost: BatchStopped | None = None
+        self.stopped = asyncio.Event()  # set once the writer gives up, ``lost`` set before
         self.written = 0
         self.write_failures = 0  # failed tries of a write
         # Rows handed in and rows stored, per table: each list is written in order, so every
@@ -314,8 +314,7 @@ class UsageRecorder:
         assert self.lost is not None
         log.error("usage writer gave up", pending=self._count_pending(),
                   error=first_line(error), reason=str(self.lost))
-        if self._on_lost is not None:
-            self._on_lost(self.lost)
+        self.stopped.set()
         async with self._progress:
             self._progress.notify_all()
         return self.lost

@@ -257,9 +257,7 @@ class BatchRun:
                             if plan.kind in RESUMABLE_KINDS else "")
         self.recorder = UsageRecorder(
             owner.engine, spool=spool_path(settings.paths.home, settings.store.database_url,
-                                               self.batch_id),
-            on_lost=lambda lost: owner.halt.request(
-                HaltReason(lost.status, str(lost), lost.exit_code)))
+                                               self.batch_id))
         self.servers = ServerSet.connect(
             settings, self.strategy, self.recorder, engine=owner.engine,
             batch_id=self.batch_id, sample=owner.sample_metrics, http_client=owner.http_client,
@@ -322,12 +320,20 @@ class BatchRun:
         # The graph's work resumes from its checkpoints, when it is given where to keep them.
         kept = owner.checkpoints if self.given_work is None else None
 
-        async def ticker_job(ticker: str, gated: TickerClient) -> list[store.DecisionRow]:
-            await asyncio.to_thread(store.ticker_started, owner.engine, self.batch_id, ticker)
-            with structlog.contextvars.bound_contextvars(ticker=ticker):
-                return await work.job(ticker, gated, self.batch_id)
-
-        async def on_done(job: Job, decisions: Any, error: BaseException | None) -> None:
+        async def ticker_job(ticker: str, given: TickerClient | Exception) -> None:
+            """A ticker's whole work: its graph on its client (``given``; else why its data did
+            not load), its server left to the next ticker, then its end stored and told."""
+            decisions, error = [], given if isinstance(given, Exception) else None
+            if isinstance(given, TickerClient):
+                try:
+                    await asyncio.to_thread(store.ticker_started, owner.engine, self.batch_id,
+                                            ticker)
+                    with structlog.contextvars.bound_contextvars(ticker=ticker):
+                        decisions = await work.job(ticker, given, self.batch_id)
+                except Exception as exc:  # one ticker's failure never stops the others
+                    error = exc
+                finally:
+                    given.close()  # first: its room goes on, not held through the writes
             if error is not None and transient(error):  # a ticker row past its write budget
                 error = outage("ticker row not stored", error)
             message = None if error is None else _one_line(error)
@@ -340,49 +346,47 @@ class BatchRun:
                 return  # stopped, not failed: left for `run --resume`
             fault = None if error is None else failure_class(error)
             try:
-                message, fault = await self._store_result(job.key, decisions or [], message,
-                                                          fault)
+                message, fault = await self._store_result(ticker, decisions, message, fault)
             except StorageOutage as stopped:  # the ticker's end is left for the resume
                 self._stop(stopped)
                 return
             if kept is not None and self.saver is not None and fault != INFRASTRUCTURE:
                 # A ticker the infrastructure failed keeps its checkpoints: a resume
                 # continues it from its last finished node.
-                await kept.prune(self.saver, [thread_id(self.batch_id, job.key, s)
+                await kept.prune(self.saver, [thread_id(self.batch_id, ticker, s)
                                               for s in range(plan.samples)])
             if message:
-                outcome.failed[job.key] = message
+                outcome.failed[ticker] = message
                 if fault == INFRASTRUCTURE:
-                    outcome.infrastructure.append(job.key)
-                log.error("ticker failed", ticker=job.key, error=message, failure_class=fault)
+                    outcome.infrastructure.append(ticker)
+                log.error("ticker failed", ticker=ticker, error=message, failure_class=fault)
             else:
-                outcome.succeeded.append(job.key)
-                log.info("ticker done", ticker=job.key,
+                outcome.succeeded.append(ticker)
+                log.info("ticker done", ticker=ticker,
                          rating=decisions[0].rating if decisions else None)
             if self.recording is not None:
                 self.recording.ticker_done(ok=message is None)
 
-        prepare = work.prepare
         jobs = [Job(t, functools.partial(ticker_job, t), (work.weights or {}).get(t, 0.0),
                     *(work.shapes or {}).get(t, (0, 0)),
-                    prepare=functools.partial(prepare, t) if prepare else None)
+                    prepare=functools.partial(work.prepare, t) if work.prepare else None)
                 for t in plan.tickers]
         async with contextlib.AsyncExitStack() as checkpoints:
             if kept is not None:
                 self.saver = await checkpoints.enter_async_context(
                     kept.open(self.recorder.drain))
             async with self.watching:
-                await run_until_halted(self.scheduler, self.scheduler.run(jobs, on_done),
-                                       owner.halt, beside=[self._heartbeat()])
-            if kept is not None and self.saver is not None and owner.halt.reason is None:
+                await run_until_halted(self.scheduler, self.scheduler.run(jobs),
+                                       owner.halt, beside=[self._heartbeat(), self._lost()])
+            if kept is not None and self.saver is not None and self._halted() is None:
                 # Also those a process killed between storing and pruning left behind.
                 await kept.prune(self.saver, await asyncio.to_thread(kept.finished,
                                                                      self.batch_id))
         # Over the whole batch, a resume's earlier tickers included.
         outcome.status = ("succeeded" if not outcome.failed
                           else "partial" if outcome.succeeded else "failed")
-        if owner.halt.reason is not None:
-            reason = owner.halt.reason
+        # The usage writer may have given up while they were pruned.
+        if (reason := self._halted()) is not None:
             why = self._with_resume(reason.message)
             if self.lock_lost and self._left():  # who runs now says what continues it
                 why = reason.message + await asyncio.to_thread(after_losing, owner.engine,
@@ -452,12 +456,22 @@ class BatchRun:
                                                stopped.exit_code))
 
     def _left(self) -> bool:
-        """Return whether the batch has tickers a resume takes up (app/morning/summary.py's
-        ``tickers_left``, as the outcome sees them)."""
-        outcome = self.outcome
-        return any(t not in outcome.succeeded
-                   and (t not in outcome.failed or t in outcome.infrastructure)
+        """Return whether a resume has tickers to take up (as summary.py's ``tickers_left``)."""
+        return any(t not in self.outcome.succeeded
+                   and (t not in self.outcome.failed or t in self.outcome.infrastructure)
                    for t in self.plan.tickers)
+
+    async def _lost(self) -> None:
+        """Beside the tickers: stop the batch once its usage writer gives up."""
+        await self.recorder.stopped.wait()
+        self._halted()
+
+    def _halted(self) -> HaltReason | None:
+        """Return why the batch is stopping (None: it is not): asked to, or its usage writer
+        gave up (rows not stored: ``recorder.lost``), a stop this asks for, hurried."""
+        if (lost := self.recorder.lost) is not None:
+            self.owner.halt.request(HaltReason(lost.status, str(lost), lost.exit_code))
+        return self.owner.halt.reason
 
     def _with_resume(self, why: str) -> str:
         """Return ``why`` the batch stopped, naming the command that continues it

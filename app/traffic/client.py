@@ -86,10 +86,16 @@ class TickerClient:
                 self._move(target)
 
     def close(self) -> None:
-        """Release what the ticker still holds: its work is over (call once)."""
+        """Release what the ticker still holds: its work is over (again: nothing to do)."""
+        ticket = self.ticket
+        if ticket.finished:
+            return
+        # Requests it did not make (a failure cut it short) are no longer work left.
+        ticket.done = max(ticket.done, ticket.requests)
+        ticket.asked = True
         for server in self.servers:
-            server.gate.drop_hold(self.ticket)
-        self.server.leave(self.ticket)
+            server.gate.drop_hold(ticket)
+        self.server.leave(ticket)
         self.servers.changed.set()
 
     async def chat(self, tag: CallTag, messages: list[dict[str, str]], *, max_tokens: int,

@@ -11,9 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.traffic.budget import TokenBudget
 from app.traffic.client import TickerClient
-from app.traffic.gate import Gate
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.tasks import first_error
@@ -25,18 +23,17 @@ PREPARE_PATIENCE_S = 1.0
 
 @dataclass
 class Job:
-    """One ticker's work: ``run`` gets the ticker's TickerClient and makes every call with it."""
+    """One ticker's whole work, its end included: ``run`` gets the ticker's TickerClient and
+    makes every call with it, or, never admitted, the failure of its ``prepare``. The
+    scheduler reports nothing back: a job that raises ends the run."""
 
     key: str
-    run: Callable[[TickerClient], Awaitable[Any]]
+    run: Callable[[TickerClient | Exception], Awaitable[Any]]
     weight: float = 0.0  # expected work; heavier jobs start first so the tail is short
     requests: int = 0  # expected requests, 0 when unknown
     chain: int = 0  # the longest run of them that must go one after another
     # What the job needs before it may be admitted (its market data), run ahead of admission.
     prepare: Callable[[], Awaitable[Any]] | None = None
-
-
-OnDone = Callable[[Job, Any, BaseException | None], Awaitable[None]]
 
 
 class Scheduler:
@@ -51,15 +48,6 @@ class Scheduler:
         self._unstarted = 0  # requests of the tickers not started yet
         self._next: Ticket | None = None  # the ticker waiting for room to start
         self._waited: set[int] = set()
-
-    # The first endpoint's.
-    @property
-    def gate(self) -> Gate:
-        return self.endpoints.first.gate
-
-    @property
-    def budget(self) -> TokenBudget | None:
-        return self.endpoints.first.limits.budget
 
     def stop(self) -> None:
         """Start no more tickers and let no new request through; requests out may finish."""
@@ -109,9 +97,9 @@ class Scheduler:
             changed.clear()
             await changed.wait()
 
-    async def run(self, jobs: list[Job], on_done: OnDone) -> None:
-        """Run every job once, a failure reported to ``on_done``, never raised; return once
-        every started job has ended (after ``stop`` the others stay queued)."""
+    async def run(self, jobs: list[Job]) -> None:
+        """Run every job once; return once every started job has ended (after ``stop`` the
+        others stay queued)."""
         self.endpoints.began = self.endpoints.clock()  # the hold-back rows' zero
         ordered = sorted(jobs, key=lambda j: -j.weight)
         self._unstarted = sum(job.requests for job in ordered)
@@ -121,15 +109,14 @@ class Scheduler:
                         if self.strategy.tail else None)
                 try:
                     async with asyncio.TaskGroup() as tickers:
-                        await self._start(ordered, on_done, tickers)
+                        await self._start(ordered, tickers)
                 finally:
                     if tail is not None:
                         tail.cancel()
         except BaseExceptionGroup as group:
             raise first_error(group) from None
 
-    async def _start(self, ordered: list[Job], on_done: OnDone,
-                     tickers: asyncio.TaskGroup) -> None:
+    async def _start(self, ordered: list[Job], tickers: asyncio.TaskGroup) -> None:
         """Start each job as admission allows, in ``tickers``; return when all are started."""
         slots = self.strategy.tickers_in_flight
         # Jobs load their data ahead of admission, so one slow load holds nobody back.
@@ -143,7 +130,7 @@ class Scheduler:
             failure = preparing[index].result()
             if failure is not None:  # never admitted: it has nothing to work on
                 self._unstarted -= job.requests
-                await on_done(job, None, failure)
+                await job.run(failure)
                 continue
             ticket = self._next = Ticket(order, job.requests, job.chain)
             if self.strategy.tail:
@@ -161,8 +148,8 @@ class Scheduler:
             self._unstarted -= job.requests
             # Until it asks, the endpoint's room counts one request for it (Server.starting):
             # the next start need not wait for this one's first turn.
-            tickers.create_task(self._one(job, TickerClient(self.endpoints, endpoint, ticket),
-                                          on_done), name=job.key)
+            tickers.create_task(_one(job, TickerClient(self.endpoints, endpoint, ticket)),
+                                name=job.key)
         for task in preparing:
             task.cancel()
 
@@ -185,20 +172,13 @@ class Scheduler:
             await asyncio.wait([preparing[i] for i in pending],
                                return_when=asyncio.FIRST_COMPLETED)
 
-    async def _one(self, job: Job, client: TickerClient, on_done: OnDone) -> None:
-        ticket = client.ticket
-        result: Any = None
-        error: BaseException | None = None
-        try:
-            result = await job.run(client)
-        except Exception as exc:  # one ticker's failure never stops the others
-            error = exc
-        finally:
-            # Requests it did not make (a failure cut it short) are no longer work left.
-            ticket.done = max(ticket.done, ticket.requests)
-            ticket.asked = True
-            client.close()
-        await on_done(job, result, error)
+
+async def _one(job: Job, client: TickerClient) -> None:
+    try:
+        await job.run(client)
+    finally:
+        client.close()  # unless the job did, before its own end work
+
 
 async def _prepare(job: Job) -> Exception | None:
     """Run what ``job`` needs before admission; return its failure (the job fails alone)."""

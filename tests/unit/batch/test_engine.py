@@ -434,3 +434,37 @@ async def test_usage_rows_the_database_refuses_stop_the_batch_with_the_reason(
     assert batch.status == "failed"
     assert "usage rows could not be stored" in batch.error and "--resume" in batch.error
     assert "succeeded" not in statuses
+
+
+async def test_a_tickers_room_goes_to_the_next_before_its_row_is_written(
+        sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One ticker at a time: the second may start while the first's row is being written
+    # (its job closes its client first), so a slow ticker-row write never holds admission.
+    import threading
+
+    from app.batch import store
+
+    started: list[str] = []
+    second_started, waited = threading.Event(), []
+    ticker_started, ticker_finished = store.ticker_started, store.ticker_finished
+
+    def starting(engine: Engine, batch_id: int, ticker: str) -> None:
+        started.append(ticker)
+        if len(started) == 2:
+            second_started.set()
+        ticker_started(engine, batch_id, ticker)
+
+    def finishing(engine: Engine, batch_id: int, ticker: str, *args: object,
+                  **kwargs: object) -> None:
+        if ticker == started[0] and not waited:  # the first ticker's row, held until...
+            waited.append(second_started.wait(10))  # ...the second has started
+        ticker_finished(engine, batch_id, ticker, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "ticker_started", starting)
+    monkeypatch.setattr(store, "ticker_finished", finishing)
+    tickers = demo_tickers(2)
+    server = FakeServer(nodes=node_names(load_settings().pipeline()), tickers=tickers)
+    outcome = await make_engine(sqlite_engine, demo_dir, server).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers, strategy="sequential"))
+    assert outcome.status == "succeeded" and sorted(outcome.succeeded) == sorted(tickers)
+    assert waited == [True]

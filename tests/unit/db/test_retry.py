@@ -43,10 +43,11 @@ from app.db.retry import (
     transient,
     write_budget,
 )
-from app.errors import LLMConnectionError, LLMHTTPError, UsageLost, first_line
+from app.errors import BatchStopped, LLMConnectionError, LLMHTTPError, UsageLost, first_line
 from app.promptsize import PromptCounter
 from app.usage import UsageRecorder
 from tests.fakevllm import FakeServer, Reply
+from tests.unit.support.call_rows import told
 
 MESSAGES = [{"role": "user", "content": "AAPL? " * 40}]
 
@@ -257,10 +258,11 @@ class Rows:
 
 @dataclass
 class Written:
-    """What the usage writer did with one row: what ``on_lost``, ``drain`` and ``close`` said."""
+    """What the usage writer did with one row: what the batch waiting on ``stopped`` was
+    told, and what ``drain`` and ``close`` said."""
 
     recorder: UsageRecorder
-    lost: list[UsageLost]
+    lost: list[BatchStopped]
     drained: UsageLost | None
     closed: UsageLost | None
 
@@ -269,14 +271,14 @@ async def write_one_row(clock: FakeClock, rows: Rows,
                         monkeypatch: pytest.MonkeyPatch) -> Written:
     """Hand the usage writer one row, wait until it is stored, and close the writer."""
     monkeypatch.setattr(app.usage, "insert_ignoring_duplicates", rows.insert)
-    lost: list[UsageLost] = []
+    lost: list[BatchStopped] = []
 
     async def nap(seconds: float) -> None:
         clock.sleep(seconds)
 
-    recorder = UsageRecorder(create_engine("sqlite://"), flush_interval_s=0.001,
-                             on_lost=lost.append, sleep=nap)
+    recorder = UsageRecorder(create_engine("sqlite://"), flush_interval_s=0.001, sleep=nap)
     await recorder.start()
+    telling = asyncio.create_task(told(recorder, lost))
     recorder.record_call({"batch_id": 1, "ticker": "X", "node": "n", "call_id": "c",
                           "attempt": 1})
     said: list[UsageLost | None] = []
@@ -286,6 +288,7 @@ async def write_one_row(clock: FakeClock, rows: Rows,
             said.append(None)
         except UsageLost as error:
             said.append(error)
+    telling.cancel()
     return Written(recorder, lost, *said)
 
 

@@ -47,6 +47,7 @@ from tests.dbfaults import (
 from tests.fakevllm import FakeServer
 from tests.fakevllm.chat import Reply
 from tests.unit.support.call_rows import new_batch
+from tests.unit.support.call_rows import told as told_batch
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.fault_night import serve_cli_from
 
@@ -192,15 +193,16 @@ async def test_rows_not_stored_in_the_budget_wait_in_the_spool_and_the_next_run_
     told: list[BatchStopped] = []
     with disk.engine(sqlite_engine), write_budget(0.5):
         disk.hold()
-        recorder = UsageRecorder(sqlite_engine, flush_interval_s=0.01, on_lost=told.append,
-                                 spool=spool)
+        recorder = UsageRecorder(sqlite_engine, flush_interval_s=0.01, spool=spool)
         await recorder.start()
+        telling = asyncio.create_task(told_batch(recorder, told))
         hand_in(recorder, batch_id, 0)
         with pytest.raises(StorageOutage, match=r"within the write budget \(0.5 s\): database "
                            r"or disk is full; kept in .*usage\.jsonl for the resume"):
             await recorder.drain()  # no node is checkpointed without its rows
         hand_in(recorder, batch_id, 1)  # a call that ended while the batch stopped
         await recorder.close()  # the batch was told already: closing raises nothing new
+        telling.cancel()
     assert len(told) == 1 and told[0].status == "interrupted" and told[0].exit_code == 2
     kept = read_spool(spool)
     assert [r["call_id"] for r in kept["calls"]] == ["c0", "c1"]

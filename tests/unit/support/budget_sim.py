@@ -148,11 +148,8 @@ def run_sim(strategy: str, capacity: int, *, tickers: int = 12, shared: float = 
     """Run chains of 5 calls (prompts 500-900 tokens, answers 400) under ``strategy``."""
     server = SimServer(capacity, shared=shared)
     scheduler = over_one_server(server, Strategy.parse(strategy), gauges=server)
-    server.budget = scheduler.budget
-
-    async def on_done(job: Job, result: Any, error: BaseException | None) -> None:
-        assert error is None
+    server.budget = scheduler.endpoints.first.limits.budget
 
     jobs = [chain_job(f"T{i}", 5, 2_000, 400, 400) for i in range(tickers)]
-    asyncio.run(reading(server, scheduler.run(jobs, on_done)))
+    asyncio.run(reading(server, scheduler.run(jobs)))  # a job that fails raises here
     return server, scheduler

@@ -1,4 +1,5 @@
-"""Usage rows with known times: a batch for ``llm_calls`` to point at, calls timed from T0."""
+"""Usage rows with known times: a batch for ``llm_calls`` to point at, calls timed from T0;
+and what a batch is told when its usage writer stops."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from datetime import UTC, date, datetime, timedelta
 from sqlalchemy import Engine
 
 from app.db.models import Batch, LLMCall
+from app.errors import BatchStopped
+from app.usage import UsageRecorder
 
 T0 = datetime(2025, 3, 4, 22, 0, 0, tzinfo=UTC)
 
@@ -43,3 +46,10 @@ def known_batch(engine: Engine) -> int:
     add_call(engine, b, "trader", 1, 20.0, 21.0, prompt=50, completion=None, status="error")
     add_call(engine, b, "trader", 2, 25.0, 50.0, prompt=150, completion=500)
     return b
+
+
+async def told(recorder: UsageRecorder, into: list[BatchStopped]) -> None:
+    """Wait as a batch does (beside its work) for ``recorder`` to stop; add why to ``into``."""
+    await recorder.stopped.wait()
+    assert recorder.lost is not None
+    into.append(recorder.lost)

@@ -20,15 +20,13 @@ def run_wide(monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[list[int], 
         monkeypatch.setattr(Footprint, "slots", lambda self, limit: None)
     server = SimServer(24_000)  # about 8 chains at their mean size
     scheduler = over_one_server(server, Strategy.parse(STRATEGY), gauges=server)
-    server.budget = scheduler.budget
+    server.budget = scheduler.endpoints.first.limits.budget
     started: list[int] = []
     live: set[str] = set()
 
-    async def on_done(job: Job, result: object, error: BaseException | None) -> None:
-        assert error is None
-
+    # A job that fails raises here.
     asyncio.run(reading(server, scheduler.run(
-        [wide_then_chain(f"T{i}", started, live) for i in range(40)], on_done)))
+        [wide_then_chain(f"T{i}", started, live) for i in range(40)])))
     assert len(started) == 40
     return started, server
 

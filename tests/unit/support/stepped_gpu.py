@@ -220,17 +220,14 @@ def run(strategy: str, tickers: int = 40, out: int = 300, **server: Any) -> dict
     scheduler = over_one_server(gpu, chosen, gauges=gpu)
     spans: dict[str, list[int]] = {}
 
-    async def on_done(job: Job, result: object, error: BaseException | None) -> None:
-        if error is not None:
-            raise error
-
     async def batch() -> None:
         stop = asyncio.Event()
         async with asyncio.TaskGroup() as group:
             group.create_task(gpu.serve(stop))
             try:
+                # A ticker that fails raises here.
                 await scheduler.run([ticker(f"T{i:03d}", out, spans, gpu, flood)
-                                     for i in range(tickers)], on_done)
+                                     for i in range(tickers)])
             finally:
                 stop.set()
 

@@ -198,7 +198,7 @@ def test_adaptive_fills_the_cache_without_a_preemption_where_a_fixed_setting_ove
     server, scheduler = run_sim("adaptive", capacity)
     assert server.preemptions == 0
     assert server.peak_used <= capacity
-    budget = scheduler.budget
+    budget = scheduler.endpoints.first.limits.budget
     assert budget is not None and budget.capacity == capacity
     # The budget was used: reservations reached within one (largest) request of the limit.
     largest = blocks(math.ceil((2_000 + 4 * 400) * 0.5) + 24 + 400)
@@ -229,7 +229,7 @@ def test_adaptive_without_capacity_admits_by_request_count() -> None:
         0.9, 1.2, 0.5, 3)
     # No gauges at all: no budget (it could never learn the capacity).
     llm = SimServer(1_000)
-    assert over_one_server(llm, Strategy.parse("adaptive")).budget is None
+    assert over_one_server(llm, Strategy.parse("adaptive")).endpoints.first.limits.budget is None
 
 
 async def _engine_run(sqlite_engine: Any, strategy: str, kv_tokens: int,
@@ -291,15 +291,15 @@ async def test_through_the_engine_the_budget_learns_the_fake_servers_cache_and_n
 def test_progress_shows_the_token_budget_in_use() -> None:
     server = SimServer(8_000)
     scheduler = over_one_server(server, Strategy.parse("adaptive"), gauges=server)
-    assert scheduler.budget is not None
-    scheduler.budget.set_capacity(8_000, 16)
-    scheduler.budget.take(Claim(1_234))
+    assert scheduler.endpoints.first.limits.budget is not None
+    scheduler.endpoints.first.limits.budget.set_capacity(8_000, 16)
+    scheduler.endpoints.first.limits.budget.take(Claim(1_234))
     scheduler.endpoints.first.llm = SimpleNamespace(stats=CallStats())  # type: ignore[assignment]
     state = BatchProgress(1, 3, scheduler.endpoints).state()
     assert (state.budget_tokens, state.reserved_tokens) == (int(8_000 * 0.95), 1_234)
     # Without a budget (a fixed strategy) the fields say so.
     fixed = over_one_server(server, Strategy.parse("fixed-3"), gauges=server)
-    assert fixed.budget is None
+    assert fixed.endpoints.first.limits.budget is None
     fixed.endpoints.first.llm = SimpleNamespace(stats=CallStats())  # type: ignore[assignment]
     assert BatchProgress(1, 3, fixed.endpoints).state().budget_tokens is None
 

@@ -192,7 +192,7 @@ def test_long_outputs_growing_after_admission_never_fill_the_cache_past_the_fill
     capacity = 6_400
     server, scheduler = run_sim("adaptive:overbook_max=3,overbook_step=0.1,kv_high=0.99",
                                 capacity, tickers=16, shared=0.5)
-    b = scheduler.budget
+    b = scheduler.endpoints.first.limits.budget
     assert b is not None
     assert b.peak_factor > 1.1 and b.rises > 0  # it did overbook...
     assert server.preemptions == 0  # ...and never overflowed the cache,
@@ -205,7 +205,7 @@ def test_the_knobs_reach_the_budget_and_bad_ones_are_refused() -> None:
     strategy = Strategy.parse("adaptive:overbook=1.1,overbook_max=1.4,overbook_step=0.05,"
                               "rise_after=2,calm=7,high_cut=0.85,kv_high=0.93")
     scheduler = over_one_server(SimServer(1_000), strategy, gauges=SimServer(1_000))
-    b = scheduler.budget
+    b = scheduler.endpoints.first.limits.budget
     assert b is not None
     assert (b.overbook, b.overbook_max, b.overbook_step, b.rise_after, b.calm, b.high_cut) == (
         1.1, 1.4, 0.05, 2, 7, 0.85)

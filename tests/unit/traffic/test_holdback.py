@@ -124,7 +124,7 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
     # are not counted (nothing waits to start), so there are fewer than readings taken.
     server = SimServer(12_000)
     scheduler = over_one_server(server, Strategy.parse("adaptive:tail=off"), gauges=server)
-    server.budget = scheduler.budget
+    server.budget = scheduler.endpoints.first.limits.budget
 
     def chain(key: str) -> Job:
         async def run(gated: TickerClient) -> None:
@@ -132,10 +132,8 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
                 await gated.send(CallTag(1, key, f"n{step}", 0), body(8_000 + step * 1_600, 400))
         return Job(key, run, requests=5, chain=5)
 
-    async def on_done(job: Job, result: object, error: BaseException | None) -> None:
-        assert error is None
-
-    asyncio.run(reading(server, scheduler.run([chain(f"T{i}") for i in range(12)], on_done)))
+    # A job that fails raises here.
+    asyncio.run(reading(server, scheduler.run([chain(f"T{i}") for i in range(12)])))
     adaptive = summary.admission(scheduler.endpoints, scheduler.strategy).adaptive
     assert adaptive is not None
     held = adaptive.new_tickers_held_back
@@ -144,8 +142,8 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
     # The cache, not the request places, is what is short here.
     short = {k: v for k, v in held.share.items() if k != ROOM}
     assert short and max(short, key=short.__getitem__) in {QUEUED, TOKEN_BUDGET, CHAIN_CAP}
-    assert scheduler.budget is not None
-    assert held.readings < scheduler.budget.readings
+    assert scheduler.endpoints.first.limits.budget is not None
+    assert held.readings < scheduler.endpoints.first.limits.budget.readings
     rows = summary.holdback_timeline(scheduler.endpoints)
     assert rows.columns == list(COLUMNS)
     (timeline,) = rows.endpoints.values()

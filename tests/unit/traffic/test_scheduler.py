@@ -53,10 +53,7 @@ async def _run(strategy: str, jobs: list[Job]) -> RecordingLLM:
     llm = RecordingLLM()
     scheduler = over_one_server(llm, Strategy.parse(strategy))
 
-    async def on_done(job: Job, result: Any, error: BaseException | None) -> None:
-        assert error is None
-
-    await scheduler.run(jobs, on_done)
+    await scheduler.run(jobs)  # a job that fails raises here
     assert scheduler.left == 0
     return llm
 
@@ -92,7 +89,7 @@ async def test_tail_rule_starts_tickers_whose_chain_would_outlast_the_batch_earl
 
 async def test_the_tail_rule_marks_tickets_urgent_and_the_gate_serves_them_first() -> None:
     scheduler = over_one_server(RecordingLLM(), Strategy.parse("adaptive"))
-    scheduler.gate.set_limit(10)
+    scheduler.endpoints.first.gate.set_limit(10)
     calm, senior_long, long_, short, unknown = (Ticket(0, 17, 5), Ticket(1, 17, 14),
                                                 Ticket(2, 17, 14), Ticket(3, 17, 12), Ticket(5))
     near, below = Ticket(6, 9, 9), Ticket(7, 8, 8)
@@ -170,11 +167,8 @@ async def test_adaptive_starts_what_its_gate_has_room_for_without_waiting_for_ea
             await gated.send(CallTag(1, key, "n0", 0), {})
         return Job(key, run, requests=1, chain=1)
 
-    async def on_done(job: Job, result: Any, error: BaseException | None) -> None:
-        assert error is None
-
-    running = asyncio.ensure_future(scheduler.run([slow_job(f"T{i}") for i in range(6)],
-                                                  on_done))
+    # A job that fails raises at the wait_for below.
+    running = asyncio.ensure_future(scheduler.run([slow_job(f"T{i}") for i in range(6)]))
     await asyncio.sleep(0.05)
     server = scheduler.endpoints.first
     assert begun == ["T0", "T1", "T2", "T3"]
@@ -250,7 +244,7 @@ async def test_a_call_queued_before_its_ticker_turned_urgent_goes_first_once_mar
     # one urgent: its call, queued under its start order, moves ahead (at 100 tickers an
     # endpoint the young tickers' calls had waited behind the seniors' to the end).
     scheduler = over_one_server(RecordingLLM(), Strategy.parse("adaptive"))
-    gate = scheduler.gate
+    gate = scheduler.endpoints.first.gate
     gate.set_limit(2)
     holders = [Ticket(i, 14, 14, done=14) for i in range(2)]
     senior, young = Ticket(2, 14, 14, done=13), Ticket(3, 14, 14, done=2)
