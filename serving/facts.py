@@ -181,12 +181,26 @@ def read_server_facts(profile: str, state_dir: Path) -> dict[str, Any]:
     return data
 
 
+def _describes(recorded: dict[str, Any], base_url: str) -> bool:
+    """Return whether a launcher's record is of the server at ``base_url`` now: its root
+    URL the same and its process alive. A record outlives its server (``server stop``
+    leaves it), and another server, started by hand, may answer there since."""
+    def where(url: str) -> tuple[str | None, int | None]:  # localhost is 127.0.0.1
+        parts = urlsplit(url)
+        return ("this host" if is_local(url) else parts.hostname), parts.port
+
+    root, pid = recorded.get("root_url"), recorded.get("pid")
+    if root is not None and where(root) != where(server_root(base_url)):
+        return False
+    return pid is None or psutil.pid_exists(int(pid))
+
+
 def batch_server_facts(profile: str, base_url: str, state_dir: Path) -> dict[str, Any]:
     """Return what a batch records about its server: the start-up facts, else the live ones
     (/metrics' cache config, /version's version, and the command line of the process that
     listens on the endpoint's port, when it is on this host and this user may read it)."""
     recorded = read_server_facts(profile, state_dir)
-    if recorded:
+    if recorded and _describes(recorded, base_url):
         return recorded
     try:
         facts: dict[str, Any] = {"profile": profile, "source": "live /metrics",

@@ -250,3 +250,28 @@ def test_the_batch_records_no_version_or_command_that_nothing_told(
     monkeypatch.setattr("serving.facts.serving_command", lambda url: None)
     assert batch_server_facts("p", "http://gpu.test:8000/v1", tmp_path) == {
         "profile": "p", "source": "live /metrics", "kv_cache_tokens": 10}
+
+
+def test_a_launcher_record_of_a_server_gone_gives_way_to_the_live_one(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # `server stop` leaves the record; a server started by hand on the same port since is
+    # the one the batch must describe, not the stopped one.
+    monkeypatch.setattr("serving.facts.live_facts", lambda url: {"kv_cache_tokens": 10})
+    monkeypatch.setattr("serving.facts.server_version", lambda url: "0.24.0")
+    monkeypatch.setattr("serving.facts.serving_command", lambda url: None)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    url = "http://127.0.0.1:8000/v1"
+    record = {"profile": "p", "command": "vllm serve old", "root_url": "http://127.0.0.1:8000",
+              "pid": gone.pid, "kv_cache_tokens": 99}
+    write_facts("p", record, tmp_path)
+    live = {"profile": "p", "source": "live /metrics", "kv_cache_tokens": 10,
+            "vllm_version": "0.24.0"}
+    assert batch_server_facts("p", url, tmp_path) == live
+    # Its process alive but another port: not this server's record either.
+    write_facts("p", {**record, "pid": None, "root_url": "http://127.0.0.1:8001"}, tmp_path)
+    assert batch_server_facts("p", url, tmp_path) == live
+    # Alive, and where the batch sends (localhost is 127.0.0.1): the record stands.
+    write_facts("p", {**record, "pid": psutil.Process().pid}, tmp_path)
+    for here in (url, "http://localhost:8000/v1/"):
+        assert batch_server_facts("p", here, tmp_path)["command"] == "vllm serve old"
