@@ -11,6 +11,7 @@ bench measured tens of ms a turn on a loaded 2-core host).
 
 import asyncio
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 from agents.chat import CallTag
@@ -23,7 +24,7 @@ from tests.unit.support.servers import over_one_server
 class SlowLLM:
     """A call that takes 5 s: no ticker ends while the others start."""
 
-    settings = type("S", (), {"max_concurrency": 1024})()
+    settings = SimpleNamespace(calls=SimpleNamespace(max_concurrency=1024))
 
     async def attempt(self, tag: CallTag, call: Any, body: dict[str, Any], **_: Any) -> None:
         await asyncio.sleep(5)
