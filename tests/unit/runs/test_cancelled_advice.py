@@ -12,29 +12,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, func, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import demo_tickers
 from app.db.models import Batch
 from app.runs import nightly
 from tests.fakevllm import ChatRequest, FakeServer, Reply
 from tests.unit.support.clirun import run_cli
-from tests.unit.support.fault_night import NODES, QUICK_ENV, serve_cli_from
+from tests.unit.support.fault_night import NODES, serve_cli_from
 from tests.webhook import webhook
 
 TICKERS = demo_tickers(3)
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
-
-
-@pytest.fixture
-def cli_env(monkeypatch: pytest.MonkeyPatch, sqlite_url: str, sqlite_engine: Engine,
-            demo_dir: Path) -> None:
-    for key, value in {**QUICK_ENV, "NIGHTDESK_DATABASE_URL": sqlite_url,
-                       "NIGHTDESK_DATA_DIR": str(demo_dir)}.items():
-        monkeypatch.setenv(key, value)
 
 
 def ctrl_c_three_times(chat: ChatRequest) -> Reply | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select, update
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.batch import store
 from app.db import lock as locks
 from app.db.models import Batch, TickerRun
@@ -23,7 +23,6 @@ from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.fault_night import (
     NODES,
-    QUICK_ENV,
     assert_rows_match_the_servers,
     serve_cli_from,
 )
@@ -33,18 +32,9 @@ TICKERS = demo_tickers(3)
 
 
 @pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
-
-
-@pytest.fixture
-def cli_env(monkeypatch: pytest.MonkeyPatch, sqlite_url: str, demo_dir: Path) -> None:
-    for key, value in {**QUICK_ENV, "NIGHTDESK_DATABASE_URL": sqlite_url,
-                       "NIGHTDESK_DATA_DIR": str(demo_dir),
-                       "NIGHTDESK_HEARTBEAT_INTERVAL_S": "0.05",
-                       "NIGHTDESK_HEARTBEAT_STALE_S": "30"}.items():
-        monkeypatch.setenv(key, value)
+def cli_env(cli_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NIGHTDESK_HEARTBEAT_INTERVAL_S", "0.05")
+    monkeypatch.setenv("NIGHTDESK_HEARTBEAT_STALE_S", "30")
 
 
 class TakenOver:

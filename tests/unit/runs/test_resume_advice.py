@@ -15,22 +15,8 @@ from app.errors import InputError
 from tests.fakevllm import FakeServer
 from tests.fakevllm.chat import ChatRequest, Reply
 from tests.unit.support.clirun import run_cli
-from tests.unit.support.fault_night import NODES, QUICK_ENV, serve_cli_from
+from tests.unit.support.fault_night import NODES, serve_cli_from
 from tests.webhook import webhook
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
-
-
-@pytest.fixture
-def cli_env(monkeypatch: pytest.MonkeyPatch, sqlite_url: str, sqlite_engine: Engine,
-            demo_dir: Path) -> None:
-    for key, value in {**QUICK_ENV, "NIGHTDESK_DATABASE_URL": sqlite_url,
-                       "NIGHTDESK_DATA_DIR": str(demo_dir)}.items():
-        monkeypatch.setenv(key, value)
 
 
 def model_gone_after(answers: int) -> object:
