@@ -114,6 +114,6 @@ def test_tickers_in_flight_follow_the_chains_that_fit(monkeypatch: pytest.Monkey
     # in flight, not the growth still to come along the chains (about 11 fit at their mean
     # call size here), so it narrows the overshoot, and the budget's gate keeps the cache
     # from overflowing (no preemption either way). The server is read every 2 ms of real
-    # time, so a loaded host moves the uncapped peak by one (22 in a CI run beside other
-    # work): the cap is held to at least two tickers fewer, not to a ratio of that peak.
+    # time, so a loaded host moves the uncapped peak by one: the cap is held to at least two
+    # tickers fewer, not to a ratio of that peak.
     assert max(capped) <= max(uncapped) - 2, (capped, uncapped)
