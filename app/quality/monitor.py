@@ -16,10 +16,11 @@ any universe size:
   the reference's): under the null every split of those grades into tonight's n and the
   reference's is equally likely, so tonight's counts follow a multivariate hypergeometric
   law whatever n is. Its p-value is the Monte Carlo share of ``split_draws`` such splits
-  (2,000, more at a rate below 1%) whose Pearson chi-square statistic is at least the observed one, counted as (1 + hits) /
-  (1 + draws), which keeps the level at or below the rate for any number of draws (R's
-  ``chisq.test(simulate.p.value=TRUE)``). The total-variation distance (the share of grades
-  that would have to change) is reported as the size of the move.
+  (2,000, more at a rate below 1%) whose Pearson chi-square statistic is at least the
+  observed one, counted as (1 + hits) / (1 + draws), which keeps the level at or below the
+  rate for any number of draws (R's ``chisq.test(simulate.p.value=TRUE)``). The
+  total-variation distance (the share of grades that would have to change) is reported as
+  the size of the move.
 - **concentration** (``concentration``): "tonight's grades are piled onto fewer grades than
   the reference's". Chi-square hardly moves when the most common grade grows (Hold 60% →
   80%), so the same splits are scored by tonight's Herfindahl index, Σ share², one-sided.
