@@ -260,12 +260,13 @@ def verdict(test: IcTest, mean_ic: float | None, nights: int) -> str:
     t_stat, p_value = test.t_stat, test.p_value
     if t_stat is None or p_value is None:
         return f"every night the same IC ({mean_ic:+.2f}): no spread to test"
+    level = f"at the {SIGNIFICANCE:.0%} level"
     if p_value >= SIGNIFICANCE:
-        return f"no evidence the ratings predict returns (p {p_value:.2f})"
+        return f"no evidence {level} that the ratings predict returns (p {p_value:.2f})"
     shown = "p < 0.0001" if p_value < 1e-4 else f"p {p_value:.4f}"
     if t_stat > 0:
-        return f"the ratings predicted returns: mean IC above 0 ({shown})"
-    return f"the ratings predicted returns backwards: mean IC below 0 ({shown})"
+        return f"the ratings predicted returns: mean IC above 0 {level} ({shown})"
+    return f"the ratings predicted returns backwards: mean IC below 0 {level} ({shown})"
 
 
 def rating_record(rating: str, nights: Sequence[NightReturns]) -> RatingRecord:

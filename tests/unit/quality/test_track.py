@@ -105,7 +105,8 @@ def test_random_ratings_show_no_skill() -> None:
     assert abs(t) < 3 and abs(mean_ic) < 0.03
     record = horizon_record(nights, 1)
     assert record.p_value is not None and record.p_value > 0.05
-    assert record.verdict.startswith("no evidence the ratings predict returns")
+    # The verdict says at what level it holds (the rate at which it is wrong on a null desk).
+    assert record.verdict.startswith("no evidence at the 5% level that the ratings predict")
 
 
 def test_a_weak_true_signal_of_ic_005_over_250_nights() -> None:
@@ -119,7 +120,8 @@ def test_a_weak_true_signal_of_ic_005_over_250_nights() -> None:
     # One night's IC over 100 tickers has sd ≈ 1/√99: the mean over 250 is ±0.0064.
     assert abs(mean_ic - 0.05) < 3 / math.sqrt(99 * 250)
     assert t > 3
-    assert "the ratings predicted returns: mean IC above 0" in horizon_record(nights, 1).verdict
+    assert ("the ratings predicted returns: mean IC above 0 at the 5% level"
+            in horizon_record(nights, 1).verdict)
 
 
 def test_overlapping_horizons_get_a_wider_error() -> None:
