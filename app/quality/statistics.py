@@ -121,9 +121,9 @@ def ic_test(x: Sequence[float], y: Sequence[float]) -> tuple[float | None, float
     is infinite). p is the permutation test's, the level of which holds at any n and with
     ties: the share of orders of ``y`` against ``x`` whose |IC| is at least the observed one,
     over every order when there are at most ``PERMUTATIONS`` (up to 7 tickers), else over that
-    many drawn (fixed seed) as (1 + hits) / (1 + draws). Student's t on n−2 df, which it
-    replaces, gave p < 5% to 8.3% of the orders of 5 tickers and 5.4–5.9% of 6, 8, 9 and 10.
-    Both None below 3 tickers or when the IC is undefined (a constant side).
+    many drawn (fixed seed) as (1 + hits) / (1 + draws); Student's t on n−2 df is too
+    generous below about 11 tickers (docs/quality.md). Both None below 3 tickers or when the
+    IC is undefined (a constant side).
     """
     ic = spearman(x, y)
     if ic is None:
