@@ -318,8 +318,9 @@ class Quality(Group):
     trailing_batches: int = Field(5, ge=1, le=100, alias="monitor_trailing_batches")
     # A desk whose true share of one grade is at most this is what the grade-share test allows.
     max_grade_share: float = Field(0.70, gt=0.0, le=1.0, alias="monitor_max_grade_share")
-    # The share of unchanged nights given any monitor warning (its three tests share it).
-    false_alarm_rate: float = Field(0.01, gt=0.0, lt=0.5, alias="monitor_false_alarm_rate")
+    # The share of unchanged nights given any monitor warning (its three tests share it); from
+    # 1 in 10,000: its random splits grow as 20/rate (app/quality/monitor.py).
+    false_alarm_rate: float = Field(0.01, ge=0.0001, lt=0.5, alias="monitor_false_alarm_rate")
     min_tickers: int = Field(5, ge=1, alias="monitor_min_tickers")
     # Consecutive nights flagged as moved before the monitor takes them as a new normal.
     new_normal_after: int = Field(3, ge=1, le=100, alias="monitor_new_normal_after")

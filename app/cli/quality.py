@@ -151,7 +151,7 @@ def _render_forward(report: ForwardReport, console: Console) -> None:
         ("tickers with a defined forward return (n)", str(report.n)),
         ("rank IC (Spearman of score vs return)", _num(report.rank_ic, "+.3f")),
         ("t-statistic, ic·sqrt((n−2)/(1−ic²))", _num(report.t_stat, "+.2f")),
-        ("p-value (two-sided)", _num(report.p_value, ".3f")),
+        ("p-value (two-sided, permutation)", _num(report.p_value, ".3f")),
         ("hit rate of directional calls", _num(report.hit_rate, ".0%")),
         *([("benchmark return", _num(report.benchmark_return, "+.2%"))]
           if report.benchmark else []),

@@ -174,7 +174,7 @@ def forward_report(engine: Engine, provider: DataProvider, batch_id: int, days: 
     rows, missing = ticker_returns(prices, grades, days, bench_return)
     kept, target = scored(rows)
     ic = spearman([r.score for r in kept], target)
-    t_stat, p_value = ic_test(ic, len(kept))
+    t_stat, p_value = ic_test([r.score for r in kept], target)
     return ForwardReport(
         batch=summarize(grades), horizon_days=days, benchmark=benchmark,
         benchmark_return=bench_return, n=len(kept), rank_ic=ic, t_stat=t_stat,

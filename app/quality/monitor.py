@@ -15,11 +15,12 @@ any universe size:
   the reference nights'". The test conditions on the grades' combined counts (tonight's plus
   the reference's): under the null every split of those grades into tonight's n and the
   reference's is equally likely, so tonight's counts follow a multivariate hypergeometric
-  law whatever n is. Its p-value is the Monte Carlo share of ``JUMP_DRAWS`` such splits
-  whose Pearson chi-square statistic is at least the observed one, counted as (1 + hits) /
-  (1 + draws), which keeps the level at or below the rate for any number of draws (R's
-  ``chisq.test(simulate.p.value=TRUE)``). The total-variation distance (the share of grades
-  that would have to change) is reported as the size of the move.
+  law whatever n is. Its p-value is the Monte Carlo share of ``split_draws`` such splits
+  (2,000, more at a rate below 1%) whose Pearson chi-square statistic is at least the
+  observed one, counted as (1 + hits) / (1 + draws), which keeps the level at or below the
+  rate for any number of draws (R's ``chisq.test(simulate.p.value=TRUE)``). The
+  total-variation distance (the share of grades that would have to change) is reported as
+  the size of the move.
 - **concentration** (``concentration``): "tonight's grades are piled onto fewer grades than
   the reference's". Chi-square hardly moves when the most common grade grows (Hold 60% →
   80%), so the same splits are scored by tonight's Herfindahl index, Σ share², one-sided.
@@ -59,7 +60,8 @@ from app.quality.grades import load_grades
 from app.quality.statistics import distribution, total_variation
 
 TESTS = 3  # grade share, jump and concentration: they share the false-alarm rate
-JUMP_DRAWS = 2000  # Monte Carlo splits per test: the p-value's resolution is 1/2001
+JUMP_DRAWS = 2000  # Monte Carlo splits per test at the default rate: p's resolution 1/2001
+DRAWS_PER_RATE = 20  # at least 20/rate splits, so the smallest p is far below each test's level
 MOVED = frozenset({"distribution_jump", "concentration"})  # what keeps a night out
 BASELINE = frozenset({"new_normal", "acknowledged"})  # a night that starts a new normal
 WRITTEN = frozenset({"grade_share", "new_normal"}) | MOVED  # what check_batch replaces
@@ -192,6 +194,12 @@ def concentration_p_value(current: dict[str, int], reference: dict[str, int], *,
     return _split_p_values(current, reference, draws=draws, seed=seed)[1]
 
 
+def split_draws(settings: Settings) -> int:
+    """Return the random splits per test: the smallest p-value, 1/(1 + draws), must lie well
+    below each test's level (a third of the rate), or no night could ever be flagged."""
+    return max(JUMP_DRAWS, math.ceil(DRAWS_PER_RATE / settings.quality.false_alarm_rate))
+
+
 def test_level(settings: Settings) -> float:
     """Return the level each of the three tests runs at: its share of the false-alarm rate."""
     return settings.quality.false_alarm_rate / TESTS
@@ -241,14 +249,14 @@ def findings(current: dict[str, int], trailing: list[dict[str, int]], settings: 
         return found
     rate = settings.quality.false_alarm_rate
     level = test_level(settings)
-    jump, piled = _split_p_values(current, pooled, draws=JUMP_DRAWS, seed=seed)
+    jump, piled = _split_p_values(current, pooled, draws=split_draws(settings), seed=seed)
     common = {"tvd": tvd, "false_alarm_rate": rate, "level": level, "current": current,
               "trailing": pooled, "trailing_batches": len(trailing)}
     if jump <= level:
         found.append(Finding(
             "distribution_jump",
             f"rating distribution moved by TVD {tvd:.2f} from the trailing {len(trailing)} "
-            f"nightly batch(es): p {jump:.4f}, at most {rate:.2%} of unchanged nights "
+            f"nightly batch(es): p {jump:.2g}, at most {rate:.2%} of unchanged nights "
             "get any warning", {**common, "p_value": jump}))
     if piled <= level:
         top = max(RATINGS, key=lambda r: current.get(r, 0))
@@ -256,7 +264,7 @@ def findings(current: dict[str, int], trailing: list[dict[str, int]], settings: 
             "concentration",
             f"grades piled up: {top} is {current.get(top, 0) / total:.0%} of {total} against "
             f"{pooled[top] / max(1, sum(pooled.values())):.0%} in the trailing "
-            f"{len(trailing)} nightly batch(es): p {piled:.4f}, at most {rate:.2%} of "
+            f"{len(trailing)} nightly batch(es): p {piled:.2g}, at most {rate:.2%} of "
             "unchanged nights get any warning", {**common, "p_value": piled}))
     moved = jump <= level or piled <= level
     if moved and batch_id is not None and len(moved_run) + 1 >= settings.quality.new_normal_after:

@@ -17,7 +17,8 @@ whether the nightly ICs average above zero. Per horizon h (trading days):
   pooled, its hit rate and mean return, shown once there are ``MIN_SCORED`` of them;
 - a verdict, withheld ("too few nights to judge") below ``min_nights(h)`` nights.
 
-A night is the newest finished nightly batch of an as-of date. A night whose returns are not
+A night is the newest finished nightly batch of an as-of date, and nights whose returns
+start from the same session count once, as the newest of them. A night whose returns are not
 there yet (too few sessions after it) is pending at that horizon and listed, never counted;
 a ticker left out of a night (no decision, no prices, an undefined return) is listed too.
 """
@@ -108,6 +109,22 @@ class NightReturns:
     scores: list[float]
     returns: list[float]  # forward or excess, as judged
     left_out: dict[str, str] = field(default_factory=dict)  # ticker -> why it has no return
+    session: str = ""  # the session its returns start from (the last on or before the as-of)
+
+
+def one_per_session(nights: Sequence[NightReturns]) -> tuple[list[NightReturns], dict[str, str]]:
+    """Return the nights (as-of order) keeping the newest of each session, and why not the rest.
+
+    Nights whose returns start from one session (a Friday's, Saturday's and Sunday's as-of on
+    a daily schedule, a holiday's and the day before's) have the same returns: the t of the
+    mean IC takes nights to be at least a session apart, and would count that session twice
+    or three times. A night without a session (a simulated one) is its own.
+    """
+    newest = {n.session or n.as_of: n for n in nights}
+    kept = [n for n in nights if newest[n.session or n.as_of] is n]
+    return kept, {n.as_of: f"its returns start from {n.session}, as the night of "
+                  f"{newest[n.session].as_of}'s do: counted once, as that night"
+                  for n in nights if newest[n.session or n.as_of] is not n}
 
 
 @dataclass(frozen=True)
@@ -243,12 +260,13 @@ def verdict(test: IcTest, mean_ic: float | None, nights: int) -> str:
     t_stat, p_value = test.t_stat, test.p_value
     if t_stat is None or p_value is None:
         return f"every night the same IC ({mean_ic:+.2f}): no spread to test"
+    level = f"at the {SIGNIFICANCE:.0%} level"
     if p_value >= SIGNIFICANCE:
-        return f"no evidence the ratings predict returns (p {p_value:.2f})"
+        return f"no evidence {level} that the ratings predict returns (p {p_value:.2f})"
     shown = "p < 0.0001" if p_value < 1e-4 else f"p {p_value:.4f}"
     if t_stat > 0:
-        return f"the ratings predicted returns: mean IC above 0 ({shown})"
-    return f"the ratings predicted returns backwards: mean IC below 0 ({shown})"
+        return f"the ratings predicted returns: mean IC above 0 {level} ({shown})"
+    return f"the ratings predicted returns backwards: mean IC below 0 {level} ({shown})"
 
 
 def rating_record(rating: str, nights: Sequence[NightReturns]) -> RatingRecord:
@@ -334,7 +352,9 @@ def track_report(engine: Engine, batch_ids: Sequence[int], horizons: Sequence[in
                 pending[grades.as_of.isoformat()] = why
             else:
                 usable.append(night)
-        records.append(horizon_record(usable, days, pending))
+        usable, repeated = one_per_session(usable)
+        records.append(horizon_record(usable, days, dict(sorted({**pending,
+                                                                 **repeated}.items()))))
     base = records[0].mean_ic if records else None
     for record in records:
         if base and record.mean_ic is not None:
@@ -383,4 +403,5 @@ def _night_returns(grades: BatchGrades, prices: PriceCache, days: int,
                                    "positive finite price, or the close it ends on is not "
                                    "finite)")
     return NightReturns(grades.batch_id, grades.as_of.isoformat(), [r.rating for r in kept],
-                        [r.score for r in kept], target, dict(sorted(missing.items()))), ""
+                        [r.score for r in kept], target, dict(sorted(missing.items())),
+                        max(r.start for r in kept)), ""

@@ -16,7 +16,7 @@ from app.errors import InputError
 from app.quality.forward import forward_report, parse_horizon
 from tests.unit.support.clirun import nightdesk
 from tests.unit.support.prices import path_to, prices
-from tests.unit.support.quality_rows import AS_OF, add_batch, spearman_by_hand
+from tests.unit.support.quality_rows import AS_OF, add_batch, band_by_hand, spearman_by_hand
 
 # ticker -> (rating, score, close 5 sessions after the as-of date; the as-of close is 100)
 GRADED = {
@@ -96,6 +96,22 @@ def test_too_few_tickers_leave_the_ic_undefined(sqlite_engine: Engine,
     batch = add_batch(sqlite_engine, {"AAA": [("Buy", 0.8)], "BBB": [("Overweight", 0.3)]})
     report = forward_report(sqlite_engine, SnapshotProvider(snapshot), batch, 5)
     assert report.n == 2 and report.rank_ic is None and report.t_stat is None
+
+
+def test_a_small_night_gets_its_exact_p_value(sqlite_engine: Engine, snapshot: Path) -> None:
+    # Returns rank DDD < BBB < CCC < EEE < AAA. Five tickers have 120 orders: one adjacent
+    # swap from the returns' order (IC 0.9) or closer comes by chance in 10 of them (2 perfect,
+    # 8 one swap, either sign), a perfect order in 2. Those are the two-sided p-values.
+    # Student's t on 3 df gave 0.037 and 1e-24: a 5-ticker night without skill got p < 0.05
+    # on 10 of 120 orders (8.3%).
+    one_swap = {"DDD": -0.8, "BBB": -0.1, "CCC": 0.4, "EEE": 0.2, "AAA": 0.9}
+    perfect = {"DDD": -0.8, "BBB": -0.3, "CCC": 0.0, "EEE": 0.3, "AAA": 0.9}
+    for scores, ic, p in ((one_swap, 0.9, 10 / 120), (perfect, 1.0, 2 / 120)):
+        batch = add_batch(sqlite_engine, {t: [(band_by_hand(s), s)] for t, s in scores.items()},
+                          settings={"samples": 1, "data_provider": "snapshot"})
+        report = forward_report(sqlite_engine, SnapshotProvider(snapshot), batch, 5)
+        assert report.rank_ic == pytest.approx(ic)
+        assert report.p_value == pytest.approx(p)
 
 
 def test_an_as_of_on_a_weekend_starts_from_friday(sqlite_engine: Engine,

@@ -74,15 +74,17 @@ def test_the_web_compare_ids_use_the_same_parser() -> None:
         assert caught.value.status_code == 400
 
 
-def test_ic_t_and_p_are_defined_together() -> None:
-    for ic, n in ((0.3, 10), (-0.8, 5), (0.05, 250)):
-        t, p = ic_test(ic, n)
-        assert t == pytest.approx(ic * math.sqrt((n - 2) / (1 - ic * ic)))
-        assert p == pytest.approx(2 * stats.t.sf(abs(t), n - 2))  # type: ignore[arg-type]
-    # ±1: t is infinite, and the t-approximation's p of 0 would be false with few tickers
-    # (with 3 tickers, a perfect order happens by chance one time in six).
-    assert ic_test(1.0, 6) == (None, None) and ic_test(-1.0, 30) == (None, None)
-    assert ic_test(0.5, 2) == (None, None) and ic_test(None, 10) == (None, None)
+def test_ic_t_at_a_perfect_order_is_undefined_but_its_p_is_not() -> None:
+    for n in (5, 30):
+        ranks = [float(i) for i in range(n)]
+        for returns in (ranks, ranks[::-1]):
+            t, p = ic_test(ranks, returns)
+            # t is infinite; p is the chance of a perfect order either way (2 of n! orders,
+            # one time in three with 3 tickers), counted as (1 + hits)/(1 + draws) past 7.
+            assert t is None
+            assert p == pytest.approx(2 / math.factorial(n) if n <= 7 else 1 / 10000)
+    for ic_n in (2, 1):
+        assert ic_test([0.1, 0.2][:ic_n], [0.3, 0.1][:ic_n]) == (None, None)
 
 
 @pytest.fixture
@@ -120,14 +122,15 @@ def test_a_zero_price_gives_an_undefined_return_not_infinity(
     assert rows["ZERO"]["forward_return"] is None and rows["ZERO"]["excess_return"] is None
     assert data["n"] == 3  # ZERO is not counted
     assert data["rank_ic"] == pytest.approx(1.0)
-    # IC +1: t and p undefined together, never t "undefined" beside p 0.000.
-    assert data["t_stat"] is None and data["p_value"] is None
+    # IC +1: t is infinite (undefined); p is the chance of a perfect order of 3 tickers
+    # either way, 2 of 6 orders, never the t's p of 0.000.
+    assert data["t_stat"] is None and data["p_value"] == pytest.approx(2 / 6)
     code, out, err = nightdesk(monkeypatch, capsys, "quality", "forward", "--batch", str(batch))
     assert code == 0, err
     assert "inf" not in out.lower().replace("information", "")
     zero_row = next(line for line in out.splitlines() if "ZERO" in line)
     assert "undefined" in zero_row
-    assert re.search(r"p-value \(two-sided\)\s*│?\s*undefined", out), out
+    assert re.search(r"p-value \(two-sided, permutation\)\s*│?\s*0\.333", out), out
 
 
 @pytest.mark.parametrize(("benchmark", "why"), [

@@ -155,6 +155,21 @@ def test_jump_flags_at_the_false_alarm_rate_and_reports_the_tvd() -> None:
                     [dist(Hold=4, Overweight=1, Buy=1)] * 2, settings) == []
 
 
+def test_a_low_false_alarm_rate_still_lets_a_clear_move_through() -> None:
+    # At a rate of 0.1% each test runs at 0.033%, below 1/2001 (the smallest p-value of 2,000
+    # random splits): with that many draws no jump or pile-up could ever be flagged, however
+    # plain. The draws grow with the rate's inverse so the p-value can reach the level.
+    settings = load_settings(monitor_false_alarm_rate=0.001)
+    trailing = [dist(Buy=4, Overweight=8, Hold=16, Underweight=8, Sell=4)] * 5
+    found = {f.kind: f for f in findings(dist(Buy=40), trailing, settings)}
+    assert {"distribution_jump", "concentration"} <= set(found), found
+    for kind in ("distribution_jump", "concentration"):
+        assert found[kind].details["p_value"] <= found[kind].details["level"]
+        assert "p 0.0000" not in found[kind].message  # its resolution, not a zero
+    # An unchanged night is still left alone.
+    assert findings(trailing[0], trailing, settings) == []
+
+
 def test_check_batch_pools_only_the_trailing_nightly_batches(sqlite_engine: Engine) -> None:
     # The exact p is 0.009: flagged at a rate of 3% (each of the three tests at 1%).
     settings = load_settings(monitor_trailing_batches=2, monitor_false_alarm_rate=0.03)

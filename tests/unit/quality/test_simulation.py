@@ -23,7 +23,7 @@ from app.quality.simulation import (
     verdict_rates,
 )
 from app.quality.statistics import spearman, spearman_rows
-from app.quality.track import night_ic
+from app.quality.track import NightReturns, ic_verdict, night_ic, one_per_session
 
 HOLD_60 = [0.05, 0.15, 0.60, 0.15, 0.05]
 HOLD_70 = [0.025, 0.125, 0.70, 0.125, 0.025]
@@ -67,6 +67,32 @@ def test_the_verdict_keeps_its_5_percent(persistence: float, days: int, nights: 
     chosen = next(r for r in rows if r["rule"] == "chosen")
     assert chosen["withheld"] == 0.0
     assert chosen["rate"] <= bound(0.05, runs), chosen
+
+
+def test_the_verdict_keeps_its_5_percent_on_a_daily_schedule() -> None:
+    # The default schedule runs every night: with live data a Friday's, Saturday's and
+    # Sunday's as-of all score from Friday's close, so their 1d ICs are one session's. Fixed
+    # scores (as persistent ratings nearly are) make the three ICs equal. Counting one night
+    # per session keeps the level; counting all three did not.
+    rng = np.random.default_rng(7)
+    runs, days = 200, 84  # 12 weeks: 60 sessions
+    kept_hits = all_hits = 0
+    for _ in range(runs):
+        scores = np.clip(0.45 * rng.standard_normal(20), -1, 1)
+        returns = rng.standard_normal((days + 3, 20))  # by day; weekdays' are sessions
+        nights = []
+        for day in range(days):
+            session = day - max(0, day % 7 - 4)  # Saturday and Sunday -> Friday
+            night = night_of(scores, returns[session + 1 if session % 7 < 4 else session + 3],
+                             day)
+            nights.append(NightReturns(day, f"{day:03d}", night.ratings, night.scores,
+                                       night.returns, session=str(session)))
+        ics = {n.as_of: night_ic(n).ic for n in nights}
+        kept, _ = one_per_session(nights)
+        kept_hits += ic_verdict([ics[n.as_of] for n in kept], 1).significant
+        all_hits += ic_verdict(list(ics.values()), 1).significant
+    assert kept_hits / runs <= bound(0.05, runs), kept_hits
+    assert all_hits / runs > bound(0.05, runs), all_hits  # every as-of counted: too often
 
 
 def test_the_old_newey_west_verdict_did_not() -> None:

@@ -105,7 +105,8 @@ def test_random_ratings_show_no_skill() -> None:
     assert abs(t) < 3 and abs(mean_ic) < 0.03
     record = horizon_record(nights, 1)
     assert record.p_value is not None and record.p_value > 0.05
-    assert record.verdict.startswith("no evidence the ratings predict returns")
+    # The verdict says at what level it holds (the rate at which it is wrong on a null desk).
+    assert record.verdict.startswith("no evidence at the 5% level that the ratings predict")
 
 
 def test_a_weak_true_signal_of_ic_005_over_250_nights() -> None:
@@ -119,7 +120,8 @@ def test_a_weak_true_signal_of_ic_005_over_250_nights() -> None:
     # One night's IC over 100 tickers has sd ≈ 1/√99: the mean over 250 is ±0.0064.
     assert abs(mean_ic - 0.05) < 3 / math.sqrt(99 * 250)
     assert t > 3
-    assert "the ratings predicted returns: mean IC above 0" in horizon_record(nights, 1).verdict
+    assert ("the ratings predicted returns: mean IC above 0 at the 5% level"
+            in horizon_record(nights, 1).verdict)
 
 
 def test_overlapping_horizons_get_a_wider_error() -> None:
@@ -248,6 +250,36 @@ def test_cli_track_json_by_hand(three_nights: list[int], monkeypatch: pytest.Mon
     assert code == 0, err
     assert "too few nights to judge" in out and "rank IC per night" in out
     assert "no 2d returns for the night of 2026-11-25" in " ".join(out.split())
+
+
+def test_nights_scored_from_one_session_count_once(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # The default schedule runs every night; with live data a Friday's, Saturday's and
+    # Sunday's as-of all score from Friday's close over the same sessions, so their ICs are
+    # one observation. Counted three times, the verdict's t (nights one session apart)
+    # claimed skill on 1d far above 5% of null desks (docs/lab/2026-12-06-verdicts-outside.md).
+    friday = date(2026, 11, 27)
+    ahead = {"AAA": [104.0], "BBB": [101.0], "CCC": [99.0], "DDD": [97.0], "EEE": [95.0]}
+    scores = {"AAA": 0.8, "BBB": 0.3, "CCC": 0.0, "DDD": -0.4, "EEE": -0.9}
+    ids = []
+    for offset in range(4):  # Friday, Saturday, Sunday, Monday
+        as_of = friday + timedelta(days=offset)
+        write_night(tmp_path / "data", as_of, {t: (100.0, a) for t, a in ahead.items()})
+        ids.append(add_batch(sqlite_engine, {t: [(band_by_hand(s), s)] for t, s in
+                                             scores.items()}, as_of=as_of,
+                             settings={"samples": 1, "data_provider": "snapshot"}))
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d",
+                               "--format", "json")
+    assert code == 0, err
+    record = json.loads(out)["horizons"][0]
+    assert [n["batch_id"] for n in record["nights"]] == [ids[2], ids[3]]  # Sunday, Monday
+    assert record["judged"] == 2
+    for as_of in ("2026-11-27", "2026-11-28"):
+        assert record["pending"][as_of] == ("its returns start from 2026-11-27, as the night "
+                                            "of 2026-11-29's do: counted once, as that night")
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d")
+    assert "no 1d returns for the night of 2026-11-28: its returns start" in " ".join(out.split())
 
 
 @pytest.mark.parametrize(("args", "message"), [
