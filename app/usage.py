@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import zlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -114,16 +114,16 @@ def read_spool(path: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 class UsageRecorder:
-    """Buffer rows in memory and let one background task write them.
+    """Buffer rows in memory and let one task write them while its ``async with`` lasts.
 
     ``record_*`` only appends to a list, so the call path never waits on the database.
     A write that fails transiently (the database away, its disk full) is tried again for the
     write budget (app/db/retry.py); the unique keys make a write that half-succeeded
     harmless to repeat. When the budget runs out the writer stops with ``StorageOutage``
-    and every row not stored, then or later, goes to ``spool``: ``start`` of the batch's
-    next run writes them first, so no row is lost and none is stored twice. Rows the
+    and every row not stored, then or later, goes to ``spool``: entered in the batch's
+    next run, it writes them first, so no row is lost and none is stored twice. Rows the
     database refuses (or that cannot be spooled) stop it with ``UsageLost``. Either way
-    ``stopped`` is set (``lost`` says why), and ``drain`` and ``close`` raise the same
+    ``stopped`` is set (``lost`` says why), and ``drain`` and its exit raise the same
     error: the batch waits on ``stopped`` beside its work and halts, so rows are never left
     unstored without the batch stopping. ``sleep`` waits between tries.
     """
@@ -136,7 +136,7 @@ class UsageRecorder:
         self._max_rows = max_rows
         self._pending: dict[str, list[dict[str, Any]]] = {"calls": [], "requests": []}
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None  # while this context is entered
         self._closing = False
         self._sleep = sleep
         self._spool = spool
@@ -177,7 +177,7 @@ class UsageRecorder:
 
         if stored():
             return
-        if self._task is None:
+        if self._writer is None:
             await self._flush()
             return
         self._wake.set()
@@ -186,9 +186,22 @@ class UsageRecorder:
         if self.lost is not None and not stored():
             raise self.lost
 
-    async def start(self) -> None:
-        """Take up the rows an earlier run of the batch kept in the spool, then start writing;
-        a spool that cannot be read raises DatabaseError (one line)."""
+    async def __aenter__(self) -> UsageRecorder:
+        """Take up the rows an earlier run of the batch kept in the spool, then write in a
+        task of this context's own until it exits; a spool that cannot be read raises
+        DatabaseError (one line)."""
+        self._life = self._writing()
+        await self._life.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        """Write everything still buffered, then stop, the body's error or not; raise what
+        stopped the writer if rows are not stored (those a stop kept are in the spool, those
+        handed in since too)."""
+        await self._life.__aexit__(*exc)
+
+    @contextlib.asynccontextmanager
+    async def _writing(self) -> AsyncIterator[None]:
         if self._spool is not None:
             try:
                 kept = await asyncio.to_thread(read_spool, self._spool)
@@ -203,41 +216,40 @@ class UsageRecorder:
             if self._spooled:
                 log.info("usage rows taken from the spool", spool=str(self._spool),
                          calls=len(kept["calls"]), requests=len(kept["requests"]))
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="usage-writer")
-
-    async def close(self) -> None:
-        """Write everything still buffered, then stop; raise what stopped the writer if rows
-        are not stored (those a stop kept are in the spool, those handed in since too)."""
-        self._closing = True
-        self._wake.set()
-        task, self._task = self._task, None
-        if task is not None:
-            with contextlib.suppress(BatchStopped):  # the writer stopped: raised again below
-                await task
+        held: BaseException | None = None
+        try:
+            # app/traffic/tasks.py's ``beside``, written out: this module lies below traffic.
+            async with asyncio.TaskGroup() as group:
+                self._writer = group.create_task(self._run(), name="usage-writer")
+                try:
+                    yield
+                except BaseException as error:  # raised below: the group would cut the writer
+                    held = error
+                self._closing = True
+                self._wake.set()
+        except BaseExceptionGroup as failed:  # the writer's own error (not a stop): itself
+            raise failed.exceptions[0] from None
+        finally:
+            self._writer = None
         stopped_before = self.lost
         try:
             await self._flush()
-        except StorageOutage as kept:
+        except StorageOutage as kept_rows:
             # Already told to the batch, which stopped for it; every row is in the spool.
-            if kept is not stopped_before:
+            if kept_rows is not stopped_before:
                 raise
-
-    async def __aenter__(self) -> UsageRecorder:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        if held is not None:
+            raise held
 
     async def _run(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self._interval)
-            self._wake.clear()
-            await self._flush()
-            if self._closing and not self._has_pending():
-                return
+        with contextlib.suppress(BatchStopped):  # told through ``stopped``, raised at exit
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self._interval)
+                self._wake.clear()
+                await self._flush()
+                if self._closing and not self._has_pending():
+                    return
 
     def _has_pending(self) -> bool:
         return any(self._pending.values())

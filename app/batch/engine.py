@@ -199,9 +199,9 @@ class BatchEngine:
 class BatchRun:
     """One batch from its first row to its final status, as an async context.
 
-    Entering writes (or reopens) its rows and starts the usage recorder and the servers;
-    ``drive`` runs the tickers. Leaving closes what was started, last to first, each step
-    whatever the others did, then writes the status and its one-line reason.
+    Entering writes (or reopens) its rows and enters the usage writer's and the /metrics
+    readers' contexts; ``drive`` runs the tickers. Leaving exits what was entered, last to
+    first, each step whatever the others did, then writes the status and its one-line reason.
     """
 
     def __init__(self, owner: BatchEngine, plan: BatchPlan, work: TickerWork | None,
@@ -268,9 +268,13 @@ class BatchRun:
         self.watching = nullcontext() if self.recording is None else self.recording.watch(
             self.batch_id, len(plan.tickers), self.work.expected_calls, self.servers,
             self.strategy)
+        self.lives: list[tuple[str, AbstractAsyncContextManager[Any]]] = []  # last first
         try:
-            await self.recorder.start()
-            await self.servers.start()
+            for name, life in (("close the LLM clients", contextlib.aclosing(self.servers)),
+                               ("close the usage recorder", self.recorder),
+                               ("stop the metrics samplers", self.servers.taking())):
+                await life.__aenter__()
+                self.lives.insert(0, (name, life))
         except BaseException as error:
             await self.__aexit__(type(error), error, error.__traceback__)
             raise
@@ -410,12 +414,9 @@ class BatchRun:
                 self.error_text = _one_line(exc)
         try:
             failed: list[tuple[str, BaseException]] = []
-            # Closed last to first: the samplers, the recorder, the clients.
-            for name, close in (("stop the metrics samplers", self.servers.stop),
-                                ("close the usage recorder", self.recorder.close),
-                                ("close the LLM clients", self.servers.aclose)):
+            for name, life in self.lives:  # the samplers, the recorder, the clients
                 try:
-                    await close()
+                    await life.__aexit__(et, exc, tb)
                 except BaseException as met:  # a cancellation too: raised below, never lost
                     said = f"{type(met).__name__}: {met}"
                     log.error("cleanup step failed", step=name, error=said)

@@ -4,9 +4,12 @@ store a reading of its ETA every ``LOG_EVERY_S`` (``app.morning.eta``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
 from rich.console import Console
@@ -19,7 +22,7 @@ from app.llm import CallStats
 from app.morning import eta
 from app.morning.nightstatus import interval, span
 from app.traffic.server import ServerSet
-from app.traffic.tasks import cancel_and_wait
+from app.traffic.tasks import beside
 from serving.metrics import MetricsSnapshot
 
 log = structlog.get_logger(__name__)
@@ -68,9 +71,7 @@ class BatchProgress:
         self.expected_calls = expected_calls
         self.t0 = time.monotonic()
         self.console = console or Console(stderr=True)
-        self._live: Live | None = None
-        self._ticker: asyncio.Task[None] | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._loops: list[asyncio.Task[None]] = []  # the log and reading loops, while shown
         self._first_reading: dict[str, MetricsSnapshot] = {}  # each server's first reading seen
         self.engine = engine
         self.reading: eta.Reading | None = None  # the newest ETA reading
@@ -149,27 +150,33 @@ class BatchProgress:
         return table
 
     async def __aenter__(self) -> BatchProgress:
-        if self.console.is_terminal:
-            self._live = Live(self, console=self.console, refresh_per_second=2, transient=False)
-            self._live.__enter__()
-        else:
-            self._ticker = asyncio.create_task(self._log_loop(), name="progress-log")
-        if self.engine is not None:
-            self._reader = asyncio.create_task(self._read_loop(self.engine),
-                                               name="progress-readings")
+        """Show the progress (live on a terminal, else a log line every ``LOG_EVERY_S`` and
+        one at the exit) and take an ETA reading every ``LOG_EVERY_S`` (with ``engine``),
+        in tasks of this context's own: its exit cancels them and waits for their end."""
+        self._life = self._showing()
+        await self._life.__aenter__()
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        if self._live is not None:
-            self._live.__exit__(None, None, None)
-            self._live = None
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._life.__aexit__(*exc)
+
+    @contextlib.asynccontextmanager
+    async def _showing(self) -> AsyncIterator[None]:
+        terminal = self.console.is_terminal
         try:
-            for task in (self._ticker, self._reader):
-                if task is not None:
-                    await cancel_and_wait(task)
+            with (Live(self, console=self.console, refresh_per_second=2, transient=False)
+                  if terminal else contextlib.nullcontext()):
+                async with beside(lambda: [loop.cancel() for loop in self._loops]) as group:
+                    if not terminal:
+                        self._loops.append(group.create_task(self._log_loop(),
+                                                             name="progress-log"))
+                    if self.engine is not None:
+                        self._loops.append(group.create_task(self._read_loop(self.engine),
+                                                             name="progress-readings"))
+                    yield
         finally:
-            self._ticker = self._reader = None
-            if not self.console.is_terminal:
+            self._loops = []
+            if not terminal:
                 log.info("progress", **asdict(self.state()))
 
     async def _read_loop(self, engine: Engine) -> None:

@@ -4,7 +4,7 @@ to the engine by whoever runs it).
 SQLite keeps checkpoints in a file beside the database, PostgreSQL in the database itself.
 The savers flush usage rows before a write, retry through a restart or a full disk for the
 write budget (past it the batch stops resumable: ``StorageOutage``), and close only once no
-call they were handed runs (``settle``).
+call they were handed runs (their task group, ``calls``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from app.db.models import TickerRun
 from app.db.retry import aretrying, outage, transient
 from app.errors import DatabaseError
 from app.morning.summary import tickers_left
-from app.traffic.tasks import cancel_and_wait
+from app.traffic.tasks import beside
 
 log = structlog.get_logger(__name__)
 
@@ -55,7 +55,7 @@ class _Guarded(BaseCheckpointSaver[Any]):
     every call until it is over."""
 
     before_write: BeforeWrite | None = None
-    _calls: set[asyncio.Task[Any]] | None = None
+    calls: asyncio.TaskGroup | None = None  # open_checkpointer's: the connection's lifetime
 
     async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self.before_write is not None:
@@ -63,31 +63,16 @@ class _Guarded(BaseCheckpointSaver[Any]):
         return await _retried("checkpoint not stored", fn, *args)
 
     async def _own(self, call: Coroutine[Any, Any, T]) -> T:
-        """Run ``call`` in a task of the saver's own and return its result; a cancelled
-        caller leaves it running to its end, which ``settle`` waits for."""
+        """Run ``call`` in a task of the saver's group (``calls``) and return its result; a
+        cancelled caller leaves it running to its end, which the saver's exit waits for."""
         # LangGraph's writes of a cancelled node outlive the graph run, and a SQLite
         # connection closed under one keeps the file's write lock.
-        if self._calls is None:
-            self._calls = set()
-        task = asyncio.create_task(call)
-        self._calls.add(task)
-        task.add_done_callback(self._calls.discard)
+        assert self.calls is not None, "a saver is used inside open_checkpointer only"
+        task = self.calls.create_task(_outcome(call))
         try:
-            return await asyncio.shield(task)
+            return (await asyncio.shield(task)).result()
         except asyncio.CancelledError:
             task.add_done_callback(_report_left_behind)
-            raise
-
-    async def settle(self) -> None:
-        """Return once no call of the saver runs. Cancelled, it cancels them, still waits
-        for them to end, then raises: the connection never closes under one."""
-        try:
-            while self._calls:
-                await asyncio.wait(set(self._calls))
-        except asyncio.CancelledError:
-            while self._calls:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await cancel_and_wait(*self._calls)
             raise
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
@@ -119,11 +104,21 @@ async def _retried(what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         raise outage(what, error) from error
 
 
-def _report_left_behind(task: asyncio.Task[Any]) -> None:
+async def _outcome(call: Awaitable[T]) -> asyncio.Future[T]:
+    """Await ``call``; return what it returned or raised, as a done future: a call's error is
+    its caller's, and would end the saver's group (every other call cut) if raised there."""
+    outcome: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    try:
+        outcome.set_result(await call)
+    except Exception as error:
+        outcome.set_exception(error)
+    return outcome
+
+
+def _report_left_behind(task: asyncio.Task[asyncio.Future[Any]]) -> None:
     """Log the failure of a checkpoint call whose caller was cancelled (none else sees it)."""
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("checkpoint write failed after its caller stopped",
-                    error=str(task.exception())[:200])
+    if not task.cancelled() and (error := task.result().exception()) is not None:
+        log.warning("checkpoint write failed after its caller stopped", error=str(error)[:200])
 
 
 class GuardedSqliteSaver(_Guarded, AsyncSqliteSaver):
@@ -194,7 +189,11 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
             saver = GuardedPostgresSaver(pool, serde=serializer())
             await aretrying(saver.setup)
         saver.before_write = before_write
-        closing.push_async_callback(saver.settle)
+        # Closed first, before the connection: its exit waits for every call handed to the
+        # saver (a cancelled node's write too), and cancelled, still for their end. The
+        # saver owns them, not the callers' groups: LangGraph starts such a write once it
+        # has cancelled the node, and nothing of the batch awaits it.
+        saver.calls = await closing.enter_async_context(beside())
         yield saver
 
 

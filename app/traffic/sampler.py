@@ -190,11 +190,10 @@ class MetricsSampler:
 
     async def readings(self) -> AsyncGenerator[MetricsSnapshot | None, None]:
         """Yield a reading at the pace above until ``stop``, then (on an interval) one last:
-        the batch's end; our loop's lag is watched meanwhile. The next is not begun before
-        the owner asks for it, so a read for ``fresh`` is applied when that returns."""
+        the batch's end. The next is not begun before the owner asks for it, so a read for
+        ``fresh`` is applied when that returns."""
         loop = asyncio.get_running_loop()
         pause: float | None = 0.0 if self.interval_s is not None else None
-        lag = asyncio.create_task(self._watch_lag(), name="client-lag")
         taken = self._next
         try:
             while True:
@@ -214,11 +213,12 @@ class MetricsSampler:
             taken.set()
             self._next.set()
             self._stopping.set()  # the lag watch ends too (also when the owner gave up)
-            await lag
         if self.interval_s is not None:
             yield await self.read()
 
-    async def _watch_lag(self) -> None:
+    async def watch_lag(self) -> None:
+        """Note how late our own loop runs, for the next row, until ``stop`` or ``readings``
+        ends: run it beside them."""
         # A timer always pending fires late by however long the loop was kept busy.
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():

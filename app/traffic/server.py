@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -30,6 +30,7 @@ from app.traffic.limits import Limits
 from app.traffic.routing import Load, choose
 from app.traffic.sampler import MetricsSampler
 from app.traffic.strategy import Strategy
+from app.traffic.tasks import beside
 from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from serving.metrics import MetricsSnapshot
@@ -202,26 +203,10 @@ class Server:
     def outages(self) -> int:
         return len(self.outages_seen)
 
-    async def start(self) -> None:
-        """Take its reader's paced readings in a task of its own until ``stop``."""
-        if isinstance(self.gauges, MetricsSampler) and self._taking is None:
-            self._taking = asyncio.create_task(self._take_all(self.gauges),
-                                               name="metrics-sampler")
-
     async def _take_all(self, gauges: MetricsSampler) -> None:
         async with contextlib.aclosing(gauges.readings()) as readings:
             async for snapshot in readings:
                 await self._take(snapshot)
-
-    async def stop(self) -> None:
-        """Stop its reader: the reading being taken and (on an interval) a last one, the
-        batch's end, are applied and stored (not cancelled: no row is lost half-way)."""
-        if isinstance(self.gauges, MetricsSampler):
-            self.gauges.stop()
-            if self._taking is not None:
-                await self._taking
-                self._taking = None
-            await self.gauges.aclose()
 
     async def sample_once(self) -> MetricsSnapshot | None:
         """Take a reading now, apply it and store it; return it (None: it failed)."""
@@ -282,7 +267,8 @@ class Server:
         if self.gauges is not None:
             self._suspect = True
             # Its paced readings take one now; none paced (not started, or over): read here.
-            await (self.gauges.fresh() if self._taking else self.sample_once())
+            taking = self._taking is not None and not self._taking.done()
+            await (self.gauges.fresh() if taking else self.sample_once())
 
 
 class ServerSet:
@@ -478,19 +464,25 @@ class ServerSet:
                 else f"the LLM server at {self.first.name} did not answer")
         return f"{what} for {self.outage_budget_s:.0f} s (the outage budget): batch interrupted"
 
-    async def start(self) -> None:
-        """Start taking every endpoint's /metrics readings."""
-        for endpoint in self.endpoints:
-            await endpoint.start()
-
-    async def stop(self) -> None:
-        """Stop every reader (each last reading taken)."""
-        for endpoint in self.endpoints:
-            await endpoint.stop()
+    @contextlib.asynccontextmanager
+    async def taking(self) -> AsyncIterator[ServerSet]:
+        """Take every endpoint's /metrics readings, and watch our loop's lag, beside the body.
+        On exit the readers stop: the reading being taken and (on an interval) a last one,
+        the batch's end, are applied and stored (not cancelled: no row is lost half-way)."""
+        readers = [(e, e.gauges) for e in self.endpoints if isinstance(e.gauges, MetricsSampler)]
+        async with beside(*(gauges.stop for _, gauges in readers)) as group:
+            for endpoint, gauges in readers:
+                endpoint._taking = group.create_task(endpoint._take_all(gauges),
+                                                     name="metrics-sampler")
+                group.create_task(gauges.watch_lag(), name="client-lag")
+            yield self
 
     async def aclose(self) -> None:
+        """Close every endpoint's clients: its LLM client's and its reader's (made here)."""
         for endpoint in self.endpoints:
             await endpoint.llm.aclose()
+            if isinstance(endpoint.gauges, MetricsSampler):
+                await endpoint.gauges.aclose()
 
     @property
     def outages(self) -> list[dict[str, Any]]:

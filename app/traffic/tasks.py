@@ -1,8 +1,10 @@
-"""What a task group leaves to its caller: the first error it met, and tasks ended for sure."""
+"""Tasks in a group: the first error a task group met, and loops that run beside a body."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 
@@ -14,18 +16,24 @@ def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
     return error
 
 
-async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
-    """Cancel the tasks and return once every one has ended (their outcomes left on them).
+@asynccontextmanager
+async def beside(*stops: Callable[[], object]) -> AsyncIterator[asyncio.TaskGroup]:
+    """Yield a TaskGroup for tasks that run beside the body; none runs once this exits.
 
-    A cancellation of the caller meanwhile is raised once the tasks have ended.
+    On exit, the body's error or not, each of ``stops`` is called and the tasks are awaited
+    to their end, never cut half-way; a cancellation meanwhile cancels them and is raised once
+    they have ended. A task's first error is raised (not a group), else the body's own.
     """
-    for task in tasks:
-        task.cancel()
-    cancelled = False
-    while pending := [task for task in tasks if not task.done()]:
-        try:
-            await asyncio.wait(pending)
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
+    held: BaseException | None = None
+    try:
+        async with asyncio.TaskGroup() as group:
+            try:
+                yield group
+            except BaseException as error:  # raised below: a group would cut the tasks
+                held = error
+            for stop in stops:
+                stop()
+    except BaseExceptionGroup as errors:
+        raise first_error(errors) from None
+    if held is not None:
+        raise held

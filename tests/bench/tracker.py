@@ -140,25 +140,23 @@ async def run_tracked(settings: Settings, engine: Engine, calls: int,
     batch_id = new_batch(engine, "tracker-bench")
     gate = asyncio.Semaphore(concurrency)
     async with bench_server().client() as http:
-        recorder = UsageRecorder(engine)
-        await recorder.start()
-        llm = TrackedLLM(settings, recorder, http_client=http)
-        # One untimed call first: a fresh client learns max-model-len from /tokenize, and
-        # until then every concurrent call asks too (64 requests). A batch pays that once;
-        # N short rounds would each pay it, so it is kept out of the per-call figure.
-        await llm.chat(CallTag(batch_id, "WARMUP", "bench"), messages(-1), max_tokens=256)
+        async with UsageRecorder(engine) as recorder:
+            llm = TrackedLLM(settings, recorder, http_client=http)
+            # One untimed call first: a fresh client learns max-model-len from /tokenize, and
+            # until then every concurrent call asks too (64 requests). A batch pays that once;
+            # N short rounds would each pay it, so it is kept out of the per-call figure.
+            await llm.chat(CallTag(batch_id, "WARMUP", "bench"), messages(-1), max_tokens=256)
 
-        async def one(i: int) -> None:
-            async with gate:
-                await llm.chat(CallTag(batch_id, f"T{i % 500}", "bench", sample=i),
-                               messages(i), max_tokens=256)
+            async def one(i: int) -> None:
+                async with gate:
+                    await llm.chat(CallTag(batch_id, f"T{i % 500}", "bench", sample=i),
+                                   messages(i), max_tokens=256)
 
-        started, cpu = time.perf_counter(), time.process_time()
-        await asyncio.gather(*(one(i) for i in range(calls)))
-        # Process CPU counts the writer thread too; it shrugs off load from other processes.
-        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-        started = time.perf_counter()
-        await recorder.close()
+            started, cpu = time.perf_counter(), time.process_time()
+            await asyncio.gather(*(one(i) for i in range(calls)))
+            # Process CPU counts the writer thread too; it shrugs off load from other processes.
+            wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+            started = time.perf_counter()  # the recorder's exit writes what is left
         flush = time.perf_counter() - started
     with engine.connect() as conn:
         rows = conn.execute(select(func.count()).select_from(LLMCall)

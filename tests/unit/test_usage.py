@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, func, select
@@ -18,6 +20,7 @@ from app.llm import TrackedLLM
 from app.usage import UsageRecorder
 from tests.fakevllm import BASE_URL, FakeServer, Reply
 from tests.unit.support.call_rows import new_batch
+from tests.unit.support.endings import ENDINGS, End, run_to_its_end
 from tests.unit.support.llm_calls import (
     EXPECTED_ROW,
     check_drive,
@@ -71,14 +74,62 @@ async def test_a_failed_write_is_retried_without_loss_or_duplicates(
     assert len(set(rows)) == 30
 
 
-async def test_rows_recorded_before_start_are_written_on_close(sqlite_engine: Engine) -> None:
+async def test_rows_recorded_before_its_context_are_written_at_its_exit(
+        sqlite_engine: Engine) -> None:
     batch_id = new_batch(sqlite_engine)
     recorder = UsageRecorder(sqlite_engine)
     now = datetime.now(UTC)
     recorder.record_call({"batch_id": batch_id, "ticker": "X", "node": "n", "sample": 0,
                           "attempt": 1, "model": "m", "status": "ok", "started_at": now,
                           "ended_at": now, "latency_s": 0.0})
-    await recorder.close()
+    async with recorder:
+        pass
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(LLMCall)).scalar() == 1
+
+
+def a_call_row(batch_id: int, call_id: str = "c0") -> dict[str, object]:
+    now = datetime.now(UTC)
+    return {"batch_id": batch_id, "ticker": "X", "node": "n", "sample": 0, "attempt": 1,
+            "call_id": call_id, "model": "m", "status": "ok", "started_at": now,
+            "ended_at": now, "latency_s": 0.0}
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+async def test_the_writer_ends_with_its_context_every_row_stored(
+        sqlite_engine: Engine, ending: str) -> None:
+    batch_id = new_batch(sqlite_engine)
+    recorder = UsageRecorder(sqlite_engine, flush_interval_s=60)  # only its exit writes
+
+    async def batch(end: End) -> None:
+        before = asyncio.all_tasks()
+        async with recorder:
+            assert asyncio.all_tasks() - before == {recorder._writer}
+            recorder.record_call(a_call_row(batch_id))
+            await end()
+
+    assert not await run_to_its_end(ending, batch)
+    with sqlite_engine.connect() as conn:  # written at the exit, however the batch ended
+        assert conn.execute(select(func.count()).select_from(LLMCall)).scalar() == 1
+
+
+async def test_a_writer_that_fails_outright_stops_the_body_with_its_error(
+        sqlite_engine: Engine, tmp_path: Path) -> None:
+    # Not a database error (those stop it through ``stopped``): the spool it has just
+    # written out cannot be removed. Before, the writer's task died unseen and a drain
+    # waited for it for ever; in the context's group its error ends the body and is raised.
+    batch_id = new_batch(sqlite_engine)
+    spool = tmp_path / "usage.jsonl"
+    app.usage.write_spool(spool, {"calls": [a_call_row(batch_id)], "requests": []})
+    gave_up: list[str] = []
+    with pytest.raises(IsADirectoryError):
+        async with UsageRecorder(sqlite_engine, flush_interval_s=0.01, spool=spool) as recorder:
+            spool.unlink()
+            spool.mkdir()  # where the spool was, once its rows are stored: a folder
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(recorder.drain(), timeout=5)
+            gave_up.append("the drain waited 5 s: the writer's failure went unseen")
+    assert gave_up == []  # the writer's failure stopped the body
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(LLMCall)).scalar() == 1
 

@@ -330,13 +330,13 @@ async def test_every_cleanup_step_runs_when_closing_the_recorder_fails(
         sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from app.usage import UsageRecorder
 
-    original = UsageRecorder.close
+    original = UsageRecorder.__aexit__
 
-    async def failing_close(self: UsageRecorder) -> None:
-        await original(self)
+    async def failing_exit(self: UsageRecorder, *exc: object) -> None:
+        await original(self, *exc)
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(UsageRecorder, "close", failing_close)
+    monkeypatch.setattr(UsageRecorder, "__aexit__", failing_exit)
     tickers = demo_tickers(2)
     server = FakeServer(nodes=node_names(load_settings().pipeline()), tickers=tickers)
     runner = make_engine(sqlite_engine, demo_dir, server)

@@ -277,17 +277,20 @@ async def write_one_row(clock: FakeClock, rows: Rows,
         clock.sleep(seconds)
 
     recorder = UsageRecorder(create_engine("sqlite://"), flush_interval_s=0.001, sleep=nap)
-    await recorder.start()
-    telling = asyncio.create_task(told(recorder, lost))
-    recorder.record_call({"batch_id": 1, "ticker": "X", "node": "n", "call_id": "c",
-                          "attempt": 1})
-    said: list[UsageLost | None] = []
-    for step in (recorder.drain, recorder.close):
-        try:
-            await step()
-            said.append(None)
-        except UsageLost as error:
-            said.append(error)
+    said: list[UsageLost | None] = []  # what the drain raised, then what the exit raised
+    try:
+        async with recorder:
+            telling = asyncio.create_task(told(recorder, lost))
+            recorder.record_call({"batch_id": 1, "ticker": "X", "node": "n", "call_id": "c",
+                                  "attempt": 1})
+            try:
+                await recorder.drain()
+                said.append(None)
+            except UsageLost as error:
+                said.append(error)
+        said.append(None)
+    except UsageLost as error:
+        said.append(error)
     telling.cancel()
     return Written(recorder, lost, *said)
 

@@ -194,14 +194,14 @@ async def test_rows_not_stored_in_the_budget_wait_in_the_spool_and_the_next_run_
     with disk.engine(sqlite_engine), write_budget(0.5):
         disk.hold()
         recorder = UsageRecorder(sqlite_engine, flush_interval_s=0.01, spool=spool)
-        await recorder.start()
-        telling = asyncio.create_task(told_batch(recorder, told))
-        hand_in(recorder, batch_id, 0)
-        with pytest.raises(StorageOutage, match=r"within the write budget \(0.5 s\): database "
-                           r"or disk is full; kept in .*usage\.jsonl for the resume"):
-            await recorder.drain()  # no node is checkpointed without its rows
-        hand_in(recorder, batch_id, 1)  # a call that ended while the batch stopped
-        await recorder.close()  # the batch was told already: closing raises nothing new
+        async with recorder:  # the batch was told already: its exit raises nothing new
+            telling = asyncio.create_task(told_batch(recorder, told))
+            hand_in(recorder, batch_id, 0)
+            with pytest.raises(StorageOutage, match=r"within the write budget \(0.5 s\): "
+                               r"database or disk is full; kept in .*usage\.jsonl for the "
+                               r"resume"):
+                await recorder.drain()  # no node is checkpointed without its rows
+            hand_in(recorder, batch_id, 1)  # a call that ended while the batch stopped
         telling.cancel()
     assert len(told) == 1 and told[0].status == "interrupted" and told[0].exit_code == 2
     kept = read_spool(spool)
@@ -211,11 +211,9 @@ async def test_rows_not_stored_in_the_budget_wait_in_the_spool_and_the_next_run_
         assert conn.execute(select(LLMCall.id)).all() == []
 
     # The batch's next run: the spool is written first, once, then removed.
-    again = UsageRecorder(sqlite_engine, flush_interval_s=0.01, spool=spool)
-    await again.start()
-    hand_in(again, batch_id, 2)
-    await again.drain()
-    await again.close()
+    async with UsageRecorder(sqlite_engine, flush_interval_s=0.01, spool=spool) as again:
+        hand_in(again, batch_id, 2)
+        await again.drain()
     assert not spool.exists()
     with sqlite_engine.connect() as conn:
         calls = conn.execute(select(LLMCall.call_id, LLMCall.started_at)
@@ -232,12 +230,11 @@ async def test_rows_that_cannot_be_kept_either_stop_the_batch_failed_saying_so(
     spool, disk = tmp_path / "a-file" / "usage.jsonl", SqliteFull()
     with disk.engine(sqlite_engine), write_budget(0.5):
         disk.hold()
-        recorder = UsageRecorder(sqlite_engine, flush_interval_s=0.01, spool=spool)
-        await recorder.start()
-        (tmp_path / "a-file").write_text("")  # the spool's folder cannot be made now
-        hand_in(recorder, batch_id, 0)
         with pytest.raises(UsageLost) as lost:
-            await recorder.close()
+            async with UsageRecorder(sqlite_engine, flush_interval_s=0.01,
+                                     spool=spool) as recorder:
+                (tmp_path / "a-file").write_text("")  # the spool's folder cannot be made now
+                hand_in(recorder, batch_id, 0)
     assert lost.value.status == "failed"
     assert str(lost.value) == ("usage rows could not be stored (2 not written): database or "
                                f"disk is full; nor kept in {spool}: File exists")
@@ -248,7 +245,8 @@ async def test_a_spool_that_cannot_be_read_stops_the_start_in_one_line(
     spool = tmp_path / "usage.jsonl"
     spool.write_text('{"table": "calls", "row": {"call_id": "c0"}}\nnot json\n')
     with pytest.raises(DatabaseError) as refused:
-        await UsageRecorder(sqlite_engine, spool=spool).start()
+        async with UsageRecorder(sqlite_engine, spool=spool):
+            pass
     assert str(refused.value) == (f"cannot read the usage rows kept in {spool}: "
                                   "JSONDecodeError: Expecting value: line 1 column 1 (char 0)")
     assert spool.exists()  # kept for when it can be read

@@ -8,7 +8,9 @@ import threading
 
 import pytest
 
+from app.errors import StorageOutage
 from app.runs.checkpoints import checkpoint_path, open_checkpointer
+from tests.unit.support.endings import ENDINGS, End, run_to_its_end
 
 CONFIG = {"configurable": {"thread_id": "b1:AAA:0", "checkpoint_ns": "", "checkpoint_id": "c1"}}
 
@@ -96,3 +98,60 @@ async def test_a_close_cancelled_outright_still_ends_its_writes_before_the_conne
         assert fresh.execute("SELECT COUNT(*) FROM writes").fetchone() == (0,)
     finally:
         fresh.close()
+
+
+def stored_writes(sqlite_url: str) -> list[tuple[str, str]]:
+    """Return the writes stored, read by another connection that takes the write lock first
+    (the file is left unlocked)."""
+    fresh = sqlite3.connect(checkpoint_path(sqlite_url), timeout=0, isolation_level=None)
+    try:
+        fresh.execute("BEGIN IMMEDIATE")
+        fresh.execute("ROLLBACK")
+        return fresh.execute("SELECT task_id, channel FROM writes ORDER BY task_id").fetchall()
+    finally:
+        fresh.close()
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+async def test_the_saver_waits_for_its_writes_however_the_batch_ends(
+        sqlite_url: str, ending: str) -> None:
+    # The saver's group outlives the batch's body, its error and its cancellation alike: a
+    # write still running is awaited to its end, never cut, before the connection closes.
+    held = HeldInsert()
+    writes: list[asyncio.Task[None]] = []
+
+    async def batch(end: End) -> None:
+        async with open_checkpointer(sqlite_url) as saver:
+            await saver.conn.set_authorizer(held)  # type: ignore[attr-defined]
+            writes.append(asyncio.create_task(
+                saver.aput_writes(CONFIG, [("value", 1)], "task-1")))
+            assert await asyncio.to_thread(held.entered.wait, 60)
+            # Still held when the body has ended (at once, or once cancelled as it waits).
+            asyncio.get_running_loop().call_later(0.1, held.release.set)
+            await end()
+
+    assert not await run_to_its_end(ending, batch) - set(writes)  # the saver's own: none
+    await asyncio.wait(writes)
+    assert writes[0].exception() is None
+    assert stored_writes(sqlite_url) == [("task-1", "value")]
+
+
+async def test_a_write_that_fails_fails_its_caller_and_no_other_write(sqlite_url: str) -> None:
+    # A call's error is its caller's: were it raised in the saver's group, the group would
+    # cancel every other write (and the batch's body).
+    flushes = 0
+
+    async def flush_usage() -> None:  # the usage rows' flush before each write
+        nonlocal flushes
+        flushes += 1
+        if flushes == 1:
+            raise StorageOutage("usage rows not stored within the write budget")
+        await asyncio.sleep(0.05)  # the other write is still going when the first fails
+
+    async with open_checkpointer(sqlite_url, before_write=flush_usage) as saver:
+        first = asyncio.create_task(saver.aput_writes(CONFIG, [("value", 1)], "task-1"))
+        second = asyncio.create_task(saver.aput_writes(CONFIG, [("value", 2)], "task-2"))
+        with pytest.raises(StorageOutage, match="usage rows not stored"):
+            await first
+        await second
+    assert stored_writes(sqlite_url) == [("task-2", "value")]

@@ -191,13 +191,9 @@ async def test_sampler_keeps_latest_and_stores_rows(tmp_path: Path) -> None:
     reads: list[str] = []
     async with httpx.AsyncClient(transport=transport(seen=reads)) as client:
         sampler = MetricsSampler("http://x/v1", engine, batch_id, interval_s=0.01, client=client)
-        server = read_servers(sampler).first  # the one that takes the readings
-        await server.start()
-        try:
+        async with read_servers(sampler).taking():  # its server takes the readings
             while len(reads) < 3:
                 await asyncio.sleep(0.01)
-        finally:
-            await server.stop()
         assert sampler.latest is not None and sampler.latest.running == 2.0
     with Session(engine) as session:
         rows = session.scalars(select(ServerSample)).all()
@@ -237,15 +233,13 @@ async def test_a_reading_asked_after_a_fault_is_taken_by_the_server_before_check
     # at once for Server.check is applied, the server down, before check returns.
     async with httpx.AsyncClient(transport=transport(status=500)) as client:
         sampler = MetricsSampler("http://x/v1", None, None, interval_s=None, client=client)
-        server = read_servers(sampler).first
-        await server.start()
-        try:
+        servers = read_servers(sampler)
+        server = servers.first
+        async with servers.taking():
             await asyncio.sleep(0.01)
             assert server.limits.failed == 0  # no interval: read only when asked
             await server.check()
             assert server.limits.failed == 1 and not server.up
-        finally:
-            await server.stop()
     assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
 
 
@@ -264,15 +258,13 @@ async def test_a_reading_asked_for_is_stored_before_check_returns(
             await store(*args)
 
         monkeypatch.setattr(sampler, "store", slow_store)
-        server = read_servers(sampler).first
-        await server.start()
-        try:
+        servers = read_servers(sampler)
+        server = servers.first
+        async with servers.taking():
             await server.check()
             with Session(engine) as session:
                 assert len(session.scalars(select(ServerSample)).all()) == 1
             assert server.up and sampler.latest is not None
-        finally:
-            await server.stop()
 
 
 @pytest.mark.parametrize("page", [RECORDED, DP2_IDLE])

@@ -23,7 +23,7 @@ def one_server(llm: Any, strategy: Strategy, *, gauges: Any = None) -> ServerSet
     server = Server(0, getattr(llm, "base_url", ""), llm, strategy, gauges=gauges,
                     changed=changed, counter=llm if isinstance(llm, PromptCounter) else None)
     if hasattr(gauges, "push"):  # a simulated server that says when it has a reading: the
-        gauges.push = server.reading  # test's wiring, standing in for Server.start's task
+        gauges.push = server.reading  # test's wiring, standing in for ServerSet.taking's task
     return ServerSet([server], changed)
 
 

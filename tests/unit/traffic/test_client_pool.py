@@ -134,7 +134,6 @@ async def test_servers_read_behind_a_router_after_the_start_get_room_in_the_pool
                                     [{"role": "user", "content": "hi"}], max_tokens=4)
                     for i in range(wanted)))
         finally:
-            await fleet.stop()
             await fleet.aclose()
     assert len(held) == wanted
     assert all(fake.chats for fake in fakes)  # the router spread them: three servers' room

@@ -34,9 +34,7 @@ def _batch(engine: Engine) -> int:
 
 async def _sample(sampler: MetricsSampler, reads: list[str], until: int,
                   block_s: float = 0.0) -> None:
-    server = read_servers(sampler).first  # the one that takes the readings
-    await server.start()
-    try:
+    async with read_servers(sampler).taking():  # its server takes the readings
         while len(reads) < until:
             await asyncio.sleep(0.01)
         # What a client busy with its streams does to everything else on its loop.
@@ -44,8 +42,6 @@ async def _sample(sampler: MetricsSampler, reads: list[str], until: int,
         start = len(reads)
         while len(reads) < start + 2:
             await asyncio.sleep(0.01)
-    finally:
-        await server.stop()
 
 
 @pytest.mark.slow

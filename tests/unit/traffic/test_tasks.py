@@ -2,11 +2,13 @@
 
 Each function that waits on several things at once (a halt beside the batch, a server coming
 back or the outage budget running out, a call beside its endpoint going down, a signal beside
-the batch, the progress log beside the batch) is run here to its end normally, by a halt and
-by a cancellation; then ``asyncio.all_tasks()`` must hold no task it made. A task cancelled
-but not awaited is still in that set until it has handled its cancellation, so a bare
-``cancel()`` is caught; the fakes that take a moment to end once cancelled (SlowToCancel)
-catch one whose wait happened to be covered by some later await.
+the batch) is run here to its end normally, by a halt and by a cancellation; each context
+that runs loops beside its body (``beside``; the progress loops and the /metrics readers here,
+the usage writer and the checkpoint saver in their own tests) is left by its body returning,
+raising and being cancelled. Then ``asyncio.all_tasks()`` must hold no task it made. A task
+cancelled but not awaited is still in that set until it has handled its cancellation, so a
+bare ``cancel()`` is caught; the fakes that take a moment to end once cancelled
+(SlowToCancel) catch one whose wait happened to be covered by some later await.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from datetime import date
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 from rich.console import Console
 from sqlalchemy import Engine
@@ -33,10 +36,13 @@ from app.recorder.progress import BatchProgress
 from app.runs.replay import WorkItem, Workload, play
 from app.traffic.client import EndpointGone, TickerClient
 from app.traffic.halt import Halt, HaltReason
+from app.traffic.sampler import MetricsSampler
 from app.traffic.server import Server, ServerSet
 from app.traffic.strategy import Strategy
-from app.traffic.tasks import cancel_and_wait
+from app.traffic.tasks import beside
 from tests.fakevllm import BASE_URL, ChatRequest, FakeServer, Reply
+from tests.unit.support.endings import ENDINGS, End, run_to_its_end
+from tests.unit.support.metrics_transport import transport
 from tests.unit.support.servers import read_servers
 
 
@@ -81,16 +87,53 @@ class SlowToCancel:
 # --- the helpers -----------------------------------------------------------------------------
 
 
-async def test_cancel_and_wait_holds_the_callers_cancellation_until_the_task_ends() -> None:
+@pytest.mark.parametrize("ending", ENDINGS)
+async def test_beside_stops_its_tasks_and_awaits_their_end_however_the_body_ends(
+        ending: str) -> None:
+    # Stopped, not cancelled: a loop's last write is never cut, the body's error or not.
+    stopping, finished = asyncio.Event(), []
+
+    async def loop() -> None:
+        await stopping.wait()
+        await asyncio.sleep(0.02)  # its last write
+        finished.append(ending)
+
+    async def body(end: End) -> None:
+        async with beside(stopping.set) as group:
+            group.create_task(loop())
+            await end()
+
+    assert not await run_to_its_end(ending, body)
+    assert finished == [ending]
+
+
+async def test_beside_cancelled_as_it_waits_cancels_its_tasks_and_raises_once_they_end() -> None:
     slow = SlowToCancel()
-    task = asyncio.create_task(slow())
-    await asyncio.sleep(0)
+    started: list[asyncio.Task[None]] = []
 
     async def stop() -> None:
-        await cancel_and_wait(task)
+        async with beside() as group:  # nothing stops it: its exit waits, until cancelled
+            started.append(group.create_task(slow()))
 
     assert not await cancelled_after(0.005, stop)
-    assert slow.ended and task.cancelled()
+    assert slow.ended and started[0].cancelled()
+
+
+async def test_a_task_beside_that_fails_stops_the_body_and_its_error_is_raised_as_itself(
+) -> None:
+    async def fails() -> None:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("a bug")
+
+    async def body() -> None:
+        async with beside() as group:
+            group.create_task(fails())
+            await asyncio.Event().wait()  # cancelled by the group: the task failed
+
+    before = tasks_now()
+    with pytest.raises(RuntimeError, match="a bug"):  # itself, not an ExceptionGroup
+        await body()
+    assert not {t for t in tasks_now() - before if not t.done()}
 
 
 # --- engine.run_until_halted -----------------------------------------------------------------
@@ -331,25 +374,45 @@ async def test_a_signal_with_a_halt_asks_for_a_stop() -> None:
 # --- progress --------------------------------------------------------------------------------
 
 
-def progress() -> BatchProgress:
-    return BatchProgress(1, 2, read_servers(), console=Console(file=io.StringIO()))
+@pytest.mark.parametrize("ending", ENDINGS)
+async def test_the_progress_loops_end_with_its_context(ending: str, sqlite_engine: Engine
+                                                       ) -> None:
+    shown = BatchProgress(1, 2, read_servers(), console=Console(file=io.StringIO()),
+                          engine=sqlite_engine)
+
+    async def batch(end: End) -> None:
+        before = tasks_now()
+        async with shown:
+            # The log loop and the ETA readings' loop, while the batch runs.
+            assert tasks_now() - before == set(shown._loops) and len(shown._loops) == 2
+            await end()
+
+    assert not await run_to_its_end(ending, batch)
 
 
-async def test_the_progress_log_loop_ends_with_its_context() -> None:
-    before = tasks_now()
-    async with progress() as shown:
-        started = tasks_now() - before
-        assert len(started) == 1  # the log loop, while the batch runs
-        assert shown._ticker in started
-    assert tasks_now() == before
+# --- the /metrics readers --------------------------------------------------------------------
 
 
-async def test_the_progress_log_loop_ends_when_the_batch_is_cancelled() -> None:
-    async def batch() -> None:
-        async with progress():
-            await asyncio.Event().wait()
+@pytest.mark.parametrize("ending", ENDINGS)
+async def test_the_metrics_readers_end_with_their_context_the_last_reading_taken(
+        ending: str) -> None:
+    reads: list[str] = []
+    async with httpx.AsyncClient(transport=transport(seen=reads)) as client:
+        # Read at once, then not for 60 s: any other read is the batch's end.
+        sampler = MetricsSampler("http://x/v1", None, None, interval_s=60, client=client)
+        servers = read_servers(sampler)
 
-    assert not await cancelled_after(0.01, batch)
+        async def batch(end: End) -> None:
+            before = tasks_now()
+            async with servers.taking():
+                assert len(tasks_now() - before) == 2  # the reader and the loop's lag watch
+                while not reads:
+                    await asyncio.sleep(0.005)
+                await end()
+
+        assert not await run_to_its_end(ending, batch)
+        assert len(reads) == 2  # the last reading was taken, not cut, however the batch ended
+        assert servers.first.limits.failed == 0 and sampler.latest is not None
 
 
 # --- a whole batch ---------------------------------------------------------------------------
