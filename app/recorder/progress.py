@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from app.llm import CallStats
 from app.morning import eta
@@ -185,13 +184,13 @@ class BatchProgress:
             await self.take_reading(engine)
 
     async def take_reading(self, engine: Engine) -> None:
-        """Read the ETA from the batch's rows now and store the reading; a database that
-        fails here is logged and the progress goes on (the night must not stop for it)."""
+        """Read the ETA from the batch's rows now and store the reading; any error here (the
+        database's or the estimate's own) is logged and the progress goes on."""
         try:
             found = await asyncio.to_thread(eta.reading, engine, self.batch_id,
                                             datetime.now(UTC))
             await asyncio.to_thread(eta.record, engine, self.batch_id, found)
-        except SQLAlchemyError as error:
+        except Exception as error:  # the ETA is advice: the batch's group must not end for it
             log.warning("progress reading not stored", error=f"{type(error).__name__}: {error}")
             return
         self.reading = found

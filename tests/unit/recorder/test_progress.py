@@ -6,6 +6,7 @@ import io
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
+import pytest
 import structlog
 from rich.console import Console
 from sqlalchemy import Engine, select, text
@@ -95,3 +96,20 @@ async def test_a_reading_the_database_refuses_is_logged_and_the_night_goes_on(
         await shown.take_reading(sqlite_engine)
     assert shown.reading is None
     assert [e["event"] for e in logs] == ["progress reading not stored"]
+
+
+async def test_an_estimate_that_fails_is_logged_and_the_night_goes_on(
+        sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The readings' loop runs in the batch's group, so an error it lets out cancels the night;
+    # the ETA is advice, and a fault in working it out must cost the night nothing.
+    def broken(*_: object) -> None:
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr("app.recorder.progress.eta.reading", broken)
+    shown = progress()
+    shown.batch_id = batch(sqlite_engine, {"AAA": "running"})
+    with structlog.testing.capture_logs() as logs:
+        await shown.take_reading(sqlite_engine)
+    assert shown.reading is None
+    assert [(e["event"], e["error"]) for e in logs] == [
+        ("progress reading not stored", "ZeroDivisionError: float division by zero")]
