@@ -187,6 +187,9 @@ class NightlyDaemon:
         self.scheduler.add_jobstore(self.store)
         self.scheduler.add_listener(self._started, EVENT_SCHEDULER_STARTED)
         self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
+        # _missed says a missed night (and pushes its digest): APScheduler's own warning of
+        # it would be the same fault a second time, in its words.
+        logging.getLogger("apscheduler.executors.default").setLevel(logging.ERROR)
         self.scheduler.add_listener(self._after_run, EVENT_JOB_SUBMITTED | EVENT_JOB_MAX_INSTANCES)
         self.heartbeat = Heartbeat(engine, settings.batch.heartbeat_interval_s, self.next_run_time,
                                    f"{settings.schedule.cron} ({self.zone})")

@@ -8,6 +8,7 @@ exactly what the daemon does when it wakes, minus the sleeping in between.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -97,7 +98,8 @@ def test_a_host_that_was_off_catches_up_at_most_once(sqlite_engine: Engine, back
         assert daemon.next_run_time() == local(back_at.date() + timedelta(days=1), 0, 10)
 
 
-def test_a_night_missed_past_the_grace_is_no_silent_night(sqlite_engine: Engine) -> None:
+def test_a_night_missed_past_the_grace_is_no_silent_night(
+        sqlite_engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
     from tests.webhook import webhook
 
     recorder = Recorder()
@@ -116,6 +118,9 @@ def test_a_night_missed_past_the_grace_is_no_silent_night(sqlite_engine: Engine)
             "it was due: past NIGHTDESK_SCHEDULE_MISFIRE_GRACE_S (6 h 00 min)") \
         in post["message"].splitlines(), post["message"]
     assert "`nightdesk run --continue-night`" in post["message"], post["message"]
+    # Said once, in nightdesk's words: not again by APScheduler's own warning.
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("apscheduler")
+            and r.levelno >= logging.WARNING] == []
 
 
 def test_the_job_table_is_apschedulers_and_alembic_leaves_it_alone(sqlite_engine: Engine,
