@@ -337,7 +337,7 @@ def show_changes(
                                               parser=parse_batch_id)] = None,
     against: Annotated[int | None, typer.Option(
         "--against", help="the night to compare with (default: the newest finished nightly "
-                          "batch of an earlier as-of date)",
+                          "batch of the latest earlier as-of date)",
         parser=lambda text: parse_batch_id(text, what="--against"))] = None,
     fmt: Formats = "table",
 ) -> None:

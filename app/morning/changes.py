@@ -216,7 +216,7 @@ def _check_comparable(batch: Any, rows: list[RankRow], against: Any,
 def compare_nights(engine: Engine, batch_id: int | None = None,
                    against_id: int | None = None) -> NightChanges:
     """Compare a night (default: the one the ranking shows) with another (default: the newest
-    finished nightly batch of an earlier as-of date).
+    finished nightly batch of the latest earlier as-of date).
 
     InputError: an unknown batch id, no finished night, or ``against_id`` of another universe.
     """

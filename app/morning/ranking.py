@@ -38,10 +38,12 @@ class RankRow(BaseModel):
 
 
 def _newest_finished(session: Session, before: Batch | None = None) -> Batch | None:
-    """Return the newest finished nightly batch (of an as-of date before ``before``'s)."""
+    """Return the newest finished nightly batch; with ``before``, the night before its: the
+    newest of the latest as-of date before ``before``'s."""
     query = select(Batch).where(Batch.kind == "nightly", Batch.status.in_(FINISHED_STATUSES))
     if before is not None:
-        query = query.where(Batch.as_of < before.as_of)
+        # By date first: an older date analyzed again (`run --as-of`) finishes later.
+        query = query.where(Batch.as_of < before.as_of).order_by(Batch.as_of.desc())
     # A partial night still ranks what it has (and lists what it lacks).
     return session.scalars(query.order_by(Batch.finished_at.desc(), Batch.id.desc())
                            .limit(1)).first()
@@ -65,7 +67,8 @@ def ranked_night(engine: Engine) -> int | None:
 
 
 def previous_night(engine: Engine, batch_id: int) -> int | None:
-    """Return the newest finished nightly batch of an as-of date before ``batch_id``'s."""
+    """Return the newest finished nightly batch of the latest as-of date before
+    ``batch_id``'s."""
     current = batch_row(engine, batch_id)
     with Session(engine) as session:
         found = _newest_finished(session, current)

@@ -94,6 +94,22 @@ def test_a_ticker_the_night_left_out_is_not_said_to_be_out_of_its_universe(
     assert dropped.why == f"not among the tickers of batch #{second} (as of {D2})"
 
 
+def test_the_night_before_is_the_latest_earlier_date_not_a_later_backfill(
+        sqlite_engine: Engine) -> None:
+    # D1 and D2 ran in turn; D1 was then analyzed again (a backfill, `run --as-of D1`),
+    # finishing after D2's night. The night of D3 was compared with that backfill, two
+    # dates back, in `changes`, the ranking's Was column and the digest.
+    d3 = date(2026, 11, 28)
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Hold", 0.0)})
+    before = add_night(sqlite_engine, D2, at(d3, 0, 10), {"AAA": Rated("Buy", 0.7)})
+    add_night(sqlite_engine, D1, at(d3, 9, 0), {"AAA": Rated("Sell", -0.7)})
+    night = add_night(sqlite_engine, d3, at(date(2026, 11, 29), 0, 10),
+                      {"AAA": Rated("Buy", 0.6)})
+    found = compare_nights(sqlite_engine, night)
+    assert (found.against_id, found.against_as_of) == (before, D2)
+    assert found.by_ticker()["AAA"].change == "same"
+
+
 def test_the_nodes_that_moved_most_are_named(sqlite_engine: Engine) -> None:
     two_nights(sqlite_engine)
     by = compare_nights(sqlite_engine).by_ticker()
