@@ -229,8 +229,9 @@ def rerun(
 
 
 def show_ranking(
-    batch: Annotated[int | None, typer.Option("--batch", help="batch id (default: newest "
-                                                               "finished nightly)",
+    batch: Annotated[int | None, typer.Option("--batch", help="batch id (default: the newest "
+                                                               "finished nightly of the "
+                                                               "latest as-of date)",
                                               parser=parse_batch_id)] = None,
     fmt: Formats = "table",
     require_fresh: Annotated[bool, typer.Option(

@@ -174,9 +174,12 @@ def latest_beat(engine: Engine, stale_s: float, now: datetime) -> SchedulerHeart
 
 
 def _latest(engine: Engine) -> Batch | None:
+    """Return the newest nightly batch of the latest as-of date: an older date analyzed
+    again since (`run --as-of`) is no night of this morning's."""
     with engine.connect() as conn:
         return conn.execute(select(Batch).where(Batch.kind == "nightly")
-                            .order_by(Batch.id.desc()).limit(1)).first()  # type: ignore[return-value]
+                            .order_by(Batch.as_of.desc(), Batch.id.desc())
+                            .limit(1)).first()  # type: ignore[return-value]
 
 
 def _batch(engine: Engine, batch_id: int) -> Batch | None:

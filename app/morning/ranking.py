@@ -38,15 +38,15 @@ class RankRow(BaseModel):
 
 
 def _newest_finished(session: Session, before: Batch | None = None) -> Batch | None:
-    """Return the newest finished nightly batch; with ``before``, the night before its: the
-    newest of the latest as-of date before ``before``'s."""
+    """Return the newest finished nightly batch of the latest as-of date that has one
+    (before ``before``'s date: the night before it)."""
     query = select(Batch).where(Batch.kind == "nightly", Batch.status.in_(FINISHED_STATUSES))
     if before is not None:
-        # By date first: an older date analyzed again (`run --as-of`) finishes later.
-        query = query.where(Batch.as_of < before.as_of).order_by(Batch.as_of.desc())
-    # A partial night still ranks what it has (and lists what it lacks).
-    return session.scalars(query.order_by(Batch.finished_at.desc(), Batch.id.desc())
-                           .limit(1)).first()
+        query = query.where(Batch.as_of < before.as_of)
+    # By date first: an older date analyzed again (`run --as-of`) finishes later. A partial
+    # night still ranks what it has (and lists what it lacks).
+    return session.scalars(query.order_by(Batch.as_of.desc(), Batch.finished_at.desc(),
+                                          Batch.id.desc()).limit(1)).first()
 
 
 def _pick_batch(engine: Engine, batch_id: int | None) -> Batch:
