@@ -70,7 +70,8 @@ class NightCollector(Collector):
                 Batch.as_of.desc(), Batch.finished_at.desc()).limit(1)).scalar()
         families: list[GaugeMetricFamily | None] = [
             _gauge("night_last_success_timestamp_seconds",
-                   "Unix time the newest nightly batch that succeeded finished (0: none yet)",
+                   "Unix time the newest nightly batch that succeeded finished, of the "
+                   "latest as-of date that has one (0: none yet)",
                    _seconds(last_success) or 0.0),
             _labelled("night_last_status", "1 for the latest night's status (stale: none "
                       "came when due), 0 for the others", "status",
