@@ -340,7 +340,8 @@ class BatchRun:
                     given.close()  # first: its room goes on, not held through the writes
             if error is not None and transient(error):  # a ticker row past its write budget
                 error = outage("ticker row not stored", error)
-            message = None if error is None else _one_line(error)
+            # Stored and told under the ticker: a reason that begins with it says it twice.
+            message = None if error is None else _one_line(error).removeprefix(f"{ticker}: ")
             if isinstance(error, LLMError) and error.stops_batch:
                 # Every call would meet it (a wrong key, URL, model): stop, stay resumable.
                 owner.halt.request(HaltReason("failed", message or "", error.exit_code))

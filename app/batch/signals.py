@@ -35,9 +35,8 @@ async def _stop_on_signals(work: Coroutine[Any, Any, T], halt: Halt | None,
             main.cancel()
             return
         # Without this, SIGTERM kills the process outright and the batch stays "running".
-        halt.request(HaltReason(
-            "interrupted", f"stopped by {name}: finished tickers are kept",
-            BatchInterrupted.exit_code, 0.0 if halt.reason else grace_s))
+        halt.request(HaltReason("interrupted", f"stopped by {name}: finished tickers are kept",
+                                BatchInterrupted.exit_code, 0.0 if halt.reason else grace_s))
 
     for sig in SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig.name)

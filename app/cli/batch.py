@@ -229,8 +229,9 @@ def rerun(
 
 
 def show_ranking(
-    batch: Annotated[int | None, typer.Option("--batch", help="batch id (default: newest "
-                                                               "finished nightly)",
+    batch: Annotated[int | None, typer.Option("--batch", help="batch id (default: the newest "
+                                                               "finished nightly of the "
+                                                               "latest as-of date)",
                                               parser=parse_batch_id)] = None,
     fmt: Formats = "table",
     require_fresh: Annotated[bool, typer.Option(
@@ -337,7 +338,7 @@ def show_changes(
                                               parser=parse_batch_id)] = None,
     against: Annotated[int | None, typer.Option(
         "--against", help="the night to compare with (default: the newest finished nightly "
-                          "batch of an earlier as-of date)",
+                          "batch of the latest earlier as-of date)",
         parser=lambda text: parse_batch_id(text, what="--against"))] = None,
     fmt: Formats = "table",
 ) -> None:

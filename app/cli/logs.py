@@ -74,21 +74,31 @@ def configure_logging(fmt: Literal["auto", "console", "json"] = "auto",
         structlog.processors.JSONRenderer() if json_lines
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
+    shared: list[structlog.typing.Processor] = [
+        # batch_id, ticker and node are bound with bind_contextvars by the engine and graph.
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        redact_event,
+    ]
     structlog.configure(
-        processors=[
-            # batch_id, ticker and node are bound with bind_contextvars by the engine and graph.
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            redact_event,
-            renderer,
-        ],
+        processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         # Look stderr up per logger: tests (and daemons) swap the stream after configuring.
         logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
         cache_logger_on_first_use=False,
     )
+    root = logging.getLogger()
+    had = list(root.handlers)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    for handler in logging.getLogger().handlers:
+    # A library's record is a line like nightdesk's own (JSON in the journal), with the
+    # logger's name: no "WARNING:apscheduler…:" prefix. Handlers set up by others (pytest's)
+    # keep their format.
+    library = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer])
+    for handler in root.handlers:
+        if handler not in had:
+            handler.setFormatter(library)
         if not any(isinstance(f, _RedactFilter) for f in handler.filters):
             handler.addFilter(_RedactFilter())

@@ -82,8 +82,10 @@ def web(
     with open_metrics_port(metrics_port, engine, settings):
         typer.echo(f"nightdesk web on http://{host}:{port}/"
                    + ("" if password else " (no password: --local-only)"), err=True)
+        # log_config=None: uvicorn's lines go through nightdesk's log (app/cli/logs.py), not
+        # its own "INFO:     …" format.
         uvicorn.run(app, host=host, port=port, log_level=settings.log.level.lower(),
-                    proxy_headers=False)
+                    proxy_headers=False, log_config=None)
 
 
 @contextlib.contextmanager

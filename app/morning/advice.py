@@ -47,8 +47,8 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float) -> list[Advi
 
     A nightly batch or rerun that no longer runs and has tickers ``run --resume`` takes up:
     resume it; a nightly one once the nightly batch running now (which holds the lock the
-    resume takes) has ended. Else, each ticker that failed and no later rerun has redone:
-    rerun it for the batch's date and samples.
+    resume takes) has ended. Else, each ticker that failed and no later rerun (of the same
+    date) has redone: rerun it for the batch's date and samples.
     """
     if batch.status == "running" or batch.kind not in RESUMABLE_KINDS:
         return []
@@ -72,7 +72,8 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float) -> list[Advi
             does += f", once batch {holder}, running now, has ended"
         return [Advice(f"nightdesk run --resume {batch.id}", does)]
     samples = f" --samples {batch.samples}" if batch.samples and batch.samples > 1 else ""
-    redone = rerun_since(engine, batch.id, batch.as_of) if batch.kind == "nightly" else set()
+    # A later rerun that succeeded has redone a ticker, for its night or a rerun before it.
+    redone = rerun_since(engine, batch.id, batch.as_of)
     return [Advice(f"nightdesk rerun {failed.ticker} --as-of {batch.as_of}{samples}",
                    f"runs {failed.ticker} again; the ranking applies it")
             for failed in failed_tickers(engine, batch.id)

@@ -12,7 +12,6 @@ import re
 import statistics
 from collections import defaultdict
 from dataclasses import field
-from datetime import date
 from typing import Any
 
 from pydantic import computed_field, field_serializer
@@ -217,7 +216,7 @@ def _check_comparable(batch: Any, rows: list[RankRow], against: Any,
 def compare_nights(engine: Engine, batch_id: int | None = None,
                    against_id: int | None = None) -> NightChanges:
     """Compare a night (default: the one the ranking shows) with another (default: the newest
-    finished nightly batch of an earlier as-of date).
+    finished nightly batch of the latest earlier as-of date).
 
     InputError: an unknown batch id, no finished night, or ``against_id`` of another universe.
     """
@@ -245,7 +244,7 @@ def compare_nights(engine: Engine, batch_id: int | None = None,
                             demo)
     before = {r.ticker: r for r in against_rows}
     now = {r.ticker: r for r in rows}
-    tickers = [_pair(engine, now.get(t), before.get(t), t, against.as_of, batch.as_of)
+    tickers = [_pair(engine, now.get(t), before.get(t), t, against, batch)
                for t in [*now, *(t for t in before if t not in now)]]
     return NightChanges(batch.id, batch.as_of, against.id, against.as_of, tickers, demo)
 
@@ -257,7 +256,9 @@ def _unpaired(row: RankRow) -> TickerChange:
 
 
 def _pair(engine: Engine, now: RankRow | None, before: RankRow | None, ticker: str,
-          before_as_of: date, as_of: date) -> TickerChange:
+          earlier: Any, night: Any) -> TickerChange:
+    """Return one ticker's change from batch ``earlier`` to batch ``night``."""
+    before_as_of, as_of = earlier.as_of, night.as_of
     change = _marker(now, before)
     moves: list[NodeMove] = []
     if change in ("upgrade", "downgrade"):
@@ -268,10 +269,12 @@ def _pair(engine: Engine, now: RankRow | None, before: RankRow | None, ticker: s
         why = "; ".join(filter(None, [band_note(now, before), why_line(
             moves, bool(after_stance) and bool(before_stance))]))
     elif change == "new":
-        why = (f"not in the universe of {before_as_of}" if before is None
+        # The batch's tickers, not the date's universe: `run --limit` leaves some out.
+        why = (f"not among the tickers of batch #{earlier.id} (as of {before_as_of})"
+               if before is None
                else f"not rated on {before_as_of}: {before.status} ({before.summary})")
     elif change == "dropped":
-        why = (f"not in the universe of {as_of}" if now is None
+        why = (f"not among the tickers of batch #{night.id} (as of {as_of})" if now is None
                else f"{now.status} on {as_of}: {now.summary}")
     else:
         why = ""

@@ -219,23 +219,25 @@ def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
 
 
 def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str,
-                   outcome: str = "no batch run") -> Message:
+                   outcome: str = "no batch run", headline: str | None = None) -> Message:
     """Build the digest of a night refused at its start: it holds only why (one line) and
     what to do; a failure, as a failed night's digest is. ``outcome``: what did not happen
-    (no batch row exists, or a recorded batch was not continued)."""
+    (no batch row exists, or a recorded batch was not continued); ``headline``: what befell
+    the night instead of being refused (a night the daemon missed)."""
     night = f"night of {as_of}" if as_of is not None else "the night"
     base = settings.web.base_url
-    return Message(f"nightdesk: {night} REFUSED at its start, {outcome}",
+    return Message(f"nightdesk: {headline or f'{night} REFUSED at its start'}, {outcome}",
                    "\n".join([f"Why: {why}", f"What to do: {advice}", f"Page: {base}/"]),
                    "failure")
 
 
 def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str,
-                 outcome: str = "no batch run") -> None:
+                 outcome: str = "no batch run", headline: str | None = None) -> None:
     """Send ``refusal_digest`` to ``NIGHTDESK_NOTIFY`` (nothing when unset); never raise."""
     if not settings.notify.urls:
         return
-    delivery = send(settings.notify.urls, refusal_digest(settings, as_of, why, advice, outcome),
+    delivery = send(settings.notify.urls,
+                    refusal_digest(settings, as_of, why, advice, outcome, headline),
                     settings.notify.timeout_s)
     log.info("refusal digest sent", as_of=None if as_of is None else str(as_of),
              delivered=delivery.sent, destinations=delivery.total)

@@ -1,8 +1,9 @@
 """The latest night's status, for the ranking page, ``nightdesk ranking`` and the digest.
 
 One reading of what is stored (batch rows, ticker runs, call counts, the scheduler daemon's
-heartbeat row) and of the schedule: the newest nightly batch whatever its outcome, or
-``stale`` when the schedule's last due time passed (plus ``schedule_start_grace_s``) with no
+heartbeat row) and of the schedule: the newest nightly batch of the latest as-of date
+whatever its outcome, or ``stale`` when the schedule's last due time passed (plus
+``schedule_start_grace_s``) with no
 nightly batch created since; whether the ranking shown is that night's, and if not why;
 a running night's progress and ETA (``app.morning.eta``, as the live progress computes it); when the
 next night is due; and whether the daemon's heartbeat is current. Nothing here writes.
@@ -174,9 +175,12 @@ def latest_beat(engine: Engine, stale_s: float, now: datetime) -> SchedulerHeart
 
 
 def _latest(engine: Engine) -> Batch | None:
+    """Return the newest nightly batch of the latest as-of date: an older date analyzed
+    again since (`run --as-of`) is no night of this morning's."""
     with engine.connect() as conn:
         return conn.execute(select(Batch).where(Batch.kind == "nightly")
-                            .order_by(Batch.id.desc()).limit(1)).first()  # type: ignore[return-value]
+                            .order_by(Batch.as_of.desc(), Batch.id.desc())
+                            .limit(1)).first()  # type: ignore[return-value]
 
 
 def _batch(engine: Engine, batch_id: int) -> Batch | None:

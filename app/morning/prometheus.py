@@ -21,7 +21,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, select
 
 from app.config import Settings
 from app.db.models import Batch
@@ -63,12 +63,15 @@ class NightCollector(Collector):
     def _families(self) -> list[Metric]:
         status = night_status(self.engine, self.settings, ranked_night(self.engine))
         with self.engine.connect() as conn:
-            last_success = conn.execute(select(func.max(Batch.finished_at))
-                                        .where(Batch.kind == "nightly",
-                                               Batch.status == "succeeded")).scalar()
+            # Of the latest date that has one, as the latest night is: an older date analyzed
+            # again later (`run --as-of`) is no success of this morning's.
+            last_success = conn.execute(select(Batch.finished_at).where(
+                Batch.kind == "nightly", Batch.status == "succeeded").order_by(
+                Batch.as_of.desc(), Batch.finished_at.desc()).limit(1)).scalar()
         families: list[GaugeMetricFamily | None] = [
             _gauge("night_last_success_timestamp_seconds",
-                   "Unix time the newest nightly batch that succeeded finished (0: none yet)",
+                   "Unix time the newest nightly batch that succeeded finished, of the "
+                   "latest as-of date that has one (0: none yet)",
                    _seconds(last_success) or 0.0),
             _labelled("night_last_status", "1 for the latest night's status (stale: none "
                       "came when due), 0 for the others", "status",

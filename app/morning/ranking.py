@@ -38,13 +38,15 @@ class RankRow(BaseModel):
 
 
 def _newest_finished(session: Session, before: Batch | None = None) -> Batch | None:
-    """Return the newest finished nightly batch (of an as-of date before ``before``'s)."""
+    """Return the newest finished nightly batch of the latest as-of date that has one
+    (before ``before``'s date: the night before it)."""
     query = select(Batch).where(Batch.kind == "nightly", Batch.status.in_(FINISHED_STATUSES))
     if before is not None:
         query = query.where(Batch.as_of < before.as_of)
-    # A partial night still ranks what it has (and lists what it lacks).
-    return session.scalars(query.order_by(Batch.finished_at.desc(), Batch.id.desc())
-                           .limit(1)).first()
+    # By date first: an older date analyzed again (`run --as-of`) finishes later. A partial
+    # night still ranks what it has (and lists what it lacks).
+    return session.scalars(query.order_by(Batch.as_of.desc(), Batch.finished_at.desc(),
+                                          Batch.id.desc()).limit(1)).first()
 
 
 def _pick_batch(engine: Engine, batch_id: int | None) -> Batch:
@@ -65,7 +67,8 @@ def ranked_night(engine: Engine) -> int | None:
 
 
 def previous_night(engine: Engine, batch_id: int) -> int | None:
-    """Return the newest finished nightly batch of an as-of date before ``batch_id``'s."""
+    """Return the newest finished nightly batch of the latest as-of date before
+    ``batch_id``'s."""
     current = batch_row(engine, batch_id)
     with Session(engine) as session:
         found = _newest_finished(session, current)

@@ -235,7 +235,8 @@ def applied_reruns(nightly_id: int, as_of: date) -> Select[tuple[Batch]]:
 
 
 def rerun_since(engine: Engine, nightly_id: int, as_of: date) -> set[str]:
-    """Return the tickers of nightly batch ``nightly_id`` that an applied rerun has redone."""
+    """Return the tickers of batch ``nightly_id`` that a rerun it would apply has redone
+    (a rerun's: those a later rerun of its date has)."""
     reruns = applied_reruns(nightly_id, as_of).with_only_columns(Batch.id).subquery()
     with engine.connect() as conn:
         return set(conn.execute(select(Decision.ticker).where(

@@ -49,8 +49,11 @@ from app.config import Settings
 from app.db.lock import LockHold, scheduler_lock
 from app.db.models import SchedulerBeat
 from app.errors import ERRORS, AlreadyRunningError
+from app.morning.digest import send_refusal
+from app.morning.nightstatus import span
+from app.morning.summary import when
 from app.morning.timetable import NightlyTrigger, schedule_zone
-from app.runs.nightly import NightlyResult, run_nightly
+from app.runs.nightly import START_AGAIN, NightlyResult, run_nightly
 
 log = structlog.get_logger(__name__)
 
@@ -184,6 +187,9 @@ class NightlyDaemon:
         self.scheduler.add_jobstore(self.store)
         self.scheduler.add_listener(self._started, EVENT_SCHEDULER_STARTED)
         self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
+        # _missed says a missed night (and pushes its digest): APScheduler's own warning of
+        # it would be the same fault a second time, in its words.
+        logging.getLogger("apscheduler.executors.default").setLevel(logging.ERROR)
         self.scheduler.add_listener(self._after_run, EVENT_JOB_SUBMITTED | EVENT_JOB_MAX_INSTANCES)
         self.heartbeat = Heartbeat(engine, settings.batch.heartbeat_interval_s, self.next_run_time,
                                    f"{settings.schedule.cron} ({self.zone})")
@@ -347,9 +353,17 @@ class NightlyDaemon:
         self._log_next("scheduler started")
 
     def _missed(self, event: JobEvent) -> None:
-        log.warning("nightly run missed: past the grace time",
-                    scheduled_for=event.scheduled_run_time.isoformat(),
-                    misfire_grace_s=self.settings.schedule.misfire_grace_s)
+        due, grace = event.scheduled_run_time, self.settings.schedule.misfire_grace_s
+        log.warning("nightly run missed: past the grace time", scheduled_for=due.isoformat(),
+                    misfire_grace_s=grace)
+        # No silent night: the journal line alone reaches nobody in the morning.
+        now = datetime.now(UTC)
+        send_refusal(self.settings, None,
+                     f"the scheduler daemon reached it at {when(now)}, "
+                     f"{span((now - due).total_seconds())} after it was due: past "
+                     f"NIGHTDESK_SCHEDULE_MISFIRE_GRACE_S ({span(grace)})",
+                     f"if the night is still wanted, start it now: `{START_AGAIN}`",
+                     headline=f"the night due {when(due)} MISSED")
 
     def _after_run(self, _event: Any) -> None:
         if self.interrupted_fire is not None:

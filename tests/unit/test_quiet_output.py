@@ -3,6 +3,7 @@ once, nothing of nightdesk's own examples masked, no wrapping when not on a term
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,19 @@ def test_every_command_prints_through_the_one_console_that_never_folds_a_pipe() 
                 if path not in allowed and "Console(" in path.read_text()]
     assert builders == []
 
+
+
+def test_a_librarys_log_record_is_written_as_nightdesks_own_lines_are() -> None:
+    # The standard library's records (APScheduler's, uvicorn's, alembic's) came out as
+    # `WARNING:apscheduler.executors.default:Run time of job …` beside the JSON lines: a
+    # library prefix in the journal, a line no JSON reader could take.
+    code = ("import logging, structlog; from app.cli.logs import configure_logging; "
+            "configure_logging(); structlog.get_logger('x').warning('ours'); "
+            "logging.getLogger('some.library').warning('theirs %s', 'http://u:pw@h/')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=True)
+    ours, theirs = (json.loads(line) for line in result.stderr.splitlines())
+    assert (ours["event"], ours["level"]) == ("ours", "warning")
+    assert set(ours) <= set(theirs), theirs
+    assert (theirs["event"], theirs["level"], theirs["logger"]) == (
+        f"theirs http://u:{MASK}@h/", "warning", "some.library")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -86,3 +87,30 @@ def test_a_port_already_taken_is_one_line_and_exit_2(sqlite_engine: object) -> N
     assert result.code == 2, (result.code, result.stderr)
     [line] = result.error_lines
     assert line.startswith(f"error: --port {port}: cannot listen on 127.0.0.1:{port} ("), line
+
+
+@pytest.mark.slow
+def test_the_web_journal_is_nightdesks_lines_without_uvicorns_prefix() -> None:
+    # uvicorn's own logging config printed `INFO:     127.0.0.1:… - "GET / HTTP/1.1" 200`
+    # beside nightdesk's JSON lines: a library prefix in the web unit's journal.
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "web", "--local-only",
+                             "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).is_success
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    # The command's own lines (a note, where it serves), then the log's, each JSON.
+    logged = [line for line in stderr.splitlines()
+              if not line.startswith(("note: ", "nightdesk web on "))]
+    lines = [json.loads(line) for line in logged]
+    assert any(line.get("logger") == "uvicorn.access" and "GET /healthz" in line["event"]
+               for line in lines), lines

@@ -161,6 +161,23 @@ def test_the_advice_follows_what_resume_takes_up(sqlite_engine: Engine,
             "interrupted"
 
 
+def test_a_failed_rerun_redone_by_a_later_rerun_advises_nothing(sqlite_engine: Engine,
+                                                                 client: TestClient) -> None:
+    # A rerun that failed kept advising its own rerun after a later one had succeeded,
+    # while its night, rightly, advised nothing more.
+    a, b, _ = demo_tickers(3)
+    night = add_night(sqlite_engine, DEMO_AS_OF, CREATED,
+                      {a: Rated("Buy", 0.7), b: Rated(error=FAILURE)})
+    failed = add_night(sqlite_engine, DEMO_AS_OF, CREATED + timedelta(hours=1),
+                       {b: Rated(error=FAILURE)}, kind="rerun")
+    assert advice_given(sqlite_engine, client, failed) == {
+        f"nightdesk rerun {b} --as-of {DEMO_AS_OF}"}
+    add_night(sqlite_engine, DEMO_AS_OF, CREATED + timedelta(hours=2),
+              {b: Rated("Hold", 0.1)}, kind="rerun")
+    assert advice_given(sqlite_engine, client, failed) == set()
+    assert advice_given(sqlite_engine, client, night) == set()
+
+
 def test_report_and_ranking_give_advice_in_one_json_shape(sqlite_engine: Engine) -> None:
     # A script reads `advice` the same way from either JSON face: `{command, does}` objects.
     a, b, _ = demo_tickers(3)

@@ -13,10 +13,12 @@ import csv
 import io
 import json
 from datetime import date
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
+from agents.data.demo import demo_tickers, write_demo
 from app.morning.changes import compare_nights, stance
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.night_rows import SETTINGS, Rated, add_night, at, table
@@ -72,9 +74,40 @@ def test_markers_previous_columns_and_the_changes_order(sqlite_engine: Engine) -
     assert by["BBB"].score_move == pytest.approx(-1.5)
     assert by["CCC"].score_move == pytest.approx(0.05)
     assert [c.ticker for c in found.changes] == ["BBB", "AAA", "DDD", "EEE", "FFF"]
-    assert by["DDD"].why == f"not in the universe of {D1}"
+    assert by["DDD"].why == f"not among the tickers of batch #{first} (as of {D1})"
     assert by["EEE"].why == f"failed on {D2}: DataError: no prices"
     assert by["FFF"].why.startswith(f"not rated on {D1}: failed")
+
+
+def test_a_ticker_the_night_left_out_is_not_said_to_be_out_of_its_universe(
+        sqlite_engine: Engine, tmp_path: Path) -> None:
+    # `run --limit 2` (or --tickers) leaves a ticker of the date's universe out of the
+    # batch: "not in the universe of D" was untrue of it.
+    a, b, c = demo_tickers(3)
+    universe = write_demo(tmp_path, D2, 3) / "universe.txt"
+    assert c in universe.read_text().split()
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {t: Rated("Hold", 0.0) for t in (a, b, c)})
+    second = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10),
+                       {t: Rated("Hold", 0.0) for t in (a, b)})
+    dropped = compare_nights(sqlite_engine).by_ticker()[c]
+    assert dropped.change == "dropped"
+    assert dropped.why == f"not among the tickers of batch #{second} (as of {D2})"
+
+
+def test_the_night_before_is_the_latest_earlier_date_not_a_later_backfill(
+        sqlite_engine: Engine) -> None:
+    # D1 and D2 ran in turn; D1 was then analyzed again (a backfill, `run --as-of D1`),
+    # finishing after D2's night. The night of D3 was compared with that backfill, two
+    # dates back, in `changes`, the ranking's Was column and the digest.
+    d3 = date(2026, 11, 28)
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Hold", 0.0)})
+    before = add_night(sqlite_engine, D2, at(d3, 0, 10), {"AAA": Rated("Buy", 0.7)})
+    add_night(sqlite_engine, D1, at(d3, 9, 0), {"AAA": Rated("Sell", -0.7)})
+    night = add_night(sqlite_engine, d3, at(date(2026, 11, 29), 0, 10),
+                      {"AAA": Rated("Buy", 0.6)})
+    found = compare_nights(sqlite_engine, night)
+    assert (found.against_id, found.against_as_of) == (before, D2)
+    assert found.by_ticker()["AAA"].change == "same"
 
 
 def test_the_nodes_that_moved_most_are_named(sqlite_engine: Engine) -> None:

@@ -95,6 +95,26 @@ def test_no_batch_since_the_due_time_is_stale_after_the_grace(sqlite_engine: Eng
     assert f"batch #{first}" in status.headline
 
 
+def test_an_older_date_analyzed_again_is_not_the_latest_night(sqlite_engine: Engine) -> None:
+    # `nightdesk run --as-of <an older date>` in the morning: it ran after the due time and
+    # finished last, so the morning took it for the latest night: a night that never came
+    # read fresh (and `--require-fresh` 0) on a ranking two dates old.
+    first = add_night(sqlite_engine, D1, DUE1, GOOD)
+    add_night(sqlite_engine, D1 - timedelta(days=1), DUE2 + timedelta(hours=2), GOOD)
+    status = status_at(sqlite_engine, DUE2 + timedelta(hours=8))
+    assert (status.status, status.fresh) == ("stale", False), status.headline
+    assert status.ranked is not None and status.ranked.id == first
+    with time_machine.travel(DUE2 + timedelta(hours=8), tick=False):
+        assert run_cli("ranking", "--require-fresh", env=UTC_ENV).code == STALE_EXIT
+    # Tonight's night came and succeeded; the older date analyzed again after it failed.
+    tonight = add_night(sqlite_engine, D2, DUE2, GOOD)
+    add_night(sqlite_engine, D1 - timedelta(days=2), DUE2 + timedelta(hours=3),
+              {"AAA": Rated(error="LLMTimeoutError")})
+    status = status_at(sqlite_engine, DUE2 + timedelta(hours=8))
+    assert (status.status, status.fresh) == ("succeeded", True), status.reason
+    assert status.latest is not None and status.latest.id == tonight
+
+
 def test_an_empty_database_is_stale(sqlite_engine: Engine) -> None:
     status = status_at(sqlite_engine, DUE2)
     assert status.status == "stale" and status.latest is None and not status.fresh

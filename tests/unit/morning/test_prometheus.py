@@ -157,6 +157,20 @@ def test_a_missed_night_and_a_night_cut_short(sqlite_engine: Engine,
                                                "nightdesk_night_output_tokens_per_second"}
 
 
+def test_an_older_date_analyzed_again_is_no_success_of_this_mornings(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    # `run --as-of D1` in the morning after D2's night never came: its success reset the
+    # "no successful night in 26 h" rule's clock, while the status reads stale.
+    first = add_night(sqlite_engine, D1, DUE1, {"AAA": Rated("Buy", 0.8)})
+    add_night(sqlite_engine, D1 - timedelta(days=1), DUE2 + timedelta(hours=2),
+              {"AAA": Rated("Buy", 0.8)})
+    with time_machine.travel(DUE2 + timedelta(hours=8), tick=False):
+        got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
+    assert got[("nightdesk_night_last_status", (("status", "stale"),))] == 1
+    assert got[("nightdesk_night_last_success_timestamp_seconds", ())] == \
+        (DUE1 + timedelta(minutes=40)).timestamp(), first
+
+
 def test_a_daemon_that_stopped_drops_its_heartbeat_and_one_that_died_keeps_it(
         sqlite_engine: Engine, client: TestClient) -> None:
     from app.runs.daemon import Heartbeat

@@ -8,6 +8,7 @@ exactly what the daemon does when it wakes, minus the sleeping in between.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -95,6 +96,31 @@ def test_a_host_that_was_off_catches_up_at_most_once(sqlite_engine: Engine, back
             tick(daemon, later)
         assert recorder.fired == expected
         assert daemon.next_run_time() == local(back_at.date() + timedelta(days=1), 0, 10)
+
+
+def test_a_night_missed_past_the_grace_is_no_silent_night(
+        sqlite_engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    from tests.webhook import webhook
+
+    recorder = Recorder()
+    with running(daemon_for(sqlite_engine, recorder), local(date(2026, 11, 27), 20, 0)):
+        pass  # the job is stored for 00:10; then the host goes down until 06:11
+    with webhook() as hook, \
+            running(daemon_for(sqlite_engine, recorder, notify=hook.url()),
+                    local(date(2026, 11, 28), 6, 11)) as daemon:
+        tick(daemon, local(date(2026, 11, 28), 6, 11))
+    assert recorder.fired == []
+    # Not only a journal line: the morning's digest says the night did not run, and why.
+    [post] = hook.posts
+    assert post["type"] == "failure"
+    assert post["title"] == "nightdesk: the night due 2026-11-27 23:10 UTC MISSED, no batch run"
+    assert ("Why: the scheduler daemon reached it at 2026-11-28 05:11 UTC, 6 h 01 min after "
+            "it was due: past NIGHTDESK_SCHEDULE_MISFIRE_GRACE_S (6 h 00 min)") \
+        in post["message"].splitlines(), post["message"]
+    assert "`nightdesk run --continue-night`" in post["message"], post["message"]
+    # Said once, in nightdesk's words: not again by APScheduler's own warning.
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("apscheduler")
+            and r.levelno >= logging.WARNING] == []
 
 
 def test_the_job_table_is_apschedulers_and_alembic_leaves_it_alone(sqlite_engine: Engine,
