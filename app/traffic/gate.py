@@ -47,8 +47,7 @@ class Gate:
         self.limit = max(1, limit)  # changed through set_limit, which lets waiters in
         self.budget = budget
         self._counter = counter  # the server's /tokenize, for the first prompt's cost
-        self._first_count = asyncio.Lock()
-        self._count_asked = False
+        self._first_count: asyncio.Event | None = None  # asked; set once it is over
         self.outstanding = 0
         self._waiters: list[tuple[int, int, asyncio.Future[None], Claim, Ticket | None]] = []
         self._seq = itertools.count()
@@ -129,19 +128,21 @@ class Gate:
 
     async def claim(self, node: str, body: dict[str, Any]) -> Claim:
         """Return what a request reserves of the budget (nothing without one); the server's
-        first prompt is counted by its /tokenize first, once, while others wait, so none is
-        costed at the default ratio (a failed count is left to the call)."""
+        first prompt is counted by its /tokenize first, once, while the claims made meanwhile
+        wait for it, then go on in one loop turn, so none is costed at the default ratio (a
+        failed count is left to the call)."""
         budget, counter = self.budget, self._counter
         if budget is None:
             return NO_TOKENS
-        # Until the ratio is known every claim takes the lock: one made while the first
-        # count is out waits for it rather than being costed at the default.
         if counter is not None and counter.supported and not budget.ratio_known():
-            async with self._first_count:
-                if not self._count_asked and not budget.ratio_known():
-                    self._count_asked = True
+            if self._first_count is None:
+                self._first_count = asyncio.Event()
+                try:
                     with contextlib.suppress(LLMError):
                         await counter.count(counter.settings.llm.model, body["messages"])
+                finally:
+                    self._first_count.set()
+            await self._first_count.wait()
         return budget.claim(node, body)
 
     def learn(self, node: str, body: dict[str, Any], result: ChatResult) -> None:

@@ -381,6 +381,38 @@ async def test_claims_made_while_the_first_count_is_out_wait_for_it() -> None:
     assert at_count > blocks(math.ceil(4_000 * 0.5) + 24 + 300)  # what the default gave
 
 
+async def test_claims_that_waited_for_the_first_count_go_on_together() -> None:
+    # At a fleet's start every analyst's claim arrives while the first count is out. They
+    # queued on a lock and went on one per event-loop turn once it came back; with 2,000
+    # sends in flight a turn takes milliseconds, so an endpoint's 250 first requests went
+    # out over seconds (500 tickers over 8 simulated H200s: first calls spread over 5 s).
+    from app.promptsize import Counted
+
+    counted = Counted()
+    budget = TokenBudget(capacity=10_000_000, counted=counted)
+    back = asyncio.Event()
+
+    class HeldCounter:
+        supported = True
+        settings = SimpleNamespace(llm=SimpleNamespace(model="m"))
+
+        async def count(self, model: str, messages: list[dict[str, str]]) -> int:
+            await back.wait()  # the /tokenize round trip, ended by the test
+            counted.bytes = counted.tokens = 4_000
+            return 4_000
+
+    gate = Gate(256, budget, counter=HeldCounter())  # type: ignore[arg-type]
+    claims = [asyncio.create_task(gate.claim("market", body(4_000, 300))) for _ in range(64)]
+    await asyncio.sleep(0)
+    back.set()
+    turns = 0
+    while not all(claim.done() for claim in claims):
+        await asyncio.sleep(0)  # one event-loop turn
+        turns += 1
+    assert turns <= 3  # the count's end, then every waiting claim at once (a lock: 64)
+    assert {claim.result().tokens for claim in claims} == {blocks(4_200 + 24 + 300)}
+
+
 def new_batch_id(engine: Engine) -> int:
     from tests.unit.support.call_rows import new_batch
     return new_batch(engine)
