@@ -217,8 +217,7 @@ class MetricsSampler:
             yield await self.read()
 
     async def watch_lag(self) -> None:
-        """Note how late our own loop runs, for the next row, until ``stop`` or ``readings``
-        ends: run it beside them."""
+        """Note how late our loop runs (for the next row) until the readings stop; run it beside."""
         # A timer always pending fires late by however long the loop was kept busy.
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
