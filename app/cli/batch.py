@@ -52,7 +52,7 @@ from app.runs.nightly import (
     run_nightly,
     tell_refused,
 )
-from app.runs.preflight import ServerCheck
+from app.runs.preflight import PreflightRefused, ServerCheck
 from app.runs.resumable import ResumePoint
 from app.traffic.strategy import Strategy as TrafficStrategy
 from serving.facts import batch_server_facts
@@ -95,6 +95,17 @@ def _server_check(no_preflight: bool) -> ServerCheck:
     return "skip" if no_preflight else "require"
 
 
+def _names_its_skip(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a command with --no-preflight a server check's refusal that names the flag."""
+    @functools.wraps(command)
+    def checked(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except PreflightRefused as error:
+            raise PreflightRefused(f"{error} (--no-preflight skips this check)") from None
+    return checked
+
+
 def _ready_database(settings: Settings) -> Engine:
     """Return the engine, after marking batches whose process died as crashed."""
     engine = batch_database(settings)
@@ -132,6 +143,7 @@ def _finish(outcome: BatchOutcome, planned: int) -> None:
         raise typer.Exit(code)
 
 
+@_names_its_skip
 def run(
     batch_id: Annotated[int | None, typer.Argument(
         help="with --resume: the batch to continue (default: the newest with tickers left)",
@@ -213,6 +225,7 @@ def run(
         _finish(night.outcome, night.tickers)
 
 
+@_names_its_skip
 def rerun(
     ticker: Annotated[str, typer.Argument(help="ticker symbol")],
     as_of: AsOf = None,
@@ -389,6 +402,7 @@ def _rated_text(rating: str | None, score: float | None, rank: int | None,
     return f"{rating}{flag} {score:+.2f}" + (f" #{rank}" if rank is not None else "")
 
 
+@_names_its_skip
 def replay(
     batch: Annotated[int, typer.Option("--batch", help="recorded batch to replay",
                                        parser=parse_batch_id)],

@@ -33,6 +33,11 @@ NAMED = 5
 TOKENIZE_TIMEOUT_S = 10.0
 
 
+class PreflightRefused(ConfigError):
+    """The server cannot run the night as set. The command that asked says how to skip the
+    check, where it has a way (the daemon has none)."""
+
+
 def check_start(settings: Settings, engine: Engine, as_of: date, tickers: list[str], *,
                 server: ServerCheck, budgets_kept: str | None = None) -> None:
     """Raise InputError or ConfigError (one line, exit 2) when the batch could not run:
@@ -77,8 +82,7 @@ def check_endpoints(settings: Settings) -> None:
             log.warning("preflight: server not checked", detail=check.detail)
         if check.level == "fail":
             where = f" ({redact(url)})" if len(settings.llm.urls) > 1 else ""
-            raise ConfigError(f"preflight{where}: {check.detail} "
-                              "(--no-preflight skips this check)")
+            raise PreflightRefused(f"preflight{where}: {check.detail}")
 
 
 def check_context(settings: Settings, engine: Engine, as_of: date, tickers: list[str],
@@ -94,8 +98,8 @@ def check_context(settings: Settings, engine: Engine, as_of: date, tickers: list
         misfit = asyncio.run(first_misfit(settings, url, prompts, bounds))
         if misfit is not None:
             where = f" ({redact(url)})" if len(settings.llm.urls) > 1 else ""
-            raise ConfigError(f"preflight{where}: {misfit.describe()}; serve a longer "
-                              f"--max-model-len{lower} (--no-preflight skips this check)")
+            raise PreflightRefused(f"preflight{where}: {misfit.describe()}; serve a longer "
+                                   f"--max-model-len{lower}")
 
 
 def _bundles(settings: Settings, as_of: date, tickers: list[str]) -> list[MarketBundle]:

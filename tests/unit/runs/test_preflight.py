@@ -264,7 +264,25 @@ def test_the_daemons_fire_is_refused_before_any_row(
     failed = [e for e in logs if e["event"] == "nightly run failed"]
     assert len(failed) == 1 and says in failed[0]["error"], logs
     assert failed[0]["log_level"] == "error"
+    # The daemon has no --no-preflight: its refusal must not advise one.
+    assert "--no-preflight" not in failed[0]["error"]
     assert counts(sqlite_engine) == (0, 0)
+
+
+@pytest.mark.parametrize("start", [
+    ["run", "--tickers", "{a},{b}", "--as-of", AS_OF],
+    ["rerun", "{a}", "--as-of", AS_OF],
+], ids=["run", "rerun"])
+def test_a_command_refused_by_the_server_check_names_its_own_skip_and_it_works(
+        sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch, tickers: list[str],
+        start: list[str]) -> None:
+    serve(monkeypatch, SMALL_CONTEXT)
+    argv = [word.format(a=tickers[0], b=tickers[1]) for word in start]
+    assert_refused(run_cli(*argv), "(--no-preflight skips this check)")
+    # The advice is taken: the same command with the flag gets past the server's check
+    # (to the data's, which a ticker the snapshot lacks still fails).
+    argv = [word.format(a="NOPE", b=tickers[1]) for word in start]
+    assert_refused(run_cli(*argv, "--no-preflight"), "NOPE", "not in the snapshot")
 
 
 # --- live data --------------------------------------------------------------------------
