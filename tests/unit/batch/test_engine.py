@@ -12,7 +12,7 @@ from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
@@ -27,11 +27,7 @@ from app.recorder.record import Recorder
 from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 4)
-    return tmp_path / "data"
+pytestmark = pytest.mark.demo_tickers(4)  # two tests run four
 
 
 def make_engine(sqlite_engine: Engine, demo_dir: Path, server: FakeServer, **overrides: object

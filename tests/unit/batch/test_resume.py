@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, func, select, update
 from typer.testing import CliRunner
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch import store
@@ -34,12 +34,6 @@ from tests.unit.support.fault_night import serve_cli_from
 from tests.unit.support.night_rows import dead_night
 
 NODES = node_names(load_settings().pipeline())
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
 
 
 def engine_for(db: Engine, demo_dir: Path, server: FakeServer | None = None,

@@ -25,7 +25,7 @@ import structlog
 from sqlalchemy import Engine, select
 from typer.testing import CliRunner
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
@@ -52,12 +52,6 @@ from tests.unit.support.clirun import run_cli
 from tests.unit.support.fault_night import serve_cli_from
 
 NODES = node_names(load_settings().pipeline())
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
 
 
 def night(db: Engine, demo_dir: Path, server: FakeServer, **overrides: Any) -> BatchEngine:

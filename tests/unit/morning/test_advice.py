@@ -24,7 +24,7 @@ from bs4 import BeautifulSoup
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.config import load_settings
 from app.db.models import Batch
 from app.morning.digest import build_digest
@@ -62,12 +62,6 @@ def nights(a: str, b: str, c: str) -> dict[str, tuple[dict[str, Rated], str | No
         "crashed-after-its-last-ticker": ({a: Rated("Buy", 0.7), b: Rated(error=FAILURE)},
                                           "crashed"),
     }
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
 
 
 @pytest.fixture

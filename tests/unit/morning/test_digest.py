@@ -16,7 +16,7 @@ import pytest
 import structlog
 from sqlalchemy import Engine, func, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.batch.engine import BatchOutcome
 from app.config import load_settings
 from app.db.models import Batch
@@ -156,12 +156,6 @@ def test_send_reaches_every_destination_and_names_the_dead_one() -> None:
 # --- every path a batch ends on sends it ------------------------------------------------------
 
 
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
-    return tmp_path / "data"
-
-
 def fail_ticker(ticker: str) -> Any:
     def script(chat: ChatRequest) -> Reply | None:
         # Not retryable (a 400): the ticker fails at once.
@@ -263,6 +257,7 @@ def test_a_night_stopped_by_sigterm_sends_an_interrupted_digest(
     assert "stopped by SIGTERM" in post["message"]
 
 
+@pytest.mark.demo_tickers(2)  # the daemon's night takes the snapshot's whole list
 @pytest.mark.parametrize(("failing", "status", "level"), [
     (0, "succeeded", "info"), (1, "partial", "warning"), (2, "failed", "error")])
 def test_the_daemon_logs_a_night_as_loud_as_the_timer_and_sends_its_digest(

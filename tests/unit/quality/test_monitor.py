@@ -14,7 +14,7 @@ import pytest
 from scipy.stats import binom, chi2_contingency, multivariate_hypergeom
 from sqlalchemy import Engine, func, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
@@ -36,6 +36,8 @@ from tests.unit.support.clirun import nightdesk
 from tests.unit.support.quality_rows import SCALE, add_batch, one_each
 
 SIX = ["AAA", "BBB", "CCC", "DDD", "EEE", "FFF"]
+
+pytestmark = pytest.mark.demo_tickers(6)  # run_batch's night of six
 
 
 def dist(**counts: int) -> dict[str, int]:
@@ -216,12 +218,6 @@ def all_hold(chat: ChatRequest) -> Reply | None:
         return Reply(json.dumps({"rating": "Hold", "score": 0.0, "confidence": 0.5,
                                  "summary": "Balanced."}))
     return None
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 6)
-    return tmp_path / "data"
 
 
 async def run_batch(engine: Engine, demo_dir: Path, kind: str = "nightly") -> int:

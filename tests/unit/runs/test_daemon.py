@@ -29,7 +29,7 @@ from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy import Engine, inspect, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.config import load_settings
 from app.db.engine import alembic_config, make_engine
 from app.db.models import Batch, SchedulerBeat
@@ -48,8 +48,8 @@ from tests.unit.support.daemon_clock import (
 from tests.unit.support.engines import fake_llm
 
 NIGHTDESK = Path(sys.executable).with_name("nightdesk")
-
-
+# The daemon's nights take the demo snapshot's whole list: two tickers.
+pytestmark = pytest.mark.demo_tickers(2)
 
 
 def test_the_trigger_is_the_nightly_one() -> None:
@@ -209,12 +209,6 @@ def test_plain_cron_trigger_fires_twice_in_the_repeated_hour() -> None:
     assert [t.astimezone(UTC).hour for t in plain] == [0, 1, 1]  # 10-25 CEST, 10-25 CET, 10-26
     assert [t.astimezone(UTC) for t in ours] == [datetime(2026, 10, 25, 0, 30, tzinfo=UTC),
                                                  datetime(2026, 10, 26, 1, 30, tzinfo=UTC)]
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
-    return tmp_path / "data"
 
 
 def test_a_second_daemon_does_not_double_run(sqlite_engine: Engine, sqlite_url: str,

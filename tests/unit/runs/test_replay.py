@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
@@ -22,12 +22,6 @@ from app.runs.replay import replay_batch
 from app.runs.resumable import pick
 from app.usage import decompress_body
 from tests.fakevllm import ChatRequest, FakeServer, Reply
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
-    return tmp_path / "data"
 
 
 def sent(server: FakeServer) -> list[str]:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import structlog
 from rich.console import Console
 from sqlalchemy import Engine, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
@@ -24,12 +23,6 @@ from app.runs.checkpoints import Checkpoints
 from app.traffic.strategy import Strategy
 from tests.fakevllm import FakeServer, Reply
 from tests.unit.support.servers import read_servers
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
-    return tmp_path / "data"
 
 
 async def test_unreadable_metrics_are_warned_once_paused_on_and_recorded(
