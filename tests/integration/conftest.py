@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -35,6 +36,13 @@ def private_database(name: str) -> Iterator[str]:
         with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
                           .format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def night(demo_dir: Path) -> Path:
+    """Return the folder of an unattended night (tests/integration/unattended.py): its database
+    and logs go there, and demo_dir's snapshot is its data/."""
+    return demo_dir.parent
 
 
 @pytest.fixture(scope="session")
