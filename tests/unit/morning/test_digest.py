@@ -26,6 +26,7 @@ from tests.fakevllm import ChatRequest, Reply
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.engines import fake_llm
 from tests.unit.support.night_rows import Rated, add_night, add_resumed_calls, at
+from tests.unit.support.sigterm import sigterm_at_first
 from tests.webhook import closed_port, webhook
 
 D1, D2 = date(2026, 11, 26), date(2026, 11, 27)
@@ -223,21 +224,10 @@ def test_a_continued_night_sends_the_digest_of_the_whole_night(
 
 def test_a_night_stopped_by_sigterm_sends_an_interrupted_digest(
         monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
-    import os
-    import signal
-
     from tests.fakevllm import default_reply
 
     tickers = demo_tickers(2)
-    sent: list[bool] = []
-
-    def script(chat: ChatRequest) -> Reply | None:
-        if not sent and chat.node == "bull_r1":
-            sent.append(True)
-            os.kill(os.getpid(), signal.SIGTERM)  # what `systemctl stop` sends
-            return Reply(default_reply(chat), delay_s=0.3)
-        return None
-
+    script = sigterm_at_first("bull_r1", lambda chat: Reply(default_reply(chat), delay_s=0.3))
     fake_llm(monkeypatch, script, tickers)
     with webhook() as hook:
         result = run_cli("run", "--tickers", ",".join(tickers), "--as-of", str(DEMO_AS_OF),

@@ -46,6 +46,7 @@ from tests.unit.support.daemon_clock import (
     tick,
 )
 from tests.unit.support.engines import fake_llm
+from tests.unit.support.sigterm import sigterm_at_first
 
 NIGHTDESK = Path(sys.executable).with_name("nightdesk")
 # The daemon's nights take the demo snapshot's whole list: two tickers.
@@ -318,14 +319,7 @@ def test_sigterm_mid_batch_leaves_the_night_due_and_the_next_start_takes_it_up(
         restore_signals: None) -> None:
     from app.runs.nightly import run_nightly
 
-    def script(chat: ChatRequest) -> Reply | None:
-        if chat.node == "bull_r1" and not script_sent:
-            script_sent.append(True)
-            os.kill(os.getpid(), signal.SIGTERM)  # what `systemctl stop` sends
-            return Reply("late", delay_s=5)
-        return None
-
-    script_sent: list[bool] = []
+    script = sigterm_at_first("bull_r1", lambda chat: Reply("late", delay_s=5))
     server = fake_llm(monkeypatch, script, demo_tickers(2))
     daemon = daemon_for(sqlite_engine, run_nightly, **batch_settings(demo_dir))
     with running(daemon, NIGHT - timedelta(hours=1)):
