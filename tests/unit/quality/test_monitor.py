@@ -15,9 +15,8 @@ from scipy.stats import binom, chi2_contingency, multivariate_hypergeom
 from sqlalchemy import Engine, func, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers
-from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
-from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.engine import BatchPlan
 from app.config import load_settings
 from app.db.models import BatchWarning
 from app.quality import monitor
@@ -30,9 +29,9 @@ from app.quality.monitor import (
     reference_batches,
     warnings_for,
 )
-from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer, Reply
 from tests.unit.support.clirun import nightdesk
+from tests.unit.support.engines import make_engine
 from tests.unit.support.quality_rows import SCALE, add_batch, one_each
 
 SIX = ["AAA", "BBB", "CCC", "DDD", "EEE", "FFF"]
@@ -226,9 +225,7 @@ async def run_batch(engine: Engine, demo_dir: Path, kind: str = "nightly") -> in
     settings = load_settings(check_context_length=False, retry_backoff_s=0,
                              monitor_max_grade_share=0.3)
     server = FakeServer(all_hold, nodes=node_names(settings.pipeline()), tickers=tickers)
-    runner = BatchEngine(settings, engine, http_client=server.client(),
-                         provider=SnapshotProvider(demo_dir), sample_metrics=False,
-                         checkpoints=Checkpoints(settings.store.database_url, engine))
+    runner = make_engine(engine, demo_dir, server, settings)
     outcome = await runner.run(BatchPlan(kind, DEMO_AS_OF, tickers))
     assert outcome.status == "succeeded"
     return outcome.batch_id
