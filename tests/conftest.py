@@ -11,6 +11,7 @@ import pytest
 import structlog
 from sqlalchemy import Engine
 
+from agents.data.demo import DEMO_AS_OF, write_demo
 from app.config import get_settings
 from app.db.engine import get_engine, upgrade
 
@@ -56,3 +57,14 @@ def sqlite_engine(sqlite_url: str, migrated_sqlite: Path) -> Engine:
     # without running every migration again for each of the ~700 tests that ask.
     shutil.copyfile(migrated_sqlite, sqlite_url.removeprefix("sqlite:///"))
     return get_engine(sqlite_url)
+
+
+@pytest.fixture
+def demo_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """Return a data folder holding the DEMO snapshot of DEMO_AS_OF's first three tickers,
+    or of the first n where the test or its module is marked ``demo_tickers(n)``."""
+    # The count matters where a night takes the snapshot's whole list (a daemon's night, a
+    # run without --tickers) or a test asks for more than three; elsewhere tests name theirs.
+    mark = request.node.get_closest_marker("demo_tickers")
+    write_demo(tmp_path / "data", DEMO_AS_OF, mark.args[0] if mark else 3)
+    return tmp_path / "data"

@@ -64,7 +64,7 @@ SERVER_BOUND = FLOOD
 BOUND_TARGET = 0.9  # the share of the graph bound an adaptive arm is held to
 # A verdict calls a lead (or deficit) when Welch's two-sided t on the arms' per-run tok/s,
 # on min(n) - 1 degrees of freedom, rejects equal means at this level: its false-lead rate
-# (tests/unit/bench/test_lead.py).
+# (tests/unit/bench/test_schedulers_lead.py).
 LEAD_LEVEL = 0.05
 LEAD_TEST = {"test": "welch-t", "df": "min(n)-1", "sides": 2, "level": LEAD_LEVEL}
 # What must be the same in every file ``combine_results`` puts in one table.

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from tests.unit.bench.test_lead import MEAN, SD, normal
+from tests.unit.bench.test_schedulers_lead import MEAN, SD, normal
 
 TRIALS = 20_000
 spec = importlib.util.spec_from_file_location("old_schedulers", "/tmp/old_schedulers.py")

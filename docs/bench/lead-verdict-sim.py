@@ -1,14 +1,14 @@
 """The bench's lead verdict on simulated arms: its false-lead rate and power (a measurement).
 
 For docs/lab/2026-12-05-lead-verdict-test.md; not part of the package. Every trial goes
-through ``_judge`` (tests/unit/bench/test_lead.py's ``calls``), with more trials than the
+through ``_judge`` (tests/unit/bench/test_schedulers_lead.py's ``calls``), with more trials than the
 unit test affords. Usage, from a checkout: ``PYTHONPATH=$PWD .venv/bin/python
 docs/bench/lead-verdict-sim.py``.
 """
 
 import math
 
-from tests.unit.bench.test_lead import SD, calls, lognormal, normal, uneven
+from tests.unit.bench.test_schedulers_lead import SD, calls, lognormal, normal, uneven
 
 NULL_TRIALS, POWER_TRIALS = 20_000, 5_000
 

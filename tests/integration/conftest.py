@@ -5,10 +5,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
 from psycopg import sql
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
 
 ADMIN_DSN = os.environ.get("NIGHTDESK_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -35,6 +40,38 @@ def private_database(name: str) -> Iterator[str]:
         with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
                           .format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def night(demo_dir: Path) -> Path:
+    """Return the folder of an unattended night (tests/integration/unattended.py): its database
+    and logs go there, and demo_dir's snapshot is its data/."""
+    return demo_dir.parent
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Return Debian's chromium, headless, driven by Playwright (never a browser download)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.integration.browser import CHROMIUM
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
+    with sync_playwright() as p:
+        # --no-sandbox: the tests run as root (CI does), where Chromium's sandbox refuses.
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Return where a browser test's screenshots go: NIGHTDESK_TEST_SCREENSHOTS (the README's
+    are made so), else a folder of its own."""
+    folder = Path(os.environ.get("NIGHTDESK_TEST_SCREENSHOTS", tmp_path / "shots"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from agents.data.demo import DEMO_AS_OF, write_demo
 from app.db.engine import get_engine, upgrade
 from tests.integration.conftest import private_database
 from tests.unit.support.bursts import (
@@ -23,12 +22,6 @@ from tests.unit.support.bursts import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
-    return tmp_path / "data"
 
 
 _NUMBERS = itertools.count()

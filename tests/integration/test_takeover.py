@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.batch import store
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, LLMCall, TickerRun
@@ -36,15 +36,9 @@ from tests.integration.unattended import (
     wait_for,
 )
 
-pytestmark = pytest.mark.integration
-
 TICKERS = 3
-
-
-@pytest.fixture
-def night(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, TICKERS)
-    return tmp_path
+# The night runs the snapshot's universe: every ticker demo_dir (under ``night``) writes.
+pytestmark = [pytest.mark.integration, pytest.mark.demo_tickers(TICKERS)]
 
 
 def answered_once(server: FaultServer) -> None:

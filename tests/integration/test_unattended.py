@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import demo_tickers
 from app.db.engine import get_engine
 from app.db.models import Batch, LLMCall, ServerSample, TickerRun
 from app.morning.serverview import server_view
@@ -38,15 +38,9 @@ from tests.integration.unattended import (
     wait_for,
 )
 
-pytestmark = pytest.mark.integration
-
 TICKERS = 4
-
-
-@pytest.fixture
-def night(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, TICKERS)
-    return tmp_path
+# The night runs the snapshot's universe: every ticker demo_dir (under ``night``) writes.
+pytestmark = [pytest.mark.integration, pytest.mark.demo_tickers(TICKERS)]
 
 
 def quiet_with_requests_held(server: FaultServer) -> None:

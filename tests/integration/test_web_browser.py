@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,20 +21,19 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 from playwright.sync_api import Error as PlaywrightError
 
 from agents.data.demo import DEMO_AS_OF
 from agents.graph import node_names
 from app.config import load_settings
+from tests.integration.browser import CHROMIUM, PASSWORD, USER, new_page, served
 from tests.integration.vllm_server import VLLMServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
 TICKERS = 3
-USER, PASSWORD = "operator", "browser-test-password"
 RERUN_TIMEOUT_S = 600.0
 
 
@@ -46,12 +43,6 @@ class Night:
     env: dict[str, str]
     batch_id: int
     tickers: list[str]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _cli(env: dict[str, str], *args: str, timeout: float) -> None:
@@ -80,55 +71,14 @@ def night(vllm_server: VLLMServer, tmp_path_factory: pytest.TempPathFactory
     universe = home / "data" / DEMO_AS_OF.isoformat() / "universe.txt"
     _cli(env, "run", "--universe", str(universe), "--as-of", DEMO_AS_OF.isoformat(),
          timeout=1200)
-    port = _free_port()
-    log = (home / "web.log").open("w")
-    web = subprocess.Popen([sys.executable, "-m", "app.cli", "web", "--port", str(port)],
-                           env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                httpx.get(f"{base}/healthz", timeout=2).raise_for_status()
-                break
-            except httpx.HTTPError:
-                assert web.poll() is None, (home / "web.log").read_text()
-                assert time.monotonic() < deadline, "nightdesk web did not come up"
-                time.sleep(0.5)
+    with served(env, home) as base:
         ranking = httpx.get(f"{base}/api/ranking", auth=(USER, PASSWORD), timeout=30).json()
         yield Night(base, env, ranking["batch"]["id"], [r["ticker"] for r in ranking["rows"]])
-    finally:
-        web.send_signal(signal.SIGTERM)
-        web.wait(timeout=60)
-        log.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        # --no-sandbox: the tests run as root (CI does), where Chromium's sandbox refuses.
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("NIGHTDESK_TEST_SCREENSHOTS", tmp_path))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def _page(browser: Browser, credentials: bool = True) -> Page:
-    context = browser.new_context(
-        http_credentials={"username": USER, "password": PASSWORD} if credentials else None,
-        viewport={"width": 1280, "height": 900})
-    return context.new_page()
 
 
 def test_without_credentials_401_and_without_the_csrf_token_403(
         night: Night, browser: Browser) -> None:
-    anonymous = _page(browser, credentials=False)
+    anonymous = new_page(browser, credentials=False)
     for path in ("/", f"/ticker/{night.tickers[0]}", f"/batches/{night.batch_id}",
                  "/api/ranking"):
         response = anonymous.context.request.get(night.base + path)
@@ -139,7 +89,7 @@ def test_without_credentials_401_and_without_the_csrf_token_403(
         anonymous.goto(night.base + "/")
     anonymous.context.close()
 
-    page = _page(browser)
+    page = new_page(browser)
     ticker = night.tickers[0]
     page.goto(f"{night.base}/ticker/{ticker}")  # the form's page sets the CSRF cookie
     token = page.locator("input[name=csrf_token]").get_attribute("value")
@@ -162,7 +112,7 @@ def _column(page: Page, index: int) -> list[str]:
 
 def test_operator_reads_sorts_opens_reruns_and_reads_the_plots(
         night: Night, browser: Browser, shots: Path) -> None:
-    page = _page(browser)
+    page = new_page(browser)
     api = page.context.request
     ranking = api.get(f"{night.base}/api/ranking").json()
     assert ranking["batch"]["demo"] is True and ranking["running"] == []

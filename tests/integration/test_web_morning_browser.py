@@ -13,41 +13,29 @@ and a ticker's page after its night failed. The schedule is set two hours before
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser
 from sqlalchemy import update
 
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, TickerRun
+from tests.integration.browser import PASSWORD, USER, new_page
+from tests.integration.browser import served as web_served
 from tests.unit.support.night_rows import Rated, add_night, table
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
-USER, PASSWORD = "operator", "browser-test-password"
 NOW = datetime.now(UTC).replace(second=0, microsecond=0)
 DUE = NOW - timedelta(hours=2)  # tonight's due time: the schedule fired two hours ago
 YESTERDAY = DUE - timedelta(days=1)
 D1, D2 = YESTERDAY.date() - timedelta(days=1), DUE.date() - timedelta(days=1)
 CRON = f"{DUE.minute} {DUE.hour} * * *"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -59,56 +47,14 @@ def served(home: Path) -> Iterator[str]:
                NIGHTDESK_SCHEDULE_CRON=CRON, NIGHTDESK_SCHEDULE_TIMEZONE="UTC",
                NIGHTDESK_WEB_USER=USER, NIGHTDESK_WEB_PASSWORD=PASSWORD,
                NIGHTDESK_LOG_FORMAT="json", PYTHONPATH=str(ROOT))
-    port = _free_port()
-    log = (home / "web.log").open("w")
-    web = subprocess.Popen([sys.executable, "-m", "app.cli", "web", "--port", str(port)],
-                           env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                httpx.get(f"{base}/healthz", timeout=2).raise_for_status()
-                break
-            except httpx.HTTPError:
-                assert web.poll() is None, (home / "web.log").read_text()
-                assert time.monotonic() < deadline, "nightdesk web did not come up"
-                time.sleep(0.3)
+    with web_served(env, home) as base:
         yield base
-    finally:
-        web.send_signal(signal.SIGTERM)
-        web.wait(timeout=60)
-        log.close()
 
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     upgrade(f"sqlite:///{tmp_path}/nd.db")
     return tmp_path
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
-    with sync_playwright() as p:
-        # --no-sandbox: the tests run as root (CI does), where Chromium's sandbox refuses.
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("NIGHTDESK_TEST_SCREENSHOTS", tmp_path / "shots"))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def _page(browser: Browser) -> Page:
-    context = browser.new_context(http_credentials={"username": USER, "password": PASSWORD},
-                                  viewport={"width": 1280, "height": 900})
-    return context.new_page()
 
 
 def _engine(home: Path):  # type: ignore[no-untyped-def]
@@ -128,7 +74,7 @@ def test_the_banner_after_a_failed_night(home: Path, browser: Browser, shots: Pa
                                          for t in GOOD},
                        status="failed", error="the server does not serve the model")
     with served(home) as base:
-        page = _page(browser)
+        page = new_page(browser)
         page.goto(base + "/")
         banner = page.locator("#banner")
         assert banner.is_visible()
@@ -158,7 +104,7 @@ def test_the_banner_of_a_partial_night(home: Path, browser: Browser, shots: Path
     tonight = add_night(engine, D2, DUE, {**GOOD, "EEE": Rated(
         error="DataError: no prices for EEE")})
     with served(home) as base:
-        page = _page(browser)
+        page = new_page(browser)
         page.goto(base + "/")
         banner = page.locator("#banner")
         assert banner.is_visible() and banner.get_attribute("data-status") == "partial"
@@ -181,7 +127,7 @@ def test_the_banner_of_a_crashed_night(home: Path, browser: Browser, shots: Path
                                        "CCC": Rated(status="queued")},
                      status="running", heartbeat=DUE + timedelta(hours=1), calls=20)
     with served(home) as base:
-        page = _page(browser)
+        page = new_page(browser)
         page.goto(base + "/")
         banner = page.locator("#banner")
         text = " ".join(banner.inner_text().split())
@@ -205,7 +151,7 @@ def test_the_banner_after_a_missed_night(home: Path, browser: Browser, shots: Pa
     engine = _engine(home)
     first = add_night(engine, D1, YESTERDAY, GOOD)
     with served(home) as base:
-        page = _page(browser)
+        page = new_page(browser)
         page.goto(base + "/")
         text = page.locator("#banner").inner_text()
         assert "stale: no nightly batch since the night due " \
@@ -237,7 +183,7 @@ def test_the_change_column_and_the_changes_section(home: Path, browser: Browser,
         "trader": "PROPOSAL: SELL", "bear_r1": "bearish", "portfolio_manager": "Rating: Sell"}),
         "EEE": Rated(error="DataError: no prices for EEE"), "GGG": Rated("Hold", 0.92)})
     with served(home) as base:
-        page = _page(browser)
+        page = new_page(browser)
         page.goto(base + "/")
         # Tonight's partial night is the latest: its banner says partial, not "not latest".
         assert page.locator("#banner").get_attribute("data-status") == "partial"
@@ -279,7 +225,7 @@ def test_a_running_batch_page_refreshes_itself(home: Path, browser: Browser,
                                           "DDD": Rated(error="DataError: no prices")},
                         status="running", heartbeat=datetime.now(UTC), calls=20)
     with served(home) as base:
-        page = _page(browser)
+        page = new_page(browser)
         page.goto(f"{base}/batches/{running}")
         assert page.locator("#running tbody tr td:first-child").all_inner_texts() == \
             ["BBB", "CCC"]
@@ -311,7 +257,7 @@ def test_the_ticker_page_after_a_failed_night(home: Path, browser: Browser,
     second = add_night(engine, D2, DUE, {**GOOD, "AAA": Rated(
         error="LLMTimeoutError: no answer within 600 s")})
     with served(home) as base:
-        page = _page(browser)
+        page = new_page(browser)
         page.goto(base + "/ticker/AAA")
         tonight = page.locator("#tonight")
         assert tonight.get_attribute("data-state") == "failed"

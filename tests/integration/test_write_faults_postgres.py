@@ -21,7 +21,7 @@ import structlog
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
@@ -58,12 +58,6 @@ async def db_url() -> Any:
         async with open_checkpointer(url):
             pass
         yield url
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
 
 
 def plain(url: str) -> str:

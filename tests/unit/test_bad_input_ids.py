@@ -17,17 +17,14 @@ from sqlalchemy import Engine, func, select
 
 from app.config import load_settings
 from app.db.models import Batch
-from app.web.auth import Guard
-from app.web.reruns import RerunQueue
-from app.web.server import create_app
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.night_rows import Rated, add_night, at
+from tests.unit.support.webclient import AUTH, web_client
 
 HUGE = "9" * 20  # beyond a signed 64-bit key
 JUST_OVER = str(2**63)  # the first number no batch id can be
 ARABIC = "١٢"  # str.isdigit() says yes; not a batch id
 UNKNOWN = "424242"
-AUTH = ("operator", "s3cret-pass")
 
 
 @pytest.fixture
@@ -108,9 +105,8 @@ def test_a_malformed_apprise_url_is_one_line_and_exit_2(
 
 @pytest.fixture
 def client(sqlite_engine: Engine) -> Iterator[TestClient]:
-    app = create_app(sqlite_engine, Guard(*AUTH), RerunQueue(), stale_after_s=120.0,
-                     settings=load_settings(schedule_timezone="UTC"))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with web_client(sqlite_engine, settings=load_settings(schedule_timezone="UTC"),
+                    raise_server_exceptions=False) as c:
         yield c
 
 

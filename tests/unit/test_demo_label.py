@@ -13,18 +13,15 @@ from pathlib import Path
 
 import pytest
 from bs4 import BeautifulSoup
-from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from agents.data import get_provider, serves_demo
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.config import load_settings
 from app.morning.digest import build_digest
-from app.web.auth import Guard
-from app.web.reruns import RerunQueue
-from app.web.server import create_app
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.engines import fake_llm
+from tests.unit.support.webclient import AUTH, web_client
 
 
 def snapshot(tmp_path: Path, demo: bool) -> Path:
@@ -53,10 +50,8 @@ def test_a_night_that_loaded_no_data_is_labelled_by_its_snapshot(
     assert (night["status"], night["tickers_failed"], night["demo"]) == ("failed", 2, demo)
     title = build_digest(sqlite_engine, load_settings(), night["id"]).message.title
     assert title.startswith("DEMO DATA — ") == demo
-    app = create_app(sqlite_engine, Guard("ops", "pw"), RerunQueue(), stale_after_s=120.0,
-                     settings=load_settings())
-    with TestClient(app) as client:
-        page = BeautifulSoup(client.get("/batches", auth=("ops", "pw")).text, "html.parser")
+    with web_client(sqlite_engine, settings=load_settings()) as client:
+        page = BeautifulSoup(client.get("/batches", auth=AUTH).text, "html.parser")
     row = page.find("tr", attrs={"data-batch": str(night["id"])})
     assert row is not None and (row.find(class_="demo") is not None) == demo
 
@@ -123,10 +118,8 @@ def test_a_comparison_marks_the_arms_that_ran_on_demo_data(sqlite_engine: Engine
     arms = json.loads(run_cli("report", "--compare", ids, "--format", "json").stdout)
     assert [(a["batch_id"], a["demo"]) for a in arms] == [(nights[True], True),
                                                            (nights[False], False)]
-    app = create_app(sqlite_engine, Guard("ops", "pw"), RerunQueue(), stale_after_s=120.0,
-                     settings=load_settings())
-    with TestClient(app) as client:
-        page = BeautifulSoup(client.get(f"/batches/compare?ids={ids}", auth=("ops", "pw")).text,
+    with web_client(sqlite_engine, settings=load_settings()) as client:
+        page = BeautifulSoup(client.get(f"/batches/compare?ids={ids}", auth=AUTH).text,
                              "html.parser")
     heads = page.select("#compare thead th")[1:]
     assert [head.find(class_="demo") is not None for head in heads] == [True, False]

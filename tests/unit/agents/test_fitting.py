@@ -6,12 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import Engine, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from agents.data.snapshot import SnapshotProvider
 from agents.decision import reask
 from agents.fitting import (
     DEBATE_TURN,
@@ -27,7 +25,6 @@ from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
 from app.db.models import LLMCall, TickerRun
-from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import (
     CONTEXT_LENGTH_MESSAGE,
     ChatRequest,
@@ -35,6 +32,7 @@ from tests.fakevllm import (
     Reply,
     prompt_token_count,
 )
+from tests.unit.support.engines import make_engine
 
 NODES = node_names(load_settings().pipeline())
 BUDGET = 64  # every node's max_tokens in these tests
@@ -102,9 +100,7 @@ def make(db: Engine, data: Path, server: FakeServer, max_model_len: int) -> Batc
     settings = load_settings(retry_backoff_s=0, node_max_tokens={
         group: BUDGET for group in ("analyst", "researcher", "research_manager", "trader",
                                     "risk", "portfolio_manager")})
-    return BatchEngine(settings, db, http_client=httpx.AsyncClient(transport=server.transport()),
-                       provider=SnapshotProvider(data), sample_metrics=False,
-                       checkpoints=Checkpoints(settings.store.database_url, db))
+    return make_engine(db, data, server, settings)
 
 
 @pytest.fixture

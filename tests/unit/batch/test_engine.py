@@ -12,7 +12,7 @@ from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
@@ -26,12 +26,9 @@ from app.morning.serverview import server_view
 from app.recorder.record import Recorder
 from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
+from tests.unit.support.sigterm import sigterm_at_first
 
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 4)
-    return tmp_path / "data"
+pytestmark = pytest.mark.demo_tickers(4)  # two tests run four
 
 
 def make_engine(sqlite_engine: Engine, demo_dir: Path, server: FakeServer, **overrides: object
@@ -263,22 +260,11 @@ async def test_heaviest_recorded_ticker_starts_first_with_its_priority(
 
 def test_sigterm_records_the_batch_as_interrupted_and_keeps_what_finished(
         sqlite_engine: Engine, demo_dir: Path) -> None:
-    import os
-    import signal
-
     from app.batch.signals import BatchInterrupted, run_batch
 
     tickers = demo_tickers(2)
     settings = load_settings()
-    sent = []
-
-    def script(chat: ChatRequest) -> Reply | None:
-        if len(sent) == 0 and chat.node == "bull_r1":
-            sent.append(True)
-            os.kill(os.getpid(), signal.SIGTERM)  # what `systemctl stop` sends
-            return Reply("late", delay_s=5)
-        return None
-
+    script = sigterm_at_first("bull_r1", lambda chat: Reply("late", delay_s=5))
     server = FakeServer(script, nodes=node_names(settings.pipeline()), tickers=tickers)
     engine = make_engine(sqlite_engine, demo_dir, server)
     with pytest.raises(BatchInterrupted):

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine
 
 from agents.data.base import MarketBundle
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
@@ -19,11 +19,7 @@ from app.config import load_settings
 from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer
 
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 4)
-    return tmp_path / "data"
+pytestmark = pytest.mark.demo_tickers(4)  # loads side by side: four, over a limit of two
 
 
 class SlowProvider:

@@ -7,13 +7,12 @@ from pathlib import Path
 from sqlalchemy import Engine, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
-from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.engine import BatchPlan
 from app.config import load_settings
 from app.db.models import NodeText
-from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer, Reply
+from tests.unit.support.engines import make_engine
 
 
 async def test_batch_keeps_each_nodes_text_in_graph_order(sqlite_engine: Engine,
@@ -29,9 +28,7 @@ async def test_batch_keeps_each_nodes_text_in_graph_order(sqlite_engine: Engine,
 
     server = FakeServer(script, nodes=names, tickers=tickers, samples=range(2))
     settings = load_settings(check_context_length=False, retry_backoff_s=0)
-    engine = BatchEngine(settings, sqlite_engine, http_client=server.client(),
-                         provider=SnapshotProvider(tmp_path / "data"), sample_metrics=False,
-                         checkpoints=Checkpoints(settings.store.database_url, sqlite_engine))
+    engine = make_engine(sqlite_engine, tmp_path / "data", server, settings)
     outcome = await engine.run(BatchPlan("nightly", DEMO_AS_OF, tickers, samples=2))
     assert outcome.status == "succeeded", outcome.failed
 

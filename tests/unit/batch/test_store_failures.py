@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine, event, func, select
 from sqlalchemy.exc import OperationalError
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.graph import node_names
 from app.batch import store
 from app.batch.engine import BatchPlan
@@ -20,12 +20,6 @@ from app.db.models import Batch, Decision, TickerRun
 from tests.fakevllm import FakeServer
 from tests.unit.support.engines import make_engine
 from tests.unit.support.servers import nul_script
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
 
 
 async def test_a_ticker_whose_result_cannot_be_stored_fails_alone(

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import Engine, func, select
 from typer.testing import CliRunner
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import demo_tickers
 from app.batch import store
 from app.cli import app as cli
 from app.config import load_settings
@@ -28,12 +28,6 @@ from tests.unit.support.lock_checks import (
     check_race,
     check_second_start_during_a_batch,
 )
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
 
 
 def batch_count(engine: Engine) -> int:

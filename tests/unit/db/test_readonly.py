@@ -22,16 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import event, text
 from sqlalchemy.exc import OperationalError
 
 from app.db.engine import get_engine, upgrade
-from app.web.auth import Guard
-from app.web.reruns import RerunQueue
-from app.web.server import create_app
 from tests.unit.support.read_checks import STALE, check_reads, comparable, read_all
 from tests.unit.support.web_rows import Ids, fill
+from tests.unit.support.webclient import AUTH, web_client
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -66,12 +63,11 @@ def test_read_commands_and_pages_serve_a_read_only_database(
     url = f"sqlite:///file:{path}?mode=ro&uri=true"
     check_reads(read_all(url, ids), writable_reads(path, ids, tmp_path), ids)
     engine = get_engine(url)
-    with TestClient(create_app(engine, Guard("u", "p"), RerunQueue(),
-                               stale_after_s=120.0)) as client:
+    with web_client(engine) as client:
         for page in ("/", "/ticker/AAA", "/batches", f"/batches/{ids.night1}", "/track",
                      "/api/batches", f"/api/batches/{ids.night1}", "/api/tickers/AAA"):
-            assert client.get(page, auth=("u", "p")).status_code == 200, page
-        rows = client.get("/api/ranking", auth=("u", "p")).json()["rows"]
+            assert client.get(page, auth=AUTH).status_code == 200, page
+        rows = client.get("/api/ranking", auth=AUTH).json()["rows"]
         assert [(r["ticker"], r["rating"]) for r in rows] == [("AAA", "Buy"), ("BBB", "Sell")]
         assert client.get("/healthz").json()["database"] == "ok"
     engine.dispose()

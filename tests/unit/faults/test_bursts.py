@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, func, select
 
-from agents.data.demo import DEMO_AS_OF, write_demo
+from agents.data.demo import DEMO_AS_OF
 from app.batch.engine import BatchPlan
 from app.db.models import LLMCall
 from serving.preflight import check_endpoint
@@ -33,12 +33,6 @@ from tests.unit.support.fault_night import (
     serve_cli_from,
     ticker_states,
 )
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
-    return tmp_path / "data"
 
 
 @pytest.mark.parametrize("burst", WAITED_OUT, ids=str)

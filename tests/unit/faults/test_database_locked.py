@@ -20,7 +20,7 @@ import sqlalchemy
 import structlog
 from sqlalchemy import Engine
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.batch.engine import BatchPlan
 from app.db import engine as db_engine
 from tests.fakevllm import ChatRequest, FakeServer
@@ -34,12 +34,6 @@ from tests.unit.support.fault_night import (
 TICKERS = demo_tickers(2)
 HELD_S = 3.0
 BUSY_TIMEOUT_S = 0.3
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
-    return tmp_path / "data"
 
 
 async def test_a_write_lock_held_by_another_process_is_waited_out(

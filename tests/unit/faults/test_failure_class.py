@@ -19,7 +19,7 @@ from jinja2 import TemplateNotFound
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.batch import store
 from app.batch.faults import INFRASTRUCTURE, OWN, failure_class
 from app.config import load_settings
@@ -75,12 +75,6 @@ FLAKY, STEADY = TICKERS
 def test_a_failure_is_the_infrastructures_only_when_it_may_pass_with_time(
         error: BaseException, whose: str) -> None:
     assert failure_class(error) == whose
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
-    return tmp_path / "data"
 
 
 def invoke(*argv: str) -> tuple[int, str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,18 +23,15 @@ from bs4 import BeautifulSoup
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.config import load_settings
 from app.db.models import Batch
 from app.morning.digest import build_digest
-from app.web.auth import Guard
-from app.web.reruns import RerunQueue
-from app.web.server import create_app
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.engines import fake_llm
 from tests.unit.support.night_rows import Rated, add_night, at
+from tests.unit.support.webclient import PASSWORD, USER
 
-USER, PASSWORD = "ops", "pw"
 # The night of DEMO_AS_OF, stored as it began at CREATED; viewed a few hours later.
 CREATED = at(DEMO_AS_OF + timedelta(days=1), 0, 10)
 VIEWED = CREATED + timedelta(hours=6)
@@ -62,20 +58,6 @@ def nights(a: str, b: str, c: str) -> dict[str, tuple[dict[str, Rated], str | No
         "crashed-after-its-last-ticker": ({a: Rated("Buy", 0.7), b: Rated(error=FAILURE)},
                                           "crashed"),
     }
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
-
-
-@pytest.fixture
-def client(sqlite_engine: Engine) -> Iterator[TestClient]:
-    app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue(), stale_after_s=120.0,
-                     settings=load_settings(schedule_timezone="UTC"))
-    with TestClient(app) as c:
-        yield c
 
 
 def advice_given(engine: Engine, client: TestClient, batch_id: int) -> set[str]:

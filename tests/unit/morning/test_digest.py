@@ -16,7 +16,7 @@ import pytest
 import structlog
 from sqlalchemy import Engine, func, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.batch.engine import BatchOutcome
 from app.config import load_settings
 from app.db.models import Batch
@@ -26,6 +26,7 @@ from tests.fakevllm import ChatRequest, Reply
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.engines import fake_llm
 from tests.unit.support.night_rows import Rated, add_night, add_resumed_calls, at
+from tests.unit.support.sigterm import sigterm_at_first
 from tests.webhook import closed_port, webhook
 
 D1, D2 = date(2026, 11, 26), date(2026, 11, 27)
@@ -156,12 +157,6 @@ def test_send_reaches_every_destination_and_names_the_dead_one() -> None:
 # --- every path a batch ends on sends it ------------------------------------------------------
 
 
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
-    return tmp_path / "data"
-
-
 def fail_ticker(ticker: str) -> Any:
     def script(chat: ChatRequest) -> Reply | None:
         # Not retryable (a 400): the ticker fails at once.
@@ -229,21 +224,10 @@ def test_a_continued_night_sends_the_digest_of_the_whole_night(
 
 def test_a_night_stopped_by_sigterm_sends_an_interrupted_digest(
         monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
-    import os
-    import signal
-
     from tests.fakevllm import default_reply
 
     tickers = demo_tickers(2)
-    sent: list[bool] = []
-
-    def script(chat: ChatRequest) -> Reply | None:
-        if not sent and chat.node == "bull_r1":
-            sent.append(True)
-            os.kill(os.getpid(), signal.SIGTERM)  # what `systemctl stop` sends
-            return Reply(default_reply(chat), delay_s=0.3)
-        return None
-
+    script = sigterm_at_first("bull_r1", lambda chat: Reply(default_reply(chat), delay_s=0.3))
     fake_llm(monkeypatch, script, tickers)
     with webhook() as hook:
         result = run_cli("run", "--tickers", ",".join(tickers), "--as-of", str(DEMO_AS_OF),
@@ -263,6 +247,7 @@ def test_a_night_stopped_by_sigterm_sends_an_interrupted_digest(
     assert "stopped by SIGTERM" in post["message"]
 
 
+@pytest.mark.demo_tickers(2)  # the daemon's night takes the snapshot's whole list
 @pytest.mark.parametrize(("failing", "status", "level"), [
     (0, "succeeded", "info"), (1, "partial", "warning"), (2, "failed", "error")])
 def test_the_daemon_logs_a_night_as_loud_as_the_timer_and_sends_its_digest(

@@ -24,17 +24,14 @@ from app.cli.web import open_metrics_port
 from app.config import Settings, load_settings
 from app.db.models import SchedulerBeat
 from app.morning.eta import RATIO
-from app.web.auth import Guard
-from app.web.reruns import RerunQueue
-from app.web.server import create_app
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.eta_rows import NODES, calls, counter
 from tests.unit.support.night_rows import Rated, add_night, add_resumed_calls, at
+from tests.unit.support.webclient import PASSWORD, USER, web_client
 from tests.webhook import closed_port
 
 D1, D2 = date(2026, 11, 26), date(2026, 11, 27)
 DUE1, DUE2 = at(date(2026, 11, 27), 0, 10), at(date(2026, 11, 28), 0, 10)
-USER, PASSWORD = "ops", "pw"
 
 
 def settings() -> Settings:
@@ -49,9 +46,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 @pytest.fixture
 def client(sqlite_engine: Engine) -> Iterator[TestClient]:
-    app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue(), stale_after_s=120.0,
-                     settings=settings())
-    with TestClient(app) as c:
+    with web_client(sqlite_engine, settings=settings()) as c:
         yield c
 
 

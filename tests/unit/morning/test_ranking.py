@@ -16,14 +16,12 @@ from sqlalchemy import Engine
 
 from app.morning.changes import RankedRow
 from app.morning.ranking import RankRow
-from app.web.auth import Guard
 from app.web.reruns import RerunQueue
-from app.web.server import create_app
 from app.web.views import HistoryPoint
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.web_rows import fill
+from tests.unit.support.webclient import AUTH, web_client
 
-AUTH = ("operator", "s3cret-pass")
 PREVIOUS = ["previous_rank", "previous_rating", "previous_score", "change", "score_move"]
 NIGHT = ["as_of", "nightly_batch_id"]
 
@@ -31,9 +29,7 @@ NIGHT = ["as_of", "nightly_batch_id"]
 @pytest.fixture
 def client(sqlite_engine: Engine) -> Iterator[TestClient]:
     fill(sqlite_engine)
-    app = create_app(sqlite_engine, Guard(*AUTH),
-                     RerunQueue(command=lambda job: ["false"]), stale_after_s=120.0)
-    with TestClient(app) as c:
+    with web_client(sqlite_engine, reruns=RerunQueue(command=lambda job: ["false"])) as c:
         yield c
 
 

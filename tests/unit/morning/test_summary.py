@@ -10,10 +10,8 @@ progress or time left. A live night (heartbeat START + 20 s) viewed at START + 2
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 
-import pytest
 import time_machine
 from bs4 import BeautifulSoup
 from fastapi.testclient import TestClient
@@ -22,24 +20,13 @@ from sqlalchemy import Engine
 
 from app.config import load_settings
 from app.morning.digest import build_digest
-from app.web.auth import Guard
-from app.web.reruns import RerunQueue
-from app.web.server import create_app
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.night_rows import Rated, add_night, at
+from tests.unit.support.webclient import PASSWORD, USER
 
 D1, D2 = date(2026, 11, 26), date(2026, 11, 27)
 START = at(date(2026, 11, 28), 0, 10)  # the default schedule's due time of D2's night
 ENV = {"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
-USER, PASSWORD = "ops", "pw"
-
-
-@pytest.fixture
-def client(sqlite_engine: Engine) -> Iterator[TestClient]:
-    app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue(), stale_after_s=120.0,
-                     settings=load_settings(schedule_timezone="UTC"))
-    with TestClient(app) as c:
-        yield c
 
 
 def night_in_flight(engine: Engine, beat_after_s: float) -> int:

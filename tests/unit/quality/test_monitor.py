@@ -14,10 +14,9 @@ import pytest
 from scipy.stats import binom, chi2_contingency, multivariate_hypergeom
 from sqlalchemy import Engine, func, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from agents.data.snapshot import SnapshotProvider
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.graph import node_names
-from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.engine import BatchPlan
 from app.config import load_settings
 from app.db.models import BatchWarning
 from app.quality import monitor
@@ -30,12 +29,14 @@ from app.quality.monitor import (
     reference_batches,
     warnings_for,
 )
-from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer, Reply
 from tests.unit.support.clirun import nightdesk
+from tests.unit.support.engines import make_engine
 from tests.unit.support.quality_rows import SCALE, add_batch, one_each
 
 SIX = ["AAA", "BBB", "CCC", "DDD", "EEE", "FFF"]
+
+pytestmark = pytest.mark.demo_tickers(6)  # run_batch's night of six
 
 
 def dist(**counts: int) -> dict[str, int]:
@@ -218,21 +219,13 @@ def all_hold(chat: ChatRequest) -> Reply | None:
     return None
 
 
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 6)
-    return tmp_path / "data"
-
-
 async def run_batch(engine: Engine, demo_dir: Path, kind: str = "nightly") -> int:
     tickers = demo_tickers(6)
     # At a limit of 30%, 6 of 6 Hold has p 0.3⁶ = 0.0007: below the rate over ⌊1/0.3⌋ grades.
     settings = load_settings(check_context_length=False, retry_backoff_s=0,
                              monitor_max_grade_share=0.3)
     server = FakeServer(all_hold, nodes=node_names(settings.pipeline()), tickers=tickers)
-    runner = BatchEngine(settings, engine, http_client=server.client(),
-                         provider=SnapshotProvider(demo_dir), sample_metrics=False,
-                         checkpoints=Checkpoints(settings.store.database_url, engine))
+    runner = make_engine(engine, demo_dir, server, settings)
     outcome = await runner.run(BatchPlan(kind, DEMO_AS_OF, tickers))
     assert outcome.status == "succeeded"
     return outcome.batch_id

@@ -19,10 +19,10 @@ from sqlalchemy import Engine
 from agents.data.demo import DEMO_AS_OF, FORWARD_DAYS, DemoProvider, demo_tickers, write_demo
 from agents.data.snapshot import PRICES, SnapshotProvider, read_prices, ticker_dir
 from agents.graph import node_names
-from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.engine import BatchPlan
 from app.config import load_settings
-from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import ChatRequest, FakeServer
+from tests.unit.support.engines import make_engine
 
 TICKERS = demo_tickers(2)
 CANARY_CLOSE, CANARY_HIGH = 7777.77, 8888.88
@@ -39,9 +39,7 @@ def same_reply(chat: ChatRequest) -> str | None:
 async def prompts_of(engine: Engine, data_dir: Path) -> list[str]:
     settings = load_settings(check_context_length=False, retry_backoff_s=0)
     server = FakeServer(same_reply, nodes=node_names(settings.pipeline()), tickers=TICKERS)
-    runner = BatchEngine(settings, engine, http_client=server.client(),
-                         provider=SnapshotProvider(data_dir), sample_metrics=False,
-                         checkpoints=Checkpoints(settings.store.database_url, engine))
+    runner = make_engine(engine, data_dir, server, settings)
     outcome = await runner.run(BatchPlan("nightly", DEMO_AS_OF, TICKERS))
     assert outcome.status == "succeeded" and not outcome.failed
     return sorted("\n".join(m["content"] for m in chat.messages) for chat in server.chats)

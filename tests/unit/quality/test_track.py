@@ -24,11 +24,9 @@ from agents.data.base import Closes
 from agents.data.freeze import write_manifest, write_ticker
 from agents.data.snapshot import Manifest
 from app.quality.track import NightReturns, horizon_record, min_nights, running_mean
-from app.web.auth import Guard
-from app.web.reruns import RerunQueue
-from app.web.server import create_app
 from tests.unit.support.clirun import nightdesk
 from tests.unit.support.quality_rows import add_batch, band_by_hand, spearman_by_hand
+from tests.unit.support.webclient import AUTH, USER, web_client
 
 
 def overlap_by_subseries(values: list[float], days: int) -> tuple[float, float]:
@@ -300,13 +298,12 @@ def test_cli_track_bad_input_is_one_line_exit_2(
 
 @pytest.fixture
 def web(sqlite_engine: Engine) -> Iterator[TestClient]:
-    app = create_app(sqlite_engine, Guard("operator", "pw"), RerunQueue(), stale_after_s=120.0)
-    with TestClient(app) as client:
+    with web_client(sqlite_engine) as client:
         yield client
 
 
 def test_the_track_record_page(three_nights: list[int], web: TestClient) -> None:
-    page = web.get("/track?horizon=1d,2d", auth=("operator", "pw"))
+    page = web.get("/track?horizon=1d,2d", auth=AUTH)
     assert page.status_code == 200
     html = page.text
     assert "<h1>Track record</h1>" in html and 'href="/track"' in html
@@ -319,13 +316,13 @@ def test_the_track_record_page(three_nights: list[int], web: TestClient) -> None
     # Buy: AAA, BBB and CCC on nights 1–3; 3 at 1d, 2 at 2d (the third night pending).
     row = html.split('data-rating="Buy"')[1].split("</tr>")[0]
     assert "too few: 3 of 30 scored" in row and "too few: 2 of 30 scored" in row
-    assert web.get("/track?horizon=5x", auth=("operator", "pw")).status_code == 400
-    assert web.get("/track", auth=("operator", "wrong")).status_code == 401
+    assert web.get("/track?horizon=5x", auth=AUTH).status_code == 400
+    assert web.get("/track", auth=(USER, "wrong")).status_code == 401
 
 
 def test_the_track_record_page_before_any_night(sqlite_engine: Engine,
                                                 web: TestClient) -> None:
-    page = web.get("/track", auth=("operator", "pw"))
+    page = web.get("/track", auth=AUTH)
     assert page.status_code == 200 and "No finished nightly batch yet" in page.text
 
 
@@ -429,7 +426,7 @@ def test_the_track_record_page_with_a_benchmark_without_prices(
     monkeypatch.setenv("NIGHTDESK_QUALITY_BENCHMARK", "NOPE")
     get_settings.cache_clear()
     try:
-        page = web.get("/track?horizon=1d", auth=("operator", "pw"))
+        page = web.get("/track?horizon=1d", auth=AUTH)
     finally:
         get_settings.cache_clear()
     assert page.status_code == 400

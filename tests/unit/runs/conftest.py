@@ -1,4 +1,4 @@
-"""Fixtures of the command-line nights here: three demo tickers and a quick environment."""
+"""Fixtures of the command-line nights here: a quick environment on the demo data."""
 
 from __future__ import annotations
 
@@ -7,14 +7,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from agents.data.demo import DEMO_AS_OF, write_demo
 from tests.unit.support.fault_night import QUICK_ENV
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
 
 
 @pytest.fixture

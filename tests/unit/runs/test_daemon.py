@@ -29,7 +29,7 @@ from apscheduler.schedulers.base import STATE_STOPPED
 from apscheduler.triggers.cron import CronTrigger
 from sqlalchemy import Engine, inspect, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.config import load_settings
 from app.db.engine import alembic_config, make_engine
 from app.db.models import Batch, SchedulerBeat
@@ -46,10 +46,11 @@ from tests.unit.support.daemon_clock import (
     tick,
 )
 from tests.unit.support.engines import fake_llm
+from tests.unit.support.sigterm import sigterm_at_first
 
 NIGHTDESK = Path(sys.executable).with_name("nightdesk")
-
-
+# The daemon's nights take the demo snapshot's whole list: two tickers.
+pytestmark = pytest.mark.demo_tickers(2)
 
 
 def test_the_trigger_is_the_nightly_one() -> None:
@@ -211,12 +212,6 @@ def test_plain_cron_trigger_fires_twice_in_the_repeated_hour() -> None:
                                                  datetime(2026, 10, 26, 1, 30, tzinfo=UTC)]
 
 
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
-    return tmp_path / "data"
-
-
 def test_a_second_daemon_does_not_double_run(sqlite_engine: Engine, sqlite_url: str,
                                              demo_dir: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
@@ -324,14 +319,7 @@ def test_sigterm_mid_batch_leaves_the_night_due_and_the_next_start_takes_it_up(
         restore_signals: None) -> None:
     from app.runs.nightly import run_nightly
 
-    def script(chat: ChatRequest) -> Reply | None:
-        if chat.node == "bull_r1" and not script_sent:
-            script_sent.append(True)
-            os.kill(os.getpid(), signal.SIGTERM)  # what `systemctl stop` sends
-            return Reply("late", delay_s=5)
-        return None
-
-    script_sent: list[bool] = []
+    script = sigterm_at_first("bull_r1", lambda chat: Reply("late", delay_s=5))
     server = fake_llm(monkeypatch, script, demo_tickers(2))
     daemon = daemon_for(sqlite_engine, run_nightly, **batch_settings(demo_dir))
     with running(daemon, NIGHT - timedelta(hours=1)):

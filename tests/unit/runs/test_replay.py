@@ -10,24 +10,18 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
 from app.db.models import LLMCall, LLMRequest
 from app.errors import InputError
-from app.runs.checkpoints import Checkpoints
 from app.runs.replay import replay_batch
 from app.runs.resumable import pick
 from app.usage import decompress_body
 from tests.fakevllm import ChatRequest, FakeServer, Reply
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
-    return tmp_path / "data"
+from tests.unit.support.engines import make_engine
 
 
 def sent(server: FakeServer) -> list[str]:
@@ -50,11 +44,8 @@ async def test_a_replay_is_faithful_and_can_itself_be_replayed(sqlite_engine: En
         return None
 
     night = FakeServer(first_decision_invalid, nodes=nodes, tickers=tickers)
-    source = await BatchEngine(settings, sqlite_engine, http_client=night.client(),
-                               provider=SnapshotProvider(demo_dir), sample_metrics=False,
-                               checkpoints=Checkpoints(settings.store.database_url,
-                                                       sqlite_engine)
-                               ).run(BatchPlan("nightly", DEMO_AS_OF, tickers))
+    source = await make_engine(sqlite_engine, demo_dir, night, settings).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers))
     assert source.status == "succeeded"
     assert len(night.chats) == 2 * 18  # 17 nodes and one re-ask each
     with sqlite_engine.connect() as conn:

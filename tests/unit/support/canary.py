@@ -7,7 +7,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import MetaData
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
@@ -15,11 +14,10 @@ from agents.graph import node_names
 from app.batch.engine import BatchEngine
 from app.config import load_settings
 from app.db.engine import get_engine
-from app.web.auth import Guard
 from app.web.reruns import RerunQueue
-from app.web.server import create_app
 from tests.fakevllm import ChatRequest, FakeServer, FakeServers, Reply
 from tests.unit.support.clirun import CliResult, run_cli
+from tests.unit.support.webclient import AUTH, web_client
 
 CANARY = "Cnry-9f3e1c-pw"
 
@@ -118,16 +116,14 @@ def run_night_with_a_canary(monkeypatch: pytest.MonkeyPatch, home: Path, databas
     assert expected <= named, named
 
     engine = get_engine(database_url)
-    app = create_app(engine, Guard("u", "p"), RerunQueue(command=lambda job: ["true"]),
-                     stale_after_s=120.0)
-    with TestClient(app) as client:
-        batches = client.get("/api/batches", auth=("u", "p")).json()
+    with web_client(engine, reruns=RerunQueue(command=lambda job: ["true"])) as client:
+        batches = client.get("/api/batches", auth=AUTH).json()
         ids = [str(b["id"]) for b in batches]
         assert ids  # the night is listed
         for path in ["/", "/batches", "/api/batches", "/api/ranking", f"/ticker/{tickers[0]}",
                      f"/api/tickers/{tickers[0]}",
                      *(f"/batches/{i}" for i in ids), *(f"/api/batches/{i}" for i in ids)]:
-            page = client.get(path, auth=("u", "p"))
+            page = client.get(path, auth=AUTH)
             assert page.status_code == 200, path
             assert not holds_canary(page.text), path
 

@@ -47,4 +47,4 @@ def wide_then_chain(key: str, started: list[int], live: set[str]) -> Job:
     return Job(key, run, requests=14, chain=11)
 
 
-STRATEGY = "adaptive:tail=off,prefetch=off"  # test_prefetch.py runs it with prefetching
+STRATEGY = "adaptive:tail=off,prefetch=off"  # test_chains_prefetch.py runs it with prefetching

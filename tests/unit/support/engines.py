@@ -10,17 +10,20 @@ from sqlalchemy import Engine
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine
-from app.config import load_settings
+from app.config import Settings, load_settings
 from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import FakeServer, Script
 
 
-def make_engine(sqlite_engine: Engine, demo_dir: Path, server: FakeServer) -> BatchEngine:
-    """No retry backoff, no context check, no /metrics sampling: the call path alone."""
-    settings = load_settings(check_context_length=False, retry_backoff_s=0)
-    return BatchEngine(settings, sqlite_engine, http_client=server.client(),
-                       provider=SnapshotProvider(demo_dir), sample_metrics=False,
-                       checkpoints=Checkpoints(settings.store.database_url, sqlite_engine))
+def make_engine(db: Engine, data_dir: Path, server: FakeServer, settings: Settings | None = None,
+                *, sample_metrics: bool = False) -> BatchEngine:
+    """Return an engine writing to ``db``, calling ``server``, reading the snapshot under
+    ``data_dir``, its checkpoints in ``settings``' database. Settings default to no retry
+    backoff and no context check; no /metrics sampling unless asked: the call path alone."""
+    settings = settings or load_settings(check_context_length=False, retry_backoff_s=0)
+    return BatchEngine(settings, db, http_client=server.client(),
+                       provider=SnapshotProvider(data_dir), sample_metrics=sample_metrics,
+                       checkpoints=Checkpoints(settings.store.database_url, db))
 
 
 def fake_llm(monkeypatch: pytest.MonkeyPatch, script: Script | None = None,

@@ -19,8 +19,8 @@ from agents.graph import node_names
 from app.batch.engine import BatchEngine
 from app.config import load_settings
 from app.db.models import LLMCall, TickerRun
-from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import FakeServer
+from tests.unit.support.engines import make_engine
 
 NODES = node_names(load_settings().pipeline())
 # Short waits: a test's night spends its time calling, not sleeping. The longest wait caps
@@ -34,9 +34,7 @@ def night_engine(db: Engine, demo_dir: Path, server: FakeServer,
                  **overrides: Any) -> BatchEngine:
     settings = load_settings(**{**QUICK, "database_url": str(db.url.render_as_string(
         hide_password=False)), **overrides})
-    return BatchEngine(settings, db, http_client=server.client(),
-                       provider=SnapshotProvider(demo_dir), sample_metrics=False,
-                       checkpoints=Checkpoints(settings.store.database_url, db))
+    return make_engine(db, demo_dir, server, settings)
 
 
 def serve_cli_from(monkeypatch: pytest.MonkeyPatch, server: FakeServer, demo_dir: Path) -> None:

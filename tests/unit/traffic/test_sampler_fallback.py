@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import structlog
 from rich.console import Console
 from sqlalchemy import Engine, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from agents.data.snapshot import SnapshotProvider
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.graph import node_names
-from app.batch.engine import BatchEngine, BatchPlan
+from app.batch.engine import BatchPlan
 from app.cli.report import render_table
 from app.config import load_settings
 from app.db.models import Batch
@@ -20,16 +18,10 @@ from app.morning.accounting import batch_report
 from app.morning.serverview import server_view
 from app.recorder.progress import BatchProgress
 from app.recorder.record import Recorder
-from app.runs.checkpoints import Checkpoints
 from app.traffic.strategy import Strategy
 from tests.fakevllm import FakeServer, Reply
+from tests.unit.support.engines import make_engine
 from tests.unit.support.servers import read_servers
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
-    return tmp_path / "data"
 
 
 async def test_unreadable_metrics_are_warned_once_paused_on_and_recorded(
@@ -40,9 +32,7 @@ async def test_unreadable_metrics_are_warned_once_paused_on_and_recorded(
     missed = 6
     server = FakeServer(nodes=node_names(settings.pipeline()), tickers=tickers)
     server.cue(Reply(status=503, error="metrics unavailable"), times=missed, path="/metrics")
-    runner = BatchEngine(settings, sqlite_engine, http_client=server.client(),
-                         provider=SnapshotProvider(demo_dir), sample_metrics=True,
-                         checkpoints=Checkpoints(settings.store.database_url, sqlite_engine))
+    runner = make_engine(sqlite_engine, demo_dir, server, settings, sample_metrics=True)
     with structlog.testing.capture_logs() as logs:
         outcome = await runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers),
                                    recording=Recorder(sqlite_engine))

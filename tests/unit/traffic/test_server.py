@@ -19,7 +19,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
@@ -42,6 +42,7 @@ from tests.fakevllm import ChatRequest, FakeServer, FakeServers, Reply
 
 FAST, SLOW = "http://gpu0.test:8000/v1", "http://gpu1.test:8001/v1"
 TICKERS = 10
+pytestmark = pytest.mark.demo_tickers(TICKERS)
 STEP_S = 0.5  # the injected clock's move per /metrics reading a server refused
 
 
@@ -77,12 +78,6 @@ class ReadClock:
                 raise
 
         return httpx.AsyncClient(transport=httpx.MockTransport(handle))
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, TICKERS)
-    return tmp_path / "data"
 
 
 def fake(script: Any = None, **kwargs: Any) -> FakeServer:

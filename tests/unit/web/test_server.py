@@ -29,9 +29,7 @@ from app.web.auth import CSRF_COOKIE, Guard
 from app.web.reruns import RerunJob, RerunQueue, cli_command
 from app.web.server import create_app
 from tests.unit.support.web_rows import D1, SAMPLES, T0, Ids, fill
-
-USER, PASSWORD = "operator", "s3cret-pass"
-AUTH = (USER, PASSWORD)
+from tests.unit.support.webclient import AUTH, PASSWORD, USER, web_client
 
 FAKE_RERUN = """
 import pathlib, sys, time
@@ -76,9 +74,7 @@ def fake(tmp_path: Path) -> FakeRerun:
 
 @pytest.fixture
 def client(sqlite_engine: Engine, fake: FakeRerun) -> Iterator[TestClient]:
-    app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue(command=fake.command),
-                     stale_after_s=120.0)
-    with TestClient(app) as c:
+    with web_client(sqlite_engine, reruns=RerunQueue(command=fake.command)) as c:
         yield c
 
 
@@ -228,9 +224,7 @@ def test_a_partial_night_is_the_ranking_and_names_the_ticker_it_lacks(
 
 
 def test_ranking_page_before_any_finished_night(sqlite_engine: Engine) -> None:
-    app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue(),
-                     stale_after_s=120.0)
-    with TestClient(app) as c:
+    with web_client(sqlite_engine) as c:
         page = c.get("/", auth=AUTH)
         data = c.get("/api/ranking", auth=AUTH).json()
     assert page.status_code == 200 and "no finished nightly batch yet" in page.text

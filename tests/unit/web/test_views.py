@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from datetime import date, datetime, timedelta
 
 import pytest
@@ -19,31 +18,18 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from agents.nodes import ANALYSTS
-from app.config import load_settings
 from app.db.models import BatchWarning, Decision, SchedulerBeat
 from app.morning import eta
-from app.web.auth import Guard
-from app.web.reruns import RerunQueue
-from app.web.server import create_app
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.eta_rows import NODES, calls, counter
 from tests.unit.support.night_rows import Rated, add_night, add_resumed_calls, at, table
+from tests.unit.support.webclient import AUTH
 
-USER, PASSWORD = "operator", "s3cret-pass"
-AUTH = (USER, PASSWORD)
 D1, D2 = date(2026, 11, 26), date(2026, 11, 27)
 DUE1, DUE2 = at(date(2026, 11, 27), 0, 10), at(date(2026, 11, 28), 0, 10)
 MORNING = DUE2 + timedelta(hours=8)
 UTC_ENV = {"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC", "COLUMNS": "250"}
 GOOD = {"AAA": Rated("Buy", 0.8), "BBB": Rated("Hold", 0.0)}
-
-
-@pytest.fixture
-def client(sqlite_engine: Engine) -> Iterator[TestClient]:
-    app = create_app(sqlite_engine, Guard(USER, PASSWORD), RerunQueue(), stale_after_s=120.0,
-                     settings=load_settings(schedule_timezone="UTC"))
-    with TestClient(app) as c:
-        yield c
 
 
 def page(client: TestClient, path: str, now: datetime = MORNING) -> BeautifulSoup:

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, func, select, update
 from typer.testing import CliRunner
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch import store
@@ -32,14 +32,9 @@ from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.fault_night import serve_cli_from
 from tests.unit.support.night_rows import dead_night
+from tests.unit.support.sigterm import sigterm_at_first
 
 NODES = node_names(load_settings().pipeline())
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
 
 
 def engine_for(db: Engine, demo_dir: Path, server: FakeServer | None = None,
@@ -305,21 +300,11 @@ async def test_an_outage_past_its_budget_interrupts_the_batch_for_a_resume(
 
 def test_sigterm_lets_the_call_in_flight_finish_then_stops_as_interrupted(
         sqlite_engine: Engine, demo_dir: Path) -> None:
-    import os
-    import signal
-
     from app.batch.signals import BatchInterrupted, run_batch
 
     tickers = demo_tickers(2)
-    sent: list[bool] = []
-
-    def script(chat: ChatRequest) -> Reply | None:
-        if not sent and chat.node == "bull_r1":
-            sent.append(True)
-            os.kill(os.getpid(), signal.SIGTERM)  # what `systemctl stop` sends
-            return Reply(default_reply(chat), delay_s=0.5)  # at the server when it comes
-        return None
-
+    # The call is at the server when the signal comes.
+    script = sigterm_at_first("bull_r1", lambda chat: Reply(default_reply(chat), delay_s=0.5))
     server = FakeServer(script, nodes=NODES, tickers=tickers)
     runner = engine_for(sqlite_engine, demo_dir, server)
     outcome = run_batch(runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers)), runner.halt,

@@ -19,14 +19,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import structlog
 from sqlalchemy import Engine, select
 from typer.testing import CliRunner
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from agents.data.snapshot import SnapshotProvider
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.cli import app as cli
@@ -34,7 +32,6 @@ from app.config import load_settings
 from app.db.models import Batch, LLMCall, LLMRequest, TickerRun
 from app.db.retry import transient, write_budget
 from app.errors import BatchStopped, DatabaseError, StorageOutage, UsageLost
-from app.runs.checkpoints import Checkpoints
 from app.runs.resumable import find_resumable
 from app.usage import UsageRecorder, read_spool, spool_path
 from tests.dbfaults import (
@@ -49,22 +46,15 @@ from tests.fakevllm.chat import Reply
 from tests.unit.support.call_rows import new_batch
 from tests.unit.support.call_rows import told as told_batch
 from tests.unit.support.clirun import run_cli
+from tests.unit.support.engines import make_engine
 from tests.unit.support.fault_night import serve_cli_from
 
 NODES = node_names(load_settings().pipeline())
 
 
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
-
-
 def night(db: Engine, demo_dir: Path, server: FakeServer, **overrides: Any) -> BatchEngine:
     settings = load_settings(retry_backoff_s=0.01, check_context_length=False, **overrides)
-    return BatchEngine(settings, db, http_client=httpx.AsyncClient(transport=server.transport()),
-                       provider=SnapshotProvider(demo_dir), sample_metrics=False,
-                       checkpoints=Checkpoints(settings.store.database_url, db))
+    return make_engine(db, demo_dir, server, settings)
 
 
 def test_a_real_sqlite_full_is_a_transient_write_error(tmp_path: Path) -> None:

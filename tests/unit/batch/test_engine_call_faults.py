@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, select
 
-from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.graph import node_names
 from agents.nodes import ANALYSTS
 from app.batch.engine import BatchEngine, BatchPlan
@@ -19,12 +19,6 @@ from app.db.models import Batch, LLMCall, TickerRun
 from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.engines import make_engine
-
-
-@pytest.fixture
-def demo_dir(tmp_path: Path) -> Path:
-    write_demo(tmp_path / "data", DEMO_AS_OF, 3)
-    return tmp_path / "data"
 
 
 def attempts_of(engine: Engine, ticker: str, node: str) -> list[tuple[int, str, int | None]]:

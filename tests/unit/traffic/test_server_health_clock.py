@@ -1,6 +1,6 @@
 """Server health on an injected clock: the one rule, failover's states and the outage budget.
 
-The batches of traffic/test_server.py and batch/test_resume.py show the same rules end to
+The batches of traffic/test_server.py and batch/test_engine_resume.py show the same rules end to
 end against fake servers; here readings are pushed by the test and the clock is the test's, so each
 boundary is checked exactly (just under, just over) and nothing sleeps.
 """
