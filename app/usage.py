@@ -28,7 +28,7 @@ from sqlalchemy.engine import make_url
 from app.db.models import LLMCall, LLMRequest
 from app.db.retry import POLICY, budget_s, transient
 from app.errors import BatchStopped, DatabaseError, StorageOutage, UsageLost, first_line
-from app.tasks import in_thread
+from app.tasks import beside, in_thread
 
 log = structlog.get_logger(__name__)
 
@@ -219,17 +219,13 @@ class UsageRecorder:
                          calls=len(kept["calls"]), requests=len(kept["requests"]))
         held: BaseException | None = None
         try:
-            # app/tasks/'s ``beside``, written out.
-            async with asyncio.TaskGroup() as group:
+            # The writer's own error (not a stop) is raised by ``beside`` as itself.
+            async with beside(self._close) as group:
                 self._writer = group.create_task(self._run(), name="usage-writer")
                 try:
                     yield
-                except BaseException as error:  # raised below: the group would cut the writer
+                except BaseException as error:  # raised below, once the last rows are written
                     held = error
-                self._closing = True
-                self._wake.set()
-        except BaseExceptionGroup as failed:  # the writer's own error (not a stop): itself
-            raise failed.exceptions[0] from None
         finally:
             self._writer = None
         stopped_before = self.lost
@@ -241,6 +237,11 @@ class UsageRecorder:
                 raise
         if held is not None:
             raise held
+
+    def _close(self) -> None:
+        """Let the writer write what is left, then end."""
+        self._closing = True
+        self._wake.set()
 
     async def _run(self) -> None:
         with contextlib.suppress(BatchStopped):  # told through ``stopped``, raised at exit
