@@ -8,7 +8,9 @@ the usage writer and the checkpoint saver in their own tests) is left by its bod
 raising and being cancelled. Then ``asyncio.all_tasks()`` must hold no task it made. A task
 cancelled but not awaited is still in that set until it has handled its cancellation, so a
 bare ``cancel()`` is caught; the fakes that take a moment to end once cancelled
-(SlowToCancel) catch one whose wait happened to be covered by some later await.
+(SlowToCancel) catch one whose wait happened to be covered by some later await. A thread
+(``in_thread``) is run to its end through a cancellation of its caller, its group's and a
+timeout's: the caller is left only once the blocking call has returned.
 """
 
 from __future__ import annotations
