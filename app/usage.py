@@ -28,6 +28,7 @@ from sqlalchemy.engine import make_url
 from app.db.models import LLMCall, LLMRequest
 from app.db.retry import POLICY, budget_s, transient
 from app.errors import BatchStopped, DatabaseError, StorageOutage, UsageLost, first_line
+from app.tasks import beside, in_thread
 
 log = structlog.get_logger(__name__)
 
@@ -204,7 +205,7 @@ class UsageRecorder:
     async def _writing(self) -> AsyncIterator[None]:
         if self._spool is not None:
             try:
-                kept = await asyncio.to_thread(read_spool, self._spool)
+                kept = await in_thread(read_spool, self._spool)
             except (OSError, ValueError, KeyError, TypeError) as error:
                 # Going on without them would lose them: the batch does not start.
                 raise DatabaseError(f"cannot read the usage rows kept in {self._spool}: "
@@ -218,17 +219,13 @@ class UsageRecorder:
                          calls=len(kept["calls"]), requests=len(kept["requests"]))
         held: BaseException | None = None
         try:
-            # app/traffic/tasks.py's ``beside``, written out: this module lies below traffic.
-            async with asyncio.TaskGroup() as group:
+            # The writer's own error (not a stop) is raised by ``beside`` as itself.
+            async with beside(self._close) as group:
                 self._writer = group.create_task(self._run(), name="usage-writer")
                 try:
                     yield
-                except BaseException as error:  # raised below: the group would cut the writer
+                except BaseException as error:  # raised below, once the last rows are written
                     held = error
-                self._closing = True
-                self._wake.set()
-        except BaseExceptionGroup as failed:  # the writer's own error (not a stop): itself
-            raise failed.exceptions[0] from None
         finally:
             self._writer = None
         stopped_before = self.lost
@@ -240,6 +237,11 @@ class UsageRecorder:
                 raise
         if held is not None:
             raise held
+
+    def _close(self) -> None:
+        """Let the writer write what is left, then end."""
+        self._closing = True
+        self._wake.set()
 
     async def _run(self) -> None:
         with contextlib.suppress(BatchStopped):  # told through ``stopped``, raised at exit
@@ -274,7 +276,7 @@ class UsageRecorder:
                 **POLICY, "sleep": self._sleep,
                 "before_sleep": functools.partial(self._failed_try, name, len(rows))})
             try:
-                await retrying(asyncio.to_thread, insert_ignoring_duplicates, self._engine,
+                await retrying(in_thread, insert_ignoring_duplicates, self._engine,
                                table, rows)
             except Exception as error:
                 self.write_failures += 1
@@ -284,7 +286,7 @@ class UsageRecorder:
             self._stored[name] += len(rows)
         if self._spooled and self._spool is not None and not self._has_pending():
             # Every row the spool held is stored now (they were written first).
-            await asyncio.to_thread(self._spool.unlink, missing_ok=True)
+            await in_thread(self._spool.unlink, missing_ok=True)
             self._spooled = False
         async with self._progress:
             self._progress.notify_all()
@@ -301,7 +303,7 @@ class UsageRecorder:
         assert self._spool is not None
         pending = self._count_pending()
         try:
-            await asyncio.to_thread(write_spool, self._spool, self._pending)
+            await in_thread(write_spool, self._spool, self._pending)
         except OSError as error:
             self.lost = UsageLost(f"usage rows could not be stored ({pending} not written): "
                                   f"{self._why}; nor kept in {self._spool}: "

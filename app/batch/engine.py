@@ -28,13 +28,13 @@ from app.db.models import RESUMABLE_KINDS
 from app.db.retry import outage, transient, write_budget
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
+from app.tasks import first_error, in_thread
 from app.traffic.client import TickerClient
 from app.traffic.clock import Clock, loop_clock
 from app.traffic.halt import Halt, HaltReason
 from app.traffic.scheduler import Job, Scheduler
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
-from app.traffic.tasks import first_error
 from app.usage import UsageRecorder, spool_path
 
 log = structlog.get_logger(__name__)
@@ -184,7 +184,7 @@ class BatchEngine:
                 await run.drive()
         if plan.kind == "nightly" and run.outcome.status in ("succeeded", "partial"):
             # An interrupted night is judged when its resume ends.
-            await asyncio.to_thread(self._watch_ratings, run.batch_id)
+            await in_thread(self._watch_ratings, run.batch_id)
         return run.outcome
 
     def _watch_ratings(self, batch_id: int) -> None:
@@ -227,7 +227,7 @@ class BatchRun:
         if "demo_data" in self.extra_settings:
             # From what the night was set to run on, so one that fails before loading any
             # data is labelled DEMO too (each bundle loaded may still say so).
-            self.extra_settings["demo_data"] = await asyncio.to_thread(
+            self.extra_settings["demo_data"] = await in_thread(
                 serves_demo, owner.provider, plan.as_of)
         if self.resuming is None:
             self.batch_id = await _starting(
@@ -247,7 +247,7 @@ class BatchRun:
             # compare with the run that last wrote to the batch (its spool is under its home).
             await _starting(self.resuming.reopen, owner.engine,
                             {**settings.snapshot(), "home": str(settings.paths.home)})
-            done, failed_before = await asyncio.to_thread(self.resuming.ended, owner.engine)
+            done, failed_before = await in_thread(self.resuming.ended, owner.engine)
             self.outcome = BatchOutcome(self.batch_id, "crashed", done, failed_before)
         self._log_context = structlog.contextvars.bind_contextvars(batch_id=self.batch_id)
         log.info("batch started", kind=plan.kind, tickers=len(plan.tickers),
@@ -288,8 +288,8 @@ class BatchRun:
 
         async def load(ticker: str) -> None:
             async with loads:
-                bundles[ticker] = await asyncio.to_thread(owner.provider.load, ticker,
-                                                          plan.as_of)
+                bundles[ticker] = await in_thread(owner.provider.load, ticker,
+                                                  plan.as_of)
 
         async def graph_job(ticker: str, gated: TickerClient, batch_id: int
                             ) -> list[store.DecisionRow]:
@@ -306,12 +306,12 @@ class BatchRun:
             except BaseExceptionGroup as group:
                 raise first_error(group) from None
             results = [run.result() for run in runs]
-            await asyncio.to_thread(store.record_outputs, owner.engine, batch_id, results)
+            await in_thread(store.record_outputs, owner.engine, batch_id, results)
             return [store.DecisionRow(ticker, r.sample, r.decision.rating, r.decision.score,
                                       r.decision.confidence, r.decision.summary)
                     for r in results]
 
-        weights = await asyncio.to_thread(store.expected_work, owner.engine, plan.tickers)
+        weights = await in_thread(store.expected_work, owner.engine, plan.tickers)
         per_ticker = len(node_names(owner.pipeline)) * plan.samples
         # Samples run side by side, so a ticker's chain is one sample's.
         shape = (per_ticker, chain_length(owner.pipeline))
@@ -330,8 +330,8 @@ class BatchRun:
             decisions, error = [], given if isinstance(given, Exception) else None
             if isinstance(given, TickerClient):
                 try:
-                    await asyncio.to_thread(store.ticker_started, owner.engine, self.batch_id,
-                                            ticker)
+                    await in_thread(store.ticker_started, owner.engine, self.batch_id,
+                                    ticker)
                     with structlog.contextvars.bound_contextvars(ticker=ticker):
                         decisions = await work.job(ticker, given, self.batch_id)
                 except Exception as exc:  # one ticker's failure never stops the others
@@ -385,8 +385,8 @@ class BatchRun:
                                        owner.halt, beside=[self._heartbeat(), self._lost()])
             if kept is not None and self.saver is not None and self._halted() is None:
                 # Also those a process killed between storing and pruning left behind.
-                await kept.prune(self.saver, await asyncio.to_thread(kept.finished,
-                                                                     self.batch_id))
+                await kept.prune(self.saver, await in_thread(kept.finished,
+                                                             self.batch_id))
         # Over the whole batch, a resume's earlier tickers included.
         outcome.status = ("succeeded" if not outcome.failed
                           else "partial" if outcome.succeeded else "failed")
@@ -394,8 +394,8 @@ class BatchRun:
         if (reason := self._halted()) is not None:
             why = self._with_resume(reason.message)
             if self.lock_lost and self._left():  # who runs now says what continues it
-                why = reason.message + await asyncio.to_thread(after_losing, owner.engine,
-                                                               self.batch_id)
+                why = reason.message + await in_thread(after_losing, owner.engine,
+                                                       self.batch_id)
             outcome.halt = replace(reason, message=why)
             outcome.status, self.error_text = outcome.halt.status, outcome.halt.message
         if self.servers.outages:
@@ -429,7 +429,7 @@ class BatchRun:
             admission = self.recording.finished() if self.recording else None
             if await self._may_write_end():
                 try:
-                    await asyncio.to_thread(
+                    await in_thread(
                         store.finish_batch, self.owner.engine, self.batch_id, outcome.status,
                         self.error_text, self.extra_settings or None)
                 except Exception as unstored:
@@ -489,8 +489,8 @@ class BatchRun:
         write budget raises StorageOutage (the ticker stays resumable)."""
         engine = self.owner.engine
         try:
-            await asyncio.to_thread(store.ticker_finished, engine, self.batch_id, ticker,
-                                    decisions, error, failure_class=fault)
+            await in_thread(store.ticker_finished, engine, self.batch_id, ticker,
+                            decisions, error, failure_class=fault)
             return error, fault
         except Exception as exc:
             if transient(exc):  # the database, not the result: stop, resumable
@@ -499,8 +499,8 @@ class BatchRun:
             fault = INFRASTRUCTURE if fault == INFRASTRUCTURE else failure_class(exc)
         log.error("ticker result not stored", ticker=ticker, error=reason)
         try:
-            await asyncio.to_thread(store.ticker_finished, engine, self.batch_id, ticker, [],
-                                    reason, failure_class=fault)
+            await in_thread(store.ticker_finished, engine, self.batch_id, ticker, [],
+                            reason, failure_class=fault)
         except Exception as exc:
             # The database is away for now: finish_batch marks the ticker when it can.
             log.error("ticker status not stored", ticker=ticker, error=_one_line(exc))
@@ -515,8 +515,8 @@ class BatchRun:
             await asyncio.sleep(interval)
             try:
                 if lock is None:
-                    await asyncio.to_thread(store.heartbeat, self.owner.engine, self.batch_id)
-                elif await asyncio.to_thread(lock.beat, self.batch_id):
+                    await in_thread(store.heartbeat, self.owner.engine, self.batch_id)
+                elif await in_thread(lock.beat, self.batch_id):
                     continue
             except Exception as exc:  # a missed heartbeat is not worth failing the batch
                 log.warning("heartbeat not stored", error=_one_line(exc))
@@ -534,7 +534,7 @@ class BatchRun:
         if not self.lock_lost or lock is None:
             return True
         with contextlib.suppress(Exception):
-            if await asyncio.to_thread(lock.beat, self.batch_id):
+            if await in_thread(lock.beat, self.batch_id):
                 return True
         # Another run may own the batch now; the next start marks it crashed if none does.
         log.error("batch end not written: the nightly lock is lost", batch_id=self.batch_id)
@@ -545,7 +545,7 @@ async def _starting(write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a write that starts a batch; the database full or away past the write budget is
     one line (DatabaseError), nothing of the batch having run yet."""
     try:
-        return await asyncio.to_thread(write, *args, **kwargs)
+        return await in_thread(write, *args, **kwargs)
     except Exception as error:
         if not transient(error):
             raise

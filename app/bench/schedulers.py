@@ -53,6 +53,7 @@ from app.morning.accounting import compare_arm
 from app.quality.statistics import mean_defined, welch_p
 from app.recorder.record import Recorder
 from app.runs.replay import Workload, play, shape
+from app.tasks import in_thread
 from app.traffic.client import TickerClient
 from app.traffic.strategy import Strategy
 from serving.metrics import aread_metrics
@@ -391,7 +392,7 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         outcome = await runner.run(plan, TickerWork(work, weights=weights, shapes=shapes),
                                    recorder)
         # The arm's record: ``Arm``'s fields and the bench's own, as its JSON file keeps it.
-        figures = (await asyncio.to_thread(compare_arm, engine, outcome.batch_id)).model_dump()
+        figures = (await in_thread(compare_arm, engine, outcome.batch_id)).model_dump()
         figures["strategy"] = strategy
         figures["run"] = round_
         figures["admission"] = recorder.admission.model_dump() if recorder.admission else {}
@@ -401,10 +402,10 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
         # Kept with the arm: combined runs each had one.
         figures["warmup"] = result.warmup.model_dump() if result.warmup else None
         # What the graph bound is computed from, kept per arm so combined runs can pool it.
-        figures["graph"] = asdict(await asyncio.to_thread(
+        figures["graph"] = asdict(await in_thread(
             arm_graph_facts, engine, outcome.batch_id, workload))
-        figures["decode_levels"] = await asyncio.to_thread(decode_levels, engine,
-                                                           outcome.batch_id)
+        figures["decode_levels"] = await in_thread(decode_levels, engine,
+                                                   outcome.batch_id)
         result.arms.append(figures)
     _judge(result)
     return result

@@ -20,8 +20,8 @@ from sqlalchemy import Engine
 from app.llm import CallStats
 from app.morning import eta
 from app.morning.nightstatus import interval, span
+from app.tasks import beside, in_thread
 from app.traffic.server import ServerSet
-from app.traffic.tasks import beside
 from serving.metrics import MetricsSnapshot
 
 log = structlog.get_logger(__name__)
@@ -187,9 +187,9 @@ class BatchProgress:
         """Read the ETA from the batch's rows now and store the reading; any error here (the
         database's or the estimate's own) is logged and the progress goes on."""
         try:
-            found = await asyncio.to_thread(eta.reading, engine, self.batch_id,
-                                            datetime.now(UTC))
-            await asyncio.to_thread(eta.record, engine, self.batch_id, found)
+            found = await in_thread(eta.reading, engine, self.batch_id,
+                                    datetime.now(UTC))
+            await in_thread(eta.record, engine, self.batch_id, found)
         except Exception as error:  # the ETA is advice: the batch's group must not end for it
             log.warning("progress reading not stored", error=f"{type(error).__name__}: {error}")
             return

@@ -42,7 +42,7 @@ from app.db.models import TickerRun
 from app.db.retry import aretrying, outage, transient
 from app.errors import DatabaseError
 from app.morning.summary import tickers_left
-from app.traffic.tasks import beside
+from app.tasks import beside
 
 log = structlog.get_logger(__name__)
 

@@ -70,6 +70,11 @@ _daemon: contextvars.ContextVar[NightlyDaemon] = contextvars.ContextVar("nightde
 _fire_time: contextvars.ContextVar[datetime] = contextvars.ContextVar("nightdesk_fire_time")
 
 
+def _not_missed(record: logging.LogRecord) -> bool:
+    """Keep a record unless it is APScheduler's warning of a missed run (3.11's run_job)."""
+    return "was missed by" not in str(record.msg)
+
+
 def scheduled_night() -> None:
     """Run the nightly job for the daemon whose executor called it (APScheduler's entry)."""
     _daemon.get().run_night(_fire_time.get())
@@ -188,8 +193,8 @@ class NightlyDaemon:
         self.scheduler.add_listener(self._started, EVENT_SCHEDULER_STARTED)
         self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
         # _missed says a missed night (and pushes its digest): APScheduler's own warning of
-        # it would be the same fault a second time, in its words.
-        logging.getLogger("apscheduler.executors.default").setLevel(logging.ERROR)
+        # it would be the same fault a second time, in its words. Its other records stand.
+        logging.getLogger("apscheduler.executors.default").addFilter(_not_missed)
         self.scheduler.add_listener(self._after_run, EVENT_JOB_SUBMITTED | EVENT_JOB_MAX_INSTANCES)
         self.heartbeat = Heartbeat(engine, settings.batch.heartbeat_interval_s, self.next_run_time,
                                    f"{settings.schedule.cron} ({self.zone})")

@@ -19,8 +19,8 @@ from app.db.models import Batch, LLMCall, LLMRequest, batch_row
 from app.errors import InputError, LLMError
 from app.recorder.record import Recorder
 from app.runs.preflight import check_endpoints
+from app.tasks import first_error, in_thread
 from app.traffic.client import TickerClient
-from app.traffic.tasks import first_error
 from app.usage import decompress_body
 
 
@@ -155,7 +155,7 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
     """
     source, workload = recorded_workload(engine, batch_id, match_output=match_output)
     if preflight:
-        await asyncio.to_thread(check_endpoints, settings)
+        await in_thread(check_endpoints, settings)
     for items in workload.values():
         for item in items:
             item.body["model"] = settings.llm.model  # the arm's server may name it otherwise

@@ -28,10 +28,10 @@ from app.errors import (
     LLMTimeoutError,
 )
 from app.llm import Call, Tries
+from app.tasks import first_error
 from app.traffic.budget import Claim
 from app.traffic.gate import priority
 from app.traffic.server import Server, ServerSet
-from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
 
 log = structlog.get_logger(__name__)

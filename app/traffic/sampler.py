@@ -22,6 +22,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app.db.models import ServerSample
 from app.errors import ServerError, first_line
+from app.tasks import in_thread
 from serving.metrics import (
     CacheConfig,
     MetricsSnapshot,
@@ -111,7 +112,7 @@ class MetricsSampler:
             try:
                 row = sample_row(snapshot, self._batch_id, self.endpoint, self._lag, chain_slots)
                 self._lag = 0.0
-                await asyncio.to_thread(_insert, self._engine, row)
+                await in_thread(_insert, self._engine, row)
             except SQLAlchemyError as error:
                 log.warning("server sample not stored", error=first_line(error))
 

@@ -11,10 +11,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from app.tasks import first_error
 from app.traffic.client import TickerClient
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
-from app.traffic.tasks import first_error
 from app.traffic.ticket import Ticket
 
 # How long admission waits for the heaviest ticker's data before a lighter one goes first.

@@ -21,6 +21,7 @@ from app.config import Settings
 from app.errors import ServerOutage
 from app.llm import TrackedLLM
 from app.promptsize import PromptCounter
+from app.tasks import beside
 from app.traffic.chains import prefetch_depth
 from app.traffic.clock import Clock, loop_clock
 from app.traffic.gate import Gate
@@ -30,7 +31,6 @@ from app.traffic.limits import Limits
 from app.traffic.routing import Load, choose
 from app.traffic.sampler import MetricsSampler
 from app.traffic.strategy import Strategy
-from app.traffic.tasks import beside
 from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from serving.metrics import MetricsSnapshot

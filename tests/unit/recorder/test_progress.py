@@ -18,6 +18,7 @@ from app.morning.nightstatus import span
 from app.recorder.progress import BatchProgress, eta_text
 from tests.unit.support.eta_rows import NODES, NOW, batch, calls
 from tests.unit.support.servers import read_servers
+from tests.unit.support.threads import Blocking
 
 T0 = datetime(2026, 12, 3, 1, 0, tzinfo=UTC)
 
@@ -113,3 +114,21 @@ async def test_an_estimate_that_fails_is_logged_and_the_night_goes_on(
     assert shown.reading is None
     assert [(e["event"], e["error"]) for e in logs] == [
         ("progress reading not stored", "ZeroDivisionError: float division by zero")]
+
+
+async def test_an_eta_reading_in_its_thread_has_ended_once_the_progress_is_left(
+        sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A night disposes of its database after the progress: no reading may still be at it.
+    call = Blocking()
+    monkeypatch.setattr("app.recorder.progress.LOG_EVERY_S", 0.001)
+    monkeypatch.setattr("app.recorder.progress.eta.reading", call)
+    shown = BatchProgress(1, 2, read_servers(), console=Console(file=io.StringIO()),
+                          engine=sqlite_engine)
+    try:
+        async with shown:
+            await call.entered()  # the readings' loop is in its thread, blocked
+            call.release_in(0.05)
+        assert call.ended.is_set()  # left only once the reading had returned
+        assert shown.reading is None  # cancelled: the reading was not recorded
+    finally:
+        call.release.set()

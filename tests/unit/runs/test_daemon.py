@@ -124,6 +124,19 @@ def test_a_night_missed_past_the_grace_is_no_silent_night(
             and r.levelno >= logging.WARNING] == []
 
 
+def test_only_apschedulers_missed_warning_is_dropped_its_executors_others_come_out(
+        sqlite_engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    daemon_for(sqlite_engine, Recorder())  # sets up what silences the second word of a miss
+    executor = logging.getLogger("apscheduler.executors.default")  # APScheduler 3.11's run_job
+    with caplog.at_level(logging.WARNING):
+        executor.warning('Run time of job "%s" was missed by %s', "nightly",
+                         timedelta(hours=6, minutes=1))
+        executor.warning('Job "%s" ran %s late', "nightly", "a while")  # any other warning
+        executor.error("Error running job %s", "nightly")
+    assert [r.getMessage() for r in caplog.records if r.name == executor.name] == [
+        'Job "nightly" ran a while late', "Error running job nightly"]
+
+
 def test_the_job_table_is_apschedulers_and_alembic_leaves_it_alone(sqlite_engine: Engine,
                                                                    sqlite_url: str) -> None:
     with running(daemon_for(sqlite_engine, Recorder()), NIGHT - timedelta(hours=1)):

@@ -8,13 +8,16 @@ the usage writer and the checkpoint saver in their own tests) is left by its bod
 raising and being cancelled. Then ``asyncio.all_tasks()`` must hold no task it made. A task
 cancelled but not awaited is still in that set until it has handled its cancellation, so a
 bare ``cancel()`` is caught; the fakes that take a moment to end once cancelled
-(SlowToCancel) catch one whose wait happened to be covered by some later await.
+(SlowToCancel) catch one whose wait happened to be covered by some later await. A thread
+(``in_thread``) is run to its end through a cancellation of its caller, its group's and a
+timeout's: the caller is left only once the blocking call has returned.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import io
 import os
 import signal
@@ -34,16 +37,17 @@ from app.config import load_settings
 from app.errors import BatchStopped, ServerOutage
 from app.recorder.progress import BatchProgress
 from app.runs.replay import WorkItem, Workload, play
+from app.tasks import beside, in_thread
 from app.traffic.client import EndpointGone, TickerClient
 from app.traffic.halt import Halt, HaltReason
 from app.traffic.sampler import MetricsSampler
 from app.traffic.server import Server, ServerSet
 from app.traffic.strategy import Strategy
-from app.traffic.tasks import beside
 from tests.fakevllm import BASE_URL, ChatRequest, FakeServer, Reply
 from tests.unit.support.endings import ENDINGS, End, run_to_its_end
 from tests.unit.support.metrics_transport import transport
 from tests.unit.support.servers import read_servers
+from tests.unit.support.threads import Blocking
 
 
 def tasks_now() -> set[asyncio.Task[Any]]:
@@ -134,6 +138,66 @@ async def test_a_task_beside_that_fails_stops_the_body_and_its_error_is_raised_a
     with pytest.raises(RuntimeError, match="a bug"):  # itself, not an ExceptionGroup
         await body()
     assert not {t for t in tasks_now() - before if not t.done()}
+
+
+# A thread cannot be cancelled: ``in_thread``'s caller, cancelled, waits for the call to end
+# (asyncio.to_thread's raises at once and its group exits while the thread still runs).
+
+
+async def test_a_group_cancelled_while_its_thread_blocks_exits_once_the_thread_has_ended(
+) -> None:
+    call = Blocking()
+
+    async def fails() -> None:
+        await call.entered()
+        call.release_in(0.05)
+        raise RuntimeError("a sibling's bug")
+
+    try:
+        with pytest.raises(ExceptionGroup):
+            async with asyncio.TaskGroup() as group:
+                waiting = group.create_task(in_thread(call))
+                group.create_task(fails())
+        assert call.ended.is_set()  # the group's ``async with`` was left after the thread's end
+        assert waiting.cancelled()
+    finally:
+        call.release.set()
+
+
+async def test_a_cancelled_caller_waits_for_its_thread_then_raises_the_cancellation() -> None:
+    call = Blocking()
+    try:
+        runner = asyncio.create_task(in_thread(call))
+        await call.entered()
+        runner.cancel()
+        await asyncio.sleep(0.02)
+        runner.cancel()  # cancelled again meanwhile: it still waits
+        await asyncio.sleep(0.02)
+        assert not runner.done() and not call.ended.is_set()
+        call.release_in(0.02)
+        with pytest.raises(asyncio.CancelledError):
+            await runner
+        assert call.ended.is_set()
+    finally:
+        call.release.set()
+
+
+async def test_a_timeout_over_a_thread_waits_for_it_and_is_still_a_timeout() -> None:
+    call = Blocking()
+    asyncio.get_running_loop().call_later(0.05, call.release.set)
+    with pytest.raises(TimeoutError):  # the cancellation is the timeout's: it converts it
+        async with asyncio.timeout(0.01):
+            await in_thread(call)
+    assert call.ended.is_set()
+
+
+async def test_in_thread_returns_raises_and_carries_the_callers_context() -> None:
+    # The context travels as with asyncio.to_thread: the write budget and the log's batch_id.
+    where = contextvars.ContextVar("where", default="unset")
+    where.set("the caller's")
+    assert await in_thread(lambda suffix: where.get() + suffix, "!") == "the caller's!"
+    with pytest.raises(ZeroDivisionError):
+        await in_thread(lambda: 1 / 0)
 
 
 # --- engine.run_until_halted -----------------------------------------------------------------

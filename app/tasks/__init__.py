@@ -1,11 +1,17 @@
-"""Tasks in a group: the first error a task group met, and loops that run beside a body."""
+"""Structured concurrency's helpers: the first error a task group met, loops that run beside
+a body, and a blocking call in a thread that has ended once its caller has."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def first_error(group: BaseExceptionGroup[Any]) -> BaseException:
@@ -37,3 +43,26 @@ async def beside(*stops: Callable[[], object]) -> AsyncIterator[asyncio.TaskGrou
         raise first_error(errors) from None
     if held is not None:
         raise held
+
+
+
+async def in_thread(call: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """Return ``call(*args, **kwargs)`` run in a worker thread, in the caller's context.
+
+    Unlike ``asyncio.to_thread``, the thread has ended when this returns or raises: a thread
+    cannot be cancelled, so a cancellation meanwhile waits for the call to end and is raised
+    then (the call's result or error dropped), and no group exits while it still runs.
+    """
+    bound = functools.partial(contextvars.copy_context().run, call, *args, **kwargs)
+    done = asyncio.get_running_loop().run_in_executor(None, bound)
+    cancelled: asyncio.CancelledError | None = None
+    while not done.done():
+        try:
+            await asyncio.wait([done])  # cancelled, it leaves ``done`` to run on
+        except asyncio.CancelledError as error:
+            cancelled = error
+    if cancelled is not None:
+        if not done.cancelled():
+            done.exception()  # retrieved: the cancellation is what the caller meets
+        raise cancelled
+    return done.result()
