@@ -17,12 +17,16 @@ from sqlalchemy import (
     ForeignKey,
     Integer,
     LargeBinary,
+    Select,
     String,
     Text,
     UniqueConstraint,
+    func,
+    select,
 )
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.sql import ColumnElement
 from sqlalchemy.types import TypeDecorator
 
 from app.db.text import CleanText
@@ -106,6 +110,31 @@ def batch_row(engine: Engine, batch_id: int) -> Batch:
     if found is None:
         raise InputError(f"no batch with id {batch_id}")
     return found
+
+
+def nights_newest_first(*where: ColumnElement[bool]) -> Select[tuple[Batch]]:
+    """Return the query of nightly batches (with ``where``), this morning's night first.
+
+    The one order of "the latest night" (the ranking, the night's status, the ticker page,
+    quality's defaults): the latest as-of date first, since an older date analyzed again is
+    not this morning's night; of one date, the batch last active (finished, else its last
+    heartbeat, else created: a resumed night finishes after a later one began), then the id.
+    """
+    return select(Batch).where(Batch.kind == "nightly", *where).order_by(*newest_first())
+
+
+def newest_first() -> tuple[ColumnElement[Any], ...]:
+    """Return ``nights_newest_first``'s order, for a query of batches of any kind."""
+    last_active = func.coalesce(Batch.finished_at, Batch.heartbeat_at, Batch.created_at)
+    return Batch.as_of.desc(), last_active.desc(), Batch.id.desc()
+
+
+def night_of_each_date(engine: Engine, *where: ColumnElement[bool]) -> list[Batch]:
+    """Return the newest night (``nights_newest_first``) of each as-of date, newest first."""
+    with Session(engine) as session:
+        nights = session.scalars(nights_newest_first(*where)).all()
+    firsts = {n.as_of: n for n in reversed(nights)}  # the last written of a date is its first
+    return sorted(firsts.values(), key=lambda n: n.as_of, reverse=True)
 
 
 class TickerRun(OfBatch, Base):

@@ -15,9 +15,10 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db.models import Batch, SchedulerBeat, TickerRun
+from app.db.models import Batch, SchedulerBeat, TickerRun, nights_newest_first
 from app.morning import eta
 from app.morning.advice import Advice, next_steps
 from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize, when
@@ -175,12 +176,9 @@ def latest_beat(engine: Engine, stale_s: float, now: datetime) -> SchedulerHeart
 
 
 def _latest(engine: Engine) -> Batch | None:
-    """Return the newest nightly batch of the latest as-of date: an older date analyzed
-    again since (`run --as-of`) is no night of this morning's."""
-    with engine.connect() as conn:
-        return conn.execute(select(Batch).where(Batch.kind == "nightly")
-                            .order_by(Batch.as_of.desc(), Batch.id.desc())
-                            .limit(1)).first()  # type: ignore[return-value]
+    """Return this morning's night whatever its outcome (``nights_newest_first``)."""
+    with Session(engine) as session:
+        return session.scalars(nights_newest_first().limit(1)).first()
 
 
 def _batch(engine: Engine, batch_id: int) -> Batch | None:

@@ -32,12 +32,12 @@ from datetime import date
 import numpy as np
 import pydantic
 from scipy import stats
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 
 from agents.data import DataProvider, get_provider
 from agents.decision import RATINGS
 from app.config import Settings
-from app.db.models import FINISHED_STATUSES, Batch
+from app.db.models import FINISHED_STATUSES, Batch, night_of_each_date
 from app.errors import DataError, InputError
 from app.quality.forward import (
     PriceCache,
@@ -305,18 +305,15 @@ def providers(settings: Settings) -> Callable[[BatchGrades], DataProvider]:
 
 def track_nights(engine: Engine, *, nights: int | None = None,
                  since: date | None = None) -> list[int]:
-    """Return the nights' batch ids in as-of order: the newest finished nightly of each date.
+    """Return the nights' batch ids in as-of order: the newest finished night of each date
+    (``app.db.models.nights_newest_first``).
 
     ``since`` keeps the as-of dates on or after it; ``nights`` the last that many.
     InputError when there is none.
     """
-    stmt = (select(func.max(Batch.id)).where(Batch.kind == "nightly",
-                                             Batch.status.in_(FINISHED_STATUSES))
-            .group_by(Batch.as_of).order_by(Batch.as_of))
-    if since is not None:
-        stmt = stmt.having(Batch.as_of >= since)
-    with engine.connect() as conn:
-        ids = [int(i) for i in conn.execute(stmt).scalars()]
+    dated = [] if since is None else [Batch.as_of >= since]
+    found = night_of_each_date(engine, Batch.status.in_(FINISHED_STATUSES), *dated)
+    ids = [n.id for n in reversed(found)]
     if nights is not None:
         ids = ids[-nights:]
     if not ids:
