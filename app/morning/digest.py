@@ -180,8 +180,8 @@ def _rerun_lines(engine: Engine, rerun: BatchSummary, night_id: int | None
 
 
 def _change_lines(engine: Engine, batch_id: int, whole: bool) -> list[str]:
-    """Say which ratings changed since the night before; only up/downgrades of a night that
-    did not finish (its missing tickers are not news)."""
+    """Say which ratings changed since the night before; of a night that did not finish, only
+    up/downgrades (its missing tickers are not news) "so far", over the tickers compared."""
     try:
         night = compare_nights(engine, batch_id)
     except InputError as error:  # the night before was of another universe
@@ -190,6 +190,10 @@ def _change_lines(engine: Engine, batch_id: int, whole: bool) -> list[str]:
         return ["Changes: no earlier night to compare with"]
     changes = [c for c in night.changes if whole or c.change in ("upgrade", "downgrade")]
     head = f"Rating changes since {night.against_as_of} (batch #{night.against_id})"
+    if not whole:  # "none" of an unfinished night is not known: say how far it is known
+        tonight = [t for t in night.tickers if t.status != "absent"]
+        compared = sum(t.change in ("upgrade", "downgrade", "same") for t in tonight)
+        head += f" so far ({compared} of {len(tonight)} tickers rated on both nights)"
     if not changes:
         return [f"{head}: none"]
     return [f"{head}: {len(changes)}",

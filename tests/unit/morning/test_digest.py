@@ -112,6 +112,20 @@ def test_a_night_cut_short_says_how_to_continue_and_lists_only_up_and_downgrades
     assert lines[unfinished + 1] == "  BBB: stopped by SIGTERM"
 
 
+def test_an_unfinished_night_with_no_change_yet_says_so_far_over_how_many(
+        sqlite_engine: Engine) -> None:
+    # Before: "Rating changes since 2026-11-26 (batch #1): none", of a night that rated one
+    # ticker of three: not known for the two it never reached.
+    before = add_night(sqlite_engine, D1, at(D2, 0, 10), {
+        "AAA": Rated("Hold", 0.0), "BBB": Rated("Buy", 0.7), "CCC": Rated("Sell", -0.7)})
+    cut = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {
+        "AAA": Rated("Hold", 0.1), "BBB": Rated(status="interrupted"),
+        "CCC": Rated(status="queued")}, status="interrupted", error="stopped by SIGTERM")
+    lines = build_digest(sqlite_engine, load_settings(), cut).message.body.splitlines()
+    assert (f"Rating changes since {D1} (batch #{before}) so far (1 of 3 tickers rated on "
+            "both nights): none") in lines
+
+
 def test_no_destination_builds_and_sends_nothing(sqlite_engine: Engine,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     _, night = two_nights(sqlite_engine)
