@@ -343,3 +343,19 @@ class ProgressReading(OfBatch, Base):
     eta_s: Mapped[float | None] = mapped_column(Float)
     eta_low_s: Mapped[float | None] = mapped_column(Float)
     eta_high_s: Mapped[float | None] = mapped_column(Float)
+
+
+class NightRefusal(Base):
+    """A night refused at its start, which leaves no batch row (the server down, no snapshot,
+    the wrong model, the preflight, its date analyzed, missed): what its digest said, so the
+    morning's status can name why (``app.morning.nightstatus``) until a later night starts."""
+
+    __tablename__ = "night_refusals"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    refused_at: Mapped[datetime] = mapped_column(Timestamp, index=True)
+    as_of: Mapped[date | None] = mapped_column(Date)  # None: not known (a missed fire)
+    title: Mapped[str] = mapped_column(CleanText)  # the digest's: "night of … REFUSED …"
+    why: Mapped[str] = mapped_column(CleanText)  # one line
+    advice: Mapped[str] = mapped_column(CleanText)  # what to do, in words
+    command: Mapped[str | None] = mapped_column(String(500))  # the command in the advice

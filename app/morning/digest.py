@@ -228,11 +228,16 @@ def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str
     what to do; a failure, as a failed night's digest is. ``outcome``: what did not happen
     (no batch row exists, or a recorded batch was not continued); ``headline``: what befell
     the night instead of being refused (a night the daemon missed)."""
-    night = f"night of {as_of}" if as_of is not None else "the night"
     base = settings.web.base_url
-    return Message(f"nightdesk: {headline or f'{night} REFUSED at its start'}, {outcome}",
+    return Message(f"nightdesk: {refusal_title(as_of, outcome, headline)}",
                    "\n".join([f"Why: {why}", f"What to do: {advice}", f"Page: {base}/"]),
                    "failure")
+
+
+def refusal_title(as_of: date | None, outcome: str, headline: str | None = None) -> str:
+    """Return what befell a refused night, as its digest's title says it (and the status)."""
+    night = f"night of {as_of}" if as_of is not None else "the night"
+    return f"{headline or f'{night} REFUSED at its start'}, {outcome}"
 
 
 def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str,
