@@ -246,7 +246,7 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     refused = standing_refusal(engine, latest, due_at) if status == "stale" else None
     if status == "stale":
         since = f"since the night due {when(due_at)}" if due_at else "yet"
-        headline = f"no nightly batch {since}{_refused(refused)}"
+        headline = f"no nightly batch {since}"  # the refusal, if any: in ``reason``, once
         if latest is not None:
             headline += f"; the latest is {describe(latest)}"
     else:

@@ -343,6 +343,7 @@ def test_a_refused_night_is_named_where_the_morning_says_stale(
             page = client.get("/", auth=("ops", "pw")).text
             metrics = client.get("/metrics", auth=("ops", "pw")).text
     assert named in " ".join(ranking.stderr.split()), ranking.stderr
+    assert " ".join(ranking.stderr.split()).count(says) == 1, ranking.stderr  # said once
     banner = BeautifulSoup(page, "html.parser").find(id="banner")
     assert banner is not None and named in " ".join(banner.get_text().split())
     gauges = {s.name: s.value for family in text_string_to_metric_families(metrics)
