@@ -147,7 +147,7 @@ def _finish(outcome: BatchOutcome, planned: int) -> None:
 def run(
     batch_id: Annotated[int | None, typer.Argument(
         help="with --resume: the batch to continue (default: the newest with tickers left)",
-        show_default=False, parser=parse_batch_id)] = None,
+        show_default=False, parser=lambda text: parse_batch_id(text, what="batch_id"))] = None,
     tickers: Annotated[str | None, typer.Option(
         "--tickers", help="A,B,C (default: NIGHTDESK_UNIVERSE_FILE, else the snapshot's "
                           "universe.txt)")] = None,
