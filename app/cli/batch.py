@@ -374,8 +374,8 @@ def show_changes(
         return
     demo = "DEMO DATA — " if found.demo else ""
     if found.against_id is None:
-        out.print(f"{demo}batch {found.batch_id} (as of {found.as_of}): no earlier finished "
-                  "night of the same universe to compare with")
+        out.print(f"{demo}batch {found.batch_id} (as of {found.as_of}): no finished night of "
+                  "an earlier as-of date, of the same universe, to compare with")
         return
     table = Table(title=f"{demo}changes: batch {found.batch_id} (as of {found.as_of}) "
                         f"against batch {found.against_id} (as of {found.against_as_of})")

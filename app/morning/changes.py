@@ -252,7 +252,7 @@ def compare_nights(engine: Engine, batch_id: int | None = None,
 def _unpaired(row: RankRow) -> TickerChange:
     return TickerChange(row.ticker, row.rank, row.rating, row.score, row.status,
                         row.contradicting, None, None, None, None, None,
-                        "no earlier night of this universe")
+                        "no finished night of an earlier as-of date, of this universe")
 
 
 def _pair(engine: Engine, now: RankRow | None, before: RankRow | None, ticker: str,

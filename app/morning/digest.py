@@ -187,7 +187,7 @@ def _change_lines(engine: Engine, batch_id: int, whole: bool) -> list[str]:
     except InputError as error:  # the night before was of another universe
         return [f"Changes: not compared ({error})"]
     if night.against_id is None:
-        return ["Changes: no earlier night to compare with"]
+        return ["Changes: no finished night of an earlier as-of date to compare with"]
     changes = [c for c in night.changes if whole or c.change in ("upgrade", "downgrade")]
     head = f"Rating changes since {night.against_as_of} (batch #{night.against_id})"
     if not whole:  # "none" of an unfinished night is not known: say how far it is known

@@ -228,8 +228,19 @@ def test_the_default_night_before_of_another_universe_is_no_error(sqlite_engine:
     assert found.against_id is None and found.changes == []
     assert run_cli("ranking").code == 0
     result = run_cli("changes")
-    assert result.code == 0 and "no earlier finished night of the same universe" in \
-        result.stdout
+    assert result.code == 0 and "no finished night of an earlier as-of date, of the same " \
+        "universe" in " ".join(result.stdout.split())
+
+
+def test_a_second_night_of_one_date_is_not_said_to_have_no_earlier_night(
+        sqlite_engine: Engine) -> None:
+    # Two nights of one date (`nightdesk run` again): the first is an earlier finished night
+    # of the same universe; before, `changes` and the page said there was none.
+    add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {"AAA": Rated("Hold", 0.0)})
+    add_night(sqlite_engine, D2, at(date(2026, 11, 28), 2, 10), {"AAA": Rated("Buy", 0.6)})
+    said = " ".join(run_cli("changes").stdout.split())
+    assert said.endswith(f"(as of {D2}): no finished night of an earlier as-of date, of the "
+                         "same universe, to compare with"), said
 
 
 def test_a_rerun_is_no_night_to_compare_or_compare_with(sqlite_engine: Engine) -> None:
