@@ -48,8 +48,9 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float) -> list[Advi
     A nightly batch or rerun that no longer runs and has tickers ``run --resume`` takes up:
     resume it; a nightly one once the nightly batch running now (which holds the lock the
     resume takes) has ended. A failed nightly batch: resume it retrying its failed tickers
-    (the ranking shows no failed night, so applies no rerun of one). Else, each ticker that failed and no later rerun (of the same
-    date) has redone: rerun it for the batch's date and samples.
+    (the ranking shows no failed night, so applies no rerun of one). Else, each ticker that
+    failed and no later rerun (of the same date) has redone: rerun it for the batch's date
+    and samples.
     """
     if batch.status == "running" or batch.kind not in RESUMABLE_KINDS:
         return []
