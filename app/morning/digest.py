@@ -119,7 +119,10 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
     ranked_id = night_id if night_id is not None else batch.id
     lines.extend(_ends(engine, ranked_id,
                        "" if ranked_id == batch.id else f" (the ranking of batch #{ranked_id})"))
-    lines.extend(_change_lines(engine, ranked_id, ended or batch.kind == "rerun"))
+    if night_id is not None or batch.kind == "nightly":
+        # A rerun with no night to apply it to changes no ranking: its few tickers beside
+        # the night before would read as every other ticker "dropped".
+        lines.extend(_change_lines(engine, ranked_id, ended or batch.kind == "rerun"))
     failures = failed_tickers(engine, batch.id)
     for head, group in (("Failed", [f for f in failures if f.status == "failed"]),
                         ("Not finished", [f for f in failures if f.status != "failed"])):
@@ -190,10 +193,12 @@ def _change_lines(engine: Engine, batch_id: int, whole: bool) -> list[str]:
         return ["Changes: no finished night of an earlier as-of date to compare with"]
     changes = [c for c in night.changes if whole or c.change in ("upgrade", "downgrade")]
     head = f"Rating changes since {night.against_as_of} (batch #{night.against_id})"
-    if not whole:  # "none" of an unfinished night is not known: say how far it is known
+    if not whole:  # "none" of a night that did not finish: say over how many it is known
         tonight = [t for t in night.tickers if t.status != "absent"]
         compared = sum(t.change in ("upgrade", "downgrade", "same") for t in tonight)
-        head += f" so far ({compared} of {len(tonight)} tickers rated on both nights)"
+        open_ = any(t.status not in ("succeeded", "failed") for t in tonight)
+        head += (f", {compared} of {len(tonight)} tickers rated on both nights"
+                 f"{' so far' if open_ else ''}")
     if not changes:
         return [f"{head}: none"]
     return [f"{head}: {len(changes)}",
