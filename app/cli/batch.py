@@ -38,7 +38,7 @@ from app.cli.logs import console
 from app.config import Settings
 from app.errors import ERRORS, InputError
 from app.morning.batchids import parse_batch_id
-from app.morning.changes import RankedRow, compare_nights, ranked_row
+from app.morning.changes import UNFINISHED, RankedRow, compare_nights, ranked_row
 from app.morning.nightstatus import STALE_EXIT, NightStatus, night_status
 from app.morning.ranking import RankRow, ranking
 from app.morning.summary import BatchSummary, summarize
@@ -389,8 +389,10 @@ def show_changes(
                       "" if t.score_move is None else f"{t.score_move:+.2f}", t.why)
     out.print(table)
     counts = Counter(t.change for t in found.tickers)
+    open_ = sum(1 for t in found.tickers if t.change is None and t.status in UNFINISHED)
     out.print(", ".join(f"{counts[k]} {k}" for k in ("upgrade", "downgrade", "new", "dropped",
-                                                      "same")))
+                                                      "same"))
+              + (f", {open_} not finished (no rating yet)" if open_ else ""))
 
 
 def _rated_text(rating: str | None, score: float | None, rank: int | None,
