@@ -290,6 +290,11 @@ def show_ranking(
                                  f"{chosen.id} ({chosen.kind}, as of {chosen.as_of})", data))
         if any(r.contradicting for r in rows):
             out.print("! = rating outside its score band in at least one sample")
+        # As the page's "Reruns applied": a row whose result is a rerun's says so.
+        reruns = [f"{r.ticker} from rerun #{r.batch_id}" for r in rows
+                  if r.batch_id != chosen.id]
+        if reruns:
+            out.print(f"reruns applied: {', '.join(reruns)}", markup=False)
     # A ranking without some of the night's tickers says which, and why: never a silent gap.
     # (On stderr for json/csv, so their output stays machine-readable.)
     for r in rows:

@@ -2,7 +2,8 @@
 
 Tonight's night (2026-11-27) succeeded; in the morning an older date (2026-11-25) is analyzed
 again (`nightdesk run --as-of`) and finishes last. Every place that picks "the latest night"
-must pick tonight's, as the ranking does (``app.db.models.nights_newest_first``).
+must pick tonight's, as the ranking does (``app.db.models.nights_newest_first``). And the
+``ranking`` command says of that night what the page says (a rerun applied).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from app.morning.ranking import ranked_night
 from app.quality.grades import newest_batch, newest_nightly
 from app.quality.track import track_nights
 from app.web.views import history_view, ticker_view
+from tests.unit.support.clirun import run_cli
 from tests.unit.support.night_rows import Rated, add_night, at
 
 D1, D2, OLD = date(2026, 11, 26), date(2026, 11, 27), date(2026, 11, 25)
@@ -63,3 +65,16 @@ def test_of_one_date_the_night_last_finished_is_the_newest(sqlite_engine: Engine
     assert newest_batch(sqlite_engine) == resumed
     assert track_nights(sqlite_engine)[-1] == resumed
     assert newest_nightly(sqlite_engine, 2) == sorted([resumed, forced])
+
+
+def test_the_ranking_command_names_a_rerun_applied_as_the_page_does(
+        sqlite_engine: Engine) -> None:
+    # Before: the page tagged ALPH's row "rerun" and said "Reruns applied: #N"; `ranking`
+    # showed the rerun's rating with nothing to tell it from the night's own.
+    night = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(error="boom"),
+                                                "BBB": Rated("Hold", 0.0)})
+    rerun = add_night(sqlite_engine, D2, DUE2 + timedelta(hours=3), {"AAA": Rated("Buy", 0.8)},
+                      kind="rerun")
+    result = run_cli("ranking", env={"COLUMNS": "200"})
+    assert result.code == 0 and f"ranking of batch {night}" in result.stdout
+    assert f"reruns applied: AAA from rerun #{rerun}" in result.stdout.splitlines()
