@@ -198,7 +198,8 @@ def tell_refusal(settings: Settings, as_of: date | None, why: str, advice: str, 
     status names it until a later night starts) and push its digest (``send_refusal``).
 
     ``command``: the command ``advice`` names to start the night again, where it names one.
-    Never raises: the database may be what refused the night (its line is then logged).
+    Never raises: the database may be what refused the night, whose one line has said so
+    (the row not stored is then only a debug line: one line per error).
     """
     try:
         with Session(get_engine(settings.store.database_url)) as session:
@@ -207,5 +208,5 @@ def tell_refusal(settings: Settings, as_of: date | None, why: str, advice: str, 
                                      advice=advice, command=command))
             session.commit()
     except Exception as error:
-        log.warning("refusal not stored", error=first_line(error))
+        log.debug("refusal not stored", error=first_line(error))
     send_refusal(settings, as_of, why, advice, outcome, headline)
