@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import typer
 from pydantic import ValidationError
 from rich.markup import escape
-from typer._click.exceptions import BadParameter, ClickException
+from typer._click.exceptions import BadParameter, ClickException, NoSuchOption
 
 from app.cli import batch, bench, data, db, notify, plan, quality, report, scheduler, server, web
 from app.cli.logs import console
@@ -65,6 +66,10 @@ def _usage_message(usage: ClickException) -> str:
     """Return a usage error's line. An option's value typer checked through pydantic is said
     in nightdesk's words with the value given, never pydantic's ("Value error, ", "Input
     should be ...")."""
+    if isinstance(usage, NoSuchOption) and re.fullmatch(r"-\d+", usage.option_name):
+        # `report -1`: click reads a negative number as an option, which no one meant.
+        return (f"{usage.option_name} is no option, nor a batch id (a batch id is a whole "
+                "number like 12)")
     cause = usage.__cause__
     if not (isinstance(usage, BadParameter) and isinstance(cause, ValidationError)):
         return usage.format_message()

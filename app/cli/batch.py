@@ -38,7 +38,7 @@ from app.cli.logs import console
 from app.config import Settings
 from app.errors import ERRORS, InputError
 from app.morning.batchids import parse_batch_id
-from app.morning.changes import RankedRow, compare_nights, ranked_row
+from app.morning.changes import UNFINISHED, RankedRow, compare_nights, ranked_row
 from app.morning.nightstatus import STALE_EXIT, NightStatus, night_status
 from app.morning.ranking import RankRow, ranking
 from app.morning.summary import BatchSummary, summarize
@@ -147,7 +147,7 @@ def _finish(outcome: BatchOutcome, planned: int) -> None:
 def run(
     batch_id: Annotated[int | None, typer.Argument(
         help="with --resume: the batch to continue (default: the newest with tickers left)",
-        show_default=False, parser=parse_batch_id)] = None,
+        show_default=False, parser=lambda text: parse_batch_id(text, what="batch_id"))] = None,
     tickers: Annotated[str | None, typer.Option(
         "--tickers", help="A,B,C (default: NIGHTDESK_UNIVERSE_FILE, else the snapshot's "
                           "universe.txt)")] = None,
@@ -290,6 +290,11 @@ def show_ranking(
                                  f"{chosen.id} ({chosen.kind}, as of {chosen.as_of})", data))
         if any(r.contradicting for r in rows):
             out.print("! = rating outside its score band in at least one sample")
+        # As the page's "Reruns applied": a row whose result is a rerun's says so.
+        reruns = [f"{r.ticker} from rerun #{r.batch_id}" for r in rows
+                  if r.batch_id != chosen.id]
+        if reruns:
+            out.print(f"reruns applied: {', '.join(reruns)}", markup=False)
     # A ranking without some of the night's tickers says which, and why: never a silent gap.
     # (On stderr for json/csv, so their output stays machine-readable.)
     for r in rows:
@@ -374,8 +379,8 @@ def show_changes(
         return
     demo = "DEMO DATA — " if found.demo else ""
     if found.against_id is None:
-        out.print(f"{demo}batch {found.batch_id} (as of {found.as_of}): no earlier finished "
-                  "night of the same universe to compare with")
+        out.print(f"{demo}batch {found.batch_id} (as of {found.as_of}): no finished night of "
+                  "an earlier as-of date, of the same universe, to compare with")
         return
     table = Table(title=f"{demo}changes: batch {found.batch_id} (as of {found.as_of}) "
                         f"against batch {found.against_id} (as of {found.against_as_of})")
@@ -389,8 +394,10 @@ def show_changes(
                       "" if t.score_move is None else f"{t.score_move:+.2f}", t.why)
     out.print(table)
     counts = Counter(t.change for t in found.tickers)
+    open_ = sum(1 for t in found.tickers if t.change is None and t.status in UNFINISHED)
     out.print(", ".join(f"{counts[k]} {k}" for k in ("upgrade", "downgrade", "new", "dropped",
-                                                      "same")))
+                                                      "same"))
+              + (f", {open_} not finished (no rating yet)" if open_ else ""))
 
 
 def _rated_text(rating: str | None, score: float | None, rank: int | None,

@@ -51,6 +51,9 @@ def _batch_id(text: str | None, engine: Engine) -> int:
     return newest_batch(engine) if text is None else parse_batch_id(text)
 
 
+WITHHELD = "withheld"  # a t or p below the nights a verdict needs (docs/quality.md)
+
+
 def _num(value: float | None, spec: str = ".2f") -> str:
     return UNDEFINED if value is None else format(value, spec)
 
@@ -227,11 +230,13 @@ def _render_track(report: TrackReport, console: Console) -> None:
                       ("horizon", "nights", "mean IC", "sd", "t", "p", "IC > 0", "hit rate",
                        "long − short", "its t", "decay", "verdict"), {"verdict"})
     for h in report.horizons:
+        t, p, its_t = ((WITHHELD,) * 3 if h.withheld else
+                       (_num(h.t_stat, "+.2f"), _num(h.p_value, ".3f"),
+                        _num(h.long_short_t, "+.2f")))
         summary.add_row(f"{h.horizon_days}d", f"{h.judged} (min {h.min_nights})",
-                        _num(h.mean_ic, "+.3f"), _num(h.sd_ic, ".3f"), _num(h.t_stat, "+.2f"),
-                        _num(h.p_value, ".3f"), _num(h.positive_share, ".0%"),
-                        _num(h.hit_rate, ".0%"), _num(h.long_short, "+.2%"),
-                        _num(h.long_short_t, "+.2f"), _num(h.decay, ".2f"), h.verdict)
+                        _num(h.mean_ic, "+.3f"), _num(h.sd_ic, ".3f"), t, p,
+                        _num(h.positive_share, ".0%"), _num(h.hit_rate, ".0%"),
+                        _num(h.long_short, "+.2%"), its_t, _num(h.decay, ".2f"), h.verdict)
     console.print(summary)
     console.print(_by_rating_table(report.horizons, what))
     console.print(_nights_table(report.horizons))

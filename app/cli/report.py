@@ -202,8 +202,9 @@ def compare_table(arms: list[Arm], title: str = "arms side by side") -> Table:
 
 
 def report(
-    batch_id: Annotated[int | None, typer.Argument(help="Batch id (default: the newest).",
-                                                  parser=parse_batch_id)] = None,
+    batch_id: Annotated[int | None, typer.Argument(
+        help="Batch id (default: the newest).",
+        parser=lambda text: parse_batch_id(text, what="batch_id"))] = None,
     fmt: TableOrJson = "table",
     compare: Annotated[str | None, typer.Option("--compare", help="ID1,ID2,… side by side")] = (
         None),

@@ -17,12 +17,16 @@ from sqlalchemy import (
     ForeignKey,
     Integer,
     LargeBinary,
+    Select,
     String,
     Text,
     UniqueConstraint,
+    func,
+    select,
 )
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.sql import ColumnElement
 from sqlalchemy.types import TypeDecorator
 
 from app.db.text import CleanText
@@ -106,6 +110,31 @@ def batch_row(engine: Engine, batch_id: int) -> Batch:
     if found is None:
         raise InputError(f"no batch with id {batch_id}")
     return found
+
+
+def nights_newest_first(*where: ColumnElement[bool]) -> Select[tuple[Batch]]:
+    """Return the query of nightly batches (with ``where``), this morning's night first.
+
+    The one order of "the latest night" (the ranking, the night's status, the ticker page,
+    quality's defaults): the latest as-of date first, since an older date analyzed again is
+    not this morning's night; of one date, the batch last active (finished, else its last
+    heartbeat, else created: a resumed night finishes after a later one began), then the id.
+    """
+    return select(Batch).where(Batch.kind == "nightly", *where).order_by(*newest_first())
+
+
+def newest_first() -> tuple[ColumnElement[Any], ...]:
+    """Return ``nights_newest_first``'s order, for a query of batches of any kind."""
+    last_active = func.coalesce(Batch.finished_at, Batch.heartbeat_at, Batch.created_at)
+    return Batch.as_of.desc(), last_active.desc(), Batch.id.desc()
+
+
+def night_of_each_date(engine: Engine, *where: ColumnElement[bool]) -> list[Batch]:
+    """Return the newest night (``nights_newest_first``) of each as-of date, newest first."""
+    with Session(engine) as session:
+        nights = session.scalars(nights_newest_first(*where)).all()
+    firsts = {n.as_of: n for n in reversed(nights)}  # the last written of a date is its first
+    return sorted(firsts.values(), key=lambda n: n.as_of, reverse=True)
 
 
 class TickerRun(OfBatch, Base):
@@ -314,3 +343,19 @@ class ProgressReading(OfBatch, Base):
     eta_s: Mapped[float | None] = mapped_column(Float)
     eta_low_s: Mapped[float | None] = mapped_column(Float)
     eta_high_s: Mapped[float | None] = mapped_column(Float)
+
+
+class NightRefusal(Base):
+    """A night refused at its start, which leaves no batch row (the server down, no snapshot,
+    the wrong model, the preflight, its date analyzed, missed): what its digest said, so the
+    morning's status can name why (``app.morning.nightstatus``) until a later night starts."""
+
+    __tablename__ = "night_refusals"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    refused_at: Mapped[datetime] = mapped_column(Timestamp, index=True)
+    as_of: Mapped[date | None] = mapped_column(Date)  # None: not known (a missed fire)
+    title: Mapped[str] = mapped_column(CleanText)  # the digest's: "night of … REFUSED …"
+    why: Mapped[str] = mapped_column(CleanText)  # one line
+    advice: Mapped[str] = mapped_column(CleanText)  # what to do, in words
+    command: Mapped[str | None] = mapped_column(String(500))  # the command in the advice

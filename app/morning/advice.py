@@ -47,8 +47,10 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float) -> list[Advi
 
     A nightly batch or rerun that no longer runs and has tickers ``run --resume`` takes up:
     resume it; a nightly one once the nightly batch running now (which holds the lock the
-    resume takes) has ended. Else, each ticker that failed and no later rerun (of the same
-    date) has redone: rerun it for the batch's date and samples.
+    resume takes) has ended. A failed nightly batch: resume it retrying its failed tickers
+    (the ranking shows no failed night, so applies no rerun of one). Else, each ticker that
+    failed and no later rerun (of the same date) has redone: rerun it for the batch's date
+    and samples.
     """
     if batch.status == "running" or batch.kind not in RESUMABLE_KINDS:
         return []
@@ -71,6 +73,12 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float) -> list[Advi
             # Until then the resume answers `already running: batch M` (exit 4).
             does += f", once batch {holder}, running now, has ended"
         return [Advice(f"nightdesk run --resume {batch.id}", does)]
+    if batch.kind == "nightly" and batch.status == "failed" and failed:
+        # No ranking shows a failed night, so none would apply a rerun of its tickers (the
+        # rerun's digest: "no finished night of D to apply it to"): they run again in it.
+        return [Advice(f"nightdesk run --resume {batch.id} --retry-failed",
+                       f"runs its {_tickers(len(failed))} again in this batch, which the "
+                       "ranking then shows; a rerun of a failed night is applied to no ranking")]
     samples = f" --samples {batch.samples}" if batch.samples and batch.samples > 1 else ""
     # A later rerun that succeeded has redone a ticker, for its night or a rerun before it.
     redone = rerun_since(engine, batch.id, batch.as_of)

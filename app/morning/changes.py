@@ -66,7 +66,9 @@ class TickerChange:
     previous_rank: int | None
     previous_rating: str | None
     previous_score: float | None
-    change: str | None  # upgrade | downgrade | same | new | dropped; None: no night before
+    # upgrade | downgrade | same | new | dropped; None: no night before, or the night did
+    # not finish the ticker (queued, running, interrupted: its rating is not known yet)
+    change: str | None
     score_move: float | None
     why: str  # one line: the nodes whose views moved most, or why it is new or dropped
     moved: list[NodeMove] = field(default_factory=list)
@@ -186,7 +188,13 @@ def _rated(row: RankRow | None) -> bool:
     return row is not None and row.rating is not None and row.score is not None
 
 
+# A ticker's statuses in a night that did not finish it: its rating is not known yet.
+UNFINISHED = ("queued", "running", "interrupted")
+
+
 def _marker(now: RankRow | None, before: RankRow | None) -> str | None:
+    if now is not None and now.status in UNFINISHED:
+        return None  # neither dropped nor the same: not rated yet
     if not _rated(now):
         return "dropped" if _rated(before) else None
     if not _rated(before):
@@ -252,7 +260,7 @@ def compare_nights(engine: Engine, batch_id: int | None = None,
 def _unpaired(row: RankRow) -> TickerChange:
     return TickerChange(row.ticker, row.rank, row.rating, row.score, row.status,
                         row.contradicting, None, None, None, None, None,
-                        "no earlier night of this universe")
+                        "no finished night of an earlier as-of date, of this universe")
 
 
 def _pair(engine: Engine, now: RankRow | None, before: RankRow | None, ticker: str,
@@ -276,6 +284,8 @@ def _pair(engine: Engine, now: RankRow | None, before: RankRow | None, ticker: s
     elif change == "dropped":
         why = (f"not among the tickers of batch #{night.id} (as of {as_of})" if now is None
                else f"{now.status} on {as_of}: {now.summary}")
+    elif now is not None and now.status in UNFINISHED:
+        why = f"not finished in batch #{night.id} ({now.status}): no rating yet"
     else:
         why = ""
     moved_score = (None if not (_rated(now) and _rated(before))

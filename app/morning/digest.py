@@ -119,7 +119,10 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
     ranked_id = night_id if night_id is not None else batch.id
     lines.extend(_ends(engine, ranked_id,
                        "" if ranked_id == batch.id else f" (the ranking of batch #{ranked_id})"))
-    lines.extend(_change_lines(engine, ranked_id, ended or batch.kind == "rerun"))
+    if night_id is not None or batch.kind == "nightly":
+        # A rerun with no night to apply it to changes no ranking: its few tickers beside
+        # the night before would read as every other ticker "dropped".
+        lines.extend(_change_lines(engine, ranked_id, ended or batch.kind == "rerun"))
     failures = failed_tickers(engine, batch.id)
     for head, group in (("Failed", [f for f in failures if f.status == "failed"]),
                         ("Not finished", [f for f in failures if f.status != "failed"])):
@@ -180,16 +183,22 @@ def _rerun_lines(engine: Engine, rerun: BatchSummary, night_id: int | None
 
 
 def _change_lines(engine: Engine, batch_id: int, whole: bool) -> list[str]:
-    """Say which ratings changed since the night before; only up/downgrades of a night that
-    did not finish (its missing tickers are not news)."""
+    """Say which ratings changed since the night before; of a night that did not finish, only
+    up/downgrades (its missing tickers are not news) "so far", over the tickers compared."""
     try:
         night = compare_nights(engine, batch_id)
     except InputError as error:  # the night before was of another universe
         return [f"Changes: not compared ({error})"]
     if night.against_id is None:
-        return ["Changes: no earlier night to compare with"]
+        return ["Changes: no finished night of an earlier as-of date to compare with"]
     changes = [c for c in night.changes if whole or c.change in ("upgrade", "downgrade")]
     head = f"Rating changes since {night.against_as_of} (batch #{night.against_id})"
+    if not whole:  # "none" of a night that did not finish: say over how many it is known
+        tonight = [t for t in night.tickers if t.status != "absent"]
+        compared = sum(t.change in ("upgrade", "downgrade", "same") for t in tonight)
+        open_ = any(t.status not in ("succeeded", "failed") for t in tonight)
+        head += (f", {compared} of {len(tonight)} tickers rated on both nights"
+                 f"{' so far' if open_ else ''}")
     if not changes:
         return [f"{head}: none"]
     return [f"{head}: {len(changes)}",
@@ -224,11 +233,16 @@ def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str
     what to do; a failure, as a failed night's digest is. ``outcome``: what did not happen
     (no batch row exists, or a recorded batch was not continued); ``headline``: what befell
     the night instead of being refused (a night the daemon missed)."""
-    night = f"night of {as_of}" if as_of is not None else "the night"
     base = settings.web.base_url
-    return Message(f"nightdesk: {headline or f'{night} REFUSED at its start'}, {outcome}",
+    return Message(f"nightdesk: {refusal_title(as_of, outcome, headline)}",
                    "\n".join([f"Why: {why}", f"What to do: {advice}", f"Page: {base}/"]),
                    "failure")
+
+
+def refusal_title(as_of: date | None, outcome: str, headline: str | None = None) -> str:
+    """Return what befell a refused night, as its digest's title says it (and the status)."""
+    night = f"night of {as_of}" if as_of is not None else "the night"
+    return f"{headline or f'{night} REFUSED at its start'}, {outcome}"
 
 
 def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str,

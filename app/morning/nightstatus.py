@@ -1,12 +1,13 @@
 """The latest night's status, for the ranking page, ``nightdesk ranking`` and the digest.
 
-One reading of what is stored (batch rows, ticker runs, call counts, the scheduler daemon's
-heartbeat row) and of the schedule: the newest nightly batch of the latest as-of date
+One reading of what is stored (batch rows, ticker runs, call counts, refusals, the scheduler
+daemon's heartbeat row) and of the schedule: the night (``app.db.models.nights_newest_first``)
 whatever its outcome, or ``stale`` when the schedule's last due time passed (plus
-``schedule_start_grace_s``) with no
-nightly batch created since; whether the ranking shown is that night's, and if not why;
-a running night's progress and ETA (``app.morning.eta``, as the live progress computes it); when the
-next night is due; and whether the daemon's heartbeat is current. Nothing here writes.
+``schedule_start_grace_s``) with no nightly batch created since, naming the refusal since
+then that no night superseded (a night refused at its start leaves no batch, only that row);
+whether the ranking shown is that night's, and if not why; a running night's progress and
+ETA (``app.morning.eta``, as the live progress computes it); when the next night is due; and
+whether the daemon's heartbeat is current. Nothing here writes.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db.models import Batch, SchedulerBeat, TickerRun
+from app.db.models import Batch, NightRefusal, SchedulerBeat, TickerRun, nights_newest_first
 from app.morning import eta
 from app.morning.advice import Advice, next_steps
 from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize, when
@@ -76,6 +78,18 @@ class SchedulerHeartbeat:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A night refused at its start (``app.runs.preflight.tell_refusal``), as its digest said."""
+
+    refused_at: IsoDatetime
+    as_of: IsoDate | None
+    title: str  # "night of 2026-11-27 REFUSED at its start, no batch run"
+    why: str
+    advice: str  # what to do, in words
+    command: str | None  # the command in the advice, where it names one
+
+
+@dataclass(frozen=True)
 class NightStatus:
     """The latest night, and whether the ranking shown is that night's."""
 
@@ -92,6 +106,9 @@ class NightStatus:
     schedule: str
     scheduler: SchedulerHeartbeat | None  # None: no daemon has ever beaten (timer path)
     checked_at: IsoDatetime
+    # The newest refusal since the due time and the latest night's start (a night that
+    # starts later supersedes it): why a stale morning is stale. None: none stands.
+    refused: Refusal | None = None
 
 
 def _night(summary: BatchSummary) -> NightBatch:
@@ -175,12 +192,22 @@ def latest_beat(engine: Engine, stale_s: float, now: datetime) -> SchedulerHeart
 
 
 def _latest(engine: Engine) -> Batch | None:
-    """Return the newest nightly batch of the latest as-of date: an older date analyzed
-    again since (`run --as-of`) is no night of this morning's."""
-    with engine.connect() as conn:
-        return conn.execute(select(Batch).where(Batch.kind == "nightly")
-                            .order_by(Batch.as_of.desc(), Batch.id.desc())
-                            .limit(1)).first()  # type: ignore[return-value]
+    """Return this morning's night whatever its outcome (``nights_newest_first``)."""
+    with Session(engine) as session:
+        return session.scalars(nights_newest_first().limit(1)).first()
+
+
+def standing_refusal(engine: Engine, latest: NightBatch | None,
+                     due_at: datetime | None) -> Refusal | None:
+    """Return the newest refusal after ``due_at`` and after the latest night was created."""
+    after = [NightRefusal.refused_at > latest.created_at] if latest is not None else []
+    if due_at is not None:
+        after.append(NightRefusal.refused_at >= due_at)
+    with Session(engine) as session:
+        row = session.scalars(select(NightRefusal).where(*after)
+                              .order_by(NightRefusal.refused_at.desc()).limit(1)).first()
+    return None if row is None else Refusal(row.refused_at, row.as_of, row.title, row.why,
+                                            row.advice, row.command)
 
 
 def _batch(engine: Engine, batch_id: int) -> Batch | None:
@@ -216,9 +243,10 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     if missed or latest is None:
         status = "stale"
     schedule = f"{settings.schedule.cron} ({nightly_trigger(settings).timezone})"
+    refused = standing_refusal(engine, latest, due_at) if status == "stale" else None
     if status == "stale":
         since = f"since the night due {when(due_at)}" if due_at else "yet"
-        headline = f"no nightly batch {since}"
+        headline = f"no nightly batch {since}"  # the refusal, if any: in ``reason``, once
         if latest is not None:
             headline += f"; the latest is {describe(latest)}"
     else:
@@ -226,26 +254,38 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
         headline = describe(latest, prog)
     fresh = ranked is not None and latest is not None and ranked.id == latest.id \
         and status != "stale"
-    reason = None if fresh else _reason(status, latest, ranked, prog, due_at)
+    reason = None if fresh else _reason(status, latest, ranked, prog, due_at, refused)
     advice = [] if summary is None else next_steps(engine, summary, stale_s)
-    if status == "stale" and not advice:
+    if refused is not None and refused.command is not None:
+        # What refused it is the news; the latest batch's own advice is older.
+        advice = [Advice(refused.command, "starts the refused night again; first fix what "
+                                          "refused it")]
+    elif status == "stale" and not advice:
         # No batch came when due, and the latest leaves nothing to do: the night itself is
         # what is owed (--continue-night runs nothing when its date was analyzed, and says so).
         advice = [Advice(START_NIGHT, "starts the night that did not come, or says its date "
                                       "was analyzed; first see why the timer or daemon did not")]
     return NightStatus(status, headline, latest, prog, ranked, fresh, reason, advice, due_at,
                        next_due_at, schedule,
-                       latest_beat(engine, settings.batch.heartbeat_stale_s, now), now)
+                       latest_beat(engine, settings.batch.heartbeat_stale_s, now), now, refused)
+
+
+def _refused(refused: Refusal | None) -> str:
+    """Name a standing refusal after a stale line: ``; night of … REFUSED …(when): why``."""
+    if refused is None:
+        return ""
+    return f"; {refused.title} ({when(refused.refused_at)}): {refused.why}"
 
 
 def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,
-            prog: Progress | None, due_at: datetime | None) -> str:
+            prog: Progress | None, due_at: datetime | None,
+            refused: Refusal | None = None) -> str:
     """Say in one line why the ranking shown is not the latest night's."""
     if status == "stale":
         shown = ("" if ranked is None
                  else f"; this ranking is of {ranked.as_of} (batch #{ranked.id})")
-        return (f"stale: no nightly batch since the night due {when(due_at)}{shown}"
-                if due_at else f"stale: no nightly batch yet{shown}")
+        since = f"since the night due {when(due_at)}" if due_at else "yet"
+        return f"stale: no nightly batch {since}{_refused(refused)}{shown}"
     assert latest is not None
     shown = ("no finished night to rank" if ranked is None
              else f"this ranking is of {ranked.as_of} (batch #{ranked.id})")

@@ -21,10 +21,10 @@ import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 from app.config import Settings
-from app.db.models import Batch
+from app.db.models import Batch, nights_newest_first
 from app.morning.accounting import throughput
 from app.morning.nightstatus import STATUSES, NightStatus, night_status
 from app.morning.ranking import ranked_night
@@ -65,9 +65,9 @@ class NightCollector(Collector):
         with self.engine.connect() as conn:
             # Of the latest date that has one, as the latest night is: an older date analyzed
             # again later (`run --as-of`) is no success of this morning's.
-            last_success = conn.execute(select(Batch.finished_at).where(
-                Batch.kind == "nightly", Batch.status == "succeeded").order_by(
-                Batch.as_of.desc(), Batch.finished_at.desc()).limit(1)).scalar()
+            last_success = conn.execute(nights_newest_first(Batch.status == "succeeded")
+                                        .with_only_columns(Batch.finished_at)
+                                        .limit(1)).scalar()
         families: list[GaugeMetricFamily | None] = [
             _gauge("night_last_success_timestamp_seconds",
                    "Unix time the newest nightly batch that succeeded finished, of the "
@@ -81,6 +81,10 @@ class NightCollector(Collector):
                    float(status.fresh)),
             _gauge("night_next_due_timestamp_seconds",
                    "Unix time the schedule fires the next night", _seconds(status.next_due_at)),
+            _gauge("night_refused_timestamp_seconds",
+                   "Unix time of the refusal that stands: a night refused at its start "
+                   "since the night due, no later night started (absent: none)",
+                   _seconds(status.refused.refused_at) if status.refused else None),
             _gauge("scheduler_heartbeat_timestamp_seconds",
                    "Unix time of the scheduler daemon's newest heartbeat",
                    _seconds(status.scheduler.beat_at) if status.scheduler else None),

@@ -10,7 +10,14 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from agents.decision import contradicts
-from app.db.models import FINISHED_STATUSES, Batch, Decision, TickerRun, batch_row
+from app.db.models import (
+    FINISHED_STATUSES,
+    Batch,
+    Decision,
+    TickerRun,
+    batch_row,
+    nights_newest_first,
+)
 from app.errors import InputError
 from app.morning.summary import applied_reruns, plain_error
 from app.quality.grades import Grade, consensus
@@ -40,13 +47,10 @@ class RankRow(BaseModel):
 def _newest_finished(session: Session, before: Batch | None = None) -> Batch | None:
     """Return the newest finished nightly batch of the latest as-of date that has one
     (before ``before``'s date: the night before it)."""
-    query = select(Batch).where(Batch.kind == "nightly", Batch.status.in_(FINISHED_STATUSES))
-    if before is not None:
-        query = query.where(Batch.as_of < before.as_of)
-    # By date first: an older date analyzed again (`run --as-of`) finishes later. A partial
-    # night still ranks what it has (and lists what it lacks).
-    return session.scalars(query.order_by(Batch.as_of.desc(), Batch.finished_at.desc(),
-                                          Batch.id.desc()).limit(1)).first()
+    # A partial night still ranks what it has (and lists what it lacks).
+    earlier = [] if before is None else [Batch.as_of < before.as_of]
+    return session.scalars(nights_newest_first(Batch.status.in_(FINISHED_STATUSES), *earlier)
+                           .limit(1)).first()
 
 
 def _pick_batch(engine: Engine, batch_id: int | None) -> Batch:

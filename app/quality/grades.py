@@ -19,9 +19,17 @@ from datetime import date
 from typing import Any
 
 from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
 
 from agents.decision import contradicts, rating_for_score
-from app.db.models import FINISHED_STATUSES, Batch, Decision, TickerRun, batch_row
+from app.db.models import (
+    FINISHED_STATUSES,
+    Batch,
+    Decision,
+    TickerRun,
+    batch_row,
+    nights_newest_first,
+)
 from app.errors import InputError
 
 
@@ -98,11 +106,8 @@ def newest_nightly(engine: Engine, count: int) -> list[int]:
     They share the as-of date of the newest one, so they saw the same inputs. InputError
     when there are fewer.
     """
-    with engine.connect() as conn:
-        rows = conn.execute(select(Batch.id, Batch.as_of)
-                            .where(Batch.kind == "nightly",
-                                   Batch.status.in_(FINISHED_STATUSES))
-                            .order_by(Batch.id.desc())).all()
+    with Session(engine) as session:
+        rows = session.scalars(nights_newest_first(Batch.status.in_(FINISHED_STATUSES))).all()
     if not rows:
         raise InputError("no finished nightly batch yet: run `nightdesk run` first")
     same = [r.id for r in rows if r.as_of == rows[0].as_of][:count]
@@ -114,11 +119,11 @@ def newest_nightly(engine: Engine, count: int) -> list[int]:
 
 
 def newest_batch(engine: Engine) -> int:
-    """Return the newest finished nightly batch's id; InputError when there is none."""
-    with engine.connect() as conn:
-        found = conn.execute(select(Batch.id).where(Batch.kind == "nightly",
-                                                    Batch.status.in_(FINISHED_STATUSES))
-                             .order_by(Batch.id.desc()).limit(1)).scalar()
+    """Return the id of the night the ranking shows (``nights_newest_first``, finished);
+    InputError when there is none."""
+    with Session(engine) as session:
+        found = session.scalars(nights_newest_first(Batch.status.in_(FINISHED_STATUSES))
+                                .limit(1)).first()
     if found is None:
         raise InputError("no finished nightly batch yet: run `nightdesk run` first")
-    return int(found)
+    return found.id

@@ -32,12 +32,12 @@ from datetime import date
 import numpy as np
 import pydantic
 from scipy import stats
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine
 
 from agents.data import DataProvider, get_provider
 from agents.decision import RATINGS
 from app.config import Settings
-from app.db.models import FINISHED_STATUSES, Batch
+from app.db.models import FINISHED_STATUSES, Batch, night_of_each_date
 from app.errors import DataError, InputError
 from app.quality.forward import (
     PriceCache,
@@ -161,15 +161,19 @@ class HorizonRecord:
     judged: int  # nights with a defined IC
     mean_ic: float | None
     sd_ic: float | None
+    # None below ``min_nights``: a t and p beside a withheld verdict read as the verdict
+    # (a p of 0.01 over 10 nights), the peek at a night count not chosen that docs/quality.md
+    # warns of. The mean IC, its sd and the shares stay: they describe, they do not judge.
     t_stat: float | None
     p_value: float | None
     positive_share: float | None  # of judged nights, those with IC > 0
     hit_rate: float | None  # directional calls pooled over nights
     long_short: float | None
-    long_short_t: float | None
+    long_short_t: float | None  # None below ``min_nights`` too
     by_rating: list[RatingRecord]
     decay: float | None  # mean IC ÷ the shortest horizon's mean IC
     verdict: str
+    withheld: bool  # fewer than ``min_nights`` judged: no verdict, no t, no p
     nights: list[NightIC]
     pending: dict[str, str] = field(default_factory=dict)  # as-of -> why no returns yet
     left_out: dict[str, dict[str, str]] = field(default_factory=dict)  # as-of -> ticker -> why
@@ -205,17 +209,18 @@ def horizon_record(nights: Sequence[NightReturns], days: int,
     spreads = [n.long_short for n in per_night if n.long_short is not None]
     calls = sum(n.calls for n in per_night)
     mean_ic = mean_defined(ics)
+    judged = not test.withheld
     return HorizonRecord(
         horizon_days=days, independent=len(ics) // days, min_nights=test.needed,
         judged=len(ics), mean_ic=mean_ic,
         sd_ic=float(np.std(ics, ddof=1)) if len(ics) > 1 else None,
-        t_stat=test.t_stat, p_value=test.p_value,
+        t_stat=test.t_stat if judged else None, p_value=test.p_value if judged else None,
         positive_share=sum(ic > 0 for ic in ics) / len(ics) if ics else None,
         hit_rate=sum(n.hits for n in per_night) / calls if calls else None,
         long_short=mean_defined(spreads),
-        long_short_t=overlap_t(spreads, days)[0] if spreads else None,
+        long_short_t=overlap_t(spreads, days)[0] if spreads and judged else None,
         by_rating=[rating_record(rating, nights) for rating in RATINGS],
-        decay=None, verdict=verdict(test, mean_ic, len(per_night)),
+        decay=None, verdict=verdict(test, mean_ic, len(per_night)), withheld=not judged,
         nights=per_night, pending=dict(pending or {}),
         left_out={n.as_of: n.left_out for n in nights if n.left_out},
     )
@@ -305,18 +310,15 @@ def providers(settings: Settings) -> Callable[[BatchGrades], DataProvider]:
 
 def track_nights(engine: Engine, *, nights: int | None = None,
                  since: date | None = None) -> list[int]:
-    """Return the nights' batch ids in as-of order: the newest finished nightly of each date.
+    """Return the nights' batch ids in as-of order: the newest finished night of each date
+    (``app.db.models.nights_newest_first``).
 
     ``since`` keeps the as-of dates on or after it; ``nights`` the last that many.
     InputError when there is none.
     """
-    stmt = (select(func.max(Batch.id)).where(Batch.kind == "nightly",
-                                             Batch.status.in_(FINISHED_STATUSES))
-            .group_by(Batch.as_of).order_by(Batch.as_of))
-    if since is not None:
-        stmt = stmt.having(Batch.as_of >= since)
-    with engine.connect() as conn:
-        ids = [int(i) for i in conn.execute(stmt).scalars()]
+    dated = [] if since is None else [Batch.as_of >= since]
+    found = night_of_each_date(engine, Batch.status.in_(FINISHED_STATUSES), *dated)
+    ids = [n.id for n in reversed(found)]
     if nights is not None:
         ids = ids[-nights:]
     if not ids:

@@ -49,11 +49,11 @@ from app.config import Settings
 from app.db.lock import LockHold, scheduler_lock
 from app.db.models import SchedulerBeat
 from app.errors import ERRORS, AlreadyRunningError
-from app.morning.digest import send_refusal
 from app.morning.nightstatus import span
 from app.morning.summary import when
 from app.morning.timetable import NightlyTrigger, schedule_zone
 from app.runs.nightly import START_AGAIN, NightlyResult, run_nightly
+from app.runs.preflight import tell_refusal
 
 log = structlog.get_logger(__name__)
 
@@ -363,12 +363,12 @@ class NightlyDaemon:
                     misfire_grace_s=grace)
         # No silent night: the journal line alone reaches nobody in the morning.
         now = datetime.now(UTC)
-        send_refusal(self.settings, None,
+        tell_refusal(self.settings, None,
                      f"the scheduler daemon reached it at {when(now)}, "
                      f"{span((now - due).total_seconds())} after it was due: past "
                      f"NIGHTDESK_SCHEDULE_MISFIRE_GRACE_S ({span(grace)})",
                      f"if the night is still wanted, start it now: `{START_AGAIN}`",
-                     headline=f"the night due {when(due)} MISSED")
+                     command=START_AGAIN, headline=f"the night due {when(due)} MISSED")
 
     def _after_run(self, _event: Any) -> None:
         if self.interrupted_fire is not None:

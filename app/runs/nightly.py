@@ -26,12 +26,12 @@ from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch
 from app.errors import ERRORS, AlreadyRunningError, InputError, first_line
 from app.morning.advice import advise
-from app.morning.digest import send_digest, send_refusal
+from app.morning.digest import send_digest
 from app.morning.summary import batch_summary
 from app.recorder.record import Recorder
 from app.runs import resumable
 from app.runs.checkpoints import Checkpoints
-from app.runs.preflight import ServerCheck, check_start, provider_missing
+from app.runs.preflight import ServerCheck, check_start, provider_missing, tell_refusal
 from serving.facts import batch_server_facts
 
 log = structlog.get_logger(__name__)
@@ -294,11 +294,12 @@ def tell_refused(settings: Settings, request: NightlyRequest, error: Exception,
     if (request.tickers, request.universe, request.limit, request.samples,
             request.strategy) != (None, None, None, None, NightlyRequest.strategy):
         # Its own tickers or shape: the command as it was given, else said in words.
-        again = request.command or "the same `nightdesk run` command as before"
+        command = request.command
     else:
-        again = START_AGAIN + (f" --as-of {request.as_of}" if request.as_of else "")
-    send_refusal(settings, as_of or request.as_of, first_line(error, 400),
-                 f"fix that, then start the night again: {again}")
+        command = START_AGAIN + (f" --as-of {request.as_of}" if request.as_of else "")
+    again = command or "the same `nightdesk run` command as before"
+    tell_refusal(settings, as_of or request.as_of, first_line(error, 400),
+                 f"fix that, then start the night again: {again}", command=command)
 
 
 def _tell_covered(settings: Settings, request: NightlyRequest, as_of: date,
@@ -311,7 +312,7 @@ def _tell_covered(settings: Settings, request: NightlyRequest, as_of: date,
     what = ("write newer data for the next night (`nightdesk data freeze --help`), or "
             f"analyze {as_of} again now: `nightdesk run --as-of {as_of}{request.options()}` "
             "(NIGHTDESK_SCHEDULE_REPEAT_AS_OF=true lets the scheduler do so at each fire)")
-    send_refusal(settings, as_of, why, what)
+    tell_refusal(settings, as_of, why, what)  # no command: newer data, or the date again
     return f"{why}: nothing run; {what}"
 
 
@@ -348,8 +349,9 @@ def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerChe
     again = f"nightdesk run --resume {batch_id}" + (" --retry-failed" if retry_failed else "")
 
     def refused(error: Exception) -> None:
-        send_refusal(settings, point.as_of, first_line(error, 400),
-                     f"fix that, then continue it: {again}", f"batch #{batch_id} not continued")
+        tell_refusal(settings, point.as_of, first_line(error, 400),
+                     f"fix that, then continue it: {again}", command=again,
+                     outcome=f"batch #{batch_id} not continued")
 
     return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
                                       announce=announce, refused=refused if nightly else None),

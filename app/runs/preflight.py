@@ -6,19 +6,22 @@ import asyncio
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Literal
 
 import httpx
 import structlog
 from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
 
 from agents.data import MarketBundle, get_provider
 from agents.errors import DataError
 from agents.smallest import SmallestPrompt, smallest_prompts
 from app.config import Settings
-from app.db.models import Batch, LLMCall
-from app.errors import ConfigError, InputError, LLMError
+from app.db.engine import get_engine
+from app.db.models import Batch, LLMCall, NightRefusal
+from app.errors import ConfigError, InputError, LLMError, first_line
+from app.morning.digest import refusal_title, send_refusal
 from app.promptsize import PromptCounter, message_bytes
 from serving.preflight import check_endpoint
 from serving.urls import redact, server_root
@@ -186,3 +189,24 @@ async def first_misfit(settings: Settings, base_url: str, prompts: Iterable[Smal
                 return Misfit(prompt.node, prompt.ticker, count + carried, budget,
                               counter.max_model_len, carried)
     return None
+
+
+def tell_refusal(settings: Settings, as_of: date | None, why: str, advice: str, *,
+                 command: str | None = None, outcome: str = "no batch run",
+                 headline: str | None = None) -> None:
+    """Tell of a night refused at its start: store it (``NightRefusal``; the morning's
+    status names it until a later night starts) and push its digest (``send_refusal``).
+
+    ``command``: the command ``advice`` names to start the night again, where it names one.
+    Never raises: the database may be what refused the night, whose one line has said so
+    (the row not stored is then only a debug line: one line per error).
+    """
+    try:
+        with Session(get_engine(settings.store.database_url)) as session:
+            session.add(NightRefusal(refused_at=datetime.now(UTC), as_of=as_of,
+                                     title=refusal_title(as_of, outcome, headline), why=why,
+                                     advice=advice, command=command))
+            session.commit()
+    except Exception as error:
+        log.debug("refusal not stored", error=first_line(error))
+    send_refusal(settings, as_of, why, advice, outcome, headline)

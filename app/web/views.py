@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, select
 
 from app.config import Settings
 from app.db.models import (
@@ -23,6 +23,9 @@ from app.db.models import (
     NodeText,
     TickerRun,
     batch_row,
+    newest_first,
+    night_of_each_date,
+    nights_newest_first,
 )
 from app.errors import InputError
 from app.morning import nightstatus
@@ -329,12 +332,11 @@ def _nodes_of_run(engine: Engine, batch: Batch, ticker: str) -> list[RunSample]:
 def history_view(engine: Engine, ticker: str, nights: int = HISTORY_NIGHTS
                  ) -> list[HistoryPoint]:
     """Return the ticker's ranked result on each past night, reruns applied as the ranking does."""
+    # As-of order, each date's night as the ranking takes it (a date analyzed again last is
+    # shown at its date).
+    shown = night_of_each_date(engine, Batch.status.in_(FINISHED_STATUSES))[:nights]
+    ids = [n.id for n in reversed(shown)]
     with engine.connect() as conn:
-        newest_per_night = (
-            select(func.max(Batch.id))
-            .where(Batch.kind == "nightly", Batch.status.in_(FINISHED_STATUSES))
-            .group_by(Batch.as_of).order_by(func.max(Batch.id).desc()).limit(nights))
-        ids = sorted(conn.execute(newest_per_night).scalars())
         present = set(conn.execute(select(TickerRun.batch_id).where(
             TickerRun.ticker == ticker, TickerRun.batch_id.in_(ids))).scalars())
     points = []
@@ -402,9 +404,9 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
                    Batch.started_at.label("batch_started_at"))
             .join(Batch, Batch.id == TickerRun.batch_id)
             .where(TickerRun.ticker == ticker, Batch.kind.in_(("nightly", "rerun")))
-            .order_by(Batch.id.desc())).all()
-        newest_night = conn.execute(select(func.max(Batch.id))
-                                    .where(Batch.kind == "nightly")).scalar()
+            .order_by(*newest_first())).all()  # newest first as the nights go
+        newest_night = conn.execute(nights_newest_first().with_only_columns(Batch.id)
+                                    .limit(1)).scalar()
     if not runs:
         raise InputError(f"{ticker} has never been run")
     latest = runs[0]

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser
-from sqlalchemy import update
+from sqlalchemy import insert, update
 
 from app.db.engine import get_engine, upgrade
-from app.db.models import Batch, TickerRun
+from app.db.models import Batch, NightRefusal, TickerRun
 from tests.integration.browser import PASSWORD, USER, new_page
 from tests.integration.browser import served as web_served
 from tests.unit.support.night_rows import Rated, add_night, table
@@ -82,11 +82,12 @@ def test_the_banner_after_a_failed_night(home: Path, browser: Browser, shots: Pa
             in banner.inner_text()
         assert f"this ranking is of {D1} (batch #{first})" in banner.inner_text()
         assert page.locator("#night .status").first.inner_text() == "failed"
-        # Every ticker failed, none is left to resume: the banner advises their reruns,
-        # as code, and shows no backtick.
+        # Every ticker failed: no ranking shows the night, so no rerun of one would be
+        # applied; the banner advises the resume that runs them again in it, as code, and
+        # shows no backtick.
         assert page.locator("#banner code").all_inner_texts() == [
-            f"nightdesk rerun {t} --as-of {D2}" for t in GOOD]
-        assert "`" not in banner.inner_text() and "--resume" not in banner.inner_text()
+            f"nightdesk run --resume {second} --retry-failed"]
+        assert "`" not in banner.inner_text() and "nightdesk rerun" not in banner.inner_text()
         # The older ranking is still there, under the banner; its failed tickers' section
         # names the night it describes.
         assert page.locator("#ranking tbody tr").count() == len(GOOD)
@@ -166,6 +167,28 @@ def test_the_banner_after_a_missed_night(home: Path, browser: Browser, shots: Pa
         assert (DUE + timedelta(days=1)).strftime("%Y-%m-%d %H:%M") in \
             page.locator("#schedule").inner_text()
         page.screenshot(path=shots / "morning-missed-night.png", full_page=True)
+        page.context.close()
+
+
+def test_the_banner_names_a_night_refused_at_its_start(home: Path, browser: Browser) -> None:
+    engine = _engine(home)
+    add_night(engine, D1, YESTERDAY, GOOD)
+    refused_at = DUE + timedelta(seconds=20)
+    with engine.begin() as conn:  # as app.runs.preflight.tell_refusal stores it
+        conn.execute(insert(NightRefusal).values(
+            refused_at=refused_at, as_of=D2, title=f"night of {D2} REFUSED at its start, no "
+            "batch run", why="preflight: cannot reach http://127.0.0.1:9/v1/models",
+            advice="fix that, then start the night again: nightdesk run --continue-night",
+            command="nightdesk run --continue-night"))
+    with served(home) as base:
+        page = new_page(browser)
+        page.goto(base + "/")
+        text = " ".join(page.locator("#banner").inner_text().split())
+        assert (f"night of {D2} REFUSED at its start, no batch run "
+                f"({refused_at.strftime('%Y-%m-%d %H:%M')} UTC): preflight: cannot reach "
+                "http://127.0.0.1:9/v1/models") in text, text
+        assert page.locator("#banner code").all_inner_texts() == [
+            "nightdesk run --continue-night"]
         page.context.close()
 
 

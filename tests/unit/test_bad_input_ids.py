@@ -56,6 +56,11 @@ CLI_CASES = [
     ("report " + UNKNOWN, f"no batch with id {UNKNOWN}"),
     ("report " + HUGE, "beyond any batch id"),
     ("report " + ARABIC, "takes a batch id"),
+    # The argument is no --batch option (before: "--batch takes a batch id", an option that
+    # `report` and `run` have not); a negative number is no option (before: "No such option").
+    ("report abc", "error: batch_id takes a batch id, a whole number like 12 (got 'abc')"),
+    ("run --resume abc", "error: batch_id takes a batch id, a whole number like 12"),
+    ("report -1", "error: -1 is no option, nor a batch id (a batch id is a whole number"),
     ("report --compare {two}," + UNKNOWN, f"no batch with id {UNKNOWN}"),
     ("report --compare {two}," + HUGE, "--compare takes batch ids"),
     ("replay --batch " + UNKNOWN, f"no batch with id {UNKNOWN}"),

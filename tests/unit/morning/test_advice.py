@@ -45,7 +45,7 @@ def nights(a: str, b: str, c: str) -> dict[str, tuple[dict[str, Rated], str | No
     return {
         "succeeded": ({a: Rated("Buy", 0.7), b: Rated("Hold", 0.0)}, None),
         "partial": ({a: Rated("Buy", 0.7), b: Rated(error=FAILURE)}, None),
-        # Every ticker failed: nothing is left to resume; each failed one can be rerun.
+        # Every ticker failed: nothing is left to resume; the failed ones run again in it.
         "failed": ({a: Rated(error=FAILURE), b: Rated(error=FAILURE)}, None),
         # Stopped by a refused model before any ticker ran: all of them are left.
         "failed-at-start": ({a: Rated(status="queued"), b: Rated(status="queued")}, "failed"),
@@ -119,14 +119,23 @@ def test_every_piece_of_advice_is_accepted_by_the_cli(
         assert result.code in (0, 3), (command, result.code, result.stderr)
 
 
-def test_a_failed_night_is_advised_reruns_of_its_failed_tickers_not_a_resume(
-        sqlite_engine: Engine, client: TestClient) -> None:
+def test_a_failed_night_is_advised_the_resume_that_gets_it_ranked(
+        monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, client: TestClient,
+        demo_dir: Path) -> None:
+    # Before: `nightdesk rerun A --as-of D` for each ticker, "the ranking applies it"; but no
+    # ranking shows a failed night, so each rerun's digest said "No finished night of D to
+    # apply it to" and the morning kept the night before.
     a, b, _ = demo_tickers(3)
     night_before(sqlite_engine, a, b)
     night = add_night(sqlite_engine, DEMO_AS_OF, CREATED,
                       {a: Rated(error=FAILURE), b: Rated(error=FAILURE)})
-    assert advice_given(sqlite_engine, client, night) == {
-        f"nightdesk rerun {a} --as-of {DEMO_AS_OF}", f"nightdesk rerun {b} --as-of {DEMO_AS_OF}"}
+    [command] = advice_given(sqlite_engine, client, night)
+    assert command == f"nightdesk run --resume {night} --retry-failed"
+    fake_llm(monkeypatch, None, [a, b])
+    env = {"NIGHTDESK_DATA_DIR": str(demo_dir), "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"}
+    assert run_cli(*shlex.split(command)[1:], "--no-preflight", env=env).code == 0
+    shown = json.loads(run_cli("ranking", "--format", "json").stdout)["batch"]
+    assert (shown["id"], shown["status"]) == (night, "succeeded")
 
 
 def test_the_advice_follows_what_resume_takes_up(sqlite_engine: Engine,

@@ -228,8 +228,19 @@ def test_the_default_night_before_of_another_universe_is_no_error(sqlite_engine:
     assert found.against_id is None and found.changes == []
     assert run_cli("ranking").code == 0
     result = run_cli("changes")
-    assert result.code == 0 and "no earlier finished night of the same universe" in \
-        result.stdout
+    assert result.code == 0 and "no finished night of an earlier as-of date, of the same " \
+        "universe" in " ".join(result.stdout.split())
+
+
+def test_a_second_night_of_one_date_is_not_said_to_have_no_earlier_night(
+        sqlite_engine: Engine) -> None:
+    # Two nights of one date (`nightdesk run` again): the first is an earlier finished night
+    # of the same universe; before, `changes` and the page said there was none.
+    add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {"AAA": Rated("Hold", 0.0)})
+    add_night(sqlite_engine, D2, at(date(2026, 11, 28), 2, 10), {"AAA": Rated("Buy", 0.6)})
+    said = " ".join(run_cli("changes").stdout.split())
+    assert said.endswith(f"(as of {D2}): no finished night of an earlier as-of date, of the "
+                         "same universe, to compare with"), said
 
 
 def test_a_rerun_is_no_night_to_compare_or_compare_with(sqlite_engine: Engine) -> None:
@@ -245,3 +256,21 @@ def test_a_rerun_is_no_night_to_compare_or_compare_with(sqlite_engine: Engine) -
         [line] = result.error_lines
         assert f"{rerun} is a rerun batch, not a night: name a nightly batch" in line, line
     assert run_cli("changes", "--batch", str(second), "--against", str(first)).code == 0
+
+
+def test_a_ticker_the_night_did_not_finish_is_not_said_dropped(sqlite_engine: Engine) -> None:
+    # Before: `changes --batch` of an interrupted night said "CCC dropped (queued on …)" for
+    # tickers it never reached: their rating is not known, not gone.
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {
+        "AAA": Rated("Hold", 0.0), "BBB": Rated("Buy", 0.7), "CCC": Rated("Sell", -0.7)})
+    cut = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {
+        "AAA": Rated("Buy", 0.6), "BBB": Rated(status="interrupted"),
+        "CCC": Rated(status="queued")}, status="interrupted")
+    found = compare_nights(sqlite_engine, cut).by_ticker()
+    assert [(t, found[t].change) for t in ("AAA", "BBB", "CCC")] == \
+        [("AAA", "upgrade"), ("BBB", None), ("CCC", None)]
+    assert found["CCC"].why == f"not finished in batch #{cut} (queued): no rating yet"
+    said = " ".join(run_cli("changes", "--batch", str(cut)).stdout.split())
+    assert "dropped" not in said.replace("0 dropped", "")
+    assert said.endswith("1 upgrade, 0 downgrade, 0 new, 0 dropped, 0 same, 2 not finished "
+                         "(no rating yet)"), said

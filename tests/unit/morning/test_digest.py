@@ -113,6 +113,48 @@ def test_a_night_cut_short_says_how_to_continue_and_lists_only_up_and_downgrades
     assert lines[unfinished + 1] == "  BBB: stopped by SIGTERM"
 
 
+def test_an_unfinished_night_with_no_change_yet_says_so_far_over_how_many(
+        sqlite_engine: Engine) -> None:
+    # Before: "Rating changes since 2026-11-26 (batch #1): none", of a night that rated one
+    # ticker of three: not known for the two it never reached.
+    before = add_night(sqlite_engine, D1, at(D2, 0, 10), {
+        "AAA": Rated("Hold", 0.0), "BBB": Rated("Buy", 0.7), "CCC": Rated("Sell", -0.7)})
+    cut = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {
+        "AAA": Rated("Hold", 0.1), "BBB": Rated(status="interrupted"),
+        "CCC": Rated(status="queued")}, status="interrupted", error="stopped by SIGTERM")
+    lines = build_digest(sqlite_engine, load_settings(), cut).message.body.splitlines()
+    assert (f"Rating changes since {D1} (batch #{before}), 1 of 3 tickers rated on both "
+            "nights so far: none") in lines
+
+
+def test_a_failed_night_s_changes_say_over_how_many_without_so_far(
+        sqlite_engine: Engine) -> None:
+    # Every ticker failed: the night is over, nothing more will be rated ("so far" was wrong).
+    before = add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Hold", 0.0),
+                                                          "BBB": Rated("Buy", 0.7)})
+    failed = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {
+        "AAA": Rated(error="HTTP 400: prompt rejected"),
+        "BBB": Rated(error="HTTP 400: prompt rejected")})
+    lines = build_digest(sqlite_engine, load_settings(), failed).message.body.splitlines()
+    assert (f"Rating changes since {D1} (batch #{before}), 0 of 2 tickers rated on both "
+            "nights: none") in lines
+
+
+def test_a_rerun_with_no_night_to_apply_to_lists_no_ticker_dropped(
+        sqlite_engine: Engine) -> None:
+    # Its date's night failed (not ranked): before, the rerun's one ticker beside the night
+    # before read "BBB: dropped, was Buy (not among the tickers of batch #3 …)".
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Hold", 0.0),
+                                                 "BBB": Rated("Buy", 0.7)})
+    add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {
+        "AAA": Rated(error="boom"), "BBB": Rated(error="boom")})
+    rerun = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 3, 0),
+                      {"AAA": Rated("Buy", 0.6)}, kind="rerun")
+    body = build_digest(sqlite_engine, load_settings(), rerun).message.body
+    assert f"No finished night of {D2} to apply it to" in body
+    assert "dropped" not in body and "Rating changes" not in body, body
+
+
 def test_no_destination_builds_and_sends_nothing(sqlite_engine: Engine,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     _, night = two_nights(sqlite_engine)

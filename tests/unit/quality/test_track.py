@@ -147,6 +147,13 @@ def test_too_few_nights_to_judge() -> None:
     assert min_nights(1) == 20 and min_nights(5) == 25 and min_nights(20) == 100
     assert record.verdict == "too few nights to judge: 19 of the 20 needed"
     assert record.mean_ic == pytest.approx(1.0)  # the figures are still shown
+    # ... but no t, no p: beside "too few nights", a p of 0.000 read as the verdict withheld.
+    assert record.withheld
+    assert (record.t_stat, record.p_value, record.long_short_t) == (None, None, None)
+    rng = np.random.default_rng(6)
+    twenty = scores_for(rng, 20, 12)
+    judged = horizon_record(make_nights(twenty, twenty + rng.normal(size=twenty.shape)), 1)
+    assert not judged.withheld and judged.p_value is not None and judged.t_stat is not None
 
 
 def test_running_mean_and_its_band() -> None:
@@ -247,6 +254,8 @@ def test_cli_track_json_by_hand(three_nights: list[int], monkeypatch: pytest.Mon
     code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d,2d")
     assert code == 0, err
     assert "too few nights to judge" in out and "rank IC per night" in out
+    row = next(line for line in out.splitlines() if line.lstrip("│ ").startswith("1d"))
+    assert row.count("withheld") == 3, row  # t, p and the long − short t
     assert "no 2d returns for the night of 2026-11-25" in " ".join(out.split())
 
 
@@ -311,6 +320,8 @@ def test_the_track_record_page(three_nights: list[int], web: TestClient) -> None
         assert f'aria-label="track-{days}"' in html  # the plot, drawn as inline SVG
         assert f'id="track-{days}-mean"' in html and f'id="track-{days}-nights"' in html
     assert "too few nights to judge: 3 of the 20 needed" in html
+    track_row = html.split('data-horizon="1"')[1].split("</tr>")[0]
+    assert track_row.count(">withheld<") == 2, track_row  # t and p: no verdict, no test
     assert "2026-11-25 (only 1 of 2 sessions" in html
     assert '<table id="scored">' in html and 'data-rating="Buy"' in html
     # Buy: AAA, BBB and CCC on nights 1–3; 3 at 1d, 2 at 2d (the third night pending).

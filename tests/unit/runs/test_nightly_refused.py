@@ -156,8 +156,8 @@ def test_the_advice_for_a_date_already_analyzed_works(
                               server_facts=None)
     store.finish_batch(sqlite_engine, done, "succeeded")
     told: list[str] = []
-    monkeypatch.setattr("app.runs.nightly.send_refusal",
-                        lambda _settings, _as_of, why, advice: told.append(advice))
+    monkeypatch.setattr("app.runs.preflight.send_refusal",
+                        lambda _settings, _as_of, why, advice, *_: told.append(advice))
     night = run_nightly(load_settings(), engine=sqlite_engine, resume=True,
                         once_per_as_of=True, server="skip")
     assert night.outcome is None and night.covered_by == done
@@ -299,3 +299,62 @@ def test_a_refused_night_of_its_own_tickers_advises_the_command_as_given(
     assert says in lines[0], lines
     assert lines[1] == ("What to do: fix that, then start the night again: nightdesk "
                         + " ".join(argv)), lines
+
+
+def test_a_refused_night_is_named_where_the_morning_says_stale(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: no row, so the page, `ranking` and /metrics said only "stale: no nightly batch
+    # since the night due …", the why in a digest alone.
+    import time_machine
+    from bs4 import BeautifulSoup
+    from fastapi.testclient import TestClient
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from app.config import load_settings
+    from app.morning.nightstatus import night_status
+    from app.morning.ranking import ranked_night
+    from app.web.auth import Guard
+    from app.web.reruns import RerunQueue
+    from app.web.server import create_app
+    from tests.unit.support.night_rows import Rated, add_night, at
+
+    due = at(DEMO_AS_OF + timedelta(days=1), 0, 10)
+    utc = {"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC", "COLUMNS": "250"}
+    settings = load_settings(schedule_timezone="UTC")
+    before = add_night(sqlite_engine, DEMO_AS_OF - timedelta(days=1), due - timedelta(days=1),
+                       {"AAA": Rated("Buy", 0.8)})
+    env, says = cause("server-down", tmp_path, monkeypatch)
+    with time_machine.travel(due + timedelta(seconds=20), tick=False):
+        assert run_cli("run", "--continue-night", env={**env, **utc}).code == 2
+    morning = due + timedelta(hours=8)
+    status = night_status(sqlite_engine, settings, ranked_night(sqlite_engine), now=morning)
+    named = (f"night of {DEMO_AS_OF} REFUSED at its start, no batch run "
+             f"({DEMO_AS_OF + timedelta(days=1)} 00:10 UTC): ")
+    assert status.status == "stale" and status.refused is not None
+    assert status.reason is not None and named in status.reason and says in status.reason
+    assert status.reason.endswith(f"; this ranking is of {DEMO_AS_OF - timedelta(days=1)} "
+                                  f"(batch #{before})")
+    assert [a.command for a in status.advice] == ["nightdesk run --continue-night"]
+    with time_machine.travel(morning, tick=False):
+        ranking = run_cli("ranking", env=utc)
+        app = create_app(sqlite_engine, Guard("ops", "pw"), RerunQueue(), stale_after_s=120.0,
+                         settings=settings)
+        with TestClient(app) as client:
+            page = client.get("/", auth=("ops", "pw")).text
+            metrics = client.get("/metrics", auth=("ops", "pw")).text
+    assert named in " ".join(ranking.stderr.split()), ranking.stderr
+    assert " ".join(ranking.stderr.split()).count(says) == 1, ranking.stderr  # said once
+    banner = BeautifulSoup(page, "html.parser").find(id="banner")
+    assert banner is not None and named in " ".join(banner.get_text().split())
+    gauges = {s.name: s.value for family in text_string_to_metric_families(metrics)
+              for s in family.samples}
+    assert gauges["nightdesk_night_refused_timestamp_seconds"] == \
+        (due + timedelta(seconds=20)).timestamp()
+    # The advice, run as given once the server is back: the night it starts supersedes it.
+    fake_llm(monkeypatch, None, demo_tickers(2))
+    with time_machine.travel(due + timedelta(hours=7), tick=True):
+        result = run_cli(*status.advice[0].command.split()[1:],
+                         env={**utc, "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    assert result.code == 0, result.stderr
+    status = night_status(sqlite_engine, settings, ranked_night(sqlite_engine), now=morning)
+    assert (status.status, status.refused) == ("succeeded", None)

@@ -55,7 +55,7 @@ def check_reordered_catch_up(url: str) -> None:
 
     upgrade(url)
     check_schema(engine)  # context-trim columns and the call ids are there now
-    assert current_revision(engine) == head_revision() == "0015_sample_chain_slots"
+    assert current_revision(engine) == head_revision() == "0016_night_refusals"
     upgrade(url)  # and nothing runs twice
     check_schema(engine)
 
@@ -139,6 +139,7 @@ EXPECTED = {
         "completion_tokens", "finish_reason", "attempts", "created_at",
     },
     "scheduler_heartbeats": {"host", "pid", "started_at", "beat_at", "next_run_at", "schedule"},
+    "night_refusals": {"id", "refused_at", "as_of", "title", "why", "advice", "command"},
     "progress_readings": {
         "id", "batch_id", "taken_at", "calls_expected", "calls_done", "attempts",
         "output_tokens", "tokens_left", "rate_tok_s", "rate_low_tok_s", "rate_high_tok_s",
