@@ -29,6 +29,8 @@ OTHER_FOLDERS = {
 BEHAVIOURS = {
     "bench": {"sims": "the benches of tests/bench/ run from a checkout (no app module)"},
     "cli": {"advised_commands": "every command nightdesk's own words advise, from all modules"},
+    "morning": {"latest_night": "the one order of nights (app.db.models.nights_newest_first) that "
+                                "every reader of the latest night uses: ranking, status, pages"},
     "quality": {
         "docs": "docs/quality.md against its committed outputs",
         "inputs": "the ids and edge values every quality report meets",
