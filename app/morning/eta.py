@@ -11,7 +11,7 @@ plus its node's issue-to-answer latency now). On a gated night
 (more chains open than the servers run: many steps held at the gate) the work is at least
 the work left at the rate the chain's answers came in over the last minute; on a first night
 (no night before to price the calls from) at least the output left at the rate the servers
-made output over the last minute while calls were ready.
+made output over the last minute (since the analysts' stage ended) while calls were ready.
 The interval is the estimate times ``RATIO``, measured on recorded nights' replays; ``LEVEL``
 is the share of readings it held on nights left out, and the level it claims.
 docs/operations.md ("One truth, two faces") states every rule;
@@ -366,17 +366,19 @@ def _raised(work: Spread, at_least: float) -> Spread:
 
 
 def _output_work(samples: Sequence[Any], tokens_left: float, shares: Shares,
-                 now: datetime) -> float | None:
+                 now: datetime, since: datetime | None) -> float | None:
     """Return ``tokens_left`` at the rate the servers' counters rose over the last
-    ``WINDOW_S`` while some call was ready (None: their samples span less than
-    ``WINDOW_MIN_S``, or nothing was made). Read on a night with no night before: its
-    answered calls' shares are those of the first calls through, taken while many shared
-    the servers, and price the calls left at about half of what those had
+    ``WINDOW_S``, from ``since`` on (the analysts' stage's end: their burst, many at once,
+    runs faster than the chains after it), while some call was ready (None: their samples
+    span less than ``WINDOW_MIN_S``, or nothing was made). Read on a night with no night
+    before: its answered calls' shares are those of the first calls through, taken while
+    many shared the servers, and price the calls left at about half of what those had
     (docs/lab/2026-12-06-eta-first-night.md)."""
     made, first, last = 0.0, now, now - timedelta(seconds=WINDOW_S)
     by_endpoint: dict[str | None, list[Any]] = defaultdict(list)
     for s in samples:
-        if (now - s.sampled_at).total_seconds() <= WINDOW_S:
+        if (now - s.sampled_at).total_seconds() <= WINDOW_S and (
+                since is None or s.sampled_at >= since):
             by_endpoint[s.endpoint].append(s)
     for rows in by_endpoint.values():
         rows.sort(key=lambda s: s.sampled_at)
@@ -507,9 +509,12 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     if work is not None and (gated := _gated_work(
             steps, calls, chain, weights, took, now)) is not None:
         work = _raised(work, gated)
-    # A first night: the output left at the rate the servers made it lately.
-    if work is not None and not prior.shares and (
-            made := _output_work(samples, tokens_left, shares, now)) is not None:
+    # A first night: the output left at the rate the servers made it lately, since the
+    # analysts' stage ended if it has.
+    stage_end = (None if any(n in analysts for s in steps for n in s.left)
+                 else max((c.ended_at for c in calls if c.node in analysts), default=None))
+    if work is not None and not prior.shares and (made := _output_work(
+            samples, tokens_left, shares, now, stage_end)) is not None:
         work = _raised(work, made)
     low_s, chain_s, high_s = slowest or (None, None, None)
     low_w, work_s, high_w = work or (None, None, None)

@@ -196,21 +196,25 @@ def test_the_work_spans_the_nodes_shares_quartiles_without_a_night_before(
 
 
 @pytest.mark.parametrize("before", [False, True])
-def test_a_first_night_works_at_least_at_the_servers_output_rate_while_calls_were_ready(
+def test_a_first_night_works_at_least_at_the_servers_output_rate_since_the_analysts(
         sqlite_engine: Engine, before: bool) -> None:
     if before:
         prior = batch(sqlite_engine, {"AAA": "succeeded"}, status="succeeded")
         calls(sqlite_engine, prior, "AAA", NODES, end=NOW - timedelta(days=1))
     b = batch(sqlite_engine, {"AAA": "succeeded", "BBB": "running"})
     calls(sqlite_engine, b, "AAA", NODES, end=NOW - timedelta(minutes=5))
-    calls(sqlite_engine, b, "BBB", list(ANALYSTS))
-    # The servers made 200 tokens in the last minute, while BBB's analysts were ready (its
-    # last 16 s; the other 44 s idle count for nothing): 12.5 tok/s.
-    counter(sqlite_engine, b, [0.0, 0.0, 0.0, 10.0], every_s=20.0)
+    calls(sqlite_engine, b, "BBB", list(ANALYSTS), end=NOW - timedelta(seconds=40))
+    # 600 tokens in the analysts' stage, then 200 in the 40 s since, in which BBB's first
+    # debater was ready: 5 tok/s. 400 of the 800 made are the analysts' answers: 400 under
+    # way, 900 of BBB's 13 × 100 left.
+    counter(sqlite_engine, b, [0.0, 30.0, 0.0, 10.0], every_s=20.0)
     found = eta.reading(sqlite_engine, b, NOW)
-    # BBB's 13 calls left: 1,300 tokens at that rate with no night before; with one, its
-    # shares at tonight's pace (4 s each, alone) and the rate is not read.
-    assert found.eta_s == pytest.approx(13 * LATENCY_S if before else 13 * COST * 16 / 200)
+    assert found.tokens_left == 900
+    # With no night before, 900 tokens at 5 tok/s (over the last minute, the analysts' burst
+    # in, 63 s); with one, its shares at tonight's pace: 4 s a call, the debater's less the
+    # half it has had.
+    assert found.eta_s == pytest.approx(
+        12 * LATENCY_S + LATENCY_S / 2 if before else 900 / 5)
 
 
 def test_the_interval_is_the_estimate_at_the_calibrated_ratios(sqlite_engine: Engine) -> None:
