@@ -9,13 +9,16 @@ and *chain*, the longest chain of calls left, one after another, at each node's 
 node's median, never more than what the oldest open step has waited, less its own age,
 plus its node's issue-to-answer latency now). On a gated night
 (more chains open than the servers run: many steps held at the gate) the work is at least
-the work left at the rate the chain's answers came in over the last minute.
+the work left at the rate the chain's answers came in over the last minute; on a first night
+(no night before to price the calls from) at least the output left at the rate the servers
+made output over the last minute (since the analysts' stage ended) while calls were ready.
 The interval is the estimate times ``RATIO``, measured on recorded nights' replays; ``LEVEL``
 is the share of readings it held on nights left out, and the level it claims.
 docs/operations.md ("One truth, two faces") states every rule;
 docs/lab/2026-12-05-eta-busy-shares.md, docs/lab/2026-12-05-eta-pace.md and
 docs/lab/2026-12-05-h100-eta-gated-night.md, docs/lab/2026-12-05-eta-gated-fair-test.md,
-docs/lab/2026-12-06-eta-chain-jump.md and docs/lab/2026-12-06-h100-eta-held-out.md measure it.
+docs/lab/2026-12-06-eta-chain-jump.md, docs/lab/2026-12-06-h100-eta-held-out.md and
+docs/lab/2026-12-06-eta-first-night.md measure it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any, NamedTuple
 
@@ -121,6 +124,12 @@ class Shares:
     def of(self, start: datetime, end: datetime) -> float:
         """Return the share a call ready from ``start`` to ``end`` had."""
         return self.at(end) - self.at(start)
+
+    def busy(self, start: datetime, end: datetime) -> float:
+        """Return the seconds from ``start`` to ``end`` in which some call was ready."""
+        edges = [start, *(t for t in self._at if start < t < end), end]
+        return sum((b - a).total_seconds() for a, b in pairwise(edges)
+                   if (i := bisect.bisect_right(self._at, a) - 1) >= 0 and self._ready[i] > 0)
 
 
 def newest(values: Sequence[float]) -> int:
@@ -348,6 +357,39 @@ def _gated_work(steps: Sequence[Step], calls: Sequence[Any], chain: list[str],
     return sum(cost.get(n, 0.0) for s in steps for n in s.left) * span / recent
 
 
+def _raised(work: Spread, at_least: float) -> Spread:
+    """Return ``work`` with its middle at least ``at_least``, its ends scaled as much."""
+    if at_least <= work[1]:
+        return work
+    scale = at_least / work[1] if work[1] > 0 else 1.0
+    return work[0] * scale, at_least, max(work[2] * scale, at_least)
+
+
+def _output_work(samples: Sequence[Any], tokens_left: float, shares: Shares,
+                 now: datetime, since: datetime | None) -> float | None:
+    """Return ``tokens_left`` at the rate the servers' counters rose over the last
+    ``WINDOW_S``, from ``since`` on (the analysts' stage's end: their burst, many at once,
+    runs faster than the chains after it), while some call was ready (None: their samples
+    span less than ``WINDOW_MIN_S``, or nothing was made). Read on a night with no night
+    before: its answered calls' shares are those of the first calls through, taken while
+    many shared the servers, and price the calls left at about half of what those had
+    (docs/lab/2026-12-06-eta-first-night.md)."""
+    made, first, last = 0.0, now, now - timedelta(seconds=WINDOW_S)
+    by_endpoint: dict[str | None, list[Any]] = defaultdict(list)
+    for s in samples:
+        if (now - s.sampled_at).total_seconds() <= WINDOW_S and (
+                since is None or s.sampled_at >= since):
+            by_endpoint[s.endpoint].append(s)
+    for rows in by_endpoint.values():
+        rows.sort(key=lambda s: s.sampled_at)
+        if len(rows) >= 2:
+            made += max(0.0, rows[-1].generation_tokens_total - rows[0].generation_tokens_total)
+            first, last = min(first, rows[0].sampled_at), max(last, rows[-1].sampled_at)
+    if made <= 0 or (last - first).total_seconds() < WINDOW_MIN_S:
+        return None
+    return tokens_left * shares.busy(first, last) / made
+
+
 def _steps(tickers: Sequence[Any], calls: Sequence[Any], nodes: list[str],
            analysts: list[str], samples: int, now: datetime) -> list[Step]:
     """Return every open sample's step (a ticker finished after ``now`` was open then)."""
@@ -465,9 +507,15 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     # A gated night: the work left at the rate the chain's answers came in lately.
     weights = {n: v[1] for n, v in share.items()}
     if work is not None and (gated := _gated_work(
-            steps, calls, chain, weights, took, now)) is not None and gated > work[1]:
-        scale = gated / work[1] if work[1] > 0 else 1.0
-        work = (work[0] * scale, gated, max(work[2] * scale, gated))
+            steps, calls, chain, weights, took, now)) is not None:
+        work = _raised(work, gated)
+    # A first night: the output left at the rate the servers made it lately, since the
+    # analysts' stage ended if it has.
+    stage_end = (None if any(n in analysts for s in steps for n in s.left)
+                 else max((c.ended_at for c in calls if c.node in analysts), default=None))
+    if work is not None and not prior.shares and (made := _output_work(
+            samples, tokens_left, shares, now, stage_end)) is not None:
+        work = _raised(work, made)
     low_s, chain_s, high_s = slowest or (None, None, None)
     low_w, work_s, high_w = work or (None, None, None)
     rates = [tokens_left / w if w else None for w in (work_s, high_w, low_w)]

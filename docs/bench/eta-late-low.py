@@ -20,7 +20,11 @@ night on it prints, beside the true time left:
   the whole night's shares) of the calls left, all nodes pooled.
 
 Usage, from a checkout: ``PYTHONPATH=$PWD .venv/bin/python docs/bench/eta-late-low.py NAME
-[NAME ...]`` (NAME as in ``eta_night_NAME.json``); ``--json OUT`` also writes every row.
+[NAME ...]`` (NAME as in ``eta_night_NAME.json``); ``--json OUT`` also writes every row;
+``--no-prior`` replays each night without the night before
+(docs/lab/2026-12-06-eta-first-night.md).
+``chain_answers`` is how many of the chain's calls (the nodes after the analysts) had
+answered by the reading.
 """
 
 from __future__ import annotations
@@ -76,12 +80,12 @@ def _last_chain(calls: list[eta.Call], now: datetime) -> dict[str, float]:
             "steps_left": len({c.node for c in own if c.status == "ok"})}
 
 
-def night(name: str) -> list[dict[str, Any]]:
+def night(name: str, before: bool = True) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         engine = get_engine(f"sqlite:///{scratch}/replay.db")
         Base.metadata.create_all(engine)
-        batch_id, _, readings = load(engine, fixture(name))
+        batch_id, _, readings = load(engine, fixture(name), before)
         with engine.connect() as conn:
             start, end, settings = conn.execute(
                 select(Batch.started_at, Batch.finished_at, Batch.settings)
@@ -145,6 +149,8 @@ def night(name: str) -> list[dict[str, Any]]:
                 "gated": seen.get("gated"), "on": seen.get("on") is not None,
                 "open": seen.get("open"), "held": seen.get("held"),
                 "waited": seen.get("waited"), "need": seen.get("need"),
+                "chain_answers": sum(c.status == "ok" and c.node in chain_nodes
+                                     and c.ended_at <= now for c in every),
                 "busy": _busy(every, now, end), **{f"last_{k}": v for k, v in truth.items()},
                 "cost_mean": statistics.fmean(priced) if priced else None,
                 "true_share_mean": statistics.fmean(true_share) if true_share else None,
@@ -168,12 +174,14 @@ def main(argv: list[str]) -> None:
     if "--json" in argv:
         i = argv.index("--json")
         out, argv = argv[i + 1], argv[:i] + argv[i + 2:]
+    before = "--no-prior" not in argv
+    argv = [a for a in argv if a != "--no-prior"]
     every = []
     cols = ["into", "left", "eta", "work", "plain", "gated", "on", "chain", "open", "held",
-            "need", "waited", "busy", "last_run", "last_gate", "last_gap", "cost_mean",
-            "true_share_mean"]
+            "need", "waited", "chain_answers", "busy", "last_run", "last_gate", "last_gap",
+            "cost_mean", "true_share_mean"]
     for name in argv:
-        rows = night(name)
+        rows = night(name, before)
         every += rows
         print(f"\n{name}\n| " + " | ".join(cols) + " |\n|" + "---:|" * len(cols))
         for r in rows:

@@ -5,7 +5,9 @@ For docs/lab/2026-12-06-eta-late-low.md; a diagnostic, not part of the package. 
 tests/unit/morning/test_eta_replay.py replays (its ``NIGHTS``) and prints, night by night,
 how many readings from 10% on are within 25% of the true time left, and each one's error
 (the test's own count: a reading that is None or 0 is a miss). Usage, from a checkout:
-``PYTHONPATH=$PWD .venv/bin/python docs/bench/eta-replay-counts.py [NAME ...]``.
+``PYTHONPATH=$PWD .venv/bin/python docs/bench/eta-replay-counts.py [--no-prior] [NAME ...]``;
+``--no-prior`` replays each night without the night before (its database's first night:
+docs/lab/2026-12-06-eta-first-night.md).
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from tests.unit.morning.test_eta_replay import FROM, NIGHTS, WITHIN
 from tests.unit.support.eta_fixture import fixture, load
 
 
-def main(names: list[str]) -> None:
+def main(names: list[str], before: bool = True) -> None:
     total = counted = 0
     for name in names or NIGHTS:
         with tempfile.TemporaryDirectory() as scratch:
             engine = get_engine(f"sqlite:///{scratch}/replay.db")
             Base.metadata.create_all(engine)
-            batch_id, _, readings = load(engine, fixture(name))
+            batch_id, _, readings = load(engine, fixture(name), before)
             with engine.connect() as conn:
                 start, end = conn.execute(select(Batch.started_at, Batch.finished_at)
                                           .where(Batch.id == batch_id)).one()
@@ -51,4 +53,5 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    main([a for a in args if a != "--no-prior"], "--no-prior" not in args)

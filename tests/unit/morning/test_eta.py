@@ -40,7 +40,9 @@ def test_a_call_alone_on_the_servers_costs_its_whole_time_from_ready(
     b = batch(sqlite_engine, {"AAA": "succeeded", "BBB": "running"})
     calls(sqlite_engine, b, "AAA", NODES, end=NOW - timedelta(minutes=5))
     calls(sqlite_engine, b, "BBB", list(ANALYSTS))
-    counter(sqlite_engine, b, [5.0, 5.0, 5.0, 5.0])
+    # The servers' output (600 tokens) made in the last minute, while BBB's analysts ran:
+    # a first night's work is at least the output left at that rate.
+    counter(sqlite_engine, b, [0.0, 0.0, 10.0, 10.0])
     found = eta.reading(sqlite_engine, b, NOW)
     assert (found.calls_done, found.calls_expected, found.chain_left) == (21, 34, 13)
     # Every call ran alone: 4 s of the servers each; BBB's 13 later nodes are 52 s of work.
@@ -193,6 +195,28 @@ def test_the_work_spans_the_nodes_shares_quartiles_without_a_night_before(
         (found.tokens_left / (17 * 2.0), found.tokens_left / (17 * 4.0)))
 
 
+@pytest.mark.parametrize("before", [False, True])
+def test_a_first_night_works_at_least_at_the_servers_output_rate_since_the_analysts(
+        sqlite_engine: Engine, before: bool) -> None:
+    if before:
+        prior = batch(sqlite_engine, {"AAA": "succeeded"}, status="succeeded")
+        calls(sqlite_engine, prior, "AAA", NODES, end=NOW - timedelta(days=1))
+    b = batch(sqlite_engine, {"AAA": "succeeded", "BBB": "running"})
+    calls(sqlite_engine, b, "AAA", NODES, end=NOW - timedelta(minutes=5))
+    calls(sqlite_engine, b, "BBB", list(ANALYSTS), end=NOW - timedelta(seconds=40))
+    # 600 tokens in the analysts' stage, then 200 in the 40 s since, in which BBB's first
+    # debater was ready: 5 tok/s. 400 of the 800 made are the analysts' answers: 400 under
+    # way, 900 of BBB's 13 × 100 left.
+    counter(sqlite_engine, b, [0.0, 30.0, 0.0, 10.0], every_s=20.0)
+    found = eta.reading(sqlite_engine, b, NOW)
+    assert found.tokens_left == 900
+    # With no night before, 900 tokens at 5 tok/s (over the last minute, the analysts' burst
+    # in, 63 s); with one, its shares at tonight's pace: 4 s a call, the debater's less the
+    # half it has had.
+    assert found.eta_s == pytest.approx(
+        12 * LATENCY_S + LATENCY_S / 2 if before else 900 / 5)
+
+
 def test_the_interval_is_the_estimate_at_the_calibrated_ratios(sqlite_engine: Engine) -> None:
     b = batch(sqlite_engine, {"AAA": "succeeded", "BBB": "queued"})
     calls(sqlite_engine, b, "AAA", NODES, end=NOW - timedelta(minutes=5))
@@ -213,7 +237,9 @@ def test_a_reading_is_stored_with_its_inputs(sqlite_engine: Engine) -> None:
     b = batch(sqlite_engine, {"AAA": "succeeded", "BBB": "running"})
     calls(sqlite_engine, b, "AAA", NODES, end=NOW - timedelta(minutes=5))
     calls(sqlite_engine, b, "BBB", list(ANALYSTS))
-    counter(sqlite_engine, b, [5.0, 5.0, 5.0, 5.0])
+    # The servers' output (600 tokens) made in the last minute, while BBB's analysts ran:
+    # a first night's work is at least the output left at that rate.
+    counter(sqlite_engine, b, [0.0, 0.0, 10.0, 10.0])
     eta.record(sqlite_engine, b, eta.reading(sqlite_engine, b, NOW))
     with Session(sqlite_engine) as s:
         row = s.scalars(select(ProgressReading)).one()

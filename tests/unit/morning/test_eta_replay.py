@@ -220,6 +220,28 @@ def test_the_replayed_eta_is_within_a_quarter_from_a_tenth_of_the_night_on(
     assert misses(start, end, said) == []
 
 
+# A database's first night: the fixture replayed without its night before. Readings within
+# 25% from a tenth on, as the output-rate rule reached them (without it: 5, 10, 8 and 7 of
+# 21, 21, 16 and 19; with its rate over the whole last minute, the analysts' burst in: 12,
+# 15, 11 and 12; docs/lab/2026-12-06-eta-first-night.md).
+FIRST_NIGHTS = {"h100_moe_kv_grown": 14, "h100_moe_kv_same": 17, "h100_moe_kv7_shrunk": 13,
+                "gpu_sim_gated60": 12}
+
+
+@pytest.mark.parametrize(("name", "reached"), FIRST_NIGHTS.items())
+def test_a_first_night_reads_at_least_the_count_it_reached(
+        sqlite_engine: Engine, name: str, reached: int) -> None:
+    batch_id, _, readings = load(sqlite_engine, fixture(name), before=False)
+    with sqlite_engine.connect() as conn:
+        start, end = conn.execute(select(Batch.started_at, Batch.finished_at)
+                                  .where(Batch.id == batch_id)).one()
+    said = [(r.taken_at, r.eta_s) for r in replayed(sqlite_engine, batch_id, readings)]
+    night_s = (end - start).total_seconds()
+    counted = sum(1 for at, _ in said
+                  if at < end and (at - start).total_seconds() >= FROM * night_s)
+    assert counted - len(misses(start, end, said)) >= reached
+
+
 def ratios(folder: Path) -> dict[str, list[float]]:
     """Return, night by night, the true time left over the replayed ETA at each reading from
     ``FROM`` of the night on (each night in a database of its own: the prior is the newest

@@ -116,11 +116,14 @@ def _load_batch(engine: Engine, night: dict[str, Any]) -> int:
     return batch_id
 
 
-def load(engine: Engine, path: Path) -> tuple[int, datetime, list[dict[str, Any]]]:
+def load(engine: Engine, path: Path,
+         before: bool = True) -> tuple[int, datetime, list[dict[str, Any]]]:
     """Write the fixture's nights into ``engine``; return the night's id, the end of its
-    last call and its recorded readings (as dicts of ``progress_readings`` columns)."""
+    last call and its recorded readings (as dicts of ``progress_readings`` columns).
+    ``before=False`` leaves the night before out: the night replayed as its database's
+    first (no prior)."""
     fixture = json.loads(path.read_text())
-    if fixture["before"] is not None:
+    if before and fixture["before"] is not None:
         _load_batch(engine, fixture["before"])
     night = fixture["night"]
     batch_id = _load_batch(engine, night)
