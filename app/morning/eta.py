@@ -12,8 +12,9 @@ plus its node's issue-to-answer latency now). On a gated night
 the work left at the rate the chain's answers came in over the last minute; on a first night
 (no night before to price the calls from) at least the output left at the rate the servers
 made output over the last minute (since the analysts' stage ended) while calls were ready.
-The interval is the estimate times ``RATIO``, measured on recorded nights' replays; ``LEVEL``
-is the share of readings it held on nights left out, and the level it claims.
+The interval is the estimate times ``RATIO`` (``RATIO_FIRST`` on a first night), measured
+on recorded nights' replays; ``LEVEL`` is the share of readings each held on nights left
+out, and the level it claims.
 docs/operations.md ("One truth, two faces") states every rule;
 docs/lab/2026-12-05-eta-busy-shares.md, docs/lab/2026-12-05-eta-pace.md and
 docs/lab/2026-12-05-h100-eta-gated-night.md, docs/lab/2026-12-05-eta-gated-fair-test.md,
@@ -51,6 +52,9 @@ WINDOW_MIN_S = 20.0  # ... once they have come in for this long
 # True time left ÷ the estimate, 5th and 95th percentile over the replayed readings; the test
 # that replays them fails when they move by more than 0.01 (recalibrate: docs/lab).
 RATIO = (0.74, 1.33)
+# A first night (no night before): wider, its replays' own percentiles, which held 87% of
+# them each night left out; RATIO held 63% there (docs/lab/2026-12-06-eta-first-night.md).
+RATIO_FIRST = (0.54, 1.92)
 LEVEL = 0.75  # the share of readings it held, each night left out in turn (88%)
 
 Spread = tuple[float, float, float]  # (low, middle, high)
@@ -521,13 +525,14 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     rates = [tokens_left / w if w else None for w in (work_s, high_w, low_w)]
     expected = len(nodes) * per_ticker * int(batch.tickers_total)
     eta_s = bound(work_s, chain_s)
+    ratio = RATIO if prior.shares else RATIO_FIRST
     return Reading(now, expected, len(answered), len(calls),
                    int(sum(c.completion_tokens or 0 for c in calls)), tokens_left,
                    rates[0], rates[1], rates[2],
                    None if work is None else "before" if prior.shares else "night",
                    longest, chain_s, low_s, high_s, eta_s,
-                   None if eta_s is None else eta_s * RATIO[0],
-                   None if eta_s is None else eta_s * RATIO[1])
+                   None if eta_s is None else eta_s * ratio[0],
+                   None if eta_s is None else eta_s * ratio[1])
 
 
 def record(engine: Engine, batch_id: int, found: Reading) -> None:

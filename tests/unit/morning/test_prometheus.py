@@ -23,7 +23,7 @@ from agents.nodes import ANALYSTS
 from app.cli.web import open_metrics_port
 from app.config import Settings, load_settings
 from app.db.models import SchedulerBeat
-from app.morning.eta import RATIO
+from app.morning.eta import RATIO_FIRST
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.eta_rows import NODES, calls, counter
 from tests.unit.support.night_rows import Rated, add_night, add_resumed_calls, at
@@ -122,8 +122,8 @@ def test_a_running_nights_eta_and_its_interval(sqlite_engine: Engine,
     # BBB's 13 later calls at each node's share of the server (4 s alone, 2 s two at a
     # time): 8/3 s on the mean; the interval that estimate at the calibrated ratios.
     said = 13 * 8 / 3
-    assert eta == {"estimate": 35.0, "low": round(said * RATIO[0]),
-                   "high": round(said * RATIO[1])}
+    assert eta == {"estimate": 35.0, "low": round(said * RATIO_FIRST[0]),
+                   "high": round(said * RATIO_FIRST[1])}
 
 
 def test_a_missed_night_and_a_night_cut_short(sqlite_engine: Engine,

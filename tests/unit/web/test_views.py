@@ -164,10 +164,10 @@ def test_a_running_batch_page_lists_running_tickers_apart_and_refreshes(
     assert failed_rows == ["EEE"]
     # AAA's and BBB's 34 calls ran alone, 1 s each: CCC's 17 take 17 s, and BBB, every
     # node answered but still running, is asking its last again: half of a call's 1 s
-    # (EEE failed: it runs no more calls). 17.5 s at the calibrated ratios (0.74, 1.33):
-    # 13.0 s and 23.3 s.
+    # (EEE failed: it runs no more calls). 17.5 s at a first night's calibrated ratios
+    # (0.54, 1.92): 9.5 s and 33.6 s.
     assert "34 of about 68 calls" in text(soup.find(id="progress"))
-    assert "about 18 s (75% interval: 13 s – 23 s) left" in text(soup.find(id="progress"))
+    assert "about 18 s (75% interval: 9 s – 34 s) left" in text(soup.find(id="progress"))
     # Once it is over, nothing reloads.
     done = add_night(sqlite_engine, D1, DUE1, GOOD)
     assert page(client, f"/batches/{done}", now).find("meta",
@@ -300,9 +300,9 @@ def test_the_running_night_s_eta_reads_the_same_on_both_faces(sqlite_engine: Eng
     # 47 calls left (BBB's 13 later ones, CCC's and DDD's 17), each node's calls having
     # had 4 s of the server alone and 2 s two at a time (tests/unit/support/eta_rows.py): 8/3 s
     # on the mean (an analyst 3 s: BBB's ran alone too): 13 × 8/3 + 2 × (4 × 3 + 13 × 8/3)
-    # = 128 s; the interval at the calibrated ratios (0.74, 1.33): 95 s and 170 s.
-    assert eta.RATIO == (0.74, 1.33)
-    said = "about 2 min 08 s (75% interval: 1 min 35 s – 2 min 50 s) left"
+    # = 128 s; the interval at a first night's calibrated ratios (0.54, 1.92): 69 s and 246 s.
+    assert eta.RATIO_FIRST == (0.54, 1.92)
+    said = "about 2 min 08 s (75% interval: 1 min 09 s – 4 min 06 s) left"
     assert progress == said
     assert said in cli.stderr.splitlines()[1]
 
