@@ -8,7 +8,10 @@
 #   setsid nohup bash docs/bench/gpu-moe-pair.sh N "SERVER FLAGS" [same] > /root/pair.log 2>&1 &
 # N: tickers; SERVER FLAGS: the vllm serve flags both servers share (the second adds
 # --quantization fp8); `same` runs the second night on the first server, unchanged (the ETA's
-# pair alone, when the device time left has no room for a second server's start).
+# pair alone, when the device time left has no room for a second server's start); `bf16` runs the
+# pair the other way round: FLAGS (host-setup.sh's) hold `--quantization fp8`, and the second
+# server starts without it. The first night's own fixture (a first night: no night before) is
+# exported as soon as it ends, so a lease cut during the second night keeps it.
 # NIGHTDESK_NODE_MAX_TOKENS, if set, shapes both nights alike. ND_BEFORE_TICKERS=K runs the night
 # before over the first K of the N tickers only (a universe that grew overnight: the ETA's prior
 # then comes from a night of another size, not a copy of tonight). ND_THIRD_TICKERS=K adds a third
@@ -23,7 +26,8 @@ out=${ND_PAIR_DIR:-/root/pair}
 dir=${ND_NIGHT_DIR:-/root/night}
 mkdir -p "$out"
 # With `same`, the first night is only the night before: labelled so, not by its weights.
-first=bf16; [ "$second" = same ] && first=before
+first=bf16; [ "$second" = same ] && first=before; [ "$second" = bf16 ] && first=fp8
+case $second in fp8|same|bf16) ;; *) echo "gpu-moe-pair.sh: the second night is fp8, bf16 or same, not $second" >&2; exit 2 ;; esac
 step() { echo "$(date -u +%FT%TZ) $*" | tee -a "$out/steps.log"; }
 nd() { env -u OUT ND_SKIP_INSTALL=1 NIGHTDESK_HOME="$dir/home" ND_DB="$dir/night.db" \
          ND_VLLM_LOG=none bash docs/bench/gpu-host-bench.sh "$@" 2>&1 | grep -v '^bench.sh:'; }
@@ -39,45 +43,49 @@ night() {
   : > "$dir/night.log"
 }
 
+# A night's ETA replay fixture (tests/unit/support/): the newest night, with its night before if any.
+fixture() {
+  local file=$1 tickers=$2 before=$3 served=$4 batch
+  batch=$(env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -c "
+import sqlite3; print(sqlite3.connect('$dir/night.db').execute('select max(id) from batches').fetchone()[0])")
+  env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -m tests.unit.support.eta_fixture \
+    "sqlite:///$dir/night.db" "$batch" "$out/$file" \
+    "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), vLLM 0.24.0, MoE shape with random weights, vllm serve $served, $tickers demo tickers, budgets ${NIGHTDESK_NODE_MAX_TOKENS:-production}; the night before: $before" \
+    >> "$out/steps.log" 2>&1 || step "fixture export failed ($file)"
+}
+
 step "night $first: ${ND_BEFORE_TICKERS:-$n} of $n tickers, flags: $flags, budgets: ${NIGHTDESK_NODE_MAX_TOKENS:-production}"
 ND_LIMIT=${ND_BEFORE_TICKERS:-} bash docs/bench/gpu-night.sh start "$n" >> "$out/steps.log" 2>&1 \
   || { step "start failed"; exit 1; }
 night "$first"
+fixture "eta_night_gpu_moe_$first.json" "${ND_BEFORE_TICKERS:-$n}" none "$flags"
 grep -E "Model loading took|Available KV cache|KV cache size|Maximum concurrency" /root/vllm.log \
   > "$out/server-$first.txt"
 
 if [ "$second" = same ]; then
   step "night again: the same server"
 else
-  step "server fp8: stopping bf16, starting with --quantization fp8"
+  # The second server's flags: FP8 added to bf16's, or taken out of FP8's.
+  if [ "$second" = fp8 ]; then flags2="$flags --quantization fp8"; else flags2=${flags/--quantization fp8/}; fi
+  step "server $second: stopping $first, starting with: $flags2"
   bash docs/bench/gpu-serve.sh stop >> "$out/steps.log" 2>&1
   # shellcheck disable=SC2086  # the flags are words
-  if ! bash docs/bench/gpu-serve.sh 0 8000 $flags --quantization fp8 > "$out/server-fp8.txt" 2>&1; then
-    step "fp8 server did not start"; tail -40 /root/vllm-8000.log >> "$out/server-fp8.txt"; exit 1
+  if ! bash docs/bench/gpu-serve.sh 0 8000 $flags2 > "$out/server-$second.txt" 2>&1; then
+    step "$second server did not start"; tail -40 /root/vllm-8000.log >> "$out/server-$second.txt"; exit 1
   fi
-  grep -E "Model loading took" /root/vllm-8000.log >> "$out/server-fp8.txt"
-  step "night fp8"
+  grep -E "Model loading took" /root/vllm-8000.log >> "$out/server-$second.txt"
+  step "night $second"
 fi
 bash docs/bench/gpu-night.sh again >> "$out/steps.log" 2>&1
 night "$second"
 
-# A night with its night before: the ETA's replay fixture (tests/unit/support/).
-fixture() {
-  local file=$1 tickers=$2 before=$3 batch
-  batch=$(env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -c "
-import sqlite3; print(sqlite3.connect('$dir/night.db').execute('select max(id) from batches').fetchone()[0])")
-  env -u OUT PYTHONPATH=/tmp/site:/root/site:$PWD python3 -m tests.unit.support.eta_fixture \
-    "sqlite:///$dir/night.db" "$batch" "$out/$file" \
-    "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), vLLM 0.24.0, MoE shape with random weights, vllm serve $flags$([ "$second" = same ] || echo " --quantization fp8"), $tickers demo tickers, budgets ${NIGHTDESK_NODE_MAX_TOKENS:-production}; the night before: $before" \
-    >> "$out/steps.log" 2>&1 || step "fixture export failed ($file)"
-}
-fixture eta_night_gpu_moe.json "$n" "${ND_BEFORE_TICKERS:-$n} tickers, $([ "$second" = same ] && echo the same server || echo bf16 weights)"
+fixture eta_night_gpu_moe.json "$n" "${ND_BEFORE_TICKERS:-$n} tickers, $([ "$second" = same ] && echo the same server || echo "$first weights")" "${flags2:-$flags}"
 
 if [ -n "${ND_THIRD_TICKERS:-}" ]; then
   step "night 3: $ND_THIRD_TICKERS of $n tickers, the same server"
   ND_LIMIT=$ND_THIRD_TICKERS bash docs/bench/gpu-night.sh again >> "$out/steps.log" 2>&1
   night third
-  fixture eta_night_gpu_moe_3.json "$ND_THIRD_TICKERS" "$n tickers, the same server"
+  fixture eta_night_gpu_moe_3.json "$ND_THIRD_TICKERS" "$n tickers, the same server" "${flags2:-$flags}"
 fi
 python3 -c "
 import sqlite3; sqlite3.connect('$dir/night.db').execute(\"vacuum into '$out/night.db'\")" \
