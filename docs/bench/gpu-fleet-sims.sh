@@ -6,7 +6,7 @@
 #   setsid nohup bash docs/bench/gpu-fleet-sims.sh OUT_DIR "TICKERSxENDPOINTS:STRATEGY" ... &
 # e.g. "500x8:adaptive:initial=256". Client CPUs: $ND_FLEET_CLIENT_CPUS (default 10-13); the
 # endpoints' process: $ND_FLEET_SERVER_CPUS (default 14-15). Wheels: /root/stage/nd-whl, installed
-# into /tmp/fleet-site (apart from the night's /tmp/site). Each run writes OUT_DIR/fleet-T-E-N.json
+# into /tmp/fleet-site (apart from the night's /tmp/site), read before vLLM's stage in /root/site (pydantic and the rest). Each run writes OUT_DIR/fleet-T-E-N.json
 # and its summary lines to OUT_DIR/fleet.log.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -26,7 +26,7 @@ for spec in "$@"; do
   shape=${spec%%:*}; strategy=${spec#*:}
   tickers=${shape%x*}; endpoints=${shape#*x}
   note "run $i: $tickers tickers over $endpoints endpoints, $strategy (load $(cut -d' ' -f1 /proc/loadavg))"
-  env -u OUT PYTHONPATH=/tmp/fleet-site:$PWD NIGHTDESK_HOME=/tmp/fleet-home-$i \
+  env -u OUT PYTHONPATH=/tmp/fleet-site:/root/site:$PWD NIGHTDESK_HOME=/tmp/fleet-home-$i \
     taskset -c "$client" python3 -m tests.bench.fleet --tickers "$tickers" --endpoints "$endpoints" \
       --speedup 1 --output-scale 0.2 --strategy "$strategy" --database sqlite \
       --server-cpus "$server" --json-out "$out/fleet-$tickers-$endpoints-$i.json" \
