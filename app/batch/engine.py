@@ -28,7 +28,7 @@ from app.db.models import RESUMABLE_KINDS
 from app.db.retry import outage, transient, write_budget
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
-from app.tasks import first_error, in_thread
+from app.tasks import first_error, in_thread, patience_s
 from app.traffic.client import TickerClient
 from app.traffic.clock import Clock, loop_clock
 from app.traffic.halt import Halt, HaltReason
@@ -427,17 +427,24 @@ class BatchRun:
                     note for note, _ in failed)[:500]]))
             outcome = self.outcome
             admission = self.recording.finished() if self.recording else None
+            # A stopping batch's end waits no longer than a thread's patience: a database
+            # hung for good must not hold a SIGTERM for ever.
+            stopping = self.owner.halt.reason is not None or not isinstance(exc, Exception | None)
             if await self._may_write_end():
                 try:
-                    await in_thread(
-                        store.finish_batch, self.owner.engine, self.batch_id, outcome.status,
-                        self.error_text, self.extra_settings or None)
+                    async with asyncio.timeout(patience_s() if stopping else None) as bound:
+                        await in_thread(
+                            store.finish_batch, self.owner.engine, self.batch_id,
+                            outcome.status, self.error_text, self.extra_settings or None)
                 except Exception as unstored:
-                    if not transient(unstored):
+                    if not transient(unstored) and not bound.expired():
                         raise
                     # Left `running`: the next start finds its process gone, marks it
                     # crashed, and `run --resume` continues it.
-                    stopped = outage("the batch's end not stored", unstored)
+                    stopped = StorageOutage("the batch's end not stored: the database did not "
+                                            f"answer within {patience_s():g} s"
+                                            ) if bound.expired() else outage(
+                                                "the batch's end not stored", unstored)
                     raise StorageOutage(f"{stopped}{self.resume_hint}") from unstored
             log.info("batch finished", status=outcome.status, succeeded=len(outcome.succeeded),
                      failed=len(outcome.failed),
