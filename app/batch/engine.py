@@ -16,6 +16,7 @@ import structlog
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from pydantic import BaseModel
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from agents.data import DataProvider, MarketBundle, get_provider, serves_demo
 from agents.graph import analyze_ticker, chain_length, node_names, thread_id
@@ -23,6 +24,7 @@ from app.batch import store
 from app.batch.faults import INFRASTRUCTURE, FailureClass, failure_class
 from app.batch.heap import batch_collector
 from app.config import Settings
+from app.db.engine import reason
 from app.db.lock import LockHold, Runner, after_losing
 from app.db.models import RESUMABLE_KINDS
 from app.db.retry import outage, transient, write_budget
@@ -549,15 +551,15 @@ class BatchRun:
 
 
 async def _starting(write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a write that starts a batch; the database full or away past the write budget is
-    one line (DatabaseError), nothing of the batch having run yet."""
+    """Run a write that starts a batch; the database full or away past the write budget, or
+    refusing the write (a full disk opens it read-only), is one line (DatabaseError), nothing
+    of the batch having run yet."""
     try:
         return await in_thread(write, *args, **kwargs)
-    except Exception as error:
-        if not transient(error):
-            raise
-        raise DatabaseError(f"the batch could not start: {outage('its rows not stored', error)}"
-                            ) from error
+    except SQLAlchemyError as error:
+        said = outage("its rows not stored", error) if transient(error) else (
+            f"its rows not stored: {reason(error)}")
+        raise DatabaseError(f"the batch could not start: {said}") from error
 
 
 def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
