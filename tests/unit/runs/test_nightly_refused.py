@@ -50,7 +50,7 @@ def cause(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[d
     if name == "database-away":
         return ({"NIGHTDESK_DATABASE_URL":
                  f"postgresql://postgres@127.0.0.1:{closed_port()}/nightdesk"},
-                "cannot reach database")
+                "cannot reach database postgresql://postgres@127.0.0.1:")  # as configured
     if name == "wrong-model":
         server = FakeServer(model="qwen-dense-27b")
         monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: server.sync_client())
