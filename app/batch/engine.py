@@ -16,6 +16,7 @@ import structlog
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from pydantic import BaseModel
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from agents.data import DataProvider, MarketBundle, get_provider, serves_demo
 from agents.graph import analyze_ticker, chain_length, node_names, thread_id
@@ -23,12 +24,13 @@ from app.batch import store
 from app.batch.faults import INFRASTRUCTURE, FailureClass, failure_class
 from app.batch.heap import batch_collector
 from app.config import Settings
+from app.db.engine import reason
 from app.db.lock import LockHold, Runner, after_losing
 from app.db.models import RESUMABLE_KINDS
 from app.db.retry import outage, transient, write_budget
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
-from app.tasks import first_error, in_thread
+from app.tasks import first_error, in_thread, patience_s
 from app.traffic.client import TickerClient
 from app.traffic.clock import Clock, loop_clock
 from app.traffic.halt import Halt, HaltReason
@@ -427,17 +429,24 @@ class BatchRun:
                     note for note, _ in failed)[:500]]))
             outcome = self.outcome
             admission = self.recording.finished() if self.recording else None
+            # A stopping batch's end waits no longer than a thread's patience: a database
+            # hung for good must not hold a SIGTERM for ever.
+            stopping = self.owner.halt.reason is not None or not isinstance(exc, Exception | None)
             if await self._may_write_end():
                 try:
-                    await in_thread(
-                        store.finish_batch, self.owner.engine, self.batch_id, outcome.status,
-                        self.error_text, self.extra_settings or None)
+                    async with asyncio.timeout(patience_s() if stopping else None) as bound:
+                        await in_thread(
+                            store.finish_batch, self.owner.engine, self.batch_id,
+                            outcome.status, self.error_text, self.extra_settings or None)
                 except Exception as unstored:
-                    if not transient(unstored):
+                    if not transient(unstored) and not bound.expired():
                         raise
                     # Left `running`: the next start finds its process gone, marks it
                     # crashed, and `run --resume` continues it.
-                    stopped = outage("the batch's end not stored", unstored)
+                    stopped = StorageOutage("the batch's end not stored: the database did not "
+                                            f"answer within {patience_s():g} s"
+                                            ) if bound.expired() else outage(
+                                                "the batch's end not stored", unstored)
                     raise StorageOutage(f"{stopped}{self.resume_hint}") from unstored
             log.info("batch finished", status=outcome.status, succeeded=len(outcome.succeeded),
                      failed=len(outcome.failed),
@@ -542,15 +551,15 @@ class BatchRun:
 
 
 async def _starting(write: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a write that starts a batch; the database full or away past the write budget is
-    one line (DatabaseError), nothing of the batch having run yet."""
+    """Run a write that starts a batch; the database full or away past the write budget, or
+    refusing the write (a full disk opens it read-only), is one line (DatabaseError), nothing
+    of the batch having run yet."""
     try:
         return await in_thread(write, *args, **kwargs)
-    except Exception as error:
-        if not transient(error):
-            raise
-        raise DatabaseError(f"the batch could not start: {outage('its rows not stored', error)}"
-                            ) from error
+    except SQLAlchemyError as error:
+        said = outage("its rows not stored", error) if transient(error) else (
+            f"its rows not stored: {reason(error)}")
+        raise DatabaseError(f"the batch could not start: {said}") from error
 
 
 def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,

@@ -16,7 +16,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
@@ -37,6 +37,19 @@ def reason(error: BaseException) -> str:
     return redact(lines[0] if lines else type(cause).__name__)
 
 
+def shown(url: str | URL) -> str:
+    """Return a database URL as the operator sets it, its password masked (``redact``).
+
+    app/config.py adds psycopg's driver to a bare ``postgresql://`` (SQLAlchemy's own default
+    would be psycopg2, not installed); psycopg is the one PostgreSQL driver nightdesk has, so
+    both forms name the same connection, and the bare one is what the operator reads back.
+    """
+    parsed = make_url(url) if isinstance(url, str) else url
+    if parsed.drivername == "postgresql+psycopg":
+        parsed = parsed.set(drivername="postgresql")
+    return redact(parsed.render_as_string(hide_password=False))
+
+
 def _sqlite_folder(url: str) -> None:
     """Make a SQLite file's folder; one that cannot be made is a DatabaseError (one line)."""
     database = make_url(url).database
@@ -45,7 +58,7 @@ def _sqlite_folder(url: str) -> None:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise DatabaseError(f"cannot open database {redact(url)}: cannot make its "
+            raise DatabaseError(f"cannot open database {shown(url)}: cannot make its "
                                 f"folder {folder}: {error.strerror or error}") from None
 
 
@@ -98,7 +111,7 @@ def _sqlite_events(engine: Engine) -> None:
                 raise
             if not warned:  # once: a write's own error ("readonly") would hide the cause
                 log.warning("database cannot be written now; read as it lies on disk",
-                            database=redact(engine.url.render_as_string(hide_password=False)),
+                            database=shown(engine.url),
                             error=str(error))
                 warned = True
             record.info["snapshot"] = True
@@ -191,8 +204,8 @@ def check_reachable(engine: Engine) -> None:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
     except (DBAPIError, OSError) as error:
-        where = redact(engine.url.render_as_string(hide_password=False))
-        raise DatabaseError(f"cannot reach database {where}: {reason(error)}") from None
+        raise DatabaseError(f"cannot reach database {shown(engine.url)}: {reason(error)}"
+                            ) from None
 
 
 # "0003_quality" was once the revision after "0003"; two revisions now come between them.

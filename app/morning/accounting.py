@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, field
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -75,7 +76,8 @@ def latest_batch_id(engine: Engine, kinds: tuple[str, ...] | None = None) -> int
 
 def batch_report(engine: Engine, batch_id: int) -> BatchReport:
     """Build the report of one batch from its ``llm_calls`` rows."""
-    fallback = (batch_row(engine, batch_id).settings or {}).get("metrics_fallback")
+    settings = batch_row(engine, batch_id).settings or {}
+    fallback = settings.get("metrics_fallback")
     with engine.connect() as conn:
         rows = conn.execute(
             select(LLMCall.node, LLMCall.ticker, LLMCall.status, LLMCall.prompt_tokens,
@@ -89,7 +91,8 @@ def batch_report(engine: Engine, batch_id: int) -> BatchReport:
                            metrics_fallback=fallback)
     first = min(r.started_at for r in rows)
     last = max(r.ended_at for r in rows)
-    active = active_time([(r.started_at, r.ended_at) for r in rows])
+    active = active_time([(r.started_at, r.ended_at) for r in rows],
+                         [datetime.fromisoformat(at) for at in settings.get("resumes", [])])
     wall = active.makespan_s
     completion = sum(r.completion_tokens or 0 for r in rows)
     delivered = sum(r.completion_tokens or 0 for r in rows if r.ticker in succeeded)

@@ -2,10 +2,15 @@
 
 A resumed night's makespan spans the time it stood still; every throughput figure of a
 batch (the report, the digest, ``/metrics``, the ETA's fallback rate) divides by this instead.
+A pause is time the night stood still: stopped (a signal, a crash, an outage past its budget)
+until a resume took it up, whatever its length, known from the resumes the batch records;
+or, within one run, a minute or more with no call in flight (a server away, the process
+frozen). Shorter gaps within a run are the night's own work between calls (storing, loading).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 
 from pydantic.dataclasses import dataclass
@@ -25,17 +30,20 @@ class ActiveTime:
     pauses: int
 
 
-def active_time(intervals: list[tuple[datetime, datetime]]) -> ActiveTime:
+def active_time(intervals: list[tuple[datetime, datetime]],
+                resumed: Iterable[datetime] = ()) -> ActiveTime:
     """Return the union of the calls' (start, end) intervals, gaps under ``PAUSE_MIN_S``
-    bridged: the time every throughput figure of a batch divides by."""
+    bridged unless a resume (``resumed``: when each was) falls in them: the time every
+    throughput figure of a batch divides by."""
     if not intervals:
         return ActiveTime(0.0, 0.0, 0.0, 0)
     spans = sorted(intervals)
+    resumes = sorted(resumed)
     first, reach = spans[0]
     paused, pauses = 0.0, 0
     for start, end in spans[1:]:
         gap = (start - reach).total_seconds()
-        if gap >= PAUSE_MIN_S:
+        if gap > 0 and (gap >= PAUSE_MIN_S or any(reach <= r <= start for r in resumes)):
             paused += gap
             pauses += 1
         reach = max(reach, end)

@@ -24,7 +24,7 @@ from app.config import Settings
 from app.db.engine import ready_engine
 from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch
-from app.errors import ERRORS, AlreadyRunningError, InputError, first_line
+from app.errors import ERRORS, AlreadyRunningError, DatabaseError, InputError, first_line
 from app.morning.advice import advise
 from app.morning.digest import send_digest
 from app.morning.summary import batch_summary
@@ -188,6 +188,10 @@ def execute_plan(settings: Settings, engine: Engine,
         send_digest(settings, engine, outcome)
     except (BatchInterrupted, KeyboardInterrupt):
         raise _cancelled(settings, engine, runner.batch_id) from None
+    except DatabaseError as error:
+        if runner.batch_id is None and refused is not None:  # no row: no digest of a batch
+            refused(error)
+        raise
     return outcome
 
 
@@ -298,8 +302,10 @@ def tell_refused(settings: Settings, request: NightlyRequest, error: Exception,
     else:
         command = START_AGAIN + (f" --as-of {request.as_of}" if request.as_of else "")
     again = command or "the same `nightdesk run` command as before"
+    fix = ("make the database reachable and writable (its server up, its disk not full, "
+           "NIGHTDESK_DATABASE_URL right)" if isinstance(error, DatabaseError) else "fix that")
     tell_refusal(settings, as_of or request.as_of, first_line(error, 400),
-                 f"fix that, then start the night again: {again}", command=command)
+                 f"{fix}, then start the night again: {again}", command=command)
 
 
 def _tell_covered(settings: Settings, request: NightlyRequest, as_of: date,

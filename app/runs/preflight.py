@@ -199,8 +199,10 @@ def tell_refusal(settings: Settings, as_of: date | None, why: str, advice: str, 
 
     ``command``: the command ``advice`` names to start the night again, where it names one.
     Never raises: the database may be what refused the night, whose one line has said so
-    (the row not stored is then only a debug line: one line per error).
+    (the row not stored is then only a debug line: one line per error), and the digest
+    says that the pages cannot show it: it alone tells the operator.
     """
+    stored = True
     try:
         with Session(get_engine(settings.store.database_url)) as session:
             session.add(NightRefusal(refused_at=datetime.now(UTC), as_of=as_of,
@@ -209,4 +211,5 @@ def tell_refusal(settings: Settings, as_of: date | None, why: str, advice: str, 
             session.commit()
     except Exception as error:
         log.debug("refusal not stored", error=first_line(error))
-    send_refusal(settings, as_of, why, advice, outcome, headline)
+        stored = False
+    send_refusal(settings, as_of, why, advice, outcome, headline, stored=stored)

@@ -321,7 +321,9 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
             LLMCall.batch_id == batch_id, LLMCall.status == "ok")).scalar_one()
         planned = tuple(conn.execute(select(TickerRun.ticker).where(
             TickerRun.batch_id == batch_id).order_by(TickerRun.id)).scalars())
-        if not left and not closing:
+        # One stopped short with every ticker ended (a write that landed after its halt
+        # gave up on it) is closed: its stored reason advised this resume.
+        if not left and not closing and batch.status not in ("interrupted", "crashed"):
             own = "" if retry_failed or not failed else (
                 f"; {len(failed)} failed on their own account: `nightdesk run --resume "
                 f"{batch_id} --retry-failed` runs them again")

@@ -21,7 +21,7 @@ from app.db.models import Batch, LLMCall
 from serving import launcher
 from serving.profiles import load_profile, render
 from tests.integration.unattended import NIGHTDESK, ROOT, free_port
-from tests.integration.vllm_server import PATHS, PROFILE, START_TIMEOUT_S
+from tests.integration.vllm_server import PATHS, PROFILE, START_TIMEOUT_S, tied
 
 SMALL = 4096
 CPU_CONFIG = ROOT / "deploy" / "cpu-tiny.toml"
@@ -40,7 +40,7 @@ def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     state_dir = tmp_path_factory.mktemp("small-server")
     port = free_port()
     launcher.start(profile, port=port, timeout_s=START_TIMEOUT_S, state_dir=state_dir,
-                   command=render(profile, PATHS, port=port), key="cpu-tiny-small")
+                   command=tied(render(profile, PATHS, port=port)), key="cpu-tiny-small")
     try:
         yield f"{launcher.root_url(profile.host, port)}/v1"
     finally:

@@ -59,7 +59,7 @@ from serving.metrics import MetricsSnapshot, read_metrics
 from serving.profiles import load_profile, render
 from tests.integration.conftest import private_database
 from tests.integration.unattended import ROOT, free_port, run_nightdesk, start_batch, wait_for
-from tests.integration.vllm_server import PATHS, PROFILE, START_TIMEOUT_S
+from tests.integration.vllm_server import PATHS, PROFILE, START_TIMEOUT_S, tied
 from tests.unit.support.router import ROUTER
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -111,7 +111,7 @@ def cpu_servers(folder: Path, count: int) -> Iterator[list[CpuServer]]:
 
     def start(key: str, port: int) -> CpuServer:
         facts = launcher.start(profile, port=port, timeout_s=START_TIMEOUT_S, state_dir=folder,
-                               key=key, command=render(profile, PATHS, port=port))
+                               key=key, command=tied(render(profile, PATHS, port=port)))
         return CpuServer(key, launcher.root_url(profile.host, port),
                          launcher.ServerFiles.of(key, folder).log, int(facts["pid"]))
 
@@ -133,7 +133,7 @@ def product_router(folder: Path, servers: list[CpuServer]) -> Iterator[str]:
     command = router.router_command(router.find_binary(), profile.host, port,
                                     [s.root for s in servers])
     launcher.start(profile, port=port, timeout_s=60, key="router", state_dir=folder,
-                   command=command)
+                   command=tied(command))
     try:
         yield launcher.root_url(profile.host, port)
     finally:

@@ -2,16 +2,20 @@
 
 Import the fixture into a conftest: ``from tests.integration.vllm_server import vllm_server``.
 Set ``NIGHTDESK_TEST_LLM_BASE_URL`` (e.g. ``http://127.0.0.1:8000/v1``) to use a server that
-already runs instead; it is then neither started nor stopped here.
+already runs instead; it is then neither started nor stopped here. A server started here
+ends with the session however the session ends (tied.py): pytest killed by SIGTERM or
+SIGKILL, which runs no teardown, leaves no server behind.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,7 @@ import pytest
 
 from serving import launcher
 from serving.facts import live_facts
-from serving.profiles import HostPaths, load_profile, render
+from serving.profiles import HostPaths, Profile, ServerCommand, load_profile, render
 from serving.urls import server_root
 
 REUSE_ENV = "NIGHTDESK_TEST_LLM_BASE_URL"
@@ -44,6 +48,28 @@ class VLLMServer:
     """The served model name to put in requests."""
     max_model_len: int
     facts: dict[str, Any] = field(default_factory=dict)
+
+
+def tied(command: ServerCommand) -> ServerCommand:
+    """Return ``command`` run so that it ends with this process (tied.py)."""
+    wrapper = Path(__file__).with_name("tied.py")
+    return replace(command, argv=[sys.executable, str(wrapper), str(os.getpid()),
+                                  *command.argv])
+
+
+@contextmanager
+def started(profile: Profile, state_dir: Path, command: Callable[[int], ServerCommand]
+            ) -> Iterator[VLLMServer]:
+    """Start ``command(port)`` on a free port, tied to this process; stop it on leaving."""
+    port = _free_port()
+    facts = launcher.start(profile, port=port, timeout_s=START_TIMEOUT_S, state_dir=state_dir,
+                           command=tied(command(port)))
+    root = launcher.root_url(profile.host, port)
+    try:
+        yield VLLMServer(base_url=f"{root}/v1", root_url=root, model=profile.served_model_name,
+                         max_model_len=profile.max_model_len, facts=facts)
+    finally:
+        launcher.stop(profile, state_dir=state_dir)
 
 
 def _free_port() -> int:
@@ -84,13 +110,6 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
     if missing:
         pytest.fail(f"the CPU server is not set up ({', '.join(missing)} missing): run "
                     "`make vllm-env model`")
-    state_dir = tmp_path_factory.mktemp("vllm-server")
-    port = _free_port()
-    facts = launcher.start(profile, port=port, timeout_s=START_TIMEOUT_S, state_dir=state_dir,
-                           command=render(profile, PATHS, port=port))
-    root = launcher.root_url(profile.host, port)
-    try:
-        yield VLLMServer(base_url=f"{root}/v1", root_url=root, model=profile.served_model_name,
-                         max_model_len=profile.max_model_len, facts=facts)
-    finally:
-        launcher.stop(profile, state_dir=state_dir)
+    with started(profile, tmp_path_factory.mktemp("vllm-server"),
+                 lambda port: render(profile, PATHS, port=port)) as server:
+        yield server

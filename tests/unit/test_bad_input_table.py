@@ -76,7 +76,7 @@ CASES = [
     ("NIGHTDESK_DATABASE_URL", f"sqlite://nd:{SECRET}@//tmp/x.db", "ranking",
      "NIGHTDESK_DATABASE_URL"),
     ("NIGHTDESK_DATABASE_URL", f"postgresql://nd:{SECRET}@127.0.0.1:{{port}}/nightdesk",
-     "report", "cannot reach database postgresql+psycopg://nd:***@127.0.0.1"),
+     "report", "cannot reach database postgresql://nd:***@127.0.0.1"),
     ("NIGHTDESK_DATABASE_URL", f"postgresql://nd:{SECRET}@no-such-host.invalid/nightdesk",
      "db upgrade", "cannot reach database"),
     ("NIGHTDESK_HOME", a_file, "ranking", "cannot open database"),

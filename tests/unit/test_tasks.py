@@ -10,7 +10,8 @@ cancelled but not awaited is still in that set until it has handled its cancella
 bare ``cancel()`` is caught; the fakes that take a moment to end once cancelled
 (SlowToCancel) catch one whose wait happened to be covered by some later await. A thread
 (``in_thread``) is run to its end through a cancellation of its caller, its group's and a
-timeout's: the caller is left only once the blocking call has returned.
+timeout's: the caller is left only once the blocking call has returned, or once its patience
+has run out (a call hung for good), and a thread so left never holds the process's exit.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ import contextvars
 import io
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import date
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,6 +34,7 @@ import httpx
 import pytest
 from rich.console import Console
 from sqlalchemy import Engine
+from structlog.testing import capture_logs
 
 from app.batch.engine import BatchEngine, BatchPlan, TickerWork, run_until_halted
 from app.batch.signals import _stop_on_signals
@@ -37,7 +42,7 @@ from app.config import load_settings
 from app.errors import BatchStopped, ServerOutage
 from app.recorder.progress import BatchProgress
 from app.runs.replay import WorkItem, Workload, play
-from app.tasks import beside, in_thread
+from app.tasks import beside, in_thread, patience
 from app.traffic.client import EndpointGone, TickerClient
 from app.traffic.halt import Halt, HaltReason
 from app.traffic.sampler import MetricsSampler
@@ -189,6 +194,48 @@ async def test_a_timeout_over_a_thread_waits_for_it_and_is_still_a_timeout() -> 
         async with asyncio.timeout(0.01):
             await in_thread(call)
     assert call.ended.is_set()
+
+
+async def test_a_cancelled_caller_waits_its_patience_then_leaves_the_thread_running() -> None:
+    # A database call hung for good must not hold a halt: past its patience the caller goes.
+    call = Blocking()
+    try:
+        with capture_logs() as logs, patience(0.1):
+            runner = asyncio.create_task(in_thread(call))
+            await call.entered()
+            runner.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(runner), 2)
+        assert not call.ended.is_set()  # left running, said in the log
+        assert [(e["event"], e["waited_s"]) for e in logs] == [
+            ("a blocking call outlived its caller's cancellation: left running", 0.1)]
+    finally:
+        call.release.set()
+    assert await asyncio.to_thread(call.ended.wait, 2)
+
+
+def test_a_thread_left_running_does_not_hold_the_process_exit(tmp_path: Path) -> None:
+    # An executor's threads are joined when the loop and the interpreter end: the process
+    # of a night halted over a hung call would never exit.
+    script = """
+import asyncio, threading
+from app.tasks import in_thread, patience
+
+async def main():
+    with patience(0.1):
+        runner = asyncio.create_task(in_thread(threading.Event().wait))
+    await asyncio.sleep(0.2)
+    runner.cancel()
+    try:
+        await runner
+    except asyncio.CancelledError:
+        print("halted")
+
+asyncio.run(main())
+"""
+    ended = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=20, cwd=Path(__file__).resolve().parents[2])
+    assert (ended.returncode, ended.stdout.splitlines()[-1:]) == (0, ["halted"]), ended.stderr
 
 
 async def test_in_thread_returns_raises_and_carries_the_callers_context() -> None:

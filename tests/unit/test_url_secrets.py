@@ -68,6 +68,22 @@ def test_redact_masks_the_password_of_every_url_and_nothing_else(text: str, show
     assert redact(text) == shown
 
 
+@pytest.mark.parametrize(("configured", "shown_back"), [
+    ("postgresql://nd:s3cr%40t@db:5432/nightdesk", "postgresql://nd:***@db:5432/nightdesk"),
+    ("postgresql+psycopg://nd@db/nightdesk", "postgresql://nd@db/nightdesk"),
+    ("sqlite:////var/lib/nightdesk/nightdesk.db", "sqlite:////var/lib/nightdesk/nightdesk.db"),
+])
+def test_a_database_url_is_shown_as_configured_with_the_one_mask(configured: str,
+                                                                 shown_back: str) -> None:
+    # The settings hold the driver's form (postgresql+psycopg://, what the engine needs);
+    # the operator reads back what was set, the password masked as every URL's is.
+    from app.config import load_settings
+    from app.db.engine import shown
+
+    url = load_settings(database_url=configured).store.database_url
+    assert shown(url) == shown_back
+
+
 @pytest.mark.parametrize("fmt", ["json", "console"])
 def test_no_log_line_shows_a_password_not_even_a_traceback(
         fmt: Literal["json", "console"], capsys: pytest.CaptureFixture[str],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import Engine, func, select, update
+from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers
@@ -23,16 +25,18 @@ from app.cli import app as cli
 from app.config import load_settings
 from app.db.lock import nightly_lock
 from app.db.models import Batch, Decision, LLMCall, TickerRun
-from app.errors import AlreadyRunningError, InputError
+from app.errors import AlreadyRunningError, InputError, StorageOutage
 from app.runs.checkpoints import Checkpoints, checkpoint_path
 from app.runs.nightly import resume_recorded
 from app.runs.resumable import find_resumable, mark_stale_crashed
+from app.tasks import patience
 from app.traffic.halt import HaltReason
 from tests.fakevllm import ChatRequest, FakeServer, Reply, default_reply
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.fault_night import serve_cli_from
 from tests.unit.support.night_rows import dead_night
 from tests.unit.support.sigterm import sigterm_at_first
+from tests.unit.support.threads import Blocking
 
 NODES = node_names(load_settings().pipeline())
 
@@ -372,3 +376,87 @@ def test_a_ticker_a_finished_batch_left_unrun_is_taken_up_by_the_resume(
                             .order_by(TickerRun.id)).all()
         assert rows == [("AAA", "failed", "infrastructure"), ("BBB", "failed", "infrastructure")]
         assert tickers_left(conn, batch) == ["AAA", "BBB"]
+
+
+# --- a halt while a database call hangs ------------------------------------------------------
+# A thread cannot be killed: the halt waits ``patience`` for it, then leaves it running and
+# ends; the row it was writing either lands late (then the resume does not run the ticker
+# again) or never does (then the resume runs it): one decision a ticker either way.
+
+
+def hung(monkeypatch: pytest.MonkeyPatch, name: str, ticker: str | None,
+         lands: bool) -> Any:
+    """Make ``store.<name>`` block (for ``ticker``'s row, or every call) until released;
+    released, it writes (``lands``) or fails as a connection the process's end cut would."""
+    real, call = getattr(store, name), Blocking()
+
+    def blocking(engine: Engine, batch_id: int, *args: Any, **kwargs: Any) -> Any:
+        if (ticker is None or args[0] == ticker) and not call.started.is_set():
+            call()
+            if not lands:
+                raise ConnectionError("the process ended under the write")
+        return real(engine, batch_id, *args, **kwargs)
+
+    monkeypatch.setattr(store, name, blocking)
+    return call
+
+
+async def halted_while_hung(runner: BatchEngine, call: Any, tickers: list[str]
+                            ) -> tuple[Any, float, list[dict[str, Any]]]:
+    """Run the batch, halt it once the call hangs; return its end, how long the halt took
+    and the log."""
+    with capture_logs() as logs, patience(0.3):
+        run = asyncio.create_task(runner.run(BatchPlan("nightly", DEMO_AS_OF, tickers)))
+        await call.entered()
+        asked = time.monotonic()
+        runner.halt.request(HaltReason("interrupted", "stopped by SIGTERM", 130, 0.1))
+        try:
+            outcome: Any = await asyncio.wait_for(asyncio.shield(run), 5)
+        except Exception as error:
+            outcome = error
+        took = time.monotonic() - asked
+        call.release.set()  # a fix that waited for the thread would end only here
+        await run if not run.done() else None
+    return outcome, took, logs
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["lands-late", "never-lands"])
+async def test_a_halt_leaves_a_hung_ticker_write_behind_and_the_resume_counts_it_once(
+        lands: bool, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tickers = demo_tickers(2)
+    call = hung(monkeypatch, "ticker_finished", tickers[0], lands)
+    runner = engine_for(sqlite_engine, demo_dir, FakeServer(nodes=NODES, tickers=tickers))
+    outcome, took, logs = await halted_while_hung(runner, call, tickers)
+    assert took < 2, f"the halt waited {took:.1f} s for a hung write"
+    assert outcome.status == "interrupted"
+    assert any(e["event"].startswith("a blocking call outlived") and
+               e["call"].endswith("blocking") for e in logs)
+    assert await asyncio.to_thread(call.ended.wait, 5)
+    # As its stored reason advises: `run --resume N` (a late write left nothing to run).
+    assert outcome.halt.message.endswith(f"resume with `nightdesk run --resume {1}`")
+    resumed = await engine_for(sqlite_engine, demo_dir, FakeServer(
+        nodes=NODES, tickers=tickers)).run(find_resumable(sqlite_engine, 1, stale_s=120))
+    assert resumed.status == "succeeded" and sorted(resumed.succeeded) == sorted(tickers)
+    with sqlite_engine.connect() as conn:
+        decisions = Counter(conn.execute(select(Decision.ticker)).scalars())
+        batch = conn.execute(select(Batch.tickers_succeeded, Batch.tickers_failed)).one()
+    assert decisions == Counter(tickers) and tuple(batch) == (2, 0)
+
+
+async def test_a_halt_whose_end_write_hangs_ends_and_leaves_the_batch_to_resume(
+        sqlite_engine: Engine, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tickers = demo_tickers(1)
+    call = hung(monkeypatch, "finish_batch", None, lands=False)
+    runner = engine_for(sqlite_engine, demo_dir, FakeServer(nodes=NODES, tickers=tickers))
+
+    # Halted before its first ticker: the end write is what hangs.
+    runner.halt.request(HaltReason("interrupted", "stopped by SIGTERM", 130, 0.0))
+    outcome, took, _ = await halted_while_hung(runner, call, tickers)
+    assert took < 2, f"the halt waited {took:.1f} s for a hung end write"
+    assert isinstance(outcome, StorageOutage)
+    assert "did not answer within 0.3 s; resume with `nightdesk run --resume 1`" in str(outcome)
+    assert mark_stale_crashed(sqlite_engine, stale_s=0) == [1]
+    resumed = await engine_for(sqlite_engine, demo_dir, FakeServer(
+        nodes=NODES, tickers=tickers)).run(find_resumable(sqlite_engine, 1, stale_s=120))
+    assert resumed.status == "succeeded"

@@ -9,11 +9,11 @@ from datetime import datetime, timedelta
 import pytest
 from pydantic_core import to_jsonable_python
 from rich.console import Console
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
 
 from app.cli.report import compare_table, endpoint_table, render_table
 from app.config import load_settings
-from app.db.models import LLMCall, ServerSample
+from app.db.models import Batch, LLMCall, ServerSample
 from app.errors import InputError
 from app.morning.accounting import batch_report, compare_arm, endpoint_shares, throughput
 from app.morning.activity import ActiveTime, active_time
@@ -167,6 +167,27 @@ def test_gaps_under_a_minute_are_the_nights_own_work_not_pauses() -> None:
           (T0 + timedelta(seconds=140), T0 + timedelta(seconds=150))]  # 60 s: a pause
     assert active_time(at) == ActiveTime(150.0, 90.0, 60.0, 1)
     assert active_time([]) == ActiveTime(0.0, 0.0, 0.0, 0)
+
+
+def test_a_stop_under_a_minute_before_its_resume_is_a_pause_all_the_same(
+        sqlite_engine: Engine) -> None:
+    # SIGTERM, then `run --resume` at once: the night stood still 30 s, which a minute's
+    # threshold alone took for its own work. The resume the batch records says it stopped.
+    b = new_batch(sqlite_engine)
+    add_call(sqlite_engine, b, "analyst", 1, 0, 100, prompt=10, completion=4_000)
+    add_call(sqlite_engine, b, "trader", 1, 110, 140, prompt=10, completion=4_000)  # own work
+    add_call(sqlite_engine, b, "analyst", 2, 170, 270, prompt=10, completion=4_000)
+    with sqlite_engine.begin() as conn:
+        conn.execute(update(Batch).where(Batch.id == b).values(settings={
+            "resumes": [(T0 + timedelta(seconds=155)).isoformat()]}))
+    report = batch_report(sqlite_engine, b)
+    assert (report.wall_seconds, report.active_seconds, report.paused_seconds,
+            report.pauses) == (270.0, 240.0, 30.0, 1)
+    assert report.output_tokens_per_s == pytest.approx(12_000 / 240)
+    # Without a resume in it, a gap under a minute stays the night's own work.
+    assert active_time([(T0, T0 + timedelta(seconds=10)),
+                        (T0 + timedelta(seconds=40), T0 + timedelta(seconds=50))],
+                       [T0 + timedelta(seconds=60)]) == ActiveTime(50.0, 50.0, 0.0, 0)
 
 
 def test_an_empty_batch_reports_zeros(sqlite_engine: Engine) -> None:

@@ -20,6 +20,7 @@ from sqlalchemy import Engine
 
 from app.config import load_settings
 from app.morning.digest import build_digest
+from app.morning.nightstatus import span
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.night_rows import Rated, add_night, at
 from tests.unit.support.webclient import PASSWORD, USER
@@ -89,6 +90,10 @@ def test_a_sigkilled_night_reads_crashed_everywhere_with_one_duration(
             if duration is not None} == dict.fromkeys(
         ["batches", "ranking", "/api/batches", "/api/batches/N", "/api/ranking", "/batches",
          "/metrics", "report"], 60.0)
+    # The digest too, from the same ``duration_s``: its end the last heartbeat.
+    with time_machine.travel(now, tick=False):
+        digest = build_digest(sqlite_engine, load_settings(), night).message.body
+    assert f"Duration: {span(60.0)};" in digest, digest
 
 
 def test_a_crashed_night_shows_no_progress_and_no_time_left(

@@ -25,6 +25,11 @@ from tests.unit.support.engines import fake_llm
 from tests.webhook import Webhook, closed_port, webhook
 
 ADVICE = "What to do: fix that, then start the night again: nightdesk run --continue-night"
+# The database is what refused the night: the advice names it, and the refusal is not stored.
+DB_ADVICE = ("What to do: make the database reachable and writable (its server up, its disk "
+             "not full, NIGHTDESK_DATABASE_URL right), then start the night again: nightdesk "
+             "run --continue-night")
+NOT_SHOWN = "does not show this refusal: the database did not store it"
 CAUSES = ["server-down", "no-snapshot", "wrong-model"]
 
 
@@ -45,7 +50,7 @@ def cause(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[d
     if name == "database-away":
         return ({"NIGHTDESK_DATABASE_URL":
                  f"postgresql://postgres@127.0.0.1:{closed_port()}/nightdesk"},
-                "cannot reach database")
+                "cannot reach database postgresql://postgres@127.0.0.1:")  # as configured
     if name == "wrong-model":
         server = FakeServer(model="qwen-dense-27b")
         monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: server.sync_client())
@@ -58,13 +63,14 @@ def batches(engine: Engine) -> int:
         return int(conn.execute(select(func.count()).select_from(Batch)).scalar_one())
 
 
-def assert_told(hook: Webhook, says: str) -> None:
+def assert_told(hook: Webhook, says: str, database: bool = False) -> None:
     [post] = hook.posts
     assert post["type"] == "failure"
     assert "REFUSED at its start, no batch run" in post["title"]
     lines = post["message"].splitlines()
     assert lines[0].startswith("Why: ") and says in lines[0], lines
-    assert lines[1] == ADVICE
+    assert lines[1] == (DB_ADVICE if database else ADVICE)
+    assert lines[2].startswith("Page: ") and (NOT_SHOWN in lines[2]) == database, lines
 
 
 @pytest.mark.parametrize("name", [*CAUSES, "database-away"])
@@ -80,7 +86,7 @@ def test_the_timers_refused_night_pushes_a_digest(
     assert says in error and "Traceback" not in result.stderr, result.stderr
     if name != "database-away":
         assert batches(sqlite_engine) == 0
-    assert_told(hook, says)
+    assert_told(hook, says, database=name == "database-away")
 
 
 @pytest.mark.parametrize("name", CAUSES)
@@ -116,7 +122,37 @@ def test_a_fire_whose_database_is_away_pushes_a_digest(hook: Webhook) -> None:
     with pytest.raises(DatabaseError, match="cannot take the nightly lock"):
         run_nightly(settings, engine=make_engine(settings.store.database_url), resume=True,
                     server="require")
-    assert_told(hook, "cannot take the nightly lock")
+    assert_told(hook, "cannot take the nightly lock", database=True)
+
+
+@pytest.mark.parametrize("command", [["run"], ["run", "--continue-night"]])
+def test_a_night_whose_first_write_the_database_refuses_is_one_line_and_a_digest(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
+        command: list[str]) -> None:
+    # A full disk past the preflight: SQLite opens the file read-only, the batch's first
+    # write is refused. Before, a traceback and no digest; the refusal cannot be stored.
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from app.batch import store
+
+    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
+    fake_llm(monkeypatch, None, demo_tickers(2))
+
+    def full(*_: object, **__: object) -> int:
+        raise OperationalError("INSERT INTO batches", {}, sqlite3.OperationalError(
+            "attempt to write a readonly database"))
+
+    monkeypatch.setattr(store, "create_batch", full)
+    monkeypatch.setattr("app.runs.preflight.NightRefusal", None)  # its row cannot be stored
+    result = run_cli(*command, env={"NIGHTDESK_NOTIFY": hook.url(),
+                                    "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    says = ("the batch could not start: its rows not stored: attempt to write a readonly "
+            "database")
+    assert (result.code, result.error_lines[-1:]) == (2, [f"error: {says}"]), result.stderr
+    assert "Traceback" not in result.stderr and batches(sqlite_engine) == 0
+    assert_told(hook, says, database=True)
 
 
 def test_the_advised_command_starts_the_night_once_the_cause_is_fixed(
@@ -157,7 +193,7 @@ def test_the_advice_for_a_date_already_analyzed_works(
     store.finish_batch(sqlite_engine, done, "succeeded")
     told: list[str] = []
     monkeypatch.setattr("app.runs.preflight.send_refusal",
-                        lambda _settings, _as_of, why, advice, *_: told.append(advice))
+                        lambda _settings, _as_of, why, advice, *_, **__: told.append(advice))
     night = run_nightly(load_settings(), engine=sqlite_engine, resume=True,
                         once_per_as_of=True, server="skip")
     assert night.outcome is None and night.covered_by == done

@@ -1,10 +1,16 @@
-"""Drive the launcher with fake server commands: a crash at start-up, a deadline, a clean stop."""
+"""Drive the launcher with fake server commands: a crash at start-up, a deadline, a clean stop,
+and a test session's server ending with the session however it is killed."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -162,3 +168,68 @@ def test_cli_server_wait_exits_once_healthy() -> None:
         server.wait()
     result = CliRunner().invoke(cli, ["server", "wait", "--port", str(port), "--timeout", "1"])
     assert isinstance(result.exception, ServerError)
+
+
+# --- a test session's server ends with the session (tests/integration/tied.py) --------------
+# The integration fixture starts the CPU server detached, as `nightdesk server start` does;
+# pytest killed by SIGTERM or SIGKILL runs no teardown, and the server (minutes of CPU, a
+# port) was left running. Here a session stand-in starts a fake server through the
+# fixture's own ``started`` and is killed; the server and what it started must end.
+
+SESSION = """
+import pathlib, sys, time
+from serving.profiles import load_profile
+from tests.integration.vllm_server import started
+from tests.unit.support.health_server import health_server
+
+state, engine, ready = map(pathlib.Path, sys.argv[1:4])
+spawn = ("import subprocess, sys; open(%r, 'w').write(str(subprocess.Popen("
+         "[sys.executable, '-c', 'import time; time.sleep(600)']).pid))" % str(engine))
+with started(load_profile("cpu-tiny"), state, lambda port: health_server(port, spawn)) as up:
+    ready.write_text(str(up.facts["pid"]))
+    time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    """Tell whether ``pid`` runs (a zombie no parent reaps has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _wait(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT],
+                         ids=["SIGTERM", "SIGKILL", "SIGINT"])
+def test_a_test_sessions_server_ends_with_the_session_however_it_is_killed(
+        sig: signal.Signals, tmp_path: Path) -> None:
+    engine, ready = tmp_path / "engine.pid", tmp_path / "ready"
+    session = subprocess.Popen(
+        [sys.executable, "-c", SESSION, str(tmp_path / "state"), str(engine), str(ready)],
+        cwd=Path(__file__).resolve().parents[3], start_new_session=True)
+    server: int | None = None
+    try:
+        assert _wait(lambda: ready.exists() and engine.exists() and ready.read_text() != ""
+                     and engine.read_text() != "", 60), "the fake server did not start"
+        server, child = int(ready.read_text()), int(engine.read_text())
+        assert _running(server) and _running(child)
+        session.send_signal(sig)
+        session.wait(30)
+        assert _wait(lambda: not _running(server) and not _running(child), 30), (
+            f"left running after the session's {sig.name}: "
+            f"{[pid for pid in (server, child) if _running(pid)]}")
+    finally:
+        for pid in (session.pid, server):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+        session.wait(10)
