@@ -259,12 +259,12 @@ def show_ranking(
     engine = database(settings)
     try:
         chosen, rows = ranking(engine, batch)
-    except InputError as error:
+    except InputError:
         if batch is not None:
             raise  # an unknown --batch is bad input (exit 2), fresh or not
-        night = night_status(engine, settings, None)
         if not require_fresh:
-            raise InputError(f"{error}; {night.reason}") from None
+            raise  # NoNightYet: one line with the night's status and advice (app/cli)
+        night = night_status(engine, settings, None)
         # No finished night at all: for a script that asks for a fresh ranking this is
         # "not fresh" (exit 6), the same as a failed or missed night, not bad input.
         _night_lines(night)
@@ -327,7 +327,8 @@ def _night_lines(night: NightStatus) -> None:
     """Print the night's status on stderr, first of all: a ranking older than the latest
     night says so, and why."""
     if not night.fresh:
-        err.print(f"[bold yellow]not the latest night:[/] {escape(night.reason or '')}")
+        what = "no night yet" if night.status == "none" else "not the latest night"
+        err.print(f"[bold yellow]{what}:[/] {escape(night.reason or '')}")
     err.print(f"night: {escape(night.headline)}")
     for step in night.advice:
         err.print(f"next: {escape(str(step))}")

@@ -21,6 +21,7 @@ from app.cli.common import (
     figures,
     mark_crashed,
     setup,
+    what_the_night_says,
 )
 from app.cli.logs import console
 from app.morning.accounting import (
@@ -311,5 +312,6 @@ def batches(
                       _label(row))
     console().print(table)
     if not rows:
-        console(stderr=True).print("no batches recorded yet" + (f" of kind {kind}" if kind
-                                                                else ""))
+        # None at all: what the morning advises (the first night), as `ranking` says it.
+        console(stderr=True).print("no batches recorded yet" + (
+            f" of kind {kind}" if kind else what_the_night_says()), markup=False)

@@ -11,7 +11,7 @@ from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 
 from app.db.models import Batch, LLMCall, TickerRun, batch_row
-from app.errors import InputError
+from app.errors import NoNightYet
 from app.morning.activity import active_time
 from app.morning.serverview import server_view
 from app.morning.summary import IsoDatetime
@@ -62,14 +62,14 @@ def throughput(engine: Engine, batch_id: int) -> BatchReport:
 
 
 def latest_batch_id(engine: Engine, kinds: tuple[str, ...] | None = None) -> int:
-    """Return the newest batch's id, or raise InputError when there is none."""
+    """Return the newest batch's id, or raise NoNightYet when there is none."""
     stmt = select(func.max(Batch.id))
     if kinds:
         stmt = stmt.where(Batch.kind.in_(kinds))
     with engine.connect() as conn:
         found = conn.execute(stmt).scalar()
     if found is None:
-        raise InputError("no batches recorded yet: run `nightdesk run` first")
+        raise NoNightYet("no batches recorded yet")
     return int(found)
 
 

@@ -2,7 +2,8 @@
 
 One reading of what is stored (batch rows, ticker runs, call counts, refusals, the scheduler
 daemon's heartbeat row) and of the schedule: the night (``app.db.models.nights_newest_first``)
-whatever its outcome, or ``stale`` when the schedule's last due time passed (plus
+whatever its outcome, ``none`` when no nightly batch was ever created (advised the first
+night), or ``stale`` when the schedule's last due time passed (plus
 ``schedule_start_grace_s``) with no nightly batch created since, naming the refusal since
 then that no night superseded (a night refused at its start leaves no batch, only that row);
 whether the ranking shown is that night's, and if not why; a running night's progress and
@@ -21,14 +22,18 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.db.models import Batch, NightRefusal, SchedulerBeat, TickerRun, nights_newest_first
 from app.morning import eta
-from app.morning.advice import Advice, next_steps
+from app.morning.advice import Advice, first_night, next_steps
 from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize, when
 from app.morning.timetable import due_times, nightly_trigger
 
 # What a morning with no night since the due time is advised (the timer's own command).
 START_NIGHT = "nightdesk run --continue-night"
-# Statuses the morning can name; "stale": the schedule's due time passed without a batch.
-STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale")
+# Statuses the morning can name; "stale": the schedule's due time passed without a batch;
+# "none": no nightly batch was ever created here (a new install, or another database).
+STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale",
+            "none")
+# What the morning says of a database with no night at all.
+NO_NIGHT = "no night has run yet"
 # Exit code of `nightdesk ranking --require-fresh` when the ranking is older than the night.
 STALE_EXIT = 6
 @dataclass(frozen=True)
@@ -240,11 +245,16 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     missed = (due_at is not None
               and now >= due_at + timedelta(seconds=settings.schedule.start_grace_s)
               and (latest is None or latest.created_at < due_at) and status != "running")
-    if missed or latest is None:
+    if missed:
         status = "stale"
+    if latest is None:
+        status = "none"
     schedule = f"{settings.schedule.cron} ({nightly_trigger(settings).timezone})"
-    refused = standing_refusal(engine, latest, due_at) if status == "stale" else None
-    if status == "stale":
+    refused = (standing_refusal(engine, latest, due_at) if status in ("stale", "none")
+               else None)
+    if status == "none":
+        headline = "this database holds no nightly batch"
+    elif status == "stale":
         since = f"since the night due {when(due_at)}" if due_at else "yet"
         headline = f"no nightly batch {since}"  # the refusal, if any: in ``reason``, once
         if latest is not None:
@@ -253,13 +263,15 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
         assert latest is not None
         headline = describe(latest, prog)
     fresh = ranked is not None and latest is not None and ranked.id == latest.id \
-        and status != "stale"
+        and status not in ("stale", "none")
     reason = None if fresh else _reason(status, latest, ranked, prog, due_at, refused)
     advice = [] if summary is None else next_steps(engine, summary, stale_s)
     if refused is not None and refused.command is not None:
         # What refused it is the news; the latest batch's own advice is older.
         advice = [Advice(refused.command, "starts the refused night again; first fix what "
                                           "refused it")]
+    elif status == "none":
+        advice = first_night(settings)
     elif status == "stale" and not advice:
         # No batch came when due, and the latest leaves nothing to do: the night itself is
         # what is owed (--continue-night runs nothing when its date was analyzed, and says so).
@@ -281,6 +293,8 @@ def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,
             prog: Progress | None, due_at: datetime | None,
             refused: Refusal | None = None) -> str:
     """Say in one line why the ranking shown is not the latest night's."""
+    if status == "none":
+        return f"{NO_NIGHT}{_refused(refused)}"
     if status == "stale":
         shown = ("" if ranked is None
                  else f"; this ranking is of {ranked.as_of} (batch #{ranked.id})")

@@ -74,7 +74,7 @@ class NightCollector(Collector):
                    "latest as-of date that has one (0: none yet)",
                    _seconds(last_success) or 0.0),
             _labelled("night_last_status", "1 for the latest night's status (stale: none "
-                      "came when due), 0 for the others", "status",
+                      "came when due; none: no night ever ran), 0 for the others", "status",
                       {name: float(name == status.status) for name in STATUSES}),
             _gauge("night_ranking_fresh",
                    "1 when the ranking shows the latest night, 0 when it is older",

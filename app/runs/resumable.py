@@ -23,7 +23,7 @@ from app.config import Settings
 from app.db import retry
 from app.db.lock import Runner, holder_gone
 from app.db.models import INFRASTRUCTURE, Batch, LLMCall, TickerRun
-from app.errors import AlreadyRunningError, DatabaseError, InputError
+from app.errors import AlreadyRunningError, DatabaseError, InputError, NoNightYet
 from app.morning.summary import FINISHED_TICKER, RESUMABLE_KINDS, died_since, tickers_left
 from app.traffic.strategy import Strategy
 from app.usage import spool_path
@@ -279,6 +279,9 @@ def pick(engine: Engine, batch_id: int | None, *, retry_failed: bool = False
             for candidate, kind in candidates:
                 if tickers_left(conn, candidate, retry_failed):
                     return int(candidate), str(kind)
+            if not candidates:  # said apart: "every … has finished" of none is untrue
+                raise NoNightYet("no batch to resume: none ended short (interrupted, "
+                                 "crashed, failed or partial)")
             raise InputError("no batch to resume: every interrupted, crashed or stopped batch "
                              "has finished all its tickers"
                              + ("" if retry_failed else " (tickers failed on their own "
