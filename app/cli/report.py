@@ -204,7 +204,8 @@ def compare_table(arms: list[Arm], title: str = "arms side by side") -> Table:
 
 def report(
     batch_id: Annotated[int | None, typer.Argument(
-        help="Batch id (default: the newest).",
+        help="Batch id (default: the latest night, the one the ranking's status names; "
+             "with no night, the newest batch).",
         parser=lambda text: parse_batch_id(text, what="batch_id"))] = None,
     fmt: TableOrJson = "table",
     compare: Annotated[str | None, typer.Option("--compare", help="ID1,ID2,… side by side")] = (

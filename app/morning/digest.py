@@ -22,7 +22,7 @@ import structlog
 from sqlalchemy import Engine, select
 
 from app.config import Settings
-from app.db.models import FINISHED_STATUSES, Batch
+from app.db.models import FINISHED_STATUSES, Batch, nights_newest_first
 from app.errors import InputError
 from app.morning.accounting import BatchReport, throughput
 from app.morning.advice import next_steps
@@ -57,12 +57,12 @@ class Digest:
 
 
 def _night_of(engine: Engine, rerun: BatchSummary) -> int | None:
-    """Return the finished nightly batch a rerun applies to (its as-of date, started before)."""
+    """Return the finished nightly batch a rerun applies to: of its as-of date, started
+    before it, the newest in the one order of nights (as the ranking picks its night)."""
     with engine.connect() as conn:
-        return conn.execute(select(Batch.id)
-                            .where(Batch.kind == "nightly", Batch.as_of == rerun.as_of,
-                                   Batch.status.in_(FINISHED_STATUSES), Batch.id < rerun.id)
-                            .order_by(Batch.id.desc()).limit(1)).scalar()
+        return conn.execute(nights_newest_first(
+            Batch.as_of == rerun.as_of, Batch.status.in_(FINISHED_STATUSES),
+            Batch.id < rerun.id).with_only_columns(Batch.id).limit(1)).scalar()
 
 
 def _row(row: RankRow) -> str:

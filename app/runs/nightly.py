@@ -14,7 +14,7 @@ from datetime import date, datetime
 from pathlib import Path
 
 import structlog
-from sqlalchemy import ColumnElement, Engine, select
+from sqlalchemy import ColumnElement, Engine
 
 from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
@@ -23,7 +23,7 @@ from app.batch.signals import BatchInterrupted, run_batch
 from app.config import Settings
 from app.db.engine import ready_engine
 from app.db.lock import LockHold, nightly_lock
-from app.db.models import FINISHED_STATUSES, Batch
+from app.db.models import FINISHED_STATUSES, Batch, nights_newest_first
 from app.errors import ERRORS, AlreadyRunningError, InputError, first_line
 from app.morning.advice import advise
 from app.morning.digest import send_digest
@@ -131,11 +131,9 @@ def knowing_the_universe(settings: Settings, point: resumable.ResumePoint
 def owed_night(engine: Engine, as_of: date) -> int | None:
     """Return the newest nightly batch of ``as_of`` that is owed a resume (call under the lock)."""
     with engine.connect() as conn:
-        candidates = conn.execute(
-            select(Batch.id, Batch.status)
-            .where(Batch.kind == "nightly", Batch.as_of == as_of,
-                   Batch.status.in_((*UNFINISHED, *STOPPED)))
-            .order_by(Batch.id.desc())).all()
+        candidates = conn.execute(nights_newest_first(
+            Batch.as_of == as_of, Batch.status.in_((*UNFINISHED, *STOPPED)))
+            .with_only_columns(Batch.id, Batch.status)).all()
     for batch_id, status in candidates:
         if status in UNFINISHED or resumable.has_tickers_left(engine, batch_id):
             return int(batch_id)
@@ -143,11 +141,11 @@ def owed_night(engine: Engine, as_of: date) -> int | None:
 
 
 def nightly_of(engine: Engine, as_of: date, *where: ColumnElement[bool]) -> int | None:
-    """Return the newest nightly batch of ``as_of`` that meets ``where`` (none: any)."""
+    """Return the newest nightly batch of ``as_of`` (``nights_newest_first``) that meets
+    ``where`` (none: any)."""
     with engine.connect() as conn:
-        return conn.execute(select(Batch.id)
-                            .where(Batch.kind == "nightly", Batch.as_of == as_of, *where)
-                            .order_by(Batch.id.desc()).limit(1)).scalar()
+        return conn.execute(nights_newest_first(Batch.as_of == as_of, *where)
+                            .with_only_columns(Batch.id).limit(1)).scalar()
 
 
 def execute_plan(settings: Settings, engine: Engine,

@@ -22,7 +22,7 @@ from app.batch.engine import BatchPlan
 from app.config import Settings
 from app.db import retry
 from app.db.lock import Runner, holder_gone
-from app.db.models import INFRASTRUCTURE, Batch, LLMCall, TickerRun
+from app.db.models import INFRASTRUCTURE, Batch, LLMCall, TickerRun, newest_first
 from app.errors import AlreadyRunningError, DatabaseError, InputError, NoNightYet
 from app.morning.summary import FINISHED_TICKER, RESUMABLE_KINDS, died_since, tickers_left
 from app.traffic.strategy import Strategy
@@ -272,10 +272,11 @@ def pick(engine: Engine, batch_id: int | None, *, retry_failed: bool = False
     count with ``retry_failed``)."""
     with engine.connect() as conn:
         if batch_id is None:
+            # The one order of nights (``newest_first``): the latest date's first.
             candidates = conn.execute(
                 select(Batch.id, Batch.kind).where(Batch.status.in_(RESUMABLE),
                                                    Batch.kind.in_(RESUMABLE_KINDS))
-                .order_by(Batch.id.desc())).all()
+                .order_by(*newest_first())).all()
             for candidate, kind in candidates:
                 if tickers_left(conn, candidate, retry_failed):
                     return int(candidate), str(kind)
