@@ -206,10 +206,13 @@ def run(
             for note in notes:
                 err.print(f"note: {note}")
             tickers, universe = ",".join(symbols), None
+        else:
+            notes = []
         request = NightlyRequest(as_of=parse_as_of(as_of) if as_of is not None else None,
                                  tickers=tickers, universe=universe, limit=limit,
                                  samples=samples, strategy=strategy or "adaptive",
-                                 command=shlex.join(["nightdesk", *sys.argv[1:]]))
+                                 command=shlex.join(["nightdesk", *sys.argv[1:]]),
+                                 notes=tuple(notes))
         try:
             engine = _ready_database(settings)
         except ERRORS as error:  # a night refused by its database: not silent either
@@ -301,6 +304,8 @@ def show_ranking(
         if r.rank is None:
             (out if fmt == "table" else err).print(f"missing: {r.ticker} ({r.summary})",
                                                    markup=False)
+    for note in summarize(chosen, settings.batch.heartbeat_stale_s).notes:
+        (out if fmt == "table" else err).print(f"universe note: {note}", markup=False)
     for message in warnings_for(engine, chosen.id):
         # On stderr, so that json and csv output stays machine-readable.
         err.print(f"[yellow]warning:[/] batch {chosen.id}: {message}")

@@ -75,6 +75,8 @@ def render_head(batch: BatchSummary, failed: list[FailedTicker], advice: list[Ad
                   f"duration {span(batch.duration_s)}")
     if batch.error:
         console.print(f"  error: {escape(batch.error)}")
+    for note in batch.notes:
+        console.print(f"  universe note: {escape(note)}")
     for step in advice:
         console.print(f"  next: {escape(str(step))}")
     if failed:

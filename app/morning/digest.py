@@ -110,6 +110,8 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
              f"Duration: {span(batch.duration_s)}; output "
              f"{rate.output_tokens_per_s:.1f} tok/s ({rate.completion_tokens} tokens over "
              f"{span(rate.active_seconds)} of calls{_paused(rate)})"]
+    # What the ranking shows beside the night: its universe's notes (a ticker left out).
+    lines.extend(f"Universe note: {note}" for note in batch.notes)
     steps = next_steps(engine, batch, settings.batch.heartbeat_stale_s)
     lines.extend(_more([f"Next: {step}" for step in steps], f"nightdesk report {batch.id}"))
     rows_of_rerun: list[str] = []

@@ -64,6 +64,7 @@ class NightlyRequest:
     samples: int | None = None
     strategy: str = "adaptive"
     command: str | None = None  # the command line that asked for it (the CLI's), if any
+    notes: tuple[str, ...] = ()  # what reading its --universe or --tickers said (a duplicate)
 
     def options(self) -> str:
         """Return the `nightdesk run` options that give this night its tickers and shape
@@ -273,11 +274,18 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
             return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
                                               announce=tell, refused=refused),
                                  point.total, point)
+        notes = [*request.notes, *notes]
+        if request.limit and len(symbols) > request.limit:
+            # A ticker of the universe left out is news to the morning, as a duplicate is.
+            out = symbols[request.limit:]
+            notes.append(f"--limit {request.limit} left out {len(out)} of the universe's "
+                         f"{len(symbols)} tickers: {', '.join(out[:10])}"
+                         + (f" and {len(out) - 10} more" if len(out) > 10 else ""))
         for note in notes:
             log.warning("universe note", note=note)
         symbols = symbols[:request.limit] if request.limit else symbols
         plan = BatchPlan("nightly", as_of, symbols, request.samples or settings.batch.samples,
-                         request.strategy)
+                         request.strategy, notes=tuple(notes))
         return NightlyResult(execute_plan(settings, engine, plan, lock, server=server,
                                           refused=refused), len(symbols))
 
