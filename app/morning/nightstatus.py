@@ -68,6 +68,7 @@ class Progress:
     eta_s: int | None  # app.morning.eta: never 0 while a call is left; None: no basis yet
     eta_low_s: int | None = None
     eta_high_s: int | None = None
+    estimating: str | None = None  # while eta_s is None: "estimating… (why)"
 
 
 @dataclass(frozen=True)
@@ -134,11 +135,8 @@ def progress(engine: Engine, batch_id: int, now: datetime | None = None) -> Prog
     found = eta.reading(engine, batch_id, now)
     return Progress(done, batch.tickers_failed, running, batch.tickers_total,
                     found.calls_done, found.calls_expected, round(elapsed),
-                    _whole(found.eta_s), _whole(found.eta_low_s), _whole(found.eta_high_s))
-
-
-def _whole(seconds: float | None) -> int | None:
-    return None if seconds is None else round(seconds)
+                    found.whole(found.eta_s), found.whole(found.eta_low_s),
+                    found.whole(found.eta_high_s), found.estimating)
 
 
 def interval(low_s: int | None, high_s: int | None) -> str:
@@ -151,9 +149,9 @@ def interval(low_s: int | None, high_s: int | None) -> str:
 
 def time_left(prog: Progress) -> str:
     """Show a running batch's ETA with its interval: ``about 12 min 30 s (75% interval:
-    10 min 05 s – 15 min 40 s)``; empty without a basis."""
+    10 min 05 s – 15 min 40 s)``; without a basis, ``estimating… (why)``."""
     if prog.eta_s is None:
-        return ""
+        return prog.estimating or eta.ESTIMATING
     return f"about {span(prog.eta_s)}{interval(prog.eta_low_s, prog.eta_high_s)}"
 
 
@@ -161,7 +159,8 @@ def describe(night: NightBatch, prog: Progress | None = None) -> str:
     """Return one line naming a nightly batch and its outcome."""
     head = f"nightly batch #{night.id} (as of {night.as_of}) {night.status}"
     if night.status == "running" and prog is not None:
-        eta = f", {time_left(prog)} left" if prog.eta_s is not None else ""
+        eta = (f", {time_left(prog)} left" if prog.eta_s is not None
+               else f", time left {time_left(prog)}")
         return (f"{head}: {prog.tickers_done} of {prog.tickers_total} tickers done "
                 f"({prog.tickers_running} running, {prog.tickers_failed} failed), "
                 f"{prog.calls} calls{eta}")

@@ -115,9 +115,10 @@ class NightCollector(Collector):
         """The running night's time left and its interval (``eta``); absent otherwise."""
         prog = status.progress
         if status.status != "running" or prog is None or prog.eta_s is None:
-            return None
+            return None  # estimating: no number is made up (the page: "estimating… (why)")
         return _labelled("night_eta_seconds", "The running night's time left (estimate) and "
-                         "its interval's ends (low, high)", "bound",
+                         "its interval's ends (low, high); absent while estimating (a first "
+                         "night before its first answered call)", "bound",
                          {"estimate": prog.eta_s, "low": prog.eta_low_s,
                           "high": prog.eta_high_s})
 
