@@ -164,6 +164,10 @@ def _ends(engine: Engine, batch_id: int, of: str) -> list[str]:
     if len(rated) > TOP:
         lines.append(f"Bottom {min(TOP, len(rated) - TOP)}: "
                      + "; ".join(map(_row, rated[max(TOP, len(rated) - TOP):])))
+    # As `nightdesk ranking` and the page say it: a rating that is a rerun's, not the night's.
+    reruns = [f"{r.ticker} from rerun #{r.batch_id}" for r in rows if r.batch_id != batch_id]
+    if reruns:
+        lines.append("Reruns applied: " + ", ".join(reruns))
     return lines
 
 
