@@ -32,6 +32,8 @@ START_NIGHT = "nightdesk run --continue-night"
 # "none": no nightly batch was ever created here (a new install, or another database).
 STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale",
             "none")
+# A night that stopped short, whose resume a refusal may have met since.
+STOPPED = ("failed", "interrupted", "crashed", "partial")
 # What the morning says of a database with no night at all.
 NO_NIGHT = "no night has run yet"
 # Exit code of `nightdesk ranking --require-fresh` when the ranking is older than the night.
@@ -201,10 +203,12 @@ def _latest(engine: Engine) -> Batch | None:
         return session.scalars(nights_newest_first().limit(1)).first()
 
 
-def standing_refusal(engine: Engine, latest: NightBatch | None,
-                     due_at: datetime | None) -> Refusal | None:
-    """Return the newest refusal after ``due_at`` and after the latest night was created."""
-    after = [NightRefusal.refused_at > latest.created_at] if latest is not None else []
+def standing_refusal(engine: Engine, latest: NightBatch | None, due_at: datetime | None,
+                     since: datetime | None = None) -> Refusal | None:
+    """Return the newest refusal after ``due_at`` and after ``since`` (default: when the
+    latest night was created)."""
+    since = since or (latest.created_at if latest is not None else None)
+    after = [NightRefusal.refused_at > since] if since is not None else []
     if due_at is not None:
         after.append(NightRefusal.refused_at >= due_at)
     with Session(engine) as session:
@@ -249,8 +253,14 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     if latest is None:
         status = "none"
     schedule = f"{settings.schedule.cron} ({nightly_trigger(settings).timezone})"
-    refused = (standing_refusal(engine, latest, due_at) if status in ("stale", "none")
-               else None)
+    refused = None
+    if status in ("stale", "none"):
+        refused = standing_refusal(engine, latest, due_at)
+    elif latest is not None and status in STOPPED:
+        # A resume of the night refused at its start since it last ran (the server still
+        # down): what refused it is the news the digest told, so the morning tells it too.
+        refused = standing_refusal(engine, latest, due_at, since=latest.finished_at
+                                   or latest.heartbeat_at or latest.created_at)
     if status == "none":
         headline = "this database holds no nightly batch"
     elif status == "stale":
@@ -267,7 +277,7 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     advice = [] if summary is None else next_steps(engine, summary, stale_s)
     if refused is not None and refused.command is not None:
         # What refused it is the news; the latest batch's own advice is older.
-        advice = [Advice(refused.command, "starts the refused night again; first fix what "
+        advice = [Advice(refused.command, "runs the refused command again; first fix what "
                                           "refused it")]
     elif status == "none":
         advice = first_night(settings)
@@ -309,5 +319,5 @@ def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,
         detail = f" ({prog.tickers_done} of {prog.tickers_total} tickers done)"
     elif latest.error:
         detail = f": {latest.error}"
-    return (f"the latest night, batch #{latest.id} (as of {latest.as_of}), {what}{detail}; "
-            f"{shown}")
+    return (f"the latest night, batch #{latest.id} (as of {latest.as_of}), {what}{detail}"
+            f"{_refused(refused)}; {shown}")

@@ -83,7 +83,8 @@ class NightCollector(Collector):
                    "Unix time the schedule fires the next night", _seconds(status.next_due_at)),
             _gauge("night_refused_timestamp_seconds",
                    "Unix time of the refusal that stands: a night refused at its start "
-                   "since the night due, no later night started (absent: none)",
+                   "since the night due, no later night started, or the resume of a night "
+                   "that stopped short refused since it last ran (absent: none)",
                    _seconds(status.refused.refused_at) if status.refused else None),
             _gauge("scheduler_heartbeat_timestamp_seconds",
                    "Unix time of the scheduler daemon's newest heartbeat",
