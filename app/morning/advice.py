@@ -75,6 +75,11 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float) -> list[Advi
             # Until then the resume answers `already running: batch M` (exit 4).
             does += f", once batch {holder}, running now, has ended"
         return [Advice(f"nightdesk run --resume {batch.id}", does)]
+    if batch.status in ("interrupted", "crashed"):
+        # Every ticker finished, its end not stored (the disk full as it ended, a kill just
+        # before): the resume writes it (app.runs.resumable's UNENDED), and the night is ranked.
+        return [Advice(f"nightdesk run --resume {batch.id}",
+                       "writes the end it lacks: every ticker finished")]
     if batch.kind == "nightly" and batch.status == "failed" and failed:
         # No ranking shows a failed night, so none would apply a rerun of its tickers (the
         # rerun's digest: "no finished night of D to apply it to"): they run again in it.

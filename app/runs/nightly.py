@@ -24,9 +24,9 @@ from app.config import Settings
 from app.db.engine import ready_engine
 from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch, nights_newest_first
-from app.errors import ERRORS, AlreadyRunningError, InputError, first_line
+from app.errors import ERRORS, AlreadyRunningError, InputError, StorageOutage, first_line
 from app.morning.advice import advise
-from app.morning.digest import send_digest
+from app.morning.digest import send_digest, send_refusal
 from app.morning.summary import batch_summary
 from app.recorder.record import Recorder
 from app.runs import resumable
@@ -187,7 +187,23 @@ def execute_plan(settings: Settings, engine: Engine,
         send_digest(settings, engine, outcome)
     except (BatchInterrupted, KeyboardInterrupt):
         raise _cancelled(settings, engine, runner.batch_id) from None
+    except StorageOutage as error:
+        if runner.batch_id is not None:
+            _tell_unstored(settings, start, runner.batch_id, error)
+        raise
     return outcome
+
+
+def _tell_unstored(settings: Settings, start: BatchPlan | resumable.ResumePoint,
+                   batch_id: int, error: StorageOutage) -> None:
+    """Push that a batch stopped with its end not stored (the database full or away): its
+    row still says running, so the digest its end sends is not built; this one says why
+    and the resume that continues it. Not a refusal: nothing is stored (it could not be)."""
+    what = f"nightly batch #{batch_id}" if start.kind == "nightly" else f"batch #{batch_id}"
+    send_refusal(settings, start.as_of, first_line(error, 400).split("; resume with")[0],
+                 "once the database takes writes again (room on its disk, or back), continue "
+                 f"it: nightdesk run --resume {batch_id}", outcome="its end not stored",
+                 headline=f"{what} (as of {start.as_of}) STOPPED")
 
 
 def _cancelled(settings: Settings, engine: Engine, batch_id: int | None) -> BatchInterrupted:

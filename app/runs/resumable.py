@@ -30,6 +30,8 @@ from app.usage import spool_path
 
 # A batch in one of these states may still have tickers to do.
 RESUMABLE = ("interrupted", "crashed", "failed", "partial")
+# Statuses that are no end the batch wrote for its work: a resume with nothing left closes it.
+UNENDED = ("interrupted", "crashed")
 
 # The recorded settings that give a night's answers their meaning (``Settings.snapshot``'s
 # keys; sampling's are recorded as one group), and how a resume treats each: one check,
@@ -325,7 +327,9 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
             LLMCall.batch_id == batch_id, LLMCall.status == "ok")).scalar_one()
         planned = tuple(conn.execute(select(TickerRun.ticker).where(
             TickerRun.batch_id == batch_id).order_by(TickerRun.id)).scalars())
-        if not left and not closing:
+        # A batch stopped with every ticker finished (its end not stored, or cut between
+        # its last ticker and its end) is closed: the resume writes the end it lacks.
+        if not left and not closing and batch.status not in UNENDED:
             own = "" if retry_failed or not failed else (
                 f"; {len(failed)} failed on their own account: `nightdesk run --resume "
                 f"{batch_id} --retry-failed` runs them again")
