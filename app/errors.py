@@ -8,6 +8,7 @@ prints one line and exits with the error's ``exit_code`` (the table in app/cli/b
     PipelineError      (agents.errors)  the pipeline and its market data
     ├── ConfigError                     a setting is invalid (exit 2)
     ├── InputError                      bad command-line input: tickers, universe, ids (exit 2)
+    │   └── NoNightYet  (app)           nothing to read yet: no finished night, no batch
     ├── DataError                       market data for one ticker is missing or malformed
     ├── CheckpointError                 a ticker's stored run cannot be continued
     └── LLMError                        one LLM call failed (the row in ``llm_calls`` says how)
@@ -102,6 +103,11 @@ def validation_said(problem: Mapping[str, Any]) -> str:
     if problem["type"] in _WORDED:
         return _WORDED[problem["type"]].format(**context)
     return str(problem["msg"]).rstrip(".")
+
+
+class NoNightYet(InputError):
+    """No finished night (or no batch) to read yet: the command line adds what the morning's
+    status advises (the first night, a resume), as only it knows the data home (exit 2)."""
 
 
 class AlreadyRunningError(NightdeskError):

@@ -68,6 +68,7 @@ class BatchPlan:
     strategy: str = "adaptive"
     label: str | None = None
     source_batch_id: int | None = None  # the batch a replay or bench run was made from
+    notes: tuple[str, ...] = ()  # what its universe's reading said (stored: the morning shows it)
 
 
 @dataclass
@@ -236,6 +237,7 @@ class BatchRun:
                 store.create_batch, owner.engine, kind=plan.kind, as_of=plan.as_of,
                 tickers=plan.tickers, samples=plan.samples, label=plan.label,
                 settings={**settings.snapshot(), **self.extra_settings, "samples": plan.samples,
+                          "universe_notes": list(plan.notes),
                           "strategy": self.strategy.name, "runner": Runner.current().model_dump(),
                           # Where its usage spool would be: a resume elsewhere must know.
                           "home": str(settings.paths.home)},

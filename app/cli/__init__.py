@@ -11,8 +11,9 @@ from rich.markup import escape
 from typer._click.exceptions import BadParameter, ClickException, NoSuchOption
 
 from app.cli import batch, bench, data, db, notify, plan, quality, report, scheduler, server, web
+from app.cli.common import what_the_night_says
 from app.cli.logs import console
-from app.errors import ERRORS, validation_said
+from app.errors import ERRORS, NoNightYet, validation_said
 from serving.urls import redact
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -42,7 +43,8 @@ def main() -> None:
     except ERRORS as error:
         # Escaped: the message may quote input with [brackets] that rich would eat; redacted:
         # it may quote a URL, password and all.
-        err.print(f"[bold red]error:[/] {escape(redact(str(error)))}", highlight=False,
+        said = str(error) + (what_the_night_says() if isinstance(error, NoNightYet) else "")
+        err.print(f"[bold red]error:[/] {escape(redact(said))}", highlight=False,
                   soft_wrap=True)
         sys.exit(error.exit_code)
     except KeyboardInterrupt:

@@ -206,10 +206,13 @@ def run(
             for note in notes:
                 err.print(f"note: {note}")
             tickers, universe = ",".join(symbols), None
+        else:
+            notes = []
         request = NightlyRequest(as_of=parse_as_of(as_of) if as_of is not None else None,
                                  tickers=tickers, universe=universe, limit=limit,
                                  samples=samples, strategy=strategy or "adaptive",
-                                 command=shlex.join(["nightdesk", *sys.argv[1:]]))
+                                 command=shlex.join(["nightdesk", *sys.argv[1:]]),
+                                 notes=tuple(notes))
         try:
             engine = _ready_database(settings)
         except ERRORS as error:  # a night refused by its database: not silent either
@@ -259,12 +262,12 @@ def show_ranking(
     engine = database(settings)
     try:
         chosen, rows = ranking(engine, batch)
-    except InputError as error:
+    except InputError:
         if batch is not None:
             raise  # an unknown --batch is bad input (exit 2), fresh or not
-        night = night_status(engine, settings, None)
         if not require_fresh:
-            raise InputError(f"{error}; {night.reason}") from None
+            raise  # NoNightYet: one line with the night's status and advice (app/cli)
+        night = night_status(engine, settings, None)
         # No finished night at all: for a script that asks for a fresh ranking this is
         # "not fresh" (exit 6), the same as a failed or missed night, not bad input.
         _night_lines(night)
@@ -301,6 +304,8 @@ def show_ranking(
         if r.rank is None:
             (out if fmt == "table" else err).print(f"missing: {r.ticker} ({r.summary})",
                                                    markup=False)
+    for note in summarize(chosen, settings.batch.heartbeat_stale_s).notes:
+        (out if fmt == "table" else err).print(f"universe note: {note}", markup=False)
     for message in warnings_for(engine, chosen.id):
         # On stderr, so that json and csv output stays machine-readable.
         err.print(f"[yellow]warning:[/] batch {chosen.id}: {message}")
@@ -327,7 +332,8 @@ def _night_lines(night: NightStatus) -> None:
     """Print the night's status on stderr, first of all: a ranking older than the latest
     night says so, and why."""
     if not night.fresh:
-        err.print(f"[bold yellow]not the latest night:[/] {escape(night.reason or '')}")
+        what = "no night yet" if night.status == "none" else "not the latest night"
+        err.print(f"[bold yellow]{what}:[/] {escape(night.reason or '')}")
     err.print(f"night: {escape(night.headline)}")
     for step in night.advice:
         err.print(f"next: {escape(str(step))}")

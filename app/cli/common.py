@@ -22,6 +22,7 @@ from app.db.engine import ready_engine, reason
 from app.db.readonly import refuses_writes
 from app.errors import InputError
 from app.morning.advice import advise
+from app.morning.nightstatus import night_status
 from app.runs.checkpoints import check_checkpoints
 from app.runs.resumable import mark_stale_crashed
 
@@ -61,6 +62,20 @@ def database(settings: Settings) -> Engine:
             f"note: no database was at {escape(str(path))}: created an empty one "
             "(NIGHTDESK_DATABASE_URL, else NIGHTDESK_HOME, says where it is)", soft_wrap=True)
     return engine
+
+
+def what_the_night_says() -> str:
+    """Return, for a command that found no night to read (``NoNightYet``), what the morning's
+    status says of the latest night and advises (the page's banner, in a clause):
+    ``; no night has run yet: …; next: `nightdesk run` (…)``. Empty when it cannot be read."""
+    try:
+        settings = get_settings()
+        night = night_status(ready_engine(settings.store.database_url), settings, None)
+    except Exception:  # the error being told is the news; this is a hint
+        return ""
+    steps = "; ".join(f"`{step.command}` ({step.does})" for step in night.advice)
+    return (f"; {night.reason}" if night.reason else "") + (f"; next: {steps}" if steps
+                                                             else "")
 
 
 def batch_database(settings: Settings) -> Engine:

@@ -21,6 +21,7 @@ from app.cli.common import (
     figures,
     mark_crashed,
     setup,
+    what_the_night_says,
 )
 from app.cli.logs import console
 from app.morning.accounting import (
@@ -74,6 +75,8 @@ def render_head(batch: BatchSummary, failed: list[FailedTicker], advice: list[Ad
                   f"duration {span(batch.duration_s)}")
     if batch.error:
         console.print(f"  error: {escape(batch.error)}")
+    for note in batch.notes:
+        console.print(f"  universe note: {escape(note)}")
     for step in advice:
         console.print(f"  next: {escape(str(step))}")
     if failed:
@@ -203,7 +206,8 @@ def compare_table(arms: list[Arm], title: str = "arms side by side") -> Table:
 
 def report(
     batch_id: Annotated[int | None, typer.Argument(
-        help="Batch id (default: the newest).",
+        help="Batch id (default: the latest night, the one the ranking's status names; "
+             "with no night, the newest batch).",
         parser=lambda text: parse_batch_id(text, what="batch_id"))] = None,
     fmt: TableOrJson = "table",
     compare: Annotated[str | None, typer.Option("--compare", help="ID1,ID2,… side by side")] = (
@@ -311,5 +315,6 @@ def batches(
                       _label(row))
     console().print(table)
     if not rows:
-        console(stderr=True).print("no batches recorded yet" + (f" of kind {kind}" if kind
-                                                                else ""))
+        # None at all: what the morning advises (the first night), as `ranking` says it.
+        console(stderr=True).print("no batches recorded yet" + (
+            f" of kind {kind}" if kind else what_the_night_says()), markup=False)

@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 from pydantic.dataclasses import dataclass
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
 
-from app.db.models import Batch, LLMCall, TickerRun, batch_row
-from app.errors import InputError
+from app.db.models import Batch, LLMCall, TickerRun, batch_row, newest_first, nights_newest_first
+from app.errors import NoNightYet
 from app.morning.activity import active_time
 from app.morning.serverview import server_view
 from app.morning.summary import IsoDatetime
@@ -62,15 +63,18 @@ def throughput(engine: Engine, batch_id: int) -> BatchReport:
     return batch_report(engine, batch_id)
 
 
-def latest_batch_id(engine: Engine, kinds: tuple[str, ...] | None = None) -> int:
-    """Return the newest batch's id, or raise InputError when there is none."""
-    stmt = select(func.max(Batch.id))
-    if kinds:
-        stmt = stmt.where(Batch.kind.in_(kinds))
-    with engine.connect() as conn:
-        found = conn.execute(stmt).scalar()
+def latest_batch_id(engine: Engine) -> int:
+    """Return the batch ``nightdesk report`` reads by default: this morning's night, in the
+    one order of nights (``nights_newest_first``); with no night, the newest batch of any
+    kind in that order (``newest_first``). NoNightYet when there is no batch at all."""
+    with Session(engine) as session:
+        found = session.scalars(nights_newest_first().with_only_columns(Batch.id)
+                                .limit(1)).first()
+        if found is None:
+            found = session.scalars(select(Batch.id).order_by(*newest_first())
+                                    .limit(1)).first()
     if found is None:
-        raise InputError("no batches recorded yet: run `nightdesk run` first")
+        raise NoNightYet("no batches recorded yet")
     return int(found)
 
 

@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Engine, select
 
+from agents.data.snapshot import latest_as_of
+from app.config import Settings
 from app.db.models import Batch, TickerRun
 from app.morning.summary import (
     RESUMABLE_KINDS,
@@ -73,6 +75,11 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float) -> list[Advi
             # Until then the resume answers `already running: batch M` (exit 4).
             does += f", once batch {holder}, running now, has ended"
         return [Advice(f"nightdesk run --resume {batch.id}", does)]
+    if batch.status in ("interrupted", "crashed"):
+        # Every ticker finished, its end not stored (the disk full as it ended, a kill just
+        # before): the resume writes it (app.runs.resumable's UNENDED), and the night is ranked.
+        return [Advice(f"nightdesk run --resume {batch.id}",
+                       "writes the end it lacks: every ticker finished")]
     if batch.kind == "nightly" and batch.status == "failed" and failed:
         # No ranking shows a failed night, so none would apply a rerun of its tickers (the
         # rerun's digest: "no finished night of D to apply it to"): they run again in it.
@@ -86,6 +93,18 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float) -> list[Advi
                    f"runs {failed.ticker} again; the ranking applies it")
             for failed in failed_tickers(engine, batch.id)
             if failed.status == "failed" and failed.ticker not in redone]
+
+
+def first_night(settings: Settings) -> list[Advice]:
+    """Return what a database with no night yet is advised: ``nightdesk run``, after
+    ``nightdesk data demo`` where there is no snapshot to run it on (it would refuse)."""
+    if settings.agents.data_provider == "snapshot" and latest_as_of(
+            settings.paths.data_dir) is None:
+        return [Advice("nightdesk data demo", f"writes a seeded DEMO snapshot, synthetic "
+                       f"data, under {settings.paths.data_dir}; `nightdesk data freeze` "
+                       "writes market data instead"),
+                Advice("nightdesk run", "then runs the first night on it")]
+    return [Advice("nightdesk run", "runs the first night")]
 
 
 def running_night(engine: Engine, stale_s: float) -> int | None:

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, select
 from agents.graph import kind_of
 from agents.nodes import ANALYSTS, DEBATERS, RISK_ANALYSTS
 from app.db.models import NodeText
-from app.errors import InputError
+from app.errors import InputError, NoNightYet
 from app.morning.ranking import RATING_ORDER, RankRow, previous_night, ranked_night, ranking
 from app.morning.summary import IsoDate
 
@@ -231,7 +231,7 @@ def compare_nights(engine: Engine, batch_id: int | None = None,
     if batch_id is None:
         batch_id = ranked_night(engine)
         if batch_id is None:
-            raise InputError("no finished nightly batch yet: run `nightdesk run` first")
+            raise NoNightYet("no finished nightly batch yet")
     batch, rows = ranking(engine, batch_id)
     chosen = against_id is not None
     if against_id is None:

@@ -22,7 +22,7 @@ import structlog
 from sqlalchemy import Engine, select
 
 from app.config import Settings
-from app.db.models import FINISHED_STATUSES, Batch
+from app.db.models import FINISHED_STATUSES, Batch, nights_newest_first
 from app.errors import InputError
 from app.morning.accounting import BatchReport, throughput
 from app.morning.advice import next_steps
@@ -57,12 +57,12 @@ class Digest:
 
 
 def _night_of(engine: Engine, rerun: BatchSummary) -> int | None:
-    """Return the finished nightly batch a rerun applies to (its as-of date, started before)."""
+    """Return the finished nightly batch a rerun applies to: of its as-of date, started
+    before it, the newest in the one order of nights (as the ranking picks its night)."""
     with engine.connect() as conn:
-        return conn.execute(select(Batch.id)
-                            .where(Batch.kind == "nightly", Batch.as_of == rerun.as_of,
-                                   Batch.status.in_(FINISHED_STATUSES), Batch.id < rerun.id)
-                            .order_by(Batch.id.desc()).limit(1)).scalar()
+        return conn.execute(nights_newest_first(
+            Batch.as_of == rerun.as_of, Batch.status.in_(FINISHED_STATUSES),
+            Batch.id < rerun.id).with_only_columns(Batch.id).limit(1)).scalar()
 
 
 def _row(row: RankRow) -> str:
@@ -110,6 +110,8 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
              f"Duration: {span(batch.duration_s)}; output "
              f"{rate.output_tokens_per_s:.1f} tok/s ({rate.completion_tokens} tokens over "
              f"{span(rate.active_seconds)} of calls{_paused(rate)})"]
+    # What the ranking shows beside the night: its universe's notes (a ticker left out).
+    lines.extend(f"Universe note: {note}" for note in batch.notes)
     steps = next_steps(engine, batch, settings.batch.heartbeat_stale_s)
     lines.extend(_more([f"Next: {step}" for step in steps], f"nightdesk report {batch.id}"))
     rows_of_rerun: list[str] = []
@@ -162,6 +164,10 @@ def _ends(engine: Engine, batch_id: int, of: str) -> list[str]:
     if len(rated) > TOP:
         lines.append(f"Bottom {min(TOP, len(rated) - TOP)}: "
                      + "; ".join(map(_row, rated[max(TOP, len(rated) - TOP):])))
+    # As `nightdesk ranking` and the page say it: a rating that is a rerun's, not the night's.
+    reruns = [f"{r.ticker} from rerun #{r.batch_id}" for r in rows if r.batch_id != batch_id]
+    if reruns:
+        lines.append("Reruns applied: " + ", ".join(reruns))
     return lines
 
 

@@ -59,6 +59,9 @@ RATIO_FIRST = (0.53, 1.83)
 LEVEL = 0.75  # the share of readings it held, each night left out in turn (88%)
 
 Spread = tuple[float, float, float]  # (low, middle, high)
+# What every face of the progress shows before the ETA has a basis: never a made-up number.
+ESTIMATING = ("estimating… (no call answered yet, and no earlier finished night of this "
+              "model to price the calls by)")
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,20 @@ class Reading:
     eta_s: float | None
     eta_low_s: float | None  # eta_s × RATIO: an interval that held LEVEL of the replays
     eta_high_s: float | None
+
+    @property
+    def estimating(self) -> str | None:
+        """Why there is no ETA yet, as every face says it (None: there is one). Without a
+        night before of this kind and model, the first answered call is the first basis."""
+        return None if self.eta_s is not None else ESTIMATING
+
+    def whole(self, seconds: float | None) -> int | None:
+        """Return ``seconds`` whole, never 0 while a call is left (a call under way may end
+        in less than half a second; 0 would read as done)."""
+        if seconds is None:
+            return None
+        left = self.calls_done < self.calls_expected or self.chain_left > 0
+        return max(1, round(seconds)) if left else round(seconds)
 
 
 def bound(work_s: float | None, chain_s: float | None) -> float | None:

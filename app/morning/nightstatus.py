@@ -2,7 +2,8 @@
 
 One reading of what is stored (batch rows, ticker runs, call counts, refusals, the scheduler
 daemon's heartbeat row) and of the schedule: the night (``app.db.models.nights_newest_first``)
-whatever its outcome, or ``stale`` when the schedule's last due time passed (plus
+whatever its outcome, ``none`` when no nightly batch was ever created (advised the first
+night), or ``stale`` when the schedule's last due time passed (plus
 ``schedule_start_grace_s``) with no nightly batch created since, naming the refusal since
 then that no night superseded (a night refused at its start leaves no batch, only that row);
 whether the ranking shown is that night's, and if not why; a running night's progress and
@@ -21,14 +22,20 @@ from sqlalchemy.orm import Session
 from app.config import Settings
 from app.db.models import Batch, NightRefusal, SchedulerBeat, TickerRun, nights_newest_first
 from app.morning import eta
-from app.morning.advice import Advice, next_steps
+from app.morning.advice import Advice, first_night, next_steps
 from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize, when
 from app.morning.timetable import due_times, nightly_trigger
 
 # What a morning with no night since the due time is advised (the timer's own command).
 START_NIGHT = "nightdesk run --continue-night"
-# Statuses the morning can name; "stale": the schedule's due time passed without a batch.
-STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale")
+# Statuses the morning can name; "stale": the schedule's due time passed without a batch;
+# "none": no nightly batch was ever created here (a new install, or another database).
+STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale",
+            "none")
+# A night that stopped short, whose resume a refusal may have met since.
+STOPPED = ("failed", "interrupted", "crashed", "partial")
+# What the morning says of a database with no night at all.
+NO_NIGHT = "no night has run yet"
 # Exit code of `nightdesk ranking --require-fresh` when the ranking is older than the night.
 STALE_EXIT = 6
 @dataclass(frozen=True)
@@ -63,6 +70,7 @@ class Progress:
     eta_s: int | None  # app.morning.eta: never 0 while a call is left; None: no basis yet
     eta_low_s: int | None = None
     eta_high_s: int | None = None
+    estimating: str | None = None  # while eta_s is None: "estimating… (why)"
 
 
 @dataclass(frozen=True)
@@ -129,11 +137,8 @@ def progress(engine: Engine, batch_id: int, now: datetime | None = None) -> Prog
     found = eta.reading(engine, batch_id, now)
     return Progress(done, batch.tickers_failed, running, batch.tickers_total,
                     found.calls_done, found.calls_expected, round(elapsed),
-                    _whole(found.eta_s), _whole(found.eta_low_s), _whole(found.eta_high_s))
-
-
-def _whole(seconds: float | None) -> int | None:
-    return None if seconds is None else round(seconds)
+                    found.whole(found.eta_s), found.whole(found.eta_low_s),
+                    found.whole(found.eta_high_s), found.estimating)
 
 
 def interval(low_s: int | None, high_s: int | None) -> str:
@@ -146,9 +151,9 @@ def interval(low_s: int | None, high_s: int | None) -> str:
 
 def time_left(prog: Progress) -> str:
     """Show a running batch's ETA with its interval: ``about 12 min 30 s (75% interval:
-    10 min 05 s – 15 min 40 s)``; empty without a basis."""
+    10 min 05 s – 15 min 40 s)``; without a basis, ``estimating… (why)``."""
     if prog.eta_s is None:
-        return ""
+        return prog.estimating or eta.ESTIMATING
     return f"about {span(prog.eta_s)}{interval(prog.eta_low_s, prog.eta_high_s)}"
 
 
@@ -156,7 +161,8 @@ def describe(night: NightBatch, prog: Progress | None = None) -> str:
     """Return one line naming a nightly batch and its outcome."""
     head = f"nightly batch #{night.id} (as of {night.as_of}) {night.status}"
     if night.status == "running" and prog is not None:
-        eta = f", {time_left(prog)} left" if prog.eta_s is not None else ""
+        eta = (f", {time_left(prog)} left" if prog.eta_s is not None
+               else f", time left {time_left(prog)}")
         return (f"{head}: {prog.tickers_done} of {prog.tickers_total} tickers done "
                 f"({prog.tickers_running} running, {prog.tickers_failed} failed), "
                 f"{prog.calls} calls{eta}")
@@ -197,10 +203,12 @@ def _latest(engine: Engine) -> Batch | None:
         return session.scalars(nights_newest_first().limit(1)).first()
 
 
-def standing_refusal(engine: Engine, latest: NightBatch | None,
-                     due_at: datetime | None) -> Refusal | None:
-    """Return the newest refusal after ``due_at`` and after the latest night was created."""
-    after = [NightRefusal.refused_at > latest.created_at] if latest is not None else []
+def standing_refusal(engine: Engine, latest: NightBatch | None, due_at: datetime | None,
+                     since: datetime | None = None) -> Refusal | None:
+    """Return the newest refusal after ``due_at`` and after ``since`` (default: when the
+    latest night was created)."""
+    since = since or (latest.created_at if latest is not None else None)
+    after = [NightRefusal.refused_at > since] if since is not None else []
     if due_at is not None:
         after.append(NightRefusal.refused_at >= due_at)
     with Session(engine) as session:
@@ -240,11 +248,22 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     missed = (due_at is not None
               and now >= due_at + timedelta(seconds=settings.schedule.start_grace_s)
               and (latest is None or latest.created_at < due_at) and status != "running")
-    if missed or latest is None:
+    if missed:
         status = "stale"
+    if latest is None:
+        status = "none"
     schedule = f"{settings.schedule.cron} ({nightly_trigger(settings).timezone})"
-    refused = standing_refusal(engine, latest, due_at) if status == "stale" else None
-    if status == "stale":
+    refused = None
+    if status in ("stale", "none"):
+        refused = standing_refusal(engine, latest, due_at)
+    elif latest is not None and status in STOPPED:
+        # A resume of the night refused at its start since it last ran (the server still
+        # down): what refused it is the news the digest told, so the morning tells it too.
+        refused = standing_refusal(engine, latest, due_at, since=latest.finished_at
+                                   or latest.heartbeat_at or latest.created_at)
+    if status == "none":
+        headline = "this database holds no nightly batch"
+    elif status == "stale":
         since = f"since the night due {when(due_at)}" if due_at else "yet"
         headline = f"no nightly batch {since}"  # the refusal, if any: in ``reason``, once
         if latest is not None:
@@ -253,13 +272,15 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
         assert latest is not None
         headline = describe(latest, prog)
     fresh = ranked is not None and latest is not None and ranked.id == latest.id \
-        and status != "stale"
+        and status not in ("stale", "none")
     reason = None if fresh else _reason(status, latest, ranked, prog, due_at, refused)
     advice = [] if summary is None else next_steps(engine, summary, stale_s)
     if refused is not None and refused.command is not None:
         # What refused it is the news; the latest batch's own advice is older.
-        advice = [Advice(refused.command, "starts the refused night again; first fix what "
+        advice = [Advice(refused.command, "runs the refused command again; first fix what "
                                           "refused it")]
+    elif status == "none":
+        advice = first_night(settings)
     elif status == "stale" and not advice:
         # No batch came when due, and the latest leaves nothing to do: the night itself is
         # what is owed (--continue-night runs nothing when its date was analyzed, and says so).
@@ -281,6 +302,8 @@ def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,
             prog: Progress | None, due_at: datetime | None,
             refused: Refusal | None = None) -> str:
     """Say in one line why the ranking shown is not the latest night's."""
+    if status == "none":
+        return f"{NO_NIGHT}{_refused(refused)}"
     if status == "stale":
         shown = ("" if ranked is None
                  else f"; this ranking is of {ranked.as_of} (batch #{ranked.id})")
@@ -296,5 +319,5 @@ def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,
         detail = f" ({prog.tickers_done} of {prog.tickers_total} tickers done)"
     elif latest.error:
         detail = f": {latest.error}"
-    return (f"the latest night, batch #{latest.id} (as of {latest.as_of}), {what}{detail}; "
-            f"{shown}")
+    return (f"the latest night, batch #{latest.id} (as of {latest.as_of}), {what}{detail}"
+            f"{_refused(refused)}; {shown}")

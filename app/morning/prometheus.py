@@ -74,7 +74,7 @@ class NightCollector(Collector):
                    "latest as-of date that has one (0: none yet)",
                    _seconds(last_success) or 0.0),
             _labelled("night_last_status", "1 for the latest night's status (stale: none "
-                      "came when due), 0 for the others", "status",
+                      "came when due; none: no night ever ran), 0 for the others", "status",
                       {name: float(name == status.status) for name in STATUSES}),
             _gauge("night_ranking_fresh",
                    "1 when the ranking shows the latest night, 0 when it is older",
@@ -83,7 +83,8 @@ class NightCollector(Collector):
                    "Unix time the schedule fires the next night", _seconds(status.next_due_at)),
             _gauge("night_refused_timestamp_seconds",
                    "Unix time of the refusal that stands: a night refused at its start "
-                   "since the night due, no later night started (absent: none)",
+                   "since the night due, no later night started, or the resume of a night "
+                   "that stopped short refused since it last ran (absent: none)",
                    _seconds(status.refused.refused_at) if status.refused else None),
             _gauge("scheduler_heartbeat_timestamp_seconds",
                    "Unix time of the scheduler daemon's newest heartbeat",
@@ -115,9 +116,10 @@ class NightCollector(Collector):
         """The running night's time left and its interval (``eta``); absent otherwise."""
         prog = status.progress
         if status.status != "running" or prog is None or prog.eta_s is None:
-            return None
+            return None  # estimating: no number is made up (the page: "estimating… (why)")
         return _labelled("night_eta_seconds", "The running night's time left (estimate) and "
-                         "its interval's ends (low, high)", "bound",
+                         "its interval's ends (low, high); absent while estimating (a first "
+                         "night before its first answered call)", "bound",
                          {"estimate": prog.eta_s, "low": prog.eta_low_s,
                           "high": prog.eta_high_s})
 

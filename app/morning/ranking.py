@@ -18,7 +18,7 @@ from app.db.models import (
     batch_row,
     nights_newest_first,
 )
-from app.errors import InputError
+from app.errors import NoNightYet
 from app.morning.summary import applied_reruns, plain_error
 from app.quality.grades import Grade, consensus
 
@@ -59,7 +59,7 @@ def _pick_batch(engine: Engine, batch_id: int | None) -> Batch:
     with Session(engine) as session:
         found = _newest_finished(session)
     if found is None:
-        raise InputError("no finished nightly batch yet: run `nightdesk run` first")
+        raise NoNightYet("no finished nightly batch yet")
     return found
 
 

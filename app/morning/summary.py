@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, PlainSerializer, computed_field
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, computed_field
 from sqlalchemy import Connection, Engine, Select, and_, or_, select
 
 from app.db.models import INFRASTRUCTURE, Batch, Decision, TickerRun, batch_row
@@ -118,6 +118,9 @@ class BatchSummary(BaseModel):
     server_profile: str | None
     strategy: str | None
     source_batch_id: int | None  # a replay's recorded batch
+    # What reading its universe said (a duplicate removed, tickers `--limit` left out):
+    # the ranking, the report and the digest show them.
+    notes: list[str] = Field(default_factory=list)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -137,7 +140,8 @@ class BatchSummary(BaseModel):
     def to_csv(self) -> dict[str, str | int | float | bool]:
         """Return one CSV row: the JSON fields, None as an empty cell."""
         data = self.model_dump(mode="json", include=set(self.csv_fields()))
-        return {key: "" if value is None else value for key, value in data.items()}
+        return {key: "" if value is None else "; ".join(value) if isinstance(value, list)
+                else value for key, value in data.items()}
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,8 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None) -> BatchS
         tickers_failed=batch.tickers_failed or 0, error=error,
         demo=bool(settings.get("demo_data")), samples=settings.get("samples"),
         model=settings.get("model"), server_profile=settings.get("server_profile"),
-        strategy=settings.get("strategy"), source_batch_id=batch.source_batch_id)
+        strategy=settings.get("strategy"), source_batch_id=batch.source_batch_id,
+        notes=list(settings.get("universe_notes") or []))
 
 
 def batch_summary(engine: Engine, batch_id: int, stale_s: float) -> BatchSummary:

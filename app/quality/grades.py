@@ -30,7 +30,7 @@ from app.db.models import (
     batch_row,
     nights_newest_first,
 )
-from app.errors import InputError
+from app.errors import InputError, NoNightYet
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def newest_nightly(engine: Engine, count: int) -> list[int]:
     with Session(engine) as session:
         rows = session.scalars(nights_newest_first(Batch.status.in_(FINISHED_STATUSES))).all()
     if not rows:
-        raise InputError("no finished nightly batch yet: run `nightdesk run` first")
+        raise NoNightYet("no finished nightly batch yet")
     same = [r.id for r in rows if r.as_of == rows[0].as_of][:count]
     if len(same) < count:
         raise InputError(
@@ -125,5 +125,5 @@ def newest_batch(engine: Engine) -> int:
         found = session.scalars(nights_newest_first(Batch.status.in_(FINISHED_STATUSES))
                                 .limit(1)).first()
     if found is None:
-        raise InputError("no finished nightly batch yet: run `nightdesk run` first")
+        raise NoNightYet("no finished nightly batch yet")
     return found.id

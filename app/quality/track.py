@@ -38,7 +38,7 @@ from agents.data import DataProvider, get_provider
 from agents.decision import RATINGS
 from app.config import Settings
 from app.db.models import FINISHED_STATUSES, Batch, night_of_each_date
-from app.errors import DataError, InputError
+from app.errors import DataError, InputError, NoNightYet
 from app.quality.forward import (
     PriceCache,
     directional_hits,
@@ -323,7 +323,7 @@ def track_nights(engine: Engine, *, nights: int | None = None,
         ids = ids[-nights:]
     if not ids:
         where = f" since {since}" if since else ""
-        raise InputError(f"no finished nightly batch{where}: run `nightdesk run` first")
+        raise NoNightYet(f"no finished nightly batch{where}")
     return ids
 
 

@@ -51,6 +51,7 @@ class ProgressState:
     eta_s: int | None  # app.morning.eta: never 0 while a call is left; None before a basis
     eta_low_s: int | None
     eta_high_s: int | None
+    estimating: str | None  # while eta_s is None: "estimating… (why)", as the pages say
 
 
 class BatchProgress:
@@ -110,9 +111,11 @@ class BatchProgress:
             admission=("fallback: /metrics unreadable" if any(
                 e.limits.blind_since is not None for e in servers) else None),
             elapsed_s=round(elapsed),
-            eta_s=None if found is None else _whole(found.eta_s),
-            eta_low_s=None if found is None else _whole(found.eta_low_s),
-            eta_high_s=None if found is None else _whole(found.eta_high_s))
+            eta_s=None if found is None else found.whole(found.eta_s),
+            eta_low_s=None if found is None else found.whole(found.eta_low_s),
+            eta_high_s=None if found is None else found.whole(found.eta_high_s),
+            estimating=(f"estimating… (first reading within {LOG_EVERY_S:.0f} s)"
+                        if found is None else found.estimating))
 
     def _server_tok_s(self) -> float | None:
         """Return the tokens the servers generated per second since their first reading seen
@@ -211,13 +214,9 @@ def call_totals(servers: ServerSet) -> CallStats:
                      min(starts) if starts else None, max(ends) if ends else None)
 
 
-def _whole(seconds: float | None) -> int | None:
-    return None if seconds is None else round(seconds)
-
-
 def eta_text(s: ProgressState) -> str:
     """Show the ETA and its interval, e.g. ``4 min 10 s (75% interval: 3 min 40 s – 5 min 20
     s)``."""
     if s.eta_s is None:
-        return "—"
+        return s.estimating or "—"
     return f"{span(s.eta_s)}{interval(s.eta_low_s, s.eta_high_s)}"

@@ -14,7 +14,7 @@ from datetime import date, datetime
 from pathlib import Path
 
 import structlog
-from sqlalchemy import ColumnElement, Engine, select
+from sqlalchemy import ColumnElement, Engine
 
 from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
@@ -23,10 +23,17 @@ from app.batch.signals import BatchInterrupted, run_batch
 from app.config import Settings
 from app.db.engine import ready_engine
 from app.db.lock import LockHold, nightly_lock
-from app.db.models import FINISHED_STATUSES, Batch
-from app.errors import ERRORS, AlreadyRunningError, DatabaseError, InputError, first_line
+from app.db.models import FINISHED_STATUSES, Batch, nights_newest_first
+from app.errors import (
+    ERRORS,
+    AlreadyRunningError,
+    DatabaseError,
+    InputError,
+    StorageOutage,
+    first_line,
+)
 from app.morning.advice import advise
-from app.morning.digest import send_digest
+from app.morning.digest import send_digest, send_refusal
 from app.morning.summary import batch_summary
 from app.recorder.record import Recorder
 from app.runs import resumable
@@ -64,6 +71,7 @@ class NightlyRequest:
     samples: int | None = None
     strategy: str = "adaptive"
     command: str | None = None  # the command line that asked for it (the CLI's), if any
+    notes: tuple[str, ...] = ()  # what reading its --universe or --tickers said (a duplicate)
 
     def options(self) -> str:
         """Return the `nightdesk run` options that give this night its tickers and shape
@@ -131,11 +139,9 @@ def knowing_the_universe(settings: Settings, point: resumable.ResumePoint
 def owed_night(engine: Engine, as_of: date) -> int | None:
     """Return the newest nightly batch of ``as_of`` that is owed a resume (call under the lock)."""
     with engine.connect() as conn:
-        candidates = conn.execute(
-            select(Batch.id, Batch.status)
-            .where(Batch.kind == "nightly", Batch.as_of == as_of,
-                   Batch.status.in_((*UNFINISHED, *STOPPED)))
-            .order_by(Batch.id.desc())).all()
+        candidates = conn.execute(nights_newest_first(
+            Batch.as_of == as_of, Batch.status.in_((*UNFINISHED, *STOPPED)))
+            .with_only_columns(Batch.id, Batch.status)).all()
     for batch_id, status in candidates:
         if status in UNFINISHED or resumable.has_tickers_left(engine, batch_id):
             return int(batch_id)
@@ -143,11 +149,11 @@ def owed_night(engine: Engine, as_of: date) -> int | None:
 
 
 def nightly_of(engine: Engine, as_of: date, *where: ColumnElement[bool]) -> int | None:
-    """Return the newest nightly batch of ``as_of`` that meets ``where`` (none: any)."""
+    """Return the newest nightly batch of ``as_of`` (``nights_newest_first``) that meets
+    ``where`` (none: any)."""
     with engine.connect() as conn:
-        return conn.execute(select(Batch.id)
-                            .where(Batch.kind == "nightly", Batch.as_of == as_of, *where)
-                            .order_by(Batch.id.desc()).limit(1)).scalar()
+        return conn.execute(nights_newest_first(Batch.as_of == as_of, *where)
+                            .with_only_columns(Batch.id).limit(1)).scalar()
 
 
 def execute_plan(settings: Settings, engine: Engine,
@@ -188,11 +194,27 @@ def execute_plan(settings: Settings, engine: Engine,
         send_digest(settings, engine, outcome)
     except (BatchInterrupted, KeyboardInterrupt):
         raise _cancelled(settings, engine, runner.batch_id) from None
+    except StorageOutage as error:
+        if runner.batch_id is not None:
+            _tell_unstored(settings, start, runner.batch_id, error)
+        raise
     except DatabaseError as error:
         if runner.batch_id is None and refused is not None:  # no row: no digest of a batch
             refused(error)
         raise
     return outcome
+
+
+def _tell_unstored(settings: Settings, start: BatchPlan | resumable.ResumePoint,
+                   batch_id: int, error: StorageOutage) -> None:
+    """Push that a batch stopped with its end not stored (the database full or away): its
+    row still says running, so the digest its end sends is not built; this one says why
+    and the resume that continues it. Not a refusal: nothing is stored (it could not be)."""
+    what = f"nightly batch #{batch_id}" if start.kind == "nightly" else f"batch #{batch_id}"
+    send_refusal(settings, start.as_of, first_line(error, 400).split("; resume with")[0],
+                 "once the database takes writes again (room on its disk, or back), continue "
+                 f"it: nightdesk run --resume {batch_id}", outcome="its end not stored",
+                 headline=f"{what} (as of {start.as_of}) STOPPED")
 
 
 def _cancelled(settings: Settings, engine: Engine, batch_id: int | None) -> BatchInterrupted:
@@ -279,11 +301,18 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
             return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
                                               announce=tell, refused=refused),
                                  point.total, point)
+        notes = [*request.notes, *notes]
+        if request.limit and len(symbols) > request.limit:
+            # A ticker of the universe left out is news to the morning, as a duplicate is.
+            out = symbols[request.limit:]
+            notes.append(f"--limit {request.limit} left out {len(out)} of the universe's "
+                         f"{len(symbols)} tickers: {', '.join(out[:10])}"
+                         + (f" and {len(out) - 10} more" if len(out) > 10 else ""))
         for note in notes:
             log.warning("universe note", note=note)
         symbols = symbols[:request.limit] if request.limit else symbols
         plan = BatchPlan("nightly", as_of, symbols, request.samples or settings.batch.samples,
-                         request.strategy)
+                         request.strategy, notes=tuple(notes))
         return NightlyResult(execute_plan(settings, engine, plan, lock, server=server,
                                           refused=refused), len(symbols))
 

@@ -22,14 +22,16 @@ from app.batch.engine import BatchPlan
 from app.config import Settings
 from app.db import retry
 from app.db.lock import Runner, holder_gone
-from app.db.models import INFRASTRUCTURE, Batch, LLMCall, TickerRun
-from app.errors import AlreadyRunningError, DatabaseError, InputError
+from app.db.models import INFRASTRUCTURE, Batch, LLMCall, TickerRun, newest_first
+from app.errors import AlreadyRunningError, DatabaseError, InputError, NoNightYet
 from app.morning.summary import FINISHED_TICKER, RESUMABLE_KINDS, died_since, tickers_left
 from app.traffic.strategy import Strategy
 from app.usage import spool_path
 
 # A batch in one of these states may still have tickers to do.
 RESUMABLE = ("interrupted", "crashed", "failed", "partial")
+# Statuses that are no end the batch wrote for its work: a resume with nothing left closes it.
+UNENDED = ("interrupted", "crashed")
 
 # The recorded settings that give a night's answers their meaning (``Settings.snapshot``'s
 # keys; sampling's are recorded as one group), and how a resume treats each: one check,
@@ -272,13 +274,17 @@ def pick(engine: Engine, batch_id: int | None, *, retry_failed: bool = False
     count with ``retry_failed``)."""
     with engine.connect() as conn:
         if batch_id is None:
+            # The one order of nights (``newest_first``): the latest date's first.
             candidates = conn.execute(
                 select(Batch.id, Batch.kind).where(Batch.status.in_(RESUMABLE),
                                                    Batch.kind.in_(RESUMABLE_KINDS))
-                .order_by(Batch.id.desc())).all()
+                .order_by(*newest_first())).all()
             for candidate, kind in candidates:
                 if tickers_left(conn, candidate, retry_failed):
                     return int(candidate), str(kind)
+            if not candidates:  # said apart: "every … has finished" of none is untrue
+                raise NoNightYet("no batch to resume: none ended short (interrupted, "
+                                 "crashed, failed or partial)")
             raise InputError("no batch to resume: every interrupted, crashed or stopped batch "
                              "has finished all its tickers"
                              + ("" if retry_failed else " (tickers failed on their own "
@@ -321,9 +327,10 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
             LLMCall.batch_id == batch_id, LLMCall.status == "ok")).scalar_one()
         planned = tuple(conn.execute(select(TickerRun.ticker).where(
             TickerRun.batch_id == batch_id).order_by(TickerRun.id)).scalars())
-        # One stopped short with every ticker ended (a write that landed after its halt
-        # gave up on it) is closed: its stored reason advised this resume.
-        if not left and not closing and batch.status not in ("interrupted", "crashed"):
+        # One stopped short with every ticker ended (its end not stored, cut between its last
+        # ticker and its end, or a write that landed after its halt gave up on it) is
+        # closed: the resume writes the end it lacks.
+        if not left and not closing and batch.status not in UNENDED:
             own = "" if retry_failed or not failed else (
                 f"; {len(failed)} failed on their own account: `nightdesk run --resume "
                 f"{batch_id} --retry-failed` runs them again")

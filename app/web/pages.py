@@ -10,6 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel
 
+from app.morning import nightstatus
 from app.morning.accounting import COMPARE_COLUMNS
 from app.web import charts, views
 from app.web.auth import CSRF_FIELD
@@ -109,10 +110,12 @@ async def rerun(request: Request, state: State, symbol: str,
 
 @router.get("/batches")
 def batches_page(request: Request, state: State) -> Response:
-    """List the batches, newest first, with a form to compare arms."""
-    return _page(request, "batches.html", {"batches": [
-        b.model_dump(mode="json")
-        for b in views.batches_view(state.engine, state.stale_after_s)]})
+    """List the batches, newest first, with a form to compare arms; with none, what the
+    morning's status advises (the first night)."""
+    found = views.batches_view(state.engine, state.stale_after_s)
+    night = None if found else nightstatus.night_status(state.engine, state.settings, None)
+    return _page(request, "batches.html", {
+        "batches": [b.model_dump(mode="json") for b in found], "night": night})
 
 
 @router.get("/batches/compare")

@@ -429,3 +429,20 @@ def test_a_reruns_digest_says_applied_only_when_the_ranking_applies_it(
                 f"Not applied: the ranking of nightly batch #{night} keeps T01's earlier "
                 "result")
     assert expected in body, body
+
+
+def test_a_nights_digest_names_the_reruns_its_ranking_applies_as_the_ranking_does(
+        sqlite_engine: Engine) -> None:
+    # A night crashed; T01 was rerun; the night was resumed and finished after it. The
+    # ranking and the page tag T01's row as rerun #N's; the digest's Top showed the rerun's
+    # rating as the night's own.
+    night = add_night(sqlite_engine, D2, at(D2, 0, 10), {"T00": Rated("Buy", 0.9),
+                                                         "T01": Rated("Hold", 0.0)},
+                      minutes=300)
+    rerun = add_night(sqlite_engine, D2, at(D2, 2, 10), {"T01": Rated("Sell", -0.8)},
+                      kind="rerun")
+    said = run_cli("ranking", env={"COLUMNS": "200"}).stdout
+    assert f"reruns applied: T01 from rerun #{rerun}" in said.splitlines()
+    body = build_digest(sqlite_engine, load_settings(), night).message.body.splitlines()
+    assert "Top 2: 1. T00 Buy +0.90; 2. T01 Sell -0.80" in body, body
+    assert f"Reruns applied: T01 from rerun #{rerun}" in body, body

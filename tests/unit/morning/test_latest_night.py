@@ -8,13 +8,18 @@ must pick tonight's, as the ranking does (``app.db.models.nights_newest_first``)
 
 from __future__ import annotations
 
+import json
 from datetime import date, timedelta
 
 from sqlalchemy import Engine
 
+from app.config import load_settings
+from app.morning.digest import build_digest
 from app.morning.ranking import ranked_night
 from app.quality.grades import newest_batch, newest_nightly
 from app.quality.track import track_nights
+from app.runs.nightly import nightly_of
+from app.runs.resumable import pick
 from app.web.views import history_view, ticker_view
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.night_rows import Rated, add_night, at
@@ -78,3 +83,41 @@ def test_the_ranking_command_names_a_rerun_applied_as_the_page_does(
     result = run_cli("ranking", env={"COLUMNS": "200"})
     assert result.code == 0 and f"ranking of batch {night}" in result.stdout
     assert f"reruns applied: AAA from rerun #{rerun}" in result.stdout.splitlines()
+
+
+def test_report_without_an_id_reports_tonights_night(sqlite_engine: Engine) -> None:
+    # Before: the batch run last, the backfill, or a rerun run after it.
+    _, tonight, _ = nights(sqlite_engine)
+    add_night(sqlite_engine, D2, DUE2 + timedelta(hours=3), {"AAA": Rated("Buy", 0.8)},
+              kind="rerun")
+    result = run_cli("report", "--format", "json")
+    assert result.code == 0, result.stderr
+    assert json.loads(result.stdout)["batch"]["id"] == tonight
+
+
+def test_report_with_no_night_reports_the_newest_batch(sqlite_engine: Engine) -> None:
+    rerun = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.8)}, kind="rerun")
+    result = run_cli("report", "--format", "json")
+    assert result.code == 0 and json.loads(result.stdout)["batch"]["id"] == rerun
+
+
+def test_resume_without_an_id_takes_tonights_night(sqlite_engine: Engine) -> None:
+    # Both cut short; the older date's backfill was started last. Before: the backfill.
+    tonight = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(status="queued")},
+                        status="interrupted")
+    add_night(sqlite_engine, OLD, DUE2 + timedelta(hours=2), {"AAA": Rated(status="queued")},
+              status="interrupted")
+    assert pick(sqlite_engine, None) == (tonight, "nightly")
+
+
+def test_a_reruns_digest_names_the_night_the_ranking_applies_it_to(
+        sqlite_engine: Engine) -> None:
+    # Two nights of one date, the first resumed and finished last: the ranking's night.
+    # Before: the digest said "Applied to the ranking of" the second (the higher id).
+    resumed = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.8)}, minutes=300)
+    add_night(sqlite_engine, D2, DUE2 + timedelta(hours=1), {"AAA": Rated("Hold", 0.1)})
+    rerun = add_night(sqlite_engine, D2, DUE2 + timedelta(hours=6), {"AAA": Rated("Sell", -0.8)},
+                      kind="rerun")
+    assert ranked_night(sqlite_engine) == resumed == nightly_of(sqlite_engine, D2)
+    said = build_digest(sqlite_engine, load_settings(), rerun).message.body
+    assert f"Applied to the ranking of nightly batch #{resumed}" in said, said

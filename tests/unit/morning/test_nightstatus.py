@@ -115,9 +115,9 @@ def test_an_older_date_analyzed_again_is_not_the_latest_night(sqlite_engine: Eng
     assert status.latest is not None and status.latest.id == tonight
 
 
-def test_an_empty_database_is_stale(sqlite_engine: Engine) -> None:
+def test_an_empty_database_is_none(sqlite_engine: Engine) -> None:
     status = status_at(sqlite_engine, DUE2)
-    assert status.status == "stale" and status.latest is None and not status.fresh
+    assert status.status == "none" and status.latest is None and not status.fresh
 
 
 def test_a_running_night_shows_progress_with_the_eta_by_work_left(
@@ -243,13 +243,14 @@ def test_require_fresh_with_no_finished_night_exits_6(sqlite_engine: Engine,
         as_json = run_cli("ranking", "--require-fresh", "--format", "json", env=UTC_ENV)
     assert table.code == STALE_EXIT and as_json.code == STALE_EXIT, table.stderr
     assert table.stdout == "" and "Traceback" not in table.stderr
-    assert table.stderr.splitlines()[0].startswith("not the latest night: ")
+    assert table.stderr.splitlines()[0].startswith(
+        "not the latest night: " if nights == "only a failed one" else "no night yet: ")
     assert ("no finished night to rank" if nights == "only a failed one"
-            else "stale: no nightly batch since") in table.stderr.splitlines()[0]
+            else "no night has run yet") in table.stderr.splitlines()[0]
     data = json.loads(as_json.stdout)
     assert data["batch"] is None and data["rows"] == []
     assert data["night"]["fresh"] is False
-    assert data["night"]["status"] == ("failed" if nights == "only a failed one" else "stale")
+    assert data["night"]["status"] == ("failed" if nights == "only a failed one" else "none")
 
 
 def test_require_fresh_with_an_unknown_batch_is_bad_input(sqlite_engine: Engine) -> None:

@@ -75,7 +75,7 @@ def test_metrics_read_the_stored_nights(sqlite_engine: Engine, client: TestClien
     status = {dict(labels)["status"]: value for (name, labels), value in got.items()
               if name == "nightdesk_night_last_status"}
     assert status == {"succeeded": 0, "partial": 1, "failed": 0, "interrupted": 0,
-                      "crashed": 0, "running": 0, "stale": 0}
+                      "crashed": 0, "running": 0, "stale": 0, "none": 0}
     tickers = {dict(labels)["status"]: value for (name, labels), value in got.items()
                if name == "nightdesk_night_tickers"}
     assert tickers == {"succeeded": 2, "failed": 1, "missing": 0}
@@ -192,7 +192,8 @@ def test_an_empty_database_says_no_success_yet(client: TestClient,
                                                sqlite_engine: Engine) -> None:
     got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
     assert got[("nightdesk_night_last_success_timestamp_seconds", ())] == 0
-    assert got[("nightdesk_night_last_status", (("status", "stale"),))] == 1
+    # "none": no night ever ran here, not "stale" (a night due that did not come).
+    assert got[("nightdesk_night_last_status", (("status", "none"),))] == 1
     assert ("nightdesk_scheduler_heartbeat_timestamp_seconds", ()) not in got  # no daemon
     assert ("nightdesk_night_duration_seconds", ()) not in got
 

@@ -394,3 +394,49 @@ def test_a_refused_night_is_named_where_the_morning_says_stale(
     assert result.code == 0, result.stderr
     status = night_status(sqlite_engine, settings, ranked_night(sqlite_engine), now=morning)
     assert (status.status, status.refused) == ("succeeded", None)
+
+
+def test_a_refused_resume_is_named_where_the_morning_names_the_night_it_was_for(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An interrupted night; its resume refused (the server still down). Before: its digest
+    # alone said so; the page, `ranking`, /api and /metrics named the night "interrupted" and
+    # advised the same resume as if nothing had been tried.
+    import time_machine
+    from bs4 import BeautifulSoup
+
+    from app.config import load_settings
+    from app.morning.nightstatus import night_status
+    from app.morning.ranking import ranked_night
+    from tests.unit.support.night_rows import Rated, add_night, at
+    from tests.unit.support.webclient import AUTH, web_client
+
+    env, says = cause("server-down", tmp_path, monkeypatch)
+    a, b = demo_tickers(2)
+    due = at(DEMO_AS_OF + timedelta(days=1), 0, 10)
+    night = add_night(sqlite_engine, DEMO_AS_OF, due,
+                      {a: Rated("Buy", 0.7), b: Rated(status="interrupted")},
+                      status="interrupted", error="the server stayed down")
+    quick = {"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false", "NIGHTDESK_SCHEDULE_TIMEZONE": "UTC",
+             "NIGHTDESK_DATA_DIR": str(tmp_path / "data"), "COLUMNS": "400"}
+    settings = load_settings(schedule_timezone="UTC")
+    named = f"night of {DEMO_AS_OF} REFUSED at its start, batch #{night} not continued"
+    with time_machine.travel(due + timedelta(hours=2), tick=True):
+        assert run_cli("run", "--resume", str(night), env={**env, **quick}).code == 2
+        status = night_status(sqlite_engine, settings, ranked_night(sqlite_engine))
+        assert status.status == "interrupted" and status.refused is not None
+        assert status.reason is not None and named in status.reason and says in status.reason
+        assert [step.command for step in status.advice] == [f"nightdesk run --resume {night}"]
+        said = run_cli("ranking", "--require-fresh", env=quick).stderr
+        assert named in said.splitlines()[0], said
+        with web_client(sqlite_engine, settings=settings) as web:
+            banner = BeautifulSoup(web.get("/", auth=AUTH).text, "html.parser").find(
+                id="banner")
+            assert banner is not None and named in " ".join(banner.get_text().split())
+            assert named in web.get("/api/ranking", auth=AUTH).json()["night"]["reason"]
+            assert "nightdesk_night_refused_timestamp_seconds" in web.get(
+                "/metrics", auth=AUTH).text
+        # The advice once the server is back: accepted, the night finishes, nothing stands.
+        fake_llm(monkeypatch, None, [a, b])
+        assert run_cli("run", "--resume", str(night), env=quick).code == 0
+        status = night_status(sqlite_engine, settings, ranked_night(sqlite_engine))
+    assert (status.status, status.refused) == ("succeeded", None)

@@ -233,3 +233,55 @@ def test_a_rerun_left_running_by_a_process_gone_resumes_at_once_as_advised(
     assert f"resuming batch {rerun} (rerun, crashed, " in resumed.stderr, resumed.stderr
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(Batch.status)).scalar_one() == "succeeded"
+
+
+def test_a_night_whose_end_the_full_disk_refused_pushes_a_digest_and_its_resume_works(
+        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The disk full as the night ends: its row stays `running`, the CLI's line advises the
+    # resume (exit 2). Before: no digest at all, on a night that never got its end.
+    import sqlite3
+    import subprocess
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from app.batch import store
+
+    def full(*_args: object, **_kwargs: object) -> None:
+        error = sqlite3.OperationalError("database or disk is full")
+        error.sqlite_errorcode = sqlite3.SQLITE_FULL  # type: ignore[attr-defined]
+        raise error
+
+    tickers = demo_tickers(2)
+    serve_cli_from(monkeypatch, FakeServer(nodes=NODES, tickers=tickers), demo_dir)
+    with monkeypatch.context() as patch, webhook() as hook:
+        patch.setattr(store, "finish_batch", full)
+        stopped = run_cli("run", "--tickers", ",".join(tickers), "--no-preflight",
+                          env={"NIGHTDESK_NOTIFY": hook.url()})
+    assert stopped.code == 2 and "database or disk is full" in stopped.stderr, stopped.stderr
+    [post] = hook.posts
+    assert post["title"] == (f"nightdesk: nightly batch #1 (as of {DEMO_AS_OF}) STOPPED, "
+                             "its end not stored")
+    lines = post["message"].splitlines()
+    assert lines[0].startswith("Why: the batch's end not stored") and "full" in lines[0]
+    command = lines[1].split(": ")[-1]
+    assert command == "nightdesk run --resume 1", lines
+    # By the morning the CLI's process has exited (here the test's own lives on) and its
+    # heartbeat is old.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with sqlite_engine.begin() as conn:
+        settings = conn.execute(select(Batch.settings)).scalar_one()
+        conn.execute(update(Batch).values(settings={
+            **settings, "runner": {**settings["runner"], "pid": gone.pid}},
+            heartbeat_at=datetime.now(UTC) - timedelta(minutes=10)))
+    # Every ticker had finished: the morning advises the resume that writes the end, which
+    # `run --resume` refused before ("has no tickers left to run", exit 2).
+    said = run_cli("report", "1").stdout
+    assert "next: nightdesk run --resume 1 (writes the end it lacks: every ticker finished)" \
+        in said, said
+    resumed = run_cli(*command.split()[1:], "--no-preflight")
+    assert resumed.code == 0, resumed.stderr
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.status)).scalar_one() == "succeeded"
