@@ -301,15 +301,15 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
             return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
                                               announce=tell, refused=refused),
                                  point.total, point)
-        notes = [*request.notes, *notes]
         if request.limit and len(symbols) > request.limit:
             # A ticker of the universe left out is news to the morning, as a duplicate is.
             out = symbols[request.limit:]
             notes.append(f"--limit {request.limit} left out {len(out)} of the universe's "
                          f"{len(symbols)} tickers: {', '.join(out[:10])}"
                          + (f" and {len(out) - 10} more" if len(out) > 10 else ""))
-        for note in notes:
+        for note in notes:  # the request's own notes were told when its options were read
             log.warning("universe note", note=note)
+        notes = [*request.notes, *notes]
         symbols = symbols[:request.limit] if request.limit else symbols
         plan = BatchPlan("nightly", as_of, symbols, request.samples or settings.batch.samples,
                          request.strategy, notes=tuple(notes))

@@ -128,6 +128,17 @@ def test_run_with_any_universe_file_fails_in_one_line(dead_server: str,
     one_line_failure(result)
 
 
+def test_a_duplicate_in_the_universe_is_noted_once(dead_server: str, tmp_path: Path) -> None:
+    # The option's reader tells its notes; the night, which stores them, must not tell them
+    # again as a log line (hypothesis found "0\n0": the note twice, one as a warning).
+    path = tmp_path / "u.txt"
+    path.write_text("AAA\nAAA\n", encoding="utf-8")
+    result = run_cli("run", "--universe", str(path), "--as-of", "2026-11-27",
+                     env={"NIGHTDESK_LLM_BASE_URL": dead_server})
+    one_line_failure(result)
+    assert sum("duplicate ticker AAA" in line for line in result.stderr.splitlines()) == 1
+
+
 @pytest.mark.slow
 @EXAMPLES
 @given(count=st.one_of(st.integers(-5, len(COMPANIES) + 5).map(str), plain),
