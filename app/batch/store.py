@@ -73,6 +73,9 @@ def ticker_finished(engine: Engine, batch_id: int, ticker: str, decisions: list[
     rows = [{"batch_id": batch_id, "created_at": now(), **d.__dict__,
              "contradicts": contradicts(d.rating, d.score)} for d in decisions]
     with engine.begin() as conn:
+        # The batch's row locked first: two tickers ending at once would each count the
+        # other's status before it committed (PostgreSQL's read committed), one lost.
+        conn.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update())
         # In the same transaction as the status: never decisions of a ticker not succeeded.
         insert_ignoring_duplicates(conn, Decision.__table__, rows)  # type: ignore[arg-type]
         conn.execute(update(TickerRun)
