@@ -71,7 +71,7 @@ class BatchProgress:
         self.expected_calls = expected_calls
         self.t0 = time.monotonic()
         self.console = console or Console(stderr=True)
-        self._loops: list[asyncio.Task[None]] = []  # the log and reading loops, while shown
+        self._loops: list[asyncio.Task[None]] = []  # the readings-and-lines loop, while shown
         self._first_reading: dict[str, MetricsSnapshot] = {}  # each server's first reading seen
         self.engine = engine
         self.reading: eta.Reading | None = None  # the newest ETA reading
@@ -169,22 +169,24 @@ class BatchProgress:
             with (Live(self, console=self.console, refresh_per_second=2, transient=False)
                   if terminal else contextlib.nullcontext()):
                 async with beside(lambda: [loop.cancel() for loop in self._loops]) as group:
-                    if not terminal:
-                        self._loops.append(group.create_task(self._log_loop(),
-                                                             name="progress-log"))
-                    if self.engine is not None:
-                        self._loops.append(group.create_task(self._read_loop(self.engine),
-                                                             name="progress-readings"))
+                    if not terminal or self.engine is not None:
+                        self._loops.append(group.create_task(self._tick_loop(not terminal),
+                                                             name="progress"))
                     yield
         finally:
             self._loops = []
             if not terminal:
                 log.info("progress", **asdict(self.state()))
 
-    async def _read_loop(self, engine: Engine) -> None:
+    async def _tick_loop(self, log_lines: bool) -> None:
+        # One loop, the reading before the line: a line from a loop of its own showed the
+        # reading of the interval before (15 s stale) beside the counters of now.
         while True:
             await asyncio.sleep(LOG_EVERY_S)
-            await self.take_reading(engine)
+            if self.engine is not None:
+                await self.take_reading(self.engine)
+            if log_lines:
+                log.info("progress", **asdict(self.state()))
 
     async def take_reading(self, engine: Engine) -> None:
         """Read the ETA from the batch's rows now and store the reading; any error here (the
@@ -197,11 +199,6 @@ class BatchProgress:
             log.warning("progress reading not stored", error=f"{type(error).__name__}: {error}")
             return
         self.reading = found
-
-    async def _log_loop(self) -> None:
-        while True:
-            await asyncio.sleep(LOG_EVERY_S)
-            log.info("progress", **asdict(self.state()))
 
 
 def call_totals(servers: ServerSet) -> CallStats:

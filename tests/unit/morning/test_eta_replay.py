@@ -25,9 +25,11 @@ once the server samples stored the budget's chain slots (docs/lab/2026-12-06-eta
 ``h100_moe_kv7_grown`` and ``h100_moe_kv7_shrunk`` real nights on one H100 whose cache holds
 about 20 chains (7 GiB of KV), recorded after the ETA's rules were chosen: 80 tickers after
 an ungated night of 15 (gated), then 40 after that night of 80 (gated)
-(docs/lab/2026-12-06-h100-eta-held-out.md). The
-interval's ratios are these replays' percentiles; the calibration test judges each night by
-the other nights' percentiles.
+(docs/lab/2026-12-06-h100-eta-held-out.md); ``h100_moe_fp8_after_bf16`` a real night of 16
+tickers on one H100 on the MoE shape's FP8 weights after the same night on its bf16 weights
+(twice as slow), recorded after the rules were chosen
+(docs/lab/2026-12-06-h100-bf16-fp8-pair.md). The interval's ratios are these replays'
+percentiles; the calibration test judges each night by the other nights' percentiles.
 """
 
 from __future__ import annotations
@@ -48,12 +50,15 @@ from tests.unit.support.eta_fixture import fixture, load
 NIGHTS = ["vllm_cpu", "gpu_sim", "gpu_sim20", "gpu_sim30", "gpu_sim40", "h200_moe",
           "h100_moe_grown", "h100_moe_shrunk", "h100_moe_kv_grown", "h100_moe_kv_same",
           "gpu_sim_gated60", "gpu_sim_gated45", "vllm_cpu_gated", "gpu_sim_gated60_slots",
-          "gpu_sim_gated45_slots", "h100_moe_kv7_grown", "h100_moe_kv7_shrunk"]
+          "gpu_sim_gated45_slots", "h100_moe_kv7_grown", "h100_moe_kv7_shrunk",
+          "h100_moe_fp8_after_bf16"]
 # First nights recorded as such (no night before in their database), replayed only as first
 # nights: ``h100_moe_fp8_first``, 20 tickers on one H100 (the MoE shape's FP8 weights),
 # recorded after the first-night rules were chosen; its live readings were their held-out
-# test (docs/lab/2026-12-06-h100-fp8-first-night.md).
-FIRST_ONLY = ["h100_moe_fp8_first"]
+# test (docs/lab/2026-12-06-h100-fp8-first-night.md); ``h100_moe_bf16_first``, 16 tickers on
+# the same H100 kind on bf16 weights (the cache at up to 86%), recorded after the chain's
+# stand-in was chosen (docs/lab/2026-12-06-h100-bf16-fp8-pair.md).
+FIRST_ONLY = ["h100_moe_fp8_first", "h100_moe_bf16_first"]
 LIVE = ["gpu_sim40", "gpu_sim_gated60", "gpu_sim_gated45", "gpu_sim_gated60_slots",
         "gpu_sim_gated45_slots"]  # readings stored live, simulated
 FROM = 0.10  # the share of the night after which the ETA must hold
@@ -217,7 +222,8 @@ KV7_SHRUNK = (
                  marks=pytest.mark.xfail(strict=True, reason=GATED60_SLOTS)),
     "gpu_sim_gated45_slots", "h100_moe_kv7_grown",
     pytest.param("h100_moe_kv7_shrunk", marks=pytest.mark.xfail(strict=True,
-                                                                reason=KV7_SHRUNK))])
+                                                                reason=KV7_SHRUNK)),
+    "h100_moe_fp8_after_bf16"])
 def test_the_replayed_eta_is_within_a_quarter_from_a_tenth_of_the_night_on(
         sqlite_engine: Engine, name: str) -> None:
     batch_id, start, end, readings = night(sqlite_engine, name)
@@ -230,7 +236,8 @@ def test_the_replayed_eta_is_within_a_quarter_from_a_tenth_of_the_night_on(
 # 21, 21, 16 and 19; with its rate over the whole last minute, the analysts' burst in: 12,
 # 15, 11 and 12; docs/lab/2026-12-06-eta-first-night.md).
 FIRST_NIGHTS = {"h100_moe_kv_grown": 14, "h100_moe_kv_same": 17, "h100_moe_kv7_shrunk": 13,
-                "gpu_sim_gated60": 12, "h100_moe_fp8_first": 16}
+                "gpu_sim_gated60": 12, "h100_moe_fp8_first": 16, "h100_moe_bf16_first": 23,
+                "h100_moe_fp8_after_bf16": 10}
 
 
 @pytest.mark.parametrize(("name", "reached"), FIRST_NIGHTS.items())

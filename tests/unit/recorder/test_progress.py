@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from agents.nodes import ANALYSTS
 from app.db.models import ProgressReading
+from app.morning import eta
 from app.morning.nightstatus import span
 from app.recorder.progress import BatchProgress, eta_text
 from tests.unit.support.eta_rows import NODES, NOW, batch, calls
@@ -132,3 +134,33 @@ async def test_an_eta_reading_in_its_thread_has_ended_once_the_progress_is_left(
         assert shown.reading is None  # cancelled: the reading was not recorded
     finally:
         call.release.set()
+
+
+async def test_each_progress_line_shows_the_reading_taken_for_it(
+        sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a real H100 night every line showed the reading of 15 s before beside the counters
+    # of now: its own loop woke first (at 89% in: 88 s said, where the stored reading said 73).
+    taken: list[float] = []
+
+    def reading(_engine: Engine, _batch: int, at: datetime) -> eta.Reading:
+        taken.append(1000.0 - len(taken))  # each reading says less than the one before
+        return eta.Reading(at, calls_expected=10, calls_done=1, attempts=1, output_tokens=1,
+                           tokens_left=1.0, rate_tok_s=None, rate_low_tok_s=None,
+                           rate_high_tok_s=None, rate_source=None, chain_left=1, chain_s=None,
+                           chain_low_s=None, chain_high_s=None, eta_s=taken[-1],
+                           eta_low_s=taken[-1], eta_high_s=taken[-1])
+
+    monkeypatch.setattr("app.recorder.progress.LOG_EVERY_S", 0.01)
+    monkeypatch.setattr("app.recorder.progress.eta.reading", reading)
+    monkeypatch.setattr("app.recorder.progress.eta.record", lambda *_: None)
+    shown = BatchProgress(1, 2, read_servers(), console=Console(file=io.StringIO()),
+                          engine=sqlite_engine)
+    with structlog.testing.capture_logs() as logs:
+        async with shown:
+            while len(taken) < 4:
+                await asyncio.sleep(0.01)
+    lines = [e["eta_s"] for e in logs if e["event"] == "progress"]
+    *ticks, last = lines  # the last: the line logged at the exit
+    assert len(ticks) >= 3
+    assert ticks == [round(taken[i]) for i in range(len(ticks))]
+    assert last == round(taken[-1])
