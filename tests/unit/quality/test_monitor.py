@@ -147,7 +147,8 @@ def test_jump_flags_at_the_false_alarm_rate_and_reports_the_tvd() -> None:
     assert found.details["trailing"] == pooled
     shares = 0.5 * sum(abs(now[r] / 20 - pooled[r] / 40) for r in SCALE)
     assert found.details["tvd"] == pytest.approx(shares)
-    assert found.details["p_value"] == split_p_values(now, pooled)[0] <= 0.01 / 3  # a third of the rate
+    # At most a third of the rate.
+    assert found.details["p_value"] == split_p_values(now, pooled)[0] <= 0.01 / 3
     assert findings(now, [now, now], settings) == []  # no movement
     assert findings(now, [], settings) == []  # nothing to compare with yet
     # The same move on 6 tickers is within chance of 12 reference grades: no warning.
