@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
 from contextlib import AbstractContextManager
 from functools import lru_cache
 from importlib.resources import files
@@ -21,20 +22,16 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from app.errors import DatabaseError
+from app.errors import DatabaseError, first_line
 from serving.urls import redact
 
 log = structlog.get_logger(__name__)
 
 
 def reason(error: BaseException) -> str:
-    """Return what went wrong, in one line and without a URL's password.
-
-    SQLAlchemy's own text spans lines (the statement, a link); the driver's first line says it.
-    """
-    cause = getattr(error, "orig", None) or error
-    lines = str(cause).strip().splitlines()
-    return redact(lines[0] if lines else type(cause).__name__)
+    """Return what went wrong, in one line (the driver's, where SQLAlchemy wraps one) and
+    without a URL's password."""
+    return redact(first_line(error, sys.maxsize))
 
 
 def shown(url: str | URL) -> str:
@@ -140,14 +137,10 @@ def make_engine(url: str) -> Engine:
 def migration_engine(url: str) -> Engine:
     """Return an engine for running migrations: each one commits whole or not at all.
 
-    pysqlite opens a transaction only before INSERT, UPDATE and DELETE, so CREATE, ALTER
-    and DROP each committed on their own and an upgrade killed half-way left tables that
-    every later upgrade tripped over. Here the driver's own handling is turned off and each
-    transaction starts with ``BEGIN IMMEDIATE``: SQLite's DDL is transactional, so a
-    migration's statements and its version stamp commit together (docs/reliability.md,
-    "Interrupted upgrades"). IMMEDIATE takes the write lock at once, so a second upgrade
-    waits on the busy timeout instead of failing half-way. PostgreSQL's DDL is
-    transactional as it is. No pool: the connection closes with the upgrade.
+    pysqlite would commit each CREATE, ALTER and DROP on its own, so its transaction
+    handling is off and each transaction starts with ``BEGIN IMMEDIATE`` (the write lock at
+    once: a second upgrade waits instead of failing half-way); docs/reliability.md,
+    "Interrupted upgrades". No pool: the connection closes with the upgrade.
     """
     if make_url(url).get_backend_name() != "sqlite":
         return create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})

@@ -58,8 +58,8 @@ class Runner(BaseModel, frozen=True):
 
     @classmethod
     def current(cls) -> Runner:
-        return cls(host=socket.gethostname(), pid=os.getpid(),
-                   started=_process_start(os.getpid()))
+        stat = _stat(os.getpid())
+        return cls(host=socket.gethostname(), pid=os.getpid(), started=stat and stat[1])
 
     @classmethod
     def of(cls, settings: dict[str, Any] | None) -> Runner | None:
@@ -102,11 +102,6 @@ def _stat(pid: int) -> tuple[str, int] | None:
     # The command name (field 2) is in parentheses and may hold spaces: split after it.
     fields = raw[raw.rfind(")") + 2:].split()
     return fields[0], int(fields[19])
-
-
-def _process_start(pid: int) -> int | None:
-    stat = _stat(pid)
-    return None if stat is None else stat[1]
 
 
 def running_nightly(engine: Engine) -> int | None:
@@ -337,8 +332,7 @@ def _file_lock(path: Path, engine: Engine) -> Iterator[LockHold | None]:
 
 
 @contextlib.contextmanager
-def _advisory_lock(url: str, key: int = ADVISORY_KEY,
-                   what: str = "nightly") -> Iterator[LockHold | None]:
+def _advisory_lock(url: str, key: int, what: str) -> Iterator[LockHold | None]:
     hold = _AdvisoryHold(url, key)
     try:
         held = hold.take()
@@ -351,18 +345,20 @@ def _advisory_lock(url: str, key: int = ADVISORY_KEY,
         hold.release()
 
 
+def _lock(engine: Engine, key: int, what: str) -> tuple[
+        contextlib.AbstractContextManager[LockHold | None], str]:
+    """Return the lock ``what`` of the engine's database, and where it is (for the log)."""
+    url = engine.url.render_as_string(hide_password=False)
+    if engine.dialect.name == "postgresql":
+        return _advisory_lock(url, key, what), f"advisory lock {key}"
+    path = lock_file_path(url, what)
+    return _file_lock(path, engine), str(path)
+
+
 @contextlib.contextmanager
 def nightly_lock(engine: Engine) -> Iterator[LockHold]:
     """Hold the nightly lock for the block; raise AlreadyRunningError when another run has it."""
-    url = engine.url.render_as_string(hide_password=False)
-    held_lock: contextlib.AbstractContextManager[LockHold | None]
-    if engine.dialect.name == "postgresql":
-        held_lock = _advisory_lock(url)
-        where = f"advisory lock {ADVISORY_KEY}"
-    else:
-        path = lock_file_path(url)
-        held_lock = _file_lock(path, engine)
-        where = str(path)
+    held_lock, where = _lock(engine, ADVISORY_KEY, "nightly")
     with held_lock as hold:
         if hold is None:
             raise _refuse(engine)
@@ -379,13 +375,7 @@ def nightly_lock(engine: Engine) -> Iterator[LockHold]:
 def scheduler_lock(engine: Engine) -> Iterator[LockHold]:
     """Hold the scheduler daemon's lock for the block (its life); AlreadyRunningError (exit 4)
     when another daemon serves the same database."""
-    url = engine.url.render_as_string(hide_password=False)
-    held_lock: contextlib.AbstractContextManager[LockHold | None]
-    if engine.dialect.name == "postgresql":
-        held_lock = _advisory_lock(url, SCHEDULER_KEY, "scheduler")
-    else:
-        held_lock = _file_lock(lock_file_path(url, "scheduler"), engine)
-    with held_lock as hold:
+    with _lock(engine, SCHEDULER_KEY, "scheduler")[0] as hold:
         if hold is None:
             raise AlreadyRunningError("already running: another `nightdesk scheduler` serves "
                                       f"this database{_scheduler_holder(engine)}")

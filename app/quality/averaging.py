@@ -1,15 +1,11 @@
 """Measure how agreement grows when each side averages k samples per ticker.
 
 Two sides are compared ticker by ticker: two batches (reproducibility) or two disjoint halves
-of one batch's samples (split-half stability). At every k, including k = 1, a side's grade
-for a ticker is the band of the mean score of its k samples (app.quality.grades.consensus):
-one rule for the whole curve, so a row differs from the next only by how many samples were
-averaged. With N samples there are many ways to choose the k; each figure is the mean over
-the choices. When there are at most ``ALL_CHOICES`` of them every one is used and the mean is
-exact; otherwise choices are drawn at random (fixed seed, so a report repeats) in rounds of
-``DRAW_ROUND`` until the standard error of each figure's mean over the draws is below
-``TARGET_ERROR``, and that error is reported with the row. When that takes as many draws as
-there are choices, every choice is used instead.
+of one batch's samples (split-half stability). At every k a side's grade for a ticker is the
+band of the mean score of its k samples (app.quality.grades.consensus); each figure is the
+mean over the choices of k samples, exact up to ``ALL_CHOICES`` choices, else drawn (fixed
+seed) in rounds of ``DRAW_ROUND`` until its standard error is below ``TARGET_ERROR``
+(docs/quality.md, "`quality repro`").
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from agents.decision import RATINGS
 from app.errors import DataError, InputError
 from app.quality.grades import BatchGrades, load_grades
 from app.quality.repro import BatchSummary, summarize
-from app.quality.statistics import BEARISH, BULLISH, finite, ic_test, spearman
+from app.quality.statistics import direction, finite, ic_test, spearman
 
 HORIZON = re.compile(r"^([1-9][0-9]{0,2})d$")
 
@@ -184,14 +184,10 @@ def forward_report(engine: Engine, provider: DataProvider, batch_id: int, days: 
     )
 
 
-def _hit(rating: str, value: float) -> bool:
-    return value > 0 if rating in BULLISH else value < 0
-
-
 def directional_hits(ratings: Sequence[str], target: Sequence[float]) -> tuple[int, int]:
     """Return (hits, calls): the non-Hold ratings, and those whose return had their sign."""
-    called = [_hit(r, x) for r, x in zip(ratings, target, strict=True)
-              if r in BULLISH | BEARISH]
+    called = [direction(r) * x > 0 for r, x in zip(ratings, target, strict=True)
+              if direction(r)]
     return sum(called), len(called)
 
 

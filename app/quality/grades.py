@@ -1,13 +1,9 @@
 """Read a batch's decisions as grades, and turn a ticker's samples into one rating and score.
 
 One grading rule for any number of samples: the score is the mean of the samples' scores
-and the rating is the band of that mean (agents.decision.SCORE_BANDS). The ranking orders by
-the mean, so deriving the rating from the same number means the two can never contradict; a
-majority vote over five ordered grades ties often with 2–4 samples and ignores how far each
-sample leaned. A single sample is graded by the band of its score too, so a night's grade
-never depends on how many samples it ran: a one-sample night and a four-sample night are
-judged alike by track, forward, the monitor and the ranking. The model's own rating stays
-on the decision row, and a row whose rating contradicts its score is flagged.
+and the rating is the band of that mean (agents.decision.SCORE_BANDS), so the ranking's
+order and the rating never contradict (docs/quality.md, "Score bands"). The model's own
+rating stays on the decision row, and a row whose rating contradicts its score is flagged.
 """
 
 from __future__ import annotations

@@ -1,43 +1,12 @@
 """Watch each nightly batch's rating distribution and write a warning when it looks wrong.
 
-Three tests, after every nightly batch that graded at least ``monitor_min_tickers`` tickers;
-together they flag at most ``monitor_false_alarm_rate`` of the nights they should not, at
-any universe size:
-
-- **grade share** (``grade_share``): "this desk gives one grade to more than
-  ``monitor_max_grade_share`` of its tickers" (70%: the old system's Hold took 66–80%, which
-  says the model hedges). A fixed limit on tonight's share would flag a desk whose true Hold
-  share is 60% on a quarter of its nights at 6 tickers, by chance alone; instead tonight's
-  count is tested against the limit with an exact one-sided binomial test (scipy), so a
-  desk at or below the limit is flagged on at most its share of the rate. Only
-  ⌊1/limit⌋ grades can sit at the limit at once, so that share is split among that many.
-- **jump** (``distribution_jump``): "tonight's grades come from the same distribution as
-  the reference nights'". The test conditions on the grades' combined counts (tonight's plus
-  the reference's): under the null every split of those grades into tonight's n and the
-  reference's is equally likely, so tonight's counts follow a multivariate hypergeometric
-  law whatever n is. Its p-value is the Monte Carlo share of ``split_draws`` such splits
-  (2,000, more at a rate below 1%) whose Pearson chi-square statistic is at least the
-  observed one, counted as (1 + hits) / (1 + draws), which keeps the level at or below the
-  rate for any number of draws (R's ``chisq.test(simulate.p.value=TRUE)``). The
-  total-variation distance (the share of grades that would have to change) is reported as
-  the size of the move.
-- **concentration** (``concentration``): "tonight's grades are piled onto fewer grades than
-  the reference's". Chi-square hardly moves when the most common grade grows (Hold 60% →
-  80%), so the same splits are scored by tonight's Herfindahl index, Σ share², one-sided.
-
-The operator reads any warning as "something is wrong tonight", so the three tests share the
-rate (Bonferroni): each is run at a third of it (``TEST_LEVEL``), and an unchanged night
-gets any warning on at most the rate of nights, whatever the tests' dependence. A desk at its
-share limit could otherwise get a share warning on the rate of its nights and a "moved" one
-on as many again.
-
-The reference pools the trailing ``monitor_trailing_batches`` nightly batches that were not
-flagged as moved (jump or concentration), so one odd night does not make the next normal one
-look odd. A lasting change would then be flagged for ever; after
-``monitor_new_normal_after`` consecutive moved nights the monitor says once "a new normal
-since night N" (``new_normal``) and from then on judges against the nights since N. An
-operator can say the same at once (``nightdesk quality acknowledge``, kind
-``acknowledged``).
+After every nightly batch that graded at least ``monitor_min_tickers`` tickers, three tests
+(``grade_share``, ``distribution_jump``, ``concentration``) each run at a third of
+``monitor_false_alarm_rate`` (``TEST_LEVEL``), so an unchanged night gets any warning on at
+most that rate of nights. The reference pools the trailing ``monitor_trailing_batches``
+nights not flagged as moved; ``monitor_new_normal_after`` moved nights in a row, or
+``nightdesk quality acknowledge``, make a new normal. docs/quality.md ("The
+rating-distribution monitor") gives each test's statistic and its calibration.
 """
 
 from __future__ import annotations
@@ -164,9 +133,10 @@ def concentration(night: np.ndarray) -> np.ndarray:
     return np.asarray((night * night).sum(axis=-1))
 
 
-def _split_p_values(current: dict[str, int], reference: dict[str, int], *, draws: int,
-                    seed: int) -> tuple[float, float]:
-    """Return the (jump, concentration) p-values over the same random splits."""
+def split_p_values(current: dict[str, int], reference: dict[str, int], *,
+                   draws: int = JUMP_DRAWS, seed: int = 0) -> tuple[float, float]:
+    """Return the p-values of "same distribution" (jump) and of "no more concentrated than
+    the reference" (concentration) for two count tables, over the same random splits."""
     night = np.array([current.get(r, 0) for r in RATINGS])
     pooled = np.array([reference.get(r, 0) for r in RATINGS])
     splits = np.random.default_rng(seed).multivariate_hypergeometric(
@@ -180,18 +150,6 @@ def _split_p_values(current: dict[str, int], reference: dict[str, int], *, draws
         hits = int(np.sum(simulated >= observed - 1e-9 * max(1.0, observed)))
         values.append((1 + hits) / (1 + draws))
     return values[0], values[1]
-
-
-def jump_p_value(current: dict[str, int], reference: dict[str, int], *,
-                 draws: int = JUMP_DRAWS, seed: int = 0) -> float:
-    """Return the p-value of "same distribution" for two count tables (module notes)."""
-    return _split_p_values(current, reference, draws=draws, seed=seed)[0]
-
-
-def concentration_p_value(current: dict[str, int], reference: dict[str, int], *,
-                          draws: int = JUMP_DRAWS, seed: int = 0) -> float:
-    """Return the p-value of "no more concentrated than the reference" (module notes)."""
-    return _split_p_values(current, reference, draws=draws, seed=seed)[1]
 
 
 def split_draws(settings: Settings) -> int:
@@ -249,7 +207,7 @@ def findings(current: dict[str, int], trailing: list[dict[str, int]], settings: 
         return found
     rate = settings.quality.false_alarm_rate
     level = test_level(settings)
-    jump, piled = _split_p_values(current, pooled, draws=split_draws(settings), seed=seed)
+    jump, piled = split_p_values(current, pooled, draws=split_draws(settings), seed=seed)
     common = {"tvd": tvd, "false_alarm_rate": rate, "level": level, "current": current,
               "trailing": pooled, "trailing_batches": len(trailing)}
     if jump <= level:

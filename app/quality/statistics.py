@@ -236,13 +236,6 @@ def spearman_brown(r1: float | None, k: float) -> float | None:
     return k * r1 / (1 + (k - 1) * r1)
 
 
-def samples_for(r1: float, target: float) -> float:
-    """Return k with spearman_brown(r1, k) == target: k = target(1−r1) / (r1(1−target))."""
-    if not (0 < r1 < 1 and 0 < target < 1):
-        raise ValueError("reliabilities must lie strictly between 0 and 1")
-    return target * (1 - r1) / (r1 * (1 - target))
-
-
 def distribution(ratings: Sequence[str]) -> dict[str, int]:
     """Count the ratings, every grade present (zero when unused), in scale order."""
     return {rating: sum(r == rating for r in ratings) for rating in RATINGS}

@@ -1,26 +1,12 @@
 """Judge the ratings over many nights: per-night rank IC at each horizon, and what it adds up to.
 
-One night says little (its IC over tens of tickers is mostly noise); the track record asks
-whether the nightly ICs average above zero. Per horizon h (trading days):
-
-- each night's rank IC (Spearman of score against the forward or excess return, as
-  ``quality forward`` computes it), the mean over nights and its t-statistic. Nights are one
-  session apart while an h-session return spans h sessions, so consecutive nights' returns
-  overlap and, as scores persist, their ICs are correlated: the t divides by a standard
-  error that holds however strongly (app.quality.statistics.overlap_t, on ⌊nights/h⌋ − 1
-  degrees of freedom), which at h = 1 is the plain mean ÷ (sd/√nights). docs/quality.md
-  gives the simulation that chose it over Newey–West;
-- the share of nights with a positive IC, and the hit rate of every directional call pooled;
-- the long–short spread: each night's mean return of Buy/Overweight minus that of
-  Underweight/Sell, averaged over nights, with the same t;
-- the scored record: per rating, every scored rating (ticker-night with a defined return)
-  pooled, its hit rate and mean return, shown once there are ``MIN_SCORED`` of them;
-- a verdict, withheld ("too few nights to judge") below ``min_nights(h)`` nights.
-
-A night is the newest finished nightly batch of an as-of date, and nights whose returns
-start from the same session count once, as the newest of them. A night whose returns are not
-there yet (too few sessions after it) is pending at that horizon and listed, never counted;
-a ticker left out of a night (no decision, no prices, an undefined return) is listed too.
+Per horizon h (trading days): each night's rank IC, their mean and its t (on overlapping
+returns: ``app.quality.statistics.overlap_t``), the share of positive nights and the hit
+rate, the long–short spread, the scored record per rating, and a verdict withheld below
+``min_nights(h)`` nights. A night is the newest finished nightly batch of an as-of date;
+nights whose returns start from the same session count once; a night whose returns are not
+there yet is pending, listed and never counted. docs/quality.md ("`quality track`") says
+what each figure means and why the t was chosen.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from app.config import load_settings
-from app.quality.monitor import findings, jump_p_value
+from app.quality.monitor import findings, split_p_values
 from tests.unit.support.quality_rows import SCALE
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "quality.md"
@@ -38,7 +38,7 @@ def p_values(tickers: int, night_law: np.ndarray, nights: int, seed: int) -> np.
     for _ in range(nights):
         night = counts(rng.multinomial(tickers, night_law))
         reference = counts(rng.multinomial(tickers * TRAILING, UNCHANGED))
-        values.append(jump_p_value(night, reference))
+        values.append(split_p_values(night, reference)[0])
     return np.array(values)
 
 

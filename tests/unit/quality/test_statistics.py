@@ -15,7 +15,6 @@ from app.quality.statistics import (
     flip_rate,
     ic_test,
     quadratic_kappa,
-    samples_for,
     spearman,
     spearman_brown,
     total_variation,
@@ -112,11 +111,6 @@ def test_spearman_brown_and_the_samples_it_calls_for() -> None:
     assert spearman_brown(None, 4) is None
     assert spearman_brown(-0.2, 2) is None  # a negative reliability has no such reading
     assert spearman_brown(0.0, 4) == 0.0
-    k = samples_for(0.12, 0.7)
-    assert k == pytest.approx(0.7 * 0.88 / (0.12 * 0.3))
-    assert spearman_brown(0.12, k) == pytest.approx(0.7)
-    with pytest.raises(ValueError):
-        samples_for(0.0, 0.7)
 
 
 def test_total_variation_distance() -> None:
