@@ -28,7 +28,7 @@ from app.errors import (
     LLMTimeoutError,
 )
 from app.llm import Call, Tries
-from app.tasks import first_error
+from app.tasks import beside
 from app.traffic.budget import Claim
 from app.traffic.gate import priority
 from app.traffic.server import Server, ServerSet
@@ -221,15 +221,10 @@ class TickerClient:
         """Await the call; if its endpoint goes down first and another is up, cancel it."""
         if not self.servers.several:
             return await call  # one endpoint: nowhere to go, so nothing to watch
-        try:
-            async with asyncio.TaskGroup() as group:
-                watch = group.create_task(_gone(self.servers, endpoint))
-                try:
-                    return await call
-                finally:
-                    watch.cancel()
-        except BaseExceptionGroup as group:
-            raise first_error(group) from None
+        watches: list[asyncio.Task[None]] = []
+        async with beside(lambda: [watch.cancel() for watch in watches]) as group:
+            watches.append(group.create_task(_gone(self.servers, endpoint)))
+            return await call
 
 
 async def _gone(servers: ServerSet, endpoint: Server) -> None:
