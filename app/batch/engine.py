@@ -30,7 +30,7 @@ from app.db.models import RESUMABLE_KINDS
 from app.db.retry import outage, transient, write_budget
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
-from app.tasks import first_error, in_thread, patience_s
+from app.tasks import beside, in_thread, patience_s
 from app.traffic.client import TickerClient
 from app.traffic.clock import Clock, loop_clock
 from app.traffic.halt import Halt, HaltReason
@@ -300,15 +300,12 @@ class BatchRun:
             bundle = bundles.pop(ticker)
             self.extra_settings["demo_data"] |= bundle.demo
             # A failed sample cancels its siblings; none of their calls outlives the ticker.
-            try:
-                async with asyncio.TaskGroup() as samples:
-                    runs = [samples.create_task(
-                        analyze_ticker(llm=gated, config=owner.pipeline, batch_id=batch_id,
-                                       bundle=bundle, sample=s, checkpointer=self.saver,
-                                       durability=owner.settings.store.checkpoint_durability))
-                        for s in range(plan.samples)]
-            except BaseExceptionGroup as group:
-                raise first_error(group) from None
+            async with beside() as samples:
+                runs = [samples.create_task(
+                    analyze_ticker(llm=gated, config=owner.pipeline, batch_id=batch_id,
+                                   bundle=bundle, sample=s, checkpointer=self.saver,
+                                   durability=owner.settings.store.checkpoint_durability))
+                    for s in range(plan.samples)]
             results = [run.result() for run in runs]
             await in_thread(store.record_outputs, owner.engine, batch_id, results)
             return [store.DecisionRow(ticker, r.sample, r.decision.rating, r.decision.score,
@@ -386,7 +383,7 @@ class BatchRun:
                     kept.open(self.recorder.drain))
             async with self.watching:
                 await run_until_halted(self.scheduler, self.scheduler.run(jobs),
-                                       owner.halt, beside=[self._heartbeat(), self._lost()])
+                                       owner.halt, helpers=[self._heartbeat(), self._lost()])
             if kept is not None and self.saver is not None and self._halted() is None:
                 # Also those a process killed between storing and pruning left behind.
                 await kept.prune(self.saver, await in_thread(kept.finished,
@@ -582,8 +579,8 @@ def max_in_flight(strategy: Strategy, shapes: dict[str, tuple[int, int]] | None,
 
 
 async def run_until_halted(scheduler: Scheduler, work: Coroutine[Any, Any, None], halt: Halt,
-                           beside: Sequence[Coroutine[Any, Any, None]] = ()) -> None:
-    """Await ``work`` in one TaskGroup with the halt (and ``beside`` it, until it ends).
+                           helpers: Sequence[Coroutine[Any, Any, None]] = ()) -> None:
+    """Await ``work`` in one TaskGroup with the halt (and ``helpers``, until it ends).
 
     A halt stops the scheduler; requests at the server may finish within the reason's
     grace, waiting ones are refused with BatchStopped once drained; past the grace, or once
@@ -593,17 +590,12 @@ async def run_until_halted(scheduler: Scheduler, work: Coroutine[Any, Any, None]
     try:
         async with asyncio.timeout(None) as cut:
             halt.arm(cut)
+            tasks: list[asyncio.Task[None]] = []
             try:
-                async with asyncio.TaskGroup() as group:
-                    helpers = [group.create_task(_stop_on_halt(scheduler, halt)),
-                               *(group.create_task(task) for task in beside)]
-                    try:
-                        await work
-                    finally:
-                        for helper in helpers:
-                            helper.cancel()
-            except BaseExceptionGroup as group:
-                raise first_error(group) from None
+                async with beside(lambda: [task.cancel() for task in tasks]) as group:
+                    tasks += [group.create_task(helper) for helper
+                              in (_stop_on_halt(scheduler, halt), *helpers)]
+                    await work
             finally:
                 halt.arm(None)  # a stop asked later has nothing left to cut
     except TimeoutError:

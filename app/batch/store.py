@@ -141,7 +141,6 @@ def expected_work(engine: Engine, tickers: list[str]) -> dict[str, float]:
         return {t: float(w or 0) for t, w in conn.execute(stmt)}
 
 
-
 def _failures(conn: Connection, batch_id: int) -> str:
     """Say in one line how many of the batch's tickers failed, and the first one's reason."""
     failed = conn.execute(select(TickerRun.ticker, TickerRun.error)

@@ -28,7 +28,7 @@ from app.errors import (
     LLMTimeoutError,
 )
 from app.llm import Call, Tries
-from app.tasks import first_error
+from app.tasks import beside
 from app.traffic.budget import Claim
 from app.traffic.gate import priority
 from app.traffic.server import Server, ServerSet
@@ -79,11 +79,9 @@ class TickerClient:
             try:
                 return await endpoint.llm.size(messages, max_tokens=max_tokens, exact=exact)
             except LLMError as error:
-                target = await self._elsewhere(endpoint, started, error, counts_left)
-                if target is None:
+                if not await self._resend(endpoint, started, error, counts_left):
                     log.warning("prompt could not be counted", error=str(error)[:200])
                     return None
-                self._move(target)
 
     def close(self) -> None:
         """Release what the ticker still holds: its work is over (again: nothing to do)."""
@@ -131,12 +129,7 @@ class TickerClient:
                         if isinstance(error, EndpointGone) or not tries.note(error):
                             tries.due = False
                             sends_left -= 1
-                            target = await self._elsewhere(server, started, error, sends_left)
-                            if target is not None:
-                                log.warning("call sent again", node=tag.node,
-                                            ticker=tag.ticker, failed_at=server.name,
-                                            to=target.name, error=str(error)[:200])
-                                self._move(target)
+                            if await self._resend(server, started, error, sends_left, tag):
                                 tries.resend()
                         raise
         except LLMError as error:
@@ -186,14 +179,21 @@ class TickerClient:
                 await server.check()
             raise
 
-    async def _elsewhere(self, endpoint: Server, started: float, error: LLMError,
-                         tries_left: int) -> Server | None:
-        """Return where a call or count that failed at ``endpoint`` goes next; None: the
-        failure is its own, or no try is left (ServerSet.after_failure decides the rest)."""
-        if not server_fault(error) or tries_left <= 0:
-            return None
-        return await self.servers.after_failure(
-            endpoint, started, reached=not isinstance(error, LLMConnectionError))
+    async def _resend(self, endpoint: Server, started: float, error: LLMError,
+                      tries_left: int, tag: CallTag | None = None) -> bool:
+        """Move the ticker to where a call (``tag``) or a count that failed at ``endpoint``
+        goes next; False: the failure is its own, or no try is left (ServerSet.after_failure
+        decides the rest). Both of a ticker's loops resend through here."""
+        target = None if not server_fault(error) or tries_left <= 0 else (
+            await self.servers.after_failure(
+                endpoint, started, reached=not isinstance(error, LLMConnectionError)))
+        if target is None:
+            return False
+        if tag is not None:
+            log.warning("call sent again", node=tag.node, ticker=tag.ticker,
+                        failed_at=endpoint.name, to=target.name, error=str(error)[:200])
+        self._move(target)
+        return True
 
     def _here(self) -> Server:
         """Return the ticker's endpoint, moving the ticker first when that one is down."""
@@ -221,19 +221,14 @@ class TickerClient:
         """Await the call; if its endpoint goes down first and another is up, cancel it."""
         if not self.servers.several:
             return await call  # one endpoint: nowhere to go, so nothing to watch
-        try:
-            async with asyncio.TaskGroup() as group:
-                watch = group.create_task(_gone(self.servers, endpoint))
-                try:
-                    return await call
-                finally:
-                    watch.cancel()
-        except BaseExceptionGroup as group:
-            raise first_error(group) from None
+        watches: list[asyncio.Task[None]] = []
+        async with beside(lambda: [watch.cancel() for watch in watches]) as group:
+            watches.append(group.create_task(_gone(self.servers, endpoint)))
+            return await call
 
 
 async def _gone(servers: ServerSet, endpoint: Server) -> None:
     """Raise EndpointGone once ``endpoint`` is down and another server is up to take over."""
     while endpoint.up or servers.alternative(endpoint) is None:
-        await (endpoint.gone if endpoint.up else servers.health_event()).wait()
+        await servers.health_event().wait()  # set when an endpoint goes down or comes back
     raise EndpointGone(f"{endpoint.name} went down during the call")

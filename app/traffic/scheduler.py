@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.tasks import first_error
+from app.tasks import beside, first_error
 from app.traffic.client import TickerClient
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
@@ -103,18 +103,15 @@ class Scheduler:
         self.endpoints.began = self.endpoints.clock()  # the hold-back rows' zero
         ordered = sorted(jobs, key=lambda j: -j.weight)
         self._unstarted = sum(job.requests for job in ordered)
-        try:
-            async with asyncio.TaskGroup() as loops:
-                tail = (loops.create_task(self._follow_tail(), name="tail")
-                        if self.strategy.tail else None)
-                try:
-                    async with asyncio.TaskGroup() as tickers:
-                        await self._start(ordered, tickers)
-                finally:
-                    if tail is not None:
-                        tail.cancel()
-        except BaseExceptionGroup as group:
-            raise first_error(group) from None
+        loops: list[asyncio.Task[None]] = []
+        async with beside(lambda: [loop.cancel() for loop in loops]) as group:
+            if self.strategy.tail:
+                loops.append(group.create_task(self._follow_tail(), name="tail"))
+            try:  # a TaskGroup, not ``beside``: a cut in ``_start`` must cancel the tickers
+                async with asyncio.TaskGroup() as tickers:
+                    await self._start(ordered, tickers)
+            except BaseExceptionGroup as errors:
+                raise first_error(errors) from None
 
     async def _start(self, ordered: list[Job], tickers: asyncio.TaskGroup) -> None:
         """Start each job as admission allows, in ``tickers``; return when all are started."""

@@ -80,7 +80,6 @@ class Server:
         self.clock = clock  # what outages are timed on
         self.servers: ServerSet | None = None  # the set, told of every reading
         self.up = True
-        self.gone = asyncio.Event()  # set while the endpoint is down
         self.outages_seen: list[dict[str, Any]] = []  # start and seconds of each, for the batch
         self.last_failed_at: float | None = None  # when a reading last failed
         self._suspect = False  # a call met a server fault: the next failed reading is down
@@ -246,7 +245,6 @@ class Server:
         if up:
             seconds = round(now - self._down_since, 1)
             self.outages_seen[-1]["seconds"] = seconds
-            self.gone.clear()
             self.gate.release(HOLD)
             log.warning("LLM server answers again: admission resumes", endpoint=self.name,
                         down_s=seconds)
@@ -254,7 +252,6 @@ class Server:
             self._down_since = now
             self.outages_seen.append({"endpoint": self.name, "seconds": None,
                                       "start": datetime.now(UTC).isoformat()})
-            self.gone.set()
             self.gate.hold(HOLD)
             log.warning("LLM server does not answer: admission paused, its tickers move to "
                         "a server that is up", endpoint=self.name,

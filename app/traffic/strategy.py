@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
-from typing import Any, Literal, TypeVar, get_type_hints
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from pydantic import ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from app.errors import InputError
 from app.traffic.admission import AdmissionPolicy
@@ -14,44 +14,41 @@ from app.traffic.budget import TokenBudget
 
 # "No limit": a count no batch reaches.
 UNBOUNDED = 1_000_000
-T = TypeVar("T")
-
-
-def _knobs(cls: type, *, set_elsewhere: tuple[str, ...] = ()) -> dict[str, type]:
-    """Return a dataclass's knobs: its numeric init fields, by name, and their types."""
-    hints = get_type_hints(cls)
-    return {f.name: hints[f.name] for f in fields(cls)
-            if f.init and hints[f.name] in (int, float) and f.name not in set_elsewhere}
-
-
-POLICY_KNOBS = _knobs(AdmissionPolicy)
-# The token budget's, ``budget_`` prefixed where a policy knob has the name; the server gives
-# the block size, the server's counts the ratio.
-BUDGET_KNOBS = {("budget_" if name in POLICY_KNOBS else "") + name: name
-                for name in _knobs(TokenBudget, set_elsewhere=("block_size", "tokens_per_byte"))}
-
 OnOff = Literal["on", "off"]
-_KNOB_FIELDS: dict[str, Any] = {
+
+
+class Knobs(BaseModel):
+    """What ``NAME:knob=value,...`` may set, each as its setting's type; a knob left out
+    keeps its default. A count given with a fraction is refused (``int`` would cut it
+    without a word), and nan and inf are no setting."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     # Unset: the strategy's own default (adaptive: on; a fixed count: off).
-    "tail": (OnOff | None, None), "prefetch": (OnOff | None, None),
-    # Numbers as floats, made the field's type when the policy or budget is built.
-    **{name: (float | None, None) for name in (*POLICY_KNOBS, *BUDGET_KNOBS)}}
-# What ``NAME:knob=value,...`` may set; a knob left out keeps its default.
-# nan and inf are no setting: ``initial=inf`` would fail only when the policy is built.
-Knobs = create_model("Knobs", __config__=ConfigDict(extra="forbid", frozen=True,
-                                                    allow_inf_nan=False),
-                     **_KNOB_FIELDS)
+    tail: OnOff | None = None
+    prefetch: OnOff | None = None
+    # AdmissionPolicy's (POLICY_KNOBS).
+    initial: int | None = None
+    minimum: int | None = None
+    maximum: int | None = None
+    queue_allowance: int | None = None
+    backoff: float | None = None
+    # TokenBudget's, ``budget_`` prefixed where a policy knob has the name; the server gives
+    # the block size and the capacity, the server's counts the ratio.
+    fill: float | None = None
+    overbook: float | None = None
+    overbook_max: float | None = None
+    overbook_step: float | None = None
+    rise_after: int | None = None
+    calm: int | None = None
+    high_cut: float | None = None
+    kv_high: float | None = None
+    budget_backoff: float | None = None
+    out_quantile: float | None = None
+    min_samples: int | None = None
 
 
-def _build(cls: type[T], knobs: tuple[tuple[str, float], ...], **given: Any) -> T:
-    """Return ``cls`` made with ``given`` and ``knobs``, each knob made its field's type;
-    ValueError for a count given with a fraction (``int`` would cut it without a word) or a
-    value ``cls`` refuses."""
-    hints = get_type_hints(cls)
-    for name, value in knobs:
-        if hints[name] is int and not float(value).is_integer():
-            raise ValueError(f"{name} must be a whole number (got {value:g})")
-    return cls(**{**given, **{name: hints[name](value) for name, value in knobs}})
+POLICY_KNOBS = ("initial", "minimum", "maximum", "queue_allowance", "backoff")
+NUMBERS = tuple(name for name in Knobs.model_fields if name not in ("tail", "prefetch"))
 
 
 @dataclass(frozen=True)
@@ -63,8 +60,9 @@ class Strategy:
     request_limit: int | None = None  # a fixed cap on outstanding requests
     adaptive: bool = False
     tail: bool = False  # urgent tickers start at once and go first (scheduler.py)
-    policy: tuple[tuple[str, float], ...] = ()  # admission policy settings that differ
-    budget_knobs: tuple[tuple[str, float], ...] = ()  # token budget settings that differ
+    # AdmissionPolicy's and TokenBudget's settings that differ, each as its field's type.
+    policy: tuple[tuple[str, Any], ...] = ()
+    budget_knobs: tuple[tuple[str, Any], ...] = ()
     prefetch: bool = False  # fan-outs ahead of a free chain slot; adaptive's default
 
     @classmethod
@@ -80,9 +78,10 @@ class Strategy:
         base, _, knobs = name.partition(":")
         chosen = _parse_knobs(name, knobs)
         if base == "adaptive":
-            policy = tuple((key, float(chosen[key])) for key in POLICY_KNOBS if key in chosen)
-            budget_knobs = tuple((field, float(chosen[key])) for key, field
-                                 in BUDGET_KNOBS.items() if key in chosen)
+            numbers = [(key, value) for key, value in chosen.items() if key in NUMBERS]
+            policy = tuple((key, value) for key, value in numbers if key in POLICY_KNOBS)
+            budget_knobs = tuple((key.removeprefix("budget_"), value) for key, value in numbers
+                                 if key not in POLICY_KNOBS)
             strategy = cls(name, adaptive=True, tail=chosen.get("tail", "on") == "on",
                            policy=policy, budget_knobs=budget_knobs,
                            prefetch=chosen.get("prefetch", "on") == "on")
@@ -108,11 +107,11 @@ class Strategy:
 
     def admission_policy(self, maximum: int) -> AdmissionPolicy:
         """Return a fresh admission policy of at most ``maximum`` (unless a knob says)."""
-        return _build(AdmissionPolicy, self.policy, maximum=maximum)
+        return AdmissionPolicy(**{"maximum": maximum, **dict(self.policy)})
 
     def token_budget(self) -> TokenBudget | None:
         """Return a fresh token budget: adaptive's (None for a fixed count of tickers)."""
-        return _build(TokenBudget, self.budget_knobs) if self.adaptive else None
+        return TokenBudget(**dict(self.budget_knobs)) if self.adaptive else None
 
 
 def _parse_knobs(name: str, knobs: str) -> dict[str, Any]:
@@ -134,7 +133,7 @@ def _parse_knobs(name: str, knobs: str) -> dict[str, Any]:
         raise InputError(
             f"bad knob {written.get(key, key)!r} in strategy {name!r} "
             "(tail=on|off, prefetch=on|off, "
-            f"or a number for {', '.join((*POLICY_KNOBS, *BUDGET_KNOBS))})") from None
+            f"or a number for {', '.join(NUMBERS)})") from None
 
 
 def _fixed(base: str, name: str) -> Strategy:

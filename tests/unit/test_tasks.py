@@ -370,7 +370,7 @@ async def test_after_failure_leaves_nothing_when_cancelled() -> None:
 
 
 class Gone(asyncio.Event):
-    """An endpoint's ``gone`` event, whose waiter needs a moment to end once cancelled."""
+    """The servers' health event, whose waiter needs a moment to end once cancelled."""
 
     async def wait(self) -> Any:
         try:
@@ -382,11 +382,11 @@ class Gone(asyncio.Event):
 
 def two_endpoints() -> tuple[Any, Any]:
     """Return (a ticker's client as _unless_gone sees it, its endpoint): one more is up."""
+    health = Gone()  # what go_down sets, as the real endpoint's change of health does
     endpoint = SimpleNamespace(url="http://gpu0.test:8000/v1", name="http://gpu0.test:8000/v1",
-                               up=True, gone=Gone())
+                               up=True, gone=health)
     other = SimpleNamespace(url="http://gpu1.test:8000/v1", name="http://gpu1.test:8000/v1",
                             up=True)
-    health = asyncio.Event()
     endpoints = SimpleNamespace(several=True, alternative=lambda e: other,
                                 health_event=lambda: health)
     return SimpleNamespace(servers=endpoints), endpoint
