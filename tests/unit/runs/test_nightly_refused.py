@@ -440,3 +440,37 @@ def test_a_refused_resume_is_named_where_the_morning_names_the_night_it_was_for(
         assert run_cli("run", "--resume", str(night), env=quick).code == 0
         status = night_status(sqlite_engine, settings, ranked_night(sqlite_engine))
     assert (status.status, status.refused) == ("succeeded", None)
+
+
+def test_a_failed_night_of_the_date_is_not_said_to_have_analyzed_it(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        hook: Webhook) -> None:
+    # The timer's `run --continue-night` (`systemctl start nightdesk-batch.service`) after a
+    # night whose every ticker failed on its own account: it said "nightly batch #N has
+    # already analyzed as-of D" and advised only newer data or another night of the date.
+    import shlex
+
+    from tests.fakevllm import Reply
+
+    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
+    refuse = [True]
+    fake_llm(monkeypatch, lambda _chat: Reply(status=400, error="bad request")
+             if refuse[0] else None, demo_tickers(2))
+    env = {"NIGHTDESK_NOTIFY": hook.url(), "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"}
+    assert run_cli("run", env=env).code == 1
+    [failed] = [b.id for b in _nights(sqlite_engine)]
+    refuse[0] = False
+    result = run_cli("run", "--continue-night", env=env)
+    assert result.code == 0, result.stderr
+    [line] = [said for said in result.error_lines if f"#{failed}" in said]
+    assert "already analyzed" not in line and f"#{failed} of as-of {DEMO_AS_OF} failed" in line
+    advised = f"nightdesk run --resume {failed} --retry-failed"
+    assert f"`{advised}`" in line and f"`{advised}`" in hook.posts[-1]["message"]
+    again = run_cli(*shlex.split(advised)[1:], env=env)  # as given, it rates the night
+    assert again.code == 0, again.stderr
+    assert [(b.id, b.status) for b in _nights(sqlite_engine)] == [(failed, "succeeded")]
+
+
+def _nights(engine: Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(select(Batch.id, Batch.status).order_by(Batch.id)))
