@@ -341,13 +341,15 @@ def _tell_covered(settings: Settings, engine: Engine, request: NightlyRequest, a
                   covered: int) -> str:
     """Push that the night was not run: its as-of date has a nightly batch; return that
     in one line (the CLI prints it, the daemon logs ``covered_by``). Its command to analyze
-    the date again takes the request's own tickers and shape; a night that failed is first
-    advised what the morning advises it (``advise``: its tickers again, in it)."""
+    the date again takes the request's own tickers and shape; first comes what the morning
+    advises that night (``advise``: a failed one's tickers again in it, a partial one's
+    reruns)."""
     stale_s = settings.batch.heartbeat_stale_s
-    failed = batch_summary(engine, covered, stale_s).status == "failed"
+    status = batch_summary(engine, covered, stale_s).status
+    failed = status == "failed"
     done = f"of as-of {as_of} failed" if failed else f"has already analyzed as-of {as_of}"
     why = f"nightly batch #{covered} {done}, and there is no newer data to analyze"
-    first = advise(engine, covered, stale_s) if failed else ""
+    first = advise(engine, covered, stale_s) if status in ("failed", "partial") else ""
     what = ((f"{first}. Else " if first else "")
             + "write newer data for the next night (`nightdesk data freeze --help`), or "
             f"analyze {as_of} again now: `nightdesk run --as-of {as_of}{request.options()}` "
