@@ -279,7 +279,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
             owed = owed_night(engine, as_of) if resume else None
             covered = nightly_of(engine, as_of) if once_per_as_of and owed is None else None
             if covered is not None:
-                said = _tell_covered(settings, request, as_of, covered)
+                said = _tell_covered(settings, engine, request, as_of, covered)
                 return NightlyResult(None, covered_by=covered, said=said)
             if owed is not None:
                 point = knowing_the_universe(settings, resumable.find_resumable(
@@ -337,14 +337,21 @@ def tell_refused(settings: Settings, request: NightlyRequest, error: Exception,
                  f"{fix}, then start the night again: {again}", command=command)
 
 
-def _tell_covered(settings: Settings, request: NightlyRequest, as_of: date,
+def _tell_covered(settings: Settings, engine: Engine, request: NightlyRequest, as_of: date,
                   covered: int) -> str:
     """Push that the night was not run: its as-of date has a nightly batch; return that
     in one line (the CLI prints it, the daemon logs ``covered_by``). Its command to analyze
-    the date again takes the request's own tickers and shape."""
-    why = (f"nightly batch #{covered} has already analyzed as-of {as_of}, and there is no "
-           "newer data to analyze")
-    what = ("write newer data for the next night (`nightdesk data freeze --help`), or "
+    the date again takes the request's own tickers and shape; first comes what the morning
+    advises that night (``advise``: a failed one's tickers again in it, a partial one's
+    reruns)."""
+    stale_s = settings.batch.heartbeat_stale_s
+    status = batch_summary(engine, covered, stale_s).status
+    failed = status == "failed"
+    done = f"of as-of {as_of} failed" if failed else f"has already analyzed as-of {as_of}"
+    why = f"nightly batch #{covered} {done}, and there is no newer data to analyze"
+    first = advise(engine, covered, stale_s) if status in ("failed", "partial") else ""
+    what = ((f"{first}. Else " if first else "")
+            + "write newer data for the next night (`nightdesk data freeze --help`), or "
             f"analyze {as_of} again now: `nightdesk run --as-of {as_of}{request.options()}` "
             "(NIGHTDESK_SCHEDULE_REPEAT_AS_OF=true lets the scheduler do so at each fire)")
     tell_refusal(settings, as_of, why, what)  # no command: newer data, or the date again

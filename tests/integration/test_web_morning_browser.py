@@ -117,6 +117,13 @@ def test_the_banner_of_a_partial_night(home: Path, browser: Browser, shots: Path
             f"nightdesk rerun EEE --as-of {D2}"]
         assert page.locator("#failed tbody tr td:first-child").all_inner_texts() == ["EEE"]
         page.screenshot(path=shots / "morning-partial-night.png", full_page=True)
+        # EEE's rerun of the night rated it: no ticker lacks a rating, so no banner says
+        # "0 of its tickers have no rating"; the night's own line still says partial.
+        add_night(engine, D2, DUE + timedelta(minutes=90), {"EEE": Rated("Hold", 0.0)},
+                  kind="rerun")
+        page.reload()
+        assert page.locator("#banner").count() == 0
+        assert page.locator("#night .status").first.inner_text() == "partial"
         page.context.close()
 
 

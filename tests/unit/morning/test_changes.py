@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import Engine
 
 from agents.data.demo import demo_tickers, write_demo
-from app.morning.changes import compare_nights, stance
+from app.morning.changes import NodeMove, compare_nights, stance, why_line
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.night_rows import SETTINGS, Rated, add_night, at, table
 
@@ -274,3 +274,13 @@ def test_a_ticker_the_night_did_not_finish_is_not_said_dropped(sqlite_engine: En
     assert "dropped" not in said.replace("0 dropped", "")
     assert said.endswith("1 upgrade, 0 downgrade, 0 new, 0 dropped, 0 same, 2 not finished "
                          "(no rating yet)"), said
+
+
+def test_the_why_line_docs_quote_is_what_the_code_says() -> None:
+    # docs/operations.md quoted a move that kept its label as "bear_r1 +0.50"; the line
+    # has always said "bear_r1 (+0.50)".
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "operations.md").read_text()
+    said = why_line([NodeMove(node="news", before=-0.75, after=0.75),
+                     NodeMove(node="bear_r1", before=-0.75, after=-0.25)], measured=True)
+    assert said == "moved most: news bearish→bullish (+1.50), bear_r1 (+0.50)"
+    assert f"`{said}`" in " ".join(docs.split())

@@ -440,3 +440,44 @@ def test_a_refused_resume_is_named_where_the_morning_names_the_night_it_was_for(
         assert run_cli("run", "--resume", str(night), env=quick).code == 0
         status = night_status(sqlite_engine, settings, ranked_night(sqlite_engine))
     assert (status.status, status.refused) == ("succeeded", None)
+
+
+@pytest.mark.parametrize("failing", ["all", "one"], ids=["failed", "partial"])
+def test_a_night_of_the_date_that_ended_short_is_named_with_its_advice(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        hook: Webhook, failing: str) -> None:
+    # The timer's `run --continue-night` (`systemctl start nightdesk-batch.service`) after a
+    # night whose tickers failed on their own account (HTTP 400): it said "nightly batch #N
+    # has already analyzed as-of D" of a failed night, and for either advised only newer
+    # data or another night of the date, not what the morning advises.
+    import shlex
+
+    from tests.fakevllm import Reply
+
+    write_demo(tmp_path / "data", DEMO_AS_OF, 2)
+    tickers = demo_tickers(2)
+    bad = [*tickers] if failing == "all" else tickers[:1]
+    fake_llm(monkeypatch, lambda chat: Reply(status=400, error="bad request")
+             if any(t in str(chat.body.get("messages")) for t in bad) else None, tickers)
+    env = {"NIGHTDESK_NOTIFY": hook.url(), "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"}
+    assert run_cli("run", env=env).code == (1 if failing == "all" else 3)
+    [night] = [b.id for b in _nights(sqlite_engine)]
+    bad.clear()
+    result = run_cli("run", "--continue-night", env=env)
+    assert result.code == 0, result.stderr
+    [line] = [said for said in result.error_lines if f"#{night}" in said]
+    if failing == "all":
+        assert "already analyzed" not in line
+        assert f"#{night} of as-of {DEMO_AS_OF} failed" in line
+        advised = f"nightdesk run --resume {night} --retry-failed"
+    else:
+        advised = f"nightdesk rerun {tickers[0]} --as-of {DEMO_AS_OF}"
+    assert f"`{advised}`" in line and f"`{advised}`" in hook.posts[-1]["message"]
+    again = run_cli(*shlex.split(advised)[1:], env=env)  # as given, it rates the ticker(s)
+    assert again.code == 0, again.stderr
+    if failing == "all":
+        assert [(b.id, b.status) for b in _nights(sqlite_engine)] == [(night, "succeeded")]
+
+def _nights(engine: Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(select(Batch.id, Batch.status).order_by(Batch.id)))

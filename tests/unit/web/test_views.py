@@ -359,3 +359,19 @@ def test_a_resumed_nights_page_gives_tok_s_over_the_time_it_ran(sqlite_engine: E
     # 16,000 tokens over the 200 s its calls ran, not over the 2 h 03 min 20 s makespan.
     assert text(soup.find(id="throughput-value")) == "80.0"
     assert text(soup.find(id="paused")).startswith("of it 2 h 00 min paused (1 pause:")
+
+
+def test_a_partial_night_whose_failures_reruns_redid_has_no_partial_banner(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    add_night(sqlite_engine, D1, DUE1, GOOD)
+    add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(error="HTTP 400: bad"),
+                                        "BBB": Rated("Hold", 0.05)})
+    banner = text(page(client, "/").find(id="banner"))
+    assert banner.startswith("A partial night.") and "1 of its tickers have no rating" in banner
+    # AAA's rerun of that night succeeded: every ticker has a rating, so the page has no
+    # unrated ticker to name (it said "0 of its tickers have no rating (listed below)").
+    add_night(sqlite_engine, D2, DUE2 + timedelta(hours=6), {"AAA": Rated("Overweight", 0.4)},
+              kind="rerun")
+    soup = page(client, "/")
+    assert soup.find(id="banner") is None
+    assert soup.find(id="night")["data-status"] == "partial"  # type: ignore[index]
