@@ -494,8 +494,8 @@ async def test_the_progress_loops_end_with_its_context(ending: str, sqlite_engin
     async def batch(end: End) -> None:
         before = tasks_now()
         async with shown:
-            # The log loop and the ETA readings' loop, while the batch runs.
-            assert tasks_now() - before == set(shown._loops) and len(shown._loops) == 2
+            # One loop (an ETA reading, then the line that shows it), while the batch runs.
+            assert tasks_now() - before == set(shown._loops) and len(shown._loops) == 1
             await end()
 
     assert not await run_to_its_end(ending, batch)
@@ -586,3 +586,12 @@ async def test_a_halted_batch_leaves_nothing_running(sqlite_engine: Engine) -> N
     before = tasks_now()
     assert await run_wide_batch(sqlite_engine, halt_at=6) == "interrupted"
     assert tasks_now() == before
+
+
+async def test_a_body_that_fails_before_its_end_fails_the_ending_not_hangs_it() -> None:
+    # A progress test asserting before its end() once hung the whole suite at 95%.
+    async def batch(end: End) -> None:
+        raise AssertionError("before its end")
+
+    with pytest.raises(AssertionError, match="before its end"):
+        await asyncio.wait_for(run_to_its_end("is-cancelled", batch), 5)
