@@ -57,6 +57,7 @@ class SettingsSnapshot(TypedDict):
     data_provider: str
     request_seeds: bool
     max_concurrency: int
+    heartbeat_interval_s: float
 
 
 class Group(BaseModel):
@@ -514,6 +515,8 @@ class Settings(BaseSettings):
             "request_seeds": self.calls.request_seeds,
             # The adaptive limit's ceiling: a report can then tell this cap from the server's.
             "max_concurrency": self.calls.max_concurrency,
+            # How often it beats: a reader says "no word" after two beats missed.
+            "heartbeat_interval_s": self.batch.heartbeat_interval_s,
         }
 
 

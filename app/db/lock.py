@@ -183,6 +183,39 @@ def holder_gone(engine: Engine, batch: Any, stale_s: float) -> str | None:
     return None
 
 
+def run_gone(engine: Engine | None, kind: str, settings: dict[str, Any] | None,
+             beat: datetime | None) -> str | None:
+    """Return why a batch marked ``running`` has lost its process, where a reader (not
+    holding the lock) can know it before its heartbeat goes stale; None: it may be alive.
+
+    ``settings``: its row's (the runner); ``beat``: its heartbeat, else its start. A
+    runner on this host is looked up by its pid (both dialects). A nightly batch elsewhere,
+    on PostgreSQL, is gone when no session holds the nightly lock (``pg_locks``, read
+    without taking it) and it beat since the server last started (``holder_gone``'s rule).
+    Otherwise (a SQLite night on another host, a database restart since its beat) only its
+    heartbeat can tell.
+    """
+    runner = Runner.of(settings)
+    alive = None if runner is None else runner.alive()
+    if alive is not None:
+        return None if alive else f"its process {runner.pid} is gone"  # type: ignore[union-attr]
+    if engine is None or kind != "nightly" or engine.dialect.name != "postgresql":
+        return None
+    unsigned = ADVISORY_KEY & 0xFFFF_FFFF_FFFF_FFFF  # pg_locks splits a bigint key in two
+    with engine.connect() as conn:
+        held = conn.execute(text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND classid::bigint = :high AND objid::bigint = :low AND objsubid = 1"),
+            {"high": unsigned >> 32, "low": unsigned & 0xFFFF_FFFF}).scalar_one()
+        if held:
+            return None
+        up_since = conn.execute(text("SELECT pg_postmaster_start_time()")).scalar_one()
+    if beat is not None and beat.tzinfo is None:
+        beat = beat.replace(tzinfo=UTC)
+    return "the nightly lock is free" if beat is not None and beat > up_since else None
+
+
 class LockHold:
     """The held nightly lock; ``beat`` proves it and stores the batch's heartbeat."""
 
