@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, computed_fie
 from sqlalchemy import Connection, Engine, Select, and_, or_, select
 
 from app.db.lock import run_gone
-from app.db.models import INFRASTRUCTURE, Batch, Decision, TickerRun, batch_row
+from app.db.models import INFRASTRUCTURE, Batch, Decision, TickerRun, batch_row, newest_first
 from app.db.models import RESUMABLE_KINDS as RESUMABLE_KINDS
 
 # Ticker states that are no failure: done, or not reached yet by a batch still running.
@@ -200,8 +200,10 @@ def batch_summary(engine: Engine, batch_id: int, stale_s: float) -> BatchSummary
 
 def list_batches(engine: Engine, stale_s: float, limit: int = 20, kind: str | None = None
                  ) -> list[BatchSummary]:
-    """Return the newest ``limit`` batches (of ``kind`` when given), newest first."""
-    stmt = select(Batch).order_by(Batch.id.desc()).limit(limit)
+    """Return the newest ``limit`` batches (of ``kind`` when given) in the one order of
+    nights (``app.db.models.newest_first``: the latest as-of date first), as the ranking
+    and the night's status read them."""
+    stmt = select(Batch).order_by(*newest_first()).limit(limit)
     if kind is not None:
         stmt = stmt.where(Batch.kind == kind)
     now = datetime.now(UTC)
