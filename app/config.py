@@ -91,12 +91,19 @@ class Paths(Group):
         return value.expanduser()
 
 
+# The default of db_statement_timeout_s (app.db.engine's engines take it when given none).
+STATEMENT_TIMEOUT_S = 60.0
+
+
 class Store(Group):
     database_url: str = ""
     """Default: ``sqlite:///<home>/nightdesk.db``."""
     # How long a batch's database write (usage rows, checkpoints, ticker rows) is tried again
     # while the database is away or its disk is full, before the batch stops resumable.
     db_write_budget_s: float = Field(120.0, gt=0)
+    # PostgreSQL: the longest one statement may run (its statement_timeout) before the server
+    # cancels it; a night's statements take milliseconds, so one past this is stuck.
+    db_statement_timeout_s: float = Field(STATEMENT_TIMEOUT_S, gt=0)
     # "sync": a node's checkpoint is stored before the next node starts, so a kill loses at
     # most the node in flight; "async"/"exit" are LangGraph's cheaper, less durable modes.
     checkpoint_durability: Literal["sync", "async", "exit"] = "sync"

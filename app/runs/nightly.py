@@ -258,7 +258,8 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
     AlreadyRunningError when another run holds the lock, before any row or call.
     """
     request = request or NightlyRequest()
-    engine = engine or ready_engine(settings.store.database_url)
+    engine = engine or ready_engine(settings.store.database_url,
+                                    settings.store.db_statement_timeout_s)
     as_of = request.as_of
 
     def refused(error: Exception) -> None:
