@@ -55,11 +55,14 @@ class Runner(BaseModel, frozen=True):
     host: str
     pid: int
     started: int | None  # the process's start time in clock ticks since boot (Linux)
+    # Its pid namespace (/proc/self/ns/pid): a pid names the same process only inside it (a
+    # container of the same host name, a unit with PrivatePIDs, would see another or none).
+    pidns: str | None = None
 
     @classmethod
     def current(cls) -> Runner:
         return cls(host=socket.gethostname(), pid=os.getpid(),
-                   started=_process_start(os.getpid()))
+                   started=_process_start(os.getpid()), pidns=_pid_namespace())
 
     @classmethod
     def of(cls, settings: dict[str, Any] | None) -> Runner | None:
@@ -67,13 +70,16 @@ class Runner(BaseModel, frozen=True):
         if not isinstance(raw, dict):
             return None
         try:
-            return cls(host=str(raw["host"]), pid=int(raw["pid"]), started=raw.get("started"))
+            return cls(host=str(raw["host"]), pid=int(raw["pid"]), started=raw.get("started"),
+                       pidns=raw.get("pidns"))
         except (KeyError, TypeError, ValueError):
             return None
 
     def alive(self) -> bool | None:
-        """Return whether this process still runs; None when it is on another host."""
-        if self.host != socket.gethostname():
+        """Return whether this process still runs; None when it is on another host or in
+        another pid namespace (its pid cannot be looked up from here)."""
+        if self.host != socket.gethostname() or (self.pidns is not None
+                                                 and self.pidns != _pid_namespace()):
             return None
         if self.pid == os.getpid():
             return True
@@ -102,6 +108,13 @@ def _stat(pid: int) -> tuple[str, int] | None:
     # The command name (field 2) is in parentheses and may hold spaces: split after it.
     fields = raw[raw.rfind(")") + 2:].split()
     return fields[0], int(fields[19])
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 def _process_start(pid: int) -> int | None:

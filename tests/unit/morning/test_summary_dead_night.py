@@ -97,3 +97,13 @@ def test_a_silent_night_shows_no_time_left_but_how_long_it_has_been_silent(
     fresh = _night(sqlite_engine, {"host": "elsewhere", "pid": 1, "started": None},
                    beat_age_s=40)
     assert "no word" not in (nightstatus.progress(sqlite_engine, fresh).estimating or "")
+
+
+def test_a_pid_of_another_pid_namespace_is_not_taken_for_gone(sqlite_engine: Engine) -> None:
+    # The same host name, another pid namespace (a container, a unit with PrivatePIDs): its
+    # pid cannot be looked up from here, so only its heartbeat tells.
+    _night(sqlite_engine, {"host": socket.gethostname(), "pid": _dead_pid(), "started": None,
+                           "pidns": "pid:[1]"}, beat_age_s=3)
+    [listed] = list_batches(sqlite_engine, 120.0)
+    assert listed.status == "running"
+    assert Runner.current().pidns is not None  # what a run records of itself
