@@ -57,6 +57,7 @@ class SettingsSnapshot(TypedDict):
     data_provider: str
     request_seeds: bool
     max_concurrency: int
+    heartbeat_interval_s: float
 
 
 class Group(BaseModel):
@@ -90,12 +91,19 @@ class Paths(Group):
         return value.expanduser()
 
 
+# The default of db_statement_timeout_s (app.db.engine's engines take it when given none).
+STATEMENT_TIMEOUT_S = 60.0
+
+
 class Store(Group):
     database_url: str = ""
     """Default: ``sqlite:///<home>/nightdesk.db``."""
     # How long a batch's database write (usage rows, checkpoints, ticker rows) is tried again
     # while the database is away or its disk is full, before the batch stops resumable.
     db_write_budget_s: float = Field(120.0, gt=0)
+    # PostgreSQL: the longest one statement may run (its statement_timeout) before the server
+    # cancels it; a night's statements take milliseconds, so one past this is stuck.
+    db_statement_timeout_s: float = Field(STATEMENT_TIMEOUT_S, gt=0)
     # "sync": a node's checkpoint is stored before the next node starts, so a kill loses at
     # most the node in flight; "async"/"exit" are LangGraph's cheaper, less durable modes.
     checkpoint_durability: Literal["sync", "async", "exit"] = "sync"
@@ -514,6 +522,8 @@ class Settings(BaseSettings):
             "request_seeds": self.calls.request_seeds,
             # The adaptive limit's ceiling: a report can then tell this cap from the server's.
             "max_concurrency": self.calls.max_concurrency,
+            # How often it beats: a reader says "no word" after two beats missed.
+            "heartbeat_interval_s": self.batch.heartbeat_interval_s,
         }
 
 

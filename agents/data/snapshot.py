@@ -91,7 +91,8 @@ def read_manifest(data_dir: Path, as_of: date) -> Manifest:
     if not folder.is_dir():
         raise DataError(
             f"no snapshot for {as_of} in {data_dir} (missing {folder}; "
-            "write one with `nightdesk data demo` or `nightdesk data freeze`)"
+            "write one with `nightdesk data demo` (DEMO data), or market data "
+            "(`nightdesk data freeze --help` says how))"
         )
     path = folder / MANIFEST
     raw = _read_json(path, "snapshot")

@@ -8,12 +8,14 @@ import sys
 import typer
 from pydantic import ValidationError
 from rich.markup import escape
+from sqlalchemy.exc import DBAPIError
 from typer._click.exceptions import BadParameter, ClickException, NoSuchOption
 
 from app.cli import batch, bench, data, db, notify, plan, quality, report, scheduler, server, web
 from app.cli.common import what_the_night_says
 from app.cli.logs import console
-from app.errors import ERRORS, NoNightYet, validation_said
+from app.db.engine import timed_out
+from app.errors import ERRORS, DatabaseError, NoNightYet, validation_said
 from serving.urls import redact
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -47,6 +49,12 @@ def main() -> None:
         err.print(f"[bold red]error:[/] {escape(redact(said))}", highlight=False,
                   soft_wrap=True)
         sys.exit(error.exit_code)
+    except DBAPIError as error:
+        bound = timed_out(error)  # a statement past its bound: one line, as DatabaseError
+        if bound is None:
+            raise
+        err.print(f"[bold red]error:[/] {escape(bound)}", highlight=False, soft_wrap=True)
+        sys.exit(DatabaseError.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)

@@ -280,7 +280,7 @@ def show_ranking(
     demo = bool((chosen.settings or {}).get("demo_data"))
     data = [ranked_row(r, changes.get(r.ticker)) for r in rows]
     if fmt == "json":
-        chosen_summary = summarize(chosen, settings.batch.heartbeat_stale_s)
+        chosen_summary = summarize(chosen, settings.batch.heartbeat_stale_s, engine=engine)
         echo_json(RankingJSON(night=night, batch=chosen_summary, rows=data))
     elif fmt == "csv":
         # Flat: each row carries the batch's DEMO mark and the latest night's status and

@@ -56,7 +56,7 @@ def database(settings: Settings) -> Engine:
     url = settings.store.database_url
     path = make_url(url).database if url.startswith("sqlite") else None
     fresh = bool(path) and path != ":memory:" and not Path(str(path)).exists()
-    engine = ready_engine(url)
+    engine = ready_engine(url, settings.store.db_statement_timeout_s)
     if fresh:
         console(stderr=True).print(
             f"note: no database was at {escape(str(path))}: created an empty one "
@@ -70,7 +70,8 @@ def what_the_night_says() -> str:
     ``; no night has run yet: …; next: `nightdesk run` (…)``. Empty when it cannot be read."""
     try:
         settings = get_settings()
-        night = night_status(ready_engine(settings.store.database_url), settings, None)
+        night = night_status(ready_engine(settings.store.database_url,
+                                          settings.store.db_statement_timeout_s), settings, None)
     except Exception:  # the error being told is the news; this is a hint
         return ""
     steps = "; ".join(f"`{step.command}` ({step.does})" for step in night.advice)
@@ -81,7 +82,7 @@ def what_the_night_says() -> str:
 def batch_database(settings: Settings) -> Engine:
     """Return the engine for a command that runs batches: its checkpoint store opens too.
     (A first night creates its database: no note, as there is no night to miss yet.)"""
-    engine = ready_engine(settings.store.database_url)
+    engine = ready_engine(settings.store.database_url, settings.store.db_statement_timeout_s)
     check_checkpoints(settings.store.database_url)
     return engine
 

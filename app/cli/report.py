@@ -92,7 +92,8 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
     summary = Table(title=f"batch {report.batch_id}", show_header=False)
     for key, value in (
         ("calls", report.calls),
-        ("failed calls", report.failed_calls),
+        ("attempts", report.attempts),
+        ("failed attempts", report.failed_attempts),
         ("prompt tokens", report.prompt_tokens),
         ("completion tokens", report.completion_tokens),
         ("first call start", report.first_call_start),
@@ -135,9 +136,10 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
     ):
         server.add_row(key, value)
     console.print(server)
-    nodes = figures("latency per node (s)", ("node", "calls", "mean", "p50", "p99"), {"node"})
+    nodes = figures("latency per node (s)", ("node", "attempts", "mean", "p50", "p99"), {"node"})
     for n in report.nodes:
-        nodes.add_row(n.node, str(n.calls), f"{n.mean_s:.2f}", f"{n.p50_s:.2f}", f"{n.p99_s:.2f}")
+        nodes.add_row(n.node, str(n.attempts), f"{n.mean_s:.2f}", f"{n.p50_s:.2f}",
+                      f"{n.p99_s:.2f}")
     console.print(nodes)
 
 
@@ -166,10 +168,10 @@ def timeline_table(intervals: list[Interval]) -> Table:
     """Return the batch over time: where its makespan went fast and where slow."""
     table = figures("over time (from the first call; output spread over each call's decode "
                     "time)", ("interval s", "output tok/s", "tickers in flight",
-                              "calls started", "running mean", "KV max", "preemptions"))
+                              "attempts started", "running mean", "KV max", "preemptions"))
     for i in intervals:
         table.add_row(i.label, f"{i.output_tokens_per_s:.1f}",
-                      f"{i.tickers_in_flight:.1f}", str(i.calls_started),
+                      f"{i.tickers_in_flight:.1f}", str(i.attempts_started),
                       number(i.running_mean), number(i.kv_usage_max, ".0%"),
                       number(i.preemptions, ".0f"))
     return table
@@ -178,14 +180,16 @@ def timeline_table(intervals: list[Interval]) -> Table:
 def endpoint_table(shares: list[EndpointShare], report: BatchReport, view: ServerView) -> Table:
     """Return each endpoint's part of a batch, then the batch's total."""
     table = figures("endpoints (output tok/s over the batch's makespan: they add up)",
-                    ("endpoint", "calls", "failed", "tickers", "output tok/s", "running mean",
+                    ("endpoint", "calls", "attempts", "failed attempts", "tickers",
+                     "output tok/s", "running mean",
                      "KV peak", "preemptions"), {"endpoint"})
     for share in shares:
         table.add_row(share.endpoint or "(not recorded)", str(share.calls),
-                      str(share.failed_calls), str(share.tickers),
+                      str(share.attempts), str(share.failed_attempts), str(share.tickers),
                       f"{share.output_tokens_per_s:.1f}", number(share.running_mean),
                       number(share.kv_usage_max, ".0%"), number(share.preemptions, ".0f"))
-    table.add_row("batch total", str(report.calls), str(report.failed_calls), "",
+    table.add_row("batch total", str(report.calls), str(report.attempts),
+                  str(report.failed_attempts), "",
                   f"{report.output_tokens_per_s:.1f}", number(view.running_mean),
                   number(view.kv_usage_max, ".0%"), number(view.preemptions, ".0f"),
                   style="bold")

@@ -22,10 +22,15 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
+from app.config import STATEMENT_TIMEOUT_S
 from app.errors import DatabaseError, first_line
 from serving.urls import redact
 
 log = structlog.get_logger(__name__)
+
+# How long a SQLite statement waits for another connection's write lock before "database is
+# locked" (pysqlite's busy timeout); the write budget then tries it again.
+SQLITE_BUSY_S = 30.0
 
 
 def reason(error: BaseException) -> str:
@@ -121,17 +126,33 @@ def _sqlite_events(engine: Engine) -> None:
             record.invalidate(soft=True)
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> Engine:
     """Create an engine; a SQLite file gets its folder, WAL and foreign keys.
 
-    A folder that cannot be made is a DatabaseError naming the database (one line).
+    Every call is bounded: a PostgreSQL connection's statements by ``statement_timeout_s``
+    (``NIGHTDESK_DB_STATEMENT_TIMEOUT_S``; the server cancels one that runs longer, and
+    ``timed_out`` says so in one line), a SQLite statement's wait for another writer's lock
+    by its busy timeout (``SQLITE_BUSY_S``). A folder that cannot be made is a
+    DatabaseError naming the database (one line).
     """
     if make_url(url).get_backend_name() == "sqlite":
         _sqlite_folder(url)
-        engine = create_engine(url, connect_args={"timeout": 30})
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_S})
         _sqlite_events(engine)
         return engine
-    return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 5})
+    return create_engine(url, pool_pre_ping=True, connect_args={
+        "connect_timeout": 5,
+        "options": f"-c statement_timeout={max(1, round(statement_timeout_s * 1000))}"})
+
+
+def timed_out(error: BaseException) -> str | None:
+    """Return one line for a statement PostgreSQL cancelled at its statement timeout
+    (SQLSTATE 57014 with its words), None for any other error."""
+    cause = getattr(error, "orig", None) or error
+    if getattr(cause, "sqlstate", None) != "57014" or "statement timeout" not in str(cause):
+        return None
+    return ("the database did not answer a statement within NIGHTDESK_DB_STATEMENT_TIMEOUT_S:"
+            " the server cancelled it (a lock held too long, or the server overloaded)")
 
 
 def migration_engine(url: str) -> Engine:
@@ -145,7 +166,7 @@ def migration_engine(url: str) -> Engine:
     if make_url(url).get_backend_name() != "sqlite":
         return create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
     _sqlite_folder(url)
-    engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": 30})
+    engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": SQLITE_BUSY_S})
 
     @event.listens_for(engine, "connect")
     def _own_transactions(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
@@ -160,9 +181,9 @@ def migration_engine(url: str) -> Engine:
 
 
 @lru_cache(maxsize=8)
-def get_engine(url: str) -> Engine:
-    """Return one shared engine per URL."""
-    return make_engine(url)
+def get_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> Engine:
+    """Return one shared engine per URL (and statement timeout, ``make_engine``'s)."""
+    return make_engine(url, statement_timeout_s)
 
 
 def session_scope(engine: Engine) -> AbstractContextManager[Session]:
@@ -261,7 +282,7 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
 
-def ready_engine(url: str) -> Engine:
+def ready_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> Engine:
     """Upgrade the schema if needed and return the engine: what every command calls first."""
     upgrade(url)
-    return get_engine(url)
+    return get_engine(url, statement_timeout_s)

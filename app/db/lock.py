@@ -55,11 +55,15 @@ class Runner(BaseModel, frozen=True):
     host: str
     pid: int
     started: int | None  # the process's start time in clock ticks since boot (Linux)
+    # Its pid namespace (/proc/self/ns/pid): a pid names the same process only inside it (a
+    # container of the same host name, a unit with PrivatePIDs, would see another or none).
+    pidns: str | None = None
 
     @classmethod
     def current(cls) -> Runner:
         stat = _stat(os.getpid())
-        return cls(host=socket.gethostname(), pid=os.getpid(), started=stat and stat[1])
+        return cls(host=socket.gethostname(), pid=os.getpid(), started=stat and stat[1],
+                   pidns=_pid_namespace())
 
     @classmethod
     def of(cls, settings: dict[str, Any] | None) -> Runner | None:
@@ -67,13 +71,16 @@ class Runner(BaseModel, frozen=True):
         if not isinstance(raw, dict):
             return None
         try:
-            return cls(host=str(raw["host"]), pid=int(raw["pid"]), started=raw.get("started"))
+            return cls(host=str(raw["host"]), pid=int(raw["pid"]), started=raw.get("started"),
+                       pidns=raw.get("pidns"))
         except (KeyError, TypeError, ValueError):
             return None
 
     def alive(self) -> bool | None:
-        """Return whether this process still runs; None when it is on another host."""
-        if self.host != socket.gethostname():
+        """Return whether this process still runs; None when it is on another host or in
+        another pid namespace (its pid cannot be looked up from here)."""
+        if self.host != socket.gethostname() or (self.pidns is not None
+                                                 and self.pidns != _pid_namespace()):
             return None
         if self.pid == os.getpid():
             return True
@@ -102,6 +109,13 @@ def _stat(pid: int) -> tuple[str, int] | None:
     # The command name (field 2) is in parentheses and may hold spaces: split after it.
     fields = raw[raw.rfind(")") + 2:].split()
     return fields[0], int(fields[19])
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 def running_nightly(engine: Engine) -> int | None:
@@ -176,6 +190,39 @@ def holder_gone(engine: Engine, batch: Any, stale_s: float) -> str | None:
     if age is None or age > stale_s:
         return f"no heartbeat for more than {stale_s:.0f} s"
     return None
+
+
+def run_gone(engine: Engine | None, kind: str, settings: dict[str, Any] | None,
+             beat: datetime | None) -> str | None:
+    """Return why a batch marked ``running`` has lost its process, where a reader (not
+    holding the lock) can know it before its heartbeat goes stale; None: it may be alive.
+
+    ``settings``: its row's (the runner); ``beat``: its heartbeat, else its start. A
+    runner on this host is looked up by its pid (both dialects). A nightly batch elsewhere,
+    on PostgreSQL, is gone when no session holds the nightly lock (``pg_locks``, read
+    without taking it) and it beat since the server last started (``holder_gone``'s rule).
+    Otherwise (a SQLite night on another host, a database restart since its beat) only its
+    heartbeat can tell.
+    """
+    runner = Runner.of(settings)
+    alive = None if runner is None else runner.alive()
+    if alive is not None:
+        return None if alive else f"its process {runner.pid} is gone"  # type: ignore[union-attr]
+    if engine is None or kind != "nightly" or engine.dialect.name != "postgresql":
+        return None
+    unsigned = ADVISORY_KEY & 0xFFFF_FFFF_FFFF_FFFF  # pg_locks splits a bigint key in two
+    with engine.connect() as conn:
+        held = conn.execute(text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND classid::bigint = :high AND objid::bigint = :low AND objsubid = 1"),
+            {"high": unsigned >> 32, "low": unsigned & 0xFFFF_FFFF}).scalar_one()
+        if held:
+            return None
+        up_since = conn.execute(text("SELECT pg_postmaster_start_time()")).scalar_one()
+    if beat is not None and beat.tzinfo is None:
+        beat = beat.replace(tzinfo=UTC)
+    return "the nightly lock is free" if beat is not None and beat > up_since else None
 
 
 class LockHold:

@@ -22,7 +22,7 @@ from app.morning.summary import IsoDatetime
 @dataclass
 class NodeLatency:
     node: str
-    calls: int
+    attempts: int  # the latencies are of its attempts, each HTTP request one
     mean_s: float
     p50_s: float
     p99_s: float
@@ -30,9 +30,14 @@ class NodeLatency:
 
 @dataclass
 class BatchReport:
+    """A batch's accounting. ``calls``: answered calls (a node of a sample of a ticker, as
+    the ETA counts them); ``attempts``: HTTP requests (each a usage row: retries, and a
+    node run again on resume, count again), ``failed_attempts`` those not answered."""
+
     batch_id: int
     calls: int
-    failed_calls: int
+    attempts: int
+    failed_attempts: int
     prompt_tokens: int
     completion_tokens: int
     first_call_start: IsoDatetime | None
@@ -50,6 +55,13 @@ class BatchReport:
     active_seconds: float = 0.0  # the makespan less its pauses (``active_time``)
     paused_seconds: float = 0.0
     pauses: int = 0
+
+
+def calls_said(report: BatchReport) -> str:
+    """Say a batch's calls as the digest and the batch page do: ``17 calls (19 attempts,
+    2 failed)``."""
+    return (f"{report.calls} calls ({report.attempts} attempts, {report.failed_attempts} "
+            "failed)")
 
 
 def per_second(completion_tokens: int, active_seconds: float) -> float:
@@ -78,20 +90,27 @@ def latest_batch_id(engine: Engine) -> int:
     return int(found)
 
 
+def answered(rows: Any) -> int:
+    """Return how many calls the usage rows answered: each (ticker, node, sample) once,
+    however many attempts it took (``app.morning.eta`` counts them so)."""
+    return len({(r.ticker, r.node, r.sample) for r in rows if r.status == "ok"})
+
+
 def batch_report(engine: Engine, batch_id: int) -> BatchReport:
     """Build the report of one batch from its ``llm_calls`` rows."""
     settings = batch_row(engine, batch_id).settings or {}
     fallback = settings.get("metrics_fallback")
     with engine.connect() as conn:
         rows = conn.execute(
-            select(LLMCall.node, LLMCall.ticker, LLMCall.status, LLMCall.prompt_tokens,
+            select(LLMCall.node, LLMCall.ticker, LLMCall.sample, LLMCall.status,
+                   LLMCall.prompt_tokens,
                    LLMCall.completion_tokens, LLMCall.started_at, LLMCall.ended_at,
                    LLMCall.latency_s).where(LLMCall.batch_id == batch_id)
         ).all()
         succeeded = set(conn.execute(select(TickerRun.ticker).where(
             TickerRun.batch_id == batch_id, TickerRun.status == "succeeded")).scalars())
     if not rows:
-        return BatchReport(batch_id, 0, 0, 0, 0, None, None, 0.0, 0.0,
+        return BatchReport(batch_id, 0, 0, 0, 0, 0, None, None, 0.0, 0.0,
                            metrics_fallback=fallback)
     first = min(r.started_at for r in rows)
     last = max(r.ended_at for r in rows)
@@ -110,8 +129,9 @@ def batch_report(engine: Engine, batch_id: int) -> BatchReport:
     ]
     return BatchReport(
         batch_id=batch_id,
-        calls=len(rows),
-        failed_calls=sum(1 for r in rows if r.status != "ok"),
+        calls=answered(rows),
+        attempts=len(rows),
+        failed_attempts=sum(1 for r in rows if r.status != "ok"),
         prompt_tokens=sum(r.prompt_tokens or 0 for r in rows),
         completion_tokens=completion,
         first_call_start=first,
@@ -133,8 +153,9 @@ class EndpointShare:
     """One endpoint's part of a batch: its calls, its output, and what its server reported."""
 
     endpoint: str | None  # None: rows from before usage rows named their endpoint
-    calls: int
-    failed_calls: int
+    calls: int  # answered here (``BatchReport``'s words)
+    attempts: int
+    failed_attempts: int
     completion_tokens: int
     # Its output over the batch's active time, so the endpoints' figures add up to the batch's.
     output_tokens_per_s: float
@@ -151,7 +172,8 @@ def endpoint_shares(engine: Engine, batch_id: int) -> list[EndpointShare]:
     with engine.connect() as conn:
         rows = conn.execute(
             select(LLMCall.endpoint, LLMCall.status, LLMCall.completion_tokens, LLMCall.ticker,
-                   LLMCall.started_at).where(LLMCall.batch_id == batch_id)
+                   LLMCall.node, LLMCall.sample, LLMCall.started_at)
+            .where(LLMCall.batch_id == batch_id)
             .order_by(LLMCall.started_at)).all()
     order: dict[str | None, list[Any]] = {}
     for r in rows:
@@ -161,8 +183,8 @@ def endpoint_shares(engine: Engine, batch_id: int) -> list[EndpointShare]:
         view = server_view(engine, batch_id, endpoint) if endpoint is not None else None
         completion = sum(r.completion_tokens or 0 for r in calls)
         shares.append(EndpointShare(
-            endpoint=endpoint, calls=len(calls),
-            failed_calls=sum(1 for r in calls if r.status != "ok"),
+            endpoint=endpoint, calls=answered(calls), attempts=len(calls),
+            failed_attempts=sum(1 for r in calls if r.status != "ok"),
             completion_tokens=completion,
             output_tokens_per_s=per_second(completion, report.active_seconds),
             tickers=len({r.ticker for r in calls if r.status == "ok"}),
@@ -201,8 +223,9 @@ class Arm(BaseModel):
     kind: str
     label: str | None
     demo: bool  # ran on the seeded synthetic snapshot (every face of such a night says so)
-    calls: int
-    failed_calls: int
+    calls: int  # answered; attempts: HTTP requests (``BatchReport``'s words)
+    attempts: int
+    failed_attempts: int
     makespan_s: float
     output_tokens_per_s: float
     succeeded_output_tokens_per_s: float

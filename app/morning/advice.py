@@ -20,6 +20,7 @@ from sqlalchemy import Engine, select
 
 from agents.data.snapshot import latest_as_of
 from app.config import Settings
+from app.db.lock import run_gone
 from app.db.models import Batch, TickerRun
 from app.morning.summary import (
     RESUMABLE_KINDS,
@@ -111,11 +112,13 @@ def running_night(engine: Engine, stale_s: float) -> int | None:
     """Return the newest nightly batch that runs (``status_of``), if any."""
     now = datetime.now(UTC)
     with engine.connect() as conn:
-        rows = conn.execute(select(Batch.id, Batch.heartbeat_at, Batch.started_at)
+        rows = conn.execute(select(Batch.id, Batch.heartbeat_at, Batch.started_at, Batch.settings)
                             .where(Batch.kind == "nightly", Batch.status == "running")
                             .order_by(Batch.id.desc())).all()
     return next((int(row.id) for row in rows if status_of(
-        "running", row.heartbeat_at, row.started_at, stale_s, now) == "running"), None)
+        "running", row.heartbeat_at, row.started_at, stale_s, now,
+        run_gone(engine, "nightly", row.settings, row.heartbeat_at or row.started_at))
+        == "running"), None)
 
 
 def advise(engine: Engine, batch_id: int, stale_s: float) -> str:

@@ -24,7 +24,7 @@ from sqlalchemy import Engine, select
 from app.config import Settings
 from app.db.models import FINISHED_STATUSES, Batch, nights_newest_first
 from app.errors import InputError
-from app.morning.accounting import BatchReport, throughput
+from app.morning.accounting import BatchReport, calls_said, throughput
 from app.morning.advice import next_steps
 from app.morning.changes import TickerChange, compare_nights
 from app.morning.nightstatus import span
@@ -109,7 +109,7 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
              + (f" — {batch.error}" if batch.error else ""),
              f"Duration: {span(batch.duration_s)}; output "
              f"{rate.output_tokens_per_s:.1f} tok/s ({rate.completion_tokens} tokens over "
-             f"{span(rate.active_seconds)} of calls{_paused(rate)})"]
+             f"{span(rate.active_seconds)} of calls{_paused(rate)}); {calls_said(rate)}"]
     # What the ranking shows beside the night: its universe's notes (a ticker left out).
     lines.extend(f"Universe note: {note}" for note in batch.notes)
     steps = next_steps(engine, batch, settings.batch.heartbeat_stale_s)

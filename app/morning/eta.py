@@ -232,6 +232,12 @@ CALL = (LLMCall.ticker, LLMCall.node, LLMCall.sample, LLMCall.status,
 
 
 def _prior(engine: Engine, batch_id: int) -> Prior:
+    # By batch id, not the one order of nights (``newest_first``), on purpose: the prior
+    # prices calls, which depend on the model, server and prompts as they were when a batch
+    # ran, not on the date it analyzed; the batch created last before this one (ids are
+    # creation order) ran nearest in time, and no batch created after it can have priced
+    # it when it ran (a replay of its readings sees what it saw). See
+    # docs/lab/2026-12-06-left-alone-2.md.
     with engine.connect() as conn:
         this = conn.execute(select(Batch.kind, Batch.settings)
                             .where(Batch.id == batch_id)).one()

@@ -14,11 +14,13 @@ whether the daemon's heartbeat is current. Nothing here writes.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
+from app.config import Batch as BatchSettings
 from app.config import Settings
 from app.db.models import Batch, NightRefusal, SchedulerBeat, TickerRun, nights_newest_first
 from app.morning import eta
@@ -38,6 +40,10 @@ STOPPED = ("failed", "interrupted", "crashed", "partial")
 NO_NIGHT = "no night has run yet"
 # Exit code of `nightdesk ranking --require-fresh` when the ranking is older than the night.
 STALE_EXIT = 6
+# Heartbeats a running night may miss before the morning stops showing a time left.
+QUIET_BEATS = 2
+# The heartbeat interval of a batch that did not record its own (older rows).
+BEAT_S = BatchSettings.model_fields["heartbeat_interval_s"].default
 @dataclass(frozen=True)
 class NightBatch:
     """One nightly batch as the morning names it."""
@@ -70,7 +76,8 @@ class Progress:
     eta_s: int | None  # app.morning.eta: never 0 while a call is left; None: no basis yet
     eta_low_s: int | None = None
     eta_high_s: int | None = None
-    estimating: str | None = None  # while eta_s is None: "estimating… (why)"
+    # While eta_s is None: "estimating… (why)", or "unknown: no word from the night…".
+    estimating: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,8 +131,20 @@ def _night(summary: BatchSummary) -> NightBatch:
     return NightBatch(**summary.model_dump(include=set(NightBatch.__dataclass_fields__)))
 
 
+def silence(batch: Any, now: datetime) -> str | None:
+    """Return "no word from the night for N s" when a running batch has missed
+    ``QUIET_BEATS`` heartbeats (at the interval it recorded), else None: work may be going
+    on, but no one can say, so no time left is shown as if it were."""
+    beat = batch.heartbeat_at or batch.started_at
+    every = (batch.settings or {}).get("heartbeat_interval_s") or BEAT_S
+    quiet = 0.0 if beat is None else (now - beat).total_seconds()
+    return (f"unknown: no word from the night for {span(quiet)}"
+            if quiet > QUIET_BEATS * every else None)
+
+
 def progress(engine: Engine, batch_id: int, now: datetime | None = None) -> Progress:
-    """Return a batch's progress from its rows; the ETA as ``BatchProgress`` reads it."""
+    """Return a batch's progress from its rows; the ETA as ``BatchProgress`` reads it, none
+    while the night is silent (``silence``)."""
     now = now or datetime.now(UTC)
     with engine.connect() as conn:
         batch = conn.execute(select(Batch).where(Batch.id == batch_id)).one()
@@ -135,8 +154,11 @@ def progress(engine: Engine, batch_id: int, now: datetime | None = None) -> Prog
     done = batch.tickers_succeeded + batch.tickers_failed
     elapsed = (now - batch.started_at).total_seconds() if batch.started_at else 0.0
     found = eta.reading(engine, batch_id, now)
-    return Progress(done, batch.tickers_failed, running, batch.tickers_total,
-                    found.calls_done, found.calls_expected, round(elapsed),
+    calls = (batch.tickers_total, found.calls_done, found.calls_expected, round(elapsed))
+    silent = silence(batch, now)
+    if silent is not None:
+        return Progress(done, batch.tickers_failed, running, *calls, None, estimating=silent)
+    return Progress(done, batch.tickers_failed, running, *calls,
                     found.whole(found.eta_s), found.whole(found.eta_low_s),
                     found.whole(found.eta_high_s), found.estimating)
 
@@ -235,10 +257,11 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     due_at, next_due_at = due_times(nightly_trigger(settings), now)
     stale_s = settings.batch.heartbeat_stale_s
     row = _latest(engine)
-    summary = None if row is None else summarize(row, stale_s, now)
+    summary = None if row is None else summarize(row, stale_s, now, engine)
     latest = None if summary is None else _night(summary)
     ranked_row = None if ranked_id is None else _batch(engine, ranked_id)
-    ranked = None if ranked_row is None else _night(summarize(ranked_row, stale_s, now))
+    ranked = None if ranked_row is None else _night(summarize(ranked_row, stale_s, now,
+                                                                        engine))
     prog: Progress | None = None
     status = "stale"
     if latest is not None:

@@ -16,7 +16,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, computed_field
 from sqlalchemy import Connection, Engine, Select, and_, or_, select
 
-from app.db.models import INFRASTRUCTURE, Batch, Decision, TickerRun, batch_row
+from app.db.lock import run_gone
+from app.db.models import INFRASTRUCTURE, Batch, Decision, TickerRun, batch_row, newest_first
 from app.db.models import RESUMABLE_KINDS as RESUMABLE_KINDS
 
 # Ticker states that are no failure: done, or not reached yet by a batch still running.
@@ -26,15 +27,18 @@ FINISHED_TICKER = ("succeeded", "failed")
 
 
 def status_of(status: str, heartbeat_at: datetime | None, started_at: datetime | None,
-              stale_s: float, now: datetime) -> str:
+              stale_s: float, now: datetime, gone: str | None = None) -> str:
     """Return a batch's status as every command, page and message names it.
 
-    The stored status, except that a batch still marked ``running`` whose heartbeat (else
-    its start) is older than ``stale_s`` (``heartbeat_stale_s``) is ``crashed``: its process
-    has died, and the next start marks it so (``app.runs.resumable.mark_stale_crashed``).
+    The stored status, except that a batch still marked ``running`` is ``crashed`` when its
+    process is known gone (``gone``: ``app.db.lock.run_gone``'s reason, at once) or its
+    heartbeat (else its start) is older than ``stale_s`` (``heartbeat_stale_s``); the next
+    start marks it so (``app.runs.resumable``).
     """
     if status != "running":
         return status
+    if gone is not None:
+        return "crashed"
     beat = heartbeat_at or started_at
     if beat is not None and (now - beat).total_seconds() > stale_s:
         return "crashed"
@@ -157,19 +161,22 @@ def died_since(beat: datetime | None) -> str:
     return f"no heartbeat since {when(beat)}: its process has died"
 
 
-def summarize(batch: Any, stale_s: float, now: datetime | None = None) -> BatchSummary:
+def summarize(batch: Any, stale_s: float, now: datetime | None = None,
+              engine: Engine | None = None) -> BatchSummary:
     """Return the summary of a ``batches`` row (an ORM object or a selected row) at ``now``.
 
-    Its status is ``status_of``'s (a running batch without a heartbeat for ``stale_s`` is
-    ``crashed``, its error says since when); its duration ``duration_s``'s; its error
-    ``plain_error``'s.
+    Its status is ``status_of``'s (a running batch whose process is gone, ``run_gone`` asked
+    of ``engine`` where given, or without a heartbeat for ``stale_s`` is ``crashed``, its
+    error says why); its duration ``duration_s``'s; its error ``plain_error``'s.
     """
     now = now or datetime.now(UTC)
     settings = batch.settings or {}
-    status = status_of(batch.status, batch.heartbeat_at, batch.started_at, stale_s, now)
+    gone = (run_gone(engine, batch.kind, settings, batch.heartbeat_at or batch.started_at)
+            if batch.status == "running" else None)
+    status = status_of(batch.status, batch.heartbeat_at, batch.started_at, stale_s, now, gone)
     error = plain_error(batch.error)
     if status != batch.status:
-        error = died_since(batch.heartbeat_at or batch.started_at)
+        error = gone or died_since(batch.heartbeat_at or batch.started_at)
     return BatchSummary(
         id=batch.id, kind=batch.kind, label=batch.label, status=status,
         as_of=batch.as_of, created_at=batch.created_at, started_at=batch.started_at,
@@ -188,18 +195,21 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None) -> BatchS
 
 def batch_summary(engine: Engine, batch_id: int, stale_s: float) -> BatchSummary:
     """Return one batch's summary; InputError when there is no such batch."""
-    return summarize(batch_row(engine, batch_id), stale_s)
+    return summarize(batch_row(engine, batch_id), stale_s, engine=engine)
 
 
 def list_batches(engine: Engine, stale_s: float, limit: int = 20, kind: str | None = None
                  ) -> list[BatchSummary]:
-    """Return the newest ``limit`` batches (of ``kind`` when given), newest first."""
-    stmt = select(Batch).order_by(Batch.id.desc()).limit(limit)
+    """Return the newest ``limit`` batches (of ``kind`` when given) in the one order of
+    nights (``app.db.models.newest_first``: the latest as-of date first), as the ranking
+    and the night's status read them."""
+    stmt = select(Batch).order_by(*newest_first()).limit(limit)
     if kind is not None:
         stmt = stmt.where(Batch.kind == kind)
     now = datetime.now(UTC)
     with engine.connect() as conn:
-        return [summarize(row, stale_s, now) for row in conn.execute(stmt)]
+        rows = conn.execute(stmt).all()
+    return [summarize(row, stale_s, now, engine) for row in rows]
 
 
 def failed_tickers(engine: Engine, batch_id: int) -> list[FailedTicker]:

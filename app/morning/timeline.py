@@ -39,7 +39,7 @@ class Interval:
     end_s: float
     output_tokens_per_s: float
     tickers_in_flight: float
-    calls_started: int
+    attempts_started: int  # HTTP requests begun in the interval
     running_mean: float | None  # None: no reading in the interval
     kv_usage_max: float | None
     preemptions: float | None
@@ -116,7 +116,7 @@ def batch_timeline(engine: Engine, batch_id: int, width_s: float | None = None
             start_s=round(lo, 1), end_s=round(hi, 1),
             output_tokens_per_s=tokens[i] / length if length > 0 else 0.0,
             tickers_in_flight=in_flight / length if length > 0 else 0.0,
-            calls_started=started[i], running_mean=running, kv_usage_max=kv,
+            attempts_started=started[i], running_mean=running, kv_usage_max=kv,
             preemptions=preempted))
     return out
 

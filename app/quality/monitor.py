@@ -236,7 +236,14 @@ def findings(current: dict[str, int], trailing: list[dict[str, int]], settings: 
 
 
 def history(engine: Engine, batch_id: int) -> list[NightRecord]:
-    """Return the finished nightly batches before ``batch_id``, oldest first, not loaded."""
+    """Return the finished nightly batches before ``batch_id``, oldest first, not loaded.
+
+    Before by batch id (creation order), not the one order of nights (``newest_first``),
+    on purpose: the monitor watches the pipeline's grades drift over the runs (a model,
+    prompt or server change; a new normal the operator declares "from this night on"),
+    which is the order the batches ran in; a date analyzed again later ran with the
+    pipeline as it was then. See docs/lab/2026-12-06-left-alone-2.md.
+    """
     with engine.connect() as conn:
         earlier = conn.execute(
             select(Batch.id).where(Batch.kind == "nightly", Batch.id < batch_id,

@@ -36,8 +36,8 @@ class ProgressState:
     tickers_done: int
     tickers_failed: int
     tickers_total: int
-    calls: int
-    failed_calls: int
+    attempts: int  # HTTP requests so far (the page's and report's "calls" are answered ones)
+    failed_attempts: int
     output_tok_s: float  # finished calls' output over the batch so far
     server_tok_s: float | None  # the servers' generation counter: streaming answers count too
     running: float | None
@@ -100,7 +100,7 @@ class BatchProgress:
             limit, budget = servers.request_limit(), None
         return ProgressState(
             tickers_done=self.done - self.failed, tickers_failed=self.failed,
-            tickers_total=self.total, calls=stats.calls, failed_calls=stats.failed,
+            tickers_total=self.total, attempts=stats.calls, failed_attempts=stats.failed,
             output_tok_s=round(tok_s, 1), server_tok_s=self._server_tok_s(),
             running=sum(r.running for r in seen) if seen else None,
             waiting=sum(r.waiting for r in seen) if seen else None,
@@ -137,7 +137,7 @@ class BatchProgress:
         table = Table(title=f"batch {self.batch_id}", show_header=False, expand=False)
         table.add_row("tickers", f"{s.tickers_done} done · {s.tickers_failed} failed · "
                                  f"{s.tickers_total} total")
-        table.add_row("calls", f"{s.calls} ({s.failed_calls} failed)")
+        table.add_row("attempts", f"{s.attempts} ({s.failed_attempts} failed)")
         generating = "" if s.server_tok_s is None else f" · server {s.server_tok_s} tok/s"
         table.add_row("output", f"{s.output_tok_s} tok/s in finished calls{generating}")
         kv = "—" if s.kv_usage is None else f"{s.kv_usage:.0%}"

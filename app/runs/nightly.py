@@ -100,8 +100,9 @@ def default_as_of(settings: Settings) -> date:
         return date.today()
     newest = latest_as_of(settings.paths.data_dir)
     if newest is None:
-        raise InputError(f"no snapshot under {settings.paths.data_dir}: run `nightdesk data demo` "
-                         "or `nightdesk data freeze` first, or pass --as-of")
+        raise InputError(f"no snapshot under {settings.paths.data_dir}: write one first with "
+                         "`nightdesk data demo` (DEMO data), or market data (`nightdesk data "
+                         "freeze --help` says how)")
     return newest
 
 
@@ -257,7 +258,8 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
     AlreadyRunningError when another run holds the lock, before any row or call.
     """
     request = request or NightlyRequest()
-    engine = engine or ready_engine(settings.store.database_url)
+    engine = engine or ready_engine(settings.store.database_url,
+                                    settings.store.db_statement_timeout_s)
     as_of = request.as_of
 
     def refused(error: Exception) -> None:
@@ -324,12 +326,12 @@ def tell_refused(settings: Settings, request: NightlyRequest, error: Exception,
     Another run holding the lock (AlreadyRunningError) is no refusal."""
     if isinstance(error, AlreadyRunningError):
         return
-    if (request.tickers, request.universe, request.limit, request.samples,
-            request.strategy) != (None, None, None, None, NightlyRequest.strategy):
-        # Its own tickers or shape: the command as it was given, else said in words.
-        command = request.command
-    else:
-        command = START_AGAIN + (f" --as-of {request.as_of}" if request.as_of else "")
+    # The command as it was given starts the same night again: a plain `run` analyzes its
+    # date again even where a night of it finished or was cut short, which
+    # `--continue-night` would not (it runs nothing, or continues the old batch). A night
+    # with no command line of its own (the daemon's) is owed what the timer runs.
+    command = request.command or (
+        START_AGAIN + (f" --as-of {request.as_of}" if request.as_of else ""))
     again = command or "the same `nightdesk run` command as before"
     fix = ("make the database reachable and writable (its server up, its disk not full, "
            "NIGHTDESK_DATABASE_URL right)" if isinstance(error, DatabaseError) else "fix that")

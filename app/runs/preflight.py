@@ -204,7 +204,8 @@ def tell_refusal(settings: Settings, as_of: date | None, why: str, advice: str, 
     """
     stored = True
     try:
-        with Session(get_engine(settings.store.database_url)) as session:
+        with Session(get_engine(settings.store.database_url,
+                                settings.store.db_statement_timeout_s)) as session:
             session.add(NightRefusal(refused_at=datetime.now(UTC), as_of=as_of,
                                      title=refusal_title(as_of, outcome, headline), why=why,
                                      advice=advice, command=command))

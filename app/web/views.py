@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, select
 
 from app.config import Settings
+from app.db.lock import run_gone
 from app.db.models import (
     FINISHED_STATUSES,
     Batch,
@@ -237,7 +238,7 @@ def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
                                .order_by(Batch.id)).all()
     out = []
     for b in batches:
-        summary = summarize(b, stale_after_s, now)
+        summary = summarize(b, stale_after_s, now, engine)
         if summary.status != "running":
             continue
         prog = nightstatus.progress(engine, b.id, now)  # the same numbers as `nightdesk ranking`
@@ -274,7 +275,7 @@ def ranking_view(engine: Engine, settings: Settings) -> RankingView:
     by_ticker = compared.by_ticker()
     ranked = [r for r in rows if r.rank is not None]
     return RankingView(
-        batch=summarize(batch, stale_after_s),
+        batch=summarize(batch, stale_after_s, engine=engine),
         rows=[ranked_row(r, by_ticker.get(r.ticker)) for r in ranked],
         failed=[FailedRow(ticker=r.ticker, status=r.status, reason=r.summary)
                 for r in rows if r.rank is None],
@@ -402,7 +403,7 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
             select(TickerRun.status, TickerRun.error, TickerRun.finished_at,
                    TickerRun.started_at, Batch.id.label("batch_id"), Batch.kind, Batch.as_of,
                    Batch.status.label("batch_status"), Batch.heartbeat_at,
-                   Batch.started_at.label("batch_started_at"))
+                   Batch.started_at.label("batch_started_at"), Batch.settings)
             .join(Batch, Batch.id == TickerRun.batch_id)
             .where(TickerRun.ticker == ticker, Batch.kind.in_(("nightly", "rerun")))
             .order_by(*newest_first())).all()  # newest first as the nights go
@@ -417,8 +418,10 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
                   if r.status == "succeeded" and r.batch_status in FINISHED_STATUSES), latest)
     batch = batch_row(engine, shown.batch_id)
     now = datetime.now(UTC)
-    batch_status = {r.batch_id: status_of(r.batch_status, r.heartbeat_at, r.batch_started_at,
-                                          stale_after_s, now) for r in runs}
+    batch_status = {r.batch_id: status_of(
+        r.batch_status, r.heartbeat_at, r.batch_started_at, stale_after_s, now,
+        run_gone(engine, r.kind, r.settings, r.heartbeat_at or r.batch_started_at)
+        if r.batch_status == "running" else None) for r in runs}
     # A rerun whose process died stays `running` in its row: only a live one blocks another.
     reruns = [RerunRow(batch_id=r.batch_id, as_of=r.as_of, status=r.status,
                        batch_status=batch_status[r.batch_id],
@@ -435,7 +438,7 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
                          error=plain_error(latest.error)),
         tonight=_tonight(list(runs), last_good, newest_night, batch_status),
         last_good=last_good,
-        shown=ShownBatch(**dict(summarize(batch, stale_after_s, now)),
+        shown=ShownBatch(**dict(summarize(batch, stale_after_s, now, engine)),
                          ticker_status=shown.status,
                          runs=_nodes_of_run(engine, batch, ticker)),
         history=history,
@@ -454,7 +457,7 @@ def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView
     """Return one batch's report: throughput, the server's view, series, latency, failures."""
     report = batch_report(engine, batch_id)  # raises InputError for an unknown id
     batch = batch_row(engine, batch_id)
-    summary = summarize(batch, stale_after_s)
+    summary = summarize(batch, stale_after_s, engine=engine)
     with engine.connect() as conn:
         unfinished = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error,
                                          TickerRun.started_at)

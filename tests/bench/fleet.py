@@ -612,7 +612,7 @@ def fleet(
             done = first_json["arms"][-1]
             before = {"tickers": before_tickers, "batch_id": done["batch_id"],
                       "makespan_s": done["makespan_s"], "calls": done["calls"],
-                      "failed_calls": done["failed_calls"],
+                      "failed_attempts": done["failed_attempts"],
                       "tickers_not_succeeded": lost_tickers(engine, done["batch_id"]),
                       "gate_wait_s": timing(engine, done["batch_id"]).get("gate_wait_s")}
         arm_json, lag, use = asyncio.run(drive(settings, engine, load, facts,
@@ -675,11 +675,13 @@ def show_fleet(result: Any) -> None:
                   f"{result.machine['cores']} cores")
     if not c:
         console.print(f"  makespan {a['makespan_s']:.1f} s, {a['calls']} calls, "
-                      f"{a['failed_calls']} failed; output {a['output_tokens_per_s']:.0f} "
+                      f"{a['failed_attempts']} failed attempts; "
+                      f"output {a['output_tokens_per_s']:.0f} "
                       "tok/s")
     else:
         console.print(f"  makespan {a['makespan_s']:.1f} s, {a['calls']} calls, "
-                      f"{a['failed_calls']} failed; output {a['output_tokens_per_s']:.0f} "
+                      f"{a['failed_attempts']} failed attempts; "
+                      f"output {a['output_tokens_per_s']:.0f} "
                       f"tok/s = {number(c['share_of_summed_capacity'], '.2f')} of the summed "
                       f"capacity ({c['summed_capacity_tok_s']:.0f} tok/s at "
                       f"{c['sequences_per_endpoint_at_full_cache']} sequences per endpoint); "
@@ -727,8 +729,8 @@ def show_fleet(result: Any) -> None:
     if first:
         console.print(f"  the night before: {first['tickers']} tickers (batch "
                       f"{first['batch_id']}), makespan {first['makespan_s']:.1f} s, "
-                      f"{first['calls']} calls, {first['failed_calls']} failed; wait at our "
-                      f"gate: max {(first['gate_wait_s'] or {}).get('max', 0):.1f} s")
+                      f"{first['calls']} calls, {first['failed_attempts']} failed attempts; "
+                      f"wait at our gate: max {(first['gate_wait_s'] or {}).get('max', 0):.1f} s")
     kill = getattr(result, "kill", None)
     if kill:
         console.print(f"  killed {kill['server']} at {kill['at_s']:g} s: "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from tests.integration.tied import popen
 from tests.integration.unattended import ROOT, free_port
 
 if TYPE_CHECKING:
@@ -32,8 +33,8 @@ def served(env: dict[str, str], home: Path) -> Iterator[str]:
     answers; yield its base URL; stop it with SIGTERM when the block ends."""
     port = free_port()
     log = (home / "web.log").open("w")
-    web = subprocess.Popen([sys.executable, "-m", "app.cli", "web", "--port", str(port)],
-                           env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    web = popen([sys.executable, "-m", "app.cli", "web", "--port", str(port)],
+                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120

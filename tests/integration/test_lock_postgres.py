@@ -10,11 +10,12 @@ import itertools
 import os
 import subprocess
 from collections.abc import Iterator
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
 
 from agents.data.demo import DEMO_AS_OF, write_demo
 from app.batch import store
@@ -22,6 +23,7 @@ from app.config import load_settings
 from app.db.engine import get_engine, upgrade
 from app.db.lock import nightly_lock
 from app.db.models import Batch, LLMCall
+from app.morning.summary import list_batches
 from tests.integration.conftest import private_database
 from tests.unit.support.daemon_clock import NIGHT, Recorder, daemon_for, local, running, tick
 from tests.unit.support.lock_checks import (
@@ -90,3 +92,20 @@ def test_the_schedule_kept_in_postgres_catches_up_once(pg_engine: Engine) -> Non
             tick(daemon, later)
         assert recorder.fired == [NIGHT]
         assert daemon.next_run_time() == NIGHT + timedelta(days=1)
+
+
+def test_a_night_elsewhere_reads_crashed_once_the_advisory_lock_is_free(
+        pg_engine: Engine) -> None:
+    """A nightly batch run on another host (its pid cannot be looked up) that beat a moment
+    ago reads running while a session holds the nightly lock, and crashed as soon as none
+    does (it beat since the server started, so no restart let its lock go)."""
+    now = datetime.now(UTC)
+    with Session(pg_engine) as s:
+        s.add(Batch(kind="nightly", as_of=now.date(), status="running", created_at=now,
+                    started_at=now, heartbeat_at=now, tickers_total=1,
+                    settings={"runner": {"host": "elsewhere", "pid": 1, "started": None}}))
+        s.commit()
+    with nightly_lock(get_engine(url_of(pg_engine))):
+        assert [b.status for b in list_batches(pg_engine, 120.0)] == ["running"]
+    [listed] = list_batches(pg_engine, 120.0)
+    assert (listed.status, listed.error) == ("crashed", "the nightly lock is free")

@@ -28,6 +28,7 @@ from sqlalchemy import select
 from agents.data.demo import DEMO_AS_OF, write_demo
 from app.db.engine import get_engine, upgrade
 from app.db.models import LLMCall, TickerRun
+from tests.integration.tied import popen
 from tests.integration.unattended import (
     FaultServer,
     batch_env,
@@ -53,7 +54,7 @@ def vllm_router(folder: Path, workers: list[str], *extra: str) -> Iterator[str]:
     assert ROUTER is not None
     port, metrics_port = free_port(), free_port()
     root = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(
+    process = popen(
         [ROUTER, "--host", "127.0.0.1", "--port", str(port), "--policy", "consistent_hash",
          "--worker-urls", *workers, "--prometheus-host", "127.0.0.1",
          "--prometheus-port", str(metrics_port), *extra],

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.tied import popen
 from tests.integration.unattended import NIGHTDESK, ROOT
 
 
@@ -29,9 +30,9 @@ def daemon_env(database_url: str, home: Path) -> dict[str, str]:
 
 def start_daemon(env: dict[str, str]) -> subprocess.Popen[str]:
     """Start ``nightdesk scheduler``; return once it logged "scheduler started"."""
-    daemon = subprocess.Popen([*NIGHTDESK, "scheduler"], cwd=ROOT, env=env,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+    daemon = popen([*NIGHTDESK, "scheduler"], cwd=ROOT, env=env,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.PIPE, text=True)
     assert daemon.stderr is not None
     for line in daemon.stderr:
         try:

@@ -1,6 +1,7 @@
 """Run a command that ends with the process that started it: a test session's servers.
 
-``python tied.py PARENT_PID ARGV...``. A server `nightdesk server start` starts is detached on
+``python tied.py PARENT_PID ARGV...``; or ``popen`` (``--watch``), below, for a process the
+test itself signals and waits for. A server `nightdesk server start` starts is detached on
 purpose (it outlives the command); one a test session starts must not outlive the session,
 however it ends. pytest killed by SIGTERM or SIGKILL (a CI run cut mid-integration) runs no
 fixture teardown, so this process watches its parent instead and, once it is gone, ends its
@@ -24,14 +25,16 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 WATCH_S = 0.5  # how often the parent is looked for
 GRACE_S = 20.0  # vLLM shuts its engine down on SIGTERM within seconds; then SIGKILL
 
 
-def _others() -> bool:
-    """Tell whether any process of this group but this one still runs (zombies aside)."""
-    group, me = os.getpgrp(), os.getpid()
+def _others(group: int | None = None) -> bool:
+    """Tell whether any process of ``group`` (default: this one's) but this one still runs
+    (zombies aside)."""
+    group, me = group or os.getpgrp(), os.getpid()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
@@ -56,7 +59,40 @@ def _end_group(_signum: int = signal.SIGTERM, _frame: FrameType | None = None) -
     os.killpg(0, signal.SIGKILL)  # what is left of the group, this process last
 
 
+def popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """Start ``argv`` as ``subprocess.Popen`` does, in a session of its own, and a watcher
+    (``--watch``) that ends its whole group once this process is gone however it ended.
+
+    The process is the test's own (its pid, signals and exit code are the command's, unlike
+    a server under ``tied.py``, whose pid is this wrapper's); the watcher leaves once the
+    group has ended.
+    """
+    process = subprocess.Popen(argv, start_new_session=True, **kwargs)
+    subprocess.Popen([sys.executable, __file__, "--watch", str(os.getpid()), str(process.pid)],
+                     start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return process
+
+
+def _watch(parent: int, group: int) -> int:
+    """Wait while ``group`` runs; once ``parent`` is gone, end it as ``_end_group`` does."""
+    while _others(group):
+        if os.getppid() != parent:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGTERM)
+            deadline = time.monotonic() + GRACE_S
+            while _others(group) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+            return 0
+        time.sleep(WATCH_S)
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1] == "--watch":
+        return _watch(int(sys.argv[2]), int(sys.argv[3]))
     parent, argv = int(sys.argv[1]), sys.argv[2:]
     signal.signal(signal.SIGTERM, _end_group)
     server = subprocess.Popen(argv)  # in this process's group

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from agents.data.demo import DEMO_AS_OF
+from tests.integration.tied import popen
 
 ROOT = Path(__file__).resolve().parents[2]
 FAULT_SERVER = Path(__file__).with_name("faultserver.py")
@@ -65,7 +66,7 @@ class FaultServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
+        self.process = popen(
             [sys.executable, str(FAULT_SERVER), "--port", str(self.port),
              "--log", str(self.log_path), "--chunk-delay", str(self.chunk_delay_s)],
             stdout=subprocess.DEVNULL, stderr=(self.folder / "server.err").open("ab"))
@@ -147,9 +148,9 @@ def run_args(folder: Path) -> list[str]:
 def start_batch(folder: Path, env: dict[str, str], *args: str,
                 name: str = "batch") -> subprocess.Popen[bytes]:
     """Start ``nightdesk ARGS`` in the background; its output goes to ``folder/name.log``."""
-    return subprocess.Popen([*NIGHTDESK, *args], cwd=ROOT, env=env,
-                            stdout=(folder / f"{name}.out").open("wb"),
-                            stderr=(folder / f"{name}.log").open("wb"))
+    return popen([*NIGHTDESK, *args], cwd=ROOT, env=env,
+                 stdout=(folder / f"{name}.out").open("wb"),
+                 stderr=(folder / f"{name}.log").open("wb"))
 
 
 def run_nightdesk(folder: Path, env: dict[str, str], *args: str, name: str,

@@ -59,6 +59,7 @@ NAMES: dict[str, tuple[str, str, Any]] = {
     "heartbeat_stale_s": ("batch.heartbeat_stale_s", "121", 121.0),
     "outage_budget_s": ("batch.outage_budget_s", "901", 901.0),
     "db_write_budget_s": ("store.db_write_budget_s", "122", 122.0),
+    "db_statement_timeout_s": ("store.db_statement_timeout_s", "2.5", 2.5),
     "server_probe_interval_s": ("llm.server_probe_interval_s", "2", 2.0),
     "shutdown_grace_s": ("batch.shutdown_grace_s", "61", 61.0),
     "checkpoint_durability": ("store.checkpoint_durability", "async", "async"),

@@ -496,7 +496,7 @@ async def test_fixed_n_prefetching_runs_fan_outs_ahead_but_n_chains(
     analysts = {"market", "sentiment", "news", "fundamentals"}
     spans: dict[str, dict[str, list[tuple[Any, Any]]]] = {}
     for arm in result.arms:
-        assert arm["failed_calls"] == 0 and arm["calls"] == 3 * 17
+        assert arm["failed_attempts"] == 0 and arm["calls"] == 3 * 17
         with sqlite_engine.connect() as conn:
             rows = conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.started_at,
                                        LLMCall.ended_at)

@@ -60,5 +60,5 @@ def test_plan_is_within_10_percent_of_a_small_simulated_night(tmp_path: Path) ->
     # reading) reaches them all within 2 readings.
     result = bench("tests.bench.fleet", "--tickers", "8", "--endpoints", "2", "--speedup", "1",
                    "--output-scale", "0.2", "--database", "sqlite", tmp_path=tmp_path)
-    assert result["arm"]["failed_calls"] == 0
+    assert result["arm"]["failed_attempts"] == 0
     check(result)

@@ -75,7 +75,7 @@ def test_the_fleet_bench_serves_its_endpoints_and_writes_its_figures(tmp_path: P
     assert spent["ticker_end_s"]["max"] <= arm_makespan(result) + 1e-6
     assert spent["chain_turnaround_s"]["max"] >= 0
     arm = result["arm"]
-    assert arm["calls"] == 2 * 17 and arm["failed_calls"] == 0
+    assert arm["calls"] == 2 * 17 and arm["failed_attempts"] == 0
     # Both endpoints served: the client spread the two tickers over them.
     served = {e["endpoint"] for e in arm["endpoints"]}
     assert len(served) == 2 and all(u.startswith("http://127.0.0.1:") for u in served)
@@ -132,7 +132,7 @@ def test_the_fleet_bench_runs_a_smaller_night_before_into_the_same_database(
     assert calls == {1: 2 * 17, 2: 3 * 17}
     before = result["before"]
     assert (before["tickers"], before["batch_id"], before["calls"]) == (2, 1, 2 * 17)
-    assert before["failed_calls"] == 0 and before["tickers_not_succeeded"] == []
+    assert before["failed_attempts"] == 0 and before["tickers_not_succeeded"] == []
     assert before["makespan_s"] > 0 and before["gate_wait_s"]["max"] >= 0
     # The figures are the later night's.
     assert (result["tickers"], result["arm"]["batch_id"], result["arm"]["calls"]) == (3, 2, 51)

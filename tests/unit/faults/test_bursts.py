@@ -132,6 +132,6 @@ def test_a_burst_past_the_budget_during_the_resume_stops_it_resumable_again(
         rows = conn.execute(select(func.count(), func.count().filter(LLMCall.status != "ok"),
                                    func.sum(LLMCall.prompt_tokens),
                                    func.sum(LLMCall.completion_tokens))).one()
-    assert (report["calls"], report["failed_calls"], report["prompt_tokens"],
+    assert (report["attempts"], report["failed_attempts"], report["prompt_tokens"],
             report["completion_tokens"]) == tuple(rows)
-    assert report["calls"] == sum(len(server.chats) for server in servers)
+    assert report["attempts"] == sum(len(server.chats) for server in servers)

@@ -7,6 +7,7 @@ import re
 from datetime import datetime, timedelta
 
 import pytest
+from fastapi.testclient import TestClient
 from pydantic_core import to_jsonable_python
 from rich.console import Console
 from sqlalchemy import Engine, update
@@ -17,11 +18,13 @@ from app.db.models import Batch, LLMCall, ServerSample
 from app.errors import InputError
 from app.morning.accounting import batch_report, compare_arm, endpoint_shares, throughput
 from app.morning.activity import ActiveTime, active_time
+from app.morning.digest import build_digest
 from app.morning.serverview import server_view
 from tests.unit.support.call_rows import T0, add_call, known_batch, new_batch
 from tests.unit.support.clirun import nightdesk, run_cli
+from tests.unit.support.webclient import AUTH
 
-KEYS = {"batch_id", "calls", "failed_calls", "prompt_tokens", "completion_tokens",
+KEYS = {"batch_id", "calls", "attempts", "failed_attempts", "prompt_tokens", "completion_tokens",
         "first_call_start", "last_call_end", "wall_seconds", "output_tokens_per_s", "nodes",
         "metrics_fallback", "succeeded_completion_tokens", "succeeded_output_tokens_per_s",
         "active_seconds", "paused_seconds", "pauses"}
@@ -110,14 +113,16 @@ def test_report_json_has_exactly_the_documented_keys(sqlite_engine: Engine) -> N
     data = to_jsonable_python(batch_report(sqlite_engine, known_batch(sqlite_engine)))
     assert set(data) == KEYS
     for node in data["nodes"]:
-        assert {"node", "calls", "mean_s", "p50_s", "p99_s"} <= set(node)
+        assert {"node", "attempts", "mean_s", "p50_s", "p99_s"} <= set(node)
 
 
 def test_throughput_is_completion_tokens_over_the_makespan(sqlite_engine: Engine) -> None:
     b = known_batch(sqlite_engine)
     r = to_jsonable_python(batch_report(sqlite_engine, b))
     assert r["batch_id"] == b
-    assert (r["calls"], r["failed_calls"]) == (4, 1)
+    # Calls answered (a node of a sample of a ticker, once, as the ETA counts them) apart
+    # from attempts: the analyst's call answered twice, the trader's after one failure.
+    assert (r["calls"], r["attempts"], r["failed_attempts"]) == (2, 4, 1)
     assert (r["prompt_tokens"], r["completion_tokens"]) == (400, 1000)
     assert datetime.fromisoformat(r["first_call_start"]) == T0 + timedelta(seconds=10)
     assert datetime.fromisoformat(r["last_call_end"]) == T0 + timedelta(seconds=50)
@@ -125,7 +130,7 @@ def test_throughput_is_completion_tokens_over_the_makespan(sqlite_engine: Engine
     # 1000 / 40, not the mean of per-call speeds (which would be far higher).
     assert r["output_tokens_per_s"] == pytest.approx(25.0)
     nodes = {n["node"]: n for n in r["nodes"]}
-    assert nodes["analyst"]["calls"] == 2
+    assert nodes["analyst"]["attempts"] == 2
     assert nodes["analyst"]["mean_s"] == pytest.approx(3.0)
     assert nodes["analyst"]["p50_s"] == pytest.approx(3.0)
     assert nodes["trader"]["p99_s"] == pytest.approx(1 + 0.99 * 24)
@@ -288,8 +293,10 @@ def test_each_endpoints_share_and_the_batch_total(sqlite_engine: Engine) -> None
     shares = {s.endpoint: s for s in endpoint_shares(sqlite_engine, b)}
     assert list(shares) == [GPU0, GPU1]
     gpu0, gpu1 = shares[GPU0], shares[GPU1]
-    assert (gpu0.calls, gpu0.failed_calls, gpu0.completion_tokens) == (3, 0, 600)
-    assert (gpu1.calls, gpu1.failed_calls, gpu1.completion_tokens) == (2, 1, 400)
+    assert (gpu0.calls, gpu0.attempts, gpu0.failed_attempts, gpu0.completion_tokens) == \
+        (3, 3, 0, 600)
+    assert (gpu1.calls, gpu1.attempts, gpu1.failed_attempts, gpu1.completion_tokens) == \
+        (1, 2, 1, 400)
     # Over the batch's 40 s makespan, so the endpoints add up to the batch's 25 tok/s.
     assert gpu0.output_tokens_per_s == pytest.approx(15.0)
     assert gpu1.output_tokens_per_s == pytest.approx(10.0)
@@ -309,3 +316,20 @@ def test_each_endpoints_share_and_the_batch_total(sqlite_engine: Engine) -> None
     text = console.export_text()
     assert GPU0 in text and GPU1 in text and "batch total" in text and "25.0" in text
     assert [e.endpoint for e in compare_arm(sqlite_engine, b).endpoints] == [GPU0, GPU1]
+
+
+def test_calls_and_attempts_are_said_alike_in_the_report_the_page_and_the_digest(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    """Before, the report's "calls" counted attempts while the ETA counted answered calls;
+    now each surface gives both, under the same names."""
+    b = known_batch(sqlite_engine)
+    said = "2 calls (4 attempts, 1 failed)"
+    with sqlite_engine.begin() as conn:
+        conn.execute(update(Batch).where(Batch.id == b).values(kind="nightly",
+                                                               status="succeeded"))
+    assert said in build_digest(sqlite_engine, load_settings(), b).message.body
+    page = re.sub(r"<[^>]+>", "", client.get(f"/batches/{b}", auth=AUTH).text)
+    assert said in " ".join(page.split())
+    table = run_cli("report", str(b), env={"COLUMNS": "200"}).stdout
+    assert re.search(r"│ calls\s+│ 2\s+│", table) and re.search(r"│ attempts\s+│ 4\s+│", table)
+    assert re.search(r"│ failed attempts\s+│ 1\s+│", table), table

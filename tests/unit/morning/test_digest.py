@@ -54,7 +54,7 @@ def test_a_resumed_nights_rate_is_over_the_time_it_ran_its_pause_named(
     body = build_digest(sqlite_engine, load_settings(), night).message.body
     assert body.splitlines()[1] == ("Duration: 2 h 10 min; output 80.0 tok/s (16000 tokens "
                                     "over 3 min 20 s of calls; 2 h 00 min paused in 1 pause, "
-                                    "not counted)")
+                                    "not counted); 2 calls (4 attempts, 0 failed)")
 
 
 def test_the_digest_says_status_tickers_ends_changes_failures_time_rate_and_link(
@@ -68,7 +68,8 @@ def test_the_digest_says_status_tickers_ends_changes_failures_time_rate_and_link
                      "11/12 tickers")
     lines = body.splitlines()
     assert lines[0] == "Status: partial: 11 of 12 tickers succeeded, 1 failed"
-    assert lines[1] == "Duration: 40 min 00 s; output 5.0 tok/s (50 tokens over 10 s of calls)"
+    assert lines[1] == ("Duration: 40 min 00 s; output 5.0 tok/s (50 tokens over 10 s of "
+                        "calls); 10 calls (10 attempts, 0 failed)")
     # Ranked by score: T06 .95, T00 .90, T01 .75, T02 .60, T04 .30, T05 .20, T03 .05, …
     top = next(line for line in lines if line.startswith("Top 5"))
     assert top == ("Top 5: 1. T06 Buy +0.95; 2. T00 Buy +0.90; 3. T01 Buy +0.75; "

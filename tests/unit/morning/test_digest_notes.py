@@ -15,22 +15,13 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
 
 from agents.data.demo import demo_tickers
 from tests.fakevllm import FakeServer
 from tests.unit.support.clirun import run_cli
-from tests.unit.support.fault_night import NODES, QUICK_ENV, serve_cli_from
+from tests.unit.support.fault_night import NODES, serve_cli_from
 from tests.unit.support.webclient import AUTH
 from tests.webhook import webhook
-
-
-@pytest.fixture
-def cli_env(monkeypatch: pytest.MonkeyPatch, sqlite_url: str, sqlite_engine: Engine,
-            demo_dir: Path) -> None:
-    for key, value in {**QUICK_ENV, "NIGHTDESK_DATABASE_URL": sqlite_url,
-                       "NIGHTDESK_DATA_DIR": str(demo_dir)}.items():
-        monkeypatch.setenv(key, value)
 
 
 def every_surface_says(note: str, client: TestClient, digest: str) -> None:

@@ -52,7 +52,7 @@ def test_output_tickers_and_calls_per_interval(sqlite_engine: Engine) -> None:
     assert [i.output_tokens_per_s for i in got] == pytest.approx([15.0, 35.0, 10.0])
     # A is in flight 0-30 s, B 10-19 s: 1 ticker, then 1.9 on average, then 1.
     assert [i.tickers_in_flight for i in got] == pytest.approx([1.0, 1.9, 1.0])
-    assert [i.calls_started for i in got] == [1, 2, 1]
+    assert [i.attempts_started for i in got] == [1, 2, 1]
     # No readings: nothing is made up.
     assert all(i.running_mean is None and i.kv_usage_max is None and i.preemptions is None
                for i in got)

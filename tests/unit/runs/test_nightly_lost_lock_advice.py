@@ -32,7 +32,8 @@ TICKERS = demo_tickers(3)
 
 
 @pytest.fixture
-def cli_env(cli_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def fast_beat(cli_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cli_env`` with a heartbeat quick enough to lose the lock within a test."""
     monkeypatch.setenv("NIGHTDESK_HEARTBEAT_INTERVAL_S", "0.05")
     monkeypatch.setenv("NIGHTDESK_HEARTBEAT_STALE_S", "30")
 
@@ -116,7 +117,7 @@ def night_losing_its_lock(monkeypatch: pytest.MonkeyPatch, demo_dir: Path,
 
 
 def test_a_night_that_lost_its_lock_to_another_batch_says_to_resume_once_that_one_ended(
-        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        fast_beat: None, sqlite_engine: Engine, demo_dir: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     other = TakenOver(sqlite_engine, starts=True)
     first = night_losing_its_lock(monkeypatch, demo_dir, other)
@@ -160,7 +161,7 @@ def test_a_night_that_lost_its_lock_to_another_batch_says_to_resume_once_that_on
 
 
 def test_a_night_another_run_took_over_and_continues_says_there_is_nothing_to_run(
-        cli_env: None, sqlite_engine: Engine, demo_dir: Path,
+        fast_beat: None, sqlite_engine: Engine, demo_dir: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     other = TakenOver(sqlite_engine, starts=False)
     night_losing_its_lock(monkeypatch, demo_dir, other)

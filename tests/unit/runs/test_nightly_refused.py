@@ -8,6 +8,8 @@ server is a fake at the HTTP edge.
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -63,13 +65,16 @@ def batches(engine: Engine) -> int:
         return int(conn.execute(select(func.count()).select_from(Batch)).scalar_one())
 
 
-def assert_told(hook: Webhook, says: str, database: bool = False) -> None:
+def assert_told(hook: Webhook, says: str, database: bool = False,
+                command: str = "nightdesk run --continue-night") -> None:
+    """``command``: the command that was refused, which the advice names again."""
     [post] = hook.posts
     assert post["type"] == "failure"
     assert "REFUSED at its start, no batch run" in post["title"]
     lines = post["message"].splitlines()
     assert lines[0].startswith("Why: ") and says in lines[0], lines
-    assert lines[1] == (DB_ADVICE if database else ADVICE)
+    advice = DB_ADVICE if database else ADVICE
+    assert lines[1] == advice.replace("nightdesk run --continue-night", command)
     assert lines[2].startswith("Page: ") and (NOT_SHOWN in lines[2]) == database, lines
 
 
@@ -125,7 +130,7 @@ def test_a_fire_whose_database_is_away_pushes_a_digest(hook: Webhook) -> None:
     assert_told(hook, "cannot take the nightly lock", database=True)
 
 
-@pytest.mark.parametrize("command", [["run"], ["run", "--continue-night"]])
+@pytest.mark.parametrize("command", [["run", "--continue-night"], ["run"]])
 def test_a_night_whose_first_write_the_database_refuses_is_one_line_and_a_digest(
         sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hook: Webhook,
         command: list[str]) -> None:
@@ -152,7 +157,7 @@ def test_a_night_whose_first_write_the_database_refuses_is_one_line_and_a_digest
             "database")
     assert (result.code, result.error_lines[-1:]) == (2, [f"error: {says}"]), result.stderr
     assert "Traceback" not in result.stderr and batches(sqlite_engine) == 0
-    assert_told(hook, says, database=True)
+    assert_told(hook, says, database=True, command=" ".join(["nightdesk", *command]))
 
 
 def test_the_advised_command_starts_the_night_once_the_cause_is_fixed(
@@ -234,8 +239,6 @@ def test_the_timer_does_not_run_a_date_already_analyzed_again(
 def test_a_date_already_analyzed_is_said_with_a_command_that_takes_its_own_tickers(
         sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         hook: Webhook) -> None:
-    import shlex
-
     from app.batch import store
 
     write_demo(tmp_path / "data", DEMO_AS_OF, 4)
@@ -264,8 +267,7 @@ def test_a_date_already_analyzed_is_said_with_a_command_that_takes_its_own_ticke
 
 
 @pytest.mark.parametrize(("start", "again"), [
-    (["--as-of", str(DEMO_AS_OF)],
-     f"nightdesk run --continue-night --as-of {DEMO_AS_OF}"),
+    (["--as-of", str(DEMO_AS_OF)], f"nightdesk run --as-of {DEMO_AS_OF}"),
     # Its own tickers: the command line as the operator gave it.
     (["--tickers", "{first}"], "nightdesk run --tickers {first}"),
 ], ids=["as-of", "tickers"])
@@ -450,8 +452,6 @@ def test_a_night_of_the_date_that_ended_short_is_named_with_its_advice(
     # night whose tickers failed on their own account (HTTP 400): it said "nightly batch #N
     # has already analyzed as-of D" of a failed night, and for either advised only newer
     # data or another night of the date, not what the morning advises.
-    import shlex
-
     from tests.fakevllm import Reply
 
     write_demo(tmp_path / "data", DEMO_AS_OF, 2)
@@ -478,6 +478,49 @@ def test_a_night_of_the_date_that_ended_short_is_named_with_its_advice(
     if failing == "all":
         assert [(b.id, b.status) for b in _nights(sqlite_engine)] == [(night, "succeeded")]
 
+
 def _nights(engine: Engine) -> list[Any]:
     with engine.connect() as conn:
         return list(conn.execute(select(Batch.id, Batch.status).order_by(Batch.id)))
+
+
+def test_a_plain_runs_advice_runs_its_date_again_where_a_night_of_it_finished(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        hook: Webhook) -> None:
+    # A plain `nightdesk run` analyzes its date again; refused, it was advised `nightdesk run
+    # --continue-night`, which runs nothing for a date already analyzed: the advice did not
+    # do what was refused. Now it names the command as given.
+    from app.batch import store
+
+    env, _ = cause("server-down", tmp_path, monkeypatch)
+    done = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
+                              tickers=demo_tickers(2), samples=1, settings={},
+                              server_facts=None)
+    store.finish_batch(sqlite_engine, done, "succeeded")
+    assert run_cli("run", env={**env, "NIGHTDESK_NOTIFY": hook.url()}).code == 2
+    [post] = hook.posts
+    advice = post["message"].splitlines()[1]
+    assert advice == "What to do: fix that, then start the night again: nightdesk run"
+    fake_llm(monkeypatch, None, demo_tickers(2))  # fixed: the server is back
+    result = run_cli(*advice.rsplit(": ", 1)[1].split()[1:],
+                     env={"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    assert result.code == 0, result.stderr
+    assert batches(sqlite_engine) == 2
+
+
+def test_every_command_a_run_refused_for_no_snapshot_advises_works(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        hook: Webhook) -> None:
+    # Its line named `nightdesk data freeze`, which alone exits 2 (its --provider missing).
+    result = run_cli("run", env={"NIGHTDESK_NOTIFY": hook.url()})
+    assert result.code == 2, result.stderr
+    [line] = [line for line in result.error_lines if line.startswith("error: ")]
+    named = re.findall(r"`(nightdesk [^`]+)`", line)
+    assert "nightdesk data demo" in named and len(named) >= 2, line
+    for command in named:
+        assert run_cli(*shlex.split(command)[1:]).code == 0, command
+    [post] = hook.posts  # the demo data written: the digest's command runs the night
+    fake_llm(monkeypatch, None, demo_tickers(3))
+    again = run_cli(*post["message"].splitlines()[1].rsplit(": ", 1)[1].split()[1:],
+                    env={"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    assert again.code == 0, again.stderr

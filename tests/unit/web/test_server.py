@@ -289,7 +289,7 @@ def test_batch_report_series_come_from_server_samples(client: TestClient, ids: I
     # Call i ran from i s to i + 1.5 s: a 17.5 s makespan in two 10 s intervals.
     over = data["over_time"]
     assert [(i["start_s"], i["end_s"]) for i in over] == [(0.0, 10.0), (10.0, 17.5)]
-    assert [i["calls_started"] for i in over] == [10, 7]
+    assert [i["attempts_started"] for i in over] == [10, 7]
     assert sum(i["output_tokens_per_s"] * (i["end_s"] - i["start_s"]) for i in over) == (
         pytest.approx(data["report"]["completion_tokens"]))
 
