@@ -635,7 +635,7 @@ def fleet(
         kill.update(tickers_lost=lost, tickers_on_two_endpoints=moved)
     servers = {**server_figures(readings), "read": len(readings), "of": len(roots),
                "tickers_not_succeeded": lost, "stepper": steppers}
-    rows = arm["calls"] + sum(len(v) for v in load.values())  # llm_calls and llm_requests
+    rows = arm["attempts"] + sum(len(v) for v in load.values())  # llm_calls and llm_requests
     result = FleetResult(
         tickers=tickers, endpoints=endpoints,
         gpu={"vllm_cpu_profile": CPU_PROFILE} if vllm_cpu else asdict(gpu), workload=name,

@@ -79,10 +79,14 @@ def test_a_partial_night_sends_its_digest_to_a_json_webhook(
     # The night's rate as `nightdesk report` computes it: output over the time its calls ran.
     report = json.loads(run_cli("report", str(night.id), "--format", "json", env=env).stdout)
     duration = re.fullmatch(r"Duration: (.+); output ([\d.]+) tok/s \((\d+) tokens "
-                            r"over .* of calls\)", lines[1])
+                            r"over .* of calls\); (\d+) calls \((\d+) attempts, (\d+) failed\)",
+                            lines[1])
     assert duration is not None, lines[1]
     assert float(duration.group(2)) == round(report["output_tokens_per_s"], 1)
     assert int(duration.group(3)) == report["completion_tokens"] > 0
+    # Answered calls apart from the HTTP attempts, as the report counts them.
+    assert [int(duration.group(i)) for i in (4, 5, 6)] == [
+        report["calls"], report["attempts"], report["failed_attempts"]]
     assert f"Top 1: 1. {good} Overweight +0.40" in lines
     assert f"Rating changes since {before} (batch #{previous}): 2" in lines
     assert f"  {good}: Hold → Overweight (+0.00 → +0.40, +0.40) upgrade; " \
