@@ -19,8 +19,9 @@ ADMIN_DSN = os.environ.get("NIGHTDESK_TEST_PG_ADMIN", "postgresql://postgres@127
 
 
 @contextmanager
-def private_database(name: str) -> Iterator[str]:
-    """Create database ``name`` on the local server, yield its URL, and drop it afterwards."""
+def private_database(name: str, upgraded: bool = False) -> Iterator[str]:
+    """Create database ``name`` on the local server (``upgraded``: with nightdesk's schema),
+    yield its URL, and drop it afterwards."""
     try:
         admin = psycopg.connect(ADMIN_DSN, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as error:
@@ -32,6 +33,10 @@ def private_database(name: str) -> Iterator[str]:
     base = ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
     url = f"{base}/{name}"
     try:
+        if upgraded:
+            from app.db.engine import upgrade
+
+            upgrade(url)
         yield url
     finally:
         from app.db.engine import get_engine

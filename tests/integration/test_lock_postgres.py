@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from agents.data.demo import DEMO_AS_OF, write_demo
 from app.batch import store
 from app.config import load_settings
-from app.db.engine import get_engine, upgrade
+from app.db.engine import get_engine
 from app.db.lock import nightly_lock
 from app.db.models import Batch, LLMCall
 from app.morning.summary import list_batches
@@ -39,8 +39,8 @@ _numbers = itertools.count()
 
 @pytest.fixture
 def pg_engine() -> Iterator[Engine]:
-    with private_database(f"nightdesk_lock_{os.getpid()}_{next(_numbers)}") as url:
-        upgrade(url)
+    with private_database(f"nightdesk_lock_{os.getpid()}_{next(_numbers)}",
+                          upgraded=True) as url:
         yield get_engine(url)
 
 

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import OperationalError
 
-from app.db.engine import get_engine, timed_out, upgrade
+from app.db.engine import get_engine, timed_out
 from tests.integration.conftest import private_database
 from tests.unit.support.clirun import run_cli
 
@@ -24,8 +24,8 @@ _numbers = itertools.count()
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
-    with private_database(f"nightdesk_timeout_{os.getpid()}_{next(_numbers)}") as url:
-        upgrade(url)
+    with private_database(f"nightdesk_timeout_{os.getpid()}_{next(_numbers)}",
+                          upgraded=True) as url:
         yield url
 
 
