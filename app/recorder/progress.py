@@ -179,8 +179,8 @@ class BatchProgress:
                 log.info("progress", **asdict(self.state()))
 
     async def _tick_loop(self, log_lines: bool) -> None:
-        # One loop, the reading before the line: a line from a loop of its own showed the
-        # reading of the interval before (15 s stale) beside the counters of now.
+        # One loop, the reading before the line, so a line never shows the reading of the
+        # interval before beside the counters of now.
         while True:
             await asyncio.sleep(LOG_EVERY_S)
             if self.engine is not None:

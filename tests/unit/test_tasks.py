@@ -589,7 +589,7 @@ async def test_a_halted_batch_leaves_nothing_running(sqlite_engine: Engine) -> N
 
 
 async def test_a_body_that_fails_before_its_end_fails_the_ending_not_hangs_it() -> None:
-    # A progress test asserting before its end() once hung the whole suite at 95%.
+    # An assertion that fails before end() must fail the test, not leave it waiting.
     async def batch(end: End) -> None:
         raise AssertionError("before its end")
 

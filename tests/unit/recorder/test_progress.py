@@ -138,8 +138,8 @@ async def test_an_eta_reading_in_its_thread_has_ended_once_the_progress_is_left(
 
 async def test_each_progress_line_shows_the_reading_taken_for_it(
         sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    # On a real H100 night every line showed the reading of 15 s before beside the counters
-    # of now: its own loop woke first (at 89% in: 88 s said, where the stored reading said 73).
+    # Each line shows the reading taken for it, never the one of the interval before beside
+    # counters of now (docs/lab/2026-12-06-h100-bf16-fp8-pair.md).
     taken: list[float] = []
 
     def reading(_engine: Engine, _batch: int, at: datetime) -> eta.Reading:
