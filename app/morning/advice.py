@@ -20,13 +20,13 @@ from sqlalchemy import Engine, select
 
 from agents.data.snapshot import latest_as_of
 from app.config import Settings
-from app.db.lock import run_gone
 from app.db.models import Batch, TickerRun
 from app.morning.summary import (
     RESUMABLE_KINDS,
     BatchSummary,
     batch_summary,
     failed_tickers,
+    gone_reason,
     rerun_since,
     status_of,
     tickers_left,
@@ -117,8 +117,8 @@ def running_night(engine: Engine, stale_s: float) -> int | None:
                             .order_by(Batch.id.desc())).all()
     return next((int(row.id) for row in rows if status_of(
         "running", row.heartbeat_at, row.started_at, stale_s, now,
-        run_gone(engine, "nightly", row.settings, row.heartbeat_at or row.started_at))
-        == "running"), None)
+        gone_reason(engine, "running", "nightly", row.settings, row.heartbeat_at,
+                    row.started_at)) == "running"), None)
 
 
 def advise(engine: Engine, batch_id: int, stale_s: float) -> str:

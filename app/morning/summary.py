@@ -45,6 +45,15 @@ def status_of(status: str, heartbeat_at: datetime | None, started_at: datetime |
     return status
 
 
+def gone_reason(engine: Engine | None, status: str, kind: str, settings: dict[str, Any] | None,
+                heartbeat_at: datetime | None, started_at: datetime | None) -> str | None:
+    """Return ``run_gone``'s reason for a batch stored as ``running`` (None for any other
+    status): the ``gone`` that ``status_of`` takes."""
+    if status != "running":
+        return None
+    return run_gone(engine, kind, settings, heartbeat_at or started_at)
+
+
 def duration_s(started_at: datetime | None, finished_at: datetime | None,
                heartbeat_at: datetime | None, status: str, now: datetime) -> float | None:
     """Return a batch's duration: start to now while it runs (``status`` as ``status_of``
@@ -171,8 +180,8 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None,
     """
     now = now or datetime.now(UTC)
     settings = batch.settings or {}
-    gone = (run_gone(engine, batch.kind, settings, batch.heartbeat_at or batch.started_at)
-            if batch.status == "running" else None)
+    gone = gone_reason(engine, batch.status, batch.kind, settings, batch.heartbeat_at,
+                       batch.started_at)
     status = status_of(batch.status, batch.heartbeat_at, batch.started_at, stale_s, now, gone)
     error = plain_error(batch.error)
     if status != batch.status:

@@ -15,7 +15,6 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, select
 
 from app.config import Settings
-from app.db.lock import run_gone
 from app.db.models import (
     FINISHED_STATUSES,
     Batch,
@@ -42,6 +41,7 @@ from app.morning.summary import (
     FailedTicker,
     IsoDate,
     IsoDatetime,
+    gone_reason,
     list_batches,
     plain_error,
     status_of,
@@ -420,8 +420,8 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
     now = datetime.now(UTC)
     batch_status = {r.batch_id: status_of(
         r.batch_status, r.heartbeat_at, r.batch_started_at, stale_after_s, now,
-        run_gone(engine, r.kind, r.settings, r.heartbeat_at or r.batch_started_at)
-        if r.batch_status == "running" else None) for r in runs}
+        gone_reason(engine, r.batch_status, r.kind, r.settings, r.heartbeat_at,
+                    r.batch_started_at)) for r in runs}
     # A rerun whose process died stays `running` in its row: only a live one blocks another.
     reruns = [RerunRow(batch_id=r.batch_id, as_of=r.as_of, status=r.status,
                        batch_status=batch_status[r.batch_id],
