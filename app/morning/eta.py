@@ -14,17 +14,18 @@ the work left at the rate the chain's answers came in over the last minute; on a
 made output over the last minute (since the analysts' stage ended) while calls were ready,
 and until three chain calls have answered a chain call stands in at the analysts' latency.
 A night before on another server (a stage's pace ``FAR`` times the night before's or a
-``FAR``th; before any answer, a step under way that long past its calls' longest then)
-prices each stage's calls left at the stage's own pace, in the first night's interval widened
-by its nodes' paces, and the ETA is *estimating* while a stage left has none yet.
+``FAR``th; before any answer, a call under way ``FAR`` times its node's longest then) prices
+each stage's calls left at the stage's own pace, in the first night's interval widened by
+its nodes' paces, and the ETA is *estimating* while a stage left has none yet.
 The interval is the estimate times ``RATIO`` (``RATIO_FIRST`` on a first night), measured
 on recorded nights' replays; ``LEVEL`` is the share of readings each held on nights left
 out, and the level it claims.
 docs/operations.md ("One truth, two faces") states every rule;
 docs/lab/2026-12-05-eta-busy-shares.md, docs/lab/2026-12-05-eta-pace.md and
 docs/lab/2026-12-05-h100-eta-gated-night.md, docs/lab/2026-12-05-eta-gated-fair-test.md,
-docs/lab/2026-12-06-eta-chain-jump.md, docs/lab/2026-12-06-h100-eta-held-out.md and
-docs/lab/2026-12-06-eta-first-night.md measure it.
+docs/lab/2026-12-06-eta-chain-jump.md, docs/lab/2026-12-06-h100-eta-held-out.md,
+docs/lab/2026-12-06-eta-first-night.md and docs/lab/2026-12-06-eta-prior-mismatch.md
+measure it.
 """
 
 from __future__ import annotations
