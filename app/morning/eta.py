@@ -13,14 +13,19 @@ the work left at the rate the chain's answers came in over the last minute; on a
 (no night before to price the calls from) at least the output left at the rate the servers
 made output over the last minute (since the analysts' stage ended) while calls were ready,
 and until three chain calls have answered a chain call stands in at the analysts' latency.
+A night before on another server (a stage's pace ``FAR`` times the night before's or a
+``FAR``th; before any answer, a call under way ``FAR`` times its node's longest then) prices
+each stage's calls left at the stage's own pace, in the first night's interval widened by
+its nodes' paces, and the ETA is *estimating* while a stage left has none yet.
 The interval is the estimate times ``RATIO`` (``RATIO_FIRST`` on a first night), measured
 on recorded nights' replays; ``LEVEL`` is the share of readings each held on nights left
 out, and the level it claims.
 docs/operations.md ("One truth, two faces") states every rule;
 docs/lab/2026-12-05-eta-busy-shares.md, docs/lab/2026-12-05-eta-pace.md and
 docs/lab/2026-12-05-h100-eta-gated-night.md, docs/lab/2026-12-05-eta-gated-fair-test.md,
-docs/lab/2026-12-06-eta-chain-jump.md, docs/lab/2026-12-06-h100-eta-held-out.md and
-docs/lab/2026-12-06-eta-first-night.md measure it.
+docs/lab/2026-12-06-eta-chain-jump.md, docs/lab/2026-12-06-h100-eta-held-out.md,
+docs/lab/2026-12-06-eta-first-night.md and docs/lab/2026-12-06-eta-prior-mismatch.md
+measure it.
 """
 
 from __future__ import annotations
@@ -57,11 +62,19 @@ RATIO = (0.74, 1.33)
 # them each night left out; RATIO held 63% there (docs/lab/2026-12-06-eta-first-night.md).
 RATIO_FIRST = (0.58, 1.82)
 LEVEL = 0.75  # the share of readings it held, each night left out in turn (88%)
+# A stage's calls (the analysts, the chain) this many times slower than the night before's,
+# or quicker: another server. On the recorded nights the stages' paces stayed within
+# 0.33-3.06 and the first answer came within 1.03 times the longest any analyst node's calls
+# took from ready the night before (docs/lab/2026-12-06-eta-prior-mismatch.md).
+FAR = 4.0
 
 Spread = tuple[float, float, float]  # (low, middle, high)
 # What every face of the progress shows before the ETA has a basis: never a made-up number.
 ESTIMATING = ("estimating… (no call answered yet, and no earlier finished night of this "
               "model to price the calls by)")
+UNLIKE = (f"estimating… (tonight's calls run over {FAR:g} times slower or quicker than the "
+          "night before's, as on another server, and a stage left (the analysts, the chain "
+          "after them) has no answer tonight yet to price it by)")
 
 
 @dataclass(frozen=True)
@@ -85,12 +98,14 @@ class Reading:
     eta_s: float | None
     eta_low_s: float | None  # eta_s × RATIO: an interval that held LEVEL of the replays
     eta_high_s: float | None
+    why: str = ESTIMATING  # why there is no ETA while eta_s is None (not stored)
 
     @property
     def estimating(self) -> str | None:
         """Why there is no ETA yet, as every face says it (None: there is one). Without a
-        night before of this kind and model, the first answered call is the first basis."""
-        return None if self.eta_s is not None else ESTIMATING
+        night before of this kind and model that prices tonight's calls, the first answered
+        call is the first basis."""
+        return None if self.eta_s is not None else self.why
 
     def whole(self, seconds: float | None) -> int | None:
         """Return ``seconds`` whole, never 0 while a call is left (a call under way may end
@@ -272,6 +287,26 @@ def _pace(own: dict[str, list[float]], before: dict[str, list[float]]) -> Spread
             mine += sum(values)
             theirs += usual
     return (min(ratios), mine / theirs, max(ratios)) if ratios else None
+
+
+def _paces(own: dict[str, list[float]], before: dict[str, list[float]],
+           stages: list[list[str]]) -> dict[str, Spread | None]:
+    """Return each node's pace: ``_pace`` of its stage's nodes (None: none answered on both
+    nights yet)."""
+    return {n: _pace({m: v for m, v in own.items() if m in stage}, before)
+            for stage in stages for n in stage}
+
+
+def _unlike(prior: Prior, staged: dict[str, Spread | None], steps: Sequence[Step],
+            now: datetime) -> bool:
+    """Return whether tonight runs on another server than the night before, by its calls:
+    a stage's issue-to-answer latencies (``staged``: its nodes' pace) ``FAR`` times the
+    night before's or a ``FAR``th; before any answer of a node the night before had, a call
+    under way ready ``FAR`` times longer than any of its node took from ready then."""
+    if paces := [p[1] for p in staged.values() if p is not None]:
+        return not all(1 / FAR < p < FAR for p in paces)
+    return any(s.since is not None and (now - s.since).total_seconds() > FAR * max(
+        prior.aged.get(n, [float("inf")])) for s in steps for n in s.under_way)
 
 
 def _in_flight(samples: Sequence[Any], calls: Sequence[Any]) -> float:
@@ -467,17 +502,24 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     answered = {(c.ticker, c.node, c.sample) for c in calls if c.status == "ok"}
     prior = _prior(engine, batch_id)
     steps = _steps(tickers, calls, nodes, analysts, per_ticker, now)
+    took_all = _latencies(calls)
+    # A night before on another server: its nodes do not keep their proportions there (fixed
+    # costs, prefill against decode), so each stage's nodes left go at the stage's own pace,
+    # and a stage with none yet leaves the ETA unknown (UNLIKE).
+    staged = _paces(took_all, prior.took, [analysts, chain])
+    unlike = _unlike(prior, staged, steps, now)
+    stages = [analysts, chain] if unlike else [nodes]
     # The calls held or under way are ready since their step began: they have no rows yet.
     shares = Shares([(_ready(c), c.ended_at, 1) for c in calls]
                     + [(step.since, now, len(step.under_way)) for step in steps
                        if step.since is not None])
     own_shares = _shares(calls, shares)
-    pace = _pace(own_shares, prior.shares)
+    pace = _paces(own_shares, prior.shares, stages)
     share: dict[str, Spread] = {}
     for n in nodes:
         if n in prior.shares:
             usual = statistics.fmean(prior.shares[n])
-            share[n] = tuple(usual * p for p in pace or (1.0, 1.0, 1.0))  # type: ignore[assignment]
+            share[n] = tuple(usual * p for p in pace[n] or (1.0, 1.0, 1.0))  # type: ignore[assignment]
         elif n in own_shares:
             share[n] = _spread(own_shares[n], statistics.fmean(own_shares[n]))
     mean_share = [v for values in own_shares.values() for v in values]
@@ -494,15 +536,17 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
                                            if n in step.under_way else 0.0)
         work = (total[0], total[1], total[2])
     # The chain: a node's latency now, else the night's, else the night before's × pace.
-    took_all = _latencies(calls)
     recent = {n: v[-newest(v):] for n, v in took_all.items()}
-    latency_pace = _pace(took_all, prior.took) or (1.0, 1.0, 1.0)
+    latency_pace = _paces(took_all, prior.took, stages)
+    unknown = unlike and any(latency_pace[n] is None for s in steps for n in s.left
+                             if n in prior.took)
+    paced = {n: (p or (1.0, 1.0, 1.0))[1] for n, p in latency_pace.items()}
     took: dict[str, list[float]] = {}
     for n in nodes:
         if n in recent or n in took_all:
             took[n] = recent.get(n) or took_all[n]
         elif n in prior.took:
-            took[n] = [v * latency_pace[1] for v in prior.took[n]]
+            took[n] = [v * paced[n] for v in prior.took[n]]
     chained = [(c.ended_at - c.started_at).total_seconds() for c in calls
                if c.status == "ok" and c.node in chain]
     chained = chained[-newest(chained):]
@@ -516,7 +560,7 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     # The step under way: the ready-to-answer latencies of the night's calls of its node and
     # the night before's (a call held at the gate: the gate's waits are in them).
     aged = _latencies(calls, ready=True)
-    ages = {n: [aged.get(n, []) + [v * latency_pace[1] for v in prior.aged.get(n, [])]
+    ages = {n: [aged.get(n, []) + [v * paced[n] for v in prior.aged.get(n, [])]
                 or took.get(n, [])] for n in nodes}
     lately = {n: v[-newest(v):] for n, v in aged.items()}
     # The longest any open step has been ready: the longest the gate is holding one now.
@@ -552,18 +596,24 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     low_w, work_s, high_w = work or (None, None, None)
     rates = [tokens_left / w if w else None for w in (work_s, high_w, low_w)]
     expected = len(nodes) * per_ticker * int(batch.tickers_total)
-    eta_s = bound(work_s, chain_s)
-    ratio = RATIO if prior.shares else RATIO_FIRST
+    eta_s = None if unknown else bound(work_s, chain_s)
+    ratio = RATIO if prior.shares and not unlike else RATIO_FIRST
+    if unlike:  # on another server the nodes left go at a pace known only within their
+        #         stage's answered nodes' (their slowest and quickest against the pooled)
+        left = [p for s in steps for n in s.left if (p := latency_pace[n]) and p[1] > 0]
+        ratio = (ratio[0] * min((p[0] / p[1] for p in left), default=1.0),
+                 ratio[1] * max((p[2] / p[1] for p in left), default=1.0))
     return Reading(now, expected, len(answered), len(calls),
                    int(sum(c.completion_tokens or 0 for c in calls)), tokens_left,
                    rates[0], rates[1], rates[2],
                    None if work is None else "before" if prior.shares else "night",
                    longest, chain_s, low_s, high_s, eta_s,
                    None if eta_s is None else eta_s * ratio[0],
-                   None if eta_s is None else eta_s * ratio[1])
+                   None if eta_s is None else eta_s * ratio[1], UNLIKE if unlike else ESTIMATING)
 
 
 def record(engine: Engine, batch_id: int, found: Reading) -> None:
     """Store one reading in ``progress_readings``."""
     with engine.begin() as conn:
-        conn.execute(insert(ProgressReading), [{**asdict(found), "batch_id": batch_id}])
+        row = {k: v for k, v in asdict(found).items() if k != "why"}
+        conn.execute(insert(ProgressReading), [{**row, "batch_id": batch_id}])

@@ -62,3 +62,35 @@ def counter(engine: Engine, batch_id: int, rates: list[float], every_s: float = 
                 seconds=i * every_s), running=1, waiting=0, kv_cache_usage=0.1,
                 preemptions_total=0, prompt_tokens_total=0, generation_tokens_total=total))
         s.commit()
+
+
+def night(engine: Engine, tickers: int, latency_s: dict[str, float], start: datetime,
+          status: str = "succeeded") -> tuple[int, datetime]:
+    """Store a whole night of ``tickers`` tickers from ``start``, all at once: each one's
+    analysts side by side, then its chain's nodes one after another, each call ready
+    ``latency_s[node]`` before its answer and issued half-way; return its id and its end.
+    Read at an earlier moment, it is that night running (a call counts once it has ended)."""
+    with Session(engine) as s:
+        row = Batch(kind="nightly", as_of=T0.date(), status=status, created_at=start,
+                    started_at=start, heartbeat_at=start, settings=SETTINGS,
+                    tickers_total=tickers)
+        s.add(row)
+        s.flush()
+        end = start
+        for i in range(tickers):
+            ticker, at = f"T{i:02d}", start
+            for step in [list(ANALYSTS), *([n] for n in CHAIN)]:
+                ready = at
+                for node in step:
+                    ended = ready + timedelta(seconds=latency_s[node])
+                    s.add(LLMCall(batch_id=row.id, ticker=ticker, node=node, sample=0,
+                                  model="m", completion_tokens=COST, status="ok",
+                                  ready_at=ready, ended_at=ended, latency_s=latency_s[node] / 2,
+                                  started_at=ended - timedelta(seconds=latency_s[node] / 2)))
+                    at = max(at, ended)
+            s.add(TickerRun(batch_id=row.id, ticker=ticker, status="succeeded", samples=1,
+                            started_at=start, finished_at=at))
+            end = max(end, at)
+        row.finished_at = end
+        s.commit()
+        return int(row.id), end
