@@ -24,6 +24,7 @@ from app.db.models import Batch, TickerRun
 from app.morning.summary import (
     RESUMABLE_KINDS,
     BatchSummary,
+    Seen,
     batch_summary,
     failed_tickers,
     gone_reason,
@@ -110,14 +111,14 @@ def first_night(settings: Settings) -> list[Advice]:
 
 def running_night(engine: Engine, stale_s: float) -> int | None:
     """Return the newest nightly batch that runs (``status_of``), if any."""
-    now = datetime.now(UTC)
+    now, seen = datetime.now(UTC), Seen(engine)
     with engine.connect() as conn:
         rows = conn.execute(select(Batch.id, Batch.heartbeat_at, Batch.started_at, Batch.settings)
                             .where(Batch.kind == "nightly", Batch.status == "running")
                             .order_by(Batch.id.desc())).all()
     return next((int(row.id) for row in rows if status_of(
         "running", row.heartbeat_at, row.started_at, stale_s, now,
-        gone_reason(engine, "running", "nightly", row.settings, row.heartbeat_at,
+        gone_reason(seen, "running", "nightly", row.settings, row.heartbeat_at,
                     row.started_at)) == "running"), None)
 
 

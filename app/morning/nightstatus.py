@@ -25,7 +25,7 @@ from app.config import Settings
 from app.db.models import Batch, NightRefusal, SchedulerBeat, TickerRun, nights_newest_first
 from app.morning import eta
 from app.morning.advice import Advice, first_night, next_steps
-from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize, when
+from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, Seen, summarize, when
 from app.morning.timetable import due_times, nightly_trigger
 
 # What a morning with no night since the due time is advised (the timer's own command).
@@ -256,12 +256,11 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     now = now or datetime.now(UTC)
     due_at, next_due_at = due_times(nightly_trigger(settings), now)
     stale_s = settings.batch.heartbeat_stale_s
-    row = _latest(engine)
-    summary = None if row is None else summarize(row, stale_s, now, engine)
+    row, seen = _latest(engine), Seen(engine)
+    summary = None if row is None else summarize(row, stale_s, now, seen)
     latest = None if summary is None else _night(summary)
     ranked_row = None if ranked_id is None else _batch(engine, ranked_id)
-    ranked = None if ranked_row is None else _night(summarize(ranked_row, stale_s, now,
-                                                                        engine))
+    ranked = None if ranked_row is None else _night(summarize(ranked_row, stale_s, now, seen))
     prog: Progress | None = None
     status = "stale"
     if latest is not None:

@@ -41,6 +41,7 @@ from app.morning.summary import (
     FailedTicker,
     IsoDate,
     IsoDatetime,
+    Seen,
     gone_reason,
     list_batches,
     plain_error,
@@ -236,9 +237,9 @@ def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
     with engine.connect() as conn:
         batches = conn.execute(select(Batch).where(Batch.status == "running")
                                .order_by(Batch.id)).all()
-    out = []
+    out, seen = [], Seen(engine)
     for b in batches:
-        summary = summarize(b, stale_after_s, now, engine)
+        summary = summarize(b, stale_after_s, now, seen)
         if summary.status != "running":
             continue
         prog = nightstatus.progress(engine, b.id, now)  # the same numbers as `nightdesk ranking`
@@ -417,10 +418,10 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
     shown = next((r for r in runs
                   if r.status == "succeeded" and r.batch_status in FINISHED_STATUSES), latest)
     batch = batch_row(engine, shown.batch_id)
-    now = datetime.now(UTC)
+    now, seen = datetime.now(UTC), Seen(engine)
     batch_status = {r.batch_id: status_of(
         r.batch_status, r.heartbeat_at, r.batch_started_at, stale_after_s, now,
-        gone_reason(engine, r.batch_status, r.kind, r.settings, r.heartbeat_at,
+        gone_reason(seen, r.batch_status, r.kind, r.settings, r.heartbeat_at,
                     r.batch_started_at)) for r in runs}
     # A rerun whose process died stays `running` in its row: only a live one blocks another.
     reruns = [RerunRow(batch_id=r.batch_id, as_of=r.as_of, status=r.status,
@@ -438,7 +439,7 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
                          error=plain_error(latest.error)),
         tonight=_tonight(list(runs), last_good, newest_night, batch_status),
         last_good=last_good,
-        shown=ShownBatch(**dict(summarize(batch, stale_after_s, now, engine)),
+        shown=ShownBatch(**dict(summarize(batch, stale_after_s, now, seen)),
                          ticker_status=shown.status,
                          runs=_nodes_of_run(engine, batch, ticker)),
         history=history,
