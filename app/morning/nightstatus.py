@@ -246,7 +246,7 @@ def _batch(engine: Engine, batch_id: int) -> Batch | None:
 
 
 def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
-                 now: datetime | None = None) -> NightStatus:
+                 now: datetime | None = None, seen: Seen | None = None) -> NightStatus:
     """Return the latest night's status against the ranking of batch ``ranked_id``.
 
     ``ranked_id`` is the batch the ranking shows (None: there is no ranking). Each batch's
@@ -256,7 +256,7 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     now = now or datetime.now(UTC)
     due_at, next_due_at = due_times(nightly_trigger(settings), now)
     stale_s = settings.batch.heartbeat_stale_s
-    row, seen = _latest(engine), Seen(engine)
+    row, seen = _latest(engine), seen or Seen(engine)
     summary = None if row is None else summarize(row, stale_s, now, seen)
     latest = None if summary is None else _night(summary)
     ranked_row = None if ranked_id is None else _batch(engine, ranked_id)
@@ -296,7 +296,7 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     fresh = ranked is not None and latest is not None and ranked.id == latest.id \
         and status not in ("stale", "none")
     reason = None if fresh else _reason(status, latest, ranked, prog, due_at, refused)
-    advice = [] if summary is None else next_steps(engine, summary, stale_s)
+    advice = [] if summary is None else next_steps(engine, summary, stale_s, seen)
     if refused is not None and refused.command is not None:
         # What refused it is the news; the latest batch's own advice is older.
         advice = [Advice(refused.command, "runs the refused command again; first fix what "

@@ -227,7 +227,8 @@ class CompareView(BaseModel):
     series: dict[int, SeriesView]
 
 
-def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
+def running_batches(engine: Engine, stale_after_s: float, seen: Seen | None = None
+                    ) -> list[RunningBatch]:
     """Return each batch that runs, with its progress and its ETA.
 
     One still marked running whose heartbeat is older than ``stale_after_s`` has crashed
@@ -237,7 +238,7 @@ def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
     with engine.connect() as conn:
         batches = conn.execute(select(Batch).where(Batch.status == "running")
                                .order_by(Batch.id)).all()
-    out, seen = [], Seen(engine)
+    out, seen = [], seen or Seen(engine)
     for b in batches:
         summary = summarize(b, stale_after_s, now, seen)
         if summary.status != "running":
@@ -259,24 +260,24 @@ def ranking_view(engine: Engine, settings: Settings) -> RankingView:
     ``app.morning.nightstatus`` and ``app.morning.changes``, as ``nightdesk ranking`` and
     ``nightdesk changes``.
     """
-    stale_after_s = settings.batch.heartbeat_stale_s
+    stale_after_s, seen = settings.batch.heartbeat_stale_s, Seen(engine)  # one per request
     try:
         batch, rows = ranking(engine)
     except InputError as error:
-        running = running_batches(engine, stale_after_s)
-        status = nightstatus.night_status(engine, settings, None)
+        running = running_batches(engine, stale_after_s, seen)
+        status = nightstatus.night_status(engine, settings, None, seen=seen)
         return RankingView(batch=None, rows=[], failed=[], distribution={},
                            reruns_applied=[], running=running, empty=str(error),
                            night=status, changes=None, warnings=[])
     # Read after the ranking: a night that finishes in between is then at worst shown as
     # still running beside the night before, never the other way round.
-    running = running_batches(engine, stale_after_s)
-    status = nightstatus.night_status(engine, settings, batch.id)
+    running = running_batches(engine, stale_after_s, seen)
+    status = nightstatus.night_status(engine, settings, batch.id, seen=seen)
     compared = compare_nights(engine, batch.id)
     by_ticker = compared.by_ticker()
     ranked = [r for r in rows if r.rank is not None]
     return RankingView(
-        batch=summarize(batch, stale_after_s, engine=engine),
+        batch=summarize(batch, stale_after_s, engine=seen),
         rows=[ranked_row(r, by_ticker.get(r.ticker)) for r in ranked],
         failed=[FailedRow(ticker=r.ticker, status=r.status, reason=r.summary)
                 for r in rows if r.rank is None],
@@ -457,8 +458,8 @@ def batches_view(engine: Engine, stale_after_s: float, limit: int = 200
 def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView:
     """Return one batch's report: throughput, the server's view, series, latency, failures."""
     report = batch_report(engine, batch_id)  # raises InputError for an unknown id
-    batch = batch_row(engine, batch_id)
-    summary = summarize(batch, stale_after_s, engine=engine)
+    batch, seen = batch_row(engine, batch_id), Seen(engine)
+    summary = summarize(batch, stale_after_s, engine=seen)
     with engine.connect() as conn:
         unfinished = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error,
                                          TickerRun.started_at)
@@ -487,7 +488,7 @@ def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView
                                          key=lambda t: (t.status != "running", t.ticker))],
         progress=nightstatus.progress(engine, batch_id) if live else None,
         server_facts=batch.server_facts,
-        advice=next_steps(engine, summary, stale_after_s),
+        advice=next_steps(engine, summary, stale_after_s, seen),
     )
 
 

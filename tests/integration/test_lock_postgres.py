@@ -25,7 +25,7 @@ from app.db.lock import nightly_lock
 from app.db.models import Batch, LLMCall, TickerRun
 from app.morning.advice import running_night
 from app.morning.summary import list_batches
-from app.web.views import running_batches, ticker_view
+from app.web.views import batch_view, ranking_view, running_batches, ticker_view
 from tests.integration.conftest import private_database
 from tests.unit.support.daemon_clock import NIGHT, Recorder, daemon_for, local, running, tick
 from tests.unit.support.lock_checks import (
@@ -116,7 +116,8 @@ def test_a_night_elsewhere_reads_crashed_once_the_advisory_lock_is_free(
 def test_a_request_reads_the_nightly_lock_once_however_many_nights_run(
         pg_engine: Engine) -> None:
     """Three nightly batches stored running, run elsewhere (only ``pg_locks`` can tell
-    whether they live): each view of them all reads ``pg_locks`` once, not once a night."""
+    whether they live): each view of them all reads ``pg_locks`` once, not once a night,
+    nor once for each part of a page."""
     now = datetime.now(UTC)
     with Session(pg_engine) as s:
         for day in range(3):
@@ -128,6 +129,7 @@ def test_a_request_reads_the_nightly_lock_once_however_many_nights_run(
             s.flush()
             s.add(TickerRun(batch_id=night.id, ticker="AAA", status="running",
                             started_at=now))
+            newest = night.id
         s.commit()
     asked: list[str] = []
 
@@ -140,7 +142,12 @@ def test_a_request_reads_the_nightly_lock_once_however_many_nights_run(
         for view in (lambda: list_batches(pg_engine, 120.0),
                      lambda: running_batches(pg_engine, 120.0),
                      lambda: ticker_view(pg_engine, "AAA", 120.0),
-                     lambda: running_night(pg_engine, 120.0)):
+                     lambda: running_night(pg_engine, 120.0),
+                     # A page that composes several: the ranking (the running list, the
+                     # night's status and its advice), a batch's page (its summary, advice).
+                     lambda: ranking_view(pg_engine, load_settings(database_url=url_of(
+                         pg_engine))),
+                     lambda: batch_view(pg_engine, newest, 120.0)):
             asked.clear()
             view()
             assert len(asked) == 1, view
