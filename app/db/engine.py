@@ -141,8 +141,13 @@ def make_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> E
         _sqlite_events(engine)
         return engine
     return create_engine(url, pool_pre_ping=True, connect_args={
-        "connect_timeout": 5,
-        "options": f"-c statement_timeout={max(1, round(statement_timeout_s * 1000))}"})
+        "connect_timeout": 5, "options": statement_timeout(statement_timeout_s)})
+
+
+def statement_timeout(seconds: float) -> str:
+    """Return libpq's ``options`` that bound each statement of a PostgreSQL connection by
+    ``seconds`` (its ``statement_timeout``): our engines' and the checkpoint pool's."""
+    return f"-c statement_timeout={max(1, round(seconds * 1000))}"
 
 
 def timed_out(error: BaseException) -> str | None:

@@ -192,34 +192,54 @@ def holder_gone(engine: Engine, batch: Any, stale_s: float) -> str | None:
     return None
 
 
-def run_gone(engine: Engine | None, kind: str, settings: dict[str, Any] | None,
+class NightlyLockView:
+    """Whether a session holds the nightly lock on PostgreSQL (``pg_locks``, read without
+    taking it), with the server's start: read once, at first need, in one query however many
+    batches a request asks ``run_gone`` of. None engine, or SQLite: nothing to read."""
+
+    def __init__(self, engine: Engine | None) -> None:
+        self.engine = engine if engine is not None and engine.dialect.name == "postgresql" \
+            else None
+        self._read: tuple[bool, datetime] | None = None
+
+    def free_since(self) -> datetime | None:
+        """Return the server's start when no session holds the lock; None while one does."""
+        assert self.engine is not None
+        if self._read is None:
+            unsigned = ADVISORY_KEY & 0xFFFF_FFFF_FFFF_FFFF  # pg_locks splits a bigint in two
+            with self.engine.connect() as conn:
+                held, up_since = conn.execute(text(
+                    "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                    " AND database = (SELECT oid FROM pg_database"
+                    " WHERE datname = current_database())"
+                    " AND classid::bigint = :high AND objid::bigint = :low AND objsubid = 1),"
+                    " pg_postmaster_start_time()"),
+                    {"high": unsigned >> 32, "low": unsigned & 0xFFFF_FFFF}).one()
+            self._read = (bool(held), up_since)
+        held, up_since = self._read
+        return None if held else up_since
+
+
+def run_gone(lock: NightlyLockView | None, kind: str, settings: dict[str, Any] | None,
              beat: datetime | None) -> str | None:
     """Return why a batch marked ``running`` has lost its process, where a reader (not
     holding the lock) can know it before its heartbeat goes stale; None: it may be alive.
 
     ``settings``: its row's (the runner); ``beat``: its heartbeat, else its start. A
     runner on this host is looked up by its pid (both dialects). A nightly batch elsewhere,
-    on PostgreSQL, is gone when no session holds the nightly lock (``pg_locks``, read
-    without taking it) and it beat since the server last started (``holder_gone``'s rule).
-    Otherwise (a SQLite night on another host, a database restart since its beat) only its
-    heartbeat can tell.
+    on PostgreSQL, is gone when no session holds the nightly lock (``lock``) and it beat
+    since the server last started (``holder_gone``'s rule). Otherwise (a SQLite night on
+    another host, a database restart since its beat) only its heartbeat can tell.
     """
     runner = Runner.of(settings)
     alive = None if runner is None else runner.alive()
     if alive is not None:
         return None if alive else f"its process {runner.pid} is gone"  # type: ignore[union-attr]
-    if engine is None or kind != "nightly" or engine.dialect.name != "postgresql":
+    if lock is None or lock.engine is None or kind != "nightly":
         return None
-    unsigned = ADVISORY_KEY & 0xFFFF_FFFF_FFFF_FFFF  # pg_locks splits a bigint key in two
-    with engine.connect() as conn:
-        held = conn.execute(text(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            " AND classid::bigint = :high AND objid::bigint = :low AND objsubid = 1"),
-            {"high": unsigned >> 32, "low": unsigned & 0xFFFF_FFFF}).scalar_one()
-        if held:
-            return None
-        up_since = conn.execute(text("SELECT pg_postmaster_start_time()")).scalar_one()
+    up_since = lock.free_since()
+    if up_since is None:
+        return None
     if beat is not None and beat.tzinfo is None:
         beat = beat.replace(tzinfo=UTC)
     return "the nightly lock is free" if beat is not None and beat > up_since else None

@@ -24,6 +24,7 @@ from app.db.models import Batch, TickerRun
 from app.morning.summary import (
     RESUMABLE_KINDS,
     BatchSummary,
+    Seen,
     batch_summary,
     failed_tickers,
     gone_reason,
@@ -44,7 +45,8 @@ class Advice:
         return f"{self.command} ({self.does})"
 
 
-def next_steps(engine: Engine, batch: BatchSummary, stale_s: float) -> list[Advice]:
+def next_steps(engine: Engine, batch: BatchSummary, stale_s: float,
+               seen: Seen | None = None) -> list[Advice]:
     """Return the commands that fit ``batch`` (its status as ``summary.status_of`` says,
     with ``stale_s``, ``heartbeat_stale_s``).
 
@@ -53,7 +55,7 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float) -> list[Advi
     resume takes) has ended. A failed nightly batch: resume it retrying its failed tickers
     (the ranking shows no failed night, so applies no rerun of one). Else, each ticker that
     failed and no later rerun (of the same date) has redone: rerun it for the batch's date
-    and samples.
+    and samples. ``seen``: the request's (``summary.Seen``), where it has one.
     """
     if batch.status == "running" or batch.kind not in RESUMABLE_KINDS:
         return []
@@ -71,7 +73,7 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float) -> list[Advi
             parts.append(f"runs again {'the' if parts else 'its'} {_tickers(again)} the "
                          "server or database failed")
         does = " and ".join(parts)
-        holder = running_night(engine, stale_s) if batch.kind == "nightly" else None
+        holder = running_night(engine, stale_s, seen) if batch.kind == "nightly" else None
         if holder is not None and holder != batch.id:
             # Until then the resume answers `already running: batch M` (exit 4).
             does += f", once batch {holder}, running now, has ended"
@@ -108,16 +110,16 @@ def first_night(settings: Settings) -> list[Advice]:
     return [Advice("nightdesk run", "runs the first night")]
 
 
-def running_night(engine: Engine, stale_s: float) -> int | None:
+def running_night(engine: Engine, stale_s: float, seen: Seen | None = None) -> int | None:
     """Return the newest nightly batch that runs (``status_of``), if any."""
-    now = datetime.now(UTC)
+    now, seen = datetime.now(UTC), seen or Seen(engine)
     with engine.connect() as conn:
         rows = conn.execute(select(Batch.id, Batch.heartbeat_at, Batch.started_at, Batch.settings)
                             .where(Batch.kind == "nightly", Batch.status == "running")
                             .order_by(Batch.id.desc())).all()
     return next((int(row.id) for row in rows if status_of(
         "running", row.heartbeat_at, row.started_at, stale_s, now,
-        gone_reason(engine, "running", "nightly", row.settings, row.heartbeat_at,
+        gone_reason(seen, "running", "nightly", row.settings, row.heartbeat_at,
                     row.started_at)) == "running"), None)
 
 

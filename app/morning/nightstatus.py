@@ -25,7 +25,7 @@ from app.config import Settings
 from app.db.models import Batch, NightRefusal, SchedulerBeat, TickerRun, nights_newest_first
 from app.morning import eta
 from app.morning.advice import Advice, first_night, next_steps
-from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, summarize, when
+from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, Seen, summarize, when
 from app.morning.timetable import due_times, nightly_trigger
 
 # What a morning with no night since the due time is advised (the timer's own command).
@@ -246,7 +246,7 @@ def _batch(engine: Engine, batch_id: int) -> Batch | None:
 
 
 def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
-                 now: datetime | None = None) -> NightStatus:
+                 now: datetime | None = None, seen: Seen | None = None) -> NightStatus:
     """Return the latest night's status against the ranking of batch ``ranked_id``.
 
     ``ranked_id`` is the batch the ranking shows (None: there is no ranking). Each batch's
@@ -256,12 +256,11 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     now = now or datetime.now(UTC)
     due_at, next_due_at = due_times(nightly_trigger(settings), now)
     stale_s = settings.batch.heartbeat_stale_s
-    row = _latest(engine)
-    summary = None if row is None else summarize(row, stale_s, now, engine)
+    row, seen = _latest(engine), seen or Seen(engine)
+    summary = None if row is None else summarize(row, stale_s, now, seen)
     latest = None if summary is None else _night(summary)
     ranked_row = None if ranked_id is None else _batch(engine, ranked_id)
-    ranked = None if ranked_row is None else _night(summarize(ranked_row, stale_s, now,
-                                                                        engine))
+    ranked = None if ranked_row is None else _night(summarize(ranked_row, stale_s, now, seen))
     prog: Progress | None = None
     status = "stale"
     if latest is not None:
@@ -297,7 +296,7 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     fresh = ranked is not None and latest is not None and ranked.id == latest.id \
         and status not in ("stale", "none")
     reason = None if fresh else _reason(status, latest, ranked, prog, due_at, refused)
-    advice = [] if summary is None else next_steps(engine, summary, stale_s)
+    advice = [] if summary is None else next_steps(engine, summary, stale_s, seen)
     if refused is not None and refused.command is not None:
         # What refused it is the news; the latest batch's own advice is older.
         advice = [Advice(refused.command, "runs the refused command again; first fix what "

@@ -9,15 +9,24 @@ ranking``, the pages, the API, the morning digest and the metrics, so they all s
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, computed_field
-from sqlalchemy import Connection, Engine, Select, and_, or_, select
+from sqlalchemy import Connection, Engine, Select, and_, func, or_, select
 
-from app.db.lock import run_gone
-from app.db.models import INFRASTRUCTURE, Batch, Decision, TickerRun, batch_row, newest_first
+from app.db.lock import NightlyLockView, run_gone
+from app.db.models import (
+    INFRASTRUCTURE,
+    Batch,
+    Decision,
+    LLMCall,
+    TickerRun,
+    batch_row,
+    newest_first,
+)
 from app.db.models import RESUMABLE_KINDS as RESUMABLE_KINDS
 
 # Ticker states that are no failure: done, or not reached yet by a batch still running.
@@ -45,27 +54,75 @@ def status_of(status: str, heartbeat_at: datetime | None, started_at: datetime |
     return status
 
 
-def gone_reason(engine: Engine | None, status: str, kind: str, settings: dict[str, Any] | None,
-                heartbeat_at: datetime | None, started_at: datetime | None) -> str | None:
+def last_calls(conn: Connection, batch_ids: Iterable[int]) -> dict[int, datetime]:
+    """Return the end of each batch's last usage row (``llm_calls``), in one query; a batch
+    with none is left out."""
+    return dict(conn.execute(select(LLMCall.batch_id, func.max(LLMCall.ended_at))
+                             .where(LLMCall.batch_id.in_(list(batch_ids)))
+                             .group_by(LLMCall.batch_id)).tuples().all())
+
+
+def last_alive(started_at: datetime | None, heartbeat_at: datetime | None,
+               last_call_at: datetime | None) -> datetime | None:
+    """Return when a crashed batch was last alive: the later of its last heartbeat and its
+    last usage row's end (calls end between beats, and a night killed before its first beat
+    has only its calls), else its start. Its stored end (``app.runs.resumable``) and every
+    view's duration (``duration_s``) are this."""
+    signs = [moment for moment in (heartbeat_at, last_call_at) if moment is not None]
+    return max(signs) if signs else started_at
+
+
+class Seen:
+    """What summaries read beyond their batches' rows, each read once however many batches
+    one request shows: the nightly lock (``NightlyLockView``, for ``run_gone``) and each
+    batch's last usage row's end (``last_alive``)."""
+
+    def __init__(self, engine: Engine | None) -> None:
+        self.engine = engine
+        self.lock = NightlyLockView(engine)
+        self._ends: dict[int, datetime | None] = {}
+
+    @classmethod
+    def of(cls, engine: Engine | Seen | None) -> Seen:
+        return engine if isinstance(engine, Seen) else cls(engine)
+
+    def read_ends(self, batch_ids: Iterable[int]) -> None:
+        """Read the last usage row's end of those of ``batch_ids`` not read yet (one query)."""
+        ids = set(batch_ids) - self._ends.keys()
+        if self.engine is not None and ids:
+            with self.engine.connect() as conn:
+                found = last_calls(conn, ids)
+            self._ends.update({batch_id: found.get(batch_id) for batch_id in ids})
+
+    def last_call_at(self, batch_id: int) -> datetime | None:
+        self.read_ends([batch_id])
+        return self._ends.get(batch_id)
+
+
+def gone_reason(seen: Engine | Seen | None, status: str, kind: str,
+                settings: dict[str, Any] | None, heartbeat_at: datetime | None,
+                started_at: datetime | None) -> str | None:
     """Return ``run_gone``'s reason for a batch stored as ``running`` (None for any other
-    status): the ``gone`` that ``status_of`` takes."""
+    status): the ``gone`` that ``status_of`` takes. One ``Seen`` given to each batch of a
+    request reads the nightly lock once."""
     if status != "running":
         return None
-    return run_gone(engine, kind, settings, heartbeat_at or started_at)
+    return run_gone(Seen.of(seen).lock, kind, settings, heartbeat_at or started_at)
 
 
 def duration_s(started_at: datetime | None, finished_at: datetime | None,
-               heartbeat_at: datetime | None, status: str, now: datetime) -> float | None:
+               heartbeat_at: datetime | None, status: str, now: datetime,
+               last_call_at: datetime | None = None) -> float | None:
     """Return a batch's duration: start to now while it runs (``status`` as ``status_of``
-    names it), to its last heartbeat once it crashed (its row is marked later, when a start
-    or ``report`` finds it dead), else start to finish; None before it started. The one
-    definition every page, command and digest shows."""
+    names it), to when it was last alive once it crashed (``last_alive``: its row is marked
+    later, when a start or ``report`` finds it dead), else start to finish; None before it
+    started. The one definition every page, command and digest shows."""
     if started_at is None:
         return None
     if status == "running":
         end: datetime | None = now
     elif status == "crashed":
-        end = heartbeat_at or finished_at
+        end = last_alive(started_at, heartbeat_at, last_call_at)
     else:
         end = finished_at or heartbeat_at
     return None if end is None else max(0.0, (end - started_at).total_seconds())
@@ -171,16 +228,18 @@ def died_since(beat: datetime | None) -> str:
 
 
 def summarize(batch: Any, stale_s: float, now: datetime | None = None,
-              engine: Engine | None = None) -> BatchSummary:
+              engine: Engine | Seen | None = None) -> BatchSummary:
     """Return the summary of a ``batches`` row (an ORM object or a selected row) at ``now``.
 
     Its status is ``status_of``'s (a running batch whose process is gone, ``run_gone`` asked
     of ``engine`` where given, or without a heartbeat for ``stale_s`` is ``crashed``, its
-    error says why); its duration ``duration_s``'s; its error ``plain_error``'s.
+    error says why); its duration ``duration_s``'s (a crashed one's end read of ``engine``);
+    its error ``plain_error``'s. A request that shows several batches gives each one ``Seen``.
     """
     now = now or datetime.now(UTC)
     settings = batch.settings or {}
-    gone = gone_reason(engine, batch.status, batch.kind, settings, batch.heartbeat_at,
+    seen = Seen.of(engine)
+    gone = gone_reason(seen, batch.status, batch.kind, settings, batch.heartbeat_at,
                        batch.started_at)
     status = status_of(batch.status, batch.heartbeat_at, batch.started_at, stale_s, now, gone)
     error = plain_error(batch.error)
@@ -191,7 +250,8 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None,
         as_of=batch.as_of, created_at=batch.created_at, started_at=batch.started_at,
         finished_at=batch.finished_at, heartbeat_at=batch.heartbeat_at,
         duration_s=duration_s(batch.started_at, batch.finished_at, batch.heartbeat_at,
-                              status, now),
+                              status, now,
+                              seen.last_call_at(batch.id) if status == "crashed" else None),
         tickers=f"{batch.tickers_succeeded or 0}/{batch.tickers_total or 0}",
         tickers_total=batch.tickers_total or 0,
         tickers_succeeded=batch.tickers_succeeded or 0,
@@ -218,7 +278,9 @@ def list_batches(engine: Engine, stale_s: float, limit: int = 20, kind: str | No
     now = datetime.now(UTC)
     with engine.connect() as conn:
         rows = conn.execute(stmt).all()
-    return [summarize(row, stale_s, now, engine) for row in rows]
+    seen = Seen(engine)
+    seen.read_ends(row.id for row in rows if row.status in ("running", "crashed"))
+    return [summarize(row, stale_s, now, seen) for row in rows]
 
 
 def failed_tickers(engine: Engine, batch_id: int) -> list[FailedTicker]:

@@ -37,7 +37,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.engine import make_url
 
 from agents.graph import STATE_TYPES, thread_id
-from app.db.engine import reason
+from app.config import STATEMENT_TIMEOUT_S
+from app.db.engine import reason, statement_timeout
 from app.db.models import TickerRun
 from app.db.retry import aretrying, outage, transient
 from app.errors import DatabaseError
@@ -158,9 +159,15 @@ def serializer() -> JsonPlusSerializer:
 
 
 @asynccontextmanager
-async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | None = None
+async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | None = None,
+                            statement_timeout_s: float = STATEMENT_TIMEOUT_S
                             ) -> AsyncIterator[BaseCheckpointSaver[Any]]:
-    """Yield a ready checkpointer for the database of ``database_url``; close it after."""
+    """Yield a ready checkpointer for the database of ``database_url``; close it after.
+
+    On PostgreSQL each statement of its pool is bounded by ``statement_timeout_s``
+    (``NIGHTDESK_DB_STATEMENT_TIMEOUT_S``), as the engines' are: a write cancelled at it is
+    retried within the write budget, past which the batch stops resumable (``_retried``).
+    """
     url = make_url(database_url)
     async with contextlib.AsyncExitStack() as closing:  # closed last to first
         saver: GuardedSqliteSaver | GuardedPostgresSaver
@@ -181,7 +188,9 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
             conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 conninfo, min_size=1, max_size=4, open=False,
-                kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+                kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
+                        "connect_timeout": 5,
+                        "options": statement_timeout(statement_timeout_s)},
                 # A connection a restart killed is found on checkout and replaced.
                 check=AsyncConnectionPool.check_connection)
             await aretrying(pool.open, wait=True, timeout=30)
@@ -204,11 +213,13 @@ class Checkpoints:
 
     database_url: str
     engine: Engine
+    statement_timeout_s: float = STATEMENT_TIMEOUT_S  # NIGHTDESK_DB_STATEMENT_TIMEOUT_S
 
     def open(self, before_write: BeforeWrite | None = None
              ) -> AbstractAsyncContextManager[BaseCheckpointSaver[Any]]:
         """Return the checkpointer, ready when entered and closed after."""
-        return open_checkpointer(self.database_url, before_write=before_write)
+        return open_checkpointer(self.database_url, before_write=before_write,
+                                 statement_timeout_s=self.statement_timeout_s)
 
     async def prune(self, saver: BaseCheckpointSaver[Any], threads: Iterable[str]) -> None:
         """Delete the checkpoints of finished threads; a failure only leaves them behind."""

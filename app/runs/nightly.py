@@ -188,7 +188,8 @@ def execute_plan(settings: Settings, engine: Engine,
         resumed.refuse_a_spool_elsewhere(settings)
     runner = BatchEngine(settings, engine, lock=lock, server_facts=batch_server_facts(
         settings.llm.server_profile, settings.llm.url, settings.paths.server_dir),
-        checkpoints=Checkpoints(settings.store.database_url, engine))
+        checkpoints=Checkpoints(settings.store.database_url, engine,
+                                settings.store.db_statement_timeout_s))
     try:
         outcome = run_batch(runner.run(start, recording=Recorder(engine)), runner.halt,
                             settings.batch.shutdown_grace_s)

@@ -24,7 +24,14 @@ from app.db import retry
 from app.db.lock import Runner, holder_gone
 from app.db.models import INFRASTRUCTURE, Batch, LLMCall, TickerRun, newest_first
 from app.errors import AlreadyRunningError, DatabaseError, InputError, NoNightYet
-from app.morning.summary import FINISHED_TICKER, RESUMABLE_KINDS, died_since, tickers_left
+from app.morning.summary import (
+    FINISHED_TICKER,
+    RESUMABLE_KINDS,
+    died_since,
+    last_alive,
+    last_calls,
+    tickers_left,
+)
 from app.traffic.strategy import Strategy
 from app.usage import spool_path
 
@@ -240,13 +247,18 @@ def mark_orphaned(engine: Engine, stale_s: float) -> list[int]:
 def _crash(conn: Any, why: dict[int, str]) -> None:
     """Mark ``running`` batches crashed, each with its reason; their open tickers interrupted.
 
-    A crashed batch finished at its last sign of life (heartbeat, else start), not when a
-    later start or ``report`` happened to find it dead.
+    A crashed batch finished when it was last alive (``last_alive``: the later of its last
+    heartbeat and its last call's end, else its start), as every view reads it before it is
+    marked, not when a later start or ``report`` happened to find it dead.
     """
+    ends = last_calls(conn, why)
     for batch_id, error in why.items():
-        last_alive = func.coalesce(Batch.heartbeat_at, Batch.started_at)
+        row = conn.execute(select(Batch.started_at, Batch.heartbeat_at)
+                           .where(Batch.id == batch_id)).one()
         conn.execute(update(Batch).where(Batch.id == batch_id, Batch.status == "running")
-                     .values(status="crashed", finished_at=last_alive,
+                     .values(status="crashed",
+                             finished_at=last_alive(row.started_at, row.heartbeat_at,
+                                                    ends.get(batch_id)),
                              error=f"{error}; resume with `nightdesk run --resume {batch_id}`"))
     conn.execute(update(TickerRun)
                  .where(TickerRun.batch_id.in_(list(why)),

@@ -41,6 +41,7 @@ from app.morning.summary import (
     FailedTicker,
     IsoDate,
     IsoDatetime,
+    Seen,
     gone_reason,
     list_batches,
     plain_error,
@@ -226,7 +227,8 @@ class CompareView(BaseModel):
     series: dict[int, SeriesView]
 
 
-def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
+def running_batches(engine: Engine, stale_after_s: float, seen: Seen | None = None
+                    ) -> list[RunningBatch]:
     """Return each batch that runs, with its progress and its ETA.
 
     One still marked running whose heartbeat is older than ``stale_after_s`` has crashed
@@ -236,9 +238,9 @@ def running_batches(engine: Engine, stale_after_s: float) -> list[RunningBatch]:
     with engine.connect() as conn:
         batches = conn.execute(select(Batch).where(Batch.status == "running")
                                .order_by(Batch.id)).all()
-    out = []
+    out, seen = [], seen or Seen(engine)
     for b in batches:
-        summary = summarize(b, stale_after_s, now, engine)
+        summary = summarize(b, stale_after_s, now, seen)
         if summary.status != "running":
             continue
         prog = nightstatus.progress(engine, b.id, now)  # the same numbers as `nightdesk ranking`
@@ -258,24 +260,24 @@ def ranking_view(engine: Engine, settings: Settings) -> RankingView:
     ``app.morning.nightstatus`` and ``app.morning.changes``, as ``nightdesk ranking`` and
     ``nightdesk changes``.
     """
-    stale_after_s = settings.batch.heartbeat_stale_s
+    stale_after_s, seen = settings.batch.heartbeat_stale_s, Seen(engine)  # one per request
     try:
         batch, rows = ranking(engine)
     except InputError as error:
-        running = running_batches(engine, stale_after_s)
-        status = nightstatus.night_status(engine, settings, None)
+        running = running_batches(engine, stale_after_s, seen)
+        status = nightstatus.night_status(engine, settings, None, seen=seen)
         return RankingView(batch=None, rows=[], failed=[], distribution={},
                            reruns_applied=[], running=running, empty=str(error),
                            night=status, changes=None, warnings=[])
     # Read after the ranking: a night that finishes in between is then at worst shown as
     # still running beside the night before, never the other way round.
-    running = running_batches(engine, stale_after_s)
-    status = nightstatus.night_status(engine, settings, batch.id)
+    running = running_batches(engine, stale_after_s, seen)
+    status = nightstatus.night_status(engine, settings, batch.id, seen=seen)
     compared = compare_nights(engine, batch.id)
     by_ticker = compared.by_ticker()
     ranked = [r for r in rows if r.rank is not None]
     return RankingView(
-        batch=summarize(batch, stale_after_s, engine=engine),
+        batch=summarize(batch, stale_after_s, engine=seen),
         rows=[ranked_row(r, by_ticker.get(r.ticker)) for r in ranked],
         failed=[FailedRow(ticker=r.ticker, status=r.status, reason=r.summary)
                 for r in rows if r.rank is None],
@@ -417,10 +419,10 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
     shown = next((r for r in runs
                   if r.status == "succeeded" and r.batch_status in FINISHED_STATUSES), latest)
     batch = batch_row(engine, shown.batch_id)
-    now = datetime.now(UTC)
+    now, seen = datetime.now(UTC), Seen(engine)
     batch_status = {r.batch_id: status_of(
         r.batch_status, r.heartbeat_at, r.batch_started_at, stale_after_s, now,
-        gone_reason(engine, r.batch_status, r.kind, r.settings, r.heartbeat_at,
+        gone_reason(seen, r.batch_status, r.kind, r.settings, r.heartbeat_at,
                     r.batch_started_at)) for r in runs}
     # A rerun whose process died stays `running` in its row: only a live one blocks another.
     reruns = [RerunRow(batch_id=r.batch_id, as_of=r.as_of, status=r.status,
@@ -438,7 +440,7 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
                          error=plain_error(latest.error)),
         tonight=_tonight(list(runs), last_good, newest_night, batch_status),
         last_good=last_good,
-        shown=ShownBatch(**dict(summarize(batch, stale_after_s, now, engine)),
+        shown=ShownBatch(**dict(summarize(batch, stale_after_s, now, seen)),
                          ticker_status=shown.status,
                          runs=_nodes_of_run(engine, batch, ticker)),
         history=history,
@@ -456,8 +458,8 @@ def batches_view(engine: Engine, stale_after_s: float, limit: int = 200
 def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView:
     """Return one batch's report: throughput, the server's view, series, latency, failures."""
     report = batch_report(engine, batch_id)  # raises InputError for an unknown id
-    batch = batch_row(engine, batch_id)
-    summary = summarize(batch, stale_after_s, engine=engine)
+    batch, seen = batch_row(engine, batch_id), Seen(engine)
+    summary = summarize(batch, stale_after_s, engine=seen)
     with engine.connect() as conn:
         unfinished = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error,
                                          TickerRun.started_at)
@@ -486,7 +488,7 @@ def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView
                                          key=lambda t: (t.status != "running", t.ticker))],
         progress=nightstatus.progress(engine, batch_id) if live else None,
         server_facts=batch.server_facts,
-        advice=next_steps(engine, summary, stale_after_s),
+        advice=next_steps(engine, summary, stale_after_s, seen),
     )
 
 

@@ -249,6 +249,14 @@ def _path(start_s: float, end_s: float, first: Any, fan_end: Any, chain: list[An
             "chain_calls": float(len(chain))}
 
 
+def usage_rows(arm: dict[str, Any], load: Any) -> int:
+    """Return the usage rows a night wrote: an ``llm_calls`` row per attempt (a retry, a
+    failed try, counts again: ``attempts``, not the answered ``calls``) and an
+    ``llm_requests`` body per call, one per workload item (a bench sends every item: a
+    failed call still releases its dependants, app/runs/replay.py)."""
+    return int(arm["attempts"]) + sum(len(items) for items in load.values())
+
+
 def lost_tickers(engine: Any, batch_id: int) -> list[str]:
     """Return the tickers of a batch that did not succeed."""
     with engine.connect() as conn:
@@ -635,12 +643,11 @@ def fleet(
         kill.update(tickers_lost=lost, tickers_on_two_endpoints=moved)
     servers = {**server_figures(readings), "read": len(readings), "of": len(roots),
                "tickers_not_succeeded": lost, "stepper": steppers}
-    rows = arm["attempts"] + sum(len(v) for v in load.values())  # llm_calls and llm_requests
     result = FleetResult(
         tickers=tickers, endpoints=endpoints,
         gpu={"vllm_cpu_profile": CPU_PROFILE} if vllm_cpu else asdict(gpu), workload=name,
         arm=arm, loop_lag=lag.summary(), process=use.to_json(),
-        rows_per_s=rows / arm["makespan_s"] if arm["makespan_s"] else 0.0,
+        rows_per_s=usage_rows(arm, load) / arm["makespan_s"] if arm["makespan_s"] else 0.0,
         capacity={} if vllm_cpu else capacity(arm, gpu, endpoints), timing=spent, front=front,
         servers=servers,
         kill=kill, before=before,

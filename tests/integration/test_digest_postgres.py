@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.config import load_settings
-from app.db.engine import get_engine, upgrade
+from app.db.engine import get_engine
 from app.db.models import Batch
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
@@ -40,13 +40,12 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def pg_digest_url() -> Iterator[str]:
-    with private_database(f"nightdesk_digest_{os.getpid()}") as url:
+    with private_database(f"nightdesk_digest_{os.getpid()}", upgraded=True) as url:
         yield url
 
 
 def test_a_partial_night_sends_its_digest_to_a_json_webhook(
         pg_digest_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    upgrade(pg_digest_url)
     engine = get_engine(pg_digest_url)
     good, bad = demo_tickers(2)
     before = DEMO_AS_OF - timedelta(days=1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import Engine
 
-from app.db.engine import get_engine, upgrade
+from app.db.engine import get_engine
 from app.morning import eta
 from tests.integration.conftest import private_database
 from tests.unit.support.eta_fixture import fixture, load
@@ -17,8 +17,7 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize("name", ["gpu_sim40", "vllm_cpu"])
 def test_the_replay_on_postgres_says_what_it_says_on_sqlite(sqlite_engine: Engine,
                                                             name: str) -> None:
-    with private_database("nightdesk_wt_eta_replay") as url:
-        upgrade(url)
+    with private_database("nightdesk_wt_eta_replay", upgraded=True) as url:
         on_pg = get_engine(url)
         pg_id, _, readings = load(on_pg, fixture(name))
         lite_id, _, _ = load(sqlite_engine, fixture(name))

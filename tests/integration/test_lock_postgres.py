@@ -14,7 +14,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session
 
 from agents.data.demo import DEMO_AS_OF, write_demo
@@ -22,8 +22,10 @@ from app.batch import store
 from app.config import load_settings
 from app.db.engine import get_engine
 from app.db.lock import nightly_lock
-from app.db.models import Batch, LLMCall
+from app.db.models import Batch, LLMCall, TickerRun
+from app.morning.advice import running_night
 from app.morning.summary import list_batches
+from app.web.views import batch_view, ranking_view, running_batches, ticker_view
 from tests.integration.conftest import private_database
 from tests.unit.support.daemon_clock import NIGHT, Recorder, daemon_for, local, running, tick
 from tests.unit.support.lock_checks import (
@@ -109,3 +111,47 @@ def test_a_night_elsewhere_reads_crashed_once_the_advisory_lock_is_free(
         assert [b.status for b in list_batches(pg_engine, 120.0)] == ["running"]
     [listed] = list_batches(pg_engine, 120.0)
     assert (listed.status, listed.error) == ("crashed", "the nightly lock is free")
+
+
+def test_a_request_reads_the_nightly_lock_once_however_many_nights_run(
+        pg_engine: Engine) -> None:
+    """Three nightly batches stored running, run elsewhere (only ``pg_locks`` can tell
+    whether they live): each view of them all reads ``pg_locks`` once, not once a night,
+    nor once for each part of a page."""
+    now = datetime.now(UTC)
+    with Session(pg_engine) as s:
+        for day in range(3):
+            night = Batch(kind="nightly", as_of=now.date() - timedelta(days=day),
+                          status="running", created_at=now, started_at=now, heartbeat_at=now,
+                          tickers_total=1, settings={"runner": {"host": "elsewhere",
+                                                                "pid": 1, "started": None}})
+            s.add(night)
+            s.flush()
+            s.add(TickerRun(batch_id=night.id, ticker="AAA", status="running",
+                            started_at=now))
+            newest = night.id
+        s.commit()
+    asked: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if "pg_locks" in statement:
+            asked.append(statement)
+
+    event.listen(pg_engine, "before_cursor_execute", count)
+    try:
+        for view in (lambda: list_batches(pg_engine, 120.0),
+                     lambda: running_batches(pg_engine, 120.0),
+                     lambda: ticker_view(pg_engine, "AAA", 120.0),
+                     lambda: running_night(pg_engine, 120.0),
+                     # A page that composes several: the ranking (the running list, the
+                     # night's status and its advice), a batch's page (its summary, advice).
+                     lambda: ranking_view(pg_engine, load_settings(database_url=url_of(
+                         pg_engine))),
+                     lambda: batch_view(pg_engine, newest, 120.0)):
+            asked.clear()
+            view()
+            assert len(asked) == 1, view
+    finally:
+        event.remove(pg_engine, "before_cursor_execute", count)
+    # The one reading holds for all three: the lock is free, so each reads crashed.
+    assert {b.status for b in list_batches(pg_engine, 120.0)} == {"crashed"}

@@ -51,7 +51,7 @@ from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
-from app.db.engine import get_engine, upgrade
+from app.db.engine import get_engine
 from app.db.models import LLMCall, TickerRun
 from app.llm import ROUTING_HEADERS, routing_key
 from serving import launcher, router
@@ -230,8 +230,7 @@ def test_nights_through_vllm_router_and_two_vllm_cpu_servers(tmp_path: Path) -> 
         # Night 1: both servers up to the end.
         before = [settled(s) for s in servers]
         logged_before = [set(s.added()) for s in servers]
-        with private_database("nightdesk_routerreal_1") as url:
-            upgrade(url)
+        with private_database("nightdesk_routerreal_1", upgraded=True) as url:
             env = night_env(tmp_path, front, url)
             done = run_nightdesk(tmp_path, env, *universe(tmp_path, "first", first),
                                  name="night1", timeout_s=1500)
@@ -266,8 +265,7 @@ def test_nights_through_vllm_router_and_two_vllm_cpu_servers(tmp_path: Path) -> 
         # while it runs more.
         logged_before = [set(s.added()) for s in servers]
         before = [settled(s) for s in servers]
-        with private_database("nightdesk_routerreal_2") as url:
-            upgrade(url)
+        with private_database("nightdesk_routerreal_2", upgraded=True) as url:
             env = night_env(tmp_path, front, url)
             batch = start_batch(tmp_path, env, *universe(tmp_path, "second", second),
                                 name="night2")

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from app.db.engine import get_engine, upgrade
+from app.db.engine import get_engine
 from app.db.lock import nightly_lock
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
@@ -22,12 +22,11 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def pg_web_url() -> Iterator[str]:
     """A database of its own: the rows here must not meet other tests' batches."""
-    with private_database(f"nightdesk_web_{os.getpid()}") as url:
+    with private_database(f"nightdesk_web_{os.getpid()}", upgraded=True) as url:
         yield url
 
 
 def test_pages_and_api_on_postgres(pg_web_url: str) -> None:
-    upgrade(pg_web_url)
     engine = get_engine(pg_web_url)
     ids: Ids = fill(engine)
     # Night 2 runs: on PostgreSQL a running night holds the nightly advisory lock, and a

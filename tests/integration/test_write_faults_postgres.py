@@ -26,7 +26,7 @@ from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
-from app.db.engine import get_engine, upgrade
+from app.db.engine import get_engine
 from app.db.models import Batch, TickerRun
 from app.errors import StorageOutage
 from app.runs.checkpoints import Checkpoints, open_checkpointer
@@ -53,8 +53,8 @@ FULL = "No space left on device"
 @pytest.fixture
 async def db_url() -> Any:
     """A migrated database of this test's own, with the checkpoint tables made."""
-    with private_database(f"nightdesk_writes_{os.getpid()}_{uuid.uuid4().hex[:8]}") as url:
-        upgrade(url)
+    with private_database(f"nightdesk_writes_{os.getpid()}_{uuid.uuid4().hex[:8]}",
+                          upgraded=True) as url:
         async with open_checkpointer(url):
             pass
         yield url

@@ -15,11 +15,15 @@ from typing import Any
 
 import pytest
 import typer
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import Engine, create_engine, func, select
 
+from app.bench.schedulers import run_bench
+from app.bench.workloads import synthetic_workload
 from app.cli.bench import app as nightdesk_bench
-from app.db.models import Batch, LLMCall
+from app.config import load_settings
+from app.db.models import Batch, LLMCall, LLMRequest
 from tests.bench import fleet, tracker
+from tests.fakevllm import FakeServer, Reply
 from tests.unit.support.sims import ROOT, bench
 
 
@@ -179,3 +183,36 @@ def test_the_fleet_bench_refuses_router_flags_without_a_router_in_one_line() -> 
     assert done.returncode != 0 and "--router-arg and --program-context need --router" in \
         done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+# The fleet's rows written per second: a usage row per attempt in ``llm_calls``, a body per
+# call in ``llm_requests``. A night whose calls were tried again, one of them never
+# answered, tells attempts from calls.
+async def test_the_fleet_counts_a_row_per_attempt_and_a_body_per_call(
+        sqlite_engine: Engine) -> None:
+    settings = load_settings(check_context_length=False, retry_backoff_s=0, max_attempts=2)
+    load = synthetic_workload(settings, 3, 0.002, output_scale=0.004)
+
+    def reply(chat: Any) -> Reply:
+        text = chat.body["messages"][1]["content"]
+        if ". market data:" in text and chat.attempt == 1:
+            return Reply(status=500)  # each ticker's market analyst answers at its retry
+        if text.startswith("Instrument SYN001") and "Role trader" in text:
+            return Reply(status=500)  # both tries: SYN001's trader is never answered
+        return Reply("tok " * 6, completion_tokens=6)
+
+    server = FakeServer(reply)
+    result = await run_bench(settings, sqlite_engine, load, name="synthetic",
+                             strategies=["fixed-all"], sample_metrics=False,
+                             http_client=server.client(), warmup_tickers=0)
+    arm = result.arms[0]
+    with sqlite_engine.connect() as conn:
+        written = sum(conn.execute(select(func.count()).select_from(table)
+                                   .where(table.batch_id == arm["batch_id"])).scalar_one()
+                      for table in (LLMCall, LLMRequest))
+    sent = [chat for chat in server.chats if chat.attempt == 1]
+    assert written == len(server.chats) + len(sent)  # what the server saw, row for row
+    assert fleet.usage_rows(arm, load) == written
+    # 3 analysts tried twice and the trader's 2 failed tries: 4 attempts more than calls
+    # sent, 5 more than calls answered.
+    assert (arm["attempts"], arm["calls"]) == (len(sent) + 4, len(sent) - 1)

@@ -16,9 +16,10 @@ import time_machine
 from bs4 import BeautifulSoup
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select, update
 
 from app.config import load_settings
+from app.db.models import Batch
 from app.morning.digest import build_digest
 from app.morning.nightstatus import span
 from tests.unit.support.clirun import run_cli
@@ -69,7 +70,7 @@ def seen(engine: Engine, client: TestClient, batch_id: int, now: datetime
                   for f in text_string_to_metric_families(scrape) for s in f.samples}
         [status] = [name for (metric, name), v in values.items()
                     if metric == "nightdesk_night_last_status" and v == 1]
-        views["/metrics"] = (status, values[("nightdesk_night_duration_seconds", None)])
+        views["/metrics"] = (status, values.get(("nightdesk_night_duration_seconds", None)))
         digest = build_digest(engine, load_settings(), batch_id).message.body
         views["digest"] = (digest.split(":")[1].strip(), None)
         # Last: `report` marks the dead batch crashed in its row.
@@ -94,6 +95,34 @@ def test_a_sigkilled_night_reads_crashed_everywhere_with_one_duration(
     with time_machine.travel(now, tick=False):
         digest = build_digest(sqlite_engine, load_settings(), night).message.body
     assert f"Duration: {span(60.0)};" in digest, digest
+
+
+def test_a_night_killed_before_its_first_heartbeat_lasts_until_its_last_call_ended(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    # Killed before it first beat: its row has only its start, but its calls ran for 40 s
+    # (40 one-second calls, the last ending at START + 40 s). Its end is its last call's.
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Buy", 0.8)})
+    night = add_night(sqlite_engine, D2, START, {"AAA": Rated(status="running"),
+                                                 "BBB": Rated(status="queued"),
+                                                 "CCC": Rated(status="queued")},
+                      status="running", calls=40)
+    with sqlite_engine.begin() as conn:
+        conn.execute(update(Batch).where(Batch.id == night).values(heartbeat_at=None))
+    now = START + timedelta(seconds=40 + 200)
+    views = seen(sqlite_engine, client, night, now)
+    assert {view: status for view, (status, _) in views.items()} == dict.fromkeys(
+        views, "crashed")
+    assert {view: duration for view, (_, duration) in views.items()
+            if duration is not None} == dict.fromkeys(
+        ["batches", "ranking", "/api/batches", "/api/batches/N", "/api/ranking", "/batches",
+         "/metrics", "report"], 40.0)
+    with time_machine.travel(now, tick=False):
+        digest = build_digest(sqlite_engine, load_settings(), night).message.body
+    assert f"Duration: {span(40.0)};" in digest, digest
+    # ``report`` stored its end: the last call's, not its start.
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.finished_at).where(Batch.id == night)).scalar_one() \
+            == START + timedelta(seconds=40)
 
 
 def test_a_crashed_night_shows_no_progress_and_no_time_left(
