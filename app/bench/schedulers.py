@@ -68,8 +68,6 @@ BOUND_TARGET = 0.9  # the share of the graph bound an adaptive arm is held to
 # (tests/unit/bench/test_schedulers_lead.py).
 LEAD_LEVEL = 0.05
 LEAD_TEST = {"test": "welch-t", "df": "min(n)-1", "sides": 2, "level": LEAD_LEVEL}
-# What must be the same in every file ``combine_results`` puts in one table.
-SAME_RUN = (("code commit", "commit"), ("host", "host"), ("server flags", "server_flags"))
 
 
 @dataclass
@@ -411,13 +409,26 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
     return result
 
 
+def same_run(machine: dict[str, Any]) -> dict[str, Any]:
+    """Return what must be the same in every file ``combine_results`` puts in one table: a
+    run over two endpoints makes twice the tok/s of one, on a server set up alike."""
+    return {"code commit": machine.get("commit"), "host": machine.get("host"),
+            "server flags": machine.get("server_flags"),
+            "endpoint count": endpoints_of(machine)}
+
+
+def endpoints_of(machine: dict[str, Any]) -> int:
+    """Return how many endpoints a run drove (its ``server``: the URLs, comma-separated)."""
+    return len([u for u in str(machine.get("server", "")).split(",") if u]) or 1
+
+
 def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False) -> BenchResult:
     """Merge bench results of one workload run arm by arm (a device call each) and judge them.
 
     A run that differs in workload, tickers or requests is refused: its arms are not
-    comparable. So is one whose code commit, host or server flags differ from the first's,
-    unless ``allow_mixed`` (the result's ``mixed`` then says what differed). The machine
-    facts are the first run's.
+    comparable. So is one whose code commit, host, server flags or number of endpoints
+    differ from the first's (``same_run``), unless ``allow_mixed`` (the result's ``mixed``
+    then says what differed). The machine facts are the first run's.
     """
     if not runs:
         raise InputError("no bench results to combine")
@@ -445,12 +456,15 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False) ->
             if same != (result.workload, result.tickers, result.requests):
                 raise InputError(f"cannot combine a run of {same} with one of "
                                  f"{(result.workload, result.tickers, result.requests)}")
-            for what, key in SAME_RUN:
-                mine, theirs = run.get("machine", {}).get(key), result.machine.get(key)
+            first_run = same_run(result.machine)
+            for what, mine in same_run(run.get("machine", {})).items():
+                theirs = first_run[what]
                 if mine != theirs:
                     if not allow_mixed:
                         raise InputError(
-                            f"cannot combine runs whose {what} differ ({_differ(theirs, mine)})"
+                            f"cannot combine runs whose {what} "
+                            f"{'differ' if what.endswith('s') else 'differs'} "
+                            f"({_differ(theirs, mine)})"
                             ": their arms are not comparable; --allow-mixed combines them "
                             "anyway")
                     mixed.setdefault(what, [theirs])
@@ -513,7 +527,7 @@ def _graph_bound(result: BenchResult) -> None:
     # The server's --max-num-seqs when its launcher recorded it, else the most it ran.
     seqs = facts.get("max_num_seqs") or max(
         (a.get("running_max") or 0 for a in result.arms), default=0)
-    endpoints = len([u for u in str(result.machine.get("server", "")).split(",") if u]) or 1
+    endpoints = endpoints_of(result.machine)
     if not graphs or step is None or not kv or not seqs:
         result.bound, result.bound_tok_s = None, None
         return

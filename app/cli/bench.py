@@ -259,13 +259,15 @@ def combine(
     files: Annotated[list[Path], typer.Argument(help="JSON files of bench schedulers runs.")],
     json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
     allow_mixed: Annotated[bool, typer.Option(
-        "--allow-mixed", help="Combine runs whose code commit, host or server flags differ "
-                              "(the result then says what differed).")] = False,
+        "--allow-mixed", help="Combine runs whose code commit, host, server flags or number "
+                              "of endpoints differ (the result then says what differed).")]
+        = False,
 ) -> None:
     """Put arms run in separate calls (same workload, same server) in one table and judge them.
 
     The ceiling, the graph bound and the checks are worked out again over all the arms.
-    Runs of another code commit, host or server flags are refused unless --allow-mixed.
+    Runs of another code commit, host, server flags or number of endpoints are refused
+    unless --allow-mixed.
     """
     from app.bench.schedulers import check_result, combine_results
     from app.errors import InputError

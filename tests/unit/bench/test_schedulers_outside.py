@@ -104,6 +104,19 @@ def test_combine_names_the_server_flag_that_differs(tmp_path: Path) -> None:
     assert "max_num_seqs: 32 and 256" in result.error_lines[0]
 
 
+def test_combine_refuses_runs_over_another_number_of_endpoints(tmp_path: Path) -> None:
+    # One server and two set up alike (their flags are the first endpoint's): a fixed arm
+    # over two makes about twice the tok/s, which combined read as one arm's spread.
+    one = _write(tmp_path, "one.json", _run("adaptive", 500.0))
+    two = _run("adaptive", 990.0)
+    two["machine"]["server"] = "http://127.0.0.1:8000/v1,http://127.0.0.1:8001/v1"
+    result = run_cli("bench", "combine", str(one), str(_write(tmp_path, "two.json", two)))
+    assert result.code == 2 and len(result.error_lines) == 1, result.stderr
+    assert "endpoint count differs (1 and 2)" in result.error_lines[0]
+    mixed = run_cli("bench", "combine", str(one), str(tmp_path / "two.json"), "--allow-mixed")
+    assert mixed.code == 0 and "endpoint count: 2 values" in mixed.stdout
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (("--tickers", "0"), "--tickers"),
     (("--tickers", "-1"), "--tickers"),
