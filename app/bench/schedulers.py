@@ -613,6 +613,9 @@ def _lead(mine: dict[str, Any], other: dict[str, Any]) -> str:
     """Say how far ``mine``'s mean leads ``other``'s and whether Welch's t on their runs'
     tok/s, min(n) - 1 df (``welch_p``), shows it at ``LEAD_LEVEL`` (two-sided); unresolved
     without a variance."""
+    if other["output_tokens_per_s"] <= 0:  # every run of it failed: no ratio to take
+        return (f"{mine['strategy']} vs {other['strategy']}: unresolved ({other['strategy']} "
+                f"made no output in {other['runs']} run{'s' if other['runs'] > 1 else ''})")
     lead = mine["output_tokens_per_s"] / other["output_tokens_per_s"] - 1
     said = (f"{mine['strategy']} vs {other['strategy']}: {lead:+.1%} on the means "
             f"({mine['runs']} and {other['runs']} runs)")

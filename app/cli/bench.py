@@ -248,8 +248,9 @@ def _means_table(result: BenchResult) -> Table:
         spread = m["spread_tok_s"]
         means.add_row(m["strategy"], str(m["runs"]), f"{m['output_tokens_per_s']:.1f}",
                       f"{m['min_tok_s']:.1f}", f"{m['max_tok_s']:.1f}",
-                      "-" if spread is None else
-                      f"{spread:.1f} ({spread / m['output_tokens_per_s']:.1%})",
+                      "-" if spread is None else f"{spread:.1f}" + (
+                          f" ({spread / m['output_tokens_per_s']:.1%})"
+                          if m["output_tokens_per_s"] > 0 else ""),
                       number(m["preemptions"], ".0f"))
     return means
 

@@ -226,3 +226,22 @@ def test_the_bound_says_how_sure_its_fitted_step_is(tmp_path: Path) -> None:
                             machine=json.loads(json.dumps(MACHINE)))
     _judge(one_level)
     assert one_level.bound is not None and one_level.bound["interval_90_tok_s"] is None
+
+
+def test_an_arm_that_made_no_output_is_judged_without_a_traceback(tmp_path: Path) -> None:
+    # The server went away during fixed-14's runs: every request failed, 0 tok/s twice. The
+    # verdict had divided by its mean, and the means table its spread by it: a traceback
+    # where `bench schedulers` judges, after every arm had run, so nothing was written.
+    arms = [fake_arm("fixed-14", 0.0), fake_arm("adaptive", 520.0), fake_arm("fixed-14", 0.0),
+            fake_arm("adaptive", 510.0)]
+    for batch_id, arm in enumerate(arms, start=1):  # each run its own batch, as in a bench
+        arm["batch_id"] = batch_id
+    result = BenchResult("w", 100, 1700, machine=json.loads(json.dumps(MACHINE)), repeat=2,
+                         arms=arms)
+    _judge(result)
+    assert result.verdicts == [
+        "adaptive vs fixed-14: unresolved (fixed-14 made no output in 2 runs)"]
+    shown = run_cli("bench", "combine", str(_write(tmp_path, "r.json", result.to_json())))
+    assert shown.code == 0, shown.stderr
+    assert "unresolved (fixed-14 made no output in 2 runs)" in shown.stdout
+    assert "10.0 (1.9%)" in shown.stdout  # adaptive's spread, and its share of its mean
