@@ -361,6 +361,23 @@ def test_a_deadline_across_a_clock_change_counts_real_seconds() -> None:
     assert spring.deadline.hour == autumn.deadline.hour == 6
 
 
+def test_a_deadline_before_the_start_time_is_dated_the_next_day() -> None:
+    # The night starts at 00:10; "by 00:05" is the next day's, 23 h 55 min later. Shown as
+    # "00:10 UTC to 00:05" the window read as ending before it began.
+    env = {"NIGHTDESK_SCHEDULE_CRON": "10 0 * * *", "NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
+    answer = plan_json("--tickers", "500", "--deadline", "00:05", env=env)["deadline"]
+    assert answer["seconds"] == 23 * 3600 + 55 * 60
+    start, end = answer["start"][:10], answer["deadline"][:10]
+    assert start < end
+    table = " ".join(run_cli("plan", "--tickers", "500", "--deadline", "00:05", env=env)
+                     .stdout.split())
+    assert f"{start} 00:10 UTC to {end} 00:05 (23 h 55 min)" in table
+    # The same day's deadline needs no date.
+    later = " ".join(run_cli("plan", "--tickers", "500", "--deadline", "06:00", env=env)
+                     .stdout.split())
+    assert "00:10 UTC to 06:00 (5 h 50 min)" in later
+
+
 def test_plan_csv_carries_the_deadline_answer() -> None:
     env = {"NIGHTDESK_SCHEDULE_CRON": "0 0 * * *", "NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
     result = run_cli("plan", "--tickers", "500", "--deadline", "00:15", "--format", "csv",
