@@ -87,7 +87,9 @@ class BenchResult:
     bound: dict[str, Any] | None = None  # its terms, step cost and graph facts
     sweep: dict[str, Any] | None = None  # the fixed-N sweep's sizes and rule (app/bench/arms.py)
     mixed: dict[str, list[Any]] | None = None  # combined with --allow-mixed: what differed
-    repeat: int = 1  # runs of every arm, interleaved (round 1 of each arm, then round 2...)
+    # Runs of every arm, interleaved (round 1 of each arm, then round 2...); None for runs
+    # joined by ``combine_results``, whose arms ran as often as their files say (``means``).
+    repeat: int | None = 1
     # Per strategy over its runs: mean output tok/s, each run's, spread (max - min), runs.
     means: dict[str, dict[str, Any]] = field(default_factory=dict)
     verdicts: list[str] = field(default_factory=list)  # what the means can and cannot say
@@ -449,7 +451,8 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False) ->
     first = runs[0]
     try:
         result = BenchResult(first["workload"], first["tickers"], first["requests"],
-                             machine=first.get("machine", {}), sweep=first.get("sweep"))
+                             machine=first.get("machine", {}), sweep=first.get("sweep"),
+                             repeat=None)
         mixed: dict[str, list[Any]] = {}
         for run in runs:
             same = (run["workload"], run["tickers"], run["requests"])

@@ -245,3 +245,16 @@ def test_an_arm_that_made_no_output_is_judged_without_a_traceback(tmp_path: Path
     assert shown.code == 0, shown.stderr
     assert "unresolved (fixed-14 made no output in 2 runs)" in shown.stdout
     assert "10.0 (1.9%)" in shown.stdout  # adaptive's spread, and its share of its mean
+
+
+def test_a_combined_result_claims_no_repeat_count(tmp_path: Path) -> None:
+    # Two files of one run each: fixed-14 ran twice in all, adaptive once. The combined
+    # JSON's "repeat" said 1, as if every arm had run once, interleaved.
+    first, second = _run("fixed-14", 500.0), _run("fixed-14", 505.0)
+    second["arms"][0]["batch_id"] = 2
+    out = tmp_path / "both.json"
+    shown = run_cli("bench", "combine", str(_write(tmp_path, "a.json", first)),
+                    str(_write(tmp_path, "b.json", second)), "--json-out", str(out))
+    assert shown.code == 0, shown.stderr
+    both = json.loads(out.read_text())
+    assert both["repeat"] is None and both["means"]["fixed-14"]["runs"] == 2
