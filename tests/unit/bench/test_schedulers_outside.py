@@ -125,6 +125,9 @@ def test_combine_refuses_runs_over_another_number_of_endpoints(tmp_path: Path) -
     # Read before any server is asked: a typo is named even with no server up.
     (("--strategies", "fixed-15:tail=yes"), "bad knob 'tail=yes'"),
     (("--strategies", "fixed-0"), "unknown strategy 'fixed-0'"),
+    # Arms of --strategies, but of no knobs: "unknown strategy" named neither as an arm.
+    (("--strategies", "sweep:tail=on"), "sweep takes no knobs (got 'sweep:tail=on')"),
+    (("--strategies", "flood:tail=on"), "flood takes no knobs (got 'flood:tail=on')"),
     (("--strategies", "fixed-01"), "strategy 'fixed-01': write N without leading zeros"),
     (("--strategies", "adaptive:initial=-3"), "initial must be at least 1"),
     (("--workload", "bogus"), "--workload takes synthetic or recorded:BATCH_ID"),
