@@ -140,9 +140,11 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                                                "decode_time_share")]
     if result.server_bound_tok_s:
         columns.insert(6, ("÷ flood", "ratio_to_server_bound", ".2f"))
+    # No fixed arm ran: no ceiling, which "0.0 tok/s" would claim was measured.
+    ceiling = (f"{result.ceiling_tok_s:.1f} tok/s ({result.ceiling_arm})" if result.ceiling_arm
+               else "none (no fixed arm)")
     table = figures(f"scheduler bench: {result.workload}, {result.tickers} tickers, "
-                    f"{result.requests} requests; ceiling {result.ceiling_tok_s:.1f} tok/s "
-                    f"({result.ceiling_arm or '-'}); graph bound {bound}",
+                    f"{result.requests} requests; ceiling {ceiling}; graph bound {bound}",
                     (header for header, _, _ in columns), {"strategy"})
     for a in result.arms:
         table.add_row(*(str(a.get(key)) if spec == "s" else number(a.get(key), spec)

@@ -261,3 +261,14 @@ def test_a_combined_result_claims_no_repeat_count(tmp_path: Path) -> None:
     assert shown.code == 0, shown.stderr
     both = json.loads(out.read_text())
     assert both["repeat"] is None and both["means"]["fixed-14"]["runs"] == 2
+
+
+def test_a_run_without_a_fixed_arm_claims_no_ceiling(tmp_path: Path) -> None:
+    # Only adaptive ran (as in the two-GPU files): the title said "ceiling 0.0 tok/s (-)".
+    shown = run_cli("bench", "combine", str(_write(tmp_path, "a.json", _run("adaptive", 520.0))))
+    assert shown.code == 0, shown.stderr
+    title = " ".join(shown.stdout.split())
+    assert "ceiling none (no fixed arm)" in title and "ceiling 0.0" not in title
+    # With one, as before.
+    fixed = run_cli("bench", "combine", str(_write(tmp_path, "f.json", _run("fixed-14", 500.0))))
+    assert "ceiling 500.0 tok/s (fixed-14)" in " ".join(fixed.stdout.split())
