@@ -588,7 +588,10 @@ def _judge(result: BenchResult) -> None:
     result.verdicts = []
     result.lead_test = dict(LEAD_TEST)
     by = result.means
-    fixed = [a for a in by.values() if respects_graph(a["strategy"])]
+    # A fixed arm that made no output (every request failed) measured no ceiling: against
+    # its 0 tok/s every check would be met and every lead infinite.
+    fixed = [a for a in by.values()
+             if respects_graph(a["strategy"]) and a["output_tokens_per_s"] > 0]
     best_fixed = max(fixed, key=lambda a: a["output_tokens_per_s"]) if fixed else None
     if best_fixed is not None:
         result.ceiling_tok_s = best_fixed["output_tokens_per_s"]
@@ -616,9 +619,6 @@ def _lead(mine: dict[str, Any], other: dict[str, Any]) -> str:
     """Say how far ``mine``'s mean leads ``other``'s and whether Welch's t on their runs'
     tok/s, min(n) - 1 df (``welch_p``), shows it at ``LEAD_LEVEL`` (two-sided); unresolved
     without a variance."""
-    if other["output_tokens_per_s"] <= 0:  # every run of it failed: no ratio to take
-        return (f"{mine['strategy']} vs {other['strategy']}: unresolved ({other['strategy']} "
-                f"made no output in {other['runs']} run{'s' if other['runs'] > 1 else ''})")
     lead = mine["output_tokens_per_s"] / other["output_tokens_per_s"] - 1
     said = (f"{mine['strategy']} vs {other['strategy']}: {lead:+.1%} on the means "
             f"({mine['runs']} and {other['runs']} runs)")

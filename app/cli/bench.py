@@ -140,9 +140,9 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                                                "decode_time_share")]
     if result.server_bound_tok_s:
         columns.insert(6, ("÷ flood", "ratio_to_server_bound", ".2f"))
-    # No fixed arm ran: no ceiling, which "0.0 tok/s" would claim was measured.
+    # No fixed arm made output: no ceiling, which "0.0 tok/s" would claim was measured.
     ceiling = (f"{result.ceiling_tok_s:.1f} tok/s ({result.ceiling_arm})" if result.ceiling_arm
-               else "none (no fixed arm)")
+               else "none (no fixed arm made output)")
     table = figures(f"scheduler bench: {result.workload}, {result.tickers} tickers, "
                     f"{result.requests} requests; ceiling {ceiling}; graph bound {bound}",
                     (header for header, _, _ in columns), {"strategy"})
