@@ -87,6 +87,8 @@ class BenchResult:
     bound: dict[str, Any] | None = None  # its terms, step cost and graph facts
     sweep: dict[str, Any] | None = None  # the fixed-N sweep's sizes and rule (app/bench/arms.py)
     mixed: dict[str, list[Any]] | None = None  # combined with --allow-mixed: what differed
+    # Combined: what no run recorded (older files), so what was not compared at all.
+    unchecked: list[str] | None = None
     # Runs of every arm, interleaved (round 1 of each arm, then round 2...); None for runs
     # joined by ``combine_results``, whose arms ran as often as their files say (``means``).
     repeat: int | None = 1
@@ -424,13 +426,16 @@ def endpoints_of(machine: dict[str, Any]) -> int:
     return len([u for u in str(machine.get("server", "")).split(",") if u]) or 1
 
 
-def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False) -> BenchResult:
+def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False,
+                    names: list[str] | None = None) -> BenchResult:
     """Merge bench results of one workload run arm by arm (a device call each) and judge them.
 
     A run that differs in workload, tickers or requests is refused: its arms are not
     comparable. So is one whose code commit, host, server flags or number of endpoints
     differ from the first's (``same_run``), unless ``allow_mixed`` (the result's ``mixed``
-    then says what differed). The machine facts are the first run's.
+    then says what differed); what no run recorded could not be compared (``unchecked``).
+    A refusal names the two runs by ``names`` (the files). The machine facts are the first
+    run's.
     """
     if not runs:
         raise InputError("no bench results to combine")
@@ -454,11 +459,12 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False) ->
                              machine=first.get("machine", {}), sweep=first.get("sweep"),
                              repeat=None)
         mixed: dict[str, list[Any]] = {}
-        for run in runs:
+        for i, run in enumerate(runs):
+            which = f" ({names[i]} against {names[0]})" if names else ""
             same = (run["workload"], run["tickers"], run["requests"])
             if same != (result.workload, result.tickers, result.requests):
                 raise InputError(f"cannot combine a run of {same} with one of "
-                                 f"{(result.workload, result.tickers, result.requests)}")
+                                 f"{(result.workload, result.tickers, result.requests)}{which}")
             first_run = same_run(result.machine)
             for what, mine in same_run(run.get("machine", {})).items():
                 theirs = first_run[what]
@@ -469,12 +475,14 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False) ->
                             f"{'differ' if what.endswith('s') else 'differs'} "
                             f"({_differ(theirs, mine)})"
                             ": their arms are not comparable; --allow-mixed combines them "
-                            "anyway")
+                            f"anyway{which}")
                     mixed.setdefault(what, [theirs])
                     if mine not in mixed[what]:
                         mixed[what].append(mine)
             result.arms.extend(run["arms"])
         result.mixed = mixed or None
+        result.unchecked = [what for what, value in same_run(result.machine).items()
+                            if value is None and what not in mixed] or None
     except (KeyError, TypeError, AttributeError) as error:
         raise InputError(f"not a bench schedulers result (missing {error})") from None
     _judge(result)

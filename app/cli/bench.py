@@ -159,6 +159,8 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     if result.mixed:
         out.print("[bold red]mixed runs[/] (--allow-mixed): " + "; ".join(
             f"{what}: {len(values)} values" for what, values in result.mixed.items()))
+    if result.unchecked:
+        out.print(f"not compared (no run records it): {', '.join(result.unchecked)}")
     if result.bound and result.bound.get("unavailable"):
         out.print(f"graph bound: none for this run ({result.bound['unavailable']})")
     elif result.bound:
@@ -287,7 +289,8 @@ def combine(
             check_result(loaded[-1])
         except InputError as error:
             raise InputError(f"{path} {error}") from None
-    show_schedulers(combine_results(loaded, allow_mixed=allow_mixed), json_out)
+    show_schedulers(combine_results(loaded, allow_mixed=allow_mixed,
+                                    names=[str(path) for path in files]), json_out)
 
 
 @app.command("durability")

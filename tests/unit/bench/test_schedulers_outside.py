@@ -274,3 +274,33 @@ def test_a_run_without_a_fixed_arm_claims_no_ceiling(tmp_path: Path) -> None:
     # With one, as before.
     fixed = run_cli("bench", "combine", str(_write(tmp_path, "f.json", _run("fixed-14", 500.0))))
     assert "ceiling 500.0 tok/s (fixed-14)" in " ".join(fixed.stdout.split())
+
+
+def test_combine_names_the_files_it_refuses_and_what_it_could_not_compare(
+        tmp_path: Path) -> None:
+    first = _write(tmp_path, "a.json", _run("fixed-14", 500.0))
+    other = _run("adaptive", 520.0)
+    other["machine"]["host"] = "h2"
+    third = _write(tmp_path, "c.json", other)
+    refused = run_cli("bench", "combine", str(first), str(_write(tmp_path, "b.json",
+                                                                 _run("fixed-3", 300.0))),
+                      str(third))
+    assert refused.code == 2 and len(refused.error_lines) == 1
+    # Of three files, which one: the refusal said what differed, not where.
+    assert f"({third} against {first})" in refused.error_lines[0]
+    # Files from before the provenance fields record no commit, host or flags: equal as
+    # "none" on every side, they were combined as if checked alike.
+    old = []
+    for name, strategy, tok_s in (("o1.json", "fixed-14", 500.0), ("o2.json", "adaptive", 520.0)):
+        run = _run(strategy, tok_s)
+        for key in ("commit", "host", "server_flags"):
+            del run["machine"][key]
+        old.append(str(_write(tmp_path, name, run)))
+    out = tmp_path / "joined.json"
+    shown = run_cli("bench", "combine", *old, "--json-out", str(out))
+    assert shown.code == 0, shown.stderr
+    assert ("not compared (no run records it): code commit, host, server flags"
+            in " ".join(shown.stdout.split()))
+    assert json.loads(out.read_text())["unchecked"] == ["code commit", "host", "server flags"]
+    both = run_cli("bench", "combine", str(first), str(tmp_path / "b.json"))
+    assert "not compared" not in both.stdout
