@@ -136,13 +136,15 @@ def recorded_shape(engine: Engine, batch_id: int) -> NightShape:
     graph = arm_graph_facts(engine, batch_id, workload)
     if graph.output_tokens <= 0:
         raise InputError(f"batch {batch_id} has no answered calls to take a shape from")
-    with engine.connect() as conn:
-        longest = conn.execute(
-            select(func.max(func.coalesce(LLMCall.prompt_tokens, 0)
-                            + func.coalesce(LLMCall.completion_tokens, 0)))
-            .where(LLMCall.batch_id == batch_id, LLMCall.status == "ok",
-                   LLMCall.ticker.in_(list(workload)))).scalar()
-    return mean_shape(name, graph, len(workload), int(longest or 0))
+    with engine.connect() as conn:  # per ticker, so no list of tickers goes to the database
+        largest = conn.execute(
+            select(LLMCall.ticker, func.max(func.coalesce(LLMCall.prompt_tokens, 0)
+                                            + func.coalesce(LLMCall.completion_tokens, 0)))
+            .where(LLMCall.batch_id == batch_id, LLMCall.status == "ok")
+            .group_by(LLMCall.ticker)).tuples().all()
+    longest = max((int(tokens or 0) for ticker, tokens in largest if ticker in workload),
+                  default=0)
+    return mean_shape(name, graph, len(workload), longest)
 
 
 def night_server(engine: Engine, batch_id: int) -> ServerModel:
