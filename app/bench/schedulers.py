@@ -618,7 +618,8 @@ def _judge(result: BenchResult) -> None:
     # put beside the default (``adaptive:prefetch=off``) is held to the same targets.
     for variant in by.values():
         if variant["strategy"] == "adaptive" or variant["strategy"].startswith("adaptive:"):
-            _judge_adaptive(result, variant, best_fixed, by.get("fixed-3"))
+            _judge_adaptive(result, variant, best_fixed,
+                            next((a for a in fixed if a["strategy"] == "fixed-3"), None))
             if best_fixed is not None:
                 result.verdicts.append(_lead(variant, best_fixed))
 
