@@ -112,6 +112,10 @@ def check_arms(text: str) -> list[str]:
     a bench refuses a misspelt arm before it asks any server anything."""
     arms = split_arms(text)
     for arm in arms:
+        if arm.partition(":")[0] in (SWEEP, FLOOD) and arm not in (SWEEP, FLOOD):
+            # Strategy's "unknown strategy" would not name either as an arm at all.
+            raise InputError(f"{arm.partition(':')[0]} takes no knobs (got {arm!r}); give the "
+                             "fixed-N arms with theirs, e.g. fixed-15:tail=on")
         if arm not in (SWEEP, FLOOD):
             Strategy.parse(arm)
     if not arms:

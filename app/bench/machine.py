@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -35,17 +36,22 @@ def machine_facts() -> HostFacts:
                      platform=platform.platform(), host=platform.node(), commit=code_version())
 
 
-def code_version() -> str:
-    """Return the code's commit (``+dirty`` when tracked files differ from it) in a checkout,
-    else the installed package's version."""
-    root = Path(__file__).resolve().parents[2]
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def code_version(root: Path = CHECKOUT) -> str:
+    """Return the code's commit in a checkout, else the installed package's version. Where
+    tracked files differ from the commit, ``+dirty-`` and the first 12 hex digits of their
+    diff's SHA-256: two runs of one commit with other edits must not read as the same code
+    (``bench combine`` refuses runs of different code)."""
     if (root / ".git").exists():
         try:
             def git(*args: str) -> str:
                 return subprocess.run(["git", "-C", str(root), *args], capture_output=True,
-                                      text=True, timeout=10, check=True).stdout.strip()
-            dirty = git("status", "--porcelain", "--untracked-files=no")
-            return git("rev-parse", "HEAD") + ("+dirty" if dirty else "")
+                                      text=True, timeout=10, check=True).stdout
+            diff = git("diff", "HEAD", "--no-ext-diff", "--binary")
+            edits = hashlib.sha256(diff.encode()).hexdigest()[:12]
+            return git("rev-parse", "HEAD").strip() + (f"+dirty-{edits}" if diff else "")
         except (OSError, subprocess.SubprocessError):
             pass  # no git here: the package's version says what it can
     try:

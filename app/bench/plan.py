@@ -17,7 +17,7 @@ from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 
 from app.bench.bound import (
     GraphFacts,
@@ -31,7 +31,7 @@ from app.bench.bound import (
     summed_capacity,
 )
 from app.bench.workloads import seed_graph
-from app.db.models import ServerSample, TickerRun, batch_row
+from app.db.models import LLMCall, ServerSample, TickerRun, batch_row
 from app.errors import InputError
 from app.runs.replay import WorkItem, recorded_workload
 from app.traffic.admission import AdmissionPolicy
@@ -50,6 +50,7 @@ class ServerModel(BaseModel, frozen=True):
     step_a_s: float
     step_b_s: float
     source: str
+    max_model_len: int | None = None  # None: not recorded
 
     @property
     def step(self) -> StepCost:
@@ -61,6 +62,7 @@ class ServerModel(BaseModel, frozen=True):
 # endpoints (tests/fakevllm/stepped.py) are this model.
 H200_MOE = ServerModel(
     name="h200-moe", kv_tokens=1_488_240, max_num_seqs=256, step_a_s=0.020, step_b_s=0.0002,
+    max_model_len=34_816,  # serving/profiles/qwen-moe-35b-a3b-h200.toml
     source="one H200 serving the MoE profile: 1,488,240 KV tokens, 256 sequences, a step of "
            "20 ms + 0.2 ms per running request (the 100-ticker MoE night's readings)")
 PROFILES = {H200_MOE.name: H200_MOE}
@@ -75,6 +77,7 @@ class NightShape(BaseModel, frozen=True):
     kv_token_steps: float
     critical_path_tokens: int  # the longest of any ticker seen
     calls: float
+    longest_request_tokens: int = 0  # prompt + output of its largest call (0: not known)
 
     def for_tickers(self, tickers: int) -> GraphFacts:
         """Return the graph facts of a night of ``tickers`` tickers of this shape."""
@@ -84,13 +87,14 @@ class NightShape(BaseModel, frozen=True):
                           calls=round(self.calls * tickers))
 
 
-def mean_shape(name: str, graph: GraphFacts, tickers: int) -> NightShape:
-    """Return the mean ticker of ``tickers`` whose demand together is ``graph``."""
+def mean_shape(name: str, graph: GraphFacts, tickers: int, longest: int = 0) -> NightShape:
+    """Return the mean ticker of ``tickers`` whose demand together is ``graph``, its largest
+    call ``longest`` tokens (prompt + output; 0: not known)."""
     return NightShape(name=name, tickers_seen=tickers,
                       output_tokens=graph.output_tokens / tickers,
                       kv_token_steps=graph.kv_token_steps / tickers,
                       critical_path_tokens=graph.critical_path_tokens,
-                      calls=graph.calls / tickers)
+                      calls=graph.calls / tickers, longest_request_tokens=longest)
 
 
 def synthetic_shape(output_scale: float = 1.0) -> NightShape:
@@ -101,7 +105,8 @@ def synthetic_shape(output_scale: float = 1.0) -> NightShape:
     calls = [("SYN", 0, shape.node, shape.prompt, max(1, round(shape.output * output_scale)))
              for shape, _ in graph]
     name = "synthetic" if output_scale == 1.0 else f"synthetic (outputs x{output_scale:g})"
-    return mean_shape(name, graph_facts(calls, {"SYN": items}), 1)
+    return mean_shape(name, graph_facts(calls, {"SYN": items}), 1,
+                      max(prompt + output for *_, prompt, output in calls))
 
 
 def recorded_shape(engine: Engine, batch_id: int) -> NightShape:
@@ -131,7 +136,15 @@ def recorded_shape(engine: Engine, batch_id: int) -> NightShape:
     graph = arm_graph_facts(engine, batch_id, workload)
     if graph.output_tokens <= 0:
         raise InputError(f"batch {batch_id} has no answered calls to take a shape from")
-    return mean_shape(name, graph, len(workload))
+    with engine.connect() as conn:  # per ticker, so no list of tickers goes to the database
+        largest = conn.execute(
+            select(LLMCall.ticker, func.max(func.coalesce(LLMCall.prompt_tokens, 0)
+                                            + func.coalesce(LLMCall.completion_tokens, 0)))
+            .where(LLMCall.batch_id == batch_id, LLMCall.status == "ok")
+            .group_by(LLMCall.ticker)).tuples().all()
+    longest = max((int(tokens or 0) for ticker, tokens in largest if ticker in workload),
+                  default=0)
+    return mean_shape(name, graph, len(workload), longest)
 
 
 def night_server(engine: Engine, batch_id: int) -> ServerModel:
@@ -155,8 +168,10 @@ def night_server(engine: Engine, batch_id: int) -> ServerModel:
         raise InputError(f"batch {batch_id} recorded no --max-num-seqs and ran no request")
     where = ("--max-num-seqs from its server facts" if recorded.get("max_num_seqs")
              else "the most requests it ran at once")
+    length = recorded.get("max_model_len")
     return ServerModel(name=f"batch {batch_id}", kv_tokens=int(kv), max_num_seqs=int(seqs),
                        step_a_s=step.a, step_b_s=step.b,
+                       max_model_len=int(length) if length else None,
                        source=f"batch {batch_id}'s server: KV tokens from its server facts, "
                               f"{where}, step fitted to {step.levels} levels of its readings")
 
@@ -225,6 +240,15 @@ def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
     """Work out the planned makespan, the bound and its capacity share for 1..16 endpoints."""
     if tickers < 1:
         raise InputError(f"--tickers takes a whole number of at least 1 (got {tickers})")
+    # The bound counts tokens, not whether a call fits: a shape whose largest call no
+    # endpoint can hold would be planned a makespan for a night that cannot run there.
+    for limit, what in ((server.max_model_len, "--max-model-len"),
+                        (server.kv_tokens, "KV cache")):
+        if limit and shape.longest_request_tokens > limit:
+            raise InputError(
+                f"{shape.name}'s largest call ({shape.longest_request_tokens:,} tokens, prompt "
+                f"and output) does not fit {server.name}'s {what} ({limit:,} tokens): no "
+                "night of this shape runs there")
     graph = shape.for_tickers(tickers)
     admitted_kv = int(server.kv_tokens * admission.kv_share)
     rows = []

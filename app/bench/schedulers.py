@@ -68,8 +68,6 @@ BOUND_TARGET = 0.9  # the share of the graph bound an adaptive arm is held to
 # (tests/unit/bench/test_schedulers_lead.py).
 LEAD_LEVEL = 0.05
 LEAD_TEST = {"test": "welch-t", "df": "min(n)-1", "sides": 2, "level": LEAD_LEVEL}
-# What must be the same in every file ``combine_results`` puts in one table.
-SAME_RUN = (("code commit", "commit"), ("host", "host"), ("server flags", "server_flags"))
 
 
 @dataclass
@@ -89,7 +87,11 @@ class BenchResult:
     bound: dict[str, Any] | None = None  # its terms, step cost and graph facts
     sweep: dict[str, Any] | None = None  # the fixed-N sweep's sizes and rule (app/bench/arms.py)
     mixed: dict[str, list[Any]] | None = None  # combined with --allow-mixed: what differed
-    repeat: int = 1  # runs of every arm, interleaved (round 1 of each arm, then round 2...)
+    # Combined: what no run recorded (older files), so what was not compared at all.
+    unchecked: list[str] | None = None
+    # Runs of every arm, interleaved (round 1 of each arm, then round 2...); None for runs
+    # joined by ``combine_results``, whose arms ran as often as their files say (``means``).
+    repeat: int | None = 1
     # Per strategy over its runs: mean output tok/s, each run's, spread (max - min), runs.
     means: dict[str, dict[str, Any]] = field(default_factory=dict)
     verdicts: list[str] = field(default_factory=list)  # what the means can and cannot say
@@ -411,13 +413,29 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
     return result
 
 
-def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False) -> BenchResult:
+def same_run(machine: dict[str, Any]) -> dict[str, Any]:
+    """Return what must be the same in every file ``combine_results`` puts in one table: a
+    run over two endpoints makes twice the tok/s of one, on a server set up alike."""
+    return {"code commit": machine.get("commit"), "host": machine.get("host"),
+            "server flags": machine.get("server_flags"),
+            "endpoint count": endpoints_of(machine)}
+
+
+def endpoints_of(machine: dict[str, Any]) -> int:
+    """Return how many endpoints a run drove (its ``server``: the URLs, comma-separated)."""
+    return len([u for u in str(machine.get("server", "")).split(",") if u]) or 1
+
+
+def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False,
+                    names: list[str] | None = None) -> BenchResult:
     """Merge bench results of one workload run arm by arm (a device call each) and judge them.
 
     A run that differs in workload, tickers or requests is refused: its arms are not
-    comparable. So is one whose code commit, host or server flags differ from the first's,
-    unless ``allow_mixed`` (the result's ``mixed`` then says what differed). The machine
-    facts are the first run's.
+    comparable. So is one whose code commit, host, server flags or number of endpoints
+    differ from the first's (``same_run``), unless ``allow_mixed`` (the result's ``mixed``
+    then says what differed); what no run recorded could not be compared (``unchecked``).
+    A refusal names the two runs by ``names`` (the files). The machine facts are the first
+    run's.
     """
     if not runs:
         raise InputError("no bench results to combine")
@@ -438,26 +456,33 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False) ->
     first = runs[0]
     try:
         result = BenchResult(first["workload"], first["tickers"], first["requests"],
-                             machine=first.get("machine", {}), sweep=first.get("sweep"))
+                             machine=first.get("machine", {}), sweep=first.get("sweep"),
+                             repeat=None)
         mixed: dict[str, list[Any]] = {}
-        for run in runs:
+        for i, run in enumerate(runs):
+            which = f" ({names[i]} against {names[0]})" if names else ""
             same = (run["workload"], run["tickers"], run["requests"])
             if same != (result.workload, result.tickers, result.requests):
                 raise InputError(f"cannot combine a run of {same} with one of "
-                                 f"{(result.workload, result.tickers, result.requests)}")
-            for what, key in SAME_RUN:
-                mine, theirs = run.get("machine", {}).get(key), result.machine.get(key)
+                                 f"{(result.workload, result.tickers, result.requests)}{which}")
+            first_run = same_run(result.machine)
+            for what, mine in same_run(run.get("machine", {})).items():
+                theirs = first_run[what]
                 if mine != theirs:
                     if not allow_mixed:
                         raise InputError(
-                            f"cannot combine runs whose {what} differ ({_differ(theirs, mine)})"
+                            f"cannot combine runs whose {what} "
+                            f"{'differ' if what.endswith('s') else 'differs'} "
+                            f"({_differ(theirs, mine)})"
                             ": their arms are not comparable; --allow-mixed combines them "
-                            "anyway")
+                            f"anyway{which}")
                     mixed.setdefault(what, [theirs])
                     if mine not in mixed[what]:
                         mixed[what].append(mine)
             result.arms.extend(run["arms"])
         result.mixed = mixed or None
+        result.unchecked = [what for what, value in same_run(result.machine).items()
+                            if value is None and what not in mixed] or None
     except (KeyError, TypeError, AttributeError) as error:
         raise InputError(f"not a bench schedulers result (missing {error})") from None
     _judge(result)
@@ -513,7 +538,7 @@ def _graph_bound(result: BenchResult) -> None:
     # The server's --max-num-seqs when its launcher recorded it, else the most it ran.
     seqs = facts.get("max_num_seqs") or max(
         (a.get("running_max") or 0 for a in result.arms), default=0)
-    endpoints = len([u for u in str(result.machine.get("server", "")).split(",") if u]) or 1
+    endpoints = endpoints_of(result.machine)
     if not graphs or step is None or not kv or not seqs:
         result.bound, result.bound_tok_s = None, None
         return
@@ -571,7 +596,10 @@ def _judge(result: BenchResult) -> None:
     result.verdicts = []
     result.lead_test = dict(LEAD_TEST)
     by = result.means
-    fixed = [a for a in by.values() if respects_graph(a["strategy"])]
+    # A fixed arm that made no output (every request failed) measured no ceiling: against
+    # its 0 tok/s every check would be met and every lead infinite.
+    fixed = [a for a in by.values()
+             if respects_graph(a["strategy"]) and a["output_tokens_per_s"] > 0]
     best_fixed = max(fixed, key=lambda a: a["output_tokens_per_s"]) if fixed else None
     if best_fixed is not None:
         result.ceiling_tok_s = best_fixed["output_tokens_per_s"]
@@ -590,7 +618,8 @@ def _judge(result: BenchResult) -> None:
     # put beside the default (``adaptive:prefetch=off``) is held to the same targets.
     for variant in by.values():
         if variant["strategy"] == "adaptive" or variant["strategy"].startswith("adaptive:"):
-            _judge_adaptive(result, variant, best_fixed, by.get("fixed-3"))
+            _judge_adaptive(result, variant, best_fixed,
+                            next((a for a in fixed if a["strategy"] == "fixed-3"), None))
             if best_fixed is not None:
                 result.verdicts.append(_lead(variant, best_fixed))
 

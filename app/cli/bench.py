@@ -140,9 +140,11 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                                                "decode_time_share")]
     if result.server_bound_tok_s:
         columns.insert(6, ("÷ flood", "ratio_to_server_bound", ".2f"))
+    # No fixed arm made output: no ceiling, which "0.0 tok/s" would claim was measured.
+    ceiling = (f"{result.ceiling_tok_s:.1f} tok/s ({result.ceiling_arm})" if result.ceiling_arm
+               else "none (no fixed arm made output)")
     table = figures(f"scheduler bench: {result.workload}, {result.tickers} tickers, "
-                    f"{result.requests} requests; ceiling {result.ceiling_tok_s:.1f} tok/s "
-                    f"({result.ceiling_arm or '-'}); graph bound {bound}",
+                    f"{result.requests} requests; ceiling {ceiling}; graph bound {bound}",
                     (header for header, _, _ in columns), {"strategy"})
     for a in result.arms:
         table.add_row(*(str(a.get(key)) if spec == "s" else number(a.get(key), spec)
@@ -157,6 +159,8 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     if result.mixed:
         out.print("[bold red]mixed runs[/] (--allow-mixed): " + "; ".join(
             f"{what}: {len(values)} values" for what, values in result.mixed.items()))
+    if result.unchecked:
+        out.print(f"not compared (no run records it): {', '.join(result.unchecked)}")
     if result.bound and result.bound.get("unavailable"):
         out.print(f"graph bound: none for this run ({result.bound['unavailable']})")
     elif result.bound:
@@ -248,8 +252,9 @@ def _means_table(result: BenchResult) -> Table:
         spread = m["spread_tok_s"]
         means.add_row(m["strategy"], str(m["runs"]), f"{m['output_tokens_per_s']:.1f}",
                       f"{m['min_tok_s']:.1f}", f"{m['max_tok_s']:.1f}",
-                      "-" if spread is None else
-                      f"{spread:.1f} ({spread / m['output_tokens_per_s']:.1%})",
+                      "-" if spread is None else f"{spread:.1f}" + (
+                          f" ({spread / m['output_tokens_per_s']:.1%})"
+                          if m["output_tokens_per_s"] > 0 else ""),
                       number(m["preemptions"], ".0f"))
     return means
 
@@ -259,13 +264,15 @@ def combine(
     files: Annotated[list[Path], typer.Argument(help="JSON files of bench schedulers runs.")],
     json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
     allow_mixed: Annotated[bool, typer.Option(
-        "--allow-mixed", help="Combine runs whose code commit, host or server flags differ "
-                              "(the result then says what differed).")] = False,
+        "--allow-mixed", help="Combine runs whose code commit, host, server flags or number "
+                              "of endpoints differ (the result then says what differed).")]
+        = False,
 ) -> None:
     """Put arms run in separate calls (same workload, same server) in one table and judge them.
 
     The ceiling, the graph bound and the checks are worked out again over all the arms.
-    Runs of another code commit, host or server flags are refused unless --allow-mixed.
+    Runs of another code commit, host, server flags or number of endpoints are refused
+    unless --allow-mixed.
     """
     from app.bench.schedulers import check_result, combine_results
     from app.errors import InputError
@@ -282,7 +289,8 @@ def combine(
             check_result(loaded[-1])
         except InputError as error:
             raise InputError(f"{path} {error}") from None
-    show_schedulers(combine_results(loaded, allow_mixed=allow_mixed), json_out)
+    show_schedulers(combine_results(loaded, allow_mixed=allow_mixed,
+                                    names=[str(path) for path in files]), json_out)
 
 
 @app.command("durability")

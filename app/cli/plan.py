@@ -141,8 +141,12 @@ def plan(
               "the client's per-call overheads come on top.")
     if chosen.deadline is not None:
         d = chosen.deadline
-        window = (f"from the next scheduled start {d.start:%Y-%m-%d %H:%M %Z} to "
-                  f"{d.deadline:%H:%M} ({_span(d.seconds)})")
+        # A deadline at or before the start's time is the next day's: dated, "00:10 to 00:05"
+        # would read as a window that ends before it begins.
+        same_day = d.deadline.date() == d.start.date()
+        until = f"{d.deadline:{'%H:%M' if same_day else '%Y-%m-%d %H:%M'}}"
+        window = (f"from the next scheduled start {d.start:%Y-%m-%d %H:%M %Z} to {until} "
+                  f"({_span(d.seconds)})")
         if d.endpoints is None:
             out.print(f"deadline: no fleet of up to {max(ENDPOINTS)} endpoints finishes "
                       f"{window}; the fastest needs at least {_span(chosen.best_makespan_s)}")

@@ -314,8 +314,11 @@ def test_a_night_whose_tickers_all_failed_gives_no_shape(sqlite_engine: Any) -> 
     refused = run_cli("plan", "--tickers", "4", "--shape", str(night))
     assert refused.code == 2 and len(refused.error_lines) == 1
     assert "no ticker succeeded" in refused.error_lines[0]
-    # Its server still has a KV cache and readings: it may serve as a profile.
-    assert run_cli("plan", "--tickers", "4", "--profile", str(night)).code == 0
+    # Its server still has a KV cache and readings: it may serve as a profile (for a shape
+    # whose calls fit its 10,000 KV tokens: a whole night's).
+    whole = _night(sqlite_engine, FACTS)
+    assert run_cli("plan", "--tickers", "4", "--shape", str(whole), "--profile",
+                   str(night)).code == 0
 
 
 def test_a_partial_nights_shape_is_its_succeeded_tickers(sqlite_engine: Any) -> None:
@@ -359,6 +362,42 @@ def test_a_deadline_across_a_clock_change_counts_real_seconds() -> None:
     autumn = answer_deadline(plan, datetime(2027, 10, 31, 0, 10, tzinfo=berlin), time(6, 0))
     assert autumn.seconds == 6 * 3600 + 50 * 60
     assert spring.deadline.hour == autumn.deadline.hour == 6
+
+
+def test_a_deadline_before_the_start_time_is_dated_the_next_day() -> None:
+    # The night starts at 00:10; "by 00:05" is the next day's, 23 h 55 min later. Shown as
+    # "00:10 UTC to 00:05" the window read as ending before it began.
+    env = {"NIGHTDESK_SCHEDULE_CRON": "10 0 * * *", "NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
+    answer = plan_json("--tickers", "500", "--deadline", "00:05", env=env)["deadline"]
+    assert answer["seconds"] == 23 * 3600 + 55 * 60
+    start, end = answer["start"][:10], answer["deadline"][:10]
+    assert start < end
+    table = " ".join(run_cli("plan", "--tickers", "500", "--deadline", "00:05", env=env)
+                     .stdout.split())
+    assert f"{start} 00:10 UTC to {end} 00:05 (23 h 55 min)" in table
+    # The same day's deadline needs no date.
+    later = " ".join(run_cli("plan", "--tickers", "500", "--deadline", "06:00", env=env)
+                     .stdout.split())
+    assert "00:10 UTC to 06:00 (5 h 50 min)" in later
+
+
+def test_a_shape_whose_largest_call_fits_no_endpoint_is_refused(sqlite_engine: Any) -> None:
+    # The synthetic ticker's largest call is 21,500 tokens (a 20,000-token prompt and its
+    # 1,500-token answer). A night on a server of 8,192 tokens a sequence, or of a 10,000-token
+    # cache, cannot run it; the bound, counting tokens only, planned hours for it.
+    short = _night(sqlite_engine, {**FACTS, "kv_cache_tokens": 93_184, "max_model_len": 8_192})
+    small = _night(sqlite_engine, FACTS)
+    for night, says in ((short, "--max-model-len (8,192 tokens)"),
+                        (small, "KV cache (10,000 tokens)")):
+        refused = run_cli("plan", "--tickers", "10", "--profile", str(night))
+        assert refused.code == 2 and len(refused.error_lines) == 1, refused.stderr
+        assert ("synthetic's largest call (21,500 tokens, prompt and output) does not fit "
+                f"batch {night}'s {says}") in refused.error_lines[0]
+    # The recorded night's own calls fit its server: its largest is c, 300 + 30 tokens.
+    plan = plan_json("--tickers", "10", "--shape", str(short), "--profile", str(short))
+    assert plan["shape"]["longest_request_tokens"] == 330
+    assert plan["profile"]["max_model_len"] == 8_192
+    assert plan_json("--tickers", "10")["shape"]["longest_request_tokens"] == 21_500
 
 
 def test_plan_csv_carries_the_deadline_answer() -> None:

@@ -104,6 +104,19 @@ def test_combine_names_the_server_flag_that_differs(tmp_path: Path) -> None:
     assert "max_num_seqs: 32 and 256" in result.error_lines[0]
 
 
+def test_combine_refuses_runs_over_another_number_of_endpoints(tmp_path: Path) -> None:
+    # One server and two set up alike (their flags are the first endpoint's): a fixed arm
+    # over two makes about twice the tok/s, which combined read as one arm's spread.
+    one = _write(tmp_path, "one.json", _run("adaptive", 500.0))
+    two = _run("adaptive", 990.0)
+    two["machine"]["server"] = "http://127.0.0.1:8000/v1,http://127.0.0.1:8001/v1"
+    result = run_cli("bench", "combine", str(one), str(_write(tmp_path, "two.json", two)))
+    assert result.code == 2 and len(result.error_lines) == 1, result.stderr
+    assert "endpoint count differs (1 and 2)" in result.error_lines[0]
+    mixed = run_cli("bench", "combine", str(one), str(tmp_path / "two.json"), "--allow-mixed")
+    assert mixed.code == 0 and "endpoint count: 2 values" in mixed.stdout
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (("--tickers", "0"), "--tickers"),
     (("--tickers", "-1"), "--tickers"),
@@ -112,6 +125,9 @@ def test_combine_names_the_server_flag_that_differs(tmp_path: Path) -> None:
     # Read before any server is asked: a typo is named even with no server up.
     (("--strategies", "fixed-15:tail=yes"), "bad knob 'tail=yes'"),
     (("--strategies", "fixed-0"), "unknown strategy 'fixed-0'"),
+    # Arms of --strategies, but of no knobs: "unknown strategy" named neither as an arm.
+    (("--strategies", "sweep:tail=on"), "sweep takes no knobs (got 'sweep:tail=on')"),
+    (("--strategies", "flood:tail=on"), "flood takes no knobs (got 'flood:tail=on')"),
     (("--strategies", "fixed-01"), "strategy 'fixed-01': write N without leading zeros"),
     (("--strategies", "adaptive:initial=-3"), "initial must be at least 1"),
     (("--workload", "bogus"), "--workload takes synthetic or recorded:BATCH_ID"),
@@ -213,3 +229,79 @@ def test_the_bound_says_how_sure_its_fitted_step_is(tmp_path: Path) -> None:
                             machine=json.loads(json.dumps(MACHINE)))
     _judge(one_level)
     assert one_level.bound is not None and one_level.bound["interval_90_tok_s"] is None
+
+
+def test_an_arm_that_made_no_output_is_judged_without_a_traceback(tmp_path: Path) -> None:
+    # The server went away during fixed-14's runs: every request failed, 0 tok/s twice. The
+    # verdict had divided by its mean, and the means table its spread by it: a traceback
+    # where `bench schedulers` judges, after every arm had run, so nothing was written. It
+    # measured no ceiling either: adaptive ">= ceiling" against 0 tok/s was "met".
+    arms = [fake_arm("fixed-14", 0.0), fake_arm("adaptive", 520.0), fake_arm("fixed-14", 0.0),
+            fake_arm("adaptive", 510.0), fake_arm("fixed-3", 0.0)]
+    for batch_id, arm in enumerate(arms, start=1):  # each run its own batch, as in a bench
+        arm["batch_id"] = batch_id
+    result = BenchResult("w", 100, 1700, machine=json.loads(json.dumps(MACHINE)), repeat=2,
+                         arms=arms)
+    _judge(result)
+    assert result.ceiling_arm == "" and result.verdicts == []
+    # Nor is fixed-3 at 0 tok/s a yardstick: "adaptive >= 1.5 x fixed-3" was "met".
+    assert not [check for check in result.checks if "ceiling" in check or "fixed-3" in check]
+    assert all(a["ratio_to_ceiling"] is None for a in result.arms)
+    shown = run_cli("bench", "combine", str(_write(tmp_path, "r.json", result.to_json())))
+    assert shown.code == 0, shown.stderr
+    assert "ceiling none (no fixed arm made output)" in " ".join(shown.stdout.split())
+    assert "10.0 (1.9%)" in shown.stdout  # adaptive's spread, and its share of its mean
+
+
+def test_a_combined_result_claims_no_repeat_count(tmp_path: Path) -> None:
+    # Two files of one run each: fixed-14 ran twice in all, adaptive once. The combined
+    # JSON's "repeat" said 1, as if every arm had run once, interleaved.
+    first, second = _run("fixed-14", 500.0), _run("fixed-14", 505.0)
+    second["arms"][0]["batch_id"] = 2
+    out = tmp_path / "both.json"
+    shown = run_cli("bench", "combine", str(_write(tmp_path, "a.json", first)),
+                    str(_write(tmp_path, "b.json", second)), "--json-out", str(out))
+    assert shown.code == 0, shown.stderr
+    both = json.loads(out.read_text())
+    assert both["repeat"] is None and both["means"]["fixed-14"]["runs"] == 2
+
+
+def test_a_run_without_a_fixed_arm_claims_no_ceiling(tmp_path: Path) -> None:
+    # Only adaptive ran (as in the two-GPU files): the title said "ceiling 0.0 tok/s (-)".
+    shown = run_cli("bench", "combine", str(_write(tmp_path, "a.json", _run("adaptive", 520.0))))
+    assert shown.code == 0, shown.stderr
+    title = " ".join(shown.stdout.split())
+    assert "ceiling none (no fixed arm made output)" in title and "ceiling 0.0" not in title
+    # With one, as before.
+    fixed = run_cli("bench", "combine", str(_write(tmp_path, "f.json", _run("fixed-14", 500.0))))
+    assert "ceiling 500.0 tok/s (fixed-14)" in " ".join(fixed.stdout.split())
+
+
+def test_combine_names_the_files_it_refuses_and_what_it_could_not_compare(
+        tmp_path: Path) -> None:
+    first = _write(tmp_path, "a.json", _run("fixed-14", 500.0))
+    other = _run("adaptive", 520.0)
+    other["machine"]["host"] = "h2"
+    third = _write(tmp_path, "c.json", other)
+    refused = run_cli("bench", "combine", str(first), str(_write(tmp_path, "b.json",
+                                                                 _run("fixed-3", 300.0))),
+                      str(third))
+    assert refused.code == 2 and len(refused.error_lines) == 1
+    # Of three files, which one: the refusal said what differed, not where.
+    assert f"({third} against {first})" in refused.error_lines[0]
+    # Files from before the provenance fields record no commit, host or flags: equal as
+    # "none" on every side, they were combined as if checked alike.
+    old = []
+    for name, strategy, tok_s in (("o1.json", "fixed-14", 500.0), ("o2.json", "adaptive", 520.0)):
+        run = _run(strategy, tok_s)
+        for key in ("commit", "host", "server_flags"):
+            del run["machine"][key]
+        old.append(str(_write(tmp_path, name, run)))
+    out = tmp_path / "joined.json"
+    shown = run_cli("bench", "combine", *old, "--json-out", str(out))
+    assert shown.code == 0, shown.stderr
+    assert ("not compared (no run records it): code commit, host, server flags"
+            in " ".join(shown.stdout.split()))
+    assert json.loads(out.read_text())["unchecked"] == ["code commit", "host", "server flags"]
+    both = run_cli("bench", "combine", str(first), str(tmp_path / "b.json"))
+    assert "not compared" not in both.stdout
