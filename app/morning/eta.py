@@ -99,6 +99,9 @@ class Reading:
     eta_low_s: float | None  # eta_s × RATIO: an interval that held LEVEL of the replays
     eta_high_s: float | None
     why: str = ESTIMATING  # why there is no ETA while eta_s is None (not stored)
+    # The share of replayed readings the interval held (LEVEL); None: a rule no recorded
+    # night tested set it (another server), so the faces call it uncalibrated (not stored).
+    level: float | None = LEVEL
 
     @property
     def estimating(self) -> str | None:
@@ -609,11 +612,12 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
                    None if work is None else "before" if prior.shares else "night",
                    longest, chain_s, low_s, high_s, eta_s,
                    None if eta_s is None else eta_s * ratio[0],
-                   None if eta_s is None else eta_s * ratio[1], UNLIKE if unlike else ESTIMATING)
+                   None if eta_s is None else eta_s * ratio[1], UNLIKE if unlike else ESTIMATING,
+                   None if unlike else LEVEL)
 
 
 def record(engine: Engine, batch_id: int, found: Reading) -> None:
     """Store one reading in ``progress_readings``."""
     with engine.begin() as conn:
-        row = {k: v for k, v in asdict(found).items() if k != "why"}
+        row = {k: v for k, v in asdict(found).items() if k not in ("why", "level")}
         conn.execute(insert(ProgressReading), [{**row, "batch_id": batch_id}])

@@ -76,6 +76,7 @@ class Progress:
     eta_s: int | None  # app.morning.eta: never 0 while a call is left; None: no basis yet
     eta_low_s: int | None = None
     eta_high_s: int | None = None
+    eta_level: float | None = eta.LEVEL  # the interval's (``eta.Reading.level``)
     # While eta_s is None: "estimating… (why)", or "unknown: no word from the night…".
     estimating: str | None = None
 
@@ -160,15 +161,17 @@ def progress(engine: Engine, batch_id: int, now: datetime | None = None) -> Prog
         return Progress(done, batch.tickers_failed, running, *calls, None, estimating=silent)
     return Progress(done, batch.tickers_failed, running, *calls,
                     found.whole(found.eta_s), found.whole(found.eta_low_s),
-                    found.whole(found.eta_high_s), found.estimating)
+                    found.whole(found.eta_high_s), found.level, found.estimating)
 
 
-def interval(low_s: int | None, high_s: int | None) -> str:
-    """Show the ETA's interval with the share of replayed readings it held (``eta.LEVEL``):
-    `` (75% interval: 10 min 05 s – 15 min 40 s)``; empty without one."""
+def interval(low_s: int | None, high_s: int | None, level: float | None = eta.LEVEL) -> str:
+    """Show the ETA's interval with the share of replayed readings it held (``level``,
+    ``eta.Reading.level``): `` (75% interval: 10 min 05 s – 15 min 40 s)``; ``level`` None:
+    `` (uncalibrated range: …)``, a rule no recorded night tested; empty without one."""
     if low_s is None or high_s is None or low_s == high_s:
         return ""
-    return f" ({eta.LEVEL:.0%} interval: {span(low_s)} – {span(high_s)})"
+    what = "uncalibrated range" if level is None else f"{level:.0%} interval"
+    return f" ({what}: {span(low_s)} – {span(high_s)})"
 
 
 def time_left(prog: Progress) -> str:
@@ -176,7 +179,7 @@ def time_left(prog: Progress) -> str:
     10 min 05 s – 15 min 40 s)``; without a basis, ``estimating… (why)``."""
     if prog.eta_s is None:
         return prog.estimating or eta.ESTIMATING
-    return f"about {span(prog.eta_s)}{interval(prog.eta_low_s, prog.eta_high_s)}"
+    return f"about {span(prog.eta_s)}{interval(prog.eta_low_s, prog.eta_high_s, prog.eta_level)}"
 
 
 def describe(night: NightBatch, prog: Progress | None = None) -> str:

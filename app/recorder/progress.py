@@ -51,6 +51,7 @@ class ProgressState:
     eta_s: int | None  # app.morning.eta: never 0 while a call is left; None before a basis
     eta_low_s: int | None
     eta_high_s: int | None
+    eta_level: float | None  # the share the interval held (None: uncalibrated)
     estimating: str | None  # while eta_s is None: "estimating… (why)", as the pages say
 
 
@@ -114,6 +115,7 @@ class BatchProgress:
             eta_s=None if found is None else found.whole(found.eta_s),
             eta_low_s=None if found is None else found.whole(found.eta_low_s),
             eta_high_s=None if found is None else found.whole(found.eta_high_s),
+            eta_level=None if found is None else found.level,
             estimating=(f"estimating… (first reading within {LOG_EVERY_S:.0f} s)"
                         if found is None else found.estimating))
 
@@ -216,4 +218,4 @@ def eta_text(s: ProgressState) -> str:
     s)``."""
     if s.eta_s is None:
         return s.estimating or "—"
-    return f"{span(s.eta_s)}{interval(s.eta_low_s, s.eta_high_s)}"
+    return f"{span(s.eta_s)}{interval(s.eta_low_s, s.eta_high_s, s.eta_level)}"

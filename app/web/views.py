@@ -67,6 +67,7 @@ class RunningBatch(BatchSummary):
     eta_s: int | None
     eta_low_s: int | None  # the ETA's interval (app.morning.eta)
     eta_high_s: int | None
+    eta_level: float | None  # the share the interval held (None: uncalibrated)
     estimating: str | None  # while eta_s is None: "estimating… (why)"
 
 

@@ -93,3 +93,26 @@ def test_the_night_status_every_face_reads_says_why(sqlite_engine: Engine) -> No
     prog = nightstatus.progress(sqlite_engine, batch_id, T0 + timedelta(seconds=6))
     assert (prog.calls, prog.eta_s, prog.eta_low_s) == (0, None, None)
     assert nightstatus.time_left(prog) == eta.UNLIKE
+
+
+def test_a_range_set_on_another_server_is_called_uncalibrated_on_every_face(
+        sqlite_engine: Engine) -> None:
+    # No recorded night ran on another server, so the range's share is unmeasured: no face
+    # may name the replays' level for it.
+    night(sqlite_engine, 4, {n: v / 300 for n, v in TONIGHT.items()}, T0 - timedelta(days=1))
+    batch_id, _ = night(sqlite_engine, 4, TONIGHT, T0, status="running")
+    at = T0 + timedelta(seconds=0.5 * NIGHT_S)
+    found = eta.reading(sqlite_engine, batch_id, at)
+    assert found.eta_s is not None and found.level is None
+    prog = nightstatus.progress(sqlite_engine, batch_id, at)
+    said = nightstatus.time_left(prog)
+    assert prog.eta_level is None and "uncalibrated range:" in said, said
+    assert f"{eta.LEVEL:.0%}" not in said
+
+
+def test_a_range_from_the_replays_names_their_level(sqlite_engine: Engine) -> None:
+    night(sqlite_engine, 4, {n: v * 2 for n, v in TONIGHT.items()}, T0 - timedelta(days=1))
+    batch_id, _ = night(sqlite_engine, 4, TONIGHT, T0, status="running")
+    prog = nightstatus.progress(sqlite_engine, batch_id, T0 + timedelta(seconds=0.5 * NIGHT_S))
+    assert prog.eta_level == eta.LEVEL
+    assert f"({eta.LEVEL:.0%} interval:" in nightstatus.time_left(prog)
