@@ -26,7 +26,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 
 from app.db.models import LLMCall, LLMRequest
-from app.db.retry import POLICY, budget_s, transient
+from app.db.retry import POLICY, budget_s, said, transient
 from app.errors import BatchStopped, DatabaseError, StorageOutage, UsageLost, first_line
 from app.tasks import beside, in_thread
 
@@ -319,7 +319,7 @@ class UsageRecorder:
     async def _give_up(self, error: BaseException) -> BatchStopped:
         """Stop the writer: keep the rows for a resume when the database may take them
         later, say why once, wake every ``drain``; return the error it stopped with."""
-        self._why = first_line(error)
+        self._why = said(error)
         if transient(error) and self._spool is not None:
             await self._keep()
         else:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from app.config import STATEMENT_TIMEOUT_S
+from app.db.retry import cancelled_at_bound, mark_bound
 from app.errors import DatabaseError, first_line
 from serving.urls import redact
 
@@ -140,8 +141,9 @@ def make_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> E
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_S})
         _sqlite_events(engine)
         return engine
-    return create_engine(url, pool_pre_ping=True, connect_args={
-        "connect_timeout": 5, "options": statement_timeout(statement_timeout_s)})
+    return bounded(create_engine(url, pool_pre_ping=True, connect_args={
+        "connect_timeout": 5, "options": statement_timeout(statement_timeout_s)}),
+        statement_timeout_s)
 
 
 def statement_timeout(seconds: float) -> str:
@@ -152,12 +154,24 @@ def statement_timeout(seconds: float) -> str:
 
 def timed_out(error: BaseException) -> str | None:
     """Return one line for a statement PostgreSQL cancelled at its statement timeout
-    (SQLSTATE 57014 with its words), None for any other error."""
-    cause = getattr(error, "orig", None) or error
-    if getattr(cause, "sqlstate", None) != "57014" or "statement timeout" not in str(cause):
+    (SQLSTATE 57014 with its words), naming the setting and its value; None for any other
+    error."""
+    bound = cancelled_at_bound(error)
+    if bound is None:
         return None
-    return ("the database did not answer a statement within NIGHTDESK_DB_STATEMENT_TIMEOUT_S:"
-            " the server cancelled it (a lock held too long, or the server overloaded)")
+    return (f"the database did not answer a statement within {bound}: the server cancelled "
+            "it (a lock held too long, or the server overloaded)")
+
+
+def bounded(engine: Engine, seconds: float) -> Engine:
+    """Return ``engine``, each error of its statements marked with the statement timeout it
+    ran under (``seconds``), for the line that reports it (``timed_out``, ``said``)."""
+
+    @event.listens_for(engine, "handle_error")
+    def _mark(context: Any) -> None:
+        mark_bound(context.original_exception, seconds)
+
+    return engine
 
 
 def migration_engine(url: str) -> Engine:

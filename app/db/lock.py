@@ -27,7 +27,10 @@ from sqlalchemy import Engine, create_engine, select, text, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.pool import NullPool
 
+from app.config import STATEMENT_TIMEOUT_S
+from app.db.engine import bounded, statement_timeout
 from app.db.models import Batch, SchedulerBeat
+from app.db.retry import cancelled_at_bound, said
 from app.errors import AlreadyRunningError, DatabaseError, first_line
 
 log = structlog.get_logger(__name__)
@@ -257,7 +260,8 @@ class LockHold:
         return time.monotonic() - self.proven_at
 
     def beat(self, batch_id: int) -> bool:
-        """Store the batch's heartbeat if the lock is (again) held; return whether it is."""
+        """Store the batch's heartbeat if the lock is (again) held; return whether it is (a
+        beat the server cancelled at the statement timeout is missed, the lock still held)."""
         if self._beat(batch_id):
             self.proven_at = time.monotonic()
             return True
@@ -293,15 +297,23 @@ class _FileHold(LockHold):
 
 
 class _AdvisoryHold(LockHold):
-    """An advisory lock on a connection of its own, taken again when that connection dies."""
+    """An advisory lock on a connection of its own, taken again when that connection dies.
 
-    def __init__(self, url: str, key: int = ADVISORY_KEY) -> None:
+    Its statements are bounded by ``statement_timeout_s`` (NIGHTDESK_DB_STATEMENT_TIMEOUT_S),
+    as the engines' are: a heartbeat held up by another session's lock on the batch row is
+    cancelled there. The session answered, so it and its lock live: that beat is missed
+    (one line), the next one tries again, and the night goes on.
+    """
+
+    def __init__(self, url: str, key: int = ADVISORY_KEY,
+                 statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> None:
         super().__init__()
         self._key = key
         # Its own engine and connection: a pooled one could be handed to other work, or
         # recycled, and a session-level lock goes wherever its connection goes.
-        self._engine = create_engine(url, poolclass=NullPool,
-                                     connect_args={"connect_timeout": 5})
+        self._engine = bounded(create_engine(url, poolclass=NullPool, connect_args={
+            "connect_timeout": 5, "options": statement_timeout(statement_timeout_s)}),
+            statement_timeout_s)
         self._conn: Connection | None = None
 
     def take(self) -> bool:
@@ -327,6 +339,10 @@ class _AdvisoryHold(LockHold):
                                    .values(heartbeat_at=datetime.now(UTC)))
                 return True
             except Exception as error:
+                if cancelled_at_bound(error) is not None:
+                    log.warning("heartbeat not stored; tried again at the next beat",
+                                batch_id=batch_id, error=said(error))
+                    return True
                 log.warning("nightly lock's connection lost", error=first_line(error))
                 self._drop()
         try:
@@ -345,6 +361,9 @@ class _AdvisoryHold(LockHold):
                 self._conn.execute(text("SELECT 1"))  # the session, and so its lock, lives
                 return True
             except Exception as error:
+                if cancelled_at_bound(error) is not None:  # it answered: it lives
+                    log.warning("lock's connection slow", error=said(error))
+                    return True
                 log.warning("lock's connection lost", error=first_line(error))
                 self._drop()
         try:
@@ -399,8 +418,9 @@ def _file_lock(path: Path, engine: Engine) -> Iterator[LockHold | None]:
 
 
 @contextlib.contextmanager
-def _advisory_lock(url: str, key: int, what: str) -> Iterator[LockHold | None]:
-    hold = _AdvisoryHold(url, key)
+def _advisory_lock(url: str, key: int, what: str,
+                   statement_timeout_s: float) -> Iterator[LockHold | None]:
+    hold = _AdvisoryHold(url, key, statement_timeout_s)
     try:
         held = hold.take()
     except Exception as error:
@@ -412,20 +432,22 @@ def _advisory_lock(url: str, key: int, what: str) -> Iterator[LockHold | None]:
         hold.release()
 
 
-def _lock(engine: Engine, key: int, what: str) -> tuple[
+def _lock(engine: Engine, key: int, what: str, statement_timeout_s: float) -> tuple[
         contextlib.AbstractContextManager[LockHold | None], str]:
     """Return the lock ``what`` of the engine's database, and where it is (for the log)."""
     url = engine.url.render_as_string(hide_password=False)
     if engine.dialect.name == "postgresql":
-        return _advisory_lock(url, key, what), f"advisory lock {key}"
+        return _advisory_lock(url, key, what, statement_timeout_s), f"advisory lock {key}"
     path = lock_file_path(url, what)
     return _file_lock(path, engine), str(path)
 
 
 @contextlib.contextmanager
-def nightly_lock(engine: Engine) -> Iterator[LockHold]:
-    """Hold the nightly lock for the block; raise AlreadyRunningError when another run has it."""
-    held_lock, where = _lock(engine, ADVISORY_KEY, "nightly")
+def nightly_lock(engine: Engine, statement_timeout_s: float = STATEMENT_TIMEOUT_S
+                 ) -> Iterator[LockHold]:
+    """Hold the nightly lock for the block; raise AlreadyRunningError when another run has it.
+    On PostgreSQL its connection's statements are bounded by ``statement_timeout_s``."""
+    held_lock, where = _lock(engine, ADVISORY_KEY, "nightly", statement_timeout_s)
     with held_lock as hold:
         if hold is None:
             raise _refuse(engine)
@@ -439,10 +461,11 @@ def nightly_lock(engine: Engine) -> Iterator[LockHold]:
 
 
 @contextlib.contextmanager
-def scheduler_lock(engine: Engine) -> Iterator[LockHold]:
+def scheduler_lock(engine: Engine, statement_timeout_s: float = STATEMENT_TIMEOUT_S
+                   ) -> Iterator[LockHold]:
     """Hold the scheduler daemon's lock for the block (its life); AlreadyRunningError (exit 4)
-    when another daemon serves the same database."""
-    with _lock(engine, SCHEDULER_KEY, "scheduler")[0] as hold:
+    when another daemon serves the same database. Bounded as ``nightly_lock``'s."""
+    with _lock(engine, SCHEDULER_KEY, "scheduler", statement_timeout_s)[0] as hold:
         if hold is None:
             raise AlreadyRunningError("already running: another `nightdesk scheduler` serves "
                                       f"this database{_scheduler_holder(engine)}")

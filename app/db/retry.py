@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
@@ -90,11 +90,38 @@ def budget_s() -> float:
     return _budget.get()
 
 
+# The setting that bounds each PostgreSQL statement (app.db.engine.statement_timeout).
+BOUND = "NIGHTDESK_DB_STATEMENT_TIMEOUT_S"
+
+
+def mark_bound(error: BaseException, seconds: float) -> None:
+    """Record on a driver's error the statement timeout its connection ran under: the error
+    itself does not carry it, and ``said`` names it."""
+    with suppress(AttributeError):
+        error.nightdesk_bound_s = seconds  # type: ignore[attr-defined]
+
+
+def cancelled_at_bound(error: BaseException) -> str | None:
+    """Return the bound that PostgreSQL cancelled ``error``'s statement at (SQLSTATE 57014 in
+    its words, "statement timeout"), as the setting and its value; None for any other error."""
+    cause = getattr(error, "orig", None) or error
+    if getattr(cause, "sqlstate", None) != "57014" or "statement timeout" not in str(cause):
+        return None
+    seconds = getattr(cause, "nightdesk_bound_s", None)
+    return BOUND if seconds is None else f"{BOUND} ({seconds:g} s)"
+
+
+def said(error: BaseException | None) -> str:
+    """Return the error's first line, naming the setting and value that bound a statement
+    the server cancelled (its words name neither)."""
+    bound = None if error is None else cancelled_at_bound(error)
+    return first_line(error) + ("" if bound is None else f" ({bound})")
+
+
 def outage(what: str, error: BaseException) -> StorageOutage:
     """Return the error that stops a batch whose write ``what`` met ``error`` (transient)
     until its budget ran out: the ticker stays resumable, the reason is named."""
-    return StorageOutage(f"{what} within the write budget ({budget_s():g} s): "
-                         f"{first_line(error)}")
+    return StorageOutage(f"{what} within the write budget ({budget_s():g} s): {said(error)}")
 
 
 def _past_budget(state: tenacity.RetryCallState) -> bool:

@@ -40,7 +40,7 @@ from agents.graph import STATE_TYPES, thread_id
 from app.config import STATEMENT_TIMEOUT_S
 from app.db.engine import reason, statement_timeout
 from app.db.models import TickerRun
-from app.db.retry import aretrying, outage, transient
+from app.db.retry import aretrying, mark_bound, outage, transient
 from app.errors import DatabaseError
 from app.morning.summary import tickers_left
 from app.tasks import beside
@@ -57,11 +57,12 @@ class _Guarded(BaseCheckpointSaver[Any]):
 
     before_write: BeforeWrite | None = None
     calls: asyncio.TaskGroup | None = None  # open_checkpointer's: the connection's lifetime
+    statement_timeout_s: float | None = None  # its PostgreSQL pool's, for the stop's line
 
     async def _write(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         if self.before_write is not None:
             await self.before_write()
-        return await _retried("checkpoint not stored", fn, *args)
+        return await _retried("checkpoint not stored", self.statement_timeout_s, fn, *args)
 
     async def _own(self, call: Coroutine[Any, Any, T]) -> T:
         """Run ``call`` in a task of the saver's group (``calls``) and return its result; a
@@ -87,19 +88,24 @@ class _Guarded(BaseCheckpointSaver[Any]):
         await self._own(self._write(super().aput_writes, config, writes, task_id, task_path))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await self._own(_retried("checkpoint not read", super().aget_tuple, config))
+        return await self._own(_retried("checkpoint not read", self.statement_timeout_s,
+                                         super().aget_tuple, config))
 
     async def adelete_thread(self, thread_id: str) -> None:
         await self._own(aretrying(super().adelete_thread, thread_id))
 
 
-async def _retried(what: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Await ``fn`` under the write policy; past its budget, raise ``StorageOutage``."""
+async def _retried(what: str, bound_s: float | None, fn: Callable[..., Awaitable[T]],
+                   *args: Any) -> T:
+    """Await ``fn`` under the write policy; past its budget, raise ``StorageOutage`` (naming
+    the statement timeout ``bound_s`` where the server cancelled the statement at it)."""
     try:
         return await aretrying(fn, *args)
     except Exception as error:
         if not transient(error):
             raise
+        if bound_s is not None:
+            mark_bound(error, bound_s)
         # The database failed, not the ticker: its node stays unstored and runs again on
         # resume, so the ticker stops resumable instead of failing for good.
         raise outage(what, error) from error
@@ -196,6 +202,7 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
             await aretrying(pool.open, wait=True, timeout=30)
             closing.push_async_callback(pool.close)
             saver = GuardedPostgresSaver(pool, serde=serializer())
+            saver.statement_timeout_s = statement_timeout_s
             await aretrying(saver.setup)
         saver.before_write = before_write
         # Closed first, before the connection: its exit waits for every call handed to the

@@ -240,7 +240,8 @@ class NightlyDaemon:
         Holds the scheduler lock throughout: AlreadyRunningError (exit 4) at once when another
         daemon serves this database.
         """
-        with scheduler_lock(self.engine) as hold:  # a second daemon stops here, exit 4
+        # A second daemon stops here, exit 4.
+        with scheduler_lock(self.engine, self.settings.store.db_statement_timeout_s) as hold:
             self.heartbeat.hold = hold
             self.heartbeat.on_lost = self._lost_lock
             self._serve()

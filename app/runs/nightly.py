@@ -268,7 +268,8 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
 
     with contextlib.ExitStack() as held:
         try:
-            lock = held.enter_context(nightly_lock(engine))  # the database away: refused
+            lock = held.enter_context(nightly_lock(
+                engine, settings.store.db_statement_timeout_s))  # the database away: refused
             _orphans(settings, engine)
             as_of = request.as_of or default_as_of(settings)
             if skip_if_finished_since is not None:
@@ -375,7 +376,7 @@ def resume_recorded(settings: Settings, engine: Engine, batch_id: int | None = N
     again = retry_failed
     if batch_id is not None and resumable.pick(engine, batch_id)[1] != "nightly":
         return _resume(settings, engine, batch_id, server, announce, None, retry_failed=again)
-    with nightly_lock(engine) as lock:
+    with nightly_lock(engine, settings.store.db_statement_timeout_s) as lock:
         _orphans(settings, engine)
         target, kind = resumable.pick(engine, batch_id, retry_failed=again)
         if kind == "nightly":

@@ -38,8 +38,11 @@ from app.db.retry import (
     RETRY_BUDGET_S,
     aretrying,
     budget_s,
+    mark_bound,
+    outage,
     retried,
     retrying,
+    said,
     transient,
     write_budget,
 )
@@ -368,3 +371,27 @@ async def test_a_batch_write_budget_reaches_writes_decorated_at_import_and_their
             await asyncio.to_thread(write)  # the budget travels with the thread's context
     assert 10.0 - MAX_DELAY_S <= clock.now - 1000.0 <= 10.0
     assert budget_s() == RETRY_BUDGET_S  # outside the batch, the default again
+
+
+def _cancelled(sqlstate: str = "57014",
+               words: str = "canceling statement due to statement timeout") -> BaseException:
+    error = psycopg.errors.lookup(sqlstate)(words)
+    return OperationalError("UPDATE batches ...", {}, error)
+
+
+def test_a_statement_cancelled_at_its_bound_is_said_with_the_setting_and_its_value() -> None:
+    # PostgreSQL's words name neither the setting nor its value: the stop's line does. The
+    # engines mark each error with their bound (app.db.engine.bounded); unmarked, the
+    # setting alone; a cancel for another reason (an operator's pg_cancel_backend) is as is.
+    marked = _cancelled()
+    mark_bound(marked.orig, 2.5)  # type: ignore[attr-defined]
+    assert str(outage("checkpoint not stored", marked)) == (
+        "checkpoint not stored within the write budget (120 s): canceling statement due to "
+        "statement timeout (NIGHTDESK_DB_STATEMENT_TIMEOUT_S (2.5 s))")
+    assert said(_cancelled()) == ("canceling statement due to statement timeout "
+                                  "(NIGHTDESK_DB_STATEMENT_TIMEOUT_S)")
+    by_hand = _cancelled(words="canceling statement due to user request")
+    mark_bound(by_hand.orig, 2.5)  # type: ignore[attr-defined]
+    assert said(by_hand) == "canceling statement due to user request"
+    assert said(_cancelled("57P01", "terminating connection due to administrator command")) \
+        == "terminating connection due to administrator command"

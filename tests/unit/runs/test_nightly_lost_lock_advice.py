@@ -107,7 +107,7 @@ def night_losing_its_lock(monkeypatch: pytest.MonkeyPatch, demo_dir: Path,
         return Reply(default_reply(chat), delay_s=0.3)
 
     @contextlib.contextmanager
-    def losing_lock(engine: Engine) -> Iterator[locks.LockHold]:
+    def losing_lock(engine: Engine, *_bound: float) -> Iterator[locks.LockHold]:
         yield LosingHold(other)
 
     server = FakeServer(script, nodes=NODES, tickers=TICKERS)
