@@ -235,7 +235,7 @@ def report(
     chosen = batch_id if batch_id is not None else latest_batch_id(engine)
     # InputError (exit 2) for an unknown id
     head = batch_summary(engine, chosen, settings.batch.heartbeat_stale_s)
-    failed = failed_tickers(engine, chosen)
+    failed = failed_tickers(engine, chosen, dead=head.status == "crashed")
     advice = next_steps(engine, head, settings.batch.heartbeat_stale_s)
     result = batch_report(engine, chosen)
     view = server_view(engine, chosen)
