@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Annotated, Literal
 
 import typer
@@ -96,8 +97,10 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
         ("failed attempts", report.failed_attempts),
         ("prompt tokens", report.prompt_tokens),
         ("completion tokens", report.completion_tokens),
-        ("first call start", report.first_call_start),
-        ("last call end", report.last_call_end),
+        # As the batch's page shows them: to the second, in UTC; "—" when no call ran.
+        *((key, "—" if at is None else f"{at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC")
+          for key, at in (("first call start", report.first_call_start),
+                          ("last call end", report.last_call_end))),
         ("wall seconds", f"{report.wall_seconds:.1f}"),
         ("active seconds", f"{report.active_seconds:.1f}"),
         ("paused seconds", f"{report.paused_seconds:.1f} ({report.pauses} "
@@ -232,7 +235,7 @@ def report(
     chosen = batch_id if batch_id is not None else latest_batch_id(engine)
     # InputError (exit 2) for an unknown id
     head = batch_summary(engine, chosen, settings.batch.heartbeat_stale_s)
-    failed = failed_tickers(engine, chosen)
+    failed = failed_tickers(engine, chosen, dead=head.status == "crashed")
     advice = next_steps(engine, head, settings.batch.heartbeat_stale_s)
     result = batch_report(engine, chosen)
     view = server_view(engine, chosen)

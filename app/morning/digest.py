@@ -125,7 +125,7 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
         # A rerun with no night to apply it to changes no ranking: its few tickers beside
         # the night before would read as every other ticker "dropped".
         lines.extend(_change_lines(engine, ranked_id, ended or batch.kind == "rerun"))
-    failures = failed_tickers(engine, batch.id)
+    failures = failed_tickers(engine, batch.id, dead=batch.status == "crashed")
     for head, group in (("Failed", [f for f in failures if f.status == "failed"]),
                         ("Not finished", [f for f in failures if f.status != "failed"])):
         if group:

@@ -99,7 +99,8 @@ class NightCollector(Collector):
                  "missing": night.tickers_total - night.tickers_succeeded - night.tickers_failed}))
             families.append(_gauge("night_duration_seconds",
                                    "The latest night's start to end (to now while it runs, "
-                                   "to its last heartbeat once it died)",
+                                   "to the later of its last heartbeat and its last call's "
+                                   "end once it died)",
                                    night.duration_s))
             rate = throughput(self.engine, night.id)
             families.append(_gauge("night_output_tokens_per_second",

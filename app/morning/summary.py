@@ -31,6 +31,7 @@ from app.db.models import RESUMABLE_KINDS as RESUMABLE_KINDS
 
 # Ticker states that are no failure: done, or not reached yet by a batch still running.
 NOT_FAILED = ("succeeded", "queued", "running")
+DIED = "the batch's process died"  # a dead batch's unfinished ticker's error
 # Ticker states ``run --resume`` leaves as they are (the kinds of batch it takes: app/db).
 FINISHED_TICKER = ("succeeded", "failed")
 
@@ -283,17 +284,21 @@ def list_batches(engine: Engine, stale_s: float, limit: int = 20, kind: str | No
     return [summarize(row, stale_s, now, seen) for row in rows]
 
 
-def failed_tickers(engine: Engine, batch_id: int) -> list[FailedTicker]:
+def failed_tickers(engine: Engine, batch_id: int, dead: bool = False) -> list[FailedTicker]:
     """Return the batch's tickers that ended without a result, with the error recorded.
 
     Tickers still queued or running in a batch that runs are not failures and are left out.
+    In a ``dead`` one (it reads crashed, its row not marked yet) they are what the crashed
+    marking (``app.runs.resumable``) makes them: interrupted, because its process died.
     """
     with engine.connect() as conn:
         rows = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error)
                             .where(TickerRun.batch_id == batch_id,
-                                   TickerRun.status.not_in(NOT_FAILED))
+                                   TickerRun.status != "succeeded" if dead
+                                   else TickerRun.status.not_in(NOT_FAILED))
                             .order_by(TickerRun.ticker)).all()
-    return [FailedTicker(r.ticker, r.status, plain_error(r.error)) for r in rows]
+    return [FailedTicker(r.ticker, "interrupted", DIED) if r.status in NOT_FAILED
+            else FailedTicker(r.ticker, r.status, plain_error(r.error)) for r in rows]
 
 
 def tickers_left(conn: Connection, batch_id: int, retry_failed: bool = False) -> list[str]:

@@ -25,6 +25,7 @@ from app.db.lock import Runner, holder_gone
 from app.db.models import INFRASTRUCTURE, Batch, LLMCall, TickerRun, newest_first
 from app.errors import AlreadyRunningError, DatabaseError, InputError, NoNightYet
 from app.morning.summary import (
+    DIED,
     FINISHED_TICKER,
     RESUMABLE_KINDS,
     died_since,
@@ -263,7 +264,7 @@ def _crash(conn: Any, why: dict[int, str]) -> None:
     conn.execute(update(TickerRun)
                  .where(TickerRun.batch_id.in_(list(why)),
                         TickerRun.status.in_(("queued", "running")))
-                 .values(status="interrupted", error="the batch's process died"))
+                 .values(status="interrupted", error=DIED))
 
 
 @retry.retried

@@ -42,6 +42,7 @@ from app.morning.summary import (
     IsoDate,
     IsoDatetime,
     Seen,
+    failed_tickers,
     gone_reason,
     list_batches,
     plain_error,
@@ -461,17 +462,14 @@ def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView
     report = batch_report(engine, batch_id)  # raises InputError for an unknown id
     batch, seen = batch_row(engine, batch_id), Seen(engine)
     summary = summarize(batch, stale_after_s, engine=seen)
-    with engine.connect() as conn:
-        unfinished = conn.execute(select(TickerRun.ticker, TickerRun.status, TickerRun.error,
-                                         TickerRun.started_at)
-                                  .where(TickerRun.batch_id == batch_id,
-                                         TickerRun.status != "succeeded")
-                                  .order_by(TickerRun.ticker)).all()
     # While the batch runs, its running and queued tickers are under way, not failures. Once
-    # it is over (a crash leaves them marked running), every ticker not succeeded failed.
+    # it is dead (a crash leaves them marked running), they are interrupted, as `report` says.
     live = summary.status == "running"
-    failed = [t for t in unfinished if not (live and t.status in IN_FLIGHT)]
-    in_flight = [t for t in unfinished if live and t.status in IN_FLIGHT]
+    with engine.connect() as conn:
+        in_flight = conn.execute(select(TickerRun.ticker, TickerRun.status,
+                                        TickerRun.started_at)
+                                 .where(TickerRun.batch_id == batch_id,
+                                        TickerRun.status.in_(IN_FLIGHT))).all() if live else []
     order = graph_order(batch.settings or {})
     rank = {name: i for i, name in enumerate(order)}
     report.nodes.sort(key=lambda n: (rank.get(n.node, len(order)), n.node))
@@ -481,8 +479,7 @@ def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView
         server=server_view(engine, batch_id),
         series=series_view(engine, batch_id),
         over_time=batch_timeline(engine, batch_id),
-        failed_tickers=[FailedTicker(f.ticker, f.status, plain_error(f.error))
-                        for f in failed],
+        failed_tickers=failed_tickers(engine, batch_id, dead=summary.status == "crashed"),
         running_tickers=[RunningTicker(ticker=t.ticker, status=t.status,
                                        started_at=t.started_at)
                          for t in sorted(in_flight,

@@ -119,3 +119,24 @@ def test_a_running_batch_lists_no_running_ticker_as_failed(sqlite_engine: Engine
     with time_machine.travel(at(date(2026, 11, 29), 0, 21), tick=False):
         data = json.loads(run_cli("report", str(ids["night3"]), "--format", "json").stdout)
     assert data["batch"]["status"] == "running" and data["failed_tickers"] == []
+
+
+def test_report_gives_the_calls_start_and_end_in_utc_and_a_dash_when_none_ran(
+        sqlite_engine: Engine) -> None:
+    # A night refused or failed before its first call has no first call: "—", as every other
+    # missing figure, not Python's "None"; one that ran gives its first call's start and
+    # last call's end to the second, in UTC, as the batch's page does.
+    start = at(D3, 0, 10)
+    none_ran = add_night(sqlite_engine, D2, start, {"AAA": Rated(error="server gone")})
+    ran = add_night(sqlite_engine, D3, start, {"AAA": Rated("Buy", 0.5)}, calls=3)
+    env = {"COLUMNS": "200"}
+
+    def row(batch_id: int, key: str) -> list[str]:
+        out = run_cli("report", str(batch_id), env=env).stdout
+        [line] = [line for line in out.splitlines() if f" {key} " in line]
+        return [cell.strip() for cell in line.strip("│ ").split("│")]
+
+    assert row(none_ran, "first call start") == ["first call start", "—"]
+    assert row(none_ran, "last call end") == ["last call end", "—"]
+    assert row(ran, "first call start") == ["first call start", "2026-11-28 00:10:00 UTC"]
+    assert row(ran, "last call end") == ["last call end", "2026-11-28 00:10:03 UTC"]

@@ -8,9 +8,11 @@ The scheduler daemon's heartbeat row says DUE2 + 2 h. Scraped at DUE2 + 3 h.
 
 from __future__ import annotations
 
+import re
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -261,3 +263,21 @@ def test_a_running_night_reports_its_duration_so_far(sqlite_engine: Engine,
     assert got[("nightdesk_night_last_status", (("status", "running"),))] == 1
     # To now, as the pages and `nightdesk batches` give it, not to its heartbeat 30 s ago.
     assert got[("nightdesk_night_duration_seconds", ())] == (now - DUE2).total_seconds()
+
+
+def test_each_metrics_help_says_what_the_operations_table_says(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    # A dead night's duration ends at the later of its last heartbeat and its last call's end
+    # (``summary.last_alive``); the scrape's HELP, what a Prometheus user reads, said "to its
+    # last heartbeat", as before a night killed before its first beat was counted.
+    stored_nights(sqlite_engine)
+    with time_machine.travel(DUE2 + timedelta(hours=3), tick=False):
+        scrape = client.get("/metrics", auth=(USER, PASSWORD)).text
+    helps = {family.name: family.documentation
+             for family in text_string_to_metric_families(scrape)}
+    table = (Path(__file__).parents[3] / "docs" / "operations.md").read_text()
+    rows = dict(re.findall(r"^\| `(nightdesk_\w+)[^`]*` \| (.*) \|$", table, re.MULTILINE))
+    assert set(helps) <= set(rows), set(helps) - set(rows)
+    # Where both give the figure's span in parentheses, they give the same span.
+    said = re.search(r"\(to now while it runs, [^)]*\)", rows["nightdesk_night_duration_seconds"])
+    assert said is not None and said.group(0) in helps["nightdesk_night_duration_seconds"]

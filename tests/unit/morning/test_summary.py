@@ -177,3 +177,30 @@ def test_a_killed_batch_says_the_same_before_and_after_a_command_marks_it_crashe
     assert "marked crashed" in report.stderr  # the row was written
     assert f"  error: {before[1]}" in report.stdout.splitlines()
     assert said() == before
+
+
+def test_a_dead_nights_unfinished_tickers_read_interrupted_before_and_after_it_is_marked(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    # Killed with BBB running and CCC queued. Before any command marks the row, the page and
+    # the API listed them "running" and "queued" (under a night that reads crashed) and the
+    # digest listed neither, though it said "2 not finished"; `report` marks the row and then
+    # says "interrupted: the batch's process died". One account of them, before and after.
+    night = night_in_flight(sqlite_engine, beat_after_s=60)
+    died = [{"ticker": "BBB", "status": "interrupted", "error": "the batch's process died"},
+            {"ticker": "CCC", "status": "interrupted", "error": "the batch's process died"}]
+    now = START + timedelta(seconds=60 + 200)
+    with time_machine.travel(now, tick=False):
+        before = client.get(f"/api/batches/{night}", auth=(USER, PASSWORD)).json()
+        page = BeautifulSoup(client.get(f"/batches/{night}", auth=(USER, PASSWORD)).text,
+                             "html.parser")
+        digest = build_digest(sqlite_engine, load_settings(), night).message.body
+        report = json.loads(run_cli("report", str(night), "--format", "json",
+                                    env=ENV).stdout)
+        after = client.get(f"/api/batches/{night}", auth=(USER, PASSWORD)).json()
+    assert before["failed_tickers"] == died
+    assert [[td.get_text(strip=True) for td in tr.find_all("td")]
+            for tr in page.select("#failed tbody tr")] == [
+        ["BBB", "interrupted", "the batch's process died"],
+        ["CCC", "interrupted", "the batch's process died"]]
+    assert "Not finished (2):\n  2 tickers (BBB, CCC): the batch's process died" in digest, digest
+    assert report["failed_tickers"] == died and after["failed_tickers"] == died

@@ -375,3 +375,27 @@ def test_a_partial_night_whose_failures_reruns_redid_has_no_partial_banner(
     soup = page(client, "/")
     assert soup.find(id="banner") is None
     assert soup.find(id="night")["data-status"] == "partial"  # type: ignore[index]
+
+
+def test_a_stopped_nights_tickers_without_a_result_are_not_headed_failed(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    # A night stopped by SIGTERM: one ticker rated, one failed, two left "interrupted" (as
+    # ``store.finish_batch`` leaves them). `report` and the summary line call those two not
+    # finished; the page heads its list as `report` does, not "Failed tickers".
+    stopped = add_night(sqlite_engine, D2, DUE2,
+                        {"AAA": Rated("Buy", 0.7), "EEE": Rated(error="DataError: x"),
+                         "BBB": Rated(status="interrupted", error="stopped by SIGTERM"),
+                         "CCC": Rated(status="interrupted", error="stopped by SIGTERM")},
+                        status="interrupted", error="stopped by SIGTERM")
+    soup = page(client, f"/batches/{stopped}")
+    assert [text(tr.find("td")) for tr in soup.select("#failed tbody tr")] == [
+        "BBB", "CCC", "EEE"]
+    heading = text(soup.select_one("#failed").find_previous("h2"))
+    cli = run_cli("report", str(stopped), env=UTC_ENV).stdout
+    assert heading == "Tickers without a result"
+    assert "tickers without a result (3):" in cli
+    # A night whose every unrated ticker failed keeps the heading.
+    failed = add_night(sqlite_engine, D1, DUE1, {"AAA": Rated("Buy", 0.7),
+                                                 "EEE": Rated(error="DataError: x")})
+    assert text(page(client, f"/batches/{failed}").select_one("#failed")
+                .find_previous("h2")) == "Failed tickers"
