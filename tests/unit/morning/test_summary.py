@@ -83,18 +83,25 @@ def seen(engine: Engine, client: TestClient, batch_id: int, now: datetime
 def test_a_sigkilled_night_reads_crashed_everywhere_with_one_duration(
         sqlite_engine: Engine, client: TestClient) -> None:
     night = night_in_flight(sqlite_engine, beat_after_s=60)
-    now = START + timedelta(seconds=60 + 200)
-    views = seen(sqlite_engine, client, night, now)
+    # The digest too, from the same ``duration_s``: its end the last heartbeat.
+    crashed_with_one_duration(sqlite_engine, client, night,
+                              START + timedelta(seconds=60 + 200), 60.0)
+
+
+def crashed_with_one_duration(engine: Engine, client: TestClient, night: int,
+                              now: datetime, duration_s: float) -> None:
+    """Assert that at ``now`` every view, and the digest, read ``night`` crashed, lasting
+    ``duration_s``."""
+    views = seen(engine, client, night, now)
     assert {view: status for view, (status, _) in views.items()} == dict.fromkeys(
         views, "crashed")
     assert {view: duration for view, (_, duration) in views.items()
             if duration is not None} == dict.fromkeys(
         ["batches", "ranking", "/api/batches", "/api/batches/N", "/api/ranking", "/batches",
-         "/metrics", "report"], 60.0)
-    # The digest too, from the same ``duration_s``: its end the last heartbeat.
+         "/metrics", "report"], duration_s)
     with time_machine.travel(now, tick=False):
-        digest = build_digest(sqlite_engine, load_settings(), night).message.body
-    assert f"Duration: {span(60.0)};" in digest, digest
+        digest = build_digest(engine, load_settings(), night).message.body
+    assert f"Duration: {span(duration_s)};" in digest, digest
 
 
 def test_a_night_killed_before_its_first_heartbeat_lasts_until_its_last_call_ended(
@@ -108,17 +115,8 @@ def test_a_night_killed_before_its_first_heartbeat_lasts_until_its_last_call_end
                       status="running", calls=40)
     with sqlite_engine.begin() as conn:
         conn.execute(update(Batch).where(Batch.id == night).values(heartbeat_at=None))
-    now = START + timedelta(seconds=40 + 200)
-    views = seen(sqlite_engine, client, night, now)
-    assert {view: status for view, (status, _) in views.items()} == dict.fromkeys(
-        views, "crashed")
-    assert {view: duration for view, (_, duration) in views.items()
-            if duration is not None} == dict.fromkeys(
-        ["batches", "ranking", "/api/batches", "/api/batches/N", "/api/ranking", "/batches",
-         "/metrics", "report"], 40.0)
-    with time_machine.travel(now, tick=False):
-        digest = build_digest(sqlite_engine, load_settings(), night).message.body
-    assert f"Duration: {span(40.0)};" in digest, digest
+    crashed_with_one_duration(sqlite_engine, client, night,
+                              START + timedelta(seconds=40 + 200), 40.0)
     # ``report`` stored its end: the last call's, not its start.
     with sqlite_engine.connect() as conn:
         assert conn.execute(select(Batch.finished_at).where(Batch.id == night)).scalar_one() \
