@@ -5,12 +5,10 @@ Tonight (``TONIGHT``): 4 tickers at once, each one's analysts side by side for 8
 issued half-way. The night before ran the same calls k times quicker (k < 1: slower), on
 another server; in its ``dear`` form one analyst node kept the night before's latency within
 5 times tonight's, as a fixed cost or a prefill that a server change does not scale does
-(the 300-fold fake of docs/lab/2026-12-06-advice-outside-6.md: 0.19 s on one analyst, 3 ms on
-the chain's nodes). Before the fix, ``dear`` with k = 300 read 1.6-1.8 s from 15% to 60% of
-the night (51-24 s left) and k = 30 10-14 s: the pooled pace, weighed by the dear node, stood
-for the chain's nodes; every form read the night before's times before the first answer
-(k = 300: 0.2 s said, 54 s left; k = 1/300: 18,000 s). docs/lab/2026-12-06-eta-prior-mismatch.md
-has the tables.
+(0.19 s on one analyst, 3 ms on the chain's nodes, for k = 300). A pace pooled over every
+node, weighed by the dear one, must not stand for the chain's nodes, and the night before's
+times must not stand once tonight's calls show another server;
+docs/lab/2026-12-06-eta-prior-mismatch.md has the tables.
 """
 
 from __future__ import annotations
