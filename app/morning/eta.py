@@ -16,7 +16,10 @@ and until three chain calls have answered a chain call stands in at the analysts
 A night before on another server (a stage's pace ``FAR`` times the night before's or a
 ``FAR``th; before any answer, a call under way ``FAR`` times its node's longest then) prices
 each stage's calls left at the stage's own pace, in the first night's interval widened by
-its nodes' paces, and the ETA is *estimating* while a stage left has none yet.
+its nodes' paces, and the ETA is *estimating* while a stage left has none yet. Below that,
+while a stage left has no answer tonight, the interval spans a pace ``FAR`` times either way
+(uncalibrated); before any answer, a call under way past its node's longest call the night
+before lifts every node's pace to as many times.
 The interval is the estimate times ``RATIO`` (``RATIO_FIRST`` on a first night), measured
 on recorded nights' replays; ``LEVEL`` is the share of readings each held on nights left
 out, and the level it claims.
@@ -24,8 +27,8 @@ docs/operations.md ("One truth, two faces") states every rule;
 docs/lab/2026-12-05-eta-busy-shares.md, docs/lab/2026-12-05-eta-pace.md and
 docs/lab/2026-12-05-h100-eta-gated-night.md, docs/lab/2026-12-05-eta-gated-fair-test.md,
 docs/lab/2026-12-06-eta-chain-jump.md, docs/lab/2026-12-06-h100-eta-held-out.md,
-docs/lab/2026-12-06-eta-first-night.md and docs/lab/2026-12-06-eta-prior-mismatch.md
-measure it.
+docs/lab/2026-12-06-eta-first-night.md, docs/lab/2026-12-06-eta-prior-mismatch.md and
+docs/lab/2026-12-07-eta-below-far.md measure it.
 """
 
 from __future__ import annotations
@@ -100,7 +103,8 @@ class Reading:
     eta_high_s: float | None
     why: str = ESTIMATING  # why there is no ETA while eta_s is None (not stored)
     # The share of replayed readings the interval held (LEVEL); None: a rule no recorded
-    # night tested set it (another server), so the faces call it uncalibrated (not stored).
+    # night tested set it (another server, or a stage left unanswered tonight), so the faces
+    # call it uncalibrated (not stored).
     level: float | None = LEVEL
 
     @property
@@ -300,6 +304,14 @@ def _paces(own: dict[str, list[float]], before: dict[str, list[float]],
             for stage in stages for n in stage}
 
 
+def _outlasted(prior: Prior, steps: Sequence[Step], now: datetime) -> float:
+    """Return the most times a call under way has been ready as long as any call of its node
+    took from ready the night before (0: no node under way that the night before had): a
+    pace tonight's calls have at least, while none has answered."""
+    return max(((now - s.since).total_seconds() / max(prior.aged[n]) for s in steps
+                if s.since is not None for n in s.under_way if prior.aged.get(n)), default=0.0)
+
+
 def _unlike(prior: Prior, staged: dict[str, Spread | None], steps: Sequence[Step],
             now: datetime) -> bool:
     """Return whether tonight runs on another server than the night before, by its calls:
@@ -308,8 +320,7 @@ def _unlike(prior: Prior, staged: dict[str, Spread | None], steps: Sequence[Step
     under way ready ``FAR`` times longer than any of its node took from ready then."""
     if paces := [p[1] for p in staged.values() if p is not None]:
         return not all(1 / FAR < p < FAR for p in paces)
-    return any(s.since is not None and (now - s.since).total_seconds() > FAR * max(
-        prior.aged.get(n, [float("inf")])) for s in steps for n in s.under_way)
+    return _outlasted(prior, steps, now) > FAR
 
 
 def _in_flight(samples: Sequence[Any], calls: Sequence[Any]) -> float:
@@ -518,6 +529,12 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
                        if step.since is not None])
     own_shares = _shares(calls, shares)
     pace = _paces(own_shares, prior.shares, stages)
+    # Before any answer, a call under way past its node's longest call the night before says
+    # tonight is at least that much slower: every node at that pace, as the analysts' first
+    # answers will price them all (one pace for every node, until a stage is FAR apart).
+    lifted = 0.0 if unlike or any(staged.values()) else _outlasted(prior, steps, now)
+    if lifted > 1:
+        pace = dict.fromkeys(nodes, (lifted, lifted, lifted))
     share: dict[str, Spread] = {}
     for n in nodes:
         if n in prior.shares:
@@ -541,6 +558,8 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     # The chain: a node's latency now, else the night's, else the night before's × pace.
     recent = {n: v[-newest(v):] for n, v in took_all.items()}
     latency_pace = _paces(took_all, prior.took, stages)
+    if lifted > 1:
+        latency_pace = dict.fromkeys(nodes, (lifted, lifted, lifted))
     unknown = unlike and any(latency_pace[n] is None for s in steps for n in s.left
                              if n in prior.took)
     paced = {n: (p or (1.0, 1.0, 1.0))[1] for n, p in latency_pace.items()}
@@ -606,6 +625,14 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
         left = [p for s in steps for n in s.left if (p := latency_pace[n]) and p[1] > 0]
         ratio = (ratio[0] * min((p[0] / p[1] for p in left), default=1.0),
                  ratio[1] * max((p[2] / p[1] for p in left), default=1.0))
+    # A stage left that has no answer tonight goes at a pace the night before only guesses:
+    # on one server the recorded nights' stages kept within 0.33-3.06 of their night
+    # before's, and a stage may move up to FAR times apart before it counts as another
+    # server. The range spans that, and no recorded night calibrated it.
+    unpriced = bool(prior.shares) and not unlike and any(
+        staged[n] is None for s in steps for n in s.left if n in prior.took)
+    if unpriced:
+        ratio = ratio[0] / FAR, ratio[1] * FAR
     return Reading(now, expected, len(answered), len(calls),
                    int(sum(c.completion_tokens or 0 for c in calls)), tokens_left,
                    rates[0], rates[1], rates[2],
@@ -613,7 +640,7 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
                    longest, chain_s, low_s, high_s, eta_s,
                    None if eta_s is None else eta_s * ratio[0],
                    None if eta_s is None else eta_s * ratio[1], UNLIKE if unlike else ESTIMATING,
-                   None if unlike else LEVEL)
+                   None if unlike or unpriced else LEVEL)
 
 
 def record(engine: Engine, batch_id: int, found: Reading) -> None:

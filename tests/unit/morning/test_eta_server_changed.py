@@ -8,7 +8,9 @@ another server; in its ``dear`` form one analyst node kept the night before's la
 (0.19 s on one analyst, 3 ms on the chain's nodes, for k = 300). A pace pooled over every
 node, weighed by the dear one, must not stand for the chain's nodes, and the night before's
 times must not stand once tonight's calls show another server;
-docs/lab/2026-12-06-eta-prior-mismatch.md has the tables.
+docs/lab/2026-12-06-eta-prior-mismatch.md has the tables. Below ``FAR`` (1.5-3 times, every
+node's, the chain's or the analysts'): until a stage has answered, its range spans a pace
+``FAR`` times apart and is called uncalibrated; docs/lab/2026-12-07-eta-below-far.md.
 """
 
 from __future__ import annotations
@@ -27,19 +29,25 @@ NIGHT_S = 2 * LATENCY_S + len(CHAIN) * LATENCY_S
 CHAIN_BEGINS = 2 * LATENCY_S / NIGHT_S  # tonight's first answers (13%); the chain's at 20%
 MOMENTS = [0.05, 0.12, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97]
 PACES = [300, 30, 5, 1 / 5, 1 / 30, 1 / 300]
+BELOW_FAR = [1.5, 2, 3, 1 / 1.5, 1 / 2, 1 / 3]  # within FAR: the night before's server
+MOVED = {"uniform": [*ANALYSTS, *CHAIN], "chain": CHAIN, "analysts": list(ANALYSTS)}
+CHAIN_ANSWERED = CHAIN_BEGINS + LATENCY_S / NIGHT_S  # the chain's first answers: 20%
 
 
-def replay(engine: Engine, k: float, dear: bool) -> list[tuple[float, float, eta.Reading]]:
-    """Return (share of the night, seconds left, the reading) at each of ``MOMENTS``."""
-    before = {n: v / k for n, v in TONIGHT.items()}
+def replay(engine: Engine, k: float, dear: bool = False,
+           moved: str = "uniform") -> list[tuple[float, float, eta.Reading]]:
+    """Return (share of the night, seconds left, the reading) at each of ``MOMENTS`` and
+    10% of the night, the night before's ``moved`` nodes k times quicker."""
+    before = {n: v / k if n in MOVED[moved] else v for n, v in TONIGHT.items()}
     if dear:
         before[ANALYSTS[0]] = TONIGHT[ANALYSTS[0]] / (5 if k > 1 else 1 / 5)
     night(engine, 4, before, T0 - timedelta(days=1))
     batch_id, end = night(engine, 4, TONIGHT, T0, status="running")
     assert (end - T0).total_seconds() == NIGHT_S
-    moments = [T0 + timedelta(seconds=f * NIGHT_S) for f in MOMENTS]
+    shares = sorted([0.1, *MOMENTS])
+    moments = [T0 + timedelta(seconds=f * NIGHT_S) for f in shares]
     return [(f, (end - at).total_seconds(), eta.reading(engine, batch_id, at))
-            for f, at in zip(MOMENTS, moments, strict=True)]
+            for f, at in zip(shares, moments, strict=True)]
 
 
 @pytest.mark.parametrize("dear", [False, True], ids=["uniform", "one analyst dear"])
@@ -47,7 +55,7 @@ def replay(engine: Engine, k: float, dear: bool) -> list[tuple[float, float, eta
 def test_once_both_stages_answered_tonight_the_eta_is_tonights_pace_and_its_interval_holds(
         sqlite_engine: Engine, k: float, dear: bool) -> None:
     for f, left, found in replay(sqlite_engine, k, dear):
-        if f < CHAIN_BEGINS + LATENCY_S / NIGHT_S:
+        if f < CHAIN_ANSWERED:
             continue  # before the chain's first answer: the next test
         assert found.eta_s is not None, (f, found.estimating)
         assert abs(found.eta_s - left) <= 0.25 * left, (f, found.eta_s, left)
@@ -61,7 +69,7 @@ def test_once_both_stages_answered_tonight_the_eta_is_tonights_pace_and_its_inte
 def test_before_tonights_pace_is_known_it_says_estimating_not_a_confident_low_number(
         sqlite_engine: Engine, k: float, dear: bool) -> None:
     for f, left, found in replay(sqlite_engine, k, dear):
-        if f >= CHAIN_BEGINS + LATENCY_S / NIGHT_S:
+        if f >= CHAIN_ANSWERED:
             break
         outlasted = f * NIGHT_S > eta.FAR * 2 * LATENCY_S / k  # the cheapest analyst's
         if f >= CHAIN_BEGINS or (k > 1 and outlasted):
@@ -70,19 +78,22 @@ def test_before_tonights_pace_is_known_it_says_estimating_not_a_confident_low_nu
             # no stage that has not answered tonight.
             assert (found.eta_s, found.estimating) == (None, eta.UNLIKE), (f, found)
         else:
-            # Before, the night before's times stand: too high after a slower night; after
-            # a quicker one too low until a call outlasts its node's by FAR (only k = 5 at
-            # 5% here: 11 s said, 57 s left), a limit of the rule.
+            # Before, the night before's times stand, in a range called uncalibrated: too
+            # high after a slower night; after a quicker one too low until a call outlasts
+            # its node's by FAR (only k = 5 at 5% and 10% here: 21 s and 42 s said, 57 and
+            # 54 s left), the pace lifted as far as tonight's calls have outlasted it.
             assert found.eta_s is not None and (found.whole(found.eta_s) or 0) >= 1
-            assert found.eta_s > left if k < 1 else found.eta_s < left / eta.FAR, (f, found)
+            assert found.eta_s > left if k < 1 else found.eta_s < left, (f, found)
+            assert found.level is None, (f, found)
 
 
 def test_a_night_before_twice_as_slow_keeps_the_calibrated_interval(
         sqlite_engine: Engine) -> None:
     # Within FAR of the night before's pace the night before prices every node at the pooled
     # pace, in the calibrated interval, as on the recorded nights.
-    for _, _, found in replay(sqlite_engine, 1 / 2, dear=False)[3:]:
-        assert found.eta_s is not None and found.eta_low_s == found.eta_s * eta.RATIO[0]
+    for f, _, found in replay(sqlite_engine, 1 / 2, dear=False):
+        if f >= CHAIN_ANSWERED:  # both stages answered: each has a pace of its own
+            assert found.eta_s is not None and found.eta_low_s == found.eta_s * eta.RATIO[0]
 
 
 def test_the_night_status_every_face_reads_says_why(sqlite_engine: Engine) -> None:
@@ -114,3 +125,63 @@ def test_a_range_from_the_replays_names_their_level(sqlite_engine: Engine) -> No
     prog = nightstatus.progress(sqlite_engine, batch_id, T0 + timedelta(seconds=0.5 * NIGHT_S))
     assert prog.eta_level == eta.LEVEL
     assert f"({eta.LEVEL:.0%} interval:" in nightstatus.time_left(prog)
+
+
+@pytest.mark.parametrize("moved", MOVED)
+@pytest.mark.parametrize("k", BELOW_FAR, ids=[f"{k:.3g}x" for k in BELOW_FAR])
+def test_until_a_stage_answers_its_range_spans_a_pace_up_to_far_apart_uncalibrated(
+        sqlite_engine: Engine, k: float, moved: str) -> None:
+    # Before a stage's first answer tonight nothing says whether it kept the night before's
+    # pace: the range holds the time left, and no face calls it the replays' level.
+    for f, left, found in replay(sqlite_engine, k, moved=moved):
+        if f >= CHAIN_ANSWERED:
+            break
+        assert found.eta_s is not None and found.level is None, (f, found)
+        assert found.eta_low_s is not None and found.eta_high_s is not None
+        assert found.eta_low_s <= left <= found.eta_high_s, (f, left, found)
+
+
+@pytest.mark.parametrize("k", BELOW_FAR[:3], ids=[f"{k:g}x" for k in BELOW_FAR[:3]])
+def test_a_call_outlasting_its_nodes_the_night_before_lifts_the_pace_before_any_answer(
+        sqlite_engine: Engine, k: float) -> None:
+    # After a night before k times quicker, at 10% and 12% the analysts (8 s tonight) have
+    # been under way 6 and 7.2 s, past the 8/k s any took then: tonight is at least that
+    # much slower, and every node goes at that pace (before: -31% to -65%).
+    for f, left, found in replay(sqlite_engine, k):
+        if f in (0.1, 0.12):
+            assert found.eta_s is not None
+            assert abs(found.eta_s - left) <= 0.25 * left, (f, found.eta_s, left)
+
+
+@pytest.mark.parametrize("k", BELOW_FAR, ids=[f"{k:.3g}x" for k in BELOW_FAR])
+def test_a_change_alike_in_both_stages_is_priced_right_once_both_answered(
+        sqlite_engine: Engine, k: float) -> None:
+    for f, left, found in replay(sqlite_engine, k):
+        if f >= CHAIN_ANSWERED:
+            assert found.eta_s is not None and found.level == eta.LEVEL
+            assert abs(found.eta_s - left) <= 0.25 * left, (f, found.eta_s, left)
+            assert found.eta_low_s <= left <= found.eta_high_s  # type: ignore[operator]
+
+
+ONE_STAGE = (
+    "a change in one stage under FAR is priced at the pace pooled over both (the analysts' "
+    "calls weigh most), as on the recorded nights, where a pace per stage loses 12-13 "
+    "readings within 25% (docs/lab/2026-12-07-eta-below-far.md): the chain 3 times slower "
+    "than the night before's reads -57% at 20%, -36% at 50%, -24% at 90%")
+
+
+# The chain 1.5 times slower than the night before's (or the analysts 1.5 times quicker)
+# reads -25% at 20%, on the edge, and within it after: not among the cases that miss.
+ONE_STAGE_MISSES = [(k, moved) for k in BELOW_FAR for moved in ("chain", "analysts")
+                    if (k, moved) not in ((1.5, "chain"), (1 / 1.5, "analysts"))]
+
+
+@pytest.mark.xfail(strict=True, reason=ONE_STAGE)
+@pytest.mark.parametrize(("k", "moved"), ONE_STAGE_MISSES,
+                         ids=[f"{moved} {k:.3g}x" for k, moved in ONE_STAGE_MISSES])
+def test_a_change_in_one_stage_is_priced_within_a_quarter_once_both_answered(
+        sqlite_engine: Engine, k: float, moved: str) -> None:
+    for f, left, found in replay(sqlite_engine, k, moved=moved):
+        if f >= CHAIN_ANSWERED:
+            assert found.eta_s is not None
+            assert abs(found.eta_s - left) <= 0.25 * left, (f, found.eta_s, left)
