@@ -379,7 +379,8 @@ def show_changes(
     if fmt == "csv":
         # Flat: each row carries the night's DEMO mark, which JSON gives once.
         columns = ("ticker", "change", "previous_rating", "previous_score", "previous_rank",
-                   "rating", "score", "rank", "score_move", "why")
+                   "rating", "score", "rank", "score_move", "rerun_id", "previous_rerun_id",
+                   "why")
         echo_csv(({**{c: getattr(t, c) for c in columns}, "demo": found.demo}
                   for t in found.changes), (*columns, "demo"))
         return
