@@ -25,6 +25,7 @@ from agents.tickers import check_symbol, choose_tickers
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.signals import BatchInterrupted, run_batch
 from app.cli.common import (
+    MAX_TICKERS,
     Formats,
     batch_database,
     database,
@@ -154,7 +155,7 @@ def run(
     universe: Annotated[Path | None, typer.Option("--universe",
                                                   help="file: one ticker per line")] = None,
     as_of: AsOf = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, max=MAX_TICKERS,
                                               help="only the first N tickers")] = None,
     samples: Annotated[int | None, typer.Option(
         "--samples", min=1, max=32,
