@@ -15,18 +15,19 @@ from datetime import date, timedelta
 import pytest
 from sqlalchemy import Engine
 
-from app.cli import PIPE_CLOSED
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.night_rows import Rated, add_night, at
 
 TONIGHT = date(2026, 11, 27)
+PIPE_CLOSED = 141  # app.cli.PIPE_CLOSED, spelt out: the shell's status for SIGPIPE, 128 + 13
 # Every command that writes to stdout, in each of its formats.
 OUTPUT = [("ranking", "--format", fmt) for fmt in ("table", "json", "csv")] + [
     ("changes", "--format", fmt) for fmt in ("table", "json", "csv")] + [
     ("batches", "--format", fmt) for fmt in ("table", "json", "csv")] + [
     ("report", "--format", fmt) for fmt in ("table", "json")] + [
     ("plan", "--tickers", "10", "--format", fmt) for fmt in ("table", "json", "csv")] + [
-    ("quality", "samples", "--format", fmt) for fmt in ("table", "json")] + [
+    ("quality", "repro", "--batches", "1,2", "--format", fmt) for fmt in ("table", "json")] + [
+    ("report", "--compare", "1,2"),
     ("ranking", "--require-fresh"), ("--help",), ("ranking", "--help"), ("quality", "--help"),
     ("server", "command", "--profile", "cpu-tiny")]
 
