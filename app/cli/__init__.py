@@ -42,7 +42,7 @@ def _pipe_closes() -> Iterator[None]:
     except BrokenPipeError as error:
         raise _PipeClosed from error
     except SystemExit as exit_:
-        # rich's consoles (ours, typer's help) exit 1 on a closed pipe: told by its cause.
+        # typer's help console (rich's own) exits 1 on a closed pipe: told by its cause.
         if isinstance(exit_.__context__, BrokenPipeError):
             raise _PipeClosed from exit_.__context__
         raise
@@ -158,12 +158,9 @@ def _main() -> None:
 
 def _tell(line: str) -> None:
     """Print an error's line on stderr; one its reader closed leaves the error's exit code
-    as it is (rich would exit 1)."""
-    try:
+    as it is."""
+    with contextlib.suppress(BrokenPipeError):
         err.print(line, highlight=False, soft_wrap=True)
-    except SystemExit as exit_:
-        if not isinstance(exit_.__context__, BrokenPipeError):
-            raise
 
 
 def _usage_message(usage: ClickException) -> str:

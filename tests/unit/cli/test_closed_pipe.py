@@ -89,3 +89,13 @@ def test_the_real_process_exits_141_without_a_word_when_head_has_gone(
     assert child.wait(timeout=60) == PIPE_CLOSED, stderr
     assert "Traceback" not in stderr and "Exception ignored" not in stderr
     assert "error" not in stderr
+
+
+def test_a_closed_pipe_leaves_the_next_command_in_the_process_its_output(
+        sqlite_engine: Engine) -> None:
+    # rich's own answer to a closed pipe left the module's console quiet for good: in one
+    # process (a test session, the web's reruns) every later table came out empty.
+    _two_nights(sqlite_engine)
+    assert run_cli("ranking", stdout=ClosedPipe()).code == PIPE_CLOSED
+    after = run_cli("ranking")
+    assert after.code == 0 and "ranking of batch 2" in after.stdout, after.stderr
