@@ -7,6 +7,12 @@ and re-exports these classes, so callers import them from there or from here ali
 from __future__ import annotations
 
 
+def os_said(error: OSError | ValueError) -> str:
+    """Return what an error reading a file says, for a line that already names the file: an
+    OSError's reason alone ("Is a directory"), never "[Errno 21] …: '/path'" again."""
+    return (error.strerror if isinstance(error, OSError) and error.strerror else str(error))
+
+
 class PipelineError(Exception):
     """Base of every error the pipeline and its market data raise on purpose."""
 

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from agents.errors import InputError
+from agents.errors import InputError, os_said
 
 SYMBOL = re.compile(r"^[A-Z0-9.\-]{1,12}$")
 
@@ -61,7 +61,7 @@ def read_universe(path: Path | str, notes: list[str] | None = None) -> list[str]
     except FileNotFoundError:
         raise InputError(f"universe file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"cannot read universe file {path}: {error}") from None
+        raise InputError(f"cannot read universe file {path}: {os_said(error)}") from None
     symbols = []
     for number, line in enumerate(text.splitlines(), start=1):
         entry = line.split("#", 1)[0].strip()

@@ -584,6 +584,8 @@ def load_settings(**overrides: Any) -> Settings:
     The line names the setting (its environment variable) or the settings file at fault.
     """
     path = os.environ.get(CONFIG_ENV)
+    if path and Path(path).is_dir():
+        raise ConfigError(f"invalid setting {CONFIG_ENV}: {path} is a directory, not a TOML file")
     if path and not Path(path).is_file():
         raise ConfigError(f"invalid setting {CONFIG_ENV}: no such file {path}")
     try:

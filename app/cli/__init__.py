@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import re
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import typer
 from pydantic import ValidationError
 from rich.markup import escape
 from sqlalchemy.exc import DBAPIError
+from typer._click import Command, Context
 from typer._click.exceptions import BadParameter, ClickException, NoSuchOption
+from typer.core import TyperGroup
 
 from app.cli import batch, bench, data, db, notify, plan, quality, report, scheduler, server, web
 from app.cli.common import what_the_night_says
@@ -18,7 +25,57 @@ from app.db.engine import timed_out
 from app.errors import ERRORS, DatabaseError, NoNightYet, validation_said
 from serving.urls import redact
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+# A reader that closed the pipe early (`nightdesk ranking | head -1`): the exit status a shell
+# gives any Unix tool killed by SIGPIPE (128 + 13), as git and cat end. Apart from every
+# code of nightdesk's own (0-6, 130), and never 0: the output was cut short.
+PIPE_CLOSED = 141
+
+
+class _PipeClosed(Exception):
+    """stdout or stderr lost its reader. Not an OSError: typer turns an EPIPE into exit 1."""
+
+
+@contextlib.contextmanager
+def _pipe_closes() -> Iterator[None]:
+    try:
+        yield
+    except BrokenPipeError as error:
+        raise _PipeClosed from error
+    except SystemExit as exit_:
+        # typer's help console (rich's own) exits 1 on a closed pipe: told by its cause.
+        if isinstance(exit_.__context__, BrokenPipeError):
+            raise _PipeClosed from exit_.__context__
+        raise
+
+
+def one_line_helps(command: Command) -> None:
+    """Give ``command`` and every command under it a one-line summary: the first paragraph
+    of its help with the docstring's line breaks joined (typer's rich lists keep them)."""
+    if command.help and not command.short_help:
+        command.short_help = " ".join(command.help.split("\n\n")[0].split())
+    for sub in getattr(command, "commands", {}).values():
+        one_line_helps(sub)
+
+
+class _Cli(TyperGroup):
+    """The top-level group: every command's summary on one line, and a closed pipe met
+    anywhere (a help page included) raised as ``_PipeClosed`` for ``main``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        one_line_helps(self)
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Context:
+        with _pipe_closes():  # the top-level --help is printed here
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Context) -> Any:
+        with _pipe_closes():
+            return super().invoke(ctx)
+
+
+app = typer.Typer(cls=_Cli, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False,
                   help="Nightly multi-agent stock analysis on a co-located vLLM server.")
 app.add_typer(db.app, name="db")
 app.add_typer(data.app, name="data")
@@ -38,7 +95,36 @@ err = console(stderr=True)
 
 
 def main() -> None:
-    """Run the CLI; any of nightdesk's errors prints one line and exits with its code."""
+    """Run the CLI; any of nightdesk's errors prints one line and exits with its code; a
+    reader gone from stdout or stderr ends it quietly with PIPE_CLOSED, unless its own code
+    said more than success."""
+    try:
+        _main()
+    except SystemExit as exit_:
+        flushed = _flushed()  # also where a failure exits: else the interpreter's is 120
+        if exit_.code in (0, None) and not flushed:
+            sys.exit(PIPE_CLOSED)
+        raise
+    except (_PipeClosed, BrokenPipeError):  # also a line for stderr, told to a closed pipe
+        _flushed()
+        sys.exit(PIPE_CLOSED)
+
+
+def _flushed() -> bool:
+    """Flush stdout and stderr; False when one has lost its reader, which is then pointed at
+    the null device, so the interpreter's last flush does not print "Exception ignored"."""
+    flushed = True
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            flushed = False
+            with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    return flushed
+
+
+def _main() -> None:
     try:
         # Without standalone mode click returns a command's typer.Exit code instead of exiting.
         code = app(standalone_mode=False)
@@ -46,17 +132,16 @@ def main() -> None:
         # Escaped: the message may quote input with [brackets] that rich would eat; redacted:
         # it may quote a URL, password and all.
         said = str(error) + (what_the_night_says() if isinstance(error, NoNightYet) else "")
-        err.print(f"[bold red]error:[/] {escape(redact(said))}", highlight=False,
-                  soft_wrap=True)
+        _tell(f"[bold red]error:[/] {escape(redact(said))}")
         sys.exit(error.exit_code)
     except DBAPIError as error:
         bound = timed_out(error)  # a statement past its bound: one line, as DatabaseError
         if bound is None:
             raise
-        err.print(f"[bold red]error:[/] {escape(bound)}", highlight=False, soft_wrap=True)
+        _tell(f"[bold red]error:[/] {escape(bound)}")
         sys.exit(DatabaseError.exit_code)
     except KeyboardInterrupt:
-        err.print("interrupted")
+        _tell("interrupted")
         sys.exit(130)
     except typer.Abort:
         sys.exit(1)
@@ -66,10 +151,16 @@ def main() -> None:
         where = getattr(getattr(usage, "ctx", None), "command_path", None)
         hint = f" (see `{where} --help`)" if where else ""
         message = redact(" ".join(_usage_message(usage).split()))
-        err.print(f"[bold red]error:[/] {escape(message)}{hint}", highlight=False,
-                  soft_wrap=True)
+        _tell(f"[bold red]error:[/] {escape(message)}{hint}")
         sys.exit(usage.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _tell(line: str) -> None:
+    """Print an error's line on stderr; one its reader closed leaves the error's exit code
+    as it is."""
+    with contextlib.suppress(BrokenPipeError):
+        err.print(line, highlight=False, soft_wrap=True)
 
 
 def _usage_message(usage: ClickException) -> str:

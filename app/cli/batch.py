@@ -25,6 +25,7 @@ from agents.tickers import check_symbol, choose_tickers
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.signals import BatchInterrupted, run_batch
 from app.cli.common import (
+    MAX_TICKERS,
     Formats,
     batch_database,
     database,
@@ -154,7 +155,7 @@ def run(
     universe: Annotated[Path | None, typer.Option("--universe",
                                                   help="file: one ticker per line")] = None,
     as_of: AsOf = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, max=MAX_TICKERS,
                                               help="only the first N tickers")] = None,
     samples: Annotated[int | None, typer.Option(
         "--samples", min=1, max=32,
@@ -379,7 +380,8 @@ def show_changes(
     if fmt == "csv":
         # Flat: each row carries the night's DEMO mark, which JSON gives once.
         columns = ("ticker", "change", "previous_rating", "previous_score", "previous_rank",
-                   "rating", "score", "rank", "score_move", "why")
+                   "rating", "score", "rank", "score_move", "rerun_id", "previous_rerun_id",
+                   "why")
         echo_csv(({**{c: getattr(t, c) for c in columns}, "demo": found.demo}
                   for t in found.changes), (*columns, "demo"))
         return

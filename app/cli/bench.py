@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from app.cli.common import database, figures, setup, ticker_count, writable
+from app.cli.common import MAX_COUNT, database, figures, setup, ticker_count, writable
 from app.cli.logs import console
 from app.morning.numbers import number
 
@@ -41,14 +41,15 @@ def schedulers(
              "adaptive's tail rule and prefetching.")] = "fixed-3,sweep,fixed-all,adaptive",
     json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
     warmup: Annotated[int, typer.Option(
-        min=0, help="Tickers whose requests (short answers) warm the server up first, "
-                    "untimed; 0: none.")] = 1,
+        min=0, max=MAX_COUNT, help="Tickers whose requests (short answers) warm the server "
+                                   "up first, untimed; 0: none.")] = 1,
     plan: Annotated[bool, typer.Option(
         "--plan", help="Print the arms (the sweep worked out) and stop, running none.")]
         = False,
     repeat: Annotated[int, typer.Option(
-        min=1, help="Run every arm this many times, interleaved; verdicts use the means and "
-                    "test each adaptive arm's lead on the runs (Welch's t).")] = 1,
+        min=1, max=MAX_COUNT, help="Run every arm this many times, interleaved; verdicts "
+                                   "use the means and test each adaptive arm's lead on the "
+                                   "runs (Welch's t).")] = 1,
 ) -> None:
     """Drive one workload with several strategies against the running server; find the ceiling.
 
@@ -274,6 +275,7 @@ def combine(
     Runs of another code commit, host, server flags or number of endpoints are refused
     unless --allow-mixed.
     """
+    from agents.errors import os_said
     from app.bench.schedulers import check_result, combine_results
     from app.errors import InputError
 
@@ -284,7 +286,7 @@ def combine(
         try:
             loaded.append(json.loads(path.read_text()))
         except (OSError, ValueError) as error:
-            raise InputError(f"cannot read bench JSON {path}: {error}") from None
+            raise InputError(f"cannot read bench JSON {path}: {os_said(error)}") from None
         try:
             check_result(loaded[-1])
         except InputError as error:
@@ -295,10 +297,12 @@ def combine(
 
 @app.command("durability")
 def durability(
-    runs: Annotated[int, typer.Option(help="Pipeline runs per mode (interleaved).")] = 20,
+    runs: Annotated[int, typer.Option(
+        min=1, max=MAX_COUNT, help="Pipeline runs per mode (interleaved).")] = 20,
     pg_url: Annotated[str | None, typer.Option(
         help="Measure on this PostgreSQL database instead of a temporary SQLite file.")] = None,
     reply_chars: Annotated[int, typer.Option(
+        min=1, max=MAX_COUNT,
         help="Characters per node's answer (what each checkpoint carries).")] = 4000,
     json_out: Annotated[Path | None, typer.Option(help="Also write the figures here.")] = None,
 ) -> None:

@@ -34,6 +34,10 @@ TableOrJson = Annotated[Literal["table", "json"], typer.Option("--format")]
 # exchange's listings together. Unbounded, a count past float's range (10^400) ended in an
 # OverflowError inside the model, and a large one built a workload of that many tickers.
 MAX_TICKERS = 1_000_000
+# Any other count an option takes (batches listed, rows, runs, nights, days): past any real
+# one. Unbounded, 10^20 ended in a traceback ("Python int too large to convert to SQLite
+# INTEGER"); every whole-number option has both bounds (tests/unit/cli/test_option_bounds.py).
+MAX_COUNT = 1_000_000
 
 
 def ticker_count(help: str) -> Any:

@@ -10,10 +10,10 @@ from typing import Annotated
 import typer
 
 from agents.data import PROVIDERS, get_provider
-from agents.data.demo import DEFAULT_TICKERS, DEMO_AS_OF, demo_tickers, write_demo
+from agents.data.demo import COMPANIES, DEFAULT_TICKERS, DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.freeze import freeze as freeze_snapshot
 from agents.tickers import check_symbol, choose_tickers
-from app.cli.common import setup
+from app.cli.common import MAX_COUNT, setup
 from app.cli.logs import console
 from app.errors import DataError, InputError
 
@@ -40,7 +40,8 @@ def parse_as_of(text: str | None, default: date | None = None) -> date:
 @app.command()
 def demo(
     as_of: Annotated[str | None, typer.Option("--as-of", help="YYYY-MM-DD")] = None,
-    tickers: Annotated[int, typer.Option("--tickers", help="how many demo tickers")] = (
+    tickers: Annotated[int, typer.Option("--tickers", min=1, max=len(COMPANIES),
+                                                   help="how many demo tickers")] = (
         DEFAULT_TICKERS),
     out_dir: Annotated[Path | None, typer.Option("--out", help="default: data_dir")] = None,
 ) -> None:
@@ -64,7 +65,8 @@ def freeze(
     source_dir: Annotated[Path | None, typer.Option(
         "--source-dir", help="snapshot provider's directory (default: data_dir)")] = None,
     forward_days: Annotated[int, typer.Option(
-        "--forward-days", min=0, help="sessions after as-of to keep, for scoring")] = 60,
+        "--forward-days", min=0, max=MAX_COUNT,
+        help="sessions after as-of to keep, for scoring")] = 60,
 ) -> None:
     """Write a snapshot of TICKERS from any provider, so a night's inputs can be replayed."""
     settings = setup()
@@ -89,7 +91,8 @@ def show(
     as_of: Annotated[str | None, typer.Option("--as-of", help="YYYY-MM-DD")] = None,
     provider: Annotated[str | None, typer.Option("--provider", help=" | ".join(PROVIDERS))] = (
         None),
-    rows: Annotated[int, typer.Option("--rows", help="price rows to show")] = 20,
+    rows: Annotated[int, typer.Option("--rows", min=1, max=MAX_COUNT,
+                                                help="price rows to show")] = 20,
 ) -> None:
     """Print the data sections the analysts would see for TICKER."""
     from agents.data.render import (
@@ -103,7 +106,11 @@ def show(
     settings = setup()
     day = parse_as_of(as_of, DEMO_AS_OF)
     source = get_provider(provider or settings.agents.data_provider, settings.paths.data_dir)
-    bundle = source.load(check_symbol(ticker), day)
+    try:
+        bundle = source.load(check_symbol(ticker), day)
+    except DataError as error:
+        # The ticker or date asked for has no data: bad input (exit 2), as `run` refuses it.
+        raise InputError(str(error)) from None
     for section in (render_prices(bundle, max_rows=rows), render_indicators(bundle),
                     render_fundamentals(bundle), render_news(bundle), render_social(bundle)):
         out.print(section, markup=False)

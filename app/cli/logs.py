@@ -7,6 +7,7 @@ Every log line, structlog's and the standard library's, passes through
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 from typing import Any, Literal
@@ -55,12 +56,20 @@ class _RedactFilter(logging.Filter):
 UNWRAPPED_WIDTH = 100_000
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Raise the closed pipe for ``app.cli.main`` to end the command (exit 141). rich's
+        own would exit 1 (a failed batch's code) and leave the console quiet for the rest of
+        the process (the daemon's, a test's)."""
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+
 def console(*, stderr: bool = False) -> Console:
     """Return a rich Console for a command's lines and tables: the terminal's width on a
     terminal, no wrapping anywhere else; no highlighting (the text is the command's own)."""
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else UNWRAPPED_WIDTH
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+    return _Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
 
 
 def configure_logging(fmt: Literal["auto", "console", "json"] = "auto",

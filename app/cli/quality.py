@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 
 from agents.decision import RATINGS
 from agents.tickers import check_symbol
-from app.cli.common import TableOrJson, database, echo_json, figures, setup
+from app.cli.common import MAX_COUNT, TableOrJson, database, echo_json, figures, setup
 from app.cli.data import parse_as_of
 from app.cli.logs import console
 from app.errors import InputError
@@ -284,7 +284,7 @@ def _nights_table(horizons: list[HorizonRecord]) -> Table:
 @app.command("track")
 def track_command(
     nights: Annotated[int | None, typer.Option(
-        "--nights", min=1, help="the last N nights (default: every night)")] = None,
+        "--nights", min=1, max=MAX_COUNT, help="the last N nights (default: every night)")] = None,
     since: Annotated[str | None, typer.Option(
         "--since", help="nights with an as-of date on or after YYYY-MM-DD")] = None,
     horizon: Annotated[str, typer.Option(

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from app.bench.plan import NightBound, night_bound
 from app.cli.common import (
+    MAX_COUNT,
     Formats,
     TableOrJson,
     database,
@@ -295,7 +296,8 @@ BATCH_COLUMNS = ("id", "kind", "status", "as_of", "tickers", "failed", "duration
 
 
 def batches(
-    limit: Annotated[int, typer.Option("--limit", min=1, help="the newest N batches")] = 20,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=MAX_COUNT,
+                                            help="the newest N batches")] = 20,
     kind: Annotated[Literal["nightly", "rerun"] | None, typer.Option(
         "--kind", help="only nightly batches or only reruns")] = None,
     fmt: Formats = "table",

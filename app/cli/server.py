@@ -29,7 +29,8 @@ ProfileOpt = Annotated[
     str | None, typer.Option("--profile", "-p", help="server profile (default: settings)")
 ]
 PortOpt = Annotated[
-    int | None, typer.Option("--port", help="port (default: from NIGHTDESK_LLM_BASE_URL)")
+    int | None, typer.Option("--port", min=1, max=65535,
+                              help="port (default: from NIGHTDESK_LLM_BASE_URL)")
 ]
 
 
@@ -41,10 +42,11 @@ RouterOpt = Annotated[bool, typer.Option(
     "--router", help="with --gpus: also start vllm-router (pip install 'nightdesk[router]') "
                      "in front of the servers, and point nightdesk at it")]
 RouterPortOpt = Annotated[int | None, typer.Option(
-    "--router-port", help="the router's port (default: the one after the last server's)")]
+    "--router-port", min=1, max=65535,
+    help="the router's port (default: the one after the last server's)")]
 
 ModelOpt = Annotated[str | None, typer.Option(help="checkpoint folder or HF id")]
-StartTimeoutOpt = Annotated[float, typer.Option(help="seconds to wait for /health")]
+StartTimeoutOpt = Annotated[float, typer.Option(min=0, help="seconds to wait for /health")]
 ArgOpt = Annotated[list[str] | None, typer.Option(
     "--arg", help="override a profile server argument: FLAG=VALUE (repeatable), "
                   "e.g. --arg enable-prefix-caching=false")]
@@ -242,7 +244,7 @@ def _print_facts(facts: dict[str, object]) -> None:
 @app.command("stop")
 def stop(
     profile: ProfileOpt = None,
-    timeout: Annotated[float, typer.Option(help="seconds before SIGKILL")] =
+    timeout: Annotated[float, typer.Option(min=0, help="seconds before SIGKILL")] =
     launcher.DEFAULT_STOP_TIMEOUT_S,
 ) -> None:
     """Stop the server, and every one started per GPU (SIGTERM, then SIGKILL after the timeout)."""

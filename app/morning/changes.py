@@ -73,6 +73,10 @@ class TickerChange:
     why: str  # one line: the nodes whose views moved most, or why it is new or dropped
     moved: list[NodeMove] = field(default_factory=list)
     previous_contradicting: int = 0  # the night before's samples outside their score band
+    # The applied rerun (an operator's `nightdesk rerun`) a night's rating came from; None:
+    # the night's own. ``why`` says so first.
+    rerun_id: int | None = None
+    previous_rerun_id: int | None = None
 
     @property
     def rating_changed(self) -> bool:
@@ -288,6 +292,10 @@ def _pair(engine: Engine, now: RankRow | None, before: RankRow | None, ticker: s
         why = f"not finished in batch #{night.id} ({now.status}): no rating yet"
     else:
         why = ""
+    rerun_id = now.batch_id if now is not None and now.batch_id != night.id else None
+    previous_rerun_id = (before.batch_id if before is not None and before.batch_id != earlier.id
+                         else None)
+    why = "; ".join(filter(None, [_rerun_note(rerun_id, previous_rerun_id), why]))
     moved_score = (None if not (_rated(now) and _rated(before))
                    else round((now.score or 0.0) - (before.score or 0.0), 4))  # type: ignore[union-attr]
     return TickerChange(
@@ -298,4 +306,12 @@ def _pair(engine: Engine, now: RankRow | None, before: RankRow | None, ticker: s
         previous_rating=before.rating if before else None,
         previous_score=before.score if before else None,
         change=change, score_move=moved_score, why=why, moved=moves[:MOVED_NODES],
-        previous_contradicting=before.contradicting if before else 0)
+        previous_contradicting=before.contradicting if before else 0, rerun_id=rerun_id,
+        previous_rerun_id=previous_rerun_id)
+
+
+def _rerun_note(rerun_id: int | None, previous_rerun_id: int | None) -> str:
+    """Say which of the two ratings an applied rerun gave, not the night itself."""
+    said = [f"{when}rating from rerun #{batch}" for batch, when in (
+        (rerun_id, ""), (previous_rerun_id, "previous ")) if batch]
+    return " and ".join(said)

@@ -28,7 +28,9 @@ OTHER_FOLDERS = {
 # Behaviours that span a package's modules, so that no module's name would say what they test.
 BEHAVIOURS = {
     "bench": {"sims": "the benches of tests/bench/ run from a checkout (no app module)"},
-    "cli": {"advised_commands": "every command nightdesk's own words advise, from all modules"},
+    "cli": {"advised_commands": "every command nightdesk's own words advise, from all modules",
+            "closed_pipe": "every command's output to a reader gone (the group of app/cli/)",
+            "help": "every command's help, its docstring in each module"},
     "morning": {"latest_night": "the one order of nights (app.db.models.nights_newest_first) that "
                                 "every reader of the latest night uses: ranking, status, pages"},
     "quality": {

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 import typer
+from typer._click import Command
 
 from app.cli import app
 from tests.unit.support.clirun import run_cli
@@ -69,6 +70,49 @@ def test_a_refused_option_value_is_one_line_in_nightdesks_words(argv: list[str])
     assert repr(value) in line, line  # the value given, quoted, so the operator sees it
     for wording in ("Value error", "Input should be", "Assertion failed", "unable to parse"):
         assert wording not in line, line
+    assert result.stdout == ""
+
+
+# Numbers a command checks itself, with a line of its own (finite, above 0).
+CHECKED_IN_CODE = {"bench schedulers --scale", "bench schedulers --output-scale"}
+
+
+def _numbers(command: Command, path: str = "") -> list[tuple[str, object, object, object]]:
+    """Return (command and option, type, min, max) of every int or float option typer
+    checks itself (not those with a parser of their own: batch ids, dates)."""
+    found = []
+    for param in command.params:
+        described = param.type_descriptor  # type: ignore[attr-defined]
+        if described.annotation in (int, float) and described.parameter_info.parser is None:
+            found.append((f"{path} {param.opts[0]}".strip(), described.annotation, param.min,
+                          param.max))  # type: ignore[attr-defined]
+    for name, sub in getattr(command, "commands", {}).items():
+        found += _numbers(sub, f"{path} {name}".strip())
+    return found
+
+
+def test_every_number_option_has_a_floor_and_every_whole_number_a_ceiling() -> None:
+    # Unbounded, `batches --limit 99999999999999999999` reached SQLite (a traceback),
+    # `server command --port -1` printed a command that cannot work, and a negative
+    # --timeout or --rows was taken: 18 options lacked a bound.
+    numbers = _numbers(typer.main.get_command(app))
+    assert len(numbers) > 20  # the walk reached the subcommands
+    assert [name for name, kind, low, high in numbers
+            if (low is None or (kind is int and high is None))
+            and name not in CHECKED_IN_CODE] == []
+
+
+@pytest.mark.parametrize("argv", [
+    ("batches", "--limit", "99999999999999999999"),  # was a traceback (SQLite INTEGER)
+    ("server", "command", "--port", "-1"),  # was a command printed, exit 0
+    ("data", "show", "ALPH.DEMO", "--rows", "-5"),  # was "last 0 of 240 sessions", exit 0
+], ids=" ".join)
+def test_a_number_past_its_bounds_is_refused_before_the_command_runs(
+        argv: tuple[str, ...]) -> None:
+    result = run_cli(*argv)
+    assert result.code == 2, result.stdout
+    [line] = result.stderr.splitlines()
+    assert line.startswith("error: ") and argv[-2] in line, line
     assert result.stdout == ""
 
 

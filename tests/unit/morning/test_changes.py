@@ -22,6 +22,7 @@ from agents.data.demo import demo_tickers, write_demo
 from app.morning.changes import NodeMove, compare_nights, stance, why_line
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.night_rows import SETTINGS, Rated, add_night, at, table
+from tests.unit.support.webclient import AUTH, web_client
 
 D1, D2 = date(2026, 11, 26), date(2026, 11, 27)
 BEAR = table(trend="bearish", momentum="bearish", volume="neutral")
@@ -284,3 +285,29 @@ def test_the_why_line_docs_quote_is_what_the_code_says() -> None:
                      NodeMove(node="bear_r1", before=-0.75, after=-0.25)], measured=True)
     assert said == "moved most: news bearish→bullish (+1.50), bear_r1 (+0.50)"
     assert f"`{said}`" in " ".join(docs.split())
+
+
+def test_a_move_from_an_applied_rerun_says_so_on_every_surface(sqlite_engine: Engine) -> None:
+    # Night 1 failed BBB and an operator's rerun rated it Hold; night 2 rated AAA Hold, a
+    # rerun then Sell. Both moves are the reruns' ratings, not the nights': each says whose.
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Buy", 0.6),
+                                                 "BBB": Rated(error="DataError: x")})
+    before = add_night(sqlite_engine, D1, at(D2, 3, 0), {"BBB": Rated("Hold", 0.0)},
+                       kind="rerun")
+    add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10),
+              {"AAA": Rated("Hold", 0.1), "BBB": Rated("Buy", 0.7)})
+    now = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 3, 0),
+                    {"AAA": Rated("Sell", -0.6)}, kind="rerun")
+    said = {"AAA": f"rating from rerun #{now}", "BBB": f"previous rating from rerun #{before}"}
+    as_json = {c["ticker"]: c for c in json.loads(
+        run_cli("changes", "--format", "json").stdout)["changes"]}
+    rows = {r["ticker"]: r for r in csv.DictReader(io.StringIO(
+        run_cli("changes", "--format", "csv").stdout))}
+    shown = run_cli("changes", env={"COLUMNS": "250"}).stdout
+    with web_client(sqlite_engine) as client:
+        page = client.get("/", auth=AUTH).text
+    for ticker, words in said.items():
+        assert as_json[ticker]["why"].startswith(words) and rows[ticker]["why"].startswith(words)
+        assert words in shown and words in page
+    assert (as_json["AAA"]["rerun_id"], as_json["AAA"]["previous_rerun_id"]) == (now, None)
+    assert (rows["BBB"]["rerun_id"], rows["BBB"]["previous_rerun_id"]) == ("", str(before))

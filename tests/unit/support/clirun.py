@@ -32,9 +32,11 @@ class CliResult:
                 if line.strip() and not line.startswith("note: ")]
 
 
-def run_cli(*argv: str, env: dict[str, str] | None = None) -> CliResult:
-    """Run ``nightdesk ARGV`` with extra environment ``env``; return its code and output."""
-    out, err = io.StringIO(), io.StringIO()
+def run_cli(*argv: str, env: dict[str, str] | None = None,
+            stdout: io.StringIO | None = None) -> CliResult:
+    """Run ``nightdesk ARGV`` with extra environment ``env``; return its code and output.
+    ``stdout``: the stream it writes to (a closed pipe's stand-in, say)."""
+    out, err = stdout or io.StringIO(), io.StringIO()
     get_settings.cache_clear()
     code: int | str | None = 0
     with (mock.patch.dict(os.environ, env or {}), mock.patch.object(sys, "argv",
