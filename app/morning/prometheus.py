@@ -122,7 +122,7 @@ class NightCollector(Collector):
             return []  # estimating: no number is made up (the page: "estimating… (why)")
         level = prog.eta_level if prog.eta_low_s is not None and prog.eta_high_s is not None \
             else None
-        bounds = {"estimate": prog.eta_s} if level is None else {
+        bounds: dict[str, float | None] = {"estimate": prog.eta_s} if level is None else {
             "estimate": prog.eta_s, "low": prog.eta_low_s, "high": prog.eta_high_s}
         return [family for family in (
             _labelled("night_eta_seconds", "The running night's time left (estimate) and, "
