@@ -52,7 +52,7 @@ def test_a_night_whose_row_is_held_past_the_stale_bound_reads_running_then_kille
         engine = get_engine(url)
         dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         settings = load_settings(database_url=url, heartbeat_stale_s=STALE_S,
-                                 schedule_timezone="UTC")
+                                 heartbeat_interval_s=0.5, schedule_timezone="UTC")
 
         def answered() -> int | None:
             with engine.connect() as conn:
@@ -69,14 +69,14 @@ def test_a_night_whose_row_is_held_past_the_stale_bound_reads_running_then_kille
             try:
                 wait_for(lambda: beat_age_s() > STALE_S + 1, 30, "its heartbeat to go stale")
                 with web_client(engine, settings=settings) as client:
-                    said = every_surface(engine, client, batch_id, STALE_S, env)
+                    said = every_surface(engine, client, batch_id, settings, env)
                     assert set(said.values()) == {"running"}, said
                     assert beat_age_s() > STALE_S  # all read while its row was held
                     assert night.poll() is None  # and the night lived on
                     night.kill()
                     night.wait()
                     held.release()  # (a command that marks it need not wait on the row)
-                    said = every_surface(engine, client, batch_id, STALE_S, env)
+                    said = every_surface(engine, client, batch_id, settings, env)
             finally:
                 held.release()
         finally:

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, insert
 from sqlalchemy.orm import Session
 
+from app.config import load_settings
 from app.db.models import Batch, LLMCall, TickerRun
 from app.morning import nightstatus
 from app.runs.resumable import mark_stale_crashed
@@ -54,7 +55,7 @@ def test_a_night_whose_heartbeat_is_held_up_but_whose_calls_go_on_reads_running_
         sqlite_engine: Engine, client: TestClient) -> None:
     # Its heartbeat 5 min old (stale after 2), its last call 5 s ago: it lives.
     night = _night(sqlite_engine, beat_age_s=300, call_age_s=5)
-    said = every_surface(sqlite_engine, client, night, STALE_S)
+    said = every_surface(sqlite_engine, client, night, load_settings())
     assert set(said.values()) == {"running"}, said
     # No "no word from the night": its calls are word from it.
     prog = nightstatus.progress(sqlite_engine, night)
@@ -65,7 +66,7 @@ def test_a_night_whose_calls_stopped_too_reads_crashed_everywhere(
         sqlite_engine: Engine, client: TestClient) -> None:
     # The same night, its last call as old as its heartbeat's stale bound allows and more.
     night = _night(sqlite_engine, beat_age_s=300, call_age_s=130)
-    said = every_surface(sqlite_engine, client, night, STALE_S)
+    said = every_surface(sqlite_engine, client, night, load_settings())
     assert said.pop("running list") == "absent" and said.pop("running_night") == "none"
     assert set(said.values()) == {"crashed"}, said
 

@@ -9,7 +9,7 @@ import json
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 
-from app.config import load_settings
+from app.config import Settings
 from app.db.models import Batch, TickerRun
 from app.morning import nightstatus
 from app.morning.advice import running_night
@@ -20,11 +20,11 @@ from tests.unit.support.clirun import run_cli
 from tests.unit.support.webclient import AUTH
 
 
-def every_surface(engine: Engine, client: TestClient, night: int, stale_s: float,
+def every_surface(engine: Engine, client: TestClient, night: int, settings: Settings,
                   env: dict[str, str] | None = None) -> dict[str, str]:
     """Return the status of nightly batch ``night`` (the latest night) as each surface gives
-    it, read with ``heartbeat_stale_s`` ``stale_s`` (the CLI's: ``env``'s)."""
-    settings = load_settings(heartbeat_stale_s=stale_s)
+    it, read with ``settings`` (the client's and the CLI's, ``env``'s, alike)."""
+    stale_s = settings.batch.heartbeat_stale_s
     with engine.connect() as conn:
         ticker = conn.execute(select(TickerRun.ticker).where(TickerRun.batch_id == night)
                               .limit(1)).scalar_one()
