@@ -25,8 +25,8 @@ from agents.data.demo import demo_tickers
 from app.config import load_settings
 from app.db.engine import get_engine
 from app.db.models import Batch, LLMCall
+from tests.dbfaults import RowHeld
 from tests.integration.conftest import private_database
-from tests.integration.test_statement_timeout_postgres import RowHeld
 from tests.integration.tied import popen
 from tests.integration.unattended import ROOT, wait_for
 from tests.unit.support.fault_night import QUICK_ENV
