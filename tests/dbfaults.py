@@ -251,3 +251,20 @@ async def run_freeing_the_disk_at_the_stop(runner: BatchEngine, plan: BatchPlan 
             return await runner.run(plan)
         finally:
             freeing.cancel()
+
+
+class RowHeld:
+    """Another session holding a batch row (``SELECT ... FOR UPDATE``) until ``release`` or
+    ``seconds`` later: an UPDATE of that row waits on it."""
+
+    def __init__(self, dsn: str, batch_id: int, seconds: float) -> None:
+        self.holder: psycopg.Connection[Any] | None = psycopg.connect(dsn, connect_timeout=5)
+        self.holder.execute("SELECT 1 FROM batches WHERE id = %s FOR UPDATE", (batch_id,))
+        self.timer = threading.Timer(seconds, self.release)
+        self.timer.start()
+
+    def release(self) -> None:
+        self.timer.cancel()
+        holder, self.holder = self.holder, None
+        if holder is not None:
+            holder.close()

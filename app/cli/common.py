@@ -23,6 +23,7 @@ from app.db.readonly import refuses_writes
 from app.errors import InputError
 from app.morning.advice import advise
 from app.morning.nightstatus import night_status
+from app.morning.summary import Seen
 from app.runs.checkpoints import check_checkpoints
 from app.runs.resumable import mark_stale_crashed
 
@@ -91,15 +92,18 @@ def batch_database(settings: Settings) -> Engine:
     return engine
 
 
-def mark_crashed(engine: Engine, stale_s: float, *, read_only_ok: bool = False) -> None:
+def mark_crashed(engine: Engine, stale_s: float, *, read_only_ok: bool = False,
+                 seen: Seen | None = None) -> None:
     """Mark batches whose process died crashed, each with a note and its next step on stderr.
 
     ``read_only_ok`` (read commands): a database that takes no writes is read as is, and a
-    note says what was left out; otherwise its error is raised.
+    note says what was left out; otherwise its error is raised. ``seen``: the command's
+    (``app.morning.summary.Seen``), so that it reads the nightly lock once.
     """
     err = console(stderr=True)
+    seen = seen or Seen(engine)
     try:
-        crashed = mark_stale_crashed(engine, stale_s)
+        crashed = mark_stale_crashed(engine, stale_s, seen)
     except DBAPIError as error:
         if not (read_only_ok and refuses_writes(error)):
             raise
@@ -108,7 +112,7 @@ def mark_crashed(engine: Engine, stale_s: float, *, read_only_ok: bool = False) 
                   f" writes now ({reason(error)})", markup=False)
         return
     for batch_id in crashed:
-        steps = advise(engine, batch_id, stale_s)
+        steps = advise(engine, batch_id, stale_s, seen)
         err.print(f"note: batch {batch_id} had no heartbeat for over {stale_s:.0f} s: marked "
                   f"crashed" + (f" ({escape(steps)})" if steps else ""))
 

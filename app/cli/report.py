@@ -44,6 +44,7 @@ from app.morning.serverview import BOUND_NAMES, LOOKUPS_SLACK, ServerView, serve
 from app.morning.summary import (
     BatchSummary,
     FailedTicker,
+    Seen,
     batch_summary,
     failed_tickers,
     list_batches,
@@ -224,8 +225,10 @@ def report(
     """Print a batch's calls, tokens, batch throughput, the server's view and node latency."""
     settings = setup()
     engine = database(settings)
-    # A batch whose process died is reported as what it is, not as still running.
-    mark_crashed(engine, settings.batch.heartbeat_stale_s, read_only_ok=True)
+    # A batch whose process died is reported as what it is, not as still running. One
+    # reading of the nightly lock and the calls' ends for the whole command (``Seen``).
+    seen = Seen(engine)
+    mark_crashed(engine, settings.batch.heartbeat_stale_s, read_only_ok=True, seen=seen)
     if compare is not None:
         arms = [compare_arm(engine, i) for i in parse_batch_ids(compare, what="--compare")]
         if fmt == "json":
@@ -235,9 +238,9 @@ def report(
         return
     chosen = batch_id if batch_id is not None else latest_batch_id(engine)
     # InputError (exit 2) for an unknown id
-    head = batch_summary(engine, chosen, settings.batch.heartbeat_stale_s)
+    head = batch_summary(engine, chosen, settings.batch.heartbeat_stale_s, seen)
     failed = failed_tickers(engine, chosen, dead=head.status == "crashed")
-    advice = next_steps(engine, head, settings.batch.heartbeat_stale_s)
+    advice = next_steps(engine, head, settings.batch.heartbeat_stale_s, seen)
     result = batch_report(engine, chosen)
     view = server_view(engine, chosen)
     shares = endpoint_shares(engine, chosen)

@@ -17,7 +17,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
@@ -67,6 +67,12 @@ class Runner(BaseModel, frozen=True):
         stat = _stat(os.getpid())
         return cls(host=socket.gethostname(), pid=os.getpid(), started=stat and stat[1],
                    pidns=_pid_namespace())
+
+    def lock_name(self, what: str = "nightly") -> str:
+        """Return the ``application_name`` of the connection on which this process holds
+        the lock ``what`` (PostgreSQL): how a reader of ``pg_locks`` knows the lock's holder
+        is the runner a batch row records (``NightlyLockView.holder_active_at``)."""
+        return f"nightdesk {what} {self.pid}@{self.host}"[:63]  # NAMEDATALEN - 1
 
     @classmethod
     def of(cls, settings: dict[str, Any] | None) -> Runner | None:
@@ -197,30 +203,54 @@ def holder_gone(engine: Engine, batch: Any, stale_s: float) -> str | None:
 
 class NightlyLockView:
     """Whether a session holds the nightly lock on PostgreSQL (``pg_locks``, read without
-    taking it), with the server's start: read once, at first need, in one query however many
-    batches a request asks ``run_gone`` of. None engine, or SQLite: nothing to read."""
+    taking it), which process holds it and when its session last ran a statement
+    (``pg_stat_activity``), with the server's start: read once, at first need, in one query
+    however many batches a request asks of it. None engine, or SQLite: nothing to read."""
 
     def __init__(self, engine: Engine | None) -> None:
         self.engine = engine if engine is not None and engine.dialect.name == "postgresql" \
             else None
-        self._read: tuple[bool, datetime] | None = None
+        self._read: tuple[bool, datetime, str | None, datetime | None] | None = None
 
-    def free_since(self) -> datetime | None:
-        """Return the server's start when no session holds the lock; None while one does."""
+    def _reading(self) -> tuple[bool, datetime, str | None, datetime | None]:
         assert self.engine is not None
         if self._read is None:
             unsigned = ADVISORY_KEY & 0xFFFF_FFFF_FFFF_FFFF  # pg_locks splits a bigint in two
             with self.engine.connect() as conn:
-                held, up_since = conn.execute(text(
-                    "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND granted"
-                    " AND database = (SELECT oid FROM pg_database"
+                # quiet: seconds since the holder's session last ran a statement (0 while it
+                # runs one), on the server's clock; NULL where this role may not read it.
+                held, up_since, name, quiet = conn.execute(text(
+                    "SELECT h.held IS NOT NULL, pg_postmaster_start_time(),"
+                    " h.application_name, h.quiet FROM (SELECT 1) AS one LEFT JOIN ("
+                    "SELECT true AS held, a.application_name, CASE WHEN a.state = 'active'"
+                    " THEN 0.0 ELSE EXTRACT(EPOCH FROM clock_timestamp()"
+                    " - greatest(a.query_start, a.state_change))::float8 END AS quiet"
+                    " FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid"
+                    " WHERE l.locktype = 'advisory' AND l.granted"
+                    " AND l.database = (SELECT oid FROM pg_database"
                     " WHERE datname = current_database())"
-                    " AND classid::bigint = :high AND objid::bigint = :low AND objsubid = 1),"
-                    " pg_postmaster_start_time()"),
+                    " AND l.classid::bigint = :high AND l.objid::bigint = :low"
+                    " AND l.objsubid = 1 LIMIT 1) AS h ON true"),
                     {"high": unsigned >> 32, "low": unsigned & 0xFFFF_FFFF}).one()
-            self._read = (bool(held), up_since)
-        held, up_since = self._read
+            active = None if quiet is None else datetime.now(UTC) - timedelta(seconds=quiet)
+            self._read = (bool(held), up_since, name, active)
+        return self._read
+
+    def free_since(self) -> datetime | None:
+        """Return the server's start when no session holds the lock; None while one does."""
+        held, up_since, _, _ = self._reading()
         return None if held else up_since
+
+    def holder_active_at(self, runner: Runner) -> datetime | None:
+        """Return when the lock's holder last ran a statement, on this reader's clock, if
+        it is ``runner`` (its ``lock_name``); None when no session holds the lock, another
+        does, or this role may not read the holder's activity (not the same role, nor
+        pg_read_all_stats). A live night's holder beats on its lock's connection at every
+        heartbeat, even one that cannot land (app/batch/engine.py, ``LockHold.beat``)."""
+        if self.engine is None:
+            return None
+        held, _, name, active = self._reading()
+        return active if held and name == runner.lock_name() else None
 
 
 def run_gone(lock: NightlyLockView | None, kind: str, settings: dict[str, Any] | None,
@@ -306,13 +336,14 @@ class _AdvisoryHold(LockHold):
     """
 
     def __init__(self, url: str, key: int = ADVISORY_KEY,
-                 statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> None:
+                 statement_timeout_s: float = STATEMENT_TIMEOUT_S, what: str = "nightly") -> None:
         super().__init__()
         self._key = key
         # Its own engine and connection: a pooled one could be handed to other work, or
         # recycled, and a session-level lock goes wherever its connection goes.
         self._engine = bounded(create_engine(url, poolclass=NullPool, connect_args={
-            "connect_timeout": 5, "options": statement_timeout(statement_timeout_s)}),
+            "connect_timeout": 5, "options": statement_timeout(statement_timeout_s),
+            "application_name": Runner.current().lock_name(what)}),
             statement_timeout_s)
         self._conn: Connection | None = None
 
@@ -420,7 +451,7 @@ def _file_lock(path: Path, engine: Engine) -> Iterator[LockHold | None]:
 @contextlib.contextmanager
 def _advisory_lock(url: str, key: int, what: str,
                    statement_timeout_s: float) -> Iterator[LockHold | None]:
-    hold = _AdvisoryHold(url, key, statement_timeout_s)
+    hold = _AdvisoryHold(url, key, statement_timeout_s, what)
     try:
         held = hold.take()
     except Exception as error:

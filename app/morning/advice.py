@@ -27,9 +27,7 @@ from app.morning.summary import (
     Seen,
     batch_summary,
     failed_tickers,
-    gone_reason,
     rerun_since,
-    status_of,
     tickers_left,
 )
 
@@ -47,7 +45,7 @@ class Advice:
 
 def next_steps(engine: Engine, batch: BatchSummary, stale_s: float,
                seen: Seen | None = None) -> list[Advice]:
-    """Return the commands that fit ``batch`` (its status as ``summary.status_of`` says,
+    """Return the commands that fit ``batch`` (its status as ``summary.Seen.status`` says,
     with ``stale_s``, ``heartbeat_stale_s``).
 
     A nightly batch or rerun that no longer runs and has tickers ``run --resume`` takes up:
@@ -111,21 +109,22 @@ def first_night(settings: Settings) -> list[Advice]:
 
 
 def running_night(engine: Engine, stale_s: float, seen: Seen | None = None) -> int | None:
-    """Return the newest nightly batch that runs (``status_of``), if any."""
+    """Return the newest nightly batch that runs (``Seen.status``), if any."""
     now, seen = datetime.now(UTC), seen or Seen(engine)
     with engine.connect() as conn:
         rows = conn.execute(select(Batch.id, Batch.heartbeat_at, Batch.started_at, Batch.settings)
                             .where(Batch.kind == "nightly", Batch.status == "running")
                             .order_by(Batch.id.desc())).all()
-    return next((int(row.id) for row in rows if status_of(
-        "running", row.heartbeat_at, row.started_at, stale_s, now,
-        gone_reason(seen, "running", "nightly", row.settings, row.heartbeat_at,
-                    row.started_at)) == "running"), None)
+    return next((int(row.id) for row in rows if seen.status(
+        row.id, "running", "nightly", row.settings, row.heartbeat_at, row.started_at, stale_s,
+        now)[0] == "running"), None)
 
 
-def advise(engine: Engine, batch_id: int, stale_s: float) -> str:
-    """Return ``next_steps`` of batch ``batch_id`` as one clause ("" when none fits)."""
-    steps = next_steps(engine, batch_summary(engine, batch_id, stale_s), stale_s)
+def advise(engine: Engine, batch_id: int, stale_s: float, seen: Seen | None = None) -> str:
+    """Return ``next_steps`` of batch ``batch_id`` as one clause ("" when none fits);
+    ``seen``: the request's, where it has one."""
+    seen = seen or Seen(engine)
+    steps = next_steps(engine, batch_summary(engine, batch_id, stale_s, seen), stale_s, seen)
     return "; ".join(f"`{step.command}` {step.does}" for step in steps)
 
 

@@ -29,7 +29,13 @@ from app.morning.advice import next_steps
 from app.morning.changes import TickerChange, compare_nights
 from app.morning.nightstatus import span
 from app.morning.ranking import RankRow, ranking
-from app.morning.summary import BatchSummary, FailedTicker, batch_summary, failed_tickers
+from app.morning.summary import (
+    BatchSummary,
+    FailedTicker,
+    Seen,
+    batch_summary,
+    failed_tickers,
+)
 from app.notify import Level, Message, send
 
 log = structlog.get_logger(__name__)
@@ -97,7 +103,8 @@ def _more(lines: list[str], hint: str) -> list[str]:
 
 def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
     """Build the digest of a nightly batch or rerun from its stored rows."""
-    batch = batch_summary(engine, batch_id, settings.batch.heartbeat_stale_s)
+    seen = Seen(engine)  # the nightly lock read once for the whole digest
+    batch = batch_summary(engine, batch_id, settings.batch.heartbeat_stale_s, seen)
     night_id = batch.id if batch.kind == "nightly" else _night_of(engine, batch)
     ended = batch.status in FINISHED_STATUSES
     rate = throughput(engine, batch.id)
@@ -112,7 +119,7 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
              f"{span(rate.active_seconds)} of calls{_paused(rate)}); {calls_said(rate)}"]
     # What the ranking shows beside the night: its universe's notes (a ticker left out).
     lines.extend(f"Universe note: {note}" for note in batch.notes)
-    steps = next_steps(engine, batch, settings.batch.heartbeat_stale_s)
+    steps = next_steps(engine, batch, settings.batch.heartbeat_stale_s, seen)
     lines.extend(_more([f"Next: {step}" for step in steps], f"nightdesk report {batch.id}"))
     rows_of_rerun: list[str] = []
     if batch.kind == "rerun":

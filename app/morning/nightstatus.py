@@ -132,20 +132,24 @@ def _night(summary: BatchSummary) -> NightBatch:
     return NightBatch(**summary.model_dump(include=set(NightBatch.__dataclass_fields__)))
 
 
-def silence(batch: Any, now: datetime) -> str | None:
-    """Return "no word from the night for N s" when a running batch has missed
+def silence(batch: Any, now: datetime, alive_at: datetime | None = None) -> str | None:
+    """Return "no word from the night for N s" when a running batch has given no sign of
+    life (its heartbeat, else its start; ``alive_at``: ``Seen.alive_at``'s) for
     ``QUIET_BEATS`` heartbeats (at the interval it recorded), else None: work may be going
     on, but no one can say, so no time left is shown as if it were."""
-    beat = batch.heartbeat_at or batch.started_at
+    beat = max((moment for moment in (batch.heartbeat_at or batch.started_at, alive_at)
+                if moment is not None), default=None)
     every = (batch.settings or {}).get("heartbeat_interval_s") or BEAT_S
     quiet = 0.0 if beat is None else (now - beat).total_seconds()
     return (f"unknown: no word from the night for {span(quiet)}"
             if quiet > QUIET_BEATS * every else None)
 
 
-def progress(engine: Engine, batch_id: int, now: datetime | None = None) -> Progress:
+def progress(engine: Engine, batch_id: int, now: datetime | None = None,
+             seen: Seen | None = None) -> Progress:
     """Return a batch's progress from its rows; the ETA as ``BatchProgress`` reads it, none
-    while the night is silent (``silence``)."""
+    while the night is silent (``silence``, its signs of life read of ``seen``, the
+    request's where it has one)."""
     now = now or datetime.now(UTC)
     with engine.connect() as conn:
         batch = conn.execute(select(Batch).where(Batch.id == batch_id)).one()
@@ -156,7 +160,8 @@ def progress(engine: Engine, batch_id: int, now: datetime | None = None) -> Prog
     elapsed = (now - batch.started_at).total_seconds() if batch.started_at else 0.0
     found = eta.reading(engine, batch_id, now)
     calls = (batch.tickers_total, found.calls_done, found.calls_expected, round(elapsed))
-    silent = silence(batch, now)
+    silent = silence(batch, now, (seen or Seen(engine)).alive_at(
+        batch.id, batch.kind, batch.settings))
     if silent is not None:
         return Progress(done, batch.tickers_failed, running, *calls, None, estimating=silent)
     return Progress(done, batch.tickers_failed, running, *calls,
@@ -253,8 +258,8 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     """Return the latest night's status against the ranking of batch ``ranked_id``.
 
     ``ranked_id`` is the batch the ranking shows (None: there is no ranking). Each batch's
-    status is ``app.morning.summary.status_of``'s: one still marked running whose heartbeat is older
-    than ``heartbeat_stale_s`` is ``crashed``, as everywhere else.
+    status is ``app.morning.summary.Seen.status``'s: one still marked running with no sign of
+    life for ``heartbeat_stale_s`` is ``crashed``, as everywhere else.
     """
     now = now or datetime.now(UTC)
     due_at, next_due_at = due_times(nightly_trigger(settings), now)
@@ -269,7 +274,7 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     if latest is not None:
         status = latest.status if latest.status in STATUSES else "running"
         if status == "running":
-            prog = progress(engine, latest.id, now)
+            prog = progress(engine, latest.id, now, seen)
     missed = (due_at is not None
               and now >= due_at + timedelta(seconds=settings.schedule.start_grace_s)
               and (latest is None or latest.created_at < due_at) and status != "running")

@@ -109,20 +109,29 @@ class NightCollector(Collector):
             families.append(_gauge("night_paused_seconds",
                                    "The latest night's pauses: time between its calls with "
                                    "none in flight (a resume's wait)", rate.paused_seconds))
-        families.append(self._eta(status))
+        families.extend(self._eta(status))
         return [family for family in families if family is not None]
 
     @staticmethod
-    def _eta(status: NightStatus) -> GaugeMetricFamily | None:
-        """The running night's time left and its interval (``eta``); absent otherwise."""
+    def _eta(status: NightStatus) -> list[GaugeMetricFamily]:
+        """The running night's time left and its interval (``eta``), the interval's ends
+        only with the level they held (an uncalibrated range, level None, is none: every
+        other face says "uncalibrated range"); absent otherwise."""
         prog = status.progress
         if status.status != "running" or prog is None or prog.eta_s is None:
-            return None  # estimating: no number is made up (the page: "estimating… (why)")
-        return _labelled("night_eta_seconds", "The running night's time left (estimate) and "
-                         "its interval's ends (low, high); absent while estimating (a first "
-                         "night before its first answered call)", "bound",
-                         {"estimate": prog.eta_s, "low": prog.eta_low_s,
-                          "high": prog.eta_high_s})
+            return []  # estimating: no number is made up (the page: "estimating… (why)")
+        level = prog.eta_level if prog.eta_low_s is not None and prog.eta_high_s is not None \
+            else None
+        bounds: dict[str, float | None] = {"estimate": prog.eta_s} if level is None else {
+            "estimate": prog.eta_s, "low": prog.eta_low_s, "high": prog.eta_high_s}
+        return [family for family in (
+            _labelled("night_eta_seconds", "The running night's time left (estimate) and, "
+                      "where calibrated, its interval's ends (low, high); absent while "
+                      "estimating (a first night before its first answered call)", "bound",
+                      bounds),
+            _gauge("night_eta_interval_level", "The share of replayed readings the running "
+                   "night's ETA interval held (low to high); absent with no interval or an "
+                   "uncalibrated range (no low, high)", level)) if family is not None]
 
 
 def _labelled(name: str, doc: str, label: str, values: dict[str, float | None]

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, computed_field
 from sqlalchemy import Connection, Engine, Select, and_, func, or_, select
 
-from app.db.lock import NightlyLockView, run_gone
+from app.db.lock import NightlyLockView, Runner, run_gone
 from app.db.models import (
     INFRASTRUCTURE,
     Batch,
@@ -37,20 +37,23 @@ FINISHED_TICKER = ("succeeded", "failed")
 
 
 def status_of(status: str, heartbeat_at: datetime | None, started_at: datetime | None,
-              stale_s: float, now: datetime, gone: str | None = None) -> str:
+              stale_s: float, now: datetime, gone: str | None = None,
+              alive_at: datetime | None = None) -> str:
     """Return a batch's status as every command, page and message names it.
 
     The stored status, except that a batch still marked ``running`` is ``crashed`` when its
-    process is known gone (``gone``: ``app.db.lock.run_gone``'s reason, at once) or its
-    heartbeat (else its start) is older than ``stale_s`` (``heartbeat_stale_s``); the next
-    start marks it so (``app.runs.resumable``).
+    process is known gone (``gone``: ``app.db.lock.run_gone``'s reason, at once) or its last
+    sign of life is older than ``stale_s`` (``heartbeat_stale_s``): the later of its
+    heartbeat (else its start) and ``alive_at`` (``Seen.alive_at``: its last call's end, its
+    lock's holder's last statement), so a night whose heartbeat is held up but that still
+    works reads running. The next start marks a dead one so (``app.runs.resumable``).
     """
     if status != "running":
         return status
     if gone is not None:
         return "crashed"
-    beat = heartbeat_at or started_at
-    if beat is not None and (now - beat).total_seconds() > stale_s:
+    signs = [moment for moment in (heartbeat_at or started_at, alive_at) if moment is not None]
+    if signs and (now - max(signs)).total_seconds() > stale_s:
         return "crashed"
     return status
 
@@ -75,8 +78,9 @@ def last_alive(started_at: datetime | None, heartbeat_at: datetime | None,
 
 class Seen:
     """What summaries read beyond their batches' rows, each read once however many batches
-    one request shows: the nightly lock (``NightlyLockView``, for ``run_gone``) and each
-    batch's last usage row's end (``last_alive``)."""
+    one request shows: the nightly lock (``NightlyLockView``: for ``run_gone``, and its
+    holder's last statement) and each batch's last usage row's end (``last_alive``).
+    ``status`` is the one reading of a batch's status that every surface makes."""
 
     def __init__(self, engine: Engine | None) -> None:
         self.engine = engine
@@ -99,16 +103,34 @@ class Seen:
         self.read_ends([batch_id])
         return self._ends.get(batch_id)
 
+    def alive_at(self, batch_id: int, kind: str, settings: dict[str, Any] | None
+                 ) -> datetime | None:
+        """Return the batch's last sign of life besides its heartbeat: the later of its last
+        call's end (a call ends only in a live process) and, for a nightly batch whose
+        runner holds the nightly lock, that holder's last statement (it tries its heartbeat
+        on the lock's connection even while the batch row is held: PostgreSQL, where this
+        role may read it). None: neither is known."""
+        runner = Runner.of(settings)
+        signs = [self.last_call_at(batch_id),
+                 self.lock.holder_active_at(runner)
+                 if kind == "nightly" and runner is not None else None]
+        return max((moment for moment in signs if moment is not None), default=None)
 
-def gone_reason(seen: Engine | Seen | None, status: str, kind: str,
-                settings: dict[str, Any] | None, heartbeat_at: datetime | None,
-                started_at: datetime | None) -> str | None:
-    """Return ``run_gone``'s reason for a batch stored as ``running`` (None for any other
-    status): the ``gone`` that ``status_of`` takes. One ``Seen`` given to each batch of a
-    request reads the nightly lock once."""
-    if status != "running":
-        return None
-    return run_gone(Seen.of(seen).lock, kind, settings, heartbeat_at or started_at)
+    def status(self, batch_id: int, status: str, kind: str, settings: dict[str, Any] | None,
+               heartbeat_at: datetime | None, started_at: datetime | None, stale_s: float,
+               now: datetime) -> tuple[str, str | None]:
+        """Return a batch's status (``status_of``) and, where it reads ``crashed`` while its
+        row says ``running``, why: its process gone (``run_gone``), else no sign of life
+        for ``stale_s``. The signs beyond the heartbeat are read only when it is stale."""
+        if status != "running":
+            return status, None
+        beat = heartbeat_at or started_at
+        gone = run_gone(self.lock, kind, settings, beat)
+        alive_at = None
+        if gone is None and beat is not None and (now - beat).total_seconds() > stale_s:
+            alive_at = self.alive_at(batch_id, kind, settings)
+        read = status_of(status, heartbeat_at, started_at, stale_s, now, gone, alive_at)
+        return read, None if read == status else gone or died_since(beat)
 
 
 def duration_s(started_at: datetime | None, finished_at: datetime | None,
@@ -240,12 +262,9 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None,
     now = now or datetime.now(UTC)
     settings = batch.settings or {}
     seen = Seen.of(engine)
-    gone = gone_reason(seen, batch.status, batch.kind, settings, batch.heartbeat_at,
-                       batch.started_at)
-    status = status_of(batch.status, batch.heartbeat_at, batch.started_at, stale_s, now, gone)
-    error = plain_error(batch.error)
-    if status != batch.status:
-        error = gone or died_since(batch.heartbeat_at or batch.started_at)
+    status, why = seen.status(batch.id, batch.status, batch.kind, settings, batch.heartbeat_at,
+                              batch.started_at, stale_s, now)
+    error = why or plain_error(batch.error)
     return BatchSummary(
         id=batch.id, kind=batch.kind, label=batch.label, status=status,
         as_of=batch.as_of, created_at=batch.created_at, started_at=batch.started_at,
@@ -263,9 +282,11 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None,
         notes=list(settings.get("universe_notes") or []))
 
 
-def batch_summary(engine: Engine, batch_id: int, stale_s: float) -> BatchSummary:
-    """Return one batch's summary; InputError when there is no such batch."""
-    return summarize(batch_row(engine, batch_id), stale_s, engine=engine)
+def batch_summary(engine: Engine, batch_id: int, stale_s: float, seen: Seen | None = None
+                  ) -> BatchSummary:
+    """Return one batch's summary; InputError when there is no such batch. ``seen``: the
+    request's, where it has one."""
+    return summarize(batch_row(engine, batch_id), stale_s, engine=seen or engine)
 
 
 def list_batches(engine: Engine, stale_s: float, limit: int = 20, kind: str | None = None

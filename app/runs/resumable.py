@@ -28,7 +28,7 @@ from app.morning.summary import (
     DIED,
     FINISHED_TICKER,
     RESUMABLE_KINDS,
-    died_since,
+    Seen,
     last_alive,
     last_calls,
     tickers_left,
@@ -207,18 +207,26 @@ def has_tickers_left(engine: Engine, batch_id: int) -> bool:
 
 
 @retry.retried
-def mark_stale_crashed(engine: Engine, stale_s: float) -> list[int]:
-    """Mark ``running`` batches whose heartbeat is older than ``stale_s`` crashed; return ids."""
-    cutoff = datetime.now(UTC) - timedelta(seconds=stale_s)
-    with engine.begin() as conn:
-        # Typed as the column, so the driver's value reads back as the stored moment.
-        beat = func.coalesce(Batch.heartbeat_at, Batch.started_at,
-                             type_=Batch.__table__.c.heartbeat_at.type)
-        stale = dict(conn.execute(select(Batch.id, beat).where(Batch.status == "running",
-                                                                beat < cutoff)).tuples().all())
-        if stale:
-            _crash(conn, {batch_id: died_since(at) for batch_id, at in stale.items()})
-    return [int(i) for i in stale]
+def mark_stale_crashed(engine: Engine, stale_s: float, seen: Seen | None = None) -> list[int]:
+    """Mark ``running`` batches whose heartbeat is older than ``stale_s`` crashed, unless
+    they show another sign of life (``Seen.status``, as every view reads them: a night
+    whose heartbeat is held up lives on); return their ids. ``seen``: the command's."""
+    now, seen = datetime.now(UTC), seen or Seen(engine)
+    cutoff = now - timedelta(seconds=stale_s)
+    # Typed as the column, so the driver's value reads back as the stored moment.
+    beat = func.coalesce(Batch.heartbeat_at, Batch.started_at,
+                         type_=Batch.__table__.c.heartbeat_at.type)
+    with engine.connect() as conn:
+        rows = conn.execute(select(Batch.id, Batch.kind, Batch.settings, Batch.heartbeat_at,
+                                   Batch.started_at)
+                            .where(Batch.status == "running", beat < cutoff)).all()
+    dead = {int(row.id): why for row in rows for status, why in [seen.status(
+        row.id, "running", row.kind, row.settings, row.heartbeat_at, row.started_at, stale_s,
+        now)] if status == "crashed" and why is not None}
+    if dead:
+        with engine.begin() as conn:
+            _crash(conn, dead)
+    return list(dead)
 
 
 @retry.retried

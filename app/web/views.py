@@ -43,10 +43,8 @@ from app.morning.summary import (
     IsoDatetime,
     Seen,
     failed_tickers,
-    gone_reason,
     list_batches,
     plain_error,
-    status_of,
     summarize,
 )
 from app.morning.timeline import Interval, batch_timeline
@@ -233,8 +231,8 @@ def running_batches(engine: Engine, stale_after_s: float, seen: Seen | None = No
                     ) -> list[RunningBatch]:
     """Return each batch that runs, with its progress and its ETA.
 
-    One still marked running whose heartbeat is older than ``stale_after_s`` has crashed
-    (``app.morning.summary.status_of``) and is left out: it has no progress to show.
+    One still marked running with no sign of life for ``stale_after_s`` has crashed
+    (``app.morning.summary.Seen.status``) and is left out: it has no progress to show.
     """
     now = datetime.now(UTC)
     with engine.connect() as conn:
@@ -245,7 +243,7 @@ def running_batches(engine: Engine, stale_after_s: float, seen: Seen | None = No
         summary = summarize(b, stale_after_s, now, seen)
         if summary.status != "running":
             continue
-        prog = nightstatus.progress(engine, b.id, now)  # the same numbers as `nightdesk ranking`
+        prog = nightstatus.progress(engine, b.id, now, seen)  # as `nightdesk ranking` says
         # The summary's ticker counts, and the progress's figures beside them.
         added = RunningBatch.model_fields.keys() - BatchSummary.model_fields.keys()
         out.append(RunningBatch(**dict(summary), **{k: getattr(prog, k) for k in added}))
@@ -399,8 +397,8 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
     """Return the ticker's latest run, its nodes, history and reruns; InputError (a 404 on
     the pages and the API) when it has never been run.
 
-    Each batch's status is ``app.morning.summary.status_of``'s: a rerun still marked running is
-    live while its heartbeat is younger than ``stale_after_s`` (``heartbeat_stale_s``).
+    Each batch's status is ``app.morning.summary.Seen.status``'s: a rerun still marked running
+    is live while its last sign of life is younger than ``stale_after_s`` (``heartbeat_stale_s``).
     """
     with engine.connect() as conn:
         runs = conn.execute(
@@ -422,10 +420,9 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
                   if r.status == "succeeded" and r.batch_status in FINISHED_STATUSES), latest)
     batch = batch_row(engine, shown.batch_id)
     now, seen = datetime.now(UTC), Seen(engine)
-    batch_status = {r.batch_id: status_of(
-        r.batch_status, r.heartbeat_at, r.batch_started_at, stale_after_s, now,
-        gone_reason(seen, r.batch_status, r.kind, r.settings, r.heartbeat_at,
-                    r.batch_started_at)) for r in runs}
+    batch_status = {r.batch_id: seen.status(
+        r.batch_id, r.batch_status, r.kind, r.settings, r.heartbeat_at, r.batch_started_at,
+        stale_after_s, now)[0] for r in runs}
     # A rerun whose process died stays `running` in its row: only a live one blocks another.
     reruns = [RerunRow(batch_id=r.batch_id, as_of=r.as_of, status=r.status,
                        batch_status=batch_status[r.batch_id],
@@ -484,7 +481,7 @@ def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView
                                        started_at=t.started_at)
                          for t in sorted(in_flight,
                                          key=lambda t: (t.status != "running", t.ticker))],
-        progress=nightstatus.progress(engine, batch_id) if live else None,
+        progress=nightstatus.progress(engine, batch_id, seen=seen) if live else None,
         server_facts=batch.server_facts,
         advice=next_steps(engine, summary, stale_after_s, seen),
     )

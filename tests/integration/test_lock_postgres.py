@@ -24,9 +24,11 @@ from app.db.engine import get_engine
 from app.db.lock import nightly_lock
 from app.db.models import Batch, LLMCall, TickerRun
 from app.morning.advice import running_night
+from app.morning.digest import build_digest
 from app.morning.summary import list_batches
 from app.web.views import batch_view, ranking_view, running_batches, ticker_view
 from tests.integration.conftest import private_database
+from tests.unit.support.clirun import run_cli
 from tests.unit.support.daemon_clock import NIGHT, Recorder, daemon_for, local, running, tick
 from tests.unit.support.lock_checks import (
     NIGHTDESK,
@@ -155,3 +157,42 @@ def test_a_request_reads_the_nightly_lock_once_however_many_nights_run(
         event.remove(pg_engine, "before_cursor_execute", count)
     # The one reading holds for all three: the lock is free, so each reads crashed.
     assert {b.status for b in list_batches(pg_engine, 120.0)} == {"crashed"}
+
+
+def test_report_and_the_digest_read_the_nightly_lock_once(pg_engine: Engine) -> None:
+    """A night run elsewhere, its heartbeat an hour old, and a newer one beating now: the
+    first's digest and `report` (which marks it crashed and advises its resume, asking which
+    night runs now) each read ``pg_locks`` once, as a page does. They read it twice."""
+    now = datetime.now(UTC)
+    elsewhere = {"runner": {"host": "elsewhere", "pid": 1, "started": None}}
+    with Session(pg_engine) as s:
+        ids = []
+        for beat in (now - timedelta(hours=1), now):
+            night = Batch(kind="nightly", as_of=now.date(), status="running", created_at=beat,
+                          started_at=beat, heartbeat_at=beat, tickers_total=1,
+                          settings=elsewhere)
+            s.add(night)
+            s.flush()
+            s.add(TickerRun(batch_id=night.id, ticker="AAA", status="running", started_at=beat))
+            ids.append(night.id)
+        s.commit()
+    first = ids[0]
+    url = url_of(pg_engine)
+    asked: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if "pg_locks" in statement:
+            asked.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", count)
+    try:
+        # The digest first: the night is still stored running, read crashed.
+        build_digest(pg_engine, load_settings(database_url=url), first)
+        assert len(asked) == 1, asked
+        asked.clear()
+        said = run_cli("report", str(first), "--format", "json",
+                       env={"NIGHTDESK_DATABASE_URL": url})
+        assert said.code == 0, said
+        assert len(asked) == 1, asked
+    finally:
+        event.remove(Engine, "before_cursor_execute", count)

@@ -7,6 +7,7 @@ import pytest
 from app.db.engine import get_engine, upgrade
 from tests.integration.conftest import private_database
 from tests.unit.support.schema_checks import (
+    check_crashed_rows_end_when_last_alive,
     check_legacy_rows_keep_working,
     check_reordered_catch_up,
     check_schema,
@@ -29,3 +30,8 @@ def test_a_postgres_database_stamped_before_the_reordering_catches_up() -> None:
 def test_postgres_rows_stored_before_call_ids_keep_working() -> None:
     with private_database(f"nightdesk_call_ids_{os.getpid()}") as url:
         check_legacy_rows_keep_working(url)
+
+
+def test_postgres_crashed_rows_marked_before_last_alive_end_when_last_alive() -> None:
+    with private_database(f"nightdesk_crashed_ends_{os.getpid()}") as url:
+        check_crashed_rows_end_when_last_alive(url)

@@ -36,7 +36,7 @@ from app.db.lock import nightly_lock, scheduler_lock
 from app.db.models import Batch
 from app.errors import AlreadyRunningError
 from app.runs.checkpoints import Checkpoints, open_checkpointer
-from tests.dbfaults import check_rows_match, fill_at, run_freeing_the_disk_at_the_stop
+from tests.dbfaults import RowHeld, check_rows_match, fill_at, run_freeing_the_disk_at_the_stop
 from tests.fakevllm import FakeServer
 from tests.integration.conftest import private_database
 from tests.unit.support.clirun import run_cli
@@ -164,23 +164,6 @@ def test_a_checkpoint_write_held_up_stops_the_night_resumable_in_one_line(
     with engine.connect() as conn:
         assert conn.execute(select(Batch.status)).scalar_one() == "succeeded"
     check_rows_match(engine, first, second)
-
-
-class RowHeld:
-    """Another session holding a batch row (``SELECT ... FOR UPDATE``) until ``release`` or
-    ``seconds`` later: an UPDATE of that row waits on it."""
-
-    def __init__(self, dsn: str, batch_id: int, seconds: float) -> None:
-        self.holder: psycopg.Connection[Any] | None = psycopg.connect(dsn, connect_timeout=5)
-        self.holder.execute("SELECT 1 FROM batches WHERE id = %s FOR UPDATE", (batch_id,))
-        self.timer = threading.Timer(seconds, self.release)
-        self.timer.start()
-
-    def release(self) -> None:
-        self.timer.cancel()
-        holder, self.holder = self.holder, None
-        if holder is not None:
-            holder.close()
 
 
 def _beat_at(engine: Engine, batch_id: int) -> Any:

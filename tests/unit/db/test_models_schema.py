@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Engine
 
 from tests.unit.support.schema_checks import (
+    check_crashed_rows_end_when_last_alive,
     check_legacy_rows_keep_working,
     check_reordered_catch_up,
     check_schema,
@@ -22,3 +23,7 @@ def test_a_database_stamped_before_the_reordering_gets_the_revisions_it_skipped(
 
 def test_rows_stored_before_call_ids_keep_working(sqlite_url: str) -> None:
     check_legacy_rows_keep_working(sqlite_url)
+
+
+def test_crashed_rows_marked_before_last_alive_end_when_last_alive(sqlite_url: str) -> None:
+    check_crashed_rows_end_when_last_alive(sqlite_url)

@@ -15,13 +15,16 @@ node's, the chain's or the analysts'): until a stage has answered, its range spa
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
+import time_machine
 from sqlalchemy import Engine
 
 from agents.nodes import ANALYSTS
+from app.config import load_settings
 from app.morning import eta, nightstatus
+from app.morning.prometheus import NightCollector
 from tests.unit.support.eta_rows import CHAIN, LATENCY_S, T0, night
 
 TONIGHT = {**dict.fromkeys(ANALYSTS, 2 * LATENCY_S), **dict.fromkeys(CHAIN, LATENCY_S)}
@@ -185,3 +188,36 @@ def test_a_change_in_one_stage_is_priced_within_a_quarter_once_both_answered(
         if f >= CHAIN_ANSWERED:
             assert found.eta_s is not None
             assert abs(found.eta_s - left) <= 0.25 * left, (f, found.eta_s, left)
+
+
+def _eta_metrics(engine: Engine, at: datetime) -> dict[tuple[str, str], float]:
+    """Return the ETA's samples of a scrape at ``at``: (metric, bound) -> value."""
+    with time_machine.travel(at, tick=False):
+        families = NightCollector(engine, load_settings()).collect()
+    return {(sample.name, sample.labels.get("bound", "")): sample.value
+            for family in families for sample in family.samples
+            if sample.name.startswith("nightdesk_night_eta")}
+
+
+def test_metrics_give_an_uncalibrated_range_no_interval_ends(sqlite_engine: Engine) -> None:
+    # Every other face says "uncalibrated range"; /metrics gave its ends as `low`/`high`,
+    # what a dashboard reads as the interval the replays held.
+    night(sqlite_engine, 4, {n: v / 300 for n, v in TONIGHT.items()}, T0 - timedelta(days=1))
+    batch_id, _ = night(sqlite_engine, 4, TONIGHT, T0, status="running")
+    at = T0 + timedelta(seconds=0.5 * NIGHT_S)
+    prog = nightstatus.progress(sqlite_engine, batch_id, at)
+    assert prog.eta_level is None and prog.eta_low_s is not None  # a range, uncalibrated
+    assert _eta_metrics(sqlite_engine, at) == {
+        ("nightdesk_night_eta_seconds", "estimate"): prog.eta_s}
+
+
+def test_metrics_give_a_calibrated_interval_with_its_level(sqlite_engine: Engine) -> None:
+    night(sqlite_engine, 4, {n: v * 2 for n, v in TONIGHT.items()}, T0 - timedelta(days=1))
+    batch_id, _ = night(sqlite_engine, 4, TONIGHT, T0, status="running")
+    at = T0 + timedelta(seconds=0.5 * NIGHT_S)
+    prog = nightstatus.progress(sqlite_engine, batch_id, at)
+    assert _eta_metrics(sqlite_engine, at) == {
+        ("nightdesk_night_eta_seconds", "estimate"): prog.eta_s,
+        ("nightdesk_night_eta_seconds", "low"): prog.eta_low_s,
+        ("nightdesk_night_eta_seconds", "high"): prog.eta_high_s,
+        ("nightdesk_night_eta_interval_level", ""): eta.LEVEL}

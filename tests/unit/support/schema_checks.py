@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import importlib
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, func, inspect, select, text
+from sqlalchemy import Engine, func, insert, inspect, select, text
 
 from app.db.engine import alembic_config, current_revision, get_engine, head_revision, upgrade
-from app.db.models import Base, LLMCall, LLMRequest
+from app.db.models import Base, Batch, LLMCall, LLMRequest
+from app.morning.summary import list_batches
 from app.runs.replay import recorded_workload
 from app.usage import compress_body, insert_ignoring_duplicates
 
@@ -55,7 +57,7 @@ def check_reordered_catch_up(url: str) -> None:
 
     upgrade(url)
     check_schema(engine)  # context-trim columns and the call ids are there now
-    assert current_revision(engine) == head_revision() == "0016_night_refusals"
+    assert current_revision(engine) == head_revision() == "0017_crashed_ends"
     upgrade(url)  # and nothing runs twice
     check_schema(engine)
 
@@ -167,6 +169,48 @@ LEGACY_CALLS = [("trader", 1), ("trader", 2), ("portfolio_manager", 1),
 
 
 LEGACY_BODIES = [("trader", 1), ("portfolio_manager", 1), ("portfolio_manager", 3)]
+
+
+def check_crashed_rows_end_when_last_alive(url: str) -> None:
+    """Rows marked crashed before the marking stored the last sign of life (their end the
+    marking's moment) end, once upgraded, where every view's duration ends: the later of the
+    last heartbeat and the last call's end, else the start. Other rows are left alone."""
+    command.upgrade(alembic_config(url), "0016_night_refusals")
+    engine = get_engine(url)
+    start = datetime(2026, 1, 2, tzinfo=UTC)
+    marked = start + timedelta(hours=5)  # when a later `report` found each dead
+
+    def batch(conn: Any, status: str, beat_s: float | None, calls_s: list[float]) -> int:
+        # Through the models' types: the stored texts are SQLite's as the service writes them.
+        batch_id = int(conn.execute(insert(Batch).values(
+            kind="nightly", as_of=start.date(), status=status, created_at=start,
+            started_at=start, finished_at=marked, settings={}, tickers_total=1,
+            heartbeat_at=None if beat_s is None else start + timedelta(seconds=beat_s))
+            .returning(Batch.id)).scalar_one())
+        for n, end_s in enumerate(calls_s):
+            conn.execute(insert(LLMCall).values(
+                batch_id=batch_id, ticker="AAA", node=f"n{n}", model="m", status="ok",
+                started_at=start, ended_at=start + timedelta(seconds=end_s), latency_s=0.5))
+        return batch_id
+
+    with engine.begin() as conn:
+        ids = {"call after beat": batch(conn, "crashed", 60.0, [30.0, 95.5]),
+               "beat after call": batch(conn, "crashed", 120.0, [30.0]),
+               "killed before a beat": batch(conn, "crashed", None, [42.0]),
+               "nothing": batch(conn, "crashed", None, []),
+               "succeeded": batch(conn, "succeeded", 60.0, [95.5])}
+    upgrade(url)
+    upgrade(url)  # again: nothing changes
+    with engine.connect() as conn:
+        ends = dict(conn.execute(select(Batch.id, Batch.finished_at)).tuples().all())
+    assert {name: (ends[i] - start).total_seconds() for name, i in ids.items()} == {
+        "call after beat": 95.5, "beat after call": 120.0, "killed before a beat": 42.0,
+        "nothing": 0.0, "succeeded": (marked - start).total_seconds()}
+    # What every view reads of them now is what the table holds.
+    summaries = {s.id: s for s in list_batches(engine, 120.0)}
+    for name, batch_id in ids.items():
+        if name != "succeeded":
+            assert summaries[batch_id].duration_s == (ends[batch_id] - start).total_seconds()
 
 
 def _store_legacy_rows(engine: Engine) -> int:
