@@ -308,18 +308,23 @@ def lock_held(engine: Engine, error: SQLAlchemyError, seconds: float) -> str | N
     where ``pg_locks`` shows one, and the revision the schema stays at; None otherwise."""
     if getattr(getattr(error, "orig", None), "sqlstate", None) != "55P03":
         return None
-    at = current_revision(engine)
+    names = re.findall(r"[a-z_][a-z0-9_]*", str(getattr(error, "statement", "") or ""))
+    try:
+        at = current_revision(engine)
+        with engine.connect() as conn:
+            holder = conn.execute(text(
+                "SELECT a.pid, c.relname, coalesce(nullif(a.application_name, ''), a.usename),"
+                " a.state, a.xact_start FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                " JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.granted"
+                " AND l.pid <> pg_backend_pid() AND c.relname = ANY(:names) AND l.database ="
+                " (SELECT oid FROM pg_database WHERE datname = current_database())"
+                " ORDER BY a.xact_start NULLS LAST LIMIT 1"), {"names": names}).first()
+    except SQLAlchemyError:  # these reads held up too: say what is known
+        return (f"a migration waited more than {BOUND} ({seconds:g} s) for a lock another "
+                "session holds: nothing of it applied; run `nightdesk db upgrade` again once "
+                "that lock is let go")
     failed = next((s.revision for s in ScriptDirectory.from_config(alembic_config("sqlite://"))
                    .walk_revisions() if s.down_revision == at), "?")
-    names = re.findall(r"[a-z_][a-z0-9_]*", str(getattr(error, "statement", "") or ""))
-    with engine.connect() as conn:
-        holder = conn.execute(text(
-            "SELECT a.pid, c.relname, coalesce(nullif(a.application_name, ''), a.usename),"
-            " a.state, a.xact_start FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
-            " JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.granted"
-            " AND l.pid <> pg_backend_pid() AND c.relname = ANY(:names)"
-            " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            " ORDER BY a.xact_start NULLS LAST LIMIT 1"), {"names": names}).first()
     since = "" if holder is None or holder[4] is None else \
         f" since {holder[4].astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
     who = "another session" if holder is None else \
