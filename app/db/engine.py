@@ -280,7 +280,9 @@ def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> None:
     running it again goes on from there. One waiting past ``statement_timeout_s`` for a
     lock another session holds is a DatabaseError naming the setting and that session.
     """
-    engine = get_engine(url, statement_timeout_s)
+    # The shared engine of ``get_engine(url)``, as every caller's first: an in-memory
+    # database is its one connection (quick reads here: the default bound serves).
+    engine = get_engine(url)
     check_reachable(engine)
     if current_revision(engine) == head_revision():
         return
