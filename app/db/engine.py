@@ -143,15 +143,26 @@ def make_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> E
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_S})
         _sqlite_events(engine)
         return engine
-    return bounded(create_engine(url, pool_pre_ping=True, connect_args={
-        "connect_timeout": 5, "options": statement_timeout(statement_timeout_s)}),
-        statement_timeout_s)
+    return bounded(create_engine(url, pool_pre_ping=True, connect_args=connect_args(
+        "statement_timeout", statement_timeout_s)), statement_timeout_s)
 
 
-def statement_timeout(seconds: float) -> str:
-    """Return libpq's ``options`` that bound each statement of a PostgreSQL connection by
-    ``seconds`` (its ``statement_timeout``): our engines' and the checkpoint pool's."""
-    return f"-c statement_timeout={max(1, round(seconds * 1000))}"
+# A server whose host is gone (powered off, the network cut) sends no reset: a connection
+# waited for its answer as long as the kernel's defaults (2 h idle before the first
+# keepalive probe, 15 min for data not acknowledged). With these a dead peer is found
+# within DEAD_PEER_S; a live server's kernel answers the probes however long it works.
+DEAD_PEER_S = 30
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+              "keepalives_count": 4, "tcp_user_timeout": DEAD_PEER_S * 1000}
+
+
+def connect_args(bound: str, seconds: float) -> dict[str, Any]:
+    """Return libpq's parameters for every PostgreSQL connection nightdesk makes (engines,
+    locks, migrations, the checkpoint pool): a connect bounded at 5 s, a dead peer found
+    within ``DEAD_PEER_S``, and ``bound`` (``statement_timeout``, ``lock_timeout``) set to
+    ``seconds``."""
+    return {"connect_timeout": 5, "options": f"-c {bound}={max(1, round(seconds * 1000))}",
+            **KEEPALIVES}
 
 
 def timed_out(error: BaseException) -> str | None:
@@ -189,9 +200,8 @@ def migration_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S)
     upgrade.
     """
     if make_url(url).get_backend_name() != "sqlite":
-        return create_engine(url, poolclass=NullPool, connect_args={
-            "connect_timeout": 5,
-            "options": f"-c lock_timeout={max(1, round(statement_timeout_s * 1000))}"})
+        return create_engine(url, poolclass=NullPool, connect_args=connect_args(
+            "lock_timeout", statement_timeout_s))
     _sqlite_folder(url)
     engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": SQLITE_BUSY_S})
 

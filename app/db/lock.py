@@ -29,7 +29,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.pool import NullPool
 
 from app.config import STATEMENT_TIMEOUT_S
-from app.db.engine import bounded, statement_timeout
+from app.db.engine import bounded, connect_args
 from app.db.models import Batch, SchedulerBeat
 from app.db.retry import cancelled_at_bound, said
 from app.errors import AlreadyRunningError, DatabaseError, first_line
@@ -326,9 +326,8 @@ class _AdvisoryHold(LockHold):
         self._what = what
         # Its own engine and connection: a pooled one could be handed to other work, or
         # recycled, and a session-level lock goes wherever its connection goes.
-        self._engine = bounded(create_engine(url, poolclass=NullPool, connect_args={
-            "connect_timeout": 5, "options": statement_timeout(statement_timeout_s)}),
-            statement_timeout_s)
+        self._engine = bounded(create_engine(url, poolclass=NullPool, connect_args=connect_args(
+            "statement_timeout", statement_timeout_s)), statement_timeout_s)
         self._conn: Connection | None = None
 
     def take(self) -> bool:
