@@ -143,15 +143,19 @@ class PostgresFull:
 
 
 class TcpProxy:
-    """Forward a local port to ``target``; ``cut(seconds)`` drops every connection and
+    """Forward a port of ``host`` to ``target``; ``cut(seconds)`` drops every connection and
     refuses new ones for ``seconds`` (a database that is away), then serves again."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], host: str = "127.0.0.1") -> None:
         self.target = target
+        self.host = host
         with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
+            probe.bind((host, 0))
             self.port = probe.getsockname()[1]
         self.cuts = 0
+        self.commits = 0
+        self.lost_acks = 0
+        self._lose: Callable[[int], bool] = lambda n: False
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -163,7 +167,7 @@ class TcpProxy:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=30)
 
     async def _listen(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -172,10 +176,20 @@ class TcpProxy:
             writer.close()
             return
         self._writers |= {writer, up_writer}
+        losing = False  # the server's next answer is to a COMMIT whose answer is lost
 
         async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            nonlocal losing
             with contextlib.suppress(OSError, asyncio.CancelledError):
                 while data := await source.read(65536):
+                    if sink is up_writer and b"COMMIT" in data:
+                        self.commits += 1
+                        losing = self._lose(self.commits)
+                    elif sink is writer and losing:
+                        self.lost_acks += 1
+                        writer.transport.abort()
+                        up_writer.transport.abort()
+                        return
                     sink.write(data)
                     await sink.drain()
             sink.close()
@@ -200,6 +214,12 @@ class TcpProxy:
         self._call(self._drop())
         # Scheduled through the loop's own thread: a timer set from here would not wake it.
         asyncio.run_coroutine_threadsafe(self._back_after(seconds), self._loop)
+
+    def lose_acks(self, which: Callable[[int], bool]) -> None:
+        """From now, for each COMMIT ``n`` (counted from 1) for which ``which(n)``, drop its
+        connection instead of passing the server's answer on: the commit stored, the client
+        told only that its connection was lost (a restart at the worst moment)."""
+        self._lose = which
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

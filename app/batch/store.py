@@ -11,7 +11,7 @@ from sqlalchemy import Connection, Engine, ScalarSelect, func, insert, select, u
 from agents.decision import contradicts
 from agents.graph import TickerResult
 from app.db.models import INFRASTRUCTURE, Batch, Decision, LLMCall, NodeText, TickerRun
-from app.db.retry import retried
+from app.db.retry import retried, retrying
 from app.usage import insert_ignoring_duplicates
 
 
@@ -29,26 +29,37 @@ class DecisionRow:
     summary: str
 
 
-@retried
 def create_batch(engine: Engine, *, kind: str, as_of: date, tickers: list[str], samples: int,
                  settings: dict[str, Any], server_facts: dict[str, Any] | None,
                  label: str | None = None, source_batch_id: int | None = None) -> int:
-    """Insert the batch (status running) and one queued ticker run per ticker; return its id."""
-    with engine.begin() as conn:
-        batch_id = conn.execute(
-            insert(Batch).values(
-                kind=kind, label=label, as_of=as_of, status="running", created_at=now(),
-                started_at=now(), heartbeat_at=now(), settings=settings,
-                server_facts=server_facts, source_batch_id=source_batch_id,
-                tickers_total=len(tickers), tickers_succeeded=0, tickers_failed=0,
-            ).returning(Batch.id)
-        ).scalar_one()
-        if tickers:
-            conn.execute(insert(TickerRun), [
-                {"batch_id": batch_id, "ticker": t, "status": "queued", "attempt": 1,
-                 "samples": samples} for t in tickers
-            ])
-    return int(batch_id)
+    """Insert the batch (status running) and one queued ticker run per ticker; return its id.
+
+    Retried whole; its start, fixed before the first try, finds the row of a try whose
+    commit was stored but not acknowledged (the connection lost): never a second batch."""
+    started = now()
+
+    def insert_batch() -> int:
+        with engine.begin() as conn:
+            stored = conn.execute(select(Batch.id).where(Batch.created_at == started,
+                                                         Batch.kind == kind)).scalar()
+            if stored is not None:
+                return int(stored)
+            batch_id = conn.execute(
+                insert(Batch).values(
+                    kind=kind, label=label, as_of=as_of, status="running", created_at=started,
+                    started_at=started, heartbeat_at=now(), settings=settings,
+                    server_facts=server_facts, source_batch_id=source_batch_id,
+                    tickers_total=len(tickers), tickers_succeeded=0, tickers_failed=0,
+                ).returning(Batch.id)
+            ).scalar_one()
+            if tickers:
+                conn.execute(insert(TickerRun), [
+                    {"batch_id": batch_id, "ticker": t, "status": "queued", "attempt": 1,
+                     "samples": samples} for t in tickers
+                ])
+        return int(batch_id)
+
+    return retrying(insert_batch)
 
 
 @retried

@@ -15,5 +15,5 @@ app = typer.Typer(no_args_is_help=True, help="Database schema.")
 def upgrade() -> None:
     """Upgrade the database schema to the newest migration."""
     settings = setup()
-    run_upgrade(settings.store.database_url)
+    run_upgrade(settings.store.database_url, settings.store.db_statement_timeout_s)
     console().print("database schema is current")

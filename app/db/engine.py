@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import sys
 from contextlib import AbstractContextManager
+from datetime import UTC
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
@@ -23,7 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from app.config import STATEMENT_TIMEOUT_S
-from app.db.retry import cancelled_at_bound, mark_bound
+from app.db.retry import BOUND, cancelled_at_bound, mark_bound
 from app.errors import DatabaseError, first_line
 from serving.urls import redact
 
@@ -141,15 +143,26 @@ def make_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> E
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_S})
         _sqlite_events(engine)
         return engine
-    return bounded(create_engine(url, pool_pre_ping=True, connect_args={
-        "connect_timeout": 5, "options": statement_timeout(statement_timeout_s)}),
-        statement_timeout_s)
+    return bounded(create_engine(url, pool_pre_ping=True, connect_args=connect_args(
+        "statement_timeout", statement_timeout_s)), statement_timeout_s)
 
 
-def statement_timeout(seconds: float) -> str:
-    """Return libpq's ``options`` that bound each statement of a PostgreSQL connection by
-    ``seconds`` (its ``statement_timeout``): our engines' and the checkpoint pool's."""
-    return f"-c statement_timeout={max(1, round(seconds * 1000))}"
+# A server whose host is gone (powered off, the network cut) sends no reset: a connection
+# waited for its answer as long as the kernel's defaults (2 h idle before the first
+# keepalive probe, 15 min for data not acknowledged). With these a dead peer is found
+# within DEAD_PEER_S; a live server's kernel answers the probes however long it works.
+DEAD_PEER_S = 30
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+              "keepalives_count": 4, "tcp_user_timeout": DEAD_PEER_S * 1000}
+
+
+def connect_args(bound: str, seconds: float) -> dict[str, Any]:
+    """Return libpq's parameters for every PostgreSQL connection nightdesk makes (engines,
+    locks, migrations, the checkpoint pool): a connect bounded at 5 s, a dead peer found
+    within ``DEAD_PEER_S``, and ``bound`` (``statement_timeout``, ``lock_timeout``) set to
+    ``seconds``."""
+    return {"connect_timeout": 5, "options": f"-c {bound}={max(1, round(seconds * 1000))}",
+            **KEEPALIVES}
 
 
 def timed_out(error: BaseException) -> str | None:
@@ -174,16 +187,21 @@ def bounded(engine: Engine, seconds: float) -> Engine:
     return engine
 
 
-def migration_engine(url: str) -> Engine:
+def migration_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> Engine:
     """Return an engine for running migrations: each one commits whole or not at all.
 
-    pysqlite would commit each CREATE, ALTER and DROP on its own, so its transaction
-    handling is off and each transaction starts with ``BEGIN IMMEDIATE`` (the write lock at
-    once: a second upgrade waits instead of failing half-way); docs/reliability.md,
-    "Interrupted upgrades". No pool: the connection closes with the upgrade.
+    On PostgreSQL each wait for a lock is bounded by ``statement_timeout_s``
+    (``NIGHTDESK_DB_STATEMENT_TIMEOUT_S``, as its ``lock_timeout``), the work itself not: a
+    migration behind another session's lock fails (``lock_held``), a long data migration
+    runs to its end. pysqlite would commit each CREATE, ALTER and DROP on its own, so its
+    transaction handling is off and each transaction starts with ``BEGIN IMMEDIATE`` (the
+    write lock at once: a second upgrade waits instead of failing half-way);
+    docs/reliability.md, "Interrupted upgrades". No pool: the connection closes with the
+    upgrade.
     """
     if make_url(url).get_backend_name() != "sqlite":
-        return create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 5})
+        return create_engine(url, poolclass=NullPool, connect_args=connect_args(
+            "lock_timeout", statement_timeout_s))
     _sqlite_folder(url)
     engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": SQLITE_BUSY_S})
 
@@ -263,21 +281,24 @@ def _catch_up_reordered(conn: Connection, cfg: Config) -> None:
     command.stamp(cfg, REORDERED, purge=True)
 
 
-def upgrade(url: str) -> None:
+def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> None:
     """Upgrade the schema to the newest migration (idempotent).
 
     A schema already current is only read, so a read-only or full database still serves
     reads. Each migration is one transaction (``migration_engine``): an upgrade killed at
-    any statement leaves the database at the last migration that finished, and running it
-    again goes on from there.
+    any statement, or failed, leaves the database at the last migration that finished, and
+    running it again goes on from there. One waiting past ``statement_timeout_s`` for a
+    lock another session holds is a DatabaseError naming the setting and that session.
     """
+    # The shared engine of ``get_engine(url)``, as every caller's first: an in-memory
+    # database is its one connection (quick reads here: the default bound serves).
     engine = get_engine(url)
     check_reachable(engine)
     if current_revision(engine) == head_revision():
         return
     # An in-memory database lives in its engine's one connection: migrate that one.
     memory = make_url(url).database in (None, "", ":memory:")
-    target = engine if memory else migration_engine(url)
+    target = engine if memory else migration_engine(url, statement_timeout_s)
     cfg = alembic_config(url)
     try:
         with target.connect() as conn:
@@ -286,10 +307,43 @@ def upgrade(url: str) -> None:
                 _catch_up_reordered(conn, cfg)
             command.upgrade(cfg, "head")
     except SQLAlchemyError as error:
-        raise DatabaseError(f"migration failed: {reason(error)}") from None
+        held = lock_held(engine, error, statement_timeout_s)
+        raise DatabaseError(held or f"migration failed: {reason(error)}") from None
     finally:
         if not memory:
             target.dispose()
+
+
+def lock_held(engine: Engine, error: SQLAlchemyError, seconds: float) -> str | None:
+    """Return one line for a migration PostgreSQL stopped at its lock timeout (SQLSTATE
+    55P03): the migration, the setting, the session holding a table its statement names
+    where ``pg_locks`` shows one, and the revision the schema stays at; None otherwise."""
+    if getattr(getattr(error, "orig", None), "sqlstate", None) != "55P03":
+        return None
+    names = re.findall(r"[a-z_][a-z0-9_]*", str(getattr(error, "statement", "") or ""))
+    try:
+        at = current_revision(engine)
+        with engine.connect() as conn:
+            holder = conn.execute(text(
+                "SELECT a.pid, c.relname, coalesce(nullif(a.application_name, ''), a.usename),"
+                " a.state, a.xact_start FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                " JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.granted"
+                " AND l.pid <> pg_backend_pid() AND c.relname = ANY(:names) AND l.database ="
+                " (SELECT oid FROM pg_database WHERE datname = current_database())"
+                " ORDER BY a.xact_start NULLS LAST LIMIT 1"), {"names": names}).first()
+    except SQLAlchemyError:  # these reads held up too: say what is known
+        return (f"a migration waited more than {BOUND} ({seconds:g} s) for a lock another "
+                "session holds: nothing of it applied; run `nightdesk db upgrade` again once "
+                "that lock is let go")
+    failed = next((s.revision for s in ScriptDirectory.from_config(alembic_config("sqlite://"))
+                   .walk_revisions() if s.down_revision == at), "?")
+    since = "" if holder is None or holder[4] is None else \
+        f" since {holder[4].astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+    who = "another session" if holder is None else \
+        f"session {holder[0]} ({holder[2]}, {holder[3]}{since}) on {holder[1]}"
+    return (f"migration {failed} waited more than {BOUND} ({seconds:g} s) for a lock held by "
+            f"{who}: nothing of it applied, the schema stays at {at or 'none'}; run "
+            "`nightdesk db upgrade` again once that lock is let go")
 
 
 def current_revision(engine: Engine) -> str | None:
@@ -303,5 +357,5 @@ def head_revision() -> str | None:
 
 def ready_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> Engine:
     """Upgrade the schema if needed and return the engine: what every command calls first."""
-    upgrade(url)
+    upgrade(url, statement_timeout_s)
     return get_engine(url, statement_timeout_s)

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import IO, Any
 
 import structlog
+import tenacity
 from pydantic import BaseModel
 from sqlalchemy import Engine, create_engine, select, text, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.pool import NullPool
 
 from app.config import STATEMENT_TIMEOUT_S
-from app.db.engine import bounded, statement_timeout
+from app.db.engine import bounded, connect_args
 from app.db.models import Batch, SchedulerBeat
 from app.db.retry import cancelled_at_bound, said
 from app.errors import AlreadyRunningError, DatabaseError, first_line
@@ -326,25 +327,38 @@ class _FileHold(LockHold):
         return True
 
 
+class _LockLost(Exception):
+    """The lock's connection died, or a new one could not be made, in one try."""
+
+
+# Tries per beat (or ``keep``) to prove the lock on a new connection when its own died, a
+# second apart: a restart's or a terminated backend's loss is over in one; past them the
+# beat is missed (one line) and the next one tries again, so a connection killed at every
+# try costs a bounded wait per beat and never grows the stack.
+RETAKES = 3
+RETAKE_WAIT_S = 1.0
+
+
 class _AdvisoryHold(LockHold):
     """An advisory lock on a connection of its own, taken again when that connection dies.
 
     Its statements are bounded by ``statement_timeout_s`` (NIGHTDESK_DB_STATEMENT_TIMEOUT_S),
     as the engines' are: a heartbeat held up by another session's lock on the batch row is
     cancelled there. The session answered, so it and its lock live: that beat is missed
-    (one line), the next one tries again, and the night goes on.
+    (one line), the next one tries again, and the night goes on. A connection lost is
+    replaced and the lock taken again, up to ``RETAKES`` tries (one warning each).
     """
 
     def __init__(self, url: str, key: int = ADVISORY_KEY,
                  statement_timeout_s: float = STATEMENT_TIMEOUT_S, what: str = "nightly") -> None:
         super().__init__()
         self._key = key
+        self._what = what
         # Its own engine and connection: a pooled one could be handed to other work, or
         # recycled, and a session-level lock goes wherever its connection goes.
         self._engine = bounded(create_engine(url, poolclass=NullPool, connect_args={
-            "connect_timeout": 5, "options": statement_timeout(statement_timeout_s),
-            "application_name": Runner.current().lock_name(what)}),
-            statement_timeout_s)
+            **connect_args("statement_timeout", statement_timeout_s),
+            "application_name": Runner.current().lock_name(what)}), statement_timeout_s)
         self._conn: Connection | None = None
 
     def take(self) -> bool:
@@ -363,48 +377,57 @@ class _AdvisoryHold(LockHold):
         return True
 
     def _beat(self, batch_id: int) -> bool:
-        if self._conn is not None:
-            try:
-                # On the lock's own connection: a beat that is stored proves the lock.
-                self._conn.execute(update(Batch).where(Batch.id == batch_id)
-                                   .values(heartbeat_at=datetime.now(UTC)))
-                return True
-            except Exception as error:
-                if cancelled_at_bound(error) is not None:
-                    log.warning("heartbeat not stored; tried again at the next beat",
-                                batch_id=batch_id, error=said(error))
-                    return True
-                log.warning("nightly lock's connection lost", error=first_line(error))
-                self._drop()
         try:
-            if not self.take():
-                log.error("nightly lock held by another run", batch_id=batch_id)
-                return False
-        except Exception as error:
-            log.warning("nightly lock not taken again yet", error=first_line(error))
+            return self._prove(batch_id)
+        except AlreadyRunningError:
+            log.error(f"{self._what} lock held by another run", batch_id=batch_id)
             return False
-        log.warning("nightly lock taken again", batch_id=batch_id)
-        return self._beat(batch_id)
 
     def keep(self) -> bool:
-        if self._conn is not None:
-            try:
-                self._conn.execute(text("SELECT 1"))  # the session, and so its lock, lives
-                return True
-            except Exception as error:
-                if cancelled_at_bound(error) is not None:  # it answered: it lives
-                    log.warning("lock's connection slow", error=said(error))
-                    return True
-                log.warning("lock's connection lost", error=first_line(error))
-                self._drop()
+        return self._prove(None)
+
+    def _prove(self, batch_id: int | None) -> bool:
+        """Store the batch's heartbeat (``batch_id``) or ask the session if it lives, on the
+        lock's connection, taking the lock again on a new one while that died; False when
+        ``RETAKES`` tries did not prove it. AlreadyRunningError: another session took it."""
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(RETAKES), wait=tenacity.wait_fixed(RETAKE_WAIT_S),
+            retry=tenacity.retry_if_exception_type(_LockLost), reraise=True)
         try:
-            taken = self.take()
-        except Exception as error:
-            log.warning("lock not taken again yet", error=first_line(error))
+            return retrying(self._try, batch_id)
+        except _LockLost:
+            log.warning(f"{self._what} lock not proven held: its connection lost at each of "
+                        f"{RETAKES} tries; the next beat tries again", batch_id=batch_id)
             return False
-        if not taken:
-            raise AlreadyRunningError("the lock was taken by another process meanwhile")
-        log.warning("lock taken again")
+
+    def _try(self, batch_id: int | None) -> bool:
+        taken = self._conn is None
+        if taken:
+            try:
+                held = self.take()
+            except Exception as error:
+                log.warning(f"{self._what} lock not taken again yet", error=first_line(error))
+                raise _LockLost from None
+            if not held:
+                raise AlreadyRunningError(f"the {self._what} lock was taken by another "
+                                          "process meanwhile")
+        assert self._conn is not None
+        try:
+            # On the lock's own connection: a statement answered proves the lock.
+            self._conn.execute(text("SELECT 1") if batch_id is None else
+                               update(Batch).where(Batch.id == batch_id)
+                               .values(heartbeat_at=datetime.now(UTC)))
+        except Exception as error:
+            if cancelled_at_bound(error) is None:
+                log.warning(f"{self._what} lock's connection lost", error=first_line(error))
+                self._drop()
+                raise _LockLost from None
+            # It answered: the session, and so its lock, lives.
+            log.warning("heartbeat not stored; tried again at the next beat"
+                        if batch_id is not None else "lock's connection slow",
+                        batch_id=batch_id, error=said(error))
+        if taken:
+            log.warning(f"{self._what} lock taken again", batch_id=batch_id)
         return True
 
     def _drop(self) -> None:

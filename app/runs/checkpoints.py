@@ -38,7 +38,7 @@ from sqlalchemy.engine import make_url
 
 from agents.graph import STATE_TYPES, thread_id
 from app.config import STATEMENT_TIMEOUT_S
-from app.db.engine import reason, statement_timeout
+from app.db.engine import connect_args, reason
 from app.db.models import TickerRun
 from app.db.retry import aretrying, mark_bound, outage, transient
 from app.errors import DatabaseError
@@ -195,8 +195,7 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                 conninfo, min_size=1, max_size=4, open=False,
                 kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
-                        "connect_timeout": 5,
-                        "options": statement_timeout(statement_timeout_s)},
+                        **connect_args("statement_timeout", statement_timeout_s)},
                 # A connection a restart killed is found on checkout and replaced.
                 check=AsyncConnectionPool.check_connection)
             await aretrying(pool.open, wait=True, timeout=30)

@@ -9,25 +9,31 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import traceback
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
-from sqlalchemy import Engine, event, func, select
+import structlog
+from sqlalchemy import Engine, event, func, select, text
 from sqlalchemy.orm import Session
 
 from agents.data.demo import DEMO_AS_OF, write_demo
 from app.batch import store
 from app.config import load_settings
+from app.db import lock
 from app.db.engine import get_engine
-from app.db.lock import nightly_lock
+from app.db.lock import ADVISORY_KEY, nightly_lock
 from app.db.models import Batch, LLMCall, TickerRun
+from app.errors import AlreadyRunningError
 from app.morning.advice import running_night
 from app.morning.digest import build_digest
 from app.morning.summary import list_batches
 from app.web.views import batch_view, ranking_view, running_batches, ticker_view
-from tests.integration.conftest import private_database
+from tests.integration.conftest import ADMIN_DSN, private_database
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.daemon_clock import NIGHT, Recorder, daemon_for, local, running, tick
 from tests.unit.support.lock_checks import (
@@ -196,3 +202,111 @@ def test_report_and_the_digest_read_the_nightly_lock_once(pg_engine: Engine) -> 
         assert len(asked) == 1, asked
     finally:
         event.remove(Engine, "before_cursor_execute", count)
+
+
+def _holders(engine: Engine, key: int) -> list[int]:
+    """Return the pids of the sessions holding advisory lock ``key`` in engine's database."""
+    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
+    with engine.connect() as conn:
+        return list(conn.execute(text(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND classid::bigint = :high AND objid::bigint = :low AND objsubid = 1"),
+            {"high": unsigned >> 32, "low": unsigned & 0xFFFF_FFFF}).scalars())
+
+
+class Killer:
+    """Terminate the nightly lock's backend (``pg_terminate_backend``, waiting for its end)
+    just before each heartbeat UPDATE it sends, ``left`` times: a connection that dies at
+    every try. Records each try's stack depth."""
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+        self.killed: list[int] = []
+        self.depths: list[int] = []
+
+    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not statement.startswith("UPDATE batches") or self.left == 0:
+            return
+        self.left -= 1
+        self.depths.append(len(traceback.extract_stack()))
+        pid = cursor.connection.info.backend_pid
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+            assert admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,)).fetchone()
+        self.killed.append(pid)
+
+
+def test_a_lock_connection_killed_at_every_try_misses_beats_boundedly_then_is_retaken(
+        pg_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The heartbeat's connection killed at each try, beat after beat (as a server killing
+    # our backends would): each beat gives up after RETAKES tries, one warning per try and
+    # one for the missed beat, at the same stack depth each try; the night is told the lock
+    # is unproven. Before, a beat retook and beat again recursively, without end while
+    # the kills went on. Once they stop, the next beat takes it back: one holder, ours.
+    monkeypatch.setattr(lock, "RETAKE_WAIT_S", 0.05)
+    batch_id = store.create_batch(pg_engine, kind="nightly", as_of=DEMO_AS_OF, tickers=[],
+                                  samples=1, settings={}, server_facts=None)
+    beats = 4
+    kills = Killer(beats * lock.RETAKES + 50)  # more than the beats use: without a bound,
+    with nightly_lock(pg_engine) as hold:     # the old recursion ran on into them
+        assert isinstance(hold, lock._AdvisoryHold)
+        event.listen(hold._engine, "before_cursor_execute", kills)
+        with structlog.testing.capture_logs() as logs:
+            proven = [hold.beat(batch_id) for _ in range(beats)]
+        assert proven == [False] * beats
+        assert len(kills.killed) == beats * lock.RETAKES and len(set(kills.killed)) == \
+            len(kills.killed)  # a new connection each try
+        assert len(set(kills.depths)) == 1, kills.depths  # a loop, not a recursion
+        lost = "nightly lock not proven held: its connection lost at each of 3 tries; " \
+            "the next beat tries again"
+        assert [line["event"] for line in logs] == beats * (
+            ["nightly lock's connection lost"] * 3 + [lost])
+        assert hold.unproven_s > 0 and _holders(pg_engine, ADVISORY_KEY) == []
+
+        kills.left = 0
+        with pg_engine.connect() as conn:
+            before = conn.execute(select(Batch.heartbeat_at)
+                                  .where(Batch.id == batch_id)).scalar_one()
+        assert before is not None
+        with structlog.testing.capture_logs() as logs:
+            assert hold.beat(batch_id)
+        assert [line["event"] for line in logs] == ["nightly lock taken again"]
+        assert hold._conn is not None
+        ours = hold._conn.connection.dbapi_connection
+        assert isinstance(ours, psycopg.Connection)
+        assert _holders(pg_engine, ADVISORY_KEY) == [ours.info.backend_pid]
+        with pg_engine.connect() as conn:
+            assert conn.execute(select(Batch.heartbeat_at)
+                                .where(Batch.id == batch_id)).scalar_one() > before
+        with pytest.raises(AlreadyRunningError), nightly_lock(pg_engine):
+            pass
+
+
+def test_a_lock_taken_by_another_session_while_the_connection_was_down_is_reported(
+        pg_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Killed once, and another session takes the lock before the retake: the beat says so
+    # (one error line), nothing is retried against it, and keep() raises AlreadyRunning.
+    monkeypatch.setattr(lock, "RETAKE_WAIT_S", 0.05)
+    batch_id = store.create_batch(pg_engine, kind="nightly", as_of=DEMO_AS_OF, tickers=[],
+                                  samples=1, settings={}, server_facts=None)
+    with nightly_lock(pg_engine) as hold:
+        assert isinstance(hold, lock._AdvisoryHold)
+        kills = Killer(1)
+        event.listen(hold._engine, "before_cursor_execute", kills)
+        plain = url_of(pg_engine).replace("postgresql+psycopg://", "postgresql://", 1)
+        with psycopg.connect(plain, autocommit=True) as other:
+            def take_it(*args: Any) -> None:
+                if kills.killed and not taken:
+                    taken.append(other.execute("SELECT pg_try_advisory_lock(%s)",
+                                               (ADVISORY_KEY,)).fetchone())
+
+            taken: list[Any] = []
+            event.listen(hold._engine, "connect", take_it)
+            with structlog.testing.capture_logs() as logs:
+                assert not hold.beat(batch_id)
+            assert taken == [(True,)]
+            assert [line["event"] for line in logs] == [
+                "nightly lock's connection lost", "nightly lock held by another run"]
+            assert _holders(pg_engine, ADVISORY_KEY) == [other.info.backend_pid]
+            with pytest.raises(AlreadyRunningError):
+                hold.keep()

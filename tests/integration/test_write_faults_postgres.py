@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import structlog
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers
@@ -27,7 +28,7 @@ from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
 from app.db.engine import get_engine
-from app.db.models import Batch, TickerRun
+from app.db.models import Batch, Decision, NodeText, TickerRun
 from app.errors import StorageOutage
 from app.runs.checkpoints import Checkpoints, open_checkpointer
 from app.runs.resumable import find_resumable, mark_stale_crashed
@@ -145,6 +146,37 @@ async def test_the_database_away_for_ten_seconds_is_ridden_out(
         check_rows_match(get_engine(url), server)
     finally:
         get_engine(url).dispose()
+
+
+async def test_commits_whose_answer_is_lost_record_every_row_once(
+        db_url: str, demo_dir: Path, proxy: TcpProxy) -> None:
+    # The connection lost after the server committed but before it said so (a restart at
+    # the worst moment), at the night's first COMMIT and every fifth after: each write is
+    # retried whole and must find what its lost try stored, neither a row twice nor one
+    # lost. Before, the batch's first write, retried, stored a second batch (running for
+    # good, no process behind it).
+    url = make_url(db_url).set(port=proxy.port).render_as_string(hide_password=False)
+    tickers = demo_tickers(2)
+    proxy.lose_acks(lambda n: n % 5 == 1)
+    server = FakeServer(nodes=NODES, tickers=tickers)
+    try:
+        outcome = await night(url, demo_dir, server, db_write_budget_s=60.0).run(
+            BatchPlan("nightly", DEMO_AS_OF, tickers))
+    finally:
+        get_engine(url).dispose()
+    assert proxy.lost_acks >= 5, proxy.commits
+    assert outcome.status == "succeeded", (outcome.failed, outcome.halt)
+    engine = get_engine(db_url)
+    with engine.connect() as conn:
+        batches = conn.execute(select(Batch.id, Batch.status, Batch.tickers_succeeded)).all()
+        runs = conn.execute(select(TickerRun.ticker, TickerRun.status)).all()
+        decisions = Counter(conn.execute(select(Decision.ticker)).scalars())
+        texts = conn.execute(select(func.count()).select_from(NodeText)).scalar_one()
+    assert batches == [(outcome.batch_id, "succeeded", 2)]
+    assert sorted(runs) == [(t, "succeeded") for t in sorted(tickers)]
+    assert set(decisions) == set(tickers) and len(set(decisions.values())) == 1, decisions
+    assert texts == len(NODES) * sum(decisions.values())
+    check_rows_match(engine, server)
 
 
 async def test_a_disk_full_for_good_ends_the_night_in_one_line_and_it_resumes_later(
