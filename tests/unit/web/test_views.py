@@ -165,9 +165,9 @@ def test_a_running_batch_page_lists_running_tickers_apart_and_refreshes(
     # AAA's and BBB's 34 calls ran alone, 1 s each: CCC's 17 take 17 s, and BBB, every
     # node answered but still running, is asking its last again: half of a call's 1 s
     # (EEE failed: it runs no more calls). 17.5 s at a first night's calibrated ratios
-    # (0.58, 1.82): 10.2 s and 31.9 s.
+    # (0.67, 1.80): 11.7 s and 31.5 s.
     assert "34 of about 68 calls" in text(soup.find(id="progress"))
-    assert "about 18 s (75% interval: 10 s – 32 s) left" in text(soup.find(id="progress"))
+    assert "about 18 s (75% interval: 12 s – 32 s) left" in text(soup.find(id="progress"))
     # Once it is over, nothing reloads.
     done = add_night(sqlite_engine, D1, DUE1, GOOD)
     assert page(client, f"/batches/{done}", now).find("meta",
@@ -300,9 +300,9 @@ def test_the_running_night_s_eta_reads_the_same_on_both_faces(sqlite_engine: Eng
     # 47 calls left (BBB's 13 later ones, CCC's and DDD's 17), each node's calls having
     # had 4 s of the server alone and 2 s two at a time (tests/unit/support/eta_rows.py): 8/3 s
     # on the mean (an analyst 3 s: BBB's ran alone too): 13 × 8/3 + 2 × (4 × 3 + 13 × 8/3)
-    # = 128 s; the interval at a first night's calibrated ratios (0.58, 1.82): 74 s and 233 s.
-    assert eta.RATIO_FIRST == (0.58, 1.82)
-    said = "about 2 min 08 s (75% interval: 1 min 14 s – 3 min 53 s) left"
+    # = 128 s; the interval at a first night's calibrated ratios (0.67, 1.80): 86 s and 230 s.
+    assert eta.RATIO_FIRST == (0.67, 1.80)
+    said = "about 2 min 08 s (75% interval: 1 min 26 s – 3 min 50 s) left"
     assert progress == said
     assert said in cli.stderr.splitlines()[1]
 
