@@ -428,7 +428,9 @@ def same_run(machine: dict[str, Any]) -> dict[str, Any]:
     run over two endpoints makes twice the tok/s of one, on a server set up alike."""
     return {"code commit": machine.get("commit"), "host": machine.get("host"),
             "server flags": machine.get("server_flags"),
-            "endpoint count": endpoints_of(machine)}
+            "endpoint count": endpoints_of(machine),
+            "served model name (machine.model)": machine.get("model"),
+            "server profile (machine.profile)": machine.get("profile")}
 
 
 def endpoints_of(machine: dict[str, Any]) -> int:

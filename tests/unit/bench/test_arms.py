@@ -286,7 +286,9 @@ def _run(strategy: str, **machine: Any) -> dict[str, Any]:
                                      {"server_flags": {"max_num_seqs": 48}},
                                      {"commit": None},
                                      # two endpoints alike: twice the tok/s of one
-                                     {"server": "http://a:8000/v1,http://b:8000/v1"}])
+                                     {"server": "http://a:8000/v1,http://b:8000/v1"},
+                                     # another model served, or another server profile
+                                     {"model": "other"}, {"profile": "other"}])
 def test_combine_refuses_runs_of_another_commit_host_or_server(differs: dict[str, Any]) -> None:
     runs = [_run("fixed-8"), _run("fixed-3"), _run("adaptive", **differs)]
     with pytest.raises(InputError, match=r"cannot combine runs whose .* --allow-mixed"):

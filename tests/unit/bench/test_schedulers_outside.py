@@ -117,6 +117,23 @@ def test_combine_refuses_runs_over_another_number_of_endpoints(tmp_path: Path) -
     assert mixed.code == 0 and "endpoint count: 2 values" in mixed.stdout
 
 
+@pytest.mark.parametrize(("field", "says"), [
+    ("model", "served model name (machine.model) differs (\"m\" and \"other\")"),
+    ("profile", "server profile (machine.profile) differs (\"p\" and \"other\")")])
+def test_combine_refuses_another_served_model_or_profile_naming_files_and_field(
+        tmp_path: Path, field: str, says: str) -> None:
+    # Not compared before: runs against another model name or server profile were joined.
+    other = _run("adaptive", 520.0)
+    other["machine"][field] = "other"
+    first = _write(tmp_path, "a.json", _run("fixed-14", 500.0))
+    result = run_cli("bench", "combine", str(first), str(_write(tmp_path, "b.json", other)))
+    assert result.code == 2 and len(result.error_lines) == 1, result.stderr
+    assert says in result.error_lines[0]
+    assert f"({tmp_path / 'b.json'} against {tmp_path / 'a.json'})" in result.error_lines[0]
+    mixed = run_cli("bench", "combine", str(first), str(tmp_path / "b.json"), "--allow-mixed")
+    assert mixed.code == 0, mixed.stderr
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (("--tickers", "0"), "--tickers"),
     (("--tickers", "-1"), "--tickers"),
