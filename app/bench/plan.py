@@ -202,7 +202,7 @@ class PlanRow(BaseModel, frozen=True):
     makespan_s: float  # the bound at the admitted cache share, plus the start ramp
     bound_s: float  # the graph bound: no schedule that respects the graph beats it
     ramp_s: float
-    output_tok_s: float
+    bound_output_tok_s: float  # the output rate of bound_s (the bound's), not of makespan_s
     binding: str  # of makespan_s: max_num_seqs | kv_cache | critical_path
     summed_capacity_tok_s: float
     share_of_summed_capacity: float
@@ -211,12 +211,16 @@ class PlanRow(BaseModel, frozen=True):
 
 
 class DeadlineAnswer(BaseModel, frozen=True):
-    """How many endpoints finish between the night's start and a deadline (None: none do)."""
+    """How many endpoints finish between the night's start and a deadline (None: none do),
+    and whether the deadline lies past the start after it (a night running to it would
+    overlap the next one)."""
 
     start: datetime
     deadline: datetime
     seconds: float
     endpoints: int | None
+    next_start: datetime | None = None  # the schedule's start after ``start`` (None: none)
+    overlaps_next_night: bool = False
 
 
 class FleetPlan(BaseModel, frozen=True):
@@ -232,7 +236,11 @@ class FleetPlan(BaseModel, frozen=True):
     deadline: DeadlineAnswer | None = None
 
     def csv_rows(self) -> list[dict[str, Any]]:
-        return [row.model_dump() for row in self.rows]
+        """Each row, and on each whether the deadline overlaps the next night (empty
+        without a deadline): a CSV has no other place to say it."""
+        overlaps = None if self.deadline is None else self.deadline.overlaps_next_night
+        return [{**row.model_dump(), "deadline_overlaps_next_night": overlaps}
+                for row in self.rows]
 
 
 def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
@@ -262,7 +270,7 @@ def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
         # The requests an endpoint keeps running on average: what the limit must climb to.
         ramp = admission.ramp_s(graph.output_tokens / endpoints / admitted.steps)
         rows.append(PlanRow(endpoints=endpoints, makespan_s=admitted.seconds + ramp,
-                            bound_s=bound.seconds, ramp_s=ramp, output_tok_s=bound.tok_s,
+                            bound_s=bound.seconds, ramp_s=ramp, bound_output_tok_s=bound.tok_s,
                             binding=admitted.binding, summed_capacity_tok_s=summed,
                             share_of_summed_capacity=bound.tok_s / summed if summed else 0.0,
                             within_5pct_of_best=False))
@@ -287,10 +295,12 @@ def parse_clock(text: str, what: str = "--deadline") -> time:
             from None
 
 
-def answer_deadline(plan: FleetPlan, start: datetime, clock: time) -> DeadlineAnswer:
+def answer_deadline(plan: FleetPlan, start: datetime, clock: time,
+                    next_start: datetime | None = None) -> DeadlineAnswer:
     """Return the fewest endpoints whose planned makespan finishes by the first ``clock``
     after ``start`` (``start``'s zone), the seconds between them as elapsed (a clock change
-    in the night counts); as a bound, a night needs at least these, maybe more."""
+    in the night counts); as a bound, a night needs at least these, maybe more. A deadline
+    later than ``next_start`` (the schedule's start after ``start``) overlaps that night."""
     deadline = start.replace(hour=clock.hour, minute=clock.minute, second=0, microsecond=0)
     if deadline <= start:
         deadline += timedelta(days=1)  # on the wall clock: the same time, the next day
@@ -298,7 +308,8 @@ def answer_deadline(plan: FleetPlan, start: datetime, clock: time) -> DeadlineAn
     seconds = (deadline.astimezone(UTC) - start.astimezone(UTC)).total_seconds()
     fits = [r.endpoints for r in plan.rows if r.makespan_s <= seconds]
     return DeadlineAnswer(start=start, deadline=deadline, seconds=seconds,
-                          endpoints=min(fits) if fits else None)
+                          endpoints=min(fits) if fits else None, next_start=next_start,
+                          overlaps_next_night=next_start is not None and deadline > next_start)
 
 
 class NightBound(BaseModel, frozen=True):
