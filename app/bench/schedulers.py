@@ -451,8 +451,8 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False,
     """
     if not runs:
         raise InputError("no bench results to combine")
-    seen: set[str] = set()
-    for run in runs:
+    seen: dict[str, int] = {}  # a run's key: the index of the file it came in
+    for i, run in enumerate(runs):
         check_result(run)
         for arm in run["arms"]:
             # The same run twice (a file given twice, or a combined file beside its parts)
@@ -464,10 +464,13 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False,
                                   "strategy": arm.get("strategy_as_run", arm["strategy"])},
                                  sort_keys=True, default=str)
             if run_key in seen:
+                before = seen[run_key]
+                where = ("" if not names else f" (twice in {names[i]})" if before == i
+                         else f" (in {names[before]} and {names[i]})")
                 raise InputError(f"a run of {arm['strategy']} (batch {arm.get('batch_id')}) is "
-                                 "given twice: counted twice it would make its arm look surer "
-                                 "than it is")
-            seen.add(run_key)
+                                 f"given twice{where}: counted twice it would make its arm "
+                                 "look surer than it is")
+            seen[run_key] = i
     first = runs[0]
     try:
         # Its names are today's (``canonical_arm``), but for an older file's adaptive arms,

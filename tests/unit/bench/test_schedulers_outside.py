@@ -176,7 +176,9 @@ def test_combine_refuses_a_run_given_twice(tmp_path: Path) -> None:
     one = _write(tmp_path, "one.json", result.to_json())
     twice = run_cli("bench", "combine", str(one), str(one))
     assert twice.code == 2 and len(twice.error_lines) == 1
-    assert "a run of fixed-14 (batch 1) is given twice" in twice.error_lines[0]
+    # Which files: among many, "batch 1" alone does not say where to look.
+    assert (f"a run of fixed-14 (batch 1) is given twice (in {one} and {one})"
+            in twice.error_lines[0])
     # A combined file beside one of its parts: the same, though the combination set the
     # part's arms' ratios against another ceiling (fixed-all's 700 tok/s).
     other = _write(tmp_path, "other.json", _run("fixed-all", 700.0))
@@ -184,7 +186,7 @@ def test_combine_refuses_a_run_given_twice(tmp_path: Path) -> None:
     assert run_cli("bench", "combine", str(one), str(other), "--json-out", str(both)).code == 0
     assert json.loads(both.read_text())["arms"][0]["ratio_to_ceiling"] == pytest.approx(500 / 700)
     again = run_cli("bench", "combine", str(both), str(one))
-    assert again.code == 2 and "is given twice" in again.error_lines[0]
+    assert again.code == 2 and f"is given twice (in {both} and {one})" in again.error_lines[0]
 
 
 @pytest.mark.parametrize("where", ["a-directory", "under-a-file/out.json"])
