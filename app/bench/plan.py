@@ -155,7 +155,8 @@ def night_server(engine: Engine, batch_id: int) -> ServerModel:
         most = conn.execute(select(ServerSample.running)
                             .where(ServerSample.batch_id == batch_id)
                             .order_by(ServerSample.running.desc()).limit(1)).scalar()
-    kv = recorded.get("kv_cache_tokens")
+    kv, seqs, length = (_count(recorded, key, batch_id)
+                        for key in ("kv_cache_tokens", "max_num_seqs", "max_model_len"))
     if not kv:
         raise InputError(f"batch {batch_id} recorded no KV cache size (its server facts have "
                          "none)")
@@ -163,17 +164,29 @@ def night_server(engine: Engine, batch_id: int) -> ServerModel:
     if step is None:
         raise InputError(f"batch {batch_id} has no /metrics readings of decoding to fit a step "
                          "to")
-    seqs = recorded.get("max_num_seqs") or most
+    where = ("--max-num-seqs from its server facts" if seqs
+             else "the most requests it ran at once")
+    seqs = seqs or most
     if not seqs:
         raise InputError(f"batch {batch_id} recorded no --max-num-seqs and ran no request")
-    where = ("--max-num-seqs from its server facts" if recorded.get("max_num_seqs")
-             else "the most requests it ran at once")
-    length = recorded.get("max_model_len")
-    return ServerModel(name=f"batch {batch_id}", kv_tokens=int(kv), max_num_seqs=int(seqs),
-                       step_a_s=step.a, step_b_s=step.b,
-                       max_model_len=int(length) if length else None,
+    return ServerModel(name=f"batch {batch_id}", kv_tokens=kv, max_num_seqs=int(seqs),
+                       step_a_s=step.a, step_b_s=step.b, max_model_len=length,
                        source=f"batch {batch_id}'s server: KV tokens from its server facts, "
                               f"{where}, step fitted to {step.levels} levels of its readings")
+
+
+def _count(recorded: dict[str, Any], key: str, batch_id: int) -> int | None:
+    """Return a server fact that is a count (None: not recorded); InputError for one that is
+    no positive whole number (text, 0, -5), which would fail or mislead the model."""
+    value = recorded.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # a startup log's "49152.0 tokens" is a count
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"batch {batch_id}'s server facts record {key} as {value!r}, not a "
+                         "positive whole number")
+    return value
 
 
 class Admission(BaseModel, frozen=True):

@@ -488,3 +488,30 @@ def test_a_deadline_past_the_next_nights_start_is_flagged() -> None:
     following = start + timedelta(hours=6)
     assert not answer_deadline(plan, start, time(5, 59), following).overlaps_next_night
     assert answer_deadline(plan, start, time(6, 1), following).overlaps_next_night
+
+
+@pytest.mark.parametrize(("facts", "says"), [
+    # Text: a ValueError traceback from int(); -5 or a sequence cap of -1: "no answered
+    # output to bound" in report and "asks for no output" or "-5 tokens" in plan, none true.
+    ({"kv_cache_tokens": "lots", "max_num_seqs": 4}, "kv_cache_tokens as 'lots'"),
+    ({"kv_cache_tokens": -5, "max_num_seqs": 4}, "kv_cache_tokens as -5"),
+    ({"kv_cache_tokens": 0, "max_num_seqs": 4}, "kv_cache_tokens as 0"),
+    ({"kv_cache_tokens": 10_000, "max_num_seqs": -1}, "max_num_seqs as -1"),
+    ({"kv_cache_tokens": 10_000, "max_num_seqs": 4, "max_model_len": "8k"},
+     "max_model_len as '8k'"),
+])
+def test_server_facts_of_no_count_are_named_not_modelled(sqlite_engine: Any,
+                                                         facts: dict[str, Any],
+                                                         says: str) -> None:
+    night, whole = _night(sqlite_engine, facts), _night(sqlite_engine, FACTS)
+    line = f"batch {night}'s server facts record {says}, not a positive whole number"
+    refused = run_cli("plan", "--tickers", "4", "--shape", str(whole), "--profile", str(night))
+    assert refused.code == 2 and len(refused.error_lines) == 1, refused.stderr
+    assert line in refused.error_lines[0]
+    shown = run_cli("report", str(night))
+    assert shown.code == 0, shown.stderr
+    assert f"graph bound: not computed ({line})" in " ".join(shown.stdout.split())
+    # A whole float is a count: a startup log may write one so.
+    fine = _night(sqlite_engine, {"kv_cache_tokens": 10_000.0, "max_num_seqs": 4.0})
+    assert plan_json("--tickers", "4", "--shape", str(whole), "--profile", str(fine))[
+        "profile"]["kv_tokens"] == 10_000
