@@ -166,10 +166,10 @@ def night_server(engine: Engine, batch_id: int) -> ServerModel:
                          "to")
     where = ("--max-num-seqs from its server facts" if seqs
              else "the most requests it ran at once")
-    seqs = seqs or most
-    if not seqs:
+    cap = seqs or most
+    if not cap:
         raise InputError(f"batch {batch_id} recorded no --max-num-seqs and ran no request")
-    return ServerModel(name=f"batch {batch_id}", kv_tokens=kv, max_num_seqs=int(seqs),
+    return ServerModel(name=f"batch {batch_id}", kv_tokens=kv, max_num_seqs=int(cap),
                        step_a_s=step.a, step_b_s=step.b, max_model_len=length,
                        source=f"batch {batch_id}'s server: KV tokens from its server facts, "
                               f"{where}, step fitted to {step.levels} levels of its readings")
