@@ -16,8 +16,9 @@ from typing import Any
 
 from app.errors import InputError
 from app.runs.replay import Workload
-from app.traffic.budget import prompt_bytes
-from app.traffic.strategy import Strategy
+from app.traffic.admission import AdmissionPolicy
+from app.traffic.budget import TokenBudget, prompt_bytes
+from app.traffic.strategy import NUMBERS, POLICY_KNOBS, Knobs, Strategy
 
 SWEEP = "sweep"  # in a list of arms: the fixed-N sweep
 DEFAULT_ARMS = f"fixed-3,{SWEEP},fixed-all,adaptive"
@@ -151,13 +152,57 @@ def plan_arms(text: str, workload: Workload, kv_tokens: int | None,
 
 
 def _same(a: str, b: str) -> bool:
-    """Return True when two arm names parse to the same strategy (knobs in any order)."""
-    if a == b:
-        return True
-    if FLOOD in (a, b):
-        return False
-    sa, sb = Strategy.parse(a), Strategy.parse(b)
-    return (sa.adaptive, sa.tickers_in_flight, sa.request_limit, sa.tail, sa.prefetch,
-            sorted(sa.policy), sorted(sa.budget_knobs)) == (
-        sb.adaptive, sb.tickers_in_flight, sb.request_limit, sb.tail, sb.prefetch,
-        sorted(sb.policy), sorted(sb.budget_knobs))
+    """Return True when two arm names are one strategy (``canonical_arm``)."""
+    return canonical_arm(a) == canonical_arm(b)
+
+
+def knob_defaults() -> dict[str, dict[str, Any]]:
+    """Return the knob values an arm's name leaves out, by kind (``adaptive``, ``fixed``),
+    as this code runs them; a bench writes them with its figures. ``maximum`` is none:
+    the caller's cap sets it."""
+    adaptive = {"tail": "on", "prefetch": "on",
+                **{k: getattr(AdmissionPolicy, k) for k in POLICY_KNOBS if k != "maximum"},
+                **{k: getattr(TokenBudget, k.removeprefix("budget_")) for k in NUMBERS
+                   if k not in POLICY_KNOBS}}
+    return {"adaptive": adaptive, "fixed": {"tail": "off", "prefetch": "off"}}
+
+
+# What is known of the defaults of a file that records none: a fixed count's tail and
+# prefetch have been off where not written since each knob came (c0da37b, 6b07d23);
+# adaptive's have changed (prefetch), and which applied is not known.
+OLDER_DEFAULTS: dict[str, dict[str, Any]] = {"fixed": {"tail": "off", "prefetch": "off"}}
+
+
+def canonical_arm(name: str, defaults: dict[str, dict[str, Any]] | None = None) -> str:
+    """Return one name per arm: its knobs in ``Knobs``' order, those at today's default left
+    out (``fixed-15:tail=off`` is ``fixed-15``).
+
+    ``defaults`` are the knob defaults of the code that ran the arm (``knob_defaults``, as
+    its file records them; None: this code's): a knob left out then but set otherwise today
+    is written in. Where they do not give its kind (``OLDER_DEFAULTS``' adaptive) the knobs
+    are kept as written, only ordered. A name no strategy has today is kept as it is.
+    """
+    if name in (SWEEP, FLOOD):
+        return name
+    try:
+        strategy = Strategy.parse(name)
+    except InputError:
+        return name
+    base, _, knobs = name.partition(":")
+    written = Knobs.model_validate(dict(k.partition("=")[::2] for k in knobs.split(",") if k)
+                                   ).model_dump(exclude_none=True)
+    kind = "adaptive" if strategy.adaptive else "fixed"
+    today = knob_defaults()[kind]
+    then = today if defaults is None else defaults.get(kind)
+    kept = written if then is None else {
+        k: v for k, v in {**then, **written}.items() if k in Knobs.model_fields
+        and (k not in today or v != today[k])}
+    parts = [f"{k}={_knob(kept[k])}" for k in Knobs.model_fields if k in kept]
+    return base + (":" + ",".join(parts) if parts else "")
+
+
+def _knob(value: Any) -> str:
+    """Write a knob's value as a name does: 0.95, 8, on (a whole float without its .0)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

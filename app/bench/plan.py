@@ -155,7 +155,8 @@ def night_server(engine: Engine, batch_id: int) -> ServerModel:
         most = conn.execute(select(ServerSample.running)
                             .where(ServerSample.batch_id == batch_id)
                             .order_by(ServerSample.running.desc()).limit(1)).scalar()
-    kv = recorded.get("kv_cache_tokens")
+    kv, seqs, length = (_count(recorded, key, batch_id)
+                        for key in ("kv_cache_tokens", "max_num_seqs", "max_model_len"))
     if not kv:
         raise InputError(f"batch {batch_id} recorded no KV cache size (its server facts have "
                          "none)")
@@ -163,17 +164,29 @@ def night_server(engine: Engine, batch_id: int) -> ServerModel:
     if step is None:
         raise InputError(f"batch {batch_id} has no /metrics readings of decoding to fit a step "
                          "to")
-    seqs = recorded.get("max_num_seqs") or most
-    if not seqs:
-        raise InputError(f"batch {batch_id} recorded no --max-num-seqs and ran no request")
-    where = ("--max-num-seqs from its server facts" if recorded.get("max_num_seqs")
+    where = ("--max-num-seqs from its server facts" if seqs
              else "the most requests it ran at once")
-    length = recorded.get("max_model_len")
-    return ServerModel(name=f"batch {batch_id}", kv_tokens=int(kv), max_num_seqs=int(seqs),
-                       step_a_s=step.a, step_b_s=step.b,
-                       max_model_len=int(length) if length else None,
+    cap = seqs or most
+    if not cap:
+        raise InputError(f"batch {batch_id} recorded no --max-num-seqs and ran no request")
+    return ServerModel(name=f"batch {batch_id}", kv_tokens=kv, max_num_seqs=int(cap),
+                       step_a_s=step.a, step_b_s=step.b, max_model_len=length,
                        source=f"batch {batch_id}'s server: KV tokens from its server facts, "
                               f"{where}, step fitted to {step.levels} levels of its readings")
+
+
+def _count(recorded: dict[str, Any], key: str, batch_id: int) -> int | None:
+    """Return a server fact that is a count (None: not recorded); InputError for one that is
+    no positive whole number (text, 0, -5), which would fail or mislead the model."""
+    value = recorded.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # a startup log's "49152.0 tokens" is a count
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"batch {batch_id}'s server facts record {key} as {value!r}, not a "
+                         "positive whole number")
+    return value
 
 
 class Admission(BaseModel, frozen=True):
@@ -202,7 +215,7 @@ class PlanRow(BaseModel, frozen=True):
     makespan_s: float  # the bound at the admitted cache share, plus the start ramp
     bound_s: float  # the graph bound: no schedule that respects the graph beats it
     ramp_s: float
-    output_tok_s: float
+    bound_output_tok_s: float  # the output rate of bound_s (the bound's), not of makespan_s
     binding: str  # of makespan_s: max_num_seqs | kv_cache | critical_path
     summed_capacity_tok_s: float
     share_of_summed_capacity: float
@@ -211,12 +224,16 @@ class PlanRow(BaseModel, frozen=True):
 
 
 class DeadlineAnswer(BaseModel, frozen=True):
-    """How many endpoints finish between the night's start and a deadline (None: none do)."""
+    """How many endpoints finish between the night's start and a deadline (None: none do),
+    and whether the deadline lies past the start after it (a night running to it would
+    overlap the next one)."""
 
     start: datetime
     deadline: datetime
     seconds: float
     endpoints: int | None
+    next_start: datetime | None = None  # the schedule's start after ``start`` (None: none)
+    overlaps_next_night: bool = False
 
 
 class FleetPlan(BaseModel, frozen=True):
@@ -232,7 +249,11 @@ class FleetPlan(BaseModel, frozen=True):
     deadline: DeadlineAnswer | None = None
 
     def csv_rows(self) -> list[dict[str, Any]]:
-        return [row.model_dump() for row in self.rows]
+        """Each row, and on each whether the deadline overlaps the next night (empty
+        without a deadline): a CSV has no other place to say it."""
+        overlaps = None if self.deadline is None else self.deadline.overlaps_next_night
+        return [{**row.model_dump(), "deadline_overlaps_next_night": overlaps}
+                for row in self.rows]
 
 
 def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
@@ -262,7 +283,7 @@ def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
         # The requests an endpoint keeps running on average: what the limit must climb to.
         ramp = admission.ramp_s(graph.output_tokens / endpoints / admitted.steps)
         rows.append(PlanRow(endpoints=endpoints, makespan_s=admitted.seconds + ramp,
-                            bound_s=bound.seconds, ramp_s=ramp, output_tok_s=bound.tok_s,
+                            bound_s=bound.seconds, ramp_s=ramp, bound_output_tok_s=bound.tok_s,
                             binding=admitted.binding, summed_capacity_tok_s=summed,
                             share_of_summed_capacity=bound.tok_s / summed if summed else 0.0,
                             within_5pct_of_best=False))
@@ -287,10 +308,12 @@ def parse_clock(text: str, what: str = "--deadline") -> time:
             from None
 
 
-def answer_deadline(plan: FleetPlan, start: datetime, clock: time) -> DeadlineAnswer:
+def answer_deadline(plan: FleetPlan, start: datetime, clock: time,
+                    next_start: datetime | None = None) -> DeadlineAnswer:
     """Return the fewest endpoints whose planned makespan finishes by the first ``clock``
     after ``start`` (``start``'s zone), the seconds between them as elapsed (a clock change
-    in the night counts); as a bound, a night needs at least these, maybe more."""
+    in the night counts); as a bound, a night needs at least these, maybe more. A deadline
+    later than ``next_start`` (the schedule's start after ``start``) overlaps that night."""
     deadline = start.replace(hour=clock.hour, minute=clock.minute, second=0, microsecond=0)
     if deadline <= start:
         deadline += timedelta(days=1)  # on the wall clock: the same time, the next day
@@ -298,7 +321,8 @@ def answer_deadline(plan: FleetPlan, start: datetime, clock: time) -> DeadlineAn
     seconds = (deadline.astimezone(UTC) - start.astimezone(UTC)).total_seconds()
     fits = [r.endpoints for r in plan.rows if r.makespan_s <= seconds]
     return DeadlineAnswer(start=start, deadline=deadline, seconds=seconds,
-                          endpoints=min(fits) if fits else None)
+                          endpoints=min(fits) if fits else None, next_start=next_start,
+                          overlaps_next_night=next_start is not None and deadline > next_start)
 
 
 class NightBound(BaseModel, frozen=True):

@@ -35,7 +35,14 @@ from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 from sqlalchemy import Engine
 
 from app.batch.engine import BatchEngine, BatchPlan, TickerWork
-from app.bench.arms import DEFAULT_ARMS, FLOOD, plan_arms
+from app.bench.arms import (
+    DEFAULT_ARMS,
+    FLOOD,
+    OLDER_DEFAULTS,
+    canonical_arm,
+    knob_defaults,
+    plan_arms,
+)
 from app.bench.bound import (
     GraphFacts,
     arm_graph_facts,
@@ -96,6 +103,9 @@ class BenchResult:
     means: dict[str, dict[str, Any]] = field(default_factory=dict)
     verdicts: list[str] = field(default_factory=list)  # what the means can and cannot say
     lead_test: dict[str, Any] | None = None  # how the verdicts test a lead (LEAD_TEST)
+    # The knob values its arms' names leave out (app/bench/arms.py): ``bench combine`` reads
+    # each file's names by its own code's defaults. None: an older file.
+    knob_defaults: dict[str, dict[str, Any]] | None = field(default_factory=knob_defaults)
 
     def to_json(self) -> dict[str, Any]:
         return json.loads(json.dumps(self.__dict__, default=_plain))
@@ -418,7 +428,9 @@ def same_run(machine: dict[str, Any]) -> dict[str, Any]:
     run over two endpoints makes twice the tok/s of one, on a server set up alike."""
     return {"code commit": machine.get("commit"), "host": machine.get("host"),
             "server flags": machine.get("server_flags"),
-            "endpoint count": endpoints_of(machine)}
+            "endpoint count": endpoints_of(machine),
+            "served model name (machine.model)": machine.get("model"),
+            "server profile (machine.profile)": machine.get("profile")}
 
 
 def endpoints_of(machine: dict[str, Any]) -> int:
@@ -439,25 +451,34 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False,
     """
     if not runs:
         raise InputError("no bench results to combine")
-    seen: set[str] = set()
-    for run in runs:
+    seen: dict[str, int] = {}  # a run's key: the index of the file it came in
+    for i, run in enumerate(runs):
         check_result(run)
         for arm in run["arms"]:
             # The same run twice (a file given twice, or a combined file beside its parts)
             # would count as two runs: a spread of nothing, a lead "shown" from one run.
             # Its ratios are worked out again in every combination: not part of the run.
-            run_key = json.dumps({k: v for k, v in arm.items() if not k.startswith("ratio_")},
-                              sort_keys=True, default=str)
+            # Its name as it ran: a combination may have made it canonical.
+            run_key = json.dumps({**{k: v for k, v in arm.items() if not k.startswith("ratio_")
+                                     and k != "strategy_as_run"},
+                                  "strategy": arm.get("strategy_as_run", arm["strategy"])},
+                                 sort_keys=True, default=str)
             if run_key in seen:
+                before = seen[run_key]
+                where = ("" if not names else f" (twice in {names[i]})" if before == i
+                         else f" (in {names[before]} and {names[i]})")
                 raise InputError(f"a run of {arm['strategy']} (batch {arm.get('batch_id')}) is "
-                                 "given twice: counted twice it would make its arm look surer "
-                                 "than it is")
-            seen.add(run_key)
+                                 f"given twice{where}: counted twice it would make its arm "
+                                 "look surer than it is")
+            seen[run_key] = i
     first = runs[0]
     try:
+        # Its names are today's (``canonical_arm``), but for an older file's adaptive arms,
+        # kept as written: their defaults are then not known.
         result = BenchResult(first["workload"], first["tickers"], first["requests"],
                              machine=first.get("machine", {}), sweep=first.get("sweep"),
-                             repeat=None)
+                             repeat=None, knob_defaults=knob_defaults() if all(
+                                 r.get("knob_defaults") for r in runs) else None)
         mixed: dict[str, list[Any]] = {}
         for i, run in enumerate(runs):
             which = f" ({names[i]} against {names[0]})" if names else ""
@@ -479,7 +500,13 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False,
                     mixed.setdefault(what, [theirs])
                     if mine not in mixed[what]:
                         mixed[what].append(mine)
-            result.arms.extend(run["arms"])
+            # One arm, one name: fixed-15 of one file and fixed-15:tail=off of another pool;
+            # each file's names read by its own code's defaults (``canonical_arm``).
+            for arm in run["arms"]:
+                name = canonical_arm(arm["strategy"], run.get("knob_defaults") or OLDER_DEFAULTS)
+                result.arms.append(arm if name == arm["strategy"] else {
+                    **arm, "strategy": name,
+                    "strategy_as_run": arm.get("strategy_as_run", arm["strategy"])})
         result.mixed = mixed or None
         result.unchecked = [what for what, value in same_run(result.machine).items()
                             if value is None and what not in mixed] or None

@@ -110,7 +110,10 @@ def plan(
             raise InputError(f"the schedule {settings.schedule.cron!r} never fires again: no "
                              "start to count to --deadline from")
         start = start.astimezone(trigger.timezone)
-        answer = answer_deadline(chosen, start, clock)
+        _, following = due_times(trigger, start)
+        answer = answer_deadline(chosen, start, clock,
+                                 None if following is None
+                                 else following.astimezone(trigger.timezone))
         chosen = chosen.model_copy(update={"deadline": answer, "rows": [
             r.model_copy(update={"by_deadline": r.makespan_s <= answer.seconds})
             for r in chosen.rows]})
@@ -123,11 +126,13 @@ def plan(
         return
     table = figures(f"plan: {tickers} tickers of {chosen.shape.name}, endpoints "
                     f"{chosen.profile.name}; the makespan planned for adaptive admission",
-                    ("endpoints", "makespan", "makespan s", "bound s", "start ramp s", "set by",
-                     "bound's share of capacity", "within 5% of best"), {"set by"})
+                    ("endpoints", "makespan", "makespan s", "bound s", "bound's tok/s",
+                     "start ramp s", "set by", "bound's share of capacity",
+                     "within 5% of best"), {"set by"})
     for r in chosen.rows:
         table.add_row(str(r.endpoints), _span(r.makespan_s), f"{r.makespan_s:.0f}",
-                      f"{r.bound_s:.0f}", f"{r.ramp_s:.1f}", r.binding,
+                      f"{r.bound_s:.0f}", f"{r.bound_output_tok_s:.0f}", f"{r.ramp_s:.1f}",
+                      r.binding,
                       f"{r.share_of_summed_capacity:.2f}",
                       "yes" if r.within_5pct_of_best else "")
     out = console()
@@ -152,3 +157,7 @@ def plan(
                       f"{window}; the fastest needs at least {_span(chosen.best_makespan_s)}")
         else:
             out.print(f"deadline: at least {d.endpoints} endpoint(s) to finish {window}")
+        if d.overlaps_next_night and d.next_start is not None:
+            out.print(f"deadline: WARNING: {until} is past the schedule's next start after "
+                      f"this one ({d.next_start:%Y-%m-%d %H:%M %Z}): a night that runs to it "
+                      "overlaps the next night")

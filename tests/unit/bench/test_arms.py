@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, select
 from typer.testing import CliRunner
 
-from app.bench.arms import plan_arms, split_arms, sweep
+from app.bench.arms import knob_defaults, plan_arms, split_arms, sweep
 from app.bench.bound import GraphFacts, StepCost, fit_step, graph_bound, graph_facts
 from app.bench.schedulers import (
     BenchResult,
@@ -286,7 +286,9 @@ def _run(strategy: str, **machine: Any) -> dict[str, Any]:
                                      {"server_flags": {"max_num_seqs": 48}},
                                      {"commit": None},
                                      # two endpoints alike: twice the tok/s of one
-                                     {"server": "http://a:8000/v1,http://b:8000/v1"}])
+                                     {"server": "http://a:8000/v1,http://b:8000/v1"},
+                                     # another model served, or another server profile
+                                     {"model": "other"}, {"profile": "other"}])
 def test_combine_refuses_runs_of_another_commit_host_or_server(differs: dict[str, Any]) -> None:
     runs = [_run("fixed-8"), _run("fixed-3"), _run("adaptive", **differs)]
     with pytest.raises(InputError, match=r"cannot combine runs whose .* --allow-mixed"):
@@ -521,3 +523,53 @@ async def test_fixed_n_prefetching_runs_fan_outs_ahead_but_n_chains(
     # the second and third tickers' analysts start while a chain before them runs.
     assert all(f[0] >= c[1] for f, c in zip(plain["fan"][1:], plain["chain"], strict=False))
     assert all(f[0] < c[1] for f, c in zip(ahead["fan"][1:], ahead["chain"], strict=False))
+
+
+def test_combine_pools_one_arm_however_it_is_spelled() -> None:
+    # fixed-15 in one file and fixed-15:tail=off (its default written out) in another were
+    # two rows of one run each; knobs in another order likewise.
+    runs = [_run("fixed-15"), _run("fixed-15:tail=off"), _run("fixed-8:prefetch=on,tail=on"),
+            _run("fixed-8:tail=on,prefetch=on"), _run("adaptive"), _run("adaptive:kv_high=0.9")]
+    combined = combine_results(runs)
+    assert {name: m["runs"] for name, m in combined.means.items()} == {
+        "fixed-15": 2, "fixed-8:tail=on,prefetch=on": 2, "adaptive": 2}
+    assert [a.get("strategy_as_run") for a in combined.arms] == [
+        None, "fixed-15:tail=off", "fixed-8:prefetch=on,tail=on", None, None,
+        "adaptive:kv_high=0.9"]
+
+
+def test_combine_keeps_arms_of_other_defaults_apart() -> None:
+    # A file from before prefetching was adaptive's default records no defaults: its
+    # adaptive and adaptive:prefetch=on were two arms then; read by today's defaults they
+    # would pool. A file that records prefetch off by default is read by that.
+    older = [_run("adaptive"), _run("adaptive:prefetch=on")]
+    for run in older:
+        run["knob_defaults"] = None
+    assert {n: m["runs"] for n, m in combine_results(older).means.items()} == {
+        "adaptive": 1, "adaptive:prefetch=on": 1}
+    recorded = _run("adaptive")
+    recorded["knob_defaults"] = {"adaptive": {**knob_defaults()["adaptive"], "prefetch": "off"}}
+    today = _run("adaptive")
+    today["arms"][0]["batch_id"] = 2  # another run of the same figures
+    mixed = combine_results([recorded, _run("adaptive:prefetch=off"), today])
+    assert {n: m["runs"] for n, m in mixed.means.items()} == {"adaptive:prefetch=off": 2,
+                                                               "adaptive": 1}
+    # The older files' fixed arms: their defaults have not changed, so they pool.
+    fixed = [_run("fixed-15"), _run("fixed-15:tail=off")]
+    for run in fixed:
+        run["knob_defaults"] = None
+    assert combine_results(fixed).means["fixed-15"]["runs"] == 2
+
+
+def test_a_bench_runs_an_arm_once_whatever_its_spelling() -> None:
+    # adaptive:kv_high=0.9 is adaptive (its kv_high is 0.9): one arm, not two run apart.
+    arms, _ = plan_arms("adaptive,adaptive:kv_high=0.9,fixed-8,fixed-8:tail=off", {}, None, None)
+    assert arms == ["adaptive", "adaptive:tail=off", "fixed-8"]
+
+
+def test_a_combined_file_beside_its_part_is_refused_though_its_names_changed() -> None:
+    part = _run("fixed-15:tail=off")
+    joined = combine_results([part, _run("fixed-8")]).to_json()
+    assert joined["arms"][0]["strategy"] == "fixed-15"
+    with pytest.raises(InputError, match="given twice"):
+        combine_results([joined, part])

@@ -441,3 +441,77 @@ def test_a_paused_nights_bound_is_set_against_the_time_its_calls_ran(sqlite_engi
     line = " ".join(run_cli("report", str(night)).stdout.split())
     assert ("graph bound: makespan 40 s (its calls running; 1 pause, 300 s, left out) = 1.20 x"
             in line)
+
+
+def test_the_rate_of_each_row_is_named_the_bounds() -> None:
+    # The rate is output ÷ bound_s, the bound's; named output_tok_s it read as the planned
+    # makespan's, which is slower (the admitted cache and the ramp).
+    plan = plan_json("--tickers", "500")
+    for row in plan["rows"]:
+        assert "output_tok_s" not in row
+        assert row["bound_output_tok_s"] == pytest.approx(500 * OUTPUT_PER_TICKER / row["bound_s"])
+        assert row["bound_output_tok_s"] > 500 * OUTPUT_PER_TICKER / row["makespan_s"]
+    header = run_cli("plan", "--tickers", "500", "--format", "csv").stdout.splitlines()[0]
+    assert "bound_output_tok_s" in header.split(",")
+    table = " ".join(run_cli("plan", "--tickers", "500").stdout.split())
+    # One endpoint: 12,750,000 tokens in the bound's 4,543 s.
+    assert "bound's tok/s" in table and f"{plan['rows'][0]['bound_output_tok_s']:.0f}" in table
+
+
+def test_a_deadline_past_the_next_nights_start_is_flagged() -> None:
+    from datetime import UTC, datetime, time, timedelta
+
+    from app.bench.plan import answer_deadline
+
+    # Every minute: the night after the next starts a minute after it; a deadline three
+    # hours on lies past it, and a night running to it overlaps the next one.
+    env = {"NIGHTDESK_SCHEDULE_CRON": "* * * * *", "NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
+    later = f"{datetime.now(UTC) + timedelta(hours=3):%H:%M}"
+    answer = plan_json("--tickers", "500", "--deadline", later, env=env)["deadline"]
+    assert answer["overlaps_next_night"] is True
+    assert answer["next_start"] > answer["start"]
+    table = " ".join(run_cli("plan", "--tickers", "500", "--deadline", later, env=env)
+                     .stdout.split())
+    assert "WARNING" in table and "overlaps the next night" in table
+    rows = list(csv.DictReader(io.StringIO(run_cli(
+        "plan", "--tickers", "500", "--deadline", later, "--format", "csv", env=env).stdout)))
+    assert {r["deadline_overlaps_next_night"] for r in rows} == {"True"}
+    # Daily: a deadline of the start's own time is the next start itself, no overlap.
+    daily = {"NIGHTDESK_SCHEDULE_CRON": "0 0 * * *", "NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
+    same = plan_json("--tickers", "500", "--deadline", "00:00", env=daily)["deadline"]
+    assert same["seconds"] == 24 * 3600 and same["overlaps_next_night"] is False
+    assert "WARNING" not in run_cli("plan", "--tickers", "500", "--deadline", "00:00",
+                                    env=daily).stdout
+    # Every six hours: 05:59 from 00:00 is in time; 06:01 is past 06:00's night.
+    plan = plan_fleet(500, synthetic_shape(), H200_MOE, Admission(reading_s=2.0))
+    start = datetime(2027, 1, 4, 0, 0, tzinfo=UTC)
+    following = start + timedelta(hours=6)
+    assert not answer_deadline(plan, start, time(5, 59), following).overlaps_next_night
+    assert answer_deadline(plan, start, time(6, 1), following).overlaps_next_night
+
+
+@pytest.mark.parametrize(("facts", "says"), [
+    # Text: a ValueError traceback from int(); -5 or a sequence cap of -1: "no answered
+    # output to bound" in report and "asks for no output" or "-5 tokens" in plan, none true.
+    ({"kv_cache_tokens": "lots", "max_num_seqs": 4}, "kv_cache_tokens as 'lots'"),
+    ({"kv_cache_tokens": -5, "max_num_seqs": 4}, "kv_cache_tokens as -5"),
+    ({"kv_cache_tokens": 0, "max_num_seqs": 4}, "kv_cache_tokens as 0"),
+    ({"kv_cache_tokens": 10_000, "max_num_seqs": -1}, "max_num_seqs as -1"),
+    ({"kv_cache_tokens": 10_000, "max_num_seqs": 4, "max_model_len": "8k"},
+     "max_model_len as '8k'"),
+])
+def test_server_facts_of_no_count_are_named_not_modelled(sqlite_engine: Any,
+                                                         facts: dict[str, Any],
+                                                         says: str) -> None:
+    night, whole = _night(sqlite_engine, facts), _night(sqlite_engine, FACTS)
+    line = f"batch {night}'s server facts record {says}, not a positive whole number"
+    refused = run_cli("plan", "--tickers", "4", "--shape", str(whole), "--profile", str(night))
+    assert refused.code == 2 and len(refused.error_lines) == 1, refused.stderr
+    assert line in refused.error_lines[0]
+    shown = run_cli("report", str(night))
+    assert shown.code == 0, shown.stderr
+    assert f"graph bound: not computed ({line})" in " ".join(shown.stdout.split())
+    # A whole float is a count: a startup log may write one so.
+    fine = _night(sqlite_engine, {"kv_cache_tokens": 10_000.0, "max_num_seqs": 4.0})
+    assert plan_json("--tickers", "4", "--shape", str(whole), "--profile", str(fine))[
+        "profile"]["kv_tokens"] == 10_000

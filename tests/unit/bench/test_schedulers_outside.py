@@ -117,6 +117,23 @@ def test_combine_refuses_runs_over_another_number_of_endpoints(tmp_path: Path) -
     assert mixed.code == 0 and "endpoint count: 2 values" in mixed.stdout
 
 
+@pytest.mark.parametrize(("field", "says"), [
+    ("model", "served model name (machine.model) differs (\"m\" and \"other\")"),
+    ("profile", "server profile (machine.profile) differs (\"p\" and \"other\")")])
+def test_combine_refuses_another_served_model_or_profile_naming_files_and_field(
+        tmp_path: Path, field: str, says: str) -> None:
+    # Not compared before: runs against another model name or server profile were joined.
+    other = _run("adaptive", 520.0)
+    other["machine"][field] = "other"
+    first = _write(tmp_path, "a.json", _run("fixed-14", 500.0))
+    result = run_cli("bench", "combine", str(first), str(_write(tmp_path, "b.json", other)))
+    assert result.code == 2 and len(result.error_lines) == 1, result.stderr
+    assert says in result.error_lines[0]
+    assert f"({tmp_path / 'b.json'} against {tmp_path / 'a.json'})" in result.error_lines[0]
+    mixed = run_cli("bench", "combine", str(first), str(tmp_path / "b.json"), "--allow-mixed")
+    assert mixed.code == 0, mixed.stderr
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (("--tickers", "0"), "--tickers"),
     (("--tickers", "-1"), "--tickers"),
@@ -159,7 +176,9 @@ def test_combine_refuses_a_run_given_twice(tmp_path: Path) -> None:
     one = _write(tmp_path, "one.json", result.to_json())
     twice = run_cli("bench", "combine", str(one), str(one))
     assert twice.code == 2 and len(twice.error_lines) == 1
-    assert "a run of fixed-14 (batch 1) is given twice" in twice.error_lines[0]
+    # Which files: among many, "batch 1" alone does not say where to look.
+    assert (f"a run of fixed-14 (batch 1) is given twice (in {one} and {one})"
+            in twice.error_lines[0])
     # A combined file beside one of its parts: the same, though the combination set the
     # part's arms' ratios against another ceiling (fixed-all's 700 tok/s).
     other = _write(tmp_path, "other.json", _run("fixed-all", 700.0))
@@ -167,7 +186,7 @@ def test_combine_refuses_a_run_given_twice(tmp_path: Path) -> None:
     assert run_cli("bench", "combine", str(one), str(other), "--json-out", str(both)).code == 0
     assert json.loads(both.read_text())["arms"][0]["ratio_to_ceiling"] == pytest.approx(500 / 700)
     again = run_cli("bench", "combine", str(both), str(one))
-    assert again.code == 2 and "is given twice" in again.error_lines[0]
+    assert again.code == 2 and f"is given twice (in {both} and {one})" in again.error_lines[0]
 
 
 @pytest.mark.parametrize("where", ["a-directory", "under-a-file/out.json"])
