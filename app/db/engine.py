@@ -26,7 +26,7 @@ from sqlalchemy.pool import NullPool
 
 from app.config import STATEMENT_TIMEOUT_S
 from app.db.retry import BOUND, cancelled_at_bound, mark_bound
-from app.errors import DatabaseError, first_line
+from app.errors import DatabaseError, SchemaTooNew, first_line
 from serving.urls import redact
 
 log = structlog.get_logger(__name__)
@@ -288,14 +288,17 @@ def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> None:
     reads. Each migration is one transaction (``migration_engine``): an upgrade killed at
     any statement, or failed, leaves the database at the last migration that finished, and
     running it again goes on from there. One waiting past ``statement_timeout_s`` for a
-    lock another session holds is a DatabaseError naming the setting and that session.
+    lock another session holds is a DatabaseError naming the setting and that session; a
+    schema at a revision this install does not know is refused unchanged (``SchemaTooNew``).
     """
     # The shared engine of ``get_engine(url)``, as every caller's first: an in-memory
     # database is its one connection (quick reads here: the default bound serves).
     engine = get_engine(url)
     check_reachable(engine)
-    if current_revision(engine) == head_revision():
+    at = current_revision(engine)
+    if at == head_revision():
         return
+    refuse_unknown(url, at)
     # An in-memory database lives in its engine's one connection: migrate that one.
     memory = make_url(url).database in (None, "", ":memory:")
     target = engine if memory else migration_engine(url, statement_timeout_s)
@@ -335,8 +338,8 @@ def lock_held(engine: Engine, error: SQLAlchemyError, seconds: float) -> str | N
         return (f"a migration waited more than {BOUND} ({seconds:g} s) for a lock another "
                 "session holds: nothing of it applied; run `nightdesk db upgrade` again once "
                 "that lock is let go")
-    failed = next((s.revision for s in ScriptDirectory.from_config(alembic_config("sqlite://"))
-                   .walk_revisions() if s.down_revision == at), "?")
+    failed = next((s.revision for s in scripts().walk_revisions() if s.down_revision == at),
+                  "?")
     since = "" if holder is None or holder[4] is None else \
         f" since {holder[4].astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
     who = "another session" if holder is None else \
@@ -351,8 +354,28 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+@lru_cache(maxsize=1)
+def scripts() -> ScriptDirectory:
+    """Return this install's migrations (Alembic's script directory)."""
+    return ScriptDirectory.from_config(alembic_config("sqlite://"))
+
+
 def head_revision() -> str | None:
-    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    return scripts().get_current_head()
+
+
+def refuse_unknown(url: str, at: str | None) -> None:
+    """Raise SchemaTooNew when the schema is at a revision none of this install's migrations
+    names: a newer nightdesk migrated it (a package rolled back, or hosts on two versions
+    sharing one database). Alembic cannot upgrade from it, and this code's models may not
+    match it, so nothing may read or write it."""
+    if at is None or at in {script.revision for script in scripts().walk_revisions()}:
+        return
+    raise SchemaTooNew(
+        f"the database {shown(url)} is at schema revision {at}, newer than this nightdesk "
+        f"knows (newest {head_revision()}): upgrade nightdesk, on every host that shares this "
+        "database, to the version that migrated it, or restore the database from before "
+        "that upgrade; nothing was written")
 
 
 def ready_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> Engine:

@@ -29,6 +29,7 @@ from app.errors import (
     AlreadyRunningError,
     DatabaseError,
     InputError,
+    SchemaTooNew,
     StorageOutage,
     first_line,
 )
@@ -337,8 +338,11 @@ def tell_refused(settings: Settings, request: NightlyRequest, error: Exception,
     again = command or "the same `nightdesk run` command as before"
     fix = ("make the database reachable and writable (its server up, its disk not full, "
            "NIGHTDESK_DATABASE_URL right)" if isinstance(error, DatabaseError) else "fix that")
+    if isinstance(error, SchemaTooNew):  # its line says what to do; its schema takes no row
+        fix = "do as it says"
     tell_refusal(settings, as_of or request.as_of, first_line(error, 400),
-                 f"{fix}, then start the night again: {again}", command=command)
+                 f"{fix}, then start the night again: {again}", command=command,
+                 store=not isinstance(error, SchemaTooNew))
 
 
 def _tell_covered(settings: Settings, engine: Engine, request: NightlyRequest, as_of: date,

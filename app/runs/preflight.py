@@ -193,23 +193,25 @@ async def first_misfit(settings: Settings, base_url: str, prompts: Iterable[Smal
 
 def tell_refusal(settings: Settings, as_of: date | None, why: str, advice: str, *,
                  command: str | None = None, outcome: str = "no batch run",
-                 headline: str | None = None) -> None:
+                 headline: str | None = None, store: bool = True) -> None:
     """Tell of a night refused at its start: store it (``NightRefusal``; the morning's
     status names it until a later night starts) and push its digest (``send_refusal``).
 
     ``command``: the command ``advice`` names to start the night again, where it names one.
+    ``store=False``: the digest alone (a schema this install does not know takes no row).
     Never raises: the database may be what refused the night, whose one line has said so
     (the row not stored is then only a debug line: one line per error), and the digest
     says that the pages cannot show it: it alone tells the operator.
     """
-    stored = True
+    stored = store
     try:
-        with Session(get_engine(settings.store.database_url,
-                                settings.store.db_statement_timeout_s)) as session:
-            session.add(NightRefusal(refused_at=datetime.now(UTC), as_of=as_of,
-                                     title=refusal_title(as_of, outcome, headline), why=why,
-                                     advice=advice, command=command))
-            session.commit()
+        if store:
+            with Session(get_engine(settings.store.database_url,
+                                    settings.store.db_statement_timeout_s)) as session:
+                session.add(NightRefusal(refused_at=datetime.now(UTC), as_of=as_of,
+                                         title=refusal_title(as_of, outcome, headline),
+                                         why=why, advice=advice, command=command))
+                session.commit()
     except Exception as error:
         log.debug("refusal not stored", error=first_line(error))
         stored = False
