@@ -273,13 +273,14 @@ async def run_freeing_the_disk_at_the_stop(runner: BatchEngine, plan: BatchPlan 
             freeing.cancel()
 
 
-class RowHeld:
-    """Another session holding a batch row (``SELECT ... FOR UPDATE``) until ``release`` or
-    ``seconds`` later: an UPDATE of that row waits on it."""
+class Held:
+    """Another session that ran ``statement`` in an open transaction and keeps its locks until
+    ``release`` or ``seconds`` later; ``pid`` is its backend's."""
 
-    def __init__(self, dsn: str, batch_id: int, seconds: float) -> None:
+    def __init__(self, dsn: str, statement: str, params: tuple[Any, ...], seconds: float) -> None:
         self.holder: psycopg.Connection[Any] | None = psycopg.connect(dsn, connect_timeout=5)
-        self.holder.execute("SELECT 1 FROM batches WHERE id = %s FOR UPDATE", (batch_id,))
+        self.holder.execute(statement, params)
+        self.pid = self.holder.info.backend_pid
         self.timer = threading.Timer(seconds, self.release)
         self.timer.start()
 
@@ -288,3 +289,12 @@ class RowHeld:
         holder, self.holder = self.holder, None
         if holder is not None:
             holder.close()
+
+
+class RowHeld(Held):
+    """Another session holding a batch row (``SELECT ... FOR UPDATE``) until ``release`` or
+    ``seconds`` later: an UPDATE of that row waits on it."""
+
+    def __init__(self, dsn: str, batch_id: int, seconds: float) -> None:
+        super().__init__(dsn, "SELECT 1 FROM batches WHERE id = %s FOR UPDATE", (batch_id,),
+                         seconds)

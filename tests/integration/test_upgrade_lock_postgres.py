@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 import time
-from typing import Any
 
-import psycopg
 import pytest
 from alembic import command
 from sqlalchemy import inspect, text
@@ -26,6 +23,7 @@ from app.db.engine import (
     head_revision,
     migration_engine,
 )
+from tests.dbfaults import Held
 from tests.integration.conftest import private_database
 from tests.unit.support.clirun import run_cli
 
@@ -35,22 +33,12 @@ _numbers = itertools.count()
 BEFORE = "0014_served_by"  # the next migration, 0015_sample_chain_slots, alters server_samples
 
 
-class ReadHeld:
+class ReadHeld(Held):
     """Another session in an open transaction that has read ``table`` (its ACCESS SHARE lock,
     which every ALTER waits for), until ``release`` or ``seconds`` later."""
 
     def __init__(self, dsn: str, table: str, seconds: float) -> None:
-        self.holder: psycopg.Connection[Any] | None = psycopg.connect(dsn, connect_timeout=5)
-        self.holder.execute(f"SELECT count(*) FROM {table}")
-        self.pid = self.holder.info.backend_pid
-        self.timer = threading.Timer(seconds, self.release)
-        self.timer.start()
-
-    def release(self) -> None:
-        self.timer.cancel()
-        holder, self.holder = self.holder, None
-        if holder is not None:
-            holder.close()
+        super().__init__(dsn, f"SELECT count(*) FROM {table}", (), seconds)
 
 
 def _columns(url: str, table: str) -> set[str]:
