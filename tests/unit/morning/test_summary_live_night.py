@@ -1,11 +1,8 @@
 """A night whose heartbeat is held up but whose calls are still being recorded reads running
 on every surface; once its calls stop too it reads crashed everywhere, as before.
 
-Before, ``status_of`` judged a running night by its heartbeat (else its start) alone: a
-night whose heartbeat write was held up past ``heartbeat_stale_s`` (its batch row held by
-another transaction) read ``crashed`` on every page and command while its calls were still
-being recorded, and ``report`` or a second start marked its row crashed under it. A call
-that ended is a sign of life as good as a heartbeat: it ends only in a live process.
+A call that ended is a sign of life as good as a heartbeat: it ends only in a live process
+(docs/lab/2026-12-07-live-night-status.md has the fault this guards against).
 """
 
 from __future__ import annotations
