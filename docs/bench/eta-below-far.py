@@ -19,15 +19,13 @@ import json
 import sys
 import tempfile
 from datetime import timedelta
-
-from sqlalchemy import select
+from pathlib import Path
 
 from agents.nodes import ANALYSTS
 from app.db.engine import get_engine
-from app.db.models import Base, Batch
+from app.db.models import Base
 from app.morning import eta
-from tests.unit.morning.test_eta_replay import FIRST_ONLY, FROM, NIGHTS, WITHIN
-from tests.unit.support.eta_fixture import fixture, load
+from tests.unit.morning.test_eta_replay import FIRST_ONLY, NIGHTS, WITHIN, from_tenth
 from tests.unit.support.eta_rows import CHAIN, LATENCY_S, T0, night
 
 PACES = [1.5, 2, 3, 1 / 1.5, 1 / 2, 1 / 3]
@@ -41,28 +39,17 @@ def replays(out: str | None) -> None:
         sums = [0, 0, 0, 0]
         for name in names:
             with tempfile.TemporaryDirectory() as scratch:
-                engine = get_engine(f"sqlite:///{scratch}/replay.db")
-                Base.metadata.create_all(engine)
-                batch_id, _, readings = load(engine, fixture(name), before)
-                with engine.connect() as conn:
-                    start, end = conn.execute(select(Batch.started_at, Batch.finished_at)
-                                              .where(Batch.id == batch_id)).one()
-                night_s = (end - start).total_seconds()
-                got = [0, 0, 0, 0]
-                for r in readings:
-                    left = (end - r["taken_at"]).total_seconds()
-                    if left <= 0 or (r["taken_at"] - start).total_seconds() < FROM * night_s:
-                        continue
-                    found = eta.reading(engine, batch_id, r["taken_at"])
-                    said = found.eta_s
-                    near = bool(said and said > 0 and abs(said - left) <= WITHIN * left)
-                    near20 = bool(said and said > 0 and (near or abs(said - left) <= 20))
-                    held = bool(said and found.eta_low_s <= left <= found.eta_high_s)  # type: ignore[operator]
-                    got = [got[0] + 1, got[1] + near, got[2] + near20, got[3] + held]
-                    rows.append({"night": name, "prior": before, "into": 1 - left / night_s,
-                                 "left": left, "eta": said, "low": found.eta_low_s,
-                                 "high": found.eta_high_s, "level": found.level})
-                engine.dispose()
+                night_s, found = from_tenth(Path(scratch), name, before)
+            got = [0, 0, 0, 0]
+            for left, r in found:
+                said = r.eta_s
+                near = bool(said and said > 0 and abs(said - left) <= WITHIN * left)
+                near20 = bool(said and said > 0 and (near or abs(said - left) <= 20))
+                held = bool(said and r.eta_low_s <= left <= r.eta_high_s)  # type: ignore[operator]
+                got = [got[0] + 1, got[1] + near, got[2] + near20, got[3] + held]
+                rows.append({"night": name, "prior": before, "into": 1 - left / night_s,
+                             "left": left, "eta": said, "low": r.eta_low_s,
+                             "high": r.eta_high_s, "level": r.level})
             sums = [a + b for a, b in zip(sums, got, strict=True)]
             print(f"{'prior' if before else 'first'} {name:24s} {got[0]:3d} {got[1]:3d} "
                   f"{got[2]:3d} {got[3]:3d}", flush=True)

@@ -14,35 +14,17 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from pathlib import Path
 
-from sqlalchemy import select
-
-from app.db.engine import get_engine
-from app.db.models import Base, Batch
-from app.morning import eta
-from tests.unit.morning.test_eta_replay import FROM, NIGHTS, WITHIN
-from tests.unit.support.eta_fixture import fixture, load
+from tests.unit.morning.test_eta_replay import NIGHTS, WITHIN, from_tenth
 
 
 def main(names: list[str], before: bool = True) -> None:
     total = counted = 0
     for name in names or NIGHTS:
         with tempfile.TemporaryDirectory() as scratch:
-            engine = get_engine(f"sqlite:///{scratch}/replay.db")
-            Base.metadata.create_all(engine)
-            batch_id, _, readings = load(engine, fixture(name), before)
-            with engine.connect() as conn:
-                start, end = conn.execute(select(Batch.started_at, Batch.finished_at)
-                                          .where(Batch.id == batch_id)).one()
-            night_s = (end - start).total_seconds()
-            rows = []
-            for r in readings:
-                left = (end - r["taken_at"]).total_seconds()
-                if left <= 0 or (r["taken_at"] - start).total_seconds() < FROM * night_s:
-                    continue
-                rows.append((1 - left / night_s, left, eta.reading(engine, batch_id,
-                                                                   r["taken_at"]).eta_s))
-            engine.dispose()
+            night_s, found = from_tenth(Path(scratch), name, before)
+        rows = [(1 - left / night_s, left, r.eta_s) for left, r in found]
         good = sum(1 for _, left, said in rows
                    if said and said > 0 and abs(said - left) <= WITHIN * left)
         total, counted = total + good, counted + len(rows)

@@ -268,22 +268,28 @@ def test_a_first_night_reads_at_least_the_count_it_reached(
     assert counted - len(misses(start, end, said)) >= reached
 
 
+def from_tenth(folder: Path, name: str,
+               before: bool = True) -> tuple[float, list[tuple[float, eta.Reading]]]:
+    """Replay the night ``name`` in a database of its own under ``folder`` (with ``before``
+    false, none before it: the database's first night); return the night's length and, at
+    each stored reading from ``FROM`` of the night on before its end, the true time left and
+    the replayed reading."""
+    engine = get_engine(f"sqlite:///{folder / name}.db")
+    Base.metadata.create_all(engine)
+    batch_id, start, end, readings = night(engine, name, before)
+    night_s = (end - start).total_seconds()
+    kept = [r for r in readings if r["taken_at"] < end  # type: ignore[operator]
+            and (r["taken_at"] - start).total_seconds() >= FROM * night_s]  # type: ignore[operator]
+    out = [((end - r.taken_at).total_seconds(), r) for r in replayed(engine, batch_id, kept)]
+    engine.dispose()
+    return night_s, out
+
+
 def ratios(folder: Path, before: bool = True) -> dict[str, list[float]]:
     """Return, night by night, the true time left over the replayed ETA at each reading from
-    ``FROM`` of the night on (each night in a database of its own: the prior is the newest
-    earlier night; with ``before`` false, none: the database's first night)."""
-    out = {}
-    for name in NIGHTS + ([] if before else FIRST_ONLY):
-        engine = get_engine(f"sqlite:///{folder / name}.db")
-        Base.metadata.create_all(engine)
-        batch_id, start, end, readings = night(engine, name, before)
-        night_s = (end - start).total_seconds()
-        out[name] = [(end - r.taken_at).total_seconds() / r.eta_s
-                     for r in replayed(engine, batch_id, readings)
-                     if r.eta_s and (r.taken_at - start).total_seconds() >= FROM * night_s
-                     and r.taken_at < end]
-        engine.dispose()
-    return out
+    ``FROM`` of the night on (``from_tenth``)."""
+    return {name: [left / r.eta_s for left, r in from_tenth(folder, name, before)[1] if r.eta_s]
+            for name in NIGHTS + ([] if before else FIRST_ONLY)}
 
 
 def percentiles(values: list[float]) -> tuple[float, float]:
