@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+import socket
 import sqlite3
 import sys
-from contextlib import AbstractContextManager
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import UTC
 from functools import lru_cache
 from importlib.resources import files
@@ -13,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
+import psycopg
 import structlog
 from alembic import command
 from alembic.config import Config
@@ -176,13 +181,94 @@ def timed_out(error: BaseException) -> str | None:
             "it (a lock held too long, or the server overloaded)")
 
 
+# A server that accepts TCP but never answers (its backend stopped, a proxy swallowing bytes)
+# cancels nothing at statement_timeout, and its kernel acknowledges every byte, so the
+# keepalives find nothing wrong: a statement waited for ever. Each exchange with the server
+# is bounded on this side too, at the statement timeout plus ANSWER_GRACE_S (time for the
+# server's own cancel to arrive first): past it the connection's socket is shut down, which
+# ends the wait as a lost connection, retried within the write budget as any other.
+ANSWER_GRACE_S = 5.0
+
+
+def _cut(fd: int) -> None:
+    """Shut down the socket ``fd`` (a duplicate's shutdown reaches it; libpq keeps its own
+    descriptor, so none is closed under it)."""
+    with suppress(OSError), socket.socket(fileno=socket.dup(fd)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+@contextmanager
+def _answered_within(fd: int, seconds: float | None) -> Iterator[None]:
+    """Shut down ``fd`` should the block still run ``seconds`` later (never, when None)."""
+    if seconds is None:
+        yield
+        return
+    lock, over = threading.Lock(), [False]  # no cut once the block is over: fd may be reused
+
+    def cut() -> None:
+        with lock:
+            if not over[0]:
+                _cut(fd)
+
+    timer = threading.Timer(seconds, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        with lock:
+            over[0] = True
+        timer.cancel()
+
+
+class AnsweredConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose every exchange with the server (a statement, its rows, a
+    commit) ends within ``answer_s`` (``bounded`` sets it): its socket is shut down past it.
+    psycopg has no client-side timer of its own; every exchange passes through ``wait``."""
+
+    answer_s: float | None = None
+
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        with _answered_within(self.pgconn.socket, self.answer_s):
+            return super().wait(gen, *args, **kwargs)
+
+
+class AnsweredAsyncConnection(psycopg.AsyncConnection[Any]):
+    """``AnsweredConnection`` for the checkpoint pool's asyncio connections."""
+
+    answer_s: float | None = None
+
+    async def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.answer_s is None:
+            return await super().wait(gen, *args, **kwargs)
+        cutting = asyncio.get_running_loop().call_later(self.answer_s, _cut,
+                                                        self.pgconn.socket)
+        try:
+            return await super().wait(gen, *args, **kwargs)
+        finally:
+            cutting.cancel()
+
+
+def answer_bound(seconds: float) -> float:
+    """Return how long an exchange may wait for the server under statement timeout
+    ``seconds`` before its connection is given up (``AnsweredConnection``)."""
+    return seconds + ANSWER_GRACE_S
+
+
 def bounded(engine: Engine, seconds: float) -> Engine:
     """Return ``engine``, each error of its statements marked with the statement timeout it
-    ran under (``seconds``), for the line that reports it (``timed_out``, ``said``)."""
+    ran under (``seconds``), for the line that reports it (``timed_out``, ``said``), and each
+    of its connections' exchanges bounded client-side (``AnsweredConnection``)."""
 
     @event.listens_for(engine, "handle_error")
     def _mark(context: Any) -> None:
         mark_bound(context.original_exception, seconds)
+
+    @event.listens_for(engine, "do_connect")
+    def _open(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> Any:
+        conn = AnsweredConnection.connect(*cargs, **cparams)
+        conn.answer_s = answer_bound(seconds)
+        return conn
 
     return engine
 
