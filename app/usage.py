@@ -268,7 +268,8 @@ class UsageRecorder:
                 raise
         finally:
             if self._spool is not None:
-                await in_thread(_reserve(self._spool).unlink, missing_ok=True)
+                with contextlib.suppress(OSError):  # a spool's folder gone: nothing to give back
+                    await in_thread(_reserve(self._spool).unlink, missing_ok=True)
         if held is not None:
             raise held
 

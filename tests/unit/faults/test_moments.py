@@ -62,9 +62,13 @@ def restart(where: Callable[[ChatRequest], bool], server: list[FakeServer]
     return script
 
 
+def cut_at(where: Callable[[ChatRequest], bool], cut: str
+           ) -> Callable[[list[FakeServer]], Any]:
+    return lambda _: once(where, cut_after=1, cut=cut)
+
+
 CASES: dict[str, Callable[[list[FakeServer]], Any]] = {
-    **{f"cut-{cut}-{name}": (lambda cut, where: lambda _: once(
-        where, cut_after=1, cut=cut))(cut, where)
+    **{f"cut-{cut}-{name}": cut_at(where, cut)
        for cut in ("drop", "end", "garbage", "misshapen")
        for name, where in (("debate", at(DEBATE)), ("last-ticker", at(LAST[1], LAST[0])))},
     "malformed-json-at-once-last-ticker": lambda _: once(at(LAST[1], LAST[0]), cut_after=0,
