@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 import structlog
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers
@@ -30,6 +31,7 @@ from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
 from app.db.engine import get_engine, make_engine
 from app.db.lock import nightly_lock
+from app.db.models import Batch, Decision
 from app.runs.checkpoints import Checkpoints, open_checkpointer
 from tests.dbfaults import TcpProxy, check_rows_match, failed_writes
 from tests.fakevllm import ChatRequest, FakeServer
@@ -127,14 +129,17 @@ def test_every_connection_gives_up_a_server_that_never_answers(
                for s in stuck.values()), stuck
 
 
+@pytest.mark.parametrize("keep", [None, 0], ids=["nothing-through", "answers-lost"])
 def test_a_night_rides_out_a_database_that_answers_nothing_for_a_while(
-        through: tuple[str, TcpProxy], demo_dir: Path) -> None:
+        keep: int | None, through: tuple[str, TcpProxy], demo_dir: Path) -> None:
+    # answers-lost: the statements reach the server, which runs and commits them, but no
+    # answer comes back; each write is retried whole and must not store a row twice.
     url, proxy = through
     tickers = demo_tickers(2)
 
     def mute(chat: ChatRequest) -> None:
         if chat.index == 6:
-            proxy.swallow(8.0)
+            proxy.swallow(8.0, keep=keep)
 
     server = FakeServer(mute, nodes=NODES, tickers=tickers)
     settings = load_settings(database_url=url, retry_backoff_s=0.01, check_context_length=False,
@@ -153,6 +158,11 @@ def test_a_night_rides_out_a_database_that_answers_nothing_for_a_while(
         assert outcome.status == "succeeded", (outcome.failed, outcome.halt)
         assert failed_writes(logs)  # writes met the silent database, and passed
         check_rows_match(engine, server)
+        with engine.connect() as conn:
+            batches = conn.execute(select(Batch.status)).scalars().all()
+            decisions = Counter(conn.execute(select(Decision.ticker, Decision.sample)).all())
+        assert batches == ["succeeded"]
+        assert sorted(decisions.values()) == [1] * len(tickers)
     finally:
         stuck.cancel()
         engine.dispose()

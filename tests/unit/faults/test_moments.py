@@ -20,6 +20,7 @@ from sqlalchemy import Engine, select
 from agents.data.demo import DEMO_AS_OF
 from app.batch.engine import BatchPlan
 from app.db.models import Decision
+from app.runs.resumable import find_resumable
 from tests.fakevllm import ChatRequest, FakeServer, Reply
 from tests.fakevllm.chat import default_reply
 from tests.unit.support.bursts import TICKERS
@@ -105,3 +106,24 @@ def test_a_429_with_retry_after_mid_debate_is_waited_out(
     assert outcome.status == "succeeded", (outcome.failed, outcome.halt)
     assert server.burst_answers == 6
     assert_rows_match_the_servers(sqlite_engine, outcome.batch_id, [server])
+
+
+def test_a_burst_during_the_resume_is_waited_out(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    # The night stops half-way (a burst past a tiny outage budget); its resume meets a
+    # burst of its own, within the budget: waited out, every ticker succeeds, the rows
+    # of both runs equal both servers' logs.
+    first = FakeServer(nodes=NODES, tickers=TICKERS)
+    first.burst(503, 10_000, at=12)
+    stopped = asyncio.run(night_engine(sqlite_engine, demo_dir, first, outage_budget_s=0.3)
+                          .run(BatchPlan("nightly", DEMO_AS_OF, TICKERS)))
+    assert stopped.status == "interrupted" and not stopped.failed, stopped
+    second = FakeServer(nodes=NODES, tickers=TICKERS)
+    second.burst(503, 8, at=2, retry_after="1")
+    resumed = asyncio.run(night_engine(sqlite_engine, demo_dir, second).run(
+        find_resumable(sqlite_engine, stopped.batch_id, stale_s=120)))
+    assert resumed.status == "succeeded", (resumed.failed, resumed.halt)
+    assert second.burst_answers == 8
+    assert ticker_states(sqlite_engine, stopped.batch_id) == dict.fromkeys(
+        TICKERS, ("succeeded", None))
+    assert_rows_match_the_servers(sqlite_engine, stopped.batch_id, [first, second])
