@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import socket
 import sqlite3
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import UTC
@@ -188,6 +190,7 @@ def timed_out(error: BaseException) -> str | None:
 # server's own cancel to arrive first): past it the connection's socket is shut down, which
 # ends the wait as a lost connection, retried within the write budget as any other.
 ANSWER_GRACE_S = 5.0
+WATCH_EVERY_S = 1.0  # how often the one watching thread looks
 
 
 def _cut(fd: int) -> None:
@@ -197,28 +200,48 @@ def _cut(fd: int) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
-@contextmanager
-def _answered_within(fd: int, seconds: float | None) -> Iterator[None]:
-    """Shut down ``fd`` should the block still run ``seconds`` later (never, when None)."""
-    if seconds is None:
-        yield
-        return
-    lock, over = threading.Lock(), [False]  # no cut once the block is over: fd may be reused
+class _Watch:
+    """One thread for the process that shuts down the socket of each exchange still open
+    past its deadline. An exchange costs a dict entry, not a thread (a timer thread an
+    exchange doubled a statement's time), and the cut lands within ``WATCH_EVERY_S`` of it."""
 
-    def cut() -> None:
-        with lock:
-            if not over[0]:
-                _cut(fd)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[int, tuple[float, int]] = {}  # exchange -> (deadline, socket)
+        self._keys = itertools.count()
+        self._thread: threading.Thread | None = None
 
-    timer = threading.Timer(seconds, cut)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        with lock:
-            over[0] = True
-        timer.cancel()
+    @contextmanager
+    def within(self, fd: int, seconds: float | None) -> Iterator[None]:
+        """Shut down ``fd`` should the block still run ``seconds`` later (never, when None)."""
+        if seconds is None:
+            yield
+            return
+        key = next(self._keys)
+        with self._lock:
+            self._open[key] = (time.monotonic() + seconds, fd)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="db-answer-watch",
+                                                daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:  # after this, no cut: the descriptor may be reused
+                self._open.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(WATCH_EVERY_S)
+            now = time.monotonic()
+            with self._lock:
+                for key, (deadline, fd) in list(self._open.items()):
+                    if deadline <= now:
+                        _cut(fd)
+                        del self._open[key]
+
+
+_watch = _Watch()
 
 
 class AnsweredConnection(psycopg.Connection[Any]):
@@ -229,7 +252,7 @@ class AnsweredConnection(psycopg.Connection[Any]):
     answer_s: float | None = None
 
     def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
-        with _answered_within(self.pgconn.socket, self.answer_s):
+        with _watch.within(self.pgconn.socket, self.answer_s):
             return super().wait(gen, *args, **kwargs)
 
 
