@@ -86,17 +86,47 @@ def _decode(obj: dict[str, Any]) -> Any:
     return obj
 
 
+# The spool is written when the database will not take rows, most often because its disk is
+# full; under the default home that is the spool's disk too, so room for it is set aside
+# (``set_aside``: a file of this size beside it) while a batch writes, and given back just
+# before the spool is written.
+SPOOL_RESERVE_BYTES = 8 * 1024 * 1024
+
+
+def _reserve(spool: Path) -> Path:
+    return spool.with_name(spool.name + ".reserve")
+
+
+def set_aside(spool: Path) -> None:
+    """Set ``SPOOL_RESERVE_BYTES`` aside for ``spool``; a disk already too full is logged."""
+    reserve = _reserve(spool)
+    try:
+        reserve.parent.mkdir(parents=True, exist_ok=True)
+        with reserve.open("wb") as out:
+            os.posix_fallocate(out.fileno(), 0, SPOOL_RESERVE_BYTES)
+    except OSError as error:
+        reserve.unlink(missing_ok=True)
+        log.warning("no room set aside for the usage spool", spool=str(spool),
+                    error=first_line(error, typed=True))
+
+
 def write_spool(path: Path, pending: Mapping[str, list[dict[str, Any]]]) -> None:
     """Replace ``path`` with ``pending`` (one JSON line per row), durably: written to a
-    temporary file, flushed to disk, then renamed over the old one."""
+    temporary file, flushed to disk, then renamed over the old one; the room set aside for
+    it is given back first."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    _reserve(path).unlink(missing_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("w", encoding="utf-8") as out:
-        for table, rows in pending.items():
-            for row in rows:
-                out.write(json.dumps({"table": table, "row": row}, default=_encode) + "\n")
-        out.flush()
-        os.fsync(out.fileno())
+    try:
+        with temporary.open("w", encoding="utf-8") as out:
+            for table, rows in pending.items():
+                for row in rows:
+                    out.write(json.dumps({"table": table, "row": row}, default=_encode) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
     temporary.replace(path)
 
 
@@ -217,6 +247,7 @@ class UsageRecorder:
             if self._spooled:
                 log.info("usage rows taken from the spool", spool=str(self._spool),
                          calls=len(kept["calls"]), requests=len(kept["requests"]))
+            await in_thread(set_aside, self._spool)
         held: BaseException | None = None
         try:
             # The writer's own error (not a stop) is raised by ``beside`` as itself.
@@ -235,6 +266,10 @@ class UsageRecorder:
             # Already told to the batch, which stopped for it; every row is in the spool.
             if kept_rows is not stopped_before:
                 raise
+        finally:
+            if self._spool is not None:
+                with contextlib.suppress(OSError):  # a spool's folder gone: nothing to give back
+                    await in_thread(_reserve(self._spool).unlink, missing_ok=True)
         if held is not None:
             raise held
 

@@ -144,7 +144,9 @@ class PostgresFull:
 
 class TcpProxy:
     """Forward a port of ``host`` to ``target``; ``cut(seconds)`` drops every connection and
-    refuses new ones for ``seconds`` (a database that is away), then serves again."""
+    refuses new ones for ``seconds`` (a database that is away), then serves again;
+    ``swallow`` keeps every connection open, and takes new ones, but passes nothing on (a
+    server that takes TCP and never answers)."""
 
     def __init__(self, target: tuple[str, int], host: str = "127.0.0.1") -> None:
         self.target = target
@@ -156,6 +158,8 @@ class TcpProxy:
         self.commits = 0
         self.lost_acks = 0
         self._lose: Callable[[int], bool] = lambda n: False
+        self._swallow_until = 0.0
+        self._keep: int | None = None  # of the server's answers, bytes still passed on
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -190,6 +194,7 @@ class TcpProxy:
                         writer.transport.abort()
                         up_writer.transport.abort()
                         return
+                    data = self._swallowed(data, to_client=sink is writer)
                     sink.write(data)
                     await sink.drain()
             sink.close()
@@ -221,7 +226,26 @@ class TcpProxy:
         told only that its connection was lost (a restart at the worst moment)."""
         self._lose = which
 
+    def swallow(self, seconds: float = float("inf"), keep: int | None = None) -> None:
+        """For ``seconds`` pass nothing on either way; with ``keep``, pass the client's bytes
+        and the first ``keep`` bytes of the server's answers (a result stalled part way).
+        Connections stay open, their bytes lost: a client waits until it gives up."""
+        self._keep = keep
+        self._swallow_until = time.monotonic() + seconds
+
+    def _swallowed(self, data: bytes, to_client: bool) -> bytes:
+        if time.monotonic() >= self._swallow_until:
+            return data
+        if self._keep is None:
+            return b""
+        if not to_client:
+            return data
+        passed, self._keep = data[:self._keep], max(0, self._keep - len(data))
+        return passed
+
     def close(self) -> None:
+        if not self._loop.is_running():
+            return  # closed already
         with contextlib.suppress(Exception):
             self._call(self._drop())
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import re
+import socket
 import sqlite3
 import sys
-from contextlib import AbstractContextManager
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
 from datetime import UTC
 from functools import lru_cache
 from importlib.resources import files
@@ -13,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
+import psycopg
 import structlog
 from alembic import command
 from alembic.config import Config
@@ -176,13 +183,115 @@ def timed_out(error: BaseException) -> str | None:
             "it (a lock held too long, or the server overloaded)")
 
 
+# A server that accepts TCP but never answers (its backend stopped, a proxy swallowing bytes)
+# cancels nothing at statement_timeout, and its kernel acknowledges every byte, so the
+# keepalives find nothing wrong: a statement waited for ever. Each exchange with the server
+# is bounded on this side too, at the statement timeout plus ANSWER_GRACE_S (time for the
+# server's own cancel to arrive first): past it the connection's socket is shut down, which
+# ends the wait as a lost connection, retried within the write budget as any other.
+ANSWER_GRACE_S = 5.0
+WATCH_EVERY_S = 1.0  # how often the one watching thread looks
+
+
+def _cut(fd: int) -> None:
+    """Shut down the socket ``fd`` (a duplicate's shutdown reaches it; libpq keeps its own
+    descriptor, so none is closed under it)."""
+    with suppress(OSError), socket.socket(fileno=socket.dup(fd)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Watch:
+    """One thread for the process that shuts down the socket of each exchange still open
+    past its deadline. An exchange costs a dict entry, not a thread (a timer thread an
+    exchange doubled a statement's time), and the cut lands within ``WATCH_EVERY_S`` of it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[int, tuple[float, int]] = {}  # exchange -> (deadline, socket)
+        self._keys = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def within(self, fd: int, seconds: float | None) -> Iterator[None]:
+        """Shut down ``fd`` should the block still run ``seconds`` later (never, when None)."""
+        if seconds is None:
+            yield
+            return
+        key = next(self._keys)
+        with self._lock:
+            self._open[key] = (time.monotonic() + seconds, fd)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="db-answer-watch",
+                                                daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:  # after this, no cut: the descriptor may be reused
+                self._open.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(WATCH_EVERY_S)
+            now = time.monotonic()
+            with self._lock:
+                for key, (deadline, fd) in list(self._open.items()):
+                    if deadline <= now:
+                        _cut(fd)
+                        del self._open[key]
+
+
+_watch = _Watch()
+
+
+class AnsweredConnection(psycopg.Connection[Any]):
+    """A psycopg connection whose every exchange with the server (a statement, its rows, a
+    commit) ends within ``answer_s`` (``bounded`` sets it): its socket is shut down past it.
+    psycopg has no client-side timer of its own; every exchange passes through ``wait``."""
+
+    answer_s: float | None = None
+
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        with _watch.within(self.pgconn.socket, self.answer_s):
+            return super().wait(gen, *args, **kwargs)
+
+
+class AnsweredAsyncConnection(psycopg.AsyncConnection[Any]):
+    """``AnsweredConnection`` for the checkpoint pool's asyncio connections."""
+
+    answer_s: float | None = None
+
+    async def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.answer_s is None:
+            return await super().wait(gen, *args, **kwargs)
+        cutting = asyncio.get_running_loop().call_later(self.answer_s, _cut,
+                                                        self.pgconn.socket)
+        try:
+            return await super().wait(gen, *args, **kwargs)
+        finally:
+            cutting.cancel()
+
+
+def answer_bound(seconds: float) -> float:
+    """Return how long an exchange may wait for the server under statement timeout
+    ``seconds`` before its connection is given up (``AnsweredConnection``)."""
+    return seconds + ANSWER_GRACE_S
+
+
 def bounded(engine: Engine, seconds: float) -> Engine:
     """Return ``engine``, each error of its statements marked with the statement timeout it
-    ran under (``seconds``), for the line that reports it (``timed_out``, ``said``)."""
+    ran under (``seconds``), for the line that reports it (``timed_out``, ``said``), and each
+    of its connections' exchanges bounded client-side (``AnsweredConnection``)."""
 
     @event.listens_for(engine, "handle_error")
     def _mark(context: Any) -> None:
         mark_bound(context.original_exception, seconds)
+
+    @event.listens_for(engine, "do_connect")
+    def _open(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> Any:
+        conn = AnsweredConnection.connect(*cargs, **cparams)
+        conn.answer_s = answer_bound(seconds)
+        return conn
 
     return engine
 

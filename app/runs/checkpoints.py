@@ -38,7 +38,7 @@ from sqlalchemy.engine import make_url
 
 from agents.graph import STATE_TYPES, thread_id
 from app.config import STATEMENT_TIMEOUT_S
-from app.db.engine import connect_args, reason
+from app.db.engine import AnsweredAsyncConnection, answer_bound, connect_args, reason
 from app.db.models import TickerRun
 from app.db.retry import aretrying, mark_bound, outage, transient
 from app.errors import DatabaseError
@@ -197,7 +197,9 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
                 kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
                         **connect_args("statement_timeout", statement_timeout_s)},
                 # A connection a restart killed is found on checkout and replaced.
-                check=AsyncConnectionPool.check_connection)
+                check=AsyncConnectionPool.check_connection,
+                connection_class=AnsweredAsyncConnection, configure=_answered(
+                    answer_bound(statement_timeout_s)))
             await aretrying(pool.open, wait=True, timeout=30)
             closing.push_async_callback(pool.close)
             saver = GuardedPostgresSaver(pool, serde=serializer())
@@ -210,6 +212,13 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
         # has cancelled the node, and nothing of the batch awaits it.
         saver.calls = await closing.enter_async_context(beside())
         yield saver
+
+
+def _answered(seconds: float) -> Callable[[AnsweredAsyncConnection], Awaitable[None]]:
+    """Return the pool's ``configure``: each connection's exchanges bounded at ``seconds``."""
+    async def configure(conn: AnsweredAsyncConnection) -> None:
+        conn.answer_s = seconds
+    return configure
 
 
 @dataclass(frozen=True)

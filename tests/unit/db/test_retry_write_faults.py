@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import sqlite3
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -223,6 +224,7 @@ async def test_rows_that_cannot_be_kept_either_stop_the_batch_failed_saying_so(
         with pytest.raises(UsageLost) as lost:
             async with UsageRecorder(sqlite_engine, flush_interval_s=0.01,
                                      spool=spool) as recorder:
+                shutil.rmtree(tmp_path / "a-file")  # made at the start, for the room set aside
                 (tmp_path / "a-file").write_text("")  # the spool's folder cannot be made now
                 hand_in(recorder, batch_id, 0)
     assert lost.value.status == "failed"
