@@ -38,6 +38,9 @@ from app.traffic.admission import AdmissionPolicy
 from app.traffic.budget import TokenBudget
 
 ENDPOINTS = range(1, 17)
+# `plan --format json|csv`'s schema (app/cli/common.py ``echo_json``): raised when a field is
+# renamed, removed or changes meaning. Output without it is older (docs/operations.md).
+SCHEMA = "plan/1"
 NEAR_BEST = 0.05  # a fleet within this share of the best makespan is "as good"
 
 
@@ -249,11 +252,11 @@ class FleetPlan(BaseModel, frozen=True):
     deadline: DeadlineAnswer | None = None
 
     def csv_rows(self) -> list[dict[str, Any]]:
-        """Each row, and on each whether the deadline overlaps the next night (empty
-        without a deadline): a CSV has no other place to say it."""
+        """Each row, and on each the schema and whether the deadline overlaps the next night
+        (empty without a deadline): a CSV has no other place to say them."""
         overlaps = None if self.deadline is None else self.deadline.overlaps_next_night
-        return [{**row.model_dump(), "deadline_overlaps_next_night": overlaps}
-                for row in self.rows]
+        return [{"schema": SCHEMA, **row.model_dump(),
+                 "deadline_overlaps_next_night": overlaps} for row in self.rows]
 
 
 def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,

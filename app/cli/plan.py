@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from app.bench.plan import (
     ENDPOINTS,
     PROFILES,
+    SCHEMA,
     Admission,
     NightShape,
     ServerModel,
@@ -118,7 +119,7 @@ def plan(
             r.model_copy(update={"by_deadline": r.makespan_s <= answer.seconds})
             for r in chosen.rows]})
     if fmt == "json":
-        echo_json(chosen)
+        echo_json(chosen, SCHEMA)
         return
     if fmt == "csv":
         rows = chosen.csv_rows()

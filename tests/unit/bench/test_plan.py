@@ -515,3 +515,14 @@ def test_server_facts_of_no_count_are_named_not_modelled(sqlite_engine: Any,
     fine = _night(sqlite_engine, {"kv_cache_tokens": 10_000.0, "max_num_seqs": 4.0})
     assert plan_json("--tickers", "4", "--shape", str(whole), "--profile", str(fine))[
         "profile"]["kv_tokens"] == 10_000
+
+
+def test_plan_json_and_csv_name_their_schema() -> None:
+    # A field was renamed (output_tok_s, before 2026-12-07) with nothing in the output to
+    # say which shape a reader holds. The JSON now leads with its schema, every CSV row
+    # carries it.
+    plan = plan_json("--tickers", "5")
+    assert list(plan)[0] == "schema" and plan["schema"] == "plan/1"
+    rows = list(csv.DictReader(io.StringIO(run_cli("plan", "--tickers", "5", "--format",
+                                                   "csv").stdout)))
+    assert [r["schema"] for r in rows] == ["plan/1"] * 16
