@@ -4,10 +4,11 @@ and what nightdesk's adaptive admission adds to it.
 A night's shape is what its tickers ask of the server (a ``GraphFacts`` per ticker: output,
 KV-token-steps, the longest chain); a server model is one endpoint's KV cache, sequence cap
 and step cost. For each fleet of 1..16 such endpoints ``bound_s`` is the least time any
-graph-respecting schedule needs, and ``makespan_s`` the bound of the cache admission lets be
-filled (``kv_high`` of it) plus the start ramp of its request limit (``ramp_s``). Prefill's
-own work and the client's per-call overheads are in neither; the fleet simulation measures
-what is left (docs/lab/2026-12-05-plan-model.md).
+graph-respecting schedule needs, and ``makespan_s`` the bound of the busiest endpoint (its
+whole tickers) on the cache admission lets be filled (``kv_high`` of it) plus the start
+ramp of its request limit (``ramp_s``). Prefill's own work and the client's per-call
+overheads are in neither; the fleet simulation measures what is left
+(docs/lab/2026-12-05-plan-model.md).
 """
 
 from __future__ import annotations
@@ -278,13 +279,16 @@ def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
     rows = []
     for endpoints in ENDPOINTS:
         bound = graph_bound(graph, server.kv_tokens, server.max_num_seqs, server.step, endpoints)
-        admitted = graph_bound(graph, admitted_kv, server.max_num_seqs, server.step, endpoints)
+        # A ticker's whole chain goes to one endpoint (docs/architecture.md, "Several
+        # endpoints"): the busiest holds ceil(tickers / endpoints), and the night ends with it.
+        busiest = shape.for_tickers(-(-tickers // endpoints))
+        admitted = graph_bound(busiest, admitted_kv, server.max_num_seqs, server.step)
         if bound is None or admitted is None:
             raise InputError(f"{shape.name} asks for no output: nothing to plan")
         summed, _ = summed_capacity(graph, server.kv_tokens, server.max_num_seqs, server.step,
                                     endpoints)
-        # The requests an endpoint keeps running on average: what the limit must climb to.
-        ramp = admission.ramp_s(graph.output_tokens / endpoints / admitted.steps)
+        # The requests it keeps running on average: what the limit must climb to.
+        ramp = admission.ramp_s(busiest.output_tokens / admitted.steps)
         rows.append(PlanRow(endpoints=endpoints, makespan_s=admitted.seconds + ramp,
                             bound_s=bound.seconds, ramp_s=ramp, bound_output_tok_s=bound.tok_s,
                             binding=admitted.binding, summed_capacity_tok_s=summed,

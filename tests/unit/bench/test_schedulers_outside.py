@@ -335,7 +335,7 @@ def test_combine_names_the_files_it_refuses_and_what_it_could_not_compare(
 def test_combine_reads_a_file_by_its_schema(tmp_path: Path, schema: str, says: str) -> None:
     first = _write(tmp_path, "a.json", _run("fixed-14", 500.0))
     # Every bench JSON names its schema first; the combined one too.
-    assert list(json.loads(first.read_text()))[0] == "schema"
+    assert next(iter(json.loads(first.read_text()))) == "schema"
     other = {**_run("adaptive", 520.0), "schema": schema}
     result = run_cli("bench", "combine", str(first), str(_write(tmp_path, "b.json", other)))
     assert result.code == 2 and len(result.error_lines) == 1, result.stderr
@@ -367,5 +367,5 @@ def test_combine_shows_each_arm_as_typed_where_its_name_was_made_canonical(
 def test_the_durability_bench_json_names_its_schema() -> None:
     from app.bench.durability import MODES, DurabilityResult
     result = DurabilityResult("sqlite", 1, 17, 10, ms_per_node=dict.fromkeys(MODES, 1.0))
-    assert list(result.to_json())[0] == "schema"
+    assert next(iter(result.to_json())) == "schema"
     assert result.to_json()["schema"] == "bench-durability/1"
