@@ -544,3 +544,28 @@ def test_a_ticker_runs_on_one_endpoint_so_more_endpoints_than_tickers_shorten_no
         one = plan_fleet(-(-tickers // 16), synthetic_shape(), slow, Admission(reading_s=2.0))
         assert plan.rows[15].makespan_s == pytest.approx(one.rows[0].makespan_s)
         assert all(r.bound_s <= r.makespan_s for r in plan.rows)
+
+
+def test_a_fleet_past_16_is_named_when_the_table_stops_short_of_the_best() -> None:
+    # 5,000 tickers: the best of 1..16 is 16 (49.8 min), so "the smallest fleet within 5% of
+    # the best" read 16, where more endpoints shorten the night to 7.1 min. Now the least any
+    # fleet gets (a ticker an endpoint) and the fewest endpoints within 5% of it are given.
+    plan = plan_json("--tickers", "5000")
+    assert plan["smallest_within_5pct"] == 16
+    one = plan_fleet(1, synthetic_shape(), H200_MOE, Admission(reading_s=2.0)).rows[0]
+    assert plan["floor_s"] == pytest.approx(one.makespan_s)
+    assert plan["smallest_within_5pct_of_floor"] == 1_000
+    table = " ".join(run_cli("plan", "--tickers", "5000").stdout.split())
+    assert "past 16: more endpoints still shorten the night, to 7.1 min at least" in table
+    assert "within 5% of that: 1,000 endpoints" in table
+    assert "past 16" not in " ".join(run_cli("plan", "--tickers", "7").stdout.split())
+    # The fewest: one fewer endpoint puts more whole tickers on the busiest, over 5%.
+    for tickers in (7, 100, 500, 5_000):
+        plan = plan_json("--tickers", str(tickers))
+        fewest, floor = plan["smallest_within_5pct_of_floor"], plan["floor_s"]
+
+        def busiest(endpoints: int, tickers: int = tickers) -> float:
+            held = -(-tickers // endpoints)
+            return plan_fleet(held, synthetic_shape(), H200_MOE,
+                              Admission(reading_s=2.0)).rows[0].makespan_s
+        assert busiest(fewest) <= 1.05 * floor < busiest(fewest - 1), tickers
