@@ -19,6 +19,7 @@ import contextlib
 import copy
 import itertools
 import json
+import math
 import re
 import shlex
 import subprocess
@@ -543,9 +544,13 @@ def check_result(run: Any) -> None:
         raise fails("its arms are not a list, or its machine not an object")
     for i, arm in enumerate(run["arms"]):
         tok_s = arm.get("output_tokens_per_s") if isinstance(arm, dict) else None
+        # NaN, Infinity (JSON as Python writes it) or below 0: no run's rate; judged, it
+        # made a ceiling of inf or checks of nan.
         if (not isinstance(arm, dict) or not isinstance(arm.get("strategy"), str)
-                or not isinstance(tok_s, int | float) or isinstance(tok_s, bool)):
-            raise fails(f"arm {i + 1} has no strategy name or no numeric output_tokens_per_s")
+                or not isinstance(tok_s, int | float) or isinstance(tok_s, bool)
+                or not 0 <= tok_s < math.inf):
+            raise fails(f"arm {i + 1} has no strategy name or no output_tokens_per_s of 0 or "
+                        "more")
 
 
 def _differ(theirs: Any, mine: Any) -> str:

@@ -77,8 +77,19 @@ def _arms_not_a_list() -> dict[str, Any]:
     return run
 
 
+def _arm_with_tok_s(value: float) -> dict[str, Any]:
+    run = _run("adaptive", 520.0)
+    run["arms"][0]["output_tokens_per_s"] = value
+    return run
+
+
 @pytest.mark.parametrize(("second", "says"), [
     ([1, 2], "is not a bench schedulers result"),
+    # Written by Python's json as NaN and Infinity: combined, a ceiling of inf tok/s and
+    # checks against nan. A negative rate is no run's either.
+    (json.dumps(_arm_with_tok_s(float("nan"))), "no output_tokens_per_s of 0 or more"),
+    (json.dumps(_arm_with_tok_s(float("inf"))), "no output_tokens_per_s of 0 or more"),
+    (_arm_with_tok_s(-5.0), "no output_tokens_per_s of 0 or more"),
     ("{not json", "cannot read bench JSON"),
     (_arm_without_tok_s(), "is not a bench schedulers result"),
     (_arm_with_text_tok_s(), "is not a bench schedulers result"),
