@@ -65,7 +65,8 @@ class DurabilityResult:
         return self.ms_per_node[mode] - self.ms_per_node["none"]
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        # Its schema, as every bench JSON's (app/bench/schedulers.py ``SCHEMA``).
+        data = {"schema": "bench-durability/1", **asdict(self)}
         data["added_ms_per_node"] = {m: round(self.added_ms(m), 3) for m in MODES}
         return data
 

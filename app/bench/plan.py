@@ -4,10 +4,11 @@ and what nightdesk's adaptive admission adds to it.
 A night's shape is what its tickers ask of the server (a ``GraphFacts`` per ticker: output,
 KV-token-steps, the longest chain); a server model is one endpoint's KV cache, sequence cap
 and step cost. For each fleet of 1..16 such endpoints ``bound_s`` is the least time any
-graph-respecting schedule needs, and ``makespan_s`` the bound of the cache admission lets be
-filled (``kv_high`` of it) plus the start ramp of its request limit (``ramp_s``). Prefill's
-own work and the client's per-call overheads are in neither; the fleet simulation measures
-what is left (docs/lab/2026-12-05-plan-model.md).
+graph-respecting schedule needs, and ``makespan_s`` the bound of the busiest endpoint (its
+whole tickers) on the cache admission lets be filled (``kv_high`` of it) plus the start
+ramp of its request limit (``ramp_s``). Prefill's own work and the client's per-call
+overheads are in neither; the fleet simulation measures what is left
+(docs/lab/2026-12-05-plan-model.md).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, func, select
 
 from app.bench.bound import (
+    Bound,
     GraphFacts,
     StepCost,
     arm_graph_facts,
@@ -38,6 +40,9 @@ from app.traffic.admission import AdmissionPolicy
 from app.traffic.budget import TokenBudget
 
 ENDPOINTS = range(1, 17)
+# `plan --format json|csv`'s schema (app/cli/common.py ``echo_json``): raised when a field is
+# renamed, removed or changes meaning. Output without it is older (docs/operations.md).
+SCHEMA = "plan/1"
 NEAR_BEST = 0.05  # a fleet within this share of the best makespan is "as good"
 
 
@@ -245,15 +250,19 @@ class FleetPlan(BaseModel, frozen=True):
     admission: Admission
     rows: list[PlanRow]
     best_makespan_s: float
-    smallest_within_5pct: int
+    smallest_within_5pct: int  # of the best of 1..16
+    # A ticker an endpoint: no fleet finishes sooner; and the fewest endpoints within 5% of it
+    # (more than 16 where the table's best is still more than 5% over it).
+    floor_s: float
+    smallest_within_5pct_of_floor: int
     deadline: DeadlineAnswer | None = None
 
     def csv_rows(self) -> list[dict[str, Any]]:
-        """Each row, and on each whether the deadline overlaps the next night (empty
-        without a deadline): a CSV has no other place to say it."""
+        """Each row, and on each the schema and whether the deadline overlaps the next night
+        (empty without a deadline): a CSV has no other place to say them."""
         overlaps = None if self.deadline is None else self.deadline.overlaps_next_night
-        return [{**row.model_dump(), "deadline_overlaps_next_night": overlaps}
-                for row in self.rows]
+        return [{"schema": SCHEMA, **row.model_dump(),
+                 "deadline_overlaps_next_night": overlaps} for row in self.rows]
 
 
 def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
@@ -272,16 +281,26 @@ def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
                 "night of this shape runs there")
     graph = shape.for_tickers(tickers)
     admitted_kv = int(server.kv_tokens * admission.kv_share)
+
+    def busiest(held: int) -> tuple[Bound, float]:
+        """The bound of an endpoint holding ``held`` whole tickers at the admitted cache, and
+        the ramp to the requests it keeps running on average."""
+        one = graph_bound(shape.for_tickers(held), admitted_kv, server.max_num_seqs,
+                          server.step)
+        if one is None:
+            raise InputError(f"{shape.name} asks for no output: nothing to plan")
+        return one, admission.ramp_s(one.graph.output_tokens / one.steps)
+
     rows = []
     for endpoints in ENDPOINTS:
         bound = graph_bound(graph, server.kv_tokens, server.max_num_seqs, server.step, endpoints)
-        admitted = graph_bound(graph, admitted_kv, server.max_num_seqs, server.step, endpoints)
-        if bound is None or admitted is None:
+        # A ticker's whole chain goes to one endpoint (docs/architecture.md, "Several
+        # endpoints"): the busiest holds ceil(tickers / endpoints), and the night ends with it.
+        admitted, ramp = busiest(-(-tickers // endpoints))
+        if bound is None:
             raise InputError(f"{shape.name} asks for no output: nothing to plan")
         summed, _ = summed_capacity(graph, server.kv_tokens, server.max_num_seqs, server.step,
                                     endpoints)
-        # The requests an endpoint keeps running on average: what the limit must climb to.
-        ramp = admission.ramp_s(graph.output_tokens / endpoints / admitted.steps)
         rows.append(PlanRow(endpoints=endpoints, makespan_s=admitted.seconds + ramp,
                             bound_s=bound.seconds, ramp_s=ramp, bound_output_tok_s=bound.tok_s,
                             binding=admitted.binding, summed_capacity_tok_s=summed,
@@ -291,8 +310,19 @@ def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
     rows = [r.model_copy(update={"within_5pct_of_best": r.makespan_s <= (1 + NEAR_BEST) * best})
             for r in rows]
     smallest = min(r.endpoints for r in rows if r.within_5pct_of_best)
+    # Past the table: a ticker an endpoint is the least any fleet gets. The most tickers an
+    # endpoint may hold and stay within 5% of it, found by halving (more held, longer).
+    one, ramp = busiest(1)
+    floor = one.seconds + ramp
+    held, over = 1, tickers + 1
+    while held + 1 < over:
+        middle = (held + over) // 2
+        one, ramp = busiest(middle)
+        held, over = (middle, over) if one.seconds + ramp <= (1 + NEAR_BEST) * floor else (
+            held, middle)
     return FleetPlan(tickers=tickers, shape=shape, profile=server, admission=admission,
-                     rows=rows, best_makespan_s=best, smallest_within_5pct=smallest)
+                     rows=rows, best_makespan_s=best, smallest_within_5pct=smallest,
+                     floor_s=floor, smallest_within_5pct_of_floor=-(-tickers // held))
 
 
 def parse_clock(text: str, what: str = "--deadline") -> time:

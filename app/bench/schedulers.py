@@ -19,6 +19,7 @@ import contextlib
 import copy
 import itertools
 import json
+import math
 import re
 import shlex
 import subprocess
@@ -75,6 +76,10 @@ BOUND_TARGET = 0.9  # the share of the graph bound an adaptive arm is held to
 # (tests/unit/bench/test_schedulers_lead.py).
 LEAD_LEVEL = 0.05
 LEAD_TEST = {"test": "welch-t", "df": "min(n)-1", "sides": 2, "level": LEAD_LEVEL}
+# The JSON's schema (as app/cli/common.py ``echo_json`` gives every output's): raised when a
+# field is renamed, removed or changes meaning. A file without one is older: ``bench
+# combine`` reads it by the keys it has; one of a later version is refused.
+SCHEMA = "bench-schedulers/1"  # 1: machine.model and .profile as the server says
 
 
 @dataclass
@@ -108,7 +113,7 @@ class BenchResult:
     knob_defaults: dict[str, dict[str, Any]] | None = field(default_factory=knob_defaults)
 
     def to_json(self) -> dict[str, Any]:
-        return json.loads(json.dumps(self.__dict__, default=_plain))
+        return {"schema": SCHEMA, **json.loads(json.dumps(self.__dict__, default=_plain))}
 
 
 def _plain(value: Any) -> Any:
@@ -156,8 +161,8 @@ class BenchMachine(HostFacts, frozen=True):
 
     date: str
     server: str
-    model: str
-    profile: str
+    model: str | None  # the name the server serves, as /v1/models lists it first
+    profile: str | None  # the profile nightdesk started it with (None: started otherwise)
     server_facts: dict[str, Any]  # the launcher's record, as ``serving.facts`` keeps it
     server_flags: ServerFlags
 
@@ -171,12 +176,14 @@ class BenchMachine(HostFacts, frozen=True):
 def machine_facts(settings: Settings, server_facts: dict[str, Any] | None,
                   served: dict[str, Any] | None = None) -> BenchMachine:
     """Describe the client host and code (as the tracker bench does) and the server
-    (``served``: its /v1/models entry, when the caller read it)."""
+    (``served``: its /v1/models entry, when the caller read it): its model and profile as
+    the server and its launcher's record say, not this client's settings."""
     facts = server_facts or {}
+    # A launcher's record names the profile it started; live facts name only the setting.
+    launched = facts.get("profile") if facts.get("root_url") else None
     return BenchMachine(date=datetime.now(UTC).isoformat(timespec="seconds"),
                         **dict(host_facts()), server=settings.llm.base_url,
-                        model=settings.llm.model, profile=settings.llm.server_profile,
-                        server_facts=facts,
+                        model=(served or {}).get("id"), profile=launched, server_facts=facts,
                         server_flags=server_flags(facts, served, local_gpu(settings)))
 
 
@@ -523,6 +530,13 @@ def check_result(run: Any) -> None:
         return InputError(f"is not a bench schedulers result ({why})")
     if not isinstance(run, dict):
         raise fails(f"a JSON {type(run).__name__}, not an object")
+    name, _, version = str(run.get("schema", SCHEMA)).partition("/")
+    ours, _, known = SCHEMA.partition("/")
+    if name != ours or not version.isdigit():
+        raise fails(f"its schema is {run['schema']!r}")
+    if int(version) > int(known):
+        raise InputError(f"is of schema {run['schema']!r}, not one this nightdesk reads (up "
+                         f"to {SCHEMA}): a newer nightdesk wrote it; combine it with that one")
     missing = [key for key in ("workload", "tickers", "requests", "arms") if key not in run]
     if missing:
         raise fails(f"no {', '.join(missing)}")
@@ -530,9 +544,13 @@ def check_result(run: Any) -> None:
         raise fails("its arms are not a list, or its machine not an object")
     for i, arm in enumerate(run["arms"]):
         tok_s = arm.get("output_tokens_per_s") if isinstance(arm, dict) else None
+        # NaN, Infinity (JSON as Python writes it) or below 0: no run's rate; judged, it
+        # made a ceiling of inf or checks of nan.
         if (not isinstance(arm, dict) or not isinstance(arm.get("strategy"), str)
-                or not isinstance(tok_s, int | float) or isinstance(tok_s, bool)):
-            raise fails(f"arm {i + 1} has no strategy name or no numeric output_tokens_per_s")
+                or not isinstance(tok_s, int | float) or isinstance(tok_s, bool)
+                or not 0 <= tok_s < math.inf):
+            raise fails(f"arm {i + 1} has no strategy name or no output_tokens_per_s of 0 or "
+                        "more")
 
 
 def _differ(theirs: Any, mine: Any) -> str:

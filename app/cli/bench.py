@@ -148,14 +148,15 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                     f"{result.requests} requests; ceiling {ceiling}; graph bound {bound}",
                     (header for header, _, _ in columns), {"strategy"})
     for a in result.arms:
-        table.add_row(*(str(a.get(key)) if spec == "s" else number(a.get(key), spec)
-                        for _, key, spec in columns))
+        table.add_row(*(_named(a) if key == "strategy" else str(a.get(key)) if spec == "s"
+                        else number(a.get(key), spec) for _, key, spec in columns))
     out = console()
     out.print(table)
     m = result.machine
     out.print(f"machine: {m['cpu_model']}, {m['cores']} cores, Python {m['python']}, host "
                   f"{m.get('host', '-')}, code {m.get('commit', '-')}; server "
-                  f"{m['model']} ({m['profile']}) at {m['server']}; {m['date']}")
+                  f"{m['model'] or 'not told'} (profile {m['profile'] or 'not told'}) at "
+                  f"{m['server']}; {m['date']}")
     out.print(ServerFlags.model_validate(m.get("server_flags") or {}).line())
     if result.mixed:
         out.print("[bold red]mixed runs[/] (--allow-mixed): " + "; ".join(
@@ -200,6 +201,14 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
+
+
+def _named(arm: dict[str, Any]) -> str:
+    """Name an arm as combined (``canonical_arm``), and as the operator typed it where that
+    differs (``fixed-15:tail=off`` read as ``fixed-15``)."""
+    typed = arm.get("strategy_as_run")
+    return arm["strategy"] + (f" (run as {typed})" if typed and typed != arm["strategy"]
+                              else "")
 
 
 def _budget(budget: dict[str, Any]) -> str:
@@ -251,7 +260,11 @@ def _means_table(result: BenchResult) -> Table:
                     {"strategy"})
     for m in result.means.values():
         spread = m["spread_tok_s"]
-        means.add_row(m["strategy"], str(m["runs"]), f"{m['output_tokens_per_s']:.1f}",
+        typed = sorted({a.get("strategy_as_run") or a["strategy"] for a in result.arms
+                        if a["strategy"] == m["strategy"]})
+        means.add_row(m["strategy"] + (f" (run as {', '.join(typed)})"
+                                       if typed != [m["strategy"]] else ""),
+                      str(m["runs"]), f"{m['output_tokens_per_s']:.1f}",
                       f"{m['min_tok_s']:.1f}", f"{m['max_tok_s']:.1f}",
                       "-" if spread is None else f"{spread:.1f}" + (
                           f" ({spread / m['output_tokens_per_s']:.1%})"

@@ -117,9 +117,12 @@ def mark_crashed(engine: Engine, stale_s: float, *, read_only_ok: bool = False,
                   f"crashed" + (f" ({escape(steps)})" if steps else ""))
 
 
-def echo_json(value: object) -> None:
-    """Print a value (models, dataclasses and all) as indented JSON on stdout."""
-    typer.echo(json.dumps(to_jsonable_python(value), indent=2))
+def echo_json(value: object, schema: str | None = None) -> None:
+    """Print a value (models, dataclasses and all) as indented JSON on stdout; ``schema``
+    (``"plan/1"``: the output and its version, docs/operations.md "Machine-readable output")
+    leads the object."""
+    data = to_jsonable_python(value)
+    typer.echo(json.dumps({"schema": schema, **data} if schema else data, indent=2))
 
 
 def echo_csv(rows: Iterable[Mapping[str, Any]], fields: Iterable[str]) -> None:

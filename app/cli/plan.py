@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from app.bench.plan import (
     ENDPOINTS,
     PROFILES,
+    SCHEMA,
     Admission,
     NightShape,
     ServerModel,
@@ -118,7 +119,7 @@ def plan(
             r.model_copy(update={"by_deadline": r.makespan_s <= answer.seconds})
             for r in chosen.rows]})
     if fmt == "json":
-        echo_json(chosen)
+        echo_json(chosen, SCHEMA)
         return
     if fmt == "csv":
         rows = chosen.csv_rows()
@@ -144,6 +145,10 @@ def plan(
               f"request limit's start ramp (from {chosen.admission.initial_requests}, doubled "
               f"every {chosen.admission.reading_s:g} s); prefill's own work, preemption and "
               "the client's per-call overheads come on top.")
+    if chosen.smallest_within_5pct_of_floor > max(ENDPOINTS):
+        out.print(f"past {max(ENDPOINTS)}: more endpoints still shorten the night, to "
+                  f"{_span(chosen.floor_s)} at least (a ticker an endpoint); within 5% of that: "
+                  f"{chosen.smallest_within_5pct_of_floor:,} endpoints")
     if chosen.deadline is not None:
         d = chosen.deadline
         # A deadline at or before the start's time is the next day's: dated, "00:10 to 00:05"

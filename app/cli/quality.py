@@ -19,10 +19,13 @@ from app.cli.logs import console
 from app.errors import InputError
 from app.morning.batchids import parse_batch_id, parse_batch_ids
 from app.quality.averaging import KRow
+from app.quality.forward import SCHEMA as FORWARD_SCHEMA
 from app.quality.forward import ForwardReport, forward_report, parse_horizon
 from app.quality.grades import load_grades, newest_batch, newest_nightly
 from app.quality.monitor import acknowledge
+from app.quality.repro import SCHEMA as REPRO_SCHEMA
 from app.quality.repro import BatchSummary, ReproReport, repro
+from app.quality.samples import SCHEMA as SAMPLES_SCHEMA
 from app.quality.samples import SamplesReport, samples_report
 from app.quality.statistics import PairStats
 from app.quality.track import (
@@ -34,6 +37,7 @@ from app.quality.track import (
     track_nights,
     track_report,
 )
+from app.quality.track import SCHEMA as TRACK_SCHEMA
 
 app = typer.Typer(no_args_is_help=True, help="Rating quality: reproducibility, sample "
                   "stability, forward returns, the track record over nights, the monitor's "
@@ -62,10 +66,11 @@ def _ci(interval: Sequence[float] | None) -> str:
     return "—" if interval is None else f"[{interval[0]:+.2f}, {interval[1]:+.2f}]"
 
 
-def _show(report: R, fmt: str, render: Callable[[R, Console], None]) -> None:
-    """Print a report as its JSON (the report's fields, in their order) or as tables."""
+def _show(report: R, fmt: str, render: Callable[[R, Console], None], schema: str) -> None:
+    """Print a report as its JSON (its schema, then the report's fields in their order) or
+    as tables."""
     if fmt == "json":
-        echo_json(report)
+        echo_json(report, schema)
     else:
         render(report, console())
 
@@ -190,7 +195,7 @@ def repro_command(
     engine = database(setup())
     ids = parse_batch_ids(batches) if batches is not None else newest_nightly(engine, 2)
     report = repro(engine, ids, resamples=resamples)
-    _show(report, fmt, _render_repro)
+    _show(report, fmt, _render_repro, REPRO_SCHEMA)
 
 
 @app.command("samples")
@@ -199,7 +204,7 @@ def samples_command(batch: BatchId = None, fmt: TableOrJson = "table",
     """Compare a batch's samples and the split-half stability of their mean (--samples N)."""
     engine = database(setup())
     report = samples_report(engine, _batch_id(batch, engine), resamples=resamples)
-    _show(report, fmt, _render_samples)
+    _show(report, fmt, _render_samples, SAMPLES_SCHEMA)
 
 
 @app.command("forward")
@@ -219,7 +224,7 @@ def forward_command(
     bench = check_symbol(bench, "benchmark") if bench else None
     provider = providers(settings)(load_grades(engine, chosen))
     report = forward_report(engine, provider, chosen, days, benchmark=bench)
-    _show(report, fmt, _render_forward)
+    _show(report, fmt, _render_forward, FORWARD_SCHEMA)
 
 
 def _render_track(report: TrackReport, console: Console) -> None:
@@ -307,7 +312,7 @@ def track_command(
     bench = check_symbol(bench, "benchmark") if bench else None
     ids = track_nights(engine, nights=nights, since=start)
     report = track_report(engine, ids, days, providers(settings), benchmark=bench)
-    _show(report, fmt, _render_track)
+    _show(report, fmt, _render_track, TRACK_SCHEMA)
 
 
 @app.command("acknowledge")

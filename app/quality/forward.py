@@ -60,6 +60,11 @@ class Bucket:
     hit_rate: float | None  # None for Hold (no direction) and for an empty bucket
 
 
+# `quality forward --format json`'s schema (app/cli/common.py ``echo_json``): raised when a
+# field of ForwardReport is renamed, removed or changes meaning.
+SCHEMA = "quality-forward/1"
+
+
 @pydantic.dataclasses.dataclass
 class ForwardReport:
     """Forward returns of one batch's grades at one horizon."""

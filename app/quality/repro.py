@@ -72,6 +72,11 @@ class PairRow:
     _flat = model_serializer(mode="wrap")(stats_beside)
 
 
+# `quality repro --format json`'s schema (app/cli/common.py ``echo_json``): raised when a
+# field of ReproReport is renamed, removed or changes meaning.
+SCHEMA = "quality-repro/1"
+
+
 @pydantic.dataclasses.dataclass
 class ReproReport:
     """Agreement between batches, pair by pair, their mean, and (with samples) by k; its

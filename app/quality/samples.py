@@ -28,6 +28,11 @@ class SamplePair:
     _flat = model_serializer(mode="wrap")(stats_beside)
 
 
+# `quality samples --format json`'s schema (app/cli/common.py ``echo_json``): raised when a
+# field of SamplesReport is renamed, removed or changes meaning.
+SCHEMA = "quality-samples/1"
+
+
 @dataclass
 class SamplesReport:
     """Agreement among one batch's samples and the split-half stability of their mean; its

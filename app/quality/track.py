@@ -165,6 +165,11 @@ class HorizonRecord:
     left_out: dict[str, dict[str, str]] = field(default_factory=dict)  # as-of -> ticker -> why
 
 
+# `quality track --format json`'s schema (app/cli/common.py ``echo_json``): raised when a
+# field of TrackReport is renamed, removed or changes meaning.
+SCHEMA = "quality-track/1"
+
+
 @pydantic.dataclasses.dataclass
 class TrackReport:
     """Every horizon's track record over the same nights."""

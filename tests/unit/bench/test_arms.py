@@ -21,6 +21,7 @@ from app.bench.schedulers import (
     ServerFlags,
     _judge,
     combine_results,
+    machine_facts,
     run_bench,
     server_flags,
 )
@@ -573,3 +574,20 @@ def test_a_combined_file_beside_its_part_is_refused_though_its_names_changed() -
     assert joined["arms"][0]["strategy"] == "fixed-15"
     with pytest.raises(InputError, match="given twice"):
         combine_results([joined, part])
+
+
+@pytest.mark.parametrize(("facts", "profile"), [
+    # A server started by hand, its /metrics read: the profile is only this client's setting.
+    (HAND_STARTED, None),
+    # The launcher's record of the server it started (``serving.launcher.start``).
+    ({"profile": "h200-moe", "root_url": "http://127.0.0.1:8000", "kv_cache_tokens": 4096},
+     "h200-moe")])
+def test_the_bench_records_the_model_and_profile_the_server_gives_not_the_settings(
+        facts: dict[str, Any], profile: str | None) -> None:
+    # The settings name smollm2-135m and cpu-tiny; /v1/models lists another name. Before,
+    # machine.model and .profile were the settings', so `bench combine` compared this
+    # client's settings, not the servers it ran against.
+    settings = load_settings(check_context_length=False)
+    machine = machine_facts(settings, facts, {"id": "qwen-moe", "root": "/models/q"})
+    assert (machine.model, machine.profile) == ("qwen-moe", profile)
+    assert machine_facts(settings, facts).model is None  # /v1/models not read: not known

@@ -47,8 +47,9 @@ def test_plan_gives_the_bound_for_every_fleet_from_1_to_16() -> None:
     assert [r["endpoints"] for r in rows] == list(range(1, 17))
     for row in rows:
         assert row["bound_s"] == pytest.approx(by_hand(500, row["endpoints"]), rel=1e-9)
+        # The busiest endpoint's whole tickers: 500 over 3 is 167 on one of them.
         assert row["makespan_s"] == pytest.approx(
-            by_hand(500, row["endpoints"], ADMITTED_KV) + row["ramp_s"], rel=1e-9)
+            by_hand(-(-500 // row["endpoints"]), 1, ADMITTED_KV) + row["ramp_s"], rel=1e-9)
     # One H200: the KV cache sets the bound (75.7 min); admitted to 90% of it, 12,750,000
     # tokens in 110,729 steps keep 115.1 requests running, which the request limit reaches
     # from 4 in five doublings, 2 s apart (the default reading interval): lost 2 x (5 -
@@ -64,9 +65,10 @@ def test_plan_gives_the_bound_for_every_fleet_from_1_to_16() -> None:
     # A bound the cache sets uses all of the summed capacity; past it, less and less.
     assert rows[0]["share_of_summed_capacity"] == pytest.approx(1.0)
     assert rows[15]["share_of_summed_capacity"] < rows[7]["share_of_summed_capacity"] < 0.8
-    # 16 endpoints: 584.2 s; within 5% (613.4 s): 14 (607.4 s) but not 13 (621.6 s).
+    # 16 endpoints, 32 tickers on the busiest: 588.1 s; within 5% (617.5 s): 14 (608.9 s)
+    # but not 13 (624.4 s).
     assert plan["best_makespan_s"] == pytest.approx(rows[15]["makespan_s"])
-    assert plan["best_makespan_s"] == pytest.approx(584.2, abs=0.1)
+    assert plan["best_makespan_s"] == pytest.approx(588.1, abs=0.1)
     assert plan["smallest_within_5pct"] == 14
     assert [r["within_5pct_of_best"] for r in rows] == [False] * 13 + [True] * 3
     assert plan["deadline"] is None
@@ -515,3 +517,55 @@ def test_server_facts_of_no_count_are_named_not_modelled(sqlite_engine: Any,
     fine = _night(sqlite_engine, {"kv_cache_tokens": 10_000.0, "max_num_seqs": 4.0})
     assert plan_json("--tickers", "4", "--shape", str(whole), "--profile", str(fine))[
         "profile"]["kv_tokens"] == 10_000
+
+
+def test_plan_json_and_csv_name_their_schema() -> None:
+    # A field was renamed (output_tok_s, before 2026-12-07) with nothing in the output to
+    # say which shape a reader holds. The JSON now leads with its schema, every CSV row
+    # carries it.
+    plan = plan_json("--tickers", "5")
+    assert next(iter(plan)) == "schema" and plan["schema"] == "plan/1"
+    rows = list(csv.DictReader(io.StringIO(run_cli("plan", "--tickers", "5", "--format",
+                                                   "csv").stdout)))
+    assert [r["schema"] for r in rows] == ["plan/1"] * 16
+
+
+def test_a_ticker_runs_on_one_endpoint_so_more_endpoints_than_tickers_shorten_nothing(
+        ) -> None:
+    # A server whose step grows 20 ms with each running request (a CPU's, roughly). A
+    # ticker's whole chain goes to one endpoint, so the night ends with the endpoint that
+    # holds the most whole tickers. Before, the plan split tickers over endpoints in
+    # fractions: 1 ticker "needed" 10 endpoints (930 s on 1, 477 s on 9), and 17 tickers 15,
+    # where 9 endpoints (2 tickers on the busiest) finish as soon as 16 do.
+    slow = H200_MOE.model_copy(update={"name": "slow", "step_b_s": 0.02})
+    for tickers, smallest in ((1, 1), (2, 2), (5, 5), (17, 9)):
+        plan = plan_fleet(tickers, synthetic_shape(), slow, Admission(reading_s=2.0))
+        assert plan.smallest_within_5pct == smallest, tickers
+        one = plan_fleet(-(-tickers // 16), synthetic_shape(), slow, Admission(reading_s=2.0))
+        assert plan.rows[15].makespan_s == pytest.approx(one.rows[0].makespan_s)
+        assert all(r.bound_s <= r.makespan_s for r in plan.rows)
+
+
+def test_a_fleet_past_16_is_named_when_the_table_stops_short_of_the_best() -> None:
+    # 5,000 tickers: the best of 1..16 is 16 (49.8 min), so "the smallest fleet within 5% of
+    # the best" read 16, where more endpoints shorten the night to 7.1 min. Now the least any
+    # fleet gets (a ticker an endpoint) and the fewest endpoints within 5% of it are given.
+    plan = plan_json("--tickers", "5000")
+    assert plan["smallest_within_5pct"] == 16
+    one = plan_fleet(1, synthetic_shape(), H200_MOE, Admission(reading_s=2.0)).rows[0]
+    assert plan["floor_s"] == pytest.approx(one.makespan_s)
+    assert plan["smallest_within_5pct_of_floor"] == 1_000
+    table = " ".join(run_cli("plan", "--tickers", "5000").stdout.split())
+    assert "past 16: more endpoints still shorten the night, to 7.1 min at least" in table
+    assert "within 5% of that: 1,000 endpoints" in table
+    assert "past 16" not in " ".join(run_cli("plan", "--tickers", "7").stdout.split())
+    # The fewest: one fewer endpoint puts more whole tickers on the busiest, over 5%.
+    for tickers in (7, 100, 500, 5_000):
+        plan = plan_json("--tickers", str(tickers))
+        fewest, floor = plan["smallest_within_5pct_of_floor"], plan["floor_s"]
+
+        def busiest(endpoints: int, tickers: int = tickers) -> float:
+            held = -(-tickers // endpoints)
+            return plan_fleet(held, synthetic_shape(), H200_MOE,
+                              Admission(reading_s=2.0)).rows[0].makespan_s
+        assert busiest(fewest) <= 1.05 * floor < busiest(fewest - 1), tickers

@@ -77,8 +77,19 @@ def _arms_not_a_list() -> dict[str, Any]:
     return run
 
 
+def _arm_with_tok_s(value: float) -> dict[str, Any]:
+    run = _run("adaptive", 520.0)
+    run["arms"][0]["output_tokens_per_s"] = value
+    return run
+
+
 @pytest.mark.parametrize(("second", "says"), [
     ([1, 2], "is not a bench schedulers result"),
+    # Written by Python's json as NaN and Infinity: combined, a ceiling of inf tok/s and
+    # checks against nan. A negative rate is no run's either.
+    (json.dumps(_arm_with_tok_s(float("nan"))), "no output_tokens_per_s of 0 or more"),
+    (json.dumps(_arm_with_tok_s(float("inf"))), "no output_tokens_per_s of 0 or more"),
+    (_arm_with_tok_s(-5.0), "no output_tokens_per_s of 0 or more"),
     ("{not json", "cannot read bench JSON"),
     (_arm_without_tok_s(), "is not a bench schedulers result"),
     (_arm_with_text_tok_s(), "is not a bench schedulers result"),
@@ -324,3 +335,48 @@ def test_combine_names_the_files_it_refuses_and_what_it_could_not_compare(
     assert json.loads(out.read_text())["unchecked"] == ["code commit", "host", "server flags"]
     both = run_cli("bench", "combine", str(first), str(tmp_path / "b.json"))
     assert "not compared" not in both.stdout
+
+
+@pytest.mark.parametrize(("schema", "says"), [
+    # A later nightdesk's file: its fields may have been renamed or changed meaning.
+    ("bench-schedulers/2", "is of schema 'bench-schedulers/2', not one this nightdesk reads "
+                           "(up to bench-schedulers/1): a newer nightdesk wrote it"),
+    ("plan/1", "is not a bench schedulers result (its schema is 'plan/1')"),
+    ("bench-schedulers/x", "is not a bench schedulers result (its schema is")])
+def test_combine_reads_a_file_by_its_schema(tmp_path: Path, schema: str, says: str) -> None:
+    first = _write(tmp_path, "a.json", _run("fixed-14", 500.0))
+    # Every bench JSON names its schema first; the combined one too.
+    assert next(iter(json.loads(first.read_text()))) == "schema"
+    other = {**_run("adaptive", 520.0), "schema": schema}
+    result = run_cli("bench", "combine", str(first), str(_write(tmp_path, "b.json", other)))
+    assert result.code == 2 and len(result.error_lines) == 1, result.stderr
+    assert says in result.error_lines[0] and "b.json" in result.error_lines[0]
+    # A file from before the schema: read as it always was, by the keys it has.
+    older = _run("adaptive", 520.0)
+    del older["schema"]
+    out = tmp_path / "joined.json"
+    joined = run_cli("bench", "combine", str(first), str(_write(tmp_path, "o.json", older)),
+                     "--json-out", str(out))
+    assert joined.code == 0, joined.stderr
+    assert json.loads(out.read_text())["schema"] == "bench-schedulers/1"
+
+
+def test_combine_shows_each_arm_as_typed_where_its_name_was_made_canonical(
+        tmp_path: Path) -> None:
+    # One run typed fixed-14:tail=off, one fixed-14: one arm, fixed-14. Before, the tables
+    # showed only "fixed-14", and what the operator typed was only in the JSON.
+    typed = _write(tmp_path, "a.json", _run("fixed-14:tail=off", 500.0))
+    plain = _write(tmp_path, "b.json", _run("fixed-14", 510.0))
+    shown = run_cli("bench", "combine", str(typed), str(plain), env={"COLUMNS": "300"})
+    assert shown.code == 0, shown.stderr
+    lines = [" ".join(line.split()) for line in shown.stdout.splitlines()]
+    assert any("fixed-14 (run as fixed-14:tail=off) │ " in line for line in lines)
+    # The means table pools both spellings under one name, and says both.
+    assert any("fixed-14 (run as fixed-14, fixed-14:tail=off) │ 2 │" in line for line in lines)
+
+
+def test_the_durability_bench_json_names_its_schema() -> None:
+    from app.bench.durability import MODES, DurabilityResult
+    result = DurabilityResult("sqlite", 1, 17, 10, ms_per_node=dict.fromkeys(MODES, 1.0))
+    assert next(iter(result.to_json())) == "schema"
+    assert result.to_json()["schema"] == "bench-durability/1"

@@ -146,6 +146,7 @@ def test_cli_forward_json_and_bad_horizon(
     assert code == 0, err
     data = json.loads(out)
     assert data["benchmark"] == "BMK" and data["n"] == 5
+    assert next(iter(data)) == "schema" and data["schema"] == "quality-forward/1"
     assert set(data["missing"]) == {"FAIL", "GONE", "SHORT"}
     code, out, err = nightdesk(monkeypatch, capsys, "quality", "forward", "--batch", str(batch),
                                "--horizon", "5days")

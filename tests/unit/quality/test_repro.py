@@ -92,6 +92,7 @@ def test_all_hold_constant_scores_are_undefined_not_zero(
     assert code == 0, err
     data = json.loads(out)
     assert data["pairs"][0]["qwk"] is None and data["pairs"][0]["spearman"] is None
+    assert next(iter(data)) == "schema" and data["schema"] == "quality-repro/1"
     code, out, err = nightdesk(monkeypatch, capsys, "quality", "repro", "--batches", f"{a},{b}")
     assert code == 0, err
     row = next(line for line in out.splitlines() if f"{a} vs {b}" in line)

@@ -103,4 +103,5 @@ def test_cli_json_defaults_to_the_newest_nightly_batch(
     assert code == 0, err
     data = json.loads(out)
     assert data["batch"]["batch_id"] == newest and data["samples"] == 2
+    assert next(iter(data)) == "schema" and data["schema"] == "quality-samples/1"
     assert [(p["i"], p["j"]) for p in data["pairs"]] == [(0, 1)]

@@ -229,6 +229,7 @@ def test_cli_track_json_by_hand(three_nights: list[int], monkeypatch: pytest.Mon
     assert code == 0, err
     data = json.loads(out)
     assert data["nights"] == 3 and data["first"] == "2026-11-23"
+    assert next(iter(data)) == "schema" and data["schema"] == "quality-track/1"
     one, two = data["horizons"]
     assert [n["batch_id"] for n in one["nights"]] == three_nights
     for horizon, record in ((0, one), (1, two)):
