@@ -174,14 +174,16 @@ def _refuse(engine: Engine) -> AlreadyRunningError:
     return AlreadyRunningError(f"already running: batch {batch_id}")
 
 
-def holder_gone(engine: Engine, batch: Any, stale_s: float) -> str | None:
+def holder_gone(engine: Engine, batch: Any, stale_s: float,
+                alive_at: datetime | None = None) -> str | None:
     """Return why a ``running`` nightly batch has lost its process (None: it may be alive).
 
     Call with the nightly lock held. ``batch`` is its row (settings, heartbeat_at). A runner
     on this host is looked up by its pid. Elsewhere, on SQLite the free lock proves it; on
     PostgreSQL only when the batch beat since the server last started (a restart lets go of
     every lock, also a live run's, which takes it again at its next beat): otherwise its
-    heartbeat must be older than ``stale_s``.
+    heartbeat must be older than ``stale_s``, and ``alive_at`` (its other signs of life,
+    ``app.morning.summary.Seen.alive_at``) too.
     """
     runner = Runner.of(batch.settings)
     alive = None if runner is None else runner.alive()
@@ -196,9 +198,10 @@ def holder_gone(engine: Engine, batch: Any, stale_s: float) -> str | None:
         beat = beat.replace(tzinfo=UTC)
     if beat is not None and beat > up_since:
         return "the nightly lock was free"
-    age = None if beat is None else (datetime.now(UTC) - beat).total_seconds()
+    last = max((moment for moment in (beat, alive_at) if moment is not None), default=None)
+    age = None if last is None else (datetime.now(UTC) - last).total_seconds()
     if age is None or age > stale_s:
-        return f"no heartbeat for more than {stale_s:.0f} s"
+        return f"no sign of life for more than {stale_s:.0f} s"
     return None
 
 
