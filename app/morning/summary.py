@@ -320,6 +320,16 @@ def list_batches(engine: Engine, stale_s: float, limit: int = 20, kind: str | No
     return [summarize(row, stale_s, now, seen) for row in rows]
 
 
+def ticker_state(status: str, error: str | None, batch_status: str) -> tuple[str, str | None]:
+    """Return a ticker run's status and error as every surface reads them: one its batch
+    left queued or running reads as the crashed marking (``app.runs.resumable``) makes it
+    once the batch reads crashed (``batch_status``), before its row is marked as after:
+    interrupted, because its process died; any other as stored (``plain_error``)."""
+    if batch_status == "crashed" and status in ("queued", "running"):
+        return "interrupted", DIED
+    return status, plain_error(error)
+
+
 def failed_tickers(engine: Engine, batch_id: int, dead: bool = False) -> list[FailedTicker]:
     """Return the batch's tickers that ended without a result, with the error recorded.
 
@@ -333,8 +343,8 @@ def failed_tickers(engine: Engine, batch_id: int, dead: bool = False) -> list[Fa
                                    TickerRun.status != "succeeded" if dead
                                    else TickerRun.status.not_in(NOT_FAILED))
                             .order_by(TickerRun.ticker)).all()
-    return [FailedTicker(r.ticker, "interrupted", DIED) if r.status in NOT_FAILED
-            else FailedTicker(r.ticker, r.status, plain_error(r.error)) for r in rows]
+    return [FailedTicker(r.ticker, *ticker_state(r.status, r.error,
+                                                 "crashed" if dead else "")) for r in rows]
 
 
 def tickers_left(conn: Connection, batch_id: int, retry_failed: bool = False) -> list[str]:

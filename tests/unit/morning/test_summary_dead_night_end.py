@@ -19,20 +19,23 @@ from sqlalchemy.orm import Session
 from app.config import load_settings
 from app.db.models import Batch, LLMCall, TickerRun
 from app.morning.nightstatus import span
-from app.morning.summary import list_batches, when
-from app.runs.resumable import mark_orphaned
+from app.morning.summary import DIED, list_batches, when
+from app.runs.resumable import mark_orphaned, mark_stale_crashed
+from tests.unit.support.clirun import run_cli
 from tests.unit.support.surfaces import every_end
+from tests.unit.support.webclient import AUTH
 
 STALE_S = 120.0  # heartbeat_stale_s, the default the CLI and the pages read
 
 
-def _dead_night(engine: Engine, beat_ago_s: float, call_ago_s: float) -> tuple[int, datetime]:
-    """A nightly batch run elsewhere (its pid cannot be looked up), started 20 min ago, its
+def _dead_night(engine: Engine, beat_ago_s: float, call_ago_s: float, kind: str = "nightly"
+                ) -> tuple[int, datetime]:
+    """A batch (``kind``) run elsewhere (its pid cannot be looked up), started 20 min ago, its
     last heartbeat and its last call's end that long ago; return it and its start."""
     now = datetime.now(UTC).replace(microsecond=0)
     start = now - timedelta(minutes=20)
     with Session(engine) as s:
-        row = Batch(kind="nightly", as_of=now.date(), status="running", created_at=start,
+        row = Batch(kind=kind, as_of=now.date(), status="running", created_at=start,
                     started_at=start, heartbeat_at=now - timedelta(seconds=beat_ago_s),
                     tickers_total=2, tickers_succeeded=1,
                     settings={"runner": {"host": "elsewhere", "pid": 1, "started": None},
@@ -91,3 +94,28 @@ def test_a_start_that_marks_a_dead_night_stores_what_every_view_said_of_it(
     assert (after.status, after.finished_at, after.duration_s, after.error) == \
         ("crashed", before.finished_at, before.duration_s, before.error)
     assert before.finished_at == start + timedelta(minutes=10)
+
+
+def test_a_dead_nights_unfinished_ticker_reads_the_same_on_the_ticker_page_marked_or_not(
+        sqlite_engine: Engine, client: TestClient, cli_env: None) -> None:
+    # A dead night and a dead rerun after it, each left BBB running: the ticker's page reads
+    # it as `report` marks it (interrupted, its process died), before the mark as after.
+    night, _ = _dead_night(sqlite_engine, beat_ago_s=900, call_ago_s=600)
+    rerun, _ = _dead_night(sqlite_engine, beat_ago_s=900, call_ago_s=600, kind="rerun")
+
+    def said() -> dict[str, object]:
+        page = client.get("/api/tickers/BBB", auth=AUTH).json()
+        return {"latest": (page["latest"]["status"], page["latest"]["error"]),
+                "tonight": (page["tonight"]["state"], page["tonight"]["error"]),
+                "rerun": [(r["status"], r["error"]) for r in page["reruns"]],
+                "shown": page["shown"]["ticker_status"]}
+
+    unmarked = said()
+    assert unmarked == {"latest": ("interrupted", DIED), "tonight": ("interrupted", DIED),
+                        "rerun": [("interrupted", DIED)], "shown": "interrupted"}
+    assert run_cli("report", str(night)).code == 0  # marks both
+    assert mark_stale_crashed(sqlite_engine, STALE_S) == []
+    with sqlite_engine.connect() as conn:
+        assert set(conn.execute(select(Batch.status)).scalars()) == {"crashed"}
+    assert said() == unmarked
+    assert rerun > night
