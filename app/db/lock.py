@@ -41,6 +41,9 @@ ADVISORY_KEY = int.from_bytes(hashlib.sha256(b"nightdesk nightly batch").digest(
                               signed=True)
 SCHEDULER_KEY = int.from_bytes(hashlib.sha256(b"nightdesk scheduler daemon").digest()[:8],
                                "big", signed=True)
+# Why a night elsewhere is dead once its lock is let go: the same words whether a view read
+# it so (``run_gone``) or a start stored it (``holder_gone``).
+LOCK_FREE = "its nightly lock was let go"
 
 
 def lock_file_path(database_url: str, what: str = "nightly") -> Path:
@@ -190,14 +193,14 @@ def holder_gone(engine: Engine, batch: Any, stale_s: float,
     if alive is not None:
         return None if alive else f"its process {runner.pid} is gone"  # type: ignore[union-attr]
     if engine.dialect.name != "postgresql":
-        return "the nightly lock was free"
+        return LOCK_FREE
     with engine.connect() as conn:
         up_since = conn.execute(text("SELECT pg_postmaster_start_time()")).scalar_one()
     beat = batch.heartbeat_at or batch.started_at
     if beat is not None and beat.tzinfo is None:
         beat = beat.replace(tzinfo=UTC)
     if beat is not None and beat > up_since:
-        return "the nightly lock was free"
+        return LOCK_FREE
     last = max((moment for moment in (beat, alive_at) if moment is not None), default=None)
     age = None if last is None else (datetime.now(UTC) - last).total_seconds()
     if age is None or age > stale_s:
@@ -279,7 +282,7 @@ def run_gone(lock: NightlyLockView | None, kind: str, settings: dict[str, Any] |
         return None
     if beat is not None and beat.tzinfo is None:
         beat = beat.replace(tzinfo=UTC)
-    return "the nightly lock is free" if beat is not None and beat > up_since else None
+    return LOCK_FREE if beat is not None and beat > up_since else None
 
 
 class LockHold:

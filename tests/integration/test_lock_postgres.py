@@ -118,7 +118,15 @@ def test_a_night_elsewhere_reads_crashed_once_the_advisory_lock_is_free(
     with nightly_lock(get_engine(url_of(pg_engine))):
         assert [b.status for b in list_batches(pg_engine, 120.0)] == ["running"]
     [listed] = list_batches(pg_engine, 120.0)
-    assert (listed.status, listed.error) == ("crashed", "the nightly lock is free")
+    assert (listed.status, listed.error) == ("crashed", "its nightly lock was let go")
+    # The next start marks it (``mark_orphaned``, under the lock): in the same words.
+    from app.runs.resumable import mark_orphaned
+
+    with nightly_lock(get_engine(url_of(pg_engine))):
+        assert mark_orphaned(pg_engine, 120.0) == [listed.id]
+    [marked] = list_batches(pg_engine, 120.0)
+    assert (marked.status, marked.error, marked.finished_at, marked.duration_s) == \
+        ("crashed", listed.error, listed.finished_at, listed.duration_s)
 
 
 def test_a_request_reads_the_nightly_lock_once_however_many_nights_run(
