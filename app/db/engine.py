@@ -383,8 +383,13 @@ def refuse_unknown(url: str | URL, at: str | None) -> None:
 def check_schema(engine: Engine) -> None:
     """Raise SchemaTooNew (``refuse_unknown``) when the database was migrated, since this
     process checked it at its start, to a revision this install does not know: another
-    host upgraded it under a running daemon or web server. One read of the revision."""
-    refuse_unknown(engine.url, current_revision(engine))
+    host upgraded it under a running daemon or web server. One read of the revision; one
+    that fails (the database away) is left to what comes next, which says so its own way."""
+    try:
+        at = current_revision(engine)
+    except SQLAlchemyError:
+        return
+    refuse_unknown(engine.url, at)
 
 
 def ready_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> Engine:
