@@ -27,7 +27,7 @@ prints one line and exits with the error's ``exit_code`` (the table in app/cli/b
     ├── AlreadyRunningError             another nightly run holds the lock, or the batch to
     │                                   resume is running (exit 4)
     ├── DatabaseError                   the database cannot be reached or used (exit 2)
-    │   └── SchemaTooNew                a newer nightdesk migrated it: nothing is written
+    │   └── SchemaTooNew                its schema revision is unknown here: nothing is written
     ├── NotifyError                     a destination of NIGHTDESK_NOTIFY did not take a message
     ├── BatchStopped                    the batch is stopping; this ticker stays resumable
     │   ├── ServerOutage                the server stayed down past the outage budget (exit 5)
@@ -130,8 +130,9 @@ class DatabaseError(NightdeskError):
 
 class SchemaTooNew(DatabaseError):
     """The database's schema revision is none this install knows (a newer nightdesk
-    migrated it): every command is refused before it reads or writes, a refused night's
-    row included, as this code's models may not match that schema (exit 2)."""
+    migrated it, or another program wrote it): every command is refused before it reads or
+    writes, a refused night's row included, as this code's models may not match that schema
+    (exit 2); a running daemon at its next fire, the pages with a 503 within a minute."""
 
 
 # The transport failures are the tracked client's (app.llm), so they live here; they derive

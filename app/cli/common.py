@@ -113,7 +113,7 @@ def mark_crashed(engine: Engine, stale_s: float, *, read_only_ok: bool = False,
         return
     for batch_id in crashed:
         steps = advise(engine, batch_id, stale_s, seen)
-        err.print(f"note: batch {batch_id} had no heartbeat for over {stale_s:.0f} s: marked "
+        err.print(f"note: batch {batch_id} had no sign of life for over {stale_s:.0f} s: marked "
                   f"crashed" + (f" ({escape(steps)})" if steps else ""))
 
 

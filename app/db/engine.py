@@ -473,18 +473,32 @@ def head_revision() -> str | None:
     return scripts().get_current_head()
 
 
-def refuse_unknown(url: str, at: str | None) -> None:
+def refuse_unknown(url: str | URL, at: str | None) -> None:
     """Raise SchemaTooNew when the schema is at a revision none of this install's migrations
-    names: a newer nightdesk migrated it (a package rolled back, or hosts on two versions
-    sharing one database). Alembic cannot upgrade from it, and this code's models may not
-    match it, so nothing may read or write it."""
+    names: most likely a newer nightdesk migrated it (a package rolled back, or hosts on two
+    versions sharing one database), else another program wrote its ``alembic_version``.
+    Alembic cannot upgrade from it, and this code's models may not match it, so nothing may
+    read or write it."""
     if at is None or at in {script.revision for script in scripts().walk_revisions()}:
         return
     raise SchemaTooNew(
-        f"the database {shown(url)} is at schema revision {at}, newer than this nightdesk "
-        f"knows (newest {head_revision()}): upgrade nightdesk, on every host that shares this "
-        "database, to the version that migrated it, or restore the database from before "
-        "that upgrade; nothing was written")
+        f"the database {shown(url)} is at schema revision {at}, one this nightdesk does not "
+        f"know (its newest is {head_revision()}): a newer nightdesk migrated it, or another "
+        "program wrote it; upgrade nightdesk, on every host that shares this database, to "
+        "the version that migrated it, or restore the database from before that upgrade; "
+        "nothing was written")
+
+
+def check_schema(engine: Engine) -> None:
+    """Raise SchemaTooNew (``refuse_unknown``) when the database was migrated, since this
+    process checked it at its start, to a revision this install does not know: another
+    host upgraded it under a running daemon or web server. One read of the revision; one
+    that fails (the database away) is left to what comes next, which says so its own way."""
+    try:
+        at = current_revision(engine)
+    except SQLAlchemyError:
+        return
+    refuse_unknown(engine.url, at)
 
 
 def ready_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> Engine:

@@ -41,6 +41,9 @@ ADVISORY_KEY = int.from_bytes(hashlib.sha256(b"nightdesk nightly batch").digest(
                               signed=True)
 SCHEDULER_KEY = int.from_bytes(hashlib.sha256(b"nightdesk scheduler daemon").digest()[:8],
                                "big", signed=True)
+# Why a night elsewhere is dead once its lock is let go: the same words whether a view read
+# it so (``run_gone``) or a start stored it (``holder_gone``).
+LOCK_FREE = "its nightly lock was let go"
 
 
 def lock_file_path(database_url: str, what: str = "nightly") -> Path:
@@ -174,31 +177,34 @@ def _refuse(engine: Engine) -> AlreadyRunningError:
     return AlreadyRunningError(f"already running: batch {batch_id}")
 
 
-def holder_gone(engine: Engine, batch: Any, stale_s: float) -> str | None:
+def holder_gone(engine: Engine, batch: Any, stale_s: float,
+                alive_at: datetime | None = None) -> str | None:
     """Return why a ``running`` nightly batch has lost its process (None: it may be alive).
 
     Call with the nightly lock held. ``batch`` is its row (settings, heartbeat_at). A runner
     on this host is looked up by its pid. Elsewhere, on SQLite the free lock proves it; on
     PostgreSQL only when the batch beat since the server last started (a restart lets go of
     every lock, also a live run's, which takes it again at its next beat): otherwise its
-    heartbeat must be older than ``stale_s``.
+    heartbeat must be older than ``stale_s``, and ``alive_at`` (its other signs of life,
+    ``app.morning.summary.Seen.alive_at``) too.
     """
     runner = Runner.of(batch.settings)
     alive = None if runner is None else runner.alive()
     if alive is not None:
         return None if alive else f"its process {runner.pid} is gone"  # type: ignore[union-attr]
     if engine.dialect.name != "postgresql":
-        return "the nightly lock was free"
+        return LOCK_FREE
     with engine.connect() as conn:
         up_since = conn.execute(text("SELECT pg_postmaster_start_time()")).scalar_one()
     beat = batch.heartbeat_at or batch.started_at
     if beat is not None and beat.tzinfo is None:
         beat = beat.replace(tzinfo=UTC)
     if beat is not None and beat > up_since:
-        return "the nightly lock was free"
-    age = None if beat is None else (datetime.now(UTC) - beat).total_seconds()
+        return LOCK_FREE
+    last = max((moment for moment in (beat, alive_at) if moment is not None), default=None)
+    age = None if last is None else (datetime.now(UTC) - last).total_seconds()
     if age is None or age > stale_s:
-        return f"no heartbeat for more than {stale_s:.0f} s"
+        return f"no sign of life for more than {stale_s:.0f} s"
     return None
 
 
@@ -276,7 +282,7 @@ def run_gone(lock: NightlyLockView | None, kind: str, settings: dict[str, Any] |
         return None
     if beat is not None and beat.tzinfo is None:
         beat = beat.replace(tzinfo=UTC)
-    return "the nightly lock is free" if beat is not None and beat > up_since else None
+    return LOCK_FREE if beat is not None and beat > up_since else None
 
 
 class LockHold:

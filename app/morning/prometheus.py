@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
 from app.config import Settings
+from app.db.engine import check_schema
 from app.db.models import Batch, nights_newest_first
 from app.morning.accounting import throughput
 from app.morning.nightstatus import STATUSES, NightStatus, night_status
@@ -61,6 +62,7 @@ class NightCollector(Collector):
         return [*families, up]
 
     def _families(self) -> list[Metric]:
+        check_schema(self.engine)  # migrated since the server started: that line, no reading
         status = night_status(self.engine, self.settings, ranked_night(self.engine))
         with self.engine.connect() as conn:
             # Of the latest date that has one, as the latest night is: an older date analyzed

@@ -116,6 +116,14 @@ class Seen:
                  if kind == "nightly" and runner is not None else None]
         return max((moment for moment in signs if moment is not None), default=None)
 
+    def last_alive(self, batch_id: int, kind: str, settings: dict[str, Any] | None,
+                   heartbeat_at: datetime | None, started_at: datetime | None
+                   ) -> datetime | None:
+        """Return when a batch that reads crashed was last alive: ``last_alive`` of every
+        sign ``status`` weighs (its heartbeat, ``alive_at``), else its start. Its end on
+        every surface, the moment its reason names, and its stored end once marked."""
+        return last_alive(started_at, heartbeat_at, self.alive_at(batch_id, kind, settings))
+
     def status(self, batch_id: int, status: str, kind: str, settings: dict[str, Any] | None,
                heartbeat_at: datetime | None, started_at: datetime | None, stale_s: float,
                now: datetime) -> tuple[str, str | None]:
@@ -130,25 +138,32 @@ class Seen:
         if gone is None and beat is not None and (now - beat).total_seconds() > stale_s:
             alive_at = self.alive_at(batch_id, kind, settings)
         read = status_of(status, heartbeat_at, started_at, stale_s, now, gone, alive_at)
-        return read, None if read == status else gone or died_since(beat)
+        if read == status:
+            return read, None
+        return read, gone or died_since(last_alive(started_at, heartbeat_at, alive_at))
 
 
-def duration_s(started_at: datetime | None, finished_at: datetime | None,
-               heartbeat_at: datetime | None, status: str, now: datetime,
-               last_call_at: datetime | None = None) -> float | None:
-    """Return a batch's duration: start to now while it runs (``status`` as ``status_of``
-    names it), to when it was last alive once it crashed (``last_alive``: its row is marked
-    later, when a start or ``report`` finds it dead), else start to finish; None before it
-    started. The one definition every page, command and digest shows."""
+def duration_s(started_at: datetime | None, end: datetime | None, now: datetime
+               ) -> float | None:
+    """Return a batch's duration: start to ``end`` (``ended_at``), to now while it runs
+    (``end`` None); None before it started. The one definition every page, command and
+    digest shows."""
     if started_at is None:
         return None
+    return max(0.0, ((end or now) - started_at).total_seconds())
+
+
+def ended_at(batch: Any, status: str, seen: Seen) -> datetime | None:
+    """Return when a batch ended (None while it runs, ``status`` as ``Seen.status`` reads
+    it): one still ``running`` in its row that reads crashed ended when it was last alive
+    (``Seen.last_alive``), as its row says once a start or ``report`` marks it so
+    (``app.runs.resumable``); any other its stored end (else its last heartbeat)."""
     if status == "running":
-        end: datetime | None = now
-    elif status == "crashed":
-        end = last_alive(started_at, heartbeat_at, last_call_at)
-    else:
-        end = finished_at or heartbeat_at
-    return None if end is None else max(0.0, (end - started_at).total_seconds())
+        return None
+    if batch.status == "running":  # it reads crashed, its row not marked yet
+        return seen.last_alive(batch.id, batch.kind, batch.settings, batch.heartbeat_at,
+                               batch.started_at)
+    return batch.finished_at or batch.heartbeat_at
 
 
 # A resume hint inside a stored error: "; resume with `nightdesk run --resume 5`",
@@ -197,7 +212,7 @@ class BatchSummary(BaseModel):
     as_of: IsoDate
     created_at: IsoDatetime | None
     started_at: IsoDatetime | None
-    finished_at: IsoDatetime | None
+    finished_at: IsoDatetime | None  # ``ended_at``: a dead night's too, marked or not
     heartbeat_at: IsoDatetime | None
     duration_s: float | None
     tickers: str
@@ -244,10 +259,11 @@ class FailedTicker:
     error: str | None
 
 
-def died_since(beat: datetime | None) -> str:
-    """Return the error of a batch whose heartbeat stopped at ``beat``: the same words
-    whether a view reads it so or a command has stored it (``mark_stale_crashed``)."""
-    return f"no heartbeat since {when(beat)}: its process has died"
+def died_since(alive: datetime | None) -> str:
+    """Return the error of a batch last alive at ``alive`` (``Seen.last_alive``: its last
+    heartbeat or call, whichever came later): the same words whether a view reads it so or
+    a command has stored it (``mark_stale_crashed``)."""
+    return f"no sign of life since {when(alive)}: its process has died"
 
 
 def summarize(batch: Any, stale_s: float, now: datetime | None = None,
@@ -265,13 +281,12 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None,
     status, why = seen.status(batch.id, batch.status, batch.kind, settings, batch.heartbeat_at,
                               batch.started_at, stale_s, now)
     error = why or plain_error(batch.error)
+    end = ended_at(batch, status, seen)
     return BatchSummary(
         id=batch.id, kind=batch.kind, label=batch.label, status=status,
         as_of=batch.as_of, created_at=batch.created_at, started_at=batch.started_at,
-        finished_at=batch.finished_at, heartbeat_at=batch.heartbeat_at,
-        duration_s=duration_s(batch.started_at, batch.finished_at, batch.heartbeat_at,
-                              status, now,
-                              seen.last_call_at(batch.id) if status == "crashed" else None),
+        finished_at=end, heartbeat_at=batch.heartbeat_at,
+        duration_s=duration_s(batch.started_at, end, now),
         tickers=f"{batch.tickers_succeeded or 0}/{batch.tickers_total or 0}",
         tickers_total=batch.tickers_total or 0,
         tickers_succeeded=batch.tickers_succeeded or 0,
@@ -301,8 +316,18 @@ def list_batches(engine: Engine, stale_s: float, limit: int = 20, kind: str | No
     with engine.connect() as conn:
         rows = conn.execute(stmt).all()
     seen = Seen(engine)
-    seen.read_ends(row.id for row in rows if row.status in ("running", "crashed"))
+    seen.read_ends(row.id for row in rows if row.status == "running")
     return [summarize(row, stale_s, now, seen) for row in rows]
+
+
+def ticker_state(status: str, error: str | None, batch_status: str) -> tuple[str, str | None]:
+    """Return a ticker run's status and error as every surface reads them: one its batch
+    left queued or running reads as the crashed marking (``app.runs.resumable``) makes it
+    once the batch reads crashed (``batch_status``), before its row is marked as after:
+    interrupted, because its process died; any other as stored (``plain_error``)."""
+    if batch_status == "crashed" and status in ("queued", "running"):
+        return "interrupted", DIED
+    return status, plain_error(error)
 
 
 def failed_tickers(engine: Engine, batch_id: int, dead: bool = False) -> list[FailedTicker]:
@@ -318,8 +343,8 @@ def failed_tickers(engine: Engine, batch_id: int, dead: bool = False) -> list[Fa
                                    TickerRun.status != "succeeded" if dead
                                    else TickerRun.status.not_in(NOT_FAILED))
                             .order_by(TickerRun.ticker)).all()
-    return [FailedTicker(r.ticker, "interrupted", DIED) if r.status in NOT_FAILED
-            else FailedTicker(r.ticker, r.status, plain_error(r.error)) for r in rows]
+    return [FailedTicker(r.ticker, *ticker_state(r.status, r.error,
+                                                 "crashed" if dead else "")) for r in rows]
 
 
 def tickers_left(conn: Connection, batch_id: int, retry_failed: bool = False) -> list[str]:

@@ -223,9 +223,12 @@ def mark_stale_crashed(engine: Engine, stale_s: float, seen: Seen | None = None)
     dead = {int(row.id): why for row in rows for status, why in [seen.status(
         row.id, "running", row.kind, row.settings, row.heartbeat_at, row.started_at, stale_s,
         now)] if status == "crashed" and why is not None}
+    # Each one's end as the views read it (its lock's holder's last statement included).
+    ends = {int(row.id): seen.last_alive(row.id, row.kind, row.settings, row.heartbeat_at,
+                                         row.started_at) for row in rows if row.id in dead}
     if dead:
         with engine.begin() as conn:
-            _crash(conn, dead)
+            _crash(conn, dead, ends)
     return list(dead)
 
 
@@ -240,34 +243,44 @@ def mark_orphaned(engine: Engine, stale_s: float) -> list[int]:
         running = conn.execute(select(Batch.__table__).where(Batch.kind == "nightly",
                                                              Batch.status == "running")).all()
     orphans: dict[int, str] = {}
+    ends: dict[int, datetime | None] = {}
+    now, seen = datetime.now(UTC), Seen(engine)
     for batch in running:
-        why = holder_gone(engine, batch, stale_s)
+        # Its signs of life as every view weighs them (a call after a held-up heartbeat).
+        alive_at = seen.alive_at(batch.id, batch.kind, batch.settings)
+        why = holder_gone(engine, batch, stale_s, alive_at)
         if why is None:
             raise AlreadyRunningError(
                 f"already running: batch {batch.id} (the nightly lock was free, but its run "
                 "may be alive and taking it again after a database restart)")
-        orphans[int(batch.id)] = why
+        # Where the views read it dead, their reason, in their words, is the one stored.
+        _, said = seen.status(batch.id, "running", batch.kind, batch.settings,
+                              batch.heartbeat_at, batch.started_at, stale_s, now)
+        orphans[int(batch.id)] = said or why
+        ends[int(batch.id)] = last_alive(batch.started_at, batch.heartbeat_at, alive_at)
     if orphans:
         with engine.begin() as conn:
-            _crash(conn, orphans)
+            _crash(conn, orphans, ends)
     return list(orphans)
 
 
-def _crash(conn: Any, why: dict[int, str]) -> None:
+def _crash(conn: Any, why: dict[int, str], ends: dict[int, datetime | None] | None = None
+           ) -> None:
     """Mark ``running`` batches crashed, each with its reason; their open tickers interrupted.
 
-    A crashed batch finished when it was last alive (``last_alive``: the later of its last
-    heartbeat and its last call's end, else its start), as every view reads it before it is
-    marked, not when a later start or ``report`` happened to find it dead.
+    A crashed batch finished when it was last alive (``ends``: ``Seen.last_alive``, as every
+    view read it before it was marked; else ``last_alive``: the later of its last heartbeat
+    and its last call's end, else its start), not when a later start or ``report`` happened
+    to find it dead.
     """
-    ends = last_calls(conn, why)
+    calls = last_calls(conn, why)
     for batch_id, error in why.items():
         row = conn.execute(select(Batch.started_at, Batch.heartbeat_at)
                            .where(Batch.id == batch_id)).one()
+        end = (ends or {}).get(batch_id) or last_alive(row.started_at, row.heartbeat_at,
+                                                       calls.get(batch_id))
         conn.execute(update(Batch).where(Batch.id == batch_id, Batch.status == "running")
-                     .values(status="crashed",
-                             finished_at=last_alive(row.started_at, row.heartbeat_at,
-                                                    ends.get(batch_id)),
+                     .values(status="crashed", finished_at=end,
                              error=f"{error}; resume with `nightdesk run --resume {batch_id}`"))
     conn.execute(update(TickerRun)
                  .where(TickerRun.batch_id.in_(list(why)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,13 +17,16 @@ from sqlalchemy import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.config import Settings, get_settings
-from app.db.engine import check_reachable
-from app.errors import DatabaseError, InputError
+from app.db.engine import check_reachable, check_schema
+from app.errors import DatabaseError, InputError, SchemaTooNew
 from app.morning.prometheus import night_registry
 from app.web import api, pages, track
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.state import WebState, require_user
+
+# How often the pages re-read the schema's revision (another host may migrate it under them).
+SCHEMA_CHECK_S = 30.0
 
 
 def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
@@ -89,5 +93,26 @@ def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
         where = str(first.get("loc", ["?"])[-1])
         detail = f"{where}: {first.get('msg', 'invalid value')} (got {first.get('input')!r})"
         return await http_error(request, StarletteHTTPException(400, detail))
+
+    checked_at, refused = -SCHEMA_CHECK_S, ""
+
+    @app.middleware("http")
+    async def schema_known(request: Request, call_next: Any) -> Any:
+        """Answer 503 with ``SchemaTooNew``'s one line, not a route's traceback, once another
+        host has migrated the database under this server to a revision it does not know
+        (``check_schema``: one read at most every ``SCHEMA_CHECK_S``)."""
+        nonlocal checked_at, refused
+        if time.monotonic() - checked_at >= SCHEMA_CHECK_S:
+            checked_at = time.monotonic()
+            try:
+                await run_in_threadpool(check_schema, engine)
+                refused = ""
+            except SchemaTooNew as error:
+                refused = str(error)
+        if not refused:
+            return await call_next(request)
+        if request.url.path in ("/healthz", "/metrics"):
+            return JSONResponse({"status": "error", "detail": refused}, 503)
+        return await http_error(request, StarletteHTTPException(503, refused))
 
     return app

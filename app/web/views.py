@@ -44,8 +44,8 @@ from app.morning.summary import (
     Seen,
     failed_tickers,
     list_batches,
-    plain_error,
     summarize,
+    ticker_state,
 )
 from app.morning.timeline import Interval, batch_timeline
 from app.quality.monitor import warnings_for
@@ -383,14 +383,11 @@ def _tonight(runs: list[Any], last_good: HistoryPoint | None,
 def _outcome(run: Any, batch_status: dict[int, str]) -> RunOutcome:
     """Return how ``run`` went, a ticker its batch left running or queued read by the batch."""
     of_batch = batch_status[run.batch_id]
-    if of_batch == "running":
-        state = "running" if run.status in ("running", "queued") else run.status
-    elif run.status in ("running", "queued"):  # left so by a batch that ended or died
-        state = "interrupted" if of_batch == "crashed" else of_batch
-    else:
-        state = run.status
+    state, error = ticker_state(run.status, run.error, of_batch)
+    if state in IN_FLIGHT:  # still to come in a running batch, else left so
+        state = "running" if of_batch == "running" else of_batch  # by one that ended
     return RunOutcome(state=state, batch_id=run.batch_id, kind=run.kind, as_of=run.as_of,
-                      batch_status=of_batch, error=plain_error(run.error))
+                      batch_status=of_batch, error=error)
 
 
 def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView:
@@ -424,9 +421,10 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
         r.batch_id, r.batch_status, r.kind, r.settings, r.heartbeat_at, r.batch_started_at,
         stale_after_s, now)[0] for r in runs}
     # A rerun whose process died stays `running` in its row: only a live one blocks another.
-    reruns = [RerunRow(batch_id=r.batch_id, as_of=r.as_of, status=r.status,
-                       batch_status=batch_status[r.batch_id],
-                       error=plain_error(r.error),
+    # A ticker a dead batch left running reads interrupted, its row marked or not.
+    states = {id(r): ticker_state(r.status, r.error, batch_status[r.batch_id]) for r in runs}
+    reruns = [RerunRow(batch_id=r.batch_id, as_of=r.as_of, status=states[id(r)][0],
+                       batch_status=batch_status[r.batch_id], error=states[id(r)][1],
                        started_at=r.started_at, finished_at=r.finished_at,
                        live=batch_status[r.batch_id] == "running")
               for r in runs if r.kind == "rerun"]
@@ -434,13 +432,14 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
     last_good = next((p for p in reversed(history) if p.score is not None), None)
     return TickerView(
         ticker=ticker,
-        latest=LatestRun(batch_id=latest.batch_id, kind=latest.kind, status=latest.status,
+        latest=LatestRun(batch_id=latest.batch_id, kind=latest.kind,
+                         status=states[id(latest)][0],
                          batch_status=batch_status[latest.batch_id], as_of=latest.as_of,
-                         error=plain_error(latest.error)),
+                         error=states[id(latest)][1]),
         tonight=_tonight(list(runs), last_good, newest_night, batch_status),
         last_good=last_good,
         shown=ShownBatch(**dict(summarize(batch, stale_after_s, now, seen)),
-                         ticker_status=shown.status,
+                         ticker_status=states[id(shown)][0],
                          runs=_nodes_of_run(engine, batch, ticker)),
         history=history,
         reruns=reruns[:20],

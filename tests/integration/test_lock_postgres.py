@@ -118,7 +118,15 @@ def test_a_night_elsewhere_reads_crashed_once_the_advisory_lock_is_free(
     with nightly_lock(get_engine(url_of(pg_engine))):
         assert [b.status for b in list_batches(pg_engine, 120.0)] == ["running"]
     [listed] = list_batches(pg_engine, 120.0)
-    assert (listed.status, listed.error) == ("crashed", "the nightly lock is free")
+    assert (listed.status, listed.error) == ("crashed", "its nightly lock was let go")
+    # The next start marks it (``mark_orphaned``, under the lock): in the same words.
+    from app.runs.resumable import mark_orphaned
+
+    with nightly_lock(get_engine(url_of(pg_engine))):
+        assert mark_orphaned(pg_engine, 120.0) == [listed.id]
+    [marked] = list_batches(pg_engine, 120.0)
+    assert (marked.status, marked.error, marked.finished_at, marked.duration_s) == \
+        ("crashed", listed.error, listed.finished_at, listed.duration_s)
 
 
 def test_a_request_reads_the_nightly_lock_once_however_many_nights_run(
@@ -310,3 +318,44 @@ def test_a_lock_taken_by_another_session_while_the_connection_was_down_is_report
             assert _holders(pg_engine, ADVISORY_KEY) == [other.info.backend_pid]
             with pytest.raises(AlreadyRunningError):
                 hold.keep()
+
+
+@pytest.mark.parametrize("call_ago_s", [5, 600], ids=["a call 5 s ago", "none for 10 min"])
+def test_a_start_weighs_a_nights_calls_as_every_view_does_before_marking_it(
+        pg_engine: Engine, call_ago_s: float) -> None:
+    """A night elsewhere whose heartbeat is older than the server's start (a restart let its
+    lock go) but whose calls go on may be alive and about to take its lock again: a start
+    (``mark_orphaned``, under the lock) refuses, as every view reads it running. Once its
+    calls stopped too it is marked with the reason and end the views gave it."""
+    from app.morning.summary import when
+    from app.runs.resumable import mark_orphaned
+
+    with pg_engine.connect() as conn:
+        up_since = conn.execute(text("SELECT pg_postmaster_start_time()")).scalar_one()
+    beat, now = up_since - timedelta(minutes=30), datetime.now(UTC)
+    ended = now - timedelta(seconds=call_ago_s)
+    with Session(pg_engine) as s:
+        row = Batch(kind="nightly", as_of=now.date(), status="running", created_at=beat,
+                    started_at=beat, heartbeat_at=beat, tickers_total=1,
+                    settings={"runner": {"host": "elsewhere", "pid": 1, "started": None}})
+        s.add(row)
+        s.flush()
+        s.add(LLMCall(batch_id=row.id, ticker="AAA", node="market_analyst", model="tiny",
+                      status="ok", started_at=ended - timedelta(seconds=2), ended_at=ended,
+                      latency_s=2.0))
+        s.commit()
+        night = int(row.id)
+    with nightly_lock(get_engine(url_of(pg_engine))):
+        [seen] = list_batches(pg_engine, 120.0)
+        if call_ago_s < 120:
+            assert seen.status == "running"
+            with pytest.raises(AlreadyRunningError):
+                mark_orphaned(pg_engine, 120.0)
+            [after] = list_batches(pg_engine, 120.0)
+            assert after.status == "running"
+            return
+        assert (seen.status, seen.error) == (
+            "crashed", f"no sign of life since {when(ended)}: its process has died")
+        assert mark_orphaned(pg_engine, 120.0) == [night]
+    [after] = list_batches(pg_engine, 120.0)
+    assert (after.status, after.error, after.finished_at) == ("crashed", seen.error, ended)

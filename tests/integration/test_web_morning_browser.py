@@ -139,7 +139,7 @@ def test_the_banner_of_a_crashed_night(home: Path, browser: Browser, shots: Path
         page.goto(base + "/")
         banner = page.locator("#banner")
         text = " ".join(banner.inner_text().split())
-        assert f"batch #{dead} (as of {D2}), crashed: no heartbeat since" in text
+        assert f"batch #{dead} (as of {D2}), crashed: no sign of life since" in text
         assert f"this ranking is of {D1} (batch #{first})" in text
         assert page.locator("#banner code").all_inner_texts() == [
             f"nightdesk run --resume {dead}"]

@@ -192,7 +192,7 @@ def test_stale_running_batch_is_crashed_by_report_and_resumed_by_run(
     runner = CliRunner()
     result = runner.invoke(cli, ["report", str(batch_id)])
     assert result.exit_code == 0, result.output
-    assert f"batch {batch_id} had no heartbeat" in result.stderr
+    assert f"batch {batch_id} had no sign of life" in result.stderr
     with sqlite_engine.connect() as conn:
         status = dict(conn.execute(select(Batch.id, Batch.status)).all())
     assert status == {batch_id: "crashed", fresh: "running"}  # only the stale one

@@ -151,7 +151,7 @@ def test_a_running_night_without_a_heartbeat_is_crashed(sqlite_engine: Engine) -
     add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(status="running")}, status="running",
               heartbeat=now - timedelta(minutes=10))
     status = status_at(sqlite_engine, now)
-    assert status.status == "crashed" and "no heartbeat since" in status.headline
+    assert status.status == "crashed" and "no sign of life since" in status.headline
 
 
 def test_the_daemon_heartbeat_is_stored_and_judged_current(sqlite_engine: Engine) -> None:

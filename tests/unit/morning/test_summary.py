@@ -169,7 +169,7 @@ def test_a_killed_batch_says_the_same_before_and_after_a_command_marks_it_crashe
         return row["status"], row["error"]
 
     before = said()
-    assert before == ("crashed", f"no heartbeat since {beat:%Y-%m-%d %H:%M} UTC: its process "
+    assert before == ("crashed", f"no sign of life since {beat:%Y-%m-%d %H:%M} UTC: its process "
                                  "has died")
     report = run_cli("report", str(killed))
     assert "marked crashed" in report.stderr  # the row was written

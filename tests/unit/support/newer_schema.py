@@ -39,6 +39,14 @@ def refused_in_one_line(code: int, stderr: str) -> str:
     assert code == 2, stderr
     assert len(lines) == 1, stderr
     assert lines[0].startswith("error: the database "), lines
-    assert f"schema revision {FUTURE}, newer than this nightdesk knows (newest " \
-        f"{head_revision()}): upgrade nightdesk" in lines[0], lines
+    assert said_truthfully(lines[0]), lines
     return lines[0]
+
+
+def said_truthfully(line: str) -> bool:
+    """Return whether ``line`` names the revision as one this install does not know, its
+    newest, the two programs that may have written it and what to do; a revision it does not
+    know is not said to be newer (another program may have written it)."""
+    return (f"schema revision {FUTURE}, one this nightdesk does not know (its newest is "
+            f"{head_revision()}): a newer nightdesk migrated it, or another program wrote "
+            "it; upgrade nightdesk" in line and "newer than" not in line)
