@@ -22,7 +22,7 @@ from agents.graph import kind_of
 from agents.nodes import ANALYSTS, DEBATERS, RISK_ANALYSTS
 from app.db.models import NodeText
 from app.errors import InputError, NoNightYet
-from app.morning.ranking import RATING_ORDER, RankRow, previous_night, ranked_night, ranking
+from app.morning.ranking import RATING_ORDER, RankRow, earlier_nights, ranked_night, ranking
 from app.morning.summary import IsoDate
 
 BULLISH = ("bullish", "buy", "overweight", "outperform")
@@ -192,6 +192,9 @@ def _rated(row: RankRow | None) -> bool:
     return row is not None and row.rating is not None and row.score is not None
 
 
+# Said where a night has no night before to compare with: the CLI, the digest, the page.
+NO_NIGHT_BEFORE = ("no finished night of an earlier as-of date, of the same universe, to "
+                   "compare with")
 # A ticker's statuses in a night that did not finish it: its rating is not known yet.
 UNFINISHED = ("queued", "running", "interrupted")
 
@@ -237,20 +240,21 @@ def compare_nights(engine: Engine, batch_id: int | None = None,
         if batch_id is None:
             raise NoNightYet("no finished nightly batch yet")
     batch, rows = ranking(engine, batch_id)
-    chosen = against_id is not None
-    if against_id is None:
-        against_id = previous_night(engine, batch.id)
+    demo = bool((batch.settings or {}).get("demo_data"))
     if against_id is not None:
         against, against_rows = ranking(engine, against_id)
-        try:
-            _check_comparable(batch, rows, against, against_rows)
-        except InputError:
-            if chosen:
-                raise
-            # The night before ran another universe (DEMO beside real data, a new universe
-            # file): there is nothing to compare, which is no error of the caller's.
-            against_id = None
-    demo = bool((batch.settings or {}).get("demo_data"))
+        _check_comparable(batch, rows, against, against_rows)
+    else:
+        # The night before of the same universe: a night of another (a DEMO night run
+        # between two market nights, other tickers) is passed over, not compared with,
+        # and none left is no error of the caller's.
+        for earlier, earlier_demo in earlier_nights(engine, batch.id):
+            if earlier_demo != demo:
+                continue
+            against, against_rows = ranking(engine, earlier)
+            if {r.ticker for r in rows} & {r.ticker for r in against_rows}:
+                against_id = earlier
+                break
     if against_id is None:
         return NightChanges(batch.id, batch.as_of, None, None, [_unpaired(r) for r in rows],
                             demo)

@@ -26,7 +26,7 @@ from app.db.models import FINISHED_STATUSES, Batch, nights_newest_first
 from app.errors import InputError
 from app.morning.accounting import BatchReport, calls_said, throughput
 from app.morning.advice import next_steps
-from app.morning.changes import TickerChange, compare_nights
+from app.morning.changes import NO_NIGHT_BEFORE, TickerChange, compare_nights
 from app.morning.nightstatus import span
 from app.morning.ranking import RankRow, ranking
 from app.morning.summary import (
@@ -203,7 +203,7 @@ def _change_lines(engine: Engine, batch_id: int, whole: bool) -> list[str]:
     except InputError as error:  # the night before was of another universe
         return [f"Changes: not compared ({error})"]
     if night.against_id is None:
-        return ["Changes: no finished night of an earlier as-of date to compare with"]
+        return [f"Changes: {NO_NIGHT_BEFORE}"]
     changes = [c for c in night.changes if whole or c.change in ("upgrade", "downgrade")]
     head = f"Rating changes since {night.against_as_of} (batch #{night.against_id})"
     if not whole:  # "none" of a night that did not finish: say over how many it is known
