@@ -160,11 +160,24 @@ def moved_nodes(before: dict[str, float], after: dict[str, float]) -> list[NodeM
     return sorted(moves, key=lambda m: (-abs(m.shift), m.node))
 
 
-def why_line(moves: list[NodeMove], measured: bool) -> str:
+def one_night_only(before: dict[str, float], after: dict[str, float]) -> list[str]:
+    """Return the analysts and debaters whose stance was read on one of the nights only
+    (the other night's text had no stance word): whether they moved is not known."""
+    return [n for n in [*before, *after]
+            if kind_of(n) in VIEW_KINDS and (n in before) != (n in after)]
+
+
+def why_line(moves: list[NodeMove], measured: bool, one_night: list[str] | None = None) -> str:
     """Say in one short line which nodes' views moved most."""
     if not measured:
         return "node outputs not stored for one of the nights"
     named = [m for m in moves if abs(m.shift) >= MIN_SHIFT][:MOVED_NODES]
+    if not named and one_night:  # no move seen is not "none moved" where one night is unread
+        listed = ", ".join(one_night[:MOVED_NODES]) + (
+            f" and {len(one_night) - MOVED_NODES} more" if len(one_night) > MOVED_NODES else "")
+        return ("no view's stance read on both nights moved by 0.1 or more" if moves
+                else "no view's stance read on both nights") + \
+            f"; read on one night only: {listed}"
     if not named:
         return "no node's stance moved by 0.1 or more"
     parts = []
@@ -283,7 +296,8 @@ def _pair(engine: Engine, now: RankRow | None, before: RankRow | None, ticker: s
         before_stance = node_stances(engine, before.batch_id, ticker)
         moves = moved_nodes(before_stance, after_stance)
         why = "; ".join(filter(None, [band_note(now, before), why_line(
-            moves, bool(after_stance) and bool(before_stance))]))
+            moves, bool(after_stance) and bool(before_stance),
+            one_night_only(before_stance, after_stance))]))
     elif change == "new":
         # The batch's tickers, not the date's universe: `run --limit` leaves some out.
         why = (f"not among the tickers of batch #{earlier.id} (as of {before_as_of})"

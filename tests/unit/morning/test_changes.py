@@ -319,6 +319,24 @@ def test_the_why_line_docs_quote_is_what_the_code_says() -> None:
     assert f"`{said}`" in " ".join(docs.split())
 
 
+def test_a_view_read_on_one_night_only_is_not_said_not_to_have_moved(
+        sqlite_engine: Engine) -> None:
+    # The night before's analysts wrote no stance word (only its trader did): before, the
+    # upgrade's why said "no node's stance moved by 0.1 or more", while tonight's market and
+    # news analysts read bullish and nothing said how they read the night before.
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Hold", 0.0, texts={
+        "market": "no view at all", "news": "no view at all", "trader": "PROPOSAL: HOLD"})})
+    night = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {
+        "AAA": Rated("Buy", 0.6, texts={"market": BULL, "news": BULL,
+                                        "trader": "PROPOSAL: BUY"})})
+    why = compare_nights(sqlite_engine).by_ticker()["AAA"].why
+    assert why == "no view's stance read on both nights; read on one night only: market, news"
+    said = " ".join(run_cli("changes").stdout.split())
+    assert "read on one night only: market, news" in said, said
+    body = build_digest(sqlite_engine, load_settings(), night).message.body
+    assert f"AAA: Hold → Buy (+0.00 → +0.60, +0.60) upgrade; {why}" in body, body
+
+
 def test_a_move_from_an_applied_rerun_says_so_on_every_surface(sqlite_engine: Engine) -> None:
     # Night 1 failed BBB and an operator's rerun rated it Hold; night 2 rated AAA Hold, a
     # rerun then Sell. Both moves are the reruns' ratings, not the nights': each says whose.
