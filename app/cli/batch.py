@@ -39,7 +39,13 @@ from app.cli.logs import console
 from app.config import Settings
 from app.errors import ERRORS, InputError
 from app.morning.batchids import parse_batch_id
-from app.morning.changes import UNFINISHED, RankedRow, compare_nights, ranked_row
+from app.morning.changes import (
+    NO_NIGHT_BEFORE,
+    UNFINISHED,
+    RankedRow,
+    compare_nights,
+    ranked_row,
+)
 from app.morning.nightstatus import STALE_EXIT, NightStatus, night_status
 from app.morning.ranking import RankRow, ranking
 from app.morning.summary import BatchSummary, summarize
@@ -387,8 +393,7 @@ def show_changes(
         return
     demo = "DEMO DATA — " if found.demo else ""
     if found.against_id is None:
-        out.print(f"{demo}batch {found.batch_id} (as of {found.as_of}): no finished night of "
-                  "an earlier as-of date, of the same universe, to compare with")
+        out.print(f"{demo}batch {found.batch_id} (as of {found.as_of}): {NO_NIGHT_BEFORE}")
         return
     table = Table(title=f"{demo}changes: batch {found.batch_id} (as of {found.as_of}) "
                         f"against batch {found.against_id} (as of {found.against_as_of})")

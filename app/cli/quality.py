@@ -229,7 +229,8 @@ def forward_command(
 
 def _render_track(report: TrackReport, console: Console) -> None:
     what = "excess return over " + report.benchmark if report.benchmark else "return"
-    console.print(f"track record: {report.nights} nights, as of {report.first} to "
+    console.print(f"{'DEMO DATA — ' if report.demo else ''}track record: {report.nights} "
+                  f"nights, as of {report.first} to "
                   f"{report.last}; rank IC of score against the {what}")
     summary = figures("per horizon (t over ⌊nights/h⌋ non-overlapping nights: docs/quality.md)",
                       ("horizon", "nights", "mean IC", "sd", "t", "p", "IC > 0", "hit rate",

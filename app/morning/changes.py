@@ -22,7 +22,7 @@ from agents.graph import kind_of
 from agents.nodes import ANALYSTS, DEBATERS, RISK_ANALYSTS
 from app.db.models import NodeText
 from app.errors import InputError, NoNightYet
-from app.morning.ranking import RATING_ORDER, RankRow, previous_night, ranked_night, ranking
+from app.morning.ranking import RATING_ORDER, RankRow, earlier_nights, ranked_night, ranking
 from app.morning.summary import IsoDate
 
 BULLISH = ("bullish", "buy", "overweight", "outperform")
@@ -160,11 +160,24 @@ def moved_nodes(before: dict[str, float], after: dict[str, float]) -> list[NodeM
     return sorted(moves, key=lambda m: (-abs(m.shift), m.node))
 
 
-def why_line(moves: list[NodeMove], measured: bool) -> str:
+def one_night_only(before: dict[str, float], after: dict[str, float]) -> list[str]:
+    """Return the analysts and debaters whose stance was read on one of the nights only
+    (the other night's text had no stance word): whether they moved is not known."""
+    return [n for n in [*before, *after]
+            if kind_of(n) in VIEW_KINDS and (n in before) != (n in after)]
+
+
+def why_line(moves: list[NodeMove], measured: bool, one_night: list[str] | None = None) -> str:
     """Say in one short line which nodes' views moved most."""
     if not measured:
         return "node outputs not stored for one of the nights"
     named = [m for m in moves if abs(m.shift) >= MIN_SHIFT][:MOVED_NODES]
+    if not named and one_night:  # no move seen is not "none moved" where one night is unread
+        listed = ", ".join(one_night[:MOVED_NODES]) + (
+            f" and {len(one_night) - MOVED_NODES} more" if len(one_night) > MOVED_NODES else "")
+        return ("no view's stance read on both nights moved by 0.1 or more" if moves
+                else "no view's stance read on both nights") + \
+            f"; read on one night only: {listed}"
     if not named:
         return "no node's stance moved by 0.1 or more"
     parts = []
@@ -192,6 +205,9 @@ def _rated(row: RankRow | None) -> bool:
     return row is not None and row.rating is not None and row.score is not None
 
 
+# Said where a night has no night before to compare with: the CLI, the digest, the page.
+NO_NIGHT_BEFORE = ("no finished night of an earlier as-of date, of the same universe, to "
+                   "compare with")
 # A ticker's statuses in a night that did not finish it: its rating is not known yet.
 UNFINISHED = ("queued", "running", "interrupted")
 
@@ -237,20 +253,21 @@ def compare_nights(engine: Engine, batch_id: int | None = None,
         if batch_id is None:
             raise NoNightYet("no finished nightly batch yet")
     batch, rows = ranking(engine, batch_id)
-    chosen = against_id is not None
-    if against_id is None:
-        against_id = previous_night(engine, batch.id)
+    demo = bool((batch.settings or {}).get("demo_data"))
     if against_id is not None:
         against, against_rows = ranking(engine, against_id)
-        try:
-            _check_comparable(batch, rows, against, against_rows)
-        except InputError:
-            if chosen:
-                raise
-            # The night before ran another universe (DEMO beside real data, a new universe
-            # file): there is nothing to compare, which is no error of the caller's.
-            against_id = None
-    demo = bool((batch.settings or {}).get("demo_data"))
+        _check_comparable(batch, rows, against, against_rows)
+    else:
+        # The night before of the same universe: a night of another (a DEMO night run
+        # between two market nights, other tickers) is passed over, not compared with,
+        # and none left is no error of the caller's.
+        for earlier, earlier_demo in earlier_nights(engine, batch.id):
+            if earlier_demo != demo:
+                continue
+            against, against_rows = ranking(engine, earlier)
+            if {r.ticker for r in rows} & {r.ticker for r in against_rows}:
+                against_id = earlier
+                break
     if against_id is None:
         return NightChanges(batch.id, batch.as_of, None, None, [_unpaired(r) for r in rows],
                             demo)
@@ -279,7 +296,8 @@ def _pair(engine: Engine, now: RankRow | None, before: RankRow | None, ticker: s
         before_stance = node_stances(engine, before.batch_id, ticker)
         moves = moved_nodes(before_stance, after_stance)
         why = "; ".join(filter(None, [band_note(now, before), why_line(
-            moves, bool(after_stance) and bool(before_stance))]))
+            moves, bool(after_stance) and bool(before_stance),
+            one_night_only(before_stance, after_stance))]))
     elif change == "new":
         # The batch's tickers, not the date's universe: `run --limit` leaves some out.
         why = (f"not among the tickers of batch #{earlier.id} (as of {before_as_of})"

@@ -26,7 +26,7 @@ from app.db.models import FINISHED_STATUSES, Batch, nights_newest_first
 from app.errors import InputError
 from app.morning.accounting import BatchReport, calls_said, throughput
 from app.morning.advice import next_steps
-from app.morning.changes import TickerChange, compare_nights
+from app.morning.changes import NO_NIGHT_BEFORE, TickerChange, compare_nights
 from app.morning.nightstatus import span
 from app.morning.ranking import RankRow, ranking
 from app.morning.summary import (
@@ -123,7 +123,8 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
     lines.extend(_more([f"Next: {step}" for step in steps], f"nightdesk report {batch.id}"))
     rows_of_rerun: list[str] = []
     if batch.kind == "rerun":
-        rerun_lines, rows_of_rerun = _rerun_lines(engine, batch, night_id)
+        rerun_lines, rows_of_rerun = _rerun_lines(engine, batch, night_id,
+                                                  settings.batch.heartbeat_stale_s, seen)
         lines.extend(rerun_lines)
     ranked_id = night_id if night_id is not None else batch.id
     lines.extend(_ends(engine, ranked_id,
@@ -178,14 +179,31 @@ def _ends(engine: Engine, batch_id: int, of: str) -> list[str]:
     return lines
 
 
-def _rerun_lines(engine: Engine, rerun: BatchSummary, night_id: int | None
-                 ) -> tuple[list[str], list[str]]:
+def _unfinished_night(engine: Engine, rerun: BatchSummary, stale_s: float, seen: Seen
+                      ) -> BatchSummary | None:
+    """Return the newest nightly batch of the rerun's date started before it and not finished
+    (running, stopped, failed): the night whose ranking will apply the rerun if it ends ranked."""
+    with engine.connect() as conn:
+        found = conn.execute(nights_newest_first(
+            Batch.as_of == rerun.as_of, Batch.id < rerun.id).with_only_columns(Batch.id)
+            .limit(1)).scalar()
+    return None if found is None else batch_summary(engine, found, stale_s, seen)
+
+
+def _rerun_lines(engine: Engine, rerun: BatchSummary, night_id: int | None, stale_s: float,
+                 seen: Seen) -> tuple[list[str], list[str]]:
     """Return the rerun's result lines and its tickers."""
     _, own = ranking(engine, rerun.id)
     lines = [f"Rerun: {row.ticker} {row.rating} {row.score:+.2f}" if row.rank is not None
              else f"Rerun: {row.ticker} {row.status}" for row in own]
     rated = [row.ticker for row in own if row.rank is not None]
-    if night_id is None:
+    pending = (_unfinished_night(engine, rerun, stale_s, seen) if night_id is None and rated
+               else None)
+    if pending is not None:  # the ranking applies a rerun started after its night, once ended
+        lines.append(f"Not applied yet: nightly batch #{pending.id} of {rerun.as_of} is "
+                     f"{pending.status}, not ranked; its ranking applies this rerun once it "
+                     "ends succeeded or partial")
+    elif night_id is None:
         lines.append(f"No finished night of {rerun.as_of} to apply it to")
     elif rated:
         lines.append(f"Applied to the ranking of nightly batch #{night_id}")
@@ -203,7 +221,7 @@ def _change_lines(engine: Engine, batch_id: int, whole: bool) -> list[str]:
     except InputError as error:  # the night before was of another universe
         return [f"Changes: not compared ({error})"]
     if night.against_id is None:
-        return ["Changes: no finished night of an earlier as-of date to compare with"]
+        return [f"Changes: {NO_NIGHT_BEFORE}"]
     changes = [c for c in night.changes if whole or c.change in ("upgrade", "downgrade")]
     head = f"Rating changes since {night.against_as_of} (batch #{night.against_id})"
     if not whole:  # "none" of a night that did not finish: say over how many it is known

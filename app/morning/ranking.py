@@ -44,12 +44,10 @@ class RankRow(BaseModel):
     contradicting: int  # samples whose own rating contradicts their own score
 
 
-def _newest_finished(session: Session, before: Batch | None = None) -> Batch | None:
-    """Return the newest finished nightly batch of the latest as-of date that has one
-    (before ``before``'s date: the night before it)."""
+def _newest_finished(session: Session) -> Batch | None:
+    """Return the newest finished nightly batch of the latest as-of date that has one."""
     # A partial night still ranks what it has (and lists what it lacks).
-    earlier = [] if before is None else [Batch.as_of < before.as_of]
-    return session.scalars(nights_newest_first(Batch.status.in_(FINISHED_STATUSES), *earlier)
+    return session.scalars(nights_newest_first(Batch.status.in_(FINISHED_STATUSES))
                            .limit(1)).first()
 
 
@@ -70,13 +68,14 @@ def ranked_night(engine: Engine) -> int | None:
         return None if found is None else found.id
 
 
-def previous_night(engine: Engine, batch_id: int) -> int | None:
-    """Return the newest finished nightly batch of the latest as-of date before
-    ``batch_id``'s."""
+def earlier_nights(engine: Engine, batch_id: int) -> list[tuple[int, bool]]:
+    """Return the finished nightly batches of as-of dates before ``batch_id``'s, in the one
+    order of nights (the night before first), each with whether it ran on DEMO data."""
     current = batch_row(engine, batch_id)
     with Session(engine) as session:
-        found = _newest_finished(session, current)
-        return None if found is None else found.id
+        return [(b.id, bool((b.settings or {}).get("demo_data"))) for b in session.scalars(
+            nights_newest_first(Batch.status.in_(FINISHED_STATUSES),
+                                Batch.as_of < current.as_of))]
 
 
 def _aggregate(ticker: str, batch_id: int, decisions: list[Decision], status: str,

@@ -245,10 +245,13 @@ def history(engine: Engine, batch_id: int) -> list[NightRecord]:
     pipeline as it was then. See docs/lab/2026-12-06-left-alone-2.md.
     """
     with engine.connect() as conn:
-        earlier = conn.execute(
-            select(Batch.id).where(Batch.kind == "nightly", Batch.id < batch_id,
-                                   Batch.status.in_(FINISHED_STATUSES))
-            .order_by(Batch.id)).scalars().all()
+        # Only the nights on the same data, DEMO or market: a move between them is the data's.
+        demo = bool((conn.execute(select(Batch.settings).where(Batch.id == batch_id))
+                     .scalar() or {}).get("demo_data"))
+        earlier = [i for i, done in conn.execute(
+            select(Batch.id, Batch.settings).where(Batch.kind == "nightly", Batch.id < batch_id,
+                                                   Batch.status.in_(FINISHED_STATUSES))
+            .order_by(Batch.id)) if bool((done or {}).get("demo_data")) == demo]
         marks = conn.execute(
             select(BatchWarning.batch_id, BatchWarning.kind, BatchWarning.details)
             .where(BatchWarning.batch_id < batch_id,

@@ -179,6 +179,7 @@ class TrackReport:
     last: str | None
     benchmark: str | None
     horizons: list[HorizonRecord]
+    demo: bool = False  # the nights ran on the seeded synthetic DEMO data
 
 
 def night_ic(night: NightReturns) -> NightIC:
@@ -309,7 +310,10 @@ def track_nights(engine: Engine, *, nights: int | None = None,
     """
     dated = [] if since is None else [Batch.as_of >= since]
     found = night_of_each_date(engine, Batch.status.in_(FINISHED_STATUSES), *dated)
-    ids = [n.id for n in reversed(found)]
+    # The newest night's data only: a DEMO night's synthetic returns and market ones are two
+    # records, not one (a demo run before the market nights, or between them).
+    demo = [bool((n.settings or {}).get("demo_data")) for n in found]
+    ids = [n.id for n, d in zip(reversed(found), reversed(demo), strict=True) if d == demo[0]]
     if nights is not None:
         ids = ids[-nights:]
     if not ids:
@@ -355,7 +359,8 @@ def track_report(engine: Engine, batch_ids: Sequence[int], horizons: Sequence[in
     return TrackReport(nights=len(loaded),
                        first=loaded[0].as_of.isoformat() if loaded else None,
                        last=loaded[-1].as_of.isoformat() if loaded else None,
-                       benchmark=benchmark, horizons=records)
+                       benchmark=benchmark, horizons=records,
+                       demo=any(g.settings.get("demo_data") for g in loaded))
 
 
 def _check_benchmark(benchmark: str, loaded: Sequence[BatchGrades],

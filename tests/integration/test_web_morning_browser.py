@@ -26,7 +26,7 @@ from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, NightRefusal, TickerRun
 from tests.integration.browser import PASSWORD, USER, new_page
 from tests.integration.browser import served as web_served
-from tests.unit.support.night_rows import Rated, add_night, table
+from tests.unit.support.night_rows import SETTINGS, Rated, add_night, table
 
 pytestmark = pytest.mark.integration
 
@@ -297,4 +297,33 @@ def test_the_ticker_page_after_a_failed_night(home: Path, browser: Browser,
         assert " ".join(page.locator("#last-good").inner_text().split()) == (
             f"Last good rating: Buy score +0.80, rank 1, as of {D1} (batch #{first}).")
         page.screenshot(path=shots / "ticker-failed-night.png", full_page=True)
+        page.context.close()
+
+
+def test_the_night_before_passes_over_a_demo_night_and_says_which_views_were_unread(
+        home: Path, browser: Browser) -> None:
+    # Market nights on D1 - 1 and D2, a DEMO night on D1 between. Before: AAA had no Was and
+    # no change (the DEMO night, of another universe, was the only night before tried), and
+    # a why with no move read "no node's stance moved by 0.1 or more" where the night
+    # before's market analyst had written no stance word.
+    engine = _engine(home)
+    market = {**SETTINGS, "demo_data": False}
+    first = add_night(engine, D1 - timedelta(days=1), YESTERDAY - timedelta(days=1), {
+        "AAA": Rated("Buy", 0.8, texts={"market": "no view at all", "trader": "PROPOSAL: BUY"}),
+        "BBB": Rated("Hold", 0.05)}, settings=market)
+    add_night(engine, D1, YESTERDAY, {"AAA.DEMO": Rated("Hold", 0.0)})
+    add_night(engine, D2, DUE, {
+        "AAA": Rated("Sell", -0.7, texts={"market": table(trend="bearish", volume="bearish"),
+                                          "trader": "PROPOSAL: SELL"}),
+        "BBB": Rated("Hold", 0.05)}, settings=market)
+    with served(home) as base:
+        page = new_page(browser)
+        page.goto(base + "/")
+        row = page.locator("#ranking tr[data-ticker='AAA'] td")
+        assert row.nth(6).inner_text().split() == ["Buy", "+0.80", "#1"]
+        assert row.nth(7).inner_text() == "▼ downgrade"
+        why = page.locator("#changes tr[data-ticker='AAA'] td").nth(5).inner_text()
+        assert why == "no view's stance read on both nights; read on one night only: market"
+        assert " ".join(page.locator("#changes-heading").inner_text().split()) == \
+            f"Changes since {D1 - timedelta(days=1)} (batch #{first})"
         page.context.close()

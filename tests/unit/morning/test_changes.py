@@ -19,7 +19,9 @@ import pytest
 from sqlalchemy import Engine
 
 from agents.data.demo import demo_tickers, write_demo
+from app.config import load_settings
 from app.morning.changes import NodeMove, compare_nights, stance, why_line
+from app.morning.digest import build_digest
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.night_rows import SETTINGS, Rated, add_night, at, table
 from tests.unit.support.webclient import AUTH, web_client
@@ -224,13 +226,43 @@ def test_the_default_night_before_of_another_universe_is_no_error(sqlite_engine:
     # ranking and the changes still answer (only an explicit --against is refused).
     add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Hold", 0.0)},
               settings={**SETTINGS, "demo_data": False})
-    add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {"AAA": Rated("Buy", 0.6)})
+    night = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10),
+                      {"AAA": Rated("Buy", 0.6)})
     found = compare_nights(sqlite_engine)
     assert found.against_id is None and found.changes == []
     assert run_cli("ranking").code == 0
     result = run_cli("changes")
-    assert result.code == 0 and "no finished night of an earlier as-of date, of the same " \
-        "universe" in " ".join(result.stdout.split())
+    said = ("no finished night of an earlier as-of date, of the same universe, to compare "
+            "with")
+    assert result.code == 0 and said in " ".join(result.stdout.split())
+    # The digest in the same words (before: "no finished night of an earlier as-of date",
+    # untrue beside the market night of D1).
+    body = build_digest(sqlite_engine, load_settings(), night).message.body
+    assert f"Changes: {said}" in body, body
+
+
+def test_a_night_of_another_universe_between_is_passed_over_for_the_night_before(
+        sqlite_engine: Engine) -> None:
+    # Market nights on D0 and D2, a DEMO night (and a night of other tickers) on D1 between:
+    # before, the market night read "no finished night of an earlier as-of date, of the same
+    # universe, to compare with" (the digest: "no finished night of an earlier as-of date")
+    # and showed no Was, while D0 is one and AAA fell from Buy to Sell since.
+    market = {**SETTINGS, "demo_data": False}
+    d0, d1 = date(2026, 11, 25), D1
+    first = add_night(sqlite_engine, d0, at(D1, 0, 10), {
+        "AAA": Rated("Buy", 0.7), "BBB": Rated("Hold", 0.0)}, settings=market)
+    add_night(sqlite_engine, d1, at(D2, 0, 10), {"AAA.DEMO": Rated("Hold", 0.0)})
+    add_night(sqlite_engine, d1, at(D2, 1, 10), {"ZZZ": Rated("Hold", 0.0)}, settings=market)
+    last = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {
+        "AAA": Rated("Sell", -0.8), "BBB": Rated("Hold", 0.0)}, settings=market)
+    found = compare_nights(sqlite_engine)
+    assert (found.batch_id, found.against_id) == (last, first)
+    assert found.by_ticker()["AAA"].change == "downgrade"
+    said = " ".join(run_cli("changes").stdout.split())
+    assert f"changes: batch {last} (as of {D2}) against batch {first} (as of {d0})" in said
+    body = build_digest(sqlite_engine, load_settings(), last).message.body
+    assert f"Rating changes since {d0} (batch #{first}): 1" in body, body
+    assert "AAA: Buy → Sell" in body
 
 
 def test_a_second_night_of_one_date_is_not_said_to_have_no_earlier_night(
@@ -285,6 +317,24 @@ def test_the_why_line_docs_quote_is_what_the_code_says() -> None:
                      NodeMove(node="bear_r1", before=-0.75, after=-0.25)], measured=True)
     assert said == "moved most: news bearish→bullish (+1.50), bear_r1 (+0.50)"
     assert f"`{said}`" in " ".join(docs.split())
+
+
+def test_a_view_read_on_one_night_only_is_not_said_not_to_have_moved(
+        sqlite_engine: Engine) -> None:
+    # The night before's analysts wrote no stance word (only its trader did): before, the
+    # upgrade's why said "no node's stance moved by 0.1 or more", while tonight's market and
+    # news analysts read bullish and nothing said how they read the night before.
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Hold", 0.0, texts={
+        "market": "no view at all", "news": "no view at all", "trader": "PROPOSAL: HOLD"})})
+    night = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {
+        "AAA": Rated("Buy", 0.6, texts={"market": BULL, "news": BULL,
+                                        "trader": "PROPOSAL: BUY"})})
+    why = compare_nights(sqlite_engine).by_ticker()["AAA"].why
+    assert why == "no view's stance read on both nights; read on one night only: market, news"
+    said = " ".join(run_cli("changes").stdout.split())
+    assert "read on one night only: market, news" in said, said
+    body = build_digest(sqlite_engine, load_settings(), night).message.body
+    assert f"AAA: Hold → Buy (+0.00 → +0.60, +0.60) upgrade; {why}" in body, body
 
 
 def test_a_move_from_an_applied_rerun_says_so_on_every_surface(sqlite_engine: Engine) -> None:

@@ -8,19 +8,21 @@ calls of 5 output tokens each, one a second for 1 s: 50 tokens over 10 s = 5.0 t
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
 from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.batch.engine import BatchOutcome
 from app.config import load_settings
 from app.db.models import Batch
 from app.morning.digest import build_digest, send_digest
+from app.morning.summary import applied_reruns
 from app.notify import Message, send, split_destinations
 from tests.fakevllm import ChatRequest, Reply
 from tests.unit.support.clirun import run_cli
@@ -147,13 +149,34 @@ def test_a_rerun_with_no_night_to_apply_to_lists_no_ticker_dropped(
     # before read "BBB: dropped, was Buy (not among the tickers of batch #3 …)".
     add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Hold", 0.0),
                                                  "BBB": Rated("Buy", 0.7)})
-    add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {
+    night = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {
         "AAA": Rated(error="boom"), "BBB": Rated(error="boom")})
     rerun = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 3, 0),
                       {"AAA": Rated("Buy", 0.6)}, kind="rerun")
     body = build_digest(sqlite_engine, load_settings(), rerun).message.body
-    assert f"No finished night of {D2} to apply it to" in body
+    # Resumed to its end (`run --resume N --retry-failed`), that night's ranking applies it.
+    assert (f"Not applied yet: nightly batch #{night} of {D2} is failed, not ranked; its "
+            "ranking applies this rerun once it ends succeeded or partial") in body, body
     assert "dropped" not in body and "Rating changes" not in body, body
+
+
+def test_a_rerun_ended_while_its_dates_night_runs_says_that_night_will_apply_it(
+        sqlite_engine: Engine) -> None:
+    # `nightdesk rerun T` while the night of T's date still runs: before, its digest said
+    # "No finished night of D to apply it to", and the night's digest, minutes later,
+    # "Reruns applied: T from rerun #R" (the ranking applies a rerun started after its night).
+    now = datetime.now(UTC)
+    night = add_night(sqlite_engine, D2, now - timedelta(minutes=2), {
+        "AAA": Rated(status="running"), "BBB": Rated(status="queued")},
+        status="running", heartbeat=now)
+    rerun = add_night(sqlite_engine, D2, now - timedelta(minutes=1),
+                      {"AAA": Rated("Buy", 0.6)}, kind="rerun")
+    body = build_digest(sqlite_engine, load_settings(), rerun).message.body
+    assert (f"Not applied yet: nightly batch #{night} of {D2} is running, not ranked; its "
+            "ranking applies this rerun once it ends succeeded or partial") in body, body
+    assert "No finished night" not in body
+    with Session(sqlite_engine) as session:
+        assert rerun in [b.id for b in session.scalars(applied_reruns(night, D2))]
 
 
 def test_no_destination_builds_and_sends_nothing(sqlite_engine: Engine,

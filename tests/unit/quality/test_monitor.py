@@ -194,6 +194,20 @@ def test_check_batch_pools_only_the_trailing_nightly_batches(sqlite_engine: Engi
     assert stored == len(found)
 
 
+def test_a_night_is_judged_against_the_nights_on_the_same_data(sqlite_engine: Engine) -> None:
+    # Demo runs, then the first market night: before, the demo nights were its reference
+    # and a move between synthetic data and market data read as the pipeline's.
+    settings = load_settings(monitor_trailing_batches=2)
+    demo = {"samples": 1, "demo_data": True}
+    market = add_batch(sqlite_engine, one_each(dict.fromkeys(SIX, "Hold")))
+    runs = [add_batch(sqlite_engine, one_each(dict.fromkeys(SIX, "Buy")), settings=demo)
+            for _ in range(2)]
+    current = add_batch(sqlite_engine, one_each(dict.fromkeys(SIX, "Hold")))
+    assert reference_batches(sqlite_engine, current, settings) == [market]
+    later = add_batch(sqlite_engine, one_each(dict.fromkeys(SIX, "Buy")), settings=demo)
+    assert reference_batches(sqlite_engine, later, settings) == runs[::-1]
+
+
 TWENTY = [f"T{i:02d}" for i in range(20)]
 NORMAL = ["Buy"] * 3 + ["Overweight"] * 4 + ["Hold"] * 8 + ["Underweight"] * 3 + ["Sell"] * 2
 

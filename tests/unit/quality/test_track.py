@@ -23,7 +23,13 @@ from sqlalchemy import Engine
 from agents.data.base import Closes
 from agents.data.freeze import write_manifest, write_ticker
 from agents.data.snapshot import Manifest
-from app.quality.track import NightReturns, horizon_record, min_nights, running_mean
+from app.quality.track import (
+    NightReturns,
+    horizon_record,
+    min_nights,
+    running_mean,
+    track_nights,
+)
 from tests.unit.support.clirun import nightdesk
 from tests.unit.support.quality_rows import add_batch, band_by_hand, spearman_by_hand
 from tests.unit.support.webclient import AUTH, USER, web_client
@@ -492,3 +498,32 @@ def test_track_report_is_what_the_full_loads_gave(sqlite_engine: Engine,
         assert fast == full
         assert [h.judged for h in fast.horizons] == [45, 45, 45]
         assert any(night for h in fast.horizons for night in h.left_out.values())  # the 0 close
+
+
+def test_the_track_record_is_of_the_newest_nights_data_demo_apart(
+        three_nights: list[int], sqlite_engine: Engine, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        web: TestClient) -> None:
+    # A DEMO night run before the market nights: before, the track record counted it among
+    # them (4 nights, synthetic returns beside real ones) and no surface said DEMO.
+    demo = {"samples": 1, "data_provider": "snapshot", "demo_data": True}
+    before = FIRST_NIGHT - timedelta(days=1)
+    write_night(tmp_path / "data", before, {"AAA": (100.0, [101.0]), "BBB": (100.0, [99.0])})
+    first = add_batch(sqlite_engine, {"AAA": [("Buy", 0.7)], "BBB": [("Sell", -0.7)]},
+                      as_of=before, settings=demo)
+    assert track_nights(sqlite_engine) == three_nights
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d",
+                               "--format", "json")
+    assert code == 0, err
+    assert (json.loads(out)["nights"], json.loads(out)["demo"]) == (3, False)
+    # A DEMO night is the newest: the record is of the DEMO nights, and says so.
+    after = FIRST_NIGHT + timedelta(days=5)
+    write_night(tmp_path / "data", after, {"AAA": (100.0, [102.0]), "BBB": (100.0, [98.0])})
+    last = add_batch(sqlite_engine, {"AAA": [("Buy", 0.7)], "BBB": [("Sell", -0.7)]},
+                     as_of=after, settings=demo)
+    assert track_nights(sqlite_engine) == [first, last]
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d")
+    assert code == 0, err
+    assert out.startswith("DEMO DATA — track record: 2 nights"), out
+    html = web.get("/track?horizon=1d", auth=AUTH).text
+    assert '<h1>Track record <span class="demo"' in html
