@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import io
-import os
 import re
 import sys
 from collections.abc import Iterator
@@ -21,7 +19,7 @@ from typer.core import TyperGroup
 
 from app.cli import batch, bench, data, db, notify, plan, quality, report, scheduler, server, web
 from app.cli.common import what_the_night_says
-from app.cli.logs import UNWRAPPED_WIDTH, console
+from app.cli.logs import UNWRAPPED_WIDTH, console, lost_a_reader, reader_gone
 from app.db.engine import timed_out
 from app.errors import ERRORS, DatabaseError, NoNightYet, validation_said
 from serving.urls import redact
@@ -118,33 +116,31 @@ err = console(stderr=True)
 
 
 def main() -> None:
-    """Run the CLI; any of nightdesk's errors prints one line and exits with its code; a
-    reader gone from stdout or stderr ends it quietly with PIPE_CLOSED, unless its own code
-    said more than success."""
+    """Run the CLI; any of nightdesk's errors prints one line and exits with its code. A
+    reader gone from stdout ends the command quietly with PIPE_CLOSED; one gone from stderr
+    (log lines, notes) ends nothing: the command goes on without it (a night is not lost to
+    a pager closed), and ends with PIPE_CLOSED unless its own code said more than success."""
+    lost_a_reader(forget=True)
     try:
         _main()
     except SystemExit as exit_:
-        flushed = _flushed()  # also where a failure exits: else the interpreter's is 120
-        if exit_.code in (0, None) and not flushed:
+        _flush()  # also where a failure exits: else the interpreter's is 120
+        if exit_.code in (0, None) and lost_a_reader():
             sys.exit(PIPE_CLOSED)
         raise
     except (_PipeClosed, BrokenPipeError):  # also a line for stderr, told to a closed pipe
-        _flushed()
+        _flush()
         sys.exit(PIPE_CLOSED)
 
 
-def _flushed() -> bool:
-    """Flush stdout and stderr; False when one has lost its reader, which is then pointed at
-    the null device, so the interpreter's last flush does not print "Exception ignored"."""
-    flushed = True
+def _flush() -> None:
+    """Flush stdout and stderr; one that has lost its reader is pointed at the null device,
+    so the interpreter's last flush does not print "Exception ignored"."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BrokenPipeError:
-            flushed = False
-            with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
-    return flushed
+            reader_gone(stream)
 
 
 def _main() -> None:
