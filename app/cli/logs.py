@@ -13,7 +13,7 @@ import io
 import logging
 import os
 import sys
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TextIO, cast
 
 import structlog
 from rich.console import Console
@@ -146,7 +146,7 @@ def configure_logging(fmt: Literal["auto", "console", "json"] = "auto",
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         # stderr looked up per line: tests (and daemons) swap the stream after configuring.
-        logger_factory=lambda *_: structlog.PrintLogger(SIDE_CHANNEL),
+        logger_factory=lambda *_: structlog.PrintLogger(cast(TextIO, SIDE_CHANNEL)),
         cache_logger_on_first_use=False,
     )
     root = logging.getLogger()
