@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import io
-import os
+import inspect
 import re
 import sys
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from typer.core import TyperGroup
 
 from app.cli import batch, bench, data, db, notify, plan, quality, report, scheduler, server, web
 from app.cli.common import what_the_night_says
-from app.cli.logs import console
+from app.cli.logs import UNWRAPPED_WIDTH, console, lost_a_reader, reader_gone
 from app.db.engine import timed_out
 from app.errors import ERRORS, DatabaseError, NoNightYet, validation_said
 from serving.urls import redact
@@ -48,26 +47,48 @@ def _pipe_closes() -> Iterator[None]:
         raise
 
 
-def one_line_helps(command: Command) -> None:
-    """Give ``command`` and every command under it a one-line summary: the first paragraph
-    of its help with the docstring's line breaks joined (typer's rich lists keep them)."""
-    if command.help and not command.short_help:
-        command.short_help = " ".join(command.help.split("\n\n")[0].split())
+def _tree(command: Command) -> Iterator[Command]:
+    yield command
     for sub in getattr(command, "commands", {}).values():
-        one_line_helps(sub)
+        yield from _tree(sub)
+
+
+def _flowed(text: str) -> str:
+    """Return a docstring's help with each paragraph's line breaks joined, as prose flows:
+    typer's rich page kept them ("...are refused" / "unless --allow-mixed." on two lines).
+    A paragraph that opens with click's ``\\b`` keeps its lines as written."""
+    return "\n\n".join(paragraph if paragraph.startswith("\b")
+                       else re.sub(r"[ \t]*\n[ \t]*", " ", paragraph)
+                       for paragraph in inspect.cleandoc(text).split("\n\n"))
 
 
 class _Cli(TyperGroup):
-    """The top-level group: every command's summary on one line, and a closed pipe met
-    anywhere (a help page included) raised as ``_PipeClosed`` for ``main``."""
+    """The top-level group: every command's help flowing as paragraphs, its summary on one
+    line, the page unwrapped off a terminal; a closed pipe met anywhere (a help page
+    included) raised as ``_PipeClosed`` for ``main``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        one_line_helps(self)
+        self._helps = {command: _flowed(command.help) for command in _tree(self)
+                       if command.help}
+        for command, text in self._helps.items():
+            command.short_help = command.short_help or text.split("\n\n")[0].strip("\b\n")
 
-    def make_context(self, *args: Any, **kwargs: Any) -> Context:
+    def make_context(self, info_name: str | None, args: list[str], parent: Context | None = None,
+                     **extra: Any) -> Context:
+        # Off a terminal (a pipe, a file) every help page is click's plain text at the width
+        # the commands' own output has (no box, no line folded at 80 columns, `\b` blocks
+        # kept); on one, typer's rich page at the terminal's width.
+        plain = not sys.stdout.isatty()
+        for command in _tree(self):
+            command.rich_markup_mode = None if plain else "rich"  # type: ignore[attr-defined]
+            if command in self._helps:
+                text = self._helps[command]
+                command.help = text if plain else text.replace("\b\n", "")
+        if plain:
+            extra.setdefault("terminal_width", UNWRAPPED_WIDTH)
         with _pipe_closes():  # the top-level --help is printed here
-            return super().make_context(*args, **kwargs)
+            return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: Context) -> Any:
         with _pipe_closes():
@@ -95,33 +116,31 @@ err = console(stderr=True)
 
 
 def main() -> None:
-    """Run the CLI; any of nightdesk's errors prints one line and exits with its code; a
-    reader gone from stdout or stderr ends it quietly with PIPE_CLOSED, unless its own code
-    said more than success."""
+    """Run the CLI; any of nightdesk's errors prints one line and exits with its code. A
+    reader gone from stdout ends the command quietly with PIPE_CLOSED; one gone from stderr
+    (log lines, notes) ends nothing: the command goes on without it (a night is not lost to
+    a pager closed), and ends with PIPE_CLOSED unless its own code said more than success."""
+    lost_a_reader(forget=True)
     try:
         _main()
     except SystemExit as exit_:
-        flushed = _flushed()  # also where a failure exits: else the interpreter's is 120
-        if exit_.code in (0, None) and not flushed:
+        _flush()  # also where a failure exits: else the interpreter's is 120
+        if exit_.code in (0, None) and lost_a_reader():
             sys.exit(PIPE_CLOSED)
         raise
     except (_PipeClosed, BrokenPipeError):  # also a line for stderr, told to a closed pipe
-        _flushed()
+        _flush()
         sys.exit(PIPE_CLOSED)
 
 
-def _flushed() -> bool:
-    """Flush stdout and stderr; False when one has lost its reader, which is then pointed at
-    the null device, so the interpreter's last flush does not print "Exception ignored"."""
-    flushed = True
+def _flush() -> None:
+    """Flush stdout and stderr; one that has lost its reader is pointed at the null device,
+    so the interpreter's last flush does not print "Exception ignored"."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BrokenPipeError:
-            flushed = False
-            with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
-    return flushed
+            reader_gone(stream)
 
 
 def _main() -> None:

@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.table import Table
 
 from app.cli.common import MAX_COUNT, database, figures, setup, ticker_count, writable
 from app.cli.logs import console
+from app.config import Store
+from app.errors import InputError
 from app.morning.numbers import number
 
 if TYPE_CHECKING:
@@ -64,7 +67,7 @@ def schedulers(
     from app.bench.arms import check_arms, plan_arms
     from app.bench.schedulers import run_bench
     from app.bench.workloads import fit_scale, synthetic_workload
-    from app.errors import InputError, ServerError
+    from app.errors import ServerError
     from app.morning.batchids import parse_batch_id
     from app.runs.replay import recorded_workload
     from serving.facts import batch_server_facts
@@ -290,7 +293,6 @@ def combine(
     """
     from agents.errors import os_said
     from app.bench.schedulers import check_result, combine_results
-    from app.errors import InputError
 
     setup()
     writable(json_out)
@@ -308,11 +310,25 @@ def combine(
                                     names=[str(path) for path in files]), json_out)
 
 
+def _postgresql_url(text: str) -> str:
+    """Return ``--pg-url`` as the settings read a database URL; InputError in one line for
+    anything but a PostgreSQL URL (before, a traceback from SQLAlchemy; "" took SQLite)."""
+    try:
+        url = Store.model_validate({"database_url": text}).database_url
+    except ValidationError:
+        url = ""
+    if not url.startswith("postgresql"):
+        raise InputError(f"--pg-url takes a PostgreSQL URL, like postgresql://user:<password>@"
+                         f"host:5432/nightdesk (got {text!r})")
+    return url
+
+
 @app.command("durability")
 def durability(
     runs: Annotated[int, typer.Option(
         min=1, max=MAX_COUNT, help="Pipeline runs per mode (interleaved).")] = 20,
     pg_url: Annotated[str | None, typer.Option(
+        parser=_postgresql_url,
         help="Measure on this PostgreSQL database instead of a temporary SQLite file.")] = None,
     reply_chars: Annotated[int, typer.Option(
         min=1, max=MAX_COUNT,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import sys
+import tempfile
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -132,21 +134,32 @@ def echo_csv(rows: Iterable[Mapping[str, Any]], fields: Iterable[str]) -> None:
     writer.writerows(rows)
 
 
-def writable(path: Path | None, option: str = "--json-out") -> None:
-    """Raise InputError unless ``path`` (when given) can be written: checked before a run of
-    minutes or hours, whose figures would otherwise be lost to a traceback at its end. A file
-    that was not there is not left behind."""
+def writable(path: Path | None, option: str = "--json-out", *, folder: bool = False) -> None:
+    """Raise InputError unless ``path`` (when given) can be written: a file, or with
+    ``folder`` a folder to write files in. Checked before a run of minutes or hours, whose
+    figures would otherwise be lost to a traceback at its end, and before anything is
+    written. Nothing the check made (the file, the folders on its way) is left behind."""
     if path is None:
         return
+    if folder and path.exists() and not path.is_dir():
+        raise InputError(f"{option} {path}: cannot write there (Not a directory)")
+    into = path if folder else path.parent
+    made = [p for p in (into, *into.parents) if not p.exists()]  # the deepest first
     existed = path.exists()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a"):
-            pass
+        into.mkdir(parents=True, exist_ok=True)
+        if folder:
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        else:
+            with path.open("a"):
+                pass
     except OSError as error:
         raise InputError(f"{option} {path}: cannot write there ({error.strerror})") from None
-    if not existed:
-        path.unlink()
+    finally:
+        for left in ([] if existed or folder else [path.unlink]) + [p.rmdir for p in made]:
+            with contextlib.suppress(OSError):
+                left()
 
 
 def figures(title: str, columns: Iterable[str], left: Collection[str] = ()) -> Table:

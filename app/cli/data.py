@@ -13,7 +13,7 @@ from agents.data import PROVIDERS, get_provider
 from agents.data.demo import COMPANIES, DEFAULT_TICKERS, DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.freeze import freeze as freeze_snapshot
 from agents.tickers import check_symbol, choose_tickers
-from app.cli.common import MAX_COUNT, setup
+from app.cli.common import MAX_COUNT, setup, writable
 from app.cli.logs import console
 from app.errors import DataError, InputError
 
@@ -49,6 +49,7 @@ def demo(
     settings = setup()
     day = parse_as_of(as_of, DEMO_AS_OF)
     demo_tickers(tickers)  # validate the count before writing anything
+    writable(out_dir, "--out", folder=True)
     folder = write_demo(out_dir or settings.paths.data_dir, day, tickers)
     out.print(f"wrote DEMO snapshot (synthetic data) of {tickers} tickers for {day} to {folder}")
     out.print(f"universe: {folder / 'universe.txt'}")
@@ -74,6 +75,7 @@ def freeze(
     symbols, notes = choose_tickers(tickers, universe)
     for note in notes:
         err.print(f"note: {note}")
+    writable(out_dir, "--out", folder=True)
     source = get_provider(provider, source_dir or settings.paths.data_dir)
     target = out_dir or settings.paths.data_dir
     result = freeze_snapshot(source, symbols, day, target, forward_days=forward_days)

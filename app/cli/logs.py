@@ -7,10 +7,13 @@ Every log line, structlog's and the standard library's, passes through
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import logging
+import os
 import sys
-from typing import Any, Literal
+from typing import IO, Any, Literal, TextIO, cast
 
 import structlog
 from rich.console import Console
@@ -56,11 +59,60 @@ class _RedactFilter(logging.Filter):
 UNWRAPPED_WIDTH = 100_000
 
 
+# Whether a reader of stdout or stderr went away in this process (``reader_gone``).
+_GONE: list[IO[str]] = []
+
+
+def reader_gone(stream: IO[str]) -> None:
+    """Point ``stream``, whose reader closed the pipe, at the null device: what is still
+    written to it is dropped, not raised, and the interpreter's last flush says nothing.
+    ``app.cli.main`` then ends a command that succeeded with 141 (``lost_a_reader``)."""
+    _GONE.append(stream)
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, stream.fileno())
+        os.close(null)
+
+
+def lost_a_reader(*, forget: bool = False) -> bool:
+    """Return whether a reader went away since the last ``forget``."""
+    lost = bool(_GONE)
+    if forget:
+        _GONE.clear()
+    return lost
+
+
+class _SideChannel(io.TextIOBase):
+    """stderr for log lines, looked up at each write (tests and the daemon swap it): its
+    reader gone (`nightdesk run 2>&1 | head -3`) stops the lines, never the work
+    that logs them. A night's record is its database; its log lines are a view of it."""
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stderr.write(text)
+        except BrokenPipeError:
+            reader_gone(sys.stderr)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            sys.stderr.flush()
+        except BrokenPipeError:
+            reader_gone(sys.stderr)
+
+
+SIDE_CHANNEL = _SideChannel()
+
+
 class _Console(Console):
     def on_broken_pipe(self) -> None:
-        """Raise the closed pipe for ``app.cli.main`` to end the command (exit 141). rich's
-        own would exit 1 (a failed batch's code) and leave the console quiet for the rest of
-        the process (the daemon's, a test's)."""
+        """stdout's reader gone: raise it for ``app.cli.main`` to end the command (exit 141);
+        rich's own would exit 1 (a failed batch's code) and leave the console quiet for the
+        rest of the process (the daemon's, a test's). stderr's: go on without it, as the log
+        lines do (``_SideChannel``)."""
+        if self.stderr:
+            reader_gone(sys.stderr)
+            return
         raise BrokenPipeError(errno.EPIPE, "Broken pipe")
 
 
@@ -93,13 +145,13 @@ def configure_logging(fmt: Literal["auto", "console", "json"] = "auto",
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        # Look stderr up per logger: tests (and daemons) swap the stream after configuring.
-        logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
+        # stderr looked up per line: tests (and daemons) swap the stream after configuring.
+        logger_factory=lambda *_: structlog.PrintLogger(cast(TextIO, SIDE_CHANNEL)),
         cache_logger_on_first_use=False,
     )
     root = logging.getLogger()
     had = list(root.handlers)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    logging.basicConfig(level=logging.WARNING, stream=SIDE_CHANNEL)
     # A library's record is a line like nightdesk's own (JSON in the journal), with the
     # logger's name: no "WARNING:apscheduler…:" prefix. Handlers set up by others (pytest's)
     # keep their format.

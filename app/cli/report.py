@@ -26,6 +26,7 @@ from app.cli.common import (
     what_the_night_says,
 )
 from app.cli.logs import console
+from app.errors import InputError
 from app.morning.accounting import (
     COMPARE_COLUMNS,
     Arm,
@@ -223,6 +224,10 @@ def report(
         None),
 ) -> None:
     """Print a batch's calls, tokens, batch throughput, the server's view and node latency."""
+    if batch_id is not None and compare is not None:  # before, the batch id went unread
+        raise InputError(f"a batch id ({batch_id}) or --compare, not both: `nightdesk report "
+                         f"{batch_id}` reports one batch, `--compare {compare}` sets batches "
+                         f"side by side")
     settings = setup()
     engine = database(settings)
     # A batch whose process died is reported as what it is, not as still running. One

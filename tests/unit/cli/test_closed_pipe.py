@@ -68,9 +68,7 @@ def test_every_output_command_ends_141_and_quiet_on_a_closed_pipe(
 
 def test_an_error_told_to_a_closed_stderr_keeps_its_code(sqlite_engine: Engine) -> None:
     _two_nights(sqlite_engine)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sys, "stderr", ClosedPipe())
-        code = run_cli("changes", "--batch", "99").code
+    code = run_cli("changes", "--batch", "99", stderr=ClosedPipe()).code
     assert code == 2  # "no batch with id 99": bad input, not rich's 1 nor a closed pipe's 141
 
 
@@ -99,3 +97,13 @@ def test_a_closed_pipe_leaves_the_next_command_in_the_process_its_output(
     assert run_cli("ranking", stdout=ClosedPipe()).code == PIPE_CLOSED
     after = run_cli("ranking")
     assert after.code == 0 and "ranking of batch 2" in after.stdout, after.stderr
+
+
+def test_a_reader_gone_from_stderr_leaves_the_command_its_output(sqlite_engine: Engine) -> None:
+    # stderr carries notes and log lines, the command's product is on stdout: `ranking`
+    # whose stderr reader went away still prints the ranking, then ends 141 (before, its
+    # first note ended it with nothing printed).
+    _two_nights(sqlite_engine)
+    done = run_cli("ranking", stderr=ClosedPipe())
+    assert done.code == PIPE_CLOSED
+    assert "ranking of batch 2" in done.stdout

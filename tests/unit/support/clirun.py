@@ -33,10 +33,10 @@ class CliResult:
 
 
 def run_cli(*argv: str, env: dict[str, str] | None = None,
-            stdout: io.StringIO | None = None) -> CliResult:
+            stdout: io.StringIO | None = None, stderr: io.StringIO | None = None) -> CliResult:
     """Run ``nightdesk ARGV`` with extra environment ``env``; return its code and output.
-    ``stdout``: the stream it writes to (a closed pipe's stand-in, say)."""
-    out, err = stdout or io.StringIO(), io.StringIO()
+    ``stdout``, ``stderr``: the streams it writes to (a closed pipe's stand-in, say)."""
+    out, err = stdout or io.StringIO(), stderr or io.StringIO()
     get_settings.cache_clear()
     code: int | str | None = 0
     with (mock.patch.dict(os.environ, env or {}), mock.patch.object(sys, "argv",
