@@ -30,6 +30,7 @@ from app.quality.samples import SamplesReport, samples_report
 from app.quality.statistics import PairStats
 from app.quality.track import (
     DEFAULT_HORIZONS,
+    NOT_JUDGED,
     HorizonRecord,
     TrackReport,
     parse_horizons,
@@ -247,6 +248,10 @@ def _render_track(report: TrackReport, console: Console) -> None:
     console.print(_by_rating_table(report.horizons, what))
     console.print(_nights_table(report.horizons))
     for h in report.horizons:
+        short = [n.as_of for n in h.nights if n.not_judged]
+        if short:
+            console.print(f"IC not judged at {h.horizon_days}d ({len(short)} of the "
+                          f"{len(h.nights)} nights: {', '.join(short)}): {NOT_JUDGED}")
         for as_of, why in h.pending.items():
             console.print(f"no {h.horizon_days}d returns for the night of {as_of}: {why}")
         for as_of, tickers in h.left_out.items():
@@ -280,7 +285,8 @@ def _nights_table(horizons: list[HorizonRecord]) -> Table:
     for h in horizons:
         for n in h.nights:
             ids[n.as_of] = n.batch_id
-            rows.setdefault(n.as_of, {})[h.horizon_days] = f"{_num(n.ic, '+.3f')} (n {n.n})"
+            ic = "not judged" if n.not_judged else _num(n.ic, '+.3f')
+            rows.setdefault(n.as_of, {})[h.horizon_days] = f"{ic} (n {n.n})"
     for as_of in sorted(rows):
         table.add_row(as_of, str(ids[as_of]), *(rows[as_of].get(h.horizon_days, "pending")
                                                 for h in horizons))

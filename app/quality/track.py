@@ -5,8 +5,9 @@ returns: ``app.quality.statistics.overlap_t``), the share of positive nights and
 rate, the long–short spread, the scored record per rating, and a verdict withheld below
 ``min_nights(h)`` nights. A night is the newest finished nightly batch of an as-of date;
 nights whose returns start from the same session count once; a night whose returns are not
-there yet is pending, listed and never counted. docs/quality.md ("`quality track`") says
-what each figure means and why the t was chosen.
+there yet is pending, listed and never counted; a night of fewer than ``TRACK_MIN_TICKERS``
+tickers with a return is listed, its IC not judged: it enters no test and no band.
+docs/quality.md ("`quality track`") says what each figure means and why the t was chosen.
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ MIN_INDEPENDENT = 5  # fewer non-overlapping nights (⌊nights/h⌋) than this: 
 SIGNIFICANCE = 0.05
 DEFAULT_HORIZONS = "1d,5d,20d"  # the scored record's horizons
 MIN_SCORED = 30  # scored ratings before a rating's hit rate is shown: its error is then ≤ 9%
+# Fewer tickers with a return on a night than this: its IC enters no test and no band. An IC
+# of 3 takes four values (±1, ±0.5), and the t on such nights' mean calls skill on 5.4% of
+# null desks at 20–25 nights (docs/quality.md, "Nights of three tickers"); from 4 it holds
+# its 5%. ``quality forward`` keeps ``spearman``'s 3: its one-night test is by permutation.
+TRACK_MIN_TICKERS = 4
+NOT_JUDGED = (f"fewer than {TRACK_MIN_TICKERS} tickers with a return: an IC of 3 takes four "
+              "values, and a t-test on them runs over its 5%")
 
 
 def min_nights(days: int) -> int:
@@ -124,6 +132,7 @@ class NightIC:
     long_short: float | None  # mean return of Buy/Overweight − that of Underweight/Sell
     calls: int  # directional (non-Hold) ratings
     hits: int  # of those, the ones whose return had their sign
+    not_judged: str = ""  # why the night's IC is None and enters no test: NOT_JUDGED, or ""
 
 
 @dataclass(frozen=True)
@@ -144,7 +153,7 @@ class HorizonRecord:
     horizon_days: int
     independent: int  # non-overlapping nights among those judged: ⌊judged / h⌋
     min_nights: int
-    judged: int  # nights with a defined IC
+    judged: int  # nights with a defined IC (of TRACK_MIN_TICKERS tickers or more)
     mean_ic: float | None
     sd_ic: float | None
     # None below ``min_nights``: a t and p beside a withheld verdict read as the verdict
@@ -167,7 +176,7 @@ class HorizonRecord:
 
 # `quality track --format json`'s schema (app/cli/common.py ``echo_json``): raised when a
 # field of TrackReport is renamed, removed or changes meaning.
-SCHEMA = "quality-track/1"
+SCHEMA = "quality-track/2"  # 2: a night's ic is null below TRACK_MIN_TICKERS (not_judged)
 
 
 @pydantic.dataclasses.dataclass
@@ -188,6 +197,9 @@ def night_ic(night: NightReturns) -> NightIC:
     bears = [x for r, x in zip(night.ratings, night.returns, strict=True) if r in BEARISH]
     spread = float(np.mean(bulls) - np.mean(bears)) if bulls and bears else None
     hits, calls = directional_hits(night.ratings, night.returns)
+    if len(night.scores) < TRACK_MIN_TICKERS:
+        return NightIC(night.batch_id, night.as_of, len(night.scores), None, spread, calls,
+                       hits, NOT_JUDGED)
     return NightIC(night.batch_id, night.as_of, len(night.scores),
                    spearman(night.scores, night.returns), spread, calls, hits)
 
@@ -212,7 +224,9 @@ def horizon_record(nights: Sequence[NightReturns], days: int,
         long_short=mean_defined(spreads),
         long_short_t=overlap_t(spreads, days)[0] if spreads and judged else None,
         by_rating=[rating_record(rating, nights) for rating in RATINGS],
-        decay=None, verdict=verdict(test, mean_ic, len(per_night)), withheld=not judged,
+        decay=None, withheld=not judged,
+        verdict=verdict(test, mean_ic, len(per_night),
+                        sum(bool(n.not_judged) for n in per_night)),
         nights=per_night, pending=dict(pending or {}),
         left_out={n.as_of: n.left_out for n in nights if n.left_out},
     )
@@ -247,11 +261,26 @@ def running_mean(record: HorizonRecord, level: float = 0.95) -> list[RunningMean
     return points
 
 
-def verdict(test: IcTest, mean_ic: float | None, nights: int) -> str:
-    """Say in words what the nights show (module notes); ``nights`` counts those scored."""
+def verdict(test: IcTest, mean_ic: float | None, nights: int, short: int = 0) -> str:
+    """Say in words what the nights show (module notes); ``nights`` counts those scored,
+    ``short`` those of them with fewer than TRACK_MIN_TICKERS tickers (not judged).
+    """
+    not_judged = (f"{short} of the {nights} scored nights had fewer than "
+                  f"{TRACK_MIN_TICKERS} tickers with a return and are not judged (an IC of "
+                  "3 takes four values; a t-test on them runs over its 5%)")
     if nights and not test.nights:
-        return (f"IC undefined on all {nights} scored nights: every night's scores (or "
-                "returns) were all equal, so nothing was ranked")
+        if short == nights:
+            return f"no night judged: {not_judged}"
+        equal = (f"IC undefined on all {nights - short} {'other ' if short else ''}scored "
+                 "nights: every night's scores (or returns) were all equal, so nothing was "
+                 "ranked")
+        return f"{equal}; {not_judged}" if short else equal
+    said = _said(test, mean_ic)
+    return f"{said}; {not_judged}" if short else said
+
+
+def _said(test: IcTest, mean_ic: float | None) -> str:
+    """Say what the judged nights show."""
     if test.withheld:
         return f"too few nights to judge: {test.nights} of the {test.needed} needed"
     t_stat, p_value = test.t_stat, test.p_value

@@ -24,6 +24,8 @@ from agents.data.base import Closes
 from agents.data.freeze import write_manifest, write_ticker
 from agents.data.snapshot import Manifest
 from app.quality.track import (
+    NOT_JUDGED,
+    TRACK_MIN_TICKERS,
     NightReturns,
     horizon_record,
     min_nights,
@@ -235,7 +237,7 @@ def test_cli_track_json_by_hand(three_nights: list[int], monkeypatch: pytest.Mon
     assert code == 0, err
     data = json.loads(out)
     assert data["nights"] == 3 and data["first"] == "2026-11-23"
-    assert next(iter(data)) == "schema" and data["schema"] == "quality-track/1"
+    assert next(iter(data)) == "schema" and data["schema"] == "quality-track/2"
     one, two = data["horizons"]
     assert [n["batch_id"] for n in one["nights"]] == three_nights
     for horizon, record in ((0, one), (1, two)):
@@ -527,3 +529,74 @@ def test_the_track_record_is_of_the_newest_nights_data_demo_apart(
     assert out.startswith("DEMO DATA — track record: 2 nights"), out
     html = web.get("/track?horizon=1d", auth=AUTH).text
     assert '<h1>Track record <span class="demo"' in html
+
+
+def test_nights_of_three_tickers_are_not_judged() -> None:
+    # An IC of 3 takes four values (±1, ±0.5): the t on such nights' mean called skill on
+    # 5.4% of null desks at 20–25 nights (docs/quality.md, "Nights of three tickers"). The
+    # nights are listed, their IC not judged, and the verdict says why, not "IC undefined".
+    scores = scores_for(np.random.default_rng(9), 30, 3)
+    record = horizon_record(make_nights(scores, 0.05 * scores), 1)
+    assert len(record.nights) == 30 and all(n.n == 3 for n in record.nights)
+    assert all(n.ic is None and n.not_judged == NOT_JUDGED for n in record.nights)
+    assert record.judged == 0 and record.mean_ic is None and record.withheld
+    assert record.t_stat is None and record.p_value is None
+    assert record.verdict == (
+        f"no night judged: 30 of the 30 scored nights had fewer than {TRACK_MIN_TICKERS} "
+        "tickers with a return and are not judged (an IC of 3 takes four values; a t-test "
+        "on them runs over its 5%)")
+    assert "undefined" not in record.verdict
+    assert running_mean(record) == []  # no band either
+    assert record.hit_rate == 1.0  # the nights' directional calls still count
+
+
+def test_a_mixed_desk_judges_only_its_nights_of_four_tickers_or_more() -> None:
+    rng = np.random.default_rng(10)
+    wide = scores_for(rng, 25, 5)
+    wide_returns = 0.02 * wide + rng.normal(0, 0.02, size=wide.shape)
+    narrow = scores_for(rng, 10, 3)
+    nights = make_nights(wide, wide_returns)
+    start = date(2025, 6, 1)
+    nights += [NightReturns(100 + i, (start + timedelta(days=i)).isoformat(),
+                            [band_by_hand(float(s)) for s in row], [float(s) for s in row],
+                            [float(s) for s in row])  # IC +1 each: would swamp the test
+               for i, row in enumerate(narrow)]
+    record = horizon_record(nights, 1)
+    wide_ics = [float(stats.spearmanr(s, r).statistic)
+                for s, r in zip(wide, wide_returns, strict=True)]
+    assert record.judged == 25 and not record.withheld
+    assert record.mean_ic == pytest.approx(np.mean(wide_ics))
+    t, p = overlap_by_subseries(wide_ics, 1)
+    assert record.t_stat == pytest.approx(t) and record.p_value == pytest.approx(p)
+    assert record.verdict.endswith(
+        f"; 10 of the 35 scored nights had fewer than {TRACK_MIN_TICKERS} tickers with a "
+        "return and are not judged (an IC of 3 takes four values; a t-test on them runs "
+        "over its 5%)")
+    points = running_mean(record)
+    assert [p.as_of for p in points] == [n.as_of for n in nights[:25]]
+    assert [n.not_judged for n in record.nights] == [""] * 25 + [NOT_JUDGED] * 10
+
+
+def test_cli_and_page_show_a_night_of_three_tickers_not_judged(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], web: TestClient) -> None:
+    for i, (scores, ahead) in enumerate(zip(NIGHT_SCORES[:2], NIGHT_AHEAD[:2], strict=True)):
+        as_of = FIRST_NIGHT + timedelta(days=i)
+        kept = list(scores)[:3] if i == 0 else list(scores)  # the first night: 3 tickers
+        write_night(tmp_path / "data", as_of, {t: (100.0, [float(ahead[t][0])]) for t in kept})
+        add_batch(sqlite_engine, {t: [(band_by_hand(scores[t]), scores[t])] for t in kept},
+                  as_of=as_of, settings={"samples": 1, "data_provider": "snapshot"})
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d",
+                               "--format", "json")
+    assert code == 0, err
+    first, second = json.loads(out)["horizons"][0]["nights"]
+    assert first["ic"] is None and first["n"] == 3 and first["not_judged"] == NOT_JUDGED
+    assert second["ic"] is not None and second["not_judged"] == ""
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "track", "--horizon", "1d")
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "not judged (n 3)" in out
+    assert f"IC not judged at 1d (1 of the 2 nights: 2026-11-23): {NOT_JUDGED}" in flat
+    html = web.get("/track?horizon=1d", auth=AUTH).text
+    assert f"IC not judged at 1d (1 of the 2 nights: 2026-11-23): {NOT_JUDGED}" in html
+    assert "too few nights to judge: 1 of the 20 needed; 1 of the 2 scored nights" in html
