@@ -105,6 +105,8 @@ class FakeServer:
     api_key: str | None = None  # vLLM's --api-key: /v1/ requests without it get 401
     down: bool = False  # crashed: see crash() and revive()
     refused: int = 0  # requests refused while down
+    # (ticker, node) of each chat request refused while down
+    refused_chats: list[tuple[str | None, str | None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._by_seed = {
@@ -242,6 +244,9 @@ class FakeServer:
         self.requests.append(Recorded(request.method, path, body, dict(request.headers)))
         if self.down:
             self.refused += 1
+            if path.endswith("/chat/completions") and isinstance(body, dict):
+                self.refused_chats.append(self._by_seed.get(body.get("seed", -1),
+                                                            (None, None, None))[:2])
             raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
         # vLLM's --api-key guards the OpenAI routes only; /health, /metrics, /tokenize stay open.
         if (self.api_key is not None and path.startswith("/v1/")

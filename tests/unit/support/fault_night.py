@@ -54,9 +54,11 @@ def serve_cli_from(monkeypatch: pytest.MonkeyPatch, server: FakeServer, demo_dir
 
 
 def server_log(servers: list[FakeServer]) -> Counter[tuple[Any, ...]]:
-    """Count the chat requests the servers saw: (ticker, node, ok or error, HTTP status)."""
+    """Count the chat requests the servers saw: (ticker, node, ok or error, HTTP status);
+    one refused while a server was down is an error of no status (the client's row has none)."""
     seen: Counter[tuple[Any, ...]] = Counter()
     for server in servers:
+        seen.update((ticker, node, "error", None) for ticker, node in server.refused_chats)
         for chat in server.chats:
             status = None if chat.served is None or chat.served.status == 200 \
                 else chat.served.status
