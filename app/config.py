@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -39,6 +40,10 @@ from app.home import default_home, default_vllm_venv
 from serving.urls import redact
 
 CONFIG_ENV = "NIGHTDESK_CONFIG"
+# NIGHTDESK_ names read beside the settings, by no setting: the vLLM unit's command line
+# (deploy/nightdesk-vllm.service), docs/bench's wheel folder; NIGHTDESK_TEST_* are the tests'.
+OTHER_ENV = ("NIGHTDESK_VLLM_MODEL", "NIGHTDESK_WHL_DIR")
+TEST_ENV_PREFIX = "NIGHTDESK_TEST_"
 # An HTTP header's name: RFC 9110's token characters.
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
@@ -557,6 +562,28 @@ class _FlatEnv(PydanticBaseSettingsSource):
         return {name: env[f"nightdesk_{name}"] for name in FLAT if f"nightdesk_{name}" in env}
 
 
+def known_env_names() -> set[str]:
+    """Return every NIGHTDESK_ name nightdesk reads (upper case), the tests' own aside."""
+    return {f"NIGHTDESK_{name.upper()}" for name in FLAT} | {CONFIG_ENV, *OTHER_ENV}
+
+
+def _unknown_env_name() -> str | None:
+    """Return the line for the first NIGHTDESK_ variable that no setting reads (a typo would
+    otherwise go unnoticed), naming the closest known name; None if there is none."""
+    known = known_env_names()
+    for key in sorted(os.environ):
+        name = key.upper()
+        if (not name.startswith("NIGHTDESK_") or name in known
+                or name.startswith(TEST_ENV_PREFIX)):
+            continue
+        # Compared without the prefix, which every name shares.
+        close = difflib.get_close_matches(name.removeprefix("NIGHTDESK_"), sorted(
+            other.removeprefix("NIGHTDESK_") for other in known), n=1)
+        hint = f"; did you mean NIGHTDESK_{close[0]}?" if close else ""
+        return f"invalid setting {key}: no such setting{hint} (docs/settings.md lists them)"
+    return None
+
+
 def _describe(error: ValidationError) -> str:
     first = error.errors()[0]
     # The message, never the input: the input may be a secret.
@@ -583,6 +610,9 @@ def load_settings(**overrides: Any) -> Settings:
 
     The line names the setting (its environment variable) or the settings file at fault.
     """
+    unknown = _unknown_env_name()
+    if unknown:
+        raise ConfigError(unknown)
     path = os.environ.get(CONFIG_ENV)
     if path and Path(path).is_dir():
         raise ConfigError(f"invalid setting {CONFIG_ENV}: {path} is a directory, not a TOML file")

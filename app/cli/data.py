@@ -76,6 +76,9 @@ def freeze(
     for note in notes:
         err.print(f"note: {note}")
     writable(out_dir, "--out", folder=True)
+    if source_dir is not None and not source_dir.is_dir():
+        # Bad input, not a failed run: each ticker would fail "no snapshot" and exit 1.
+        raise InputError(f"--source-dir {source_dir}: no such folder")
     source = get_provider(provider, source_dir or settings.paths.data_dir)
     target = out_dir or settings.paths.data_dir
     result = freeze_snapshot(source, symbols, day, target, forward_days=forward_days)

@@ -80,6 +80,8 @@ CASES = [
     ("NIGHTDESK_DATABASE_URL", f"postgresql://nd:{SECRET}@no-such-host.invalid/nightdesk",
      "db upgrade", "cannot reach database"),
     ("NIGHTDESK_HOME", a_file, "ranking", "cannot open database"),
+    ("NIGHTDESK_SAMPLE", "4", "ranking",
+     "NIGHTDESK_SAMPLE: no such setting; did you mean NIGHTDESK_SAMPLES?"),
 ]
 
 

@@ -4,13 +4,14 @@ the same setting as before the settings were grouped (the table was read off the
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import SecretStr
 
-from app.config import FLAT, Settings, load_settings
+from app.config import FLAT, TEST_ENV_PREFIX, Settings, known_env_names, load_settings
 from app.errors import ConfigError
 
 # flat name -> (where it lands now, a non-default value as env text, the value it becomes)
@@ -133,3 +134,44 @@ def test_a_bad_grouped_value_names_its_variable_on_one_line(
 def test_flat_overrides_replace_one_setting() -> None:
     settings = load_settings(monitor_min_tickers=9).updated(llm_base_url="http://b:2/v1")
     assert (settings.quality.min_tickers, settings.llm.url) == (9, "http://b:2/v1")
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("NIGHTDESK_SAMPLE", "did you mean NIGHTDESK_SAMPLES?"),
+    ("nightdesk_llm_modle", "did you mean NIGHTDESK_LLM_MODEL?"),
+    ("NIGHTDESK_BOGUS", "no such setting")])
+def test_an_unknown_name_is_refused_naming_the_closest_known_one(
+        monkeypatch: pytest.MonkeyPatch, name: str, says: str) -> None:
+    monkeypatch.setenv(name, "4")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert str(info.value).startswith(f"invalid setting {name}: no such setting")
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# Where the project itself names a NIGHTDESK_ variable for nightdesk to read: the settings'
+# page, the deploy units and env files, the Makefile, the code, the bench scripts and the
+# tests' harness (not the tests that set a wrong name on purpose, nor the lab notes' history).
+READERS = ["docs/settings.md", "docs/operations.md", "deploy", "Makefile", "app", "agents",
+           "serving", "docs/bench", "tests/conftest.py", "tests/unit/conftest.py",
+           "tests/integration", "tests/bench"]
+
+
+def test_every_name_the_project_documents_sets_or_reads_is_known(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    names: set[str] = set()
+    for reader in READERS:
+        path = ROOT / reader
+        for file in [path] if path.is_file() else sorted(path.rglob("*")):
+            if file.is_file() and file.suffix not in (".pyc", ".png", ".json", ".gz"):
+                names |= set(re.findall(r"\bNIGHTDESK_[A-Z0-9_]*[A-Z0-9]\b",
+                                        file.read_text(errors="replace")))
+    names.discard("NIGHTDESK_SAMPLE")  # docs/settings.md's example of a typo
+    assert "NIGHTDESK_VLLM_MODEL" in names and "NIGHTDESK_HOME" in names
+    assert {name for name in names if not name.startswith(TEST_ENV_PREFIX)} - known_env_names() \
+        == set()
+    # The names that set nothing (the vLLM unit's, the tests' own) pass load_settings too.
+    for name in names - {f"NIGHTDESK_{flat.upper()}" for flat in FLAT} - {"NIGHTDESK_CONFIG"}:
+        monkeypatch.setenv(name, "x")
+    load_settings()

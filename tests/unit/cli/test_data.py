@@ -16,3 +16,12 @@ def test_data_show_of_a_ticker_or_date_without_data_is_bad_input(demo_dir: Path)
         assert done.error_lines[0].startswith("error: ") and len(done.error_lines) == 1
 
 
+
+
+def test_data_freeze_from_a_source_folder_that_is_not_there_is_bad_input(
+        tmp_path: Path) -> None:
+    done = run_cli("data", "freeze", "--provider", "snapshot", "--as-of", "2026-11-27",
+                   "--tickers", "ALPH.DEMO", "--source-dir", str(tmp_path / "nonexistent"),
+                   "--out", str(tmp_path / "out"))
+    assert done.code == 2, done.stderr  # it exited 1, a failed run's, after every ticker failed
+    assert done.error_lines == [f"error: --source-dir {tmp_path / 'nonexistent'}: no such folder"]
