@@ -29,7 +29,10 @@ def parse_batch_id(text: str, *, what: str = "--batch") -> int:
 
 def parse_batch_ids(text: str, *, what: str = "--batches", at_least: int = 2) -> list[int]:
     """Parse ``A,B[,C…]`` into at least ``at_least`` distinct batch ids; InputError otherwise."""
-    parts = [p for p in text.split(",") if p.strip()]
+    parts = text.split(",")
+    if not all(p.strip() for p in parts):  # "1,,2" was read as 1,2: an id left out unsaid
+        raise InputError(f"{what} has an empty item between its commas ({text!r}): give batch "
+                         "ids separated by commas, like 3,4")
     try:
         ids = [parse_batch_id(p, what=what) for p in parts]
     except InputError:

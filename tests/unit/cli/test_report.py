@@ -83,6 +83,7 @@ def test_batches_as_csv_and_table(sqlite_engine: Engine) -> None:
     ["batches", "--kind", "bench"], ["batches", "--limit", "0"],
     ["batches", "--format", "xml"], ["report", "999"], ["report", "nine"],
     ["report", "1", "--compare", "1,2"],  # the id went unread: the comparison was printed
+    ["report", "--compare", "1,,2"],  # the empty item was skipped unsaid
 ])
 def test_bad_input_is_one_line_and_exit_2(sqlite_engine: Engine, argv: list[str]) -> None:
     stored(sqlite_engine)

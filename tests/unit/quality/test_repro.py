@@ -196,6 +196,8 @@ def test_by_k_intervals_are_given_ordered_and_bounded(sqlite_engine: Engine) -> 
     (["--batches", "1"], "at least 2 batch ids"),
     (["--batches", "1,x"], "batch ids separated by commas"),
     (["--batches", "1,1"], "names a batch twice"),
+    (["--batches", "1,,2"], "an empty item between its commas"),
+    (["--batches", "1,2,"], "an empty item between its commas"),
     ([], "needs 2 finished nightly batches"),
 ])
 def test_bad_input_is_one_line_and_exit_2(
