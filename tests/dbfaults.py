@@ -9,7 +9,8 @@ PostgreSQL: a statement trigger raises SQLSTATE ``disk_full`` on the tables name
 row of ``test_faults`` says so; ``TcpProxy`` stands between the client and the server and
 can cut every connection and refuse new ones for a while (the database "away").
 
-``check_rows_match`` holds a night's usage rows against the fake servers' request logs.
+``check_rows_match`` holds a night's usage rows against the fake servers' request logs;
+``timed_apart`` times statements on several connections at once, until each gives up.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import aiosqlite
@@ -295,6 +296,27 @@ async def run_freeing_the_disk_at_the_stop(runner: BatchEngine, plan: BatchPlan 
             return await runner.run(plan)
         finally:
             freeing.cancel()
+
+
+def timed_apart(runs: Mapping[str, Callable[[], object]], took: dict[str, Any],
+                go: threading.Event | None = None) -> list[threading.Thread]:
+    """Start a daemon thread per run of ``runs`` (a statement on one connection each): once
+    ``go`` is set (at once without it) it runs, and ``took[name]`` says ``"answered"``, or
+    the seconds it waited until its connection gave up (raised). Return the threads."""
+    def timed(name: str, run: Callable[[], object]) -> None:
+        if go is not None:
+            go.wait()
+        started = time.monotonic()
+        try:
+            run()
+            took[name] = "answered"
+        except Exception:
+            took[name] = time.monotonic() - started
+
+    threads = [threading.Thread(target=timed, args=item, daemon=True) for item in runs.items()]
+    for thread in threads:
+        thread.start()
+    return threads
 
 
 class Held:

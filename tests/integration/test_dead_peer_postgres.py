@@ -31,22 +31,15 @@ ROOT = Path(__file__).resolve().parents[2]
 DEAD_PEER_S = 30  # app.db.engine.DEAD_PEER_S, written out: the test runs on code before it too
 # Each path starts a statement that would run 10 minutes, then the link goes down.
 CLIENT = """
-import asyncio, json, sys, threading, time
+import asyncio, json, sys
 from sqlalchemy import text
 from app.db.engine import get_engine, migration_engine
 from app.db.lock import nightly_lock
 from app.runs.checkpoints import open_checkpointer
+from tests.dbfaults import timed_apart
 
 url, took = sys.argv[1], {}
 SLEEP = "SELECT pg_sleep(600)"
-
-def timed(name, run):
-    started = time.monotonic()
-    try:
-        run()
-        took[name] = "answered"
-    except Exception:
-        took[name] = time.monotonic() - started
 
 async def checkpoint_pool():
     async with open_checkpointer(url, statement_timeout_s=900) as saver:
@@ -60,10 +53,7 @@ with engine.connect() as a, migration_engine(url, 900).connect() as b, \\
             "migrations": lambda: b.execute(text(SLEEP)),
             "nightly lock": lambda: hold._conn.execute(text(SLEEP)),
             "checkpoint pool": lambda: asyncio.run(checkpoint_pool())}
-    threads = [threading.Thread(target=timed, args=item) for item in runs.items()]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
+    for thread in timed_apart(runs, took):
         thread.join()
     print(json.dumps(took), flush=True)
     import os; os._exit(0)  # the lock's release would wait on the dead link too

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from app.db.engine import get_engine, make_engine
 from app.db.lock import nightly_lock
 from app.db.models import Batch, Decision
 from app.runs.checkpoints import Checkpoints, open_checkpointer
-from tests.dbfaults import TcpProxy, check_rows_match, failed_writes
+from tests.dbfaults import TcpProxy, check_rows_match, failed_writes, timed_apart
 from tests.fakevllm import ChatRequest, FakeServer
 from tests.integration.conftest import private_database
 
@@ -91,16 +91,6 @@ def test_every_connection_gives_up_a_server_that_never_answers(
     url, proxy = through
     took: dict[str, Any] = {}
     go = threading.Event()
-
-    def timed(name: str, run: Callable[[], object]) -> None:
-        go.wait()
-        started = time.monotonic()
-        try:
-            run()
-            took[name] = "answered"
-        except Exception:
-            took[name] = time.monotonic() - started
-
     engine = make_engine(url, BOUND_S)
     ready = threading.Event()
     pool = threading.Thread(target=_checkpoint_pool, args=(url, ready, go, took), daemon=True)
@@ -111,10 +101,7 @@ def test_every_connection_gives_up_a_server_that_never_answers(
         lock_conn = hold._conn  # type: ignore[attr-defined]
         runs = {"engine": lambda: conn.execute(text(BIG)),
                 "nightly lock": lambda: lock_conn.execute(text(BIG))}
-        threads = [threading.Thread(target=timed, args=item, daemon=True)
-                   for item in runs.items()]
-        for thread in threads:
-            thread.start()
+        threads = timed_apart(runs, took, go)
         proxy.swallow(keep=keep)
         started = time.monotonic()
         go.set()

@@ -47,7 +47,7 @@ def _texts(tree: ast.Module) -> Iterator[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.JoinedStr):
             yield node.lineno, "".join(
-                part.value if isinstance(part, ast.Constant) else FIELD
+                str(part.value) if isinstance(part, ast.Constant) else FIELD
                 for part in node.values)
         elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
               and id(node) not in skipped):

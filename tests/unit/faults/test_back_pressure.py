@@ -16,18 +16,15 @@ from email.utils import format_datetime
 import pytest
 from sqlalchemy import Engine
 
-from agents.chat import CallTag
 from app.config import load_settings
 from app.errors import LLMHTTPError, ServerBusy
 from app.llm import TrackedLLM, retry_after
-from app.traffic.client import TickerClient
 from app.traffic.strategy import Strategy
-from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from tests.fakevllm import BASE_URL, FakeServer, Reply
 from tests.unit.support.call_rows import new_batch
 from tests.unit.support.llm_calls import one_call
-from tests.unit.support.servers import one_server
+from tests.unit.support.servers import ask, one_server
 
 
 def test_retry_after_is_read_as_seconds_or_as_an_http_date() -> None:
@@ -127,16 +124,11 @@ async def test_a_retry_after_holds_back_every_call_to_that_server(
         servers = one_server(TrackedLLM(settings, recorder, http_client=http),
                              Strategy.parse("fixed-2"))
 
-        async def ask(ticker: str, order: int) -> None:
-            gated = TickerClient(servers, servers.first, Ticket(order))
-            await gated.chat(CallTag(batch_id, ticker, "market"),
-                             [{"role": "user", "content": f"{ticker}?"}], max_tokens=10)
-
         async with asyncio.TaskGroup() as group:
-            group.create_task(ask("A", 0))
+            group.create_task(ask(servers, batch_id, "A", 0))
             while not fake.chats:
                 await asyncio.sleep(0.005)
-            group.create_task(ask("B", 1))
+            group.create_task(ask(servers, batch_id, "B", 1))
     refused, *later = fake.chats
     assert refused.key == "A?" and {c.key for c in later} == {"A?", "B?"} and len(later) == 2
     assert all(chat.at - refused.at >= 0.99 for chat in later), [c.at - refused.at

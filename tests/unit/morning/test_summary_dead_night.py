@@ -15,15 +15,14 @@ from datetime import UTC, datetime, timedelta
 
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
-from sqlalchemy.orm import Session
 
 from app.config import load_settings
 from app.db.lock import Runner
-from app.db.models import Batch, TickerRun
 from app.morning import nightstatus
 from app.morning.advice import running_night
 from app.morning.summary import list_batches
 from tests.unit.support.clirun import run_cli
+from tests.unit.support.night_rows import ELSEWHERE, Rated, add_night, run_by
 from tests.unit.support.webclient import AUTH
 
 
@@ -35,19 +34,10 @@ def _dead_pid() -> int:
 
 def _night(engine: Engine, runner: dict[str, object], beat_age_s: float) -> int:
     now = datetime.now(UTC)
-    with Session(engine) as s:
-        row = Batch(kind="nightly", as_of=now.date(), status="running",
-                    created_at=now - timedelta(minutes=5), started_at=now - timedelta(minutes=5),
-                    heartbeat_at=now - timedelta(seconds=beat_age_s), tickers_total=2,
-                    settings={"runner": runner, "model": "tiny", "samples": 1,
-                              "heartbeat_interval_s": 30.0})
-        s.add(row)
-        s.flush()
-        for ticker in ("AAA", "BBB"):
-            s.add(TickerRun(batch_id=row.id, ticker=ticker, status="running", samples=1,
-                            started_at=now - timedelta(minutes=5)))
-        s.commit()
-        return int(row.id)
+    return add_night(engine, now.date(), now - timedelta(minutes=5),
+                     {"AAA": Rated(status="running"), "BBB": Rated(status="running")},
+                     status="running", heartbeat=now - timedelta(seconds=beat_age_s),
+                     settings=run_by(runner))
 
 
 def test_a_night_whose_process_is_gone_reads_crashed_at_once_everywhere(
@@ -84,8 +74,7 @@ def test_a_silent_night_shows_no_time_left_but_how_long_it_has_been_silent(
         sqlite_engine: Engine, client: TestClient) -> None:
     # On another host: its pid cannot be looked up, and SQLite's lock cannot be read from
     # here; its heartbeat is 70 s old, two beats of 30 s missed, not yet 120 s stale.
-    night = _night(sqlite_engine, {"host": "elsewhere", "pid": 1, "started": None},
-                   beat_age_s=70)
+    night = _night(sqlite_engine, ELSEWHERE, beat_age_s=70)
     says = "unknown: no word from the night for 1 min 1"  # 10 s, or 11 by the time it reads
     prog = nightstatus.progress(sqlite_engine, night)
     assert prog.eta_s is None and (prog.estimating or "").startswith(says), prog
@@ -94,8 +83,7 @@ def test_a_silent_night_shows_no_time_left_but_how_long_it_has_been_silent(
     assert f"time left {says}" in client.get("/", auth=AUTH).text
     assert "nightdesk_night_eta_seconds" not in client.get("/metrics", auth=AUTH).text
     # One beat late is no silence: the ETA's own words stand.
-    fresh = _night(sqlite_engine, {"host": "elsewhere", "pid": 1, "started": None},
-                   beat_age_s=40)
+    fresh = _night(sqlite_engine, ELSEWHERE, beat_age_s=40)
     assert "no word" not in (nightstatus.progress(sqlite_engine, fresh).estimating or "")
 
 

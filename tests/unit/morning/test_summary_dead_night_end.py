@@ -13,15 +13,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, insert, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, select
 
 from app.config import load_settings
-from app.db.models import Batch, LLMCall, TickerRun
+from app.db.models import Batch
 from app.morning.nightstatus import span
 from app.morning.summary import DIED, list_batches, when
 from app.runs.resumable import mark_orphaned, mark_stale_crashed
 from tests.unit.support.clirun import run_cli
+from tests.unit.support.night_rows import ELSEWHERE, Rated, add_night, run_by
 from tests.unit.support.surfaces import every_end
 from tests.unit.support.webclient import AUTH
 
@@ -30,29 +30,16 @@ STALE_S = 120.0  # heartbeat_stale_s, the default the CLI and the pages read
 
 def _dead_night(engine: Engine, beat_ago_s: float, call_ago_s: float, kind: str = "nightly"
                 ) -> tuple[int, datetime]:
-    """A batch (``kind``) run elsewhere (its pid cannot be looked up), started 20 min ago, its
-    last heartbeat and its last call's end that long ago; return it and its start."""
+    """A batch (``kind``) run elsewhere (its pid cannot be looked up), started 20 min ago, AAA
+    done and BBB running, its last heartbeat and its last call's end that long ago; return it
+    and its start."""
     now = datetime.now(UTC).replace(microsecond=0)
     start = now - timedelta(minutes=20)
-    with Session(engine) as s:
-        row = Batch(kind=kind, as_of=now.date(), status="running", created_at=start,
-                    started_at=start, heartbeat_at=now - timedelta(seconds=beat_ago_s),
-                    tickers_total=2, tickers_succeeded=1,
-                    settings={"runner": {"host": "elsewhere", "pid": 1, "started": None},
-                              "model": "tiny", "samples": 1, "heartbeat_interval_s": 30.0})
-        s.add(row)
-        s.flush()
-        s.add(TickerRun(batch_id=row.id, ticker="AAA", status="succeeded", samples=1,
-                        started_at=start, finished_at=start + timedelta(minutes=2)))
-        s.add(TickerRun(batch_id=row.id, ticker="BBB", status="running", samples=1,
-                        started_at=start))
-        s.commit()
-        night = int(row.id)
-    ended = now - timedelta(seconds=call_ago_s)
-    with engine.begin() as conn:
-        conn.execute(insert(LLMCall).values(
-            batch_id=night, ticker="BBB", node="market_analyst", model="tiny", status="ok",
-            started_at=ended - timedelta(seconds=2), ended_at=ended, latency_s=2.0))
+    night = add_night(engine, now.date(), start,
+                      {"AAA": Rated(status="succeeded"), "BBB": Rated(status="running")},
+                      status="running", heartbeat=now - timedelta(seconds=beat_ago_s),
+                      kind=kind, settings=run_by(ELSEWHERE),
+                      last_call=("BBB", now - timedelta(seconds=call_ago_s)))
     return night, start
 
 

@@ -11,13 +11,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, insert
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine
 
 from app.config import load_settings
-from app.db.models import Batch, LLMCall, TickerRun
 from app.morning import nightstatus
 from app.runs.resumable import mark_stale_crashed
+from tests.unit.support.night_rows import ELSEWHERE, Rated, add_night, run_by
 from tests.unit.support.surfaces import every_surface
 
 STALE_S = 120.0  # heartbeat_stale_s, the default the CLI and the pages read
@@ -27,25 +26,11 @@ def _night(engine: Engine, beat_age_s: float, call_age_s: float) -> int:
     """A nightly batch run on another host (its pid cannot be looked up, SQLite's lock not
     read from here): its heartbeat ``beat_age_s`` old, its last call ended ``call_age_s`` ago."""
     now = datetime.now(UTC)
-    with Session(engine) as s:
-        row = Batch(kind="nightly", as_of=now.date(), status="running",
-                    created_at=now - timedelta(minutes=6), started_at=now - timedelta(minutes=6),
-                    heartbeat_at=now - timedelta(seconds=beat_age_s), tickers_total=2,
-                    settings={"runner": {"host": "elsewhere", "pid": 1, "started": None},
-                              "model": "tiny", "samples": 1, "heartbeat_interval_s": 30.0})
-        s.add(row)
-        s.flush()
-        for ticker in ("AAA", "BBB"):
-            s.add(TickerRun(batch_id=row.id, ticker=ticker, status="running", samples=1,
-                            started_at=now - timedelta(minutes=6)))
-        s.commit()
-        batch_id = int(row.id)
-    ended = now - timedelta(seconds=call_age_s)
-    with engine.begin() as conn:
-        conn.execute(insert(LLMCall).values(
-            batch_id=batch_id, ticker="AAA", node="market_analyst", model="tiny", status="ok",
-            started_at=ended - timedelta(seconds=2), ended_at=ended, latency_s=2.0))
-    return batch_id
+    return add_night(engine, now.date(), now - timedelta(minutes=6),
+                     {"AAA": Rated(status="running"), "BBB": Rated(status="running")},
+                     status="running", heartbeat=now - timedelta(seconds=beat_age_s),
+                     settings=run_by(ELSEWHERE),
+                     last_call=("AAA", now - timedelta(seconds=call_age_s)))
 
 
 def test_a_night_whose_heartbeat_is_held_up_but_whose_calls_go_on_reads_running_everywhere(

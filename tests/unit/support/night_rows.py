@@ -23,6 +23,14 @@ SETTINGS = {"model": "tiny", "server_profile": "cpu-tiny", "debate_rounds": 2,
             "risk_rounds": 2, "samples": 1, "strategy": "adaptive", "demo_data": True}
 NODES = 17  # 4 analysts, 2 debate rounds of 2, research manager, trader, 2 risk rounds of 3, PM
 PIPELINE = [*ANALYSTS, *sequential_nodes(2, 2)]
+# A runner on another host: its pid cannot be looked up from here, nor SQLite's lock read.
+ELSEWHERE = {"host": "elsewhere", "pid": 1, "started": None}
+
+
+def run_by(runner: dict[str, object]) -> dict[str, object]:
+    """Return the settings of a night run by ``runner`` (a ``Runner``'s fields), beating
+    every 30 s."""
+    return {"runner": runner, "model": "tiny", "samples": 1, "heartbeat_interval_s": 30.0}
 
 
 def table(**stances: str) -> str:
@@ -45,9 +53,13 @@ class Rated:
 def add_night(engine: Engine, as_of: date, created: datetime, tickers: dict[str, Rated], *,
               status: str | None = None, minutes: float = 40.0, error: str | None = None,
               heartbeat: datetime | None = None, kind: str = "nightly",
-              settings: dict[str, object] | None = None, calls: int = 0) -> int:
-    """Insert one batch with its tickers; return its id. ``status`` None: from the tickers."""
-    ok = sum(1 for r in tickers.values() if r.rating is not None)
+              settings: dict[str, object] | None = None, calls: int = 0,
+              last_call: tuple[str, datetime] | None = None) -> int:
+    """Insert one batch with its tickers; return its id. ``status`` None: from the tickers
+    (one rated, or stated ``succeeded``, succeeded). ``last_call`` (ticker, end): one more
+    answered call, that ticker's market analyst's, 2 s long."""
+    ok = sum(1 for r in tickers.values()
+             if r.rating is not None or r.status == "succeeded")
     failed = sum(1 for r in tickers.values()
                  if r.rating is None and (r.status or "failed") == "failed")
     if status is None:
@@ -83,6 +95,11 @@ def add_night(engine: Engine, as_of: date, created: datetime, tickers: dict[str,
                           node=PIPELINE[i % NODES], sample=0, model="tiny", prompt_tokens=10,
                           completion_tokens=5, status="ok", started_at=start,
                           ended_at=start + timedelta(seconds=1), latency_s=1.0))
+        if last_call is not None:
+            ticker, ended = last_call
+            s.add(LLMCall(batch_id=batch.id, ticker=ticker, node="market_analyst",
+                          model="tiny", status="ok", started_at=ended - timedelta(seconds=2),
+                          ended_at=ended, latency_s=2.0))
         s.commit()
         return int(batch.id)
 

@@ -7,12 +7,15 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+from agents.chat import CallTag
 from app.config import load_settings
 from app.llm import CallStats
 from app.promptsize import PromptCounter
+from app.traffic.client import TickerClient
 from app.traffic.scheduler import Scheduler
 from app.traffic.server import Server, ServerSet
 from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 from tests.fakevllm import DEFAULT_DECISION, ChatRequest, Reply
 
 
@@ -30,6 +33,14 @@ def one_server(llm: Any, strategy: Strategy, *, gauges: Any = None) -> ServerSet
 def over_one_server(llm: Any, strategy: Strategy, *, gauges: Any = None) -> Scheduler:
     """Return a Scheduler over one server: ``one_server(llm, strategy, gauges=gauges)``."""
     return Scheduler(strategy, one_server(llm, strategy, gauges=gauges))
+
+
+async def ask(servers: ServerSet, batch_id: int, ticker: str, order: int) -> None:
+    """Ask ``"<ticker>?"`` (a market call of batch ``batch_id``, 10 tokens at most) through
+    the first server's gate, as the ``order``-th ticker."""
+    gated = TickerClient(servers, servers.first, Ticket(order))
+    await gated.chat(CallTag(batch_id, ticker, "market"),
+                     [{"role": "user", "content": f"{ticker}?"}], max_tokens=10)
 
 
 def read_servers(*gauges: Any, strategy: str = "adaptive") -> ServerSet:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 import pytest
 
@@ -14,15 +13,7 @@ from app.traffic.gate import Gate
 from app.traffic.limits import Limits
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
-
-
-@dataclass
-class G:
-    running: float = 0
-    waiting: float = 0
-    kv_cache_usage: float = 0.0
-    preemptions_total: float = 0
-    generation_tokens_total: float = 0
+from tests.unit.support.budget_sim import G
 
 
 def test_grows_fast_while_the_server_has_headroom_and_the_limit_is_used() -> None:

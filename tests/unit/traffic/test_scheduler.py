@@ -22,7 +22,7 @@ from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from tests.fakevllm import BASE_URL, FakeServer, Reply
 from tests.unit.support.call_rows import new_batch
-from tests.unit.support.servers import one_server, over_one_server
+from tests.unit.support.servers import ask, one_server, over_one_server
 
 
 class RecordingLLM:
@@ -215,14 +215,9 @@ async def test_a_retrying_call_frees_its_admission_slot_while_it_backs_off(
         servers = one_server(llm, Strategy.parse("sequential"))
         gate = servers.first.gate
 
-        async def ask(ticker: str, order: int) -> None:
-            gated = TickerClient(servers, servers.first, Ticket(order))
-            await gated.chat(CallTag(batch_id, ticker, "market"),
-                             [{"role": "user", "content": f"{ticker}?"}], max_tokens=10)
-
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(ask("A", 0))
-            tg.create_task(ask("B", 1))
+            tg.create_task(ask(servers, batch_id, "A", 0))
+            tg.create_task(ask(servers, batch_id, "B", 1))
     assert [(c.key, c.attempt) for c in fake.chats] == [("A?", 1), ("B?", 1), ("A?", 2)]
     assert gate.outstanding == 0
 
