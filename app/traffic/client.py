@@ -3,8 +3,8 @@ to the answer, and sends it elsewhere when its server fails it.
 
 A call's attempts are one loop (tenacity, ``Tries``): retries on its server, each at the
 gate, with the backoff outside it; and, its retries spent on a server found down or
-restarted, the same call sent to one that is up, at most twice per endpoint
-(docs/architecture.md, "One health rule").
+restarted, the same call sent to one that is up, at most twice per endpoint; a call moved
+while it waited at its gate is not counted (docs/architecture.md, "One health rule").
 """
 
 from __future__ import annotations
@@ -122,13 +122,17 @@ class TickerClient:
                         claim, started = await self._claim(server, tag, body)
                         at, rank = server, priority(self.ticket)
                         tries.resend()
+                    made = call.attempts
                     try:
                         result = await self._unless_gone(server, self._attempt(
                             server, claim, tag, call, body, rank, ready, trimmed))
                     except LLMError as error:
                         if isinstance(error, EndpointGone) or not tries.note(error):
                             tries.due = False
-                            sends_left -= 1
+                            # Moved before it went out, it cannot be what took its server
+                            # down; the outage budget bounds such moves, the cap the rest.
+                            if call.attempts > made:
+                                sends_left -= 1
                             if await self._resend(server, started, error, sends_left, tag):
                                 tries.resend()
                         raise

@@ -326,8 +326,9 @@ async def test_a_requests_own_failure_on_a_healthy_endpoint_fails_as_it_always_d
 
 def both_crash_at(servers: dict[str, FakeServer], index: int, back_after_s: float | None,
                   clock: ReadClock) -> None:
-    """Script every server to answer, until the first's call ``index`` takes all of them
-    down together; back (restarted) ``back_after_s`` later on ``clock``, or never (None)."""
+    """Script every server to answer, until a server's call ``index`` (each counts its own)
+    takes all of them down together, the first being up; back (restarted) ``back_after_s``
+    later on ``clock``, or never (None). A server slow to reach ``index`` crashes them again."""
     first = next(iter(servers.values()))
 
     def script(chat: ChatRequest) -> Reply | None:

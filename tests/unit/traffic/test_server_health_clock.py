@@ -8,15 +8,19 @@ boundary is checked exactly (just under, just over) and nothing sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from agents.chat import CallTag, ChatResult
 from agents.fitting import PromptSize
 from app.config import load_settings
 from app.errors import LLMConnectionError, LLMError, LLMHTTPError, ServerOutage
-from app.traffic.client import TickerClient
+from app.llm import Call
+from app.traffic.client import EndpointGone, TickerClient
 from app.traffic.halt import Halt
 from app.traffic.server import MIN_FAILED_READS, Server, ServerSet
 from app.traffic.strategy import Strategy
@@ -252,3 +256,100 @@ async def test_a_count_that_fails_on_a_server_that_is_up_is_given_up(error: Any)
     counts = Counts(error())
     assert await asyncio.wait_for(counting(servers, counts), 1) is None  # goes out as it is
     assert counts.tries == 1 and servers.first.up and halt.reason is None
+
+
+TAG = CallTag(1, "EMBR", "market_analyst")
+
+
+class Sends:
+    """A server's one-attempt sender (``TrackedLLM.attempt``): the attempt counts as made
+    when it goes out, then waits for ``answer``."""
+
+    def __init__(self, settings: Any, name: str) -> None:
+        self.settings, self.endpoint = settings, name
+        self.sent = 0
+        self.answer = asyncio.Event()
+
+    async def attempt(self, tag: CallTag, call: Call, body: Any, **_: Any) -> ChatResult:
+        call.attempts += 1
+        self.sent += 1
+        await self.answer.wait()
+        return ChatResult("fine", 10, 2, None, "stop", None, attempts=call.attempts)
+
+
+def sending(servers: ServerSet) -> tuple[TickerClient, list[Sends], asyncio.Task[ChatResult]]:
+    """Start one call of a ticker on the first server, each server's sender a ``Sends``."""
+    senders = []
+    for server in servers:
+        server.llm = sender = Sends(server.llm.settings, server.name)  # type: ignore[assignment]
+        senders.append(sender)
+    client = TickerClient(servers, servers.first, Ticket(0))
+    return client, senders, asyncio.create_task(client.send(TAG, {"model": "m"}))
+
+
+async def settled(done: Callable[[], bool]) -> None:
+    """Let the loop run until ``done`` holds (a move is a few loop turns)."""
+    for _ in range(200):
+        if done():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the call did not get there")
+
+
+async def hand_over(servers: ServerSet, reads: list[Reads], clock: Clock,
+                    frm: int, to: int) -> None:
+    """Bring server ``to`` back, then take server ``frm`` down: never both away."""
+    reads[to].answers = True
+    clock.now += 1
+    reads[to].ok()
+    reads[frm].answers = False
+    fail_for(clock, reads[frm:frm + 1], MIN_FAILED_READS)
+    assert servers.endpoints[to].up and not servers.endpoints[frm].up
+
+
+async def test_a_call_waiting_at_its_gate_follows_every_restart_within_the_budget() -> None:
+    # A rolling restart, twice round a two-server fleet and once more, while a call waits at
+    # its gate (every place taken by other calls): never sent, it cannot be what took the
+    # servers down, so it must not run out of moves.
+    clock = Clock()
+    servers, reads, halt = fleet(clock)
+    async with contextlib.AsyncExitStack() as others:
+        full = {}
+        for server in servers:
+            full[server.index] = stack = contextlib.AsyncExitStack()
+            await others.enter_async_context(stack)
+            server.gate.set_limit(1)
+            await stack.enter_async_context(server.gate.slot())
+        client, senders, call = sending(servers)
+        here = 0
+        for _ in range(5):
+            await settled(lambda at=here: servers.endpoints[at].gate.waiting == 1)
+            await hand_over(servers, reads, clock, here, 1 - here)
+            here = 1 - here
+        await settled(lambda: servers.endpoints[here].gate.waiting == 1)
+        assert not call.done() and sum(s.sent for s in senders) == 0
+        senders[here].answer.set()
+        await full[here].aclose()  # a place frees up where the call waits
+        result = await asyncio.wait_for(call, 1)
+    assert result.content == "fine" and result.attempts == 1 and halt.reason is None
+    assert senders[here].sent == 1 and client.server is servers.endpoints[here]
+
+
+async def test_a_call_in_flight_each_time_its_server_goes_down_is_sent_twice_an_endpoint(
+) -> None:
+    # What the cap is for: a request that takes down every server it is sent to.
+    clock = Clock()
+    servers, reads, halt = fleet(clock)
+    client, senders, call = sending(servers)
+    here, sent = 0, 0
+    while not call.done():
+        await settled(lambda had=sent: call.done() or sum(s.sent for s in senders) > had)
+        if call.done():
+            break
+        sent += 1
+        await hand_over(servers, reads, clock, here, 1 - here)
+        here = 1 - here
+        await settled(lambda at=here: call.done() or client.server is servers.endpoints[at])
+    with pytest.raises(EndpointGone):
+        call.result()
+    assert sent == 2 * len(servers.endpoints) and halt.reason is None
