@@ -183,9 +183,9 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
             out.print(f"  the bound's 90% interval: {low:.1f}–{high:.1f} tok/s (the step refitted "
                       f"to its reading levels resampled; each ratio to it moves as much)")
         else:
-            out.print(f"  no interval for the bound: {step['levels']} levels of readings, fewer "
-                      f"than the {MIN_INTERVAL_LEVELS} a 90% interval of the fit holds its 90% "
-                      "from")
+            levels = f"{step['levels']} level{'' if step['levels'] == 1 else 's'}"
+            out.print(f"  no interval for the bound: {levels} of readings, fewer than the "
+                      f"{MIN_INTERVAL_LEVELS} a 90% interval of the fit holds its 90% from")
     if result.sweep:
         out.print(f"fixed-N sweep: {result.sweep['sizes']} around n* = "
                       f"{result.sweep['n_star']} ({result.sweep['rule']})")
