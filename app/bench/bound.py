@@ -29,6 +29,10 @@ from app.runs.replay import Workload
 
 # Levels: running requests (rounded) -> [generated tokens, seconds] over reading intervals.
 Levels = dict[int, list[float]]
+# Fewer levels than this: no interval. The percentile bootstrap of a two-term fit is too
+# narrow on few points: its "90%" held the true step's bound on 80% of draws at 3 levels,
+# 84% at 5 and 87% at 8, 90% from 20 (docs/lab/2026-12-07-verdicts-outside-2.md).
+MIN_INTERVAL_LEVELS = 12
 
 
 @dataclass(frozen=True)
@@ -186,9 +190,10 @@ def bound_interval(graph: GraphFacts, kv_tokens: int, max_num_seqs: int, levels:
                    endpoints: int = 1, confidence: float = 0.9) -> tuple[float, float] | None:
     """Return the bound's ``confidence`` interval in tok/s: the step refitted to the reading
     levels resampled with replacement (scipy's percentile bootstrap, a fixed seed, so one
-    run's figures always give one interval); None with fewer than three levels."""
+    run's figures always give one interval); None with fewer than ``MIN_INTERVAL_LEVELS``
+    levels, where it would hold less than it says."""
     usable = [(r, t, s) for r, (t, s) in levels.items() if t > 0 and s > 0]
-    if len(usable) < 3:
+    if len(usable) < MIN_INTERVAL_LEVELS:
         return None
 
     def tok_s(running: np.ndarray, tokens: np.ndarray, seconds: np.ndarray) -> float:

@@ -366,7 +366,7 @@ class NightBound(BaseModel, frozen=True):
     bound_s: float | None = None
     makespan_over_bound: float | None = None
     # Its 90% interval: the step refitted to the night's reading levels resampled (None:
-    # fewer than three levels to resample).
+    # fewer than MIN_INTERVAL_LEVELS levels to resample).
     makespan_over_bound_90: list[float] | None = None
     binding: str | None = None
     endpoints: int | None = None

@@ -72,10 +72,12 @@ log = structlog.get_logger(__name__)
 SERVER_BOUND = FLOOD
 BOUND_TARGET = 0.9  # the share of the graph bound an adaptive arm is held to
 # A verdict calls a lead (or deficit) when Welch's two-sided t on the arms' per-run tok/s,
-# on min(n) - 1 degrees of freedom, rejects equal means at this level: its false-lead rate
+# on min(n) - 1 degrees of freedom, rejects equal means at this level, the best fixed arm
+# being picked by the same runs (``_lead``): its false-lead rate
 # (tests/unit/bench/test_schedulers_lead.py).
 LEAD_LEVEL = 0.05
-LEAD_TEST = {"test": "welch-t", "df": "min(n)-1", "sides": 2, "level": LEAD_LEVEL}
+LEAD_TEST = {"test": "welch-t", "df": "min(n)-1", "sides": 2, "level": LEAD_LEVEL,
+             "lead": "against every fixed arm", "deficit": "bonferroni over the fixed arms"}
 # The JSON's schema (as app/cli/common.py ``echo_json`` gives every output's): raised when a
 # field is renamed, removed or changes meaning. A file without one is older: ``bench
 # combine`` reads it by the keys it has; one of a later version is refused.
@@ -666,28 +668,47 @@ def _judge(result: BenchResult) -> None:
             _judge_adaptive(result, variant, best_fixed,
                             next((a for a in fixed if a["strategy"] == "fixed-3"), None))
             if best_fixed is not None:
-                result.verdicts.append(_lead(variant, best_fixed))
+                result.verdicts.append(_lead(variant, best_fixed, fixed))
 
 
-def _lead(mine: dict[str, Any], other: dict[str, Any]) -> str:
-    """Say how far ``mine``'s mean leads ``other``'s and whether Welch's t on their runs'
-    tok/s, min(n) - 1 df (``welch_p``), shows it at ``LEAD_LEVEL`` (two-sided); unresolved
-    without a variance."""
-    lead = mine["output_tokens_per_s"] / other["output_tokens_per_s"] - 1
-    said = (f"{mine['strategy']} vs {other['strategy']}: {lead:+.1%} on the means "
-            f"({mine['runs']} and {other['runs']} runs)")
-    if min(mine["runs"], other["runs"]) < 2:
+def _p(p: float | None) -> str:
+    return "unresolved" if p is None else "< 0.001" if p < 0.001 else f"= {p:.3f}"
+
+
+def _lead(mine: dict[str, Any], best: dict[str, Any], fixed: list[dict[str, Any]]) -> str:
+    """Say how far ``mine``'s mean leads ``best``'s (the best of the ``fixed`` arms by these
+    runs' means) and whether Welch's t on the runs' tok/s, min(n) - 1 df (``welch_p``), shows
+    it at ``LEAD_LEVEL`` (two-sided), whichever fixed arm is truly best: a lead only when
+    shown against every fixed arm, a deficit only at ``LEAD_LEVEL`` / len(fixed)
+    (Bonferroni: the best of several equal arms by their means sits above its true mean, so
+    a deficit to it is called by chance up to that many times as often). Unresolved without
+    a variance."""
+    lead = mine["output_tokens_per_s"] / best["output_tokens_per_s"] - 1
+    said = (f"{mine['strategy']} vs {best['strategy']}: {lead:+.1%} on the means "
+            f"({mine['runs']} and {best['runs']} runs)")
+    if min(mine["runs"], best["runs"]) < 2:
         return said + ": unresolved (one run gives no variance)"
-    tested = welch_p(mine["runs_tok_s"], other["runs_tok_s"])
+    tested = welch_p(mine["runs_tok_s"], best["runs_tok_s"])
     if tested is None:
         return said + ": unresolved (every run of both arms gave the same tok/s: no variance)"
     p, df = tested
+    said += f", Welch's t, df = min(n)-1 = {df}, p {_p(p)}"
     level = f"at the {LEAD_LEVEL:.0%} level"
-    shown = p < LEAD_LEVEL
+    if len(fixed) > 1 and lead > 0:
+        tests = [welch_p(mine["runs_tok_s"], a["runs_tok_s"]) for a in fixed if a is not best]
+        largest = None if None in tests else max([p, *(t[0] for t in tests if t)])
+        said += f"; against each of the {len(fixed)} fixed arms, the largest p {_p(largest)}"
+        shown = largest is not None and largest < LEAD_LEVEL
+    elif len(fixed) > 1:
+        needed = LEAD_LEVEL / len(fixed)
+        said += (f"; the best of {len(fixed)} fixed arms, picked by these runs: the level "
+                 f"below it is {needed:.4f} (Bonferroni)")
+        shown = p < needed
+    else:
+        shown = p < LEAD_LEVEL
     call = (f"a lead {level}" if shown and lead > 0 else f"a deficit {level}" if shown
             else f"not shown {level}")
-    return said + (f", Welch's t, df = min(n)-1 = {df}, "
-                   f"p {'< 0.001' if p < 0.001 else f'= {p:.3f}'}: {call}")
+    return f"{said}: {call}"
 
 
 def _judge_adaptive(result: BenchResult, variant: dict[str, Any],

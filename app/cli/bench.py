@@ -128,6 +128,7 @@ def schedulers(
 
 def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     """Print a scheduler bench's table, references and checks; write its JSON when asked."""
+    from app.bench.bound import MIN_INTERVAL_LEVELS
     from app.bench.schedulers import ServerFlags
     from app.morning.accounting import COMPARE_COLUMNS
 
@@ -181,6 +182,10 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
             low, high = b["interval_90_tok_s"]
             out.print(f"  the bound's 90% interval: {low:.1f}–{high:.1f} tok/s (the step refitted "
                       f"to its reading levels resampled; each ratio to it moves as much)")
+        else:
+            levels = f"{step['levels']} level{'' if step['levels'] == 1 else 's'}"
+            out.print(f"  no interval for the bound: {levels} of readings, fewer than the "
+                      f"{MIN_INTERVAL_LEVELS} a 90% interval of the fit holds its 90% from")
     if result.sweep:
         out.print(f"fixed-N sweep: {result.sweep['sizes']} around n* = "
                       f"{result.sweep['n_star']} ({result.sweep['rule']})")

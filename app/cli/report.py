@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from app.bench.bound import MIN_INTERVAL_LEVELS
 from app.bench.plan import NightBound, night_bound
 from app.cli.common import (
     MAX_COUNT,
@@ -288,7 +289,9 @@ def bound_line(bound: NightBound) -> str:
             f"on {bound.endpoints} endpoint(s), set by {bound.binding}; {bound.server})"
             + ("; 90% interval {:.2f}–{:.2f} x (the step refitted to the night's readings "
                "resampled)".format(*bound.makespan_over_bound_90)
-               if bound.makespan_over_bound_90 else "")
+               if bound.makespan_over_bound_90 else
+               f"; no interval (the night's readings have fewer than {MIN_INTERVAL_LEVELS} "
+               "levels of running requests to refit the step to)")
             + (f" — {bound.scope}" if bound.scope else ""))
 
 

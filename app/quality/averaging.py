@@ -21,6 +21,7 @@ import numpy as np
 
 from app.quality.grades import Grade, consensus
 from app.quality.statistics import (
+    MIN_KAPPA_INTERVAL_N,
     agreement,
     bootstrap_interval,
     mean_defined,
@@ -116,7 +117,8 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
     """Return one KRow per k over the tickers both sides graded with enough samples.
 
     Intervals are 95% percentile bootstraps over tickers (resampled with replacement) of the
-    mean over ``INTERVAL_CHOICES`` of the choices.
+    mean over ``INTERVAL_CHOICES`` of the choices; QWK's only from ``MIN_KAPPA_INTERVAL_N``
+    tickers.
     """
     rows: list[KRow] = []
     for k in ks:
@@ -147,7 +149,8 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
             choice_error=error, n=len(tickers), agreement=means["agreement"],
             qwk=means["qwk"],
             qwk_ci=bootstrap_interval(len(tickers), partial(grades_of, quadratic_kappa),
-                                      resamples=resamples, seed=seed),
+                                      resamples=resamples, seed=seed)
+            if len(tickers) >= MIN_KAPPA_INTERVAL_N else None,
             spearman=means["spearman"],
             spearman_ci=bootstrap_interval(len(tickers), partial(scores_of, spearman),
                                            resamples=resamples, seed=seed),

@@ -239,12 +239,17 @@ class RunningMean:
     as_of: str
     ic: float
     mean: float
-    low: float | None  # mean ∓ t(0.975, K − 1) × its overlap_error; None below 2 horizons
+    low: float | None  # mean ∓ t(0.975, K − 1) × its overlap_error; None below min_nights
     high: float | None
 
 
 def running_mean(record: HorizonRecord, level: float = 0.95) -> list[RunningMean]:
-    """Return, night by night, the mean IC so far and its band (the web page's plot)."""
+    """Return, night by night, the mean IC so far and its band (the web page's plot).
+
+    The band starts where the verdict does (``record.min_nights``): a band clear of zero is
+    the verdict read early, and on nights of 4 or 5 tickers (ICs of a few values) it held a
+    null desk's 0 on 93.7% of desks at 3 and 5 nights, not 95% (docs/quality.md).
+    """
     points, ics = [], []
     days = record.horizon_days
     for night in record.nights:
@@ -252,7 +257,7 @@ def running_mean(record: HorizonRecord, level: float = 0.95) -> list[RunningMean
             continue
         ics.append(night.ic)
         mean = float(np.mean(ics))
-        error = overlap_error(ics, days)
+        error = overlap_error(ics, days) if len(ics) >= record.min_nights else None
         half = (None if error is None
                 else float(stats.t.ppf(0.5 + level / 2, len(ics) // days - 1)) * error)
         points.append(RunningMean(night.as_of, night.ic, mean,

@@ -260,19 +260,18 @@ FACTS = {"kv_cache_tokens": 10_000, "max_num_seqs": 4}
 
 
 
-def test_a_nights_bound_says_how_sure_its_fitted_step_is(sqlite_engine: Any) -> None:
+def _noisy_night(sqlite_engine: Any, levels: list[int]) -> int:
+    """Return a night whose readings run at ``levels`` running requests, one interval each,
+    each interval's tokens 10% off the step's line one way or the other: a fit that is not
+    sure of itself."""
     from datetime import timedelta
 
     from sqlalchemy import delete, select
     from sqlalchemy.orm import Session
 
-    from app.bench.plan import night_bound
-    from app.cli.report import bound_line
     from app.db.models import ServerSample
 
     night = _night(sqlite_engine, {"kv_cache_tokens": 10_000, "max_num_seqs": 4})
-    # The night's readings at 1 to 4 running, each interval's tokens 10% off the step's line
-    # one way or the other: a fit that is not sure of itself.
     with Session(sqlite_engine) as session:
         first = session.scalars(select(ServerSample).where(
             ServerSample.batch_id == night).order_by(ServerSample.sampled_at)).first()
@@ -280,7 +279,7 @@ def test_a_nights_bound_says_how_sure_its_fitted_step_is(sqlite_engine: Any) -> 
         t0, endpoint = first.sampled_at, first.endpoint
         session.execute(delete(ServerSample).where(ServerSample.batch_id == night))
         made, at = 0, 0.0
-        for i, running in enumerate([1, 1, 2, 2, 3, 3, 4, 4, 1, 2, 3, 4]):
+        for i, running in enumerate(levels):
             session.add(ServerSample(
                 batch_id=night, sampled_at=t0 + timedelta(seconds=at), running=running,
                 waiting=0, kv_cache_usage=0.1, preemptions_total=0, prompt_tokens_total=0,
@@ -288,7 +287,17 @@ def test_a_nights_bound_says_how_sure_its_fitted_step_is(sqlite_engine: Any) -> 
             at += 3.0
             made += round(3.0 / (0.2 + 0.05 * running) * running * (1.1 if i % 2 else 0.9))
         session.commit()
-    bound = night_bound(sqlite_engine, night, 40.0)
+    return night
+
+
+def test_a_nights_bound_says_how_sure_its_fitted_step_is(sqlite_engine: Any) -> None:
+    from app.bench.bound import MIN_INTERVAL_LEVELS
+    from app.bench.plan import night_bound
+    from app.cli.report import bound_line
+
+    # Each level twice in a row: an interval between two readings is at their mean running.
+    levels = [r for r in range(1, MIN_INTERVAL_LEVELS + 2) for _ in (0, 1)]
+    bound = night_bound(sqlite_engine, _noisy_night(sqlite_engine, levels), 40.0)
     assert bound.makespan_over_bound is not None and bound.makespan_over_bound_90 is not None
     low, high = bound.makespan_over_bound_90
     assert low < bound.makespan_over_bound < high
@@ -296,7 +305,22 @@ def test_a_nights_bound_says_how_sure_its_fitted_step_is(sqlite_engine: Any) -> 
     # One level of readings (the plain night) leaves nothing to resample: no interval.
     plain = night_bound(sqlite_engine, _night(sqlite_engine, {"kv_cache_tokens": 10_000,
                                                               "max_num_seqs": 4}), 40.0)
-    assert plain.makespan_over_bound_90 is None and "interval" not in bound_line(plain)
+    assert plain.makespan_over_bound_90 is None and "90% interval" not in bound_line(plain)
+
+
+def test_a_bound_fitted_to_few_levels_gives_no_interval_and_says_why(sqlite_engine: Any) -> None:
+    # Readings at 1 to 4 running requests: a percentile bootstrap of the two-term fit over 4
+    # levels held the true bound on about 80% of draws, not the 90% it would say
+    # (docs/lab/2026-12-07-verdicts-outside-2.md).
+    from app.bench.plan import night_bound
+    from app.cli.report import bound_line
+
+    bound = night_bound(sqlite_engine, _noisy_night(
+        sqlite_engine, [1, 1, 2, 2, 3, 3, 4, 4, 1, 2, 3, 4]), 40.0)
+    assert bound.makespan_over_bound is not None and bound.makespan_over_bound_90 is None
+    line = bound_line(bound)
+    assert "90% interval" not in line
+    assert "no interval (the night's readings have fewer than 12 levels" in line
 
 def test_a_night_still_running_gives_no_shape_and_no_bound_yet(sqlite_engine: Any) -> None:
     night = _night(sqlite_engine, FACTS, status="running", ticker_status={"X": "running"})

@@ -259,6 +259,11 @@ def test_the_bound_says_how_sure_its_fitted_step_is(tmp_path: Path) -> None:
                             machine=json.loads(json.dumps(MACHINE)))
     _judge(one_level)
     assert one_level.bound is not None and one_level.bound["interval_90_tok_s"] is None
+    # ... and the bench says so, rather than show the fitted bound as if it were sure.
+    out = run_cli("bench", "combine", str(_write(tmp_path, "one.json", one_level.to_json())))
+    assert out.code == 0, out.stderr
+    assert ("no interval for the bound: 1 level of readings, fewer than the 12"
+            in " ".join(out.stdout.split()))
 
 
 def test_an_arm_that_made_no_output_is_judged_without_a_traceback(tmp_path: Path) -> None:

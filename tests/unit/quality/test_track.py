@@ -179,8 +179,21 @@ def test_running_mean_and_its_band() -> None:
     half = stats.t.ppf(0.975, 40 // 3 - 1) * last.mean / t
     assert last.low == pytest.approx(last.mean - half) and last.high == pytest.approx(
         last.mean + half)
-    assert points[0].low is None and points[4].low is None  # under 2 horizons: no band
-    assert points[5].low is not None
+    assert points[0].low is None and points[18].low is None  # under 20 nights: no band
+    assert points[19].low is not None
+
+
+def test_the_band_starts_where_the_verdict_does() -> None:
+    # Nights of 4 tickers: before 20 nights the band held a null desk's 0 on 93.7% of 4,000
+    # desks at 3 and 5 nights (docs/lab/2026-12-07-verdicts-outside-2.md), and a band clear of
+    # zero is the verdict the record withholds there.
+    rng = np.random.default_rng(9)
+    scores = scores_for(rng, 25, 4)
+    record = horizon_record(make_nights(scores, rng.normal(size=scores.shape)), 1)
+    points = running_mean(record)
+    assert record.min_nights == 20 and len(points) == 25
+    assert all(p.low is None and p.high is None for p in points[:19])
+    assert all(p.low is not None and p.high is not None for p in points[19:])
 
 
 # --- through the database and the command line ---------------------------------------
