@@ -257,12 +257,13 @@ class FleetPlan(BaseModel, frozen=True):
     smallest_within_5pct_of_floor: int
     deadline: DeadlineAnswer | None = None
 
-    def csv_rows(self) -> list[dict[str, Any]]:
-        """Each row, and on each the schema and whether the deadline overlaps the next night
-        (empty without a deadline): a CSV has no other place to say them."""
-        overlaps = None if self.deadline is None else self.deadline.overlaps_next_night
-        return [{"schema": SCHEMA, **row.model_dump(),
-                 "deadline_overlaps_next_night": overlaps} for row in self.rows]
+    def json_facts(self) -> dict[str, Any]:
+        """Return the JSON, with no deadline as one of empty fields: the CSV of a plan with
+        and without one has the same columns (``app.cli.common.csv_of``)."""
+        data = {"schema": SCHEMA, **self.model_dump(mode="json")}
+        if self.deadline is None:
+            data["deadline"] = dict.fromkeys(DeadlineAnswer.model_fields)
+        return data
 
 
 def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,

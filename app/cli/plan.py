@@ -24,6 +24,7 @@ from app.bench.plan import (
 )
 from app.cli.common import (
     Formats,
+    csv_of,
     database,
     echo_csv,
     echo_json,
@@ -122,7 +123,9 @@ def plan(
         echo_json(chosen, SCHEMA)
         return
     if fmt == "csv":
-        rows = chosen.csv_rows()
+        # Every row carries the plan's own facts (the floor, the shape, the deadline), as
+        # the JSON gives them once.
+        rows = csv_of(chosen.json_facts(), "rows", lead=("schema",))
         echo_csv(rows, rows[0])
         return
     table = figures(f"plan: {tickers} tickers of {chosen.shape.name}, endpoints "
