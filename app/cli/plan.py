@@ -119,6 +119,9 @@ def plan(
         chosen = chosen.model_copy(update={"deadline": answer, "rows": [
             r.model_copy(update={"by_deadline": r.makespan_s <= answer.seconds})
             for r in chosen.rows]})
+    if chosen.model_mismatch:  # on stderr, whatever the format: JSON and CSV carry it too
+        console(stderr=True).print(f"warning: two models: {chosen.model_mismatch}",
+                                   markup=False)
     if fmt == "json":
         echo_json(chosen, SCHEMA)
         return
