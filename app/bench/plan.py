@@ -225,6 +225,9 @@ class PlanRow(BaseModel, frozen=True):
     how much of the fleet the bound uses."""
 
     endpoints: int
+    # The tickers the busiest endpoint holds, ceil(tickers / endpoints): routing sends a
+    # ticker's whole chain to one endpoint and spreads them evenly; makespan_s is its night.
+    busiest_tickers: int
     makespan_s: float  # the bound at the admitted cache share, plus the start ramp
     bound_s: float  # the graph bound: no schedule that respects the graph beats it
     ramp_s: float
@@ -308,12 +311,14 @@ def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
         bound = graph_bound(graph, server.kv_tokens, server.max_num_seqs, server.step, endpoints)
         # A ticker's whole chain goes to one endpoint (docs/architecture.md, "Several
         # endpoints"): the busiest holds ceil(tickers / endpoints), and the night ends with it.
-        admitted, ramp = busiest(-(-tickers // endpoints))
+        on_busiest = -(-tickers // endpoints)
+        admitted, ramp = busiest(on_busiest)
         if bound is None:
             raise InputError(f"{shape.name} asks for no output: nothing to plan")
         summed, _ = summed_capacity(graph, server.kv_tokens, server.max_num_seqs, server.step,
                                     endpoints)
-        rows.append(PlanRow(endpoints=endpoints, makespan_s=admitted.seconds + ramp,
+        rows.append(PlanRow(endpoints=endpoints, busiest_tickers=on_busiest,
+                            makespan_s=admitted.seconds + ramp,
                             bound_s=bound.seconds, ramp_s=ramp, bound_output_tok_s=bound.tok_s,
                             binding=admitted.binding, summed_capacity_tok_s=summed,
                             share_of_summed_capacity=bound.tok_s / summed if summed else 0.0,

@@ -133,11 +133,13 @@ def plan(
         return
     table = figures(f"plan: {tickers} tickers of {chosen.shape.name}, endpoints "
                     f"{chosen.profile.name}; the makespan planned for adaptive admission",
-                    ("endpoints", "makespan", "makespan s", "bound s", "bound's tok/s",
+                    ("endpoints", "on busiest", "makespan", "makespan s", "bound s",
+                     "bound's tok/s",
                      "start ramp s", "set by", "bound's share of capacity",
                      "within 5% of best"), {"set by"})
     for r in chosen.rows:
-        table.add_row(str(r.endpoints), _span(r.makespan_s), f"{r.makespan_s:.0f}",
+        table.add_row(str(r.endpoints), str(r.busiest_tickers), _span(r.makespan_s),
+                      f"{r.makespan_s:.0f}",
                       f"{r.bound_s:.0f}", f"{r.bound_output_tok_s:.0f}", f"{r.ramp_s:.1f}",
                       r.binding,
                       f"{r.share_of_summed_capacity:.2f}",
