@@ -17,6 +17,7 @@ Nights are one session apart, so an h-session return overlaps the next h − 1 n
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,7 +63,7 @@ def simulate_ics(world: World, horizons: Sequence[int],
     out: dict[int, list[float]] = {}
     for days in horizons:
         ics = spearman_rows(scores, path[days:days + world.nights] - path[:world.nights])
-        judged = (judged_ic(world.tickers, lambda ic=ic: float(ic)) for ic in ics)
+        judged = (judged_ic(world.tickers, functools.partial(float, ic)) for ic in ics)
         out[days] = [ic for ic in judged if ic is not None]
     return out
 
