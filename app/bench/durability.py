@@ -27,6 +27,7 @@ from agents.fitting import PromptSize
 from agents.graph import analyze_ticker, node_names, thread_id
 from app.bench.machine import machine_facts
 from app.config import Settings
+from app.db.engine import check_reachable, make_engine
 from app.runs.checkpoints import open_checkpointer
 
 MODES = ("none", "exit", "async", "sync")
@@ -73,7 +74,15 @@ class DurabilityResult:
 
 async def run_durability_bench(settings: Settings, database_url: str | None, *, runs: int,
                                reply_chars: int) -> DurabilityResult:
-    """Run the pipeline ``runs`` times per mode, interleaved; report median ms per node."""
+    """Run the pipeline ``runs`` times per mode, interleaved; report median ms per node.
+    DatabaseError in one line, at once, where ``database_url`` cannot be reached: as every
+    command's first read, before the checkpointer's pool would wait and retry for minutes."""
+    if database_url is not None:
+        engine = make_engine(database_url, settings.store.db_statement_timeout_s)
+        try:
+            check_reachable(engine)
+        finally:
+            engine.dispose()
     config = settings.pipeline()
     nodes = len(node_names(config))
     with tempfile.TemporaryDirectory() as folder:

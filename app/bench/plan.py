@@ -56,6 +56,7 @@ class ServerModel(BaseModel, frozen=True):
     step_b_s: float
     source: str
     max_model_len: int | None = None  # None: not recorded
+    model: str | None = None  # the model name it served (None: not recorded)
 
     @property
     def step(self) -> StepCost:
@@ -68,6 +69,7 @@ class ServerModel(BaseModel, frozen=True):
 H200_MOE = ServerModel(
     name="h200-moe", kv_tokens=1_488_240, max_num_seqs=256, step_a_s=0.020, step_b_s=0.0002,
     max_model_len=34_816,  # serving/profiles/qwen-moe-35b-a3b-h200.toml
+    model="qwen-moe-35b-a3b",  # its served_model_name
     source="one H200 serving the MoE profile: 1,488,240 KV tokens, 256 sequences, a step of "
            "20 ms + 0.2 ms per running request (the 100-ticker MoE night's readings)")
 PROFILES = {H200_MOE.name: H200_MOE}
@@ -83,6 +85,9 @@ class NightShape(BaseModel, frozen=True):
     critical_path_tokens: int  # the longest of any ticker seen
     calls: float
     longest_request_tokens: int = 0  # prompt + output of its largest call (0: not known)
+    # The model name its night asked for, whose tokenizer counted its tokens (None: not
+    # recorded, or the synthetic shape, of no one model).
+    model: str | None = None
 
     def for_tickers(self, tickers: int) -> GraphFacts:
         """Return the graph facts of a night of ``tickers`` tickers of this shape."""
@@ -92,14 +97,15 @@ class NightShape(BaseModel, frozen=True):
                           calls=round(self.calls * tickers))
 
 
-def mean_shape(name: str, graph: GraphFacts, tickers: int, longest: int = 0) -> NightShape:
+def mean_shape(name: str, graph: GraphFacts, tickers: int, longest: int = 0,
+               model: str | None = None) -> NightShape:
     """Return the mean ticker of ``tickers`` whose demand together is ``graph``, its largest
-    call ``longest`` tokens (prompt + output; 0: not known)."""
+    call ``longest`` tokens (prompt + output; 0: not known), counted by ``model``."""
     return NightShape(name=name, tickers_seen=tickers,
                       output_tokens=graph.output_tokens / tickers,
                       kv_token_steps=graph.kv_token_steps / tickers,
                       critical_path_tokens=graph.critical_path_tokens,
-                      calls=graph.calls / tickers, longest_request_tokens=longest)
+                      calls=graph.calls / tickers, longest_request_tokens=longest, model=model)
 
 
 def synthetic_shape(output_scale: float = 1.0) -> NightShape:
@@ -149,13 +155,14 @@ def recorded_shape(engine: Engine, batch_id: int) -> NightShape:
             .group_by(LLMCall.ticker)).tuples().all()
     longest = max((int(tokens or 0) for ticker, tokens in largest if ticker in workload),
                   default=0)
-    return mean_shape(name, graph, len(workload), longest)
+    return mean_shape(name, graph, len(workload), longest, (batch.settings or {}).get("model"))
 
 
 def night_server(engine: Engine, batch_id: int) -> ServerModel:
     """Return the server model of a recorded night: its KV cache and sequence cap as its
     server facts recorded them, and a step fitted to its own ``/metrics`` readings."""
-    recorded = batch_row(engine, batch_id).server_facts or {}
+    batch = batch_row(engine, batch_id)
+    recorded = batch.server_facts or {}
     with engine.connect() as conn:
         most = conn.execute(select(ServerSample.running)
                             .where(ServerSample.batch_id == batch_id)
@@ -176,6 +183,7 @@ def night_server(engine: Engine, batch_id: int) -> ServerModel:
         raise InputError(f"batch {batch_id} recorded no --max-num-seqs and ran no request")
     return ServerModel(name=f"batch {batch_id}", kv_tokens=kv, max_num_seqs=int(cap),
                        step_a_s=step.a, step_b_s=step.b, max_model_len=length,
+                       model=(batch.settings or {}).get("model"),
                        source=f"batch {batch_id}'s server: KV tokens from its server facts, "
                               f"{where}, step fitted to {step.levels} levels of its readings")
 
@@ -217,6 +225,9 @@ class PlanRow(BaseModel, frozen=True):
     how much of the fleet the bound uses."""
 
     endpoints: int
+    # The tickers the busiest endpoint holds, ceil(tickers / endpoints): routing sends a
+    # ticker's whole chain to one endpoint and spreads them evenly; makespan_s is its night.
+    busiest_tickers: int
     makespan_s: float  # the bound at the admitted cache share, plus the start ramp
     bound_s: float  # the graph bound: no schedule that respects the graph beats it
     ramp_s: float
@@ -256,13 +267,17 @@ class FleetPlan(BaseModel, frozen=True):
     floor_s: float
     smallest_within_5pct_of_floor: int
     deadline: DeadlineAnswer | None = None
+    # Set where the shape's night asked another model than the endpoint serves: its token
+    # counts are another tokenizer's and its outputs another model's (``model_mismatch``).
+    model_mismatch: str | None = None
 
-    def csv_rows(self) -> list[dict[str, Any]]:
-        """Each row, and on each the schema and whether the deadline overlaps the next night
-        (empty without a deadline): a CSV has no other place to say them."""
-        overlaps = None if self.deadline is None else self.deadline.overlaps_next_night
-        return [{"schema": SCHEMA, **row.model_dump(),
-                 "deadline_overlaps_next_night": overlaps} for row in self.rows]
+    def json_facts(self) -> dict[str, Any]:
+        """Return the JSON, with no deadline as one of empty fields: the CSV of a plan with
+        and without one has the same columns (``app.cli.common.csv_of``)."""
+        data = {"schema": SCHEMA, **self.model_dump(mode="json")}
+        if self.deadline is None:
+            data["deadline"] = dict.fromkeys(DeadlineAnswer.model_fields)
+        return data
 
 
 def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
@@ -296,12 +311,14 @@ def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
         bound = graph_bound(graph, server.kv_tokens, server.max_num_seqs, server.step, endpoints)
         # A ticker's whole chain goes to one endpoint (docs/architecture.md, "Several
         # endpoints"): the busiest holds ceil(tickers / endpoints), and the night ends with it.
-        admitted, ramp = busiest(-(-tickers // endpoints))
+        on_busiest = -(-tickers // endpoints)
+        admitted, ramp = busiest(on_busiest)
         if bound is None:
             raise InputError(f"{shape.name} asks for no output: nothing to plan")
         summed, _ = summed_capacity(graph, server.kv_tokens, server.max_num_seqs, server.step,
                                     endpoints)
-        rows.append(PlanRow(endpoints=endpoints, makespan_s=admitted.seconds + ramp,
+        rows.append(PlanRow(endpoints=endpoints, busiest_tickers=on_busiest,
+                            makespan_s=admitted.seconds + ramp,
                             bound_s=bound.seconds, ramp_s=ramp, bound_output_tok_s=bound.tok_s,
                             binding=admitted.binding, summed_capacity_tok_s=summed,
                             share_of_summed_capacity=bound.tok_s / summed if summed else 0.0,
@@ -322,7 +339,19 @@ def plan_fleet(tickers: int, shape: NightShape, server: ServerModel,
             held, middle)
     return FleetPlan(tickers=tickers, shape=shape, profile=server, admission=admission,
                      rows=rows, best_makespan_s=best, smallest_within_5pct=smallest,
-                     floor_s=floor, smallest_within_5pct_of_floor=-(-tickers // held))
+                     floor_s=floor, smallest_within_5pct_of_floor=-(-tickers // held),
+                     model_mismatch=model_mismatch(shape, server))
+
+
+def model_mismatch(shape: NightShape, server: ServerModel) -> str | None:
+    """Return why a plan of this shape on this endpoint is of two models, where the shape's
+    night asked for another model than the endpoint serves; None where they agree or either
+    is not known. Planned all the same: a new model's fleet is first planned from the old
+    one's nights, and the operator is told the figures are of both."""
+    if shape.model is None or server.model is None or shape.model == server.model:
+        return None
+    return (f"{shape.name} ran {shape.model!r}, {server.name} serves {server.model!r}: its "
+            "token counts are another tokenizer's and its output lengths another model's")
 
 
 def parse_clock(text: str, what: str = "--deadline") -> time:

@@ -81,7 +81,9 @@ LEAD_TEST = {"test": "welch-t", "df": "min(n)-1", "sides": 2, "level": LEAD_LEVE
 # The JSON's schema (as app/cli/common.py ``echo_json`` gives every output's): raised when a
 # field is renamed, removed or changes meaning. A file without one is older: ``bench
 # combine`` reads it by the keys it has; one of a later version is refused.
-SCHEMA = "bench-schedulers/1"  # 1: machine.model and .profile as the server says
+# 1: machine.model and .profile as the server says; 2: machine.models, what each endpoint
+# serves, and machine.model only the name every endpoint serves (null where they differ).
+SCHEMA = "bench-schedulers/2"
 
 
 @dataclass
@@ -163,7 +165,10 @@ class BenchMachine(HostFacts, frozen=True):
 
     date: str
     server: str
-    model: str | None  # the name the server serves, as /v1/models lists it first
+    model: str | None  # the name every endpoint serves (None: not read, or they differ)
+    # Per endpoint of ``server``, in its order: the name its /v1/models lists first (None:
+    # not read). A bench's figures are of one model only where these agree.
+    models: list[str | None] | None = None
     profile: str | None  # the profile nightdesk started it with (None: started otherwise)
     server_facts: dict[str, Any]  # the launcher's record, as ``serving.facts`` keeps it
     server_flags: ServerFlags
@@ -176,17 +181,47 @@ class BenchMachine(HostFacts, frozen=True):
 
 
 def machine_facts(settings: Settings, server_facts: dict[str, Any] | None,
-                  served: dict[str, Any] | None = None) -> BenchMachine:
-    """Describe the client host and code (as the tracker bench does) and the server
-    (``served``: its /v1/models entry, when the caller read it): its model and profile as
-    the server and its launcher's record say, not this client's settings."""
+                  served: list[dict[str, Any] | None] | None = None) -> BenchMachine:
+    """Describe the client host and code (as the tracker bench does) and the servers
+    (``served``: each endpoint's /v1/models entry, in the settings' order, when the caller
+    read them): the models and profile as the servers and the launcher's record say, not
+    this client's settings. The server flags are the first endpoint's."""
     facts = server_facts or {}
     # A launcher's record names the profile it started; live facts name only the setting.
     launched = facts.get("profile") if facts.get("root_url") else None
+    models = [(entry or {}).get("id") for entry in served] if served else None
     return BenchMachine(date=datetime.now(UTC).isoformat(timespec="seconds"),
                         **dict(host_facts()), server=settings.llm.base_url,
-                        model=(served or {}).get("id"), profile=launched, server_facts=facts,
-                        server_flags=server_flags(facts, served, local_gpu(settings)))
+                        model=served_model(models), models=models, profile=launched,
+                        server_facts=facts, server_flags=server_flags(
+                            facts, served[0] if served else None, local_gpu(settings)))
+
+
+def served_model(models: list[str | None] | None) -> str | None:
+    """Return the one name every endpoint serves; None where one was not read or they differ."""
+    names = set(models or [None])
+    return names.pop() if len(names) == 1 else None
+
+
+def endpoint_models(machine: dict[str, Any]) -> list[str | None] | None:
+    """Return what each endpoint of a bench served (``machine.models``); for a file from
+    before it was recorded, its ``machine.model`` where it drove one endpoint, else None (the
+    others' are not known)."""
+    if "models" in machine:
+        return machine["models"]
+    return [machine.get("model")] if endpoints_of(machine) == 1 else None
+
+
+def models_differ(machine: dict[str, Any]) -> str | None:
+    """Return "a at URL1, b at URL2" where a bench's endpoints served different models (its
+    figures are then of no one model), else None."""
+    models = machine.get("models") or []
+    if len(set(models)) < 2:
+        return None
+    urls = [u for u in str(machine.get("server", "")).split(",") if u]
+    return ", ".join(f"{name or 'not read'} at {url}" for name, url in zip(
+        models, urls + [f"endpoint {i + 1}" for i in range(len(urls), len(models))],
+        strict=False))
 
 
 def _flag(command: str | None, name: str) -> str | None:
@@ -360,14 +395,14 @@ async def run_bench(settings: Settings, engine: Engine, workload: Workload, *,
                     name: str, strategies: list[str] | None = None,
                     server_facts: dict[str, Any] | None = None, warmup_tickers: int = 1,
                     sweep: dict[str, Any] | None = None, repeat: int = 1,
-                    served: dict[str, Any] | None = None,
+                    served: list[dict[str, Any] | None] | None = None,
                     **engine_kwargs: Any) -> BenchResult:
     """Run every strategy over the same workload and compare them to the measured ceiling.
 
     ``repeat`` runs every arm that many times, interleaved (each arm once, then again), so a
     drift of the server over the run touches every arm alike; the verdicts use the means.
     ``warmup_tickers`` tickers' requests are sent first, untimed (``_warm_up``); 0: none.
-    ``served`` is the server's /v1/models entry, recorded with its flags.
+    ``served``: each endpoint's /v1/models entry (settings' order), recorded with the flags.
     ``sweep`` (app/bench/arms.py) is recorded with the result when the arms came from one;
     without ``strategies`` the arms are ``DEFAULT_ARMS``, planned for this server.
     """
@@ -438,7 +473,7 @@ def same_run(machine: dict[str, Any]) -> dict[str, Any]:
     return {"code commit": machine.get("commit"), "host": machine.get("host"),
             "server flags": machine.get("server_flags"),
             "endpoint count": endpoints_of(machine),
-            "served model name (machine.model)": machine.get("model"),
+            "served model names (machine.models)": endpoint_models(machine),
             "server profile (machine.profile)": machine.get("profile")}
 
 
@@ -502,7 +537,7 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False,
                     if not allow_mixed:
                         raise InputError(
                             f"cannot combine runs whose {what} "
-                            f"{'differ' if what.endswith('s') else 'differs'} "
+                            f"{'differ' if what.split(' (')[0].endswith('s') else 'differs'} "
                             f"({_differ(theirs, mine)})"
                             ": their arms are not comparable; --allow-mixed combines them "
                             f"anyway{which}")

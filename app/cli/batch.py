@@ -28,6 +28,7 @@ from app.cli.common import (
     MAX_TICKERS,
     Formats,
     batch_database,
+    csv_of,
     database,
     echo_csv,
     echo_json,
@@ -286,15 +287,17 @@ def show_ranking(
     changes = compare_nights(engine, chosen.id).by_ticker()
     demo = bool((chosen.settings or {}).get("demo_data"))
     data = [ranked_row(r, changes.get(r.ticker)) for r in rows]
-    if fmt == "json":
-        chosen_summary = summarize(chosen, settings.batch.heartbeat_stale_s, engine=engine)
-        echo_json(RankingJSON(night=night, batch=chosen_summary, rows=data))
-    elif fmt == "csv":
-        # Flat: each row carries the batch's DEMO mark and the latest night's status and
-        # freshness, which JSON gives once under "batch" and "night".
-        flat = [{**r.model_dump(mode="json"), "demo": demo, "night_status": night.status,
-                 "fresh": night.fresh} for r in data]
-        echo_csv(flat, flat[0] if flat else ["rank"])
+    if fmt in ("json", "csv"):
+        found = RankingJSON(night=night, batch=summarize(
+            chosen, settings.batch.heartbeat_stale_s, engine=engine), rows=data)
+        if fmt == "json":
+            echo_json(found)
+        else:
+            # Flat: each row carries what JSON gives once, the ranked batch as ranked_* (a
+            # row's own batch_id is its rerun's), "demo" and "fresh" named as before.
+            flat = csv_of(found, "rows", prefixes={"batch": "ranked"},
+                          renamed={"night_fresh": "fresh", "ranked_demo": "demo"})
+            echo_csv(flat, flat[0] if flat else ["rank"])
     else:
         out.print(_ranking_table(f"{'DEMO DATA — ' if demo else ''}ranking of batch "
                                  f"{chosen.id} ({chosen.kind}, as of {chosen.as_of})", data))
@@ -363,6 +366,12 @@ def rating_text(row: RankRow) -> str:
     return (row.rating or row.status.upper()) + (" !" if row.contradicting else "")
 
 
+# The first columns of ``changes --format csv``, in the order they always came.
+CHANGE_COLUMNS = ("ticker", "change", "previous_rating", "previous_score", "previous_rank",
+                  "rating", "score", "rank", "score_move", "rerun_id", "previous_rerun_id",
+                  "why")
+
+
 def show_changes(
     batch: Annotated[int | None, typer.Option("--batch", help="the night (default: the one "
                                                                "the ranking shows)",
@@ -384,12 +393,10 @@ def show_changes(
         echo_json(found)
         return
     if fmt == "csv":
-        # Flat: each row carries the night's DEMO mark, which JSON gives once.
-        columns = ("ticker", "change", "previous_rating", "previous_score", "previous_rank",
-                   "rating", "score", "rank", "score_move", "rerun_id", "previous_rerun_id",
-                   "why")
-        echo_csv(({**{c: getattr(t, c) for c in columns}, "demo": found.demo}
-                  for t in found.changes), (*columns, "demo"))
+        # Flat: each row carries the nights compared and their DEMO mark, which JSON gives
+        # once; its rows are the changes, as the table's (``tickers`` holds them and the rest).
+        flat = csv_of(found, "changes", left={"tickers"}, lead=CHANGE_COLUMNS)
+        echo_csv(flat, flat[0] if flat else CHANGE_COLUMNS)
         return
     demo = "DEMO DATA — " if found.demo else ""
     if found.against_id is None:

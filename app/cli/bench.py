@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
+from rich.markup import escape
 from rich.table import Table
 
 from app.cli.common import MAX_COUNT, database, figures, setup, ticker_count, writable
@@ -122,14 +123,14 @@ def schedulers(
     result = asyncio.run(run_bench(settings, engine, load, name=name, strategies=arms,
                                    warmup_tickers=warmup, server_facts=facts,
                                    sweep=sweep.to_json() if sweep else None,
-                                   repeat=repeat, served=served[0]))
+                                   repeat=repeat, served=served))
     show_schedulers(result, json_out)
 
 
 def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
     """Print a scheduler bench's table, references and checks; write its JSON when asked."""
     from app.bench.bound import MIN_INTERVAL_LEVELS
-    from app.bench.schedulers import ServerFlags
+    from app.bench.schedulers import ServerFlags, models_differ
     from app.morning.accounting import COMPARE_COLUMNS
 
     bound = (f"{result.bound_tok_s:.1f} tok/s" if result.bound_tok_s
@@ -161,6 +162,10 @@ def show_schedulers(result: BenchResult, json_out: Path | None) -> None:
                   f"{m.get('host', '-')}, code {m.get('commit', '-')}; server "
                   f"{m['model'] or 'not told'} (profile {m['profile'] or 'not told'}) at "
                   f"{m['server']}; {m['date']}")
+    if differ := models_differ(m):
+        out.print(f"[bold red]WARNING[/]: the endpoints serve different models "
+                  f"({escape(differ)}): these figures are of no one model (machine.model is "
+                  "null)")
     out.print(ServerFlags.model_validate(m.get("server_flags") or {}).line())
     if result.mixed:
         out.print("[bold red]mixed runs[/] (--allow-mixed): " + "; ".join(

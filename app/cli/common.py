@@ -134,6 +134,49 @@ def echo_csv(rows: Iterable[Mapping[str, Any]], fields: Iterable[str]) -> None:
     writer.writerows(rows)
 
 
+def _cell(value: Any) -> Any:
+    """Return a value as one CSV cell: a list of words joined by "; ", any other list or
+    object as its JSON text, None as empty."""
+    if value is None:
+        return ""
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return "; ".join(value)
+    if isinstance(value, list | dict):
+        return json.dumps(value, separators=(",", ":"))
+    return value
+
+
+def csv_of(value: object, rows: str | None = None, *, lead: Iterable[str] = (),
+           prefixes: Mapping[str, str] | None = None,
+           renamed: Mapping[str, str] | None = None, left: Collection[str] = ()
+           ) -> list[dict[str, Any]]:
+    """Return what ``echo_json`` prints of ``value`` as CSV rows, so that a CSV carries every
+    fact its JSON does: each item of the object's list ``rows`` (``value`` itself when it
+    is a list) and on each every other fact of the object, an object's keys one level down
+    as ``parent_key`` (``prefixes`` gives another word for ``parent``), ``renamed`` the
+    names kept from before; deeper objects and lists are one cell (``_cell``). ``lead``:
+    the columns first; ``left``: the object's keys the rows stand for (a list of which the
+    rows are a part). ValueError where two facts would share a column."""
+    data = to_jsonable_python(value)
+    items = data if rows is None else data[rows]
+    facts: dict[str, Any] = {}
+    for key, fact in ({} if rows is None else data).items():
+        if key == rows or key in left:
+            continue
+        parts = fact.items() if isinstance(fact, dict) else [(None, fact)]
+        for inner, part in parts:
+            name = key if inner is None else f"{(prefixes or {}).get(key, key)}_{inner}"
+            facts[(renamed or {}).get(name, name)] = _cell(part)
+    out = []
+    for item in items:
+        row = {key: _cell(cell) for key, cell in item.items()}
+        if clash := row.keys() & facts.keys():
+            raise ValueError(f"CSV columns given twice: {sorted(clash)}")
+        row |= facts
+        out.append({**{key: row[key] for key in lead}, **row})
+    return out
+
+
 def writable(path: Path | None, option: str = "--json-out", *, folder: bool = False) -> None:
     """Raise InputError unless ``path`` (when given) can be written: a file, or with
     ``folder`` a folder to write files in. Checked before a run of minutes or hours, whose

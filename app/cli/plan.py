@@ -24,6 +24,7 @@ from app.bench.plan import (
 )
 from app.cli.common import (
     Formats,
+    csv_of,
     database,
     echo_csv,
     echo_json,
@@ -118,20 +119,27 @@ def plan(
         chosen = chosen.model_copy(update={"deadline": answer, "rows": [
             r.model_copy(update={"by_deadline": r.makespan_s <= answer.seconds})
             for r in chosen.rows]})
+    if chosen.model_mismatch:  # on stderr, whatever the format: JSON and CSV carry it too
+        console(stderr=True).print(f"warning: two models: {chosen.model_mismatch}",
+                                   markup=False)
     if fmt == "json":
         echo_json(chosen, SCHEMA)
         return
     if fmt == "csv":
-        rows = chosen.csv_rows()
+        # Every row carries the plan's own facts (the floor, the shape, the deadline), as
+        # the JSON gives them once.
+        rows = csv_of(chosen.json_facts(), "rows", lead=("schema",))
         echo_csv(rows, rows[0])
         return
     table = figures(f"plan: {tickers} tickers of {chosen.shape.name}, endpoints "
                     f"{chosen.profile.name}; the makespan planned for adaptive admission",
-                    ("endpoints", "makespan", "makespan s", "bound s", "bound's tok/s",
+                    ("endpoints", "on busiest", "makespan", "makespan s", "bound s",
+                     "bound's tok/s",
                      "start ramp s", "set by", "bound's share of capacity",
                      "within 5% of best"), {"set by"})
     for r in chosen.rows:
-        table.add_row(str(r.endpoints), _span(r.makespan_s), f"{r.makespan_s:.0f}",
+        table.add_row(str(r.endpoints), str(r.busiest_tickers), _span(r.makespan_s),
+                      f"{r.makespan_s:.0f}",
                       f"{r.bound_s:.0f}", f"{r.bound_output_tok_s:.0f}", f"{r.ramp_s:.1f}",
                       r.binding,
                       f"{r.share_of_summed_capacity:.2f}",

@@ -18,6 +18,7 @@ from app.cli.common import (
     MAX_COUNT,
     Formats,
     TableOrJson,
+    csv_of,
     database,
     echo_csv,
     echo_json,
@@ -321,7 +322,7 @@ def batches(
         echo_json(rows)
         return
     if fmt == "csv":
-        echo_csv((row.to_csv() for row in rows), BatchSummary.csv_fields())
+        echo_csv(csv_of(rows), BatchSummary.csv_fields())
         return
     table = Table(title="batches" + (f" ({kind})" if kind else ""))
     for column in BATCH_COLUMNS:

@@ -243,13 +243,8 @@ class BatchSummary(BaseModel):
 
     @classmethod
     def csv_fields(cls) -> tuple[str, ...]:
-        return tuple(cls.model_fields)
-
-    def to_csv(self) -> dict[str, str | int | float | bool]:
-        """Return one CSV row: the JSON fields, None as an empty cell."""
-        data = self.model_dump(mode="json", include=set(self.csv_fields()))
-        return {key: "" if value is None else "; ".join(value) if isinstance(value, list)
-                else value for key, value in data.items()}
+        """Return the JSON's keys, computed ones too: the header of ``batches --format csv``."""
+        return (*cls.model_fields, *cls.model_computed_fields)
 
 
 @dataclass(frozen=True)

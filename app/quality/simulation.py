@@ -2,7 +2,9 @@
 
 Every figure goes through the product's own functions: a simulated night's IC comes from
 ``statistics.spearman_rows`` (``night_ic``'s Spearman, for all nights of a run at once: the
-unit tests check the two agree) and the verdict from ``track.ic_verdict``; a simulated
+unit tests check the two agree), counted as ``night_ic`` counts it (``track.judged_ic``: a
+night of fewer than ``TRACK_MIN_TICKERS`` tickers is not judged), and the verdict from
+``track.ic_verdict``; a simulated
 rating distribution is judged by ``monitor.findings``, and a run of nights by
 ``monitor.reference_window`` as ``check_batch`` chooses references.
 
@@ -15,6 +17,7 @@ Nights are one session apart, so an h-session return overlaps the next h − 1 n
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +30,7 @@ from agents.decision import RATINGS, rating_for_score
 from app.config import Settings
 from app.quality.monitor import Finding, NightRecord, findings, reference_window
 from app.quality.statistics import newey_west_t, spearman_rows
-from app.quality.track import NightReturns, ic_verdict
+from app.quality.track import NightReturns, ic_verdict, judged_ic
 
 DAILY_SD = 0.02
 SCORE_SD = 0.45
@@ -45,7 +48,8 @@ class World:
 
 def simulate_ics(world: World, horizons: Sequence[int],
                  rng: np.random.Generator) -> dict[int, list[float]]:
-    """Return each horizon's nightly rank ICs of one simulated run (``night_ic``)."""
+    """Return each horizon's nightly rank ICs of one simulated run, the nights the product
+    judges only (``night_ic``: none below ``TRACK_MIN_TICKERS`` tickers, none undefined)."""
     longest = max(horizons)
     z = np.empty((world.nights, world.tickers))
     z[0] = rng.standard_normal(world.tickers)
@@ -59,7 +63,8 @@ def simulate_ics(world: World, horizons: Sequence[int],
     out: dict[int, list[float]] = {}
     for days in horizons:
         ics = spearman_rows(scores, path[days:days + world.nights] - path[:world.nights])
-        out[days] = [float(ic) for ic in ics if np.isfinite(ic)]
+        judged = (judged_ic(world.tickers, functools.partial(float, ic)) for ic in ics)
+        out[days] = [ic for ic in judged if ic is not None]
     return out
 
 

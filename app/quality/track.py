@@ -12,6 +12,7 @@ docs/quality.md ("`quality track`") says what each figure means and why the t wa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -197,11 +198,21 @@ def night_ic(night: NightReturns) -> NightIC:
     bears = [x for r, x in zip(night.ratings, night.returns, strict=True) if r in BEARISH]
     spread = float(np.mean(bulls) - np.mean(bears)) if bulls and bears else None
     hits, calls = directional_hits(night.ratings, night.returns)
-    if len(night.scores) < TRACK_MIN_TICKERS:
-        return NightIC(night.batch_id, night.as_of, len(night.scores), None, spread, calls,
-                       hits, NOT_JUDGED)
-    return NightIC(night.batch_id, night.as_of, len(night.scores),
-                   spearman(night.scores, night.returns), spread, calls, hits)
+    tickers = len(night.scores)
+    ic = judged_ic(tickers, lambda: spearman(night.scores, night.returns))
+    return NightIC(night.batch_id, night.as_of, tickers, ic, spread, calls, hits,
+                   "" if tickers >= TRACK_MIN_TICKERS else NOT_JUDGED)
+
+
+def judged_ic(tickers: int, ic: Callable[[], float | None]) -> float | None:
+    """Return a night's IC as the verdict counts it: ``ic()`` (None or NaN where undefined:
+    all scores or returns equal), and None, never asked, for a night of fewer than
+    TRACK_MIN_TICKERS tickers with a return. The one rule of which nights are judged: the
+    product's nights (``night_ic``) and the simulated ones (app/quality/simulation.py)."""
+    if tickers < TRACK_MIN_TICKERS:
+        return None
+    value = ic()
+    return None if value is None or not math.isfinite(value) else float(value)
 
 
 def horizon_record(nights: Sequence[NightReturns], days: int,

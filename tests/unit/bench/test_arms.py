@@ -330,12 +330,12 @@ async def test_every_bench_json_records_the_commit_host_and_server_flags(
     result = await run_bench(settings, sqlite_engine, load, name="synthetic",
                              strategies=["fixed-1"], sample_metrics=False, server_facts=facts,
                              http_client=server.client(), warmup_tickers=0,
-                             served={"id": "m", "root": "/other", "max_model_len": 4096})
+                             served=[{"id": "m", "root": "/other", "max_model_len": 4096}])
     machine = result.to_json()["machine"]
     assert machine["commit"] and machine["commit"] != "unknown" and machine["host"]
     # The order every bench file has had: the date first, the server's facts last.
     assert list(machine) == ["date", "cpu_model", "cores", "python", "platform", "host",
-                             "commit", "server", "model", "profile", "server_facts",
+                             "commit", "server", "model", "models", "profile", "server_facts",
                              "server_flags"]
     # The whole server configuration, None where not known (the fake has no GPU to name).
     assert machine["server_flags"] == {
@@ -588,6 +588,20 @@ def test_the_bench_records_the_model_and_profile_the_server_gives_not_the_settin
     # machine.model and .profile were the settings', so `bench combine` compared this
     # client's settings, not the servers it ran against.
     settings = load_settings(check_context_length=False)
-    machine = machine_facts(settings, facts, {"id": "qwen-moe", "root": "/models/q"})
+    machine = machine_facts(settings, facts, [{"id": "qwen-moe", "root": "/models/q"}])
     assert (machine.model, machine.profile) == ("qwen-moe", profile)
     assert machine_facts(settings, facts).model is None  # /v1/models not read: not known
+
+
+@pytest.mark.parametrize(("served", "model"), [
+    ([{"id": "q"}, {"id": "q"}], "q"),
+    # Another model behind the second endpoint: before, machine.model was the first's.
+    ([{"id": "q"}, {"id": "other"}], None),
+    ([{"id": "q"}, None], None)])  # the second's /v1/models not read: not known
+def test_the_bench_records_what_each_endpoint_serves(
+        served: list[dict[str, Any] | None], model: str | None) -> None:
+    settings = load_settings(check_context_length=False,
+                             llm_base_url="http://a:8000/v1,http://b:8000/v1")
+    machine = machine_facts(settings, {}, served)
+    assert machine.models == [(entry or {}).get("id") for entry in served]
+    assert machine.model == model

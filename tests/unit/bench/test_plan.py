@@ -593,3 +593,37 @@ def test_a_fleet_past_16_is_named_when_the_table_stops_short_of_the_best() -> No
             return plan_fleet(held, synthetic_shape(), H200_MOE,
                               Admission(reading_s=2.0)).rows[0].makespan_s
         assert busiest(fewest) <= 1.05 * floor < busiest(fewest - 1), tickers
+
+
+@pytest.mark.parametrize(("ran", "warned"), [
+    ("smollm2-135m", True),  # another model than h200-moe serves: said
+    ("qwen-moe-35b-a3b", False),  # the profile's own served name
+    (None, False)])  # not recorded: nothing to compare
+def test_a_shape_of_another_model_than_the_endpoint_is_said(
+        sqlite_engine: Any, ran: str | None, warned: bool) -> None:
+    # Before, --shape of a tiny model's night planned its token counts on the MoE's H200
+    # without a word: another tokenizer's counts, another model's output lengths.
+    from sqlalchemy import update
+
+    from app.db.models import Batch
+
+    night = _night(sqlite_engine, FACTS)
+    with sqlite_engine.begin() as conn:
+        conn.execute(update(Batch).where(Batch.id == night).values(
+            settings={} if ran is None else {"model": ran}))
+    shown = run_cli("plan", "--tickers", "4", "--shape", str(night))
+    as_json = run_cli("plan", "--tickers", "4", "--shape", str(night), "--format", "json")
+    assert (shown.code, as_json.code) == (0, 0), shown.stderr
+    said = [line for line in shown.stderr.splitlines() if line.startswith("warning: two models")]
+    mismatch = json.loads(as_json.stdout)["model_mismatch"]
+    if warned:
+        assert said == [f"warning: two models: batch {night} ran 'smollm2-135m', h200-moe "
+                        "serves 'qwen-moe-35b-a3b': its token counts are another tokenizer's "
+                        "and its output lengths another model's"]
+        assert mismatch == said[0].removeprefix("warning: two models: ")
+        assert "warning: two models" in as_json.stderr
+    else:
+        assert not said and mismatch is None
+    # The night on its own server model: one model, nothing to say.
+    own = run_cli("plan", "--tickers", "4", "--shape", str(night), "--profile", str(night))
+    assert own.code == 0 and "two models" not in own.stderr, own.stderr

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from app.bench.schedulers import BenchResult, _judge
+from app.bench.schedulers import BenchResult, _judge, machine_facts
+from app.config import load_settings
 from tests.unit.support.bench_arms import SERVER, fake_arm
 from tests.unit.support.clirun import run_cli
 
@@ -129,7 +130,7 @@ def test_combine_refuses_runs_over_another_number_of_endpoints(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(("field", "says"), [
-    ("model", "served model name (machine.model) differs (\"m\" and \"other\")"),
+    ("model", "served model names (machine.models) differ ([\"m\"] and [\"other\"])"),
     ("profile", "server profile (machine.profile) differs (\"p\" and \"other\")")])
 def test_combine_refuses_another_served_model_or_profile_naming_files_and_field(
         tmp_path: Path, field: str, says: str) -> None:
@@ -143,6 +144,32 @@ def test_combine_refuses_another_served_model_or_profile_naming_files_and_field(
     assert f"({tmp_path / 'b.json'} against {tmp_path / 'a.json'})" in result.error_lines[0]
     mixed = run_cli("bench", "combine", str(first), str(tmp_path / "b.json"), "--allow-mixed")
     assert mixed.code == 0, mixed.stderr
+
+
+def _two_endpoints(strategy: str, *models: str) -> dict[str, Any]:
+    """A run over two endpoints, its machine as the bench records it, each serving a model."""
+    settings = load_settings(check_context_length=False,
+                             llm_base_url="http://a:8000/v1,http://b:8000/v1")
+    run = _run(strategy, 990.0)
+    run["machine"] = {**json.loads(machine_facts(settings, {}, [
+        {"id": model} for model in models]).model_dump_json()), "commit": "abc", "host": "h"}
+    return run
+
+
+def test_combine_sees_an_endpoint_that_served_another_model(tmp_path: Path) -> None:
+    # Before, machine.model was the first endpoint's: a second endpoint serving another
+    # model was joined to a run where both served one, and no table said so.
+    alike = _write(tmp_path, "alike.json", _two_endpoints("fixed-14", "m", "m"))
+    unlike = _write(tmp_path, "unlike.json", _two_endpoints("adaptive", "m", "other"))
+    refused = run_cli("bench", "combine", str(alike), str(unlike))
+    assert refused.code == 2 and len(refused.error_lines) == 1, refused.stderr
+    assert ('served model names (machine.models) differ (["m","m"] and ["m","other"])'
+            in refused.error_lines[0].replace(", ", ","))
+    alone = run_cli("bench", "combine", str(unlike))
+    assert alone.code == 0, alone.stderr
+    assert ("WARNING: the endpoints serve different models (m at http://a:8000/v1, other at "
+            "http://b:8000/v1)") in " ".join(alone.stdout.split())
+    assert "WARNING" not in run_cli("bench", "combine", str(alike)).stdout
 
 
 @pytest.mark.parametrize(("args", "says"), [
@@ -344,8 +371,8 @@ def test_combine_names_the_files_it_refuses_and_what_it_could_not_compare(
 
 @pytest.mark.parametrize(("schema", "says"), [
     # A later nightdesk's file: its fields may have been renamed or changed meaning.
-    ("bench-schedulers/2", "is of schema 'bench-schedulers/2', not one this nightdesk reads "
-                           "(up to bench-schedulers/1): a newer nightdesk wrote it"),
+    ("bench-schedulers/3", "is of schema 'bench-schedulers/3', not one this nightdesk reads "
+                           "(up to bench-schedulers/2): a newer nightdesk wrote it"),
     ("plan/1", "is not a bench schedulers result (its schema is 'plan/1')"),
     ("bench-schedulers/x", "is not a bench schedulers result (its schema is")])
 def test_combine_reads_a_file_by_its_schema(tmp_path: Path, schema: str, says: str) -> None:
@@ -363,7 +390,7 @@ def test_combine_reads_a_file_by_its_schema(tmp_path: Path, schema: str, says: s
     joined = run_cli("bench", "combine", str(first), str(_write(tmp_path, "o.json", older)),
                      "--json-out", str(out))
     assert joined.code == 0, joined.stderr
-    assert json.loads(out.read_text())["schema"] == "bench-schedulers/1"
+    assert json.loads(out.read_text())["schema"] == "bench-schedulers/2"
 
 
 def test_combine_shows_each_arm_as_typed_where_its_name_was_made_canonical(

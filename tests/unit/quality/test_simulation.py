@@ -144,3 +144,19 @@ def test_a_lasting_change_is_flagged_a_few_nights_then_learnt() -> None:
         assert len(declared) <= 1
     # Without a new normal every one of the 20 nights after the change would be flagged.
     assert float(np.mean(moved_after)) < 6
+
+
+def test_the_simulation_judges_the_nights_the_product_judges() -> None:
+    # Nights of 3 tickers are not judged by `quality track` (TRACK_MIN_TICKERS): the
+    # simulation fed their ICs to the verdict anyway, and gave it a false-skill rate of
+    # about 5.4% at 20-25 nights that the product never shows.
+    rows = verdict_rates(World(3, 25, 0.0), [1], [25], 400, seed=3)
+    chosen = next(r for r in rows if r["rule"] == "chosen")
+    assert (chosen["rate"], chosen["withheld"]) == (0.0, 1.0)
+    assert simulate_ics(World(3, 25, 0.0), [1, 5], np.random.default_rng(0)) == {1: [], 5: []}
+    # From 4 tickers each night is judged, its IC the product's night_ic's.
+    rng = np.random.default_rng(2)
+    scores, returns = rng.normal(size=4), rng.normal(size=4)
+    assert night_ic(night_of(scores, returns)).ic == pytest.approx(
+        float(spearman_rows(scores[None, :], returns[None, :])[0]))
+    assert len(simulate_ics(World(4, 25, 0.0), [1], np.random.default_rng(0))[1]) == 25
