@@ -98,6 +98,7 @@ class FakeServer:
     tokenize: bool = True
     tokenize_count: int | None = None  # None: counted from the messages
     model: str = "fake-model"
+    root: str | None = None  # the weights /v1/models names (None: the model's name)
     capacity: int = 1_000_000  # requests served at once; the rest wait
     kv_tokens: int = 1_000_000_000  # KV cache size; requests wait for room in it too
     block_size: int = 16
@@ -278,7 +279,8 @@ class FakeServer:
             return httpx.Response(200)
         if path.endswith("/models"):
             return httpx.Response(200, json={"object": "list", "data": [
-                {"id": self.model, "object": "model", "max_model_len": self.max_model_len}]})
+                {"id": self.model, "object": "model", "root": self.root or self.model,
+                 "max_model_len": self.max_model_len}]})
         if path.endswith("/metrics"):
             return httpx.Response(200, text=self.load.metrics_text(),
                                   headers={"content-type": "text/plain; version=0.0.4"})

@@ -36,7 +36,8 @@ PAGES: dict[str, tuple[str, str]] = {
     "json-without-choices": ('{"object": "error", "message": "upstream timed out"}',
                              "application/json"),
     "json-cut-short": ('{"id": "chatcmpl-1", "object": "chat.completion", "choices": '
-                       '[{"index": 0, "message": {"content": "{\\"rating\\": \\"Sell', "application/json"),
+                       '[{"index": 0, "message": {"content": "{\\"rating\\": \\"Sell',
+                       "application/json"),
     "event-without-choices": ('data: {"id": "chatcmpl-1", "object": "chat.completion.chunk"}'
                               '\n\ndata: [DONE]\n\n', "text/event-stream"),
 }
