@@ -147,11 +147,37 @@ class TrackedLLM(PromptCounter):
             http_client=self._http,
         )
         self.stats = CallStats()
+        # The weights the batch's answers come from (other_model), and whether it was asked.
+        self.weights: str | None = None
+        self.asked = False
         super().__init__(settings, self._http, server_root(self.base_url) + "/tokenize")
 
     async def aclose(self) -> None:
         if self._owns_http:
             await self._http.aclose()
+
+    async def other_model(self) -> str | None:
+        """Read the weights the server serves under the model's name (its /v1/models entry's
+        ``root``). Return, in one line, that they are not ``weights`` (the first reading's,
+        or the batch's as recorded); None when they are, or the server cannot say."""
+        self.asked = True
+        try:
+            response = await self._http.get(
+                self.base_url.rstrip("/") + "/models", timeout=10.0, headers={
+                    "Authorization": f"Bearer {self.settings.llm.api_key.get_secret_value()}"})
+            response.raise_for_status()
+            entry = next(m for m in response.json()["data"] if m["id"] == self.settings.llm.model)
+            weights = str(entry.get("root") or entry["id"])
+        except (httpx.HTTPError, ValueError, LookupError, TypeError, StopIteration) as error:
+            log.warning("served model not read", endpoint=self.endpoint,
+                        error=first_line(error, 200, typed=True))
+            return None
+        first, self.weights = self.weights, self.weights or weights
+        if not first or first == weights:
+            return None
+        return redact(f"the LLM server at {self.endpoint} came back serving {weights!r} as "
+                      f"{self.settings.llm.model!r}, not {first!r}: one night's ranking is "
+                      f"one model's; serve {first!r} again")
 
     def build_body(
         self,

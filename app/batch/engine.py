@@ -41,6 +41,8 @@ from app.usage import UsageRecorder, spool_path
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
+# The batch's setting naming the weights each endpoint served (its /v1/models ``root``).
+WEIGHTS = "served_weights"
 
 
 @dataclass
@@ -88,6 +90,10 @@ class Resume(Protocol):
 
     @property
     def batch_id(self) -> int: ...
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """Return the batch's settings as its last run recorded them."""
 
     def plan(self) -> BatchPlan:
         """Return the batch's plan: its tickers left, its samples and strategy as recorded."""
@@ -268,6 +274,9 @@ class BatchRun:
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,
                                         settings.calls.max_concurrency),
             halt=owner.halt, clock=owner.clock)
+        served = self.resuming.settings.get(WEIGHTS, {}) if self.resuming else {}
+        for server in self.servers:  # a resume's server must serve the weights it answered with
+            server.llm.weights = served.get(server.name)
         self.scheduler = Scheduler(self.strategy, self.servers)
         self.watching = nullcontext() if self.recording is None else self.recording.watch(
             self.batch_id, len(plan.tickers), self.work.expected_calls, self.servers,
@@ -401,6 +410,8 @@ class BatchRun:
             outcome.status, self.error_text = outcome.halt.status, outcome.halt.message
         if self.servers.outages:
             self.extra_settings["server_outages"] = self.servers.outages
+        self.extra_settings[WEIGHTS] = {s.name: s.llm.weights for s in self.servers
+                                        if s.llm.weights}
         fallback = self.recording.fallback() if self.recording else None
         if fallback is not None:  # shown by `nightdesk report`
             self.extra_settings["metrics_fallback"] = fallback.model_dump()

@@ -19,7 +19,14 @@ from typer.core import TyperGroup
 
 from app.cli import batch, bench, data, db, notify, plan, quality, report, scheduler, server, web
 from app.cli.common import what_the_night_says
-from app.cli.logs import UNWRAPPED_WIDTH, console, lost_a_reader, reader_gone
+from app.cli.logs import (
+    UNWRAPPED_WIDTH,
+    console,
+    full,
+    lost_a_reader,
+    lost_to_a_full_disk,
+    reader_gone,
+)
 from app.db.engine import timed_out
 from app.errors import ERRORS, DatabaseError, NoNightYet, validation_said
 from serving.urls import redact
@@ -30,8 +37,17 @@ from serving.urls import redact
 PIPE_CLOSED = 141
 
 
+# stdout or stderr on a full disk (sysexits' EX_IOERR): the output is cut short, and
+# apart from every code of nightdesk's own and from a closed pipe's.
+OUTPUT_FULL = 74
+
+
 class _PipeClosed(Exception):
     """stdout or stderr lost its reader. Not an OSError: typer turns an EPIPE into exit 1."""
+
+
+class _OutputFull(Exception):
+    """stdout's file could not grow (its disk full): the command's product is cut short."""
 
 
 @contextlib.contextmanager
@@ -40,10 +56,16 @@ def _pipe_closes() -> Iterator[None]:
         yield
     except BrokenPipeError as error:
         raise _PipeClosed from error
+    except OSError as error:
+        if full(error):
+            raise _OutputFull(error.strerror) from error
+        raise
     except SystemExit as exit_:
         # typer's help console (rich's own) exits 1 on a closed pipe: told by its cause.
         if isinstance(exit_.__context__, BrokenPipeError):
             raise _PipeClosed from exit_.__context__
+        if exit_.__context__ is not None and full(exit_.__context__):
+            raise _OutputFull(getattr(exit_.__context__, "strerror", "")) from None
         raise
 
 
@@ -127,10 +149,20 @@ def main() -> None:
         _flush()  # also where a failure exits: else the interpreter's is 120
         if exit_.code in (0, None) and lost_a_reader():
             sys.exit(PIPE_CLOSED)
+        if exit_.code in (0, None) and lost_to_a_full_disk():
+            sys.exit(OUTPUT_FULL)
         raise
     except (_PipeClosed, BrokenPipeError):  # also a line for stderr, told to a closed pipe
         _flush()
         sys.exit(PIPE_CLOSED)
+    except _OutputFull as cut:
+        # What was written is kept; what was not is lost to the disk, and the line says so
+        # (on stderr, which may be on another disk).
+        reader_gone(sys.stdout, filled=True)
+        _flush()
+        _tell(f"[bold red]error:[/] cannot write the output: {escape(str(cut))} (its disk "
+              "is full); nothing the command records was lost")
+        sys.exit(OUTPUT_FULL)
 
 
 def _flush() -> None:
@@ -141,6 +173,10 @@ def _flush() -> None:
             stream.flush()
         except BrokenPipeError:
             reader_gone(stream)
+        except OSError as error:
+            if not full(error):
+                raise
+            reader_gone(stream, filled=True)
 
 
 def _main() -> None:
@@ -178,8 +214,13 @@ def _main() -> None:
 def _tell(line: str) -> None:
     """Print an error's line on stderr; one its reader closed leaves the error's exit code
     as it is."""
-    with contextlib.suppress(BrokenPipeError):
+    try:
         err.print(line, highlight=False, soft_wrap=True)
+    except BrokenPipeError:
+        pass
+    except OSError as error:  # stderr's disk full too: the exit code is all that is left
+        if not full(error):
+            raise
 
 
 def _usage_message(usage: ClickException) -> str:

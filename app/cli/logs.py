@@ -59,15 +59,25 @@ class _RedactFilter(logging.Filter):
 UNWRAPPED_WIDTH = 100_000
 
 
-# Whether a reader of stdout or stderr went away in this process (``reader_gone``).
+# Whether a reader of stdout or stderr went away in this process (``reader_gone``), and
+# which of them met a full disk (``FULL``).
 _GONE: list[IO[str]] = []
+_FULL: list[IO[str]] = []
+# A file that cannot grow: its disk full, a quota met, a size limit (RLIMIT_FSIZE).
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def reader_gone(stream: IO[str]) -> None:
-    """Point ``stream``, whose reader closed the pipe, at the null device: what is still
-    written to it is dropped, not raised, and the interpreter's last flush says nothing.
-    ``app.cli.main`` then ends a command that succeeded with 141 (``lost_a_reader``)."""
-    _GONE.append(stream)
+def full(error: BaseException) -> bool:
+    """Return whether ``error`` is a write refused for want of room (``FULL``)."""
+    return isinstance(error, OSError) and error.errno in FULL
+
+
+def reader_gone(stream: IO[str], *, filled: bool = False) -> None:
+    """Point ``stream``, whose reader closed the pipe (or whose file's disk is full:
+    ``filled``), at the null device: what is still written to it is dropped, not raised,
+    and the interpreter's last flush says nothing. ``app.cli.main`` then ends a command
+    that succeeded with 141 (``lost_a_reader``), or 74 (``lost_to_a_full_disk``)."""
+    (_FULL if filled else _GONE).append(stream)
     with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, stream.fileno())
@@ -79,7 +89,13 @@ def lost_a_reader(*, forget: bool = False) -> bool:
     lost = bool(_GONE)
     if forget:
         _GONE.clear()
+        _FULL.clear()
     return lost
+
+
+def lost_to_a_full_disk() -> bool:
+    """Return whether stdout or stderr met a full disk since ``lost_a_reader``'s forget."""
+    return bool(_FULL)
 
 
 class _SideChannel(io.TextIOBase):
@@ -92,13 +108,21 @@ class _SideChannel(io.TextIOBase):
             return sys.stderr.write(text)
         except BrokenPipeError:
             reader_gone(sys.stderr)
-            return len(text)
+        except OSError as error:  # its disk full: the lines stop, the work goes on
+            if not full(error):
+                raise
+            reader_gone(sys.stderr, filled=True)
+        return len(text)
 
     def flush(self) -> None:
         try:
             sys.stderr.flush()
         except BrokenPipeError:
             reader_gone(sys.stderr)
+        except OSError as error:
+            if not full(error):
+                raise
+            reader_gone(sys.stderr, filled=True)
 
 
 SIDE_CHANNEL = _SideChannel()
@@ -114,6 +138,16 @@ class _Console(Console):
             reader_gone(sys.stderr)
             return
         raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    def _check_buffer(self) -> None:
+        """stderr's disk full: go on without it, as the log lines do; stdout's is raised
+        for ``app.cli.main`` (one line, exit 74)."""
+        try:
+            super()._check_buffer()
+        except OSError as error:
+            if not (self.stderr and full(error)):
+                raise
+            reader_gone(sys.stderr, filled=True)
 
 
 def console(*, stderr: bool = False) -> Console:

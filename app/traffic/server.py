@@ -213,6 +213,13 @@ class Server:
         return await self._take(await self.gauges.read())
 
     async def _take(self, snapshot: MetricsSnapshot | None) -> MetricsSnapshot | None:
+        if snapshot is not None and (not self.up or not self.llm.asked):
+            # First read, or back from down: a restart may serve other weights under the
+            # same name. The server stays down (no call goes to it) and the batch stops.
+            other = await self.llm.other_model()
+            if other is not None and self.servers is not None and self.servers.halt:
+                self.servers.halt.request(HaltReason("failed", other, 2))
+                snapshot = None
         self.reading(snapshot)
         if snapshot is not None and self.gauges is not None:
             # The slots once this reading is applied: the ETA reads them from the rows.

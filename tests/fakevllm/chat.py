@@ -62,6 +62,10 @@ class Reply:
     # or send one malformed chunk and stop: "garbage" (a data line that is not JSON) or
     # "misshapen" (JSON that is not a chunk).
     cut: str = "drop"
+    # A proxy in front answering HTTP 200 with this body instead (an HTML page, a JSON with
+    # no choices, JSON cut short), sent as ``page_type``; no request reaches the server.
+    page: str | None = None
+    page_type: str = "text/html"
 
 
 @dataclass

@@ -21,7 +21,8 @@ What it answers, through ``httpx.MockTransport``:
 plain string (the reply text), or None for the default: a valid decision JSON for a
 ``response_format`` request, ``max_tokens`` tokens for an ``ignore_eos`` one, else prose.
 It may be sync or async. Faults come from the reply (status, ``drop``, ``cut_after`` with
-``cut`` "drop", "end", "garbage" or "misshapen", ``delay_s``, ``hold``) or on cue for the
+``cut`` "drop", "end", "garbage" or "misshapen", ``page``: a proxy's 200 with a body of its
+own, ``delay_s``, ``hold``) or on cue for the
 next requests of a path (``cue``, e.g. ``cue(Reply(status=503), times=6,
 path="/metrics")``), or as a burst of HTTP errors among the chat requests (``burst``: 429 or
 503 for ``count`` answers from the request ``at``, or from a node's first request, with or
@@ -97,6 +98,7 @@ class FakeServer:
     tokenize: bool = True
     tokenize_count: int | None = None  # None: counted from the messages
     model: str = "fake-model"
+    root: str | None = None  # the weights /v1/models names (None: the model's name)
     capacity: int = 1_000_000  # requests served at once; the rest wait
     kv_tokens: int = 1_000_000_000  # KV cache size; requests wait for room in it too
     block_size: int = 16
@@ -146,7 +148,7 @@ class FakeServer:
     def cue(self, reply: Reply, times: int = 1, path: str = CHAT_PATH) -> None:
         """Answer the next ``times`` requests to ``path`` with ``reply``, ahead of the script.
 
-        On other paths than chat only ``status``, ``drop`` and ``delay_s`` apply.
+        On other paths than chat only ``status``, ``drop``, ``page`` and ``delay_s`` apply.
         """
         self._cues.setdefault(path, deque()).extend([reply] * times)
 
@@ -263,6 +265,8 @@ class FakeServer:
                                                 "response.", request=request)
             if cued.status != 200:
                 return self._error(cued)
+            if cued.page is not None:
+                return _page(cued)
         if path.endswith("/tokenize") and request.method == "POST":
             if not self.tokenize:
                 return httpx.Response(404, json={"detail": "Not Found"})
@@ -275,7 +279,8 @@ class FakeServer:
             return httpx.Response(200)
         if path.endswith("/models"):
             return httpx.Response(200, json={"object": "list", "data": [
-                {"id": self.model, "object": "model", "max_model_len": self.max_model_len}]})
+                {"id": self.model, "object": "model", "root": self.root or self.model,
+                 "max_model_len": self.max_model_len}]})
         if path.endswith("/metrics"):
             return httpx.Response(200, text=self.load.metrics_text(),
                                   headers={"content-type": "text/plain; version=0.0.4"})
@@ -295,6 +300,8 @@ class FakeServer:
         self.chats.append(chat)
         reply = await self._reply(chat)
         chat.served = reply
+        if reply.page is not None:
+            return _page(reply)
         if reply.drop or reply.status != 200:
             # Refused before any scheduling, as vLLM refuses a bad request.
             await asyncio.sleep(reply.delay_s)
@@ -421,6 +428,11 @@ class FakeServer:
                          "message": {"role": "assistant", "content": reply.content}}],
             "usage": self._usage(reply),
         }
+
+
+def _page(reply: Reply) -> httpx.Response:
+    """A proxy's own 200 answer in place of the server's."""
+    return httpx.Response(200, text=reply.page, headers={"content-type": reply.page_type})
 
 
 @dataclass

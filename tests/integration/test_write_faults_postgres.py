@@ -10,6 +10,8 @@ own (the triggers must not reach another test), dropped afterwards.
 from __future__ import annotations
 
 import os
+import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -17,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import structlog
+from psycopg import sql
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
@@ -41,7 +45,7 @@ from tests.dbfaults import (
     run_freeing_the_disk_at_the_stop,
 )
 from tests.fakevllm import ChatRequest, FakeServer
-from tests.integration.conftest import private_database
+from tests.integration.conftest import ADMIN_DSN, private_database
 
 pytestmark = pytest.mark.integration
 
@@ -204,3 +208,39 @@ async def test_a_disk_full_for_good_ends_the_night_in_one_line_and_it_resumes_la
         find_resumable(engine, 1, stale_s=120))
     assert resumed.status == "succeeded"
     check_rows_match(engine, first, second)
+
+
+async def test_a_database_closed_to_connections_for_five_seconds_is_ridden_out(
+        db_url: str, demo_dir: Path) -> None:
+    # What a restart or a recovery looks like from outside, made by the server itself: the
+    # database refuses every new connection (ALLOW_CONNECTIONS false: SQLSTATE 55000 "not
+    # currently accepting connections"; 57P03 while starting up) and its backends are
+    # terminated, usage writer and checkpoint pool alike, then it opens again.
+    name = make_url(db_url).database
+    tickers = demo_tickers(2)
+    closed: list[float] = []
+
+    def close_for_a_while() -> None:
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+            admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false")
+                          .format(sql.Identifier(name)))
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = %s", (name,))
+            time.sleep(5.0)
+            admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true")
+                          .format(sql.Identifier(name)))
+        closed.append(time.monotonic())
+
+    def at_request_6(chat: ChatRequest) -> None:
+        if chat.index == 6:
+            threading.Thread(target=close_for_a_while, daemon=True).start()
+
+    server = FakeServer(at_request_6, nodes=NODES, tickers=tickers)
+    with structlog.testing.capture_logs() as logs:
+        outcome = await night(db_url, demo_dir, server, db_write_budget_s=60.0).run(
+            BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert closed, "the database was never opened again"
+    assert outcome.status == "succeeded", (outcome.failed, outcome.halt)
+    assert any("not currently accepting connections" in line or "terminat" in line
+               for line in failed_writes(logs)), failed_writes(logs)
+    check_rows_match(get_engine(db_url), server)

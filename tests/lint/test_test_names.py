@@ -32,6 +32,7 @@ BEHAVIOURS = {
             "closed_pipe": "every command's output to a reader gone (the group of app/cli/)",
             "help": "every command's help, its docstring in each module",
             "night_reader_gone": "a night whose log reader went away (logs.py and the group)",
+            "full_output": "stdout or stderr on a full disk (logs.py and the group)",
             "output_paths": "every --out and --json-out of every command, checked in common.py"},
     "morning": {"latest_night": "the one order of nights (app.db.models.nights_newest_first) that "
                                 "every reader of the latest night uses: ranking, status, pages"},

@@ -65,7 +65,8 @@ def test_a_burst_at_the_nights_start_is_waited_out_not_refused_by_the_preflight(
     result = run_cli("run", "--tickers", ",".join(TICKERS), "--as-of", str(DEMO_AS_OF),
                      env={**QUICK_ENV, "NIGHTDESK_DATABASE_URL": url})
     assert result.code == 0, result.stderr
-    assert [r.path for r in server.requests if r.path.endswith("/models")] == [
+    first_chat = next(i for i, r in enumerate(server.requests) if r.path.endswith("/completions"))
+    assert [r.path for r in server.requests[:first_chat] if r.path.endswith("/models")] == [
         "/v1/models"]  # checked once, busy: not asked again and not refused
     assert server.burst_answers == 8
     assert ticker_states(sqlite_engine, 1) == dict.fromkeys(TICKERS, ("succeeded", None))

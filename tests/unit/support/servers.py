@@ -46,11 +46,11 @@ async def ask(servers: ServerSet, batch_id: int, ticker: str, order: int) -> Non
 def read_servers(*gauges: Any, strategy: str = "adaptive") -> ServerSet:
     """Return a ServerSet of one Server per ``gauges`` (a reader's stand-in, with ``name``
     naming its server), or of one unread server; their clients only have settings and call
-    totals (what live progress reads)."""
+    totals (what live progress reads), their served model taken as read (``asked``)."""
     changed = asyncio.Event()
     chosen = Strategy.parse(strategy)
     servers = [Server(i, getattr(g, "name", f"http://gpu{i}.test/v1"),
-                      SimpleNamespace(settings=load_settings(), stats=CallStats()),
+                      SimpleNamespace(settings=load_settings(), stats=CallStats(), asked=True),
                       chosen, gauges=g, changed=changed)  # type: ignore[arg-type]
                for i, g in enumerate(gauges or (None,))]
     return ServerSet(servers, changed)

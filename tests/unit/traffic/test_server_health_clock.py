@@ -65,7 +65,7 @@ def fleet(clock: Clock, size: int = 2) -> tuple[ServerSet, list[Reads], Halt]:
     settings = load_settings()
     reads = [Reads() for _ in range(size)]
     changed = asyncio.Event()
-    llm: Any = SimpleNamespace(settings=settings)
+    llm: Any = SimpleNamespace(settings=settings, asked=True)  # its served model read
     servers = [Server(i, f"http://gpu{i}.test:8000/v1", llm, Strategy.parse("fixed-2"),
                       gauges=reads[i], changed=changed, clock=clock)
                for i in range(size)]
@@ -194,6 +194,7 @@ class Counts:
     def __init__(self, *errors: LLMError) -> None:
         self.errors = list(errors)
         self.tries = 0
+        self.asked = True  # its served model read (TrackedLLM.other_model)
 
     async def size(self, messages: Any, *, max_tokens: int, exact: bool = False) -> PromptSize:
         self.tries += 1
