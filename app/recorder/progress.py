@@ -157,7 +157,8 @@ class BatchProgress:
     async def __aenter__(self) -> BatchProgress:
         """Show the progress (live on a terminal, else a log line at once, every
         ``LOG_EVERY_S`` and one at the exit) and take an ETA reading at once and every
-        ``LOG_EVERY_S`` (with ``engine``), in tasks of this context's own: its exit cancels them and waits for their end."""
+        ``LOG_EVERY_S`` (with ``engine``), in tasks of this context's own: its exit cancels
+        them and waits for their end."""
         self._life = self._showing()
         await self._life.__aenter__()
         return self
