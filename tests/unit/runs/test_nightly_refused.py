@@ -313,8 +313,8 @@ def test_a_resume_refused_at_its_start_pushes_a_digest(
     assert says in error and "Traceback" not in result.stderr, result.stderr
     [post] = hook.posts
     assert post["type"] == "failure"
-    assert post["title"] == (f"nightdesk: night of {DEMO_AS_OF} REFUSED at its start, "
-                             f"batch #{night} not continued")
+    assert post["title"] == (f"DEMO DATA — nightdesk: night of {DEMO_AS_OF} REFUSED at its "
+                             f"start, batch #{night} not continued")  # a demo batch
     lines = post["message"].splitlines()
     assert lines[0].startswith("Why: ") and says in lines[0], lines
     assert lines[1] == f"What to do: fix that, then continue it: nightdesk run --resume {night}"
