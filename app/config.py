@@ -552,14 +552,18 @@ _FLAT_NAME = {(group, key): flat for flat, (group, name) in FLAT.items()
 
 class _FlatEnv(PydanticBaseSettingsSource):
     """``NIGHTDESK_<NAME>`` by every flat name, in any case, as text: pydantic-settings'
-    own source reads a nested model's field only as ``NIGHTDESK_<GROUP>__<FIELD>``."""
+    own source reads a nested model's field only as ``NIGHTDESK_<GROUP>__<FIELD>``. An
+    empty value (blanks only) reads as unset: a systemd EnvironmentFile's
+    ``NIGHTDESK_MAX_CONCURRENCY=`` leaves the setting to the file and the default, whatever
+    its type."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False  # unused: __call__ reads every name at once
 
     def __call__(self) -> dict[str, Any]:
         env = {key.lower(): value for key, value in os.environ.items()}
-        return {name: env[f"nightdesk_{name}"] for name in FLAT if f"nightdesk_{name}" in env}
+        return {name: env[f"nightdesk_{name}"] for name in FLAT
+                if env.get(f"nightdesk_{name}", "").strip()}
 
 
 def known_env_names() -> set[str]:

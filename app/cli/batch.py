@@ -422,11 +422,12 @@ def show_changes(
 
 def _rated_text(rating: str | None, score: float | None, rank: int | None,
                 contradicting: int = 0) -> str:
-    """Return ``Buy +0.70 #3``, with ``!`` after the rating when it lies outside its band."""
+    """Return ``Buy +0.70, rank 3``, with ``!`` after the rating when it lies outside its band
+    (a rank in words: ``#3`` reads as a batch id, as everywhere else ``#`` names one)."""
     if rating is None or score is None:
         return "—"
     flag = " !" if contradicting else ""
-    return f"{rating}{flag} {score:+.2f}" + (f" #{rank}" if rank is not None else "")
+    return f"{rating}{flag} {score:+.2f}" + (f", rank {rank}" if rank is not None else "")
 
 
 @_names_its_skip

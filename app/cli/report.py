@@ -41,7 +41,7 @@ from app.morning.accounting import (
 )
 from app.morning.advice import Advice, next_steps
 from app.morning.batchids import parse_batch_id, parse_batch_ids
-from app.morning.nightstatus import span
+from app.morning.nightstatus import night_status, refusal_line, span
 from app.morning.numbers import number
 from app.morning.serverview import BOUND_NAMES, LOOKUPS_SLACK, ServerView, server_view
 from app.morning.summary import (
@@ -335,6 +335,10 @@ def batches(
                       row.started_at.strftime("%Y-%m-%d %H:%M") if row.started_at else "—",
                       _label(row))
     console().print(table)
+    # A refused night has no row here: the one the morning's status names, said under them.
+    refused = night_status(engine, settings, None).refused if rows and kind != "rerun" else None
+    if refused is not None:
+        console(stderr=True).print(f"not listed: {refusal_line(refused)}", markup=False)
     if not rows:
         # None at all: what the morning advises (the first night), as `ranking` says it.
         console(stderr=True).print("no batches recorded yet" + (

@@ -13,6 +13,7 @@ from sqlalchemy import Engine
 
 from app.cli.common import database, setup
 from app.config import Settings
+from app.db.engine import SchemaWatch
 from app.errors import ConfigError, InputError
 
 
@@ -75,11 +76,13 @@ def web(
     from app.web.server import create_app
 
     engine = database(settings)
+    schema = SchemaWatch(engine)  # one watch of the revision: the pages' and the port's
     # The reruns write where this server reads, whatever else their environment says.
     queue = RerunQueue(parallel=reruns, env={"NIGHTDESK_DATABASE_URL": settings.store.database_url})
     app = create_app(engine, Guard(settings.web.user, password or None), queue,
-                     stale_after_s=settings.batch.heartbeat_stale_s, settings=settings)
-    with open_metrics_port(metrics_port, engine, settings):
+                     stale_after_s=settings.batch.heartbeat_stale_s, settings=settings,
+                     schema=schema)
+    with open_metrics_port(metrics_port, engine, settings, schema):
         typer.echo(f"nightdesk web on http://{host}:{port}/"
                    + ("" if password else " (no password: --local-only)"), err=True)
         # log_config=None: uvicorn's lines go through nightdesk's log (app/cli/logs.py), not
@@ -89,8 +92,10 @@ def web(
 
 
 @contextlib.contextmanager
-def open_metrics_port(port: int | None, engine: Engine, settings: Settings) -> Iterator[None]:
-    """Serve /metrics without auth on 127.0.0.1:``port`` while open (None: not at all).
+def open_metrics_port(port: int | None, engine: Engine, settings: Settings,
+                      schema: SchemaWatch | None = None) -> Iterator[None]:
+    """Serve /metrics without auth on 127.0.0.1:``port`` while open (None: not at all);
+    ``schema``: the watch of the revision the pages read through too.
 
     Loopback only: a Prometheus on the same host scrapes it, nothing else can reach it.
     """
@@ -103,7 +108,7 @@ def open_metrics_port(port: int | None, engine: Engine, settings: Settings) -> I
 
     try:
         server, thread = start_http_server(port, addr="127.0.0.1",
-                                           registry=night_registry(engine, settings))
+                                           registry=night_registry(engine, settings, schema))
     except OSError as error:
         raise InputError(f"--metrics-port {port}: cannot listen on 127.0.0.1:{port} "
                          f"({error.strerror or error})") from None

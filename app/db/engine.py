@@ -501,6 +501,55 @@ def check_schema(engine: Engine) -> None:
     refuse_unknown(engine.url, at)
 
 
+# How often a long-lived process re-reads the schema's revision (``SchemaWatch``).
+SCHEMA_CHECK_S = 30.0
+
+
+class SchemaWatch:
+    """``check_schema`` at most once every ``every_s`` (``SCHEMA_CHECK_S``), for a process
+    that serves a database another host may migrate under it: one per process, shared by
+    all it serves from that database (the pages, the metrics port, the daemon's heartbeat).
+
+    ``refusal()``: SchemaTooNew's line while the newest check found a revision this install
+    does not know, else "". Thread-safe: one caller reads while the others wait for it.
+    """
+
+    def __init__(self, engine: Engine, every_s: float | None = None) -> None:
+        self.engine = engine
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        self._checked_at: float | None = None
+        self._said = ""
+
+    @property
+    def said(self) -> str:
+        """Return the newest check's line, or "" (no read, no wait)."""
+        return self._said
+
+    def due(self) -> bool:
+        """Return whether the next ``refusal()`` reads the revision (no read here)."""
+        every = SCHEMA_CHECK_S if self.every_s is None else self.every_s
+        return self._checked_at is None or time.monotonic() - self._checked_at >= every
+
+    def refusal(self) -> str:
+        """Return SchemaTooNew's line, or "" while the revision is known; read when due."""
+        with self._lock:
+            if self.due():
+                self._checked_at = time.monotonic()
+                try:
+                    check_schema(self.engine)
+                    self._said = ""
+                except SchemaTooNew as error:
+                    self._said = str(error)
+            return self._said
+
+    def check(self) -> None:
+        """Raise SchemaTooNew with ``refusal()``'s line, if it has one."""
+        said = self.refusal()
+        if said:
+            raise SchemaTooNew(said)
+
+
 def ready_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> Engine:
     """Upgrade the schema if needed and return the engine: what every command calls first."""
     upgrade(url, statement_timeout_s)

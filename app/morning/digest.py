@@ -41,6 +41,7 @@ from app.notify import Level, Message, send
 log = structlog.get_logger(__name__)
 
 KINDS = ("nightly", "rerun")
+DEMO = "DEMO DATA — "  # what begins the title of a digest of a night on DEMO data
 TOP = 5  # tickers named at each end of the ranking
 
 
@@ -108,7 +109,7 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
     night_id = batch.id if batch.kind == "nightly" else _night_of(engine, batch)
     ended = batch.status in FINISHED_STATUSES
     rate = throughput(engine, batch.id)
-    demo = "DEMO DATA — " if batch.demo else ""
+    demo = DEMO if batch.demo else ""
     what = f"nightly batch #{batch.id}" if batch.kind == "nightly" else f"rerun #{batch.id}"
     title = (f"{demo}nightdesk: {what} (as of {batch.as_of}) {batch.status.upper()}, "
              f"{batch.tickers} tickers")
@@ -260,35 +261,38 @@ def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
 
 def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str,
                    outcome: str = "no batch run", headline: str | None = None, *,
-                   stored: bool = True) -> Message:
+                   stored: bool = True, demo: bool = False) -> Message:
     """Build the digest of a night refused at its start: it holds only why (one line) and
     what to do; a failure, as a failed night's digest is. ``outcome``: what did not happen
     (no batch row exists, or a recorded batch was not continued); ``headline``: what befell
     the night instead of being refused (a night the daemon missed); ``stored`` False: the
-    database did not take the refusal, so the page does not show it."""
+    database did not take the refusal, so the page does not show it; ``demo``: the night
+    would have run on DEMO data, and its title says so first as every digest of one does."""
     base = settings.web.base_url
     page = f"{base}/" if stored else (f"{base}/ does not show this refusal: the database "
                                       "did not store it")
-    return Message(f"nightdesk: {refusal_title(as_of, outcome, headline)}",
+    return Message(f"{DEMO if demo else ''}nightdesk: {refusal_title(as_of, outcome, headline)}",
                    "\n".join([f"Why: {why}", f"What to do: {advice}", f"Page: {page}"]),
                    "failure")
 
 
-def refusal_title(as_of: date | None, outcome: str, headline: str | None = None) -> str:
-    """Return what befell a refused night, as its digest's title says it (and the status)."""
+def refusal_title(as_of: date | None, outcome: str, headline: str | None = None,
+                  demo: bool = False) -> str:
+    """Return what befell a refused night, as its digest's title says it (and the status,
+    which stores it: ``demo`` begins it with the DEMO label, as the digest's title)."""
     night = f"night of {as_of}" if as_of is not None else "the night"
-    return f"{headline or f'{night} REFUSED at its start'}, {outcome}"
+    return f"{DEMO if demo else ''}{headline or f'{night} REFUSED at its start'}, {outcome}"
 
 
 def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str,
                  outcome: str = "no batch run", headline: str | None = None, *,
-                 stored: bool = True) -> None:
+                 stored: bool = True, demo: bool = False) -> None:
     """Send ``refusal_digest`` to ``NIGHTDESK_NOTIFY`` (nothing when unset); never raise."""
     if not settings.notify.urls:
         return
     delivery = send(settings.notify.urls,
                     refusal_digest(settings, as_of, why, advice, outcome, headline,
-                                   stored=stored),
+                                   stored=stored, demo=demo),
                     settings.notify.timeout_s)
     log.info("refusal digest sent", as_of=None if as_of is None else str(as_of),
              delivered=delivery.sent, destinations=delivery.total)

@@ -6,9 +6,10 @@ whatever its outcome, ``none`` when no nightly batch was ever created (advised t
 night), or ``stale`` when the schedule's last due time passed (plus
 ``schedule_start_grace_s``) with no nightly batch created since, naming the refusal since
 then that no night superseded (a night refused at its start leaves no batch, only that row);
-whether the ranking shown is that night's, and if not why; a running night's progress and
-ETA (``app.morning.eta``, as the live progress computes it); when the next night is due; and
-whether the daemon's heartbeat is current. Nothing here writes.
+whether the ranking shown is that night's, and if not why (a succeeded night is not fresh
+once a night of a newer date was refused since, which the reason names); a running night's
+progress and ETA (``app.morning.eta``, as the live progress computes it); when the next night
+is due; and whether the daemon's heartbeat is current. Nothing here writes.
 """
 
 from __future__ import annotations
@@ -291,6 +292,13 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
         # down): what refused it is the news the digest told, so the morning tells it too.
         refused = standing_refusal(engine, latest, due_at, since=latest.finished_at
                                    or latest.heartbeat_at or latest.created_at)
+    elif latest is not None and status == "succeeded":
+        # A newer night refused since this one (its snapshot missing, the server down, within
+        # the due time's grace or off the schedule): the ranking is older than the night
+        # asked for. A refusal of this date or an older one leaves this ranking the newest.
+        newer = standing_refusal(engine, latest, due_at)
+        if newer is not None and (newer.as_of is None or newer.as_of > latest.as_of):
+            refused = newer
     if status == "none":
         headline = "this database holds no nightly batch"
     elif status == "stale":
@@ -302,7 +310,7 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
         assert latest is not None
         headline = describe(latest, prog)
     fresh = ranked is not None and latest is not None and ranked.id == latest.id \
-        and status not in ("stale", "none")
+        and status not in ("stale", "none") and not (status == "succeeded" and refused)
     reason = None if fresh else _reason(status, latest, ranked, prog, due_at, refused)
     advice = [] if summary is None else next_steps(engine, summary, stale_s, seen)
     if refused is not None and refused.command is not None:
@@ -321,11 +329,15 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
                        latest_beat(engine, settings.batch.heartbeat_stale_s, now), now, refused)
 
 
+def refusal_line(refused: Refusal) -> str:
+    """Name a standing refusal: ``night of … REFUSED … (when): why``, as every face says it
+    (the status's reason, and the lists of batches, where it has no row)."""
+    return f"{refused.title} ({when(refused.refused_at)}): {refused.why}"
+
+
 def _refused(refused: Refusal | None) -> str:
     """Name a standing refusal after a stale line: ``; night of … REFUSED …(when): why``."""
-    if refused is None:
-        return ""
-    return f"; {refused.title} ({when(refused.refused_at)}): {refused.why}"
+    return "" if refused is None else f"; {refusal_line(refused)}"
 
 
 def _reason(status: str, latest: NightBatch | None, ranked: NightBatch | None,

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import Engine
 
 from app.config import Settings
-from app.db.engine import check_schema
+from app.db.engine import SchemaWatch
 from app.db.models import Batch, nights_newest_first
 from app.morning.accounting import throughput
 from app.morning.nightstatus import STATUSES, NightStatus, night_status
@@ -46,9 +46,12 @@ def _gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily | None
 class NightCollector(Collector):
     """Yield the night's metrics from the database at every scrape."""
 
-    def __init__(self, engine: Engine, settings: Settings) -> None:
+    def __init__(self, engine: Engine, settings: Settings,
+                 schema: SchemaWatch | None = None) -> None:
+        """``schema``: the process's watch of the revision, shared with its pages."""
         self.engine = engine
         self.settings = settings
+        self.schema = schema or SchemaWatch(engine)
 
     def collect(self) -> Iterable[Metric]:
         try:
@@ -62,7 +65,7 @@ class NightCollector(Collector):
         return [*families, up]
 
     def _families(self) -> list[Metric]:
-        check_schema(self.engine)  # migrated since the server started: that line, no reading
+        self.schema.check()  # migrated since the server started: that line, no reading
         status = night_status(self.engine, self.settings, ranked_night(self.engine))
         with self.engine.connect() as conn:
             # Of the latest date that has one, as the latest night is: an older date analyzed
@@ -146,8 +149,9 @@ def _labelled(name: str, doc: str, label: str, values: dict[str, float | None]
     return family
 
 
-def night_registry(engine: Engine, settings: Settings) -> CollectorRegistry:
+def night_registry(engine: Engine, settings: Settings,
+                   schema: SchemaWatch | None = None) -> CollectorRegistry:
     """Return a registry holding only the night's collector (no process metrics)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(NightCollector(engine, settings))
+    registry.register(NightCollector(engine, settings, schema))
     return registry

@@ -1,5 +1,5 @@
 """Show a batch's progress live on a terminal, or as periodic log lines when not a TTY, and
-store a reading of its ETA every ``LOG_EVERY_S`` (``app.morning.eta``)."""
+store a reading of its ETA at once and every ``LOG_EVERY_S`` (``app.morning.eta``)."""
 
 from __future__ import annotations
 
@@ -116,8 +116,9 @@ class BatchProgress:
             eta_low_s=None if found is None else found.whole(found.eta_low_s),
             eta_high_s=None if found is None else found.whole(found.eta_high_s),
             eta_level=None if found is None else found.level,
-            estimating=(f"estimating… (first reading within {LOG_EVERY_S:.0f} s)"
-                        if found is None else found.estimating))
+            estimating=(found.estimating if found is not None
+                        else "estimating… (first reading under way)" if self.engine is not None
+                        else None))
 
     def _server_tok_s(self) -> float | None:
         """Return the tokens the servers generated per second since their first reading seen
@@ -154,9 +155,10 @@ class BatchProgress:
         return table
 
     async def __aenter__(self) -> BatchProgress:
-        """Show the progress (live on a terminal, else a log line every ``LOG_EVERY_S`` and
-        one at the exit) and take an ETA reading every ``LOG_EVERY_S`` (with ``engine``),
-        in tasks of this context's own: its exit cancels them and waits for their end."""
+        """Show the progress (live on a terminal, else a log line at once, every
+        ``LOG_EVERY_S`` and one at the exit) and take an ETA reading at once and every
+        ``LOG_EVERY_S`` (with ``engine``), in tasks of this context's own: its exit cancels
+        them and waits for their end."""
         self._life = self._showing()
         await self._life.__aenter__()
         return self
@@ -182,13 +184,15 @@ class BatchProgress:
 
     async def _tick_loop(self, log_lines: bool) -> None:
         # One loop, the reading before the line, so a line never shows the reading of the
-        # interval before beside the counters of now.
+        # interval before beside the counters of now. The first reading is taken at once: a
+        # resumed night's rows price its calls from its start, and a night shorter than one
+        # interval would otherwise show "estimating…" to its end.
         while True:
-            await asyncio.sleep(LOG_EVERY_S)
             if self.engine is not None:
                 await self.take_reading(self.engine)
             if log_lines:
                 log.info("progress", **asdict(self.state()))
+            await asyncio.sleep(LOG_EVERY_S)
 
     async def take_reading(self, engine: Engine) -> None:
         """Read the ETA from the batch's rows now and store the reading; any error here (the

@@ -46,6 +46,7 @@ from sqlalchemy import Engine, delete, insert, update
 
 from app.batch.signals import BatchInterrupted
 from app.config import Settings
+from app.db.engine import SchemaWatch
 from app.db.lock import LockHold, scheduler_lock
 from app.db.models import SchedulerBeat
 from app.errors import ERRORS, AlreadyRunningError
@@ -104,13 +105,20 @@ class Heartbeat:
     (``hold``, set while it serves); ``on_lost`` is called once another daemon has taken it.
     Closing stops the thread, waits for it and deletes this daemon's row: a daemon that
     stopped is no silent one (``/metrics`` drops its heartbeat; one that died leaves it).
+    While ``schema`` (default: its own watch) finds a revision this install does not know,
+    it writes nothing, its row deleted at the close included: every fire is refused then,
+    so its beat ages on every face as a daemon's that serves no night, and that schema's
+    tables are no longer this code's to write. It beats again once the revision is known.
     """
 
     def __init__(self, engine: Engine, interval_s: float,
-                 next_run: Callable[[], datetime | None], schedule: str) -> None:
+                 next_run: Callable[[], datetime | None], schedule: str,
+                 schema: SchemaWatch | None = None) -> None:
         self.hold: LockHold | None = None
         self.on_lost: Callable[[], None] = lambda: None
         self.engine = engine
+        self.schema = schema or SchemaWatch(engine)
+        self.refused = ""  # the schema's line while it stops the beats
         self.interval_s = interval_s
         self.next_run = next_run
         self.schedule = schedule
@@ -136,6 +144,17 @@ class Heartbeat:
             if changed.rowcount == 0:
                 conn.execute(insert(SchedulerBeat).values(host=self.host, **values))
 
+    def _schema_known(self) -> bool:
+        """Return whether the schema's revision is one this install knows; say once when
+        that changes (the line: SchemaTooNew's, what every fire is refused with)."""
+        said = self.schema.refusal()
+        if said and not self.refused:
+            log.error("scheduler heartbeat stopped: every night is refused", error=said)
+        elif self.refused and not said:
+            log.info("scheduler heartbeat resumed: the schema's revision is known again")
+        self.refused = said
+        return not said
+
     def nudge(self) -> None:
         """Beat now rather than at the next interval (the next run time has changed)."""
         self._wake.set()
@@ -150,7 +169,8 @@ class Heartbeat:
                 self.on_lost()
                 return
             try:
-                self.beat()
+                if self._schema_known():
+                    self.beat()
             except Exception as error:  # a missed beat is not worth stopping the daemon
                 log.warning("scheduler heartbeat not stored", error=str(error))
             self._wake.wait(self.interval_s)
@@ -164,6 +184,8 @@ class Heartbeat:
         self._stop.set()
         self._wake.set()
         self._thread.join()
+        if self.refused:  # its tables are not this code's: the beat is left to age
+            return
         try:
             with self.engine.begin() as conn:
                 conn.execute(delete(SchedulerBeat).where(SchedulerBeat.host == self.host,

@@ -39,7 +39,13 @@ from app.morning.summary import batch_summary
 from app.recorder.record import Recorder
 from app.runs import resumable
 from app.runs.checkpoints import Checkpoints
-from app.runs.preflight import ServerCheck, check_start, provider_missing, tell_refusal
+from app.runs.preflight import (
+    ServerCheck,
+    check_start,
+    provider_missing,
+    refusal_demo,
+    tell_refusal,
+)
 from serving.facts import batch_server_facts
 
 log = structlog.get_logger(__name__)
@@ -214,10 +220,12 @@ def _tell_unstored(settings: Settings, start: BatchPlan | resumable.ResumePoint,
     row still says running, so the digest its end sends is not built; this one says why
     and the resume that continues it. Not a refusal: nothing is stored (it could not be)."""
     what = f"nightly batch #{batch_id}" if start.kind == "nightly" else f"batch #{batch_id}"
+    demo = (bool(start.settings.get("demo_data")) if isinstance(start, resumable.ResumePoint)
+            else refusal_demo(settings, start.as_of))
     send_refusal(settings, start.as_of, first_line(error, 400).split("; resume with")[0],
                  "once the database takes writes again (room on its disk, or back), continue "
                  f"it: nightdesk run --resume {batch_id}", outcome="its end not stored",
-                 headline=f"{what} (as of {start.as_of}) STOPPED")
+                 headline=f"{what} (as of {start.as_of}) STOPPED", demo=demo)
 
 
 def _cancelled(settings: Settings, engine: Engine, batch_id: int | None) -> BatchInterrupted:
@@ -404,7 +412,8 @@ def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerChe
     def refused(error: Exception) -> None:
         tell_refusal(settings, point.as_of, first_line(error, 400),
                      f"fix that, then continue it: {again}", command=again,
-                     outcome=f"batch #{batch_id} not continued")
+                     outcome=f"batch #{batch_id} not continued",
+                     demo=bool(point.settings.get("demo_data")))  # as the batch is labelled
 
     return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
                                       announce=announce, refused=refused if nightly else None),

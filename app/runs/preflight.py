@@ -14,7 +14,8 @@ import structlog
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from agents.data import MarketBundle, get_provider
+from agents.data import MarketBundle, get_provider, serves_demo
+from agents.data.snapshot import latest_as_of
 from agents.errors import DataError
 from agents.smallest import SmallestPrompt, smallest_prompts
 from app.config import Settings
@@ -191,28 +192,43 @@ async def first_misfit(settings: Settings, base_url: str, prompts: Iterable[Smal
     return None
 
 
+def refusal_demo(settings: Settings, as_of: date | None) -> bool:
+    """Return whether a refused night would have run on DEMO data, as the engine labels a
+    batch (``serves_demo``: its provider, for its date; a date not known yet, the newest
+    snapshot's); False where that cannot be told (nothing says it is)."""
+    try:
+        day = as_of or latest_as_of(settings.paths.data_dir) or datetime.now(UTC).date()
+        return serves_demo(get_provider(settings.pipeline()), day)
+    except Exception:  # the provider itself refused (yfinance not installed): not told
+        return False
+
+
 def tell_refusal(settings: Settings, as_of: date | None, why: str, advice: str, *,
                  command: str | None = None, outcome: str = "no batch run",
-                 headline: str | None = None, store: bool = True) -> None:
+                 headline: str | None = None, store: bool = True,
+                 demo: bool | None = None) -> None:
     """Tell of a night refused at its start: store it (``NightRefusal``; the morning's
     status names it until a later night starts) and push its digest (``send_refusal``).
 
     ``command``: the command ``advice`` names to start the night again, where it names one.
     ``store=False``: the digest alone (a schema this install does not know takes no row).
+    ``demo``: whether the night would have run on DEMO data (None: ``refusal_demo``); its
+    digest's title and the stored one begin with the label, as a demo batch's do.
     Never raises: the database may be what refused the night, whose one line has said so
     (the row not stored is then only a debug line: one line per error), and the digest
     says that the pages cannot show it: it alone tells the operator.
     """
     stored = store
+    demo = refusal_demo(settings, as_of) if demo is None else demo
     try:
         if store:
             with Session(get_engine(settings.store.database_url,
                                     settings.store.db_statement_timeout_s)) as session:
                 session.add(NightRefusal(refused_at=datetime.now(UTC), as_of=as_of,
-                                         title=refusal_title(as_of, outcome, headline),
+                                         title=refusal_title(as_of, outcome, headline, demo),
                                          why=why, advice=advice, command=command))
                 session.commit()
     except Exception as error:
         log.debug("refusal not stored", error=first_line(error))
         stored = False
-    send_refusal(settings, as_of, why, advice, outcome, headline, stored=stored)
+    send_refusal(settings, as_of, why, advice, outcome, headline, stored=stored, demo=demo)

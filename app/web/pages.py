@@ -111,11 +111,14 @@ async def rerun(request: Request, state: State, symbol: str,
 @router.get("/batches")
 def batches_page(request: Request, state: State) -> Response:
     """List the batches, newest first, with a form to compare arms; with none, what the
-    morning's status advises (the first night)."""
+    morning's status advises (the first night); with some, the refusal it names, if one
+    stands (a refused night has no row to list)."""
     found = views.batches_view(state.engine, state.stale_after_s)
-    night = None if found else nightstatus.night_status(state.engine, state.settings, None)
+    night = nightstatus.night_status(state.engine, state.settings, None)
+    refused = None if night.refused is None else nightstatus.refusal_line(night.refused)
     return _page(request, "batches.html", {
-        "batches": [b.model_dump(mode="json") for b in found], "night": night})
+        "batches": [b.model_dump(mode="json") for b in found], "night": night,
+        "refused": refused if found else None})
 
 
 @router.get("/batches/compare")

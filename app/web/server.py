@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,24 +16,25 @@ from sqlalchemy import Engine
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.config import Settings, get_settings
-from app.db.engine import check_reachable, check_schema
-from app.errors import DatabaseError, InputError, SchemaTooNew
+from app.db.engine import SchemaWatch, check_reachable
+from app.errors import DatabaseError, InputError
 from app.morning.prometheus import night_registry
 from app.web import api, pages, track
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.state import WebState, require_user
 
-# How often the pages re-read the schema's revision (another host may migrate it under them).
-SCHEMA_CHECK_S = 30.0
-
 
 def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
-               stale_after_s: float, settings: Settings | None = None) -> FastAPI:
+               stale_after_s: float, settings: Settings | None = None,
+               schema: SchemaWatch | None = None) -> FastAPI:
     """Return the app; the rerun queue runs for as long as the app does (its lifespan).
 
-    ``settings`` (default: ``get_settings()``) give the schedule the night's status reads.
+    ``settings`` (default: ``get_settings()``) give the schedule the night's status reads;
+    ``schema``: the process's watch of the schema's revision (default: the app's own), which
+    the pages and ``/metrics`` read through.
     """
+    schema = schema or SchemaWatch(engine)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -62,7 +62,7 @@ def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
             return JSONResponse({"status": "error", "database": "unreachable"}, 503)
         return JSONResponse({"status": "ok", "database": "ok"})
 
-    registry = night_registry(engine, app.state.web.settings)
+    registry = night_registry(engine, app.state.web.settings, schema)
 
     @app.get("/metrics", include_in_schema=False, dependencies=[Depends(require_user)])
     def metrics() -> Response:
@@ -94,21 +94,12 @@ def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
         detail = f"{where}: {first.get('msg', 'invalid value')} (got {first.get('input')!r})"
         return await http_error(request, StarletteHTTPException(400, detail))
 
-    checked_at, refused = -SCHEMA_CHECK_S, ""
-
     @app.middleware("http")
     async def schema_known(request: Request, call_next: Any) -> Any:
         """Answer 503 with ``SchemaTooNew``'s one line, not a route's traceback, once another
         host has migrated the database under this server to a revision it does not know
-        (``check_schema``: one read at most every ``SCHEMA_CHECK_S``)."""
-        nonlocal checked_at, refused
-        if time.monotonic() - checked_at >= SCHEMA_CHECK_S:
-            checked_at = time.monotonic()
-            try:
-                await run_in_threadpool(check_schema, engine)
-                refused = ""
-            except SchemaTooNew as error:
-                refused = str(error)
+        (``schema``: one read at most every ``SCHEMA_CHECK_S``, app/db/engine.py)."""
+        refused = await run_in_threadpool(schema.refusal) if schema.due() else schema.said
         if not refused:
             return await call_next(request)
         if request.url.path in ("/healthz", "/metrics"):

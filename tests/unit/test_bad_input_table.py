@@ -52,7 +52,6 @@ def a_file(home: Path) -> str:
 # (setting, value or a function of the home folder, command, what the one line must say)
 CASES = [
     ("NIGHTDESK_LOG_LEVEL", "BOGUS", "ranking", "NIGHTDESK_LOG_LEVEL"),
-    ("NIGHTDESK_LOG_LEVEL", "", "report", "NIGHTDESK_LOG_LEVEL"),
     ("NIGHTDESK_LOG_FORMAT", "xml", "db upgrade", "NIGHTDESK_LOG_FORMAT"),
     ("NIGHTDESK_NODE_MAX_TOKENS", "{", "run --tickers AAPL", "NIGHTDESK_NODE_MAX_TOKENS"),
     ("NIGHTDESK_NODE_MAX_TOKENS", '{"trader": "many"}', "report",

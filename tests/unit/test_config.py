@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config import get_settings, load_settings
+from app.config import FLAT, get_settings, load_settings
 from app.errors import ConfigError
 
 
@@ -118,3 +118,21 @@ def test_a_bad_endpoint_never_echoes_its_password(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(ConfigError) as info:
         load_settings()
     assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_every_setting_left_empty_reads_as_unset(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path, empty: str) -> None:
+    # docs/settings.md: an empty value is unset. A systemd EnvironmentFile often holds
+    # `NIGHTDESK_X=`; a number or a word left so was refused, a text became "".
+    monkeypatch.setenv("NIGHTDESK_HOME", str(tmp_path))
+    unset = load_settings().model_dump()
+    cfg = tmp_path / "n.toml"
+    cfg.write_text('max_concurrency = 7\nschedule_cron = "5 1 * * *"\n')
+    for name in sorted(FLAT):
+        if name != "home":
+            monkeypatch.setenv(f"NIGHTDESK_{name.upper()}", empty)
+    assert load_settings().model_dump() == unset
+    monkeypatch.setenv("NIGHTDESK_CONFIG", str(cfg))  # the file's value, not the empty one
+    read = load_settings()
+    assert (read.calls.max_concurrency, read.schedule.cron) == (7, "5 1 * * *")

@@ -123,3 +123,38 @@ def test_a_comparison_marks_the_arms_that_ran_on_demo_data(sqlite_engine: Engine
                              "html.parser")
     heads = page.select("#compare thead th")[1:]
     assert [head.find(class_="demo") is not None for head in heads] == [True, False]
+
+
+@pytest.mark.parametrize("demo", [True, False])
+def test_a_refused_night_is_labelled_wherever_the_refusal_is_shown(
+        sqlite_engine: Engine, tmp_path: Path, demo: bool) -> None:
+    # Its digest's title lacked the label every other face of a demo night carries, and so
+    # did the stored refusal the page, `ranking` and /api name.
+    from app.morning.nightstatus import night_status
+    from app.runs.preflight import refusal_demo
+    from tests.webhook import closed_port, webhook
+
+    data = tmp_path / "data"
+    manifest = write_demo(data, DEMO_AS_OF, 2) / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "demo": demo}))
+    env = {"NIGHTDESK_DATA_DIR": str(data), "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false",
+           "NIGHTDESK_LLM_BASE_URL": f"http://127.0.0.1:{closed_port()}/v1"}
+    with webhook() as hook:
+        result = run_cli("run", "--continue-night", env={**env, "NIGHTDESK_NOTIFY": hook.url()})
+        assert result.code == 2 and "cannot reach" in result.stderr, result.stderr
+    [post] = hook.posts
+    assert post["title"].startswith("DEMO DATA — nightdesk: night of ") == demo, post
+    settings = load_settings(data_dir=str(data))
+    status = night_status(sqlite_engine, settings, None)
+    assert status.refused is not None and status.reason is not None
+    label = f"DEMO DATA — night of {DEMO_AS_OF} REFUSED at its start"
+    said = {"status": status.reason,
+            "ranking": " ".join(run_cli("ranking", env={**env, "COLUMNS": "300"}).stderr.split())}
+    with web_client(sqlite_engine, settings=settings) as client:
+        banner = BeautifulSoup(client.get("/", auth=AUTH).text, "html.parser").find(id="banner")
+        said["page"] = " ".join(banner.get_text().split()) if banner else ""
+        said["api"] = client.get("/api/ranking", auth=AUTH).json()["night"]["refused"]["title"]
+    assert {face: label in text for face, text in said.items()} == dict.fromkeys(said, demo)
+    assert all(f"night of {DEMO_AS_OF} REFUSED" in text for text in said.values()), said
+    # A night whose date is not known yet (the daemon's missed fire): the newest snapshot's.
+    assert refusal_demo(settings, None) == demo

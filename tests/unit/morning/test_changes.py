@@ -12,10 +12,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from datetime import date
 from pathlib import Path
 
 import pytest
+from bs4 import BeautifulSoup
+from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from agents.data.demo import demo_tickers, write_demo
@@ -195,7 +198,19 @@ def test_ranking_carries_the_previous_night_and_the_marker(sqlite_engine: Engine
             rows["AAA"]["change"]) == ("Hold", 3, "upgrade")
     assert rows["DDD"]["change"] == "new" and rows["DDD"]["previous_rating"] is None
     shown = run_cli("ranking", env={"COLUMNS": "250"}).stdout
-    assert "Hold +0.00 #3" in shown and "upgrade" in shown
+    assert "Hold +0.00, rank 3" in shown and "upgrade" in shown
+
+
+def test_a_previous_rank_reads_as_a_rank_on_every_surface(sqlite_engine: Engine,
+                                                          client: TestClient) -> None:
+    # "#3" beside a rating read as batch #3: everywhere else "#" names a batch.
+    two_nights(sqlite_engine)
+    said = {"ranking": run_cli("ranking", env={"COLUMNS": "250"}).stdout,
+            "changes": run_cli("changes", env={"COLUMNS": "250"}).stdout}
+    page = BeautifulSoup(client.get("/", auth=AUTH).text, "html.parser")
+    said["page"] = " ".join(cell.get_text(" ", strip=True) for cell in page.select("td.was"))
+    for surface, text in said.items():  # AAA's Hold +0.00 was ranked third
+        assert "Hold +0.00, rank 3" in text and not re.search(r"\d #\d", text), (surface, text)
 
 
 @pytest.mark.parametrize("args", [

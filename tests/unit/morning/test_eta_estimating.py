@@ -48,7 +48,7 @@ async def test_before_its_first_answer_a_first_night_is_estimating_on_every_face
         # The CLI's own progress line: before its first reading, then after it.
         shown = BatchProgress(night, 2, read_servers(), console=Console(file=io.StringIO()),
                               engine=sqlite_engine)
-        assert eta_text(shown.state()) == "estimating… (first reading within 15 s)"
+        assert eta_text(shown.state()) == "estimating… (first reading under way)"
         await shown.take_reading(sqlite_engine)
         assert eta_text(shown.state()) == SAYS
 

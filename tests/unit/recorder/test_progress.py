@@ -164,3 +164,26 @@ async def test_each_progress_line_shows_the_reading_taken_for_it(
     assert len(ticks) >= 3
     assert ticks == [round(taken[i]) for i in range(len(ticks))]
     assert last == round(taken[-1])
+
+
+async def test_a_resumed_night_shorter_than_one_interval_shows_what_its_rows_know(
+        sqlite_engine: Engine) -> None:
+    # The first reading waited LOG_EVERY_S (15 s): a resumed night, whose earlier run's calls
+    # price the calls left from its start, said "estimating…" to its end when it was shorter.
+    now = datetime.now(UTC)
+    night = batch(sqlite_engine, {"AAA": "running", "BBB": "queued"})
+    calls(sqlite_engine, night, "AAA", NODES[:8], end=now - timedelta(seconds=1))
+    known = eta.reading(sqlite_engine, night, now)
+    assert known.eta_s is not None  # what the rows know at the start
+    shown = BatchProgress(night, 2, read_servers(), console=Console(file=io.StringIO()),
+                          engine=sqlite_engine)
+    with structlog.testing.capture_logs() as logs:
+        async with shown:
+            for _ in range(200):  # a night of at most 2 s, far under the interval
+                if shown.reading is not None:
+                    break
+                await asyncio.sleep(0.01)
+    said = [(e["eta_s"], e["estimating"]) for e in logs if e["event"] == "progress"]
+    assert said and all(eta_s is not None and eta_s > 0 and estimating is None
+                        for eta_s, estimating in said), said
+    assert eta_text(shown.state()) != "estimating… (first reading under way)"

@@ -308,8 +308,9 @@ def test_a_night_already_done_is_not_run_again(sqlite_engine: Engine, demo_dir: 
     if told:
         assert [(e["batch_id"], e["log_level"]) for e in covered] == [(done, "warning")]
         [post] = hook.posts
-        assert post["title"] == (f"nightdesk: night of {DEMO_AS_OF} REFUSED at its start, "
-                                 "no batch run")
+        # The demo snapshot's night: labelled as every face of a demo night is.
+        assert post["title"] == (f"DEMO DATA — nightdesk: night of {DEMO_AS_OF} REFUSED at "
+                                 "its start, no batch run")
         assert post["type"] == "failure"
         assert (f"Why: nightly batch #{done} has already analyzed as-of {DEMO_AS_OF}"
                 in post["message"])

@@ -313,8 +313,8 @@ def test_a_resume_refused_at_its_start_pushes_a_digest(
     assert says in error and "Traceback" not in result.stderr, result.stderr
     [post] = hook.posts
     assert post["type"] == "failure"
-    assert post["title"] == (f"nightdesk: night of {DEMO_AS_OF} REFUSED at its start, "
-                             f"batch #{night} not continued")
+    assert post["title"] == (f"DEMO DATA — nightdesk: night of {DEMO_AS_OF} REFUSED at its "
+                             f"start, batch #{night} not continued")  # a demo batch
     lines = post["message"].splitlines()
     assert lines[0].startswith("Why: ") and says in lines[0], lines
     assert lines[1] == f"What to do: fix that, then continue it: nightdesk run --resume {night}"
@@ -524,3 +524,54 @@ def test_every_command_a_run_refused_for_no_snapshot_advises_works(
     again = run_cli(*post["message"].splitlines()[1].rsplit(": ", 1)[1].split()[1:],
                     env={"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
     assert again.code == 0, again.stderr
+
+
+@pytest.mark.parametrize("newer", [True, False])
+def test_a_newer_night_refused_after_a_succeeded_one_is_named_where_nights_are_listed(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        newer: bool) -> None:
+    # Before, only its digest told it: the morning read the succeeded night before it as
+    # fresh, and `batches`, /batches, `ranking`, the page and /metrics named no refusal.
+    import time_machine
+    from bs4 import BeautifulSoup
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from app.config import load_settings
+    from app.morning.nightstatus import night_status
+    from app.morning.ranking import ranked_night
+    from tests.unit.support.night_rows import Rated, add_night, at
+    from tests.unit.support.webclient import AUTH, web_client
+
+    due = at(DEMO_AS_OF, 0, 10)  # the night of the date before DEMO_AS_OF ran at it
+    utc = {"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC", "COLUMNS": "300"}
+    settings = load_settings(schedule_timezone="UTC")
+    night_of = DEMO_AS_OF - timedelta(days=0 if newer else 1)
+    before = add_night(sqlite_engine, DEMO_AS_OF - timedelta(days=1), due,
+                       {"AAA": Rated("Buy", 0.8)})
+    env, says = cause("server-down", tmp_path, monkeypatch)
+    with time_machine.travel(due + timedelta(hours=9), tick=False):  # off the schedule
+        assert run_cli("run", "--as-of", str(night_of), env={**env, **utc}).code == 2
+    morning = due + timedelta(hours=10)
+    status = night_status(sqlite_engine, settings, ranked_night(sqlite_engine), now=morning)
+    named = f"night of {night_of} REFUSED at its start, no batch run"
+    with time_machine.travel(morning, tick=False):
+        said = {"ranking": run_cli("ranking", env={**env, **utc}).stderr,
+                "batches": run_cli("batches", env={**env, **utc}).stderr}
+        with web_client(sqlite_engine, settings=settings) as client:
+            for path in ("/", "/batches"):
+                said[path] = BeautifulSoup(client.get(path, auth=AUTH).text,
+                                           "html.parser").get_text()
+            metrics = client.get("/metrics", auth=AUTH).text
+    gauges = {s.name: s.value for family in text_string_to_metric_families(metrics)
+              for s in family.samples}
+    assert status.status == "succeeded" and status.latest is not None
+    assert status.latest.id == before
+    # A refusal of the date ranked (or an older one) leaves that ranking the newest.
+    assert (status.refused is not None, status.fresh) == (newer, not newer)
+    assert {face: named in " ".join(text.split()) for face, text in said.items()} == \
+        dict.fromkeys(said, newer), said
+    assert ("nightdesk_night_refused_timestamp_seconds" in gauges) == newer
+    assert gauges["nightdesk_night_ranking_fresh"] == (0.0 if newer else 1.0)
+    if newer:
+        assert status.reason is not None and says in status.reason
+        assert [a.command for a in status.advice] == [f"nightdesk run --as-of {night_of}"]

@@ -261,8 +261,8 @@ def test_a_night_whose_end_the_full_disk_refused_pushes_a_digest_and_its_resume_
                           env={"NIGHTDESK_NOTIFY": hook.url()})
     assert stopped.code == 2 and "database or disk is full" in stopped.stderr, stopped.stderr
     [post] = hook.posts
-    assert post["title"] == (f"nightdesk: nightly batch #1 (as of {DEMO_AS_OF}) STOPPED, "
-                             "its end not stored")
+    assert post["title"] == (f"DEMO DATA — nightdesk: nightly batch #1 (as of {DEMO_AS_OF}) "
+                             "STOPPED, its end not stored")  # a demo batch, as its digest
     lines = post["message"].splitlines()
     assert lines[0].startswith("Why: the batch's end not stored") and "full" in lines[0]
     command = lines[1].split(": ")[-1]

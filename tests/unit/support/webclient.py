@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from app.config import Settings
+from app.db.engine import SchemaWatch
 from app.web.auth import Guard
 from app.web.reruns import RerunQueue
 from app.web.server import create_app
@@ -19,15 +20,15 @@ AUTH = (USER, PASSWORD)
 
 @contextmanager
 def web_client(engine: Engine, *, reruns: RerunQueue | None = None,
-               settings: Settings | None = None,
+               settings: Settings | None = None, schema: SchemaWatch | None = None,
                raise_server_exceptions: bool = True) -> Iterator[TestClient]:
     """Yield a client of the app on ``engine``, guarded by AUTH, its lifespan running.
 
     ``reruns`` defaults to a queue running the real ``nightdesk rerun`` when a test asks for
-    one; ``settings`` to the app's own (``get_settings()``); a server error raises in the test
-    unless told otherwise.
+    one; ``settings`` to the app's own (``get_settings()``); ``schema`` to the app's own watch;
+    a server error raises in the test unless told otherwise.
     """
     app = create_app(engine, Guard(USER, PASSWORD), reruns or RerunQueue(),
-                     stale_after_s=120.0, settings=settings)
+                     stale_after_s=120.0, settings=settings, schema=schema)
     with TestClient(app, raise_server_exceptions=raise_server_exceptions) as client:
         yield client

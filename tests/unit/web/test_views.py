@@ -95,8 +95,8 @@ def test_change_column_and_changes_section(sqlite_engine: Engine, client: TestCl
     rows = {tr["data-ticker"]: [text(td) for td in tr.find_all("td")]
             for tr in soup.select("#ranking tbody tr")}
     # columns: # ticker rating score spread conf was change summary
-    assert rows["AAA"][6] == "Hold +0.00 #2" and rows["AAA"][7] == "▲ upgrade"
-    assert rows["BBB"][6] == "Buy +0.70 #1" and rows["BBB"][7] == "▼ downgrade"
+    assert rows["AAA"][6] == "Hold +0.00, rank 2" and rows["AAA"][7] == "▲ upgrade"
+    assert rows["BBB"][6] == "Buy +0.70, rank 1" and rows["BBB"][7] == "▼ downgrade"
     assert rows["DDD"][6] == "—" and rows["DDD"][7] == "new"
     changes = [[text(td) for td in tr.find_all("td")] for tr in soup.select("#changes tbody tr")]
     assert [c[0] for c in changes] == ["BBB", "AAA", "DDD", "EEE"]
