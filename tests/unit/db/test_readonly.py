@@ -173,7 +173,11 @@ def test_read_commands_serve_a_full_database(stored: tuple[Path, Ids], tmp_path:
 
 @pytest.mark.parametrize("argv", [("quality", "acknowledge"), ("scheduler",)])
 def test_a_command_that_must_write_is_refused_in_one_line(
-        stored: tuple[Path, Ids], argv: tuple[str, ...]) -> None:
+        stored: tuple[Path, Ids], argv: tuple[str, ...], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The checkpoint store still makes the URI's folders ("file:/…") under the working
+    # directory: here the test's own.
+    monkeypatch.chdir(tmp_path)
     # Each of these writes before it can do anything (an acknowledgement's row, the daemon's
     # job table); before, SQLAlchemy's traceback, exit 1.
     path, _ = stored
