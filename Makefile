@@ -10,6 +10,9 @@ BIN := $(VENV)/bin
 # The data home (database, snapshots, model, server files): var/ here, as nightdesk itself
 # defaults to in a checkout; `NIGHTDESK_HOME=/srv/nd make run` moves all of them.
 NIGHTDESK_HOME ?= var
+ifneq ($(word 2,$(NIGHTDESK_HOME)),)
+$(error NIGHTDESK_HOME has a space ($(NIGHTDESK_HOME)): make cannot name the files under it; give one without spaces (nightdesk itself takes it))
+endif
 MODEL := $(NIGHTDESK_HOME)/models/smollm2-135m
 CPU_CONFIG := deploy/cpu-tiny.toml
 DEMO_TICKERS ?= 6

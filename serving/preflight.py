@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -189,6 +190,8 @@ def check_endpoint(base_url: str, model: str, api_key: str = "EMPTY", *,
     except httpx.HTTPError as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(
             error).__name__
+        # The socket's own words ("[Errno 111] Connection refused"): the reason alone.
+        reason = re.sub(r"^\[Errno -?\d+\] ", "", reason)
         return Check("fail", "server", f"cannot reach {url}: {reason}")
     if response.status_code in (401, 403):
         return Check("fail", "server", f"{url} refused the API key (HTTP "

@@ -28,6 +28,7 @@ from app.cli.logs import (
     reader_gone,
 )
 from app.db.engine import timed_out
+from app.db.readonly import refusal
 from app.errors import ERRORS, DatabaseError, NoNightYet, validation_said
 from serving.urls import redact
 
@@ -190,7 +191,9 @@ def _main() -> None:
         _tell(f"[bold red]error:[/] {escape(redact(said))}")
         sys.exit(error.exit_code)
     except DBAPIError as error:
-        bound = timed_out(error)  # a statement past its bound: one line, as DatabaseError
+        # A statement past its bound, or a write the database refuses: one line, as
+        # DatabaseError.
+        bound = timed_out(error) or refusal(error)
         if bound is None:
             raise
         _tell(f"[bold red]error:[/] {escape(bound)}")

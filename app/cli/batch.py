@@ -85,8 +85,9 @@ RunStrategy = Annotated[str | None, typer.Option("--strategy", parser=_checked_s
                                                  help=STRATEGY_HELP, show_default=False)]
 Samples = Annotated[int, typer.Option("--samples", min=1, max=32,
                                       help="independent samples per ticker")]
-AsOf = Annotated[str | None, typer.Option("--as-of",
-                                          help="YYYY-MM-DD (default: newest snapshot)")]
+AsOf = Annotated[str | None, typer.Option(
+    "--as-of", help="YYYY-MM-DD (default: the newest snapshot; with NIGHTDESK_DATA_PROVIDER "
+    "yfinance or demo, today's date on this host)")]
 NoPreflight = Annotated[bool, typer.Option(
     "--no-preflight", help="start without asking the server whether it answers, serves the "
                            "model and has the context for the night's prompts (the tickers "

@@ -16,6 +16,7 @@ from agents.tickers import check_symbol, choose_tickers
 from app.cli.common import MAX_COUNT, setup, writable
 from app.cli.logs import console
 from app.errors import DataError, InputError
+from app.runs.nightly import default_as_of
 
 app = typer.Typer(no_args_is_help=True, help="Market-data snapshots: demo, freeze, show.")
 out = console()
@@ -93,7 +94,9 @@ def freeze(
 @app.command()
 def show(
     ticker: Annotated[str, typer.Argument(help="ticker symbol")],
-    as_of: Annotated[str | None, typer.Option("--as-of", help="YYYY-MM-DD")] = None,
+    as_of: Annotated[str | None, typer.Option(
+        "--as-of", help="YYYY-MM-DD (default: the date a night would take: the newest "
+        "snapshot; with a live provider, today's date on this host)")] = None,
     provider: Annotated[str | None, typer.Option("--provider", help=" | ".join(PROVIDERS))] = (
         None),
     rows: Annotated[int, typer.Option("--rows", min=1, max=MAX_COUNT,
@@ -109,7 +112,7 @@ def show(
     )
 
     settings = setup()
-    day = parse_as_of(as_of, DEMO_AS_OF)
+    day = parse_as_of(as_of) if as_of is not None else default_as_of(settings, provider)
     source = get_provider(provider or settings.agents.data_provider, settings.paths.data_dir)
     try:
         bundle = source.load(check_symbol(ticker), day)

@@ -303,8 +303,9 @@ def _label(row: BatchSummary | Arm) -> str:
     return " ".join(part for part in (demo, escape(row.label or "")) if part)
 
 
-BATCH_COLUMNS = ("id", "kind", "status", "as_of", "tickers", "failed", "duration", "started",
-                 "label")
+# Times are stored and shown in UTC whatever the host's zone, as every other line says.
+BATCH_COLUMNS = ("id", "kind", "status", "as_of", "tickers", "failed", "duration",
+                 "started (UTC)", "label")
 
 
 def batches(

@@ -48,7 +48,10 @@ LOCK_FREE = "its nightly lock was let go"
 
 def lock_file_path(database_url: str, what: str = "nightly") -> Path:
     """Return a lock file of a SQLite database: ``<database>.<what>.lock`` beside it."""
-    database = make_url(database_url).database
+    url = make_url(database_url)
+    database = url.database
+    if database and url.query.get("uri") == "true":
+        database = database.removeprefix("file:")  # a URI filename: the path after it
     if not database or database == ":memory:":
         # A memory database lives in one process; a per-process file is still one lock.
         return Path(tempfile.gettempdir()) / f"nightdesk-memory-{os.getpid()}.{what}.lock"

@@ -9,8 +9,12 @@ out and what is stored is still shown.
 from __future__ import annotations
 
 import sqlite3
+import sys
 
 import psycopg
+
+from app.errors import first_line
+from serving.urls import redact
 
 # SQLite's primary result codes (the low byte of an extended one): read-only, full, the
 # I/O error a full disk gives when a file must grow, a file it may not open for writing.
@@ -30,3 +34,13 @@ def refuses_writes(error: BaseException) -> bool:
         state = cause.sqlstate or ""
         return state == _PG_READ_ONLY or state.startswith(_PG_RESOURCES)
     return False
+
+
+def refusal(error: BaseException) -> str | None:
+    """Return one line for a command stopped by a database that takes no writes now, with
+    what the driver said; None for any other error."""
+    if not refuses_writes(error):
+        return None
+    said = first_line(error, sys.maxsize)
+    return (f"the database takes no writes now ({redact(said)}); make it writable, or free "
+            "space on its disk, and run the command again")

@@ -101,9 +101,10 @@ class NightlyResult:
     said: str | None = None  # skipped: why, and what to do (the digest's)
 
 
-def default_as_of(settings: Settings) -> date:
-    """Return the as-of date of a run given none: the newest snapshot, or today (live data)."""
-    if settings.agents.data_provider != "snapshot":
+def default_as_of(settings: Settings, provider: str | None = None) -> date:
+    """Return the as-of date of a run given none: the newest snapshot, or today (live data).
+    ``provider``: one other than the settings' (``data show --provider``)."""
+    if (provider or settings.agents.data_provider) != "snapshot":
         return date.today()
     newest = latest_as_of(settings.paths.data_dir)
     if newest is None:

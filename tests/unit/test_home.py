@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,16 @@ def test_home_from_the_settings_file_and_a_tilde(cwd: Path, tmp_path: Path,
     s = load_settings()
     assert s.paths.home == tmp_path / "user" / "nd"
     assert s.paths.server_dir == tmp_path / "user" / "nd" / "server"
+
+
+def test_make_refuses_a_home_with_a_space_in_one_line(tmp_path: Path) -> None:
+    # make splits a path at its spaces: `make run` would prepare the model into two folders
+    # and hand the night half a universe path. Refused before any recipe runs (`-n`: none).
+    home = tmp_path / "my home"
+    done = subprocess.run(["make", "-n", "run"], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "NIGHTDESK_HOME": str(home)})
+    assert done.returncode != 0, done.stdout
+    [line] = done.stderr.strip().splitlines()
+    assert line.endswith(f"*** NIGHTDESK_HOME has a space ({home}): make cannot name the files "
+                         "under it; give one without spaces (nightdesk itself takes it).  Stop.")

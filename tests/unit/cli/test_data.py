@@ -25,3 +25,20 @@ def test_data_freeze_from_a_source_folder_that_is_not_there_is_bad_input(
                    "--out", str(tmp_path / "out"))
     assert done.code == 2, done.stderr  # it exited 1, a failed run's, after every ticker failed
     assert done.error_lines == [f"error: --source-dir {tmp_path / 'nonexistent'}: no such folder"]
+
+
+def test_data_show_without_a_date_reads_the_snapshot_a_night_would(tmp_path: Path) -> None:
+    # `run` takes the newest snapshot; `data show` took the demo's own date, so after a
+    # `data freeze` of another date it said "no snapshot for 2026-11-27".
+    data = tmp_path / "data"
+    env = {"NIGHTDESK_DATA_DIR": str(data)}
+    for day in ("2025-12-31", "2026-01-02"):
+        assert run_cli("data", "demo", "--as-of", day, "--tickers", "2", "--out",
+                       str(data), env=env).code == 0
+    done = run_cli("data", "show", "alph.demo", "--rows", "1", env=env)
+    assert done.code == 0, done.stderr
+    assert "last 1 of 240 sessions up to 2026-01-02" in done.stdout, done.stdout[:300]
+    empty = run_cli("data", "show", "ALPH.DEMO",
+                    env={"NIGHTDESK_DATA_DIR": str(tmp_path / "none")})
+    assert empty.code == 2 and empty.error_lines[0].startswith(
+        f"error: no snapshot under {tmp_path / 'none'}"), empty.stderr

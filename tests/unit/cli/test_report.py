@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 from datetime import date, timedelta
 
 import pytest
@@ -77,6 +78,25 @@ def test_batches_as_csv_and_table(sqlite_engine: Engine) -> None:
     line = next(line for line in table.splitlines() if f" {ids['night2']} " in line)
     for cell in ("nightly", "partial", str(D2), "2/3", "1 h 30 min"):
         assert cell in line, (cell, line)
+
+
+def test_the_batches_tables_start_time_names_its_zone(sqlite_engine: Engine,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # The time is UTC's on any host; a bare "07:28" read on a host in Tokyo is nine hours off.
+    ids = stored(sqlite_engine)
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        table = run_cli("batches").stdout
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    header = next(line for line in table.splitlines() if " id " in line)
+    assert "started (UTC)" in header, header
+    started = run_cli("batches", "--format", "json").stdout
+    night = next(b for b in json.loads(started) if b["id"] == ids["night2"])
+    line = next(line for line in table.splitlines() if f" {ids['night2']} " in line)
+    assert night["started_at"][:16].replace("T", " ") in line, (night["started_at"], line)
 
 
 @pytest.mark.parametrize("argv", [

@@ -44,6 +44,14 @@ def test_lock_file_sits_beside_the_database(sqlite_url: str) -> None:
     assert lock_file_path(sqlite_url) == database.with_name(database.name + ".nightly.lock")
 
 
+def test_lock_file_of_a_uri_url_sits_beside_its_file(tmp_path: Path) -> None:
+    # `sqlite:///file:/x/y.db?mode=ro&uri=true` (docs/reliability.md's read-only database):
+    # the lock was made under a folder named "file:" in the working directory.
+    database = tmp_path / "y.db"
+    url = f"sqlite:///file:{database}?mode=ro&uri=true"
+    assert lock_file_path(url, "scheduler") == tmp_path / "y.db.scheduler.lock"
+
+
 def test_a_crashed_holder_leaves_no_stale_lock(sqlite_engine: Engine) -> None:
     check_lock_dies_with_its_holder(sqlite_engine)
 

@@ -26,6 +26,7 @@ from sqlalchemy import event, text
 from sqlalchemy.exc import OperationalError
 
 from app.db.engine import get_engine, upgrade
+from tests.unit.support.clirun import run_cli
 from tests.unit.support.read_checks import STALE, check_reads, comparable, read_all
 from tests.unit.support.web_rows import Ids, fill
 from tests.unit.support.webclient import AUTH, web_client
@@ -78,6 +79,7 @@ def test_read_commands_and_pages_serve_a_read_only_database(
 # prints their results as JSON.
 CHILD = """
 import json, sys
+from tests.unit.support.clirun import run_cli
 from tests.unit.support.read_checks import read_all
 from tests.unit.support.web_rows import Ids
 print(json.dumps(read_all(sys.argv[1], Ids(*map(int, sys.argv[2:])))))
@@ -167,3 +169,25 @@ def test_read_commands_serve_a_full_database(stored: tuple[Path, Ids], tmp_path:
         assert comparable(name, found) == comparable(name, writable), name
     event.remove(engine, "connect", _full)
     engine.dispose()
+
+
+@pytest.mark.parametrize("argv", [("quality", "acknowledge"), ("scheduler",)])
+def test_a_command_that_must_write_is_refused_in_one_line(
+        stored: tuple[Path, Ids], argv: tuple[str, ...], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The checkpoint store still makes the URI's folders ("file:/…") under the working
+    # directory: here the test's own.
+    monkeypatch.chdir(tmp_path)
+    # Each of these writes before it can do anything (an acknowledgement's row, the daemon's
+    # job table); before, SQLAlchemy's traceback, exit 1.
+    path, _ = stored
+    before = _digest(path)
+    result = run_cli(*argv, env={"NIGHTDESK_DATABASE_URL":
+                                 f"sqlite:///file:{path}?mode=ro&uri=true"})
+    assert result.code == 2, result.stderr
+    assert "Traceback" not in result.stderr and "sqlalche.me" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == ("error: the database takes no writes now (attempt to write a readonly "
+                    "database); make it writable, or free space on its disk, and run the "
+                    "command again"), last
+    assert _digest(path) == before

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serving.preflight import Check, check_cpu_profile, check_gpus, parse_nvidia_smi, run_preflight
+from serving.preflight import (
+    Check,
+    check_cpu_profile,
+    check_endpoint,
+    check_gpus,
+    parse_nvidia_smi,
+    run_preflight,
+)
 from serving.profiles import HostPaths, load_profile
 
 PATHS = HostPaths(models_dir=Path("/nonexistent/models"), vllm_venv=Path("/nonexistent/venv"))
@@ -73,3 +80,16 @@ def test_gpu_profile_without_gpu_fails_and_checks_cpu_instead() -> None:
     checks = run_preflight(DENSE, "http://127.0.0.1:9", None, PATHS)
     assert checks[0].level == "fail"
     assert "vllm env" in [c.name for c in checks]
+
+
+def test_an_endpoint_not_there_is_said_without_the_errno() -> None:
+    # A dead port (9 is discard, never listening here) and a name no resolver knows: the
+    # operator's line says the reason, not the C library's "[Errno 111] ".
+    for base_url, reason in (("http://127.0.0.1:9/v1", "Connection refused"),
+                             ("http://nightdesk-no-such-host.invalid:8000/v1", None)):
+        check = check_endpoint(base_url, "m", timeout_s=5)
+        assert check.level == "fail" and check.detail.startswith(
+            f"cannot reach {base_url}/models: "), check.detail
+        assert "[Errno" not in check.detail, check.detail
+        if reason:
+            assert check.detail.endswith(reason), check.detail
