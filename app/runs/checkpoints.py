@@ -49,6 +49,8 @@ log = structlog.get_logger(__name__)
 
 BeforeWrite = Callable[[], Awaitable[None]]
 T = TypeVar("T")
+# How long one try at opening the checkpoint pool waits for its first connection.
+POOL_OPEN_S = 30.0
 
 
 class _Guarded(BaseCheckpointSaver[Any]):
@@ -192,15 +194,25 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
             await saver.setup()
         else:
             conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
-            pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-                conninfo, min_size=1, max_size=4, open=False,
-                kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
-                        **connect_args("statement_timeout", statement_timeout_s)},
-                # A connection a restart killed is found on checkout and replaced.
-                check=AsyncConnectionPool.check_connection,
-                connection_class=AnsweredAsyncConnection, configure=_answered(
-                    answer_bound(statement_timeout_s)))
-            await aretrying(pool.open, wait=True, timeout=30)
+
+            async def opened() -> AsyncConnectionPool[Any]:
+                # psycopg closes a pool that is not ready in time, for good: each try its own.
+                pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                    conninfo, min_size=1, max_size=4, open=False,
+                    kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
+                            **connect_args("statement_timeout", statement_timeout_s)},
+                    # A connection a restart killed is found on checkout and replaced.
+                    check=AsyncConnectionPool.check_connection,
+                    connection_class=AnsweredAsyncConnection, configure=_answered(
+                        answer_bound(statement_timeout_s)))
+                try:
+                    await pool.open(wait=True, timeout=POOL_OPEN_S)
+                except BaseException:
+                    await pool.close()
+                    raise
+                return pool
+
+            pool = await aretrying(opened)
             closing.push_async_callback(pool.close)
             saver = GuardedPostgresSaver(pool, serde=serializer())
             saver.statement_timeout_s = statement_timeout_s

@@ -33,7 +33,9 @@ from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
 from app.db.engine import get_engine
 from app.db.models import Batch, Decision, NodeText, TickerRun
+from app.db.retry import write_budget
 from app.errors import StorageOutage
+from app.runs import checkpoints
 from app.runs.checkpoints import Checkpoints, open_checkpointer
 from app.runs.resumable import find_resumable, mark_stale_crashed
 from tests.dbfaults import (
@@ -150,6 +152,21 @@ async def test_the_database_away_for_ten_seconds_is_ridden_out(
         check_rows_match(get_engine(url), server)
     finally:
         get_engine(url).dispose()
+
+
+async def test_a_database_away_past_one_try_at_opening_the_checkpoints_is_waited_for(
+        db_url: str, proxy: TcpProxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    # psycopg closes a pool not ready within its try, for good: a try after it that reopened
+    # the same pool met "pool has already been opened/closed" until the write budget ran out.
+    monkeypatch.setattr(checkpoints, "POOL_OPEN_S", 1.0)
+    url = make_url(db_url).set(port=proxy.port).render_as_string(hide_password=False)
+    proxy.cut(4.0)
+    started = time.monotonic()
+    with write_budget(60.0):
+        async with open_checkpointer(url) as saver:
+            config = {"configurable": {"thread_id": "none", "checkpoint_ns": ""}}
+            assert await saver.aget_tuple(config) is None  # type: ignore[arg-type]
+    assert proxy.cuts == 1 and time.monotonic() - started >= 3.5
 
 
 async def test_commits_whose_answer_is_lost_record_every_row_once(
