@@ -62,6 +62,16 @@ def shown(url: str | URL) -> str:
     return redact(parsed.render_as_string(hide_password=False))
 
 
+def sqlite_file(url: str) -> str:
+    """Return the file a SQLite URL names (a URI filename's path, ``?uri=true``), or
+    ``:memory:`` when it names none."""
+    parsed = make_url(url)
+    database = parsed.database or ":memory:"
+    if parsed.query.get("uri") == "true":
+        database = database.removeprefix("file:") or ":memory:"
+    return database
+
+
 def _sqlite_folder(url: str) -> None:
     """Make a SQLite file's folder; one that cannot be made is a DatabaseError (one line)."""
     database = make_url(url).database

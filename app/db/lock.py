@@ -25,11 +25,11 @@ import structlog
 import tenacity
 from pydantic import BaseModel
 from sqlalchemy import Engine, create_engine, select, text, update
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
 
 from app.config import STATEMENT_TIMEOUT_S
-from app.db.engine import bounded, connect_args
+from app.db.engine import bounded, connect_args, sqlite_file
 from app.db.models import Batch, SchedulerBeat
 from app.db.retry import cancelled_at_bound, said
 from app.errors import AlreadyRunningError, DatabaseError, first_line
@@ -48,11 +48,8 @@ LOCK_FREE = "its nightly lock was let go"
 
 def lock_file_path(database_url: str, what: str = "nightly") -> Path:
     """Return a lock file of a SQLite database: ``<database>.<what>.lock`` beside it."""
-    url = make_url(database_url)
-    database = url.database
-    if database and url.query.get("uri") == "true":
-        database = database.removeprefix("file:")  # a URI filename: the path after it
-    if not database or database == ":memory:":
+    database = sqlite_file(database_url)
+    if database == ":memory:":
         # A memory database lives in one process; a per-process file is still one lock.
         return Path(tempfile.gettempdir()) / f"nightdesk-memory-{os.getpid()}.{what}.lock"
     return Path(database).with_name(Path(database).name + f".{what}.lock")

@@ -38,7 +38,13 @@ from sqlalchemy.engine import make_url
 
 from agents.graph import STATE_TYPES, thread_id
 from app.config import STATEMENT_TIMEOUT_S
-from app.db.engine import AnsweredAsyncConnection, answer_bound, connect_args, reason
+from app.db.engine import (
+    AnsweredAsyncConnection,
+    answer_bound,
+    connect_args,
+    reason,
+    sqlite_file,
+)
 from app.db.models import TickerRun
 from app.db.retry import aretrying, mark_bound, outage, transient
 from app.errors import DatabaseError
@@ -140,7 +146,7 @@ class GuardedPostgresSaver(_Guarded, AsyncPostgresSaver):
 
 def checkpoint_path(database_url: str) -> str:
     """Return the SQLite checkpoint file for a SQLite database URL (``:memory:`` stays so)."""
-    database = make_url(database_url).database or ":memory:"
+    database = sqlite_file(database_url)
     if database == ":memory:":
         return database
     path = Path(database)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from pathlib import Path
 
 import pytest
 
 from app.errors import StorageOutage
-from app.runs.checkpoints import checkpoint_path, open_checkpointer
+from app.runs.checkpoints import check_checkpoints, checkpoint_path, open_checkpointer
 from tests.unit.support.endings import ENDINGS, End, run_to_its_end
 
 CONFIG = {"configurable": {"thread_id": "b1:AAA:0", "checkpoint_ns": "", "checkpoint_id": "c1"}}
@@ -155,3 +156,15 @@ async def test_a_write_that_fails_fails_its_caller_and_no_other_write(sqlite_url
             await first
         await second
     assert stored_writes(sqlite_url) == [("task-2", "value")]
+
+
+def test_the_checkpoints_of_a_uri_url_sit_beside_its_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `sqlite:///file:/x/y.db?uri=true` (docs/reliability.md's read-only form, without its
+    # mode): the checkpoint file was made under a folder named "file:" in the working folder.
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "home"
+    url = f"sqlite:///file:{folder / 'y.db'}?uri=true"
+    check_checkpoints(url)
+    assert checkpoint_path(url) == str(folder / "y.checkpoints.db")
+    assert (folder / "y.checkpoints.db").is_file() and not (tmp_path / "file:").exists()
