@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.errors import ServerError
+from serving.errors import ServerError, reason
 from serving.urls import redact, server_root
 
 # Older vLLM spelled KV usage and prefix-cache counters with a gpu_ prefix; first found wins.
@@ -267,7 +267,7 @@ def fetch_metrics_text(base_url: str, *, client: httpx.Client | None = None,
         with httpx.Client(timeout=timeout_s) as own:
             return _check(own.get(metrics_url(base_url)))
     except httpx.HTTPError as error:
-        raise ServerError(redact(f"cannot read {metrics_url(base_url)}: {error}")) from None
+        raise ServerError(redact(f"cannot read {metrics_url(base_url)}: {reason(error)}")) from None
 
 
 async def afetch_metrics_text(base_url: str, *, client: httpx.AsyncClient | None = None,
@@ -279,7 +279,7 @@ async def afetch_metrics_text(base_url: str, *, client: httpx.AsyncClient | None
         async with httpx.AsyncClient(timeout=timeout_s) as own:
             return _check(await own.get(metrics_url(base_url)))
     except httpx.HTTPError as error:
-        raise ServerError(redact(f"cannot read {metrics_url(base_url)}: {error}")) from None
+        raise ServerError(redact(f"cannot read {metrics_url(base_url)}: {reason(error)}")) from None
 
 
 def read_metrics(base_url: str, *, client: httpx.Client | None = None) -> MetricsSnapshot:

@@ -382,3 +382,12 @@ async def test_each_row_carries_the_chain_slots_of_the_server_it_was_pushed_to(
         await server.sample_once()
     with Session(engine) as session:
         assert [r.chain_slots for r in session.scalars(select(ServerSample))] == [slots]
+
+
+async def test_a_server_gone_is_a_failed_reading_worded_without_the_sockets_errno() -> None:
+    fake = FakeServer()
+    fake.crash()  # refused as a closed port is: "[Errno 111] Connection refused"
+    async with fake.client() as http:
+        with pytest.raises(ServerError) as raised:
+            await aread_metrics("http://127.0.0.1:8000/v1", client=http)
+    assert str(raised.value) == "cannot read http://127.0.0.1:8000/metrics: Connection refused"
