@@ -33,10 +33,10 @@ from app.errors import (
     LLMStreamError,
     LLMTimeoutError,
     ServerBusy,
-    first_line,
 )
 from app.promptsize import PromptCounter
 from app.usage import UsageRecorder
+from serving.errors import reason
 from serving.urls import redact, server_root
 
 log = structlog.get_logger(__name__)
@@ -170,7 +170,7 @@ class TrackedLLM(PromptCounter):
             weights = str(entry.get("root") or entry["id"])
         except (httpx.HTTPError, ValueError, LookupError, TypeError, StopIteration) as error:
             log.warning("served model not read", endpoint=self.endpoint,
-                        error=first_line(error, 200, typed=True))
+                        error=reason(error, typed=True)[:200])
             return None
         first, self.weights = self.weights, self.weights or weights
         if not first or first == weights:
@@ -288,7 +288,7 @@ class TrackedLLM(PromptCounter):
         except openai.APIConnectionError as exc:
             # The SDK says only "Connection error."; the transport's own error says which.
             cause = exc.__cause__
-            why = f" ({first_line(cause, 300, typed=True)})" if cause is not None else ""
+            why = f" ({reason(cause, typed=True)[:300]})" if cause is not None else ""
             error = LLMConnectionError(redact(f"cannot reach {self.base_url}: {exc}{why}"))
         except httpx.TimeoutException as exc:
             # Raised while reading the stream: the OpenAI client only wraps the request itself.

@@ -30,6 +30,7 @@ from app.errors import (
     LLMHTTPError,
     LLMMalformedError,
 )
+from serving.errors import reason
 from serving.urls import redact
 
 log = structlog.get_logger(__name__)
@@ -132,7 +133,7 @@ class PromptCounter:
             )
         except httpx.HTTPError as exc:
             raise LLMConnectionError(
-                redact(f"cannot reach {self._url} to count tokens: {exc}")) from None
+                redact(f"cannot reach {self._url} to count tokens: {reason(exc)}")) from None
         if response.status_code == 404:
             log.warning("server has no /tokenize; prompt length is not checked before sending")
             self.supported = False

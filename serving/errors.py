@@ -6,6 +6,8 @@ and re-exports these classes.
 
 from __future__ import annotations
 
+import re
+
 
 class ServingError(Exception):
     """Base of every error the serving layer raises on purpose."""
@@ -21,3 +23,13 @@ class ProfileError(ServingError):
     """A server profile is unknown or malformed: the user's choice, so exit 2 like bad input."""
 
     exit_code = 2
+
+
+def reason(error: BaseException, *, typed: bool = False) -> str:
+    """Return what ``error`` says in one line, without the socket's ``[Errno 111] `` before
+    it (an operator's line says the reason, not the C library's number); its type's name
+    when it says nothing, or before its words with ``typed``."""
+    text = str(error).strip()
+    words = re.sub(r"^\[Errno -?\d+\] ", "", text.splitlines()[0]) if text else ""
+    kind = type(error).__name__
+    return f"{kind}: {words}" if typed and words else words or kind

@@ -6,6 +6,7 @@ service's business (app/traffic/sampler.py); this module knows vLLM, not the dat
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -13,13 +14,17 @@ from datetime import UTC, datetime
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.errors import ServerError
+from serving.errors import ServerError, reason
 from serving.urls import redact, server_root
 
 # Older vLLM spelled KV usage and prefix-cache counters with a gpu_ prefix; first found wins.
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+# What admission takes from a reading (app/traffic: admission, budget, limits): never guessed.
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+ADMITTED = frozenset((*GAUGES, *COUNTERS, *KV_USAGE, "vllm:num_preemptions_total"))
 
 
 @dataclass(frozen=True)
@@ -139,23 +144,31 @@ def _sum(values: dict[str, list[float]], *names: str) -> float | None:
 
 
 def parse_metrics(text: str, *, taken_at: datetime | None = None) -> MetricsSnapshot:
-    """Parse Prometheus text from vLLM into a snapshot; a missing core gauge is a ServerError."""
+    """Parse Prometheus text from vLLM into a snapshot. A ServerError (a failed reading) when
+    a value admission takes is missing or is no count (NaN, infinite, negative); a report's
+    figure that is no count reads as unknown (None)."""
     values = _samples(text)
-    required = ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+    required = (*GAUGES, *COUNTERS)
     missing = [name for name in required if name not in values]
     kv = _first(values, KV_USAGE)
     if kv is None:
         missing.append(KV_USAGE[0])
-    # A data-parallel server publishes an engine's scheduler gauges (running, waiting, KV)
-    # only once that engine has served a request (vLLM 0.24); its token
-    # counters are there from the start. Counters present and gauges absent is an idle
-    # server, not a foreign one.
-    counters = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
-    if missing and not any(name in missing for name in counters):
-        missing = []
-    if missing:
+    if any(name in missing for name in COUNTERS):
         raise ServerError(f"/metrics lacks {', '.join(missing)}: is this a vLLM server?")
+    # A data-parallel server publishes an engine's scheduler gauges (running, waiting, KV)
+    # only once that engine has served a request (vLLM 0.24): all three declared, with no
+    # sample. A gauge missing otherwise is a page cut short, not an idle server.
+    if missing and (len(missing) < 3 or not all(
+            any(f"# TYPE {name} " in text for name in names)
+            for names in ((GAUGES[0],), (GAUGES[1],), KV_USAGE))):
+        raise ServerError(f"/metrics lacks {', '.join(missing)}: a partial reading")
+    # A garbled page or an exporter's bug, never a server's state; let into admission's
+    # arithmetic, NaN passes every comparison with a limit as false and -1 reads as room.
+    untrue = {name for name, found in values.items() if not all(0 <= v < math.inf for v in found)}
+    if untrue & ADMITTED:
+        raise ServerError(f"/metrics gives {', '.join(sorted(untrue & ADMITTED))} a value no "
+                          "server has (NaN, infinite or negative): a partial reading")
+    values = {name: found for name, found in values.items() if name not in untrue}
     core = {name: sum(values.get(name, [0.0])) for name in required}
     return MetricsSnapshot(
         running=core["vllm:num_requests_running"],
@@ -254,7 +267,7 @@ def fetch_metrics_text(base_url: str, *, client: httpx.Client | None = None,
         with httpx.Client(timeout=timeout_s) as own:
             return _check(own.get(metrics_url(base_url)))
     except httpx.HTTPError as error:
-        raise ServerError(redact(f"cannot read {metrics_url(base_url)}: {error}")) from None
+        raise ServerError(redact(f"cannot read {metrics_url(base_url)}: {reason(error)}")) from None
 
 
 async def afetch_metrics_text(base_url: str, *, client: httpx.AsyncClient | None = None,
@@ -266,7 +279,7 @@ async def afetch_metrics_text(base_url: str, *, client: httpx.AsyncClient | None
         async with httpx.AsyncClient(timeout=timeout_s) as own:
             return _check(await own.get(metrics_url(base_url)))
     except httpx.HTTPError as error:
-        raise ServerError(redact(f"cannot read {metrics_url(base_url)}: {error}")) from None
+        raise ServerError(redact(f"cannot read {metrics_url(base_url)}: {reason(error)}")) from None
 
 
 def read_metrics(base_url: str, *, client: httpx.Client | None = None) -> MetricsSnapshot:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Literal
 
 import httpx
 
+from serving.errors import reason
 from serving.launcher import healthy
 from serving.profiles import HostPaths, Profile, cpu_has_avx512, load_profile
 from serving.urls import redact
@@ -188,11 +188,7 @@ def check_endpoint(base_url: str, model: str, api_key: str = "EMPTY", *,
             with httpx.Client(timeout=timeout_s) as own:
                 response = own.get(url, headers=headers)
     except httpx.HTTPError as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(
-            error).__name__
-        # The socket's own words ("[Errno 111] Connection refused"): the reason alone.
-        reason = re.sub(r"^\[Errno -?\d+\] ", "", reason)
-        return Check("fail", "server", f"cannot reach {url}: {reason}")
+        return Check("fail", "server", f"cannot reach {url}: {reason(error)}")
     if response.status_code in (401, 403):
         return Check("fail", "server", f"{url} refused the API key (HTTP "
                      f"{response.status_code}): check NIGHTDESK_LLM_API_KEY")

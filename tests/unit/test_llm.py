@@ -389,3 +389,21 @@ async def test_an_error_status_says_what_the_server_said_without_the_clients_wra
     assert isinstance(result, LLMError)
     assert str(result) == says
     assert rows[-1].error == says
+
+
+async def test_a_server_gone_is_worded_without_the_sockets_errno(sqlite_engine: Engine) -> None:
+    # The fake refuses as a closed port does ("[Errno 111] Connection refused"): the row and
+    # the log lines of a night say the reason alone, in the preflight's words.
+    fake = FakeServer(lambda chat: ANSWER)
+    fake.crash()
+    result, rows = await one_call(sqlite_engine, fake, max_attempts=1)
+    assert isinstance(result, LLMConnectionError), result
+    assert str(result).endswith("Connection error. (ConnectError: Connection refused)")
+    assert [r.error for r in rows] == [str(result)]
+    async with fake.client() as http:
+        counter = PromptCounter(load_settings(max_attempts=1, retry_backoff_s=0), http,
+                                "http://fake.test/tokenize")
+        with structlog.testing.capture_logs() as logs:
+            assert await counter.measure(MESSAGES, max_tokens=10) is None
+    (said,) = [e["error"] for e in logs if e["event"] == "prompt could not be counted"]
+    assert said == "cannot reach http://fake.test/tokenize to count tokens: Connection refused"

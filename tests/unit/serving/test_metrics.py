@@ -22,6 +22,7 @@ from serving.metrics import (
     parse_metrics,
     read_metrics,
 )
+from tests.fakevllm import FakeServer, Reply
 from tests.unit.support import FIXTURES
 from tests.unit.support.call_rows import new_batch
 from tests.unit.support.metrics_transport import RECORDED, transport
@@ -152,6 +153,75 @@ def test_data_parallel_capacity_uses_each_engines_own_token_count() -> None:
     # too): the token count is what the engine allocated.
     assert config.blocks() == 2 * 6144
     assert config.tokens() == 2 * 49152
+
+
+KV_SAMPLE = next(x for x in RECORDED.splitlines() if x.startswith("vllm:kv_cache_usage_perc{"))
+
+
+def _without_kv(page: str, *, keep_type: bool = False) -> str:
+    """The page with the KV gauge's lines lost: all of them, or its sample only."""
+    kv = "vllm:kv_cache_usage_perc"
+    return "\n".join(line for line in page.splitlines() if kv not in line
+                     or (keep_type and line.startswith("# TYPE"))) + "\n"
+
+
+@pytest.mark.parametrize("keep_type", [False, True], ids=["gauge-lost", "sample-lost"])
+def test_a_page_lacking_the_kv_gauge_is_a_partial_reading_not_an_idle_server(
+        keep_type: bool) -> None:
+    # Running, waiting and the counters read, the KV gauge not (a page cut short whose
+    # families came in another order than vLLM's, or cut between a gauge's TYPE and sample).
+    with pytest.raises(ServerError, match="lacks vllm:kv_cache_usage_perc: a partial reading"):
+        parse_metrics(_without_kv(RECORDED, keep_type=keep_type))
+
+
+def test_an_idle_data_parallel_page_without_its_declarations_is_a_partial_reading() -> None:
+    # The counters alone, no gauge declared: not the idle server DP2_IDLE is.
+    page = "\n".join(line for line in DP2_IDLE.splitlines()
+                     if not any(g in line for g in ("num_requests_running", "num_requests_waiting",
+                                                    "kv_cache_usage_perc"))) + "\n"
+    with pytest.raises(ServerError, match="a partial reading"):
+        parse_metrics(page)
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-0.25"])
+def test_a_kv_gauge_that_is_no_count_is_a_partial_reading(value: str) -> None:
+    page = RECORDED.replace(KV_SAMPLE, KV_SAMPLE.rsplit(" ", 1)[0] + " " + value)
+    with pytest.raises(ServerError, match="vllm:kv_cache_usage_perc a value no server has"):
+        parse_metrics(page)
+
+
+def test_a_request_count_that_is_no_count_is_a_partial_reading() -> None:
+    running = next(x for x in RECORDED.splitlines()
+                   if x.startswith("vllm:num_requests_running{"))
+    page = RECORDED.replace(running, running.rsplit(" ", 1)[0] + " NaN")
+    with pytest.raises(ServerError, match="vllm:num_requests_running a value no server has"):
+        parse_metrics(page)
+
+
+def test_a_report_figure_that_is_no_count_reads_as_unknown() -> None:
+    prefill = next(x for x in RECORDED.splitlines()
+                   if x.startswith("vllm:request_prefill_time_seconds_sum{"))
+    snap = parse_metrics(RECORDED.replace(prefill, prefill.rsplit(" ", 1)[0] + " NaN"))
+    assert snap.prefill_time_s_total is None  # unknown in the report, the reading taken
+    assert snap.kv_cache_usage == pytest.approx(0.028885832187070193)
+
+
+async def test_a_cut_page_from_the_server_is_a_failed_reading_and_admission_goes_blind(
+        ) -> None:
+    fake = FakeServer()
+    sampler = MetricsSampler("http://127.0.0.1:8000/v1", None, None, interval_s=1.0,
+                             client=fake.client())
+    servers = read_servers(sampler)
+    server = servers.first
+    assert await server.sample_once() is not None
+    assert server.limits.failed == 0
+    cut = _without_kv(fake.load.metrics_text())
+    fake.cue(Reply(page=cut, page_type="text/plain; version=0.0.4"), path="/metrics")
+    with structlog.testing.capture_logs() as logs:
+        assert await server.sample_once() is None  # not a reading of an idle server
+    assert server.limits.failed == 1 and server.limits.blind_since is not None
+    assert sampler.latest is not None and sampler.failing
+    assert any("a partial reading" in str(e.get("error")) for e in logs)
 
 
 def test_not_vllm_metrics_is_a_server_error() -> None:
@@ -312,3 +382,12 @@ async def test_each_row_carries_the_chain_slots_of_the_server_it_was_pushed_to(
         await server.sample_once()
     with Session(engine) as session:
         assert [r.chain_slots for r in session.scalars(select(ServerSample))] == [slots]
+
+
+async def test_a_server_gone_is_a_failed_reading_worded_without_the_sockets_errno() -> None:
+    fake = FakeServer()
+    fake.crash()  # refused as a closed port is: "[Errno 111] Connection refused"
+    async with fake.client() as http:
+        with pytest.raises(ServerError) as raised:
+            await aread_metrics("http://127.0.0.1:8000/v1", client=http)
+    assert str(raised.value) == "cannot read http://127.0.0.1:8000/metrics: Connection refused"
