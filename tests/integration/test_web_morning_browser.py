@@ -218,7 +218,7 @@ def test_the_change_column_and_the_changes_section(home: Path, browser: Browser,
         # Tonight's partial night is the latest: its banner says partial, not "not latest".
         assert page.locator("#banner").get_attribute("data-status") == "partial"
         row = page.locator("#ranking tr[data-ticker='AAA'] td")
-        assert row.nth(6).inner_text().split() == ["Hold", "+0.00", "#3"]
+        assert row.nth(6).inner_text().split() == ["Hold", "+0.00,", "rank", "3"]
         assert row.nth(7).inner_text() == "▲ upgrade"
         assert page.locator("#ranking tr[data-ticker='DDD'] td").nth(7).inner_text() == "new"
         changes = page.locator("#changes tbody tr")
@@ -320,7 +320,7 @@ def test_the_night_before_passes_over_a_demo_night_and_says_which_views_were_unr
         page = new_page(browser)
         page.goto(base + "/")
         row = page.locator("#ranking tr[data-ticker='AAA'] td")
-        assert row.nth(6).inner_text().split() == ["Buy", "+0.80", "#1"]
+        assert row.nth(6).inner_text().split() == ["Buy", "+0.80,", "rank", "1"]
         assert row.nth(7).inner_text() == "▼ downgrade"
         why = page.locator("#changes tr[data-ticker='AAA'] td").nth(5).inner_text()
         assert why == "no view's stance read on both nights; read on one night only: market"
