@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import re
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from typer.core import TyperGroup
 from app.cli import app
 from app.config import CONFIG_ENV, FLAT, OTHER_ENV, TEST_ENV_PREFIX
 from serving.preflight import PREPARE_MODEL, SETUP_SCRIPT
-from tests.lint.test_wheel import packaged
+from tests.unit.support.wheel import shipped
 
 ROOT = Path(__file__).resolve().parents[3]
 # A command in a sentence: backticked (`nightdesk run --resume 5`), in parentheses or in
@@ -89,19 +88,6 @@ def _strings() -> Iterator[tuple[str, str]]:
                 yield f"{path.relative_to(ROOT)}:{line}", text
     for path in sorted((ROOT / "app/web/templates").glob("*.html")):
         yield str(path.relative_to(ROOT)), re.sub(r"{{.*?}}", FIELD, path.read_text())
-
-
-def shipped(root: Path = ROOT) -> set[str]:
-    """Return the files the wheel carries, relative to ``root``: each packaged folder's
-    modules and the package data pyproject.toml names for it."""
-    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    patterns = data.get("package-data", {})
-    files: set[str] = set()
-    for package in packaged(root):
-        folder = root.joinpath(*package.split("."))
-        for pattern in ["*.py", *patterns.get(package, [])]:
-            files |= {str(path.relative_to(root)) for path in folder.glob(pattern)}
-    return files
 
 
 def not_installed(text: str, files: set[str], targets: set[str]) -> list[str]:
@@ -221,7 +207,7 @@ def test_the_commands_made_from_a_batchs_state_have_only_options_the_cli_has() -
 def test_every_file_and_make_target_nightdesk_names_is_there_where_it_is_installed() -> None:
     # A host installed from the wheel has no checkout: no docs/, no Makefile, no script
     # that is not package data. Advice names what ships, or says it is the repository's.
-    files = shipped()
+    files = shipped(ROOT)
     named = [(where, text) for where, text in _strings() if REPO_FILE.search(text)
              or re.search(r"\bmake ", text)]
     assert len(named) > 5
@@ -232,7 +218,7 @@ def test_every_file_and_make_target_nightdesk_names_is_there_where_it_is_install
 
 
 def test_a_checkout_only_file_or_target_in_advice_is_caught() -> None:
-    files = shipped()
+    files = shipped(ROOT)
     assert {"serving/prepare_model.py", "serving/profiles/cpu-tiny.toml",
             "app/web/templates/track.html", "migrations/script.py.mako"} <= files
     assert "docs/settings.md" not in files and "Makefile" not in files
