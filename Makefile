@@ -3,7 +3,9 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
-VVENV := .venv-vllm
+# The CPU server's environment and the model's folder: where nightdesk's settings look for
+# them (NIGHTDESK_VLLM_VENV, NIGHTDESK_MODELS_DIR), else where it looks by default.
+VVENV := $(or $(NIGHTDESK_VLLM_VENV),.venv-vllm)
 # `make test-lowest`'s environment: every direct dependency at its lowest allowed version.
 LVENV := .venv-lowest
 BIN := $(VENV)/bin
@@ -13,7 +15,7 @@ NIGHTDESK_HOME ?= var
 ifneq ($(word 2,$(NIGHTDESK_HOME)),)
 $(error NIGHTDESK_HOME has a space ($(NIGHTDESK_HOME)): make cannot name the files under it; give one without spaces (nightdesk itself takes it))
 endif
-MODEL := $(NIGHTDESK_HOME)/models/smollm2-135m
+MODEL := $(or $(NIGHTDESK_MODELS_DIR),$(NIGHTDESK_HOME)/models)/smollm2-135m
 CPU_CONFIG := deploy/cpu-tiny.toml
 DEMO_TICKERS ?= 6
 # Samples per ticker in `make run`; `make run DEMO_SAMPLES=4` gives `nightdesk quality samples`
@@ -116,15 +118,16 @@ server-stop: setup
 	NIGHTDESK_CONFIG=$(CPU_CONFIG) $(BIN)/nightdesk server stop --profile cpu-tiny
 
 # The main job on the embedded default: SQLite, the DEMO snapshot, the CPU server. A partial
-# night (exit 3: some tickers failed) still has a ranking and a report to show.
+# night (exit 3: some tickers failed) still has a ranking and a report to show. No
+# --universe: the night takes NIGHTDESK_UNIVERSE_FILE, else the snapshot's universe.txt under
+# the data folder `data demo` wrote to (NIGHTDESK_DATA_DIR, else the home's data/).
 run: setup vllm-env model
 	@export NIGHTDESK_CONFIG=$(CPU_CONFIG); set -e; \
 	$(BIN)/nightdesk db upgrade; \
 	$(BIN)/nightdesk data demo --tickers $(DEMO_TICKERS); \
 	$(BIN)/nightdesk server start --profile cpu-tiny; \
 	trap '$(BIN)/nightdesk server stop --profile cpu-tiny' EXIT; \
-	$(BIN)/nightdesk run --universe $(NIGHTDESK_HOME)/data/2026-11-27/universe.txt \
-	    --as-of 2026-11-27 --samples $(DEMO_SAMPLES) || [ $$? -eq 3 ]; \
+	$(BIN)/nightdesk run --as-of 2026-11-27 --samples $(DEMO_SAMPLES) || [ $$? -eq 3 ]; \
 	$(BIN)/nightdesk ranking; \
 	$(BIN)/nightdesk report
 

@@ -584,7 +584,8 @@ def _unknown_env_name() -> str | None:
         close = difflib.get_close_matches(name.removeprefix("NIGHTDESK_"), sorted(
             other.removeprefix("NIGHTDESK_") for other in known), n=1)
         hint = f"; did you mean NIGHTDESK_{close[0]}?" if close else ""
-        return f"invalid setting {key}: no such setting{hint} (docs/settings.md lists them)"
+        return (f"invalid setting {key}: no such setting{hint} (docs/settings.md of the "
+                "nightdesk repository lists them)")
     return None
 
 

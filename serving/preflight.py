@@ -13,7 +13,7 @@ import httpx
 
 from serving.errors import reason
 from serving.launcher import healthy
-from serving.profiles import HostPaths, Profile, cpu_has_avx512, load_profile
+from serving.profiles import HostPaths, Profile, available, cpu_has_avx512, load_profile
 from serving.urls import redact
 
 NVIDIA_SMI_QUERY = "name,compute_cap,memory.free,memory.total,pstate,power.draw"
@@ -114,6 +114,12 @@ def check_gpus(gpus: list[Gpu], profile: Profile) -> list[Check]:
     return checks
 
 
+# The CPU server's two set-up steps, beside this module in a checkout and in an installed
+# wheel alike (the script ships as package data): advice names them where they are.
+SETUP_SCRIPT = Path(__file__).with_name("setup-cpu-env.sh")
+PREPARE_MODEL = Path(__file__).with_name("prepare_model.py")
+
+
 def check_cpu_profile(profile: Profile, root: str, paths: HostPaths) -> list[Check]:
     """Check what the embedded CPU server needs: its venv, the prepared model, the server."""
     venv = paths.vllm_venv
@@ -124,10 +130,10 @@ def check_cpu_profile(profile: Profile, root: str, paths: HostPaths) -> list[Che
               + ("AVX-512 (bfloat16)" if avx else "no AVX-512 (float32)")),
         Check("ok", "vllm env", str(venv)) if (venv / ".ready").exists()
         else Check("fail", "vllm env", f"{venv} not ready; build it with "
-                   f"NIGHTDESK_VLLM_VENV={venv} serving/setup-cpu-env.sh"),
+                   f"NIGHTDESK_VLLM_VENV={venv} bash {SETUP_SCRIPT}"),
         Check("ok", "model", str(model)) if (model / ".ready").exists()
         else Check("fail", "model", f"{model} not prepared; run "
-                   f"{venv}/bin/python serving/prepare_model.py --out {model}"),
+                   f"{venv}/bin/python {PREPARE_MODEL} --out {model}"),
     ]
     kv = profile.env.get("VLLM_CPU_KVCACHE_SPACE")
     free = _available_gib()
@@ -163,8 +169,10 @@ def run_preflight(profile: Profile, root: str, gpus: list[Gpu] | None,
         return checks + check_cpu_profile(cpu, root, paths)
     checks = check_gpus(gpus, profile)
     if profile.device == "cpu":
+        gpu_profiles = [name for name in available() if load_profile(name).device == "gpu"]
         checks.append(Check("warn", "profile", "a GPU is present but the profile is "
-                            f"{profile.name}; see docs/operations.md for the GPU profiles"))
+                            f"{profile.name}; the GPU profiles: {', '.join(gpu_profiles)} "
+                            "(--profile, or NIGHTDESK_SERVER_PROFILE)"))
         checks += check_cpu_profile(profile, root, paths)
     else:
         checks.append(Check("ok", "server", f"{root} answers /health") if healthy(root)

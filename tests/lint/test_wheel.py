@@ -11,9 +11,9 @@ building the wheel.
 from __future__ import annotations
 
 import ast
-import tomllib
-from fnmatch import fnmatchcase
 from pathlib import Path
+
+from tests.unit.support.wheel import packaged
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,22 +29,6 @@ def _imports_tests(tree: ast.AST) -> bool:
         if any(name == "tests" or name.startswith("tests.") for name in names):
             return True
     return False
-
-
-def packaged(root: Path) -> list[str]:
-    """Return the packages ``packages.find`` ships: folders with ``__init__.py`` all the way
-    down from ``root``, whose dotted name matches one of pyproject.toml's ``include``."""
-    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    include = setup["packages"]["find"]["include"]
-    found: list[str] = []
-    stack = [p for p in root.iterdir() if (p / "__init__.py").is_file()]
-    while stack:
-        folder = stack.pop()
-        name = ".".join(folder.relative_to(root).parts)
-        if any(fnmatchcase(name, pattern) for pattern in include):
-            found.append(name)
-        stack += [p for p in folder.iterdir() if (p / "__init__.py").is_file()]
-    return sorted(found)
 
 
 def wheel_problems(root: Path) -> dict[str, str]:

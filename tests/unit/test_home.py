@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from app.config import load_settings
 
+REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = '[project]\nname = "{name}"\nversion = "0"\n'
 
 
@@ -98,3 +100,51 @@ def test_make_refuses_a_home_with_a_space_in_one_line(tmp_path: Path) -> None:
     [line] = done.stderr.strip().splitlines()
     assert line.endswith(f"*** NIGHTDESK_HOME has a space ({home}): make cannot name the files "
                          "under it; give one without spaces (nightdesk itself takes it).  Stop.")
+
+
+def _make_n(target: str, env: dict[str, str]) -> list[str]:
+    """Return the shell commands ``make -n target`` prints, continuation lines joined and
+    split at each ``;``."""
+    done = subprocess.run(["make", "-n", target], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr
+    return [part.strip() for part in done.stdout.replace("\\\n", " ").replace("\n", ";")
+            .split(";") if part.strip()]
+
+
+def test_make_run_and_model_follow_the_path_settings(cwd: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # `make run` writes the demo with `nightdesk data demo` (into the settings' data folder)
+    # and prepares the model where the settings look for it: the night it starts must take
+    # the tickers the settings say, the model the server will look for.
+    from agents.data.demo import DEMO_AS_OF, write_demo
+    from app.runs.nightly import nightly_tickers
+
+    env = {"NIGHTDESK_DATA_DIR": str(tmp_path / "snapshots"),
+           "NIGHTDESK_MODELS_DIR": str(tmp_path / "models"),
+           "NIGHTDESK_VLLM_VENV": str(tmp_path / "vllm")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    write_demo(tmp_path / "snapshots", DEMO_AS_OF, 2)
+    settings = load_settings()
+
+    def night(commands: list[str]) -> list[str]:
+        [line] = [c for c in commands if c.startswith(".venv/bin/nightdesk run ")]
+        words = shlex.split(line.split("||")[0])
+        given = {word: words[i + 1] for i, word in enumerate(words) if word.startswith("--")}
+        assert given["--as-of"] == str(DEMO_AS_OF), line
+        universe = given.get("--universe")
+        return nightly_tickers(settings, DEMO_AS_OF, given.get("--tickers"),
+                               None if universe is None else REPO / universe)[0]
+
+    assert night(_make_n("run", env)) == ["ALPH.DEMO", "BRAV.DEMO"]
+    (tmp_path / "mine.txt").write_text("ZULU.DEMO\n")
+    monkeypatch.setenv("NIGHTDESK_UNIVERSE_FILE", str(tmp_path / "mine.txt"))
+    settings = load_settings()
+    assert night(_make_n("run", {**env, "NIGHTDESK_UNIVERSE_FILE": str(tmp_path / "mine.txt")})
+                 ) == ["ZULU.DEMO"]
+
+    [prepare] = [c for c in _make_n("model", env) if "prepare_model.py" in c]
+    assert prepare.split() == [f"{settings.paths.vllm_venv}/bin/python",
+                               "serving/prepare_model.py", "--out",
+                               str(settings.paths.models_dir / "smollm2-135m")]

@@ -1,5 +1,7 @@
 """Every `nightdesk ...` command that nightdesk's own words name exists as written: its
-subcommands and its --options are the typer CLI's; every NIGHTDESK_ name is a setting.
+subcommands and its --options are the typer CLI's; every NIGHTDESK_ name is a setting; every
+file of the repository and every make target they name is there on a host installed from the
+wheel, or the words say it is the repository's.
 
 Read from the source, not from a run, so advice no test reaches is checked too: every
 string of app/, agents/ and serving/ (an f-string's fields read as values) that is a
@@ -21,6 +23,8 @@ from typer.core import TyperGroup
 
 from app.cli import app
 from app.config import CONFIG_ENV, FLAT, OTHER_ENV, TEST_ENV_PREFIX
+from serving.preflight import PREPARE_MODEL, SETUP_SCRIPT
+from tests.unit.support.wheel import shipped
 
 ROOT = Path(__file__).resolve().parents[3]
 # A command in a sentence: backticked (`nightdesk run --resume 5`), in parentheses or in
@@ -28,16 +32,19 @@ ROOT = Path(__file__).resolve().parents[3]
 QUOTED = re.compile(r"`(nightdesk [^`]+)`|\((nightdesk [^)]+)\)|<code>(nightdesk [^<]+)</code>")
 # An f-string's field, as a value the command is given (a batch id, a date).
 FIELD = "VALUE"
+# A file of the repository (`serving/prepare_model.py`, `docs/settings.md`), a shell script.
+REPO_FILE = re.compile(r"\b(?:app|agents|serving|migrations|docs|deploy|tests|scripts)/"
+                       r"[\w./-]*\w|\b[\w-]+\.sh\b")
+# Words that say a file or target is the repository's, not the installed program's.
+CHECKOUT = re.compile(r"\bcheckout\b|\brepository\b")
 
 
 def _texts(tree: ast.Module) -> Iterator[tuple[int, str]]:
-    """Yield every string's line and text: an f-string whole, not its parts; no docstring,
-    no pattern (a ``re.compile`` argument: it matches commands, names none)."""
-    skipped = {id(node.body[0].value) for node in ast.walk(tree)
-               if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef
-                             | ast.AsyncFunctionDef)
-               and node.body and isinstance(node.body[0], ast.Expr)
-               and isinstance(node.body[0].value, ast.Constant)}
+    """Yield every string's line and text: an f-string whole, not its parts; no docstring
+    (an attribute's, a string standing alone as a statement, included), no pattern (a
+    ``re.compile`` argument: it matches commands, names none)."""
+    skipped = {id(node.value) for node in ast.walk(tree)
+               if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
     for node in ast.walk(tree):
         if isinstance(node, ast.JoinedStr):
             skipped |= {id(part) for part in node.values}
@@ -70,6 +77,34 @@ def advised() -> list[tuple[str, str]]:
         for match in QUOTED.findall(re.sub(r"{{.*?}}", FIELD, path.read_text())):
             found.append((str(path.relative_to(ROOT)), "".join(match)))
     return sorted(set(found))
+
+
+def _strings() -> Iterator[tuple[str, str]]:
+    """Yield (where, text) for every string of app/, agents/ and serving/ (as ``_texts``
+    reads them) and every page template."""
+    for package in ("app", "agents", "serving"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for line, text in _texts(ast.parse(path.read_text())):
+                yield f"{path.relative_to(ROOT)}:{line}", text
+    for path in sorted((ROOT / "app/web/templates").glob("*.html")):
+        yield str(path.relative_to(ROOT)), re.sub(r"{{.*?}}", FIELD, path.read_text())
+
+
+def not_installed(text: str, files: set[str], targets: set[str]) -> list[str]:
+    """Return the repository files and make targets ``text`` names that an installed host
+    lacks, unless ``text`` says they are the repository's. A path from the repository's
+    top (``serving/prepare_model.py``) is there only in a checkout, shipped or not; a bare
+    name (``Path(__file__).with_name("setup-cpu-env.sh")``, a path made where it is
+    installed) must be a shipped file's."""
+    if CHECKOUT.search(text):
+        return []
+    names = {name.rsplit("/", 1)[-1] for name in files}
+    named = [name for name in REPO_FILE.findall(text) if "/" in name or name not in names]
+    return named + [f"make {target}" for target in re.findall(r"\bmake ([\w-]+)", text)
+                    if target in targets]
+
+
+MAKE_TARGETS = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
 
 
 def unknown_words(command: str) -> list[str]:
@@ -167,3 +202,36 @@ def test_the_commands_made_from_a_batchs_state_have_only_options_the_cli_has() -
                         "fixed-4:tail=on"], made
     assert [(command, unknown_words(command)) for command in made] == \
         [(command, []) for command in made]
+
+
+def test_every_file_and_make_target_nightdesk_names_is_there_where_it_is_installed() -> None:
+    # A host installed from the wheel has no checkout: no docs/, no Makefile, no script
+    # that is not package data. Advice names what ships, or says it is the repository's.
+    files = shipped(ROOT)
+    named = [(where, text) for where, text in _strings() if REPO_FILE.search(text)
+             or re.search(r"\bmake ", text)]
+    assert len(named) > 5
+    assert [(where, missing) for where, text in named
+            if (missing := not_installed(text, files, MAKE_TARGETS))] == []
+    # The set-up steps the preflight names by their installed place ship too.
+    assert {str(path.relative_to(ROOT)) for path in (SETUP_SCRIPT, PREPARE_MODEL)} <= files
+
+
+def test_a_checkout_only_file_or_target_in_advice_is_caught() -> None:
+    files = shipped(ROOT)
+    assert {"serving/prepare_model.py", "serving/profiles/cpu-tiny.toml",
+            "app/web/templates/track.html", "migrations/script.py.mako"} <= files
+    assert "docs/settings.md" not in files and "Makefile" not in files
+    assert not_installed("run serving/fix-env.sh first", files, MAKE_TARGETS) == [
+        "serving/fix-env.sh"]
+    assert not_installed("run fix-env.sh first", files, MAKE_TARGETS) == ["fix-env.sh"]
+    assert not_installed("run VALUE bash setup-cpu-env.sh", files, MAKE_TARGETS) == []
+    assert not_installed("run python serving/prepare_model.py", files, MAKE_TARGETS) == [
+        "serving/prepare_model.py"]
+    assert not_installed("see docs/operations.md", files, MAKE_TARGETS) == [
+        "docs/operations.md"]
+    assert not_installed("build it with make vllm-env", files, MAKE_TARGETS) == [
+        "make vllm-env"]
+    assert not_installed("from a checkout of the repository: make vllm-env", files,
+                         MAKE_TARGETS) == []
+    assert not_installed("make the database writable", files, MAKE_TARGETS) == []

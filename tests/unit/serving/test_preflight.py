@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from serving.preflight import (
     Check,
     check_cpu_profile,
@@ -93,3 +95,29 @@ def test_an_endpoint_not_there_is_said_without_the_errno() -> None:
         assert "[Errno" not in check.detail, check.detail
         if reason:
             assert check.detail.endswith(reason), check.detail
+
+
+def test_the_set_up_advice_names_files_there_from_any_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An installed host has no checkout to run `serving/...` from: the advice names the
+    # script and the converter where they are (the installed package, or the checkout).
+    monkeypatch.chdir(tmp_path)
+    cpu = load_profile("cpu-tiny")
+    paths = HostPaths(models_dir=tmp_path / "models", vllm_venv=tmp_path / "venv")
+    said = {c.name: c.detail for c in check_cpu_profile(cpu, "http://127.0.0.1:9", paths)}
+    build = said["vllm env"].split("build it with ")[1].split()
+    assert build[:2] == [f"NIGHTDESK_VLLM_VENV={tmp_path / 'venv'}", "bash"], said
+    assert Path(build[2]).is_file(), said
+    prepare = said["model"].split("; run ")[1].split()
+    assert prepare[0] == str(tmp_path / "venv" / "bin" / "python")
+    assert Path(prepare[1]).is_file() and prepare[2:] == [
+        "--out", str(tmp_path / "models" / "smollm2-135m")], said
+
+
+def test_a_cpu_profile_on_a_gpu_names_the_gpu_profiles() -> None:
+    checks = run_preflight(load_profile("cpu-tiny"), "http://127.0.0.1:9",
+                           parse_nvidia_smi(IDLE_5090), PATHS)
+    [warned] = [c.detail for c in checks if c.name == "profile"]
+    named = warned.split("the GPU profiles: ")[1].split(" (")[0].split(", ")
+    assert "qwen-dense-27b" in named
+    assert all(load_profile(name).device == "gpu" for name in named), warned

@@ -121,7 +121,8 @@ def upgrade_again(url: str) -> None:
     """Run ``nightdesk db upgrade`` on ``url`` as an operator would; it must succeed."""
     result = run_cli("db", "upgrade", env={"NIGHTDESK_DATABASE_URL": url})
     assert result.code == 0, result.stderr
-    assert "database schema is current" in result.stdout
+    assert f"to {head_revision()}" in result.stdout or \
+        f"at revision {head_revision()}" in result.stdout, result.stdout
 
 
 def snapshot(url: str) -> dict[str, Any]:
