@@ -1,24 +1,24 @@
 """Two stated rates of the bench measured through its own code
 (docs/lab/2026-12-07-verdicts-outside-2.md). Run under the bench lock:
 
-- ``.venv/bin/python docs/bench/verdicts-outside-2.py lead 2000`` (about a minute on 2 cores):
+- ``PYTHONPATH=$PWD .venv/bin/python docs/bench/verdicts-outside-2.py lead 2000`` (about a minute on 2 cores):
   the lead verdict when the best fixed arm is picked by the same runs, through
   ``app.bench.schedulers._judge`` (what ``bench schedulers --repeat`` and ``bench combine``
   run);
-- ``.venv/bin/python docs/bench/verdicts-outside-2.py bound 200``: how often the graph
+- ``PYTHONPATH=$PWD .venv/bin/python docs/bench/verdicts-outside-2.py bound 200``: how often the graph
   bound's "90% interval" (``app.bench.bound.bound_interval``) holds the bound of the true
   step, levels drawn from a known ``a + b × running`` step with noise;
-- ``.venv/bin/python docs/bench/verdicts-outside-2.py eta``: the ETA interval's stated share
+- ``PYTHONPATH=$PWD .venv/bin/python docs/bench/verdicts-outside-2.py eta``: the ETA interval's stated share
   (``eta.LEVEL``) against what it held on the recorded nights replayed through
   ``eta.reading``, each night judged by the others' percentiles (the replay test's own
   helpers), with an error over nights, not readings: a night's readings move together;
-- ``.venv/bin/python docs/bench/verdicts-outside-2.py band 4000``: how often the Track record
+- ``PYTHONPATH=$PWD .venv/bin/python docs/bench/verdicts-outside-2.py band 4000``: how often the Track record
   page's 95% band (``track.running_mean``) holds a null desk's true mean IC, 0, at each
   night; each night's IC from ``statistics.spearman_rows`` on independent scores and returns;
-- ``.venv/bin/python docs/bench/verdicts-outside-2.py repro 200``: how often ``quality
+- ``PYTHONPATH=$PWD .venv/bin/python docs/bench/verdicts-outside-2.py repro 200``: how often ``quality
   repro``'s 95% intervals of QWK and Spearman (``averaging.agreement_by_k``, one sample a
   side, 1,000 resamples) hold the two runs' population QWK and Spearman;
-- ``.venv/bin/python docs/bench/verdicts-outside-2.py quality 1000``: the quality verdicts
+- ``PYTHONPATH=$PWD .venv/bin/python docs/bench/verdicts-outside-2.py quality 1000``: the quality verdicts
   re-measured at this commit through the project's own simulation (``simulation.verdict_rates``
   for the track verdict, ``simulation.monitor_rates`` for the monitor) and ``statistics.ic_test``
   (``quality forward``'s p) on scores and returns with no relation.
@@ -39,27 +39,13 @@ from functools import partial
 import numpy as np
 
 from app.bench.bound import GraphFacts, StepCost, bound_interval, graph_bound
-from app.bench.schedulers import BenchResult, _judge
+from tests.unit.support.bench_arms import judged_calls
 
 
 def calls(fixed: list[tuple[float, float]], adaptive: tuple[float, float], runs: int,
           trials: int, seed: int) -> Counter[str]:
     """Judge ``trials`` benches: fixed arms and adaptive given as (true mean, sd) of tok/s."""
-    rng = np.random.default_rng(seed)
-    counted: Counter[str] = Counter()
-    for _ in range(trials):
-        arms = [{"strategy": "fixed-all" if j == 0 else f"fixed-{10 + j}",
-                 "output_tokens_per_s": float(v), "preemptions": 0}
-                for j, (mean, sd) in enumerate(fixed) for v in rng.normal(mean, sd, runs)]
-        arms += [{"strategy": "adaptive", "output_tokens_per_s": float(v), "preemptions": 0}
-                 for v in rng.normal(*adaptive, runs)]
-        result = BenchResult("w", 24, 408, arms=arms)
-        _judge(result)
-        (verdict,) = result.verdicts
-        call = verdict.rpartition(": ")[2]  # the call ends the line
-        counted["unresolved" if "unresolved" in verdict else next(
-            c for c in ("a lead", "a deficit", "not shown") if call.startswith(c))] += 1
-    return counted
+    return judged_calls(fixed, adaptive, runs, trials, seed, first_all=True)
 
 
 def share(count: int, trials: int) -> str:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from app.bench.schedulers import LEAD_LEVEL, BenchResult, _judge
+from tests.unit.support.bench_arms import judged_calls
 
 TRIALS = 1000  # scipy's t-test takes ~0.5 ms a call: 9 cases of 1000 keep this file < 10 s
 # The rate is a binomial share of TRIALS: allowed the level plus 3 Monte Carlo standard
@@ -93,20 +94,7 @@ def among(fixed: list[tuple[float, float]], adaptive: tuple[float, float], runs:
           seed: int) -> Counter[str]:
     """Count the verdict's calls over ``TRIALS`` benches of adaptive against several fixed
     arms, each given as (true mean, sd) of tok/s: the best fixed arm is picked by the runs."""
-    rng = np.random.default_rng(seed)
-    counted: Counter[str] = Counter()
-    for _ in range(TRIALS):
-        arms = [{"strategy": f"fixed-{10 + j}", "output_tokens_per_s": float(v),
-                 "preemptions": 0}
-                for j, (mean, sd) in enumerate(fixed) for v in rng.normal(mean, sd, runs)]
-        arms += [{"strategy": "adaptive", "output_tokens_per_s": float(v), "preemptions": 0}
-                 for v in rng.normal(*adaptive, runs)]
-        result = BenchResult("w", 24, 408, arms=arms)
-        _judge(result)
-        (verdict,) = result.verdicts
-        call = verdict.rpartition(": ")[2]  # the call ends the line
-        counted[next(c for c in ("a lead", "a deficit", "not shown") if call.startswith(c))] += 1
-    return counted
+    return judged_calls(fixed, adaptive, runs, TRIALS, seed)
 
 
 def test_a_deficit_to_the_best_of_several_equal_arms_keeps_the_level() -> None:
