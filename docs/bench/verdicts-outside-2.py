@@ -1,24 +1,25 @@
 """Two stated rates of the bench measured through its own code
-(docs/lab/2026-12-07-verdicts-outside-2.md). Run under the bench lock:
+(docs/lab/2026-12-07-verdicts-outside-2.md). Run from a checkout with ``PYTHONPATH=$PWD``
+(it imports the tests' simulator), under the bench lock:
 
-- ``PYTHONPATH=$PWD .venv/bin/python docs/bench/verdicts-outside-2.py lead 2000`` (about a minute on 2 cores):
+- ``.venv/bin/python docs/bench/verdicts-outside-2.py lead 2000`` (about a minute on 2 cores):
   the lead verdict when the best fixed arm is picked by the same runs, through
   ``app.bench.schedulers._judge`` (what ``bench schedulers --repeat`` and ``bench combine``
   run);
-- ``PYTHONPATH=$PWD .venv/bin/python docs/bench/verdicts-outside-2.py bound 200``: how often the graph
+- ``.venv/bin/python docs/bench/verdicts-outside-2.py bound 200``: how often the graph
   bound's "90% interval" (``app.bench.bound.bound_interval``) holds the bound of the true
   step, levels drawn from a known ``a + b × running`` step with noise;
-- ``PYTHONPATH=$PWD .venv/bin/python docs/bench/verdicts-outside-2.py eta``: the ETA interval's stated share
+- ``.venv/bin/python docs/bench/verdicts-outside-2.py eta``: the ETA interval's stated share
   (``eta.LEVEL``) against what it held on the recorded nights replayed through
   ``eta.reading``, each night judged by the others' percentiles (the replay test's own
   helpers), with an error over nights, not readings: a night's readings move together;
-- ``PYTHONPATH=$PWD .venv/bin/python docs/bench/verdicts-outside-2.py band 4000``: how often the Track record
+- ``.venv/bin/python docs/bench/verdicts-outside-2.py band 4000``: how often the Track record
   page's 95% band (``track.running_mean``) holds a null desk's true mean IC, 0, at each
   night; each night's IC from ``statistics.spearman_rows`` on independent scores and returns;
-- ``PYTHONPATH=$PWD .venv/bin/python docs/bench/verdicts-outside-2.py repro 200``: how often ``quality
+- ``.venv/bin/python docs/bench/verdicts-outside-2.py repro 200``: how often ``quality
   repro``'s 95% intervals of QWK and Spearman (``averaging.agreement_by_k``, one sample a
   side, 1,000 resamples) hold the two runs' population QWK and Spearman;
-- ``PYTHONPATH=$PWD .venv/bin/python docs/bench/verdicts-outside-2.py quality 1000``: the quality verdicts
+- ``.venv/bin/python docs/bench/verdicts-outside-2.py quality 1000``: the quality verdicts
   re-measured at this commit through the project's own simulation (``simulation.verdict_rates``
   for the track verdict, ``simulation.monitor_rates`` for the monitor) and ``statistics.ic_test``
   (``quality forward``'s p) on scores and returns with no relation.
