@@ -372,8 +372,9 @@ def rated_by_reruns(engine: Engine, batch_id: int, as_of: date, status: str,
     batch's tickers ``left`` (``tickers_left``): resumed, they would run again in it while the
     ranking went on showing the reruns' ratings, so neither the advice nor the timer's
     ``--continue-night`` takes them up (an explicit ``run --resume N`` still does)."""
-    left = set(left)
-    return status == "partial" and bool(left) and left <= rerun_since(engine, batch_id, as_of)
+    tickers = set(left)
+    return (status == "partial" and bool(tickers)
+            and tickers <= rerun_since(engine, batch_id, as_of))
 
 
 def rerun_since(engine: Engine, nightly_id: int, as_of: date) -> set[str]:
