@@ -27,6 +27,7 @@ from app.morning.summary import (
     Seen,
     batch_summary,
     failed_tickers,
+    rated_by_reruns,
     rerun_since,
     tickers_left,
 )
@@ -50,7 +51,8 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float,
 
     A nightly batch or rerun that no longer runs and has tickers ``run --resume`` takes up:
     resume it; a nightly one once the nightly batch running now (which holds the lock the
-    resume takes) has ended. A failed nightly batch: resume it retrying its failed tickers
+    resume takes) has ended; a partial one not where later reruns have rated all of them
+    (``rated_by_reruns``). A failed nightly batch: resume it retrying its failed tickers
     (the ranking shows no failed night, so applies no rerun of one). Else, each ticker that
     failed and no later rerun (of the same date) has redone: rerun it for the batch's date
     and samples. ``seen``: the request's (``summary.Seen``), where it has one.
@@ -63,6 +65,8 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float,
         # finish, and are taken up again, not continued.
         failed = set(conn.execute(select(TickerRun.ticker).where(
             TickerRun.batch_id == batch.id, TickerRun.status == "failed")).scalars())
+    if rated_by_reruns(engine, batch.id, batch.as_of, batch.status, left):
+        left = []
     if left:
         again = sum(1 for ticker in left if ticker in failed)
         parts = [f"continues its {_tickers(len(left) - again)} not finished"] \

@@ -366,6 +366,17 @@ def applied_reruns(nightly_id: int, as_of: date) -> Select[tuple[Batch]]:
             .order_by(Batch.id))
 
 
+def rated_by_reruns(engine: Engine, batch_id: int, as_of: date, status: str,
+                    left: Iterable[str]) -> bool:
+    """Return whether later reruns the ranking applies have rated every one of a partial
+    batch's tickers ``left`` (``tickers_left``): resumed, they would run again in it while the
+    ranking went on showing the reruns' ratings, so neither the advice nor the timer's
+    ``--continue-night`` takes them up (an explicit ``run --resume N`` still does)."""
+    tickers = set(left)
+    return (status == "partial" and bool(tickers)
+            and tickers <= rerun_since(engine, batch_id, as_of))
+
+
 def rerun_since(engine: Engine, nightly_id: int, as_of: date) -> set[str]:
     """Return the tickers of batch ``nightly_id`` that a rerun it would apply has redone
     (a rerun's: those a later rerun of its date has)."""

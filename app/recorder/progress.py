@@ -52,7 +52,8 @@ class ProgressState:
     eta_low_s: int | None
     eta_high_s: int | None
     eta_level: float | None  # the share the interval held (None: uncalibrated)
-    estimating: str | None  # while eta_s is None: "estimating… (why)", as the pages say
+    estimating: str | None  # while eta_s is None: "estimating… (why)", as the pages say;
+    # None once the tickers' run is over (the line at the exit): no time is left to estimate
 
 
 class BatchProgress:
@@ -76,6 +77,7 @@ class BatchProgress:
         self._first_reading: dict[str, MetricsSnapshot] = {}  # each server's first reading seen
         self.engine = engine
         self.reading: eta.Reading | None = None  # the newest ETA reading
+        self.over = False  # the tickers' run has ended (or stopped): no ETA is shown after it
 
     def ticker_done(self, ok: bool) -> None:
         self.done += 1
@@ -90,7 +92,10 @@ class BatchProgress:
             span = (datetime.now(UTC) - stats.first_start).total_seconds()
             tok_s = stats.completion_tokens / span if span > 0 else 0.0
         elapsed = time.monotonic() - self.t0
-        found = self.reading
+        # At the exit the newest reading is up to LOG_EVERY_S old (the first one was taken
+        # before any call was answered): beside the final counters it would say "no call
+        # answered yet" or a time left of a night that has ended.
+        found = None if self.over else self.reading
         # Several endpoints' newest gauges as one: counts summed, KV usage the highest.
         readings = [e.gauges.latest for e in servers if e.gauges is not None]
         seen = [r for r in readings if r is not None]
@@ -117,8 +122,8 @@ class BatchProgress:
             eta_high_s=None if found is None else found.whole(found.eta_high_s),
             eta_level=None if found is None else found.level,
             estimating=(found.estimating if found is not None
-                        else "estimating… (first reading under way)" if self.engine is not None
-                        else None))
+                        else "estimating… (first reading under way)"
+                        if self.engine is not None and not self.over else None))
 
     def _server_tok_s(self) -> float | None:
         """Return the tokens the servers generated per second since their first reading seen
@@ -176,7 +181,10 @@ class BatchProgress:
                     if not terminal or self.engine is not None:
                         self._loops.append(group.create_task(self._tick_loop(not terminal),
                                                              name="progress"))
-                    yield
+                    try:
+                        yield
+                    finally:  # before the terminal's last frame and the exit's line
+                        self.over = True
         finally:
             self._loops = []
             if not terminal:

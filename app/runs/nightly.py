@@ -14,7 +14,7 @@ from datetime import date, datetime
 from pathlib import Path
 
 import structlog
-from sqlalchemy import ColumnElement, Engine
+from sqlalchemy import ColumnElement, Engine, select
 
 from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
@@ -35,7 +35,7 @@ from app.errors import (
 )
 from app.morning.advice import advise
 from app.morning.digest import send_digest, send_refusal
-from app.morning.summary import batch_summary
+from app.morning.summary import batch_summary, rated_by_reruns, tickers_left
 from app.recorder.record import Recorder
 from app.runs import resumable
 from app.runs.checkpoints import Checkpoints
@@ -152,9 +152,19 @@ def owed_night(engine: Engine, as_of: date) -> int | None:
             Batch.as_of == as_of, Batch.status.in_((*UNFINISHED, *STOPPED)))
             .with_only_columns(Batch.id, Batch.status)).all()
     for batch_id, status in candidates:
-        if status in UNFINISHED or resumable.has_tickers_left(engine, batch_id):
+        if status in UNFINISHED or owes_resume(engine, batch_id):
             return int(batch_id)
     return None
+
+
+def owes_resume(engine: Engine, batch_id: int) -> bool:
+    """Return whether a batch that stopped has tickers ``run --resume`` takes up that the
+    ranking would show resumed: not those later reruns it applies have all rated
+    (``rated_by_reruns``: the advice passes them by too)."""
+    with engine.connect() as conn:
+        row = conn.execute(select(Batch.status, Batch.as_of).where(Batch.id == batch_id)).one()
+        left = tickers_left(conn, batch_id)
+    return bool(left) and not rated_by_reruns(engine, batch_id, row.as_of, row.status, left)
 
 
 def nightly_of(engine: Engine, as_of: date, *where: ColumnElement[bool]) -> int | None:
@@ -290,7 +300,7 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
                                   Batch.started_at >= skip_if_finished_since)
                 # A partial night with tickers the infrastructure failed is not done: it is
                 # owed a resume (below) like a night cut short.
-                if done is not None and not (resume and resumable.has_tickers_left(engine, done)):
+                if done is not None and not (resume and owes_resume(engine, done)):
                     log.info("night already done", batch_id=done, as_of=str(as_of))
                     return NightlyResult(None)
             owed = owed_night(engine, as_of) if resume else None

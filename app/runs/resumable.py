@@ -200,12 +200,6 @@ def _flat(recorded: dict[str, Any]) -> dict[str, Any]:
     return {**recorded, **(recorded.get("sampling") or {})}
 
 
-def has_tickers_left(engine: Engine, batch_id: int) -> bool:
-    """Return whether the batch has tickers that did not finish."""
-    with engine.connect() as conn:
-        return bool(tickers_left(conn, batch_id))
-
-
 @retry.retried
 def mark_stale_crashed(engine: Engine, stale_s: float, seen: Seen | None = None) -> list[int]:
     """Mark ``running`` batches whose heartbeat is older than ``stale_s`` crashed, unless

@@ -135,6 +135,29 @@ def test_continue_night_takes_up_a_partial_night_the_server_cost(
         assert conn.execute(select(Batch.id, Batch.status)).all() == [(1, "succeeded")]
 
 
+def test_continue_night_leaves_a_partial_night_whose_failed_tickers_a_rerun_rated(
+        monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
+    # The operator reran the ticker the server failed: the ranking shows the rerun's rating.
+    # The timer's `--continue-night` still resumed the night, ran the ticker again in it,
+    # and the ranking went on showing the rerun's rating, not the night's newer one.
+    broken = [True]
+    server = FakeServer(lambda chat: Reply(status=502) if broken[0] and chat.ticker == FLAKY
+                        and chat.node == "market" else None, nodes=NODES, tickers=TICKERS)
+    serve_cli_from(monkeypatch, server, demo_dir)
+    assert invoke(*NIGHT)[0] == 3
+    broken[0] = False
+    assert invoke("rerun", FLAKY, "--as-of", str(DEMO_AS_OF))[0] == 0
+    before = len(server.chats)
+    code, said = invoke(*NIGHT, "--continue-night")
+    assert code == 0, said
+    assert "resuming batch 1" not in said and len(server.chats) == before, said
+    assert "nightly batch #1 has already analyzed" in said
+    assert "nightdesk run --resume" not in said  # nor advised instead
+    with sqlite_engine.connect() as conn:
+        assert conn.execute(select(Batch.id, Batch.status).order_by(Batch.id)).all() == [
+            (1, "partial"), (2, "succeeded")]
+
+
 def test_the_daemons_fire_takes_up_a_partial_night_the_server_cost(
         monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
     fired = datetime.now(UTC)

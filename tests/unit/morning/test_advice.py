@@ -261,3 +261,29 @@ def test_a_resume_says_how_many_it_continues_and_how_many_it_runs_again(
     with time_machine.travel(VIEWED, tick=False):
         body = build_digest(sqlite_engine, load_settings(), night).message.body
     assert f"Next: nightdesk run --resume {night} ({does})" in body.splitlines()
+
+
+def test_a_partial_night_whose_failed_tickers_a_rerun_redid_advises_no_resume(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    # A partial night whose ticker the server failed, then rerun by hand and rated: the
+    # ranking shows the rerun's rating (no ticker missing, no banner), yet ranking, report
+    # and the digest kept advising `nightdesk run --resume N` "runs again its 1 ticker the
+    # server or database failed", whose result the ranking would never show (it applies the
+    # rerun, started after the night, over the night's own row).
+    from sqlalchemy import update
+
+    from app.db.models import INFRASTRUCTURE, TickerRun
+
+    a, b, c = demo_tickers(3)
+    night = add_night(sqlite_engine, DEMO_AS_OF, CREATED, {
+        a: Rated("Buy", 0.7), b: Rated(error="HTTP 500: boom"), c: Rated(error="HTTP 500: boom")})
+    with sqlite_engine.begin() as conn:
+        conn.execute(update(TickerRun).where(TickerRun.batch_id == night)
+                     .values(failure_class=INFRASTRUCTURE))
+    add_night(sqlite_engine, DEMO_AS_OF, CREATED + timedelta(hours=1),
+              {b: Rated("Hold", 0.1)}, kind="rerun")
+    # C is still missing: the resume runs both (it takes up what it takes up), as it says.
+    assert advice_given(sqlite_engine, client, night) == {f"nightdesk run --resume {night}"}
+    add_night(sqlite_engine, DEMO_AS_OF, CREATED + timedelta(hours=2),
+              {c: Rated("Hold", 0.2)}, kind="rerun")
+    assert advice_given(sqlite_engine, client, night) == set()

@@ -184,6 +184,28 @@ async def test_a_resumed_night_shorter_than_one_interval_shows_what_its_rows_kno
                     break
                 await asyncio.sleep(0.01)
     said = [(e["eta_s"], e["estimating"]) for e in logs if e["event"] == "progress"]
-    assert said and all(eta_s is not None and eta_s > 0 and estimating is None
-                        for eta_s, estimating in said), said
-    assert eta_text(shown.state()) != "estimating… (first reading under way)"
+    # The last line is the exit's, when no time is left to estimate (the next test).
+    assert said[:-1] and all(eta_s is not None and eta_s > 0 and estimating is None
+                             for eta_s, estimating in said[:-1]), said
+
+
+async def test_the_line_at_the_exit_gives_no_estimate_of_a_run_that_is_over(
+        sqlite_engine: Engine) -> None:
+    # A 4-ticker night of 4 s logged at its exit `"attempts": 68, "tickers_done": 4,
+    # "eta_s": null, "estimating": "estimating… (no call answered yet, …)"`: the newest
+    # reading, taken at the start, beside the final counters. A reading taken later would
+    # give a time left of a night that has ended.
+    night = batch(sqlite_engine, {"AAA": "running", "BBB": "queued"})
+    shown = BatchProgress(night, 2, read_servers(), console=Console(file=io.StringIO()),
+                          engine=sqlite_engine)
+    with structlog.testing.capture_logs() as logs:
+        async with shown:
+            for _ in range(200):
+                if shown.reading is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert shown.reading is not None and shown.reading.estimating is not None
+            assert eta_text(shown.state()) == shown.reading.estimating  # during: shown
+    *_, last = [e for e in logs if e["event"] == "progress"]
+    assert (last["eta_s"], last["eta_low_s"], last["estimating"]) == (None, None, None), last
+    assert eta_text(shown.state()) == "—"
