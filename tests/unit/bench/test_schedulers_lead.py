@@ -192,8 +192,9 @@ def test_arms_combined_from_calls_of_their_own_are_tested_by_call() -> None:
 
 def test_a_combine_of_arms_run_in_calls_of_their_own_keeps_the_level() -> None:
     # Each arm in 3 calls of 2 runs, a call's effect 3 times a run's noise, arms of one true
-    # mean: tested on the runs, they were called apart on 24% of benches
-    # (docs/lab/2026-12-07-verdicts-outside-3.md).
+    # mean. Tested on the runs, the six runs' variance (a run's 1 + 0.8 of a call's 9) gives
+    # an arm's mean a variance of 1.4 where it is 3.2 ((9 + 1 / 2) / 3): Welch's t is 1.5
+    # times too large, and about 15% of such benches are called apart at "5%".
     rng = np.random.default_rng(14)
     apart = 0
     for _ in range(TRIALS):
