@@ -212,8 +212,8 @@ def bound_interval(graph: GraphFacts, kv_tokens: int, max_num_seqs: int, levels:
 
 def expanded_level(confidence: float, levels: int) -> float:
     """Return the level of the percentiles that give a ``confidence`` interval of a fit of two
-    terms to ``levels`` points: resampled, such a fit spreads about (n - 2) / n as much as
-    the truth's, and the plain percentiles held 87.8-90.5% for 90% at 12-30 levels. This is
+    terms to ``levels`` points: resampled, such a fit's variance is about (n - 2) / n of the
+    truth's, and the plain percentiles held 87.8-90.5% for 90% at 12-30 levels. This is
     Hesterberg's expanded percentile interval (the normal quantile times sqrt(n / (n - 2))
     and taken from Student's t on n - 2 df) (docs/lab/2026-12-07-verdicts-outside-3.md)."""
     z = math.sqrt(levels / (levels - 2)) * float(stats.t.ppf((1 + confidence) / 2, levels - 2))
