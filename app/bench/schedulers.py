@@ -74,8 +74,9 @@ BOUND_TARGET = 0.9  # the share of the graph bound an adaptive arm is held to
 # A verdict calls a lead (or deficit) when Welch's two-sided t on the arms' per-run tok/s,
 # on min(n) - 1 degrees of freedom, rejects equal means at this level, the best fixed arm
 # being picked by the same runs (``_lead``), and the bench's adaptive arms' calls together
-# keeping it (``_holm``): two arms each at 5% called one of them apart on 5.8% of equal
-# benches (docs/lab/2026-12-07-verdicts-outside-3.md; tests/unit/bench/test_schedulers_lead.py).
+# keeping it (``_holm``): two or three arms each at 5% against one fixed arm called one of
+# them apart on 6.2% and 9.0% of equal benches (docs/lab/2026-12-07-verdicts-outside-3.md;
+# tests/unit/bench/test_schedulers_lead.py).
 LEAD_LEVEL = 0.05
 LEAD_TEST = {"test": "welch-t", "df": "min(n)-1", "sides": 2, "level": LEAD_LEVEL,
              "lead": "against every fixed arm", "deficit": "bonferroni over the fixed arms",
