@@ -25,10 +25,10 @@ import shlex
 import subprocess
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import structlog
@@ -73,11 +73,14 @@ SERVER_BOUND = FLOOD
 BOUND_TARGET = 0.9  # the share of the graph bound an adaptive arm is held to
 # A verdict calls a lead (or deficit) when Welch's two-sided t on the arms' per-run tok/s,
 # on min(n) - 1 degrees of freedom, rejects equal means at this level, the best fixed arm
-# being picked by the same runs (``_lead``): its false-lead rate
-# (tests/unit/bench/test_schedulers_lead.py).
+# being picked by the same runs (``_lead``), and the bench's adaptive arms' calls together
+# keeping it (``_holm``): two or three arms each at 5% against one fixed arm called one of
+# them apart on 6.2% and 9.0% of equal benches (docs/lab/2026-12-07-verdicts-outside-3.md;
+# tests/unit/bench/test_schedulers_lead.py).
 LEAD_LEVEL = 0.05
 LEAD_TEST = {"test": "welch-t", "df": "min(n)-1", "sides": 2, "level": LEAD_LEVEL,
-             "lead": "against every fixed arm", "deficit": "bonferroni over the fixed arms"}
+             "lead": "against every fixed arm", "deficit": "bonferroni over the fixed arms",
+             "arms": "holm over the adaptive arms"}
 # The JSON's schema (as app/cli/common.py ``echo_json`` gives every output's): raised when a
 # field is renamed, removed or changes meaning. A file without one is older: ``bench
 # combine`` reads it by the keys it has; one of a later version is refused.
@@ -504,7 +507,7 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False,
             # Its ratios are worked out again in every combination: not part of the run.
             # Its name as it ran: a combination may have made it canonical.
             run_key = json.dumps({**{k: v for k, v in arm.items() if not k.startswith("ratio_")
-                                     and k != "strategy_as_run"},
+                                     and k not in ("strategy_as_run", "call")},
                                   "strategy": arm.get("strategy_as_run", arm["strategy"])},
                                  sort_keys=True, default=str)
             if run_key in seen:
@@ -546,10 +549,13 @@ def combine_results(runs: list[dict[str, Any]], *, allow_mixed: bool = False,
                         mixed[what].append(mine)
             # One arm, one name: fixed-15 of one file and fixed-15:tail=off of another pool;
             # each file's names read by its own code's defaults (``canonical_arm``).
+            # Each run keeps the call it came in (a file; within a combined file, its own):
+            # a call's runs share its host and server, so they are not independent draws.
             for arm in run["arms"]:
                 name = canonical_arm(arm["strategy"], run.get("knob_defaults") or OLDER_DEFAULTS)
-                result.arms.append(arm if name == arm["strategy"] else {
-                    **arm, "strategy": name,
+                call = str(i) if arm.get("call") is None else f"{i}.{arm['call']}"
+                result.arms.append({**arm, "call": call} if name == arm["strategy"] else {
+                    **arm, "strategy": name, "call": call,
                     "strategy_as_run": arm.get("strategy_as_run", arm["strategy"])})
         result.mixed = mixed or None
         result.unchecked = [what for what, value in same_run(result.machine).items()
@@ -650,7 +656,8 @@ def _graph_bound(result: BenchResult) -> None:
 
 def strategy_means(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Return each strategy's runs merged: mean tok/s and TTFTs, each run's tok/s in order,
-    spread (max - min of them; None with one run) and preemptions summed over its runs."""
+    spread (max - min of them; None with one run), preemptions summed over its runs, and for
+    runs ``bench combine`` joined, the call each came in (``runs_call``)."""
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for arm in arms:
         runs[arm["strategy"]].append(arm)
@@ -668,6 +675,8 @@ def strategy_means(arms: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                             else sum(p or 0 for p in preempted)),
             "mean_ttft_s": mean_defined([a.get("mean_ttft_s") for a in mine]),
             "ttft_ready_mean_s": mean_defined([a.get("ttft_ready_mean_s") for a in mine])}
+        if any(a.get("call") is not None for a in mine):  # the call each run came in (combine)
+            means[strategy]["runs_call"] = [a.get("call") for a in mine]
     return means
 
 
@@ -698,52 +707,113 @@ def _judge(result: BenchResult) -> None:
         a["ratio_to_bound"] = tok_s / result.bound_tok_s if result.bound_tok_s else None
     # Every adaptive variant in the run is judged, each under its own name, so a variant
     # put beside the default (``adaptive:prefetch=off``) is held to the same targets.
+    tests = []
     for variant in by.values():
         if variant["strategy"] == "adaptive" or variant["strategy"].startswith("adaptive:"):
             _judge_adaptive(result, variant, best_fixed,
                             next((a for a in fixed if a["strategy"] == "fixed-3"), None))
             if best_fixed is not None:
-                result.verdicts.append(_lead(variant, best_fixed, fixed))
+                tests.append(_lead(variant, best_fixed, fixed))
+    result.verdicts = _holm(tests)
 
 
 def _p(p: float | None) -> str:
     return "unresolved" if p is None else "< 0.001" if p < 0.001 else f"= {p:.3f}"
 
 
-def _lead(mine: dict[str, Any], best: dict[str, Any], fixed: list[dict[str, Any]]) -> str:
+class _LeadTest(NamedTuple):
+    said: str  # the means and what was tested, without the call
+    lead: float
+    q: float | None  # the p this arm's call is judged by (None: no call can be made)
+    unresolved: bool = False  # no variance: ``said`` is the whole line
+
+
+def _lead(mine: dict[str, Any], best: dict[str, Any], fixed: list[dict[str, Any]]) -> _LeadTest:
     """Say how far ``mine``'s mean leads ``best``'s (the best of the ``fixed`` arms by these
-    runs' means) and whether Welch's t on the runs' tok/s, min(n) - 1 df (``welch_p``), shows
-    it at ``LEAD_LEVEL`` (two-sided), whichever fixed arm is truly best: a lead only when
-    shown against every fixed arm, a deficit only at ``LEAD_LEVEL`` / len(fixed)
-    (Bonferroni: the best of several equal arms by their means sits above its true mean, so
-    a deficit to it is called by chance up to that many times as often). Unresolved without
-    a variance."""
+    runs' means) and test it by Welch's t on the runs' tok/s, min(n) - 1 df (``welch_p``),
+    two-sided, whichever fixed arm is truly best: a lead is judged by the largest p against
+    every fixed arm, a deficit by the p against the best times len(fixed) (Bonferroni: the
+    best of several equal arms by their means sits above its true mean, so a deficit to it
+    is called by chance up to that many times as often). No p without a variance."""
     lead = mine["output_tokens_per_s"] / best["output_tokens_per_s"] - 1
     said = (f"{mine['strategy']} vs {best['strategy']}: {lead:+.1%} on the means "
             f"({mine['runs']} and {best['runs']} runs)")
     if min(mine["runs"], best["runs"]) < 2:
-        return said + ": unresolved (one run gives no variance)"
-    tested = welch_p(mine["runs_tok_s"], best["runs_tok_s"])
+        return _LeadTest(said + ": unresolved (one run gives no variance)", lead, None, True)
+    calls = _by_call(mine, best)
+    if calls is not None and min(len(side) for side in calls) < 2:
+        return _LeadTest(said + ": unresolved (the two arms ran in different calls, and one "
+                         "arm's runs came from one call: a call's own effect cannot be told "
+                         "from the arm's)", lead, None, True)
+    tested = _welch(mine, best)
     if tested is None:
-        return said + ": unresolved (every run of both arms gave the same tok/s: no variance)"
+        return _LeadTest(said + ": unresolved (every run of both arms gave the same tok/s: "
+                         "no variance)", lead, None, True)
     p, df = tested
-    said += f", Welch's t, df = min(n)-1 = {df}, p {_p(p)}"
-    level = f"at the {LEAD_LEVEL:.0%} level"
+    said += (f", Welch's t{'' if calls is None else ' on the means of their calls'}, df = "
+             f"min(n)-1 = {df}, p {_p(p)}")
     if len(fixed) > 1 and lead > 0:
-        tests = [welch_p(mine["runs_tok_s"], a["runs_tok_s"]) for a in fixed if a is not best]
+        tests = [_welch(mine, a) for a in fixed if a is not best]
         largest = None if None in tests else max([p, *(t[0] for t in tests if t)])
         said += f"; against each of the {len(fixed)} fixed arms, the largest p {_p(largest)}"
-        shown = largest is not None and largest < LEAD_LEVEL
-    elif len(fixed) > 1:
-        needed = LEAD_LEVEL / len(fixed)
+        return _LeadTest(said, lead, largest)
+    if len(fixed) > 1:
         said += (f"; the best of {len(fixed)} fixed arms, picked by these runs: the level "
-                 f"below it is {needed:.4f} (Bonferroni)")
-        shown = p < needed
-    else:
-        shown = p < LEAD_LEVEL
-    call = (f"a lead {level}" if shown and lead > 0 else f"a deficit {level}" if shown
-            else f"not shown {level}")
-    return f"{said}: {call}"
+                 f"below it is {LEAD_LEVEL / len(fixed):.4f} (Bonferroni)")
+        return _LeadTest(said, lead, min(1.0, p * len(fixed)))
+    return _LeadTest(said, lead, p)
+
+
+def _by_call(mine: dict[str, Any], other: dict[str, Any]) -> tuple[list[float], ...] | None:
+    """Return each arm's mean tok/s per call when the two arms did not run in the same calls
+    as often (``bench combine`` of files that each hold other arms' runs): a call's effect
+    is then shared by one arm's runs and not the other's, and a call, not a run, is the
+    independent draw. None when they did (one bench, or whole rounds per file): a call's
+    effect then falls on both alike and leaves their difference."""
+    calls = [a.get("runs_call") or [None] * len(a["runs_tok_s"]) for a in (mine, other)]
+    if Counter(calls[0]) == Counter(calls[1]):
+        return None
+    sides = []
+    for arm, called in zip((mine, other), calls, strict=True):
+        grouped: dict[Any, list[float]] = defaultdict(list)
+        for call, tok_s in zip(called, arm["runs_tok_s"], strict=True):
+            grouped[call].append(tok_s)
+        sides.append([sum(v) / len(v) for v in grouped.values()])
+    return tuple(sides)
+
+
+def _welch(mine: dict[str, Any], other: dict[str, Any]) -> tuple[float, int] | None:
+    """``welch_p`` on the two arms' runs, or on their calls' means (``_by_call``)."""
+    sides = _by_call(mine, other) or (mine["runs_tok_s"], other["runs_tok_s"])
+    return welch_p(*sides)
+
+
+def _holm(tests: list[_LeadTest]) -> list[str]:
+    """Call each arm's lead, deficit or neither so that all the calls together keep
+    ``LEAD_LEVEL``: Holm's step-down over the arms that have a p (each p times the arms not
+    yet called, in ascending order, a call only while every smaller one was one too). With
+    one such arm this is its own test at ``LEAD_LEVEL``, and the line says nothing more."""
+    lines = [t.said if t.unresolved else "" for t in tests]
+    tested = sorted((i for i, t in enumerate(tests) if t.q is not None),
+                    key=lambda i: tests[i].q or 0.0)
+    family = len(tested)
+    adjusted = 0.0
+    level = f"at the {LEAD_LEVEL:.0%} level"
+    for rank, i in enumerate(tested):
+        test = tests[i]
+        adjusted = max(adjusted, min(1.0, (family - rank) * (test.q or 0.0)))
+        shown = adjusted < LEAD_LEVEL
+        said = test.said
+        if family > 1:
+            said += f"; Holm over the {family} adaptive arms: adjusted p {_p(adjusted)}"
+            level = f"at the {LEAD_LEVEL:.0%} level for the {family} adaptive arms together"
+        call = (f"a lead {level}" if shown and test.lead > 0 else f"a deficit {level}"
+                if shown else f"not shown {level}")
+        lines[i] = f"{said}: {call}"
+    for i, test in enumerate(tests):  # a test without a p: no call (a fixed arm ran once)
+        if not lines[i]:
+            lines[i] = f"{test.said}: not shown at the {LEAD_LEVEL:.0%} level"
+    return lines
 
 
 def _judge_adaptive(result: BenchResult, variant: dict[str, Any],

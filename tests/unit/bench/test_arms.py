@@ -568,6 +568,16 @@ def test_a_bench_runs_an_arm_once_whatever_its_spelling() -> None:
     assert arms == ["adaptive", "adaptive:tail=off", "fixed-8"]
 
 
+def test_combine_marks_each_run_with_the_call_it_came_in() -> None:
+    # A file is a call: its runs share a host's and a server's state, and the lead verdict
+    # needs to know which runs did (tests/unit/bench/test_schedulers_lead.py).
+    joined = combine_results([_run("fixed-15"), _run("adaptive")]).to_json()
+    assert [a["call"] for a in joined["arms"]] == ["0", "1"]
+    again = combine_results([joined, _run("fixed-8")])
+    assert [a["call"] for a in again.arms] == ["0.0", "0.1", "1"]
+    assert again.means["adaptive"]["runs_call"] == ["0.1"]
+
+
 def test_a_combined_file_beside_its_part_is_refused_though_its_names_changed() -> None:
     part = _run("fixed-15:tail=off")
     joined = combine_results([part, _run("fixed-8")]).to_json()
