@@ -37,7 +37,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from agents.config import DEFAULT_NODE_MAX_TOKENS, PipelineConfig
 from app.errors import ConfigError, validation_said
 from app.home import default_home, default_vllm_venv
-from serving.urls import redact
+from serving.urls import redact, same_server
 
 CONFIG_ENV = "NIGHTDESK_CONFIG"
 # NIGHTDESK_ names read beside the settings, by no setting: the vLLM unit's command line
@@ -150,14 +150,25 @@ def _endpoint_list(value: Any) -> Any:
     urls = [str(item).strip().rstrip("/") for item in value]
     if not any(urls):
         raise ValueError("no endpoint given (an http(s) URL, or several separated by commas)")
+    seen: dict[tuple[str, str, int | None, str], int] = {}
     for position, url in enumerate(urls, 1):
         # Never the URL itself in the message: it may carry a password.
         parts = urlsplit(url)
+        try:  # each URL, not the list joined by ",": a port out of range, say
+            httpx.URL(url)
+            _ = parts.port
+        except (httpx.InvalidURL, ValueError):
+            parts = parts._replace(scheme="")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"endpoint {position} of {len(urls)} is not an http(s) URL "
                              "with a host (e.g. http://127.0.0.1:8000/v1)")
-        if url in urls[:position - 1]:
-            raise ValueError(f"endpoint {position} of {len(urls)} is listed twice")
+        # One server under two spellings (localhost and 127.0.0.1, :80 or none) would be
+        # two endpoints of one cache: its capacity counted twice.
+        first = seen.setdefault(same_server(url), position)
+        if first != position:
+            raise ValueError(f"endpoint {position} of {len(urls)} is listed twice: endpoint "
+                             f"{first} names the same server (host, port and path; localhost "
+                             "and 127.0.0.1 are one host)")
     return ",".join(urls)
 
 
@@ -189,17 +200,6 @@ class LLM(Group):
     @classmethod
     def _endpoints(cls, value: Any) -> Any:
         return _endpoint_list(value)
-
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        try:
-            url = httpx.URL(value)
-        except (httpx.InvalidURL, TypeError):
-            raise ValueError("not a URL") from None
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError("must be an http(s) URL with a host, like http://127.0.0.1:8000/v1")
-        return value
 
     @field_validator("router_servers", mode="before")
     @classmethod

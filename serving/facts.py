@@ -10,10 +10,12 @@ when it listens on this host, its process tells its command line.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,7 +25,8 @@ import psutil
 
 from serving.errors import ServerError
 from serving.metrics import fetch_metrics_text, parse_cache_config
-from serving.urls import MASK, is_local, redact, server_root
+from serving.router import fetch_workers
+from serving.urls import MASK, is_local, redact, server_root, unique_servers
 
 _NUM = r"([\d,]+(?:\.\d+)?)"
 # Log lines are free text, so these few are matched by pattern (/metrics never is). Each fact
@@ -195,10 +198,18 @@ def _describes(recorded: dict[str, Any], base_url: str) -> bool:
     return pid is None or psutil.pid_exists(int(pid))
 
 
-def batch_server_facts(profile: str, base_url: str, state_dir: Path) -> dict[str, Any]:
+def batch_server_facts(profile: str, base_url: str, state_dir: Path,
+                       servers: Sequence[str] = ()) -> dict[str, Any]:
     """Return what a batch records about its server: the start-up facts, else the live ones
     (/metrics' cache config, /version's version, and the command line of the process that
-    listens on the endpoint's port, when it is on this host and this user may read it)."""
+    listens on the endpoint's port, when it is on this host and this user may read it).
+    A router (``servers`` behind it, else those its /workers lists) gets ``fleet_facts``."""
+    listed = list(servers)
+    if not listed:
+        with contextlib.suppress(ServerError):  # not answering: said below, as before
+            listed = [w.url for w in fetch_workers(base_url) or []]
+    if listed:
+        return fleet_facts(profile, listed)
     recorded = read_server_facts(profile, state_dir)
     if recorded and _describes(recorded, base_url):
         return recorded
@@ -210,3 +221,20 @@ def batch_server_facts(profile: str, base_url: str, state_dir: Path) -> dict[str
     # Only what the server or its process says: a fact neither tells stays absent.
     told = {"vllm_version": server_version(base_url), "command": serving_command(base_url)}
     return {**facts, **{key: value for key, value in told.items() if value is not None}}
+
+
+def fleet_facts(profile: str, servers: list[str]) -> dict[str, Any]:
+    """Return the facts of the servers behind a router: each one's live facts, and their KV
+    tokens summed where every one's is known. The router's own /metrics is one server's
+    page: recorded as the endpoint's, it gave one server's cache for the fleet's."""
+    each: dict[str, Any] = {}
+    for url in unique_servers(servers):
+        try:
+            each[redact(url)] = live_facts(url)
+        except ServerError as error:
+            each[redact(url)] = {"error": redact(str(error))}
+    tokens = [facts.get("kv_cache_tokens") for facts in each.values()]
+    summed = ({"kv_cache_tokens": sum(tokens)}
+              if all(isinstance(t, int) for t in tokens) else {})
+    return {"profile": profile, "source": "live /metrics of each server behind the router",
+            "servers_behind_router": len(each), **summed, "servers": each}

@@ -22,7 +22,7 @@ import httpx
 
 from serving.errors import ServerError
 from serving.profiles import ServerCommand
-from serving.urls import redact, server_root
+from serving.urls import redact, server_root, unique_servers
 
 # consistent_hash: a ticker's calls carry one key (app/llm.py), so they share one server.
 POLICY = "consistent_hash"
@@ -102,9 +102,9 @@ def fetch_workers(base_url: str, *, timeout_s: float = 5.0) -> list[Worker] | No
 
 async def afetch_workers(base_url: str, *, client: httpx.AsyncClient,
                          timeout_s: float = 5.0) -> list[str] | None:
-    """Return the servers' URLs a vllm-router at ``base_url`` lists (None: no /workers there,
-    a 4xx such as a vLLM server's 404; empty: a router listing none yet); unreachable or a
-    5xx (a router starting) is a ServerError."""
+    """Return the servers' URLs a vllm-router at ``base_url`` lists, each server once (None:
+    no /workers there, a 4xx such as a vLLM server's 404; empty: a router listing none yet);
+    unreachable or a 5xx (a router starting) is a ServerError."""
     url = workers_url(base_url)
     try:
         response = await client.get(url, timeout=timeout_s)
@@ -114,5 +114,17 @@ async def afetch_workers(base_url: str, *, client: httpx.AsyncClient,
         raise ServerError(redact(f"{url} answered {response.status_code}"))
     if response.status_code >= 400:
         return None
-    workers = parse_workers(response)
-    return [] if workers is None else [w.url for w in workers]
+    # One server under two names (vllm-router lists http://localhost:8000 and
+    # http://127.0.0.1:8000/ as two workers) is read once: its capacity is one server's.
+    return unique_servers([w.url for w in parse_workers(response) or []])
+
+
+async def aanswers(base_url: str, *, client: httpx.AsyncClient, timeout_s: float = 5.0) -> None:
+    """Return when the front at ``base_url`` answers ``GET /health`` at all (any status: with
+    every server behind it down vllm-router answers 503, and is there); a ServerError when
+    it does not (a router restarting refuses connections while the servers still answer)."""
+    url = server_root(base_url) + "/health"
+    try:
+        await client.get(url, timeout=timeout_s)
+    except httpx.HTTPError as error:
+        raise ServerError(redact(f"the router does not answer at {url}: {error}")) from None

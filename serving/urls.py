@@ -42,3 +42,27 @@ LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 def is_local(url: str) -> bool:
     """Return whether ``url`` names this host (127.0.0.1, localhost or ::1)."""
     return urlsplit(url).hostname in LOCAL_HOSTS
+
+
+def same_server(url: str) -> tuple[str, str, int | None, str]:
+    """Return what names one server in ``url``: scheme and host in lower case, this host's
+    names (``LOCAL_HOSTS``) as one, the port the scheme implies filled in, the path without
+    its trailing slash. Two URLs with one key are one server: listed twice, its capacity
+    would be counted twice (each read as a server of its own). Names resolving alike
+    (a host name and its address) are not told apart here: that takes DNS."""
+    parts = urlsplit(url.strip())
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    except ValueError:  # not a port: no server to compare
+        port = None
+    return (scheme, "localhost" if host in LOCAL_HOSTS else host, port,
+            parts.path.rstrip("/"))
+
+
+def unique_servers(urls: list[str]) -> list[str]:
+    """Return ``urls`` with each server (``same_server``) once, at its first place."""
+    seen: dict[tuple[str, str, int | None, str], str] = {}
+    for url in urls:
+        seen.setdefault(same_server(url), url)
+    return list(seen.values())

@@ -163,6 +163,11 @@ def night_server(engine: Engine, batch_id: int) -> ServerModel:
     server facts recorded them, and a step fitted to its own ``/metrics`` readings."""
     batch = batch_row(engine, batch_id)
     recorded = batch.server_facts or {}
+    behind = recorded.get("servers_behind_router")
+    if isinstance(behind, int) and behind > 1:
+        # Its readings are the servers' summed: a step fitted to them is no one server's.
+        raise InputError(f"batch {batch_id} ran behind a router of {behind} servers, whose "
+                         "readings are summed: no one server's step to fit")
     with engine.connect() as conn:
         most = conn.execute(select(ServerSample.running)
                             .where(ServerSample.batch_id == batch_id)

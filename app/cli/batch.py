@@ -452,7 +452,7 @@ def replay(
         settings = settings.updated(**{"llm_base_url": base_url})
     engine = batch_database(settings)
     facts = batch_server_facts(settings.llm.server_profile, settings.llm.url,
-                               settings.paths.server_dir)
+                               settings.paths.server_dir, settings.llm.router_urls)
     runner = BatchEngine(settings, engine, server_facts=facts)
     try:
         outcome = run_batch(replay_batch(settings, engine, batch, label=label,

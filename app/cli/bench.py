@@ -108,7 +108,7 @@ def schedulers(
         load = dict(list(recorded_load.items())[:tickers])
         name = workload
     facts = batch_server_facts(settings.llm.server_profile, settings.llm.url,
-                               settings.paths.server_dir)
+                               settings.paths.server_dir, settings.llm.router_urls)
     arms, sweep = plan_arms(strategies, load, facts.get("kv_cache_tokens"),
                             facts.get("max_num_seqs"), len(settings.llm.urls))
     if sweep is not None:

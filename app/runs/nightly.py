@@ -205,7 +205,8 @@ def execute_plan(settings: Settings, engine: Engine,
             announce(resumed)
         resumed.refuse_a_spool_elsewhere(settings)
     runner = BatchEngine(settings, engine, lock=lock, server_facts=batch_server_facts(
-        settings.llm.server_profile, settings.llm.url, settings.paths.server_dir),
+        settings.llm.server_profile, settings.llm.url, settings.paths.server_dir,
+        settings.llm.router_urls),
         checkpoints=Checkpoints(settings.store.database_url, engine,
                                 settings.store.db_statement_timeout_s))
     try:

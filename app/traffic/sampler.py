@@ -32,7 +32,7 @@ from serving.metrics import (
     parse_cache_config,
     parse_metrics,
 )
-from serving.router import afetch_workers
+from serving.router import aanswers, afetch_workers
 from serving.urls import redact
 
 log = structlog.get_logger(__name__)
@@ -88,6 +88,8 @@ class MetricsSampler:
         """Take one reading; return None when it could not be read."""
         try:
             await self.learn_fleet()
+            if self.fleet:  # the servers answering says nothing of the router in front
+                await aanswers(self.base_url, client=self._client, timeout_s=READ_TIMEOUT_S)
             snapshot = await self._read_fleet() if self.fleet else None
             if snapshot is None:
                 text = await afetch_metrics_text(self.base_url, client=self._client,

@@ -7,6 +7,8 @@ other request goes to one server: ``policy="consistent_hash"`` picks it from the
 ``X-Session-ID`` header (else the body's ``user``), ``"first"`` always the first.
 ``workers=False`` makes it a front without ``/workers`` (404), like another gateway;
 ``workers_status`` (e.g. 503) one whose ``/workers`` is not ready yet.
+``down`` takes the router itself away (its port refuses connections: a restart) while the
+servers behind it still answer when read directly.
 ``names_server`` (a header name) makes it a front that names, in that response header, the
 server it sent a request to; vllm-router 0.1.17 names none.
 """
@@ -33,6 +35,7 @@ class FakeRouter:
     workers: bool = True
     names_server: str | None = None
     workers_status: int = 200  # e.g. 503: a router still starting
+    down: bool = False  # the router's port refuses connections; its servers still answer
 
     @property
     def base_url(self) -> str:
@@ -52,7 +55,7 @@ class FakeRouter:
         for root, fake in self.servers.items():
             if httpx.URL(root).netloc == host:  # a server read directly
                 return await fake.handle(request)
-        if host != httpx.URL(self.root).netloc:
+        if host != httpx.URL(self.root).netloc or self.down:
             raise httpx.ConnectError(f"nothing at {host.decode()}", request=request)
         if request.url.path == "/workers":
             if not self.workers:

@@ -102,6 +102,11 @@ def test_endpoints_from_a_toml_array(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     ("http://a:8000/v1,,http://b/v1", "endpoint 2 of 3 is not an http(s) URL"),
     ("127.0.0.1:8000", "endpoint 1 of 1 is not an http(s) URL"),
     ("http://a:8000/v1,http://a:8000/v1/", "endpoint 2 of 2 is listed twice"),
+    # One server under two spellings: two endpoints would count its cache twice.
+    ("http://localhost:8000/v1,http://127.0.0.1:8000/v1", "endpoint 2 of 2 is listed twice"),
+    ("http://a:8001/v1,HTTP://A:8000/v1,http://a:8000/v1", "endpoint 3 of 3 is listed twice"),
+    ("http://a:80/v1,http://a/v1", "endpoint 2 of 2 is listed twice"),
+    ("http://a:99999/v1", "endpoint 1 of 1 is not an http(s) URL"),
     (" , ", "no endpoint given"),
 ])
 def test_a_bad_endpoint_is_one_line(monkeypatch: pytest.MonkeyPatch, value: str,
@@ -111,6 +116,15 @@ def test_a_bad_endpoint_is_one_line(monkeypatch: pytest.MonkeyPatch, value: str,
         load_settings()
     message = str(info.value)
     assert "NIGHTDESK_LLM_BASE_URL" in message and says in message and "\n" not in message
+
+
+def test_servers_root_urls_listed_are_each_checked_not_the_joined_list(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # vllm-router's --worker-urls are roots; listed so, the joined text "…:8000,http://…"
+    # was read as one URL with a bad port and refused as "not a URL". Each is a URL: the
+    # preflight says a root has no /v1 (its 404).
+    monkeypatch.setenv("NIGHTDESK_LLM_BASE_URL", "http://a:8000,http://b:8000")
+    assert load_settings().llm.urls == ["http://a:8000", "http://b:8000"]
 
 
 def test_a_bad_endpoint_never_echoes_its_password(monkeypatch: pytest.MonkeyPatch) -> None:

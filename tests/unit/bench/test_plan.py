@@ -627,3 +627,21 @@ def test_a_shape_of_another_model_than_the_endpoint_is_said(
     # The night on its own server model: one model, nothing to say.
     own = run_cli("plan", "--tickers", "4", "--shape", str(night), "--profile", str(night))
     assert own.code == 0 and "two models" not in own.stderr, own.stderr
+
+
+def test_a_night_behind_a_router_of_several_servers_is_no_one_servers_profile(
+        sqlite_engine: Any) -> None:
+    # Its readings are the servers' summed (one router endpoint): a step fitted to them,
+    # with the fleet's KV, modelled a server none of them is (docs/lab/
+    # 2026-12-07-fleet-outside.md).
+    fleet = _night(sqlite_engine, {**FACTS, "kv_cache_tokens": 20_000,
+                                   "servers_behind_router": 2})
+    refused = run_cli("plan", "--tickers", "4", "--profile", str(fleet))
+    assert refused.code == 2 and len(refused.error_lines) == 1, refused.stderr
+    assert (f"batch {fleet} ran behind a router of 2 servers, whose readings are summed"
+            in refused.error_lines[0])
+    assert "--profile h200-moe" in refused.error_lines[0]
+    # One server behind a router: its readings are that server's.
+    alone = _night(sqlite_engine, {**FACTS, "servers_behind_router": 1})
+    assert plan_json("--tickers", "4", "--profile", str(alone))["profile"]["kv_tokens"] \
+        == FACTS["kv_cache_tokens"]

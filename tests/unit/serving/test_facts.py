@@ -275,3 +275,28 @@ def test_a_launcher_record_of_a_server_gone_gives_way_to_the_live_one(
     write_facts("p", {**record, "pid": psutil.Process().pid}, tmp_path)
     for here in (url, "http://localhost:8000/v1/"):
         assert batch_server_facts("p", here, tmp_path)["command"] == "vllm serve old"
+
+
+async def test_a_routers_facts_are_its_servers_kv_summed(tmp_path: Path) -> None:
+    # vllm-router passes one server's /metrics on as its own: recorded as the endpoint's
+    # facts, one server's cache (1,000 tokens) stood for the fleet's (4,000), in the batch
+    # page, `plan --profile` and the bench's server flags.
+    import asyncio
+
+    from tests.fakevllm import FakeServer
+    from tests.fakevllm.router import FakeRouter
+    from tests.fakevllm.server import serving
+
+    fakes = [FakeServer(kv_tokens=1_000), FakeServer(kv_tokens=3_000)]
+    port = _free_port()
+    async with serving([fake.asgi() for fake in fakes]) as ports:
+        router = FakeRouter({f"http://127.0.0.1:{p}": fake for p, fake in zip(
+            ports, fakes, strict=True)}, root=f"http://127.0.0.1:{port}")
+        async with serving([router.asgi()], [port]):
+            facts = await asyncio.to_thread(batch_server_facts, "p", router.base_url, tmp_path)
+            named = await asyncio.to_thread(batch_server_facts, "p", router.base_url, tmp_path,
+                                            [f"http://127.0.0.1:{ports[0]}"])
+    assert facts["kv_cache_tokens"] == 4_000 and facts["servers_behind_router"] == 2
+    assert [f["kv_cache_tokens"] for f in facts["servers"].values()] == [1_000, 3_000]
+    # Servers named by llm_router_servers are those read.
+    assert named["kv_cache_tokens"] == 1_000 and named["servers_behind_router"] == 1

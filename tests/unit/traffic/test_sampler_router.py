@@ -122,6 +122,32 @@ async def test_a_router_not_ready_to_list_its_servers_is_asked_again() -> None:
         assert sampler.kv_capacity == 2 * KV and sampler.fleet_read == 2
 
 
+async def test_one_server_the_router_lists_under_several_names_is_counted_once() -> None:
+    # vllm-router 0.1.17 given --worker-urls http://127.0.0.1:8000 http://localhost:8000
+    # http://127.0.0.1:8000/ lists three workers: one server's cache, counted three times
+    # (the token budget and the request ceiling three servers') before.
+    one = FakeServer(kv_tokens=KV, capacity=16)
+    router = FakeRouter({"http://127.0.0.1:8000": one, "http://localhost:8000": one,
+                         "http://127.0.0.1:8000/": one, "http://gpu1.test:8000":
+                         FakeServer(kv_tokens=KV, capacity=16)})
+    sampler = await read_once(router, discover=True)
+    assert sampler.fleet == ["http://127.0.0.1:8000", "http://gpu1.test:8000"]
+    assert sampler.kv_capacity == 2 * KV and sampler.fleet_read == 2
+
+
+async def test_a_router_gone_while_its_servers_answer_is_a_failed_reading() -> None:
+    # A router restarting refuses connections; its servers, read directly, still answer:
+    # the reading must fail, so the endpoint goes down and its calls wait for it.
+    router = fleet()
+    async with router.client() as http:
+        sampler = discovering(router, http)
+        assert await sampler.read() is not None and sampler.fleet_read == 2
+        router.down = True
+        assert await sampler.read() is None and sampler.failing
+        router.down = False
+        assert await sampler.read() is not None and not sampler.failing
+
+
 def test_the_fleets_readings_add_up_as_one_servers_engines() -> None:
     one = MetricsSnapshot(running=3, waiting=1, kv_cache_usage=0.2, preemptions_total=1,
                           prompt_tokens_total=100, generation_tokens_total=40,
