@@ -10,7 +10,11 @@ Layout, for one as-of date::
     <data_dir>/<YYYY-MM-DD>/<TICKER>/social.json       [{posted, author, text, likes}]
 
 prices.csv may run past the as-of date: ``load`` returns rows up to and including it,
-``forward_prices`` the rows after it (for scoring ratings against realized returns).
+``forward_prices`` the rows after it (for scoring ratings against realized returns). A
+ticker's data is refused, with its file and line, where no analysis can take it: a price
+not above 0 or not finite, a negative volume (``base.bad_value``), a last row more than
+``STALE_DAYS`` before the as-of date, a file over ``MAX_FILE_BYTES``. Prices are taken as
+given: a split not adjusted for (yfinance's are) reads as a crash.
 """
 
 from __future__ import annotations
@@ -26,11 +30,21 @@ from typing import Any
 
 import pandas as pd
 
-from agents.data.base import Closes, MarketBundle, NewsItem, SocialPost
+from agents.data.base import (
+    PRICE_COLUMNS,
+    Closes,
+    MarketBundle,
+    NewsItem,
+    SocialPost,
+    bad_value,
+    check_current,
+)
 from agents.data.indicators import compute_indicators
 from agents.errors import DataError
 
-PRICE_COLUMNS = ["open", "high", "low", "close", "volume"]
+# The most a snapshot file may hold: read whole, at NIGHTDESK_DATA_CONCURRENCY at once, a
+# file of gigabytes would take the host's memory; a century of daily prices is under 2 MiB.
+MAX_FILE_BYTES = 64 * 2**20
 MANIFEST = "manifest.json"
 UNIVERSE = "universe.txt"
 PRICES = "prices.csv"
@@ -43,6 +57,9 @@ _NUMBER = r"-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?"
 _ROW = rf"[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}(?:,{_NUMBER}){{5}}"
 PLAIN_PRICES = re.compile(rf"date,open,high,low,close,volume\r?\n(?:{_ROW}(?:\r?\n|\Z))+")
 PLAIN_DATE_CLOSE = re.compile(r"^([0-9-]{10}),[^,]*,[^,]*,[^,]*,([^,]*),", re.MULTILINE)
+# What ``bad_value`` may refuse in such a file: a minus sign, a zero, an exponent that
+# overflows to infinity. A file with one is left to pandas, whose read names the line.
+MAYBE_BAD = re.compile(r",-|[eE]\+?[0-9]{3}|,0*(?:\.0*)?(?:[eE][-+]?[0-9]+)?(?=,|\r?\n|\Z)")
 
 
 @dataclass(frozen=True)
@@ -114,8 +131,7 @@ def read_manifest(data_dir: Path, as_of: date) -> Manifest:
 
 def read_prices(path: Path, ticker: str) -> pd.DataFrame:
     """Read a prices.csv into a frame indexed by date (ascending) with the OHLCV columns."""
-    if not path.is_file():
-        raise DataError(f"{ticker}: missing {path}")
+    _check_size(path, ticker)
     try:
         frame = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
@@ -136,6 +152,8 @@ def read_prices(path: Path, ticker: str) -> pd.DataFrame:
         row = int(bad.to_numpy().argmax()) + 2
         raise DataError(f"{ticker}: malformed {path}: missing or non-numeric value on line {row}")
     values = values.astype("float64")  # one dtype whatever the provider, so bundles compare
+    if (found := bad_value(values)) is not None:
+        raise DataError(f"{ticker}: malformed {path}: {found[1]} on line {found[0] + 2}")
     values.index = pd.DatetimeIndex(dates.dt.normalize(), name="date")
     if values.index.has_duplicates:
         dup = values.index[values.index.duplicated()][0]
@@ -161,10 +179,12 @@ def read_closes(path: Path, ticker: str) -> list[tuple[date, float]]:
 def _plain_closes(path: Path) -> list[tuple[date, float]] | None:
     """Parse a prices.csv in ``write_ticker``'s exact form; None for any other file."""
     try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return None
         text = path.read_bytes().decode("ascii")
     except (OSError, UnicodeDecodeError):
         return None
-    if PLAIN_PRICES.fullmatch(text) is None:
+    if PLAIN_PRICES.fullmatch(text) is None or MAYBE_BAD.search(text):
         return None
     rows = PLAIN_DATE_CLOSE.findall(text)
     try:
@@ -243,6 +263,7 @@ class SnapshotProvider:
         prices = prices[prices.index <= pd.Timestamp(as_of)]
         if prices.empty:
             raise DataError(f"{ticker}: {folder / PRICES} has no rows on or before {as_of}")
+        check_current(prices, ticker, as_of, str(folder / PRICES))
         # Items dated after the as-of date would leak the future into the analysis.
         news = [n for n in read_news(folder / NEWS, ticker) if n.published <= as_of]
         social = [p for p in read_social(folder / SOCIAL, ticker) if p.posted <= as_of]
@@ -283,9 +304,17 @@ class SnapshotProvider:
         return folder
 
 
-def _read_json(path: Path, ticker: str) -> Any:
+def _check_size(path: Path, ticker: str) -> None:
+    """Raise DataError when ``path`` is missing or over MAX_FILE_BYTES, before reading it."""
     if not path.is_file():
         raise DataError(f"{ticker}: missing {path}")
+    if (size := path.stat().st_size) > MAX_FILE_BYTES:
+        raise DataError(f"{ticker}: {path} is {size:,} bytes, over the "
+                        f"{MAX_FILE_BYTES // 2**20} MiB a snapshot file may hold")
+
+
+def _read_json(path: Path, ticker: str) -> Any:
+    _check_size(path, ticker)
     try:
         # utf-8-sig: a file saved by a Windows editor starts with a byte-order mark.
         return json.loads(path.read_text(encoding="utf-8-sig"))

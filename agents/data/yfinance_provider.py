@@ -7,6 +7,7 @@ rate-limit error (yfinance's YFRateLimitError or anything carrying HTTP 429).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -15,9 +16,16 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from agents.data.base import Closes, MarketBundle, NewsItem, closes_of
+from agents.data.base import (
+    PRICE_COLUMNS,
+    Closes,
+    MarketBundle,
+    NewsItem,
+    bad_value,
+    check_current,
+    closes_of,
+)
 from agents.data.indicators import compute_indicators
-from agents.data.snapshot import PRICE_COLUMNS
 from agents.errors import ConfigError, DataError
 
 T = TypeVar("T")
@@ -93,6 +101,9 @@ class YFinanceProvider:
         self.max_backoff_s = max_backoff_s
         self._sleep = sleep
         self._ticker = ticker_factory or import_yfinance().Ticker
+        # yfinance logs a failure itself (a line per fetch, another for its cookie) before
+        # raising it; the DataError raised here names it, once.
+        logging.getLogger("yfinance").setLevel(logging.CRITICAL)
 
     def load(self, ticker: str, as_of: date) -> MarketBundle:
         """Fetch history up to ``as_of``, current fundamentals and news up to ``as_of``."""
@@ -102,6 +113,7 @@ class YFinanceProvider:
         if prices.empty:
             raise DataError(f"{ticker}: yfinance returned no prices up to {as_of} "
                             "(unknown or delisted symbol?)")
+        check_current(prices, ticker, as_of, "yfinance's history")
         info = self._call(ticker, "info", lambda: handle.info) or {}
         news = self._call(ticker, "news", lambda: handle.news) or []
         return MarketBundle(
@@ -191,7 +203,11 @@ def prices_from_history(raw: pd.DataFrame | None, ticker: str) -> pd.DataFrame:
     frame.index = pd.DatetimeIndex(index.normalize(), name="date")
     frame = frame.dropna(subset=["close"])
     frame["volume"] = frame["volume"].fillna(0.0)  # indices and some funds report no volume
-    return frame[~frame.index.duplicated(keep="last")].sort_index()
+    frame = frame[~frame.index.duplicated(keep="last")].sort_index()
+    if (found := bad_value(frame)) is not None:
+        raise DataError(f"{ticker}: yfinance history of {frame.index[found[0]].date()}: "
+                        f"{found[1]}")
+    return frame
 
 
 def fundamentals_from_info(info: dict[str, Any]) -> dict[str, Any]:
