@@ -72,9 +72,13 @@ def bad_value(prices: pd.DataFrame) -> tuple[int, str] | None:
     return position, f"{name} {values[position, column]:g} is not {need}"
 
 
-def check_current(prices: pd.DataFrame, ticker: str, as_of: date, where: str) -> None:
-    """Raise DataError when ``prices`` (rows up to ``as_of``, ascending) end more than
-    STALE_DAYS before ``as_of``: analysts told "as of" it would take old prices for today's."""
+def check_usable(prices: pd.DataFrame, ticker: str, as_of: date, where: str) -> None:
+    """Raise DataError unless ``prices`` (the rows up to ``as_of``, ascending, not empty) can
+    be analyzed as of it: every value as ``bad_value`` wants, the last session at most
+    STALE_DAYS before ``as_of`` (analysts told "as of" it would take old prices for its
+    own). Scoring reads the rows after it apart, and takes a bad close as no return."""
+    if (found := bad_value(prices)) is not None:
+        raise DataError(f"{ticker}: {where}, {prices.index[found[0]].date()}: {found[1]}")
     last = prices.index[-1].date()
     if (as_of - last).days > STALE_DAYS:
         raise DataError(f"{ticker}: {where} ends on {last}, {(as_of - last).days} days before "

@@ -11,10 +11,10 @@ Layout, for one as-of date::
 
 prices.csv may run past the as-of date: ``load`` returns rows up to and including it,
 ``forward_prices`` the rows after it (for scoring ratings against realized returns). A
-ticker's data is refused, with its file and line, where no analysis can take it: a price
-not above 0 or not finite, a negative volume (``base.bad_value``), a last row more than
-``STALE_DAYS`` before the as-of date, a file over ``MAX_FILE_BYTES``. Prices are taken as
-given: a split not adjusted for (yfinance's are) reads as a crash.
+ticker's data is refused, named, where no analysis can take it (``base.check_usable``): a
+price up to the as-of date not above 0 or not finite, a negative volume, a last row more
+than ``STALE_DAYS`` before the as-of date; and a file over ``MAX_FILE_BYTES``. Prices are
+taken as given: a split not adjusted for (yfinance's are) reads as a crash.
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from agents.data.base import (
     MarketBundle,
     NewsItem,
     SocialPost,
-    bad_value,
-    check_current,
+    check_usable,
 )
 from agents.data.indicators import compute_indicators
 from agents.errors import DataError
@@ -57,9 +56,6 @@ _NUMBER = r"-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?"
 _ROW = rf"[0-9]{{4}}-[0-9]{{2}}-[0-9]{{2}}(?:,{_NUMBER}){{5}}"
 PLAIN_PRICES = re.compile(rf"date,open,high,low,close,volume\r?\n(?:{_ROW}(?:\r?\n|\Z))+")
 PLAIN_DATE_CLOSE = re.compile(r"^([0-9-]{10}),[^,]*,[^,]*,[^,]*,([^,]*),", re.MULTILINE)
-# What ``bad_value`` may refuse in such a file: a minus sign, a zero, an exponent that
-# overflows to infinity. A file with one is left to pandas, whose read names the line.
-MAYBE_BAD = re.compile(r",-|[eE]\+?[0-9]{3}|,0*(?:\.0*)?(?:[eE][-+]?[0-9]+)?(?=,|\r?\n|\Z)")
 
 
 @dataclass(frozen=True)
@@ -152,8 +148,6 @@ def read_prices(path: Path, ticker: str) -> pd.DataFrame:
         row = int(bad.to_numpy().argmax()) + 2
         raise DataError(f"{ticker}: malformed {path}: missing or non-numeric value on line {row}")
     values = values.astype("float64")  # one dtype whatever the provider, so bundles compare
-    if (found := bad_value(values)) is not None:
-        raise DataError(f"{ticker}: malformed {path}: {found[1]} on line {found[0] + 2}")
     values.index = pd.DatetimeIndex(dates.dt.normalize(), name="date")
     if values.index.has_duplicates:
         dup = values.index[values.index.duplicated()][0]
@@ -184,7 +178,7 @@ def _plain_closes(path: Path) -> list[tuple[date, float]] | None:
         text = path.read_bytes().decode("ascii")
     except (OSError, UnicodeDecodeError):
         return None
-    if PLAIN_PRICES.fullmatch(text) is None or MAYBE_BAD.search(text):
+    if PLAIN_PRICES.fullmatch(text) is None:
         return None
     rows = PLAIN_DATE_CLOSE.findall(text)
     try:
@@ -263,7 +257,7 @@ class SnapshotProvider:
         prices = prices[prices.index <= pd.Timestamp(as_of)]
         if prices.empty:
             raise DataError(f"{ticker}: {folder / PRICES} has no rows on or before {as_of}")
-        check_current(prices, ticker, as_of, str(folder / PRICES))
+        check_usable(prices, ticker, as_of, str(folder / PRICES))
         # Items dated after the as-of date would leak the future into the analysis.
         news = [n for n in read_news(folder / NEWS, ticker) if n.published <= as_of]
         social = [p for p in read_social(folder / SOCIAL, ticker) if p.posted <= as_of]

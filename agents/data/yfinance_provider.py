@@ -21,8 +21,7 @@ from agents.data.base import (
     Closes,
     MarketBundle,
     NewsItem,
-    bad_value,
-    check_current,
+    check_usable,
     closes_of,
 )
 from agents.data.indicators import compute_indicators
@@ -113,7 +112,7 @@ class YFinanceProvider:
         if prices.empty:
             raise DataError(f"{ticker}: yfinance returned no prices up to {as_of} "
                             "(unknown or delisted symbol?)")
-        check_current(prices, ticker, as_of, "yfinance's history")
+        check_usable(prices, ticker, as_of, "yfinance's history")
         info = self._call(ticker, "info", lambda: handle.info) or {}
         news = self._call(ticker, "news", lambda: handle.news) or []
         return MarketBundle(
@@ -203,11 +202,7 @@ def prices_from_history(raw: pd.DataFrame | None, ticker: str) -> pd.DataFrame:
     frame.index = pd.DatetimeIndex(index.normalize(), name="date")
     frame = frame.dropna(subset=["close"])
     frame["volume"] = frame["volume"].fillna(0.0)  # indices and some funds report no volume
-    frame = frame[~frame.index.duplicated(keep="last")].sort_index()
-    if (found := bad_value(frame)) is not None:
-        raise DataError(f"{ticker}: yfinance history of {frame.index[found[0]].date()}: "
-                        f"{found[1]}")
-    return frame
+    return frame[~frame.index.duplicated(keep="last")].sort_index()
 
 
 def fundamentals_from_info(info: dict[str, Any]) -> dict[str, Any]:

@@ -201,3 +201,26 @@ def test_a_file_too_large_to_be_data_is_refused_unread(copy_dir: Path, name: str
     if name == "prices.csv":  # scoring reads it too, the same way
         with pytest.raises(DataError, match=re.escape(why)):
             provider.closes(TICKER, AS_OF, 5)
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("close=-5", "close -5 is not a price above 0"),  # read as a crash: "change 1d -7407.8%"
+    ("open=0", "open 0 is not a price above 0"),  # every return divided by zero
+    ("close=inf", "close inf is not a price above 0"),
+    ("close=1e999", "close inf is not a price above 0"),  # past float's range
+    ("volume=-100", "volume -100 is not a volume of 0 or more"),
+])
+def test_a_price_no_analysis_can_take_fails_the_ticker_by_its_date(
+        copy_dir: Path, value: str, why: str) -> None:
+    path = _ticker_file(copy_dir, "prices.csv")
+    lines = path.read_text().splitlines()
+    header = lines[0].split(",")
+    column, text = value.split("=")
+    at = next(i for i, line in enumerate(lines) if line.startswith("2026-11-25"))
+    cells = lines[at].split(",")
+    cells[header.index(column)] = text
+    lines[at] = ",".join(cells)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as info:
+        SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+    assert str(info.value) == f"{TICKER}: {path}, 2026-11-25: {why}"

@@ -196,7 +196,7 @@ def test_a_zero_price_in_the_history_is_refused_by_its_date(
         return frame
 
     monkeypatch.setattr(FakeTicker, "history", history)
-    with pytest.raises(DataError, match=r"^EXMP: yfinance history of 2026-11-26: close 0 is "
+    with pytest.raises(DataError, match=r"^EXMP: yfinance.s history, 2026-11-26: close 0 is "
                                         "not a price above 0$"):
         _provider(sleeps).load("EXMP", AS_OF)
 
