@@ -68,7 +68,7 @@ def bad_value(prices: pd.DataFrame) -> tuple[int, str] | None:
     position = int(rows.argmax())
     column = int(bad[position].argmax())
     name = PRICE_COLUMNS[column]
-    need = "a volume of 0 or more" if name == "volume" else "a price above 0"
+    need = "a finite volume of 0 or more" if name == "volume" else "a finite price above 0"
     return position, f"{name} {values[position, column]:g} is not {need}"
 
 

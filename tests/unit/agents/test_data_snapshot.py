@@ -204,11 +204,11 @@ def test_a_file_too_large_to_be_data_is_refused_unread(copy_dir: Path, name: str
 
 
 @pytest.mark.parametrize(("value", "why"), [
-    ("close=-5", "close -5 is not a price above 0"),  # read as a crash: "change 1d -7407.8%"
-    ("open=0", "open 0 is not a price above 0"),  # every return divided by zero
-    ("close=inf", "close inf is not a price above 0"),
-    ("close=1e999", "close inf is not a price above 0"),  # past float's range
-    ("volume=-100", "volume -100 is not a volume of 0 or more"),
+    ("close=-5", "close -5 is not a finite price above 0"),  # read as a crash: "change 1d -7407.8%"
+    ("open=0", "open 0 is not a finite price above 0"),  # every return divided by zero
+    ("close=inf", "close inf is not a finite price above 0"),
+    ("close=1e999", "close inf is not a finite price above 0"),  # past float's range
+    ("volume=-100", "volume -100 is not a finite volume of 0 or more"),
 ])
 def test_a_price_no_analysis_can_take_fails_the_ticker_by_its_date(
         copy_dir: Path, value: str, why: str) -> None:

@@ -197,7 +197,7 @@ def test_a_zero_price_in_the_history_is_refused_by_its_date(
 
     monkeypatch.setattr(FakeTicker, "history", history)
     with pytest.raises(DataError, match=r"^EXMP: yfinance.s history, 2026-11-26: close 0 is "
-                                        "not a price above 0$"):
+                                        "not a finite price above 0$"):
         _provider(sleeps).load("EXMP", AS_OF)
 
 
