@@ -9,7 +9,9 @@ from pathlib import Path
 
 from agents.errors import InputError, os_said
 
-SYMBOL = re.compile(r"^[A-Z0-9.\-]{1,12}$")
+# At least one letter or digit: "." and ".." name no ticker but a snapshot's folders (the
+# as-of date's own, the data folder above it), which a ticker's files would be read from.
+SYMBOL = re.compile(r"^(?=.*[A-Z0-9])[A-Z0-9.\-]{1,12}$")
 
 
 def check_symbol(raw: str, where: str = "") -> str:
@@ -18,7 +20,8 @@ def check_symbol(raw: str, where: str = "") -> str:
     if not SYMBOL.fullmatch(symbol):
         place = f" ({where})" if where else ""
         raise InputError(
-            f"invalid ticker symbol {raw.strip()!r}{place}: expected 1-12 of A-Z, 0-9, '.', '-'"
+            f"invalid ticker symbol {raw.strip()!r}{place}: expected 1-12 of A-Z, 0-9, '.', "
+            "'-', a letter or digit among them"
         )
     return symbol
 

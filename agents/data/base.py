@@ -6,7 +6,16 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any, Protocol
 
+import numpy as np
 import pandas as pd
+
+from agents.errors import DataError
+
+PRICE_COLUMNS = ["open", "high", "low", "close", "volume"]
+# A ticker whose last session is older than this before the as-of date has no price as of
+# it (delisted, halted, or a snapshot dated past its data). Two weeks spans the longest
+# closure of any market (the Lunar New Year's nine days), as the yfinance probe's fortnight.
+STALE_DAYS = 14
 
 
 @dataclass
@@ -41,6 +50,39 @@ class MarketBundle:
     social: list[SocialPost] = field(default_factory=list)
     demo: bool = False  # True when the data came from the seeded demo snapshot
     source: str = ""  # provider name, shown wherever data is shown
+
+
+def bad_value(prices: pd.DataFrame) -> tuple[int, str] | None:
+    """Return the position of the first row no analysis can take, and why; None if none.
+
+    A price (open, high, low, close) must be finite and above 0, a volume finite and not
+    below 0: a zero close divides every return by zero, a negative one reads as a crash.
+    """
+    values = prices[PRICE_COLUMNS].to_numpy(dtype="float64")
+    bad = ~np.isfinite(values)
+    bad[:, :4] |= values[:, :4] <= 0
+    bad[:, 4] |= values[:, 4] < 0
+    rows = bad.any(axis=1)
+    if not rows.any():
+        return None
+    position = int(rows.argmax())
+    column = int(bad[position].argmax())
+    name = PRICE_COLUMNS[column]
+    need = "a finite volume of 0 or more" if name == "volume" else "a finite price above 0"
+    return position, f"{name} {values[position, column]:g} is not {need}"
+
+
+def check_usable(prices: pd.DataFrame, ticker: str, as_of: date, where: str) -> None:
+    """Raise DataError unless ``prices`` (the rows up to ``as_of``, ascending, not empty) can
+    be analyzed as of it: every value as ``bad_value`` wants, the last session at most
+    STALE_DAYS before ``as_of`` (analysts told "as of" it would take old prices for its
+    own). Scoring reads the rows after it apart, and takes a bad close as no return."""
+    if (found := bad_value(prices)) is not None:
+        raise DataError(f"{ticker}: {where}, {prices.index[found[0]].date()}: {found[1]}")
+    last = prices.index[-1].date()
+    if (as_of - last).days > STALE_DAYS:
+        raise DataError(f"{ticker}: {where} ends on {last}, {(as_of - last).days} days before "
+                        f"the as-of date {as_of}: no price as of it (none in {STALE_DAYS} days)")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,11 @@ Layout, for one as-of date::
     <data_dir>/<YYYY-MM-DD>/<TICKER>/social.json       [{posted, author, text, likes}]
 
 prices.csv may run past the as-of date: ``load`` returns rows up to and including it,
-``forward_prices`` the rows after it (for scoring ratings against realized returns).
+``forward_prices`` the rows after it (for scoring ratings against realized returns). A
+ticker's data is refused, named, where no analysis can take it (``base.check_usable``): a
+price up to the as-of date not above 0 or not finite, a negative volume, a last row more
+than ``STALE_DAYS`` before the as-of date; and a file over ``MAX_FILE_BYTES``. Prices are
+taken as given: a split not adjusted for (yfinance's are) reads as a crash.
 """
 
 from __future__ import annotations
@@ -26,11 +30,20 @@ from typing import Any
 
 import pandas as pd
 
-from agents.data.base import Closes, MarketBundle, NewsItem, SocialPost
+from agents.data.base import (
+    PRICE_COLUMNS,
+    Closes,
+    MarketBundle,
+    NewsItem,
+    SocialPost,
+    check_usable,
+)
 from agents.data.indicators import compute_indicators
 from agents.errors import DataError
 
-PRICE_COLUMNS = ["open", "high", "low", "close", "volume"]
+# The most a snapshot file may hold: read whole, at NIGHTDESK_DATA_CONCURRENCY at once, a
+# file of gigabytes would take the host's memory; a century of daily prices is under 2 MiB.
+MAX_FILE_BYTES = 64 * 2**20
 MANIFEST = "manifest.json"
 UNIVERSE = "universe.txt"
 PRICES = "prices.csv"
@@ -114,8 +127,7 @@ def read_manifest(data_dir: Path, as_of: date) -> Manifest:
 
 def read_prices(path: Path, ticker: str) -> pd.DataFrame:
     """Read a prices.csv into a frame indexed by date (ascending) with the OHLCV columns."""
-    if not path.is_file():
-        raise DataError(f"{ticker}: missing {path}")
+    _check_size(path, ticker)
     try:
         frame = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
@@ -161,6 +173,8 @@ def read_closes(path: Path, ticker: str) -> list[tuple[date, float]]:
 def _plain_closes(path: Path) -> list[tuple[date, float]] | None:
     """Parse a prices.csv in ``write_ticker``'s exact form; None for any other file."""
     try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return None
         text = path.read_bytes().decode("ascii")
     except (OSError, UnicodeDecodeError):
         return None
@@ -243,6 +257,7 @@ class SnapshotProvider:
         prices = prices[prices.index <= pd.Timestamp(as_of)]
         if prices.empty:
             raise DataError(f"{ticker}: {folder / PRICES} has no rows on or before {as_of}")
+        check_usable(prices, ticker, as_of, str(folder / PRICES))
         # Items dated after the as-of date would leak the future into the analysis.
         news = [n for n in read_news(folder / NEWS, ticker) if n.published <= as_of]
         social = [p for p in read_social(folder / SOCIAL, ticker) if p.posted <= as_of]
@@ -283,9 +298,17 @@ class SnapshotProvider:
         return folder
 
 
-def _read_json(path: Path, ticker: str) -> Any:
+def _check_size(path: Path, ticker: str) -> None:
+    """Raise DataError when ``path`` is missing or over MAX_FILE_BYTES, before reading it."""
     if not path.is_file():
         raise DataError(f"{ticker}: missing {path}")
+    if (size := path.stat().st_size) > MAX_FILE_BYTES:
+        raise DataError(f"{ticker}: {path} is {size:,} bytes, over the "
+                        f"{MAX_FILE_BYTES // 2**20} MiB a snapshot file may hold")
+
+
+def _read_json(path: Path, ticker: str) -> Any:
+    _check_size(path, ticker)
     try:
         # utf-8-sig: a file saved by a Windows editor starts with a byte-order mark.
         return json.loads(path.read_text(encoding="utf-8-sig"))

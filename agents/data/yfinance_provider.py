@@ -7,6 +7,7 @@ rate-limit error (yfinance's YFRateLimitError or anything carrying HTTP 429).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -15,9 +16,15 @@ from typing import Any, TypeVar
 
 import pandas as pd
 
-from agents.data.base import Closes, MarketBundle, NewsItem, closes_of
+from agents.data.base import (
+    PRICE_COLUMNS,
+    Closes,
+    MarketBundle,
+    NewsItem,
+    check_usable,
+    closes_of,
+)
 from agents.data.indicators import compute_indicators
-from agents.data.snapshot import PRICE_COLUMNS
 from agents.errors import ConfigError, DataError
 
 T = TypeVar("T")
@@ -93,6 +100,9 @@ class YFinanceProvider:
         self.max_backoff_s = max_backoff_s
         self._sleep = sleep
         self._ticker = ticker_factory or import_yfinance().Ticker
+        # yfinance logs a failure itself (a line per fetch, another for its cookie) before
+        # raising it; the DataError raised here names it, once.
+        logging.getLogger("yfinance").setLevel(logging.CRITICAL)
 
     def load(self, ticker: str, as_of: date) -> MarketBundle:
         """Fetch history up to ``as_of``, current fundamentals and news up to ``as_of``."""
@@ -102,6 +112,7 @@ class YFinanceProvider:
         if prices.empty:
             raise DataError(f"{ticker}: yfinance returned no prices up to {as_of} "
                             "(unknown or delisted symbol?)")
+        check_usable(prices, ticker, as_of, "yfinance's history")
         info = self._call(ticker, "info", lambda: handle.info) or {}
         news = self._call(ticker, "news", lambda: handle.news) or []
         return MarketBundle(

@@ -38,6 +38,7 @@ from app.cli.common import (
 from app.cli.data import parse_as_of
 from app.cli.logs import console
 from app.config import Settings
+from app.db.models import batch_row
 from app.errors import ERRORS, InputError
 from app.morning.batchids import parse_batch_id
 from app.morning.changes import (
@@ -444,7 +445,8 @@ def replay(
                               "the recorded output lengths")] = False,
     no_preflight: NoPreflight = False,
 ) -> None:
-    """Replay a batch's recorded requests against a server, as a batch of kind replay."""
+    """Replay a batch's recorded requests against a server, as a batch of kind replay: the
+    prompts it sent, market data and all (no snapshot is read again)."""
     from app.runs.replay import replay_batch
 
     settings = setup()
@@ -469,6 +471,8 @@ def replay(
               f"{len(outcome.succeeded)} tickers replayed, {len(outcome.failed)} with errors")
     for ticker, reason in sorted(outcome.failed.items()):
         err.print(f"  [red]{ticker}[/]: {reason}")
+    for note in (batch_row(engine, outcome.batch_id).settings or {}).get("universe_notes", []):
+        err.print(f"note: {note}", markup=False)  # a ticker of the night not replayed
     err.print(f"compare: nightdesk report --compare {batch},{outcome.batch_id}")
     code = EXIT_CODES.get(outcome.status, 1)
     if code:

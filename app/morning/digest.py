@@ -207,7 +207,12 @@ def _rerun_lines(engine: Engine, rerun: BatchSummary, night_id: int | None, stal
     elif night_id is None:
         lines.append(f"No finished night of {rerun.as_of} to apply it to")
     elif rated:
-        lines.append(f"Applied to the ranking of nightly batch #{night_id}")
+        # The ranking applies a rerun only to a ticker its night has: one of another
+        # universe (or left out by --limit) is rated here and shown nowhere.
+        shown = any(r.batch_id == rerun.id for r in ranking(engine, night_id)[1])
+        lines.append(f"Applied to the ranking of nightly batch #{night_id}" if shown else
+                     f"Not applied: the ranking of nightly batch #{night_id} has no row for "
+                     f"{', '.join(rated)} (not in its universe)")
     else:  # the ranking applies only a rerun's ratings: the night's own result stands
         lines.append(f"Not applied: the ranking of nightly batch #{night_id} keeps "
                      f"{', '.join(row.ticker for row in own)}'s earlier result")

@@ -15,7 +15,7 @@ from agents.chat import CallTag
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
 from app.batch.store import DecisionRow
 from app.config import Settings
-from app.db.models import Batch, LLMCall, LLMRequest, batch_row
+from app.db.models import Batch, LLMCall, LLMRequest, TickerRun, batch_row
 from app.errors import InputError, LLMError
 from app.recorder.record import Recorder
 from app.runs.preflight import check_endpoints
@@ -152,8 +152,14 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
     as a batch of kind ``replay`` run by ``runner`` (made with ``engine_kwargs`` if none is
     given: the caller's names the batch once its row exists). With ``preflight`` the
     server is asked first (ConfigError, before any row): the prompts ran once already.
+    The market data is in the recorded prompts: no snapshot is read, so one changed or
+    deleted since does not change what is sent. A ticker of ``batch_id`` that recorded no
+    request (its data failed to load) is named in the batch's notes, not dropped unsaid.
     """
     source, workload = recorded_workload(engine, batch_id, match_output=match_output)
+    left = sorted(set(await in_thread(_tickers_of, engine, batch_id)) - set(workload))
+    notes = (f"not replayed: {len(left)} of batch {batch_id}'s tickers recorded no request "
+             f"(failed before their first call): {', '.join(left)}",) if left else ()
     if preflight:
         await in_thread(check_endpoints, settings)
     for items in workload.values():
@@ -167,8 +173,15 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
                for t, items in workload.items()}
     samples = int((source.settings or {}).get("samples", 1))
     plan = BatchPlan("replay", source.as_of, sorted(workload), samples, strategy,
-                     label or f"replay of {batch_id}", source_batch_id=batch_id)
+                     label or f"replay of {batch_id}", source_batch_id=batch_id, notes=notes)
     runner = runner or BatchEngine(settings, engine, **engine_kwargs)
     return await runner.run(plan, TickerWork(
         work, weights=weights, shapes={t: shape(items) for t, items in workload.items()},
         expected_calls=sum(len(items) for items in workload.values())), Recorder(engine))
+
+
+def _tickers_of(engine: Engine, batch_id: int) -> list[str]:
+    """Return the tickers batch ``batch_id`` ran (its ticker rows)."""
+    with engine.connect() as conn:
+        return list(conn.execute(select(TickerRun.ticker).where(
+            TickerRun.batch_id == batch_id)).scalars())

@@ -23,7 +23,7 @@ from tests.unit.support.clirun import CliResult, run_cli
 from tests.webhook import closed_port
 
 # The rules as the README states them, written out here independently of the code.
-VALID_SYMBOL = re.compile(r"[A-Z0-9.\-]{1,12}")
+VALID_SYMBOL = re.compile(r"(?=.*[A-Z0-9])[A-Z0-9.\-]{1,12}")
 EXAMPLES = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow])

@@ -83,8 +83,9 @@ def test_a_night_between_sessions_takes_the_last_close_before_it(tmp_path: Path)
 ODD_FILES = {
     "unsorted rows": "date,open,high,low,close,volume\n2025-03-14,1,1,1,2,5\n"
                      "2025-03-13,1,1,1,1,5\n2025-03-17,1,1,1,3,5\n",
-    "an infinite close": "date,open,high,low,close,volume\n2025-03-14,1,1,1,inf,5\n"
-                         "2025-03-17,1,1,1,3,5\n",
+    # After the as-of date: one up to it is no price the analysis takes (check_usable).
+    "an infinite close": "date,open,high,low,close,volume\n2025-03-14,1,1,1,2,5\n"
+                         "2025-03-17,1,1,1,inf,5\n",
     "blanks and a timestamp": "Date, Open,High,Low,Close,Volume\n2025-03-14 00:00:00, 1,1,1,2,5\n"
                               "2025-03-17,1,1,1,3,5\n",
     "extra column": "date,open,high,low,close,volume,adj\n2025-03-14,1,1,1,2,5,x\n"

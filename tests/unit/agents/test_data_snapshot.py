@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import date
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pandas as pd
 import pytest
 
 from agents.data.demo import write_demo
-from agents.data.snapshot import SnapshotProvider, latest_as_of
+from agents.data.snapshot import MAX_FILE_BYTES, SnapshotProvider, latest_as_of
 from agents.errors import DataError
 
 AS_OF = date(2026, 11, 27)
@@ -157,3 +158,69 @@ def test_latest_as_of(tmp_path: Path) -> None:
     (tmp_path / "2027-01-01").mkdir()  # no manifest: not a snapshot
     (tmp_path / "notes").mkdir()
     assert latest_as_of(tmp_path) == AS_OF
+
+
+def _prices_ending(copy_dir: Path, last: str) -> Path:
+    """Rewrite the ticker's prices to end on ``last`` (the rows before it kept); its path."""
+    path = _ticker_file(copy_dir, "prices.csv")
+    frame = pd.read_csv(path)
+    frame["date"] = pd.bdate_range(end=last, periods=len(frame)).strftime("%Y-%m-%d")
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_prices_that_end_long_before_the_as_of_date_are_refused(copy_dir: Path) -> None:
+    # A snapshot dated past its data (a delisted symbol, a file not updated): analysts told
+    # "as of 2026-11-27" would take June's close for that day's.
+    path = _prices_ending(copy_dir, "2026-06-01")
+    with pytest.raises(DataError) as info:
+        SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+    assert str(info.value) == (f"{TICKER}: {path} ends on 2026-06-01, 179 days before the "
+                               "as-of date 2026-11-27: no price as of it (none in 14 days)")
+
+
+def test_a_holiday_closure_before_the_as_of_date_is_no_gap(copy_dir: Path) -> None:
+    # A market shut nine days (the Lunar New Year) still has a price as of the date.
+    _prices_ending(copy_dir, "2026-11-18")
+    bundle = SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+    assert bundle.prices.index[-1] == pd.Timestamp("2026-11-18")
+
+
+@pytest.mark.parametrize("name", ["prices.csv", "news.json"])
+def test_a_file_too_large_to_be_data_is_refused_unread(copy_dir: Path, name: str) -> None:
+    # Read whole at NIGHTDESK_DATA_CONCURRENCY at once, gigabytes would take the host's
+    # memory. The file is sparse: its size is there, its bytes are not.
+    path = _ticker_file(copy_dir, name)
+    with path.open("r+b") as file:
+        file.truncate(MAX_FILE_BYTES + 1)
+    provider = SnapshotProvider(copy_dir)
+    why = f"{TICKER}: {path} is 67,108,865 bytes, over the 64 MiB a snapshot file may hold"
+    with pytest.raises(DataError) as loaded:
+        provider.load(TICKER, AS_OF)
+    assert str(loaded.value) == why
+    if name == "prices.csv":  # scoring reads it too, the same way
+        with pytest.raises(DataError, match=re.escape(why)):
+            provider.closes(TICKER, AS_OF, 5)
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("close=-5", "close -5 is not a finite price above 0"),  # read as a crash: "change 1d -7407.8%"
+    ("open=0", "open 0 is not a finite price above 0"),  # every return divided by zero
+    ("close=inf", "close inf is not a finite price above 0"),
+    ("close=1e999", "close inf is not a finite price above 0"),  # past float's range
+    ("volume=-100", "volume -100 is not a finite volume of 0 or more"),
+])
+def test_a_price_no_analysis_can_take_fails_the_ticker_by_its_date(
+        copy_dir: Path, value: str, why: str) -> None:
+    path = _ticker_file(copy_dir, "prices.csv")
+    lines = path.read_text().splitlines()
+    header = lines[0].split(",")
+    column, text = value.split("=")
+    at = next(i for i, line in enumerate(lines) if line.startswith("2026-11-25"))
+    cells = lines[at].split(",")
+    cells[header.index(column)] = text
+    lines[at] = ",".join(cells)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as info:
+        SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+    assert str(info.value) == f"{TICKER}: {path}, 2026-11-25: {why}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import logging
 import sys
 from datetime import date
 from typing import Any, ClassVar
@@ -178,3 +179,37 @@ def test_missing_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(builtins, "__import__", no_yfinance)
     with pytest.raises(ConfigError, match=r"nightdesk\[yfinance\]"):
         import_yfinance()
+
+
+def test_a_symbol_without_a_session_for_weeks_is_refused(sleeps: list[float]) -> None:
+    # Yahoo keeps a delisted symbol's old history: 400 days asked, months of it returned.
+    with pytest.raises(DataError, match=r"^EXMP: yfinance's history ends on 2027-02-26, "
+                                        r"95 days before the as-of date 2027-06-01"):
+        _provider(sleeps).load("EXMP", date(2027, 6, 1))
+
+
+def test_a_zero_price_in_the_history_is_refused_by_its_date(
+        sleeps: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
+    def history(self: FakeTicker, **kwargs: Any) -> pd.DataFrame:
+        frame = _history(kwargs["start"], kwargs["end"])
+        frame.loc[frame.index[-2], "Close"] = 0.0
+        return frame
+
+    monkeypatch.setattr(FakeTicker, "history", history)
+    with pytest.raises(DataError, match=r"^EXMP: yfinance.s history, 2026-11-26: close 0 is "
+                                        "not a finite price above 0$"):
+        _provider(sleeps).load("EXMP", AS_OF)
+
+
+def test_a_failed_fetch_is_said_once_not_also_by_yfinance(
+        sleeps: list[float], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    def history(self: FakeTicker, **kwargs: Any) -> pd.DataFrame:
+        # As yfinance does with no network: its own error line, then the exception.
+        logging.getLogger("yfinance").error("Failed to get ticker 'EXMP' reason: DNSError")
+        raise OSError("Could not resolve host: query2.finance.yahoo.com")
+
+    monkeypatch.setattr(FakeTicker, "history", history)
+    with pytest.raises(DataError, match=r"^EXMP: yfinance history failed: OSError: Could not "):
+        _provider(sleeps).load("EXMP", AS_OF)
+    assert [r.getMessage() for r in caplog.records if r.name == "yfinance"] == []

@@ -21,7 +21,8 @@ def test_duplicates_removed_with_a_note() -> None:
     assert "AAPL" in notes[0] and "3" in notes[0]
 
 
-@pytest.mark.parametrize("bad", ["AA PL", "$AAPL", "A" * 13, "AAPL!", "ÄPL"])
+# "." and ".." are folders of the snapshot (the date's own, the one above), not tickers.
+@pytest.mark.parametrize("bad", ["AA PL", "$AAPL", "A" * 13, "AAPL!", "ÄPL", ".", "..", "-.-"])
 def test_invalid_symbol_is_named(bad: str) -> None:
     with pytest.raises(InputError, match="invalid ticker symbol"):
         normalize_tickers(["MSFT", bad])

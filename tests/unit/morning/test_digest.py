@@ -470,3 +470,20 @@ def test_a_nights_digest_names_the_reruns_its_ranking_applies_as_the_ranking_doe
     body = build_digest(sqlite_engine, load_settings(), night).message.body.splitlines()
     assert "Top 2: 1. T00 Buy +0.90; 2. T01 Sell -0.80" in body, body
     assert f"Reruns applied: T01 from rerun #{rerun}" in body, body
+
+
+def test_a_rerun_of_a_ticker_its_night_did_not_have_is_not_said_applied(
+        sqlite_engine: Engine) -> None:
+    # The same date's night was of another universe (or --limit left the ticker out): the
+    # ranking applies a rerun only where the night has a row, so this one is shown nowhere.
+    from app.morning.ranking import ranking
+
+    night = add_night(sqlite_engine, D2, at(D2, 0, 10), {"T00": Rated("Buy", 0.9),
+                                                         "T01": Rated("Hold", 0.0)})
+    rerun = add_night(sqlite_engine, D2, at(D2, 2, 10), {"T05": Rated("Sell", -0.8)},
+                      kind="rerun")
+    assert "T05" not in {row.ticker for row in ranking(sqlite_engine, night)[1]}
+    body = build_digest(sqlite_engine, load_settings(), rerun).message.body.splitlines()
+    assert f"Not applied: the ranking of nightly batch #{night} has no row for T05 (not in " \
+           "its universe)" in body, body
+    assert not any(line.startswith("Applied to") for line in body), body

@@ -15,7 +15,7 @@ from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
-from app.db.models import LLMCall, LLMRequest
+from app.db.models import LLMCall, LLMRequest, batch_row
 from app.errors import InputError
 from app.runs.replay import replay_batch
 from app.runs.resumable import pick
@@ -107,3 +107,27 @@ async def test_a_replay_stopped_short_names_no_resume_it_cannot_have(
     with pytest.raises(InputError, match="only nightly and rerun batches resume"):
         pick(sqlite_engine, outcome.batch_id)
     assert "--resume" not in outcome.halt.message, outcome.halt.message
+
+
+async def test_a_ticker_of_the_night_that_sent_nothing_is_named_not_replayed(
+        sqlite_engine: Engine, demo_dir: Path) -> None:
+    tickers = demo_tickers(3)
+    (demo_dir / DEMO_AS_OF.isoformat() / tickers[1] / "prices.csv").write_text("oops\n")
+    settings = load_settings(check_context_length=False, retry_backoff_s=0)
+    nodes = node_names(settings.pipeline())
+    night = FakeServer(nodes=nodes, tickers=tickers)
+    source = await make_engine(sqlite_engine, demo_dir, night, settings).run(
+        BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert list(source.failed) == [tickers[1]]  # its data did not load: no request recorded
+    # The snapshot is gone since: the replay sends the prompts as recorded all the same.
+    for path in sorted(demo_dir.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    server = FakeServer(nodes=nodes, tickers=tickers)
+    outcome = await replay_batch(settings, sqlite_engine, source.batch_id, match_output=False,
+                                 sample_metrics=False, http_client=server.client())
+    assert outcome.status == "succeeded" and outcome.succeeded == [tickers[0], tickers[2]]
+    assert sent(server) == sent(night)
+    # Two tickers replayed of the night's three: the third is named, not dropped unsaid.
+    assert batch_row(sqlite_engine, outcome.batch_id).settings["universe_notes"] == [
+        f"not replayed: 1 of batch {source.batch_id}'s tickers recorded no request (failed "
+        f"before their first call): {tickers[1]}"]
