@@ -178,6 +178,8 @@ def why_line(moves: list[NodeMove], measured: bool, one_night: list[str] | None 
         return ("no view's stance read on both nights moved by 0.1 or more" if moves
                 else "no view's stance read on both nights") + \
             f"; read on one night only: {listed}"
+    if not moves and not one_night:  # only the trader's or the manager's read: no view
+        return "no view's stance read on either night"
     if not named:
         return "no node's stance moved by 0.1 or more"
     parts = []

@@ -352,6 +352,22 @@ def test_a_view_read_on_one_night_only_is_not_said_not_to_have_moved(
     assert f"AAA: Hold → Buy (+0.00 → +0.60, +0.60) upgrade; {why}" in body, body
 
 
+def test_no_view_read_on_either_night_is_not_said_not_to_have_moved(
+        sqlite_engine: Engine) -> None:
+    # A downgrade whose analysts and debaters wrote no stance word on either night (the fake's
+    # "the evidence is mixed", which the tiny model writes too) while the trader did: the why
+    # said "no node's stance moved by 0.1 or more", a "none" of views never read.
+    add_night(sqlite_engine, D1, at(D2, 0, 10), {"AAA": Rated("Buy", 0.6, texts={
+        "market": "the evidence is mixed", "trader": "PROPOSAL: BUY"})})
+    night = add_night(sqlite_engine, D2, at(date(2026, 11, 28), 0, 10), {
+        "AAA": Rated("Underweight", -0.3, texts={"market": "the evidence is mixed",
+                                                  "trader": "PROPOSAL: SELL"})})
+    why = compare_nights(sqlite_engine).by_ticker()["AAA"].why
+    assert why == "no view's stance read on either night"
+    body = build_digest(sqlite_engine, load_settings(), night).message.body
+    assert f"downgrade; {why}" in body, body
+
+
 def test_a_move_from_an_applied_rerun_says_so_on_every_surface(sqlite_engine: Engine) -> None:
     # Night 1 failed BBB and an operator's rerun rated it Hold; night 2 rated AAA Hold, a
     # rerun then Sell. Both moves are the reruns' ratings, not the nights': each says whose.
