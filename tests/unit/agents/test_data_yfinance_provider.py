@@ -183,8 +183,8 @@ def test_missing_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_a_symbol_without_a_session_for_weeks_is_refused(sleeps: list[float]) -> None:
     # Yahoo keeps a delisted symbol's old history: 400 days asked, months of it returned.
-    with pytest.raises(DataError, match=r"^EXMP: yfinance's history ends on 2027-02-26, "
-                                        r"95 days before the as-of date 2027-06-01"):
+    with pytest.raises(DataError, match=r"^EXMP: yfinance's history ends on 2027-03-01, "
+                                        r"92 days before the as-of date 2027-06-01"):
         _provider(sleeps).load("EXMP", date(2027, 6, 1))
 
 
