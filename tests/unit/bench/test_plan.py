@@ -642,6 +642,7 @@ def test_a_night_behind_a_router_of_several_servers_is_no_one_servers_profile(
             in refused.error_lines[0])
     assert "--profile h200-moe" in refused.error_lines[0]
     # One server behind a router: its readings are that server's.
-    alone = _night(sqlite_engine, {**FACTS, "servers_behind_router": 1})
-    assert plan_json("--tickers", "4", "--profile", str(alone))["profile"]["kv_tokens"] \
-        == FACTS["kv_cache_tokens"]
+    alone, whole = _night(sqlite_engine, {**FACTS, "servers_behind_router": 1}), \
+        _night(sqlite_engine, FACTS)
+    assert plan_json("--tickers", "4", "--shape", str(whole), "--profile", str(alone))[
+        "profile"]["kv_tokens"] == FACTS["kv_cache_tokens"]

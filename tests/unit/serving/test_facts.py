@@ -279,7 +279,7 @@ def test_a_launcher_record_of_a_server_gone_gives_way_to_the_live_one(
 
 async def test_a_routers_facts_are_its_servers_kv_summed(tmp_path: Path) -> None:
     # vllm-router passes one server's /metrics on as its own: recorded as the endpoint's
-    # facts, one server's cache (1,000 tokens) stood for the fleet's (4,000), in the batch
+    # facts, one server's cache (1,600 tokens) stood for the fleet's (4,800), in the batch
     # page, `plan --profile` and the bench's server flags.
     import asyncio
 
@@ -287,7 +287,7 @@ async def test_a_routers_facts_are_its_servers_kv_summed(tmp_path: Path) -> None
     from tests.fakevllm.router import FakeRouter
     from tests.fakevllm.server import serving
 
-    fakes = [FakeServer(kv_tokens=1_000), FakeServer(kv_tokens=3_000)]
+    fakes = [FakeServer(kv_tokens=1_600), FakeServer(kv_tokens=3_200)]  # whole blocks of 16
     port = _free_port()
     async with serving([fake.asgi() for fake in fakes]) as ports:
         router = FakeRouter({f"http://127.0.0.1:{p}": fake for p, fake in zip(
@@ -296,7 +296,7 @@ async def test_a_routers_facts_are_its_servers_kv_summed(tmp_path: Path) -> None
             facts = await asyncio.to_thread(batch_server_facts, "p", router.base_url, tmp_path)
             named = await asyncio.to_thread(batch_server_facts, "p", router.base_url, tmp_path,
                                             [f"http://127.0.0.1:{ports[0]}"])
-    assert facts["kv_cache_tokens"] == 4_000 and facts["servers_behind_router"] == 2
-    assert [f["kv_cache_tokens"] for f in facts["servers"].values()] == [1_000, 3_000]
+    assert facts["kv_cache_tokens"] == 4_800 and facts["servers_behind_router"] == 2
+    assert [f["kv_cache_tokens"] for f in facts["servers"].values()] == [1_600, 3_200]
     # Servers named by llm_router_servers are those read.
-    assert named["kv_cache_tokens"] == 1_000 and named["servers_behind_router"] == 1
+    assert named["kv_cache_tokens"] == 1_600 and named["servers_behind_router"] == 1
