@@ -1,5 +1,6 @@
-"""Run a batch so that SIGTERM or Ctrl-C ends it as interrupted (resumable): the first
-signal halts it with ``shutdown_grace_s`` of grace, a second cuts the grace, a third cancels.
+"""Run a batch so that SIGTERM, Ctrl-C or SIGHUP ends it as interrupted (resumable): the
+first signal halts it with ``shutdown_grace_s`` of grace, a second cuts the grace, a third
+cancels.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from app.traffic.halt import Halt, HaltReason
 
 T = TypeVar("T")
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP too: the terminal a night was started from closing (an ssh session dropped) would
+# otherwise kill it outright, losing the rows of calls answered but not yet written.
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class BatchInterrupted(NightdeskError):

@@ -23,6 +23,8 @@ from app.cli.logs import (
     UNWRAPPED_WIDTH,
     console,
     full,
+    hung_up,
+    lose,
     lost_a_reader,
     lost_to_a_full_disk,
     reader_gone,
@@ -55,15 +57,15 @@ class _OutputFull(Exception):
 def _pipe_closes() -> Iterator[None]:
     try:
         yield
-    except BrokenPipeError as error:
-        raise _PipeClosed from error
     except OSError as error:
+        if hung_up(error):  # a closed pipe, or a terminal hung up
+            raise _PipeClosed from error
         if full(error):
             raise _OutputFull(error.strerror) from error
         raise
     except SystemExit as exit_:
         # typer's help console (rich's own) exits 1 on a closed pipe: told by its cause.
-        if isinstance(exit_.__context__, BrokenPipeError):
+        if exit_.__context__ is not None and hung_up(exit_.__context__):
             raise _PipeClosed from exit_.__context__
         if exit_.__context__ is not None and full(exit_.__context__):
             raise _OutputFull(getattr(exit_.__context__, "strerror", "")) from None
@@ -172,12 +174,8 @@ def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except BrokenPipeError:
-            reader_gone(stream)
         except OSError as error:
-            if not full(error):
-                raise
-            reader_gone(stream, filled=True)
+            lose(stream, error)
 
 
 def _main() -> None:
@@ -219,10 +217,8 @@ def _tell(line: str) -> None:
     as it is."""
     try:
         err.print(line, highlight=False, soft_wrap=True)
-    except BrokenPipeError:
-        pass
-    except OSError as error:  # stderr's disk full too: the exit code is all that is left
-        if not full(error):
+    except OSError as error:  # stderr's gone or full too: the exit code is all that is left
+        if not (hung_up(error) or full(error)):
             raise
 
 

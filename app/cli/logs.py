@@ -72,6 +72,21 @@ def full(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in FULL
 
 
+def hung_up(error: BaseException) -> bool:
+    """Return whether ``error`` is a closed pipe's, or a terminal's that hung up (its window
+    closed, the ssh session under it dropped: every write fails with EIO from then on)."""
+    return isinstance(error, BrokenPipeError) or (
+        isinstance(error, OSError) and error.errno == errno.EIO)
+
+
+def lose(stream: IO[str], error: OSError) -> None:
+    """Let ``stream`` go (``reader_gone``) when ``error`` says its reader went away or its
+    disk is full; raise ``error`` otherwise."""
+    if not (hung_up(error) or full(error)):
+        raise error
+    reader_gone(stream, filled=full(error))
+
+
 def reader_gone(stream: IO[str], *, filled: bool = False) -> None:
     """Point ``stream``, whose reader closed the pipe (or whose file's disk is full:
     ``filled``), at the null device: what is still written to it is dropped, not raised,
@@ -106,23 +121,15 @@ class _SideChannel(io.TextIOBase):
     def write(self, text: str) -> int:
         try:
             return sys.stderr.write(text)
-        except BrokenPipeError:
-            reader_gone(sys.stderr)
-        except OSError as error:  # its disk full: the lines stop, the work goes on
-            if not full(error):
-                raise
-            reader_gone(sys.stderr, filled=True)
+        except OSError as error:  # its reader gone or its disk full: the lines stop
+            lose(sys.stderr, error)
         return len(text)
 
     def flush(self) -> None:
         try:
             sys.stderr.flush()
-        except BrokenPipeError:
-            reader_gone(sys.stderr)
         except OSError as error:
-            if not full(error):
-                raise
-            reader_gone(sys.stderr, filled=True)
+            lose(sys.stderr, error)
 
 
 SIDE_CHANNEL = _SideChannel()
@@ -140,14 +147,14 @@ class _Console(Console):
         raise BrokenPipeError(errno.EPIPE, "Broken pipe")
 
     def _check_buffer(self) -> None:
-        """stderr's disk full: go on without it, as the log lines do; stdout's is raised
-        for ``app.cli.main`` (one line, exit 74)."""
+        """stderr's disk full or terminal hung up: go on without it, as the log lines do;
+        stdout's is raised for ``app.cli.main`` (exit 74 with one line, or 141)."""
         try:
             super()._check_buffer()
         except OSError as error:
-            if not (self.stderr and full(error)):
+            if not self.stderr:
                 raise
-            reader_gone(sys.stderr, filled=True)
+            lose(sys.stderr, error)
 
 
 def console(*, stderr: bool = False) -> Console:

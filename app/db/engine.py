@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from app.config import STATEMENT_TIMEOUT_S
-from app.db.retry import BOUND, cancelled_at_bound, mark_bound
+from app.db.retry import BOUND, READ_ONLY, cancelled_at_bound, mark_bound
 from app.errors import DatabaseError, SchemaTooNew, first_line
 from serving.urls import redact
 
@@ -296,6 +296,10 @@ def bounded(engine: Engine, seconds: float) -> Engine:
     @event.listens_for(engine, "handle_error")
     def _mark(context: Any) -> None:
         mark_bound(context.original_exception, seconds)
+        # A session that takes no writes (its server a standby: a failover under way) stays
+        # so: given up, the write's next try opens one on whatever serves the address now.
+        if getattr(context.original_exception, "sqlstate", None) == READ_ONLY:
+            context.is_disconnect = True
 
     @event.listens_for(engine, "do_connect")
     def _open(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> Any:

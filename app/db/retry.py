@@ -47,6 +47,11 @@ TRANSIENT_WORDS = ("locked", "busy", "terminat", "connection", "server closed", 
 # down or starting (57P01..57P05). Others of class 57 (a cancelled statement) do not.
 TRANSIENT_SQLSTATES = ("08", "53", "57P")
 SQLITE_FULL = 13
+# read_only_sql_transaction: a hot standby, a failover under way, default_transaction_read_only.
+# It passes with time (the standby promoted, the address moved to the new primary), but only
+# a batch's writes (``write_budget``) wait for it; the one write a read command makes is left
+# out at once (app.db.readonly).
+READ_ONLY = "25006"
 
 
 def transient(error: BaseException) -> bool:
@@ -55,6 +60,8 @@ def transient(error: BaseException) -> bool:
     Takes SQLAlchemy's wrapped errors and the drivers' own (the checkpointer talks to
     psycopg and aiosqlite directly).
     """
+    if getattr(getattr(error, "orig", None) or error, "sqlstate", None) == READ_ONLY:
+        return _budget.get() is not None  # first: its connection is given up (invalidated)
     if isinstance(error, DBAPIError) and error.connection_invalidated:
         return True
     if isinstance(error, psycopg_pool.PoolTimeout | psycopg.InterfaceError):
@@ -71,7 +78,7 @@ def transient(error: BaseException) -> bool:
     return False
 
 
-_budget: ContextVar[float] = ContextVar("write_budget_s", default=RETRY_BUDGET_S)
+_budget: ContextVar[float | None] = ContextVar("write_budget_s", default=None)
 
 
 @contextmanager
@@ -87,7 +94,8 @@ def write_budget(seconds: float) -> Iterator[None]:
 
 def budget_s() -> float:
     """Return the write budget in force here."""
-    return _budget.get()
+    budget = _budget.get()
+    return RETRY_BUDGET_S if budget is None else budget
 
 
 # The setting that bounds each PostgreSQL statement (app.db.engine.statement_timeout).
@@ -126,7 +134,7 @@ def outage(what: str, error: BaseException) -> StorageOutage:
 
 def _past_budget(state: tenacity.RetryCallState) -> bool:
     """Stop when the next try would start past the budget in force where the write runs."""
-    return bool(tenacity.stop_before_delay(_budget.get())(state))
+    return bool(tenacity.stop_before_delay(budget_s())(state))
 
 
 def _log_retry(state: tenacity.RetryCallState) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiosqlite
+import psycopg
 import structlog
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -207,8 +208,9 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
                     conninfo, min_size=1, max_size=4, open=False,
                     kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
                             **connect_args("statement_timeout", statement_timeout_s)},
-                    # A connection a restart killed is found on checkout and replaced.
-                    check=AsyncConnectionPool.check_connection,
+                    # A connection a restart killed, or one to a server that now takes no
+                    # writes (a standby: a failover), is found on checkout and replaced.
+                    check=_writable,
                     connection_class=AnsweredAsyncConnection, configure=_answered(
                         answer_bound(statement_timeout_s)))
                 try:
@@ -230,6 +232,15 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
         # has cancelled the node, and nothing of the batch awaits it.
         saver.calls = await closing.enter_async_context(beside())
         yield saver
+
+
+async def _writable(conn: AnsweredAsyncConnection) -> None:
+    """The pool's ``check``: raise for a connection that is lost or takes no writes (closed
+    first: the pool would put a live one back, and hand it out again)."""
+    row = await (await conn.execute("SHOW transaction_read_only")).fetchone()
+    if (row or {}).get("transaction_read_only") != "off":
+        await conn.close()
+        raise psycopg.OperationalError("the server takes no writes now")
 
 
 def _answered(seconds: float) -> Callable[[AnsweredAsyncConnection], Awaitable[None]]:

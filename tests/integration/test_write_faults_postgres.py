@@ -261,3 +261,80 @@ async def test_a_database_closed_to_connections_for_five_seconds_is_ridden_out(
     assert any("not currently accepting connections" in line or "terminat" in line
                for line in failed_writes(logs)), failed_writes(logs)
     check_rows_match(get_engine(db_url), server)
+
+
+class ReadOnly:
+    """A database that takes no writes while on (a failover: a hot standby answering at the
+    primary's address): its backends terminated, each new session read-only
+    (``default_transaction_read_only``, SQLSTATE 25006 on a write). Sessions opened meanwhile
+    stay read-only once it is off, as pooled connections to a standby would."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.spells = name, 0
+
+    def _set(self, statement: str) -> None:
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+            admin.execute(sql.SQL(statement).format(sql.Identifier(self.name)))
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = %s", (self.name,))
+
+    def on(self) -> None:
+        self._set("ALTER DATABASE {} SET default_transaction_read_only = on")
+        self.spells += 1
+
+    def release(self) -> None:
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+            admin.execute(sql.SQL("ALTER DATABASE {} RESET default_transaction_read_only")
+                          .format(sql.Identifier(self.name)))
+
+
+def read_only_at(db: ReadOnly, at: int, seconds: float) -> Any:
+    """A fake server script that makes ``db`` read-only at chat request ``at``, for
+    ``seconds`` (from a thread: the night goes on meanwhile)."""
+    def spell() -> None:
+        db.on()
+        time.sleep(seconds)
+        db.release()
+
+    def script(chat: ChatRequest) -> None:
+        if chat.index == at:
+            threading.Thread(target=spell, daemon=True).start()
+    return script
+
+
+async def test_a_database_read_only_for_five_seconds_is_ridden_out(
+        db_url: str, demo_dir: Path, tmp_path: Path) -> None:
+    # Before, the usage writer gave up at the first refusal (UsageLost: the rows of calls
+    # answered were lost) and the batch's end raised the driver's error: left `running`.
+    db = ReadOnly(make_url(db_url).database or "")
+    tickers = demo_tickers(2)
+    server = FakeServer(read_only_at(db, 6, 5.0), nodes=NODES, tickers=tickers)
+    with structlog.testing.capture_logs() as logs:
+        outcome = await night(db_url, demo_dir, server, db_write_budget_s=60.0,
+                              home=tmp_path).run(BatchPlan("nightly", DEMO_AS_OF, tickers))
+    assert db.spells == 1
+    assert outcome.status == "succeeded", (outcome.failed, outcome.halt)
+    said = [str(entry.get("error")) for entry in logs if entry.get("log_level") == "warning"]
+    assert any("read-only transaction" in line for line in said), said
+    check_rows_match(get_engine(db_url), server)
+
+
+async def test_a_database_read_only_past_the_budget_stops_resumable_and_loses_no_row(
+        db_url: str, demo_dir: Path, tmp_path: Path) -> None:
+    db = ReadOnly(make_url(db_url).database or "")
+    tickers = demo_tickers(3)
+    first = FakeServer(read_only_at(db, 8, 3600.0), nodes=NODES, tickers=tickers)
+    runner = night(db_url, demo_dir, first, db_write_budget_s=1.0, home=tmp_path)
+    outcome = await run_freeing_the_disk_at_the_stop(
+        runner, BatchPlan("nightly", DEMO_AS_OF, tickers), db)  # type: ignore[arg-type]
+    assert outcome.status == "interrupted" and not outcome.failed, outcome
+    assert outcome.halt is not None and outcome.halt.exit_code == 2
+    assert "within the write budget (1 s): cannot execute" in outcome.halt.message
+    assert "in a read-only transaction" in outcome.halt.message
+    assert f"nightdesk run --resume {outcome.batch_id}" in outcome.halt.message
+    engine = get_engine(db_url)
+    second = FakeServer(nodes=NODES, tickers=tickers)
+    resumed = await night(db_url, demo_dir, second, home=tmp_path).run(
+        find_resumable(engine, None, stale_s=120))
+    assert resumed.status == "succeeded", (resumed.failed, resumed.halt)
+    check_rows_match(engine, first, second)

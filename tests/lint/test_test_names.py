@@ -33,6 +33,7 @@ BEHAVIOURS = {
             "help": "every command's help, its docstring in each module",
             "night_reader_gone": "a night whose log reader went away (logs.py and the group)",
             "full_output": "stdout or stderr on a full disk (logs.py and the group)",
+            "hangup": "a terminal that hangs up: SIGHUP, then EIO (logs.py and the group)",
             "output_paths": "every --out and --json-out of every command, checked in common.py"},
     "morning": {"latest_night": "the one order of nights (app.db.models.nights_newest_first) that "
                                 "every reader of the latest night uses: ranking, status, pages"},

@@ -27,7 +27,7 @@ import structlog
 import tenacity
 import tenacity.nap
 from sqlalchemy import create_engine
-from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, IntegrityError, InternalError, OperationalError
 
 import app.usage
 from agents.fitting import PromptSize
@@ -357,6 +357,21 @@ def test_a_statement_that_cannot_pass_is_not_transient() -> None:
     assert not transient(psycopg.errors.UndefinedTable('relation "nope" does not exist'))
     assert not transient(psycopg.errors.StringDataRightTruncation("value too long"))
     assert not transient(sqlite3.OperationalError("no such table: nope"))
+
+
+def test_a_database_that_takes_no_writes_is_waited_for_by_a_batch_only() -> None:
+    # SQLSTATE 25006: a hot standby at the primary's address (a failover), or
+    # default_transaction_read_only. A batch's writes wait for it as for a database away;
+    # a read command's one write (marking a dead batch crashed) is left out at once.
+    error = psycopg.errors.ReadOnlySqlTransaction(
+        "cannot execute INSERT in a read-only transaction")
+    wrapped = InternalError("INSERT INTO llm_calls", {}, error)
+    assert not transient(error) and not transient(wrapped)
+    with write_budget(10.0):
+        assert transient(error) and transient(wrapped)
+    invalidated = InternalError("INSERT INTO llm_calls", {}, error,
+                                connection_invalidated=True)
+    assert not transient(invalidated)  # given up by the engine, still not waited for here
 
 
 async def test_a_batch_write_budget_reaches_writes_decorated_at_import_and_their_threads(
