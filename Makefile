@@ -87,11 +87,12 @@ test: setup vllm-env model browser systemd-tools
 test-unit: setup
 	$(BIN)/pytest -q -n 2 -m "not slow" tests/unit
 
-# The fast lane again, on every direct dependency of pyproject.toml (the extras' too) at the
-# lowest version it allows, from PyPI (uv's lowest-direct): a lower bound is a promise.
+# The fast lane again, and the lint checks (they run import-linter), on every direct
+# dependency of pyproject.toml (every extra's too) at the lowest version it allows, from PyPI
+# (uv's lowest-direct): a lower bound is a promise.
 # Not in `make test`: a new release of an indirect dependency can break it, not the change.
 test-lowest: $(LVENV)/.ready
-	$(LVENV)/bin/pytest -q -n 2 -m "not slow" tests/unit
+	$(LVENV)/bin/pytest -q -n 2 -m "not slow" tests/unit tests/lint
 
 # Built anew whenever pyproject.toml changes, so nothing of an earlier resolution is left.
 $(LVENV)/.ready: pyproject.toml Makefile
@@ -99,7 +100,7 @@ $(LVENV)/.ready: pyproject.toml Makefile
 	@rm -rf $(LVENV) && $(PYTHON) -m venv $(LVENV)
 	@$(LVENV)/bin/python -m pip install -q --disable-pip-version-check uv
 	@$(LVENV)/bin/uv pip install -q --python $(LVENV)/bin/python --resolution lowest-direct \
-	    -e '.[dev,yfinance]'
+	    -e '.[dev,yfinance,router]'
 	@touch $@
 
 # Static checks, and the self-tests that are checks of the tree rather than of behaviour:

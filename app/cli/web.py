@@ -43,6 +43,11 @@ def _check_listen(host: str, port: int) -> None:
                              f"({error.strerror or error})") from None
 
 
+# The example environment file's web password (deploy/nightdesk.env.example): served as
+# is, the pages would open to anyone who has read the repository.
+PLACEHOLDER = "change-me"
+
+
 def web(
     host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8080,
@@ -62,6 +67,10 @@ def web(
         raise ConfigError("NIGHTDESK_WEB_PASSWORD is not set: set it (and NIGHTDESK_WEB_USER, "
                           "default 'nightdesk'), or pass --local-only to serve without one "
                           "on 127.0.0.1")
+    if password == PLACEHOLDER:
+        raise ConfigError(f"NIGHTDESK_WEB_PASSWORD is still the example environment file's "
+                          f"{PLACEHOLDER!r}, which anyone with the repository knows: set one "
+                          "of your own")
     if not password and not _loopback(host):
         raise InputError(f"--local-only serves without a password, so only on a loopback "
                          f"address, not {host}")

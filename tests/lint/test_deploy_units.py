@@ -13,7 +13,9 @@ import shlex
 import shutil
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from typer.testing import CliRunner
@@ -293,3 +295,23 @@ def test_the_data_home_is_the_one_writable_place() -> None:
         assert service["StateDirectory"] == ["nightdesk"], path.name
         assert "NIGHTDESK_HOME=/var/lib/nightdesk" in service.get("Environment", []), path.name
         assert "ReadWritePaths" not in service, path.name
+
+
+def test_the_timers_summer_time_note_holds() -> None:
+    # deploy/README.md: 00:10 is clear of the clock changes of the EU, UK, US and Canada ...
+    for name in ("Europe/Berlin", "Europe/London", "Europe/Helsinki", "America/New_York",
+                 "America/Chicago", "America/Denver", "America/Los_Angeles",
+                 "America/Anchorage", "America/Halifax", "America/St_Johns", "Pacific/Honolulu"):
+        zone = ZoneInfo(name)
+        for day in range(366 * 4):
+            at = datetime(2026, 1, 1, 0, 10, tzinfo=zone) + timedelta(days=day)
+            back = at.astimezone(ZoneInfo("UTC")).astimezone(zone)
+            assert (back.hour, back.minute) == (0, 10), (name, at)  # it exists
+            assert at.utcoffset() == at.replace(fold=1).utcoffset(), (name, at)  # once
+    # ... and where clocks jump at midnight systemd skips the night: Chile, 5 September 2027.
+    timer = parse_unit(DEPLOY / "nightdesk-batch.timer")["Timer"]["OnCalendar"][0]
+    shown = subprocess.run([systemd_analyze(), "calendar", "--iterations=2",
+                            "--base-time=2027-09-04 12:00 UTC", f"{timer} America/Santiago"],
+                           capture_output=True, text=True, check=True).stdout
+    fires = re.findall(r"(?:Next elapse|Iter\. #\d): \w+ (\S+ \S+) UTC", shown)
+    assert fires == ["2027-09-06 03:10:00", "2027-09-07 03:10:00"], shown

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -28,6 +29,18 @@ def test_refuses_to_start_without_a_password() -> None:
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "NIGHTDESK_WEB_PASSWORD is not set" in lines[0]
     assert "--local-only" in lines[0]
+
+
+@pytest.mark.slow
+def test_refuses_the_example_environment_files_password() -> None:
+    # deploy/nightdesk.env.example installed and not edited: a password the repository shows.
+    example = Path(__file__).resolve().parents[3] / "deploy" / "nightdesk.env.example"
+    [line] = [x for x in example.read_text().splitlines()
+              if x.startswith("NIGHTDESK_WEB_PASSWORD=")]
+    result = nightdesk("web", env={"NIGHTDESK_WEB_PASSWORD": line.split("=", 1)[1]})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "example environment file" in lines[0], lines
 
 
 @pytest.mark.slow
