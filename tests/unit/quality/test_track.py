@@ -467,10 +467,17 @@ def test_the_track_record_page_with_a_benchmark_without_prices(
 
 
 class LoadingProvider(CountingProvider):
-    """Closes as the first track report read them: the full load, then forward_prices."""
+    """Closes as the first track report read them: the whole prices.csv, then forward_prices.
+
+    The file is read here as that report's full load read it, before a night's load refused
+    a price no analysis can take (a zero close up to the as-of date, ``check_usable``), which
+    scoring must still see as a return left out, not as missing data."""
 
     def closes(self, ticker: str, as_of: date, days: int) -> Closes:
-        past = self.load(ticker, as_of).prices  # type: ignore[attr-defined]
+        self.loads.append((ticker, as_of))
+        prices = pd.read_csv(self.inner._ticker_dir(ticker, as_of) / "prices.csv",
+                             index_col="date", parse_dates=True)
+        past = prices[prices.index <= pd.Timestamp(as_of)]
         ahead = self.forward_prices(ticker, as_of, days)
         return Closes(past.index[-1].date(), float(past["close"].iloc[-1]),
                       [(i.date(), float(c)) for i, c in ahead["close"].items()])
