@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from sqlalchemy import Engine
 
+from app.errors import first_line
 from app.llm import CallStats
 from app.morning import eta
 from app.morning.nightstatus import interval, span
@@ -53,6 +54,7 @@ class ProgressState:
     eta_high_s: int | None
     eta_level: float | None  # the share the interval held (None: uncalibrated)
     estimating: str | None  # while eta_s is None: "estimating… (why)", as the pages say
+    ended: bool = False  # the line at the exit: no ETA (a reading up to LOG_EVERY_S old)
 
 
 class BatchProgress:
@@ -76,6 +78,7 @@ class BatchProgress:
         self._first_reading: dict[str, MetricsSnapshot] = {}  # each server's first reading seen
         self.engine = engine
         self.reading: eta.Reading | None = None  # the newest ETA reading
+        self.ended = False  # the tickers' run is over: the state shows no time left
 
     def ticker_done(self, ok: bool) -> None:
         self.done += 1
@@ -90,7 +93,8 @@ class BatchProgress:
             span = (datetime.now(UTC) - stats.first_start).total_seconds()
             tok_s = stats.completion_tokens / span if span > 0 else 0.0
         elapsed = time.monotonic() - self.t0
-        found = self.reading
+        # At the end the newest reading is up to LOG_EVERY_S old: its time left is not now's.
+        found = None if self.ended else self.reading
         # Several endpoints' newest gauges as one: counts summed, KV usage the highest.
         readings = [e.gauges.latest for e in servers if e.gauges is not None]
         seen = [r for r in readings if r is not None]
@@ -117,8 +121,9 @@ class BatchProgress:
             eta_high_s=None if found is None else found.whole(found.eta_high_s),
             eta_level=None if found is None else found.level,
             estimating=(found.estimating if found is not None
-                        else "estimating… (first reading under way)" if self.engine is not None
-                        else None))
+                        else "estimating… (first reading under way)"
+                        if self.engine is not None and not self.ended else None),
+            ended=self.ended)
 
     def _server_tok_s(self) -> float | None:
         """Return the tokens the servers generated per second since their first reading seen
@@ -156,7 +161,8 @@ class BatchProgress:
 
     async def __aenter__(self) -> BatchProgress:
         """Show the progress (live on a terminal, else a log line at once, every
-        ``LOG_EVERY_S`` and one at the exit) and take an ETA reading at once and every
+        ``LOG_EVERY_S`` and one at the exit, whose state is ``ended``: the counters of the
+        end and no time left) and take an ETA reading at once and every
         ``LOG_EVERY_S`` (with ``engine``), in tasks of this context's own: its exit cancels
         them and waits for their end."""
         self._life = self._showing()
@@ -176,7 +182,10 @@ class BatchProgress:
                     if not terminal or self.engine is not None:
                         self._loops.append(group.create_task(self._tick_loop(not terminal),
                                                              name="progress"))
-                    yield
+                    try:
+                        yield
+                    finally:
+                        self.ended = True  # before the live view's last frame and line
         finally:
             self._loops = []
             if not terminal:
@@ -202,7 +211,7 @@ class BatchProgress:
                                     datetime.now(UTC))
             await in_thread(eta.record, engine, self.batch_id, found)
         except Exception as error:  # the ETA is advice: the batch's group must not end for it
-            log.warning("progress reading not stored", error=f"{type(error).__name__}: {error}")
+            log.warning("progress reading not stored", error=first_line(error, typed=True))
             return
         self.reading = found
 
@@ -220,6 +229,8 @@ def call_totals(servers: ServerSet) -> CallStats:
 def eta_text(s: ProgressState) -> str:
     """Show the ETA and its interval, e.g. ``4 min 10 s (75% interval: 3 min 40 s – 5 min 20
     s)``."""
+    if s.ended:
+        return "none: the run ended"
     if s.eta_s is None:
         return s.estimating or "—"
     return f"{span(s.eta_s)}{interval(s.eta_low_s, s.eta_high_s, s.eta_level)}"
