@@ -99,7 +99,8 @@ def test_a_model_not_served_is_refused_naming_the_model_asked_and_every_one_serv
         result = run_cli(*night, env={"NIGHTDESK_LLM_BASE_URL": url})
         line = ("preflight: the server at http://nightdesk:***@gpu.test:8000/v1 does not serve "
                 f"'smollm2-135m' (it serves: {says}); set NIGHTDESK_LLM_MODEL")
-        assert (result.code, result.error_lines) == (2, [f"error: {line}"]), result.stderr
+        assert (result.code, result.error_lines) == (
+            2, [f"error: {line} (--no-preflight skips this check)"]), result.stderr
         with get_engine(sqlite_url).connect() as conn:
             stored = conn.execute(select(NightRefusal.why)
                                   .order_by(NightRefusal.id.desc())).scalars().first()
