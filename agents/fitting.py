@@ -55,7 +55,8 @@ class Sizer(Protocol):
 
     async def measure(self, messages: Messages, *, max_tokens: int,
                       exact: bool = False) -> PromptSize | None:
-        """Return the prompt's size, or None when the server cannot count.
+        """Return the prompt's size, or None when the server cannot count; raise LLMError as
+        the call would where its servers keep failing the count (app.traffic.client).
 
         With ``exact`` the tokens are counted even when a cheap bound shows the prompt fits.
         """

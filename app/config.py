@@ -35,6 +35,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from agents.config import DEFAULT_NODE_MAX_TOKENS, PipelineConfig
+from agents.errors import os_said
 from app.errors import ConfigError, validation_said
 from app.home import default_home, default_vllm_venv
 from serving.urls import redact, same_server
@@ -628,7 +629,7 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as error:
         raise ConfigError(_describe(error)) from None
     except (OSError, ValueError) as error:  # an unreadable or malformed TOML file
-        raise ConfigError(f"invalid settings file {path}: {error}") from None
+        raise ConfigError(f"invalid settings file {path}: {os_said(error)}") from None
 
 
 @lru_cache(maxsize=1)

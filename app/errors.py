@@ -60,6 +60,7 @@ from agents.errors import PipelineError as PipelineError
 from serving.errors import ProfileError as ProfileError
 from serving.errors import ServerError as ServerError
 from serving.errors import ServingError as ServingError
+from serving.errors import unnumbered
 
 
 class NightdeskError(Exception):
@@ -75,14 +76,14 @@ ERRORS: tuple[type[NightdeskError], type[PipelineError], type[ServingError]] = (
 
 def first_line(error: BaseException | None, limit: int = 200, *, typed: bool = False) -> str:
     """Return what ``error`` says in one line, at most ``limit`` characters: its first line
-    (the driver's own where SQLAlchemy wraps one), with ``typed`` prefixed by its type's name
-    unless it is one of ``ERRORS``; its type's name when it says nothing."""
+    (the driver's own where SQLAlchemy wraps one, ``unnumbered``), with ``typed`` prefixed by
+    its type's name unless it is one of ``ERRORS``; its type's name when it says nothing."""
     error = getattr(error, "orig", None) or error
     text = str(error or "").strip()
     if not text:
         return type(error).__name__
     kind = f"{type(error).__name__}: " if typed and not isinstance(error, ERRORS) else ""
-    return (kind + text.splitlines()[0])[:limit]
+    return (kind + unnumbered(text.splitlines()[0]))[:limit]
 
 
 # pydantic's words for a value that is not a number, or out of its range, in ours.

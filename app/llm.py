@@ -292,18 +292,18 @@ class TrackedLLM(PromptCounter):
             error = LLMConnectionError(redact(f"cannot reach {self.base_url}: {exc}{why}"))
         except httpx.TimeoutException as exc:
             # Raised while reading the stream: the OpenAI client only wraps the request itself.
-            error = LLMTimeoutError(redact(f"stream stalled: {type(exc).__name__}: {exc}"))
+            error = LLMTimeoutError(redact(f"stream stalled: {reason(exc, typed=True)}"))
         except httpx.TransportError as exc:
             # The connection dropped mid-stream (server killed or restarted): the answer is
             # cut, and another attempt may well pass.
             error = LLMConnectionError(
-                redact(f"connection dropped mid-stream: {type(exc).__name__}: {exc}"))
+                redact(f"connection dropped mid-stream: {reason(exc, typed=True)}"))
         except openai.APIError as exc:
             # Any other failure the SDK reports (an error event in the stream is _take's).
             error = LLMStreamError(redact(f"server error during the stream: {exc.message}"))
         except httpx.HTTPError as exc:
             # Any other failure of the body as it arrived (e.g. an undecodable chunk).
-            error = LLMStreamError(redact(f"the stream broke: {type(exc).__name__}: {exc}"))
+            error = LLMStreamError(redact(f"the stream broke: {reason(exc, typed=True)}"))
         except BaseException as exc:
             # Anything else (cancellation included) still leaves its row, then propagates.
             why = redact(f"{type(exc).__name__}: {exc}")[:500]

@@ -25,11 +25,16 @@ class ProfileError(ServingError):
     exit_code = 2
 
 
+def unnumbered(line: str) -> str:
+    """Return ``line`` without the ``[Errno 111] `` an OSError puts before its words (an
+    operator's line says the reason, not the C library's number)."""
+    return re.sub(r"^\[Errno -?\d+\] ", "", line)
+
+
 def reason(error: BaseException, *, typed: bool = False) -> str:
-    """Return what ``error`` says in one line, without the socket's ``[Errno 111] `` before
-    it (an operator's line says the reason, not the C library's number); its type's name
-    when it says nothing, or before its words with ``typed``."""
+    """Return what ``error`` says in one line, ``unnumbered`` (a socket's, a file's); its
+    type's name when it says nothing, or before its words with ``typed``."""
     text = str(error).strip()
-    words = re.sub(r"^\[Errno -?\d+\] ", "", text.splitlines()[0]) if text else ""
+    words = unnumbered(text.splitlines()[0]) if text else ""
     kind = type(error).__name__
     return f"{kind}: {words}" if typed and words else words or kind

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
-from serving.errors import ServerError
+from serving.errors import ServerError, reason
 from serving.metrics import fetch_metrics_text, parse_cache_config
 from serving.router import fetch_workers
 from serving.urls import MASK, is_local, redact, server_root, unique_servers
@@ -180,7 +180,7 @@ def read_server_facts(profile: str, state_dir: Path) -> dict[str, Any]:
     try:
         data: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError) as error:
-        raise ServerError(f"unreadable server facts {path}: {error}") from None
+        raise ServerError(f"unreadable server facts {path}: {reason(error)}") from None
     return data
 
 

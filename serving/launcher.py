@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import httpx
 
-from serving.errors import ServerError
+from serving.errors import ServerError, reason
 from serving.facts import live_facts, parse_startup_log, read_server_facts, write_facts
 from serving.profiles import Profile, ServerCommand
 
@@ -199,7 +199,7 @@ def start(
                 env=_child_env(command, api_key), start_new_session=True,
             )
         except OSError as error:
-            raise ServerError(f"cannot run {command.argv[0]}: {error}") from None
+            raise ServerError(f"cannot run {command.argv[0]}: {reason(error)}") from None
     _children[child.pid] = child
     files.pid.write_text(f"{child.pid}\n")
 
@@ -239,7 +239,7 @@ def exec_foreground(profile: Profile, *, command: ServerCommand,
     try:
         os.execvpe(command.argv[0], command.argv, _child_env(command, api_key))
     except OSError as error:
-        raise ServerError(f"cannot run {command.argv[0]}: {error}") from None
+        raise ServerError(f"cannot run {command.argv[0]}: {reason(error)}") from None
 
 
 def wait_until_healthy(root: str, timeout_s: float, poll_s: float = POLL_S) -> float:

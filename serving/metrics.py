@@ -112,15 +112,25 @@ READ = frozenset((
     "vllm:request_prefill_time_seconds_sum", "vllm:request_decode_time_seconds_sum"))
 
 
+def _name(line: str) -> str:
+    """Return a sample line's name (it ends at ``{`` or a space)."""
+    return line.split("{", 1)[0].split(" ", 1)[0]
+
+
 def _read_lines(text: str) -> str:
-    """Keep the sample lines parse_metrics reads (their names end at ``{`` or a space)."""
+    """Keep the sample lines parse_metrics reads."""
     return "\n".join(line for line in text.splitlines()
-                     if line and line[0] != "#"
-                     and line.split("{", 1)[0].split(" ", 1)[0] in READ) + "\n"
+                     if line and line[0] != "#" and _name(line) in READ) + "\n"
 
 
 def _samples(text: str) -> dict[str, list[float]]:
-    """Group sample values by sample name, of the samples parse_metrics reads."""
+    """Group sample values by sample name, of the samples parse_metrics reads; a page that
+    ends inside one of their lines is a ServerError (its value may be cut: 14001.0 → 140)."""
+    # The text format ends every line with a line feed, the last one too (prometheus_client
+    # and vLLM do): without it the last line may be cut short, a counter falling with it.
+    if (cut := _name(text.rsplit("\n", 1)[-1])) in READ:
+        raise ServerError(f"/metrics ends inside its {cut} line, with no line feed after "
+                          "it: a partial reading")
     values: dict[str, list[float]] = defaultdict(list)
     try:
         for family in text_string_to_metric_families(_read_lines(text)):

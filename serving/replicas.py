@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from serving.errors import ProfileError, ServerError
+from serving.errors import ProfileError, ServerError, reason
 from serving.profiles import Profile, ServerCommand
 
 
@@ -82,4 +82,4 @@ def read_manifest(profile: str, state_dir: Path) -> list[Replica]:
     except FileNotFoundError:
         return []
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ServerError(f"unreadable replica list {path}: {error}") from None
+        raise ServerError(f"unreadable replica list {path}: {reason(error)}") from None

@@ -12,6 +12,7 @@ import shlex
 import sys
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,6 +29,7 @@ from app.cli.common import (
     MAX_TICKERS,
     Formats,
     batch_database,
+    csv_columns,
     csv_of,
     database,
     echo_csv,
@@ -45,6 +47,7 @@ from app.morning.changes import (
     NO_NIGHT_BEFORE,
     UNFINISHED,
     RankedRow,
+    TickerChange,
     compare_nights,
     ranked_row,
 )
@@ -398,7 +401,8 @@ def show_changes(
         # Flat: each row carries the nights compared and their DEMO mark, which JSON gives
         # once; its rows are the changes, as the table's (``tickers`` holds them and the rest).
         flat = csv_of(found, "changes", left={"tickers"}, lead=CHANGE_COLUMNS)
-        echo_csv(flat, flat[0] if flat else CHANGE_COLUMNS)
+        echo_csv(flat, csv_columns(found, "changes", (f.name for f in fields(TickerChange)),
+                                   lead=CHANGE_COLUMNS, left={"tickers"}))
         return
     demo = "DEMO DATA — " if found.demo else ""
     if found.against_id is None:

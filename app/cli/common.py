@@ -159,14 +159,7 @@ def csv_of(value: object, rows: str | None = None, *, lead: Iterable[str] = (),
     rows are a part). ValueError where two facts would share a column."""
     data = to_jsonable_python(value)
     items = data if rows is None else data[rows]
-    facts: dict[str, Any] = {}
-    for key, fact in ({} if rows is None else data).items():
-        if key == rows or key in left:
-            continue
-        parts = fact.items() if isinstance(fact, dict) else [(None, fact)]
-        for inner, part in parts:
-            name = key if inner is None else f"{(prefixes or {}).get(key, key)}_{inner}"
-            facts[(renamed or {}).get(name, name)] = _cell(part)
+    facts = _facts(data, rows, prefixes, renamed, left)
     out = []
     for item in items:
         row = {key: _cell(cell) for key, cell in item.items()}
@@ -175,6 +168,30 @@ def csv_of(value: object, rows: str | None = None, *, lead: Iterable[str] = (),
         row |= facts
         out.append({**{key: row[key] for key in lead}, **row})
     return out
+
+
+def csv_columns(value: object, rows: str, keys: Iterable[str], *, lead: Iterable[str] = (),
+                left: Collection[str] = ()) -> list[str]:
+    """Return the header ``csv_of``'s rows of ``value`` have, rows or none: ``lead``, the
+    other ``keys`` of an item, then the object's facts; a script meets one header whether
+    tonight has rows (changes) or not."""
+    lead = list(lead)
+    facts = _facts(to_jsonable_python(value), rows, None, None, left)
+    return lead + [key for key in keys if key not in lead] + list(facts)
+
+
+def _facts(data: dict[str, Any], rows: str | None, prefixes: Mapping[str, str] | None,
+           renamed: Mapping[str, str] | None, left: Collection[str]) -> dict[str, Any]:
+    """Return the object's facts besides its rows, as ``csv_of`` puts them on each row."""
+    facts: dict[str, Any] = {}
+    for key, fact in ({} if rows is None else data).items():
+        if key == rows or key in left:
+            continue
+        parts = fact.items() if isinstance(fact, dict) else [(None, fact)]
+        for inner, part in parts:
+            name = key if inner is None else f"{(prefixes or {}).get(key, key)}_{inner}"
+            facts[(renamed or {}).get(name, name)] = _cell(part)
+    return facts
 
 
 def writable(path: Path | None, option: str = "--json-out", *, folder: bool = False) -> None:

@@ -318,7 +318,8 @@ def batches(
     """List batches, newest first: status, as-of, tickers succeeded/planned, duration."""
     settings = setup()
     engine = database(settings)
-    rows = list_batches(engine, settings.batch.heartbeat_stale_s, limit, kind)
+    seen = Seen(engine)  # one read of the lock and of each batch's last call, as the page
+    rows = list_batches(engine, settings.batch.heartbeat_stale_s, limit, kind, seen)
     if fmt == "json":
         echo_json(rows)
         return
@@ -337,7 +338,8 @@ def batches(
                       _label(row))
     console().print(table)
     # A refused night has no row here: the one the morning's status names, said under them.
-    refused = night_status(engine, settings, None).refused if rows and kind != "rerun" else None
+    refused = (night_status(engine, settings, None, seen=seen).refused
+               if rows and kind != "rerun" else None)
     if refused is not None:
         console(stderr=True).print(f"not listed: {refusal_line(refused)}", markup=False)
     if not rows:

@@ -15,6 +15,7 @@ from app.cli.common import database, setup
 from app.config import Settings
 from app.db.engine import SchemaWatch
 from app.errors import ConfigError, InputError
+from serving.errors import reason
 
 
 def _loopback(host: str) -> bool:
@@ -32,7 +33,8 @@ def _check_listen(host: str, port: int) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as error:
-        raise InputError(f"--host {host}: not an address to listen on ({error})") from None
+        raise InputError(f"--host {host}: not an address to listen on ({reason(error)})"
+                         ) from None
     family, _, _, _, address = infos[0]
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds

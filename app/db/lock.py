@@ -28,6 +28,7 @@ from sqlalchemy import Engine, create_engine, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
 
+from agents.errors import os_said
 from app.config import STATEMENT_TIMEOUT_S
 from app.db.engine import bounded, connect_args, sqlite_file
 from app.db.models import Batch, SchedulerBeat
@@ -452,9 +453,13 @@ class _AdvisoryHold(LockHold):
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path, engine: Engine) -> Iterator[LockHold | None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle: IO[str] = path.open("a+")
+def _file_lock(path: Path, engine: Engine, what: str) -> Iterator[LockHold | None]:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle: IO[str] = path.open("a+")
+    except OSError as error:  # a folder in its place, a read-only disk: one line, no trace
+        raise DatabaseError(f"cannot take the {what} lock: cannot open its file {path}: "
+                            f"{os_said(error)}") from None
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -485,7 +490,7 @@ def _advisory_lock(url: str, key: int, what: str,
         held = hold.take()
     except Exception as error:
         hold.release()
-        raise DatabaseError(f"cannot take the {what} lock: {error}".splitlines()[0]) from None
+        raise DatabaseError(f"cannot take the {what} lock: {first_line(error)}") from None
     try:
         yield hold if held else None
     finally:
@@ -499,7 +504,7 @@ def _lock(engine: Engine, key: int, what: str, statement_timeout_s: float) -> tu
     if engine.dialect.name == "postgresql":
         return _advisory_lock(url, key, what, statement_timeout_s), f"advisory lock {key}"
     path = lock_file_path(url, what)
-    return _file_lock(path, engine), str(path)
+    return _file_lock(path, engine, what), str(path)
 
 
 @contextlib.contextmanager

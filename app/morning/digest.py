@@ -23,7 +23,7 @@ from sqlalchemy import Engine, select
 
 from app.config import Settings
 from app.db.models import FINISHED_STATUSES, Batch, nights_newest_first
-from app.errors import InputError
+from app.errors import InputError, first_line
 from app.morning.accounting import BatchReport, calls_said, throughput
 from app.morning.advice import next_steps
 from app.morning.changes import NO_NIGHT_BEFORE, TickerChange, compare_nights
@@ -257,7 +257,7 @@ def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
         digest = build_digest(engine, settings, outcome.batch_id)
     except Exception as error:  # a digest must never fail the night
         log.error("digest not built", batch_id=outcome.batch_id,
-                  error=f"{type(error).__name__}: {error}")
+                  error=first_line(error, typed=True))
         return
     delivery = send(settings.notify.urls, digest.message, settings.notify.timeout_s)
     log.info("digest sent", batch_id=outcome.batch_id, delivered=delivery.sent,

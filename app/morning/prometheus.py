@@ -26,6 +26,7 @@ from sqlalchemy import Engine
 from app.config import Settings
 from app.db.engine import SchemaWatch
 from app.db.models import Batch, nights_newest_first
+from app.errors import first_line
 from app.morning.accounting import throughput
 from app.morning.nightstatus import STATUSES, NightStatus, night_status
 from app.morning.ranking import ranked_night
@@ -57,7 +58,7 @@ class NightCollector(Collector):
         try:
             families = self._families()
         except Exception as error:  # a scrape answers; the gauge below says what went wrong
-            log.error("metrics not read", error=f"{type(error).__name__}: {error}")
+            log.error("metrics not read", error=first_line(error, typed=True))
             families = []
         up = GaugeMetricFamily(f"{PREFIX}_metrics_database_up",
                                "1 when this scrape could read the database", value=int(

@@ -299,18 +299,18 @@ def batch_summary(engine: Engine, batch_id: int, stale_s: float, seen: Seen | No
     return summarize(batch_row(engine, batch_id), stale_s, engine=seen or engine)
 
 
-def list_batches(engine: Engine, stale_s: float, limit: int = 20, kind: str | None = None
-                 ) -> list[BatchSummary]:
+def list_batches(engine: Engine, stale_s: float, limit: int = 20, kind: str | None = None,
+                 seen: Seen | None = None) -> list[BatchSummary]:
     """Return the newest ``limit`` batches (of ``kind`` when given) in the one order of
     nights (``app.db.models.newest_first``: the latest as-of date first), as the ranking
-    and the night's status read them."""
+    and the night's status read them (``seen``: the request's, which its status reads too)."""
     stmt = select(Batch).order_by(*newest_first()).limit(limit)
     if kind is not None:
         stmt = stmt.where(Batch.kind == kind)
     now = datetime.now(UTC)
     with engine.connect() as conn:
         rows = conn.execute(stmt).all()
-    seen = Seen(engine)
+    seen = seen or Seen(engine)
     seen.read_ends(row.id for row in rows if row.status == "running")
     return [summarize(row, stale_s, now, seen) for row in rows]
 

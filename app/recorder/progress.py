@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from sqlalchemy import Engine
 
+from app.errors import first_line
 from app.llm import CallStats
 from app.morning import eta
 from app.morning.nightstatus import interval, span
@@ -52,8 +53,8 @@ class ProgressState:
     eta_low_s: int | None
     eta_high_s: int | None
     eta_level: float | None  # the share the interval held (None: uncalibrated)
-    estimating: str | None  # while eta_s is None: "estimating… (why)", as the pages say;
-    # None once the tickers' run is over (the line at the exit): no time is left to estimate
+    estimating: str | None  # while eta_s is None: "estimating… (why)", as the pages say
+    ended: bool = False  # the line at the exit: no ETA (a reading up to LOG_EVERY_S old)
 
 
 class BatchProgress:
@@ -77,7 +78,7 @@ class BatchProgress:
         self._first_reading: dict[str, MetricsSnapshot] = {}  # each server's first reading seen
         self.engine = engine
         self.reading: eta.Reading | None = None  # the newest ETA reading
-        self.over = False  # the tickers' run has ended (or stopped): no ETA is shown after it
+        self.ended = False  # the tickers' run is over: the state shows no time left
 
     def ticker_done(self, ok: bool) -> None:
         self.done += 1
@@ -92,10 +93,8 @@ class BatchProgress:
             span = (datetime.now(UTC) - stats.first_start).total_seconds()
             tok_s = stats.completion_tokens / span if span > 0 else 0.0
         elapsed = time.monotonic() - self.t0
-        # At the exit the newest reading is up to LOG_EVERY_S old (the first one was taken
-        # before any call was answered): beside the final counters it would say "no call
-        # answered yet" or a time left of a night that has ended.
-        found = None if self.over else self.reading
+        # At the end the newest reading is up to LOG_EVERY_S old: its time left is not now's.
+        found = None if self.ended else self.reading
         # Several endpoints' newest gauges as one: counts summed, KV usage the highest.
         readings = [e.gauges.latest for e in servers if e.gauges is not None]
         seen = [r for r in readings if r is not None]
@@ -123,7 +122,8 @@ class BatchProgress:
             eta_level=None if found is None else found.level,
             estimating=(found.estimating if found is not None
                         else "estimating… (first reading under way)"
-                        if self.engine is not None and not self.over else None))
+                        if self.engine is not None and not self.ended else None),
+            ended=self.ended)
 
     def _server_tok_s(self) -> float | None:
         """Return the tokens the servers generated per second since their first reading seen
@@ -161,7 +161,8 @@ class BatchProgress:
 
     async def __aenter__(self) -> BatchProgress:
         """Show the progress (live on a terminal, else a log line at once, every
-        ``LOG_EVERY_S`` and one at the exit) and take an ETA reading at once and every
+        ``LOG_EVERY_S`` and one at the exit, whose state is ``ended``: the counters of the
+        end and no time left) and take an ETA reading at once and every
         ``LOG_EVERY_S`` (with ``engine``), in tasks of this context's own: its exit cancels
         them and waits for their end."""
         self._life = self._showing()
@@ -183,8 +184,8 @@ class BatchProgress:
                                                              name="progress"))
                     try:
                         yield
-                    finally:  # before the terminal's last frame and the exit's line
-                        self.over = True
+                    finally:
+                        self.ended = True  # before the live view's last frame and line
         finally:
             self._loops = []
             if not terminal:
@@ -210,7 +211,7 @@ class BatchProgress:
                                     datetime.now(UTC))
             await in_thread(eta.record, engine, self.batch_id, found)
         except Exception as error:  # the ETA is advice: the batch's group must not end for it
-            log.warning("progress reading not stored", error=f"{type(error).__name__}: {error}")
+            log.warning("progress reading not stored", error=first_line(error, typed=True))
             return
         self.reading = found
 
@@ -228,6 +229,8 @@ def call_totals(servers: ServerSet) -> CallStats:
 def eta_text(s: ProgressState) -> str:
     """Show the ETA and its interval, e.g. ``4 min 10 s (75% interval: 3 min 40 s – 5 min 20
     s)``."""
+    if s.ended:
+        return "none: the run ended"
     if s.eta_s is None:
         return s.estimating or "—"
     return f"{span(s.eta_s)}{interval(s.eta_low_s, s.eta_high_s, s.eta_level)}"

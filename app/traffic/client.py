@@ -68,8 +68,10 @@ class TickerClient:
         """Count a prompt for the context guard; not a request, so it needs no place.
 
         A count that fails for a server fault goes where a failed call would: to a server
-        that is up, waiting for one (ServerOutage past the budget). None when the server
-        cannot count or the failure is the count's own: the call goes as it is.
+        that is up, waiting for one (ServerOutage past the budget), at most twice per
+        endpoint (each failed count was sent: no gate holds it); past that it raises, as the
+        call would. None when the server cannot count or the failure is the count's own:
+        the call goes as it is.
         """
         counts_left = 2 * len(self.servers)  # as for a call: a flapping server ends it
         while True:
@@ -79,6 +81,8 @@ class TickerClient:
             try:
                 return await endpoint.llm.size(messages, max_tokens=max_tokens, exact=exact)
             except LLMError as error:
+                if counts_left <= 0 and server_fault(error):
+                    raise  # sent uncounted, a prompt too long would fail as the ticker's own
                 if not await self._resend(endpoint, started, error, counts_left):
                     log.warning("prompt could not be counted", error=str(error)[:200])
                     return None

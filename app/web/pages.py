@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from app.morning import nightstatus
 from app.morning.accounting import COMPARE_COLUMNS
+from app.morning.summary import Seen
 from app.web import charts, views
 from app.web.auth import CSRF_FIELD
 from app.web.plots import batch_plots, compare_plots
@@ -113,8 +114,9 @@ def batches_page(request: Request, state: State) -> Response:
     """List the batches, newest first, with a form to compare arms; with none, what the
     morning's status advises (the first night); with some, the refusal it names, if one
     stands (a refused night has no row to list)."""
-    found = views.batches_view(state.engine, state.stale_after_s)
-    night = nightstatus.night_status(state.engine, state.settings, None)
+    seen = Seen(state.engine)  # one read of the lock and of each batch's last call
+    found = views.batches_view(state.engine, state.stale_after_s, seen=seen)
+    night = nightstatus.night_status(state.engine, state.settings, None, seen=seen)
     refused = None if night.refused is None else nightstatus.refusal_line(night.refused)
     return _page(request, "batches.html", {
         "batches": [b.model_dump(mode="json") for b in found], "night": night,

@@ -27,6 +27,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from app.morning.summary import IsoDate, IsoDatetime
+from serving.errors import reason
 
 log = structlog.get_logger(__name__)
 
@@ -128,7 +129,7 @@ class RerunQueue:
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                 env={**os.environ, **(self._env or {})})
         except OSError as error:
-            self._finish(job, None, f"could not start: {error}")
+            self._finish(job, None, f"could not start: {reason(error)}")
             return
         except asyncio.CancelledError:
             # Stopped while its process started: asyncio kills a process it was still

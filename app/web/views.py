@@ -447,10 +447,10 @@ def ticker_view(engine: Engine, ticker: str, stale_after_s: float) -> TickerView
     )
 
 
-def batches_view(engine: Engine, stale_after_s: float, limit: int = 200
-                 ) -> list[BatchSummary]:
+def batches_view(engine: Engine, stale_after_s: float, limit: int = 200,
+                 seen: Seen | None = None) -> list[BatchSummary]:
     """Return the newest batches, newest first, as ``nightdesk batches`` lists them."""
-    return list_batches(engine, stale_after_s, limit)
+    return list_batches(engine, stale_after_s, limit, seen=seen)
 
 
 def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView:

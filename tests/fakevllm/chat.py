@@ -57,7 +57,8 @@ class Reply:
     hold: asyncio.Event | None = None  # once admitted, wait for this before decoding
     drop: bool = False  # close the connection without an answer
     cut_after: int | None = None  # break the stream after this many content chunks, unfinished
-    # How it breaks: "drop" the connection (the server died), "end" it cleanly with no
+    # How it breaks: "drop" the connection (the server died), "reset" it (a peer's reset, as
+    # httpx words the socket's: "[Errno 104] Connection reset by peer"), "end" it cleanly with no
     # finish reason and no usage (a truncated answer that looks whole to a careless client),
     # or send one malformed chunk and stop: "garbage" (a data line that is not JSON) or
     # "misshapen" (JSON that is not a chunk).

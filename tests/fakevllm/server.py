@@ -377,6 +377,9 @@ class FakeServer:
                 await asyncio.sleep(reply.token_delay_s * share)
             self.load.generate(seq, share)
             if self.down or (reply.cut_after is not None and i >= reply.cut_after):
+                if reply.cut == "reset" and not self.down:
+                    raise httpx.ReadError("[Errno 104] Connection reset by peer",
+                                          request=request)
                 if reply.cut != "drop" and not self.down:
                     raise _EndedEarly
                 raise httpx.RemoteProtocolError("peer closed connection without sending "

@@ -191,6 +191,14 @@ async def test_a_connection_dropped_mid_stream_is_retried_and_its_text_never_use
     assert second.finish_reason == "stop"
 
 
+async def test_a_connection_reset_mid_stream_is_worded_without_the_sockets_errno(
+        sqlite_engine: Engine) -> None:
+    fake = answering(Reply("FRAGMENT", chunks=4, cut_after=2, cut="reset"), ANSWER)
+    result, rows = await one_call(sqlite_engine, fake, max_attempts=3)
+    assert result.content == "Hold the line." and result.attempts == 2
+    assert rows[0].error == "connection dropped mid-stream: ReadError: Connection reset by peer"
+
+
 async def test_context_precheck_fails_without_sending_the_chat(sqlite_engine: Engine) -> None:
     fake = FakeServer(tokenize_count=2000, max_model_len=2048)
     result, rows = await one_call(sqlite_engine, fake, check_context_length=True)

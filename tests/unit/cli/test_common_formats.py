@@ -77,3 +77,23 @@ def test_plan_csv_has_the_same_columns_with_a_deadline_or_without(sqlite_engine:
     plan = json.loads(run_cli("plan", "--tickers", "7", "--format", "json").stdout)
     assert headers[0] == headers[1]
     assert floors == [{str(plan["floor_s"])}] * 2
+
+
+def test_changes_csv_has_the_same_columns_on_a_night_without_a_change(
+        sqlite_engine: Engine) -> None:
+    """Its rows are the changes, as the table's: a quiet night has none, and its header
+    still names every column (the nights compared among them), so a script that reads
+    `against_id` does not break on the nights nothing changed."""
+    add_night(sqlite_engine, TONIGHT - timedelta(days=2), at(TONIGHT, 0, 10) - timedelta(days=2),
+              {"AAA": Rated("Buy", 0.6), "BBB": Rated("Hold", 0.0)})
+    moved = add_night(sqlite_engine, TONIGHT - timedelta(days=1),
+                      at(TONIGHT, 0, 10) - timedelta(days=1),
+                      {"AAA": Rated("Hold", 0.1), "BBB": Rated("Buy", 0.7)})
+    quiet = add_night(sqlite_engine, TONIGHT, at(TONIGHT, 0, 10),
+                      {"AAA": Rated("Hold", 0.1), "BBB": Rated("Buy", 0.7)})
+    headers = []
+    for night, changes in ((moved, 2), (quiet, 0)):  # each against the night before
+        text = run_cli("changes", "--batch", str(night), "--format", "csv").stdout
+        headers.append(next(csv.reader(io.StringIO(text))))
+        assert len(list(csv.DictReader(io.StringIO(text)))) == changes, text
+    assert headers[0] == headers[1] and "against_id" in headers[1]

@@ -160,10 +160,10 @@ async def test_each_progress_line_shows_the_reading_taken_for_it(
             while len(taken) < 4:
                 await asyncio.sleep(0.01)
     lines = [e["eta_s"] for e in logs if e["event"] == "progress"]
-    *ticks, last = lines  # the last: the line logged at the exit
+    *ticks, last = lines  # the last: the line logged at the exit, which shows none
     assert len(ticks) >= 3
     assert ticks == [round(taken[i]) for i in range(len(ticks))]
-    assert last is None  # no reading is taken for the exit's line, the run being over
+    assert last is None
 
 
 async def test_a_resumed_night_shorter_than_one_interval_shows_what_its_rows_know(
@@ -183,29 +183,33 @@ async def test_a_resumed_night_shorter_than_one_interval_shows_what_its_rows_kno
                 if shown.reading is not None:
                     break
                 await asyncio.sleep(0.01)
-    said = [(e["eta_s"], e["estimating"]) for e in logs if e["event"] == "progress"]
-    # The last line is the exit's, when no time is left to estimate (the next test).
-    assert said[:-1] and all(eta_s is not None and eta_s > 0 and estimating is None
-                             for eta_s, estimating in said[:-1]), said
+    said = [(e["eta_s"], e["estimating"]) for e in logs
+            if e["event"] == "progress" and not e["ended"]]  # the exit's line: the next test
+    assert said and all(eta_s is not None and eta_s > 0 and estimating is None
+                        for eta_s, estimating in said), said
+    shown.ended = False  # as during the night
+    assert eta_text(shown.state()) != "estimating… (first reading under way)"
 
 
-async def test_the_line_at_the_exit_gives_no_estimate_of_a_run_that_is_over(
-        sqlite_engine: Engine) -> None:
-    # A 4-ticker night of 4 s logged at its exit `"attempts": 68, "tickers_done": 4,
-    # "eta_s": null, "estimating": "estimating… (no call answered yet, …)"`: the newest
-    # reading, taken at the start, beside the final counters. A reading taken later would
-    # give a time left of a night that has ended.
+async def test_the_line_at_the_exit_describes_the_end_not_the_last_reading(
+        sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its ETA was the newest reading's, up to LOG_EVERY_S old: a night that ended between
+    # two readings said "ETA 40 s" beside counters that said every ticker was done.
+    monkeypatch.setattr("app.recorder.progress.LOG_EVERY_S", 3600.0)  # one reading, at once
+    now = datetime.now(UTC)
     night = batch(sqlite_engine, {"AAA": "running", "BBB": "queued"})
+    calls(sqlite_engine, night, "AAA", NODES[:8], end=now - timedelta(seconds=1))
     shown = BatchProgress(night, 2, read_servers(), console=Console(file=io.StringIO()),
                           engine=sqlite_engine)
     with structlog.testing.capture_logs() as logs:
         async with shown:
-            for _ in range(200):
-                if shown.reading is not None:
-                    break
+            while shown.reading is None:
                 await asyncio.sleep(0.01)
-            assert shown.reading is not None and shown.reading.estimating is not None
-            assert eta_text(shown.state()) == shown.reading.estimating  # during: shown
+            assert shown.state().eta_s  # the reading's time left, while the tickers run
+            shown.ticker_done(ok=True)
+            shown.ticker_done(ok=True)
     *_, last = [e for e in logs if e["event"] == "progress"]
-    assert (last["eta_s"], last["eta_low_s"], last["estimating"]) == (None, None, None), last
-    assert eta_text(shown.state()) == "—"
+    assert (last["tickers_done"], last["tickers_total"], last["ended"]) == (2, 2, True)
+    assert [last[key] for key in ("eta_s", "eta_low_s", "eta_high_s", "eta_level",
+                                  "estimating")] == [None] * 5, last
+    assert eta_text(shown.state()) == "none: the run ended"

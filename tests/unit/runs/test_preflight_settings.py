@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,9 @@ from sqlalchemy import Engine, func, inspect, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.db.engine import get_engine
-from app.db.models import Batch
+from app.db.models import Batch, NightRefusal
 from serving.preflight import check_endpoint
-from tests.fakevllm import FakeServer
+from tests.fakevllm import FakeServer, Reply
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.llm_calls import one_call
 from tests.webhook import closed_port
@@ -80,3 +81,27 @@ def test_replay_refuses_a_server_that_does_not_answer_before_its_row(
     assert len(result.error_lines) == 1 and "cannot reach" in result.stderr, result.stderr
     with get_engine(sqlite_url).connect() as conn:
         assert conn.execute(select(func.count()).select_from(Batch)).scalar() == 1  # its own
+
+
+def test_a_model_not_served_is_refused_naming_the_model_asked_and_every_one_served(
+        sqlite_url: str, night: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The wording on its own: the model asked, each model the server serves (or nothing),
+    # the setting to change; one line wherever it is told, the URL's password masked.
+    url = "http://nightdesk:s3cret@gpu.test:8000/v1"
+    for served, says in ((["qwen-dense-27b", "qwen-moe"], "qwen-dense-27b, qwen-moe"),
+                         ([], "nothing")):
+        server = FakeServer()
+        listed = {"object": "list", "data": [{"id": m, "object": "model"} for m in served]}
+        server.cue(Reply(page=json.dumps(listed), page_type="application/json"),
+                   path="/v1/models")
+        client = server.sync_client()
+        monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: client)  # noqa: B023
+        result = run_cli(*night, env={"NIGHTDESK_LLM_BASE_URL": url})
+        line = ("preflight: the server at http://nightdesk:***@gpu.test:8000/v1 does not serve "
+                f"'smollm2-135m' (it serves: {says}); set NIGHTDESK_LLM_MODEL")
+        assert (result.code, result.error_lines) == (
+            2, [f"error: {line} (--no-preflight skips this check)"]), result.stderr
+        with get_engine(sqlite_url).connect() as conn:
+            stored = conn.execute(select(NightRefusal.why)
+                                  .order_by(NightRefusal.id.desc())).scalars().first()
+        assert stored == line  # the banner's, `ranking`'s and the digest's reason

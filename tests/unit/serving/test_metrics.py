@@ -206,6 +206,20 @@ def test_a_report_figure_that_is_no_count_reads_as_unknown() -> None:
     assert snap.kv_cache_usage == pytest.approx(0.028885832187070193)
 
 
+def test_a_page_cut_inside_a_value_it_reads_is_a_partial_reading() -> None:
+    # The generation counter last (every other sample there), its value cut: 14001.0 → 140
+    # parsed, and the counter's fall read as a restart. Each line ends with a line feed.
+    generated = next(x for x in RECORDED.splitlines()
+                     if x.startswith("vllm:generation_tokens_total{"))
+    assert generated.endswith(" 14001.0")
+    rest = "".join(line + "\n" for line in RECORDED.splitlines() if line != generated)
+    with pytest.raises(ServerError, match="ends inside its vllm:generation_tokens_total line"):
+        parse_metrics(rest + generated.removesuffix("01.0"))
+    assert parse_metrics(rest + generated + "\n").generation_tokens_total == 14001.0
+    # A page whose last line, not read, lacks its line feed: nothing read is cut.
+    assert parse_metrics(RECORDED.rstrip("\n")).generation_tokens_total == 14001.0
+
+
 async def test_a_cut_page_from_the_server_is_a_failed_reading_and_admission_goes_blind(
         ) -> None:
     fake = FakeServer()

@@ -259,6 +259,38 @@ async def test_a_count_that_fails_on_a_server_that_is_up_is_given_up(error: Any)
     assert counts.tries == 1 and servers.first.up and halt.reason is None
 
 
+class Flapping(Counts):
+    """A prompt counter whose count takes its server down as it fails, and brings the other
+    server back: a count goes round the fleet for as long as it is let."""
+
+    def __init__(self, reads: list[Reads], index: int, tries: list[int]) -> None:
+        super().__init__()
+        self.reads, self.index, self.all_tries = reads, index, tries
+
+    async def size(self, messages: Any, *, max_tokens: int, exact: bool = False) -> PromptSize:
+        self.all_tries.append(self.index)
+        other = self.reads[1 - self.index]
+        other.answers = True
+        other.ok()
+        self.reads[self.index].answers = False
+        raise unavailable()
+
+
+async def test_a_count_its_servers_keep_failing_fails_like_a_call_past_its_cap() -> None:
+    # Past two sends an endpoint a call raises (the cap); its prompt count returned None
+    # there, and the prompt went out untrimmed: one too long then failed its ticker as the
+    # ticker's own fault (context_length), never resumed, though the servers were to blame.
+    clock = Clock()
+    servers, reads, halt = fleet(clock)
+    tries: list[int] = []
+    for server in servers:
+        server.llm = Flapping(reads, server.index, tries)  # type: ignore[assignment]
+    client = TickerClient(servers, servers.first, Ticket(0))
+    with pytest.raises(LLMHTTPError):
+        await asyncio.wait_for(client.measure(MESSAGES, max_tokens=10, exact=True), 1)
+    assert tries == [0, 1, 0, 1] and halt.reason is None  # twice on each endpoint
+
+
 TAG = CallTag(1, "EMBR", "market_analyst")
 
 
