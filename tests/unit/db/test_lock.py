@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from datetime import date
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from agents.data.demo import demo_tickers
 from app.batch import store
 from app.cli import app as cli
 from app.config import load_settings
-from app.db.lock import lock_file_path, nightly_lock
+from app.db.lock import Runner, _stat, lock_file_path, nightly_lock
 from app.db.models import Batch, LLMCall
 from tests.unit.support.engines import fake_llm
 from tests.unit.support.lock_checks import (
@@ -94,3 +95,26 @@ def test_rerun_does_not_take_the_nightly_lock(monkeypatch: pytest.MonkeyPatch,
         kinds = conn.execute(select(Batch.kind, Batch.status)).all()
     assert [tuple(k) for k in kinds] == [("rerun", "succeeded")]
     assert len(server.chats) == 17
+
+
+def test_a_runner_is_gone_once_its_pid_is_another_process_or_a_zombie() -> None:
+    # A batch row names its runner by pid and start time: a pid reused by a later process is
+    # not the runner (without the start time, a reboot's or a long night's reuse reads alive),
+    # and a process that died unreaped is dead.
+    me = Runner.current()
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        stat = _stat(child.pid)
+        assert stat is not None and me.pidns is not None
+        runner = Runner(host=me.host, pid=child.pid, started=stat[1], pidns=me.pidns)
+        assert runner.alive() is True
+        assert runner.model_copy(update={"started": stat[1] + 1}).alive() is False
+        child.kill()  # not reaped yet: a zombie with the same pid and start time
+        for _ in range(500):
+            if (_stat(child.pid) or ("", 0))[0] == "Z":
+                break
+            time.sleep(0.01)
+        assert runner.alive() is False
+    finally:
+        child.kill()
+        child.wait()

@@ -257,3 +257,18 @@ def test_require_fresh_with_an_unknown_batch_is_bad_input(sqlite_engine: Engine)
     add_night(sqlite_engine, D1, DUE1, GOOD)
     result = run_cli("ranking", "--batch", "999", "--require-fresh", env=UTC_ENV)
     assert result.code == 2 and result.error_lines == ["error: no batch with id 999"]
+
+
+def test_a_night_running_through_the_next_due_time_reads_running_not_stale(
+        sqlite_engine: Engine) -> None:
+    # A night begun before the due time it runs through (started by hand that evening, or the
+    # night before's gone long) is the night at work, not a missed one.
+    add_night(sqlite_engine, D1, DUE1, GOOD)
+    now = DUE2 + timedelta(hours=1)
+    night = add_night(sqlite_engine, D2, DUE2 - timedelta(hours=2),
+                      {"AAA": Rated(status="running")}, status="running",
+                      heartbeat=now - timedelta(seconds=10))
+    status = status_at(sqlite_engine, now)
+    assert status.status == "running" and status.latest is not None
+    assert status.latest.id == night
+    assert status.reason is not None and "is still running" in status.reason, status.reason
