@@ -257,7 +257,7 @@ def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
         digest = build_digest(engine, settings, outcome.batch_id)
     except Exception as error:  # a digest must never fail the night
         log.error("digest not built", batch_id=outcome.batch_id,
-                  error=first_line(error, typed=True))
+                  error=first_line(error, 1000, typed=True))
         return
     delivery = send(settings.notify.urls, digest.message, settings.notify.timeout_s)
     log.info("digest sent", batch_id=outcome.batch_id, delivered=delivery.sent,

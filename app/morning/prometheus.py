@@ -58,7 +58,7 @@ class NightCollector(Collector):
         try:
             families = self._families()
         except Exception as error:  # a scrape answers; the gauge below says what went wrong
-            log.error("metrics not read", error=first_line(error, typed=True))
+            log.error("metrics not read", error=first_line(error, 1000, typed=True))
             families = []
         up = GaugeMetricFamily(f"{PREFIX}_metrics_database_up",
                                "1 when this scrape could read the database", value=int(

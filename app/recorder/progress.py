@@ -211,7 +211,7 @@ class BatchProgress:
                                     datetime.now(UTC))
             await in_thread(eta.record, engine, self.batch_id, found)
         except Exception as error:  # the ETA is advice: the batch's group must not end for it
-            log.warning("progress reading not stored", error=first_line(error, typed=True))
+            log.warning("progress reading not stored", error=first_line(error, 1000, typed=True))
             return
         self.reading = found
 
