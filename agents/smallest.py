@@ -74,20 +74,27 @@ def _seen(asked: list[SmallestPrompt]) -> list[str]:
 
 async def smallest_prompts(config: PipelineConfig, bundles: list[MarketBundle]
                            ) -> list[SmallestPrompt]:
-    """Return the analysts' smallest prompts for every bundle, and the chain's for the first.
+    """Return the analysts' smallest prompts for every bundle, and the chain's for the first
+    whose prompts render. A bundle whose prompts fail to render is left out: at night its
+    ticker fails alone, as any node's error fails only its ticker.
 
     The nodes after the analysts see a ticker's data only as its symbol, date and source,
     so one ticker's chain stands for all (the caller bounds the outputs they carry).
     """
     probe = _Probe()
-    if not bundles:
-        return []
-    first, *rest = bundles
-    await analyze_ticker(llm=probe, config=config, batch_id=0, bundle=first)
-    for bundle in rest:
-        runtime = Runtime(context=RunContext(llm=probe, config=config, batch_id=0,
-                                             bundle=bundle))
-        state = TickerState(ticker=bundle.ticker, as_of=bundle.as_of, sample=0)
-        for kind in ANALYSTS:
-            await NODE_KINDS[kind](state, runtime)
+    chain = False
+    for bundle in bundles:
+        before = len(probe.asked)
+        try:
+            if not chain:
+                await analyze_ticker(llm=probe, config=config, batch_id=0, bundle=bundle)
+                chain = True
+                continue
+            runtime = Runtime(context=RunContext(llm=probe, config=config, batch_id=0,
+                                                 bundle=bundle))
+            state = TickerState(ticker=bundle.ticker, as_of=bundle.as_of, sample=0)
+            for kind in ANALYSTS:
+                await NODE_KINDS[kind](state, runtime)
+        except Exception:  # one ticker's data never stops the night's check of the others
+            del probe.asked[before:]
     return probe.asked
