@@ -120,14 +120,21 @@ def test_a_ticker_the_server_failed_is_taken_up_by_resume_from_its_last_node(
     assert_rows_match_the_servers(sqlite_engine, batch_id, [server])
 
 
-def test_continue_night_takes_up_a_partial_night_the_server_cost(
-        monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
+def partial_night(monkeypatch: pytest.MonkeyPatch, demo_dir: Path) -> FakeServer:
+    """Run the night with FLAKY's market call answered 502 (partial, exit 3), then mend the
+    server; return it."""
     broken = [True]
     server = FakeServer(lambda chat: Reply(status=502) if broken[0] and chat.ticker == FLAKY
                         and chat.node == "market" else None, nodes=NODES, tickers=TICKERS)
     serve_cli_from(monkeypatch, server, demo_dir)
     assert invoke(*NIGHT)[0] == 3
     broken[0] = False
+    return server
+
+
+def test_continue_night_takes_up_a_partial_night_the_server_cost(
+        monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, demo_dir: Path) -> None:
+    partial_night(monkeypatch, demo_dir)
     code, said = invoke(*NIGHT, "--continue-night")
     assert code == 0, said
     assert "resuming batch 1 (nightly, partial" in said  # not a second night beside it
@@ -140,12 +147,7 @@ def test_continue_night_leaves_a_partial_night_whose_failed_tickers_a_rerun_rate
     # The operator reran the ticker the server failed: the ranking shows the rerun's rating.
     # The timer's `--continue-night` still resumed the night, ran the ticker again in it,
     # and the ranking went on showing the rerun's rating, not the night's newer one.
-    broken = [True]
-    server = FakeServer(lambda chat: Reply(status=502) if broken[0] and chat.ticker == FLAKY
-                        and chat.node == "market" else None, nodes=NODES, tickers=TICKERS)
-    serve_cli_from(monkeypatch, server, demo_dir)
-    assert invoke(*NIGHT)[0] == 3
-    broken[0] = False
+    server = partial_night(monkeypatch, demo_dir)
     assert invoke("rerun", FLAKY, "--as-of", str(DEMO_AS_OF))[0] == 0
     before = len(server.chats)
     code, said = invoke(*NIGHT, "--continue-night")
