@@ -119,6 +119,33 @@ async def afetch_workers(base_url: str, *, client: httpx.AsyncClient,
     return unique_servers([w.url for w in parse_workers(response) or []])
 
 
+async def ashortest_context(base_url: str, servers: Sequence[str], model: str, *,
+                            client: httpx.AsyncClient, headers: dict[str, str] | None = None,
+                            timeout_s: float = 5.0) -> tuple[str, int] | None:
+    """Return the server behind a router at ``base_url`` whose max_model_len for ``model`` is
+    the smallest, and that length, as each server's ``/v1/models`` tells it; None: no router
+    there (no ``servers`` named and no /workers list), or no server told; a router whose
+    /workers cannot be read now is a ServerError. The router hashes a ticker's calls, and a
+    /tokenize, to any one of them: a prompt must fit the shortest."""
+    listed = list(servers) or await afetch_workers(base_url, client=client,
+                                                   timeout_s=timeout_s) or []
+    told: dict[str, int] = {}
+    for url in unique_servers(listed):
+        try:
+            response = await client.get(server_root(url) + "/v1/models", headers=headers,
+                                        timeout=timeout_s)
+            response.raise_for_status()
+            entry = next(m for m in response.json()["data"] if m.get("id") == model)
+            told[url] = int(entry["max_model_len"])
+        except (httpx.HTTPError, ValueError, LookupError, TypeError, AttributeError,
+                StopIteration):
+            continue  # not reachable from here, or says nothing: the others decide
+    if not told:
+        return None
+    shortest = min(told, key=told.__getitem__)
+    return redact(shortest), told[shortest]
+
+
 async def aanswers(base_url: str, *, client: httpx.AsyncClient, timeout_s: float = 5.0) -> None:
     """Return when the front at ``base_url`` answers ``GET /health`` at all (any status: with
     every server behind it down vllm-router answers 503, and is there); a ServerError when

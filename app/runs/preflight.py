@@ -133,12 +133,16 @@ class Misfit:
     budget: int
     max_model_len: int
     carried: int  # of ``tokens``: the earlier outputs the prompt holds
+    shortest: str | None = None  # behind a router: the server whose limit it is
 
     def describe(self) -> str:
         held = f", {self.carried} of them earlier nodes' outputs" if self.carried else ""
         plus = f" + max_tokens {self.budget}" if self.budget else ""
+        whose = (f"max_model_len {self.max_model_len} of {self.shortest}, the shortest server "
+                 "behind the router" if self.shortest
+                 else f"the server's max_model_len {self.max_model_len}")
         return (f"{self.node}'s prompt at its smallest ({self.ticker}) is about {self.tokens} "
-                f"tokens{held}{plus}: over the server's max_model_len {self.max_model_len}")
+                f"tokens{held}{plus}: over {whose}")
 
 
 def output_bounds(engine: Engine, settings: Settings, budgets: dict[str, int]) -> dict[str, int]:
@@ -187,8 +191,11 @@ async def first_misfit(settings: Settings, base_url: str, prompts: Iterable[Smal
             if count is None or counter.max_model_len is None:
                 return None
             if count + carried + budget > counter.max_model_len:
+                shortest = counter.shortest
                 return Misfit(prompt.node, prompt.ticker, count + carried, budget,
-                              counter.max_model_len, carried)
+                              counter.max_model_len, carried,
+                              shortest[0] if shortest and shortest[1] == counter.max_model_len
+                              else None)
     return None
 
 

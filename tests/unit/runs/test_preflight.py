@@ -25,6 +25,7 @@ from app.batch import store
 from app.config import load_settings
 from app.db.models import Batch, LLMCall, TickerRun
 from tests.fakevllm import FakeServer
+from tests.fakevllm.router import FakeRouter
 from tests.unit.support.clirun import CliResult, run_cli
 from tests.webhook import closed_port
 
@@ -136,6 +137,31 @@ def test_a_server_context_too_small_for_the_night_is_refused_naming_the_node(
     assert server.chats == []
     # Cheap: one count teaches the limit, and the largest prompt is counted first.
     assert server.tokenize_calls <= 2
+
+
+@pytest.mark.parametrize("workers", [True, False], ids=["its-workers", "named-servers"])
+def test_behind_a_router_the_night_must_fit_its_shortest_server(
+        sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch, tickers: list[str],
+        workers: bool) -> None:
+    from app.runs.preflight import PreflightRefused, check_context
+
+    # vllm-router sends /tokenize where the body hashes: here always to the long server
+    # ("first"), so the count alone told 34,816 and a night of the short one's tickers
+    # failed at their calls (docs/lab/2026-12-07-fleet-outside-2.md).
+    long, short = (FakeServer(model=MODEL, max_model_len=length)
+                   for length in (34_816, SMALL_CONTEXT))
+    router = FakeRouter({"http://long.test": long, "http://short.test": short},
+                        policy="first", workers=workers)
+    monkeypatch.setattr("app.runs.preflight.http_client", router.client)
+    settings = load_settings(llm_model=MODEL, llm_base_url=router.base_url,
+                             llm_router_servers="" if workers else
+                             "http://long.test,http://short.test")
+    with pytest.raises(PreflightRefused) as refused:
+        check_context(settings, sqlite_engine, DEMO_AS_OF, tickers)
+    assert "portfolio_manager's prompt at its smallest" in str(refused.value)
+    assert (f"max_model_len {SMALL_CONTEXT} of http://short.test, the shortest server "
+            "behind the router") in str(refused.value)
+    assert short.tokenize_calls == 0  # counted by the long one; the limit the short one's
 
 
 def test_a_resume_onto_a_server_too_small_is_refused_and_the_batch_stays_resumable(
@@ -354,3 +380,4 @@ def test_a_resumed_batch_whose_stored_strategy_no_longer_parses_is_refused(
     assert "resuming batch" not in result.stderr  # refused before it was announced
     assert counts(sqlite_engine) == (1, 0)
     assert ticker_states(sqlite_engine) == {tickers[0]: "succeeded", tickers[1]: "interrupted"}
+
