@@ -24,7 +24,7 @@ from app.db.models import Batch, LLMCall, NightRefusal
 from app.errors import ConfigError, InputError, LLMError, first_line
 from app.morning.digest import refusal_title, send_refusal
 from app.promptsize import PromptCounter, message_bytes
-from serving.preflight import check_endpoint
+from serving.preflight import check_endpoint, check_load_readable
 from serving.urls import redact, server_root
 
 log = structlog.get_logger(__name__)
@@ -76,12 +76,15 @@ def provider_missing(settings: Settings, as_of: date, tickers: list[str]) -> lis
 
 
 def check_endpoints(settings: Settings) -> None:
-    """Raise ConfigError when an endpoint does not answer, or refuses the key or the model;
-    one that answers busy (HTTP 429/503) passes with a warning: its load is the night's to
-    wait out, not a verdict on the settings."""
+    """Raise ConfigError when an endpoint does not answer, refuses the key or the model, or
+    hides the load the night reads (``check_load_readable``); one that answers busy (HTTP
+    429/503) passes with a warning: its load is the night's to wait out, not a verdict on
+    the settings."""
     # Every listed endpoint: one with a wrong model or key would fail each ticker routed to it.
     for url in settings.llm.urls:
         check = check_endpoint(url, settings.llm.model, settings.llm.api_key.get_secret_value())
+        if check.level == "ok":  # and the night can read its load (a gateway may hide it)
+            check = check_load_readable(url, settings.llm.router_urls)
         if check.level == "warn":
             log.warning("preflight: server not checked", detail=check.detail)
         if check.level == "fail":

@@ -35,6 +35,8 @@ MODEL = "smollm2-135m"  # the settings' default, which the fake serves
 # The fake counts the portfolio manager's smallest prompt at about 9,100 tokens with every
 # earlier output at its default max_tokens: over 8,192 with its own 768.
 SMALL_CONTEXT = 8192
+# Bound at import: the tests put their own clients in httpx.Client's place.
+BLOCKING = httpx.Client
 
 
 @pytest.fixture
@@ -381,3 +383,41 @@ def test_a_resumed_batch_whose_stored_strategy_no_longer_parses_is_refused(
     assert counts(sqlite_engine) == (1, 0)
     assert ticker_states(sqlite_engine) == {tickers[0]: "succeeded", tickers[1]: "interrupted"}
 
+
+# --- the load the night reads -----------------------------------------------------------
+
+
+def gateway(hidden: set[str]) -> Any:
+    """A blocking client of a gateway (gw.test) serving MODEL that answers 404 on ``hidden``
+    paths, and of two servers behind it (s1.test answering /metrics, s2.test not at all)."""
+    def handle(request: httpx.Request) -> httpx.Response:
+        host, path = request.url.host, request.url.path
+        if host == "s2.test" or (host == "gw.test" and path in hidden):
+            return httpx.Response(404, json={"detail": "Not Found"})
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": MODEL, "max_model_len": 34_816}]})
+        if path == "/metrics":
+            return httpx.Response(200, text=FakeServer(model=MODEL).load.metrics_text())
+        return httpx.Response(404, json={"detail": "Not Found"})
+    return lambda **_: BLOCKING(transport=httpx.MockTransport(handle))
+
+
+def test_a_gateway_hiding_metrics_is_refused_at_the_start_naming_the_setting() -> None:
+    # Run, it was a night stalled: every reading failed, the endpoint read as down and the
+    # night waited out its outage budget (docs/lab/2026-12-07-fleet-outside-2.md).
+    from app.runs.preflight import PreflightRefused, check_endpoints
+
+    def check(hidden: set[str], servers: str = "") -> None:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("serving.preflight.httpx.Client", gateway(hidden))
+            check_endpoints(load_settings(llm_model=MODEL, llm_base_url="http://gw.test/v1",
+                                          llm_router_servers=servers))
+
+    with pytest.raises(PreflightRefused) as refused:
+        check({"/metrics", "/workers"})
+    assert str(refused.value).startswith("preflight: http://gw.test/metrics answered HTTP 404")
+    assert "name its vLLM servers in NIGHTDESK_LLM_ROUTER_SERVERS" in str(refused.value)
+    check({"/workers"})  # its own /metrics answers: read as one server's, as before
+    check({"/metrics", "/workers"}, "http://s1.test,http://s2.test")  # one named answers
+    with pytest.raises(PreflightRefused, match="no server in NIGHTDESK_LLM_ROUTER_SERVERS"):
+        check({"/metrics", "/workers"}, "http://s2.test")
