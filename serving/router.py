@@ -12,6 +12,7 @@ business (app/traffic/sampler.py).
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sys
 from collections.abc import Sequence
@@ -129,17 +130,20 @@ async def ashortest_context(base_url: str, servers: Sequence[str], model: str, *
     /tokenize, to any one of them: a prompt must fit the shortest."""
     listed = list(servers) or await afetch_workers(base_url, client=client,
                                                    timeout_s=timeout_s) or []
-    told: dict[str, int] = {}
-    for url in unique_servers(listed):
+    async def length(url: str) -> int | None:
         try:
             response = await client.get(server_root(url) + "/v1/models", headers=headers,
                                         timeout=timeout_s)
             response.raise_for_status()
             entry = next(m for m in response.json()["data"] if m.get("id") == model)
-            told[url] = int(entry["max_model_len"])
+            return int(entry["max_model_len"])
         except (httpx.HTTPError, ValueError, LookupError, TypeError, AttributeError,
                 StopIteration):
-            continue  # not reachable from here, or says nothing: the others decide
+            return None  # not reachable from here, or says nothing: the others decide
+
+    urls = unique_servers(listed)  # asked together: one unreachable costs one timeout
+    told = {url: n for url, n in zip(urls, await asyncio.gather(*map(length, urls)),
+                                           strict=True) if n is not None}
     if not told:
         return None
     shortest = min(told, key=told.__getitem__)
