@@ -130,6 +130,7 @@ async def ashortest_context(base_url: str, servers: Sequence[str], model: str, *
     /tokenize, to any one of them: a prompt must fit the shortest."""
     listed = list(servers) or await afetch_workers(base_url, client=client,
                                                    timeout_s=timeout_s) or []
+
     async def length(url: str) -> int | None:
         try:
             response = await client.get(server_root(url) + "/v1/models", headers=headers,
