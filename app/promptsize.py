@@ -30,7 +30,8 @@ from app.errors import (
     LLMHTTPError,
     LLMMalformedError,
 )
-from serving.errors import reason
+from serving.errors import ServerError, reason
+from serving.router import ashortest_context
 from serving.urls import redact
 
 log = structlog.get_logger(__name__)
@@ -65,6 +66,11 @@ class PromptCounter:
         self._http = http
         self._url = tokenize_url
         self._learning_limit = asyncio.Lock()
+        # Behind a router: the shortest server's (url, max_model_len), which caps what
+        # /tokenize tells (one server's, whichever the body hashed to); asked once.
+        self.shortest: tuple[str, int] | None = None
+        self._fleet_asked = False
+        self._asking_fleet = asyncio.Lock()
         self._counted: OrderedDict[str, int] = OrderedDict()
         self.counted = Counted()
 
@@ -125,6 +131,7 @@ class PromptCounter:
         if key in self._counted:
             self._counted.move_to_end(key)
             return self._counted[key]
+        await self._learn_shortest()
         try:
             response = await self._http.post(
                 self._url,
@@ -144,16 +151,40 @@ class PromptCounter:
         try:
             data = response.json()
             count = int(data["count"])
-            self.max_model_len = int(data["max_model_len"])
+            told = int(data["max_model_len"])
         except (ValueError, KeyError, TypeError) as exc:
             raise LLMMalformedError(f"/tokenize answered no token count: "
                                     f"{type(exc).__name__}: {exc}"[:300]) from None
+        self.max_model_len = told if self.shortest is None else min(told, self.shortest[1])
         self._counted[key] = count
         self.counted.bytes += message_bytes(messages)
         self.counted.tokens += count
         if len(self._counted) > COUNT_CACHE:
             self._counted.popitem(last=False)
         return count
+
+    async def _learn_shortest(self) -> None:
+        """Learn, once, the shortest max_model_len among the servers behind a router here
+        (``llm_router_servers``, else its /workers): a ticker's calls and the preflight's
+        count land on whichever server their key hashes to, and a prompt fitted to a longer
+        one fails on a shorter one. A front that cannot be asked now is asked again."""
+        if self._fleet_asked:
+            return
+        async with self._asking_fleet:
+            if self._fleet_asked:
+                return
+            root = self._url.removesuffix("/tokenize")
+            try:
+                self.shortest = await ashortest_context(
+                    root, self.settings.llm.router_urls, self.settings.llm.model,
+                    client=self._http, headers={"Authorization": "Bearer " +
+                                                self.settings.llm.api_key.get_secret_value()})
+            except ServerError:
+                return
+            self._fleet_asked = True
+        if self.shortest is not None:
+            log.info("behind the router, prompts are fitted to its shortest server",
+                     server=self.shortest[0], max_model_len=self.shortest[1])
 
     async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
                       exact: bool = False) -> PromptSize | None:

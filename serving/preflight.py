@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -13,7 +14,9 @@ import httpx
 
 from serving.errors import reason
 from serving.launcher import healthy
+from serving.metrics import metrics_url
 from serving.profiles import HostPaths, Profile, available, cpu_has_avx512, load_profile
+from serving.router import parse_workers, workers_url
 from serving.urls import redact
 
 NVIDIA_SMI_QUERY = "name,compute_cap,memory.free,memory.total,pstate,power.draw"
@@ -222,3 +225,41 @@ def check_endpoint(base_url: str, model: str, api_key: str = "EMPTY", *,
         return Check("fail", "model", f"the server at {base_url} does not serve {model!r} "
                      f"(it serves: {', '.join(served) or 'nothing'}); set NIGHTDESK_LLM_MODEL")
     return Check("ok", "server", f"{base_url} serves {model}")
+
+
+def check_load_readable(base_url: str, servers: Sequence[str] = (), *,
+                        timeout_s: float = 10.0) -> Check:
+    """Check that a night can read the load at ``base_url``: a router's ``/workers`` list
+    (its servers are read), one of ``servers`` (``llm_router_servers``) or the endpoint
+    itself answering ``/metrics``. A gateway that answers neither (404) fails every reading
+    of the night: the endpoint reads as down and the night waits out its outage budget,
+    then ends interrupted. Unreachable, or a 5xx, is no verdict: the night waits that out."""
+    def status(url: str) -> int | str:
+        try:
+            return client.get(url).status_code
+        except httpx.HTTPError as error:
+            return reason(error)
+
+    with httpx.Client(timeout=timeout_s) as client:
+        if not servers:
+            try:
+                if parse_workers(client.get(workers_url(base_url))):
+                    return Check("ok", "load", f"{base_url} is a router: its servers are read")
+            except httpx.HTTPError:
+                return Check("ok", "load", f"{base_url} not asked (not answering)")
+        said = {url: status(metrics_url(url)) for url in servers}
+        if 200 in said.values():
+            return Check("ok", "load", "servers behind the router answer /metrics")
+        front = status(metrics_url(base_url))
+    if not isinstance(front, int) or front == 200 or front >= 500:
+        return Check("ok", "load", f"{metrics_url(base_url)}: {front}")
+    if servers:
+        first = next(iter(said.items()))
+        return Check("fail", "load", f"no server in NIGHTDESK_LLM_ROUTER_SERVERS answers "
+                     f"/metrics ({metrics_url(first[0])}: {first[1]}) and "
+                     f"{metrics_url(base_url)} answered HTTP {front}: the night could read "
+                     "no load and would wait out NIGHTDESK_OUTAGE_BUDGET_S; name the vLLM "
+                     "servers as this host reaches them")
+    return Check("fail", "load", f"{metrics_url(base_url)} answered HTTP {front}: the night "
+                 "reads the load there and would wait out NIGHTDESK_OUTAGE_BUDGET_S; behind a "
+                 "gateway, name its vLLM servers in NIGHTDESK_LLM_ROUTER_SERVERS")

@@ -12,6 +12,7 @@ business (app/traffic/sampler.py).
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sys
 from collections.abc import Sequence
@@ -117,6 +118,37 @@ async def afetch_workers(base_url: str, *, client: httpx.AsyncClient,
     # One server under two names (vllm-router lists http://localhost:8000 and
     # http://127.0.0.1:8000/ as two workers) is read once: its capacity is one server's.
     return unique_servers([w.url for w in parse_workers(response) or []])
+
+
+async def ashortest_context(base_url: str, servers: Sequence[str], model: str, *,
+                            client: httpx.AsyncClient, headers: dict[str, str] | None = None,
+                            timeout_s: float = 5.0) -> tuple[str, int] | None:
+    """Return the server behind a router at ``base_url`` whose max_model_len for ``model`` is
+    the smallest, and that length, as each server's ``/v1/models`` tells it; None: no router
+    there (no ``servers`` named and no /workers list), or no server told; a router whose
+    /workers cannot be read now is a ServerError. The router hashes a ticker's calls, and a
+    /tokenize, to any one of them: a prompt must fit the shortest."""
+    listed = list(servers) or await afetch_workers(base_url, client=client,
+                                                   timeout_s=timeout_s) or []
+
+    async def length(url: str) -> int | None:
+        try:
+            response = await client.get(server_root(url) + "/v1/models", headers=headers,
+                                        timeout=timeout_s)
+            response.raise_for_status()
+            entry = next(m for m in response.json()["data"] if m.get("id") == model)
+            return int(entry["max_model_len"])
+        except (httpx.HTTPError, ValueError, LookupError, TypeError, AttributeError,
+                StopIteration):
+            return None  # not reachable from here, or says nothing: the others decide
+
+    urls = unique_servers(listed)  # asked together: one unreachable costs one timeout
+    told = {url: n for url, n in zip(urls, await asyncio.gather(*map(length, urls)),
+                                           strict=True) if n is not None}
+    if not told:
+        return None
+    shortest = min(told, key=told.__getitem__)
+    return redact(shortest), told[shortest]
 
 
 async def aanswers(base_url: str, *, client: httpx.AsyncClient, timeout_s: float = 5.0) -> None:

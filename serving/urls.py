@@ -49,7 +49,9 @@ def same_server(url: str) -> tuple[str, str, int | None, str]:
     names (``LOCAL_HOSTS``) as one, the port the scheme implies filled in, the path without
     its trailing slash. Two URLs with one key are one server: listed twice, its capacity
     would be counted twice (each read as a server of its own). Names resolving alike
-    (a host name and its address) are not told apart here: that takes DNS."""
+    (a host name and its address) are left apart on purpose: a proxy or an ingress on one
+    address and port serves each name (its Host) from a server of its own, and DNS's
+    answer is one moment's (a round-robin name has several)."""
     parts = urlsplit(url.strip())
     scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
     try:

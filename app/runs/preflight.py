@@ -24,7 +24,7 @@ from app.db.models import Batch, LLMCall, NightRefusal
 from app.errors import ConfigError, InputError, LLMError, first_line
 from app.morning.digest import refusal_title, send_refusal
 from app.promptsize import PromptCounter, message_bytes
-from serving.preflight import check_endpoint
+from serving.preflight import check_endpoint, check_load_readable
 from serving.urls import redact, server_root
 
 log = structlog.get_logger(__name__)
@@ -76,12 +76,15 @@ def provider_missing(settings: Settings, as_of: date, tickers: list[str]) -> lis
 
 
 def check_endpoints(settings: Settings) -> None:
-    """Raise ConfigError when an endpoint does not answer, or refuses the key or the model;
-    one that answers busy (HTTP 429/503) passes with a warning: its load is the night's to
-    wait out, not a verdict on the settings."""
+    """Raise ConfigError when an endpoint does not answer, refuses the key or the model, or
+    hides the load the night reads (``check_load_readable``); one that answers busy (HTTP
+    429/503) passes with a warning: its load is the night's to wait out, not a verdict on
+    the settings."""
     # Every listed endpoint: one with a wrong model or key would fail each ticker routed to it.
     for url in settings.llm.urls:
         check = check_endpoint(url, settings.llm.model, settings.llm.api_key.get_secret_value())
+        if check.level == "ok":  # and the night can read its load (a gateway may hide it)
+            check = check_load_readable(url, settings.llm.router_urls)
         if check.level == "warn":
             log.warning("preflight: server not checked", detail=check.detail)
         if check.level == "fail":
@@ -133,12 +136,16 @@ class Misfit:
     budget: int
     max_model_len: int
     carried: int  # of ``tokens``: the earlier outputs the prompt holds
+    shortest: str | None = None  # behind a router: the server whose limit it is
 
     def describe(self) -> str:
         held = f", {self.carried} of them earlier nodes' outputs" if self.carried else ""
         plus = f" + max_tokens {self.budget}" if self.budget else ""
+        whose = (f"max_model_len {self.max_model_len} of {self.shortest}, the shortest server "
+                 "behind the router" if self.shortest
+                 else f"the server's max_model_len {self.max_model_len}")
         return (f"{self.node}'s prompt at its smallest ({self.ticker}) is about {self.tokens} "
-                f"tokens{held}{plus}: over the server's max_model_len {self.max_model_len}")
+                f"tokens{held}{plus}: over {whose}")
 
 
 def output_bounds(engine: Engine, settings: Settings, budgets: dict[str, int]) -> dict[str, int]:
@@ -187,8 +194,11 @@ async def first_misfit(settings: Settings, base_url: str, prompts: Iterable[Smal
             if count is None or counter.max_model_len is None:
                 return None
             if count + carried + budget > counter.max_model_len:
+                shortest = counter.shortest
                 return Misfit(prompt.node, prompt.ticker, count + carried, budget,
-                              counter.max_model_len, carried)
+                              counter.max_model_len, carried,
+                              shortest[0] if shortest and shortest[1] == counter.max_model_len
+                              else None)
     return None
 
 

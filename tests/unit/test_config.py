@@ -127,6 +127,15 @@ def test_servers_root_urls_listed_are_each_checked_not_the_joined_list(
     assert load_settings().llm.urls == ["http://a:8000", "http://b:8000"]
 
 
+def test_two_names_of_one_address_are_two_endpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Not resolved, on purpose: an ingress on one address and port sends each name (its
+    # Host) to a server of its own; merged, one of them would go unused
+    # (docs/lab/2026-12-07-fleet-outside-2.md). A name and its address stay two as well.
+    monkeypatch.setenv("NIGHTDESK_LLM_BASE_URL",
+                       "http://gpu-a.example:80/v1,http://gpu-b.example:80/v1,http://10.0.0.5/v1")
+    assert len(load_settings().llm.urls) == 3
+
+
 def test_a_bad_endpoint_never_echoes_its_password(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NIGHTDESK_LLM_BASE_URL", "http://a/v1,htp://user:hunter2@b/v1")
     with pytest.raises(ConfigError) as info:

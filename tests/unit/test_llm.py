@@ -26,6 +26,7 @@ from app.llm import Call, TrackedLLM
 from app.promptsize import PromptCounter
 from app.usage import UsageRecorder, decompress_body
 from tests.fakevllm import BASE_URL, CONTEXT_LENGTH_MESSAGE, FakeServer, Reply
+from tests.fakevllm.router import FakeRouter
 from tests.unit.support.call_rows import new_batch
 from tests.unit.support.llm_calls import MESSAGES, one_call
 
@@ -415,3 +416,18 @@ async def test_a_server_gone_is_worded_without_the_sockets_errno(sqlite_engine: 
             assert await counter.measure(MESSAGES, max_tokens=10) is None
     (said,) = [e["error"] for e in logs if e["event"] == "prompt could not be counted"]
     assert said == "cannot reach http://fake.test/tokenize to count tokens: Connection refused"
+
+
+async def test_behind_a_router_prompts_are_fitted_to_its_shortest_server() -> None:
+    # The router sends each /tokenize where its body hashes (here the long server always):
+    # its max_model_len fitted a ticker's prompts that the short server then refused.
+    long, short = (FakeServer(model="smollm2-135m", max_model_len=length)
+                   for length in (34_816, 4_096))
+    router = FakeRouter({"http://long.test": long, "http://short.test": short}, policy="first")
+    async with router.client() as http:
+        counter = PromptCounter(load_settings(llm_model="smollm2-135m"), http,
+                                "http://router.test/tokenize")
+        size = await counter.measure([{"role": "user", "content": "word " * 100}],
+                                     max_tokens=100, exact=True)
+    assert counter.max_model_len == 4_096
+    assert size is not None and size.limit == 4_096 - counter.budget(100)

@@ -25,6 +25,7 @@ from app.batch import store
 from app.config import load_settings
 from app.db.models import Batch, LLMCall, TickerRun
 from tests.fakevllm import FakeServer
+from tests.fakevllm.router import FakeRouter
 from tests.unit.support.clirun import CliResult, run_cli
 from tests.webhook import closed_port
 
@@ -34,6 +35,8 @@ MODEL = "smollm2-135m"  # the settings' default, which the fake serves
 # The fake counts the portfolio manager's smallest prompt at about 9,100 tokens with every
 # earlier output at its default max_tokens: over 8,192 with its own 768.
 SMALL_CONTEXT = 8192
+# Bound at import: the tests put their own clients in httpx.Client's place.
+BLOCKING = httpx.Client
 
 
 @pytest.fixture
@@ -136,6 +139,31 @@ def test_a_server_context_too_small_for_the_night_is_refused_naming_the_node(
     assert server.chats == []
     # Cheap: one count teaches the limit, and the largest prompt is counted first.
     assert server.tokenize_calls <= 2
+
+
+@pytest.mark.parametrize("workers", [True, False], ids=["its-workers", "named-servers"])
+def test_behind_a_router_the_night_must_fit_its_shortest_server(
+        sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch, tickers: list[str],
+        workers: bool) -> None:
+    from app.runs.preflight import PreflightRefused, check_context
+
+    # vllm-router sends /tokenize where the body hashes: here always to the long server
+    # ("first"), so the count alone told 34,816 and a night of the short one's tickers
+    # failed at their calls (docs/lab/2026-12-07-fleet-outside-2.md).
+    long, short = (FakeServer(model=MODEL, max_model_len=length)
+                   for length in (34_816, SMALL_CONTEXT))
+    router = FakeRouter({"http://long.test": long, "http://short.test": short},
+                        policy="first", workers=workers)
+    monkeypatch.setattr("app.runs.preflight.http_client", router.client)
+    settings = load_settings(llm_model=MODEL, llm_base_url=router.base_url,
+                             llm_router_servers="" if workers else
+                             "http://long.test,http://short.test")
+    with pytest.raises(PreflightRefused) as refused:
+        check_context(settings, sqlite_engine, DEMO_AS_OF, tickers)
+    assert "portfolio_manager's prompt at its smallest" in str(refused.value)
+    assert (f"max_model_len {SMALL_CONTEXT} of http://short.test, the shortest server "
+            "behind the router") in str(refused.value)
+    assert short.tokenize_calls == 0  # counted by the long one; the limit the short one's
 
 
 def test_a_resume_onto_a_server_too_small_is_refused_and_the_batch_stays_resumable(
@@ -354,3 +382,42 @@ def test_a_resumed_batch_whose_stored_strategy_no_longer_parses_is_refused(
     assert "resuming batch" not in result.stderr  # refused before it was announced
     assert counts(sqlite_engine) == (1, 0)
     assert ticker_states(sqlite_engine) == {tickers[0]: "succeeded", tickers[1]: "interrupted"}
+
+
+# --- the load the night reads -----------------------------------------------------------
+
+
+def gateway(hidden: set[str]) -> Any:
+    """A blocking client of a gateway (gw.test) serving MODEL that answers 404 on ``hidden``
+    paths, and of two servers behind it (s1.test answering /metrics, s2.test not at all)."""
+    def handle(request: httpx.Request) -> httpx.Response:
+        host, path = request.url.host, request.url.path
+        if host == "s2.test" or (host == "gw.test" and path in hidden):
+            return httpx.Response(404, json={"detail": "Not Found"})
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": MODEL, "max_model_len": 34_816}]})
+        if path == "/metrics":
+            return httpx.Response(200, text=FakeServer(model=MODEL).load.metrics_text())
+        return httpx.Response(404, json={"detail": "Not Found"})
+    return lambda **_: BLOCKING(transport=httpx.MockTransport(handle))
+
+
+def test_a_gateway_hiding_metrics_is_refused_at_the_start_naming_the_setting() -> None:
+    # Run, it was a night stalled: every reading failed, the endpoint read as down and the
+    # night waited out its outage budget (docs/lab/2026-12-07-fleet-outside-2.md).
+    from app.runs.preflight import PreflightRefused, check_endpoints
+
+    def check(hidden: set[str], servers: str = "") -> None:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("serving.preflight.httpx.Client", gateway(hidden))
+            check_endpoints(load_settings(llm_model=MODEL, llm_base_url="http://gw.test/v1",
+                                          llm_router_servers=servers))
+
+    with pytest.raises(PreflightRefused) as refused:
+        check({"/metrics", "/workers"})
+    assert str(refused.value).startswith("preflight: http://gw.test/metrics answered HTTP 404")
+    assert "name its vLLM servers in NIGHTDESK_LLM_ROUTER_SERVERS" in str(refused.value)
+    check({"/workers"})  # its own /metrics answers: read as one server's, as before
+    check({"/metrics", "/workers"}, "http://s1.test,http://s2.test")  # one named answers
+    with pytest.raises(PreflightRefused, match="no server in NIGHTDESK_LLM_ROUTER_SERVERS"):
+        check({"/metrics", "/workers"}, "http://s2.test")
