@@ -143,8 +143,10 @@ async def ashortest_context(base_url: str, servers: Sequence[str], model: str, *
             return None  # not reachable from here, or says nothing: the others decide
 
     urls = unique_servers(listed)  # asked together: one unreachable costs one timeout
-    told = {url: n for url, n in zip(urls, await asyncio.gather(*map(length, urls)),
-                                           strict=True) if n is not None}
+    async with asyncio.TaskGroup() as group:
+        asked = [group.create_task(length(url)) for url in urls]
+    told = {url: n for url, task in zip(urls, asked, strict=True)
+            if (n := task.result()) is not None}
     if not told:
         return None
     shortest = min(told, key=told.__getitem__)
