@@ -226,7 +226,7 @@ class Server:
             await self.gauges.store(snapshot, self.chain_slots())
         return snapshot
 
-    def reading(self, snapshot: Any | None) -> None:
+    def reading(self, snapshot: MetricsSnapshot | None) -> None:
         """Apply one /metrics reading (None: it failed): limits, then health."""
         now = self.clock()
         self.limits.read(snapshot, now, self.gate, self.here.values(),
