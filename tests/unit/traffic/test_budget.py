@@ -22,9 +22,9 @@ from app.bench.workloads import synthetic_workload
 from app.config import load_settings
 from app.errors import InputError
 from app.llm import CallStats
+from app.recorder.figures import admission as admission_summary
 from app.recorder.progress import BatchProgress
 from app.recorder.record import Recorder
-from app.recorder.summary import admission as admission_summary
 from app.runs.replay import play, shape
 from app.traffic.budget import Claim, TokenBudget
 from app.traffic.client import TickerClient
