@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import httpx
 import structlog
 from sqlalchemy import Engine
 
@@ -299,7 +300,7 @@ class ServerSet:
     @classmethod
     def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
                 engine: Engine, batch_id: int, sample: bool = True,
-                http_client: Any = None, max_in_flight: int | None = None,
+                http_client: httpx.AsyncClient | None = None, max_in_flight: int | None = None,
                 halt: Halt, clock: Clock = loop_clock,
                 ) -> ServerSet:
         """Make a client (its pool ``max_in_flight`` connections, None: no cap) and a /metrics
