@@ -136,17 +136,18 @@ class Server:
         chain = max((t.chain for t in self.here.values()), default=0)
         return self.fanning >= prefetch_depth(slots, self.chains, chain)
 
-    async def enter_chain(self, ticket: Ticket) -> None:
+    async def enter_chain(self, ticket: Ticket) -> bool:
         """Wait until a ticker whose fan-out is done may start its chain (prefetching).
 
         It goes once a chain slot is free, nothing is capped yet, it is urgent, or the
         endpoint is down or closed; while it waits it holds no budget tokens. A ticker
-        without a fan-out is a chain from its first call.
+        without a fan-out is a chain from its first call. True: its chain has begun (its
+        client marks the ticket, which only the client and the gate write).
         """
         if ticket.chained:
-            return
+            return True
         if ticket.fan_out and ticket.done < ticket.fan_out:
-            return  # a call of its fan-out: what prefetching runs early
+            return False  # a call of its fan-out: what prefetching runs early
         if ticket.fan_out and ticket.outstanding == 0:
             waited = False
             while True:
@@ -159,7 +160,7 @@ class Server:
                 waited = True
                 self.gate.changed.clear()
                 await self.gate.changed.wait()
-        ticket.chained = True
+        return True
 
     def concurrency(self) -> int:
         """Return the requests this endpoint runs at once: its limit, or the chains that fit."""
