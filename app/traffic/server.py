@@ -47,6 +47,11 @@ HOLD = "server down"  # the gate's hold while the server is down
 class GaugeSource(Protocol):
     """A server's reader (MetricsSampler is one): its server takes each reading, None if failed."""
 
+    interval_s: float | None  # None: it reads only when asked, so no gauges to admit by
+    kv_capacity: int | None  # the KV cache's tokens and block, as the last reading published
+    block_size: int | None
+    fleet_read: int | None  # servers read behind a router at the last reading
+
     @property
     def latest(self) -> MetricsSnapshot | None: ...
 
@@ -72,7 +77,7 @@ class Server:
         self._taking: asyncio.Task[None] | None = None  # takes the reader's paced readings
         self.strategy = strategy
         # A reader that reads only when asked (no interval) gives no gauges to admit by.
-        gauged = gauges is not None and getattr(gauges, "interval_s", 0) is not None
+        gauged = gauges is not None and gauges.interval_s is not None
         self.limits = Limits(strategy, llm.settings.calls.max_concurrency, gauged=gauged,
                              counted=counter.counted if counter else None, name=self.name)
         self.gate = Gate(self.limits.first_request_limit, self.limits.budget, changed=changed,
@@ -231,10 +236,9 @@ class Server:
     def reading(self, snapshot: MetricsSnapshot | None) -> None:
         """Apply one /metrics reading (None: it failed): limits, then health."""
         now = self.clock()
+        g, unknown = self.gauges, (None, None, None)
         self.limits.read(snapshot, now, self.gate, self.here.values(),
-                         getattr(self.gauges, "kv_capacity", None),
-                         getattr(self.gauges, "block_size", None),
-                         getattr(self.gauges, "fleet_read", None))
+                         *((g.kv_capacity, g.block_size, g.fleet_read) if g else unknown))
         servers = self.servers
         if snapshot is None:
             self.last_failed_at = now

@@ -4,8 +4,8 @@ In the engine (app/batch, app/traffic), the recorder that reads its objects (app
 and the call path's modules (app/llm.py, app/promptsize.py, app/usage.py):
 
 - no ``getattr``/``hasattr``: an object's fields are read as typed attributes. Allowed: an
-  object's own fields by name (``getattr(self, name)``, the knobs' range checks), and the
-  few listed in ``KNOWN_GETATTR`` with why, which may shrink and never grow;
+  object's own fields by name (``getattr(self, name)``, the knobs' range checks), and any
+  listed in ``KNOWN_GETATTR`` with why (none now), a list that may shrink and never grow;
 - no parameter typed ``Any`` (``*args``/``**kwargs`` and ``__aexit__``'s aside);
 - a ``Ticket``'s fields are written by the ticker's client and its gate only
   (app/traffic/client.py, gate.py), and by the scheduler's tail rule, which marks
@@ -27,14 +27,9 @@ from app.traffic.ticket import Ticket
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED = ["app/batch", "app/traffic", "app/recorder", "app/llm.py", "app/promptsize.py",
            "app/usage.py"]
-# (module, attribute read): why it is still read by name.
-KNOWN_GETATTR = {
-    ("app/traffic/server.py", "interval_s"): "GaugeSource declares no interval: the tests'"
-    " readers (SimpleNamespace, the simulated servers) have none, and count as periodic",
-    ("app/traffic/server.py", "kv_capacity"): "the same: GaugeSource declares no capacity",
-    ("app/traffic/server.py", "block_size"): "the same: GaugeSource declares no block size",
-    ("app/traffic/server.py", "fleet_read"): "the same: GaugeSource declares no fleet",
-}
+# (module, attribute read): why it is still read by name. Empty since the server's reader
+# declares what the server reads of it (GaugeSource: interval, capacity, block, fleet read).
+KNOWN_GETATTR: dict[tuple[str, str], str] = {}
 TICKET_WRITERS = {"app/traffic/client.py", "app/traffic/gate.py"}
 TICKET_MARKS = {("app/traffic/scheduler.py", "urgent")}  # the tail rule's
 TICKET_FIELDS = {f.name for f in fields(Ticket)}

@@ -18,6 +18,7 @@ from app.traffic.server import Server
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from tests.unit.support.chains import run_wide
+from tests.unit.support.servers import Unread
 from tests.unit.support.stepped_gpu import SteppedGPU
 
 
@@ -88,7 +89,7 @@ def test_the_fan_out_depth_is_the_free_slots_and_what_feeds_a_full_set() -> None
 def prefetching_endpoint(capacity: int | None = 10_000) -> Server:
     llm = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=64)))
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
-                        Strategy.parse("adaptive:prefetch=on"), gauges=SimpleNamespace())
+                        Strategy.parse("adaptive:prefetch=on"), gauges=Unread())
     assert endpoint.limits.budget is not None
     endpoint.limits.budget.set_capacity(capacity)
     endpoint.gate.set_limit(32)

@@ -25,13 +25,13 @@ from app.traffic.server import Server
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from tests.unit.support.budget_sim import SimServer, body, reading
-from tests.unit.support.servers import over_one_server
+from tests.unit.support.servers import Unread, over_one_server
 
 
 def adaptive_endpoint() -> Server:
     llm = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=64)))
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
-                        Strategy.parse("adaptive"), gauges=SimpleNamespace())
+                        Strategy.parse("adaptive"), gauges=Unread())
     assert endpoint.limits.budget is not None
     endpoint.limits.budget.set_capacity(10_000)  # 9,500 tokens may be reserved
     endpoint.gate.set_limit(8)
