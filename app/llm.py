@@ -469,11 +469,10 @@ class Tries:
         """Return the loop of ``call``'s attempts: again while the last failure is ``due``."""
         def waiting(state: tenacity.RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
-            if not self._resent:
+            if not self._resent and isinstance(error, LLMError):  # only those are tried again
                 log.warning("llm call failed; retrying", node=tag.node, ticker=tag.ticker,
-                            attempt=call.attempts, error_class=getattr(error, "error_class", None),
-                            http_status=getattr(error, "http_status", None),
-                            delay_s=round(self._wait_s, 3))
+                            attempt=call.attempts, error_class=error.error_class,
+                            http_status=error.http_status, delay_s=round(self._wait_s, 3))
 
         return tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception(lambda error: isinstance(error, LLMError)

@@ -70,7 +70,7 @@ def spool_path(home: Path, database_url: str, batch_id: int) -> Path:
     return home / "spool" / f"usage-{tag}-batch-{batch_id}.jsonl"
 
 
-def _encode(value: Any) -> Any:
+def _encode(value: object) -> Any:
     if isinstance(value, datetime):
         return {"$datetime": value.isoformat()}
     if isinstance(value, bytes):

@@ -56,7 +56,8 @@ def webhook() -> Iterator[Webhook]:
 
 
 def closed_port() -> int:
-    """Return a port on 127.0.0.1 that nothing listens on (a destination that is down)."""
+    """Return a port on 127.0.0.1 that nothing listens on: a destination that is down, or
+    one a test starts a server on (the unit tests' one such helper)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])

@@ -4,5 +4,5 @@ time without /metrics), built from the servers' plain state.
 
 Above ``app.batch``, which never imports it: whoever runs the engine (app/runs, app/bench)
 attaches a ``Recorder`` to a run. Layered bottom-up (the ``recorder`` contract in
-pyproject.toml): ``progress`` and ``summary``, then ``record`` (the ``Recorder``).
+pyproject.toml): ``progress`` and ``figures`` (the summaries), then ``record`` (the ``Recorder``).
 """

@@ -7,9 +7,9 @@ from __future__ import annotations
 from rich.console import Console
 from sqlalchemy import Engine
 
-from app.recorder import summary
+from app.recorder import figures
+from app.recorder.figures import Admission, FallbackRecord, HoldBackTimeline
 from app.recorder.progress import BatchProgress
-from app.recorder.summary import Admission, FallbackRecord, HoldBackTimeline
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy
 
@@ -37,9 +37,9 @@ class Recorder:
         self.progress.ticker_done(ok)
 
     def fallback(self) -> FallbackRecord | None:
-        return summary.fallback(self.servers)
+        return figures.fallback(self.servers)
 
     def finished(self) -> Admission:
-        self.admission = summary.admission(self.servers, self.strategy)
-        self.holdback = summary.holdback_timeline(self.servers)
+        self.admission = figures.admission(self.servers, self.strategy)
+        self.holdback = figures.holdback_timeline(self.servers)
         return self.admission

@@ -8,14 +8,8 @@ docs/architecture.md, "The request count".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
-
-class Gauges(Protocol):
-    """The readings the policy needs (serving.metrics.MetricsSnapshot has them)."""
-
-    running: float
-    waiting: float
+from serving.metrics import MetricsSnapshot
 
 
 @dataclass
@@ -63,7 +57,7 @@ class AdmissionPolicy:
         """Return the limit used without gauges: the starting one."""
         return min(max(self.initial, self.minimum), self.maximum)
 
-    def observe(self, gauges: Gauges, outstanding: int, *, preempted: float = 0.0,
+    def observe(self, gauges: MetricsSnapshot, outstanding: int, *, preempted: float = 0.0,
                 restarted: bool = False) -> int:
         """Update the limit from one reading with ``preempted`` preemptions since the last
         (``restarted``: a new server's); return ``allowed``."""

@@ -15,9 +15,10 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from app.promptsize import Counted, message_bytes
+from serving.metrics import MetricsSnapshot
 
 # A message's chat-template tokens beyond its text (role markers, separators).
 MESSAGE_OVERHEAD_TOKENS = 8
@@ -25,14 +26,6 @@ MESSAGE_OVERHEAD_TOKENS = 8
 TRAJECTORY_ENDS = 32
 # Reservation changes remembered between two readings (a guard, never reached in practice).
 HISTORY_MAX = 8192
-
-
-class BudgetGauges(Protocol):
-    """The readings the budget needs (serving.metrics.MetricsSnapshot has them); one with a
-    ``taken_at`` datetime is compared with the reservations of that moment."""
-
-    kv_cache_usage: float
-    waiting: float
 
 
 @dataclass(frozen=True)
@@ -229,7 +222,7 @@ class TokenBudget:
         if block_size:
             self.block_size = block_size
 
-    def observe(self, gauges: BudgetGauges, *, preempted: float = 0.0, generated: float = 0.0,
+    def observe(self, gauges: MetricsSnapshot, *, preempted: float = 0.0, generated: float = 0.0,
                 restarted: bool = False) -> int | None:
         """Correct the budget from one reading with ``preempted`` preemptions and ``generated``
         tokens since the last (``restarted``: a new server's); return the limit."""
@@ -240,7 +233,7 @@ class TokenBudget:
         waiting_grew = self._waiting is not None and gauges.waiting > self._waiting
         self._waiting = gauges.waiting
         refused, self._refused = self._refused, False
-        at_reading = self._at_reading(getattr(gauges, "taken_at", None))
+        at_reading = self._at_reading(gauges.taken_at)
         self.readings += 1
         calm, self._calm_left = self._calm_left, max(0, self._calm_left - 1)
         if restarted:
@@ -271,7 +264,7 @@ class TokenBudget:
                             held_back=bool(calm) or waiting_grew)
         return self.limit
 
-    def _steer(self, gauges: BudgetGauges, at_reading: tuple[int, int], *, refused: bool,
+    def _steer(self, gauges: MetricsSnapshot, at_reading: tuple[int, int], *, refused: bool,
                held_back: bool) -> None:
         """Raise the factor while the footprint leaves room; cut it near a full cache."""
         assert self.capacity

@@ -160,7 +160,7 @@ class TickerClient:
                 other.gate.release_hold(ticket)  # its context is in another replica's cache
         if server.strategy.prefetch and not ticket.chained:
             # Outside the attempt: a wait for a chain slot is not an attempt at the server.
-            await server.enter_chain(ticket)
+            ticket.chained = await server.enter_chain(ticket)
         started = server.clock()
         claim = await server.gate.claim(tag.node, body)
         if not ticket.asked:

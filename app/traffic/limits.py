@@ -8,7 +8,6 @@ readings are counted and a restart is detected here, once, for both.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import structlog
 
@@ -17,6 +16,7 @@ from app.traffic.chains import Footprint
 from app.traffic.gate import Gate
 from app.traffic.strategy import UNBOUNDED, Strategy
 from app.traffic.ticket import Ticket
+from serving.metrics import MetricsSnapshot
 
 log = structlog.get_logger(__name__)
 
@@ -63,9 +63,9 @@ class Limits:
             return self.strategy.tickers_in_flight
         return None
 
-    def read(self, snapshot: Any | None, now: float, gate: Gate, tickets: Iterable[Ticket],
-             capacity: int | None, block_size: int | None, servers: int | None = None,
-             ) -> None:
+    def read(self, snapshot: MetricsSnapshot | None, now: float, gate: Gate,
+             tickets: Iterable[Ticket], capacity: int | None, block_size: int | None,
+             servers: int | None = None) -> None:
         """Take one reading (None: it failed): count it and, adaptive with gauges, move the
         limits (readings taken only when a call asked leave them put). ``servers``: those
         read behind a router for this reading (None or 0: the endpoint counts as one)."""
@@ -111,7 +111,7 @@ class Limits:
                         "to its starting limit and pauses while the server looks down",
                         limit=gate.limit, endpoint=self.name)
 
-    def _observe(self, snapshot: Any, gate: Gate, tickets: Iterable[Ticket],
+    def _observe(self, snapshot: MetricsSnapshot, gate: Gate, tickets: Iterable[Ticket],
                 capacity: int | None, block_size: int | None) -> None:
         """Move the request limit and the token budget with one new reading."""
         # The one baseline of the server's counters: what is new since the last reading. The

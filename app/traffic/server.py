@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import httpx
 import structlog
 from sqlalchemy import Engine
 
@@ -46,6 +47,11 @@ HOLD = "server down"  # the gate's hold while the server is down
 class GaugeSource(Protocol):
     """A server's reader (MetricsSampler is one): its server takes each reading, None if failed."""
 
+    interval_s: float | None  # None: it reads only when asked, so no gauges to admit by
+    kv_capacity: int | None  # the KV cache's tokens and block, as the last reading published
+    block_size: int | None
+    fleet_read: int | None  # servers read behind a router at the last reading
+
     @property
     def latest(self) -> MetricsSnapshot | None: ...
 
@@ -71,7 +77,7 @@ class Server:
         self._taking: asyncio.Task[None] | None = None  # takes the reader's paced readings
         self.strategy = strategy
         # A reader that reads only when asked (no interval) gives no gauges to admit by.
-        gauged = gauges is not None and getattr(gauges, "interval_s", 0) is not None
+        gauged = gauges is not None and gauges.interval_s is not None
         self.limits = Limits(strategy, llm.settings.calls.max_concurrency, gauged=gauged,
                              counted=counter.counted if counter else None, name=self.name)
         self.gate = Gate(self.limits.first_request_limit, self.limits.budget, changed=changed,
@@ -135,17 +141,18 @@ class Server:
         chain = max((t.chain for t in self.here.values()), default=0)
         return self.fanning >= prefetch_depth(slots, self.chains, chain)
 
-    async def enter_chain(self, ticket: Ticket) -> None:
+    async def enter_chain(self, ticket: Ticket) -> bool:
         """Wait until a ticker whose fan-out is done may start its chain (prefetching).
 
         It goes once a chain slot is free, nothing is capped yet, it is urgent, or the
         endpoint is down or closed; while it waits it holds no budget tokens. A ticker
-        without a fan-out is a chain from its first call.
+        without a fan-out is a chain from its first call. True: its chain has begun (its
+        client marks the ticket, which only the client and the gate write).
         """
         if ticket.chained:
-            return
+            return True
         if ticket.fan_out and ticket.done < ticket.fan_out:
-            return  # a call of its fan-out: what prefetching runs early
+            return False  # a call of its fan-out: what prefetching runs early
         if ticket.fan_out and ticket.outstanding == 0:
             waited = False
             while True:
@@ -158,7 +165,7 @@ class Server:
                 waited = True
                 self.gate.changed.clear()
                 await self.gate.changed.wait()
-        ticket.chained = True
+        return True
 
     def concurrency(self) -> int:
         """Return the requests this endpoint runs at once: its limit, or the chains that fit."""
@@ -226,13 +233,12 @@ class Server:
             await self.gauges.store(snapshot, self.chain_slots())
         return snapshot
 
-    def reading(self, snapshot: Any | None) -> None:
+    def reading(self, snapshot: MetricsSnapshot | None) -> None:
         """Apply one /metrics reading (None: it failed): limits, then health."""
         now = self.clock()
+        g, unknown = self.gauges, (None, None, None)
         self.limits.read(snapshot, now, self.gate, self.here.values(),
-                         getattr(self.gauges, "kv_capacity", None),
-                         getattr(self.gauges, "block_size", None),
-                         getattr(self.gauges, "fleet_read", None))
+                         *((g.kv_capacity, g.block_size, g.fleet_read) if g else unknown))
         servers = self.servers
         if snapshot is None:
             self.last_failed_at = now
@@ -299,7 +305,7 @@ class ServerSet:
     @classmethod
     def connect(cls, settings: Settings, strategy: Strategy, recorder: UsageRecorder, *,
                 engine: Engine, batch_id: int, sample: bool = True,
-                http_client: Any = None, max_in_flight: int | None = None,
+                http_client: httpx.AsyncClient | None = None, max_in_flight: int | None = None,
                 halt: Halt, clock: Clock = loop_clock,
                 ) -> ServerSet:
         """Make a client (its pool ``max_in_flight`` connections, None: no cap) and a /metrics

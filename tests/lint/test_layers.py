@@ -75,8 +75,8 @@ def test_contract_holds_on_an_unchanged_copy(tmp_path: Path) -> None:
         ("app/batch/wrong.py", "import app.runs.preflight\n", APP_LAYERS,
          "app.batch.wrong -> app.runs.preflight"),
         # The engine reaching up into the recorder attached to it.
-        ("app/batch/wrong.py", "from app.recorder.summary import admission\n", APP_LAYERS,
-         "app.batch.wrong -> app.recorder.summary"),
+        ("app/batch/wrong.py", "from app.recorder.figures import admission\n", APP_LAYERS,
+         "app.batch.wrong -> app.recorder.figures"),
     ],
 )
 def test_one_wrong_import_breaks_the_contract(tmp_path: Path, module: str, line: str,
@@ -116,8 +116,8 @@ def test_a_circle_inside_one_package_breaks_the_acyclic_contract(tmp_path: Path)
         ("app/runs/replay.py", "import app.runs.nightly\n", RUNS,
          "app.runs.replay -> app.runs.nightly"),
         # The live progress reaching across to the summaries, beside it in one layer.
-        ("app/recorder/progress.py", "import app.recorder.summary\n", RECORDER,
-         "app.recorder.progress -> app.recorder.summary"),
+        ("app/recorder/progress.py", "import app.recorder.figures\n", RECORDER,
+         "app.recorder.progress -> app.recorder.figures"),
     ],
 )
 def test_an_upward_import_inside_a_package_breaks_its_contract(

@@ -9,9 +9,12 @@ or ``agents/`` and ``serving/`` themselves):
   leaves a test name that fails here instead of one that points at nothing;
 - or ``<name>`` is one of the few behaviours listed below, each of which no one module owns.
 
-A folder that mirrors no package is listed too, with what it holds. The top of tests/unit/
-is left out: it holds the tests of app/'s loose modules beside the cross-cutting ones
-(bad input, quiet output, secrets in URLs, ...), which would make a list of its own.
+A folder that mirrors no package is listed too, with what it holds; ``fakevllm`` mirrors
+the tests' own fake server, tests/fakevllm/. The top of tests/unit/ mirrors app/'s top: a
+test module there names one of app/'s loose modules (``config``, ``llm``, ...) or a package
+of one module (``tasks``: app/tasks/__init__.py), or is one of the cross-cutting behaviours
+listed in ``TOP_BEHAVIOURS`` (bad input, quiet output, secrets in URLs, ...); any other
+belongs in the folder of the package it tests.
 """
 
 from __future__ import annotations
@@ -24,6 +27,19 @@ UNIT = ROOT / "tests" / "unit"
 OTHER_FOLDERS = {
     "faults": "faults injected through a whole night: engine, database and CLI at once",
     "support": "what the unit tests share (no tests)",
+}
+# Behaviours at the top of tests/unit/ that span packages: no module's name says what they test.
+TOP_BEHAVIOURS = {
+    "bad_input_ids": "each bad batch id to a command or a page",
+    "bad_input_properties": "malformed tickers, universe files, dates and settings",
+    "bad_input_table": "each bad setting or database given to nightdesk",
+    "bad_option_values": "a bad value for any typed option of any command",
+    "bom_inputs": "a byte-order mark at the start of every text file read",
+    "demo_label": "the DEMO label on every face of a night",
+    "errno_lines": "a path or address that cannot be used: one line, no [Errno N]",
+    "quiet_output": "one line per error, one mask, each failure once",
+    "unreadable_paths": "a directory where a file is expected",
+    "url_secrets": "a password in any URL appears nowhere",
 }
 # Behaviours that span a package's modules, so that no module's name would say what they test.
 BEHAVIOURS = {
@@ -47,7 +63,17 @@ BEHAVIOURS = {
 
 def package_of(folder: str) -> Path:
     """Return the code package that ``tests/unit/<folder>/`` mirrors."""
+    if folder == "fakevllm":
+        return ROOT / "tests" / "fakevllm"
     return ROOT / folder if folder in ("agents", "serving") else ROOT / "app" / folder
+
+
+def top_names() -> set[str]:
+    """Return what the top of tests/unit/ mirrors: app/'s loose modules, and its packages of
+    one module (only an ``__init__.py``), which have no folder of tests of their own."""
+    loose = {p.stem for p in (ROOT / "app").glob("*.py") if p.name != "__init__.py"}
+    return loose | {p.name for p in (ROOT / "app").iterdir()
+                    if p.is_dir() and [f.name for f in p.glob("*.py")] == ["__init__.py"]}
 
 
 def module_names(package: Path) -> set[str]:
@@ -88,9 +114,21 @@ def test_every_unit_test_module_names_a_module_of_its_package_or_a_listed_behavi
                             + "\n  ".join(problems))
 
 
+def test_a_test_module_at_the_top_names_a_module_of_apps_top_or_a_listed_behaviour() -> None:
+    tests = sorted(p.name for p in UNIT.glob("test_*.py"))
+    problems = name_problems(tests, top_names(), set(TOP_BEHAVIOURS))
+    assert problems == [], ("at tests/unit/'s top, named after no loose module of app/ nor a "
+                            "behaviour in TOP_BEHAVIOURS: move it to the folder of the "
+                            "package it tests\n  " + "\n  ".join(problems))
+
+
 def test_the_lists_name_what_exists_and_nothing_a_module_covers() -> None:
     # A list that outlived its entries would let a stale name pass later.
     assert set(OTHER_FOLDERS) <= set(folders())
+    for name in TOP_BEHAVIOURS:
+        assert (UNIT / f"test_{name}.py").is_file(), f"top: test_{name}.py"
+        assert name_problems([f"test_{name}.py"], top_names(), set()), (
+            f"tests/unit/test_{name}.py names a module of app/'s top: drop it from the list")
     for folder, behaviours in BEHAVIOURS.items():
         modules = module_names(package_of(folder))
         for name in behaviours:
@@ -108,3 +146,8 @@ def test_the_rule_on_names_old_and_new() -> None:
     # A module gone (endpoints), a behaviour not listed, a module's name only inside another.
     stale = ["test_endpoints.py", "test_docs.py", "test_serverless.py", "test_demo.py"]
     assert name_problems(stale, modules, set()) == stale
+    # The top: app/'s loose modules and app/tasks/ pass; a fake's test or a package's does not.
+    assert {"config", "llm", "usage", "tasks"} <= top_names() and "traffic" not in top_names()
+    assert name_problems(["test_fakevllm.py", "test_router_rows.py", "test_settings_names.py",
+                          "test_llm_router_rows.py"], top_names(), set(TOP_BEHAVIOURS)) == [
+        "test_fakevllm.py", "test_router_rows.py", "test_settings_names.py"]

@@ -7,7 +7,6 @@ said, never a URL's password. A few cases also run as the real process, as a tim
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,15 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.unit.support.clirun import run_cli
+from tests.webhook import closed_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "pw-7c1d"  # in database URLs below: it must not be printed
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def not_a_database(home: Path) -> str:

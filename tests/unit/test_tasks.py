@@ -51,7 +51,7 @@ from app.traffic.strategy import Strategy
 from tests.fakevllm import BASE_URL, ChatRequest, FakeServer, Reply
 from tests.unit.support.endings import ENDINGS, End, run_to_its_end
 from tests.unit.support.metrics_transport import transport
-from tests.unit.support.servers import read_servers
+from tests.unit.support.servers import Unread, read_servers
 from tests.unit.support.threads import Blocking
 
 
@@ -321,7 +321,7 @@ async def test_run_until_halted_leaves_nothing_when_it_is_cancelled_while_draini
 # --- server.ServerSet.after_failure -------------------------------------------------------------
 
 
-class Refused:
+class Refused(Unread):
     """A /metrics reader whose every reading fails: the server does not answer."""
 
     async def read(self) -> None:

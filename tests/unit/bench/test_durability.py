@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 from tests.unit.support.clirun import run_cli
-
-
-def _dead_port() -> int:
-    """Return a port of 127.0.0.1 nothing listens on: a connection there is refused."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.webhook import closed_port
 
 
 def test_a_refused_pg_url_is_one_line_at_once() -> None:
@@ -20,7 +13,7 @@ def test_a_refused_pg_url_is_one_line_at_once() -> None:
     # PoolClosed traceback: every other command's first read says it in one line.
     started = time.monotonic()
     done = run_cli("bench", "durability", "--runs", "1", "--pg-url",
-                   f"postgresql://nobody:secret@127.0.0.1:{_dead_port()}/x")
+                   f"postgresql://nobody:secret@127.0.0.1:{closed_port()}/x")
     assert time.monotonic() - started < 10
     assert done.code != 0 and "Traceback" not in done.stderr
     assert len(done.error_lines) == 1, done.stderr

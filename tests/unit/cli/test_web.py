@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.webhook import closed_port
+
 
 def nightdesk(*args: str, env: dict[str, str] | None = None, **kwargs: object
               ) -> subprocess.CompletedProcess[str]:
@@ -50,15 +52,9 @@ def test_local_only_refuses_a_public_address() -> None:
     assert "only on a loopback address" in result.stderr and "Traceback" not in result.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_serves_with_basic_auth_and_stops_cleanly() -> None:
-    port = _free_port()
+    port = closed_port()
     args = [sys.executable, "-m", "app.cli", "web", "--port", str(port)]
     env = {**os.environ, "NIGHTDESK_WEB_USER": "op", "NIGHTDESK_WEB_PASSWORD": "pw"}
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -106,7 +102,7 @@ def test_a_port_already_taken_is_one_line_and_exit_2(sqlite_engine: object) -> N
 def test_the_web_journal_is_nightdesks_lines_without_uvicorns_prefix() -> None:
     # uvicorn's own logging config printed `INFO:     127.0.0.1:… - "GET / HTTP/1.1" 200`
     # beside nightdesk's JSON lines: a library prefix in the web unit's journal.
-    port = _free_port()
+    port = closed_port()
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "web", "--local-only",
                              "--port", str(port)], stderr=subprocess.PIPE, text=True)
     try:

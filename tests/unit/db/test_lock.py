@@ -22,18 +22,13 @@ from app.cli import app as cli
 from app.config import load_settings
 from app.db.lock import Runner, _stat, lock_file_path, nightly_lock
 from app.db.models import Batch, LLMCall
-from tests.unit.support.engines import fake_llm
+from tests.unit.support.engines import batch_count, fake_llm
 from tests.unit.support.lock_checks import (
     NIGHTDESK,
     check_lock_dies_with_its_holder,
     check_race,
     check_second_start_during_a_batch,
 )
-
-
-def batch_count(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(select(func.count()).select_from(Batch)).scalar_one())
 
 
 def test_three_starts_at_once_one_gets_the_lock(sqlite_engine: Engine) -> None:

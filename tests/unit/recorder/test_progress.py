@@ -19,7 +19,7 @@ from app.morning import eta
 from app.morning.nightstatus import span
 from app.recorder.progress import BatchProgress, eta_text
 from tests.unit.support.eta_rows import NODES, NOW, batch, calls
-from tests.unit.support.servers import read_servers
+from tests.unit.support.servers import Unread, read_servers
 from tests.unit.support.threads import Blocking
 
 T0 = datetime(2026, 12, 3, 1, 0, tzinfo=UTC)
@@ -36,7 +36,7 @@ def progress(*endpoints: SimpleNamespace) -> BatchProgress:
 
 
 def endpoint(name: str, latest: SimpleNamespace | None) -> SimpleNamespace:
-    return SimpleNamespace(name=name, gauges=SimpleNamespace(latest=latest, name=name))
+    return SimpleNamespace(name=name, gauges=Unread(latest=latest, name=name))
 
 
 def test_the_servers_generation_counter_gives_the_rate_while_no_call_has_finished() -> None:

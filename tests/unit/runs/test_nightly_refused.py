@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 import structlog
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.db.models import Batch, TickerRun
 from tests.fakevllm import FakeServer
 from tests.unit.support.clirun import run_cli
-from tests.unit.support.engines import fake_llm
+from tests.unit.support.engines import batch_count, fake_llm
 from tests.webhook import Webhook, closed_port, webhook
 
 ADVICE = "What to do: fix that, then start the night again: nightdesk run --continue-night"
@@ -60,11 +60,6 @@ def cause(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[d
     return {}, "no snapshot under"
 
 
-def batches(engine: Engine) -> int:
-    with engine.connect() as conn:
-        return int(conn.execute(select(func.count()).select_from(Batch)).scalar_one())
-
-
 def assert_told(hook: Webhook, says: str, database: bool = False,
                 command: str = "nightdesk run --continue-night") -> None:
     """``command``: the command that was refused, which the advice names again."""
@@ -90,7 +85,7 @@ def test_the_timers_refused_night_pushes_a_digest(
     [error] = [line for line in result.error_lines if line.startswith("error: ")]
     assert says in error and "Traceback" not in result.stderr, result.stderr
     if name != "database-away":
-        assert batches(sqlite_engine) == 0
+        assert batch_count(sqlite_engine) == 0
     assert_told(hook, says, database=name == "database-away")
 
 
@@ -111,7 +106,7 @@ def test_the_daemons_refused_night_pushes_a_digest(
         tick(daemon, NIGHT)
     failed = [e for e in logs if e["event"] == "nightly run failed"]
     assert len(failed) == 1 and says in failed[0]["error"], logs
-    assert batches(sqlite_engine) == 0
+    assert batch_count(sqlite_engine) == 0
     assert_told(hook, says)
 
 
@@ -156,7 +151,7 @@ def test_a_night_whose_first_write_the_database_refuses_is_one_line_and_a_digest
     says = ("the batch could not start: its rows not stored: attempt to write a readonly "
             "database")
     assert (result.code, result.error_lines[-1:]) == (2, [f"error: {says}"]), result.stderr
-    assert "Traceback" not in result.stderr and batches(sqlite_engine) == 0
+    assert "Traceback" not in result.stderr and batch_count(sqlite_engine) == 0
     assert_told(hook, says, database=True, command=" ".join(["nightdesk", *command]))
 
 
@@ -209,7 +204,7 @@ def test_the_advice_for_a_date_already_analyzed_works(
     fake_llm(monkeypatch, None, demo_tickers(2))
     result = run_cli(*command[1:], env={"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
     assert result.code == 0, result.stderr
-    assert batches(sqlite_engine) == 2
+    assert batch_count(sqlite_engine) == 2
 
 
 @pytest.mark.parametrize("repeat", [False, True], ids=["once", "repeat-as-of"])
@@ -229,9 +224,9 @@ def test_the_timer_does_not_run_a_date_already_analyzed_again(
                           "NIGHTDESK_SCHEDULE_REPEAT_AS_OF": str(repeat).lower()})
     assert result.code == 0, result.stderr
     if repeat:  # asked for: the date is analyzed again
-        assert batches(sqlite_engine) == 2
+        assert batch_count(sqlite_engine) == 2
         return
-    assert batches(sqlite_engine) == 1
+    assert batch_count(sqlite_engine) == 1
     [post] = hook.posts
     assert f"nightly batch #{done} has already analyzed as-of {DEMO_AS_OF}" in post["message"]
 
@@ -318,7 +313,7 @@ def test_a_resume_refused_at_its_start_pushes_a_digest(
     lines = post["message"].splitlines()
     assert lines[0].startswith("Why: ") and says in lines[0], lines
     assert lines[1] == f"What to do: fix that, then continue it: nightdesk run --resume {night}"
-    assert batches(sqlite_engine) == 1  # nothing new was written
+    assert batch_count(sqlite_engine) == 1  # nothing new was written
 
 
 def test_a_refused_night_of_its_own_tickers_advises_the_command_as_given(
@@ -505,7 +500,7 @@ def test_a_plain_runs_advice_runs_its_date_again_where_a_night_of_it_finished(
     result = run_cli(*advice.rsplit(": ", 1)[1].split()[1:],
                      env={"NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
     assert result.code == 0, result.stderr
-    assert batches(sqlite_engine) == 2
+    assert batch_count(sqlite_engine) == 2
 
 
 def test_every_command_a_run_refused_for_no_snapshot_advises_works(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from serving.facts import (
     write_facts,
 )
 from tests.unit.support import FIXTURES
+from tests.webhook import closed_port
 
 # The GPU spellings of the same facts (vLLM 0.24 on the H200 of docs/performance.md, "On one H200").
 GPU_LOG = """\
@@ -108,13 +108,7 @@ def test_server_version_is_none_unless_the_server_says_it(status: int, body: obj
 
 
 def test_server_version_is_none_with_no_server() -> None:
-    assert server_version(f"http://127.0.0.1:{_free_port()}/v1", timeout_s=2) is None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    assert server_version(f"http://127.0.0.1:{closed_port()}/v1", timeout_s=2) is None
 
 
 # A server that answers /version and looks like vLLM's to the process table: its argv names
@@ -139,7 +133,7 @@ http.server.HTTPServer(("127.0.0.1", port), Server).serve_forever()
 
 @pytest.fixture
 def fake_vllm() -> Iterator[str]:
-    port = _free_port()
+    port = closed_port()
     process = subprocess.Popen([
         sys.executable, "-c", FAKE_VLLM, "vllm.entrypoints.openai.api_server", "--model",
         "/models/q", "--port", str(port), "--max-num-seqs", "7", "--quantization", "fp8",
@@ -288,7 +282,7 @@ async def test_a_routers_facts_are_its_servers_kv_summed(tmp_path: Path) -> None
     from tests.fakevllm.server import serving
 
     fakes = [FakeServer(kv_tokens=1_600), FakeServer(kv_tokens=3_200)]  # whole blocks of 16
-    port = _free_port()
+    port = closed_port()
     async with serving([fake.asgi() for fake in fakes]) as ports:
         router = FakeRouter({f"http://127.0.0.1:{p}": fake for p, fake in zip(
             ports, fakes, strict=True)}, root=f"http://127.0.0.1:{port}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,14 +19,9 @@ from serving.errors import ServerError
 from serving.facts import read_server_facts
 from serving.profiles import ServerCommand, load_profile
 from tests.unit.support.health_server import health_server, python_command
+from tests.webhook import closed_port
 
 PROFILE = load_profile("cpu-tiny")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_server_that_dies_during_startup_raises_with_its_last_log_lines(tmp_path: Path) -> None:
@@ -39,7 +33,7 @@ def test_server_that_dies_during_startup_raises_with_its_last_log_lines(tmp_path
         sys.exit(3)
     """)
     with pytest.raises(ServerError) as caught:
-        launcher.start(PROFILE, port=_free_port(), state_dir=tmp_path, command=fake,
+        launcher.start(PROFILE, port=closed_port(), state_dir=tmp_path, command=fake,
                        timeout_s=30)
     message = str(caught.value)
     assert "exited with code 3" in message
@@ -58,7 +52,7 @@ def test_server_that_never_gets_healthy_is_stopped_at_the_deadline(tmp_path: Pat
     """)
     seen: list[str] = []
     with pytest.raises(ServerError, match="not healthy after 2s") as caught:
-        launcher.start(PROFILE, port=_free_port(), state_dir=tmp_path, command=fake,
+        launcher.start(PROFILE, port=closed_port(), state_dir=tmp_path, command=fake,
                        timeout_s=2, progress=lambda _s, line: seen.append(line))
     assert "still warming up" in str(caught.value)
     assert "INFO still warming up" in seen
@@ -66,7 +60,7 @@ def test_server_that_never_gets_healthy_is_stopped_at_the_deadline(tmp_path: Pat
 
 
 def test_fake_server_starts_records_facts_and_stops(tmp_path: Path) -> None:
-    port = _free_port()
+    port = closed_port()
     fake = health_server(port, 'print("INFO Model loading took 0.25 GiB and 1.5 seconds", '
                                'flush=True); print("INFO Maximum concurrency for 8,192 tokens '
                                'per request: 5.69x", flush=True)')
@@ -88,7 +82,7 @@ def test_fake_server_starts_records_facts_and_stops(tmp_path: Path) -> None:
 
 
 def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
-    port = _free_port()
+    port = closed_port()
     fake = python_command(f"""
         import http.server, signal
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -111,7 +105,7 @@ def test_stop_kills_a_server_that_ignores_sigterm(tmp_path: Path) -> None:
 def test_missing_executable_is_a_server_error(tmp_path: Path) -> None:
     fake = ServerCommand(argv=[str(tmp_path / "no-such-python")], env={})
     with pytest.raises(ServerError, match="cannot run"):
-        launcher.start(PROFILE, port=_free_port(), state_dir=tmp_path, command=fake)
+        launcher.start(PROFILE, port=closed_port(), state_dir=tmp_path, command=fake)
 
 
 def test_api_key_rides_in_the_environment_not_argv(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,7 +119,7 @@ def test_api_key_rides_in_the_environment_not_argv(monkeypatch: pytest.MonkeyPat
 
 def test_foreground_becomes_the_server_process_for_a_supervisor() -> None:
     # systemd (Type=exec) watches the pid it started: that pid must be the server itself.
-    port = _free_port()
+    port = closed_port()
     fake = health_server(port, 'print("key", os.environ.get("VLLM_API_KEY"), flush=True)')
     code = ("from serving import launcher\n"
             "from serving.profiles import ServerCommand, load_profile\n"
@@ -146,7 +140,7 @@ def test_foreground_becomes_the_server_process_for_a_supervisor() -> None:
 
 
 def test_wait_until_healthy_gives_up_at_its_deadline() -> None:
-    root = launcher.root_url("127.0.0.1", _free_port())  # nothing listens
+    root = launcher.root_url("127.0.0.1", closed_port())  # nothing listens
     with pytest.raises(ServerError, match="did not answer within 1s"):
         launcher.wait_until_healthy(root, 1, 0.1)
 
@@ -156,7 +150,7 @@ def test_cli_server_wait_exits_once_healthy() -> None:
 
     from app.cli import app as cli
 
-    port = _free_port()
+    port = closed_port()
     server = subprocess.Popen(health_server(port).argv)
     try:
         result = CliRunner().invoke(cli, ["server", "wait", "--port", str(port),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 
@@ -12,17 +11,12 @@ import pytest
 from serving import router
 from tests.unit.support.health_server import health_server
 from tests.unit.support.router import ROUTER
+from tests.webhook import closed_port
 
 # HEALTH_FLAGS give two failed checks 5 s apart, ~10 s; vllm-router's defaults (60 s, three
 # failures) take 120-180 s, so a bound between the two tells them apart with room for a
 # loaded host.
 MARKED_WITHIN_S = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _health(front: int) -> dict[str, bool | None]:
@@ -34,14 +28,14 @@ def _health(front: int) -> dict[str, bool | None]:
 @pytest.mark.skipif(ROUTER is None, reason="the vllm-router binary is not installed "
                     "(pip install 'nightdesk[router]'; `make setup` does)")
 def test_the_router_marks_a_killed_server_unhealthy_within_seconds() -> None:
-    ports, front = [_free_port(), _free_port()], _free_port()
+    ports, front = [closed_port(), closed_port()], closed_port()
     roots = [f"http://127.0.0.1:{port}" for port in ports]
     servers = [subprocess.Popen(health_server(port).argv, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL) for port in ports]
     # Its Prometheus port a free one: the default may be another router's on a shared host.
     command = router.router_command(router.find_binary(), "127.0.0.1", front, roots,
                                     extra=["--prometheus-host", "127.0.0.1",
-                                           "--prometheus-port", str(_free_port())])
+                                           "--prometheus-port", str(closed_port())])
     front_process = subprocess.Popen(command.argv, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
     try:

@@ -23,7 +23,7 @@ from app.traffic.budget import TokenBudget
 from app.traffic.client import TickerClient
 from app.traffic.scheduler import Job, Scheduler
 from app.traffic.strategy import Strategy
-from tests.unit.support.servers import over_one_server
+from tests.unit.support.servers import Unread, over_one_server
 
 
 @dataclass
@@ -50,7 +50,7 @@ def blocks(tokens: float, size: int = 16) -> int:
     return math.ceil(tokens / size) * size
 
 
-class KVGauges:
+class KVGauges(Unread):
     """The KV capacity a server publishes (``vllm:cache_config_info``), as the sampler has it."""
 
     capacity: int

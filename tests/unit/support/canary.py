@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from app.web.reruns import RerunQueue
 from tests.fakevllm import ChatRequest, FakeServer, FakeServers, Reply
 from tests.unit.support.clirun import CliResult, run_cli
 from tests.unit.support.webclient import AUTH, web_client
+from tests.webhook import closed_port
 
 CANARY = "Cnry-9f3e1c-pw"
 
@@ -132,12 +132,6 @@ NODES = node_names(load_settings().pipeline())
 
 
 Cells = list[tuple[str, str, object]]  # (table, column, value)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def holds_canary(value: object) -> bool:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func, select
 
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine
 from app.config import Settings, load_settings
+from app.db.models import Batch
 from app.runs.checkpoints import Checkpoints
 from tests.fakevllm import FakeServer, Script
 
@@ -43,3 +44,9 @@ def fake_llm(monkeypatch: pytest.MonkeyPatch, script: Script | None = None,
     monkeypatch.setattr("app.runs.nightly.batch_server_facts", lambda *_: {})
     monkeypatch.setattr("serving.preflight.httpx.Client", lambda **_: server.sync_client())
     return server
+
+
+def batch_count(engine: Engine) -> int:
+    """Return how many batch rows ``engine``'s database holds."""
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(Batch)).scalar_one())

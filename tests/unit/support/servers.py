@@ -43,6 +43,20 @@ async def ask(servers: ServerSet, batch_id: int, ticker: str, order: int) -> Non
                      [{"role": "user", "content": f"{ticker}?"}], max_tokens=10)
 
 
+class Unread:
+    """A test's /metrics reader as a ``Server`` reads it beside its readings (``GaugeSource``):
+    read on an interval, no KV cache published, no servers behind it; ``fields`` set more
+    (``latest``, ``name``), a subclass its own (the simulated servers' capacity)."""
+
+    interval_s: float | None = 1.0
+    kv_capacity: int | None = None
+    block_size: int | None = None
+    fleet_read: int | None = None
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
 def read_servers(*gauges: Any, strategy: str = "adaptive") -> ServerSet:
     """Return a ServerSet of one Server per ``gauges`` (a reader's stand-in, with ``name``
     naming its server), or of one unread server; their clients only have settings and call

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from app.recorder import summary
+from app.recorder import figures
 from app.traffic.admission import AdmissionPolicy
 from app.traffic.budget import Claim
 from app.traffic.gate import Gate
@@ -115,7 +115,7 @@ def test_a_restart_is_detected_once_by_the_limits_and_both_rules_start_over() ->
     # The next reading counts from the new server's counters: no preemption, no restart.
     read(running=2, generation_tokens_total=90, preemptions_total=0)
     assert limits.policy.reason != "server restarted"
-    restarts = [t for t in summary.budget(limits.budget).trajectory if t[3] == "server restarted"]
+    restarts = [t for t in figures.budget(limits.budget).trajectory if t[3] == "server restarted"]
     assert len(restarts) == 1
 
 

@@ -22,9 +22,9 @@ from app.bench.workloads import synthetic_workload
 from app.config import load_settings
 from app.errors import InputError
 from app.llm import CallStats
+from app.recorder.figures import admission as admission_summary
 from app.recorder.progress import BatchProgress
 from app.recorder.record import Recorder
-from app.recorder.summary import admission as admission_summary
 from app.runs.replay import play, shape
 from app.traffic.budget import Claim, TokenBudget
 from app.traffic.client import TickerClient
@@ -35,7 +35,7 @@ from app.traffic.ticket import Ticket
 from tests.fakevllm import FakeServer, Reply
 from tests.unit.support import FIXTURES
 from tests.unit.support.budget_sim import G, SimServer, blocks, body, run_sim
-from tests.unit.support.servers import one_server, over_one_server
+from tests.unit.support.servers import Unread, one_server, over_one_server
 
 FIXTURE = FIXTURES / "vllm_metrics.txt"
 
@@ -322,7 +322,7 @@ async def test_the_batchs_first_requests_are_costed_after_one_count(
     settings = load_settings(llm_base_url=BASE_URL, check_context_length=True)
     async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=http)
-        endpoints = one_server(llm, Strategy.parse("adaptive"), gauges=SimpleNamespace())
+        endpoints = one_server(llm, Strategy.parse("adaptive"), gauges=Unread())
         endpoint = endpoints.first
         budget = endpoint.limits.budget
         assert budget is not None and not budget.ratio_known()
@@ -435,7 +435,7 @@ async def test_the_first_prompts_are_costed_by_the_servers_count_not_the_default
     async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=http)
         endpoint = Server(0, BASE_URL, llm, Strategy.parse("adaptive"),
-                          gauges=SimpleNamespace(), counter=llm)
+                          gauges=Unread(), counter=llm)
         budget = endpoint.limits.budget
         assert budget is not None
         assert budget.ratio() == budget.tokens_per_byte == 0.5  # nothing counted yet

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from app.errors import InputError
-from app.recorder.summary import budget as budgeted
+from app.recorder.figures import budget as budgeted
 from app.traffic.budget import Claim, TokenBudget
 from app.traffic.strategy import Strategy
 from tests.unit.support.budget_sim import G, SimServer, run_sim

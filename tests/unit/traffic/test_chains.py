@@ -14,6 +14,7 @@ from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from tests.unit.support.budget_sim import body
 from tests.unit.support.chains import run_wide
+from tests.unit.support.servers import Unread
 
 
 def test_the_footprint_is_per_ticker_with_a_call_admitted_or_a_hold() -> None:
@@ -85,7 +86,7 @@ def test_nothing_is_capped_before_a_reading_has_seen_a_ticker() -> None:
 def test_an_adaptive_endpoint_offers_no_room_past_the_chains_that_fit() -> None:
     llm = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=64)))
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
-                        Strategy.parse("adaptive:prefetch=off"), gauges=SimpleNamespace())
+                        Strategy.parse("adaptive:prefetch=off"), gauges=Unread())
     assert endpoint.limits.budget is not None
     endpoint.limits.budget.set_capacity(10_000)
     endpoint.gate.set_limit(32)

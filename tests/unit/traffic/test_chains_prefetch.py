@@ -18,6 +18,7 @@ from app.traffic.server import Server
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from tests.unit.support.chains import run_wide
+from tests.unit.support.servers import Unread
 from tests.unit.support.stepped_gpu import SteppedGPU
 
 
@@ -88,7 +89,7 @@ def test_the_fan_out_depth_is_the_free_slots_and_what_feeds_a_full_set() -> None
 def prefetching_endpoint(capacity: int | None = 10_000) -> Server:
     llm = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=64)))
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
-                        Strategy.parse("adaptive:prefetch=on"), gauges=SimpleNamespace())
+                        Strategy.parse("adaptive:prefetch=on"), gauges=Unread())
     assert endpoint.limits.budget is not None
     endpoint.limits.budget.set_capacity(capacity)
     endpoint.gate.set_limit(32)
@@ -154,17 +155,17 @@ def test_a_ticker_waits_for_a_chain_slot_and_holds_nothing_while_it_waits() -> N
         first.finished = True  # the first chain ends and leaves
         endpoint.leave(first)
         endpoint.gate.changed.set()
-        await asyncio.wait_for(entering, 1)
-        assert second.chained and endpoint.chains == 1
+        # Its chain begins; its client marks the ticket (the server writes no ticket).
+        assert await asyncio.wait_for(entering, 1) and not second.chained
+        second.chained = True
+        assert endpoint.chains == 1
         # An urgent ticker (the tail rule) does not wait.
         third = Ticket(2, 17, 14, done=4, urgent=True)
         endpoint.arrive(third)
-        await asyncio.wait_for(endpoint.enter_chain(third), 1)
-        assert third.chained
+        assert await asyncio.wait_for(endpoint.enter_chain(third), 1)
         # A call of the fan-out never waits: the analysts are what prefetching runs early.
         fourth = Ticket(3, 17, 14, done=2)
-        await asyncio.wait_for(endpoint.enter_chain(fourth), 1)
-        assert not fourth.chained
+        assert not await asyncio.wait_for(endpoint.enter_chain(fourth), 1)
     asyncio.run(scenario())
 
 
@@ -205,7 +206,7 @@ def test_a_ticker_without_a_fan_out_is_a_chain_from_its_first_call() -> None:
         assert (only_chain.fan_out, samples.fan_out) == (0, 0)
         for ticket in (only_chain, samples):
             endpoint.arrive(ticket)
-            await asyncio.wait_for(endpoint.enter_chain(ticket), 1)
+            ticket.chained = await asyncio.wait_for(endpoint.enter_chain(ticket), 1)  # as a client
             assert ticket.chained and not ticket.fanning
         assert endpoint.chains == 2  # counted by the cap, never waiting for a slot
         for ticket in (only_chain, samples):

@@ -6,7 +6,7 @@ import asyncio
 from types import SimpleNamespace
 
 from agents.chat import CallTag
-from app.recorder import summary
+from app.recorder import figures
 from app.traffic.budget import Claim
 from app.traffic.client import TickerClient
 from app.traffic.holdback import (
@@ -25,13 +25,13 @@ from app.traffic.server import Server
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
 from tests.unit.support.budget_sim import SimServer, body, reading
-from tests.unit.support.servers import over_one_server
+from tests.unit.support.servers import Unread, over_one_server
 
 
 def adaptive_endpoint() -> Server:
     llm = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=64)))
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
-                        Strategy.parse("adaptive"), gauges=SimpleNamespace())
+                        Strategy.parse("adaptive"), gauges=Unread())
     assert endpoint.limits.budget is not None
     endpoint.limits.budget.set_capacity(10_000)  # 9,500 tokens may be reserved
     endpoint.gate.set_limit(8)
@@ -101,13 +101,13 @@ def test_counts_become_shares_and_rows_follow_the_columns() -> None:
     record.note(1.0, CHAIN_CAP, {"tickers": 4, "chain_slots": 4})
     record.note(2.5, ROOM, {"tickers": 4, "chain_slots": 5})
     record.note(3.0, TOKEN_BUDGET, {"tickers": 5, "chain_slots": 5})
-    assert summary.held_back(record).model_dump() == {"readings": 4,
+    assert figures.held_back(record).model_dump() == {"readings": 4,
                                              "share": {CHAIN_CAP: 0.5, ROOM: 0.25,
                                                        TOKEN_BUDGET: 0.25}}
     row = dict(zip(COLUMNS, record.timeline[2], strict=True))
     assert row["t_s"] == 2.5 and row["blocker"] == ROOM and row["chain_slots"] == 5
     assert row["reserved"] is None  # a figure not given stays empty, not invented
-    assert summary.held_back(HoldBack()).model_dump() == {"readings": 0, "share": {}}
+    assert figures.held_back(HoldBack()).model_dump() == {"readings": 0, "share": {}}
 
 
 def test_the_timeline_stops_growing_at_its_cap_but_counting_goes_on() -> None:
@@ -115,7 +115,7 @@ def test_the_timeline_stops_growing_at_its_cap_but_counting_goes_on() -> None:
     for i in range(TIMELINE_MAX + 10):
         record.note(float(i), ROOM, {})
     assert len(record.timeline) == TIMELINE_MAX
-    assert summary.held_back(record).readings == TIMELINE_MAX + 10
+    assert figures.held_back(record).readings == TIMELINE_MAX + 10
 
 
 def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
@@ -134,7 +134,7 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
 
     # A job that fails raises here.
     asyncio.run(reading(server, scheduler.run([chain(f"T{i}") for i in range(12)])))
-    adaptive = summary.admission(scheduler.endpoints, scheduler.strategy).adaptive
+    adaptive = figures.admission(scheduler.endpoints, scheduler.strategy).adaptive
     assert adaptive is not None
     held = adaptive.new_tickers_held_back
     assert held.readings > 0
@@ -144,7 +144,7 @@ def test_a_batch_counts_readings_only_while_tickers_wait_to_start() -> None:
     assert short and max(short, key=short.__getitem__) in {QUEUED, TOKEN_BUDGET, CHAIN_CAP}
     assert scheduler.endpoints.first.limits.budget is not None
     assert held.readings < scheduler.endpoints.first.limits.budget.readings
-    rows = summary.holdback_timeline(scheduler.endpoints)
+    rows = figures.holdback_timeline(scheduler.endpoints)
     assert rows.columns == list(COLUMNS)
     (timeline,) = rows.endpoints.values()
     assert len(timeline) == held.readings

@@ -14,6 +14,7 @@ from app.traffic.routing import Load, choose, under_share
 from app.traffic.server import Server, ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
+from tests.unit.support.servers import Unread
 
 
 def load(index: int, *, up: bool = True, room: bool = True, tokens: int | None = 1_000,
@@ -143,7 +144,7 @@ async def test_a_ticker_that_moves_leaves_no_hold_in_the_budget_it_left() -> Non
     changed = asyncio.Event()
     llm: Any = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=8)))
     strategy = Strategy.parse("adaptive")
-    left, taken = (Server(i, f"http://gpu{i}.test/v1", llm, strategy, gauges=SimpleNamespace(),
+    left, taken = (Server(i, f"http://gpu{i}.test/v1", llm, strategy, gauges=Unread(),
                           changed=changed) for i in range(2))
     servers = ServerSet([left, taken], changed)
     budget = left.limits.budget
@@ -167,7 +168,7 @@ def test_the_tickers_of_a_server_gone_down_spread_over_the_others() -> None:
     changed = asyncio.Event()
     llm: Any = SimpleNamespace(settings=SimpleNamespace(calls=SimpleNamespace(max_concurrency=8)))
     strategy = Strategy.parse("adaptive")
-    endpoints = [Server(i, f"http://gpu{i}.test/v1", llm, strategy, gauges=SimpleNamespace(),
+    endpoints = [Server(i, f"http://gpu{i}.test/v1", llm, strategy, gauges=Unread(),
                         changed=changed) for i in range(4)]
     servers = ServerSet(endpoints, changed)
     for server, capacity in zip(endpoints, (10_000, 10_200, 10_400, 10_600), strict=True):

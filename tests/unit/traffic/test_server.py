@@ -32,8 +32,8 @@ from app.errors import (
     LLMMalformedError,
     LLMStreamError,
 )
+from app.recorder.figures import EndpointSummary
 from app.recorder.record import Recorder
-from app.recorder.summary import EndpointSummary
 from app.runs.checkpoints import Checkpoints
 from app.runs.replay import WorkItem, Workload, play, shape
 from app.runs.resumable import find_resumable

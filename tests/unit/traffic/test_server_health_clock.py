@@ -25,6 +25,7 @@ from app.traffic.halt import Halt
 from app.traffic.server import MIN_FAILED_READS, Server, ServerSet
 from app.traffic.strategy import Strategy
 from app.traffic.ticket import Ticket
+from tests.unit.support.servers import Unread
 
 BUDGET_S = 30.0
 
@@ -39,7 +40,7 @@ class Clock:
         return self.now
 
 
-class Reads:
+class Reads(Unread):
     """A /metrics reader the test drives: each ``ok``/``fail`` gives its server one reading."""
 
     def __init__(self) -> None:

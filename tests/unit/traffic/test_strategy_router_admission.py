@@ -11,6 +11,7 @@ import structlog
 
 from app.config import load_settings
 from app.llm import TrackedLLM
+from app.recorder import figures
 from app.traffic.sampler import MetricsSampler
 from app.traffic.server import Server
 from app.traffic.strategy import Strategy
@@ -78,3 +79,18 @@ async def test_a_plain_vllm_server_keeps_one_servers_ceiling() -> None:
     async with behind(router) as server:
         assert await server.sample_once() is not None
         assert server.limits.policy.maximum == CEILING
+
+
+async def test_the_admission_record_names_the_servers_behind_the_router() -> None:
+    # The recorder reads them off the endpoint's reader (app/recorder/figures.py, ``fleet``).
+    async with behind(fleet(2)) as server:
+        assert figures.fleet(server) is None  # not read yet: nothing known behind it
+        await server.sample_once()
+        behind_it = figures.fleet(server)
+        assert behind_it is not None and (behind_it.servers, behind_it.read) == (2, 2)
+        assert behind_it.kv_tokens == 2 * 60_000
+    plain = fleet(2)
+    plain.workers = False  # a front without /workers: a server, no fleet to record
+    async with behind(plain) as server:
+        await server.sample_once()
+        assert figures.fleet(server) is None

@@ -14,6 +14,7 @@ from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 
 from app.traffic.budget import TokenBudget
 from app.traffic.holdback import COLUMNS, HoldBack
+from app.traffic.sampler import MetricsSampler
 from app.traffic.server import Server, ServerSet
 from app.traffic.strategy import Strategy
 
@@ -188,11 +189,10 @@ def endpoint(server: Server) -> EndpointSummary:
 
 def fleet(server: Server) -> Fleet | None:
     """Return the servers seen behind an endpoint (None: it is a server, or unknown)."""
-    servers = getattr(server.gauges, "fleet", None)
-    if not servers:
+    reader = server.gauges
+    if not isinstance(reader, MetricsSampler) or not reader.fleet:
         return None
-    return Fleet(servers=len(servers), read=getattr(server.gauges, "fleet_read", None),
-                 kv_tokens=getattr(server.gauges, "kv_capacity", None))
+    return Fleet(servers=len(reader.fleet), read=reader.fleet_read, kv_tokens=reader.kv_capacity)
 
 
 def admission(servers: ServerSet, strategy: Strategy) -> Admission:
