@@ -87,12 +87,13 @@ test: setup vllm-env model browser systemd-tools
 test-unit: setup
 	$(BIN)/pytest -q -n 2 -m "not slow" tests/unit
 
-# The fast lane again, and the lint checks (they run import-linter), on every direct
-# dependency of pyproject.toml (every extra's too) at the lowest version it allows, from PyPI
-# (uv's lowest-direct): a lower bound is a promise.
+# The fast lane again, the lint checks (they run import-linter) and mypy (its floor and the
+# stubs' are promises too), on every direct dependency of pyproject.toml (every extra's too)
+# at the lowest version it allows, from PyPI (uv's lowest-direct): a lower bound is a promise.
 # Not in `make test`: a new release of an indirect dependency can break it, not the change.
 test-lowest: $(LVENV)/.ready
 	$(LVENV)/bin/pytest -q -n 2 -m "not slow" tests/unit tests/lint
+	$(LVENV)/bin/mypy app agents serving migrations
 
 # Built anew whenever pyproject.toml changes, so nothing of an earlier resolution is left.
 $(LVENV)/.ready: pyproject.toml Makefile

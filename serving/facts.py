@@ -156,6 +156,19 @@ def serving_command(base_url: str) -> str | None:
     return commands.pop() if len(commands) == 1 else None
 
 
+def command_flag(command: str | None, name: str) -> str | None:
+    """Return ``--name VALUE`` (or ``--name=VALUE``) from a command line, else None."""
+    if not command:
+        return None
+    words = shlex.split(command)
+    for i, word in enumerate(words):
+        if word == f"--{name}" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith(f"--{name}="):
+            return word.partition("=")[2]
+    return None
+
+
 def facts_path(profile: str, state_dir: Path) -> Path:
     return state_dir / f"{profile}.facts.json"
 

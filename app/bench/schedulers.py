@@ -64,6 +64,7 @@ from app.runs.replay import Workload, play, shape
 from app.tasks import in_thread
 from app.traffic.client import TickerClient
 from app.traffic.strategy import Strategy
+from serving.facts import command_flag
 from serving.metrics import aread_metrics
 from serving.urls import is_local, redact
 
@@ -227,19 +228,6 @@ def models_differ(machine: dict[str, Any]) -> str | None:
         strict=False))
 
 
-def _flag(command: str | None, name: str) -> str | None:
-    """Return ``--name VALUE`` (or ``--name=VALUE``) from a command line, else None."""
-    if not command:
-        return None
-    words = shlex.split(command)
-    for i, word in enumerate(words):
-        if word == f"--{name}" and i + 1 < len(words):
-            return words[i + 1]
-        if word.startswith(f"--{name}="):
-            return word.partition("=")[2]
-    return None
-
-
 def _served_model(command: str | None) -> str | None:
     """Return the model of ``vllm serve MODEL ...`` (the positional form), else None."""
     words = shlex.split(command) if command else []
@@ -269,7 +257,7 @@ def _kv_gib(facts: dict[str, Any], config: dict[str, Any], command: str | None) 
     if facts.get("kv_cache_memory_gib") is not None:
         return float(facts["kv_cache_memory_gib"])
     size = _bytes(config.get("kv_cache_memory_bytes")) or _bytes(
-        _flag(command, "kv-cache-memory-bytes"))
+        command_flag(command, "kv-cache-memory-bytes"))
     return round(size / 2**30, 3) if size else None
 
 
@@ -281,16 +269,16 @@ def server_flags(facts: dict[str, Any], served: dict[str, Any] | None = None,
     config = facts.get("cache_config") or {}
     command = facts.get("command")
     served = served or {}
-    seqs = facts.get("max_num_seqs") or _flag(command, "max-num-seqs")
+    seqs = facts.get("max_num_seqs") or command_flag(command, "max-num-seqs")
     length = (facts.get("max_model_len") or served.get("max_model_len")
-              or _flag(command, "max-model-len"))
-    model = (facts.get("model") or _served_model(command) or _flag(command, "model")
+              or command_flag(command, "max-model-len"))
+    model = (facts.get("model") or _served_model(command) or command_flag(command, "model")
              or served.get("root") or served.get("id"))
     return ServerFlags(
         model=model, max_num_seqs=int(seqs) if seqs else None,
         max_model_len=int(length) if length else None,
-        quantization=facts.get("quantization") or _flag(command, "quantization"),
-        kv_cache_dtype=config.get("cache_dtype") or _flag(command, "kv-cache-dtype"),
+        quantization=facts.get("quantization") or command_flag(command, "quantization"),
+        kv_cache_dtype=config.get("cache_dtype") or command_flag(command, "kv-cache-dtype"),
         kv_cache_tokens=facts.get("kv_cache_tokens"),
         kv_cache_memory_gib=_kv_gib(facts, config, command),
         vllm_version=facts.get("vllm_version"), gpu=facts.get("gpu") or gpu,

@@ -14,6 +14,7 @@ from app.db.models import Batch, LLMCall, ServerSample
 from app.errors import InputError
 from app.traffic.budget import TokenBudget
 from app.traffic.strategy import Strategy
+from serving.facts import command_flag
 
 KV_HIGH: float = TokenBudget.kv_high
 """KV usage from which a reading counts as cache-bound: the token budget's default."""
@@ -78,6 +79,9 @@ class ServerView:
     # worst, and how many readings saw it over a second (their gauges were that stale).
     client_lag_max_s: float | None = None
     client_lag_readings_over_1s: int | None = None
+    # The server's --stream-interval, from the command line the batch recorded (vLLM's 1
+    # when it has none); None: no command line recorded (a server elsewhere, a router).
+    stream_interval: int | None = None
 
 
 # Lookups a batch may make per prompt token before its hit counters are repeats: a little
@@ -192,10 +196,14 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
         samples = samples.where(ServerSample.endpoint == endpoint)
         calls = calls.where(LLMCall.endpoint == endpoint)
     with engine.connect() as conn:
-        settings = conn.execute(select(Batch.settings).where(Batch.id == batch_id)).scalar()
+        settings, facts = conn.execute(select(Batch.settings, Batch.server_facts)
+                                       .where(Batch.id == batch_id)).one_or_none() or (None, None)
         rows = conn.execute(samples.order_by(ServerSample.sampled_at)).all()
         timed = conn.execute(calls).all()
     mean_ttft, ready_mean, ready_p90 = _ttfts(timed)
+    command = (facts or {}).get("command")
+    flag = command_flag(command, "stream-interval") or "1"
+    interval = int(flag) if command and flag.isdigit() else None
     if not rows:
         return ServerView(0, mean_ttft_s=mean_ttft, ttft_ready_mean_s=ready_mean,
                           ttft_ready_p90_s=ready_p90)
@@ -258,4 +266,5 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
         client_lag_max_s=max(lags) if lags else None,
         client_lag_readings_over_1s=sum(lag > 1.0 for lag in lags) if lags else None,
         request_cap=cap,
+        stream_interval=interval,
     )

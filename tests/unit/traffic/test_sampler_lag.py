@@ -88,6 +88,34 @@ def test_the_report_says_when_the_client_fell_behind(sqlite_engine: Engine) -> N
         console.export_text())
 
 
+def _served_with(engine: Engine, batch_id: int, command: str | None) -> None:
+    with engine.begin() as conn:
+        conn.execute(Batch.__table__.update().where(  # type: ignore[attr-defined]
+            Batch.id == batch_id).values(server_facts={"command": command} if command else None))
+
+
+@pytest.mark.parametrize(("command", "advised"), [
+    # make run's server (serving/profiles/cpu-tiny.toml): the flag is already there.
+    ("python -m vllm.entrypoints.openai.api_server --port 18500 --stream-interval 16", False),
+    ("vllm serve m --stream-interval=32", False),
+    ("vllm serve m --max-num-seqs 8", True),  # vLLM's default: every token
+    ("vllm serve m --stream-interval 4", True),
+    (None, True),  # not recorded (a server elsewhere): the advice may hold
+])
+def test_the_lag_advises_the_stream_interval_only_to_a_server_without_it(
+        sqlite_engine: Engine, command: str | None, advised: bool) -> None:
+    b = known_batch(sqlite_engine)
+    _served_with(sqlite_engine, b, command)
+    for i, lag in enumerate([0.01, 1.3]):
+        _reading(sqlite_engine, b, float(i), lag)
+    console = Console(width=300, record=True)
+    render_table(batch_report(sqlite_engine, b), server_view(sqlite_engine, b), console)
+    text = console.export_text()
+    assert "1.30 s (1 reading over 1 s: the client fell behind its streams" in text
+    assert ("start the server with --stream-interval 16" in text) is advised
+    assert ("the server already ran with --stream-interval" in text) is not advised
+
+
 def test_rows_from_before_the_measure_say_nothing(sqlite_engine: Engine) -> None:
     b = known_batch(sqlite_engine)
     _reading(sqlite_engine, b, 0.0, None)
