@@ -159,7 +159,7 @@ def split_like(prices: pd.DataFrame) -> list[SplitLike]:
         before, since = volume[max(i - 20, 0):i], volume[i:i + 5]
         moved = max(float(np.median(since)), 1.0) / max(float(np.median(before)), 1.0)
         if (moved if factor < 1 else 1 / moved) >= np.sqrt(ratio):
-            found.append(SplitLike(prices.index[i].date(), factor, ratio, moved))
+            found.append(SplitLike(prices.index[int(i)].date(), factor, ratio, moved))
     return found
 
 
