@@ -92,6 +92,9 @@ class FreezeResult:
     """Tickers written, in request order."""
     failed: dict[str, str] = field(default_factory=dict)
     """Ticker -> one-line reason, for tickers the provider could not load."""
+    left: list[str] = field(default_factory=list)
+    """Ticker folders of an earlier freeze of the date that this one's manifest does not
+    list: kept, and not read (the snapshot holds what its manifest lists)."""
 
 
 def freeze(
@@ -106,7 +109,8 @@ def freeze(
 
     Up to ``forward_days`` rows after ``as_of`` are kept too when the provider has them, so a
     frozen night can still be scored against realized returns. The manifest lists the tickers
-    that were written and is only written when at least one was.
+    that were written and is only written when at least one was; it replaces an earlier
+    freeze's of the date, whose other folders stay unread (``FreezeResult.left``).
     """
     source_dir = getattr(provider, "data_dir", None)
     if source_dir is not None and Path(source_dir).resolve() == Path(out_dir).resolve():
@@ -140,6 +144,8 @@ def freeze(
             demo=demo,
             tickers=result.frozen,
         ))
+        result.left = sorted(p.name for p in result.directory.iterdir()
+                             if p.is_dir() and p.name not in result.frozen)
     return result
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from agents.data.base import MarketBundle
+from agents.data.base import MarketBundle, split_like
 from agents.data.indicators import INDICATORS
 
 # fundamentals key -> (label, kind); rendered in this order, unknown keys after, sorted.
@@ -73,7 +73,21 @@ def render_prices(bundle: MarketBundle, max_rows: int = 20) -> str:
         lines.append("No price history.")
     else:
         lines.append("Summary: " + "; ".join(_price_summary(prices)) + ".")
+        lines.extend(split_notes(prices))
     return "\n".join(lines) + "\n"
+
+
+def split_notes(prices: pd.DataFrame) -> list[str]:
+    """Say of each move the size of a share split (``split_like``) that it may be one: the
+    prices are taken as given, and one not adjusted for reads as a crash (or a surge)."""
+    return [
+        f"Note: on {move.day.isoformat()} the price opened at {move.factor:.3f} of the close "
+        f"before ({_pct(move.factor - 1, signed=True)}) and share volume moved "
+        f"x{move.volume:.2f}, as a {move.split} share split moves them. If these prices are "
+        "not adjusted for such a split, that move is no change in value, and every change, "
+        "range, volatility and indicator across it is distorted; if no split took place, "
+        "it is a real move. The news and fundamentals may tell which."
+        for move in split_like(prices)]
 
 
 def render_indicators(bundle: MarketBundle, max_rows: int = 5, lookback: int = 5) -> str:

@@ -12,9 +12,14 @@ Layout, for one as-of date::
 prices.csv may run past the as-of date: ``load`` returns rows up to and including it,
 ``forward_prices`` the rows after it (for scoring ratings against realized returns). A
 ticker's data is refused, named, where no analysis can take it (``base.check_usable``): a
-price up to the as-of date not above 0 or not finite, a negative volume, a last row more
-than ``STALE_DAYS`` before the as-of date; and a file over ``MAX_FILE_BYTES``. Prices are
-taken as given: a split not adjusted for (yfinance's are) reads as a crash.
+price up to the as-of date not above 0 or not finite, a negative volume, a bar whose high
+is below its low or whose open or close lies outside them, a last row more than
+``STALE_DAYS`` before the as-of date, fewer than ``MIN_SESSIONS`` rows up to it; and a file
+over ``MAX_FILE_BYTES``. Prices are taken as given: a split not adjusted for (yfinance's
+are) would read as a crash, so the prompt notes a move the size of one (``split_like``).
+
+The snapshot holds the tickers its manifest lists: a folder it does not list (left by an
+earlier freeze of the same date, whose manifest a later freeze replaced) is not read.
 """
 
 from __future__ import annotations
@@ -245,14 +250,21 @@ class SnapshotProvider:
         return self.manifest(as_of).tickers
 
     def missing(self, tickers: list[str], as_of: date) -> list[str]:
-        """Return the tickers without a folder in the snapshot; DataError when there is none."""
-        self.manifest(as_of)
-        return [t for t in tickers if not ticker_dir(self.data_dir, as_of, t).is_dir()]
+        """Return the tickers the snapshot lacks: without a folder, or not in its manifest (a
+        folder an earlier freeze of the date left); DataError when there is no snapshot."""
+        listed = set(self.manifest(as_of).tickers)
+        return [t for t in tickers
+                if t not in listed or not ticker_dir(self.data_dir, as_of, t).is_dir()]
 
     def load(self, ticker: str, as_of: date) -> MarketBundle:
         """Return the ticker's data up to and including ``as_of``; DataError names a bad file."""
         manifest = self.manifest(as_of)
         folder = self._ticker_dir(ticker, as_of)
+        if ticker not in manifest.tickers:
+            # Its manifest's provider and DEMO mark are another freeze's: not this data's.
+            raise DataError(f"{ticker}: not in snapshot {day_dir(self.data_dir, as_of)}: "
+                            f"its {MANIFEST} does not list it ({folder} is left from an "
+                            "earlier freeze of the date, or was added by hand)")
         prices = read_prices(folder / PRICES, ticker)
         prices = prices[prices.index <= pd.Timestamp(as_of)]
         if prices.empty:

@@ -89,6 +89,10 @@ def freeze(
         raise DataError(f"froze nothing: all {len(symbols)} tickers failed")
     out.print(f"froze {len(result.frozen)} of {len(symbols)} tickers from {provider} "
               f"for {day} to {result.directory}")
+    if result.left:
+        err.print(f"note: {len(result.left)} ticker folder(s) of an earlier freeze of {day} "
+                  f"are not in this snapshot and are not read: {', '.join(result.left)}",
+                  markup=False)
 
 
 @app.command()

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 
 from agents.chat import CallTag
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
@@ -154,7 +154,8 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
     server is asked first (ConfigError, before any row): the prompts ran once already.
     The market data is in the recorded prompts: no snapshot is read, so one changed or
     deleted since does not change what is sent. A ticker of ``batch_id`` that recorded no
-    request (its data failed to load) is named in the batch's notes, not dropped unsaid.
+    request (its data failed to load) is named in the batch's notes, not dropped unsaid. The
+    replay of a night on DEMO data is labelled DEMO as the night is.
     """
     source, workload = recorded_workload(engine, batch_id, match_output=match_output)
     left = sorted(set(await in_thread(_tickers_of, engine, batch_id)) - set(workload))
@@ -166,7 +167,13 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
         for item in items:
             item.body["model"] = settings.llm.model  # the arm's server may name it otherwise
 
+    # The night's DEMO label: its prompts, DEMO data and all, are what the replay sends. The
+    # engine labels only the graph's work, so the first ticker to start labels the batch.
+    demo_label = {"demo": bool((source.settings or {}).get("demo_data"))}
+
     async def work(ticker: str, gated: TickerClient, replay_id: int) -> list[DecisionRow]:
+        if demo_label.pop("demo", False):
+            await in_thread(_label_demo, engine, replay_id)
         return await play(workload[ticker], gated, replay_id)
 
     weights = {t: float(sum(i.body.get("max_tokens", 0) for i in items))
@@ -178,6 +185,15 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
     return await runner.run(plan, TickerWork(
         work, weights=weights, shapes={t: shape(items) for t, items in workload.items()},
         expected_calls=sum(len(items) for items in workload.values())), Recorder(engine))
+
+
+def _label_demo(engine: Engine, batch_id: int) -> None:
+    """Mark batch ``batch_id`` as run on DEMO data (``demo_data`` in its settings), as every
+    view that labels a DEMO night reads it; the engine's end keeps it (it adds, not replaces)."""
+    with engine.begin() as conn:
+        settings = conn.execute(select(Batch.settings).where(Batch.id == batch_id)).scalar()
+        conn.execute(update(Batch).where(Batch.id == batch_id).values(
+            settings={**(settings or {}), "demo_data": True}))
 
 
 def _tickers_of(engine: Engine, batch_id: int) -> list[str]:

@@ -80,16 +80,19 @@ def test_a_night_between_sessions_takes_the_last_close_before_it(tmp_path: Path)
 
 
 # Files that are not plainly well-formed: read by pandas, as before, with its answer or error.
+# Ten sessions up to the as-of date at least, each a bar that can be: the load takes no fewer.
+EARLIER = "".join(f"2025-03-{day:02d},1,1,1,1,5{{extra}}\n" for day in (3, 4, 5, 6, 7, 10, 11, 12))
 ODD_FILES = {
-    "unsorted rows": "date,open,high,low,close,volume\n2025-03-14,1,1,1,2,5\n"
-                     "2025-03-13,1,1,1,1,5\n2025-03-17,1,1,1,3,5\n",
+    "unsorted rows": "date,open,high,low,close,volume\n2025-03-14,2,2,2,2,5\n"
+                     + EARLIER.format(extra="") + "2025-03-13,1,1,1,1,5\n2025-03-17,3,3,3,3,5\n",
     # After the as-of date: one up to it is no price the analysis takes (check_usable).
-    "an infinite close": "date,open,high,low,close,volume\n2025-03-14,1,1,1,2,5\n"
-                         "2025-03-17,1,1,1,inf,5\n",
-    "blanks and a timestamp": "Date, Open,High,Low,Close,Volume\n2025-03-14 00:00:00, 1,1,1,2,5\n"
-                              "2025-03-17,1,1,1,3,5\n",
-    "extra column": "date,open,high,low,close,volume,adj\n2025-03-14,1,1,1,2,5,x\n"
-                    "2025-03-17,1,1,1,3,5,y\n",
+    "an infinite close": "date,open,high,low,close,volume\n" + EARLIER.format(extra="")
+                         + "2025-03-13,1,1,1,1,5\n2025-03-14,2,2,2,2,5\n2025-03-17,1,1,1,inf,5\n",
+    "blanks and a timestamp": "Date, Open,High,Low,Close,Volume\n" + EARLIER.format(extra="")
+                              + "2025-03-13,1,1,1,1,5\n2025-03-14 00:00:00, 2,2,2,2,5\n"
+                              "2025-03-17,3,3,3,3,5\n",
+    "extra column": "date,open,high,low,close,volume,adj\n" + EARLIER.format(extra=",x")
+                    + "2025-03-13,1,1,1,1,5,x\n2025-03-14,2,2,2,2,5,x\n2025-03-17,3,3,3,3,5,y\n",
 }
 BAD_FILES = {
     "a missing value": ("date,open,high,low,close,volume\n2025-03-14,1,1,1,,5\n",

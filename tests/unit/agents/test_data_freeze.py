@@ -14,7 +14,7 @@ from agents.data import get_provider
 from agents.data.demo import DEMO_AS_OF, DemoProvider, write_demo
 from agents.data.freeze import freeze
 from agents.data.snapshot import SnapshotProvider
-from agents.errors import ConfigError, InputError
+from agents.errors import ConfigError, DataError, InputError
 from app.config import get_settings, load_settings
 
 TICKERS = ["ALPH.DEMO", "BRAV.DEMO"]
@@ -113,3 +113,30 @@ def test_cli_freeze_from_snapshot_with_universe(cli, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert SnapshotProvider(tmp_path / "copy").tickers(DEMO_AS_OF) == [
         "ALPH.DEMO", "BRAV.DEMO", "COBL.DEMO"]
+
+
+def test_a_ticker_an_earlier_freeze_left_is_not_read(cli, tmp_path: Path) -> None:
+    # A DEMO freeze of three tickers, then one of market data over it in which COBL.DEMO
+    # failed: its DEMO folder stayed, and a night naming it analyzed that synthetic data
+    # under the new manifest's label (not DEMO, source "user") while the freeze had said
+    # "failed". The snapshot is what its manifest lists.
+    out = tmp_path / "frozen"
+    tickers = ["ALPH.DEMO", "BRAV.DEMO", "COBL.DEMO"]
+    assert freeze(DemoProvider(), tickers, DEMO_AS_OF, out).frozen == tickers
+    source = write_demo(tmp_path / "src", DEMO_AS_OF, 3)
+    manifest = json.loads((source / "manifest.json").read_text())
+    (source / "manifest.json").write_text(json.dumps({**manifest, "provider": "user",
+                                                      "demo": False}))
+    (source / "COBL.DEMO" / "prices.csv").write_text("oops\n")
+    result = cli("freeze", "--provider", "snapshot", "--source-dir", str(tmp_path / "src"),
+                 "--tickers", ",".join(tickers), "--as-of", "2026-11-27", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert ("note: 1 ticker folder(s) of an earlier freeze of 2026-11-27 are not in this "
+            "snapshot and are not read: COBL.DEMO") in result.output
+    snapshot = SnapshotProvider(out)
+    assert (out / "2026-11-27" / "COBL.DEMO" / "prices.csv").is_file()  # kept, not deleted
+    assert snapshot.missing(tickers, DEMO_AS_OF) == ["COBL.DEMO"]  # the night is refused
+    with pytest.raises(DataError, match=r"^COBL\.DEMO: not in snapshot .*: its manifest.json "
+                                        "does not list it"):
+        snapshot.load("COBL.DEMO", DEMO_AS_OF)
+    assert not snapshot.load("ALPH.DEMO", DEMO_AS_OF).demo  # this freeze's own, as labelled

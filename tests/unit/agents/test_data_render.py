@@ -77,3 +77,40 @@ def test_news_and_social_limits() -> None:
     assert "line one line two" in social and social.splitlines()[2].endswith("...")
     empty = replace(bundle, news=[], social=[])
     assert "No headlines." in render_news(empty) and "No posts." in render_social(empty)
+
+
+def _split(bundle: MarketBundle, factor: float, moved: float, back: int = 5) -> MarketBundle:
+    """Return ``bundle`` with a move ``back`` sessions before its end, as an unadjusted
+    history shows a split: the prices after it ``factor`` times those before, the shares
+    traded ``moved`` times."""
+    prices = bundle.prices.copy()
+    prices.iloc[:-back, :4] /= factor
+    prices.iloc[:-back, 4] /= moved
+    return replace(bundle, prices=prices)
+
+
+@pytest.mark.parametrize(("factor", "moved", "move", "split"), [
+    (0.25, 4.0, "opened at 0.249 of the close before (-75.1%)", "4-for-1"),
+    (4.0, 0.25, "opened at 3.978 of the close before (+297.8%)", "1-for-4"),
+    (0.1, 10.0, "opened at 0.099 of the close before (-90.1%)", "10-for-1"),
+])
+def test_a_move_the_size_of_a_split_is_said_to_be_one_maybe(
+        bundle: MarketBundle, factor: float, moved: float, move: str, split: str) -> None:
+    # A 4:1 split left in the prices read as a 75% crash, the analysts told nothing else.
+    text = render_prices(_split(bundle, factor, moved))
+    [note] = [line for line in text.splitlines() if line.startswith("Note:")]
+    assert note.startswith(f"Note: on 2026-11-23 the price {move} and share volume moved x")
+    assert f"as a {split} share split moves them. If these prices are not adjusted" in note
+    assert "if no split took place, it is a real move" in note
+
+
+@pytest.mark.parametrize(("factor", "moved"), [
+    (0.25, 1.0),  # the volume stayed: a split of four multiplies the shares traded
+    (4.0, 4.0),  # up fourfold and volume up too: a move, not a reverse split
+    (0.4, 2.5),  # -60% is no split's factor (1/2 and 1/3 are 2% from it at most)
+    (2 / 3, 1.5),  # a 3-for-2's third off is left out: real news makes such moves
+])
+def test_a_move_no_split_makes_has_no_note(bundle: MarketBundle, factor: float,
+                                           moved: float) -> None:
+    assert "Note:" not in render_prices(_split(bundle, factor, moved))
+    assert "Note:" not in render_prices(bundle)

@@ -225,3 +225,68 @@ def test_a_price_no_analysis_can_take_fails_the_ticker_by_its_date(
     with pytest.raises(DataError) as info:
         SnapshotProvider(copy_dir).load(TICKER, AS_OF)
     assert str(info.value) == f"{TICKER}: {path}, 2026-11-25: {why}"
+
+
+def _set_cells(path: Path, day: str, **cells: str) -> None:
+    """Rewrite ``day``'s row of a prices.csv, its named cells set to the text given."""
+    lines = path.read_text().splitlines()
+    header = lines[0].split(",")
+    at = next(i for i, line in enumerate(lines) if line.startswith(day))
+    row = lines[at].split(",")
+    for column, text in cells.items():
+        row[header.index(column)] = text
+    lines[at] = ",".join(row)
+    path.write_text("\n".join(lines) + "\n")
+
+
+# 2026-11-25 of ALPH.DEMO's demo prices: open 383.07, high 386.11, low 363.66, close 367.7.
+@pytest.mark.parametrize(("cells", "why"), [
+    ({"high": "363.66", "low": "386.11"}, "high 363.66 is below low 386.11"),  # swapped
+    ({"close": "390"}, "close 390 is above high 386.11"),
+    ({"open": "360"}, "open 360 is below low 363.66"),
+    ({"close": "1.5"}, "close 1.5 is below low 363.66"),  # a price in other units
+])
+def test_a_bar_that_cannot_be_fails_the_ticker_by_its_date(
+        copy_dir: Path, cells: dict[str, str], why: str) -> None:
+    # Analyzed without a word before: a high below its low, a close above its high.
+    path = _ticker_file(copy_dir, "prices.csv")
+    _set_cells(path, "2026-11-25", **cells)
+    with pytest.raises(DataError) as info:
+        SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+    assert str(info.value) == (f"{TICKER}: {path}, 2026-11-25: {why}: no day's bar can be so "
+                               "(its high is at least its low, its open and close between)")
+
+
+@pytest.mark.parametrize("cells", [
+    {"close": "386.12"},  # a cent above its high: a vendor's rounding
+    {"close": "388", "open": "362"},  # within half a percent: an auction printed apart
+])
+def test_a_bar_a_rounding_away_from_whole_is_analyzed(
+        copy_dir: Path, cells: dict[str, str]) -> None:
+    _set_cells(_ticker_file(copy_dir, "prices.csv"), "2026-11-25", **cells)
+    bundle = SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+    assert bundle.prices.loc["2026-11-25", "close"] == float(cells["close"])
+
+
+def test_a_bar_after_the_as_of_date_is_not_the_analysis_s(copy_dir: Path) -> None:
+    # Scoring reads the rows after the date apart (closes): a bad bar there fails nothing.
+    _set_cells(_ticker_file(copy_dir, "prices.csv"), "2026-12-01", high="1")
+    assert len(SnapshotProvider(copy_dir).load(TICKER, AS_OF).prices) == 240
+
+
+@pytest.mark.parametrize("sessions", [1, 2, 9])
+def test_a_history_shorter_than_the_shortest_indicator_is_refused(
+        copy_dir: Path, sessions: int) -> None:
+    # A one-session ticker was rated on one price, its prompt saying "No indicators" and
+    # its ranking row nothing. Ten sessions (close_10_sma's window) give it one.
+    path = _ticker_file(copy_dir, "prices.csv")
+    frame = pd.read_csv(path)
+    frame[frame["date"] <= AS_OF.isoformat()].tail(sessions).to_csv(path, index=False)
+    with pytest.raises(DataError) as info:
+        SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+    assert str(info.value) == (
+        f"{TICKER}: {path} has {sessions} session(s) up to {AS_OF}, fewer than the 10 the "
+        "shortest indicator needs: too little history to rate")
+    frame[frame["date"] <= AS_OF.isoformat()].tail(10).to_csv(path, index=False)
+    bundle = SnapshotProvider(copy_dir).load(TICKER, AS_OF)
+    assert list(bundle.indicators.columns) == ["close_10_sma", "close_10_ema"]

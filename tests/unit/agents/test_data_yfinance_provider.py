@@ -201,6 +201,26 @@ def test_a_zero_price_in_the_history_is_refused_by_its_date(
         _provider(sleeps).load("EXMP", AS_OF)
 
 
+def test_a_bar_that_cannot_be_and_a_new_listing_are_refused(
+        sleeps: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The snapshot's rules (check_usable), Yahoo's history too: a high below its low, and a
+    # symbol listed days ago (three sessions: no indicator has its window).
+    def history(self: FakeTicker, **kwargs: Any) -> pd.DataFrame:
+        frame = _history(kwargs["start"], kwargs["end"])
+        if self.symbol == "NEW":
+            return frame.tail(3)
+        frame.loc[frame.index[-2], "High"] = frame["Low"].iloc[-2] - 5
+        return frame
+
+    monkeypatch.setattr(FakeTicker, "history", history)
+    with pytest.raises(DataError, match=r"^EXMP: yfinance.s history, 2026-11-26: high [0-9.]+ is "
+                                        "below low [0-9.]+: no day's bar can be so"):
+        _provider(sleeps).load("EXMP", AS_OF)
+    with pytest.raises(DataError, match=r"^NEW: yfinance.s history has 3 session\(s\) up to "
+                                        "2026-11-27, fewer than the 10 the shortest"):
+        _provider(sleeps).load("NEW", AS_OF)
+
+
 def test_a_failed_fetch_is_said_once_not_also_by_yfinance(
         sleeps: list[float], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:

@@ -8,15 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers
 from agents.data.snapshot import SnapshotProvider
 from agents.graph import node_names
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
-from app.db.models import LLMCall, LLMRequest, batch_row
+from app.db.models import Batch, LLMCall, LLMRequest, batch_row
 from app.errors import InputError
+from app.morning.summary import batch_summary
 from app.runs.replay import replay_batch
 from app.runs.resumable import pick
 from app.usage import decompress_body
@@ -131,3 +132,30 @@ async def test_a_ticker_of_the_night_that_sent_nothing_is_named_not_replayed(
     assert batch_row(sqlite_engine, outcome.batch_id).settings["universe_notes"] == [
         f"not replayed: 1 of batch {source.batch_id}'s tickers recorded no request (failed "
         f"before their first call): {tickers[1]}"]
+
+
+async def test_the_replay_of_a_demo_night_is_labelled_demo(sqlite_engine: Engine,
+                                                           demo_dir: Path) -> None:
+    # Its prompts are the DEMO night's, DEMO data and all; `batches`, `report --compare`
+    # and the pages read the label from the batch's settings, which a replay lacked.
+    tickers = demo_tickers(2)
+    settings = load_settings(check_context_length=False)
+    nodes = node_names(settings.pipeline())
+
+    async def replay(batch_id: int) -> int:
+        outcome = await replay_batch(settings, sqlite_engine, batch_id, sample_metrics=False,
+                                     http_client=FakeServer(nodes=nodes, tickers=tickers).client())
+        assert outcome.status == "succeeded"
+        return outcome.batch_id
+
+    night = await make_engine(sqlite_engine, demo_dir, FakeServer(nodes=nodes, tickers=tickers),
+                              settings).run(BatchPlan("nightly", DEMO_AS_OF, tickers))
+    first = await replay(night.batch_id)
+    second = await replay(first)  # a replay of the replay
+    for batch_id in (night.batch_id, first, second):
+        assert batch_summary(sqlite_engine, batch_id, 120).demo is True, batch_id
+    # A night on market data: its replay is not labelled.
+    with sqlite_engine.begin() as conn:
+        conn.execute(update(Batch).where(Batch.id == night.batch_id).values(settings={
+            **batch_row(sqlite_engine, night.batch_id).settings, "demo_data": False}))
+    assert batch_summary(sqlite_engine, await replay(night.batch_id), 120).demo is False
