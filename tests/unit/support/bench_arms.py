@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,9 @@ def fake_arm(strategy: str, tok_s: float, ttft: float = 1.0, preemptions: int = 
 def judged_calls(fixed: list[tuple[float, float]],
                  adaptive: tuple[float, float] | list[tuple[float, float]], runs: int,
                  trials: int, seed: int, *, first_all: bool = False, round_sd: float = 0.0,
-                 drift_sd: float = 0.0) -> Counter[str]:
+                 drift_sd: float = 0.0,
+                 shared: Callable[[np.random.Generator, tuple[int, int]], np.ndarray] | None = None,
+                 ) -> Counter[str]:
     """Judge ``trials`` simulated benches of adaptive arms against fixed arms, each given as
     (true mean, sd) of tok/s over ``runs`` runs, interleaved as ``bench schedulers --repeat``
     runs them (round 1 of every arm, fixed arms first, then round 2 ...). Count the verdicts'
@@ -40,7 +43,9 @@ def judged_calls(fixed: list[tuple[float, float]],
 
     Noise shared by arms: ``round_sd``, one normal draw a round added to every arm's run of
     that round (a loaded host slows the whole round); ``drift_sd``, a random walk over the
-    bench's runs in the order they ran, each step of that sd (the host drifting)."""
+    bench's runs in the order they ran, each step of that sd (the host drifting); ``shared``,
+    any other: given the generator and the (runs, arms) shape, an array added to the runs,
+    rows the rounds and columns the arms in the order they ran (a trend, a busy spell)."""
     rng = np.random.default_rng(seed)
     several = isinstance(adaptive, list)
     mine = adaptive if isinstance(adaptive, list) else [adaptive]
@@ -57,6 +62,8 @@ def judged_calls(fixed: list[tuple[float, float]],
             drawn += rng.normal(0.0, round_sd, (runs, 1))
         if drift_sd:  # in the order they ran: round by round, the arms in ``names``' order
             drawn += np.cumsum(rng.normal(0.0, drift_sd, drawn.size)).reshape(drawn.shape)
+        if shared is not None:
+            drawn += shared(rng, drawn.shape)
         arms = [{"strategy": name, "output_tokens_per_s": float(drawn[r, j]), "preemptions": 0}
                 for j, (name, _) in enumerate(names) for r in range(runs)]
         result = BenchResult("w", 24, 408, arms=arms)
