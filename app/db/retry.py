@@ -41,7 +41,10 @@ MAX_DELAY_S = 5.0
 
 TRANSIENT_WORDS = ("locked", "busy", "terminat", "connection", "server closed", "shutdown",
                    "could not connect", "timeout", "timed out", "recovery mode", "starting up",
-                   "disk is full", "no space left")
+                   "disk is full", "no space left",
+                   # The resolver's own word for a lookup that may pass (EAI_AGAIN: its server
+                   # unreachable a while); a name not found (EAI_NONAME) is not retried.
+                   "temporary failure in name resolution")
 # PostgreSQL's SQLSTATE classes that pass with time: connection exceptions (08), insufficient
 # resources (53: disk_full, out_of_memory, too_many_connections) and the server shutting
 # down or starting (57P01..57P05). Others of class 57 (a cancelled statement) do not.
