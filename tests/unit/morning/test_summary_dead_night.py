@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
 from datetime import UTC, datetime, timedelta
 
 from fastapi.testclient import TestClient
@@ -78,7 +79,8 @@ def test_a_live_night_is_not_taken_for_dead_when_the_wall_clock_steps_forward(
     # view read it crashed until its next beat, and `report` stored it so for the rest of
     # the night (its tickers interrupted, a resume advised that the lock refused).
     me = Runner.current()
-    stepped = me.model_copy(update={"booted": (me.booted or 0.0) - 150.0}).model_dump()
+    booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)  # as the wall clock reads it
+    stepped = {**me.model_dump(), "booted": booted - 150.0}
     night = _night(sqlite_engine, stepped, beat_age_s=160)
     [listed] = list_batches(sqlite_engine, 120.0)
     assert listed.status == "running"
