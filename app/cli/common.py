@@ -88,8 +88,12 @@ def what_the_night_says() -> str:
 
 def batch_database(settings: Settings) -> Engine:
     """Return the engine for a command that runs batches: its checkpoint store opens too.
-    (A first night creates its database: no note, as there is no night to miss yet.)"""
-    engine = ready_engine(settings.store.database_url, settings.store.db_statement_timeout_s)
+    (A first night creates its database: no note, as there is no night to miss yet.) A
+    database that answers it takes no connection now is waited for within the write budget,
+    as a write of the night would be."""
+    store = settings.store
+    engine = ready_engine(store.database_url, store.db_statement_timeout_s,
+                          store.db_write_budget_s)
     check_checkpoints(settings.store.database_url)
     return engine
 

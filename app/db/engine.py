@@ -32,7 +32,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from app.config import STATEMENT_TIMEOUT_S
-from app.db.retry import BOUND, READ_ONLY, cancelled_at_bound, mark_bound
+from app.db.retry import (
+    BOUND,
+    READ_ONLY,
+    busy,
+    cancelled_at_bound,
+    mark_bound,
+    until_taken,
+    write_budget,
+)
 from app.errors import DatabaseError, SchemaTooNew, first_line
 from serving.urls import redact
 
@@ -368,18 +376,31 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def check_reachable(engine: Engine) -> None:
+def _select_one(engine: Engine) -> None:
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+
+
+def check_reachable(engine: Engine, wait_s: float | None = None) -> None:
     """Raise DatabaseError in one line when the database cannot be opened and read.
 
     Whatever the driver says: a host that does not answer, a refused login, a file that
-    cannot be opened or is not a database at all.
+    cannot be opened or is not a database at all. ``wait_s`` (a night's start: its write
+    budget): a server that answers it takes no connection now (its connections used up,
+    starting up: ``busy``) is asked again for that long, as a write mid-night would be;
+    anything else is said at once.
     """
     try:
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
+        if wait_s is None:
+            _select_one(engine)
+        else:
+            with write_budget(wait_s):
+                until_taken(_select_one, engine)
     except (DBAPIError, OSError) as error:
+        waited = f" (still so after {wait_s:g} s: NIGHTDESK_DB_WRITE_BUDGET_S)" \
+            if wait_s is not None and busy(error) else ""
         raise DatabaseError(f"cannot reach database {shown(engine.url)}: {reason(error)}"
-                            ) from None
+                            f"{waited}") from None
 
 
 # "0003_quality" was once the revision after "0003"; two revisions now come between them.
@@ -404,7 +425,8 @@ def _catch_up_reordered(conn: Connection, cfg: Config) -> None:
     command.stamp(cfg, REORDERED, purge=True)
 
 
-def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> str | None:
+def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S,
+            wait_s: float | None = None) -> str | None:
     """Upgrade the schema to the newest migration (idempotent); return the revision it was at
     before (None: there was no schema, it was created).
 
@@ -414,11 +436,12 @@ def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> str |
     running it again goes on from there. One waiting past ``statement_timeout_s`` for a
     lock another session holds is a DatabaseError naming the setting and that session; a
     schema at a revision this install does not know is refused unchanged (``SchemaTooNew``).
+    ``wait_s``: ``check_reachable``'s.
     """
     # The shared engine of ``get_engine(url)``, as every caller's first: an in-memory
     # database is its one connection (quick reads here: the default bound serves).
     engine = get_engine(url)
-    check_reachable(engine)
+    check_reachable(engine, wait_s)
     at = current_revision(engine)
     if at == head_revision():
         return at
@@ -566,7 +589,9 @@ class SchemaWatch:
             raise SchemaTooNew(said)
 
 
-def ready_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> Engine:
-    """Upgrade the schema if needed and return the engine: what every command calls first."""
-    upgrade(url, statement_timeout_s)
+def ready_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S,
+                 wait_s: float | None = None) -> Engine:
+    """Upgrade the schema if needed and return the engine: what every command calls first.
+    ``wait_s`` (a command that runs a batch: its write budget): ``check_reachable``'s."""
+    upgrade(url, statement_timeout_s, wait_s)
     return get_engine(url, statement_timeout_s)

@@ -66,12 +66,28 @@ class Runner(BaseModel, frozen=True):
     # Its pid namespace (/proc/self/ns/pid): a pid names the same process only inside it (a
     # container of the same host name, a unit with PrivatePIDs, would see another or none).
     pidns: str | None = None
+    # The host's boot as its wall clock read it when the runner recorded itself (``booted``):
+    # a later reading on this host that is later still is the wall clock stepped forward.
+    booted: float | None = None
 
     @classmethod
     def current(cls) -> Runner:
         stat = _stat(os.getpid())
         return cls(host=socket.gethostname(), pid=os.getpid(), started=stat and stat[1],
-                   pidns=_pid_namespace())
+                   pidns=_pid_namespace(), booted=booted())
+
+    def same(self, other: Runner) -> bool:
+        """Return whether both name one process (``booted``, a reading, left out)."""
+        return self.model_copy(update={"booted": None}) == other.model_copy(
+            update={"booted": None})
+
+    def stepped_s(self) -> float:
+        """Return how far this host's wall clock has been stepped forward since the runner
+        recorded itself, while it lives here (a heartbeat written before the step is that
+        much younger than the wall clock says); 0 when not known."""
+        if self.booted is None or self.alive() is not True:
+            return 0.0
+        return max(0.0, booted() - self.booted)
 
     def lock_name(self, what: str = "nightly") -> str:
         """Return the ``application_name`` of the connection on which this process holds
@@ -86,7 +102,7 @@ class Runner(BaseModel, frozen=True):
             return None
         try:
             return cls(host=str(raw["host"]), pid=int(raw["pid"]), started=raw.get("started"),
-                       pidns=raw.get("pidns"))
+                       pidns=raw.get("pidns"), booted=raw.get("booted"))
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -125,6 +141,12 @@ def _stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])
 
 
+def booted() -> float:
+    """Return the host's boot as the wall clock reads it now (the boot clock counts on
+    through a wall clock's step, and through a suspend)."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 def _pid_namespace() -> str | None:
     try:
         return os.readlink("/proc/self/ns/pid")
@@ -158,7 +180,7 @@ def after_losing(engine: Engine, batch_id: int) -> str:
                 "holds the nightly lock it answers `already running`: run it once that run "
                 "has ended)")
     taker = running.get(batch_id)
-    if taker is not None and taker != Runner.current():  # it reopened this batch
+    if taker is not None and not taker.same(Runner.current()):  # it reopened this batch
         return (f"; another run (pid {taker.pid} on {taker.host}) continues batch {batch_id} "
                 f"now: nothing to run; `nightdesk report {batch_id}` shows how it went")
     holder = max((batch for batch in running if batch != batch_id), default=None)

@@ -41,7 +41,10 @@ MAX_DELAY_S = 5.0
 
 TRANSIENT_WORDS = ("locked", "busy", "terminat", "connection", "server closed", "shutdown",
                    "could not connect", "timeout", "timed out", "recovery mode", "starting up",
-                   "disk is full", "no space left")
+                   "disk is full", "no space left",
+                   # The resolver's own word for a lookup that may pass (EAI_AGAIN: its server
+                   # unreachable a while); a name not found (EAI_NONAME) is not retried.
+                   "temporary failure in name resolution")
 # PostgreSQL's SQLSTATE classes that pass with time: connection exceptions (08), insufficient
 # resources (53: disk_full, out_of_memory, too_many_connections) and the server shutting
 # down or starting (57P01..57P05). Others of class 57 (a cancelled statement) do not.
@@ -52,6 +55,17 @@ SQLITE_FULL = 13
 # a batch's writes (``write_budget``) wait for it; the one write a read command makes is left
 # out at once (app.db.readonly).
 READ_ONLY = "25006"
+# A server that answered but takes no connection now, in its own words (libpq gives a refused
+# connection no SQLSTATE): too_many_connections (53300: its max_connections or a role's or
+# database's CONNECTION LIMIT used up), cannot_connect_now (57P03: starting up, shutting down,
+# in recovery), a database closed to connections for a while (55000, ALLOW_CONNECTIONS false).
+# A night's first connection waits for these within the write budget (``until_taken``); a
+# refusal of what was asked for (no such database or role, a password refused) or silence (no
+# server at that address) is said at once: the address may be wrong.
+BUSY_WORDS = ("too many connections", "too many clients", "connection slots are reserved",
+              "the database system is starting up", "the database system is shutting down",
+              "the database system is in recovery mode", "not yet accepting connections",
+              "not currently accepting connections")
 
 
 def transient(error: BaseException) -> bool:
@@ -76,6 +90,12 @@ def transient(error: BaseException) -> bool:
         # connection, locking and disk-space kinds pass with time.
         return any(word in str(cause).lower() for word in TRANSIENT_WORDS)
     return False
+
+
+def busy(error: BaseException) -> bool:
+    """Return True when the database answered that it takes no connection now (BUSY_WORDS)."""
+    said = str(getattr(error, "orig", None) or error).lower()
+    return any(word in said for word in BUSY_WORDS)
 
 
 _budget: ContextVar[float | None] = ContextVar("write_budget_s", default=None)
@@ -173,6 +193,20 @@ async def aretrying(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kw
     """Await ``fn`` until it passes, retrying transient errors as ``retrying`` does."""
     result: T = await tenacity.AsyncRetrying(**POLICY)(fn, *args, **kwargs)
     return result
+
+
+def _log_busy(state: tenacity.RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    log.warning("database takes no connection now; waiting", tries=state.attempt_number,
+                budget_s=budget_s(), error=first_line(error))
+
+
+def until_taken(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Call ``fn`` (which opens a connection) until the database takes it: a ``busy`` refusal
+    is tried again, with ``retrying``'s backoff, for the write budget; any other error, or the
+    last refusal, is raised."""
+    policy = {**POLICY, "retry": tenacity.retry_if_exception(busy), "before_sleep": _log_busy}
+    return tenacity.Retrying(**policy)(fn, *args, **kwargs)
 
 
 def retried(fn: Callable[P, T]) -> Callable[P, T]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, computed_field
@@ -137,6 +137,10 @@ class Seen:
         alive_at = None
         if gone is None and beat is not None and (now - beat).total_seconds() > stale_s:
             alive_at = self.alive_at(batch_id, kind, settings)
+            # A runner alive on this host: a forward step of the wall clock since its beat
+            # is no silence of its own (a live night was read, and marked, crashed).
+            runner = Runner.of(settings)
+            now -= timedelta(seconds=runner.stepped_s() if runner is not None else 0.0)
         read = status_of(status, heartbeat_at, started_at, stale_s, now, gone, alive_at)
         if read == status:
             return read, None

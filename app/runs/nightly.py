@@ -21,7 +21,7 @@ from agents.tickers import choose_tickers, read_universe
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
 from app.batch.signals import BatchInterrupted, run_batch
 from app.config import Settings
-from app.db.engine import check_schema, ready_engine
+from app.db.engine import check_reachable, check_schema, ready_engine
 from app.db.lock import LockHold, nightly_lock
 from app.db.models import FINISHED_STATUSES, Batch, nights_newest_first
 from app.errors import (
@@ -281,8 +281,9 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
     """
     request = request or NightlyRequest()
     given = engine
-    engine = engine or ready_engine(settings.store.database_url,
-                                    settings.store.db_statement_timeout_s)
+    store = settings.store
+    engine = engine or ready_engine(store.database_url, store.db_statement_timeout_s,
+                                    store.db_write_budget_s)
     as_of = request.as_of
 
     def refused(error: Exception) -> None:
@@ -291,6 +292,8 @@ def run_nightly(settings: Settings, request: NightlyRequest | None = None, *,
     with contextlib.ExitStack() as held:
         try:
             if given is not None:  # a daemon's, checked at its start: migrated since?
+                # Its connections used up by others at the fire are waited for, as mid-night.
+                check_reachable(engine, store.db_write_budget_s)
                 check_schema(engine)
             lock = held.enter_context(nightly_lock(
                 engine, settings.store.db_statement_timeout_s))  # the database away: refused

@@ -10,6 +10,7 @@ own (the triggers must not reach another test), dropped afterwards.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 import uuid
@@ -261,6 +262,52 @@ async def test_a_database_closed_to_connections_for_five_seconds_is_ridden_out(
     assert any("not currently accepting connections" in line or "terminat" in line
                for line in failed_writes(logs)), failed_writes(logs)
     check_rows_match(get_engine(db_url), server)
+
+
+async def test_a_database_host_name_that_stops_resolving_for_a_while_is_ridden_out(
+        db_url: str, demo_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The database named by a host name whose resolver is unreachable for 3 s (EAI_AGAIN,
+    # "Temporary failure in name resolution") while the server drops every connection, so
+    # that each new one must look the name up. Before, the first write to meet it was not
+    # retried: the usage writer gave up.
+    host, name = "pg.nightdesk.test", make_url(db_url).database
+    url = make_url(db_url).set(host=host).render_as_string(hide_password=False)
+    resolving, real = threading.Event(), socket.getaddrinfo
+    resolving.set()
+
+    def getaddrinfo(asked: Any, *args: Any, **kwargs: Any) -> Any:
+        if asked == host:
+            if not resolving.is_set():
+                raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+            asked = "127.0.0.1"
+        return real(asked, *args, **kwargs)
+
+    def unresolvable_for_a_while() -> None:
+        resolving.clear()
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = %s", (name,))
+        time.sleep(3.0)
+        resolving.set()
+
+    def at_request_6(chat: ChatRequest) -> None:
+        if chat.index == 6:
+            threading.Thread(target=unresolvable_for_a_while, daemon=True).start()
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    tickers = demo_tickers(2)
+    server = FakeServer(at_request_6, nodes=NODES, tickers=tickers)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            outcome = await night(url, demo_dir, server, db_write_budget_s=60.0).run(
+                BatchPlan("nightly", DEMO_AS_OF, tickers))
+        assert resolving.is_set()
+        assert outcome.status == "succeeded", (outcome.failed, outcome.halt)
+        said = failed_writes(logs)
+        assert any("Temporary failure in name resolution" in line for line in said), said
+        check_rows_match(get_engine(url), server)
+    finally:
+        get_engine(url).dispose()
 
 
 class ReadOnly:

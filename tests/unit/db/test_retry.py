@@ -374,6 +374,17 @@ def test_a_database_that_takes_no_writes_is_waited_for_by_a_batch_only() -> None
     assert not transient(invalidated)  # given up by the engine, still not waited for here
 
 
+def test_a_database_host_name_the_resolver_cannot_look_up_for_now_is_waited_for() -> None:
+    # EAI_AGAIN (the resolver's server unreachable a while) as psycopg says it when a new
+    # connection's host name does not resolve: mid-night it passes as a restart does. A name
+    # that does not exist (EAI_NONAME) is no passing state.
+    again = psycopg.OperationalError("failed to resolve host 'db.internal': [Errno -3] "
+                                     "Temporary failure in name resolution")
+    assert transient(again) and transient(OperationalError("SELECT 1", {}, again))
+    assert not transient(psycopg.OperationalError(
+        "failed to resolve host 'db.internl': [Errno -2] Name or service not known"))
+
+
 async def test_a_batch_write_budget_reaches_writes_decorated_at_import_and_their_threads(
         clock: FakeClock) -> None:
     @retried

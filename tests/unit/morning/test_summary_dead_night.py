@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
 from datetime import UTC, datetime, timedelta
 
 from fastapi.testclient import TestClient
@@ -21,6 +22,7 @@ from app.db.lock import Runner
 from app.morning import nightstatus
 from app.morning.advice import running_night
 from app.morning.summary import list_batches
+from app.runs.resumable import mark_stale_crashed
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.night_rows import ELSEWHERE, Rated, add_night, run_by
 from tests.unit.support.webclient import AUTH
@@ -68,6 +70,28 @@ def test_a_live_night_is_still_running(sqlite_engine: Engine) -> None:
     [listed] = list_batches(sqlite_engine, 120.0)
     assert listed.status == "running"
     assert nightstatus.night_status(sqlite_engine, load_settings(), None).progress is not None
+
+
+def test_a_live_night_is_not_taken_for_dead_when_the_wall_clock_steps_forward(
+        sqlite_engine: Engine) -> None:
+    # Its heartbeat 160 s old by the wall clock, which was stepped 150 s forward since it
+    # recorded itself (an NTP step at boot, a VM resumed): 10 s old in fact. Before, every
+    # view read it crashed until its next beat, and `report` stored it so for the rest of
+    # the night (its tickers interrupted, a resume advised that the lock refused).
+    me = Runner.current()
+    booted = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)  # as the wall clock reads it
+    stepped = {**me.model_dump(), "booted": booted - 150.0}
+    night = _night(sqlite_engine, stepped, beat_age_s=160)
+    [listed] = list_batches(sqlite_engine, 120.0)
+    assert listed.status == "running"
+    assert mark_stale_crashed(sqlite_engine, 120.0) == []
+    # The step forgives only itself: 40 s past it is silence, and a hung night reads dead.
+    hung = _night(sqlite_engine, stepped, beat_age_s=150 + 121)
+    assert {b.id: b.status for b in list_batches(sqlite_engine, 120.0)} == {
+        night: "running", hung: "crashed"}
+    # Without a step, the hung-process rule stands as it was.
+    unstepped = _night(sqlite_engine, me.model_dump(), beat_age_s=160)
+    assert mark_stale_crashed(sqlite_engine, 120.0) == [hung, unstepped]
 
 
 def test_a_silent_night_shows_no_time_left_but_how_long_it_has_been_silent(
