@@ -49,20 +49,29 @@ def replay(engine: Engine, before: int, tonight: int) -> list[tuple[float, float
                          ids=["grown 10x", "shrunk 10x"])
 def test_a_night_of_another_size_on_the_same_server_is_not_another_server(
         sqlite_engine: Engine, before: int, tonight: int) -> None:
+    first = latencies(tonight)[ANALYSTS[0]]  # tonight's first answers
     for f, left, found in replay(sqlite_engine, before, tonight):
         # Its latencies are ten times the night before's (a tenth), its shares the same.
         assert found.why != eta.UNLIKE, f
+        if before > tonight and f * (first + len(CHAIN) * first / 2) < first:
+            # Before the first answer after a larger night the night before's latencies
+            # stand, ten times too long (docs/lab/2026-12-07-eta-below-far.md, case c).
+            assert found.eta_s is not None and found.eta_s > left and found.level is None
+            continue
         assert found.eta_s is not None, (f, found.estimating)
         assert found.eta_low_s is not None and found.eta_high_s is not None
         assert found.eta_low_s <= left <= found.eta_high_s, (f, found.eta_s, left)
         assert abs(found.eta_s - left) <= 0.25 * left, (f, found.eta_s, left)
 
 
-@pytest.mark.parametrize("k", [5, 30, 300, 1 / 5, 1 / 30, 1 / 300])
+@pytest.mark.parametrize("k", [5, 30, 300, 1 / 300], ids=["5x", "30x", "300x", "1/300x"])
 def test_a_night_of_another_size_on_another_server_still_is(sqlite_engine: Engine,
                                                             k: float) -> None:
-    # Ten times the tickers and every call k times slower on its own (the server): both its
-    # latencies and its shares move, and from the analysts' first answers on it says so.
+    # Ten times the tickers and every call k times slower on its own (the server): its
+    # shares move k times, its latencies 10k times, and from the analysts' first answers on
+    # it says so. (On a server 5 or 30 times quicker the latencies come to 2 and 1/3 of the
+    # night before's, within FAR: not another server, before the fix as after; a change
+    # alike in every node is priced right by the pooled pace anyway.)
     night(sqlite_engine, SMALL, {n: v / k for n, v in latencies(SMALL).items()},
           T0 - timedelta(days=1))
     batch_id, _ = night(sqlite_engine, LARGE, latencies(LARGE), T0, status="running")
