@@ -533,14 +533,14 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     prior = _prior(engine, batch_id)
     steps = _steps(tickers, calls, nodes, analysts, per_ticker, now)
     took_all = _latencies(calls)
-    # A night before on another server: its nodes do not keep their proportions there (fixed
-    # costs, prefill against decode), so each stage's nodes left go at the stage's own pace,
-    # and a stage with none yet leaves the ETA unknown (UNLIKE).
     # The calls held or under way are ready since their step began: they have no rows yet.
     shares = Shares([(_ready(c), c.ended_at, 1) for c in calls]
                     + [(step.since, now, len(step.under_way)) for step in steps
                        if step.since is not None])
     own_shares = _shares(calls, shares)
+    # A night before on another server: its nodes do not keep their proportions there (fixed
+    # costs, prefill against decode), so each stage's nodes left go at the stage's own pace,
+    # and a stage with none yet leaves the ETA unknown (UNLIKE).
     staged = _paces(took_all, prior.took, [analysts, chain])
     unlike = _unlike(prior, staged, _paces(own_shares, prior.shares, [analysts, chain]),
                      steps, shares, now)
