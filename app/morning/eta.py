@@ -14,9 +14,11 @@ the work left at the rate the chain's answers came in over the last minute; on a
 made output over the last minute (since the analysts' stage ended) while calls were ready,
 and until three chain calls have answered a chain call stands in at the analysts' latency.
 A night before on another server (a stage's pace ``FAR`` times the night before's or a
-``FAR``th; before any answer, a call under way ``FAR`` times its node's longest then) prices
+``FAR``th, in latency and in busy share both, as load moves the one and not the other;
+before any answer, a call under way ``FAR`` times its node's longest then, in both) prices
 each stage's calls left at the stage's own pace, in the first night's interval widened by
-its nodes' paces, and the ETA is *estimating* while a stage left has none yet. Below that,
+its nodes' paces (and ``FAR`` either way while a node left has no answer), and the ETA is
+*estimating* while a stage left has none yet. Below that,
 while a stage left has no answer tonight, the interval spans a pace ``FAR`` times either way
 (uncalibrated); before any answer, a call under way past its node's longest call the night
 before lifts every node's pace to as many times.
@@ -27,8 +29,8 @@ docs/operations.md ("One truth, two faces") states every rule;
 docs/lab/2026-12-05-eta-busy-shares.md, docs/lab/2026-12-05-eta-pace.md and
 docs/lab/2026-12-05-h100-eta-gated-night.md, docs/lab/2026-12-05-eta-gated-fair-test.md,
 docs/lab/2026-12-06-eta-chain-jump.md, docs/lab/2026-12-06-h100-eta-held-out.md,
-docs/lab/2026-12-06-eta-first-night.md, docs/lab/2026-12-06-eta-prior-mismatch.md and
-docs/lab/2026-12-07-eta-below-far.md measure it.
+docs/lab/2026-12-06-eta-first-night.md, docs/lab/2026-12-06-eta-prior-mismatch.md,
+docs/lab/2026-12-07-eta-below-far.md and docs/lab/2026-12-07-eta-early-100.md measure it.
 """
 
 from __future__ import annotations
@@ -304,23 +306,37 @@ def _paces(own: dict[str, list[float]], before: dict[str, list[float]],
             for stage in stages for n in stage}
 
 
-def _outlasted(prior: Prior, steps: Sequence[Step], now: datetime) -> float:
+def _outlasted(prior: Prior, steps: Sequence[Step], shares: Shares, now: datetime) -> float:
     """Return the most times a call under way has been ready as long as any call of its node
-    took from ready the night before (0: no node under way that the night before had): a
-    pace tonight's calls have at least, while none has answered."""
-    return max(((now - s.since).total_seconds() / max(prior.aged[n]) for s in steps
-                if s.since is not None for n in s.under_way if prior.aged.get(n)), default=0.0)
+    took from ready the night before, and has had as much of the servers' busy time as any
+    of them had (the lesser of the two; 0: no node under way that the night before had): a
+    pace tonight's calls have at least, while none has answered. A night larger than the
+    night before on the same server waits longer per call, beside more calls, but has no
+    larger a share of the servers' time per call."""
+    under = [(s, n) for s in steps if s.since is not None for n in s.under_way
+             if prior.aged.get(n) and prior.shares.get(n)]
+    ready = max(((now - s.since).total_seconds() / max(prior.aged[n])  # type: ignore[operator]
+                 for s, n in under), default=0.0)
+    busy = max((shares.of(s.since, now) / max(prior.shares[n])  # type: ignore[arg-type]
+                for s, n in under if max(prior.shares[n]) > 0), default=0.0)
+    return min(ready, busy)
 
 
-def _unlike(prior: Prior, staged: dict[str, Spread | None], steps: Sequence[Step],
-            now: datetime) -> bool:
+def _unlike(prior: Prior, staged: dict[str, Spread | None], busy: dict[str, Spread | None],
+            steps: Sequence[Step], shares: Shares, now: datetime) -> bool:
     """Return whether tonight runs on another server than the night before, by its calls:
     a stage's issue-to-answer latencies (``staged``: its nodes' pace) ``FAR`` times the
-    night before's or a ``FAR``th; before any answer of a node the night before had, a call
-    under way ready ``FAR`` times longer than any of its node took from ready then."""
-    if paces := [p[1] for p in staged.values() if p is not None]:
-        return not all(1 / FAR < p < FAR for p in paces)
-    return _outlasted(prior, steps, now) > FAR
+    night before's or a ``FAR``th, and its calls' shares of the servers' busy time
+    (``busy``) as far apart; before any answer of a node the night before had, a call under
+    way ``FAR`` times longer ready, with as many times the share, than any of its node then.
+    Latencies alone grow with the load (a night ten times the night before's on the same
+    server waits several times longer per call); a share is a call's latency over the calls
+    ready beside it, which another server moves and the load does not
+    (docs/lab/2026-12-07-eta-early-100.md)."""
+    if paces := [(p[1], busy[n]) for n, p in staged.items() if p is not None]:
+        return any(not 1 / FAR < p < FAR and b is not None and not 1 / FAR < b[1] < FAR
+                   for p, b in paces)
+    return _outlasted(prior, steps, shares, now) > FAR
 
 
 def _in_flight(samples: Sequence[Any], calls: Sequence[Any]) -> float:
@@ -517,22 +533,24 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     prior = _prior(engine, batch_id)
     steps = _steps(tickers, calls, nodes, analysts, per_ticker, now)
     took_all = _latencies(calls)
-    # A night before on another server: its nodes do not keep their proportions there (fixed
-    # costs, prefill against decode), so each stage's nodes left go at the stage's own pace,
-    # and a stage with none yet leaves the ETA unknown (UNLIKE).
-    staged = _paces(took_all, prior.took, [analysts, chain])
-    unlike = _unlike(prior, staged, steps, now)
-    stages = [analysts, chain] if unlike else [nodes]
     # The calls held or under way are ready since their step began: they have no rows yet.
     shares = Shares([(_ready(c), c.ended_at, 1) for c in calls]
                     + [(step.since, now, len(step.under_way)) for step in steps
                        if step.since is not None])
     own_shares = _shares(calls, shares)
+    # A night before on another server: its nodes do not keep their proportions there (fixed
+    # costs, prefill against decode), so each stage's nodes left go at the stage's own pace,
+    # and a stage with none yet leaves the ETA unknown (UNLIKE).
+    staged = _paces(took_all, prior.took, [analysts, chain])
+    unlike = _unlike(prior, staged, _paces(own_shares, prior.shares, [analysts, chain]),
+                     steps, shares, now)
+    stages = [analysts, chain] if unlike else [nodes]
     pace = _paces(own_shares, prior.shares, stages)
-    # Before any answer, a call under way past its node's longest call the night before says
-    # tonight is at least that much slower: every node at that pace, as the analysts' first
-    # answers will price them all (one pace for every node, until a stage is FAR apart).
-    lifted = 0.0 if unlike or any(staged.values()) else _outlasted(prior, steps, now)
+    # Before any answer, a call under way past its node's longest call the night before (in
+    # time ready and in busy share both) says tonight is at least that much slower: every
+    # node at that pace, as the analysts' first answers will price them all (one pace for
+    # every node, until a stage is FAR apart).
+    lifted = 0.0 if unlike or any(staged.values()) else _outlasted(prior, steps, shares, now)
     if lifted > 1:
         pace = dict.fromkeys(nodes, (lifted, lifted, lifted))
     share: dict[str, Spread] = {}
@@ -631,6 +649,12 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
     # server. The range spans that, and no recorded night calibrated it.
     unpriced = bool(prior.shares) and not unlike and any(
         staged[n] is None for s in steps for n in s.left if n in prior.took)
+    # On another server the nodes do not keep their proportions: a node left that has no
+    # answer tonight goes at its stage's answered nodes' pace, which their spread bounds only
+    # once they are several (one node answered: no spread at all). The range spans FAR
+    # either way of it until every node left has answered.
+    unpriced = unpriced or (unlike and any(n not in took_all for s in steps for n in s.left
+                                           if n in prior.took))
     if unpriced:
         ratio = ratio[0] / FAR, ratio[1] * FAR
     return Reading(now, expected, len(answered), len(calls),
