@@ -108,6 +108,29 @@ def test_a_failed_ticker_a_rerun_rated_is_counted_as_the_ranking_shows_it(
     assert got[("nightdesk_night_last_status", (("status", "partial"),))] == 1  # the batch's
 
 
+def test_a_fire_that_found_a_stopped_nights_date_analyzed_is_no_refusal_of_it(
+        sqlite_engine: Engine, client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `run --continue-night` of the partial night 2 (CCC failed on its own account: no
+    # resume owed) runs nothing and keeps a row saying so; the scrape exported it as
+    # nightdesk_night_refused_timestamp_seconds ("the resume of a night that stopped short
+    # refused"), and `batches` said "not listed: night of … REFUSED" of a listed night.
+    from app.runs.nightly import NightlyRequest, run_nightly
+
+    _, second = stored_nights(sqlite_engine)
+    monkeypatch.setenv("NIGHTDESK_NOTIFY", "")
+    with time_machine.travel(DUE2 + timedelta(hours=2), tick=False):
+        result = run_nightly(settings(), NightlyRequest(as_of=D2), engine=sqlite_engine,
+                             resume=True, once_per_as_of=True)
+    assert result.covered_by == second
+    with time_machine.travel(DUE2 + timedelta(hours=3), tick=False):
+        got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
+        listed = run_cli("batches", env={"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC",
+                                         "NIGHTDESK_SCHEDULE_CRON": "10 0 * * *"})
+    assert got[("nightdesk_night_last_status", (("status", "partial"),))] == 1
+    assert ("nightdesk_night_refused_timestamp_seconds", ()) not in got
+    assert "not listed" not in listed.stderr, listed.stderr
+
+
 def test_a_resumed_nights_rate_leaves_its_pause_out(sqlite_engine: Engine,
                                                    client: TestClient) -> None:
     night = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.5)}, minutes=130)
