@@ -95,7 +95,7 @@ def test_a_failed_ticker_a_rerun_rated_is_counted_as_the_ranking_shows_it(
         sqlite_engine: Engine, client: TestClient) -> None:
     # CCC failed in night 2; a rerun of its date rated it, which the ranking applies (no
     # ticker unrated, no banner, no advice). The scrape counted it failed all the same.
-    _, second = stored_nights(sqlite_engine)
+    stored_nights(sqlite_engine)
     add_night(sqlite_engine, D2, DUE2 + timedelta(hours=2), {"CCC": Rated("Hold", 0.0)},
               kind="rerun")
     with time_machine.travel(DUE2 + timedelta(hours=3), tick=False):
