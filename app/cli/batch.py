@@ -52,6 +52,7 @@ from app.morning.changes import (
     ranked_row,
 )
 from app.morning.nightstatus import STALE_EXIT, NightStatus, night_status
+from app.morning.numbers import counted
 from app.morning.ranking import RankRow, ranking
 from app.morning.summary import BatchSummary, summarize
 from app.quality.monitor import warnings_for
@@ -128,7 +129,8 @@ def _ready_database(settings: Settings) -> Engine:
 
 def _announce(point: ResumePoint) -> None:
     err.print(f"resuming batch {point.batch_id} ({point.kind}, {point.status}, as of "
-              f"{point.as_of}): {len(point.tickers)} tickers left, {point.finished} finished")
+              f"{point.as_of}): {counted(len(point.tickers), 'ticker')} left, "
+              f"{point.finished} finished")
     taken = [f"{count} {why}" for count, why in (
         (len(point.tickers) - point.infrastructure - point.retried, "not finished"),
         (point.infrastructure, "failed to the infrastructure (the server or the database)"),
@@ -146,9 +148,11 @@ def _finish(outcome: BatchOutcome, planned: int) -> None:
     for ticker, reason in sorted(outcome.failed.items()):
         err.print(f"  [red]{ticker}[/]: {escape(reason)}")
     if outcome.infrastructure and outcome.halt is None:
+        one = len(outcome.infrastructure) == 1
         err.print(f"{len(outcome.infrastructure)} of them failed to the infrastructure (the "
-                  f"server or the database), not on their own account: `nightdesk run "
-                  f"--resume {outcome.batch_id}` runs them again")
+                  f"server or the database), not on {'its' if one else 'their'} own account: "
+                  f"`nightdesk run --resume {outcome.batch_id}` runs "
+                  f"{'it' if one else 'them'} again")
     if outcome.halt is not None:
         raise outcome.halt.error(outcome.batch_id)
     code = EXIT_CODES.get(outcome.status, 1)

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from app.db.models import Batch, LLMCall, TickerRun, batch_row, newest_first, nights_newest_first
 from app.errors import NoNightYet
 from app.morning.activity import active_time
+from app.morning.numbers import counted
 from app.morning.serverview import server_view
 from app.morning.summary import IsoDatetime
 
@@ -60,8 +61,8 @@ class BatchReport:
 def calls_said(report: BatchReport) -> str:
     """Say a batch's calls as the digest and the batch page do: ``17 calls (19 attempts,
     2 failed)``."""
-    return (f"{report.calls} calls ({report.attempts} attempts, {report.failed_attempts} "
-            "failed)")
+    return (f"{counted(report.calls, 'call')} ({counted(report.attempts, 'attempt')}, "
+            f"{report.failed_attempts} failed)")
 
 
 def per_second(completion_tokens: int, active_seconds: float) -> float:

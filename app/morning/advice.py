@@ -21,6 +21,7 @@ from sqlalchemy import Engine, select
 from agents.data.snapshot import latest_as_of
 from app.config import Settings
 from app.db.models import Batch, TickerRun
+from app.morning.numbers import counted
 from app.morning.summary import (
     RESUMABLE_KINDS,
     BatchSummary,
@@ -69,10 +70,10 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float,
         left = []
     if left:
         again = sum(1 for ticker in left if ticker in failed)
-        parts = [f"continues its {_tickers(len(left) - again)} not finished"] \
+        parts = [f"continues its {counted(len(left) - again, 'ticker')} not finished"] \
             if len(left) > again else []
         if again:
-            parts.append(f"runs again {'the' if parts else 'its'} {_tickers(again)} the "
+            parts.append(f"runs again {'the' if parts else 'its'} {counted(again, 'ticker')} the "
                          "server or database failed")
         does = " and ".join(parts)
         holder = running_night(engine, stale_s, seen) if batch.kind == "nightly" else None
@@ -89,7 +90,7 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float,
         # No ranking shows a failed night, so none would apply a rerun of its tickers (the
         # rerun's digest: "no finished night of D to apply it to"): they run again in it.
         return [Advice(f"nightdesk run --resume {batch.id} --retry-failed",
-                       f"runs its {_tickers(len(failed))} again in this batch, which the "
+                       f"runs its {counted(len(failed), 'ticker')} again in this batch, which the "
                        "ranking then shows; a rerun of a failed night is applied to no ranking")]
     samples = f" --samples {batch.samples}" if batch.samples and batch.samples > 1 else ""
     # A later rerun that succeeded has redone a ticker, for its night or a rerun before it.
@@ -130,7 +131,3 @@ def advise(engine: Engine, batch_id: int, stale_s: float, seen: Seen | None = No
     seen = seen or Seen(engine)
     steps = next_steps(engine, batch_summary(engine, batch_id, stale_s, seen), stale_s, seen)
     return "; ".join(f"`{step.command}` {step.does}" for step in steps)
-
-
-def _tickers(count: int) -> str:
-    return f"{count} ticker" if count == 1 else f"{count} tickers"

@@ -235,11 +235,13 @@ def _latest(engine: Engine) -> Batch | None:
 
 
 def standing_refusal(engine: Engine, latest: NightBatch | None, due_at: datetime | None,
-                     since: datetime | None = None) -> Refusal | None:
+                     since: datetime | None = None, again: bool = False) -> Refusal | None:
     """Return the newest refusal after ``due_at`` and after ``since`` (default: when the
-    latest night was created)."""
+    latest night was created); ``again``: only one that names a command to run again."""
     since = since or (latest.created_at if latest is not None else None)
     after = [NightRefusal.refused_at > since] if since is not None else []
+    if again:
+        after.append(NightRefusal.command.is_not(None))
     if due_at is not None:
         after.append(NightRefusal.refused_at >= due_at)
     with Session(engine) as session:
@@ -290,8 +292,11 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
     elif latest is not None and status in STOPPED:
         # A resume of the night refused at its start since it last ran (the server still
         # down): what refused it is the news the digest told, so the morning tells it too.
+        # A fire that found the night's date analyzed (``run --continue-night`` of a night
+        # owed no resume) refused no resume: its row names no command to run again, and the
+        # night's own line and advice are the news (``again``).
         refused = standing_refusal(engine, latest, due_at, since=latest.finished_at
-                                   or latest.heartbeat_at or latest.created_at)
+                                   or latest.heartbeat_at or latest.created_at, again=True)
     elif latest is not None and status == "succeeded":
         # A newer night refused since this one (its snapshot missing, the server down, within
         # the due time's grace or off the schedule): the ranking is older than the night

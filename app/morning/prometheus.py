@@ -21,15 +21,16 @@ import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
 from app.config import Settings
 from app.db.engine import SchemaWatch
-from app.db.models import Batch, nights_newest_first
+from app.db.models import FINISHED_STATUSES, Batch, TickerRun, nights_newest_first
 from app.errors import first_line
 from app.morning.accounting import throughput
-from app.morning.nightstatus import STATUSES, NightStatus, night_status
+from app.morning.nightstatus import STATUSES, NightBatch, NightStatus, night_status
 from app.morning.ranking import ranked_night
+from app.morning.summary import rerun_since
 
 log = structlog.get_logger(__name__)
 
@@ -98,11 +99,14 @@ class NightCollector(Collector):
         ]
         night = status.latest
         if night is not None and status.status != "stale":
+            rerun = self._rated_by_reruns(night)
             families.append(_labelled(
                 "night_tickers", "The latest nightly batch's tickers by outcome; missing: "
-                "neither succeeded nor failed (not reached, interrupted)", "status",
-                {"succeeded": night.tickers_succeeded, "failed": night.tickers_failed,
-                 "missing": night.tickers_total - night.tickers_succeeded - night.tickers_failed}))
+                "neither succeeded nor failed (not reached, interrupted); rerun: failed, "
+                "rated since by a rerun the ranking applies (not counted failed)", "status",
+                {"succeeded": night.tickers_succeeded, "failed": night.tickers_failed - rerun,
+                 "missing": night.tickers_total - night.tickers_succeeded - night.tickers_failed,
+                 "rerun": rerun}))
             families.append(_gauge("night_duration_seconds",
                                    "The latest night's start to end (to now while it runs, "
                                    "to the later of its last heartbeat and its last call's "
@@ -117,6 +121,18 @@ class NightCollector(Collector):
                                    "none in flight (a resume's wait)", rate.paused_seconds))
         families.extend(self._eta(status))
         return [family for family in families if family is not None]
+
+    def _rated_by_reruns(self, night: NightBatch) -> int:
+        """Return how many of a ranked night's failed tickers later reruns the ranking
+        applies have rated (``rerun_since``): the ranking shows them rated, the banner names
+        none of them, and the advice passes them by (``rated_by_reruns``)."""
+        if night.status not in FINISHED_STATUSES or not night.tickers_failed:
+            return 0
+        redone = rerun_since(self.engine, night.id, night.as_of)
+        with self.engine.connect() as conn:
+            failed = conn.execute(select(TickerRun.ticker).where(
+                TickerRun.batch_id == night.id, TickerRun.status == "failed")).scalars()
+            return len(redone.intersection(failed))
 
     @staticmethod
     def _eta(status: NightStatus) -> list[GaugeMetricFamily]:

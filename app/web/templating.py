@@ -1,5 +1,5 @@
-"""Load the page templates from the installed package and give them a few formats (``fmt``:
-app/morning/numbers.py, as the CLI's tables)."""
+"""Load the page templates from the installed package and give them a few formats (``fmt``
+and ``counted``: app/morning/numbers.py, as the CLI's tables)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from markupsafe import Markup, escape
 
 from app.morning.nightstatus import interval as eta_interval
 from app.morning.nightstatus import span as duration
-from app.morning.numbers import number
+from app.morning.numbers import counted, number
 from app.morning.ranking import RATING_ORDER
 
 
@@ -40,6 +40,7 @@ def make_templates() -> Jinja2Templates:
     env = Environment(loader=PackageLoader("app.web", "templates"),
                       autoescape=select_autoescape(["html"]), undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(fmt=number, when=when, duration=duration, prose=prose)
+    env.filters.update(fmt=number, when=when, duration=duration, prose=prose,
+                       counted=counted)
     env.globals.update(RATING_ORDER=RATING_ORDER, eta_interval=eta_interval)
     return Jinja2Templates(env=env)

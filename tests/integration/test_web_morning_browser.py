@@ -112,7 +112,7 @@ def test_the_banner_of_a_partial_night(home: Path, browser: Browser, shots: Path
         text = " ".join(banner.inner_text().split())
         assert text.startswith(f"A partial night. nightly batch #{tonight} (as of {D2}) "
                                f"partial: {len(GOOD)} of {len(GOOD) + 1} tickers")
-        assert "1 of its tickers have no rating" in text
+        assert "1 of its tickers has no rating" in text
         assert page.locator("#banner code").all_inner_texts() == [
             f"nightdesk rerun EEE --as-of {D2}"]
         assert page.locator("#failed tbody tr td:first-child").all_inner_texts() == ["EEE"]

@@ -99,12 +99,13 @@ def test_a_ticker_the_server_failed_is_taken_up_by_resume_from_its_last_node(
     assert ticker_states(sqlite_engine, batch_id) == {
         FLAKY: ("failed", INFRASTRUCTURE), STEADY: ("succeeded", None)}
     assert (f"1 of them failed to the infrastructure (the server or the database), not on "
-            f"their own account: `nightdesk run --resume {batch_id}` runs them again") in said
+            f"its own account: `nightdesk run --resume {batch_id}` runs it again") in said
     before = len(server.chats)
     broken[0] = False
     code, said = invoke("run", "--resume")  # the newest batch with tickers left: this one
     assert code == 0, said
-    assert f"resuming batch {batch_id} (nightly, partial" in said
+    assert (f"resuming batch {batch_id} (nightly, partial, as of {DEMO_AS_OF}): 1 ticker left, "
+            "1 finished") in said  # not "1 tickers left"
     assert "taken up: 1 failed to the infrastructure (the server or the database)" in said
     # By node: the trader and what follows it; nothing before it is called again.
     again = [chat.node for chat in server.chats[before:]]

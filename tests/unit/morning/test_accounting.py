@@ -333,3 +333,17 @@ def test_calls_and_attempts_are_said_alike_in_the_report_the_page_and_the_digest
     table = run_cli("report", str(b), env={"COLUMNS": "200"}).stdout
     assert re.search(r"│ calls\s+│ 2\s+│", table) and re.search(r"│ attempts\s+│ 4\s+│", table)
     assert re.search(r"│ failed attempts\s+│ 1\s+│", table), table
+
+
+def test_one_call_is_said_in_the_singular_on_the_digest_and_the_page(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    # It said "1 calls (1 attempts, 0 failed)".
+    b = new_batch(sqlite_engine)
+    add_call(sqlite_engine, b, "analyst", 1, 10.0, 12.0, prompt=100, completion=200)
+    with sqlite_engine.begin() as conn:
+        conn.execute(update(Batch).where(Batch.id == b).values(kind="nightly",
+                                                               status="succeeded"))
+    said = "1 call (1 attempt, 0 failed)"
+    assert said in build_digest(sqlite_engine, load_settings(), b).message.body
+    page = re.sub(r"<[^>]+>", "", client.get(f"/batches/{b}", auth=AUTH).text)
+    assert said in " ".join(page.split())

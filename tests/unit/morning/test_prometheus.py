@@ -80,7 +80,7 @@ def test_metrics_read_the_stored_nights(sqlite_engine: Engine, client: TestClien
                       "crashed": 0, "running": 0, "stale": 0, "none": 0}
     tickers = {dict(labels)["status"]: value for (name, labels), value in got.items()
                if name == "nightdesk_night_tickers"}
-    assert tickers == {"succeeded": 2, "failed": 1, "missing": 0}
+    assert tickers == {"succeeded": 2, "failed": 1, "missing": 0, "rerun": 0}
     assert got[("nightdesk_night_duration_seconds", ())] == 90 * 60
     assert got[("nightdesk_night_output_tokens_per_second", ())] == 5.0
     assert got[("nightdesk_scheduler_heartbeat_timestamp_seconds", ())] == \
@@ -89,6 +89,46 @@ def test_metrics_read_the_stored_nights(sqlite_engine: Engine, client: TestClien
     assert got[("nightdesk_night_next_due_timestamp_seconds", ())] == \
         (DUE2 + timedelta(days=1)).timestamp()
     assert got[("nightdesk_metrics_database_up", ())] == 1
+
+
+def test_a_failed_ticker_a_rerun_rated_is_counted_as_the_ranking_shows_it(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    # CCC failed in night 2; a rerun of its date rated it, which the ranking applies (no
+    # ticker unrated, no banner, no advice). The scrape counted it failed all the same.
+    stored_nights(sqlite_engine)
+    add_night(sqlite_engine, D2, DUE2 + timedelta(hours=2), {"CCC": Rated("Hold", 0.0)},
+              kind="rerun")
+    with time_machine.travel(DUE2 + timedelta(hours=3), tick=False):
+        got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
+        ranked = client.get("/api/ranking", auth=(USER, PASSWORD)).json()
+    tickers = {dict(labels)["status"]: value for (name, labels), value in got.items()
+               if name == "nightdesk_night_tickers"}
+    assert tickers == {"succeeded": 2, "failed": 0, "missing": 0, "rerun": 1}
+    assert [r["ticker"] for r in ranked["rows"] if r["rank"] is None] == []
+    assert got[("nightdesk_night_last_status", (("status", "partial"),))] == 1  # the batch's
+
+
+def test_a_fire_that_found_a_stopped_nights_date_analyzed_is_no_refusal_of_it(
+        sqlite_engine: Engine, client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `run --continue-night` of the partial night 2 (CCC failed on its own account: no
+    # resume owed) runs nothing and keeps a row saying so; the scrape exported it as
+    # nightdesk_night_refused_timestamp_seconds ("the resume of a night that stopped short
+    # refused"), and `batches` said "not listed: night of … REFUSED" of a listed night.
+    from app.runs.nightly import NightlyRequest, run_nightly
+
+    _, second = stored_nights(sqlite_engine)
+    monkeypatch.setenv("NIGHTDESK_NOTIFY", "")
+    with time_machine.travel(DUE2 + timedelta(hours=2), tick=False):
+        result = run_nightly(settings(), NightlyRequest(as_of=D2), engine=sqlite_engine,
+                             resume=True, once_per_as_of=True)
+    assert result.covered_by == second
+    with time_machine.travel(DUE2 + timedelta(hours=3), tick=False):
+        got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
+        listed = run_cli("batches", env={"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC",
+                                         "NIGHTDESK_SCHEDULE_CRON": "10 0 * * *"})
+    assert got[("nightdesk_night_last_status", (("status", "partial"),))] == 1
+    assert ("nightdesk_night_refused_timestamp_seconds", ()) not in got
+    assert "not listed" not in listed.stderr, listed.stderr
 
 
 def test_a_resumed_nights_rate_leaves_its_pause_out(sqlite_engine: Engine,

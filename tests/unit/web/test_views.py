@@ -367,7 +367,7 @@ def test_a_partial_night_whose_failures_reruns_redid_has_no_partial_banner(
     add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(error="HTTP 400: bad"),
                                         "BBB": Rated("Hold", 0.05)})
     banner = text(page(client, "/").find(id="banner"))
-    assert banner.startswith("A partial night.") and "1 of its tickers have no rating" in banner
+    assert banner.startswith("A partial night.") and "1 of its tickers has no rating" in banner
     # AAA's rerun of that night succeeded: every ticker has a rating, so the page has no
     # unrated ticker to name (it said "0 of its tickers have no rating (listed below)").
     add_night(sqlite_engine, D2, DUE2 + timedelta(hours=6), {"AAA": Rated("Overweight", 0.4)},
@@ -375,6 +375,19 @@ def test_a_partial_night_whose_failures_reruns_redid_has_no_partial_banner(
     soup = page(client, "/")
     assert soup.find(id="banner") is None
     assert soup.find(id="night")["data-status"] == "partial"  # type: ignore[index]
+
+
+def test_the_partial_banner_counts_its_unrated_tickers_in_number(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    # It said "1 of its tickers have no rating": the verb agrees with the count.
+    add_night(sqlite_engine, D1, DUE1, GOOD)
+    add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(error="HTTP 400: bad"),
+                                        "BBB": Rated(error="HTTP 400: bad"),
+                                        "CCC": Rated("Hold", 0.05)})
+    assert "2 of its tickers have no rating" in text(page(client, "/").find(id="banner"))
+    add_night(sqlite_engine, D2, DUE2 + timedelta(hours=6), {"AAA": Rated("Overweight", 0.4)},
+              kind="rerun")
+    assert "1 of its tickers has no rating" in text(page(client, "/").find(id="banner"))
 
 
 def test_a_stopped_nights_tickers_without_a_result_are_not_headed_failed(
