@@ -111,7 +111,8 @@ def test_the_daemons_refused_night_pushes_a_digest(
 
 
 def test_a_fire_whose_database_is_away_pushes_a_digest(hook: Webhook) -> None:
-    # The daemon's engine outlives a database that went away: the night's lock is refused.
+    # The daemon's engine outlives a database that went away: the fire's first connection
+    # is refused (not a busy server: said at once, before the lock), and the digest says so.
     from app.config import load_settings
     from app.db.engine import make_engine
     from app.errors import DatabaseError
@@ -119,10 +120,10 @@ def test_a_fire_whose_database_is_away_pushes_a_digest(hook: Webhook) -> None:
 
     settings = load_settings(notify=hook.url(), database_url=f"postgresql://postgres@"
                              f"127.0.0.1:{closed_port()}/nightdesk")
-    with pytest.raises(DatabaseError, match="cannot take the nightly lock"):
+    with pytest.raises(DatabaseError, match="cannot reach database"):
         run_nightly(settings, engine=make_engine(settings.store.database_url), resume=True,
                     server="require")
-    assert_told(hook, "cannot take the nightly lock", database=True)
+    assert_told(hook, "cannot reach database", database=True)
 
 
 @pytest.mark.parametrize("command", [["run", "--continue-night"], ["run"]])
