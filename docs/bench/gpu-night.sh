@@ -11,6 +11,7 @@
 #   bash docs/bench/gpu-night.sh again          # the same night once more, in the same database
 #                                               # (ND_LIMIT=K: over the first K tickers)
 #                                               # (the night before, for the ETA, is the first)
+#   (ND_STRATEGY=S: `run --strategy S`, e.g. adaptive:fill=0.98,overbook=1.05, for start/again)
 #   bash docs/bench/gpu-night.sh resume         # `nightdesk run --resume` (after a lost process)
 #   bash docs/bench/gpu-night.sh collect        # report (table, JSON), ranking, db, logs -> $OUT
 # Everything lives under ND_NIGHT_DIR (default /root/night): home, night.db, night.log, run.rc.
@@ -41,13 +42,13 @@ case "${1:-}" in
       || die "demo snapshot failed"
     export ND_SKIP_INSTALL=1
     date +%s > "$dir/started"
-    launch "bash docs/bench/gpu-host-bench.sh run --universe '$NIGHTDESK_HOME/data/$as_of/universe.txt' --as-of $as_of ${ND_LIMIT:+--limit $ND_LIMIT}"
+    launch "bash docs/bench/gpu-host-bench.sh run --universe '$NIGHTDESK_HOME/data/$as_of/universe.txt' --as-of $as_of ${ND_LIMIT:+--limit $ND_LIMIT} ${ND_STRATEGY:+--strategy $ND_STRATEGY}"
     ;;
   again)
     [ -e "$dir/night.db" ] || die "no night ran here yet: start one first"
     export ND_SKIP_INSTALL=1
     date +%s > "$dir/started"
-    launch "bash docs/bench/gpu-host-bench.sh run --universe '$NIGHTDESK_HOME/data/$as_of/universe.txt' --as-of $as_of ${ND_LIMIT:+--limit $ND_LIMIT}"
+    launch "bash docs/bench/gpu-host-bench.sh run --universe '$NIGHTDESK_HOME/data/$as_of/universe.txt' --as-of $as_of ${ND_LIMIT:+--limit $ND_LIMIT} ${ND_STRATEGY:+--strategy $ND_STRATEGY}"
     ;;
   resume)
     export ND_SKIP_INSTALL=1

@@ -26,8 +26,9 @@ for s in .gpu/s*; do cp "$s"/* "$work/stage/"; done
 
 # nightdesk's dependencies for the host's Python 3.12, less what vLLM's stage and the image hold:
 # the host-wheels list, torch and its CUDA wheels, numpy/scipy/scikit-learn (the image's
-# sentence-transformers and jax need them), and pandas/matplotlib with their compiled needs (the
-# earlier H200 and H100 nights ran without carrying them). Anything else the image holds is
+# sentence-transformers and jax need them), and matplotlib with its compiled needs (the
+# earlier H200 and H100 nights ran without carrying them) — but pandas travels: the image's 3.0.6
+# is below nightdesk's floor (3.1: read_csv's float round trip). Anything else the image holds is
 # installed again under /tmp/site, which is harmless.
 plat="--only-binary=:all: --python-version 3.12 --implementation cp"
 for p in manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 \
@@ -39,7 +40,7 @@ print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependenc
 PY
 )
 skip=$(sed 's/==.*//' "$(dirname "$prep")/host-wheels.txt"; printf '%s\n' torch numpy scipy scikit-learn triton \
-       pandas matplotlib pillow fonttools kiwisolver contourpy)
+       matplotlib pillow fonttools kiwisolver contourpy)
 mkdir -p "$work/all"
 # shellcheck disable=SC2086  # the platform flags are words
 echo "$deps" | python3 -m pip download -q $plat -d "$work/all" -r /dev/stdin
