@@ -12,6 +12,10 @@
 #   k: whether the cache headroom is adaptive's last half percent (docs/lab/2026-12-06-h100-
 #      fair-sweep.md): adaptive (with its tail-off twin), adaptive:kv_high=0.95,tail=off and
 #      fixed-15, twice each, interleaved (8 arms: about 17 minutes on an H100).
+#   m1, m2: the token budget's margins spent (`fill=0.98,overbook=1.05`, the fleet simulation's
+#      probe: docs/lab/2026-12-07-fleet-sims-targets.md) beside adaptive as it is, one run each
+#      per invocation, so that a lease cut after m1 keeps one round: its preemptions and KV peak.
+#      Both with the tail rule off, so that the bench adds no twins (two runs a round, not four).
 # `nightdesk bench combine r1.json r2.json r3.json` pools them: every strategy's mean and spread.
 #   bash docs/bench/gpu-fair-sweep.sh start     # installs the wheels, prints the sweep, launches
 #   bash docs/bench/gpu-fair-sweep.sh wait SECS  # until all three end or SECS pass; JSON -> $OUT
@@ -39,10 +43,12 @@ case "${1:-}" in
                      [r2]=adaptive,fixed-15,fixed-15:tail=on,fixed-22 [r3]=fixed-10,fixed-30
                      [a]="adaptive,fixed-15 --repeat 2" [b1]=fixed-10,fixed-22
                      [b2]=fixed-30,fixed-15:tail=on
-                     [k]="adaptive,adaptive:kv_high=0.95,tail=off,fixed-15 --repeat 2")
+                     [k]="adaptive,adaptive:kv_high=0.95,tail=off,fixed-15 --repeat 2"
+                     [m1]="adaptive:tail=off,adaptive:fill=0.98,overbook=1.05,tail=off"
+                     [m2]="adaptive:fill=0.98,overbook=1.05,tail=off,adaptive:tail=off")
     script=""
     for r in ${ND_FAIR_ROUNDS:-r1 r2 r3}; do
-      [ -n "${arms[$r]:-}" ] || die "unknown round $r (r1, r2, r3, a, b1, b2 or k)"
+      [ -n "${arms[$r]:-}" ] || die "unknown round $r (r1, r2, r3, a, b1, b2, k, m1 or m2)"
       script="$script$(bench "$r" "${arms[$r]}"); "
     done
     setsid nohup env -u OUT bash -c "$script touch '$dir/done'" > "$dir/sweep.log" 2>&1 < /dev/null &
