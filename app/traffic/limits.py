@@ -150,10 +150,6 @@ class Limits:
         if self.budget.capacity:
             log.info("admission by token budget", kv_tokens=self.budget.capacity,
                      fill=self.budget.fill, endpoint=self.name)
-            if "initial" not in dict(self.strategy.policy):
-                # The budget guards the cache from here: the count need not double from its
-                # start, only trim the queue (an ``initial`` written is kept: the old start).
-                self.policy.limit = float(self.policy.maximum)
         else:
             log.warning("KV capacity unknown (no vllm:cache_config_info): admission by "
                         "request count only, the KV cache guarded only by its preemption "

@@ -36,10 +36,7 @@ async def behind(router: FakeRouter, **sampler: object) -> AsyncIterator[Server]
                                 endpoint=router.base_url, discover=True,
                                 **sampler)  # type: ignore[arg-type]
         llm = TrackedLLM(settings, None, http_client=http)  # type: ignore[arg-type]
-        # The start written: by default the count starts at its ceiling once the cache is
-        # known (test_admission.py); here the start's own scaling is tested.
-        yield Server(0, router.base_url, llm, Strategy.parse(f"adaptive:initial={START}"),
-                     gauges=gauges)
+        yield Server(0, router.base_url, llm, Strategy.parse("adaptive"), gauges=gauges)
 
 
 async def test_two_servers_behind_the_router_get_twice_one_servers_start_and_ceiling() -> None:
