@@ -48,8 +48,8 @@ class TokenBudget:
 
     capacity: int | None = None  # KV tokens; None: unknown, the budget admits everything
     block_size: int = 16
-    fill: float = 0.95  # share of the capacity that may be reserved
-    overbook: float = 1.0  # start factor: > 1 admits past the capacity (expects slack)
+    fill: float = 0.98  # share of the capacity that may be reserved
+    overbook: float = 1.05  # start factor, > 1 past the capacity: spends ratio()'s 5% margin
     overbook_max: float = 1.5  # the most the factor rises to
     overbook_step: float = 0.02  # added per under-used reading
     rise_after: int = 3  # under-used readings in a row before the factor rises

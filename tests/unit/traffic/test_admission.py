@@ -51,8 +51,9 @@ def test_kv_usage_moves_no_rule_of_the_request_count() -> None:
 @pytest.mark.parametrize(("capacity", "let_in"), [(10_000, 4), (None, 5)])
 async def test_with_the_capacity_known_the_budget_alone_holds_a_full_kv_cache(
         capacity: int | None, let_in: int) -> None:
-    # Four 2,000-token requests at a 10,000-token cache reading 98%, nothing waiting: the
-    # request count grows (the cache moves it no more), the budget keeps the fifth out.
+    # Four 2,100-token requests at a 10,000-token cache reading 98%, nothing waiting: the
+    # request count grows (the cache moves it no more), the budget keeps the fifth out (five
+    # pass the 10,290 it may reserve, 0.98 × the start factor 1.05).
     # Without the capacity the budget admits everything and the fifth goes in.
     limits = Limits(Strategy.parse("adaptive"), 64, gauged=True)
     assert limits.budget is not None
@@ -61,7 +62,7 @@ async def test_with_the_capacity_known_the_budget_alone_holds_a_full_kv_cache(
     release = asyncio.Event()
 
     async def call() -> None:
-        async with gate.slot(claim=Claim(2_000)):
+        async with gate.slot(claim=Claim(2_100)):
             await release.wait()
 
     calls = [asyncio.create_task(call()) for _ in range(5)]

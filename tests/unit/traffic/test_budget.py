@@ -101,8 +101,25 @@ def test_the_output_reserved_becomes_a_high_quantile_of_what_the_node_produced()
         math.ceil(800 * 1.05 * 100 / 400) + 24 + q95)
 
 
+def test_the_default_start_factor_spends_the_prompts_margin_up_to_the_fill() -> None:
+    # Prompts are costed 5% over the server's counts; the start factor 1.05 spends that
+    # margin, so at the defaults the claims may total 0.98 x 1.05 of the cache: about 0.98
+    # of it in the server's own tokens (0.95 / 1.05 = 0.90 before: a 500-ticker fleet of 5
+    # simulated H200s then ran a round of calls more, docs/lab/2026-12-07-budget-margins.md).
+    budget = TokenBudget(capacity=1_000_000, block_size=16)
+    budget.learn("market", body(4_000, 100), prompt_tokens=1_000, completion_tokens=100)
+    claim = budget.claim("bull", body(40_000, 0))  # 10,000 tokens as the server counts
+    assert claim.tokens == blocks(math.ceil(40_000 * 1.05 * 0.25) + 24)
+    admitted = 0
+    while budget.fits(claim.tokens):
+        budget.take(claim)
+        admitted += 1
+    assert budget.limit == int(1_000_000 * 0.98 * 1.05)
+    assert 0.95 < admitted * 10_000 / 1_000_000 <= 0.98
+
+
 def test_preemptions_shrink_the_budget_and_a_restart_starts_it_over() -> None:
-    budget = TokenBudget(capacity=49_152, fill=0.95, backoff=0.8)
+    budget = TokenBudget(capacity=49_152, fill=0.95, overbook=1.0, backoff=0.8)
     full = 49_152 * 0.95
     # Preemptions and tokens since the last reading, as limits.py counts them.
     assert budget.observe(G()) == int(full)
@@ -118,7 +135,7 @@ def test_preemptions_shrink_the_budget_and_a_restart_starts_it_over() -> None:
 
 
 def test_kv_usage_above_the_estimate_scales_the_budget_down_then_eases_back() -> None:
-    budget = TokenBudget(capacity=10_000, fill=0.9, block_size=16)
+    budget = TokenBudget(capacity=10_000, fill=0.9, overbook=1.0, block_size=16)
     budget.take(Claim(3_000))  # what we think is in the cache
     # The server says 50% of 10,000 = 5,000 tokens are used: requests are 5/3 as large.
     assert budget.observe(G(kv_cache_usage=0.5)) == int(10_000 * 0.9 * 3_000 / 5_000)
@@ -131,7 +148,7 @@ def test_kv_usage_above_the_estimate_scales_the_budget_down_then_eases_back() ->
 
 
 def test_a_reading_taken_before_a_release_does_not_count_as_an_underestimate() -> None:
-    budget = TokenBudget(capacity=10_000, fill=0.9, block_size=16)
+    budget = TokenBudget(capacity=10_000, fill=0.9, overbook=1.0, block_size=16)
     budget.take(Claim(3_000))
     budget.take(Claim(2_000))
     budget.give_back(Claim(2_000), hold=False)  # finished after the server's page was read
@@ -296,7 +313,7 @@ def test_progress_shows_the_token_budget_in_use() -> None:
     scheduler.endpoints.first.limits.budget.take(Claim(1_234))
     scheduler.endpoints.first.llm = SimpleNamespace(stats=CallStats())  # type: ignore[assignment]
     state = BatchProgress(1, 3, scheduler.endpoints).state()
-    assert (state.budget_tokens, state.reserved_tokens) == (int(8_000 * 0.95), 1_234)
+    assert (state.budget_tokens, state.reserved_tokens) == (int(8_000 * 0.98 * 1.05), 1_234)
     # Without a budget (a fixed strategy) the fields say so.
     fixed = over_one_server(server, Strategy.parse("fixed-3"), gauges=server)
     assert fixed.endpoints.first.limits.budget is None

@@ -1,10 +1,12 @@
 """The token budget's factor: how scripted readings raise it, cut it and start it over.
 
-Every budget here has a KV cache of 10,000 tokens and ``fill`` 0.95, so at factor 1 it may
-reserve 9,500. Its clock stands at 0 and every reading is taken at 1,000 s, so each reading
-sees the reservations as the test left them (except where a test moves the clock). Before
-each reading the test asks for more than fits, so the budget has held something back: a
-budget nobody runs into has nothing to prove.
+Every budget here has a KV cache of 10,000 tokens, ``fill`` 0.95 and a start factor of 1,
+so at factor 1 it may reserve 9,500: these test the factor's rules, so they pin the margins
+their arithmetic was written in, not the defaults (0.98 and 1.05, test_budget.py). Its
+clock stands at 0 and every reading is taken at 1,000 s, so each reading sees the
+reservations as the test left them (except where a test moves the clock). Before each
+reading the test asks for more than fits, so the budget has held something back: a budget
+nobody runs into has nothing to prove.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ AT = datetime.fromtimestamp(1_000, UTC)
 
 
 def budget(**knobs: Any) -> TokenBudget:
-    return TokenBudget(capacity=10_000, block_size=16, clock=lambda: 0.0, **knobs)
+    return TokenBudget(**{"capacity": 10_000, "block_size": 16, "clock": lambda: 0.0,
+                          "fill": 0.95, "overbook": 1.0, **knobs})
 
 
 def reading(usage: float, *, preempted: float = 0, generated: float = 0, waiting: float = 0,
@@ -163,8 +166,7 @@ def test_a_growing_server_queue_or_a_default_estimate_holds_the_rise() -> None:
 
 def test_requests_admitted_after_the_page_was_read_are_not_room() -> None:
     clock = [0.0]
-    b = TokenBudget(capacity=10_000, block_size=16, overbook_max=1.5, rise_after=1,
-                    clock=lambda: clock[0])
+    b = budget(overbook_max=1.5, rise_after=1, clock=lambda: clock[0])
     clock[0] = 1.0
     b.take(Claim(5_000))
     clock[0] = 5.0

@@ -68,11 +68,11 @@ def test_the_chain_footprint_counts_chains_only_each_by_its_own_tokens() -> None
     # No chain yet: the ticker mean stands in (the analysts' 5,800 + 2,000 held, one active).
     assert footprint.per_ticker is None
     assert footprint.tokens() == 7_800
-    assert footprint.slots(budget.limit) == 19_000 // 7_800
+    assert footprint.slots(budget.limit) == 20_580 // 7_800
     footprint.sample(gate, [analysts, sending, between])
     # The analysts' burst is not a chain's size: (1,000 + 2,000) / 2 chains.
     assert footprint.tokens() == 1_500
-    assert footprint.slots(budget.limit) == 19_000 // 1_500
+    assert footprint.slots(budget.limit) == 20_580 // 1_500
     # The control: without prefetching the same reading is the tickers' mean, burst and all.
     plain = Footprint(weight=0.5)
     plain.sample(gate, [analysts, sending, between])
@@ -113,12 +113,12 @@ def test_prefetching_caps_nothing_until_the_budget_knows_the_capacity() -> None:
 
 def test_a_new_ticker_starts_while_few_are_in_their_fan_out() -> None:
     endpoint = prefetching_endpoint()
-    chains = [Ticket(i, 17, 14, outstanding=1, reserved=2_000, chained=True) for i in range(4)]
+    chains = [Ticket(i, 17, 14, outstanding=1, reserved=2_200, chained=True) for i in range(4)]
     for ticket in chains:
         endpoint.arrive(ticket)
-    endpoint.limits.budget.reserved = 8_000  # type: ignore[union-attr]
+    endpoint.limits.budget.reserved = 8_800  # type: ignore[union-attr]
     endpoint.limits.footprint.sample(endpoint.gate, chains)
-    assert endpoint.chain_slots() == 4  # 9,500 // 2,000
+    assert endpoint.chain_slots() == 4  # 10,290 // 2,200
     assert endpoint.chains == 4
     # Every chain slot taken, yet one ticker may run its analysts to take the next free one.
     assert endpoint.load(None).room

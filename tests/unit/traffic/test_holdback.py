@@ -33,7 +33,7 @@ def adaptive_endpoint() -> Server:
     endpoint = Server(0, "http://gpu0.test:8000/v1", llm,  # type: ignore[arg-type]
                         Strategy.parse("adaptive"), gauges=Unread())
     assert endpoint.limits.budget is not None
-    endpoint.limits.budget.set_capacity(10_000)  # 9,500 tokens may be reserved
+    endpoint.limits.budget.set_capacity(10_000)  # 10,290 may be reserved (0.98 × 1.05)
     endpoint.gate.set_limit(8)
     return endpoint
 
@@ -48,21 +48,21 @@ def test_the_blocker_is_the_first_thing_short_in_the_order_room_is_judged() -> N
     for ticket in tickets:
         ticket.outstanding, ticket.asked = 1, True
         endpoint.arrive(ticket)
-    budget.take(Claim(3_000))
-    budget.take(Claim(3_000))
-    budget.take(Claim(3_000))  # a typical request is 3,000: one more would pass 9,500
+    budget.take(Claim(3_300))
+    budget.take(Claim(3_300))
+    budget.take(Claim(3_300))  # a typical request is 3,300: one more would pass 10,290
     assert endpoint.blocker() == TOKEN_BUDGET
     refused_before = budget._refused
     endpoint.note_start_wait(0.0)
     assert budget._refused == refused_before  # a report, not a refusal the factor learns from
 
-    budget.give_back(Claim(3_000), hold=False)  # 6,000 out: a 3,000 request fits again...
-    # ...but 3 chains of 2,000 use the slots
+    budget.give_back(Claim(3_300), hold=False)  # 6,600 out: a 3,300 request fits again...
+    # ...but 3 chains of 2,200 use the slots
     endpoint.limits.footprint.sample(endpoint.gate, tickets)
     assert endpoint.chain_slots() == 4
     starting = Ticket(3)
     endpoint.arrive(starting)  # started, not asked yet: a typical request is promised it
-    assert endpoint.blocker() == TOKEN_BUDGET  # 6,000 + 2 x 3,000 would pass 9,500
+    assert endpoint.blocker() == TOKEN_BUDGET  # 6,600 + 2 x 3,300 would pass 10,290
     starting.asked = True
     assert endpoint.blocker() == CHAIN_CAP
 
