@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, select
 
 from app.config import Settings
+from app.db.batchsettings import BatchSettings
 from app.db.models import (
     FINISHED_STATUSES,
     Batch,
@@ -305,7 +306,7 @@ def _nodes_of_run(engine: Engine, batch: Batch, ticker: str) -> list[RunSample]:
     attempts: dict[tuple[int, str], list[Any]] = defaultdict(list)
     for c in calls:
         attempts[(c.sample, c.node)].append(c)
-    order = graph_order(batch.settings or {})
+    order = graph_order(BatchSettings.read(batch.settings))
     order += sorted({n for _, n in by_key} - set(order))  # a node this code no longer knows
     samples = sorted({s for s, _ in by_key} | {s for s, _ in attempts} | set(decisions))
     out = []
@@ -466,7 +467,7 @@ def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView
                                         TickerRun.started_at)
                                  .where(TickerRun.batch_id == batch_id,
                                         TickerRun.status.in_(IN_FLIGHT))).all() if live else []
-    order = graph_order(batch.settings or {})
+    order = graph_order(BatchSettings.read(batch.settings))
     rank = {name: i for i, name in enumerate(order)}
     report.nodes.sort(key=lambda n: (rank.get(n.node, len(order)), n.node))
     return BatchView(
