@@ -28,9 +28,9 @@ RATING_ORDER = ("Buy", "Overweight", "Hold", "Underweight", "Sell")
 
 class RankRow(BaseModel):
     """One ticker of a ranked night. The one definition of a ranking row's fields: the rows
-    ``app.morning.changes.RankedRow`` and ``app.web.views.HistoryPoint`` serve extend it, so a field
-    added here appears in their JSON too, in this order. No field has a default, so the API
-    schema keeps listing every one as required."""
+    ``app.morning.changes.RankedRow`` and ``app.morning.views.HistoryPoint`` serve extend
+    it, so a field added here appears in their JSON too, in this order. No field has a
+    default, so the API schema keeps listing every one as required."""
 
     rank: int | None
     ticker: str

@@ -33,7 +33,7 @@ from app.errors import AlreadyRunningError
 from app.morning.advice import running_night
 from app.morning.digest import build_digest
 from app.morning.summary import list_batches
-from app.web.views import batch_view, ranking_view, running_batches, ticker_view
+from app.morning.views import batch_view, ranking_view, running_batches, ticker_view
 from tests.integration.conftest import ADMIN_DSN, private_database
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.daemon_clock import NIGHT, Recorder, daemon_for, local, running, tick

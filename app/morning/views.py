@@ -1,4 +1,5 @@
-"""Gather what each page shows from the database, as models the HTML and the JSON API share.
+"""Gather what each web page shows from the database, as models the HTML and the JSON API
+share: the read side's, so app/web only renders (it reads no row itself).
 
 ``/api/…`` serves a model as its JSON; a page renders that same JSON. Every number comes
 from the modules the CLI uses (``app.morning.ranking``, ``accounting``, ``serverview``), so
@@ -36,6 +37,7 @@ from app.morning.changes import NightChanges, RankedRow, compare_nights, ranked_
 from app.morning.eta import graph_order
 from app.morning.nightstatus import NightStatus, Progress
 from app.morning.ranking import RATING_ORDER, RankRow, ranking
+from app.morning.series import SeriesView, series_view
 from app.morning.serverview import ServerView, server_view
 from app.morning.summary import (
     BatchSummary,
@@ -50,7 +52,6 @@ from app.morning.summary import (
 )
 from app.morning.timeline import Interval, batch_timeline
 from app.quality.monitor import warnings_for
-from app.web.series import SeriesView, series_view
 
 HISTORY_NIGHTS = 60
 IN_FLIGHT = ("running", "queued")  # a ticker's statuses while its batch runs
