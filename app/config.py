@@ -10,7 +10,7 @@ import tomllib
 from functools import lru_cache
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -49,21 +49,22 @@ TEST_ENV_PREFIX = "NIGHTDESK_TEST_"
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
-class SettingsSnapshot(TypedDict):
-    """What a batch stores about how it ran (``batches.settings``, JSON); the engine adds
-    its own keys (samples, strategy, runner) beside these."""
+class SettingsSnapshot(BaseModel):
+    """What a batch stores of the settings it ran under (never the API key): the first
+    fields of its ``BatchSettings`` (app/db/batchsettings.py). None: an older row that
+    did not record it."""
 
-    model: str
-    base_url: str
-    server_profile: str
-    sampling: dict[str, float | int | bool]
-    debate_rounds: int
-    risk_rounds: int
-    node_max_tokens: dict[str, int]
-    data_provider: str
-    request_seeds: bool
-    max_concurrency: int
-    heartbeat_interval_s: float
+    model: str | None = None
+    base_url: str | None = None
+    server_profile: str | None = None
+    sampling: dict[str, float | int | bool] | None = None
+    debate_rounds: int | None = None
+    risk_rounds: int | None = None
+    node_max_tokens: dict[str, int] | None = None
+    data_provider: str | None = None
+    request_seeds: bool | None = None
+    max_concurrency: int | None = None
+    heartbeat_interval_s: float | None = None
 
 
 class Group(BaseModel):
@@ -514,23 +515,23 @@ class Settings(BaseSettings):
 
     def snapshot(self) -> SettingsSnapshot:
         """Return what a batch stores about how it ran (never the API key)."""
-        return {
-            "model": self.llm.model,
-            "base_url": redact(self.llm.base_url),
-            "server_profile": self.llm.server_profile,
-            "sampling": self.sampling.model_dump(),
-            "debate_rounds": self.agents.debate_rounds,
-            "risk_rounds": self.agents.risk_rounds,
-            "node_max_tokens": self.agents.node_max_tokens,
-            "data_provider": self.agents.data_provider,
+        return SettingsSnapshot(
+            model=self.llm.model,
+            base_url=redact(self.llm.base_url),
+            server_profile=self.llm.server_profile,
+            sampling=self.sampling.model_dump(),
+            debate_rounds=self.agents.debate_rounds,
+            risk_rounds=self.agents.risk_rounds,
+            node_max_tokens=self.agents.node_max_tokens,
+            data_provider=self.agents.data_provider,
             # Seeds derive from (ticker, node, sample): two batches with them on repeat each
             # other's random draws, which `quality repro` must say.
-            "request_seeds": self.calls.request_seeds,
+            request_seeds=self.calls.request_seeds,
             # The adaptive limit's ceiling: a report can then tell this cap from the server's.
-            "max_concurrency": self.calls.max_concurrency,
+            max_concurrency=self.calls.max_concurrency,
             # How often it beats: a reader says "no word" after two beats missed.
-            "heartbeat_interval_s": self.batch.heartbeat_interval_s,
-        }
+            heartbeat_interval_s=self.batch.heartbeat_interval_s,
+        )
 
 
 FLAT: dict[str, tuple[str, str]] = {

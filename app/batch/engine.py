@@ -24,10 +24,12 @@ from app.batch import store
 from app.batch.faults import INFRASTRUCTURE, FailureClass, failure_class
 from app.batch.heap import batch_collector
 from app.config import Settings
+from app.db.batchsettings import BatchSettings, FallbackRecord
 from app.db.engine import reason
-from app.db.lock import LockHold, Runner, after_losing
+from app.db.lock import LockHold, after_losing
 from app.db.models import RESUMABLE_KINDS
 from app.db.retry import outage, transient, write_budget
+from app.db.runner import Runner
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
 from app.tasks import beside, in_thread, patience_s
@@ -41,8 +43,6 @@ from app.usage import UsageRecorder, spool_path
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
-# The batch's setting naming the weights each endpoint served (its /v1/models ``root``).
-WEIGHTS = "served_weights"
 
 
 @dataclass
@@ -92,7 +92,7 @@ class Resume(Protocol):
     def batch_id(self) -> int: ...
 
     @property
-    def settings(self) -> dict[str, Any]:
+    def settings(self) -> BatchSettings:
         """Return the batch's settings as its last run recorded them."""
 
     def plan(self) -> BatchPlan:
@@ -102,7 +102,7 @@ class Resume(Protocol):
         """Return ``settings`` in the batch's recorded shape, its graph and sampling
         unchanged; InputError when the batch cannot resume under them (another model)."""
 
-    def reopen(self, engine: Engine, recorded: dict[str, Any]) -> None:
+    def reopen(self, engine: Engine, recorded: BatchSettings) -> None:
         """Set the batch running again and its tickers left queued for another attempt;
         ``recorded`` replaces what the batch's settings say of the last run's."""
 
@@ -136,7 +136,7 @@ class Recording(Protocol):
 
     def ticker_done(self, ok: bool) -> None: ...
 
-    def fallback(self) -> BaseModel | None:
+    def fallback(self) -> FallbackRecord | None:
         """Return the batch's time without /metrics, stored with it (None: it had none)."""
 
     def finished(self) -> BaseModel:
@@ -242,11 +242,12 @@ class BatchRun:
             self.batch_id = await _starting(
                 store.create_batch, owner.engine, kind=plan.kind, as_of=plan.as_of,
                 tickers=plan.tickers, samples=plan.samples, label=plan.label,
-                settings={**settings.snapshot(), **self.extra_settings, "samples": plan.samples,
-                          "universe_notes": list(plan.notes),
-                          "strategy": self.strategy.name, "runner": Runner.current().model_dump(),
-                          # Where its usage spool would be: a resume elsewhere must know.
-                          "home": str(settings.paths.home)},
+                settings=BatchSettings(
+                    **dict(settings.snapshot()), **self.extra_settings, samples=plan.samples,
+                    universe_notes=list(plan.notes), strategy=self.strategy.name,
+                    runner=Runner.current(),
+                    # Where its usage spool would be: a resume elsewhere must know.
+                    home=str(settings.paths.home)),
                 server_facts=owner.server_facts, source_batch_id=plan.source_batch_id,
             )
             owner.batch_id = self.batch_id  # what a run cancelled outright names
@@ -255,8 +256,8 @@ class BatchRun:
             self.batch_id = owner.batch_id = self.resuming.batch_id
             # This run's settings and home replace the last run's: the next resume's checks
             # compare with the run that last wrote to the batch (its spool is under its home).
-            await _starting(self.resuming.reopen, owner.engine,
-                            {**settings.snapshot(), "home": str(settings.paths.home)})
+            await _starting(self.resuming.reopen, owner.engine, BatchSettings(
+                **dict(settings.snapshot()), home=str(settings.paths.home)))
             done, failed_before = await in_thread(self.resuming.ended, owner.engine)
             self.outcome = BatchOutcome(self.batch_id, "crashed", done, failed_before)
         self._log_context = structlog.contextvars.bind_contextvars(batch_id=self.batch_id)
@@ -274,7 +275,7 @@ class BatchRun:
             max_in_flight=max_in_flight(self.strategy, self.work.shapes,
                                         settings.calls.max_concurrency),
             halt=owner.halt, clock=owner.clock)
-        served = self.resuming.settings.get(WEIGHTS, {}) if self.resuming else {}
+        served = self.resuming.settings.served_weights if self.resuming else {}
         for server in self.servers:  # a resume's server must serve the weights it answered with
             server.llm.weights = served.get(server.name)
         self.scheduler = Scheduler(self.strategy, self.servers)
@@ -410,11 +411,11 @@ class BatchRun:
             outcome.status, self.error_text = outcome.halt.status, outcome.halt.message
         if self.servers.outages:
             self.extra_settings["server_outages"] = self.servers.outages
-        self.extra_settings[WEIGHTS] = {s.name: s.llm.weights for s in self.servers
-                                        if s.llm.weights}
+        self.extra_settings["served_weights"] = {s.name: s.llm.weights for s in self.servers
+                                                 if s.llm.weights}
         fallback = self.recording.fallback() if self.recording else None
         if fallback is not None:  # shown by `nightdesk report`
-            self.extra_settings["metrics_fallback"] = fallback.model_dump()
+            self.extra_settings["metrics_fallback"] = fallback
         self.body_ok = True
 
     async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,

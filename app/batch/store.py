@@ -10,6 +10,7 @@ from sqlalchemy import Connection, Engine, ScalarSelect, func, insert, select, u
 
 from agents.decision import contradicts
 from agents.graph import TickerResult
+from app.db.batchsettings import BatchSettings
 from app.db.models import INFRASTRUCTURE, Batch, Decision, LLMCall, NodeText, TickerRun
 from app.db.retry import retried, retrying
 from app.usage import insert_ignoring_duplicates
@@ -30,7 +31,7 @@ class DecisionRow:
 
 
 def create_batch(engine: Engine, *, kind: str, as_of: date, tickers: list[str], samples: int,
-                 settings: dict[str, Any], server_facts: dict[str, Any] | None,
+                 settings: BatchSettings, server_facts: dict[str, Any] | None,
                  label: str | None = None, source_batch_id: int | None = None) -> int:
     """Insert the batch (status running) and one queued ticker run per ticker; return its id.
 
@@ -47,7 +48,7 @@ def create_batch(engine: Engine, *, kind: str, as_of: date, tickers: list[str], 
             batch_id = conn.execute(
                 insert(Batch).values(
                     kind=kind, label=label, as_of=as_of, status="running", created_at=started,
-                    started_at=started, heartbeat_at=now(), settings=settings,
+                    started_at=started, heartbeat_at=now(), settings=settings.stored(),
                     server_facts=server_facts, source_batch_id=source_batch_id,
                     tickers_total=len(tickers), tickers_succeeded=0, tickers_failed=0,
                 ).returning(Batch.id)
@@ -125,7 +126,7 @@ def finish_batch(engine: Engine, batch_id: int, status: str, error: str | None =
         values: dict[str, Any] = {"status": status, "finished_at": now(), "error": error}
         if extra_settings:
             current = conn.execute(select(Batch.settings).where(Batch.id == batch_id)).scalar()
-            values["settings"] = {**(current or {}), **extra_settings}
+            values["settings"] = BatchSettings.read(current).updated(**extra_settings).stored()
         conn.execute(update(Batch).where(Batch.id == batch_id).values(values))
         # A ticker left queued or running did not finish: say so rather than leave it hanging.
         # Not finishing is never the ticker's own verdict: a resume takes it up.

@@ -33,6 +33,7 @@ from app.bench.bound import (
     summed_capacity,
 )
 from app.bench.workloads import seed_graph
+from app.db.batchsettings import BatchSettings
 from app.db.models import LLMCall, ServerSample, TickerRun, batch_row
 from app.errors import InputError
 from app.runs.replay import WorkItem, recorded_workload
@@ -155,7 +156,8 @@ def recorded_shape(engine: Engine, batch_id: int) -> NightShape:
             .group_by(LLMCall.ticker)).tuples().all()
     longest = max((int(tokens or 0) for ticker, tokens in largest if ticker in workload),
                   default=0)
-    return mean_shape(name, graph, len(workload), longest, (batch.settings or {}).get("model"))
+    return mean_shape(name, graph, len(workload), longest,
+                      BatchSettings.read(batch.settings).model)
 
 
 def night_server(engine: Engine, batch_id: int) -> ServerModel:
@@ -188,7 +190,7 @@ def night_server(engine: Engine, batch_id: int) -> ServerModel:
         raise InputError(f"batch {batch_id} recorded no --max-num-seqs and ran no request")
     return ServerModel(name=f"batch {batch_id}", kv_tokens=kv, max_num_seqs=int(cap),
                        step_a_s=step.a, step_b_s=step.b, max_model_len=length,
-                       model=(batch.settings or {}).get("model"),
+                       model=BatchSettings.read(batch.settings).model,
                        source=f"batch {batch_id}'s server: KV tokens from its server facts, "
                               f"{where}, step fitted to {step.levels} levels of its readings")
 

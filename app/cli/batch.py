@@ -40,6 +40,7 @@ from app.cli.common import (
 from app.cli.data import parse_as_of
 from app.cli.logs import console
 from app.config import Settings
+from app.db.batchsettings import BatchSettings
 from app.db.models import batch_row
 from app.errors import ERRORS, InputError
 from app.morning.batchids import parse_batch_id
@@ -294,7 +295,7 @@ def show_ranking(
     night = night_status(engine, settings, chosen.id)
     _night_lines(night)
     changes = compare_nights(engine, chosen.id).by_ticker()
-    demo = bool((chosen.settings or {}).get("demo_data"))
+    demo = BatchSettings.read(chosen.settings).demo_data
     data = [ranked_row(r, changes.get(r.ticker)) for r in rows]
     if fmt in ("json", "csv"):
         found = RankingJSON(night=night, batch=summarize(
@@ -479,7 +480,7 @@ def replay(
               f"{len(outcome.succeeded)} tickers replayed, {len(outcome.failed)} with errors")
     for ticker, reason in sorted(outcome.failed.items()):
         err.print(f"  [red]{ticker}[/]: {reason}")
-    for note in (batch_row(engine, outcome.batch_id).settings or {}).get("universe_notes", []):
+    for note in BatchSettings.read(batch_row(engine, outcome.batch_id).settings).universe_notes:
         err.print(f"note: {note}", markup=False)  # a ticker of the night not replayed
     err.print(f"compare: nightdesk report --compare {batch},{outcome.batch_id}")
     code = EXIT_CODES.get(outcome.status, 1)

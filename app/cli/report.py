@@ -117,8 +117,8 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
     if report.metrics_fallback:
         fb = report.metrics_fallback
         summary.add_row("admission fallback",
-                        f"{fb['readings_missed']} readings of /metrics missed over "
-                        f"{fb['seconds']} s: adaptive held at {fb['limit']} and paused")
+                        f"{fb.readings_missed} readings of /metrics missed over "
+                        f"{fb.seconds} s: adaptive held at {fb.limit} and paused")
     console.print(summary)
     server = Table(title=f"the server's view ({view.samples} samples of /metrics)",
                    show_header=False)

@@ -13,26 +13,26 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
 import structlog
 import tenacity
-from pydantic import BaseModel
 from sqlalchemy import Engine, create_engine, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool
 
 from agents.errors import os_said
 from app.config import STATEMENT_TIMEOUT_S
+from app.db.batchsettings import BatchSettings
 from app.db.engine import bounded, connect_args, sqlite_file
 from app.db.models import Batch, SchedulerBeat
 from app.db.retry import cancelled_at_bound, said
+from app.db.runner import Runner
 from app.errors import AlreadyRunningError, DatabaseError, first_line
 
 log = structlog.get_logger(__name__)
@@ -56,104 +56,6 @@ def lock_file_path(database_url: str, what: str = "nightly") -> Path:
     return Path(database).with_name(Path(database).name + f".{what}.lock")
 
 
-class Runner(BaseModel, frozen=True):
-    """The process that runs a batch, as its batch row records it (``settings["runner"]``,
-    its ``model_dump()``)."""
-
-    host: str
-    pid: int
-    started: int | None  # the process's start time in clock ticks since boot (Linux)
-    # Its pid namespace (/proc/self/ns/pid): a pid names the same process only inside it (a
-    # container of the same host name, a unit with PrivatePIDs, would see another or none).
-    pidns: str | None = None
-    # The host's boot as its wall clock read it when the runner recorded itself (``booted``):
-    # a later reading on this host that is later still is the wall clock stepped forward.
-    booted: float | None = None
-
-    @classmethod
-    def current(cls) -> Runner:
-        stat = _stat(os.getpid())
-        return cls(host=socket.gethostname(), pid=os.getpid(), started=stat and stat[1],
-                   pidns=_pid_namespace(), booted=booted())
-
-    def same(self, other: Runner) -> bool:
-        """Return whether both name one process (``booted``, a reading, left out)."""
-        return self.model_copy(update={"booted": None}) == other.model_copy(
-            update={"booted": None})
-
-    def stepped_s(self) -> float:
-        """Return how far this host's wall clock has been stepped forward since the runner
-        recorded itself, while it lives here (a heartbeat written before the step is that
-        much younger than the wall clock says); 0 when not known."""
-        if self.booted is None or self.alive() is not True:
-            return 0.0
-        return max(0.0, booted() - self.booted)
-
-    def lock_name(self, what: str = "nightly") -> str:
-        """Return the ``application_name`` of the connection on which this process holds
-        the lock ``what`` (PostgreSQL): how a reader of ``pg_locks`` knows the lock's holder
-        is the runner a batch row records (``NightlyLockView.holder_active_at``)."""
-        return f"nightdesk {what} {self.pid}@{self.host}"[:63]  # NAMEDATALEN - 1
-
-    @classmethod
-    def of(cls, settings: dict[str, Any] | None) -> Runner | None:
-        raw = (settings or {}).get("runner")
-        if not isinstance(raw, dict):
-            return None
-        try:
-            return cls(host=str(raw["host"]), pid=int(raw["pid"]), started=raw.get("started"),
-                       pidns=raw.get("pidns"), booted=raw.get("booted"))
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    def alive(self) -> bool | None:
-        """Return whether this process still runs; None when it is on another host or in
-        another pid namespace (its pid cannot be looked up from here)."""
-        if self.host != socket.gethostname() or (self.pidns is not None
-                                                 and self.pidns != _pid_namespace()):
-            return None
-        if self.pid == os.getpid():
-            return True
-        stat = _stat(self.pid)
-        if stat is None:
-            if Path("/proc/self/stat").exists():
-                return False  # /proc is there and the pid is not: gone
-            try:
-                os.kill(self.pid, 0)
-            except ProcessLookupError:
-                return False
-            except PermissionError:
-                return True
-            return True
-        state, started = stat
-        # A zombie is dead; another start time is another process that reuses the pid.
-        return state != "Z" and (self.started is None or started == self.started)
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """Return (state, start time in ticks) of a process from /proc, None when it has none."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces: split after it.
-    fields = raw[raw.rfind(")") + 2:].split()
-    return fields[0], int(fields[19])
-
-
-def booted() -> float:
-    """Return the host's boot as the wall clock reads it now (the boot clock counts on
-    through a wall clock's step, and through a suspend)."""
-    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-def _pid_namespace() -> str | None:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
 def running_nightly(engine: Engine) -> int | None:
     """Return the id of the newest nightly batch recorded as running, if any."""
     with engine.connect() as conn:
@@ -171,7 +73,7 @@ def after_losing(engine: Engine, batch_id: int) -> str:
     resume = f"`nightdesk run --resume {batch_id}`"
     try:
         with engine.connect() as conn:
-            running = {int(row.id): Runner.of(row.settings) for row in conn.execute(
+            running = {int(row.id): BatchSettings.read(row.settings).runner for row in conn.execute(
                 select(Batch.id, Batch.settings)
                 .where(Batch.kind == "nightly", Batch.status == "running"))}
     except Exception as error:
@@ -211,7 +113,7 @@ def holder_gone(engine: Engine, batch: Any, stale_s: float,
     heartbeat must be older than ``stale_s``, and ``alive_at`` (its other signs of life,
     ``app.morning.summary.Seen.alive_at``) too.
     """
-    runner = Runner.of(batch.settings)
+    runner = BatchSettings.read(batch.settings).runner
     alive = None if runner is None else runner.alive()
     if alive is not None:
         return None if alive else f"its process {runner.pid} is gone"  # type: ignore[union-attr]
@@ -283,7 +185,7 @@ class NightlyLockView:
         return active if held and name == runner.lock_name() else None
 
 
-def run_gone(lock: NightlyLockView | None, kind: str, settings: dict[str, Any] | None,
+def run_gone(lock: NightlyLockView | None, kind: str, settings: Mapping[str, Any] | None,
              beat: datetime | None) -> str | None:
     """Return why a batch marked ``running`` has lost its process, where a reader (not
     holding the lock) can know it before its heartbeat goes stale; None: it may be alive.
@@ -294,7 +196,7 @@ def run_gone(lock: NightlyLockView | None, kind: str, settings: dict[str, Any] |
     since the server last started (``holder_gone``'s rule). Otherwise (a SQLite night on
     another host, a database restart since its beat) only its heartbeat can tell.
     """
-    runner = Runner.of(settings)
+    runner = BatchSettings.read(settings).runner
     alive = None if runner is None else runner.alive()
     if alive is not None:
         return None if alive else f"its process {runner.pid} is gone"  # type: ignore[union-attr]

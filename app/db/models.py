@@ -93,6 +93,7 @@ class Batch(Base):
     started_at: Mapped[datetime | None] = mapped_column(Timestamp)
     finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
     heartbeat_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    # Read and written only as app/db/batchsettings.py's BatchSettings (its JSON, versioned).
     settings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     server_facts: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     source_batch_id: Mapped[int | None] = mapped_column(BigId, ForeignKey("batches.id"))

@@ -6,6 +6,7 @@ bottom-up (the ``morning`` contract in pyproject.toml): ``summary`` (one batch a
 operator reads it), ``activity``, ``timetable`` (when a night is due), ``timeline``,
 ``batchids``, ``numbers`` (a figure as text, for pages and tables alike); ``advice``,
 ``eta``, ``serverview``; ``nightstatus`` (the latest night), ``accounting`` (a batch's
-calls, tokens and throughput), ``ranking``; ``changes``; ``digest`` and ``prometheus``
-(the night's metrics).
+calls, tokens and throughput), ``ranking``, ``series`` (a batch's server gauges over time);
+``changes``; ``digest``, ``prometheus`` (the night's metrics) and ``views`` (what each web
+page shows: app/web only renders them, and reads no row itself).
 """

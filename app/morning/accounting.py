@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import asdict, field
-from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -12,6 +11,7 @@ from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from app.db.batchsettings import BatchSettings, FallbackRecord
 from app.db.models import Batch, LLMCall, TickerRun, batch_row, newest_first, nights_newest_first
 from app.errors import NoNightYet
 from app.morning.activity import active_time
@@ -50,9 +50,8 @@ class BatchReport:
     # delivered (the figure above also counts the tokens of tickers that failed in the end).
     succeeded_completion_tokens: int = 0
     succeeded_output_tokens_per_s: float = 0.0
-    # Adaptive admission's time without /metrics (readings missed, seconds, fallback limit).
-    # An open mapping: the scheduler's record, as stored with the batch's settings.
-    metrics_fallback: dict[str, Any] | None = None
+    # Adaptive admission's time without /metrics, as stored with the batch's settings.
+    metrics_fallback: FallbackRecord | None = None
     active_seconds: float = 0.0  # the makespan less its pauses (``active_time``)
     paused_seconds: float = 0.0
     pauses: int = 0
@@ -99,8 +98,8 @@ def answered(rows: Any) -> int:
 
 def batch_report(engine: Engine, batch_id: int) -> BatchReport:
     """Build the report of one batch from its ``llm_calls`` rows."""
-    settings = batch_row(engine, batch_id).settings or {}
-    fallback = settings.get("metrics_fallback")
+    settings = BatchSettings.read(batch_row(engine, batch_id).settings)
+    fallback = settings.metrics_fallback
     with engine.connect() as conn:
         rows = conn.execute(
             select(LLMCall.node, LLMCall.ticker, LLMCall.sample, LLMCall.status,
@@ -116,7 +115,7 @@ def batch_report(engine: Engine, batch_id: int) -> BatchReport:
     first = min(r.started_at for r in rows)
     last = max(r.ended_at for r in rows)
     active = active_time([(r.started_at, r.ended_at) for r in rows],
-                         [datetime.fromisoformat(at) for at in settings.get("resumes", [])])
+                         settings.resumes)
     wall = active.makespan_s
     completion = sum(r.completion_tokens or 0 for r in rows)
     delivered = sum(r.completion_tokens or 0 for r in rows if r.ticker in succeeded)
@@ -266,7 +265,7 @@ def compare_arm(engine: Engine, batch_id: int) -> Arm:
     named = {**asdict(view), **asdict(calls)}
     return Arm.model_validate({
         **{key: named[key] for key in Arm.model_fields if key in named},
-        "kind": kind, "label": label, "demo": bool((settings or {}).get("demo_data")),
+        "kind": kind, "label": label, "demo": BatchSettings.read(settings).demo_data,
         "makespan_s": span,
         "prefill_tokens_per_s": prefill / span if span else 0.0,
         "decode_tokens_per_s": calls.completion_tokens / span if span else 0.0,

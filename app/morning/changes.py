@@ -20,6 +20,7 @@ from sqlalchemy import Engine, select
 
 from agents.graph import kind_of
 from agents.nodes import ANALYSTS, DEBATERS, RISK_ANALYSTS
+from app.db.batchsettings import BatchSettings
 from app.db.models import NodeText
 from app.errors import InputError, NoNightYet
 from app.morning.ranking import RATING_ORDER, RankRow, earlier_nights, ranked_night, ranking
@@ -237,8 +238,8 @@ def _check_comparable(batch: Any, rows: list[RankRow], against: Any,
     if not {r.ticker for r in rows} & {r.ticker for r in against_rows}:
         raise InputError(f"batch {against.id} is of another universe than batch {batch.id}: "
                          "no ticker in common")
-    demo = bool((batch.settings or {}).get("demo_data"))
-    if demo != bool((against.settings or {}).get("demo_data")):
+    demo = BatchSettings.read(batch.settings).demo_data
+    if demo != BatchSettings.read(against.settings).demo_data:
         raise InputError(f"batch {against.id} is of another universe than batch {batch.id}: "
                          "one ran on DEMO data, the other on market data")
 
@@ -255,7 +256,7 @@ def compare_nights(engine: Engine, batch_id: int | None = None,
         if batch_id is None:
             raise NoNightYet("no finished nightly batch yet")
     batch, rows = ranking(engine, batch_id)
-    demo = bool((batch.settings or {}).get("demo_data"))
+    demo = BatchSettings.read(batch.settings).demo_data
     if against_id is not None:
         against, against_rows = ranking(engine, against_id)
         _check_comparable(batch, rows, against, against_rows)

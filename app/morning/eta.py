@@ -48,6 +48,7 @@ from sqlalchemy import Engine, insert, select
 
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
+from app.db.batchsettings import BatchSettings
 from app.db.models import Batch, LLMCall, ProgressReading, ServerSample, TickerRun
 
 NEWEST = 0.25  # of a node's answered calls, the newest, whose latency is the latency now
@@ -131,13 +132,14 @@ def bound(work_s: float | None, chain_s: float | None) -> float | None:
     return max(known) if known else None
 
 
-def pipeline_nodes(settings: dict[str, Any]) -> tuple[list[str], list[str]]:
+def pipeline_nodes(settings: BatchSettings) -> tuple[list[str], list[str]]:
     """Return (analysts, the sequential nodes after them) for a batch's stored settings."""
-    return list(ANALYSTS), sequential_nodes(int(settings.get("debate_rounds", 2)),
-                                            int(settings.get("risk_rounds", 2)))
+    debate, risk = settings.debate_rounds, settings.risk_rounds
+    return list(ANALYSTS), sequential_nodes(2 if debate is None else debate,
+                                            2 if risk is None else risk)
 
 
-def graph_order(settings: dict[str, Any]) -> list[str]:
+def graph_order(settings: BatchSettings) -> list[str]:
     """Return a batch's node names in dependency order, from the rounds it ran with."""
     return [node for part in pipeline_nodes(settings) for node in part]
 
@@ -265,13 +267,13 @@ def _prior(engine: Engine, batch_id: int) -> Prior:
     with engine.connect() as conn:
         this = conn.execute(select(Batch.kind, Batch.settings)
                             .where(Batch.id == batch_id)).one()
-        model = (this.settings or {}).get("model")
+        model = BatchSettings.read(this.settings).model
         earlier = conn.execute(select(Batch.id, Batch.settings)
                                .where(Batch.id < batch_id, Batch.kind == this.kind,
                                       Batch.status.in_(FINISHED_BATCH))
                                .order_by(Batch.id.desc()).limit(20)).all()
         same = next((b.id for b in earlier
-                     if (b.settings or {}).get("model") == model), None)
+                     if BatchSettings.read(b.settings).model == model), None)
         if same is None:
             return Prior({}, {}, {}, {})
         calls = [Call(*c) for c in conn.execute(select(*CALL).where(LLMCall.batch_id == same)
@@ -525,8 +527,8 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
         tickers = conn.execute(select(TickerRun.ticker, TickerRun.status,
                                       TickerRun.started_at, TickerRun.finished_at)
                                .where(TickerRun.batch_id == batch_id)).all()
-    settings = batch.settings or {}
-    per_ticker = int(settings.get("samples") or 1)
+    settings = BatchSettings.read(batch.settings)
+    per_ticker = settings.samples or 1
     analysts, chain = pipeline_nodes(settings)
     nodes = [*analysts, *chain]
     answered = {(c.ticker, c.node, c.sample) for c in calls if c.status == "ok"}

@@ -21,8 +21,9 @@ from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from app.config import Batch as BatchSettings
+from app.config import Batch as BatchConfig
 from app.config import Settings
+from app.db.batchsettings import BatchSettings
 from app.db.models import Batch, NightRefusal, SchedulerBeat, TickerRun, nights_newest_first
 from app.morning import eta
 from app.morning.advice import Advice, first_night, next_steps
@@ -44,7 +45,7 @@ STALE_EXIT = 6
 # Heartbeats a running night may miss before the morning stops showing a time left.
 QUIET_BEATS = 2
 # The heartbeat interval of a batch that did not record its own (older rows).
-BEAT_S = BatchSettings.model_fields["heartbeat_interval_s"].default
+BEAT_S = BatchConfig.model_fields["heartbeat_interval_s"].default
 @dataclass(frozen=True)
 class NightBatch:
     """One nightly batch as the morning names it."""
@@ -140,7 +141,7 @@ def silence(batch: Any, now: datetime, alive_at: datetime | None = None) -> str 
     on, but no one can say, so no time left is shown as if it were."""
     beat = max((moment for moment in (batch.heartbeat_at or batch.started_at, alive_at)
                 if moment is not None), default=None)
-    every = (batch.settings or {}).get("heartbeat_interval_s") or BEAT_S
+    every = BatchSettings.read(batch.settings).heartbeat_interval_s or BEAT_S
     quiet = 0.0 if beat is None else (now - beat).total_seconds()
     return (f"unknown: no word from the night for {span(quiet)}"
             if quiet > QUIET_BEATS * every else None)

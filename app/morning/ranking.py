@@ -10,6 +10,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from agents.decision import contradicts
+from app.db.batchsettings import BatchSettings
 from app.db.models import (
     FINISHED_STATUSES,
     Batch,
@@ -27,9 +28,9 @@ RATING_ORDER = ("Buy", "Overweight", "Hold", "Underweight", "Sell")
 
 class RankRow(BaseModel):
     """One ticker of a ranked night. The one definition of a ranking row's fields: the rows
-    ``app.morning.changes.RankedRow`` and ``app.web.views.HistoryPoint`` serve extend it, so a field
-    added here appears in their JSON too, in this order. No field has a default, so the API
-    schema keeps listing every one as required."""
+    ``app.morning.changes.RankedRow`` and ``app.morning.views.HistoryPoint`` serve extend
+    it, so a field added here appears in their JSON too, in this order. No field has a
+    default, so the API schema keeps listing every one as required."""
 
     rank: int | None
     ticker: str
@@ -73,7 +74,7 @@ def earlier_nights(engine: Engine, batch_id: int) -> list[tuple[int, bool]]:
     order of nights (the night before first), each with whether it ran on DEMO data."""
     current = batch_row(engine, batch_id)
     with Session(engine) as session:
-        return [(b.id, bool((b.settings or {}).get("demo_data"))) for b in session.scalars(
+        return [(b.id, BatchSettings.read(b.settings).demo_data) for b in session.scalars(
             nights_newest_first(Batch.status.in_(FINISHED_STATUSES),
                                 Batch.as_of < current.as_of))]
 

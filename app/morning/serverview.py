@@ -10,6 +10,7 @@ import numpy as np
 from pydantic.dataclasses import dataclass
 from sqlalchemy import Engine, select
 
+from app.db.batchsettings import BatchSettings
 from app.db.models import Batch, LLMCall, ServerSample
 from app.errors import InputError
 from app.traffic.budget import TokenBudget
@@ -92,7 +93,7 @@ UNRECORDED = -1
 """``request_cap`` for a capped client whose cap the batch did not record."""
 
 
-def request_cap(settings: dict[str, Any]) -> int | None:
+def request_cap(settings: BatchSettings) -> int | None:
     """Return the most requests the batch's client let be in flight per endpoint.
 
     ``adaptive`` grows to its ``maximum`` knob, else ``max_concurrency`` (recorded with the
@@ -101,7 +102,7 @@ def request_cap(settings: dict[str, Any]) -> int | None:
     on requests — ``fixed-N`` and ``fixed-all`` cap tickers, not requests, and a bench's
     ``flood`` sends every call at once.
     """
-    name = str(settings.get("strategy") or "adaptive")
+    name = settings.strategy or "adaptive"
     try:
         strategy = Strategy.parse(name)
     except InputError:
@@ -112,8 +113,7 @@ def request_cap(settings: dict[str, Any]) -> int | None:
     knob = dict(strategy.policy).get("maximum")
     if knob is not None:
         return int(knob)
-    cap = settings.get("max_concurrency")
-    return cap if isinstance(cap, int) else UNRECORDED
+    return UNRECORDED if settings.max_concurrency is None else settings.max_concurrency
 
 
 def near(cap: int) -> int:
@@ -211,7 +211,7 @@ def server_view(engine: Engine, batch_id: int, endpoint: str | None = None) -> S
     several = len(series) > 1
     running = np.array([r.running for r in rows])
     waiting = np.array([r.waiting for r in rows])
-    cap = request_cap(settings or {})
+    cap = request_cap(BatchSettings.read(settings))
     # The cap is per endpoint: judge each endpoint's readings alone, then pool the shares.
     shares: dict[str, float] = {}
     for one in series.values():

@@ -9,7 +9,7 @@ ranking``, the pages, the API, the morning digest and the metrics, so they all s
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Annotated, Any
@@ -17,7 +17,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, computed_field
 from sqlalchemy import Connection, Engine, Select, and_, func, or_, select
 
-from app.db.lock import NightlyLockView, Runner, run_gone
+from app.db.batchsettings import BatchSettings
+from app.db.lock import NightlyLockView, run_gone
 from app.db.models import (
     INFRASTRUCTURE,
     Batch,
@@ -103,20 +104,20 @@ class Seen:
         self.read_ends([batch_id])
         return self._ends.get(batch_id)
 
-    def alive_at(self, batch_id: int, kind: str, settings: dict[str, Any] | None
+    def alive_at(self, batch_id: int, kind: str, settings: Mapping[str, Any] | None
                  ) -> datetime | None:
         """Return the batch's last sign of life besides its heartbeat: the later of its last
         call's end (a call ends only in a live process) and, for a nightly batch whose
         runner holds the nightly lock, that holder's last statement (it tries its heartbeat
         on the lock's connection even while the batch row is held: PostgreSQL, where this
         role may read it). None: neither is known."""
-        runner = Runner.of(settings)
+        runner = BatchSettings.read(settings).runner
         signs = [self.last_call_at(batch_id),
                  self.lock.holder_active_at(runner)
                  if kind == "nightly" and runner is not None else None]
         return max((moment for moment in signs if moment is not None), default=None)
 
-    def last_alive(self, batch_id: int, kind: str, settings: dict[str, Any] | None,
+    def last_alive(self, batch_id: int, kind: str, settings: Mapping[str, Any] | None,
                    heartbeat_at: datetime | None, started_at: datetime | None
                    ) -> datetime | None:
         """Return when a batch that reads crashed was last alive: ``last_alive`` of every
@@ -124,7 +125,7 @@ class Seen:
         every surface, the moment its reason names, and its stored end once marked."""
         return last_alive(started_at, heartbeat_at, self.alive_at(batch_id, kind, settings))
 
-    def status(self, batch_id: int, status: str, kind: str, settings: dict[str, Any] | None,
+    def status(self, batch_id: int, status: str, kind: str, settings: Mapping[str, Any] | None,
                heartbeat_at: datetime | None, started_at: datetime | None, stale_s: float,
                now: datetime) -> tuple[str, str | None]:
         """Return a batch's status (``status_of``) and, where it reads ``crashed`` while its
@@ -139,7 +140,7 @@ class Seen:
             alive_at = self.alive_at(batch_id, kind, settings)
             # A runner alive on this host: a forward step of the wall clock since its beat
             # is no silence of its own (a live night was read, and marked, crashed).
-            runner = Runner.of(settings)
+            runner = BatchSettings.read(settings).runner
             now -= timedelta(seconds=runner.stepped_s() if runner is not None else 0.0)
         read = status_of(status, heartbeat_at, started_at, stale_s, now, gone, alive_at)
         if read == status:
@@ -275,10 +276,10 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None,
     its error ``plain_error``'s. A request that shows several batches gives each one ``Seen``.
     """
     now = now or datetime.now(UTC)
-    settings = batch.settings or {}
+    settings = BatchSettings.read(batch.settings)
     seen = Seen.of(engine)
-    status, why = seen.status(batch.id, batch.status, batch.kind, settings, batch.heartbeat_at,
-                              batch.started_at, stale_s, now)
+    status, why = seen.status(batch.id, batch.status, batch.kind, batch.settings,
+                              batch.heartbeat_at, batch.started_at, stale_s, now)
     error = why or plain_error(batch.error)
     end = ended_at(batch, status, seen)
     return BatchSummary(
@@ -290,10 +291,9 @@ def summarize(batch: Any, stale_s: float, now: datetime | None = None,
         tickers_total=batch.tickers_total or 0,
         tickers_succeeded=batch.tickers_succeeded or 0,
         tickers_failed=batch.tickers_failed or 0, error=error,
-        demo=bool(settings.get("demo_data")), samples=settings.get("samples"),
-        model=settings.get("model"), server_profile=settings.get("server_profile"),
-        strategy=settings.get("strategy"), source_batch_id=batch.source_batch_id,
-        notes=list(settings.get("universe_notes") or []))
+        demo=settings.demo_data, samples=settings.samples, model=settings.model,
+        server_profile=settings.server_profile, strategy=settings.strategy,
+        source_batch_id=batch.source_batch_id, notes=settings.universe_notes)
 
 
 def batch_summary(engine: Engine, batch_id: int, stale_s: float, seen: Seen | None = None

@@ -12,12 +12,12 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from agents.decision import contradicts, rating_for_score
+from app.db.batchsettings import BatchSettings
 from app.db.models import (
     FINISHED_STATUSES,
     Batch,
@@ -47,7 +47,7 @@ class BatchGrades:
     kind: str
     as_of: date
     status: str
-    settings: dict[str, Any]
+    settings: BatchSettings
     tickers: dict[str, list[Grade]] = field(default_factory=dict)
     """Tickers with at least one decision, sorted; their grades sorted by sample."""
     without_decision: list[str] = field(default_factory=list)
@@ -85,7 +85,8 @@ def load_grades(engine: Engine, batch_id: int) -> BatchGrades:
                             .order_by(Decision.ticker, Decision.sample)).all()
         planned = conn.execute(select(TickerRun.ticker)
                                .where(TickerRun.batch_id == batch_id)).scalars().all()
-    grades = BatchGrades(batch.id, batch.kind, batch.as_of, batch.status, batch.settings or {})
+    grades = BatchGrades(batch.id, batch.kind, batch.as_of, batch.status,
+                         BatchSettings.read(batch.settings))
     for row in rows:
         # A row written before the bands existed has no stored verdict: judge it now.
         flag = row.contradicts if row.contradicts is not None else contradicts(row.rating,

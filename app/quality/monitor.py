@@ -23,6 +23,7 @@ from sqlalchemy import Engine, delete, insert, select
 
 from agents.decision import RATINGS
 from app.config import Settings
+from app.db.batchsettings import BatchSettings
 from app.db.models import FINISHED_STATUSES, Batch, BatchWarning
 from app.errors import InputError
 from app.quality.grades import load_grades
@@ -246,12 +247,12 @@ def history(engine: Engine, batch_id: int) -> list[NightRecord]:
     """
     with engine.connect() as conn:
         # Only the nights on the same data, DEMO or market: a move between them is the data's.
-        demo = bool((conn.execute(select(Batch.settings).where(Batch.id == batch_id))
-                     .scalar() or {}).get("demo_data"))
+        demo = BatchSettings.read(conn.execute(select(Batch.settings)
+                                               .where(Batch.id == batch_id)).scalar()).demo_data
         earlier = [i for i, done in conn.execute(
             select(Batch.id, Batch.settings).where(Batch.kind == "nightly", Batch.id < batch_id,
                                                    Batch.status.in_(FINISHED_STATUSES))
-            .order_by(Batch.id)) if bool((done or {}).get("demo_data")) == demo]
+            .order_by(Batch.id)) if BatchSettings.read(done).demo_data == demo]
         marks = conn.execute(
             select(BatchWarning.batch_id, BatchWarning.kind, BatchWarning.details)
             .where(BatchWarning.batch_id < batch_id,

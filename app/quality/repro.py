@@ -49,7 +49,7 @@ def summarize(grades: BatchGrades) -> BatchSummary:
         without_decision=grades.without_decision,
         distribution=distribution([grades.consensus(t)[0] for t in grades.tickers]),
         decisions=len(rows), contradicting=sum(g.contradicts for g in rows),
-        demo=bool(grades.settings.get("demo_data")),
+        demo=grades.settings.demo_data,
     )
 
 
@@ -99,7 +99,7 @@ def repro(engine: Engine, batch_ids: list[int], *, resamples: int = 1000) -> Rep
     if len({g.as_of for g in loaded}) > 1:
         notes.append("the batches have different as-of dates: differences mix noise with "
                      "changed inputs")
-    if all(g.settings.get("request_seeds") for g in loaded):
+    if all(g.settings.request_seeds for g in loaded):
         notes.append("every batch sent per-call seeds, which derive from (ticker, node, "
                      "sample): the same sample index repeats the same random draws, so these "
                      "are not independent runs and their agreement may be overstated; measure "

@@ -25,6 +25,7 @@ from sqlalchemy import Engine
 from agents.data import DataProvider, get_provider
 from agents.decision import RATINGS
 from app.config import Settings
+from app.db.batchsettings import BatchSettings
 from app.db.models import FINISHED_STATUSES, Batch, night_of_each_date
 from app.errors import DataError, InputError, NoNightYet
 from app.quality.forward import (
@@ -337,7 +338,7 @@ def providers(settings: Settings) -> Callable[[BatchGrades], DataProvider]:
     built: dict[str, DataProvider] = {}
 
     def provider_for(grades: BatchGrades) -> DataProvider:
-        name = str(grades.settings.get("data_provider") or settings.agents.data_provider)
+        name = grades.settings.data_provider or settings.agents.data_provider
         if name not in built:
             built[name] = get_provider(name, settings.paths.data_dir)
         return built[name]
@@ -357,7 +358,7 @@ def track_nights(engine: Engine, *, nights: int | None = None,
     found = night_of_each_date(engine, Batch.status.in_(FINISHED_STATUSES), *dated)
     # The newest night's data only: a DEMO night's synthetic returns and market ones are two
     # records, not one (a demo run before the market nights, or between them).
-    demo = [bool((n.settings or {}).get("demo_data")) for n in found]
+    demo = [BatchSettings.read(n.settings).demo_data for n in found]
     ids = [n.id for n, d in zip(reversed(found), reversed(demo), strict=True) if d == demo[0]]
     if nights is not None:
         ids = ids[-nights:]
@@ -405,7 +406,7 @@ def track_report(engine: Engine, batch_ids: Sequence[int], horizons: Sequence[in
                        first=loaded[0].as_of.isoformat() if loaded else None,
                        last=loaded[-1].as_of.isoformat() if loaded else None,
                        benchmark=benchmark, horizons=records,
-                       demo=any(g.settings.get("demo_data") for g in loaded))
+                       demo=any(g.settings.demo_data for g in loaded))
 
 
 def _check_benchmark(benchmark: str, loaded: Sequence[BatchGrades],

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 
+from app.db.batchsettings import FallbackRecord
 from app.traffic.budget import TokenBudget
 from app.traffic.holdback import COLUMNS, HoldBack
 from app.traffic.sampler import MetricsSampler
@@ -126,14 +127,6 @@ class HoldBackTimeline(BaseModel, frozen=True):
 
     columns: list[str]
     endpoints: dict[str, list[list[Any]]]
-
-
-class FallbackRecord(BaseModel, frozen=True):
-    """A batch's time without /metrics, as its settings store it (``metrics_fallback``)."""
-
-    readings_missed: int
-    seconds: float
-    limit: int  # the request limit held meanwhile
 
 
 def budget(b: TokenBudget) -> BudgetSummary:

@@ -7,8 +7,9 @@ from __future__ import annotations
 from rich.console import Console
 from sqlalchemy import Engine
 
+from app.db.batchsettings import FallbackRecord
 from app.recorder import figures
-from app.recorder.figures import Admission, FallbackRecord, HoldBackTimeline
+from app.recorder.figures import Admission, HoldBackTimeline
 from app.recorder.progress import BatchProgress
 from app.traffic.server import ServerSet
 from app.traffic.strategy import Strategy

@@ -232,7 +232,7 @@ def _tell_unstored(settings: Settings, start: BatchPlan | resumable.ResumePoint,
     row still says running, so the digest its end sends is not built; this one says why
     and the resume that continues it. Not a refusal: nothing is stored (it could not be)."""
     what = f"nightly batch #{batch_id}" if start.kind == "nightly" else f"batch #{batch_id}"
-    demo = (bool(start.settings.get("demo_data")) if isinstance(start, resumable.ResumePoint)
+    demo = (start.settings.demo_data if isinstance(start, resumable.ResumePoint)
             else refusal_demo(settings, start.as_of))
     send_refusal(settings, start.as_of, first_line(error, 400).split("; resume with")[0],
                  "once the database takes writes again (room on its disk, or back), continue "
@@ -428,7 +428,7 @@ def _resume(settings: Settings, engine: Engine, batch_id: int, server: ServerChe
         tell_refusal(settings, point.as_of, first_line(error, 400),
                      f"fix that, then continue it: {again}", command=again,
                      outcome=f"batch #{batch_id} not continued",
-                     demo=bool(point.settings.get("demo_data")))  # as the batch is labelled
+                     demo=point.settings.demo_data)  # as the batch is labelled
 
     return NightlyResult(execute_plan(settings, engine, point, lock, server=server,
                                       announce=announce, refused=refused if nightly else None),

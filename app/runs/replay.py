@@ -15,6 +15,7 @@ from agents.chat import CallTag
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan, TickerWork
 from app.batch.store import DecisionRow
 from app.config import Settings
+from app.db.batchsettings import BatchSettings
 from app.db.models import Batch, LLMCall, LLMRequest, TickerRun, batch_row
 from app.errors import InputError, LLMError
 from app.recorder.record import Recorder
@@ -169,7 +170,8 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
 
     # The night's DEMO label: its prompts, DEMO data and all, are what the replay sends. The
     # engine labels only the graph's work, so the first ticker to start labels the batch.
-    demo_label = {"demo": bool((source.settings or {}).get("demo_data"))}
+    recorded = BatchSettings.read(source.settings)
+    demo_label = {"demo": recorded.demo_data}
 
     async def work(ticker: str, gated: TickerClient, replay_id: int) -> list[DecisionRow]:
         if demo_label.pop("demo", False):
@@ -178,7 +180,7 @@ async def replay_batch(settings: Settings, engine: Engine, batch_id: int, *,
 
     weights = {t: float(sum(i.body.get("max_tokens", 0) for i in items))
                for t, items in workload.items()}
-    samples = int((source.settings or {}).get("samples", 1))
+    samples = recorded.samples or 1
     plan = BatchPlan("replay", source.as_of, sorted(workload), samples, strategy,
                      label or f"replay of {batch_id}", source_batch_id=batch_id, notes=notes)
     runner = runner or BatchEngine(settings, engine, **engine_kwargs)
@@ -191,9 +193,10 @@ def _label_demo(engine: Engine, batch_id: int) -> None:
     """Mark batch ``batch_id`` as run on DEMO data (``demo_data`` in its settings), as every
     view that labels a DEMO night reads it; the engine's end keeps it (it adds, not replaces)."""
     with engine.begin() as conn:
-        settings = conn.execute(select(Batch.settings).where(Batch.id == batch_id)).scalar()
+        settings = BatchSettings.read(
+            conn.execute(select(Batch.settings).where(Batch.id == batch_id)).scalar())
         conn.execute(update(Batch).where(Batch.id == batch_id).values(
-            settings={**(settings or {}), "demo_data": True}))
+            settings=settings.updated(demo_data=True).stored()))
 
 
 def _tickers_of(engine: Engine, batch_id: int) -> list[str]:

@@ -19,10 +19,12 @@ from typing import Any
 from sqlalchemy import Engine, func, select, update
 
 from app.batch.engine import BatchPlan
-from app.config import Settings
+from app.config import Settings, SettingsSnapshot
 from app.db import retry
-from app.db.lock import Runner, holder_gone
+from app.db.batchsettings import BatchSettings
+from app.db.lock import holder_gone
 from app.db.models import INFRASTRUCTURE, Batch, LLMCall, TickerRun, newest_first
+from app.db.runner import Runner
 from app.errors import AlreadyRunningError, DatabaseError, InputError, NoNightYet
 from app.morning.summary import (
     DIED,
@@ -65,7 +67,7 @@ class ResumePoint:
     kind: str
     as_of: date
     label: str | None
-    settings: dict[str, Any]
+    settings: BatchSettings
     tickers: list[str]  # left to do, in the batch's order
     finished: int  # tickers already finished (succeeded, or failed for good)
     status: str  # how it stood before this resume
@@ -83,16 +85,15 @@ class ResumePoint:
 
     def plan(self) -> BatchPlan:
         """Return the batch's plan: its tickers left, its samples and strategy as recorded."""
-        return BatchPlan(self.kind, self.as_of, self.tickers,
-                         int(self.settings.get("samples", 1)),
-                         str(self.settings.get("strategy", "adaptive")), self.label)
+        return BatchPlan(self.kind, self.as_of, self.tickers, self.settings.samples or 1,
+                         self.settings.strategy or "adaptive", self.label)
 
     def shaped(self, settings: Settings) -> Settings:
         """Return the settings the batch resumes with: ``settings`` with its recorded
         ``KEPT`` values. InputError (one line, naming both values and the ways out) when
         a ``MATCHED`` one differs, the batch has answers made under the recorded one and
         tickers left to ask more (with none, the resume only writes its end)."""
-        recorded, now = _flat(dict(self.settings)), _flat(dict(settings.snapshot()))
+        recorded, now = _flat(self.settings), _flat(settings.snapshot())
         changed = [key for key in MATCHED if key in recorded and recorded[key] != now[key]]
         if changed and self.answered and self.tickers:
             key = changed[0]
@@ -107,7 +108,7 @@ class ResumePoint:
     def kept(self, settings: Settings) -> dict[str, tuple[Any, Any]]:
         """Return the ``KEPT`` settings whose recorded value ``settings`` would change:
         name -> (the batch's, the settings'); the resume runs with the batch's."""
-        recorded, now = _flat(dict(self.settings)), _flat(dict(settings.snapshot()))
+        recorded, now = _flat(self.settings), _flat(settings.snapshot())
         return {key: (recorded[key], now[key]) for key in KEPT
                 if key in recorded and recorded[key] != now[key]}
 
@@ -115,7 +116,7 @@ class ResumePoint:
         """Say that the batch's output budgets are its own and the way out of them (None:
         it recorded none, and the settings' apply): what a refusal advises instead of
         lowering NIGHTDESK_NODE_MAX_TOKENS, which a resume would not read."""
-        if "node_max_tokens" not in self.settings:
+        if self.settings.node_max_tokens is None:
             return None
         return (f"batch {self.batch_id} keeps the NIGHTDESK_NODE_MAX_TOKENS it ran with; "
                 f"analyze {self.as_of} anew with lower ones: `{self.anew(settings)}`")
@@ -125,7 +126,7 @@ class ResumePoint:
         same tickers, samples and strategy under ``settings``: the options a new start
         would otherwise take from elsewhere are given (the universe's tickers, or the
         first N of them, unless they are the batch's own; NIGHTDESK_SAMPLES)."""
-        samples = int(self.settings.get("samples", 1))
+        samples = self.settings.samples or 1
         if self.kind == "rerun" and self.planned:
             also = f" --samples {samples}" if samples != 1 else ""
             return f"nightdesk rerun {self.planned[0]} --as-of {self.as_of}{also}"
@@ -137,7 +138,7 @@ class ResumePoint:
         else:
             picks = f" --tickers {','.join(chosen)}"
         also = f" --samples {samples}" if samples != settings.batch.samples else ""
-        strategy = str(self.settings.get("strategy", "adaptive"))
+        strategy = self.settings.strategy or "adaptive"
         also += f" --strategy {strategy}" if strategy != "adaptive" else ""
         return f"nightdesk run --as-of {self.as_of}{picks}{also}"
 
@@ -148,8 +149,8 @@ class ResumePoint:
         The spool is found by its home (an operator's shell beside the units'
         /var/lib/nightdesk): resumed there, the batch would end without those rows and leave
         the file, saying nothing."""
-        home = self.settings.get("home")
-        if not isinstance(home, str) or Path(home) == settings.paths.home:
+        home = self.settings.home
+        if home is None or Path(home) == settings.paths.home:
             return
         url = settings.store.database_url
         theirs = spool_path(Path(home), url, self.batch_id)
@@ -160,15 +161,15 @@ class ResumePoint:
                 f"to {spool_path(settings.paths.home, url, self.batch_id)})")
 
     @retry.retried
-    def reopen(self, engine: Engine, recorded: dict[str, Any]) -> None:
+    def reopen(self, engine: Engine, recorded: BatchSettings) -> None:
         """Set the batch running again and its tickers left queued for another attempt;
         ``recorded``: what this run records of its settings (its data home among them),
         over what the last run recorded."""
         now = datetime.now(UTC)
         with engine.begin() as conn:
-            settings = {**self.settings, **recorded}
-            settings["resumes"] = [*settings.get("resumes", []), now.isoformat()]
-            settings["runner"] = Runner.current().model_dump()
+            settings = self.settings.updated(**recorded.model_dump(exclude_unset=True),
+                                             resumes=[*self.settings.resumes, now],
+                                             runner=Runner.current()).stored()
             conn.execute(update(Batch).where(Batch.id == self.batch_id)
                          .values(status="running", heartbeat_at=now, finished_at=None,
                                  error=None, settings=settings))
@@ -195,9 +196,11 @@ class ResumePoint:
                 {r.ticker: r.error or "failed" for r in rows if r.status == "failed"})
 
 
-def _flat(recorded: dict[str, Any]) -> dict[str, Any]:
-    """Return recorded settings with the sampling group's keys beside the others."""
-    return {**recorded, **(recorded.get("sampling") or {})}
+def _flat(recorded: SettingsSnapshot) -> dict[str, Any]:
+    """Return the settings recorded (those a row holds) with the sampling group's keys
+    beside the others."""
+    held = recorded.model_dump(exclude_unset=True)
+    return {**held, **(held.get("sampling") or {})}
 
 
 @retry.retried
@@ -290,7 +293,7 @@ def _crash_if_gone(engine: Engine, batch_id: int) -> None:
     with engine.begin() as conn:
         row = conn.execute(select(Batch.status, Batch.settings)
                            .where(Batch.id == batch_id)).one()
-        runner = Runner.of(row.settings)
+        runner = BatchSettings.read(row.settings).runner
         if row.status == "running" and runner is not None and runner.alive() is False:
             _crash(conn, {batch_id: f"its process {runner.pid} is gone"})
 
@@ -365,11 +368,12 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
             raise InputError(f"batch {batch_id} ({batch.status}) has no tickers left to run"
                              + own)
     try:
-        Strategy.parse(str((batch.settings or {}).get("strategy", "adaptive")))
+        Strategy.parse(BatchSettings.read(batch.settings).strategy or "adaptive")
     except InputError as error:
         raise InputError(f"batch {batch_id} cannot resume: {error}") from None
     infrastructure = len([t for t in left if failed.get(t) == INFRASTRUCTURE])
     retried = len([t for t in left if t in failed]) - infrastructure
-    return ResumePoint(batch_id, batch.kind, batch.as_of, batch.label, dict(batch.settings or {}),
-                       left, len(ended) - infrastructure - retried, batch.status,
-                       infrastructure, retried, int(answered), planned)
+    return ResumePoint(batch_id, batch.kind, batch.as_of, batch.label,
+                       BatchSettings.read(batch.settings), left,
+                       len(ended) - infrastructure - retried, batch.status, infrastructure,
+                       retried, int(answered), planned)

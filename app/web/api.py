@@ -1,6 +1,6 @@
 """Serve the pages' data as JSON: ``/api/ranking``, ``/api/batches[/{id}]``, ``/api/tickers/…``.
 
-Each route's payload is a model of ``app.web.views``; FastAPI writes it as its JSON.
+Each route's payload is a model of ``app.morning.views``; FastAPI writes it as its JSON.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
+from app.morning import views
 from app.morning.summary import BatchSummary
-from app.web import views
 from app.web.reruns import RerunJob
 from app.web.state import State, require_user
 from app.web.symbols import batch_id_or_404, batch_ids, symbol_or_404

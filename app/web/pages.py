@@ -10,10 +10,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel
 
-from app.morning import nightstatus
+from app.morning import nightstatus, views
 from app.morning.accounting import COMPARE_COLUMNS
 from app.morning.summary import Seen
-from app.web import charts, views
+from app.web import charts
 from app.web.auth import CSRF_FIELD
 from app.web.plots import batch_plots, compare_plots
 from app.web.reruns import RerunJob

@@ -5,10 +5,10 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from app.morning.accounting import Arm
+from app.morning.series import Gauges
+from app.morning.views import BatchView, CompareView
 from app.web import charts
 from app.web.charts import Series
-from app.web.series import Gauges
-from app.web.views import BatchView, CompareView
 
 
 def _short(endpoint: str | None) -> str:

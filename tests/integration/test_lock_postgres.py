@@ -25,6 +25,7 @@ from agents.data.demo import DEMO_AS_OF, write_demo
 from app.batch import store
 from app.config import load_settings
 from app.db import lock
+from app.db.batchsettings import BatchSettings
 from app.db.engine import get_engine
 from app.db.lock import ADVISORY_KEY, nightly_lock
 from app.db.models import Batch, LLMCall, TickerRun
@@ -32,7 +33,7 @@ from app.errors import AlreadyRunningError
 from app.morning.advice import running_night
 from app.morning.digest import build_digest
 from app.morning.summary import list_batches
-from app.web.views import batch_view, ranking_view, running_batches, ticker_view
+from app.morning.views import batch_view, ranking_view, running_batches, ticker_view
 from tests.integration.conftest import ADMIN_DSN, private_database
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.daemon_clock import NIGHT, Recorder, daemon_for, local, running, tick
@@ -77,7 +78,7 @@ def test_second_start_during_a_batch_is_refused_on_postgres(
 def test_cli_run_exits_4_while_another_process_holds_the_advisory_lock(
         pg_engine: Engine) -> None:
     running_id = store.create_batch(pg_engine, kind="nightly", as_of=date(2026, 11, 27),
-                                    tickers=["AAA"], samples=1, settings={},
+                                    tickers=["AAA"], samples=1, settings=BatchSettings(),
                                     server_facts=None)
     env = {**os.environ, "NIGHTDESK_DATABASE_URL": url_of(pg_engine),
            "NIGHTDESK_LLM_BASE_URL": "http://127.0.0.1:9/v1", "NIGHTDESK_LOG_FORMAT": "json"}
@@ -253,7 +254,7 @@ def test_a_lock_connection_killed_at_every_try_misses_beats_boundedly_then_is_re
     # the kills went on. Once they stop, the next beat takes it back: one holder, ours.
     monkeypatch.setattr(lock, "RETAKE_WAIT_S", 0.05)
     batch_id = store.create_batch(pg_engine, kind="nightly", as_of=DEMO_AS_OF, tickers=[],
-                                  samples=1, settings={}, server_facts=None)
+                                  samples=1, settings=BatchSettings(), server_facts=None)
     beats = 4
     kills = Killer(beats * lock.RETAKES + 50)  # more than the beats use: without a bound,
     with nightly_lock(pg_engine) as hold:     # the old recursion ran on into them
@@ -296,7 +297,7 @@ def test_a_lock_taken_by_another_session_while_the_connection_was_down_is_report
     # (one error line), nothing is retried against it, and keep() raises AlreadyRunning.
     monkeypatch.setattr(lock, "RETAKE_WAIT_S", 0.05)
     batch_id = store.create_batch(pg_engine, kind="nightly", as_of=DEMO_AS_OF, tickers=[],
-                                  samples=1, settings={}, server_facts=None)
+                                  samples=1, settings=BatchSettings(), server_facts=None)
     with nightly_lock(pg_engine) as hold:
         assert isinstance(hold, lock._AdvisoryHold)
         kills = Killer(1)

@@ -31,6 +31,7 @@ from agents.graph import node_names
 from app.batch import store
 from app.batch.engine import BatchEngine, BatchPlan
 from app.config import load_settings
+from app.db.batchsettings import BatchSettings
 from app.db.engine import get_engine, timed_out
 from app.db.lock import nightly_lock, scheduler_lock
 from app.db.models import Batch
@@ -180,7 +181,7 @@ def test_a_heartbeat_held_up_by_a_row_lock_is_missed_in_one_line_and_the_lock_ke
     # stores it.
     engine = get_engine(pg_url, 1.0)
     batch_id = store.create_batch(engine, kind="nightly", as_of=DEMO_AS_OF, tickers=[],
-                                  samples=1, settings={}, server_facts=None)
+                                  samples=1, settings=BatchSettings(), server_facts=None)
     dsn = make_url(pg_url).set(drivername="postgresql").render_as_string(hide_password=False)
     with nightly_lock(engine, 1.0) as hold:
         before = _beat_at(engine, batch_id)

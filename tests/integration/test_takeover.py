@@ -23,6 +23,7 @@ from sqlalchemy import Engine, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.batch import store
+from app.db.batchsettings import BatchSettings
 from app.db.engine import get_engine, upgrade
 from app.db.models import Batch, LLMCall, TickerRun
 from tests.integration.pgcluster import private_cluster
@@ -61,7 +62,7 @@ def test_kill_9_then_resume_without_an_id_continues_that_batch_at_once(night: Pa
     # An older night, interrupted with a ticker left: the newest batch must still win.
     older = store.create_batch(db, kind="nightly", as_of=DEMO_AS_OF,
                                tickers=demo_tickers(1), samples=1,
-                               settings={"samples": 1, "strategy": "adaptive"},
+                               settings=BatchSettings(samples=1, strategy="adaptive"),
                                server_facts=None)
     store.finish_batch(db, older, "interrupted", "interrupted by the operator")
     with fault_server(night) as server:

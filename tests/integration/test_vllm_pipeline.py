@@ -20,6 +20,7 @@ from app.batch.engine import BatchEngine, BatchPlan
 from app.bench.schedulers import machine_facts
 from app.cli.report import compare_table
 from app.config import Settings, load_settings
+from app.db.batchsettings import BatchSettings
 from app.db.engine import get_engine, upgrade
 from app.db.models import Decision as DecisionRow
 from app.db.models import LLMCall
@@ -120,7 +121,7 @@ async def test_prompt_over_max_model_len_is_caught_before_sending(
     upgrade(sqlite_url)
     engine = get_engine(sqlite_url)
     batch_id = store.create_batch(engine, kind="nightly", as_of=DEMO_AS_OF, tickers=["LONG"],
-                                  samples=1, settings={}, server_facts=None)
+                                  samples=1, settings=BatchSettings(), server_facts=None)
     long_prompt = "word " * (vllm_server.max_model_len + 500)
     messages = [{"role": "user", "content": long_prompt}]
     settings = cpu_settings(monkeypatch, vllm_server, max_attempts=1)

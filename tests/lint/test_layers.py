@@ -21,6 +21,7 @@ APP_ACYCLIC = "app's modules import each other in no circle"
 MORNING = "app.morning is layered bottom-up (app/morning/__init__.py)"
 RUNS = "app.runs is layered bottom-up (app/runs/__init__.py)"
 RECORDER = "app.recorder is layered bottom-up (app/recorder/__init__.py)"
+WEB_RENDERS = "app.web reads no row itself: it imports no table (app.db.models)"
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
@@ -51,6 +52,7 @@ def test_contract_holds_on_this_tree() -> None:
     assert f"{APP_ACYCLIC} KEPT" in result.stdout
     assert f"{MORNING} KEPT" in result.stdout
     assert f"{RUNS} KEPT" in result.stdout
+    assert f"{WEB_RENDERS} KEPT" in result.stdout
 
 
 def test_contract_holds_on_an_unchanged_copy(tmp_path: Path) -> None:
@@ -77,6 +79,9 @@ def test_contract_holds_on_an_unchanged_copy(tmp_path: Path) -> None:
         # The engine reaching up into the recorder attached to it.
         ("app/batch/wrong.py", "from app.recorder.figures import admission\n", APP_LAYERS,
          "app.batch.wrong -> app.recorder.figures"),
+        # A page reading rows itself instead of through the read side's views.
+        ("app/web/wrong.py", "from app.db.models import Batch\n", WEB_RENDERS,
+         "app.web.wrong -> app.db.models"),
     ],
 )
 def test_one_wrong_import_breaks_the_contract(tmp_path: Path, module: str, line: str,

@@ -87,7 +87,7 @@ def test_endpoints_from_a_comma_list_in_the_environment(monkeypatch: pytest.Monk
     s = load_settings()
     assert s.llm.urls == ["http://h:8000/v1", "https://h:8001/v1"]
     assert s.llm.url == "http://h:8000/v1"
-    assert s.snapshot()["base_url"] == "http://h:8000/v1,https://h:8001/v1"
+    assert s.snapshot().base_url == "http://h:8000/v1,https://h:8001/v1"
 
 
 def test_endpoints_from_a_toml_array(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

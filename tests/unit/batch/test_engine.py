@@ -59,6 +59,7 @@ async def test_batch_stores_decisions_calls_and_requests(sqlite_engine: Engine,
     assert statuses == {"succeeded"}
     assert batch.status == "succeeded" and batch.tickers_succeeded == 4
     assert batch.settings["demo_data"] is True and batch.settings["samples"] == 2
+    assert batch.settings["schema_version"] == 2  # written by app/db/batchsettings.py's model
     _, rows = ranking(sqlite_engine)
     assert [r.rank for r in rows] == [1, 2, 3, 4]
     assert all(r.samples == 2 for r in rows)

@@ -23,6 +23,7 @@ from app.batch import store
 from app.batch.engine import BatchEngine, BatchPlan
 from app.cli import app as cli
 from app.config import load_settings
+from app.db.batchsettings import BatchSettings
 from app.db.lock import nightly_lock
 from app.db.models import Batch, Decision, LLMCall, TickerRun
 from app.errors import AlreadyRunningError, InputError, StorageOutage
@@ -136,7 +137,7 @@ async def test_a_resumed_node_is_a_new_call_beside_the_cut_one(sqlite_engine: En
 
 def stale_batch(db: Engine, tickers: list[str], age_s: float) -> int:
     batch_id = store.create_batch(db, kind="nightly", as_of=DEMO_AS_OF, tickers=tickers,
-                                  samples=1, settings={"samples": 1, "strategy": "adaptive"},
+                                  samples=1, settings=BatchSettings(samples=1, strategy="adaptive"),
                                   server_facts=None)
     with db.begin() as conn:
         conn.execute(update(Batch).where(Batch.id == batch_id).values(
@@ -225,7 +226,7 @@ def test_stale_running_batch_is_crashed_by_report_and_resumed_by_run(
 
 def test_a_rerun_with_a_fresh_heartbeat_is_already_running(sqlite_engine: Engine) -> None:
     rerun = store.create_batch(sqlite_engine, kind="rerun", as_of=DEMO_AS_OF, tickers=["AAA"],
-                               samples=1, settings={}, server_facts=None)
+                               samples=1, settings=BatchSettings(), server_facts=None)
     # Reruns take no lock: their heartbeat is what says a process still owns them.
     with pytest.raises(AlreadyRunningError, match=f"already running: batch {rerun} "):
         resume_recorded(load_settings(), sqlite_engine, rerun)
@@ -366,7 +367,7 @@ def test_a_ticker_a_finished_batch_left_unrun_is_taken_up_by_the_resume(
     from app.morning.summary import tickers_left
 
     batch = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
-                               tickers=["AAA", "BBB"], samples=1, settings={},
+                               tickers=["AAA", "BBB"], samples=1, settings=BatchSettings(),
                                server_facts=None)
     store.ticker_started(sqlite_engine, batch, "AAA")
     store.finish_batch(sqlite_engine, batch, "partial")

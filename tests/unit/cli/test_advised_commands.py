@@ -23,6 +23,7 @@ from typer.core import TyperGroup
 
 from app.cli import app
 from app.config import CONFIG_ENV, FLAT, OTHER_ENV, TEST_ENV_PREFIX
+from app.db.batchsettings import BatchSettings
 from serving.preflight import PREPARE_MODEL, SETUP_SCRIPT
 from tests.unit.support.wheel import shipped
 
@@ -184,8 +185,8 @@ def test_the_commands_made_from_a_batchs_state_have_only_options_the_cli_has() -
 
     def point(kind: str, planned: list[str], universe: list[str] | None,
               recorded: dict[str, Any]) -> ResumePoint:
-        return ResumePoint(7, kind, day, None, recorded, planned[:1], 0, "crashed",
-                           planned=tuple(planned),
+        return ResumePoint(7, kind, day, None, BatchSettings.read(recorded), planned[:1], 0,
+                           "crashed", planned=tuple(planned),
                            universe=None if universe is None else tuple(universe))
 
     made = [point("nightly", ["A", "B"], ["A", "B", "C"], {"samples": 3}).anew(settings),

@@ -20,8 +20,10 @@ from agents.data.demo import demo_tickers
 from app.batch import store
 from app.cli import app as cli
 from app.config import load_settings
-from app.db.lock import Runner, _stat, lock_file_path, nightly_lock
+from app.db.batchsettings import BatchSettings
+from app.db.lock import lock_file_path, nightly_lock
 from app.db.models import Batch, LLMCall
+from app.db.runner import Runner, _stat
 from tests.unit.support.engines import batch_count, fake_llm
 from tests.unit.support.lock_checks import (
     NIGHTDESK,
@@ -62,7 +64,8 @@ def test_second_start_during_a_batch_is_refused(monkeypatch: pytest.MonkeyPatch,
 def test_cli_run_exits_4_with_one_line_while_another_process_holds_the_lock(
         sqlite_engine: Engine, sqlite_url: str, tmp_path: Path) -> None:
     running = store.create_batch(sqlite_engine, kind="nightly", as_of=date(2026, 11, 27),
-                                 tickers=["AAA"], samples=1, settings={}, server_facts=None)
+                                 tickers=["AAA"], samples=1, settings=BatchSettings(),
+                                 server_facts=None)
     env = {**os.environ, "NIGHTDESK_DATABASE_URL": sqlite_url,
            # Nothing listens here: had the run got past the lock, its ticker would fail
            # and write rows, which the counts below would show.

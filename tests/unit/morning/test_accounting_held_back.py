@@ -12,6 +12,7 @@ from sqlalchemy import Engine, update
 
 from app.cli.report import held_back_by, render_table
 from app.config import Settings
+from app.db.batchsettings import BatchSettings
 from app.db.models import Batch, ServerSample
 from app.morning.accounting import batch_report
 from app.morning.serverview import UNRECORDED, bounds, near, request_cap, server_view
@@ -38,11 +39,11 @@ def reading(running: float, waiting: float = 0.0, kv: float = 0.3,
     ({"strategy": "flood"}, None),
 ])
 def test_the_cap_a_batch_ran_under(settings: dict[str, Any], cap: int | None) -> None:
-    assert request_cap(settings) == cap
+    assert request_cap(BatchSettings.read(settings)) == cap
 
 
 def test_a_batch_records_its_adaptive_ceiling() -> None:
-    assert Settings(max_concurrency=200).snapshot()["max_concurrency"] == 200
+    assert Settings(max_concurrency=200).snapshot().max_concurrency == 200
 
 
 @pytest.mark.parametrize(("cap", "at"), [(64, 61), (256, 243), (14, 13), (8, 7), (4, 3),

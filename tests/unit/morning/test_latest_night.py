@@ -16,11 +16,11 @@ from sqlalchemy import Engine
 from app.config import load_settings
 from app.morning.digest import build_digest
 from app.morning.ranking import ranked_night
+from app.morning.views import history_view, ticker_view
 from app.quality.grades import newest_batch, newest_nightly
 from app.quality.track import track_nights
 from app.runs.nightly import nightly_of
 from app.runs.resumable import pick
-from app.web.views import history_view, ticker_view
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.night_rows import Rated, add_night, at
 

@@ -16,8 +16,8 @@ from sqlalchemy import Engine
 
 from app.morning.changes import RankedRow
 from app.morning.ranking import RankRow
+from app.morning.views import HistoryPoint
 from app.web.reruns import RerunQueue
-from app.web.views import HistoryPoint
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.web_rows import fill
 from tests.unit.support.webclient import AUTH, web_client

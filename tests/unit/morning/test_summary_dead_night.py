@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from app.config import load_settings
-from app.db.lock import Runner
+from app.db.runner import Runner
 from app.morning import nightstatus
 from app.morning.advice import running_night
 from app.morning.summary import list_batches

@@ -31,6 +31,7 @@ from sqlalchemy import Engine, inspect, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.config import load_settings
+from app.db.batchsettings import BatchSettings
 from app.db.engine import alembic_config, make_engine
 from app.db.models import Batch, SchedulerBeat
 from app.runs.daemon import JOB_ID, JOBS_TABLE, NightlyDaemon, NightlyTrigger
@@ -281,7 +282,7 @@ def test_a_night_already_done_is_not_run_again(sqlite_engine: Engine, demo_dir: 
         pass
     with time_machine.travel(done_at, tick=False):
         done = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
-                                  tickers=demo_tickers(2), samples=1, settings={},
+                                  tickers=demo_tickers(2), samples=1, settings=BatchSettings(),
                                   server_facts=None)
         for ticker in demo_tickers(2):  # a batch succeeds when every ticker has
             store.ticker_finished(sqlite_engine, done, ticker, [store.DecisionRow(

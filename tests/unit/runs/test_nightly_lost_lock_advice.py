@@ -16,6 +16,7 @@ from sqlalchemy import Engine, select, update
 from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.batch import store
 from app.db import lock as locks
+from app.db.batchsettings import BatchSettings
 from app.db.models import Batch, TickerRun
 from app.runs import nightly
 from app.runs.resumable import _crash
@@ -61,7 +62,7 @@ class TakenOver:
         with self.engine.begin() as conn:
             _crash(conn, {night: "the nightly lock was free"})
         self.batch_id = store.create_batch(self.engine, kind="nightly", as_of=DEMO_AS_OF,
-                                           tickers=[], samples=1, settings={},
+                                           tickers=[], samples=1, settings=BatchSettings(),
                                            server_facts=None)
 
     def end(self) -> None:

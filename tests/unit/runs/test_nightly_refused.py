@@ -20,6 +20,7 @@ import structlog
 from sqlalchemy import Engine, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from app.db.batchsettings import BatchSettings
 from app.db.models import Batch, TickerRun
 from tests.fakevllm import FakeServer
 from tests.unit.support.clirun import run_cli
@@ -189,7 +190,7 @@ def test_the_advice_for_a_date_already_analyzed_works(
 
     write_demo(tmp_path / "data", DEMO_AS_OF, 2)
     done = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
-                              tickers=demo_tickers(2), samples=1, settings={},
+                              tickers=demo_tickers(2), samples=1, settings=BatchSettings(),
                               server_facts=None)
     store.finish_batch(sqlite_engine, done, "succeeded")
     told: list[str] = []
@@ -216,7 +217,7 @@ def test_the_timer_does_not_run_a_date_already_analyzed_again(
 
     write_demo(tmp_path / "data", DEMO_AS_OF, 2)
     done = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
-                              tickers=demo_tickers(2), samples=1, settings={},
+                              tickers=demo_tickers(2), samples=1, settings=BatchSettings(),
                               server_facts=None)
     store.finish_batch(sqlite_engine, done, "succeeded")
     fake_llm(monkeypatch, None, demo_tickers(2))
@@ -240,7 +241,7 @@ def test_a_date_already_analyzed_is_said_with_a_command_that_takes_its_own_ticke
     write_demo(tmp_path / "data", DEMO_AS_OF, 4)
     mine = demo_tickers(4)[1::2]  # the timer's unit names two of the four
     done = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF, tickers=mine,
-                              samples=1, settings={}, server_facts=None)
+                              samples=1, settings=BatchSettings(), server_facts=None)
     store.finish_batch(sqlite_engine, done, "succeeded")
     fake_llm(monkeypatch, None, mine)
     env = {"NIGHTDESK_NOTIFY": hook.url(), "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"}
@@ -490,7 +491,7 @@ def test_a_plain_runs_advice_runs_its_date_again_where_a_night_of_it_finished(
 
     env, _ = cause("server-down", tmp_path, monkeypatch)
     done = store.create_batch(sqlite_engine, kind="nightly", as_of=DEMO_AS_OF,
-                              tickers=demo_tickers(2), samples=1, settings={},
+                              tickers=demo_tickers(2), samples=1, settings=BatchSettings(),
                               server_facts=None)
     store.finish_batch(sqlite_engine, done, "succeeded")
     assert run_cli("run", env={**env, "NIGHTDESK_NOTIFY": hook.url()}).code == 2

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import Engine, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
+from app.db.batchsettings import BatchSettings
 from app.db.models import Batch, TickerRun
 from app.errors import InputError
 from tests.fakevllm import FakeServer
@@ -153,7 +154,8 @@ def test_only_a_resume_that_would_ask_more_is_refused_for_another_model() -> Non
     from app.runs.resumable import ResumePoint
 
     def point(tickers: list[str], answered: int) -> ResumePoint:
-        return ResumePoint(7, "nightly", DEMO_AS_OF, None, {"model": "a", "samples": 1},
+        return ResumePoint(7, "nightly", DEMO_AS_OF, None,
+                           BatchSettings(model="a", samples=1),
                            tickers, 2, "crashed", answered=answered)
 
     other = load_settings(llm_model="b")
@@ -224,8 +226,9 @@ def test_a_rerun_left_running_by_a_process_gone_resumes_at_once_as_advised(
     ticker = demo_tickers(3)[0]
     rerun = store.create_batch(
         sqlite_engine, kind="rerun", as_of=DEMO_AS_OF, tickers=[ticker], samples=1,
-        settings={"samples": 1, "strategy": "adaptive",
-                  "runner": {"host": socket.gethostname(), "pid": gone.pid, "started": None}},
+        settings=BatchSettings.read({
+            "samples": 1, "strategy": "adaptive",
+            "runner": {"host": socket.gethostname(), "pid": gone.pid, "started": None}}),
         server_facts=None)
     serve_cli_from(monkeypatch, FakeServer(nodes=NODES, tickers=[ticker]), demo_dir)
     resumed = run_cli("run", "--resume", str(rerun), "--no-preflight")

@@ -23,6 +23,7 @@ from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.yfinance_provider import YFinanceProvider
 from app.batch import store
 from app.config import load_settings
+from app.db.batchsettings import BatchSettings
 from app.db.models import Batch, LLMCall, TickerRun
 from tests.fakevllm import FakeServer
 from tests.fakevllm.router import FakeRouter
@@ -339,8 +340,8 @@ def test_yfinance_names_the_tickers_it_has_no_prices_for() -> None:
 def crashed_night(engine: Engine, tickers: list[str], **shape: Any) -> int:
     """Write a nightly batch killed with ``tickers[0]`` done; return its id."""
     batch = store.create_batch(engine, kind="nightly", as_of=DEMO_AS_OF, tickers=tickers,
-                               samples=1, settings={"samples": 1, "strategy": "adaptive",
-                                                    **shape},
+                               samples=1, settings=BatchSettings.read(
+                                   {"samples": 1, "strategy": "adaptive", **shape}),
                                server_facts=None)
     store.ticker_finished(engine, batch, tickers[0], [store.DecisionRow(
         tickers[0], 0, "Hold", 0.0, 0.5, "stored before the crash")], None)
@@ -362,7 +363,8 @@ def previous_night(engine: Engine, ticker: str, completion_tokens: int) -> None:
     from agents.graph import node_names
 
     batch = store.create_batch(engine, kind="nightly", as_of=DEMO_AS_OF - timedelta(days=1),
-                               tickers=[ticker], samples=1, settings={}, server_facts=None)
+                               tickers=[ticker], samples=1, settings=BatchSettings(),
+                               server_facts=None)
     now = datetime.now(UTC)
     with engine.begin() as conn:
         for node in node_names(load_settings().pipeline()):

@@ -17,6 +17,7 @@ from agents.data.demo import DEMO_AS_OF
 from agents.graph import sequential_nodes
 from agents.nodes import ANALYSTS
 from app.batch import store
+from app.db.batchsettings import BatchSettings
 from app.db.models import Batch, Decision, LLMCall, NodeText, TickerRun
 
 SETTINGS = {"model": "tiny", "server_profile": "cpu-tiny", "debate_rounds": 2,
@@ -127,7 +128,7 @@ def dead_night(db: Engine, done: str, left: str) -> int:
     """Write tonight's batch as its killed process left it: still "running", ``done``
     stored, ``left`` not begun; no one holds the nightly lock. Return its id."""
     dead = store.create_batch(db, kind="nightly", as_of=DEMO_AS_OF, tickers=[done, left],
-                              samples=1, settings={"samples": 1, "strategy": "adaptive"},
+                              samples=1, settings=BatchSettings(samples=1, strategy="adaptive"),
                               server_facts=None)
     store.ticker_finished(db, dead, done, [store.DecisionRow(
         done, 0, "Hold", 0.0, 0.5, "stored before the crash")], None)

@@ -13,6 +13,7 @@ from datetime import date
 from sqlalchemy import Engine
 
 from app.batch import store
+from app.db.batchsettings import BatchSettings
 
 AS_OF = date(2026, 11, 27)
 SCALE = ("Buy", "Overweight", "Hold", "Underweight", "Sell")
@@ -26,9 +27,9 @@ def add_batch(engine: Engine, grades: dict[str, list[tuple[str, float]]], *,
     """Store a finished batch whose tickers got the given (rating, score) per sample."""
     tickers = [*grades, *failed]
     samples = max((len(v) for v in grades.values()), default=1)
+    recorded = BatchSettings.read(settings or {"samples": samples})
     batch_id = store.create_batch(engine, kind=kind, as_of=as_of, tickers=tickers,
-                                  samples=samples, settings=settings or {"samples": samples},
-                                  server_facts=None)
+                                  samples=samples, settings=recorded, server_facts=None)
     for ticker, rows in grades.items():
         store.ticker_finished(engine, batch_id, ticker, [
             store.DecisionRow(ticker, i, rating, score, 0.5, f"{ticker} sample {i}")

@@ -23,7 +23,7 @@ from app.morning.advice import running_night
 from app.morning.digest import build_digest
 from app.morning.nightstatus import span
 from app.morning.summary import list_batches
-from app.web.views import batch_view, running_batches, ticker_view
+from app.morning.views import batch_view, running_batches, ticker_view
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.webclient import AUTH
 

@@ -13,6 +13,7 @@ from agents.graph import node_names
 from app.batch.engine import BatchPlan
 from app.cli.report import render_table
 from app.config import load_settings
+from app.db.batchsettings import FallbackRecord
 from app.db.models import Batch
 from app.morning.accounting import batch_report
 from app.morning.serverview import server_view
@@ -51,7 +52,7 @@ async def test_unreadable_metrics_are_warned_once_paused_on_and_recorded(
     # A server problem, not headroom: the watch held admission while it lasted.
     assert recorded.get("server_outages")
     report = batch_report(sqlite_engine, outcome.batch_id)
-    assert report.metrics_fallback == fallback
+    assert report.metrics_fallback == FallbackRecord(**fallback)
     console = Console(record=True, width=200)
     render_table(report, server_view(sqlite_engine, outcome.batch_id), console)
     assert f"{missed} readings of /metrics missed" in console.export_text()

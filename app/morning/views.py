@@ -1,4 +1,5 @@
-"""Gather what each page shows from the database, as models the HTML and the JSON API share.
+"""Gather what each web page shows from the database, as models the HTML and the JSON API
+share: the read side's, so app/web only renders (it reads no row itself).
 
 ``/api/…`` serves a model as its JSON; a page renders that same JSON. Every number comes
 from the modules the CLI uses (``app.morning.ranking``, ``accounting``, ``serverview``), so
@@ -15,6 +16,7 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, select
 
 from app.config import Settings
+from app.db.batchsettings import BatchSettings
 from app.db.models import (
     FINISHED_STATUSES,
     Batch,
@@ -35,6 +37,7 @@ from app.morning.changes import NightChanges, RankedRow, compare_nights, ranked_
 from app.morning.eta import graph_order
 from app.morning.nightstatus import NightStatus, Progress
 from app.morning.ranking import RATING_ORDER, RankRow, ranking
+from app.morning.series import SeriesView, series_view
 from app.morning.serverview import ServerView, server_view
 from app.morning.summary import (
     BatchSummary,
@@ -49,7 +52,6 @@ from app.morning.summary import (
 )
 from app.morning.timeline import Interval, batch_timeline
 from app.quality.monitor import warnings_for
-from app.web.series import SeriesView, series_view
 
 HISTORY_NIGHTS = 60
 IN_FLIGHT = ("running", "queued")  # a ticker's statuses while its batch runs
@@ -305,7 +307,7 @@ def _nodes_of_run(engine: Engine, batch: Batch, ticker: str) -> list[RunSample]:
     attempts: dict[tuple[int, str], list[Any]] = defaultdict(list)
     for c in calls:
         attempts[(c.sample, c.node)].append(c)
-    order = graph_order(batch.settings or {})
+    order = graph_order(BatchSettings.read(batch.settings))
     order += sorted({n for _, n in by_key} - set(order))  # a node this code no longer knows
     samples = sorted({s for s, _ in by_key} | {s for s, _ in attempts} | set(decisions))
     out = []
@@ -466,7 +468,7 @@ def batch_view(engine: Engine, batch_id: int, stale_after_s: float) -> BatchView
                                         TickerRun.started_at)
                                  .where(TickerRun.batch_id == batch_id,
                                         TickerRun.status.in_(IN_FLIGHT))).all() if live else []
-    order = graph_order(batch.settings or {})
+    order = graph_order(BatchSettings.read(batch.settings))
     rank = {name: i for i, name in enumerate(order)}
     report.nodes.sort(key=lambda n: (rank.get(n.node, len(order)), n.node))
     return BatchView(
