@@ -386,7 +386,7 @@ class _AdvisoryHold(LockHold):
         # Its own engine and connection: a pooled one could be handed to other work, or
         # recycled, and a session-level lock goes wherever its connection goes.
         self._engine = bounded(create_engine(url, poolclass=NullPool, connect_args={
-            **connect_args("statement_timeout", statement_timeout_s),
+            **connect_args(url, "statement_timeout", statement_timeout_s),
             "application_name": Runner.current().lock_name(what)}), statement_timeout_s)
         self._conn: Connection | None = None
 
