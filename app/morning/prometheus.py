@@ -25,12 +25,12 @@ from sqlalchemy import Engine, select
 
 from app.config import Settings
 from app.db.engine import SchemaWatch
-from app.db.models import FINISHED_STATUSES, Batch, TickerRun, nights_newest_first
+from app.db.models import FINISHED_STATUSES, Batch, nights_newest_first
 from app.errors import first_line
 from app.morning.accounting import throughput
 from app.morning.nightstatus import STATUSES, NightBatch, NightStatus, night_status
 from app.morning.ranking import ranked_night
-from app.morning.summary import rerun_since
+from app.morning.summary import failed_tickers
 
 log = structlog.get_logger(__name__)
 
@@ -124,15 +124,13 @@ class NightCollector(Collector):
 
     def _rated_by_reruns(self, night: NightBatch) -> int:
         """Return how many of a ranked night's failed tickers later reruns the ranking
-        applies have rated (``rerun_since``): the ranking shows them rated, the banner names
-        none of them, and the advice passes them by (``rated_by_reruns``)."""
+        applies have rated (``FailedTicker.rated_by``, as `report` and the batch page say
+        it): the ranking shows them rated, the banner names none of them, and the advice
+        passes them by (``rated_by_reruns``)."""
         if night.status not in FINISHED_STATUSES or not night.tickers_failed:
             return 0
-        redone = rerun_since(self.engine, night.id, night.as_of)
-        with self.engine.connect() as conn:
-            failed = conn.execute(select(TickerRun.ticker).where(
-                TickerRun.batch_id == night.id, TickerRun.status == "failed")).scalars()
-            return len(redone.intersection(failed))
+        return sum(1 for failed in failed_tickers(self.engine, night.id)
+                   if failed.rated_by is not None)
 
     @staticmethod
     def _eta(status: NightStatus) -> list[GaugeMetricFamily]:
