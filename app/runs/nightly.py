@@ -388,7 +388,13 @@ def _tell_covered(settings: Settings, engine: Engine, request: NightlyRequest, a
             + "write newer data for the next night (`nightdesk data freeze --help`), or "
             f"analyze {as_of} again now: `nightdesk run --as-of {as_of}{request.options()}` "
             "(NIGHTDESK_SCHEDULE_REPEAT_AS_OF=true lets the scheduler do so at each fire)")
-    tell_refusal(settings, as_of, why, what)  # no command: newer data, or the date again
+    # Nothing was refused: the date was analyzed. Told once per date and batch (a daemon
+    # fires each hour or night on the same snapshot); no command: newer data, or the date again.
+    did = f"already run: nightly batch #{covered} failed" if failed else \
+        f"already analyzed by nightly batch #{covered}"
+    tell_refusal(settings, as_of, why, what, outcome="nothing run",
+                 headline=f"night of {as_of} {did}", level="warning" if first else "info",
+                 once=True)
     return f"{why}: nothing run; {what}"
 
 
