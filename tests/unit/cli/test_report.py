@@ -132,7 +132,7 @@ def test_report_heads_with_status_as_of_duration_and_the_failed_tickers(
     assert data["batch"]["status"] == "partial" and data["batch"]["as_of"] == str(D2)
     assert data["batch"]["duration_s"] == 5400.0
     assert data["failed_tickers"] == [{"ticker": "CCC", "status": "failed",
-                                       "error": "LLMTimeoutError: no answer"}]
+                                       "error": "LLMTimeoutError: no answer", "rated_by": None}]
 
 
 def test_a_running_batch_lists_no_running_ticker_as_failed(sqlite_engine: Engine) -> None:
