@@ -67,3 +67,34 @@ def test_a_url_naming_its_schema_keeps_the_schema_and_the_night_there(
         [line] = missing.error_lines
         assert "has no schema its search_path names" in line, line
         assert set(tables(base)) == {"nd_mine"}
+
+
+def test_two_schemas_of_one_database_take_their_own_nightly_and_scheduler_locks() -> None:
+    # Advisory locks are per database: with one key for all, a night in one schema's install
+    # refused the other's (`already running`), and its second daemon would not start.
+    from app.db.engine import get_engine, upgrade
+    from app.db.lock import NightlyLockView, nightly_lock, scheduler_lock
+    from app.errors import AlreadyRunningError
+
+    with private_database(f"nightdesk_ha_locks_{os.getpid()}") as base:
+        with psycopg.connect(base.replace("+psycopg", ""), autocommit=True) as admin:
+            admin.execute("CREATE SCHEMA nd_a")
+            admin.execute("CREATE SCHEMA nd_b")
+        a, b = (f"{base}?options=-csearch_path%3D{name}" for name in ("nd_a", "nd_b"))
+        for url in (a, b, base):  # ``base``: public, the key of earlier releases
+            upgrade(url)
+        engines = [get_engine(url) for url in (a, b, base)]
+        try:
+            with nightly_lock(engines[0]) as first, scheduler_lock(engines[0]):
+                assert first is not None
+                assert NightlyLockView(engines[0]).free_since() is None  # held, and seen so
+                assert NightlyLockView(engines[1]).free_since() is not None
+                with pytest.raises(AlreadyRunningError), nightly_lock(engines[0]):
+                    pass  # its own schema's second night is refused, as ever
+                with nightly_lock(engines[1]) as second, scheduler_lock(engines[1]) as daemon:
+                    assert second is not None and daemon is not None
+                    with nightly_lock(engines[2]) as public:
+                        assert public is not None
+        finally:
+            for engine in engines:
+                engine.dispose()
