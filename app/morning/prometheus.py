@@ -21,7 +21,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 from app.config import Settings
 from app.db.engine import SchemaWatch
@@ -92,7 +92,10 @@ class NightCollector(Collector):
                    "Unix time of the refusal that stands: a night refused at its start "
                    "since the night due, no later night started, or the resume of a night "
                    "that stopped short refused since it last ran (absent: none)",
-                   _seconds(status.refused.refused_at) if status.refused else None),
+                   # A fire's notice that the date was analyzed names no command: nothing
+                   # was refused (the stale morning's reason still names it).
+                   _seconds(status.refused.refused_at)
+                   if status.refused and status.refused.command else None),
             _gauge("scheduler_heartbeat_timestamp_seconds",
                    "Unix time of the scheduler daemon's newest heartbeat",
                    _seconds(status.scheduler.beat_at) if status.scheduler else None),

@@ -142,6 +142,28 @@ def test_a_fire_that_found_a_stopped_nights_date_analyzed_is_no_refusal_of_it(
     assert "not listed" not in listed.stderr, listed.stderr
 
 
+def test_a_stale_mornings_notice_that_its_date_was_analyzed_is_no_refusal(
+        sqlite_engine: Engine, client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The next due time's fire finds D2 analyzed (no newer snapshot): the morning is stale,
+    # its reason names the notice, and the scrape exported it as a refused night (an alert
+    # on refusals would fire each morning without new data, a weekend's, say).
+    from app.runs.nightly import NightlyRequest, run_nightly
+
+    _, second = stored_nights(sqlite_engine)
+    monkeypatch.setenv("NIGHTDESK_NOTIFY", "")
+    due3 = DUE2 + timedelta(days=1)
+    with time_machine.travel(due3, tick=False):
+        result = run_nightly(settings(), NightlyRequest(as_of=D2), engine=sqlite_engine,
+                             resume=True, once_per_as_of=True)
+    assert result.covered_by == second
+    with time_machine.travel(due3 + timedelta(hours=1), tick=False):
+        got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
+        night = client.get("/api/ranking", auth=(USER, PASSWORD)).json()["night"]
+    assert got[("nightdesk_night_last_status", (("status", "stale"),))] == 1
+    assert f"already analyzed by nightly batch #{second}" in night["reason"]
+    assert ("nightdesk_night_refused_timestamp_seconds", ()) not in got
+
+
 def test_a_resumed_nights_rate_leaves_its_pause_out(sqlite_engine: Engine,
                                                    client: TestClient) -> None:
     night = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.5)}, minutes=130)
