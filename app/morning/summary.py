@@ -356,9 +356,8 @@ def failed_tickers(engine: Engine, batch_id: int, dead: bool = False) -> list[Fa
                              .where(Batch.id == batch_id)).first()
     # The ranking applies later reruns to a ranked night (a failed or cut-short one is
     # none), and to any rerun's tickers.
-    applies = batch is not None and rows and (batch.kind == "rerun"
-                                              or batch.status in FINISHED_STATUSES)
-    redone = rerun_since(engine, batch_id, batch.as_of) if applies else {}
+    redone = rerun_since(engine, batch_id, batch.as_of) if batch is not None and rows and (
+        batch.kind == "rerun" or batch.status in FINISHED_STATUSES) else {}
     return [FailedTicker(r.ticker, *ticker_state(r.status, r.error, "crashed" if dead else ""),
                          rated_by=redone.get(r.ticker) if r.status == "failed" else None)
             for r in rows]
