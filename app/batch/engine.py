@@ -23,6 +23,7 @@ from agents.graph import analyze_ticker, chain_length, node_names, thread_id
 from app.batch import store
 from app.batch.faults import INFRASTRUCTURE, FailureClass, failure_class
 from app.batch.heap import batch_collector
+from app.batch.signals import KEPT, NONE_KEPT
 from app.config import Settings
 from app.db.batchsettings import BatchSettings, FallbackRecord
 from app.db.engine import reason
@@ -497,7 +498,10 @@ class BatchRun:
 
     def _with_resume(self, why: str) -> str:
         """Return ``why`` the batch stopped, naming the command that continues it
-        (``resume_hint``) when ``_left``: whatever stopped it, the line says what to do."""
+        (``resume_hint``) when ``_left``: whatever stopped it, the line says what to do. A
+        stop by signal keeps finished tickers only where one finished (``KEPT``)."""
+        if not (self.outcome.succeeded or self.outcome.failed):
+            why = why.replace(KEPT, NONE_KEPT)
         return why + self.resume_hint if self._left() else why
 
     async def _store_result(self, ticker: str, decisions: list[store.DecisionRow],

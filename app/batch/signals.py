@@ -18,6 +18,8 @@ T = TypeVar("T")
 # SIGHUP too: the terminal a night was started from closing (an ssh session dropped) would
 # otherwise kill it outright, losing the rows of calls answered but not yet written.
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# What a stop by signal keeps; the engine's ``_with_resume`` says NONE_KEPT where none finished.
+KEPT, NONE_KEPT = ": finished tickers are kept", " before any ticker finished"
 
 
 class BatchInterrupted(NightdeskError):
@@ -38,7 +40,7 @@ async def _stop_on_signals(work: Coroutine[Any, Any, T], halt: Halt | None,
             main.cancel()
             return
         # Without this, SIGTERM kills the process outright and the batch stays "running".
-        halt.request(HaltReason("interrupted", f"stopped by {name}: finished tickers are kept",
+        halt.request(HaltReason("interrupted", f"stopped by {name}{KEPT}",
                                 BatchInterrupted.exit_code, 0.0 if halt.reason else grace_s))
 
     for sig in SIGNALS:
@@ -57,5 +59,4 @@ def run_batch(work: Coroutine[Any, Any, T], halt: Halt | None = None,
     try:
         return asyncio.run(_stop_on_signals(work, halt, grace_s))
     except (asyncio.CancelledError, KeyboardInterrupt):
-        raise BatchInterrupted("interrupted: the batch is recorded as interrupted; "
-                               "finished tickers are kept") from None
+        raise BatchInterrupted("interrupted: the batch is recorded as interrupted") from None

@@ -426,8 +426,9 @@ def show_changes(
     out.print(table)
     counts = Counter(t.change for t in found.tickers)
     open_ = sum(1 for t in found.tickers if t.change is None and t.status in UNFINISHED)
-    out.print(", ".join(f"{counts[k]} {k}" for k in ("upgrade", "downgrade", "new", "dropped",
-                                                      "same"))
+    # In number: "0 downgrades", "1 upgrade" (new, dropped and same read alike either way).
+    out.print(", ".join(counted(counts[k], k, k if k in ("new", "dropped", "same") else None)
+                        for k in ("upgrade", "downgrade", "new", "dropped", "same"))
               + (f", {open_} not finished (no rating yet)" if open_ else ""))
 
 

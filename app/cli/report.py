@@ -90,7 +90,7 @@ def render_head(batch: BatchSummary, failed: list[FailedTicker], advice: list[Ad
                 else "tickers without a result")
         console.print(f"{what} ({len(failed)}):")
         for ticker in failed:
-            console.print(f"  [red]{ticker.ticker}[/] ({ticker.status}): "
+            console.print(f"  [red]{ticker.ticker}[/] ({ticker.said()}): "
                           f"{escape(ticker.error or 'no error recorded')}")
 
 

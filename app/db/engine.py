@@ -169,7 +169,7 @@ def make_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> E
         _sqlite_events(engine)
         return engine
     return bounded(create_engine(url, pool_pre_ping=True, connect_args=connect_args(
-        "statement_timeout", statement_timeout_s)), statement_timeout_s)
+        url, "statement_timeout", statement_timeout_s)), statement_timeout_s)
 
 
 # A server whose host is gone (powered off, the network cut) sends no reset: a connection
@@ -181,13 +181,17 @@ KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
               "keepalives_count": 4, "tcp_user_timeout": DEAD_PEER_S * 1000}
 
 
-def connect_args(bound: str, seconds: float) -> dict[str, Any]:
+def connect_args(url: str | URL, bound: str, seconds: float) -> dict[str, Any]:
     """Return libpq's parameters for every PostgreSQL connection nightdesk makes (engines,
-    locks, migrations, the checkpoint pool): a connect bounded at 5 s, a dead peer found
-    within ``DEAD_PEER_S``, and ``bound`` (``statement_timeout``, ``lock_timeout``) set to
-    ``seconds``."""
-    return {"connect_timeout": 5, "options": f"-c {bound}={max(1, round(seconds * 1000))}",
-            **KEEPALIVES}
+    locks, migrations, the checkpoint pool) to ``url``: a connect bounded at 5 s, a dead peer
+    found within ``DEAD_PEER_S``, and ``bound`` (``statement_timeout``, ``lock_timeout``) set
+    to ``seconds``, after the URL's own ``options`` (``?options=-csearch_path%3Dnd``: these
+    parameters replace the URL's, so without them every table would be read and written
+    in another schema than the one named)."""
+    own = make_url(url).query.get("options", ())
+    own = " ".join([own] if isinstance(own, str) else own)
+    setting = f"-c {bound}={max(1, round(seconds * 1000))}"
+    return {"connect_timeout": 5, "options": f"{own} {setting}".strip(), **KEEPALIVES}
 
 
 def timed_out(error: BaseException) -> str | None:
@@ -332,7 +336,7 @@ def migration_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S)
     """
     if make_url(url).get_backend_name() != "sqlite":
         return create_engine(url, poolclass=NullPool, connect_args=connect_args(
-            "lock_timeout", statement_timeout_s))
+            url, "lock_timeout", statement_timeout_s))
     _sqlite_folder(url)
     engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": SQLITE_BUSY_S})
 
@@ -425,6 +429,10 @@ def _catch_up_reordered(conn: Connection, cfg: Config) -> None:
     command.stamp(cfg, REORDERED, purge=True)
 
 
+# SQLSTATE invalid_schema_name: a CREATE with no schema of the search_path existing.
+NO_SCHEMA = "3F000"
+
+
 def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S,
             wait_s: float | None = None) -> str | None:
     """Upgrade the schema to the newest migration (idempotent); return the revision it was at
@@ -458,6 +466,10 @@ def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S,
             command.upgrade(cfg, "head")
     except SQLAlchemyError as error:
         held = lock_held(engine, error, statement_timeout_s)
+        if getattr(getattr(error, "orig", None), "sqlstate", None) == NO_SCHEMA:
+            held = (f"the database {shown(url)} has no schema its search_path names (the "
+                    "URL's options): create that schema, or name one that exists; nothing "
+                    "was written")
         raise DatabaseError(held or f"migration failed: {reason(error)}") from None
     finally:
         if not memory:

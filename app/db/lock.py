@@ -42,6 +42,11 @@ ADVISORY_KEY = int.from_bytes(hashlib.sha256(b"nightdesk nightly batch").digest(
                               signed=True)
 SCHEDULER_KEY = int.from_bytes(hashlib.sha256(b"nightdesk scheduler daemon").digest()[:8],
                                "big", signed=True)
+# The key as a session takes it: advisory locks are per database, so each schema (a URL's
+# search_path) gets its own, and two installs in two schemas of one database do not take
+# each other's nightly or scheduler lock; ``public`` keeps the key itself (earlier releases').
+IN_SCHEMA = ("(CASE WHEN coalesce(current_schema(), 'public') = 'public' THEN CAST(:key AS"
+             " bigint) ELSE CAST(:key AS bigint) # hashtextextended(current_schema(), 0) END)")
 # Why a night elsewhere is dead once its lock is let go: the same words whether a view read
 # it so (``run_gone``) or a start stored it (``holder_gone``).
 LOCK_FREE = "its nightly lock was let go"
@@ -147,8 +152,7 @@ class NightlyLockView:
     def _reading(self) -> tuple[bool, datetime, str | None, datetime | None]:
         assert self.engine is not None
         if self._read is None:
-            unsigned = ADVISORY_KEY & 0xFFFF_FFFF_FFFF_FFFF  # pg_locks splits a bigint in two
-            with self.engine.connect() as conn:
+            with self.engine.connect() as conn:  # pg_locks splits the bigint key in two
                 # quiet: seconds since the holder's session last ran a statement (0 while it
                 # runs one), on the server's clock; NULL where this role may not read it.
                 held, up_since, name, quiet = conn.execute(text(
@@ -161,9 +165,9 @@ class NightlyLockView:
                     " WHERE l.locktype = 'advisory' AND l.granted"
                     " AND l.database = (SELECT oid FROM pg_database"
                     " WHERE datname = current_database())"
-                    " AND l.classid::bigint = :high AND l.objid::bigint = :low"
-                    " AND l.objsubid = 1 LIMIT 1) AS h ON true"),
-                    {"high": unsigned >> 32, "low": unsigned & 0xFFFF_FFFF}).one()
+                    f" AND l.classid::bigint = ({IN_SCHEMA} >> 32) & 4294967295"
+                    f" AND l.objid::bigint = {IN_SCHEMA} & 4294967295"
+                    " AND l.objsubid = 1 LIMIT 1) AS h ON true"), {"key": ADVISORY_KEY}).one()
             active = None if quiet is None else datetime.now(UTC) - timedelta(seconds=quiet)
             self._read = (bool(held), up_since, name, active)
         return self._read
@@ -288,7 +292,7 @@ class _AdvisoryHold(LockHold):
         # Its own engine and connection: a pooled one could be handed to other work, or
         # recycled, and a session-level lock goes wherever its connection goes.
         self._engine = bounded(create_engine(url, poolclass=NullPool, connect_args={
-            **connect_args("statement_timeout", statement_timeout_s),
+            **connect_args(url, "statement_timeout", statement_timeout_s),
             "application_name": Runner.current().lock_name(what)}), statement_timeout_s)
         self._conn: Connection | None = None
 
@@ -296,7 +300,7 @@ class _AdvisoryHold(LockHold):
         """Take the lock on a new connection; False when another session holds it."""
         conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         try:
-            held = bool(conn.execute(text("SELECT pg_try_advisory_lock(:key)"),
+            held = bool(conn.execute(text(f"SELECT pg_try_advisory_lock({IN_SCHEMA})"),
                                      {"key": self._key}).scalar())
         except Exception:
             conn.close()
@@ -370,7 +374,7 @@ class _AdvisoryHold(LockHold):
     def release(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(Exception):  # a dropped connection has let go already
-                self._conn.execute(text("SELECT pg_advisory_unlock(:key)"),
+                self._conn.execute(text(f"SELECT pg_advisory_unlock({IN_SCHEMA})"),
                                    {"key": self._key})
         self._drop()
         self._engine.dispose()

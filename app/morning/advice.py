@@ -29,7 +29,6 @@ from app.morning.summary import (
     batch_summary,
     failed_tickers,
     rated_by_reruns,
-    rerun_since,
     tickers_left,
 )
 
@@ -94,11 +93,10 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float,
                        "ranking then shows; a rerun of a failed night is applied to no ranking")]
     samples = f" --samples {batch.samples}" if batch.samples and batch.samples > 1 else ""
     # A later rerun that succeeded has redone a ticker, for its night or a rerun before it.
-    redone = rerun_since(engine, batch.id, batch.as_of)
     return [Advice(f"nightdesk rerun {failed.ticker} --as-of {batch.as_of}{samples}",
                    f"runs {failed.ticker} again; the ranking applies it")
             for failed in failed_tickers(engine, batch.id)
-            if failed.status == "failed" and failed.ticker not in redone]
+            if failed.status == "failed" and failed.rated_by is None]
 
 
 def first_night(settings: Settings) -> list[Advice]:

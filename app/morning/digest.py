@@ -266,19 +266,21 @@ def send_digest(settings: Settings, engine: Engine, outcome: Ended) -> None:
 
 def refusal_digest(settings: Settings, as_of: date | None, why: str, advice: str,
                    outcome: str = "no batch run", headline: str | None = None, *,
-                   stored: bool = True, demo: bool = False) -> Message:
+                   stored: bool = True, demo: bool = False,
+                   level: Level = "failure") -> Message:
     """Build the digest of a night refused at its start: it holds only why (one line) and
     what to do; a failure, as a failed night's digest is. ``outcome``: what did not happen
     (no batch row exists, or a recorded batch was not continued); ``headline``: what befell
     the night instead of being refused (a night the daemon missed); ``stored`` False: the
     database did not take the refusal, so the page does not show it; ``demo``: the night
-    would have run on DEMO data, and its title says so first as every digest of one does."""
+    would have run on DEMO data, and its title says so first as every digest of one does;
+    ``level``: how bad the news is (a notice that nothing was refused: no failure)."""
     base = settings.web.base_url
     page = f"{base}/" if stored else (f"{base}/ does not show this refusal: the database "
                                       "did not store it")
     return Message(f"{DEMO if demo else ''}nightdesk: {refusal_title(as_of, outcome, headline)}",
                    "\n".join([f"Why: {why}", f"What to do: {advice}", f"Page: {page}"]),
-                   "failure")
+                   level)
 
 
 def refusal_title(as_of: date | None, outcome: str, headline: str | None = None,
@@ -291,13 +293,13 @@ def refusal_title(as_of: date | None, outcome: str, headline: str | None = None,
 
 def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str,
                  outcome: str = "no batch run", headline: str | None = None, *,
-                 stored: bool = True, demo: bool = False) -> None:
+                 stored: bool = True, demo: bool = False, level: Level = "failure") -> None:
     """Send ``refusal_digest`` to ``NIGHTDESK_NOTIFY`` (nothing when unset); never raise."""
     if not settings.notify.urls:
         return
     delivery = send(settings.notify.urls,
                     refusal_digest(settings, as_of, why, advice, outcome, headline,
-                                   stored=stored, demo=demo),
+                                   stored=stored, demo=demo, level=level),
                     settings.notify.timeout_s)
     log.info("refusal digest sent", as_of=None if as_of is None else str(as_of),
              delivered=delivery.sent, destinations=delivery.total)

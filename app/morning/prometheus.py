@@ -21,16 +21,16 @@ import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 from app.config import Settings
 from app.db.engine import SchemaWatch
-from app.db.models import FINISHED_STATUSES, Batch, TickerRun, nights_newest_first
+from app.db.models import FINISHED_STATUSES, Batch, nights_newest_first
 from app.errors import first_line
 from app.morning.accounting import throughput
 from app.morning.nightstatus import STATUSES, NightBatch, NightStatus, night_status
 from app.morning.ranking import ranked_night
-from app.morning.summary import rerun_since
+from app.morning.summary import failed_tickers
 
 log = structlog.get_logger(__name__)
 
@@ -92,7 +92,10 @@ class NightCollector(Collector):
                    "Unix time of the refusal that stands: a night refused at its start "
                    "since the night due, no later night started, or the resume of a night "
                    "that stopped short refused since it last ran (absent: none)",
-                   _seconds(status.refused.refused_at) if status.refused else None),
+                   # A fire's notice that the date was analyzed names no command: nothing
+                   # was refused (the stale morning's reason still names it).
+                   _seconds(status.refused.refused_at)
+                   if status.refused and status.refused.command else None),
             _gauge("scheduler_heartbeat_timestamp_seconds",
                    "Unix time of the scheduler daemon's newest heartbeat",
                    _seconds(status.scheduler.beat_at) if status.scheduler else None),
@@ -124,15 +127,13 @@ class NightCollector(Collector):
 
     def _rated_by_reruns(self, night: NightBatch) -> int:
         """Return how many of a ranked night's failed tickers later reruns the ranking
-        applies have rated (``rerun_since``): the ranking shows them rated, the banner names
-        none of them, and the advice passes them by (``rated_by_reruns``)."""
+        applies have rated (``FailedTicker.rated_by``, as `report` and the batch page say
+        it): the ranking shows them rated, the banner names none of them, and the advice
+        passes them by (``rated_by_reruns``)."""
         if night.status not in FINISHED_STATUSES or not night.tickers_failed:
             return 0
-        redone = rerun_since(self.engine, night.id, night.as_of)
-        with self.engine.connect() as conn:
-            failed = conn.execute(select(TickerRun.ticker).where(
-                TickerRun.batch_id == night.id, TickerRun.status == "failed")).scalars()
-            return len(redone.intersection(failed))
+        return sum(1 for failed in failed_tickers(self.engine, night.id)
+                   if failed.rated_by is not None)
 
     @staticmethod
     def _eta(status: NightStatus) -> list[GaugeMetricFamily]:

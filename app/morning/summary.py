@@ -20,6 +20,7 @@ from sqlalchemy import Connection, Engine, Select, and_, func, or_, select
 from app.db.batchsettings import BatchSettings
 from app.db.lock import NightlyLockView, run_gone
 from app.db.models import (
+    FINISHED_STATUSES,
     INFRASTRUCTURE,
     Batch,
     Decision,
@@ -257,6 +258,15 @@ class FailedTicker:
     ticker: str
     status: str  # failed | interrupted
     error: str | None
+    # The later rerun whose rating the ranking shows for this failed ticker (``rerun_since``;
+    # /metrics counts it "rerun", the advice passes it by); None: none.
+    rated_by: int | None = None
+
+    def said(self) -> str:
+        """Its status as every list of a batch's failures says it: ``failed``, ``failed,
+        rated since by rerun #3``, ``interrupted``."""
+        return self.status + (f", rated since by rerun #{self.rated_by}"
+                              if self.rated_by is not None else "")
 
 
 def died_since(alive: datetime | None) -> str:
@@ -342,8 +352,15 @@ def failed_tickers(engine: Engine, batch_id: int, dead: bool = False) -> list[Fa
                                    TickerRun.status != "succeeded" if dead
                                    else TickerRun.status.not_in(NOT_FAILED))
                             .order_by(TickerRun.ticker)).all()
-    return [FailedTicker(r.ticker, *ticker_state(r.status, r.error,
-                                                 "crashed" if dead else "")) for r in rows]
+        batch = conn.execute(select(Batch.kind, Batch.status, Batch.as_of)
+                             .where(Batch.id == batch_id)).first()
+    # The ranking applies later reruns to a ranked night (a failed or cut-short one is
+    # none), and to any rerun's tickers.
+    redone = rerun_since(engine, batch_id, batch.as_of) if batch is not None and rows and (
+        batch.kind == "rerun" or batch.status in FINISHED_STATUSES) else {}
+    return [FailedTicker(r.ticker, *ticker_state(r.status, r.error, "crashed" if dead else ""),
+                         rated_by=redone.get(r.ticker) if r.status == "failed" else None)
+            for r in rows]
 
 
 def tickers_left(conn: Connection, batch_id: int, retry_failed: bool = False) -> list[str]:
@@ -378,13 +395,15 @@ def rated_by_reruns(engine: Engine, batch_id: int, as_of: date, status: str,
     ``--continue-night`` takes them up (an explicit ``run --resume N`` still does)."""
     tickers = set(left)
     return (status == "partial" and bool(tickers)
-            and tickers <= rerun_since(engine, batch_id, as_of))
+            and tickers <= rerun_since(engine, batch_id, as_of).keys())
 
 
-def rerun_since(engine: Engine, nightly_id: int, as_of: date) -> set[str]:
+def rerun_since(engine: Engine, nightly_id: int, as_of: date) -> dict[str, int]:
     """Return the tickers of batch ``nightly_id`` that a rerun it would apply has redone
-    (a rerun's: those a later rerun of its date has)."""
+    (a rerun's: those a later rerun of its date has), each with the newest such rerun (the
+    one whose rating the ranking shows)."""
     reruns = applied_reruns(nightly_id, as_of).with_only_columns(Batch.id).subquery()
     with engine.connect() as conn:
-        return set(conn.execute(select(Decision.ticker).where(
-            Decision.batch_id.in_(select(reruns.c.id)))).scalars())
+        rows = conn.execute(select(Decision.ticker, func.max(Decision.batch_id)).where(
+            Decision.batch_id.in_(select(reruns.c.id))).group_by(Decision.ticker))
+        return {ticker: rerun for ticker, rerun in rows}

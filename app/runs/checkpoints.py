@@ -207,7 +207,7 @@ async def open_checkpointer(database_url: str, *, before_write: BeforeWrite | No
                 pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
                     conninfo, min_size=1, max_size=4, open=False,
                     kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row,
-                            **connect_args("statement_timeout", statement_timeout_s)},
+                            **connect_args(url, "statement_timeout", statement_timeout_s)},
                     # A connection a restart killed, or one to a server that now takes no
                     # writes (a standby: a failover), is found on checkout and replaced.
                     check=_writable,

@@ -19,7 +19,7 @@ from sqlalchemy import ColumnElement, Engine, select
 from agents.data.snapshot import UNIVERSE, day_dir, latest_as_of
 from agents.tickers import choose_tickers, read_universe
 from app.batch.engine import BatchEngine, BatchOutcome, BatchPlan
-from app.batch.signals import BatchInterrupted, run_batch
+from app.batch.signals import NONE_KEPT, BatchInterrupted, run_batch
 from app.config import Settings
 from app.db.engine import check_reachable, check_schema, ready_engine
 from app.db.lock import LockHold, nightly_lock
@@ -35,6 +35,7 @@ from app.errors import (
 )
 from app.morning.advice import advise
 from app.morning.digest import send_digest, send_refusal
+from app.morning.numbers import counted
 from app.morning.summary import batch_summary, rated_by_reruns, tickers_left
 from app.recorder.record import Recorder
 from app.runs import resumable
@@ -246,15 +247,19 @@ def _cancelled(settings: Settings, engine: Engine, batch_id: int | None) -> Batc
     that digest; before any batch row, that nothing was recorded."""
     if batch_id is None:
         return BatchInterrupted(NOTHING_RECORDED)
+    done: int | None = None  # its tickers finished; None: not read
     try:
-        stands = batch_summary(engine, batch_id, settings.batch.heartbeat_stale_s).status
+        summary = batch_summary(engine, batch_id, settings.batch.heartbeat_stale_s)
+        stands, done = summary.status, summary.tickers_succeeded + summary.tickers_failed
         advice = advise(engine, batch_id, settings.batch.heartbeat_stale_s)
     except Exception as error:  # the database away: the batch is still named
         log.warning("cancelled batch not read", batch_id=batch_id, error=first_line(error))
         stands, advice = "interrupted", ""
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C again: no digest, the line stays
         send_digest(settings, engine, BatchOutcome(batch_id, stands))
-    kept = "; finished tickers are kept" if stands == "interrupted" else ""
+    # Said of an interrupted batch only where it is true (the engine's ``_with_resume``).
+    kept = "" if stands != "interrupted" or done is None else (
+        f"; its {counted(done, 'finished ticker')} kept" if done else NONE_KEPT)
     return BatchInterrupted(f"batch {batch_id} {stands}: cancelled at once by the operator"
                             f"{kept}; {advice or f'`nightdesk report {batch_id}` shows it'}")
 
@@ -388,7 +393,13 @@ def _tell_covered(settings: Settings, engine: Engine, request: NightlyRequest, a
             + "write newer data for the next night (`nightdesk data freeze --help`), or "
             f"analyze {as_of} again now: `nightdesk run --as-of {as_of}{request.options()}` "
             "(NIGHTDESK_SCHEDULE_REPEAT_AS_OF=true lets the scheduler do so at each fire)")
-    tell_refusal(settings, as_of, why, what)  # no command: newer data, or the date again
+    # Nothing was refused: the date was analyzed. Told once per date and batch (a daemon
+    # fires each hour or night on the same snapshot); no command: newer data, or the date again.
+    did = f"already run: nightly batch #{covered} failed" if failed else \
+        f"already analyzed by nightly batch #{covered}"
+    tell_refusal(settings, as_of, why, what, outcome="nothing run",
+                 headline=f"night of {as_of} {did}", level="warning" if first else "info",
+                 once=True)
     return f"{why}: nothing run; {what}"
 
 

@@ -23,6 +23,7 @@ from app.db.engine import get_engine
 from app.db.models import Batch, LLMCall, NightRefusal
 from app.errors import ConfigError, InputError, LLMError, first_line
 from app.morning.digest import refusal_title, send_refusal
+from app.notify import Level
 from app.promptsize import PromptCounter, message_bytes
 from serving.preflight import check_endpoint, check_load_readable
 from serving.urls import redact, server_root
@@ -216,7 +217,8 @@ def refusal_demo(settings: Settings, as_of: date | None) -> bool:
 def tell_refusal(settings: Settings, as_of: date | None, why: str, advice: str, *,
                  command: str | None = None, outcome: str = "no batch run",
                  headline: str | None = None, store: bool = True,
-                 demo: bool | None = None) -> None:
+                 demo: bool | None = None, level: Level = "failure",
+                 once: bool = False) -> bool:
     """Tell of a night refused at its start: store it (``NightRefusal``; the morning's
     status names it until a later night starts) and push its digest (``send_refusal``).
 
@@ -224,21 +226,37 @@ def tell_refusal(settings: Settings, as_of: date | None, why: str, advice: str, 
     ``store=False``: the digest alone (a schema this install does not know takes no row).
     ``demo``: whether the night would have run on DEMO data (None: ``refusal_demo``); its
     digest's title and the stored one begin with the label, as a demo batch's do.
+    ``level``: the digest's (a notice that nothing was refused is no failure). ``once``: a
+    notice told once per as-of date and title: where its row is stored already, that row's
+    time moves to now (the morning reads the newest fire) and nothing is pushed.
+    Return whether the digest was pushed (or would be: no destination set).
     Never raises: the database may be what refused the night, whose one line has said so
     (the row not stored is then only a debug line: one line per error), and the digest
     says that the pages cannot show it: it alone tells the operator.
     """
     stored = store
     demo = refusal_demo(settings, as_of) if demo is None else demo
+    title = refusal_title(as_of, outcome, headline, demo)
     try:
         if store:
             with Session(get_engine(settings.store.database_url,
                                     settings.store.db_statement_timeout_s)) as session:
-                session.add(NightRefusal(refused_at=datetime.now(UTC), as_of=as_of,
-                                         title=refusal_title(as_of, outcome, headline, demo),
-                                         why=why, advice=advice, command=command))
+                told = session.scalars(select(NightRefusal).where(
+                    NightRefusal.as_of == as_of, NightRefusal.title == title)
+                    .order_by(NightRefusal.id.desc()).limit(1)).first() if once else None
+                if told is not None:
+                    told.refused_at = datetime.now(UTC)
+                else:
+                    session.add(NightRefusal(refused_at=datetime.now(UTC), as_of=as_of,
+                                             title=title, why=why, advice=advice,
+                                             command=command))
                 session.commit()
+                if told is not None:
+                    log.info("notice already told", as_of=str(as_of), title=title)
+                    return False
     except Exception as error:
         log.debug("refusal not stored", error=first_line(error))
         stored = False
-    send_refusal(settings, as_of, why, advice, outcome, headline, stored=stored, demo=demo)
+    send_refusal(settings, as_of, why, advice, outcome, headline, stored=stored, demo=demo,
+                 level=level)
+    return True

@@ -126,13 +126,16 @@ def test_report_heads_with_status_as_of_duration_and_the_failed_tickers(
     lines = result.stdout.splitlines()
     assert lines[0] == (f"DEMO DATA batch {ids['night2']} (nightly, as of {D2}): partial — "
                         "2 of 3 tickers succeeded, 1 failed; duration 1 h 30 min")
-    # CCC's rerun (D2) succeeded and the ranking applies it: nothing left to advise.
-    assert lines[1:3] == ["failed tickers (1):", "  CCC (failed): LLMTimeoutError: no answer"]
+    # CCC's rerun (D2) succeeded and the ranking applies it: nothing left to advise, and
+    # the failure is listed with the rerun that rated it since.
+    assert lines[1:3] == ["failed tickers (1):", f"  CCC (failed, rated since by rerun "
+                                                 f"#{ids['rerun']}): LLMTimeoutError: no answer"]
     data = json.loads(run_cli("report", str(ids["night2"]), "--format", "json").stdout)
     assert data["batch"]["status"] == "partial" and data["batch"]["as_of"] == str(D2)
     assert data["batch"]["duration_s"] == 5400.0
     assert data["failed_tickers"] == [{"ticker": "CCC", "status": "failed",
-                                       "error": "LLMTimeoutError: no answer"}]
+                                       "error": "LLMTimeoutError: no answer",
+                                       "rated_by": ids["rerun"]}]
 
 
 def test_a_running_batch_lists_no_running_ticker_as_failed(sqlite_engine: Engine) -> None:

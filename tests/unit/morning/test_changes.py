@@ -320,7 +320,7 @@ def test_a_ticker_the_night_did_not_finish_is_not_said_dropped(sqlite_engine: En
     assert found["CCC"].why == f"not finished in batch #{cut} (queued): no rating yet"
     said = " ".join(run_cli("changes", "--batch", str(cut)).stdout.split())
     assert "dropped" not in said.replace("0 dropped", "")
-    assert said.endswith("1 upgrade, 0 downgrade, 0 new, 0 dropped, 0 same, 2 not finished "
+    assert said.endswith("1 upgrade, 0 downgrades, 0 new, 0 dropped, 0 same, 2 not finished "
                          "(no rating yet)"), said
 
 

@@ -303,9 +303,14 @@ def test_a_night_stopped_by_sigterm_sends_an_interrupted_digest(
                               "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
     assert result.code == 130, result.stderr
     with sqlite_engine.connect() as conn:
-        night = conn.execute(select(Batch.id, Batch.status)).one()
+        night = conn.execute(select(Batch.id, Batch.status, Batch.error)).one()
     assert night.status == "interrupted"
+    # Stopped at the first bull_r1, its grace taking no new call: no ticker finished, and
+    # nothing says "finished tickers are kept" of none.
+    assert night.error == (f"stopped by SIGTERM before any ticker finished; resume with "
+                           f"`nightdesk run --resume {night.id}`"), night.error
     [post] = hook.posts
+    assert "finished tickers are kept" not in post["message"], post["message"]
     assert f"nightly batch #{night.id} (as of {DEMO_AS_OF}) INTERRUPTED" in post["title"]
     assert post["type"] == "failure"
     assert f"Next: nightdesk run --resume {night.id} (" in post["message"]

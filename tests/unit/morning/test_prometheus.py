@@ -8,6 +8,7 @@ The scheduler daemon's heartbeat row says DUE2 + 2 h. Scraped at DUE2 + 3 h.
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 from collections.abc import Iterator
@@ -95,12 +96,22 @@ def test_a_failed_ticker_a_rerun_rated_is_counted_as_the_ranking_shows_it(
         sqlite_engine: Engine, client: TestClient) -> None:
     # CCC failed in night 2; a rerun of its date rated it, which the ranking applies (no
     # ticker unrated, no banner, no advice). The scrape counted it failed all the same.
-    stored_nights(sqlite_engine)
-    add_night(sqlite_engine, D2, DUE2 + timedelta(hours=2), {"CCC": Rated("Hold", 0.0)},
-              kind="rerun")
+    _, second = stored_nights(sqlite_engine)
+    rerun = add_night(sqlite_engine, D2, DUE2 + timedelta(hours=2), {"CCC": Rated("Hold", 0.0)},
+                      kind="rerun")
     with time_machine.travel(DUE2 + timedelta(hours=3), tick=False):
         got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
         ranked = client.get("/api/ranking", auth=(USER, PASSWORD)).json()
+        page = client.get(f"/batches/{second}", auth=(USER, PASSWORD)).text
+        said = run_cli("report", str(second))
+        given = run_cli("report", str(second), "--format", "json")
+    # `report` and the batch page keep the batch's own failure, and say the rerun rated it
+    # since, as the ranking applies it (they listed it failed, nothing more).
+    assert f"CCC (failed, rated since by rerun #{rerun}): LLMTimeoutError" in said.stdout, \
+        said.stdout
+    assert [(f["ticker"], f["rated_by"]) for f in json.loads(given.stdout)["failed_tickers"]] \
+        == [("CCC", rerun)]
+    assert f'rated since by <a href="/batches/{rerun}">rerun #{rerun}</a>' in page
     tickers = {dict(labels)["status"]: value for (name, labels), value in got.items()
                if name == "nightdesk_night_tickers"}
     assert tickers == {"succeeded": 2, "failed": 0, "missing": 0, "rerun": 1}
@@ -129,6 +140,28 @@ def test_a_fire_that_found_a_stopped_nights_date_analyzed_is_no_refusal_of_it(
     assert got[("nightdesk_night_last_status", (("status", "partial"),))] == 1
     assert ("nightdesk_night_refused_timestamp_seconds", ()) not in got
     assert "not listed" not in listed.stderr, listed.stderr
+
+
+def test_a_stale_mornings_notice_that_its_date_was_analyzed_is_no_refusal(
+        sqlite_engine: Engine, client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The next due time's fire finds D2 analyzed (no newer snapshot): the morning is stale,
+    # its reason names the notice, and the scrape exported it as a refused night (an alert
+    # on refusals would fire each morning without new data, a weekend's, say).
+    from app.runs.nightly import NightlyRequest, run_nightly
+
+    _, second = stored_nights(sqlite_engine)
+    monkeypatch.setenv("NIGHTDESK_NOTIFY", "")
+    due3 = DUE2 + timedelta(days=1)
+    with time_machine.travel(due3, tick=False):
+        result = run_nightly(settings(), NightlyRequest(as_of=D2), engine=sqlite_engine,
+                             resume=True, once_per_as_of=True)
+    assert result.covered_by == second
+    with time_machine.travel(due3 + timedelta(hours=1), tick=False):
+        got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
+        night = client.get("/api/ranking", auth=(USER, PASSWORD)).json()["night"]
+    assert got[("nightdesk_night_last_status", (("status", "stale"),))] == 1
+    assert f"already analyzed by nightly batch #{second}" in night["reason"]
+    assert ("nightdesk_night_refused_timestamp_seconds", ()) not in got
 
 
 def test_a_resumed_nights_rate_leaves_its_pause_out(sqlite_engine: Engine,

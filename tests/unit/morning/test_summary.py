@@ -184,8 +184,10 @@ def test_a_dead_nights_unfinished_tickers_read_interrupted_before_and_after_it_i
     # digest listed neither, though it said "2 not finished"; `report` marks the row and then
     # says "interrupted: the batch's process died". One account of them, before and after.
     night = night_in_flight(sqlite_engine, beat_after_s=60)
-    died = [{"ticker": "BBB", "status": "interrupted", "error": "the batch's process died"},
-            {"ticker": "CCC", "status": "interrupted", "error": "the batch's process died"}]
+    died = [{"ticker": "BBB", "status": "interrupted", "error": "the batch's process died",
+             "rated_by": None},
+            {"ticker": "CCC", "status": "interrupted", "error": "the batch's process died",
+             "rated_by": None}]
     now = START + timedelta(seconds=60 + 200)
     with time_machine.travel(now, tick=False):
         before = client.get(f"/api/batches/{night}", auth=(USER, PASSWORD)).json()

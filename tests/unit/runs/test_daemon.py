@@ -34,6 +34,7 @@ from app.config import load_settings
 from app.db.batchsettings import BatchSettings
 from app.db.engine import alembic_config, make_engine
 from app.db.models import Batch, SchedulerBeat
+from app.morning.nightstatus import night_status
 from app.runs.daemon import JOB_ID, JOBS_TABLE, NightlyDaemon, NightlyTrigger
 from tests.fakevllm import ChatRequest, Reply
 from tests.unit.support.daemon_clock import (
@@ -295,6 +296,11 @@ def test_a_night_already_done_is_not_run_again(sqlite_engine: Engine, demo_dir: 
         assert daemon.next_run_time() == NIGHT
         tick(daemon, NIGHT + timedelta(hours=2))
         assert daemon.next_run_time() == NIGHT + timedelta(days=1)
+        # The next night's fire finds the same date analyzed (no newer snapshot): told once.
+        if told:
+            tick(daemon, NIGHT + timedelta(days=1, minutes=1))
+            morning = night_status(sqlite_engine, daemon.settings, done,
+                                   now=NIGHT + timedelta(days=1, hours=2))
     skipped = [e["batch_id"] for e in logs if e["event"] == "night already done"]
     covered = [e for e in logs if e["event"] == "nightly run skipped: its as-of date has a "
                                                 "nightly batch"]
@@ -307,12 +313,16 @@ def test_a_night_already_done_is_not_run_again(sqlite_engine: Engine, demo_dir: 
         assert batches == [done] and server.chats == []
         assert skipped == ([] if told else [done])
     if told:
-        assert [(e["batch_id"], e["log_level"]) for e in covered] == [(done, "warning")]
-        [post] = hook.posts
+        assert {(e["batch_id"], e["log_level"]) for e in covered} == {(done, "warning")}
+        [post] = hook.posts  # one for both fires: the stored row records the telling
+        # That row's time is the newest fire's: the stale morning still names it.
+        assert morning.status == "stale" and morning.refused is not None
+        assert f"already analyzed by nightly batch #{done}" in morning.refused.title
+        assert len(covered) == 2
         # The demo snapshot's night: labelled as every face of a demo night is.
-        assert post["title"] == (f"DEMO DATA — nightdesk: night of {DEMO_AS_OF} REFUSED at "
-                                 "its start, no batch run")
-        assert post["type"] == "failure"
+        assert post["title"] == (f"DEMO DATA — nightdesk: night of {DEMO_AS_OF} already "
+                                 f"analyzed by nightly batch #{done}, nothing run")
+        assert post["type"] == "info"  # nothing was refused
         assert (f"Why: nightly batch #{done} has already analyzed as-of {DEMO_AS_OF}"
                 in post["message"])
         assert f"`nightdesk run --as-of {DEMO_AS_OF}`" in post["message"]

@@ -50,8 +50,8 @@ def test_a_night_cancelled_outright_names_its_batch_and_the_resume_that_works(
     assert "Next: nightdesk run --resume 1 (continues its 3 tickers not finished)" in \
         post["message"].splitlines(), post["message"]
     assert cut.error_lines[-1] == (
-        "error: batch 1 interrupted: cancelled at once by the operator; finished tickers are "
-        "kept; `nightdesk run --resume 1` continues its 3 tickers not finished"), cut.stderr
+        "error: batch 1 interrupted: cancelled at once by the operator before any ticker "
+        "finished; `nightdesk run --resume 1` continues its 3 tickers not finished"), cut.stderr
     # The advised command, as given, finishes the night.
     serve_cli_from(monkeypatch, FakeServer(nodes=NODES, tickers=TICKERS), demo_dir)
     resumed = run_cli("run", "--resume", "1", "--no-preflight")

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, select
 
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from app.db.batchsettings import BatchSettings
-from app.db.models import Batch, TickerRun
+from app.db.models import Batch, NightRefusal, TickerRun
 from tests.fakevllm import FakeServer
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.engines import batch_count, fake_llm
@@ -231,6 +231,24 @@ def test_the_timer_does_not_run_a_date_already_analyzed_again(
     assert batch_count(sqlite_engine) == 1
     [post] = hook.posts
     assert f"nightly batch #{done} has already analyzed as-of {DEMO_AS_OF}" in post["message"]
+    # Nothing was refused: the title says what it is, and it is news, not a failure.
+    title = f"night of {DEMO_AS_OF} already analyzed by nightly batch #{done}, nothing run"
+    assert post["title"] == f"DEMO DATA — nightdesk: {title}"
+    assert post["type"] == "info"
+    # The timer fires again on the same snapshot: said on the command line, pushed once
+    # (the stored row is the record of having told it; its time is the newest fire's).
+    with sqlite_engine.connect() as conn:
+        first = conn.execute(select(NightRefusal.refused_at)).scalar_one()
+    again = run_cli("run", "--continue-night",
+                    env={"NIGHTDESK_NOTIFY": hook.url(),
+                         "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false"})
+    assert again.code == 0, again.stderr
+    assert any("already analyzed" in line for line in again.error_lines), again.stderr
+    assert len(hook.posts) == 1
+    with sqlite_engine.connect() as conn:
+        rows = conn.execute(select(NightRefusal.title, NightRefusal.refused_at)).all()
+    assert [row.title for row in rows] == [f"DEMO DATA — {title}"]
+    assert rows[0].refused_at >= first
 
 
 def test_a_date_already_analyzed_is_said_with_a_command_that_takes_its_own_tickers(

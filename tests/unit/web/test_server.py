@@ -284,7 +284,8 @@ def test_batch_report_series_come_from_server_samples(client: TestClient, ids: I
     assert data["report"]["calls"] == 17
     assert data["server"]["running_max"] == 6.0 and data["server"]["preemptions"] == 0.0
     assert data["failed_tickers"] == [{"ticker": "CCC", "status": "failed",
-                                       "error": "LLMTimeoutError: no answer within 300 s"}]
+                                       "error": "LLMTimeoutError: no answer within 300 s",
+                                       "rated_by": None}]
     assert [n["node"] for n in data["report"]["nodes"]] == node_names(load_settings().pipeline())
     # Call i ran from i s to i + 1.5 s: a 17.5 s makespan in two 10 s intervals.
     over = data["over_time"]
