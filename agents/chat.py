@@ -1,8 +1,8 @@
-"""Declare what the pipeline asks of its LLM client: a call tag, a reply and two methods.
+"""Declare what the pipeline asks of its LLM client: a call tag, a reply and one method.
 
-The service's tracked client (``app.llm.TrackedLLM``) satisfies ``ChatClient``; the pipeline
-never imports it, so it can be reused and tested with any client that has ``chat`` and
-``measure``.
+The service's clients (``app.traffic.client.TickerClient`` in a batch, ``app.llm.TrackedLLM``
+straight to one server) satisfy ``ChatClient``; the pipeline never imports them, so it can
+be reused and tested with any client that has ``chat``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agents.fitting import Sizer, Trim
+from agents.fitting import Prompt
 
 
 @dataclass(frozen=True)
@@ -36,19 +36,17 @@ class ChatResult:
     attempts: int = 1
 
 
-class ChatClient(Sizer, Protocol):
-    """Send one chat completion; raise ``agents.errors.LLMError`` when it cannot be had.
-
-    As a ``Sizer`` it also counts a prompt against the server's context, so a node can
-    leave out context before sending (agents.fitting).
+class ChatClient(Protocol):
+    """Make one call: fit ``prompt`` into the server's context (``agents.fitting.fit``, what
+    it leaves out recorded on the call's rows), then send it as one chat completion; raise
+    ``agents.errors.LLMError`` when it cannot be had. A node calls its client once per call.
     """
 
     async def chat(
         self,
         tag: CallTag,
-        messages: list[dict[str, str]],
+        prompt: Prompt,
         *,
         max_tokens: int,
         response_format: dict[str, Any] | None = None,
-        trimmed: Trim | None = None,
     ) -> ChatResult: ...

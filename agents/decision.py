@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agents.chat import CallTag, ChatClient, ChatResult
 from agents.errors import DecisionError
-from agents.fitting import REJECTED_REPLY, Messages, Render, fit
+from agents.fitting import REJECTED_REPLY, Messages, Prompt, Render
 from agents.prompting import render
 
 log = structlog.get_logger(__name__)
@@ -125,10 +125,11 @@ async def decide(
 
     ``prompt`` and ``units`` are the node's prompt and its droppable parts (agents.fitting):
     every call, the first and each re-ask (the prompt, the rejected reply, a correction), is
-    fitted into the server's context by ``fit`` before it is sent. Raise DecisionError when
-    no reply validates: a missing decision fails the ticker, it never becomes a Hold. A valid
-    decision whose score contradicts its rating is asked again while attempts remain; if no
-    later reply does better it is returned as it is, and the store flags it.
+    asked for as a ``Prompt``, which the client fits into the server's context before it
+    sends it. Raise DecisionError when no reply validates: a missing decision fails the
+    ticker, it never becomes a Hold. A valid decision whose score contradicts its rating is
+    asked again while attempts remain; if no later reply does better it is returned as it
+    is, and the store flags it.
     """
     used = 0  # HTTP attempts of every call so far
     asked = prompt
@@ -136,9 +137,8 @@ async def decide(
     problem = "no reply"
     fallback: tuple[Decision, ChatResult] | None = None
     for call in range(1, attempts + 1):
-        messages, trim = await fit(llm, asked, ask_units, max_tokens=max_tokens)
-        result = await llm.chat(tag, messages, max_tokens=max_tokens,
-                                response_format=response_format(), trimmed=trim)
+        result = await llm.chat(tag, Prompt(asked, ask_units), max_tokens=max_tokens,
+                                response_format=response_format())
         used += result.attempts
         try:
             decision = parse_decision(result.content)

@@ -14,8 +14,9 @@ appends to a prompt already fitted to the limit would otherwise overflow it.
 The analyst reports, prices, indicators, fundamentals and the node's own instructions are
 never left out: a prompt that does not fit without its droppable parts goes out as small
 as it can be and the client's own length check fails it (``context_length``), which fails
-only its ticker. The client counts tokens (``Sizer.measure``); this module only decides
-what to leave out, so it knows prompts, not servers.
+only its ticker. A node hands its client the whole ``Prompt``; the client fits it (``fit``,
+counting with its server: a ``Measure``) as the first step of the call, so this module only
+decides what to leave out, and knows prompts, not servers.
 """
 
 from __future__ import annotations
@@ -50,17 +51,31 @@ class PromptSize:
         return self.tokens is None or self.tokens <= self.limit
 
 
-class Sizer(Protocol):
-    """Count a prompt against the server's limit (``app.llm.TrackedLLM`` is one)."""
+class Measure(Protocol):
+    """Count a prompt against the server's limit (``app.llm.TrackedLLM.measure`` is one)."""
 
-    async def measure(self, messages: Messages, *, max_tokens: int,
-                      exact: bool = False) -> PromptSize | None:
+    async def __call__(self, messages: Messages, *, max_tokens: int,
+                       exact: bool = False) -> PromptSize | None:
         """Return the prompt's size, or None when the server cannot count; raise LLMError as
         the call would where its servers keep failing the count (app.traffic.client).
 
         With ``exact`` the tokens are counted even when a cheap bound shows the prompt fits.
         """
         ...
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A node's prompt as it asks its client for it: ``render(k)`` renders it with the first
+    ``k`` of its droppable ``units`` (in drop order) left out; the client fits it (``fit``)."""
+
+    render: Render
+    units: Sequence[str] = ()
+
+
+def fixed(messages: Messages) -> Prompt:
+    """Return a prompt of ``messages`` with nothing to leave out."""
+    return Prompt(lambda _: messages)
 
 
 @dataclass(frozen=True)
@@ -85,7 +100,7 @@ def left_out(units: Sequence[str], k: int, kind: str) -> int:
     return sum(1 for unit in units[:k] if unit == kind)
 
 
-async def fit(sizer: Sizer, render: Render, units: Sequence[str], *,
+async def fit(measure: Measure, render: Render, units: Sequence[str], *,
               max_tokens: int) -> tuple[Messages, Trim | None]:
     """Return the messages with the fewest units left out that fit, and what was left out.
 
@@ -93,7 +108,7 @@ async def fit(sizer: Sizer, render: Render, units: Sequence[str], *,
     client's length check then fails the call as ``context_length``).
     """
     full = render(0)
-    size = await sizer.measure(full, max_tokens=max_tokens)
+    size = await measure(full, max_tokens=max_tokens)
     if size is None or size.fits or not units:
         return full, None
     # Leaving out more never makes a prompt longer, so bisect for the fewest that fit.
@@ -101,7 +116,7 @@ async def fit(sizer: Sizer, render: Render, units: Sequence[str], *,
     lo, hi, best = 1, len(units), None
     while lo <= hi:
         mid = (lo + hi) // 2
-        sizes[mid] = await sizer.measure(render(mid), max_tokens=max_tokens, exact=True)
+        sizes[mid] = await measure(render(mid), max_tokens=max_tokens, exact=True)
         current = sizes[mid]
         if current is None or current.fits:
             best, hi = mid, mid - 1
@@ -109,7 +124,7 @@ async def fit(sizer: Sizer, render: Render, units: Sequence[str], *,
             lo = mid + 1
     k = best if best is not None else len(units)
     if k not in sizes:
-        sizes[k] = await sizer.measure(render(k), max_tokens=max_tokens, exact=True)
+        sizes[k] = await measure(render(k), max_tokens=max_tokens, exact=True)
     final = sizes[k]
     saved = (None if final is None or final.tokens is None or size.tokens is None
              else size.tokens - final.tokens)

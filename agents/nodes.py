@@ -16,7 +16,7 @@ from langgraph.runtime import Runtime
 from agents.chat import CallTag, ChatResult
 from agents.data import render
 from agents.decision import RATINGS, SUMMARY_MAX_CHARS, bands_text, decide
-from agents.fitting import DEBATE_TURN, NEWS_ITEM, SOCIAL_POST, Render, droppable, fit, left_out
+from agents.fitting import DEBATE_TURN, NEWS_ITEM, SOCIAL_POST, Prompt, Render, droppable, left_out
 from agents.prompting import build_messages
 from agents.state import NodeOutput, RunContext, TickerState, Turn
 
@@ -89,13 +89,12 @@ def _tag(state: TickerState, runtime: Runtime[RunContext], node: str) -> CallTag
 
 async def _ask(state: TickerState, runtime: Runtime[RunContext], node: str, group: str,
                render_with: Render, units: list[str]) -> ChatResult:
-    """Fit the prompt (agents.fitting), then send it with its group's token budget."""
+    """Ask the client for the prompt with its group's token budget: one call, which fits it
+    (agents.fitting) and sends it."""
     ctx = runtime.context
-    max_tokens = ctx.config.node_max_tokens[group]
     with structlog.contextvars.bound_contextvars(ticker=state["ticker"], node=node):
-        messages, trim = await fit(ctx.llm, render_with, units, max_tokens=max_tokens)
-        return await ctx.llm.chat(_tag(state, runtime, node), messages, max_tokens=max_tokens,
-                                  trimmed=trim)
+        return await ctx.llm.chat(_tag(state, runtime, node), Prompt(render_with, units),
+                                  max_tokens=ctx.config.node_max_tokens[group])
 
 
 def _turns(history: list[Turn], drop: int = 0) -> list[dict[str, str]]:
@@ -251,7 +250,7 @@ async def portfolio_manager(state: TickerState, runtime: Runtime[RunContext]) ->
                               bands=bands_text(), summary_max_chars=SUMMARY_MAX_CHARS)
 
     with structlog.contextvars.bound_contextvars(ticker=state["ticker"], node=node):
-        # decide fits every call it makes, a re-ask as well as the first (agents.fitting).
+        # Every call decide makes is fitted, a re-ask as well as the first (agents.fitting).
         decision, result, attempts = await decide(
             ctx.llm, _tag(state, runtime, node), render_with, units, max_tokens=max_tokens,
             attempts=ctx.config.decision_attempts,

@@ -21,7 +21,7 @@ from langgraph.runtime import Runtime
 from agents.chat import CallTag, ChatResult
 from agents.config import PipelineConfig
 from agents.data.base import MarketBundle
-from agents.fitting import Messages, PromptSize, Trim
+from agents.fitting import Messages, Prompt
 from agents.graph import NODE_KINDS, analyze_ticker
 from agents.nodes import ANALYSTS
 from agents.state import RunContext, TickerState
@@ -48,18 +48,15 @@ def marker(node: str) -> str:
 
 
 class _Probe:
-    """A ChatClient that sends nothing: no prompt fits, each reply is its node's marker."""
+    """A ChatClient that sends nothing: no prompt fits, so each goes with every droppable
+    unit left out (as ``fit`` leaves them where none fits); each reply is its node's marker."""
 
     def __init__(self) -> None:
         self.asked: list[SmallestPrompt] = []
 
-    async def measure(self, messages: Messages, *, max_tokens: int,
-                      exact: bool = False) -> PromptSize | None:
-        return PromptSize(tokens=1, limit=0)
-
-    async def chat(self, tag: CallTag, messages: Messages, *, max_tokens: int,
-                   response_format: dict[str, Any] | None = None,
-                   trimmed: Trim | None = None) -> ChatResult:
+    async def chat(self, tag: CallTag, prompt: Prompt, *, max_tokens: int,
+                   response_format: dict[str, Any] | None = None) -> ChatResult:
+        messages = prompt.render(len(prompt.units))
         text = "\n".join(m["content"] for m in messages)
         carries = tuple(node for node in _seen(self.asked) if marker(node) in text)
         self.asked.append(SmallestPrompt(tag.node, tag.ticker, messages, max_tokens, carries))

@@ -20,7 +20,7 @@ from openai import AsyncOpenAI
 from openai._streaming import SSEDecoder
 
 from agents.chat import CallTag, ChatResult
-from agents.fitting import Trim
+from agents.fitting import Measure, Prompt, Trim, fit
 from app.config import Settings
 from app.db.text import storable
 from app.errors import (
@@ -66,6 +66,15 @@ class Call:
 
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     attempts: int = 0  # HTTP attempts made so far, on any endpoint
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A node's call before it is fitted: its prompt and what it is sent with."""
+
+    prompt: Prompt
+    max_tokens: int
+    response_format: dict[str, Any] | None = None
 
 
 @dataclass
@@ -214,19 +223,28 @@ class TrackedLLM(PromptCounter):
     async def chat(
         self,
         tag: CallTag,
-        messages: list[dict[str, str]],
+        prompt: Prompt,
         *,
         max_tokens: int,
         response_format: dict[str, Any] | None = None,
-        trimmed: Trim | None = None,
         call: Call | None = None,
     ) -> ChatResult:
-        """Send one chat completion straight to this server (no gate), retrying what may pass
-        (``Tries``); raise LLMError when it cannot. A batch's calls go through
-        app.traffic.client instead, which runs the same loop at its gate."""
-        body = self.build_body(tag, messages, max_tokens=max_tokens,
-                               response_format=response_format)
+        """Make one call straight to this server (no gate): fit ``prompt`` to its context,
+        then send it, retrying what may pass (``Tries``); raise LLMError when it cannot. A
+        batch's calls go through app.traffic.client instead, which runs the same loop at its
+        gate and fits a call at each server it goes to."""
+        body, trimmed = await self.fitted(tag, Ask(prompt, max_tokens, response_format),
+                                          self.measure)
         return await self.send(tag, body, trimmed=trimmed, call=call)
+
+    async def fitted(self, tag: CallTag, ask: Ask,
+                     measure: Measure) -> tuple[dict[str, Any], Trim | None]:
+        """Return the body of ``ask`` with its prompt fitted by ``measure``'s counts
+        (agents.fitting.fit), and what the fit left out."""
+        messages, trimmed = await fit(measure, ask.prompt.render, ask.prompt.units,
+                                      max_tokens=ask.max_tokens)
+        return self.build_body(tag, messages, max_tokens=ask.max_tokens,
+                               response_format=ask.response_format), trimmed
 
     async def send(self, tag: CallTag, body: dict[str, Any], *, trimmed: Trim | None = None,
                    call: Call | None = None) -> ChatResult:
@@ -430,6 +448,7 @@ class Tries:
     pressed_since: float | None = None
     pressed_s: float = 0.0  # how long back-pressure has lasted, at the last answer
     due: bool = False  # the last failure is tried again
+    sends_left: int = 0  # how often it may yet go to a server after one failed it (client.py)
     _wait_s: float = 0.0  # before that try
     _resent: bool = False  # that try is on another server (its resender logs it)
 

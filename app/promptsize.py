@@ -188,7 +188,7 @@ class PromptCounter:
 
     async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
                       exact: bool = False) -> PromptSize | None:
-        """Return the prompt's size against the server's context (agents.fitting.Sizer).
+        """Return the prompt's size against the server's context (an agents.fitting.Measure).
 
         None when the server cannot count (no /tokenize, the check turned off, or the server
         kept failing): the call then goes out as it is and the server has the last word.

@@ -23,7 +23,7 @@ from agents.chat import CallTag, ChatResult
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.decision import Decision
-from agents.fitting import PromptSize
+from agents.fitting import Prompt
 from agents.graph import analyze_ticker, node_names, thread_id
 from app.bench.machine import machine_facts
 from app.config import Settings
@@ -40,13 +40,9 @@ class InstantLLM:
     def __init__(self, reply_chars: int) -> None:
         self.reply = ("word " * (reply_chars // 5 + 1))[:reply_chars]
 
-    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
-                      exact: bool = False) -> PromptSize | None:
-        return None
-
-    async def chat(self, tag: CallTag, messages: list[dict[str, str]], *, max_tokens: int,
-                   response_format: dict[str, Any] | None = None, priority: int | None = None,
-                   trimmed: Any = None) -> ChatResult:
+    async def chat(self, tag: CallTag, prompt: Prompt, *, max_tokens: int,
+                   response_format: dict[str, Any] | None = None) -> ChatResult:
+        prompt.render(0)  # rendered as a client that cannot count sends it: part of the node
         content = DECISION if response_format is not None else self.reply
         return ChatResult(content, 100, len(content) // 4, 0, "stop", "bench")
 

@@ -1,10 +1,12 @@
-"""The one client a ticker's graph calls through: it owns each call, from its server's gate
-to the answer, and sends it elsewhere when its server fails it.
+"""The one client a ticker's graph calls through: it owns each call, from fitting its prompt
+and its server's gate to the answer, and sends it elsewhere when its server fails it.
 
-A call's attempts are one loop (tenacity, ``Tries``): retries on its server, each at the
-gate, with the backoff outside it; and, its retries spent on a server found down or
-restarted, the same call sent to one that is up, at most twice per endpoint; a call moved
-while it waited at its gate is not counted (docs/architecture.md, "One health rule").
+A call is one loop (tenacity, ``Tries``): at each server it goes to, its prompt fitted to
+that server's context (counted, no place held), then retries there, each at the gate, with
+the backoff outside it; and, its retries spent on a server found down or restarted (or a
+count failed there), the same call sent to one that is up, at most twice per endpoint; a
+call moved while it waited at its gate is not counted (docs/architecture.md, "One health
+rule").
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import structlog
 
 from agents.chat import CallTag, ChatResult
-from agents.fitting import PromptSize, Trim
+from agents.fitting import Prompt, PromptSize, Trim
 from app.errors import (
     ContextLengthError,
     LLMConnectionError,
@@ -27,7 +29,7 @@ from app.errors import (
     LLMStreamError,
     LLMTimeoutError,
 )
-from app.llm import Call, Tries
+from app.llm import Ask, Call, Tries
 from app.tasks import beside
 from app.traffic.budget import Claim
 from app.traffic.gate import priority
@@ -63,30 +65,6 @@ class TickerClient:
         server.arrive(ticket)
         server.started += 1
 
-    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
-                      exact: bool = False) -> PromptSize | None:
-        """Count a prompt for the context guard; not a request, so it needs no place.
-
-        A count that fails for a server fault goes where a failed call would: to a server
-        that is up, waiting for one (ServerOutage past the budget), at most twice per
-        endpoint (each failed count was sent: no gate holds it); past that it raises, as the
-        call would. None when the server cannot count or the failure is the count's own:
-        the call goes as it is.
-        """
-        counts_left = 2 * len(self.servers)  # as for a call: a flapping server ends it
-        while True:
-            counts_left -= 1
-            endpoint = self._here()
-            started = endpoint.clock()
-            try:
-                return await endpoint.llm.size(messages, max_tokens=max_tokens, exact=exact)
-            except LLMError as error:
-                if counts_left <= 0 and server_fault(error):
-                    raise  # sent uncounted, a prompt too long would fail as the ticker's own
-                if not await self._resend(endpoint, started, error, counts_left):
-                    log.warning("prompt could not be counted", error=str(error)[:200])
-                    return None
-
     def close(self) -> None:
         """Release what the ticker still holds: its work is over (again: nothing to do)."""
         ticket = self.ticket
@@ -100,29 +78,27 @@ class TickerClient:
         self.server.leave(ticket)
         self.servers.changed.set()
 
-    async def chat(self, tag: CallTag, messages: list[dict[str, str]], *, max_tokens: int,
-                   response_format: dict[str, Any] | None = None,
-                   trimmed: Trim | None = None) -> ChatResult:
-        body = self.server.llm.build_body(tag, messages, max_tokens=max_tokens,
-                                          response_format=response_format)
-        return await self.send(tag, body, trimmed=trimmed)
+    async def chat(self, tag: CallTag, prompt: Prompt, *, max_tokens: int,
+                   response_format: dict[str, Any] | None = None) -> ChatResult:
+        """Make one call of a node's (agents.chat.ChatClient): ``send`` it as an ``Ask``."""
+        return await self.send(tag, Ask(prompt, max_tokens, response_format))
 
-    async def send(self, tag: CallTag, body: dict[str, Any], *,
-                   trimmed: Trim | None = None) -> ChatResult:
-        """Send a prepared body (``chat``'s, or a replay's) as one call: its attempts on its
-        server, and on another when that one fails it; raise the last attempt's LLMError
-        (ServerBusy once back-pressure outlasted the outage budget)."""
-        ready = datetime.now(UTC)  # issued by the graph: a wait from here on is ours
-        call, tries = Call(), Tries(self.server.llm.settings)
+    async def send(self, tag: CallTag, asked: Ask | dict[str, Any]) -> ChatResult:
+        """Send ``asked`` (a node's ``Ask``, fitted at each server first; a replay's body as it
+        is) as one call, on its server and on another when that one fails it; raise the last
+        attempt's LLMError (ServerBusy once back-pressure outlasted the outage budget)."""
         # A server that keeps flapping must not keep one call going round for ever.
-        sends_left = 2 * len(self.servers)
-        at: Server | None = None  # where the call is claimed
+        call, tries = Call(), Tries(self.server.llm.settings, sends_left=2 * len(self.servers))
+        at: Server | None = None  # where the call is fitted and claimed
+        ready: datetime | None = None  # fitted: a wait from here on is ours
         claim, rank, started = Claim(0), 0, 0.0
         try:
             async for attempt in tries.retrying(tag, call):
                 with attempt:
                     server = self._here()
-                    if server is not at:  # the call's first attempt here: claim its tokens
+                    if server is not at:  # the call's first attempt here: fit, claim tokens
+                        body, trimmed = await self._fit(server, tag, tries, asked)
+                        ready = ready or datetime.now(UTC)
                         claim, started = await self._claim(server, tag, body)
                         at, rank = server, priority(self.ticket)
                         tries.resend()
@@ -136,8 +112,9 @@ class TickerClient:
                             # Moved before it went out, it cannot be what took its server
                             # down; the outage budget bounds such moves, the cap the rest.
                             if call.attempts > made:
-                                sends_left -= 1
-                            if await self._resend(server, started, error, sends_left, tag):
+                                tries.sends_left -= 1
+                            if await self._resend(server, started, error, tries.sends_left,
+                                                  tag):
                                 tries.resend()
                         raise
         except LLMError as error:
@@ -149,6 +126,32 @@ class TickerClient:
             self.ticket.done += 1
         server.gate.learn(tag.node, body, result)
         return result
+
+    async def _fit(self, server: Server, tag: CallTag, tries: Tries,
+                   asked: Ask | dict[str, Any]) -> tuple[dict[str, Any], Trim | None]:
+        """Return the body ``asked`` sends at ``server`` and what its prompt left out; the
+        prompt's counts need no place at the gate (they are no request). A count its server
+        fails is a send, as a failed attempt is: moved, the call is fitted afresh where it
+        goes (raised); past the cap the call fails, as it would; the count's own failure, or
+        no server to take it, leaves the prompt uncounted: it goes as it is."""
+        async def measure(messages: list[dict[str, str]], *, max_tokens: int,
+                          exact: bool = False) -> PromptSize | None:
+            started = server.clock()
+            try:
+                return await server.llm.size(messages, max_tokens=max_tokens, exact=exact)
+            except LLMError as error:
+                tries.sends_left -= 1
+                if tries.sends_left <= 0 and server_fault(error):
+                    tries.due = False
+                    raise  # sent uncounted, a prompt too long would fail as the ticker's own
+                if await self._resend(server, started, error, tries.sends_left):
+                    tries.resend()
+                    raise
+                log.warning("prompt could not be counted", error=str(error)[:200])
+                return None
+
+        return (asked, None) if isinstance(asked, dict) else await server.llm.fitted(
+            tag, asked, measure)
 
     async def _claim(self, server: Server, tag: CallTag,
                      body: dict[str, Any]) -> tuple[Claim, float]:
@@ -169,7 +172,7 @@ class TickerClient:
         return claim, started
 
     async def _attempt(self, server: Server, claim: Claim, tag: CallTag, call: Call,
-                       body: dict[str, Any], rank: int, ready: datetime,
+                       body: dict[str, Any], rank: int, ready: datetime | None,
                        trimmed: Trim | None) -> ChatResult:
         """Make one attempt with a place at ``server``'s gate; after a server fault, take a
         reading: a server found down holds its gate, so the next attempt waits there. A
@@ -189,9 +192,9 @@ class TickerClient:
 
     async def _resend(self, endpoint: Server, started: float, error: LLMError,
                       tries_left: int, tag: CallTag | None = None) -> bool:
-        """Move the ticker to where a call (``tag``) or a count that failed at ``endpoint``
-        goes next; False: the failure is its own, or no try is left (ServerSet.after_failure
-        decides the rest). Both of a ticker's loops resend through here."""
+        """Move the ticker to where a call (``tag``) or its prompt's count that failed at
+        ``endpoint`` goes next; False: the failure is its own, or no try is left
+        (ServerSet.after_failure decides the rest)."""
         target = None if not server_fault(error) or tries_left <= 0 else (
             await self.servers.after_failure(
                 endpoint, started, reached=not isinstance(error, LLMConnectionError)))

@@ -15,6 +15,7 @@ from agents.chat import CallTag
 from agents.data.demo import DEMO_AS_OF, demo_tickers, write_demo
 from agents.data.snapshot import SnapshotProvider
 from agents.decision import Decision
+from agents.fitting import fixed
 from app.batch import store
 from app.batch.engine import BatchEngine, BatchPlan
 from app.bench.schedulers import machine_facts
@@ -129,12 +130,12 @@ async def test_prompt_over_max_model_len_is_caught_before_sending(
     async with UsageRecorder(engine) as recorder:
         llm = TrackedLLM(settings, recorder)
         with pytest.raises(ContextLengthError, match="exceeds max-model-len"):
-            await llm.chat(CallTag(batch_id, "LONG", "market"), messages, max_tokens=8)
+            await llm.chat(CallTag(batch_id, "LONG", "market"), fixed(messages), max_tokens=8)
         # The same prompt without the check: the server itself refuses it with a 400.
         unchecked = TrackedLLM(cpu_settings(monkeypatch, vllm_server, max_attempts=1,
                                             check_context_length=False), recorder)
         with pytest.raises(ContextLengthError) as info:
-            await unchecked.chat(CallTag(batch_id, "LONG", "news"), messages, max_tokens=8)
+            await unchecked.chat(CallTag(batch_id, "LONG", "news"), fixed(messages), max_tokens=8)
         assert info.value.http_status == 400
         await llm.aclose()
         await unchecked.aclose()

@@ -12,6 +12,7 @@ import structlog
 from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
+from agents.fitting import fixed
 from app.config import load_settings
 from app.db.models import LLMCall, LLMRequest
 from app.errors import (
@@ -97,11 +98,11 @@ async def test_a_call_sent_again_keeps_its_id_body_and_numbering(sqlite_engine: 
     tag, call = CallTag(batch_id, "AAPL", "analyst"), Call()
     async with fake.client() as http, UsageRecorder(sqlite_engine) as rec:
         with pytest.raises(LLMHTTPError):
-            await TrackedLLM(settings, rec, http_client=http).chat(tag, MESSAGES,
+            await TrackedLLM(settings, rec, http_client=http).chat(tag, fixed(MESSAGES),
                                                                    max_tokens=100, call=call)
         result = await TrackedLLM(settings, rec, http_client=http).chat(
-            tag, MESSAGES, max_tokens=100, call=call)
-        other = await TrackedLLM(settings, rec, http_client=http).chat(tag, MESSAGES,
+            tag, fixed(MESSAGES), max_tokens=100, call=call)
+        other = await TrackedLLM(settings, rec, http_client=http).chat(tag, fixed(MESSAGES),
                                                                        max_tokens=100)
     assert result.attempts == 3 and other.attempts == 1
     with sqlite_engine.connect() as conn:
@@ -125,7 +126,7 @@ async def test_every_attempt_carries_the_tickers_routing_key(sqlite_engine: Engi
         llm = TrackedLLM(settings, rec, http_client=http)
         for tag in (CallTag(batch_id, "AAPL", "analyst"), CallTag(batch_id, "AAPL", "risk"),
                     CallTag(batch_id, "MSFT", "analyst"), CallTag(other_batch, "AAPL", "risk")):
-            await llm.chat(tag, MESSAGES, max_tokens=100)
+            await llm.chat(tag, fixed(MESSAGES), max_tokens=100)
     sent = [r for r in fake.requests if r.path == "/v1/chat/completions"]
     keys = [(r.headers.get("x-session-id"), r.headers.get("x-user-id"), r.body.get("user"))
             for r in sent]
@@ -201,8 +202,11 @@ async def test_a_connection_reset_mid_stream_is_worded_without_the_sockets_errno
 
 
 async def test_context_precheck_fails_without_sending_the_chat(sqlite_engine: Engine) -> None:
+    # As long in bytes as a real prompt of 2,000 tokens is at least (a token covers a byte),
+    # so its size is not taken as proved by its bytes once the call's fit taught the limit.
     fake = FakeServer(tokenize_count=2000, max_model_len=2048)
-    result, rows = await one_call(sqlite_engine, fake, check_context_length=True)
+    result, rows = await one_call(sqlite_engine, fake, check_context_length=True,
+                                  messages=[{"role": "user", "content": "word " * 400}])
     assert isinstance(result, ContextLengthError)
     assert "2000" in str(result) and "2048" in str(result)
     assert fake.tokenize_calls == 1
@@ -372,7 +376,7 @@ async def test_a_server_not_listening_is_named_by_the_transport_error(
         llm = TrackedLLM(settings, rec)
         try:
             with pytest.raises(LLMConnectionError) as raised:
-                await llm.chat(CallTag(batch_id, "AAPL", "analyst"), MESSAGES, max_tokens=10)
+                await llm.chat(CallTag(batch_id, "AAPL", "analyst"), fixed(MESSAGES), max_tokens=10)
         finally:
             await llm.aclose()
     assert "Connection error. (ConnectError: " in str(raised.value)

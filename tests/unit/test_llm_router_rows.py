@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import Engine, select
 
 from agents.chat import CallTag
+from agents.fitting import fixed
 from app.config import load_settings
 from app.db.models import LLMCall
 from app.errors import ConfigError
@@ -36,7 +37,7 @@ async def rows_through(router: FakeRouter, engine: Engine, **settings: Any) -> l
     async with router.client() as http, UsageRecorder(engine, flush_interval_s=0.01) as rec:
         llm = TrackedLLM(config, rec, http_client=http)
         for ticker in TICKERS:
-            await llm.chat(CallTag(batch_id, ticker, "analyst"), MESSAGES, max_tokens=50)
+            await llm.chat(CallTag(batch_id, ticker, "analyst"), fixed(MESSAGES), max_tokens=50)
     with engine.connect() as conn:
         return list(conn.execute(select(LLMCall.ticker, LLMCall.endpoint, LLMCall.served_by,
                                         LLMCall.status)
@@ -82,7 +83,7 @@ async def test_a_refusal_names_the_server_that_refused(sqlite_engine: Engine) ->
     async with router.client() as http, UsageRecorder(sqlite_engine) as rec:
         with pytest.raises(Exception, match="HTTP 400"):
             await TrackedLLM(config, rec, http_client=http).chat(
-                CallTag(batch_id, "AAPL", "analyst"), MESSAGES, max_tokens=50)
+                CallTag(batch_id, "AAPL", "analyst"), fixed(MESSAGES), max_tokens=50)
     with sqlite_engine.connect() as conn:
         row = conn.execute(select(LLMCall.status, LLMCall.served_by)).one()
     assert tuple(row) == ("error", "http://gpu0.test:8000")

@@ -13,6 +13,7 @@ from sqlalchemy import Engine, func, select
 
 import app.usage
 from agents.chat import CallTag
+from agents.fitting import fixed
 from app.config import load_settings
 from app.db.models import LLMCall, LLMRequest
 from app.errors import LLMError
@@ -63,8 +64,9 @@ async def test_a_failed_write_is_retried_without_loss_or_duplicates(
     async with fake.client() as http, recorder:
         llm = TrackedLLM(settings, recorder, http_client=http)
         await asyncio.gather(*(
-            llm.chat(CallTag(batch_id, "AAPL", f"n{i}"), [{"role": "user", "content": f"q{i}"}],
-                     max_tokens=8) for i in range(30)))
+            llm.chat(CallTag(batch_id, "AAPL", f"n{i}"),
+                     fixed([{"role": "user", "content": f"q{i}"}]), max_tokens=8)
+            for i in range(30)))
     assert recorder.write_failures == 2
     assert count["calls"] >= 3
     with sqlite_engine.connect() as conn:
@@ -141,7 +143,7 @@ async def test_errors_raised_by_chat_are_llm_errors(sqlite_engine: Engine) -> No
     async with fake.client() as http, UsageRecorder(sqlite_engine) as recorder:
         llm = TrackedLLM(settings, recorder, http_client=http)
         with pytest.raises(LLMError) as info:
-            await llm.chat(CallTag(batch_id, "X", "n"), [{"role": "user", "content": "q"}],
+            await llm.chat(CallTag(batch_id, "X", "n"), fixed([{"role": "user", "content": "q"}]),
                            max_tokens=8)
     assert info.value.http_status == 400 and not info.value.retryable
 

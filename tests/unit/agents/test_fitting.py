@@ -67,7 +67,7 @@ async def test_fit_leaves_out_turns_then_news_then_posts_and_no_more_than_needed
     units = droppable(turns=3, news=2, social=2)
     assert units == [DEBATE_TURN] * 3 + [NEWS_ITEM] * 2 + [SOCIAL_POST] * 2
     # 20 + 70 = 90 characters in full; a limit of 55 less 5 of output leaves 50: 3 units.
-    messages, trim = await fit(CountingSizer(55), sections(units), units, max_tokens=5)
+    messages, trim = await fit(CountingSizer(55).measure, sections(units), units, max_tokens=5)
     assert messages[0]["content"].count("|") == 3
     assert trim == Trim(((DEBATE_TURN, 3), (NEWS_ITEM, 1)), 40)
     assert trim.describe() == "3 debate turns, 1 news item"
@@ -76,13 +76,13 @@ async def test_fit_leaves_out_turns_then_news_then_posts_and_no_more_than_needed
 async def test_fit_sends_a_prompt_that_fits_untouched_and_counts_it_once() -> None:
     sizer = CountingSizer(1000)
     units = droppable(turns=2)
-    messages, trim = await fit(sizer, sections(units), units, max_tokens=5)
+    messages, trim = await fit(sizer.measure, sections(units), units, max_tokens=5)
     assert trim is None and messages == sections(units)(0) and len(sizer.asked) == 1
 
 
 async def test_fit_returns_the_smallest_prompt_when_nothing_is_enough() -> None:
     units = droppable(news=4)
-    messages, trim = await fit(CountingSizer(10), sections(units), units, max_tokens=5)
+    messages, trim = await fit(CountingSizer(10).measure, sections(units), units, max_tokens=5)
     assert messages == sections(units)(4)  # all left out; still too long for the client
     assert trim is not None and trim.dropped == ((NEWS_ITEM, 4),) and trim.tokens == 40
 
@@ -255,12 +255,12 @@ async def test_a_reask_leaves_out_its_rejected_reply_only_after_every_other_unit
     assert correction["role"] == "user" and "the score is out of range" in correction["content"]
     base = 20 + len(correction["content"])  # the prompt with nothing droppable, + correction
     # Room for the reply but no turn: both turns go, the reply stays.
-    messages, trim = await fit(CountingSizer(base + 30 + 5), asked, [*units, REJECTED_REPLY],
-                               max_tokens=5)
+    messages, trim = await fit(CountingSizer(base + 30 + 5).measure, asked,
+                               [*units, REJECTED_REPLY], max_tokens=5)
     assert trim is not None and trim.dropped == ((DEBATE_TURN, 2),)
     assert messages[-2] == {"role": "assistant", "content": "R" * 30}
     # No room for it either: the reply goes too, the correction never does.
-    messages, trim = await fit(CountingSizer(base + 5), asked, [*units, REJECTED_REPLY],
+    messages, trim = await fit(CountingSizer(base + 5).measure, asked, [*units, REJECTED_REPLY],
                                max_tokens=5)
     assert trim is not None and trim.describe() == "2 debate turns, 1 rejected reply"
     assert [m["role"] for m in messages] == ["user", "user"] and messages[-1] == correction

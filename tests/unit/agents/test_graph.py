@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -18,6 +20,10 @@ from app.db.engine import session_scope
 from app.db.models import Batch, LLMCall
 from app.errors import CheckpointError, DecisionError, LLMHTTPError
 from app.llm import TrackedLLM
+from app.traffic.client import TickerClient
+from app.traffic.server import Server, ServerSet
+from app.traffic.strategy import Strategy
+from app.traffic.ticket import Ticket
 from app.usage import UsageRecorder
 from tests.fakevllm import DEFAULT_DECISION, ChatRequest, FakeServer, Reply
 
@@ -149,6 +155,40 @@ async def test_whole_graph_makes_17_calls_in_order_with_shared_prefix(harness: H
     assert sum(r.completion_tokens or 0 for r in stored) == totals["completion_tokens"]
     assert sum(r.cached_tokens or 0 for r in stored) == totals["cached_tokens"]
     assert totals["prompt_tokens"] > 0
+
+
+class Asked:
+    """A client in front of another that keeps the name of every method the graph calls."""
+
+    def __init__(self, llm: object) -> None:
+        self.llm, self.called = llm, list[str]()
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self.llm, name)
+
+        async def called(*args: Any, **kwargs: Any) -> Any:
+            self.called.append(name)
+            return await method(*args, **kwargs)
+        return called
+
+
+async def test_a_node_calls_the_batchs_client_once_per_request(harness: Harness) -> None:
+    # Issue 45: a node asked its ticker's client twice for each request, to measure the
+    # prompt, then to chat. The client fits the prompt as part of the call now: one call of
+    # the client for each chat request the server sees, its prompt counted all the same
+    # (agents/test_fitting.py trims prompts through a batch's client).
+    settings = settings_for(harness)
+    server = FakeServer(nodes=DEFAULT_NODES, tickers=["ACME"])
+    async with UsageRecorder(harness.engine) as recorder:
+        llm = TrackedLLM(settings, recorder, http_client=server.client())
+        changed = asyncio.Event()
+        servers = ServerSet([Server(0, settings.llm.url, llm, Strategy.parse("fixed-4"),
+                                    changed=changed, counter=llm)], changed)
+        client = Asked(TickerClient(servers, servers.first, Ticket(0, requests=17)))
+        await analyze_ticker(llm=client, config=settings.pipeline(),  # type: ignore[arg-type]
+                             batch_id=harness.batch_id, bundle=make_bundle())
+    assert len(server.chats) == 17 and client.called == ["chat"] * 17
+    assert server.tokenize_calls > 0
 
 
 async def test_debate_history_reaches_the_next_speaker(harness: Harness) -> None:

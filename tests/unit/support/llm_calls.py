@@ -13,6 +13,7 @@ from sqlalchemy.exc import OperationalError
 
 import app.usage
 from agents.chat import CallTag
+from agents.fitting import fixed
 from app.config import Settings, load_settings
 from app.db.models import LLMCall
 from app.errors import (
@@ -38,8 +39,8 @@ async def drive_concurrent_calls(engine: Engine, n: int = 200) -> Drive:
         llm = TrackedLLM(settings, recorder, http_client=http)
         results = await asyncio.gather(
             *(llm.chat(CallTag(batch_id, f"T{i % 25}", f"node{i // 25}", sample=0),
-                       [{"role": "system", "content": "You are terse."},
-                        {"role": "user", "content": f"call-{i}"}], max_tokens=64)
+                       fixed([{"role": "system", "content": "You are terse."},
+                              {"role": "user", "content": f"call-{i}"}]), max_tokens=64)
               for i in range(n)),
             return_exceptions=True,
         )
@@ -119,9 +120,11 @@ def flaky_insert(fail_times: int, *, after_write: bool) -> tuple[Any, Counter[st
     return insert, count
 
 
-async def one_call(engine: Engine, fake: FakeServer, **overrides: Any
-                   ) -> tuple[Any, list[Any]]:
-    """Make one chat call through a fresh tracker; return its result (or error) and rows."""
+async def one_call(engine: Engine, fake: FakeServer, *,
+                   messages: list[dict[str, str]] | None = None,
+                   **overrides: Any) -> tuple[Any, list[Any]]:
+    """Make one chat call of ``messages`` (default ``MESSAGES``) through a fresh tracker;
+    return its result (or error) and rows."""
     batch_id = new_batch(engine)
     settings = load_settings(llm_base_url=BASE_URL,
                              **{"check_context_length": False, "retry_backoff_s": 0,
@@ -130,8 +133,8 @@ async def one_call(engine: Engine, fake: FakeServer, **overrides: Any
     async with fake.client() as http, UsageRecorder(engine, flush_interval_s=0.01) as rec:
         llm = TrackedLLM(settings, rec, http_client=http)
         try:
-            result = await llm.chat(CallTag(batch_id, "AAPL", "analyst"), MESSAGES,
-                                    max_tokens=100)
+            result = await llm.chat(CallTag(batch_id, "AAPL", "analyst"),
+                                    fixed(messages or MESSAGES), max_tokens=100)
         except Exception as error:
             result = error
     with engine.connect() as conn:
@@ -215,5 +218,5 @@ async def warm_up(settings: Settings, engine: Engine) -> None:
     """Send one untracked call, so the OpenAI client's lazy imports (~0.7 s) hit no timeout."""
     async with FakeServer(scripted).client() as http:
         llm = TrackedLLM(settings, UsageRecorder(engine), http_client=http)
-        await llm.chat(CallTag(0, "WARM", "warm"), [{"role": "user", "content": "hi"}],
+        await llm.chat(CallTag(0, "WARM", "warm"), fixed([{"role": "user", "content": "hi"}]),
                        max_tokens=4)

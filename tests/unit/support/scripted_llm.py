@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agents.chat import CallTag, ChatResult
+from agents.fitting import Prompt
 
 TAG = CallTag(batch_id=1, ticker="ACME", node="portfolio_manager")
 
@@ -22,21 +23,18 @@ class ScriptedLLM:
         self.attempts_per_call = attempts_per_call
         self.calls: list[dict[str, Any]] = []
 
-    async def chat(self, tag: CallTag, messages: list[dict[str, str]], *, max_tokens: int,
-                   response_format: dict[str, Any] | None = None, priority: int | None = None,
-                   trimmed: Any = None) -> ChatResult:
-        self.calls.append({"messages": messages,
-                           "response_format": response_format, "priority": priority})
+    async def chat(self, tag: CallTag, prompt: Prompt, *, max_tokens: int,
+                   response_format: dict[str, Any] | None = None,
+                   priority: int | None = None) -> ChatResult:
+        # It cannot count: every prompt goes out as it is, nothing left out.
+        self.calls.append({"messages": prompt.render(0), "response_format": response_format,
+                           "priority": priority})
         reply = self.replies.pop(0)
         if isinstance(reply, Exception):
             raise reply
         return ChatResult(content=reply, prompt_tokens=10, completion_tokens=5,
                           cached_tokens=0, finish_reason="stop", request_id="r",
                           attempts=self.attempts_per_call)
-
-    async def measure(self, messages: list[dict[str, str]], *, max_tokens: int,
-                      exact: bool = False) -> None:
-        return None  # cannot count: every prompt goes out as it is
 
 
 MESSAGES = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from agents.chat import CallTag
+from agents.fitting import fixed
 from app.config import load_settings
 from app.llm import CallStats
 from app.promptsize import PromptCounter
@@ -40,7 +41,7 @@ async def ask(servers: ServerSet, batch_id: int, ticker: str, order: int) -> Non
     the first server's gate, as the ``order``-th ticker."""
     gated = TickerClient(servers, servers.first, Ticket(order))
     await gated.chat(CallTag(batch_id, ticker, "market"),
-                     [{"role": "user", "content": f"{ticker}?"}], max_tokens=10)
+                     fixed([{"role": "user", "content": f"{ticker}?"}]), max_tokens=10)
 
 
 class Unread:

@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import Engine
 
 from agents.data.snapshot import SnapshotProvider
+from agents.fitting import fixed
 from app.batch.engine import BatchEngine, BatchPlan, TickerWork, max_in_flight
 from app.config import load_settings
 from app.llm import CallTag
@@ -131,7 +132,7 @@ async def test_servers_read_behind_a_router_after_the_start_get_room_in_the_pool
                 assert server.limits.policy.maximum == wanted  # the gate's ceiling now
                 await asyncio.gather(*(
                     server.llm.chat(CallTag(batch_id, f"T{i}", "analyst"),
-                                    [{"role": "user", "content": "hi"}], max_tokens=4)
+                                    fixed([{"role": "user", "content": "hi"}]), max_tokens=4)
                     for i in range(wanted)))
         finally:
             await fleet.aclose()

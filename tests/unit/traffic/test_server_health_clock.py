@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from agents.chat import CallTag, ChatResult
-from agents.fitting import PromptSize
+from agents.fitting import Measure, PromptSize, fixed
 from app.config import load_settings
 from app.errors import LLMConnectionError, LLMError, LLMHTTPError, ServerOutage
-from app.llm import Call
+from app.llm import Ask, Call
 from app.traffic.client import EndpointGone, TickerClient
 from app.traffic.halt import Halt
 from app.traffic.server import MIN_FAILED_READS, Server, ServerSet
@@ -186,16 +186,21 @@ async def test_a_refused_connection_is_sent_again_though_the_reads_never_saw_the
 
 MESSAGES = [{"role": "user", "content": "count me"}]
 SIZE = PromptSize(70, 90)
+TAG = CallTag(1, "EMBR", "market_analyst")
 
 
 class Counts:
-    """A server's prompt counter (``PromptCounter.size``): raise each of ``errors`` in turn,
-    as its last try would, then count."""
+    """A server's client for one call: its prompt counter (``PromptCounter.size``) raises
+    each of ``errors`` in turn, as its last try would, then counts; the call's fit
+    (``TrackedLLM.fitted``) counts the prompt once, keeping what it got (``sized``), and its
+    attempt answers at once."""
 
     def __init__(self, *errors: LLMError) -> None:
         self.errors = list(errors)
         self.tries = 0
+        self.sized: list[PromptSize | None] = []
         self.asked = True  # its served model read (TrackedLLM.other_model)
+        self.settings, self.endpoint = load_settings(), "http://gpu.test:8000/v1"
 
     async def size(self, messages: Any, *, max_tokens: int, exact: bool = False) -> PromptSize:
         self.tries += 1
@@ -203,12 +208,21 @@ class Counts:
             raise self.errors.pop(0)
         return SIZE
 
+    async def fitted(self, tag: CallTag, ask: Ask, measure: Measure) -> tuple[Any, None]:
+        self.sized.append(await measure(MESSAGES, max_tokens=ask.max_tokens, exact=True))
+        return {"model": "m"}, None
 
-def counting(servers: ServerSet, counts: Counts) -> asyncio.Task[PromptSize | None]:
-    """Start a ticker's prompt count on the first server, whose counter is ``counts``."""
+    async def attempt(self, tag: CallTag, call: Call, body: Any, **_: Any) -> ChatResult:
+        call.attempts += 1
+        return ChatResult("fine", 10, 2, None, "stop", None, attempts=call.attempts)
+
+
+def counting(servers: ServerSet, counts: Counts) -> asyncio.Task[ChatResult]:
+    """Start a ticker's call on the first server, whose client is ``counts``: its prompt is
+    counted there first, as part of the call."""
     servers.first.llm = counts  # type: ignore[assignment]
     client = TickerClient(servers, servers.first, Ticket(0))
-    return asyncio.create_task(client.measure(MESSAGES, max_tokens=10, exact=True))
+    return asyncio.create_task(client.chat(TAG, fixed(MESSAGES), max_tokens=10))
 
 
 def refused() -> LLMError:
@@ -230,7 +244,7 @@ async def test_a_count_whose_server_stays_away_past_the_budget_ends_in_an_outage
     fail_for(clock, reads, BUDGET_S + 0.5)
     with pytest.raises(ServerOutage):
         await asyncio.wait_for(count, 1)
-    assert counts.tries == 1 and halt.reason is not None
+    assert counts.tries == 1 and counts.sized == [] and halt.reason is not None
 
 
 @pytest.mark.parametrize("error", [unavailable, refused])
@@ -244,8 +258,8 @@ async def test_a_count_whose_server_comes_back_is_counted_there(error: Any) -> N
     assert not servers.first.up and not count.done()
     clock.now += 5
     reads[0].ok()  # back within the budget
-    assert await asyncio.wait_for(count, 1) == SIZE
-    assert counts.tries == 2 and halt.reason is None
+    assert (await asyncio.wait_for(count, 1)).content == "fine"
+    assert counts.tries == 2 and counts.sized == [SIZE] and halt.reason is None
 
 
 @pytest.mark.parametrize("error", [
@@ -256,7 +270,8 @@ async def test_a_count_that_fails_on_a_server_that_is_up_is_given_up(error: Any)
     clock = Clock()
     servers, _, halt = fleet(clock, size=1)
     counts = Counts(error())
-    assert await asyncio.wait_for(counting(servers, counts), 1) is None  # goes out as it is
+    assert (await asyncio.wait_for(counting(servers, counts), 1)).content == "fine"
+    assert counts.sized == [None]  # uncounted: the prompt went out as it is
     assert counts.tries == 1 and servers.first.up and halt.reason is None
 
 
@@ -288,11 +303,8 @@ async def test_a_count_its_servers_keep_failing_fails_like_a_call_past_its_cap()
         server.llm = Flapping(reads, server.index, tries)  # type: ignore[assignment]
     client = TickerClient(servers, servers.first, Ticket(0))
     with pytest.raises(LLMHTTPError):
-        await asyncio.wait_for(client.measure(MESSAGES, max_tokens=10, exact=True), 1)
+        await asyncio.wait_for(client.chat(TAG, fixed(MESSAGES), max_tokens=10), 1)
     assert tries == [0, 1, 0, 1] and halt.reason is None  # twice on each endpoint
-
-
-TAG = CallTag(1, "EMBR", "market_analyst")
 
 
 class Sends:
