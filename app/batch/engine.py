@@ -457,6 +457,9 @@ class BatchRun:
                                             f"answer within {patience_s():g} s"
                                             ) if bound.expired() else outage(
                                                 "the batch's end not stored", unstored)
+                    if (halt := self.owner.halt.reason) is not None:  # what stopped it first
+                        stopped = StorageOutage(f"{halt.message}; its end not stored either "
+                                                f"({str(stopped).split(': ', 1)[0]})")
                     raise StorageOutage(f"{stopped}{self.resume_hint}") from unstored
             log.info("batch finished", status=outcome.status, succeeded=len(outcome.succeeded),
                      failed=len(outcome.failed),
