@@ -27,7 +27,7 @@ from app.config import Settings
 from app.db.engine import reason
 from app.db.lock import LockHold, Runner, after_losing
 from app.db.models import RESUMABLE_KINDS
-from app.db.retry import outage, transient, write_budget
+from app.db.retry import budget_s, outage, transient, write_budget
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
 from app.tasks import beside, in_thread, patience_s
@@ -457,9 +457,10 @@ class BatchRun:
                                             f"answer within {patience_s():g} s"
                                             ) if bound.expired() else outage(
                                                 "the batch's end not stored", unstored)
-                    if (halt := self.owner.halt.reason) is not None:  # what stopped it first
-                        stopped = StorageOutage(f"{halt.message}; its end not stored either "
-                                                f"({str(stopped).split(': ', 1)[0]})")
+                    lost = self.recorder.lost  # UsageLost: rows not kept, the line says so
+                    if lost is not None and not isinstance(lost, StorageOutage):
+                        stopped = StorageOutage(f"{lost}; the batch's end not stored either "
+                                                f"within the write budget ({budget_s():g} s)")
                     raise StorageOutage(f"{stopped}{self.resume_hint}") from unstored
             log.info("batch finished", status=outcome.status, succeeded=len(outcome.succeeded),
                      failed=len(outcome.failed),
