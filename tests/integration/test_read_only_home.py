@@ -31,7 +31,7 @@ from app.db.engine import get_engine
 from app.db.models import LLMCall
 from tests.fakevllm import ChatRequest, FakeServer
 from tests.fakevllm.server import serving
-from tests.integration.test_full_disk import free_port_from
+from tests.integration.conftest import free_port_from
 from tests.unit.support.bursts import TICKERS
 from tests.unit.support.fault_night import NODES, QUICK_ENV
 
