@@ -29,7 +29,7 @@ from app.db.batchsettings import BatchSettings, FallbackRecord
 from app.db.engine import reason
 from app.db.lock import LockHold, after_losing
 from app.db.models import RESUMABLE_KINDS
-from app.db.retry import outage, transient, write_budget
+from app.db.retry import budget_s, outage, transient, write_budget
 from app.db.runner import Runner
 from app.errors import BatchStopped, DatabaseError, LLMError, StorageOutage, first_line
 from app.quality import monitor
@@ -459,6 +459,10 @@ class BatchRun:
                                             f"answer within {patience_s():g} s"
                                             ) if bound.expired() else outage(
                                                 "the batch's end not stored", unstored)
+                    lost = self.recorder.lost  # UsageLost: rows not kept, the line says so
+                    if lost is not None and not isinstance(lost, StorageOutage):
+                        stopped = StorageOutage(f"{lost}; the batch's end not stored either "
+                                                f"within the write budget ({budget_s():g} s)")
                     raise StorageOutage(f"{stopped}{self.resume_hint}") from unstored
             log.info("batch finished", status=outcome.status, succeeded=len(outcome.succeeded),
                      failed=len(outcome.failed),

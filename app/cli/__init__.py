@@ -29,7 +29,7 @@ from app.cli.logs import (
     lost_to_a_full_disk,
     reader_gone,
 )
-from app.db.engine import timed_out
+from app.db.engine import no_connection, timed_out
 from app.db.readonly import refusal
 from app.errors import ERRORS, DatabaseError, NoNightYet, validation_said
 from serving.urls import redact
@@ -191,7 +191,7 @@ def _main() -> None:
     except DBAPIError as error:
         # A statement past its bound, or a write the database refuses: one line, as
         # DatabaseError.
-        bound = timed_out(error) or refusal(error)
+        bound = timed_out(error) or refusal(error) or no_connection(error)
         if bound is None:
             raise
         _tell(f"[bold red]error:[/] {escape(bound)}")

@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 
 from app.cli.logs import configure_logging, console
 from app.config import Settings, get_settings
-from app.db.engine import ready_engine, reason
+from app.db.engine import READ_WAIT_S, ready_engine, reason
 from app.db.readonly import refuses_writes
 from app.errors import InputError
 from app.morning.advice import advise
@@ -63,7 +63,8 @@ def database(settings: Settings) -> Engine:
     url = settings.store.database_url
     path = make_url(url).database if url.startswith("sqlite") else None
     fresh = bool(path) and path != ":memory:" and not Path(str(path)).exists()
-    engine = ready_engine(url, settings.store.db_statement_timeout_s)
+    # A server with no connection left is waited for a little (``READ_WAIT_S``).
+    engine = ready_engine(url, settings.store.db_statement_timeout_s, READ_WAIT_S, "")
     if fresh:
         console(stderr=True).print(
             f"note: no database was at {escape(str(path))}: created an empty one "

@@ -194,6 +194,17 @@ def connect_args(url: str | URL, bound: str, seconds: float) -> dict[str, Any]:
     return {"connect_timeout": 5, "options": f"{own} {setting}".strip(), **KEEPALIVES}
 
 
+def no_connection(error: BaseException) -> str | None:
+    """Return one line for a connection the server refused as ``busy`` (its connections used
+    up, starting up) past any wait: the first connection's ``check_reachable`` says it,
+    this a later one's; None for any other error."""
+    if not isinstance(error, DBAPIError | psycopg.Error) or not busy(error):
+        return None
+    return (f"the database takes no connection now ({reason(error)}): its connections are "
+            "used up by others, or it is starting or stopping; run the command again in a "
+            "moment")
+
+
 def timed_out(error: BaseException) -> str | None:
     """Return one line for a statement PostgreSQL cancelled at its statement timeout
     (SQLSTATE 57014 with its words), naming the setting and its value; None for any other
@@ -352,10 +363,19 @@ def migration_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S)
     return engine
 
 
-@lru_cache(maxsize=8)
 def get_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S) -> Engine:
-    """Return one shared engine per URL (and statement timeout, ``make_engine``'s)."""
+    """Return one shared engine per URL (and statement timeout, ``make_engine``'s), however
+    the timeout is passed: ``get_engine(url)`` and ``get_engine(url, 60.0)`` were two
+    engines, two pools, so every command held two of a server's connections."""
+    return _shared_engine(url, float(statement_timeout_s))
+
+
+@lru_cache(maxsize=8)
+def _shared_engine(url: str, statement_timeout_s: float) -> Engine:
     return make_engine(url, statement_timeout_s)
+
+
+get_engine.cache_clear = _shared_engine.cache_clear  # type: ignore[attr-defined]
 
 
 def session_scope(engine: Engine) -> AbstractContextManager[Session]:
@@ -385,14 +405,23 @@ def _select_one(engine: Engine) -> None:
         conn.execute(text("SELECT 1"))
 
 
-def check_reachable(engine: Engine, wait_s: float | None = None) -> None:
+# How long a read command (``batches``, ``ranking``, ``report``, ...) waits for a connection
+# the server refuses as ``busy``: an operator at a terminal, a page being loaded; a night
+# waits its write budget.
+READ_WAIT_S = 10.0
+WRITE_BUDGET = "NIGHTDESK_DB_WRITE_BUDGET_S"
+
+
+def check_reachable(engine: Engine, wait_s: float | None = None,
+                    budget: str = WRITE_BUDGET) -> None:
     """Raise DatabaseError in one line when the database cannot be opened and read.
 
     Whatever the driver says: a host that does not answer, a refused login, a file that
     cannot be opened or is not a database at all. ``wait_s`` (a night's start: its write
-    budget): a server that answers it takes no connection now (its connections used up,
-    starting up: ``busy``) is asked again for that long, as a write mid-night would be;
-    anything else is said at once.
+    budget, the setting ``budget``; a read command: ``READ_WAIT_S``, ``budget`` ""): a
+    server that answers it takes no connection now (its connections used up, starting up:
+    ``busy``) is asked again for that long, as a write mid-night would be; anything else
+    is said at once.
     """
     try:
         if wait_s is None:
@@ -401,7 +430,7 @@ def check_reachable(engine: Engine, wait_s: float | None = None) -> None:
             with write_budget(wait_s):
                 until_taken(_select_one, engine)
     except (DBAPIError, OSError) as error:
-        waited = f" (still so after {wait_s:g} s: NIGHTDESK_DB_WRITE_BUDGET_S)" \
+        waited = f" (still so after {wait_s:g} s{': ' + budget if budget else ''})" \
             if wait_s is not None and busy(error) else ""
         raise DatabaseError(f"cannot reach database {shown(engine.url)}: {reason(error)}"
                             f"{waited}") from None
@@ -434,7 +463,7 @@ NO_SCHEMA = "3F000"
 
 
 def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S,
-            wait_s: float | None = None) -> str | None:
+            wait_s: float | None = None, budget: str = WRITE_BUDGET) -> str | None:
     """Upgrade the schema to the newest migration (idempotent); return the revision it was at
     before (None: there was no schema, it was created).
 
@@ -444,12 +473,13 @@ def upgrade(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S,
     running it again goes on from there. One waiting past ``statement_timeout_s`` for a
     lock another session holds is a DatabaseError naming the setting and that session; a
     schema at a revision this install does not know is refused unchanged (``SchemaTooNew``).
-    ``wait_s``: ``check_reachable``'s.
+    ``wait_s``, ``budget``: ``check_reachable``'s.
     """
-    # The shared engine of ``get_engine(url)``, as every caller's first: an in-memory
-    # database is its one connection (quick reads here: the default bound serves).
-    engine = get_engine(url)
-    check_reachable(engine, wait_s)
+    # The shared engine of ``get_engine(url, statement_timeout_s)``, as every caller's
+    # first: an in-memory database is its one connection, and a server with few
+    # connections left is asked for one, kept in its pool for the command.
+    engine = get_engine(url, statement_timeout_s)
+    check_reachable(engine, wait_s, budget)
     at = current_revision(engine)
     if at == head_revision():
         return at
@@ -602,8 +632,9 @@ class SchemaWatch:
 
 
 def ready_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S,
-                 wait_s: float | None = None) -> Engine:
+                 wait_s: float | None = None, budget: str = WRITE_BUDGET) -> Engine:
     """Upgrade the schema if needed and return the engine: what every command calls first.
-    ``wait_s`` (a command that runs a batch: its write budget): ``check_reachable``'s."""
-    upgrade(url, statement_timeout_s, wait_s)
+    ``wait_s``, ``budget`` (a command that runs a batch: its write budget; a read command:
+    ``READ_WAIT_S``, no setting): ``check_reachable``'s."""
+    upgrade(url, statement_timeout_s, wait_s, budget)
     return get_engine(url, statement_timeout_s)

@@ -55,6 +55,13 @@ SQLITE_FULL = 13
 # a batch's writes (``write_budget``) wait for it; the one write a read command makes is left
 # out at once (app.db.readonly).
 READ_ONLY = "25006"
+# SQLite's primary result codes of a database file it cannot write now: read-only (the file or
+# its folder; a filesystem remounted read-only under a file opened since, as ext4's
+# errors=remount-ro does on an error of its own), an I/O error (a write through a file opened
+# before such a remount: EROFS, or a disk failing), a file it cannot open. The database is as
+# good as away: a batch's writes wait for it as for READ_ONLY, read commands are left to
+# app.db.readonly. (SQLITE_FULL passes with time anywhere: below.)
+SQLITE_UNWRITABLE = (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN)
 # A server that answered but takes no connection now, in its own words (libpq gives a refused
 # connection no SQLSTATE): too_many_connections (53300: its max_connections or a role's or
 # database's CONNECTION LIMIT used up), cannot_connect_now (57P03: starting up, shutting down,
@@ -62,6 +69,11 @@ READ_ONLY = "25006"
 # A night's first connection waits for these within the write budget (``until_taken``); a
 # refusal of what was asked for (no such database or role, a password refused) or silence (no
 # server at that address) is said at once: the address may be wrong.
+BUSY_SQLSTATES = ("53300", "57P03", "55000")
+# psycopg 3.3.9 with its libpq 18: ``sqlstate`` and ``diag.sqlstate`` are None for a refused
+# connection (the server's ErrorResponse carries the code; libpq keeps only the text, and
+# psycopg exposes no error verbosity to have it printed there), so its words are all there is:
+# a server whose lc_messages is another language is refused at once.
 BUSY_WORDS = ("too many connections", "too many clients", "connection slots are reserved",
               "the database system is starting up", "the database system is shutting down",
               "the database system is in recovery mode", "not yet accepting connections",
@@ -74,7 +86,8 @@ def transient(error: BaseException) -> bool:
     Takes SQLAlchemy's wrapped errors and the drivers' own (the checkpointer talks to
     psycopg and aiosqlite directly).
     """
-    if getattr(getattr(error, "orig", None) or error, "sqlstate", None) == READ_ONLY:
+    cause = getattr(error, "orig", None) or error
+    if getattr(cause, "sqlstate", None) == READ_ONLY or sqlite_unwritable(cause):
         return _budget.get() is not None  # first: its connection is given up (invalidated)
     if isinstance(error, DBAPIError) and error.connection_invalidated:
         return True
@@ -92,9 +105,21 @@ def transient(error: BaseException) -> bool:
     return False
 
 
+def sqlite_unwritable(error: BaseException) -> bool:
+    """Return True when SQLite says it cannot write the database file (SQLITE_UNWRITABLE)."""
+    code = getattr(getattr(error, "orig", None) or error, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in SQLITE_UNWRITABLE
+
+
 def busy(error: BaseException) -> bool:
-    """Return True when the database answered that it takes no connection now (BUSY_WORDS)."""
-    said = str(getattr(error, "orig", None) or error).lower()
+    """Return True when the database answered that it takes no connection now: by its
+    SQLSTATE (``BUSY_SQLSTATES``, in any language) where the error carries one, else by its
+    words (``BUSY_WORDS``: libpq gives a refused connection none)."""
+    cause = getattr(error, "orig", None) or error
+    state = getattr(cause, "sqlstate", None)
+    if state:
+        return bool(state in BUSY_SQLSTATES)
+    said = str(cause).lower()
     return any(word in said for word in BUSY_WORDS)
 
 
@@ -143,6 +168,9 @@ def said(error: BaseException | None) -> str:
     """Return the error's first line, naming the setting and value that bound a statement
     the server cancelled (its words name neither)."""
     bound = None if error is None else cancelled_at_bound(error)
+    if error is not None and sqlite_unwritable(error):
+        return first_line(error) + (" (the database file cannot be written: its filesystem "
+                                    "read-only or failing, or the file or folder not writable)")
     return first_line(error) + ("" if bound is None else f" ({bound})")
 
 

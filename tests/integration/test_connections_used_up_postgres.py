@@ -21,7 +21,9 @@ import pytest
 import structlog
 from psycopg import sql
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
+import app.cli.common
 from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.config import load_settings
 from app.db.engine import get_engine, upgrade
@@ -49,9 +51,9 @@ WAITING = "database takes no connection now; waiting"
 class Role:
     """A login role owning a database of its own (its schema migrated as that role)."""
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "nd") -> None:
         tag = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
-        self.name, self.database = f"nd_limited_{tag}", f"nightdesk_limited_{tag}"
+        self.name, self.database = f"{prefix}_limited_{tag}", f"{prefix}_nightdesk_{tag}"
         base = ADMIN_DSN.rsplit("@", 1)[1].rsplit("/", 1)[0]
         self.url = f"postgresql+psycopg://{self.name}@{base}/{self.database}"
 
@@ -78,9 +80,9 @@ class Role:
             return int(conn.execute(select(func.count()).select_from(Batch)).scalar_one())
 
 
-@pytest.fixture
-def role() -> Iterator[Role]:
-    made = Role()
+@pytest.fixture(params=["nd"])
+def role(request: pytest.FixtureRequest) -> Iterator[Role]:
+    made = Role(request.param)
     made.admin("CREATE ROLE {role} LOGIN")
     made.admin("CREATE DATABASE {db} OWNER {role}")
     try:
@@ -175,3 +177,65 @@ def test_busy_is_the_servers_word_for_a_connection_it_will_take_later() -> None:
     assert busy(psycopg.OperationalError("FATAL:  the database system is starting up"))
     assert not busy(psycopg.OperationalError('FATAL:  role "x" does not exist'))
     assert not busy(DatabaseError("Connection refused"))
+
+
+READS = (["batches"], ["ranking"], ["report", "1"])
+
+
+@pytest.mark.parametrize("role", ["hb"], indirect=True)
+def test_a_read_command_takes_one_connection(role: Role) -> None:
+    # A role allowed one connection: each read command needs no more. Before, its schema
+    # check and its reads were two engines (``get_engine(url)``, ``get_engine(url, 60.0)``),
+    # two pools: the second connection was refused, a traceback out of `batches`.
+    role.limit(1)
+    env = {"NIGHTDESK_DATABASE_URL": role.url}
+    for argv in READS:
+        read = run_cli(*argv, env=env)
+        assert "Traceback" not in read.stderr and LIMITED not in read.stderr, read.stderr
+        assert read.code in (0, 2), read.stderr  # 2: no night yet, said in one line
+
+
+@pytest.mark.parametrize("role", ["hb"], indirect=True)
+def test_a_read_command_waits_briefly_for_a_connection_then_says_one_line(
+        role: Role, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(app.cli.common, "READ_WAIT_S", 1.5)
+    role.limit(0)
+    env = {"NIGHTDESK_DATABASE_URL": role.url}
+    for argv in READS:
+        started = time.monotonic()
+        read = run_cli(*argv, env=env)
+        assert read.code == 2 and "Traceback" not in read.stderr, read.stderr
+        [line] = [line for line in read.error_lines if line.startswith("error:")]
+        assert LIMITED in line and line.endswith("(still so after 1.5 s)"), line
+        assert time.monotonic() - started >= 1.0  # waited, not refused at once
+    # Lifted while it waits: the command reads.
+    monkeypatch.setattr(app.cli.common, "READ_WAIT_S", 30.0)
+    lifted = role.lift_after(2.0)
+    read = run_cli("batches", env=env)
+    lifted.join(10)
+    assert read.code == 0, read.stderr
+    assert WAITING in read.stderr  # the refusal was met, and waited for
+
+
+def test_a_connection_refused_after_the_first_is_said_in_one_line() -> None:
+    # A later connection of a read command (its pooled one dropped, the server full
+    # meanwhile): what the CLI says for it, not a traceback.
+    from app.db.engine import no_connection
+
+    refused = psycopg.OperationalError('connection failed: connection to server at "h", port '
+                                       '5432 failed: FATAL:  too many connections for role "x"')
+    line = no_connection(OperationalError("SELECT 1", {}, refused))
+    assert line is not None and line.startswith("the database takes no connection now (")
+    assert no_connection(OperationalError("SELECT 1", {}, psycopg.OperationalError(
+        'FATAL:  role "x" does not exist'))) is None
+
+
+def test_busy_is_read_from_the_sqlstate_where_the_error_carries_one() -> None:
+    from app.db.retry import busy
+
+    # The server's code, whatever language its words are in.
+    assert busy(psycopg.errors.TooManyConnections("zu viele Verbindungen für Rolle »x«"))
+    assert busy(psycopg.errors.CannotConnectNow("das Datenbanksystem startet"))
+    # A code that is not a busy server's, whatever its words say.
+    assert not busy(psycopg.errors.InsufficientPrivilege("too many connections, says a "
+                                                         "trigger"))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ from app.runs.resumable import find_resumable
 from tests.dbfaults import check_rows_match
 from tests.fakevllm import ChatRequest, FakeServer
 from tests.fakevllm.server import serving
+from tests.integration.conftest import free_port_from
 from tests.unit.support.bursts import TICKERS
 from tests.unit.support.fault_night import NODES, QUICK_ENV, night_engine
 
@@ -96,15 +96,6 @@ def test_a_full_disk_stops_the_night_resumable_and_loses_no_row(
         db.dispose()
 
 
-def free_port_from(low: int) -> int:
-    for port in range(low, low + 1000):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError(f"no free port from {low}")
 
 
 def test_a_real_night_on_a_full_disk_says_one_line_and_its_resume_finishes(

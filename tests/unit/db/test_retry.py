@@ -14,9 +14,11 @@ waits for the server between tries, and gives None when it cannot count.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -372,6 +374,31 @@ def test_a_database_that_takes_no_writes_is_waited_for_by_a_batch_only() -> None
     invalidated = InternalError("INSERT INTO llm_calls", {}, error,
                                 connection_invalidated=True)
     assert not transient(invalidated)  # given up by the engine, still not waited for here
+
+
+def test_a_sqlite_file_that_cannot_be_written_is_waited_for_by_a_batch_only(
+        tmp_path: Path) -> None:
+    # The real errors with their real codes: a file opened read-only says "attempt to write
+    # a readonly database" (SQLITE_READONLY), as one opened after its filesystem went
+    # read-only does; a write through a file opened before says "disk I/O error"
+    # (SQLITE_IOERR_WRITE, EROFS; tests/integration/test_read_only_home.py meets it on a
+    # real ext4). The database is as good as away: a batch waits for it within its budget.
+    path = tmp_path / "night.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn, \
+            pytest.raises(sqlite3.OperationalError) as refused:
+        conn.execute("INSERT INTO t VALUES (1)")
+    io_error = sqlite3.OperationalError("disk I/O error")
+    io_error.sqlite_errorcode = sqlite3.SQLITE_IOERR_WRITE  # type: ignore[attr-defined]
+    for error in (refused.value, io_error):
+        wrapped = OperationalError("INSERT INTO llm_calls", {}, error)
+        assert not transient(error) and not transient(wrapped)  # a read command's write
+        with write_budget(10.0):
+            assert transient(error) and transient(wrapped)
+        assert "(the database file cannot be written: its filesystem read-only" in said(
+            wrapped)
+    assert refused.value.sqlite_errorcode == sqlite3.SQLITE_READONLY
 
 
 def test_a_database_host_name_the_resolver_cannot_look_up_for_now_is_waited_for() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from itsdangerous import URLSafeSerializer
-from sqlalchemy import Engine
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session
 
 from agents.graph import node_names
@@ -506,3 +507,23 @@ async def test_the_real_rerun_command_fails_in_one_line_for_an_unknown_ticker(
         await finished(job, 60)
     assert job.state == "failed" and job.exit_code not in (None, 0)
     assert job.message and "Traceback" not in "\n".join(job.tail)
+
+
+def test_a_page_whose_database_has_no_connection_left_answers_503_in_one_line(
+        tmp_path: Path) -> None:
+    # The server's refusal of a new connection (its words: libpq gives it no SQLSTATE),
+    # met by a page's first statement: 503 and the CLI's line, not a 500 and a traceback.
+    engine = create_engine(f"sqlite:///{tmp_path}/busy.db")
+
+    @event.listens_for(engine, "do_connect")
+    def _refuse(*_: Any) -> None:
+        raise sqlite3.OperationalError('connection failed: FATAL:  too many connections for '
+                                       'role "nightdesk"')
+
+    app = create_app(engine, Guard(USER, None), RerunQueue(), stale_after_s=120.0)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        for path in ("/", "/api/batches"):
+            answer = c.get(path)
+            assert answer.status_code == 503, answer.text[:300]
+            assert "the database takes no connection now (" in answer.text
+            assert "Traceback" not in answer.text
