@@ -109,10 +109,11 @@ def _k_table(rows: list[KRow], title: str) -> Table:
 
 
 def _print_k_table(console: Console, rows: list[KRow], title: str) -> None:
-    """Print the by-k table, then once each reason a QWK interval was left out."""
+    """Print the by-k table, then in one line why any QWK interval was left out."""
     console.print(_k_table(rows, title))
-    for reason in dict.fromkeys(r.qwk_ci_withheld for r in rows if r.qwk_ci_withheld):
-        console.print(f"note: {reason}")
+    reasons = dict.fromkeys(r.qwk_ci_withheld for r in rows if r.qwk_ci_withheld)
+    if reasons:
+        console.print(f"note: {'; '.join(reasons)} (docs/quality.md)")
 
 
 def _render_repro(report: ReproReport, console: Console) -> None:

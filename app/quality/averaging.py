@@ -149,7 +149,7 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
         grades_of = partial(_mean_over, shown, scores=False)
         scores_of = partial(_mean_over, shown, scores=True)
         base = rows[0] if rows else None
-        withheld = (_kappa_withheld(shown, len(tickers))
+        withheld = (_kappa_withheld(shown, len(tickers), k)
                     if resamples > 0 and means["qwk"] is not None else None)
         rows.append(KRow(
             k=k, choices=len(chosen), exhaustive=exhaustive,
@@ -167,15 +167,15 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
     return rows
 
 
-def _kappa_withheld(shown: list[_Sides], tickers: int) -> str | None:
+def _kappa_withheld(shown: list[_Sides], tickers: int, k: int) -> str | None:
     """Return why QWK's interval is not given for these tickers, or None when it is."""
-    off_hold = min((sum(r != "Hold" for r in side[j]) for side in shown for j in (0, 1)),
-                   default=0)
-    if tickers >= MIN_KAPPA_INTERVAL_N and off_hold >= MIN_KAPPA_OFF_HOLD:
-        return None
-    return (f"QWK's 95% interval needs {MIN_KAPPA_INTERVAL_N} tickers with "
-            f"{MIN_KAPPA_OFF_HOLD} graded off Hold by each side; here {tickers} tickers, "
-            f"{off_hold} off Hold (docs/quality.md)")
+    if tickers < MIN_KAPPA_INTERVAL_N:
+        return f"QWK's 95% interval needs {MIN_KAPPA_INTERVAL_N} tickers, here {tickers}"
+    off_hold = min(sum(r != "Hold" for r in side[j]) for side in shown for j in (0, 1))
+    if off_hold < MIN_KAPPA_OFF_HOLD:
+        return (f"QWK's 95% interval needs {MIN_KAPPA_OFF_HOLD} tickers graded off Hold by "
+                f"each side, here {off_hold} at k = {k}")
+    return None
 
 
 def _drawn(space: Choices, align: Callable[[tuple[int, ...], tuple[int, ...]], _Sides],
