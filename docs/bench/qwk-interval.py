@@ -2,7 +2,7 @@
 (docs/lab/2026-12-07-qwk-interval.md). Run from a checkout, under the bench lock:
 
     PYTHONPATH=$PWD .venv/bin/python docs/bench/qwk-interval.py DRAWS SIZES WORLDS [OUT.json]
-                                                                [--min-tickers N]
+                                                  [--min-tickers N] [--seed S]
 
 Two runs grade the same tickers, one sample a side: a ticker's score is
 tanh(scale·(signal + noise) + shift), signal and noise normal, graded by
@@ -46,9 +46,9 @@ WORLDS = {
 }
 
 
-def world_result(name: str, draws: int, sizes: list[int]) -> dict[str, object]:
+def world_result(name: str, draws: int, sizes: list[int], seed: int) -> dict[str, object]:
     noise, scale, shift = WORLDS[name]
-    rng = np.random.default_rng(sorted(WORLDS).index(name) + 100)
+    rng = np.random.default_rng(sorted(WORLDS).index(name) + 100 + 1000 * seed)
 
     def scores(signal: np.ndarray) -> np.ndarray:
         return np.tanh(scale * (signal + rng.normal(0, noise, signal.shape)) + shift)
@@ -92,15 +92,20 @@ def world_result(name: str, draws: int, sizes: list[int]) -> dict[str, object]:
 
 
 def main(argv: list[str]) -> None:
+    seed = 0
+    if "--seed" in argv:  # other draws, for more of them
+        at = argv.index("--seed")
+        seed = int(argv[at + 1])
+        argv = argv[:at] + argv[at + 2:]
     if "--min-tickers" in argv:
         at = argv.index("--min-tickers")
         averaging.MIN_KAPPA_INTERVAL_N = int(argv[at + 1])  # measure below the rule
         argv = argv[:at] + argv[at + 2:]
     draws, sizes = int(argv[1]), [int(x) for x in argv[2].split(",")]
     worlds = list(WORLDS) if argv[3] == "all" else argv[3].split(",")
-    result = {"draws": draws, "min_tickers": averaging.MIN_KAPPA_INTERVAL_N,
+    result = {"draws": draws, "seed": seed, "min_tickers": averaging.MIN_KAPPA_INTERVAL_N,
               "min_off_hold": averaging.MIN_KAPPA_OFF_HOLD,
-              "worlds": {w: world_result(w, draws, sizes) for w in worlds}}
+              "worlds": {w: world_result(w, draws, sizes, seed) for w in worlds}}
     if len(argv) > 4:
         with open(argv[4], "w") as f:
             json.dump(result, f, indent=1)
