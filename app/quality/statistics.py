@@ -30,10 +30,10 @@ from agents.decision import RATINGS
 
 MIN_KAPPA_N = 2
 # Kappa's 95% interval (jackknife_interval) is given from this many tickers, this many of
-# them graded off Hold by each side. At 30 tickers it held 93.6% in a world of skewed
+# them graded off Hold by each side. At 30 tickers it held 93.1% in a world of skewed
 # grades and high agreement; with 5 or so tickers off Hold a side (30 tickers, 82% Hold)
 # every method tried held 80-82%: kappa then rests on a handful of tickers
-# (docs/lab/2026-12-07-qwk-interval.md, docs/bench/qwk-interval.py).
+# (docs/lab/2026-12-07-qwk-interval.md, docs/bench/qwk-interval-methods.json).
 MIN_KAPPA_INTERVAL_N = 40
 MIN_KAPPA_OFF_HOLD = 10
 MIN_CORRELATION_N = 3
