@@ -149,15 +149,19 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
         grades_of = partial(_mean_over, shown, scores=False)
         scores_of = partial(_mean_over, shown, scores=True)
         base = rows[0] if rows else None
-        withheld = (_kappa_withheld(shown, len(tickers), k)
-                    if resamples > 0 and means["qwk"] is not None else None)
+        qwk_ci, withheld = None, None
+        if resamples > 0 and means["qwk"] is not None:
+            withheld = _kappa_withheld(shown, len(tickers), k)
+            qwk_ci = None if withheld else jackknife_interval(
+                len(tickers), partial(grades_of, quadratic_kappa))
+            if not withheld and qwk_ci is None:
+                withheld = (f"QWK's 95% interval is undefined at k = {k}: QWK is ±1 "
+                            "with a ticker left out")
         rows.append(KRow(
             k=k, choices=len(chosen), exhaustive=exhaustive,
             choice_error=error, n=len(tickers), agreement=means["agreement"],
             qwk=means["qwk"],
-            qwk_ci=jackknife_interval(len(tickers), partial(grades_of, quadratic_kappa))
-            if resamples > 0 and means["qwk"] is not None and not withheld else None,
-            qwk_ci_withheld=withheld,
+            qwk_ci=qwk_ci, qwk_ci_withheld=withheld,
             spearman=means["spearman"],
             spearman_ci=bootstrap_interval(len(tickers), partial(scores_of, spearman),
                                            resamples=resamples, seed=seed),
