@@ -155,8 +155,8 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
             qwk_ci = None if withheld else jackknife_interval(
                 len(tickers), partial(grades_of, quadratic_kappa))
             if not withheld and qwk_ci is None:
-                withheld = (f"QWK's 95% interval is undefined at k = {k}: QWK is ±1 "
-                            "with a ticker left out")
+                withheld = (f"QWK's 95% interval is undefined at k = {k}: QWK, or QWK "
+                            "with a ticker left out, is ±1")
         rows.append(KRow(
             k=k, choices=len(chosen), exhaustive=exhaustive,
             choice_error=error, n=len(tickers), agreement=means["agreement"],

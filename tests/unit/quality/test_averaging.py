@@ -162,8 +162,6 @@ def test_the_kappa_interval_is_the_jackknife_one_of_the_rows_qwk() -> None:
     # jackknife_interval of quadratic_kappa over the same tickers.
     from functools import partial
 
-    import numpy as np
-
     from app.quality.averaging import agreement_by_k, between
     from app.quality.grades import Grade
     from app.quality.statistics import jackknife_interval, quadratic_kappa
@@ -178,3 +176,18 @@ def test_the_kappa_interval_is_the_jackknife_one_of_the_rows_qwk() -> None:
                                                                 [right[j] for j in i]))
     assert row.qwk == pytest.approx(quadratic_kappa(left, right))
     assert expected is not None and row.qwk_ci == pytest.approx(expected)
+
+def test_a_kappa_interval_undefined_at_perfect_agreement_says_why() -> None:
+    # 40 tickers, both runs alike: QWK is 1, its z infinite, so no interval, and a reason.
+    from functools import partial
+
+    from app.quality.averaging import agreement_by_k, between
+    from app.quality.grades import Grade
+
+    scale = ["Buy", "Overweight", "Hold", "Underweight", "Sell"]
+    side = {f"T{i:02}": [Grade(0, scale[i % 5], INSIDE[scale[i % 5]], False)]
+            for i in range(40)}
+    (row,) = agreement_by_k(side, side, partial(between, 1, 1), [1], resamples=1)
+    assert row.qwk == pytest.approx(1.0) and row.qwk_ci is None
+    assert row.qwk_ci_withheld == ("QWK's 95% interval is undefined at k = 1: QWK, or QWK "
+                                   "with a ticker left out, is ±1")
