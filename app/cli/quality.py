@@ -108,6 +108,14 @@ def _k_table(rows: list[KRow], title: str) -> Table:
     return table
 
 
+def _print_k_table(console: Console, rows: list[KRow], title: str) -> None:
+    """Print the by-k table, then in one line why any QWK interval was left out."""
+    console.print(_k_table(rows, title))
+    reasons = dict.fromkeys(r.qwk_ci_withheld for r in rows if r.qwk_ci_withheld)
+    if reasons:
+        console.print(f"note: {'; '.join(reasons)} (docs/quality.md)")
+
+
 def _render_repro(report: ReproReport, console: Console) -> None:
     console.print(_batches_table(report.batches))
     pairs = figures(f"agreement between batches over {len(report.common)} common tickers",
@@ -118,8 +126,8 @@ def _render_repro(report: ReproReport, console: Console) -> None:
         _add_mean_row(pairs, report.mean)
     console.print(pairs)
     if report.by_k:
-        console.print(_k_table(report.by_k, "between batches, each ticker's grade the mean "
-                                            "of k samples"))
+        _print_k_table(console, report.by_k, "between batches, each ticker's grade the mean "
+                                             "of k samples")
     for batch_id, tickers in report.only_in.items():
         if tickers:
             console.print(f"only in batch {batch_id}: {', '.join(tickers)}")
@@ -144,8 +152,8 @@ def _render_samples(report: SamplesReport, console: Console) -> None:
     _add_mean_row(pairs, report.mean)
     console.print(pairs)
     if report.split_half:
-        console.print(_k_table(report.split_half, "split-half: mean of k samples against the "
-                                                  "mean of k other samples"))
+        _print_k_table(console, report.split_half, "split-half: mean of k samples against "
+                                                   "the mean of k other samples")
     if report.incomplete:
         console.print(f"left out, fewer than {report.samples} samples: "
                       f"{', '.join(report.incomplete)}")

@@ -22,8 +22,10 @@ import numpy as np
 from app.quality.grades import Grade, consensus
 from app.quality.statistics import (
     MIN_KAPPA_INTERVAL_N,
+    MIN_KAPPA_OFF_HOLD,
     agreement,
     bootstrap_interval,
+    jackknife_interval,
     mean_defined,
     quadratic_kappa,
     spearman,
@@ -105,6 +107,7 @@ class KRow:
     spearman_ci: tuple[float, float] | None
     spearman_predicted: float | None  # Spearman–Brown from the k = 1 row's Spearman
     qwk_predicted: float | None  # the same formula applied to the k = 1 row's QWK
+    qwk_ci_withheld: str | None = None  # why QWK has no interval, when it has a value
 
 
 _Sides = tuple[list[str], list[str], list[float], list[float]]
@@ -116,9 +119,11 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
                    resamples: int, seed: int = 0) -> list[KRow]:
     """Return one KRow per k over the tickers both sides graded with enough samples.
 
-    Intervals are 95% percentile bootstraps over tickers (resampled with replacement) of the
-    mean over ``INTERVAL_CHOICES`` of the choices; QWK's only from ``MIN_KAPPA_INTERVAL_N``
-    tickers.
+    Intervals are of the mean over ``INTERVAL_CHOICES`` of the choices, over tickers:
+    Spearman's a 95% percentile bootstrap (tickers resampled with replacement), QWK's a
+    jackknife one on Fisher's z (``jackknife_interval``), given only from
+    ``MIN_KAPPA_INTERVAL_N`` tickers with ``MIN_KAPPA_OFF_HOLD`` graded off Hold by each
+    side in every choice shown (else ``qwk_ci_withheld`` says why). ``resamples`` 0: none.
     """
     rows: list[KRow] = []
     for k in ks:
@@ -144,13 +149,19 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
         grades_of = partial(_mean_over, shown, scores=False)
         scores_of = partial(_mean_over, shown, scores=True)
         base = rows[0] if rows else None
+        qwk_ci, withheld = None, None
+        if resamples > 0 and means["qwk"] is not None:
+            withheld = _kappa_withheld(shown, len(tickers), k)
+            qwk_ci = None if withheld else jackknife_interval(
+                len(tickers), partial(grades_of, quadratic_kappa))
+            if not withheld and qwk_ci is None:
+                withheld = (f"QWK's 95% interval is undefined at k = {k}: QWK, or QWK "
+                            "with a ticker left out, is ±1")
         rows.append(KRow(
             k=k, choices=len(chosen), exhaustive=exhaustive,
             choice_error=error, n=len(tickers), agreement=means["agreement"],
             qwk=means["qwk"],
-            qwk_ci=bootstrap_interval(len(tickers), partial(grades_of, quadratic_kappa),
-                                      resamples=resamples, seed=seed)
-            if len(tickers) >= MIN_KAPPA_INTERVAL_N else None,
+            qwk_ci=qwk_ci, qwk_ci_withheld=withheld,
             spearman=means["spearman"],
             spearman_ci=bootstrap_interval(len(tickers), partial(scores_of, spearman),
                                            resamples=resamples, seed=seed),
@@ -158,6 +169,17 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
             qwk_predicted=spearman_brown(base.qwk, k) if base else None,
         ))
     return rows
+
+
+def _kappa_withheld(shown: list[_Sides], tickers: int, k: int) -> str | None:
+    """Return why QWK's interval is not given for these tickers, or None when it is."""
+    if tickers < MIN_KAPPA_INTERVAL_N:
+        return f"QWK's 95% interval needs {MIN_KAPPA_INTERVAL_N} tickers, here {tickers}"
+    off_hold = min(sum(r != "Hold" for r in side[j]) for side in shown for j in (0, 1))
+    if off_hold < MIN_KAPPA_OFF_HOLD:
+        return (f"QWK's 95% interval needs {MIN_KAPPA_OFF_HOLD} tickers graded off Hold by "
+                f"each side, here {off_hold} at k = {k}")
+    return None
 
 
 def _drawn(space: Choices, align: Callable[[tuple[int, ...], tuple[int, ...]], _Sides],

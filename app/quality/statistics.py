@@ -9,8 +9,10 @@ Conventions, so that each report reads the same:
   nothing for the grades to agree about beyond what the raw agreement already says.
 - Spearman correlations (scipy) need at least 3 pairs — with two, any ordering is ±1 — and
   are None when either side is constant.
-- A bootstrap interval of kappa needs ``MIN_KAPPA_INTERVAL_N`` tickers: below it, it holds
-  less than it says.
+- Kappa's interval is a jackknife one on Fisher's z scale (``jackknife_interval``), given
+  from ``MIN_KAPPA_INTERVAL_N`` tickers with ``MIN_KAPPA_OFF_HOLD`` of them graded off Hold
+  by each side: with fewer it held less than it says in some simulated world
+  (docs/lab/2026-12-07-qwk-interval.md).
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ from sklearn.metrics import cohen_kappa_score
 from agents.decision import RATINGS
 
 MIN_KAPPA_N = 2
-# Fewer tickers than this: no bootstrap interval of kappa. Its 95% percentile interval held
-# two runs' true QWK on 87% of draws at 10 tickers, 94% at 30
-# (docs/lab/2026-12-07-verdicts-outside-2.md); Spearman's held its 95% from 5.
-MIN_KAPPA_INTERVAL_N = 30
+# Kappa's 95% interval (jackknife_interval) is given from this many tickers, this many of
+# them graded off Hold by each side. At 30 tickers it held 93.1% in a world of skewed
+# grades and high agreement; with 5 or so tickers off Hold a side (30 tickers, 82% Hold)
+# every method tried held 80-82%: kappa then rests on a handful of tickers
+# (docs/lab/2026-12-07-qwk-interval.md, docs/bench/qwk-interval-methods.json).
+MIN_KAPPA_INTERVAL_N = 40
+MIN_KAPPA_OFF_HOLD = 10
 MIN_CORRELATION_N = 3
 MAX_UNDEFINED_SHARE = 0.10  # of bootstrap resamples, before an interval is withheld
 BULLISH = frozenset({"Buy", "Overweight"})
@@ -306,3 +311,26 @@ def bootstrap_interval(n: int, statistic: Callable[[np.ndarray], float | None], 
     tail = (1 - level) / 2 * 100
     low, high = np.nanpercentile(values, [tail, 100 - tail])
     return float(low), float(high)
+
+
+def jackknife_interval(n: int, statistic: Callable[[np.ndarray], float | None], *,
+                       level: float = 0.95) -> tuple[float, float] | None:
+    """Return an interval of a statistic in (−1, 1) (a kappa, a correlation) over ``n`` items.
+
+    The statistic's Fisher z = atanh(θ) gets its jackknife standard error over the n
+    leave-one-out subsets (``statistic`` gets their item indices); the interval is
+    tanh(z ± t·se), t Student's on n − 1 df, so it stays inside (−1, 1) and leans away from
+    the bound near it, as kappa's spread does. None with fewer than 3 items, or when θ or
+    any leave-one-out value is undefined or ±1 (z is then infinite).
+    """
+    if n < MIN_CORRELATION_N:
+        return None
+    everyone = np.arange(n)
+    values = [statistic(everyone), *(statistic(np.delete(everyone, i)) for i in range(n))]
+    if any(v is None or not abs(v) < 1 for v in values):
+        return None
+    z = np.arctanh(np.asarray(values, dtype=float))
+    left_out = z[1:]
+    error = float(np.sqrt((n - 1) / n * ((left_out - left_out.mean()) ** 2).sum()))
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * error
+    return float(np.tanh(z[0] - half)), float(np.tanh(z[0] + half))

@@ -11,7 +11,13 @@ from sqlalchemy import Engine
 from app.quality.averaging import ALL_CHOICES, TARGET_ERROR
 from app.quality.repro import repro
 from app.quality.samples import samples_report
-from tests.unit.support.quality_rows import add_batch, band_by_hand, kappa_by_hand, spearman_by_hand
+from tests.unit.support.quality_rows import (
+    INSIDE,
+    add_batch,
+    band_by_hand,
+    kappa_by_hand,
+    spearman_by_hand,
+)
 
 TICKERS = ["AAA", "BBB", "CCC", "DDD", "EEE", "FFF"]
 # The model says Buy every time, whatever its score: its own ratings carry nothing.
@@ -116,9 +122,10 @@ def test_between_batches_every_choice_of_k_on_each_side(sqlite_engine: Engine) -
 
 
 def test_a_kappa_interval_needs_enough_tickers_to_hold_its_95_percent() -> None:
-    # Two runs' one-sample grades of 10 tickers: the percentile bootstrap's "95%" interval of
-    # QWK held the true QWK on 87% of 200 draws (Spearman's on 98%), at 30 tickers on 94%
-    # (docs/lab/2026-12-07-verdicts-outside-2.md). Below MIN_KAPPA_INTERVAL_N none is given.
+    # The percentile bootstrap's "95%" interval of QWK held 86-93% at 30 tickers in worlds
+    # of many Holds, skewed grades or high agreement; the jackknife one on Fisher's z holds
+    # from 40 tickers with 10 off Hold a side (docs/lab/2026-12-07-qwk-interval.md). Below
+    # that none is given, and the row says why.
     from functools import partial
 
     import numpy as np
@@ -130,14 +137,57 @@ def test_a_kappa_interval_needs_enough_tickers_to_hold_its_95_percent() -> None:
 
     rng = np.random.default_rng(4)
 
-    def rows(tickers: int) -> list[KRow]:
+    def rows(tickers: int, scale: float = 0.8) -> list[KRow]:
         signal = rng.normal(size=tickers)
-        sides = [{f"T{i}": [Grade(0, rating_for_score(float(x)), float(x), False)]
-                  for i, x in enumerate(np.tanh(0.8 * (signal + rng.normal(size=tickers))))}
+        sides = [{f"T{i:02}": [Grade(0, rating_for_score(float(x)), float(x), False)]
+                  for i, x in enumerate(np.tanh(scale * (signal + rng.normal(size=tickers))))}
                  for _ in range(2)]
         return agreement_by_k(sides[0], sides[1], partial(between, 1, 1), [1], resamples=200)
 
-    (few,) = rows(10)
+    (few,) = rows(30)
     assert few.qwk is not None and few.qwk_ci is None and few.spearman_ci is not None
+    assert few.qwk_ci_withheld == "QWK's 95% interval needs 40 tickers, here 30"
+    (mostly_hold,) = rows(MIN_KAPPA_INTERVAL_N, scale=0.05)  # about 90% Hold
+    assert mostly_hold.qwk is not None and mostly_hold.qwk_ci is None
+    assert (mostly_hold.qwk_ci_withheld or "").startswith(
+        "QWK's 95% interval needs 10 tickers graded off Hold by each side, here ")
     (enough,) = rows(MIN_KAPPA_INTERVAL_N)
-    assert enough.qwk_ci is not None and enough.spearman_ci is not None
+    assert enough.qwk_ci_withheld is None and enough.qwk_ci is not None
+    low, high = enough.qwk_ci
+    assert enough.qwk is not None and low < enough.qwk < high
+
+
+def test_the_kappa_interval_is_the_jackknife_one_of_the_rows_qwk() -> None:
+    # A fixed case of 40 tickers, one sample a side: the row's interval is
+    # jackknife_interval of quadratic_kappa over the same tickers.
+    from functools import partial
+
+    from app.quality.averaging import agreement_by_k, between
+    from app.quality.grades import Grade
+    from app.quality.statistics import jackknife_interval, quadratic_kappa
+
+    scale = ["Buy", "Overweight", "Hold", "Underweight", "Sell"]
+    left = [scale[i % 5] for i in range(40)]
+    right = [scale[min(4, (i % 5) + (i % 3 == 0))] for i in range(40)]
+    sides = [{f"T{i:02}": [Grade(0, r, INSIDE[r], False)] for i, r in enumerate(side)}
+             for side in (left, right)]
+    (row,) = agreement_by_k(sides[0], sides[1], partial(between, 1, 1), [1], resamples=1)
+    expected = jackknife_interval(40, lambda i: quadratic_kappa([left[j] for j in i],
+                                                                [right[j] for j in i]))
+    assert row.qwk == pytest.approx(quadratic_kappa(left, right))
+    assert expected is not None and row.qwk_ci == pytest.approx(expected)
+
+def test_a_kappa_interval_undefined_at_perfect_agreement_says_why() -> None:
+    # 40 tickers, both runs alike: QWK is 1, its z infinite, so no interval, and a reason.
+    from functools import partial
+
+    from app.quality.averaging import agreement_by_k, between
+    from app.quality.grades import Grade
+
+    scale = ["Buy", "Overweight", "Hold", "Underweight", "Sell"]
+    side = {f"T{i:02}": [Grade(0, scale[i % 5], INSIDE[scale[i % 5]], False)]
+            for i in range(40)}
+    (row,) = agreement_by_k(side, side, partial(between, 1, 1), [1], resamples=1)
+    assert row.qwk == pytest.approx(1.0) and row.qwk_ci is None
+    assert row.qwk_ci_withheld == ("QWK's 95% interval is undefined at k = 1: QWK, or QWK "
+                                   "with a ticker left out, is ±1")

@@ -229,3 +229,22 @@ def test_batches_with_seeds_are_not_called_independent(sqlite_engine: Engine) ->
                                                           resamples=0).notes)
     assert not any("not independent" in n for n in repro(sqlite_engine, [a, c],
                                                          resamples=0).notes)
+
+
+def test_a_withheld_qwk_interval_is_explained_in_one_line_below_the_table(
+        sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Five tickers of four samples: QWK is defined at every k, its interval needs 40 tickers
+    # (docs/quality.md): the table's "—" is followed by one line that says so.
+    a, b = add_batch(sqlite_engine, SAMPLES_A), add_batch(sqlite_engine, SAMPLES_B)
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "repro", "--batches",
+                               f"{a},{b}", "--resamples", "50")
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if "QWK's 95% interval" in line]
+    assert notes == [f"note: QWK's 95% interval needs 40 tickers, here {len(SAMPLES_A)} "
+                     "(docs/quality.md)"]
+    code, out, err = nightdesk(monkeypatch, capsys, "quality", "repro", "--batches",
+                               f"{a},{b}", "--format", "json", "--resamples", "50")
+    rows = json.loads(out)["by_k"]
+    assert {r["qwk_ci_withheld"] for r in rows if r["qwk"] is not None} == {
+        f"QWK's 95% interval needs 40 tickers, here {len(SAMPLES_A)}"}

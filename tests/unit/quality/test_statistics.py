@@ -14,6 +14,7 @@ from app.quality.statistics import (
     compare,
     flip_rate,
     ic_test,
+    jackknife_interval,
     quadratic_kappa,
     spearman,
     spearman_brown,
@@ -138,3 +139,27 @@ def test_bootstrap_interval_withheld_when_often_undefined() -> None:
     assert bootstrap_interval(4, lambda i: None if 0 in i else 1.0, resamples=200) is None
     assert bootstrap_interval(2, lambda i: 1.0, resamples=200) is None
     assert bootstrap_interval(10, lambda i: 1.0, resamples=0) is None
+
+
+def test_jackknife_interval_is_fishers_z_plus_or_minus_t_times_the_jackknife_error() -> None:
+    # Four items: θ = 0.5 on all of them, and leave-one-out values whose z = atanh(θ) are
+    # atanh(0.5) − 0.1, + 0, + 0, + 0.1. The jackknife error of z is
+    # sqrt(3/4 · (0.01 + 0.01)) = 0.12247; Student's t on 3 df at 97.5% is 3.18245; so the
+    # interval is tanh(0.549306 ± 0.389768) = [0.15820, 0.73480], leaning away from 1.
+    shifts = [-0.1, 0.0, 0.0, 0.1]
+
+    def statistic(index: np.ndarray) -> float:
+        if len(index) == 4:
+            return 0.5
+        (missing,) = set(range(4)) - set(index.tolist())
+        return math.tanh(math.atanh(0.5) + shifts[missing])
+
+    low, high = jackknife_interval(4, statistic)  # type: ignore[misc]
+    assert low == pytest.approx(0.15820, abs=1e-5) and high == pytest.approx(0.73480, abs=1e-5)
+    assert 0.5 - low > high - 0.5
+
+
+def test_jackknife_interval_is_withheld_where_z_is_infinite_or_the_statistic_undefined() -> None:
+    assert jackknife_interval(5, lambda i: 1.0) is None  # perfect agreement: z is infinite
+    assert jackknife_interval(5, lambda i: None if len(i) < 5 else 0.3) is None
+    assert jackknife_interval(2, lambda i: 0.3) is None
