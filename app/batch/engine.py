@@ -48,10 +48,9 @@ T = TypeVar("T")
 
 @dataclass
 class TickerWork:
-    """What a batch does for each ticker other than its graph (a replay, a bench): ``job``
-    (ticker, its client, batch id) returns the decisions to store; ``weights`` order the
-    tickers (heaviest first), ``shapes`` give each one's (requests, chain length),
-    ``prepare`` runs before admission."""
+    """What a batch does for each ticker besides its graph (a replay, a bench): ``job``
+    (ticker, client, batch id) returns the decisions to store; ``weights`` order the tickers
+    (heaviest first), ``shapes`` give (requests, chain length); ``prepare`` runs first."""
 
     job: Callable[[str, TickerClient, int], Awaitable[list[store.DecisionRow]]]
     weights: dict[str, float] | None = None
@@ -246,9 +245,8 @@ class BatchRun:
                 settings=BatchSettings(
                     **dict(settings.snapshot()), **self.extra_settings, samples=plan.samples,
                     universe_notes=list(plan.notes), strategy=self.strategy.name,
-                    runner=Runner.current(),
-                    # Where its usage spool would be: a resume elsewhere must know.
-                    home=str(settings.paths.home)),
+                    # home: where its usage spool would be (a resume elsewhere must know).
+                    runner=Runner.current(), home=str(settings.paths.home)),
                 server_facts=owner.server_facts, source_batch_id=plan.source_batch_id,
             )
             owner.batch_id = self.batch_id  # what a run cancelled outright names

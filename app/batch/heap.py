@@ -18,8 +18,7 @@ _saved = gc.get_threshold()
 @contextlib.contextmanager
 def batch_collector() -> Iterator[None]:
     """Freeze every object alive on entry and collect the young generation less often; the
-    last batch out unfreezes them (cycles among them wait until then) and restores the
-    thresholds."""
+    last batch out unfreezes them (cycles among them wait until then), thresholds restored."""
     # A full collection walks every tracked object with the loop held, and a batch starts
     # with several hundred thousand; frozen, they leave the walk.
     global _held, _saved

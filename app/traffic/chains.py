@@ -24,8 +24,7 @@ RESEED = 0.10
 @dataclass
 class Footprint:
     """The moving mean of budget tokens one active ticker (or chain) keeps reserved or held;
-    with ``chains_only`` (prefetching) only tickers whose chain was let in count, each by its
-    own reservation and hold."""
+    with ``chains_only`` (prefetching) only tickers whose chain was let in count, by their own."""
 
     weight: float = WEIGHT
     chains_only: bool = False
