@@ -24,13 +24,16 @@ while a stage left has no answer tonight, the interval spans a pace ``FAR`` time
 before lifts every node's pace to as many times.
 The interval is the estimate times ``RATIO`` (``RATIO_FIRST`` on a first night), measured
 on recorded nights' replays; ``LEVEL`` is the share of readings each held on nights left
-out, and the level it claims.
+out, and the level it claims. While the chain has answered under ``EARLY`` of its calls it
+spans ``RATIO_EARLY`` (``RATIO_FIRST_EARLY``) too, measured on the readings in that state;
+under ``LAST_S`` (one reading interval) it spans the estimate give or take ``LAST_S``.
 docs/operations.md ("One truth, two faces") states every rule;
 docs/lab/2026-12-05-eta-busy-shares.md, docs/lab/2026-12-05-eta-pace.md and
 docs/lab/2026-12-05-h100-eta-gated-night.md, docs/lab/2026-12-05-eta-gated-fair-test.md,
 docs/lab/2026-12-06-eta-chain-jump.md, docs/lab/2026-12-06-h100-eta-held-out.md,
 docs/lab/2026-12-06-eta-first-night.md, docs/lab/2026-12-06-eta-prior-mismatch.md,
-docs/lab/2026-12-07-eta-below-far.md and docs/lab/2026-12-07-eta-early-100.md measure it.
+docs/lab/2026-12-07-eta-below-far.md, docs/lab/2026-12-07-eta-early-100.md and
+docs/lab/2026-12-07-eta-early-lead.md measure it.
 """
 
 from __future__ import annotations
@@ -68,6 +71,19 @@ RATIO = (0.76, 1.33)
 # them each night left out; RATIO held 70% there (docs/lab/2026-12-06-eta-first-night.md).
 RATIO_FIRST = (0.67, 1.80)
 LEVEL = 0.75  # the share of readings it held, each night left out in turn (88%)
+# While the chain (the nodes after the analysts) has answered less than this share of its
+# calls, the pace is mostly the analysts' and stands for the chain: RATIO was measured from a
+# tenth of the night on, where it mostly is not. Then the interval spans RATIO and these, the
+# same percentiles over every replayed reading in that state (with a night before; a first
+# night's), which held 82% and 86% of them each night left out
+# (docs/lab/2026-12-07-eta-early-lead.md).
+EARLY = 0.10
+RATIO_EARLY = (0.85, 1.85)
+RATIO_FIRST_EARLY = (0.33, 2.43)
+# An estimate under one reading interval (the progress is read every 15 s) is the last few
+# calls', which one answer's length decides: the ratios held 9 of 16 such readings. There the
+# interval is the estimate give or take this many seconds, which held all of them.
+LAST_S = 15.0
 # A stage's calls (the analysts, the chain) this many times slower than the night before's,
 # or quicker: another server. On the recorded nights the stages' paces stayed within
 # 0.33-3.06 and the first answer came within 1.03 times the longest any analyst node's calls
@@ -102,13 +118,14 @@ class Reading:
     chain_low_s: float | None  # ... at their first quartiles
     chain_high_s: float | None  # ... at their third quartiles
     eta_s: float | None
-    eta_low_s: float | None  # eta_s × RATIO: an interval that held LEVEL of the replays
+    eta_low_s: float | None  # eta_s × RATIO (and the rules above): held LEVEL of the replays
     eta_high_s: float | None
     why: str = ESTIMATING  # why there is no ETA while eta_s is None (not stored)
     # The share of replayed readings the interval held (LEVEL); None: a rule no recorded
     # night tested set it (another server, or a stage left unanswered tonight), so the faces
     # call it uncalibrated (not stored).
     level: float | None = LEVEL
+    early: bool = False  # the chain has answered under EARLY of its calls (not stored)
 
     @property
     def estimating(self) -> str | None:
@@ -659,18 +676,29 @@ def reading(engine: Engine, batch_id: int, now: datetime) -> Reading:
                                            if n in prior.took))
     if unpriced:
         ratio = ratio[0] / FAR, ratio[1] * FAR
+    # The chain's first answers are few, and its calls left go at a pace mostly the
+    # analysts': the interval spans the ratios measured in that state too.
+    early = (sum(n in chain for _, n, _ in answered)
+             < EARLY * per_ticker * int(batch.tickers_total) * len(chain))
+    if early and not (unlike or unpriced):
+        wide = RATIO_EARLY if prior.shares else RATIO_FIRST_EARLY
+        ratio = min(ratio[0], wide[0]), max(ratio[1], wide[1])
+    low = high = None
+    if eta_s is not None:
+        low, high = eta_s * ratio[0], eta_s * ratio[1]
+        if eta_s < LAST_S:  # the last calls: an answer's length decides, give or take LAST_S
+            low, high = min(low, max(0.0, eta_s - LAST_S)), max(high, eta_s + LAST_S)
     return Reading(now, expected, len(answered), len(calls),
                    int(sum(c.completion_tokens or 0 for c in calls)), tokens_left,
                    rates[0], rates[1], rates[2],
                    None if work is None else "before" if prior.shares else "night",
-                   longest, chain_s, low_s, high_s, eta_s,
-                   None if eta_s is None else eta_s * ratio[0],
-                   None if eta_s is None else eta_s * ratio[1], UNLIKE if unlike else ESTIMATING,
-                   None if unlike or unpriced else LEVEL)
+                   longest, chain_s, low_s, high_s, eta_s, low, high,
+                   UNLIKE if unlike else ESTIMATING, None if unlike or unpriced else LEVEL,
+                   early)
 
 
 def record(engine: Engine, batch_id: int, found: Reading) -> None:
     """Store one reading in ``progress_readings``."""
     with engine.begin() as conn:
-        row = {k: v for k, v in asdict(found).items() if k not in ("why", "level")}
+        row = {k: v for k, v in asdict(found).items() if k not in ("why", "level", "early")}
         conn.execute(insert(ProgressReading), [{**row, "batch_id": batch_id}])

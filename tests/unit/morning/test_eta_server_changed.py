@@ -93,10 +93,15 @@ def test_before_tonights_pace_is_known_it_says_estimating_not_a_confident_low_nu
 def test_a_night_before_twice_as_slow_keeps_the_calibrated_interval(
         sqlite_engine: Engine) -> None:
     # Within FAR of the night before's pace the night before prices every node at the pooled
-    # pace, in the calibrated interval, as on the recorded nights.
+    # pace, in the calibrated interval, as on the recorded nights (under LAST_S, the last
+    # calls', give or take LAST_S).
     for f, _, found in replay(sqlite_engine, 1 / 2, dear=False):
         if f >= CHAIN_ANSWERED:  # both stages answered: each has a pace of its own
-            assert found.eta_s is not None and found.eta_low_s == found.eta_s * eta.RATIO[0]
+            assert found.eta_s is not None and found.level == eta.LEVEL
+            low = found.eta_s * eta.RATIO[0]
+            if found.eta_s < eta.LAST_S:
+                low = min(low, max(0.0, found.eta_s - eta.LAST_S))
+            assert found.eta_low_s == low
 
 
 def test_the_night_status_every_face_reads_says_why(sqlite_engine: Engine) -> None:
