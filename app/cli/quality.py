@@ -113,7 +113,7 @@ def _print_k_table(console: Console, rows: list[KRow], title: str) -> None:
     console.print(_k_table(rows, title))
     reasons = dict.fromkeys(r.qwk_ci_withheld for r in rows if r.qwk_ci_withheld)
     if reasons:
-        console.print(f"note: {'; '.join(reasons)} (docs/quality.md)")
+        console.print(f"note: {'; '.join(reasons)} (the repository's docs/quality.md)")
 
 
 def _render_repro(report: ReproReport, console: Console) -> None:

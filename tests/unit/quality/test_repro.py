@@ -242,7 +242,7 @@ def test_a_withheld_qwk_interval_is_explained_in_one_line_below_the_table(
     assert code == 0, err
     notes = [line for line in out.splitlines() if "QWK's 95% interval" in line]
     assert notes == [f"note: QWK's 95% interval needs 40 tickers, here {len(SAMPLES_A)} "
-                     "(docs/quality.md)"]
+                     "(the repository's docs/quality.md)"]
     code, out, err = nightdesk(monkeypatch, capsys, "quality", "repro", "--batches",
                                f"{a},{b}", "--format", "json", "--resamples", "50")
     rows = json.loads(out)["by_k"]
