@@ -231,9 +231,19 @@ def _log_busy(state: tenacity.RetryCallState) -> None:
 
 def until_taken(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Call ``fn`` (which opens a connection) until the database takes it: a ``busy`` refusal
-    is tried again, with ``retrying``'s backoff, for the write budget; any other error, or the
-    last refusal, is raised."""
-    policy = {**POLICY, "retry": tenacity.retry_if_exception(busy), "before_sleep": _log_busy}
+    is tried again, with ``retrying``'s backoff, for the whole write budget (the last try at
+    its end, so "still so after N s" is true); any other error, or the last refusal, is
+    raised."""
+    def wait(state: tenacity.RetryCallState) -> float:
+        # The backoff, cut to what is left: without the cut a refusal at 0.9 s of a 1.5 s
+        # budget whose next delay is 0.8 s stopped there, a budget said and not waited.
+        return max(0.0, min(POLICY["wait"](state), budget_s() - (state.seconds_since_start or 0.0)))
+
+    def stop(state: tenacity.RetryCallState) -> bool:
+        return (state.seconds_since_start or 0.0) >= budget_s()
+
+    policy = {**POLICY, "retry": tenacity.retry_if_exception(busy), "before_sleep": _log_busy,
+              "wait": wait, "stop": stop}
     return tenacity.Retrying(**policy)(fn, *args, **kwargs)
 
 
