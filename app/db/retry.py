@@ -235,8 +235,8 @@ def until_taken(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     its end, so "still so after N s" is true); any other error, or the last refusal, is
     raised."""
     def wait(state: tenacity.RetryCallState) -> float:
-        # The backoff, cut to what is left: without the cut a refusal at 0.9 s of a 1.5 s
-        # budget whose next delay is 0.8 s stopped there, a budget said and not waited.
+        # The backoff, cut to what is left: the last try falls at the budget's end, never
+        # short of it by a delay that would have passed it.
         return max(0.0, min(POLICY["wait"](state), budget_s() - (state.seconds_since_start or 0.0)))
 
     def stop(state: tenacity.RetryCallState) -> bool:

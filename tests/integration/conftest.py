@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
 from psycopg import sql
+
+from tests.fakevllm import FakeServer
+from tests.fakevllm.server import serving
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser
@@ -104,3 +109,25 @@ def free_port_from(low: int) -> int:
                 continue
             return port
     raise AssertionError(f"no free port from {low}")
+
+
+@contextmanager
+def swappable_server(first: FakeServer, low: int) -> Iterator[tuple[list[FakeServer], int]]:
+    """Serve ``first`` on a free port from ``low`` (a thread of its own) until the block ends;
+    yield the one-item list whose item answers (set it to swap servers mid-test) and the port."""
+    current, port, done = [first], free_port_from(low), threading.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await current[0].asgi()(scope, receive, send)
+
+    async def serve() -> None:
+        async with serving([app], [port]):
+            await asyncio.to_thread(done.wait)
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    try:
+        yield current, port
+    finally:
+        done.set()
+        thread.join(30)

@@ -12,7 +12,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,8 +27,7 @@ from app.db.models import Decision
 from app.runs.resumable import find_resumable
 from tests.dbfaults import check_rows_match
 from tests.fakevllm import ChatRequest, FakeServer
-from tests.fakevllm.server import serving
-from tests.integration.conftest import free_port_from
+from tests.integration.conftest import swappable_server
 from tests.unit.support.bursts import TICKERS
 from tests.unit.support.fault_night import NODES, QUICK_ENV, night_engine
 
@@ -107,22 +105,11 @@ def test_a_real_night_on_a_full_disk_says_one_line_and_its_resume_finishes(
     model = "smollm2-135m"  # the settings' default
     servers = [FakeServer(ballast_at(disk, 20), nodes=NODES, tickers=TICKERS, model=model),
                FakeServer(nodes=NODES, tickers=TICKERS, model=model)]
-    current, port, done = [servers[0]], free_port_from(18000), threading.Event()
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        await current[0].asgi()(scope, receive, send)
-
-    async def serve() -> None:
-        async with serving([app], [port]):
-            await asyncio.to_thread(done.wait)
-
-    serving_thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
-    serving_thread.start()
-    env = {**os.environ, **QUICK_ENV, "NIGHTDESK_HOME": str(home),
-           "NIGHTDESK_LLM_BASE_URL": f"http://127.0.0.1:{port}/v1"}
-    env.pop("NIGHTDESK_DATABASE_URL", None)
-    nightdesk = [sys.executable, "-c", "from app.cli import main; main()"]
-    try:
+    with swappable_server(servers[0], 18000) as (current, port):
+        env = {**os.environ, **QUICK_ENV, "NIGHTDESK_HOME": str(home),
+               "NIGHTDESK_LLM_BASE_URL": f"http://127.0.0.1:{port}/v1"}
+        env.pop("NIGHTDESK_DATABASE_URL", None)
+        nightdesk = [sys.executable, "-c", "from app.cli import main; main()"]
         first = subprocess.run(
             [*nightdesk, "run", "--tickers", ",".join(TICKERS), "--as-of", str(DEMO_AS_OF),
              "--no-preflight"], env={**env, "NIGHTDESK_DB_WRITE_BUDGET_S": "1"},
@@ -141,6 +128,3 @@ def test_a_real_night_on_a_full_disk_says_one_line_and_its_resume_finishes(
         db = get_engine(f"sqlite:///{home}/nightdesk.db")
         check_rows_match(db, *servers)
         db.dispose()
-    finally:
-        done.set()
-        serving_thread.join(30)

@@ -11,13 +11,11 @@ retried: ``sqlite3.OperationalError`` came out of the batch, the batch row staye
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import re
 import subprocess
 import sys
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,8 +28,7 @@ from agents.data.demo import DEMO_AS_OF, write_demo
 from app.db.engine import get_engine
 from app.db.models import LLMCall
 from tests.fakevllm import ChatRequest, FakeServer
-from tests.fakevllm.server import serving
-from tests.integration.conftest import free_port_from
+from tests.integration.conftest import swappable_server
 from tests.unit.support.bursts import TICKERS
 from tests.unit.support.fault_night import NODES, QUICK_ENV
 
@@ -125,22 +122,11 @@ def test_a_home_forced_read_only_stops_the_night_in_one_line_and_its_resume_fini
     model = "smollm2-135m"  # the settings' default
     servers = [FakeServer(fail_at(ext4, 12), nodes=NODES, tickers=TICKERS, model=model),
                FakeServer(nodes=NODES, tickers=TICKERS, model=model)]
-    current, port, done = [servers[0]], free_port_from(18100), threading.Event()
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        await current[0].asgi()(scope, receive, send)
-
-    async def serve() -> None:
-        async with serving([app], [port]):
-            await asyncio.to_thread(done.wait)
-
-    serving_thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
-    serving_thread.start()
-    env = {**os.environ, **QUICK_ENV, "NIGHTDESK_HOME": str(home),
-           "NIGHTDESK_LLM_BASE_URL": f"http://127.0.0.1:{port}/v1"}
-    env.pop("NIGHTDESK_DATABASE_URL", None)
-    nightdesk = [sys.executable, "-c", "from app.cli import main; main()"]
-    try:
+    with swappable_server(servers[0], 18100) as (current, port):
+        env = {**os.environ, **QUICK_ENV, "NIGHTDESK_HOME": str(home),
+               "NIGHTDESK_LLM_BASE_URL": f"http://127.0.0.1:{port}/v1"}
+        env.pop("NIGHTDESK_DATABASE_URL", None)
+        nightdesk = [sys.executable, "-c", "from app.cli import main; main()"]
         first = subprocess.run(
             [*nightdesk, "run", "--tickers", ",".join(TICKERS), "--as-of", str(DEMO_AS_OF),
              "--no-preflight"], env={**env, "NIGHTDESK_DB_WRITE_BUDGET_S": "2"},
@@ -168,6 +154,3 @@ def test_a_home_forced_read_only_stops_the_night_in_one_line_and_its_resume_fini
         db = get_engine(f"sqlite:///{home}/nightdesk.db")
         check_rows_kept(db, servers, int(unkept.group(1)) if unkept else 0)
         db.dispose()
-    finally:
-        done.set()
-        serving_thread.join(30)
