@@ -175,8 +175,7 @@ class HorizonRecord:
     left_out: dict[str, dict[str, str]] = field(default_factory=dict)  # as-of -> ticker -> why
 
 
-# `quality track --format json`'s schema (app/cli/common.py ``echo_json``): raised when a
-# field of TrackReport is renamed, removed or changes meaning.
+# `quality track --format json`'s schema: raised when a field of TrackReport changes.
 SCHEMA = "quality-track/2"  # 2: a night's ic is null below TRACK_MIN_TICKERS (not_judged)
 
 
