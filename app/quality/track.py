@@ -116,11 +116,11 @@ def one_per_session(nights: Sequence[NightReturns]) -> tuple[list[NightReturns],
     mean IC takes nights to be at least a session apart, and would count that session twice
     or three times. A night without a session (a simulated one) is its own.
     """
-    newest = {n.session or n.as_of: n for n in nights}
-    kept = [n for n in nights if newest[n.session or n.as_of] is n]
+    newest = {n.session or id(n): n for n in nights}
+    kept = [n for n in nights if newest[n.session or id(n)] is n]
     return kept, {n.as_of: f"its returns start from {n.session}, as the night of "
                   f"{newest[n.session].as_of}'s do: counted once, as that night"
-                  for n in nights if newest[n.session or n.as_of] is not n}
+                  for n in nights if newest[n.session or id(n)] is not n}
 
 
 @dataclass(frozen=True)
