@@ -4,9 +4,8 @@ Every figure goes through the product's own functions: a simulated night's IC co
 ``statistics.spearman_rows`` (``night_ic``'s Spearman, for all nights of a run at once: the
 unit tests check the two agree), counted as ``night_ic`` counts it (``track.judged_ic``: a
 night of fewer than ``TRACK_MIN_TICKERS`` tickers is not judged), and the verdict from
-``track.ic_verdict``; a simulated
-rating distribution is judged by ``monitor.findings``, and a run of nights by
-``monitor.reference_window`` as ``check_batch`` chooses references.
+``track.ic_verdict``; a simulated rating distribution is judged by ``monitor.findings``, and
+a run of nights by ``monitor.reference_window`` as ``check_batch`` chooses references.
 
 The worlds: every ticker's daily return is i.i.d. normal; a ticker's score is an AR(1)
 over nights (``persistence`` 0: a fresh score every night; 0.95: ratings that persist, as
