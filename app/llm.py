@@ -572,8 +572,7 @@ def _classify_status(exc: openai.APIStatusError) -> LLMError:
     status = exc.status_code
     # A proxy's error page may quote the request URL, password and all.
     text = redact(_server_said(exc))
-    if status == 400 and ("context length" in text.lower() or "max_model_len" in text.lower()
-                          or "maximum model length" in text.lower()):
+    if status == 400 and any(said in text.lower() for said in CONTEXT_TOO_LONG):
         return ContextLengthError(f"server rejected the prompt as too long: {text}",
                                   http_status=400)
     if status in (401, 403, 404):
@@ -591,3 +590,4 @@ def _classify_status(exc: openai.APIStatusError) -> LLMError:
 
 
 UPSTREAM_GONE = "error sending request"
+CONTEXT_TOO_LONG = ("context length", "max_model_len", "maximum model length")

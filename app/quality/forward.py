@@ -60,8 +60,7 @@ class Bucket:
     hit_rate: float | None  # None for Hold (no direction) and for an empty bucket
 
 
-# `quality forward --format json`'s schema (app/cli/common.py ``echo_json``): raised when a
-# field of ForwardReport is renamed, removed or changes meaning.
+# `quality forward --format json`'s schema: raised when a field of ForwardReport changes.
 SCHEMA = "quality-forward/1"
 
 

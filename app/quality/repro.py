@@ -72,8 +72,7 @@ class PairRow:
     _flat = model_serializer(mode="wrap")(stats_beside)
 
 
-# `quality repro --format json`'s schema (app/cli/common.py ``echo_json``): raised when a
-# field of ReproReport is renamed, removed or changes meaning.
+# `quality repro --format json`'s schema: raised when a field of ReproReport changes.
 SCHEMA = "quality-repro/1"
 
 

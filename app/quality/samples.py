@@ -28,8 +28,7 @@ class SamplePair:
     _flat = model_serializer(mode="wrap")(stats_beside)
 
 
-# `quality samples --format json`'s schema (app/cli/common.py ``echo_json``): raised when a
-# field of SamplesReport is renamed, removed or changes meaning.
+# `quality samples --format json`'s schema: raised when a field of SamplesReport changes.
 SCHEMA = "quality-samples/1"
 
 

@@ -4,9 +4,8 @@ Every figure goes through the product's own functions: a simulated night's IC co
 ``statistics.spearman_rows`` (``night_ic``'s Spearman, for all nights of a run at once: the
 unit tests check the two agree), counted as ``night_ic`` counts it (``track.judged_ic``: a
 night of fewer than ``TRACK_MIN_TICKERS`` tickers is not judged), and the verdict from
-``track.ic_verdict``; a simulated
-rating distribution is judged by ``monitor.findings``, and a run of nights by
-``monitor.reference_window`` as ``check_batch`` chooses references.
+``track.ic_verdict``; a simulated rating distribution is judged by ``monitor.findings``, and
+a run of nights by ``monitor.reference_window`` as ``check_batch`` chooses references.
 
 The worlds: every ticker's daily return is i.i.d. normal; a ticker's score is an AR(1)
 over nights (``persistence`` 0: a fresh score every night; 0.95: ratings that persist, as
@@ -19,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +28,7 @@ from scipy import stats
 
 from agents.decision import RATINGS, rating_for_score
 from app.config import Settings
-from app.quality.monitor import Finding, NightRecord, findings, reference_window
+from app.quality.monitor import MOVED, Finding, NightRecord, findings, reference_window
 from app.quality.statistics import newey_west_t, spearman_rows
 from app.quality.track import NightReturns, ic_verdict, judged_ic
 
@@ -134,20 +134,18 @@ def verdict_rates(world: World, horizons: Sequence[int], prefixes: Sequence[int]
     first nights, so the rows of one world share their runs.
     """
     rng = np.random.default_rng(seed)
-    counts: dict[tuple[int, int, str], int] = {}
-    withheld: dict[tuple[int, int], int] = {}
+    counts: Counter[tuple[int, int, str]] = Counter()
+    withheld: Counter[tuple[int, int]] = Counter()
     for _ in range(runs):
         ics = simulate_ics(world, horizons, rng)
         for days in horizons:
             for nights in prefixes:
                 head = ics[days][:nights]
                 for name, rule in CANDIDATES.items():
-                    key = (days, nights, name)
-                    counts[key] = counts.get(key, 0) + bool(rule(head, days))
+                    counts[days, nights, name] += bool(rule(head, days))
                 found = chosen(head, days)
-                key = (days, nights, "chosen")
-                counts[key] = counts.get(key, 0) + bool(found)
-                withheld[(days, nights)] = withheld.get((days, nights), 0) + (found is None)
+                counts[days, nights, "chosen"] += bool(found)
+                withheld[days, nights] += found is None
     rows = []
     for (days, nights, name), hits in sorted(counts.items()):
         rate = hits / runs
@@ -172,16 +170,14 @@ def monitor_rates(tickers: int, null: Sequence[float], moved: Sequence[float] | 
     whose trailing nights were unchanged.
     """
     rng = np.random.default_rng(seed)
-    fired: dict[str, int] = {}
+    fired: Counter[str] = Counter()
     for i in range(runs):
         trailing = [draw_night(rng, null, tickers)
                     for _ in range(settings.quality.trailing_batches)]
         tonight = draw_night(rng, moved if moved is not None else null, tickers)
         kinds = {f.kind for f in findings(tonight, trailing, settings, seed=i)}
-        extra = ({"any"} if kinds else set()) | (
-            {"moved"} if kinds & {"distribution_jump", "concentration"} else set())
-        for kind in kinds | extra:
-            fired[kind] = fired.get(kind, 0) + 1
+        if kinds:
+            fired.update(kinds | {"any"} | ({"moved"} if kinds & MOVED else set()))
     return {kind: count / runs for kind, count in sorted(fired.items())}
 
 

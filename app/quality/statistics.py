@@ -11,8 +11,7 @@ Conventions, so that each report reads the same:
   are None when either side is constant.
 - Kappa's interval is a jackknife one on Fisher's z scale (``jackknife_interval``), given
   from ``MIN_KAPPA_INTERVAL_N`` tickers with ``MIN_KAPPA_OFF_HOLD`` of them graded off Hold
-  by each side: with fewer it held less than it says in some simulated world
-  (docs/lab/2026-12-07-qwk-interval.md).
+  by each side (docs/quality.md says what it holds with fewer).
 """
 
 from __future__ import annotations
@@ -29,11 +28,8 @@ from sklearn.metrics import cohen_kappa_score
 from agents.decision import RATINGS
 
 MIN_KAPPA_N = 2
-# Kappa's 95% interval (jackknife_interval) is given from this many tickers, this many of
-# them graded off Hold by each side. At 30 tickers it held 93.1% in a world of skewed
-# grades and high agreement; with 5 or so tickers off Hold a side (30 tickers, 82% Hold)
-# every method tried held 80-82%: kappa then rests on a handful of tickers
-# (docs/lab/2026-12-07-qwk-interval.md, docs/bench/qwk-interval-methods.json).
+# Kappa's 95% interval is given from this many tickers, this many of them graded off Hold
+# by each side: with fewer it held less than 95% (module notes).
 MIN_KAPPA_INTERVAL_N = 40
 MIN_KAPPA_OFF_HOLD = 10
 MIN_CORRELATION_N = 3

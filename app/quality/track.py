@@ -12,6 +12,7 @@ docs/quality.md ("`quality track`") says what each figure means and why the t wa
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,10 +51,9 @@ MIN_INDEPENDENT = 5  # fewer non-overlapping nights (⌊nights/h⌋) than this: 
 SIGNIFICANCE = 0.05
 DEFAULT_HORIZONS = "1d,5d,20d"  # the scored record's horizons
 MIN_SCORED = 30  # scored ratings before a rating's hit rate is shown: its error is then ≤ 9%
-# Fewer tickers with a return on a night than this: its IC enters no test and no band. An IC
-# of 3 takes four values (±1, ±0.5), and the t on such nights' mean calls skill on 5.4% of
-# null desks at 20–25 nights (docs/quality.md, "Nights of three tickers"); from 4 it holds
-# its 5%. ``quality forward`` keeps ``spearman``'s 3: its one-night test is by permutation.
+# Fewer tickers with a return on a night than this: its IC enters no test and no band, as the
+# t on nights of 3 runs over its 5% (docs/quality.md, "Nights of three tickers").
+# ``quality forward`` keeps ``spearman``'s 3: its one-night test is by permutation.
 TRACK_MIN_TICKERS = 4
 NOT_JUDGED = (f"fewer than {TRACK_MIN_TICKERS} tickers with a return: an IC of 3 takes four "
               "values, and a t-test on them runs over its 5%")
@@ -116,11 +116,11 @@ def one_per_session(nights: Sequence[NightReturns]) -> tuple[list[NightReturns],
     mean IC takes nights to be at least a session apart, and would count that session twice
     or three times. A night without a session (a simulated one) is its own.
     """
-    newest = {n.session or n.as_of: n for n in nights}
-    kept = [n for n in nights if newest[n.session or n.as_of] is n]
+    newest = {n.session or id(n): n for n in nights}
+    kept = [n for n in nights if newest[n.session or id(n)] is n]
     return kept, {n.as_of: f"its returns start from {n.session}, as the night of "
                   f"{newest[n.session].as_of}'s do: counted once, as that night"
-                  for n in nights if newest[n.session or n.as_of] is not n}
+                  for n in nights if newest[n.session or id(n)] is not n}
 
 
 @dataclass(frozen=True)
@@ -158,9 +158,8 @@ class HorizonRecord:
     judged: int  # nights with a defined IC (of TRACK_MIN_TICKERS tickers or more)
     mean_ic: float | None
     sd_ic: float | None
-    # None below ``min_nights``: a t and p beside a withheld verdict read as the verdict
-    # (a p of 0.01 over 10 nights), the peek at a night count not chosen that docs/quality.md
-    # warns of. The mean IC, its sd and the shares stay: they describe, they do not judge.
+    # None below ``min_nights``: beside a withheld verdict they would read as one (the peek
+    # docs/quality.md warns of); the mean IC, its sd and the shares describe, and stay.
     t_stat: float | None
     p_value: float | None
     positive_share: float | None  # of judged nights, those with IC > 0
@@ -176,8 +175,7 @@ class HorizonRecord:
     left_out: dict[str, dict[str, str]] = field(default_factory=dict)  # as-of -> ticker -> why
 
 
-# `quality track --format json`'s schema (app/cli/common.py ``echo_json``): raised when a
-# field of TrackReport is renamed, removed or changes meaning.
+# `quality track --format json`'s schema: raised when a field of TrackReport changes.
 SCHEMA = "quality-track/2"  # 2: a night's ic is null below TRACK_MIN_TICKERS (not_judged)
 
 
@@ -259,8 +257,7 @@ def running_mean(record: HorizonRecord, level: float = 0.95) -> list[RunningMean
     """Return, night by night, the mean IC so far and its band (the web page's plot).
 
     The band starts where the verdict does (``record.min_nights``): a band clear of zero is
-    the verdict read early, and on nights of 4 or 5 tickers (ICs of a few values) it held a
-    null desk's 0 on 93.7% of desks at 3 and 5 nights, not 95% (docs/quality.md).
+    the verdict read early, and an earlier one holds less than 95% (docs/quality.md).
     """
     points, ics = [], []
     days = record.horizon_days
@@ -335,15 +332,8 @@ def parse_horizons(text: str) -> list[int]:
 
 def providers(settings: Settings) -> Callable[[BatchGrades], DataProvider]:
     """Return each batch's data provider: the one it recorded, else the setting's (cached)."""
-    built: dict[str, DataProvider] = {}
-
-    def provider_for(grades: BatchGrades) -> DataProvider:
-        name = grades.settings.data_provider or settings.agents.data_provider
-        if name not in built:
-            built[name] = get_provider(name, settings.paths.data_dir)
-        return built[name]
-
-    return provider_for
+    built = functools.cache(lambda name: get_provider(name, settings.paths.data_dir))
+    return lambda grades: built(grades.settings.data_provider or settings.agents.data_provider)
 
 
 def track_nights(engine: Engine, *, nights: int | None = None,

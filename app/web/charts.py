@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
 import matplotlib
+from matplotlib.axes import Axes
 from matplotlib.dates import AutoDateLocator, ConciseDateFormatter, date2num
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
@@ -59,16 +61,17 @@ def _svg(fig: Figure, chart_id: str) -> str:
     return re.sub(r"<svg ", f'<svg role="img" aria-label="{chart_id}" ', text, count=1)
 
 
-def _figure(width: float, height: float) -> Figure:
+@contextmanager
+def _plot(width: float, height: float) -> Iterator[tuple[Figure, Axes]]:
+    """Yield a fresh figure and its one Axes, made and drawn in the pages' style."""
     with matplotlib.rc_context(STYLE):
-        return Figure(figsize=(width, height), layout="constrained")
+        fig = Figure(figsize=(width, height), layout="constrained")
+        yield fig, fig.add_subplot()
 
 
 def rating_bars(counts: dict[str, int], chart_id: str = "ratings") -> str:
     """Draw how many tickers got each rating, one coloured bar per rating, best first."""
-    with matplotlib.rc_context(STYLE):
-        fig = _figure(4.2, 1.9)
-        ax = fig.add_subplot()
+    with _plot(4.2, 1.9) as (fig, ax):
         names = list(RATING_COLOURS)
         values = [counts.get(name, 0) for name in names]
         bars = ax.barh(names[::-1], values[::-1], color=[RATING_COLOURS[n] for n in names][::-1])
@@ -84,9 +87,7 @@ def rating_bars(counts: dict[str, int], chart_id: str = "ratings") -> str:
 
 def history(points: Sequence[tuple[date, float, str]], chart_id: str = "history") -> str:
     """Draw a ticker's score night by night, each point coloured by that night's rating."""
-    with matplotlib.rc_context(STYLE):
-        fig = _figure(6.4, 2.3)
-        ax = fig.add_subplot()
+    with _plot(6.4, 2.3) as (fig, ax):
         days = date2num([p[0] for p in points])
         scores = [p[1] for p in points]
         (line,) = ax.plot(days, scores, color="#57606a", linewidth=1, zorder=1)
@@ -112,9 +113,7 @@ def ic_track(days: Sequence[date], ics: Sequence[float], means: Sequence[float],
              lows: Sequence[float | None], highs: Sequence[float | None], *,
              chart_id: str) -> str:
     """Draw each night's rank IC as a dot and the running mean IC with its band."""
-    with matplotlib.rc_context(STYLE):
-        fig = _figure(6.4, 2.5)
-        ax = fig.add_subplot()
+    with _plot(6.4, 2.5) as (fig, ax):
         x = date2num(list(days))
         dots = ax.scatter(x, ics, s=10, color="#9a9a9a", label="IC of the night", zorder=2)
         dots.set_gid(f"{chart_id}-nights")
@@ -142,9 +141,7 @@ def time_lines(series: Sequence[Series], *, ylabel: str, chart_id: str,
                xlabel: str = "seconds since the batch started", percent: bool = False,
                step: bool = False) -> str:
     """Draw one or more lines over time, e.g. running and waiting requests, or KV usage."""
-    with matplotlib.rc_context(STYLE):
-        fig = _figure(6.4, 2.3)
-        ax = fig.add_subplot()
+    with _plot(6.4, 2.3) as (fig, ax):
         for i, s in enumerate(series):
             colour = LINE_COLOURS[i % len(LINE_COLOURS)]
             if step:  # a gauge holds its value until the next reading
@@ -168,9 +165,7 @@ def time_lines(series: Sequence[Series], *, ylabel: str, chart_id: str,
 def node_latency(names: Sequence[str], means: Sequence[float], p99s: Sequence[float],
                  chart_id: str = "latency") -> str:
     """Draw each node's mean latency as a bar with its p99 as a tick, nodes in graph order."""
-    with matplotlib.rc_context(STYLE):
-        fig = _figure(6.4, 0.9 + 0.18 * len(names))
-        ax = fig.add_subplot()
+    with _plot(6.4, 0.9 + 0.18 * len(names)) as (fig, ax):
         rows = list(range(len(names)))[::-1]
         bars = ax.barh(rows, means, color="#0969da", label="mean")
         for name, patch in zip(names, bars.patches, strict=True):

@@ -64,12 +64,6 @@ def rerun_target(state: WebState, ticker: str, view: views.TickerView) -> tuple[
     return shown.as_of, int(shown.samples or 1)
 
 
-def _rerun_state(job: RerunJob | None, running: views.RerunRow | None) -> RerunState:
-    """Merge what this process started with what the database says is running."""
-    active = (job is not None and job.state in ("queued", "running")) or running is not None
-    return RerunState(job=job, running_batch=running, active=active)
-
-
 @router.get("/ticker/{symbol}")
 def ticker_page(request: Request, state: State, symbol: str,
                 notice: Annotated[str | None, Query()] = None) -> Response:
@@ -80,7 +74,10 @@ def ticker_page(request: Request, state: State, symbol: str,
     plot = charts.history([(p.as_of, p.score, p.rating or "")
                            for p in history if p.score is not None]) \
         if any(p.score is not None for p in history) else None
-    rerun = _rerun_state(state.reruns.job(ticker), view.rerun_running)
+    # What this process started, and what the database says is running.
+    running = view.rerun_running
+    rerun = RerunState(job=state.reruns.job(ticker), running_batch=running,
+                       active=state.reruns.active(ticker) is not None or running is not None)
     token = state.guard.csrf_token(request)
     response = _page(request, "ticker.html", {
         "view": view, "history_svg": plot, "rerun": rerun, "notice": notice,

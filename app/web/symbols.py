@@ -14,8 +14,8 @@ from app.morning.batchids import parse_batch_id, parse_batch_ids
 T = TypeVar("T")
 
 
-def _or_answer(status: int, parse: Callable[[], T]) -> T:
-    """Return what ``parse`` reads, or answer ``status`` with its InputError's message."""
+def or_answer(status: int, parse: Callable[[], T]) -> T:
+    """Return ``parse()``, or answer ``status`` with its InputError's message."""
     try:
         return parse()
     except InputError as error:
@@ -24,15 +24,15 @@ def _or_answer(status: int, parse: Callable[[], T]) -> T:
 
 def symbol_or_404(text: str) -> str:
     """Return the normalized symbol, or answer 404 for something that cannot be a ticker."""
-    return _or_answer(404, lambda: check_symbol(text))
+    return or_answer(404, lambda: check_symbol(text))
 
 
 def batch_ids(values: list[str]) -> list[int]:
     """Read ``ids=1,2`` or ``ids=1&ids=2`` into at least two batch ids, or answer 400."""
-    return _or_answer(400, lambda: parse_batch_ids(",".join(values), what="ids"))
+    return or_answer(400, lambda: parse_batch_ids(",".join(values), what="ids"))
 
 
 def batch_id_or_404(text: str) -> int:
     """Return the batch id a path names, through the one parser (``app.morning.batchids``); answer
     404 for text that can name no batch (not ASCII digits, or beyond a 64-bit key)."""
-    return _or_answer(404, lambda: parse_batch_id(text, what="the batch in the path"))
+    return or_answer(404, lambda: parse_batch_id(text, what="the batch in the path"))

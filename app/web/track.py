@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import date
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from app.config import get_settings
@@ -21,6 +21,7 @@ from app.quality.track import (
 from app.web import charts
 from app.web.pages import templates
 from app.web.state import State, require_user
+from app.web.symbols import or_answer
 
 router = APIRouter(dependencies=[Depends(require_user)], default_response_class=HTMLResponse)
 DEFAULT_NIGHTS = 250  # about a year of sessions: every figure is recomputed per request
@@ -31,20 +32,16 @@ def track_page(request: Request, state: State,
                nights: Annotated[int, Query(ge=1, le=5000)] = DEFAULT_NIGHTS,
                horizon: str = DEFAULT_HORIZONS) -> Response:
     """Show the track record of the last ``nights`` nights at each horizon."""
-    try:
-        days = parse_horizons(horizon)
-    except InputError as error:
-        raise HTTPException(400, str(error)) from None
+    days = or_answer(400, lambda: parse_horizons(horizon))
     settings = get_settings()
     try:
         ids = track_nights(state.engine, nights=nights)
     except InputError:
         ids = []
-    try:
-        report = (track_report(state.engine, ids, days, providers(settings),
-                               benchmark=settings.quality.benchmark) if ids else None)
-    except InputError as error:  # the configured benchmark has no prices at all
-        raise HTTPException(400, str(error)) from None
+    # 400 when the configured benchmark has no prices at all.
+    report = or_answer(400, lambda: track_report(
+        state.engine, ids, days, providers(settings),
+        benchmark=settings.quality.benchmark)) if ids else None
     plots = {}
     for record in report.horizons if report else []:
         points = running_mean(record)

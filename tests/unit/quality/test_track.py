@@ -29,6 +29,7 @@ from app.quality.track import (
     NightReturns,
     horizon_record,
     min_nights,
+    one_per_session,
     running_mean,
     track_nights,
 )
@@ -620,3 +621,15 @@ def test_cli_and_page_show_a_night_of_three_tickers_not_judged(
     html = web.get("/track?horizon=1d", auth=AUTH).text
     assert f"IC not judged at 1d (1 of the 2 nights: 2026-11-23): {NOT_JUDGED}" in html
     assert "too few nights to judge: 1 of the 20 needed; 1 of the 2 scored nights" in html
+
+
+def test_nights_without_a_session_are_each_their_own() -> None:
+    # Simulated nights carry no session; two with one as-of date were taken for one session
+    # and the reason for the one dropped looked up under "" (KeyError).
+    nights = [NightReturns(i, "2026-01-05", ["Buy", "Hold", "Sell", "Hold"],
+                           [0.5, 0.0, -0.5, 0.1], [0.01, 0.0, -0.01, 0.02]) for i in (1, 2)]
+    assert one_per_session(nights) == (nights, {})
+    dated = [NightReturns(i, f"2026-01-0{i}", ["Buy"], [0.5], [0.01], session="2026-01-02")
+             for i in (2, 3)]
+    kept, why = one_per_session(dated)
+    assert kept == dated[1:] and list(why) == ["2026-01-02"]
