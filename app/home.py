@@ -9,6 +9,7 @@ program runs as an installed package and uses the user's data directory: on Linu
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 
@@ -42,3 +43,15 @@ def default_home(cwd: Path | None = None) -> Path:
 def default_vllm_venv(home: Path, cwd: Path | None = None) -> Path:
     """Return the CPU server's virtual environment: ``./.venv-vllm`` in a checkout, else in home."""
     return CHECKOUT_VLLM_VENV if in_checkout(cwd) else home / "venv-vllm"
+
+
+def unwritable(path: Path) -> str | None:
+    """Return why ``path`` (a folder, or the nearest one above it that exists, where it would
+    be made) takes no new file, in words for a line; None when it does. Read from the mount's
+    flags and the user's rights (``access``): nothing is written to find out."""
+    folder = next((p for p in (path, *path.parents) if p.exists()), path)
+    if os.access(folder, os.W_OK):
+        return None
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        return f"{folder} is on a read-only filesystem"
+    return f"{folder} is not writable by this user"

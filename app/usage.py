@@ -1,7 +1,8 @@
 """Write usage rows (llm_calls, llm_requests) off the event loop, in batches, exactly once.
 
 Rows the database does not take within the write budget (full, or away) are kept in a spool
-file of their batch and written first when the batch runs again (``run --resume``).
+file of their batch (under the home, else off it: ``spare_place``) and written first when
+the batch runs again (``run --resume``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,22 @@ def spool_path(home: Path, database_url: str, batch_id: int) -> Path:
     where = make_url(database_url).render_as_string(hide_password=True)
     tag = hashlib.sha256(where.encode()).hexdigest()[:12]
     return home / "spool" / f"usage-{tag}-batch-{batch_id}.jsonl"
+
+
+# The units' runtime directory (RuntimeDirectory=nightdesk): read on every resume, so one run
+# from a shell finds the rows a unit's run kept there.
+UNITS_RUNTIME = Path("/run/nightdesk")
+
+
+def spare_place() -> Path | None:
+    """Return where a spool goes when the home takes no write (its filesystem forced
+    read-only): the service's runtime directory (systemd's ``$RUNTIME_DIRECTORY``,
+    /run/nightdesk under the units), else the user's (``$XDG_RUNTIME_DIR``/nightdesk), None
+    without either. A tmpfs, emptied by a reboot: the stop's line says so."""
+    if service := os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]:
+        return Path(service)
+    user = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(user, "nightdesk") if user else None
 
 
 def _encode(value: object) -> Any:
@@ -172,6 +189,7 @@ class UsageRecorder:
         self._sleep = sleep
         self._spool = spool
         self._spooled = False  # the spool file holds rows not yet stored
+        self._off_home = False  # they are kept off the home (``spare_place``)
         self._why = ""  # what the database said when the writer stopped
         self.lost: BatchStopped | None = None
         self.stopped = asyncio.Event()  # set once the writer gives up, ``lost`` set before
@@ -233,20 +251,21 @@ class UsageRecorder:
 
     @contextlib.asynccontextmanager
     async def _writing(self) -> AsyncIterator[None]:
-        if self._spool is not None:
+        for spool in self._spools():
             try:
-                kept = await in_thread(read_spool, self._spool)
+                kept = await in_thread(read_spool, spool)
             except (OSError, ValueError, KeyError, TypeError) as error:
                 # Going on without them would lose them: the batch does not start.
-                raise DatabaseError(f"cannot read the usage rows kept in {self._spool}: "
+                raise DatabaseError(f"cannot read the usage rows kept in {spool}: "
                                     f"{first_line(error, typed=True)}") from None
             for name, rows in kept.items():
                 self._pending[name] = rows + self._pending[name]
                 self._recorded[name] += len(rows)
                 self._spooled |= bool(rows)
-            if self._spooled:
-                log.info("usage rows taken from the spool", spool=str(self._spool),
+            if any(kept.values()):
+                log.info("usage rows taken from the spool", spool=str(spool),
                          calls=len(kept["calls"]), requests=len(kept["requests"]))
+        if self._spool is not None:
             await in_thread(set_aside, self._spool)
         held: BaseException | None = None
         try:
@@ -288,6 +307,20 @@ class UsageRecorder:
                 if self._closing and not self._has_pending():
                     return
 
+    def _spools(self) -> list[Path]:
+        """Return the spool, its spare (``spare_place``) and the units' (``UNITS_RUNTIME``):
+        where kept rows may be."""
+        spool, spare = self._spool, spare_place()
+        places = [] if spare is None else [spare]
+        return [] if spool is None else list(dict.fromkeys(
+            [spool, *(place / spool.name for place in [*places, UNITS_RUNTIME])]))
+
+    @property
+    def untold(self) -> BatchStopped | None:
+        """Return what stopped the writer when the batch's line must say it: rows lost, or
+        kept off the home (a reboot empties that place); None otherwise."""
+        return None if isinstance(self.lost, StorageOutage) and not self._off_home else self.lost
+
     def _has_pending(self) -> bool:
         return any(self._pending.values())
 
@@ -319,9 +352,10 @@ class UsageRecorder:
                 raise await self._give_up(error) from error
             self.written += len(rows) if name == "calls" else 0
             self._stored[name] += len(rows)
-        if self._spooled and self._spool is not None and not self._has_pending():
-            # Every row the spool held is stored now (they were written first).
-            await in_thread(self._spool.unlink, missing_ok=True)
+        if self._spooled and not self._has_pending():
+            # Every row the spools held is stored now (they were written first).
+            for spool in self._spools():
+                await in_thread(spool.unlink, missing_ok=True)
             self._spooled = False
         async with self._progress:
             self._progress.notify_all()
@@ -336,20 +370,30 @@ class UsageRecorder:
         """Write every row not stored to the spool; set ``lost`` to what the writer stopped
         with: ``StorageOutage`` once they are kept, ``UsageLost`` if they cannot be."""
         assert self._spool is not None
-        pending = self._count_pending()
+        pending, spool, spare = self._count_pending(), self._spool, spare_place()
+        where = str(spool)
         try:
-            await in_thread(write_spool, self._spool, self._pending)
+            await in_thread(write_spool, spool, self._pending)
         except OSError as error:
-            self.lost = UsageLost(f"usage rows could not be stored ({pending} not written): "
-                                  f"{self._why}; nor kept in {self._spool}: "
-                                  f"{error.strerror or error}")
-            return
+            said = f"{spool}: {error.strerror or error}"
+            try:  # the home takes no write (forced read-only): a place off it, if there is one
+                if spare is None:
+                    raise error
+                spool = spare / spool.name
+                await in_thread(write_spool, spool, self._pending)
+            except OSError as also:
+                said += "" if also is error else f"; nor in {spool}: {also.strerror or also}"
+                self.lost = UsageLost(f"usage rows could not be stored ({pending} not written):"
+                                      f" {self._why}; nor kept in {said}")
+                return
+            self._off_home = True
+            where = f"{spool} (not in {said}; a reboot empties that place)"
         self._spooled = True
         if self.lost is None:  # kept again at close: the rows joined the same spool
             self.lost = StorageOutage(
                 f"usage rows not stored within the write budget ({budget_s():g} s): "
-                f"{self._why}; kept in {self._spool} for the resume")
-        log.warning("usage rows kept for the resume", rows=pending, spool=str(self._spool))
+                f"{self._why}; kept in {where} for the resume")
+        log.warning("usage rows kept for the resume", rows=pending, spool=str(spool))
 
     async def _give_up(self, error: BaseException) -> BatchStopped:
         """Stop the writer: keep the rows for a resume when the database may take them

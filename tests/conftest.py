@@ -27,6 +27,9 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[No
     for key in list(os.environ):
         if key.startswith("NIGHTDESK_") and not key.startswith("NIGHTDESK_TEST_"):
             monkeypatch.delenv(key)
+    # Nor a runtime directory of this shell's (app.usage.spare_place): a test sets its own.
+    for key in ("RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(key, raising=False)
     # Every runtime path derives from the home: the database, snapshots, server files.
     monkeypatch.setenv("NIGHTDESK_HOME", str(tmp_path))
     get_settings.cache_clear()

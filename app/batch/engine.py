@@ -457,8 +457,8 @@ class BatchRun:
                                             f"answer within {patience_s():g} s"
                                             ) if bound.expired() else outage(
                                                 "the batch's end not stored", unstored)
-                    lost = self.recorder.lost  # UsageLost: rows not kept, the line says so
-                    if lost is not None and not isinstance(lost, StorageOutage):
+                    lost = self.recorder.untold  # rows lost, or kept off the home: said
+                    if lost is not None:
                         stopped = StorageOutage(f"{lost}; the batch's end not stored either "
                                                 f"within the write budget ({budget_s():g} s)")
                     raise StorageOutage(f"{stopped}{self.resume_hint}") from unstored

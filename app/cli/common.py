@@ -20,8 +20,9 @@ from sqlalchemy.exc import DBAPIError
 
 from app.cli.logs import configure_logging, console
 from app.config import Settings, get_settings
-from app.db.engine import READ_WAIT_S, ready_engine, reason
+from app.db.engine import ready_engine, reason
 from app.db.readonly import refuses_writes
+from app.db.retry import READ_WAIT_S
 from app.errors import InputError
 from app.morning.advice import advise
 from app.morning.nightstatus import night_status

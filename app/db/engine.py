@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from datetime import UTC
 from functools import lru_cache
 from importlib.resources import files
@@ -39,6 +39,7 @@ from app.db.retry import (
     cancelled_at_bound,
     mark_bound,
     until_taken,
+    waited_s,
     write_budget,
 )
 from app.errors import DatabaseError, SchemaTooNew, first_line
@@ -200,8 +201,10 @@ def no_connection(error: BaseException) -> str | None:
     this a later one's; None for any other error."""
     if not isinstance(error, DBAPIError | psycopg.Error) or not busy(error):
         return None
-    return (f"the database takes no connection now ({reason(error)}): its connections are "
-            "used up by others, or it is starting or stopping; run the command again in a "
+    waited = waited_s(error)
+    still = "" if waited is None else f" (still so after {waited:g} s)"
+    return (f"the database takes no connection now ({reason(error)}){still}: its connections "
+            "are used up by others, or it is starting or stopping; run the command again in a "
             "moment")
 
 
@@ -326,7 +329,8 @@ def bounded(engine: Engine, seconds: float) -> Engine:
 
     @event.listens_for(engine, "do_connect")
     def _open(_dialect: Any, _record: Any, cargs: list[Any], cparams: dict[str, Any]) -> Any:
-        conn = AnsweredConnection.connect(*cargs, **cparams)
+        # Every connection, a command's first or a later one: a busy server asked again.
+        conn = until_taken(AnsweredConnection.connect, *cargs, **cparams)
         conn.answer_s = answer_bound(seconds)
         return conn
 
@@ -346,8 +350,11 @@ def migration_engine(url: str, statement_timeout_s: float = STATEMENT_TIMEOUT_S)
     upgrade.
     """
     if make_url(url).get_backend_name() != "sqlite":
-        return create_engine(url, poolclass=NullPool, connect_args=connect_args(
+        engine = create_engine(url, poolclass=NullPool, connect_args=connect_args(
             url, "lock_timeout", statement_timeout_s))
+        event.listen(engine, "do_connect", lambda dialect, _record, cargs, cparams:
+                     until_taken(dialect.connect, *cargs, **cparams))  # as ``bounded``'s
+        return engine
     _sqlite_folder(url)
     engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": SQLITE_BUSY_S})
 
@@ -405,10 +412,6 @@ def _select_one(engine: Engine) -> None:
         conn.execute(text("SELECT 1"))
 
 
-# How long a read command (``batches``, ``ranking``, ``report``, ...) waits for a connection
-# the server refuses as ``busy``: an operator at a terminal, a page being loaded; a night
-# waits its write budget.
-READ_WAIT_S = 10.0
 WRITE_BUDGET = "NIGHTDESK_DB_WRITE_BUDGET_S"
 
 
@@ -417,23 +420,22 @@ def check_reachable(engine: Engine, wait_s: float | None = None,
     """Raise DatabaseError in one line when the database cannot be opened and read.
 
     Whatever the driver says: a host that does not answer, a refused login, a file that
-    cannot be opened or is not a database at all. ``wait_s`` (a night's start: its write
-    budget, the setting ``budget``; a read command: ``READ_WAIT_S``, ``budget`` ""): a
-    server that answers it takes no connection now (its connections used up, starting up:
-    ``busy``) is asked again for that long, as a write mid-night would be; anything else
-    is said at once.
+    cannot be opened or is not a database at all. A server that answers it takes no
+    connection now (its connections used up, starting up: ``busy``) is asked again by the
+    engine's connect (``until_taken``) for ``wait_s`` (a night's start: its write budget,
+    the setting ``budget``; a read command: ``READ_WAIT_S``, ``budget`` ""), else for the
+    wait in force (``connect_wait_s``); anything else is said at once.
     """
     try:
-        if wait_s is None:
+        # The wait is the engine's connect's (``until_taken``), for ``wait_s`` here.
+        with write_budget(wait_s) if wait_s is not None else nullcontext():
             _select_one(engine)
-        else:
-            with write_budget(wait_s):
-                until_taken(_select_one, engine)
     except (DBAPIError, OSError) as error:
-        waited = f" (still so after {wait_s:g} s{': ' + budget if budget else ''})" \
-            if wait_s is not None and busy(error) else ""
+        waited = waited_s(error)
+        still = "" if waited is None else \
+            f" (still so after {waited:g} s{': ' + budget if budget else ''})"
         raise DatabaseError(f"cannot reach database {shown(engine.url)}: {reason(error)}"
-                            f"{waited}") from None
+                            f"{still}") from None
 
 
 # "0003_quality" was once the revision after "0003"; two revisions now come between them.

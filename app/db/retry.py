@@ -74,6 +74,10 @@ BUSY_SQLSTATES = ("53300", "57P03", "55000")
 # connection (the server's ErrorResponse carries the code; libpq keeps only the text, and
 # psycopg exposes no error verbosity to have it printed there), so its words are all there is:
 # a server whose lc_messages is another language is refused at once.
+# How long a connection refused as ``busy`` is asked again (``until_taken``, at every connect
+# of an engine: ``connect_wait_s``) outside a batch: a read command, a page, an operator at a
+# terminal; a batch waits its write budget.
+READ_WAIT_S = 10.0
 BUSY_WORDS = ("too many connections", "too many clients", "connection slots are reserved",
               "the database system is starting up", "the database system is shutting down",
               "the database system is in recovery mode", "not yet accepting connections",
@@ -89,6 +93,10 @@ def transient(error: BaseException) -> bool:
     cause = getattr(error, "orig", None) or error
     if getattr(cause, "sqlstate", None) == READ_ONLY or sqlite_unwritable(cause):
         return _budget.get() is not None  # first: its connection is given up (invalidated)
+    if waited_s(cause) is not None:
+        # A refusal ``until_taken`` waited for already: a batch's write ends at its budget (the
+        # wait spent it), anything else raises it now rather than wait it a second time.
+        return _budget.get() is not None
     if isinstance(error, DBAPIError) and error.connection_invalidated:
         return True
     if isinstance(error, psycopg_pool.PoolTimeout | psycopg.InterfaceError):
@@ -226,25 +234,46 @@ async def aretrying(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kw
 def _log_busy(state: tenacity.RetryCallState) -> None:
     error = state.outcome.exception() if state.outcome else None
     log.warning("database takes no connection now; waiting", tries=state.attempt_number,
-                budget_s=budget_s(), error=first_line(error))
+                wait_s=connect_wait_s(), error=first_line(error))
+
+
+def connect_wait_s() -> float:
+    """Return how long a connection refused as ``busy`` is asked again here: the write
+    budget in force (a batch, a night's first connection), else ``READ_WAIT_S``."""
+    budget = _budget.get()
+    return READ_WAIT_S if budget is None else budget
 
 
 def until_taken(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Call ``fn`` (which opens a connection) until the database takes it: a ``busy`` refusal
-    is tried again, with ``retrying``'s backoff, for the whole write budget (the last try at
-    its end, so "still so after N s" is true); any other error, or the last refusal, is
-    raised."""
+    """Call ``fn`` (which opens a connection; every engine's connect does: app.db.engine)
+    until the database takes it: a ``busy`` refusal is tried again, with ``retrying``'s
+    backoff, for ``connect_wait_s`` (the last try at its end, so "still so after N s" is
+    true); any other error is raised, and the last refusal marked with the wait
+    (``waited_s``), so no caller waits for it again (``transient``)."""
+    bound = connect_wait_s()
+
     def wait(state: tenacity.RetryCallState) -> float:
-        # The backoff, cut to what is left: the last try falls at the budget's end, never
+        # The backoff, cut to what is left: the last try falls at the wait's end, never
         # short of it by a delay that would have passed it.
-        return max(0.0, min(POLICY["wait"](state), budget_s() - (state.seconds_since_start or 0.0)))
+        return max(0.0, min(POLICY["wait"](state), bound - (state.seconds_since_start or 0.0)))
 
     def stop(state: tenacity.RetryCallState) -> bool:
-        return (state.seconds_since_start or 0.0) >= budget_s()
+        return (state.seconds_since_start or 0.0) >= bound
 
     policy = {**POLICY, "retry": tenacity.retry_if_exception(busy), "before_sleep": _log_busy,
               "wait": wait, "stop": stop}
-    return tenacity.Retrying(**policy)(fn, *args, **kwargs)
+    try:
+        return tenacity.Retrying(**policy)(fn, *args, **kwargs)
+    except Exception as error:
+        if busy(error):
+            with suppress(AttributeError):
+                error.nightdesk_waited_s = bound  # type: ignore[attr-defined]
+        raise
+
+
+def waited_s(error: BaseException) -> float | None:
+    """Return how long ``until_taken`` asked again before giving ``error`` up, if it did."""
+    return getattr(getattr(error, "orig", None) or error, "nightdesk_waited_s", None)
 
 
 def retried(fn: Callable[P, T]) -> Callable[P, T]:

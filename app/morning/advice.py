@@ -21,6 +21,7 @@ from sqlalchemy import Engine, select
 from agents.data.snapshot import latest_as_of
 from app.config import Settings
 from app.db.models import Batch, TickerRun
+from app.home import unwritable
 from app.morning.numbers import counted
 from app.morning.summary import (
     RESUMABLE_KINDS,
@@ -101,7 +102,12 @@ def next_steps(engine: Engine, batch: BatchSummary, stale_s: float,
 
 def first_night(settings: Settings) -> list[Advice]:
     """Return what a database with no night yet is advised: ``nightdesk run``, after
-    ``nightdesk data demo`` where there is no snapshot to run it on (it would refuse)."""
+    ``nightdesk data demo`` where there is no snapshot to run it on (it would refuse), once
+    the home takes writes where it does not (the run would refuse that too)."""
+    if why := unwritable(settings.paths.home):
+        return [Advice("nightdesk run", f"runs the first night once the data home is writable: "
+                       f"{why}; remount it read-write, or set NIGHTDESK_HOME to a "
+                       "writable folder")]
     if settings.agents.data_provider == "snapshot" and latest_as_of(
             settings.paths.data_dir) is None:
         return [Advice("nightdesk data demo", f"writes a seeded DEMO snapshot, synthetic "

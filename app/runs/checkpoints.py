@@ -49,6 +49,7 @@ from app.db.engine import (
 from app.db.models import TickerRun
 from app.db.retry import aretrying, mark_bound, outage, transient
 from app.errors import DatabaseError
+from app.home import unwritable
 from app.morning.summary import tickers_left
 from app.tasks import beside
 
@@ -165,7 +166,11 @@ def check_checkpoints(database_url: str) -> None:
         with contextlib.closing(sqlite3.connect(path)) as conn:
             conn.execute("PRAGMA schema_version").fetchone()  # reads the file's header
     except (sqlite3.Error, OSError) as error:
-        raise DatabaseError(f"cannot open the checkpoint file {path}: {reason(error)}") from None
+        why = unwritable(Path(path).parent)  # SQLite's words for it name no cause
+        raise DatabaseError(f"cannot open the checkpoint file {path}: " + (
+            f"{why}: make it writable (remount its filesystem read-write, or set "
+            "NIGHTDESK_HOME to a writable folder), then run the command again" if why
+            else reason(error))) from None
 
 
 def serializer() -> JsonPlusSerializer:

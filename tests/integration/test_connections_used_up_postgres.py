@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -24,6 +25,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import OperationalError
 
 import app.cli.common
+import app.db.retry
 from agents.data.demo import DEMO_AS_OF, demo_tickers
 from app.config import load_settings
 from app.db.engine import get_engine, upgrade
@@ -215,6 +217,65 @@ def test_a_read_command_waits_briefly_for_a_connection_then_says_one_line(
     lifted.join(10)
     assert read.code == 0, read.stderr
     assert WAITING in read.stderr  # the refusal was met, and waited for
+
+
+@pytest.mark.parametrize("role", ["hb"], indirect=True)
+def test_a_later_connection_of_a_read_command_waits_the_read_wait_once_then_says_one_line(
+        role: Role, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `report` marks dead nights crashed (a retried write) on its pooled connection, dropped
+    # meanwhile while others hold every connection. Before, that connection was refused at
+    # once and the write retried it for the default two-minute budget; now every connection
+    # waits the one read wait (the engine's connect: ``until_taken``), then one line.
+    monkeypatch.setattr(app.db.retry, "READ_WAIT_S", 1.5)
+    marking = app.cli.common.mark_stale_crashed
+
+    def server_full_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        role.limit(0)
+        with psycopg.connect(ADMIN_DSN, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE usename = %s", [role.name])
+        return marking(*args, **kwargs)
+
+    monkeypatch.setattr(app.cli.common, "mark_stale_crashed", server_full_meanwhile)
+    started = time.monotonic()
+    read = run_cli("report", env={"NIGHTDESK_DATABASE_URL": role.url})
+    took = time.monotonic() - started
+    assert read.code == 2 and "Traceback" not in read.stderr, read.stderr
+    [line] = [line for line in read.error_lines if line.startswith("error:")]
+    assert line.startswith("error: the database takes no connection now (") and LIMITED in line
+    assert "(still so after 1.5 s): its connections are used up by others" in line, line
+    assert WAITING in read.stderr and 1.0 <= took < 10.0, took  # waited once, bounded
+
+
+@pytest.mark.parametrize("role", ["hb"], indirect=True)
+def test_a_page_waits_the_same_read_wait_for_a_connection_then_answers_503(
+        role: Role, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same rule as a read command's (before, a page answered 503 at once): lifted within
+    # the wait, the page is served; never lifted, 503 with the line, once the wait is over.
+    from fastapi.testclient import TestClient
+
+    from app.web.auth import Guard
+    from app.web.reruns import RerunQueue
+    from app.web.server import create_app
+    from tests.unit.support.webclient import USER
+
+    monkeypatch.setattr(app.db.retry, "READ_WAIT_S", 1.5)
+    engine = get_engine(role.url)
+    web = create_app(engine, Guard(USER, None), RerunQueue(), stale_after_s=120.0)
+    with TestClient(web, raise_server_exceptions=False) as client:
+        engine.dispose()
+        role.limit(0)
+        started = time.monotonic()
+        answer = client.get("/api/batches")
+        took = time.monotonic() - started
+        assert answer.status_code == 503 and LIMITED in answer.text, answer.text[:300]
+        assert "(still so after 1.5 s)" in answer.text and 1.0 <= took < 10.0, took
+        engine.dispose()
+        monkeypatch.setattr(app.db.retry, "READ_WAIT_S", 30.0)
+        lifted = role.lift_after(1.0)
+        served = client.get("/api/batches")
+        lifted.join(10)
+        assert served.status_code == 200, served.text[:300]
 
 
 def test_a_connection_refused_after_the_first_is_said_in_one_line() -> None:

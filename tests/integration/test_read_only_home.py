@@ -7,7 +7,9 @@ SQLite then says ``disk I/O error`` (a write through an open file) or ``attempt 
 readonly database`` (a file opened since): the database cannot be written, which the night
 takes as the database away, waited for within the write budget. Before, neither was
 retried: ``sqlite3.OperationalError`` came out of the batch, the batch row stayed
-``running`` and an answered request's usage row was lost."""
+``running`` and an answered request's usage row was lost. The rows held in memory at the
+fault are kept off the home (the runtime directory, the units' /run/nightdesk) and stored
+by the resume: before, they were lost (2 of them)."""
 
 from __future__ import annotations
 
@@ -93,18 +95,14 @@ def ext4(tmp_path: Path) -> Iterator[Ext4]:
         subprocess.run(["losetup", "-d", device], check=False, timeout=30)
 
 
-def check_rows_kept(db: Engine, servers: list[FakeServer], unkept: int) -> None:
-    """Every usage row stored is a request the servers saw, stored once; the requests
-    without one are at most the rows the stop said it could not keep (nowhere to keep them:
-    the home, the spool's place, was read-only)."""
+def check_rows_kept(db: Engine, servers: list[FakeServer]) -> None:
+    """Every request the servers saw has its usage row, stored once."""
     with db.connect() as conn:
         calls = conn.execute(select(LLMCall.ticker, LLMCall.node, LLMCall.call_id,
                                     LLMCall.attempt)).all()
     assert len({(c.call_id, c.attempt) for c in calls}) == len(calls)
     seen = Counter((c.ticker, c.node) for s in servers for c in s.chats)
-    stored = Counter((c.ticker, c.node) for c in calls)
-    assert not stored - seen
-    assert sum((seen - stored).values()) <= unkept
+    assert Counter((c.ticker, c.node) for c in calls) == seen
 
 
 def fail_at(disk: Ext4, at: int) -> Any:
@@ -115,8 +113,8 @@ def fail_at(disk: Ext4, at: int) -> Any:
 
 
 def test_a_home_forced_read_only_stops_the_night_in_one_line_and_its_resume_finishes(
-        ext4: Ext4) -> None:
-    home = ext4.mount / "home"
+        ext4: Ext4, tmp_path: Path) -> None:
+    home, run = ext4.mount / "home", tmp_path / "run"  # the runtime directory: off the home
     write_demo(home / "data", DEMO_AS_OF, 3)
     os.sync()  # an aborted journal loses what it had not committed: not the snapshot
     model = "smollm2-135m"  # the settings' default
@@ -124,6 +122,7 @@ def test_a_home_forced_read_only_stops_the_night_in_one_line_and_its_resume_fini
                FakeServer(nodes=NODES, tickers=TICKERS, model=model)]
     with swappable_server(servers[0], 18100) as (current, port):
         env = {**os.environ, **QUICK_ENV, "NIGHTDESK_HOME": str(home),
+               "RUNTIME_DIRECTORY": str(run),
                "NIGHTDESK_LLM_BASE_URL": f"http://127.0.0.1:{port}/v1"}
         env.pop("NIGHTDESK_DATABASE_URL", None)
         nightdesk = [sys.executable, "-c", "from app.cli import main; main()"]
@@ -138,7 +137,10 @@ def test_a_home_forced_read_only_stops_the_night_in_one_line_and_its_resume_fini
         assert "disk I/O error (the database file cannot be written: its filesystem " \
             "read-only" in said[0], said[0]
         assert said[0].endswith("resume with `nightdesk run --resume 1`"), said[0]
-        unkept = re.search(r"usage rows could not be stored \((\d+) not written\)", said[0])
+        # The rows in memory: kept off the home, and the line says where.
+        kept = re.search(r"kept in (\S+) \(not in \S+: Read-only file system; a reboot "
+                         r"empties that place\) for the resume", said[0])
+        assert kept and Path(kept.group(1)).parent == run, said[0]
         assert ext4.read_only
         # Read on the read-only disk: the night reads crashed, the same on each surface.
         for command in (["report", "1"], ["batches"]):
@@ -152,5 +154,54 @@ def test_a_home_forced_read_only_stops_the_night_in_one_line_and_its_resume_fini
                                 env=env, capture_output=True, text=True, timeout=300)
         assert second.returncode == 0, second.stderr[-3000:]
         db = get_engine(f"sqlite:///{home}/nightdesk.db")
-        check_rows_kept(db, servers, int(unkept.group(1)) if unkept else 0)
+        check_rows_kept(db, servers)
+        assert not list(run.iterdir())  # stored, then given up
         db.dispose()
+
+
+@pytest.fixture
+def read_only_home(tmp_path: Path) -> Iterator[Path]:
+    """A data home with a database and no night, then bound read-only (as a home on a disk
+    mounted read-only is)."""
+    if os.geteuid() != 0:
+        pytest.fail("the read-only home test bind-mounts a folder: run it as root (CI does)")
+    source, home = tmp_path / "source", tmp_path / "home"
+    home.mkdir()
+    write_demo(source / "data", DEMO_AS_OF, 3)  # a snapshot to run on: not what is refused
+    made = subprocess.run([sys.executable, "-c", "from app.cli import main; main()", "batches"],
+                          env={**os.environ, "NIGHTDESK_HOME": str(source)},
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-2000:]
+    subprocess.run(["mount", "--bind", str(source), str(home)], check=True, timeout=30)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(home)], check=True, timeout=30)
+        yield home
+    finally:
+        subprocess.run(["umount", str(home)], check=True, timeout=30)
+
+
+def test_a_read_only_home_with_no_night_says_so_and_advises_making_it_writable(
+        read_only_home: Path) -> None:
+    # No server at this address: the run is refused before its first call.
+    env = {**os.environ, "NIGHTDESK_HOME": str(read_only_home),
+           "NIGHTDESK_LLM_BASE_URL": "http://127.0.0.1:18299/v1"}
+    env.pop("NIGHTDESK_DATABASE_URL", None)
+    nightdesk = [sys.executable, "-c", "from app.cli import main; main()"]
+    said = {}
+    for command in (["ranking"], ["run", "--tickers", ",".join(TICKERS), "--as-of",
+                                  str(DEMO_AS_OF), "--no-preflight"]):
+        done = subprocess.run([*nightdesk, *command], env=env, capture_output=True, text=True,
+                              timeout=120)
+        lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert done.returncode != 0 and len(lines) == 1, done.stderr[-3000:]
+        assert "Traceback" not in done.stderr
+        said[command[0]] = lines[0]
+    # The cause named (the home's path, read-only), and what to do before `nightdesk run`.
+    why = f"{read_only_home} is on a read-only filesystem"
+    assert f"next: `nightdesk run` (runs the first night once the data home is writable: " \
+        f"{why}; remount it read-write, or set NIGHTDESK_HOME to a writable folder)" \
+        in said["ranking"], said["ranking"]
+    assert said["run"] == (
+        f"error: cannot open the checkpoint file {read_only_home}/nightdesk.checkpoints.db: "
+        f"{why}: make it writable (remount its filesystem read-write, or set NIGHTDESK_HOME "
+        "to a writable folder), then run the command again"), said["run"]

@@ -232,6 +232,43 @@ async def test_rows_that_cannot_be_kept_either_stop_the_batch_failed_saying_so(
                                f"disk is full; nor kept in {spool}: File exists")
 
 
+async def test_rows_the_home_cannot_keep_wait_off_it_and_the_next_run_stores_them_once(
+        sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The home takes no write (a read-only filesystem, here a folder that cannot be made):
+    # the rows go to the runtime directory (the units' /run/nightdesk), said in the line.
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path / "run"))
+    batch_id = new_batch(sqlite_engine)
+    spool, disk = tmp_path / "a-file" / "usage.jsonl", SqliteFull()
+    spare = tmp_path / "run" / "usage.jsonl"
+    told: list[BatchStopped] = []
+    with disk.engine(sqlite_engine), write_budget(0.5):
+        disk.hold()
+        recorder = UsageRecorder(sqlite_engine, flush_interval_s=0.01, spool=spool)
+        async with recorder:
+            telling = asyncio.create_task(told_batch(recorder, told))
+            shutil.rmtree(tmp_path / "a-file")  # made at the start, for the room set aside
+            (tmp_path / "a-file").write_text("")
+            hand_in(recorder, batch_id, 0)
+            with pytest.raises(StorageOutage) as kept:
+                await recorder.drain()
+            hand_in(recorder, batch_id, 1)  # a call that ended while the batch stopped
+        telling.cancel()
+    assert str(kept.value) == (
+        "usage rows not stored within the write budget (0.5 s): database or disk is full; "
+        f"kept in {spare} (not in {spool}: File exists; a reboot empties that place) for the "
+        "resume")
+    assert recorder.untold is kept.value and told[0].status == "interrupted"
+    assert [r["call_id"] for r in read_spool(spare)["calls"]] == ["c0", "c1"]
+    (tmp_path / "a-file").unlink()  # the home writable again
+    async with UsageRecorder(sqlite_engine, flush_interval_s=0.01, spool=spool) as again:
+        hand_in(again, batch_id, 2)
+        await again.drain()
+    assert not spare.exists() and not spool.exists()
+    with sqlite_engine.connect() as conn:
+        calls = conn.execute(select(LLMCall.call_id).order_by(LLMCall.call_id)).scalars().all()
+    assert calls == ["c0", "c1", "c2"]
+
+
 async def test_a_spool_that_cannot_be_read_stops_the_start_in_one_line(
         sqlite_engine: Engine, tmp_path: Path) -> None:
     spool = tmp_path / "usage.jsonl"
