@@ -263,9 +263,11 @@ def fill_at(disk: SqliteFull | PostgresFull, chat_index: int, seconds: float
 
 
 def failed_writes(logs: list[MutableMapping[str, Any]]) -> list[str]:
-    """Return what each failed try of a database write (retried) said."""
+    """Return what each failed try of a database write (retried) said, a connection refused
+    and waited for (app/db/retry.py's busy wait) included."""
     return [e["error"] for e in logs if e["event"] in (
-        "database write failed; retrying", "usage write failed; will retry")]
+        "database write failed; retrying", "usage write failed; will retry",
+        "database takes no connection now; waiting")]
 
 
 def check_rows_match(db: Engine, *servers: FakeServer) -> None:
