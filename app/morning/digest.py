@@ -28,7 +28,7 @@ from app.morning.accounting import BatchReport, calls_said, throughput
 from app.morning.advice import next_steps
 from app.morning.changes import NO_NIGHT_BEFORE, TickerChange, compare_nights
 from app.morning.nightstatus import span
-from app.morning.ranking import RankRow, ranking
+from app.morning.ranking import RankRow, from_reruns, ranking
 from app.morning.summary import (
     BatchSummary,
     FailedTicker,
@@ -174,7 +174,7 @@ def _ends(engine: Engine, batch_id: int, of: str) -> list[str]:
         lines.append(f"Bottom {min(TOP, len(rated) - TOP)}: "
                      + "; ".join(map(_row, rated[max(TOP, len(rated) - TOP):])))
     # As `nightdesk ranking` and the page say it: a rating that is a rerun's, not the night's.
-    reruns = [f"{r.ticker} from rerun #{r.batch_id}" for r in rows if r.batch_id != batch_id]
+    reruns = from_reruns(batch_id, rows)
     if reruns:
         lines.append("Reruns applied: " + ", ".join(reruns))
     return lines
