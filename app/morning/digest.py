@@ -297,9 +297,10 @@ def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str,
     """Send ``refusal_digest`` to ``NIGHTDESK_NOTIFY`` (nothing when unset); never raise."""
     if not settings.notify.urls:
         return
-    delivery = send(settings.notify.urls,
-                    refusal_digest(settings, as_of, why, advice, outcome, headline,
-                                   stored=stored, demo=demo, level=level),
-                    settings.notify.timeout_s)
-    log.info("refusal digest sent", as_of=None if as_of is None else str(as_of),
-             delivered=delivery.sent, destinations=delivery.total)
+    message = refusal_digest(settings, as_of, why, advice, outcome, headline, stored=stored,
+                             demo=demo, level=level)
+    delivery = send(settings.notify.urls, message, settings.notify.timeout_s)
+    # Named by what befell the night, as the batch digest's line by its batch: not all are
+    # refusals (a date already analyzed: "nothing run", news "info").
+    log.info("digest sent", as_of=None if as_of is None else str(as_of), outcome=outcome,
+             news=level, delivered=delivery.sent, destinations=delivery.total)
