@@ -110,8 +110,10 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
         ("active seconds", f"{report.active_seconds:.1f}"),
         ("paused seconds", f"{report.paused_seconds:.1f} ({report.pauses} "
                            f"pause{'' if report.pauses == 1 else 's'}, not in tok/s)"),
-        ("batch output tok/s", f"{report.output_tokens_per_s:.1f} (over the active seconds)"),
-        ("  of tickers that succeeded", f"{report.succeeded_output_tokens_per_s:.1f}"),
+        *((("batch output tok/s", "— (under 1 s of calls: too brief for a rate)"),)
+          if report.brief else
+          (("batch output tok/s", f"{report.output_tokens_per_s:.1f} (over the active seconds)"),
+           ("  of tickers that succeeded", f"{report.succeeded_output_tokens_per_s:.1f}"))),
     ):
         summary.add_row(key, str(value))
     if report.metrics_fallback:

@@ -96,6 +96,15 @@ def _paused(rate: BatchReport) -> str:
             f"pause{'s' if rate.pauses > 1 else ''}, not counted")
 
 
+def _rate(rate: BatchReport) -> str:
+    """Say the output and its rate: ``80.0 tok/s (16000 tokens over 3 min 20 s of calls)``;
+    of calls too brief for one (``BatchReport.brief``), the tokens and the time alone."""
+    over = f"{rate.completion_tokens} tokens over {span(rate.active_seconds)} of calls"
+    if rate.brief:
+        return f"{over}, too brief for a rate{_paused(rate)}"
+    return f"{rate.output_tokens_per_s:.1f} tok/s ({over}{_paused(rate)})"
+
+
 def _more(lines: list[str], hint: str) -> list[str]:
     """Return the first LISTED lines, then how many more there are and where to read them."""
     more = [f"… and {len(lines) - LISTED} more ({hint})"] if len(lines) > LISTED else []
@@ -115,9 +124,7 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
              f"{batch.tickers} tickers")
     lines = [f"Status: {batch.status}: {batch.outcome}"
              + (f" — {batch.error}" if batch.error else ""),
-             f"Duration: {span(batch.duration_s)}; output "
-             f"{rate.output_tokens_per_s:.1f} tok/s ({rate.completion_tokens} tokens over "
-             f"{span(rate.active_seconds)} of calls{_paused(rate)}); {calls_said(rate)}"]
+             f"Duration: {span(batch.duration_s)}; output {_rate(rate)}; {calls_said(rate)}"]
     # What the ranking shows beside the night: its universe's notes (a ticker left out).
     lines.extend(f"Universe note: {note}" for note in batch.notes)
     steps = next_steps(engine, batch, settings.batch.heartbeat_stale_s, seen)

@@ -207,9 +207,12 @@ def describe(night: NightBatch, prog: Progress | None = None) -> str:
 
 
 def span(seconds: float | None) -> str:
-    """Show seconds as ``1 h 02 min``, ``3 min 20 s`` or ``12 s`` (the pages' format too)."""
+    """Show seconds as ``1 h 02 min``, ``3 min 20 s`` or ``12 s`` (the pages' format too);
+    under a second but some, ``<1 s`` (a rerun's "over 0 s of calls" read as none)."""
     if seconds is None:
         return "—"
+    if 0 < seconds < 1:
+        return "<1 s"
     s = round(seconds)
     if s >= 3600:
         return f"{s // 3600} h {s % 3600 // 60:02d} min"
