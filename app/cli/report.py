@@ -344,10 +344,13 @@ def batches(
                       _label(row))
     console().print(table)
     # A refused night has no row here: the one the morning's status names, said under them.
-    refused = (night_status(engine, settings, None, seen=seen).refused
-               if rows and kind != "rerun" else None)
-    if refused is not None:
-        console(stderr=True).print(f"not listed: {refusal_line(refused)}", markup=False)
+    night = night_status(engine, settings, None, seen=seen) if rows and kind != "rerun" \
+        else None
+    if night is not None and night.refused is not None:
+        # With what the morning advises, as the page's "Not listed" line.
+        steps = "; ".join(f"`{step.command}` ({step.does})" for step in night.advice)
+        console(stderr=True).print(f"not listed: {refusal_line(night.refused)}"
+                                   + (f"; next: {steps}" if steps else ""), markup=False)
     if not rows:
         # None at all: what the morning advises (the first night), as `ranking` says it.
         console(stderr=True).print("no batches recorded yet" + (
