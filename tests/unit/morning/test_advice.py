@@ -328,3 +328,23 @@ def test_a_partial_night_whose_failed_tickers_a_rerun_redid_advises_no_resume(
     add_night(sqlite_engine, DEMO_AS_OF, CREATED + timedelta(hours=2),
               {c: Rated("Hold", 0.2)}, kind="rerun")
     assert advice_given(sqlite_engine, client, night) == set()
+
+
+def test_a_resume_refused_names_the_rerun_that_rated_a_failed_ticker_not_a_retry(
+        sqlite_engine: Engine) -> None:
+    # A partial night whose ticker failed on its own account, then rerun and rated: the
+    # advice is rightly none, but `run --resume N` answered "1 failed on their own account:
+    # `nightdesk run --resume N --retry-failed` runs them again", a retry whose rating the
+    # ranking would never show (it applies the rerun over the night's own row).
+    a, b, _ = demo_tickers(3)
+    night = add_night(sqlite_engine, DEMO_AS_OF, CREATED,
+                      {a: Rated("Buy", 0.7), b: Rated(error=FAILURE)})
+    before = run_cli("run", "--resume", str(night))
+    assert before.code == 2
+    assert f"`nightdesk run --resume {night} --retry-failed` runs them again" in before.stderr
+    rerun = add_night(sqlite_engine, DEMO_AS_OF, CREATED + timedelta(hours=1),
+                      {b: Rated("Hold", 0.1)}, kind="rerun")
+    after = run_cli("run", "--resume", str(night))
+    assert after.code == 2
+    assert after.error_lines == [f"error: batch {night} (partial) has no tickers left to run; "
+                                 f"{b} failed, rated since by rerun #{rerun}"]
