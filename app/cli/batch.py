@@ -54,7 +54,7 @@ from app.morning.changes import (
 )
 from app.morning.nightstatus import STALE_EXIT, NightStatus, night_status
 from app.morning.numbers import counted
-from app.morning.ranking import RankRow, ranking
+from app.morning.ranking import RankRow, from_reruns, ranking
 from app.morning.summary import BatchSummary, summarize
 from app.quality.monitor import warnings_for
 from app.runs.nightly import (
@@ -314,8 +314,7 @@ def show_ranking(
         if any(r.contradicting for r in rows):
             out.print("! = rating outside its score band in at least one sample")
         # As the page's "Reruns applied": a row whose result is a rerun's says so.
-        reruns = [f"{r.ticker} from rerun #{r.batch_id}" for r in rows
-                  if r.batch_id != chosen.id]
+        reruns = from_reruns(chosen.id, rows)
         if reruns:
             out.print(f"reruns applied: {', '.join(reruns)}", markup=False)
     # A ranking without some of the night's tickers says which, and why: never a silent gap.

@@ -110,8 +110,10 @@ def render_table(report: BatchReport, view: ServerView, console: Console) -> Non
         ("active seconds", f"{report.active_seconds:.1f}"),
         ("paused seconds", f"{report.paused_seconds:.1f} ({report.pauses} "
                            f"pause{'' if report.pauses == 1 else 's'}, not in tok/s)"),
-        ("batch output tok/s", f"{report.output_tokens_per_s:.1f} (over the active seconds)"),
-        ("  of tickers that succeeded", f"{report.succeeded_output_tokens_per_s:.1f}"),
+        *((("batch output tok/s", "— (under 1 s of calls: too brief for a rate)"),)
+          if report.brief else
+          (("batch output tok/s", f"{report.output_tokens_per_s:.1f} (over the active seconds)"),
+           ("  of tickers that succeeded", f"{report.succeeded_output_tokens_per_s:.1f}"))),
     ):
         summary.add_row(key, str(value))
     if report.metrics_fallback:
@@ -342,10 +344,13 @@ def batches(
                       _label(row))
     console().print(table)
     # A refused night has no row here: the one the morning's status names, said under them.
-    refused = (night_status(engine, settings, None, seen=seen).refused
-               if rows and kind != "rerun" else None)
-    if refused is not None:
-        console(stderr=True).print(f"not listed: {refusal_line(refused)}", markup=False)
+    night = night_status(engine, settings, None, seen=seen) if rows and kind != "rerun" \
+        else None
+    if night is not None and night.refused is not None:
+        # With what the morning advises, as the page's "Not listed" line.
+        steps = "; ".join(f"`{step.command}` ({step.does})" for step in night.advice)
+        console(stderr=True).print(f"not listed: {refusal_line(night.refused)}"
+                                   + (f"; next: {steps}" if steps else ""), markup=False)
     if not rows:
         # None at all: what the morning advises (the first night), as `ranking` says it.
         console(stderr=True).print("no batches recorded yet" + (

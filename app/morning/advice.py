@@ -14,7 +14,7 @@ fitting one, once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from sqlalchemy import Engine, select
 
@@ -32,6 +32,9 @@ from app.morning.summary import (
     rated_by_reruns,
     tickers_left,
 )
+
+# What a morning with no night since the due time is advised (the timer's own command).
+START_NIGHT = "nightdesk run --continue-night"
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,24 @@ def first_night(settings: Settings) -> list[Advice]:
                        "writes market data instead"),
                 Advice("nightdesk run", "then runs the first night on it")]
     return [Advice("nightdesk run", "runs the first night")]
+
+
+def missed_night(settings: Settings, latest: date | None,
+                 analyzed: date | None = None) -> list[Advice]:
+    """Return what a stale morning whose latest night (of as-of ``latest``) leaves nothing
+    to do is advised: the night that did not come, by the timer's own command; but where
+    that would only say again that its date was analyzed (``analyzed``: the date a standing
+    notice names; else the newest snapshot's, when it is ``latest``), the command that
+    analyzes that date again, and where newer data comes from."""
+    if analyzed is None and settings.agents.data_provider == "snapshot" \
+            and latest is not None and latest_as_of(settings.paths.data_dir) == latest:
+        analyzed = latest
+    if analyzed is None:
+        return [Advice(START_NIGHT, "starts the night that did not come; first see why the "
+                                    "timer or daemon did not")]
+    return [Advice(f"nightdesk run --as-of {analyzed}",
+                   f"analyzes {analyzed} again as a new nightly batch; no newer snapshot came "
+                   "to run a night on: `nightdesk data freeze --help` says how to write one")]
 
 
 def running_night(engine: Engine, stale_s: float, seen: Seen | None = None) -> int | None:

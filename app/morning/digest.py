@@ -28,7 +28,7 @@ from app.morning.accounting import BatchReport, calls_said, throughput
 from app.morning.advice import next_steps
 from app.morning.changes import NO_NIGHT_BEFORE, TickerChange, compare_nights
 from app.morning.nightstatus import span
-from app.morning.ranking import RankRow, ranking
+from app.morning.ranking import RankRow, from_reruns, ranking
 from app.morning.summary import (
     BatchSummary,
     FailedTicker,
@@ -96,6 +96,15 @@ def _paused(rate: BatchReport) -> str:
             f"pause{'s' if rate.pauses > 1 else ''}, not counted")
 
 
+def _rate(rate: BatchReport) -> str:
+    """Say the output and its rate: ``80.0 tok/s (16000 tokens over 3 min 20 s of calls)``;
+    of calls too brief for one (``BatchReport.brief``), the tokens and the time alone."""
+    over = f"{rate.completion_tokens} tokens over {span(rate.active_seconds)} of calls"
+    if rate.brief:
+        return f"{over}, too brief for a rate{_paused(rate)}"
+    return f"{rate.output_tokens_per_s:.1f} tok/s ({over}{_paused(rate)})"
+
+
 def _more(lines: list[str], hint: str) -> list[str]:
     """Return the first LISTED lines, then how many more there are and where to read them."""
     more = [f"… and {len(lines) - LISTED} more ({hint})"] if len(lines) > LISTED else []
@@ -115,9 +124,7 @@ def build_digest(engine: Engine, settings: Settings, batch_id: int) -> Digest:
              f"{batch.tickers} tickers")
     lines = [f"Status: {batch.status}: {batch.outcome}"
              + (f" — {batch.error}" if batch.error else ""),
-             f"Duration: {span(batch.duration_s)}; output "
-             f"{rate.output_tokens_per_s:.1f} tok/s ({rate.completion_tokens} tokens over "
-             f"{span(rate.active_seconds)} of calls{_paused(rate)}); {calls_said(rate)}"]
+             f"Duration: {span(batch.duration_s)}; output {_rate(rate)}; {calls_said(rate)}"]
     # What the ranking shows beside the night: its universe's notes (a ticker left out).
     lines.extend(f"Universe note: {note}" for note in batch.notes)
     steps = next_steps(engine, batch, settings.batch.heartbeat_stale_s, seen)
@@ -174,7 +181,7 @@ def _ends(engine: Engine, batch_id: int, of: str) -> list[str]:
         lines.append(f"Bottom {min(TOP, len(rated) - TOP)}: "
                      + "; ".join(map(_row, rated[max(TOP, len(rated) - TOP):])))
     # As `nightdesk ranking` and the page say it: a rating that is a rerun's, not the night's.
-    reruns = [f"{r.ticker} from rerun #{r.batch_id}" for r in rows if r.batch_id != batch_id]
+    reruns = from_reruns(batch_id, rows)
     if reruns:
         lines.append("Reruns applied: " + ", ".join(reruns))
     return lines
@@ -297,9 +304,10 @@ def send_refusal(settings: Settings, as_of: date | None, why: str, advice: str,
     """Send ``refusal_digest`` to ``NIGHTDESK_NOTIFY`` (nothing when unset); never raise."""
     if not settings.notify.urls:
         return
-    delivery = send(settings.notify.urls,
-                    refusal_digest(settings, as_of, why, advice, outcome, headline,
-                                   stored=stored, demo=demo, level=level),
-                    settings.notify.timeout_s)
-    log.info("refusal digest sent", as_of=None if as_of is None else str(as_of),
-             delivered=delivery.sent, destinations=delivery.total)
+    message = refusal_digest(settings, as_of, why, advice, outcome, headline, stored=stored,
+                             demo=demo, level=level)
+    delivery = send(settings.notify.urls, message, settings.notify.timeout_s)
+    # Named by what befell the night, as the batch digest's line by its batch: not all are
+    # refusals (a date already analyzed: "nothing run", news "info").
+    log.info("digest sent", as_of=None if as_of is None else str(as_of), outcome=outcome,
+             news=level, delivered=delivery.sent, destinations=delivery.total)

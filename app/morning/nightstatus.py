@@ -26,12 +26,10 @@ from app.config import Settings
 from app.db.batchsettings import BatchSettings
 from app.db.models import Batch, NightRefusal, SchedulerBeat, TickerRun, nights_newest_first
 from app.morning import eta
-from app.morning.advice import Advice, first_night, next_steps
+from app.morning.advice import Advice, first_night, missed_night, next_steps
 from app.morning.summary import BatchSummary, IsoDate, IsoDatetime, Seen, summarize, when
 from app.morning.timetable import due_times, nightly_trigger
 
-# What a morning with no night since the due time is advised (the timer's own command).
-START_NIGHT = "nightdesk run --continue-night"
 # Statuses the morning can name; "stale": the schedule's due time passed without a batch;
 # "none": no nightly batch was ever created here (a new install, or another database).
 STATUSES = ("succeeded", "partial", "failed", "interrupted", "crashed", "running", "stale",
@@ -207,9 +205,12 @@ def describe(night: NightBatch, prog: Progress | None = None) -> str:
 
 
 def span(seconds: float | None) -> str:
-    """Show seconds as ``1 h 02 min``, ``3 min 20 s`` or ``12 s`` (the pages' format too)."""
+    """Show seconds as ``1 h 02 min``, ``3 min 20 s`` or ``12 s`` (the pages' format too);
+    under a second but some, ``<1 s`` (a rerun's "over 0 s of calls" read as none)."""
     if seconds is None:
         return "—"
+    if 0 < seconds < 1:
+        return "<1 s"
     s = round(seconds)
     if s >= 3600:
         return f"{s // 3600} h {s % 3600 // 60:02d} min"
@@ -327,9 +328,10 @@ def night_status(engine: Engine, settings: Settings, ranked_id: int | None,
         advice = first_night(settings)
     elif status == "stale" and not advice:
         # No batch came when due, and the latest leaves nothing to do: the night itself is
-        # what is owed (--continue-night runs nothing when its date was analyzed, and says so).
-        advice = [Advice(START_NIGHT, "starts the night that did not come, or says its date "
-                                      "was analyzed; first see why the timer or daemon did not")]
+        # owed, unless a fire found its date analyzed (a notice, no command: that fire's
+        # `--continue-night` again would only say so).
+        advice = missed_night(settings, None if latest is None else latest.as_of,
+                              None if refused is None else refused.as_of)
     return NightStatus(status, headline, latest, prog, ranked, fresh, reason, advice, due_at,
                        next_due_at, schedule,
                        latest_beat(engine, settings.batch.heartbeat_stale_s, now), now, refused)

@@ -118,7 +118,8 @@ class NightCollector(Collector):
             rate = throughput(self.engine, night.id)
             families.append(_gauge("night_output_tokens_per_second",
                                    "The latest night's output tokens over the time its calls "
-                                   "ran (pauses left out)", rate.output_tokens_per_s))
+                                   "ran (pauses left out); absent under 1 s of calls",
+                                   None if rate.brief else rate.output_tokens_per_s))
             families.append(_gauge("night_paused_seconds",
                                    "The latest night's pauses: time between its calls with "
                                    "none in flight (a resume's wait)", rate.paused_seconds))

@@ -126,3 +126,9 @@ def ranking(engine: Engine, batch_id: int | None = None) -> tuple[Batch, list[Ra
     failed = sorted((r for r in rows.values() if r.score is None), key=lambda r: r.ticker)
     return batch, ranked + failed
 
+
+def from_reruns(batch_id: int, rows: list[RankRow]) -> list[str]:
+    """Name each row of batch ``batch_id``'s ranking whose result a rerun gave: ``A from
+    rerun #5``, as every face says it (``ranking``'s "reruns applied", the page's)."""
+    return [f"{r.ticker} from rerun #{r.batch_id}" for r in rows if r.batch_id != batch_id]
+

@@ -36,7 +36,7 @@ from app.morning.advice import Advice, next_steps
 from app.morning.changes import NightChanges, RankedRow, compare_nights, ranked_row
 from app.morning.eta import graph_order
 from app.morning.nightstatus import NightStatus, Progress
-from app.morning.ranking import RATING_ORDER, RankRow, ranking
+from app.morning.ranking import RATING_ORDER, RankRow, from_reruns, ranking
 from app.morning.series import SeriesView, series_view
 from app.morning.serverview import ServerView, server_view
 from app.morning.summary import (
@@ -88,6 +88,7 @@ class RankingView(BaseModel):
     failed: list[FailedRow]
     distribution: dict[str, int]
     reruns_applied: list[int]
+    from_reruns: list[str]  # ``app.morning.ranking.from_reruns``: "A from rerun #5"
     running: list[RunningBatch]
     empty: str | None
     night: NightStatus
@@ -269,7 +270,7 @@ def ranking_view(engine: Engine, settings: Settings) -> RankingView:
         running = running_batches(engine, stale_after_s, seen)
         status = nightstatus.night_status(engine, settings, None, seen=seen)
         return RankingView(batch=None, rows=[], failed=[], distribution={},
-                           reruns_applied=[], running=running, empty=str(error),
+                           reruns_applied=[], from_reruns=[], running=running, empty=str(error),
                            night=status, changes=None, warnings=[])
     # Read after the ranking: a night that finishes in between is then at worst shown as
     # still running beside the night before, never the other way round.
@@ -285,6 +286,7 @@ def ranking_view(engine: Engine, settings: Settings) -> RankingView:
                 for r in rows if r.rank is None],
         distribution={name: sum(r.rating == name for r in ranked) for name in RATING_ORDER},
         reruns_applied=sorted({r.batch_id for r in rows if r.batch_id != batch.id}),
+        from_reruns=from_reruns(batch.id, rows),
         running=running,
         empty=None,
         night=status,

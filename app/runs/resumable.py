@@ -33,6 +33,7 @@ from app.morning.summary import (
     Seen,
     last_alive,
     last_calls,
+    rerun_since,
     tickers_left,
 )
 from app.traffic.strategy import Strategy
@@ -329,6 +330,21 @@ def pick(engine: Engine, batch_id: int | None, *, retry_failed: bool = False
     return batch_id, str(kind)
 
 
+def _failed_said(engine: Engine, batch: Any, failed: dict[str, str | None]) -> str:
+    """Say what of a batch with no tickers left failed on its own account: the retry that
+    runs them again; those a later rerun rated (a partial night's: the ranking shows that
+    rating over any retry's, as the advice knows) by that rerun, with no retry."""
+    rated = (rerun_since(engine, batch.id, batch.as_of)
+             if (batch.kind, batch.status) == ("nightly", "partial") else {})
+    again = [ticker for ticker in failed if ticker not in rated]
+    said = "".join(f"; {ticker} failed, rated since by rerun #{rated[ticker]}"
+                   for ticker in failed if ticker in rated)
+    if again:
+        said += (f"; {len(again)} failed on their own account: `nightdesk run --resume "
+                 f"{batch.id} --retry-failed` runs them again")
+    return said
+
+
 def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
                    closing: bool = False, retry_failed: bool = False) -> ResumePoint:
     """Return the batch to resume: ``batch_id``, or the newest one with tickers left.
@@ -362,11 +378,8 @@ def find_resumable(engine: Engine, batch_id: int | None, stale_s: float, *,
         # ticker and its end, or a write that landed after its halt gave up on it) is
         # closed: the resume writes the end it lacks.
         if not left and not closing and batch.status not in UNENDED:
-            own = "" if retry_failed or not failed else (
-                f"; {len(failed)} failed on their own account: `nightdesk run --resume "
-                f"{batch_id} --retry-failed` runs them again")
             raise InputError(f"batch {batch_id} ({batch.status}) has no tickers left to run"
-                             + own)
+                             + ("" if retry_failed else _failed_said(engine, batch, failed)))
     try:
         Strategy.parse(BatchSettings.read(batch.settings).strategy or "adaptive")
     except InputError as error:

@@ -27,7 +27,7 @@ from tests.unit.support.webclient import AUTH
 KEYS = {"batch_id", "calls", "attempts", "failed_attempts", "prompt_tokens", "completion_tokens",
         "first_call_start", "last_call_end", "wall_seconds", "output_tokens_per_s", "nodes",
         "metrics_fallback", "succeeded_completion_tokens", "succeeded_output_tokens_per_s",
-        "active_seconds", "paused_seconds", "pauses"}
+        "active_seconds", "paused_seconds", "pauses", "brief"}
 
 
 def add_sample(engine: Engine, batch_id: int, at_s: float, *, prefill_s: float | None,

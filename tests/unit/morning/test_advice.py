@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -60,22 +60,29 @@ def nights(a: str, b: str, c: str) -> dict[str, tuple[dict[str, Rated], str | No
     }
 
 
-def advice_given(engine: Engine, client: TestClient, batch_id: int) -> set[str]:
-    """Return every command the digest, the banner, the batch's page, ranking and report
-    advise at VIEWED."""
+def advice_given(engine: Engine, client: TestClient, batch_id: int,
+                 viewed: datetime = VIEWED) -> set[str]:
+    """Return every command the digest, the banner, the batch's page, the list of batches
+    (where it names a refusal), the API, ranking and report advise at ``viewed``."""
     env = {"NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
-    with time_machine.travel(VIEWED, tick=False):
+    with time_machine.travel(viewed, tick=False):
         texts = [build_digest(engine, load_settings(), batch_id).message.body]
         page = BeautifulSoup(client.get("/", auth=(USER, PASSWORD)).text, "html.parser")
         banner = page.find(id="banner")
         texts.append(banner.get_text(" ") if banner is not None else "")
         texts.extend(code.get_text() for code in page.select("#banner code"))
+        batches = BeautifulSoup(client.get("/batches", auth=(USER, PASSWORD)).text,
+                                "html.parser").find(id="refused")
+        texts.append(batches.get_text(" ") if batches is not None else "")
+        texts.extend(step["command"] for step in client.get(
+            "/api/ranking", auth=(USER, PASSWORD)).json()["night"]["advice"])
         batch_page = BeautifulSoup(client.get(f"/batches/{batch_id}", auth=(USER, PASSWORD))
                                    .text, "html.parser")
         meta = batch_page.select_one(".meta")
         texts.append(" ".join(meta.get_text().split()) if meta is not None else "")
         texts.extend(code.get_text() for code in batch_page.select("#advice code"))
         texts.append(run_cli("ranking", env=env).stderr)
+        texts.append(run_cli("batches", env=env).stderr)
         report = run_cli("report", str(batch_id), env=env)
         texts.extend([report.stdout, report.stderr])
         texts.extend(step["command"] for step in json.loads(run_cli(
@@ -234,6 +241,40 @@ def test_a_morning_with_no_night_since_the_due_time_is_advised_to_start_it(
                             .order_by(Batch.id.desc())).scalars().first() == DEMO_AS_OF
 
 
+@pytest.mark.parametrize("told", [True, False], ids=["its-notice-told", "no-fire-yet"])
+def test_a_stale_morning_whose_date_was_analyzed_is_advised_what_analyzes_it_again(
+        monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine, client: TestClient,
+        demo_dir: Path, told: bool) -> None:
+    # The night of the newest snapshot succeeded; the next due time passed with no newer
+    # snapshot. Every face advised `nightdesk run --continue-night`, which only says "night of
+    # D already analyzed by nightly batch #N, nothing run" (again: nothing at all, once told).
+    a, b, c = demo_tickers(3)
+    night = add_night(sqlite_engine, DEMO_AS_OF, CREATED,
+                      {a: Rated("Buy", 0.7), b: Rated("Hold", 0.0), c: Rated("Sell", -0.5)})
+    fake_llm(monkeypatch, None, [a, b, c])
+    env = {"NIGHTDESK_DATA_DIR": str(demo_dir), "NIGHTDESK_CHECK_CONTEXT_LENGTH": "false",
+           "NIGHTDESK_SCHEDULE_TIMEZONE": "UTC"}
+    viewed = VIEWED + timedelta(days=1)  # the next night was due 18 hours ago
+    with time_machine.travel(viewed - timedelta(hours=1), tick=False):
+        if told:  # the timer's fire: the notice, no batch
+            fired = run_cli("run", "--continue-night", "--no-preflight", env=env)
+            assert fired.code == 0 and "already analyzed" in fired.stderr, fired.stderr
+    with time_machine.travel(viewed, tick=False):
+        status = json.loads(run_cli("ranking", "--format", "json", env=env).stdout)["night"]
+    assert status["status"] == "stale"
+    assert (status["refused"] is not None) == told
+    advised = advice_given(sqlite_engine, client, night, viewed)
+    assert advised == {f"nightdesk run --as-of {DEMO_AS_OF}", "nightdesk data freeze --help"}
+    for command in sorted(advised):
+        argv = shlex.split(command)[1:]
+        result = run_cli(*argv, *(["--no-preflight"] if argv[0] == "run" else []), env=env)
+        assert result.code == 0, (command, result.stderr)
+    # It did what it says: a new nightly batch of the date, ranked.
+    shown = json.loads(run_cli("ranking", "--format", "json", env=env).stdout)["batch"]
+    assert (shown["as_of"], shown["status"]) == (str(DEMO_AS_OF), "succeeded")
+    assert shown["id"] != night
+
+
 @pytest.mark.parametrize(("left", "does"), [
     ("failed", "runs again its 1 ticker the server or database failed"),
     ("interrupted", "continues its 1 ticker not finished and runs again the 1 ticker the "
@@ -287,3 +328,23 @@ def test_a_partial_night_whose_failed_tickers_a_rerun_redid_advises_no_resume(
     add_night(sqlite_engine, DEMO_AS_OF, CREATED + timedelta(hours=2),
               {c: Rated("Hold", 0.2)}, kind="rerun")
     assert advice_given(sqlite_engine, client, night) == set()
+
+
+def test_a_resume_refused_names_the_rerun_that_rated_a_failed_ticker_not_a_retry(
+        sqlite_engine: Engine) -> None:
+    # A partial night whose ticker failed on its own account, then rerun and rated: the
+    # advice is rightly none, but `run --resume N` answered "1 failed on their own account:
+    # `nightdesk run --resume N --retry-failed` runs them again", a retry whose rating the
+    # ranking would never show (it applies the rerun over the night's own row).
+    a, b, _ = demo_tickers(3)
+    night = add_night(sqlite_engine, DEMO_AS_OF, CREATED,
+                      {a: Rated("Buy", 0.7), b: Rated(error=FAILURE)})
+    before = run_cli("run", "--resume", str(night))
+    assert before.code == 2
+    assert f"`nightdesk run --resume {night} --retry-failed` runs them again" in before.stderr
+    rerun = add_night(sqlite_engine, DEMO_AS_OF, CREATED + timedelta(hours=1),
+                      {b: Rated("Hold", 0.1)}, kind="rerun")
+    after = run_cli("run", "--resume", str(night))
+    assert after.code == 2
+    assert after.error_lines == [f"error: batch {night} (partial) has no tickers left to run; "
+                                 f"{b} failed, rated since by rerun #{rerun}"]

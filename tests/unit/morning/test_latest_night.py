@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from datetime import date, timedelta
 
+from bs4 import BeautifulSoup
+from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from app.config import load_settings
@@ -23,6 +25,7 @@ from app.runs.nightly import nightly_of
 from app.runs.resumable import pick
 from tests.unit.support.clirun import run_cli
 from tests.unit.support.night_rows import Rated, add_night, at
+from tests.unit.support.webclient import PASSWORD, USER
 
 D1, D2, OLD = date(2026, 11, 26), date(2026, 11, 27), date(2026, 11, 25)
 DUE1, DUE2 = at(date(2026, 11, 27), 0, 10), at(date(2026, 11, 28), 0, 10)
@@ -73,7 +76,7 @@ def test_of_one_date_the_night_last_finished_is_the_newest(sqlite_engine: Engine
 
 
 def test_the_ranking_command_names_a_rerun_applied_as_the_page_does(
-        sqlite_engine: Engine) -> None:
+        sqlite_engine: Engine, client: TestClient) -> None:
     # Before: the page tagged ALPH's row "rerun" and said "Reruns applied: #N"; `ranking`
     # showed the rerun's rating with nothing to tell it from the night's own.
     night = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated(error="boom"),
@@ -82,7 +85,14 @@ def test_the_ranking_command_names_a_rerun_applied_as_the_page_does(
                       kind="rerun")
     result = run_cli("ranking", env={"COLUMNS": "200"})
     assert result.code == 0 and f"ranking of batch {night}" in result.stdout
-    assert f"reruns applied: AAA from rerun #{rerun}" in result.stdout.splitlines()
+    said = f"reruns applied: AAA from rerun #{rerun}"
+    assert said in result.stdout.splitlines()
+    # The page's "Failed or missing" list is empty: AAA failed in the night, and its
+    # rating is the rerun's. It said "every ticker of batch #N has a rating", full stop.
+    page = BeautifulSoup(client.get("/", auth=(USER, PASSWORD)).text, "html.parser")
+    none = page.select_one("#none-failed")
+    assert none is not None and " ".join(none.get_text().split()) == (
+        f"None: every ticker of batch #{night} has a rating; {said}.")
 
 
 def test_report_without_an_id_reports_tonights_night(sqlite_engine: Engine) -> None:

@@ -354,3 +354,39 @@ def test_each_metrics_help_says_what_the_operations_table_says(
     # Where both give the figure's span in parentheses, they give the same span.
     said = re.search(r"\(to now while it runs, [^)]*\)", rows["nightdesk_night_duration_seconds"])
     assert said is not None and said.group(0) in helps["nightdesk_night_duration_seconds"]
+
+
+def test_a_sub_second_night_gives_its_tokens_and_time_and_no_rate(
+        sqlite_engine: Engine, client: TestClient) -> None:
+    # A night (a rerun of one ticker on a fast server) whose calls ran 0.3 s in all: the
+    # digest read "Duration: 0 s; output 976.7 tok/s (293 tokens over 0 s of calls)", a
+    # rate that divides by almost nothing beside a time that reads as none; /metrics, the
+    # report and the batch page gave the same rate.
+    from sqlalchemy.orm import Session
+
+    from app.db.models import LLMCall
+    from app.morning.digest import build_digest
+
+    night = add_night(sqlite_engine, D2, DUE2, {"AAA": Rated("Buy", 0.7)}, minutes=0.3 / 60)
+    with Session(sqlite_engine) as s:
+        for i, (node, tokens) in enumerate(zip(ANALYSTS, (100, 100, 93), strict=False)):
+            start = DUE2 + timedelta(seconds=0.1 * i)
+            s.add(LLMCall(batch_id=night, ticker="AAA", node=node, sample=0, model="tiny",
+                          prompt_tokens=10, completion_tokens=tokens, status="ok",
+                          started_at=start, ended_at=start + timedelta(seconds=0.1),
+                          latency_s=0.1))
+        s.commit()
+    body = build_digest(sqlite_engine, settings(), night).message.body.splitlines()
+    assert body[1] == ("Duration: <1 s; output 293 tokens over <1 s of calls, too brief for a "
+                       "rate; 3 calls (3 attempts, 0 failed)")
+    with time_machine.travel(DUE2 + timedelta(minutes=5), tick=False):
+        got = samples(client.get("/metrics", auth=(USER, PASSWORD)).text)
+    assert got[("nightdesk_night_duration_seconds", ())] == pytest.approx(0.3)
+    assert ("nightdesk_night_output_tokens_per_second", ()) not in got
+    shown = run_cli("report", str(night), env={"COLUMNS": "200"}).stdout
+    assert re.search(r"batch output tok/s[\s│]+— \(under 1 s of calls: too brief for a rate\)",
+                     shown), shown
+    assert "of tickers that succeeded" not in shown
+    page = client.get(f"/batches/{night}", auth=(USER, PASSWORD)).text
+    assert '<span class="big" id="throughput-value">—</span>' in page
+    assert "293 tokens over &lt;1 s of calls: too brief for a rate" in page

@@ -323,6 +323,10 @@ def test_a_night_already_done_is_not_run_again(sqlite_engine: Engine, demo_dir: 
         assert post["title"] == (f"DEMO DATA — nightdesk: night of {DEMO_AS_OF} already "
                                  f"analyzed by nightly batch #{done}, nothing run")
         assert post["type"] == "info"  # nothing was refused
+        # Its journal line names it as it is (it said "refusal digest sent").
+        assert [(e["outcome"], e["news"]) for e in logs if e["event"] == "digest sent"] == [
+            ("nothing run", "info")]
+        assert not [e for e in logs if "refus" in e["event"]]
         assert (f"Why: nightly batch #{done} has already analyzed as-of {DEMO_AS_OF}"
                 in post["message"])
         assert f"`nightdesk run --as-of {DEMO_AS_OF}`" in post["message"]
