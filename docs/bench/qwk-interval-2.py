@@ -28,7 +28,7 @@ import numpy as np
 
 from agents.decision import rating_for_score
 from app.quality.averaging import agreement_by_k, between
-from app.quality.grades import Grade, consensus
+from app.quality.grades import Grade
 from app.quality.statistics import KAPPA_INTERVAL_WIDEN, quadratic_kappa
 
 WORLDS = {  # name: (noise sd beside a signal of sd 1, scale, shift), qwk-interval.py's
@@ -94,14 +94,15 @@ def main(argv: list[str]) -> None:
     seed = int(argv[argv.index("--seed") + 1]) if "--seed" in argv else 22
     jobs = int(argv[argv.index("--jobs") + 1]) if "--jobs" in argv else 2
     cells = [(*c[:4], c[4] // 10) for c in CELLS] if "--quick" in argv else CELLS
+    keys = sorted({(c[0], c[3]) for c in cells})  # (world, k): one population each
+    tasks = [(c, i, min(CHUNK, c[4] - i * CHUNK)) for c in cells
+             for i in range(math.ceil(c[4] / CHUNK))]
     with ProcessPoolExecutor(jobs) as pool:
-        truths = dict(zip(sorted({(c[0], c[3]) for c in cells}), pool.map(
-            true_qwk, *zip(*[(w, k, seed) for w, k in sorted({(c[0], c[3]) for c in cells})])),
-            strict=True))
-        tasks = [(c, i, min(CHUNK, c[4] - i * CHUNK)) for c in cells
-                 for i in range(math.ceil(c[4] / CHUNK))]
-        done = list(pool.map(chunk, *zip(*[(c, i, d, seed, truths[c[0], c[3]])
-                                           for c, i, d in tasks])))
+        truths = dict(zip(keys, pool.map(true_qwk, [w for w, _ in keys], [k for _, k in keys],
+                                         [seed] * len(keys)), strict=True))
+        done = list(pool.map(chunk, [c for c, _, _ in tasks], [i for _, i, _ in tasks],
+                             [d for _, _, d in tasks], [seed] * len(tasks),
+                             [truths[c[0], c[3]] for c, _, _ in tasks]))
     result: dict[str, object] = {"seed": seed, "widen": KAPPA_INTERVAL_WIDEN, "cells": []}
     for cell in cells:
         world, n, samples, k, draws = cell
