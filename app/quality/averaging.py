@@ -21,6 +21,7 @@ import numpy as np
 
 from app.quality.grades import Grade, consensus
 from app.quality.statistics import (
+    KAPPA_INTERVAL_WIDEN,
     MIN_KAPPA_INTERVAL_N,
     MIN_KAPPA_OFF_HOLD,
     agreement,
@@ -117,7 +118,7 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
 
     Intervals are of the mean over ``INTERVAL_CHOICES`` of the choices, over tickers:
     Spearman's a 95% percentile bootstrap (tickers resampled with replacement), QWK's a
-    jackknife one on Fisher's z (``jackknife_interval``), given only from
+    jackknife one on Fisher's z widened by ``KAPPA_INTERVAL_WIDEN``, given only from
     ``MIN_KAPPA_INTERVAL_N`` tickers with ``MIN_KAPPA_OFF_HOLD`` graded off Hold by each
     side in every choice shown (else ``qwk_ci_withheld`` says why). ``resamples`` 0: none.
     """
@@ -149,7 +150,7 @@ def agreement_by_k(left: dict[str, list[Grade]], right: dict[str, list[Grade]],
         if resamples > 0 and means["qwk"] is not None:
             withheld = _kappa_withheld(shown, len(tickers), k)
             qwk_ci = None if withheld else jackknife_interval(
-                len(tickers), partial(grades_of, quadratic_kappa))
+                len(tickers), partial(grades_of, quadratic_kappa), widen=KAPPA_INTERVAL_WIDEN)
             if not withheld and qwk_ci is None:
                 withheld = (f"QWK's 95% interval is undefined at k = {k}: QWK, or QWK "
                             "with a ticker left out, is ±1")

@@ -159,12 +159,21 @@ def test_a_kappa_interval_needs_enough_tickers_to_hold_its_95_percent() -> None:
 
 def test_the_kappa_interval_is_the_jackknife_one_of_the_rows_qwk() -> None:
     # A fixed case of 40 tickers, one sample a side: the row's interval is
-    # jackknife_interval of quadratic_kappa over the same tickers.
+    # jackknife_interval of quadratic_kappa over the same tickers, its half-width on z
+    # widened by 1.10: unwidened it held 93-94% where kappa's estimate is biased
+    # (docs/lab/2026-12-07-qwk-interval-2.md).
+    import math
     from functools import partial
+
+    import numpy as np
 
     from app.quality.averaging import agreement_by_k, between
     from app.quality.grades import Grade
-    from app.quality.statistics import jackknife_interval, quadratic_kappa
+    from app.quality.statistics import (
+        KAPPA_INTERVAL_WIDEN,
+        jackknife_interval,
+        quadratic_kappa,
+    )
 
     scale = ["Buy", "Overweight", "Hold", "Underweight", "Sell"]
     left = [scale[i % 5] for i in range(40)]
@@ -172,10 +181,16 @@ def test_the_kappa_interval_is_the_jackknife_one_of_the_rows_qwk() -> None:
     sides = [{f"T{i:02}": [Grade(0, r, INSIDE[r], False)] for i, r in enumerate(side)}
              for side in (left, right)]
     (row,) = agreement_by_k(sides[0], sides[1], partial(between, 1, 1), [1], resamples=1)
-    expected = jackknife_interval(40, lambda i: quadratic_kappa([left[j] for j in i],
-                                                                [right[j] for j in i]))
+    def kappa(i: np.ndarray) -> float | None:
+        return quadratic_kappa([left[j] for j in i], [right[j] for j in i])
+
+    plain = jackknife_interval(40, kappa)
+    expected = jackknife_interval(40, kappa, widen=KAPPA_INTERVAL_WIDEN)
     assert row.qwk == pytest.approx(quadratic_kappa(left, right))
     assert expected is not None and row.qwk_ci == pytest.approx(expected)
+    assert plain is not None and row.qwk_ci is not None
+    half = [(math.atanh(hi) - math.atanh(lo)) / 2 for lo, hi in (plain, row.qwk_ci)]
+    assert KAPPA_INTERVAL_WIDEN > 1 and half[1] == pytest.approx(KAPPA_INTERVAL_WIDEN * half[0])
 
 def test_a_kappa_interval_undefined_at_perfect_agreement_says_why() -> None:
     # 40 tickers, both runs alike: QWK is 1, its z infinite, so no interval, and a reason.

@@ -159,6 +159,18 @@ def test_jackknife_interval_is_fishers_z_plus_or_minus_t_times_the_jackknife_err
     assert 0.5 - low > high - 0.5
 
 
+def test_jackknife_interval_widened_multiplies_its_half_width_on_z() -> None:
+    # The case above widened by 1.1: tanh(0.549306 ± 1.1 · 0.389768) = [0.11998, 0.75222].
+    def statistic(index: np.ndarray) -> float:
+        if len(index) == 4:
+            return 0.5
+        (missing,) = set(range(4)) - set(index.tolist())
+        return math.tanh(math.atanh(0.5) + [-0.1, 0.0, 0.0, 0.1][missing])
+
+    low, high = jackknife_interval(4, statistic, widen=1.1)  # type: ignore[misc]
+    assert low == pytest.approx(0.11998, abs=1e-5) and high == pytest.approx(0.75222, abs=1e-5)
+
+
 def test_jackknife_interval_is_withheld_where_z_is_infinite_or_the_statistic_undefined() -> None:
     assert jackknife_interval(5, lambda i: 1.0) is None  # perfect agreement: z is infinite
     assert jackknife_interval(5, lambda i: None if len(i) < 5 else 0.3) is None
