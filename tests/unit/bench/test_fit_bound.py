@@ -233,11 +233,12 @@ def test_no_committed_fleet_simulation_beats_the_fit_aware_bound() -> None:
 
 @pytest.mark.slow
 def test_a_small_simulated_night_whose_last_stage_runs_in_rounds(tmp_path: Path) -> None:
-    # Six tickers on one endpoint of a 50,000-token cache, outputs of 30 tokens: two of the
-    # last calls (~23,400 tokens with the answer) fit at once, so three rounds. The night
+    # Six tickers on one endpoint of a 125,000-token cache, outputs of 30 tokens: five of the
+    # last calls (23,462-23,713 tokens with the answer) fit at once, so two rounds, where the
+    # cache's total (KV-token-steps) leaves the chain binding the graph bound. The night
     # measured stays above the fit-aware bound, which is above the chain's.
     result = bench("tests.bench.fleet", "--tickers", "6", "--endpoints", "1", "--speedup", "10",
-                   "--output-scale", "0.02", "--kv-tokens", "50000", "--database", "sqlite",
+                   "--output-scale", "0.02", "--kv-tokens", "125000", "--database", "sqlite",
                    tmp_path=tmp_path)
     capacity = result["capacity"]
     assert capacity["fit_bound_binding"] == "stage_fit"
