@@ -647,7 +647,10 @@ def fleet(
                                                kill=kill_fn, kill_at_s=kill_at or 0.0))
         arm = arm_json["arms"][-1]
         spent = timing(engine, arm["batch_id"])  # before its rows are dropped
-        stages = arm_fit_facts(engine, arm["batch_id"], load)
+        # The fit-aware bound needs a ticker's calls on one endpoint: not behind a router's
+        # policy, nor after a kill moved tickers.
+        stages = (arm_fit_facts(engine, arm["batch_id"], load)
+                  if router_policy is None and kill_at is None else None)
         lost = lost_tickers(engine, arm["batch_id"])
         moved = failovers(engine, arm["batch_id"])
         if router_policy is not None:
