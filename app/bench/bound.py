@@ -11,6 +11,12 @@ capacity) and the graph's critical path (a ticker's longest chain of output toke
 endpoint; its time is at least ``a × steps + b × output ÷ endpoints``. The bound is the
 output over that time. Prefill's own work is in the fitted step time, not added on top,
 and preemption's recomputation is not counted: the bound is optimistic on both.
+
+``fit_bound`` adds what the cache's fit costs on a server that admits a request only when
+its whole answer (prompt and output) fits, as the simulated endpoints do (tests/fakevllm/
+load.py): a stage of the chain whose calls on one endpoint cannot all be admitted at once
+runs in rounds, and the night with it (``Stage``). Both figures assume nightdesk's routing,
+each ticker's calls on one endpoint (docs/architecture.md, "Several endpoints").
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -68,12 +74,57 @@ class Bound:
     tok_s: float
     seconds: float
     steps: float
-    binding: str  # max_num_seqs | kv_cache | critical_path
+    binding: str  # max_num_seqs | kv_cache | critical_path | stage_fit (fit_bound's)
     kv_tokens: int
     max_num_seqs: int
     endpoints: int
     step: StepCost
     graph: GraphFacts
+    kind: str = "graph"  # graph: graph_bound's; graph+fit: fit_bound's
+    fit: str | None = None  # fit_bound's: the stage that needs the most rounds, and why
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Calls every ticker makes at one place of its graph (one earliest start, one least
+    tail), at their least over the tickers: ``calls`` a ticker (the fewest), each at least
+    ``output_tokens`` long and reserving at least ``footprint_tokens`` (prompt and output)
+    to be admitted, with at least ``outside_tokens`` of its chain's output before and after
+    it. Rounds: on one endpoint at most ``concurrent`` of them run at once."""
+
+    nodes: tuple[str, ...]
+    calls: int
+    output_tokens: int
+    footprint_tokens: int
+    outside_tokens: int
+
+    def concurrent(self, kv_tokens: int, max_num_seqs: int) -> int:
+        # One answer larger than the whole cache still runs, alone (tests/fakevllm/load.py).
+        return max(1, min(max_num_seqs, kv_tokens // self.footprint_tokens))
+
+    def rounds(self, tickers: int, kv_tokens: int, max_num_seqs: int) -> int:
+        return -(-tickers * self.calls // self.concurrent(kv_tokens, max_num_seqs))
+
+    def steps(self, tickers: int, kv_tokens: int, max_num_seqs: int) -> int:
+        """Return the least steps an endpoint holding ``tickers`` of the tickers runs.
+
+        Each call runs ``output_tokens`` steps in a row, inside ``T - outside_tokens`` steps
+        of a night of ``T``. Points ``output_tokens`` apart meet every such call once, at
+        most ``concurrent`` calls at each, and ``floor((T - outside) / output)`` of them fit
+        the window: so ``T >= outside + rounds × output``.
+        """
+        return self.outside_tokens + self.rounds(tickers, kv_tokens, max_num_seqs) * (
+            self.output_tokens)
+
+
+@dataclass(frozen=True)
+class FitFacts:
+    """What ``fit_bound`` needs beyond ``GraphFacts``: the tickers, the least output of one,
+    and the graph's stages (``fit_facts``)."""
+
+    tickers: int
+    ticker_output_min: int
+    stages: tuple[Stage, ...]
 
 
 def graph_facts(calls: list[tuple[str, int, str, int, int]], workload: Workload) -> GraphFacts:
@@ -105,15 +156,83 @@ def graph_facts(calls: list[tuple[str, int, str, int, int]], workload: Workload)
         critical_path_tokens=longest, calls=len(outputs))
 
 
+def fit_facts(calls: list[tuple[str, int, str, int, int]], workload: Workload) -> FitFacts:
+    """Return the stages of answered calls ``(ticker, sample, node, prompt, output)``.
+
+    Calls are matched to items as ``graph_facts`` does; an item of other than one call
+    (not answered, or a re-ask's leftovers) counts in its chain's length but in no stage.
+    A node's calls join the stage of their least start and tail (the analysts side by
+    side make one stage); a ticker without it makes the stage count none.
+    """
+    answered: dict[tuple[str, int, str], list[tuple[int, int]]] = defaultdict(list)
+    for ticker, sample, node, prompt, output in calls:
+        answered[(ticker, sample, node)].append((prompt, output))
+    # name -> (output, prompt + output, chain output before, after) of each call alone
+    seen: dict[str, list[tuple[int, int, int, int]]] = defaultdict(list)
+    counts: dict[str, Counter[str]] = defaultdict(Counter)  # name -> ticker -> its calls
+    least: int | None = None
+    for ticker, items in workload.items():
+        asked = Counter((item.sample, item.node) for item in items)
+        taken: Counter[tuple[int, str]] = Counter()
+        own: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        starts: dict[tuple[int, str], int] = {}
+        for item in items:  # a workload lists a ticker's requests in an order deps allow
+            key, here = (item.sample, item.node), (item.sample, item.name)
+            mine, i = answered.get((ticker, *key), []), taken[key]
+            taken[key] += 1
+            own[here] = mine[i:] if taken[key] == asked[key] else mine[i:i + 1]
+            starts[here] = max((starts.get((item.sample, d), 0) + _out(own, item.sample, d)
+                                for d in item.deps), default=0)
+        tails: dict[tuple[int, str], int] = {}
+        for item in reversed(items):  # so every dependant's tail is known first
+            here = (item.sample, item.name)
+            for d in item.deps:
+                tails[(item.sample, d)] = max(tails.get((item.sample, d), 0),
+                                              tails.get(here, 0) + _out(own, *here))
+        for item in items:
+            here = (item.sample, item.name)
+            if len(own[here]) == 1:
+                prompt, output = own[here][0]
+                seen[item.name].append((output, prompt + output, starts[here],
+                                        tails.get(here, 0)))
+                counts[item.name][ticker] += 1
+        total = sum(o for mine in own.values() for _, o in mine)
+        least = total if least is None else min(least, total)
+    stages: dict[tuple[int, int], list[tuple[str, int, int, int]]] = defaultdict(list)
+    for name, found in seen.items():
+        per_ticker = min(counts[name][t] for t in workload)
+        if per_ticker:  # the window of them all: the least start and the least tail
+            place = (min(f[2] for f in found), min(f[3] for f in found))
+            stages[place].append((name, per_ticker, min(f[0] for f in found),
+                                  min(f[1] for f in found)))
+    return FitFacts(len(workload), least or 0, tuple(
+        Stage(tuple(g[0] for g in group), sum(g[1] for g in group), min(g[2] for g in group),
+              min(g[3] for g in group), before + after)
+        for (before, after), group in sorted(stages.items())))
+
+
+def _out(own: dict[tuple[int, str], list[tuple[int, int]]], sample: int, name: str) -> int:
+    return sum(o for _, o in own.get((sample, name), []))
+
+
 def arm_graph_facts(engine: Engine, batch_id: int, workload: Workload) -> GraphFacts:
     """Return the graph facts of one arm's answered calls of the workload's tickers."""
+    return graph_facts(_answered(engine, batch_id, workload), workload)
+
+
+def arm_fit_facts(engine: Engine, batch_id: int, workload: Workload) -> FitFacts:
+    """Return the stages (``fit_facts``) of one arm's answered calls of the workload's."""
+    return fit_facts(_answered(engine, batch_id, workload), workload)
+
+
+def _answered(engine: Engine, batch_id: int, workload: Workload
+              ) -> list[tuple[str, int, str, int, int]]:
     with engine.connect() as conn:
         rows = conn.execute(select(LLMCall.ticker, LLMCall.sample, LLMCall.node,
                                    LLMCall.prompt_tokens, LLMCall.completion_tokens)
                             .where(LLMCall.batch_id == batch_id, LLMCall.status == "ok")).all()
-    return graph_facts([(r.ticker, r.sample, r.node, r.prompt_tokens or 0,
-                         r.completion_tokens or 0) for r in rows if r.ticker in workload],
-                       workload)
+    return [(r.ticker, r.sample, r.node, r.prompt_tokens or 0, r.completion_tokens or 0)
+            for r in rows if r.ticker in workload]
 
 
 def decode_levels(engine: Engine, batch_id: int) -> Levels:
@@ -188,6 +307,31 @@ def graph_bound(graph: GraphFacts, kv_tokens: int, max_num_seqs: int, step: Step
     seconds = step.a * steps + step.b * graph.output_tokens / endpoints
     return Bound(graph.output_tokens / seconds if seconds > 0 else 0.0, seconds, steps,
                  binding, kv_tokens, max_num_seqs, endpoints, step, graph)
+
+
+def fit_bound(graph: GraphFacts, fit: FitFacts, kv_tokens: int, max_num_seqs: int,
+              step: StepCost, endpoints: int = 1) -> Bound | None:
+    """Return the bound that respects the graph and the cache's fit: ``graph_bound``, or
+    the busiest endpoint's stage rounds (``Stage.steps``) where they take longer. That
+    endpoint holds ``ceil(tickers / endpoints)`` whole tickers, so at least as many times
+    the least ticker's output; a server that admits a call only when its whole answer fits
+    runs no more at once. Equal to ``graph_bound`` where every stage fits (one round)."""
+    chain = graph_bound(graph, kv_tokens, max_num_seqs, step, endpoints)
+    if chain is None or not fit.stages or fit.tickers <= 0:
+        return None if chain is None else replace(chain, kind="graph+fit")
+    held = -(-fit.tickers // endpoints)
+    stage = max(fit.stages, key=lambda s: (s.steps(held, kv_tokens, max_num_seqs),
+                                           s.rounds(held, kv_tokens, max_num_seqs)))
+    steps = stage.steps(held, kv_tokens, max_num_seqs)
+    seconds = step.a * steps + step.b * held * fit.ticker_output_min
+    rounds = stage.rounds(held, kv_tokens, max_num_seqs)
+    why = (f"{', '.join(stage.nodes)}: {held * stage.calls} calls on the busiest endpoint, "
+           f"{stage.concurrent(kv_tokens, max_num_seqs)} fit at once, {rounds} round"
+           f"{'s' if rounds > 1 else ''}")
+    if seconds <= chain.seconds:
+        return replace(chain, kind="graph+fit", fit=why)
+    return replace(chain, tok_s=graph.output_tokens / seconds, seconds=seconds, steps=steps,
+                   binding="stage_fit", kind="graph+fit", fit=why)
 
 
 def bound_interval(graph: GraphFacts, kv_tokens: int, max_num_seqs: int, levels: Levels,

@@ -43,7 +43,15 @@ from rich.console import Console
 from sqlalchemy import func, select
 
 from agents.chat import CallTag
-from app.bench.bound import GraphFacts, StepCost, graph_bound, summed_capacity
+from app.bench.bound import (
+    FitFacts,
+    GraphFacts,
+    StepCost,
+    arm_fit_facts,
+    fit_bound,
+    graph_bound,
+    summed_capacity,
+)
 from app.bench.machine import machine_facts
 from app.bench.plan import Admission, PlanRow, ServerModel, mean_shape, plan_fleet
 from app.bench.schedulers import run_bench
@@ -166,12 +174,19 @@ async def drive(settings: Any, engine: Any, workload: Any, facts: dict[str, Any]
     return result.to_json(), lag, use
 
 
-def capacity(arm: dict[str, Any], gpu: GPUModel, endpoints: int) -> dict[str, Any]:
-    """Set the arm's makespan against the fleet's modelled capacity and its graph bound."""
+def capacity(arm: dict[str, Any], gpu: GPUModel, endpoints: int,
+             fit: FitFacts | None = None) -> dict[str, Any]:
+    """Set the arm's makespan against the fleet's modelled capacity and its two bounds:
+    ``share_of_graph_bound``, the graph's alone (the chains, the cache's and the sequence
+    cap's totals; its meaning since 2026-12-03), and ``share_of_fit_bound``, the one that
+    also counts the rounds of a stage whose calls cannot all fit an endpoint's cache at once
+    (``fit_bound``, from the night's ``fit`` stages; None: not given)."""
     graph = GraphFacts(**arm["graph"])
     step = StepCost(gpu.step_a_s / gpu.speedup, gpu.step_b_s / gpu.speedup)
     summed, seqs = summed_capacity(graph, gpu.kv_tokens, gpu.max_num_seqs, step, endpoints)
     bound = graph_bound(graph, gpu.kv_tokens, gpu.max_num_seqs, step, endpoints)
+    fitted = None if fit is None else fit_bound(graph, fit, gpu.kv_tokens, gpu.max_num_seqs,
+                                                step, endpoints)
     makespan = arm["makespan_s"]
     return {
         "summed_capacity_tok_s": summed,
@@ -179,9 +194,13 @@ def capacity(arm: dict[str, Any], gpu: GPUModel, endpoints: int) -> dict[str, An
         "graph_bound_tok_s": bound.tok_s if bound else None,
         "graph_bound_s": bound.seconds if bound else None,
         "graph_bound_binding": bound.binding if bound else None,
+        "fit_bound_s": fitted.seconds if fitted else None,
+        "fit_bound_binding": fitted.binding if fitted else None,
+        "fit_bound_stage": fitted.fit if fitted else None,
         "output_tok_s": arm["output_tokens_per_s"],
         "share_of_summed_capacity": arm["output_tokens_per_s"] / summed if summed else None,
         "share_of_graph_bound": (bound.seconds / makespan) if bound and makespan else None,
+        "share_of_fit_bound": (fitted.seconds / makespan) if fitted and makespan else None,
     }
 
 
@@ -628,6 +647,10 @@ def fleet(
                                                kill=kill_fn, kill_at_s=kill_at or 0.0))
         arm = arm_json["arms"][-1]
         spent = timing(engine, arm["batch_id"])  # before its rows are dropped
+        # The fit-aware bound needs a ticker's calls on one endpoint: not behind a router's
+        # policy, nor after a kill moved tickers.
+        stages = (arm_fit_facts(engine, arm["batch_id"], load)
+                  if router_policy is None and kill_at is None else None)
         lost = lost_tickers(engine, arm["batch_id"])
         moved = failovers(engine, arm["batch_id"])
         if router_policy is not None:
@@ -648,7 +671,8 @@ def fleet(
         gpu={"vllm_cpu_profile": CPU_PROFILE} if vllm_cpu else asdict(gpu), workload=name,
         arm=arm, loop_lag=lag.summary(), process=use.to_json(),
         rows_per_s=usage_rows(arm, load) / arm["makespan_s"] if arm["makespan_s"] else 0.0,
-        capacity={} if vllm_cpu else capacity(arm, gpu, endpoints), timing=spent, front=front,
+        capacity={} if vllm_cpu else capacity(arm, gpu, endpoints, stages),
+        timing=spent, front=front,
         servers=servers,
         kill=kill, before=before,
         machine={**machine_facts().model_dump(), "database": database, "server_cpus": server_cpus,
@@ -694,7 +718,9 @@ def show_fleet(result: Any) -> None:
                       f"{c['sequences_per_endpoint_at_full_cache']} sequences per endpoint); "
                       f"graph bound {number(c['graph_bound_tok_s'], '.0f')} tok/s "
                       f"({c['graph_bound_binding']}), makespan "
-                      f"{number(c['share_of_graph_bound'], '.2f')} of its best")
+                      f"{number(c['share_of_graph_bound'], '.2f')} of its best; with the "
+                      f"cache's fit ({c.get('fit_bound_binding')}) "
+                      f"{number(c.get('share_of_fit_bound'), '.3f')}")
     console.print(f"  client loop lag: max {number(lag['max_s'], '.3f')} s, p99 "
                   f"{number(lag['p99_s'], '.3f')} s, p50 {number(lag.get('p50_s'), '.4f')} s; CPU "
                   f"{use['cpu_s']:.1f} s over {use['wall_s']:.1f} s "
