@@ -9,13 +9,10 @@ Conventions, so that each report reads the same:
   nothing for the grades to agree about beyond what the raw agreement already says.
 - Spearman correlations (scipy) need at least 3 pairs — with two, any ordering is ±1 — and
   are None when either side is constant.
-- Kappa's interval is a jackknife one on Fisher's z scale (``jackknife_interval``), given
-  from ``MIN_KAPPA_INTERVAL_N`` tickers with ``MIN_KAPPA_OFF_HOLD`` of them graded off Hold
-  by each side (docs/quality.md says what it holds with fewer).
 - Kappa's interval is a jackknife one on Fisher's z scale (``jackknife_interval``), widened
   by ``KAPPA_INTERVAL_WIDEN``, given from ``MIN_KAPPA_INTERVAL_N`` tickers with
-  ``MIN_KAPPA_OFF_HOLD`` of them graded off Hold by each side: with fewer it held less than
-  it says in some simulated world (docs/lab/2026-12-07-qwk-interval.md, -2.md).
+  ``MIN_KAPPA_OFF_HOLD`` of them graded off Hold by each side (docs/quality.md says what it
+  holds, and with fewer).
 """
 
 from __future__ import annotations
@@ -36,10 +33,8 @@ MIN_KAPPA_N = 2
 # by each side: with fewer it held less than 95% (module notes).
 MIN_KAPPA_INTERVAL_N = 40
 MIN_KAPPA_OFF_HOLD = 10
-# ... and its half-width on z is this many times Student's t times the jackknife error:
-# plain (1.0) it held 93.7-93.8% where kappa's estimate is biased (Hold 82%; skewed grades
-# and high agreement). 1.10 was fitted on one seed's simulated draws and held 94.8-98.5%
-# on fresh ones (docs/lab/2026-12-07-qwk-interval-2.md).
+# ... and its half-width on z is this many times Student's t times the jackknife error, so
+# that it holds 95% where kappa's estimate is biased (docs/quality.md).
 KAPPA_INTERVAL_WIDEN = 1.10
 MIN_CORRELATION_N = 3
 MAX_UNDEFINED_SHARE = 0.10  # of bootstrap resamples, before an interval is withheld
