@@ -24,7 +24,7 @@ from app.db.engine import ready_engine, reason
 from app.db.readonly import refuses_writes
 from app.db.retry import READ_WAIT_S
 from app.errors import InputError
-from app.morning.advice import advise
+from app.morning.advice import Advice, advise
 from app.morning.nightstatus import night_status
 from app.morning.summary import Seen
 from app.runs.checkpoints import check_checkpoints
@@ -83,9 +83,13 @@ def what_the_night_says() -> str:
                                           settings.store.db_statement_timeout_s), settings, None)
     except Exception:  # the error being told is the news; this is a hint
         return ""
-    steps = "; ".join(f"`{step.command}` ({step.does})" for step in night.advice)
-    return (f"; {night.reason}" if night.reason else "") + (f"; next: {steps}" if steps
-                                                             else "")
+    return (f"; {night.reason}" if night.reason else "") + next_clause(night.advice)
+
+
+def next_clause(advice: list[Advice]) -> str:
+    """Say advice in a clause after a line: ``; next: `cmd` (does); …``, empty without any."""
+    steps = "; ".join(f"`{step.command}` ({step.does})" for step in advice)
+    return f"; next: {steps}" if steps else ""
 
 
 def batch_database(settings: Settings) -> Engine:

@@ -24,6 +24,7 @@ from app.cli.common import (
     echo_json,
     figures,
     mark_crashed,
+    next_clause,
     setup,
     what_the_night_says,
 )
@@ -348,9 +349,8 @@ def batches(
         else None
     if night is not None and night.refused is not None:
         # With what the morning advises, as the page's "Not listed" line.
-        steps = "; ".join(f"`{step.command}` ({step.does})" for step in night.advice)
         console(stderr=True).print(f"not listed: {refusal_line(night.refused)}"
-                                   + (f"; next: {steps}" if steps else ""), markup=False)
+                                   + next_clause(night.advice), markup=False)
     if not rows:
         # None at all: what the morning advises (the first night), as `ranking` says it.
         console(stderr=True).print("no batches recorded yet" + (

@@ -63,8 +63,7 @@ class BatchReport:
     @computed_field  # type: ignore[prop-decorator]
     @property
     def brief(self) -> bool:
-        """Whether its calls ran under ``RATE_MIN_S`` in all (a rerun of one ticker on a
-        fast server: 293 tokens over 0.35 s read "829.6 tok/s"): every face then gives its
+        """Whether its calls ran under ``RATE_MIN_S`` in all: every face then gives its
         tokens and time, and no rate."""
         return self.active_seconds < RATE_MIN_S
 
